@@ -1,0 +1,157 @@
+// Package bench measures the single-host runtime against the numbers that matter to
+// users: how soon a new sandbox answers its first exec, and what one exec costs through
+// the agent compared with `runc exec` measured in the same run. Run with `make bench`.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	env, err = testenv.Setup("bench", netip.MustParsePrefix("10.92.0.0/16"))
+	if err != nil {
+		fmt.Println("bench:", err)
+		return 1
+	}
+	defer env.Close()
+	return m.Run()
+}
+
+func newStack(b *testing.B) *stack.Stack {
+	b.Helper()
+	s, err := env.Stack(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		for _, sb := range s.Runner.List() {
+			_, _ = s.Runner.Delete(sb.ID, 0)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			_, _ = s.Runner.WaitTerminal(ctx, sb.ID)
+			cancel()
+		}
+		s.Close()
+	})
+	return s
+}
+
+func sleeper() runtime.Spec {
+	return runtime.Spec{Image: env.Busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`}}
+}
+
+// percentiles reports p50 and p99 of d in milliseconds.
+func percentiles(b *testing.B, prefix string, d []time.Duration) (p50, p99 float64) {
+	slices.Sort(d)
+	at := func(q float64) float64 {
+		i := int(q * float64(len(d)-1))
+		return float64(d[i]) / float64(time.Millisecond)
+	}
+	p50, p99 = at(0.50), at(0.99)
+	b.ReportMetric(p50, prefix+"-p50-ms")
+	b.ReportMetric(p99, prefix+"-p99-ms")
+	return p50, p99
+}
+
+// BenchmarkCreateFirstExec: Create → the first Exec has returned, with a warm image cache.
+func BenchmarkCreateFirstExec(b *testing.B) {
+	s := newStack(b)
+	ctx := context.Background()
+	// Warm the image cache and the page cache.
+	warm, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: sleeper()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.Runner.Agent(ctx, warm.ID); err != nil {
+		b.Fatal(err)
+	}
+	_, _ = s.Runner.Delete(warm.ID, 0)
+	_, _ = s.Runner.WaitTerminal(ctx, warm.ID)
+
+	var lat []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: sleeper()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := s.Runner.Agent(ctx, sb.ID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"/bin/true"}}))
+		if err != nil || res.Msg.ExitCode != 0 {
+			b.Fatalf("first exec: %v", err)
+		}
+		lat = append(lat, time.Since(t0))
+		b.StopTimer()
+		_, _ = s.Runner.Delete(sb.ID, 0)
+		_, _ = s.Runner.WaitTerminal(ctx, sb.ID)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	p50, p99 := percentiles(b, "create-first-exec", lat)
+	fmt.Printf("create→first exec over %d sandboxes: p50 %.1f ms, p99 %.1f ms (targets: 100 / 200 ms)\n", len(lat), p50, p99)
+}
+
+// BenchmarkExec: one exec of /bin/true through the agent, and `runc exec` of the same in
+// the same sandbox, as a ratio.
+func BenchmarkExec(b *testing.B) {
+	s := newStack(b)
+	ctx := context.Background()
+	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: sleeper()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := s.Runner.Agent(ctx, sb.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var agentLat, runcLat []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"/bin/true"}}))
+		if err != nil || res.Msg.ExitCode != 0 {
+			b.Fatalf("agent exec: %v", err)
+		}
+		agentLat = append(agentLat, time.Since(t0))
+
+		cmd, err := s.Backend.RuntimeCommand(ctx, sb.ID, "exec", sb.ID, "/bin/true")
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("runc exec: %v: %s", err, out)
+		}
+		runcLat = append(runcLat, time.Since(t1))
+	}
+	b.StopTimer()
+	a50, a99 := percentiles(b, "agent-exec", agentLat)
+	r50, r99 := percentiles(b, "runc-exec", runcLat)
+	b.ReportMetric(r50/a50, "runc/agent-p50")
+	fmt.Printf("exec of /bin/true over %d runs: agent p50 %.2f ms p99 %.2f ms; runc exec p50 %.1f ms p99 %.1f ms; agent is %.0fx faster at p50 (targets: < 2 ms, >= 20x)\n",
+		len(agentLat), a50, a99, r50, r99, r50/a50)
+}

@@ -1,0 +1,46 @@
+// Command sandboxd is the sandboxd server. Subcommands:
+//
+//	sandboxd demo    run a first sandbox on this machine through the local runner
+//	sandboxd version print the version
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = demo(os.Args[2:])
+	case "version", "--version":
+		fmt.Println("sandboxd", version)
+	case "help", "-h", "--help":
+		usage()
+	default:
+		fmt.Fprintf(os.Stderr, "sandboxd: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage: sandboxd <command> [flags]
+
+commands:
+  demo      start the single-host runtime and run a first sandbox
+  version   print the version
+`)
+}

@@ -1,0 +1,522 @@
+// Package agent is sandbox-agent, PID 1 of every sandbox: it runs the main command
+// (restarting it after a non-zero exit up to the restart limit), reaps zombies, forwards
+// stop signals, keeps the main command's logs (internal/logstore) and status.json in the
+// state dir, and serves exec, files, logs and status to the runner (AgentService over
+// connect-go's gRPC protocol on HTTP/2 cleartext).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/logstore"
+)
+
+// MaxMessageBytes bounds every message in both directions (files up to ~100 MiB).
+const MaxMessageBytes = 128 << 20
+
+// Status reasons.
+const (
+	ReasonCompleted    = "Completed"
+	ReasonError        = "Error"
+	ReasonRestartLimit = "RestartLimit"
+	ReasonStartError   = "StartError"
+	ReasonStopped      = "Stopped"
+)
+
+// Options configure Run.
+type Options struct {
+	Config   *agentconfig.Config
+	StateDir string
+	// Listener is where the agent serves; Run closes it.
+	Listener net.Listener
+	Logger   *slog.Logger // nil: discard
+	// Root is where /etc/passwd and /etc/group are read from; "" = "/".
+	Root string
+	// BackoffStart and BackoffMax shape the restart delay (defaults 100 ms, 2 s).
+	BackoffStart, BackoffMax time.Duration
+	// ShutdownGrace bounds how long in-flight calls may run after the main command ended
+	// (default 2 s).
+	ShutdownGrace time.Duration
+}
+
+// Agent is one running agent.
+type Agent struct {
+	opts     Options
+	cfg      *agentconfig.Config
+	log      *slog.Logger
+	workDir  string
+	user     userInfo
+	userErr  error
+	logDir   string
+	logw     *logstore.Writer
+	devNull  *os.File
+	outGrace time.Duration
+
+	mu      sync.Mutex
+	status  *agentv1.StatusResponse
+	version uint64
+	changed chan struct{}
+	done    chan struct{} // closed once the final status is set and logs are closed
+	execs   map[*proc]struct{}
+	calls   inflight
+}
+
+// inflight counts running calls.
+type inflight struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed while n == 0
+}
+
+func (c *inflight) add(d int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.zero == nil {
+		c.zero = make(chan struct{})
+		close(c.zero)
+	}
+	if c.n == 0 && d > 0 {
+		c.zero = make(chan struct{})
+	}
+	c.n += d
+	if c.n == 0 && d < 0 {
+		close(c.zero)
+	}
+}
+
+func (c *inflight) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.add(1)
+		defer c.add(-1)
+		h.ServeHTTP(w, r)
+	})
+}
+
+// wait reports whether no call is running within d.
+func (c *inflight) wait(d time.Duration) bool {
+	c.add(0)
+	c.mu.Lock()
+	z := c.zero
+	c.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-z:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// ReadStatusFile reads status.json from a state dir (for the runner, after the sandbox
+// exited).
+func ReadStatusFile(stateDir string) (*agentv1.StatusResponse, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, agentconfig.StatusFile))
+	if err != nil {
+		return nil, err
+	}
+	st := &agentv1.StatusResponse{}
+	if err := protojson.Unmarshal(b, st); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", agentconfig.StatusFile, err)
+	}
+	return st, nil
+}
+
+// Run runs the agent until the main command has finally ended and returns the process
+// exit code the agent should exit with: the main command's last exit code, or 1 when it
+// could not start. Cancelling ctx is a stop request (SIGTERM to the main process group,
+// no restart, state STOPPED once it exits).
+func Run(ctx context.Context, opts Options) (int, error) {
+	a, err := newAgent(opts)
+	if err != nil {
+		if opts.Listener != nil {
+			opts.Listener.Close()
+		}
+		return 1, err
+	}
+	defer a.devNull.Close()
+
+	path, h := agentv1connect.NewAgentServiceHandler(&service{a: a},
+		connect.WithReadMaxBytes(MaxMessageBytes), connect.WithSendMaxBytes(MaxMessageBytes))
+	mux := http.NewServeMux()
+	mux.Handle(path, a.calls.wrap(h))
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:   mux,
+		Protocols: &protos,
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerConnection: 4<<20 - 1,
+			MaxReceiveBufferPerStream:     4<<20 - 1,
+			MaxReadFrameSize:              1 << 20,
+		},
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(opts.Listener) }()
+
+	code := a.supervise(ctx)
+
+	// Watch and Logs(follow) calls end now; give other calls (execs) a grace period, then
+	// kill what they run so they end too.
+	close(a.done)
+	if !a.calls.wait(a.opts.ShutdownGrace) {
+		a.killExecs()
+		a.calls.wait(time.Second)
+	}
+	// Every call has ended. Let HTTP/2 flush their last frames, then close the
+	// connections: Server.Shutdown would wait a second per idle HTTP/2 connection (GOAWAY
+	// timeout) and delay the container's exit.
+	time.Sleep(20 * time.Millisecond)
+	srv.Close()
+	<-serveErr
+	a.killExecs()
+	return code, nil
+}
+
+func newAgent(opts Options) (*Agent, error) {
+	if opts.Config == nil || len(opts.Config.Argv) == 0 {
+		return nil, errors.New("agent: config with a main command is required")
+	}
+	if opts.Listener == nil {
+		return nil, errors.New("agent: listener is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Root == "" {
+		opts.Root = "/"
+	}
+	if opts.BackoffStart <= 0 {
+		opts.BackoffStart = 100 * time.Millisecond
+	}
+	if opts.BackoffMax <= 0 {
+		opts.BackoffMax = 2 * time.Second
+	}
+	if opts.ShutdownGrace <= 0 {
+		opts.ShutdownGrace = 2 * time.Second
+	}
+	wd := opts.Config.WorkingDir
+	if wd == "" {
+		wd = "/"
+	}
+	if !filepath.IsAbs(wd) {
+		wd = filepath.Join("/", wd)
+	}
+	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("agent: state dir: %w", err)
+	}
+	logDir := filepath.Join(opts.StateDir, agentconfig.LogsDir)
+	logw, err := logstore.Open(logDir, agentconfig.MainLog)
+	if err != nil {
+		return nil, fmt.Errorf("agent: open log: %w", err)
+	}
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		logw.Close()
+		return nil, err
+	}
+	a := &Agent{
+		opts:     opts,
+		cfg:      opts.Config,
+		log:      opts.Logger,
+		workDir:  wd,
+		logDir:   logDir,
+		logw:     logw,
+		devNull:  devNull,
+		outGrace: 200 * time.Millisecond,
+		status:   &agentv1.StatusResponse{State: agentv1.MainState_MAIN_STATE_STARTING},
+		changed:  make(chan struct{}),
+		done:     make(chan struct{}),
+		execs:    make(map[*proc]struct{}),
+	}
+	a.user, a.userErr = resolveUser(opts.Config.User, opts.Root)
+	getReaper()
+	a.update(func(*agentv1.StatusResponse) {})
+	return a, nil
+}
+
+// env is the sandbox environment, with HOME from the user when the config has none.
+func (a *Agent) env(overlay map[string]string) []string {
+	env := mergeEnv(a.cfg.Env, overlay)
+	if !hasEnv(env, "HOME") && a.user.home != "" {
+		env = append(env, "HOME="+a.user.home)
+	}
+	return env
+}
+
+// update changes the status, rewrites status.json and wakes watchers.
+func (a *Agent) update(f func(*agentv1.StatusResponse)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f(a.status)
+	a.version++
+	close(a.changed)
+	a.changed = make(chan struct{})
+	if err := a.writeStatusFile(a.status); err != nil {
+		a.log.Error("write status", "err", err)
+	}
+}
+
+func (a *Agent) writeStatusFile(st *agentv1.StatusResponse) error {
+	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(a.opts.StateDir, agentconfig.StatusFile), b, 0o644, nil)
+}
+
+// snapshot returns a copy of the status, its version, a channel closed on the next
+// change, and whether the agent is done.
+func (a *Agent) snapshot() (*agentv1.StatusResponse, uint64, <-chan struct{}, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	done := false
+	select {
+	case <-a.done:
+		done = true
+	default:
+	}
+	return proto.Clone(a.status).(*agentv1.StatusResponse), a.version, a.changed, done
+}
+
+func (a *Agent) trackExec(p *proc, live bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if live {
+		a.execs[p] = struct{}{}
+	} else {
+		delete(a.execs, p)
+	}
+}
+
+func (a *Agent) killExecs() {
+	a.mu.Lock()
+	ps := make([]*proc, 0, len(a.execs))
+	for p := range a.execs {
+		ps = append(ps, p)
+	}
+	a.mu.Unlock()
+	for _, p := range ps {
+		p.kill(syscall.SIGKILL)
+	}
+}
+
+// supervise runs the main command to its final end and returns the agent's exit code.
+func (a *Agent) supervise(ctx context.Context) int {
+	fail := func(reason, msg string) int {
+		a.logw.Close()
+		a.update(func(s *agentv1.StatusResponse) {
+			s.State = agentv1.MainState_MAIN_STATE_FAILED
+			s.Pid = 0
+			s.Reason, s.Message = reason, msg
+			s.FinishedAt = timestamppb.Now()
+		})
+		return 1
+	}
+	if err := a.writeConfigFiles(); err != nil {
+		return fail(ReasonStartError, err.Error())
+	}
+	if a.userErr != nil {
+		return fail(ReasonStartError, a.userErr.Error())
+	}
+	backoff := a.opts.BackoffStart
+	restarts := 0
+	for {
+		started := time.Now()
+		p, outDone, err := a.startMain()
+		if err != nil {
+			var se *startError
+			if !errors.As(err, &se) || se.permanent || restarts >= a.cfg.RestartLimit {
+				return fail(ReasonStartError, "start main command: "+err.Error())
+			}
+			a.log.Warn("start main command", "err", err)
+		}
+		var code int32 = 127
+		stopped := false
+		if p != nil {
+			a.update(func(s *agentv1.StatusResponse) {
+				s.State = agentv1.MainState_MAIN_STATE_RUNNING
+				s.Pid = int32(p.pid)
+				s.RestartCount = int32(restarts)
+				s.StartedAt = timestamppb.New(started)
+				s.FinishedAt = nil
+				s.Reason, s.Message = "", ""
+			})
+			exited := make(chan int32, 1)
+			go func() { exited <- p.wait() }()
+			select {
+			case code = <-exited:
+			case <-ctx.Done():
+				stopped = true
+				p.kill(syscall.SIGTERM)
+				code = <-exited
+			}
+			<-outDone
+		} else {
+			stopped = ctx.Err() != nil
+		}
+		finished := timestamppb.Now()
+		setExit := func(s *agentv1.StatusResponse, state agentv1.MainState, reason, msg string) {
+			s.State, s.Reason, s.Message = state, reason, msg
+			s.Pid = 0
+			s.ExitCode = proto.Int32(code)
+			s.FinishedAt = finished
+		}
+		switch {
+		case stopped:
+			a.logw.Close()
+			a.update(func(s *agentv1.StatusResponse) {
+				setExit(s, agentv1.MainState_MAIN_STATE_STOPPED, ReasonStopped, "stopped: main command "+describeExit(code))
+			})
+			return int(code)
+		case code == 0:
+			a.logw.Close()
+			a.update(func(s *agentv1.StatusResponse) {
+				setExit(s, agentv1.MainState_MAIN_STATE_COMPLETED, ReasonCompleted, "")
+			})
+			return 0
+		case restarts >= a.cfg.RestartLimit:
+			a.logw.Close()
+			a.update(func(s *agentv1.StatusResponse) {
+				setExit(s, agentv1.MainState_MAIN_STATE_FAILED, ReasonRestartLimit,
+					fmt.Sprintf("main command %s; restart limit %d reached", describeExit(code), a.cfg.RestartLimit))
+			})
+			return int(code)
+		}
+		a.update(func(s *agentv1.StatusResponse) {
+			setExit(s, agentv1.MainState_MAIN_STATE_RESTARTING, ReasonError, "main command "+describeExit(code))
+		})
+		if time.Since(started) > 10*time.Second {
+			backoff = a.opts.BackoffStart
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			a.logw.Close()
+			a.update(func(s *agentv1.StatusResponse) {
+				setExit(s, agentv1.MainState_MAIN_STATE_STOPPED, ReasonStopped, "stopped while restarting; main command "+describeExit(code))
+			})
+			return int(code)
+		}
+		backoff = min(backoff*2, a.opts.BackoffMax)
+		restarts++
+	}
+}
+
+// startMain starts the main command with its output going to the log. outDone is closed
+// when both output pipes are drained.
+func (a *Agent) startMain() (*proc, <-chan struct{}, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, &startError{msg: err.Error()}
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, nil, &startError{msg: err.Error()}
+	}
+	p, err := startProc(procSpec{
+		argv:  a.cfg.Argv,
+		env:   a.env(nil),
+		dir:   a.workDir,
+		cred:  a.user.cred,
+		files: [3]*os.File{a.devNull, outW, errW},
+	})
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return nil, nil, err
+	}
+	exited := p.exitedCh
+	outDone := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, x := range []struct {
+		r *os.File
+		s logstore.Stream
+	}{{outR, logstore.Stdout}, {errR, logstore.Stderr}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer x.r.Close()
+			drain(x.r, exited, a.outGrace, func(b []byte) {
+				if _, err := a.logw.Write(x.s, b); err != nil {
+					a.log.Error("write log", "err", err)
+				}
+			})
+		}()
+	}
+	go func() { wg.Wait(); close(outDone) }()
+	return p, outDone, nil
+}
+
+// writeConfigFiles writes Config.Files before the main command first starts.
+func (a *Agent) writeConfigFiles() error {
+	for _, f := range a.cfg.Files {
+		p, err := a.resolvePath(f.Path)
+		if err != nil {
+			return fmt.Errorf("config file %q: %w", f.Path, err)
+		}
+		mode := os.FileMode(f.Mode & 0o7777)
+		if mode == 0 {
+			mode = 0o644
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("config file %q: %w", f.Path, err)
+		}
+		if err := writeFileAtomic(p, f.Content, mode, a.user.cred); err != nil {
+			return fmt.Errorf("config file %q: %w", f.Path, err)
+		}
+	}
+	return nil
+}
+
+// writeFileAtomic writes b to a temp file next to path and renames it into place.
+func writeFileAtomic(path string, b []byte, mode os.FileMode, owner *syscall.Credential) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil && owner != nil && os.Getuid() == 0 {
+		err = f.Chown(int(owner.Uid), int(owner.Gid))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}

@@ -1,0 +1,165 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+)
+
+// Error domain and reasons shared with the gateway (google.rpc.ErrorInfo).
+const (
+	ErrorDomain           = "cwsandbox.com"
+	ReasonInvalidPath     = "CWSANDBOX_INVALID_PATH"
+	ReasonFileNotFound    = "CWSANDBOX_FILE_NOT_FOUND"
+	ReasonFileIsDirectory = "CWSANDBOX_FILE_IS_DIRECTORY"
+	ReasonFilePermission  = "CWSANDBOX_FILE_PERMISSION_DENIED"
+	ReasonFileTooLarge    = "CWSANDBOX_FILE_TOO_LARGE"
+	ReasonFileIOFailed    = "CWSANDBOX_FILE_IO_FAILED"
+)
+
+// maxFileBytes is the largest file ReadFile returns (it must fit one message).
+const maxFileBytes = MaxMessageBytes - 1<<20
+
+// ValidatePath checks a path from a request: non-empty, no NUL byte, no ".." element.
+func ValidatePath(p string) error {
+	switch {
+	case p == "":
+		return errors.New("path is empty")
+	case strings.IndexByte(p, 0) >= 0:
+		return errors.New("path contains a NUL byte")
+	}
+	for _, el := range strings.Split(p, "/") {
+		if el == ".." {
+			return errors.New(`path contains a ".." element`)
+		}
+	}
+	return nil
+}
+
+// resolvePath validates p and makes it absolute against the sandbox working dir.
+func (a *Agent) resolvePath(p string) (string, error) {
+	if err := ValidatePath(p); err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(a.workDir, p)
+	}
+	return filepath.Clean(p), nil
+}
+
+func errorInfo(code connect.Code, reason, msg string, meta map[string]string) *connect.Error {
+	err := connect.NewError(code, errors.New(msg))
+	if d, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: meta}); derr == nil {
+		err.AddDetail(d)
+	}
+	return err
+}
+
+func invalidPath(path string, err error) *connect.Error {
+	return errorInfo(connect.CodeInvalidArgument, ReasonInvalidPath,
+		fmt.Sprintf("invalid path %q: %v", path, err), map[string]string{"filepath": path})
+}
+
+// fileError maps an I/O error on path to a connect error with ErrorInfo. ENOTDIR (a
+// parent is not a directory) counts as not found; EROFS as permission denied.
+func fileError(op, path string, err error) *connect.Error {
+	meta := map[string]string{"filepath": path}
+	cause := unwrapPathErr(err)
+	msg := fmt.Sprintf("%s %s: %v", op, path, cause)
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		return errorInfo(connect.CodeNotFound, ReasonFileNotFound, msg, meta)
+	case errors.Is(err, syscall.EISDIR):
+		return errorInfo(connect.CodeFailedPrecondition, ReasonFileIsDirectory, msg, meta)
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+		return errorInfo(connect.CodePermissionDenied, ReasonFilePermission, msg, meta)
+	}
+	return errorInfo(connect.CodeInternal, ReasonFileIOFailed, msg, meta)
+}
+
+func isDirError(op, path string) *connect.Error {
+	return fileError(op, path, &fs.PathError{Op: op, Path: path, Err: syscall.EISDIR})
+}
+
+func tooLarge(path string, size, limit int64) *connect.Error {
+	return errorInfo(connect.CodeResourceExhausted, ReasonFileTooLarge,
+		fmt.Sprintf("read %s: file is %d bytes, over the limit of %d", path, size, limit),
+		map[string]string{"filepath": path, "size_bytes": strconv.FormatInt(size, 10), "max_size_bytes": strconv.FormatInt(limit, 10)})
+}
+
+func (a *Agent) readFile(path string, maxBytes int64) ([]byte, error) {
+	p, err := a.resolvePath(path)
+	if err != nil {
+		return nil, invalidPath(path, err)
+	}
+	if maxBytes < 0 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("max_bytes must not be negative"))
+	}
+	limit := int64(maxFileBytes)
+	if maxBytes > 0 && maxBytes < limit {
+		limit = maxBytes
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fileError("read", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fileError("read", path, err)
+	}
+	if fi.IsDir() {
+		return nil, isDirError("read", path)
+	}
+	if fi.Size() > limit {
+		return nil, tooLarge(path, fi.Size(), limit)
+	}
+	// Size is a hint (procfs reports 0, a file may grow): read to EOF, bounded.
+	buf := make([]byte, 0, fi.Size()+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return nil, tooLarge(path, int64(len(buf)), limit)
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, fileError("read", path, err)
+		}
+	}
+}
+
+func (a *Agent) writeFile(path string, content []byte, mode uint32) error {
+	p, err := a.resolvePath(path)
+	if err != nil {
+		return invalidPath(path, err)
+	}
+	m := os.FileMode(mode & 0o7777)
+	if m == 0 {
+		m = 0o644
+	}
+	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+		return isDirError("write", path)
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fileError("write", path, err)
+	}
+	if err := writeFileAtomic(p, content, m, a.user.cred); err != nil {
+		return fileError("write", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+)
+
+// MainOptions are the sandbox-agent command line.
+type MainOptions struct {
+	ConfigPath string
+	StateDir   string
+	ListenFD   int // < 0: listen on Config.Listen
+}
+
+// Main runs sandbox-agent as a process and returns its exit code. SIGTERM and SIGINT stop
+// the main command.
+func Main(o MainOptions) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "sandbox-agent")
+	cfg, err := agentconfig.Load(o.ConfigPath)
+	if err != nil {
+		log.Error("load config", "err", err)
+		return 1
+	}
+	ln, err := listen(o.ListenFD, cfg.Listen)
+	if err != nil {
+		log.Error("listen", "err", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	code, err := Run(ctx, Options{Config: cfg, StateDir: o.StateDir, Listener: ln, Logger: log})
+	if err != nil {
+		log.Error("run", "err", err)
+	}
+	return code
+}
+
+func listen(fd int, addr string) (net.Listener, error) {
+	if fd >= 0 {
+		f := os.NewFile(uintptr(fd), "listener")
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err == nil {
+			return ln, nil
+		}
+		if addr == "" {
+			return nil, fmt.Errorf("inherited listener fd %d: %w", fd, err)
+		}
+	}
+	network, a, ok := strings.Cut(addr, ":")
+	switch {
+	case !ok || a == "":
+		return nil, fmt.Errorf("listen address %q: want unix:/path or tcp:host:port", addr)
+	case network == "unix":
+		_ = os.Remove(a)
+		return net.Listen("unix", a)
+	case network == "tcp":
+		return net.Listen("tcp", a)
+	}
+	return nil, fmt.Errorf("listen address %q: unknown network %q", addr, network)
+}

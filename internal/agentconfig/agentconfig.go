@@ -1,0 +1,69 @@
+// Package agentconfig is the contract between a backend and sandbox-agent: where the
+// agent finds its binary, configuration and state inside the sandbox, and what the
+// configuration holds.
+package agentconfig
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// Paths inside the sandbox. The backend mounts them; the agent relies on them.
+const (
+	Dir        = "/.sandboxd"
+	BinaryPath = Dir + "/bin/sandbox-agent" // read-only
+	ConfigPath = Dir + "/config.json"       // read-only
+	// StateDir is writable and shared with the host: the agent keeps the main command's
+	// logs (logs/main.log + logs/main.idx, see internal/logstore) and status.json there,
+	// so the runner can read both after the sandbox has exited.
+	StateDir = Dir + "/run"
+	// ListenFD is the inherited listening socket the agent serves on (local backend).
+	// Without it the agent listens on Config.Listen.
+	ListenFD = 3
+	// StatusFile (in StateDir) is the last StatusResponse, as protojson, rewritten
+	// atomically on every change.
+	StatusFile = "status.json"
+	LogsDir    = "logs"
+	MainLog    = "main"
+)
+
+// Config tells the agent what to run.
+type Config struct {
+	// Argv is the resolved main command: image entrypoint/cmd merged with the spec.
+	Argv       []string `json:"argv"`
+	Env        []string `json:"env"`         // KEY=VALUE, image env overridden by spec env
+	WorkingDir string   `json:"working_dir"` // "" = /
+	// User is the image's user: "", "name", "uid", "uid:gid", "name:group"; resolved by
+	// the agent against the sandbox's /etc/passwd and /etc/group.
+	User         string `json:"user,omitempty"`
+	Files        []File `json:"files,omitempty"`
+	RestartLimit int    `json:"restart_limit"`
+	// Listen is "unix:/path" or "tcp:host:port" when no socket is inherited.
+	Listen string `json:"listen,omitempty"`
+	// Hostname is informational; the runtime sets the UTS hostname.
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// File is written before the main command first starts.
+type File struct {
+	Path    string `json:"path"`
+	Content []byte `json:"content"`
+	Mode    uint32 `json:"mode,omitempty"`
+}
+
+// Load reads a Config from path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read agent config: %w", err)
+	}
+	var c Config
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("parse agent config %s: %w", path, err)
+	}
+	if len(c.Argv) == 0 {
+		return nil, fmt.Errorf("agent config %s: empty argv", path)
+	}
+	return &c, nil
+}

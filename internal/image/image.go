@@ -1,0 +1,618 @@
+// Package image pulls OCI/Docker images from registries into a content-addressed
+// store on local disk and unpacks their layers for use as overlayfs lower dirs.
+//
+// Store layout under Options.Root:
+//
+//	index.json                      pulled images: manifest digest -> diffIDs, config, refs
+//	blobs/sha256/<hex>              raw manifests and image configs, by digest
+//	layers/sha256/<diffID hex>/     unpacked layer (overlayfs whiteout format), by diffID
+//	tmp/                            staging; unpacked layers are renamed into place atomically
+//
+// Compressed layer blobs are streamed (digest and diffID verified) and not kept.
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"golang.org/x/sync/errgroup"
+)
+
+// Credentials are registry username/password (or token as password).
+type Credentials struct{ Username, Password string }
+
+// Options configure a Store.
+type Options struct {
+	Root     string                 // store directory, e.g. <data>/images
+	Insecure []string               // registry hosts (path.Match patterns such as "localhost:*") allowed to use plain HTTP
+	Auth     map[string]Credentials // registry host -> credentials
+	Platform string                 // default "linux/amd64"
+	// Transport, if set, is the base HTTP transport (tests). The plain-HTTP guard is always applied on top.
+	Transport http.RoundTripper
+}
+
+// Config is the part of the OCI image config a sandbox needs.
+type Config struct {
+	Entrypoint, Cmd, Env []string
+	WorkingDir, User     string
+}
+
+// Image is a pulled, unpacked image.
+type Image struct {
+	Ref    string   // normalized reference as given
+	Digest string   // image manifest digest "sha256:..." (the platform manifest when pulled through an index)
+	Layers []string // absolute directories of unpacked layers, BOTTOM first
+	Config Config
+}
+
+var (
+	ErrNotFound         = errors.New("image not found")
+	ErrUnauthorized     = errors.New("registry authorization failed")
+	ErrUnreachable      = errors.New("registry unreachable")
+	ErrInvalidReference = errors.New("invalid image reference")
+	// ErrUnsafeLayer: a layer tried to write outside its directory or through a symlink.
+	ErrUnsafeLayer = errors.New("unsafe layer content")
+)
+
+// Argv merges the image config with a spec's command and args (Docker/Kubernetes semantics):
+// command set: [command]+args; only args: entrypoint+args; neither: entrypoint+cmd.
+func (c Config) Argv(command string, args []string) ([]string, error) {
+	var argv []string
+	switch {
+	case command != "":
+		argv = append([]string{command}, args...)
+	case len(args) > 0:
+		argv = append(slices.Clone(c.Entrypoint), args...)
+	default:
+		argv = append(slices.Clone(c.Entrypoint), c.Cmd...)
+	}
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, errors.New("no command: the spec sets none and the image has no entrypoint or cmd")
+	}
+	return argv, nil
+}
+
+// Store is a content-addressed image store. Safe for concurrent use.
+type Store struct {
+	opts      Options
+	root      string
+	platform  v1.Platform
+	transport http.RoundTripper
+
+	gcMu  sync.RWMutex // Pull holds R, GC holds W
+	idxMu sync.Mutex   // guards idx and index.json
+	idx   *indexFile
+
+	pulls  flight[*Image]
+	layers flight[struct{}]
+}
+
+type indexFile struct {
+	Version  int                     `json:"version"`
+	Images   map[string]*imageRecord `json:"images"`   // image manifest digest -> record
+	Resolved map[string]string       `json:"resolved"` // top-level digest (index or manifest) -> image manifest digest
+	Tags     map[string]string       `json:"tags"`     // ref name -> top-level digest, as last resolved
+}
+
+type imageRecord struct {
+	Digest       string    `json:"digest"`
+	ConfigDigest string    `json:"configDigest"`
+	DiffIDs      []string  `json:"diffIDs"`
+	Config       Config    `json:"config"`
+	Refs         []string  `json:"refs"`
+	PulledAt     time.Time `json:"pulledAt"`
+}
+
+// Open opens (creating if needed) the store at opts.Root.
+func Open(opts Options) (*Store, error) {
+	if opts.Root == "" {
+		return nil, errors.New("image store: Root is required")
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Platform == "" {
+		opts.Platform = "linux/amd64"
+	}
+	p, err := v1.ParsePlatform(opts.Platform)
+	if err != nil {
+		return nil, fmt.Errorf("image store: platform %q: %w", opts.Platform, err)
+	}
+	for _, pat := range opts.Insecure {
+		if _, err := path.Match(pat, ""); err != nil {
+			return nil, fmt.Errorf("image store: insecure registry pattern %q: %w", pat, err)
+		}
+	}
+	for _, d := range []string{"blobs/sha256", "layers/sha256", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// Leftovers of interrupted pulls; nothing can be in flight before Open returns.
+	if ents, err := os.ReadDir(filepath.Join(root, "tmp")); err == nil {
+		for _, e := range ents {
+			_ = os.RemoveAll(filepath.Join(root, "tmp", e.Name()))
+		}
+	}
+	base := opts.Transport
+	if base == nil {
+		base = remote.DefaultTransport.(*http.Transport).Clone()
+	}
+	s := &Store{opts: opts, root: root, platform: *p}
+	s.transport = &guardTransport{base: base, insecure: s.isInsecure}
+	if err := s.loadIndex(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Root returns the absolute store directory.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) isInsecure(host string) bool {
+	for _, pat := range s.opts.Insecure {
+		if ok, _ := path.Match(pat, host); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseReference normalizes ref (Docker Hub defaults apply: "busybox" is
+// index.docker.io/library/busybox:latest). Errors wrap ErrInvalidReference.
+func (s *Store) ParseReference(ref string) (name.Reference, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %v", ErrInvalidReference, ref, err)
+	}
+	if s.isInsecure(r.Context().RegistryStr()) {
+		r, err = name.ParseReference(ref, name.Insecure)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q: %v", ErrInvalidReference, ref, err)
+		}
+	}
+	return r, nil
+}
+
+func (s *Store) authFor(r name.Reference, creds *Credentials) authn.Authenticator {
+	if creds != nil {
+		return &authn.Basic{Username: creds.Username, Password: creds.Password}
+	}
+	host := r.Context().RegistryStr()
+	cands := []string{host}
+	if host == name.DefaultRegistry {
+		cands = append(cands, "docker.io", "registry-1.docker.io")
+	}
+	for _, h := range cands {
+		if c, ok := s.opts.Auth[h]; ok {
+			return &authn.Basic{Username: c.Username, Password: c.Password}
+		}
+	}
+	return authn.Anonymous
+}
+
+// Pull resolves ref at its registry and makes sure the image is unpacked locally.
+// A digest-pinned ref that is cached is served without any network access; a tag
+// is re-resolved with a HEAD request. creds nil means Options.Auth, else anonymous.
+func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Image, error) {
+	r, err := s.ParseReference(ref)
+	if err != nil {
+		return nil, err
+	}
+	key := r.Name()
+	if creds != nil {
+		h := sha256.Sum256([]byte(creds.Username + "\x00" + creds.Password))
+		key += "\x00" + hex.EncodeToString(h[:8])
+	}
+	return s.pulls.do(ctx, key, func(ctx context.Context) (*Image, error) {
+		s.gcMu.RLock()
+		defer s.gcMu.RUnlock()
+		return s.pull(ctx, r, s.authFor(r, creds))
+	})
+}
+
+// Lookup returns a cached image for ref (tag as last resolved, or digest) without network access.
+func (s *Store) Lookup(ref string) (*Image, error) {
+	r, err := s.ParseReference(ref)
+	if err != nil {
+		return nil, err
+	}
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
+	top := ""
+	if d, ok := r.(name.Digest); ok {
+		top = d.DigestStr()
+	} else {
+		s.idxMu.Lock()
+		top = s.idx.Tags[r.Name()]
+		s.idxMu.Unlock()
+	}
+	if img := s.cached(r, top); img != nil {
+		return img, nil
+	}
+	return nil, fmt.Errorf("%w: %s is not in the local cache", ErrNotFound, r.Name())
+}
+
+// cached returns the image for a top-level digest if it and all its layers are present.
+func (s *Store) cached(r name.Reference, top string) *Image {
+	if top == "" {
+		return nil
+	}
+	s.idxMu.Lock()
+	rec := s.idx.Images[s.idx.Resolved[top]]
+	if rec != nil {
+		rec = &imageRecord{Digest: rec.Digest, DiffIDs: rec.DiffIDs, Config: rec.Config}
+	}
+	s.idxMu.Unlock()
+	if rec == nil {
+		return nil
+	}
+	img := &Image{Ref: r.Name(), Digest: rec.Digest, Config: rec.Config}
+	for _, d := range rec.DiffIDs {
+		dir, err := s.layerDir(d)
+		if err != nil {
+			return nil
+		}
+		if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+			return nil
+		}
+		img.Layers = append(img.Layers, dir)
+	}
+	return img
+}
+
+func (s *Store) layerDir(diffID string) (string, error) {
+	h, err := v1.NewHash(diffID)
+	if err != nil || h.Algorithm != "sha256" {
+		return "", fmt.Errorf("bad diffID %q", diffID)
+	}
+	return filepath.Join(s.root, "layers", "sha256", h.Hex), nil
+}
+
+func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authenticator) (*Image, error) {
+	if d, ok := r.(name.Digest); ok {
+		if img := s.cached(r, d.DigestStr()); img != nil {
+			s.noteRef(img.Digest, r.Name(), "")
+			return img, nil
+		}
+	}
+	ropts := []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithAuth(auth),
+		remote.WithTransport(s.transport),
+		remote.WithPlatform(s.platform),
+		remote.WithUserAgent("sandboxd"),
+	}
+	if _, ok := r.(name.Tag); ok {
+		desc, err := remote.Head(r, ropts...)
+		if err != nil {
+			if e := mapErr(r, err); errors.Is(e, ErrUnreachable) || errors.Is(e, ErrUnauthorized) || ctx.Err() != nil {
+				return nil, e
+			}
+			// Some registries do not answer HEAD properly; GET below gives the real answer.
+		} else if img := s.cached(r, desc.Digest.String()); img != nil {
+			s.noteRef(img.Digest, r.Name(), desc.Digest.String())
+			return img, nil
+		}
+	}
+	desc, err := remote.Get(r, ropts...)
+	if err != nil {
+		return nil, mapErr(r, err)
+	}
+	top := desc.Digest.String()
+	if img := s.cached(r, top); img != nil { // tag moved to an image we already have
+		s.noteRef(img.Digest, r.Name(), top)
+		return img, nil
+	}
+	img, err := desc.Image()
+	if err != nil {
+		if desc.MediaType.IsIndex() && strings.Contains(err.Error(), "no child with platform") {
+			return nil, fmt.Errorf("%w: %s has no %s image", ErrNotFound, r.Name(), s.opts.Platform)
+		}
+		return nil, mapErr(r, err)
+	}
+	mdig, err := img.Digest()
+	if err != nil {
+		return nil, mapErr(r, err)
+	}
+	rawMan, err := img.RawManifest()
+	if err != nil {
+		return nil, mapErr(r, err)
+	}
+	rawCfg, err := img.RawConfigFile()
+	if err != nil {
+		return nil, mapErr(r, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("image %s: config: %w", r.Name(), err)
+	}
+	cdig, err := img.ConfigName()
+	if err != nil {
+		return nil, fmt.Errorf("image %s: config: %w", r.Name(), err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, mapErr(r, err)
+	}
+	if len(layers) != len(cf.RootFS.DiffIDs) {
+		return nil, fmt.Errorf("image %s: %d layers but %d diffIDs in config", r.Name(), len(layers), len(cf.RootFS.DiffIDs))
+	}
+	if err := s.writeBlob(mdig, rawMan); err != nil {
+		return nil, err
+	}
+	if err := s.writeBlob(cdig, rawCfg); err != nil {
+		return nil, err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(4)
+	dirs := make([]string, len(layers))
+	for i, l := range layers {
+		diffID := cf.RootFS.DiffIDs[i]
+		dir, err := s.layerDir(diffID.String())
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", r.Name(), err)
+		}
+		dirs[i] = dir
+		g.Go(func() error {
+			_, err := s.layers.do(gctx, diffID.String(), func(ctx context.Context) (struct{}, error) {
+				return struct{}{}, s.fetchLayer(ctx, l, diffID, dir)
+			})
+			if err != nil {
+				return fmt.Errorf("layer %s: %w", diffID, mapErr(r, err))
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, fmt.Errorf("pull %s: %w", r.Name(), err)
+	}
+
+	cfg := Config{
+		Entrypoint: cf.Config.Entrypoint, Cmd: cf.Config.Cmd, Env: cf.Config.Env,
+		WorkingDir: cf.Config.WorkingDir, User: cf.Config.User,
+	}
+	rec := &imageRecord{Digest: mdig.String(), ConfigDigest: cdig.String(), Config: cfg, PulledAt: time.Now().UTC()}
+	for _, d := range cf.RootFS.DiffIDs {
+		rec.DiffIDs = append(rec.DiffIDs, d.String())
+	}
+	if err := s.addImage(rec, r.Name(), top); err != nil {
+		return nil, err
+	}
+	return &Image{Ref: r.Name(), Digest: rec.Digest, Layers: dirs, Config: cfg}, nil
+}
+
+func (s *Store) writeBlob(h v1.Hash, data []byte) error {
+	p := filepath.Join(s.root, "blobs", h.Algorithm, h.Hex)
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	return writeFileAtomic(p, data)
+}
+
+func writeFileAtomic(p string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	if err := os.Rename(f.Name(), p); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return nil
+}
+
+// fetchLayer downloads, verifies and unpacks one layer into dir (once).
+func (s *Store) fetchLayer(ctx context.Context, l v1.Layer, diffID v1.Hash, dir string) error {
+	if fi, err := os.Lstat(dir); err == nil && fi.IsDir() {
+		return nil
+	}
+	tmp, err := os.MkdirTemp(filepath.Join(s.root, "tmp"), "layer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if err := unpackVerified(ctx, rc, diffID, tmp); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if fi, err2 := os.Lstat(dir); err2 == nil && fi.IsDir() {
+			return nil // someone else finished it
+		}
+		return err
+	}
+	return nil
+}
+
+// --- index ---
+
+func (s *Store) loadIndex() error {
+	s.idx = &indexFile{Version: 1, Images: map[string]*imageRecord{}, Resolved: map[string]string{}, Tags: map[string]string{}}
+	b, err := os.ReadFile(filepath.Join(s.root, "index.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, s.idx); err != nil {
+		return fmt.Errorf("image store index %s: %w", filepath.Join(s.root, "index.json"), err)
+	}
+	for _, m := range []*map[string]string{&s.idx.Resolved, &s.idx.Tags} {
+		if *m == nil {
+			*m = map[string]string{}
+		}
+	}
+	if s.idx.Images == nil {
+		s.idx.Images = map[string]*imageRecord{}
+	}
+	return nil
+}
+
+// saveIndex writes index.json; idxMu must be held.
+func (s *Store) saveIndex() error {
+	b, err := json.MarshalIndent(s.idx, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(s.root, "index.json"), b)
+}
+
+func (s *Store) addImage(rec *imageRecord, ref, top string) error {
+	s.idxMu.Lock()
+	defer s.idxMu.Unlock()
+	if old := s.idx.Images[rec.Digest]; old != nil {
+		rec.Refs = old.Refs
+	}
+	s.idx.Images[rec.Digest] = rec
+	s.idx.Resolved[rec.Digest] = rec.Digest
+	s.noteRefLocked(rec, ref, top)
+	return s.saveIndex()
+}
+
+func (s *Store) noteRef(digest, ref, top string) {
+	s.idxMu.Lock()
+	defer s.idxMu.Unlock()
+	rec := s.idx.Images[digest]
+	if rec == nil {
+		return
+	}
+	changed := s.noteRefLocked(rec, ref, top)
+	if changed {
+		_ = s.saveIndex() // best effort: the image itself is complete
+	}
+}
+
+func (s *Store) noteRefLocked(rec *imageRecord, ref, top string) bool {
+	changed := false
+	if !slices.Contains(rec.Refs, ref) {
+		rec.Refs = append(rec.Refs, ref)
+		changed = true
+	}
+	if top != "" {
+		if s.idx.Resolved[top] != rec.Digest {
+			s.idx.Resolved[top] = rec.Digest
+			changed = true
+		}
+		if !strings.Contains(ref, "@") && s.idx.Tags[ref] != top {
+			s.idx.Tags[ref] = top
+			changed = true
+		}
+	}
+	return changed
+}
+
+// GC removes images whose manifest digest (or top-level index digest) is not in
+// inUse, then every layer no remaining image uses. It waits for in-flight pulls.
+func (s *Store) GC(ctx context.Context, inUse []string) (removedImages int, removedLayers int, err error) {
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	keep := map[string]bool{}
+	s.idxMu.Lock()
+	for _, d := range inUse {
+		keep[d] = true
+		if m, ok := s.idx.Resolved[d]; ok {
+			keep[m] = true
+		}
+	}
+	usedLayers := map[string]bool{}
+	usedBlobs := map[string]bool{}
+	for dig, rec := range s.idx.Images {
+		if !keep[dig] {
+			delete(s.idx.Images, dig)
+			removedImages++
+			continue
+		}
+		usedBlobs[rec.Digest] = true
+		usedBlobs[rec.ConfigDigest] = true
+		for _, d := range rec.DiffIDs {
+			usedLayers[d] = true
+		}
+	}
+	for top, m := range s.idx.Resolved {
+		if s.idx.Images[m] == nil {
+			delete(s.idx.Resolved, top)
+		}
+	}
+	for ref, top := range s.idx.Tags {
+		if _, ok := s.idx.Resolved[top]; !ok {
+			delete(s.idx.Tags, ref)
+		}
+	}
+	err = s.saveIndex()
+	s.idxMu.Unlock()
+	if err != nil {
+		return removedImages, 0, err
+	}
+
+	blobDir := filepath.Join(s.root, "blobs", "sha256")
+	if ents, e := os.ReadDir(blobDir); e == nil {
+		for _, ent := range ents {
+			if !usedBlobs["sha256:"+ent.Name()] {
+				_ = os.Remove(filepath.Join(blobDir, ent.Name()))
+			}
+		}
+	}
+	layerDir := filepath.Join(s.root, "layers", "sha256")
+	ents, e := os.ReadDir(layerDir)
+	if e != nil {
+		return removedImages, 0, e
+	}
+	for _, ent := range ents {
+		if ctx.Err() != nil {
+			return removedImages, removedLayers, ctx.Err()
+		}
+		if usedLayers["sha256:"+ent.Name()] {
+			continue
+		}
+		// Move out of the way first so a half-removed layer is never visible as present.
+		p := filepath.Join(layerDir, ent.Name())
+		trash := filepath.Join(s.root, "tmp", "gc-"+ent.Name())
+		if err := os.Rename(p, trash); err != nil {
+			return removedImages, removedLayers, err
+		}
+		if err := os.RemoveAll(trash); err != nil {
+			return removedImages, removedLayers, err
+		}
+		removedLayers++
+	}
+	return removedImages, removedLayers, nil
+}

@@ -1,0 +1,455 @@
+// Package logstore is the append-only log of a sandbox's main command.
+//
+// A log named N in a directory is two files:
+//
+//	N.log  the raw bytes, stdout and stderr interleaved as they were written
+//	N.idx  one fixed-size record per write (RecordSize bytes, little endian):
+//	       offset uint64 | unix nanos int64 | length uint32 | stream uint8 | 3 zero bytes
+//
+// The writer appends the data first and the record second, so a record never points at
+// bytes that are not there yet. Readers ignore a torn (partial) last record and any record
+// that does not continue the previous one or points beyond the end of the log, so a crash
+// mid-write loses at most the last chunk.
+//
+// The agent owns the Writer and serves reads (with Follow for live tails); the runner opens
+// a Reader on the host copy of the state dir after the sandbox has exited.
+package logstore
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// RecordSize is the size of one index record.
+const RecordSize = 24
+
+// Stream says which output a chunk came from. The values match sandboxd.agent.v1.Stream.
+type Stream uint8
+
+// Streams.
+const (
+	Stdout Stream = 1
+	Stderr Stream = 2
+)
+
+// Chunk is one write to the log.
+type Chunk struct {
+	Offset uint64 // byte offset of Data[0] in the log
+	Time   time.Time
+	Stream Stream
+	Data   []byte // valid only during the callback
+}
+
+// NextOffset is the offset just after the chunk.
+func (c Chunk) NextOffset() uint64 { return c.Offset + uint64(len(c.Data)) }
+
+type record struct {
+	off    uint64
+	nanos  int64
+	length uint32
+	stream Stream
+}
+
+func (r record) end() uint64 { return r.off + uint64(r.length) }
+
+func encodeRecord(b []byte, r record) {
+	binary.LittleEndian.PutUint64(b[0:8], r.off)
+	binary.LittleEndian.PutUint64(b[8:16], uint64(r.nanos))
+	binary.LittleEndian.PutUint32(b[16:20], r.length)
+	b[20] = byte(r.stream)
+	b[21], b[22], b[23] = 0, 0, 0
+}
+
+func decodeRecord(b []byte) record {
+	return record{
+		off:    binary.LittleEndian.Uint64(b[0:8]),
+		nanos:  int64(binary.LittleEndian.Uint64(b[8:16])),
+		length: binary.LittleEndian.Uint32(b[16:20]),
+		stream: Stream(b[20]),
+	}
+}
+
+// parseRecords appends the valid records in b (a slice of an index file starting at a
+// record boundary) that continue from end and stay within logSize. It returns the
+// records, how many bytes of b were consumed, and the new end.
+func parseRecords(dst []record, b []byte, end, logSize uint64) ([]record, int, uint64) {
+	n := 0
+	for len(b)-n >= RecordSize {
+		r := decodeRecord(b[n : n+RecordSize])
+		if r.off != end || r.length == 0 || r.end() < r.off || r.end() > logSize {
+			break
+		}
+		dst = append(dst, r)
+		end = r.end()
+		n += RecordSize
+	}
+	return dst, n, end
+}
+
+func paths(dir, name string) (string, string) {
+	return filepath.Join(dir, name+".log"), filepath.Join(dir, name+".idx")
+}
+
+// Writer appends to a log. It is safe for concurrent use.
+type Writer struct {
+	mu        sync.Mutex
+	log, idx  *os.File
+	end       uint64
+	lastNanos int64
+	closed    bool
+	changed   chan struct{} // closed and replaced on every write and on Close
+	rec       [RecordSize]byte
+	now       func() time.Time
+}
+
+// Open opens (creating dir and files as needed) the log name in dir for appending. An
+// existing log is kept; a torn tail left by a crash is cut off.
+func Open(dir, name string) (*Writer, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	lp, ip := paths(dir, name)
+	log, err := os.OpenFile(lp, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := os.OpenFile(ip, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		log.Close()
+		return nil, err
+	}
+	w := &Writer{log: log, idx: idx, changed: make(chan struct{}), now: time.Now}
+	if err := w.recover(); err != nil {
+		log.Close()
+		idx.Close()
+		return nil, fmt.Errorf("logstore: recover %s: %w", lp, err)
+	}
+	return w, nil
+}
+
+func (w *Writer) recover() error {
+	li, err := w.log.Stat()
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(w.idx)
+	if err != nil {
+		return err
+	}
+	recs, n, end := parseRecords(nil, b, 0, uint64(li.Size()))
+	if len(recs) > 0 {
+		w.lastNanos = recs[len(recs)-1].nanos
+	}
+	if err := w.idx.Truncate(int64(n)); err != nil {
+		return err
+	}
+	if err := w.log.Truncate(int64(end)); err != nil {
+		return err
+	}
+	if _, err := w.idx.Seek(int64(n), io.SeekStart); err != nil {
+		return err
+	}
+	if _, err := w.log.Seek(int64(end), io.SeekStart); err != nil {
+		return err
+	}
+	w.end = end
+	return nil
+}
+
+// Write appends p as one chunk of stream s. Large writes are split into chunks of at most
+// 1 MiB so every record stays small to read.
+func (w *Writer) Write(s Stream, p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return 0, os.ErrClosed
+	}
+	written := 0
+	for len(p) > 0 {
+		n := min(len(p), 1<<20)
+		if _, err := w.log.Write(p[:n]); err != nil {
+			return written, err
+		}
+		nanos := w.now().UnixNano()
+		if nanos < w.lastNanos {
+			nanos = w.lastNanos // keep times monotonic so since-searches can bisect
+		}
+		w.lastNanos = nanos
+		encodeRecord(w.rec[:], record{off: w.end, nanos: nanos, length: uint32(n), stream: s})
+		if _, err := w.idx.Write(w.rec[:]); err != nil {
+			return written, err
+		}
+		w.end += uint64(n)
+		written += n
+		p = p[n:]
+	}
+	if written > 0 {
+		close(w.changed)
+		w.changed = make(chan struct{})
+	}
+	return written, nil
+}
+
+// StreamWriter returns an io.Writer that appends to stream s.
+func (w *Writer) StreamWriter(s Stream) io.Writer { return streamWriter{w, s} }
+
+type streamWriter struct {
+	w *Writer
+	s Stream
+}
+
+func (sw streamWriter) Write(p []byte) (int, error) { return sw.w.Write(sw.s, p) }
+
+// Size is the number of bytes written so far.
+func (w *Writer) Size() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.end
+}
+
+// Changed returns a channel closed on the next write or on Close, and whether the writer
+// is already closed. Take it before reading to not miss a write.
+func (w *Writer) Changed() (<-chan struct{}, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.changed, w.closed
+}
+
+// Close flushes the log to disk and ends every Follow once it has read everything.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	close(w.changed)
+	err := errors.Join(w.log.Sync(), w.idx.Sync())
+	return errors.Join(err, w.log.Close(), w.idx.Close())
+}
+
+// ReadOptions select where a read starts. When several are set, the latest start wins.
+type ReadOptions struct {
+	TailLines  int       // > 0: start at the last TailLines lines
+	Since      time.Time // non-zero: start at the first chunk written at or after Since
+	Offset     uint64    // with FromOffset: start at this byte offset
+	FromOffset bool
+}
+
+// Reader reads a log. It picks up records appended after it was opened. It is not safe
+// for concurrent use.
+type Reader struct {
+	log, idx *os.File
+	recs     []record
+	idxPos   int64
+	end      uint64
+	buf      []byte
+}
+
+// OpenReader opens the log name in dir for reading.
+func OpenReader(dir, name string) (*Reader, error) {
+	lp, ip := paths(dir, name)
+	log, err := os.Open(lp)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := os.Open(ip)
+	if err != nil {
+		log.Close()
+		return nil, err
+	}
+	return &Reader{log: log, idx: idx}, nil
+}
+
+// Close releases the files.
+func (r *Reader) Close() error { return errors.Join(r.log.Close(), r.idx.Close()) }
+
+// refresh loads the records appended since the last call.
+func (r *Reader) refresh() error {
+	li, err := r.log.Stat()
+	if err != nil {
+		return err
+	}
+	ii, err := r.idx.Stat()
+	if err != nil {
+		return err
+	}
+	avail := ii.Size() - r.idxPos
+	avail -= avail % RecordSize
+	if avail <= 0 {
+		return nil
+	}
+	b := make([]byte, avail)
+	n, err := r.idx.ReadAt(b, r.idxPos)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	b = b[:n-n%RecordSize]
+	var used int
+	r.recs, used, r.end = parseRecords(r.recs, b, r.end, uint64(li.Size()))
+	r.idxPos += int64(used)
+	return nil
+}
+
+// End is the offset just after the last complete chunk.
+func (r *Reader) End() (uint64, error) {
+	if err := r.refresh(); err != nil {
+		return 0, err
+	}
+	return r.end, nil
+}
+
+// Read calls fn for every chunk from the start selected by opts to the current end, and
+// returns the offset after the last byte it passed on (the FromOffset start of a later
+// read). A chunk cut by the start is passed from the start on. An error from fn stops
+// the read and is returned.
+func (r *Reader) Read(opts ReadOptions, fn func(Chunk) error) (uint64, error) {
+	if err := r.refresh(); err != nil {
+		return 0, err
+	}
+	start := uint64(0)
+	if opts.FromOffset {
+		start = max(start, min(opts.Offset, r.end))
+	}
+	if !opts.Since.IsZero() {
+		s := opts.Since.UnixNano()
+		i := searchRecords(len(r.recs), func(i int) bool { return r.recs[i].nanos >= s })
+		if i == len(r.recs) {
+			start = r.end
+		} else {
+			start = max(start, r.recs[i].off)
+		}
+	}
+	if opts.TailLines > 0 {
+		t, err := r.tailStart(opts.TailLines)
+		if err != nil {
+			return 0, err
+		}
+		start = max(start, t)
+	}
+	return r.emit(start, fn)
+}
+
+func searchRecords(n int, f func(int) bool) int {
+	lo, hi := 0, n
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if !f(m) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+// tailStart finds the offset of the first of the last n lines. A final line without a
+// newline counts as a line.
+func (r *Reader) tailStart(n int) (uint64, error) {
+	end := r.end
+	if end == 0 {
+		return 0, nil
+	}
+	var last [1]byte
+	if _, err := r.log.ReadAt(last[:], int64(end-1)); err != nil {
+		return 0, err
+	}
+	pos := end
+	if last[0] == '\n' {
+		pos-- // the trailing newline ends the last line; it does not start one
+	}
+	const block = 64 << 10
+	buf := make([]byte, block)
+	for pos > 0 {
+		size := min(uint64(block), pos)
+		b := buf[:size]
+		if _, err := r.log.ReadAt(b, int64(pos-size)); err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		for i := len(b) - 1; i >= 0; i-- {
+			if b[i] == '\n' {
+				n--
+				if n == 0 {
+					return pos - size + uint64(i) + 1, nil
+				}
+			}
+		}
+		pos -= size
+	}
+	return 0, nil
+}
+
+// emit passes the chunks from start to the end, reading the log in spans of up to 1 MiB.
+func (r *Reader) emit(start uint64, fn func(Chunk) error) (uint64, error) {
+	if start >= r.end {
+		return r.end, nil
+	}
+	i := searchRecords(len(r.recs), func(i int) bool { return r.recs[i].end() > start })
+	next := start
+	const span = 1 << 20
+	for i < len(r.recs) {
+		// Gather records [i, j) into one read.
+		j := i + 1
+		for j < len(r.recs) && r.recs[j].end()-r.recs[i].off <= span {
+			j++
+		}
+		from, to := r.recs[i].off, r.recs[j-1].end()
+		if uint64(cap(r.buf)) < to-from {
+			r.buf = make([]byte, to-from)
+		}
+		b := r.buf[:to-from]
+		if _, err := r.log.ReadAt(b, int64(from)); err != nil && !errors.Is(err, io.EOF) {
+			return next, err
+		}
+		for k := i; k < j; k++ {
+			rec := r.recs[k]
+			data := b[rec.off-from : rec.end()-from]
+			off := rec.off
+			if off < start {
+				data = data[start-off:]
+				off = start
+			}
+			if err := fn(Chunk{Offset: off, Time: time.Unix(0, rec.nanos), Stream: rec.stream, Data: data}); err != nil {
+				return next, err
+			}
+			next = rec.end()
+		}
+		i = j
+	}
+	return next, nil
+}
+
+// Follow reads like Read and then keeps passing chunks as w appends them, until w is
+// closed and everything was passed on (returns nil), ctx ends (returns ctx.Err()), or fn
+// fails. w must be the writer of the log r reads; nil means the log is complete.
+func Follow(ctx context.Context, r *Reader, w *Writer, opts ReadOptions, fn func(Chunk) error) error {
+	for {
+		var (
+			changed <-chan struct{}
+			closed  = true
+		)
+		if w != nil {
+			changed, closed = w.Changed()
+		}
+		next, err := r.Read(opts, fn)
+		if err != nil {
+			return err
+		}
+		if closed {
+			return nil
+		}
+		opts = ReadOptions{Offset: next, FromOffset: true}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

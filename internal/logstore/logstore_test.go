@@ -1,0 +1,228 @@
+package logstore
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func readAll(t *testing.T, r *Reader, opts ReadOptions) (string, []Chunk) {
+	t.Helper()
+	var b strings.Builder
+	var chunks []Chunk
+	if _, err := r.Read(opts, func(c Chunk) error {
+		b.Write(c.Data)
+		c.Data = bytes.Clone(c.Data)
+		chunks = append(chunks, c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return b.String(), chunks
+}
+
+func TestReadOptions(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Open(dir, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Unix(1000, 0)
+	tick := 0
+	w.now = func() time.Time { tick++; return base.Add(time.Duration(tick) * time.Second) }
+	// Times: a=1s, b=2s, c=3s, d=4s
+	w.Write(Stdout, []byte("one\ntwo\nth"))
+	w.Write(Stderr, []byte("ree\n"))
+	w.Write(Stdout, []byte("four\n"))
+	w.Write(Stdout, []byte("five"))
+	r, err := OpenReader(dir, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	all := "one\ntwo\nthree\nfour\nfive"
+	tests := []struct {
+		name string
+		opts ReadOptions
+		want string
+	}{
+		{"all", ReadOptions{}, all},
+		{"tail 1 partial line", ReadOptions{TailLines: 1}, "five"},
+		{"tail 2", ReadOptions{TailLines: 2}, "four\nfive"},
+		{"tail 3 spans chunks", ReadOptions{TailLines: 3}, "three\nfour\nfive"},
+		{"tail many", ReadOptions{TailLines: 50}, all},
+		{"offset mid chunk", ReadOptions{Offset: 4, FromOffset: true}, all[4:]},
+		{"offset end", ReadOptions{Offset: uint64(len(all)), FromOffset: true}, ""},
+		{"offset beyond", ReadOptions{Offset: 1000, FromOffset: true}, ""},
+		{"since exact", ReadOptions{Since: base.Add(2 * time.Second)}, "ree\nfour\nfive"},
+		{"since between", ReadOptions{Since: base.Add(2500 * time.Millisecond)}, "four\nfive"},
+		{"since future", ReadOptions{Since: base.Add(time.Hour)}, ""},
+		{"since and tail: later wins", ReadOptions{Since: base, TailLines: 1}, "five"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, chunks := readAll(t, r, tc.opts)
+			if got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+			if len(chunks) > 0 && chunks[0].Offset != uint64(len(all)-len(tc.want)) {
+				t.Errorf("first offset %d", chunks[0].Offset)
+			}
+		})
+	}
+	_, chunks := readAll(t, r, ReadOptions{})
+	if len(chunks) != 4 || chunks[1].Stream != Stderr || !chunks[2].Time.Equal(base.Add(3*time.Second)) {
+		t.Errorf("chunks %+v", chunks)
+	}
+	// Trailing newline: the last line is the one before it.
+	w.Write(Stdout, []byte("\n"))
+	if got, _ := readAll(t, r, ReadOptions{TailLines: 1}); got != "five\n" {
+		t.Errorf("tail after newline = %q", got)
+	}
+	w.Close()
+}
+
+func TestTornTailAndReopen(t *testing.T) {
+	dir := t.TempDir()
+	w, _ := Open(dir, "main")
+	w.Write(Stdout, []byte("hello "))
+	w.Write(Stdout, []byte("world\n"))
+	w.Close()
+	// Simulate a crash: a half record and bytes with no record.
+	f, _ := os.OpenFile(filepath.Join(dir, "main.idx"), os.O_APPEND|os.O_WRONLY, 0)
+	f.Write(make([]byte, RecordSize/2))
+	f.Close()
+	f, _ = os.OpenFile(filepath.Join(dir, "main.log"), os.O_APPEND|os.O_WRONLY, 0)
+	f.Write([]byte("unindexed"))
+	f.Close()
+	r, _ := OpenReader(dir, "main")
+	if got, _ := readAll(t, r, ReadOptions{}); got != "hello world\n" {
+		t.Errorf("got %q", got)
+	}
+	r.Close()
+	w, err := Open(dir, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(Stderr, []byte("again\n"))
+	w.Close()
+	r, _ = OpenReader(dir, "main")
+	defer r.Close()
+	if got, _ := readAll(t, r, ReadOptions{}); got != "hello world\nagain\n" {
+		t.Errorf("after reopen %q", got)
+	}
+}
+
+func TestFollow(t *testing.T) {
+	dir := t.TempDir()
+	w, _ := Open(dir, "main")
+	w.Write(Stdout, []byte("a\n"))
+	r, _ := OpenReader(dir, "main")
+	defer r.Close()
+	got := make(chan string, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- Follow(context.Background(), r, w, ReadOptions{}, func(c Chunk) error { got <- string(c.Data); return nil })
+	}()
+	if s := <-got; s != "a\n" {
+		t.Fatalf("got %q", s)
+	}
+	for i := 0; i < 100; i++ {
+		w.Write(Stdout, []byte("b"))
+	}
+	var b strings.Builder
+	for b.Len() < 100 {
+		b.WriteString(<-got)
+	}
+	w.Write(Stdout, []byte("end"))
+	w.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	close(got)
+	rest := ""
+	for s := range got {
+		rest += s
+	}
+	if rest != "end" {
+		t.Errorf("rest %q", rest)
+	}
+	// A follow that starts after Close returns what is there.
+	r2, _ := OpenReader(dir, "main")
+	defer r2.Close()
+	n := 0
+	if err := Follow(context.Background(), r2, w, ReadOptions{TailLines: 1}, func(c Chunk) error { n += len(c.Data); return nil }); err != nil || n != 103 {
+		t.Errorf("follow after close: %d %v", n, err)
+	}
+	// Cancellation.
+	w3, _ := Open(t.TempDir(), "x")
+	defer w3.Close()
+	r3, _ := OpenReader(filepath.Dir(w3.log.Name()), "x")
+	defer r3.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := Follow(ctx, r3, w3, ReadOptions{}, func(Chunk) error { return nil }); err != context.DeadlineExceeded {
+		t.Errorf("err = %v", err)
+	}
+}
+
+// FuzzIndex feeds arbitrary index files: reads must not panic, and every chunk must be
+// inside the log, contiguous, and in order.
+func FuzzIndex(f *testing.F) {
+	var rec [RecordSize]byte
+	var seed []byte
+	for i, n := range []uint32{3, 5, 1} {
+		encodeRecord(rec[:], record{off: uint64(i * 3), nanos: int64(i), length: n, stream: Stdout})
+		seed = append(seed, rec[:]...)
+	}
+	f.Add(seed, 9, 2, uint64(1))
+	f.Add(seed[:RecordSize+7], 3, 0, uint64(0))
+	f.Add([]byte{}, 0, 1, uint64(5))
+	f.Fuzz(func(t *testing.T, idx []byte, logSize int, tail int, off uint64) {
+		if logSize < 0 || logSize > 1<<16 || tail < 0 {
+			return
+		}
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, "m.idx"), idx, 0o644)
+		os.WriteFile(filepath.Join(dir, "m.log"), bytes.Repeat([]byte("ab\n"), logSize/3+1)[:logSize], 0o644)
+		r, err := OpenReader(dir, "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		for _, opts := range []ReadOptions{{}, {TailLines: tail}, {Offset: off, FromOffset: true}, {Since: time.Unix(0, int64(off))}} {
+			var next uint64
+			first := true
+			end, err := r.Read(opts, func(c Chunk) error {
+				if !first && c.Offset != next {
+					t.Fatalf("gap: %d after %d", c.Offset, next)
+				}
+				first = false
+				next = c.NextOffset()
+				if next > uint64(logSize) || len(c.Data) == 0 {
+					t.Fatalf("chunk %d+%d beyond log %d", c.Offset, len(c.Data), logSize)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if end > uint64(logSize) {
+				t.Fatalf("end %d", end)
+			}
+		}
+		// The writer recovers from whatever is there.
+		w, err := Open(dir, "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(Stdout, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+	})
+}

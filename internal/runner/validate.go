@@ -1,0 +1,131 @@
+package runner
+
+import (
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Lifetime bounds: 0 asks for the default; more than 30 days is refused, never clamped.
+const (
+	DefaultLifetime = 600 * time.Second
+	MaxLifetime     = 30 * 24 * time.Hour
+	maxFileBytes    = 32 << 20
+	maxFilesBytes   = 64 << 20
+	maxRestartLimit = 100
+)
+
+// idPattern keeps IDs usable as DNS labels (endpoint addresses embed them) and as
+// cgroup, file and interface-hash names.
+var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	Spec runtime.Spec
+	// Lifetime is the maximum run time; 0 means DefaultLifetime.
+	Lifetime time.Duration
+}
+
+// validate checks a request's shape and fills defaults, reporting every problem at once.
+func validate(req *CreateRequest) error {
+	var vs violations
+	s := &req.Spec
+	if s.ID != "" && !idPattern.MatchString(s.ID) {
+		vs.add("sandbox_id", "must be 1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit")
+	}
+	if strings.TrimSpace(s.Image) == "" {
+		vs.add("spec.containers[0].image", "is required")
+	}
+	switch {
+	case req.Lifetime < 0:
+		vs.add("spec.max_lifetime_seconds", "must not be negative, got %s", req.Lifetime)
+	case req.Lifetime > MaxLifetime:
+		vs.add("spec.max_lifetime_seconds", "must be at most %d (30 days), got %d", int64(MaxLifetime/time.Second), int64(req.Lifetime/time.Second))
+	case req.Lifetime == 0:
+		req.Lifetime = DefaultLifetime
+	}
+	r := s.Resources
+	for _, q := range []struct {
+		field string
+		v     int64
+	}{
+		{"spec.containers[0].resources.cpu", r.MilliCPU},
+		{"spec.containers[0].resources.memory", r.MemoryBytes},
+		{"spec.containers[0].resources.pids", r.Pids},
+	} {
+		if q.v < 0 {
+			vs.add(q.field, "must not be negative, got %d", q.v)
+		}
+	}
+	if r.MemoryBytes > 0 && r.MemoryBytes < 8<<20 {
+		vs.add("spec.containers[0].resources.memory", "must be at least 8Mi, got %d bytes", r.MemoryBytes)
+	}
+	switch {
+	case s.RestartLimit < 0:
+		vs.add("restart_limit", "must not be negative, got %d", s.RestartLimit)
+	case s.RestartLimit > maxRestartLimit:
+		vs.add("restart_limit", "must be at most %d, got %d", maxRestartLimit, s.RestartLimit)
+	}
+	if s.WorkingDir != "" && !path.IsAbs(s.WorkingDir) {
+		vs.add("spec.containers[0].working_dir", "must be an absolute path, got %q", s.WorkingDir)
+	}
+	if strings.ContainsRune(s.Command, 0) {
+		vs.add("spec.containers[0].command", "must not contain NUL bytes")
+	}
+	for i, a := range s.Args {
+		if strings.ContainsRune(a, 0) {
+			vs.add(fmt.Sprintf("spec.containers[0].args[%d]", i), "must not contain NUL bytes")
+		}
+	}
+	for k, v := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			vs.add("spec.containers[0].environment_variables", "invalid name %q: must be non-empty without '=' or NUL", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			vs.add("spec.containers[0].environment_variables["+k+"]", "must not contain NUL bytes")
+		}
+	}
+	var total int
+	seen := map[string]bool{}
+	for i, f := range s.Files {
+		field := fmt.Sprintf("spec.containers[0].files[%d].path", i)
+		if err := checkPath(f.Path); err != nil {
+			vs.add(field, "%v", err)
+		} else if seen[path.Clean(f.Path)] {
+			vs.add(field, "duplicate path %q", f.Path)
+		}
+		seen[path.Clean(f.Path)] = true
+		if len(f.Content) > maxFileBytes {
+			vs.add(fmt.Sprintf("spec.containers[0].files[%d].content", i), "is %d bytes, at most %d allowed", len(f.Content), maxFileBytes)
+		}
+		total += len(f.Content)
+	}
+	if total > maxFilesBytes {
+		vs.add("spec.containers[0].files", "total %d bytes, at most %d allowed", total, maxFilesBytes)
+	}
+	return vs.err()
+}
+
+// checkPath accepts absolute paths without NUL bytes or '..' elements.
+func checkPath(p string) error {
+	switch {
+	case p == "":
+		return fmt.Errorf("is required")
+	case strings.ContainsRune(p, 0):
+		return fmt.Errorf("must not contain NUL bytes")
+	case !path.IsAbs(p):
+		return fmt.Errorf("must be absolute, got %q", p)
+	case p == "/":
+		return fmt.Errorf("must name a file, got %q", p)
+	}
+	for _, el := range strings.Split(p, "/") {
+		if el == ".." {
+			return fmt.Errorf("must not contain '..' elements, got %q", p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,130 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+)
+
+// percentiles reports p50 and p99 of ds (ms) on b.
+func percentiles(b *testing.B, ds []time.Duration, prefix string) {
+	if len(ds) == 0 {
+		return
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	at := func(q float64) float64 {
+		i := int(q*float64(len(ds)) + 0.5)
+		if i >= len(ds) {
+			i = len(ds) - 1
+		}
+		return float64(ds[i].Microseconds()) / 1000
+	}
+	b.ReportMetric(at(0.50), prefix+"p50-ms")
+	b.ReportMetric(at(0.99), prefix+"p99-ms")
+}
+
+// BenchmarkCreateFirstExec: Create, then the first Exec through the agent returns
+// (fresh connection). Destroy is outside the timing. -v prints where Create's time goes.
+func BenchmarkCreateFirstExec(b *testing.B) {
+	b.Run("loopback", func(b *testing.B) { benchCreateFirstExec(b, false) })
+	b.Run("bridge", func(b *testing.B) { benchCreateFirstExec(b, true) })
+}
+
+func benchCreateFirstExec(b *testing.B, withNet bool) {
+	e := newEnv(b)
+	if withNet {
+		m, err := network.New(network.Config{
+			Bridge: "sbxlocalt1", Subnet: netip.MustParsePrefix("10.233.78.0/24"),
+			StateDir: b.TempDir(), Nameservers: []string{}, Table: "sbxlocaltest1",
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { m.Cleanup() })
+		e.b.cfg.Network = netAdapter{m}
+	}
+	var mu sync.Mutex
+	steps := map[string]time.Duration{}
+	e.b.trace = func(step string, d time.Duration) {
+		mu.Lock()
+		steps[step] += d
+		mu.Unlock()
+	}
+	var total, creates []time.Duration
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		id := fmt.Sprintf("bench-%d", i)
+		start := time.Now()
+		if _, err := e.b.Create(ctx, &runtime.Spec{ID: id, Image: "busybox", Command: "sleep", Args: []string{"3600"},
+			Resources: runtime.Resources{MilliCPU: 1000, MemoryBytes: 256 << 20}}); err != nil {
+			b.Fatal(err)
+		}
+		created := time.Since(start)
+		out, _, _ := execIn(b, agentClient(e.b, id), "echo", "hi")
+		total = append(total, time.Since(start))
+		creates = append(creates, created)
+		if out != "hi\n" {
+			b.Fatalf("exec: %q", out)
+		}
+		b.StopTimer()
+		if err := e.b.Destroy(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	percentiles(b, total, "first-exec-")
+	percentiles(b, creates, "create-")
+	var parts []string
+	for _, s := range []string{"dirs", "pull", "network", "overlay", "bundle", "socket", "runtime", "finish"} {
+		parts = append(parts, fmt.Sprintf("%s %.2fms", s, float64(steps[s].Microseconds())/1000/float64(b.N)))
+	}
+	b.Logf("n=%d agent=%s mean per step: %s", b.N, agentKind, strings.Join(parts, ", "))
+}
+
+// BenchmarkAgentExec and BenchmarkRuncExec compare an exec through the agent (reused
+// connection) with `runc exec <id> /bin/true` on the same sandbox.
+func BenchmarkAgentExec(b *testing.B) {
+	e := newEnv(b)
+	e.create(runtime.Spec{ID: "bench-exec", Command: "sleep", Args: []string{"3600"}})
+	c := agentClient(e.b, "bench-exec")
+	execIn(b, c, "true")
+	var ds []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, _, code := execIn(b, c, "/bin/true"); code != 0 {
+			b.Fatal(code)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	b.StopTimer()
+	percentiles(b, ds, "")
+}
+
+func BenchmarkRuncExec(b *testing.B) {
+	e := newEnv(b)
+	e.create(runtime.Spec{ID: "bench-runc", Command: "sleep", Args: []string{"3600"}})
+	rt, _, _ := e.b.runtimeFor("")
+	var ds []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if out, err := exec.Command(rt.binary, "--root", rt.root, "exec", "bench-runc", "/bin/true").CombinedOutput(); err != nil {
+			b.Fatalf("%v: %s", err, out)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	b.StopTimer()
+	percentiles(b, ds, "")
+}

@@ -1,0 +1,55 @@
+package local
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Image is what the backend needs of a pulled image; it mirrors internal/image.Image so
+// the backend can be tested (and driven) without a registry. internal/stack adapts the
+// image store to Images.
+type Image struct {
+	Ref    string
+	Digest string
+	// Layers are unpacked layer directories, BOTTOM first.
+	Layers []string
+	Config ImageConfig
+}
+
+// ImageConfig is the part of the OCI image config a sandbox starts from.
+type ImageConfig struct {
+	Entrypoint []string
+	Cmd        []string
+	Env        []string
+	WorkingDir string
+	User       string
+}
+
+// Images pulls images. Errors should wrap runtime.ErrImageNotFound,
+// ErrImageUnauthorized, ErrRegistry or ErrInvalidImageRef (internal/image's own
+// sentinels are mapped too); anything else is reported wrapped in ErrRegistry.
+type Images interface {
+	Pull(ctx context.Context, ref string, creds *runtime.Credentials) (*Image, error)
+}
+
+// Attachment is a sandbox's place on the host network; it mirrors network.Attachment.
+type Attachment struct {
+	ID, NetNSPath string
+	IP, Gateway   netip.Addr
+	PrefixLen     int
+	HostVeth      string
+}
+
+// Network gives sandboxes their network namespaces; internal/stack adapts
+// *network.Manager to it. A nil Network gives every sandbox a new, empty network
+// namespace (loopback only).
+type Network interface {
+	Setup(ctx context.Context, id string) (*Attachment, error)
+	Lookup(id string) (*Attachment, error)
+	// Teardown is idempotent.
+	Teardown(id string) error
+	// WriteEtcFiles writes dir/hosts, dir/hostname and dir/resolv.conf for the sandbox.
+	WriteEtcFiles(dir, hostname string, a *Attachment) error
+}

@@ -1,0 +1,28 @@
+package local
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+)
+
+// LogDir is where the agent keeps the main command's logs on the host. The runner moves
+// it out before Destroy, so logs outlive the sandbox.
+func (b *Backend) LogDir(id string) string {
+	if !validID(id) {
+		return ""
+	}
+	return filepath.Join(b.dir(id), dirRun, agentconfig.LogsDir)
+}
+
+// RuntimeCommand returns the OCI runtime CLI (with this backend's state root) for the
+// sandbox's runtime class, e.g. to compare `runc exec` with the agent in benchmarks.
+func (b *Backend) RuntimeCommand(ctx context.Context, id string, args ...string) (*exec.Cmd, error) {
+	s, err := b.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return s.rt.command(ctx, args...), nil
+}

@@ -1,0 +1,533 @@
+// Package local is the single-host backend: one OCI container per sandbox, started with an
+// OCI runtime CLI (runc by default) over a per-sandbox overlayfs root, with sandbox-agent
+// as PID 1 listening on a unix socket the backend creates on the host.
+//
+// Everything about a sandbox lives in <StateDir>/<id>/ (see the file names below) and in
+// the OCI runtime's state under <StateDir>/.oci/<runtime class>/, so a new Backend on the
+// same StateDir recovers what an earlier one started.
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+)
+
+// Files and dirs in a sandbox's dir.
+const (
+	fileSpec        = "spec.json"         // the runtime.Spec, minus credentials
+	fileInfo        = "info.json"         // what Create learned: Info, init pid + start time
+	fileExit        = "exit.json"         // the Exit, once the container has ended
+	fileAgentConfig = "agent-config.json" // agentconfig.Config, mounted read-only
+	fileAgentOut    = "agent.out"         // the runtime's and the agent's stdout/stderr
+	filePid         = "init.pid"
+	dirBundle       = "bundle" // config.json + rootfs (overlay mount point)
+	dirUpper        = "upper"
+	dirWork         = "work"
+	dirRun          = "run" // agent state, agent.sock; mounted at agentconfig.StateDir
+	dirEtc          = "etc" // hosts, hostname, resolv.conf
+	agentSocket     = "agent.sock"
+	ociRootDir      = ".oci" // ids cannot start with a dot
+)
+
+// Config configures a Backend.
+type Config struct {
+	StateDir    string            // one dir per sandbox; must be absolute
+	AgentBinary string            // host path of the static sandbox-agent
+	Runtimes    map[string]string // runtime class -> OCI runtime binary; default {"runc": "/usr/sbin/runc"}
+	// DefaultRuntime is the class for specs without one; default "runc".
+	DefaultRuntime string
+	// CgroupParent names the cgroup every sandbox's cgroup is made under: cgroupsPath is
+	// /<CgroupParent>/<id> (cgroupfs). Default "sandboxd".
+	CgroupParent string
+	Images       Images
+	// Network gives each sandbox a network namespace on the host bridge. nil: every
+	// sandbox gets a new, empty network namespace (loopback only).
+	Network Network
+	Logger  *slog.Logger
+}
+
+// Backend is the local runtime.Backend.
+type Backend struct {
+	cfg      Config
+	runtimes map[string]*ociRuntime
+	seccomp  *specs.LinuxSeccomp
+	noFile   uint64
+	log      *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+
+	// trace, when set (tests, benchmarks), receives the duration of each Create step.
+	trace func(step string, d time.Duration)
+}
+
+var _ runtime.Backend = (*Backend)(nil)
+
+// sandbox is a container this Backend tracks.
+type sandbox struct {
+	id   string
+	dir  string
+	rt   *ociRuntime
+	spec runtime.Spec
+	info persistedInfo
+	proc *proc // nil once known to be gone
+
+	ready  chan struct{} // closed when Create has finished (at once for loaded sandboxes)
+	failed bool          // Create failed and undid everything; set before ready closes
+	done   chan struct{} // closed when exit is set
+	exit   runtime.Exit
+}
+
+// persistedInfo is info.json.
+type persistedInfo struct {
+	IP           string    `json:"ip,omitempty"`
+	RuntimeClass string    `json:"runtime_class"`
+	ImageDigest  string    `json:"image_digest,omitempty"`
+	StartedAt    time.Time `json:"started_at"`
+	Pid          int       `json:"pid"`
+	PidStart     uint64    `json:"pid_start"`
+}
+
+func (p persistedInfo) toInfo(id string) runtime.Info {
+	return runtime.Info{ID: id, IP: p.IP, RuntimeClass: p.RuntimeClass, ImageDigest: p.ImageDigest, StartedAt: p.StartedAt}
+}
+
+// New checks cfg and returns a Backend. It starts nothing; call Recover to adopt
+// sandboxes from an earlier run.
+func New(cfg Config) (*Backend, error) {
+	if cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) {
+		return nil, fmt.Errorf("local backend: StateDir %q must be an absolute path", cfg.StateDir)
+	}
+	if strings.ContainsAny(cfg.StateDir, ",:\\") {
+		return nil, fmt.Errorf("local backend: StateDir %q must not contain ',', ':' or '\\' (overlayfs options)", cfg.StateDir)
+	}
+	cfg.StateDir = filepath.Clean(cfg.StateDir)
+	if cfg.AgentBinary == "" {
+		return nil, errors.New("local backend: AgentBinary is required")
+	}
+	abs, err := filepath.Abs(cfg.AgentBinary)
+	if err != nil {
+		return nil, err
+	}
+	cfg.AgentBinary = abs
+	if st, err := os.Stat(cfg.AgentBinary); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("local backend: agent binary %s: not a regular file (%v)", cfg.AgentBinary, err)
+	}
+	if cfg.Images == nil {
+		return nil, errors.New("local backend: Images is required")
+	}
+	if len(cfg.Runtimes) == 0 {
+		cfg.Runtimes = map[string]string{"runc": "/usr/sbin/runc"}
+	}
+	if cfg.DefaultRuntime == "" {
+		cfg.DefaultRuntime = "runc"
+	}
+	if _, ok := cfg.Runtimes[cfg.DefaultRuntime]; !ok {
+		return nil, fmt.Errorf("local backend: default runtime %q is not in Runtimes", cfg.DefaultRuntime)
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "sandboxd"
+	}
+	cfg.CgroupParent = strings.Trim(cfg.CgroupParent, "/")
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	sc, err := defaultSeccomp()
+	if err != nil {
+		return nil, fmt.Errorf("local backend: seccomp profile: %w", err)
+	}
+	b := &Backend{
+		cfg:       cfg,
+		runtimes:  map[string]*ociRuntime{},
+		seccomp:   sc,
+		noFile:    noFileLimit(),
+		log:       cfg.Logger,
+		sandboxes: map[string]*sandbox{},
+	}
+	for class, bin := range cfg.Runtimes {
+		if class == "" || strings.ContainsAny(class, "/.") {
+			return nil, fmt.Errorf("local backend: bad runtime class name %q", class)
+		}
+		if !filepath.IsAbs(bin) {
+			return nil, fmt.Errorf("local backend: runtime %q binary %q must be an absolute path", class, bin)
+		}
+		b.runtimes[class] = &ociRuntime{class: class, binary: bin, root: filepath.Join(cfg.StateDir, ociRootDir, class)}
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	return b, nil
+}
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.cfg.StateDir, id) }
+
+func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
+
+func (b *Backend) runtimeFor(class string) (*ociRuntime, string, error) {
+	if class == "" {
+		class = b.cfg.DefaultRuntime
+	}
+	rt, ok := b.runtimes[class]
+	if !ok {
+		known := make([]string, 0, len(b.runtimes))
+		for k := range b.runtimes {
+			known = append(known, k)
+		}
+		sort.Strings(known)
+		return nil, class, fmt.Errorf("%w %q (known: %s)", runtime.ErrUnknownRuntime, class, strings.Join(known, ", "))
+	}
+	return rt, class, nil
+}
+
+func validateSpec(spec *runtime.Spec) error {
+	switch {
+	case spec == nil:
+		return fmt.Errorf("%w: nil spec", runtime.ErrInvalidSpec)
+	case !validID(spec.ID):
+		return fmt.Errorf("%w: id %q: want 1-63 characters of [a-z0-9-], not starting or ending with '-'", runtime.ErrInvalidSpec, spec.ID)
+	case strings.TrimSpace(spec.Image) == "":
+		return fmt.Errorf("%w: empty image reference", runtime.ErrInvalidImageRef)
+	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0:
+		return fmt.Errorf("%w: negative resource limit", runtime.ErrInvalidSpec)
+	case spec.RestartLimit < 0:
+		return fmt.Errorf("%w: negative restart limit", runtime.ErrInvalidSpec)
+	}
+	for _, f := range spec.Files {
+		if !strings.HasPrefix(f.Path, "/") || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
+			return fmt.Errorf("%w: file path %q must be absolute and clean", runtime.ErrInvalidSpec, f.Path)
+		}
+	}
+	return nil
+}
+
+func (b *Backend) step(name string, t *time.Time) {
+	if b.trace != nil {
+		now := time.Now()
+		b.trace(name, now.Sub(*t))
+		*t = now
+	}
+}
+
+// Create implements runtime.Backend.
+func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.Info, err error) {
+	t := time.Now()
+	if err := validateSpec(spec); err != nil {
+		return runtime.Info{}, err
+	}
+	rt, class, err := b.runtimeFor(spec.RuntimeClass)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	id := spec.ID
+	dir := b.dir(id)
+	// The sandbox dir is the claim on the id; everything else happens inside it.
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return runtime.Info{}, fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, id)
+		}
+		return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	persisted := *spec
+	persisted.PullCredentials = nil
+	persisted.RuntimeClass = class
+	s := &sandbox{id: id, dir: dir, rt: rt, spec: persisted, ready: make(chan struct{}), done: make(chan struct{})}
+	// Registered at once, so Wait, Stop and Destroy during Create find it (and wait).
+	b.mu.Lock()
+	b.sandboxes[id] = s
+	b.mu.Unlock()
+	defer func() {
+		if err != nil {
+			if derr := b.teardown(context.WithoutCancel(ctx), s); derr != nil {
+				b.log.Warn("undo failed create", "sandbox", id, "err", derr)
+				err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
+			}
+			b.mu.Lock()
+			delete(b.sandboxes, id)
+			b.mu.Unlock()
+			s.failed = true
+			s.exit = runtime.Exit{Reason: "StartError", Message: err.Error(), At: time.Now().UTC()}
+			close(s.done)
+		} else {
+			go b.watch(s, "Killed")
+		}
+		close(s.ready)
+	}()
+
+	// The network namespace and the image are independent: set them up concurrently.
+	type netResult struct {
+		a   *Attachment
+		err error
+	}
+	var netc chan netResult
+	if b.cfg.Network != nil {
+		netc = make(chan netResult, 1)
+		go func() {
+			a, err := b.cfg.Network.Setup(ctx, id)
+			netc <- netResult{a, err}
+		}()
+	}
+	var (
+		img     *Image
+		pullErr error
+		pulled  = make(chan struct{})
+	)
+	go func() {
+		defer close(pulled)
+		img, pullErr = b.cfg.Images.Pull(ctx, spec.Image, spec.PullCredentials)
+	}()
+
+	for _, d := range []string{dirBundle, dirBundle + "/rootfs", dirUpper, dirWork, dirRun, dirEtc} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
+	if err := writeJSON(filepath.Join(dir, fileSpec), &persisted); err != nil {
+		return runtime.Info{}, err
+	}
+	b.step("dirs", &t)
+
+	<-pulled
+	if pullErr != nil {
+		return runtime.Info{}, mapPullError(spec.Image, pullErr)
+	}
+	b.step("pull", &t)
+	var att *Attachment
+	if netc != nil {
+		r := <-netc
+		if r.err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: network setup: %w", id, r.err)
+		}
+		att = r.a
+		b.step("network", &t)
+	}
+
+	acfg, err := agentConfig(spec, img)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	opts, err := overlayOptions(img.Layers, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork))
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	rootfs := filepath.Join(dir, dirBundle, "rootfs")
+	if err := mountOverlay(rootfs, opts); err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	b.step("overlay", &t)
+
+	etc := filepath.Join(dir, dirEtc)
+	if b.cfg.Network != nil {
+		err = b.cfg.Network.WriteEtcFiles(etc, hostname(id), att)
+	} else {
+		err = network.WriteEtcFiles(etc, hostname(id), nil, nil) // loopback only
+	}
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: etc files: %w", id, err)
+	}
+	if err := writeJSON(filepath.Join(dir, fileAgentConfig), acfg); err != nil {
+		return runtime.Info{}, err
+	}
+	p := specParams{
+		ID: id, RootFS: rootfs, Cgroups: b.cgroupsPath(id), Resources: spec.Resources,
+		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
+		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
+	}
+	if att != nil {
+		p.NetNS = att.NetNSPath
+	}
+	if err := writeJSON(filepath.Join(dir, dirBundle, "config.json"), ociSpec(p)); err != nil {
+		return runtime.Info{}, err
+	}
+	b.step("bundle", &t)
+
+	// The agent's listening socket is made here so connections queue in its backlog
+	// before the agent runs: Create can return as soon as the runtime has started it.
+	ln, err := listenUnix(filepath.Join(dir, dirRun), agentSocket)
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+	}
+	lnFile, err := ln.File()
+	ln.Close() // unlink-on-close is off; lnFile keeps the socket open
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+	}
+	defer lnFile.Close()
+	out, err := os.OpenFile(filepath.Join(dir, fileAgentOut), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	defer out.Close()
+	b.step("socket", &t)
+
+	pidFile := filepath.Join(dir, filePid)
+	if err := rt.start(ctx, id, filepath.Join(dir, dirBundle), pidFile, lnFile, out); err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	b.step("runtime", &t)
+
+	pid, err := readPid(pidFile)
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	pr, err := openProc(pid, 0)
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	s.info = persistedInfo{RuntimeClass: class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid}
+	if att != nil && att.IP.IsValid() {
+		s.info.IP = att.IP.String()
+	}
+	if pr != nil {
+		s.info.PidStart = pr.start
+	}
+	s.proc = pr
+	if err := writeJSON(filepath.Join(dir, fileInfo), &s.info); err != nil {
+		return runtime.Info{}, err // teardown kills the container and closes the pidfd
+	}
+	b.step("finish", &t)
+	return s.info.toInfo(id), nil
+}
+
+func hostname(id string) string {
+	if len(id) > 63 {
+		return id[:63]
+	}
+	return id
+}
+
+// mapPullError makes sure an image error wraps one of the runtime's image sentinels.
+func mapPullError(ref string, err error) error {
+	for _, m := range []struct{ from, to error }{
+		{image.ErrNotFound, runtime.ErrImageNotFound},
+		{image.ErrUnauthorized, runtime.ErrImageUnauthorized},
+		{image.ErrUnreachable, runtime.ErrRegistry},
+		{image.ErrInvalidReference, runtime.ErrInvalidImageRef},
+	} {
+		if errors.Is(err, m.from) && !errors.Is(err, m.to) { // an Images not mapping them
+			return fmt.Errorf("pull %s: %w: %w", ref, m.to, err)
+		}
+	}
+	for _, s := range []error{runtime.ErrImageNotFound, runtime.ErrImageUnauthorized, runtime.ErrRegistry, runtime.ErrInvalidImageRef, context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, s) {
+			return fmt.Errorf("pull %s: %w", ref, err)
+		}
+	}
+	// Anything else (unsafe layer content, a full disk) is not the registry's fault, but
+	// the image could not be had: report it as a pull failure the caller can show.
+	return fmt.Errorf("pull %s: %w: %w", ref, runtime.ErrRegistry, err)
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return err
+	}
+	return nil
+}
+
+// writeJSONAtomic replaces path with v's encoding (a crash leaves old or new, not half).
+func writeJSONAtomic(path string, v any) error {
+	tmp := path + ".tmp"
+	if err := writeJSON(tmp, v); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("parse %s: %w", path, err)
+	}
+	return nil
+}
+
+func readPid(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad pid file %s: %q", path, b)
+	}
+	return pid, nil
+}
+
+// unix socket paths are limited to 108 bytes; longer ones are reached through an O_PATH
+// descriptor of their directory.
+const maxSunPath = 107
+
+func withSocketPath(dir, name string, fn func(path string) error) error {
+	p := filepath.Join(dir, name)
+	if len(p) <= maxSunPath {
+		return fn(p)
+	}
+	d, err := os.OpenFile(dir, os.O_RDONLY|0x200000 /* O_PATH */, 0)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return fn("/proc/self/fd/" + strconv.Itoa(int(d.Fd())) + "/" + name)
+}
+
+func listenUnix(dir, name string) (*net.UnixListener, error) {
+	var ln *net.UnixListener
+	err := withSocketPath(dir, name, func(p string) error {
+		var err error
+		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false)
+	return ln, nil
+}
+
+// DialAgent implements runtime.Backend: a unix dial of the agent's socket, which works
+// as soon as Create returned (connections wait in the backlog) and after a restart.
+func (b *Backend) DialAgent(ctx context.Context, id string) (net.Conn, error) {
+	if !validID(id) {
+		return nil, fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
+	}
+	dir := filepath.Join(b.dir(id), dirRun)
+	var c net.Conn
+	err := withSocketPath(dir, agentSocket, func(p string) error {
+		var d net.Dialer
+		var err error
+		c, err = d.DialContext(ctx, "unix", p)
+		return err
+	})
+	if err != nil {
+		if _, serr := os.Stat(filepath.Join(b.dir(id), fileSpec)); errors.Is(serr, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+		}
+		return nil, fmt.Errorf("dial agent of %s: %w", id, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,118 @@
+//go:build linux
+
+package network
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// createNetNS creates a new network namespace and bind-mounts it on path (which
+// must not exist). The namespace is created on a dedicated OS thread that is
+// never handed back to the Go scheduler: the goroutine exits while still locked,
+// so the runtime discards the thread instead of reusing it in the wrong netns.
+func createNetNS(path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return err
+	}
+	f.Close()
+
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread() // still in the original namespace
+			errc <- fmt.Errorf("unshare netns: %w", err)
+			return
+		}
+		src := "/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net"
+		if err := unix.Mount(src, path, "none", unix.MS_BIND, ""); err != nil {
+			errc <- fmt.Errorf("bind-mount netns on %s: %w", path, err)
+			return
+		}
+		errc <- nil
+		// No UnlockOSThread: the thread ends with this goroutine.
+	}()
+	if err := <-errc; err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// deleteNetNS lazily unmounts and removes a netns file; missing or unmounted
+// files are fine. The namespace itself goes away with its last reference
+// (processes inside it, open fds).
+func deleteNetNS(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns file: %w", err)
+	}
+	return nil
+}
+
+// ensureSharedMount makes dir a mount point with shared propagation, as
+// iproute2 does for /run/netns: netns bind mounts made below it then propagate
+// into mount namespaces created later (e.g. runc's, which are slaves), and so do
+// their unmounts, so a torn-down namespace is not kept alive by a stale copy.
+func ensureSharedMount(dir string) error {
+	mounted, err := isMountPoint(dir)
+	if err != nil {
+		return err
+	}
+	if !mounted {
+		if err := unix.Mount(dir, dir, "none", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("network: bind-mount %s: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("none", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("network: make %s shared: %w", dir, err)
+	}
+	return nil
+}
+
+func isMountPoint(dir string) (bool, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64*1024), 1024*1024)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) > 4 && unescapeMountPath(fields[4]) == dir {
+			return true, nil
+		}
+	}
+	return false, s.Err()
+}
+
+// unescapeMountPath decodes the octal escapes (\040 etc.) of /proc/self/mountinfo.
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

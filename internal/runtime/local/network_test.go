@@ -1,0 +1,120 @@
+package local
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+)
+
+// netAdapter is the test's copy of internal/stack's adapter.
+type netAdapter struct{ m *network.Manager }
+
+func (n netAdapter) Setup(ctx context.Context, id string) (*Attachment, error) {
+	a, err := n.m.Setup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return toLocal(a), nil
+}
+
+func (n netAdapter) Lookup(id string) (*Attachment, error) {
+	a, err := n.m.Lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return toLocal(a), nil
+}
+
+func (n netAdapter) Teardown(id string) error { return n.m.Teardown(id) }
+
+func (n netAdapter) WriteEtcFiles(dir, hostname string, a *Attachment) error {
+	return network.WriteEtcFiles(dir, hostname, &network.Attachment{
+		ID: a.ID, NetNSPath: a.NetNSPath, IP: a.IP, Gateway: a.Gateway, PrefixLen: a.PrefixLen, HostVeth: a.HostVeth,
+	}, n.m.Nameservers())
+}
+
+func toLocal(a *network.Attachment) *Attachment {
+	return &Attachment{ID: a.ID, NetNSPath: a.NetNSPath, IP: a.IP, Gateway: a.Gateway, PrefixLen: a.PrefixLen, HostVeth: a.HostVeth}
+}
+
+// TestNetwork runs sandboxes on a bridge of their own: the host reaches a port inside at
+// the sandbox IP, Recover rebuilds the IP, Destroy removes veth and netns.
+func TestNetwork(t *testing.T) {
+	e := newEnv(t)
+	m, err := network.New(network.Config{
+		Bridge: "sbxlocalt0", Subnet: netip.MustParsePrefix("10.233.77.0/24"),
+		StateDir: t.TempDir(), Nameservers: []string{}, Table: "sbxlocaltest",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Cleanup(); err != nil {
+			t.Errorf("network cleanup: %v", err)
+		}
+	})
+	e.b.cfg.Network = netAdapter{m}
+
+	const id = "net-1"
+	start := time.Now()
+	info := e.create(runtime.Spec{ID: id, Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/www"},
+		Files: []runtime.File{{Path: "/www/index.html", Content: []byte("hello\n")}}})
+	c := agentClient(e.b, id)
+	execIn(t, c, "true")
+	t.Logf("create -> first exec with network: %v, IP %s", time.Since(start), info.IP)
+	if !strings.HasPrefix(info.IP, "10.233.77.") {
+		t.Fatalf("IP = %q", info.IP)
+	}
+	if out, _, _ := execIn(t, c, "ip", "-4", "addr", "show", "eth0"); !strings.Contains(out, info.IP+"/24") {
+		t.Errorf("eth0 in the sandbox: %q", out)
+	}
+	if out, _, _ := execIn(t, c, "cat", "/etc/hosts"); !strings.Contains(out, info.IP) {
+		t.Errorf("/etc/hosts: %q", out)
+	}
+	// The host reaches the sandbox's port at its IP.
+	var body []byte
+	hc := &http.Client{Timeout: 2 * time.Second}
+	for i := 0; i < 50; i++ { // httpd may not listen yet right after create
+		resp, err := hc.Get("http://" + net.JoinHostPort(info.IP, "8080") + "/index.html")
+		if err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if string(body) != "hello\n" {
+		t.Errorf("host -> %s:8080 read %q", info.IP, body)
+	}
+
+	// Recover on a new Backend knows the IP.
+	b2 := e.backend()
+	b2.cfg.Network = netAdapter{m}
+	rs, err := b2.Recover(context.Background())
+	if err != nil || len(rs) != 1 || !rs[0].Alive || rs[0].Info.IP != info.IP {
+		t.Fatalf("recover = %+v, %v", rs, err)
+	}
+	a, err := m.Lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := net.InterfaceByName(a.HostVeth); err == nil {
+		t.Errorf("host veth %s left after destroy", a.HostVeth)
+	}
+	if _, err := os.Stat(a.NetNSPath); err == nil {
+		t.Errorf("netns %s left after destroy", a.NetNSPath)
+	}
+	checkNoLeaks(t, e.state, id)
+}

@@ -1,0 +1,102 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Recover implements runtime.Backend. Every sandbox dir with a spec.json is reported:
+// Alive when its container is still running (the agent is dialable at the same socket),
+// else with the Exit its agent recorded (Reason Vanished when it recorded none). Dirs of
+// a Create that died before writing spec.json are removed.
+func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
+	ents, err := os.ReadDir(b.cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("recover: %w", err)
+	}
+	// One `list` per runtime instead of a `state` per sandbox.
+	states := map[string]map[string]containerState{}
+	for class, rt := range b.runtimes {
+		st, err := rt.list(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("recover: %w", err)
+		}
+		states[class] = st
+	}
+	var out []runtime.Recovered
+	for _, e := range ents {
+		id := e.Name()
+		if !e.IsDir() || !validID(id) {
+			continue
+		}
+		b.mu.Lock()
+		s := b.sandboxes[id]
+		b.mu.Unlock()
+		if s == nil {
+			if _, err := os.Stat(filepath.Join(b.dir(id), fileSpec)); errors.Is(err, os.ErrNotExist) {
+				if err := b.Destroy(ctx, id); err != nil {
+					b.log.Warn("recover: remove half-created sandbox", "sandbox", id, "err", err)
+				}
+				continue
+			}
+			var class string
+			var spec runtime.Spec
+			if err := readJSON(filepath.Join(b.dir(id), fileSpec), &spec); err == nil {
+				class = spec.RuntimeClass
+			}
+			if class == "" {
+				class = b.cfg.DefaultRuntime
+			}
+			st := states[class]
+			if st == nil {
+				st = map[string]containerState{}
+			}
+			s, err = b.load(id, st)
+			if err != nil {
+				b.log.Warn("recover: skip sandbox", "sandbox", id, "err", err)
+				continue
+			}
+			b.mu.Lock()
+			if cur := b.sandboxes[id]; cur != nil {
+				b.mu.Unlock()
+				if s.proc != nil {
+					s.proc.close()
+				}
+				s = cur
+			} else {
+				b.sandboxes[id] = s
+				b.mu.Unlock()
+				go b.watch(s, "Vanished")
+			}
+		}
+		if err := waitReady(ctx, s); err != nil {
+			return nil, err
+		}
+		r := runtime.Recovered{Spec: s.spec, Info: s.info.toInfo(id)}
+		if s.proc != nil && !s.proc.exited() {
+			r.Alive = true
+			if b.cfg.Network != nil {
+				if a, err := b.cfg.Network.Lookup(id); err == nil && a != nil && a.IP.IsValid() {
+					r.Info.IP = a.IP.String()
+				}
+			}
+		} else {
+			select {
+			case <-s.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			ex := s.exit
+			r.Exit = &ex
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Spec.ID < out[j].Spec.ID })
+	return out, nil
+}

@@ -1,0 +1,116 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// ociRuntime drives one OCI runtime CLI (runc, runsc) with a state root of our own.
+type ociRuntime struct {
+	class  string
+	binary string
+	root   string
+}
+
+func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, r.binary, append([]string{"--root", r.root}, args...)...)
+}
+
+// run runs a short command and returns its combined output in the error.
+func (r *ociRuntime) run(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := r.command(ctx, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", r.class, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// start runs the container detached. extra becomes fd 3 in the container; stdio goes to
+// the file out (the container's stdio too).
+func (r *ociRuntime) start(ctx context.Context, id, bundle, pidFile string, extra *os.File, out *os.File) error {
+	cmd := r.command(ctx, "run", "--detach", "--pid-file", pidFile, "--preserve-fds", "1", "--bundle", bundle, id)
+	cmd.ExtraFiles = []*os.File{extra}
+	cmd.Stdout = out
+	cmd.Stderr = out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s run %s: %w: %s", r.class, id, err, tailOf(out.Name(), 1024))
+	}
+	return nil
+}
+
+// delete removes a stopped container's runtime state and cgroups. A container the runtime
+// does not know is not an error.
+func (r *ociRuntime) delete(ctx context.Context, id string) error {
+	_, err := r.run(ctx, "delete", id)
+	if err != nil && !notExist(err) {
+		return err
+	}
+	return nil
+}
+
+// killAll sends sig to every process of the container.
+func (r *ociRuntime) killAll(ctx context.Context, id, sig string) error {
+	_, err := r.run(ctx, "kill", "--all", id, sig)
+	return err
+}
+
+type containerState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"` // created, running, paused, stopped
+}
+
+// list returns the containers under this runtime's root by id.
+func (r *ociRuntime) list(ctx context.Context) (map[string]containerState, error) {
+	if _, err := os.Stat(r.root); os.IsNotExist(err) {
+		return map[string]containerState{}, nil
+	}
+	out, err := r.run(ctx, "list", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var cs []containerState
+	if s := bytes.TrimSpace(out); len(s) > 0 && !bytes.Equal(s, []byte("null")) {
+		if err := json.Unmarshal(s, &cs); err != nil {
+			return nil, fmt.Errorf("%s list: %w", r.class, err)
+		}
+	}
+	m := make(map[string]containerState, len(cs))
+	for _, c := range cs {
+		m[c.ID] = c
+	}
+	return m, nil
+}
+
+func notExist(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found")
+}
+
+// tailOf returns up to n trailing bytes of a file, for error messages.
+func tailOf(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := st.Size() - n
+	if off < 0 {
+		off = 0
+	}
+	b := make([]byte, st.Size()-off)
+	n2, _ := f.ReadAt(b, off)
+	return strings.TrimSpace(string(b[:n2]))
+}

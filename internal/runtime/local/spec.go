@@ -1,0 +1,208 @@
+package local
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+const (
+	cpuPeriod        = 100000
+	minCPUQuota      = 1000 // the kernel refuses quotas under 1 ms
+	defaultPidsLimit = 4096
+	maxNoFile        = 1048576
+	agentPath        = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+
+// validID reports whether id is a usable sandbox id: [a-z0-9-], at most 63 characters, no
+// leading or trailing dash (it becomes a hostname and a path component).
+func validID(id string) bool { return len(id) <= 63 && idRE.MatchString(id) }
+
+// defaultCaps is the usual container capability set.
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+}
+
+var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+
+// defaultSeccomp builds the default seccomp profile for defaultCaps once.
+func defaultSeccomp() (*specs.LinuxSeccomp, error) {
+	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: defaultCaps}}}
+	return seccomp.GetDefaultProfile(s)
+}
+
+// noFileLimit is min(host hard RLIMIT_NOFILE, 1048576): a container cannot get more than
+// the runtime's own hard limit without CAP_SYS_RESOURCE.
+func noFileLimit() uint64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Max > maxNoFile {
+		return maxNoFile
+	}
+	return rl.Max
+}
+
+// specParams is what varies between sandboxes in the OCI spec.
+type specParams struct {
+	ID        string
+	RootFS    string // absolute
+	NetNS     string // "" = a new, empty network namespace
+	Cgroups   string
+	Resources runtime.Resources
+	Agent     string // host path of the agent binary
+	Config    string // host path of agent-config.json
+	RunDir    string // host dir mounted at agentconfig.StateDir
+	EtcDir    string // host dir holding hosts, hostname, resolv.conf
+	Seccomp   *specs.LinuxSeccomp
+	NoFile    uint64
+}
+
+func ociSpec(p specParams) *specs.Spec {
+	hostname := p.ID
+	if len(hostname) > 63 {
+		hostname = hostname[:63]
+	}
+	caps := append([]string(nil), defaultCaps...)
+	ro := func(src, dst string) specs.Mount {
+		return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"bind", "ro", "nosuid", "nodev"}}
+	}
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+		ro(p.Agent, agentconfig.BinaryPath),
+		ro(p.Config, agentconfig.ConfigPath),
+		{Destination: agentconfig.StateDir, Type: "bind", Source: p.RunDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		ro(p.EtcDir+"/hosts", "/etc/hosts"),
+		ro(p.EtcDir+"/hostname", "/etc/hostname"),
+		ro(p.EtcDir+"/resolv.conf", "/etc/resolv.conf"),
+	}
+
+	res := &specs.LinuxResources{
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+	}
+	pids := p.Resources.Pids
+	if pids <= 0 {
+		pids = defaultPidsLimit
+	}
+	res.Pids = &specs.LinuxPids{Limit: &pids}
+	if m := p.Resources.MemoryBytes; m > 0 {
+		res.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
+	}
+	if mc := p.Resources.MilliCPU; mc > 0 {
+		q := mc * cpuPeriod / 1000
+		if q < minCPUQuota {
+			q = minCPUQuota
+		}
+		period := uint64(cpuPeriod)
+		res.CPU = &specs.LinuxCPU{Quota: &q, Period: &period}
+	}
+
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.NetNS}
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{agentconfig.BinaryPath},
+			Env:  []string{"PATH=" + agentPath, "HOME=/root"},
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: p.NoFile, Soft: p.NoFile}},
+			NoNewPrivileges: true,
+		},
+		Root:     &specs.Root{Path: p.RootFS, Readonly: false},
+		Hostname: hostname,
+		Mounts:   mounts,
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, netns,
+				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+			},
+			Resources:     res,
+			CgroupsPath:   p.Cgroups,
+			Seccomp:       p.Seccomp,
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+}
+
+// mergeEnv returns the image env with the spec's variables overriding it: image order
+// first (overridden in place), then the spec's new keys sorted.
+func mergeEnv(image []string, spec map[string]string) []string {
+	out := make([]string, 0, len(image)+len(spec))
+	seen := make(map[string]bool, len(spec))
+	for _, kv := range image {
+		k, _, _ := strings.Cut(kv, "=")
+		if v, ok := spec[k]; ok {
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			out = append(out, k+"="+v)
+			continue
+		}
+		out = append(out, kv)
+	}
+	keys := make([]string, 0, len(spec))
+	for k := range spec {
+		if !seen[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		out = append(out, k+"="+spec[k])
+	}
+	return out
+}
+
+func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
+	ic := img.Config
+	argv, err := image.Config{Entrypoint: ic.Entrypoint, Cmd: ic.Cmd}.Argv(spec.Command, spec.Args)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", runtime.ErrInvalidSpec, err)
+	}
+	wd := spec.WorkingDir
+	if wd == "" {
+		wd = img.Config.WorkingDir
+	}
+	if wd == "" {
+		wd = "/"
+	}
+	c := &agentconfig.Config{
+		Argv:         argv,
+		Env:          mergeEnv(img.Config.Env, spec.Env),
+		WorkingDir:   wd,
+		User:         img.Config.User,
+		RestartLimit: spec.RestartLimit,
+		Hostname:     spec.ID,
+	}
+	for _, f := range spec.Files {
+		c.Files = append(c.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
+	}
+	return c, nil
+}

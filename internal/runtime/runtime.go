@@ -1,0 +1,123 @@
+// Package runtime is the contract between the runner and the machinery that runs sandboxes.
+//
+// A Backend turns a Spec into a running container whose PID 1 is sandbox-agent, and tears
+// it down again. Everything the runner does inside a sandbox (exec, files, logs) goes
+// through the agent, reached with DialAgent, so backends stay small: the local backend
+// (runc or runsc on this host) and the Kubernetes backend (Pods) implement the same five
+// verbs.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+)
+
+// DefaultRestartLimit is how many times the agent restarts a main command that exited
+// non-zero before it reports the sandbox failed.
+const DefaultRestartLimit = 6
+
+// Spec is a fully resolved sandbox: policy defaults are merged and validated before a
+// Spec reaches a backend, so a backend only checks what it alone can know.
+type Spec struct {
+	ID    string `json:"id"`
+	Image string `json:"image"` // reference: name[:tag][@digest]
+	// PullCredentials, when set, are used for this image only; they are never persisted.
+	PullCredentials *Credentials `json:"-"`
+	// Command is a single executable (the wire protocol's Container.command); empty means
+	// the image's entrypoint. Args replace the image's cmd when Command is set, or when
+	// non-empty.
+	Command      string            `json:"command,omitempty"`
+	Args         []string          `json:"args,omitempty"`
+	Env          map[string]string `json:"env,omitempty"`
+	WorkingDir   string            `json:"working_dir,omitempty"`
+	Files        []File            `json:"files,omitempty"`
+	Resources    Resources         `json:"resources"`
+	RuntimeClass string            `json:"runtime_class,omitempty"` // "" = the backend's default
+	RestartLimit int               `json:"restart_limit"`
+	// Meta is the runner's own immutable bookkeeping (organization, creation time,
+	// deadline); backends persist it and hand it back from Recover.
+	Meta map[string]string `json:"meta,omitempty"`
+}
+
+// Credentials authenticate an image pull.
+type Credentials struct {
+	Username string
+	Password string
+}
+
+// File is written into the sandbox before the main command starts.
+type File struct {
+	Path    string `json:"path"`
+	Content []byte `json:"content"`
+	Mode    uint32 `json:"mode,omitempty"` // 0 = 0644
+}
+
+// Resources are hard limits. Zero means unlimited for that dimension.
+type Resources struct {
+	MilliCPU    int64 `json:"milli_cpu,omitempty"`
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	Pids        int64 `json:"pids,omitempty"`
+}
+
+// Exit describes how a sandbox's container ended.
+type Exit struct {
+	// ExitCode is the main command's last exit code; nil when the main command never ran
+	// to completion (killed with the container, failed to start).
+	ExitCode *int32
+	Restarts int
+	// Reason is a short CamelCase cause: Completed, Error, RestartLimit, OOMKilled,
+	// StartError, Killed, Vanished.
+	Reason  string
+	Message string
+	At      time.Time
+}
+
+// Info is what a backend knows of a live sandbox.
+type Info struct {
+	ID           string
+	IP           string // address the host (and the edge) reaches the sandbox's ports at
+	RuntimeClass string // the effective OCI runtime class
+	ImageDigest  string
+	StartedAt    time.Time
+}
+
+// Recovered is a sandbox a backend found when the runner started.
+type Recovered struct {
+	Spec  Spec
+	Info  Info
+	Alive bool  // the container is still running and its agent reachable
+	Exit  *Exit // set when !Alive
+}
+
+// Backend runs sandboxes.
+type Backend interface {
+	// Create pulls the image, prepares the root filesystem and network, and starts the
+	// container. It returns once the agent accepts connections, or with an error after
+	// undoing everything it did. Errors wrap the sentinels below where one fits.
+	Create(ctx context.Context, spec *Spec) (Info, error)
+	// DialAgent connects to the sandbox's agent.
+	DialAgent(ctx context.Context, id string) (net.Conn, error)
+	// Wait blocks until the sandbox's container has exited.
+	Wait(ctx context.Context, id string) (Exit, error)
+	// Stop asks the sandbox to end: SIGTERM to the agent (which forwards it), SIGKILL to
+	// everything after grace. It returns when the container has exited.
+	Stop(ctx context.Context, id string, grace time.Duration) error
+	// Destroy removes every trace of the sandbox: processes, mounts, cgroups, network
+	// devices, files. It is idempotent.
+	Destroy(ctx context.Context, id string) error
+	// Recover lists the sandboxes this backend finds from an earlier run.
+	Recover(ctx context.Context) ([]Recovered, error)
+}
+
+// Errors a backend returns, wrapped with context.
+var (
+	ErrNotFound          = errors.New("sandbox not found")
+	ErrImageNotFound     = errors.New("image not found")
+	ErrImageUnauthorized = errors.New("image pull unauthorized")
+	ErrRegistry          = errors.New("registry unreachable")
+	ErrInvalidImageRef   = errors.New("invalid image reference")
+	ErrInvalidSpec       = errors.New("invalid sandbox spec")
+	ErrUnknownRuntime    = errors.New("unknown runtime class")
+)

@@ -1,0 +1,79 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+)
+
+// images adapts the image store to what the local backend needs, translating its errors
+// into the runtime's.
+type images struct{ store *image.Store }
+
+func (a images) Pull(ctx context.Context, ref string, creds *runtime.Credentials) (*local.Image, error) {
+	var c *image.Credentials
+	if creds != nil {
+		c = &image.Credentials{Username: creds.Username, Password: creds.Password}
+	}
+	img, err := a.store.Pull(ctx, ref, c)
+	if err != nil {
+		return nil, pullError(err)
+	}
+	cfg := img.Config
+	return &local.Image{
+		Ref:    img.Ref,
+		Digest: img.Digest,
+		Layers: img.Layers,
+		Config: local.ImageConfig{Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd, Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User},
+	}, nil
+}
+
+func pullError(err error) error {
+	for _, m := range []struct{ from, to error }{
+		{image.ErrNotFound, runtime.ErrImageNotFound},
+		{image.ErrUnauthorized, runtime.ErrImageUnauthorized},
+		{image.ErrUnreachable, runtime.ErrRegistry},
+		{image.ErrInvalidReference, runtime.ErrInvalidImageRef},
+	} {
+		if errors.Is(err, m.from) {
+			return fmt.Errorf("%w: %w", m.to, err)
+		}
+	}
+	return err
+}
+
+// netAdapter adapts the network manager to the local backend.
+type netAdapter struct{ m *network.Manager }
+
+func (n netAdapter) Setup(ctx context.Context, id string) (*local.Attachment, error) {
+	a, err := n.m.Setup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return toLocal(a), nil
+}
+
+func (n netAdapter) Lookup(id string) (*local.Attachment, error) {
+	a, err := n.m.Lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return toLocal(a), nil
+}
+
+func (n netAdapter) Teardown(id string) error { return n.m.Teardown(id) }
+
+func (n netAdapter) WriteEtcFiles(dir, hostname string, a *local.Attachment) error {
+	return network.WriteEtcFiles(dir, hostname, &network.Attachment{
+		ID: a.ID, NetNSPath: a.NetNSPath, IP: a.IP, Gateway: a.Gateway, PrefixLen: a.PrefixLen, HostVeth: a.HostVeth,
+	}, n.m.Nameservers())
+}
+
+func toLocal(a *network.Attachment) *local.Attachment {
+	return &local.Attachment{ID: a.ID, NetNSPath: a.NetNSPath, IP: a.IP, Gateway: a.Gateway, PrefixLen: a.PrefixLen, HostVeth: a.HostVeth}
+}

@@ -1,0 +1,137 @@
+// Package stack wires the single-host parts together: image store, sandbox network,
+// local backend and runner. `sandboxd demo`, `sandboxd dev` and the end-to-end tests
+// all build the same stack here.
+package stack
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+)
+
+// Config configures a single-host stack.
+type Config struct {
+	DataDir     string // everything persistent lives below it
+	AgentBinary string // static sandbox-agent on the host
+	// InsecureRegistries may be reached over plain HTTP (e.g. "127.0.0.1:*").
+	InsecureRegistries []string
+	RegistryAuth       map[string]image.Credentials
+	Bridge             string       // default "sbx0"
+	NetTable           string       // nftables table; default "sandboxd"
+	Subnet             netip.Prefix // default 10.88.0.0/16
+	CgroupParent       string       // default "sandboxd"
+	NoEgress           bool
+	// Nameservers for sandboxes' resolv.conf; nil = the host's.
+	Nameservers []string
+	Retention   time.Duration
+	ExpiryGrace time.Duration
+	Logger      *slog.Logger
+}
+
+// Stack is a running single-host sandbox runtime.
+type Stack struct {
+	Images  *image.Store
+	Network *network.Manager
+	Backend *local.Backend
+	Runner  *runner.Runner
+}
+
+// NewLocal builds the stack and re-adopts sandboxes left by an earlier run.
+func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("stack: no data dir")
+	}
+	if cfg.Bridge == "" {
+		cfg.Bridge = "sbx0"
+	}
+	if !cfg.Subnet.IsValid() {
+		cfg.Subnet = netip.MustParsePrefix("10.88.0.0/16")
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "sandboxd"
+	}
+	if cfg.AgentBinary == "" {
+		p, err := FindAgent()
+		if err != nil {
+			return nil, err
+		}
+		cfg.AgentBinary = p
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("stack: %w", err)
+	}
+	store, err := image.Open(image.Options{
+		Root:     filepath.Join(cfg.DataDir, "images"),
+		Insecure: cfg.InsecureRegistries,
+		Auth:     cfg.RegistryAuth,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stack: image store: %w", err)
+	}
+	nw, err := network.New(network.Config{
+		Bridge:      cfg.Bridge,
+		Subnet:      cfg.Subnet,
+		StateDir:    filepath.Join(cfg.DataDir, "network"),
+		Table:       cfg.NetTable,
+		Egress:      !cfg.NoEgress,
+		Nameservers: cfg.Nameservers,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stack: network: %w", err)
+	}
+	backend, err := local.New(local.Config{
+		StateDir:     filepath.Join(cfg.DataDir, "sandboxes"),
+		AgentBinary:  cfg.AgentBinary,
+		CgroupParent: cfg.CgroupParent,
+		Images:       images{store},
+		Network:      netAdapter{nw},
+		Logger:       cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stack: local backend: %w", err)
+	}
+	r, err := runner.New(ctx, runner.Config{
+		Backend:     backend,
+		DataDir:     filepath.Join(cfg.DataDir, "runner"),
+		Retention:   cfg.Retention,
+		ExpiryGrace: cfg.ExpiryGrace,
+		Logger:      cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stack: runner: %w", err)
+	}
+	return &Stack{Images: store, Network: nw, Backend: backend, Runner: r}, nil
+}
+
+// Close stops following sandboxes; they keep running for the next stack to re-adopt.
+func (s *Stack) Close() {
+	s.Runner.Close()
+}
+
+// FindAgent locates the static sandbox-agent: $SANDBOXD_AGENT, next to the running
+// binary, or bin/sandbox-agent below the working directory.
+func FindAgent() (string, error) {
+	if p := os.Getenv("SANDBOXD_AGENT"); p != "" {
+		return p, nil
+	}
+	var candidates []string
+	if exe, err := os.Executable(); err == nil {
+		candidates = append(candidates, filepath.Join(filepath.Dir(exe), "sandbox-agent"))
+	}
+	candidates = append(candidates, filepath.Join("bin", "sandbox-agent"))
+	for _, c := range candidates {
+		if st, err := os.Stat(c); err == nil && st.Mode().IsRegular() {
+			return filepath.Abs(c)
+		}
+	}
+	return "", fmt.Errorf("sandbox-agent not found (looked at %v; build it with `make agent` or set SANDBOXD_AGENT)", candidates)
+}

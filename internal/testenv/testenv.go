@@ -1,0 +1,88 @@
+// Package testenv prepares what end-to-end tests and benchmarks of the single-host stack
+// need: a freshly built static agent and a loopback registry holding the test images.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/testimage"
+)
+
+// Env is a prepared test environment.
+type Env struct {
+	AgentBin string
+	Registry string // host:port of the loopback registry
+	// Bridge, Subnet and CgroupParent keep test sandboxes apart from a real runner's.
+	Bridge       string
+	Subnet       netip.Prefix
+	CgroupParent string
+	dir          string
+	stopRegistry func()
+}
+
+// Setup builds the agent and starts the registry. name keeps the host resources of
+// concurrently running test binaries apart (bridge sbx<name>, cgroup sandboxd-<name>);
+// subnet must differ per name as well.
+func Setup(name string, subnet netip.Prefix) (*Env, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("needs root (runc, namespaces, cgroups)")
+	}
+	dir, err := os.MkdirTemp("", "sandboxd-"+name+"-")
+	if err != nil {
+		return nil, err
+	}
+	env := &Env{
+		AgentBin:     filepath.Join(dir, "sandbox-agent"),
+		Bridge:       "sbx" + name,
+		Subnet:       subnet,
+		CgroupParent: "sandboxd-" + name,
+		dir:          dir,
+	}
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", env.AgentBin, "github.com/sandboxd/sandboxd/cmd/sandbox-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("build agent: %v\n%s", err, out)
+	}
+	host, stop, err := testimage.Standard(context.Background(), nil)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("test images: %w", err)
+	}
+	env.Registry, env.stopRegistry = host, stop
+	return env, nil
+}
+
+// Close stops the registry and removes the built agent.
+func (e *Env) Close() {
+	e.stopRegistry()
+	os.RemoveAll(e.dir)
+}
+
+// Busybox and Python are the references of the test images.
+func (e *Env) Busybox() string { return e.Registry + "/sandboxd/busybox:latest" }
+func (e *Env) Python() string  { return e.Registry + "/sandboxd/python:3.11" }
+
+// Stack starts a single-host stack on dataDir.
+func (e *Env) Stack(dataDir string) (*stack.Stack, error) {
+	return stack.NewLocal(context.Background(), stack.Config{
+		DataDir:            dataDir,
+		AgentBinary:        e.AgentBin,
+		InsecureRegistries: []string{e.Registry},
+		Bridge:             e.Bridge,
+		NetTable:           "sandboxd_" + e.Bridge,
+		Subnet:             e.Subnet,
+		CgroupParent:       e.CgroupParent,
+		ExpiryGrace:        time.Second,
+		// Test sandboxes talk to nothing beyond this machine.
+		NoEgress:    true,
+		Nameservers: []string{},
+	})
+}

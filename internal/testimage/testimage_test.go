@@ -1,0 +1,86 @@
+package testimage
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/image"
+)
+
+func TestBuildCachesLayout(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(Dir(), "busybox.tar")
+	if _, err := os.Stat(src); err != nil {
+		t.Skipf("%v (%s)", ErrNoTestImages, src)
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(dir, "bb.tar")
+	if err := os.WriteFile(tarPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	img1, err := Build(tarPath, image.Config{Cmd: []string{"/bin/sh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(dir, "bb.oci", sourceKeyFile)
+	fi1, err := os.Stat(key)
+	if err != nil {
+		t.Fatalf("no layout cache: %v", err)
+	}
+	img2, err := Build(tarPath, image.Config{Cmd: []string{"/bin/echo"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi2, _ := os.Stat(key)
+	if !fi1.ModTime().Equal(fi2.ModTime()) {
+		t.Fatal("layout rebuilt although the tarball did not change")
+	}
+	l1, _ := img1.Layers()
+	l2, _ := img2.Layers()
+	d1, _ := l1[0].Digest()
+	d2, _ := l2[0].Digest()
+	if d1 != d2 {
+		t.Fatal("layer digest changed")
+	}
+	m1, _ := img1.Digest()
+	m2, _ := img2.Digest()
+	if m1 == m2 {
+		t.Fatal("config not applied")
+	}
+	// touching the tarball invalidates the cache
+	later := time.Now().Add(time.Minute)
+	os.Chtimes(tarPath, later, later)
+	if _, err := Build(tarPath, image.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if fi3, _ := os.Stat(key); fi3.ModTime().Equal(fi1.ModTime()) {
+		t.Fatal("layout not rebuilt after the tarball changed")
+	}
+}
+
+func TestStandardAndAuthRegistry(t *testing.T) {
+	ctx := context.Background()
+	host, _, _ := Standard(ctx, t)
+	if host == "" {
+		t.Fatal("no host")
+	}
+	c := image.Credentials{Username: "u", Password: "p"}
+	ahost, stop, err := StartRegistryWith(ctx, RegistryOptions{BasicAuth: &c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	imgs, _ := StandardImages()
+	if _, err := Push(ahost, Busybox, imgs.Busybox); err == nil {
+		t.Fatal("anonymous push to an auth registry succeeded")
+	}
+	if _, err := PushAuth(ahost, Busybox, imgs.Busybox, &c); err != nil {
+		t.Fatal(err)
+	}
+}

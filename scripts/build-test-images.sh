@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds the rootfs tarballs used by tests and the demo:
+#   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/busybox.tar  (Debian busybox-static)
+#   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/python.tar   (debootstrap bookworm minbase + python3)
+# internal/testimage turns them into OCI images (cached as <name>.oci/ next to each
+# tarball) and serves them from an in-process registry on loopback.
+# Idempotent: an existing output is kept. Needs root (debootstrap, ownership).
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "build-test-images: run as root (debootstrap, file ownership)" >&2; exit 1; }
+
+CACHE="${SANDBOXD_CACHE:-/var/cache/sandboxd}"
+OUT="$CACHE/images"
+SUITE="${SANDBOXD_SUITE:-bookworm}"
+mkdir -p "$OUT"
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1fs", b-a}'; }
+log() { echo "build-test-images: $*" >&2; }
+
+need_pkgs=()
+[ -x /bin/busybox ] && dpkg -s busybox-static >/dev/null 2>&1 || need_pkgs+=(busybox-static)
+command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+  t=$(now)
+  log "installing ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  log "apt install took $(elapsed "$t")"
+fi
+
+# mirror: first non-security URI of the host's deb822 sources, else sources.list, else default.
+mirror() {
+  local m=""
+  if [ -n "${SANDBOXD_MIRROR:-}" ]; then echo "$SANDBOXD_MIRROR"; return; fi
+  if [ -r /etc/apt/sources.list.d/debian.sources ]; then
+    m=$(awk '/^URIs:/ {for (i=2;i<=NF;i++) if ($i !~ /security/) {print $i; exit}}' /etc/apt/sources.list.d/debian.sources)
+  fi
+  if [ -z "$m" ] && [ -r /etc/apt/sources.list ]; then
+    m=$(awk '$1=="deb" && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' /etc/apt/sources.list)
+  fi
+  echo "${m:-http://deb.debian.org/debian}"
+}
+
+TMP=$(mktemp -d "$OUT/.build.XXXXXX")
+cleanup() {
+  # debootstrap may leave mounts behind on failure
+  for m in $(awk -v p="$TMP" 'index($2, p) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$m" || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+build_busybox() {
+  local t root=$TMP/busybox
+  t=$(now)
+  mkdir -p "$root"/{bin,etc,tmp,root,home,proc,sys,dev,var/tmp}
+  cp /bin/busybox "$root/bin/busybox"
+  chmod 0755 "$root/bin/busybox"
+  # --install -s makes absolute symlinks /bin/<applet> -> /bin/busybox; run it chrooted so
+  # the links land inside the rootfs.
+  chroot "$root" /bin/busybox --install -s /bin
+  cat >"$root/etc/passwd" <<'P'
+root:x:0:0:root:/root:/bin/sh
+nobody:x:65534:65534:nobody:/home:/bin/false
+P
+  cat >"$root/etc/group" <<'G'
+root:x:0:
+nogroup:x:65534:
+G
+  chmod 1777 "$root/tmp" "$root/var/tmp"
+  chmod 0700 "$root/root"
+  tar --numeric-owner -C "$root" -cf "$TMP/busybox.tar" .
+  mv -f "$TMP/busybox.tar" "$OUT/busybox.tar"
+  log "busybox.tar: $(du -h "$OUT/busybox.tar" | cut -f1) in $(elapsed "$t")"
+}
+
+build_python() {
+  local t root=$TMP/python m
+  t=$(now)
+  m=$(mirror)
+  log "debootstrap $SUITE from $m (takes ~1.5 min)"
+  debootstrap --variant=minbase --include=python3 "$SUITE" "$root" "$m" >"$TMP/debootstrap.log" 2>&1 || {
+    tail -n 30 "$TMP/debootstrap.log" >&2; return 1; }
+  log "debootstrap took $(elapsed "$t")"
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin \
+         "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/* \
+         "$root"/usr/share/info/* "$root"/var/log/*.log "$root"/var/log/apt/* \
+         "$root"/debootstrap
+  # Some debootstrap versions leave /proc or /sys mounted; they are not part of the image.
+  for mp in $(awk -v p="$root" 'index($2, p) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$mp"; done
+  find "$root/dev" -mindepth 1 -delete 2>/dev/null || true
+  local t2; t2=$(now)
+  tar --numeric-owner --xattrs -C "$root" -cf "$TMP/python.tar" .
+  mv -f "$TMP/python.tar" "$OUT/python.tar"
+  log "python.tar: $(du -h "$OUT/python.tar" | cut -f1) (tar $(elapsed "$t2")) in $(elapsed "$t")"
+}
+
+total=$(now)
+if [ -s "$OUT/busybox.tar" ]; then log "busybox.tar cached"; else build_busybox; fi
+if [ -s "$OUT/python.tar" ]; then log "python.tar cached"; else build_python; fi
+log "done in $(elapsed "$total"): $OUT"

@@ -1,0 +1,153 @@
+// Package e2e runs the single-host stack for real: runc, overlayfs, bridge networking,
+// images pulled from a registry on loopback, the agent as PID 1. It needs root.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	env, err = testenv.Setup("e2e", netip.MustParsePrefix("10.91.0.0/16"))
+	if err != nil {
+		fmt.Println("e2e:", err)
+		return 1
+	}
+	defer env.Close()
+	return m.Run()
+}
+
+// newStack starts a stack on dataDir; t.Cleanup closes it (sandboxes keep running).
+func newStack(t *testing.T, dataDir string) *stack.Stack {
+	t.Helper()
+	s, err := env.Stack(dataDir)
+	if err != nil {
+		t.Fatalf("start stack: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// startedStack is a stack whose sandboxes are all deleted, and checked for leaks, when
+// the test ends.
+func startedStack(t *testing.T) *stack.Stack {
+	t.Helper()
+	dir := t.TempDir()
+	s := newStack(t, dir)
+	t.Cleanup(func() { finish(t, s, dir) })
+	return s
+}
+
+// finish deletes every sandbox, checks nothing is left, and removes the host network
+// setup so the next test starts clean.
+func finish(t *testing.T, s *stack.Stack, dir string) {
+	t.Helper()
+	deleteAll(t, s)
+	assertNoLeaks(t, dir)
+	if err := s.Network.Cleanup(); err != nil {
+		t.Errorf("network cleanup: %v", err)
+	}
+}
+
+func busybox() string { return env.Busybox() }
+func python() string  { return env.Python() }
+
+// sleeper is a main command that keeps the sandbox up until it is stopped.
+func sleeper(img string) runtime.Spec {
+	return runtime.Spec{Image: img, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM INT; sleep infinity & wait`}}
+}
+
+func create(t *testing.T, s *stack.Stack, req runner.CreateRequest) runner.Sandbox {
+	t.Helper()
+	sb, err := s.Runner.Create(context.Background(), req)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	return sb
+}
+
+// waitState waits until the sandbox reaches want or a terminal state.
+func waitState(t *testing.T, s *stack.Stack, id string, want runner.State, within time.Duration) runner.Sandbox {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		sb, err := s.Runner.Get(id)
+		if err != nil {
+			t.Fatalf("get %s: %v", id, err)
+		}
+		if sb.State == want {
+			return sb
+		}
+		if sb.State.Terminal() || time.Now().After(deadline) {
+			t.Fatalf("sandbox %s: state %s (%s: %s), want %s", id, sb.State, sb.Reason, sb.Message, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func deleteAll(t *testing.T, s *stack.Stack) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, sb := range s.Runner.List() {
+		if _, err := s.Runner.Delete(sb.ID, 0); err != nil {
+			t.Errorf("delete %s: %v", sb.ID, err)
+			continue
+		}
+		if _, err := s.Runner.WaitTerminal(ctx, sb.ID); err != nil {
+			t.Errorf("wait %s: %v", sb.ID, err)
+		}
+	}
+}
+
+// assertNoLeaks checks that no mount, cgroup, veth or process of the test's sandboxes
+// is left.
+func assertNoLeaks(t *testing.T, dataDir string) {
+	t.Helper()
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		// The netns directory itself is a mount point, like /run/netns.
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dataDir) && f[4] != filepath.Join(dataDir, "network", "netns") {
+			t.Errorf("leaked mount: %s", line)
+		}
+	}
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + env.CgroupParent + "/*")
+	for _, c := range cgroups {
+		if st, err := os.Stat(c); err == nil && st.IsDir() {
+			t.Errorf("leaked cgroup: %s", c)
+		}
+	}
+	out, _ := exec.Command("ip", "-br", "link", "show", "master", env.Bridge).CombinedOutput()
+	if s := strings.TrimSpace(string(out)); s != "" {
+		t.Errorf("leaked veths on %s:\n%s", env.Bridge, s)
+	}
+	entries, _ := os.ReadDir(filepath.Join(dataDir, "sandboxes"))
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("leaked sandbox dir: %s", e.Name())
+		}
+	}
+	states, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".oci", "*", "*"))
+	for _, st := range states {
+		t.Errorf("leaked OCI runtime state: %s", st)
+	}
+}
