@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate images test test-short bench demo lint fmt clean
+.PHONY: all build agent generate deps images test test-short bench demo lint fmt clean
 
 all: build
 
@@ -22,11 +22,14 @@ generate:
 	rm -rf gen
 	$(TOOL) buf generate
 
+deps:
+	bash scripts/install-deps.sh --test
+
 # Test images (busybox, Debian + python3) as rootfs tarballs, cached under $(CACHE).
 images:
 	bash scripts/build-test-images.sh
 
-test: build images
+test: deps build images
 	$(GO) test -count=1 -timeout 30m ./...
 
 test-short:
@@ -36,6 +39,7 @@ bench: build images
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
 
 demo: build
+	bash scripts/install-deps.sh
 	bash scripts/build-test-images.sh busybox
 	$(BIN)/sandboxd demo --data-dir $(DATA)
 

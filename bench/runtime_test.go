@@ -52,6 +52,9 @@ func newStack(b *testing.B) *stack.Stack {
 			cancel()
 		}
 		s.Close()
+		if err := s.Network.Cleanup(); err != nil {
+			b.Error(err)
+		}
 	})
 	return s
 }
@@ -112,6 +115,9 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 	}
 	b.StopTimer()
 	p50, p99 := percentiles(b, "create-first-exec", lat)
+	if b.N < 10 { // the probe run
+		return
+	}
 	fmt.Printf("create→first exec over %d sandboxes: p50 %.1f ms, p99 %.1f ms (targets: 100 / 200 ms)\n", len(lat), p50, p99)
 }
 
@@ -152,6 +158,9 @@ func BenchmarkExec(b *testing.B) {
 	a50, a99 := percentiles(b, "agent-exec", agentLat)
 	r50, r99 := percentiles(b, "runc-exec", runcLat)
 	b.ReportMetric(r50/a50, "runc/agent-p50")
+	if b.N < 10 {
+		return
+	}
 	fmt.Printf("exec of /bin/true over %d runs: agent p50 %.2f ms p99 %.2f ms; runc exec p50 %.1f ms p99 %.1f ms; agent is %.0fx faster at p50 (targets: < 2 ms, >= 20x)\n",
 		len(agentLat), a50, a99, r50, r99, r50/a50)
 }

@@ -4,6 +4,7 @@
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/python.tar   (debootstrap bookworm minbase + python3)
 # internal/testimage turns them into OCI images (cached as <name>.oci/ next to each
 # tarball) and serves them from an in-process registry on loopback.
+# Usage: build-test-images.sh [busybox] [python]   (default: both)
 # Idempotent: an existing output is kept. Needs root (debootstrap, ownership).
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "build-test-images: run as root (debootstrap, file ownership)" >&2; exit 1; }
@@ -96,6 +97,13 @@ build_python() {
 }
 
 total=$(now)
-if [ -s "$OUT/busybox.tar" ]; then log "busybox.tar cached"; else build_busybox; fi
-if [ -s "$OUT/python.tar" ]; then log "python.tar cached"; else build_python; fi
+# Arguments name the images to build (busybox, python); none means both.
+[ "$#" -gt 0 ] || set -- busybox python
+for name in "$@"; do
+  case "$name" in
+    busybox|python) ;;
+    *) log "unknown image $name (want busybox or python)"; exit 2 ;;
+  esac
+  if [ -s "$OUT/$name.tar" ]; then log "$name.tar cached"; else "build_$name"; fi
+done
 log "done in $(elapsed "$total"): $OUT"

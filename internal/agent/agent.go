@@ -187,8 +187,10 @@ func Run(ctx context.Context, opts Options) (int, error) {
 	// connections: Server.Shutdown would wait a second per idle HTTP/2 connection (GOAWAY
 	// timeout) and delay the container's exit.
 	time.Sleep(20 * time.Millisecond)
-	srv.Close()
-	<-serveErr
+	_ = srv.Close()
+	if err := <-serveErr; !errors.Is(err, http.ErrServerClosed) {
+		a.log.Warn("serve", "err", err)
+	}
 	a.killExecs()
 	return code, nil
 }
@@ -232,7 +234,7 @@ func newAgent(opts Options) (*Agent, error) {
 	}
 	devNull, err := os.Open(os.DevNull)
 	if err != nil {
-		logw.Close()
+		_ = logw.Close()
 		return nil, err
 	}
 	a := &Agent{
@@ -321,10 +323,18 @@ func (a *Agent) killExecs() {
 	}
 }
 
+// closeLog closes the main command's log. Close syncs the log to disk, so a failure
+// means lines may be lost: it is logged.
+func (a *Agent) closeLog() {
+	if err := a.logw.Close(); err != nil {
+		a.log.Warn("close main log", "err", err)
+	}
+}
+
 // supervise runs the main command to its final end and returns the agent's exit code.
 func (a *Agent) supervise(ctx context.Context) int {
 	fail := func(reason, msg string) int {
-		a.logw.Close()
+		a.closeLog()
 		a.update(func(s *agentv1.StatusResponse) {
 			s.State = agentv1.MainState_MAIN_STATE_FAILED
 			s.Pid = 0
@@ -384,19 +394,19 @@ func (a *Agent) supervise(ctx context.Context) int {
 		}
 		switch {
 		case stopped:
-			a.logw.Close()
+			a.closeLog()
 			a.update(func(s *agentv1.StatusResponse) {
 				setExit(s, agentv1.MainState_MAIN_STATE_STOPPED, ReasonStopped, "stopped: main command "+describeExit(code))
 			})
 			return int(code)
 		case code == 0:
-			a.logw.Close()
+			a.closeLog()
 			a.update(func(s *agentv1.StatusResponse) {
 				setExit(s, agentv1.MainState_MAIN_STATE_COMPLETED, ReasonCompleted, "")
 			})
 			return 0
 		case restarts >= a.cfg.RestartLimit:
-			a.logw.Close()
+			a.closeLog()
 			a.update(func(s *agentv1.StatusResponse) {
 				setExit(s, agentv1.MainState_MAIN_STATE_FAILED, ReasonRestartLimit,
 					fmt.Sprintf("main command %s; restart limit %d reached", describeExit(code), a.cfg.RestartLimit))
@@ -414,7 +424,7 @@ func (a *Agent) supervise(ctx context.Context) int {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			a.logw.Close()
+			a.closeLog()
 			a.update(func(s *agentv1.StatusResponse) {
 				setExit(s, agentv1.MainState_MAIN_STATE_STOPPED, ReasonStopped, "stopped while restarting; main command "+describeExit(code))
 			})

@@ -455,7 +455,7 @@ func (s *service) Logs(ctx context.Context, req *connect.Request[agentv1.LogsReq
 	if err != nil {
 		return connect.NewError(connect.CodeInternal, err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	send := func(c logstore.Chunk) error {
 		return st.Send(&agentv1.LogsResponse{
 			Data: c.Data, Time: timestamppb.New(c.Time), Stream: agentv1.Stream(c.Stream),

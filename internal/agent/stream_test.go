@@ -14,7 +14,6 @@ import (
 )
 
 type streamResult struct {
-	pid    int32
 	stdout strings.Builder
 	stderr strings.Builder
 	errs   []*agentv1.StreamError

@@ -180,12 +180,12 @@ func (s *Store) isInsecure(host string) bool {
 func (s *Store) ParseReference(ref string) (name.Reference, error) {
 	r, err := name.ParseReference(ref)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %v", ErrInvalidReference, ref, err)
+		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidReference, ref, err)
 	}
 	if s.isInsecure(r.Context().RegistryStr()) {
 		r, err = name.ParseReference(ref, name.Insecure)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %q: %v", ErrInvalidReference, ref, err)
+			return nil, fmt.Errorf("%w: %q: %w", ErrInvalidReference, ref, err)
 		}
 	}
 	return r, nil

@@ -35,7 +35,7 @@ func unpackVerified(ctx context.Context, blob io.Reader, diffID v1.Hash, dir str
 		if err != nil {
 			return fmt.Errorf("gzip: %w", err)
 		}
-		defer zr.Close()
+		defer func() { _ = zr.Close() }()
 		r = zr
 	case len(magic) == 4 && bytes.Equal(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
 		zr, err := zstd.NewReader(br)
@@ -280,7 +280,7 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 		if err := x.remove(pfd, target); err != nil {
 			return err
 		}
-		if err := unix.Mknodat(pfd, target, unix.S_IFCHR|0o000, 0); err != nil {
+		if err := unix.Mknodat(pfd, target, unix.S_IFCHR, 0); err != nil {
 			return fmt.Errorf("whiteout %q: %w", target, err)
 		}
 		return nil
@@ -307,7 +307,7 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 		x.dirs = append(x.dirs, dirMeta{name: c, hdr: hdr})
 		return nil
 
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+	case tar.TypeReg, tar.TypeGNUSparse: // tar.Reader turns TypeRegA into TypeReg
 		if err := x.remove(pfd, base); err != nil {
 			return err
 		}
@@ -463,10 +463,10 @@ func (x *extractor) finish() error {
 // symlinks. It reports whether a directory was removed.
 func removeAllAt(pfd int, name string) (bool, error) {
 	err := unix.Unlinkat(pfd, name, 0)
-	if err == nil || err == unix.ENOENT {
+	if err == nil || errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
-	if err != unix.EISDIR && err != unix.EPERM {
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
 		return false, fmt.Errorf("remove %q: %w", name, err)
 	}
 	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)

@@ -3,6 +3,7 @@ package logstore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -165,7 +166,7 @@ func TestFollow(t *testing.T) {
 	defer r3.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := Follow(ctx, r3, w3, ReadOptions{}, func(Chunk) error { return nil }); err != context.DeadlineExceeded {
+	if err := Follow(ctx, r3, w3, ReadOptions{}, func(Chunk) error { return nil }); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("err = %v", err)
 	}
 }

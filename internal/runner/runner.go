@@ -414,7 +414,7 @@ func (r *Runner) watch(e *entry, client agentv1connect.AgentServiceClient) {
 		r.log.Warn("watch agent", "sandbox", e.sb.ID, "err", err)
 		return
 	}
-	defer stream.Close()
+	defer func() { _ = stream.Close() }()
 	for stream.Receive() {
 		st := stream.Msg()
 		r.update(e, func(sb *Sandbox) {

@@ -49,7 +49,7 @@ func Setup(name string, subnet netip.Prefix) (*Env, error) {
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("build agent: %v\n%s", err, out)
+		return nil, fmt.Errorf("build agent: %w\n%s", err, out)
 	}
 	host, stop, err := testimage.Standard(context.Background(), nil)
 	if err != nil {

@@ -269,7 +269,7 @@ func bearerAuth(host string, c image.Credentials, next http.Handler) http.Handle
 				return
 			}
 			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"token":%q,"access_token":%q,"expires_in":300}`, token, token)
+			_, _ = fmt.Fprintf(w, `{"token":%q,"access_token":%q,"expires_in":300}`, token, token)
 			return
 		}
 		if r.Header.Get("Authorization") != "Bearer "+token {
@@ -284,7 +284,7 @@ func bearerAuth(host string, c image.Credentials, next http.Handler) http.Handle
 func writeRegErr(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"errors":[{"code":%q,"message":%q}]}`, code, msg)
+	_, _ = fmt.Fprintf(w, `{"errors":[{"code":%q,"message":%q}]}`, code, msg)
 }
 
 func ref(host, repoTag string) (name.Reference, error) {

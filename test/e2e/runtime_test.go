@@ -480,8 +480,12 @@ func TestManySandboxesAtOnce(t *testing.T) {
 				return
 			}
 			res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"echo", fmt.Sprint(i)}}))
-			if err != nil || string(res.Msg.Stdout) != fmt.Sprintf("%d\n", i) {
-				errs <- fmt.Errorf("sandbox %d exec: %v", i, err)
+			if err != nil {
+				errs <- fmt.Errorf("sandbox %d exec: %w", i, err)
+				return
+			}
+			if string(res.Msg.Stdout) != fmt.Sprintf("%d\n", i) {
+				errs <- fmt.Errorf("sandbox %d exec: stdout %q", i, res.Msg.Stdout)
 				return
 			}
 			got, _ := s.Runner.Get(sb.ID)

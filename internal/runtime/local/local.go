@@ -128,8 +128,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	cfg.AgentBinary = abs
-	if st, err := os.Stat(cfg.AgentBinary); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("local backend: agent binary %s: not a regular file (%v)", cfg.AgentBinary, err)
+	if st, err := os.Stat(cfg.AgentBinary); err != nil {
+		return nil, fmt.Errorf("local backend: agent binary: %w", err)
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("local backend: agent binary %s: not a regular file", cfg.AgentBinary)
 	}
 	if cfg.Images == nil {
 		return nil, errors.New("local backend: Images is required")
@@ -257,7 +259,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		if err != nil {
 			if derr := b.teardown(context.WithoutCancel(ctx), s); derr != nil {
 				b.log.Warn("undo failed create", "sandbox", id, "err", derr)
-				err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
+				// derr is context only and deliberately not wrapped: callers classify the failure
+				// with errors.Is on err, and a wrapped cleanup error could change that.
+				err = fmt.Errorf("%w (and cleaning up: %v)", err, derr) //nolint:errorlint // derr must not be matched by errors.Is
 			}
 			b.mu.Lock()
 			delete(b.sandboxes, id)
@@ -365,7 +369,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		return runtime.Info{}, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
 	}
 	lnFile, err := ln.File()
-	ln.Close() // unlink-on-close is off; lnFile keeps the socket open
+	_ = ln.Close() // unlink-on-close is off; lnFile keeps the socket open
 	if err != nil {
 		return runtime.Info{}, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
 	}

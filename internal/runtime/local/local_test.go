@@ -497,8 +497,12 @@ func TestConcurrent(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			resp, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"hostname"}}))
-			if err != nil || string(resp.Msg.Stdout) != id+"\n" {
-				errs <- fmt.Errorf("%s: exec: %v", id, err)
+			if err != nil {
+				errs <- fmt.Errorf("%s: exec: %w", id, err)
+				return
+			}
+			if string(resp.Msg.Stdout) != id+"\n" {
+				errs <- fmt.Errorf("%s: exec: stdout %q", id, resp.Msg.Stdout)
 				return
 			}
 			errs <- e.b.Destroy(context.Background(), id)

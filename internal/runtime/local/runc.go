@@ -56,12 +56,6 @@ func (r *ociRuntime) delete(ctx context.Context, id string) error {
 	return nil
 }
 
-// killAll sends sig to every process of the container.
-func (r *ociRuntime) killAll(ctx context.Context, id, sig string) error {
-	_, err := r.run(ctx, "kill", "--all", id, sig)
-	return err
-}
-
 type containerState struct {
 	ID     string `json:"id"`
 	Pid    int    `json:"pid"`

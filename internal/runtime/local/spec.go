@@ -184,7 +184,7 @@ func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
 	ic := img.Config
 	argv, err := image.Config{Entrypoint: ic.Entrypoint, Cmd: ic.Cmd}.Argv(spec.Command, spec.Args)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", runtime.ErrInvalidSpec, err)
+		return nil, fmt.Errorf("%w: %w", runtime.ErrInvalidSpec, err)
 	}
 	wd := spec.WorkingDir
 	if wd == "" {

@@ -268,7 +268,7 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 	if err != nil {
 		return nil, fmt.Errorf("open netns: %w", err)
 	}
-	defer nsh.Close()
+	defer func() { _ = nsh.Close() }()
 
 	hostName := vethName(m.cfg.Bridge, id)
 	mac := macForIP(ip)

@@ -60,7 +60,8 @@ type AgentServiceClient interface {
 	// Exec runs a command to completion and returns its output, capped.
 	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.Response[v1.ExecResponse], error)
 	// StreamExec runs a command interactively. The first request is init; the first
-	// response is ready; an exit or error response always ends the stream.
+	// response is ready (or an error); an exit response always ends the stream, and an
+	// error (START_FAILED, STREAM_BACKPRESSURE) may come just before it.
 	StreamExec(context.Context) *connect.BidiStreamForClient[v1.StreamExecRequest, v1.StreamExecResponse]
 	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
 	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
@@ -178,7 +179,8 @@ type AgentServiceHandler interface {
 	// Exec runs a command to completion and returns its output, capped.
 	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.Response[v1.ExecResponse], error)
 	// StreamExec runs a command interactively. The first request is init; the first
-	// response is ready; an exit or error response always ends the stream.
+	// response is ready (or an error); an exit response always ends the stream, and an
+	// error (START_FAILED, STREAM_BACKPRESSURE) may come just before it.
 	StreamExec(context.Context, *connect.BidiStream[v1.StreamExecRequest, v1.StreamExecResponse]) error
 	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.Response[v1.ReadFileResponse], error)
 	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)

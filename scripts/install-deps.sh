@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages sandboxd's single-host runtime and its tests need, when
+# missing. Needs root. Usage: install-deps.sh [--test]
+set -euo pipefail
+pkgs=(runc busybox-static nftables iproute2 ca-certificates)
+[ "${1:-}" = "--test" ] && pkgs+=(debootstrap make git)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q >/dev/null
+apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
