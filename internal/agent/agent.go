@@ -259,7 +259,7 @@ func newAgent(opts Options) (*Agent, error) {
 
 // env is the sandbox environment, with HOME from the user when the config has none.
 func (a *Agent) env(overlay map[string]string) []string {
-	env := mergeEnv(a.cfg.Env, overlay)
+	env := agentconfig.MergeEnv(a.cfg.Env, overlay)
 	if !hasEnv(env, "HOME") && a.user.home != "" {
 		env = append(env, "HOME="+a.user.home)
 	}

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,33 +184,6 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
-// mergeEnv returns base with the keys of overlay replaced or appended (sorted).
-func mergeEnv(base []string, overlay map[string]string) []string {
-	out := make([]string, 0, len(base)+len(overlay))
-	seen := make(map[string]bool, len(overlay))
-	for _, kv := range base {
-		k, _, _ := strings.Cut(kv, "=")
-		if v, ok := overlay[k]; ok {
-			if !seen[k] {
-				out = append(out, k+"="+v)
-				seen[k] = true
-			}
-			continue
-		}
-		out = append(out, kv)
-	}
-	var extra []string
-	for k := range overlay {
-		if !seen[k] {
-			extra = append(extra, k)
-		}
-	}
-	sort.Strings(extra)
-	for _, k := range extra {
-		out = append(out, k+"="+overlay[k])
-	}
-	return out
-}
 
 // userInfo is a resolved Config.User.
 type userInfo struct {

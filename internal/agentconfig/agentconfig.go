@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
 )
 
 // Paths inside the sandbox. The backend mounts them; the agent relies on them.
@@ -66,4 +68,34 @@ func Load(path string) (*Config, error) {
 		return nil, fmt.Errorf("agent config %s: empty argv", path)
 	}
 	return &c, nil
+}
+
+// MergeEnv returns base (KEY=VALUE) with overlay's variables overriding it: base order
+// first, overridden in place, then overlay's new keys sorted. The backend uses it for
+// image env + spec env, the agent for sandbox env + exec env.
+func MergeEnv(base []string, overlay map[string]string) []string {
+	out := make([]string, 0, len(base)+len(overlay))
+	seen := make(map[string]bool, len(overlay))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		v, ok := overlay[k]
+		switch {
+		case !ok:
+			out = append(out, kv)
+		case !seen[k]:
+			seen[k] = true
+			out = append(out, k+"="+v)
+		}
+	}
+	keys := make([]string, 0, len(overlay))
+	for k := range overlay {
+		if !seen[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		out = append(out, k+"="+overlay[k])
+	}
+	return out
 }

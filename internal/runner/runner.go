@@ -51,6 +51,10 @@ type Runner struct {
 	backend runtime.Backend
 	log     *slog.Logger
 
+	// ctx ends with Close: the runner then lets go of its sandboxes without touching them.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu        sync.Mutex
 	sandboxes map[string]*entry
 	closed    bool
@@ -93,7 +97,9 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 		return nil, fmt.Errorf("runner: create data dir: %w", err)
 	}
 	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if err := r.recover(ctx); err != nil {
+		r.cancel()
 		return nil, err
 	}
 	return r, nil
@@ -287,7 +293,7 @@ func (r *Runner) LogDir(id string) (string, error) {
 }
 
 // Close stops following sandboxes without touching them: they keep running and the next
-// runner re-adopts them.
+// runner re-adopts them. It returns once no goroutine of the runner acts on them any more.
 func (r *Runner) Close() {
 	r.mu.Lock()
 	r.closed = true
@@ -300,6 +306,8 @@ func (r *Runner) Close() {
 		}
 	}
 	r.mu.Unlock()
+	r.cancel()
+	r.wg.Wait()
 }
 
 func newEntry(sb Sandbox) *entry {
@@ -385,11 +393,17 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 				r.log.Warn("stop sandbox", "sandbox", id, "err", err)
 			}
 		case <-e.done:
+		case <-r.ctx.Done():
 		}
 	}()
 
 	r.watch(e, client)
-	exit, err := r.backend.Wait(context.Background(), id)
+	exit, err := r.backend.Wait(r.ctx, id)
+	if r.ctx.Err() != nil {
+		// Closed: the sandbox is left as it is, for the next runner to re-adopt.
+		<-stopped
+		return
+	}
 	if err != nil {
 		exit = runtime.Exit{Reason: ReasonBackendError, Message: fmt.Sprintf("wait for sandbox: %v", err), At: time.Now()}
 	}
@@ -400,7 +414,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 // watch follows the agent's status stream until the agent exits, so RUNNING and restart
 // counts show without polling.
 func (r *Runner) watch(e *entry, client agentv1connect.AgentServiceClient) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	go func() {
 		select {

@@ -567,3 +567,33 @@ func TestBadInputs(t *testing.T) {
 		}
 	})
 }
+
+func TestRunnerRestartReportsVanishedSandbox(t *testing.T) {
+	dir := t.TempDir()
+	first := newStack(t, dir)
+	sb := create(t, first, runner.CreateRequest{Spec: sleeper(busybox())})
+	waitState(t, first, sb.ID, runner.StateRunning, 30*time.Second)
+	first.Close()
+	// The container dies while no runner is watching.
+	kill, err := first.Backend.RuntimeCommand(context.Background(), sb.ID, "kill", sb.ID, "KILL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kill.CombinedOutput(); err != nil {
+		t.Fatalf("runc kill: %v: %s", err, out)
+	}
+	time.Sleep(200 * time.Millisecond)
+
+	second := newStack(t, dir)
+	t.Cleanup(func() { finish(t, second, dir) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	end, err := second.Runner.WaitTerminal(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end.State != runner.StateFailed || end.Reason == "" || end.Message == "" {
+		t.Errorf("vanished sandbox reported %s/%s %q, want FAILED with a reason", end.State, end.Reason, end.Message)
+	}
+	t.Logf("vanished sandbox: %s/%s: %s", end.State, end.Reason, end.Message)
+}

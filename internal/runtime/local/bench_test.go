@@ -89,7 +89,7 @@ func benchCreateFirstExec(b *testing.B, withNet bool) {
 	for _, s := range []string{"dirs", "pull", "network", "overlay", "bundle", "socket", "runtime", "finish"} {
 		parts = append(parts, fmt.Sprintf("%s %.2fms", s, float64(steps[s].Microseconds())/1000/float64(b.N)))
 	}
-	b.Logf("n=%d agent=%s mean per step: %s", b.N, agentKind, strings.Join(parts, ", "))
+	b.Logf("n=%d mean per step: %s", b.N, strings.Join(parts, ", "))
 }
 
 // BenchmarkAgentExec and BenchmarkRuncExec compare an exec through the agent (reused

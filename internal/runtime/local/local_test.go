@@ -19,7 +19,6 @@ import (
 
 func TestCreateExecAndConfinement(t *testing.T) {
 	e := newEnv(t)
-	t.Logf("agent: %s", agentKind)
 	const id = "conf-1"
 	start := time.Now()
 	info := e.create(runtime.Spec{
@@ -459,14 +458,6 @@ func TestOverlayOptionsLimit(t *testing.T) {
 	}
 	if _, err := overlayOptions([]string{"/a:b"}, "/u", "/w"); err == nil {
 		t.Error("colon in layer path accepted")
-	}
-}
-
-func TestMergeEnv(t *testing.T) {
-	got := mergeEnv([]string{"PATH=/bin", "A=1", "B=2"}, map[string]string{"B": "x", "C": "3", "AA": "4"})
-	want := "PATH=/bin A=1 B=x AA=4 C=3"
-	if strings.Join(got, " ") != want {
-		t.Errorf("mergeEnv = %q, want %q", got, want)
 	}
 }
 

@@ -26,7 +26,6 @@ const testCgroupParent = "sandboxd-localtest"
 
 var (
 	agentBin   string // the agent the tests run
-	agentKind  string // "sandbox-agent" or "stand-in"
 	busyboxDir string // a one-layer busybox rootfs
 	skipReason string
 )
@@ -54,17 +53,9 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(tmp)
 
 	agentBin = filepath.Join(tmp, "sandbox-agent")
-	agentKind = "sandbox-agent"
 	if out, err := goBuild(agentBin, "github.com/sandboxd/sandboxd/cmd/sandbox-agent"); err != nil {
-		// Until cmd/sandbox-agent builds, a minimal stand-in (Exec, Status, status.json,
-		// SIGTERM forwarding) lets the backend be tested on its own.
-		fmt.Fprintf(os.Stderr, "NOTE: cmd/sandbox-agent does not build (%v: %s); testing with testdata/standin-agent\n",
-			err, firstLine(out))
-		agentKind = "stand-in"
-		if out, err := goBuild(agentBin, "./testdata/standin-agent"); err != nil {
-			fmt.Fprintf(os.Stderr, "build stand-in agent: %v\n%s", err, out)
-			return 1
-		}
+		fmt.Fprintf(os.Stderr, "build sandbox-agent: %v\n%s", err, out)
+		return 1
 	}
 	busyboxDir = filepath.Join(tmp, "busybox")
 	if err := buildBusybox(busyboxDir); err != nil {

@@ -3,8 +3,6 @@ package local
 import (
 	"fmt"
 	"regexp"
-	"sort"
-	"strings"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -150,36 +148,6 @@ func ociSpec(p specParams) *specs.Spec {
 	}
 }
 
-// mergeEnv returns the image env with the spec's variables overriding it: image order
-// first (overridden in place), then the spec's new keys sorted.
-func mergeEnv(image []string, spec map[string]string) []string {
-	out := make([]string, 0, len(image)+len(spec))
-	seen := make(map[string]bool, len(spec))
-	for _, kv := range image {
-		k, _, _ := strings.Cut(kv, "=")
-		if v, ok := spec[k]; ok {
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
-			out = append(out, k+"="+v)
-			continue
-		}
-		out = append(out, kv)
-	}
-	keys := make([]string, 0, len(spec))
-	for k := range spec {
-		if !seen[k] {
-			keys = append(keys, k)
-		}
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		out = append(out, k+"="+spec[k])
-	}
-	return out
-}
-
 func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
 	ic := img.Config
 	argv, err := image.Config{Entrypoint: ic.Entrypoint, Cmd: ic.Cmd}.Argv(spec.Command, spec.Args)
@@ -195,7 +163,7 @@ func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
 	}
 	c := &agentconfig.Config{
 		Argv:         argv,
-		Env:          mergeEnv(img.Config.Env, spec.Env),
+		Env:          agentconfig.MergeEnv(img.Config.Env, spec.Env),
 		WorkingDir:   wd,
 		User:         img.Config.User,
 		RestartLimit: spec.RestartLimit,
