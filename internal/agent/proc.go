@@ -184,7 +184,6 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
-
 // userInfo is a resolved Config.User.
 type userInfo struct {
 	cred *syscall.Credential // nil: run as the agent's own user
