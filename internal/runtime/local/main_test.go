@@ -77,11 +77,6 @@ func goBuild(out, pkg string) ([]byte, error) {
 	return cmd.CombinedOutput()
 }
 
-func firstLine(b []byte) string {
-	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-	return s
-}
-
 func mustGlob(p string) []string {
 	m, _ := filepath.Glob(p)
 	return m
