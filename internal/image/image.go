@@ -43,6 +43,9 @@ type Options struct {
 	Insecure []string               // registry hosts (path.Match patterns such as "localhost:*") allowed to use plain HTTP
 	Auth     map[string]Credentials // registry host -> credentials
 	Platform string                 // default "linux/amd64"
+	// GCGrace spares images a Pull returned less than this long ago from GC, since the
+	// caller may not report them in use yet (a sandbox being created). Default 0.
+	GCGrace time.Duration
 	// Transport, if set, is the base HTTP transport (tests). The plain-HTTP guard is always applied on top.
 	Transport http.RoundTripper
 }
@@ -98,6 +101,9 @@ type Store struct {
 	gcMu  sync.RWMutex // Pull holds R, GC holds W
 	idxMu sync.Mutex   // guards idx and index.json
 	idx   *indexFile
+	// used is when Pull last handed out each image (manifest digest), so GC spares
+	// images a caller has pulled but not yet reported in use.
+	used map[string]time.Time
 
 	pulls  flight[*Image]
 	layers flight[struct{}]
@@ -155,7 +161,7 @@ func Open(opts Options) (*Store, error) {
 	if base == nil {
 		base = remote.DefaultTransport.(*http.Transport).Clone()
 	}
-	s := &Store{opts: opts, root: root, platform: *p}
+	s := &Store{opts: opts, root: root, platform: *p, used: map[string]time.Time{}}
 	s.transport = &guardTransport{base: base, insecure: s.isInsecure}
 	if err := s.loadIndex(); err != nil {
 		return nil, err
@@ -224,7 +230,13 @@ func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Imag
 	return s.pulls.do(ctx, key, func(ctx context.Context) (*Image, error) {
 		s.gcMu.RLock()
 		defer s.gcMu.RUnlock()
-		return s.pull(ctx, r, s.authFor(r, creds))
+		img, err := s.pull(ctx, r, s.authFor(r, creds))
+		if err == nil {
+			s.idxMu.Lock()
+			s.used[img.Digest] = time.Now()
+			s.idxMu.Unlock()
+		}
+		return img, err
 	})
 }
 
@@ -556,7 +568,11 @@ func (s *Store) GC(ctx context.Context, inUse []string) (removedImages int, remo
 	usedLayers := map[string]bool{}
 	usedBlobs := map[string]bool{}
 	for dig, rec := range s.idx.Images {
+		if t, ok := s.used[dig]; ok && time.Since(t) < s.opts.GCGrace {
+			keep[dig] = true
+		}
 		if !keep[dig] {
+			delete(s.used, dig)
 			delete(s.idx.Images, dig)
 			removedImages++
 			continue

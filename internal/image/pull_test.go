@@ -548,3 +548,39 @@ func TestGC(t *testing.T) {
 		t.Fatalf("layers left after GC(nil): %v", ents)
 	}
 }
+
+// TestGCGrace: an image a Pull just returned survives GC until the grace period has
+// passed, even when the caller has not yet reported it in use.
+func TestGCGrace(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	host := startRegistry(t, testimage.RegistryOptions{})
+	if _, err := testimage.Push(host, "x/app:a", smallImage(t, "a")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		grace   time.Duration
+		removed int
+	}{
+		{"within grace", time.Hour, 0},
+		{"no grace", 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStore(t, image.Options{GCGrace: tc.grace})
+			img, err := s.Pull(ctx, host+"/x/app:a", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			imgs, _, err := s.GC(ctx, nil)
+			if err != nil || imgs != tc.removed {
+				t.Fatalf("GC removed %d images (%v), want %d", imgs, err, tc.removed)
+			}
+			for _, l := range img.Layers {
+				if _, err := os.Stat(l); (err == nil) != (tc.removed == 0) {
+					t.Errorf("layer %s: stat %v with %d images removed", l, err, tc.removed)
+				}
+			}
+		})
+	}
+}

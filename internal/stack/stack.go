@@ -34,7 +34,11 @@ type Config struct {
 	Nameservers []string
 	Retention   time.Duration
 	ExpiryGrace time.Duration
-	Logger      *slog.Logger
+	// GCInterval is how often unused images are removed (default 10 min); GCGrace
+	// spares images pulled less than this long ago (default 10 min).
+	GCInterval time.Duration
+	GCGrace    time.Duration
+	Logger     *slog.Logger
 }
 
 // Stack is a running single-host sandbox runtime.
@@ -43,6 +47,8 @@ type Stack struct {
 	Network *network.Manager
 	Backend *local.Backend
 	Runner  *runner.Runner
+	stopGC  context.CancelFunc
+	gcDone  chan struct{}
 }
 
 // NewLocal builds the stack and re-adopts sandboxes left by an earlier run.
@@ -59,6 +65,15 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "sandboxd"
 	}
+	if cfg.GCInterval <= 0 {
+		cfg.GCInterval = 10 * time.Minute
+	}
+	if cfg.GCGrace <= 0 {
+		cfg.GCGrace = 10 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	if cfg.AgentBinary == "" {
 		p, err := FindAgent()
 		if err != nil {
@@ -73,6 +88,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Root:     filepath.Join(cfg.DataDir, "images"),
 		Insecure: cfg.InsecureRegistries,
 		Auth:     cfg.RegistryAuth,
+		GCGrace:  cfg.GCGrace,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: image store: %w", err)
@@ -109,12 +125,50 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stack: runner: %w", err)
 	}
-	return &Stack{Images: store, Network: nw, Backend: backend, Runner: r}, nil
+	s := &Stack{Images: store, Network: nw, Backend: backend, Runner: r, gcDone: make(chan struct{})}
+	gcCtx, stop := context.WithCancel(context.Background())
+	s.stopGC = stop
+	go s.collectGarbage(gcCtx, cfg.GCInterval, cfg.Logger)
+	return s, nil
 }
 
 // Close stops following sandboxes; they keep running for the next stack to re-adopt.
 func (s *Stack) Close() {
+	s.stopGC()
+	<-s.gcDone
 	s.Runner.Close()
+}
+
+// GC removes cached images that no live sandbox uses. Images of sandboxes still being
+// created are spared by the store's grace period.
+func (s *Stack) GC(ctx context.Context) (images, layers int, err error) {
+	var inUse []string
+	for _, sb := range s.Runner.List() {
+		if !sb.State.Terminal() && sb.ImageDigest != "" {
+			inUse = append(inUse, sb.ImageDigest)
+		}
+	}
+	return s.Images.GC(ctx, inUse)
+}
+
+func (s *Stack) collectGarbage(ctx context.Context, every time.Duration, log *slog.Logger) {
+	defer close(s.gcDone)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			imgs, layers, err := s.GC(ctx)
+			switch {
+			case err != nil:
+				log.Warn("image garbage collection", "err", err)
+			case imgs+layers > 0:
+				log.Info("image garbage collection", "images", imgs, "layers", layers)
+			}
+		}
+	}
 }
 
 // FindAgent locates the static sandbox-agent: $SANDBOXD_AGENT, next to the running

@@ -81,6 +81,7 @@ func (e *Env) Stack(dataDir string) (*stack.Stack, error) {
 		Subnet:             e.Subnet,
 		CgroupParent:       e.CgroupParent,
 		ExpiryGrace:        time.Second,
+		GCGrace:            time.Nanosecond,
 		// Test sandboxes talk to nothing beyond this machine.
 		NoEgress:    true,
 		Nameservers: []string{},

@@ -597,3 +597,23 @@ func TestRunnerRestartReportsVanishedSandbox(t *testing.T) {
 	}
 	t.Logf("vanished sandbox: %s/%s: %s", end.State, end.Reason, end.Message)
 }
+
+func TestImageGCKeepsImagesInUse(t *testing.T) {
+	s := startedStack(t)
+	live := create(t, s, runner.CreateRequest{Spec: sleeper(busybox())})
+	done := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: python(), Command: "true"}})
+	waitState(t, s, live.ID, runner.StateRunning, 30*time.Second)
+	waitState(t, s, done.ID, runner.StateCompleted, 60*time.Second)
+	ctx := context.Background()
+	imgs, layers, err := s.GC(ctx)
+	if err != nil || imgs != 1 || layers != 1 {
+		t.Fatalf("GC removed %d images, %d layers (%v); want the python image and its layer", imgs, layers, err)
+	}
+	c := agentOf(t, s, live.ID)
+	if got := execIn(t, c, "ls", "/bin/busybox"); got.ExitCode != 0 {
+		t.Errorf("sandbox broken after GC: %q %q", got.Stdout, got.Stderr)
+	}
+	if _, err := s.Images.Lookup(busybox()); err != nil {
+		t.Errorf("image in use was collected: %v", err)
+	}
+}

@@ -5,7 +5,7 @@
 // talk to each other at layer 2), one IPv4 address from the bridge's subnet, a
 // default route via the bridge's gateway address, and optional outbound NAT.
 //
-// Host setup (bridge, ip_forward, one nftables table) is done once by New and is
+// Host setup (bridge, one nftables table, ip_forward when Egress) is done once by New and is
 // idempotent. Per-sandbox work (Setup/Teardown) uses netlink only: no `ip`
 // commands, no sleeps, a few milliseconds.
 //
@@ -186,8 +186,12 @@ func New(cfg Config) (*Manager, error) {
 	if err := m.setupBridge(); err != nil {
 		return nil, err
 	}
-	if err := m.enableForwarding(); err != nil {
-		return nil, err
+	// Forwarding is only needed to route sandboxes' traffic out; host<->sandbox traffic
+	// stays on the bridge. Leaving the global sysctl alone otherwise matters on shared hosts.
+	if m.cfg.Egress {
+		if err := m.enableForwarding(); err != nil {
+			return nil, err
+		}
 	}
 	if err := applyRules(m.rules()); err != nil {
 		return nil, err

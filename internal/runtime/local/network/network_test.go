@@ -285,10 +285,26 @@ func TestEgressNAT(t *testing.T) {
 
 func TestTeardownLeavesNothing(t *testing.T) {
 	m := newTestManager(t, true)
-	before, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
+	// Other test binaries create and delete links on this host at the same time, so
+	// count only this manager's bridge ports.
+	ports := func() int {
+		br, err := netlink.LinkByName(m.cfg.Bridge)
+		if err != nil {
+			t.Fatal(err)
+		}
+		links, err := netlink.LinkList()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, l := range links {
+			if l.Attrs().MasterIndex == br.Attrs().Index {
+				n++
+			}
+		}
+		return n
 	}
+	before := ports()
 	id := "td-" + randHex(4)
 	noteLink(vethName(m.cfg.Bridge, id))
 	a, err := m.Setup(context.Background(), id)
@@ -307,12 +323,8 @@ func TestTeardownLeavesNothing(t *testing.T) {
 			t.Fatalf("Teardown #%d: %v", i+1, err)
 		}
 	}
-	after, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(after) != len(before) {
-		t.Errorf("links: %d before, %d after", len(before), len(after))
+	if after := ports(); after != before {
+		t.Errorf("bridge ports: %d before, %d after", before, after)
 	}
 	if _, err := netlink.LinkByName(a.HostVeth); err == nil {
 		t.Errorf("host veth %s still exists", a.HostVeth)
