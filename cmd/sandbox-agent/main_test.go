@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"net"
 	"os"
 	"os/exec"
@@ -199,7 +200,7 @@ func TestPermissionDenied(t *testing.T) {
 		found := false
 		for _, d := range ce.Details() {
 			if v, _ := d.Value(); v != nil {
-				if info, ok := v.(*errdetails.ErrorInfo); ok && info.Reason == agent.ReasonFilePermission && strings.HasPrefix(info.Metadata["filepath"], dir) {
+				if info, ok := v.(*errdetails.ErrorInfo); ok && info.Reason == apierr.FilePermissionDenied && strings.HasPrefix(info.Metadata["filepath"], dir) {
 					found = true
 				}
 			}

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"io"
 	"io/fs"
 	"os"
@@ -12,18 +13,6 @@ import (
 	"syscall"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-)
-
-// Error domain and reasons shared with the gateway (google.rpc.ErrorInfo).
-const (
-	ErrorDomain           = "cwsandbox.com"
-	ReasonInvalidPath     = "CWSANDBOX_INVALID_PATH"
-	ReasonFileNotFound    = "CWSANDBOX_FILE_NOT_FOUND"
-	ReasonFileIsDirectory = "CWSANDBOX_FILE_IS_DIRECTORY"
-	ReasonFilePermission  = "CWSANDBOX_FILE_PERMISSION_DENIED"
-	ReasonFileTooLarge    = "CWSANDBOX_FILE_TOO_LARGE"
-	ReasonFileIOFailed    = "CWSANDBOX_FILE_IO_FAILED"
 )
 
 // maxFileBytes is the largest file ReadFile returns (it must fit one message).
@@ -56,16 +45,8 @@ func (a *Agent) resolvePath(p string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
-func errorInfo(code connect.Code, reason, msg string, meta map[string]string) *connect.Error {
-	err := connect.NewError(code, errors.New(msg))
-	if d, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: meta}); derr == nil {
-		err.AddDetail(d)
-	}
-	return err
-}
-
 func invalidPath(path string, err error) *connect.Error {
-	return errorInfo(connect.CodeInvalidArgument, ReasonInvalidPath,
+	return apierr.New(connect.CodeInvalidArgument, apierr.InvalidPath,
 		fmt.Sprintf("invalid path %q: %v", path, err), map[string]string{"filepath": path})
 }
 
@@ -77,13 +58,13 @@ func fileError(op, path string, err error) *connect.Error {
 	msg := fmt.Sprintf("%s %s: %v", op, path, cause)
 	switch {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
-		return errorInfo(connect.CodeNotFound, ReasonFileNotFound, msg, meta)
+		return apierr.New(connect.CodeNotFound, apierr.FileNotFound, msg, meta)
 	case errors.Is(err, syscall.EISDIR):
-		return errorInfo(connect.CodeFailedPrecondition, ReasonFileIsDirectory, msg, meta)
+		return apierr.New(connect.CodeFailedPrecondition, apierr.FileIsDirectory, msg, meta)
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
-		return errorInfo(connect.CodePermissionDenied, ReasonFilePermission, msg, meta)
+		return apierr.New(connect.CodePermissionDenied, apierr.FilePermissionDenied, msg, meta)
 	}
-	return errorInfo(connect.CodeInternal, ReasonFileIOFailed, msg, meta)
+	return apierr.New(connect.CodeInternal, apierr.FileIOFailed, msg, meta)
 }
 
 func isDirError(op, path string) *connect.Error {
@@ -91,7 +72,7 @@ func isDirError(op, path string) *connect.Error {
 }
 
 func tooLarge(path string, size, limit int64) *connect.Error {
-	return errorInfo(connect.CodeResourceExhausted, ReasonFileTooLarge,
+	return apierr.New(connect.CodeResourceExhausted, apierr.FileTooLarge,
 		fmt.Sprintf("read %s: file is %d bytes, over the limit of %d", path, size, limit),
 		map[string]string{"filepath": path, "size_bytes": strconv.FormatInt(size, 10), "max_size_bytes": strconv.FormatInt(limit, 10)})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -93,19 +94,19 @@ func TestFileErrors(t *testing.T) {
 		reason string
 		meta   map[string]string
 	}{
-		{name: "read not found", read: &agentv1.ReadFileRequest{Path: "/no/such/file"}, code: connect.CodeNotFound, reason: ReasonFileNotFound,
+		{name: "read not found", read: &agentv1.ReadFileRequest{Path: "/no/such/file"}, code: connect.CodeNotFound, reason: apierr.FileNotFound,
 			meta: map[string]string{"filepath": "/no/such/file"}},
-		{name: "read dir", read: &agentv1.ReadFileRequest{Path: "dir"}, code: connect.CodeFailedPrecondition, reason: ReasonFileIsDirectory},
-		{name: "write dir", write: &agentv1.WriteFileRequest{Path: "dir"}, code: connect.CodeFailedPrecondition, reason: ReasonFileIsDirectory},
+		{name: "read dir", read: &agentv1.ReadFileRequest{Path: "dir"}, code: connect.CodeFailedPrecondition, reason: apierr.FileIsDirectory},
+		{name: "write dir", write: &agentv1.WriteFileRequest{Path: "dir"}, code: connect.CodeFailedPrecondition, reason: apierr.FileIsDirectory},
 		// Parent is a regular file: ENOTDIR, reported as not found.
-		{name: "read under file", read: &agentv1.ReadFileRequest{Path: "file/x"}, code: connect.CodeNotFound, reason: ReasonFileNotFound},
-		{name: "write under file", write: &agentv1.WriteFileRequest{Path: "file/x"}, code: connect.CodeNotFound, reason: ReasonFileNotFound},
-		{name: "too large", read: &agentv1.ReadFileRequest{Path: "file", MaxBytes: 5}, code: connect.CodeResourceExhausted, reason: ReasonFileTooLarge,
+		{name: "read under file", read: &agentv1.ReadFileRequest{Path: "file/x"}, code: connect.CodeNotFound, reason: apierr.FileNotFound},
+		{name: "write under file", write: &agentv1.WriteFileRequest{Path: "file/x"}, code: connect.CodeNotFound, reason: apierr.FileNotFound},
+		{name: "too large", read: &agentv1.ReadFileRequest{Path: "file", MaxBytes: 5}, code: connect.CodeResourceExhausted, reason: apierr.FileTooLarge,
 			meta: map[string]string{"filepath": "file", "size_bytes": "10", "max_size_bytes": "5"}},
-		{name: "traversal", read: &agentv1.ReadFileRequest{Path: "/etc/../etc/passwd"}, code: connect.CodeInvalidArgument, reason: ReasonInvalidPath},
-		{name: "relative traversal", write: &agentv1.WriteFileRequest{Path: "../x"}, code: connect.CodeInvalidArgument, reason: ReasonInvalidPath},
-		{name: "NUL", read: &agentv1.ReadFileRequest{Path: "fi\x00le"}, code: connect.CodeInvalidArgument, reason: ReasonInvalidPath},
-		{name: "empty", write: &agentv1.WriteFileRequest{Path: ""}, code: connect.CodeInvalidArgument, reason: ReasonInvalidPath},
+		{name: "traversal", read: &agentv1.ReadFileRequest{Path: "/etc/../etc/passwd"}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
+		{name: "relative traversal", write: &agentv1.WriteFileRequest{Path: "../x"}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
+		{name: "NUL", read: &agentv1.ReadFileRequest{Path: "fi\x00le"}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
+		{name: "empty", write: &agentv1.WriteFileRequest{Path: ""}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
 	}
 	if os.Getuid() != 0 {
 		// Root ignores file modes; as root, cmd/sandbox-agent's TestPermissionDenied runs the
@@ -119,7 +120,7 @@ func TestFileErrors(t *testing.T) {
 				code   connect.Code
 				reason string
 				meta   map[string]string
-			}{name: "permission", read: &agentv1.ReadFileRequest{Path: "secret"}, code: connect.CodePermissionDenied, reason: ReasonFilePermission})
+			}{name: "permission", read: &agentv1.ReadFileRequest{Path: "secret"}, code: connect.CodePermissionDenied, reason: apierr.FilePermissionDenied})
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,7 +134,7 @@ func TestFileErrors(t *testing.T) {
 				t.Fatalf("err = %v, want %v", err, tc.code)
 			}
 			info := errInfo(t, err)
-			if info.Reason != tc.reason || info.Domain != ErrorDomain || info.Metadata["filepath"] == "" && tc.name != "empty" {
+			if info.Reason != tc.reason || info.Domain != apierr.Domain || info.Metadata["filepath"] == "" && tc.name != "empty" {
 				t.Errorf("info = %v", info)
 			}
 			for k, v := range tc.meta {
