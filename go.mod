@@ -13,6 +13,7 @@ require (
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.50.0
+	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/protobuf v1.36.13-0.20261016172727-e9ee2a76ab8e
 )
