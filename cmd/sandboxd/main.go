@@ -1,5 +1,7 @@
 // Command sandboxd is the sandboxd server. Subcommands:
 //
+//	sandboxd dev     gateway + local runner in one process, on loopback
+//	sandboxd apikey  create API keys in a data dir
 //	sandboxd demo    run a first sandbox on this machine through the local runner
 //	sandboxd version print the version
 package main
@@ -19,6 +21,10 @@ func main() {
 	}
 	var err error
 	switch os.Args[1] {
+	case "dev":
+		err = dev(os.Args[2:])
+	case "apikey":
+		err = apikey(os.Args[2:])
 	case "demo":
 		err = demo(os.Args[2:])
 	case "version", "--version":
@@ -40,6 +46,8 @@ func usage() {
 	fmt.Fprint(os.Stderr, `usage: sandboxd <command> [flags]
 
 commands:
+  dev       run the gateway and a local runner in one process (loopback by default)
+  apikey    create an API key: apikey create --data-dir DIR --org ORG [--role user|admin]
   demo      start the single-host runtime and run a first sandbox
   version   print the version
 `)

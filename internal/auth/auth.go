@@ -49,25 +49,54 @@ type record struct {
 
 // Keyring holds API keys in a JSON file (0600).
 type Keyring struct {
-	path string
-	mu   sync.RWMutex
-	keys map[string]record // key id -> record
+	path  string
+	mu    sync.RWMutex
+	keys  map[string]record // key id -> record
+	mtime time.Time         // of the file when last read or written
 }
 
 // OpenKeyring loads the keyring at path, creating an empty one if missing.
 func OpenKeyring(path string) (*Keyring, error) {
 	k := &Keyring{path: path, keys: map[string]record{}}
-	b, err := os.ReadFile(path)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return k, nil
-	case err != nil:
-		return nil, fmt.Errorf("open keyring: %w", err)
-	}
-	if err := json.Unmarshal(b, &k.keys); err != nil {
-		return nil, fmt.Errorf("parse keyring %s: %w", path, err)
+	if err := k.load(); err != nil {
+		return nil, err
 	}
 	return k, nil
+}
+
+// load (re)reads the file; a missing file is an empty keyring.
+func (k *Keyring) load() error {
+	st, err := os.Stat(k.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open keyring: %w", err)
+	}
+	b, err := os.ReadFile(k.path)
+	if err != nil {
+		return fmt.Errorf("open keyring: %w", err)
+	}
+	keys := map[string]record{}
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return fmt.Errorf("parse keyring %s: %w", k.path, err)
+	}
+	k.keys, k.mtime = keys, st.ModTime()
+	return nil
+}
+
+// reloadIfChanged picks up keys another process (`sandboxd apikey create`) added.
+func (k *Keyring) reloadIfChanged() {
+	st, err := os.Stat(k.path)
+	if err != nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if st.ModTime().Equal(k.mtime) {
+		return
+	}
+	_ = k.load()
 }
 
 // Create issues a key for org with role and returns its secret, which is not kept.
@@ -119,6 +148,12 @@ func (k *Keyring) Authenticate(key string) (Principal, error) {
 	k.mu.RLock()
 	r, found := k.keys[id]
 	k.mu.RUnlock()
+	if !found {
+		k.reloadIfChanged()
+		k.mu.RLock()
+		r, found = k.keys[id]
+		k.mu.RUnlock()
+	}
 	if !found || subtle.ConstantTimeCompare([]byte(hash(key)), []byte(r.Hash)) != 1 {
 		return Principal{}, ErrInvalidKey
 	}
@@ -146,6 +181,9 @@ func (k *Keyring) saveLocked() error {
 	}
 	if err := os.Rename(tmp, k.path); err != nil {
 		return fmt.Errorf("save keyring: %w", err)
+	}
+	if st, err := os.Stat(k.path); err == nil {
+		k.mtime = st.ModTime()
 	}
 	return nil
 }

@@ -66,3 +66,24 @@ func TestKeyring(t *testing.T) {
 		t.Error("unknown role accepted")
 	}
 }
+
+// TestKeyringSeesKeysAddedByAnotherProcess: a running server picks up keys that
+// `sandboxd apikey create` wrote to the same file.
+func TestKeyringSeesKeysAddedByAnotherProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	server, err := OpenKeyring(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := OpenKeyring(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := cli.Create("org-c", RoleUser, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := server.Authenticate(key); err != nil || p.Org != "org-c" {
+		t.Fatalf("server did not see the new key: %+v %v", p, err)
+	}
+}

@@ -48,6 +48,11 @@ type Options struct {
 	GCGrace time.Duration
 	// Transport, if set, is the base HTTP transport (tests). The plain-HTTP guard is always applied on top.
 	Transport http.RoundTripper
+	// Mirrors maps a registry host as users write it ("docker.io" also covers
+	// index.docker.io and registry-1.docker.io) to mirrors tried in order, with the same
+	// repository path, before that registry. Images are cached and tagged under the
+	// original reference; a mirror gets only Auth[mirror host], never the upstream's credentials.
+	Mirrors map[string][]Mirror
 }
 
 // Config is the part of the OCI image config a sandbox needs.
@@ -97,6 +102,7 @@ type Store struct {
 	root      string
 	platform  v1.Platform
 	transport http.RoundTripper
+	mirrors   map[string][]mirror // canonical registry host -> mirrors
 
 	gcMu  sync.RWMutex // Pull holds R, GC holds W
 	idxMu sync.Mutex   // guards idx and index.json
@@ -163,6 +169,9 @@ func Open(opts Options) (*Store, error) {
 	}
 	s := &Store{opts: opts, root: root, platform: *p, used: map[string]time.Time{}}
 	s.transport = &guardTransport{base: base, insecure: s.isInsecure}
+	if err := s.initMirrors(base); err != nil {
+		return nil, err
+	}
 	if err := s.loadIndex(); err != nil {
 		return nil, err
 	}
@@ -214,9 +223,10 @@ func (s *Store) authFor(r name.Reference, creds *Credentials) authn.Authenticato
 	return authn.Anonymous
 }
 
-// Pull resolves ref at its registry and makes sure the image is unpacked locally.
-// A digest-pinned ref that is cached is served without any network access; a tag
-// is re-resolved with a HEAD request. creds nil means Options.Auth, else anonymous.
+// Pull resolves ref at its registry (or the first of its mirrors that has it) and
+// makes sure the image is unpacked locally. A digest-pinned ref that is cached is
+// served without any network access; a tag is re-resolved with a HEAD request.
+// creds nil means Options.Auth, else anonymous.
 func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Image, error) {
 	r, err := s.ParseReference(ref)
 	if err != nil {
@@ -305,17 +315,23 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authentic
 			return img, nil
 		}
 	}
+	return s.pullMirrored(ctx, r, auth)
+}
+
+// pullFrom fetches r's image from src (r itself, or r at a mirror) with auth over tr.
+// The result is cached and tagged under r; network errors name src.
+func (s *Store) pullFrom(ctx context.Context, r, src name.Reference, auth authn.Authenticator, tr http.RoundTripper) (*Image, error) {
 	ropts := []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithAuth(auth),
-		remote.WithTransport(s.transport),
+		remote.WithTransport(tr),
 		remote.WithPlatform(s.platform),
 		remote.WithUserAgent("sandboxd"),
 	}
 	if _, ok := r.(name.Tag); ok {
-		desc, err := remote.Head(r, ropts...)
+		desc, err := remote.Head(src, ropts...)
 		if err != nil {
-			if e := mapErr(r, err); errors.Is(e, ErrUnreachable) || errors.Is(e, ErrUnauthorized) || ctx.Err() != nil {
+			if e := mapErr(src, err); errors.Is(e, ErrUnreachable) || errors.Is(e, ErrUnauthorized) || ctx.Err() != nil {
 				return nil, e
 			}
 			// Some registries do not answer HEAD properly; GET below gives the real answer.
@@ -324,9 +340,9 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authentic
 			return img, nil
 		}
 	}
-	desc, err := remote.Get(r, ropts...)
+	desc, err := remote.Get(src, ropts...)
 	if err != nil {
-		return nil, mapErr(r, err)
+		return nil, mapErr(src, err)
 	}
 	top := desc.Digest.String()
 	if img := s.cached(r, top); img != nil { // tag moved to an image we already have
@@ -336,36 +352,36 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authentic
 	img, err := desc.Image()
 	if err != nil {
 		if desc.MediaType.IsIndex() && strings.Contains(err.Error(), "no child with platform") {
-			return nil, fmt.Errorf("%w: %s has no %s image", ErrNotFound, r.Name(), s.opts.Platform)
+			return nil, fmt.Errorf("%w: %s has no %s image", ErrNotFound, src.Name(), s.opts.Platform)
 		}
-		return nil, mapErr(r, err)
+		return nil, mapErr(src, err)
 	}
 	mdig, err := img.Digest()
 	if err != nil {
-		return nil, mapErr(r, err)
+		return nil, mapErr(src, err)
 	}
 	rawMan, err := img.RawManifest()
 	if err != nil {
-		return nil, mapErr(r, err)
+		return nil, mapErr(src, err)
 	}
 	rawCfg, err := img.RawConfigFile()
 	if err != nil {
-		return nil, mapErr(r, err)
+		return nil, mapErr(src, err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return nil, fmt.Errorf("image %s: config: %w", r.Name(), err)
+		return nil, fmt.Errorf("image %s: config: %w", src.Name(), err)
 	}
 	cdig, err := img.ConfigName()
 	if err != nil {
-		return nil, fmt.Errorf("image %s: config: %w", r.Name(), err)
+		return nil, fmt.Errorf("image %s: config: %w", src.Name(), err)
 	}
 	layers, err := img.Layers()
 	if err != nil {
-		return nil, mapErr(r, err)
+		return nil, mapErr(src, err)
 	}
 	if len(layers) != len(cf.RootFS.DiffIDs) {
-		return nil, fmt.Errorf("image %s: %d layers but %d diffIDs in config", r.Name(), len(layers), len(cf.RootFS.DiffIDs))
+		return nil, fmt.Errorf("image %s: %d layers but %d diffIDs in config", src.Name(), len(layers), len(cf.RootFS.DiffIDs))
 	}
 	if err := s.writeBlob(mdig, rawMan); err != nil {
 		return nil, err
@@ -381,7 +397,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authentic
 		diffID := cf.RootFS.DiffIDs[i]
 		dir, err := s.layerDir(diffID.String())
 		if err != nil {
-			return nil, fmt.Errorf("image %s: %w", r.Name(), err)
+			return nil, fmt.Errorf("image %s: %w", src.Name(), err)
 		}
 		dirs[i] = dir
 		g.Go(func() error {
@@ -389,13 +405,13 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authentic
 				return struct{}{}, s.fetchLayer(ctx, l, diffID, dir)
 			})
 			if err != nil {
-				return fmt.Errorf("layer %s: %w", diffID, mapErr(r, err))
+				return fmt.Errorf("layer %s: %w", diffID, mapErr(src, err))
 			}
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, fmt.Errorf("pull %s: %w", r.Name(), err)
+		return nil, fmt.Errorf("pull %s: %w", src.Name(), err)
 	}
 
 	cfg := Config{

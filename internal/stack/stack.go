@@ -25,6 +25,7 @@ type Config struct {
 	// InsecureRegistries may be reached over plain HTTP (e.g. "127.0.0.1:*").
 	InsecureRegistries []string
 	RegistryAuth       map[string]image.Credentials
+	Mirrors            map[string][]image.Mirror
 	Bridge             string       // default "sbx0"
 	NetTable           string       // nftables table; default "sandboxd"
 	Subnet             netip.Prefix // default 10.88.0.0/16
@@ -88,6 +89,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Root:     filepath.Join(cfg.DataDir, "images"),
 		Insecure: cfg.InsecureRegistries,
 		Auth:     cfg.RegistryAuth,
+		Mirrors:  cfg.Mirrors,
 		GCGrace:  cfg.GCGrace,
 	})
 	if err != nil {

@@ -1,0 +1,289 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// maxRunnerIDs bounds runner_ids in a request.
+const maxRunnerIDs = 100
+
+// supportedRuntimeClasses are the runtime classes the local runner offers today.
+var supportedRuntimeClasses = []string{"runc"}
+
+// toCreateRequest turns a wire spec into a runner request. It reports every shape problem
+// at once as field violations, and features this gateway cannot honour yet as
+// NOT_IMPLEMENTED rather than silently ignoring them.
+func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) {
+	var vs []apierr.Violation
+	add := func(field, format string, args ...any) {
+		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+	var unsupported []string
+	if spec == nil {
+		return runner.CreateRequest{}, apierr.Invalid(apierr.InvalidRequest, "sandbox.spec is required", []apierr.Violation{{Field: "sandbox.spec", Description: "is required"}})
+	}
+	switch n := len(spec.GetContainers()); {
+	case n == 0:
+		add("sandbox.spec.containers", "at least one container is required")
+	case n > 1:
+		unsupported = append(unsupported, "more than one container")
+	}
+	var req runner.CreateRequest
+	if c := primary(spec); c != nil {
+		f := "sandbox.spec.containers[0]"
+		if strings.TrimSpace(c.GetImage()) == "" {
+			add(f+".image", "is required")
+		}
+		req.Spec = runtime.Spec{
+			Image:      c.GetImage(),
+			Command:    c.GetCommand(),
+			Args:       c.GetArgs(),
+			Env:        c.GetEnvironmentVariables(),
+			WorkingDir: c.GetWorkingDir(),
+		}
+		for _, fm := range c.GetFiles() {
+			req.Spec.Files = append(req.Spec.Files, runtime.File{Path: fm.GetPath(), Content: fm.GetContent()})
+		}
+		if c.GetResources() != nil && c.GetResourceRequirements() != nil {
+			add(f+".resource_requirements", "set either resources or resource_requirements, not both")
+		}
+		res := effectiveLimits(c)
+		if res != nil {
+			cpu, err := parseCPU(res.GetCpu())
+			if err != nil {
+				add(f+".resources.cpu", "%v", err)
+			}
+			mem, err := parseMemory(res.GetMemory())
+			if err != nil {
+				add(f+".resources.memory", "%v", err)
+			}
+			req.Spec.Resources = runtime.Resources{MilliCPU: cpu, MemoryBytes: mem}
+			if res.GetGpu().GetCount() > 0 {
+				unsupported = append(unsupported, "GPUs")
+			}
+		}
+		if len(c.GetVolumeMounts()) > 0 {
+			unsupported = append(unsupported, "volume mounts")
+		}
+		if len(c.GetSecretStores()) > 0 {
+			unsupported = append(unsupported, "secret stores")
+		}
+		if c.GetSecurityContext() != nil {
+			unsupported = append(unsupported, "security context")
+		}
+		if c.GetStartupProbe() != nil {
+			unsupported = append(unsupported, "startup probes")
+		}
+		if c.GetImagePullCredentials() != nil {
+			unsupported = append(unsupported, "image pull credentials from secret stores")
+		}
+	}
+	req.Lifetime = time.Duration(spec.GetMaxLifetimeSeconds()) * time.Second
+	switch rc := spec.GetRuntimeClass(); {
+	case rc == "" || slices.Contains(supportedRuntimeClasses, rc):
+		req.Spec.RuntimeClass = rc
+	default:
+		add("sandbox.spec.runtime_class", "unknown runtime class %q (available: %s)", rc, strings.Join(supportedRuntimeClasses, ", "))
+	}
+	seenPorts, seenNames := map[int32]bool{}, map[string]bool{}
+	for i, s := range spec.GetServices() {
+		f := fmt.Sprintf("sandbox.spec.services[%d]", i)
+		if s.GetPort() < 1 || s.GetPort() > 65535 {
+			add(f+".port", "must be 1-65535, got %d", s.GetPort())
+		} else if seenPorts[s.GetPort()] {
+			add(f+".port", "duplicate port %d", s.GetPort())
+		}
+		seenPorts[s.GetPort()] = true
+		if n := s.GetName(); n != "" {
+			if seenNames[n] {
+				add(f+".name", "duplicate name %q", n)
+			}
+			seenNames[n] = true
+		}
+		if s.GetEndpoint() != nil || s.GetVisibility() != sandboxv1.Visibility_VISIBILITY_UNSPECIFIED {
+			unsupported = append(unsupported, "service visibility and public endpoints")
+		}
+	}
+	if len(spec.GetRunnerIds()) > maxRunnerIDs {
+		add("sandbox.spec.runner_ids", "at most %d runner IDs, got %d", maxRunnerIDs, len(spec.GetRunnerIds()))
+	}
+	seenRunners := map[string]bool{}
+	for i, id := range spec.GetRunnerIds() {
+		if strings.TrimSpace(id) == "" {
+			add(fmt.Sprintf("sandbox.spec.runner_ids[%d]", i), "must not be blank")
+		} else if seenRunners[id] {
+			add(fmt.Sprintf("sandbox.spec.runner_ids[%d]", i), "duplicate runner ID %q", id)
+		}
+		seenRunners[id] = true
+	}
+	if len(spec.GetVolumes()) > 0 {
+		unsupported = append(unsupported, "volumes")
+	}
+	if spec.GetNetwork() != nil && !isEmptyNetwork(spec.GetNetwork()) {
+		unsupported = append(unsupported, "network options")
+	}
+	if len(spec.GetNetworkIds()) > 0 || spec.GetNetworkConfigId() != "" {
+		unsupported = append(unsupported, "networks")
+	}
+	if spec.GetObjectStorageAccess() != nil {
+		unsupported = append(unsupported, "object storage access")
+	}
+	if spec.GetInstanceType() != "" {
+		unsupported = append(unsupported, "instance types")
+	}
+	if len(vs) > 0 {
+		return req, apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+describe(vs), vs)
+	}
+	if len(unsupported) > 0 {
+		slices.Sort(unsupported)
+		return req, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented,
+			"not supported by this sandboxd yet: %s", strings.Join(slices.Compact(unsupported), ", "))
+	}
+	return req, nil
+}
+
+func isEmptyNetwork(n *sandboxv1.NetworkOptions) bool {
+	return len(n.GetIngress()) == 0 && len(n.GetEgress()) == 0 && n.DenyEgress == nil && n.DenyIngress == nil &&
+		n.GetDnsEgress() == sandboxv1.DNSEgressMode(0)
+}
+
+// primary returns the primary container: the one marked primary, else the first.
+func primary(spec *sandboxv1.SandboxSpec) *sandboxv1.Container {
+	for _, c := range spec.GetContainers() {
+		if c.GetPrimary() {
+			return c
+		}
+	}
+	if len(spec.GetContainers()) > 0 {
+		return spec.GetContainers()[0]
+	}
+	return nil
+}
+
+// effectiveLimits is what the runner enforces: the legacy resources, else the limits,
+// else the requests (a request alone is enforced as the limit).
+func effectiveLimits(c *sandboxv1.Container) *sandboxv1.Resources {
+	if r := c.GetResources(); r != nil {
+		return r
+	}
+	rr := c.GetResourceRequirements()
+	if l := rr.GetLimits(); l != nil {
+		return l
+	}
+	return rr.GetRequests()
+}
+
+func describe(vs []apierr.Violation) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = v.Field + " " + v.Description
+	}
+	return strings.Join(parts, "; ")
+}
+
+// runnerError translates runner errors into API errors.
+func runnerError(id string, err error) error {
+	var verr *runner.ValidationError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &verr):
+		vs := make([]apierr.Violation, len(verr.Violations))
+		for i, v := range verr.Violations {
+			vs[i] = apierr.Violation{Field: wireField(v.Field), Description: v.Description}
+		}
+		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+describe(vs), vs)
+	case errors.Is(err, runner.ErrNotFound):
+		return notFound(id)
+	case errors.Is(err, runner.ErrNotRunning):
+		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning, err.Error(), map[string]string{"sandbox_id": id})
+	case errors.Is(err, runner.ErrAlreadyExists):
+		return connect.NewError(connect.CodeAlreadyExists, err)
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+// wireField maps the runner's field names to the request's.
+func wireField(f string) string {
+	if strings.HasPrefix(f, "spec.") {
+		return "sandbox." + f
+	}
+	return f
+}
+
+func notFound(id string) error {
+	return apierr.New(connect.CodeNotFound, apierr.SandboxNotFound, fmt.Sprintf("sandbox %q not found", id), map[string]string{"sandbox_id": id})
+}
+
+// toProto renders a sandbox for the wire. spec is the spec as the caller sent it.
+func toProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
+	st := &sandboxv1.SandboxStatus{
+		State:                       sandboxv1.State(sb.State),
+		CreateTime:                  ts(sb.CreatedAt),
+		StartTime:                   ts(sb.StartedAt),
+		EndTime:                     ts(sb.EndedAt),
+		EffectiveMaxLifetimeSeconds: int32(sb.Lifetime / time.Second),
+		RunnerId:                    r.ID(),
+		RunnerGroupId:               r.Group(),
+		EffectiveRuntimeClass:       sb.RuntimeClass,
+	}
+	if sb.State == runner.StateUnspecified {
+		st.State = sandboxv1.State_STATE_PENDING
+	}
+	if sb.Reason != "" {
+		st.StateReason = sb.Reason
+		if sb.Message != "" {
+			st.StateReason += ": " + sb.Message
+		}
+	}
+	if sb.ExitCode != nil {
+		c := *sb.ExitCode
+		st.ExitCode = &c
+	}
+	name := "main"
+	if c := primary(spec); c != nil {
+		if c.GetName() != "" {
+			name = c.GetName()
+		}
+		st.EffectiveResources = c.GetResources()
+		st.EffectiveResourceRequirements = c.GetResourceRequirements()
+		if st.EffectiveResourceRequirements == nil && c.GetResources() != nil {
+			st.EffectiveResourceRequirements = &sandboxv1.ResourceRequirements{Requests: c.GetResources(), Limits: c.GetResources()}
+		}
+		if st.EffectiveResources == nil {
+			st.EffectiveResources = effectiveLimits(c)
+		}
+	}
+	cs := &sandboxv1.ContainerStatus{Name: name, State: st.State, RestartCount: int32(sb.Restarts)}
+	if sb.ExitCode != nil {
+		cs.ExitCode = *sb.ExitCode
+	}
+	st.ContainerStatuses = []*sandboxv1.ContainerStatus{cs}
+	for _, s := range spec.GetServices() {
+		st.Services = append(st.Services, &sandboxv1.ServiceStatus{Port: s.GetPort(), Name: s.GetName(), Protocol: s.GetProtocol(), Visibility: s.GetVisibility()})
+	}
+	return &sandboxv1.Sandbox{SandboxId: id, Spec: spec, Status: st}
+}
+
+func ts(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}

@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// Runner is the gateway's view of one runner. The in-process runner of `sandboxd dev`
+// implements it directly; a runner in another process implements it over mTLS.
+type Runner interface {
+	ID() string
+	Group() string
+	Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error)
+	Get(ctx context.Context, id string) (runner.Sandbox, error)
+	Delete(ctx context.Context, id string, grace time.Duration) (runner.Sandbox, error)
+	// Agent returns the sandbox's agent, waiting while the sandbox starts.
+	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+	Capacity(ctx context.Context) (Capacity, error)
+}
+
+// Capacity is what a runner offers and what its live sandboxes take.
+type Capacity struct {
+	MilliCPU, MemoryBytes         int64 // allocatable
+	UsedMilliCPU, UsedMemoryBytes int64
+	Running                       int
+	ConnectedAt                   time.Time
+	Architectures                 []string
+}
+
+// LocalRunner serves the gateway from a runner in the same process.
+type LocalRunner struct {
+	RunnerID    string
+	GroupID     string
+	R           *runner.Runner
+	connectedAt time.Time
+}
+
+// NewLocalRunner wraps r.
+func NewLocalRunner(id string, r *runner.Runner) *LocalRunner {
+	return &LocalRunner{RunnerID: id, GroupID: "default", R: r, connectedAt: time.Now()}
+}
+
+func (l *LocalRunner) ID() string    { return l.RunnerID }
+func (l *LocalRunner) Group() string { return l.GroupID }
+
+func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	return l.R.Create(ctx, req)
+}
+
+func (l *LocalRunner) Get(_ context.Context, id string) (runner.Sandbox, error) {
+	return l.R.Get(id)
+}
+
+func (l *LocalRunner) Delete(_ context.Context, id string, grace time.Duration) (runner.Sandbox, error) {
+	return l.R.Delete(id, grace)
+}
+
+func (l *LocalRunner) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+	return l.R.Agent(ctx, id)
+}
+
+// Capacity reports the host's CPUs and memory as allocatable and sums the limits of live
+// sandboxes (a sandbox without limits counts as none).
+func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
+	c := Capacity{
+		MilliCPU:      int64(goruntime.NumCPU()) * 1000,
+		MemoryBytes:   hostMemory(),
+		ConnectedAt:   l.connectedAt,
+		Architectures: []string{goruntime.GOARCH},
+	}
+	for _, sb := range l.R.List() {
+		if sb.State.Terminal() {
+			continue
+		}
+		c.Running++
+		c.UsedMilliCPU += sb.Spec.Resources.MilliCPU
+		c.UsedMemoryBytes += sb.Spec.Resources.MemoryBytes
+	}
+	return c, nil
+}
+
+// hostMemory is MemTotal from /proc/meminfo, in bytes.
+func hostMemory() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer func() { _ = f.Close() }()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}

@@ -1,0 +1,468 @@
+// Package gateway serves the public coreweave.sandbox.v1 API: it authenticates every call,
+// scopes sandboxes to their organization, places new sandboxes on a runner, keeps the
+// sandbox index, and relays exec, files and logs to the runner that owns a sandbox.
+package gateway
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// Limits of the public API.
+const (
+	MaxMessageBytes    = 100 << 20 // the official client's channel limit
+	MaxUnaryFileBytes  = 32 << 20  // larger files go through streaming exec
+	maxGracePeriod     = 300 * time.Second
+	defaultPageSize    = 100
+	maxPageSize        = 1000
+	defaultMaxExecSize = 16 << 20
+)
+
+// Authenticator checks an API key.
+type Authenticator interface {
+	Authenticate(key string) (auth.Principal, error)
+}
+
+// Config configures a Server.
+type Config struct {
+	Auth    Authenticator
+	Runners []Runner
+	// Retention is how long ended sandboxes stay readable; default 1 h.
+	Retention time.Duration
+	Logger    *slog.Logger
+}
+
+// Server implements SandboxService and DiscoveryService.
+type Server struct {
+	sandboxv1connect.UnimplementedSandboxServiceHandler
+	sandboxv1connect.UnimplementedDiscoveryServiceHandler
+
+	auth      Authenticator
+	runners   []Runner
+	index     *index
+	retention time.Duration
+	log       *slog.Logger
+}
+
+// New returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Auth == nil {
+		return nil, errors.New("gateway: no authenticator")
+	}
+	if len(cfg.Runners) == 0 {
+		return nil, errors.New("gateway: no runner")
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = time.Hour
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Server{auth: cfg.Auth, runners: cfg.Runners, index: newIndex(), retention: cfg.Retention, log: cfg.Logger}, nil
+}
+
+// Handler serves the API (gRPC, gRPC-Web and Connect) and GET /readyz.
+func (s *Server) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(authInterceptor{s.auth}),
+		connect.WithReadMaxBytes(MaxMessageBytes),
+		connect.WithSendMaxBytes(MaxMessageBytes),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(s, opts...))
+	mux.Handle(sandboxv1connect.NewDiscoveryServiceHandler(s, opts...))
+	mux.HandleFunc("GET /readyz", s.readyz)
+	return mux
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	for _, rn := range s.runners {
+		if _, err := rn.Capacity(r.Context()); err != nil {
+			http.Error(w, "runner "+rn.ID()+" not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+	}
+	_, _ = fmt.Fprintln(w, "ok")
+}
+
+// authInterceptor requires a valid Bearer API key on every call.
+type authInterceptor struct{ a Authenticator }
+
+func (i authInterceptor) authenticate(ctx context.Context, h http.Header) (context.Context, error) {
+	key, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
+	if !ok || strings.TrimSpace(key) == "" {
+		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
+			"missing API key: send `authorization: Bearer <key>` (CWSANDBOX_API_KEY)")
+	}
+	p, err := i.a.Authenticate(strings.TrimSpace(key))
+	if err != nil {
+		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "invalid API key")
+	}
+	return auth.WithPrincipal(ctx, p), nil
+}
+
+func (i authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		ctx, err := i.authenticate(ctx, req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return next(ctx, req)
+	}
+}
+
+func (i authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (i authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		ctx, err := i.authenticate(ctx, conn.RequestHeader())
+		if err != nil {
+			return err
+		}
+		return next(ctx, conn)
+	}
+}
+
+func principal(ctx context.Context) auth.Principal {
+	p, _ := auth.FromContext(ctx)
+	return p
+}
+
+func (s *Server) runnerByID(id string) Runner {
+	for _, r := range s.runners {
+		if r.ID() == id {
+			return r
+		}
+	}
+	return nil
+}
+
+// lookup finds the caller's sandbox id and its runner.
+func (s *Server) lookup(ctx context.Context, id string) (*record, Runner, error) {
+	if id == "" {
+		return nil, nil, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
+	}
+	rec, ok := s.index.get(principal(ctx).Org, id)
+	if !ok {
+		return nil, nil, notFound(id)
+	}
+	r := s.runnerByID(rec.runnerID)
+	if r == nil {
+		return nil, nil, apierr.WithRetry(apierr.Newf(connect.CodeUnavailable, apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rec.runnerID, id), 5*time.Second)
+	}
+	return rec, r, nil
+}
+
+// current returns the sandbox's live state from its runner, or the last one seen once
+// the runner has forgotten it.
+func (s *Server) current(ctx context.Context, rec *record, r Runner) runner.Sandbox {
+	sb, err := r.Get(ctx, rec.id)
+	if err != nil {
+		return s.index.lastOf(rec)
+	}
+	s.index.setLast(rec, sb)
+	return sb
+}
+
+func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
+	p := principal(ctx)
+	if rec, ok := s.index.byRequestID(p.Org, req.Msg.GetRequestId()); ok {
+		r := s.runnerByID(rec.runnerID)
+		if r != nil {
+			return connect.NewResponse(toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
+		}
+	}
+	spec := req.Msg.GetSandbox().GetSpec()
+	cr, err := toCreateRequest(spec)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.place(spec)
+	if err != nil {
+		return nil, err
+	}
+	cr.Spec.Meta = map[string]string{"sandboxd.org": p.Org}
+	sb, err := r.Create(ctx, cr)
+	if err != nil {
+		return nil, runnerError("", err)
+	}
+	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: spec, createdAt: sb.CreatedAt, last: sb}
+	s.index.put(rec, req.Msg.GetRequestId())
+	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", cr.Spec.Image)
+	return connect.NewResponse(toProto(sb.ID, spec, sb, r)), nil
+}
+
+// place picks the runner for a new sandbox: the first one allowed by runner_ids. (Policy-
+// and capacity-aware placement across many runners comes with the control plane.)
+func (s *Server) place(spec *sandboxv1.SandboxSpec) (Runner, error) {
+	for _, r := range s.runners {
+		if len(spec.GetRunnerIds()) == 0 || slices.Contains(spec.GetRunnerIds(), r.ID()) {
+			return r, nil
+		}
+	}
+	known := make([]string, len(s.runners))
+	for i, r := range s.runners {
+		known[i] = r.ID()
+	}
+	return nil, apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
+		fmt.Sprintf("no runner among %v: available runners are %v", spec.GetRunnerIds(), known), nil)
+}
+
+func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
+	rec, r, err := s.lookup(ctx, req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
+}
+
+func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
+	m := req.Msg
+	if m.GetPageSize() < 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
+	}
+	if len(m.GetVolumeIds()) > 0 {
+		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented, "volumes are not supported by this sandboxd yet")
+	}
+	size := int(m.GetPageSize())
+	if size == 0 {
+		size = defaultPageSize
+	}
+	size = min(size, maxPageSize)
+	after := ""
+	if t := m.GetPageToken(); t != "" {
+		b, err := base64.RawURLEncoding.DecodeString(t)
+		if err != nil {
+			return nil, apierr.Invalid(apierr.InvalidRequest, "invalid page_token", []apierr.Violation{{Field: "page_token", Description: "is not a token this server issued"}})
+		}
+		after = string(b)
+	}
+	s.index.forget(time.Now().Add(-s.retention))
+	want := m.GetState()
+	terminalFilter := want == sandboxv1.State_STATE_COMPLETED || want == sandboxv1.State_STATE_FAILED || want == sandboxv1.State_STATE_TERMINATED
+	desc := m.GetSortDirection() == sandboxv1.SortDirection(2)
+	out := &sandboxv1.ListSandboxesResponse{}
+	skipping := after != ""
+	for _, rec := range s.index.list(principal(ctx).Org, desc) {
+		if skipping {
+			if rec.id == after {
+				skipping = false
+			}
+			continue
+		}
+		if !hasAll(rec.spec.GetTags(), m.GetTags()) {
+			continue
+		}
+		if len(m.GetRunnerIds()) > 0 && !slices.Contains(m.GetRunnerIds(), rec.runnerID) {
+			continue
+		}
+		r := s.runnerByID(rec.runnerID)
+		if r == nil {
+			continue
+		}
+		sb := s.current(ctx, rec, r)
+		if sb.State.Terminal() && !m.GetShowTerminated() && !terminalFilter {
+			continue
+		}
+		if want != sandboxv1.State_STATE_UNSPECIFIED && sandboxv1.State(sb.State) != want {
+			continue
+		}
+		if len(out.Sandboxes) == size {
+			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Sandboxes[size-1].GetSandboxId()))
+			break
+		}
+		out.Sandboxes = append(out.Sandboxes, toProto(rec.id, rec.spec, sb, r))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func hasAll(have, want []string) bool {
+	for _, t := range want {
+		if !slices.Contains(have, t) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandboxv1.DeleteSandboxRequest]) (*connect.Response[sandboxv1.DeleteSandboxResponse], error) {
+	m := req.Msg
+	if m.GetAllowMissing() && len(m.GetSnapshotVolumes()) > 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "allow_missing cannot be combined with snapshot_volumes",
+			[]apierr.Violation{{Field: "snapshot_volumes", Description: "must be empty with allow_missing"}})
+	}
+	if len(m.GetSnapshotVolumes()) > 0 {
+		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.FSSNotSupported, "file-system snapshots are not supported by this sandboxd yet")
+	}
+	if m.GetGracePeriodSeconds() < 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "grace_period_seconds must not be negative",
+			[]apierr.Violation{{Field: "grace_period_seconds", Description: "must not be negative"}})
+	}
+	rec, r, err := s.lookup(ctx, m.GetSandboxId())
+	if err != nil {
+		if m.GetAllowMissing() && connect.CodeOf(err) == connect.CodeNotFound {
+			return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{}), nil
+		}
+		return nil, err
+	}
+	grace := min(time.Duration(m.GetGracePeriodSeconds())*time.Second, maxGracePeriod)
+	sb, err := r.Delete(ctx, rec.id, grace)
+	if err != nil {
+		if errors.Is(err, runner.ErrNotFound) {
+			sb = s.index.lastOf(rec) // the runner already forgot it: it ended long ago
+		} else {
+			return nil, runnerError(rec.id, err)
+		}
+	}
+	s.index.setLast(rec, sb)
+	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: toProto(rec.id, rec.spec, sb, r)}), nil
+}
+
+func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandboxv1.PurgeSandboxesRequest]) (*connect.Response[sandboxv1.PurgeSandboxesResponse], error) {
+	m := req.Msg
+	if m.GetRequestId() != "" {
+		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented, "request_id is not supported on PurgeSandboxes")
+	}
+	if (len(m.GetTags()) > 0) == m.GetPurgeAll() {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "give exactly one scope: tags or purge_all",
+			[]apierr.Violation{{Field: "tags", Description: "set tags or purge_all, not both and not neither"}})
+	}
+	out := &sandboxv1.PurgeSandboxesResponse{}
+	for _, rec := range s.index.list(principal(ctx).Org, false) {
+		if !m.GetPurgeAll() && !hasAll(rec.spec.GetTags(), m.GetTags()) {
+			continue
+		}
+		r := s.runnerByID(rec.runnerID)
+		if r == nil {
+			out.RetryableFailedSandboxIds = append(out.RetryableFailedSandboxIds, rec.id)
+			continue
+		}
+		if sb := s.current(ctx, rec, r); sb.State.Terminal() || sb.State == runner.StateTerminating {
+			continue
+		}
+		if !m.GetDryRun() {
+			sb, err := r.Delete(ctx, rec.id, 0)
+			if err != nil {
+				out.FailedSandboxIds = append(out.FailedSandboxIds, rec.id)
+				continue
+			}
+			s.index.setLast(rec, sb)
+		}
+		out.PurgeCount++
+	}
+	return connect.NewResponse(out), nil
+}
+
+// agentFor returns the agent of the caller's sandbox, waiting while it starts. container
+// must name the primary container (or be empty).
+func (s *Server) agentFor(ctx context.Context, id, container string) (agentClient, *record, error) {
+	rec, r, err := s.lookup(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if container != "" {
+		c := primary(rec.spec)
+		if c == nil || (container != c.GetName() && !(c.GetName() == "" && container == "main")) {
+			return nil, nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", id, container),
+				[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
+		}
+	}
+	a, err := r.Agent(ctx, rec.id)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
+		}
+		return nil, nil, runnerError(rec.id, err)
+	}
+	return a, rec, nil
+}
+
+func (s *Server) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
+	m := req.Msg
+	if len(m.GetCommand()) == 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "command is required", []apierr.Violation{{Field: "command", Description: "is required"}})
+	}
+	if m.GetMaxOutputBytes() < 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "max_output_bytes must not be negative", []apierr.Violation{{Field: "max_output_bytes", Description: "must not be negative"}})
+	}
+	a, _, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
+	if err != nil {
+		return nil, err
+	}
+	limit := int64(m.GetMaxOutputBytes())
+	if limit == 0 {
+		limit = defaultMaxExecSize
+	}
+	res, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: m.GetCommand(), Env: m.GetEnv(), MaxOutputBytes: limit}))
+	if err != nil {
+		return nil, relayError(m.GetSandboxId(), err)
+	}
+	r := res.Msg
+	return connect.NewResponse(&sandboxv1.ExecResponse{
+		Stdout: r.GetStdout(), Stderr: r.GetStderr(), ExitCode: r.GetExitCode(),
+		StdoutTruncated: r.GetStdoutTruncated(), StderrTruncated: r.GetStderrTruncated(),
+		StdoutBytesProduced: r.GetStdoutBytesProduced(), StderrBytesProduced: r.GetStderrBytesProduced(),
+	}), nil
+}
+
+func (s *Server) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.WriteFileRequest]) (*connect.Response[sandboxv1.WriteFileResponse], error) {
+	m := req.Msg
+	if n := len(m.GetContent()); n > MaxUnaryFileBytes {
+		return nil, apierr.New(connect.CodeResourceExhausted, apierr.FileTooLarge,
+			fmt.Sprintf("%s: %d bytes is larger than the %d bytes a unary write takes; stream it", m.GetPath(), n, MaxUnaryFileBytes),
+			map[string]string{"filepath": m.GetPath(), "size_bytes": fmt.Sprint(n), "max_size_bytes": fmt.Sprint(MaxUnaryFileBytes)})
+	}
+	a, _, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := a.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: m.GetPath(), Content: m.GetContent()})); err != nil {
+		return nil, relayError(m.GetSandboxId(), err)
+	}
+	return connect.NewResponse(&sandboxv1.WriteFileResponse{}), nil
+}
+
+func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.ReadFileRequest]) (*connect.Response[sandboxv1.ReadFileResponse], error) {
+	m := req.Msg
+	a, _, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: m.GetPath(), MaxBytes: MaxUnaryFileBytes}))
+	if err != nil {
+		return nil, relayError(m.GetSandboxId(), err)
+	}
+	return connect.NewResponse(&sandboxv1.ReadFileResponse{Content: res.Msg.GetContent()}), nil
+}
+
+// relayError passes the agent's API errors through and explains transport failures: an
+// agent that is gone means the sandbox stopped under the call.
+func relayError(id string, err error) error {
+	if apierr.Reason(err) != "" {
+		return err
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal:
+		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+			fmt.Sprintf("sandbox %s stopped during the call: %v", id, err), map[string]string{"sandbox_id": id})
+	}
+	return err
+}
