@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps images test test-short bench demo lint fmt clean
+.PHONY: all build agent generate deps images test conformance test-short bench demo lint fmt clean
 
 all: build
 
@@ -31,6 +31,12 @@ images:
 
 test: deps build images
 	$(GO) test -count=1 -timeout 30m ./...
+	$(MAKE) conformance
+
+# The official cwsandbox client (pinned) against a `sandboxd dev` the suite starts.
+conformance: build
+	python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r test/conformance/requirements.txt
+	SANDBOXD_CONFORMANCE_REQUIRED=1 python3 -m pytest -q test/conformance
 
 test-short:
 	$(GO) test -short -count=1 ./...
@@ -38,10 +44,9 @@ test-short:
 bench: build images
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
 
-demo: build
-	bash scripts/install-deps.sh
-	bash scripts/build-test-images.sh busybox
-	$(BIN)/sandboxd demo --data-dir $(DATA)
+# Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.
+demo: deps build images
+	bash scripts/demo.sh
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: files above need formatting'; exit 1; }

@@ -80,7 +80,7 @@ build_python() {
   t=$(now)
   m=$(mirror)
   log "debootstrap $SUITE from $m (takes ~1.5 min)"
-  debootstrap --variant=minbase --include=python3 "$SUITE" "$root" "$m" >"$TMP/debootstrap.log" 2>&1 || {
+  debootstrap --variant=minbase --include="$PYTHON_PACKAGES" "$SUITE" "$root" "$m" >"$TMP/debootstrap.log" 2>&1 || {
     tail -n 30 "$TMP/debootstrap.log" >&2; return 1; }
   log "debootstrap took $(elapsed "$t")"
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin \
@@ -93,7 +93,23 @@ build_python() {
   local t2; t2=$(now)
   tar --numeric-owner --xattrs -C "$root" -cf "$TMP/python.tar" .
   mv -f "$TMP/python.tar" "$OUT/python.tar"
+  inputs python >"$OUT/python.inputs"
   log "python.tar: $(du -h "$OUT/python.tar" | cut -f1) (tar $(elapsed "$t2")) in $(elapsed "$t")"
+}
+
+# The python image's packages: `python` as well as `python3`, like the python:3.11 image
+# the official client defaults to. Changing them (or the suite) rebuilds the image.
+PYTHON_PACKAGES=python3,python-is-python3
+inputs() {
+  case "$1" in
+    python) echo "$SUITE $PYTHON_PACKAGES" ;;
+    *) echo "busybox" ;;
+  esac
+}
+cached() {
+  [ -s "$OUT/$1.tar" ] || return 1
+  [ "$1" = busybox ] && return 0
+  [ "$(cat "$OUT/$1.inputs" 2>/dev/null)" = "$(inputs "$1")" ]
 }
 
 total=$(now)
@@ -104,6 +120,6 @@ for name in "$@"; do
     busybox|python) ;;
     *) log "unknown image $name (want busybox or python)"; exit 2 ;;
   esac
-  if [ -s "$OUT/$name.tar" ]; then log "$name.tar cached"; else "build_$name"; fi
+  if cached "$name"; then log "$name.tar cached"; else "build_$name"; fi
 done
 log "done in $(elapsed "$total"): $OUT"

@@ -2,8 +2,8 @@
 # Installs the Debian packages sandboxd's single-host runtime and its tests need, when
 # missing. Needs root. Usage: install-deps.sh [--test]
 set -euo pipefail
-pkgs=(runc busybox-static nftables iproute2 ca-certificates)
-[ "${1:-}" = "--test" ] && pkgs+=(debootstrap make git)
+pkgs=(runc busybox-static nftables iproute2 ca-certificates debootstrap curl)
+[ "${1:-}" = "--test" ] && pkgs+=(make git)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -6,6 +6,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,9 @@ type Options struct {
 	// ShutdownGrace bounds how long in-flight calls may run after the main command ended
 	// (default 2 s).
 	ShutdownGrace time.Duration
+	// StreamStall is how long a stream exec waits for a client that reads nothing while
+	// its output buffer is full before it fails with STREAM_BACKPRESSURE (default 30 s).
+	StreamStall time.Duration
 }
 
 // Agent is one running agent.
@@ -69,6 +73,8 @@ type Agent struct {
 	logw     *logstore.Writer
 	devNull  *os.File
 	outGrace time.Duration
+	// streamStall: see Options.StreamStall.
+	streamStall time.Duration
 
 	mu      sync.Mutex
 	status  *agentv1.StatusResponse
@@ -238,18 +244,19 @@ func newAgent(opts Options) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{
-		opts:     opts,
-		cfg:      opts.Config,
-		log:      opts.Logger,
-		workDir:  wd,
-		logDir:   logDir,
-		logw:     logw,
-		devNull:  devNull,
-		outGrace: 200 * time.Millisecond,
-		status:   &agentv1.StatusResponse{State: agentv1.MainState_MAIN_STATE_STARTING},
-		changed:  make(chan struct{}),
-		done:     make(chan struct{}),
-		execs:    make(map[*proc]struct{}),
+		opts:        opts,
+		cfg:         opts.Config,
+		log:         opts.Logger,
+		workDir:     wd,
+		logDir:      logDir,
+		logw:        logw,
+		devNull:     devNull,
+		outGrace:    200 * time.Millisecond,
+		streamStall: cmp.Or(opts.StreamStall, 30*time.Second),
+		status:      &agentv1.StatusResponse{State: agentv1.MainState_MAIN_STATE_STARTING},
+		changed:     make(chan struct{}),
+		done:        make(chan struct{}),
+		execs:       make(map[*proc]struct{}),
 	}
 	a.user, a.userErr = resolveUser(opts.Config.User, opts.Root)
 	getReaper()

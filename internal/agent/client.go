@@ -18,6 +18,9 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error), opts ...connect
 	return agentv1connect.NewAgentServiceClient(NewHTTPClient(dial), "http://sandbox-agent",
 		append([]connect.ClientOption{
 			connect.WithGRPC(),
+			// No gzip on a local link: it costs CPU on every large file and exec output,
+			// and hides how much output really waits (so backpressure acts late).
+			connect.WithAcceptCompression("gzip", nil, nil),
 			connect.WithReadMaxBytes(MaxMessageBytes),
 			connect.WithSendMaxBytes(MaxMessageBytes),
 		}, opts...)...)

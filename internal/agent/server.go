@@ -180,37 +180,52 @@ func (s *service) Exec(ctx context.Context, req *connect.Request[agentv1.ExecReq
 }
 
 // outQueue buffers stream exec responses between the output readers and the sender.
+// When limit bytes wait unsent, output blocks, so the readers stop reading and the
+// command blocks on its writes: a slow client slows the command down. Only a client that
+// takes nothing for stall fails the stream with STREAM_BACKPRESSURE.
 type outQueue struct {
 	mu         sync.Mutex
 	cond       *sync.Cond
 	items      []*agentv1.StreamExecResponse
 	bytes      int
 	limit      int
+	stall      time.Duration
+	lastPop    time.Time
 	overflowed bool
 	final      bool
 	onOverflow func()
 }
 
-func newOutQueue(limit int, onOverflow func()) *outQueue {
-	q := &outQueue{limit: limit, onOverflow: onOverflow}
+func newOutQueue(limit int, stall time.Duration, onOverflow func()) *outQueue {
+	q := &outQueue{limit: limit, stall: stall, lastPop: time.Now(), onOverflow: onOverflow}
 	q.cond = sync.NewCond(&q.mu)
 	return q
 }
 
 func (q *outQueue) output(stream agentv1.Stream, b []byte) {
 	q.mu.Lock()
+	for !q.overflowed && !q.final && q.bytes > 0 && q.bytes+len(b) > q.limit {
+		wait := q.stall - time.Since(q.lastPop)
+		if wait <= 0 {
+			q.overflowed = true
+			q.items = append(q.items[:0], errResp(StreamErrBackpressure,
+				fmt.Sprintf("client read nothing for %s with %d bytes of output waiting; command killed", q.stall, q.bytes)))
+			q.bytes = 0
+			q.cond.Broadcast()
+			q.mu.Unlock()
+			q.onOverflow()
+			return
+		}
+		t := time.AfterFunc(wait, func() {
+			q.mu.Lock()
+			q.cond.Broadcast()
+			q.mu.Unlock()
+		})
+		q.cond.Wait()
+		t.Stop()
+	}
 	if q.overflowed || q.final {
 		q.mu.Unlock()
-		return
-	}
-	if q.bytes+len(b) > q.limit {
-		q.overflowed = true
-		q.items = append(q.items[:0], errResp(StreamErrBackpressure,
-			fmt.Sprintf("client is not reading: more than %d bytes of output buffered; command killed", q.limit)))
-		q.bytes = 0
-		q.cond.Signal()
-		q.mu.Unlock()
-		q.onOverflow()
 		return
 	}
 	q.bytes += len(b)
@@ -223,7 +238,7 @@ func (q *outQueue) output(stream agentv1.Stream, b []byte) {
 	}
 	q.items = append(q.items, &agentv1.StreamExecResponse{Message: &agentv1.StreamExecResponse_Output{
 		Output: &agentv1.Output{Stream: stream, Data: append([]byte(nil), b...)}}})
-	q.cond.Signal()
+	q.cond.Broadcast()
 	q.mu.Unlock()
 }
 
@@ -231,7 +246,7 @@ func (q *outQueue) push(r *agentv1.StreamExecResponse, final bool) {
 	q.mu.Lock()
 	q.items = append(q.items, r)
 	q.final = q.final || final
-	q.cond.Signal()
+	q.cond.Broadcast()
 	q.mu.Unlock()
 }
 
@@ -247,6 +262,8 @@ func (q *outQueue) pop() *agentv1.StreamExecResponse {
 	if o := r.GetOutput(); o != nil {
 		q.bytes -= len(o.Data)
 	}
+	q.lastPop = time.Now()
+	q.cond.Broadcast() // a reader may wait for room
 	return r
 }
 
@@ -348,7 +365,7 @@ func (s *service) StreamExec(ctx context.Context, st *connect.BidiStream[agentv1
 	stopKill := context.AfterFunc(ctx, func() { p.kill(syscall.SIGKILL) })
 	defer stopKill()
 
-	q := newOutQueue(StreamBufferBytes, func() { p.kill(syscall.SIGKILL) })
+	q := newOutQueue(StreamBufferBytes, s.a.streamStall, func() { p.kill(syscall.SIGKILL) })
 	q.push(&agentv1.StreamExecResponse{Message: &agentv1.StreamExecResponse_Ready{Ready: &agentv1.Ready{Time: timestamppb.Now(), Pid: int32(p.pid)}}}, false)
 
 	var stdinMu sync.Mutex

@@ -193,11 +193,12 @@ func TestStreamExecClientCancelKills(t *testing.T) {
 }
 
 func TestStreamExecBackpressure(t *testing.T) {
-	h := startAgent(t, longMain())
+	h := startAgent(t, longMain(), func(o *Options) { o.StreamStall = time.Second })
 	s := h.client.StreamExec(context.Background())
-	sendInit(t, s, &agentv1.StreamExecInit{Command: []string{"yes"}})
+	// Incompressible output, so no transport can hide it.
+	sendInit(t, s, &agentv1.StreamExecInit{Command: []string{"cat", "/dev/urandom"}})
 	recvReady(t, s)
-	time.Sleep(1500 * time.Millisecond) // do not read: output piles up
+	time.Sleep(2500 * time.Millisecond) // read nothing for longer than the stall: output piles up
 	var res streamResult
 	recvUntil(t, s, &res, nil)
 	if len(res.errs) != 1 || res.errs[0].Code != StreamErrBackpressure {
@@ -209,3 +210,30 @@ func TestStreamExecBackpressure(t *testing.T) {
 }
 
 func itoa32(i int32) string { return strconv.Itoa(int(i)) }
+
+// TestStreamExecFastProducer: output much larger than the buffer reaches a client that
+// keeps reading, however fast the command writes: the command waits, nothing fails.
+func TestStreamExecFastProducer(t *testing.T) {
+	h := startAgent(t, longMain())
+	s := h.client.StreamExec(context.Background())
+	const n = 40 << 20
+	sendInit(t, s, &agentv1.StreamExecInit{Command: []string{"head", "-c", strconv.Itoa(n), "/dev/zero"}})
+	recvReady(t, s)
+	got := 0
+	for {
+		r, err := s.Receive()
+		if err != nil {
+			t.Fatalf("receive after %d bytes: %v", got, err)
+		}
+		if e := r.GetError(); e != nil {
+			t.Fatalf("stream error after %d bytes: %s %s", got, e.Code, e.Message)
+		}
+		got += len(r.GetOutput().GetData())
+		if x := r.GetExit(); x != nil {
+			if x.ExitCode != 0 || got != n {
+				t.Errorf("exit %d after %d bytes, want 0 after %d", x.ExitCode, got, n)
+			}
+			return
+		}
+	}
+}

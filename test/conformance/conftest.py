@@ -84,6 +84,26 @@ def _mounts_under(path: pathlib.Path) -> list[str]:
     return out
 
 
+def _remove_data_dir(data_dir: pathlib.Path) -> None:
+    """Remove our temp data dir once the server has stopped.
+
+    A stopped sandboxd may leave empty mount points behind (e.g. the shared bind mount of
+    network/netns); those are unmounted. Anything else still mounted (a sandbox's rootfs) means
+    something is still running: then the directory is left alone and reported.
+    """
+    mounts = _mounts_under(data_dir)
+    busy = [m for m in mounts if not (os.path.isdir(m) and not os.listdir(m))]
+    if busy:
+        print(f"\nleaving {data_dir}: still has mounts {busy[:5]}")
+        return
+    for m in sorted(mounts, key=len, reverse=True):
+        res = subprocess.run(["umount", m], capture_output=True, text=True)
+        if res.returncode != 0:
+            print(f"\nleaving {data_dir}: umount {m}: {res.stderr.strip()}")
+            return
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
 @dataclass
 class Server:
     binary: pathlib.Path
@@ -229,11 +249,7 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
         elif rc not in (0, -signal.SIGTERM):
             print(f"\nsandboxd exited with status {rc} after SIGTERM; tail of {log_path}:\n{_tail(log_path, lines=40)}")
         if own_data_dir:
-            mounts = _mounts_under(data_dir)
-            if mounts:
-                print(f"\nleaving {data_dir}: still has mounts {mounts[:5]}")
-            else:
-                shutil.rmtree(data_dir, ignore_errors=True)
+            _remove_data_dir(data_dir)
 
 
 @pytest.fixture(scope="session")
@@ -322,4 +338,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     rep = outcome.get_result()
     if rep.failed and _LOG_PATH is not None:
         offset = item.stash.get(_LOG_OFFSET_KEY, 0)
-        rep.sections.append((f"sandboxd log during {rep.when} ({_LOG_PATH})", _tail(_LOG_PATH, offset)))
+        text = _tail(_LOG_PATH, offset)
+        if text == "(empty)":
+            text = "(nothing logged during the test; last 40 lines:)\n" + _tail(_LOG_PATH, lines=40)
+        rep.sections.append((f"sandboxd log during {rep.when} ({_LOG_PATH})", text))
