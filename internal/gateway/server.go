@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/vanguard"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
@@ -77,16 +78,24 @@ func New(cfg Config) (*Server, error) {
 	return &Server{auth: cfg.Auth, runners: cfg.Runners, index: newIndex(), retention: cfg.Retention, log: cfg.Logger}, nil
 }
 
-// Handler serves the API (gRPC, gRPC-Web and Connect) and GET /readyz.
+// Handler serves the API (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
+// annotations) and GET /readyz.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(authInterceptor{s.auth}),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
 	}
+	api, err := restTranscoder(
+		vanguard.NewService(sandboxv1connect.NewSandboxServiceHandler(s, opts...)),
+		vanguard.NewService(sandboxv1connect.NewDiscoveryServiceHandler(s, opts...)),
+	)
+	if err != nil {
+		// The services and their annotations are compiled in: this is a programming error.
+		panic(fmt.Sprintf("gateway: %v", err))
+	}
 	mux := http.NewServeMux()
-	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(s, opts...))
-	mux.Handle(sandboxv1connect.NewDiscoveryServiceHandler(s, opts...))
+	mux.Handle("/", api)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	return mux
 }

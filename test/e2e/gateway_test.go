@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -489,4 +490,69 @@ func TestGatewayDiscovery(t *testing.T) {
 	if err != nil || len(none.Msg.Runners) != 0 {
 		t.Errorf("GPU filter: %v %v", none, err)
 	}
+}
+
+// TestGatewayREST drives the API with plain HTTP/JSON, as curl would, through the
+// google.api.http routes.
+func TestGatewayREST(t *testing.T) {
+	g := startGateway(t)
+	call := func(method, path, key, body string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(method, g.url+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var out map[string]any
+		b, _ := io.ReadAll(res.Body)
+		if len(b) > 0 {
+			if err := json.Unmarshal(b, &out); err != nil {
+				t.Fatalf("%s %s: %d %q is not JSON", method, path, res.StatusCode, b)
+			}
+		}
+		return res.StatusCode, out
+	}
+	if code, _ := call("GET", "/v1/sandboxes", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("GET /v1/sandboxes without a key: %d, want 401", code)
+	}
+	code, created := call("POST", "/v1/sandboxes", g.keyA, fmt.Sprintf(`{"spec":{"containers":[{"name":"main","image":%q,"command":"/bin/sh","args":["-c","trap 'exit 0' TERM; sleep infinity & wait"]}],"tags":["rest"]}}`, busybox()))
+	id, _ := created["sandboxId"].(string)
+	if code != http.StatusOK || id == "" {
+		t.Fatalf("POST /v1/sandboxes: %d %v", code, created)
+	}
+	g.waitState(t, id, sandboxv1.State_STATE_RUNNING)
+	code, got := call("GET", "/v1/sandboxes/"+id, g.keyA, "")
+	if code != http.StatusOK || got["status"].(map[string]any)["state"] != "STATE_RUNNING" {
+		t.Errorf("GET sandbox: %d %v", code, got)
+	}
+	code, exec := call("POST", "/v1/sandboxes/"+id+":exec", g.keyA, `{"command":["sh","-c","echo rest"]}`)
+	if code != http.StatusOK || exec["stdout"] != "cmVzdAo=" { // base64 of "rest\n"
+		t.Errorf("exec: %d %v", code, exec)
+	}
+	if code, _ := call("POST", "/v1/sandboxes/"+id+":writeFile", g.keyA, `{"path":"/tmp/r.txt","content":"aGk="}`); code != http.StatusOK {
+		t.Errorf("writeFile: %d", code)
+	}
+	code, file := call("GET", "/v1/sandboxes/"+id+":readFile?path=/tmp/r.txt", g.keyA, "")
+	if code != http.StatusOK || file["content"] != "aGk=" {
+		t.Errorf("readFile: %d %v", code, file)
+	}
+	if code, _ := call("GET", "/v1/sandboxes/"+id, g.keyB, ""); code != http.StatusNotFound {
+		t.Errorf("another organization's GET: %d, want 404", code)
+	}
+	code, list := call("GET", "/v1/sandboxes?tags=rest", g.keyA, "")
+	if sbs, _ := list["sandboxes"].([]any); code != http.StatusOK || len(sbs) != 1 {
+		t.Errorf("list by tag: %d %v", code, list)
+	}
+	if code, del := call("DELETE", "/v1/sandboxes/"+id+"?gracePeriodSeconds=5", g.keyA, ""); code != http.StatusOK {
+		t.Errorf("DELETE: %d %v", code, del)
+	}
+	g.waitState(t, id, sandboxv1.State_STATE_TERMINATED)
 }
