@@ -75,8 +75,11 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 		}
 		// Exec waits for RUNNING on the server side, as the clients expect.
 		res, err := gw.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: sb.Msg.SandboxId, Command: []string{"true"}}))
-		if err != nil || res.Msg.ExitCode != 0 {
-			return 0, fmt.Errorf("exec: %v", err)
+		if err != nil {
+			return 0, fmt.Errorf("exec: %w", err)
+		}
+		if res.Msg.ExitCode != 0 {
+			return 0, fmt.Errorf("exec: exit code %d", res.Msg.ExitCode)
 		}
 		return time.Since(t0), nil
 	}
@@ -91,8 +94,11 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 			return 0, err
 		}
 		res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}}))
-		if err != nil || res.Msg.ExitCode != 0 {
-			return 0, fmt.Errorf("exec: %v", err)
+		if err != nil {
+			return 0, fmt.Errorf("exec: %w", err)
+		}
+		if res.Msg.ExitCode != 0 {
+			return 0, fmt.Errorf("exec: exit code %d", res.Msg.ExitCode)
 		}
 		return time.Since(t0), nil
 	}

@@ -1,6 +1,8 @@
 // Command sandboxd is the sandboxd server. Subcommands:
 //
 //	sandboxd dev     gateway + local runner in one process, on loopback
+//	sandboxd runner  a local runner serving gateways over mTLS
+//	sandboxd gateway the API, with runners in other processes
 //	sandboxd apikey  create API keys in a data dir
 //	sandboxd demo    run a first sandbox on this machine through the local runner
 //	sandboxd version print the version
@@ -23,6 +25,10 @@ func main() {
 	switch os.Args[1] {
 	case "dev":
 		err = dev(os.Args[2:])
+	case "runner":
+		err = runnerCmd(os.Args[2:])
+	case "gateway":
+		err = gatewayCmd(os.Args[2:])
 	case "apikey":
 		err = apikey(os.Args[2:])
 	case "demo":
@@ -47,6 +53,8 @@ func usage() {
 
 commands:
   dev       run the gateway and a local runner in one process (loopback by default)
+  runner    run a local runner for gateways: runner --data-dir D --pki-dir P --listen ADDR --runner-id ID
+  gateway   run the API over runners elsewhere: gateway --data-dir D --pki-dir P --listen ADDR --runner ID=ADDR…
   apikey    create an API key: apikey create --data-dir DIR --org ORG [--role user|admin]
   demo      start the single-host runtime and run a first sandbox
   version   print the version

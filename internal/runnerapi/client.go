@@ -1,0 +1,221 @@
+package runnerapi
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1/runnerv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	ID    string // the runner's ID, also the name its certificate must carry
+	Group string // default "default"
+	Addr  string // host:port the runner listens on
+	// TLS verifies the runner and presents the gateway's certificate (ClientTLSConfig).
+	TLS *tls.Config
+}
+
+// Client is a runner in another process, seen by the gateway: it implements
+// gateway.Runner over RunnerService and the runner's AgentService relay. Its errors are
+// those of *runner.Runner (errors.Is runner.ErrNotFound, runner.ErrNotRunning;
+// errors.As *runner.ValidationError); failing to reach the runner is UNAVAILABLE
+// CWSANDBOX_RUNNER_UNAVAILABLE.
+type Client struct {
+	id, group string
+	hc        *http.Client
+	runner    runnerv1connect.RunnerServiceClient
+	agents    agentv1connect.AgentServiceClient
+}
+
+var _ gateway.Runner = (*Client)(nil)
+
+// NewClient returns a client of the runner at cfg.Addr. It connects on first use.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if cfg.ID == "" || cfg.Addr == "" {
+		return nil, errors.New("runnerapi: runner ID and address are required")
+	}
+	if cfg.TLS == nil {
+		return nil, errors.New("runnerapi: a TLS configuration is required")
+	}
+	if cfg.Group == "" {
+		cfg.Group = "default"
+	}
+	tc := cfg.TLS.Clone()
+	if tc.ServerName == "" {
+		tc.ServerName = cfg.ID
+	}
+	hc := agent.NewTLSHTTPClient(tc)
+	base := "https://" + cfg.Addr
+	opts := []connect.ClientOption{
+		connect.WithGRPC(),
+		// Like the runner's own agent clients: no gzip (CPU on every file and output chunk).
+		connect.WithAcceptCompression("gzip", nil, nil),
+		connect.WithReadMaxBytes(MaxMessageBytes),
+		connect.WithSendMaxBytes(MaxMessageBytes),
+	}
+	c := &Client{id: cfg.ID, group: cfg.Group, hc: hc}
+	c.runner = runnerv1connect.NewRunnerServiceClient(hc, base, opts...)
+	c.agents = agentv1connect.NewAgentServiceClient(hc, base, append(opts, connect.WithInterceptors(sandboxHeader{runnerID: cfg.ID}))...)
+	return c, nil
+}
+
+// Close drops idle connections to the runner.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+func (c *Client) ID() string    { return c.id }
+func (c *Client) Group() string { return c.group }
+
+func (c *Client) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	res, err := c.runner.Create(ctx, connect.NewRequest(createToProto(req)))
+	if err != nil {
+		return runner.Sandbox{}, fromStatus(c.id, err)
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+func (c *Client) Get(ctx context.Context, id string) (runner.Sandbox, error) {
+	res, err := c.runner.Get(ctx, connect.NewRequest(&runnerv1.GetRequest{Id: id}))
+	if err != nil {
+		return runner.Sandbox{}, fromStatus(c.id, err)
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+// List returns every sandbox of the runner, oldest first.
+func (c *Client) List(ctx context.Context) ([]runner.Sandbox, error) {
+	res, err := c.runner.List(ctx, connect.NewRequest(&runnerv1.ListRequest{}))
+	if err != nil {
+		return nil, fromStatus(c.id, err)
+	}
+	out := make([]runner.Sandbox, len(res.Msg.GetSandboxes()))
+	for i, sb := range res.Msg.GetSandboxes() {
+		out[i] = sandboxFromProto(sb)
+	}
+	return out, nil
+}
+
+func (c *Client) Delete(ctx context.Context, id string, grace time.Duration) (runner.Sandbox, error) {
+	res, err := c.runner.Delete(ctx, connect.NewRequest(&runnerv1.DeleteRequest{Id: id, Grace: durationpb.New(grace)}))
+	if err != nil {
+		return runner.Sandbox{}, fromStatus(c.id, err)
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+func (c *Client) Capacity(ctx context.Context) (gateway.Capacity, error) {
+	res, err := c.runner.Capacity(ctx, connect.NewRequest(&runnerv1.CapacityRequest{}))
+	if err != nil {
+		return gateway.Capacity{}, fromStatus(c.id, err)
+	}
+	return capacityFromProto(res.Msg), nil
+}
+
+// Agent returns the sandbox's agent behind the runner's relay. It answers at once: the
+// runner waits for the sandbox to run when a call arrives, and a call on a sandbox that
+// is unknown or no longer running fails with CWSANDBOX_SANDBOX_NOT_FOUND or
+// CWSANDBOX_SANDBOX_NOT_RUNNING, as the gateway would report them. Saving the round trip
+// keeps an exec to one call.
+func (c *Client) Agent(_ context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+	return sandboxAgent{id: id, c: c.agents}, nil
+}
+
+// sandboxAgent is the agent of one sandbox: every call carries the sandbox's ID, which
+// the sandboxHeader interceptor turns into the relay's header.
+type sandboxAgent struct {
+	id string
+	c  agentv1connect.AgentServiceClient
+}
+
+type sandboxKey struct{}
+
+func (a sandboxAgent) ctx(ctx context.Context) context.Context {
+	return context.WithValue(ctx, sandboxKey{}, a.id)
+}
+
+func (a sandboxAgent) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
+	return a.c.Exec(a.ctx(ctx), req)
+}
+
+func (a sandboxAgent) StreamExec(ctx context.Context) *connect.BidiStreamForClient[agentv1.StreamExecRequest, agentv1.StreamExecResponse] {
+	return a.c.StreamExec(a.ctx(ctx))
+}
+
+func (a sandboxAgent) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	return a.c.ReadFile(a.ctx(ctx), req)
+}
+
+func (a sandboxAgent) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	return a.c.WriteFile(a.ctx(ctx), req)
+}
+
+func (a sandboxAgent) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest]) (*connect.ServerStreamForClient[agentv1.LogsResponse], error) {
+	return a.c.Logs(a.ctx(ctx), req)
+}
+
+func (a sandboxAgent) Status(ctx context.Context, req *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
+	return a.c.Status(a.ctx(ctx), req)
+}
+
+func (a sandboxAgent) Watch(ctx context.Context, req *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.StatusResponse], error) {
+	return a.c.Watch(a.ctx(ctx), req)
+}
+
+// sandboxHeader sets SandboxIDHeader from the call's context, and reports failures to
+// reach the runner as such (not as an agent that went away).
+type sandboxHeader struct{ runnerID string }
+
+func (i sandboxHeader) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if id, ok := ctx.Value(sandboxKey{}).(string); ok {
+			req.Header().Set(SandboxIDHeader, id)
+		}
+		res, err := next(ctx, req)
+		if err != nil && ctx.Err() == nil {
+			err = transportError(i.runnerID, err)
+		}
+		return res, err
+	}
+}
+
+func (i sandboxHeader) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		if id, ok := ctx.Value(sandboxKey{}).(string); ok {
+			conn.RequestHeader().Set(SandboxIDHeader, id)
+		}
+		return transportConn{StreamingClientConn: conn, ctx: ctx, runnerID: i.runnerID}
+	}
+}
+
+func (i sandboxHeader) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// transportConn maps a stream's failure to reach the runner like WrapUnary does.
+type transportConn struct {
+	connect.StreamingClientConn
+	ctx      context.Context
+	runnerID string
+}
+
+func (c transportConn) Receive(m any) error {
+	err := c.StreamingClientConn.Receive(m)
+	if err != nil && c.ctx.Err() == nil && !errors.Is(err, io.EOF) {
+		err = transportError(c.runnerID, err)
+	}
+	return err
+}

@@ -1,0 +1,152 @@
+package runnerapi
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func specToProto(s runtime.Spec) *runnerv1.Spec {
+	p := &runnerv1.Spec{
+		Id:           s.ID,
+		Image:        s.Image,
+		Command:      s.Command,
+		Args:         s.Args,
+		Env:          s.Env,
+		WorkingDir:   s.WorkingDir,
+		RuntimeClass: s.RuntimeClass,
+		RestartLimit: int32(s.RestartLimit),
+		Meta:         s.Meta,
+		Resources:    &runnerv1.Resources{MilliCpu: s.Resources.MilliCPU, MemoryBytes: s.Resources.MemoryBytes, Pids: s.Resources.Pids},
+	}
+	if c := s.PullCredentials; c != nil {
+		p.PullCredentials = &runnerv1.Credentials{Username: c.Username, Password: c.Password}
+	}
+	for _, f := range s.Files {
+		p.Files = append(p.Files, &runnerv1.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
+	}
+	return p
+}
+
+func specFromProto(p *runnerv1.Spec) runtime.Spec {
+	s := runtime.Spec{
+		ID:           p.GetId(),
+		Image:        p.GetImage(),
+		Command:      p.GetCommand(),
+		Args:         p.GetArgs(),
+		Env:          p.GetEnv(),
+		WorkingDir:   p.GetWorkingDir(),
+		RuntimeClass: p.GetRuntimeClass(),
+		RestartLimit: int(p.GetRestartLimit()),
+		Meta:         p.GetMeta(),
+		Resources: runtime.Resources{
+			MilliCPU:    p.GetResources().GetMilliCpu(),
+			MemoryBytes: p.GetResources().GetMemoryBytes(),
+			Pids:        p.GetResources().GetPids(),
+		},
+	}
+	if c := p.GetPullCredentials(); c != nil {
+		s.PullCredentials = &runtime.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}
+	}
+	for _, f := range p.GetFiles() {
+		s.Files = append(s.Files, runtime.File{Path: f.GetPath(), Content: f.GetContent(), Mode: f.GetMode()})
+	}
+	return s
+}
+
+func createToProto(req runner.CreateRequest) *runnerv1.CreateRequest {
+	return &runnerv1.CreateRequest{Spec: specToProto(req.Spec), Lifetime: durationpb.New(req.Lifetime)}
+}
+
+func createFromProto(p *runnerv1.CreateRequest) runner.CreateRequest {
+	return runner.CreateRequest{Spec: specFromProto(p.GetSpec()), Lifetime: p.GetLifetime().AsDuration()}
+}
+
+func sandboxToProto(sb runner.Sandbox) *runnerv1.Sandbox {
+	spec := sb.Spec
+	spec.PullCredentials = nil
+	return &runnerv1.Sandbox{
+		Id:           sb.ID,
+		Spec:         specToProto(spec),
+		State:        runnerv1.State(sb.State),
+		Reason:       sb.Reason,
+		Message:      sb.Message,
+		ExitCode:     sb.ExitCode,
+		Restarts:     int32(sb.Restarts),
+		OomKills:     int32(sb.OOMKills),
+		CreatedAt:    timeToProto(sb.CreatedAt),
+		StartedAt:    timeToProto(sb.StartedAt),
+		EndedAt:      timeToProto(sb.EndedAt),
+		Lifetime:     durationpb.New(sb.Lifetime),
+		Deadline:     timeToProto(sb.Deadline),
+		Ip:           sb.IP,
+		RuntimeClass: sb.RuntimeClass,
+		ImageDigest:  sb.ImageDigest,
+	}
+}
+
+func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
+	sb := runner.Sandbox{
+		ID:           p.GetId(),
+		Spec:         specFromProto(p.GetSpec()),
+		State:        runner.State(p.GetState()),
+		Reason:       p.GetReason(),
+		Message:      p.GetMessage(),
+		Restarts:     int(p.GetRestarts()),
+		OOMKills:     int(p.GetOomKills()),
+		CreatedAt:    timeFromProto(p.GetCreatedAt()),
+		StartedAt:    timeFromProto(p.GetStartedAt()),
+		EndedAt:      timeFromProto(p.GetEndedAt()),
+		Lifetime:     p.GetLifetime().AsDuration(),
+		Deadline:     timeFromProto(p.GetDeadline()),
+		IP:           p.GetIp(),
+		RuntimeClass: p.GetRuntimeClass(),
+		ImageDigest:  p.GetImageDigest(),
+	}
+	if p.ExitCode != nil {
+		c := p.GetExitCode()
+		sb.ExitCode = &c
+	}
+	return sb
+}
+
+func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
+	return &runnerv1.CapacityResponse{
+		MilliCpu: c.MilliCPU, MemoryBytes: c.MemoryBytes,
+		UsedMilliCpu: c.UsedMilliCPU, UsedMemoryBytes: c.UsedMemoryBytes,
+		Running:       int32(c.Running),
+		ConnectedAt:   timeToProto(c.ConnectedAt),
+		Architectures: c.Architectures,
+	}
+}
+
+func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
+	return gateway.Capacity{
+		MilliCPU: p.GetMilliCpu(), MemoryBytes: p.GetMemoryBytes(),
+		UsedMilliCPU: p.GetUsedMilliCpu(), UsedMemoryBytes: p.GetUsedMemoryBytes(),
+		Running:       int(p.GetRunning()),
+		ConnectedAt:   timeFromProto(p.GetConnectedAt()),
+		Architectures: p.GetArchitectures(),
+	}
+}
+
+// Zero times (not yet started, not ended) travel as unset timestamps.
+func timeToProto(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func timeFromProto(t *timestamppb.Timestamp) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.AsTime()
+}

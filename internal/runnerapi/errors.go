@@ -1,0 +1,112 @@
+package runnerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// toStatus turns a runner error into the wire error the Client maps back: the
+// CWSANDBOX_* reasons the gateway would send for it anyway, so an error relayed further
+// unchanged still means the right thing to a user.
+func toStatus(id string, err error) error {
+	var (
+		verr *runner.ValidationError
+		ce   *connect.Error
+	)
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &verr):
+		vs := make([]apierr.Violation, len(verr.Violations))
+		for i, v := range verr.Violations {
+			vs[i] = apierr.Violation{Field: v.Field, Description: v.Description}
+		}
+		return apierr.Invalid(apierr.InvalidRequest, verr.Error(), vs)
+	case errors.Is(err, runner.ErrNotFound):
+		return apierr.New(connect.CodeNotFound, apierr.SandboxNotFound, err.Error(), idMeta(id))
+	case errors.Is(err, runner.ErrNotRunning):
+		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning, err.Error(), idMeta(id))
+	case errors.Is(err, runner.ErrAlreadyExists):
+		return connect.NewError(connect.CodeAlreadyExists, err)
+	case errors.As(err, &ce):
+		return ce
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+func idMeta(id string) map[string]string {
+	if id == "" {
+		return nil
+	}
+	return map[string]string{"sandbox_id": id}
+}
+
+// remoteError is a runner error that came over the wire: errors.Is finds the runner's
+// sentinel (or context error) and errors.As the *connect.Error with its details.
+type remoteError struct {
+	sentinel error
+	wire     *connect.Error
+}
+
+func (e *remoteError) Error() string   { return e.wire.Message() }
+func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.wire} }
+
+// fromStatus maps an error of a RunnerService call back to what *runner.Runner returns,
+// so the gateway treats a remote runner exactly like an in-process one. runnerID names
+// the runner in transport failures.
+func fromStatus(runnerID string, err error) error {
+	var ce *connect.Error
+	if err == nil {
+		return nil
+	}
+	if !errors.As(err, &ce) {
+		return transportError(runnerID, err)
+	}
+	reason := apierr.Reason(err)
+	switch code := ce.Code(); {
+	case code == connect.CodeInvalidArgument && reason == apierr.InvalidRequest:
+		var vs []runner.Violation
+		for _, v := range apierr.Violations(err) {
+			vs = append(vs, runner.Violation{Field: v.Field, Description: v.Description})
+		}
+		if len(vs) > 0 {
+			return &runner.ValidationError{Violations: vs}
+		}
+	case code == connect.CodeNotFound && reason == apierr.SandboxNotFound:
+		return &remoteError{runner.ErrNotFound, ce}
+	case code == connect.CodeFailedPrecondition && reason == apierr.SandboxNotRunning:
+		return &remoteError{runner.ErrNotRunning, ce}
+	case code == connect.CodeAlreadyExists:
+		return &remoteError{runner.ErrAlreadyExists, ce}
+	case code == connect.CodeCanceled:
+		return &remoteError{context.Canceled, ce}
+	case code == connect.CodeDeadlineExceeded:
+		return &remoteError{context.DeadlineExceeded, ce}
+	}
+	return transportError(runnerID, err)
+}
+
+// transportError explains a failure to reach the runner itself (not an error the runner
+// or an agent behind it answered with): UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE, retry.
+func transportError(runnerID string, err error) error {
+	if err == nil || connect.IsWireError(err) || apierr.Reason(err) != "" {
+		return err
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeUnknown:
+		return apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
+			fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}), 5*time.Second)
+	}
+	return err
+}

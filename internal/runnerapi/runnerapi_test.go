@@ -1,0 +1,455 @@
+package runnerapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// fakeRunner answers with err when set, else with sb; its agent is agentClient.
+type fakeRunner struct {
+	mu          sync.Mutex
+	err         error
+	sb          runner.Sandbox
+	got         runner.CreateRequest
+	agentClient agentv1connect.AgentServiceClient
+}
+
+func (f *fakeRunner) Create(_ context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.got = req
+	return f.sb, f.err
+}
+func (f *fakeRunner) Get(string) (runner.Sandbox, error) { return f.sb, f.err }
+func (f *fakeRunner) List() []runner.Sandbox             { return []runner.Sandbox{f.sb} }
+func (f *fakeRunner) Delete(string, time.Duration) (runner.Sandbox, error) {
+	return f.sb, f.err
+}
+func (f *fakeRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.agentClient, nil
+}
+
+type testRunner struct {
+	addr string
+	ca   *pki.CA
+	fake *fakeRunner
+}
+
+// startRunner serves fake as runner r1 over mTLS on loopback.
+func startRunner(t *testing.T, fake *fakeRunner) *testRunner {
+	t.Helper()
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ServerTLSConfig(ca, "r1", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := func(context.Context) (gateway.Capacity, error) {
+		return gateway.Capacity{MilliCPU: 2000, MemoryBytes: 1 << 30, Running: 1, ConnectedAt: time.Unix(100, 0), Architectures: []string{"amd64"}}, nil
+	}
+	srv := newServer(fake, capacity, nil).HTTPServer(cfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return &testRunner{addr: ln.Addr().String(), ca: ca, fake: fake}
+}
+
+func (r *testRunner) client(t *testing.T) *Client {
+	t.Helper()
+	cfg, err := ClientTLSConfig(r.ca, "gw1", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(ClientConfig{ID: "r1", Addr: r.addr, TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestRunnerapiErrorMapping(t *testing.T) {
+	r := startRunner(t, &fakeRunner{})
+	c := r.client(t)
+	ctx := context.Background()
+	verr := &runner.ValidationError{Violations: []runner.Violation{
+		{Field: "spec.containers[0].image", Description: "is required"},
+		{Field: "spec.max_lifetime_seconds", Description: "must be at most 2592000 (30 days), got 2678400"},
+	}}
+	agentErr := apierr.New(connect.CodeNotFound, apierr.FileNotFound, "/x: no such file", map[string]string{"filepath": "/x"})
+	for _, tc := range []struct {
+		name   string
+		err    error
+		code   connect.Code // on the wire
+		reason string
+		check  func(error) bool // on the gateway side, after the Client mapped it back
+	}{
+		{"validation", verr, connect.CodeInvalidArgument, apierr.InvalidRequest, func(err error) bool {
+			var got *runner.ValidationError
+			return errors.As(err, &got) && fmt.Sprint(got.Violations) == fmt.Sprint(verr.Violations) && err.Error() == verr.Error()
+		}},
+		{"not found", fmt.Errorf("%w: abc", runner.ErrNotFound), connect.CodeNotFound, apierr.SandboxNotFound, func(err error) bool {
+			return errors.Is(err, runner.ErrNotFound) && !errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not found: abc"
+		}},
+		{"not running", fmt.Errorf("%w: abc is TERMINATED", runner.ErrNotRunning), connect.CodeFailedPrecondition, apierr.SandboxNotRunning, func(err error) bool {
+			return errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not running: abc is TERMINATED"
+		}},
+		{"already exists", fmt.Errorf("%w: abc", runner.ErrAlreadyExists), connect.CodeAlreadyExists, "", func(err error) bool {
+			return errors.Is(err, runner.ErrAlreadyExists)
+		}},
+		{"waiting cut short", fmt.Errorf("wait for sandbox abc to run: %w", context.DeadlineExceeded), connect.CodeDeadlineExceeded, "", func(err error) bool {
+			return errors.Is(err, context.DeadlineExceeded)
+		}},
+		{"api error passes", agentErr, connect.CodeNotFound, apierr.FileNotFound, func(err error) bool {
+			return apierr.Info(err).GetMetadata()["filepath"] == "/x" && !errors.Is(err, runner.ErrNotFound)
+		}},
+		{"anything else", errors.New("disk on fire"), connect.CodeInternal, "", func(err error) bool {
+			return connect.CodeOf(err) == connect.CodeInternal && strings.Contains(err.Error(), "disk on fire")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wire := toStatus("abc", tc.err)
+			if connect.CodeOf(wire) != tc.code || apierr.Reason(wire) != tc.reason {
+				t.Errorf("wire error %v (reason %q), want %v %q", wire, apierr.Reason(wire), tc.code, tc.reason)
+			}
+			r.fake.mu.Lock()
+			r.fake.err = tc.err
+			r.fake.mu.Unlock()
+			calls := map[string]func() error{
+				"create": func() error { _, err := c.Create(ctx, runner.CreateRequest{}); return err },
+				"get":    func() error { _, err := c.Get(ctx, "abc"); return err },
+				"delete": func() error { _, err := c.Delete(ctx, "abc", 0); return err },
+			}
+			for name, call := range calls {
+				if err := call(); !tc.check(err) {
+					t.Errorf("%s: %v (%T) does not map back", name, err, err)
+				}
+			}
+			// The relay answers with the same errors, which the gateway passes on unchanged.
+			a, _ := c.Agent(ctx, "abc")
+			_, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}}))
+			if connect.CodeOf(err) != tc.code || apierr.Reason(err) != tc.reason {
+				t.Errorf("relayed exec: %v, want %v %q", err, tc.code, tc.reason)
+			}
+		})
+	}
+	if vs := apierr.Violations(toStatus("", verr)); len(vs) != 2 || vs[0].Field != "spec.containers[0].image" {
+		t.Errorf("violations on the wire: %v", vs)
+	}
+}
+
+func TestRunnerapiUnreachable(t *testing.T) {
+	ca, _ := pki.LoadOrCreateCA(t.TempDir(), "test CA")
+	cfg, _ := ClientTLSConfig(ca, "gw1", "r1")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	c, _ := NewClient(ClientConfig{ID: "r1", Addr: addr, TLS: cfg})
+	ctx := context.Background()
+	_, err := c.Get(ctx, "abc")
+	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || errors.Is(err, runner.ErrNotFound) {
+		t.Errorf("get from a runner that is down: %v", err)
+	}
+	a, _ := c.Agent(ctx, "abc")
+	if _, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{})); apierr.Reason(err) != apierr.RunnerUnavailable {
+		t.Errorf("exec through a runner that is down: %v", err)
+	}
+}
+
+func TestRunnerapiConversionRoundTrip(t *testing.T) {
+	code := int32(0)
+	now := time.Now().UTC()
+	sb := runner.Sandbox{
+		ID: "abc", State: runner.StateCompleted, Reason: "Completed", Message: "done", ExitCode: &code, Restarts: 2, OOMKills: 1,
+		CreatedAt: now, StartedAt: now.Add(time.Second), EndedAt: now.Add(2 * time.Second), Lifetime: time.Minute, Deadline: now.Add(time.Minute),
+		IP: "10.0.0.2", RuntimeClass: "runc", ImageDigest: "sha256:abc",
+		Spec: runtime.Spec{
+			ID: "abc", Image: "busybox", Command: "/bin/sh", Args: []string{"-c", "true"}, Env: map[string]string{"A": "1"},
+			WorkingDir: "/w", Files: []runtime.File{{Path: "/f", Content: []byte("x"), Mode: 0o600}},
+			Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 1 << 28, Pids: 64}, RuntimeClass: "runc", RestartLimit: 3,
+			Meta: map[string]string{"sandboxd.org": "o"},
+		},
+	}
+	back := sandboxFromProto(sandboxToProto(sb))
+	if fmt.Sprintf("%+v %d", back.Spec, *back.ExitCode) != fmt.Sprintf("%+v %d", sb.Spec, *sb.ExitCode) ||
+		!back.CreatedAt.Equal(sb.CreatedAt) || !back.EndedAt.Equal(sb.EndedAt) || back.Lifetime != sb.Lifetime || back.OOMKills != 1 || back.IP != sb.IP {
+		t.Errorf("round trip:\n%+v\n%+v", back, sb)
+	}
+	running := sandboxFromProto(sandboxToProto(runner.Sandbox{ID: "x", State: runner.StateRunning, CreatedAt: now}))
+	if running.ExitCode != nil || !running.EndedAt.IsZero() || !running.StartedAt.IsZero() {
+		t.Errorf("absent exit code and times came back as %v %v %v", running.ExitCode, running.StartedAt, running.EndedAt)
+	}
+	req := runner.CreateRequest{Spec: sb.Spec, Lifetime: time.Hour}
+	req.Spec.PullCredentials = &runtime.Credentials{Username: "u", Password: "p"}
+	got := createFromProto(createToProto(req))
+	if *got.Spec.PullCredentials != *req.Spec.PullCredentials || got.Lifetime != time.Hour {
+		t.Errorf("create request: %+v", got)
+	}
+	if p := sandboxToProto(runner.Sandbox{Spec: req.Spec}); p.GetSpec().GetPullCredentials() != nil {
+		t.Error("a sandbox snapshot carries pull credentials")
+	}
+}
+
+func TestRunnerapiCreateGetCapacity(t *testing.T) {
+	code := int32(3)
+	fake := &fakeRunner{sb: runner.Sandbox{ID: "abc", State: runner.StateFailed, ExitCode: &code, CreatedAt: time.Unix(5, 0)}}
+	r := startRunner(t, fake)
+	c := r.client(t)
+	ctx := context.Background()
+	sb, err := c.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Image: "img", PullCredentials: &runtime.Credentials{Username: "u", Password: "p"}}, Lifetime: time.Minute})
+	if err != nil || sb.ID != "abc" || sb.State != runner.StateFailed || *sb.ExitCode != 3 {
+		t.Fatalf("create: %+v %v", sb, err)
+	}
+	if fake.got.Spec.PullCredentials == nil || fake.got.Spec.PullCredentials.Password != "p" || fake.got.Lifetime != time.Minute {
+		t.Errorf("runner got %+v", fake.got)
+	}
+	list, err := c.List(ctx)
+	if err != nil || len(list) != 1 || list[0].ID != "abc" {
+		t.Errorf("list: %v %v", list, err)
+	}
+	cap, err := c.Capacity(ctx)
+	if err != nil || cap.MilliCPU != 2000 || cap.Running != 1 || !cap.ConnectedAt.Equal(time.Unix(100, 0)) || cap.Architectures[0] != "amd64" {
+		t.Errorf("capacity: %+v %v", cap, err)
+	}
+}
+
+// fakeAgent serves Exec (echo of stdin), StreamExec (cat: stdin to stdout until EOF, then
+// exit 0) and Logs (three chunks).
+type fakeAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	cancelled chan struct{}
+}
+
+func (f *fakeAgent) Exec(_ context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
+	if req.Msg.GetCommand()[0] == "fail" {
+		return nil, apierr.New(connect.CodeNotFound, apierr.FileNotFound, "nope", map[string]string{"filepath": "/nope"})
+	}
+	return connect.NewResponse(&agentv1.ExecResponse{Stdout: req.Msg.GetStdin(), ExitCode: 7}), nil
+}
+
+func (f *fakeAgent) StreamExec(ctx context.Context, st *connect.BidiStream[agentv1.StreamExecRequest, agentv1.StreamExecResponse]) error {
+	if _, err := st.Receive(); err != nil {
+		return err
+	}
+	if err := st.Send(&agentv1.StreamExecResponse{Message: &agentv1.StreamExecResponse_Ready{Ready: &agentv1.Ready{}}}); err != nil {
+		return err
+	}
+	for {
+		m, err := st.Receive()
+		if errors.Is(err, io.EOF) {
+			return st.Send(&agentv1.StreamExecResponse{Message: &agentv1.StreamExecResponse_Exit{Exit: &agentv1.Exit{}}})
+		}
+		if err != nil {
+			close(f.cancelled)
+			return err
+		}
+		if m.GetStdin() == nil {
+			continue
+		}
+		if err := st.Send(&agentv1.StreamExecResponse{Message: &agentv1.StreamExecResponse_Output{Output: &agentv1.Output{Stream: agentv1.Stream_STREAM_STDOUT, Data: m.GetStdin()}}}); err != nil {
+			return err
+		}
+	}
+}
+
+func (f *fakeAgent) Logs(_ context.Context, _ *connect.Request[agentv1.LogsRequest], st *connect.ServerStream[agentv1.LogsResponse]) error {
+	for i := range 3 {
+		if err := st.Send(&agentv1.LogsResponse{Data: []byte(fmt.Sprint(i)), NextOffset: uint64(i + 1)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serveAgent serves a over h2c on a loopback listener and returns a client of it.
+func serveAgent(t *testing.T, a agentv1connect.AgentServiceHandler) agentv1connect.AgentServiceClient {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(a))
+	srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", ln.Addr().String())
+	})
+}
+
+func TestRunnerapiRelay(t *testing.T) {
+	fa := &fakeAgent{cancelled: make(chan struct{})}
+	r := startRunner(t, &fakeRunner{})
+	r.fake.agentClient = serveAgent(t, fa)
+	c := r.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	a, err := c.Agent(ctx, "abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}, Stdin: []byte("hi")}))
+	if err != nil || string(res.Msg.GetStdout()) != "hi" || res.Msg.GetExitCode() != 7 {
+		t.Fatalf("exec: %v %v", res, err)
+	}
+	_, err = a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"fail"}}))
+	if info := apierr.Info(err); info.GetReason() != apierr.FileNotFound || info.GetMetadata()["filepath"] != "/nope" || connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("agent error relayed as %v", err)
+	}
+
+	// Without the header the relay cannot know the sandbox.
+	raw := agentv1connect.NewAgentServiceClient(c.hc, "https://"+r.addr, connect.WithGRPC())
+	if _, err := raw.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("exec without %s: %v", SandboxIDHeader, err)
+	}
+
+	logs, err := a.Logs(ctx, connect.NewRequest(&agentv1.LogsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	for logs.Receive() {
+		got.Write(logs.Msg().GetData())
+	}
+	if logs.Err() != nil || got.String() != "012" {
+		t.Errorf("logs %q %v", got.String(), logs.Err())
+	}
+
+	// Bidi: messages go through one by one, and half-close is half-close.
+	st := a.StreamExec(ctx)
+	if err := st.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{Command: []string{"cat"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := st.Receive(); err != nil || m.GetReady() == nil {
+		t.Fatalf("first message %v %v, want ready", m, err)
+	}
+	for _, s := range []string{"a", "bc"} {
+		if err := st.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Stdin{Stdin: []byte(s)}}); err != nil {
+			t.Fatal(err)
+		}
+		// The echo arrives before the next send: nothing waits for the whole output.
+		if m, err := st.Receive(); err != nil || string(m.GetOutput().GetData()) != s {
+			t.Fatalf("echo of %q: %v %v", s, m, err)
+		}
+	}
+	if err := st.CloseRequest(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := st.Receive(); err != nil || m.GetExit() == nil {
+		t.Fatalf("after half-close: %v %v, want exit", m, err)
+	}
+	if _, err := st.Receive(); !errors.Is(err, io.EOF) {
+		t.Errorf("after exit: %v, want EOF", err)
+	}
+	_ = st.CloseResponse()
+
+	// Cancelling the caller cancels the agent's call.
+	sctx, scancel := context.WithCancel(ctx)
+	st = a.StreamExec(sctx)
+	_ = st.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{Command: []string{"cat"}}}})
+	if m, err := st.Receive(); err != nil || m.GetReady() == nil {
+		t.Fatalf("first message %v %v, want ready", m, err)
+	}
+	scancel()
+	select {
+	case <-fa.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Error("the agent's stream was not cancelled with the caller's")
+	}
+}
+
+func TestRunnerapiMTLS(t *testing.T) {
+	r := startRunner(t, &fakeRunner{sb: runner.Sandbox{ID: "abc"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.client(t).Get(ctx, "abc"); err != nil {
+		t.Fatalf("a gateway's certificate: %v", err)
+	}
+	other, err := pki.LoadOrCreateCA(t.TempDir(), "another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(ca *pki.CA, uris ...*url.URL) *tls.Certificate {
+		c, err := ca.IssueClient("someone", uris, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &c
+	}
+	runnerURI, _ := url.Parse("spiffe://sandboxd/runner/r2")
+	for _, tc := range []struct {
+		name string
+		cfg  *tls.Config
+	}{
+		{"no client certificate", pki.ClientTLSConfig(nil, r.ca.Pool(), "r1")},
+		{"certificate from another CA", pki.ClientTLSConfig(issue(other, GatewayURI("gw1")), r.ca.Pool(), "r1")},
+		{"certificate without the gateway SAN", pki.ClientTLSConfig(issue(r.ca, runnerURI), r.ca.Pool(), "r1")},
+		{"certificate with an empty gateway name", pki.ClientTLSConfig(issue(r.ca, GatewayURI("")), r.ca.Pool(), "r1")},
+		{"runner not trusted: another CA", pki.ClientTLSConfig(issue(r.ca, GatewayURI("gw1")), other.Pool(), "r1")},
+		{"runner of another name", pki.ClientTLSConfig(issue(r.ca, GatewayURI("gw1")), r.ca.Pool(), "r2")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := NewClient(ClientConfig{ID: "r1", Addr: r.addr, TLS: tc.cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			sb, err := c.Get(ctx, "abc")
+			if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
+				t.Errorf("get: %+v %v, want the handshake refused", sb, err)
+			}
+			a, _ := c.Agent(ctx, "abc")
+			if _, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}})); err == nil {
+				t.Error("exec through the relay went through")
+			}
+			// And at the TLS level, the handshake itself fails.
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", r.addr, tc.cfg)
+			if err == nil {
+				// TLS 1.3: the client finishes first; the server's verdict comes with the first read.
+				_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+				_, err = conn.Read(make([]byte, 1))
+				conn.Close()
+			}
+			if err == nil {
+				t.Errorf("handshake: %v", err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+	if _, err := ClientTLSConfig(r.ca, "a/b", "r1"); err == nil {
+		t.Error("a gateway name with a slash was accepted")
+	}
+}

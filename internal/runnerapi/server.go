@@ -1,0 +1,258 @@
+// Package runnerapi puts the network between the gateway and a runner: Server serves a
+// *runner.Runner as sandboxd.runner.v1.RunnerService and relays sandboxd.agent.v1
+// AgentService calls to its sandboxes' agents; Client implements gateway.Runner over
+// that API. Both ends authenticate with certificates from the platform CA (mTLS).
+package runnerapi
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1/runnerv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// SandboxIDHeader names the sandbox whose agent a relayed AgentService call is for.
+const SandboxIDHeader = "Sandboxd-Sandbox-Id"
+
+// MaxMessageBytes bounds a message in either direction: what an agent may send or take.
+const MaxMessageBytes = agent.MaxMessageBytes
+
+// backend is what Server needs of *runner.Runner.
+type backend interface {
+	Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error)
+	Get(id string) (runner.Sandbox, error)
+	List() []runner.Sandbox
+	Delete(id string, grace time.Duration) (runner.Sandbox, error)
+	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+}
+
+// Server serves one runner to gateways.
+type Server struct {
+	runnerv1connect.UnimplementedRunnerServiceHandler
+
+	r        backend
+	capacity func(context.Context) (gateway.Capacity, error)
+	log      *slog.Logger
+	relay    relay
+}
+
+// NewServer serves r, the runner runnerID. A nil logger is slog.Default().
+func NewServer(runnerID string, r *runner.Runner, logger *slog.Logger) *Server {
+	return newServer(r, gateway.NewLocalRunner(runnerID, r).Capacity, logger)
+}
+
+func newServer(r backend, capacity func(context.Context) (gateway.Capacity, error), logger *slog.Logger) *Server {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Server{r: r, capacity: capacity, log: logger, relay: relay{r: r}}
+}
+
+// Handler serves RunnerService and the AgentService relay (gRPC over HTTP/2; serve it
+// with a TLS configuration from ServerTLSConfig).
+func (s *Server) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithReadMaxBytes(MaxMessageBytes),
+		connect.WithSendMaxBytes(MaxMessageBytes),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(runnerv1connect.NewRunnerServiceHandler(s, opts...))
+	mux.Handle(agentv1connect.NewAgentServiceHandler(&s.relay, opts...))
+	return mux
+}
+
+// HTTPServer returns an HTTP/2 server of Handler with the TLS configuration cfg (from
+// ServerTLSConfig); start it with ServeTLS(ln, "", "").
+func (s *Server) HTTPServer(cfg *tls.Config) *http.Server {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		TLSConfig:         cfg,
+		ReadHeaderTimeout: 10 * time.Second,
+		Protocols:         new(http.Protocols),
+		// Windows as large as the agent clients', so a relayed stream is not throttled
+		// by the hop in between.
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerConnection: 4<<20 - 1,
+			MaxReceiveBufferPerStream:     4<<20 - 1,
+			MaxReadFrameSize:              1 << 20,
+		},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	srv.Protocols.SetHTTP2(true)
+	return srv
+}
+
+func (s *Server) Create(ctx context.Context, req *connect.Request[runnerv1.CreateRequest]) (*connect.Response[runnerv1.CreateResponse], error) {
+	sb, err := s.r.Create(ctx, createFromProto(req.Msg))
+	if err != nil {
+		return nil, toStatus(req.Msg.GetSpec().GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.CreateResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+func (s *Server) Get(_ context.Context, req *connect.Request[runnerv1.GetRequest]) (*connect.Response[runnerv1.GetResponse], error) {
+	sb, err := s.r.Get(req.Msg.GetId())
+	if err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.GetResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+func (s *Server) List(context.Context, *connect.Request[runnerv1.ListRequest]) (*connect.Response[runnerv1.ListResponse], error) {
+	all := s.r.List()
+	out := &runnerv1.ListResponse{Sandboxes: make([]*runnerv1.Sandbox, len(all))}
+	for i, sb := range all {
+		out.Sandboxes[i] = sandboxToProto(sb)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *Server) Delete(_ context.Context, req *connect.Request[runnerv1.DeleteRequest]) (*connect.Response[runnerv1.DeleteResponse], error) {
+	sb, err := s.r.Delete(req.Msg.GetId(), req.Msg.GetGrace().AsDuration())
+	if err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.DeleteResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+func (s *Server) Capacity(ctx context.Context, _ *connect.Request[runnerv1.CapacityRequest]) (*connect.Response[runnerv1.CapacityResponse], error) {
+	c, err := s.capacity(ctx)
+	if err != nil {
+		return nil, toStatus("", err)
+	}
+	return connect.NewResponse(capacityToProto(c)), nil
+}
+
+// relay forwards AgentService calls to the agent of the sandbox named in SandboxIDHeader,
+// message by message. Agent errors pass through unchanged.
+type relay struct{ r backend }
+
+var _ agentv1connect.AgentServiceHandler = (*relay)(nil)
+
+// agent waits for the sandbox to run and returns its agent.
+func (s *relay) agent(ctx context.Context, h http.Header) (agentv1connect.AgentServiceClient, error) {
+	id := h.Get(SandboxIDHeader)
+	if id == "" {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "the "+SandboxIDHeader+" header is required",
+			[]apierr.Violation{{Field: SandboxIDHeader, Description: "is required"}})
+	}
+	a, err := s.r.Agent(ctx, id)
+	if err != nil {
+		return nil, toStatus(id, err)
+	}
+	return a, nil
+}
+
+func (s *relay) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
+	return unary(ctx, s, req, agentv1connect.AgentServiceClient.Exec)
+}
+
+func (s *relay) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	return unary(ctx, s, req, agentv1connect.AgentServiceClient.ReadFile)
+}
+
+func (s *relay) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	return unary(ctx, s, req, agentv1connect.AgentServiceClient.WriteFile)
+}
+
+func (s *relay) Status(ctx context.Context, req *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
+	return unary(ctx, s, req, agentv1connect.AgentServiceClient.Status)
+}
+
+func unary[Req, Res any](ctx context.Context, s *relay, req *connect.Request[Req],
+	call func(agentv1connect.AgentServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error),
+) (*connect.Response[Res], error) {
+	a, err := s.agent(ctx, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	res, err := call(a, ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res.Msg), nil
+}
+
+func (s *relay) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest], stream *connect.ServerStream[agentv1.LogsResponse]) error {
+	return serverStream(ctx, s, req, stream, agentv1connect.AgentServiceClient.Logs)
+}
+
+func (s *relay) Watch(ctx context.Context, req *connect.Request[agentv1.WatchRequest], stream *connect.ServerStream[agentv1.StatusResponse]) error {
+	return serverStream(ctx, s, req, stream, agentv1connect.AgentServiceClient.Watch)
+}
+
+func serverStream[Req, Res any](ctx context.Context, s *relay, req *connect.Request[Req], stream *connect.ServerStream[Res],
+	call func(agentv1connect.AgentServiceClient, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Res], error),
+) error {
+	a, err := s.agent(ctx, req.Header())
+	if err != nil {
+		return err
+	}
+	up, err := call(a, ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = up.Close() }()
+	for up.Receive() {
+		if err := stream.Send(up.Msg()); err != nil {
+			return err
+		}
+	}
+	return up.Err()
+}
+
+// StreamExec relays both directions one message at a time, so a slow reader on either
+// side slows the other down (HTTP/2 flow control) instead of filling memory. The caller's
+// half-close is forwarded as a half-close; its going away cancels the agent's call.
+func (s *relay) StreamExec(ctx context.Context, stream *connect.BidiStream[agentv1.StreamExecRequest, agentv1.StreamExecResponse]) error {
+	a, err := s.agent(ctx, stream.RequestHeader())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := a.StreamExec(ctx)
+	defer func() { _ = up.CloseResponse() }()
+	go func() {
+		for {
+			m, err := stream.Receive()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = up.CloseRequest()
+				} else {
+					cancel()
+				}
+				return
+			}
+			if err := up.Send(m); err != nil {
+				return // the agent's side ended; its Receive reports why
+			}
+		}
+	}()
+	for {
+		m, err := up.Receive()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package runnerapi
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/pki"
+)
+
+// CertTTL is how long the certificates issued here live; they are renewed in use once
+// half of that has passed.
+const CertTTL = 24 * time.Hour
+
+// GatewayURI is the URI SAN that identifies gateway name to runners.
+func GatewayURI(name string) *url.URL {
+	return &url.URL{Scheme: "spiffe", Host: "sandboxd", Path: "/gateway/" + name}
+}
+
+// GatewayName returns the name in cert's spiffe://sandboxd/gateway/<name> URI SAN, or "".
+func GatewayName(cert *x509.Certificate) string {
+	for _, u := range cert.URIs {
+		if u.Scheme != "spiffe" || u.Host != "sandboxd" {
+			continue
+		}
+		if name, ok := strings.CutPrefix(u.Path, "/gateway/"); ok && name != "" && !strings.Contains(name, "/") {
+			return name
+		}
+	}
+	return ""
+}
+
+// ServerTLSConfig is a runner's mTLS configuration: TLS 1.3, a server certificate from ca
+// for the DNS name runnerID (what gateways verify) and hosts (IP addresses or DNS names
+// the runner is reached at), and a required client certificate from ca that names a
+// gateway. The certificate is reissued from ca as it ages.
+func ServerTLSConfig(ca *pki.CA, runnerID string, hosts []string) (*tls.Config, error) {
+	if runnerID == "" {
+		return nil, errors.New("runnerapi: runner ID is required")
+	}
+	dns := []string{runnerID}
+	var ips []net.IP
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			ips = append(ips, ip)
+		} else if h != "" {
+			dns = append(dns, h)
+		}
+	}
+	src := &certSource{issue: func() (tls.Certificate, error) {
+		return ca.IssueServer("sandboxd runner "+runnerID, dns, ips, CertTTL)
+	}}
+	cert, err := src.get()
+	if err != nil {
+		return nil, err
+	}
+	cfg := pki.ServerTLSConfig(*cert, ca.Pool(), true)
+	cfg.Certificates = nil
+	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return src.get() }
+	cfg.VerifyConnection = verifyGateway
+	return cfg, nil
+}
+
+// verifyGateway runs after the client's chain is verified against the CA: only gateways
+// may call a runner.
+func verifyGateway(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("runnerapi: a gateway client certificate is required")
+	}
+	leaf := cs.PeerCertificates[0]
+	if GatewayName(leaf) == "" {
+		return fmt.Errorf("runnerapi: client certificate %q is not a gateway's (no spiffe://sandboxd/gateway/<name> URI SAN)", leaf.Subject.CommonName)
+	}
+	return nil
+}
+
+// ClientTLSConfig is a gateway's mTLS configuration for calling runner runnerID: TLS 1.3,
+// the runner's certificate verified against ca and the name runnerID, and a client
+// certificate from ca naming the gateway gatewayName, reissued as it ages.
+func ClientTLSConfig(ca *pki.CA, gatewayName, runnerID string) (*tls.Config, error) {
+	if gatewayName == "" || strings.Contains(gatewayName, "/") {
+		return nil, fmt.Errorf("runnerapi: invalid gateway name %q", gatewayName)
+	}
+	src := &certSource{issue: func() (tls.Certificate, error) {
+		return ca.IssueClient("sandboxd gateway "+gatewayName, []*url.URL{GatewayURI(gatewayName)}, CertTTL)
+	}}
+	cert, err := src.get()
+	if err != nil {
+		return nil, err
+	}
+	cfg := pki.ClientTLSConfig(cert, ca.Pool(), runnerID)
+	cfg.Certificates = nil
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return src.get() }
+	return cfg, nil
+}
+
+// certSource hands out a certificate, issuing a new one once half of its life is over.
+type certSource struct {
+	issue func() (tls.Certificate, error)
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	renewAt time.Time
+}
+
+func (s *certSource) get() (*tls.Certificate, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cert != nil && time.Now().Before(s.renewAt) {
+		return s.cert, nil
+	}
+	c, err := s.issue()
+	if err != nil {
+		if s.cert != nil && time.Now().Before(s.cert.Leaf.NotAfter) {
+			return s.cert, nil // still valid: try again on the next handshake
+		}
+		return nil, err
+	}
+	s.cert = &c
+	s.renewAt = c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2)
+	return s.cert, nil
+}
