@@ -1,0 +1,127 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// OpenPostgres connects a pool to the PostgreSQL database at dsn (a postgres:// URL or a
+// key=value string, as libpq takes) and migrates it. Replicas may open the same database
+// concurrently: migrations serialize on an advisory lock.
+func OpenPostgres(ctx context.Context, dsn string) (Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: postgres DSN: %w", ErrInvalid, err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres store: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("open postgres store: %w", err)
+	}
+	d := &pgDB{pool: pool}
+	if err := migrate(ctx, d, postgresMigrations, "migrations/postgres"); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("open postgres store: %w", err)
+	}
+	return newSQLStore(d), nil
+}
+
+type pgDB struct {
+	pool *pgxpool.Pool
+}
+
+// pgConn is what *pgxpool.Pool and pgx.Tx have in common.
+type pgConn interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type pgQuerier struct{ c pgConn }
+
+func (p pgQuerier) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	tag, err := p.c.Exec(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (p pgQuerier) query(ctx context.Context, q string, args ...any) (rows, error) {
+	return p.c.Query(ctx, q, args...)
+}
+
+func (p pgQuerier) queryRow(ctx context.Context, q string, args ...any) row {
+	return p.c.QueryRow(ctx, q, args...)
+}
+
+func (d *pgDB) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	return pgQuerier{d.pool}.exec(ctx, q, args...)
+}
+
+func (d *pgDB) query(ctx context.Context, q string, args ...any) (rows, error) {
+	return pgQuerier{d.pool}.query(ctx, q, args...)
+}
+
+func (d *pgDB) queryRow(ctx context.Context, q string, args ...any) row {
+	return pgQuerier{d.pool}.queryRow(ctx, q, args...)
+}
+
+func (d *pgDB) tx(ctx context.Context, fn func(q querier) error) error {
+	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { return fn(pgQuerier{tx}) })
+}
+
+// pgUnique names the key behind each unique constraint of the schema.
+var pgUnique = map[string][2]string{
+	"organizations_pkey":       {"organizations", KeyID},
+	"api_keys_pkey":            {"api_keys", KeyID},
+	"runners_pkey":             {"runners", KeyRunnerID},
+	"runners_cluster_id_key":   {"runners", KeyClusterID},
+	"bootstrap_tokens_pkey":    {"bootstrap_tokens", KeyHash},
+	"sandboxes_pkey":           {"sandboxes", KeyID},
+	"sandboxes_request_id_key": {"sandboxes", KeyRequestID},
+}
+
+func (d *pgDB) uniqueViolation(err error) (string, string, bool) {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "23505" {
+		return "", "", false
+	}
+	if k, ok := pgUnique[pe.ConstraintName]; ok {
+		return k[0], k[1], true
+	}
+	return pe.TableName, pe.ConstraintName, true
+}
+
+func (d *pgDB) foreignKeyViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23503"
+}
+
+func (d *pgDB) migrationsDDL() string {
+	return `CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    bigint      NOT NULL PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL
+)`
+}
+
+// migrationLockKey is an arbitrary constant naming sandboxd's migration advisory lock.
+const migrationLockKey = 0x73627864 // "sbxd"
+
+func (d *pgDB) lockMigrations(ctx context.Context, q querier) error {
+	_, err := q.exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockKey))
+	return err
+}
+
+func (d *pgDB) isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+func (d *pgDB) name() string            { return "postgres" }
+func (d *pgDB) close() error            { d.pool.Close(); return nil }

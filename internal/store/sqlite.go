@@ -1,0 +1,183 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// OpenSQLite opens (creating it if missing) the SQLite database at path and migrates it.
+// Connections use WAL, a busy timeout, foreign keys, and BEGIN IMMEDIATE for
+// transactions, so concurrent writers queue instead of failing.
+func OpenSQLite(ctx context.Context, path string) (Store, error) {
+	if path == "" || strings.Contains(path, "?") {
+		return nil, fmt.Errorf("%w: sqlite path %q", ErrInvalid, path)
+	}
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("open sqlite store: %w", err)
+		}
+	}
+	dsn := path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)" +
+		"&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	sdb, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
+	}
+	sdb.SetMaxOpenConns(8)
+	sdb.SetMaxIdleConns(8)
+	sdb.SetConnMaxIdleTime(5 * time.Minute)
+	if err := sdb.PingContext(ctx); err != nil {
+		_ = sdb.Close()
+		return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
+	}
+	d := &sqliteDB{db: sdb}
+	if err := migrate(ctx, d, sqliteMigrations, "migrations/sqlite"); err != nil {
+		_ = sdb.Close()
+		return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
+	}
+	return newSQLStore(d), nil
+}
+
+type sqliteDB struct {
+	db *sql.DB
+}
+
+// sqliteConn is what *sql.DB and *sql.Tx have in common.
+type sqliteConn interface {
+	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+}
+
+type sqliteQuerier struct{ c sqliteConn }
+
+var (
+	placeholder = regexp.MustCompile(`\$(\d+)`)
+	rewritten   sync.Map // PostgreSQL-style query -> SQLite query
+)
+
+// sqliteQuery turns $n placeholders into SQLite's numbered ?n.
+func sqliteQuery(q string) string {
+	if s, ok := rewritten.Load(q); ok {
+		return s.(string)
+	}
+	s := placeholder.ReplaceAllString(q, "?$1")
+	rewritten.Store(q, s)
+	return s
+}
+
+// sqliteArgs stores times as microseconds since the epoch, which sort and compare as
+// integers.
+func sqliteArgs(args []any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		if t, ok := a.(time.Time); ok {
+			a = t.UnixMicro()
+		}
+		out[i] = a
+	}
+	return out
+}
+
+func (s sqliteQuerier) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	res, err := s.c.ExecContext(ctx, sqliteQuery(q), sqliteArgs(args)...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (s sqliteQuerier) query(ctx context.Context, q string, args ...any) (rows, error) {
+	r, err := s.c.QueryContext(ctx, sqliteQuery(q), sqliteArgs(args)...)
+	if err != nil {
+		return nil, err
+	}
+	return sqlRows{r}, nil
+}
+
+func (s sqliteQuerier) queryRow(ctx context.Context, q string, args ...any) row {
+	return s.c.QueryRowContext(ctx, sqliteQuery(q), sqliteArgs(args)...)
+}
+
+type sqlRows struct{ *sql.Rows }
+
+func (r sqlRows) Close() { _ = r.Rows.Close() }
+
+func (d *sqliteDB) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	return sqliteQuerier{d.db}.exec(ctx, q, args...)
+}
+
+func (d *sqliteDB) query(ctx context.Context, q string, args ...any) (rows, error) {
+	return sqliteQuerier{d.db}.query(ctx, q, args...)
+}
+
+func (d *sqliteDB) queryRow(ctx context.Context, q string, args ...any) row {
+	return sqliteQuerier{d.db}.queryRow(ctx, q, args...)
+}
+
+func (d *sqliteDB) tx(ctx context.Context, fn func(q querier) error) error {
+	tx, err := d.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
+	if err != nil {
+		return err
+	}
+	if err := fn(sqliteQuerier{tx}); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// uniqueViolation parses "UNIQUE constraint failed: runners.org_id, runners.cluster_id";
+// the key is the last column (organization-scoped keys lead with org_id).
+func (d *sqliteDB) uniqueViolation(err error) (string, string, bool) {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return "", "", false
+	}
+	if se.Code() != sqlite3.SQLITE_CONSTRAINT_UNIQUE && se.Code() != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY {
+		return "", "", false
+	}
+	msg := se.Error()
+	i := strings.LastIndex(msg, "failed: ")
+	if i < 0 {
+		return "", "", true
+	}
+	cols := msg[i+len("failed: "):]
+	if j := strings.Index(cols, " ("); j >= 0 {
+		cols = cols[:j]
+	}
+	parts := strings.Split(cols, ", ")
+	table, key, _ := strings.Cut(strings.TrimSpace(parts[len(parts)-1]), ".")
+	return table, key, true
+}
+
+func (d *sqliteDB) foreignKeyViolation(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code() == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}
+
+func (d *sqliteDB) migrationsDDL() string {
+	return `CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    INTEGER NOT NULL PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL
+) STRICT`
+}
+
+// lockMigrations: the transaction began IMMEDIATE, so it already holds the write lock.
+func (d *sqliteDB) lockMigrations(context.Context, querier) error { return nil }
+
+func (d *sqliteDB) isNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }
+func (d *sqliteDB) name() string            { return "sqlite" }
+func (d *sqliteDB) close() error            { return d.db.Close() }

@@ -1,0 +1,250 @@
+// Package store keeps the control plane's and the gateway's durable state: organizations,
+// API keys, runners (with their policy and status), bootstrap tokens and the gateway's sandbox
+// index. One interface, two backends behind it: SQLite (embedded, the default, pure Go) and
+// PostgreSQL (shared by replicas). Open picks the backend from the DSN.
+//
+// Conventions: every call takes a context; times go in and come out in UTC with microsecond
+// precision (PostgreSQL's); JSON documents are stored as the caller's exact text; errors are
+// matched with errors.Is against ErrNotFound, ErrConflict, ErrAlreadyExists and ErrInvalid
+// (errors.As with *AlreadyExistsError says which key collided).
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Store is the whole persistent state, grouped per entity.
+type Store interface {
+	Orgs() Orgs
+	APIKeys() APIKeys
+	Runners() Runners
+	BootstrapTokens() BootstrapTokens
+	Sandboxes() Sandboxes
+	// Backend is "sqlite" or "postgres".
+	Backend() string
+	Close() error
+}
+
+// Orgs are organizations: the unit every other record is scoped to.
+type Orgs interface {
+	Create(ctx context.Context, org Org) (Org, error) // ErrAlreadyExists (key "id")
+	Get(ctx context.Context, id string) (Org, error)
+	List(ctx context.Context) ([]Org, error) // by id
+}
+
+// APIKeys are hashed API keys. Get is by key id alone (authentication learns the
+// organization from the key); the administrative calls are organization-scoped.
+type APIKeys interface {
+	Create(ctx context.Context, key APIKey) (APIKey, error) // ErrAlreadyExists (key "id")
+	Get(ctx context.Context, id string) (APIKey, error)     // revoked keys too; check RevokedAt
+	List(ctx context.Context, org string) ([]APIKey, error) // oldest first, revoked included
+	// Revoke marks the key revoked; revoking a revoked key keeps the first time.
+	Revoke(ctx context.Context, org, id string) (APIKey, error)
+	// TouchLastUsed records a use. It never moves LastUsedAt backwards.
+	TouchLastUsed(ctx context.Context, id string, at time.Time) error
+}
+
+// Runners are managed runners: administrative fields (with an etag for optimistic
+// concurrency), the policy document, and status that heartbeats write without changing
+// the etag.
+type Runners interface {
+	// Create fails with *AlreadyExistsError for a taken runner_id or cluster_id.
+	Create(ctx context.Context, r Runner) (Runner, error)
+	Get(ctx context.Context, org, runnerID string) (Runner, error)
+	// List returns a page ordered by runner_id and the token of the next page ("" at the end).
+	List(ctx context.Context, org string, page Page) ([]Runner, string, error)
+	// Update applies the non-nil fields of u if etag is the runner's current etag
+	// (ErrConflict otherwise). A policy write increments PolicyRevision.
+	Update(ctx context.Context, org, runnerID, etag string, u RunnerUpdate) (Runner, error)
+	// Delete removes the runner and its bootstrap tokens; etag "" deletes unconditionally.
+	Delete(ctx context.Context, org, runnerID, etag string) error
+	// RecordHeartbeat stores status; it leaves the etag, the policy and UpdatedAt alone.
+	RecordHeartbeat(ctx context.Context, org, runnerID string, s RunnerStatus) error
+}
+
+// BootstrapTokens are one-time secrets a runner presents on first registration.
+type BootstrapTokens interface {
+	Create(ctx context.Context, t BootstrapToken) error // ErrAlreadyExists (key "hash"); ErrNotFound without the runner
+	// Consume atomically marks the token used and returns it. A token that is unknown,
+	// already used or expired gives ErrNotFound, so exactly one concurrent caller wins.
+	Consume(ctx context.Context, hash string) (BootstrapToken, error)
+}
+
+// Sandboxes is the gateway's sandbox index. A sandbox of another organization is
+// ErrNotFound, exactly like a missing one. A record is terminal once EndedAt is set.
+type Sandboxes interface {
+	// Create inserts a record; *AlreadyExistsError with key "id" or "request_id".
+	Create(ctx context.Context, s Sandbox) (Sandbox, error)
+	Get(ctx context.Context, org, id string) (Sandbox, error)
+	GetByRequestID(ctx context.Context, org, requestID string) (Sandbox, error)
+	List(ctx context.Context, org string, f SandboxFilter, page Page) ([]Sandbox, string, error)
+	UpdateStatus(ctx context.Context, org, id string, u SandboxStatusUpdate) (Sandbox, error)
+	// DeleteEndedBefore drops terminal records (of every organization) that ended before
+	// cutoff and returns how many.
+	DeleteEndedBefore(ctx context.Context, cutoff time.Time) (int64, error)
+}
+
+// Org is an organization.
+type Org struct {
+	ID        string
+	Name      string
+	CreatedAt time.Time // set by the store
+}
+
+// API key roles.
+const (
+	RoleAdmin = "SANDBOX_ADMIN"
+	RoleUser  = "SANDBOX_USER"
+)
+
+// APIKey is a key's record; the secret itself is never stored.
+type APIKey struct {
+	ID         string
+	Org        string
+	Role       string // RoleAdmin or RoleUser
+	Name       string
+	Hash       string    // hex SHA-256 of the whole key
+	CreatedAt  time.Time // set by the store when zero
+	RevokedAt  *time.Time
+	LastUsedAt *time.Time
+}
+
+// Release channels.
+const (
+	ChannelStable = "STABLE"
+	ChannelRapid  = "RAPID"
+)
+
+// DefaultRunnerGroup is the runner_group_id of a runner created without one.
+const DefaultRunnerGroup = "default"
+
+// Runner is a managed runner: one per cluster, unique runner_id per organization.
+type Runner struct {
+	Org            string
+	RunnerID       string
+	ClusterID      string
+	Zone           string
+	RunnerGroupID  string // DefaultRunnerGroup when empty on create
+	DisplayName    string
+	ReleaseChannel string // ChannelStable (when empty on create) or ChannelRapid
+	DesiredVersion string // set by applyAvailableUpdate; "" means none
+	// Policy is the runner's policy document; nil means never configured (JSON null on
+	// the API), "{}" is the permissive policy. Once set it can be replaced, not unset.
+	Policy json.RawMessage
+	// PolicyRevision counts policy writes: 0 never set, 1 the first policy, …
+	PolicyRevision int64
+	// Etag changes on every administrative write (not on heartbeats).
+	Etag      string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	Status    RunnerStatus
+}
+
+// RunnerStatus is what heartbeats report.
+type RunnerStatus struct {
+	LastHeartbeatAt *time.Time // nil: never heard from
+	Version         string
+	Ready           bool
+	Capacity        json.RawMessage // nil when never reported
+	Usage           json.RawMessage
+}
+
+// RunnerUpdate holds the fields to change; nil leaves a field as it is.
+type RunnerUpdate struct {
+	DisplayName    *string
+	RunnerGroupID  *string
+	ReleaseChannel *string
+	DesiredVersion *string
+	Policy         json.RawMessage // replaces the whole document; JSON null is rejected
+}
+
+// BootstrapToken is a one-time registration secret for one runner, kept hashed.
+type BootstrapToken struct {
+	Hash       string // hex SHA-256 of the secret; the primary key
+	Org        string
+	RunnerID   string
+	ExpiresAt  time.Time
+	CreatedAt  time.Time // set by the store
+	ConsumedAt *time.Time
+}
+
+// Sandbox is one entry of the gateway's sandbox index.
+type Sandbox struct {
+	ID             string
+	Org            string
+	RunnerID       string
+	RequestID      string // "" when the create had none; unique per organization otherwise
+	Spec           json.RawMessage
+	Tags           []string
+	CreatedAt      time.Time // the caller's; the store's clock when zero
+	State          string
+	PolicyRevision int64           // of the runner policy the sandbox was resolved with
+	Status         json.RawMessage // last status seen; nil when none
+	UpdatedAt      time.Time
+	EndedAt        *time.Time // set once terminal
+}
+
+// SandboxStatusUpdate is a new state and last status for a sandbox.
+type SandboxStatusUpdate struct {
+	State   string
+	Status  json.RawMessage // nil leaves the stored status
+	EndedAt *time.Time      // nil leaves EndedAt as it is (a terminal record stays terminal)
+}
+
+// SandboxFilter narrows Sandboxes.List. Empty fields do not filter.
+type SandboxFilter struct {
+	Tags            []string // every tag must be present
+	States          []string // any of
+	RunnerIDs       []string // any of
+	IncludeTerminal bool     // include records with EndedAt set
+	Descending      bool     // newest first (default oldest first)
+}
+
+// Page asks for one page of a list. Size 0 means DefaultPageSize; above MaxPageSize is capped.
+// Token is the next-page token of the previous call with the same filter ("" for the first).
+type Page struct {
+	Size  int
+	Token string
+}
+
+// Page sizes.
+const (
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+)
+
+// Errors, matched with errors.Is.
+var (
+	ErrNotFound      = errors.New("not found")
+	ErrConflict      = errors.New("etag mismatch: the record changed since it was read")
+	ErrAlreadyExists = errors.New("already exists")
+	ErrInvalid       = errors.New("invalid argument")
+	// ErrSchemaTooNew: the database was migrated by a newer sandboxd than this one.
+	ErrSchemaTooNew = errors.New("database schema is newer than this binary")
+)
+
+// Keys reported by AlreadyExistsError.
+const (
+	KeyID        = "id"
+	KeyRunnerID  = "runner_id"
+	KeyClusterID = "cluster_id"
+	KeyRequestID = "request_id"
+	KeyHash      = "hash"
+)
+
+// AlreadyExistsError says which unique key a create collided on. It matches ErrAlreadyExists.
+type AlreadyExistsError struct {
+	Entity string // "organization", "api_key", "runner", "bootstrap_token", "sandbox"
+	Key    string // KeyID, KeyRunnerID, KeyClusterID, KeyRequestID, KeyHash
+}
+
+func (e *AlreadyExistsError) Error() string {
+	return fmt.Sprintf("%s with this %s already exists", e.Entity, e.Key)
+}
+
+// Is makes errors.Is(err, ErrAlreadyExists) hold.
+func (e *AlreadyExistsError) Is(target error) bool { return target == ErrAlreadyExists }
