@@ -12,6 +12,7 @@ all: build
 
 build: agent
 	$(GO) build -o $(BIN)/sandboxd ./cmd/sandboxd
+	$(GO) build -o $(BIN)/sbx ./cmd/sbx
 
 # The agent runs inside arbitrary images, so it must be static.
 agent:

@@ -1,0 +1,19 @@
+// Command sbx runs and manages sandboxes through the coreweave.sandbox.v1 API; see
+// `sbx --help`. Everything but process setup lives in internal/sbxcli.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sandboxd/sandboxd/internal/sbxcli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := sbxcli.ExecuteContext(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,467 @@
+package sbxcli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	sandbox "github.com/sandboxd/sandboxd/sdk/go"
+)
+
+type protoMessage = proto.Message
+
+func (a *app) runCommand() *cobra.Command {
+	var (
+		rm, interactive bool
+		spec            sandbox.Spec
+		env             []string
+		lifetime        time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run IMAGE [-- CMD...]",
+		Short: "Create a sandbox, wait for it, and run CMD in it",
+		Long: `run creates a sandbox from IMAGE and waits until it runs. With CMD it runs the command
+in the sandbox, streaming its output, and exits with its exit code; --rm deletes the
+sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			argv := args[1:]
+			if rm && len(argv) == 0 {
+				return errors.New("--rm needs a command to run (sbx run IMAGE --rm -- CMD...)")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			spec.Image = args[0]
+			spec.Lifetime = lifetime
+			if spec.Env, err = parseEnv(env); err != nil {
+				return err
+			}
+			sb, err := c.Create(ctx, spec)
+			if err != nil {
+				return err
+			}
+			if rm {
+				defer func() {
+					dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+					defer cancel()
+					if err := sb.Stop(dctx, 0); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+						_, _ = fmt.Fprintln(a.stderr, FormatError(fmt.Errorf("delete %s: %w", sb.ID(), err)))
+					}
+				}()
+			}
+			if err := a.waitWithProgress(ctx, sb, spec.Image); err != nil {
+				return err
+			}
+			if len(argv) == 0 {
+				if a.json() {
+					return a.printJSON(sb.Proto())
+				}
+				_, err := fmt.Fprintln(a.stdout, sb.ID())
+				return err
+			}
+			opts := sandbox.ExecOptions{Stdout: a.stdout, Stderr: a.stderr}
+			if interactive {
+				opts.Stdin = a.stdin
+			}
+			code, err := sb.Exec(ctx, argv, opts)
+			if err != nil {
+				return err
+			}
+			a.exitCode = code
+			if !rm && isTerminal(a.stderr) {
+				_, _ = fmt.Fprintf(a.stderr, "sbx: sandbox %s keeps running (sbx stop %s)\n", sb.ID(), sb.ID())
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&rm, "rm", false, "delete the sandbox when the command ends")
+	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin to the command")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	f.StringArrayVar(&spec.Tags, "tag", nil, "tag (repeatable)")
+	f.StringVar(&spec.CPU, "cpu", "", `CPU, e.g. "500m" or "2"`)
+	f.StringVar(&spec.Memory, "memory", "", `memory, e.g. "512Mi"`)
+	f.StringVarP(&spec.WorkingDir, "workdir", "w", "", "working directory of the main command")
+	f.DurationVar(&lifetime, "lifetime", 0, "maximum lifetime (default: the platform's)")
+	f.StringArrayVar(&spec.RunnerIDs, "runner", nil, "place on this runner (repeatable)")
+	return cmd
+}
+
+// waitWithProgress waits for sb to run, drawing a progress line on a terminal stderr.
+func (a *app) waitWithProgress(ctx context.Context, sb *sandbox.Sandbox, image string) error {
+	if !isTerminal(a.stderr) {
+		return sb.Wait(ctx)
+	}
+	start := time.Now()
+	state := sb.State()
+	stateCh := make(chan sandbox.State, 1)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		frames := []rune("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				_, _ = fmt.Fprint(a.stderr, "\r\033[K")
+				return
+			case state = <-stateCh:
+			case <-t.C:
+			}
+			_, _ = fmt.Fprintf(a.stderr, "\r\033[K%c %s %.1fs", frames[i%len(frames)], progressText(state, sb.ID(), image), time.Since(start).Seconds())
+		}
+	}()
+	err := sb.WaitProgress(ctx, func(in sandbox.Info) {
+		select {
+		case stateCh <- in.State:
+		default:
+		}
+	})
+	close(done)
+	<-finished
+	return err
+}
+
+func progressText(st sandbox.State, id, image string) string {
+	switch st {
+	case sandbox.StatePending:
+		return "sandbox " + id + ": waiting for a runner…"
+	case sandbox.StateCreating, sandbox.StateUnspecified:
+		if image == "" {
+			return "sandbox " + id + ": starting…"
+		}
+		return "sandbox " + id + ": pulling image " + image + " and starting…"
+	}
+	return "sandbox " + id + ": " + st.String() + "…"
+}
+
+func parseEnv(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	env := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			if k != "" {
+				if val, set := os.LookupEnv(k); set {
+					env[k] = val
+					continue
+				}
+			}
+			return nil, fmt.Errorf("--env %q: want KEY=VALUE", kv)
+		}
+		env[k] = v
+	}
+	return env, nil
+}
+
+func (a *app) lsCommand() *cobra.Command {
+	var (
+		opts  sandbox.ListOptions
+		state string
+	)
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if state != "" {
+				st, err := sandbox.ParseState(state)
+				if err != nil {
+					return err
+				}
+				opts.State = st
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.List(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				items := make([]json.RawMessage, len(list))
+				for i, sb := range list {
+					if items[i], err = protojson.Marshal(sb.Proto()); err != nil {
+						return err
+					}
+				}
+				return a.printJSON(items)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			_, _ = fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tAGE\tTAGS")
+			for _, sb := range list {
+				in := sb.Info()
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", in.ID, in.State, in.Image, age(in.CreatedAt), strings.Join(in.Tags, ","))
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&opts.Tags, "tag", nil, "only sandboxes with this tag (repeatable: all must match)")
+	f.BoolVarP(&opts.ShowTerminated, "all", "a", false, "include ended sandboxes")
+	f.StringVar(&state, "status", "", "only sandboxes in this state (running, completed, failed, …)")
+	f.StringArrayVar(&opts.RunnerIDs, "runner-id", nil, "only sandboxes on this runner (repeatable)")
+	return cmd
+}
+
+func age(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String()
+}
+
+func (a *app) getCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get ID",
+		Short: "Show a sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(sb.Proto())
+			}
+			in := sb.Info()
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			row := func(k, v string) {
+				if v != "" {
+					_, _ = fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+				}
+			}
+			row("ID", in.ID)
+			row("State", in.State.String())
+			row("Reason", in.Reason)
+			if in.ExitCode != nil {
+				row("Exit code", fmt.Sprint(*in.ExitCode))
+			}
+			row("Image", in.Image)
+			row("Runner", in.RunnerID)
+			row("Tags", strings.Join(in.Tags, ","))
+			row("Created", stamp(in.CreatedAt))
+			row("Started", stamp(in.StartedAt))
+			row("Ended", stamp(in.EndedAt))
+			if in.Lifetime > 0 {
+				row("Lifetime", in.Lifetime.String())
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.Local().Format(time.RFC3339)
+}
+
+func (a *app) execCommand() *cobra.Command {
+	var (
+		interactive bool
+		opts        sandbox.ExecOptions
+		env         []string
+	)
+	cmd := &cobra.Command{
+		Use:   "exec ID -- CMD...",
+		Short: "Run a command in a sandbox and exit with its code",
+		Long: `exec runs CMD in the sandbox, streaming its output, and exits with its exit code.
+stdin is forwarded when it is not a terminal, or with -i.`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if opts.Env, err = parseEnv(env); err != nil {
+				return err
+			}
+			opts.Stdout, opts.Stderr = a.stdout, a.stderr
+			if a.stdin != nil && (interactive || !isTerminal(a.stdin)) {
+				opts.Stdin = a.stdin
+			}
+			code, err := c.Sandbox(args[0]).Exec(cmd.Context(), args[1:], opts)
+			if err != nil {
+				return err
+			}
+			a.exitCode = code
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin even from a terminal")
+	f.StringVar(&opts.Cwd, "cwd", "", "run in this directory")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	return cmd
+}
+
+func (a *app) logsCommand() *cobra.Command {
+	var (
+		opts  sandbox.LogOptions
+		since string
+	)
+	cmd := &cobra.Command{
+		Use:   "logs ID",
+		Short: "Print the main command's output",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if since != "" {
+				t, err := parseSince(since, time.Now())
+				if err != nil {
+					return err
+				}
+				opts.Since = t
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return c.Sandbox(args[0]).Logs(cmd.Context(), opts, a.stdout)
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&opts.Follow, "follow", "f", false, "keep printing new output")
+	f.IntVar(&opts.Tail, "tail", 0, "only the last N lines")
+	f.BoolVarP(&opts.Timestamps, "timestamps", "t", false, "prefix lines with their time")
+	f.StringVar(&since, "since", "", "only output since a time (RFC 3339) or a duration ago (e.g. 5m)")
+	return cmd
+}
+
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("--since %q: want a duration (5m) or an RFC 3339 time", s)
+	}
+	return t, nil
+}
+
+func (a *app) filesCommand() *cobra.Command {
+	files := &cobra.Command{Use: "files", Short: "Read and write files in a sandbox"}
+	files.AddCommand(&cobra.Command{
+		Use:   "read ID PATH",
+		Short: "Write a sandbox file to stdout",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			data, err := c.Sandbox(args[0]).ReadFile(cmd.Context(), args[1])
+			if err != nil {
+				return err
+			}
+			_, err = a.stdout.Write(data)
+			return err
+		},
+	}, &cobra.Command{
+		Use:   "write ID PATH [LOCAL]",
+		Short: "Write stdin (or the local file LOCAL) to a sandbox file",
+		Args:  cobra.RangeArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var data []byte
+			var err error
+			if len(args) == 3 {
+				data, err = os.ReadFile(args[2])
+			} else {
+				if a.stdin == nil {
+					return errors.New("nothing on stdin: give LOCAL or redirect a file")
+				}
+				data, err = io.ReadAll(io.LimitReader(a.stdin, sandbox.MaxFileBytes+1))
+			}
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return c.Sandbox(args[0]).WriteFile(cmd.Context(), args[1], data)
+		},
+	})
+	return files
+}
+
+func (a *app) stopCommand() *cobra.Command {
+	var (
+		grace     time.Duration
+		missingOK bool
+	)
+	cmd := &cobra.Command{
+		Use:   "stop ID",
+		Short: "Stop a sandbox and wait until it has ended",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb := c.Sandbox(args[0])
+			if err := sb.Stop(cmd.Context(), grace); err != nil {
+				if missingOK && errors.Is(err, sandbox.ErrNotFound) {
+					return nil
+				}
+				return err
+			}
+			if a.json() {
+				return a.printJSON(sb.Proto())
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s %s\n", sb.ID(), sb.State())
+			return err
+		},
+	}
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time the main command has to exit after SIGTERM")
+	cmd.Flags().BoolVar(&missingOK, "missing-ok", false, "succeed if the sandbox does not exist")
+	return cmd
+}
+
+func (a *app) deleteCommand() *cobra.Command {
+	var missingOK bool
+	cmd := &cobra.Command{
+		Use:     "delete ID...",
+		Aliases: []string{"rm"},
+		Short:   "Delete sandboxes at once",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				if err := c.Delete(cmd.Context(), id); err != nil && !(missingOK && errors.Is(err, sandbox.ErrNotFound)) {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&missingOK, "missing-ok", false, "succeed if a sandbox does not exist")
+	return cmd
+}

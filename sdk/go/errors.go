@@ -1,0 +1,212 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+)
+
+// ErrorDomain is the google.rpc.ErrorInfo domain whose reasons this package trusts.
+const ErrorDomain = "cwsandbox.com"
+
+// Reasons the API reports in ErrorInfo (not exhaustive).
+const (
+	ReasonSandboxNotFound      = "CWSANDBOX_SANDBOX_NOT_FOUND"
+	ReasonSandboxNotRunning    = "CWSANDBOX_SANDBOX_NOT_RUNNING"
+	ReasonUnauthenticated      = "CWSANDBOX_UNAUTHENTICATED"
+	ReasonInvalidRequest       = "CWSANDBOX_INVALID_REQUEST"
+	ReasonNotImplemented       = "CWSANDBOX_NOT_IMPLEMENTED"
+	ReasonRunnerUnavailable    = "CWSANDBOX_RUNNER_UNAVAILABLE"
+	ReasonBackendUnavailable   = "CWSANDBOX_BACKEND_UNAVAILABLE"
+	ReasonCommandTimeout       = "CWSANDBOX_COMMAND_TIMEOUT"
+	ReasonFileNotFound         = "CWSANDBOX_FILE_NOT_FOUND"
+	ReasonFileIsDirectory      = "CWSANDBOX_FILE_IS_DIRECTORY"
+	ReasonFilePermissionDenied = "CWSANDBOX_FILE_PERMISSION_DENIED"
+	ReasonFileTooLarge         = "CWSANDBOX_FILE_TOO_LARGE"
+	ReasonFileIOFailed         = "CWSANDBOX_FILE_IO_FAILED"
+)
+
+// Sentinel errors for errors.Is. An *Error matches those its status code and reason
+// imply; a *StateError matches ErrSandboxFailed or ErrSandboxTerminated.
+var (
+	ErrNotFound          = errors.New("sandbox not found")
+	ErrUnauthenticated   = errors.New("not authenticated")
+	ErrInvalidArgument   = errors.New("invalid argument")
+	ErrNotRunning        = errors.New("sandbox not running")
+	ErrUnavailable       = errors.New("service unavailable")
+	ErrTimeout           = errors.New("timed out")
+	ErrResourceExhausted = errors.New("resource exhausted")
+	ErrUnimplemented     = errors.New("not implemented")
+	ErrFileNotFound      = errors.New("file not found")
+	ErrFileTooLarge      = errors.New("file too large")
+	ErrSandboxFailed     = errors.New("sandbox failed")
+	ErrSandboxTerminated = errors.New("sandbox terminated")
+)
+
+// Violation is one google.rpc.BadRequest field violation.
+type Violation struct {
+	Field       string
+	Description string
+}
+
+// Error is an API error: the gRPC status code, and from the status details the
+// CWSANDBOX_* reason with its metadata (ErrorInfo), field violations (BadRequest) and
+// how long to wait before retrying (RetryInfo). In-band stream errors (exec and log
+// streams) carry their code, e.g. STREAM_BACKPRESSURE, as Reason.
+type Error struct {
+	Code       connect.Code
+	Reason     string
+	Message    string
+	Metadata   map[string]string
+	Violations []Violation
+	RetryDelay time.Duration
+	// Domain of the ErrorInfo the reason came from.
+	Domain string
+	err    error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Message)
+	if b.Len() == 0 {
+		b.WriteString(e.Code.String())
+	}
+	if len(e.Violations) > 0 && !strings.Contains(e.Message, e.Violations[0].Field) {
+		for i, v := range e.Violations {
+			if i == 0 {
+				b.WriteString(": ")
+			} else {
+				b.WriteString("; ")
+			}
+			b.WriteString(v.Field + " " + v.Description)
+		}
+	}
+	return b.String()
+}
+
+// Unwrap returns the underlying transport error.
+func (e *Error) Unwrap() error { return e.err }
+
+// Is matches the sentinel errors of this package.
+func (e *Error) Is(target error) bool {
+	file := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_")
+	switch target {
+	case ErrNotFound:
+		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !file)
+	case ErrUnauthenticated:
+		return e.Code == connect.CodeUnauthenticated || e.Code == connect.CodePermissionDenied
+	case ErrInvalidArgument:
+		return e.Code == connect.CodeInvalidArgument
+	case ErrNotRunning:
+		return e.Reason == ReasonSandboxNotRunning || e.Code == connect.CodeCanceled
+	case ErrUnavailable:
+		return e.Code == connect.CodeUnavailable || e.Reason == ReasonRunnerUnavailable || e.Reason == ReasonBackendUnavailable
+	case ErrTimeout:
+		return e.Code == connect.CodeDeadlineExceeded || e.Reason == ReasonCommandTimeout
+	case ErrResourceExhausted:
+		return e.Code == connect.CodeResourceExhausted
+	case ErrUnimplemented:
+		return e.Code == connect.CodeUnimplemented || e.Reason == ReasonNotImplemented
+	case ErrFileNotFound:
+		return e.Reason == ReasonFileNotFound
+	case ErrFileTooLarge:
+		return e.Reason == ReasonFileTooLarge
+	}
+	return false
+}
+
+// retryable reports whether a poll may try again after err.
+func (e *Error) retryable() bool {
+	switch e.Code {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeResourceExhausted:
+		return e.Reason != ReasonFileTooLarge
+	}
+	return e.Reason == ReasonRunnerUnavailable || e.Reason == ReasonBackendUnavailable
+}
+
+// fromRPC turns an RPC error into an *Error (context errors stay as they are).
+func fromRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	e = &Error{Code: ce.Code(), Message: ce.Message(), err: err}
+	if e.Code == connect.CodeDeadlineExceeded && errors.Is(err, context.DeadlineExceeded) && e.Message == "" {
+		e.Message = "deadline exceeded"
+	}
+	var reasonInfo *errdetails.ErrorInfo
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if derr != nil {
+			continue
+		}
+		switch x := v.(type) {
+		case *errdetails.ErrorInfo:
+			if x.GetReason() == "" {
+				continue
+			}
+			// Prefer our domain; otherwise keep the first reason seen.
+			if reasonInfo == nil || (reasonInfo.GetDomain() != ErrorDomain && x.GetDomain() == ErrorDomain) {
+				reasonInfo = x
+			}
+		case *errdetails.BadRequest:
+			for _, fv := range x.GetFieldViolations() {
+				e.Violations = append(e.Violations, Violation{Field: fv.GetField(), Description: fv.GetDescription()})
+			}
+		case *errdetails.RetryInfo:
+			if e.RetryDelay == 0 && x.GetRetryDelay() != nil {
+				e.RetryDelay = x.GetRetryDelay().AsDuration()
+			}
+		}
+	}
+	if reasonInfo != nil {
+		e.Reason, e.Domain, e.Metadata = reasonInfo.GetReason(), reasonInfo.GetDomain(), reasonInfo.GetMetadata()
+	}
+	return e
+}
+
+// ReasonOf returns the CWSANDBOX_* reason (or in-band stream code) of err, or "".
+func ReasonOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ""
+}
+
+// StateError reports a sandbox that ended while the caller waited for it to run.
+type StateError struct {
+	ID       string
+	State    State
+	Reason   string
+	ExitCode *int
+}
+
+func (e *StateError) Error() string {
+	msg := fmt.Sprintf("sandbox %s is %s", e.ID, e.State)
+	if e.Reason != "" {
+		msg += ": " + e.Reason
+	}
+	if e.ExitCode != nil {
+		msg += fmt.Sprintf(" (exit code %d)", *e.ExitCode)
+	}
+	return msg
+}
+
+// Is matches ErrSandboxFailed and ErrSandboxTerminated.
+func (e *StateError) Is(target error) bool {
+	return (target == ErrSandboxFailed && e.State == StateFailed) ||
+		(target == ErrSandboxTerminated && e.State == StateTerminated)
+}

@@ -1,0 +1,412 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+)
+
+// State is a sandbox's lifecycle state.
+type State int32
+
+// States, numbered as in coreweave.sandbox.v1.State.
+const (
+	StateUnspecified State = 0
+	StateCreating    State = 1
+	StateRunning     State = 2
+	StateCompleted   State = 3 // the main command exited on its own
+	StateFailed      State = 4
+	StateTerminating State = 5
+	StateTerminated  State = 6 // stopped by a user
+	StatePending     State = 7
+	StatePaused      State = 8
+)
+
+// String is the state's name in lower case, as the official client reports it
+// ("running", "completed", …).
+func (s State) String() string {
+	name, ok := sandboxv1.State_name[int32(s)]
+	if !ok {
+		return fmt.Sprintf("state(%d)", int32(s))
+	}
+	return strings.ToLower(strings.TrimPrefix(name, "STATE_"))
+}
+
+// Terminal reports whether the sandbox has ended for good.
+func (s State) Terminal() bool {
+	return s == StateCompleted || s == StateFailed || s == StateTerminated
+}
+
+// ParseState parses a state name ("running", "STATE_RUNNING", case-insensitive).
+func ParseState(name string) (State, error) {
+	n := "STATE_" + strings.TrimPrefix(strings.ToUpper(strings.TrimSpace(name)), "STATE_")
+	v, ok := sandboxv1.State_value[n]
+	if !ok {
+		return 0, fmt.Errorf("unknown state %q", name)
+	}
+	return State(v), nil
+}
+
+// DefaultImage, DefaultCommand and DefaultArgs are what Create uses for an empty Spec,
+// like the official client: a sandbox that stays up until it is stopped.
+const (
+	DefaultImage   = "python:3.11"
+	DefaultCommand = "/bin/sh"
+)
+
+// DefaultArgs keep the default command running until SIGTERM.
+var DefaultArgs = []string{"-c", `trap "exit 0" TERM INT; sleep infinity & wait`}
+
+// Spec describes a sandbox with one container.
+type Spec struct {
+	Image string // default DefaultImage
+	// Command is the executable (one string); Args its arguments. Both empty run
+	// DefaultCommand with DefaultArgs; Command empty with Args runs the image entrypoint.
+	Command    string
+	Args       []string
+	Env        map[string]string
+	WorkingDir string
+	Files      map[string][]byte // path in the sandbox → content, written before start
+	CPU        string            // e.g. "500m", "2": request and limit
+	Memory     string            // e.g. "512Mi"
+	Lifetime   time.Duration     // 0 = platform default
+	Tags       []string
+	RunnerIDs  []string
+	// Annotations are free-form key/values stored with the sandbox.
+	Annotations map[string]string
+}
+
+// Proto returns the wire spec Create sends.
+func (s Spec) Proto() *sandboxv1.SandboxSpec {
+	c := &sandboxv1.Container{
+		Name:                 "main",
+		Image:                s.Image,
+		Command:              s.Command,
+		Args:                 s.Args,
+		EnvironmentVariables: s.Env,
+		WorkingDir:           s.WorkingDir,
+	}
+	if c.Image == "" {
+		c.Image = DefaultImage
+	}
+	if s.Command == "" && len(s.Args) == 0 {
+		c.Command, c.Args = DefaultCommand, append([]string(nil), DefaultArgs...)
+	}
+	for _, p := range sortedKeys(s.Files) {
+		c.Files = append(c.Files, &sandboxv1.FileMount{Path: p, Content: s.Files[p]})
+	}
+	if s.CPU != "" || s.Memory != "" {
+		r := func() *sandboxv1.Resources { return &sandboxv1.Resources{Cpu: s.CPU, Memory: s.Memory} }
+		c.ResourceRequirements = &sandboxv1.ResourceRequirements{Requests: r(), Limits: r()}
+	}
+	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{c}, Tags: s.Tags, RunnerIds: s.RunnerIDs, Annotations: s.Annotations}
+	if s.Lifetime > 0 {
+		sp.MaxLifetimeSeconds = int32(min(math.Ceil(s.Lifetime.Seconds()), math.MaxInt32))
+	}
+	if len(s.RunnerIDs) > 0 {
+		sp.Mode = sandboxv1.SandboxMode_SANDBOX_MODE_CKS
+	}
+	return sp
+}
+
+// Sandbox is a client-side handle on one sandbox with the status last seen. Its
+// methods are safe for concurrent use.
+type Sandbox struct {
+	c  *Client
+	id string
+
+	mu      sync.Mutex
+	proto   *sandboxv1.Sandbox
+	fileCap atomic.Int64 // the server's unary file cap, once reported
+}
+
+// Info is a snapshot of a sandbox's status.
+type Info struct {
+	ID        string
+	State     State
+	Reason    string // why it is in this state (e.g. the pull error of a FAILED sandbox)
+	ExitCode  *int   // the main command's, once it exited
+	RunnerID  string
+	Image     string
+	Tags      []string
+	CreatedAt time.Time
+	StartedAt time.Time
+	EndedAt   time.Time
+	Lifetime  time.Duration // effective maximum lifetime
+}
+
+// ID is the sandbox's ID.
+func (s *Sandbox) ID() string { return s.id }
+
+// Proto returns the last sandbox message received (nil if none).
+func (s *Sandbox) Proto() *sandboxv1.Sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proto
+}
+
+// State is the state last seen.
+func (s *Sandbox) State() State { return s.Info().State }
+
+// Info returns the status last seen.
+func (s *Sandbox) Info() Info {
+	p := s.Proto()
+	st := p.GetStatus()
+	in := Info{
+		ID: s.id, State: State(st.GetState()), Reason: st.GetStateReason(), RunnerID: st.GetRunnerId(),
+		Tags: p.GetSpec().GetTags(), Lifetime: time.Duration(st.GetEffectiveMaxLifetimeSeconds()) * time.Second,
+	}
+	if cs := p.GetSpec().GetContainers(); len(cs) > 0 {
+		in.Image = cs[0].GetImage()
+	}
+	if st != nil && st.ExitCode != nil {
+		c := int(st.GetExitCode())
+		in.ExitCode = &c
+	}
+	if t := st.GetCreateTime(); t != nil {
+		in.CreatedAt = t.AsTime()
+	}
+	if t := st.GetStartTime(); t != nil {
+		in.StartedAt = t.AsTime()
+	}
+	if t := st.GetEndTime(); t != nil {
+		in.EndedAt = t.AsTime()
+	}
+	return in
+}
+
+func (s *Sandbox) set(p *sandboxv1.Sandbox) {
+	if p == nil {
+		return
+	}
+	s.mu.Lock()
+	s.proto = p
+	s.mu.Unlock()
+}
+
+func (c *Client) handle(p *sandboxv1.Sandbox) *Sandbox {
+	return &Sandbox{c: c, id: p.GetSandboxId(), proto: p}
+}
+
+// Sandbox returns a handle on the sandbox id without calling the API; its state is
+// unknown until Refresh (operations that need a running sandbox wait for it first).
+func (c *Client) Sandbox(id string) *Sandbox {
+	return &Sandbox{c: c, id: id, proto: &sandboxv1.Sandbox{SandboxId: id}}
+}
+
+// Create starts a sandbox and returns at once, usually in StateCreating; Wait for it
+// to run. Transient failures are retried with the same request ID, so a retry never
+// creates a second sandbox.
+func (c *Client) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
+	return c.CreateProto(ctx, spec.Proto())
+}
+
+// CreateProto is Create with a wire spec.
+func (c *Client) CreateProto(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sandbox, error) {
+	req := &sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec}, RequestId: newUUID()}
+	var out *sandboxv1.Sandbox
+	err := retry(ctx, retryBudget, func(ctx context.Context) error {
+		cctx, cancel := withTimeout(ctx, createTimeout)
+		defer cancel()
+		res, err := c.svc.CreateSandbox(cctx, connect.NewRequest(req))
+		if err != nil {
+			return fromRPC(err)
+		}
+		out = res.Msg
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c.handle(out), nil
+}
+
+// Get returns the sandbox id with its current status (also after it ended, within the
+// server's retention window).
+func (c *Client) Get(ctx context.Context, id string) (*Sandbox, error) {
+	sb := c.Sandbox(id)
+	if err := sb.Refresh(ctx); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// Refresh fetches the current status.
+func (s *Sandbox) Refresh(ctx context.Context) error {
+	cctx, cancel := withTimeout(ctx, getTimeout)
+	defer cancel()
+	res, err := s.c.svc.GetSandbox(cctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: s.id}))
+	if err != nil {
+		return fromRPC(err)
+	}
+	s.set(res.Msg)
+	return nil
+}
+
+// ListOptions filters List. By default only active sandboxes are listed.
+type ListOptions struct {
+	Tags           []string // all must match
+	State          State    // 0 = any; a terminal state lists ended sandboxes too
+	ShowTerminated bool
+	RunnerIDs      []string
+	PageSize       int32 // 0 = server default
+}
+
+// List returns the caller's sandboxes, following page tokens.
+func (c *Client) List(ctx context.Context, opts ListOptions) ([]*Sandbox, error) {
+	ctx, cancel := withTimeout(ctx, listTimeout)
+	defer cancel()
+	items, err := collectPages(ctx, maxListPages, func(ctx context.Context, token string) ([]*sandboxv1.Sandbox, string, error) {
+		res, err := c.svc.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{
+			PageSize: opts.PageSize, PageToken: token, Tags: opts.Tags, State: sandboxv1.State(opts.State),
+			ShowTerminated: opts.ShowTerminated, RunnerIds: opts.RunnerIDs,
+		}))
+		if err != nil {
+			return nil, "", fromRPC(err)
+		}
+		return res.Msg.GetSandboxes(), res.Msg.GetNextPageToken(), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Sandbox, len(items))
+	for i, p := range items {
+		out[i] = c.handle(p)
+	}
+	return out, nil
+}
+
+// collectPages calls fetch with each next page token until there is none, at most
+// maxPages times; a token repeated by the server is an error rather than a loop.
+func collectPages[T any](ctx context.Context, maxPages int, fetch func(ctx context.Context, token string) ([]T, string, error)) ([]T, error) {
+	var all []T
+	seen := map[string]bool{}
+	token := ""
+	for page := 0; ; page++ {
+		if page == maxPages {
+			return all, fmt.Errorf("sandbox: listing stopped after %d pages", maxPages)
+		}
+		items, next, err := fetch(ctx, token)
+		if err != nil {
+			return all, err
+		}
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
+		}
+		if seen[next] {
+			return all, fmt.Errorf("sandbox: the server repeated page token %q", next)
+		}
+		seen[next] = true
+		token = next
+	}
+}
+
+// Delete deletes the sandbox id at once (no grace period) without waiting for it to
+// end.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	cctx, cancel := withTimeout(ctx, deleteTimeout)
+	defer cancel()
+	_, err := c.svc.DeleteSandbox(cctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
+	return fromRPC(err)
+}
+
+// Wait polls until the sandbox runs (or is paused, terminating or completed) and
+// returns nil then; a FAILED or TERMINATED sandbox is a *StateError. Without a deadline
+// on ctx it gives up after 5 minutes.
+func (s *Sandbox) Wait(ctx context.Context) error {
+	return s.WaitProgress(ctx, nil)
+}
+
+// WaitProgress is Wait calling progress after every poll, e.g. to show how long an
+// image pull takes.
+func (s *Sandbox) WaitProgress(ctx context.Context, progress func(Info)) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, waitTimeout)
+		defer cancel()
+	}
+	b := newPollBackoff()
+	for {
+		if err := retry(ctx, retryBudget, s.Refresh); err != nil {
+			return err
+		}
+		in := s.Info()
+		if progress != nil {
+			progress(in)
+		}
+		switch in.State {
+		case StateCreating, StatePending:
+		case StateFailed, StateTerminated:
+			return &StateError{ID: s.id, State: in.State, Reason: in.Reason, ExitCode: in.ExitCode}
+		default: // running, paused, terminating, completed (unspecified counts as completed)
+			return nil
+		}
+		if err := sleep(ctx, b.next()); err != nil {
+			return fmt.Errorf("sandbox %s did not start (still %s): %w", s.id, in.State, waitErr(err))
+		}
+	}
+}
+
+func waitErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errors.Join(ErrTimeout, err)
+	}
+	return err
+}
+
+// ensureRunning waits for a sandbox not yet known to run.
+func (s *Sandbox) ensureRunning(ctx context.Context) error {
+	if st := s.Proto().GetStatus(); st != nil && State(st.GetState()) == StateRunning {
+		return nil
+	}
+	return s.Wait(ctx)
+}
+
+// Stop deletes the sandbox, giving its main command grace to exit after SIGTERM, then
+// polls until it is COMPLETED, FAILED or TERMINATED.
+func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
+	secs := int32(min(math.Ceil(grace.Seconds()), math.MaxInt32))
+	cctx, cancel := withTimeout(ctx, time.Duration(secs)*time.Second+10*time.Second)
+	res, err := s.c.svc.DeleteSandbox(cctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: s.id, GracePeriodSeconds: secs}))
+	cancel()
+	if err != nil {
+		return fromRPC(err)
+	}
+	s.set(res.Msg.GetSandbox())
+	if _, ok := ctx.Deadline(); !ok {
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(secs)*time.Second+waitTimeout)
+		defer cancel()
+	}
+	b := newPollBackoff()
+	var missingSince time.Time
+	for !s.State().Terminal() {
+		if err := sleep(ctx, b.next()); err != nil {
+			return fmt.Errorf("sandbox %s did not stop (still %s): %w", s.id, s.State(), waitErr(err))
+		}
+		err := s.Refresh(ctx)
+		switch {
+		case err == nil:
+			missingSince = time.Time{}
+		case errors.Is(err, ErrNotFound):
+			if missingSince.IsZero() {
+				missingSince = time.Now()
+			} else if time.Since(missingSince) > notFoundGrace {
+				return fmt.Errorf("sandbox %s: its final state is unavailable: %w", s.id, err)
+			}
+		case isRetryable(err):
+		default:
+			return err
+		}
+	}
+	return nil
+}

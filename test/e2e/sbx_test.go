@@ -1,0 +1,412 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+
+	"github.com/sandboxd/sandboxd/internal/sbxcli"
+	sandbox "github.com/sandboxd/sandboxd/sdk/go"
+)
+
+// sdkClient is a Go SDK client of the gateway with key.
+func sdkClient(t *testing.T, g *gw, key string) *sandbox.Client {
+	t.Helper()
+	c, err := sandbox.New(g.url, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestSDKFlows runs the official client's documented flows through the Go SDK.
+func TestSDKFlows(t *testing.T) {
+	g := startGateway(t)
+	c := sdkClient(t, g, g.keyA)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	sb, err := c.Create(ctx, sandbox.Spec{
+		Image: busybox(), Tags: []string{"sdk", "flows"}, Env: map[string]string{"FOO": "bar"},
+		Files: map[string][]byte{"/tmp/seed/hello.txt": []byte("seed")}, CPU: "500m", Memory: "256Mi", Lifetime: 10 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID() == "" || sb.State() != sandbox.StateCreating {
+		t.Fatalf("create: %q in %s, want an ID in creating", sb.ID(), sb.State())
+	}
+	if err := sb.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if in := sb.Info(); in.State != sandbox.StateRunning || in.RunnerID != "local" || in.StartedAt.IsZero() || in.ExitCode != nil {
+		t.Fatalf("after wait: %+v", in)
+	}
+
+	t.Run("exec", func(t *testing.T) {
+		var out, errb bytes.Buffer
+		code, err := sb.Exec(ctx, []string{"sh", "-c", "cat; echo err >&2; echo $FOO; exit 7"},
+			sandbox.ExecOptions{Stdin: strings.NewReader("from stdin\n"), Stdout: &out, Stderr: &errb})
+		if err != nil || code != 7 || out.String() != "from stdin\nbar\n" || errb.String() != "err\n" {
+			t.Errorf("exec: code %d err %v stdout %q stderr %q", code, err, out.String(), errb.String())
+		}
+		// Large stdin in many chunks, half-closed at EOF.
+		big := randomBytes(t, 3<<20)
+		out.Reset()
+		code, err = sb.Exec(ctx, []string{"wc", "-c"}, sandbox.ExecOptions{Stdin: bytes.NewReader(big), Stdout: &out})
+		if err != nil || code != 0 || strings.TrimSpace(out.String()) != fmt.Sprint(len(big)) {
+			t.Errorf("exec wc: code %d err %v stdout %q", code, err, out.String())
+		}
+		stdout, _, code, err := sb.Run(ctx, []string{"cat", "/tmp/seed/hello.txt"})
+		if err != nil || code != 0 || string(stdout) != "seed" {
+			t.Errorf("run: %q %d %v", stdout, code, err)
+		}
+		out.Reset()
+		if code, err := sb.Exec(ctx, []string{"pwd"}, sandbox.ExecOptions{Cwd: "/tmp/seed", Stdout: &out}); err != nil || code != 0 || out.String() != "/tmp/seed\n" {
+			t.Errorf("cwd: %q %d %v", out.String(), code, err)
+		}
+		out.Reset()
+		code, err = sb.Exec(ctx, []string{"sh", "-c", "tty; stty size"}, sandbox.ExecOptions{TTY: true, Width: 100, Height: 30, Stdout: &out})
+		if err != nil || code != 0 || !strings.Contains(out.String(), "/dev/") || !strings.Contains(out.String(), "30 100") {
+			t.Errorf("tty: %q %d %v", out.String(), code, err)
+		}
+	})
+
+	t.Run("files", func(t *testing.T) {
+		for _, size := range []int{1 << 10, 10 << 20, 40 << 20} { // 40 MiB goes through the streaming fallback
+			data := randomBytes(t, size)
+			path := fmt.Sprintf("/tmp/files/%d/data.bin", size)
+			if err := sb.WriteFile(ctx, path, data); err != nil {
+				t.Fatalf("write %d bytes: %v", size, err)
+			}
+			got, err := sb.ReadFile(ctx, path)
+			if err != nil {
+				t.Fatalf("read %d bytes: %v", size, err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("read %d bytes back, wrote %d (different content)", len(got), size)
+			}
+		}
+		_, err := sb.ReadFile(ctx, "/no/such/file")
+		var e *sandbox.Error
+		if !errors.Is(err, sandbox.ErrFileNotFound) || !errors.As(err, &e) || e.Metadata["filepath"] != "/no/such/file" || errors.Is(err, sandbox.ErrNotFound) {
+			t.Errorf("missing file: %v", err)
+		}
+	})
+
+	t.Run("logs", func(t *testing.T) {
+		chatty, err := c.Create(ctx, sandbox.Spec{Image: busybox(), Tags: []string{"sdk", "logs"}, Command: "/bin/sh",
+			Args: []string{"-c", `trap "exit 0" TERM; echo one; sleep 0.1; echo two >&2; sleep 0.1; echo three; sleep infinity & wait`}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			out.Reset()
+			if err := chatty.Logs(ctx, sandbox.LogOptions{}, &out); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Count(out.String(), "\n") >= 3 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if out.String() != "one\ntwo\nthree\n" {
+			t.Errorf("logs %q", out.String())
+		}
+		out.Reset()
+		if err := chatty.Logs(ctx, sandbox.LogOptions{Tail: 1, Timestamps: true}, &out); err != nil || !strings.HasSuffix(out.String(), " three\n") || !strings.HasPrefix(out.String(), "20") {
+			t.Errorf("tail 1 with timestamps: %q %v", out.String(), err)
+		}
+		// Follow streams until the main command ends.
+		fctx, fcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		var followed bytes.Buffer
+		go func() { done <- chatty.Logs(fctx, sandbox.LogOptions{Follow: true}, &followed) }()
+		time.Sleep(300 * time.Millisecond)
+		if err := chatty.Stop(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("follow: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("follow did not end with the sandbox")
+		}
+		fcancel()
+		if !strings.HasPrefix(followed.String(), "one\n") {
+			t.Errorf("followed %q", followed.String())
+		}
+	})
+
+	t.Run("list", func(t *testing.T) {
+		list, err := c.List(ctx, sandbox.ListOptions{Tags: []string{"sdk", "flows"}})
+		if err != nil || len(list) != 1 || list[0].ID() != sb.ID() || list[0].State() != sandbox.StateRunning {
+			t.Errorf("list by tag: %d (%v)", len(list), err)
+		}
+		// Small pages are followed.
+		more := []*sandbox.Sandbox{}
+		for range 3 {
+			s, err := c.Create(ctx, sandbox.Spec{Image: busybox(), Tags: []string{"paged"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			more = append(more, s)
+		}
+		list, err = c.List(ctx, sandbox.ListOptions{Tags: []string{"paged"}, PageSize: 1})
+		if err != nil || len(list) != 3 {
+			t.Errorf("paged list: %d (%v)", len(list), err)
+		}
+		for _, s := range more {
+			if err := c.Delete(ctx, s.ID()); err != nil {
+				t.Error(err)
+			}
+		}
+		if list, err := c.List(ctx, sandbox.ListOptions{Tags: []string{"nope"}}); err != nil || len(list) != 0 {
+			t.Errorf("list by unknown tag: %d (%v)", len(list), err)
+		}
+	})
+
+	t.Run("stop and errors", func(t *testing.T) {
+		if err := sb.Stop(ctx, 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if sb.State() != sandbox.StateTerminated {
+			t.Errorf("after stop: %s", sb.State())
+		}
+		got, err := c.Get(ctx, sb.ID())
+		if err != nil || got.State() != sandbox.StateTerminated || got.Info().EndedAt.IsZero() {
+			t.Errorf("get after stop: %v", err)
+		}
+		if list, err := c.List(ctx, sandbox.ListOptions{Tags: []string{"flows"}}); err != nil || len(list) != 0 {
+			t.Errorf("default list shows a stopped sandbox: %d (%v)", len(list), err)
+		}
+		if list, err := c.List(ctx, sandbox.ListOptions{Tags: []string{"flows"}, ShowTerminated: true}); err != nil || len(list) != 1 {
+			t.Errorf("list with terminated: %d (%v)", len(list), err)
+		}
+		if _, _, _, err := sb.Run(ctx, []string{"true"}); !errors.Is(err, sandbox.ErrSandboxTerminated) && !errors.Is(err, sandbox.ErrNotRunning) {
+			t.Errorf("exec on a stopped sandbox: %v", err)
+		}
+		if err := c.Delete(ctx, sb.ID()); err != nil {
+			t.Errorf("delete a stopped sandbox: %v", err)
+		}
+
+		_, err = c.Get(ctx, "sbx-no-such-sandbox")
+		if !errors.Is(err, sandbox.ErrNotFound) || sandbox.ReasonOf(err) != sandbox.ReasonSandboxNotFound {
+			t.Errorf("unknown sandbox: %v", err)
+		}
+		if err := c.Delete(ctx, "sbx-no-such-sandbox"); !errors.Is(err, sandbox.ErrNotFound) {
+			t.Errorf("delete unknown: %v", err)
+		}
+		if _, err := sdkClient(t, g, g.keyB).Get(ctx, sb.ID()); !errors.Is(err, sandbox.ErrNotFound) {
+			t.Errorf("another organization's sandbox: %v", err)
+		}
+		_, err = sdkClient(t, g, "sbx_wrong_key").List(ctx, sandbox.ListOptions{})
+		var e *sandbox.Error
+		if !errors.Is(err, sandbox.ErrUnauthenticated) || !errors.As(err, &e) || e.Reason != sandbox.ReasonUnauthenticated {
+			t.Errorf("wrong key: %v", err)
+		}
+	})
+
+	t.Run("failed start", func(t *testing.T) {
+		bad, err := c.Create(ctx, sandbox.Spec{Image: strings.Replace(busybox(), "busybox", "no-such-image", 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = bad.Wait(ctx)
+		var se *sandbox.StateError
+		if !errors.Is(err, sandbox.ErrSandboxFailed) || !errors.As(err, &se) || se.Reason == "" {
+			t.Errorf("wait on an unknown image: %v", err)
+		}
+	})
+}
+
+// sbx runs the CLI in-process against g with key A.
+func sbx(g *gw, stdin string, args ...string) (stdout, stderr string, code int) {
+	var out, errb bytes.Buffer
+	code = sbxcli.Execute(append([]string{"--base-url", g.url, "--api-key", g.keyA}, args...), strings.NewReader(stdin), &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestSbxCLI(t *testing.T) {
+	g := startGateway(t)
+	img := busybox()
+
+	out, errs, code := sbx(g, "", "run", "--rm", img, "--", "sh", "-c", "echo hi; echo oops >&2; exit 3")
+	if out != "hi\n" || errs != "oops\n" || code != 3 {
+		t.Errorf("run: stdout %q stderr %q exit %d, want hi/oops/3", out, errs, code)
+	}
+	if list, _ := sdkClient(t, g, g.keyA).List(context.Background(), sandbox.ListOptions{}); len(list) != 0 {
+		t.Errorf("run --rm left %d sandboxes", len(list))
+	}
+
+	out, errs, code = sbx(g, "", "run", "--tag", "cli", "--env", "GREETING=hello", img)
+	id := strings.TrimSpace(out)
+	if code != 0 || id == "" || strings.Contains(id, "\n") {
+		t.Fatalf("run without a command: %q %q %d", out, errs, code)
+	}
+
+	out, errs, code = sbx(g, "", "ls", "--tag", "cli", "-o", "json")
+	var list []struct {
+		SandboxID string `json:"sandboxId"`
+		Status    struct {
+			State string `json:"state"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil || code != 0 || len(list) != 1 || list[0].SandboxID != id || list[0].Status.State != "STATE_RUNNING" {
+		t.Errorf("ls -o json: %v %q %q %d", err, out, errs, code)
+	}
+	if out, _, code := sbx(g, "", "ls"); code != 0 || !strings.Contains(out, id) || !strings.Contains(out, "running") {
+		t.Errorf("ls: %q %d", out, code)
+	}
+	var got map[string]any
+	if out, _, code := sbx(g, "", "get", id, "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &got) != nil || got["sandboxId"] != id {
+		t.Errorf("get -o json: %q %d", out, code)
+	}
+	if out, _, code := sbx(g, "", "get", id); code != 0 || !strings.Contains(out, "running") {
+		t.Errorf("get: %q %d", out, code)
+	}
+
+	if out, errs, code := sbx(g, "piped input\n", "exec", id, "--", "sh", "-c", "cat; echo $GREETING; exit 5"); out != "piped input\nhello\n" || code != 5 {
+		t.Errorf("exec with stdin: %q %q %d", out, errs, code)
+	}
+
+	if _, errs, code := sbx(g, "file content\n", "files", "write", id, "/tmp/cli/f.txt"); code != 0 {
+		t.Errorf("files write: %q %d", errs, code)
+	}
+	if out, errs, code := sbx(g, "", "files", "read", id, "/tmp/cli/f.txt"); out != "file content\n" || code != 0 {
+		t.Errorf("files read: %q %q %d", out, errs, code)
+	}
+	if _, errs, code := sbx(g, "", "files", "read", id, "/tmp/cli/missing"); code != 1 || !strings.Contains(errs, "(CWSANDBOX_FILE_NOT_FOUND)") {
+		t.Errorf("files read missing: %q %d", errs, code)
+	}
+
+	// logs: a sandbox whose main command prints.
+	chatty, err := sdkClient(t, g, g.keyA).Create(context.Background(), sandbox.Spec{Image: img, Command: "/bin/sh",
+		Args: []string{"-c", `trap "exit 0" TERM; echo first; echo second; sleep infinity & wait`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, errs, code = sbx(g, "", "logs", chatty.ID())
+		if out == "first\nsecond\n" || time.Now().After(deadline) {
+			break
+		}
+	}
+	if out != "first\nsecond\n" || code != 0 {
+		t.Errorf("logs: %q %q %d", out, errs, code)
+	}
+	if out, _, code := sbx(g, "", "logs", chatty.ID(), "--tail", "1", "--timestamps"); code != 0 || !strings.HasSuffix(out, " second\n") || strings.Contains(out, "first") {
+		t.Errorf("logs --tail 1 --timestamps: %q %d", out, code)
+	}
+
+	if out, errs, code := sbx(g, "", "stop", id, "--grace", "1s"); code != 0 || out != id+" terminated\n" {
+		t.Errorf("stop: %q %q %d", out, errs, code)
+	}
+	if _, _, code := sbx(g, "", "delete", chatty.ID()); code != 0 {
+		t.Errorf("delete: %d", code)
+	}
+	if _, errs, code := sbx(g, "", "get", "sbx-no-such"); code != 1 || !strings.HasPrefix(errs, "sbx: ") || !strings.Contains(errs, "(CWSANDBOX_SANDBOX_NOT_FOUND)") {
+		t.Errorf("get unknown: %q %d", errs, code)
+	}
+	if _, _, code := sbx(g, "", "delete", "--missing-ok", "sbx-no-such"); code != 0 {
+		t.Errorf("delete --missing-ok: %d", code)
+	}
+	var errb bytes.Buffer
+	if code := sbxcli.Execute([]string{"--base-url", g.url, "--api-key", "sbx_wrong", "ls"}, nil, &bytes.Buffer{}, &errb); code != 1 || !strings.Contains(errb.String(), "(CWSANDBOX_UNAUTHENTICATED)") {
+		t.Errorf("wrong key: %q %d", errb.String(), code)
+	}
+}
+
+// TestSbxShell drives `sbx sh` through a pseudo-terminal: raw mode, the initial window
+// size, a resize on SIGWINCH, and the shell's exit code.
+func TestSbxShell(t *testing.T) {
+	g := startGateway(t)
+	sb, err := sdkClient(t, g, g.keyA).Create(context.Background(), sandbox.Spec{Image: busybox()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 40, Cols: 120}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var screen bytes.Buffer
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := ptmx.Read(buf)
+			mu.Lock()
+			screen.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	waitFor := func(s string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			mu.Lock()
+			ok := strings.Contains(screen.String(), s)
+			mu.Unlock()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				mu.Lock()
+				defer mu.Unlock()
+				t.Fatalf("no %q on the terminal:\n%q", s, screen.String())
+			}
+		}
+	}
+	done := make(chan int, 1)
+	go func() {
+		done <- sbxcli.Execute([]string{"--base-url", g.url, "--api-key", g.keyA, "sh", sb.ID()}, tty, tty, tty)
+	}()
+	_, _ = ptmx.Write([]byte("echo size=$(stty size) sum=$((6*7))\n"))
+	waitFor("size=40 120 sum=42")
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 50, Cols: 150}); err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGWINCH)
+	time.Sleep(300 * time.Millisecond)
+	_, _ = ptmx.Write([]byte("echo resized=$(stty size)\n"))
+	waitFor("resized=50 150")
+	_, _ = ptmx.Write([]byte("exit 4\n"))
+	select {
+	case code := <-done:
+		if code != 4 {
+			t.Errorf("sbx sh exited %d, want 4", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("sbx sh did not end after exit")
+	}
+}
