@@ -1,0 +1,91 @@
+package policy
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+)
+
+// FuzzResolve drives Resolve with a random policy document and a spec built from a few
+// knobs, and checks: no panic, the input is never modified, an accepted spec has a
+// lifetime within 30 days, and resolving an accepted spec again accepts it unchanged.
+func FuzzResolve(f *testing.F) {
+	for _, seed := range []struct {
+		policy                 string
+		lifetime               int32
+		cpu, mem, image, rc    string
+		gpu                    int64
+		services               uint8
+		vis                    uint8
+		annotation, egressCIDR string
+		privileged             bool
+	}{
+		{`{}`, 0, "", "", "python:3.11", "", 0, 0, 0, "", "", false},
+		{`{}`, MaxLifetimeSeconds + 1, "2", "1Gi", "ghcr.io/a/b@sha256:0123456789abcdef0123456789abcdef", "", 1, 6, 1, "k", "10.0.0.0/8", true},
+		{`{"base": {"max_lifetime_seconds": 60, "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}}, "env": {"A": "1"}, "tags": ["t"], "default_cpu_runtime_class": "gvisor", "default_gpu_runtime_class": "kata", "default_egress": [{"cidr": "10.0.0.0/8"}]},
+		  "constraints": {"lifetime": {"max_seconds": 3600}, "resources": {"max_cpu": "2", "total_memory": "2Gi", "max_gpu": 1}, "security": {"allowed_runtime_classes": ["gvisor", "kata"]}, "network": {"allowed_egress": [{"cidr": "10.0.0.0/8"}, {"https_hostname": "*"}]}}}`,
+			120, "500m", "", "python", "", 1, 1, 2, "x/y", "10.1.0.0/16", false},
+		{`{"constraints": {"images": {"allowed_registries": ["docker.io"], "allowed_repositories": ["library/**"], "require_digest": true}, "services": {"max_services": 0}, "annotations": {"max_count": 0, "denied_prefixes": ["x/"]}}}`,
+			-1, "1x", "-1Mi", "UPPER/Case:tag", "runc", -3, 3, 3, "x/z", "not-a-cidr", false},
+		{`{"base": {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}}, "constraints": {"network": {"allowed_egress": [{"cidr": "192.168.0.0/16", "except": ["192.168.1.0/24"]}]}}}`,
+			0, "", "1.5Gi", "localhost:5000/x", "", 0, 0, 0, "", "192.168.0.0/16", false},
+	} {
+		f.Add(seed.policy, seed.lifetime, seed.cpu, seed.mem, seed.image, seed.rc, seed.gpu, seed.services, seed.vis, seed.annotation, seed.egressCIDR, seed.privileged)
+	}
+	f.Fuzz(func(t *testing.T, policyJSON string, lifetime int32, cpu, mem, image, rc string, gpu int64, services, vis uint8, annotation, egressCIDR string, privileged bool) {
+		p, err := Parse([]byte(policyJSON))
+		if err != nil {
+			return
+		}
+		_ = Validate(p)
+		s := &sandboxv1.SandboxSpec{
+			MaxLifetimeSeconds: lifetime,
+			RuntimeClass:       rc,
+			Containers: []*sandboxv1.Container{{
+				Name:  "main",
+				Image: image,
+				ResourceRequirements: &sandboxv1.ResourceRequirements{
+					Limits: &sandboxv1.Resources{Cpu: cpu, Memory: mem, Gpu: &sandboxv1.Gpu{Count: gpu}},
+				},
+				SecurityContext: &sandboxv1.SecurityContext{Privileged: proto.Bool(privileged)},
+			}},
+		}
+		if services%2 == 1 {
+			s.Containers = append(s.Containers, &sandboxv1.Container{Name: "side", Image: image})
+		}
+		for i := range int(services % 8) {
+			s.Services = append(s.Services, &sandboxv1.Service{Port: int32(1000 + i), Visibility: sandboxv1.Visibility(vis % 4)})
+		}
+		if annotation != "" {
+			s.Annotations = map[string]string{annotation: "v"}
+		}
+		if egressCIDR != "" {
+			s.Network = &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{{Destination: &sandboxv1.EgressRule_Cidr{Cidr: &sandboxv1.CidrBlock{Cidr: egressCIDR}}}}}
+		}
+		before := proto.CloneOf(s)
+		got, vs := Resolve(p, s, DefaultPlatform())
+		if !proto.Equal(before, s) {
+			t.Fatal("Resolve modified its input")
+		}
+		if len(vs) > 0 {
+			for _, v := range vs {
+				if v.Field == "" || v.Constraint == "" || v.Description == "" {
+					t.Fatalf("incomplete violation %+v", v)
+				}
+			}
+			return
+		}
+		if lt := got.GetMaxLifetimeSeconds(); lt <= 0 || lt > MaxLifetimeSeconds {
+			t.Fatalf("accepted lifetime %d", lt)
+		}
+		again, vs := Resolve(p, got, DefaultPlatform())
+		if len(vs) > 0 {
+			t.Fatalf("accepted spec rejected on a second resolution: %s", fmtVs(vs))
+		}
+		if !proto.Equal(got, again) {
+			t.Fatalf("resolution not idempotent:\n%v\n%v", got, again)
+		}
+	})
+}
