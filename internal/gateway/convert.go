@@ -12,6 +12,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -61,11 +62,11 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 		}
 		res := effectiveLimits(c)
 		if res != nil {
-			cpu, err := parseCPU(res.GetCpu())
+			cpu, err := quantity.ParseCPU(res.GetCpu())
 			if err != nil {
 				add(f+".resources.cpu", "%v", err)
 			}
-			mem, err := parseMemory(res.GetMemory())
+			mem, err := quantity.ParseMemory(res.GetMemory())
 			if err != nil {
 				add(f+".resources.memory", "%v", err)
 			}
@@ -91,6 +92,12 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 		}
 	}
 	req.Lifetime = time.Duration(spec.GetMaxLifetimeSeconds()) * time.Second
+	switch limit := int32(runner.MaxLifetime / time.Second); {
+	case spec.GetMaxLifetimeSeconds() < 0:
+		add("sandbox.spec.max_lifetime_seconds", "must not be negative, got %d", spec.GetMaxLifetimeSeconds())
+	case spec.GetMaxLifetimeSeconds() > limit:
+		add("sandbox.spec.max_lifetime_seconds", "must be at most %d (30 days) under any policy, got %d", limit, spec.GetMaxLifetimeSeconds())
+	}
 	switch rc := spec.GetRuntimeClass(); {
 	case rc == "" || slices.Contains(supportedRuntimeClasses, rc):
 		req.Spec.RuntimeClass = rc

@@ -44,6 +44,8 @@ type Authenticator interface {
 type Config struct {
 	Auth    Authenticator
 	Runners []Runner
+	// Policies gives each runner's policy; nil means every runner has the empty policy.
+	Policies PolicySource
 	// Retention is how long ended sandboxes stay readable; default 1 h.
 	Retention time.Duration
 	Logger    *slog.Logger
@@ -56,6 +58,7 @@ type Server struct {
 
 	auth      Authenticator
 	runners   []Runner
+	policies  PolicySource
 	index     *index
 	retention time.Duration
 	log       *slog.Logger
@@ -75,7 +78,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{auth: cfg.Auth, runners: cfg.Runners, index: newIndex(), retention: cfg.Retention, log: cfg.Logger}, nil
+	return &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(), retention: cfg.Retention, log: cfg.Logger}, nil
 }
 
 // Handler serves the API (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
@@ -199,16 +202,25 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 			return connect.NewResponse(toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
 		}
 	}
-	spec := req.Msg.GetSandbox().GetSpec()
+	// Shape first, on what the caller sent; then the runner's policy; then the runner.
+	asked := req.Msg.GetSandbox().GetSpec()
+	if _, err := toCreateRequest(asked); err != nil {
+		return nil, err
+	}
+	r, err := s.place(asked)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.resolve(ctx, r, asked)
+	if err != nil {
+		return nil, err
+	}
+	spec := res.Spec
 	cr, err := toCreateRequest(spec)
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.place(spec)
-	if err != nil {
-		return nil, err
-	}
-	cr.Spec.Meta = map[string]string{"sandboxd.org": p.Org}
+	cr.Spec.Meta = map[string]string{"sandboxd.org": p.Org, "sandboxd.policy_revision": res.PolicyRevision}
 	sb, err := r.Create(ctx, cr)
 	if err != nil {
 		return nil, runnerError("", err)

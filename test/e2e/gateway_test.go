@@ -33,7 +33,7 @@ type gw struct {
 	unauthenticated sandboxv1connect.SandboxServiceClient
 }
 
-func startGateway(t *testing.T) *gw {
+func startGateway(t *testing.T, opts ...func(*gateway.Config)) *gw {
 	t.Helper()
 	s := startedStack(t)
 	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
@@ -42,7 +42,11 @@ func startGateway(t *testing.T) *gw {
 	}
 	keyA, _, _ := keys.Create("org-a", auth.RoleUser, "")
 	keyB, _, _ := keys.Create("org-b", auth.RoleUser, "")
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}})
+	cfg := gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	g, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
@@ -57,12 +58,16 @@ func startedStack(t *testing.T) *stack.Stack {
 	return s
 }
 
-// finish deletes every sandbox, checks nothing is left, and removes the host network
-// setup so the next test starts clean.
+// finish deletes every sandbox, checks nothing of them is left, and removes the host
+// network setup so the next test starts clean.
 func finish(t *testing.T, s *stack.Stack, dir string) {
 	t.Helper()
+	var ids []string
+	for _, sb := range s.Runner.List() {
+		ids = append(ids, sb.ID)
+	}
 	deleteAll(t, s)
-	assertNoLeaks(t, dir)
+	assertNoLeaks(t, dir, ids)
 	if err := s.Network.Cleanup(); err != nil {
 		t.Errorf("network cleanup: %v", err)
 	}
@@ -119,9 +124,10 @@ func deleteAll(t *testing.T, s *stack.Stack) {
 	}
 }
 
-// assertNoLeaks checks that no mount, cgroup, veth or process of the test's sandboxes
-// is left.
-func assertNoLeaks(t *testing.T, dataDir string) {
+// assertNoLeaks checks that no mount, cgroup, veth or runtime state of the given
+// sandboxes (and nothing under dataDir) is left. It looks only at this test's sandboxes,
+// so test binaries running at the same time on this host do not disturb it.
+func assertNoLeaks(t *testing.T, dataDir string, ids []string) {
 	t.Helper()
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(mounts), "\n") {
@@ -130,15 +136,15 @@ func assertNoLeaks(t *testing.T, dataDir string) {
 			t.Errorf("leaked mount: %s", line)
 		}
 	}
-	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + env.CgroupParent + "/*")
-	for _, c := range cgroups {
-		if st, err := os.Stat(c); err == nil && st.IsDir() {
+	for _, id := range ids {
+		cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + env.CgroupParent + "/" + id)
+		for _, c := range cgroups {
 			t.Errorf("leaked cgroup: %s", c)
 		}
-	}
-	out, _ := exec.Command("ip", "-br", "link", "show", "master", env.Bridge).CombinedOutput()
-	if s := strings.TrimSpace(string(out)); s != "" {
-		t.Errorf("leaked veths on %s:\n%s", env.Bridge, s)
+		veth := network.HostVethName(env.Bridge, id)
+		if out, err := exec.Command("ip", "link", "show", veth).CombinedOutput(); err == nil {
+			t.Errorf("leaked veth %s: %s", veth, out)
+		}
 	}
 	entries, _ := os.ReadDir(filepath.Join(dataDir, "sandboxes"))
 	for _, e := range entries {

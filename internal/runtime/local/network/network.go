@@ -685,6 +685,9 @@ func validTableName(n string) bool {
 
 // vethName derives the host veth name (13 bytes) from the bridge and the id, so
 // that the same id on two bridges does not clash.
+// HostVethName is the host side of sandbox id's veth on bridge.
+func HostVethName(bridge, id string) string { return vethName(bridge, id) }
+
 func vethName(bridge, id string) string {
 	s := sha256.Sum256([]byte(bridge + "\x00" + id))
 	return "sbx" + hex.EncodeToString(s[:5])
