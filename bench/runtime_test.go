@@ -6,7 +6,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"slices"
 	"testing"
@@ -29,7 +28,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	var err error
-	env, err = testenv.Setup("bench", netip.MustParsePrefix("10.92.0.0/16"))
+	env, err = testenv.Setup("bench")
 	if err != nil {
 		fmt.Println("bench:", err)
 		return 1

@@ -27,10 +27,10 @@ type Env struct {
 	stopRegistry func()
 }
 
-// Setup builds the agent and starts the registry. name keeps the host resources of
-// concurrently running test binaries apart (bridge sbx<name>, cgroup sandboxd-<name>);
-// subnet must differ per name as well.
-func Setup(name string, subnet netip.Prefix) (*Env, error) {
+// Setup builds the agent and starts the registry. Each test process gets its own
+// bridge, /24 subnet, nftables table and cgroup parent (derived from name and the
+// process ID), so test binaries running at the same time on one host never share them.
+func Setup(name string) (*Env, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("needs root (runc, namespaces, cgroups)")
 	}
@@ -38,11 +38,12 @@ func Setup(name string, subnet netip.Prefix) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	pid := os.Getpid()
 	env := &Env{
 		AgentBin:     filepath.Join(dir, "sandbox-agent"),
-		Bridge:       "sbx" + name,
-		Subnet:       subnet,
-		CgroupParent: "sandboxd-" + name,
+		Bridge:       fmt.Sprintf("sbx%.5s%04x", name, pid&0xffff),
+		Subnet:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + pid%50), byte(pid / 50 % 256), 0}), 24),
+		CgroupParent: fmt.Sprintf("sandboxd-%s-%d", name, pid),
 		dir:          dir,
 	}
 	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", env.AgentBin, "github.com/sandboxd/sandboxd/cmd/sandbox-agent")
@@ -60,10 +61,15 @@ func Setup(name string, subnet netip.Prefix) (*Env, error) {
 	return env, nil
 }
 
-// Close stops the registry and removes the built agent.
+// Close stops the registry, removes the built agent and this process's (by now empty)
+// cgroup parents.
 func (e *Env) Close() {
 	e.stopRegistry()
 	os.RemoveAll(e.dir)
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.CgroupParent)
+	for _, p := range parents {
+		_ = os.Remove(p) // rmdir: fails, rightly, if a sandbox's cgroup is still inside
+	}
 }
 
 // Busybox and Python are the references of the test images.

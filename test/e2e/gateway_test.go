@@ -309,7 +309,7 @@ func TestGatewayStreamsAndFiles(t *testing.T) {
 	g := startGateway(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sp := spec(busybox(), "/bin/sh", "-c", `echo one; echo two >&2; trap "exit 0" TERM; sleep infinity & wait`)
+	sp := spec(busybox(), "/bin/sh", "-c", `echo one; sleep 0.2; echo two >&2; trap "exit 0" TERM; sleep infinity & wait`)
 	sb := g.create(t, sp, "")
 
 	// StreamExec: half-close right after init is stdin EOF, not a cancellation.
@@ -381,9 +381,15 @@ func TestGatewayStreamsAndFiles(t *testing.T) {
 		}
 		return out, s.Err()
 	}
-	entries, err := logs(&sandboxv1.StreamLogsRequest{})
-	if err != nil {
-		t.Fatal(err)
+	var entries []*sandboxv1.LogEntry
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) { // until "two" is written
+		entries, err = logs(&sandboxv1.StreamLogsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(entries); (n > 0 && strings.Contains(string(entries[n-1].Data), "two")) || time.Now().After(deadline) {
+			break
+		}
 	}
 	var all bytes.Buffer
 	var session string

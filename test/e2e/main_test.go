@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,7 +27,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	var err error
-	env, err = testenv.Setup("e2e", netip.MustParsePrefix("10.91.0.0/16"))
+	env, err = testenv.Setup("e2e")
 	if err != nil {
 		fmt.Println("e2e:", err)
 		return 1
