@@ -15,17 +15,19 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
 // Files `sandboxd dev` keeps in its data dir; other tools rely on these names.
 const (
 	adminKeyFile = "admin-api-key"
-	keyringFile  = "api-keys.json"
+	storeFile    = "sandboxd.db"
 	defaultOrg   = "default"
 )
 
@@ -35,6 +37,7 @@ func dev(args []string) error {
 	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory")
 	listen := fs.String("listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
 	runnerID := fs.String("runner-id", "local", "ID of the local runner")
+	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	mirror := fs.Bool("test-image-mirror", true, "serve the test images (scripts/build-test-images.sh) from a loopback registry that mirrors docker.io")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
@@ -54,10 +57,15 @@ func dev(args []string) error {
 	if _, err := pki.LoadOrCreateCA(*dataDir, "sandboxd dev CA"); err != nil {
 		return fmt.Errorf("platform CA: %w", err)
 	}
-	keys, err := openKeyringWithAdmin(*dataDir)
+	st, err := openStoreWithAdmin(ctx, *dataDir, *storeDSN)
 	if err != nil {
 		return err
 	}
+	defer func() { _ = st.Close() }()
+	if err := registerRunner(ctx, st, *runnerID, "local", "local", logger); err != nil {
+		return err
+	}
+	keys := auth.NewStoreAuthenticator(st, logger)
 
 	cfg := stack.Config{DataDir: *dataDir, Logger: logger}
 	if *mirror {
@@ -74,16 +82,30 @@ func dev(args []string) error {
 			logger.Info("test images mirror docker.io", "registry", host)
 		}
 	}
-	st, err := stack.NewLocal(ctx, cfg)
+	stk, err := stack.NewLocal(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer stk.Close()
 
+	local := gateway.NewLocalRunner(*runnerID, stk.Runner)
 	gw, err := gateway.New(gateway.Config{
-		Auth:    keys,
-		Runners: []gateway.Runner{gateway.NewLocalRunner(*runnerID, st.Runner)},
-		Logger:  logger,
+		Auth:     keys,
+		Runners:  []gateway.Runner{local},
+		Policies: controlplane.NewPolicySource(st, defaultOrg),
+		Logger:   logger,
+	})
+	if err != nil {
+		return err
+	}
+	go heartbeat(ctx, st, local, logger)
+	cp, err := newControlPlane(st, keys, logger, func(ctx context.Context, org, runnerID string) (int, error) {
+		n, err := controlplane.StoreLiveSandboxes(st)(ctx, org, runnerID)
+		if err != nil || runnerID != local.ID() {
+			return n, err
+		}
+		c, err := local.Capacity(ctx)
+		return max(n, c.Running), err
 	})
 	if err != nil {
 		return err
@@ -92,7 +114,7 @@ func dev(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	srv := &http.Server{Handler: controlplane.Route(cp.Handler(), gw.Handler()), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
@@ -111,26 +133,97 @@ func dev(args []string) error {
 	return nil
 }
 
-// openKeyringWithAdmin opens the keyring and, on first start, creates the admin key of
-// the default organization, printed once and saved 0600 for tools.
-func openKeyringWithAdmin(dataDir string) (*auth.Keyring, error) {
-	keys, err := auth.OpenKeyring(filepath.Join(dataDir, keyringFile))
+// openStore opens the store named by dsn, by default the SQLite file in dataDir.
+func openStore(ctx context.Context, dataDir, dsn string) (store.Store, error) {
+	if dsn == "" {
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return nil, err
+		}
+		dsn = filepath.Join(dataDir, storeFile)
+	}
+	st, err := store.Open(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return st, nil
+}
+
+// openStoreWithAdmin opens the store and, on first start, creates the default
+// organization and its admin key, printed once and saved 0600 for tools.
+func openStoreWithAdmin(ctx context.Context, dataDir, dsn string) (store.Store, error) {
+	st, err := openStore(ctx, dataDir, dsn)
 	if err != nil {
 		return nil, err
 	}
-	if keys.Len() > 0 {
-		return keys, nil
-	}
-	key, _, err := keys.Create(defaultOrg, auth.RoleAdmin, "admin")
+	key, err := func() (string, error) {
+		if err := controlplane.EnsureOrg(ctx, st, defaultOrg); err != nil {
+			return "", err
+		}
+		return controlplane.EnsureAdminKey(ctx, st, defaultOrg)
+	}()
 	if err != nil {
+		_ = st.Close()
 		return nil, err
+	}
+	if key == "" {
+		return st, nil
 	}
 	path := filepath.Join(dataDir, adminKeyFile)
 	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		_ = st.Close()
 		return nil, fmt.Errorf("save admin API key: %w", err)
 	}
 	fmt.Printf("admin API key (shown once, saved to %s): %s\n", path, key)
-	return keys, nil
+	return st, nil
+}
+
+// registerRunner records a runner of the default organization with the empty policy
+// unless it exists. A cluster already taken by another runner gets the runner's id as a
+// suffix.
+func registerRunner(ctx context.Context, st store.Store, runnerID, clusterID, zone string, log *slog.Logger) error {
+	r := store.Runner{Org: defaultOrg, RunnerID: runnerID, ClusterID: clusterID, Zone: zone, DisplayName: runnerID}
+	_, created, err := controlplane.EnsureRunner(ctx, st, r)
+	var ae *store.AlreadyExistsError
+	if errors.As(err, &ae) && ae.Key == store.KeyClusterID {
+		r.ClusterID = clusterID + "-" + runnerID
+		_, created, err = controlplane.EnsureRunner(ctx, st, r)
+	}
+	if err != nil {
+		return err
+	}
+	if created {
+		log.Info("runner registered with the empty policy", "runner", runnerID, "cluster", r.ClusterID)
+	}
+	return nil
+}
+
+// heartbeat records r's status in the store every few seconds until ctx ends.
+func heartbeat(ctx context.Context, st store.Store, r gateway.Runner, log *slog.Logger) {
+	controlplane.Heartbeat(ctx, st, defaultOrg, r.ID(), controlplane.DefaultHeartbeatInterval,
+		func(ctx context.Context) (controlplane.Status, error) {
+			c, err := r.Capacity(ctx)
+			if err != nil {
+				return controlplane.Status{Version: version}, err
+			}
+			return controlplane.Status{
+				Version:  version,
+				Ready:    true,
+				Capacity: controlplane.Resources{MilliCPU: c.MilliCPU, MemoryBytes: c.MemoryBytes},
+				Usage:    controlplane.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, Sandboxes: int64(c.Running)},
+			}, nil
+		}, log)
+}
+
+// newControlPlane serves the control plane over st; both release channels offer this
+// binary's version.
+func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, live controlplane.LiveSandboxCounter) (*controlplane.Service, error) {
+	return controlplane.New(controlplane.Config{
+		Store:          st,
+		Auth:           a,
+		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
+		LiveSandboxes:  live,
+		Logger:         log,
+	})
 }
 
 // serveTestImages serves the test images on loopback under their own names and under
@@ -155,13 +248,15 @@ func serveTestImages(ctx context.Context) (string, func(), error) {
 	return host, stop, nil
 }
 
-// apikey manages API keys in a data dir: `sandboxd apikey create --org ORG [--role user]`.
+// apikey manages API keys in the store: `sandboxd apikey create --org ORG [--role user]`.
+// The organization is created when missing.
 func apikey(args []string) error {
 	if len(args) == 0 || args[0] != "create" {
-		return errors.New("usage: sandboxd apikey create --data-dir DIR --org ORG [--role user|admin] [--name NAME]")
+		return errors.New("usage: sandboxd apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin] [--name NAME]")
 	}
 	fs := flag.NewFlagSet("apikey create", flag.ExitOnError)
 	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory")
+	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	org := fs.String("org", defaultOrg, "organization")
 	role := fs.String("role", "user", "user or admin")
 	name := fs.String("name", "", "a name to recognise the key by")
@@ -176,11 +271,16 @@ func apikey(args []string) error {
 	default:
 		return fmt.Errorf("unknown role %q (user or admin)", *role)
 	}
-	keys, err := auth.OpenKeyring(filepath.Join(*dataDir, keyringFile))
+	ctx := context.Background()
+	st, err := openStore(ctx, *dataDir, *storeDSN)
 	if err != nil {
 		return err
 	}
-	key, _, err := keys.Create(*org, r, *name)
+	defer func() { _ = st.Close() }()
+	if err := controlplane.EnsureOrg(ctx, st, *org); err != nil {
+		return err
+	}
+	key, _, err := auth.IssueKey(ctx, st, *org, r, *name)
 	if err != nil {
 		return err
 	}

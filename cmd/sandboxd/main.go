@@ -1,9 +1,9 @@
 // Command sandboxd is the sandboxd server. Subcommands:
 //
-//	sandboxd dev     gateway + local runner in one process, on loopback
+//	sandboxd dev     control plane + gateway + local runner in one process, on loopback
 //	sandboxd runner  a local runner serving gateways over mTLS
 //	sandboxd gateway the API, with runners in other processes
-//	sandboxd apikey  create API keys in a data dir
+//	sandboxd apikey  create API keys in the store (DATA-DIR/sandboxd.db or --store DSN)
 //	sandboxd demo    run a first sandbox on this machine through the local runner
 //	sandboxd version print the version
 package main
@@ -52,10 +52,12 @@ func usage() {
 	fmt.Fprint(os.Stderr, `usage: sandboxd <command> [flags]
 
 commands:
-  dev       run the gateway and a local runner in one process (loopback by default)
+  dev       run the control plane, the gateway and a local runner in one process (loopback by default;
+            state in DATA-DIR/sandboxd.db, or --store postgres://…)
   runner    run a local runner for gateways: runner --data-dir D --pki-dir P --listen ADDR --runner-id ID
-  gateway   run the API over runners elsewhere: gateway --data-dir D --pki-dir P --listen ADDR --runner ID=ADDR…
-  apikey    create an API key: apikey create --data-dir DIR --org ORG [--role user|admin]
+  gateway   run the API and the control plane over runners elsewhere:
+            gateway --data-dir D [--store DSN] --pki-dir P --listen ADDR --runner ID=ADDR…
+  apikey    create an API key: apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin]
   demo      start the single-host runtime and run a first sandbox
   version   print the version
 `)

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -131,7 +133,8 @@ func runnerCmd(args []string) error {
 // gatewayCmd serves the public API and places sandboxes on runners in other processes.
 func gatewayCmd(args []string) error {
 	fs := flag.NewFlagSet("gateway", flag.ExitOnError)
-	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory (API keys)")
+	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory (the SQLite store, admin-api-key)")
+	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	pkiDir := fs.String("pki-dir", "", "directory of the platform CA shared with the runners; default DATA-DIR/pki")
 	listen := fs.String("listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
 	name := fs.String("name", "gateway", "this gateway's name, in its client certificate (spiffe://sandboxd/gateway/NAME)")
@@ -158,10 +161,12 @@ func gatewayCmd(args []string) error {
 	if err != nil {
 		return fmt.Errorf("platform CA: %w", err)
 	}
-	keys, err := openKeyringWithAdmin(*dataDir)
+	st, err := openStoreWithAdmin(ctx, *dataDir, *storeDSN)
 	if err != nil {
 		return err
 	}
+	defer func() { _ = st.Close() }()
+	keys := auth.NewStoreAuthenticator(st, logger)
 	var rs []gateway.Runner
 	for _, r := range runners {
 		id, addr, ok := strings.Cut(r, "=")
@@ -179,7 +184,19 @@ func gatewayCmd(args []string) error {
 		defer c.Close()
 		rs = append(rs, c)
 	}
-	gw, err := gateway.New(gateway.Config{Auth: keys, Runners: rs, Logger: logger})
+	gw, err := gateway.New(gateway.Config{Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg), Logger: logger})
+	if err != nil {
+		return err
+	}
+	// Until runners register themselves, the gateway records the runners it is given (the
+	// runner ID doubles as cluster ID) and heartbeats what it sees of them.
+	for _, r := range rs {
+		if err := registerRunner(ctx, st, r.ID(), r.ID(), "local", logger); err != nil {
+			return err
+		}
+		go heartbeat(ctx, st, r, logger)
+	}
+	cp, err := newControlPlane(st, keys, logger, nil)
 	if err != nil {
 		return err
 	}
@@ -187,7 +204,7 @@ func gatewayCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	srv := &http.Server{Handler: controlplane.Route(cp.Handler(), gw.Handler()), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())

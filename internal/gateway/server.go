@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -36,9 +35,7 @@ const (
 )
 
 // Authenticator checks an API key.
-type Authenticator interface {
-	Authenticate(key string) (auth.Principal, error)
-}
+type Authenticator = auth.Authenticator
 
 // Config configures a Server.
 type Config struct {
@@ -85,7 +82,7 @@ func New(cfg Config) (*Server, error) {
 // annotations) and GET /readyz.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(authInterceptor{s.auth}),
+		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
 	}
@@ -111,46 +108,6 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_, _ = fmt.Fprintln(w, "ok")
-}
-
-// authInterceptor requires a valid Bearer API key on every call.
-type authInterceptor struct{ a Authenticator }
-
-func (i authInterceptor) authenticate(ctx context.Context, h http.Header) (context.Context, error) {
-	key, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
-	if !ok || strings.TrimSpace(key) == "" {
-		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
-			"missing API key: send `authorization: Bearer <key>` (CWSANDBOX_API_KEY)")
-	}
-	p, err := i.a.Authenticate(strings.TrimSpace(key))
-	if err != nil {
-		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "invalid API key")
-	}
-	return auth.WithPrincipal(ctx, p), nil
-}
-
-func (i authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		ctx, err := i.authenticate(ctx, req.Header())
-		if err != nil {
-			return nil, err
-		}
-		return next(ctx, req)
-	}
-}
-
-func (i authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (i authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		ctx, err := i.authenticate(ctx, conn.RequestHeader())
-		if err != nil {
-			return err
-		}
-		return next(ctx, conn)
-	}
 }
 
 func principal(ctx context.Context) auth.Principal {

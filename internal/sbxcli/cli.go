@@ -99,7 +99,7 @@ in CWSANDBOX_API_KEY; --base-url and --api-key override them.`,
 	pf.StringVar(&a.caFile, "ca-file", "", "extra PEM CA certificates to trust for https:// endpoints")
 	pf.StringVarP(&a.output, "output", "o", "text", "output format: text or json")
 	root.AddCommand(a.runCommand(), a.lsCommand(), a.getCommand(), a.execCommand(), a.shCommand(),
-		a.logsCommand(), a.filesCommand(), a.stopCommand(), a.deleteCommand())
+		a.logsCommand(), a.filesCommand(), a.stopCommand(), a.deleteCommand(), a.adminCommand())
 	return root
 }
 

@@ -1,0 +1,66 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+)
+
+// Interceptor authenticates every call with the Bearer API key in its Authorization
+// header (UNAUTHENTICATED without a valid one) and, when Require is set, refuses keys of
+// another role with PERMISSION_DENIED (reason CWSANDBOX_PERMISSION_DENIED). An admin key
+// satisfies every role. The principal is put in the context (FromContext).
+type Interceptor struct {
+	Auth    Authenticator
+	Require Role // "" accepts any role
+}
+
+// Authorize checks the headers of one call and returns ctx carrying the principal.
+func (i Interceptor) Authorize(ctx context.Context, h http.Header) (context.Context, error) {
+	key, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
+	if !ok || strings.TrimSpace(key) == "" {
+		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
+			"missing API key: send `authorization: Bearer <key>` (CWSANDBOX_API_KEY)")
+	}
+	p, err := i.Auth.Authenticate(strings.TrimSpace(key))
+	if errors.Is(err, ErrInvalidKey) {
+		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "invalid API key")
+	}
+	if err != nil {
+		return nil, apierr.Newf(connect.CodeUnavailable, apierr.Unauthenticated, "cannot check the API key now: %v", err)
+	}
+	if i.Require != "" && p.Role != i.Require && p.Role != RoleAdmin {
+		return nil, apierr.Newf(connect.CodePermissionDenied, apierr.PermissionDenied,
+			"this call requires role %s; the API key has role %s", i.Require, p.Role)
+	}
+	return WithPrincipal(ctx, p), nil
+}
+
+func (i Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		ctx, err := i.Authorize(ctx, req.Header())
+		if err != nil {
+			return nil, err
+		}
+		return next(ctx, req)
+	}
+}
+
+func (i Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (i Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		ctx, err := i.Authorize(ctx, conn.RequestHeader())
+		if err != nil {
+			return err
+		}
+		return next(ctx, conn)
+	}
+}

@@ -1,0 +1,154 @@
+// Package controlplane serves sandboxd.controlplane.v1 over the store: managed runners with
+// their policy (RunnerManagementService) and API keys (ApiKeyService). Every call needs an
+// API key with role SANDBOX_ADMIN and acts on that key's organization. It also keeps the
+// pieces `sandboxd dev` builds on: first-start bootstrap (organization, admin key, local
+// runner), runner heartbeats into the store, and the store-backed policy source the
+// gateway reads.
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/vanguard"
+
+	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// DefaultHeartbeatInterval is how often runners heartbeat; a runner is CONNECTED while its
+// last heartbeat is within three intervals.
+const DefaultHeartbeatInterval = 5 * time.Second
+
+// ErrorInfo reasons of the control plane beyond apierr's.
+const (
+	ReasonAlreadyExists  = "CWSANDBOX_ALREADY_EXISTS"
+	ReasonEtagMismatch   = "CWSANDBOX_ETAG_MISMATCH"
+	ReasonRunnerInUse    = "CWSANDBOX_RUNNER_IN_USE"
+	ReasonNoUpdate       = "CWSANDBOX_NO_UPDATE_AVAILABLE"
+	ReasonAPIKeyNotFound = "CWSANDBOX_API_KEY_NOT_FOUND"
+	ReasonUnavailable    = "CWSANDBOX_CONTROL_PLANE_UNAVAILABLE"
+)
+
+// LiveSandboxCounter says how many live sandboxes a runner owns.
+type LiveSandboxCounter func(ctx context.Context, org, runnerID string) (int, error)
+
+// Config configures a Service.
+type Config struct {
+	Store store.Store
+	Auth  auth.Authenticator
+	// HeartbeatInterval is the runners' heartbeat interval; default 5 s.
+	HeartbeatInterval time.Duration
+	// TargetVersions maps a release channel (store.ChannelStable, store.ChannelRapid) to
+	// the runner version it offers. A channel without one offers no update.
+	TargetVersions map[string]string
+	// LiveSandboxes counts a runner's live sandboxes for Delete; default: the store's
+	// sandbox index (records not yet ended).
+	LiveSandboxes LiveSandboxCounter
+	Logger        *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Service implements RunnerManagementService and ApiKeyService.
+type Service struct {
+	controlplanev1connect.UnimplementedRunnerManagementServiceHandler
+	controlplanev1connect.UnimplementedApiKeyServiceHandler
+
+	st       store.Store
+	auth     auth.Authenticator
+	interval time.Duration
+	targets  map[string]string
+	live     LiveSandboxCounter
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("controlplane: no store")
+	}
+	if cfg.Auth == nil {
+		return nil, errors.New("controlplane: no authenticator")
+	}
+	s := &Service{st: cfg.Store, auth: cfg.Auth, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
+		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now}
+	if s.interval <= 0 {
+		s.interval = DefaultHeartbeatInterval
+	}
+	if s.live == nil {
+		s.live = StoreLiveSandboxes(cfg.Store)
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s, nil
+}
+
+// StoreLiveSandboxes counts the runner's records in the store's sandbox index that have
+// not ended.
+func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
+	return func(ctx context.Context, org, runnerID string) (int, error) {
+		n := 0
+		page := store.Page{Size: store.MaxPageSize}
+		for {
+			sbs, next, err := st.Sandboxes().List(ctx, org, store.SandboxFilter{RunnerIDs: []string{runnerID}}, page)
+			if err != nil {
+				return 0, err
+			}
+			n += len(sbs)
+			if next == "" {
+				return n, nil
+			}
+			page.Token = next
+		}
+	}
+}
+
+// Handler serves both services over gRPC, gRPC-Web, Connect and REST/JSON (by their
+// google.api.http annotations), requiring an admin key on every call.
+func (s *Service) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(auth.Interceptor{Auth: s.auth, Require: auth.RoleAdmin}),
+		connect.WithReadMaxBytes(4 << 20),
+	}
+	t, err := vanguard.NewTranscoder([]*vanguard.Service{
+		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
+		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
+	})
+	if err != nil {
+		// The services and their annotations are compiled in: a programming error.
+		panic(fmt.Sprintf("controlplane: REST transcoding: %v", err))
+	}
+	return t
+}
+
+// Route sends control-plane calls (gRPC/Connect paths /sandboxd.controlplane.v1.… and
+// REST paths under /v1/sandbox/) to controlPlane and everything else to gateway, so both
+// share one port.
+func Route(controlPlane, gateway http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if strings.HasPrefix(p, "/sandboxd.controlplane.v1.") || strings.HasPrefix(p, "/v1/sandbox/") {
+			controlPlane.ServeHTTP(w, r)
+			return
+		}
+		gateway.ServeHTTP(w, r)
+	})
+}
+
+func principal(ctx context.Context) auth.Principal {
+	p, _ := auth.FromContext(ctx)
+	return p
+}

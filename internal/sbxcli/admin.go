@@ -1,0 +1,455 @@
+package sbxcli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	sandbox "github.com/sandboxd/sandboxd/sdk/go"
+)
+
+// adminCommand is `sbx admin`: runners, their policies and API keys (role SANDBOX_ADMIN).
+func (a *app) adminCommand() *cobra.Command {
+	adm := &cobra.Command{
+		Use:   "admin",
+		Short: "Manage runners, policies and API keys (needs a SANDBOX_ADMIN key)",
+	}
+	runner := &cobra.Command{Use: "runner", Short: "Manage runners and their policies"}
+	runner.AddCommand(a.runnerCreateCommand(), a.runnerGetCommand(), a.runnerListCommand(),
+		a.runnerDeleteCommand(), a.runnerUpgradeCommand(), a.policyCommand())
+	keys := &cobra.Command{Use: "apikey", Short: "Manage API keys"}
+	keys.AddCommand(a.keyCreateCommand(), a.keyListCommand(), a.keyRevokeCommand())
+	adm.AddCommand(runner, keys)
+	return adm
+}
+
+func (a *app) admin() (*sandbox.Admin, error) {
+	var opts []sandbox.Option
+	if a.caFile != "" {
+		opts = append(opts, sandbox.WithCAFile(a.caFile))
+	}
+	opts = append(opts, sandbox.WithUserAgent("sbx"))
+	return sandbox.NewAdmin(a.baseURL, a.apiKey, opts...)
+}
+
+// readPolicy reads a JSON policy document from path ("-" is stdin).
+func (a *app) readPolicy(path string) (*structpb.Struct, error) {
+	var b []byte
+	var err error
+	if path == "-" {
+		b, err = io.ReadAll(a.stdin)
+	} else {
+		b, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 || t[0] != '{' {
+		return nil, fmt.Errorf("policy %s: the document must be a JSON object ({} is the permissive policy)", path)
+	}
+	var p structpb.Struct
+	if err := protojson.Unmarshal(t, &p); err != nil {
+		return nil, fmt.Errorf("policy %s: %w", path, err)
+	}
+	return &p, nil
+}
+
+func (a *app) runnerCreateCommand() *cobra.Command {
+	var r controlplanev1.ManagedRunner
+	var channel, policyFile string
+	cmd := &cobra.Command{
+		Use:   "create RUNNER_ID --cluster-id ID --zone ZONE [-f POLICY.json]",
+		Short: "Register a runner (one per cluster) with its policy",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r.RunnerId = args[0]
+			ch, err := parseChannel(channel)
+			if err != nil {
+				return err
+			}
+			r.ReleaseChannel = ch
+			if policyFile == "" {
+				r.Policy = &structpb.Struct{}
+			} else if r.Policy, err = a.readPolicy(policyFile); err != nil {
+				return err
+			}
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			out, err := adm.Runners.CreateManagedRunner(cmd.Context(), connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &r}))
+			if err != nil {
+				return err
+			}
+			return a.printRunner(out.Msg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&r.ClusterId, "cluster-id", "", "the cluster the runner serves (one runner per cluster)")
+	f.StringVar(&r.Zone, "zone", "", "the cluster's zone, lowercase")
+	f.StringVar(&r.RunnerGroupId, "runner-group-id", "", "runner group (default \"default\")")
+	f.StringVar(&r.DisplayName, "display-name", "", "a name for people")
+	f.StringVar(&channel, "release-channel", "STABLE", "STABLE or RAPID")
+	f.StringVarP(&policyFile, "file", "f", "", "policy document (JSON; - for stdin); default {} (permissive)")
+	return cmd
+}
+
+func parseChannel(s string) (controlplanev1.ReleaseChannel, error) {
+	switch strings.ToUpper(s) {
+	case "", "STABLE":
+		return controlplanev1.ReleaseChannel_STABLE, nil
+	case "RAPID":
+		return controlplanev1.ReleaseChannel_RAPID, nil
+	}
+	return 0, fmt.Errorf("--release-channel must be STABLE or RAPID, not %q", s)
+}
+
+func (a *app) getRunner(cmd *cobra.Command, id string) (*controlplanev1.ManagedRunner, error) {
+	adm, err := a.admin()
+	if err != nil {
+		return nil, err
+	}
+	out, err := adm.Runners.GetManagedRunner(cmd.Context(), connect.NewRequest(&controlplanev1.GetManagedRunnerRequest{RunnerId: id}))
+	if err != nil {
+		return nil, err
+	}
+	return out.Msg, nil
+}
+
+func (a *app) runnerGetCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "get RUNNER_ID",
+		Aliases: []string{"describe"},
+		Short:   "Show a runner: fields, status and etag",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.getRunner(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			return a.printRunner(r)
+		},
+	}
+}
+
+func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
+	if a.json() {
+		return a.printJSON(r)
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			_, _ = fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+		}
+	}
+	st := r.GetStatus()
+	row("Runner", r.GetRunnerId())
+	row("Cluster", r.GetClusterId())
+	row("Zone", r.GetZone())
+	row("Group", r.GetRunnerGroupId())
+	row("Display name", r.GetDisplayName())
+	row("Release channel", r.GetReleaseChannel().String())
+	row("Connection", st.GetConnection().String())
+	row("Ready", fmt.Sprint(st.GetReady()))
+	row("Last heartbeat", ts(st.GetLastHeartbeatTime()))
+	row("Version", st.GetVersion())
+	if st.GetUpdateAvailable() {
+		row("Update available", st.GetTargetVersion())
+	}
+	row("Desired version", st.GetDesiredVersion())
+	if c := st.GetCapacity(); c != nil {
+		u := st.GetUsage()
+		row("CPU", fmt.Sprintf("%dm used of %dm", u.GetMilliCpu(), c.GetMilliCpu()))
+		row("Memory", fmt.Sprintf("%d used of %d bytes", u.GetMemoryBytes(), c.GetMemoryBytes()))
+		row("Sandboxes", fmt.Sprint(u.GetSandboxes()))
+	}
+	policy := "never set"
+	if r.GetPolicy() != nil {
+		policy = fmt.Sprintf("revision %d (sbx admin runner policy get %s)", r.GetPolicyRevision(), r.GetRunnerId())
+	}
+	row("Policy", policy)
+	row("Etag", r.GetEtag())
+	row("Created", ts(r.GetCreateTime()))
+	row("Updated", ts(r.GetUpdateTime()))
+	return tw.Flush()
+}
+
+func ts(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return ""
+	}
+	return t.AsTime().Local().Format(time.RFC3339)
+}
+
+func (a *app) runnerListCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List runners",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			var all []*controlplanev1.ManagedRunner
+			token := ""
+			for {
+				out, err := adm.Runners.ListManagedRunners(cmd.Context(), connect.NewRequest(&controlplanev1.ListManagedRunnersRequest{PageToken: token}))
+				if err != nil {
+					return err
+				}
+				all = append(all, out.Msg.GetManagedRunners()...)
+				if token = out.Msg.GetNextPageToken(); token == "" {
+					break
+				}
+			}
+			if a.json() {
+				return a.printJSON(&controlplanev1.ListManagedRunnersResponse{ManagedRunners: all})
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			_, _ = fmt.Fprintln(tw, "RUNNER\tCLUSTER\tZONE\tGROUP\tCHANNEL\tCONNECTION\tVERSION\tPOLICY")
+			for _, r := range all {
+				policy := "-"
+				if r.GetPolicy() != nil {
+					policy = fmt.Sprintf("rev %d", r.GetPolicyRevision())
+				}
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetRunnerId(), r.GetClusterId(), r.GetZone(),
+					r.GetRunnerGroupId(), r.GetReleaseChannel(), r.GetStatus().GetConnection(), r.GetStatus().GetVersion(), policy)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func (a *app) runnerDeleteCommand() *cobra.Command {
+	var etag string
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "delete RUNNER_ID",
+		Short: "Delete a runner (refused while it owns live sandboxes unless --force)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			if _, err := adm.Runners.DeleteManagedRunner(cmd.Context(), connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: args[0], Etag: etag, Force: force})); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "runner %s deleted\n", args[0])
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&etag, "etag", "", "delete only if the runner still has this etag")
+	cmd.Flags().BoolVar(&force, "force", false, "delete even while the runner owns live sandboxes (they keep running)")
+	return cmd
+}
+
+func (a *app) runnerUpgradeCommand() *cobra.Command {
+	var etag string
+	cmd := &cobra.Command{
+		Use:   "upgrade RUNNER_ID",
+		Short: "Apply the update the runner's release channel offers",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			out, err := adm.Runners.ApplyAvailableUpdate(cmd.Context(), connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: args[0], Etag: etag}))
+			if err != nil {
+				return err
+			}
+			return a.printRunner(out.Msg)
+		},
+	}
+	cmd.Flags().StringVar(&etag, "etag", "", "apply only if the runner still has this etag")
+	return cmd
+}
+
+func (a *app) policyCommand() *cobra.Command {
+	pol := &cobra.Command{Use: "policy", Short: "Read and replace a runner's policy document"}
+	pol.AddCommand(&cobra.Command{
+		Use:   "get RUNNER_ID",
+		Short: "Print the policy (JSON; null when never set); its etag goes to stderr",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.getRunner(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(map[string]any{"runner_id": r.GetRunnerId(), "policy": policyValue(r.GetPolicy()),
+					"policy_revision": r.GetPolicyRevision(), "etag": r.GetEtag()})
+			}
+			_, _ = fmt.Fprintf(a.stderr, "etag: %s (policy revision %d)\n", r.GetEtag(), r.GetPolicyRevision())
+			b, err := json.MarshalIndent(policyValue(r.GetPolicy()), "", "  ")
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+			return err
+		},
+	})
+	var file, etag string
+	set := &cobra.Command{
+		Use:   "set RUNNER_ID -f FILE",
+		Short: "Replace the whole policy document (JSON; -f - reads stdin)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if file == "" {
+				return errors.New("-f FILE is required (- for stdin)")
+			}
+			p, err := a.readPolicy(file)
+			if err != nil {
+				return err
+			}
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			out, err := adm.Runners.UpdateManagedRunner(cmd.Context(), connect.NewRequest(&controlplanev1.UpdateManagedRunnerRequest{
+				ManagedRunner: &controlplanev1.ManagedRunner{RunnerId: args[0], Policy: p, Etag: etag},
+				UpdateMask:    &fieldmaskpb.FieldMask{Paths: []string{"policy"}},
+			}))
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(out.Msg)
+			}
+			_, err = fmt.Fprintf(a.stdout, "policy of runner %s set (revision %d, etag %s)\n", args[0], out.Msg.GetPolicyRevision(), out.Msg.GetEtag())
+			return err
+		},
+	}
+	set.Flags().StringVarP(&file, "file", "f", "", "policy document (JSON; - for stdin)")
+	set.Flags().StringVar(&etag, "etag", "", "replace only if the runner still has this etag (from `policy get`)")
+	pol.AddCommand(set)
+	return pol
+}
+
+// policyValue is the policy as a JSON value: nil (null) when never set.
+func policyValue(p *structpb.Struct) any {
+	if p == nil {
+		return nil
+	}
+	return p.AsMap()
+}
+
+func (a *app) keyCreateCommand() *cobra.Command {
+	var name, role string
+	cmd := &cobra.Command{
+		Use:   "create [--name NAME] [--role user|admin]",
+		Short: "Issue an API key; its secret is printed once",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := &controlplanev1.CreateApiKeyRequest{DisplayName: name, Role: controlplanev1.Role_SANDBOX_USER}
+			switch strings.ToLower(role) {
+			case "user", "sandbox_user":
+			case "admin", "sandbox_admin":
+				req.Role = controlplanev1.Role_SANDBOX_ADMIN
+			default:
+				return fmt.Errorf("--role must be user or admin, not %q", role)
+			}
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			out, err := adm.APIKeys.CreateApiKey(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(out.Msg)
+			}
+			_, err = fmt.Fprintln(a.stdout, out.Msg.GetSecret())
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "a name to recognise the key by")
+	cmd.Flags().StringVar(&role, "role", "user", "user (sandboxes) or admin (also runners, policies, keys)")
+	return cmd
+}
+
+func (a *app) keyListCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List API keys (revoked ones too)",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			var all []*controlplanev1.ApiKey
+			token := ""
+			for {
+				out, err := adm.APIKeys.ListApiKeys(cmd.Context(), connect.NewRequest(&controlplanev1.ListApiKeysRequest{PageToken: token}))
+				if err != nil {
+					return err
+				}
+				all = append(all, out.Msg.GetApiKeys()...)
+				if token = out.Msg.GetNextPageToken(); token == "" {
+					break
+				}
+			}
+			if a.json() {
+				return a.printJSON(&controlplanev1.ListApiKeysResponse{ApiKeys: all})
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			_, _ = fmt.Fprintln(tw, "KEY ID\tNAME\tROLE\tCREATED\tLAST USED\tREVOKED")
+			for _, k := range all {
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", k.GetKeyId(), k.GetDisplayName(), k.GetRole(),
+					ts(k.GetCreateTime()), orDash(ts(k.GetLastUsedTime())), orDash(ts(k.GetRevokeTime())))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (a *app) keyRevokeCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "revoke KEY_ID",
+		Short: "Revoke an API key at once",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			out, err := adm.APIKeys.RevokeApiKey(cmd.Context(), connect.NewRequest(&controlplanev1.RevokeApiKeyRequest{KeyId: args[0]}))
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(out.Msg)
+			}
+			_, err = fmt.Fprintf(a.stdout, "API key %s revoked\n", args[0])
+			return err
+		},
+	}
+}

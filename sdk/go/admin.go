@@ -1,0 +1,63 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
+)
+
+// Admin is a client for sandboxd's control plane (sandboxd.controlplane.v1): managed
+// runners with their policies, and API keys. It needs an API key with role SANDBOX_ADMIN.
+// Errors are *Error, like the sandbox client's.
+//
+//	adm, err := sandbox.NewAdmin("", "") // CWSANDBOX_BASE_URL, CWSANDBOX_API_KEY
+//	r, err := adm.Runners.GetManagedRunner(ctx, connect.NewRequest(&controlplanev1.GetManagedRunnerRequest{RunnerId: "local"}))
+type Admin struct {
+	Runners controlplanev1connect.RunnerManagementServiceClient
+	APIKeys controlplanev1connect.ApiKeyServiceClient
+}
+
+// NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
+// the environment as in New.
+func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
+	c, err := New(baseURL, apiKey, opts...)
+	if err != nil {
+		return nil, err
+	}
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if apiKey == "" {
+		apiKey = os.Getenv(EnvAPIKey)
+	}
+	copts := []connect.ClientOption{
+		connect.WithGRPC(),
+		connect.WithInterceptors(headers{key: apiKey, ua: cfg.userAgent}, asError{}),
+	}
+	return &Admin{
+		Runners: controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
+		APIKeys: controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
+	}, nil
+}
+
+// asError turns RPC errors into *Error.
+type asError struct{}
+
+func (asError) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		return resp, fromRPC(err)
+	}
+}
+
+func (asError) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (asError) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
