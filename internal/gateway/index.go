@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -17,17 +19,22 @@ type record struct {
 	spec              *sandboxv1.SandboxSpec
 	createdAt         time.Time
 	last              runner.Sandbox
+	policyRevision    int64
 }
 
-// index maps sandboxes to their organization and runner, and deduplicates creates.
+// index maps sandboxes to their organization and runner, and deduplicates creates. It
+// serves from memory and, with a store, writes through on every create and status change
+// so that a restarted gateway starts where it left off.
 type index struct {
 	mu        sync.Mutex
 	byID      map[string]*record
 	byRequest map[string]string // org + "\x00" + request_id -> sandbox ID
+	st        IndexStore        // nil: memory only
+	log       *slog.Logger
 }
 
-func newIndex() *index {
-	return &index{byID: map[string]*record{}, byRequest: map[string]string{}}
+func newIndex(st IndexStore, log *slog.Logger) *index {
+	return &index{byID: map[string]*record{}, byRequest: map[string]string{}, st: st, log: log}
 }
 
 // get returns the record of id if it belongs to org. Another organization's sandbox is
@@ -56,19 +63,29 @@ func (x *index) byRequestID(org, requestID string) (*record, bool) {
 	return r, ok
 }
 
-func (x *index) put(r *record, requestID string) {
+func (x *index) put(ctx context.Context, r *record, requestID string) error {
+	if err := x.persistNew(ctx, r, requestID); err != nil {
+		return err
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.byID[r.id] = r
 	if requestID != "" {
 		x.byRequest[r.org+"\x00"+requestID] = r.id
 	}
+	return nil
 }
 
-func (x *index) setLast(r *record, sb runner.Sandbox) {
+func (x *index) setLast(ctx context.Context, r *record, sb runner.Sandbox) {
 	x.mu.Lock()
+	dirty := changed(r.last, sb)
 	r.last = sb
 	x.mu.Unlock()
+	if dirty {
+		if err := x.persistStatus(context.WithoutCancel(ctx), r, sb); err != nil {
+			x.log.Warn("record sandbox status", "sandbox", r.id, "err", err)
+		}
+	}
 }
 
 func (x *index) lastOf(r *record) runner.Sandbox {
@@ -101,7 +118,12 @@ func (x *index) list(org string, desc bool) []*record {
 }
 
 // forget drops records of sandboxes that ended before cutoff.
-func (x *index) forget(cutoff time.Time) {
+func (x *index) forget(ctx context.Context, cutoff time.Time) {
+	if x.st != nil {
+		if _, err := x.st.DeleteEndedBefore(ctx, cutoff); err != nil {
+			x.log.Warn("drop ended sandboxes from the index", "err", err)
+		}
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for id, r := range x.byID {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -43,6 +44,10 @@ type Config struct {
 	Runners []Runner
 	// Policies gives each runner's policy; nil means every runner has the empty policy.
 	Policies PolicySource
+	// Index keeps the sandbox index across restarts (with Orgs to load it); nil keeps it
+	// in memory only.
+	Index IndexStore
+	Orgs  OrgLister
 	// Retention is how long ended sandboxes stay readable; default 1 h.
 	Retention time.Duration
 	Logger    *slog.Logger
@@ -75,7 +80,16 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(), retention: cfg.Retention, log: cfg.Logger}, nil
+	s := &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger}
+	if cfg.Index != nil {
+		if cfg.Orgs == nil {
+			return nil, errors.New("gateway: an Index needs Orgs to load it")
+		}
+		if err := s.index.load(context.Background(), cfg.Orgs); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // Handler serves the API (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
@@ -147,7 +161,7 @@ func (s *Server) current(ctx context.Context, rec *record, r Runner) runner.Sand
 	if err != nil {
 		return s.index.lastOf(rec)
 	}
-	s.index.setLast(rec, sb)
+	s.index.setLast(ctx, rec, sb)
 	return sb
 }
 
@@ -183,7 +197,12 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 		return nil, runnerError("", err)
 	}
 	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: spec, createdAt: sb.CreatedAt, last: sb}
-	s.index.put(rec, req.Msg.GetRequestId())
+	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
+	if err := s.index.put(ctx, rec, req.Msg.GetRequestId()); err != nil {
+		// Not recorded, so not reachable through the API: do not leave it running.
+		_, _ = r.Delete(context.WithoutCancel(ctx), sb.ID, 0)
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", cr.Spec.Image)
 	return connect.NewResponse(toProto(sb.ID, spec, sb, r)), nil
 }
@@ -233,7 +252,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 		}
 		after = string(b)
 	}
-	s.index.forget(time.Now().Add(-s.retention))
+	s.index.forget(ctx, time.Now().Add(-s.retention))
 	want := m.GetState()
 	terminalFilter := want == sandboxv1.State_STATE_COMPLETED || want == sandboxv1.State_STATE_FAILED || want == sandboxv1.State_STATE_TERMINATED
 	desc := m.GetSortDirection() == sandboxv1.SortDirection(2)
@@ -310,7 +329,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 			return nil, runnerError(rec.id, err)
 		}
 	}
-	s.index.setLast(rec, sb)
+	s.index.setLast(ctx, rec, sb)
 	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: toProto(rec.id, rec.spec, sb, r)}), nil
 }
 
@@ -342,7 +361,7 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 				out.FailedSandboxIds = append(out.FailedSandboxIds, rec.id)
 				continue
 			}
-			s.index.setLast(rec, sb)
+			s.index.setLast(ctx, rec, sb)
 		}
 		out.PurgeCount++
 	}

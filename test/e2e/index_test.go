@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// TestGatewayIndexSurvivesRestart: a gateway that restarts on the same store still serves
+// every sandbox it created, deduplicates their request IDs, and lists ended ones.
+func TestGatewayIndexSurvivesRestart(t *testing.T) {
+	s := startedStack(t)
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	runner := gateway.NewLocalRunner("local", s.Runner)
+	serve := func() sandboxv1connect.SandboxServiceClient {
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{runner}, Index: st.Sandboxes(), Orgs: st.Orgs()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(g.Handler())
+		t.Cleanup(srv.Close)
+		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+	}
+	first := serve()
+	live, err := first.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}, RequestId: "keep-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := first.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec(busybox(), "true")}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g1 := &gw{sandboxes: first}
+	g1.waitState(t, done.Msg.SandboxId, sandboxv1.State_STATE_COMPLETED)
+	g1.waitState(t, live.Msg.SandboxId, sandboxv1.State_STATE_RUNNING)
+
+	second := serve() // a new gateway process on the same store
+	g2 := &gw{sandboxes: second}
+	g2.waitState(t, live.Msg.SandboxId, sandboxv1.State_STATE_RUNNING)
+	res, err := second.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: live.Msg.SandboxId, Command: []string{"echo", "still here"}}))
+	if err != nil || string(res.Msg.Stdout) != "still here\n" {
+		t.Errorf("exec after the gateway restarted: %q %v", res.Msg.GetStdout(), err)
+	}
+	again, err := second.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}, RequestId: "keep-1"}))
+	if err != nil || again.Msg.SandboxId != live.Msg.SandboxId {
+		t.Errorf("request_id after restart created %v (%v), want %s", again.Msg.GetSandboxId(), err, live.Msg.SandboxId)
+	}
+	list, err := second.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{ShowTerminated: true}))
+	if err != nil || len(list.Msg.Sandboxes) != 2 {
+		t.Fatalf("list after restart: %d sandboxes, %v", len(list.Msg.GetSandboxes()), err)
+	}
+	got := g2.waitState(t, done.Msg.SandboxId, sandboxv1.State_STATE_COMPLETED)
+	if got.GetStatus().ExitCode == nil || got.GetStatus().GetExitCode() != 0 {
+		t.Errorf("ended sandbox after restart: exit code %v", got.GetStatus().ExitCode)
+	}
+}
