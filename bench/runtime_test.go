@@ -16,6 +16,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
@@ -39,7 +40,10 @@ func run(m *testing.M) int {
 
 func newStack(b *testing.B) *stack.Stack {
 	b.Helper()
-	s, err := env.Stack(b.TempDir())
+	cfg := env.StackConfig(b.TempDir())
+	// As `sandboxd dev`: a warm pool as deep as the benchmarks' batches.
+	cfg.Pool = local.PoolConfig{Size: 10, Idle: 10 * time.Minute}
+	s, err := stack.NewLocal(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

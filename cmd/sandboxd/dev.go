@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/testimage"
@@ -39,6 +40,7 @@ func dev(args []string) error {
 	runnerID := fs.String("runner-id", "local", "ID of the local runner")
 	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	mirror := fs.Bool("test-image-mirror", true, "serve the test images (scripts/build-test-images.sh) from a loopback registry that mirrors docker.io")
+	poolSize := fs.Int("warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -67,7 +69,7 @@ func dev(args []string) error {
 	}
 	keys := auth.NewStoreAuthenticator(st, logger)
 
-	cfg := stack.Config{DataDir: *dataDir, Logger: logger}
+	cfg := stack.Config{DataDir: *dataDir, Logger: logger, Pool: local.PoolConfig{Size: *poolSize, Idle: 10 * time.Minute}}
 	if *mirror {
 		host, stopRegistry, err := serveTestImages(ctx)
 		switch {
@@ -93,6 +95,8 @@ func dev(args []string) error {
 		Auth:     keys,
 		Runners:  []gateway.Runner{local},
 		Policies: controlplane.NewPolicySource(st, defaultOrg),
+		Index:    st.Sandboxes(),
+		Orgs:     st.Orgs(),
 		Logger:   logger,
 	})
 	if err != nil {

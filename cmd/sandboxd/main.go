@@ -1,6 +1,7 @@
 // Command sandboxd is the sandboxd server. Subcommands:
 //
 //	sandboxd dev     control plane + gateway + local runner in one process, on loopback
+//	sandboxd controlplane the control plane: admin API and runner registration over TLS
 //	sandboxd runner  a local runner serving gateways over mTLS
 //	sandboxd gateway the API, with runners in other processes
 //	sandboxd apikey  create API keys in the store (DATA-DIR/sandboxd.db or --store DSN)
@@ -25,6 +26,8 @@ func main() {
 	switch os.Args[1] {
 	case "dev":
 		err = dev(os.Args[2:])
+	case "controlplane", "control-plane":
+		err = controlPlaneCmd(os.Args[2:])
 	case "runner":
 		err = runnerCmd(os.Args[2:])
 	case "gateway":
@@ -54,9 +57,13 @@ func usage() {
 commands:
   dev       run the control plane, the gateway and a local runner in one process (loopback by default;
             state in DATA-DIR/sandboxd.db, or --store postgres://…)
-  runner    run a local runner for gateways: runner --data-dir D --pki-dir P --listen ADDR --runner-id ID
+  controlplane  run the control plane (admin API, runner registration and heartbeats) over TLS:
+            controlplane --data-dir D --listen ADDR [--store DSN]
+  runner    run a local runner for gateways, registered with the control plane:
+            runner --data-dir D --listen ADDR --control-plane ADDR --bootstrap-token T (first start)
+            or with a shared CA: runner --data-dir D --pki-dir P --listen ADDR --runner-id ID
   gateway   run the API and the control plane over runners elsewhere:
-            gateway --data-dir D [--store DSN] --pki-dir P --listen ADDR --runner ID=ADDR…
+            gateway --data-dir D [--store DSN] --pki-dir P --listen ADDR --runner ID=ADDR… [--control-plane ADDR]
   apikey    create an API key: apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin]
   demo      start the single-host runtime and run a first sandbox
   version   print the version

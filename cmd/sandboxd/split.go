@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,8 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -57,6 +60,10 @@ func runnerCmd(args []string) error {
 	subnet := fs.String("subnet", "", "sandbox subnet (default 10.88.0.0/16)")
 	cgroupParent := fs.String("cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
 	noEgress := fs.Bool("no-egress", false, "sandboxes reach nothing beyond this host")
+	controlPlane := fs.String("control-plane", "", "HOST:PORT of the control plane (`sandboxd controlplane`): register with --bootstrap-token on first start, then heartbeat; without it the runner uses --pki-dir")
+	bootstrapToken := fs.String("bootstrap-token", "", "one-time token from :createBootstrapToken (first start only; later starts use the credentials in DATA-DIR/identity)")
+	controlPlaneCA := fs.String("control-plane-ca", "", "PEM file of the CA to trust the control plane by (default: the CA pinned in the bootstrap token)")
+	hbInterval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often to heartbeat the control plane")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -68,17 +75,51 @@ func runnerCmd(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	ca, err := pki.LoadOrCreateCA(*pkiDir, platformCAName)
-	if err != nil {
-		return fmt.Errorf("platform CA: %w", err)
-	}
-	host, _, err := net.SplitHostPort(*listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	tlsCfg, err := runnerapi.ServerTLSConfig(ca, *runnerID, []string{host})
-	if err != nil {
-		return err
+	var (
+		tlsCfg *tls.Config
+		ident  *enroll.Identity
+		cache  *enroll.PolicyCache
+	)
+	_, loadErr := enroll.Load(*dataDir)
+	if *controlPlane != "" || *bootstrapToken != "" || loadErr == nil {
+		var caPEM []byte
+		if *controlPlaneCA != "" {
+			b, err := os.ReadFile(*controlPlaneCA)
+			if err != nil {
+				return fmt.Errorf("--control-plane-ca: %w", err)
+			}
+			caPEM = b
+		}
+		id, registered, err := enroll.LoadOrRegister(ctx, *dataDir, *controlPlane, *bootstrapToken, caPEM)
+		if err != nil {
+			return err
+		}
+		if registered {
+			logger.Info("runner registered", "org", id.Org, "runner", id.RunnerID, "credentials", enroll.Dir(*dataDir))
+		} else {
+			logger.Info("using saved runner credentials", "org", id.Org, "runner", id.RunnerID, "not_after", id.Cert.Leaf.NotAfter)
+		}
+		if fs.Lookup("runner-id").Value.String() != "local" && *runnerID != id.RunnerID {
+			return fmt.Errorf("--runner-id %s, but this data dir is registered as runner %s", *runnerID, id.RunnerID)
+		}
+		*runnerID = id.RunnerID
+		tlsCfg = runnerapi.ServerTLSConfigFromCert(id.Cert, id.CAs)
+		if cache, err = enroll.OpenPolicyCache(*dataDir); err != nil {
+			return err
+		}
+		ident = id
+	} else {
+		ca, err := pki.LoadOrCreateCA(*pkiDir, platformCAName)
+		if err != nil {
+			return fmt.Errorf("platform CA: %w", err)
+		}
+		host, _, err := net.SplitHostPort(*listen)
+		if err != nil {
+			return fmt.Errorf("--listen: %w", err)
+		}
+		if tlsCfg, err = runnerapi.ServerTLSConfig(ca, *runnerID, []string{host}); err != nil {
+			return err
+		}
 	}
 
 	cfg := stack.Config{DataDir: *dataDir, Logger: logger, InsecureRegistries: insecure, Bridge: *bridge, CgroupParent: *cgroupParent, NoEgress: *noEgress}
@@ -86,6 +127,7 @@ func runnerCmd(args []string) error {
 		cfg.NetTable = "sandboxd_" + *bridge
 	}
 	if *subnet != "" {
+		var err error
 		if cfg.Subnet, err = netip.ParsePrefix(*subnet); err != nil {
 			return fmt.Errorf("--subnet: %w", err)
 		}
@@ -114,7 +156,20 @@ func runnerCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := runnerapi.NewServer(*runnerID, st.Runner, logger).HTTPServer(tlsCfg)
+	rs := runnerapi.NewServer(*runnerID, st.Runner, logger)
+	if ident != nil {
+		local := gateway.NewLocalRunner(*runnerID, st.Runner)
+		hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{
+			Identity: ident, Cache: cache, Interval: *hbInterval, Logger: logger,
+			Status: func(ctx context.Context) (*enroll.Status, error) { return runnerStatus(ctx, local) },
+		})
+		if err != nil {
+			return err
+		}
+		go hb.Run(ctx)
+		rs.WithPolicy(*runnerID, cache)
+	}
+	srv := rs.HTTPServer(tlsCfg)
 	fmt.Printf("runner %s listening on %s\n", *runnerID, ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
@@ -140,6 +195,7 @@ func gatewayCmd(args []string) error {
 	name := fs.String("name", "gateway", "this gateway's name, in its client certificate (spiffe://sandboxd/gateway/NAME)")
 	var runners listFlag
 	fs.Var(&runners, "runner", "a runner as ID=HOST:PORT (repeatable)")
+	controlPlane := fs.String("control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -184,27 +240,38 @@ func gatewayCmd(args []string) error {
 		defer c.Close()
 		rs = append(rs, c)
 	}
-	gw, err := gateway.New(gateway.Config{Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg), Logger: logger})
+	gw, err := gateway.New(gateway.Config{
+		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
+		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,
+	})
 	if err != nil {
 		return err
 	}
 	// Until runners register themselves, the gateway records the runners it is given (the
 	// runner ID doubles as cluster ID) and heartbeats what it sees of them.
-	for _, r := range rs {
-		if err := registerRunner(ctx, st, r.ID(), r.ID(), "local", logger); err != nil {
+	var admin http.Handler
+	if *controlPlane != "" {
+		if admin, err = controlPlaneProxy(*controlPlane, ca, logger); err != nil {
 			return err
 		}
-		go heartbeat(ctx, st, r, logger)
-	}
-	cp, err := newControlPlane(st, keys, logger, nil)
-	if err != nil {
-		return err
+	} else {
+		for _, r := range rs {
+			if err := registerRunner(ctx, st, r.ID(), r.ID(), "local", logger); err != nil {
+				return err
+			}
+			go heartbeat(ctx, st, r, logger)
+		}
+		cp, err := newControlPlane(st, keys, logger, nil)
+		if err != nil {
+			return err
+		}
+		admin = cp.Handler()
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: controlplane.Route(cp.Handler(), gw.Handler()), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	srv := &http.Server{Handler: controlplane.Route(admin, gw.Handler()), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
@@ -220,4 +287,19 @@ func gatewayCmd(args []string) error {
 	defer cancel()
 	_ = srv.Shutdown(shutdown)
 	return nil
+}
+
+// runnerStatus is what a heartbeat reports of r.
+func runnerStatus(ctx context.Context, r *gateway.LocalRunner) (*enroll.Status, error) {
+	c, err := r.Capacity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &enroll.Status{
+		Version:        version,
+		Ready:          true,
+		Capacity:       &controlplanev1.RunnerResources{MilliCpu: c.MilliCPU, MemoryBytes: c.MemoryBytes},
+		Usage:          &controlplanev1.RunnerResources{MilliCpu: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, Sandboxes: int64(c.Running)},
+		SandboxesTotal: int64(len(r.R.List())),
+	}, nil
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,6 +84,13 @@ type Agent struct {
 	done    chan struct{} // closed once the final status is set and logs are closed
 	execs   map[*proc]struct{}
 	calls   inflight
+
+	// Standby (pooled) agents: cfg, workDir and user are set once, by Start, before
+	// started is set and startCh closed; handlers that use them check started first.
+	started   atomic.Bool
+	startMu   sync.Mutex
+	startCh   chan struct{}
+	startDone bool // Start was called, or the agent stopped before it
 }
 
 // inflight counts running calls.
@@ -180,7 +188,16 @@ func Run(ctx context.Context, opts Options) (int, error) {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(opts.Listener) }()
 
-	code := a.supervise(ctx)
+	select {
+	case <-a.startCh:
+	case <-ctx.Done():
+	}
+	var code int
+	if a.stopInStandby() {
+		code = 0
+	} else {
+		code = a.supervise(ctx)
+	}
 
 	// Watch and Logs(follow) calls end now; give other calls (execs) a grace period, then
 	// kill what they run so they end too.
@@ -202,8 +219,11 @@ func Run(ctx context.Context, opts Options) (int, error) {
 }
 
 func newAgent(opts Options) (*Agent, error) {
-	if opts.Config == nil || len(opts.Config.Argv) == 0 {
+	if opts.Config == nil {
 		return nil, errors.New("agent: config with a main command is required")
+	}
+	if err := opts.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("agent: config: %w", err)
 	}
 	if opts.Listener == nil {
 		return nil, errors.New("agent: listener is required")
@@ -223,13 +243,6 @@ func newAgent(opts Options) (*Agent, error) {
 	if opts.ShutdownGrace <= 0 {
 		opts.ShutdownGrace = 2 * time.Second
 	}
-	wd := opts.Config.WorkingDir
-	if wd == "" {
-		wd = "/"
-	}
-	if !filepath.IsAbs(wd) {
-		wd = filepath.Join("/", wd)
-	}
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("agent: state dir: %w", err)
 	}
@@ -245,9 +258,8 @@ func newAgent(opts Options) (*Agent, error) {
 	}
 	a := &Agent{
 		opts:        opts,
-		cfg:         opts.Config,
 		log:         opts.Logger,
-		workDir:     wd,
+		workDir:     "/",
 		logDir:      logDir,
 		logw:        logw,
 		devNull:     devNull,
@@ -257,11 +269,75 @@ func newAgent(opts Options) (*Agent, error) {
 		changed:     make(chan struct{}),
 		done:        make(chan struct{}),
 		execs:       make(map[*proc]struct{}),
+		startCh:     make(chan struct{}),
 	}
-	a.user, a.userErr = resolveUser(opts.Config.User, opts.Root)
+	if opts.Config.Standby {
+		a.cfg = &agentconfig.Config{Standby: true}
+		a.status.State = agentv1.MainState_MAIN_STATE_STANDBY
+	} else {
+		a.configure(opts.Config)
+	}
 	getReaper()
 	a.update(func(*agentv1.StatusResponse) {})
 	return a, nil
+}
+
+// configure takes the main command's config; once, before started is set.
+func (a *Agent) configure(cfg *agentconfig.Config) {
+	wd := cfg.WorkingDir
+	if wd == "" {
+		wd = "/"
+	}
+	if !filepath.IsAbs(wd) {
+		wd = filepath.Join("/", wd)
+	}
+	a.cfg, a.workDir = cfg, wd
+	a.user, a.userErr = resolveUser(cfg.User, a.opts.Root)
+	a.startDone = true
+	a.started.Store(true)
+	close(a.startCh)
+}
+
+// errNotStarted is what calls that need the main command's config get in standby.
+var errNotStarted = errors.New("agent: in standby, not started")
+
+// start leaves standby: cfg is run as if it had been the agent's config file (Start RPC).
+func (a *Agent) start(cfg *agentconfig.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Standby {
+		return errors.New("agent: Start needs a config with a main command")
+	}
+	a.startMu.Lock()
+	defer a.startMu.Unlock()
+	if a.startDone {
+		return errAlreadyStarted
+	}
+	a.update(func(s *agentv1.StatusResponse) { s.State = agentv1.MainState_MAIN_STATE_STARTING })
+	a.configure(cfg)
+	return nil
+}
+
+var errAlreadyStarted = errors.New("agent: already started (or stopped)")
+
+// stopInStandby ends an agent that was stopped before Start (nothing ever ran) and
+// reports true; false when the agent has its main command to supervise.
+func (a *Agent) stopInStandby() bool {
+	a.startMu.Lock()
+	if a.startDone {
+		a.startMu.Unlock()
+		return false
+	}
+	a.startDone = true
+	a.startMu.Unlock()
+	a.closeLog()
+	a.update(func(s *agentv1.StatusResponse) {
+		s.State = agentv1.MainState_MAIN_STATE_STOPPED
+		s.Reason, s.Message = ReasonStopped, "stopped in standby, before the main command was started"
+		s.FinishedAt = timestamppb.Now()
+	})
+	return true
 }
 
 // env is the sandbox environment, with HOME from the user when the config has none.

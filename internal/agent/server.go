@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -76,6 +77,9 @@ func (c *capBuf) write(b []byte) {
 }
 
 func (s *service) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
+	if err := s.requireStarted(); err != nil {
+		return nil, err
+	}
 	m := req.Msg
 	if len(m.Command) == 0 {
 		return nil, invalidArg("command is required")
@@ -281,6 +285,9 @@ type output struct {
 }
 
 func (s *service) StreamExec(ctx context.Context, st *connect.BidiStream[agentv1.StreamExecRequest, agentv1.StreamExecResponse]) error {
+	if err := s.requireStarted(); err != nil {
+		return err
+	}
 	first, err := st.Receive()
 	if errors.Is(err, io.EOF) {
 		return invalidArg("the first message must be init")
@@ -445,6 +452,9 @@ func (s *service) StreamExec(ctx context.Context, st *connect.BidiStream[agentv1
 }
 
 func (s *service) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	if err := s.requireStarted(); err != nil {
+		return nil, err
+	}
 	b, err := s.a.readFile(req.Msg.Path, req.Msg.MaxBytes)
 	if err != nil {
 		return nil, err
@@ -453,6 +463,9 @@ func (s *service) ReadFile(ctx context.Context, req *connect.Request[agentv1.Rea
 }
 
 func (s *service) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	if err := s.requireStarted(); err != nil {
+		return nil, err
+	}
 	if err := s.a.writeFile(req.Msg.Path, req.Msg.Content, req.Msg.Mode); err != nil {
 		return nil, err
 	}
@@ -519,4 +532,25 @@ func (s *service) Watch(ctx context.Context, req *connect.Request[agentv1.WatchR
 			return connect.NewError(connect.CodeCanceled, ctx.Err())
 		}
 	}
+}
+
+func (s *service) requireStarted() error {
+	if !s.a.started.Load() {
+		return connect.NewError(connect.CodeFailedPrecondition, errNotStarted)
+	}
+	return nil
+}
+
+func (s *service) Start(ctx context.Context, req *connect.Request[agentv1.StartRequest]) (*connect.Response[agentv1.StartResponse], error) {
+	var cfg agentconfig.Config
+	if err := json.Unmarshal(req.Msg.Config, &cfg); err != nil {
+		return nil, invalidArg("config: %v", err)
+	}
+	if err := s.a.start(&cfg); err != nil {
+		if errors.Is(err, errAlreadyStarted) {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+		}
+		return nil, invalidArg("config: %v", err)
+	}
+	return connect.NewResponse(&agentv1.StartResponse{}), nil
 }

@@ -45,6 +45,9 @@ type Config struct {
 	Listen string `json:"listen,omitempty"`
 	// Hostname is informational; the runtime sets the UTS hostname.
 	Hostname string `json:"hostname,omitempty"`
+	// Standby makes the agent serve without a main command (Argv is empty) until the
+	// backend sends the real Config with the Start call: a pooled, pre-started sandbox.
+	Standby bool `json:"standby,omitempty"`
 }
 
 // File is written before the main command first starts.
@@ -64,10 +67,21 @@ func Load(path string) (*Config, error) {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, fmt.Errorf("parse agent config %s: %w", path, err)
 	}
-	if len(c.Argv) == 0 {
-		return nil, fmt.Errorf("agent config %s: empty argv", path)
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("agent config %s: %w", path, err)
 	}
 	return &c, nil
+}
+
+// Validate checks what the agent needs: a main command, unless in standby.
+func (c *Config) Validate() error {
+	switch {
+	case c.Standby && len(c.Argv) > 0:
+		return fmt.Errorf("a standby config has no argv")
+	case !c.Standby && len(c.Argv) == 0:
+		return fmt.Errorf("empty argv")
+	}
+	return nil
 }
 
 // MergeEnv returns base (KEY=VALUE) with overlay's variables overriding it: base order

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -53,6 +54,12 @@ type Config struct {
 	// sandbox index (records not yet ended).
 	LiveSandboxes LiveSandboxCounter
 	Logger        *slog.Logger
+	// CA signs runner certificates at registration; nil disables CreateBootstrapToken and
+	// RunnerRegistrationService.Register.
+	CA *pki.CA
+	// RunnerCertTTL is the lifetime of registered runners' certificates; default
+	// DefaultRunnerCertTTL.
+	RunnerCertTTL time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -69,6 +76,8 @@ type Service struct {
 	live     LiveSandboxCounter
 	log      *slog.Logger
 	now      func() time.Time
+	ca       *pki.CA
+	certTTL  time.Duration
 }
 
 // New returns a Service.
@@ -80,7 +89,10 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("controlplane: no authenticator")
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
-		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now}
+		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL}
+	if s.certTTL <= 0 {
+		s.certTTL = DefaultRunnerCertTTL
+	}
 	if s.interval <= 0 {
 		s.interval = DefaultHeartbeatInterval
 	}

@@ -82,7 +82,7 @@ func (c *Client) Group() string { return c.group }
 func (c *Client) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
 	res, err := c.runner.Create(ctx, connect.NewRequest(createToProto(req)))
 	if err != nil {
-		return runner.Sandbox{}, fromStatus(c.id, err)
+		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
 }
@@ -90,7 +90,7 @@ func (c *Client) Create(ctx context.Context, req runner.CreateRequest) (runner.S
 func (c *Client) Get(ctx context.Context, id string) (runner.Sandbox, error) {
 	res, err := c.runner.Get(ctx, connect.NewRequest(&runnerv1.GetRequest{Id: id}))
 	if err != nil {
-		return runner.Sandbox{}, fromStatus(c.id, err)
+		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
 }
@@ -99,7 +99,7 @@ func (c *Client) Get(ctx context.Context, id string) (runner.Sandbox, error) {
 func (c *Client) List(ctx context.Context) ([]runner.Sandbox, error) {
 	res, err := c.runner.List(ctx, connect.NewRequest(&runnerv1.ListRequest{}))
 	if err != nil {
-		return nil, fromStatus(c.id, err)
+		return nil, fromStatus(ctx, c.id, err)
 	}
 	out := make([]runner.Sandbox, len(res.Msg.GetSandboxes()))
 	for i, sb := range res.Msg.GetSandboxes() {
@@ -111,7 +111,7 @@ func (c *Client) List(ctx context.Context) ([]runner.Sandbox, error) {
 func (c *Client) Delete(ctx context.Context, id string, grace time.Duration) (runner.Sandbox, error) {
 	res, err := c.runner.Delete(ctx, connect.NewRequest(&runnerv1.DeleteRequest{Id: id, Grace: durationpb.New(grace)}))
 	if err != nil {
-		return runner.Sandbox{}, fromStatus(c.id, err)
+		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
 }
@@ -119,7 +119,7 @@ func (c *Client) Delete(ctx context.Context, id string, grace time.Duration) (ru
 func (c *Client) Capacity(ctx context.Context) (gateway.Capacity, error) {
 	res, err := c.runner.Capacity(ctx, connect.NewRequest(&runnerv1.CapacityRequest{}))
 	if err != nil {
-		return gateway.Capacity{}, fromStatus(c.id, err)
+		return gateway.Capacity{}, fromStatus(ctx, c.id, err)
 	}
 	return capacityFromProto(res.Msg), nil
 }

@@ -65,12 +65,15 @@ func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.wire} }
 // fromStatus maps an error of a RunnerService call back to what *runner.Runner returns,
 // so the gateway treats a remote runner exactly like an in-process one. runnerID names
 // the runner in transport failures.
-func fromStatus(runnerID string, err error) error {
+func fromStatus(ctx context.Context, runnerID string, err error) error {
 	var ce *connect.Error
 	if err == nil {
 		return nil
 	}
-	if !errors.As(err, &ce) {
+	if ctx.Err() != nil {
+		return err // our own context ended, not the runner
+	}
+	if !errors.As(err, &ce) || !connect.IsWireError(err) {
 		return transportError(runnerID, err)
 	}
 	reason := apierr.Reason(err)
@@ -103,10 +106,9 @@ func transportError(runnerID string, err error) error {
 	if err == nil || connect.IsWireError(err) || apierr.Reason(err) != "" {
 		return err
 	}
-	switch connect.CodeOf(err) {
-	case connect.CodeUnavailable, connect.CodeUnknown:
-		return apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
-			fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}), 5*time.Second)
-	}
-	return err
+	// Not an answer from the runner: a refused or broken connection (a TLS 1.3 handshake
+	// the runner rejects can surface as a broken pipe on the first write, which connect
+	// reports as CANCELED). Callers have ruled out their own context ending.
+	return apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
+		fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}), 5*time.Second)
 }

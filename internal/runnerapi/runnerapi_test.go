@@ -429,7 +429,7 @@ func TestRunnerapiMTLS(t *testing.T) {
 			defer c.Close()
 			sb, err := c.Get(ctx, "abc")
 			if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
-				t.Errorf("get: %+v %v, want the handshake refused", sb, err)
+				t.Errorf("get: %+v %v (code %v), want the handshake refused", sb.ID, err, connect.CodeOf(err))
 			}
 			a, _ := c.Agent(ctx, "abc")
 			if _, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}})); err == nil {

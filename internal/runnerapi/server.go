@@ -48,6 +48,9 @@ type Server struct {
 	capacity func(context.Context) (gateway.Capacity, error)
 	log      *slog.Logger
 	relay    relay
+
+	runnerID string
+	policies gateway.PolicySource // nil: no check of its own (WithPolicy)
 }
 
 // NewServer serves r, the runner runnerID. A nil logger is slog.Default().
@@ -97,7 +100,11 @@ func (s *Server) HTTPServer(cfg *tls.Config) *http.Server {
 }
 
 func (s *Server) Create(ctx context.Context, req *connect.Request[runnerv1.CreateRequest]) (*connect.Response[runnerv1.CreateResponse], error) {
-	sb, err := s.r.Create(ctx, createFromProto(req.Msg))
+	cr := createFromProto(req.Msg)
+	if err := s.admit(ctx, &cr); err != nil {
+		return nil, err
+	}
+	sb, err := s.r.Create(ctx, cr)
 	if err != nil {
 		return nil, toStatus(req.Msg.GetSpec().GetId(), err)
 	}

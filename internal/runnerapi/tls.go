@@ -126,3 +126,13 @@ func (s *certSource) get() (*tls.Certificate, error) {
 	s.renewAt = c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2)
 	return s.cert, nil
 }
+
+// ServerTLSConfigFromCert is ServerTLSConfig for a runner that holds a certificate issued
+// to it (at registration) rather than the CA: cert (its DNS SAN is the runner ID gateways
+// verify) is served as is, and a gateway client certificate verified against cas is
+// required.
+func ServerTLSConfigFromCert(cert tls.Certificate, cas *x509.CertPool) *tls.Config {
+	cfg := pki.ServerTLSConfig(cert, cas, true)
+	cfg.VerifyConnection = verifyGateway
+	return cfg
+}

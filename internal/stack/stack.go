@@ -39,7 +39,10 @@ type Config struct {
 	// spares images pulled less than this long ago (default 10 min).
 	GCInterval time.Duration
 	GCGrace    time.Duration
-	Logger     *slog.Logger
+	// Pool keeps pre-started containers of recently used images so creates of them take
+	// milliseconds (local.PoolConfig); the zero value disables it.
+	Pool   local.PoolConfig
+	Logger *slog.Logger
 }
 
 // Stack is a running single-host sandbox runtime.
@@ -113,6 +116,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Images:       images{store},
 		Network:      netAdapter{nw},
 		Logger:       cfg.Logger,
+		Pool:         cfg.Pool,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: local backend: %w", err)
@@ -125,6 +129,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
+		_ = backend.Close(context.Background())
 		return nil, fmt.Errorf("stack: runner: %w", err)
 	}
 	s := &Stack{Images: store, Network: nw, Backend: backend, Runner: r, gcDone: make(chan struct{})}
@@ -135,16 +140,23 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 }
 
 // Close stops following sandboxes; they keep running for the next stack to re-adopt.
+// The warm pool's idle containers are destroyed.
 func (s *Stack) Close() {
 	s.stopGC()
 	<-s.gcDone
 	s.Runner.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Backend.Close(ctx); err != nil {
+		slog.Default().Warn("stack: close warm pool", "err", err)
+	}
 }
 
 // GC removes cached images that no live sandbox uses. Images of sandboxes still being
 // created are spared by the store's grace period.
 func (s *Stack) GC(ctx context.Context) (images, layers int, err error) {
-	var inUse []string
+	// Warm-pool containers have their image mounted too.
+	inUse := s.Backend.PoolImages()
 	for _, sb := range s.Runner.List() {
 		if !sb.State.Terminal() && sb.ImageDigest != "" {
 			inUse = append(inUse, sb.ImageDigest)

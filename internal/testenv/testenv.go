@@ -78,7 +78,13 @@ func (e *Env) Python() string  { return e.Registry + "/sandboxd/python:3.11" }
 
 // Stack starts a single-host stack on dataDir.
 func (e *Env) Stack(dataDir string) (*stack.Stack, error) {
-	return stack.NewLocal(context.Background(), stack.Config{
+	return stack.NewLocal(context.Background(), e.StackConfig(dataDir))
+}
+
+// StackConfig is the stack configuration Stack uses, for tests that change some of it
+// (e.g. turn on the warm pool).
+func (e *Env) StackConfig(dataDir string) stack.Config {
+	return stack.Config{
 		DataDir:            dataDir,
 		AgentBinary:        e.AgentBin,
 		InsecureRegistries: []string{e.Registry},
@@ -91,5 +97,5 @@ func (e *Env) Stack(dataDir string) (*stack.Stack, error) {
 		// Test sandboxes talk to nothing beyond this machine.
 		NoEgress:    true,
 		Nameservers: []string{},
-	})
+	}
 }

@@ -66,6 +66,12 @@ func finish(t *testing.T, s *stack.Stack, dir string) {
 		ids = append(ids, sb.ID)
 	}
 	deleteAll(t, s)
+	// Idle warm-pool containers are no sandboxes: destroy them too, then check.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Backend.DrainPool(ctx); err != nil {
+		t.Errorf("drain warm pool: %v", err)
+	}
 	assertNoLeaks(t, dir, ids)
 	if err := s.Network.Cleanup(); err != nil {
 		t.Errorf("network cleanup: %v", err)
@@ -144,6 +150,19 @@ func assertNoLeaks(t *testing.T, dataDir string, ids []string) {
 		if out, err := exec.Command("ip", "link", "show", veth).CombinedOutput(); err == nil {
 			t.Errorf("leaked veth %s: %s", veth, out)
 		}
+	}
+	// Warm-pool containers (claimed or not) are named pool_*, not by sandbox id.
+	pooled, _ := filepath.Glob("/sys/fs/cgroup/*/" + env.CgroupParent + "/pool_*")
+	for _, c := range pooled {
+		t.Errorf("leaked pooled container cgroup: %s", c)
+	}
+	bundles, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".pool", "*"))
+	for _, b := range bundles {
+		t.Errorf("leaked pooled container bundle: %s", b)
+	}
+	records, _ := filepath.Glob(filepath.Join(dataDir, "network", "sandboxes", "pool_*"))
+	for _, r := range records {
+		t.Errorf("leaked pooled container network: %s", r)
 	}
 	entries, _ := os.ReadDir(filepath.Join(dataDir, "sandboxes"))
 	for _, e := range entries {

@@ -19,10 +19,19 @@ func (b *Backend) LogDir(id string) string {
 
 // RuntimeCommand returns the OCI runtime CLI (with this backend's state root) for the
 // sandbox's runtime class, e.g. to compare `runc exec` with the agent in benchmarks.
+// Arguments equal to id are replaced by the container's runtime id (which differs for a
+// sandbox started from the warm pool).
 func (b *Backend) RuntimeCommand(ctx context.Context, id string, args ...string) (*exec.Cmd, error) {
 	s, err := b.get(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	cid := b.containerID(id)
+	args = append([]string(nil), args...)
+	for i, a := range args {
+		if a == id {
+			args[i] = cid
+		}
 	}
 	return s.rt.command(ctx, args...), nil
 }

@@ -44,7 +44,7 @@ func (b *Backend) watch(s *sandbox, lost string) {
 // the agent left no final status (it was killed, or the container vanished).
 func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
-	oom, _ := b.OOMKills(s.id)
+	oom, _ := b.oomKills(s.cid)
 	st, _ := readStatus(filepath.Join(s.dir, dirRun, agentconfig.StatusFile))
 	final := false
 	if st != nil {
@@ -103,13 +103,37 @@ func (b *Backend) OOMKills(id string) (int, error) {
 	if !validID(id) {
 		return 0, fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
 	}
-	rel := filepath.Join(b.cfg.CgroupParent, id)
+	return b.oomKills(b.containerID(id))
+}
+
+// containerID maps a sandbox id to its container's id (they differ for a sandbox that
+// claimed a pooled container).
+func (b *Backend) containerID(id string) string {
+	b.mu.Lock()
+	s := b.sandboxes[id]
+	var cid string
+	if s != nil {
+		cid = s.cid
+	}
+	b.mu.Unlock()
+	if cid != "" {
+		return cid
+	}
+	var pi persistedInfo
+	if err := readJSON(filepath.Join(b.dir(id), fileInfo), &pi); err == nil && pi.ContainerID != "" {
+		return pi.ContainerID
+	}
+	return id
+}
+
+func (b *Backend) oomKills(cid string) (int, error) {
+	rel := filepath.Join(b.cfg.CgroupParent, cid)
 	if data, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", rel, "memory.oom_control")); err == nil {
 		return parseCounter(data, "oom_kill")
 	}
 	data, err := os.ReadFile(filepath.Join(cgroupRoot, rel, "memory.events"))
 	if err != nil {
-		return 0, fmt.Errorf("%w: no memory cgroup for %s", runtime.ErrNotFound, id)
+		return 0, fmt.Errorf("%w: no memory cgroup for %s", runtime.ErrNotFound, cid)
 	}
 	return parseCounter(data, "oom_kill")
 }
@@ -159,7 +183,7 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 // the runtime does not know or reports stopped is not reopened.
 func (b *Backend) load(id string, states map[string]containerState) (*sandbox, error) {
 	dir := b.dir(id)
-	s := &sandbox{id: id, dir: dir, ready: make(chan struct{}), done: make(chan struct{})}
+	s := &sandbox{id: id, cid: id, dir: dir, ready: make(chan struct{}), done: make(chan struct{})}
 	close(s.ready)
 	if err := readJSON(filepath.Join(dir, fileSpec), &s.spec); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -177,8 +201,11 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 		s.info.RuntimeClass = rt.class
 		return s, nil
 	}
+	if s.info.ContainerID != "" {
+		s.cid = s.info.ContainerID
+	}
 	if states != nil {
-		if st, ok := states[id]; !ok || st.Status == "stopped" || st.Pid != s.info.Pid {
+		if st, ok := states[s.cid]; !ok || st.Status == "stopped" || st.Pid != s.info.Pid {
 			return s, nil
 		}
 	}
@@ -278,7 +305,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 			// A dir without spec.json is a Create that died before writing it.
 			if _, serr := os.Stat(b.dir(id)); serr == nil {
 				rt, _, _ := b.runtimeFor("")
-				return b.teardown(ctx, &sandbox{id: id, dir: b.dir(id), rt: rt})
+				return b.teardown(ctx, &sandbox{id: id, cid: id, dir: b.dir(id), rt: rt})
 			}
 		}
 		return nil
@@ -317,28 +344,33 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 			_ = s.proc.wait(ctx)
 		}
 	}
-	if err := s.rt.delete(ctx, s.id); err != nil {
+	if err := s.rt.delete(ctx, s.cid); err != nil {
 		// A container that never got as far as running, or whose pid we never learnt.
-		if _, ferr := s.rt.run(ctx, "delete", "--force", s.id); ferr != nil && !notExist(ferr) {
+		if _, ferr := s.rt.run(ctx, "delete", "--force", s.cid); ferr != nil && !notExist(ferr) {
 			errs = append(errs, err)
 		}
 	}
-	if err := b.removeCgroups(s.id); err != nil {
+	if err := b.removeCgroups(s.cid); err != nil {
 		errs = append(errs, err)
 	}
-	rootfs := filepath.Join(s.dir, dirBundle, "rootfs")
-	umountErr := unmountAll(rootfs)
+	bundle := b.bundle(s)
+	umountErr := unmountAll(filepath.Join(bundle, "rootfs"))
 	if umountErr != nil {
 		errs = append(errs, umountErr)
 	}
 	if b.cfg.Network != nil {
-		if err := b.cfg.Network.Teardown(s.id); err != nil {
+		if err := b.cfg.Network.Teardown(s.cid); err != nil {
 			errs = append(errs, fmt.Errorf("network teardown: %w", err))
 		}
 	}
 	if umountErr == nil {
 		if err := os.RemoveAll(s.dir); err != nil {
 			errs = append(errs, err)
+		}
+		if isPoolID(s.cid) {
+			if err := os.RemoveAll(bundle); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if s.proc != nil {

@@ -25,6 +25,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
@@ -45,6 +46,10 @@ const (
 	dirEtc          = "etc" // hosts, hostname, resolv.conf
 	agentSocket     = "agent.sock"
 	ociRootDir      = ".oci" // ids cannot start with a dot
+	// poolBundles holds the bundles of pooled containers, <cid>/{config.json,rootfs}: the
+	// OCI runtime keeps the bundle path (`runc exec` changes into it), and a claim renames
+	// the container's dir, so their bundle lives outside it.
+	poolBundles = ".pool"
 )
 
 // Config configures a Backend.
@@ -62,6 +67,9 @@ type Config struct {
 	// sandbox gets a new, empty network namespace (loopback only).
 	Network Network
 	Logger  *slog.Logger
+	// Pool keeps pre-started containers for images recently created (see pool.go).
+	// The zero value disables it.
+	Pool PoolConfig
 }
 
 // Backend is the local runtime.Backend.
@@ -75,6 +83,8 @@ type Backend struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 
+	pool *pool // nil: no warm pool
+
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
 }
@@ -83,7 +93,11 @@ var _ runtime.Backend = (*Backend)(nil)
 
 // sandbox is a container this Backend tracks.
 type sandbox struct {
-	id   string
+	id string
+	// cid is the container's own id: the OCI runtime's container id, the cgroup name and
+	// the network attachment id. It is id, except for a sandbox that claimed a pooled
+	// container (set under Backend.mu).
+	cid  string
 	dir  string
 	rt   *ociRuntime
 	spec runtime.Spec
@@ -104,6 +118,9 @@ type persistedInfo struct {
 	StartedAt    time.Time `json:"started_at"`
 	Pid          int       `json:"pid"`
 	PidStart     uint64    `json:"pid_start"`
+	// ContainerID is the container's id when it is not the sandbox id (a claimed pooled
+	// container): the mapping survives a restart in the sandbox's own dir.
+	ContainerID string `json:"container_id,omitempty"`
 }
 
 func (p persistedInfo) toInfo(id string) runtime.Info {
@@ -176,10 +193,21 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	if cfg.Pool.Size > 0 {
+		b.pool = newPool(b, cfg.Pool)
+	}
 	return b, nil
 }
 
 func (b *Backend) dir(id string) string { return filepath.Join(b.cfg.StateDir, id) }
+
+// bundle is the OCI bundle dir of s's container.
+func (b *Backend) bundle(s *sandbox) string {
+	if isPoolID(s.cid) {
+		return filepath.Join(b.cfg.StateDir, poolBundles, s.cid)
+	}
+	return filepath.Join(s.dir, dirBundle)
+}
 
 func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
 
@@ -240,7 +268,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	}
 	id := spec.ID
 	dir := b.dir(id)
-	// The sandbox dir is the claim on the id; everything else happens inside it.
+	// The sandbox dir is the claim on the id; everything else happens inside it (or, for
+	// a pooled container, in the container's dir, renamed over this one).
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return runtime.Info{}, fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, id)
@@ -250,11 +279,15 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	persisted := *spec
 	persisted.PullCredentials = nil
 	persisted.RuntimeClass = class
-	s := &sandbox{id: id, dir: dir, rt: rt, spec: persisted, ready: make(chan struct{}), done: make(chan struct{})}
+	s := &sandbox{id: id, cid: id, dir: dir, rt: rt, spec: persisted, ready: make(chan struct{}), done: make(chan struct{})}
 	// Registered at once, so Wait, Stop and Destroy during Create find it (and wait).
 	b.mu.Lock()
 	b.sandboxes[id] = s
 	b.mu.Unlock()
+	if b.pool != nil {
+		b.pool.createStarted(poolKey{image: spec.Image, class: class}, spec.PullCredentials == nil)
+		defer b.pool.createEnded()
+	}
 	defer func() {
 		if err != nil {
 			if derr := b.teardown(context.WithoutCancel(ctx), s); derr != nil {
@@ -275,6 +308,25 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		close(s.ready)
 	}()
 
+	if b.pool != nil {
+		if b.claim(ctx, s, spec) {
+			b.step("claim", &t)
+			return s.info.toInfo(id), nil
+		}
+	}
+	acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
+	if _, _, err := b.launch(ctx, s, spec.PullCredentials, hostname(id), spec.Resources, acfg, &t); err != nil {
+		return runtime.Info{}, err
+	}
+	return s.info.toInfo(id), nil
+}
+
+// launch builds and starts s's container (id s.cid, in s.dir, which exists): network,
+// image, overlay root, etc files, agent config (from acfg), bundle, `runc run`. It fills
+// s.info and s.proc. On error the caller tears s down.
+func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credentials, host string, res runtime.Resources,
+	acfgFor func(*Image) (*agentconfig.Config, error), t *time.Time) (*Image, *Attachment, error) {
+	id, cid, dir, rt := s.id, s.cid, s.dir, s.rt
 	// The network namespace and the image are independent: set them up concurrently.
 	type netResult struct {
 		a   *Attachment
@@ -284,7 +336,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if b.cfg.Network != nil {
 		netc = make(chan netResult, 1)
 		go func() {
-			a, err := b.cfg.Network.Setup(ctx, id)
+			a, err := b.cfg.Network.Setup(ctx, cid)
 			netc <- netResult{a, err}
 		}()
 	}
@@ -295,107 +347,119 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	)
 	go func() {
 		defer close(pulled)
-		img, pullErr = b.cfg.Images.Pull(ctx, spec.Image, spec.PullCredentials)
+		img, pullErr = b.cfg.Images.Pull(ctx, s.spec.Image, creds)
 	}()
-
-	for _, d := range []string{dirBundle, dirBundle + "/rootfs", dirUpper, dirWork, dirRun, dirEtc} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
-			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	// Wait for both before returning, so the caller's teardown sees their results.
+	var att *Attachment
+	var netErr error
+	waitNet := func() {
+		if netc != nil {
+			r := <-netc
+			netc = nil
+			att, netErr = r.a, r.err
 		}
 	}
-	if err := writeJSON(filepath.Join(dir, fileSpec), &persisted); err != nil {
-		return runtime.Info{}, err
+	defer waitNet()
+	defer func() { <-pulled }()
+
+	bundle := b.bundle(s)
+	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
+		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	b.step("dirs", &t)
+	for _, d := range []string{dirUpper, dirWork, dirRun, dirEtc} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
+	if err := writeJSON(filepath.Join(dir, fileSpec), &s.spec); err != nil {
+		return nil, nil, err
+	}
+	b.step("dirs", t)
 
 	<-pulled
 	if pullErr != nil {
-		return runtime.Info{}, mapPullError(spec.Image, pullErr)
+		return nil, nil, mapPullError(s.spec.Image, pullErr)
 	}
-	b.step("pull", &t)
-	var att *Attachment
-	if netc != nil {
-		r := <-netc
-		if r.err != nil {
-			return runtime.Info{}, fmt.Errorf("sandbox %s: network setup: %w", id, r.err)
+	b.step("pull", t)
+	if b.cfg.Network != nil {
+		waitNet()
+		if netErr != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: network setup: %w", id, netErr)
 		}
-		att = r.a
-		b.step("network", &t)
+		b.step("network", t)
 	}
 
-	acfg, err := agentConfig(spec, img)
+	acfg, err := acfgFor(img)
 	if err != nil {
-		return runtime.Info{}, err
+		return nil, nil, err
 	}
 	opts, err := overlayOptions(img.Layers, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork))
 	if err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	rootfs := filepath.Join(dir, dirBundle, "rootfs")
+	rootfs := filepath.Join(bundle, "rootfs")
 	if err := mountOverlay(rootfs, opts); err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	b.step("overlay", &t)
+	b.step("overlay", t)
 
 	etc := filepath.Join(dir, dirEtc)
-	if b.cfg.Network != nil {
-		err = b.cfg.Network.WriteEtcFiles(etc, hostname(id), att)
-	} else {
-		err = network.WriteEtcFiles(etc, hostname(id), nil, nil) // loopback only
-	}
-	if err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: etc files: %w", id, err)
+	if err := b.writeEtcFiles(etc, host, att); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: etc files: %w", id, err)
 	}
 	if err := writeJSON(filepath.Join(dir, fileAgentConfig), acfg); err != nil {
-		return runtime.Info{}, err
+		return nil, nil, err
 	}
 	p := specParams{
-		ID: id, RootFS: rootfs, Cgroups: b.cgroupsPath(id), Resources: spec.Resources,
+		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
 		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
 	}
 	if att != nil {
 		p.NetNS = att.NetNSPath
 	}
-	if err := writeJSON(filepath.Join(dir, dirBundle, "config.json"), ociSpec(p)); err != nil {
-		return runtime.Info{}, err
+	if err := writeJSON(filepath.Join(bundle, "config.json"), ociSpec(p)); err != nil {
+		return nil, nil, err
 	}
-	b.step("bundle", &t)
+	b.step("bundle", t)
 
 	// The agent's listening socket is made here so connections queue in its backlog
 	// before the agent runs: Create can return as soon as the runtime has started it.
 	ln, err := listenUnix(filepath.Join(dir, dirRun), agentSocket)
 	if err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+		return nil, nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
 	}
 	lnFile, err := ln.File()
 	_ = ln.Close() // unlink-on-close is off; lnFile keeps the socket open
 	if err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+		return nil, nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
 	}
 	defer lnFile.Close()
 	out, err := os.OpenFile(filepath.Join(dir, fileAgentOut), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return runtime.Info{}, err
+		return nil, nil, err
 	}
 	defer out.Close()
-	b.step("socket", &t)
+	b.step("socket", t)
 
 	pidFile := filepath.Join(dir, filePid)
-	if err := rt.start(ctx, id, filepath.Join(dir, dirBundle), pidFile, lnFile, out); err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	if err := rt.start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	b.step("runtime", &t)
+	b.step("runtime", t)
 
 	pid, err := readPid(pidFile)
 	if err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	pr, err := openProc(pid, 0)
 	if err != nil {
-		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	s.info = persistedInfo{RuntimeClass: class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid}
+	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid}
+	if cid != id {
+		s.info.ContainerID = cid
+	}
 	if att != nil && att.IP.IsValid() {
 		s.info.IP = att.IP.String()
 	}
@@ -404,10 +468,18 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	}
 	s.proc = pr
 	if err := writeJSON(filepath.Join(dir, fileInfo), &s.info); err != nil {
-		return runtime.Info{}, err // teardown kills the container and closes the pidfd
+		return nil, nil, err // teardown kills the container and closes the pidfd
 	}
-	b.step("finish", &t)
-	return s.info.toInfo(id), nil
+	b.step("finish", t)
+	return img, att, nil
+}
+
+// writeEtcFiles writes hosts, hostname and resolv.conf for a sandbox into dir.
+func (b *Backend) writeEtcFiles(dir, host string, att *Attachment) error {
+	if b.cfg.Network != nil {
+		return b.cfg.Network.WriteEtcFiles(dir, host, att)
+	}
+	return network.WriteEtcFiles(dir, host, nil, nil) // loopback only
 }
 
 func hostname(id string) string {

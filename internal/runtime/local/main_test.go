@@ -255,6 +255,15 @@ func checkNoLeaks(t testing.TB, state, id string) {
 	}
 	ents, _ := os.ReadDir(state)
 	for _, e := range ents {
+		if e.Name() == poolBundles {
+			sub, _ := os.ReadDir(filepath.Join(state, poolBundles))
+			for _, s := range sub {
+				if id == "" || s.Name() == id {
+					t.Errorf("leaked pooled container bundle %s", s.Name())
+				}
+			}
+			continue
+		}
 		if e.Name() == ociRootDir {
 			sub, _ := os.ReadDir(filepath.Join(state, ociRootDir, "runc"))
 			for _, s := range sub {

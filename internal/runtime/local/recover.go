@@ -32,6 +32,14 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	var out []runtime.Recovered
 	for _, e := range ents {
 		id := e.Name()
+		if e.IsDir() && isPoolID(id) {
+			// A pooled container of an earlier run nobody claimed (or whose claim did not
+			// finish): it is no sandbox.
+			if err := b.destroyPooled(ctx, id); err != nil {
+				b.log.Warn("recover: remove pooled container", "container", id, "err", err)
+			}
+			continue
+		}
 		if !e.IsDir() || !validID(id) {
 			continue
 		}
@@ -82,7 +90,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		if s.proc != nil && !s.proc.exited() {
 			r.Alive = true
 			if b.cfg.Network != nil {
-				if a, err := b.cfg.Network.Lookup(id); err == nil && a != nil && a.IP.IsValid() {
+				if a, err := b.cfg.Network.Lookup(s.cid); err == nil && a != nil && a.IP.IsValid() {
 					r.Info.IP = a.IP.String()
 				}
 			}
@@ -96,6 +104,26 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			r.Exit = &ex
 		}
 		out = append(out, r)
+	}
+	// Bundles of pooled containers neither claimed by a sandbox nor pooled (a crash in
+	// between): remove what is left of them.
+	bundles, _ := os.ReadDir(filepath.Join(b.cfg.StateDir, poolBundles))
+	for _, e := range bundles {
+		cid := e.Name()
+		if !isPoolID(cid) || (b.pool != nil && b.pool.owns(cid)) {
+			continue
+		}
+		b.mu.Lock()
+		used := false
+		for _, s := range b.sandboxes {
+			used = used || s.cid == cid
+		}
+		b.mu.Unlock()
+		if !used {
+			if err := b.destroyPooled(ctx, cid); err != nil {
+				b.log.Warn("recover: remove pooled container", "container", cid, "err", err)
+			}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Spec.ID < out[j].Spec.ID })
 	return out, nil

@@ -88,6 +88,7 @@ const (
 	MainState_MAIN_STATE_COMPLETED   MainState = 4 // exited 0; the agent exits next
 	MainState_MAIN_STATE_FAILED      MainState = 5 // restart limit reached or could not start; the agent exits next
 	MainState_MAIN_STATE_STOPPED     MainState = 6 // ended by a stop signal; the agent exits next
+	MainState_MAIN_STATE_STANDBY     MainState = 7 // pooled: serving, main command not configured until Start
 )
 
 // Enum value maps for MainState.
@@ -100,6 +101,7 @@ var (
 		4: "MAIN_STATE_COMPLETED",
 		5: "MAIN_STATE_FAILED",
 		6: "MAIN_STATE_STOPPED",
+		7: "MAIN_STATE_STANDBY",
 	}
 	MainState_value = map[string]int32{
 		"MAIN_STATE_UNSPECIFIED": 0,
@@ -109,6 +111,7 @@ var (
 		"MAIN_STATE_COMPLETED":   4,
 		"MAIN_STATE_FAILED":      5,
 		"MAIN_STATE_STOPPED":     6,
+		"MAIN_STATE_STANDBY":     7,
 	}
 )
 
@@ -139,6 +142,86 @@ func (MainState) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
 }
 
+type StartRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        []byte                 `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"` // agentconfig.Config, JSON
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRequest) Reset() {
+	*x = StartRequest{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRequest) ProtoMessage() {}
+
+func (x *StartRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
+func (*StartRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StartRequest) GetConfig() []byte {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type StartResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartResponse) Reset() {
+	*x = StartResponse{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartResponse) ProtoMessage() {}
+
+func (x *StartResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
+func (*StartResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
 type ExecRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Command        []string               `protobuf:"bytes,1,rep,name=command,proto3" json:"command,omitempty"`
@@ -153,7 +236,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -165,7 +248,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -178,7 +261,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ExecRequest) GetCommand() []string {
@@ -238,7 +321,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +333,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +346,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExecResponse) GetStdout() []byte {
@@ -330,7 +413,7 @@ type StreamExecRequest struct {
 
 func (x *StreamExecRequest) Reset() {
 	*x = StreamExecRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +425,7 @@ func (x *StreamExecRequest) String() string {
 func (*StreamExecRequest) ProtoMessage() {}
 
 func (x *StreamExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +438,7 @@ func (x *StreamExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecRequest.ProtoReflect.Descriptor instead.
 func (*StreamExecRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StreamExecRequest) GetMessage() isStreamExecRequest_Message {
@@ -443,7 +526,7 @@ type StreamExecInit struct {
 
 func (x *StreamExecInit) Reset() {
 	*x = StreamExecInit{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +538,7 @@ func (x *StreamExecInit) String() string {
 func (*StreamExecInit) ProtoMessage() {}
 
 func (x *StreamExecInit) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +551,7 @@ func (x *StreamExecInit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecInit.ProtoReflect.Descriptor instead.
 func (*StreamExecInit) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StreamExecInit) GetCommand() []string {
@@ -523,7 +606,7 @@ type Resize struct {
 
 func (x *Resize) Reset() {
 	*x = Resize{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +618,7 @@ func (x *Resize) String() string {
 func (*Resize) ProtoMessage() {}
 
 func (x *Resize) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +631,7 @@ func (x *Resize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resize.ProtoReflect.Descriptor instead.
 func (*Resize) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Resize) GetWidth() uint32 {
@@ -573,7 +656,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +668,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +681,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 type StreamExecResponse struct {
@@ -616,7 +699,7 @@ type StreamExecResponse struct {
 
 func (x *StreamExecResponse) Reset() {
 	*x = StreamExecResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +711,7 @@ func (x *StreamExecResponse) String() string {
 func (*StreamExecResponse) ProtoMessage() {}
 
 func (x *StreamExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +724,7 @@ func (x *StreamExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecResponse.ProtoReflect.Descriptor instead.
 func (*StreamExecResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StreamExecResponse) GetMessage() isStreamExecResponse_Message {
@@ -725,7 +808,7 @@ type Ready struct {
 
 func (x *Ready) Reset() {
 	*x = Ready{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +820,7 @@ func (x *Ready) String() string {
 func (*Ready) ProtoMessage() {}
 
 func (x *Ready) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +833,7 @@ func (x *Ready) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ready.ProtoReflect.Descriptor instead.
 func (*Ready) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Ready) GetTime() *timestamppb.Timestamp {
@@ -777,7 +860,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +872,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +885,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Output) GetStream() Stream {
@@ -829,7 +912,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +924,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +937,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Exit) GetExitCode() int32 {
@@ -881,7 +964,7 @@ type StreamError struct {
 
 func (x *StreamError) Reset() {
 	*x = StreamError{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +976,7 @@ func (x *StreamError) String() string {
 func (*StreamError) ProtoMessage() {}
 
 func (x *StreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +989,7 @@ func (x *StreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
 func (*StreamError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StreamError) GetCode() string {
@@ -933,7 +1016,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1028,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1041,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -984,7 +1067,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1079,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1092,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -1030,7 +1113,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1125,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1138,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WriteFileRequest) GetPath() string {
@@ -1087,7 +1170,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1182,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1195,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 type LogsRequest struct {
@@ -1128,7 +1211,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1223,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1236,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LogsRequest) GetFollow() bool {
@@ -1204,7 +1287,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1299,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1312,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LogsResponse) GetData() []byte {
@@ -1275,7 +1358,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1370,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1383,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type WatchRequest struct {
@@ -1311,7 +1394,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1406,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1419,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 type StatusResponse struct {
@@ -1355,7 +1438,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1450,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1463,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatusResponse) GetState() MainState {
@@ -1443,7 +1526,10 @@ var File_sandboxd_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dsandboxd/agent/v1/agent.proto\x12\x11sandboxd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x02\n" +
+	"\x1dsandboxd/agent/v1/agent.proto\x12\x11sandboxd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n" +
+	"\fStartRequest\x12\x16\n" +
+	"\x06config\x18\x01 \x01(\fR\x06config\"\x0f\n" +
+	"\rStartResponse\"\xb0\x02\n" +
 	"\vExecRequest\x12\x18\n" +
 	"\acommand\x18\x01 \x03(\tR\acommand\x129\n" +
 	"\x03env\x18\x02 \x03(\v2'.sandboxd.agent.v1.ExecRequest.EnvEntryR\x03env\x12\x1f\n" +
@@ -1547,7 +1633,7 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x02*\xbc\x01\n" +
+	"\rSTREAM_STDERR\x10\x02*\xd4\x01\n" +
 	"\tMainState\x12\x1a\n" +
 	"\x16MAIN_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13MAIN_STATE_STARTING\x10\x01\x12\x16\n" +
@@ -1555,7 +1641,8 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x15MAIN_STATE_RESTARTING\x10\x03\x12\x18\n" +
 	"\x14MAIN_STATE_COMPLETED\x10\x04\x12\x15\n" +
 	"\x11MAIN_STATE_FAILED\x10\x05\x12\x16\n" +
-	"\x12MAIN_STATE_STOPPED\x10\x062\xcc\x04\n" +
+	"\x12MAIN_STATE_STOPPED\x10\x06\x12\x16\n" +
+	"\x12MAIN_STATE_STANDBY\x10\a2\x98\x05\n" +
 	"\fAgentService\x12G\n" +
 	"\x04Exec\x12\x1e.sandboxd.agent.v1.ExecRequest\x1a\x1f.sandboxd.agent.v1.ExecResponse\x12]\n" +
 	"\n" +
@@ -1564,7 +1651,8 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\tWriteFile\x12#.sandboxd.agent.v1.WriteFileRequest\x1a$.sandboxd.agent.v1.WriteFileResponse\x12I\n" +
 	"\x04Logs\x12\x1e.sandboxd.agent.v1.LogsRequest\x1a\x1f.sandboxd.agent.v1.LogsResponse0\x01\x12M\n" +
 	"\x06Status\x12 .sandboxd.agent.v1.StatusRequest\x1a!.sandboxd.agent.v1.StatusResponse\x12M\n" +
-	"\x05Watch\x12\x1f.sandboxd.agent.v1.WatchRequest\x1a!.sandboxd.agent.v1.StatusResponse0\x01B<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
+	"\x05Watch\x12\x1f.sandboxd.agent.v1.WatchRequest\x1a!.sandboxd.agent.v1.StatusResponse0\x01\x12J\n" +
+	"\x05Start\x12\x1f.sandboxd.agent.v1.StartRequest\x1a .sandboxd.agent.v1.StartResponseB<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_sandboxd_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1579,71 +1667,75 @@ func file_sandboxd_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_sandboxd_agent_v1_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: sandboxd.agent.v1.Stream
 	(MainState)(0),                // 1: sandboxd.agent.v1.MainState
-	(*ExecRequest)(nil),           // 2: sandboxd.agent.v1.ExecRequest
-	(*ExecResponse)(nil),          // 3: sandboxd.agent.v1.ExecResponse
-	(*StreamExecRequest)(nil),     // 4: sandboxd.agent.v1.StreamExecRequest
-	(*StreamExecInit)(nil),        // 5: sandboxd.agent.v1.StreamExecInit
-	(*Resize)(nil),                // 6: sandboxd.agent.v1.Resize
-	(*CloseStdin)(nil),            // 7: sandboxd.agent.v1.CloseStdin
-	(*StreamExecResponse)(nil),    // 8: sandboxd.agent.v1.StreamExecResponse
-	(*Ready)(nil),                 // 9: sandboxd.agent.v1.Ready
-	(*Output)(nil),                // 10: sandboxd.agent.v1.Output
-	(*Exit)(nil),                  // 11: sandboxd.agent.v1.Exit
-	(*StreamError)(nil),           // 12: sandboxd.agent.v1.StreamError
-	(*ReadFileRequest)(nil),       // 13: sandboxd.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 14: sandboxd.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 15: sandboxd.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 16: sandboxd.agent.v1.WriteFileResponse
-	(*LogsRequest)(nil),           // 17: sandboxd.agent.v1.LogsRequest
-	(*LogsResponse)(nil),          // 18: sandboxd.agent.v1.LogsResponse
-	(*StatusRequest)(nil),         // 19: sandboxd.agent.v1.StatusRequest
-	(*WatchRequest)(nil),          // 20: sandboxd.agent.v1.WatchRequest
-	(*StatusResponse)(nil),        // 21: sandboxd.agent.v1.StatusResponse
-	nil,                           // 22: sandboxd.agent.v1.ExecRequest.EnvEntry
-	nil,                           // 23: sandboxd.agent.v1.StreamExecInit.EnvEntry
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*StartRequest)(nil),          // 2: sandboxd.agent.v1.StartRequest
+	(*StartResponse)(nil),         // 3: sandboxd.agent.v1.StartResponse
+	(*ExecRequest)(nil),           // 4: sandboxd.agent.v1.ExecRequest
+	(*ExecResponse)(nil),          // 5: sandboxd.agent.v1.ExecResponse
+	(*StreamExecRequest)(nil),     // 6: sandboxd.agent.v1.StreamExecRequest
+	(*StreamExecInit)(nil),        // 7: sandboxd.agent.v1.StreamExecInit
+	(*Resize)(nil),                // 8: sandboxd.agent.v1.Resize
+	(*CloseStdin)(nil),            // 9: sandboxd.agent.v1.CloseStdin
+	(*StreamExecResponse)(nil),    // 10: sandboxd.agent.v1.StreamExecResponse
+	(*Ready)(nil),                 // 11: sandboxd.agent.v1.Ready
+	(*Output)(nil),                // 12: sandboxd.agent.v1.Output
+	(*Exit)(nil),                  // 13: sandboxd.agent.v1.Exit
+	(*StreamError)(nil),           // 14: sandboxd.agent.v1.StreamError
+	(*ReadFileRequest)(nil),       // 15: sandboxd.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 16: sandboxd.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 17: sandboxd.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 18: sandboxd.agent.v1.WriteFileResponse
+	(*LogsRequest)(nil),           // 19: sandboxd.agent.v1.LogsRequest
+	(*LogsResponse)(nil),          // 20: sandboxd.agent.v1.LogsResponse
+	(*StatusRequest)(nil),         // 21: sandboxd.agent.v1.StatusRequest
+	(*WatchRequest)(nil),          // 22: sandboxd.agent.v1.WatchRequest
+	(*StatusResponse)(nil),        // 23: sandboxd.agent.v1.StatusResponse
+	nil,                           // 24: sandboxd.agent.v1.ExecRequest.EnvEntry
+	nil,                           // 25: sandboxd.agent.v1.StreamExecInit.EnvEntry
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_sandboxd_agent_v1_agent_proto_depIdxs = []int32{
-	22, // 0: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
-	24, // 1: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 2: sandboxd.agent.v1.StreamExecRequest.init:type_name -> sandboxd.agent.v1.StreamExecInit
-	6,  // 3: sandboxd.agent.v1.StreamExecRequest.resize:type_name -> sandboxd.agent.v1.Resize
-	7,  // 4: sandboxd.agent.v1.StreamExecRequest.close:type_name -> sandboxd.agent.v1.CloseStdin
-	23, // 5: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
-	9,  // 6: sandboxd.agent.v1.StreamExecResponse.ready:type_name -> sandboxd.agent.v1.Ready
-	10, // 7: sandboxd.agent.v1.StreamExecResponse.output:type_name -> sandboxd.agent.v1.Output
-	11, // 8: sandboxd.agent.v1.StreamExecResponse.exit:type_name -> sandboxd.agent.v1.Exit
-	12, // 9: sandboxd.agent.v1.StreamExecResponse.error:type_name -> sandboxd.agent.v1.StreamError
-	25, // 10: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
+	24, // 0: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
+	26, // 1: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	7,  // 2: sandboxd.agent.v1.StreamExecRequest.init:type_name -> sandboxd.agent.v1.StreamExecInit
+	8,  // 3: sandboxd.agent.v1.StreamExecRequest.resize:type_name -> sandboxd.agent.v1.Resize
+	9,  // 4: sandboxd.agent.v1.StreamExecRequest.close:type_name -> sandboxd.agent.v1.CloseStdin
+	25, // 5: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
+	11, // 6: sandboxd.agent.v1.StreamExecResponse.ready:type_name -> sandboxd.agent.v1.Ready
+	12, // 7: sandboxd.agent.v1.StreamExecResponse.output:type_name -> sandboxd.agent.v1.Output
+	13, // 8: sandboxd.agent.v1.StreamExecResponse.exit:type_name -> sandboxd.agent.v1.Exit
+	14, // 9: sandboxd.agent.v1.StreamExecResponse.error:type_name -> sandboxd.agent.v1.StreamError
+	27, // 10: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
 	0,  // 11: sandboxd.agent.v1.Output.stream:type_name -> sandboxd.agent.v1.Stream
-	25, // 12: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
-	25, // 13: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	25, // 14: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	27, // 12: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
+	27, // 13: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	27, // 14: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
 	0,  // 15: sandboxd.agent.v1.LogsResponse.stream:type_name -> sandboxd.agent.v1.Stream
 	1,  // 16: sandboxd.agent.v1.StatusResponse.state:type_name -> sandboxd.agent.v1.MainState
-	25, // 17: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	25, // 18: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
-	2,  // 19: sandboxd.agent.v1.AgentService.Exec:input_type -> sandboxd.agent.v1.ExecRequest
-	4,  // 20: sandboxd.agent.v1.AgentService.StreamExec:input_type -> sandboxd.agent.v1.StreamExecRequest
-	13, // 21: sandboxd.agent.v1.AgentService.ReadFile:input_type -> sandboxd.agent.v1.ReadFileRequest
-	15, // 22: sandboxd.agent.v1.AgentService.WriteFile:input_type -> sandboxd.agent.v1.WriteFileRequest
-	17, // 23: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
-	19, // 24: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
-	20, // 25: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
-	3,  // 26: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
-	8,  // 27: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
-	14, // 28: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
-	16, // 29: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
-	18, // 30: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
-	21, // 31: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
-	21, // 32: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
-	26, // [26:33] is the sub-list for method output_type
-	19, // [19:26] is the sub-list for method input_type
+	27, // 17: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	27, // 18: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
+	4,  // 19: sandboxd.agent.v1.AgentService.Exec:input_type -> sandboxd.agent.v1.ExecRequest
+	6,  // 20: sandboxd.agent.v1.AgentService.StreamExec:input_type -> sandboxd.agent.v1.StreamExecRequest
+	15, // 21: sandboxd.agent.v1.AgentService.ReadFile:input_type -> sandboxd.agent.v1.ReadFileRequest
+	17, // 22: sandboxd.agent.v1.AgentService.WriteFile:input_type -> sandboxd.agent.v1.WriteFileRequest
+	19, // 23: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
+	21, // 24: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
+	22, // 25: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
+	2,  // 26: sandboxd.agent.v1.AgentService.Start:input_type -> sandboxd.agent.v1.StartRequest
+	5,  // 27: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
+	10, // 28: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
+	16, // 29: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
+	18, // 30: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
+	20, // 31: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
+	23, // 32: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
+	23, // 33: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
+	3,  // 34: sandboxd.agent.v1.AgentService.Start:output_type -> sandboxd.agent.v1.StartResponse
+	27, // [27:35] is the sub-list for method output_type
+	19, // [19:27] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -1654,26 +1746,26 @@ func file_sandboxd_agent_v1_agent_proto_init() {
 	if File_sandboxd_agent_v1_agent_proto != nil {
 		return
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
+	file_sandboxd_agent_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
 		(*StreamExecRequest_Init)(nil),
 		(*StreamExecRequest_Stdin)(nil),
 		(*StreamExecRequest_Resize)(nil),
 		(*StreamExecRequest_Close)(nil),
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
+	file_sandboxd_agent_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
 		(*StreamExecResponse_Ready)(nil),
 		(*StreamExecResponse_Output)(nil),
 		(*StreamExecResponse_Exit)(nil),
 		(*StreamExecResponse_Error)(nil),
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[19].OneofWrappers = []any{}
+	file_sandboxd_agent_v1_agent_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_agent_v1_agent_proto_rawDesc), len(file_sandboxd_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

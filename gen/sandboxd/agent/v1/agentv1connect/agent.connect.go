@@ -53,6 +53,8 @@ const (
 	AgentServiceStatusProcedure = "/sandboxd.agent.v1.AgentService/Status"
 	// AgentServiceWatchProcedure is the fully-qualified name of the AgentService's Watch RPC.
 	AgentServiceWatchProcedure = "/sandboxd.agent.v1.AgentService/Watch"
+	// AgentServiceStartProcedure is the fully-qualified name of the AgentService's Start RPC.
+	AgentServiceStartProcedure = "/sandboxd.agent.v1.AgentService/Start"
 )
 
 // AgentServiceClient is a client for the sandboxd.agent.v1.AgentService service.
@@ -70,6 +72,10 @@ type AgentServiceClient interface {
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// Watch sends the status now and again on every change of the main command.
 	Watch(context.Context, *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.StatusResponse], error)
+	// Start starts the main command of an agent in standby (a pooled, pre-started
+	// sandbox): config is an agentconfig.Config as JSON, run exactly as if the agent had
+	// read it from its config file. Only once; FAILED_PRECONDITION otherwise.
+	Start(context.Context, *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the sandboxd.agent.v1.AgentService service. By
@@ -125,6 +131,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Watch")),
 			connect.WithClientOptions(opts...),
 		),
+		start: connect.NewClient[v1.StartRequest, v1.StartResponse](
+			httpClient,
+			baseURL+AgentServiceStartProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Start")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -137,6 +149,7 @@ type agentServiceClient struct {
 	logs       *connect.Client[v1.LogsRequest, v1.LogsResponse]
 	status     *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	watch      *connect.Client[v1.WatchRequest, v1.StatusResponse]
+	start      *connect.Client[v1.StartRequest, v1.StartResponse]
 }
 
 // Exec calls sandboxd.agent.v1.AgentService.Exec.
@@ -174,6 +187,11 @@ func (c *agentServiceClient) Watch(ctx context.Context, req *connect.Request[v1.
 	return c.watch.CallServerStream(ctx, req)
 }
 
+// Start calls sandboxd.agent.v1.AgentService.Start.
+func (c *agentServiceClient) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error) {
+	return c.start.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the sandboxd.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Exec runs a command to completion and returns its output, capped.
@@ -189,6 +207,10 @@ type AgentServiceHandler interface {
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// Watch sends the status now and again on every change of the main command.
 	Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.StatusResponse]) error
+	// Start starts the main command of an agent in standby (a pooled, pre-started
+	// sandbox): config is an agentconfig.Config as JSON, run exactly as if the agent had
+	// read it from its config file. Only once; FAILED_PRECONDITION otherwise.
+	Start(context.Context, *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -240,6 +262,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Watch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceStartHandler := connect.NewUnaryHandler(
+		AgentServiceStartProcedure,
+		svc.Start,
+		connect.WithSchema(agentServiceMethods.ByName("Start")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceExecProcedure:
@@ -256,6 +284,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceStatusHandler.ServeHTTP(w, r)
 		case AgentServiceWatchProcedure:
 			agentServiceWatchHandler.ServeHTTP(w, r)
+		case AgentServiceStartProcedure:
+			agentServiceStartHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -291,4 +321,8 @@ func (UnimplementedAgentServiceHandler) Status(context.Context, *connect.Request
 
 func (UnimplementedAgentServiceHandler) Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.StatusResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.Watch is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Start(context.Context, *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.Start is not implemented"))
 }

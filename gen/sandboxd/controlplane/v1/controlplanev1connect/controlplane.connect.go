@@ -37,6 +37,9 @@ const _ = connect.IsAtLeastVersion1_13_0
 const (
 	// RunnerManagementServiceName is the fully-qualified name of the RunnerManagementService service.
 	RunnerManagementServiceName = "sandboxd.controlplane.v1.RunnerManagementService"
+	// RunnerRegistrationServiceName is the fully-qualified name of the RunnerRegistrationService
+	// service.
+	RunnerRegistrationServiceName = "sandboxd.controlplane.v1.RunnerRegistrationService"
 	// ApiKeyServiceName is the fully-qualified name of the ApiKeyService service.
 	ApiKeyServiceName = "sandboxd.controlplane.v1.ApiKeyService"
 )
@@ -67,6 +70,15 @@ const (
 	// RunnerManagementServiceApplyAvailableUpdateProcedure is the fully-qualified name of the
 	// RunnerManagementService's ApplyAvailableUpdate RPC.
 	RunnerManagementServiceApplyAvailableUpdateProcedure = "/sandboxd.controlplane.v1.RunnerManagementService/ApplyAvailableUpdate"
+	// RunnerManagementServiceCreateBootstrapTokenProcedure is the fully-qualified name of the
+	// RunnerManagementService's CreateBootstrapToken RPC.
+	RunnerManagementServiceCreateBootstrapTokenProcedure = "/sandboxd.controlplane.v1.RunnerManagementService/CreateBootstrapToken"
+	// RunnerRegistrationServiceRegisterProcedure is the fully-qualified name of the
+	// RunnerRegistrationService's Register RPC.
+	RunnerRegistrationServiceRegisterProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/Register"
+	// RunnerRegistrationServiceHeartbeatProcedure is the fully-qualified name of the
+	// RunnerRegistrationService's Heartbeat RPC.
+	RunnerRegistrationServiceHeartbeatProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/Heartbeat"
 	// ApiKeyServiceCreateApiKeyProcedure is the fully-qualified name of the ApiKeyService's
 	// CreateApiKey RPC.
 	ApiKeyServiceCreateApiKeyProcedure = "/sandboxd.controlplane.v1.ApiKeyService/CreateApiKey"
@@ -99,6 +111,12 @@ type RunnerManagementServiceClient interface {
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
 	// target version. FAILED_PRECONDITION when no update is available.
 	ApplyAvailableUpdate(context.Context, *connect.Request[v1.ApplyAvailableUpdateRequest]) (*connect.Response[v1.ManagedRunner], error)
+	// CreateBootstrapToken issues a one-time bootstrap token for the runner: the runner
+	// presents it once to RunnerRegistrationService.Register to receive its certificate.
+	// The secret is in the response only (the control plane keeps its hash) and expires
+	// after ttl (default and maximum: see the response's expire_time). Issuing a new token
+	// leaves earlier unused ones valid until they expire.
+	CreateBootstrapToken(context.Context, *connect.Request[v1.CreateBootstrapTokenRequest]) (*connect.Response[v1.CreateBootstrapTokenResponse], error)
 }
 
 // NewRunnerManagementServiceClient constructs a client for the
@@ -149,6 +167,12 @@ func NewRunnerManagementServiceClient(httpClient connect.HTTPClient, baseURL str
 			connect.WithSchema(runnerManagementServiceMethods.ByName("ApplyAvailableUpdate")),
 			connect.WithClientOptions(opts...),
 		),
+		createBootstrapToken: connect.NewClient[v1.CreateBootstrapTokenRequest, v1.CreateBootstrapTokenResponse](
+			httpClient,
+			baseURL+RunnerManagementServiceCreateBootstrapTokenProcedure,
+			connect.WithSchema(runnerManagementServiceMethods.ByName("CreateBootstrapToken")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -160,6 +184,7 @@ type runnerManagementServiceClient struct {
 	updateManagedRunner  *connect.Client[v1.UpdateManagedRunnerRequest, v1.ManagedRunner]
 	deleteManagedRunner  *connect.Client[v1.DeleteManagedRunnerRequest, emptypb.Empty]
 	applyAvailableUpdate *connect.Client[v1.ApplyAvailableUpdateRequest, v1.ManagedRunner]
+	createBootstrapToken *connect.Client[v1.CreateBootstrapTokenRequest, v1.CreateBootstrapTokenResponse]
 }
 
 // CreateManagedRunner calls sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner.
@@ -192,6 +217,11 @@ func (c *runnerManagementServiceClient) ApplyAvailableUpdate(ctx context.Context
 	return c.applyAvailableUpdate.CallUnary(ctx, req)
 }
 
+// CreateBootstrapToken calls sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken.
+func (c *runnerManagementServiceClient) CreateBootstrapToken(ctx context.Context, req *connect.Request[v1.CreateBootstrapTokenRequest]) (*connect.Response[v1.CreateBootstrapTokenResponse], error) {
+	return c.createBootstrapToken.CallUnary(ctx, req)
+}
+
 // RunnerManagementServiceHandler is an implementation of the
 // sandboxd.controlplane.v1.RunnerManagementService service.
 type RunnerManagementServiceHandler interface {
@@ -213,6 +243,12 @@ type RunnerManagementServiceHandler interface {
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
 	// target version. FAILED_PRECONDITION when no update is available.
 	ApplyAvailableUpdate(context.Context, *connect.Request[v1.ApplyAvailableUpdateRequest]) (*connect.Response[v1.ManagedRunner], error)
+	// CreateBootstrapToken issues a one-time bootstrap token for the runner: the runner
+	// presents it once to RunnerRegistrationService.Register to receive its certificate.
+	// The secret is in the response only (the control plane keeps its hash) and expires
+	// after ttl (default and maximum: see the response's expire_time). Issuing a new token
+	// leaves earlier unused ones valid until they expire.
+	CreateBootstrapToken(context.Context, *connect.Request[v1.CreateBootstrapTokenRequest]) (*connect.Response[v1.CreateBootstrapTokenResponse], error)
 }
 
 // NewRunnerManagementServiceHandler builds an HTTP handler from the service implementation. It
@@ -258,6 +294,12 @@ func NewRunnerManagementServiceHandler(svc RunnerManagementServiceHandler, opts 
 		connect.WithSchema(runnerManagementServiceMethods.ByName("ApplyAvailableUpdate")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerManagementServiceCreateBootstrapTokenHandler := connect.NewUnaryHandler(
+		RunnerManagementServiceCreateBootstrapTokenProcedure,
+		svc.CreateBootstrapToken,
+		connect.WithSchema(runnerManagementServiceMethods.ByName("CreateBootstrapToken")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.controlplane.v1.RunnerManagementService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerManagementServiceCreateManagedRunnerProcedure:
@@ -272,6 +314,8 @@ func NewRunnerManagementServiceHandler(svc RunnerManagementServiceHandler, opts 
 			runnerManagementServiceDeleteManagedRunnerHandler.ServeHTTP(w, r)
 		case RunnerManagementServiceApplyAvailableUpdateProcedure:
 			runnerManagementServiceApplyAvailableUpdateHandler.ServeHTTP(w, r)
+		case RunnerManagementServiceCreateBootstrapTokenProcedure:
+			runnerManagementServiceCreateBootstrapTokenHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -303,6 +347,117 @@ func (UnimplementedRunnerManagementServiceHandler) DeleteManagedRunner(context.C
 
 func (UnimplementedRunnerManagementServiceHandler) ApplyAvailableUpdate(context.Context, *connect.Request[v1.ApplyAvailableUpdateRequest]) (*connect.Response[v1.ManagedRunner], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate is not implemented"))
+}
+
+func (UnimplementedRunnerManagementServiceHandler) CreateBootstrapToken(context.Context, *connect.Request[v1.CreateBootstrapTokenRequest]) (*connect.Response[v1.CreateBootstrapTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken is not implemented"))
+}
+
+// RunnerRegistrationServiceClient is a client for the
+// sandboxd.controlplane.v1.RunnerRegistrationService service.
+type RunnerRegistrationServiceClient interface {
+	// Register consumes a bootstrap token (UNAUTHENTICATED when it is unknown, used or
+	// expired) and signs the runner's CSR: the certificate serves the runner API and
+	// authenticates the runner's heartbeats.
+	Register(context.Context, *connect.Request[v1.RegisterRequest]) (*connect.Response[v1.RegisterResponse], error)
+	// Heartbeat reports the runner's status; the reply carries its current policy.
+	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
+}
+
+// NewRunnerRegistrationServiceClient constructs a client for the
+// sandboxd.controlplane.v1.RunnerRegistrationService service. By default, it uses the Connect
+// protocol with the binary Protobuf Codec, asks for gzipped responses, and sends uncompressed
+// requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or
+// connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewRunnerRegistrationServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) RunnerRegistrationServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	runnerRegistrationServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("RunnerRegistrationService").Methods()
+	return &runnerRegistrationServiceClient{
+		register: connect.NewClient[v1.RegisterRequest, v1.RegisterResponse](
+			httpClient,
+			baseURL+RunnerRegistrationServiceRegisterProcedure,
+			connect.WithSchema(runnerRegistrationServiceMethods.ByName("Register")),
+			connect.WithClientOptions(opts...),
+		),
+		heartbeat: connect.NewClient[v1.HeartbeatRequest, v1.HeartbeatResponse](
+			httpClient,
+			baseURL+RunnerRegistrationServiceHeartbeatProcedure,
+			connect.WithSchema(runnerRegistrationServiceMethods.ByName("Heartbeat")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// runnerRegistrationServiceClient implements RunnerRegistrationServiceClient.
+type runnerRegistrationServiceClient struct {
+	register  *connect.Client[v1.RegisterRequest, v1.RegisterResponse]
+	heartbeat *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
+}
+
+// Register calls sandboxd.controlplane.v1.RunnerRegistrationService.Register.
+func (c *runnerRegistrationServiceClient) Register(ctx context.Context, req *connect.Request[v1.RegisterRequest]) (*connect.Response[v1.RegisterResponse], error) {
+	return c.register.CallUnary(ctx, req)
+}
+
+// Heartbeat calls sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat.
+func (c *runnerRegistrationServiceClient) Heartbeat(ctx context.Context, req *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error) {
+	return c.heartbeat.CallUnary(ctx, req)
+}
+
+// RunnerRegistrationServiceHandler is an implementation of the
+// sandboxd.controlplane.v1.RunnerRegistrationService service.
+type RunnerRegistrationServiceHandler interface {
+	// Register consumes a bootstrap token (UNAUTHENTICATED when it is unknown, used or
+	// expired) and signs the runner's CSR: the certificate serves the runner API and
+	// authenticates the runner's heartbeats.
+	Register(context.Context, *connect.Request[v1.RegisterRequest]) (*connect.Response[v1.RegisterResponse], error)
+	// Heartbeat reports the runner's status; the reply carries its current policy.
+	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
+}
+
+// NewRunnerRegistrationServiceHandler builds an HTTP handler from the service implementation. It
+// returns the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	runnerRegistrationServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("RunnerRegistrationService").Methods()
+	runnerRegistrationServiceRegisterHandler := connect.NewUnaryHandler(
+		RunnerRegistrationServiceRegisterProcedure,
+		svc.Register,
+		connect.WithSchema(runnerRegistrationServiceMethods.ByName("Register")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerRegistrationServiceHeartbeatHandler := connect.NewUnaryHandler(
+		RunnerRegistrationServiceHeartbeatProcedure,
+		svc.Heartbeat,
+		connect.WithSchema(runnerRegistrationServiceMethods.ByName("Heartbeat")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/sandboxd.controlplane.v1.RunnerRegistrationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case RunnerRegistrationServiceRegisterProcedure:
+			runnerRegistrationServiceRegisterHandler.ServeHTTP(w, r)
+		case RunnerRegistrationServiceHeartbeatProcedure:
+			runnerRegistrationServiceHeartbeatHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedRunnerRegistrationServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedRunnerRegistrationServiceHandler struct{}
+
+func (UnimplementedRunnerRegistrationServiceHandler) Register(context.Context, *connect.Request[v1.RegisterRequest]) (*connect.Response[v1.RegisterResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.Register is not implemented"))
+}
+
+func (UnimplementedRunnerRegistrationServiceHandler) Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat is not implemented"))
 }
 
 // ApiKeyServiceClient is a client for the sandboxd.controlplane.v1.ApiKeyService service.

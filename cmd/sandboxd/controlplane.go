@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// controlPlaneCmd serves the control plane on its own: the admin API (API keys) and the
+// runner registration and heartbeat service, on one TLS listener whose certificate comes
+// from the platform CA in DATA-DIR/pki.
+func controlPlaneCmd(args []string) error {
+	fs := flag.NewFlagSet("controlplane", flag.ExitOnError)
+	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory (the SQLite store, admin-api-key, pki/)")
+	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
+	pkiDir := fs.String("pki-dir", "", "directory of the platform CA; default DATA-DIR/pki")
+	listen := fs.String("listen", "127.0.0.1:8443", "address of the TLS listener (admin API and runner registration)")
+	var hosts listFlag
+	fs.Var(&hosts, "host", "extra DNS name or IP in the listener's certificate (repeatable)")
+	interval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")
+	verbose := fs.Bool("v", false, "log at debug level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	logger := newLogger(*verbose)
+	if *pkiDir == "" {
+		*pkiDir = filepath.Join(*dataDir, "pki")
+	}
+	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ca, err := pki.LoadOrCreateCA(*pkiDir, platformCAName)
+	if err != nil {
+		return fmt.Errorf("platform CA: %w", err)
+	}
+	st, err := openStoreWithAdmin(ctx, *dataDir, *storeDSN)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = st.Close() }()
+	keys := auth.NewStoreAuthenticator(st, logger)
+	cp, err := controlplane.New(controlplane.Config{
+		Store: st, Auth: keys, CA: ca, HeartbeatInterval: *interval, Logger: logger,
+		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
+	})
+	if err != nil {
+		return err
+	}
+	host, _, err := net.SplitHostPort(*listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	tlsCfg, err := controlplane.TLSConfig(ca, append([]string{host, "127.0.0.1", "::1"}, hosts...))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: cp.TLSHandler(), TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	fmt.Printf("control plane listening on https://%s (CA: %s)\n", ln.Addr(), filepath.Join(*pkiDir, "ca.pem"))
+	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("control plane shutting down; runners keep their last-known policy")
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	return nil
+}
+
+// controlPlaneProxy forwards the admin API to the control plane at addr over TLS
+// (trusting ca). While it is unreachable the calls fail UNAVAILABLE (HTTP 503, which
+// gRPC and Connect clients read as UNAVAILABLE) with a message that says so.
+func controlPlaneProxy(addr string, ca *pki.CA, log *slog.Logger) (http.Handler, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--control-plane: %w", err)
+	}
+	tc := pki.ClientTLSConfig(nil, ca.Pool(), host)
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme, r.Out.URL.Host = "https", addr
+			r.Out.Host = addr
+		},
+		Transport:     &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, IdleConnTimeout: time.Minute},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.Warn("control plane unreachable", "path", r.URL.Path, "err", err)
+			msg := "control plane unavailable: admin changes cannot be made now (running sandboxes are unaffected); retry later: " + err.Error()
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "5")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, `{"code":"unavailable","message":%q}`, msg)
+		},
+	}
+	return rp, nil
+}

@@ -1,0 +1,355 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Bootstrap tokens and runner certificates.
+const (
+	// DefaultBootstrapTokenTTL is how long a bootstrap token is valid unless asked otherwise.
+	DefaultBootstrapTokenTTL = time.Hour
+	// MaxBootstrapTokenTTL bounds a requested token lifetime.
+	MaxBootstrapTokenTTL = 24 * time.Hour
+	// DefaultRunnerCertTTL is the lifetime of a runner certificate issued at registration.
+	DefaultRunnerCertTTL = 365 * 24 * time.Hour
+
+	// tokenPrefix starts every bootstrap token, so a leaked one is recognisable.
+	tokenPrefix = "sbxbt_"
+
+	ReasonBootstrapTokenInvalid = "CWSANDBOX_BOOTSTRAP_TOKEN_INVALID"
+	ReasonRunnerIdentity        = "CWSANDBOX_RUNNER_IDENTITY_MISMATCH"
+	ReasonRegistrationDisabled  = "CWSANDBOX_REGISTRATION_DISABLED"
+)
+
+// BootstrapToken is a parsed bootstrap token: "sbxbt_<secret>.<ca-sha256-hex>". The
+// secret is the credential (the store keeps its SHA-256); the CA pin lets a fresh runner
+// trust the control plane before it has the CA (the control plane's TLS chain includes
+// the CA certificate, which must hash to the pin).
+type BootstrapToken struct {
+	Secret string
+	CAPin  string // hex SHA-256 of the CA certificate's DER; "" when the token has none
+}
+
+// NewBootstrapToken returns a new token pinned to ca.
+func NewBootstrapToken(ca *x509.Certificate) (string, BootstrapToken, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", BootstrapToken{}, err
+	}
+	t := BootstrapToken{Secret: base64.RawURLEncoding.EncodeToString(b)}
+	if ca != nil {
+		t.CAPin = CAPin(ca)
+	}
+	return t.String(), t, nil
+}
+
+// CAPin is the hex SHA-256 of cert's DER.
+func CAPin(cert *x509.Certificate) string {
+	h := sha256.Sum256(cert.Raw)
+	return hex.EncodeToString(h[:])
+}
+
+func (t BootstrapToken) String() string {
+	if t.CAPin == "" {
+		return tokenPrefix + t.Secret
+	}
+	return tokenPrefix + t.Secret + "." + t.CAPin
+}
+
+// Hash is what the store keeps of the token.
+func (t BootstrapToken) Hash() string {
+	h := sha256.Sum256([]byte(t.Secret))
+	return hex.EncodeToString(h[:])
+}
+
+// ParseBootstrapToken parses what NewBootstrapToken returned.
+func ParseBootstrapToken(s string) (BootstrapToken, error) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(s), tokenPrefix)
+	if !ok {
+		return BootstrapToken{}, fmt.Errorf("not a bootstrap token (want %s…)", tokenPrefix)
+	}
+	secret, pin, _ := strings.Cut(rest, ".")
+	if raw, err := base64.RawURLEncoding.DecodeString(secret); err != nil || len(raw) != 32 {
+		return BootstrapToken{}, errors.New("malformed bootstrap token secret")
+	}
+	if pin != "" {
+		if b, err := hex.DecodeString(pin); err != nil || len(b) != sha256.Size {
+			return BootstrapToken{}, errors.New("malformed bootstrap token CA pin")
+		}
+	}
+	return BootstrapToken{Secret: secret, CAPin: strings.ToLower(pin)}, nil
+}
+
+// RunnerURI is the URI SAN naming runnerID of org in its certificate.
+func RunnerURI(org, runnerID string) *url.URL {
+	return &url.URL{Scheme: "spiffe", Host: "sandboxd", Path: "/runner/" + org + "/" + runnerID}
+}
+
+// RunnerIdentity returns the organization and runner ID of cert's
+// spiffe://sandboxd/runner/<org>/<runner_id> URI SAN.
+func RunnerIdentity(cert *x509.Certificate) (org, runnerID string, ok bool) {
+	for _, u := range cert.URIs {
+		if u.Scheme != "spiffe" || u.Host != "sandboxd" {
+			continue
+		}
+		rest, found := strings.CutPrefix(u.Path, "/runner/")
+		if !found {
+			continue
+		}
+		org, id, found := strings.Cut(rest, "/")
+		if found && org != "" && id != "" && !strings.Contains(id, "/") {
+			return org, id, true
+		}
+	}
+	return "", "", false
+}
+
+func (s *Service) CreateBootstrapToken(ctx context.Context, req *connect.Request[controlplanev1.CreateBootstrapTokenRequest]) (*connect.Response[controlplanev1.CreateBootstrapTokenResponse], error) {
+	var vs violations
+	checkRunnerID(&vs, "runner_id", req.Msg.GetRunnerId())
+	ttl := DefaultBootstrapTokenTTL
+	if d := req.Msg.GetTtl(); d != nil {
+		switch v := d.AsDuration(); {
+		case v < 0 || v > MaxBootstrapTokenTTL:
+			vs.add("ttl", "must be between 0 and %s (got %s)", MaxBootstrapTokenTTL, v)
+		case v > 0:
+			ttl = v
+		}
+	}
+	if err := vs.err("invalid bootstrap token request"); err != nil {
+		return nil, err
+	}
+	if s.ca == nil {
+		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled,
+			"this control plane has no CA: runner registration is not available here", nil)
+	}
+	org, id := principal(ctx).Org, req.Msg.GetRunnerId()
+	if _, err := s.st.Runners().Get(ctx, org, id); err != nil {
+		return nil, runnerErr(id, "", err)
+	}
+	secret, tok, err := NewBootstrapToken(s.ca.Certificate())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	exp := s.now().Add(ttl).UTC()
+	if err := s.st.BootstrapTokens().Create(ctx, store.BootstrapToken{Hash: tok.Hash(), Org: org, RunnerID: id, ExpiresAt: exp}); err != nil {
+		return nil, runnerErr(id, "", err)
+	}
+	s.log.Info("bootstrap token issued", "org", org, "runner", id, "expires", exp)
+	return connect.NewResponse(&controlplanev1.CreateBootstrapTokenResponse{BootstrapToken: secret, RunnerId: id, ExpireTime: timestamppb.New(exp)}), nil
+}
+
+// Registration serves RunnerRegistrationService.
+type Registration struct {
+	controlplanev1connect.UnimplementedRunnerRegistrationServiceHandler
+	s *Service
+}
+
+// Registration returns the runner-facing service.
+func (s *Service) Registration() *Registration { return &Registration{s: s} }
+
+func (g *Registration) Register(ctx context.Context, req *connect.Request[controlplanev1.RegisterRequest]) (*connect.Response[controlplanev1.RegisterResponse], error) {
+	s := g.s
+	if s.ca == nil {
+		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled, "this control plane has no CA: runner registration is not available here", nil)
+	}
+	var vs violations
+	if req.Msg.GetBootstrapToken() == "" {
+		vs.add("bootstrap_token", "is required")
+	}
+	var csr *x509.CertificateRequest
+	if blk, _ := pem.Decode([]byte(req.Msg.GetCsrPem())); blk == nil || blk.Type != "CERTIFICATE REQUEST" {
+		vs.add("csr_pem", "must be a PEM CERTIFICATE REQUEST")
+	} else if c, err := x509.ParseCertificateRequest(blk.Bytes); err != nil {
+		vs.add("csr_pem", "cannot be parsed: %v", err)
+	} else if err := c.CheckSignature(); err != nil {
+		vs.add("csr_pem", "signature invalid: %v", err)
+	} else {
+		csr = c
+	}
+	if err := vs.err("invalid registration"); err != nil {
+		return nil, err
+	}
+	tok, err := ParseBootstrapToken(req.Msg.GetBootstrapToken())
+	if err != nil {
+		return nil, tokenInvalid(err.Error())
+	}
+	// Check the CSR's key before consuming the token, so a bad key does not burn it.
+	if _, err := s.ca.SignCSR(csr, func(c *x509.Certificate) { c.Subject.CommonName = "probe" }, time.Minute); err != nil {
+		return nil, apierr.Invalid(apierr.InvalidRequest, err.Error(), []apierr.Violation{{Field: "csr_pem", Description: err.Error()}})
+	}
+	rec, err := s.st.BootstrapTokens().Consume(ctx, tok.Hash())
+	if errors.Is(err, store.ErrNotFound) {
+		s.log.Warn("runner registration refused: bootstrap token unknown, used or expired")
+		return nil, tokenInvalid("bootstrap token is unknown, already used or expired: create a new one (POST /v1/sandbox/managedRunners/RUNNER_ID:createBootstrapToken)")
+	}
+	if err != nil {
+		return nil, runnerErr("", "", err)
+	}
+	org, id := rec.Org, rec.RunnerID
+	cert, err := s.ca.SignCSR(csr, func(c *x509.Certificate) {
+		c.Subject.CommonName = "sandboxd runner " + id
+		c.Subject.Organization = []string{org}
+		c.DNSNames = []string{id}
+		c.URIs = []*url.URL{RunnerURI(org, id)}
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}
+	}, s.certTTL)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	s.log.Info("runner registered", "org", org, "runner", id, "serial", cert.SerialNumber.Text(16), "not_after", cert.NotAfter)
+	return connect.NewResponse(&controlplanev1.RegisterResponse{
+		Org: org, RunnerId: id,
+		CertificateChainPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})),
+		CaBundlePem:         string(s.ca.CertPEM()),
+		HeartbeatInterval:   durationpb.New(s.interval),
+	}), nil
+}
+
+func tokenInvalid(msg string) error {
+	return apierr.New(connect.CodeUnauthenticated, ReasonBootstrapTokenInvalid, msg, nil)
+}
+
+func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[controlplanev1.HeartbeatRequest]) (*connect.Response[controlplanev1.HeartbeatResponse], error) {
+	s := g.s
+	cs, _ := ctx.Value(tlsStateKey{}).(*tls.ConnectionState)
+	if cs == nil || len(cs.VerifiedChains) == 0 {
+		return nil, apierr.New(connect.CodeUnauthenticated, ReasonRunnerIdentity, "heartbeats need the runner's client certificate from registration (mTLS)", nil)
+	}
+	org, id, ok := RunnerIdentity(cs.VerifiedChains[0][0])
+	if !ok {
+		return nil, apierr.New(connect.CodePermissionDenied, ReasonRunnerIdentity, "the client certificate does not name a runner (spiffe://sandboxd/runner/<org>/<runner_id>)", nil)
+	}
+	if want := req.Msg.GetRunnerId(); want != "" && want != id {
+		s.log.Warn("heartbeat refused: certificate of another runner", "cert_runner", id, "runner", want)
+		return nil, apierr.New(connect.CodePermissionDenied, ReasonRunnerIdentity,
+			fmt.Sprintf("the client certificate is runner %s's, not runner %s's", id, want), map[string]string{"runner_id": want})
+	}
+	capacity, _ := json.Marshal(Resources{MilliCPU: req.Msg.GetCapacity().GetMilliCpu(), MemoryBytes: req.Msg.GetCapacity().GetMemoryBytes()})
+	usage, _ := json.Marshal(Resources{MilliCPU: req.Msg.GetUsage().GetMilliCpu(), MemoryBytes: req.Msg.GetUsage().GetMemoryBytes(), Sandboxes: req.Msg.GetUsage().GetSandboxes()})
+	now := s.now().UTC()
+	if err := s.st.Runners().RecordHeartbeat(ctx, org, id, store.RunnerStatus{
+		LastHeartbeatAt: &now, Version: req.Msg.GetVersion(), Ready: req.Msg.GetReady(), Capacity: capacity, Usage: usage,
+	}); err != nil {
+		return nil, runnerErr(id, "", err)
+	}
+	r, err := s.st.Runners().Get(ctx, org, id)
+	if err != nil {
+		return nil, runnerErr(id, "", err)
+	}
+	return connect.NewResponse(&controlplanev1.HeartbeatResponse{
+		PolicyJson:        string(r.Policy),
+		PolicyRevision:    r.PolicyRevision,
+		Etag:              r.Etag,
+		DesiredVersion:    r.DesiredVersion,
+		HeartbeatInterval: durationpb.New(s.interval),
+	}), nil
+}
+
+type tlsStateKey struct{}
+
+// withTLSState makes the connection's TLS state available to the handlers.
+func withTLSState(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil {
+			r = r.WithContext(context.WithValue(r.Context(), tlsStateKey{}, r.TLS))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// RegistrationHandler serves RunnerRegistrationService (no API key: Register takes a
+// bootstrap token, Heartbeat the runner's client certificate). Serve it over TLS from
+// TLSConfig so Heartbeat sees the verified certificate.
+func (s *Service) RegistrationHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(controlplanev1connect.NewRunnerRegistrationServiceHandler(s.Registration(), connect.WithReadMaxBytes(1<<20)))
+	return withTLSState(mux)
+}
+
+// TLSHandler serves everything the control plane offers on one TLS listener: the
+// registration service, and the admin services (API key) for every other path.
+func (s *Service) TLSHandler() http.Handler {
+	reg, admin := s.RegistrationHandler(), s.Handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/"+controlplanev1connect.RunnerRegistrationServiceName+"/") {
+			reg.ServeHTTP(w, r)
+			return
+		}
+		admin.ServeHTTP(w, r)
+	})
+}
+
+// TLSConfig is the control plane's listener configuration: a server certificate from ca
+// for hosts (IPs or DNS names; "localhost" is always included) sent with the CA
+// certificate (so a runner can check its bootstrap token's CA pin), renewed as it ages;
+// client certificates from ca are verified when presented (runners) and not required
+// (Register, admin calls with API keys).
+func TLSConfig(ca *pki.CA, hosts []string) (*tls.Config, error) {
+	dns := []string{"localhost"}
+	var ips []net.IP
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			ips = append(ips, ip)
+		} else if h != "" {
+			dns = append(dns, h)
+		}
+	}
+	var (
+		mu      sync.Mutex
+		cur     *tls.Certificate
+		renewAt time.Time
+	)
+	get := func() (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if cur != nil && time.Now().Before(renewAt) {
+			return cur, nil
+		}
+		c, err := ca.IssueServer("sandboxd control plane", dns, ips, 30*24*time.Hour)
+		if err != nil {
+			if cur != nil && time.Now().Before(cur.Leaf.NotAfter) {
+				return cur, nil
+			}
+			return nil, err
+		}
+		c.Certificate = append(c.Certificate, ca.Certificate().Raw)
+		cur = &c
+		renewAt = c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2)
+		return cur, nil
+	}
+	first, err := get()
+	if err != nil {
+		return nil, err
+	}
+	cfg := pki.ServerTLSConfig(*first, ca.Pool(), false)
+	cfg.Certificates = nil
+	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return get() }
+	return cfg, nil
+}

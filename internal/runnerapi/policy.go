@@ -1,0 +1,98 @@
+package runnerapi
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// Meta keys the runner's policy check records on a sandbox.
+const (
+	// MetaPolicyRevision is the revision of the runner policy the sandbox was admitted
+	// under (the runner's own view; the gateway's is kept under MetaGatewayPolicyRevision
+	// when it differs).
+	MetaPolicyRevision        = "sandboxd.policy_revision"
+	MetaGatewayPolicyRevision = "sandboxd.gateway_policy_revision"
+)
+
+// WithPolicy makes the server check every create against the runner's own policy
+// (typically its cache of what the control plane last sent) before starting it, with the
+// gateway's code: the gateway checks first, but the runner is the authority when its
+// policy changed in between. It returns s.
+func (s *Server) WithPolicy(runnerID string, p gateway.PolicySource) *Server {
+	s.policies, s.runnerID = p, runnerID
+	return s
+}
+
+// admit checks req against the runner's policy and records the revision applied.
+func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
+	if s.policies == nil {
+		return nil
+	}
+	doc, rev, err := s.policies.Policy(ctx, s.runnerID)
+	if err != nil {
+		return apierr.WithRetry(apierr.Newf(connect.CodeUnavailable, apierr.RunnerUnavailable,
+			"runner %s cannot check sandboxes against its policy: %v", s.runnerID, err), 0)
+	}
+	p := &policy.Policy{}
+	if len(doc) > 0 {
+		if p, err = policy.Parse(doc); err != nil {
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.runnerID, err))
+		}
+	}
+	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), specForPolicy(*req), gateway.Platform())
+	if !res.OK() {
+		vs := policy.ToAPI(res.Violations)
+		parts := make([]string, len(vs))
+		for i, v := range vs {
+			parts[i] = v.Field + " " + v.Description
+		}
+		s.log.Info("sandbox refused by the runner's policy", "runner", s.runnerID, "policy_revision", rev, "violations", len(vs))
+		return apierr.Invalid(policy.Reason(res.Violations),
+			fmt.Sprintf("runner %s's policy (revision %d) rejects this sandbox: %s", s.runnerID, rev, strings.Join(parts, "; ")), vs)
+	}
+	if req.Spec.Meta == nil {
+		req.Spec.Meta = map[string]string{}
+	}
+	if g, ok := req.Spec.Meta[MetaPolicyRevision]; ok && g != res.PolicyRevision {
+		req.Spec.Meta[MetaGatewayPolicyRevision] = g
+	}
+	req.Spec.Meta[MetaPolicyRevision] = res.PolicyRevision
+	return nil
+}
+
+// specForPolicy is the public-API form of what the runner is asked to run: what the
+// policy constrains of it (image, resources, environment, runtime class, lifetime).
+func specForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
+	c := &sandboxv1.Container{
+		Image:                req.Spec.Image,
+		Command:              req.Spec.Command,
+		Args:                 req.Spec.Args,
+		EnvironmentVariables: req.Spec.Env,
+		WorkingDir:           req.Spec.WorkingDir,
+	}
+	if r := req.Spec.Resources; r.MilliCPU > 0 || r.MemoryBytes > 0 {
+		c.Resources = &sandboxv1.Resources{}
+		if r.MilliCPU > 0 {
+			c.Resources.Cpu = quantity.FormatCPU(r.MilliCPU)
+		}
+		if r.MemoryBytes > 0 {
+			c.Resources.Memory = quantity.FormatMemory(r.MemoryBytes)
+		}
+	}
+	return &sandboxv1.SandboxSpec{
+		Containers:         []*sandboxv1.Container{c},
+		RuntimeClass:       req.Spec.RuntimeClass,
+		MaxLifetimeSeconds: int32(req.Lifetime.Seconds()),
+	}
+}

@@ -1,0 +1,698 @@
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// The warm pool: after a Create of image X with runtime class C, the backend keeps up to
+// PoolConfig.Size containers of (X, C) started in standby — root filesystem mounted,
+// network set up, the agent serving but running nothing — so the next Create of (X, C)
+// only configures one: cgroup limits, UTS hostname, etc files, then the agent's Start
+// with the main command's config (env, files, user, working dir, argv, restart limit),
+// exactly the config a cold Create would have written.
+//
+// A pooled container lives in <StateDir>/pool_<hex> (a name no sandbox id can have) under
+// that container id (runtime id, cgroup, network attachment). A claim writes the
+// sandbox's spec.json and info.json (with container_id) into it, starts the main command,
+// then renames the dir over the sandbox's own, so every later call by sandbox id finds it,
+// also after a restart; Recover destroys pool_ dirs it finds.
+//
+// Refills run in one goroutine, one container at a time, and only while no Create is in
+// flight, so they never compete with real Creates for long.
+
+// PoolConfig configures the warm pool.
+type PoolConfig struct {
+	// Size is how many ready containers are kept per (image, runtime class); 0 disables
+	// the pool.
+	Size int
+	// Idle is how long the containers of an (image, class) are kept after its last Create
+	// (default 10 min).
+	Idle time.Duration
+}
+
+// PoolStats counts the pool's work since the Backend was made.
+type PoolStats struct {
+	Ready   int // pooled containers ready now
+	Claims  int // Creates served from the pool
+	Misses  int // Creates that found no usable pooled container
+	Refills int // pooled containers started
+	Dropped int // pooled containers destroyed unclaimed (idle, stale, drained, broken)
+}
+
+const poolPrefix = "pool_"
+
+// isPoolID reports whether a dir name is a pooled container's.
+func isPoolID(name string) bool {
+	rest, ok := strings.CutPrefix(name, poolPrefix)
+	return ok && rest != "" && validID(rest)
+}
+
+type poolKey struct {
+	image string // the reference as given
+	class string
+}
+
+type pooled struct {
+	s      *sandbox // id == cid == dir name
+	digest string
+	att    *Attachment
+}
+
+type poolSet struct {
+	ready    []*pooled
+	lastUse  time.Time
+	failures int
+	retryAt  time.Time
+}
+
+type pool struct {
+	b    *Backend
+	size int
+	idle time.Duration
+
+	mu        sync.Mutex
+	sets      map[poolKey]*poolSet
+	creating  int           // real Creates in flight
+	refilling chan struct{} // non-nil while a refill runs; closed when it is done
+	refillID  string
+	closed    bool
+	stats     PoolStats
+	dropping  int // background teardowns of dropped containers running
+
+	wake chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newPool(b *Backend, cfg PoolConfig) *pool {
+	if cfg.Idle <= 0 {
+		cfg.Idle = 10 * time.Minute
+	}
+	p := &pool{
+		b: b, size: cfg.Size, idle: cfg.Idle,
+		sets: map[poolKey]*poolSet{},
+		wake: make(chan struct{}, 1),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	go p.run()
+	return p
+}
+
+func (p *pool) kick() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// createStarted notes a Create of key; poolable keys get (or keep) a pool.
+func (p *pool) createStarted(key poolKey, poolable bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.creating++
+	if !poolable || p.closed {
+		return
+	}
+	set := p.sets[key]
+	if set == nil {
+		set = &poolSet{}
+		p.sets[key] = set
+	}
+	set.lastUse = time.Now()
+}
+
+func (p *pool) createEnded() {
+	p.mu.Lock()
+	p.creating--
+	p.mu.Unlock()
+	p.kick()
+}
+
+// take removes a ready container of key from the pool.
+func (p *pool) take(key poolKey) *pooled {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set := p.sets[key]
+	if set == nil || len(set.ready) == 0 {
+		p.stats.Misses++
+		return nil
+	}
+	pc := set.ready[0]
+	set.ready = set.ready[1:]
+	return pc
+}
+
+// giveBack returns an unused container to the pool (or destroys it if the pool is gone).
+func (p *pool) giveBack(key poolKey, pc *pooled) {
+	p.mu.Lock()
+	set := p.sets[key]
+	if set != nil && !p.closed && len(set.ready) < p.size {
+		set.ready = append([]*pooled{pc}, set.ready...)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.drop(pc)
+}
+
+// drop destroys an unclaimed pooled container in the background.
+func (p *pool) drop(pc *pooled) {
+	p.mu.Lock()
+	p.stats.Dropped++
+	p.dropping++
+	p.mu.Unlock()
+	go func() {
+		defer func() {
+			p.mu.Lock()
+			p.dropping--
+			p.mu.Unlock()
+		}()
+		if err := p.b.teardown(context.Background(), pc.s); err != nil {
+			p.b.log.Warn("destroy pooled container", "container", pc.s.cid, "err", err)
+		}
+	}()
+}
+
+// owns reports whether cid is one of this pool's containers (ready or being started).
+func (p *pool) owns(cid string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.refillID == cid {
+		return true
+	}
+	for _, set := range p.sets {
+		for _, pc := range set.ready {
+			if pc.s.cid == cid {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// run is the pool's one goroutine: it drops idle sets and refills, one container at a
+// time, while no Create is in flight.
+func (p *pool) run() {
+	defer close(p.done)
+	tick := time.NewTicker(min(max(p.idle/4, 50*time.Millisecond), time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		case <-tick.C:
+		}
+		p.expire()
+		key, ok := p.next()
+		if !ok {
+			continue
+		}
+		p.refill(key)
+		p.kick() // there may be more to do
+	}
+}
+
+// expire destroys the containers of sets unused for longer than idle.
+func (p *pool) expire() {
+	now := time.Now()
+	var gone []*pooled
+	p.mu.Lock()
+	for k, set := range p.sets {
+		if now.Sub(set.lastUse) > p.idle {
+			gone = append(gone, set.ready...)
+			delete(p.sets, k)
+		}
+	}
+	p.mu.Unlock()
+	for _, pc := range gone {
+		p.drop(pc)
+	}
+}
+
+// next picks a set to refill, and marks a refill running.
+func (p *pool) next() (poolKey, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.creating > 0 || p.refilling != nil {
+		return poolKey{}, false
+	}
+	now := time.Now()
+	for k, set := range p.sets {
+		if len(set.ready) < p.size && now.After(set.retryAt) {
+			p.refilling = make(chan struct{})
+			p.refillID = poolPrefix + randomHex(6)
+			return k, true
+		}
+	}
+	return poolKey{}, false
+}
+
+// refill starts one standby container for key.
+func (p *pool) refill(key poolKey) {
+	p.mu.Lock()
+	cid := p.refillID
+	p.mu.Unlock()
+	pc, err := p.b.startPooled(context.Background(), cid, key)
+	p.mu.Lock()
+	set := p.sets[key]
+	keep := err == nil && set != nil && !p.closed && len(set.ready) < p.size
+	if err != nil {
+		if set != nil {
+			set.failures++
+			set.retryAt = time.Now().Add(min(time.Second<<min(set.failures, 6), time.Minute))
+		}
+	} else {
+		p.stats.Refills++
+		if set != nil {
+			set.failures = 0
+		}
+	}
+	if keep {
+		set.ready = append(set.ready, pc)
+	}
+	done := p.refilling
+	p.refilling, p.refillID = nil, ""
+	p.mu.Unlock()
+	if err != nil {
+		p.b.log.Warn("warm pool: start container", "image", key.image, "class", key.class, "err", err)
+	} else if !keep {
+		p.mu.Lock()
+		p.stats.Dropped++
+		p.mu.Unlock()
+		if err := p.b.teardown(context.Background(), pc.s); err != nil {
+			p.b.log.Warn("destroy pooled container", "container", pc.s.cid, "err", err)
+		}
+	}
+	close(done)
+}
+
+// drain destroys every ready container and waits for a running refill; with stop, the
+// pool also stops for good.
+func (p *pool) drain(ctx context.Context, stop bool) error {
+	p.mu.Lock()
+	if stop && !p.closed {
+		p.closed = true
+		close(p.stop)
+	}
+	var gone []*pooled
+	for k, set := range p.sets {
+		gone = append(gone, set.ready...)
+		delete(p.sets, k)
+	}
+	p.stats.Dropped += len(gone)
+	refilling := p.refilling
+	p.mu.Unlock()
+	var errs []error
+	for _, pc := range gone {
+		if err := p.b.teardown(ctx, pc.s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if refilling != nil {
+		select {
+		case <-refilling: // a refill whose set is gone destroys its container itself
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if stop {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for { // background drops (rare: stale or broken containers, idle sets)
+		p.mu.Lock()
+		n := p.dropping
+		p.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DrainPool destroys every idle pooled container (and one being started). The pool stays
+// configured: the next Create refills it.
+func (b *Backend) DrainPool(ctx context.Context) error {
+	if b.pool == nil {
+		return nil
+	}
+	return b.pool.drain(ctx, false)
+}
+
+// Close stops the warm pool and destroys its containers. Sandboxes are not touched: they
+// keep running for the next Backend to recover.
+func (b *Backend) Close(ctx context.Context) error {
+	if b.pool == nil {
+		return nil
+	}
+	return b.pool.drain(ctx, true)
+}
+
+// PoolStats returns the pool's counters (zero without a pool).
+func (b *Backend) PoolStats() PoolStats {
+	if b.pool == nil {
+		return PoolStats{}
+	}
+	p := b.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.stats
+	for _, set := range p.sets {
+		st.Ready += len(set.ready)
+	}
+	return st
+}
+
+// PoolImages returns the image digests of the pooled containers (ready or starting), which
+// image garbage collection must spare.
+func (b *Backend) PoolImages() []string {
+	if b.pool == nil {
+		return nil
+	}
+	p := b.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, set := range p.sets {
+		for _, pc := range set.ready {
+			out = append(out, pc.digest)
+		}
+	}
+	return out
+}
+
+// destroyPooled removes a pooled container found on disk (Recover).
+func (b *Backend) destroyPooled(ctx context.Context, cid string) error {
+	if b.pool != nil && b.pool.owns(cid) {
+		return nil
+	}
+	var spec runtime.Spec
+	_ = readJSON(filepath.Join(b.dir(cid), fileSpec), &spec)
+	rt, _, err := b.runtimeFor(spec.RuntimeClass)
+	if err != nil {
+		rt, _, _ = b.runtimeFor("")
+	}
+	return b.teardown(ctx, &sandbox{id: cid, cid: cid, dir: b.dir(cid), rt: rt})
+}
+
+// startPooled starts a standby container for key.
+func (b *Backend) startPooled(ctx context.Context, cid string, key poolKey) (pc *pooled, err error) {
+	rt, class, err := b.runtimeFor(key.class)
+	if err != nil {
+		return nil, err
+	}
+	dir := b.dir(cid)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	s := &sandbox{
+		id: cid, cid: cid, dir: dir, rt: rt,
+		spec:  runtime.Spec{ID: cid, Image: key.image, RuntimeClass: class},
+		ready: make(chan struct{}), done: make(chan struct{}),
+	}
+	close(s.ready)
+	defer func() {
+		if err != nil {
+			if derr := b.teardown(context.WithoutCancel(ctx), s); derr != nil {
+				b.log.Warn("undo pooled container", "container", cid, "err", derr)
+			}
+		}
+	}()
+	standby := func(*Image) (*agentconfig.Config, error) { return &agentconfig.Config{Standby: true}, nil }
+	var t time.Time
+	img, att, err := b.launch(ctx, s, nil, cid, runtime.Resources{}, standby, &t)
+	if err != nil {
+		return nil, err
+	}
+	return &pooled{s: s, digest: img.Digest, att: att}, nil
+}
+
+// claim tries to give s (registered, its dir made and empty) a pooled container. It
+// reports whether it did; on false nothing of s has changed and the caller creates it
+// cold.
+func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec) bool {
+	key := poolKey{image: spec.Image, class: s.rt.class}
+	pc := b.pool.take(key)
+	if pc == nil {
+		return false
+	}
+	if pc.s.proc == nil || pc.s.proc.exited() {
+		b.pool.drop(pc)
+		return false
+	}
+	// The image must be the one a cold Create would run now (a tag may have moved), and
+	// the caller must be allowed to pull it: pull as a cold Create would.
+	img, err := b.cfg.Images.Pull(ctx, spec.Image, spec.PullCredentials)
+	if err != nil || img.Digest != pc.digest {
+		if err == nil {
+			b.pool.drop(pc) // stale
+		} else {
+			b.pool.giveBack(key, pc) // the cold path reports the error
+		}
+		b.pool.miss()
+		return false
+	}
+	acfg, err := agentConfig(spec, img)
+	if err != nil {
+		b.pool.giveBack(key, pc) // the cold path reports the error
+		b.pool.miss()
+		return false
+	}
+	if err := b.configurePooled(ctx, pc, s, acfg); err != nil {
+		b.log.Warn("warm pool: claim failed, creating cold", "sandbox", s.id, "container", pc.s.cid, "err", err)
+		b.pool.drop(pc)
+		b.pool.miss()
+		return false
+	}
+	b.mu.Lock()
+	s.cid = pc.s.cid
+	s.proc = pc.s.proc
+	s.info = pc.s.info
+	b.mu.Unlock()
+	b.pool.claimed()
+	return true
+}
+
+func (p *pool) miss() {
+	p.mu.Lock()
+	p.stats.Misses++
+	p.mu.Unlock()
+}
+
+func (p *pool) claimed() {
+	p.mu.Lock()
+	p.stats.Claims++
+	p.mu.Unlock()
+	p.kick()
+}
+
+// configurePooled turns pooled container pc into sandbox s: limits, hostname, etc files,
+// spec and info (with the container id), the agent's Start, and finally the rename of
+// pc's dir over s's. On error pc is to be destroyed.
+func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, acfg *agentconfig.Config) error {
+	dir := pc.s.dir
+	if err := b.applyResources(pc.s.cid, s.spec.Resources); err != nil {
+		return fmt.Errorf("resources: %w", err)
+	}
+	host := hostname(s.id)
+	if err := setHostname(pc.s.info.Pid, host); err != nil {
+		return fmt.Errorf("hostname: %w", err)
+	}
+	// hosts and hostname are bind-mounted files: rewrite them in place (same inode).
+	tmp := filepath.Join(dir, "etc.claim")
+	if err := b.writeEtcFiles(tmp, host, pc.att); err != nil {
+		return fmt.Errorf("etc files: %w", err)
+	}
+	for _, name := range []string{"hosts", "hostname"} {
+		data, err := os.ReadFile(filepath.Join(tmp, name))
+		if err == nil {
+			err = writeInPlace(filepath.Join(dir, dirEtc, name), data)
+		}
+		if err != nil {
+			return fmt.Errorf("etc files: %w", err)
+		}
+	}
+	_ = os.RemoveAll(tmp)
+	cfgJSON, err := json.Marshal(acfg)
+	if err != nil {
+		return err
+	}
+	info := pc.s.info
+	info.StartedAt = time.Now().UTC()
+	info.ContainerID = pc.s.cid
+	if err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec); err != nil {
+		return err
+	}
+	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &info); err != nil {
+		return err
+	}
+	if err := startAgent(ctx, filepath.Join(dir, dirRun), cfgJSON); err != nil {
+		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
+	}
+	// What /.sandboxd/config.json shows inside (bind-mounted: rewritten in place). Only
+	// now: `runc run` returns before the agent has read it, and Start has answered.
+	if err := writeInPlace(filepath.Join(dir, fileAgentConfig), cfgJSON); err != nil {
+		return err
+	}
+	// The sandbox's dir is empty (Create's claim on the id): rename(2) replaces it
+	// atomically (os.Rename refuses an existing directory as the target).
+	if err := unix.Rename(dir, s.dir); err != nil {
+		return fmt.Errorf("rename %s over %s: %w", dir, s.dir, err)
+	}
+	pc.s.info = info
+	return nil
+}
+
+// startAgent sends Start to the standby agent serving in runDir.
+func startAgent(ctx context.Context, runDir string, cfg []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	hc := agent.NewHTTPClient(func(ctx context.Context) (net.Conn, error) {
+		var conn net.Conn
+		err := withSocketPath(runDir, agentSocket, func(p string) error {
+			var d net.Dialer
+			var err error
+			conn, err = d.DialContext(ctx, "unix", p)
+			return err
+		})
+		return conn, err
+	})
+	defer hc.CloseIdleConnections()
+	c := agentv1connect.NewAgentServiceClient(hc, "http://sandbox-agent", connect.WithGRPC())
+	_, err := c.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: cfg}))
+	return err
+}
+
+// writeInPlace overwrites a file's content keeping its inode (bind mounts see it).
+func writeInPlace(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// setHostname sets the UTS hostname of pid's namespace, from a thread that joins it and
+// then dies with its goroutine (never unlocked, so Go does not reuse it).
+func setHostname(pid int, name string) error {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWUTS); err != nil {
+			errc <- fmt.Errorf("setns: %w", err)
+			return
+		}
+		errc <- unix.Sethostname([]byte(name))
+	}()
+	return <-errc
+}
+
+// applyResources sets a running container's limits as the OCI spec would have at create:
+// memory (and memory+swap) limit, CPU quota, pids limit.
+func (b *Backend) applyResources(cid string, r runtime.Resources) error {
+	rel := filepath.Join(b.cfg.CgroupParent, cid)
+	write := func(path, v string) error {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			return err
+		}
+		return nil
+	}
+	var quota int64
+	if r.MilliCPU > 0 {
+		quota = max(r.MilliCPU*cpuPeriod/1000, minCPUQuota)
+	}
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "memory", rel)); err == nil { // cgroup v1
+		if m := r.MemoryBytes; m > 0 {
+			mem := filepath.Join(cgroupRoot, "memory", rel)
+			// From unlimited: the memory limit first, memory+swap (never below it) next.
+			if err := write(filepath.Join(mem, "memory.limit_in_bytes"), strconv.FormatInt(m, 10)); err != nil {
+				return err
+			}
+			if _, err := os.Stat(filepath.Join(mem, "memory.memsw.limit_in_bytes")); err == nil {
+				if err := write(filepath.Join(mem, "memory.memsw.limit_in_bytes"), strconv.FormatInt(m, 10)); err != nil {
+					return err
+				}
+			}
+		}
+		if quota > 0 {
+			cpu := filepath.Join(cgroupRoot, "cpu", rel)
+			if err := write(filepath.Join(cpu, "cpu.cfs_period_us"), strconv.Itoa(cpuPeriod)); err != nil {
+				return err
+			}
+			if err := write(filepath.Join(cpu, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)); err != nil {
+				return err
+			}
+		}
+		if r.Pids > 0 {
+			return write(filepath.Join(cgroupRoot, "pids", rel, "pids.max"), strconv.FormatInt(r.Pids, 10))
+		}
+		return nil
+	}
+	cg := filepath.Join(cgroupRoot, rel) // cgroup v2
+	if m := r.MemoryBytes; m > 0 {
+		if err := write(filepath.Join(cg, "memory.max"), strconv.FormatInt(m, 10)); err != nil {
+			return err
+		}
+		if _, err := os.Stat(filepath.Join(cg, "memory.swap.max")); err == nil {
+			if err := write(filepath.Join(cg, "memory.swap.max"), "0"); err != nil {
+				return err
+			}
+		}
+	}
+	if quota > 0 {
+		if err := write(filepath.Join(cg, "cpu.max"), fmt.Sprintf("%d %d", quota, cpuPeriod)); err != nil {
+			return err
+		}
+	}
+	if r.Pids > 0 {
+		return write(filepath.Join(cg, "pids.max"), strconv.FormatInt(r.Pids, 10))
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

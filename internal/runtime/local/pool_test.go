@@ -1,0 +1,302 @@
+package local
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// poolEnv is newEnv with a warm pool on its Backend; the pool is closed (and checked
+// empty) before newEnv's own cleanup checks for leaks.
+func poolEnv(t *testing.T, size int, idle time.Duration) *env {
+	t.Helper()
+	e := newEnv(t)
+	b, err := New(Config{
+		StateDir:     e.state,
+		AgentBinary:  agentBin,
+		CgroupParent: testCgroupParent,
+		Images:       testImages{layers: []string{busyboxDir}},
+		Pool:         PoolConfig{Size: size, Idle: idle},
+		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.b = b
+	t.Cleanup(func() {
+		if err := b.Close(context.Background()); err != nil {
+			t.Errorf("close pool: %v", err)
+		}
+		if d := poolDirs(e.state); len(d) > 0 {
+			t.Errorf("pooled containers left after Close: %v", d)
+		}
+	})
+	return e
+}
+
+func poolDirs(state string) []string {
+	ents, _ := os.ReadDir(state)
+	var out []string
+	for _, e := range ents {
+		if isPoolID(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func waitPoolReady(t *testing.T, b *Backend, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for b.PoolStats().Ready < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool: %+v, want %d ready", b.PoolStats(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestPoolClaim(t *testing.T) {
+	e := poolEnv(t, 2, time.Minute)
+	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	waitPoolReady(t, e.b, 2)
+	if st := e.b.PoolStats(); st.Claims != 0 || st.Refills != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	const id = "pooled-1"
+	start := time.Now()
+	info := e.create(runtime.Spec{
+		ID: id, Command: "sh", Args: []string{"-c", "echo started; cat /etc/motd; sleep 3600"},
+		Env:        map[string]string{"FOO": "bar"},
+		WorkingDir: "/tmp",
+		Files:      []runtime.File{{Path: "/etc/motd", Content: []byte("hello file\n")}},
+		Resources:  runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 64},
+	})
+	t.Logf("claimed create: %v", time.Since(start))
+	if st := e.b.PoolStats(); st.Claims != 1 {
+		t.Fatalf("no claim: %+v", st)
+	}
+	if info.ID != id || info.ImageDigest != "sha256:b0b0" || info.RuntimeClass != "runc" || info.StartedAt.IsZero() {
+		t.Errorf("info %+v", info)
+	}
+	cid := e.b.containerID(id)
+	if !isPoolID(cid) {
+		t.Fatalf("container id %q", cid)
+	}
+	c := agentClient(e.b, id)
+	for _, tc := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}, "268435456"},
+		{[]string{"cat", "/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"}, "268435456"},
+		{[]string{"cat", "/sys/fs/cgroup/pids/pids.max"}, "64"},
+		{[]string{"cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"}, "50000"},
+		{[]string{"hostname"}, id},
+		{[]string{"cat", "/etc/hostname"}, id},
+		{[]string{"cat", "/etc/hosts"}, id},
+		{[]string{"env"}, "FOO=bar"},
+		{[]string{"env"}, "FROM_IMAGE=1"},
+		{[]string{"pwd"}, "/tmp"},
+		{[]string{"cat", "/etc/motd"}, "hello file"},
+		{[]string{"grep", "CapEff", "/proc/self/status"}, "00000000a80425fb"},
+	} {
+		out, errOut, code := execIn(t, c, tc.argv...)
+		if !strings.Contains(out, tc.want) {
+			t.Errorf("%q: %q (stderr %q, exit %d), want %q", tc.argv, out, errOut, code, tc.want)
+		}
+	}
+	if out, _, _ := execIn(t, c, "cat", "/etc/hosts"); strings.Contains(out, "pool_") {
+		t.Errorf("/etc/hosts still names the pooled container: %q", out)
+	}
+	// The main command's log starts at offset 0 with its own output.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := c.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	if err != nil || st.Msg.GetState() != agentv1.MainState_MAIN_STATE_RUNNING {
+		t.Errorf("status %v, %v", st, err)
+	}
+	logs, err := c.Logs(ctx, connect.NewRequest(&agentv1.LogsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got strings.Builder
+	first := int64(-1)
+	for logs.Receive() {
+		if first < 0 {
+			first = int64(logs.Msg().GetOffset())
+		}
+		got.Write(logs.Msg().GetData())
+	}
+	if first != 0 || !strings.HasPrefix(got.String(), "started\nhello file\n") {
+		t.Errorf("logs from offset %d: %q", first, got.String())
+	}
+	if d := e.b.LogDir(id); !strings.HasPrefix(d, filepath.Join(e.state, id)+"/") {
+		t.Errorf("LogDir %q", d)
+	}
+	// The runtime CLI reaches the container by the sandbox id too (its bundle dir moved).
+	cmd, err := e.b.RuntimeCommand(context.Background(), id, "exec", id, "hostname")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != id {
+		t.Errorf("runc exec: %q, %v", out, err)
+	}
+	if n, err := e.b.OOMKills(id); err != nil || n != 0 {
+		t.Errorf("OOMKills = %d, %v", n, err)
+	}
+
+	// A restarted backend recovers it under its own id and removes the unclaimed pooled
+	// container; Stop, Wait and Destroy work through it.
+	waitPoolReady(t, e.b, 2)
+	if err := e.b.Close(context.Background()); err != nil { // stop the refills
+		t.Fatal(err)
+	}
+	b2 := e.backend()
+	rs, err := b2.Recover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, r := range rs {
+		if r.Spec.ID == id {
+			found = r.Alive && r.Spec.Env["FOO"] == "bar" && r.Info.ImageDigest == "sha256:b0b0"
+		}
+		if isPoolID(r.Spec.ID) {
+			t.Errorf("recovered a pooled container: %+v", r)
+		}
+	}
+	if !found {
+		t.Fatalf("recover: %+v", rs)
+	}
+	if d := poolDirs(e.state); len(d) != 0 {
+		t.Errorf("pool dirs after recover: %v", d)
+	}
+	if out, _, _ := execIn(t, agentClient(b2, id), "hostname"); strings.TrimSpace(out) != id {
+		t.Errorf("hostname after recover: %q", out)
+	}
+	if err := b2.Stop(context.Background(), id, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := b2.Wait(context.Background(), id)
+	if err != nil || ex.Reason != "Stopped" && ex.Reason != "Completed" {
+		t.Errorf("exit %+v, %v", ex, err)
+	}
+	if err := b2.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, id)
+	checkNoLeaks(t, e.state, cid)
+}
+
+func TestPoolMainExitAndRestarts(t *testing.T) {
+	e := poolEnv(t, 3, time.Minute)
+	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	for _, tc := range []struct {
+		id       string
+		argv     []string
+		restarts int
+		code     int32
+		reason   string
+	}{
+		{"p-exit-ok", []string{"true"}, 0, 0, "Completed"},
+		{"p-exit-3", []string{"sh", "-c", "exit 3"}, 0, 3, "RestartLimit"},
+		{"p-exit-restarts", []string{"sh", "-c", "exit 4"}, 2, 4, "RestartLimit"},
+	} {
+		waitPoolReady(t, e.b, 1)
+		claims := e.b.PoolStats().Claims
+		e.create(runtime.Spec{ID: tc.id, Command: tc.argv[0], Args: tc.argv[1:], RestartLimit: tc.restarts})
+		if e.b.PoolStats().Claims != claims+1 {
+			t.Fatalf("%s: not claimed: %+v", tc.id, e.b.PoolStats())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ex, err := e.b.Wait(ctx, tc.id)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ex.ExitCode == nil || *ex.ExitCode != tc.code || ex.Restarts != tc.restarts || ex.Reason != tc.reason {
+			t.Errorf("%s: exit %+v (code %v)", tc.id, ex, deref(ex.ExitCode))
+		}
+		cid := e.b.containerID(tc.id)
+		if err := e.b.Destroy(context.Background(), tc.id); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, e.state, tc.id)
+		checkNoLeaks(t, e.state, cid)
+	}
+}
+
+func TestPoolIdleAndDrain(t *testing.T) {
+	e := poolEnv(t, 2, 300*time.Millisecond)
+	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	waitPoolReady(t, e.b, 1)
+	// Unused for longer than Idle: dropped.
+	deadline := time.Now().Add(10 * time.Second)
+	for e.b.PoolStats().Ready > 0 || len(poolDirs(e.state)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle pool not dropped: %+v %v", e.b.PoolStats(), poolDirs(e.state))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Drain destroys ready ones; the pool refills after the next create.
+	e.create(runtime.Spec{ID: "prime2", Command: "true"})
+	waitPoolReady(t, e.b, 1)
+	if err := e.b.DrainPool(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := poolDirs(e.state); len(d) > 0 || e.b.PoolStats().Ready != 0 {
+		t.Errorf("after drain: %v %+v", d, e.b.PoolStats())
+	}
+	for _, m := range mustGlob("/sys/fs/cgroup/*/" + testCgroupParent + "/pool_*") {
+		t.Errorf("leaked pooled cgroup %s", m)
+	}
+}
+
+// A standby agent reports STANDBY, refuses execs, and starts only once.
+func TestPoolStandbyAgent(t *testing.T) {
+	e := poolEnv(t, 1, time.Minute)
+	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	waitPoolReady(t, e.b, 1)
+	dirs := poolDirs(e.state)
+	if len(dirs) != 1 {
+		t.Fatalf("pool dirs %v", dirs)
+	}
+	// The agent may still be starting (`runc run` returns before it runs): Status waits.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := startAgent(ctx, filepath.Join(e.state, dirs[0], dirRun), []byte(`{"standby":true}`)); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("Start with a standby config: %v", err)
+	}
+	st, err := readStatus(filepath.Join(e.state, dirs[0], dirRun, "status.json"))
+	if err != nil || st.GetState() != agentv1.MainState_MAIN_STATE_STANDBY {
+		t.Fatalf("standby status %v, %v", st, err)
+	}
+	// Claim it, then a second Start is refused.
+	e.create(runtime.Spec{ID: "standby-claimed", Command: "sleep", Args: []string{"60"}})
+	if e.b.PoolStats().Claims != 1 {
+		t.Fatalf("not claimed: %+v", e.b.PoolStats())
+	}
+	err = startAgent(context.Background(), filepath.Join(e.state, "standby-claimed", dirRun), []byte(`{"argv":["true"]}`))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("second Start: %v", err)
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
