@@ -62,10 +62,18 @@ func gatewaySleeper() *sandboxv1.CreateSandboxRequest {
 }
 
 // BenchmarkTimeToFirstCommand: create → exec `true` returns, through the gateway and
-// directly on the runner, sandboxes created 10 at a time.
+// directly on the runner, sandboxes created 10 at a time. Three loads: cold (no warm
+// pool), bursts with idle time between them (the pool refills in between), and bursts
+// back to back (the pool cannot keep up, so this is the CPU-bound cold path again).
 func BenchmarkTimeToFirstCommand(b *testing.B) {
+	b.Run("cold", func(b *testing.B) { timeToFirstCommand(b, 0, false) })
+	b.Run("warm-pool-bursts-with-idle", func(b *testing.B) { timeToFirstCommand(b, 10, true) })
+	b.Run("warm-pool-back-to-back", func(b *testing.B) { timeToFirstCommand(b, 10, false) })
+}
+
+func timeToFirstCommand(b *testing.B, pool int, idle bool) {
 	const batch = 10
-	s := newStack(b)
+	s := newStack(b, pool)
 	gw := gatewayClient(b, s)
 	ctx := context.Background()
 	viaGateway := func() (time.Duration, error) {
@@ -108,7 +116,9 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 		b.Fatal(err)
 	}
 	cleanup(b, s)
-	settle(b, s, batch)
+	if idle {
+		settle(b, s, batch)
+	}
 	measure := func(f func() (time.Duration, error)) []time.Duration {
 		var mu sync.Mutex
 		var lat []time.Duration
@@ -131,7 +141,9 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 			wg.Wait()
 			b.StopTimer()
 			cleanup(b, s)
-			settle(b, s, batch)
+			if idle {
+				settle(b, s, batch)
+			}
 			b.StartTimer()
 		}
 		return lat
@@ -145,15 +157,20 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 	if b.N < 10 {
 		return
 	}
-	fmt.Printf("time to first command, %d sandboxes 10 at a time: gateway p50 %.1f ms p99 %.1f ms; runner directly p50 %.1f ms p99 %.1f ms (target: gateway p50 < 120 ms)\n",
-		len(gwLat), g50, g99, d50, d99)
-	fmt.Printf("warm pool: %+v\n", s.Backend.PoolStats())
+	load := poolName(pool)
+	if pool > 0 && idle {
+		load += ", bursts with idle time between"
+	} else if pool > 0 {
+		load += ", bursts back to back"
+	}
+	fmt.Printf("time to first command (%s), %d sandboxes 10 at a time: gateway p50 %.1f ms p99 %.1f ms; runner directly p50 %.1f ms p99 %.1f ms (target: gateway p50 < 120 ms); pool %+v\n",
+		load, len(gwLat), g50, g99, d50, d99, s.Backend.PoolStats())
 }
 
 // BenchmarkGatewayExec: unary exec round trip through the gateway vs directly on the
 // runner's agent client, in the same sandbox.
 func BenchmarkGatewayExec(b *testing.B) {
-	s := newStack(b)
+	s := newStack(b, 0)
 	gw := gatewayClient(b, s)
 	ctx := context.Background()
 	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: sleeper()})

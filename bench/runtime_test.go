@@ -38,11 +38,12 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-func newStack(b *testing.B) *stack.Stack {
+// newStack starts a stack; pool > 0 keeps that many warm containers per image, as
+// `sandboxd dev --warm-pool` does.
+func newStack(b *testing.B, pool int) *stack.Stack {
 	b.Helper()
 	cfg := env.StackConfig(b.TempDir())
-	// As `sandboxd dev`: a warm pool as deep as the benchmarks' batches.
-	cfg.Pool = local.PoolConfig{Size: 10, Idle: 10 * time.Minute}
+	cfg.Pool = local.PoolConfig{Size: pool, Idle: 10 * time.Minute}
 	s, err := stack.NewLocal(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -79,9 +80,15 @@ func percentiles(b *testing.B, prefix string, d []time.Duration) (p50, p99 float
 	return p50, p99
 }
 
-// BenchmarkCreateFirstExec: Create → the first Exec has returned, with a warm image cache.
+// BenchmarkCreateFirstExec: Create → the first Exec has returned, with a warm image cache,
+// one sandbox at a time: cold (runc starts a container per create) and from the warm pool.
 func BenchmarkCreateFirstExec(b *testing.B) {
-	s := newStack(b)
+	b.Run("cold", func(b *testing.B) { createFirstExec(b, 0) })
+	b.Run("warm-pool", func(b *testing.B) { createFirstExec(b, 10) })
+}
+
+func createFirstExec(b *testing.B, pool int) {
+	s := newStack(b, pool)
 	ctx := context.Background()
 	// Warm the image cache and the page cache.
 	warm, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: sleeper()})
@@ -114,6 +121,7 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 		b.StopTimer()
 		_, _ = s.Runner.Delete(sb.ID, 0)
 		_, _ = s.Runner.WaitTerminal(ctx, sb.ID)
+		settle(b, s, 1)
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -121,13 +129,13 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 	if b.N < 10 { // the probe run
 		return
 	}
-	fmt.Printf("create→first exec over %d sandboxes: p50 %.1f ms, p99 %.1f ms (targets: 100 / 200 ms)\n", len(lat), p50, p99)
+	fmt.Printf("create→first exec, %s, over %d sandboxes: p50 %.1f ms, p99 %.1f ms (targets: 100 / 200 ms)\n", poolName(pool), len(lat), p50, p99)
 }
 
 // BenchmarkExec: one exec of /bin/true through the agent, and `runc exec` of the same in
 // the same sandbox, as a ratio.
 func BenchmarkExec(b *testing.B) {
-	s := newStack(b)
+	s := newStack(b, 0)
 	ctx := context.Background()
 	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: sleeper()})
 	if err != nil {
@@ -166,4 +174,11 @@ func BenchmarkExec(b *testing.B) {
 	}
 	fmt.Printf("exec of /bin/true over %d runs: agent p50 %.2f ms p99 %.2f ms; runc exec p50 %.1f ms p99 %.1f ms; agent is %.0fx faster at p50 (targets: < 2 ms, >= 20x)\n",
 		len(agentLat), a50, a99, r50, r99, r50/a50)
+}
+
+func poolName(pool int) string {
+	if pool == 0 {
+		return "cold"
+	}
+	return fmt.Sprintf("warm pool of %d", pool)
 }

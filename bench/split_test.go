@@ -68,7 +68,7 @@ func serveGateway(b *testing.B, rn gateway.Runner) (sandboxv1connect.SandboxServ
 // same process (LocalRunner) and behind runnerapi over mTLS on loopback, interleaved in
 // the same run; and directly on the agent for reference.
 func BenchmarkSplitExec(b *testing.B) {
-	s := newStack(b)
+	s := newStack(b, 0)
 	ctx := context.Background()
 
 	ca, err := pki.LoadOrCreateCA(b.TempDir(), "bench CA")
