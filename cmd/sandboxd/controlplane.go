@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -37,24 +36,13 @@ func controlPlaneCmd(args []string) error {
 		return err
 	}
 	logger := newLogger(*verbose)
-	if *pkiDir == "" {
-		*pkiDir = filepath.Join(*dataDir, "pki")
-	}
-	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ca, err := pki.LoadOrCreateCA(*pkiDir, platformCAName)
-	if err != nil {
-		return fmt.Errorf("platform CA: %w", err)
-	}
-	st, err := openStoreWithAdmin(ctx, *dataDir, *storeDSN)
+	ca, st, keys, err := openPlatform(ctx, *dataDir, pkiDir, *storeDSN, logger)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	keys := auth.NewStoreAuthenticator(st, logger)
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Auth: keys, CA: ca, HeartbeatInterval: *interval, Logger: logger,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
@@ -78,18 +66,7 @@ func controlPlaneCmd(args []string) error {
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	fmt.Printf("control plane listening on https://%s (CA: %s)\n", ln.Addr(), filepath.Join(*pkiDir, "ca.pem"))
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ServeTLS(ln, "", "") }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	logger.Info("control plane shutting down; runners keep their last-known policy")
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	return nil
+	return serveUntilDone(ctx, srv, ln, logger, "control plane shutting down; runners keep their last-known policy")
 }
 
 // controlPlaneProxy forwards the admin API to the control plane at addr over TLS

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -118,23 +117,10 @@ func dev(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: controlplane.Route(cp.Handler(), gw.Handler()), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
+	srv := newAPIServer(controlplane.Route(cp.Handler(), gw.Handler()))
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	logger.Info("shutting down; sandboxes keep running and are re-adopted on the next start")
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	return nil
+	return serveUntilDone(ctx, srv, ln, logger, "shutting down; sandboxes keep running and are re-adopted on the next start")
 }
 
 // openStore opens the store named by dsn, by default the SQLite file in dataDir.

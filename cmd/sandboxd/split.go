@@ -15,10 +15,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
@@ -171,18 +169,7 @@ func runnerCmd(args []string) error {
 	}
 	srv := rs.HTTPServer(tlsCfg)
 	fmt.Printf("runner %s listening on %s\n", *runnerID, ln.Addr())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ServeTLS(ln, "", "") }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	logger.Info("shutting down; sandboxes keep running and are re-adopted on the next start")
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	return nil
+	return serveUntilDone(ctx, srv, ln, logger, "shutting down; sandboxes keep running and are re-adopted on the next start")
 }
 
 // gatewayCmd serves the public API and places sandboxes on runners in other processes.
@@ -204,25 +191,13 @@ func gatewayCmd(args []string) error {
 		return errors.New("at least one --runner ID=HOST:PORT is required")
 	}
 	logger := newLogger(*verbose)
-	if *pkiDir == "" {
-		*pkiDir = filepath.Join(*dataDir, "pki")
-	}
-	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	ca, err := pki.LoadOrCreateCA(*pkiDir, platformCAName)
-	if err != nil {
-		return fmt.Errorf("platform CA: %w", err)
-	}
-	st, err := openStoreWithAdmin(ctx, *dataDir, *storeDSN)
+	ca, st, keys, err := openPlatform(ctx, *dataDir, pkiDir, *storeDSN, logger)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	keys := auth.NewStoreAuthenticator(st, logger)
 	var rs []gateway.Runner
 	for _, r := range runners {
 		id, addr, ok := strings.Cut(r, "=")
@@ -271,22 +246,10 @@ func gatewayCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: controlplane.Route(admin, gw.Handler()), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
+	srv := newAPIServer(controlplane.Route(admin, gw.Handler()))
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	return nil
+	return serveUntilDone(ctx, srv, ln, logger, "")
 }
 
 // runnerStatus is what a heartbeat reports of r.
