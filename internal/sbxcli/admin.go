@@ -38,12 +38,7 @@ func (a *app) adminCommand() *cobra.Command {
 }
 
 func (a *app) admin() (*sandbox.Admin, error) {
-	var opts []sandbox.Option
-	if a.caFile != "" {
-		opts = append(opts, sandbox.WithCAFile(a.caFile))
-	}
-	opts = append(opts, sandbox.WithUserAgent("sbx"))
-	return sandbox.NewAdmin(a.baseURL, a.apiKey, opts...)
+	return sandbox.NewAdmin(a.baseURL, a.apiKey, a.clientOptions()...)
 }
 
 // readPolicy reads a JSON policy document from path ("-" is stdin).

@@ -104,12 +104,16 @@ in CWSANDBOX_API_KEY; --base-url and --api-key override them.`,
 }
 
 func (a *app) client() (*sandbox.Client, error) {
-	var opts []sandbox.Option
+	return sandbox.New(a.baseURL, a.apiKey, a.clientOptions()...)
+}
+
+// clientOptions are the connection options of both the sandbox and the admin client.
+func (a *app) clientOptions() []sandbox.Option {
+	opts := []sandbox.Option{sandbox.WithUserAgent("sbx")}
 	if a.caFile != "" {
 		opts = append(opts, sandbox.WithCAFile(a.caFile))
 	}
-	opts = append(opts, sandbox.WithUserAgent("sbx"))
-	return sandbox.New(a.baseURL, a.apiKey, opts...)
+	return opts
 }
 
 func (a *app) json() bool { return a.output == "json" }
