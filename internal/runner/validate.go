@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -110,22 +111,17 @@ func validate(req *CreateRequest) error {
 	return vs.err()
 }
 
-// checkPath accepts absolute paths without NUL bytes or '..' elements.
+// checkPath accepts absolute paths without NUL bytes or '..' elements (the agent's own
+// rule for file paths, plus absolute: there is no working directory yet at creation).
 func checkPath(p string) error {
+	if err := agent.ValidatePath(p); err != nil {
+		return err
+	}
 	switch {
-	case p == "":
-		return fmt.Errorf("is required")
-	case strings.ContainsRune(p, 0):
-		return fmt.Errorf("must not contain NUL bytes")
 	case !path.IsAbs(p):
 		return fmt.Errorf("must be absolute, got %q", p)
-	case p == "/":
+	case path.Clean(p) == "/":
 		return fmt.Errorf("must name a file, got %q", p)
-	}
-	for _, el := range strings.Split(p, "/") {
-		if el == ".." {
-			return fmt.Errorf("must not contain '..' elements, got %q", p)
-		}
 	}
 	return nil
 }
