@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"sigs.k8s.io/yaml"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
@@ -41,7 +43,7 @@ func (a *app) admin() (*sandbox.Admin, error) {
 	return sandbox.NewAdmin(a.baseURL, a.apiKey, a.clientOptions()...)
 }
 
-// readPolicy reads a JSON policy document from path ("-" is stdin).
+// readPolicy reads a policy document, YAML or JSON, from path ("-" is stdin).
 func (a *app) readPolicy(path string) (*structpb.Struct, error) {
 	var b []byte
 	var err error
@@ -53,13 +55,23 @@ func (a *app) readPolicy(path string) (*structpb.Struct, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read policy: %w", err)
 	}
-	t := bytes.TrimSpace(b)
+	return parsePolicy(path, b)
+}
+
+// parsePolicy parses a YAML or JSON (JSON is YAML) policy document, which must be a
+// mapping: {} is the permissive policy.
+func parsePolicy(name string, b []byte) (*structpb.Struct, error) {
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", name, err)
+	}
+	t := bytes.TrimSpace(j)
 	if len(t) == 0 || t[0] != '{' {
-		return nil, fmt.Errorf("policy %s: the document must be a JSON object ({} is the permissive policy)", path)
+		return nil, fmt.Errorf("policy %s: the document must be a mapping ({} is the permissive policy)", name)
 	}
 	var p structpb.Struct
 	if err := protojson.Unmarshal(t, &p); err != nil {
-		return nil, fmt.Errorf("policy %s: %w", path, err)
+		return nil, fmt.Errorf("policy %s: %w", name, err)
 	}
 	return &p, nil
 }
@@ -333,10 +345,78 @@ func (a *app) policyCommand() *cobra.Command {
 			return err
 		},
 	}
-	set.Flags().StringVarP(&file, "file", "f", "", "policy document (JSON; - for stdin)")
+	set.Flags().StringVarP(&file, "file", "f", "", "policy document (YAML or JSON; - for stdin)")
 	set.Flags().StringVar(&etag, "etag", "", "replace only if the runner still has this etag (from `policy get`)")
-	pol.AddCommand(set)
+	pol.AddCommand(set, a.policyEditCommand())
 	return pol
+}
+
+// policyEditCommand opens the policy in $EDITOR (YAML) and sets it, pinned to the etag
+// it was read at, so a concurrent change is never overwritten.
+func (a *app) policyEditCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "edit RUNNER_ID",
+		Short: "Edit the policy in $EDITOR and replace it if nobody changed it meanwhile",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.getRunner(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			j, err := json.Marshal(policyValue(r.GetPolicy()))
+			if err != nil {
+				return err
+			}
+			doc, err := yaml.JSONToYAML(j)
+			if err != nil {
+				return err
+			}
+			f, err := os.CreateTemp("", "sbx-policy-*.yaml")
+			if err != nil {
+				return err
+			}
+			defer func() { _ = os.Remove(f.Name()) }()
+			header := fmt.Sprintf("# Policy of runner %s (revision %d). Save and quit to apply; an empty file cancels.\n", args[0], r.GetPolicyRevision())
+			if _, err := f.WriteString(header + string(doc)); err != nil {
+				return err
+			}
+			_ = f.Close()
+			editor := os.Getenv("EDITOR")
+			if editor == "" {
+				editor = "vi"
+			}
+			ed := exec.CommandContext(cmd.Context(), "sh", "-c", editor+` "$1"`, "sh", f.Name())
+			ed.Stdin, ed.Stdout, ed.Stderr = os.Stdin, a.stdout, a.stderr
+			if err := ed.Run(); err != nil {
+				return fmt.Errorf("editor: %w", err)
+			}
+			edited, err := os.ReadFile(f.Name())
+			if err != nil {
+				return err
+			}
+			if len(bytes.TrimSpace(edited)) == 0 {
+				_, err = fmt.Fprintln(a.stderr, "empty file: policy unchanged")
+				return err
+			}
+			p, err := parsePolicy(f.Name(), edited)
+			if err != nil {
+				return err
+			}
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			out, err := adm.Runners.UpdateManagedRunner(cmd.Context(), connect.NewRequest(&controlplanev1.UpdateManagedRunnerRequest{
+				ManagedRunner: &controlplanev1.ManagedRunner{RunnerId: args[0], Policy: p, Etag: r.GetEtag()},
+				UpdateMask:    &fieldmaskpb.FieldMask{Paths: []string{"policy"}},
+			}))
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "policy of runner %s set (revision %d, etag %s)\n", args[0], out.Msg.GetPolicyRevision(), out.Msg.GetEtag())
+			return err
+		},
+	}
 }
 
 // policyValue is the policy as a JSON value: nil (null) when never set.

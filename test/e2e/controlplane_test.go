@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -603,6 +604,24 @@ func TestControlPlaneSbxAdmin(t *testing.T) {
 	}
 	if _, errs, code := sbx(`{"constraints":{"lifetime":{"max_seconds":-5}}}`, "admin", "runner", "policy", "set", "cli-1", "-f", "-"); code == 0 || !strings.Contains(errs, "policy.constraints.lifetime.max_seconds") {
 		t.Errorf("invalid policy set: %d %s", code, errs)
+	}
+	// YAML from a file, and `policy edit` through an editor that rewrites the document.
+	yamlFile := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(yamlFile, []byte("# strict\nconstraints:\n  lifetime:\n    max_seconds: 900 # fifteen minutes\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := sbx("", "admin", "runner", "policy", "set", "cli-1", "-f", yamlFile); code != 0 || !strings.Contains(out, "set") {
+		t.Fatalf("policy set from YAML: %d %s %s", code, out, errs)
+	}
+	if out, _, _ := sbx("", "admin", "runner", "policy", "get", "cli-1"); !strings.Contains(out, `"max_seconds": 900`) {
+		t.Errorf("policy after YAML set: %s", out)
+	}
+	t.Setenv("EDITOR", `sed -i 's/max_seconds: 900/max_seconds: 1200/'`)
+	if out, errs, code := sbx("", "admin", "runner", "policy", "edit", "cli-1"); code != 0 || !strings.Contains(out, "set") {
+		t.Fatalf("policy edit: %d %s %s", code, out, errs)
+	}
+	if out, _, _ := sbx("", "admin", "runner", "policy", "get", "cli-1"); !strings.Contains(out, `"max_seconds": 1200`) {
+		t.Errorf("policy after edit: %s", out)
 	}
 	if out, _, code := sbx("", "admin", "runner", "ls"); code != 0 || !strings.Contains(out, "cli-1") || !strings.Contains(out, "cli-unset") {
 		t.Errorf("ls: %d %s", code, out)
