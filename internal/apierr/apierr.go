@@ -38,6 +38,7 @@ const (
 	FileIOFailed            = "CWSANDBOX_FILE_IO_FAILED"
 	FSSNotSupported         = "CWSANDBOX_FSS_NOT_SUPPORTED"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
+	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 )
 
 // Violation names a request field and what is wrong with it.
@@ -62,7 +63,11 @@ func Newf(code connect.Code, reason, format string, args ...any) *connect.Error 
 
 // Invalid returns INVALID_ARGUMENT with reason and a BadRequest listing violations.
 func Invalid(reason, msg string, vs []Violation) *connect.Error {
-	err := New(connect.CodeInvalidArgument, reason, msg, nil)
+	return WithViolations(New(connect.CodeInvalidArgument, reason, msg, nil), vs)
+}
+
+// WithViolations adds a BadRequest listing vs (nothing when vs is empty).
+func WithViolations(err *connect.Error, vs []Violation) *connect.Error {
 	if len(vs) == 0 {
 		return err
 	}

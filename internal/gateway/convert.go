@@ -12,13 +12,11 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
-
-// maxRunnerIDs bounds runner_ids in a request.
-const maxRunnerIDs = 100
 
 // supportedRuntimeClasses are the runtime classes the local runner offers today.
 var supportedRuntimeClasses = []string{"runc"}
@@ -123,18 +121,7 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 			unsupported = append(unsupported, "service visibility and public endpoints")
 		}
 	}
-	if len(spec.GetRunnerIds()) > maxRunnerIDs {
-		add("sandbox.spec.runner_ids", "at most %d runner IDs, got %d", maxRunnerIDs, len(spec.GetRunnerIds()))
-	}
-	seenRunners := map[string]bool{}
-	for i, id := range spec.GetRunnerIds() {
-		if strings.TrimSpace(id) == "" {
-			add(fmt.Sprintf("sandbox.spec.runner_ids[%d]", i), "must not be blank")
-		} else if seenRunners[id] {
-			add(fmt.Sprintf("sandbox.spec.runner_ids[%d]", i), "duplicate runner ID %q", id)
-		}
-		seenRunners[id] = true
-	}
+	vs = append(vs, placement.RunnerIDViolations(spec.GetRunnerIds())...)
 	if len(spec.GetVolumes()) > 0 {
 		unsupported = append(unsupported, "volumes")
 	}

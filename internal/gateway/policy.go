@@ -5,10 +5,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"connectrpc.com/connect"
-
-	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/policy"
 )
 
@@ -26,34 +22,27 @@ func platform() policy.Platform {
 	return p
 }
 
-// resolve merges the runner's policy into spec and checks its constraints: the runner
-// accepts the resolved spec or the caller learns every violation. Nothing is narrowed.
-func (s *Server) resolve(ctx context.Context, r Runner, spec *sandboxv1.SandboxSpec) (policy.Result, error) {
+// policyOf returns runner id's current policy (the empty policy when none is set) and
+// its revision.
+func (s *Server) policyOf(ctx context.Context, id string) (*policy.Policy, string, error) {
 	var (
 		doc []byte
 		rev int64
 	)
 	if s.policies != nil {
 		var err error
-		doc, rev, err = s.policies.Policy(ctx, r.ID())
+		doc, rev, err = s.policies.Policy(ctx, id)
 		if err != nil {
-			return policy.Result{}, apierr.WithRetry(apierr.Newf(connect.CodeUnavailable, apierr.RunnerUnavailable,
-				"policy of runner %s unavailable: %v", r.ID(), err), 0)
+			return nil, "", fmt.Errorf("policy of runner %s unavailable: %w", id, err)
 		}
 	}
 	p := &policy.Policy{}
 	if len(doc) > 0 {
 		parsed, err := policy.Parse(doc)
 		if err != nil {
-			return policy.Result{}, connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", r.ID(), err))
+			return nil, "", fmt.Errorf("policy of runner %s: %w", id, err)
 		}
 		p = parsed
 	}
-	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), spec, platform())
-	if !res.OK() {
-		vs := policy.ToAPI(res.Violations)
-		return res, apierr.Invalid(policy.Reason(res.Violations),
-			fmt.Sprintf("runner %s's policy rejects this sandbox: %s", r.ID(), describe(vs)), vs)
-	}
-	return res, nil
+	return p, strconv.FormatInt(rev, 10), nil
 }

@@ -28,24 +28,35 @@ type Runner interface {
 
 // Capacity is what a runner offers and what its live sandboxes take.
 type Capacity struct {
-	MilliCPU, MemoryBytes         int64 // allocatable
+	MilliCPU, MemoryBytes         int64 // allocatable; 0 = not reported
+	GPUs                          int64 // allocatable
 	UsedMilliCPU, UsedMemoryBytes int64
+	UsedGPUs                      int64
 	Running                       int
-	ConnectedAt                   time.Time
-	Architectures                 []string
+	// MaxSandboxes limits the live sandboxes on the runner; 0 = no limit.
+	MaxSandboxes  int
+	ConnectedAt   time.Time
+	Architectures []string
 }
+
+// DefaultMaxSandboxes is a local runner's sandbox count limit unless configured.
+const DefaultMaxSandboxes = 200
 
 // LocalRunner serves the gateway from a runner in the same process.
 type LocalRunner struct {
-	RunnerID    string
-	GroupID     string
-	R           *runner.Runner
-	connectedAt time.Time
+	RunnerID string
+	GroupID  string
+	R        *runner.Runner
+	// MilliCPU, MemoryBytes and MaxSandboxes override what the runner offers (default:
+	// the host's CPUs and memory, DefaultMaxSandboxes).
+	MilliCPU, MemoryBytes int64
+	MaxSandboxes          int
+	connectedAt           time.Time
 }
 
 // NewLocalRunner wraps r.
 func NewLocalRunner(id string, r *runner.Runner) *LocalRunner {
-	return &LocalRunner{RunnerID: id, GroupID: "default", R: r, connectedAt: time.Now()}
+	return &LocalRunner{RunnerID: id, GroupID: "default", R: r, MaxSandboxes: DefaultMaxSandboxes, connectedAt: time.Now()}
 }
 
 func (l *LocalRunner) ID() string    { return l.RunnerID }
@@ -67,14 +78,21 @@ func (l *LocalRunner) Agent(ctx context.Context, id string) (agentv1connect.Agen
 	return l.R.Agent(ctx, id)
 }
 
-// Capacity reports the host's CPUs and memory as allocatable and sums the limits of live
-// sandboxes (a sandbox without limits counts as none).
+// Capacity reports the host's CPUs and memory (or the configured amounts) as allocatable
+// and sums the limits of live sandboxes (a sandbox without limits counts as none).
 func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 	c := Capacity{
-		MilliCPU:      int64(goruntime.NumCPU()) * 1000,
-		MemoryBytes:   hostMemory(),
+		MilliCPU:      l.MilliCPU,
+		MemoryBytes:   l.MemoryBytes,
+		MaxSandboxes:  l.MaxSandboxes,
 		ConnectedAt:   l.connectedAt,
 		Architectures: []string{goruntime.GOARCH},
+	}
+	if c.MilliCPU <= 0 {
+		c.MilliCPU = int64(goruntime.NumCPU()) * 1000
+	}
+	if c.MemoryBytes <= 0 {
+		c.MemoryBytes = hostMemory()
 	}
 	for _, sb := range l.R.List() {
 		if sb.State.Terminal() {

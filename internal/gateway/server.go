@@ -22,6 +22,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
@@ -64,6 +65,8 @@ type Server struct {
 	index     *index
 	retention time.Duration
 	log       *slog.Logger
+	// reserved holds the resources of creates in flight until their runner answers.
+	reserved placement.Reservations
 }
 
 // New returns a Server.
@@ -173,29 +176,21 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 			return connect.NewResponse(toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
 		}
 	}
-	// Shape first, on what the caller sent; then the runner's policy; then the runner.
+	// Shape first, on what the caller sent; then placement (the runners' policies and
+	// capacity); then the runner.
 	asked := req.Msg.GetSandbox().GetSpec()
 	if _, err := toCreateRequest(asked); err != nil {
 		return nil, err
 	}
-	r, err := s.place(asked)
+	cands, err := s.place(ctx, asked)
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.resolve(ctx, r, asked)
+	r, res, sb, err := s.createOn(ctx, cands, p.Org)
 	if err != nil {
 		return nil, err
 	}
 	spec := res.Spec
-	cr, err := toCreateRequest(spec)
-	if err != nil {
-		return nil, err
-	}
-	cr.Spec.Meta = map[string]string{"sandboxd.org": p.Org, "sandboxd.policy_revision": res.PolicyRevision}
-	sb, err := r.Create(ctx, cr)
-	if err != nil {
-		return nil, runnerError("", err)
-	}
 	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: spec, createdAt: sb.CreatedAt, last: sb}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, req.Msg.GetRequestId()); err != nil {
@@ -203,24 +198,8 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 		_, _ = r.Delete(context.WithoutCancel(ctx), sb.ID, 0)
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
-	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", cr.Spec.Image)
+	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", primary(spec).GetImage())
 	return connect.NewResponse(toProto(sb.ID, spec, sb, r)), nil
-}
-
-// place picks the runner for a new sandbox: the first one allowed by runner_ids. (Policy-
-// and capacity-aware placement across many runners comes with the control plane.)
-func (s *Server) place(spec *sandboxv1.SandboxSpec) (Runner, error) {
-	for _, r := range s.runners {
-		if len(spec.GetRunnerIds()) == 0 || slices.Contains(spec.GetRunnerIds(), r.ID()) {
-			return r, nil
-		}
-	}
-	known := make([]string, len(s.runners))
-	for i, r := range s.runners {
-		known[i] = r.ID()
-	}
-	return nil, apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
-		fmt.Sprintf("no runner among %v: available runners are %v", spec.GetRunnerIds(), known), nil)
 }
 
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {

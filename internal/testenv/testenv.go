@@ -67,7 +67,8 @@ func (e *Env) Close() {
 	e.stopRegistry()
 	os.RemoveAll(e.dir)
 	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.CgroupParent)
-	for _, p := range parents {
+	more, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.CgroupParent + "-[0-9]") // StackConfigN's
+	for _, p := range append(parents, more...) {
 		_ = os.Remove(p) // rmdir: fails, rightly, if a sandbox's cgroup is still inside
 	}
 }
@@ -84,6 +85,26 @@ func (e *Env) Stack(dataDir string) (*stack.Stack, error) {
 // StackConfig is the stack configuration Stack uses, for tests that change some of it
 // (e.g. turn on the warm pool).
 func (e *Env) StackConfig(dataDir string) stack.Config {
+	return e.StackConfigN(dataDir, 0)
+}
+
+// StackConfigN is the configuration of this process's n-th independent stack (n ≤ 9),
+// for tests that run several runners side by side: stack 0 is StackConfig's; stack n>0
+// has its own bridge, /24 subnet, nftables table and cgroup parent.
+func (e *Env) StackConfigN(dataDir string, n int) stack.Config {
+	c := e.stackConfig(dataDir)
+	if n == 0 {
+		return c
+	}
+	c.Bridge = fmt.Sprintf("%s%d", e.Bridge, n%10)
+	c.NetTable = "sandboxd_" + c.Bridge
+	// 10.250-255.<pid mod 256>.0: beside stack 0's 10.200-249 range.
+	c.Subnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(250 + n%6), byte(os.Getpid()), 0}), 24)
+	c.CgroupParent = fmt.Sprintf("%s-%d", e.CgroupParent, n)
+	return c
+}
+
+func (e *Env) stackConfig(dataDir string) stack.Config {
 	return stack.Config{
 		DataDir:            dataDir,
 		AgentBinary:        e.AgentBin,

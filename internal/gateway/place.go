@@ -1,0 +1,123 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway/placement"
+	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// viewTimeout bounds how long placement waits for one runner's capacity and policy; a
+// runner that does not answer in time is treated as unavailable.
+const viewTimeout = 5 * time.Second
+
+// place returns the runners that accept spec and have room for it, best first (see
+// package placement for the errors).
+func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]placement.Candidate, error) {
+	return placement.Place(placement.Request{
+		Spec:         spec,
+		Runners:      s.views(ctx, spec.GetRunnerIds()),
+		Platform:     platform(),
+		Reservations: &s.reserved,
+	})
+}
+
+// views is the placement view of every runner, fetched in parallel; runners outside
+// pins (when given) are not asked.
+func (s *Server) views(ctx context.Context, pins []string) []placement.Runner {
+	out := make([]placement.Runner, len(s.runners))
+	var wg sync.WaitGroup
+	for i, r := range s.runners {
+		out[i] = placement.Runner{ID: r.ID(), Group: r.Group(), NotReady: "not asked"}
+		if len(pins) > 0 && !slices.Contains(pins, r.ID()) {
+			continue
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, viewTimeout)
+			defer cancel()
+			v := &out[i]
+			c, err := r.Capacity(ctx)
+			if err != nil {
+				v.NotReady = err.Error()
+				return
+			}
+			p, rev, err := s.policyOf(ctx, r.ID())
+			if err != nil {
+				v.NotReady = err.Error()
+				return
+			}
+			v.Ready, v.NotReady = true, ""
+			v.Policy, v.PolicyRevision = p, rev
+			v.Allocatable = placement.Resources{MilliCPU: c.MilliCPU, MemoryBytes: c.MemoryBytes, GPUs: c.GPUs}
+			v.Used = placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}
+			v.MaxSandboxes, v.Sandboxes = c.MaxSandboxes, c.Running
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// createOn creates the sandbox on the first candidate that takes it: capacity is
+// reserved while the runner's Create is in flight, and a runner that rejects the sandbox
+// (its policy changed, it filled up, it went away) passes it to the next candidate.
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org string) (Runner, policy.Result, runner.Sandbox, error) {
+	var (
+		last error
+		full []string
+	)
+	for k, c := range cands {
+		release, ok := s.reserved.Claim(c)
+		if !ok {
+			full = append(full, c.RunnerID+": its room is taken by creates in flight")
+			continue
+		}
+		r := s.runners[c.Index]
+		cr, err := toCreateRequest(c.Result.Spec)
+		if err != nil {
+			release()
+			return nil, policy.Result{}, runner.Sandbox{}, err
+		}
+		cr.Spec.Meta = map[string]string{"sandboxd.org": org, "sandboxd.policy_revision": c.Result.PolicyRevision}
+		sb, err := r.Create(ctx, cr)
+		release() // the runner's usage includes the sandbox from now on
+		if err == nil {
+			return r, c.Result, sb, nil
+		}
+		last = runnerError("", err)
+		if ctx.Err() != nil || !rejectedByRunner(err) || k == len(cands)-1 {
+			return nil, policy.Result{}, runner.Sandbox{}, last
+		}
+		s.log.Info("runner rejected a placement; trying the next candidate", "runner", c.RunnerID, "err", err)
+	}
+	if last != nil {
+		return nil, policy.Result{}, runner.Sandbox{}, last
+	}
+	return nil, policy.Result{}, runner.Sandbox{}, placement.CapacityExhausted(full)
+}
+
+// rejectedByRunner reports whether a runner's Create error means "not here" rather than
+// "not like this": another runner may take the sandbox.
+func rejectedByRunner(err error) bool {
+	var verr *runner.ValidationError
+	if errors.As(err, &verr) {
+		return true // e.g. its policy changed since the gateway's copy
+	}
+	switch apierr.Reason(err) {
+	case apierr.PlacementRejected, apierr.ResourceCeilingExceeded, apierr.RunnerCapacityExhausted, apierr.RunnerUnavailable:
+		return true
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeResourceExhausted, connect.CodeUnavailable:
+		return true
+	}
+	return false
+}

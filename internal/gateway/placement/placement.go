@@ -1,0 +1,336 @@
+// Package placement decides which runner a new sandbox goes to. It is pure: the caller
+// gives the request and its view of every runner (readiness, cached policy, capacity,
+// usage), and gets back the runners that accept the sandbox and have room, best first,
+// or the error that tells the user what to change or what to ask an administrator for.
+//
+// A runner is a candidate when it is connected and ready, inside runner_ids when given,
+// its policy (resolved with the same code the runner uses) accepts the spec, and its free
+// CPU, memory, GPUs and sandbox slots (allocatable − usage − outstanding reservations)
+// fit the resolved requests. Candidates are ordered by load after placement (the larger
+// of CPU and memory utilisation), least loaded first; ties are broken randomly.
+package placement
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/quantity"
+)
+
+// MaxRunnerIDs bounds runner_ids in a request.
+const MaxRunnerIDs = 100
+
+// RetryAfter is the delay RetryInfo suggests when runners are full or down.
+const RetryAfter = 5 * time.Second
+
+// Resources is an amount of CPU, memory and GPUs.
+type Resources struct {
+	MilliCPU    int64
+	MemoryBytes int64
+	GPUs        int64
+}
+
+func (r Resources) add(o Resources) Resources {
+	return Resources{r.MilliCPU + o.MilliCPU, r.MemoryBytes + o.MemoryBytes, r.GPUs + o.GPUs}
+}
+
+func (r Resources) sub(o Resources) Resources {
+	return Resources{r.MilliCPU - o.MilliCPU, r.MemoryBytes - o.MemoryBytes, r.GPUs - o.GPUs}
+}
+
+// Runner is the caller's view of one runner.
+type Runner struct {
+	ID    string
+	Group string
+	// Ready: connected and ready to take sandboxes. NotReady says why not (for messages).
+	Ready    bool
+	NotReady string
+	// Policy is the runner's policy as last seen (nil = the empty policy) and
+	// PolicyRevision its revision.
+	Policy         *policy.Policy
+	PolicyRevision string
+	// Allocatable is what the runner offers. A zero MilliCPU or MemoryBytes means the
+	// runner did not report it: that dimension is not checked. GPUs are checked always
+	// (zero means none).
+	Allocatable Resources
+	// MaxSandboxes limits the live sandboxes on the runner; 0 = no limit.
+	MaxSandboxes int
+	// Used is what the runner's live sandboxes take, Sandboxes how many there are.
+	Used      Resources
+	Sandboxes int
+}
+
+// Request is one placement decision.
+type Request struct {
+	Spec     *sandboxv1.SandboxSpec
+	Runners  []Runner
+	Platform policy.Platform
+	// Reservations of placements in flight; nil = none.
+	Reservations *Reservations
+	// Default is what a container counts for a quantity it neither limits nor requests
+	// (zero: it counts nothing).
+	Default Resources
+	// Rand breaks ties; nil uses the global source.
+	Rand *rand.Rand
+}
+
+// Candidate is a runner that accepts the sandbox and has room for it.
+type Candidate struct {
+	// Index of the runner in Request.Runners, and its ID.
+	Index    int
+	RunnerID string
+	// Result is the runner's resolution of the spec (accepted): create Result.Spec and
+	// record Result.PolicyRevision.
+	Result policy.Result
+	// Need is what the resolved sandbox takes.
+	Need Resources
+	// Load is the runner's utilisation after placement, 0..1 (or more if overcommitted).
+	Load float64
+
+	// free is allocatable − used (before reservations); for Reservations.Claim.
+	free    Resources
+	checked [2]bool // CPU, memory checked (allocatable reported)
+	max     int     // MaxSandboxes; 0 = no limit
+	running int     // Sandboxes
+}
+
+// Place returns the candidates, best first, or the error for the user:
+//   - runner_ids invalid: INVALID_ARGUMENT CWSANDBOX_INVALID_REQUEST;
+//   - runner_ids names no known runner: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER;
+//   - a single runner considered whose policy rejects the spec: INVALID_ARGUMENT with the
+//     policy's reason and its violations (as a single-runner gateway always answered);
+//   - several runners considered, none whose policy accepts: FAILED_PRECONDITION
+//     CWSANDBOX_NO_SUITABLE_RUNNER with every runner's violations, fields prefixed with
+//     runner[ID].;
+//   - some policy accepts but no runner has room: RESOURCE_EXHAUSTED
+//     CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED with RetryInfo;
+//   - every runner considered is down: UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE with
+//     RetryInfo.
+func Place(req Request) ([]Candidate, error) {
+	pins := req.Spec.GetRunnerIds()
+	if err := ValidateRunnerIDs(pins); err != nil {
+		return nil, err
+	}
+	considered := make([]int, 0, len(req.Runners))
+	for i, r := range req.Runners {
+		if len(pins) == 0 || slices.Contains(pins, r.ID) {
+			considered = append(considered, i)
+		}
+	}
+	if len(considered) == 0 {
+		known := make([]string, len(req.Runners))
+		for i, r := range req.Runners {
+			known[i] = r.ID
+		}
+		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
+			fmt.Sprintf("no runner among %v: available runners are %v", pins, known), nil)
+	}
+
+	var (
+		cands    []Candidate
+		down     []string           // runner IDs
+		full     []string           // "r1: needs …, free …"
+		rejected []apierr.Violation // prefixed
+		single   policy.Result      // the one rejection when one runner is considered
+		resolved = map[*policy.Policy]policy.Result{}
+	)
+	for _, i := range considered {
+		r := req.Runners[i]
+		if !r.Ready {
+			down = append(down, r.ID)
+			why := r.NotReady
+			if why == "" {
+				why = "not connected"
+			}
+			rejected = append(rejected, apierr.Violation{Field: "runner[" + r.ID + "]", Description: "runner is unavailable: " + why})
+			continue
+		}
+		// Runners sharing a policy (a group) share its resolution.
+		res, ok := resolved[r.Policy]
+		if !ok {
+			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, req.Platform)
+			resolved[r.Policy] = res
+		}
+		res.PolicyRevision = r.PolicyRevision
+		if !res.OK() {
+			single = res
+			for _, v := range policy.ToAPI(res.Violations) {
+				v.Field = "runner[" + r.ID + "]." + v.Field
+				rejected = append(rejected, v)
+			}
+			continue
+		}
+		c := candidate(i, r, res, req.Default)
+		reserved, n := req.Reservations.Held(r.ID)
+		if why := c.misfit(reserved, n); why != "" {
+			full = append(full, r.ID+": "+why)
+			continue
+		}
+		c.Load = load(r, c.Need.add(reserved), n+1)
+		cands = append(cands, c)
+	}
+	if len(cands) > 0 {
+		shuffle := rand.Shuffle
+		if req.Rand != nil {
+			shuffle = req.Rand.Shuffle
+		}
+		shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
+		slices.SortStableFunc(cands, func(a, b Candidate) int {
+			switch {
+			case a.Load < b.Load:
+				return -1
+			case a.Load > b.Load:
+				return 1
+			}
+			return 0
+		})
+		return cands, nil
+	}
+	switch {
+	case len(full) > 0:
+		return nil, CapacityExhausted(full)
+	case len(down) == len(considered):
+		return nil, apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
+			fmt.Sprintf("runner %s unavailable: %s", strings.Join(down, ", "), describe(rejected)),
+			map[string]string{"runner_ids": strings.Join(down, ",")}), RetryAfter)
+	case len(considered) == 1:
+		vs := policy.ToAPI(single.Violations)
+		return nil, apierr.Invalid(policy.Reason(single.Violations),
+			fmt.Sprintf("runner %s's policy rejects this sandbox: %s", req.Runners[considered[0]].ID, describe(vs)), vs)
+	}
+	ids := make([]string, len(considered))
+	for k, i := range considered {
+		ids[k] = req.Runners[i].ID
+	}
+	return nil, apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
+		fmt.Sprintf("no runner accepts this sandbox: %s", describe(rejected)),
+		map[string]string{"runner_ids": strings.Join(ids, ",")}), rejected)
+}
+
+// CapacityExhausted is the error for policies that accept a sandbox on runners without
+// room for it; why says, per runner, what was missing.
+func CapacityExhausted(why []string) *connect.Error {
+	return apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
+		"no runner has room for this sandbox now: "+strings.Join(why, "; "), nil), RetryAfter)
+}
+
+// ValidateRunnerIDs checks runner_ids: at most MaxRunnerIDs, none blank, no duplicate.
+func ValidateRunnerIDs(ids []string) error {
+	if vs := RunnerIDViolations(ids); len(vs) > 0 {
+		return apierr.Invalid(apierr.InvalidRequest, "invalid runner_ids: "+describe(vs), vs)
+	}
+	return nil
+}
+
+// RunnerIDViolations lists what is wrong with runner_ids, for a caller collecting every
+// problem of a request at once.
+func RunnerIDViolations(ids []string) []apierr.Violation {
+	var vs []apierr.Violation
+	if len(ids) > MaxRunnerIDs {
+		vs = append(vs, apierr.Violation{Field: "sandbox.spec.runner_ids", Description: fmt.Sprintf("at most %d runner IDs, got %d", MaxRunnerIDs, len(ids))})
+	}
+	seen := make(map[string]bool, len(ids))
+	for i, id := range ids {
+		f := fmt.Sprintf("sandbox.spec.runner_ids[%d]", i)
+		switch {
+		case strings.TrimSpace(id) == "":
+			vs = append(vs, apierr.Violation{Field: f, Description: "must not be blank"})
+		case seen[id]:
+			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("duplicate runner ID %q", id)})
+		}
+		seen[id] = true
+	}
+	return vs
+}
+
+// Need is what a resolved spec takes: per container its limit, else its request, else
+// def, summed; GPUs are the largest count a container states.
+func Need(spec *sandboxv1.SandboxSpec, def Resources) Resources {
+	var n Resources
+	for _, c := range spec.GetContainers() {
+		legacy, lim, req := c.GetResources(), c.GetResourceRequirements().GetLimits(), c.GetResourceRequirements().GetRequests()
+		cpu := first(legacy.GetCpu(), lim.GetCpu(), req.GetCpu())
+		if v, err := quantity.ParseCPU(cpu); cpu != "" && err == nil {
+			n.MilliCPU += v
+		} else if cpu == "" {
+			n.MilliCPU += def.MilliCPU
+		}
+		mem := first(legacy.GetMemory(), lim.GetMemory(), req.GetMemory())
+		if v, err := quantity.ParseMemory(mem); mem != "" && err == nil {
+			n.MemoryBytes += v
+		} else if mem == "" {
+			n.MemoryBytes += def.MemoryBytes
+		}
+		n.GPUs += max(legacy.GetGpu().GetCount(), lim.GetGpu().GetCount(), req.GetGpu().GetCount())
+	}
+	return n
+}
+
+func first(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+func candidate(i int, r Runner, res policy.Result, def Resources) Candidate {
+	c := Candidate{Index: i, RunnerID: r.ID, Result: res, Need: Need(res.Spec, def), free: r.Allocatable.sub(r.Used)}
+	c.checked = [2]bool{r.Allocatable.MilliCPU > 0, r.Allocatable.MemoryBytes > 0}
+	c.max, c.running = max(r.MaxSandboxes, 0), r.Sandboxes
+	return c
+}
+
+// misfit says why the candidate has no room given reserved resources and n reserved
+// sandboxes, or "" when it fits.
+func (c Candidate) misfit(reserved Resources, n int) string {
+	free := c.free.sub(reserved)
+	var why []string
+	if c.checked[0] && c.Need.MilliCPU > 0 && c.Need.MilliCPU > free.MilliCPU {
+		why = append(why, fmt.Sprintf("needs %s CPU, %s free", quantity.FormatCPU(c.Need.MilliCPU), quantity.FormatCPU(max(free.MilliCPU, 0))))
+	}
+	if c.checked[1] && c.Need.MemoryBytes > 0 && c.Need.MemoryBytes > free.MemoryBytes {
+		why = append(why, fmt.Sprintf("needs %s memory, %s free", quantity.FormatMemory(c.Need.MemoryBytes), quantity.FormatMemory(max(free.MemoryBytes, 0))))
+	}
+	if c.Need.GPUs > 0 && c.Need.GPUs > free.GPUs {
+		why = append(why, fmt.Sprintf("needs %d GPUs, %d free", c.Need.GPUs, max(free.GPUs, 0)))
+	}
+	if c.max > 0 && c.running+n >= c.max {
+		why = append(why, fmt.Sprintf("runs its maximum of %d sandboxes", c.max))
+	}
+	return strings.Join(why, ", ")
+}
+
+// load is the largest of CPU, memory and sandbox-slot utilisation once extra resources
+// and n more sandboxes are placed on r (slots count so that sandboxes without limits
+// spread too).
+func load(r Runner, extra Resources, n int) float64 {
+	var l float64
+	if r.MaxSandboxes > 0 {
+		l = float64(r.Sandboxes+n) / float64(r.MaxSandboxes)
+	}
+	if a := r.Allocatable.MilliCPU; a > 0 {
+		l = max(l, float64(r.Used.MilliCPU+extra.MilliCPU)/float64(a))
+	}
+	if a := r.Allocatable.MemoryBytes; a > 0 {
+		l = max(l, float64(r.Used.MemoryBytes+extra.MemoryBytes)/float64(a))
+	}
+	return l
+}
+
+func describe(vs []apierr.Violation) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = v.Field + " " + v.Description
+	}
+	return strings.Join(parts, "; ")
+}

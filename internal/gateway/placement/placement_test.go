@@ -1,0 +1,345 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/policy"
+)
+
+const gi = int64(1) << 30
+
+func mustPolicy(t testing.TB, doc string) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func spec(cpu, mem string, pins ...string) *sandboxv1.SandboxSpec {
+	c := &sandboxv1.Container{Name: "main", Image: "docker.io/library/busybox:latest"}
+	if cpu != "" || mem != "" {
+		c.Resources = &sandboxv1.Resources{Cpu: cpu, Memory: mem}
+	}
+	return &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{c}, RunnerIds: pins}
+}
+
+// rn is a ready runner with 4 CPUs, 8 GiB and room for 10 sandboxes.
+func rn(id string, p *policy.Policy) Runner {
+	return Runner{ID: id, Ready: true, Policy: p, PolicyRevision: "1", Allocatable: Resources{MilliCPU: 4000, MemoryBytes: 8 * gi}, MaxSandboxes: 10}
+}
+
+func used(r Runner, cpu int64, mem int64, n int) Runner {
+	r.Used, r.Sandboxes = Resources{MilliCPU: cpu, MemoryBytes: mem}, n
+	return r
+}
+
+func down(r Runner) Runner { r.Ready, r.NotReady = false, "no heartbeat"; return r }
+
+func ids(cs []Candidate) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.RunnerID
+	}
+	return out
+}
+
+func retryDelay(err error) time.Duration {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return 0
+	}
+	for _, d := range ce.Details() {
+		if v, _ := d.Value(); v != nil {
+			if ri, ok := v.(*errdetails.RetryInfo); ok {
+				return ri.GetRetryDelay().AsDuration()
+			}
+		}
+	}
+	return 0
+}
+
+func TestPlace(t *testing.T) {
+	strict := mustPolicy(t, `{"constraints": {"resources": {"max_cpu": "1", "max_memory": "1Gi"}}}`)
+	registry := mustPolicy(t, `{"constraints": {"images": {"allowed_registries": ["ghcr.io"]}}}`)
+	free := mustPolicy(t, `{}`)
+	many := make([]string, 101)
+	for i := range many {
+		many[i] = fmt.Sprint("r", i)
+	}
+	tests := []struct {
+		name    string
+		spec    *sandboxv1.SandboxSpec
+		runners []Runner
+		want    []string // candidates in order (unordered when ties)
+		ties    bool
+		code    connect.Code
+		reason  string
+		fields  []string // every violation field (order-free)
+		retry   bool
+	}{
+		{name: "policy filters", spec: spec("2", "1Gi"), runners: []Runner{rn("r1", strict), rn("r2", free)}, want: []string{"r2"}},
+		{name: "least loaded first", spec: spec("1", "1Gi"), runners: []Runner{used(rn("r1", free), 3000, gi, 1), used(rn("r2", free), 1000, gi, 1)}, want: []string{"r2", "r1"}},
+		{name: "memory load counts", spec: spec("1", "1Gi"), runners: []Runner{used(rn("r1", free), 0, 6*gi, 1), used(rn("r2", free), 2000, 0, 1)}, want: []string{"r2", "r1"}},
+		{name: "slot load counts", spec: spec("", ""), runners: []Runner{used(rn("r1", free), 0, 0, 8), used(rn("r2", free), 0, 0, 1)}, want: []string{"r2", "r1"}},
+		{name: "spill when full", spec: spec("2", "1Gi"), runners: []Runner{used(rn("r1", free), 3000, 0, 1), used(rn("r2", free), 3500, 0, 1)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
+		{name: "spill to the one with room", spec: spec("2", "1Gi"), runners: []Runner{used(rn("r1", free), 3000, 0, 1), rn("r2", free)}, want: []string{"r2"}},
+		{name: "sandbox count limit", spec: spec("", ""), runners: []Runner{used(rn("r1", free), 0, 0, 10), used(rn("r2", free), 0, 0, 9)}, want: []string{"r2"}},
+		{name: "memory does not fit", spec: spec("100m", "9Gi"), runners: []Runner{rn("r1", free)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
+		{name: "gpu does not fit", spec: &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox", Resources: &sandboxv1.Resources{Gpu: &sandboxv1.Gpu{Count: 1}}}}}, runners: []Runner{rn("r1", free)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
+		{name: "unreported cpu is not checked", spec: spec("64", ""), runners: []Runner{{ID: "r1", Ready: true}}, want: []string{"r1"}},
+		{name: "pin narrows", spec: spec("100m", "", "r1"), runners: []Runner{rn("r1", free), rn("r2", free)}, want: []string{"r1"}},
+		{name: "pin to a strict runner", spec: spec("2", "512Mi", "r1"), runners: []Runner{rn("r1", strict), rn("r2", free)}, code: connect.CodeInvalidArgument, reason: apierr.PlacementRejected, fields: []string{"sandbox.spec.containers[0].resources.cpu"}},
+		{name: "single runner keeps INVALID_ARGUMENT", spec: spec("2", "2Gi"), runners: []Runner{rn("r1", strict)}, code: connect.CodeInvalidArgument, reason: apierr.PlacementRejected,
+			fields: []string{"sandbox.spec.containers[0].resources.cpu", "sandbox.spec.containers[0].resources.memory"}},
+		{name: "no policy accepts", spec: spec("2", "512Mi"), runners: []Runner{rn("r1", strict), rn("r2", registry)}, code: connect.CodeFailedPrecondition, reason: apierr.NoSuitableRunner,
+			fields: []string{"runner[r1].sandbox.spec.containers[0].resources.cpu", "runner[r2].sandbox.spec.containers[0].image"}},
+		{name: "rejecting and down", spec: spec("2", "512Mi"), runners: []Runner{rn("r1", strict), down(rn("r2", free))}, code: connect.CodeFailedPrecondition, reason: apierr.NoSuitableRunner,
+			fields: []string{"runner[r1].sandbox.spec.containers[0].resources.cpu", "runner[r2]"}},
+		{name: "down runner skipped", spec: spec("", ""), runners: []Runner{down(rn("r1", free)), rn("r2", free)}, want: []string{"r2"}},
+		{name: "pinned runners down", spec: spec("", "", "r1", "r2"), runners: []Runner{down(rn("r1", free)), down(rn("r2", free)), rn("r3", free)}, code: connect.CodeUnavailable, reason: apierr.RunnerUnavailable, retry: true},
+		{name: "all down", spec: spec("", ""), runners: []Runner{down(rn("r1", free))}, code: connect.CodeUnavailable, reason: apierr.RunnerUnavailable, retry: true},
+		{name: "full beats rejected", spec: spec("1", ""), runners: []Runner{used(rn("r1", free), 4000, 0, 1), rn("r2", registry)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
+		{name: "unknown pin", spec: spec("", "", "nope"), runners: []Runner{rn("r1", free)}, code: connect.CodeFailedPrecondition, reason: apierr.NoSuitableRunner},
+		{name: "blank pin", spec: spec("", "", " "), runners: []Runner{rn("r1", free)}, code: connect.CodeInvalidArgument, reason: apierr.InvalidRequest, fields: []string{"sandbox.spec.runner_ids[0]"}},
+		{name: "duplicate pin", spec: spec("", "", "r1", "r1"), runners: []Runner{rn("r1", free)}, code: connect.CodeInvalidArgument, reason: apierr.InvalidRequest, fields: []string{"sandbox.spec.runner_ids[1]"}},
+		{name: "too many pins", spec: spec("", "", many...), runners: []Runner{rn("r1", free)}, code: connect.CodeInvalidArgument, reason: apierr.InvalidRequest, fields: []string{"sandbox.spec.runner_ids"}},
+		{name: "ties", spec: spec("1", ""), runners: []Runner{rn("r1", free), rn("r2", free), rn("r3", free)}, want: []string{"r1", "r2", "r3"}, ties: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cands, err := Place(Request{Spec: tt.spec, Runners: tt.runners, Platform: policy.DefaultPlatform(), Rand: rand.New(rand.NewPCG(1, 2))})
+			if tt.reason != "" {
+				if err == nil {
+					t.Fatalf("placed on %v, want %s", ids(cands), tt.reason)
+				}
+				if connect.CodeOf(err) != tt.code || apierr.Reason(err) != tt.reason {
+					t.Fatalf("error %v (%s), want %v %s", err, apierr.Reason(err), tt.code, tt.reason)
+				}
+				var got []string
+				for _, v := range apierr.Violations(err) {
+					got = append(got, v.Field)
+				}
+				slices.Sort(got)
+				want := slices.Clone(tt.fields)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("violation fields %v, want %v", got, want)
+				}
+				if d := retryDelay(err); tt.retry != (d > 0) {
+					t.Errorf("retry delay %v, want retry %v", d, tt.retry)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("place: %v", err)
+			}
+			got := ids(cands)
+			if tt.ties {
+				slices.Sort(got)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("candidates %v, want %v", got, tt.want)
+			}
+			for _, c := range cands {
+				if !c.Result.OK() || c.Result.Spec == nil || c.Result.PolicyRevision != "1" && tt.runners[c.Index].PolicyRevision == "1" {
+					t.Errorf("candidate %s: result %+v", c.RunnerID, c.Result)
+				}
+			}
+		})
+	}
+}
+
+func TestTiesAreRandom(t *testing.T) {
+	runners := []Runner{rn("r1", nil), rn("r2", nil), rn("r3", nil)}
+	firsts := map[string]int{}
+	rnd := rand.New(rand.NewPCG(7, 7))
+	for range 300 {
+		cands, err := Place(Request{Spec: spec("1", ""), Runners: runners, Platform: policy.DefaultPlatform(), Rand: rnd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		firsts[cands[0].RunnerID]++
+	}
+	for _, id := range []string{"r1", "r2", "r3"} {
+		if firsts[id] < 50 {
+			t.Errorf("tie broken unevenly: %v", firsts)
+		}
+	}
+}
+
+func TestNeed(t *testing.T) {
+	s := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{
+		{Resources: &sandboxv1.Resources{Cpu: "500m", Memory: "1Gi", Gpu: &sandboxv1.Gpu{Count: 2}}},
+		{ResourceRequirements: &sandboxv1.ResourceRequirements{Limits: &sandboxv1.Resources{Cpu: "1"}, Requests: &sandboxv1.Resources{Cpu: "250m", Memory: "256Mi"}}},
+		{},
+	}}
+	got := Need(s, Resources{MilliCPU: 100, MemoryBytes: 1 << 20})
+	want := Resources{MilliCPU: 500 + 1000 + 100, MemoryBytes: gi + 256<<20 + 1<<20, GPUs: 2}
+	if got != want {
+		t.Errorf("Need = %+v, want %+v", got, want)
+	}
+}
+
+func TestPolicyDefaultsCount(t *testing.T) {
+	// The policy base gives a limit: the resolved spec, not the asked one, is measured.
+	p := mustPolicy(t, `{"base": {"resources": {"limits": {"cpu": "3"}}}}`)
+	cands, err := Place(Request{Spec: spec("", ""), Runners: []Runner{rn("r1", p)}, Platform: policy.DefaultPlatform()})
+	if err != nil || cands[0].Need.MilliCPU != 3000 {
+		t.Fatalf("place: %v %+v", err, cands)
+	}
+	_, err = Place(Request{Spec: spec("", ""), Runners: []Runner{used(rn("r1", p), 2000, 0, 1)}, Platform: policy.DefaultPlatform()})
+	if apierr.Reason(err) != apierr.RunnerCapacityExhausted || !strings.Contains(err.Error(), "needs 3 CPU") {
+		t.Errorf("place on a busy runner: %v", err)
+	}
+}
+
+func TestReservationsSpread(t *testing.T) {
+	var rs Reservations
+	runners := []Runner{rn("r1", nil), rn("r2", nil)}
+	req := Request{Spec: spec("2", "1Gi"), Runners: runners, Platform: policy.DefaultPlatform(), Reservations: &rs}
+	var releases []func()
+	var got []string
+	for range 4 {
+		cands, err := Place(req)
+		if err != nil {
+			t.Fatalf("place %d: %v", len(got), err)
+		}
+		release, ok := rs.Claim(cands[0])
+		if !ok {
+			t.Fatalf("claim %s failed", cands[0].RunnerID)
+		}
+		releases = append(releases, release)
+		got = append(got, cands[0].RunnerID)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"r1", "r1", "r2", "r2"}) {
+		t.Errorf("placements %v, want two per runner", got)
+	}
+	if _, err := Place(req); apierr.Reason(err) != apierr.RunnerCapacityExhausted || retryDelay(err) != RetryAfter {
+		t.Errorf("fifth placement: %v, want %s with RetryInfo", err, apierr.RunnerCapacityExhausted)
+	}
+	releases[0]()
+	releases[0]() // idempotent
+	if res, n := rs.Held(got[0]); n+2 > 4 || res.MilliCPU < 0 {
+		t.Errorf("held after release: %+v %d", res, n)
+	}
+	if _, err := Place(req); err != nil {
+		t.Errorf("placement after a release: %v", err)
+	}
+	for _, r := range releases {
+		r()
+	}
+	for _, id := range []string{"r1", "r2"} {
+		if res, n := rs.Held(id); n != 0 || res != (Resources{}) {
+			t.Errorf("%s holds %+v (%d) after every release", id, res, n)
+		}
+	}
+}
+
+func TestClaimRaces(t *testing.T) {
+	// Concurrent creates: each places, then claims; a stale candidate fails its claim
+	// and never oversubscribes the runner.
+	var rs Reservations
+	runners := []Runner{rn("r1", nil), rn("r2", nil)}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		placed  = map[string]int{}
+		refused int
+	)
+	for range 16 {
+		wg.Go(func() {
+			cands, err := Place(Request{Spec: spec("1", "1Gi"), Runners: runners, Platform: policy.DefaultPlatform(), Reservations: &rs})
+			if err != nil {
+				mu.Lock()
+				refused++
+				mu.Unlock()
+				return
+			}
+			for _, c := range cands {
+				if _, ok := rs.Claim(c); ok { // never released: the runner keeps it
+					mu.Lock()
+					placed[c.RunnerID]++
+					mu.Unlock()
+					return
+				}
+			}
+			mu.Lock()
+			refused++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if placed["r1"] != 4 || placed["r2"] != 4 || refused != 8 {
+		t.Errorf("placed %v, refused %d; want 4 per runner (4 CPUs each) and 8 refused", placed, refused)
+	}
+}
+
+func TestReserveUnconditional(t *testing.T) {
+	var rs Reservations
+	release := rs.Reserve("r1", Resources{MilliCPU: 4000})
+	_, err := Place(Request{Spec: spec("1", ""), Runners: []Runner{rn("r1", nil)}, Platform: policy.DefaultPlatform(), Reservations: &rs})
+	if apierr.Reason(err) != apierr.RunnerCapacityExhausted {
+		t.Errorf("place on a reserved runner: %v", err)
+	}
+	release()
+	if _, err := Place(Request{Spec: spec("1", ""), Runners: []Runner{rn("r1", nil)}, Platform: policy.DefaultPlatform(), Reservations: &rs}); err != nil {
+		t.Errorf("after release: %v", err)
+	}
+}
+
+// BenchmarkPlace decides for one sandbox among 100 runners with 10 distinct realistic
+// policies (resource ceilings, registries, lifetimes, base defaults), each runner
+// partly used.
+func BenchmarkPlace(b *testing.B) {
+	for _, distinct := range []int{10, 100} {
+		b.Run(fmt.Sprintf("policies=%d", distinct), func(b *testing.B) {
+			pols := make([]*policy.Policy, distinct)
+			for i := range pols {
+				pols[i] = mustPolicy(b, fmt.Sprintf(`{
+					"base": {"max_lifetime_seconds": 900, "env": {"TEAM": "t%d"}, "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}},
+					"constraints": {
+						"lifetime": {"max_seconds": %d},
+						"resources": {"max_cpu": "%d", "max_memory": "%dGi"},
+						"images": {"allowed_registries": ["docker.io", "ghcr.io", "registry%d.example.com"]},
+						"services": {"max_services": 3},
+						"annotations": {"max_count": 10, "denied_prefixes": ["kubernetes.io/"]}
+					}}`, i, 3600*(1+i%4), 1+i%8, 1+i%16, i))
+			}
+			runners := make([]Runner, 100)
+			for i := range runners {
+				r := rn(fmt.Sprint("runner-", i), pols[i%distinct])
+				r.Allocatable = Resources{MilliCPU: 64000, MemoryBytes: 256 * gi, GPUs: 8}
+				r.MaxSandboxes = 200
+				runners[i] = used(r, int64(i*500), int64(i)*gi, i)
+			}
+			s := spec("2", "4Gi")
+			s.MaxLifetimeSeconds = 1800
+			s.Containers[0].EnvironmentVariables = map[string]string{"A": "1"}
+			s.Tags = []string{"bench"}
+			var rs Reservations
+			req := Request{Spec: s, Runners: runners, Platform: policy.DefaultPlatform(), Reservations: &rs}
+			b.ReportAllocs()
+			for b.Loop() {
+				cands, err := Place(req)
+				if err != nil || len(cands) == 0 {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,73 @@
+package placement
+
+import "sync"
+
+// Reservations holds the resources of placements in flight: reserved when a runner is
+// chosen, released when the runner has answered (its reported usage then includes the
+// sandbox, or the create failed). Safe for concurrent use; the zero value is ready.
+type Reservations struct {
+	mu       sync.Mutex
+	byRunner map[string]reservation
+}
+
+type reservation struct {
+	res Resources
+	n   int
+}
+
+// Reserve holds need on runnerID until release is called (release is idempotent).
+func (rs *Reservations) Reserve(runnerID string, need Resources) (release func()) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.addLocked(runnerID, need, 1)
+	return rs.releaser(runnerID, need)
+}
+
+// Claim reserves c's need on its runner if it still fits there given the reservations
+// made since c was placed; ok is false (and nothing is held) when it does not.
+func (rs *Reservations) Claim(c Candidate) (release func(), ok bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	h := rs.byRunner[c.RunnerID]
+	if c.misfit(h.res, h.n) != "" {
+		return func() {}, false
+	}
+	rs.addLocked(c.RunnerID, c.Need, 1)
+	return rs.releaser(c.RunnerID, c.Need), true
+}
+
+// Held returns what is reserved on runnerID and for how many sandboxes (nothing on a
+// nil Reservations).
+func (rs *Reservations) Held(runnerID string) (Resources, int) {
+	if rs == nil {
+		return Resources{}, 0
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	h := rs.byRunner[runnerID]
+	return h.res, h.n
+}
+
+func (rs *Reservations) addLocked(runnerID string, need Resources, n int) {
+	if rs.byRunner == nil {
+		rs.byRunner = map[string]reservation{}
+	}
+	h := rs.byRunner[runnerID]
+	h.res, h.n = h.res.add(need), h.n+n
+	if h.n == 0 {
+		delete(rs.byRunner, runnerID)
+		return
+	}
+	rs.byRunner[runnerID] = h
+}
+
+func (rs *Reservations) releaser(runnerID string, need Resources) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			rs.addLocked(runnerID, Resources{}.sub(need), -1)
+		})
+	}
+}
