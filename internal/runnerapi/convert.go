@@ -123,6 +123,8 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		Running:       int32(c.Running),
 		ConnectedAt:   timeToProto(c.ConnectedAt),
 		Architectures: c.Architectures,
+		Gpus:          c.GPUs, UsedGpus: c.UsedGPUs,
+		MaxSandboxes: int32(c.MaxSandboxes),
 	}
 }
 
@@ -133,6 +135,8 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		Running:       int(p.GetRunning()),
 		ConnectedAt:   timeFromProto(p.GetConnectedAt()),
 		Architectures: p.GetArchitectures(),
+		GPUs:          p.GetGpus(), UsedGPUs: p.GetUsedGpus(),
+		MaxSandboxes: int(p.GetMaxSandboxes()),
 	}
 }
 

@@ -978,6 +978,9 @@ type CapacityResponse struct {
 	Running         int32                  `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
 	ConnectedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"` // when the runner started serving
 	Architectures   []string               `protobuf:"bytes,7,rep,name=architectures,proto3" json:"architectures,omitempty"`                // GOARCH names
+	Gpus            int64                  `protobuf:"varint,8,opt,name=gpus,proto3" json:"gpus,omitempty"`                                 // allocatable GPUs
+	UsedGpus        int64                  `protobuf:"varint,9,opt,name=used_gpus,json=usedGpus,proto3" json:"used_gpus,omitempty"`
+	MaxSandboxes    int32                  `protobuf:"varint,10,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"` // live sandbox limit; 0 = none
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1061,6 +1064,27 @@ func (x *CapacityResponse) GetArchitectures() []string {
 	return nil
 }
 
+func (x *CapacityResponse) GetGpus() int64 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *CapacityResponse) GetUsedGpus() int64 {
+	if x != nil {
+		return x.UsedGpus
+	}
+	return 0
+}
+
+func (x *CapacityResponse) GetMaxSandboxes() int32 {
+	if x != nil {
+		return x.MaxSandboxes
+	}
+	return 0
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
@@ -1138,7 +1162,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"G\n" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x11\n" +
-	"\x0fCapacityRequest\"\xa3\x02\n" +
+	"\x0fCapacityRequest\"\xf9\x02\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -1146,7 +1170,11 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x11used_memory_bytes\x18\x04 \x01(\x03R\x0fusedMemoryBytes\x12\x18\n" +
 	"\arunning\x18\x05 \x01(\x05R\arunning\x12=\n" +
 	"\fconnected_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\x12$\n" +
-	"\rarchitectures\x18\a \x03(\tR\rarchitectures*\xac\x01\n" +
+	"\rarchitectures\x18\a \x03(\tR\rarchitectures\x12\x12\n" +
+	"\x04gpus\x18\b \x01(\x03R\x04gpus\x12\x1b\n" +
+	"\tused_gpus\x18\t \x01(\x03R\busedGpus\x12#\n" +
+	"\rmax_sandboxes\x18\n" +
+	" \x01(\x05R\fmaxSandboxes*\xac\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
