@@ -10,6 +10,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // record is what the gateway remembers of a sandbox: who owns it, where it runs, what was
@@ -38,29 +39,66 @@ func newIndex(st IndexStore, log *slog.Logger) *index {
 }
 
 // get returns the record of id if it belongs to org. Another organization's sandbox is
-// reported exactly like a missing one.
-func (x *index) get(org, id string) (*record, bool) {
+// reported exactly like a missing one. A miss is looked up in the store: another gateway
+// replica may have created the sandbox.
+func (x *index) get(ctx context.Context, org, id string) (*record, bool) {
 	x.mu.Lock()
-	defer x.mu.Unlock()
 	r, ok := x.byID[id]
-	if !ok || r.org != org {
+	x.mu.Unlock()
+	if ok {
+		if r.org != org {
+			return nil, false
+		}
+		return r, true
+	}
+	if x.st == nil {
 		return nil, false
 	}
-	return r, true
+	s, err := x.st.Get(ctx, org, id)
+	if err != nil {
+		return nil, false
+	}
+	return x.adopt(s)
 }
 
-func (x *index) byRequestID(org, requestID string) (*record, bool) {
+func (x *index) byRequestID(ctx context.Context, org, requestID string) (*record, bool) {
 	if requestID == "" {
 		return nil, false
 	}
 	x.mu.Lock()
-	defer x.mu.Unlock()
 	id, ok := x.byRequest[org+"\x00"+requestID]
-	if !ok {
+	r := x.byID[id]
+	x.mu.Unlock()
+	if ok && r != nil {
+		return r, true
+	}
+	if x.st == nil {
 		return nil, false
 	}
-	r, ok := x.byID[id]
-	return r, ok
+	s, err := x.st.GetByRequestID(ctx, org, requestID)
+	if err != nil {
+		return nil, false
+	}
+	return x.adopt(s)
+}
+
+// adopt caches a record read from the store, keeping one already cached.
+func (x *index) adopt(s store.Sandbox) (*record, bool) {
+	r, err := fromStore(s)
+	if err != nil {
+		x.log.Warn("read sandbox record", "sandbox", s.ID, "err", err)
+		return nil, false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if cur, ok := x.byID[r.id]; ok {
+		return cur, true
+	}
+	x.byID[r.id] = r
+	if s.RequestID != "" {
+		x.byRequest[r.org+"\x00"+s.RequestID] = r.id
+	}
+	return r, true
 }
 
 func (x *index) put(ctx context.Context, r *record, requestID string) error {
@@ -94,8 +132,26 @@ func (x *index) lastOf(r *record) runner.Sandbox {
 	return r.last
 }
 
-// list returns org's records, oldest first (newest first when desc).
-func (x *index) list(org string, desc bool) []*record {
+// list returns org's records, oldest first (newest first when desc). With a store it
+// first picks up records other gateway replicas created.
+func (x *index) list(ctx context.Context, org string, desc bool) []*record {
+	if x.st != nil {
+		token := ""
+		for {
+			page, next, err := x.st.List(ctx, org, store.SandboxFilter{IncludeTerminal: true}, store.Page{Size: store.MaxPageSize, Token: token})
+			if err != nil {
+				x.log.Warn("list sandbox records", "org", org, "err", err)
+				break
+			}
+			for _, s := range page {
+				x.adopt(s)
+			}
+			if next == "" {
+				break
+			}
+			token = next
+		}
+	}
 	x.mu.Lock()
 	out := make([]*record, 0, len(x.byID))
 	for _, r := range x.byID {

@@ -132,7 +132,11 @@ func (x *index) persistNew(ctx context.Context, r *record, requestID string) err
 	if err != nil {
 		return err
 	}
-	if _, err := x.st.Create(ctx, s); err != nil && !errors.Is(err, store.ErrAlreadyExists) {
+	if _, err := x.st.Create(ctx, s); err != nil {
+		var dup *store.AlreadyExistsError
+		if errors.As(err, &dup) && dup.Key == store.KeyID {
+			return nil // recorded already (a retried write)
+		}
 		return fmt.Errorf("record sandbox %s: %w", r.id, err)
 	}
 	return nil

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // Limits of the public API.
@@ -146,7 +147,7 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, Runner, error)
 	if id == "" {
 		return nil, nil, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
 	}
-	rec, ok := s.index.get(principal(ctx).Org, id)
+	rec, ok := s.index.get(ctx, principal(ctx).Org, id)
 	if !ok {
 		return nil, nil, notFound(id)
 	}
@@ -170,7 +171,7 @@ func (s *Server) current(ctx context.Context, rec *record, r Runner) runner.Sand
 
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
 	p := principal(ctx)
-	if rec, ok := s.index.byRequestID(p.Org, req.Msg.GetRequestId()); ok {
+	if rec, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
 		r := s.runnerByID(rec.runnerID)
 		if r != nil {
 			return connect.NewResponse(toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
@@ -196,6 +197,15 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 	if err := s.index.put(ctx, rec, req.Msg.GetRequestId()); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.
 		_, _ = r.Delete(context.WithoutCancel(ctx), sb.ID, 0)
+		var dup *store.AlreadyExistsError
+		if errors.As(err, &dup) && dup.Key == store.KeyRequestID {
+			// Another gateway replica created this request's sandbox meanwhile: that one counts.
+			if first, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
+				if fr := s.runnerByID(first.runnerID); fr != nil {
+					return connect.NewResponse(toProto(first.id, first.spec, s.current(ctx, first, fr), fr)), nil
+				}
+			}
+		}
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", primary(spec).GetImage())
@@ -237,7 +247,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 	desc := m.GetSortDirection() == sandboxv1.SortDirection(2)
 	out := &sandboxv1.ListSandboxesResponse{}
 	skipping := after != ""
-	for _, rec := range s.index.list(principal(ctx).Org, desc) {
+	for _, rec := range s.index.list(ctx, principal(ctx).Org, desc) {
 		if skipping {
 			if rec.id == after {
 				skipping = false
@@ -322,7 +332,7 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 			[]apierr.Violation{{Field: "tags", Description: "set tags or purge_all, not both and not neither"}})
 	}
 	out := &sandboxv1.PurgeSandboxesResponse{}
-	for _, rec := range s.index.list(principal(ctx).Org, false) {
+	for _, rec := range s.index.list(ctx, principal(ctx).Org, false) {
 		if !m.GetPurgeAll() && !hasAll(rec.spec.GetTags(), m.GetTags()) {
 			continue
 		}

@@ -77,3 +77,57 @@ func TestGatewayIndexSurvivesRestart(t *testing.T) {
 		t.Errorf("ended sandbox after restart: exit code %v", got.GetStatus().ExitCode)
 	}
 }
+
+// TestGatewayReplicasShareTheStore: two gateways on one store serve the same sandboxes:
+// one creates, the other gets, execs, lists, deduplicates the request ID and deletes.
+func TestGatewayReplicasShareTheStore(t *testing.T) {
+	s := startedStack(t)
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	runner := gateway.NewLocalRunner("local", s.Runner)
+	replica := func() sandboxv1connect.SandboxServiceClient {
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{runner}, Index: st.Sandboxes(), Orgs: st.Orgs()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(g.Handler())
+		t.Cleanup(srv.Close)
+		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+	}
+	a, b := replica(), replica() // both up before anything is created
+	created, err := a.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}, RequestId: "shared-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.Msg.SandboxId
+	gb := &gw{sandboxes: b}
+	gb.waitState(t, id, sandboxv1.State_STATE_RUNNING)
+	res, err := b.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"echo", "via b"}}))
+	if err != nil || string(res.Msg.Stdout) != "via b\n" {
+		t.Errorf("exec through the other replica: %q %v", res.Msg.GetStdout(), err)
+	}
+	again, err := b.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}, RequestId: "shared-1"}))
+	if err != nil || again.Msg.SandboxId != id {
+		t.Errorf("request_id on the other replica created %v (%v), want %s", again.Msg.GetSandboxId(), err, id)
+	}
+	list, err := b.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil || len(list.Msg.Sandboxes) != 1 || list.Msg.Sandboxes[0].SandboxId != id {
+		t.Errorf("list on the other replica: %v %v", list.Msg.GetSandboxes(), err)
+	}
+	if _, err := b.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})); err != nil {
+		t.Fatal(err)
+	}
+	(&gw{sandboxes: a}).waitState(t, id, sandboxv1.State_STATE_TERMINATED)
+}
