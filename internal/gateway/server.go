@@ -160,14 +160,32 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, Runner, error)
 
 // current returns the sandbox's live state from its runner, or the last one seen once
 // the runner has forgotten it.
+//
+// A runner that cannot be reached leaves the sandbox as last seen: it may well still run.
+// A runner that answers but no longer knows a sandbox that had not ended has lost it (its
+// state was wiped, or the sandbox vanished while it was down): the sandbox is FAILED with
+// reason Lost, so clients stop waiting for it.
 func (s *Server) current(ctx context.Context, rec *record, r Runner) runner.Sandbox {
 	sb, err := r.Get(ctx, rec.id)
-	if err != nil {
-		return s.index.lastOf(rec)
+	if err == nil {
+		s.index.setLast(ctx, rec, sb)
+		return sb
 	}
-	s.index.setLast(ctx, rec, sb)
-	return sb
+	last := s.index.lastOf(rec)
+	if !errors.Is(err, runner.ErrNotFound) || last.State.Terminal() {
+		return last
+	}
+	lost := last
+	lost.State, lost.Reason = runner.StateFailed, ReasonLost
+	lost.Message = fmt.Sprintf("runner %s no longer knows this sandbox", r.ID())
+	lost.EndedAt = time.Now()
+	s.log.Warn("sandbox lost by its runner", "sandbox", rec.id, "runner", r.ID(), "was", last.State)
+	s.index.setLast(ctx, rec, lost)
+	return lost
 }
+
+// ReasonLost: the sandbox's runner answered but no longer knows it.
+const ReasonLost = "Lost"
 
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
 	p := principal(ctx)

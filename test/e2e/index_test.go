@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -13,6 +14,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -130,4 +132,56 @@ func TestGatewayReplicasShareTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	(&gw{sandboxes: a}).waitState(t, id, sandboxv1.State_STATE_TERMINATED)
+}
+
+// TestGatewayMarksLostSandboxes: when a runner comes back without a sandbox the gateway
+// still believes running (its state was wiped), the sandbox is reported FAILED with reason
+// Lost instead of RUNNING forever.
+func TestGatewayMarksLostSandboxes(t *testing.T) {
+	dir := t.TempDir()
+	first := newStack(t, dir)
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	serve := func(s *stack.Stack) sandboxv1connect.SandboxServiceClient {
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}, Index: st.Sandboxes(), Orgs: st.Orgs()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(g.Handler())
+		t.Cleanup(srv.Close)
+		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+	}
+	c1 := serve(first)
+	created, err := c1.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.Msg.SandboxId
+	(&gw{sandboxes: c1}).waitState(t, id, sandboxv1.State_STATE_RUNNING)
+	// The runner goes away, and its sandbox with it, behind the gateway's back.
+	first.Close()
+	if err := first.Backend.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	second := newStack(t, dir)
+	t.Cleanup(func() { finish(t, second, dir) })
+	got, err := serve(second).GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := got.Msg.GetStatus(); st.GetState() != sandboxv1.State_STATE_FAILED || !strings.HasPrefix(st.GetStateReason(), gateway.ReasonLost) {
+		t.Errorf("lost sandbox reported %s (%s), want FAILED/%s", st.GetState(), st.GetStateReason(), gateway.ReasonLost)
+	}
 }
