@@ -96,7 +96,9 @@ func dev(args []string) error {
 		Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index:    st.Sandboxes(),
 		Orgs:     st.Orgs(),
-		Logger:   logger,
+		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
+		ReconcileInterval: gateway.DefaultReconcileInterval,
+		Logger:            logger,
 	})
 	if err != nil {
 		return err

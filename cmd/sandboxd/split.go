@@ -218,6 +218,7 @@ func gatewayCmd(args []string) error {
 	gw, err := gateway.New(gateway.Config{
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,
+		ReconcileInterval: gateway.DefaultReconcileInterval,
 	})
 	if err != nil {
 		return err

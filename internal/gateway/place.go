@@ -86,7 +86,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org 
 			release()
 			return nil, policy.Result{}, runner.Sandbox{}, err
 		}
-		cr.Spec.Meta = map[string]string{"sandboxd.org": org, "sandboxd.policy_revision": c.Result.PolicyRevision}
+		cr.Spec.Meta = map[string]string{metaOrg: org, "sandboxd.policy_revision": c.Result.PolicyRevision}
 		sb, err := r.Create(ctx, cr)
 		release() // the runner's usage includes the sandbox from now on
 		if err == nil {

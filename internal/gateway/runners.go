@@ -74,6 +74,11 @@ func (l *LocalRunner) Delete(_ context.Context, id string, grace time.Duration) 
 	return l.R.Delete(id, grace)
 }
 
+// List returns the runner's sandboxes (for the gateway's reconciler).
+func (l *LocalRunner) List(context.Context) ([]runner.Sandbox, error) {
+	return l.R.List(), nil
+}
+
 func (l *LocalRunner) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
 	return l.R.Agent(ctx, id)
 }

@@ -50,6 +50,10 @@ type Config struct {
 	// in memory only.
 	Index IndexStore
 	Orgs  OrgLister
+	// ReconcileInterval > 0 runs Reconcile that often (needs Index); OrphanGrace is how old
+	// an unknown sandbox must be before it is deleted (0 = DefaultOrphanGrace, < 0 never).
+	ReconcileInterval time.Duration
+	OrphanGrace       time.Duration
 	// Retention is how long ended sandboxes stay readable; default 1 h.
 	Retention time.Duration
 	Logger    *slog.Logger
@@ -60,12 +64,14 @@ type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
 	sandboxv1connect.UnimplementedDiscoveryServiceHandler
 
-	auth      Authenticator
-	runners   []Runner
-	policies  PolicySource
-	index     *index
-	retention time.Duration
-	log       *slog.Logger
+	auth     Authenticator
+	runners  []Runner
+	policies PolicySource
+	// orphanGrace: see Config.OrphanGrace.
+	orphanGrace time.Duration
+	index       *index
+	retention   time.Duration
+	log         *slog.Logger
 	// reserved holds the resources of creates in flight until their runner answers.
 	reserved placement.Reservations
 }
@@ -92,6 +98,13 @@ func New(cfg Config) (*Server, error) {
 		if err := s.index.load(context.Background(), cfg.Orgs); err != nil {
 			return nil, err
 		}
+	}
+	s.orphanGrace = cfg.OrphanGrace
+	if s.orphanGrace == 0 {
+		s.orphanGrace = DefaultOrphanGrace
+	}
+	if cfg.ReconcileInterval > 0 && cfg.Index != nil {
+		go s.reconcileLoop(context.Background(), cfg.ReconcileInterval)
 	}
 	return s, nil
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -183,5 +185,57 @@ func TestGatewayMarksLostSandboxes(t *testing.T) {
 	}
 	if st := got.Msg.GetStatus(); st.GetState() != sandboxv1.State_STATE_FAILED || !strings.HasPrefix(st.GetStateReason(), gateway.ReasonLost) {
 		t.Errorf("lost sandbox reported %s (%s), want FAILED/%s", st.GetState(), st.GetStateReason(), gateway.ReasonLost)
+	}
+}
+
+// TestGatewayReconcilesOrphans: a live sandbox no gateway recorded (here: created on the
+// runner directly) is deleted once older than the grace period; the gateway's own are kept.
+func TestGatewayReconcilesOrphans(t *testing.T) {
+	s := startedStack(t)
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	local := gateway.NewLocalRunner("local", s.Runner)
+	newGateway := func(grace time.Duration) *gateway.Server {
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{local}, Index: st.Sandboxes(), Orgs: st.Orgs(), OrphanGrace: grace})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	patient, eager := newGateway(time.Hour), newGateway(time.Millisecond)
+	srv := httptest.NewServer(eager.Handler())
+	t.Cleanup(srv.Close)
+	client := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+	known, err := client.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := create(t, s, runner.CreateRequest{Spec: sleeper(busybox())})
+	waitState(t, s, orphan.ID, runner.StateRunning, 30*time.Second)
+	if n := patient.Reconcile(ctx); n != 0 {
+		t.Errorf("reconcile within the grace period deleted %d sandboxes", n)
+	}
+	if n := eager.Reconcile(ctx); n != 1 {
+		t.Errorf("reconcile deleted %d sandboxes, want the orphan", n)
+	}
+	ctx2, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if end, err := s.Runner.WaitTerminal(ctx2, orphan.ID); err != nil || end.State != runner.StateTerminated {
+		t.Errorf("orphan ended %v (%v), want TERMINATED", end.State, err)
+	}
+	if sb, err := s.Runner.Get(known.Msg.SandboxId); err != nil || sb.State.Terminal() {
+		t.Errorf("the gateway's own sandbox was touched: %v %v", sb.State, err)
 	}
 }

@@ -1,0 +1,74 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// Defaults of the orphan reconciler.
+const (
+	DefaultOrphanGrace       = 10 * time.Minute
+	DefaultReconcileInterval = time.Minute
+)
+
+// metaOrg is the runtime.Spec.Meta key of the organization that owns a sandbox.
+const metaOrg = "sandboxd.org"
+
+// sandboxLister is a Runner that can list its sandboxes (both runner kinds can).
+type sandboxLister interface {
+	List(ctx context.Context) ([]runner.Sandbox, error)
+}
+
+// Reconcile compares each runner's sandboxes with the index and deletes live ones no
+// gateway knows (created by a gateway that crashed before recording them, or left behind
+// by a lost index) once they are older than the grace period, so nothing runs unaccounted
+// for. It returns how many it deleted. It only runs with a store-backed index: an index in
+// memory forgets everything on restart, and would take every sandbox for an orphan.
+func (s *Server) Reconcile(ctx context.Context) int {
+	if s.index.st == nil || s.orphanGrace < 0 {
+		return 0
+	}
+	deleted := 0
+	for _, r := range s.runners {
+		l, ok := r.(sandboxLister)
+		if !ok {
+			continue
+		}
+		sbs, err := l.List(ctx)
+		if err != nil {
+			s.log.Warn("reconcile: list sandboxes", "runner", r.ID(), "err", err)
+			continue
+		}
+		for _, sb := range sbs {
+			if sb.State.Terminal() || sb.State == runner.StateTerminating || time.Since(sb.CreatedAt) < s.orphanGrace {
+				continue
+			}
+			if _, known := s.index.get(ctx, sb.Spec.Meta[metaOrg], sb.ID); known {
+				continue
+			}
+			s.log.Warn("reconcile: deleting a sandbox no gateway knows", "sandbox", sb.ID, "runner", r.ID(),
+				"org", sb.Spec.Meta[metaOrg], "age", time.Since(sb.CreatedAt).Round(time.Second))
+			if _, err := r.Delete(ctx, sb.ID, 0); err != nil {
+				s.log.Warn("reconcile: delete", "sandbox", sb.ID, "err", err)
+				continue
+			}
+			deleted++
+		}
+	}
+	return deleted
+}
+
+func (s *Server) reconcileLoop(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Reconcile(ctx)
+		}
+	}
+}
