@@ -20,24 +20,35 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// TestGatewayIndexSurvivesRestart: a gateway that restarts on the same store still serves
-// every sandbox it created, deduplicates their request IDs, and lists ended ones.
-func TestGatewayIndexSurvivesRestart(t *testing.T) {
-	s := startedStack(t)
-	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
+// indexStore opens a SQLite store with organization org-a and returns it with a keyring
+// holding one user key of org-a.
+func indexStore(t *testing.T) (store.Store, *auth.Keyring, string) {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxd.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
+	if _, err := st.Orgs().Create(context.Background(), store.Org{ID: "org-a"}); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	key, _, err := keys.Create("org-a", auth.RoleUser, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, keys, key
+}
+
+// TestGatewayIndexSurvivesRestart: a gateway that restarts on the same store still serves
+// every sandbox it created, deduplicates their request IDs, and lists ended ones.
+func TestGatewayIndexSurvivesRestart(t *testing.T) {
+	s := startedStack(t)
+	ctx := context.Background()
+	st, keys, key := indexStore(t)
 	runner := gateway.NewLocalRunner("local", s.Runner)
 	serve := func() sandboxv1connect.SandboxServiceClient {
 		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{runner}, Index: st.Sandboxes(), Orgs: st.Orgs()})
@@ -87,19 +98,7 @@ func TestGatewayIndexSurvivesRestart(t *testing.T) {
 func TestGatewayReplicasShareTheStore(t *testing.T) {
 	s := startedStack(t)
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	st, keys, key := indexStore(t)
 	runner := gateway.NewLocalRunner("local", s.Runner)
 	replica := func() sandboxv1connect.SandboxServiceClient {
 		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{runner}, Index: st.Sandboxes(), Orgs: st.Orgs()})
@@ -143,19 +142,7 @@ func TestGatewayMarksLostSandboxes(t *testing.T) {
 	dir := t.TempDir()
 	first := newStack(t, dir)
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	st, keys, key := indexStore(t)
 	serve := func(s *stack.Stack) sandboxv1connect.SandboxServiceClient {
 		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}, Index: st.Sandboxes(), Orgs: st.Orgs()})
 		if err != nil {
@@ -193,19 +180,7 @@ func TestGatewayMarksLostSandboxes(t *testing.T) {
 func TestGatewayReconcilesOrphans(t *testing.T) {
 	s := startedStack(t)
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if _, err := st.Orgs().Create(ctx, store.Org{ID: "org-a"}); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	st, keys, key := indexStore(t)
 	local := gateway.NewLocalRunner("local", s.Runner)
 	newGateway := func(grace time.Duration) *gateway.Server {
 		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{local}, Index: st.Sandboxes(), Orgs: st.Orgs(), OrphanGrace: grace})
