@@ -214,17 +214,9 @@ func (a *app) runnerListCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var all []*controlplanev1.ManagedRunner
-			token := ""
-			for {
-				out, err := adm.Runners.ListManagedRunners(cmd.Context(), connect.NewRequest(&controlplanev1.ListManagedRunnersRequest{PageToken: token}))
-				if err != nil {
-					return err
-				}
-				all = append(all, out.Msg.GetManagedRunners()...)
-				if token = out.Msg.GetNextPageToken(); token == "" {
-					break
-				}
+			all, err := adm.ListRunners(cmd.Context())
+			if err != nil {
+				return err
 			}
 			if a.json() {
 				return a.printJSON(&controlplanev1.ListManagedRunnersResponse{ManagedRunners: all})
@@ -473,17 +465,9 @@ func (a *app) keyListCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var all []*controlplanev1.ApiKey
-			token := ""
-			for {
-				out, err := adm.APIKeys.ListApiKeys(cmd.Context(), connect.NewRequest(&controlplanev1.ListApiKeysRequest{PageToken: token}))
-				if err != nil {
-					return err
-				}
-				all = append(all, out.Msg.GetApiKeys()...)
-				if token = out.Msg.GetNextPageToken(); token == "" {
-					break
-				}
+			all, err := adm.ListAPIKeys(cmd.Context())
+			if err != nil {
+				return err
 			}
 			if a.json() {
 				return a.printJSON(&controlplanev1.ListApiKeysResponse{ApiKeys: all})

@@ -6,6 +6,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 )
 
@@ -42,6 +43,31 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		Runners: controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
 		APIKeys: controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
 	}, nil
+}
+
+// maxAdminPages bounds a listing of runners or keys.
+const maxAdminPages = 100
+
+// ListRunners returns every managed runner, following page tokens.
+func (a *Admin) ListRunners(ctx context.Context) ([]*controlplanev1.ManagedRunner, error) {
+	return collectPages(ctx, maxAdminPages, func(ctx context.Context, token string) ([]*controlplanev1.ManagedRunner, string, error) {
+		out, err := a.Runners.ListManagedRunners(ctx, connect.NewRequest(&controlplanev1.ListManagedRunnersRequest{PageToken: token}))
+		if err != nil {
+			return nil, "", err
+		}
+		return out.Msg.GetManagedRunners(), out.Msg.GetNextPageToken(), nil
+	})
+}
+
+// ListAPIKeys returns every API key of the caller's organization, revoked ones too.
+func (a *Admin) ListAPIKeys(ctx context.Context) ([]*controlplanev1.ApiKey, error) {
+	return collectPages(ctx, maxAdminPages, func(ctx context.Context, token string) ([]*controlplanev1.ApiKey, string, error) {
+		out, err := a.APIKeys.ListApiKeys(ctx, connect.NewRequest(&controlplanev1.ListApiKeysRequest{PageToken: token}))
+		if err != nil {
+			return nil, "", err
+		}
+		return out.Msg.GetApiKeys(), out.Msg.GetNextPageToken(), nil
+	})
 }
 
 // asError turns RPC errors into *Error.
