@@ -70,18 +70,11 @@ func dev(args []string) error {
 
 	cfg := stack.Config{DataDir: *dataDir, Logger: logger, Pool: local.PoolConfig{Size: *poolSize, Idle: 10 * time.Minute}}
 	if *mirror {
-		host, stopRegistry, err := serveTestImages(ctx)
-		switch {
-		case errors.Is(err, testimage.ErrNoTestImages):
-			logger.Warn("no test images to mirror; docker.io images are pulled from Docker Hub", "hint", "make images")
-		case err != nil:
+		stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
+		if err != nil {
 			return err
-		default:
-			defer stopRegistry()
-			cfg.InsecureRegistries = []string{host}
-			cfg.Mirrors = map[string][]image.Mirror{"docker.io": {{Host: host, Insecure: true}}}
-			logger.Info("test images mirror docker.io", "registry", host)
 		}
+		defer stopRegistry()
 	}
 	stk, err := stack.NewLocal(ctx, cfg)
 	if err != nil {
@@ -216,6 +209,23 @@ func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, liv
 		LiveSandboxes:  live,
 		Logger:         log,
 	})
+}
+
+// mirrorTestImages serves the test images from a loopback registry and makes it cfg's
+// docker.io mirror. Without test images it only warns: docker.io is then Docker Hub.
+func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) (stop func(), err error) {
+	host, stop, err := serveTestImages(ctx)
+	switch {
+	case errors.Is(err, testimage.ErrNoTestImages):
+		log.Warn("no test images to mirror; docker.io images are pulled from Docker Hub", "hint", "make images")
+		return func() {}, nil
+	case err != nil:
+		return nil, err
+	}
+	cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
+	cfg.Mirrors = map[string][]image.Mirror{"docker.io": {{Host: host, Insecure: true}}}
+	log.Info("test images mirror docker.io", "registry", host)
+	return stop, nil
 }
 
 // serveTestImages serves the test images on loopback under their own names and under

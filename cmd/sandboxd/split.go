@@ -20,11 +20,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
-	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/stack"
-	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
 // platformCAName names the CA that --pki-dir holds when `runner` or `gateway` creates it.
@@ -131,18 +129,11 @@ func runnerCmd(args []string) error {
 		}
 	}
 	if *mirror {
-		host, stopRegistry, err := serveTestImages(ctx)
-		switch {
-		case errors.Is(err, testimage.ErrNoTestImages):
-			logger.Warn("no test images to mirror; docker.io images are pulled from Docker Hub", "hint", "make images")
-		case err != nil:
+		stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
+		if err != nil {
 			return err
-		default:
-			defer stopRegistry()
-			cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
-			cfg.Mirrors = map[string][]image.Mirror{"docker.io": {{Host: host, Insecure: true}}}
-			logger.Info("test images mirror docker.io", "registry", host)
 		}
+		defer stopRegistry()
 	}
 	st, err := stack.NewLocal(ctx, cfg)
 	if err != nil {
