@@ -12,11 +12,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -312,38 +310,14 @@ func (s *Service) TLSHandler() http.Handler {
 // client certificates from ca are verified when presented (runners) and not required
 // (Register, admin calls with API keys).
 func TLSConfig(ca *pki.CA, hosts []string) (*tls.Config, error) {
-	dns := []string{"localhost"}
-	var ips []net.IP
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			ips = append(ips, ip)
-		} else if h != "" {
-			dns = append(dns, h)
-		}
-	}
-	var (
-		mu      sync.Mutex
-		cur     *tls.Certificate
-		renewAt time.Time
-	)
-	get := func() (*tls.Certificate, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if cur != nil && time.Now().Before(renewAt) {
-			return cur, nil
-		}
+	dns, ips := pki.SplitHosts([]string{"localhost"}, hosts)
+	get := pki.Renewing(func() (tls.Certificate, error) {
 		c, err := ca.IssueServer("sandboxd control plane", dns, ips, 30*24*time.Hour)
-		if err != nil {
-			if cur != nil && time.Now().Before(cur.Leaf.NotAfter) {
-				return cur, nil
-			}
-			return nil, err
+		if err == nil {
+			c.Certificate = append(c.Certificate, ca.Certificate().Raw)
 		}
-		c.Certificate = append(c.Certificate, ca.Certificate().Raw)
-		cur = &c
-		renewAt = c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2)
-		return cur, nil
-	}
+		return c, err
+	})
 	first, err := get()
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"io"
 	"net"
 	"net/url"
@@ -474,5 +475,58 @@ func TestKeyPairFiles(t *testing.T) {
 	}
 	if err := WriteKeyPair(dir, "empty", tls.Certificate{}); err == nil {
 		t.Fatal("empty pair written")
+	}
+}
+
+func TestSplitHosts(t *testing.T) {
+	dns, ips := SplitHosts([]string{"r1"}, []string{"127.0.0.1", "", "runner.example", "::1"})
+	if strings.Join(dns, ",") != "r1,runner.example" || len(ips) != 2 || !ips[0].Equal(net.ParseIP("127.0.0.1")) || !ips[1].Equal(net.ParseIP("::1")) {
+		t.Errorf("SplitHosts = %v %v", dns, ips)
+	}
+}
+
+func TestRenewing(t *testing.T) {
+	ca, err := LoadOrCreateCA(t.TempDir(), "test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued := 0
+	ttl := time.Hour
+	fail := false
+	get := Renewing(func() (tls.Certificate, error) {
+		if fail {
+			return tls.Certificate{}, errors.New("CA unavailable")
+		}
+		issued++
+		return ca.IssueServer("x", []string{"x"}, nil, ttl)
+	})
+	first, err := get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := get(); again != first || issued != 1 {
+		t.Errorf("a young certificate was reissued (%d issues)", issued)
+	}
+	// Past half of its life (the 5-minute backdating counts): reissued; if that fails,
+	// the still valid one is served.
+	ttl = time.Minute
+	get = Renewing(func() (tls.Certificate, error) {
+		if fail {
+			return tls.Certificate{}, errors.New("CA unavailable")
+		}
+		issued++
+		return ca.IssueServer("x", []string{"x"}, nil, ttl)
+	})
+	short, err := get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail = true
+	if kept, err := get(); err != nil || kept != short {
+		t.Errorf("renewal failure: %v, %v; want the valid certificate kept", kept, err)
+	}
+	fail = false
+	if renewed, err := get(); err != nil || renewed == short {
+		t.Errorf("aged certificate not renewed: %v", err)
 	}
 }

@@ -5,10 +5,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -44,25 +42,17 @@ func ServerTLSConfig(ca *pki.CA, runnerID string, hosts []string) (*tls.Config, 
 	if runnerID == "" {
 		return nil, errors.New("runnerapi: runner ID is required")
 	}
-	dns := []string{runnerID}
-	var ips []net.IP
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			ips = append(ips, ip)
-		} else if h != "" {
-			dns = append(dns, h)
-		}
-	}
-	src := &certSource{issue: func() (tls.Certificate, error) {
+	dns, ips := pki.SplitHosts([]string{runnerID}, hosts)
+	get := pki.Renewing(func() (tls.Certificate, error) {
 		return ca.IssueServer("sandboxd runner "+runnerID, dns, ips, CertTTL)
-	}}
-	cert, err := src.get()
+	})
+	cert, err := get()
 	if err != nil {
 		return nil, err
 	}
 	cfg := pki.ServerTLSConfig(*cert, ca.Pool(), true)
 	cfg.Certificates = nil
-	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return src.get() }
+	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return get() }
 	cfg.VerifyConnection = verifyGateway
 	return cfg, nil
 }
@@ -87,44 +77,17 @@ func ClientTLSConfig(ca *pki.CA, gatewayName, runnerID string) (*tls.Config, err
 	if gatewayName == "" || strings.Contains(gatewayName, "/") {
 		return nil, fmt.Errorf("runnerapi: invalid gateway name %q", gatewayName)
 	}
-	src := &certSource{issue: func() (tls.Certificate, error) {
+	get := pki.Renewing(func() (tls.Certificate, error) {
 		return ca.IssueClient("sandboxd gateway "+gatewayName, []*url.URL{GatewayURI(gatewayName)}, CertTTL)
-	}}
-	cert, err := src.get()
+	})
+	cert, err := get()
 	if err != nil {
 		return nil, err
 	}
 	cfg := pki.ClientTLSConfig(cert, ca.Pool(), runnerID)
 	cfg.Certificates = nil
-	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return src.get() }
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return get() }
 	return cfg, nil
-}
-
-// certSource hands out a certificate, issuing a new one once half of its life is over.
-type certSource struct {
-	issue func() (tls.Certificate, error)
-
-	mu      sync.Mutex
-	cert    *tls.Certificate
-	renewAt time.Time
-}
-
-func (s *certSource) get() (*tls.Certificate, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cert != nil && time.Now().Before(s.renewAt) {
-		return s.cert, nil
-	}
-	c, err := s.issue()
-	if err != nil {
-		if s.cert != nil && time.Now().Before(s.cert.Leaf.NotAfter) {
-			return s.cert, nil // still valid: try again on the next handshake
-		}
-		return nil, err
-	}
-	s.cert = &c
-	s.renewAt = c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore) / 2)
-	return s.cert, nil
 }
 
 // ServerTLSConfigFromCert is ServerTLSConfig for a runner that holds a certificate issued
