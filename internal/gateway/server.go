@@ -390,26 +390,32 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 
 // agentFor returns the agent of the caller's sandbox, waiting while it starts. container
 // must name the primary container (or be empty).
-func (s *Server) agentFor(ctx context.Context, id, container string) (agentClient, *record, error) {
+func (s *Server) agentFor(ctx context.Context, id, container string) (agentClient, error) {
 	rec, r, err := s.lookup(ctx, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	return s.agentOf(ctx, rec, r, container)
+}
+
+// agentOf is agentFor for a sandbox already looked up.
+func (s *Server) agentOf(ctx context.Context, rec *record, r Runner, container string) (agentClient, error) {
+	id := rec.id
 	if container != "" {
 		c := primary(rec.spec)
 		if c == nil || (container != c.GetName() && !(c.GetName() == "" && container == "main")) {
-			return nil, nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", id, container),
+			return nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", id, container),
 				[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
 		}
 	}
 	a, err := r.Agent(ctx, rec.id)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
 		}
-		return nil, nil, runnerError(rec.id, err)
+		return nil, runnerError(rec.id, err)
 	}
-	return a, rec, nil
+	return a, nil
 }
 
 func (s *Server) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
@@ -420,7 +426,7 @@ func (s *Server) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRe
 	if m.GetMaxOutputBytes() < 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "max_output_bytes must not be negative", []apierr.Violation{{Field: "max_output_bytes", Description: "must not be negative"}})
 	}
-	a, _, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
+	a, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +453,7 @@ func (s *Server) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.W
 			fmt.Sprintf("%s: %d bytes is larger than the %d bytes a unary write takes; stream it", m.GetPath(), n, MaxUnaryFileBytes),
 			map[string]string{"filepath": m.GetPath(), "size_bytes": fmt.Sprint(n), "max_size_bytes": fmt.Sprint(MaxUnaryFileBytes)})
 	}
-	a, _, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
+	a, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
 	if err != nil {
 		return nil, err
 	}
@@ -459,7 +465,7 @@ func (s *Server) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.W
 
 func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.ReadFileRequest]) (*connect.Response[sandboxv1.ReadFileResponse], error) {
 	m := req.Msg
-	a, _, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
+	a, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
 	if err != nil {
 		return nil, err
 	}

@@ -38,7 +38,7 @@ func (s *Server) StreamExec(ctx context.Context, stream *connect.BidiStream[sand
 	if len(init.GetCommand()) == 0 {
 		return apierr.Invalid(apierr.InvalidRequest, "command is required", []apierr.Violation{{Field: "init.command", Description: "is required"}})
 	}
-	a, _, err := s.agentFor(ctx, init.GetSandboxId(), init.GetContainer())
+	a, err := s.agentFor(ctx, init.GetSandboxId(), init.GetContainer())
 	if err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func (s *Server) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.
 	if resume && m.GetResumeLogSessionId() != session {
 		return stream.Send(&sandboxv1.LogEntry{Error: &sandboxv1.LogStreamError{Code: "SESSION_NOT_FOUND", Message: "unknown log session " + m.GetResumeLogSessionId()}})
 	}
-	a, _, err := s.agentFor(ctx, rec.id, m.GetContainer())
+	a, err := s.agentOf(ctx, rec, r, m.GetContainer())
 	if err != nil {
 		return err
 	}
