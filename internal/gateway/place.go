@@ -26,7 +26,7 @@ func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]plac
 	return placement.Place(placement.Request{
 		Spec:         spec,
 		Runners:      s.views(ctx, spec.GetRunnerIds()),
-		Platform:     platform(),
+		Platform:     Platform(),
 		Reservations: &s.reserved,
 	})
 }

@@ -14,8 +14,9 @@ type PolicySource interface {
 	Policy(ctx context.Context, runnerID string) (doc []byte, revision int64, err error)
 }
 
-// platform is what this gateway's runners support whatever the policy says.
-func platform() policy.Platform {
+// Platform is what this gateway's runners support whatever the policy says: the platform
+// a runner resolves its own policy against, so gateway and runner decide alike.
+func Platform() policy.Platform {
 	p := policy.DefaultPlatform()
 	p.RuntimeClasses = supportedRuntimeClasses
 	p.DefaultCPURuntimeClass = supportedRuntimeClasses[0]
