@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"errors"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"math/rand/v2"
 	"os"
@@ -17,23 +16,14 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 )
 
+// errInfo is err's ErrorInfo in the cwsandbox.com domain; the test fails without one.
 func errInfo(t *testing.T, err error) *errdetails.ErrorInfo {
 	t.Helper()
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		t.Fatalf("not a connect error: %v", err)
+	info := apierr.Info(err)
+	if info == nil {
+		t.Fatalf("no cwsandbox.com ErrorInfo in %v", err)
 	}
-	for _, d := range ce.Details() {
-		v, derr := d.Value()
-		if derr != nil {
-			t.Fatal(derr)
-		}
-		if info, ok := v.(*errdetails.ErrorInfo); ok {
-			return info
-		}
-	}
-	t.Fatalf("no ErrorInfo in %v", err)
-	return nil
+	return info
 }
 
 func TestFilesRoundTrip(t *testing.T) {
