@@ -8,6 +8,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/quantity"
 )
 
 // archAliases maps the names clients use to GOARCH.
@@ -15,23 +16,24 @@ var archAliases = map[string]string{"x86_64": "amd64", "amd64": "amd64", "aarch6
 
 func (s *Server) ListAvailableRunners(ctx context.Context, req *connect.Request[sandboxv1.ListAvailableRunnersRequest]) (*connect.Response[sandboxv1.ListAvailableRunnersResponse], error) {
 	m := req.Msg
+	if a := m.GetArchitecture(); a != "" && archAliases[a] == "" {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "unknown architecture "+a, []apierr.Violation{{Field: "architecture", Description: "must be one of amd64, x86_64, arm64, aarch64"}})
+	}
 	out := &sandboxv1.ListAvailableRunnersResponse{}
-	for _, r := range s.runners {
-		ar, err := s.availableRunner(ctx, r, m.GetView())
-		if err != nil {
-			return nil, err
-		}
+	for i, r := range s.runners {
+		ar := s.availableRunner(ctx, i, m.GetView())
+		caps := ar.GetCapabilities()
 		switch {
 		case m.GetRunnerGroupId() != "" && m.GetRunnerGroupId() != r.Group():
 			continue
-		case m.GetGpuType() != "" && !slices.Contains(ar.GetCapabilities().GetSupportedGpuTypes(), m.GetGpuType()):
+		case m.GetGpuType() != "" && !slices.Contains(caps.GetSupportedGpuTypes(), m.GetGpuType()):
 			continue
-		case m.GetArchitecture() != "" && !slices.Contains(ar.GetCapabilities().GetSupportedArchitectures(), archAliases[m.GetArchitecture()]):
+		case m.GetArchitecture() != "" && !slices.Contains(caps.GetSupportedArchitectures(), archAliases[m.GetArchitecture()]):
 			continue
 		case m.GetHealthyOnly() && !ar.GetHealthy():
 			continue
 		case m.GetServiceVisibility() != sandboxv1.Visibility_VISIBILITY_UNSPECIFIED &&
-			!slices.Contains(ar.GetCapabilities().GetSupportedServiceVisibilities(), m.GetServiceVisibility()):
+			!slices.Contains(caps.GetSupportedServiceVisibilities(), m.GetServiceVisibility()):
 			continue
 		}
 		out.Runners = append(out.Runners, ar)
@@ -44,43 +46,77 @@ func (s *Server) GetAvailableRunner(ctx context.Context, req *connect.Request[sa
 	if m.GetOrganizationId() == "" {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "organization_id is required", []apierr.Violation{{Field: "organization_id", Description: "is required"}})
 	}
-	r := s.runnerByID(m.GetRunnerId())
-	if r == nil || m.GetOrganizationId() != principal(ctx).Org {
+	i := slices.IndexFunc(s.runners, func(r Runner) bool { return r.ID() == m.GetRunnerId() })
+	if i < 0 || m.GetOrganizationId() != principal(ctx).Org {
 		return nil, apierr.New(connect.CodeNotFound, apierr.RunnerNotFound, "runner "+m.GetRunnerId()+" not found", map[string]string{"runner_id": m.GetRunnerId()})
 	}
 	view := m.GetView()
 	if view == sandboxv1.RunnerView_RUNNER_VIEW_UNSPECIFIED {
 		view = sandboxv1.RunnerView_RUNNER_VIEW_FULL
 	}
-	ar, err := s.availableRunner(ctx, r, view)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(ar), nil
+	return connect.NewResponse(s.availableRunner(ctx, i, view)), nil
 }
 
-// availableRunner describes r; live free resources only in the FULL view.
-func (s *Server) availableRunner(ctx context.Context, r Runner, view sandboxv1.RunnerView) (*sandboxv1.AvailableRunner, error) {
-	c, err := r.Capacity(ctx)
+// availableRunner describes runner i: what its policy and host allow, and in the FULL
+// view what is free right now (asked of the runner; the gateway's last view of it when
+// it does not answer).
+func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.RunnerView) *sandboxv1.AvailableRunner {
+	r := s.runners[i]
+	w := s.views.runner(ctx, i)
+	if view == sandboxv1.RunnerView_RUNNER_VIEW_FULL {
+		// Live figures: ask the runner itself, and fall back to the last view.
+		lctx, cancel := context.WithTimeout(ctx, viewTimeout)
+		if c, err := r.Capacity(lctx); err == nil {
+			w.capacity, w.recent, w.connected = c, nil, true
+		}
+		cancel()
+	}
+	c := w.capacity
+	caps := &sandboxv1.RunnerCapabilitySummary{
+		MaxCpuMillicores:       c.MilliCPU,
+		MaxMemoryBytes:         c.MemoryBytes,
+		MaxGpuCount:            c.GPUs,
+		SupportedArchitectures: c.Architectures,
+		// Endpoints arrive with the edge; until then no service is published.
+		SupportedServiceVisibilities: []sandboxv1.Visibility{sandboxv1.Visibility_VISIBILITY_UNSPECIFIED},
+	}
+	if p := w.policy; p != nil {
+		if rc := p.Constraints.Resources; rc != nil {
+			if q := rc.MaxCPU; q != "" {
+				if v, err := quantity.ParseCPU(string(q)); err == nil && (caps.MaxCpuMillicores == 0 || v < caps.MaxCpuMillicores) {
+					caps.MaxCpuMillicores = v
+				}
+			}
+			if q := rc.MaxMemory; q != "" {
+				if v, err := quantity.ParseMemory(string(q)); err == nil && (caps.MaxMemoryBytes == 0 || v < caps.MaxMemoryBytes) {
+					caps.MaxMemoryBytes = v
+				}
+			}
+			if g := rc.MaxGPU; g != nil && *g < caps.MaxGpuCount {
+				caps.MaxGpuCount = *g
+			}
+		}
+		if sc := p.Constraints.Security; sc != nil && sc.PrivilegedAllowed != nil {
+			caps.SupportsPrivileged = *sc.PrivilegedAllowed
+		}
+	}
 	ar := &sandboxv1.AvailableRunner{
 		RunnerId:       r.ID(),
 		RunnerGroupId:  r.Group(),
-		Healthy:        err == nil,
+		Healthy:        w.connected,
 		ConnectedAt:    ts(c.ConnectedAt),
 		OrganizationId: principal(ctx).Org,
-		Capabilities: &sandboxv1.RunnerCapabilitySummary{
-			MaxCpuMillicores:             c.MilliCPU,
-			MaxMemoryBytes:               c.MemoryBytes,
-			SupportedArchitectures:       c.Architectures,
-			SupportedServiceVisibilities: []sandboxv1.Visibility{sandboxv1.Visibility_VISIBILITY_UNSPECIFIED},
-		},
+		Capabilities:   caps,
 	}
-	if view == sandboxv1.RunnerView_RUNNER_VIEW_FULL {
+	if view == sandboxv1.RunnerView_RUNNER_VIEW_FULL && w.connected {
+		used, n := w.usage()
+		reserved, held := s.reserved.Held(r.ID())
 		ar.Resources = &sandboxv1.RunnerResourceSummary{
-			AvailableCpuMillicores: max(c.MilliCPU-c.UsedMilliCPU, 0),
-			AvailableMemoryBytes:   max(c.MemoryBytes-c.UsedMemoryBytes, 0),
-			RunningSandboxes:       int32(c.Running),
+			AvailableCpuMillicores: max(c.MilliCPU-used.MilliCPU-reserved.MilliCPU, 0),
+			AvailableMemoryBytes:   max(c.MemoryBytes-used.MemoryBytes-reserved.MemoryBytes, 0),
+			AvailableGpuCount:      max(c.GPUs-used.GPUs-reserved.GPUs, 0),
+			RunningSandboxes:       int32(n + held),
 		}
 	}
-	return ar, nil
+	return ar
 }

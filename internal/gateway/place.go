@@ -3,8 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"slices"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -16,54 +14,18 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
-// viewTimeout bounds how long placement waits for one runner's capacity and policy; a
-// runner that does not answer in time is treated as unavailable.
-const viewTimeout = 5 * time.Second
+// viewTimeout bounds how long a probe waits for one runner's capacity and policy.
+const viewTimeout = 2 * time.Second
 
 // place returns the runners that accept spec and have room for it, best first (see
 // package placement for the errors).
 func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]placement.Candidate, error) {
 	return placement.Place(placement.Request{
 		Spec:         spec,
-		Runners:      s.views(ctx, spec.GetRunnerIds()),
+		Runners:      s.views.snapshot(ctx),
 		Platform:     Platform(),
 		Reservations: &s.reserved,
 	})
-}
-
-// views is the placement view of every runner, fetched in parallel; runners outside
-// pins (when given) are not asked.
-func (s *Server) views(ctx context.Context, pins []string) []placement.Runner {
-	out := make([]placement.Runner, len(s.runners))
-	var wg sync.WaitGroup
-	for i, r := range s.runners {
-		out[i] = placement.Runner{ID: r.ID(), Group: r.Group(), NotReady: "not asked"}
-		if len(pins) > 0 && !slices.Contains(pins, r.ID()) {
-			continue
-		}
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, viewTimeout)
-			defer cancel()
-			v := &out[i]
-			c, err := r.Capacity(ctx)
-			if err != nil {
-				v.NotReady = err.Error()
-				return
-			}
-			p, rev, err := s.policyOf(ctx, r.ID())
-			if err != nil {
-				v.NotReady = err.Error()
-				return
-			}
-			v.Ready, v.NotReady = true, ""
-			v.Policy, v.PolicyRevision = p, rev
-			v.Allocatable = placement.Resources{MilliCPU: c.MilliCPU, MemoryBytes: c.MemoryBytes, GPUs: c.GPUs}
-			v.Used = placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}
-			v.MaxSandboxes, v.Sandboxes = c.MaxSandboxes, c.Running
-		})
-	}
-	wg.Wait()
-	return out
 }
 
 // createOn creates the sandbox on the first candidate that takes it: capacity is
@@ -88,7 +50,12 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org 
 		}
 		cr.Spec.Meta = map[string]string{metaOrg: org, "sandboxd.policy_revision": c.Result.PolicyRevision}
 		sb, err := r.Create(ctx, cr)
-		release() // the runner's usage includes the sandbox from now on
+		if err == nil {
+			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
+		} else if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
+			s.views.markDown(c.Index, err)
+		}
+		release()
 		if err == nil {
 			return r, c.Result, sb, nil
 		}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -56,7 +57,11 @@ type Config struct {
 	OrphanGrace       time.Duration
 	// Retention is how long ended sandboxes stay readable; default 1 h.
 	Retention time.Duration
-	Logger    *slog.Logger
+	// ViewInterval is how often the runners are probed for capacity, usage and policy
+	// (default DefaultViewInterval); DisconnectAfter how long a runner whose probes time
+	// out stays placeable (default DefaultDisconnectAfter).
+	ViewInterval, DisconnectAfter time.Duration
+	Logger                        *slog.Logger
 }
 
 // Server implements SandboxService and DiscoveryService.
@@ -74,6 +79,8 @@ type Server struct {
 	log         *slog.Logger
 	// reserved holds the resources of creates in flight until their runner answers.
 	reserved placement.Reservations
+	views    *runnerViews
+	stop     context.CancelFunc
 }
 
 // New returns a Server.
@@ -103,11 +110,21 @@ func New(cfg Config) (*Server, error) {
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
 	}
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.views = newRunnerViews(s, cfg.DisconnectAfter)
+	if cfg.ViewInterval <= 0 {
+		cfg.ViewInterval = DefaultViewInterval
+	}
+	go s.views.run(ctx, cfg.ViewInterval)
 	if cfg.ReconcileInterval > 0 && cfg.Index != nil {
-		go s.reconcileLoop(context.Background(), cfg.ReconcileInterval)
+		go s.reconcileLoop(ctx, cfg.ReconcileInterval)
 	}
 	return s, nil
 }
+
+// Close stops the server's background work (runner probes, reconciliation).
+func (s *Server) Close() { s.stop() }
 
 // Handler serves the API (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
 // annotations) and GET /readyz.
@@ -131,14 +148,18 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
+// readyz is ready while at least one runner is connected: this gateway can place and
+// serve sandboxes then.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	for _, rn := range s.runners {
-		if _, err := rn.Capacity(r.Context()); err != nil {
-			http.Error(w, "runner "+rn.ID()+" not ready: "+err.Error(), http.StatusServiceUnavailable)
+	var down []string
+	for _, v := range s.views.snapshot(r.Context()) {
+		if v.Ready {
+			_, _ = fmt.Fprintln(w, "ok")
 			return
 		}
+		down = append(down, v.ID+": "+v.NotReady)
 	}
-	_, _ = fmt.Fprintln(w, "ok")
+	http.Error(w, "no runner connected: "+strings.Join(down, "; "), http.StatusServiceUnavailable)
 }
 
 func principal(ctx context.Context) auth.Principal {
@@ -350,6 +371,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 		}
 	}
 	s.index.setLast(ctx, rec, sb)
+	s.views.poke() // its capacity is free again soon
 	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: toProto(rec.id, rec.spec, sb, r)}), nil
 }
 
@@ -385,6 +407,7 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 		}
 		out.PurgeCount++
 	}
+	s.views.poke()
 	return connect.NewResponse(out), nil
 }
 
