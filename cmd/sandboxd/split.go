@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -60,6 +61,9 @@ func runnerCmd(args []string) error {
 	bootstrapToken := fs.String("bootstrap-token", "", "one-time token from :createBootstrapToken (first start only; later starts use the credentials in DATA-DIR/identity)")
 	controlPlaneCA := fs.String("control-plane-ca", "", "PEM file of the CA to trust the control plane by (default: the CA pinned in the bootstrap token)")
 	hbInterval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often to heartbeat the control plane")
+	maxSandboxes := fs.Int("max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
+	cpu := fs.String("cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
+	memory := fs.String("memory", "", "memory offered to sandboxes, e.g. 8Gi (default: the host's memory)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -67,6 +71,24 @@ func runnerCmd(args []string) error {
 	logger := newLogger(*verbose)
 	if *pkiDir == "" {
 		*pkiDir = filepath.Join(*dataDir, "pki")
+	}
+	var milliCPU, memBytes int64
+	if *cpu != "" {
+		v, err := quantity.ParseCPU(*cpu)
+		if err != nil || v <= 0 {
+			return fmt.Errorf("--cpu %q: want a positive CPU quantity such as 4 or 500m", *cpu)
+		}
+		milliCPU = v
+	}
+	if *memory != "" {
+		v, err := quantity.ParseMemory(*memory)
+		if err != nil || v <= 0 {
+			return fmt.Errorf("--memory %q: want a positive memory quantity such as 8Gi", *memory)
+		}
+		memBytes = v
+	}
+	if *maxSandboxes < 1 {
+		return fmt.Errorf("--max-sandboxes %d: want at least 1", *maxSandboxes)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -145,9 +167,10 @@ func runnerCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	rs := runnerapi.NewServer(*runnerID, st.Runner, logger)
+	local := gateway.NewLocalRunner(*runnerID, st.Runner)
+	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
+	rs := runnerapi.NewServerFor(local, logger)
 	if ident != nil {
-		local := gateway.NewLocalRunner(*runnerID, st.Runner)
 		hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{
 			Identity: ident, Cache: cache, Interval: *hbInterval, Logger: logger,
 			Status: func(ctx context.Context) (*enroll.Status, error) { return runnerStatus(ctx, local) },
@@ -173,6 +196,8 @@ func gatewayCmd(args []string) error {
 	name := fs.String("name", "gateway", "this gateway's name, in its client certificate (spiffe://sandboxd/gateway/NAME)")
 	var runners listFlag
 	fs.Var(&runners, "runner", "a runner as ID=HOST:PORT (repeatable)")
+	reconcile := fs.Duration("reconcile-interval", gateway.DefaultReconcileInterval, "how often to compare the runners' sandboxes with the index")
+	orphanGrace := fs.Duration("orphan-grace", gateway.DefaultOrphanGrace, "age at which a sandbox that no gateway recorded (its create was interrupted) is deleted")
 	controlPlane := fs.String("control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
@@ -209,7 +234,7 @@ func gatewayCmd(args []string) error {
 	gw, err := gateway.New(gateway.Config{
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,
-		ReconcileInterval: gateway.DefaultReconcileInterval,
+		ReconcileInterval: *reconcile, OrphanGrace: *orphanGrace,
 	})
 	if err != nil {
 		return err

@@ -3,13 +3,19 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
@@ -52,6 +58,7 @@ type LocalRunner struct {
 	MilliCPU, MemoryBytes int64
 	MaxSandboxes          int
 	connectedAt           time.Time
+	admit                 sync.Mutex // one capacity check and create at a time
 }
 
 // NewLocalRunner wraps r.
@@ -62,8 +69,36 @@ func NewLocalRunner(id string, r *runner.Runner) *LocalRunner {
 func (l *LocalRunner) ID() string    { return l.RunnerID }
 func (l *LocalRunner) Group() string { return l.GroupID }
 
+// Create starts the sandbox if the runner has room for it: a gateway only reserves what
+// it placed itself, so two gateways (or a stale view) can send more than fits, and the
+// runner is the one that knows. A refusal is RESOURCE_EXHAUSTED
+// CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED, which sends the gateway to its next candidate.
 func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	l.admit.Lock()
+	defer l.admit.Unlock()
+	c, err := l.Capacity(ctx)
+	if err != nil {
+		return runner.Sandbox{}, err
+	}
+	if why := c.misfit(req.Spec.Resources.MilliCPU, req.Spec.Resources.MemoryBytes); why != "" {
+		return runner.Sandbox{}, apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
+			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}), placement.RetryAfter)
+	}
 	return l.R.Create(ctx, req)
+}
+
+// misfit says why a sandbox limited to milliCPU and memory does not fit in c ("" when it
+// does). A dimension the runner does not report is not checked.
+func (c Capacity) misfit(milliCPU, memory int64) string {
+	switch {
+	case c.MaxSandboxes > 0 && c.Running >= c.MaxSandboxes:
+		return fmt.Sprintf("%d of %d sandboxes running", c.Running, c.MaxSandboxes)
+	case c.MilliCPU > 0 && c.UsedMilliCPU+milliCPU > c.MilliCPU:
+		return fmt.Sprintf("needs %dm CPU, %dm of %dm free", milliCPU, c.MilliCPU-c.UsedMilliCPU, c.MilliCPU)
+	case c.MemoryBytes > 0 && c.UsedMemoryBytes+memory > c.MemoryBytes:
+		return fmt.Sprintf("needs %d bytes of memory, %d of %d free", memory, c.MemoryBytes-c.UsedMemoryBytes, c.MemoryBytes)
+	}
+	return ""
 }
 
 func (l *LocalRunner) Get(_ context.Context, id string) (runner.Sandbox, error) {

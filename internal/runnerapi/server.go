@@ -53,9 +53,25 @@ type Server struct {
 	policies gateway.PolicySource // nil: no check of its own (WithPolicy)
 }
 
-// NewServer serves r, the runner runnerID. A nil logger is slog.Default().
+// NewServer serves r, the runner runnerID, with the host's capacity. A nil logger is
+// slog.Default().
 func NewServer(runnerID string, r *runner.Runner, logger *slog.Logger) *Server {
-	return newServer(r, gateway.NewLocalRunner(runnerID, r).Capacity, logger)
+	return NewServerFor(gateway.NewLocalRunner(runnerID, r), logger)
+}
+
+// NewServerFor serves l: its capacity, and creates only when they fit in it.
+func NewServerFor(l *gateway.LocalRunner, logger *slog.Logger) *Server {
+	return newServer(admitting{l.R, l}, l.Capacity, logger)
+}
+
+// admitting is a runner whose creates go through LocalRunner's capacity check.
+type admitting struct {
+	*runner.Runner
+	l *gateway.LocalRunner
+}
+
+func (a admitting) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	return a.l.Create(ctx, req)
 }
 
 func newServer(r backend, capacity func(context.Context) (gateway.Capacity, error), logger *slog.Logger) *Server {

@@ -1,0 +1,48 @@
+package testbed
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+)
+
+// httpClient speaks HTTP/1.1 to the gateways: each call stands alone, so a gateway that
+// is killed breaks only the calls in flight.
+var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+
+// Sandboxes is a client of gateway i's SandboxService with the user key (Connect protocol).
+func (b *Bed) Sandboxes(i int) sandboxv1connect.SandboxServiceClient {
+	return sandboxv1connect.NewSandboxServiceClient(httpClient, b.GatewayURL(i), connect.WithInterceptors(bearer(b.UserKey)))
+}
+
+// Discovery is a client of gateway i's DiscoveryService with the user key.
+func (b *Bed) Discovery(i int) sandboxv1connect.DiscoveryServiceClient {
+	return sandboxv1connect.NewDiscoveryServiceClient(httpClient, b.GatewayURL(i), connect.WithInterceptors(bearer(b.UserKey)))
+}
+
+// purge deletes every sandbox of the user's organization through a live gateway and
+// waits (up to 30 s) until none is active, so runners stop with nothing to leave behind.
+func (b *Bed) purge() {
+	for i, g := range b.Gateways {
+		if !g.Running() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c := b.Sandboxes(i)
+		for ctx.Err() == nil {
+			_, _ = c.PurgeSandboxes(ctx, connect.NewRequest(&sandboxv1.PurgeSandboxesRequest{PurgeAll: true}))
+			res, err := c.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageSize: 1000}))
+			if err == nil && len(res.Msg.GetSandboxes()) == 0 {
+				return
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+		return
+	}
+}

@@ -1,0 +1,104 @@
+// Package multicluster tests sandboxd across clusters on the test bed (package testbed):
+// a control plane, two gateway replicas on one PostgreSQL and three runners, each in a
+// network namespace of its own with its own policy, all real processes.
+package multicluster
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sandboxd/sandboxd/internal/pgtest"
+	"github.com/sandboxd/sandboxd/internal/testbed"
+)
+
+var (
+	bin     string // sandboxd and sandbox-agent
+	pgDSN   string // a database beds may create databases in; "" without PostgreSQL
+	skipWhy string
+	dbSeq   atomic.Int64
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		skipWhy = "needs root (network namespaces, runc)"
+		return m.Run()
+	}
+	stop, dsn, err := pgtest.Start()
+	if err != nil {
+		if pgtest.Required() {
+			fmt.Fprintln(os.Stderr, "multicluster: PostgreSQL is required:", err)
+			return 1
+		}
+		skipWhy = "no PostgreSQL: " + err.Error()
+		return m.Run()
+	}
+	defer stop()
+	pgDSN = dsn
+	dir, err := os.MkdirTemp("", "sandboxd-multicluster-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	bin = filepath.Join(dir, "bin")
+	if err := testbed.Build(bin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// startBed starts the standard bed on a fresh database; it is torn down with the test.
+func startBed(t *testing.T, gatewayArgs ...string) *testbed.Bed {
+	t.Helper()
+	if skipWhy != "" {
+		t.Skip(skipWhy)
+	}
+	ctx := context.Background()
+	name := fmt.Sprintf("bed_%d_%d", os.Getpid(), dbSeq.Add(1))
+	conn, err := pgx.Connect(ctx, pgDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close(ctx)
+	u, err := url.Parse(pgDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	dir := t.TempDir()
+	b, err := testbed.Start(ctx, testbed.Config{Dir: dir, Bin: bin, DSN: u.String(), Runners: testbed.Standard(), GatewayArgs: gatewayArgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		if t.Failed() {
+			for _, p := range append(append([]*testbed.Proc{b.CP}, b.Gateways...), b.Runners...) {
+				if log, err := os.ReadFile(p.Log()); err == nil {
+					t.Logf("---- %s\n%s", p.Name, tail(log, 4000))
+				}
+			}
+		}
+	})
+	return b
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
