@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,6 +37,10 @@ import (
 //     with --oci-seccomp), so none is written. Capabilities, no_new_privs, rlimits,
 //     masked and read-only paths, the namespaces and the host cgroup limits (cgroup v1
 //     hybrid here) are honoured as for runc.
+//   - What differs inside: runsc drops CAP_NET_RAW (no --net-raw); the kernel is gVisor's
+//     (uname 4.19.0-gvisor); an empty /tmp in the image is a tmpfs (counted in the
+//     sandbox's memory); the root filesystem's writes go to runsc's own overlay, backed
+//     by a file in our overlay's upper dir, so they are still removed with the sandbox.
 //   - Signals: the pid runsc reports is the sandbox's (the sentry's), not the agent's,
 //     so SIGTERM goes through `runsc kill`; SIGKILL to the sentry ends the whole sandbox
 //     and stays a pidfd signal.
@@ -105,6 +110,18 @@ func DefaultRuntimes() map[string]string {
 		m[GVisorClass] = p
 	}
 	return m
+}
+
+// RuntimeClasses lists the classes this Backend runs, the default first.
+func (b *Backend) RuntimeClasses() []string {
+	out := []string{b.cfg.DefaultRuntime}
+	for c := range b.runtimes {
+		if c != b.cfg.DefaultRuntime {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out[1:])
+	return out
 }
 
 // agentWaitTimeout bounds how long Create waits for a gVisor sandbox's agent to listen.

@@ -83,6 +83,10 @@ func TestGVisorSandbox(t *testing.T) {
 		{"etc hosts", []string{"cat", "/etc/hosts"}, id},
 		{"agent read-only", []string{"sh", "-c", "echo x > /.sandboxd/config.json 2>&1; echo rc=$?"}, "rc=1"},
 		{"no new privs", []string{"grep", "NoNewPrivs", "/proc/self/status"}, "1"},
+		// The runc set minus CAP_NET_RAW, which runsc drops.
+		{"capabilities", []string{"grep", "CapEff", "/proc/self/status"}, "00000000a80405fb"},
+		{"proc sys read-only", []string{"sh", "-c", "echo 1 > /proc/sys/kernel/ns_last_pid 2>&1; echo rc=$?"}, "rc=1"},
+		{"mount denied", []string{"sh", "-c", "mount -t tmpfs none /mnt 2>&1; echo rc=$?"}, "rc=1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if out, errOut, code := execIn(t, c, tc.argv...); !strings.Contains(out, tc.want) {
@@ -199,6 +203,13 @@ func TestRuncStaysDefault(t *testing.T) {
 		t.Fatalf("default runtime = %q", e.b.cfg.DefaultRuntime)
 	}
 	info := e.create(runtime.Spec{ID: "def-1", Command: "sleep", Args: []string{"3600"}})
+	want := "runc"
+	if FindRunsc() != "" {
+		want += " " + GVisorClass
+	}
+	if got := strings.Join(e.b.RuntimeClasses(), " "); got != want {
+		t.Errorf("RuntimeClasses() = %q, want %q", got, want)
+	}
 	if info.RuntimeClass != "runc" {
 		t.Errorf("runtime class = %q, want runc", info.RuntimeClass)
 	}
