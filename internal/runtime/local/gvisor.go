@@ -128,7 +128,8 @@ func (b *Backend) RuntimeClasses() []string {
 const agentWaitTimeout = 30 * time.Second
 
 // waitAgent waits until the agent of s (started by runsc, listening on its own) accepts
-// a connection on its socket, or fails when the sandbox exits first.
+// a connection on its socket, or the sandbox has ended after its agent ran; it fails
+// when the sandbox ends without its agent having run.
 func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, agentWaitTimeout)
 	defer cancel()
@@ -146,6 +147,12 @@ func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
 			return c.Close()
 		}
 		if s.proc != nil && s.proc.exited() {
+			// A main command that ends at once may take the agent (and the sandbox) with
+			// it before a dial got through: that is an exit for the watcher to record,
+			// as under runc. Without a status the agent never ran: a start error.
+			if _, err := os.Stat(filepath.Join(runDir, agentconfig.StatusFile)); err == nil {
+				return nil
+			}
 			return fmt.Errorf("the sandbox exited before its agent listened: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024))
 		}
 		select {

@@ -195,6 +195,40 @@ func TestGVisorRecoverAndKill(t *testing.T) {
 	checkNoLeaks(t, e.state, id)
 }
 
+// TestGVisorMainExit: the agent's final status (written through the gofer) is the
+// sandbox's exit, also for a main command that ends before Create has returned.
+func TestGVisorMainExit(t *testing.T) {
+	e := gvisorEnv(t)
+	for _, tc := range []struct {
+		id       string
+		argv     []string
+		restarts int
+		code     int32
+		reason   string
+	}{
+		{"gv-exit-ok", []string{"true"}, 0, 0, "Completed"},
+		{"gv-exit-3", []string{"sh", "-c", "exit 3"}, 0, 3, "RestartLimit"},
+		{"gv-exit-restarts", []string{"sh", "-c", "exit 4"}, 2, 4, "RestartLimit"},
+	} {
+		t.Run(tc.id, func(t *testing.T) {
+			e.create(runtime.Spec{ID: tc.id, RuntimeClass: GVisorClass, Command: tc.argv[0], Args: tc.argv[1:], RestartLimit: tc.restarts})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			ex, err := e.b.Wait(ctx, tc.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ex.ExitCode == nil || *ex.ExitCode != tc.code || ex.Restarts != tc.restarts || ex.Reason != tc.reason {
+				t.Errorf("exit = %+v (code %v), want code %d reason %s restarts %d", ex, deref(ex.ExitCode), tc.code, tc.reason, tc.restarts)
+			}
+			if err := e.b.Destroy(ctx, tc.id); err != nil {
+				t.Fatal(err)
+			}
+			checkNoLeaks(t, e.state, tc.id)
+		})
+	}
+}
+
 // TestRuncStaysDefault: without a runtime class a sandbox runs on runc, on the host's
 // kernel, even when gvisor is offered.
 func TestRuncStaysDefault(t *testing.T) {
