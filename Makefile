@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps images test conformance test-short bench demo lint fmt clean
+.PHONY: all build agent generate deps images runsc test conformance test-short bench demo lint fmt clean
 
 all: build
 
@@ -30,7 +30,12 @@ deps:
 images:
 	bash scripts/build-test-images.sh
 
-test: deps build images
+# gVisor's runsc (static, pinned) for the `gvisor` runtime class, cached under $(CACHE)/runsc/<version>/.
+# ~1-3 min cold, instant when cached; tests of the gvisor class skip without it.
+runsc:
+	bash scripts/build-runsc.sh
+
+test: deps build images runsc
 	$(GO) test -count=1 -timeout 30m ./...
 	$(MAKE) conformance
 
@@ -42,7 +47,7 @@ conformance: build
 test-short:
 	$(GO) test -short -count=1 ./...
 
-bench: build images
+bench: build images runsc
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
 
 # Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.

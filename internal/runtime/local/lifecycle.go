@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -257,10 +258,8 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 		return nil
 	default:
 	}
-	if s.proc != nil {
-		if err := s.proc.signal(unix.SIGTERM); err != nil {
-			return fmt.Errorf("stop %s: %w", id, err)
-		}
+	if err := b.terminate(ctx, s); err != nil {
+		return fmt.Errorf("stop %s: %w", id, err)
 	}
 	if grace > 0 {
 		timer := time.NewTimer(grace)
@@ -274,6 +273,22 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 		}
 	}
 	return b.kill(ctx, s)
+}
+
+// terminate sends SIGTERM to the agent: through the pidfd of the container's init for
+// runc; for gVisor, whose init pid on the host is the sentry's, through `runsc kill`.
+func (b *Backend) terminate(ctx context.Context, s *sandbox) error {
+	if s.proc == nil {
+		return nil
+	}
+	if s.rt.gvisor {
+		err := s.rt.kill(ctx, s.cid, "TERM")
+		if err != nil && (s.proc.exited() || notExist(err) || strings.Contains(err.Error(), "not running")) {
+			return nil
+		}
+		return err
+	}
+	return s.proc.signal(unix.SIGTERM)
 }
 
 // kill SIGKILLs the container and waits for the watcher to have recorded the exit.

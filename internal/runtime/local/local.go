@@ -2,6 +2,15 @@
 // OCI runtime CLI (runc by default) over a per-sandbox overlayfs root, with sandbox-agent
 // as PID 1 listening on a unix socket the backend creates on the host.
 //
+// Runtime classes: "runc" (the default) and "gvisor" (runsc on the systrap platform,
+// offered when FindRunsc finds a static runsc; scripts/build-runsc.sh builds it). The
+// agent channel is the same unix socket, <dir>/run/agent.sock, for both: under runc the
+// backend makes it and passes it as fd 3; under gVisor a host socket cannot be accepted
+// on inside the sandbox, so the agent binds it itself and runsc's gofer creates it on
+// the host (--host-uds=create). No TCP channel and no new credentials are needed, and
+// sandboxes without a network work under both. gvisor.go has the details and the other
+// differences (no OCI seccomp profile, SIGTERM via `runsc kill`, runc-only warm pool).
+//
 // Everything about a sandbox lives in <StateDir>/<id>/ (see the file names below) and in
 // the OCI runtime's state under <StateDir>/.oci/<runtime class>/, so a new Backend on the
 // same StateDir recovers what an earlier one started.
@@ -54,9 +63,11 @@ const (
 
 // Config configures a Backend.
 type Config struct {
-	StateDir    string            // one dir per sandbox; must be absolute
-	AgentBinary string            // host path of the static sandbox-agent
-	Runtimes    map[string]string // runtime class -> OCI runtime binary; default {"runc": "/usr/sbin/runc"}
+	StateDir    string // one dir per sandbox; must be absolute
+	AgentBinary string // host path of the static sandbox-agent
+	// Runtimes maps runtime class -> OCI runtime binary; default DefaultRuntimes(): runc
+	// at /usr/sbin/runc, plus gvisor when FindRunsc finds runsc.
+	Runtimes map[string]string
 	// DefaultRuntime is the class for specs without one; default "runc".
 	DefaultRuntime string
 	// CgroupParent names the cgroup every sandbox's cgroup is made under: cgroupsPath is
@@ -154,7 +165,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, errors.New("local backend: Images is required")
 	}
 	if len(cfg.Runtimes) == 0 {
-		cfg.Runtimes = map[string]string{"runc": "/usr/sbin/runc"}
+		cfg.Runtimes = DefaultRuntimes()
 	}
 	if cfg.DefaultRuntime == "" {
 		cfg.DefaultRuntime = "runc"
@@ -188,7 +199,7 @@ func New(cfg Config) (*Backend, error) {
 		if !filepath.IsAbs(bin) {
 			return nil, fmt.Errorf("local backend: runtime %q binary %q must be an absolute path", class, bin)
 		}
-		b.runtimes[class] = &ociRuntime{class: class, binary: bin, root: filepath.Join(cfg.StateDir, ociRootDir, class)}
+		b.runtimes[class] = newOCIRuntime(class, bin, filepath.Join(cfg.StateDir, ociRootDir, class))
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
@@ -285,7 +296,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	b.sandboxes[id] = s
 	b.mu.Unlock()
 	if b.pool != nil {
-		b.pool.createStarted(poolKey{image: spec.Image, class: class}, spec.PullCredentials == nil)
+		// The warm pool is runc-only (see gvisor.go); a gVisor Create still counts as a
+		// Create in flight, so refills keep out of its way.
+		b.pool.createStarted(poolKey{image: spec.Image, class: class}, spec.PullCredentials == nil && !rt.gvisor)
 		defer b.pool.createEnded()
 	}
 	defer func() {
@@ -308,7 +321,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		close(s.ready)
 	}()
 
-	if b.pool != nil {
+	if b.pool != nil && !rt.gvisor {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
 			return s.info.toInfo(id), nil
@@ -393,6 +406,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err != nil {
 		return nil, nil, err
 	}
+	if rt.gvisor {
+		acfg.Listen = agentListenAddr // see gvisor.go
+	}
 	opts, err := overlayOptions(img.Layers, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork))
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
@@ -414,6 +430,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
 		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
+		GVisor: rt.gvisor,
 	}
 	if att != nil {
 		p.NetNS = att.NetNSPath
@@ -425,16 +442,20 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 
 	// The agent's listening socket is made here so connections queue in its backlog
 	// before the agent runs: Create can return as soon as the runtime has started it.
-	ln, err := listenUnix(filepath.Join(dir, dirRun), agentSocket)
-	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+	// (Under gVisor the agent listens itself; see gvisor.go.)
+	var lnFile *os.File
+	if !rt.gvisor {
+		ln, err := listenUnix(filepath.Join(dir, dirRun), agentSocket)
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+		}
+		lnFile, err = ln.File()
+		_ = ln.Close() // unlink-on-close is off; lnFile keeps the socket open
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
+		}
+		defer lnFile.Close()
 	}
-	lnFile, err := ln.File()
-	_ = ln.Close() // unlink-on-close is off; lnFile keeps the socket open
-	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
-	}
-	defer lnFile.Close()
 	out, err := os.OpenFile(filepath.Join(dir, fileAgentOut), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, nil, err
@@ -467,6 +488,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		s.info.PidStart = pr.start
 	}
 	s.proc = pr
+	if rt.gvisor {
+		if err := b.waitAgent(ctx, s); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step("agent", t)
+	}
 	if err := writeJSON(filepath.Join(dir, fileInfo), &s.info); err != nil {
 		return nil, nil, err // teardown kills the container and closes the pidfd
 	}

@@ -265,10 +265,12 @@ func checkNoLeaks(t testing.TB, state, id string) {
 			continue
 		}
 		if e.Name() == ociRootDir {
-			sub, _ := os.ReadDir(filepath.Join(state, ociRootDir, "runc"))
-			for _, s := range sub {
-				if id == "" || s.Name() == id {
-					t.Errorf("leaked runc state %s", s.Name())
+			for _, class := range []string{"runc", GVisorClass} {
+				sub, _ := os.ReadDir(filepath.Join(state, ociRootDir, class))
+				for _, s := range sub {
+					if id == "" || strings.HasPrefix(s.Name(), id) {
+						t.Errorf("leaked %s state %s", class, s.Name())
+					}
 				}
 			}
 			continue

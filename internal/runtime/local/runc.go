@@ -15,10 +15,21 @@ type ociRuntime struct {
 	class  string
 	binary string
 	root   string
+	// gvisor: the binary is runsc (see gvisor.go): global flags, no inherited agent
+	// socket, no OCI seccomp, signals through the CLI, no warm pool.
+	gvisor bool
+}
+
+func newOCIRuntime(class, binary, root string) *ociRuntime {
+	return &ociRuntime{class: class, binary: binary, root: root, gvisor: isGVisor(class, binary)}
 }
 
 func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, r.binary, append([]string{"--root", r.root}, args...)...)
+	global := []string{"--root", r.root}
+	if r.gvisor {
+		global = append(global, runscFlags...)
+	}
+	return exec.CommandContext(ctx, r.binary, append(global, args...)...)
 }
 
 // run runs a short command and returns its combined output in the error.
@@ -33,17 +44,29 @@ func (r *ociRuntime) run(ctx context.Context, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// start runs the container detached. extra becomes fd 3 in the container; stdio goes to
-// the file out (the container's stdio too).
+// start runs the container detached. extra, when not nil, becomes fd 3 in the container;
+// stdio goes to the file out (the container's stdio too).
 func (r *ociRuntime) start(ctx context.Context, id, bundle, pidFile string, extra *os.File, out *os.File) error {
-	cmd := r.command(ctx, "run", "--detach", "--pid-file", pidFile, "--preserve-fds", "1", "--bundle", bundle, id)
-	cmd.ExtraFiles = []*os.File{extra}
+	args := []string{"run", "--detach", "--pid-file", pidFile}
+	if extra != nil {
+		args = append(args, "--preserve-fds", "1")
+	}
+	cmd := r.command(ctx, append(args, "--bundle", bundle, id)...)
+	if extra != nil {
+		cmd.ExtraFiles = []*os.File{extra}
+	}
 	cmd.Stdout = out
 	cmd.Stderr = out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s run %s: %w: %s", r.class, id, err, tailOf(out.Name(), 1024))
 	}
 	return nil
+}
+
+// kill sends sig (a name like TERM or KILL) to the container's init through the CLI.
+func (r *ociRuntime) kill(ctx context.Context, id, sig string) error {
+	_, err := r.run(ctx, "kill", id, sig)
+	return err
 }
 
 // delete removes a stopped container's runtime state and cgroups. A container the runtime

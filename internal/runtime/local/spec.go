@@ -70,6 +70,9 @@ type specParams struct {
 	EtcDir    string // host dir holding hosts, hostname, resolv.conf
 	Seccomp   *specs.LinuxSeccomp
 	NoFile    uint64
+	// GVisor adapts the spec to runsc: the agent listens itself (no fd 3) and there is
+	// no OCI seccomp profile (see gvisor.go).
+	GVisor bool
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -118,11 +121,17 @@ func ociSpec(p specParams) *specs.Spec {
 	}
 
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.NetNS}
+	args := []string{agentconfig.BinaryPath}
+	seccomp := p.Seccomp
+	if p.GVisor {
+		args = append(args, "--listen-fd=-1")
+		seccomp = nil
+	}
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: []string{agentconfig.BinaryPath},
+			Args: args,
 			Env:  []string{"PATH=" + agentPath, "HOME=/root"},
 			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
@@ -141,7 +150,7 @@ func ociSpec(p specParams) *specs.Spec {
 			},
 			Resources:     res,
 			CgroupsPath:   p.Cgroups,
-			Seccomp:       p.Seccomp,
+			Seccomp:       seccomp,
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},

@@ -1,0 +1,168 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+)
+
+// The gVisor runtime class. runsc takes the same bundle as runc (one sandbox = one
+// gVisor sandbox with one container), with these differences:
+//
+//   - The agent channel. runc hands the agent a listening unix socket the backend made
+//     on the host (fd 3, `--preserve-fds`); a host socket passed into gVisor
+//     (`--pass-fd`) becomes a host-backed connected endpoint and accept(2) on it fails
+//     with EINVAL. Instead the agent listens itself on agentconfig.StateDir/agent.sock
+//     and runsc runs with --host-uds=create: the gofer creates, binds and listens on
+//     that socket on the host side of the bind mount (<dir>/run/agent.sock, the same
+//     path as for runc) and hands accepted connections to the sentry. So DialAgent,
+//     the runner and recovery are the same for both classes, and no network (nor any
+//     new authentication) is needed: a sandbox without a bridge works too. "create"
+//     does not let the sandbox connect to host sockets (that would be "open"); it can
+//     only make sockets in its own mounts. The one cost: connections cannot wait in a
+//     backlog made before the agent runs, so Create waits until the agent answers a
+//     dial (waitAgent), which is inside the ~0.6 s runsc needs to boot anyway.
+//   - Security profile: the sentry's own seccomp filter and the user-space kernel are
+//     the boundary; runsc ignores the OCI seccomp profile (it would only apply it inside
+//     with --oci-seccomp), so none is written. Capabilities, no_new_privs, rlimits,
+//     masked and read-only paths, the namespaces and the host cgroup limits (cgroup v1
+//     hybrid here) are honoured as for runc.
+//   - What differs inside: runsc drops CAP_NET_RAW (no --net-raw); the kernel is gVisor's
+//     (uname 4.19.0-gvisor); an empty /tmp in the image is a tmpfs (counted in the
+//     sandbox's memory); the root filesystem's writes go to runsc's own overlay, backed
+//     by a file in our overlay's upper dir, so they are still removed with the sandbox.
+//   - Signals: the pid runsc reports is the sandbox's (the sentry's), not the agent's,
+//     so SIGTERM goes through `runsc kill`; SIGKILL to the sentry ends the whole sandbox
+//     and stays a pidfd signal.
+//   - Network: the sandbox's pre-made network namespace is configured (veth, address,
+//     routes) before `runsc run`, which reads it once at boot; see launch.
+//   - The warm pool is runc-only: a claim enters the container's UTS namespace and
+//     renames its dir, neither of which works for a gVisor sandbox.
+//
+// runsc must be a static build (CGO_ENABLED=0); scripts/build-runsc.sh builds the pinned
+// RunscVersion into the cache where FindRunsc looks.
+
+// RunscVersion is the gVisor version scripts/build-runsc.sh builds (keep them equal).
+const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
+
+// GVisorClass is the runtime class name of gVisor.
+const GVisorClass = "gvisor"
+
+// runscFlags are runsc's global flags after --root. systrap is the platform that works
+// without /dev/kvm; each gofer gets a new empty network namespace (the default, one
+// shared "null" namespace, leaves a bind mount in the state root behind).
+var runscFlags = []string{"--platform=systrap", "--host-uds=create", "--gofer-network-namespace=new"}
+
+// isGVisor reports whether a runtime class is driven as runsc.
+func isGVisor(class, binary string) bool {
+	return class == GVisorClass || strings.HasPrefix(filepath.Base(binary), "runsc")
+}
+
+// agentListenAddr is where the agent listens inside a gVisor sandbox.
+var agentListenAddr = "unix:" + path.Join(agentconfig.StateDir, agentSocket)
+
+// FindRunsc returns the runsc binary to use for the gvisor class, or "": $SANDBOXD_RUNSC,
+// else the pinned build in ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/<RunscVersion>/,
+// else runsc on $PATH.
+func FindRunsc() string {
+	if p := os.Getenv("SANDBOXD_RUNSC"); p != "" {
+		if abs, err := filepath.Abs(p); err == nil && isExecutable(abs) {
+			return abs
+		}
+		return ""
+	}
+	cache := os.Getenv("SANDBOXD_CACHE")
+	if cache == "" {
+		cache = "/var/cache/sandboxd"
+	}
+	if p := filepath.Join(cache, "runsc", RunscVersion, "runsc"); isExecutable(p) {
+		return p
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		if abs, err := filepath.Abs(p); err == nil {
+			return abs
+		}
+	}
+	return ""
+}
+
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// DefaultRuntimes is the runtime classes a Backend offers when Config.Runtimes is empty:
+// runc, and gvisor when FindRunsc finds runsc. Which classes a sandbox may use is the
+// runner's policy's business.
+func DefaultRuntimes() map[string]string {
+	m := map[string]string{"runc": "/usr/sbin/runc"}
+	if p := FindRunsc(); p != "" {
+		m[GVisorClass] = p
+	}
+	return m
+}
+
+// RuntimeClasses lists the classes this Backend runs, the default first.
+func (b *Backend) RuntimeClasses() []string {
+	out := []string{b.cfg.DefaultRuntime}
+	for c := range b.runtimes {
+		if c != b.cfg.DefaultRuntime {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out[1:])
+	return out
+}
+
+// agentWaitTimeout bounds how long Create waits for a gVisor sandbox's agent to listen.
+const agentWaitTimeout = 30 * time.Second
+
+// waitAgent waits until the agent of s (started by runsc, listening on its own) accepts
+// a connection on its socket, or the sandbox has ended after its agent ran; it fails
+// when the sandbox ends without its agent having run.
+func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, agentWaitTimeout)
+	defer cancel()
+	runDir := filepath.Join(s.dir, dirRun)
+	pause := time.Millisecond
+	for {
+		var c net.Conn
+		err := withSocketPath(runDir, agentSocket, func(p string) error {
+			var d net.Dialer
+			var err error
+			c, err = d.DialContext(ctx, "unix", p)
+			return err
+		})
+		if err == nil {
+			return c.Close()
+		}
+		if s.proc != nil && s.proc.exited() {
+			// A main command that ends at once may take the agent (and the sandbox) with
+			// it before a dial got through: that is an exit for the watcher to record,
+			// as under runc. Without a status the agent never ran: a start error.
+			if _, err := os.Stat(filepath.Join(runDir, agentconfig.StatusFile)); err == nil {
+				return nil
+			}
+			return fmt.Errorf("the sandbox exited before its agent listened: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024))
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("agent not listening after %v: %w: %s", agentWaitTimeout, err, tailOf(filepath.Join(s.dir, fileAgentOut), 1024))
+			}
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 10*time.Millisecond)
+	}
+}

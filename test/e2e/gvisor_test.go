@@ -1,0 +1,164 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
+)
+
+// needRunsc skips when the stack will not offer the gvisor class (it offers it when
+// local.FindRunsc finds a runsc: `make runsc`, or $SANDBOXD_RUNSC).
+func needRunsc(t *testing.T) {
+	t.Helper()
+	if local.FindRunsc() == "" {
+		t.Skipf("gvisor runtime class: runsc not built (run `make runsc`, or set $SANDBOXD_RUNSC to a static runsc); looked in ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/%s/ and $PATH", local.RunscVersion)
+	}
+}
+
+func hostKernel(t *testing.T) string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// TestGVisorRuntimeClass runs sandboxes with runtime class gvisor through the runner:
+// the effective class is reported, the kernel is gVisor's, exec, files and logs work
+// through the agent, the sandbox's port is reachable at its IP, delete stops it and
+// leaves nothing behind (assertNoLeaks in finish). A sandbox without a class stays on
+// runc.
+func TestGVisorRuntimeClass(t *testing.T) {
+	needRunsc(t)
+	s := startedStack(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	spec := runtime.Spec{Image: busybox(), RuntimeClass: local.GVisorClass, Command: "/bin/sh", Args: []string{"-c",
+		`trap "echo stopping; exit 0" TERM; echo started; httpd -f -p 8080 -h /www & wait`},
+		Files: []runtime.File{{Path: "/www/index.html", Content: []byte("gvisor says hi\n")}}}
+	t0 := time.Now()
+	sb := create(t, s, runner.CreateRequest{Spec: spec})
+	c := agentOf(t, s, sb.ID)
+	if got := execIn(t, c, "true"); got.ExitCode != 0 {
+		t.Fatalf("first exec exit %d", got.ExitCode)
+	}
+	t.Logf("create -> first exec (gvisor, via runner): %v", time.Since(t0))
+	sb = waitState(t, s, sb.ID, runner.StateRunning, 30*time.Second)
+	if sb.RuntimeClass != local.GVisorClass {
+		t.Errorf("effective runtime class %q, want gvisor", sb.RuntimeClass)
+	}
+
+	rel := strings.TrimSpace(string(execIn(t, c, "uname", "-r").Stdout))
+	if rel == "" || rel == hostKernel(t) {
+		t.Errorf("uname -r = %q, host %q: want gVisor's kernel", rel, hostKernel(t))
+	}
+	if out := string(execIn(t, c, "dmesg").Stdout); !strings.Contains(out, "gVisor") {
+		t.Errorf("dmesg does not mention gVisor: %q", out)
+	}
+
+	// Files.
+	data := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	if _, err := c.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/data/blob.bin", Content: data})); err != nil {
+		t.Fatalf("write file: %v", err)
+	}
+	rf, err := c.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: "/data/blob.bin"}))
+	if err != nil || !bytes.Equal(rf.Msg.Content, data) {
+		t.Fatalf("read back: %v (%d bytes)", err, len(rf.Msg.GetContent()))
+	}
+	if got := string(execIn(t, c, "wc", "-c", "/data/blob.bin").Stdout); !strings.HasPrefix(strings.TrimSpace(got), "1048576") {
+		t.Errorf("wc -c inside = %q", got)
+	}
+
+	// The sandbox's port at its IP, from the host (netns configured before runsc booted).
+	if sb.IP == "" {
+		t.Fatal("no sandbox IP")
+	}
+	var body string
+	hc := &http.Client{Timeout: 2 * time.Second}
+	for i := 0; i < 100 && body == ""; i++ {
+		resp, err := hc.Get("http://" + net.JoinHostPort(sb.IP, "8080") + "/index.html")
+		if err != nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+	}
+	if body != "gvisor says hi\n" {
+		t.Errorf("host -> %s:8080: %q", sb.IP, body)
+	}
+
+	// Logs.
+	logs, err := c.Logs(ctx, connect.NewRequest(&agentv1.LogsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	for logs.Receive() {
+		got.Write(logs.Msg().Data)
+	}
+	if err := logs.Err(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("logs: %v", err)
+	}
+	if !strings.Contains(got.String(), "started\n") {
+		t.Errorf("logs = %q", got.String())
+	}
+
+	// runc stays the default beside it.
+	def := create(t, s, runner.CreateRequest{Spec: sleeper(busybox())})
+	dc := agentOf(t, s, def.ID)
+	if rel := strings.TrimSpace(string(execIn(t, dc, "uname", "-r").Stdout)); rel != hostKernel(t) {
+		t.Errorf("default sandbox kernel %q, want the host's %q", rel, hostKernel(t))
+	}
+	if d, _ := s.Runner.Get(def.ID); d.RuntimeClass != "runc" {
+		t.Errorf("default runtime class %q, want runc", d.RuntimeClass)
+	}
+
+	// Delete: SIGTERM reaches the main command; its logs are archived.
+	if _, err := s.Runner.Delete(sb.ID, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	end, err := s.Runner.WaitTerminal(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end.State != runner.StateTerminated || end.RuntimeClass != local.GVisorClass {
+		t.Errorf("after delete: state %s (%s: %s), class %q", end.State, end.Reason, end.Message, end.RuntimeClass)
+	}
+	if dir, err := s.Runner.LogDir(sb.ID); err != nil || dir == "" {
+		t.Errorf("log dir after delete: %q, %v", dir, err)
+	} else if b, _ := os.ReadFile(filepath.Join(dir, "main.log")); !strings.Contains(string(b), "stopping") {
+		t.Errorf("archived main.log %q: want the TERM trap's output", b)
+	}
+}
+
+// TestGVisorPython: a real image (Debian + python3) runs under gVisor.
+func TestGVisorPython(t *testing.T) {
+	needRunsc(t)
+	s := startedStack(t)
+	spec := sleeper(python())
+	spec.RuntimeClass = local.GVisorClass
+	sb := create(t, s, runner.CreateRequest{Spec: spec})
+	got := execIn(t, agentOf(t, s, sb.ID), "python3", "-c", "import platform; print(platform.release())")
+	if rel := strings.TrimSpace(string(got.Stdout)); got.ExitCode != 0 || rel == hostKernel(t) {
+		t.Errorf("python3 under gvisor: exit %d, release %q, stderr %q", got.ExitCode, rel, got.Stderr)
+	}
+}
