@@ -68,6 +68,9 @@ type entry struct {
 	changed chan struct{}
 
 	creds        *runtime.Credentials // used for the pull only; never kept in snapshots
+	// startedAt is when the backend started the container: the StartedAt reported once
+	// the agent says the main command runs, and the one a restarted runner recovers.
+	startedAt time.Time
 	cancelCreate context.CancelFunc
 	stopCh       chan struct{} // closed once a stop is requested
 	stopReason   string
@@ -374,6 +377,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 		}
 		r.update(e, func(sb *Sandbox) {
 			sb.IP, sb.RuntimeClass, sb.ImageDigest = info.IP, info.RuntimeClass, info.ImageDigest
+			e.startedAt = info.StartedAt
 		})
 	}
 	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id) })
@@ -441,7 +445,10 @@ func (r *Runner) watch(e *entry, client agentv1connect.AgentServiceClient) {
 			case agentv1.MainState_MAIN_STATE_STARTING, agentv1.MainState_MAIN_STATE_RUNNING, agentv1.MainState_MAIN_STATE_RESTARTING:
 				if sb.State == StateCreating || sb.State == StatePending {
 					sb.State = StateRunning
-					sb.StartedAt = time.Now()
+					sb.StartedAt = e.startedAt
+					if sb.StartedAt.IsZero() {
+						sb.StartedAt = time.Now()
+					}
 				}
 			}
 		})
