@@ -67,10 +67,10 @@ type entry struct {
 	sb      Sandbox
 	changed chan struct{}
 
-	creds        *runtime.Credentials // used for the pull only; never kept in snapshots
+	creds *runtime.Credentials // used for the pull only; never kept in snapshots
 	// startedAt is when the backend started the container: the StartedAt reported once
 	// the agent says the main command runs, and the one a restarted runner recovers.
-	startedAt time.Time
+	startedAt    time.Time
 	cancelCreate context.CancelFunc
 	stopCh       chan struct{} // closed once a stop is requested
 	stopReason   string

@@ -180,7 +180,7 @@ func TestChurnWithFaults(t *testing.T) {
 
 	// Faults, one after another, while the churn runs.
 	var (
-		faultLog []string
+		faultLog  []string
 		whileDown []string // what a sandbox of the killed runner answered meanwhile
 	)
 	faultsDone := make(chan struct{})
@@ -387,4 +387,3 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 		time.Sleep(500 * time.Millisecond)
 	}
 }
-
