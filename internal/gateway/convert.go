@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -17,9 +18,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
-
-// supportedRuntimeClasses are the runtime classes the local runner offers today.
-var supportedRuntimeClasses = []string{"runc"}
 
 // toCreateRequest turns a wire spec into a runner request. It reports every shape problem
 // at once as field violations, and features this gateway cannot honour yet as
@@ -96,11 +94,12 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	case spec.GetMaxLifetimeSeconds() > limit:
 		add("sandbox.spec.max_lifetime_seconds", "must be at most %d (30 days) under any policy, got %d", limit, spec.GetMaxLifetimeSeconds())
 	}
-	switch rc := spec.GetRuntimeClass(); {
-	case rc == "" || slices.Contains(supportedRuntimeClasses, rc):
+	// Which classes exist is each runner's to say (placement checks it); here only the
+	// shape of the name, a DNS label as in Kubernetes' RuntimeClass.
+	if rc := spec.GetRuntimeClass(); rc == "" || dnsLabel.MatchString(rc) {
 		req.Spec.RuntimeClass = rc
-	default:
-		add("sandbox.spec.runtime_class", "unknown runtime class %q (available: %s)", rc, strings.Join(supportedRuntimeClasses, ", "))
+	} else {
+		add("sandbox.spec.runtime_class", "must be a lowercase DNS label such as runc or gvisor (a-z, 0-9, '-', at most 63), got %q", rc)
 	}
 	seenPorts, seenNames := map[int32]bool{}, map[string]bool{}
 	for i, s := range spec.GetServices() {
@@ -281,3 +280,6 @@ func ts(t time.Time) *timestamppb.Timestamp {
 	}
 	return timestamppb.New(t)
 }
+
+// dnsLabel is an RFC 1123 label, as Kubernetes names RuntimeClasses.
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)

@@ -23,7 +23,7 @@ func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]plac
 	return placement.Place(placement.Request{
 		Spec:         spec,
 		Runners:      s.views.snapshot(ctx),
-		Platform:     Platform(),
+		Platform:     Platform(nil),
 		Reservations: &s.reserved,
 	})
 }

@@ -12,11 +12,19 @@ type PolicySource interface {
 	Policy(ctx context.Context, runnerID string) (doc []byte, revision int64, err error)
 }
 
-// Platform is what this gateway's runners support whatever the policy says: the platform
-// a runner resolves its own policy against, so gateway and runner decide alike.
-func Platform() policy.Platform {
+// DefaultRuntimeClasses are what a runner offers when it does not say: runc alone.
+var DefaultRuntimeClasses = []string{"runc"}
+
+// Platform is what a runner offering runtime classes (its default first; none means
+// DefaultRuntimeClasses) supports whatever the policy says: the platform the runner
+// resolves its own policy against, and the gateway its view of the runner's, so both
+// decide alike.
+func Platform(classes []string) policy.Platform {
+	if len(classes) == 0 {
+		classes = DefaultRuntimeClasses
+	}
 	p := policy.DefaultPlatform()
-	p.RuntimeClasses = supportedRuntimeClasses
-	p.DefaultCPURuntimeClass = supportedRuntimeClasses[0]
+	p.RuntimeClasses = classes
+	p.DefaultCPURuntimeClass = classes[0]
 	return p
 }

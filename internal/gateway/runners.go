@@ -43,6 +43,8 @@ type Capacity struct {
 	MaxSandboxes  int
 	ConnectedAt   time.Time
 	Architectures []string
+	// RuntimeClasses the runner can run, its default first.
+	RuntimeClasses []string
 }
 
 // DefaultMaxSandboxes is a local runner's sandbox count limit unless configured.
@@ -57,6 +59,8 @@ type LocalRunner struct {
 	// the host's CPUs and memory, DefaultMaxSandboxes).
 	MilliCPU, MemoryBytes int64
 	MaxSandboxes          int
+	// RuntimeClasses override what the runner's backend offers (its default first).
+	RuntimeClasses []string
 	connectedAt           time.Time
 	admit                 sync.Mutex // one capacity check and create at a time
 }
@@ -126,7 +130,14 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 		MemoryBytes:   l.MemoryBytes,
 		MaxSandboxes:  l.MaxSandboxes,
 		ConnectedAt:   l.connectedAt,
-		Architectures: []string{goruntime.GOARCH},
+		Architectures:  []string{goruntime.GOARCH},
+		RuntimeClasses: l.RuntimeClasses,
+	}
+	if len(c.RuntimeClasses) == 0 {
+		c.RuntimeClasses = l.R.RuntimeClasses()
+	}
+	if len(c.RuntimeClasses) == 0 {
+		c.RuntimeClasses = DefaultRuntimeClasses
 	}
 	if c.MilliCPU <= 0 {
 		c.MilliCPU = int64(goruntime.NumCPU()) * 1000

@@ -200,6 +200,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		out[i].Allocatable = placement.Resources{MilliCPU: c.MilliCPU, MemoryBytes: c.MemoryBytes, GPUs: c.GPUs}
 		out[i].Used, out[i].Sandboxes = used, n
 		out[i].MaxSandboxes = c.MaxSandboxes
+		out[i].RuntimeClasses = c.RuntimeClasses
 	}
 	return out
 }

@@ -635,3 +635,12 @@ func cloneSpec(s runtime.Spec) runtime.Spec {
 	c.PullCredentials = nil
 	return c
 }
+
+// RuntimeClasses are the runtime classes the backend offers, its default first; nil when
+// the backend does not say.
+func (r *Runner) RuntimeClasses() []string {
+	if b, ok := r.backend.(interface{ RuntimeClasses() []string }); ok {
+		return b.RuntimeClasses()
+	}
+	return nil
+}

@@ -124,7 +124,8 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		ConnectedAt:   timeToProto(c.ConnectedAt),
 		Architectures: c.Architectures,
 		Gpus:          c.GPUs, UsedGpus: c.UsedGPUs,
-		MaxSandboxes: int32(c.MaxSandboxes),
+		MaxSandboxes:   int32(c.MaxSandboxes),
+		RuntimeClasses: c.RuntimeClasses,
 	}
 }
 
@@ -136,7 +137,8 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		ConnectedAt:   timeFromProto(p.GetConnectedAt()),
 		Architectures: p.GetArchitectures(),
 		GPUs:          p.GetGpus(), UsedGPUs: p.GetUsedGpus(),
-		MaxSandboxes: int(p.GetMaxSandboxes()),
+		MaxSandboxes:   int(p.GetMaxSandboxes()),
+		RuntimeClasses: p.GetRuntimeClasses(),
 	}
 }
 

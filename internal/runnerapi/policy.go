@@ -50,7 +50,11 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.runnerID, err))
 		}
 	}
-	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), specForPolicy(*req), gateway.Platform())
+	var classes []string
+	if c, err := s.capacity(ctx); err == nil {
+		classes = c.RuntimeClasses
+	}
+	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), specForPolicy(*req), gateway.Platform(classes))
 	if !res.OK() {
 		vs := policy.ToAPI(res.Violations)
 		parts := make([]string, len(vs))

@@ -16,7 +16,10 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
@@ -160,5 +163,43 @@ func TestGVisorPython(t *testing.T) {
 	got := execIn(t, agentOf(t, s, sb.ID), "python3", "-c", "import platform; print(platform.release())")
 	if rel := strings.TrimSpace(string(got.Stdout)); got.ExitCode != 0 || rel == hostKernel(t) {
 		t.Errorf("python3 under gvisor: exit %d, release %q, stderr %q", got.ExitCode, rel, got.Stderr)
+	}
+}
+
+// TestGVisorThroughGateway: the public API picks gVisor by runtime_class, the runner's
+// classes decide what exists, and a policy's allow-list decides what is allowed.
+func TestGVisorThroughGateway(t *testing.T) {
+	needRunsc(t)
+	pol := &policies{}
+	pol.set(`{"constraints": {"security": {"allowed_runtime_classes": ["runc", "gvisor"]}}}`)
+	g := startGateway(t, func(c *gateway.Config) { c.Policies = pol })
+	ctx := context.Background()
+
+	sp := sleeperSpec()
+	sp.RuntimeClass = local.GVisorClass
+	sb := g.create(t, sp, "")
+	running := g.waitState(t, sb.SandboxId, sandboxv1.State_STATE_RUNNING)
+	if got := running.GetStatus().GetEffectiveRuntimeClass(); got != local.GVisorClass {
+		t.Errorf("effective runtime class %q, want gvisor", got)
+	}
+	res, err := g.sandboxes.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: sb.SandboxId, Command: []string{"uname", "-r"}}))
+	if err != nil || strings.TrimSpace(string(res.Msg.GetStdout())) == hostKernel(t) {
+		t.Errorf("uname -r under gvisor: %q %v (host %s)", res.Msg.GetStdout(), err, hostKernel(t))
+	}
+
+	// A class no runner offers is refused with the ones that exist.
+	sp.RuntimeClass = "kata"
+	_, err = g.sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))
+	if vs := apierr.Violations(err); connect.CodeOf(err) != connect.CodeInvalidArgument || len(vs) == 0 ||
+		vs[0].Field != "sandbox.spec.runtime_class" || !strings.Contains(vs[0].Description, "not available on this runner; use one of: runc, gvisor") {
+		t.Errorf("runtime class kata: %v %v", err, vs)
+	}
+	// A policy that allows runc only refuses gvisor, naming the constraint.
+	pol.set(`{"constraints": {"security": {"allowed_runtime_classes": ["runc"]}}}`)
+	sp.RuntimeClass = local.GVisorClass
+	_, err = g.sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))
+	if vs := apierr.Violations(err); apierr.Reason(err) != apierr.PlacementRejected || len(vs) != 1 ||
+		!strings.Contains(vs[0].Description, "constraints.security.allowed_runtime_classes") {
+		t.Errorf("gvisor under a runc-only policy: %v %v", err, vs)
 	}
 }

@@ -66,6 +66,8 @@ type Runner struct {
 	// Used is what the runner's live sandboxes take, Sandboxes how many there are.
 	Used      Resources
 	Sandboxes int
+	// RuntimeClasses the runner can run, its default first; empty: Request.Platform's.
+	RuntimeClasses []string
 }
 
 // Request is one placement decision.
@@ -140,7 +142,7 @@ func Place(req Request) ([]Candidate, error) {
 		full     []string           // "r1: needs …, free …"
 		rejected []apierr.Violation // prefixed
 		single   policy.Result      // the one rejection when one runner is considered
-		resolved = map[*policy.Policy]policy.Result{}
+		resolved = map[resolution]policy.Result{}
 	)
 	for _, i := range considered {
 		r := req.Runners[i]
@@ -154,10 +156,11 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		res, ok := resolved[r.Policy]
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ",")}
+		res, ok := resolved[key]
 		if !ok {
-			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, req.Platform)
-			resolved[r.Policy] = res
+			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
+			resolved[key] = res
 		}
 		res.PolicyRevision = r.PolicyRevision
 		if !res.OK() {
@@ -333,4 +336,20 @@ func describe(vs []apierr.Violation) string {
 		parts[i] = v.Field + " " + v.Description
 	}
 	return strings.Join(parts, "; ")
+}
+
+// resolution identifies a policy resolution: runners sharing a policy and runtime
+// classes (a group) share it.
+type resolution struct {
+	policy  *policy.Policy
+	classes string
+}
+
+// platformOf is the platform runner r resolves specs against: p with r's runtime classes.
+func platformOf(p policy.Platform, r Runner) policy.Platform {
+	if len(r.RuntimeClasses) > 0 {
+		p.RuntimeClasses = r.RuntimeClasses
+		p.DefaultCPURuntimeClass = r.RuntimeClasses[0]
+	}
+	return p
 }

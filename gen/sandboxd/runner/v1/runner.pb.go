@@ -980,7 +980,8 @@ type CapacityResponse struct {
 	Architectures   []string               `protobuf:"bytes,7,rep,name=architectures,proto3" json:"architectures,omitempty"`                // GOARCH names
 	Gpus            int64                  `protobuf:"varint,8,opt,name=gpus,proto3" json:"gpus,omitempty"`                                 // allocatable GPUs
 	UsedGpus        int64                  `protobuf:"varint,9,opt,name=used_gpus,json=usedGpus,proto3" json:"used_gpus,omitempty"`
-	MaxSandboxes    int32                  `protobuf:"varint,10,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"` // live sandbox limit; 0 = none
+	MaxSandboxes    int32                  `protobuf:"varint,10,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`      // live sandbox limit; 0 = none
+	RuntimeClasses  []string               `protobuf:"bytes,11,rep,name=runtime_classes,json=runtimeClasses,proto3" json:"runtime_classes,omitempty"` // runtime classes the runner can run, its default first
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1085,6 +1086,13 @@ func (x *CapacityResponse) GetMaxSandboxes() int32 {
 	return 0
 }
 
+func (x *CapacityResponse) GetRuntimeClasses() []string {
+	if x != nil {
+		return x.RuntimeClasses
+	}
+	return nil
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
@@ -1162,7 +1170,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"G\n" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x11\n" +
-	"\x0fCapacityRequest\"\xf9\x02\n" +
+	"\x0fCapacityRequest\"\xa2\x03\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -1174,7 +1182,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x04gpus\x18\b \x01(\x03R\x04gpus\x12\x1b\n" +
 	"\tused_gpus\x18\t \x01(\x03R\busedGpus\x12#\n" +
 	"\rmax_sandboxes\x18\n" +
-	" \x01(\x05R\fmaxSandboxes*\xac\x01\n" +
+	" \x01(\x05R\fmaxSandboxes\x12'\n" +
+	"\x0fruntime_classes\x18\v \x03(\tR\x0eruntimeClasses*\xac\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
