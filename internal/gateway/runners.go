@@ -61,8 +61,8 @@ type LocalRunner struct {
 	MaxSandboxes          int
 	// RuntimeClasses override what the runner's backend offers (its default first).
 	RuntimeClasses []string
-	connectedAt           time.Time
-	admit                 sync.Mutex // one capacity check and create at a time
+	connectedAt    time.Time
+	admit          sync.Mutex // one capacity check and create at a time
 }
 
 // NewLocalRunner wraps r.
@@ -126,10 +126,10 @@ func (l *LocalRunner) Agent(ctx context.Context, id string) (agentv1connect.Agen
 // and sums the limits of live sandboxes (a sandbox without limits counts as none).
 func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 	c := Capacity{
-		MilliCPU:      l.MilliCPU,
-		MemoryBytes:   l.MemoryBytes,
-		MaxSandboxes:  l.MaxSandboxes,
-		ConnectedAt:   l.connectedAt,
+		MilliCPU:       l.MilliCPU,
+		MemoryBytes:    l.MemoryBytes,
+		MaxSandboxes:   l.MaxSandboxes,
+		ConnectedAt:    l.connectedAt,
 		Architectures:  []string{goruntime.GOARCH},
 		RuntimeClasses: l.RuntimeClasses,
 	}

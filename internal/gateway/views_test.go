@@ -125,7 +125,9 @@ func TestRunnerViews(t *testing.T) {
 	// that cannot be read makes the runner unplaceable with the reason.
 	r.set(full, nil)
 	v.probe(ctx)
-	s.policies = policyFunc(func() ([]byte, int64, error) { return []byte(`{"constraints": {"lifetime": {"max_seconds": 60}}}`), 2, nil })
+	s.policies = policyFunc(func() ([]byte, int64, error) {
+		return []byte(`{"constraints": {"lifetime": {"max_seconds": 60}}}`), 2, nil
+	})
 	first := one()
 	if first.PolicyRevision != "2" || first.Policy.Constraints.Lifetime == nil {
 		t.Fatalf("policy revision 2: %+v", first)
