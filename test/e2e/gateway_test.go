@@ -439,11 +439,16 @@ func TestGatewayRejectsWhatItCannotHonour(t *testing.T) {
 			s.MaxLifetimeSeconds = 31 * 24 * 3600
 			return s
 		}(), connect.CodeInvalidArgument, apierr.InvalidRequest, "sandbox.spec.max_lifetime_seconds"},
-		{"unknown runtime class", func() *sandboxv1.SandboxSpec {
+		{"malformed runtime class", func() *sandboxv1.SandboxSpec {
+			s := spec(busybox(), "true")
+			s.RuntimeClass = "Kata_Containers"
+			return s
+		}(), connect.CodeInvalidArgument, apierr.InvalidRequest, "sandbox.spec.runtime_class"},
+		{"runtime class no runner offers", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
 			s.RuntimeClass = "kata"
 			return s
-		}(), connect.CodeInvalidArgument, apierr.InvalidRequest, "sandbox.spec.runtime_class"},
+		}(), connect.CodeInvalidArgument, apierr.PlacementRejected, "sandbox.spec.runtime_class"},
 		{"public endpoint", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
 			s.Services = []*sandboxv1.Service{{Port: 8443, Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC}}

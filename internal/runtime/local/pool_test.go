@@ -238,7 +238,7 @@ func TestPoolMainExitAndRestarts(t *testing.T) {
 }
 
 func TestPoolIdleAndDrain(t *testing.T) {
-	e := poolEnv(t, 2, 300*time.Millisecond)
+	e := poolEnv(t, 2, 2*time.Second) // long enough to be seen ready on a loaded machine
 	e.create(runtime.Spec{ID: "prime", Command: "true"})
 	waitPoolReady(t, e.b, 1)
 	// Unused for longer than Idle: dropped.
