@@ -101,21 +101,8 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	} else {
 		add("sandbox.spec.runtime_class", "must be a lowercase DNS label such as runc or gvisor (a-z, 0-9, '-', at most 63), got %q", rc)
 	}
-	seenPorts, seenNames := map[int32]bool{}, map[string]bool{}
-	for i, s := range spec.GetServices() {
-		f := fmt.Sprintf("sandbox.spec.services[%d]", i)
-		if s.GetPort() < 1 || s.GetPort() > 65535 {
-			add(f+".port", "must be 1-65535, got %d", s.GetPort())
-		} else if seenPorts[s.GetPort()] {
-			add(f+".port", "duplicate port %d", s.GetPort())
-		}
-		seenPorts[s.GetPort()] = true
-		if n := s.GetName(); n != "" {
-			if seenNames[n] {
-				add(f+".name", "duplicate name %q", n)
-			}
-			seenNames[n] = true
-		}
+	vs = append(vs, serviceViolations(spec.GetServices())...)
+	for _, s := range spec.GetServices() {
 		if s.GetEndpoint() != nil || s.GetVisibility() != sandboxv1.Visibility_VISIBILITY_UNSPECIFIED {
 			unsupported = append(unsupported, "service visibility and public endpoints")
 		}
