@@ -186,7 +186,7 @@ func TestWarmPool(t *testing.T) {
 // TestWarmPoolIdle: pooled containers unused for longer than Idle are destroyed.
 func TestWarmPoolIdle(t *testing.T) {
 	dir := t.TempDir()
-	s := poolStack(t, dir, 2, 500*time.Millisecond)
+	s := poolStack(t, dir, 2, 3*time.Second) // long enough to be seen ready on a loaded machine
 	t.Cleanup(func() { finish(t, s, dir) })
 	sb := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "true"}})
 	waitState(t, s, sb.ID, runner.StateCompleted, 30*time.Second)
