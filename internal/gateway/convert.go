@@ -3,8 +3,10 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -103,9 +105,11 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	}
 	vs = append(vs, serviceViolations(spec.GetServices())...)
 	for _, s := range spec.GetServices() {
-		if s.GetEndpoint() != nil || s.GetVisibility() != sandboxv1.Visibility_VISIBILITY_UNSPECIFIED {
-			unsupported = append(unsupported, "service visibility and public endpoints")
+		switch s.GetVisibility() {
+		case sandboxv1.Visibility_VISIBILITY_PRIVATE, sandboxv1.Visibility_VISIBILITY_CUSTOM:
+			unsupported = append(unsupported, "PRIVATE and CUSTOM service visibility")
 		}
+		req.Spec.Services = append(req.Spec.Services, toRuntimeService(s))
 	}
 	vs = append(vs, placement.RunnerIDViolations(spec.GetRunnerIds())...)
 	if len(spec.GetVolumes()) > 0 {
@@ -212,7 +216,7 @@ func notFound(id string) error {
 }
 
 // toProto renders a sandbox for the wire. spec is the spec as the caller sent it.
-func toProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
+func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
 	st := &sandboxv1.SandboxStatus{
 		State:                       sandboxv1.State(sb.State),
 		CreateTime:                  ts(sb.CreatedAt),
@@ -255,10 +259,73 @@ func toProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner
 		cs.ExitCode = *sb.ExitCode
 	}
 	st.ContainerStatuses = []*sandboxv1.ContainerStatus{cs}
-	for _, s := range spec.GetServices() {
-		st.Services = append(st.Services, &sandboxv1.ServiceStatus{Port: s.GetPort(), Name: s.GetName(), Protocol: s.GetProtocol(), Visibility: s.GetVisibility()})
-	}
 	return &sandboxv1.Sandbox{SandboxId: id, Spec: spec, Status: st}
+}
+
+// toProto is the public form of a sandbox of runner r, with its services' addresses.
+func (s *Server) toProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
+	p := sandboxProto(id, spec, sb, r)
+	domain, port := s.views.edgeOf(r.ID())
+	p.Status.Services = serviceStatuses(id, spec, sb, r.ID(), domain, port)
+	return p
+}
+
+func toRuntimeService(s *sandboxv1.Service) runtime.Service {
+	out := runtime.Service{Port: int(s.GetPort()), Name: s.GetName()}
+	switch s.GetVisibility() {
+	case sandboxv1.Visibility_VISIBILITY_PUBLIC:
+		out.Visibility = "public"
+	case sandboxv1.Visibility_VISIBILITY_PRIVATE:
+		out.Visibility = "private"
+	}
+	if ep := s.GetEndpoint(); ep != nil {
+		switch ep.GetKind() {
+		case sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS:
+			out.Endpoint = runtime.EndpointHTTPS
+		case sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH:
+			out.Endpoint = runtime.EndpointPassthrough
+		}
+		out.TokenAuth = ep.GetAuth() == sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN
+		out.TimeoutSeconds = int(ep.GetRequestTimeoutSeconds())
+	}
+	return out
+}
+
+// serviceStatuses echoes the spec's services with their addresses on the runner's edge
+// (domain and port; "" when it has none): a passthrough address from creation on (it is
+// only a name), an HTTPS URL once the sandbox runs and its route is live.
+func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, runnerID, domain string, port int) []*sandboxv1.ServiceStatus {
+	var out []*sandboxv1.ServiceStatus
+	for _, s := range spec.GetServices() {
+		st := &sandboxv1.ServiceStatus{Port: s.GetPort(), Name: s.GetName(), Protocol: s.GetProtocol(), Visibility: s.GetVisibility()}
+		out = append(out, st)
+		ep := s.GetEndpoint()
+		if ep == nil {
+			continue
+		}
+		st.Endpoint = &sandboxv1.EndpointStatus{Kind: ep.GetKind(), Auth: ep.GetAuth()}
+		if domain == "" || sb.State.Terminal() {
+			continue
+		}
+		host := EndpointHost(int(s.GetPort()), id, runnerID, domain)
+		switch ep.GetKind() {
+		case sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH:
+			st.Url = net.JoinHostPort(host, strconv.Itoa(port))
+		case sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS:
+			if sb.State == runner.StateRunning {
+				st.Endpoint.Url = "https://" + host
+				if port != 443 {
+					st.Endpoint.Url += ":" + strconv.Itoa(port)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// EndpointHost is the public name of a sandbox port: <port>-<sandbox>.<runner>.<domain>.
+func EndpointHost(port int, sandboxID, runnerID, domain string) string {
+	return strconv.Itoa(port) + "-" + sandboxID + "." + runnerID + "." + domain
 }
 
 func ts(t time.Time) *timestamppb.Timestamp {

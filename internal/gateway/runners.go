@@ -45,6 +45,10 @@ type Capacity struct {
 	Architectures []string
 	// RuntimeClasses the runner can run, its default first.
 	RuntimeClasses []string
+	// EdgeDomain and EdgePort are where the runner's edge publishes endpoints
+	// (<port>-<sandbox>.<runner>.<EdgeDomain>:<EdgePort>); "" when it has no edge.
+	EdgeDomain string
+	EdgePort   int
 }
 
 // DefaultMaxSandboxes is a local runner's sandbox count limit unless configured.
@@ -61,8 +65,11 @@ type LocalRunner struct {
 	MaxSandboxes          int
 	// RuntimeClasses override what the runner's backend offers (its default first).
 	RuntimeClasses []string
-	connectedAt    time.Time
-	admit          sync.Mutex // one capacity check and create at a time
+	// EdgeDomain and EdgePort: see Capacity.
+	EdgeDomain  string
+	EdgePort    int
+	connectedAt time.Time
+	admit       sync.Mutex // one capacity check and create at a time
 }
 
 // NewLocalRunner wraps r.
@@ -132,6 +139,7 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 		ConnectedAt:    l.connectedAt,
 		Architectures:  []string{goruntime.GOARCH},
 		RuntimeClasses: l.RuntimeClasses,
+		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
 	}
 	if len(c.RuntimeClasses) == 0 {
 		c.RuntimeClasses = l.R.RuntimeClasses()

@@ -226,7 +226,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 	if rec, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
 		r := s.runnerByID(rec.runnerID)
 		if r != nil {
-			return connect.NewResponse(toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
+			return connect.NewResponse(s.toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
 		}
 	}
 	// Shape first, on what the caller sent; then placement (the runners' policies and
@@ -254,14 +254,14 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 			// Another gateway replica created this request's sandbox meanwhile: that one counts.
 			if first, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
 				if fr := s.runnerByID(first.runnerID); fr != nil {
-					return connect.NewResponse(toProto(first.id, first.spec, s.current(ctx, first, fr), fr)), nil
+					return connect.NewResponse(s.toProto(first.id, first.spec, s.current(ctx, first, fr), fr)), nil
 				}
 			}
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", primary(spec).GetImage())
-	return connect.NewResponse(toProto(sb.ID, spec, sb, r)), nil
+	return connect.NewResponse(s.toProto(sb.ID, spec, sb, r)), nil
 }
 
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
@@ -269,7 +269,7 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
+	return connect.NewResponse(s.toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
 }
 
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
@@ -327,7 +327,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Sandboxes[size-1].GetSandboxId()))
 			break
 		}
-		out.Sandboxes = append(out.Sandboxes, toProto(rec.id, rec.spec, sb, r))
+		out.Sandboxes = append(out.Sandboxes, s.toProto(rec.id, rec.spec, sb, r))
 	}
 	return connect.NewResponse(out), nil
 }
@@ -372,7 +372,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 	}
 	s.index.setLast(ctx, rec, sb)
 	s.views.poke() // its capacity is free again soon
-	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: toProto(rec.id, rec.spec, sb, r)}), nil
+	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: s.toProto(rec.id, rec.spec, sb, r)}), nil
 }
 
 func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandboxv1.PurgeSandboxesRequest]) (*connect.Response[sandboxv1.PurgeSandboxesResponse], error) {

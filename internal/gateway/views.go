@@ -201,6 +201,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		out[i].Used, out[i].Sandboxes = used, n
 		out[i].MaxSandboxes = c.MaxSandboxes
 		out[i].RuntimeClasses = c.RuntimeClasses
+		out[i].NoEdge = c.EdgeDomain == ""
 	}
 	return out
 }
@@ -287,4 +288,18 @@ func keepAfter(cs []confirmedCreate, t time.Time) []confirmedCreate {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// edgeOf is where runner id publishes endpoints, as it last said ("" when it has no edge
+// or is unknown).
+func (v *runnerViews) edgeOf(id string) (domain string, port int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i, r := range v.s.runners {
+		if r.ID() == id {
+			c := v.views[i].capacity
+			return c.EdgeDomain, c.EdgePort
+		}
+	}
+	return "", 0
 }

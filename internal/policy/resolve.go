@@ -41,6 +41,8 @@ type Platform struct {
 	DefaultGPURuntimeClass string
 	// PrivilegedAllowed says whether the runner can run privileged containers at all.
 	PrivilegedAllowed bool
+	// NoEndpoints: the runner has no edge, so it cannot publish endpoints.
+	NoEndpoints bool
 	// DefaultResources are the runner's per-container defaults, below the policy base.
 	DefaultResources *ResourceDefaults
 }
@@ -558,6 +560,14 @@ func (r *resolver) checkServices(s *sandboxv1.SandboxSpec) {
 	if n := len(s.GetServices()); n > limit {
 		r.add("sandbox.spec.services", constraint, strconv.Itoa(limit), false,
 			"declares %d services, above this runner's maximum of %d per sandbox; remove %d", n, limit, n-limit)
+	}
+	if r.pl.NoEndpoints {
+		for i, svc := range s.GetServices() {
+			if svc.GetEndpoint() != nil {
+				r.add(fmt.Sprintf("sandbox.spec.services[%d].endpoint", i), ConstraintPlatformEndpoints, "none", false,
+					"this runner publishes no endpoints (it has no edge); remove the endpoint or pick a runner with one")
+			}
+		}
 	}
 	if sc == nil {
 		return

@@ -22,6 +22,7 @@ const (
 	ConstraintPlatformServices     = "platform.max_services"
 	ConstraintPlatformRuntimeClass = "platform.runtime_classes"
 	ConstraintPlatformPrivileged   = "platform.privileged_allowed"
+	ConstraintPlatformEndpoints    = "platform.endpoints"
 )
 
 // Violation is one reason a resolved spec is rejected.

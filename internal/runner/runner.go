@@ -57,6 +57,7 @@ type Runner struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+	changed   chan struct{} // closed and replaced on every change of any sandbox
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -99,7 +100,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
 		return nil, fmt.Errorf("runner: create data dir: %w", err)
 	}
-	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}}
+	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}, changed: make(chan struct{})}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if err := r.recover(ctx); err != nil {
 		r.cancel()
@@ -228,7 +229,7 @@ func (r *Runner) Delete(id string, grace time.Duration) (Sandbox, error) {
 		r.requestStopLocked(e, ReasonDeleted, max(grace, 0))
 		if e.sb.State != StateTerminating {
 			e.sb.State = StateTerminating
-			e.notifyLocked()
+			r.notifyLocked(e)
 		}
 	}
 	return e.snapshot(), nil
@@ -497,7 +498,7 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 		e.expiry.Stop()
 	}
 	e.client = nil
-	e.notifyLocked()
+	r.notifyLocked(e)
 	close(e.done)
 	r.log.Info("sandbox ended", "sandbox", id, "state", sb.State, "reason", sb.Reason, "message", sb.Message)
 	if !r.closed {
@@ -518,7 +519,22 @@ func (r *Runner) update(e *entry, fn func(*Sandbox)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	fn(&e.sb)
+	r.notifyLocked(e)
+}
+
+// notifyLocked tells the watchers of e and of the whole runner that e changed.
+func (r *Runner) notifyLocked(e *entry) {
 	e.notifyLocked()
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Changed returns a channel closed at the next change of any sandbox: take it, read
+// List, and wait on it to follow every change without polling.
+func (r *Runner) Changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changed
 }
 
 func (r *Runner) archiveDir(id string) string {

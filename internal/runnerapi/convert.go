@@ -31,6 +31,10 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 	for _, f := range s.Files {
 		p.Files = append(p.Files, &runnerv1.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 	}
+	for _, v := range s.Services {
+		p.Services = append(p.Services, &runnerv1.Service{Port: int32(v.Port), Name: v.Name, Visibility: v.Visibility,
+			Endpoint: v.Endpoint, TokenAuth: v.TokenAuth, TimeoutSeconds: int32(v.TimeoutSeconds)})
+	}
 	return p
 }
 
@@ -56,6 +60,10 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 	}
 	for _, f := range p.GetFiles() {
 		s.Files = append(s.Files, runtime.File{Path: f.GetPath(), Content: f.GetContent(), Mode: f.GetMode()})
+	}
+	for _, v := range p.GetServices() {
+		s.Services = append(s.Services, runtime.Service{Port: int(v.GetPort()), Name: v.GetName(), Visibility: v.GetVisibility(),
+			Endpoint: v.GetEndpoint(), TokenAuth: v.GetTokenAuth(), TimeoutSeconds: int(v.GetTimeoutSeconds())})
 	}
 	return s
 }
@@ -126,6 +134,7 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		Gpus:          c.GPUs, UsedGpus: c.UsedGPUs,
 		MaxSandboxes:   int32(c.MaxSandboxes),
 		RuntimeClasses: c.RuntimeClasses,
+		EdgeDomain:     c.EdgeDomain, EdgePort: int32(c.EdgePort),
 	}
 }
 
@@ -139,6 +148,7 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		GPUs:          p.GetGpus(), UsedGPUs: p.GetUsedGpus(),
 		MaxSandboxes:   int(p.GetMaxSandboxes()),
 		RuntimeClasses: p.GetRuntimeClasses(),
+		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
 	}
 }
 

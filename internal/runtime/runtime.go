@@ -36,9 +36,33 @@ type Spec struct {
 	Resources    Resources         `json:"resources"`
 	RuntimeClass string            `json:"runtime_class,omitempty"` // "" = the backend's default
 	RestartLimit int               `json:"restart_limit"`
+	// Services are the sandbox's declared ports; those with an Endpoint are published by
+	// the runner's edge.
+	Services []Service `json:"services,omitempty"`
 	// Meta is the runner's own immutable bookkeeping (organization, creation time,
 	// deadline); backends persist it and hand it back from Recover.
 	Meta map[string]string `json:"meta,omitempty"`
+}
+
+// Endpoint kinds of a Service.
+const (
+	EndpointHTTPS       = "https"           // TLS ended at the runner's edge, HTTP to the port
+	EndpointPassthrough = "tls-passthrough" // TCP spliced to the port, TLS left to the workload
+)
+
+// Service is one declared sandbox port.
+type Service struct {
+	Port int    `json:"port"`
+	Name string `json:"name,omitempty"`
+	// Visibility is "public", "private" or "" (reachable from nothing outside).
+	Visibility string `json:"visibility,omitempty"`
+	// Endpoint is EndpointHTTPS, EndpointPassthrough or "" (none).
+	Endpoint string `json:"endpoint,omitempty"`
+	// TokenAuth: callers of an HTTPS endpoint need an API key of the sandbox's
+	// organization.
+	TokenAuth bool `json:"token_auth,omitempty"`
+	// TimeoutSeconds bounds an HTTPS request until its response headers (0 = default).
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
 }
 
 // Credentials authenticate an image pull.

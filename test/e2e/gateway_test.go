@@ -454,10 +454,15 @@ func TestGatewayRejectsWhatItCannotHonour(t *testing.T) {
 			s.Services = []*sandboxv1.Service{{Port: 8443, Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC}}
 			return s
 		}(), connect.CodeInvalidArgument, apierr.InvalidRequest, "sandbox.spec.services[0].endpoint"},
-		{"public endpoint", func() *sandboxv1.SandboxSpec {
+		{"public endpoint on a runner without an edge", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
 			s.Services = []*sandboxv1.Service{{Port: 8443, Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC,
 				Endpoint: &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS}}}
+			return s
+		}(), connect.CodeInvalidArgument, apierr.PlacementRejected, "sandbox.spec.services[0].endpoint"},
+		{"private service", func() *sandboxv1.SandboxSpec {
+			s := spec(busybox(), "true")
+			s.Services = []*sandboxv1.Service{{Port: 9000, Visibility: sandboxv1.Visibility_VISIBILITY_PRIVATE}}
 			return s
 		}(), connect.CodeUnimplemented, apierr.NotImplemented, ""},
 		{"pinned to an unknown runner", func() *sandboxv1.SandboxSpec {

@@ -68,6 +68,8 @@ type Runner struct {
 	Sandboxes int
 	// RuntimeClasses the runner can run, its default first; empty: Request.Platform's.
 	RuntimeClasses []string
+	// NoEdge: the runner cannot publish endpoints.
+	NoEdge bool
 }
 
 // Request is one placement decision.
@@ -156,7 +158,7 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ",")}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge}
 		res, ok := resolved[key]
 		if !ok {
 			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
@@ -343,6 +345,7 @@ func describe(vs []apierr.Violation) string {
 type resolution struct {
 	policy  *policy.Policy
 	classes string
+	noEdge  bool
 }
 
 // platformOf is the platform runner r resolves specs against: p with r's runtime classes.
@@ -351,5 +354,6 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 		p.RuntimeClasses = r.RuntimeClasses
 		p.DefaultCPURuntimeClass = r.RuntimeClasses[0]
 	}
+	p.NoEndpoints = r.NoEdge
 	return p
 }
