@@ -57,7 +57,7 @@ func startEdge(caDir string, httpBackend, tlsBackend netip.AddrPort) (target, er
 	}
 	addr := strings.TrimSpace(line)
 	// One listener serves both jobs: routing is by SNI.
-	return target{name: "edge", httpsAddr: addr, tlsAddr: addr}, nil
+	return target{name: "edge", httpsAddr: addr, tlsAddr: addr, pid: cmd.Process.Pid}, nil
 }
 
 // runChild is the child's main: serve until stdin closes.

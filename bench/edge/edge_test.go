@@ -13,18 +13,19 @@ import (
 // figure is one measurement, taken for every target.
 type figure struct {
 	name, unit string
+	per        string // one unit of work, for CPU per unit: "req", "MB", "conn"
 	conc       int
 	measure    func(t target, e *env, conc int, d time.Duration) (float64, error)
 }
 
 var figures = map[string]figure{
-	"HTTPSKeepAlive": {"HTTPS requests over keep-alive", "req/s", 32, func(t target, e *env, c int, d time.Duration) (float64, error) {
+	"HTTPSKeepAlive": {"HTTPS requests over keep-alive", "req/s", "req", 32, func(t target, e *env, c int, d time.Duration) (float64, error) {
 		return requestsPerSecond(t.httpsAddr, e.httpsHost, e.platformRoots, c, d)
 	}},
-	"Passthrough": {"TLS passthrough throughput", "MB/s", 4, func(t target, e *env, c int, d time.Duration) (float64, error) {
+	"Passthrough": {"TLS passthrough throughput", "MB/s", "MB", 4, func(t target, e *env, c int, d time.Duration) (float64, error) {
 		return passthroughMBps(t.tlsAddr, e.tlsHost, e.workloadRoots, c, d)
 	}},
-	"ConnRate": {"new TLS connections", "conn/s", 16, func(t target, e *env, c int, d time.Duration) (float64, error) {
+	"ConnRate": {"new TLS connections", "conn/s", "conn", 16, func(t target, e *env, c int, d time.Duration) (float64, error) {
 		return connectionsPerSecond(t.httpsAddr, e.httpsHost, e.platformRoots, c, d)
 	}},
 }
@@ -49,10 +50,13 @@ func compare(b *testing.B, key string) {
 	defer resultsMu.Unlock()
 	vals, done := results[key]
 	if !done {
-		vals = measureInterleaved(b, f, e, duration(b))
+		var cpu []float64
+		vals, cpu = measureInterleaved(b, f, e, duration(b))
 		results[key] = vals
 		fmt.Printf("edge-bench: %-32s edge %10.1f %-6s  haproxy %10.1f %-6s  ratio %.2f%s\n",
 			f.name, vals[0], f.unit, vals[1], f.unit, vals[0]/vals[1], verdict(vals[0]/vals[1]))
+		fmt.Printf("edge-bench: %-32s edge %10.1f %-6s  haproxy %10.1f %-6s  ratio %.2f (haproxy/edge: higher is better for the edge)\n",
+			"  proxy CPU per "+f.per, cpu[0], "µs", cpu[1], "µs", cpu[1]/cpu[0])
 	}
 	unit := strings.ReplaceAll(f.unit, "/", "_per_")
 	b.ReportMetric(vals[0], "edge_"+unit)
@@ -65,8 +69,10 @@ func compare(b *testing.B, key string) {
 // counts, so that load from elsewhere on a shared machine hits both alike.
 const rounds = 5
 
-func measureInterleaved(b *testing.B, f figure, e *env, d time.Duration) []float64 {
+func measureInterleaved(b *testing.B, f figure, e *env, d time.Duration) (medians, cpuPerUnit []float64) {
 	per := make([][]float64, len(e.targets))
+	cpu := make([]time.Duration, len(e.targets))
+	units := make([]float64, len(e.targets))
 	for i, t := range e.targets {
 		_, _ = f.measure(t, e, f.conc, d/10) // warm up: connection pools, caches
 		per[i] = make([]float64, 0, rounds)
@@ -77,19 +83,32 @@ func measureInterleaved(b *testing.B, f figure, e *env, d time.Duration) []float
 			if r%2 == 1 {
 				i = len(e.targets) - 1 - k
 			}
-			v, err := f.measure(e.targets[i], e, f.conc, d/rounds)
+			t := e.targets[i]
+			before, err := processCPU(t.pid)
 			if err != nil {
-				b.Fatalf("%s through %s: %v", f.name, e.targets[i].name, err)
+				b.Fatal(err)
+			}
+			start := time.Now()
+			v, err := f.measure(t, e, f.conc, d/rounds)
+			if err != nil {
+				b.Fatalf("%s through %s: %v", f.name, t.name, err)
+			}
+			took := time.Since(start)
+			after, err := processCPU(t.pid)
+			if err != nil {
+				b.Fatal(err)
 			}
 			per[i] = append(per[i], v)
+			cpu[i] += after - before
+			units[i] += v * took.Seconds()
 		}
 	}
-	medians := make([]float64, len(per))
 	for i, vs := range per {
 		slices.Sort(vs)
-		medians[i] = vs[len(vs)/2]
+		medians = append(medians, vs[len(vs)/2])
+		cpuPerUnit = append(cpuPerUnit, float64(cpu[i].Microseconds())/units[i])
 	}
-	return medians
+	return medians, cpuPerUnit
 }
 
 func verdict(ratio float64) string {

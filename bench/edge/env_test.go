@@ -31,6 +31,7 @@ type target struct {
 	name      string
 	httpsAddr string // TLS terminated, proxied to the HTTP backend
 	tlsAddr   string // TLS passthrough to the TLS backend
+	pid       int    // the proxy's process, for its CPU time
 }
 
 // env is what every benchmark shares: the backends, the edge and HAProxy in front of them.

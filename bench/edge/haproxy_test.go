@@ -95,7 +95,7 @@ func startHAProxy(dir string, ca *pki.CA, httpBackend, tlsBackend netip.AddrPort
 			return target{}, fmt.Errorf("haproxy: %w; its output: %s", err, out)
 		}
 	}
-	return target{name: "haproxy", httpsAddr: httpsAddr, tlsAddr: tlsAddr}, nil
+	return target{name: "haproxy", httpsAddr: httpsAddr, tlsAddr: tlsAddr, pid: cmd.Process.Pid}, nil
 }
 
 // freeAddr returns a loopback address nothing listens on (just now).

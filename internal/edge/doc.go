@@ -16,9 +16,10 @@
 //     passed on, so the workload sees the client's SNI and owns its certificates.
 //
 // Request timeout (HTTPS): Route.Timeout (default 15 s, valid 15–900 s) bounds the time
-// from the request's arrival to the sandbox's response headers; past it the client gets
-// 504. Once the headers arrived the response is not cut, so WebSocket connections and
-// event streams live as long as both ends want.
+// from the request having been sent to the sandbox (its body included) to the sandbox's
+// response headers; past it the client gets 504. Once the headers arrived the response
+// is not cut, so WebSocket connections and event streams live as long as both ends
+// want, and a slow upload is not the sandbox's fault.
 //
 // Auth (HTTPS): AuthOpen lets everyone through; AuthToken needs "Authorization: Bearer
 // <key>" that Config.Authorize accepts for the route's organization: 401 without one (or

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"sync"
 	"time"
 )
@@ -42,14 +41,14 @@ const (
 
 // Edge routes TLS connections to sandbox ports; see the package documentation.
 type Edge struct {
-	cfg    Config
-	log    *slog.Logger
-	tls    *tls.Config
-	srv    *http.Server // serves the terminated connections that q hands over
-	q      *queue
-	proxy  *httputil.ReverseProxy
-	dialer net.Dialer
-	slots  chan struct{}
+	cfg     Config
+	log     *slog.Logger
+	tls     *tls.Config
+	srv     *http.Server // serves the terminated connections that q hands over
+	q       *queue
+	proxies sync.Map // request timeout → *httputil.ReverseProxy
+	dialer  net.Dialer
+	slots   chan struct{}
 
 	mu        sync.Mutex
 	closed    bool
@@ -94,7 +93,6 @@ func New(cfg Config) (*Edge, error) {
 		NextProtos:     []string{"h2", "http/1.1"},
 		GetCertificate: cfg.GetCertificate,
 	}
-	e.proxy = e.newProxy()
 	e.srv = &http.Server{
 		Handler:           http.HandlerFunc(e.serveHTTP),
 		ReadHeaderTimeout: cfg.HandshakeTimeout, // also bounds the TLS handshake in net/http

@@ -59,7 +59,7 @@ type testEdge struct {
 	rm    *routeMap
 }
 
-func startEdge(t *testing.T, edit func(*Config)) *testEdge {
+func startEdge(t testing.TB, edit func(*Config)) *testEdge {
 	t.Helper()
 	logs := newTestWriter(t) // registered first: its cleanup runs last
 	ca, err := pki.LoadOrCreateCA(t.TempDir(), "platform CA")
@@ -135,7 +135,7 @@ func (te *testEdge) dialTLS(sni string, roots *x509.CertPool, protos ...string) 
 }
 
 // httpRoute adds an HTTPS route to h, served on loopback for the test.
-func (te *testEdge) httpRoute(t *testing.T, id string, port int, auth Auth, timeout time.Duration, h http.Handler) string {
+func (te *testEdge) httpRoute(t testing.TB, id string, port int, auth Auth, timeout time.Duration, h http.Handler) string {
 	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -143,7 +143,7 @@ func (te *testEdge) httpRoute(t *testing.T, id string, port int, auth Auth, time
 	return "https://" + Host(port, id, testRunner, testDomain)
 }
 
-func addrPort(t *testing.T, a net.Addr) netip.AddrPort {
+func addrPort(t testing.TB, a net.Addr) netip.AddrPort {
 	t.Helper()
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
@@ -155,11 +155,11 @@ func addrPort(t *testing.T, a net.Addr) netip.AddrPort {
 // testWriter logs to t until the test ends; goroutines may still log after that,
 // which t.Log does not allow.
 type testWriter struct {
-	t    *testing.T
+	t    testing.TB
 	done *atomic.Bool
 }
 
-func newTestWriter(t *testing.T) testWriter {
+func newTestWriter(t testing.TB) testWriter {
 	w := testWriter{t: t, done: new(atomic.Bool)}
 	t.Cleanup(func() { w.done.Store(true) })
 	return w
