@@ -10,7 +10,8 @@
 //     included. Requests are routed by their Host (:authority), not by the SNI, so that
 //     HTTP/2 connection reuse across names covered by the wildcard works; a request for a
 //     passthrough name on a terminated connection gets 421 Misdirected Request so the
-//     client retries on a connection of its own.
+//     client retries on a connection of its own. WebSocket over HTTP/2 (RFC 8441) is not
+//     offered (net/http's default), so clients upgrade on an HTTP/1.1 connection.
 //   - KindPassthrough: nothing is decrypted. The ClientHello bytes already read are
 //     replayed to the sandbox and the TCP connection is spliced both ways, half-closes
 //     passed on, so the workload sees the client's SNI and owns its certificates.
