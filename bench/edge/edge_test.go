@@ -34,7 +34,7 @@ var figures = map[string]figure{
 // (b.N = 1, then the -benchtime count), but one timed measurement per target is the point.
 var (
 	resultsMu sync.Mutex
-	results   = map[string][]float64{}
+	results   = map[string][]float64{} // edge, haproxy, edge CPU per unit, haproxy CPU per unit
 )
 
 func BenchmarkHTTPSKeepAlive(b *testing.B) { compare(b, "HTTPSKeepAlive") }
@@ -52,6 +52,7 @@ func compare(b *testing.B, key string) {
 	if !done {
 		var cpu []float64
 		vals, cpu = measureInterleaved(b, f, e, duration(b))
+		vals = append(vals, cpu...)
 		results[key] = vals
 		fmt.Printf("edge-bench: %-32s edge %10.1f %-6s  haproxy %10.1f %-6s  ratio %.2f%s\n",
 			f.name, vals[0], f.unit, vals[1], f.unit, vals[0]/vals[1], verdict(vals[0]/vals[1]))
@@ -62,6 +63,8 @@ func compare(b *testing.B, key string) {
 	b.ReportMetric(vals[0], "edge_"+unit)
 	b.ReportMetric(vals[1], "haproxy_"+unit)
 	b.ReportMetric(vals[0]/vals[1], "ratio")
+	b.ReportMetric(vals[2], "edge_cpu_us_per_"+f.per)
+	b.ReportMetric(vals[3], "haproxy_cpu_us_per_"+f.per)
 	b.ReportMetric(0, "ns/op") // the figures above are the result, not the loop time
 }
 
