@@ -3,7 +3,7 @@
 # missing. Needs root. Usage: install-deps.sh [--test]
 set -euo pipefail
 pkgs=(runc busybox-static nftables iproute2 ca-certificates debootstrap curl)
-[ "${1:-}" = "--test" ] && pkgs+=(make git postgresql) # postgresql: internal/store tests start their own server
+[ "${1:-}" = "--test" ] && pkgs+=(make git postgresql haproxy) # postgresql: internal/store tests start their own server; haproxy: bench/edge compares the edge with HAProxy
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,0 +1,102 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"syscall"
+	"time"
+)
+
+type routeKey struct{}
+
+// proxyFor returns the reverse proxy for a request timeout. The timeout is the
+// Transport's ResponseHeaderTimeout, so each distinct value (a handful in practice) has
+// a proxy and a connection pool of its own; it costs nothing per request, where a timer
+// and a cancellable context per request cost a tenth of the edge's allocations.
+func (e *Edge) proxyFor(timeout time.Duration) *httputil.ReverseProxy {
+	if p, ok := e.proxies.Load(timeout); ok {
+		return p.(*httputil.ReverseProxy)
+	}
+	p, _ := e.proxies.LoadOrStore(timeout, e.newProxy(timeout))
+	return p.(*httputil.ReverseProxy)
+}
+
+func (e *Edge) newProxy(timeout time.Duration) *httputil.ReverseProxy {
+	t := &http.Transport{
+		Proxy:                 nil, // never an environment proxy: backends are sandbox addresses
+		DialContext:           e.dialer.DialContext,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   256, // keep-alive to busy sandboxes instead of a dial per request
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: timeout,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true, // pass bodies through as the sandbox sent them
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+	return &httputil.ReverseProxy{
+		Rewrite:      rewrite,
+		Transport:    t,
+		ErrorHandler: e.proxyError,
+		BufferPool:   bufferPool{},
+		ErrorLog:     slog.NewLogLogger(e.log.Handler(), slog.LevelDebug), // copy errors of gone clients
+		// FlushInterval 0: ReverseProxy already flushes at once for text/event-stream and
+		// for responses of unknown length, and buffers the rest for throughput.
+	}
+}
+
+// forward proxies r to rt's backend. The request timeout runs from the moment the
+// request is sent to the sandbox to its response headers; a WebSocket or an event
+// stream that has its headers is never cut by it, nor is a slow upload.
+func (e *Edge) forward(w http.ResponseWriter, r *http.Request, rt Route) {
+	e.proxyFor(rt.timeout()).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
+}
+
+func rewrite(pr *httputil.ProxyRequest) {
+	rt := pr.In.Context().Value(routeKey{}).(Route)
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = rt.Backend.String()
+	// Out.Host stays the public name: apps build their own URLs from it.
+	pr.SetXForwarded() // X-Forwarded-For, -Host, -Proto: https; the client's own are dropped
+	if rt.Auth == AuthToken {
+		pr.Out.Header.Del("Authorization") // the platform key is not the workload's business
+	}
+}
+
+// proxyError answers a request the sandbox did not answer, saying why in one line.
+func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	rt := r.Context().Value(routeKey{}).(Route)
+	var ne net.Error
+	switch {
+	case r.Context().Err() != nil:
+		// The client went away; nobody reads an answer.
+	case errors.Is(err, syscall.ECONNREFUSED):
+		http.Error(w, fmt.Sprintf("sandbox port %d is not accepting connections yet", rt.Port), http.StatusBadGateway)
+	case isDialError(err):
+		http.Error(w, fmt.Sprintf("sandbox port %d is not reachable", rt.Port), http.StatusBadGateway)
+	case errors.As(err, &ne) && ne.Timeout(): // the Transport's ResponseHeaderTimeout
+		http.Error(w, fmt.Sprintf("sandbox port %d did not answer within %s", rt.Port, rt.timeout()), http.StatusGatewayTimeout)
+	default:
+		e.log.Info("proxy error", "sandbox", rt.SandboxID, "port", rt.Port, "err", err)
+		http.Error(w, fmt.Sprintf("sandbox port %d sent no valid response", rt.Port), http.StatusBadGateway)
+	}
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// bufferPool recycles the proxy's copy buffers instead of allocating 32 KiB per response.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }

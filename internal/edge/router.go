@@ -1,0 +1,46 @@
+package edge
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"time"
+)
+
+// alertUnrecognizedName is a fatal TLS alert record unrecognized_name(112) (RFC 6066 §3).
+var alertUnrecognizedName = []byte{21, 3, 3, 0, 2, 2, 112}
+
+// route reads c's ClientHello and sends c on: spliced to a passthrough backend, handed
+// to the HTTP server to be terminated, or refused.
+func (e *Edge) route(c *conn) {
+	_ = c.SetReadDeadline(time.Now().Add(e.cfg.HandshakeTimeout))
+	raw, sni, err := readClientHello(c.Conn)
+	if err != nil {
+		if !errors.Is(err, io.EOF) { // EOF: a port probe or health check, not worth a line
+			e.log.Debug("no ClientHello", "remote", c.RemoteAddr(), "err", err)
+		}
+		_ = c.Close()
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	label, ok := endpointLabel(sni, e.cfg.RunnerID, e.cfg.BaseDomain)
+	if !ok {
+		e.log.Debug("refused server name", "remote", c.RemoteAddr(), "sni", sni)
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.Write(alertUnrecognizedName)
+		_ = c.Close()
+		return
+	}
+	if id, port, ok := parseLabel(label); ok {
+		if r, ok := e.cfg.Routes.Lookup(id, port); ok && r.Kind == KindPassthrough {
+			e.passthrough(c, raw, r)
+			return
+		}
+	}
+	// An HTTPS route, or a name under the wildcard without one: the HTTP handler answers
+	// both, the latter with the one 404 that does not tell which sandboxes exist.
+	c.pending = raw
+	if !e.q.deliver(tls.Server(c, e.tls)) {
+		_ = c.Close()
+	}
+}
