@@ -40,6 +40,8 @@ func dev(args []string) error {
 	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	mirror := fs.Bool("test-image-mirror", true, "serve the test images (scripts/build-test-images.sh) from a loopback registry that mirrors docker.io")
 	poolSize := fs.Int("warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
+	edgeListen := fs.String("edge-listen", "127.0.0.1:8443", "address of the edge that publishes sandbox endpoints (443 in production; empty: no edge)")
+	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -55,7 +57,8 @@ func dev(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if _, err := pki.LoadOrCreateCA(*dataDir, "sandboxd dev CA"); err != nil {
+	ca, err := pki.LoadOrCreateCA(*dataDir, "sandboxd dev CA")
+	if err != nil {
 		return fmt.Errorf("platform CA: %w", err)
 	}
 	st, err := openStoreWithAdmin(ctx, *dataDir, *storeDSN)
@@ -83,6 +86,16 @@ func dev(args []string) error {
 	defer stk.Close()
 
 	local := gateway.NewLocalRunner(*runnerID, stk.Runner)
+	if *edgeListen != "" {
+		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
+			CA: ca, Authorize: stack.KeyAuthorizer(keys), Logger: logger})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		local.EdgeDomain, local.EdgePort = *baseDomain, e.Port()
+		fmt.Printf("endpoints: https://PORT-SANDBOX.%s.%s:%d (trust %s)\n", *runnerID, *baseDomain, e.Port(), filepath.Join(*dataDir, "ca.pem"))
+	}
 	gw, err := gateway.New(gateway.Config{
 		Auth:     keys,
 		Runners:  []gateway.Runner{local},

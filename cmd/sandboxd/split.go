@@ -29,6 +29,10 @@ import (
 // platformCAName names the CA that --pki-dir holds when `runner` or `gateway` creates it.
 const platformCAName = "sandboxd platform CA"
 
+// DefaultBaseDomain is the endpoints' domain unless configured: *.localhost names resolve
+// to loopback, so endpoints of a runner on this machine work without DNS.
+const DefaultBaseDomain = "sandboxd.localhost"
+
 // listFlag is a repeatable string flag.
 type listFlag []string
 
@@ -61,6 +65,8 @@ func runnerCmd(args []string) error {
 	bootstrapToken := fs.String("bootstrap-token", "", "one-time token from :createBootstrapToken (first start only; later starts use the credentials in DATA-DIR/identity)")
 	controlPlaneCA := fs.String("control-plane-ca", "", "PEM file of the CA to trust the control plane by (default: the CA pinned in the bootstrap token)")
 	hbInterval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often to heartbeat the control plane")
+	edgeListen := fs.String("edge-listen", "", "address of the edge that publishes sandbox endpoints, e.g. :443 (empty: no edge; needs the platform CA in --pki-dir)")
+	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are PORT-SANDBOX.RUNNER-ID.BASE-DOMAIN")
 	maxSandboxes := fs.Int("max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
 	cpu := fs.String("cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
 	memory := fs.String("memory", "", "memory offered to sandboxes, e.g. 8Gi (default: the host's memory)")
@@ -97,6 +103,7 @@ func runnerCmd(args []string) error {
 		tlsCfg *tls.Config
 		ident  *enroll.Identity
 		cache  *enroll.PolicyCache
+		edgeCA *pki.CA // issues the edge's wildcard certificate
 	)
 	_, loadErr := enroll.Load(*dataDir)
 	if *controlPlane != "" || *bootstrapToken != "" || loadErr == nil {
@@ -138,6 +145,7 @@ func runnerCmd(args []string) error {
 		if tlsCfg, err = runnerapi.ServerTLSConfig(ca, *runnerID, []string{host}); err != nil {
 			return err
 		}
+		edgeCA = ca
 	}
 
 	cfg := stack.Config{DataDir: *dataDir, Logger: logger, InsecureRegistries: insecure, Bridge: *bridge, CgroupParent: *cgroupParent, NoEgress: *noEgress}
@@ -169,6 +177,19 @@ func runnerCmd(args []string) error {
 	}
 	local := gateway.NewLocalRunner(*runnerID, st.Runner)
 	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
+	if *edgeListen != "" {
+		if edgeCA == nil {
+			return errors.New("--edge-listen: a runner registered with a control plane cannot publish endpoints yet (its edge certificate would come from the control plane); run it with --pki-dir")
+		}
+		e, err := stack.StartEdge(st.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
+			CA: edgeCA, Logger: logger})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		local.EdgeDomain, local.EdgePort = *baseDomain, e.Port()
+		fmt.Printf("edge listening on %s for *.%s.%s\n", e.Addr, *runnerID, *baseDomain)
+	}
 	rs := runnerapi.NewServerFor(local, logger)
 	if ident != nil {
 		hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{

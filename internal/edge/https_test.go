@@ -59,7 +59,7 @@ func TestHTTPSProxiesWithForwardedHeaders(t *testing.T) {
 	} {
 		t.Run(tc.wantProto, func(t *testing.T) {
 			// A client's own X-Forwarded-For must not reach the sandbox; the edge says who connected.
-			res, body := get(t, te.client(tc.offer...), url+"/p?q=1", "X-Forwarded-For", "6.6.6.6", "Authorization", "Basic app-own")
+			res, body := get(t, te.client(tc.offer...), url+"/p?q=1", "X-Forwarded-For", "6.6.6.6", "Authorization", "Basic app-own") //nolint:bodyclose // get reads and closes the body
 			if res.StatusCode != http.StatusOK || res.Proto != tc.wantProto {
 				t.Fatalf("got %s %s, want 200 %s: %s", res.Proto, res.Status, tc.wantProto, body)
 			}
@@ -120,7 +120,7 @@ func TestTokenAuth(t *testing.T) {
 			if tc.auth != "" {
 				h = []string{"Authorization", tc.auth}
 			}
-			res, body := get(t, c, url, h...)
+			res, body := get(t, c, url, h...) //nolint:bodyclose // get reads and closes the body
 			if res.StatusCode != tc.want {
 				t.Fatalf("status %d, want %d: %s", res.StatusCode, tc.want, body)
 			}
@@ -151,7 +151,7 @@ func TestTimeoutIs504(t *testing.T) {
 		}
 	}))
 	start := time.Now()
-	res, body := get(t, te.client("h2"), url)
+	res, body := get(t, te.client("h2"), url) //nolint:bodyclose // get reads and closes the body
 	if res.StatusCode != http.StatusGatewayTimeout || !strings.Contains(body, "sandbox port 8080 did not answer within 200ms") {
 		t.Fatalf("got %d %q, want 504 naming the port and the timeout", res.StatusCode, body)
 	}
@@ -170,7 +170,7 @@ func TestRefusedIs502(t *testing.T) {
 	ln.Close() // nothing listens there now: connection refused
 	te.rm.add(Route{SandboxID: sbxA, Port: 3000, Kind: KindHTTPS, Backend: addrPort(t, closed)})
 	for _, proto := range []string{"h2", "http/1.1"} {
-		res, body := get(t, te.client(proto), "https://"+Host(3000, sbxA, testRunner, testDomain))
+		res, body := get(t, te.client(proto), "https://"+Host(3000, sbxA, testRunner, testDomain)) //nolint:bodyclose // get reads and closes the body
 		if res.StatusCode != http.StatusBadGateway || strings.TrimSpace(body) != "sandbox port 3000 is not accepting connections yet" {
 			t.Errorf("%s: got %d %q, want 502 saying the port is not accepting connections", proto, res.StatusCode, body)
 		}
@@ -199,7 +199,7 @@ func TestUnknownNamesUnderTheWildcardLookAlike(t *testing.T) {
 				t.Fatalf("handshake for %s: %v; names under the wildcard must complete it", host, err)
 			}
 			c.Close()
-			res, body := get(t, te.client("h2"), "https://"+host+"/")
+			res, body := get(t, te.client("h2"), "https://"+host+"/") //nolint:bodyclose // get reads and closes the body
 			a := answer{res.StatusCode, body}
 			if a.status != http.StatusNotFound {
 				t.Errorf("%s: status %d, want 404", host, a.status)

@@ -10,7 +10,7 @@ import (
 // splices the connections both ways. Between two *net.TCPConn, io.Copy uses splice(2),
 // so the payload does not pass through user space.
 func (e *Edge) passthrough(c *conn, hello []byte, r Route) {
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.DialTimeout)
 	b, err := e.dialer.DialContext(ctx, "tcp", r.Backend.String())
 	cancel()

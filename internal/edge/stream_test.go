@@ -37,7 +37,7 @@ func TestWebSocketPassesThroughAndOutlivesTheTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// WebSocket upgrades are HTTP/1.1 (RFC 6455); a client offering only that gets it.
-	ws, _, err := websocket.Dial(ctx, "wss"+strings.TrimPrefix(url, "https"), &websocket.DialOptions{HTTPClient: te.client("http/1.1")})
+	ws, _, err := websocket.Dial(ctx, "wss"+strings.TrimPrefix(url, "https"), &websocket.DialOptions{HTTPClient: te.client("http/1.1")}) //nolint:bodyclose // the upgraded connection is ws
 	if err != nil {
 		t.Fatalf("dial through the edge: %v", err)
 	}

@@ -14,7 +14,7 @@ const (
 )
 
 // metaOrg is the runtime.Spec.Meta key of the organization that owns a sandbox.
-const metaOrg = "sandboxd.org"
+const metaOrg = runner.MetaOrg
 
 // sandboxLister is a Runner that can list its sandboxes (both runner kinds can).
 type sandboxLister interface {

@@ -33,6 +33,10 @@ const (
 	metaLifetime  = "sandboxd.lifetime"
 )
 
+// MetaOrg is the Spec.Meta key of the organization that owns a sandbox (set by the
+// gateway that created it).
+const MetaOrg = "sandboxd.org"
+
 // Config configures a Runner.
 type Config struct {
 	Backend runtime.Backend
