@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -26,6 +28,7 @@ func (a *app) runCommand() *cobra.Command {
 		spec            sandbox.Spec
 		env             []string
 		lifetime        time.Duration
+		mainCmd         string
 	)
 	cmd := &cobra.Command{
 		Use:   "run IMAGE [-- CMD...]",
@@ -46,6 +49,9 @@ sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.
 			}
 			spec.Image = args[0]
 			spec.Lifetime = lifetime
+			if mainCmd != "" {
+				spec.Command, spec.Args = "/bin/sh", []string{"-c", mainCmd}
+			}
 			if spec.Env, err = parseEnv(env); err != nil {
 				return err
 			}
@@ -69,8 +75,14 @@ sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.
 				if a.json() {
 					return a.printJSON(sb.Proto())
 				}
-				_, err := fmt.Fprintln(a.stdout, sb.ID())
-				return err
+				if _, err := fmt.Fprintln(a.stdout, sb.ID()); err != nil {
+					return err
+				}
+				a.printEndpoints(a.stderr, sb.Info())
+				return nil
+			}
+			if len(spec.Publish) > 0 {
+				a.printEndpoints(a.stderr, sb.Info())
 			}
 			opts := sandbox.ExecOptions{Stdout: a.stdout, Stderr: a.stderr}
 			if interactive {
@@ -97,7 +109,58 @@ sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.
 	f.StringVarP(&spec.WorkingDir, "workdir", "w", "", "working directory of the main command")
 	f.DurationVar(&lifetime, "lifetime", 0, "maximum lifetime (default: the platform's)")
 	f.StringArrayVar(&spec.RunnerIDs, "runner", nil, "place on this runner (repeatable)")
+	f.StringVar(&mainCmd, "main", "", `the sandbox's main command, run by /bin/sh -c (default: one that waits until the sandbox is stopped), e.g. "python3 -m http.server 8080"`)
+	f.Var(publishFlag{&spec.Publish}, "publish", "publish PORT on the runner's edge: PORT:https, PORT:https:token (API key required) or PORT:tls (passthrough); repeatable")
 	return cmd
+}
+
+// publishFlag parses --publish PORT:KIND[:token].
+type publishFlag struct{ to *[]sandbox.Endpoint }
+
+func (p publishFlag) String() string { return "" }
+func (p publishFlag) Type() string   { return "PORT:KIND" }
+func (p publishFlag) Set(v string) error {
+	parts := strings.Split(v, ":")
+	port, err := strconv.Atoi(parts[0])
+	if err != nil || port < 1 || port > 65535 || len(parts) < 2 || len(parts) > 3 {
+		return fmt.Errorf("want PORT:https, PORT:https:token or PORT:tls, got %q", v)
+	}
+	e := sandbox.Endpoint{Port: port}
+	switch kind := strings.Join(parts[1:], ":"); kind {
+	case "https":
+		e.Kind = sandbox.HTTPS
+	case "https:token":
+		e.Kind, e.Token = sandbox.HTTPS, true
+	case "tls", "tls-passthrough":
+		e.Kind = sandbox.TLSPassthrough
+	default:
+		return fmt.Errorf("unknown endpoint kind %q: want https, https:token or tls", kind)
+	}
+	*p.to = append(*p.to, e)
+	return nil
+}
+
+// printEndpoints lists a sandbox's endpoints, with a hint for names that DNS does not
+// resolve (anything not under .localhost, when the edge is on this machine).
+func (a *app) printEndpoints(w io.Writer, in sandbox.Info) {
+	for _, e := range in.Endpoints {
+		addr := e.Address
+		if addr == "" {
+			addr = "(published once the sandbox runs)"
+		}
+		_, _ = fmt.Fprintf(w, "%d/%s\t%s\n", e.Port, e.Kind, addr)
+		if host := endpointHost(e.Address); host != "" && !strings.HasSuffix(host, ".localhost") {
+			_, _ = fmt.Fprintf(w, "\t(without DNS for it: curl --resolve %s:EDGE-IP …)\n", host)
+		}
+	}
+}
+
+func endpointHost(addr string) string {
+	addr = strings.TrimPrefix(addr, "https://")
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
 }
 
 // waitWithProgress waits for sb to run, drawing a progress line on a terminal stderr.
@@ -269,7 +332,16 @@ func (a *app) getCommand() *cobra.Command {
 			if in.Lifetime > 0 {
 				row("Lifetime", in.Lifetime.String())
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if len(in.Endpoints) > 0 {
+				_, _ = fmt.Fprintln(a.stdout, "Endpoints:")
+				ew := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+				a.printEndpoints(ew, in)
+				return ew.Flush()
+			}
+			return nil
 		},
 	}
 }

@@ -83,6 +83,32 @@ type Spec struct {
 	RunnerIDs  []string
 	// Annotations are free-form key/values stored with the sandbox.
 	Annotations map[string]string
+	// Publish gives ports public endpoints on the runner's edge.
+	Publish []Endpoint
+}
+
+// Endpoint kinds.
+const (
+	HTTPS          = "https" // TLS ended at the runner's edge with a platform certificate
+	TLSPassthrough = "tls"   // TLS passed to the sandbox untouched, routed by SNI
+)
+
+// Endpoint publishes a sandbox port.
+type Endpoint struct {
+	Port int
+	Kind string // HTTPS or TLSPassthrough
+	// Token (HTTPS only): callers need an API key of the sandbox's organization as
+	// `Authorization: Bearer`.
+	Token bool
+	// Timeout (HTTPS only) bounds a request until its response headers; 0 = 15 s.
+	Timeout time.Duration
+}
+
+// Published is an endpoint's address: an https:// URL, or host:port for passthrough.
+type Published struct {
+	Port    int
+	Kind    string
+	Address string // "" until the runner publishes it
 }
 
 // Proto returns the wire spec Create sends.
@@ -109,6 +135,16 @@ func (s Spec) Proto() *sandboxv1.SandboxSpec {
 		c.ResourceRequirements = &sandboxv1.ResourceRequirements{Requests: r(), Limits: r()}
 	}
 	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{c}, Tags: s.Tags, RunnerIds: s.RunnerIDs, Annotations: s.Annotations}
+	for _, e := range s.Publish {
+		ep := &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS, RequestTimeoutSeconds: int32(e.Timeout / time.Second)}
+		if e.Kind == TLSPassthrough {
+			ep.Kind = sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH
+		}
+		if e.Token {
+			ep.Auth = sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN
+		}
+		sp.Services = append(sp.Services, &sandboxv1.Service{Port: int32(e.Port), Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC, Endpoint: ep})
+	}
 	if s.Lifetime > 0 {
 		sp.MaxLifetimeSeconds = int32(min(math.Ceil(s.Lifetime.Seconds()), math.MaxInt32))
 	}
@@ -142,6 +178,7 @@ type Info struct {
 	StartedAt time.Time
 	EndedAt   time.Time
 	Lifetime  time.Duration // effective maximum lifetime
+	Endpoints []Published
 }
 
 // ID is the sandbox's ID.
@@ -180,6 +217,17 @@ func (s *Sandbox) Info() Info {
 	}
 	if t := st.GetEndTime(); t != nil {
 		in.EndedAt = t.AsTime()
+	}
+	for _, svc := range st.GetServices() {
+		ep := svc.GetEndpoint()
+		if ep == nil {
+			continue
+		}
+		p := Published{Port: int(svc.GetPort()), Kind: HTTPS, Address: ep.GetUrl()}
+		if ep.GetKind() == sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH {
+			p.Kind, p.Address = TLSPassthrough, svc.GetUrl()
+		}
+		in.Endpoints = append(in.Endpoints, p)
 	}
 	return in
 }

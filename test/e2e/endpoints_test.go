@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -420,3 +421,41 @@ func TestEndpointValidation(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestSbxPublish: `sbx run --publish` prints the endpoint, `sbx get` lists it, and it
+// serves what the main command serves.
+func TestSbxPublish(t *testing.T) {
+	eg := startEdgeGateway(t)
+	out, errs, code := sbx(eg.gw, "", "run", "--publish", "8080:https", "--main", "cd /etc && exec python3 -m http.server 8080", python())
+	if code != 0 {
+		t.Fatalf("sbx run: %d %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+	url := "https://" + gateway.EndpointHost(8080, id, "local", endpointDomain) + ":" + itoa(eg.edge.Port())
+	if !strings.Contains(errs, "8080/https\t"+url) {
+		t.Errorf("sbx run printed %q, want the endpoint %s", errs, url)
+	}
+	if out, _, _ := sbx(eg.gw, "", "get", id); !strings.Contains(out, "Endpoints:") || !strings.Contains(out, url) {
+		t.Errorf("sbx get: %s", out)
+	}
+	if _, errs, code := sbx(eg.gw, "", "run", "--publish", "8080:ftp", python()); code == 0 || !strings.Contains(errs, "unknown endpoint kind") {
+		t.Errorf("--publish 8080:ftp: %d %s", code, errs)
+	}
+	hc := eg.client(nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := hc.Get(url + "/hostname")
+		if err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode == 200 && string(b) == id+"\n" {
+				return
+			}
+			err = fmt.Errorf("%d %q", res.StatusCode, b)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s/hostname: %v", url, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
