@@ -31,6 +31,7 @@ func controlPlaneCmd(args []string) error {
 	var hosts listFlag
 	fs.Var(&hosts, "host", "extra DNS name or IP in the listener's certificate (repeatable)")
 	interval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")
+	domain := fs.String("base-domain", controlplane.DefaultEndpointDomain, "domain of public endpoints (PORT-SANDBOX.RUNNER.BASE-DOMAIN): runners' edge certificates are issued for it")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -44,7 +45,7 @@ func controlPlaneCmd(args []string) error {
 	}
 	defer func() { _ = st.Close() }()
 	cp, err := controlplane.New(controlplane.Config{
-		Store: st, Auth: keys, CA: ca, HeartbeatInterval: *interval, Logger: logger,
+		Store: st, Auth: keys, CA: ca, HeartbeatInterval: *interval, Logger: logger, EndpointDomain: *domain,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 	})
 	if err != nil {

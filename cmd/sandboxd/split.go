@@ -31,7 +31,7 @@ const platformCAName = "sandboxd platform CA"
 
 // DefaultBaseDomain is the endpoints' domain unless configured: *.localhost names resolve
 // to loopback, so endpoints of a runner on this machine work without DNS.
-const DefaultBaseDomain = "sandboxd.localhost"
+const DefaultBaseDomain = controlplane.DefaultEndpointDomain
 
 // listFlag is a repeatable string flag.
 type listFlag []string
@@ -65,7 +65,7 @@ func runnerCmd(args []string) error {
 	bootstrapToken := fs.String("bootstrap-token", "", "one-time token from :createBootstrapToken (first start only; later starts use the credentials in DATA-DIR/identity)")
 	controlPlaneCA := fs.String("control-plane-ca", "", "PEM file of the CA to trust the control plane by (default: the CA pinned in the bootstrap token)")
 	hbInterval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often to heartbeat the control plane")
-	edgeListen := fs.String("edge-listen", "", "address of the edge that publishes sandbox endpoints, e.g. :443 (empty: no edge; needs the platform CA in --pki-dir)")
+	edgeListen := fs.String("edge-listen", "", "address of the edge that publishes sandbox endpoints, e.g. :443 (empty: no edge); its certificate comes from the control plane, or from the CA in --pki-dir")
 	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are PORT-SANDBOX.RUNNER-ID.BASE-DOMAIN")
 	maxSandboxes := fs.Int("max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
 	cpu := fs.String("cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
@@ -178,11 +178,17 @@ func runnerCmd(args []string) error {
 	local := gateway.NewLocalRunner(*runnerID, st.Runner)
 	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
 	if *edgeListen != "" {
-		if edgeCA == nil {
-			return errors.New("--edge-listen: a runner registered with a control plane cannot publish endpoints yet (its edge certificate would come from the control plane); run it with --pki-dir")
+		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger}
+		if ident != nil {
+			// Registered: the control plane signs the edge's certificate and vouches for
+			// the API keys of TOKEN endpoints. Unregistered runners have no key store:
+			// their TOKEN endpoints refuse every request.
+			if ec.GetCertificate, err = enroll.EdgeCertificate(ctx, ident, *baseDomain); err != nil {
+				return fmt.Errorf("--edge-listen: %w", err)
+			}
+			ec.Authorize = enroll.KeyVerifier(ident)
 		}
-		e, err := stack.StartEdge(st.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
-			CA: edgeCA, Logger: logger})
+		e, err := stack.StartEdge(st.Runner, ec)
 		if err != nil {
 			return err
 		}

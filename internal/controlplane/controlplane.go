@@ -60,9 +60,20 @@ type Config struct {
 	// RunnerCertTTL is the lifetime of registered runners' certificates; default
 	// DefaultRunnerCertTTL.
 	RunnerCertTTL time.Duration
+	// EndpointDomain is the platform's base domain of public endpoints
+	// (<port>-<sandbox>.<runner>.<EndpointDomain>); runners' edge certificates are issued
+	// for it only. Default DefaultEndpointDomain.
+	EndpointDomain string
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
+
+// DefaultEndpointDomain: *.localhost names resolve to loopback, so a platform on one
+// machine needs no DNS.
+const DefaultEndpointDomain = "sandboxd.localhost"
+
+// EdgeCertTTL is the lifetime of a runner's edge certificate; runners renew it at half.
+const EdgeCertTTL = 7 * 24 * time.Hour
 
 // Service implements RunnerManagementService and ApiKeyService.
 type Service struct {
@@ -78,6 +89,7 @@ type Service struct {
 	now      func() time.Time
 	ca       *pki.CA
 	certTTL  time.Duration
+	domain   string
 }
 
 // New returns a Service.
@@ -89,7 +101,10 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("controlplane: no authenticator")
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
-		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL}
+		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain}
+	if s.domain == "" {
+		s.domain = DefaultEndpointDomain
+	}
 	if s.certTTL <= 0 {
 		s.certTTL = DefaultRunnerCertTTL
 	}

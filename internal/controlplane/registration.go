@@ -234,15 +234,75 @@ func tokenInvalid(msg string) error {
 	return apierr.New(connect.CodeUnauthenticated, ReasonBootstrapTokenInvalid, msg, nil)
 }
 
-func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[controlplanev1.HeartbeatRequest]) (*connect.Response[controlplanev1.HeartbeatResponse], error) {
-	s := g.s
+// caller is the runner whose client certificate (from registration) the call came with.
+func caller(ctx context.Context) (org, id string, err error) {
 	cs, _ := ctx.Value(tlsStateKey{}).(*tls.ConnectionState)
 	if cs == nil || len(cs.VerifiedChains) == 0 {
-		return nil, apierr.New(connect.CodeUnauthenticated, ReasonRunnerIdentity, "heartbeats need the runner's client certificate from registration (mTLS)", nil)
+		return "", "", apierr.New(connect.CodeUnauthenticated, ReasonRunnerIdentity, "this call needs the runner's client certificate from registration (mTLS)", nil)
 	}
 	org, id, ok := RunnerIdentity(cs.VerifiedChains[0][0])
 	if !ok {
-		return nil, apierr.New(connect.CodePermissionDenied, ReasonRunnerIdentity, "the client certificate does not name a runner (spiffe://sandboxd/runner/<org>/<runner_id>)", nil)
+		return "", "", apierr.New(connect.CodePermissionDenied, ReasonRunnerIdentity, "the client certificate does not name a runner (spiffe://sandboxd/runner/<org>/<runner_id>)", nil)
+	}
+	return org, id, nil
+}
+
+func (g *Registration) IssueEdgeCertificate(ctx context.Context, req *connect.Request[controlplanev1.IssueEdgeCertificateRequest]) (*connect.Response[controlplanev1.IssueEdgeCertificateResponse], error) {
+	s := g.s
+	org, id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.ca == nil {
+		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled, "this control plane has no CA: it cannot issue edge certificates", nil)
+	}
+	var vs violations
+	if d := req.Msg.GetBaseDomain(); d != s.domain {
+		vs.add("base_domain", "must be the platform's endpoint domain %q, got %q", s.domain, d)
+	}
+	var csr *x509.CertificateRequest
+	if blk, _ := pem.Decode([]byte(req.Msg.GetCsrPem())); blk == nil || blk.Type != "CERTIFICATE REQUEST" {
+		vs.add("csr_pem", "must be a PEM CERTIFICATE REQUEST")
+	} else if c, err := x509.ParseCertificateRequest(blk.Bytes); err != nil {
+		vs.add("csr_pem", "cannot be parsed: %v", err)
+	} else {
+		csr = c
+	}
+	if err := vs.err("invalid edge certificate request"); err != nil {
+		return nil, err
+	}
+	name := "*." + id + "." + s.domain
+	cert, err := s.ca.SignCSR(csr, func(c *x509.Certificate) {
+		c.Subject.CommonName = name
+		c.Subject.Organization = []string{org}
+		c.DNSNames = []string{name}
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	}, EdgeCertTTL)
+	if err != nil {
+		return nil, apierr.Invalid(apierr.InvalidRequest, err.Error(), []apierr.Violation{{Field: "csr_pem", Description: err.Error()}})
+	}
+	s.log.Info("edge certificate issued", "org", org, "runner", id, "name", name, "not_after", cert.NotAfter)
+	return connect.NewResponse(&controlplanev1.IssueEdgeCertificateResponse{
+		CertificateChainPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})),
+	}), nil
+}
+
+func (g *Registration) VerifyApiKey(ctx context.Context, req *connect.Request[controlplanev1.VerifyApiKeyRequest]) (*connect.Response[controlplanev1.VerifyApiKeyResponse], error) {
+	if _, _, err := caller(ctx); err != nil {
+		return nil, err
+	}
+	p, err := g.s.auth.Authenticate(req.Msg.GetApiKey())
+	if err != nil {
+		return nil, apierr.New(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a valid API key", nil)
+	}
+	return connect.NewResponse(&controlplanev1.VerifyApiKeyResponse{OrganizationId: p.Org, KeyId: p.KeyID}), nil
+}
+
+func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[controlplanev1.HeartbeatRequest]) (*connect.Response[controlplanev1.HeartbeatResponse], error) {
+	s := g.s
+	org, id, err := caller(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if want := req.Msg.GetRunnerId(); want != "" && want != id {
 		s.log.Warn("heartbeat refused: certificate of another runner", "cert_runner", id, "runner", want)

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,8 +23,10 @@ type EdgeConfig struct {
 	Listen     string // host:port of the public listener
 	RunnerID   string
 	BaseDomain string // endpoints are <port>-<sandbox>.<RunnerID>.<BaseDomain>
-	// CA issues (and renews) the wildcard certificate *.<RunnerID>.<BaseDomain>.
-	CA *pki.CA
+	// CA issues (and renews) the wildcard certificate *.<RunnerID>.<BaseDomain>, unless
+	// GetCertificate serves it (a runner registered with a control plane gets it there).
+	CA             *pki.CA
+	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// Authorize accepts an API key for a sandbox of org (TOKEN endpoints); nil refuses
 	// every TOKEN request.
 	Authorize func(ctx context.Context, token, org string) error
@@ -44,9 +47,12 @@ func StartEdge(r *runner.Runner, cfg EdgeConfig) (*Edge, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	cert, err := edge.WildcardCertificate(cfg.CA, cfg.RunnerID, cfg.BaseDomain, 0)
-	if err != nil {
-		return nil, fmt.Errorf("edge certificate: %w", err)
+	cert := cfg.GetCertificate
+	if cert == nil {
+		var err error
+		if cert, err = edge.WildcardCertificate(cfg.CA, cfg.RunnerID, cfg.BaseDomain, 0); err != nil {
+			return nil, fmt.Errorf("edge certificate: %w", err)
+		}
 	}
 	var table edge.Table
 	e, err := edge.New(edge.Config{RunnerID: cfg.RunnerID, BaseDomain: cfg.BaseDomain, Routes: &table,

@@ -79,6 +79,12 @@ const (
 	// RunnerRegistrationServiceHeartbeatProcedure is the fully-qualified name of the
 	// RunnerRegistrationService's Heartbeat RPC.
 	RunnerRegistrationServiceHeartbeatProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/Heartbeat"
+	// RunnerRegistrationServiceIssueEdgeCertificateProcedure is the fully-qualified name of the
+	// RunnerRegistrationService's IssueEdgeCertificate RPC.
+	RunnerRegistrationServiceIssueEdgeCertificateProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/IssueEdgeCertificate"
+	// RunnerRegistrationServiceVerifyApiKeyProcedure is the fully-qualified name of the
+	// RunnerRegistrationService's VerifyApiKey RPC.
+	RunnerRegistrationServiceVerifyApiKeyProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/VerifyApiKey"
 	// ApiKeyServiceCreateApiKeyProcedure is the fully-qualified name of the ApiKeyService's
 	// CreateApiKey RPC.
 	ApiKeyServiceCreateApiKeyProcedure = "/sandboxd.controlplane.v1.ApiKeyService/CreateApiKey"
@@ -362,6 +368,12 @@ type RunnerRegistrationServiceClient interface {
 	Register(context.Context, *connect.Request[v1.RegisterRequest]) (*connect.Response[v1.RegisterResponse], error)
 	// Heartbeat reports the runner's status; the reply carries its current policy.
 	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
+	// IssueEdgeCertificate signs the wildcard certificate *.<runner_id>.<base_domain> of the
+	// runner's edge (client certificate required; base_domain must be the platform's).
+	IssueEdgeCertificate(context.Context, *connect.Request[v1.IssueEdgeCertificateRequest]) (*connect.Response[v1.IssueEdgeCertificateResponse], error)
+	// VerifyApiKey says whose a bearer key is, for the TOKEN endpoints of a runner's edge
+	// (client certificate required): UNAUTHENTICATED when it is no valid key.
+	VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error)
 }
 
 // NewRunnerRegistrationServiceClient constructs a client for the
@@ -388,13 +400,27 @@ func NewRunnerRegistrationServiceClient(httpClient connect.HTTPClient, baseURL s
 			connect.WithSchema(runnerRegistrationServiceMethods.ByName("Heartbeat")),
 			connect.WithClientOptions(opts...),
 		),
+		issueEdgeCertificate: connect.NewClient[v1.IssueEdgeCertificateRequest, v1.IssueEdgeCertificateResponse](
+			httpClient,
+			baseURL+RunnerRegistrationServiceIssueEdgeCertificateProcedure,
+			connect.WithSchema(runnerRegistrationServiceMethods.ByName("IssueEdgeCertificate")),
+			connect.WithClientOptions(opts...),
+		),
+		verifyApiKey: connect.NewClient[v1.VerifyApiKeyRequest, v1.VerifyApiKeyResponse](
+			httpClient,
+			baseURL+RunnerRegistrationServiceVerifyApiKeyProcedure,
+			connect.WithSchema(runnerRegistrationServiceMethods.ByName("VerifyApiKey")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // runnerRegistrationServiceClient implements RunnerRegistrationServiceClient.
 type runnerRegistrationServiceClient struct {
-	register  *connect.Client[v1.RegisterRequest, v1.RegisterResponse]
-	heartbeat *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
+	register             *connect.Client[v1.RegisterRequest, v1.RegisterResponse]
+	heartbeat            *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
+	issueEdgeCertificate *connect.Client[v1.IssueEdgeCertificateRequest, v1.IssueEdgeCertificateResponse]
+	verifyApiKey         *connect.Client[v1.VerifyApiKeyRequest, v1.VerifyApiKeyResponse]
 }
 
 // Register calls sandboxd.controlplane.v1.RunnerRegistrationService.Register.
@@ -407,6 +433,17 @@ func (c *runnerRegistrationServiceClient) Heartbeat(ctx context.Context, req *co
 	return c.heartbeat.CallUnary(ctx, req)
 }
 
+// IssueEdgeCertificate calls
+// sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate.
+func (c *runnerRegistrationServiceClient) IssueEdgeCertificate(ctx context.Context, req *connect.Request[v1.IssueEdgeCertificateRequest]) (*connect.Response[v1.IssueEdgeCertificateResponse], error) {
+	return c.issueEdgeCertificate.CallUnary(ctx, req)
+}
+
+// VerifyApiKey calls sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey.
+func (c *runnerRegistrationServiceClient) VerifyApiKey(ctx context.Context, req *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error) {
+	return c.verifyApiKey.CallUnary(ctx, req)
+}
+
 // RunnerRegistrationServiceHandler is an implementation of the
 // sandboxd.controlplane.v1.RunnerRegistrationService service.
 type RunnerRegistrationServiceHandler interface {
@@ -416,6 +453,12 @@ type RunnerRegistrationServiceHandler interface {
 	Register(context.Context, *connect.Request[v1.RegisterRequest]) (*connect.Response[v1.RegisterResponse], error)
 	// Heartbeat reports the runner's status; the reply carries its current policy.
 	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
+	// IssueEdgeCertificate signs the wildcard certificate *.<runner_id>.<base_domain> of the
+	// runner's edge (client certificate required; base_domain must be the platform's).
+	IssueEdgeCertificate(context.Context, *connect.Request[v1.IssueEdgeCertificateRequest]) (*connect.Response[v1.IssueEdgeCertificateResponse], error)
+	// VerifyApiKey says whose a bearer key is, for the TOKEN endpoints of a runner's edge
+	// (client certificate required): UNAUTHENTICATED when it is no valid key.
+	VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error)
 }
 
 // NewRunnerRegistrationServiceHandler builds an HTTP handler from the service implementation. It
@@ -437,12 +480,28 @@ func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, o
 		connect.WithSchema(runnerRegistrationServiceMethods.ByName("Heartbeat")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerRegistrationServiceIssueEdgeCertificateHandler := connect.NewUnaryHandler(
+		RunnerRegistrationServiceIssueEdgeCertificateProcedure,
+		svc.IssueEdgeCertificate,
+		connect.WithSchema(runnerRegistrationServiceMethods.ByName("IssueEdgeCertificate")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerRegistrationServiceVerifyApiKeyHandler := connect.NewUnaryHandler(
+		RunnerRegistrationServiceVerifyApiKeyProcedure,
+		svc.VerifyApiKey,
+		connect.WithSchema(runnerRegistrationServiceMethods.ByName("VerifyApiKey")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.controlplane.v1.RunnerRegistrationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerRegistrationServiceRegisterProcedure:
 			runnerRegistrationServiceRegisterHandler.ServeHTTP(w, r)
 		case RunnerRegistrationServiceHeartbeatProcedure:
 			runnerRegistrationServiceHeartbeatHandler.ServeHTTP(w, r)
+		case RunnerRegistrationServiceIssueEdgeCertificateProcedure:
+			runnerRegistrationServiceIssueEdgeCertificateHandler.ServeHTTP(w, r)
+		case RunnerRegistrationServiceVerifyApiKeyProcedure:
+			runnerRegistrationServiceVerifyApiKeyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -458,6 +517,14 @@ func (UnimplementedRunnerRegistrationServiceHandler) Register(context.Context, *
 
 func (UnimplementedRunnerRegistrationServiceHandler) Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat is not implemented"))
+}
+
+func (UnimplementedRunnerRegistrationServiceHandler) IssueEdgeCertificate(context.Context, *connect.Request[v1.IssueEdgeCertificateRequest]) (*connect.Response[v1.IssueEdgeCertificateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate is not implemented"))
+}
+
+func (UnimplementedRunnerRegistrationServiceHandler) VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey is not implemented"))
 }
 
 // ApiKeyServiceClient is a client for the sandboxd.controlplane.v1.ApiKeyService service.
