@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -44,7 +45,11 @@ func (v violations) err(msg string) error {
 	if len(v) == 0 {
 		return nil
 	}
-	return apierr.Invalid(apierr.InvalidRequest, msg, v)
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = x.Field + " " + x.Description
+	}
+	return apierr.Invalid(apierr.InvalidRequest, msg+": "+strings.Join(parts, "; "), v)
 }
 
 func checkRunnerID(vs *violations, field, id string) {
