@@ -128,4 +128,31 @@ func TestEndpointsOnRegisteredRunner(t *testing.T) {
 	if code, body := get(urls[1]+"/hostname", b.UserKey); code != 200 || body != id+"\n" {
 		t.Errorf("TOKEN endpoint with the user's key (checked by the control plane): %d %q", code, body)
 	}
+
+	// The runner dies (kill -9) and comes back: the address is the same and serves again.
+	b.Runners[1].Kill()
+	if err := b.Runners[1].Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hc.CloseIdleConnections()
+	if code, body := get(urls[0]+"/hostname", ""); code != 200 || body != id+"\n" {
+		t.Errorf("OPEN endpoint after the runner restarted: %d %q", code, body)
+	}
+	// Deleted: the name leads nowhere, like one that never existed.
+	if _, err := c.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})); err != nil {
+		t.Fatal(err)
+	}
+	gone := strings.Replace(urls[0], id, "aaaaaaaaaaaaaaaa", 1)
+	_, never := get(gone+"/", "")
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		code, body := get(urls[0]+"/", "")
+		if code == http.StatusNotFound && body == never {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after delete: %d %q, want the answer of a name that never existed (%q)", code, body, never)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
