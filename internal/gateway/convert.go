@@ -105,9 +105,8 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	}
 	vs = append(vs, serviceViolations(spec.GetServices())...)
 	for _, s := range spec.GetServices() {
-		switch s.GetVisibility() {
-		case sandboxv1.Visibility_VISIBILITY_PRIVATE, sandboxv1.Visibility_VISIBILITY_CUSTOM:
-			unsupported = append(unsupported, "PRIVATE and CUSTOM service visibility")
+		if s.GetVisibility() == sandboxv1.Visibility_VISIBILITY_CUSTOM {
+			unsupported = append(unsupported, "CUSTOM service visibility")
 		}
 		req.Spec.Services = append(req.Spec.Services, toRuntimeService(s))
 	}
@@ -301,6 +300,11 @@ func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, 
 		out = append(out, st)
 		ep := s.GetEndpoint()
 		if ep == nil {
+			// A private port is reached at the sandbox's address, by its organization's
+			// other sandboxes.
+			if s.GetVisibility() == sandboxv1.Visibility_VISIBILITY_PRIVATE && sb.State == runner.StateRunning && sb.IP != "" {
+				st.Url = net.JoinHostPort(sb.IP, strconv.Itoa(int(s.GetPort())))
+			}
 			continue
 		}
 		st.Endpoint = &sandboxv1.EndpointStatus{Kind: ep.GetKind(), Auth: ep.GetAuth()}

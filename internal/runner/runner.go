@@ -35,7 +35,7 @@ const (
 
 // MetaOrg is the Spec.Meta key of the organization that owns a sandbox (set by the
 // gateway that created it).
-const MetaOrg = "sandboxd.org"
+const MetaOrg = runtime.MetaOrg
 
 // Config configures a Runner.
 type Config struct {

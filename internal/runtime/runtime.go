@@ -44,6 +44,10 @@ type Spec struct {
 	Meta map[string]string `json:"meta,omitempty"`
 }
 
+// MetaOrg is the Spec.Meta key of the organization that owns a sandbox: backends let
+// sandboxes of one organization reach each other's private ports.
+const MetaOrg = "sandboxd.org"
+
 // Endpoint kinds of a Service.
 const (
 	EndpointHTTPS       = "https"           // TLS ended at the runner's edge, HTTP to the port

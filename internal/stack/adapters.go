@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -76,4 +77,12 @@ func (n netAdapter) WriteEtcFiles(dir, hostname string, a *local.Attachment) err
 
 func toLocal(a *network.Attachment) *local.Attachment {
 	return &local.Attachment{ID: a.ID, NetNSPath: a.NetNSPath, IP: a.IP, Gateway: a.Gateway, PrefixLen: a.PrefixLen, HostVeth: a.HostVeth}
+}
+
+func (n netAdapter) SetReach(ip netip.Addr, org string, ports []local.Port) error {
+	np := make([]network.Port, len(ports))
+	for i, p := range ports {
+		np[i] = network.Port{Proto: p.Proto, Port: p.Port}
+	}
+	return n.m.SetReach(ip, org, np)
 }

@@ -460,9 +460,9 @@ func TestGatewayRejectsWhatItCannotHonour(t *testing.T) {
 				Endpoint: &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS}}}
 			return s
 		}(), connect.CodeInvalidArgument, apierr.PlacementRejected, "sandbox.spec.services[0].endpoint"},
-		{"private service", func() *sandboxv1.SandboxSpec {
+		{"custom visibility", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
-			s.Services = []*sandboxv1.Service{{Port: 9000, Visibility: sandboxv1.Visibility_VISIBILITY_PRIVATE}}
+			s.Services = []*sandboxv1.Service{{Port: 9000, Visibility: sandboxv1.Visibility_VISIBILITY_CUSTOM}}
 			return s
 		}(), connect.CodeUnimplemented, apierr.NotImplemented, ""},
 		{"pinned to an unknown runner", func() *sandboxv1.SandboxSpec {

@@ -52,4 +52,13 @@ type Network interface {
 	Teardown(id string) error
 	// WriteEtcFiles writes dir/hosts, dir/hostname and dir/resolv.conf for the sandbox.
 	WriteEtcFiles(dir, hostname string, a *Attachment) error
+	// SetReach makes the sandbox at ip a member of org and opens ports to the other
+	// members (Teardown forgets it).
+	SetReach(ip netip.Addr, org string, ports []Port) error
+}
+
+// Port is a sandbox port other sandboxes of its organization may reach.
+type Port struct {
+	Proto string // "tcp" or "udp"
+	Port  uint16
 }

@@ -24,6 +24,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -324,14 +325,33 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if b.pool != nil && !rt.gvisor {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
-			return s.info.toInfo(id), nil
+			return s.info.toInfo(id), b.declareReach(s, spec)
 		}
 	}
 	acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
 	if _, _, err := b.launch(ctx, s, spec.PullCredentials, hostname(id), spec.Resources, acfg, &t); err != nil {
 		return runtime.Info{}, err
 	}
-	return s.info.toInfo(id), nil
+	return s.info.toInfo(id), b.declareReach(s, spec)
+}
+
+// declareReach tells the network which organization s belongs to and which of its ports
+// that organization's other sandboxes may reach (services with visibility "private").
+func (b *Backend) declareReach(s *sandbox, spec *runtime.Spec) error {
+	ip, err := netip.ParseAddr(s.info.IP)
+	if b.cfg.Network == nil || err != nil {
+		return nil
+	}
+	var ports []Port
+	for _, svc := range spec.Services {
+		if svc.Visibility == "private" {
+			ports = append(ports, Port{Proto: "tcp", Port: uint16(svc.Port)})
+		}
+	}
+	if err := b.cfg.Network.SetReach(ip, spec.Meta[runtime.MetaOrg], ports); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	return nil
 }
 
 // launch builds and starts s's container (id s.cid, in s.dir, which exists): network,

@@ -118,3 +118,11 @@ func TestNetwork(t *testing.T) {
 	}
 	checkNoLeaks(t, e.state, id)
 }
+
+func (n netAdapter) SetReach(ip netip.Addr, org string, ports []Port) error {
+	np := make([]network.Port, len(ports))
+	for i, p := range ports {
+		np[i] = network.Port{Proto: p.Proto, Port: p.Port}
+	}
+	return n.m.SetReach(ip, org, np)
+}

@@ -93,6 +93,9 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 				if a, err := b.cfg.Network.Lookup(s.cid); err == nil && a != nil && a.IP.IsValid() {
 					r.Info.IP = a.IP.String()
 				}
+				if err := b.declareReach(s, &s.spec); err != nil {
+					b.log.Warn("recover: private ports", "sandbox", id, "err", err)
+				}
 			}
 		} else {
 			select {

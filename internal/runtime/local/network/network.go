@@ -110,6 +110,7 @@ type Manager struct {
 	brIdx  int
 	next   netip.Addr // allocation cursor (round robin limits early address reuse)
 	closed bool
+	reach  reachState
 }
 
 // New prepares the host (idempotently) and returns a Manager. It must be called
@@ -194,6 +195,9 @@ func New(cfg Config) (*Manager, error) {
 		}
 	}
 	if err := applyRules(m.rules()); err != nil {
+		return nil, err
+	}
+	if err := m.enableProxyARP(); err != nil {
 		return nil, err
 	}
 	m.next = m.initialCursor()
@@ -459,6 +463,9 @@ func (m *Manager) Teardown(id string) error {
 		errs = append(errs, err)
 	}
 	if rerr == nil && att.IP.IsValid() {
+		if err := m.clearReach(att.IP); err != nil {
+			errs = append(errs, err)
+		}
 		m.freeIP(att.IP, id)
 	} else {
 		m.freeIPsOf(id)

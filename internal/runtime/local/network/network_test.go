@@ -130,7 +130,10 @@ func TestSandboxesIsolatedFromEachOther(t *testing.T) {
 		needsBrNetfilter bool
 	}{
 		{name: "isolated ports and rules", isolated: true, rules: true},
-		{name: "isolated ports only", isolated: true, rules: false},
+		// The bridge answers ARP for every sandbox (private ports between sandboxes of an
+		// organization are routed through the host), so without the rules the host would
+		// route between them: the forward chain is what stops it.
+		{name: "isolated ports only: routed by the host", isolated: true, rules: false, reachable: true},
 		// Bridged frames see the nft forward chain only with br_netfilter.
 		{name: "rules only", isolated: false, rules: true, needsBrNetfilter: true},
 		{name: "neither: control", isolated: false, rules: false, reachable: true},
@@ -589,4 +592,64 @@ func BenchmarkSetupTeardown(b *testing.B) {
 	}
 	b.ReportMetric(float64(setupTotal.Microseconds())/float64(i), "setup-µs/op")
 	b.ReportMetric(float64(teardownTotal.Microseconds())/float64(i), "teardown-µs/op")
+}
+
+// TestReach: a sandbox reaches the private ports of another sandbox of its organization,
+// and nothing else of it; sandboxes of another organization reach none of them.
+func TestReach(t *testing.T) {
+	m := newTestManager(t, true)
+	server := setup(t, m, "reach-s-"+randHex(4))
+	peer := setup(t, m, "reach-p-"+randHex(4))
+	other := setup(t, m, "reach-o-"+randHex(4))
+	serve(t, server.NetNSPath, ":8080", "private")
+	serve(t, server.NetNSPath, ":9090", "undeclared")
+	if err := m.SetReach(server.IP, "org-a", []Port{{"tcp", 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetReach(peer.IP, "org-a", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetReach(other.IP, "org-b", nil); err != nil {
+		t.Fatal(err)
+	}
+	try := func(from *Attachment, port uint16) error {
+		_, err := dial(from.NetNSPath, netip.AddrPortFrom(server.IP, port).String(), blockedTimeout)
+		return err
+	}
+	if err := try(peer, 8080); err != nil {
+		out, _ := exec.Command("nft", "list", "table", "inet", m.cfg.Table).CombinedOutput()
+		neigh, _ := exec.Command("nsenter", "--net="+peer.NetNSPath, "ip", "neigh").CombinedOutput()
+		sys, _ := exec.Command("bash", "-c", "grep . /proc/sys/net/ipv4/conf/"+m.cfg.Bridge+"/{proxy_arp,proxy_arp_pvlan,forwarding,rp_filter}").CombinedOutput()
+		t.Errorf("same organization, private port: %v\n%s\n%s\n%s", err, out, neigh, sys)
+	}
+	if err := try(peer, 9090); err == nil {
+		t.Error("same organization reached an undeclared port")
+	}
+	if err := try(other, 8080); err == nil {
+		t.Error("another organization reached the private port")
+	}
+	// The server made private nothing of the peer: the way back is closed.
+	serve(t, peer.NetNSPath, ":8080", "peer")
+	if _, err := dial(server.NetNSPath, netip.AddrPortFrom(peer.IP, 8080).String(), blockedTimeout); err == nil {
+		t.Error("reached a port the peer never declared")
+	}
+	// Withdrawn (a new declaration replaces the old), then gone with the sandbox.
+	if err := m.SetReach(server.IP, "org-a", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := try(peer, 8080); err == nil {
+		t.Error("reached a port no longer private")
+	}
+	if err := m.SetReach(server.IP, "org-a", []Port{{"tcp", 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(server.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(m.reach.members); n != 2 {
+		t.Errorf("%d members after a teardown, want 2", n)
+	}
+	if err := m.SetReach(netip.MustParseAddr("192.0.2.1"), "org-a", nil); err == nil {
+		t.Error("an address outside the subnet accepted")
+	}
 }

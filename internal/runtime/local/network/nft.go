@@ -31,6 +31,7 @@ func (m *Manager) rules() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\n", m.cfg.Table, m.cfg.Table)
 	fmt.Fprintf(&b, "table inet %s {\n", m.cfg.Table)
+	b.WriteString(m.reachSets())
 	fmt.Fprintf(&b, `	chain input {
 		type filter hook input priority filter; policy accept;
 		iifname %[1]s ct state established,related accept
@@ -40,10 +41,10 @@ func (m *Manager) rules() string {
 		type filter hook forward priority filter; policy accept;
 		iifname %[1]s ct state established,related accept
 		oifname %[1]s ct state established,related accept
-		oifname %[1]s drop
+%[3]s		oifname %[1]s drop
 		iifname %[1]s ip daddr %[2]s drop
 		iifname %[1]s meta nfproto ipv6 drop
-`, br, sub)
+`, br, sub, m.reachRules(br))
 	if !m.cfg.Egress {
 		fmt.Fprintf(&b, "\t\tiifname %s drop\n", br)
 	}
