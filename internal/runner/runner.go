@@ -127,6 +127,10 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if req.Spec.RestartLimit == 0 {
 		req.Spec.RestartLimit = runtime.DefaultRestartLimit
 	}
+	if req.Spec.Resources.Pids == 0 {
+		// No sandbox goes without a process limit: a fork bomb must hit it, not the host's.
+		req.Spec.Resources.Pids = runtime.DefaultPidsLimit
+	}
 	now := time.Now()
 	if req.Spec.Meta == nil {
 		req.Spec.Meta = map[string]string{}

@@ -18,6 +18,9 @@ import (
 // non-zero before it reports the sandbox failed.
 const DefaultRestartLimit = 6
 
+// DefaultPidsLimit is a sandbox's process (and thread) limit when its spec sets none.
+const DefaultPidsLimit = 4096
+
 // Spec is a fully resolved sandbox: policy defaults are merged and validated before a
 // Spec reaches a backend, so a backend only checks what it alone can know.
 type Spec struct {

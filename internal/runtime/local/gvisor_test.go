@@ -83,7 +83,7 @@ func TestGVisorSandbox(t *testing.T) {
 		{"etc hosts", []string{"cat", "/etc/hosts"}, id},
 		{"agent read-only", []string{"sh", "-c", "echo x > /.sandboxd/config.json 2>&1; echo rc=$?"}, "rc=1"},
 		{"no new privs", []string{"grep", "NoNewPrivs", "/proc/self/status"}, "1"},
-		// The runc set minus CAP_NET_RAW, which runsc drops.
+		// The same set as under runc (which drops CAP_NET_RAW too).
 		{"capabilities", []string{"grep", "CapEff", "/proc/self/status"}, "00000000a80405fb"},
 		{"proc sys read-only", []string{"sh", "-c", "echo 1 > /proc/sys/kernel/ns_last_pid 2>&1; echo rc=$?"}, "rc=1"},
 		{"mount denied", []string{"sh", "-c", "mount -t tmpfs none /mnt 2>&1; echo rc=$?"}, "rc=1"},

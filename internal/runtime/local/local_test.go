@@ -45,10 +45,10 @@ func TestCreateExecAndConfinement(t *testing.T) {
 		{"pids limit", []string{"cat", "/sys/fs/cgroup/pids/pids.max"}, "64"},
 		{"cpu quota", []string{"cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"}, "50000"},
 		{"cpu period", []string{"cat", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"}, "100000"},
-		// CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE NET_RAW
+		// CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE (no NET_RAW)
 		// SYS_CHROOT MKNOD AUDIT_WRITE SETFCAP = 0xa80425fb
-		{"capabilities", []string{"grep", "CapEff", "/proc/self/status"}, "00000000a80425fb"},
-		{"bounding set", []string{"grep", "CapBnd", "/proc/self/status"}, "00000000a80425fb"},
+		{"capabilities", []string{"grep", "CapEff", "/proc/self/status"}, "00000000a80405fb"},
+		{"bounding set", []string{"grep", "CapBnd", "/proc/self/status"}, "00000000a80405fb"},
 		{"no new privs", []string{"grep", "NoNewPrivs", "/proc/self/status"}, "1"},
 		{"seccomp filter", []string{"grep", "^Seccomp:", "/proc/self/status"}, "2"},
 		{"hostname", []string{"hostname"}, id},

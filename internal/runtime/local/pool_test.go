@@ -109,7 +109,7 @@ func TestPoolClaim(t *testing.T) {
 		{[]string{"env"}, "FROM_IMAGE=1"},
 		{[]string{"pwd"}, "/tmp"},
 		{[]string{"cat", "/etc/motd"}, "hello file"},
-		{[]string{"grep", "CapEff", "/proc/self/status"}, "00000000a80425fb"},
+		{[]string{"grep", "CapEff", "/proc/self/status"}, "00000000a80405fb"},
 	} {
 		out, errOut, code := execIn(t, c, tc.argv...)
 		if !strings.Contains(out, tc.want) {

@@ -27,9 +27,11 @@ var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 // leading or trailing dash (it becomes a hostname and a path component).
 func validID(id string) bool { return len(id) <= 63 && idRE.MatchString(id) }
 
-// defaultCaps is the usual container capability set.
+// defaultCaps is the usual container capability set without CAP_NET_RAW: no raw or
+// packet sockets (spoofing, sniffing the bridge); ping works through ICMP datagram
+// sockets instead (net.ipv4.ping_group_range in the sandbox's network namespace).
 var defaultCaps = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
 	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
 	"CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
@@ -123,9 +125,12 @@ func ociSpec(p specParams) *specs.Spec {
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.NetNS}
 	args := []string{agentconfig.BinaryPath}
 	seccomp := p.Seccomp
+	// Without CAP_NET_RAW, ping needs ICMP datagram sockets: allow them to every group.
+	// The sysctl belongs to the sandbox's own network namespace.
+	sysctl := map[string]string{"net.ipv4.ping_group_range": "0 2147483647"}
 	if p.GVisor {
 		args = append(args, "--listen-fd=-1")
-		seccomp = nil
+		seccomp, sysctl = nil, nil
 	}
 	return &specs.Spec{
 		Version: specs.Version,
@@ -153,6 +158,7 @@ func ociSpec(p specParams) *specs.Spec {
 			Seccomp:       seccomp,
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
+			Sysctl:        sysctl,
 		},
 	}
 }

@@ -138,7 +138,9 @@ func (m *Manager) reachRules(br string) string {
 // from telling sandboxes to talk directly (which isolation would stop anyway).
 func (m *Manager) enableProxyARP() error {
 	var errs []error
-	for name, v := range map[string]string{"conf/%s/proxy_arp": "1", "conf/%s/proxy_arp_pvlan": "1", "conf/%s/send_redirects": "0",
+	// Forwarding on the bridge alone (not the host-wide ip_forward): packets between
+	// sandboxes enter and leave through it; everything else is the forward chain's call.
+	for name, v := range map[string]string{"conf/%s/forwarding": "1", "conf/%s/proxy_arp": "1", "conf/%s/proxy_arp_pvlan": "1", "conf/%s/send_redirects": "0",
 		// Answer at once: the default delays proxy replies by up to 0.8 s.
 		"neigh/%s/proxy_delay": "0"} {
 		p := filepath.Join("/proc/sys/net/ipv4", fmt.Sprintf(name, m.cfg.Bridge))
