@@ -1,0 +1,345 @@
+// Package isolation attacks sandboxes from the inside, under every runtime class this
+// machine offers (runc, and gVisor when runsc is built), and checks that every attempt
+// fails while the host and a neighbour sandbox stay healthy. It prints a table: attempt ×
+// runtime → outcome.
+package isolation
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("isolation: needs root; skipped")
+		os.Exit(0)
+	}
+	var err error
+	if env, err = testenv.Setup("iso"); err != nil {
+		fmt.Println("isolation:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	env.Close()
+	os.Exit(code)
+}
+
+func classes() []string {
+	out := []string{"runc"}
+	if local.FindRunsc() != "" {
+		out = append(out, local.GVisorClass)
+	}
+	return out
+}
+
+type suite struct {
+	t *testing.T
+	s *stack.Stack
+}
+
+func (su *suite) create(spec runtime.Spec) runner.Sandbox {
+	su.t.Helper()
+	sb, err := su.s.Runner.Create(context.Background(), runner.CreateRequest{Spec: spec, Lifetime: 10 * time.Minute})
+	if err != nil {
+		su.t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		cur, _ := su.s.Runner.Get(sb.ID)
+		if cur.State == runner.StateRunning {
+			return cur
+		}
+		if cur.State.Terminal() || time.Now().After(deadline) {
+			su.t.Fatalf("sandbox %s: %s %s %s", sb.ID, cur.State, cur.Reason, cur.Message)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (su *suite) agent(id string) agentv1connect.AgentServiceClient {
+	su.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := su.s.Runner.Agent(ctx, id)
+	if err != nil {
+		su.t.Fatal(err)
+	}
+	return c
+}
+
+func exec1(c agentv1connect.AgentServiceClient, timeout time.Duration, argv ...string) (*agentv1.ExecResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: argv}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
+
+// hostIP is an address of this host outside the sandboxes' bridge.
+func hostIP(t *testing.T) string {
+	ifs, _ := net.Interfaces()
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 || strings.HasPrefix(i.Name, "sbx") || i.Flags&net.FlagUp == 0 {
+			continue
+		}
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+				return p.Addr().String()
+			}
+		}
+	}
+	t.Skip("no non-loopback IPv4 address on this host")
+	return ""
+}
+
+// listen serves TCP on addr (answering "host") until the test ends.
+func listen(t *testing.T, addr string) int {
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("host\n"))
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// metadataService gives the host the address 169.254.169.254 (on lo) with a listener on
+// port 80, as a cloud's metadata service would be.
+func metadataService(t *testing.T) {
+	if out, err := exec.Command("ip", "addr", "add", "169.254.169.254/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("add 169.254.169.254: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", "169.254.169.254/32", "dev", "lo").Run() })
+	listen(t, "169.254.169.254:80")
+}
+
+// TestEscapes runs attempts.py in a sandbox of every runtime class.
+func TestEscapes(t *testing.T) {
+	dir := t.TempDir()
+	s, err := env.Stack(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cleanup(t, s) })
+	su := &suite{t: t, s: s}
+	script, err := os.ReadFile("attempts.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(t.TempDir(), "host-secret")
+	if err := os.WriteFile(marker, []byte("secret"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := listen(t, "0.0.0.0:0")
+	metadataService(t)
+	gw := env.Subnet.Addr().Next().String()
+	neighbour := su.create(runtime.Spec{Image: env.Busybox(), Command: "/bin/sh", Args: []string{"-c", "echo hi > /tmp/i; exec httpd -f -p 8080 -h /tmp"}})
+
+	// Controls: every target answers the host, so a blocked attempt is the sandbox's
+	// boundary at work, not a target that is not there.
+	for _, target := range []string{net.JoinHostPort(gw, fmt.Sprint(port)), net.JoinHostPort(hostIP(t), fmt.Sprint(port)),
+		"169.254.169.254:80", net.JoinHostPort(neighbour.IP, "8080")} {
+		var c net.Conn
+		for range 50 {
+			if c, err = net.DialTimeout("tcp4", target, 2*time.Second); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("control: the host cannot reach %s: %v", target, err)
+		}
+		_ = c.Close()
+	}
+
+	table := map[string]map[string]string{}
+	for _, class := range classes() {
+		sb := su.create(runtime.Spec{Image: env.Python(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"},
+			Files: []runtime.File{{Path: "/app/attempts.py", Content: script}}})
+		res, err := exec1(su.agent(sb.ID), time.Minute, "python3", "/app/attempts.py", gw, hostIP(t), fmt.Sprint(port), neighbour.IP, fmt.Sprint(os.Getpid()), marker)
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("%s: attempts: %v %s", class, err, res.GetStderr())
+		}
+		var got map[string]string
+		if err := json.Unmarshal(res.Stdout, &got); err != nil {
+			t.Fatalf("%s: %v: %s", class, err, res.Stdout)
+		}
+		for attempt, outcome := range got {
+			if table[attempt] == nil {
+				table[attempt] = map[string]string{}
+			}
+			table[attempt][class] = outcome
+			if !strings.HasPrefix(outcome, "blocked") {
+				t.Errorf("%s: %s: %s", class, attempt, outcome)
+			}
+		}
+	}
+	printTable(t, table)
+}
+
+// TestAbuse: a fork bomb and a memory bomb hit their sandbox's own limits; the host and
+// a neighbour sandbox keep answering meanwhile.
+func TestAbuse(t *testing.T) {
+	dir := t.TempDir()
+	s, err := env.Stack(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cleanup(t, s) })
+	su := &suite{t: t, s: s}
+	neighbour := su.create(runtime.Spec{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}})
+	nc := su.agent(neighbour.ID)
+	// healthy measures the neighbour's exec round trip (all must succeed) and the host's
+	// ability to start a process, while abuse runs.
+	healthy := func(what string) time.Duration {
+		var worst time.Duration
+		for range 10 {
+			t0 := time.Now()
+			if res, err := exec1(nc, 10*time.Second, "true"); err != nil || res.ExitCode != 0 {
+				t.Errorf("%s: the neighbour's exec failed: %v", what, err)
+			}
+			worst = max(worst, time.Since(t0))
+			if err := exec.Command("true").Run(); err != nil {
+				t.Errorf("%s: the host cannot start a process: %v", what, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return worst
+	}
+	limits := runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 256}
+	rows := map[string]map[string]string{}
+	type result struct {
+		res *agentv1.ExecResponse
+		err error
+	}
+	// bomb runs script in a new sandbox of class while checking the neighbour and the
+	// host, and says how it was contained: the script failed (a limit refused it), or the
+	// sandbox ended (gVisor ends the whole sandbox when it hits its memory limit).
+	bomb := func(class, what, script string, ok func(out string) bool) {
+		bomber := su.create(runtime.Spec{Image: env.Python(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"}, Resources: limits})
+		bc := su.agent(bomber.ID)
+		before := healthy(class + ": before " + what)
+		done := make(chan result, 1)
+		go func() {
+			res, err := exec1(bc, time.Minute, "python3", "-c", script)
+			done <- result{res, err}
+		}()
+		during := healthy(class + ": during " + what)
+		r := <-done
+		time.Sleep(200 * time.Millisecond) // let the runner see an end
+		cur, _ := s.Runner.Get(bomber.ID)
+		out := strings.TrimSpace(string(r.res.GetStdout()))
+		health := fmt.Sprintf("; neighbour exec worst %v before, %v during", before.Round(time.Millisecond), during.Round(time.Millisecond))
+		switch {
+		case r.err == nil && ok(out):
+			row(rows, what, class, fmt.Sprintf("contained by the limit: %s (exit %d)%s", out, r.res.GetExitCode(), health))
+		case cur.State.Terminal():
+			row(rows, what, class, fmt.Sprintf("contained: the sandbox ended (%s %s)%s", cur.State, cur.Reason, health))
+		default:
+			row(rows, what, class, "ALLOWED: "+out)
+			t.Errorf("%s: %s not contained: %q %v (sandbox %s)", class, what, out, r.err, cur.State)
+		}
+		_, _ = s.Runner.Delete(bomber.ID, 0)
+	}
+	for _, class := range classes() {
+		bomb(class, "fork bomb (pids limit 256)", `import os, time
+t = time.time() + 5
+n = 0
+while time.time() < t:
+    try:
+        if os.fork() == 0:
+            time.sleep(6); os._exit(0)
+        n += 1
+    except OSError:
+        pass
+print(n, "processes")`, func(out string) bool { n := atoi(out); return n > 0 && n < 256 })
+		bomb(class, "memory bomb (1 GiB over a 256 MiB limit)", "b = b'x' * (1 << 30); print(len(b))",
+			func(out string) bool { return out == "" })
+		row(rows, "disk filler", class, "NOT LIMITED YET: the writable layer has no size limit (not run)")
+	}
+	printTable(t, rows)
+}
+
+func row(rows map[string]map[string]string, attempt, class, outcome string) {
+	if rows[attempt] == nil {
+		rows[attempt] = map[string]string{}
+	}
+	rows[attempt][class] = outcome
+}
+
+func atoi(s string) int {
+	var n int
+	_, _ = fmt.Sscan(s, &n)
+	return n
+}
+
+func printTable(t *testing.T, table map[string]map[string]string) {
+	attempts := make([]string, 0, len(table))
+	for a := range table {
+		attempts = append(attempts, a)
+	}
+	sort.Strings(attempts)
+	cls := classes()
+	var b strings.Builder
+	fmt.Fprintf(&b, "| attempt | %s |\n|---|%s\n", strings.Join(cls, " | "), strings.Repeat("---|", len(cls)))
+	for _, a := range attempts {
+		cells := make([]string, len(cls))
+		for i, c := range cls {
+			cells[i] = table[a][c]
+		}
+		fmt.Fprintf(&b, "| %s | %s |\n", a, strings.Join(cells, " | "))
+	}
+
+	fmt.Print(b.String())
+}
+
+func cleanup(t *testing.T, s *stack.Stack) {
+	for _, sb := range s.Runner.List() {
+		if !sb.State.Terminal() {
+			_, _ = s.Runner.Delete(sb.ID, 0)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && slices.ContainsFunc(s.Runner.List(), func(sb runner.Sandbox) bool { return !sb.State.Terminal() }) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.Close()
+	if err := s.Network.Cleanup(); err != nil {
+		t.Errorf("network cleanup: %v", err)
+	}
+}
