@@ -403,17 +403,43 @@ func (b *Backend) removeCgroups(id string) error {
 	if err != nil {
 		return nil
 	}
-	var errs []error
-	rm := func(p string) {
-		if err := unix.Rmdir(p); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", p, err))
-		}
-	}
-	rm(filepath.Join(cgroupRoot, b.cfg.CgroupParent, id)) // pure cgroup v2
+	dirs := []string{filepath.Join(cgroupRoot, b.cfg.CgroupParent, id)} // pure cgroup v2
 	for _, e := range ents {
 		if e.IsDir() || e.Type()&fs.ModeSymlink != 0 {
-			rm(filepath.Join(cgroupRoot, e.Name(), b.cfg.CgroupParent, id))
+			dirs = append(dirs, filepath.Join(cgroupRoot, e.Name(), b.cfg.CgroupParent, id))
 		}
 	}
-	return errors.Join(errs...)
+	// A container whose start was cut short can still have processes in its cgroups:
+	// kill them, and give the kernel a moment to let go of the cgroups.
+	var errs []error
+	for attempt := 0; ; attempt++ {
+		errs = errs[:0]
+		busy := false
+		for _, d := range dirs {
+			if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+				busy = busy || errors.Is(err, unix.EBUSY)
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+			}
+		}
+		if !busy || attempt == 40 {
+			return errors.Join(errs...)
+		}
+		for _, d := range dirs {
+			killCgroupProcs(d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// killCgroupProcs sends SIGKILL to every process in the cgroup at dir.
+func killCgroupProcs(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	for f := range strings.FieldsSeq(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
 }
