@@ -89,12 +89,17 @@ func dev(args []string) error {
 	if *edgeListen != "" {
 		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
 			CA: ca, Authorize: stack.KeyAuthorizer(keys), Logger: logger})
-		if err != nil {
+		switch {
+		case err == nil:
+			defer e.Close()
+			local.EdgeDomain, local.EdgePort = *baseDomain, e.Port()
+			fmt.Printf("endpoints: https://PORT-SANDBOX.%s.%s:%d (trust %s)\n", *runnerID, *baseDomain, e.Port(), filepath.Join(*dataDir, "ca.pem"))
+		case isFlagSet(fs, "edge-listen"):
 			return err
+		default:
+			// The default port is taken: run without public endpoints rather than not at all.
+			logger.Warn("no edge: sandboxes cannot publish endpoints (set --edge-listen to a free address)", "err", err)
 		}
-		defer e.Close()
-		local.EdgeDomain, local.EdgePort = *baseDomain, e.Port()
-		fmt.Printf("endpoints: https://PORT-SANDBOX.%s.%s:%d (trust %s)\n", *runnerID, *baseDomain, e.Port(), filepath.Join(*dataDir, "ca.pem"))
 	}
 	gw, err := gateway.New(gateway.Config{
 		Auth:     keys,
@@ -301,4 +306,11 @@ func apikey(args []string) error {
 	}
 	fmt.Println(key)
 	return nil
+}
+
+// isFlagSet reports whether name was given on the command line.
+func isFlagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
