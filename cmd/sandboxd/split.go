@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
@@ -204,6 +205,15 @@ func runnerCmd(args []string) error {
 		})
 		if err != nil {
 			return err
+		}
+		if _, _, err := cache.Policy(ctx, ""); errors.Is(err, enroll.ErrNoPolicy) {
+			// Never heard from the control plane: ask for the policy before serving, so
+			// the first creates are not refused for the want of one.
+			bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := hb.Beat(bctx); err != nil {
+				logger.Warn("no policy from the control plane yet; creates are refused until one arrives", "err", err)
+			}
+			cancel()
 		}
 		go hb.Run(ctx)
 		rs.WithPolicy(*runnerID, cache)

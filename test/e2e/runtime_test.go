@@ -105,8 +105,8 @@ func TestSandboxIsolationInside(t *testing.T) {
 	}
 	// The default container capability set: no CAP_SYS_ADMIN (bit 21), no CAP_NET_ADMIN (12).
 	got := execIn(t, c, "sh", "-c", "grep CapEff /proc/self/status")
-	if !strings.Contains(string(got.Stdout), "00000000a80425fb") {
-		t.Errorf("CapEff = %q, want the default set 00000000a80425fb", got.Stdout)
+	if !strings.Contains(string(got.Stdout), "00000000a80405fb") {
+		t.Errorf("CapEff = %q, want the default set 00000000a80405fb", got.Stdout)
 	}
 	if got := execIn(t, c, "cat", "/proc/kcore"); got.ExitCode == 0 && len(got.Stdout) > 0 {
 		t.Errorf("/proc/kcore readable: %d bytes", len(got.Stdout))

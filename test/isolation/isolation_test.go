@@ -261,8 +261,11 @@ func TestAbuse(t *testing.T) {
 		}()
 		during := healthy(class + ": during " + what)
 		r := <-done
-		time.Sleep(200 * time.Millisecond) // let the runner see an end
 		cur, _ := s.Runner.Get(bomber.ID)
+		for wait := time.Now().Add(15 * time.Second); r.err != nil && !cur.State.Terminal() && time.Now().Before(wait); {
+			time.Sleep(100 * time.Millisecond) // the exec broke off: the sandbox is ending
+			cur, _ = s.Runner.Get(bomber.ID)
+		}
 		out := strings.TrimSpace(string(r.res.GetStdout()))
 		health := fmt.Sprintf("; neighbour exec worst %v before, %v during", before.Round(time.Millisecond), during.Round(time.Millisecond))
 		switch {
