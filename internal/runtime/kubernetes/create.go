@@ -332,12 +332,16 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 
 func ptr[T any](v T) *T { return &v }
 
-// waitRunning waits until the main container runs and the agent answers through the
-// gate, or the Pod fails to start. A main command that ends first is not an error: the
-// sandbox's exit comes from Wait.
+// waitRunning waits until the agent answers through the gate, or the Pod fails to
+// start. The agent is asked as soon as the Pod has an IP, not only once the kubelet
+// reports the main container running (it notices that at its next relist, up to ~1 s
+// later). A main command that ends first is not an error: the exit comes from Wait.
 func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, error) {
 	timer := time.NewTimer(b.cfg.StartTimeout)
 	defer timer.Stop()
+	pctx, stopPing := context.WithCancel(ctx)
+	defer stopPing()
+	var pinged chan error // set once pinging has started
 	for {
 		b.mu.Lock()
 		pod, ch := s.pod, s.changed
@@ -353,36 +357,47 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 		}
 		if ended {
 			if pod != nil && !mainStarted(pod) {
-				if err := startErrorOfEnded(pod); err != nil {
-					return runtime.Info{}, err
-				}
+				return runtime.Info{}, startErrorOfEnded(pod)
 			}
-			b.mu.Lock()
-			info := infoOf(s)
-			b.mu.Unlock()
-			return info, nil
+			return b.info(s), nil
 		}
-		if mainRunning(pod) && pod.Status.PodIP != "" {
-			if err := b.pingAgent(ctx, s, pod.Status.PodIP); err == nil {
-				b.mu.Lock()
-				info := infoOf(s)
-				b.mu.Unlock()
-				return info, nil
-			} else if ctx.Err() == nil {
-				b.log.Debug("agent not ready", "sandbox", s.id, "err", err)
-				select {
-				case <-time.After(50 * time.Millisecond):
-				case <-ctx.Done():
-				}
-				continue
-			}
+		if pinged == nil && pod != nil && pod.Status.PodIP != "" {
+			pinged = make(chan error, 1)
+			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(pod.Status.PodIP)
 		}
 		select {
 		case <-ch:
+		case err := <-pinged:
+			if err == nil {
+				return b.info(s), nil
+			}
+			pinged = nil // ctx ended; reported below
 		case <-timer.C:
 			return runtime.Info{}, fmt.Errorf("the Pod did not start within %s: %s", b.cfg.StartTimeout, podSummary(pod))
 		case <-ctx.Done():
 			return runtime.Info{}, ctx.Err()
+		}
+	}
+}
+
+func (b *Backend) info(s *sandbox) runtime.Info {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return infoOf(s)
+}
+
+// pingUntil asks the agent for its status until it answers or ctx ends.
+func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
+	for {
+		err := b.pingAgent(ctx, s, ip)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		b.log.Debug("agent not ready", "sandbox", s.id, "err", err)
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 }
