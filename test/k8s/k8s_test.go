@@ -477,3 +477,34 @@ func TestTimeToFirstCommand(t *testing.T) {
 	}
 	t.Logf("n=%d create->RUNNING %s; TTFC %s", n, p(toRunning), p(ttfc))
 }
+
+// TestEnds: a lifetime that runs out stops the Pod (FAILED LifetimeExceeded); a Pod
+// deleted behind the runner's back ends its sandbox (FAILED Killed).
+func TestEnds(t *testing.T) {
+	c, s, _ := setup(t)
+	r := s.Runner
+	expiring, err := r.Create(context.Background(), runner.CreateRequest{
+		Spec:     runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}},
+		Lifetime: 3 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, r, victim.ID, time.Minute, running)
+	zero := int64(0)
+	if err := s.Client.CoreV1().Pods(c.namespace).Delete(context.Background(), "sbx-"+victim.ID, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	if sb := terminal(t, r, victim.ID); sb.State != runner.StateFailed || sb.Reason != "Killed" {
+		t.Errorf("pod deleted: %s %s %q, want FAILED Killed", sb.State, sb.Reason, sb.Message)
+	}
+	if sb := terminal(t, r, expiring.ID); sb.State != runner.StateFailed || sb.Reason != runner.ReasonLifetimeExceeded {
+		t.Errorf("lifetime: %s %s, want FAILED LifetimeExceeded", sb.State, sb.Reason)
+	}
+	podGone(t, s, c, victim.ID)
+	podGone(t, s, c, expiring.ID)
+}
