@@ -267,6 +267,12 @@ func (b *Backend) DialAgent(ctx context.Context, id string) (net.Conn, error) {
 		ip = s.pod.Status.PodIP
 	}
 	b.mu.Unlock()
+	select {
+	case <-s.done:
+		// Its IP may be gone from the node: a dial would wait for ARP to give up.
+		return nil, fmt.Errorf("dial agent of %s: the sandbox has ended", id)
+	default:
+	}
 	if ip == "" {
 		return nil, fmt.Errorf("dial agent of %s: the Pod has no IP yet", id)
 	}
