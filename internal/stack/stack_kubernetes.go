@@ -78,6 +78,10 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 	if bc.Namespace == "" {
 		bc.Namespace = cfg.Namespace
 	}
+	if bc.LogDir == "" {
+		// Next to the runner's archive: the runner renames a copy into it.
+		bc.LogDir = filepath.Join(cfg.DataDir, "runner", "k8s-logs")
+	}
 	backend, err := kubernetes.New(ctx, bc)
 	if err != nil {
 		return nil, fmt.Errorf("stack: %w", err)

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,7 +26,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
@@ -172,6 +175,20 @@ func exec(t *testing.T, r *runner.Runner, id string, argv ...string) *agentv1.Ex
 	return res.Msg
 }
 
+func readLog(t *testing.T, dir string) string {
+	t.Helper()
+	lr, err := logstore.OpenReader(dir, agentconfig.MainLog)
+	if err != nil {
+		t.Fatalf("open archived log: %v", err)
+	}
+	defer lr.Close()
+	var b strings.Builder
+	if _, err := lr.Read(logstore.ReadOptions{}, func(c logstore.Chunk) error { b.Write(c.Data); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
 func podGone(t *testing.T, s *stack.KubernetesStack, c cluster, id string) {
 	t.Helper()
 	ctx := context.Background()
@@ -288,6 +305,14 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("after delete: %s %s, want TERMINATED Deleted", sb.State, sb.Reason)
 	}
 	podGone(t, s, c, id)
+	// The log outlives the Pod: the backend copied it, the runner archived the copy.
+	dir, err := r.LogDir(id)
+	if err != nil || dir == "" {
+		t.Fatalf("log dir after the end: %q, %v", dir, err)
+	}
+	if got := readLog(t, dir); !strings.Contains(got, "hello from main") || !strings.Contains(got, "to stderr") {
+		t.Errorf("archived log %q: want both lines", got)
+	}
 	if _, err := r.Agent(ctx, id); !errors.Is(err, runner.ErrNotRunning) {
 		t.Errorf("agent of a deleted sandbox: %v, want ErrNotRunning", err)
 	}
@@ -434,6 +459,9 @@ func TestRecover(t *testing.T) {
 		t.Errorf("after delete: %s", sb.State)
 	}
 	podGone(t, s2, c, id)
+	if dir, _ := r2.LogDir(id); dir == "" || !strings.Contains(readLog(t, dir), "started") {
+		t.Errorf("the re-adopted sandbox's log was not archived (dir %q)", dir)
+	}
 }
 
 // TestTimeToFirstCommand measures create -> RUNNING and create -> first exec answered
@@ -447,6 +475,10 @@ func TestTimeToFirstCommand(t *testing.T) {
 	n := 8
 	var toRunning, ttfc []time.Duration
 	for i := 0; i < n; i++ {
+		// The kubelet relists every second; a random start samples where in that period
+		// creates land (back-to-back creates would all land at the same phase).
+		jitter, _ := rand.Int(rand.Reader, big.NewInt(1000))
+		time.Sleep(time.Duration(jitter.Int64()) * time.Millisecond)
 		t0 := time.Now()
 		sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}}})
 		if err != nil {

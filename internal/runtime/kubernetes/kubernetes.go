@@ -96,6 +96,9 @@ type Config struct {
 	// TerminationGrace is the Pod's terminationGracePeriodSeconds when nothing else
 	// asks (a Destroy of a live Pod); default 10 s.
 	TerminationGrace time.Duration
+	// LogDir, when set, keeps a copy of each sandbox's log on this host (see logs.go), so
+	// it stays readable after the Pod is gone.
+	LogDir string
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
@@ -107,6 +110,8 @@ type Backend struct {
 	log      *slog.Logger
 	pods     cache.Indexer
 	stop     chan struct{}
+	ctx      context.Context // ends with Close
+	cancel   context.CancelFunc
 	selector labels.Selector
 
 	mu        sync.Mutex
@@ -129,6 +134,8 @@ type sandbox struct {
 	changed chan struct{} // closed and replaced on every change
 	done    chan struct{} // closed once exit is set
 	exit    runtime.Exit
+
+	logsDone chan struct{} // closed when the log copy ends; nil without one
 }
 
 var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$`)
@@ -169,6 +176,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy, LabelRunner: cfg.RunnerID})
 	b := &Backend{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{}}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
 	inf := f.Core().V1().Pods().Informer()
@@ -188,13 +196,15 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	go inf.Run(b.stop)
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		close(b.stop)
+		b.cancel()
 		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
 	}
 	return b, nil
 }
 
-// Close stops watching. Sandboxes keep running.
+// Close stops watching and copying logs. Sandboxes keep running.
 func (b *Backend) Close() {
+	b.cancel()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	select {
@@ -398,6 +408,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	b.removeLogs(id)
 	b.mu.Lock()
 	if b.sandboxes[id] == s {
 		delete(b.sandboxes, id)
@@ -471,6 +482,9 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 		}
 		b.mu.Unlock()
+		if rec.Alive {
+			b.startLogs(s)
+		}
 		out = append(out, rec)
 	}
 	return out, nil
