@@ -409,6 +409,19 @@ func TestImagePullFailure(t *testing.T) {
 		t.Errorf("unknown runtime class: %s %s %s, want FAILED StartError", sb.State, sb.Reason, sb.Message)
 	}
 	podGone(t, s, c, sb.ID)
+
+	// Files travel in the sandbox's Secret (at most 1 MiB): a larger spec is refused.
+	sb, err = r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
+		Image: busybox, Command: "true", Files: []runtime.File{{Path: "/big", Content: make([]byte, 2<<20)}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb = terminal(t, r, sb.ID)
+	if sb.State != runner.StateFailed || sb.Reason != runner.ReasonStartError {
+		t.Errorf("2 MiB of files: %s %s %s, want FAILED StartError", sb.State, sb.Reason, sb.Message)
+	}
+	podGone(t, s, c, sb.ID)
 }
 
 // TestRecover: a new runner with the same runner ID re-adopts the Pods of the old one
@@ -474,6 +487,11 @@ func TestTimeToFirstCommand(t *testing.T) {
 	r := s.Runner
 	n := 8
 	var toRunning, ttfc []time.Duration
+	p := func(ds []time.Duration) string {
+		ds = slices.Clone(ds)
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return "p50 " + ds[len(ds)/2].Round(100*time.Microsecond).String() + " max " + ds[len(ds)-1].Round(100*time.Microsecond).String()
+	}
 	for i := 0; i < n; i++ {
 		// The kubelet relists every second; a random start samples where in that period
 		// creates land (back-to-back creates would all land at the same phase).
@@ -497,15 +515,23 @@ func TestTimeToFirstCommand(t *testing.T) {
 			t.Fatalf("exec: %v", err)
 		}
 		ttfc = append(ttfc, time.Since(t0))
+		if i == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			var rtt []time.Duration
+			for j := 0; j < 30; j++ {
+				e0 := time.Now()
+				if _, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}})); err != nil {
+					t.Fatal(err)
+				}
+				rtt = append(rtt, time.Since(e0))
+			}
+			cancel()
+			defer func() { t.Logf("exec round trip through the gate (n=30, one connection): %s", p(rtt)) }()
+		}
 		if _, err := r.Delete(sb.ID, 0); err != nil {
 			t.Fatal(err)
 		}
 		terminal(t, r, sb.ID)
-	}
-	p := func(ds []time.Duration) string {
-		ds = slices.Clone(ds)
-		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-		return "p50 " + ds[len(ds)/2].Round(time.Millisecond).String() + " max " + ds[len(ds)-1].Round(time.Millisecond).String()
 	}
 	t.Logf("n=%d create->RUNNING %s; TTFC %s", n, p(toRunning), p(ttfc))
 }

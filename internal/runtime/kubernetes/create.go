@@ -152,8 +152,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
 	if _, err := secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
-		if apierrors.IsAlreadyExists(err) {
+		switch {
+		case apierrors.IsAlreadyExists(err):
 			return runtime.Info{}, fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, spec.ID)
+		case apierrors.IsInvalid(err), apierrors.IsRequestEntityTooLargeError(err), strings.Contains(err.Error(), "too large"):
+			// Env and files travel in the Secret: at most 1 MiB together.
+			return runtime.Info{}, fmt.Errorf("%w: env and files too large for a Secret: %w", runtime.ErrInvalidSpec, err)
 		}
 		return runtime.Info{}, fmt.Errorf("create sandbox %s: secret: %w", spec.ID, err)
 	}

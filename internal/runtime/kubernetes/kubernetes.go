@@ -96,6 +96,9 @@ type Config struct {
 	// TerminationGrace is the Pod's terminationGracePeriodSeconds when nothing else
 	// asks (a Destroy of a live Pod); default 10 s.
 	TerminationGrace time.Duration
+	// ForceDeleteAfter is how long Stop waits beyond the grace period for the kubelet
+	// to end a Pod before it removes the Pod object with grace 0; default 30 s.
+	ForceDeleteAfter time.Duration
 	// LogDir, when set, keeps a copy of each sandbox's log on this host (see logs.go), so
 	// it stays readable after the Pod is gone.
 	LogDir string
@@ -166,6 +169,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	if cfg.TerminationGrace <= 0 {
 		cfg.TerminationGrace = 10 * time.Second
+	}
+	if cfg.ForceDeleteAfter <= 0 {
+		cfg.ForceDeleteAfter = 30 * time.Second
 	}
 	if cfg.Dial == nil {
 		var d net.Dialer
@@ -334,6 +340,21 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	secs = max(secs, 1)
 	if err := b.deletePod(ctx, s, secs); err != nil {
 		return fmt.Errorf("stop %s: %w", id, err)
+	}
+	// A kubelet that does not answer (its node is gone) leaves the Pod terminating
+	// forever: after the grace period and a margin the object is removed regardless.
+	timer := time.NewTimer(time.Duration(secs)*time.Second + b.cfg.ForceDeleteAfter)
+	defer timer.Stop()
+	select {
+	case <-s.done:
+		return nil
+	case <-timer.C:
+		b.log.Warn("pod did not end after its grace period: removing it", "sandbox", id)
+		if err := b.deletePod(ctx, s, 0); err != nil {
+			return fmt.Errorf("stop %s: %w", id, err)
+		}
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	select {
 	case <-s.done:
