@@ -58,11 +58,15 @@ import_images() {
   rm -f "$DATA/images/"*.tar
 }
 CTR=(ctr --address "$DATA/run/containerd.sock" -n k8s.io)
-if running kube-apiserver && [ -s "$DATA/kubeconfig" ]; then
+if running kube-apiserver && running kubelet && running containerd && running etcd && [ -s "$DATA/kubeconfig" ]; then
   import_images >"$DATA/log/images.log" 2>&1 || { cat "$DATA/log/images.log" >&2; fail "image build/import failed"; }
   log "already up; images imported again"
   echo "$DATA/kubeconfig"
   exit 0
+fi
+if [ -d "$DATA" ]; then # left by a crash or a reboot: start from a clean slate
+  log "stale $DATA: running down.sh first"
+  bash test/k8s/down.sh >&2
 fi
 for c in etcd containerd ctr curl openssl iptables; do
   command -v "$c" >/dev/null || fail "$c missing: bash scripts/install-deps.sh --k8s"
