@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -486,6 +487,9 @@ func TestTimeToFirstCommand(t *testing.T) {
 	_, s, _ := setup(t)
 	r := s.Runner
 	n := 8
+	if v, err := strconv.Atoi(os.Getenv("SANDBOXD_K8S_TTFC_N")); err == nil && v > 0 {
+		n = v
+	}
 	var toRunning, ttfc []time.Duration
 	p := func(ds []time.Duration) string {
 		ds = slices.Clone(ds)
