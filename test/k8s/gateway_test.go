@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
 
 type bearer string
@@ -38,7 +40,7 @@ func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 // TestGateway: the public API (coreweave.sandbox.v1 through the gateway) on a runner
 // with the Kubernetes backend: create, RUNNING, exec, files, delete, TERMINATED.
 func TestGateway(t *testing.T) {
-	_, s, runnerID := setup(t)
+	c, s, runnerID := setup(t)
 	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +90,13 @@ func TestGateway(t *testing.T) {
 	sb := wait(sandboxv1.State_STATE_RUNNING)
 	if sb.GetStatus().GetRunnerId() != runnerID {
 		t.Errorf("runner %q, want %q", sb.GetStatus().GetRunnerId(), runnerID)
+	}
+	pod, err := s.Client.CoreV1().Pods(c.namespace).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[kubernetes.LabelOrg] != "org-a" || pod.Labels[kubernetes.LabelRunner] != runnerID {
+		t.Errorf("pod labels %v: want org org-a, runner %s", pod.Labels, runnerID)
 	}
 	ex, err := api.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"sh", "-c", "echo hello; exit 4"}}))
 	if err != nil {
