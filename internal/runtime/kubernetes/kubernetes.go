@@ -1,30 +1,32 @@
 // Package kubernetes is the Kubernetes backend: one Pod per sandbox, in one namespace,
 // labelled with the sandbox, organization and runner IDs.
 //
-// The Pod runs the sandbox's image with sandbox-agent as PID 1. The agent comes from
-// the agent image (a tiny OCI image holding the static sandbox-agent and sandbox-gate
-// binaries): an init container copies both into an emptyDir, and the main container's
-// command is `sandbox-gate exec-agent`, which completes the agent configuration with
-// the container's environment (the image's env, which the backend does not know) and
-// execs the agent. The main command is in the configuration, not in the Pod's command.
+// The Pod has two containers. `gate` runs the agent image (a tiny OCI image holding the
+// static sandbox-agent and sandbox-gate binaries); its postStart hook copies both into an
+// emptyDir, and the kubelet runs the hook before it starts the next container, in the
+// same sync (an init container would cost a kubelet relist, ~1 s). `sandbox` runs the
+// sandbox's image with the command `sandbox-gate exec-agent`, which completes the agent
+// configuration with the container's environment (the image's env, which the backend
+// does not know) and execs sandbox-agent, so the unchanged agent is PID 1. The main
+// command is in the agent configuration, not in the Pod's command.
 //
 // The agent channel: the agent listens on a unix socket in a second emptyDir, as under
-// the local backend. A native sidecar (an init container with restartPolicy Always)
-// runs `sandbox-gate serve`: it accepts TLS 1.3 on the Pod IP, port 7443, and splices
-// each connection to the socket. Both ends are authenticated with per-sandbox
-// certificates the backend generates and pins: the gate accepts only the sandbox's
-// client certificate, the backend only the sandbox's server certificate. Keys and the
-// agent configuration (it holds the spec's env and files) live in a per-sandbox Secret,
-// never in the Pod spec; the main container mounts only the configuration, the sidecar
-// only its key pair and the client certificate. The Secret is owned by the Pod, so the
-// cluster's garbage collector removes it with the Pod.
+// the local backend. The gate (`sandbox-gate serve`) accepts TLS 1.3 on the Pod IP, port
+// 7443, and splices each connection to the socket. Both ends are authenticated with
+// per-sandbox certificates the backend generates and pins: the gate accepts only the
+// sandbox's client certificate, the backend only the sandbox's server certificate. Keys
+// and the agent configuration (it holds the spec's env and files) live in a per-sandbox
+// Secret, never in the Pod spec; the main container mounts only the configuration, the
+// gate only its key pair and the client certificate. The Secret is owned by the Pod, so
+// the cluster's garbage collector removes it with the Pod.
 //
-// How the main command ended: the agent keeps status.json in the shared emptyDir; when
-// the Pod ends, the sidecar copies it into its termination message, which the kubelet
-// puts into the Pod status. Wait reads it from there (exit code, restarts, reason).
+// How the main command ended: the agent keeps status.json in the shared emptyDir; once
+// the agent has ended, the gate copies it into its termination message and ends too, so
+// the Pod ends and the kubelet puts the message into the Pod status. Wait reads it from
+// there (exit code, restarts, reason).
 //
 // Recovery: the runner's Pods are found by label; the Secret holds the spec and the
-// keys, so a new backend reaches the agents of an earlier one.
+// keys, so a new backend reaches the agents of an earlier one. Logs: see logs.go.
 package kubernetes
 
 import (

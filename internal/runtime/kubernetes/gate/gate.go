@@ -50,14 +50,14 @@ const (
 	// ConfigDir is the Secret volume with the backend's agent config (ConfigFile).
 	ConfigDir  = agentconfig.Dir + "/config"
 	ConfigFile = "config.json"
-	// RunDir is the agent's state dir (an emptyDir shared with the gate sidecar).
+	// RunDir is the agent's state dir (an emptyDir shared with the gate container).
 	RunDir = agentconfig.StateDir
 	// AgentConfigFile (in RunDir) is the completed config exec-agent writes.
 	AgentConfigFile = "agent-config.json"
 	// Socket (in RunDir) is where the agent listens.
 	Socket = "agent.sock"
 	// TLSDir is the Secret volume with the gate's key pair and the pinned client
-	// certificate, mounted in the sidecar only.
+	// certificate, mounted in the gate container only.
 	TLSDir         = "/etc/sandbox-gate"
 	TLSCertFile    = "tls.crt"
 	TLSKeyFile     = "tls.key"
