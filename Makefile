@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps images runsc test conformance test-short bench demo lint fmt clean
+.PHONY: all build agent generate deps images runsc test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test
 
 all: build
 
@@ -53,6 +53,22 @@ bench: build images runsc
 # Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.
 demo: deps build images
 	bash scripts/demo.sh
+
+# The Kubernetes backend against a one-node cluster on this host (test/k8s/README.md):
+# kube-* binaries built once from the Go module proxy (~9 min cold, cached under
+# $(CACHE)/k8s/<version>), etcd + containerd from Debian. k8s-test brings the cluster up,
+# runs test/k8s and always tears it down.
+k8s-up: images
+	bash scripts/install-deps.sh --k8s
+	bash test/k8s/up.sh
+
+k8s-down:
+	bash test/k8s/down.sh
+
+k8s-test: images
+	bash scripts/install-deps.sh --k8s
+	bash test/k8s/up.sh && SANDBOXD_K8S_REQUIRED=1 $(GO) test -count=1 -timeout 20m -v ./test/k8s/...; \
+	  rc=$$?; bash test/k8s/down.sh; exit $$rc
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: files above need formatting'; exit 1; }

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -71,9 +72,15 @@ func runnerCmd(args []string) error {
 	maxSandboxes := fs.Int("max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
 	cpu := fs.String("cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
 	memory := fs.String("memory", "", "memory offered to sandboxes, e.g. 8Gi (default: the host's memory)")
+	backend := fs.String("backend", "local", "where sandboxes run: local (runc/gVisor on this host) or kubernetes (one Pod each)")
+	var kube kubernetesFlags
+	kube.register(fs)
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *backend != "local" && *backend != "kubernetes" {
+		return fmt.Errorf("--backend %q: want local or kubernetes", *backend)
 	}
 	logger := newLogger(*verbose)
 	if *pkiDir == "" {
@@ -149,34 +156,45 @@ func runnerCmd(args []string) error {
 		edgeCA = ca
 	}
 
-	cfg := stack.Config{DataDir: *dataDir, Logger: logger, InsecureRegistries: insecure, Bridge: *bridge, CgroupParent: *cgroupParent, NoEgress: *noEgress}
-	if *bridge != "" {
-		cfg.NetTable = "sandboxd_" + *bridge
-	}
-	if *subnet != "" {
-		var err error
-		if cfg.Subnet, err = netip.ParsePrefix(*subnet); err != nil {
-			return fmt.Errorf("--subnet: %w", err)
-		}
-	}
-	if *mirror {
-		stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
+	var rn *runner.Runner
+	if *backend == "kubernetes" {
+		kst, err := kube.start(ctx, *runnerID, *dataDir, logger)
 		if err != nil {
 			return err
 		}
-		defer stopRegistry()
+		defer kst.Close()
+		rn = kst.Runner
+	} else {
+		cfg := stack.Config{DataDir: *dataDir, Logger: logger, InsecureRegistries: insecure, Bridge: *bridge, CgroupParent: *cgroupParent, NoEgress: *noEgress}
+		if *bridge != "" {
+			cfg.NetTable = "sandboxd_" + *bridge
+		}
+		if *subnet != "" {
+			var err error
+			if cfg.Subnet, err = netip.ParsePrefix(*subnet); err != nil {
+				return fmt.Errorf("--subnet: %w", err)
+			}
+		}
+		if *mirror {
+			stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
+			if err != nil {
+				return err
+			}
+			defer stopRegistry()
+		}
+		st, err := stack.NewLocal(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		rn = st.Runner
 	}
-	st, err := stack.NewLocal(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	local := gateway.NewLocalRunner(*runnerID, st.Runner)
+	local := gateway.NewLocalRunner(*runnerID, rn)
 	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
 	if *edgeListen != "" {
 		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger}
@@ -189,7 +207,7 @@ func runnerCmd(args []string) error {
 			}
 			ec.Authorize = enroll.KeyVerifier(ident)
 		}
-		e, err := stack.StartEdge(st.Runner, ec)
+		e, err := stack.StartEdge(rn, ec)
 		if err != nil {
 			return err
 		}

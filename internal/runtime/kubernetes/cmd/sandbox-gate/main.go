@@ -1,0 +1,53 @@
+// Command sandbox-gate is the Kubernetes backend's in-Pod helper; see
+// internal/runtime/kubernetes/gate. Usage:
+//
+//	sandbox-gate install          copy /sandbox-agent and /sandbox-gate into the bin emptyDir
+//	sandbox-gate exec-agent       complete the agent config and exec sandbox-agent (PID 1)
+//	sandbox-gate serve            mTLS front of the agent's unix socket (sidecar)
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: sandbox-gate install|exec-agent|serve")
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "sandbox-gate")
+	var err error
+	switch os.Args[1] {
+	case "install":
+		err = gate.Install("/", gate.BinDir, "sandbox-agent", "sandbox-gate")
+	case "exec-agent":
+		err = gate.ExecAgent()
+	case "serve":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		err = gate.Serve(ctx, gate.ServeOptions{
+			CertFile:       filepath.Join(gate.TLSDir, gate.TLSCertFile),
+			KeyFile:        filepath.Join(gate.TLSDir, gate.TLSKeyFile),
+			ClientCertFile: filepath.Join(gate.TLSDir, gate.ClientCertFile),
+			Upstream:       filepath.Join(gate.RunDir, gate.Socket),
+			StatusFile:     filepath.Join(gate.RunDir, agentconfig.StatusFile),
+			TerminationLog: "/dev/termination-log",
+			Logger:         log,
+		})
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		log.Error(os.Args[1], "err", err)
+		os.Exit(1)
+	}
+}

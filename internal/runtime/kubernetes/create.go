@@ -1,0 +1,457 @@
+package kubernetes
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+func validateSpec(spec *runtime.Spec) error {
+	switch {
+	case spec == nil:
+		return fmt.Errorf("%w: nil spec", runtime.ErrInvalidSpec)
+	case !idRE.MatchString(spec.ID):
+		return fmt.Errorf("%w: id %q: want 1-53 characters of [a-z0-9-], not starting or ending with '-'", runtime.ErrInvalidSpec, spec.ID)
+	case strings.TrimSpace(spec.Image) == "":
+		return fmt.Errorf("%w: empty image reference", runtime.ErrInvalidImageRef)
+	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0:
+		return fmt.Errorf("%w: negative resource limit", runtime.ErrInvalidSpec)
+	case spec.RestartLimit < 0:
+		return fmt.Errorf("%w: negative restart limit", runtime.ErrInvalidSpec)
+	}
+	for _, f := range spec.Files {
+		if !strings.HasPrefix(f.Path, "/") || f.Path == "/" {
+			return fmt.Errorf("%w: file path %q must be absolute", runtime.ErrInvalidSpec, f.Path)
+		}
+	}
+	return nil
+}
+
+func (b *Backend) runtimeClass(class string) (string, string, error) {
+	if class == "" {
+		class = b.cfg.DefaultRuntimeClass
+	}
+	if b.cfg.RuntimeClasses == nil {
+		if class == "runc" {
+			return class, "", nil
+		}
+		return class, class, nil
+	}
+	name, ok := b.cfg.RuntimeClasses[class]
+	if !ok {
+		return class, "", fmt.Errorf("%w %q", runtime.ErrUnknownRuntime, class)
+	}
+	return class, name, nil
+}
+
+// Create implements runtime.Backend: a Secret (agent config, keys, spec), the Pod, then
+// it waits until the Pod runs and its agent answers through the gate.
+func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Info, err error) {
+	if err := validateSpec(spec); err != nil {
+		return runtime.Info{}, err
+	}
+	class, rcName, err := b.runtimeClass(spec.RuntimeClass)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	argv, err := b.argv(ctx, spec)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	persisted := *spec
+	persisted.PullCredentials = nil
+	persisted.RuntimeClass = class
+
+	client, clientPEM, clientKeyPEM, err := selfSigned("sandboxd-runner")
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-" + spec.ID)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	s := &sandbox{
+		id: spec.ID, spec: persisted, class: class, client: client, server: server.Certificate[0],
+		changed: make(chan struct{}), done: make(chan struct{}),
+	}
+	b.mu.Lock()
+	if b.sandboxes[spec.ID] != nil {
+		b.mu.Unlock()
+		return runtime.Info{}, fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, spec.ID)
+	}
+	b.sandboxes[spec.ID] = s
+	b.mu.Unlock()
+	defer func() {
+		if err != nil {
+			if derr := b.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
+				b.log.Warn("undo failed create", "sandbox", spec.ID, "err", derr)
+			}
+			b.mu.Lock()
+			if b.sandboxes[spec.ID] == s {
+				delete(b.sandboxes, spec.ID)
+			}
+			b.mu.Unlock()
+		}
+	}()
+
+	acfg := agentconfig.Config{
+		Argv:         argv,
+		Env:          agentconfig.MergeEnv(nil, spec.Env),
+		WorkingDir:   spec.WorkingDir,
+		RestartLimit: spec.RestartLimit,
+		Hostname:     hostname(spec.ID),
+	}
+	for _, f := range spec.Files {
+		acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
+	}
+	cfgJSON, err := json.Marshal(&acfg)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	specJSON, err := json.Marshal(&persisted)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	lbls := b.labels(spec)
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName(spec.ID), Namespace: b.cfg.Namespace, Labels: lbls},
+		Type:       corev1.SecretTypeOpaque,
+		Data: map[string][]byte{
+			gate.ConfigFile:     cfgJSON,
+			secretSpec:          specJSON,
+			gate.TLSCertFile:    serverPEM,
+			gate.TLSKeyFile:     serverKeyPEM,
+			gate.ClientCertFile: clientPEM,
+			secretClientKey:     clientKeyPEM,
+		},
+	}
+	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
+	if _, err := secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		switch {
+		case apierrors.IsAlreadyExists(err):
+			return runtime.Info{}, fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, spec.ID)
+		case apierrors.IsInvalid(err), apierrors.IsRequestEntityTooLargeError(err), strings.Contains(err.Error(), "too large"):
+			// Env and files travel in the Secret: at most 1 MiB together.
+			return runtime.Info{}, fmt.Errorf("%w: env and files too large for a Secret: %w", runtime.ErrInvalidSpec, err)
+		}
+		return runtime.Info{}, fmt.Errorf("create sandbox %s: secret: %w", spec.ID, err)
+	}
+	pullSecret := ""
+	if c := spec.PullCredentials; c != nil {
+		ps, err := dockerConfigSecret(spec, c)
+		if err != nil {
+			return runtime.Info{}, err
+		}
+		ps.Namespace, ps.Labels = b.cfg.Namespace, lbls
+		if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
+			return runtime.Info{}, fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
+		}
+		pullSecret = ps.Name
+	}
+	pod := b.podFor(spec, rcName, lbls, pullSecret)
+	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		switch {
+		case apierrors.IsAlreadyExists(err):
+			return runtime.Info{}, fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, spec.ID)
+		case rcName != "" && strings.Contains(err.Error(), "RuntimeClass"):
+			return runtime.Info{}, fmt.Errorf("%w %q: %w", runtime.ErrUnknownRuntime, class, err)
+		case apierrors.IsInvalid(err):
+			return runtime.Info{}, fmt.Errorf("%w: %w", runtime.ErrInvalidSpec, err)
+		}
+		return runtime.Info{}, fmt.Errorf("create sandbox %s: pod: %w", spec.ID, err)
+	}
+	b.mu.Lock()
+	s.uid = created.UID
+	if s.pod == nil || s.pod.UID != created.UID {
+		s.pod = created
+	}
+	b.mu.Unlock()
+	// The Secrets go with the Pod (garbage collector), also when the runner is gone.
+	go b.adoptSecrets(context.WithoutCancel(ctx), created, pullSecret)
+
+	info, err := b.waitRunning(ctx, s)
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	b.startLogs(s)
+	return info, nil
+}
+
+func (b *Backend) adoptSecrets(ctx context.Context, pod *corev1.Pod, pull string) {
+	names := []string{secretName(pod.Labels[LabelSandbox])}
+	if pull != "" {
+		names = append(names, pull)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}]}}`, pod.Name, pod.UID)
+	for _, n := range names {
+		_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(ctx, n, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			b.log.Warn("set owner of sandbox secret", "secret", n, "err", err)
+		}
+	}
+}
+
+func (b *Backend) labels(spec *runtime.Spec) map[string]string {
+	l := map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: spec.ID, LabelRunner: b.cfg.RunnerID}
+	if org := spec.Meta[MetaOrg]; org != "" && len(validation.IsValidLabelValue(org)) == 0 {
+		l[LabelOrg] = org
+	}
+	return l
+}
+
+// argv is the main command: [command]+args, or the image's entrypoint and cmd merged
+// with the spec (ImageConfig).
+func (b *Backend) argv(ctx context.Context, spec *runtime.Spec) ([]string, error) {
+	if spec.Command != "" {
+		return append([]string{spec.Command}, spec.Args...), nil
+	}
+	ic, err := b.cfg.ImageConfig(ctx, spec.Image, spec.PullCredentials)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: entrypoint: %w", spec.Image, err)
+	}
+	argv, err := ic.Argv(spec.Command, spec.Args)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", runtime.ErrInvalidSpec, err)
+	}
+	return argv, nil
+}
+
+func hostname(id string) string {
+	if len(id) > 63 {
+		return id[:63]
+	}
+	return id
+}
+
+func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]string, pullSecret string) *corev1.Pod {
+	grace := int64(b.cfg.TerminationGrace / time.Second)
+	no := false
+	mounts := func(ms ...corev1.VolumeMount) []corev1.VolumeMount { return ms }
+	res := corev1.ResourceRequirements{}
+	if spec.Resources.MilliCPU > 0 || spec.Resources.MemoryBytes > 0 {
+		res.Limits, res.Requests = corev1.ResourceList{}, corev1.ResourceList{}
+		if m := spec.Resources.MilliCPU; m > 0 {
+			res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
+			res.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
+		}
+		if m := spec.Resources.MemoryBytes; m > 0 {
+			res.Limits[corev1.ResourceMemory] = *resource.NewQuantity(m, resource.BinarySI)
+			res.Requests[corev1.ResourceMemory] = *resource.NewQuantity(m, resource.BinarySI)
+		}
+	}
+	helperRes := corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: podName(spec.ID), Namespace: b.cfg.Namespace, Labels: lbls},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever, // the agent restarts the main command
+			AutomountServiceAccountToken:  &no,
+			EnableServiceLinks:            &no,
+			Hostname:                      hostname(spec.ID),
+			TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{
+				{
+					Name: containerGate, Image: b.cfg.AgentImage, ImagePullPolicy: b.cfg.ImagePullPolicy,
+					Command: []string{"/sandbox-gate", "serve"},
+					// The kubelet runs the hook before it starts the next container, in the
+					// same sync: no init container to wait for (the kubelet notices a
+					// container's end or start only at its next relist, ~1 s).
+					Lifecycle: &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{
+						Exec: &corev1.ExecAction{Command: []string{"/sandbox-gate", "install"}},
+					}},
+					Ports: []corev1.ContainerPort{{Name: "agent", ContainerPort: gate.Port, Protocol: corev1.ProtocolTCP}},
+					VolumeMounts: mounts(
+						corev1.VolumeMount{Name: "bin", MountPath: gate.BinDir},
+						corev1.VolumeMount{Name: "run", MountPath: gate.RunDir},
+						corev1.VolumeMount{Name: "tls", MountPath: gate.TLSDir, ReadOnly: true},
+					),
+					Resources:                helperRes,
+					TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+				},
+				{
+					Name: containerMain, Image: spec.Image, ImagePullPolicy: b.cfg.ImagePullPolicy,
+					Command:    []string{gate.GatePath, "exec-agent"},
+					WorkingDir: spec.WorkingDir,
+					Resources:  res,
+					VolumeMounts: mounts(
+						corev1.VolumeMount{Name: "bin", MountPath: gate.BinDir, ReadOnly: true},
+						corev1.VolumeMount{Name: "run", MountPath: gate.RunDir},
+						corev1.VolumeMount{Name: "config", MountPath: gate.ConfigDir, ReadOnly: true},
+					),
+				},
+			},
+			Volumes: []corev1.Volume{
+				{Name: "bin", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "config", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: secretName(spec.ID), DefaultMode: ptr(int32(0o444)),
+					Items: []corev1.KeyToPath{{Key: gate.ConfigFile, Path: gate.ConfigFile}},
+				}}},
+				{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: secretName(spec.ID), DefaultMode: ptr(int32(0o400)),
+					Items: []corev1.KeyToPath{
+						{Key: gate.TLSCertFile, Path: gate.TLSCertFile},
+						{Key: gate.TLSKeyFile, Path: gate.TLSKeyFile},
+						{Key: gate.ClientCertFile, Path: gate.ClientCertFile},
+					},
+				}}},
+			},
+		},
+	}
+	if rcName != "" {
+		pod.Spec.RuntimeClassName = &rcName
+	}
+	if pullSecret != "" {
+		pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: pullSecret}}
+	}
+	return pod
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// waitRunning waits until the agent answers through the gate, or the Pod fails to
+// start. The agent is asked as soon as the Pod has an IP, not only once the kubelet
+// reports the main container running (it notices that at its next relist, up to ~1 s
+// later). A main command that ends first is not an error: the exit comes from Wait.
+func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, error) {
+	timer := time.NewTimer(b.cfg.StartTimeout)
+	defer timer.Stop()
+	pctx, stopPing := context.WithCancel(ctx)
+	defer stopPing()
+	var pinged chan error // set once pinging has started
+	for {
+		b.mu.Lock()
+		pod, ch := s.pod, s.changed
+		ended := false
+		select {
+		case <-s.done:
+			ended = true
+		default:
+		}
+		b.mu.Unlock()
+		if err := startError(pod); err != nil {
+			return runtime.Info{}, err
+		}
+		if ended {
+			if pod != nil && !mainStarted(pod) {
+				return runtime.Info{}, startErrorOfEnded(pod)
+			}
+			return b.info(s), nil
+		}
+		if pinged == nil && pod != nil && pod.Status.PodIP != "" {
+			pinged = make(chan error, 1)
+			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(pod.Status.PodIP)
+		}
+		select {
+		case <-ch:
+		case err := <-pinged:
+			if err == nil {
+				return b.info(s), nil
+			}
+			pinged = nil // ctx ended; reported below
+		case <-timer.C:
+			return runtime.Info{}, fmt.Errorf("the Pod did not start within %s: %s", b.cfg.StartTimeout, podSummary(pod))
+		case <-ctx.Done():
+			return runtime.Info{}, ctx.Err()
+		}
+	}
+}
+
+func (b *Backend) info(s *sandbox) runtime.Info {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return infoOf(s)
+}
+
+// pingUntil asks the agent for its status until it answers or ctx ends.
+func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
+	for {
+		err := b.pingAgent(ctx, s, ip)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		b.log.Debug("agent not ready", "sandbox", s.id, "err", err)
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// pingAgent asks the agent for its status through the gate.
+func (b *Backend) pingAgent(ctx context.Context, s *sandbox, ip string) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip) })
+	_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	return err
+}
+
+func selfSigned(cn string) (tls.Certificate, []byte, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(400 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	return cert, certPEM, keyPEM, err
+}
+
+func certDER(p []byte) ([]byte, error) {
+	blk, _ := pem.Decode(p)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return nil, errors.New("no certificate")
+	}
+	return blk.Bytes, nil
+}

@@ -1,0 +1,315 @@
+// Package gate is sandbox-gate, the helper the Kubernetes backend puts beside
+// sandbox-agent in every Pod. One static binary, three roles:
+//
+//   - install (the gate container's postStart hook, which the kubelet runs before it
+//     starts the next container): copies sandbox-agent and itself from the agent image
+//     into the Pod's shared emptyDir, so any image can run them;
+//   - exec-agent (the main container's entrypoint): completes the agent configuration
+//     with what only the container knows (the image's environment and working dir, as
+//     the kubelet set them up) and execs sandbox-agent, which so becomes PID 1;
+//   - serve (the Pod's first container): the agent's TCP front. It listens on the Pod IP
+//     with mTLS (both certificates per sandbox, pinned on both sides) and splices every
+//     accepted connection to the agent's unix socket in the shared emptyDir. Its
+//     postStart hook is `install`. It ends once the agent has ended (final status, socket
+//     gone), after copying the agent's status.json into its termination message, so the
+//     backend learns how the main command ended (exit code, restarts, reason) from the
+//     Pod status.
+//
+// sandbox-agent itself is unchanged: it serves cleartext HTTP/2 on a unix socket, as
+// under the local backend.
+package gate
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+)
+
+// Paths inside the Pod, shared by the backend (which builds the Pod) and the gate.
+const (
+	// BinDir is the emptyDir holding the installed binaries, mounted read-only in the
+	// main container at agentconfig.Dir + "/bin".
+	BinDir    = agentconfig.Dir + "/bin"
+	AgentPath = BinDir + "/sandbox-agent"
+	GatePath  = BinDir + "/sandbox-gate"
+	// ConfigDir is the Secret volume with the backend's agent config (ConfigFile).
+	ConfigDir  = agentconfig.Dir + "/config"
+	ConfigFile = "config.json"
+	// RunDir is the agent's state dir (an emptyDir shared with the gate container).
+	RunDir = agentconfig.StateDir
+	// AgentConfigFile (in RunDir) is the completed config exec-agent writes.
+	AgentConfigFile = "agent-config.json"
+	// Socket (in RunDir) is where the agent listens.
+	Socket = "agent.sock"
+	// TLSDir is the Secret volume with the gate's key pair and the pinned client
+	// certificate, mounted in the gate container only.
+	TLSDir         = "/etc/sandbox-gate"
+	TLSCertFile    = "tls.crt"
+	TLSKeyFile     = "tls.key"
+	ClientCertFile = "client.crt"
+	// Port is the gate's TCP port on the Pod IP.
+	Port = 7443
+)
+
+// Install copies the named files from srcDir to dstDir (mode 0755), atomically each.
+func Install(srcDir, dstDir string, names ...string) error {
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(srcDir, n))
+		if err != nil {
+			return err
+		}
+		tmp := filepath.Join(dstDir, "."+n+".tmp")
+		if err := os.WriteFile(tmp, b, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(tmp, 0o755); err != nil { // umask
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(dstDir, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CompleteConfig fills in what the backend cannot know: the process environment the
+// container started with (image env, then the spec's env on top) and, when the spec sets
+// none, the working dir. Variables the kubelet injects for the cluster (KUBERNETES_*) are
+// dropped unless the spec sets them.
+func CompleteConfig(c *agentconfig.Config, environ []string, cwd string) {
+	base := make([]string, 0, len(environ))
+	spec := map[string]string{}
+	for _, kv := range c.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		spec[k] = v
+	}
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := spec[k]; !ok && (strings.HasPrefix(k, "KUBERNETES_") || k == "HOSTNAME") {
+			continue
+		}
+		base = append(base, kv)
+	}
+	c.Env = agentconfig.MergeEnv(base, spec)
+	if c.WorkingDir == "" {
+		c.WorkingDir = cwd
+	}
+	c.Listen = "unix:" + filepath.Join(RunDir, Socket)
+}
+
+// ExecAgent completes the backend's config and replaces this process with the agent.
+func ExecAgent() error {
+	c, err := agentconfig.Load(filepath.Join(ConfigDir, ConfigFile))
+	if err != nil {
+		return err
+	}
+	cwd, _ := os.Getwd()
+	CompleteConfig(c, os.Environ(), cwd)
+	b, err := jsonMarshal(c)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(RunDir, AgentConfigFile)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		return err
+	}
+	argv := []string{AgentPath, "--config", p, "--state-dir", RunDir, "--listen-fd", "-1"}
+	return syscall.Exec(AgentPath, argv, os.Environ())
+}
+
+// ServeOptions configure Serve.
+type ServeOptions struct {
+	Listen         string // default ":7443"
+	CertFile       string
+	KeyFile        string
+	ClientCertFile string // the only client certificate accepted
+	Upstream       string // the agent's unix socket
+	// DialTimeout bounds how long a connection waits for the agent to listen (default 30 s).
+	DialTimeout time.Duration
+	// StatusFile is the agent's status.json. Serve returns once the agent has ended: the
+	// status is final, or ctx has ended, and the agent's socket refuses connections.
+	// The file is then copied to TerminationLog.
+	StatusFile     string
+	TerminationLog string
+	Logger         *slog.Logger
+}
+
+// ServerTLS is the gate's TLS config: its certificate, and the client must present
+// exactly clientCert (DER).
+func ServerTLS(cert tls.Certificate, clientCert []byte) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAnyClientCert,
+		MinVersion:   tls.VersionTLS13,
+		NextProtos:   []string{"h2"},
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 || !bytes.Equal(raw[0], clientCert) {
+				return errors.New("sandbox-gate: client certificate not accepted")
+			}
+			return nil
+		},
+	}
+}
+
+// ClientTLS is the backend's side: it presents cert and accepts only serverCert (DER).
+func ClientTLS(cert tls.Certificate, serverCert []byte) *tls.Config {
+	return &tls.Config{
+		Certificates:       []tls.Certificate{cert},
+		MinVersion:         tls.VersionTLS13,
+		NextProtos:         []string{"h2"},
+		InsecureSkipVerify: true, //nolint:gosec // the server certificate is pinned below
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 || !bytes.Equal(raw[0], serverCert) {
+				return errors.New("sandbox-gate: server certificate does not match the sandbox's")
+			}
+			return nil
+		},
+	}
+}
+
+// Serve runs the gate until the agent has ended (see ServeOptions.StatusFile).
+func Serve(ctx context.Context, o ServeOptions) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.Listen == "" {
+		o.Listen = fmt.Sprintf(":%d", Port)
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 30 * time.Second
+	}
+	cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+	if err != nil {
+		return err
+	}
+	clientCert, err := readCertDER(o.ClientCertFile)
+	if err != nil {
+		return err
+	}
+	ln, err := tls.Listen("tcp", o.Listen, ServerTLS(cert, clientCert))
+	if err != nil {
+		return err
+	}
+	done, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		agentEnded(ctx, o.StatusFile, o.Upstream)
+		stop()
+		ln.Close()
+	}()
+	var wg sync.WaitGroup
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if done.Err() != nil {
+				break
+			}
+			log.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			splice(done, c.(*tls.Conn), o.Upstream, o.DialTimeout, log)
+		}()
+	}
+	if o.StatusFile != "" && o.TerminationLog != "" {
+		if b, err := os.ReadFile(o.StatusFile); err == nil {
+			_ = os.WriteFile(o.TerminationLog, b, 0o644)
+		}
+	}
+	return nil
+}
+
+// agentEnded returns once the agent has ended: its status is final (or stop has ended)
+// and its socket refuses connections.
+func agentEnded(stop context.Context, statusFile, socket string) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for range t.C {
+		if stop.Err() == nil && !statusFinal(statusFile) {
+			continue
+		}
+		c, err := net.DialTimeout("unix", socket, time.Second)
+		if err != nil {
+			return
+		}
+		c.Close()
+	}
+}
+
+func statusFinal(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	var st struct {
+		State string `json:"state"`
+	}
+	if json.Unmarshal(b, &st) != nil {
+		return false
+	}
+	switch st.State {
+	case "MAIN_STATE_COMPLETED", "MAIN_STATE_FAILED", "MAIN_STATE_STOPPED":
+		return true
+	}
+	return false
+}
+
+func splice(ctx context.Context, c *tls.Conn, upstream string, timeout time.Duration, log *slog.Logger) {
+	defer func() { _ = c.Close() }()
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err := c.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		log.Debug("handshake", "err", err)
+		return
+	}
+	var up net.Conn
+	deadline := time.Now().Add(timeout)
+	for {
+		var d net.Dialer
+		up, err = d.DialContext(ctx, "unix", upstream)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		log.Warn("dial agent", "err", err)
+		return
+	}
+	defer up.Close()
+	done := make(chan struct{}, 2)
+	go func() {
+		_, _ = io.Copy(up, c)
+		if u, ok := up.(*net.UnixConn); ok {
+			_ = u.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(c, up)
+		_ = c.CloseWrite()
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}

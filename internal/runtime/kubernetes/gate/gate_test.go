@@ -1,0 +1,150 @@
+package gate
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+)
+
+func keyPair(t *testing.T, dir, name string) (tls.Certificate, []byte) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	cp := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	kp := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	if dir != "" {
+		_ = os.WriteFile(filepath.Join(dir, name+".crt"), cp, 0o600)
+		_ = os.WriteFile(filepath.Join(dir, name+".key"), kp, 0o600)
+	}
+	c, err := tls.X509KeyPair(cp, kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, der
+}
+
+// TestServe: the gate splices a pinned client to the upstream socket, refuses other
+// clients, and ends (writing the termination message) once the agent has ended.
+func TestServe(t *testing.T) {
+	dir := t.TempDir()
+	_, serverDER := keyPair(t, dir, "server")
+	client, _ := keyPair(t, dir, "client")
+	stranger, _ := keyPair(t, "", "stranger")
+	sock := filepath.Join(dir, "agent.sock")
+	up, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // echo, upper-cased
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b, _ := io.ReadAll(c)
+				_, _ = c.Write([]byte(strings.ToUpper(string(b))))
+			}()
+		}
+	}()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	status := filepath.Join(dir, "status.json")
+	term := filepath.Join(dir, "termination-log")
+	served := make(chan error, 1)
+	go func() {
+		served <- Serve(context.Background(), ServeOptions{
+			Listen: addr, CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key"),
+			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: sock, StatusFile: status, TerminationLog: term,
+		})
+	}()
+	dial := func(cert tls.Certificate) (string, error) {
+		var c *tls.Conn
+		var err error
+		for i := 0; i < 50; i++ {
+			if c, err = tls.Dial("tcp", addr, ClientTLS(cert, serverDER)); err == nil || !strings.Contains(err.Error(), "refused") {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("hello")); err != nil {
+			return "", err
+		}
+		_ = c.CloseWrite()
+		b, err := io.ReadAll(c)
+		return string(b), err
+	}
+	if got, err := dial(client); err != nil || got != "HELLO" {
+		t.Fatalf("pinned client: %q, %v", got, err)
+	}
+	if got, err := dial(stranger); err == nil && got != "" {
+		t.Fatalf("a stranger's certificate was accepted: %q", got)
+	}
+	// The client refuses a server with another certificate.
+	_, otherDER := keyPair(t, "", "other")
+	if c, err := tls.Dial("tcp", addr, ClientTLS(client, otherDER)); err == nil {
+		c.Close()
+		t.Fatal("client accepted a server certificate that is not the sandbox's")
+	}
+
+	// Agent ends: final status, socket gone.
+	final := `{"state":"MAIN_STATE_COMPLETED","exitCode":0,"reason":"Completed"}`
+	if err := os.WriteFile(status, []byte(final), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-served:
+		t.Fatal("gate ended while the agent still listens")
+	case <-time.After(300 * time.Millisecond):
+	}
+	up.Close()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("gate did not end after the agent")
+	}
+	if b, _ := os.ReadFile(term); string(b) != final {
+		t.Errorf("termination message %q, want the final status", b)
+	}
+}
+
+func TestCompleteConfig(t *testing.T) {
+	c := &agentconfig.Config{Argv: []string{"x"}, Env: []string{"A=spec", "KUBERNETES_PORT=mine"}}
+	CompleteConfig(c, []string{"PATH=/bin", "A=image", "LANG=C", "KUBERNETES_SERVICE_HOST=10.0.0.1", "KUBERNETES_PORT=x", "HOSTNAME=pod"}, "/work")
+	if got := strings.Join(c.Env, " "); got != "PATH=/bin A=spec LANG=C KUBERNETES_PORT=mine" {
+		t.Errorf("env %q", got)
+	}
+	if c.WorkingDir != "/work" || c.Listen != "unix:"+RunDir+"/"+Socket {
+		t.Errorf("working dir %q, listen %q", c.WorkingDir, c.Listen)
+	}
+}

@@ -1,0 +1,551 @@
+// Package kubernetes is the Kubernetes backend: one Pod per sandbox, in one namespace,
+// labelled with the sandbox, organization and runner IDs.
+//
+// The Pod has two containers. `gate` runs the agent image (a tiny OCI image holding the
+// static sandbox-agent and sandbox-gate binaries); its postStart hook copies both into an
+// emptyDir, and the kubelet runs the hook before it starts the next container, in the
+// same sync (an init container would cost a kubelet relist, ~1 s). `sandbox` runs the
+// sandbox's image with the command `sandbox-gate exec-agent`, which completes the agent
+// configuration with the container's environment (the image's env, which the backend
+// does not know) and execs sandbox-agent, so the unchanged agent is PID 1. The main
+// command is in the agent configuration, not in the Pod's command.
+//
+// The agent channel: the agent listens on a unix socket in a second emptyDir, as under
+// the local backend. The gate (`sandbox-gate serve`) accepts TLS 1.3 on the Pod IP, port
+// 7443, and splices each connection to the socket. Both ends are authenticated with
+// per-sandbox certificates the backend generates and pins: the gate accepts only the
+// sandbox's client certificate, the backend only the sandbox's server certificate. Keys
+// and the agent configuration (it holds the spec's env and files) live in a per-sandbox
+// Secret, never in the Pod spec; the main container mounts only the configuration, the
+// gate only its key pair and the client certificate. The Secret is owned by the Pod, so
+// the cluster's garbage collector removes it with the Pod.
+//
+// How the main command ended: the agent keeps status.json in the shared emptyDir; once
+// the agent has ended, the gate copies it into its termination message and ends too, so
+// the Pod ends and the kubelet puts the message into the Pod status. Wait reads it from
+// there (exit code, restarts, reason).
+//
+// Recovery: the runner's Pods are found by label; the Secret holds the spec and the
+// keys, so a new backend reaches the agents of an earlier one. Logs: see logs.go.
+package kubernetes
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+// Labels and annotations on every Pod and Secret the backend makes.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "sandboxd"
+	LabelSandbox   = "sandboxd.io/sandbox-id"
+	LabelRunner    = "sandboxd.io/runner-id"
+	LabelOrg       = "sandboxd.io/org-id"
+	// MetaOrg is the runtime.Spec.Meta key holding the organization.
+	MetaOrg = "sandboxd.org"
+
+	secretSpec       = "spec.json"
+	secretClientCert = "client.crt"
+	secretClientKey  = "client.key"
+	containerMain    = "sandbox"
+	containerGate    = "gate"
+)
+
+// Config configures a Backend.
+type Config struct {
+	Client    k8s.Interface
+	Namespace string
+	// RunnerID labels every Pod; Recover adopts only this runner's Pods.
+	RunnerID string
+	// AgentImage holds /sandbox-agent and /sandbox-gate (see test/k8s/imagetool).
+	AgentImage string
+	// ImagePullPolicy for the sandbox and agent images; default IfNotPresent.
+	ImagePullPolicy corev1.PullPolicy
+	// RuntimeClasses maps a sandbox runtime class to a RuntimeClass name ("" = the
+	// cluster's default handler). nil: "" and "runc" use the default handler, any other
+	// class is used as the RuntimeClass name as it is.
+	RuntimeClasses map[string]string
+	// DefaultRuntimeClass is the class of specs that set none; default "runc".
+	DefaultRuntimeClass string
+	// ImageConfig resolves an image's entrypoint and cmd for specs without a command
+	// (the backend never sees the image). nil: RegistryImageConfig.
+	ImageConfig func(ctx context.Context, ref string, creds *runtime.Credentials) (image.Config, error)
+	// StartTimeout bounds how long Create waits for the Pod to run (scheduling, pulls).
+	// Default 5 min.
+	StartTimeout time.Duration
+	// TerminationGrace is the Pod's terminationGracePeriodSeconds when nothing else
+	// asks (a Destroy of a live Pod); default 10 s.
+	TerminationGrace time.Duration
+	// ForceDeleteAfter is how long Stop waits beyond the grace period for the kubelet
+	// to end a Pod before it removes the Pod object with grace 0; default 30 s.
+	ForceDeleteAfter time.Duration
+	// LogDir, when set, keeps a copy of each sandbox's log on this host (see logs.go), so
+	// it stays readable after the Pod is gone.
+	LogDir string
+	// Dial connects to a Pod's gate; default a net.Dialer.
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Logger *slog.Logger
+}
+
+// Backend is the Kubernetes runtime.Backend.
+type Backend struct {
+	cfg      Config
+	log      *slog.Logger
+	pods     cache.Indexer
+	stop     chan struct{}
+	ctx      context.Context // ends with Close
+	cancel   context.CancelFunc
+	selector labels.Selector
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+}
+
+var _ runtime.Backend = (*Backend)(nil)
+
+type sandbox struct {
+	id     string
+	spec   runtime.Spec
+	class  string
+	client tls.Certificate
+	server []byte // pinned gate certificate (DER)
+
+	// Guarded by Backend.mu.
+	pod     *corev1.Pod // last seen
+	uid     types.UID
+	deleted bool
+	changed chan struct{} // closed and replaced on every change
+	done    chan struct{} // closed once exit is set
+	exit    runtime.Exit
+
+	logsDone chan struct{} // closed when the log copy ends; nil without one
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$`)
+
+// New checks cfg, starts watching the runner's Pods and returns once the watch is synced.
+func New(ctx context.Context, cfg Config) (*Backend, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("kubernetes backend: Client is required")
+	case cfg.Namespace == "":
+		return nil, errors.New("kubernetes backend: Namespace is required")
+	case cfg.AgentImage == "":
+		return nil, errors.New("kubernetes backend: AgentImage is required")
+	case cfg.RunnerID == "" || len(cfg.RunnerID) > 63:
+		return nil, errors.New("kubernetes backend: RunnerID is required (at most 63 characters)")
+	}
+	if cfg.ImagePullPolicy == "" {
+		cfg.ImagePullPolicy = corev1.PullIfNotPresent
+	}
+	if cfg.DefaultRuntimeClass == "" {
+		cfg.DefaultRuntimeClass = "runc"
+	}
+	if cfg.ImageConfig == nil {
+		cfg.ImageConfig = RegistryImageConfig
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 5 * time.Minute
+	}
+	if cfg.TerminationGrace <= 0 {
+		cfg.TerminationGrace = 10 * time.Second
+	}
+	if cfg.ForceDeleteAfter <= 0 {
+		cfg.ForceDeleteAfter = 30 * time.Second
+	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = d.DialContext
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy, LabelRunner: cfg.RunnerID})
+	b := &Backend{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{}}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	inf := f.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { b.observe(o, false) },
+		UpdateFunc: func(_, o any) { b.observe(o, false) },
+		DeleteFunc: func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			b.observe(o, true)
+		},
+	}); err != nil {
+		return nil, err
+	}
+	b.pods = inf.GetIndexer()
+	go inf.Run(b.stop)
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		close(b.stop)
+		b.cancel()
+		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
+	}
+	return b, nil
+}
+
+// Close stops watching and copying logs. Sandboxes keep running.
+func (b *Backend) Close() {
+	b.cancel()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-b.stop:
+	default:
+		close(b.stop)
+	}
+}
+
+func podName(id string) string    { return "sbx-" + id }
+func secretName(id string) string { return "sbx-" + id }
+
+// observe records a Pod event for its sandbox.
+func (b *Backend) observe(o any, deleted bool) {
+	pod, ok := o.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	id := pod.Labels[LabelSandbox]
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.sandboxes[id]
+	if s == nil || (s.uid != "" && pod.UID != s.uid) {
+		return
+	}
+	s.pod = pod
+	if deleted {
+		s.deleted = true
+	}
+	b.evaluateLocked(s)
+}
+
+// evaluateLocked ends s when its Pod has ended or is gone, and wakes waiters.
+func (b *Backend) evaluateLocked(s *sandbox) {
+	select {
+	case <-s.done:
+	default:
+		if s.deleted || podEnded(s.pod) {
+			s.exit = exitOf(s.pod, s.deleted)
+			close(s.done)
+		}
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func podEnded(p *corev1.Pod) bool {
+	return p != nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+}
+
+func (b *Backend) get(id string) (*sandbox, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.sandboxes[id]
+	if s == nil {
+		return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	return s, nil
+}
+
+// DialAgent implements runtime.Backend: mTLS to the Pod's gate, which splices to the agent.
+func (b *Backend) DialAgent(ctx context.Context, id string) (net.Conn, error) {
+	s, err := b.get(id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	ip := ""
+	if s.pod != nil {
+		ip = s.pod.Status.PodIP
+	}
+	b.mu.Unlock()
+	select {
+	case <-s.done:
+		// Its IP may be gone from the node: a dial would wait for ARP to give up.
+		return nil, fmt.Errorf("dial agent of %s: the sandbox has ended", id)
+	default:
+	}
+	if ip == "" {
+		return nil, fmt.Errorf("dial agent of %s: the Pod has no IP yet", id)
+	}
+	return b.dialGate(ctx, s, ip)
+}
+
+func (b *Backend) dialGate(ctx context.Context, s *sandbox, ip string) (net.Conn, error) {
+	raw, err := b.cfg.Dial(ctx, "tcp", net.JoinHostPort(ip, strconv.Itoa(gate.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("dial agent of %s: %w", s.id, err)
+	}
+	c := tls.Client(raw, gate.ClientTLS(s.client, s.server))
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("dial agent of %s: TLS: %w", s.id, err)
+	}
+	return c, nil
+}
+
+// Wait implements runtime.Backend.
+func (b *Backend) Wait(ctx context.Context, id string) (runtime.Exit, error) {
+	s, err := b.get(id)
+	if err != nil {
+		return runtime.Exit{}, err
+	}
+	select {
+	case <-s.done:
+		return s.exit, nil
+	case <-ctx.Done():
+		return runtime.Exit{}, ctx.Err()
+	}
+}
+
+// Stop implements runtime.Backend: the Pod is deleted with grace as its grace period, so
+// the kubelet sends SIGTERM to the agent (which forwards it to the main command) and
+// SIGKILL after grace. It returns when the Pod has ended.
+func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) error {
+	s, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	secs := int64((grace + time.Second - 1) / time.Second)
+	// 0 would remove the Pod object at once, before the kubelet reports how it ended.
+	secs = max(secs, 1)
+	if err := b.deletePod(ctx, s, secs); err != nil {
+		return fmt.Errorf("stop %s: %w", id, err)
+	}
+	// A kubelet that does not answer (its node is gone) leaves the Pod terminating
+	// forever: after the grace period and a margin the object is removed regardless.
+	timer := time.NewTimer(time.Duration(secs)*time.Second + b.cfg.ForceDeleteAfter)
+	defer timer.Stop()
+	select {
+	case <-s.done:
+		return nil
+	case <-timer.C:
+		b.log.Warn("pod did not end after its grace period: removing it", "sandbox", id)
+		if err := b.deletePod(ctx, s, 0); err != nil {
+			return fmt.Errorf("stop %s: %w", id, err)
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *Backend) deletePod(ctx context.Context, s *sandbox, graceSecs int64) error {
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &graceSecs}
+	b.mu.Lock()
+	if s.uid != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &s.uid}
+	}
+	b.mu.Unlock()
+	err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Delete(ctx, podName(s.id), opts)
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return err
+	}
+	return nil
+}
+
+// Destroy implements runtime.Backend: the Pod and the Secrets are deleted and the Pod
+// waited for until it is gone. Idempotent.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return nil
+	}
+	b.mu.Lock()
+	s := b.sandboxes[id]
+	b.mu.Unlock()
+	if s == nil {
+		s = &sandbox{id: id}
+	}
+	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops
+	// its containers before the object goes (grace 0 would leave that for later).
+	grace := int64(1)
+	b.mu.Lock()
+	if podEnded(s.pod) {
+		grace = 0
+	}
+	b.mu.Unlock()
+	if err := b.deletePod(ctx, s, grace); err != nil {
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	for _, name := range []string{secretName(id), pullSecretName(id)} {
+		err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("destroy %s: secret: %w", id, err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for forced := false; ; {
+		_, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			if forced {
+				return fmt.Errorf("destroy %s: the Pod is still there", id)
+			}
+			// The kubelet does not answer (node gone?): remove the object anyway.
+			forced, deadline = true, time.Now().Add(10*time.Second)
+			if err := b.deletePod(ctx, &sandbox{id: id}, 0); err != nil {
+				return fmt.Errorf("destroy %s: %w", id, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	b.removeLogs(id)
+	b.mu.Lock()
+	if b.sandboxes[id] == s {
+		delete(b.sandboxes, id)
+		select {
+		case <-s.done:
+		default:
+			s.deleted = true
+			b.evaluateLocked(s)
+		}
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// Recover implements runtime.Backend: the runner's Pods, with their spec and keys from
+// their Secrets. Pods whose Secret is missing (a Create cut short) are deleted.
+func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
+	list, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: b.selector.String()})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes backend: list pods: %w", err)
+	}
+	var out []runtime.Recovered
+	for i := range list.Items {
+		pod := &list.Items[i]
+		id := pod.Labels[LabelSandbox]
+		if !idRE.MatchString(id) {
+			continue
+		}
+		sec, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Get(ctx, secretName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			b.log.Warn("pod without its secret: deleting it", "sandbox", id)
+			_ = b.Destroy(ctx, id)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes backend: secret of %s: %w", id, err)
+		}
+		s, err := sandboxFromSecret(id, sec)
+		if err != nil {
+			b.log.Warn("unreadable sandbox secret: deleting the sandbox", "sandbox", id, "err", err)
+			_ = b.Destroy(ctx, id)
+			continue
+		}
+		s.uid = pod.UID
+		b.mu.Lock()
+		if cur := b.sandboxes[id]; cur != nil {
+			b.mu.Unlock()
+			continue
+		}
+		b.sandboxes[id] = s
+		// The informer may know a newer state than the list.
+		if o, ok, _ := b.pods.GetByKey(b.cfg.Namespace + "/" + pod.Name); ok {
+			if p, ok := o.(*corev1.Pod); ok && p.UID == pod.UID {
+				pod = p
+			}
+		}
+		s.pod = pod
+		b.evaluateLocked(s)
+		rec := runtime.Recovered{Spec: s.spec, Info: infoOf(s)}
+		select {
+		case <-s.done:
+			ex := s.exit
+			rec.Exit = &ex
+		default:
+			rec.Alive = mainRunning(pod)
+			if !rec.Alive {
+				// Not yet running (a Create cut short by the restart): report it as
+				// vanished and let the runner destroy it.
+				ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's Pod was not running when the runner started", At: time.Now().UTC()}
+				rec.Exit = &ex
+			}
+		}
+		b.mu.Unlock()
+		if rec.Alive {
+			b.startLogs(s)
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+func infoOf(s *sandbox) runtime.Info {
+	info := runtime.Info{ID: s.id, RuntimeClass: s.class}
+	if s.pod == nil {
+		return info
+	}
+	info.IP = s.pod.Status.PodIP
+	if cs := containerStatus(s.pod, containerMain); cs != nil {
+		info.ImageDigest = digestOf(cs.ImageID)
+		if cs.State.Running != nil {
+			info.StartedAt = cs.State.Running.StartedAt.UTC()
+		}
+	}
+	if info.StartedAt.IsZero() && s.pod.Status.StartTime != nil {
+		info.StartedAt = s.pod.Status.StartTime.UTC()
+	}
+	return info
+}
+
+func sandboxFromSecret(id string, sec *corev1.Secret) (*sandbox, error) {
+	var spec runtime.Spec
+	if err := json.Unmarshal(sec.Data[secretSpec], &spec); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	cert, err := tls.X509KeyPair(sec.Data[secretClientCert], sec.Data[secretClientKey])
+	if err != nil {
+		return nil, fmt.Errorf("client key pair: %w", err)
+	}
+	server, err := certDER(sec.Data[gate.TLSCertFile])
+	if err != nil {
+		return nil, err
+	}
+	return &sandbox{
+		id: id, spec: spec, class: spec.RuntimeClass, client: cert, server: server,
+		changed: make(chan struct{}), done: make(chan struct{}),
+	}, nil
+}

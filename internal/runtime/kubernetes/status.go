@@ -1,0 +1,268 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"google.golang.org/protobuf/encoding/protojson"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func containerStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
+	if p == nil {
+		return nil
+	}
+	for _, list := range [][]corev1.ContainerStatus{p.Status.ContainerStatuses, p.Status.InitContainerStatuses} {
+		for i := range list {
+			if list[i].Name == name {
+				return &list[i]
+			}
+		}
+	}
+	return nil
+}
+
+func mainRunning(p *corev1.Pod) bool {
+	cs := containerStatus(p, containerMain)
+	return cs != nil && cs.State.Running != nil
+}
+
+func mainStarted(p *corev1.Pod) bool {
+	cs := containerStatus(p, containerMain)
+	return cs != nil && (cs.State.Running != nil || cs.State.Terminated != nil && cs.State.Terminated.StartedAt.Unix() > 0)
+}
+
+// Waiting reasons of the kubelet that mean the image cannot be had.
+var pullReasons = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "ErrImageNeverPull": true,
+	"InvalidImageName": true, "ImageInspectError": true, "RegistryUnavailable": true,
+}
+
+// Waiting reasons that mean the container cannot be created from the spec.
+var configReasons = map[string]bool{
+	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
+	"PreStartHookError": true, "PostStartHookError": true,
+}
+
+// startError is a reason the Pod will not start without a change to the spec or the
+// cluster: image pull failures (of the sandbox's or the agent's image) and container
+// creation errors. nil while it may still start.
+func startError(p *corev1.Pod) error {
+	if p == nil {
+		return nil
+	}
+	for _, name := range []string{containerMain, containerGate} {
+		cs := containerStatus(p, name)
+		if cs == nil || cs.State.Waiting == nil {
+			continue
+		}
+		w := cs.State.Waiting
+		switch {
+		case pullReasons[w.Reason]:
+			img := cs.Image
+			if name != containerMain {
+				img = "agent image " + img
+			}
+			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, w.Message)
+		case configReasons[w.Reason]:
+			return fmt.Errorf("%w: container %s: %s: %s", runtime.ErrInvalidSpec, name, w.Reason, w.Message)
+		}
+	}
+	return nil
+}
+
+// pullError maps the kubelet's image pull failure to the runtime's sentinels.
+func pullError(reason, msg string) error {
+	m := strings.ToLower(msg)
+	switch {
+	case reason == "InvalidImageName":
+		return runtime.ErrInvalidImageRef
+	case reason == "ErrImageNeverPull", strings.Contains(m, "not found"), strings.Contains(m, "manifest unknown"),
+		strings.Contains(m, "name unknown"), strings.Contains(m, "does not exist"):
+		return runtime.ErrImageNotFound
+	case strings.Contains(m, "unauthorized"), strings.Contains(m, "authorization failed"), strings.Contains(m, "denied"),
+		strings.Contains(m, "401"), strings.Contains(m, "403 forbidden"):
+		return runtime.ErrImageUnauthorized
+	}
+	return runtime.ErrRegistry
+}
+
+// startErrorOfEnded is why a Pod ended before its main container started, nil when the
+// main container did start.
+func startErrorOfEnded(p *corev1.Pod) error {
+	return fmt.Errorf("the Pod ended before the sandbox started: %s", podSummary(p))
+}
+
+// exitOf is how the sandbox ended: the agent's final status (the gate's termination
+// message), else the main container's termination, else "Killed" (the Pod went away
+// first).
+func exitOf(p *corev1.Pod, deleted bool) runtime.Exit {
+	ex := runtime.Exit{At: time.Now().UTC()}
+	if st := agentStatus(p); st != nil {
+		switch st.GetState() {
+		case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
+			ex.Restarts = int(st.GetRestartCount())
+			if st.ExitCode != nil {
+				c := st.GetExitCode()
+				ex.ExitCode = &c
+			}
+			ex.Reason, ex.Message = st.GetReason(), st.GetMessage()
+			if st.FinishedAt != nil && st.FinishedAt.IsValid() {
+				ex.At = st.FinishedAt.AsTime()
+			}
+			if cs := containerStatus(p, containerMain); cs != nil && cs.State.Terminated != nil && cs.State.Terminated.Reason == "OOMKilled" {
+				ex.Reason, ex.Message = "OOMKilled", "memory limit exceeded"
+			}
+			return withDefaultReason(ex)
+		}
+	}
+	cs := containerStatus(p, containerMain)
+	switch {
+	case cs != nil && cs.State.Terminated != nil:
+		t := cs.State.Terminated
+		c := t.ExitCode
+		ex.ExitCode = &c
+		ex.Reason, ex.Message = t.Reason, t.Message
+		if t.Reason == "Completed" && c != 0 || t.Reason == "" {
+			ex.Reason = ""
+		}
+		if !t.FinishedAt.IsZero() {
+			ex.At = t.FinishedAt.UTC()
+		}
+		if t.Reason != "OOMKilled" && deleted {
+			ex.Reason, ex.Message, ex.ExitCode = "Killed", "the sandbox's Pod was deleted before its main command ended", nil
+		}
+	case deleted:
+		ex.Reason, ex.Message = "Killed", "the sandbox's Pod was deleted before its main command ended"
+	default:
+		ex.Reason, ex.Message = "Vanished", "the sandbox's Pod ended without a status: "+podSummary(p)
+	}
+	return withDefaultReason(ex)
+}
+
+func withDefaultReason(ex runtime.Exit) runtime.Exit {
+	if ex.Reason == "" {
+		if ex.ExitCode != nil && *ex.ExitCode == 0 {
+			ex.Reason = "Completed"
+		} else {
+			ex.Reason = "Error"
+		}
+	}
+	return ex
+}
+
+// agentStatus is the agent's status.json as the gate left it in its termination message.
+func agentStatus(p *corev1.Pod) *agentv1.StatusResponse {
+	cs := containerStatus(p, containerGate)
+	if cs == nil {
+		return nil
+	}
+	for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, lastTerminated(cs)} {
+		if t == nil || t.Message == "" {
+			continue
+		}
+		var st agentv1.StatusResponse
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal([]byte(t.Message), &st); err == nil {
+			return &st
+		}
+	}
+	return nil
+}
+
+func lastTerminated(cs *corev1.ContainerStatus) *corev1.ContainerStateTerminated {
+	return cs.LastTerminationState.Terminated
+}
+
+func podSummary(p *corev1.Pod) string {
+	if p == nil {
+		return "no Pod status yet"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "phase %s", p.Status.Phase)
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Reason != "" {
+			fmt.Fprintf(&b, "; %s: %s %s", c.Type, c.Reason, c.Message)
+		}
+	}
+	for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		switch {
+		case cs.State.Waiting != nil && cs.State.Waiting.Reason != "":
+			fmt.Fprintf(&b, "; %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
+		case cs.State.Terminated != nil:
+			fmt.Fprintf(&b, "; %s terminated: %s (exit %d)", cs.Name, cs.State.Terminated.Reason, cs.State.Terminated.ExitCode)
+		}
+	}
+	return b.String()
+}
+
+// digestOf turns a container status' imageID (ref@sha256:…, or sha256:… of the config
+// for some runtimes) into a digest.
+func digestOf(imageID string) string {
+	if i := strings.LastIndex(imageID, "@"); i >= 0 {
+		return imageID[i+1:]
+	}
+	return imageID
+}
+
+func pullSecretName(id string) string { return "sbx-" + id + "-pull" }
+
+// dockerConfigSecret is an image pull Secret for the spec's registry.
+func dockerConfigSecret(spec *runtime.Spec, c *runtime.Credentials) (*corev1.Secret, error) {
+	ref, err := name.ParseReference(spec.Image)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", runtime.ErrInvalidImageRef, spec.Image, err)
+	}
+	reg := ref.Context().RegistryStr()
+	if reg == name.DefaultRegistry {
+		reg = "https://index.docker.io/v1/"
+	}
+	auth := base64.StdEncoding.EncodeToString([]byte(c.Username + ":" + c.Password))
+	b, err := json.Marshal(map[string]any{"auths": map[string]any{reg: map[string]string{
+		"username": c.Username, "password": c.Password, "auth": auth,
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: pullSecretName(spec.ID)},
+		Type:       corev1.SecretTypeDockerConfigJson,
+		Data:       map[string][]byte{corev1.DockerConfigJsonKey: b},
+	}, nil
+}
+
+// RegistryImageConfig reads an image's config (entrypoint, cmd, env, working dir, user)
+// from its registry: the manifest and the config blob, no layers.
+func RegistryImageConfig(ctx context.Context, ref string, creds *runtime.Credentials) (image.Config, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrInvalidImageRef, err)
+	}
+	opts := []remote.Option{remote.WithContext(ctx)}
+	if creds != nil {
+		opts = append(opts, remote.WithAuth(&authn.Basic{Username: creds.Username, Password: creds.Password}))
+	} else {
+		opts = append(opts, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	}
+	img, err := remote.Image(r, opts...)
+	if err != nil {
+		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrRegistry, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrRegistry, err)
+	}
+	c := cf.Config
+	return image.Config{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User}, nil
+}

@@ -1,0 +1,112 @@
+package k8s
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+)
+
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", "Bearer "+string(b))
+		return next(ctx, req)
+	}
+}
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
+		return conn
+	}
+}
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// TestGateway: the public API (coreweave.sandbox.v1 through the gateway) on a runner
+// with the Kubernetes backend: create, RUNNING, exec, files, delete, TERMINATED.
+func TestGateway(t *testing.T) {
+	c, s, runnerID := setup(t)
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
+	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(g.Handler())
+	srv.EnableHTTP2 = true
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	hc := &http.Client{Transport: &http.Transport{Protocols: p}}
+	api := sandboxv1connect.NewSandboxServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(bearer(key)))
+	ctx := context.Background()
+
+	res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep 3600 & wait`},
+			Resources: &sandboxv1.Resources{Cpu: "250m", Memory: "64Mi"}}},
+	}}}))
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	id := res.Msg.GetSandboxId()
+	wait := func(want sandboxv1.State) *sandboxv1.Sandbox {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			res, err := api.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+			if err != nil {
+				t.Fatalf("get: %v", err)
+			}
+			if st := res.Msg.GetStatus(); st.GetState() == want {
+				return res.Msg
+			} else if time.Now().After(deadline) {
+				t.Fatalf("sandbox %s is %s (%s), want %s", id, st.GetState(), st.GetStateReason(), want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	sb := wait(sandboxv1.State_STATE_RUNNING)
+	if sb.GetStatus().GetRunnerId() != runnerID {
+		t.Errorf("runner %q, want %q", sb.GetStatus().GetRunnerId(), runnerID)
+	}
+	pod, err := s.Client.CoreV1().Pods(c.namespace).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[kubernetes.LabelOrg] != "org-a" || pod.Labels[kubernetes.LabelRunner] != runnerID {
+		t.Errorf("pod labels %v: want org org-a, runner %s", pod.Labels, runnerID)
+	}
+	ex, err := api.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"sh", "-c", "echo hello; exit 4"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.Msg.GetExitCode() != 4 || string(ex.Msg.GetStdout()) != "hello\n" {
+		t.Errorf("exec: exit %d stdout %q", ex.Msg.GetExitCode(), ex.Msg.GetStdout())
+	}
+	if _, err := api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id, GracePeriodSeconds: 5})); err != nil {
+		t.Fatal(err)
+	}
+	wait(sandboxv1.State_STATE_TERMINATED)
+}
