@@ -50,6 +50,7 @@ type h1conn struct {
 	br       *bufio.Reader
 	snap     []byte // the bytes buffered when the current request began
 	clientIP string // for X-Forwarded-For
+	local    localResponse
 }
 
 // serveH1 serves c, whose TLS handshake (tc) is done, until either closes or a request
@@ -162,10 +163,10 @@ func isHex(c byte) bool {
 
 // serve answers one plain request; false: close the connection.
 func (h *h1conn) serve(req *http.Request) bool {
-	var local localResponse
-	rt, ok := h.e.admit(&local, req)
+	h.local = localResponse{}
+	rt, ok := h.e.admit(&h.local, req)
 	if !ok {
-		return h.answer(req, &local)
+		return h.answer(req, &h.local)
 	}
 	if req.ContentLength > 0 {
 		_ = h.tc.SetReadDeadline(time.Time{}) // as net/http: no deadline on bodies
@@ -206,9 +207,9 @@ func (h *h1conn) forward(req *http.Request, rt Route) bool {
 			continue
 		}
 		code, msg := h.e.proxyFailure(rt, err)
-		var local localResponse
-		http.Error(&local, msg, code)
-		return h.answer(req, &local)
+		h.local = localResponse{}
+		http.Error(&h.local, msg, code)
+		return h.answer(req, &h.local)
 	}
 	keep := !req.Close && !h.e.closing()
 	reusable, err := copyResponse(cw, resp, req, bc.br, !keep)
@@ -377,9 +378,10 @@ func tokenListed(vs []string, tok string) bool {
 	return false
 }
 
+// The formatting writers below append to w.AvailableBuffer: no allocation.
+
 func writeStatusLine(w *bufio.Writer, code int) {
-	var b [64]byte
-	s := append(b[:0], "HTTP/1.1 "...)
+	s := append(w.AvailableBuffer(), "HTTP/1.1 "...)
 	s = strconv.AppendInt(s, int64(code), 10)
 	s = append(s, ' ')
 	if text := http.StatusText(code); text != "" {
@@ -393,8 +395,7 @@ func writeStatusLine(w *bufio.Writer, code int) {
 }
 
 func writeContentLength(w *bufio.Writer, n int64) {
-	var b [40]byte
-	s := append(b[:0], "Content-Length: "...)
+	s := append(w.AvailableBuffer(), "Content-Length: "...)
 	s = strconv.AppendInt(s, n, 10)
 	s = append(s, "\r\n"...)
 	_, _ = w.Write(s)
@@ -405,8 +406,7 @@ func writeDate(w *bufio.Writer, h http.Header) {
 	if h["Date"] != nil {
 		return
 	}
-	var b [64]byte
-	s := append(b[:0], "Date: "...)
+	s := append(w.AvailableBuffer(), "Date: "...)
 	s = time.Now().UTC().AppendFormat(s, http.TimeFormat)
 	s = append(s, "\r\n"...)
 	_, _ = w.Write(s)
@@ -475,8 +475,7 @@ func copyBody(cw *bufio.Writer, body io.Reader, n int64, src *bufio.Reader, chun
 		k, err := body.Read(buf)
 		if k > 0 {
 			if chunked {
-				var b [20]byte
-				s := strconv.AppendInt(b[:0], int64(k), 16)
+				s := strconv.AppendInt(cw.AvailableBuffer(), int64(k), 16)
 				s = append(s, "\r\n"...)
 				_, _ = cw.Write(s)
 			}
