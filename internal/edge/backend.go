@@ -133,10 +133,13 @@ func (e *Edge) reapIdleBackends() {
 	}
 }
 
-// backendConn returns a connection to addr, an idle one if there is one (reused true).
-func (e *Edge) backendConn(addr netip.AddrPort) (bc *backendConn, reused bool, err error) {
-	if bc := e.backends.get(addr); bc != nil {
-		return bc, true, nil
+// backendConn returns a connection to addr: an idle one if there is one (reused true)
+// and fresh is false, else a new one.
+func (e *Edge) backendConn(addr netip.AddrPort, fresh bool) (bc *backendConn, reused bool, err error) {
+	if !fresh {
+		if bc := e.backends.get(addr); bc != nil {
+			return bc, true, nil
+		}
 	}
 	c, err := e.dialer.DialContext(context.Background(), "tcp", addr.String())
 	if err != nil {

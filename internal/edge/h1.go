@@ -186,7 +186,7 @@ func (h *h1conn) forward(req *http.Request, rt Route) bool {
 			reused bool
 			err    error
 		)
-		bc, reused, err = h.e.backendConn(rt.Backend)
+		bc, reused, err = h.e.backendConn(rt.Backend, attempt > 0)
 		if err == nil {
 			cw, resp, err = h.roundTrip(bc, req, rt)
 			if err == nil {
@@ -202,7 +202,7 @@ func (h *h1conn) forward(req *http.Request, rt Route) bool {
 			return false // the client's body broke off; nobody to answer
 		}
 		// A reused connection the sandbox closed as the request went out: once more on a
-		// new one, when the request can be sent again (net/http's rule, too).
+		// newly dialled one, when the request can be sent again (net/http's rule, too).
 		if reused && attempt == 0 && replayable(req) && !isTimeout(err) {
 			continue
 		}
