@@ -29,17 +29,22 @@ import (
 // before, errors included. Routing, auth and the error answers are the same code
 // (admit, proxyFailure) on both paths.
 //
-// Differences from the net/http path, none of them visible to a well-behaved client: a
-// response without Content-Type gets none (net/http would sniff one), and a client
-// that goes away while the sandbox computes its response is noticed when the response
-// is written, at the latest after the request timeout (net/http notices at once).
+// A client that goes away while the sandbox computes a response is noticed as net/http
+// would (the connection to the sandbox is closed, so the sandbox sees it), but only once
+// the response has taken watchAfter: quicker ones cost no watching. A response without
+// Content-Type gets none here (net/http would sniff one).
 
 const (
 	h1ReadBuffer = 4 << 10 // a request header larger than this goes to net/http
 	// maxDiscard is how much of an unread request body (the request was refused) is read
 	// and dropped to keep the connection; more, and the connection is closed.
 	maxDiscard = 256 << 10
+	// watchAfter: a request whose response headers take longer gets its client watched.
+	watchAfter = 200 * time.Millisecond
 )
+
+// aLongTimeAgo is a deadline that ends a blocked read at once.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // h1conn is one client connection on the fast path.
 type h1conn struct {
@@ -51,6 +56,68 @@ type h1conn struct {
 	snap     []byte // the bytes buffered when the current request began
 	clientIP string // for X-Forwarded-For
 	local    localResponse
+	watcher  clientWatch
+}
+
+// clientWatch reads from the client while a slow response is awaited, and closes the
+// sandbox connection if the client closes.
+type clientWatch struct {
+	timer  *time.Timer   // runs watchClient after watchAfter
+	exited chan struct{} // watchClient is done
+	mu     sync.Mutex
+	bc     *backendConn
+	over   bool // the response came: stop watching
+	gone   bool // the client went away
+}
+
+// watchFor arms the watch for the request in flight to bc.
+func (h *h1conn) watchFor(bc *backendConn) {
+	w := &h.watcher
+	w.mu.Lock()
+	w.bc, w.over, w.gone = bc, false, false
+	w.mu.Unlock()
+	if w.timer == nil {
+		w.exited = make(chan struct{}, 1)
+		w.timer = time.AfterFunc(watchAfter, h.watchClient)
+	} else {
+		w.timer.Reset(watchAfter)
+	}
+}
+
+// unwatch ends the watch, waiting for watchClient if it runs; true if the client went away.
+func (h *h1conn) unwatch() (gone bool) {
+	w := &h.watcher
+	if w.timer.Stop() {
+		return false // never ran
+	}
+	w.mu.Lock()
+	w.over = true
+	_ = h.tc.SetReadDeadline(aLongTimeAgo) // ends watchClient's read; the loop sets the next
+	w.mu.Unlock()
+	<-w.exited
+	return w.gone
+}
+
+// watchClient waits for the client to send or close. Data (a pipelined request) stays in
+// br for the loop; a close or error closes the sandbox connection, failing the wait for
+// its response.
+func (h *h1conn) watchClient() {
+	w := &h.watcher
+	defer func() { w.exited <- struct{}{} }()
+	w.mu.Lock()
+	if w.over {
+		w.mu.Unlock()
+		return
+	}
+	_ = h.tc.SetReadDeadline(time.Time{}) // the header's deadline is not the client's fault
+	w.mu.Unlock()
+	_, err := h.br.Peek(1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil && !w.over {
+		w.gone = true
+		_ = w.bc.Close()
+	}
 }
 
 // serveH1 serves c, whose TLS handshake (tc) is done, until either closes or a request
@@ -268,22 +335,32 @@ func (h *h1conn) roundTrip(bc *backendConn, req *http.Request, rt Route) (*bufio
 		return nil, nil, err
 	}
 	_ = bc.SetReadDeadline(time.Now().Add(rt.timeout()))
+	h.watchFor(bc)
+	resp, cw, err := h.readResponse(bc, req)
+	if h.unwatch() {
+		return cw, nil, clientError{errors.New("the client went away")}
+	}
+	return cw, resp, err
+}
+
+// readResponse reads the response headers, passing 1xx responses to the client.
+func (h *h1conn) readResponse(bc *backendConn, req *http.Request) (*http.Response, *bufio.Writer, error) {
 	var cw *bufio.Writer
 	for {
 		resp, err := http.ReadResponse(bc.br, req)
 		if err != nil {
-			return cw, nil, err
+			return nil, cw, err
 		}
 		if resp.StatusCode >= 200 {
 			_ = bc.SetReadDeadline(time.Time{})
 			if cw == nil {
 				cw = getWriter(h.tc)
 			}
-			return cw, resp, nil
+			return resp, cw, nil
 		}
 		_ = resp.Body.Close() // a 1xx has none
 		if resp.StatusCode == http.StatusSwitchingProtocols {
-			return cw, nil, errors.New("101 Switching Protocols to a request without Upgrade")
+			return nil, cw, errors.New("101 Switching Protocols to a request without Upgrade")
 		}
 		if cw == nil {
 			cw = getWriter(h.tc)
@@ -292,7 +369,7 @@ func (h *h1conn) roundTrip(bc *backendConn, req *http.Request, rt Route) (*bufio
 		writeHeaders(cw, resp.Header, skipResponseHeader)
 		_, _ = cw.WriteString("\r\n")
 		if err := cw.Flush(); err != nil {
-			return cw, nil, clientError{err}
+			return nil, cw, clientError{err}
 		}
 	}
 }

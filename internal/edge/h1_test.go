@@ -383,3 +383,56 @@ func TestH1ShutdownClosesIdleAndFinishesActive(t *testing.T) {
 		t.Errorf("Shutdown: %v", err)
 	}
 }
+
+// A client that goes away while the sandbox is still working: the sandbox sees its
+// request cancelled, as with net/http, and the edge's connection is not left waiting.
+func TestH1ClientGoneCancelsSandboxRequest(t *testing.T) {
+	te := startEdge(t, nil)
+	started, cancelled := make(chan struct{}), make(chan struct{})
+	host := strings.TrimPrefix(te.httpRoute(t, sbxA, 8080, AuthOpen, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(10 * time.Second):
+		}
+	})), "https://")
+	r := te.rawH1(t, host)
+	r.send("GET /long-poll HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+	<-started
+	time.Sleep(2 * watchAfter)
+	r.c.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sandbox's request was not cancelled after the client went away")
+	}
+}
+
+// The watch of a slow response's client must not get in the way, nor eat a request the
+// client sends meanwhile (pipelined).
+func TestH1SlowResponseWithPipelinedRequest(t *testing.T) {
+	te := startEdge(t, nil)
+	host := strings.TrimPrefix(te.httpRoute(t, sbxA, 8080, AuthOpen, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			time.Sleep(3 * watchAfter)
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	})), "https://")
+	r := te.rawH1(t, host)
+	r.send("GET /slow HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+	time.Sleep(2 * watchAfter) // the watch runs now
+	r.send("GET /next HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+	for _, want := range []string{"/slow", "/next"} {
+		if _, body := r.read("GET"); body != want { //nolint:bodyclose // read closes the body
+			t.Errorf("got %q, want %q", body, want)
+		}
+	}
+	// And a slow one alone, then keep-alive goes on.
+	for _, path := range []string{"/slow", "/after"} {
+		r.send("GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+		if _, body := r.read("GET"); body != path { //nolint:bodyclose // read closes the body
+			t.Errorf("got %q, want %q", body, path)
+		}
+	}
+}
