@@ -23,8 +23,8 @@ import (
 //
 // Only plain requests take it: HTTP/1.1, origin-form target, a Host header, no body or
 // a Content-Length one, no Upgrade, no Expect, no Transfer-Encoding. Anything else — a
-// WebSocket upgrade, a chunked upload, a malformed request, a header over the size the
-// fast path buffers — and the connection is handed, from that request on, to the edge's
+// WebSocket upgrade, a chunked upload, a malformed request, a header over
+// MaxHeaderBytes — and the connection is handed, from that request on, to the edge's
 // http.Server with the bytes already read replayed (replayConn), and served there as
 // before, errors included. Routing, auth and the error answers are the same code
 // (admit, proxyFailure) on both paths.
@@ -35,7 +35,7 @@ import (
 // Content-Type gets none here (net/http would sniff one).
 
 const (
-	h1ReadBuffer = 4 << 10 // a request header larger than this goes to net/http
+	h1ReadBuffer = 4 << 10 // the client connection's read buffer, as net/http's
 	// maxDiscard is how much of an unread request body (the request was refused) is read
 	// and dropped to keep the connection; more, and the connection is closed.
 	maxDiscard = 256 << 10
