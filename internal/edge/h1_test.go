@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"net/netip"
 	"net/textproto"
 	"strings"
 	"sync"
@@ -434,5 +436,51 @@ func TestH1SlowResponseWithPipelinedRequest(t *testing.T) {
 		if _, body := r.read("GET"); body != path { //nolint:bodyclose // read closes the body
 			t.Errorf("got %q, want %q", body, path)
 		}
+	}
+}
+
+func TestH1ConnectionClose(t *testing.T) {
+	te := startEdge(t, nil)
+	host := strings.TrimPrefix(te.httpRoute(t, sbxA, 8080, AuthOpen, 0, dump), "https://")
+	r := te.rawH1(t, host)
+	r.send("GET /bye HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n")
+	res, body := r.read("GET") //nolint:bodyclose // read closes the body
+	if !res.Close || decodeDump(t, body).Header.Get("Connection") != "" {
+		t.Errorf("Connection: close %v; the sandbox saw %s", res.Close, body)
+	}
+	if _, err := r.br.ReadByte(); err == nil {
+		t.Error("the connection is still open after Connection: close")
+	}
+}
+
+func TestBackendPoolReapsAndBounds(t *testing.T) {
+	var p backendPool
+	addr := netip.MustParseAddrPort("127.0.0.1:1")
+	var closed []net.Conn
+	conn := func() *backendConn {
+		a, b := net.Pipe()
+		closed = append(closed, b)
+		return &backendConn{Conn: a}
+	}
+	for range maxIdlePerBackend + 1 {
+		p.put(addr, conn())
+	}
+	if n := len(p.idle[addr]); n != maxIdlePerBackend {
+		t.Errorf("%d idle connections kept, want at most %d", n, maxIdlePerBackend)
+	}
+	p.reap(time.Now().Add(backendIdleTimeout))
+	if len(p.idle) != 0 {
+		t.Errorf("%d backends still have idle connections after their idle timeout", len(p.idle))
+	}
+	for i, c := range closed { // the far ends see the close
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+			t.Fatalf("connection %d: %v, want EOF: not closed", i, err)
+		}
+	}
+	p.close()
+	p.put(addr, conn())
+	if len(p.idle) != 0 {
+		t.Error("a closed pool kept a connection")
 	}
 }
