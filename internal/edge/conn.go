@@ -3,6 +3,18 @@ package edge
 import (
 	"net"
 	"sync"
+	"sync/atomic"
+)
+
+// States of a connection the HTTP/1.1 fast path serves (conn.state), for Shutdown: it
+// closes idle connections at once and leaves the others to finish their request. A
+// connection that has not had its first request yet stays stateNew, as net/http spares
+// new connections: its client is about to send on it.
+const (
+	stateNew int32 = iota
+	stateActive
+	stateIdle
+	stateClosing
 )
 
 // conn is an accepted connection. It holds one of the edge's connection slots until
@@ -14,6 +26,7 @@ type conn struct {
 	edge    *Edge
 	pending []byte
 	once    sync.Once
+	state   atomic.Int32 // HTTP/1.1 fast path only; see stateNew
 }
 
 func (c *conn) Read(p []byte) (int, error) {
@@ -72,3 +85,19 @@ func (q *queue) Close() error {
 }
 
 func (q *queue) Addr() net.Addr { return q.addr }
+
+// replayConn is a terminated connection the HTTP/1.1 fast path hands to net/http: its
+// reads start with the bytes the fast path had already read (pending).
+type replayConn struct {
+	net.Conn // the *tls.Conn
+	pending  []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}

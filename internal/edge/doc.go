@@ -12,6 +12,10 @@
 //     passthrough name on a terminated connection gets 421 Misdirected Request so the
 //     client retries on a connection of its own. WebSocket over HTTP/2 (RFC 8441) is not
 //     offered (net/http's default), so clients upgrade on an HTTP/1.1 connection.
+//     HTTP/2 is served by net/http; HTTP/1.1 by a keep-alive loop of the edge's own with
+//     pooled connections to the sandboxes (h1.go), which hands a connection to net/http
+//     at the first request it does not handle itself (upgrades, chunked uploads, Expect,
+//     malformed or oversized requests).
 //   - KindPassthrough: nothing is decrypted. The ClientHello bytes already read are
 //     replayed to the sandbox and the TCP connection is spliced both ways, half-closes
 //     passed on, so the workload sees the client's SNI and owns its certificates.

@@ -41,14 +41,15 @@ const (
 
 // Edge routes TLS connections to sandbox ports; see the package documentation.
 type Edge struct {
-	cfg     Config
-	log     *slog.Logger
-	tls     *tls.Config
-	srv     *http.Server // serves the terminated connections that q hands over
-	q       *queue
-	proxies sync.Map // request timeout → *httputil.ReverseProxy
-	dialer  net.Dialer
-	slots   chan struct{}
+	cfg      Config
+	log      *slog.Logger
+	tls      *tls.Config
+	srv      *http.Server // serves the terminated connections that q hands over
+	q        *queue
+	proxies  sync.Map    // request timeout → *httputil.ReverseProxy
+	backends backendPool // the HTTP/1.1 fast path's connections to sandboxes
+	dialer   net.Dialer
+	slots    chan struct{}
 
 	mu        sync.Mutex
 	closed    bool
@@ -101,6 +102,7 @@ func New(cfg Config) (*Edge, error) {
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelDebug), // handshake noise
 	}
 	go func() { _ = e.srv.Serve(e.q) }()
+	go e.reapIdleBackends()
 	return e, nil
 }
 
@@ -168,8 +170,14 @@ func (e *Edge) Close() error {
 }
 
 func (e *Edge) beginClose() <-chan struct{} {
+	var idle []*conn
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer func() {
+		e.mu.Unlock()
+		for _, c := range idle { // after unlocking: Close untracks
+			_ = c.Close()
+		}
+	}()
 	if !e.closed {
 		e.closed = true
 		close(e.done)
@@ -181,8 +189,25 @@ func (e *Edge) beginClose() <-chan struct{} {
 			_ = ln.Close()
 		}
 		_ = e.q.Close()
+		// Idle fast-path connections close now; the others after their request, when
+		// they see closing (serveH1 marks itself idle before it checks).
+		for c := range e.conns {
+			if c.state.CompareAndSwap(stateIdle, stateClosing) {
+				idle = append(idle, c)
+			}
+		}
 	}
 	return e.drained
+}
+
+// closing reports whether Shutdown or Close has begun.
+func (e *Edge) closing() bool {
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (e *Edge) closeConns() {

@@ -18,31 +18,40 @@ const (
 	misdirectedMsg = "this endpoint is TLS passthrough; connect to it directly"
 )
 
-// serveHTTP answers requests on terminated connections, routed by Host.
+// serveHTTP answers requests on terminated connections that net/http serves (HTTP/2, and
+// HTTP/1.1 requests the fast path in h1.go hands over), routed by Host.
 func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if rt, ok := e.admit(w, r); ok {
+		e.forward(w, r, rt)
+	}
+}
+
+// admit finds r's HTTPS route by Host and checks its auth. When r may not go on, admit
+// answers it on w (404, 421, 401, 403) and returns false.
+func (e *Edge) admit(w http.ResponseWriter, r *http.Request) (Route, bool) {
 	id, port, err := ParseHost(hostOnly(r.Host), e.cfg.RunnerID, e.cfg.BaseDomain)
 	if err != nil {
 		http.Error(w, notFoundBody, http.StatusNotFound)
-		return
+		return Route{}, false
 	}
 	rt, ok := e.cfg.Routes.Lookup(id, port)
 	switch {
 	case !ok:
 		http.Error(w, notFoundBody, http.StatusNotFound)
-		return
+		return Route{}, false
 	case rt.Kind == KindPassthrough:
 		// An HTTP/2 client reused a connection for a name the wildcard covers (RFC 9113
 		// §9.1.1); 421 makes it open a connection of its own, which gets spliced.
 		http.Error(w, misdirectedMsg, http.StatusMisdirectedRequest)
-		return
+		return Route{}, false
 	case rt.Kind != KindHTTPS:
 		http.Error(w, notFoundBody, http.StatusNotFound)
-		return
+		return Route{}, false
 	}
 	if rt.Auth == AuthToken && !e.authorize(w, r, rt) {
-		return
+		return Route{}, false
 	}
-	e.forward(w, r, rt)
+	return rt, true
 }
 
 // authorize checks the bearer key of an AuthToken route, answering the client if it fails.

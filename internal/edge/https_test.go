@@ -103,7 +103,12 @@ func TestTokenAuth(t *testing.T) {
 	}
 	te := startEdge(t, func(c *Config) { c.Authorize = authorize })
 	url := te.httpRoute(t, sbxA, 8080, AuthToken, 0, echo)
-	c := te.client("h2")
+	for _, proto := range []string{"h2", "http/1.1"} {
+		t.Run(proto, func(t *testing.T) { testTokenAuth(t, te.client(proto), url) })
+	}
+}
+
+func testTokenAuth(t *testing.T, c *http.Client, url string) {
 	for _, tc := range []struct {
 		name, auth string
 		want       int
@@ -150,13 +155,15 @@ func TestTimeoutIs504(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	}))
-	start := time.Now()
-	res, body := get(t, te.client("h2"), url) //nolint:bodyclose // get reads and closes the body
-	if res.StatusCode != http.StatusGatewayTimeout || !strings.Contains(body, "sandbox port 8080 did not answer within 200ms") {
-		t.Fatalf("got %d %q, want 504 naming the port and the timeout", res.StatusCode, body)
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("504 after %v", d)
+	for _, proto := range []string{"h2", "http/1.1"} {
+		start := time.Now()
+		res, body := get(t, te.client(proto), url) //nolint:bodyclose // get reads and closes the body
+		if res.StatusCode != http.StatusGatewayTimeout || !strings.Contains(body, "sandbox port 8080 did not answer within 200ms") {
+			t.Fatalf("%s: got %d %q, want 504 naming the port and the timeout", proto, res.StatusCode, body)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: 504 after %v", proto, d)
+		}
 	}
 }
 
@@ -199,29 +206,33 @@ func TestUnknownNamesUnderTheWildcardLookAlike(t *testing.T) {
 				t.Fatalf("handshake for %s: %v; names under the wildcard must complete it", host, err)
 			}
 			c.Close()
-			res, body := get(t, te.client("h2"), "https://"+host+"/") //nolint:bodyclose // get reads and closes the body
-			a := answer{res.StatusCode, body}
-			if a.status != http.StatusNotFound {
-				t.Errorf("%s: status %d, want 404", host, a.status)
-			}
-			if first == nil {
-				first = &a
-			} else if a != *first {
-				t.Errorf("%s answered %+v, another unknown name %+v: they must not differ", host, a, *first)
+			for _, proto := range []string{"h2", "http/1.1"} {
+				res, body := get(t, te.client(proto), "https://"+host+"/") //nolint:bodyclose // get reads and closes the body
+				a := answer{res.StatusCode, body}
+				if a.status != http.StatusNotFound {
+					t.Errorf("%s %s: status %d, want 404", proto, host, a.status)
+				}
+				if first == nil {
+					first = &a
+				} else if a != *first {
+					t.Errorf("%s %s answered %+v, another unknown name %+v: they must not differ", proto, host, a, *first)
+				}
 			}
 		})
 	}
-	// A request for a passthrough name on a terminated (HTTP/2-reused) connection.
-	c := te.client("h2")
-	req, _ := http.NewRequest(http.MethodGet, "https://"+Host(9090, sbxA, testRunner, testDomain), nil)
-	req.Host = Host(5432, sbxB, testRunner, testDomain)
-	res, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusMisdirectedRequest {
-		t.Errorf("passthrough name on a terminated connection: %d, want 421", res.StatusCode)
+	// A request for a passthrough name on a terminated (HTTP/2-reused) connection; and on
+	// HTTP/1.1, where a client has no reason to, the same answer.
+	for _, proto := range []string{"h2", "http/1.1"} {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+Host(9090, sbxA, testRunner, testDomain), nil)
+		req.Host = Host(5432, sbxB, testRunner, testDomain)
+		res, err := te.client(proto).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusMisdirectedRequest {
+			t.Errorf("%s: passthrough name on a terminated connection: %d, want 421", proto, res.StatusCode)
+		}
 	}
 }
 

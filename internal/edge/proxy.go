@@ -63,7 +63,10 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = rt.Backend.String()
 	// Out.Host stays the public name: apps build their own URLs from it.
-	pr.SetXForwarded() // X-Forwarded-For, -Host, -Proto: https; the client's own are dropped
+	pr.SetXForwarded() // X-Forwarded-For, -Host, -Proto; the client's own are dropped
+	// Always https: HTTP/1.1 connections the fast path hands over (h1.go) reach net/http
+	// without their *tls.Conn, so SetXForwarded would say http.
+	pr.Out.Header.Set("X-Forwarded-Proto", "https")
 	if rt.Auth == AuthToken {
 		pr.Out.Header.Del("Authorization") // the platform key is not the workload's business
 	}
@@ -71,20 +74,28 @@ func rewrite(pr *httputil.ProxyRequest) {
 
 // proxyError answers a request the sandbox did not answer, saying why in one line.
 func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away; nobody reads an answer
+	}
 	rt := r.Context().Value(routeKey{}).(Route)
+	code, msg := e.proxyFailure(rt, err)
+	http.Error(w, msg, code)
+}
+
+// proxyFailure is the status and the one-line reason for err, an error reaching rt's
+// backend or reading its response headers.
+func (e *Edge) proxyFailure(rt Route, err error) (int, string) {
 	var ne net.Error
 	switch {
-	case r.Context().Err() != nil:
-		// The client went away; nobody reads an answer.
 	case errors.Is(err, syscall.ECONNREFUSED):
-		http.Error(w, fmt.Sprintf("sandbox port %d is not accepting connections yet", rt.Port), http.StatusBadGateway)
+		return http.StatusBadGateway, fmt.Sprintf("sandbox port %d is not accepting connections yet", rt.Port)
 	case isDialError(err):
-		http.Error(w, fmt.Sprintf("sandbox port %d is not reachable", rt.Port), http.StatusBadGateway)
-	case errors.As(err, &ne) && ne.Timeout(): // the Transport's ResponseHeaderTimeout
-		http.Error(w, fmt.Sprintf("sandbox port %d did not answer within %s", rt.Port, rt.timeout()), http.StatusGatewayTimeout)
+		return http.StatusBadGateway, fmt.Sprintf("sandbox port %d is not reachable", rt.Port)
+	case errors.As(err, &ne) && ne.Timeout(): // the response header timeout
+		return http.StatusGatewayTimeout, fmt.Sprintf("sandbox port %d did not answer within %s", rt.Port, rt.timeout())
 	default:
 		e.log.Info("proxy error", "sandbox", rt.SandboxID, "port", rt.Port, "err", err)
-		http.Error(w, fmt.Sprintf("sandbox port %d sent no valid response", rt.Port), http.StatusBadGateway)
+		return http.StatusBadGateway, fmt.Sprintf("sandbox port %d sent no valid response", rt.Port)
 	}
 }
 

@@ -40,7 +40,19 @@ func (e *Edge) route(c *conn) {
 	// An HTTPS route, or a name under the wildcard without one: the HTTP handler answers
 	// both, the latter with the one 404 that does not tell which sandboxes exist.
 	c.pending = raw
-	if !e.q.deliver(tls.Server(c, e.tls)) {
+	tc := tls.Server(c, e.tls)
+	_ = c.SetDeadline(time.Now().Add(e.cfg.HandshakeTimeout))
+	if err := tc.Handshake(); err != nil {
+		e.log.Debug("TLS handshake failed", "remote", c.RemoteAddr(), "err", err)
 		_ = c.Close()
+		return
 	}
+	_ = c.SetDeadline(time.Time{})
+	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+		if !e.q.deliver(tc) {
+			_ = c.Close()
+		}
+		return
+	}
+	e.serveH1(c, tc) // HTTP/1.1 (ALPN http/1.1, or none)
 }
