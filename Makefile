@@ -38,6 +38,7 @@ runsc:
 test: deps build images runsc
 	$(GO) test -count=1 -timeout 30m ./...
 	$(MAKE) conformance
+	$(MAKE) k8s-test
 
 # The official cwsandbox client (pinned) against a `sandboxd dev` the suite starts.
 conformance: build
