@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -42,6 +43,8 @@ func dev(args []string) error {
 	poolSize := fs.Int("warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
 	edgeListen := fs.String("edge-listen", "127.0.0.1:8443", "address of the edge that publishes sandbox endpoints (443 in production; empty: no edge)")
 	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")
+	dataPlaneListen := fs.String("data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
+	dataPlaneTTL := fs.Duration("data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,12 +104,33 @@ func dev(args []string) error {
 			logger.Warn("no edge: sandboxes cannot publish endpoints (set --edge-listen to a free address)", "err", err)
 		}
 	}
+	var dpIssuer gateway.DataPlaneIssuer
+	if *dataPlaneListen != "" {
+		dpCA, err := dataplane.LoadOrCreateCA(*dataDir)
+		if err != nil {
+			return err
+		}
+		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: *dataPlaneListen, CA: dpCA, Sandboxes: local, Logger: logger})
+		switch {
+		case err == nil:
+			defer l.Close()
+			local.DataPlaneURI = uri
+			dpIssuer = &dataplane.Issuer{CA: dpCA, TTL: *dataPlaneTTL}
+			fmt.Printf("direct data plane: %s\n", uri)
+		case isFlagSet(fs, "data-plane-listen"):
+			return err
+		default:
+			// The default port is taken: clients use the gateway for data calls.
+			logger.Warn("no direct data plane: exec, logs and files go through the gateway (set --data-plane-listen to a free address)", "err", err)
+		}
+	}
 	gw, err := gateway.New(gateway.Config{
-		Auth:     keys,
-		Runners:  []gateway.Runner{local},
-		Policies: controlplane.NewPolicySource(st, defaultOrg),
-		Index:    st.Sandboxes(),
-		Orgs:     st.Orgs(),
+		DataPlane: dpIssuer,
+		Auth:      keys,
+		Runners:   []gateway.Runner{local},
+		Policies:  controlplane.NewPolicySource(st, defaultOrg),
+		Index:     st.Sandboxes(),
+		Orgs:      st.Orgs(),
 		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
 		ReconcileInterval: gateway.DefaultReconcileInterval,
 		Logger:            logger,

@@ -19,6 +19,7 @@ import (
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -75,6 +76,8 @@ func runnerCmd(args []string) error {
 	backend := fs.String("backend", "local", "where sandboxes run: local (runc/gVisor on this host) or kubernetes (one Pod each)")
 	var kube kubernetesFlags
 	kube.register(fs)
+	dataPlaneListen := fs.String("data-plane-listen", "", "address of the direct mTLS data plane clients run exec, logs and files on, e.g. :8444 (empty: gateway only); its certificate comes from the data-plane CA in --pki-dir")
+	dataPlaneHost := fs.String("data-plane-host", "", "host clients reach the data plane by (default: the --data-plane-listen host)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -215,6 +218,23 @@ func runnerCmd(args []string) error {
 		local.EdgeDomain, local.EdgePort = *baseDomain, e.Port()
 		fmt.Printf("edge listening on %s for *.%s.%s\n", e.Addr, *runnerID, *baseDomain)
 	}
+	if *dataPlaneListen != "" {
+		if ident != nil {
+			// The control plane does not issue data-plane certificates yet.
+			return errors.New("--data-plane-listen: a runner registered with a control plane cannot serve the direct data plane yet")
+		}
+		dpCA, err := dataplane.LoadOrCreateCA(*pkiDir)
+		if err != nil {
+			return err
+		}
+		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: *dataPlaneListen, Host: *dataPlaneHost, CA: dpCA, Sandboxes: local, Logger: logger})
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		local.DataPlaneURI = uri
+		fmt.Printf("direct data plane: %s\n", uri)
+	}
 	rs := runnerapi.NewServerFor(local, logger)
 	if ident != nil {
 		hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{
@@ -254,6 +274,7 @@ func gatewayCmd(args []string) error {
 	reconcile := fs.Duration("reconcile-interval", gateway.DefaultReconcileInterval, "how often to compare the runners' sandboxes with the index")
 	orphanGrace := fs.Duration("orphan-grace", gateway.DefaultOrphanGrace, "age at which a sandbox that no gateway recorded (its create was interrupted) is deleted")
 	controlPlane := fs.String("control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
+	dataPlaneTTL := fs.Duration("data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
 	verbose := fs.Bool("v", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -286,8 +307,15 @@ func gatewayCmd(args []string) error {
 		defer c.Close()
 		rs = append(rs, c)
 	}
+	// Runners that serve a direct data plane (--data-plane-listen) trust the data-plane CA
+	// kept next to the platform CA.
+	dpCA, err := dataplane.LoadOrCreateCA(*pkiDir)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
-		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
+		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: *dataPlaneTTL},
+		Auth:      keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,
 		ReconcileInterval: *reconcile, OrphanGrace: *orphanGrace,
 	})

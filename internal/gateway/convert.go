@@ -341,3 +341,10 @@ func ts(t time.Time) *timestamppb.Timestamp {
 
 // dnsLabel is an RFC 1123 label, as Kubernetes names RuntimeClasses.
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// RunnerError is the API error for a runner's error about sandbox id (for the runner's
+// own data plane).
+func RunnerError(id string, err error) error { return runnerError(id, err) }
+
+// NotFound is the API error for a sandbox the caller may not see.
+func NotFound(id string) error { return notFound(id) }

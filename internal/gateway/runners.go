@@ -49,6 +49,9 @@ type Capacity struct {
 	// (<port>-<sandbox>.<runner>.<EdgeDomain>:<EdgePort>); "" when it has no edge.
 	EdgeDomain string
 	EdgePort   int
+	// DataPlaneURI is where clients reach the runner's direct data plane
+	// (https://HOST:PORT); "" when it serves none.
+	DataPlaneURI string
 }
 
 // DefaultMaxSandboxes is a local runner's sandbox count limit unless configured.
@@ -66,10 +69,12 @@ type LocalRunner struct {
 	// RuntimeClasses override what the runner's backend offers (its default first).
 	RuntimeClasses []string
 	// EdgeDomain and EdgePort: see Capacity.
-	EdgeDomain  string
-	EdgePort    int
-	connectedAt time.Time
-	admit       sync.Mutex // one capacity check and create at a time
+	EdgeDomain string
+	EdgePort   int
+	// DataPlaneURI: see Capacity.
+	DataPlaneURI string
+	connectedAt  time.Time
+	admit        sync.Mutex // one capacity check and create at a time
 }
 
 // NewLocalRunner wraps r.
@@ -140,6 +145,7 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 		Architectures:  []string{goruntime.GOARCH},
 		RuntimeClasses: l.RuntimeClasses,
 		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
+		DataPlaneURI: l.DataPlaneURI,
 	}
 	if len(c.RuntimeClasses) == 0 {
 		c.RuntimeClasses = l.R.RuntimeClasses()

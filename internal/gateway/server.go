@@ -20,7 +20,6 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
-	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
@@ -61,7 +60,10 @@ type Config struct {
 	// (default DefaultViewInterval); DisconnectAfter how long a runner whose probes time
 	// out stays placeable (default DefaultDisconnectAfter).
 	ViewInterval, DisconnectAfter time.Duration
-	Logger                        *slog.Logger
+	// DataPlane signs the client certificates of the direct data path (ConnectSandbox);
+	// nil: ConnectSandbox is UNIMPLEMENTED and clients use the gateway's data RPCs.
+	DataPlane DataPlaneIssuer
+	Logger    *slog.Logger
 }
 
 // Server implements SandboxService and DiscoveryService.
@@ -81,6 +83,8 @@ type Server struct {
 	reserved placement.Reservations
 	views    *runnerViews
 	stop     context.CancelFunc
+	// dataPlane: see Config.DataPlane.
+	dataPlane DataPlaneIssuer
 }
 
 // New returns a Server.
@@ -97,7 +101,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger}
+	s := &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane}
 	if cfg.Index != nil {
 		if cfg.Orgs == nil {
 			return nil, errors.New("gateway: an Index needs Orgs to load it")
@@ -411,17 +415,8 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 	return connect.NewResponse(out), nil
 }
 
-// agentFor returns the agent of the caller's sandbox, waiting while it starts. container
-// must name the primary container (or be empty).
-func (s *Server) agentFor(ctx context.Context, id, container string) (agentClient, error) {
-	rec, r, err := s.lookup(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return s.agentOf(ctx, rec, r, container)
-}
-
-// agentOf is agentFor for a sandbox already looked up.
+// agentOf returns the agent of a sandbox already looked up, waiting while it starts.
+// container must name the primary container (or be empty).
 func (s *Server) agentOf(ctx context.Context, rec *record, r Runner, container string) (agentClient, error) {
 	id := rec.id
 	if container != "" {
@@ -441,64 +436,6 @@ func (s *Server) agentOf(ctx context.Context, rec *record, r Runner, container s
 	return a, nil
 }
 
-func (s *Server) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
-	m := req.Msg
-	if len(m.GetCommand()) == 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "command is required", []apierr.Violation{{Field: "command", Description: "is required"}})
-	}
-	if m.GetMaxOutputBytes() < 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "max_output_bytes must not be negative", []apierr.Violation{{Field: "max_output_bytes", Description: "must not be negative"}})
-	}
-	a, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
-	if err != nil {
-		return nil, err
-	}
-	limit := int64(m.GetMaxOutputBytes())
-	if limit == 0 {
-		limit = defaultMaxExecSize
-	}
-	res, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: m.GetCommand(), Env: m.GetEnv(), MaxOutputBytes: limit}))
-	if err != nil {
-		return nil, relayError(m.GetSandboxId(), err)
-	}
-	r := res.Msg
-	return connect.NewResponse(&sandboxv1.ExecResponse{
-		Stdout: r.GetStdout(), Stderr: r.GetStderr(), ExitCode: r.GetExitCode(),
-		StdoutTruncated: r.GetStdoutTruncated(), StderrTruncated: r.GetStderrTruncated(),
-		StdoutBytesProduced: r.GetStdoutBytesProduced(), StderrBytesProduced: r.GetStderrBytesProduced(),
-	}), nil
-}
-
-func (s *Server) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.WriteFileRequest]) (*connect.Response[sandboxv1.WriteFileResponse], error) {
-	m := req.Msg
-	if n := len(m.GetContent()); n > MaxUnaryFileBytes {
-		return nil, apierr.New(connect.CodeResourceExhausted, apierr.FileTooLarge,
-			fmt.Sprintf("%s: %d bytes is larger than the %d bytes a unary write takes; stream it", m.GetPath(), n, MaxUnaryFileBytes),
-			map[string]string{"filepath": m.GetPath(), "size_bytes": fmt.Sprint(n), "max_size_bytes": fmt.Sprint(MaxUnaryFileBytes)})
-	}
-	a, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
-	if err != nil {
-		return nil, err
-	}
-	if _, err := a.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: m.GetPath(), Content: m.GetContent()})); err != nil {
-		return nil, relayError(m.GetSandboxId(), err)
-	}
-	return connect.NewResponse(&sandboxv1.WriteFileResponse{}), nil
-}
-
-func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.ReadFileRequest]) (*connect.Response[sandboxv1.ReadFileResponse], error) {
-	m := req.Msg
-	a, err := s.agentFor(ctx, m.GetSandboxId(), m.GetContainer())
-	if err != nil {
-		return nil, err
-	}
-	res, err := a.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: m.GetPath(), MaxBytes: MaxUnaryFileBytes}))
-	if err != nil {
-		return nil, relayError(m.GetSandboxId(), err)
-	}
-	return connect.NewResponse(&sandboxv1.ReadFileResponse{Content: res.Msg.GetContent()}), nil
-}
-
 // relayError passes the agent's API errors through and explains transport failures: an
 // agent that is gone means the sandbox stopped under the call.
 func relayError(id string, err error) error {
@@ -511,4 +448,46 @@ func relayError(id string, err error) error {
 			fmt.Sprintf("sandbox %s stopped during the call: %v", id, err), map[string]string{"sandbox_id": id})
 	}
 	return err
+}
+
+// gatewaySource is the gateway's DataSource: the caller's organization must own the sandbox.
+type gatewaySource struct{ s *Server }
+
+func (g gatewaySource) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentClient, error) {
+	s := g.s
+	rec, r, err := s.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if perm == sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS {
+		if sb := s.current(ctx, rec, r); sb.State.Terminal() || sb.State == runner.StateTerminating {
+			return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+				"sandbox "+rec.id+" is "+sb.State.String()+": its logs are no longer served", map[string]string{"sandbox_id": rec.id})
+		}
+	}
+	return s.agentOf(ctx, rec, r, container)
+}
+
+func (s *Server) relay() Relay { return Relay{Src: gatewaySource{s}} }
+
+func (s *Server) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
+	return s.relay().Exec(ctx, req)
+}
+
+func (s *Server) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.WriteFileRequest]) (*connect.Response[sandboxv1.WriteFileResponse], error) {
+	return s.relay().WriteFile(ctx, req)
+}
+
+func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.ReadFileRequest]) (*connect.Response[sandboxv1.ReadFileResponse], error) {
+	return s.relay().ReadFile(ctx, req)
+}
+
+// StreamExec: see Relay.StreamExec.
+func (s *Server) StreamExec(ctx context.Context, stream *connect.BidiStream[sandboxv1.ExecStreamRequest, sandboxv1.ExecStreamResponse]) error {
+	return s.relay().StreamExec(ctx, stream)
+}
+
+// StreamLogs: see Relay.StreamLogs.
+func (s *Server) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.StreamLogsRequest], stream *connect.ServerStream[sandboxv1.LogEntry]) error {
+	return s.relay().StreamLogs(ctx, req, stream)
 }

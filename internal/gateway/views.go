@@ -292,6 +292,19 @@ func isTimeout(err error) bool {
 
 // edgeOf is where runner id publishes endpoints, as it last said ("" when it has no edge
 // or is unknown).
+// dataPlaneOf is runner id's data-plane URI as last probed ("" when it serves none).
+func (v *runnerViews) dataPlaneOf(ctx context.Context, id string) string {
+	v.ensureLoaded(ctx)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i, r := range v.s.runners {
+		if r.ID() == id && v.views[i].connected {
+			return v.views[i].capacity.DataPlaneURI
+		}
+	}
+	return ""
+}
+
 func (v *runnerViews) edgeOf(id string) (domain string, port int) {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -135,6 +135,7 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		MaxSandboxes:   int32(c.MaxSandboxes),
 		RuntimeClasses: c.RuntimeClasses,
 		EdgeDomain:     c.EdgeDomain, EdgePort: int32(c.EdgePort),
+		DataPlaneUri: c.DataPlaneURI,
 	}
 }
 
@@ -149,6 +150,7 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		MaxSandboxes:   int(p.GetMaxSandboxes()),
 		RuntimeClasses: p.GetRuntimeClasses(),
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
+		DataPlaneURI: p.GetDataPlaneUri(),
 	}
 }
 

@@ -187,7 +187,10 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
     log_path = tmp_path_factory.mktemp("sandboxd") / "sandboxd.log"
     port = _free_port()
     listen = f"127.0.0.1:{port}"
-    cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen]
+    # A port of its own for the direct data plane, so clients in AUTO mode (the default) take
+    # the direct path whatever else runs on this machine.
+    data_plane = f"127.0.0.1:{_free_port()}"
+    cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane]
     ready_timeout = float(os.environ.get("SANDBOXD_READY_TIMEOUT", "60"))
 
     log_f = open(log_path, "wb")

@@ -1,12 +1,12 @@
 """Wire compatibility of our coreweave.sandbox.v1 protos with the official cwsandbox client.
 
 The client ships the descriptors of the protocol it speaks (its generated ``*_pb2`` modules). We
-build our own descriptors from api/ with buf and require that, for SandboxService and
-DiscoveryService, everything the client knows exists identically in ours: methods (name, types,
-streaming), every field of every message reachable from them (number, name, type, type_name,
-label, oneof membership, proto3 optional, JSON name), enum values, and the google.api.http
-annotations used for REST transcoding. Extra fields/values on our side are allowed and only
-reported.
+build our own descriptors from api/ with buf and require that, for SandboxService,
+DiscoveryService and SandboxDataPlaneService, everything the client knows exists identically in
+ours: methods (name, types, streaming), every field of every message reachable from them (number,
+name, type, type_name, label, oneof membership, proto3 optional, JSON name), enum values, and the
+google.api.http annotations used for REST transcoding. Extra fields/values on our side are
+allowed and only reported.
 
 Needs: Go (for ``go tool -modfile=tools/go.mod buf``) and ``pip install -r requirements.txt``.
 Run: ``pytest -v test/conformance/test_wire.py`` (add ``-s`` to see the informational report).
@@ -27,7 +27,7 @@ from google.protobuf import descriptor_pb2, text_format
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = "coreweave.sandbox.v1"
-SERVICES = ("SandboxService", "DiscoveryService")
+SERVICES = ("SandboxService", "DiscoveryService", "SandboxDataPlaneService")
 
 FDP = descriptor_pb2.FieldDescriptorProto
 TYPE_NAMES = {v: k.removeprefix("TYPE_").lower() for k, v in FDP.Type.items()}

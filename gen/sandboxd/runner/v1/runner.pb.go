@@ -1077,8 +1077,11 @@ type CapacityResponse struct {
 	RuntimeClasses  []string               `protobuf:"bytes,11,rep,name=runtime_classes,json=runtimeClasses,proto3" json:"runtime_classes,omitempty"` // runtime classes the runner can run, its default first
 	// Where its edge publishes endpoints: <port>-<sandbox>.<runner>.<edge_domain>:<edge_port>;
 	// empty when it publishes none.
-	EdgeDomain    string `protobuf:"bytes,12,opt,name=edge_domain,json=edgeDomain,proto3" json:"edge_domain,omitempty"`
-	EdgePort      int32  `protobuf:"varint,13,opt,name=edge_port,json=edgePort,proto3" json:"edge_port,omitempty"`
+	EdgeDomain string `protobuf:"bytes,12,opt,name=edge_domain,json=edgeDomain,proto3" json:"edge_domain,omitempty"`
+	EdgePort   int32  `protobuf:"varint,13,opt,name=edge_port,json=edgePort,proto3" json:"edge_port,omitempty"`
+	// Where clients reach its direct data plane (coreweave.sandbox.v1.SandboxDataPlaneService
+	// over mTLS), e.g. https://runner-1.example.com:8444; empty when it serves none.
+	DataPlaneUri  string `protobuf:"bytes,14,opt,name=data_plane_uri,json=dataPlaneUri,proto3" json:"data_plane_uri,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1204,6 +1207,13 @@ func (x *CapacityResponse) GetEdgePort() int32 {
 	return 0
 }
 
+func (x *CapacityResponse) GetDataPlaneUri() string {
+	if x != nil {
+		return x.DataPlaneUri
+	}
+	return ""
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
@@ -1292,7 +1302,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"G\n" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x11\n" +
-	"\x0fCapacityRequest\"\xe0\x03\n" +
+	"\x0fCapacityRequest\"\x86\x04\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -1308,7 +1318,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0fruntime_classes\x18\v \x03(\tR\x0eruntimeClasses\x12\x1f\n" +
 	"\vedge_domain\x18\f \x01(\tR\n" +
 	"edgeDomain\x12\x1b\n" +
-	"\tedge_port\x18\r \x01(\x05R\bedgePort*\xac\x01\n" +
+	"\tedge_port\x18\r \x01(\x05R\bedgePort\x12$\n" +
+	"\x0edata_plane_uri\x18\x0e \x01(\tR\fdataPlaneUri*\xac\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +

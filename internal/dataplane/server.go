@@ -1,0 +1,264 @@
+package dataplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// Sandboxes is what the data plane needs of its runner (gateway.LocalRunner).
+type Sandboxes interface {
+	Get(ctx context.Context, id string) (runner.Sandbox, error)
+	// Agent returns the sandbox's agent, waiting while the sandbox starts.
+	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+}
+
+// Config configures a Server.
+type Config struct {
+	// ClientCAs verifies client certificates: the data-plane CA.
+	ClientCAs *x509.CertPool
+	// GetCertificate serves the listener's certificate (from the data-plane CA, naming the
+	// host of the URI the runner reports).
+	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	Sandboxes      Sandboxes
+	Logger         *slog.Logger
+}
+
+// Server serves SandboxDataPlaneService for the sandboxes of one runner.
+type Server struct {
+	cfg   Config
+	calls atomic.Int64
+	now   func() time.Time
+}
+
+// New returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.ClientCAs == nil || cfg.GetCertificate == nil || cfg.Sandboxes == nil {
+		return nil, errors.New("dataplane: ClientCAs, GetCertificate and Sandboxes are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Server{cfg: cfg, now: time.Now}, nil
+}
+
+// Calls is how many data calls the server has admitted (their certificate checked).
+func (s *Server) Calls() int64 { return s.calls.Load() }
+
+// TLSConfig: TLS 1.3, HTTP/2, a client certificate chaining to the data-plane CA
+// required. Every new connection is logged with the identity it presents.
+func (s *Server) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS13,
+		NextProtos:     []string{"h2"},
+		GetCertificate: s.cfg.GetCertificate,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      s.cfg.ClientCAs,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.VerifiedChains) == 0 {
+				return errors.New("dataplane: no verified client certificate")
+			}
+			leaf := cs.VerifiedChains[0][0]
+			id, err := ParseIdentity(leaf)
+			if err != nil {
+				s.cfg.Logger.Warn("direct data-plane connection refused", "err", err)
+				return fmt.Errorf("dataplane: %w", err)
+			}
+			s.cfg.Logger.Info("direct data-plane client connected", "sandbox", id.SandboxID, "org", id.Org, "perms", id.Perms, "not_after", leaf.NotAfter)
+			return nil
+		},
+	}
+}
+
+type peerKey struct{}
+
+// Handler serves the data-plane service (gRPC, Connect, gRPC-Web) to verified TLS peers.
+func (s *Server) Handler() http.Handler {
+	path, h := sandboxv1connect.NewSandboxDataPlaneServiceHandler(gateway.Relay{Src: source{s}},
+		connect.WithReadMaxBytes(gateway.MaxMessageBytes), connect.WithSendMaxBytes(gateway.MaxMessageBytes))
+	mux := http.NewServeMux()
+	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, "a client certificate is required", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, r.TLS.VerifiedChains[0][0])))
+	}))
+	return mux
+}
+
+// HTTPServer serves Handler over TLSConfig (give it to ServeTLS with empty file names).
+func (s *Server) HTTPServer() *http.Server {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		TLSConfig:         s.TLSConfig(),
+		ReadHeaderTimeout: 10 * time.Second,
+		Protocols:         new(http.Protocols),
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerConnection: 4<<20 - 1,
+			MaxReceiveBufferPerStream:     4<<20 - 1,
+			MaxReadFrameSize:              1 << 20,
+		},
+		ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelDebug),
+	}
+	srv.Protocols.SetHTTP2(true)
+	return srv
+}
+
+// Listener is a running data-plane listener.
+type Listener struct {
+	Addr   net.Addr
+	Server *Server // set by Start
+	srv    *http.Server
+}
+
+// Listen serves s on addr.
+func (s *Server) Listen(addr string) (*Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("data plane: %w", err)
+	}
+	srv := s.HTTPServer()
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	return &Listener{Addr: ln.Addr(), srv: srv}, nil
+}
+
+// Port is the port the listener listens on.
+func (l *Listener) Port() int { return l.Addr.(*net.TCPAddr).Port }
+
+// Close stops the listener, giving open calls a few seconds.
+func (l *Listener) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.srv.Shutdown(ctx); err != nil {
+		_ = l.srv.Close()
+	}
+}
+
+// source is the data plane's gateway.DataSource: the caller's certificate must be valid
+// now, name the addressed sandbox and grant the operation, and the sandbox must live on
+// this runner in the certificate's organization.
+type source struct{ s *Server }
+
+func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, sandboxID, container string) (agentv1connect.AgentServiceClient, error) {
+	s := src.s
+	leaf, _ := ctx.Value(peerKey{}).(*x509.Certificate)
+	if leaf == nil {
+		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "a data-plane client certificate is required")
+	}
+	// The handshake checked the chain; a connection may outlive its certificate.
+	if t := s.now(); t.After(leaf.NotAfter) || t.Before(leaf.NotBefore) {
+		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
+			"the data-plane client certificate expired at %s; ask ConnectSandbox for a new one", leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	id, err := ParseIdentity(leaf)
+	if err != nil {
+		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a data-plane client certificate: %v", err)
+	}
+	if sandboxID == "" {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
+	}
+	if sandboxID != id.SandboxID {
+		return nil, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+			fmt.Sprintf("the client certificate is for sandbox %s, not %s", id.SandboxID, sandboxID), map[string]string{"sandbox_id": sandboxID})
+	}
+	if !id.Has(perm) {
+		return nil, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+			fmt.Sprintf("the client certificate does not grant %s on sandbox %s", PermName(perm), sandboxID),
+			map[string]string{"sandbox_id": sandboxID, "permission": perm.String()})
+	}
+	if container != "" && container != id.Container && (id.Container != "" || container != "main") {
+		return nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", sandboxID, container),
+			[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
+	}
+	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
+	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runner.MetaOrg] != id.Org {
+		return nil, gateway.NotFound(sandboxID)
+	}
+	if err != nil {
+		return nil, gateway.RunnerError(sandboxID, err)
+	}
+	if sb.State.Terminal() || sb.State == runner.StateTerminating {
+		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+			fmt.Sprintf("sandbox %s is %s", sandboxID, sb.State), map[string]string{"sandbox_id": sandboxID, "state": sb.State.String()})
+	}
+	a, err := s.cfg.Sandboxes.Agent(ctx, sandboxID)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", sandboxID, ctx.Err()))
+		}
+		return nil, gateway.RunnerError(sandboxID, err)
+	}
+	s.calls.Add(1)
+	s.cfg.Logger.Debug("direct data-plane call", "sandbox", sandboxID, "perm", PermName(perm))
+	return a, nil
+}
+
+// ServerCertTTL is the lifetime of a listener's certificate; it is renewed at half-life.
+const ServerCertTTL = 24 * time.Hour
+
+// ListenConfig configures Start.
+type ListenConfig struct {
+	Listen string // host:port
+	// Host is the host clients reach the listener by (its certificate names it);
+	// default the listen host, 127.0.0.1 when that is empty or unspecified.
+	Host      string
+	CA        *pki.CA // the data-plane CA
+	Sandboxes Sandboxes
+	Logger    *slog.Logger
+}
+
+// Start serves the data plane on cfg.Listen with a certificate from cfg.CA and returns the
+// listener and the URI the runner reports (https://HOST:PORT).
+func Start(cfg ListenConfig) (*Listener, string, error) {
+	if cfg.CA == nil {
+		return nil, "", errors.New("dataplane: no CA")
+	}
+	host := cfg.Host
+	if host == "" {
+		h, _, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, "", fmt.Errorf("data plane: %w", err)
+		}
+		host = h
+		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+	}
+	dns, ips := pki.SplitHosts(nil, []string{host})
+	getCert := pki.Renewing(func() (tls.Certificate, error) {
+		return cfg.CA.IssueServer("sandboxd data plane", dns, ips, ServerCertTTL)
+	})
+	if _, err := getCert(); err != nil {
+		return nil, "", fmt.Errorf("data-plane certificate: %w", err)
+	}
+	s, err := New(Config{ClientCAs: cfg.CA.Pool(), Sandboxes: cfg.Sandboxes, Logger: cfg.Logger,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return getCert() }})
+	if err != nil {
+		return nil, "", err
+	}
+	l, err := s.Listen(cfg.Listen)
+	if err != nil {
+		return nil, "", err
+	}
+	l.Server = s
+	return l, "https://" + net.JoinHostPort(host, strconv.Itoa(l.Port())), nil
+}

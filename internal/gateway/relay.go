@@ -1,0 +1,261 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+)
+
+// DataSource finds the agent behind a data call: the gateway looks the sandbox up in the
+// caller's organization; a runner's direct data plane checks the caller's certificate.
+type DataSource interface {
+	// DataAgent returns the agent of sandbox id for an operation needing perm, waiting
+	// while the sandbox starts. container must name the primary container (or be empty).
+	// For STREAM_LOGS a sandbox that is ending or ended is FAILED_PRECONDITION.
+	DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentClient, error)
+}
+
+// Relay implements the data RPCs (exec, stream exec, logs, files) over a DataSource by
+// translating them to the sandbox's agent. Their messages are the same in SandboxService
+// and SandboxDataPlaneService, so a Relay serves the gateway's data RPCs and, on a runner,
+// the direct data plane.
+type Relay struct {
+	sandboxv1connect.UnimplementedSandboxDataPlaneServiceHandler
+	Src DataSource
+}
+
+var _ sandboxv1connect.SandboxDataPlaneServiceHandler = Relay{}
+
+func (d Relay) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
+	m := req.Msg
+	if len(m.GetCommand()) == 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "command is required", []apierr.Violation{{Field: "command", Description: "is required"}})
+	}
+	if m.GetMaxOutputBytes() < 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "max_output_bytes must not be negative", []apierr.Violation{{Field: "max_output_bytes", Description: "must not be negative"}})
+	}
+	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_EXEC, m.GetSandboxId(), m.GetContainer())
+	if err != nil {
+		return nil, err
+	}
+	limit := int64(m.GetMaxOutputBytes())
+	if limit == 0 {
+		limit = defaultMaxExecSize
+	}
+	res, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: m.GetCommand(), Env: m.GetEnv(), MaxOutputBytes: limit}))
+	if err != nil {
+		return nil, relayError(m.GetSandboxId(), err)
+	}
+	r := res.Msg
+	return connect.NewResponse(&sandboxv1.ExecResponse{
+		Stdout: r.GetStdout(), Stderr: r.GetStderr(), ExitCode: r.GetExitCode(),
+		StdoutTruncated: r.GetStdoutTruncated(), StderrTruncated: r.GetStderrTruncated(),
+		StdoutBytesProduced: r.GetStdoutBytesProduced(), StderrBytesProduced: r.GetStderrBytesProduced(),
+	}), nil
+}
+
+func (d Relay) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.WriteFileRequest]) (*connect.Response[sandboxv1.WriteFileResponse], error) {
+	m := req.Msg
+	if n := len(m.GetContent()); n > MaxUnaryFileBytes {
+		return nil, apierr.New(connect.CodeResourceExhausted, apierr.FileTooLarge,
+			fmt.Sprintf("%s: %d bytes is larger than the %d bytes a unary write takes; stream it", m.GetPath(), n, MaxUnaryFileBytes),
+			map[string]string{"filepath": m.GetPath(), "size_bytes": fmt.Sprint(n), "max_size_bytes": fmt.Sprint(MaxUnaryFileBytes)})
+	}
+	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_WRITE_FILE, m.GetSandboxId(), m.GetContainer())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := a.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: m.GetPath(), Content: m.GetContent()})); err != nil {
+		return nil, relayError(m.GetSandboxId(), err)
+	}
+	return connect.NewResponse(&sandboxv1.WriteFileResponse{}), nil
+}
+
+func (d Relay) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.ReadFileRequest]) (*connect.Response[sandboxv1.ReadFileResponse], error) {
+	m := req.Msg
+	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_READ_FILE, m.GetSandboxId(), m.GetContainer())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: m.GetPath(), MaxBytes: MaxUnaryFileBytes}))
+	if err != nil {
+		return nil, relayError(m.GetSandboxId(), err)
+	}
+	return connect.NewResponse(&sandboxv1.ReadFileResponse{Content: res.Msg.GetContent()}), nil
+}
+
+// StreamExec relays an interactive command between the client and the sandbox's agent,
+// message by message: nothing is buffered beyond a message, so a client that stops
+// reading slows the command down (the agent reports STREAM_BACKPRESSURE if it must).
+// The client's half-close is stdin EOF, not a cancellation.
+func (d Relay) StreamExec(ctx context.Context, stream *connect.BidiStream[sandboxv1.ExecStreamRequest, sandboxv1.ExecStreamResponse]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return apierr.Invalid(apierr.InvalidRequest, "the first message must be init", []apierr.Violation{{Field: "init", Description: "is required first"}})
+		}
+		return err
+	}
+	init := first.GetInit()
+	if init == nil {
+		return apierr.Invalid(apierr.InvalidRequest, "the first message must be init", []apierr.Violation{{Field: "init", Description: "is required first"}})
+	}
+	if len(init.GetCommand()) == 0 {
+		return apierr.Invalid(apierr.InvalidRequest, "command is required", []apierr.Violation{{Field: "init.command", Description: "is required"}})
+	}
+	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_EXEC, init.GetSandboxId(), init.GetContainer())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up := a.StreamExec(ctx)
+	defer func() { _ = up.CloseResponse() }()
+	if err := up.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{
+		Command: init.GetCommand(), Env: init.GetEnv(), Tty: init.GetTty(), TtyWidth: init.GetTtyWidth(), TtyHeight: init.GetTtyHeight(),
+	}}}); err != nil {
+		return relayError(init.GetSandboxId(), upstreamErr(up, err))
+	}
+
+	// Client -> agent.
+	var once sync.Once
+	closeStdin := func() {
+		once.Do(func() {
+			_ = up.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Close{Close: &agentv1.CloseStdin{}}})
+		})
+	}
+	go func() {
+		for {
+			m, err := stream.Receive()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					closeStdin()
+					return
+				}
+				cancel() // the client went away: the agent kills the command
+				return
+			}
+			var out *agentv1.StreamExecRequest
+			switch x := m.GetMessage().(type) {
+			case *sandboxv1.ExecStreamRequest_Stdin:
+				out = &agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Stdin{Stdin: x.Stdin}}
+			case *sandboxv1.ExecStreamRequest_Resize:
+				out = &agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Resize{Resize: &agentv1.Resize{Width: x.Resize.GetWidth(), Height: x.Resize.GetHeight()}}}
+			case *sandboxv1.ExecStreamRequest_Close:
+				closeStdin()
+				continue
+			default:
+				continue
+			}
+			if err := up.Send(out); err != nil {
+				return
+			}
+		}
+	}()
+
+	// Agent -> client.
+	for {
+		r, err := up.Receive()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return apierr.Newf(connect.CodeInternal, apierr.SandboxNotRunning, "the command's stream ended without an exit status")
+			}
+			return relayError(init.GetSandboxId(), err)
+		}
+		var out *sandboxv1.ExecStreamResponse
+		done := false
+		switch x := r.GetMessage().(type) {
+		case *agentv1.StreamExecResponse_Ready:
+			out = &sandboxv1.ExecStreamResponse{Message: &sandboxv1.ExecStreamResponse_Ready{Ready: &sandboxv1.ExecStreamReady{ReadyTime: x.Ready.GetTime()}}}
+		case *agentv1.StreamExecResponse_Output:
+			st := sandboxv1.ExecStreamOutput_STREAM_STDOUT
+			if x.Output.GetStream() == agentv1.Stream_STREAM_STDERR {
+				st = sandboxv1.ExecStreamOutput_STREAM_STDERR
+			}
+			out = &sandboxv1.ExecStreamResponse{Message: &sandboxv1.ExecStreamResponse_Output{Output: &sandboxv1.ExecStreamOutput{Stream: st, Data: x.Output.GetData()}}}
+		case *agentv1.StreamExecResponse_Exit:
+			out = &sandboxv1.ExecStreamResponse{Message: &sandboxv1.ExecStreamResponse_Exit{Exit: &sandboxv1.ExecStreamExit{ExitCode: x.Exit.GetExitCode(), CompletedTime: x.Exit.GetTime()}}}
+			done = true
+		case *agentv1.StreamExecResponse_Error:
+			out = &sandboxv1.ExecStreamResponse{Message: &sandboxv1.ExecStreamResponse_Error{Error: &sandboxv1.ExecStreamError{Code: x.Error.GetCode(), Message: x.Error.GetMessage()}}}
+		default:
+			continue
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// StreamLogs streams the main command's output. Without follow it ends after what has
+// been written so far; with follow it goes on until the main command ends.
+func (d Relay) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.StreamLogsRequest], stream *connect.ServerStream[sandboxv1.LogEntry]) error {
+	m := req.Msg
+	resume := m.GetResumeLogSessionId() != ""
+	if resume {
+		var vs []apierr.Violation
+		if !m.GetFollow() {
+			vs = append(vs, apierr.Violation{Field: "follow", Description: "must be true to resume"})
+		}
+		if m.GetTailLines() != 0 || m.GetSinceTime() != nil || m.GetTimestamps() {
+			vs = append(vs, apierr.Violation{Field: "resume_log_session_id", Description: "cannot be combined with tail_lines, since_time or timestamps"})
+		}
+		if len(vs) > 0 {
+			return apierr.Invalid(apierr.InvalidRequest, "invalid resume request: "+describe(vs), vs)
+		}
+	}
+	if m.GetTailLines() < 0 {
+		return apierr.Invalid(apierr.InvalidRequest, "tail_lines must not be negative", []apierr.Violation{{Field: "tail_lines", Description: "must not be negative"}})
+	}
+	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS, m.GetSandboxId(), m.GetContainer())
+	if err != nil {
+		return err
+	}
+	id := m.GetSandboxId()
+	session := logSessionPrefix + id
+	if resume && m.GetResumeLogSessionId() != session {
+		return stream.Send(&sandboxv1.LogEntry{Error: &sandboxv1.LogStreamError{Code: "SESSION_NOT_FOUND", Message: "unknown log session " + m.GetResumeLogSessionId()}})
+	}
+	areq := &agentv1.LogsRequest{Follow: m.GetFollow(), TailLines: m.GetTailLines(), Since: m.GetSinceTime()}
+	if resume {
+		areq.Offset, areq.FromOffset = m.GetResumeLogOffset(), true
+	}
+	up, err := a.Logs(ctx, connect.NewRequest(areq))
+	if err != nil {
+		return relayError(id, err)
+	}
+	defer func() { _ = up.Close() }()
+	stamp := lineStamper{}
+	for up.Receive() {
+		c := up.Msg()
+		data := c.GetData()
+		if m.GetTimestamps() {
+			data = stamp.stamp(data, c.GetTime().AsTime())
+		}
+		if err := stream.Send(&sandboxv1.LogEntry{Data: data, Timestamp: c.GetTime(), LogSessionId: session, NextLogOffset: c.GetNextOffset()}); err != nil {
+			return err
+		}
+	}
+	if err := up.Err(); err != nil {
+		if resume && connect.CodeOf(err) == connect.CodeInvalidArgument {
+			return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "INVALID_RESUME_OFFSET", Message: err.Error()}})
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "STREAM_INTERRUPTED", Message: err.Error()}})
+	}
+	return nil
+}
