@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -37,16 +38,29 @@ func OpenSQLite(ctx context.Context, path string) (Store, error) {
 	sdb.SetMaxOpenConns(8)
 	sdb.SetMaxIdleConns(8)
 	sdb.SetConnMaxIdleTime(5 * time.Minute)
-	if err := sdb.PingContext(ctx); err != nil {
-		_ = sdb.Close()
-		return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
-	}
 	d := &sqliteDB{db: sdb}
-	if err := migrate(ctx, d, sqliteMigrations, "migrations/sqlite"); err != nil {
-		_ = sdb.Close()
-		return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
+	// Processes opening a new database at once race to switch it to WAL, which SQLite
+	// refuses at once (SQLITE_BUSY, no busy handler) rather than waiting: try again.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := sdb.PingContext(ctx)
+		if err == nil {
+			err = migrate(ctx, d, sqliteMigrations, "migrations/sqlite")
+		}
+		if err == nil {
+			return newSQLStore(d), nil
+		}
+		if !sqliteBusy(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			_ = sdb.Close()
+			return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
+		}
+		time.Sleep(time.Duration(10+rand.IntN(40)) * time.Millisecond)
 	}
-	return newSQLStore(d), nil
+}
+
+func sqliteBusy(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "SQLITE_BUSY") || strings.Contains(s, "database is locked")
 }
 
 type sqliteDB struct {
