@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -44,8 +45,12 @@ func controlPlaneCmd(args []string) error {
 		return err
 	}
 	defer func() { _ = st.Close() }()
+	dpCA, err := dataplane.LoadOrCreateCA(*pkiDir)
+	if err != nil {
+		return err
+	}
 	cp, err := controlplane.New(controlplane.Config{
-		Store: st, Auth: keys, CA: ca, HeartbeatInterval: *interval, Logger: logger, EndpointDomain: *domain,
+		Store: st, Auth: keys, CA: ca, HeartbeatInterval: *interval, Logger: logger, EndpointDomain: *domain, DataPlaneCA: dpCA,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 	})
 	if err != nil {

@@ -219,15 +219,16 @@ func runnerCmd(args []string) error {
 		fmt.Printf("edge listening on %s for *.%s.%s\n", e.Addr, *runnerID, *baseDomain)
 	}
 	if *dataPlaneListen != "" {
+		dc := dataplane.ListenConfig{Listen: *dataPlaneListen, Host: *dataPlaneHost, Sandboxes: local, Logger: logger}
 		if ident != nil {
-			// The control plane does not issue data-plane certificates yet.
-			return errors.New("--data-plane-listen: a runner registered with a control plane cannot serve the direct data plane yet")
-		}
-		dpCA, err := dataplane.LoadOrCreateCA(*pkiDir)
-		if err != nil {
+			// Registered: the control plane holds the data-plane CA and signs for us.
+			if dc.Issue, dc.ClientCAs, err = enroll.DataPlaneCredentials(ctx, ident); err != nil {
+				return fmt.Errorf("--data-plane-listen: %w", err)
+			}
+		} else if dc.CA, err = dataplane.LoadOrCreateCA(*pkiDir); err != nil {
 			return err
 		}
-		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: *dataPlaneListen, Host: *dataPlaneHost, CA: dpCA, Sandboxes: local, Logger: logger})
+		l, uri, err := dataplane.Start(dc)
 		if err != nil {
 			return err
 		}

@@ -64,6 +64,9 @@ type Config struct {
 	// (<port>-<sandbox>.<runner>.<EndpointDomain>); runners' edge certificates are issued
 	// for it only. Default DefaultEndpointDomain.
 	EndpointDomain string
+	// DataPlaneCA signs runners' data-plane server certificates (the CA the gateways
+	// issue client certificates from); nil: runners cannot ask for one.
+	DataPlaneCA *pki.CA
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -90,6 +93,7 @@ type Service struct {
 	ca       *pki.CA
 	certTTL  time.Duration
 	domain   string
+	dpCA     *pki.CA
 }
 
 // New returns a Service.
@@ -101,7 +105,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("controlplane: no authenticator")
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
-		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain}
+		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA}
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -284,6 +285,49 @@ func (g *Registration) IssueEdgeCertificate(ctx context.Context, req *connect.Re
 	s.log.Info("edge certificate issued", "org", org, "runner", id, "name", name, "not_after", cert.NotAfter)
 	return connect.NewResponse(&controlplanev1.IssueEdgeCertificateResponse{
 		CertificateChainPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})),
+	}), nil
+}
+
+func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *connect.Request[controlplanev1.IssueDataPlaneCertificateRequest]) (*connect.Response[controlplanev1.IssueDataPlaneCertificateResponse], error) {
+	s := g.s
+	org, id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.dpCA == nil {
+		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled, "this control plane has no data-plane CA: runners cannot serve the direct data plane", nil)
+	}
+	var vs violations
+	host := req.Msg.GetHost()
+	if host == "" || strings.ContainsAny(host, "/:@ ") && net.ParseIP(host) == nil {
+		vs.add("host", "must be the DNS name or IP address clients reach the data plane by, got %q", host)
+	}
+	var csr *x509.CertificateRequest
+	if blk, _ := pem.Decode([]byte(req.Msg.GetCsrPem())); blk == nil || blk.Type != "CERTIFICATE REQUEST" {
+		vs.add("csr_pem", "must be a PEM CERTIFICATE REQUEST")
+	} else if c, err := x509.ParseCertificateRequest(blk.Bytes); err != nil {
+		vs.add("csr_pem", "cannot be parsed: %v", err)
+	} else {
+		csr = c
+	}
+	if err := vs.err("invalid data-plane certificate request"); err != nil {
+		return nil, err
+	}
+	dns, ips := pki.SplitHosts(nil, []string{host})
+	cert, err := s.dpCA.SignCSR(csr, func(c *x509.Certificate) {
+		c.Subject.CommonName = "sandboxd data plane of runner " + id
+		c.Subject.Organization = []string{org}
+		c.DNSNames, c.IPAddresses = dns, ips
+		c.URIs = []*url.URL{RunnerURI(org, id)}
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	}, EdgeCertTTL)
+	if err != nil {
+		return nil, apierr.Invalid(apierr.InvalidRequest, err.Error(), []apierr.Violation{{Field: "csr_pem", Description: err.Error()}})
+	}
+	s.log.Info("data-plane certificate issued", "org", org, "runner", id, "host", host, "not_after", cert.NotAfter)
+	return connect.NewResponse(&controlplanev1.IssueDataPlaneCertificateResponse{
+		CertificateChainPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})),
+		CaBundlePem:         string(s.dpCA.CertPEM()),
 	}), nil
 }
 

@@ -220,8 +220,12 @@ type ListenConfig struct {
 	Listen string // host:port
 	// Host is the host clients reach the listener by (its certificate names it);
 	// default the listen host, 127.0.0.1 when that is empty or unspecified.
-	Host      string
-	CA        *pki.CA // the data-plane CA
+	Host string
+	CA   *pki.CA // the data-plane CA
+	// Without CA: Issue makes the listener's certificate for host (e.g. asks the control
+	// plane) and ClientCAs verifies clients (the data-plane CA's certificate).
+	Issue     func(host string) (tls.Certificate, error)
+	ClientCAs *x509.CertPool
 	Sandboxes Sandboxes
 	Logger    *slog.Logger
 }
@@ -229,8 +233,8 @@ type ListenConfig struct {
 // Start serves the data plane on cfg.Listen with a certificate from cfg.CA and returns the
 // listener and the URI the runner reports (https://HOST:PORT).
 func Start(cfg ListenConfig) (*Listener, string, error) {
-	if cfg.CA == nil {
-		return nil, "", errors.New("dataplane: no CA")
+	if cfg.CA == nil && (cfg.Issue == nil || cfg.ClientCAs == nil) {
+		return nil, "", errors.New("dataplane: no CA, and no issuer with client CAs")
 	}
 	host := cfg.Host
 	if host == "" {
@@ -243,14 +247,19 @@ func Start(cfg ListenConfig) (*Listener, string, error) {
 			host = "127.0.0.1"
 		}
 	}
-	dns, ips := pki.SplitHosts(nil, []string{host})
-	getCert := pki.Renewing(func() (tls.Certificate, error) {
-		return cfg.CA.IssueServer("sandboxd data plane", dns, ips, ServerCertTTL)
-	})
+	issue, clientCAs := cfg.Issue, cfg.ClientCAs
+	if cfg.CA != nil {
+		dns, ips := pki.SplitHosts(nil, []string{host})
+		issue = func(string) (tls.Certificate, error) {
+			return cfg.CA.IssueServer("sandboxd data plane", dns, ips, ServerCertTTL)
+		}
+		clientCAs = cfg.CA.Pool()
+	}
+	getCert := pki.Renewing(func() (tls.Certificate, error) { return issue(host) })
 	if _, err := getCert(); err != nil {
 		return nil, "", fmt.Errorf("data-plane certificate: %w", err)
 	}
-	s, err := New(Config{ClientCAs: cfg.CA.Pool(), Sandboxes: cfg.Sandboxes, Logger: cfg.Logger,
+	s, err := New(Config{ClientCAs: clientCAs, Sandboxes: cfg.Sandboxes, Logger: cfg.Logger,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return getCert() }})
 	if err != nil {
 		return nil, "", err

@@ -40,36 +40,13 @@ func (id *Identity) client() controlplanev1connect.RunnerRegistrationServiceClie
 func EdgeCertificate(ctx context.Context, id *Identity, baseDomain string) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
 	c := id.client()
 	get := pki.Renewing(func() (tls.Certificate, error) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return tls.Certificate{}, err
-		}
-		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-		if err != nil {
-			return tls.Certificate{}, err
-		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		res, err := c.IssueEdgeCertificate(ctx, connect.NewRequest(&controlplanev1.IssueEdgeCertificateRequest{
-			CsrPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})), BaseDomain: baseDomain}))
-		if err != nil {
-			return tls.Certificate{}, fmt.Errorf("edge certificate from the control plane: %w", err)
-		}
-		out := tls.Certificate{PrivateKey: key}
-		for rest := []byte(res.Msg.GetCertificateChainPem()); ; {
-			var blk *pem.Block
-			if blk, rest = pem.Decode(rest); blk == nil {
-				break
+		return signedKey(ctx, "edge", func(ctx context.Context, csrPEM string) (string, error) {
+			res, err := c.IssueEdgeCertificate(ctx, connect.NewRequest(&controlplanev1.IssueEdgeCertificateRequest{CsrPem: csrPEM, BaseDomain: baseDomain}))
+			if err != nil {
+				return "", err
 			}
-			out.Certificate = append(out.Certificate, blk.Bytes)
-		}
-		if len(out.Certificate) == 0 {
-			return tls.Certificate{}, errors.New("edge certificate from the control plane: no certificate in the reply")
-		}
-		if out.Leaf, err = x509.ParseCertificate(out.Certificate[0]); err != nil {
-			return tls.Certificate{}, err
-		}
-		return out, nil
+			return res.Msg.GetCertificateChainPem(), nil
+		})
 	})
 	if _, err := get(); err != nil {
 		return nil, err
@@ -130,3 +107,62 @@ const (
 	keyCacheTTL        = 30 * time.Second
 	invalidKeyCacheTTL = 5 * time.Second
 )
+
+// DataPlaneCredentials are what the runner's direct data plane needs from the control
+// plane: a server certificate for host from the data-plane CA (issue, renewed by the
+// caller), and that CA to verify clients by. The first certificate is fetched at once.
+func DataPlaneCredentials(ctx context.Context, id *Identity) (issue func(host string) (tls.Certificate, error), clientCAs *x509.CertPool, err error) {
+	c := id.client()
+	var caPEM string
+	issue = func(host string) (tls.Certificate, error) {
+		return signedKey(ctx, "data-plane", func(ctx context.Context, csrPEM string) (string, error) {
+			res, err := c.IssueDataPlaneCertificate(ctx, connect.NewRequest(&controlplanev1.IssueDataPlaneCertificateRequest{CsrPem: csrPEM, Host: host}))
+			if err != nil {
+				return "", err
+			}
+			caPEM = res.Msg.GetCaBundlePem()
+			return res.Msg.GetCertificateChainPem(), nil
+		})
+	}
+	if _, err := issue("127.0.0.1"); err != nil {
+		return nil, nil, err
+	}
+	clientCAs = x509.NewCertPool()
+	if !clientCAs.AppendCertsFromPEM([]byte(caPEM)) {
+		return nil, nil, errors.New("data-plane CA from the control plane: no certificate in the reply")
+	}
+	return issue, clientCAs, nil
+}
+
+// signedKey makes a P-256 key and has sign (the control plane) certify it.
+func signedKey(ctx context.Context, what string, sign func(ctx context.Context, csrPEM string) (chainPEM string, err error)) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	chain, err := sign(ctx, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})))
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("%s certificate from the control plane: %w", what, err)
+	}
+	out := tls.Certificate{PrivateKey: key}
+	for rest := []byte(chain); ; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		out.Certificate = append(out.Certificate, blk.Bytes)
+	}
+	if len(out.Certificate) == 0 {
+		return tls.Certificate{}, fmt.Errorf("%s certificate from the control plane: no certificate in the reply", what)
+	}
+	if out.Leaf, err = x509.ParseCertificate(out.Certificate[0]); err != nil {
+		return tls.Certificate{}, err
+	}
+	return out, nil
+}

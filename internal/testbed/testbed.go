@@ -44,7 +44,12 @@ type Runner struct {
 	Policy string
 	// Args are extra `sandboxd runner` flags, e.g. --max-sandboxes 2.
 	Args []string
+	// DataPlane: the runner serves the direct data plane on DataPlanePort of its address.
+	DataPlane bool
 }
+
+// DataPlanePort is where runners with a direct data plane serve it.
+const DataPlanePort = 8444
 
 // Config describes a bed.
 type Config struct {
@@ -210,6 +215,9 @@ func (b *Bed) startRunner(ctx context.Context, admin controlplanev1connect.Runne
 		"--heartbeat-interval", b.cfg.HeartbeatInterval.String(),
 		"--cgroup-parent", b.cgroupParent(i))
 	argv = append(argv, r.Args...)
+	if r.DataPlane {
+		argv = append(argv, "--data-plane-listen", fmt.Sprintf(":%d", DataPlanePort), "--data-plane-host", b.net.runnerAddr(i).String())
+	}
 	p := b.proc("runner-"+r.ID, argv, "runner "+r.ID+" listening on ")
 	// Later starts use the saved credentials; the token is spent.
 	p.restart = func(argv []string) []string { return replaceFlag(argv, "--bootstrap-token", "") }

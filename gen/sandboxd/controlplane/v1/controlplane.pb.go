@@ -307,6 +307,113 @@ func (x *CreateBootstrapTokenResponse) GetExpireTime() *timestamppb.Timestamp {
 	return nil
 }
 
+type IssueDataPlaneCertificateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A PEM CERTIFICATE REQUEST for an ECDSA P-256 key; only the key is taken from it.
+	CsrPem        string `protobuf:"bytes,1,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueDataPlaneCertificateRequest) Reset() {
+	*x = IssueDataPlaneCertificateRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueDataPlaneCertificateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueDataPlaneCertificateRequest) ProtoMessage() {}
+
+func (x *IssueDataPlaneCertificateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueDataPlaneCertificateRequest.ProtoReflect.Descriptor instead.
+func (*IssueDataPlaneCertificateRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *IssueDataPlaneCertificateRequest) GetCsrPem() string {
+	if x != nil {
+		return x.CsrPem
+	}
+	return ""
+}
+
+func (x *IssueDataPlaneCertificateRequest) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+type IssueDataPlaneCertificateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leaf first, PEM.
+	CertificateChainPem string `protobuf:"bytes,1,opt,name=certificate_chain_pem,json=certificateChainPem,proto3" json:"certificate_chain_pem,omitempty"`
+	// The data-plane CA certificate, PEM.
+	CaBundlePem   string `protobuf:"bytes,2,opt,name=ca_bundle_pem,json=caBundlePem,proto3" json:"ca_bundle_pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueDataPlaneCertificateResponse) Reset() {
+	*x = IssueDataPlaneCertificateResponse{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueDataPlaneCertificateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueDataPlaneCertificateResponse) ProtoMessage() {}
+
+func (x *IssueDataPlaneCertificateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueDataPlaneCertificateResponse.ProtoReflect.Descriptor instead.
+func (*IssueDataPlaneCertificateResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *IssueDataPlaneCertificateResponse) GetCertificateChainPem() string {
+	if x != nil {
+		return x.CertificateChainPem
+	}
+	return ""
+}
+
+func (x *IssueDataPlaneCertificateResponse) GetCaBundlePem() string {
+	if x != nil {
+		return x.CaBundlePem
+	}
+	return ""
+}
+
 type IssueEdgeCertificateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A PEM CERTIFICATE REQUEST for an ECDSA P-256 key; only the key is taken from it.
@@ -318,7 +425,7 @@ type IssueEdgeCertificateRequest struct {
 
 func (x *IssueEdgeCertificateRequest) Reset() {
 	*x = IssueEdgeCertificateRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[2]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +437,7 @@ func (x *IssueEdgeCertificateRequest) String() string {
 func (*IssueEdgeCertificateRequest) ProtoMessage() {}
 
 func (x *IssueEdgeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[2]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +450,7 @@ func (x *IssueEdgeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssueEdgeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*IssueEdgeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *IssueEdgeCertificateRequest) GetCsrPem() string {
@@ -370,7 +477,7 @@ type IssueEdgeCertificateResponse struct {
 
 func (x *IssueEdgeCertificateResponse) Reset() {
 	*x = IssueEdgeCertificateResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[3]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +489,7 @@ func (x *IssueEdgeCertificateResponse) String() string {
 func (*IssueEdgeCertificateResponse) ProtoMessage() {}
 
 func (x *IssueEdgeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[3]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +502,7 @@ func (x *IssueEdgeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssueEdgeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*IssueEdgeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *IssueEdgeCertificateResponse) GetCertificateChainPem() string {
@@ -414,7 +521,7 @@ type VerifyApiKeyRequest struct {
 
 func (x *VerifyApiKeyRequest) Reset() {
 	*x = VerifyApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[4]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +533,7 @@ func (x *VerifyApiKeyRequest) String() string {
 func (*VerifyApiKeyRequest) ProtoMessage() {}
 
 func (x *VerifyApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[4]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +546,7 @@ func (x *VerifyApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *VerifyApiKeyRequest) GetApiKey() string {
@@ -459,7 +566,7 @@ type VerifyApiKeyResponse struct {
 
 func (x *VerifyApiKeyResponse) Reset() {
 	*x = VerifyApiKeyResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[5]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +578,7 @@ func (x *VerifyApiKeyResponse) String() string {
 func (*VerifyApiKeyResponse) ProtoMessage() {}
 
 func (x *VerifyApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[5]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +591,7 @@ func (x *VerifyApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *VerifyApiKeyResponse) GetOrganizationId() string {
@@ -512,7 +619,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[6]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +631,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[6]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +644,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegisterRequest) GetBootstrapToken() string {
@@ -571,7 +678,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[7]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +690,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[7]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +703,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisterResponse) GetOrg() string {
@@ -653,7 +760,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +772,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +785,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HeartbeatRequest) GetRunnerId() string {
@@ -746,7 +853,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -758,7 +865,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -771,7 +878,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HeartbeatResponse) GetPolicyJson() string {
@@ -839,7 +946,7 @@ type ManagedRunner struct {
 
 func (x *ManagedRunner) Reset() {
 	*x = ManagedRunner{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +958,7 @@ func (x *ManagedRunner) String() string {
 func (*ManagedRunner) ProtoMessage() {}
 
 func (x *ManagedRunner) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +971,7 @@ func (x *ManagedRunner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunner.ProtoReflect.Descriptor instead.
 func (*ManagedRunner) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ManagedRunner) GetRunnerId() string {
@@ -974,7 +1081,7 @@ type ManagedRunnerStatus struct {
 
 func (x *ManagedRunnerStatus) Reset() {
 	*x = ManagedRunnerStatus{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1093,7 @@ func (x *ManagedRunnerStatus) String() string {
 func (*ManagedRunnerStatus) ProtoMessage() {}
 
 func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1106,7 @@ func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunnerStatus.ProtoReflect.Descriptor instead.
 func (*ManagedRunnerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ManagedRunnerStatus) GetConnection() ConnectionStatus {
@@ -1078,7 +1185,7 @@ type RunnerResources struct {
 
 func (x *RunnerResources) Reset() {
 	*x = RunnerResources{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1197,7 @@ func (x *RunnerResources) String() string {
 func (*RunnerResources) ProtoMessage() {}
 
 func (x *RunnerResources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1210,7 @@ func (x *RunnerResources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerResources.ProtoReflect.Descriptor instead.
 func (*RunnerResources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunnerResources) GetMilliCpu() int64 {
@@ -1136,7 +1243,7 @@ type CreateManagedRunnerRequest struct {
 
 func (x *CreateManagedRunnerRequest) Reset() {
 	*x = CreateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1255,7 @@ func (x *CreateManagedRunnerRequest) String() string {
 func (*CreateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1268,7 @@ func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*CreateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1180,7 +1287,7 @@ type GetManagedRunnerRequest struct {
 
 func (x *GetManagedRunnerRequest) Reset() {
 	*x = GetManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1299,7 @@ func (x *GetManagedRunnerRequest) String() string {
 func (*GetManagedRunnerRequest) ProtoMessage() {}
 
 func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1312,7 @@ func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetManagedRunnerRequest) GetRunnerId() string {
@@ -1226,7 +1333,7 @@ type ListManagedRunnersRequest struct {
 
 func (x *ListManagedRunnersRequest) Reset() {
 	*x = ListManagedRunnersRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1345,7 @@ func (x *ListManagedRunnersRequest) String() string {
 func (*ListManagedRunnersRequest) ProtoMessage() {}
 
 func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1358,7 @@ func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListManagedRunnersRequest) GetPageSize() int32 {
@@ -1278,7 +1385,7 @@ type ListManagedRunnersResponse struct {
 
 func (x *ListManagedRunnersResponse) Reset() {
 	*x = ListManagedRunnersResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1397,7 @@ func (x *ListManagedRunnersResponse) String() string {
 func (*ListManagedRunnersResponse) ProtoMessage() {}
 
 func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1410,7 @@ func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListManagedRunnersResponse) GetManagedRunners() []*ManagedRunner {
@@ -1332,7 +1439,7 @@ type UpdateManagedRunnerRequest struct {
 
 func (x *UpdateManagedRunnerRequest) Reset() {
 	*x = UpdateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1451,7 @@ func (x *UpdateManagedRunnerRequest) String() string {
 func (*UpdateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1464,7 @@ func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UpdateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1387,7 +1494,7 @@ type DeleteManagedRunnerRequest struct {
 
 func (x *DeleteManagedRunnerRequest) Reset() {
 	*x = DeleteManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1506,7 @@ func (x *DeleteManagedRunnerRequest) String() string {
 func (*DeleteManagedRunnerRequest) ProtoMessage() {}
 
 func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1519,7 @@ func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteManagedRunnerRequest) GetRunnerId() string {
@@ -1447,7 +1554,7 @@ type ApplyAvailableUpdateRequest struct {
 
 func (x *ApplyAvailableUpdateRequest) Reset() {
 	*x = ApplyAvailableUpdateRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1566,7 @@ func (x *ApplyAvailableUpdateRequest) String() string {
 func (*ApplyAvailableUpdateRequest) ProtoMessage() {}
 
 func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1579,7 @@ func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyAvailableUpdateRequest.ProtoReflect.Descriptor instead.
 func (*ApplyAvailableUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ApplyAvailableUpdateRequest) GetRunnerId() string {
@@ -1504,7 +1611,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1623,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1636,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ApiKey) GetKeyId() string {
@@ -1585,7 +1692,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +1704,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +1717,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateApiKeyRequest) GetDisplayName() string {
@@ -1638,7 +1745,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1757,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1770,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateApiKeyResponse) GetApiKey() *ApiKey {
@@ -1691,7 +1798,7 @@ type ListApiKeysRequest struct {
 
 func (x *ListApiKeysRequest) Reset() {
 	*x = ListApiKeysRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1810,7 @@ func (x *ListApiKeysRequest) String() string {
 func (*ListApiKeysRequest) ProtoMessage() {}
 
 func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1823,7 @@ func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListApiKeysRequest) GetPageSize() int32 {
@@ -1743,7 +1850,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1862,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1875,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListApiKeysResponse) GetApiKeys() []*ApiKey {
@@ -1794,7 +1901,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1913,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1926,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RevokeApiKeyRequest) GetKeyId() string {
@@ -1841,7 +1948,13 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x0fbootstrap_token\x18\x01 \x01(\tR\x0ebootstrapToken\x12\x1b\n" +
 	"\trunner_id\x18\x02 \x01(\tR\brunnerId\x12;\n" +
 	"\vexpire_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"W\n" +
+	"expireTime\"O\n" +
+	" IssueDataPlaneCertificateRequest\x12\x17\n" +
+	"\acsr_pem\x18\x01 \x01(\tR\x06csrPem\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\"{\n" +
+	"!IssueDataPlaneCertificateResponse\x122\n" +
+	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12\"\n" +
+	"\rca_bundle_pem\x18\x02 \x01(\tR\vcaBundlePem\"W\n" +
 	"\x1bIssueEdgeCertificateRequest\x12\x17\n" +
 	"\acsr_pem\x18\x01 \x01(\tR\x06csrPem\x12\x1f\n" +
 	"\vbase_domain\x18\x02 \x01(\tR\n" +
@@ -1976,12 +2089,13 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x13UpdateManagedRunner\x124.sandboxd.controlplane.v1.UpdateManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"M\x82\xd3\xe4\x93\x02G:\x0emanaged_runner25/v1/sandbox/managedRunners/{managed_runner.runner_id}\x12\x93\x01\n" +
 	"\x13DeleteManagedRunner\x124.sandboxd.controlplane.v1.DeleteManagedRunnerRequest\x1a\x16.google.protobuf.Empty\".\x82\xd3\xe4\x93\x02(*&/v1/sandbox/managedRunners/{runner_id}\x12\xbe\x01\n" +
 	"\x14ApplyAvailableUpdate\x125.sandboxd.controlplane.v1.ApplyAvailableUpdateRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:applyAvailableUpdate\x12\xcd\x01\n" +
-	"\x14CreateBootstrapToken\x125.sandboxd.controlplane.v1.CreateBootstrapTokenRequest\x1a6.sandboxd.controlplane.v1.CreateBootstrapTokenResponse\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:createBootstrapToken2\xdb\x03\n" +
+	"\x14CreateBootstrapToken\x125.sandboxd.controlplane.v1.CreateBootstrapTokenRequest\x1a6.sandboxd.controlplane.v1.CreateBootstrapTokenResponse\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:createBootstrapToken2\xf2\x04\n" +
 	"\x19RunnerRegistrationService\x12a\n" +
 	"\bRegister\x12).sandboxd.controlplane.v1.RegisterRequest\x1a*.sandboxd.controlplane.v1.RegisterResponse\x12d\n" +
 	"\tHeartbeat\x12*.sandboxd.controlplane.v1.HeartbeatRequest\x1a+.sandboxd.controlplane.v1.HeartbeatResponse\x12\x85\x01\n" +
 	"\x14IssueEdgeCertificate\x125.sandboxd.controlplane.v1.IssueEdgeCertificateRequest\x1a6.sandboxd.controlplane.v1.IssueEdgeCertificateResponse\x12m\n" +
-	"\fVerifyApiKey\x12-.sandboxd.controlplane.v1.VerifyApiKeyRequest\x1a..sandboxd.controlplane.v1.VerifyApiKeyResponse2\xbb\x03\n" +
+	"\fVerifyApiKey\x12-.sandboxd.controlplane.v1.VerifyApiKeyRequest\x1a..sandboxd.controlplane.v1.VerifyApiKeyResponse\x12\x94\x01\n" +
+	"\x19IssueDataPlaneCertificate\x12:.sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest\x1a;.sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse2\xbb\x03\n" +
 	"\rApiKeyService\x12\x8d\x01\n" +
 	"\fCreateApiKey\x12-.sandboxd.controlplane.v1.CreateApiKeyRequest\x1a..sandboxd.controlplane.v1.CreateApiKeyResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/v1/sandbox/apiKeys\x12\x87\x01\n" +
 	"\vListApiKeys\x12,.sandboxd.controlplane.v1.ListApiKeysRequest\x1a-.sandboxd.controlplane.v1.ListApiKeysResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/sandbox/apiKeys\x12\x8f\x01\n" +
@@ -2000,100 +2114,104 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
-	(ReleaseChannel)(0),                  // 0: sandboxd.controlplane.v1.ReleaseChannel
-	(ConnectionStatus)(0),                // 1: sandboxd.controlplane.v1.ConnectionStatus
-	(Role)(0),                            // 2: sandboxd.controlplane.v1.Role
-	(*CreateBootstrapTokenRequest)(nil),  // 3: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	(*CreateBootstrapTokenResponse)(nil), // 4: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	(*IssueEdgeCertificateRequest)(nil),  // 5: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	(*IssueEdgeCertificateResponse)(nil), // 6: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	(*VerifyApiKeyRequest)(nil),          // 7: sandboxd.controlplane.v1.VerifyApiKeyRequest
-	(*VerifyApiKeyResponse)(nil),         // 8: sandboxd.controlplane.v1.VerifyApiKeyResponse
-	(*RegisterRequest)(nil),              // 9: sandboxd.controlplane.v1.RegisterRequest
-	(*RegisterResponse)(nil),             // 10: sandboxd.controlplane.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),             // 11: sandboxd.controlplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),            // 12: sandboxd.controlplane.v1.HeartbeatResponse
-	(*ManagedRunner)(nil),                // 13: sandboxd.controlplane.v1.ManagedRunner
-	(*ManagedRunnerStatus)(nil),          // 14: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),              // 15: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),   // 16: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),      // 17: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),    // 18: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),   // 19: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),   // 20: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),   // 21: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),  // 22: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*ApiKey)(nil),                       // 23: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),          // 24: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),         // 25: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),           // 26: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),          // 27: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),          // 28: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	(*durationpb.Duration)(nil),          // 29: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 30: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),              // 31: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),        // 32: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                // 33: google.protobuf.Empty
+	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
+	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
+	(Role)(0),                                 // 2: sandboxd.controlplane.v1.Role
+	(*CreateBootstrapTokenRequest)(nil),       // 3: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	(*CreateBootstrapTokenResponse)(nil),      // 4: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	(*IssueDataPlaneCertificateRequest)(nil),  // 5: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	(*IssueDataPlaneCertificateResponse)(nil), // 6: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	(*IssueEdgeCertificateRequest)(nil),       // 7: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	(*IssueEdgeCertificateResponse)(nil),      // 8: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	(*VerifyApiKeyRequest)(nil),               // 9: sandboxd.controlplane.v1.VerifyApiKeyRequest
+	(*VerifyApiKeyResponse)(nil),              // 10: sandboxd.controlplane.v1.VerifyApiKeyResponse
+	(*RegisterRequest)(nil),                   // 11: sandboxd.controlplane.v1.RegisterRequest
+	(*RegisterResponse)(nil),                  // 12: sandboxd.controlplane.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),                  // 13: sandboxd.controlplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 14: sandboxd.controlplane.v1.HeartbeatResponse
+	(*ManagedRunner)(nil),                     // 15: sandboxd.controlplane.v1.ManagedRunner
+	(*ManagedRunnerStatus)(nil),               // 16: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 17: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 18: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 19: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 20: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 21: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 22: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 23: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 24: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*ApiKey)(nil),                            // 25: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 26: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 27: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 28: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 29: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 30: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	(*durationpb.Duration)(nil),               // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 32: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 33: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 34: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 35: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	29, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	29, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	15, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	15, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	29, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	31, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	32, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	31, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	17, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	17, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	31, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	31, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	30, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	30, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	14, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	33, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	32, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	32, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	16, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
 	1,  // 11: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	30, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	15, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	15, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	13, // 15: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	13, // 16: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	13, // 17: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	32, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	32, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	17, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	17, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	15, // 15: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	15, // 16: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	15, // 17: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	34, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
 	2,  // 19: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	30, // 20: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	30, // 21: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	30, // 22: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	32, // 20: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	32, // 21: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	32, // 22: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
 	2,  // 23: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	23, // 24: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	23, // 25: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	16, // 26: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	17, // 27: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	18, // 28: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	20, // 29: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	21, // 30: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	22, // 31: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	25, // 24: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	25, // 25: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	18, // 26: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	19, // 27: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	20, // 28: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	22, // 29: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	23, // 30: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	24, // 31: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
 	3,  // 32: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	9,  // 33: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	11, // 34: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	5,  // 35: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	7,  // 36: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	24, // 37: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	26, // 38: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	28, // 39: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	13, // 40: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	13, // 41: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	19, // 42: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	13, // 43: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	33, // 44: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	13, // 45: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	4,  // 46: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	10, // 47: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	12, // 48: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	6,  // 49: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	8,  // 50: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	25, // 51: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	27, // 52: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	23, // 53: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	40, // [40:54] is the sub-list for method output_type
-	26, // [26:40] is the sub-list for method input_type
+	11, // 33: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	13, // 34: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	7,  // 35: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	9,  // 36: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	5,  // 37: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	26, // 38: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	28, // 39: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	30, // 40: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	15, // 41: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	15, // 42: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	21, // 43: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	15, // 44: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	35, // 45: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	15, // 46: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	4,  // 47: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	12, // 48: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	14, // 49: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	8,  // 50: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	10, // 51: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	6,  // 52: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	27, // 53: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	29, // 54: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	25, // 55: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	41, // [41:56] is the sub-list for method output_type
+	26, // [26:41] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -2110,7 +2228,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

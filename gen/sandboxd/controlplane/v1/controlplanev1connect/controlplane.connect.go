@@ -85,6 +85,9 @@ const (
 	// RunnerRegistrationServiceVerifyApiKeyProcedure is the fully-qualified name of the
 	// RunnerRegistrationService's VerifyApiKey RPC.
 	RunnerRegistrationServiceVerifyApiKeyProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/VerifyApiKey"
+	// RunnerRegistrationServiceIssueDataPlaneCertificateProcedure is the fully-qualified name of the
+	// RunnerRegistrationService's IssueDataPlaneCertificate RPC.
+	RunnerRegistrationServiceIssueDataPlaneCertificateProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/IssueDataPlaneCertificate"
 	// ApiKeyServiceCreateApiKeyProcedure is the fully-qualified name of the ApiKeyService's
 	// CreateApiKey RPC.
 	ApiKeyServiceCreateApiKeyProcedure = "/sandboxd.controlplane.v1.ApiKeyService/CreateApiKey"
@@ -374,6 +377,10 @@ type RunnerRegistrationServiceClient interface {
 	// VerifyApiKey says whose a bearer key is, for the TOKEN endpoints of a runner's edge
 	// (client certificate required): UNAUTHENTICATED when it is no valid key.
 	VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error)
+	// IssueDataPlaneCertificate signs the server certificate of the runner's direct data
+	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
+	// returns that CA, by which the runner verifies clients (client certificate required).
+	IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error)
 }
 
 // NewRunnerRegistrationServiceClient constructs a client for the
@@ -412,15 +419,22 @@ func NewRunnerRegistrationServiceClient(httpClient connect.HTTPClient, baseURL s
 			connect.WithSchema(runnerRegistrationServiceMethods.ByName("VerifyApiKey")),
 			connect.WithClientOptions(opts...),
 		),
+		issueDataPlaneCertificate: connect.NewClient[v1.IssueDataPlaneCertificateRequest, v1.IssueDataPlaneCertificateResponse](
+			httpClient,
+			baseURL+RunnerRegistrationServiceIssueDataPlaneCertificateProcedure,
+			connect.WithSchema(runnerRegistrationServiceMethods.ByName("IssueDataPlaneCertificate")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // runnerRegistrationServiceClient implements RunnerRegistrationServiceClient.
 type runnerRegistrationServiceClient struct {
-	register             *connect.Client[v1.RegisterRequest, v1.RegisterResponse]
-	heartbeat            *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
-	issueEdgeCertificate *connect.Client[v1.IssueEdgeCertificateRequest, v1.IssueEdgeCertificateResponse]
-	verifyApiKey         *connect.Client[v1.VerifyApiKeyRequest, v1.VerifyApiKeyResponse]
+	register                  *connect.Client[v1.RegisterRequest, v1.RegisterResponse]
+	heartbeat                 *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
+	issueEdgeCertificate      *connect.Client[v1.IssueEdgeCertificateRequest, v1.IssueEdgeCertificateResponse]
+	verifyApiKey              *connect.Client[v1.VerifyApiKeyRequest, v1.VerifyApiKeyResponse]
+	issueDataPlaneCertificate *connect.Client[v1.IssueDataPlaneCertificateRequest, v1.IssueDataPlaneCertificateResponse]
 }
 
 // Register calls sandboxd.controlplane.v1.RunnerRegistrationService.Register.
@@ -444,6 +458,12 @@ func (c *runnerRegistrationServiceClient) VerifyApiKey(ctx context.Context, req 
 	return c.verifyApiKey.CallUnary(ctx, req)
 }
 
+// IssueDataPlaneCertificate calls
+// sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate.
+func (c *runnerRegistrationServiceClient) IssueDataPlaneCertificate(ctx context.Context, req *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error) {
+	return c.issueDataPlaneCertificate.CallUnary(ctx, req)
+}
+
 // RunnerRegistrationServiceHandler is an implementation of the
 // sandboxd.controlplane.v1.RunnerRegistrationService service.
 type RunnerRegistrationServiceHandler interface {
@@ -459,6 +479,10 @@ type RunnerRegistrationServiceHandler interface {
 	// VerifyApiKey says whose a bearer key is, for the TOKEN endpoints of a runner's edge
 	// (client certificate required): UNAUTHENTICATED when it is no valid key.
 	VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error)
+	// IssueDataPlaneCertificate signs the server certificate of the runner's direct data
+	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
+	// returns that CA, by which the runner verifies clients (client certificate required).
+	IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error)
 }
 
 // NewRunnerRegistrationServiceHandler builds an HTTP handler from the service implementation. It
@@ -492,6 +516,12 @@ func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, o
 		connect.WithSchema(runnerRegistrationServiceMethods.ByName("VerifyApiKey")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerRegistrationServiceIssueDataPlaneCertificateHandler := connect.NewUnaryHandler(
+		RunnerRegistrationServiceIssueDataPlaneCertificateProcedure,
+		svc.IssueDataPlaneCertificate,
+		connect.WithSchema(runnerRegistrationServiceMethods.ByName("IssueDataPlaneCertificate")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.controlplane.v1.RunnerRegistrationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerRegistrationServiceRegisterProcedure:
@@ -502,6 +532,8 @@ func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, o
 			runnerRegistrationServiceIssueEdgeCertificateHandler.ServeHTTP(w, r)
 		case RunnerRegistrationServiceVerifyApiKeyProcedure:
 			runnerRegistrationServiceVerifyApiKeyHandler.ServeHTTP(w, r)
+		case RunnerRegistrationServiceIssueDataPlaneCertificateProcedure:
+			runnerRegistrationServiceIssueDataPlaneCertificateHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -525,6 +557,10 @@ func (UnimplementedRunnerRegistrationServiceHandler) IssueEdgeCertificate(contex
 
 func (UnimplementedRunnerRegistrationServiceHandler) VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey is not implemented"))
+}
+
+func (UnimplementedRunnerRegistrationServiceHandler) IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate is not implemented"))
 }
 
 // ApiKeyServiceClient is a client for the sandboxd.controlplane.v1.ApiKeyService service.
