@@ -14,7 +14,7 @@ cleanup() {
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   # Sandboxes outlive `sandboxd dev` by design; the benchmark's were stopped by the script.
-  umount -R "$dir"/* 2>/dev/null || true
+  awk -v d="$dir" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r | xargs -r umount -l
   rm -rf "$dir"
 }
 trap cleanup EXIT
