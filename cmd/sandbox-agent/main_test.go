@@ -82,7 +82,7 @@ func TestInheritedListenerAndSIGTERM(t *testing.T) {
 	lf, _ := ln.(*net.UnixListener).File()
 	ln.Close()
 	cfgPath := writeConfig(t, dir, &agentconfig.Config{
-		Argv:       []string{"sh", "-c", `trap 'echo term; exit 4' TERM; while :; do sleep 0.02; done`},
+		Argv:       []string{"sh", "-c", `trap 'echo term; exit 4' TERM; touch trapped; while :; do sleep 0.02; done`},
 		Env:        []string{"PATH=/usr/bin:/bin"},
 		WorkingDir: dir, RestartLimit: 6,
 	})
@@ -106,6 +106,13 @@ func TestInheritedListenerAndSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	for watch.Receive() && watch.Msg().State != agentv1.MainState_MAIN_STATE_RUNNING {
+	}
+	// RUNNING means started, not that the shell has set its trap yet: wait for it.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(filepath.Join(dir, "trapped")); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	var last *agentv1.StatusResponse
