@@ -24,6 +24,7 @@ type app struct {
 	stdout, stderr io.Writer
 
 	baseURL, apiKey, caFile, output string
+	dataPlane                       string
 	exitCode                        int
 }
 
@@ -98,13 +99,18 @@ in CWSANDBOX_API_KEY; --base-url and --api-key override them.`,
 	pf.StringVar(&a.apiKey, "api-key", "", "API key (default $"+sandbox.EnvAPIKey+")")
 	pf.StringVar(&a.caFile, "ca-file", "", "extra PEM CA certificates to trust for https:// endpoints")
 	pf.StringVarP(&a.output, "output", "o", "text", "output format: text or json")
+	pf.StringVar(&a.dataPlane, "data-plane", "auto", "how exec, logs and files reach a sandbox: auto (direct to its runner when it answers within 1 s, else the gateway), direct or gateway")
 	root.AddCommand(a.runCommand(), a.lsCommand(), a.getCommand(), a.execCommand(), a.shCommand(),
 		a.logsCommand(), a.filesCommand(), a.stopCommand(), a.deleteCommand(), a.adminCommand())
 	return root
 }
 
 func (a *app) client() (*sandbox.Client, error) {
-	return sandbox.New(a.baseURL, a.apiKey, a.clientOptions()...)
+	mode, err := sandbox.ParseDataPlaneMode(a.dataPlane)
+	if err != nil {
+		return nil, fmt.Errorf("--data-plane: %w", err)
+	}
+	return sandbox.New(a.baseURL, a.apiKey, append(a.clientOptions(), sandbox.WithDataPlane(mode))...)
 }
 
 // clientOptions are the connection options of both the sandbox and the admin client.

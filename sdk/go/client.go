@@ -64,6 +64,7 @@ type Client struct {
 	baseURL string
 	svc     sandboxv1connect.SandboxServiceClient
 	http    *http.Client
+	direct  *direct
 }
 
 type config struct {
@@ -71,6 +72,7 @@ type config struct {
 	caFile     string
 	tlsConfig  *tls.Config
 	userAgent  string
+	dataPlane  DataPlaneMode
 }
 
 // Option configures a Client.
@@ -129,7 +131,11 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	if apiKey != "" || cfg.userAgent != "" {
 		copts = append(copts, connect.WithInterceptors(headers{key: apiKey, ua: cfg.userAgent}))
 	}
-	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...)}, nil
+	if cfg.dataPlane == "" {
+		cfg.dataPlane = DataPlaneAuto
+	}
+	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
+		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 
 // BaseURL is the endpoint the client talks to.

@@ -48,7 +48,11 @@ func (s *Sandbox) Exec(ctx context.Context, argv []string, opts ExecOptions) (in
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream := s.c.svc.StreamExec(ctx)
+	dc, err := s.data(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_EXEC)
+	if err != nil {
+		return -1, err
+	}
+	stream := dc.StreamExec(ctx)
 	defer func() { _ = stream.CloseResponse() }()
 
 	var sendMu sync.Mutex

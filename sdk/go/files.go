@@ -33,8 +33,12 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte) error
 		return err
 	}
 	if int64(len(data)) <= s.unaryCap() {
+		dc, err := s.data(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_WRITE_FILE)
+		if err != nil {
+			return err
+		}
 		cctx, cancel := withTimeout(ctx, fileTimeout)
-		_, err := s.c.svc.WriteFile(cctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: s.id, Path: path, Content: data}))
+		_, err = dc.WriteFile(cctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: s.id, Path: path, Content: data}))
 		cancel()
 		err = fromRPC(err)
 		if err == nil || !s.noteTooLarge(err, false) {
@@ -50,8 +54,12 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 	if err := s.ensureRunning(ctx); err != nil {
 		return nil, err
 	}
+	dc, err := s.data(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_READ_FILE)
+	if err != nil {
+		return nil, err
+	}
 	cctx, cancel := withTimeout(ctx, fileTimeout)
-	res, err := s.c.svc.ReadFile(cctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: s.id, Path: path}))
+	res, err := dc.ReadFile(cctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: s.id, Path: path}))
 	cancel()
 	if err == nil {
 		return res.Msg.GetContent(), nil

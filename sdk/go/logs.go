@@ -71,7 +71,11 @@ func resumable(err error) bool {
 }
 
 func (s *Sandbox) streamLogs(ctx context.Context, req *sandboxv1.StreamLogsRequest, w io.Writer, session *string, offset *uint64) error {
-	stream, err := s.c.svc.StreamLogs(ctx, connect.NewRequest(req))
+	dc, err := s.data(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS)
+	if err != nil {
+		return err
+	}
+	stream, err := dc.StreamLogs(ctx, connect.NewRequest(req))
 	if err != nil {
 		return fromRPC(err)
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/sandboxd/sandboxd/internal/dataplane"
+	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/sbxcli"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
@@ -408,5 +410,80 @@ func TestSbxShell(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("sbx sh did not end after exit")
+	}
+}
+
+// TestSDKDataPlaneModes: the Go SDK goes direct to the runner's data plane in AUTO and
+// DIRECT mode (the data plane counts the calls), never in GATEWAY mode; with the data
+// plane gone, AUTO falls back to the gateway and DIRECT fails saying why.
+func TestSDKDataPlaneModes(t *testing.T) {
+	dpCA, err := dataplane.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dp *dataplane.Listener
+	g := startGateway(t, func(c *gateway.Config) {
+		local := c.Runners[0].(*gateway.LocalRunner)
+		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: "127.0.0.1:0", CA: dpCA, Sandboxes: local})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		dp, local.DataPlaneURI = l, uri
+		c.DataPlane = &dataplane.Issuer{CA: dpCA}
+	})
+	ctx := context.Background()
+	client := func(mode sandbox.DataPlaneMode) *sandbox.Client {
+		c, err := sandbox.New(g.url, g.keyA, sandbox.WithDataPlane(mode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	sb, err := client(sandbox.DataPlaneGateway).Create(ctx, sandbox.Spec{Image: busybox()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := func(mode sandbox.DataPlaneMode) (int64, error) {
+		h := client(mode).Sandbox(sb.ID())
+		before := dp.Server.Calls()
+		var out bytes.Buffer
+		if code, err := h.Exec(ctx, []string{"echo", string(mode)}, sandbox.ExecOptions{Stdout: &out}); err != nil || code != 0 || out.String() != string(mode)+"\n" {
+			return 0, fmt.Errorf("exec: %d %q %w", code, out.String(), err)
+		}
+		if err := h.WriteFile(ctx, "/tmp/m", []byte(mode)); err != nil {
+			return 0, err
+		}
+		if b, err := h.ReadFile(ctx, "/tmp/m"); err != nil || string(b) != string(mode) {
+			return 0, fmt.Errorf("read back %q %w", b, err)
+		}
+		return dp.Server.Calls() - before, nil
+	}
+	for _, tc := range []struct {
+		mode   sandbox.DataPlaneMode
+		direct bool
+	}{{sandbox.DataPlaneGateway, false}, {sandbox.DataPlaneAuto, true}, {sandbox.DataPlaneDirect, true}} {
+		n, err := use(tc.mode)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.mode, err)
+		}
+		if (n >= 3) != tc.direct || (!tc.direct && n != 0) {
+			t.Errorf("%s: %d direct calls", tc.mode, n)
+		}
+	}
+	// The data plane goes away: AUTO still works (through the gateway), DIRECT says why not.
+	dp.Close()
+	if n, err := use(sandbox.DataPlaneAuto); err != nil || n != 0 {
+		t.Errorf("auto without a data plane: %d direct calls, %v", n, err)
+	}
+	if _, err := use(sandbox.DataPlaneDirect); err == nil || !strings.Contains(err.Error(), "direct data plane") {
+		t.Errorf("direct without a data plane: %v", err)
+	}
+	// sbx: the same modes by flag; GATEWAY works without the data plane.
+	if out, errs, code := sbx(g, "", "--data-plane", "gateway", "exec", sb.ID(), "--", "echo", "ok"); code != 0 || out != "ok\n" {
+		t.Errorf("sbx --data-plane gateway exec: %d %q %s", code, out, errs)
+	}
+	if _, errs, code := sbx(g, "", "--data-plane", "sideways", "ls"); code == 0 || !strings.Contains(errs, "--data-plane") {
+		t.Errorf("sbx --data-plane sideways: %d %s", code, errs)
 	}
 }
