@@ -113,6 +113,7 @@ class Server:
     log_path: pathlib.Path
     proc: subprocess.Popen
     extra_keys: dict[str, str] = field(default_factory=dict)
+    data_plane: str = ""  # host:port of the runner's direct data plane
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return _tail(self.log_path, lines=lines)
@@ -236,7 +237,7 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
     saved = {k: os.environ.get(k) for k in ("CWSANDBOX_BASE_URL", "CWSANDBOX_API_KEY")}
     os.environ["CWSANDBOX_BASE_URL"] = base_url
     os.environ["CWSANDBOX_API_KEY"] = key
-    server = Server(binary, data_dir, base_url, key, log_path, proc)
+    server = Server(binary, data_dir, base_url, key, log_path, proc, data_plane=data_plane)
     try:
         yield server
     finally:

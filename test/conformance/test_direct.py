@@ -130,3 +130,38 @@ def test_connect_sandbox_contract(box, sandboxd, other_org_key):
             assert e.code() == grpc.StatusCode.NOT_FOUND
         sb.stop().result(timeout=40)
         assert code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.fixture
+def blocked_data_plane(sandboxd):
+    """Drops packets to the data plane's port (nftables, loopback), as a firewall would."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nft") is None:
+        pytest.skip("nft not installed")
+    port = sandboxd.data_plane.rsplit(":", 1)[1]
+    table = f"sbxconf_{port}"
+    script = f"""table inet {table} {{
+  chain output {{ type filter hook output priority filter; policy accept; tcp dport {port} drop; }}
+}}"""
+    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True)
+    yield
+    subprocess.run(["nft", "delete", "table", "inet", table], check=False)
+
+
+@pytest.mark.timeout(120)
+def test_blocked_data_plane_falls_back_in_auto_and_fails_in_direct(sandboxd, box, blocked_data_plane):
+    # AUTO: the data plane does not answer within the client's budget, so the gateway serves.
+    sb = box("sleep", "600")
+    res = sb.exec(["echo", "through the gateway"]).result(timeout=60)
+    assert res.stdout == "through the gateway\n"
+    assert not _connected_lines(sandboxd, sb.sandbox_id)
+    # DIRECT: no fallback, a clear failure.
+    direct = box("sleep", "600", data_plane_mode="direct")
+    with pytest.raises(Exception) as caught:
+        direct.exec(["true"]).result(timeout=60)
+    # e.g. SandboxUnavailableError: Direct data-plane access is unavailable for sandbox …:
+    # Timed out connecting to the direct data-plane endpoint 127.0.0.1:PORT
+    assert "direct data-plane" in str(caught.value).lower(), caught.value
+    assert not _connected_lines(sandboxd, direct.sandbox_id)
