@@ -182,15 +182,12 @@ func (g *Registration) Register(ctx context.Context, req *connect.Request[contro
 	if req.Msg.GetBootstrapToken() == "" {
 		vs.add("bootstrap_token", "is required")
 	}
-	var csr *x509.CertificateRequest
-	if blk, _ := pem.Decode([]byte(req.Msg.GetCsrPem())); blk == nil || blk.Type != "CERTIFICATE REQUEST" {
-		vs.add("csr_pem", "must be a PEM CERTIFICATE REQUEST")
-	} else if c, err := x509.ParseCertificateRequest(blk.Bytes); err != nil {
-		vs.add("csr_pem", "cannot be parsed: %v", err)
-	} else if err := c.CheckSignature(); err != nil {
-		vs.add("csr_pem", "signature invalid: %v", err)
-	} else {
-		csr = c
+	csr := parseCSR(&vs, req.Msg.GetCsrPem())
+	if csr != nil {
+		if err := csr.CheckSignature(); err != nil {
+			vs.add("csr_pem", "signature invalid: %v", err)
+			csr = nil
+		}
 	}
 	if err := vs.err("invalid registration"); err != nil {
 		return nil, err
@@ -231,6 +228,22 @@ func (g *Registration) Register(ctx context.Context, req *connect.Request[contro
 	}), nil
 }
 
+// parseCSR reads the PEM CERTIFICATE REQUEST of field csr_pem, adding a violation to vs
+// (and returning nil) when it is none.
+func parseCSR(vs *violations, csrPEM string) *x509.CertificateRequest {
+	blk, _ := pem.Decode([]byte(csrPEM))
+	if blk == nil || blk.Type != "CERTIFICATE REQUEST" {
+		vs.add("csr_pem", "must be a PEM CERTIFICATE REQUEST")
+		return nil
+	}
+	c, err := x509.ParseCertificateRequest(blk.Bytes)
+	if err != nil {
+		vs.add("csr_pem", "cannot be parsed: %v", err)
+		return nil
+	}
+	return c
+}
+
 func tokenInvalid(msg string) error {
 	return apierr.New(connect.CodeUnauthenticated, ReasonBootstrapTokenInvalid, msg, nil)
 }
@@ -261,14 +274,7 @@ func (g *Registration) IssueEdgeCertificate(ctx context.Context, req *connect.Re
 	if d := req.Msg.GetBaseDomain(); d != s.domain {
 		vs.add("base_domain", "must be the platform's endpoint domain %q, got %q", s.domain, d)
 	}
-	var csr *x509.CertificateRequest
-	if blk, _ := pem.Decode([]byte(req.Msg.GetCsrPem())); blk == nil || blk.Type != "CERTIFICATE REQUEST" {
-		vs.add("csr_pem", "must be a PEM CERTIFICATE REQUEST")
-	} else if c, err := x509.ParseCertificateRequest(blk.Bytes); err != nil {
-		vs.add("csr_pem", "cannot be parsed: %v", err)
-	} else {
-		csr = c
-	}
+	csr := parseCSR(&vs, req.Msg.GetCsrPem())
 	if err := vs.err("invalid edge certificate request"); err != nil {
 		return nil, err
 	}
@@ -302,14 +308,7 @@ func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *conne
 	if host == "" || strings.ContainsAny(host, "/:@ ") && net.ParseIP(host) == nil {
 		vs.add("host", "must be the DNS name or IP address clients reach the data plane by, got %q", host)
 	}
-	var csr *x509.CertificateRequest
-	if blk, _ := pem.Decode([]byte(req.Msg.GetCsrPem())); blk == nil || blk.Type != "CERTIFICATE REQUEST" {
-		vs.add("csr_pem", "must be a PEM CERTIFICATE REQUEST")
-	} else if c, err := x509.ParseCertificateRequest(blk.Bytes); err != nil {
-		vs.add("csr_pem", "cannot be parsed: %v", err)
-	} else {
-		csr = c
-	}
+	csr := parseCSR(&vs, req.Msg.GetCsrPem())
 	if err := vs.err("invalid data-plane certificate request"); err != nil {
 		return nil, err
 	}
