@@ -15,6 +15,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -311,7 +312,7 @@ func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, 
 		if domain == "" || sb.State.Terminal() {
 			continue
 		}
-		host := EndpointHost(int(s.GetPort()), id, runnerID, domain)
+		host := edge.Host(int(s.GetPort()), id, runnerID, domain)
 		switch ep.GetKind() {
 		case sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH:
 			st.Url = net.JoinHostPort(host, strconv.Itoa(port))
@@ -325,11 +326,6 @@ func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, 
 		}
 	}
 	return out
-}
-
-// EndpointHost is the public name of a sandbox port: <port>-<sandbox>.<runner>.<domain>.
-func EndpointHost(port int, sandboxID, runnerID, domain string) string {
-	return strconv.Itoa(port) + "-" + sandboxID + "." + runnerID + "." + domain
 }
 
 func ts(t time.Time) *timestamppb.Timestamp {

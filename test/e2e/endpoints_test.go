@@ -29,6 +29,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -152,8 +153,8 @@ func TestEndpoints(t *testing.T) {
 	}
 	sb := eg.create(t, sp, "")
 	id := sb.SandboxId
-	webHost := gateway.EndpointHost(8080, id, "local", endpointDomain)
-	tlsHost := gateway.EndpointHost(8443, id, "local", endpointDomain)
+	webHost := edge.Host(8080, id, "local", endpointDomain)
+	tlsHost := edge.Host(8443, id, "local", endpointDomain)
 	port := eg.edge.Port()
 
 	// The passthrough address is in the create response; the HTTPS URL once it runs.
@@ -432,7 +433,7 @@ func TestSbxPublish(t *testing.T) {
 		t.Fatalf("sbx run: %d %s", code, errs)
 	}
 	id := strings.TrimSpace(out)
-	url := "https://" + gateway.EndpointHost(8080, id, "local", endpointDomain) + ":" + itoa(eg.edge.Port())
+	url := "https://" + edge.Host(8080, id, "local", endpointDomain) + ":" + itoa(eg.edge.Port())
 	if !strings.Contains(errs, "8080/https\t"+url) {
 		t.Errorf("sbx run printed %q, want the endpoint %s", errs, url)
 	}
