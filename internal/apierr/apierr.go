@@ -107,6 +107,22 @@ func Info(err error) *errdetails.ErrorInfo {
 	return nil
 }
 
+// RetryInfo returns the RetryInfo of err (what WithRetry adds), or nil.
+func RetryInfo(err error) *errdetails.RetryInfo {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if ri, ok := v.(*errdetails.RetryInfo); ok {
+				return ri
+			}
+		}
+	}
+	return nil
+}
+
 // Reason returns err's CWSANDBOX_* reason, or "".
 func Reason(err error) string {
 	return Info(err).GetReason()

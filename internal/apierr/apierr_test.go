@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -48,14 +47,10 @@ func TestRoundTrip(t *testing.T) {
 
 func TestWithRetry(t *testing.T) {
 	err := WithRetry(New(connect.CodeResourceExhausted, "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED", "full", nil), 3*time.Second)
-	var found bool
-	for _, d := range err.Details() {
-		v, _ := d.Value()
-		if ri, ok := v.(*errdetails.RetryInfo); ok {
-			found = ri.GetRetryDelay().AsDuration() == 3*time.Second
-		}
+	if ri := RetryInfo(err); ri.GetRetryDelay().AsDuration() != 3*time.Second {
+		t.Errorf("RetryInfo %v, want a 3s delay", ri)
 	}
-	if !found {
-		t.Error("RetryInfo with 3s delay missing")
+	if ri := RetryInfo(New(connect.CodeInternal, "X", "no retry", nil)); ri != nil {
+		t.Errorf("RetryInfo of an error without one: %v", ri)
 	}
 }

@@ -2,14 +2,12 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -46,21 +44,6 @@ func secondStack(t *testing.T) *stack.Stack {
 		}
 	})
 	return s
-}
-
-func retryInfo(err error) *errdetails.RetryInfo {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		return nil
-	}
-	for _, d := range ce.Details() {
-		if v, derr := d.Value(); derr == nil {
-			if ri, ok := v.(*errdetails.RetryInfo); ok {
-				return ri
-			}
-		}
-	}
-	return nil
 }
 
 // TestPlacementAcrossRunners runs two real stacks behind one gateway: r1 with a strict
@@ -126,7 +109,7 @@ func TestPlacementAcrossRunners(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeResourceExhausted || apierr.Reason(err) != apierr.RunnerCapacityExhausted {
 		t.Fatalf("second 2-CPU sandbox: %v, want RESOURCE_EXHAUSTED %s", err, apierr.RunnerCapacityExhausted)
 	}
-	if ri := retryInfo(err); ri == nil || ri.GetRetryDelay().AsDuration() <= 0 {
+	if ri := apierr.RetryInfo(err); ri == nil || ri.GetRetryDelay().AsDuration() <= 0 {
 		t.Errorf("capacity exhausted without RetryInfo: %v", err)
 	}
 

@@ -12,12 +12,7 @@ import (
 // files on it without the gateway; a runner without a data plane is reached through the
 // gateway in AUTO mode.
 func TestDirectDataPlaneOnRegisteredRunner(t *testing.T) {
-	if _, err := exec.Command("python3", "-c", "import cwsandbox").CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the official client (pip install cwsandbox) is required in CI: %v", err)
-		}
-		t.Skip("the official client is not installed (pip install cwsandbox)")
-	}
+	needOfficialClient(t)
 	b := startBed(t)
 	script := `
 from cwsandbox import Sandbox

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -101,4 +102,15 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// needOfficialClient skips without the official Python client, except in CI.
+func needOfficialClient(t *testing.T) {
+	t.Helper()
+	if _, err := exec.Command("python3", "-c", "import cwsandbox").CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the official client (pip install cwsandbox) is required in CI: %v", err)
+		}
+		t.Skip("the official client is not installed (pip install cwsandbox)")
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -146,7 +145,7 @@ func TestPlacementAcrossClusters(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeResourceExhausted || apierr.Reason(err) != apierr.RunnerCapacityExhausted {
 			t.Fatalf("fourth: %v, want RESOURCE_EXHAUSTED %s", err, apierr.RunnerCapacityExhausted)
 		}
-		if ri := retryInfo(err); ri == nil || ri.GetRetryDelay().AsDuration() <= 0 {
+		if ri := apierr.RetryInfo(err); ri == nil || ri.GetRetryDelay().AsDuration() <= 0 {
 			t.Errorf("capacity exhausted without RetryInfo: %v", err)
 		}
 		// Unpinned, it spills to open.
@@ -211,12 +210,7 @@ func TestPlacementAcrossClusters(t *testing.T) {
 // TestOfficialClientAcrossClusters runs the official Python client against the second
 // gateway replica of the bed.
 func TestOfficialClientAcrossClusters(t *testing.T) {
-	if _, err := exec.Command("python3", "-c", "import cwsandbox").CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the official client (pip install cwsandbox) is required in CI: %v", err)
-		}
-		t.Skip("the official client is not installed (pip install cwsandbox)")
-	}
+	needOfficialClient(t)
 	b := startBed(t)
 	script := `
 import json
@@ -264,19 +258,4 @@ print(json.dumps(out))
 		got.RejectedReason != apierr.PlacementRejected || len(got.RejectedFields) == 0 || !strings.Contains(got.RejectedFields[0], "cpu") {
 		t.Errorf("official client saw %+v", got)
 	}
-}
-
-func retryInfo(err error) *errdetails.RetryInfo {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		return nil
-	}
-	for _, d := range ce.Details() {
-		if v, derr := d.Value(); derr == nil {
-			if ri, ok := v.(*errdetails.RetryInfo); ok {
-				return ri
-			}
-		}
-	}
-	return nil
 }

@@ -1,17 +1,14 @@
 package placement
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -55,21 +52,6 @@ func ids(cs []Candidate) []string {
 		out[i] = c.RunnerID
 	}
 	return out
-}
-
-func retryDelay(err error) time.Duration {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		return 0
-	}
-	for _, d := range ce.Details() {
-		if v, _ := d.Value(); v != nil {
-			if ri, ok := v.(*errdetails.RetryInfo); ok {
-				return ri.GetRetryDelay().AsDuration()
-			}
-		}
-	}
-	return 0
 }
 
 func TestPlace(t *testing.T) {
@@ -139,7 +121,7 @@ func TestPlace(t *testing.T) {
 				if !slices.Equal(got, want) {
 					t.Errorf("violation fields %v, want %v", got, want)
 				}
-				if d := retryDelay(err); tt.retry != (d > 0) {
+				if d := apierr.RetryInfo(err).GetRetryDelay().AsDuration(); tt.retry != (d > 0) {
 					t.Errorf("retry delay %v, want retry %v", d, tt.retry)
 				}
 				return
@@ -229,7 +211,7 @@ func TestReservationsSpread(t *testing.T) {
 	if !slices.Equal(got, []string{"r1", "r1", "r2", "r2"}) {
 		t.Errorf("placements %v, want two per runner", got)
 	}
-	if _, err := Place(req); apierr.Reason(err) != apierr.RunnerCapacityExhausted || retryDelay(err) != RetryAfter {
+	if _, err := Place(req); apierr.Reason(err) != apierr.RunnerCapacityExhausted || apierr.RetryInfo(err).GetRetryDelay().AsDuration() != RetryAfter {
 		t.Errorf("fifth placement: %v, want %s with RetryInfo", err, apierr.RunnerCapacityExhausted)
 	}
 	releases[0]()
