@@ -143,16 +143,11 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 		MaxSandboxes:   l.MaxSandboxes,
 		ConnectedAt:    l.connectedAt,
 		Architectures:  []string{goruntime.GOARCH},
-		RuntimeClasses: l.RuntimeClasses,
+		RuntimeClasses: l.Classes(),
 		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
 		DataPlaneURI: l.DataPlaneURI,
 	}
-	if len(c.RuntimeClasses) == 0 {
-		c.RuntimeClasses = l.R.RuntimeClasses()
-	}
-	if len(c.RuntimeClasses) == 0 {
-		c.RuntimeClasses = DefaultRuntimeClasses
-	}
+
 	if c.MilliCPU <= 0 {
 		c.MilliCPU = int64(goruntime.NumCPU()) * 1000
 	}
@@ -185,4 +180,16 @@ func hostMemory() int64 {
 		}
 	}
 	return 0
+}
+
+// Classes are the runtime classes the runner offers, its default first: the configured
+// ones, else its backend's, else DefaultRuntimeClasses.
+func (l *LocalRunner) Classes() []string {
+	switch {
+	case len(l.RuntimeClasses) > 0:
+		return l.RuntimeClasses
+	case len(l.R.RuntimeClasses()) > 0:
+		return l.R.RuntimeClasses()
+	}
+	return DefaultRuntimeClasses
 }

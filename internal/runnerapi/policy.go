@@ -50,9 +50,9 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.runnerID, err))
 		}
 	}
-	var classes []string
-	if c, err := s.capacity(ctx); err == nil {
-		classes = c.RuntimeClasses
+	var classes []string // DefaultRuntimeClasses when the server does not know
+	if s.classes != nil {
+		classes = s.classes()
 	}
 	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), specForPolicy(*req), gateway.Platform(classes))
 	if !res.OK() {

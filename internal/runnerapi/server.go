@@ -51,6 +51,7 @@ type Server struct {
 
 	runnerID string
 	policies gateway.PolicySource // nil: no check of its own (WithPolicy)
+	classes  func() []string      // the runtime classes policies resolve against; nil: the default
 }
 
 // NewServer serves r, the runner runnerID, with the host's capacity. A nil logger is
@@ -61,7 +62,9 @@ func NewServer(runnerID string, r *runner.Runner, logger *slog.Logger) *Server {
 
 // NewServerFor serves l: its capacity, and creates only when they fit in it.
 func NewServerFor(l *gateway.LocalRunner, logger *slog.Logger) *Server {
-	return newServer(admitting{l.R, l}, l.Capacity, logger)
+	s := newServer(admitting{l.R, l}, l.Capacity, logger)
+	s.classes = l.Classes
+	return s
 }
 
 // admitting is a runner whose creates go through LocalRunner's capacity check.
