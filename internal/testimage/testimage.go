@@ -338,6 +338,15 @@ func LayerFromTar(tarBytes []byte) (v1.Layer, error) {
 
 // LayerFromFiles makes a layer holding regular files (mode 0644, root-owned).
 func LayerFromFiles(files map[string][]byte) (v1.Layer, error) {
+	return layerOfFiles(files, 0o644)
+}
+
+// ExecutableLayer makes a layer holding executables (mode 0755, root-owned).
+func ExecutableLayer(files map[string][]byte) (v1.Layer, error) {
+	return layerOfFiles(files, 0o755)
+}
+
+func layerOfFiles(files map[string][]byte, mode int64) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	names := make([]string, 0, len(files))
@@ -346,7 +355,7 @@ func LayerFromFiles(files map[string][]byte) (v1.Layer, error) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if err := tw.WriteHeader(&tar.Header{Name: n, Mode: 0o644, Size: int64(len(files[n])), Typeflag: tar.TypeReg, ModTime: time.Unix(1700000000, 0)}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Name: n, Mode: mode, Size: int64(len(files[n])), Typeflag: tar.TypeReg, ModTime: time.Unix(1700000000, 0)}); err != nil {
 			return nil, err
 		}
 		if _, err := tw.Write(files[n]); err != nil {

@@ -77,7 +77,7 @@ func run(out, agent, gate, agentRef string) error {
 			}
 			files[dst] = b
 		}
-		layer, err := executableLayer(files)
+		layer, err := testimage.ExecutableLayer(files)
 		if err != nil {
 			return err
 		}
