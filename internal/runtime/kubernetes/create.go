@@ -31,27 +31,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
-func validateSpec(spec *runtime.Spec) error {
-	switch {
-	case spec == nil:
-		return fmt.Errorf("%w: nil spec", runtime.ErrInvalidSpec)
-	case !idRE.MatchString(spec.ID):
-		return fmt.Errorf("%w: id %q: want 1-53 characters of [a-z0-9-], not starting or ending with '-'", runtime.ErrInvalidSpec, spec.ID)
-	case strings.TrimSpace(spec.Image) == "":
-		return fmt.Errorf("%w: empty image reference", runtime.ErrInvalidImageRef)
-	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0:
-		return fmt.Errorf("%w: negative resource limit", runtime.ErrInvalidSpec)
-	case spec.RestartLimit < 0:
-		return fmt.Errorf("%w: negative restart limit", runtime.ErrInvalidSpec)
-	}
-	for _, f := range spec.Files {
-		if !strings.HasPrefix(f.Path, "/") || f.Path == "/" {
-			return fmt.Errorf("%w: file path %q must be absolute", runtime.ErrInvalidSpec, f.Path)
-		}
-	}
-	return nil
-}
-
 func (b *Backend) runtimeClass(class string) (string, string, error) {
 	if class == "" {
 		class = b.cfg.DefaultRuntimeClass
@@ -72,7 +51,7 @@ func (b *Backend) runtimeClass(class string) (string, string, error) {
 // Create implements runtime.Backend: a Secret (agent config, keys, spec), the Pod, then
 // it waits until the Pod runs and its agent answers through the gate.
 func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Info, err error) {
-	if err := validateSpec(spec); err != nil {
+	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
 	}
 	class, rcName, err := b.runtimeClass(spec.RuntimeClass)

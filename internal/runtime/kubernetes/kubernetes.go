@@ -37,7 +37,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -143,7 +142,11 @@ type sandbox struct {
 	logsDone chan struct{} // closed when the log copy ends; nil without one
 }
 
-var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,51}[a-z0-9])?$`)
+// maxIDLen is the longest sandbox ID this backend takes (IDs end up in Pod and Secret
+// names and in label values).
+const maxIDLen = 53
+
+func validID(id string) bool { return runtime.ValidID(id, maxIDLen) }
 
 // New checks cfg, starts watching the runner's Pods and returns once the watch is synced.
 func New(ctx context.Context, cfg Config) (*Backend, error) {
@@ -383,7 +386,7 @@ func (b *Backend) deletePod(ctx context.Context, s *sandbox, graceSecs int64) er
 // Destroy implements runtime.Backend: the Pod and the Secrets are deleted and the Pod
 // waited for until it is gone. Idempotent.
 func (b *Backend) Destroy(ctx context.Context, id string) error {
-	if !idRE.MatchString(id) {
+	if !validID(id) {
 		return nil
 	}
 	b.mu.Lock()
@@ -457,7 +460,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	for i := range list.Items {
 		pod := &list.Items[i]
 		id := pod.Labels[LabelSandbox]
-		if !idRE.MatchString(id) {
+		if !validID(id) {
 			continue
 		}
 		sec, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Get(ctx, secretName(id), metav1.GetOptions{})

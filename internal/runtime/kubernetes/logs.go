@@ -68,7 +68,7 @@ func (b *Backend) logDir(id string) string { return filepath.Join(b.cfg.LogDir, 
 // LogDir returns the directory holding the copy of an ended sandbox's log (for the
 // runner to archive), once the copy is complete or after 5 s; "" without Config.LogDir.
 func (b *Backend) LogDir(id string) string {
-	if b.cfg.LogDir == "" || !idRE.MatchString(id) {
+	if b.cfg.LogDir == "" || !validID(id) {
 		return ""
 	}
 	b.mu.Lock()

@@ -239,27 +239,6 @@ func (b *Backend) runtimeFor(class string) (*ociRuntime, string, error) {
 	return rt, class, nil
 }
 
-func validateSpec(spec *runtime.Spec) error {
-	switch {
-	case spec == nil:
-		return fmt.Errorf("%w: nil spec", runtime.ErrInvalidSpec)
-	case !validID(spec.ID):
-		return fmt.Errorf("%w: id %q: want 1-63 characters of [a-z0-9-], not starting or ending with '-'", runtime.ErrInvalidSpec, spec.ID)
-	case strings.TrimSpace(spec.Image) == "":
-		return fmt.Errorf("%w: empty image reference", runtime.ErrInvalidImageRef)
-	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0:
-		return fmt.Errorf("%w: negative resource limit", runtime.ErrInvalidSpec)
-	case spec.RestartLimit < 0:
-		return fmt.Errorf("%w: negative restart limit", runtime.ErrInvalidSpec)
-	}
-	for _, f := range spec.Files {
-		if !strings.HasPrefix(f.Path, "/") || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
-			return fmt.Errorf("%w: file path %q must be absolute and clean", runtime.ErrInvalidSpec, f.Path)
-		}
-	}
-	return nil
-}
-
 func (b *Backend) step(name string, t *time.Time) {
 	if b.trace != nil {
 		now := time.Now()
@@ -271,7 +250,7 @@ func (b *Backend) step(name string, t *time.Time) {
 // Create implements runtime.Backend.
 func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.Info, err error) {
 	t := time.Now()
-	if err := validateSpec(spec); err != nil {
+	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
 	}
 	rt, class, err := b.runtimeFor(spec.RuntimeClass)

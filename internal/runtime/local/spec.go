@@ -2,7 +2,6 @@ package local
 
 import (
 	"fmt"
-	"regexp"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -21,11 +20,12 @@ const (
 	agentPath        = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
-var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
-
 // validID reports whether id is a usable sandbox id: [a-z0-9-], at most 63 characters, no
 // leading or trailing dash (it becomes a hostname and a path component).
-func validID(id string) bool { return len(id) <= 63 && idRE.MatchString(id) }
+// maxIDLen is the longest sandbox ID (a hostname label).
+const maxIDLen = 63
+
+func validID(id string) bool { return runtime.ValidID(id, maxIDLen) }
 
 // defaultCaps is the usual container capability set without CAP_NET_RAW: no raw or
 // packet sockets (spoofing, sniffing the bridge); ping works through ICMP datagram
