@@ -2,9 +2,6 @@ package k8s
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,8 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 )
 
@@ -57,21 +52,9 @@ func TestGatewayAcrossTwoClusters(t *testing.T) {
 	b := newStack(t, cB, idB, t.TempDir())
 	t.Cleanup(b.Close)
 
-	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
-	g, err := gateway.New(gateway.Config{Auth: keys,
+	_, api, _ := serveGateway(t, gateway.Config{
 		Runners:  []gateway.Runner{gateway.NewLocalRunner(idA, a.Runner), gateway.NewLocalRunner(idB, b.Runner)},
 		Policies: policyMap{idA: `{"constraints": {"resources": {"max_cpu": "500m"}}}`, idB: `{}`}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Close)
-	srv := httptest.NewServer(g.Handler())
-	t.Cleanup(srv.Close)
-	api := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
 
 	create := func(cpu string, pins ...string) string {
 		t.Helper()

@@ -37,21 +37,23 @@ func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 	return next
 }
 
-// TestGateway: the public API (coreweave.sandbox.v1 through the gateway) on a runner
-// with the Kubernetes backend: create, RUNNING, exec, files, delete, TERMINATED.
-func TestGateway(t *testing.T) {
-	c, s, runnerID := setup(t)
+// serveGateway serves a gateway over cfg.Runners (cfg.Auth is set here) on loopback,
+// HTTP/1.1 and h2c as `sandboxd gateway` does, and returns its URL, a gRPC client of it
+// and the user key of organization org-a that client sends.
+func serveGateway(t *testing.T, cfg gateway.Config) (url string, api sandboxv1connect.SandboxServiceClient, key string) {
+	t.Helper()
 	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)}})
+	key, _, _ = keys.Create("org-a", auth.RoleUser, "")
+	cfg.Auth = keys
+	g, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(g.Close)
 	srv := httptest.NewUnstartedServer(g.Handler())
-	srv.EnableHTTP2 = true
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
@@ -60,7 +62,14 @@ func TestGateway(t *testing.T) {
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)
 	hc := &http.Client{Transport: &http.Transport{Protocols: p}}
-	api := sandboxv1connect.NewSandboxServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(bearer(key)))
+	return srv.URL, sandboxv1connect.NewSandboxServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(bearer(key))), key
+}
+
+// TestGateway: the public API (coreweave.sandbox.v1 through the gateway) on a runner
+// with the Kubernetes backend: create, RUNNING, exec, files, delete, TERMINATED.
+func TestGateway(t *testing.T) {
+	c, s, runnerID := setup(t)
+	_, api, _ := serveGateway(t, gateway.Config{Runners: []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)}})
 	ctx := context.Background()
 
 	res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{

@@ -3,15 +3,11 @@ package k8s
 import (
 	"encoding/json"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	osexec "os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 )
 
@@ -25,22 +21,7 @@ func TestOfficialClient(t *testing.T) {
 		t.Skip("the official client is not installed (pip install cwsandbox)")
 	}
 	_, s, runnerID := setup(t)
-	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, _ := keys.Create("org-a", auth.RoleUser, "")
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Close)
-	srv := httptest.NewUnstartedServer(g.Handler())
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetHTTP1(true)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true) // the client speaks gRPC over h2c
-	srv.Start()
-	t.Cleanup(srv.Close)
+	url, _, key := serveGateway(t, gateway.Config{Runners: []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)}})
 
 	script := `
 import json, sys
@@ -62,7 +43,7 @@ sb.stop().result(timeout=120)
 print(json.dumps(out))
 `
 	cmd := osexec.Command("python3", "-c", script, busybox)
-	cmd.Env = append(os.Environ(), "CWSANDBOX_BASE_URL="+srv.URL, "CWSANDBOX_API_KEY="+key)
+	cmd.Env = append(os.Environ(), "CWSANDBOX_BASE_URL="+url, "CWSANDBOX_API_KEY="+key)
 	stdout, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
