@@ -60,6 +60,18 @@ type suite struct {
 	s *stack.Stack
 }
 
+// newSuite starts a stack for t; every sandbox is deleted and the network removed when
+// t ends.
+func newSuite(t *testing.T) *suite {
+	t.Helper()
+	s, err := env.Stack(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cleanup(t, s) })
+	return &suite{t: t, s: s}
+}
+
 func (su *suite) create(spec runtime.Spec) runner.Sandbox {
 	su.t.Helper()
 	sb, err := su.s.Runner.Create(context.Background(), runner.CreateRequest{Spec: spec, Lifetime: 10 * time.Minute})
@@ -150,13 +162,7 @@ func metadataService(t *testing.T) {
 
 // TestEscapes runs attempts.py in a sandbox of every runtime class.
 func TestEscapes(t *testing.T) {
-	dir := t.TempDir()
-	s, err := env.Stack(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cleanup(t, s) })
-	su := &suite{t: t, s: s}
+	su := newSuite(t)
 	script, err := os.ReadFile("attempts.py")
 	if err != nil {
 		t.Fatal(err)
@@ -215,13 +221,8 @@ func TestEscapes(t *testing.T) {
 // TestAbuse: a fork bomb and a memory bomb hit their sandbox's own limits; the host and
 // a neighbour sandbox keep answering meanwhile.
 func TestAbuse(t *testing.T) {
-	dir := t.TempDir()
-	s, err := env.Stack(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cleanup(t, s) })
-	su := &suite{t: t, s: s}
+	su := newSuite(t)
+	s := su.s
 	neighbour := su.create(runtime.Spec{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}})
 	nc := su.agent(neighbour.ID)
 	// healthy measures the neighbour's exec round trip (all must succeed) and the host's
