@@ -3,7 +3,6 @@ package local
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os/exec"
 	"sort"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
 // percentiles reports p50 and p99 of ds (ms) on b.
@@ -42,15 +40,7 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 func benchCreateFirstExec(b *testing.B, withNet bool) {
 	e := newEnv(b)
 	if withNet {
-		m, err := network.New(network.Config{
-			Bridge: "sbxlocalt1", Subnet: netip.MustParsePrefix("10.233.78.0/24"),
-			StateDir: b.TempDir(), Nameservers: []string{}, Table: "sbxlocaltest1",
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { m.Cleanup() })
-		e.b.cfg.Network = netAdapter{m}
+		e.withNetwork(b, 1)
 	}
 	var mu sync.Mutex
 	steps := map[string]time.Duration{}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,6 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
 // gvisorEnv is newEnv whose Backend has the gvisor class, or a skip when runsc is not
@@ -277,19 +275,7 @@ func TestRunscVersionMatchesScript(t *testing.T) {
 // is gVisor's network: the host reaches a server in the sandbox at the sandbox's IP.
 func TestGVisorNetwork(t *testing.T) {
 	e := gvisorEnv(t)
-	m, err := network.New(network.Config{
-		Bridge: "sbxlocalt2", Subnet: netip.MustParsePrefix("10.233.79.0/24"),
-		StateDir: t.TempDir(), Nameservers: []string{}, Table: "sbxlocaltest2",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Cleanup(); err != nil {
-			t.Errorf("network cleanup: %v", err)
-		}
-	})
-	e.b.cfg.Network = netAdapter{m}
+	m := e.withNetwork(t, 2)
 	const id = "gv-net"
 	info := e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/www"},
 		Files: []runtime.File{{Path: "/www/index.html", Content: []byte("hello from gvisor\n")}}})

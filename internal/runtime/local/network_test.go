@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,19 +51,7 @@ func toLocal(a *network.Attachment) *Attachment {
 // the sandbox IP, Recover rebuilds the IP, Destroy removes veth and netns.
 func TestNetwork(t *testing.T) {
 	e := newEnv(t)
-	m, err := network.New(network.Config{
-		Bridge: "sbxlocalt0", Subnet: netip.MustParsePrefix("10.233.77.0/24"),
-		StateDir: t.TempDir(), Nameservers: []string{}, Table: "sbxlocaltest",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Cleanup(); err != nil {
-			t.Errorf("network cleanup: %v", err)
-		}
-	})
-	e.b.cfg.Network = netAdapter{m}
+	m := e.withNetwork(t, 0)
 
 	const id = "net-1"
 	start := time.Now()
@@ -125,4 +114,30 @@ func (n netAdapter) SetReach(ip netip.Addr, org string, ports []Port) error {
 		np[i] = network.Port{Proto: p.Proto, Port: p.Port}
 	}
 	return n.m.SetReach(ip, org, np)
+}
+
+// withNetwork gives e's backend the n-th test network of this package (a bridge, /24
+// and nftables table of its own, so tests and benchmarks never share one), removed when
+// tb ends.
+func (e *env) withNetwork(tb testing.TB, n int) *network.Manager {
+	tb.Helper()
+	table := "sbxlocaltest"
+	if n > 0 {
+		table += strconv.Itoa(n)
+	}
+	m, err := network.New(network.Config{
+		Bridge:   "sbxlocalt" + strconv.Itoa(n),
+		Subnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 233, byte(77 + n), 0}), 24),
+		StateDir: tb.TempDir(), Nameservers: []string{}, Table: table,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := m.Cleanup(); err != nil {
+			tb.Errorf("network cleanup: %v", err)
+		}
+	})
+	e.b.cfg.Network = netAdapter{m}
+	return m
 }
