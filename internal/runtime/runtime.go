@@ -42,6 +42,10 @@ type Spec struct {
 	// Services are the sandbox's declared ports; those with an Endpoint are published by
 	// the runner's edge.
 	Services []Service `json:"services,omitempty"`
+	// Network is what the sandbox may reach and what may reach it. nil means the backend
+	// enforces nothing beyond its own isolation (specs recorded before network rules
+	// existed); a non-nil zero value allows no egress at all.
+	Network *Network `json:"network,omitempty"`
 	// Meta is the runner's own immutable bookkeeping (organization, creation time,
 	// deadline); backends persist it and hand it back from Recover.
 	Meta map[string]string `json:"meta,omitempty"`
