@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -79,10 +78,13 @@ func toLocal(a *network.Attachment) *local.Attachment {
 	return &local.Attachment{ID: a.ID, NetNSPath: a.NetNSPath, IP: a.IP, Gateway: a.Gateway, PrefixLen: a.PrefixLen, HostVeth: a.HostVeth}
 }
 
-func (n netAdapter) SetReach(ip netip.Addr, org string, ports []local.Port) error {
-	np := make([]network.Port, len(ports))
-	for i, p := range ports {
-		np[i] = network.Port{Proto: p.Proto, Port: p.Port}
+func (n netAdapter) SetRules(id string, r local.Rules) error {
+	conv := func(ps []local.Port) []network.Port {
+		out := make([]network.Port, len(ps))
+		for i, p := range ps {
+			out[i] = network.Port{Proto: p.Proto, Port: p.Port}
+		}
+		return out
 	}
-	return n.m.SetReach(ip, org, np)
+	return n.m.SetRules(id, network.Rules{Org: r.Org, Private: conv(r.Private), Custom: conv(r.Custom), Network: r.Network})
 }

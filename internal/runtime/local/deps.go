@@ -52,12 +52,22 @@ type Network interface {
 	Teardown(id string) error
 	// WriteEtcFiles writes dir/hosts, dir/hostname and dir/resolv.conf for the sandbox.
 	WriteEtcFiles(dir, hostname string, a *Attachment) error
-	// SetReach makes the sandbox at ip a member of org and opens ports to the other
-	// members (Teardown forgets it).
-	SetReach(ip netip.Addr, org string, ports []Port) error
+	// SetRules applies the network rules of the sandbox whose attachment is id,
+	// replacing earlier ones (Teardown removes them).
+	SetRules(id string, r Rules) error
 }
 
-// Port is a sandbox port other sandboxes of its organization may reach.
+// Rules are a sandbox's network rules; they mirror network.Rules.
+type Rules struct {
+	Org string // the sandbox's organization
+	// Private ports are open to the organization's other sandboxes; Custom ports to the
+	// sources Network.Ingress names.
+	Private, Custom []Port
+	// Network is the spec's; nil keeps the behaviour from before rules existed.
+	Network *runtime.Network
+}
+
+// Port is a sandbox port that rules open.
 type Port struct {
 	Proto string // "tcp" or "udp"
 	Port  uint16

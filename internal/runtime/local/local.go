@@ -24,7 +24,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -304,31 +303,40 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if b.pool != nil && !rt.gvisor {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
-			return s.info.toInfo(id), b.declareReach(s, spec)
+			return s.info.toInfo(id), nil
 		}
 	}
 	acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
 	if _, _, err := b.launch(ctx, s, spec.PullCredentials, hostname(id), spec.Resources, acfg, &t); err != nil {
 		return runtime.Info{}, err
 	}
-	return s.info.toInfo(id), b.declareReach(s, spec)
+	return s.info.toInfo(id), nil
 }
 
-// declareReach tells the network which organization s belongs to and which of its ports
-// that organization's other sandboxes may reach (services with visibility "private").
-func (b *Backend) declareReach(s *sandbox, spec *runtime.Spec) error {
-	ip, err := netip.ParseAddr(s.info.IP)
-	if b.cfg.Network == nil || err != nil {
-		return nil
-	}
-	var ports []Port
+// rulesFor is what the network enforces for a sandbox with spec: its organization, the
+// ports of its "private" services (open to that organization) and "custom" ones (open
+// as its ingress rules say), and its egress and ingress rules.
+func rulesFor(spec *runtime.Spec) Rules {
+	r := Rules{Org: spec.Meta[runtime.MetaOrg], Network: spec.Network}
 	for _, svc := range spec.Services {
-		if svc.Visibility == "private" {
-			ports = append(ports, Port{Proto: "tcp", Port: uint16(svc.Port)})
+		switch svc.Visibility {
+		case "private":
+			r.Private = append(r.Private, Port{Proto: "tcp", Port: uint16(svc.Port)})
+		case "custom":
+			r.Custom = append(r.Custom, Port{Proto: "tcp", Port: uint16(svc.Port)})
 		}
 	}
-	if err := b.cfg.Network.SetReach(ip, spec.Meta[runtime.MetaOrg], ports); err != nil {
-		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	return r
+}
+
+// applyRules makes the network enforce s's rules on its container's attachment. It runs
+// before anything of the sandbox's own starts (and again on Recover).
+func (b *Backend) applyRules(s *sandbox, cid string) error {
+	if b.cfg.Network == nil {
+		return nil
+	}
+	if err := b.cfg.Network.SetRules(cid, rulesFor(&s.spec)); err != nil {
+		return fmt.Errorf("sandbox %s: network rules: %w", s.id, err)
 	}
 	return nil
 }
@@ -397,6 +405,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		waitNet()
 		if netErr != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: network setup: %w", id, netErr)
+		}
+		if err := b.applyRules(s, cid); err != nil {
+			return nil, nil, err
 		}
 		b.step("network", t)
 	}

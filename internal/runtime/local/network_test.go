@@ -108,12 +108,15 @@ func TestNetwork(t *testing.T) {
 	checkNoLeaks(t, e.state, id)
 }
 
-func (n netAdapter) SetReach(ip netip.Addr, org string, ports []Port) error {
-	np := make([]network.Port, len(ports))
-	for i, p := range ports {
-		np[i] = network.Port{Proto: p.Proto, Port: p.Port}
+func (n netAdapter) SetRules(id string, r Rules) error {
+	conv := func(ps []Port) []network.Port {
+		out := make([]network.Port, len(ps))
+		for i, p := range ps {
+			out[i] = network.Port{Proto: p.Proto, Port: p.Port}
+		}
+		return out
 	}
-	return n.m.SetReach(ip, org, np)
+	return n.m.SetRules(id, network.Rules{Org: r.Org, Private: conv(r.Private), Custom: conv(r.Custom), Network: r.Network})
 }
 
 // withNetwork gives e's backend the n-th test network of this package (a bridge, /24

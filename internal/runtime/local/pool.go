@@ -558,6 +558,10 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &info); err != nil {
 		return err
 	}
+	// The sandbox's rules hold before its command starts.
+	if err := b.applyRules(s, pc.s.cid); err != nil {
+		return err
+	}
 	if err := startAgent(ctx, filepath.Join(dir, dirRun), cfgJSON); err != nil {
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}

@@ -93,8 +93,10 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 				if a, err := b.cfg.Network.Lookup(s.cid); err == nil && a != nil && a.IP.IsValid() {
 					r.Info.IP = a.IP.String()
 				}
-				if err := b.declareReach(s, &s.spec); err != nil {
-					b.log.Warn("recover: private ports", "sandbox", id, "err", err)
+				// The network restored the rules it had; declaring them again from the
+				// spec covers state from before rules were persisted.
+				if err := b.applyRules(s, s.cid); err != nil {
+					b.log.Warn("recover: network rules", "sandbox", id, "err", err)
 				}
 			}
 		} else {

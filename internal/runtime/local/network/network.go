@@ -15,6 +15,7 @@
 //	                    netns/ itself is a shared bind mount (like /run/netns)
 //	ips/<ip>            one file per allocated address, containing the sandbox id
 //	sandboxes/<id>.json the Attachment, for Lookup after a restart
+//	rules/<id>.json     the sandbox's Rules (SetRules), restored by New
 //	ip_forward.orig     the value of net.ipv4.ip_forward before New changed it
 package network
 
@@ -70,9 +71,14 @@ type Config struct {
 	// StateDir holds netns files and IP allocations; it must persist across runner
 	// restarts (required).
 	StateDir string
-	// Nameservers for the sandboxes' resolv.conf. nil: the host's non-loopback IPv4
-	// nameservers from /etc/resolv.conf. An empty non-nil slice: none.
+	// Nameservers are the upstreams of the platform DNS that answers sandboxes on the
+	// gateway address (every sandbox's resolv.conf names the gateway; see
+	// StartServices). nil: the host's non-loopback IPv4 nameservers from
+	// /etc/resolv.conf. An empty non-nil slice: none.
 	Nameservers []string
+	// ProxyPort is the gateway port of the egress SNI proxy that dns_name grants send
+	// TCP 443 to. 0: no proxy, and rules with dns_name grants are refused.
+	ProxyPort int
 	// Egress enables outbound NAT (masquerade) for the subnet leaving through any
 	// interface other than the bridge. Without it, forwarded traffic from
 	// sandboxes is dropped.
@@ -103,14 +109,14 @@ type Manager struct {
 	first, last netip.Addr // allocatable range
 	nameservers []string
 
-	stateDir, netnsDir, ipsDir, recDir string
+	stateDir, netnsDir, ipsDir, recDir, rulesDir string
 
 	mu     sync.Mutex
 	h      *netlink.Handle // NETLINK_ROUTE socket in the host namespace
 	brIdx  int
 	next   netip.Addr // allocation cursor (round robin limits early address reuse)
 	closed bool
-	reach  reachState
+	pol    policyState
 }
 
 // New prepares the host (idempotently) and returns a Manager. It must be called
@@ -164,7 +170,8 @@ func New(cfg Config) (*Manager, error) {
 	m.netnsDir = filepath.Join(sd, "netns")
 	m.ipsDir = filepath.Join(sd, "ips")
 	m.recDir = filepath.Join(sd, "sandboxes")
-	for _, d := range []string{m.netnsDir, m.ipsDir, m.recDir} {
+	m.rulesDir = filepath.Join(sd, "rules")
+	for _, d := range []string{m.netnsDir, m.ipsDir, m.recDir, m.rulesDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("network: state dir: %w", err)
 		}
@@ -194,7 +201,11 @@ func New(cfg Config) (*Manager, error) {
 			return nil, err
 		}
 	}
-	if err := applyRules(m.rules()); err != nil {
+	if cfg.ProxyPort < 0 || cfg.ProxyPort > 65535 {
+		return nil, fmt.Errorf("network: proxy port %d", cfg.ProxyPort)
+	}
+	// One transaction with every sandbox's persisted rules: no sandbox is ever without them.
+	if err := applyRules(m.rules(m.restoreRules())); err != nil {
 		return nil, err
 	}
 	if err := m.enableProxyARP(); err != nil {
@@ -214,8 +225,12 @@ func (m *Manager) Subnet() netip.Prefix { return m.cfg.Subnet }
 // Bridge returns the bridge name.
 func (m *Manager) Bridge() string { return m.cfg.Bridge }
 
-// Nameservers returns the nameservers for sandboxes' resolv.conf (see Config).
-func (m *Manager) Nameservers() []string { return append([]string(nil), m.nameservers...) }
+// Nameservers returns the nameservers for sandboxes' resolv.conf: the gateway, where
+// the platform DNS answers (see StartServices).
+func (m *Manager) Nameservers() []string { return []string{m.gateway.String()} }
+
+// Upstreams returns the servers the platform DNS forwards to (Config.Nameservers).
+func (m *Manager) Upstreams() []string { return append([]string(nil), m.nameservers...) }
 
 // NetNSPath returns where the network namespace file of id lives (whether or not it exists).
 func (m *Manager) NetNSPath(id string) string { return filepath.Join(m.netnsDir, id) }
@@ -462,11 +477,15 @@ func (m *Manager) Teardown(id string) error {
 	if err := deleteNetNS(m.NetNSPath(id)); err != nil {
 		errs = append(errs, err)
 	}
-	if rerr == nil && att.IP.IsValid() {
-		if err := m.clearReach(att.IP); err != nil {
-			errs = append(errs, err)
-		}
-		m.freeIP(att.IP, id)
+	var ip netip.Addr
+	if rerr == nil {
+		ip = att.IP
+	}
+	// The address stays taken while rules for it may remain, so no new sandbox inherits them.
+	if err := m.clearRules(id, ip); err != nil {
+		errs = append(errs, err)
+	} else if ip.IsValid() {
+		m.freeIP(ip, id)
 	} else {
 		m.freeIPsOf(id)
 	}
@@ -715,4 +734,25 @@ func bridgeMAC(bridge string) net.HardwareAddr {
 func isLinkNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
+}
+
+// enableProxyARP makes the bridge answer ARP for the sandboxes' addresses and keeps it
+// from telling sandboxes to talk directly (which isolation would stop anyway): packets
+// between sandboxes are routed through the host and meet the forward chain (rules.go).
+func (m *Manager) enableProxyARP() error {
+	var errs []error
+	// Forwarding on the bridge alone (not the host-wide ip_forward): packets between
+	// sandboxes enter and leave through it; everything else is the forward chain's call.
+	for name, v := range map[string]string{"conf/%s/forwarding": "1", "conf/%s/proxy_arp": "1", "conf/%s/proxy_arp_pvlan": "1", "conf/%s/send_redirects": "0",
+		// Answer at once: the default delays proxy replies by up to 0.8 s.
+		"neigh/%s/proxy_delay": "0"} {
+		p := filepath.Join("/proc/sys/net/ipv4", fmt.Sprintf(name, m.cfg.Bridge))
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("network: bridge sysctls: %w", err)
+	}
+	return nil
 }

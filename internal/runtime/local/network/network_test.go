@@ -154,7 +154,7 @@ func TestSandboxesIsolatedFromEachOther(t *testing.T) {
 				}
 			}
 			if c.rules {
-				if err := applyRules(m.rules()); err != nil {
+				if err := applyRules(m.table()); err != nil {
 					t.Fatal(err)
 				}
 			} else if err := deleteTable(m.cfg.Table); err != nil {
@@ -224,7 +224,7 @@ func TestSandboxCannotReachHost(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.rules {
-				if err := applyRules(m.rules()); err != nil {
+				if err := applyRules(m.table()); err != nil {
 					t.Fatal(err)
 				}
 			} else if err := deleteTable(m.cfg.Table); err != nil {
@@ -603,13 +603,13 @@ func TestReach(t *testing.T) {
 	other := setup(t, m, "reach-o-"+randHex(4))
 	serve(t, server.NetNSPath, ":8080", "private")
 	serve(t, server.NetNSPath, ":9090", "undeclared")
-	if err := m.SetReach(server.IP, "org-a", []Port{{"tcp", 8080}}); err != nil {
+	if err := m.SetRules(server.ID, Rules{Org: "org-a", Private: []Port{{"tcp", 8080}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetReach(peer.IP, "org-a", nil); err != nil {
+	if err := m.SetRules(peer.ID, Rules{Org: "org-a"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetReach(other.IP, "org-b", nil); err != nil {
+	if err := m.SetRules(other.ID, Rules{Org: "org-b"}); err != nil {
 		t.Fatal(err)
 	}
 	try := func(from *Attachment, port uint16) error {
@@ -634,22 +634,22 @@ func TestReach(t *testing.T) {
 		t.Error("reached a port the peer never declared")
 	}
 	// Withdrawn (a new declaration replaces the old), then gone with the sandbox.
-	if err := m.SetReach(server.IP, "org-a", nil); err != nil {
+	if err := m.SetRules(server.ID, Rules{Org: "org-a"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := try(peer, 8080); err == nil {
 		t.Error("reached a port no longer private")
 	}
-	if err := m.SetReach(server.IP, "org-a", []Port{{"tcp", 8080}}); err != nil {
+	if err := m.SetRules(server.ID, Rules{Org: "org-a", Private: []Port{{"tcp", 8080}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Teardown(server.ID); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(m.reach.members); n != 2 {
+	if n := len(m.pol.members); n != 2 {
 		t.Errorf("%d members after a teardown, want 2", n)
 	}
-	if err := m.SetReach(netip.MustParseAddr("192.0.2.1"), "org-a", nil); err == nil {
-		t.Error("an address outside the subnet accepted")
+	if err := m.SetRules("no-such-sandbox", Rules{Org: "org-a"}); err == nil {
+		t.Error("rules for a sandbox without a network accepted")
 	}
 }

@@ -10,45 +10,90 @@ import (
 )
 
 // rules returns the nftables script that (re)creates the Manager's table
-// atomically: the leading "table …; delete table …" pair makes the script
-// idempotent, and nft applies the whole file as one transaction.
+// atomically, with the rules of every sandbox in members (see rules.go): the leading
+// "table …; delete table …" pair makes the script idempotent, and nft applies the whole
+// file as one transaction.
 //
-//   - input: from the bridge only replies (established/related) reach the host;
-//     sandboxes cannot open connections to any host address, including the
+//   - input: from the bridge only replies (established/related), the platform DNS
+//     (UDP and TCP 53 on the gateway address) and the egress proxy reach the host;
+//     sandboxes cannot open other connections to any host address, including the
 //     gateway and services on 0.0.0.0.
-//   - forward: replies pass; new connections into the bridge from elsewhere
-//     (and bridge to bridge, i.e. sandbox to sandbox when routed) are dropped;
-//     sandbox traffic to the subnet is dropped; without Egress all other
-//     sandbox traffic is dropped as well. Sandboxes get no IPv6 forwarding.
-//   - postrouting: masquerade the subnet leaving through any non-bridge
+//   - forward: replies pass; sandbox to sandbox (routed through the host) goes to chain
+//     peers; new connections into the bridge from elsewhere pass only to CUSTOM ports
+//     (ingress_of) and are dropped otherwise; a sandbox's traffic to anywhere else meets
+//     its egress chain (egress_of), and without Egress all of it is dropped. Sandboxes
+//     get no IPv6 forwarding.
+//   - prerouting (nat): dns_name grants redirect TCP 443 to the proxy (dnat_of).
+//   - postrouting (nat): masquerade the subnet leaving through any non-bridge
 //     interface (Egress only).
 //
 // Layer-2 traffic between sandboxes never reaches netfilter; the bridge ports
 // are "isolated" for that.
-func (m *Manager) rules() string {
+func (m *Manager) rules(members []*member) string {
 	br := quote(m.cfg.Bridge)
 	sub := m.cfg.Subnet.String()
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\n", m.cfg.Table, m.cfg.Table)
 	fmt.Fprintf(&b, "table inet %s {\n", m.cfg.Table)
-	b.WriteString(m.reachSets())
+	fmt.Fprintf(&b, `	set reserved {
+		type ipv4_addr; flags interval
+		elements = { %s }
+	}
+	map org_of {
+		type ipv4_addr : mark
+	}
+	set peer {
+		type ipv4_addr . inet_proto . inet_service . mark
+	}
+	map egress_of {
+		type ipv4_addr : verdict
+	}
+	map ingress_of {
+		type ipv4_addr : verdict
+	}
+	map dnat_of {
+		type ipv4_addr : verdict
+	}
+`, m.reservedElements())
+	proxy := ""
+	if m.cfg.ProxyPort != 0 {
+		proxy = fmt.Sprintf("\t\tiifname %s ip daddr %s tcp dport %d accept\n", br, m.gateway, m.cfg.ProxyPort)
+	}
 	fmt.Fprintf(&b, `	chain input {
 		type filter hook input priority filter; policy accept;
 		iifname %[1]s ct state established,related accept
-		iifname %[1]s drop
+		iifname %[1]s ip daddr %[3]s meta l4proto { tcp, udp } th dport 53 accept
+%[4]s		iifname %[1]s drop
 	}
 	chain forward {
 		type filter hook forward priority filter; policy accept;
 		iifname %[1]s ct state established,related accept
 		oifname %[1]s ct state established,related accept
-%[3]s		oifname %[1]s drop
-		iifname %[1]s ip daddr %[2]s drop
 		iifname %[1]s meta nfproto ipv6 drop
-`, br, sub, m.reachRules(br))
+		iifname %[1]s oifname %[1]s goto peers
+		oifname %[1]s ip daddr vmap @ingress_of
+		oifname %[1]s drop
+		iifname %[1]s ip daddr %[2]s drop
+`, br, sub, m.gateway, proxy)
 	if !m.cfg.Egress {
 		fmt.Fprintf(&b, "\t\tiifname %s drop\n", br)
 	}
-	b.WriteString("\t}\n")
+	fmt.Fprintf(&b, `		iifname %[1]s ip saddr vmap @egress_of
+	}
+	chain peers {
+		meta mark set ip saddr map @org_of
+		ip daddr . meta l4proto . th dport . meta mark @peer goto peer_egress
+		drop
+	}
+	chain peer_egress {
+		ip saddr vmap @egress_of
+		accept
+	}
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname %[1]s ip saddr vmap @dnat_of
+	}
+`, br)
 	if m.cfg.Egress {
 		fmt.Fprintf(&b, `	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
@@ -57,6 +102,9 @@ func (m *Manager) rules() string {
 `, sub, br)
 	}
 	b.WriteString("}\n")
+	for _, mem := range members {
+		m.memberScript(&b, nil, mem)
+	}
 	return b.String()
 }
 

@@ -1,0 +1,584 @@
+package network
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Per-sandbox rules (SetRules), enforced on the host where nothing inside a sandbox can
+// touch them.
+//
+// Sandboxes are isolated from each other at layer 2 (isolated bridge ports); the bridge
+// answers ARP for every sandbox address (proxy ARP, private-VLAN style), so
+// sandbox-to-sandbox packets are routed through the host and meet the forward chain:
+//
+//   - the destination's ingress side first: the (address, protocol, port, organization)
+//     must be in set "peer": its PRIVATE ports, and the CUSTOM ports its same_org
+//     ingress rules open, each tagged with its organization's number; the source's
+//     number comes from map org_of (meta mark). Nothing else of another sandbox is
+//     reachable.
+//   - then the source's egress side, as for any other destination.
+//
+// Egress of a sandbox with a runtime.Network is one chain of its own, e<hex address>,
+// reached through the verdict map egress_of keyed by source address: accept rules for
+// its CIDR/any/same_org rules, then drop. A sandbox without one (nil Network: specs
+// recorded before rules existed, or a warm-pool container) is in no map and keeps the
+// old behaviour (everything but the host and other sandboxes, with Config.Egress).
+// CUSTOM ports opened to CIDR/any sources outside the host are chain i<hex> (verdict
+// map ingress_of keyed by destination address), and a sandbox with dns_name grants has
+// chain n<hex> in nat prerouting (map dnat_of): its TCP 443 not already allowed by a
+// CIDR/any rule is redirected to the SNI proxy on the gateway.
+//
+// A change touches only the sandbox's own elements and chains, so its cost does not
+// grow with the number of sandboxes. Rules are persisted next to the attachment
+// (rules/<id>.json) and New rebuilds the table with all of them in one transaction, so
+// a restarted runner never leaves a sandbox with fewer restrictions than it had.
+// Organizations are numbered per Manager (nftables wants fixed-size keys); New numbers
+// them again from the persisted rules.
+
+// Port is a sandbox port (a service) that rules open.
+type Port struct {
+	Proto string `json:"proto"` // "tcp" or "udp"
+	Port  uint16 `json:"port"`
+}
+
+// Rules are what one sandbox may reach and what may reach it.
+type Rules struct {
+	// Org is the sandbox's organization ("" = none).
+	Org string `json:"org,omitempty"`
+	// Private ports are reachable from the other sandboxes of Org (visibility "private").
+	Private []Port `json:"private,omitempty"`
+	// Custom ports are reachable as Network.Ingress says (visibility "custom").
+	Custom []Port `json:"custom,omitempty"`
+	// Network holds the effective egress and ingress rules. nil: no egress rules
+	// (Config.Egress decides, as before rules existed) and Custom ports stay closed.
+	Network *runtime.Network `json:"network,omitempty"`
+}
+
+// reservedPrefixes are what "any" excludes besides the sandbox subnet and the host's own
+// addresses (which never reach the forward chain: the input chain drops them):
+// "this" network, RFC 1918, CGNAT, loopback, link-local (cloud metadata), multicast,
+// reserved and broadcast.
+var reservedPrefixes = []string{
+	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+	"172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+}
+
+// member is a sandbox's applied rules, compiled.
+type member struct {
+	ip      netip.Addr
+	mark    uint32   // organization number; 0: none
+	peer    []Port   // opened to the organization
+	egress  []string // chain e…, nil: none (legacy)
+	ingress []string // chain i…, nil: none
+	dnat    []string // chain n…, nil: none
+	grants  []string // dns_name patterns, for the proxy
+}
+
+type policyState struct {
+	mu      sync.Mutex // serializes rule changes: nft transactions of one table
+	orgs    map[string]uint32
+	members map[netip.Addr]*member
+}
+
+// SetRules applies r to sandbox id (which must have been Setup) in one nftables
+// transaction, replacing what was set before, and persists it for New. Teardown removes
+// the rules.
+func (m *Manager) SetRules(id string, r Rules) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	att, err := m.readRecord(id)
+	if err != nil {
+		return fmt.Errorf("network: rules of %s: %w", id, err)
+	}
+	p := &m.pol
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mem, err := m.compile(att.IP, r)
+	if err != nil {
+		return fmt.Errorf("network: rules of %s: %w", id, err)
+	}
+	var b strings.Builder
+	m.memberScript(&b, p.members[att.IP], mem)
+	if err := runNft(b.String()); err != nil {
+		return fmt.Errorf("network: rules of %s: nftables: %w", id, err)
+	}
+	p.members[att.IP] = mem
+	if err := m.writeRules(id, &r); err != nil {
+		return fmt.Errorf("network: rules of %s: %w", id, err)
+	}
+	return nil
+}
+
+// Grants returns the dns_name patterns of the sandbox at src (for the SNI proxy).
+func (m *Manager) Grants(src netip.Addr) []string {
+	p := &m.pol
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if mem := p.members[src.Unmap()]; mem != nil {
+		return append([]string(nil), mem.grants...)
+	}
+	return nil
+}
+
+// clearRules forgets the sandbox at ip (Teardown).
+func (m *Manager) clearRules(id string, ip netip.Addr) error {
+	p := &m.pol
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old := p.members[ip]; old != nil {
+		var b strings.Builder
+		m.memberScript(&b, old, nil)
+		if err := runNft(b.String()); err != nil {
+			return fmt.Errorf("network: remove rules of %s: %w", id, err)
+		}
+		delete(p.members, ip)
+	}
+	if err := os.Remove(m.rulesPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("network: %w", err)
+	}
+	return nil
+}
+
+// restoreRules compiles the persisted rules of every sandbox with a record (New). A
+// record whose rules no longer compile gets a chain that drops everything rather than
+// none, which would mean the old, open behaviour.
+func (m *Manager) restoreRules() []*member {
+	p := &m.pol
+	p.orgs, p.members = map[string]uint32{}, map[netip.Addr]*member{}
+	ents, _ := os.ReadDir(m.rulesDir)
+	var out []*member
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || validID(id) != nil {
+			continue
+		}
+		att, err := m.readRecord(id)
+		if err != nil || !att.IP.IsValid() {
+			continue
+		}
+		var r Rules
+		b, err := os.ReadFile(filepath.Join(m.rulesDir, e.Name()))
+		if err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+		mem := (*member)(nil)
+		if err == nil {
+			mem, err = m.compile(att.IP, r)
+		}
+		if err != nil {
+			mem = &member{ip: att.IP, egress: []string{"drop"}}
+		}
+		p.members[att.IP] = mem
+		out = append(out, mem)
+	}
+	return out
+}
+
+// table returns the script that rebuilds the whole table with the rules in force.
+func (m *Manager) table() string {
+	m.pol.mu.Lock()
+	defer m.pol.mu.Unlock()
+	members := make([]*member, 0, len(m.pol.members))
+	for _, mem := range m.pol.members {
+		members = append(members, mem)
+	}
+	return m.rules(members)
+}
+
+func (m *Manager) rulesPath(id string) string { return filepath.Join(m.rulesDir, id+".json") }
+
+func (m *Manager) writeRules(id string, r *Rules) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(m.rulesPath(id), string(b)); err != nil {
+		return fmt.Errorf("persist rules: %w", err)
+	}
+	return nil
+}
+
+// compile checks r and turns it into the sandbox's chains and elements. Caller holds
+// pol.mu (organization numbers).
+func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
+	if !ip.Is4() || !m.cfg.Subnet.Contains(ip) {
+		return nil, fmt.Errorf("%v is not a sandbox address", ip)
+	}
+	for _, ps := range [][]Port{r.Private, r.Custom} {
+		for _, p := range ps {
+			if (p.Proto != "tcp" && p.Proto != "udp") || p.Port == 0 {
+				return nil, fmt.Errorf("invalid port %s/%d", p.Proto, p.Port)
+			}
+		}
+	}
+	mem := &member{ip: ip}
+	if r.Org != "" {
+		mark, ok := m.pol.orgs[r.Org]
+		if !ok {
+			mark = uint32(len(m.pol.orgs) + 1)
+			m.pol.orgs[r.Org] = mark
+		}
+		mem.mark = mark
+	}
+	mem.peer = append(mem.peer, r.Private...)
+	n := r.Network
+	if n == nil {
+		mem.peer = dedupPorts(mem.peer)
+		return mem, nil
+	}
+	// Egress.
+	sub := m.cfg.Subnet.String()
+	var toPeers, out, keep443 []string
+	for i, e := range n.Egress {
+		if n.DenyEgress {
+			break
+		}
+		set := 0
+		for _, b := range []bool{e.CIDR != "", e.DNSName != "", e.Tenant != "", e.Any} {
+			if b {
+				set++
+			}
+		}
+		if set != 1 {
+			return nil, fmt.Errorf("egress[%d]: exactly one of cidr, dns_name, tenant and any must be set", i)
+		}
+		ports, err := portMatches(e.Ports)
+		if err != nil {
+			return nil, fmt.Errorf("egress[%d]: %w", i, err)
+		}
+		switch {
+		case e.Tenant != "":
+			if e.Tenant != runtime.TenantSameOrg {
+				return nil, fmt.Errorf("egress[%d]: tenant %q is not supported by this backend", i, e.Tenant)
+			}
+			for _, pm := range ports {
+				toPeers = append(toPeers, join("ip daddr", sub, pm, "accept"))
+			}
+		case e.DNSName != "":
+			if m.cfg.ProxyPort == 0 {
+				return nil, fmt.Errorf("egress[%d]: dns_name needs the egress proxy (Config.ProxyPort)", i)
+			}
+			if err := validPattern(e.DNSName); err != nil {
+				return nil, fmt.Errorf("egress[%d]: %w", i, err)
+			}
+			mem.grants = append(mem.grants, e.DNSName)
+		default:
+			dst, err := addrMatch("daddr", e.Any, e.CIDR, e.Except)
+			if err != nil {
+				return nil, fmt.Errorf("egress[%d]: %w", i, err)
+			}
+			if dst == "" {
+				continue // IPv6: sandboxes have no IPv6, nothing to allow
+			}
+			for _, pm := range ports {
+				out = append(out, join(dst, pm, "accept"))
+			}
+			if covers443(e.Ports) {
+				keep443 = append(keep443, join(dst, "return"))
+			}
+		}
+	}
+	mem.egress = append(mem.egress, toPeers...)
+	mem.egress = append(mem.egress, join("ip daddr", sub, "drop"))
+	mem.egress = append(mem.egress, out...)
+	mem.egress = append(mem.egress, "drop")
+	if len(mem.grants) > 0 {
+		// TCP 443 a CIDR/any rule allows goes out directly; the rest is the proxy's, which
+		// checks the server name against the grants and dials the name itself.
+		mem.dnat = append(mem.dnat, join("ip daddr", sub, "return"), "fib daddr type local return")
+		mem.dnat = append(mem.dnat, keep443...)
+		mem.dnat = append(mem.dnat, fmt.Sprintf("meta l4proto tcp th dport 443 dnat ip to %s:%d", m.gateway, m.cfg.ProxyPort))
+	}
+
+	// Ingress: only CUSTOM ports, and only what a rule opens.
+	for i, in := range n.Ingress {
+		if n.DenyIngress || len(r.Custom) == 0 {
+			break
+		}
+		set := 0
+		for _, b := range []bool{in.CIDR != "", in.Tenant != "", in.Any} {
+			if b {
+				set++
+			}
+		}
+		if set != 1 {
+			return nil, fmt.Errorf("ingress[%d]: exactly one of cidr, tenant and any must be set", i)
+		}
+		if _, err := portMatches(in.Ports); err != nil {
+			return nil, fmt.Errorf("ingress[%d]: %w", i, err)
+		}
+		open := intersect(r.Custom, in.Ports)
+		if in.Tenant != "" {
+			if in.Tenant != runtime.TenantSameOrg {
+				return nil, fmt.Errorf("ingress[%d]: tenant %q is not supported by this backend", i, in.Tenant)
+			}
+			mem.peer = append(mem.peer, open...)
+			continue
+		}
+		src, err := addrMatch("saddr", in.Any, in.CIDR, in.Except)
+		if err != nil {
+			return nil, fmt.Errorf("ingress[%d]: %w", i, err)
+		}
+		if src == "" || len(open) == 0 {
+			continue
+		}
+		for _, pm := range portSetMatches(open) {
+			mem.ingress = append(mem.ingress, join(src, pm, "accept"))
+		}
+	}
+	mem.peer = dedupPorts(mem.peer)
+	return mem, nil
+}
+
+// memberScript writes the nft commands that take a sandbox from old to new (either nil).
+func (m *Manager) memberScript(b *strings.Builder, old, new *member) {
+	t := m.cfg.Table
+	if old != nil {
+		if old.mark != 0 {
+			fmt.Fprintf(b, "delete element inet %s org_of { %s }\n", t, old.ip)
+			for _, p := range old.peer {
+				fmt.Fprintf(b, "delete element inet %s peer { %s . %s . %d . 0x%x }\n", t, old.ip, p.Proto, p.Port, old.mark)
+			}
+		}
+	}
+	if new != nil && new.mark != 0 {
+		fmt.Fprintf(b, "add element inet %s org_of { %s : 0x%x }\n", t, new.ip, new.mark)
+		for _, p := range new.peer {
+			fmt.Fprintf(b, "add element inet %s peer { %s . %s . %d . 0x%x }\n", t, new.ip, p.Proto, p.Port, new.mark)
+		}
+	}
+	hex := ipHex(first(old, new).ip)
+	for _, c := range []struct {
+		prefix, vmap string
+		rules        func(*member) []string
+	}{
+		{"e", "egress_of", func(x *member) []string { return x.egress }},
+		{"i", "ingress_of", func(x *member) []string { return x.ingress }},
+		{"n", "dnat_of", func(x *member) []string { return x.dnat }},
+	} {
+		var had, has []string
+		if old != nil {
+			had = c.rules(old)
+		}
+		if new != nil {
+			has = c.rules(new)
+		}
+		chain := c.prefix + hex
+		switch {
+		case had != nil && has == nil:
+			fmt.Fprintf(b, "delete element inet %s %s { %s }\n", t, c.vmap, old.ip)
+			fmt.Fprintf(b, "delete chain inet %s %s\n", t, chain)
+			continue
+		case had != nil:
+			fmt.Fprintf(b, "flush chain inet %s %s\n", t, chain)
+		case has != nil:
+			fmt.Fprintf(b, "add chain inet %s %s\n", t, chain)
+		default:
+			continue
+		}
+		for _, r := range has {
+			fmt.Fprintf(b, "add rule inet %s %s %s\n", t, chain, r)
+		}
+		if had == nil {
+			fmt.Fprintf(b, "add element inet %s %s { %s : jump %s }\n", t, c.vmap, new.ip, chain)
+		}
+	}
+}
+
+func first(a, b *member) *member {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func ipHex(ip netip.Addr) string {
+	b := ip.As4()
+	return fmt.Sprintf("%02x%02x%02x%02x", b[0], b[1], b[2], b[3])
+}
+
+// reservedElements is the set "reserved": reservedPrefixes plus the sandbox subnet when
+// none of them holds it (an interval set refuses overlaps).
+func (m *Manager) reservedElements() string {
+	elems := append([]string(nil), reservedPrefixes...)
+	inside := false
+	for _, r := range reservedPrefixes {
+		if netip.MustParsePrefix(r).Overlaps(m.cfg.Subnet) {
+			inside = inside || netip.MustParsePrefix(r).Bits() <= m.cfg.Subnet.Bits()
+		}
+	}
+	if !inside {
+		elems = append(elems, m.cfg.Subnet.String())
+	}
+	return strings.Join(elems, ", ")
+}
+
+// addrMatch is the nft match of a CIDR (with exceptions) or "any" on field (saddr or
+// daddr); "" for an IPv6 prefix, which no sandbox traffic can match.
+func addrMatch(field string, anyAddr bool, cidr string, except []string) (string, error) {
+	if anyAddr {
+		return "ip " + field + " != @reserved", nil
+	}
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return "", fmt.Errorf("cidr %q: %w", cidr, err)
+	}
+	if !p.Addr().Is4() {
+		return "", nil
+	}
+	var parts []string
+	if p.Bits() > 0 {
+		parts = append(parts, "ip "+field+" "+p.Masked().String())
+	}
+	var ex []string
+	for _, e := range except {
+		q, err := netip.ParsePrefix(e)
+		if err != nil {
+			return "", fmt.Errorf("except %q: %w", e, err)
+		}
+		if q.Addr().Is4() && q.Overlaps(p) {
+			ex = append(ex, q.Masked().String())
+		}
+	}
+	if len(ex) > 0 {
+		parts = append(parts, "ip "+field+" != { "+strings.Join(ex, ", ")+" }")
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "meta nfproto ipv4")
+	}
+	return strings.Join(parts, " "), nil
+}
+
+// portMatches turns port ranges into nft matches, one per protocol; [""] (match all)
+// for none.
+func portMatches(ports []runtime.PortRange) ([]string, error) {
+	if len(ports) == 0 {
+		return []string{""}, nil
+	}
+	byProto := map[string][]string{}
+	for _, p := range ports {
+		proto := p.Protocol
+		if proto == "" {
+			proto = "tcp"
+		}
+		if proto != "tcp" && proto != "udp" && proto != "sctp" {
+			return nil, fmt.Errorf("protocol %q (want tcp, udp or sctp)", p.Protocol)
+		}
+		if p.Port < 1 || p.Port > 65535 || p.EndPort != 0 && (p.EndPort < p.Port || p.EndPort > 65535) {
+			return nil, fmt.Errorf("port range %d-%d", p.Port, p.EndPort)
+		}
+		s := fmt.Sprint(p.Port)
+		if p.EndPort > p.Port {
+			s += fmt.Sprintf("-%d", p.EndPort)
+		}
+		byProto[proto] = append(byProto[proto], s)
+	}
+	var out []string
+	for _, proto := range sortedKeys(byProto) {
+		out = append(out, fmt.Sprintf("meta l4proto %s th dport { %s }", proto, strings.Join(byProto[proto], ", ")))
+	}
+	return out, nil
+}
+
+func portSetMatches(ports []Port) []string {
+	byProto := map[string][]string{}
+	for _, p := range ports {
+		byProto[p.Proto] = append(byProto[p.Proto], fmt.Sprint(p.Port))
+	}
+	var out []string
+	for _, proto := range sortedKeys(byProto) {
+		out = append(out, fmt.Sprintf("meta l4proto %s th dport { %s }", proto, strings.Join(byProto[proto], ", ")))
+	}
+	return out
+}
+
+// covers443 reports whether a rule with these ports allows TCP 443.
+func covers443(ports []runtime.PortRange) bool {
+	return len(ports) == 0 || len(intersect([]Port{{"tcp", 443}}, ports)) > 0
+}
+
+// intersect returns the ports of ps a rule with ranges rs allows (all for no ranges).
+func intersect(ps []Port, rs []runtime.PortRange) []Port {
+	if len(rs) == 0 {
+		return append([]Port(nil), ps...)
+	}
+	var out []Port
+	for _, p := range ps {
+		for _, r := range rs {
+			proto, end := r.Protocol, r.EndPort
+			if proto == "" {
+				proto = "tcp"
+			}
+			if end < r.Port {
+				end = r.Port
+			}
+			if proto == p.Proto && int(p.Port) >= r.Port && int(p.Port) <= end {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func dedupPorts(ps []Port) []Port {
+	seen := map[Port]bool{}
+	var out []Port
+	for _, p := range ps {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// validPattern accepts a host name or one leftmost wildcard label ("*.example.com").
+// The SNI proxy matches names against it.
+func validPattern(p string) error {
+	name := strings.TrimPrefix(p, "*.")
+	if name == "" || len(p) > 253 || strings.Contains(name, "*") {
+		return fmt.Errorf("dns_name %q: want a host name or *.<host name>", p)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("dns_name %q: bad label", p)
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return fmt.Errorf("dns_name %q: bad character %q", p, c)
+			}
+		}
+	}
+	return nil
+}
+
+func join(parts ...string) string {
+	var nonEmpty []string
+	for _, p := range parts {
+		if p != "" {
+			nonEmpty = append(nonEmpty, p)
+		}
+	}
+	return strings.Join(nonEmpty, " ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
