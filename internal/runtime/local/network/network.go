@@ -117,6 +117,7 @@ type Manager struct {
 	next   netip.Addr // allocation cursor (round robin limits early address reuse)
 	closed bool
 	pol    policyState
+	svc    *services // StartServices
 }
 
 // New prepares the host (idempotently) and returns a Manager. It must be called
@@ -500,7 +501,8 @@ func (m *Manager) Teardown(id string) error {
 	return nil
 }
 
-// Close releases the Manager's resources. Host setup and sandbox networks stay.
+// Close releases the Manager's resources and stops its services (StartServices). Host
+// setup, sandbox networks and their rules stay.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -509,6 +511,10 @@ func (m *Manager) Close() error {
 	}
 	m.closed = true
 	m.h.Close()
+	if m.svc != nil {
+		m.svc.stop()
+		m.svc = nil
+	}
 	return nil
 }
 

@@ -205,17 +205,30 @@ func serveAddr(t testing.TB, path, addr string) {
 		t.Fatalf("listen %s: %v", addr, err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s %s\n", c.LocalAddr(), c.RemoteAddr())
-			c.Close()
-		}
-	}()
+	go func() { _ = serveLines(ln) }()
 }
+
+// serveLines answers every connection with "<local address> <remote address>\n".
+func serveLines(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c, "%s %s\n", c.LocalAddr(), c.RemoteAddr())
+		c.Close()
+	}
+}
+
+// Stand-ins for internal/egress's servers: they only show who called.
+type echoDNS struct{}
+
+func (echoDNS) ServeUDP(pc net.PacketConn) error { echoUDP(pc); return nil }
+func (echoDNS) ServeTCP(l net.Listener) error    { return serveLines(l) }
+
+type lineProxy struct{}
+
+func (lineProxy) Serve(l net.Listener) error { return serveLines(l) }
 
 // udpExchange sends payload from the namespace at path and returns the reply.
 func udpExchange(path, addr string, payload []byte, timeout time.Duration) ([]byte, error) {
@@ -532,16 +545,13 @@ func TestPlatformDNSAndProxy(t *testing.T) {
 	if ns := m.Nameservers(); len(ns) != 1 || ns[0] != gw {
 		t.Errorf("resolv.conf nameservers %v, want the gateway %s", ns, gw)
 	}
-	// Stand-ins on the gateway: DNS over UDP and TCP, the proxy, and a port nobody may use.
-	pc, err := net.ListenPacket("udp4", gw+":53")
-	if err != nil {
+	if err := m.StartServices(echoDNS{}, lineProxy{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pc.Close() })
-	go echoUDP(pc)
-	serveAddr(t, "", gw+":53")
-	serveAddr(t, "", fmt.Sprintf("%s:%d", gw, cfg.ProxyPort))
-	serveAddr(t, "", gw+":54")
+	if err := m.StartServices(echoDNS{}, nil); err == nil {
+		t.Error("services started twice")
+	}
+	serveAddr(t, "", gw+":54") // a port nobody may use
 
 	grants := &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "*.example.com"}, {DNSName: "example.org"}, {CIDR: cidr32(w.dst[pub])}}}
 	proxy := fmt.Sprintf("%s:%d", gw, cfg.ProxyPort)
@@ -734,5 +744,37 @@ func BenchmarkSetupWithRules(b *testing.B) {
 			b.ReportMetric(float64(rulesT.Microseconds())/float64(i), "rules-µs/op")
 			b.ReportMetric(float64(teardownT.Microseconds())/float64(i), "teardown-µs/op")
 		})
+	}
+}
+
+func TestForbidden(t *testing.T) {
+	m := newTestManager(t, true)
+	w := newWorld(t, m) // its link gives the host an address outside the reserved ranges
+	a := setup(t, m, "fb-"+randHex(4))
+	cases := []struct {
+		addr      string
+		forbidden bool
+	}{
+		{w.addr.String(), false},
+		{w.dst[pub].String(), false},
+		{"8.8.8.8", false},
+		{w.hostAddr.String(), true}, // the host's own
+		{m.Gateway().String(), true},
+		{a.IP.String(), true},
+		{"127.0.0.1", true},
+		{"169.254.169.254", true},
+		{"10.1.2.3", true},
+		{"172.20.0.1", true},
+		{"192.168.1.1", true},
+		{"100.64.0.1", true},
+		{"224.0.0.1", true},
+		{"0.0.0.0", true},
+		{"::1", true},
+		{"2001:db8::1", true},
+	}
+	for _, c := range cases {
+		if got := m.Forbidden(netip.MustParseAddr(c.addr)); got != c.forbidden {
+			t.Errorf("Forbidden(%s) = %v, want %v", c.addr, got, c.forbidden)
+		}
 	}
 }
