@@ -108,15 +108,16 @@ func (m *Manager) SetRules(id string, r Rules) error {
 	if err != nil {
 		return fmt.Errorf("network: rules of %s: %w", id, err)
 	}
+	// Persisted first: a crash in between leaves New the rules meant, never fewer.
+	if err := m.writeRules(id, &r); err != nil {
+		return fmt.Errorf("network: rules of %s: %w", id, err)
+	}
 	var b strings.Builder
 	m.memberScript(&b, p.members[att.IP], mem)
 	if err := runNft(b.String()); err != nil {
 		return fmt.Errorf("network: rules of %s: nftables: %w", id, err)
 	}
 	p.members[att.IP] = mem
-	if err := m.writeRules(id, &r); err != nil {
-		return fmt.Errorf("network: rules of %s: %w", id, err)
-	}
 	return nil
 }
 
