@@ -200,7 +200,8 @@ func runnerCmd(args []string) error {
 	local := gateway.NewLocalRunner(*runnerID, rn)
 	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
 	if *edgeListen != "" {
-		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger}
+		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger,
+			SessionKeyFile: filepath.Join(*dataDir, "edge-session.key")}
 		if ident != nil {
 			// Registered: the control plane signs the edge's certificate and vouches for
 			// the API keys of TOKEN endpoints. Unregistered runners have no key store:
