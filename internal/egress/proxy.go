@@ -17,6 +17,7 @@ import (
 
 const (
 	defaultHandshakeTimeout = 10 * time.Second
+	defaultMaxConnsPerSrc   = 512
 	dialTimeout             = 10 * time.Second // resolving the name, and again connecting
 	upstreamPort            = 443
 )
@@ -48,11 +49,15 @@ type Proxy struct {
 	Log  *slog.Logger // nil: slog.Default()
 	// HandshakeTimeout bounds reading the ClientHello; 0 = 10 s.
 	HandshakeTimeout time.Duration
+	// MaxConnsPerSource caps one sandbox's connections at once, so that one cannot
+	// exhaust the host's file descriptors for all; 0 = 512. More are closed at once.
+	MaxConnsPerSource int
 
 	mu        sync.Mutex
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // both ends of every connection being handled
+	perSource map[netip.Addr]int    // accepted connections being handled, by source
 	wg        sync.WaitGroup        // one per connection being handled
 }
 
@@ -82,11 +87,13 @@ func (p *Proxy) Serve(l net.Listener) error {
 			return fmt.Errorf("egress proxy: accept: %w", err)
 		}
 		backoff = 0
-		if !p.add(c, true) {
+		src := addrOf(c.RemoteAddr())
+		if err := p.admit(c, src); err != nil {
+			p.log().Info("egress proxy: refused: "+err.Error(), "src", src)
 			_ = c.Close()
 			continue
 		}
-		go p.handle(c)
+		go p.handle(c, src)
 	}
 }
 
@@ -152,22 +159,57 @@ func (p *Proxy) untrack(l net.Listener) {
 	p.mu.Unlock()
 }
 
-// add tracks a connection being handled; an accepted one also counts in wg (added under
-// mu, so that no Add races with the Wait of a Close that has set closed).
-func (p *Proxy) add(c net.Conn, accepted bool) bool {
+// admit tracks an accepted connection from src and counts it in wg (under mu, so that
+// no Add races with the Wait of a Close that has set closed).
+func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
+	limit := p.MaxConnsPerSource
+	if limit <= 0 {
+		limit = defaultMaxConnsPerSrc
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return net.ErrClosed
+	}
+	if p.perSource[src] >= limit {
+		return fmt.Errorf("%d connections from this source already", limit)
+	}
+	if p.perSource == nil {
+		p.perSource = make(map[netip.Addr]int)
+	}
+	p.perSource[src]++
+	p.addLocked(c)
+	p.wg.Add(1)
+	return nil
+}
+
+// done undoes admit.
+func (p *Proxy) done(c net.Conn, src netip.Addr) {
+	p.remove(c)
+	p.mu.Lock()
+	if p.perSource[src]--; p.perSource[src] <= 0 {
+		delete(p.perSource, src)
+	}
+	p.mu.Unlock()
+	p.wg.Done()
+}
+
+// add tracks an upstream connection, so that Close reaches it.
+func (p *Proxy) add(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return false
 	}
+	p.addLocked(c)
+	return true
+}
+
+func (p *Proxy) addLocked(c net.Conn) {
 	if p.conns == nil {
 		p.conns = make(map[net.Conn]struct{})
 	}
 	p.conns[c] = struct{}{}
-	if accepted {
-		p.wg.Add(1)
-	}
-	return true
 }
 
 func (p *Proxy) remove(c net.Conn) {
@@ -211,10 +253,8 @@ func isIPLike(name string) bool {
 	return strings.Trim(last, "0123456789") == ""
 }
 
-func (p *Proxy) handle(c net.Conn) {
-	defer p.wg.Done() // after remove
-	defer p.remove(c)
-	src := addrOf(c.RemoteAddr())
+func (p *Proxy) handle(c net.Conn, src netip.Addr) {
+	defer p.done(c, src)
 	timeout := p.HandshakeTimeout
 	if timeout <= 0 {
 		timeout = defaultHandshakeTimeout
@@ -244,7 +284,7 @@ func (p *Proxy) handle(c net.Conn) {
 		}
 		return
 	}
-	if !p.add(up, false) {
+	if !p.add(up) {
 		_ = up.Close()
 		return
 	}

@@ -379,3 +379,35 @@ func FuzzSNIPath(f *testing.F) {
 		}
 	})
 }
+
+// TestProxyMaxConnsPerSource: one sandbox's connections beyond the cap are closed at
+// once; another sandbox is not affected.
+func TestProxyMaxConnsPerSource(t *testing.T) {
+	e := newProxyEnv(t, func(p *Proxy) { p.MaxConnsPerSource = 2 })
+	// Two silent connections hold granted's slots (for the 2 s handshake timeout).
+	e.dial(t, granted)
+	e.dial(t, granted)
+	waitFor(t, "two connections from granted", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.perSource[granted] == 2
+	})
+	start := time.Now()
+	got, err := readAllUntilClosed(e.dial(t, granted), 5*time.Second)
+	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
+		t.Errorf("third connection: read %x, %v after %v; want closed at once", got, err, time.Since(start))
+	}
+	e.log.waitLog(t, "refused: 2 connections from this source already", "src="+granted.String())
+	// Another source still gets through, and so does granted once a slot is free.
+	if _, _, err := e.get(t, stranger, &tls.Config{InsecureSkipVerify: true, ServerName: "x.example.test"}); err == nil || !strings.Contains(err.Error(), "access denied") {
+		t.Errorf("other source: %v, want its own refusal (access denied), not the cap", err)
+	}
+	waitFor(t, "granted's slots to free", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.perSource[granted] == 0
+	})
+	if _, _, err := e.get(t, granted, e.in.ClientConfig("api.example.test")); err != nil {
+		t.Errorf("after the slots freed: %v", err)
+	}
+}
