@@ -17,6 +17,7 @@ const (
 	defaultDNSTimeout = 2 * time.Second
 	dnsTCPIdle        = 10 * time.Second // a TCP client silent this long is closed (RFC 7766 §6.2.3)
 	maxUDPInFlight    = 1024             // queries relayed at once; more are dropped, the client retries
+	maxTCPConns       = 1024             // TCP clients at once; more are closed (they can use UDP)
 	dnsHeaderLen      = 12
 )
 
@@ -31,10 +32,11 @@ type DNS struct {
 	Timeout   time.Duration // per upstream attempt; 0 = 2 s
 	Log       *slog.Logger  // nil: slog.Default()
 
-	mu     sync.Mutex
-	closed bool
-	open   map[io.Closer]struct{} // packet conns, listeners and TCP connections being served
-	wg     sync.WaitGroup
+	mu       sync.Mutex
+	closed   bool
+	open     map[io.Closer]struct{} // packet conns, listeners and TCP connections being served
+	tcpConns int
+	wg       sync.WaitGroup
 }
 
 // ServeUDP answers the queries arriving on pc until pc is closed (then it returns nil)
@@ -108,6 +110,9 @@ func (d *DNS) ServeTCP(l net.Listener) error {
 			return fmt.Errorf("dns: accept: %w", err)
 		}
 		if !d.track(c, true) {
+			if !d.isClosed() {
+				d.log().Warn("dns: too many TCP clients, closed one", "src", c.RemoteAddr())
+			}
 			_ = c.Close()
 			continue
 		}
@@ -117,8 +122,13 @@ func (d *DNS) ServeTCP(l net.Listener) error {
 
 func (d *DNS) serveConn(c net.Conn) {
 	defer d.wg.Done()
-	defer d.untrack(c)
-	defer c.Close()
+	defer func() {
+		_ = c.Close()
+		d.mu.Lock()
+		delete(d.open, c)
+		d.tcpConns--
+		d.mu.Unlock()
+	}()
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(dnsTCPIdle))
 		q, err := readTCPMsg(c)
@@ -158,14 +168,24 @@ func (d *DNS) track(c io.Closer, conn bool) bool {
 	if d.closed {
 		return false
 	}
+	if conn && d.tcpConns >= maxTCPConns {
+		return false
+	}
 	if d.open == nil {
 		d.open = make(map[io.Closer]struct{})
 	}
 	d.open[c] = struct{}{}
 	if conn {
+		d.tcpConns++
 		d.wg.Add(1) // under mu: no Add races with Close's Wait
 	}
 	return true
+}
+
+func (d *DNS) isClosed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
 }
 
 // begin counts a UDP query in wg unless closed.
