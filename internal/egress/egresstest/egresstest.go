@@ -15,6 +15,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/netip"
@@ -224,7 +226,7 @@ func (in *Internet) Do(f func() error) error {
 			errc <- fmt.Errorf("current namespace: %w", err)
 			return // still locked: the thread exits with the goroutine
 		}
-		defer orig.Close()
+		defer func() { _ = orig.Close() }()
 		if err := netns.Set(in.ns); err != nil {
 			errc <- fmt.Errorf("enter %s: %w", in.NS, err)
 			return
@@ -312,7 +314,7 @@ func (in *Internet) ServeHTTPS(t testing.TB, addr netip.Addr, names ...string) *
 			}
 		},
 		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          nil,
+		ErrorLog:          log.New(io.Discard, "", 0), // handshakes the tests break on purpose
 	}
 	go func() { _ = srv.ServeTLS(l, "", "") }()
 	in.onClose(func() { _ = srv.Close() })
@@ -324,7 +326,7 @@ var zeros [64 << 10]byte
 func serverHandler(addr netip.Addr) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "server=%s host=%s", addr, r.Host)
+		_, _ = fmt.Fprintf(w, "server=%s host=%s", addr, r.Host)
 	})
 	mux.HandleFunc("GET /zero", func(w http.ResponseWriter, r *http.Request) {
 		n, err := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
