@@ -54,7 +54,8 @@ type Proxy struct {
 	MaxConnsPerSource int
 
 	mu        sync.Mutex
-	closed    bool
+	stopping  bool // Shutdown or Close: no new connections
+	closed    bool // Close: nothing new at all, not even an upstream for a connection being handled
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // both ends of every connection being handled
 	perSource map[netip.Addr]int    // accepted connections being handled, by source
@@ -105,7 +106,7 @@ func isTemporary(err error) bool {
 // Close stops every Serve and closes every connection, also those being spliced.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
-	p.closed = true
+	p.stopping, p.closed = true, true
 	for l := range p.listeners {
 		_ = l.Close()
 	}
@@ -121,7 +122,7 @@ func (p *Proxy) Close() error {
 // done, then closes what is left (returning ctx's error).
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
-	p.closed = true
+	p.stopping = true
 	for l := range p.listeners {
 		_ = l.Close()
 	}
@@ -143,7 +144,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 func (p *Proxy) track(l net.Listener) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.stopping {
 		return false
 	}
 	if p.listeners == nil {
@@ -160,7 +161,7 @@ func (p *Proxy) untrack(l net.Listener) {
 }
 
 // admit tracks an accepted connection from src and counts it in wg (under mu, so that
-// no Add races with the Wait of a Close that has set closed).
+// no Add races with the Wait of a Close or Shutdown that has set stopping).
 func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 	limit := p.MaxConnsPerSource
 	if limit <= 0 {
@@ -168,7 +169,7 @@ func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.stopping {
 		return net.ErrClosed
 	}
 	if p.perSource[src] >= limit {

@@ -411,3 +411,45 @@ func TestProxyMaxConnsPerSource(t *testing.T) {
 		t.Errorf("after the slots freed: %v", err)
 	}
 }
+
+// TestProxyShutdownGraceful: Shutdown stops accepting but lets a spliced connection
+// finish its exchange, then returns nil.
+func TestProxyShutdownGraceful(t *testing.T) {
+	e := newProxyEnv(t, nil)
+	c := e.dial(t, granted)
+	tc := tls.Client(c, e.in.ClientConfig("api.example.test"))
+	_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- e.proxy.Shutdown(ctx)
+	}()
+	waitFor(t, "the listener to close", func() bool {
+		c, err := net.DialTimeout("tcp", e.addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a connection open", err)
+	default:
+	}
+	if _, err := io.WriteString(tc, "GET / HTTP/1.1\r\nHost: api.example.test\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := io.ReadAll(tc)
+	if want := "server=" + e.real.Addr.Addr().String(); err != nil || !strings.Contains(string(resp), want) {
+		t.Fatalf("response %q, %v; want one with %q", resp, err, want)
+	}
+	// The server's FIN reached the client; the connection ends when the client's does.
+	_ = tc.Close()
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+}
