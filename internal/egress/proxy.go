@@ -59,7 +59,9 @@ type Proxy struct {
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // both ends of every connection being handled
 	perSource map[netip.Addr]int    // accepted connections being handled, by source
-	wg        sync.WaitGroup        // one per connection being handled
+	ctx       context.Context       // cancelled by Close: ends resolving and dialling
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // one per connection being handled
 }
 
 // Serve accepts connections on l until l is closed (then it returns nil) or Close is
@@ -107,6 +109,9 @@ func isTemporary(err error) bool {
 func (p *Proxy) Close() error {
 	p.mu.Lock()
 	p.stopping, p.closed = true, true
+	if p.cancel != nil {
+		p.cancel()
+	}
 	for l := range p.listeners {
 		_ = l.Close()
 	}
@@ -179,6 +184,9 @@ func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 		p.perSource = make(map[netip.Addr]int)
 	}
 	p.perSource[src]++
+	if p.ctx == nil {
+		p.ctx, p.cancel = context.WithCancel(context.Background())
+	}
 	p.addLocked(c)
 	p.wg.Add(1)
 	return nil
@@ -277,7 +285,10 @@ func (p *Proxy) handle(c net.Conn, src netip.Addr) {
 		p.deny(c)
 		return
 	}
-	up, err := p.connect(name)
+	p.mu.Lock()
+	ctx := p.ctx // set by admit
+	p.mu.Unlock()
+	up, err := p.connect(ctx, name)
 	if err != nil {
 		p.log().Info("egress proxy: refused: "+err.Error(), "src", src, "sni", name)
 		if errors.Is(err, errForbidden) {
@@ -315,14 +326,14 @@ var errForbidden = errors.New("name resolves only to forbidden addresses")
 
 // connect resolves name and connects to the first address that is not forbidden and
 // answers.
-func (p *Proxy) connect(name string) (net.Conn, error) {
+func (p *Proxy) connect(ctx context.Context, name string) (net.Conn, error) {
 	r := p.Resolver
 	if r == nil {
 		r = net.DefaultResolver
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	rctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	// The trailing dot makes the name absolute: no resolv.conf search domain is tried.
-	addrs, err := r.LookupNetIP(ctx, "ip", name+".")
+	addrs, err := r.LookupNetIP(rctx, "ip", name+".")
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("resolve: %w", err)
@@ -349,7 +360,7 @@ func (p *Proxy) connect(name string) (net.Conn, error) {
 		}
 		return nil, fmt.Errorf("%w %v", errForbidden, refused)
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), dialTimeout)
+	ctx, cancel = context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	var errs []error
 	for _, a := range allowed {

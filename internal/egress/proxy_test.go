@@ -453,3 +453,24 @@ func TestProxyShutdownGraceful(t *testing.T) {
 		t.Errorf("Shutdown: %v", err)
 	}
 }
+
+// TestProxyCloseWhileDialling: Close does not wait out an upstream that does not answer.
+func TestProxyCloseWhileDialling(t *testing.T) {
+	e := newProxyEnv(t, nil)
+	nowhere := e.in.Prefix.Addr().As4()
+	nowhere[3] = 250 // routed into the Internet, but no one has it: the dial hangs
+	e.in.SetA("api.example.test", netip.AddrFrom4(nowhere))
+	c := e.dial(t, granted)
+	if _, err := c.Write(clientHello(t, e.in.ClientConfig("api.example.test"))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the dial", func() bool { return len(e.takeDials()) > 0 })
+	start := time.Now()
+	_ = e.proxy.Close()
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("Close took %v", el)
+	}
+	if got, err := readAllUntilClosed(c, 5*time.Second); err != nil || len(got) > 0 {
+		t.Errorf("client read %x, %v; want the connection closed", got, err)
+	}
+}
