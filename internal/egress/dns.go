@@ -40,7 +40,7 @@ type DNS struct {
 }
 
 // ServeUDP answers the queries arriving on pc until pc is closed (then it returns nil)
-// or Close is called.
+// or Close is called. Called after Close, it closes pc and returns net.ErrClosed.
 func (d *DNS) ServeUDP(pc net.PacketConn) error {
 	if !d.track(pc, false) {
 		_ = pc.Close()
@@ -89,7 +89,8 @@ func (d *DNS) ServeUDP(pc net.PacketConn) error {
 }
 
 // ServeTCP answers queries on the connections l accepts until l is closed (then it
-// returns nil) or Close is called. Queries on one connection are answered in order.
+// returns nil) or Close is called (called after Close: closes l, returns net.ErrClosed).
+// Queries on one connection are answered in order.
 func (d *DNS) ServeTCP(l net.Listener) error {
 	if !d.track(l, false) {
 		_ = l.Close()

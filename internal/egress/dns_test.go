@@ -102,7 +102,8 @@ func (e *dnsEnv) start(t *testing.T, d *DNS) {
 		t.Cleanup(func() {
 			_ = d.Close()
 			for range 2 {
-				if err := <-errs; err != nil {
+				// ErrClosed: Close came before the Serve goroutine got going.
+				if err := <-errs; err != nil && !errors.Is(err, net.ErrClosed) {
 					t.Errorf("serve: %v", err)
 				}
 			}

@@ -97,7 +97,8 @@ func newProxyEnv(t testing.TB, mod func(*Proxy)) *proxyEnv {
 	go func() { e.serveErr <- e.proxy.Serve(l) }()
 	t.Cleanup(func() {
 		_ = e.proxy.Close()
-		if err := <-e.serveErr; err != nil {
+		// ErrClosed: Close came before the Serve goroutine got going.
+		if err := <-e.serveErr; err != nil && !errors.Is(err, net.ErrClosed) {
 			t.Errorf("Serve: %v", err)
 		}
 	})

@@ -64,8 +64,9 @@ type Proxy struct {
 	wg        sync.WaitGroup // one per connection being handled
 }
 
-// Serve accepts connections on l until l is closed (then it returns nil) or Close is
-// called, and handles each in its own goroutine.
+// Serve accepts connections on l until l is closed (then it returns nil) or Close or
+// Shutdown is called, and handles each in its own goroutine. Called after Close or
+// Shutdown, it closes l and returns net.ErrClosed.
 func (p *Proxy) Serve(l net.Listener) error {
 	if !p.track(l) {
 		_ = l.Close()
