@@ -7,6 +7,13 @@
 // not private, not CGNAT, so egress rules treat it as the internet). The host route is
 // the lock: adding it fails when another Internet, in this process or another one
 // running at the same time, holds the same /24, and the next /24 is tried. Needs root.
+//
+//	in := egresstest.New(t)
+//	a := in.Addr(t)                                 // a fresh address in the namespace
+//	in.SetA("api.example.test", a)                  // served by the DNS server at in.DNS
+//	srv := in.ServeHTTPS(t, a, "api.example.test")  // srv.Cert is what clients must see
+//	cfg := in.ClientConfig("api.example.test")      // trusts in.CA
+//	l, _ := in.Listen("tcp", a.String()+":8080")     // any other server, in the namespace
 package egresstest
 
 import (
