@@ -65,7 +65,8 @@ const (
 type Service struct {
 	Port int    `json:"port"`
 	Name string `json:"name,omitempty"`
-	// Visibility is "public", "private" or "" (reachable from nothing outside).
+	// Visibility is "public", "private", "custom" (reachable from the sources of
+	// Network.Ingress) or "" (reachable from nothing outside).
 	Visibility string `json:"visibility,omitempty"`
 	// Endpoint is EndpointHTTPS, EndpointPassthrough or "" (none).
 	Endpoint string `json:"endpoint,omitempty"`

@@ -460,11 +460,17 @@ func TestGatewayRejectsWhatItCannotHonour(t *testing.T) {
 				Endpoint: &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS}}}
 			return s
 		}(), connect.CodeInvalidArgument, apierr.PlacementRejected, "sandbox.spec.services[0].endpoint"},
-		{"custom visibility", func() *sandboxv1.SandboxSpec {
+		{"egress selector", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
-			s.Services = []*sandboxv1.Service{{Port: 9000, Visibility: sandboxv1.Visibility_VISIBILITY_CUSTOM}}
+			s.Network = &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{{Destination: &sandboxv1.EgressRule_Selector{
+				Selector: &sandboxv1.SelectorBlock{PodLabels: map[string]string{"app": "db"}}}}}}
 			return s
 		}(), connect.CodeUnimplemented, apierr.NotImplemented, ""},
+		{"egress CIDR with host bits", func() *sandboxv1.SandboxSpec {
+			s := spec(busybox(), "true")
+			s.Network = &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{{Destination: &sandboxv1.EgressRule_Cidr{Cidr: &sandboxv1.CidrBlock{Cidr: "10.1.2.3/8"}}}}}
+			return s
+		}(), connect.CodeInvalidArgument, apierr.InvalidRequest, "sandbox.spec.network.egress[0].cidr"},
 		{"pinned to an unknown runner", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
 			s.RunnerIds = []string{"elsewhere"}
