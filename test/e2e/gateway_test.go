@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -510,6 +511,14 @@ func TestGatewayDiscovery(t *testing.T) {
 	r := basic.Msg.Runners[0]
 	if r.RunnerId != "local" || !r.Healthy || r.ConnectedAt == nil || r.Resources != nil || r.Capabilities.GetMaxCpuMillicores() <= 0 {
 		t.Errorf("basic view: %v", r)
+	}
+	if vis := r.Capabilities.GetSupportedServiceVisibilities(); !slices.Contains(vis, sandboxv1.Visibility_VISIBILITY_CUSTOM) ||
+		slices.Contains(vis, sandboxv1.Visibility_VISIBILITY_PUBLIC) {
+		t.Errorf("visibilities of a runner without an edge: %v", vis)
+	}
+	custom, err := g.discovery.ListAvailableRunners(ctx, connect.NewRequest(&sandboxv1.ListAvailableRunnersRequest{ServiceVisibility: sandboxv1.Visibility_VISIBILITY_CUSTOM}))
+	if err != nil || len(custom.Msg.Runners) != 1 {
+		t.Errorf("runners for CUSTOM services: %v %v", custom, err)
 	}
 	full, err := g.discovery.GetAvailableRunner(ctx, connect.NewRequest(&sandboxv1.GetAvailableRunnerRequest{RunnerId: "local", OrganizationId: "org-a", View: sandboxv1.RunnerView_RUNNER_VIEW_FULL}))
 	if err != nil || full.Msg.Resources == nil || full.Msg.Resources.AvailableMemoryBytes <= 0 {
