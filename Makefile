@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps images runsc test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test
+.PHONY: all build agent generate deps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test
 
 all: build
 
@@ -35,7 +35,11 @@ images:
 runsc:
 	bash scripts/build-runsc.sh
 
-test: deps build images runsc
+# Let's Encrypt's Pebble (pinned), the ACME server internal/acme's tests run; ~10 s cold.
+pebble:
+	bash scripts/build-pebble.sh >/dev/null
+
+test: deps build images runsc pebble
 	$(GO) test -count=1 -timeout 30m ./...
 	$(MAKE) conformance
 	$(MAKE) k8s-test

@@ -76,6 +76,8 @@ func runnerCmd(args []string) error {
 	backend := fs.String("backend", "local", "where sandboxes run: local (runc/gVisor on this host) or kubernetes (one Pod each)")
 	var kube kubernetesFlags
 	kube.register(fs)
+	var acmeCfg acmeFlags
+	acmeCfg.register(fs)
 	dataPlaneListen := fs.String("data-plane-listen", "", "address of the direct mTLS data plane clients run exec, logs and files on, e.g. :8444 (empty: gateway only); its certificate comes from the data-plane CA in --pki-dir")
 	dataPlaneHost := fs.String("data-plane-host", "", "host clients reach the data plane by (default: the --data-plane-listen host)")
 	verbose := fs.Bool("v", false, "log at debug level")
@@ -200,14 +202,26 @@ func runnerCmd(args []string) error {
 	local := gateway.NewLocalRunner(*runnerID, rn)
 	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
 	if *edgeListen != "" {
-		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger}
-		if ident != nil {
-			// Registered: the control plane signs the edge's certificate and vouches for
-			// the API keys of TOKEN endpoints. Unregistered runners have no key store:
-			// their TOKEN endpoints refuse every request.
+		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger,
+			SessionKeyFile: filepath.Join(*dataDir, "edge-session.key")}
+		switch {
+		case acmeCfg.enabled():
+			// A public domain: the wildcard comes from the ACME CA.
+			get, stop, err := acmeCfg.certificate(ctx, *dataDir, *runnerID, *baseDomain, logger)
+			if err != nil {
+				return fmt.Errorf("--acme-directory: %w", err)
+			}
+			defer stop()
+			ec.GetCertificate = get
+		case ident != nil:
+			// Registered: the control plane signs the edge's certificate.
 			if ec.GetCertificate, err = enroll.EdgeCertificate(ctx, ident, *baseDomain); err != nil {
 				return fmt.Errorf("--edge-listen: %w", err)
 			}
+		}
+		if ident != nil {
+			// The control plane vouches for the API keys of TOKEN endpoints. Unregistered
+			// runners have no key store: their TOKEN endpoints refuse every request.
 			ec.Authorize = enroll.KeyVerifier(ident)
 		}
 		e, err := stack.StartEdge(rn, ec)

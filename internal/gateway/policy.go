@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // PolicySource gives a runner's current policy document (JSON; nil or empty = never set,
@@ -26,5 +27,6 @@ func Platform(classes []string) policy.Platform {
 	p := policy.DefaultPlatform()
 	p.RuntimeClasses = classes
 	p.DefaultCPURuntimeClass = classes[0]
+	p.DefaultEgress = policyRules(runtime.DefaultEgress())
 	return p
 }

@@ -43,6 +43,12 @@ type Platform struct {
 	PrivilegedAllowed bool
 	// NoEndpoints: the runner has no edge, so it cannot publish endpoints.
 	NoEndpoints bool
+	// NoDNSEgress: the runner cannot enforce egress rules by host name.
+	NoDNSEgress bool
+	// DefaultEgress is the runner's egress for a sandbox left without egress rules by
+	// both its spec and its policy's base (and not denying egress). Only the rules the
+	// policy's allowed_egress covers apply: a default never widens an envelope.
+	DefaultEgress []Rule
 	// DefaultResources are the runner's per-container defaults, below the policy base.
 	DefaultResources *ResourceDefaults
 }
@@ -162,6 +168,25 @@ func (r *resolver) merge(s *sandboxv1.SandboxSpec) {
 		}
 		for _, rule := range b.DefaultEgress {
 			s.Network.Egress = append(s.Network.Egress, toEgress(rule))
+		}
+	}
+	if len(r.pl.DefaultEgress) > 0 && len(s.GetNetwork().GetEgress()) == 0 && !s.GetNetwork().GetDenyEgress() {
+		var envelope []entry
+		if nc := r.c.Network; nc != nil && len(nc.AllowedEgress) > 0 {
+			envelope = parseEntries(nc.AllowedEgress)
+		}
+		for _, rule := range r.pl.DefaultEgress {
+			w := toEgress(rule)
+			d := destination{any: rule.Any, cidr: w.GetCidr(), tenant: w.GetTenant()}
+			if envelope != nil {
+				if ok, _ := covered(envelope, d, spansOf(w.GetPorts()), false); !ok {
+					continue
+				}
+			}
+			if s.Network == nil {
+				s.Network = &sandboxv1.NetworkOptions{}
+			}
+			s.Network.Egress = append(s.Network.Egress, w)
 		}
 	}
 	if len(b.DefaultIngress) > 0 && len(s.GetNetwork().GetIngress()) == 0 && !s.GetNetwork().GetDenyIngress() {
@@ -590,6 +615,14 @@ func (r *resolver) checkServices(s *sandboxv1.SandboxSpec) {
 }
 
 func (r *resolver) checkNetwork(s *sandboxv1.SandboxSpec) {
+	if r.pl.NoDNSEgress {
+		for i, rule := range s.GetNetwork().GetEgress() {
+			if _, ok := rule.GetDestination().(*sandboxv1.EgressRule_HttpsHostname); ok {
+				r.add(fmt.Sprintf("sandbox.spec.network.egress[%d].https_hostname", i), ConstraintPlatformDNSEgress, "none", false,
+					"this runner cannot enforce host-name rules (it filters by address only); use a cidr rule or pick a runner that can")
+			}
+		}
+	}
 	nc := r.c.Network
 	if nc == nil {
 		return

@@ -23,6 +23,7 @@ const (
 	ConstraintPlatformRuntimeClass = "platform.runtime_classes"
 	ConstraintPlatformPrivileged   = "platform.privileged_allowed"
 	ConstraintPlatformEndpoints    = "platform.endpoints"
+	ConstraintPlatformDNSEgress    = "platform.dns_egress"
 )
 
 // Violation is one reason a resolved spec is rejected.

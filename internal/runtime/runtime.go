@@ -55,6 +55,10 @@ type Spec struct {
 // sandboxes of one organization reach each other's private ports.
 const MetaOrg = "sandboxd.org"
 
+// MetaCaller is the Spec.Meta key of the API key that created a sandbox: tenant
+// SAME_USER rules match the sandboxes of the same caller.
+const MetaCaller = "sandboxd.caller"
+
 // Endpoint kinds of a Service.
 const (
 	EndpointHTTPS       = "https"           // TLS ended at the runner's edge, HTTP to the port
@@ -65,7 +69,8 @@ const (
 type Service struct {
 	Port int    `json:"port"`
 	Name string `json:"name,omitempty"`
-	// Visibility is "public", "private" or "" (reachable from nothing outside).
+	// Visibility is "public", "private", "custom" (reachable from the sources of
+	// Network.Ingress) or "" (reachable from nothing outside).
 	Visibility string `json:"visibility,omitempty"`
 	// Endpoint is EndpointHTTPS, EndpointPassthrough or "" (none).
 	Endpoint string `json:"endpoint,omitempty"`
