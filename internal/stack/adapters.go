@@ -86,5 +86,5 @@ func (n netAdapter) SetRules(id string, r local.Rules) error {
 		}
 		return out
 	}
-	return n.m.SetRules(id, network.Rules{Org: r.Org, Private: conv(r.Private), Custom: conv(r.Custom), Network: r.Network})
+	return n.m.SetRules(id, network.Rules{Org: r.Org, Caller: r.Caller, Private: conv(r.Private), Custom: conv(r.Custom), Network: r.Network})
 }

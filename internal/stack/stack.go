@@ -31,10 +31,14 @@ type Config struct {
 	Subnet             netip.Prefix // default 10.88.0.0/16
 	CgroupParent       string       // default "sandboxd"
 	NoEgress           bool
-	// Nameservers for sandboxes' resolv.conf; nil = the host's.
+	// Nameservers are the upstreams of the platform DNS that answers sandboxes on their
+	// gateway ("ip" or "ip:port"); nil = the host's.
 	Nameservers []string
-	Retention   time.Duration
-	ExpiryGrace time.Duration
+	// EgressProxyPort is the gateway port of the SNI proxy enforcing dns_name egress
+	// rules; 0 = network.DefaultProxyPort.
+	EgressProxyPort int
+	Retention       time.Duration
+	ExpiryGrace     time.Duration
 	// GCInterval is how often unused images are removed (default 10 min); GCGrace
 	// spares images pulled less than this long ago (default 10 min).
 	GCInterval time.Duration
@@ -68,6 +72,9 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "sandboxd"
+	}
+	if cfg.EgressProxyPort == 0 {
+		cfg.EgressProxyPort = network.DefaultProxyPort
 	}
 	if cfg.GCInterval <= 0 {
 		cfg.GCInterval = 10 * time.Minute
@@ -105,9 +112,15 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Table:       cfg.NetTable,
 		Egress:      !cfg.NoEgress,
 		Nameservers: cfg.Nameservers,
+		ProxyPort:   cfg.EgressProxyPort,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: network: %w", err)
+	}
+	// The platform DNS and the egress proxy live as long as the stack (Close).
+	if err := nw.StartEgress(cfg.Logger); err != nil {
+		nw.Close()
+		return nil, fmt.Errorf("stack: %w", err)
 	}
 	backend, err := local.New(local.Config{
 		StateDir:     filepath.Join(cfg.DataDir, "sandboxes"),
@@ -119,6 +132,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Pool:         cfg.Pool,
 	})
 	if err != nil {
+		nw.Close()
 		return nil, fmt.Errorf("stack: local backend: %w", err)
 	}
 	r, err := runner.New(ctx, runner.Config{
@@ -130,6 +144,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 	})
 	if err != nil {
 		_ = backend.Close(context.Background())
+		nw.Close()
 		return nil, fmt.Errorf("stack: runner: %w", err)
 	}
 	s := &Stack{Images: store, Network: nw, Backend: backend, Runner: r, gcDone: make(chan struct{})}
@@ -140,7 +155,8 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 }
 
 // Close stops following sandboxes; they keep running for the next stack to re-adopt.
-// The warm pool's idle containers are destroyed.
+// The warm pool's idle containers are destroyed; sandboxes get no DNS answers until the
+// next stack.
 func (s *Stack) Close() {
 	s.stopGC()
 	<-s.gcDone
@@ -150,6 +166,9 @@ func (s *Stack) Close() {
 	if err := s.Backend.Close(ctx); err != nil {
 		slog.Default().Warn("stack: close warm pool", "err", err)
 	}
+	// The platform DNS and egress proxy stop (a new stack starts them again); the network
+	// itself, rules included, stays for the next stack, and for Network.Cleanup.
+	s.Network.StopServices()
 }
 
 // GC removes cached images that no live sandbox uses. Images of sandboxes still being

@@ -59,7 +59,8 @@ type Network interface {
 
 // Rules are a sandbox's network rules; they mirror network.Rules.
 type Rules struct {
-	Org string // the sandbox's organization
+	Org    string // the sandbox's organization
+	Caller string // the API key that created it (tenant same_user)
 	// Private ports are open to the organization's other sandboxes; Custom ports to the
 	// sources Network.Ingress names.
 	Private, Custom []Port

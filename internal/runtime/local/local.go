@@ -313,11 +313,11 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	return s.info.toInfo(id), nil
 }
 
-// rulesFor is what the network enforces for a sandbox with spec: its organization, the
-// ports of its "private" services (open to that organization) and "custom" ones (open
-// as its ingress rules say), and its egress and ingress rules.
+// rulesFor is what the network enforces for a sandbox with spec: its organization and
+// caller, the ports of its "private" services (open to that organization) and "custom"
+// ones (open as its ingress rules say), and its egress and ingress rules.
 func rulesFor(spec *runtime.Spec) Rules {
-	r := Rules{Org: spec.Meta[runtime.MetaOrg], Network: spec.Network}
+	r := Rules{Org: spec.Meta[runtime.MetaOrg], Caller: spec.Meta[runtime.MetaCaller], Network: spec.Network}
 	for _, svc := range spec.Services {
 		switch svc.Visibility {
 		case "private":

@@ -63,6 +63,9 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	if probeLayer != "" {
+		os.RemoveAll(probeLayer)
+	}
 	// The tests' parent cgroups (a real runner keeps its own).
 	for _, d := range mustGlob("/sys/fs/cgroup/*/" + testCgroupParent) {
 		os.Remove(d)

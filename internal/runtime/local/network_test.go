@@ -116,7 +116,7 @@ func (n netAdapter) SetRules(id string, r Rules) error {
 		}
 		return out
 	}
-	return n.m.SetRules(id, network.Rules{Org: r.Org, Private: conv(r.Private), Custom: conv(r.Custom), Network: r.Network})
+	return n.m.SetRules(id, network.Rules{Org: r.Org, Caller: r.Caller, Private: conv(r.Private), Custom: conv(r.Custom), Network: r.Network})
 }
 
 // withNetwork gives e's backend the n-th test network of this package (a bridge, /24

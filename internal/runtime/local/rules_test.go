@@ -9,7 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
 	rt "github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
@@ -274,15 +277,8 @@ func (w *testWorld) get(addr string) (string, error) {
 func wget(e *env, id, url string) string {
 	hostport := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
 	host, port, _ := net.SplitHostPort(hostport)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := agentClient(e.b, id).Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{
-		Command: []string{"sh", "-c", `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 1 "$0" "$1"`, host, port}}))
-	if err != nil || resp.Msg.ExitCode != 0 {
-		return ""
-	}
-	out := string(resp.Msg.Stdout)
-	if !strings.HasPrefix(out, "HTTP/1.") {
+	out, code := run(e, id, "sh", "-c", `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 1 "$0" "$1"`, host, port)
+	if code != 0 || !strings.HasPrefix(out, "HTTP/1.") {
 		return ""
 	}
 	_, body, _ := strings.Cut(out, "\r\n\r\n")
@@ -383,4 +379,126 @@ func TestSandboxNetworkRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+var (
+	probeOnce  sync.Once
+	probeLayer string // a layer with /bin/tlsprobe (testdata/tlsprobe)
+	probeErr   error
+)
+
+// probeImages serves "probe": busybox plus the tlsprobe layer.
+type probeImages struct{ testImages }
+
+func (pi probeImages) Pull(ctx context.Context, ref string, creds *rt.Credentials) (*Image, error) {
+	img, err := pi.testImages.Pull(ctx, strings.Replace(ref, "probe", "busybox", 1), creds)
+	if err == nil && ref == "probe" {
+		img.Ref, img.Digest = ref, "sha256:9e0be"
+		img.Layers = append(append([]string(nil), img.Layers...), probeLayer)
+	}
+	return img, err
+}
+
+func buildProbe(t *testing.T) {
+	probeOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sbxl-probe-")
+		if err != nil {
+			probeErr = err
+			return
+		}
+		probeLayer = dir
+		if out, err := goBuild(filepath.Join(dir, "bin", "tlsprobe"), "./testdata/tlsprobe"); err != nil {
+			probeErr = fmt.Errorf("build tlsprobe: %v\n%s", err, out)
+		}
+	})
+	if probeErr != nil {
+		t.Fatal(probeErr)
+	}
+}
+
+// TestSandboxDNSNameEgress: under each runtime class, a sandbox with a dns_name grant
+// resolves names through the platform DNS and reaches the granted name's HTTPS server
+// through the egress proxy, and nothing else on 443; the platform DNS answers a
+// deny_egress sandbox too. The "internet" is internal/egress's test fixture.
+func TestSandboxDNSNameEgress(t *testing.T) {
+	for _, class := range []string{"runc", GVisorClass} {
+		t.Run(class, func(t *testing.T) {
+			e := newEnv(t)
+			if e.b.runtimes[class] == nil {
+				t.Skipf("no %s runtime", class)
+			}
+			buildProbe(t)
+			in := egresstest.New(t)
+			tn := e.withRulesNetwork(t, func(c *network.Config) {
+				c.Nameservers = []string{in.DNS.String()}
+				c.ProxyPort = 20000 + int(randByte())<<5
+			})
+			if err := tn.m.StartEgress(nil); err != nil {
+				t.Fatal(err)
+			}
+			e.b.cfg.Images = probeImages{testImages{layers: []string{busyboxDir}}}
+			api, other := in.Addr(t), in.Addr(t)
+			in.SetA("api.example.test", api)
+			in.SetA("other.example.test", other)
+			in.ServeHTTPS(t, api, "api.example.test")
+			in.ServeHTTPS(t, other, "other.example.test")
+			ca := []rt.File{{Path: "/etc/test-ca.pem", Content: in.CA.CertPEM()}}
+			mk := func(name string, n *rt.Network) string {
+				id := name + "-" + class
+				e.create(rt.Spec{ID: id, Image: "probe", RuntimeClass: class, Command: "sleep", Args: []string{"3600"}, Files: ca, Network: n})
+				return id
+			}
+			grant := mk("grant", &rt.Network{Egress: []rt.EgressRule{{DNSName: "api.example.test"}}})
+			wild := mk("wild", &rt.Network{Egress: []rt.EgressRule{{DNSName: "*.example.test"}}})
+			deny := mk("deny", &rt.Network{DenyEgress: true})
+			cidr := mk("cidr", &rt.Network{Egress: []rt.EgressRule{{CIDR: other.String() + "/32"}}})
+
+			probe := func(args ...string) string {
+				return "tlsprobe -ca /etc/test-ca.pem -timeout 2s " + strings.Join(args, " ")
+			}
+			cases := []struct {
+				from, cmd, want string // want: a prefix of the output; "error:" for a failure
+			}{
+				{grant, probe("-name api.example.test"), "server=" + api.String() + " host=api.example.test"},
+				{grant, probe("-name other.example.test"), "error:"},
+				// Sent to another address, the connection still reaches the granted name.
+				{grant, probe("-name api.example.test -addr " + other.String()), "server=" + api.String()},
+				{wild, probe("-name other.example.test"), "server=" + other.String()},
+				{grant, probe("-resolve -name other.example.test"), "[" + other.String() + "]"},
+				{deny, probe("-resolve -name api.example.test"), "[" + api.String() + "]"},
+				{deny, probe("-name api.example.test"), "error:"},
+				{cidr, probe("-name other.example.test"), "server=" + other.String()},
+				{cidr, probe("-name api.example.test"), "error:"},
+			}
+			outs := make([]string, len(cases))
+			var wg sync.WaitGroup
+			for i, c := range cases {
+				wg.Go(func() { outs[i], _ = run(e, c.from, "sh", "-c", c.cmd) })
+			}
+			wg.Wait()
+			for i, c := range cases {
+				if !strings.HasPrefix(outs[i], c.want) {
+					t.Errorf("%s: %s: %q, want %q…", c.from, c.cmd, outs[i], c.want)
+				}
+			}
+		})
+	}
+}
+
+// run execs argv in sandbox id and returns its stdout and exit code (-1: exec failed).
+// Safe to call from any goroutine.
+func run(e *env, id string, argv ...string) (string, int32) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := agentClient(e.b, id).Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: argv}))
+	if err != nil {
+		return "exec: " + err.Error(), -1
+	}
+	return string(resp.Msg.Stdout), resp.Msg.ExitCode
+}
+
+func randByte() byte {
+	b := make([]byte, 1)
+	_, _ = rand.Read(b)
+	return b[0]
 }

@@ -44,6 +44,8 @@ const (
 	DefaultTable  = "sandboxd"
 	// ContainerIface is the name of the sandbox's interface inside its namespace.
 	ContainerIface = "eth0"
+	// DefaultProxyPort is a good Config.ProxyPort: the gateway port of the egress proxy.
+	DefaultProxyPort = 15443
 )
 
 // DefaultSubnet is the sandbox subnet used when Config.Subnet is not set.
@@ -505,16 +507,14 @@ func (m *Manager) Teardown(id string) error {
 // setup, sandbox networks and their rules stay.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
+		m.mu.Unlock()
 		return nil
 	}
 	m.closed = true
 	m.h.Close()
-	if m.svc != nil {
-		m.svc.stop()
-		m.svc = nil
-	}
+	m.mu.Unlock()
+	m.StopServices()
 	return nil
 }
 

@@ -45,6 +45,15 @@ func (m *Manager) rules(members []*member) string {
 	set peer {
 		type ipv4_addr . inet_proto . inet_service . mark
 	}
+	map caller_of {
+		type ipv4_addr : mark
+	}
+	set peer_user {
+		type ipv4_addr . inet_proto . inet_service . mark
+	}
+	set caller_member {
+		type ipv4_addr . mark
+	}
 	map egress_of {
 		type ipv4_addr : verdict
 	}
@@ -81,11 +90,17 @@ func (m *Manager) rules(members []*member) string {
 	fmt.Fprintf(&b, `		iifname %[1]s ip saddr vmap @egress_of
 	}
 	chain peers {
+		meta mark set 0
 		meta mark set ip saddr map @org_of
 		ip daddr . meta l4proto . th dport . meta mark @peer goto peer_egress
+		meta mark set 0
+		meta mark set ip saddr map @caller_of
+		ip daddr . meta l4proto . th dport . meta mark @peer_user goto peer_egress
 		drop
 	}
 	chain peer_egress {
+		meta mark set 0
+		meta mark set ip saddr map @caller_of
 		ip saddr vmap @egress_of
 		accept
 	}

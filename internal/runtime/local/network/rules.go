@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -24,9 +25,13 @@ import (
 //   - the destination's ingress side first: the (address, protocol, port, organization)
 //     must be in set "peer": its PRIVATE ports, and the CUSTOM ports its same_org
 //     ingress rules open, each tagged with its organization's number; the source's
-//     number comes from map org_of (meta mark). Nothing else of another sandbox is
-//     reachable.
-//   - then the source's egress side, as for any other destination.
+//     number comes from map org_of (meta mark). Or the (address, protocol, port,
+//     caller) is in set "peer_user": CUSTOM ports its same_user ingress rules open to
+//     the sandboxes of the API key that created it (map caller_of). Nothing else of
+//     another sandbox is reachable.
+//   - then the source's egress side, as for any other destination: a same_org rule
+//     accepts any sandbox that got this far (an API key belongs to one organization), a
+//     same_user rule only those of its caller (set caller_member).
 //
 // Egress of a sandbox with a runtime.Network is one chain of its own, e<hex address>,
 // reached through the verdict map egress_of keyed by source address: accept rules for
@@ -53,8 +58,10 @@ type Port struct {
 
 // Rules are what one sandbox may reach and what may reach it.
 type Rules struct {
-	// Org is the sandbox's organization ("" = none).
-	Org string `json:"org,omitempty"`
+	// Org is the sandbox's organization ("" = none); Caller the API key that created it
+	// (for same_user rules; "" = none).
+	Org    string `json:"org,omitempty"`
+	Caller string `json:"caller,omitempty"`
 	// Private ports are reachable from the other sandboxes of Org (visibility "private").
 	Private []Port `json:"private,omitempty"`
 	// Custom ports are reachable as Network.Ingress says (visibility "custom").
@@ -77,7 +84,9 @@ var reservedPrefixes = []string{
 type member struct {
 	ip      netip.Addr
 	mark    uint32   // organization number; 0: none
+	cmark   uint32   // caller number; 0: none
 	peer    []Port   // opened to the organization
+	peerU   []Port   // opened to the caller's sandboxes
 	egress  []string // chain e…, nil: none (legacy)
 	ingress []string // chain i…, nil: none
 	dnat    []string // chain n…, nil: none
@@ -87,6 +96,7 @@ type member struct {
 type policyState struct {
 	mu      sync.Mutex // serializes rule changes: nft transactions of one table
 	orgs    map[string]uint32
+	callers map[string]uint32
 	members map[netip.Addr]*member
 }
 
@@ -156,7 +166,7 @@ func (m *Manager) clearRules(id string, ip netip.Addr) error {
 // none, which would mean the old, open behaviour.
 func (m *Manager) restoreRules() []*member {
 	p := &m.pol
-	p.orgs, p.members = map[string]uint32{}, map[netip.Addr]*member{}
+	p.orgs, p.callers, p.members = map[string]uint32{}, map[string]uint32{}, map[netip.Addr]*member{}
 	ents, _ := os.ReadDir(m.rulesDir)
 	var out []*member
 	for _, e := range ents {
@@ -224,14 +234,19 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 		}
 	}
 	mem := &member{ip: ip}
-	if r.Org != "" {
-		mark, ok := m.pol.orgs[r.Org]
-		if !ok {
-			mark = uint32(len(m.pol.orgs) + 1)
-			m.pol.orgs[r.Org] = mark
+	number := func(names map[string]uint32, name string) uint32 {
+		if name == "" {
+			return 0
 		}
-		mem.mark = mark
+		n, ok := names[name]
+		if !ok {
+			n = uint32(len(names) + 1)
+			names[name] = n
+		}
+		return n
 	}
+	mem.mark = number(m.pol.orgs, r.Org)
+	mem.cmark = number(m.pol.callers, r.Caller)
 	mem.peer = append(mem.peer, r.Private...)
 	n := r.Network
 	if n == nil {
@@ -260,17 +275,22 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 		}
 		switch {
 		case e.Tenant != "":
-			if e.Tenant != runtime.TenantSameOrg {
+			var same string
+			switch e.Tenant {
+			case runtime.TenantSameOrg:
+			case runtime.TenantSameUser:
+				same = "ip daddr . meta mark @caller_member" // mark: the source's caller (peer_egress)
+			default:
 				return nil, fmt.Errorf("egress[%d]: tenant %q is not supported by this backend", i, e.Tenant)
 			}
 			for _, pm := range ports {
-				toPeers = append(toPeers, join("ip daddr", sub, pm, "accept"))
+				toPeers = append(toPeers, join("ip daddr", sub, same, pm, "accept"))
 			}
 		case e.DNSName != "":
 			if m.cfg.ProxyPort == 0 {
 				return nil, fmt.Errorf("egress[%d]: dns_name needs the egress proxy (Config.ProxyPort)", i)
 			}
-			if err := validPattern(e.DNSName); err != nil {
+			if err := egress.ValidPattern(e.DNSName); err != nil {
 				return nil, fmt.Errorf("egress[%d]: %w", i, err)
 			}
 			mem.grants = append(mem.grants, e.DNSName)
@@ -321,10 +341,14 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 		}
 		open := intersect(r.Custom, in.Ports)
 		if in.Tenant != "" {
-			if in.Tenant != runtime.TenantSameOrg {
+			switch in.Tenant {
+			case runtime.TenantSameOrg:
+				mem.peer = append(mem.peer, open...)
+			case runtime.TenantSameUser:
+				mem.peerU = append(mem.peerU, open...)
+			default:
 				return nil, fmt.Errorf("ingress[%d]: tenant %q is not supported by this backend", i, in.Tenant)
 			}
-			mem.peer = append(mem.peer, open...)
 			continue
 		}
 		src, err := addrMatch("saddr", in.Any, in.CIDR, in.Except)
@@ -338,26 +362,41 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 			mem.ingress = append(mem.ingress, join(src, pm, "accept"))
 		}
 	}
-	mem.peer = dedupPorts(mem.peer)
+	mem.peer, mem.peerU = dedupPorts(mem.peer), dedupPorts(mem.peerU)
 	return mem, nil
 }
 
 // memberScript writes the nft commands that take a sandbox from old to new (either nil).
 func (m *Manager) memberScript(b *strings.Builder, old, new *member) {
 	t := m.cfg.Table
-	if old != nil {
-		if old.mark != 0 {
-			fmt.Fprintf(b, "delete element inet %s org_of { %s }\n", t, old.ip)
-			for _, p := range old.peer {
-				fmt.Fprintf(b, "delete element inet %s peer { %s . %s . %d . 0x%x }\n", t, old.ip, p.Proto, p.Port, old.mark)
+	// Elements: old ones out, new ones in.
+	elements := func(verb string, x *member) {
+		for _, k := range []struct {
+			mark         uint32
+			ofMap, ports string
+			peer         []Port
+		}{{x.mark, "org_of", "peer", x.peer}, {x.cmark, "caller_of", "peer_user", x.peerU}} {
+			if k.mark == 0 {
+				continue
+			}
+			if verb == "add" {
+				fmt.Fprintf(b, "add element inet %s %s { %s : 0x%x }\n", t, k.ofMap, x.ip, k.mark)
+			} else {
+				fmt.Fprintf(b, "delete element inet %s %s { %s }\n", t, k.ofMap, x.ip)
+			}
+			for _, p := range k.peer {
+				fmt.Fprintf(b, "%s element inet %s %s { %s . %s . %d . 0x%x }\n", verb, t, k.ports, x.ip, p.Proto, p.Port, k.mark)
 			}
 		}
-	}
-	if new != nil && new.mark != 0 {
-		fmt.Fprintf(b, "add element inet %s org_of { %s : 0x%x }\n", t, new.ip, new.mark)
-		for _, p := range new.peer {
-			fmt.Fprintf(b, "add element inet %s peer { %s . %s . %d . 0x%x }\n", t, new.ip, p.Proto, p.Port, new.mark)
+		if x.cmark != 0 {
+			fmt.Fprintf(b, "%s element inet %s caller_member { %s . 0x%x }\n", verb, t, x.ip, x.cmark)
 		}
+	}
+	if old != nil {
+		elements("delete", old)
+	}
+	if new != nil {
+		elements("add", new)
 	}
 	hex := ipHex(first(old, new).ip)
 	for _, c := range []struct {
@@ -469,7 +508,7 @@ func portMatches(ports []runtime.PortRange) ([]string, error) {
 	}
 	byProto := map[string][]string{}
 	for _, p := range ports {
-		proto := p.Protocol
+		proto := strings.ToLower(p.Protocol)
 		if proto == "" {
 			proto = "tcp"
 		}
@@ -517,7 +556,7 @@ func intersect(ps []Port, rs []runtime.PortRange) []Port {
 	var out []Port
 	for _, p := range ps {
 		for _, r := range rs {
-			proto, end := r.Protocol, r.EndPort
+			proto, end := strings.ToLower(r.Protocol), r.EndPort
 			if proto == "" {
 				proto = "tcp"
 			}
@@ -543,26 +582,6 @@ func dedupPorts(ps []Port) []Port {
 		}
 	}
 	return out
-}
-
-// validPattern accepts a host name or one leftmost wildcard label ("*.example.com").
-// The SNI proxy matches names against it.
-func validPattern(p string) error {
-	name := strings.TrimPrefix(p, "*.")
-	if name == "" || len(p) > 253 || strings.Contains(name, "*") {
-		return fmt.Errorf("dns_name %q: want a host name or *.<host name>", p)
-	}
-	for _, label := range strings.Split(name, ".") {
-		if label == "" || len(label) > 63 {
-			return fmt.Errorf("dns_name %q: bad label", p)
-		}
-		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return fmt.Errorf("dns_name %q: bad character %q", p, c)
-			}
-		}
-	}
-	return nil
 }
 
 func join(parts ...string) string {

@@ -380,7 +380,8 @@ func TestRulesRejected(t *testing.T) {
 		{Egress: []runtime.EgressRule{{Any: true, CIDR: "1.2.3.0/24"}}},
 		{Egress: []runtime.EgressRule{{CIDR: "1.2.3.0/33"}}},
 		{Egress: []runtime.EgressRule{{CIDR: "1.2.3.0/24", Except: []string{"x"}}}},
-		{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameUser}}},
+		{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSandboxNetwork}}},
+		{Egress: []runtime.EgressRule{{Tenant: "everyone"}}},
 		{Egress: []runtime.EgressRule{{DNSName: "example.com"}}}, // no proxy configured
 		{Egress: []runtime.EgressRule{{Any: true, Ports: []runtime.PortRange{{Protocol: "icmp", Port: 1}}}}},
 		{Egress: []runtime.EgressRule{{Any: true, Ports: []runtime.PortRange{{Port: 0}}}}},
@@ -409,12 +410,17 @@ func TestPeerRules(t *testing.T) {
 		Network: &runtime.Network{Ingress: []runtime.IngressRule{{Tenant: runtime.TenantSameOrg, Ports: []runtime.PortRange{{Port: 9090}}}}}}); err != nil {
 		t.Fatal(err)
 	}
+	mine := setup(t, m, "peer-mine-"+randHex(4)) // CUSTOM 9090 for its caller only
+	if err := m.SetRules(mine.ID, Rules{Org: "a", Caller: "key-1", Custom: []Port{{"tcp", 9090}},
+		Network: &runtime.Network{Ingress: []runtime.IngressRule{{Tenant: runtime.TenantSameUser}}}}); err != nil {
+		t.Fatal(err)
+	}
 	closed := setup(t, m, "peer-closed-"+randHex(4))
 	if err := m.SetRules(closed.ID, Rules{Org: "a", Private: []Port{{"tcp", 8080}}, Custom: []Port{{"tcp", 9090}},
 		Network: &runtime.Network{DenyIngress: true, Ingress: []runtime.IngressRule{{Tenant: runtime.TenantSameOrg}}}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []*Attachment{server, closed} {
+	for _, s := range []*Attachment{server, closed, mine} {
 		for _, port := range []string{":8080", ":9090", ":9091", ":7070"} {
 			serveAddr(t, s.NetNSPath, "0.0.0.0"+port)
 		}
@@ -423,7 +429,7 @@ func TestPeerRules(t *testing.T) {
 		to   *Attachment
 		port int
 	}
-	probes := []dst{{server, 8080}, {server, 9090}, {server, 9091}, {server, 7070}, {closed, 8080}, {closed, 9090}}
+	probes := []dst{{server, 8080}, {server, 9090}, {server, 9091}, {server, 7070}, {closed, 8080}, {closed, 9090}, {mine, 9090}}
 	cases := []struct {
 		name  string
 		rules Rules
@@ -431,6 +437,13 @@ func TestPeerRules(t *testing.T) {
 	}{
 		{"same org, same_org egress", Rules{Org: "a", Network: &runtime.Network{Egress: sameOrg}},
 			[]dst{{server, 8080}, {server, 9090}, {closed, 8080}}},
+		{"same caller, same_org egress", Rules{Org: "a", Caller: "key-1", Network: &runtime.Network{Egress: sameOrg}},
+			[]dst{{server, 8080}, {server, 9090}, {closed, 8080}, {mine, 9090}}},
+		{"same caller, same_user egress", Rules{Org: "a", Caller: "key-1", Network: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameUser}}}},
+			[]dst{{mine, 9090}}},
+		{"other caller, same_org egress", Rules{Org: "a", Caller: "key-2", Network: &runtime.Network{Egress: sameOrg}},
+			[]dst{{server, 8080}, {server, 9090}, {closed, 8080}}},
+		{"other caller, same_user egress", Rules{Org: "a", Caller: "key-2", Network: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameUser}}}}, nil},
 		{"same org, same_org on one port", Rules{Org: "a", Network: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameOrg, Ports: []runtime.PortRange{{Port: 9090}}}}}},
 			[]dst{{server, 9090}}},
 		{"same org, any but not same_org", Rules{Org: "a", Network: &runtime.Network{Egress: []runtime.EgressRule{{Any: true}, {CIDR: m.Subnet().String()}}}}, nil},
@@ -483,6 +496,7 @@ func TestCustomIngressFromOutside(t *testing.T) {
 		allow   []int
 	}{
 		{"cidr", []runtime.IngressRule{{CIDR: link}}, false, []int{9090, 9091}},
+		{"cidr, upper-case protocol", []runtime.IngressRule{{CIDR: link, Ports: []runtime.PortRange{{Protocol: "TCP", Port: 9090}}}}, false, []int{9090}},
 		{"cidr on one port", []runtime.IngressRule{{CIDR: link, Ports: []runtime.PortRange{{Port: 9091}}}}, false, []int{9091}},
 		{"cidr except the client", []runtime.IngressRule{{CIDR: link, Except: []string{cidr32(w.addr)}}}, false, nil},
 		{"another cidr", []runtime.IngressRule{{CIDR: "203.0.113.0/24"}}, false, nil},

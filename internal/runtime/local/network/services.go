@@ -6,11 +6,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/egress"
 )
 
 // The platform's servers on the gateway address: the DNS every sandbox's resolv.conf
@@ -60,6 +64,12 @@ func (m *Manager) StartServices(dns DNSServer, proxy ProxyServer) (err error) {
 			_ = fn()
 		})
 	}
+	// Servers that can close their connections too (internal/egress's) are closed first.
+	for _, srv := range []any{dns, proxy} {
+		if c, ok := srv.(io.Closer); ok && srv != nil {
+			s.closers = append(s.closers, c.Close)
+		}
+	}
 	if dns != nil {
 		pc, err := net.ListenPacket("udp4", net.JoinHostPort(gw, "53"))
 		if err != nil {
@@ -87,6 +97,32 @@ func (m *Manager) StartServices(dns DNSServer, proxy ProxyServer) (err error) {
 	}
 	m.svc = s
 	return nil
+}
+
+// StartEgress serves internal/egress's DNS forwarder (to Config.Nameservers) and, with
+// a Config.ProxyPort, its SNI proxy for dns_name grants (Grants, Forbidden, Resolver).
+func (m *Manager) StartEgress(log *slog.Logger) error {
+	ups := make([]string, len(m.nameservers))
+	for i, ns := range m.nameservers {
+		ups[i] = withPort53(ns)
+	}
+	var proxy ProxyServer
+	if m.cfg.ProxyPort != 0 {
+		proxy = &egress.Proxy{Grants: m.Grants, Resolver: m.Resolver(), Forbidden: m.Forbidden, Log: log}
+	}
+	return m.StartServices(&egress.DNS{Upstreams: ups, Log: log}, proxy)
+}
+
+// StopServices stops what StartServices started (Close does too); sandbox networks and
+// their rules stay.
+func (m *Manager) StopServices() {
+	m.mu.Lock()
+	s := m.svc
+	m.svc = nil
+	m.mu.Unlock()
+	if s != nil {
+		s.stop()
+	}
 }
 
 // stop closes the servers' sockets and waits for them to return.
