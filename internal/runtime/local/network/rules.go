@@ -122,12 +122,9 @@ func (m *Manager) SetRules(id string, r Rules) error {
 	if err := m.writeRules(id, &r); err != nil {
 		return fmt.Errorf("network: rules of %s: %w", id, err)
 	}
-	var b strings.Builder
-	m.memberScript(&b, p.members[att.IP], mem)
-	if err := runNft(b.String()); err != nil {
-		return fmt.Errorf("network: rules of %s: nftables: %w", id, err)
+	if err := m.change(att.IP, mem); err != nil {
+		return fmt.Errorf("network: rules of %s: %w", id, err)
 	}
-	p.members[att.IP] = mem
 	return nil
 }
 
@@ -147,16 +144,47 @@ func (m *Manager) clearRules(id string, ip netip.Addr) error {
 	p := &m.pol
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if old := p.members[ip]; old != nil {
-		var b strings.Builder
-		m.memberScript(&b, old, nil)
-		if err := runNft(b.String()); err != nil {
+	if p.members[ip] != nil {
+		if err := m.change(ip, nil); err != nil {
 			return fmt.Errorf("network: remove rules of %s: %w", id, err)
 		}
-		delete(p.members, ip)
 	}
 	if err := os.Remove(m.rulesPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("network: %w", err)
+	}
+	return nil
+}
+
+// change replaces the rules of the sandbox at ip with mem (nil: none) with one
+// transaction touching only that sandbox's elements and chains. Should that fail (the
+// table was changed behind the Manager's back, e.g. by another Manager on it), the whole
+// table is rebuilt from what this Manager knows, in one transaction too. Caller holds
+// pol.mu.
+func (m *Manager) change(ip netip.Addr, mem *member) error {
+	p := &m.pol
+	old := p.members[ip]
+	var b strings.Builder
+	m.memberScript(&b, old, mem)
+	err := runNft(b.String())
+	if err == nil {
+		p.members[ip] = mem
+		if mem == nil {
+			delete(p.members, ip)
+		}
+		return nil
+	}
+	if mem == nil {
+		delete(p.members, ip)
+	} else {
+		p.members[ip] = mem
+	}
+	if rerr := runNft(m.tableLocked()); rerr != nil {
+		if old != nil {
+			p.members[ip] = old
+		} else {
+			delete(p.members, ip)
+		}
+		return fmt.Errorf("nftables: %w (and rebuilding the table: %v)", err, rerr) //nolint:errorlint // one error to match is enough
 	}
 	return nil
 }
@@ -200,6 +228,10 @@ func (m *Manager) restoreRules() []*member {
 func (m *Manager) table() string {
 	m.pol.mu.Lock()
 	defer m.pol.mu.Unlock()
+	return m.tableLocked()
+}
+
+func (m *Manager) tableLocked() string {
 	members := make([]*member, 0, len(m.pol.members))
 	for _, mem := range m.pol.members {
 		members = append(members, mem)

@@ -792,3 +792,28 @@ func TestForbidden(t *testing.T) {
 		}
 	}
 }
+
+// TestRulesRebuiltWhenTableChanged: when an incremental change cannot apply (here: the
+// table was deleted behind the Manager's back), the Manager rebuilds the whole table
+// from what it knows, so earlier sandboxes keep their rules.
+func TestRulesRebuiltWhenTableChanged(t *testing.T) {
+	m := newTestManager(t, true)
+	a := setup(t, m, "heal-a-"+randHex(4))
+	b := setup(t, m, "heal-b-"+randHex(4))
+	deny := &runtime.Network{DenyEgress: true}
+	if err := m.SetRules(a.ID, Rules{Org: "o", Private: []Port{{"tcp", 80}}, Network: deny}); err != nil {
+		t.Fatal(err)
+	}
+	if err := deleteTable(m.cfg.Table); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetRules(b.ID, Rules{Org: "o", Network: deny}); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command("nft", "list", "table", "inet", m.cfg.Table).CombinedOutput()
+	for _, want := range []string{"chain e" + ipHex(a.IP), "chain e" + ipHex(b.IP), a.IP.String() + " . tcp . 80"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("%q missing after the rebuild:\n%s", want, out)
+		}
+	}
+}
