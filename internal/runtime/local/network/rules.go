@@ -165,7 +165,10 @@ func (m *Manager) change(ip netip.Addr, mem *member) error {
 	old := p.members[ip]
 	var b strings.Builder
 	m.memberScript(&b, old, mem)
-	err := runNft(b.String())
+	var err error
+	if b.Len() > 0 { // nothing to change (no organization, no rules): no nft run
+		err = runNft(b.String())
+	}
 	if err == nil {
 		p.members[ip] = mem
 		if mem == nil {
