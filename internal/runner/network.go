@@ -2,6 +2,7 @@ package runner
 
 import (
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"net/netip"
 	"strings"
 
@@ -49,45 +50,26 @@ func ExceptProblem(cidr, except string) string {
 }
 
 // HostnameProblem says what is wrong with a DNS-name rule's name ("" when nothing is):
-// a lowercase host name (DNS-1123 subdomain, as the official client checks) or one
-// leftmost wildcard label ("*.example.com", matching a.example.com but neither
-// example.com nor a.b.example.com). "*" alone is a policy ceiling, not a grant, and IP
-// addresses never appear in a TLS server name, so a rule naming one would match nothing.
-//
-// TODO: use egress.ValidPattern once it lands; this is the same rule.
+// a lowercase host name of at least two labels, written without a trailing dot (as the
+// official client checks), or one leftmost wildcard label ("*.example.com", matching
+// a.example.com but neither example.com nor a.b.example.com). The structure is the
+// egress proxy's own rule (egress.ValidPattern), so whatever is accepted here can be
+// enforced there. "*" alone is a policy ceiling, not a grant.
 func HostnameProblem(name string) string {
-	host := strings.TrimPrefix(name, "*.")
 	switch {
 	case name == "":
 		return "is required"
 	case name == "*":
 		return `"*" is a policy ceiling, not a sandbox grant; name a host or "*.domain"`
-	case len(host) > 253:
-		return fmt.Sprintf("%q is longer than 253 characters", name)
-	case strings.Contains(host, "*"):
-		return fmt.Sprintf("%q: a wildcard is allowed only as the whole leftmost label (\"*.example.com\")", name)
+	case strings.HasSuffix(name, "."):
+		return fmt.Sprintf("%q is not a host name as the API takes it: drop the trailing dot", name)
+	case strings.ToLower(name) != name:
+		return fmt.Sprintf("%q is not a host name as the API takes it: write it in lowercase", name)
 	}
-	if _, err := netip.ParseAddr(host); err == nil {
-		return fmt.Sprintf("%q is an IP address; TLS server names are host names, use a cidr rule for addresses", name)
-	}
-	for l := range strings.SplitSeq(host, ".") {
-		if !dnsLabel(l) {
-			return fmt.Sprintf("%q is not a host name: labels are 1-63 lowercase letters, digits and '-', not starting or ending with '-'", name)
-		}
+	if err := egress.ValidPattern(name); err != nil {
+		return fmt.Sprintf("%q is not a host name: %v", name, err)
 	}
 	return ""
-}
-
-func dnsLabel(l string) bool {
-	if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
-		return false
-	}
-	for _, c := range l {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // PortProblems reports what is wrong with one port range at field (….ports[j]):
