@@ -22,7 +22,9 @@ import (
 //     peers; new connections into the bridge from elsewhere pass only to CUSTOM ports
 //     (ingress_of) and are dropped otherwise; a sandbox's traffic to anywhere else meets
 //     its egress chain (egress_of), and without Egress all of it is dropped. Sandboxes
-//     get no IPv6 forwarding.
+//     get no IPv6 forwarding, and nothing from a source outside the subnet passes (the
+//     rules are keyed by source address; sandboxes lack CAP_NET_RAW and CAP_NET_ADMIN,
+//     so they cannot send from an address other than their own).
 //   - prerouting (nat): dns_name grants redirect TCP 443 to the proxy (dnat_of).
 //   - postrouting (nat): masquerade the subnet leaving through any non-bridge
 //     interface (Egress only).
@@ -79,6 +81,7 @@ func (m *Manager) rules(members []*member) string {
 		iifname %[1]s ct state established,related accept
 		oifname %[1]s ct state established,related accept
 		iifname %[1]s meta nfproto ipv6 drop
+		iifname %[1]s ip saddr != %[2]s drop
 		iifname %[1]s oifname %[1]s goto peers
 		oifname %[1]s ip daddr vmap @ingress_of
 		oifname %[1]s drop

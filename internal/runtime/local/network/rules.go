@@ -94,6 +94,10 @@ type member struct {
 }
 
 type policyState struct {
+	// grants are the dns_name patterns by sandbox address, read by the proxy for every
+	// connection without waiting for rule changes.
+	grants sync.Map // netip.Addr -> []string
+
 	mu      sync.Mutex // serializes rule changes: nft transactions of one table
 	orgs    map[string]uint32
 	callers map[string]uint32
@@ -130,11 +134,8 @@ func (m *Manager) SetRules(id string, r Rules) error {
 
 // Grants returns the dns_name patterns of the sandbox at src (for the SNI proxy).
 func (m *Manager) Grants(src netip.Addr) []string {
-	p := &m.pol
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if mem := p.members[src.Unmap()]; mem != nil {
-		return append([]string(nil), mem.grants...)
+	if g, ok := m.pol.grants.Load(src.Unmap()); ok {
+		return append([]string(nil), g.([]string)...)
 	}
 	return nil
 }
@@ -170,26 +171,30 @@ func (m *Manager) change(ip netip.Addr, mem *member) error {
 		err = runNft(b.String())
 	}
 	if err == nil {
-		p.members[ip] = mem
-		if mem == nil {
-			delete(p.members, ip)
-		}
+		p.set(ip, mem)
 		return nil
 	}
-	if mem == nil {
-		delete(p.members, ip)
-	} else {
-		p.members[ip] = mem
-	}
+	p.set(ip, mem)
 	if rerr := runNft(m.tableLocked()); rerr != nil {
-		if old != nil {
-			p.members[ip] = old
-		} else {
-			delete(p.members, ip)
-		}
+		p.set(ip, old)
 		return fmt.Errorf("nftables: %w (and rebuilding the table: %v)", err, rerr) //nolint:errorlint // one error to match is enough
 	}
 	return nil
+}
+
+// set records mem (nil: none) as the rules of the sandbox at ip. Caller holds mu.
+func (p *policyState) set(ip netip.Addr, mem *member) {
+	if mem == nil {
+		delete(p.members, ip)
+		p.grants.Delete(ip)
+		return
+	}
+	p.members[ip] = mem
+	if len(mem.grants) > 0 {
+		p.grants.Store(ip, mem.grants)
+	} else {
+		p.grants.Delete(ip)
+	}
 }
 
 // restoreRules compiles the persisted rules of every sandbox with a record (New). A
@@ -221,7 +226,7 @@ func (m *Manager) restoreRules() []*member {
 		if err != nil {
 			mem = &member{ip: att.IP, egress: []string{"drop"}}
 		}
-		p.members[att.IP] = mem
+		p.set(att.IP, mem)
 		out = append(out, mem)
 	}
 	return out
