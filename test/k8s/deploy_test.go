@@ -142,14 +142,15 @@ func TestRunnerDeployment(t *testing.T) {
 	terminal(t, s.Runner, sb.ID)
 
 	// :applyAvailableUpdate: the runner patches its own Deployment's image tag. A stand-in
-	// Deployment with the chart's name and strategy, running a local image.
+	// Deployment with the chart's name and strategy, running a local image (sleep ignores
+	// SIGTERM: a short grace period keeps the rollout short).
 	one := int32(1)
 	sel := map[string]string{"app.kubernetes.io/name": "sandboxd-runner"}
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: "sandboxd-runner", Namespace: ns},
 		Spec: appsv1.DeploymentSpec{Replicas: &one, Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
 			Selector: &metav1.LabelSelector{MatchLabels: sel},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: corev1.PodSpec{
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptrTo(int64(1)),
 				Containers: []corev1.Container{{Name: "runner", Image: busybox, ImagePullPolicy: corev1.PullNever, Command: []string{"sleep", "3600"}}},
 			}}},
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"os"
 	osexec "os/exec"
 	"path/filepath"
 	"strings"
@@ -29,8 +30,8 @@ func buildSandboxd(t *testing.T) string {
 	return bin
 }
 
-// runnerProc is a `sandboxd runner --backend kubernetes` process; listening is closed
-// once it prints that it serves.
+// runnerProc is a `sandboxd runner --backend kubernetes` process (env added to this
+// process's); listening is closed once it prints that it serves.
 type runnerProc struct {
 	cmd       *osexec.Cmd
 	listening chan struct{}
@@ -38,9 +39,10 @@ type runnerProc struct {
 	mu        sync.Mutex
 }
 
-func startRunner(t *testing.T, bin string, args ...string) *runnerProc {
+func startRunner(t *testing.T, bin string, env []string, args ...string) *runnerProc {
 	t.Helper()
 	p := &runnerProc{cmd: osexec.Command(bin, append([]string{"runner"}, args...)...), listening: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), env...)
 	pr, pw := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = pw, pw
 	if err := p.cmd.Start(); err != nil {
@@ -94,13 +96,13 @@ func TestLeaderLease(t *testing.T) {
 		_ = client.CoordinationV1().Leases(c.namespace).Delete(context.Background(), lease, metav1.DeleteOptions{})
 	})
 
-	a := startRunner(t, bin, args("a")...)
+	a := startRunner(t, bin, nil, args("a")...)
 	select {
 	case <-a.listening:
 	case <-time.After(time.Minute):
 		t.Fatalf("the first runner does not serve:\n%s", a.log())
 	}
-	b := startRunner(t, bin, args("b")...)
+	b := startRunner(t, bin, nil, args("b")...)
 	// b waits for the lease however long a holds it (a renews it).
 	select {
 	case <-b.listening:
