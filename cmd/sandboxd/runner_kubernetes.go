@@ -21,7 +21,7 @@ import (
 // kubernetesFlags configure `sandboxd runner --backend kubernetes`.
 type kubernetesFlags struct {
 	kubeconfig, namespace, agentImage, pullPolicy string
-	peerCIDRs, peerPods                           string
+	peerCIDRs, peerPods, dnsCIDRs                 string
 	leaderElect                                   bool
 	leaseName, leaseNamespace, identity           string
 	leaseDuration                                 time.Duration
@@ -35,6 +35,7 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.pullPolicy, "image-pull-policy", "IfNotPresent", "kubernetes backend: imagePullPolicy of the sandbox and agent images (Always, IfNotPresent, Never)")
 	fs.StringVar(&k.peerCIDRs, "runner-peer-cidrs", "", "kubernetes backend: comma-separated CIDRs the runner reaches sandboxes from (their NetworkPolicies let them in)")
 	fs.StringVar(&k.peerPods, "runner-peer-pods", "", "kubernetes backend: the runner's Pod labels, k=v,… (in $POD_NAMESPACE, else --namespace): sandboxes' NetworkPolicies let those Pods in")
+	fs.StringVar(&k.dnsCIDRs, "dns-cidrs", "", "kubernetes backend: comma-separated CIDRs of the cluster DNS that sandboxes may always query (default: the kube-system namespace)")
 	fs.BoolVar(&k.leaderElect, "leader-elect", false, "kubernetes backend: hold a coordination.k8s.io Lease before acting, so two replicas never act at once")
 	fs.StringVar(&k.leaseName, "leader-elect-lease", "sandboxd-runner", "kubernetes backend: name of the Lease")
 	fs.StringVar(&k.leaseNamespace, "leader-elect-namespace", "", "kubernetes backend: namespace of the Lease (default $POD_NAMESPACE, else --namespace)")
@@ -70,18 +71,27 @@ func firstNonEmpty(ss ...string) string {
 	return ""
 }
 
-// runnerPeers turns --runner-peer-cidrs and --runner-peer-pods into NetworkPolicy peers.
-func (k *kubernetesFlags) runnerPeers() ([]networkingv1.NetworkPolicyPeer, error) {
+// cidrPeers turns a comma-separated list of CIDRs into NetworkPolicy peers.
+func cidrPeers(flagName, list string) ([]networkingv1.NetworkPolicyPeer, error) {
 	var peers []networkingv1.NetworkPolicyPeer
-	for c := range strings.SplitSeq(k.peerCIDRs, ",") {
+	for c := range strings.SplitSeq(list, ",") {
 		if c = strings.TrimSpace(c); c == "" {
 			continue
 		}
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
-			return nil, fmt.Errorf("--runner-peer-cidrs: %w", err)
+			return nil, fmt.Errorf("%s: %w", flagName, err)
 		}
 		peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: p.Masked().String()}})
+	}
+	return peers, nil
+}
+
+// runnerPeers turns --runner-peer-cidrs and --runner-peer-pods into NetworkPolicy peers.
+func (k *kubernetesFlags) runnerPeers() ([]networkingv1.NetworkPolicyPeer, error) {
+	peers, err := cidrPeers("--runner-peer-cidrs", k.peerCIDRs)
+	if err != nil {
+		return nil, err
 	}
 	if strings.TrimSpace(k.peerPods) != "" {
 		sel, err := metav1.ParseToLabelSelector(k.peerPods)
@@ -110,9 +120,13 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	if err != nil {
 		return nil, err
 	}
+	dns, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
+	if err != nil {
+		return nil, err
+	}
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
-		RunnerPeers: peers,
+		RunnerPeers: peers, DNSPeers: dns,
 	})
 }

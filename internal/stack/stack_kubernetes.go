@@ -28,12 +28,12 @@ type KubernetesConfig struct {
 	ImagePullPolicy corev1.PullPolicy
 	// RuntimeClasses: see kubernetes.Config.
 	RuntimeClasses map[string]string
-	// RunnerPeers: see kubernetes.Config.
-	RunnerPeers []networkingv1.NetworkPolicyPeer
-	DataDir     string // the runner's own files (archived logs)
-	Retention   time.Duration
-	ExpiryGrace time.Duration
-	Logger      *slog.Logger
+	// RunnerPeers and DNSPeers: see kubernetes.Config.
+	RunnerPeers, DNSPeers []networkingv1.NetworkPolicyPeer
+	DataDir               string // the runner's own files (archived logs)
+	Retention             time.Duration
+	ExpiryGrace           time.Duration
+	Logger                *slog.Logger
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -71,7 +71,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 	bc := kubernetes.Config{
 		Namespace: cfg.Namespace, RunnerID: cfg.RunnerID, AgentImage: cfg.AgentImage,
 		ImagePullPolicy: cfg.ImagePullPolicy, RuntimeClasses: cfg.RuntimeClasses, Logger: cfg.Logger,
-		RunnerPeers: cfg.RunnerPeers,
+		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers,
 	}
 	if cfg.Backend != nil {
 		bc = *cfg.Backend
