@@ -111,6 +111,32 @@ func runnerCmd(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *backend == "kubernetes" {
+		// Before anything acts (registration, re-adoption, serving): one replica at a time.
+		lease, err := kube.acquireLease(ctx, logger)
+		if err != nil {
+			return err
+		}
+		if lease != nil {
+			leaving := make(chan struct{})
+			defer func() { close(leaving); lease.Release() }()
+			go func() {
+				select {
+				case <-lease.Lost:
+					select {
+					case <-leaving: // released on the way out
+					default:
+						// Another replica may act from now on: stop at once rather than race it.
+						logger.Error("lost the runner lease; exiting")
+						os.Exit(1)
+					}
+				case <-leaving:
+				}
+			}()
+		}
+	} else if kube.leaderElect {
+		return errors.New("--leader-elect needs --backend kubernetes")
+	}
 
 	var (
 		tlsCfg *tls.Config
@@ -161,9 +187,13 @@ func runnerCmd(args []string) error {
 		edgeCA = ca
 	}
 
-	var rn *runner.Runner
+	var (
+		rn  *runner.Runner
+		kst *stack.KubernetesStack
+	)
 	if *backend == "kubernetes" {
-		kst, err := kube.start(ctx, *runnerID, *dataDir, logger)
+		var err error
+		kst, err = kube.start(ctx, *runnerID, *dataDir, logger)
 		if err != nil {
 			return err
 		}
@@ -270,6 +300,13 @@ func runnerCmd(args []string) error {
 		}
 		go hb.Run(ctx)
 		rs.WithPolicy(*runnerID, cache)
+		if kst != nil && kube.selfDeployment != "" {
+			// :applyAvailableUpdate: the heartbeat reply's desired version becomes this
+			// runner's Deployment image tag.
+			u := &stack.SelfUpdater{Client: kst.Client, Namespace: firstNonEmpty(os.Getenv("POD_NAMESPACE"), kube.namespace),
+				Deployment: kube.selfDeployment, Container: kube.selfContainer, Logger: logger}
+			go u.Run(ctx, version, hb.DesiredVersion, *hbInterval)
+		}
 	}
 	srv := rs.HTTPServer(tlsCfg)
 	fmt.Printf("runner %s listening on %s\n", *runnerID, ln.Addr())

@@ -50,6 +50,9 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			return nil, policy.Result{}, runner.Sandbox{}, err
 		}
 		cr.Spec.Meta = map[string]string{metaOrg: org, runtime.MetaCaller: caller, "sandboxd.policy_revision": c.Result.PolicyRevision}
+		// In-process runners get the policy's Pod settings here; a remote runner applies
+		// its own policy's (runnerapi.Server.WithPolicy), as the wire spec has no room.
+		cr.Spec.Pod = c.Result.Pod
 		sb, err := r.Create(ctx, cr)
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it

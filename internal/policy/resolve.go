@@ -11,6 +11,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Platform limits and defaults, which hold under every policy.
@@ -66,6 +67,9 @@ type Result struct {
 	Spec           *sandboxv1.SandboxSpec
 	Violations     []Violation
 	PolicyRevision string
+	// Pod is the policy's Kubernetes Pod settings (base.pod) for the backend; nil when
+	// the policy has none. The public spec has no place for them.
+	Pod *runtime.PodSettings
 }
 
 // OK reports whether the spec was accepted.
@@ -74,7 +78,11 @@ func (r Result) OK() bool { return len(r.Violations) == 0 }
 // ResolveRevision is Resolve recording revision, the caller's identifier of p (its etag).
 func ResolveRevision(p *Policy, revision string, spec *sandboxv1.SandboxSpec, platform Platform) Result {
 	s, vs := Resolve(p, spec, platform)
-	return Result{Spec: s, Violations: vs, PolicyRevision: revision}
+	res := Result{Spec: s, Violations: vs, PolicyRevision: revision}
+	if p != nil && !p.Base.Pod.IsZero() {
+		res.Pod = p.Base.Pod
+	}
+	return res
 }
 
 // Resolve merges platform defaults, then p's base, then spec (the spec wins per scalar;

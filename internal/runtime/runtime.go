@@ -46,6 +46,9 @@ type Spec struct {
 	// enforces nothing beyond its own isolation (specs recorded before network rules
 	// existed); a non-nil zero value allows no egress at all.
 	Network *Network `json:"network,omitempty"`
+	// Pod is the policy's Kubernetes Pod settings (node selector, tolerations, …), set by
+	// whoever resolves the spec against the runner's policy; nil means none.
+	Pod *PodSettings `json:"pod,omitempty"`
 	// Meta is the runner's own immutable bookkeeping (organization, creation time,
 	// deadline); backends persist it and hand it back from Recover.
 	Meta map[string]string `json:"meta,omitempty"`
