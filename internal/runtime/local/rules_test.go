@@ -309,6 +309,8 @@ func TestSandboxNetworkRules(t *testing.T) {
 					{CIDR: w.pub.String() + "/32", Ports: []rt.PortRange{{Port: 80}}},
 					{Tenant: rt.TenantSameOrg, Ports: []rt.PortRange{{Port: 8080}}},
 				}}})
+			peer := e.create(rt.Spec{ID: "peer-" + class, RuntimeClass: class, Meta: org, Command: "sleep", Args: []string{"3600"},
+				Network: &rt.Network{Egress: []rt.EgressRule{{Tenant: rt.TenantSameOrg}}}})
 			deny := e.create(rt.Spec{ID: "deny-" + class, RuntimeClass: class, Meta: org, Command: "sleep", Args: []string{"3600"},
 				Network: &rt.Network{DenyEgress: true}})
 			old := e.create(rt.Spec{ID: "old-" + class, RuntimeClass: class, Command: "sleep", Args: []string{"3600"}}) // no rules: as before
@@ -324,9 +326,12 @@ func TestSandboxNetworkRules(t *testing.T) {
 				{cli.ID, url(w.pub.String(), 80), true},
 				{cli.ID, url(w.pub2.String(), 80), false},
 				{cli.ID, url(w.priv.String(), 80), false},
-				{cli.ID, url(srv.IP, 8080), true},  // private port, same_org egress on 8080
-				{cli.ID, url(srv.IP, 9090), false}, // its egress does not cover 9090
-				{cli.ID, url(srv.IP, 7070), false}, // undeclared
+				{cli.ID, url(srv.IP, 8080), true},   // private port, same_org egress on 8080
+				{cli.ID, url(srv.IP, 9090), false},  // its egress does not cover 9090
+				{cli.ID, url(srv.IP, 7070), false},  // undeclared
+				{peer.ID, url(srv.IP, 9090), true},  // CUSTOM port, srv's same_org ingress rule
+				{peer.ID, url(srv.IP, 7070), false}, // undeclared
+				{peer.ID, url(w.pub.String(), 80), false},
 				{deny.ID, url(w.pub.String(), 80), false},
 				{deny.ID, url(srv.IP, 8080), false},
 				{old.ID, url(w.priv.String(), 80), true},
@@ -366,13 +371,13 @@ func TestSandboxNetworkRules(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Run("after restart", check)
-			for _, id := range []string{srv.ID, cli.ID, deny.ID, old.ID} {
+			for _, id := range []string{srv.ID, cli.ID, peer.ID, deny.ID, old.ID} {
 				if err := e.b.Destroy(context.Background(), id); err != nil {
 					t.Fatal(err)
 				}
 			}
 			out := nftList(t, tn.cfg.Table)
-			for _, ip := range []string{srv.IP, cli.IP, deny.IP, old.IP} {
+			for _, ip := range []string{srv.IP, cli.IP, peer.IP, deny.IP, old.IP} {
 				if strings.Contains(out, ip+" ") {
 					t.Errorf("rules of %s left after destroy:\n%s", ip, out)
 				}
