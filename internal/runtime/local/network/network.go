@@ -3,11 +3,14 @@
 // Package network gives every local sandbox its own network namespace on a host
 // bridge: a veth pair (host side on the bridge, marked isolated so sandboxes cannot
 // talk to each other at layer 2), one IPv4 address from the bridge's subnet, a
-// default route via the bridge's gateway address, and optional outbound NAT.
+// default route via the bridge's gateway address, and optional outbound NAT. Each
+// sandbox's egress and ingress rules (SetRules) are enforced on the host with nftables
+// (rules.go); the platform DNS and the egress proxy for dns_name rules answer on the
+// gateway address (services.go).
 //
 // Host setup (bridge, one nftables table, ip_forward when Egress) is done once by New and is
 // idempotent. Per-sandbox work (Setup/Teardown) uses netlink only: no `ip`
-// commands, no sleeps, a few milliseconds.
+// commands, no sleeps, a few milliseconds; SetRules is one small nft transaction.
 //
 // Layout under Config.StateDir (persistent, survives runner restarts):
 //
@@ -232,8 +235,6 @@ func (m *Manager) Bridge() string { return m.cfg.Bridge }
 // the platform DNS answers (see StartServices).
 func (m *Manager) Nameservers() []string { return []string{m.gateway.String()} }
 
-// Upstreams returns the servers the platform DNS forwards to (Config.Nameservers).
-func (m *Manager) Upstreams() []string { return append([]string(nil), m.nameservers...) }
 
 // NetNSPath returns where the network namespace file of id lives (whether or not it exists).
 func (m *Manager) NetNSPath(id string) string { return filepath.Join(m.netnsDir, id) }
