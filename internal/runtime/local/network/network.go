@@ -235,7 +235,6 @@ func (m *Manager) Bridge() string { return m.cfg.Bridge }
 // the platform DNS answers (see StartServices).
 func (m *Manager) Nameservers() []string { return []string{m.gateway.String()} }
 
-
 // NetNSPath returns where the network namespace file of id lives (whether or not it exists).
 func (m *Manager) NetNSPath(id string) string { return filepath.Join(m.netnsDir, id) }
 
