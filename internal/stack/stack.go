@@ -119,7 +119,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 	}
 	// The platform DNS and the egress proxy live as long as the stack (Close).
 	if err := nw.StartEgress(cfg.Logger); err != nil {
-		nw.Close()
+		_ = nw.Close()
 		return nil, fmt.Errorf("stack: %w", err)
 	}
 	backend, err := local.New(local.Config{
@@ -132,7 +132,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Pool:         cfg.Pool,
 	})
 	if err != nil {
-		nw.Close()
+		_ = nw.Close()
 		return nil, fmt.Errorf("stack: local backend: %w", err)
 	}
 	r, err := runner.New(ctx, runner.Config{
@@ -144,7 +144,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 	})
 	if err != nil {
 		_ = backend.Close(context.Background())
-		nw.Close()
+		_ = nw.Close()
 		return nil, fmt.Errorf("stack: runner: %w", err)
 	}
 	s := &Stack{Images: store, Network: nw, Backend: backend, Runner: r, gcDone: make(chan struct{})}

@@ -413,7 +413,7 @@ func buildProbe(t *testing.T) {
 		}
 		probeLayer = dir
 		if out, err := goBuild(filepath.Join(dir, "bin", "tlsprobe"), "./testdata/tlsprobe"); err != nil {
-			probeErr = fmt.Errorf("build tlsprobe: %v\n%s", err, out)
+			probeErr = fmt.Errorf("build tlsprobe: %w\n%s", err, out)
 		}
 	})
 	if probeErr != nil {
