@@ -32,14 +32,26 @@ func percentiles(b *testing.B, ds []time.Duration, prefix string) {
 
 // BenchmarkCreateFirstExec: Create, then the first Exec through the agent returns
 // (fresh connection). Destroy is outside the timing. -v prints where Create's time goes.
+// The userns variants (the default) map the sandbox into a user namespace of its own
+// with idmapped image layers; nouserns runs it as host root (Config.NoUserNS).
 func BenchmarkCreateFirstExec(b *testing.B) {
-	b.Run("loopback", func(b *testing.B) { benchCreateFirstExec(b, false) })
-	b.Run("bridge", func(b *testing.B) { benchCreateFirstExec(b, true) })
+	b.Run("loopback", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{}) })
+	b.Run("loopback-nouserns", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{noUserNS: true}) })
+	b.Run("bridge", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{withNet: true}) })
+	b.Run("bridge-nouserns", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{withNet: true, noUserNS: true}) })
 }
 
-func benchCreateFirstExec(b *testing.B, withNet bool) {
+type benchOpts struct {
+	withNet  bool
+	noUserNS bool
+}
+
+func benchCreateFirstExec(b *testing.B, o benchOpts) {
 	e := newEnv(b)
-	if withNet {
+	if o.noUserNS {
+		e.b.cfg.NoUserNS, e.b.ids = true, nil
+	}
+	if o.withNet {
 		e.withNetwork(b, 1)
 	}
 	var mu sync.Mutex

@@ -82,6 +82,10 @@ type Config struct {
 	// Pool keeps pre-started containers for images recently created (see pool.go).
 	// The zero value disables it.
 	Pool PoolConfig
+	// NoUserNS runs runc sandboxes without a user namespace of their own (root in the
+	// sandbox is then root on the host, confined by capabilities, seccomp and the other
+	// namespaces only). See userns.go; gVisor sandboxes are not affected.
+	NoUserNS bool
 }
 
 // Backend is the local runtime.Backend.
@@ -96,6 +100,8 @@ type Backend struct {
 	sandboxes map[string]*sandbox
 
 	pool *pool // nil: no warm pool
+
+	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
 
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
@@ -204,6 +210,16 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	if !cfg.NoUserNS {
+		b.ids = &idAllocator{stateDir: cfg.StateDir}
+		changed, err := makeSearchable(cfg.StateDir)
+		if err != nil {
+			return nil, fmt.Errorf("local backend: %w (or disable user namespaces)", err)
+		}
+		if len(changed) > 0 {
+			b.log.Info("local backend: made dirs searchable (o+x) for sandboxes in user namespaces", "dirs", changed)
+		}
 	}
 	if cfg.Pool.Size > 0 {
 		b.pool = newPool(b, cfg.Pool)
@@ -386,6 +402,21 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := writeJSON(filepath.Join(dir, fileSpec), &s.spec); err != nil {
 		return nil, nil, err
 	}
+	var ids *idRange
+	if b.ids != nil && !rt.gvisor {
+		r, err := b.ids.alloc(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		ids = &r
+		// The mapped root must reach its bundle's rootfs and own what it writes to.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if err := chownToRoot(r, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork), filepath.Join(dir, dirRun)); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
 	b.step("dirs", t)
 
 	<-pulled
@@ -408,12 +439,8 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if rt.gvisor {
 		acfg.Listen = agentListenAddr // see gvisor.go
 	}
-	opts, err := overlayOptions(img.Layers, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork))
-	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
 	rootfs := filepath.Join(bundle, "rootfs")
-	if err := mountOverlay(rootfs, opts); err != nil {
+	if err := b.mountRoot(rootfs, dir, img.Layers, ids); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("overlay", t)
@@ -429,10 +456,24 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
 		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
-		GVisor: rt.gvisor,
+		GVisor: rt.gvisor, IDs: ids,
 	}
 	if att != nil {
 		p.NetNS = att.NetNSPath
+		if ids != nil {
+			// A root mapped into a user namespace that does not own this network
+			// namespace can neither set its sysctls nor mount its sysfs (see ociSpec):
+			// the backend does both.
+			for k, v := range netSysctls {
+				if err := setNetNSSysctl(att.NetNSPath, k, v); err != nil {
+					return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+				}
+			}
+			p.Sysfs = filepath.Join(dir, dirSysfs)
+			if err := mountNetNSSysfs(att.NetNSPath, p.Sysfs); err != nil {
+				return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+			}
+		}
 	}
 	if err := writeJSON(filepath.Join(bundle, "config.json"), ociSpec(p)); err != nil {
 		return nil, nil, err
@@ -498,6 +539,23 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	b.step("finish", t)
 	return img, att, nil
+}
+
+// mountRoot mounts the overlay root of a sandbox (dir) at rootfs: over the image's
+// layers, idmapped when ids is set (see userns.go).
+func (b *Backend) mountRoot(rootfs, dir string, layers []string, ids *idRange) error {
+	if ids != nil {
+		var err error
+		if layers, err = idmappedLowers(layers, dir, *ids); err != nil {
+			return err
+		}
+		defer func() { _ = detachLowers(dir) }()
+	}
+	opts, err := overlayOptions(layers, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork))
+	if err != nil {
+		return err
+	}
+	return mountOverlay(rootfs, opts)
 }
 
 // writeEtcFiles writes hosts, hostname and resolv.conf for a sandbox into dir.

@@ -2,6 +2,7 @@ package local
 
 import (
 	"fmt"
+	"maps"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -59,6 +60,10 @@ func noFileLimit() uint64 {
 	return rl.Max
 }
 
+// netSysctls are the sysctls of a sandbox's network namespace. Without CAP_NET_RAW,
+// ping needs ICMP datagram sockets: allow them to every group.
+var netSysctls = map[string]string{"net.ipv4.ping_group_range": "0 2147483647"}
+
 // specParams is what varies between sandboxes in the OCI spec.
 type specParams struct {
 	ID        string
@@ -75,6 +80,12 @@ type specParams struct {
 	// GVisor adapts the spec to runsc: the agent listens itself (no fd 3) and there is
 	// no OCI seccomp profile (see gvisor.go).
 	GVisor bool
+	// IDs, when set, runs the container in a user namespace of its own mapping its IDs
+	// 0..Size-1 to this host range (see userns.go).
+	IDs *idRange
+	// Sysfs, when set, is a host dir holding the sandbox's sysfs, bind-mounted at /sys
+	// instead of a sysfs the runtime mounts (see mountNetNSSysfs).
+	Sysfs string
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -102,6 +113,15 @@ func ociSpec(p specParams) *specs.Spec {
 		ro(p.EtcDir+"/resolv.conf", "/etc/resolv.conf"),
 	}
 
+	if p.Sysfs != "" {
+		for i := range mounts {
+			if mounts[i].Destination == "/sys" {
+				mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: p.Sysfs,
+					Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
+			}
+		}
+	}
+
 	res := &specs.LinuxResources{
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 	}
@@ -127,10 +147,29 @@ func ociSpec(p specParams) *specs.Spec {
 	seccomp := p.Seccomp
 	// Without CAP_NET_RAW, ping needs ICMP datagram sockets: allow them to every group.
 	// The sysctl belongs to the sandbox's own network namespace.
-	sysctl := map[string]string{"net.ipv4.ping_group_range": "0 2147483647"}
+	sysctl := maps.Clone(netSysctls)
 	if p.GVisor {
 		args = append(args, "--listen-fd=-1")
 		seccomp, sysctl = nil, nil
+	}
+	namespaces := []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, netns,
+		{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+	}
+	var uids, gids []specs.LinuxIDMapping
+	if p.IDs != nil {
+		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.HostID, Size: p.IDs.Size}}
+		uids, gids = m, m
+		if p.NetNS != "" {
+			// A network namespace made by the host belongs to the host's user namespace:
+			// the container's root may not write its sysctls; the backend sets them.
+			sysctl = nil
+		} else if sysctl != nil {
+			// The new network namespace belongs to the new user namespace, where only the
+			// mapped group IDs exist.
+			sysctl["net.ipv4.ping_group_range"] = fmt.Sprintf("0 %d", p.IDs.Size-1)
+		}
 	}
 	return &specs.Spec{
 		Version: specs.Version,
@@ -149,10 +188,9 @@ func ociSpec(p specParams) *specs.Spec {
 		Hostname: hostname,
 		Mounts:   mounts,
 		Linux: &specs.Linux{
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, netns,
-				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-			},
+			Namespaces:    namespaces,
+			UIDMappings:   uids,
+			GIDMappings:   gids,
 			Resources:     res,
 			CgroupsPath:   p.Cgroups,
 			Seccomp:       seccomp,
