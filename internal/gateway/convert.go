@@ -80,9 +80,8 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 		if len(c.GetSecretStores()) > 0 {
 			unsupported = append(unsupported, "secret stores")
 		}
-		if c.GetSecurityContext() != nil {
-			unsupported = append(unsupported, "security context")
-		}
+		sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
+		req.Spec.Security, vs = sec, append(vs, secVs...)
 		if c.GetStartupProbe() != nil {
 			unsupported = append(unsupported, "startup probes")
 		}

@@ -24,6 +24,7 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		RestartLimit: int32(s.RestartLimit),
 		Meta:         s.Meta,
 		Resources:    &runnerv1.Resources{MilliCpu: s.Resources.MilliCPU, MemoryBytes: s.Resources.MemoryBytes, Pids: s.Resources.Pids},
+		Security:     securityToProto(s.Security),
 	}
 	if c := s.PullCredentials; c != nil {
 		p.PullCredentials = &runnerv1.Credentials{Username: c.Username, Password: c.Password}
@@ -54,6 +55,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 			MemoryBytes: p.GetResources().GetMemoryBytes(),
 			Pids:        p.GetResources().GetPids(),
 		},
+		Security: securityFromProto(p.GetSecurity()),
 	}
 	if c := p.GetPullCredentials(); c != nil {
 		s.PullCredentials = &runtime.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}

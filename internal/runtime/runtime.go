@@ -31,14 +31,16 @@ type Spec struct {
 	// Command is a single executable (the wire protocol's Container.command); empty means
 	// the image's entrypoint. Args replace the image's cmd when Command is set, or when
 	// non-empty.
-	Command      string            `json:"command,omitempty"`
-	Args         []string          `json:"args,omitempty"`
-	Env          map[string]string `json:"env,omitempty"`
-	WorkingDir   string            `json:"working_dir,omitempty"`
-	Files        []File            `json:"files,omitempty"`
-	Resources    Resources         `json:"resources"`
-	RuntimeClass string            `json:"runtime_class,omitempty"` // "" = the backend's default
-	RestartLimit int               `json:"restart_limit"`
+	Command    string            `json:"command,omitempty"`
+	Args       []string          `json:"args,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	WorkingDir string            `json:"working_dir,omitempty"`
+	Files      []File            `json:"files,omitempty"`
+	Resources  Resources         `json:"resources"`
+	// Security is the container's security context; nil means the platform defaults.
+	Security     *Security `json:"security,omitempty"`
+	RuntimeClass string    `json:"runtime_class,omitempty"` // "" = the backend's default
+	RestartLimit int       `json:"restart_limit"`
 	// Services are the sandbox's declared ports; those with an Endpoint are published by
 	// the runner's edge.
 	Services []Service `json:"services,omitempty"`

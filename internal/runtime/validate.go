@@ -28,9 +28,15 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 	case spec.RestartLimit < 0:
 		return fmt.Errorf("%w: negative restart limit", ErrInvalidSpec)
 	}
+	if err := spec.Security.Validate(); err != nil {
+		return err
+	}
 	for _, f := range spec.Files {
 		if !strings.HasPrefix(f.Path, "/") || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return fmt.Errorf("%w: file path %q must be absolute and clean", ErrInvalidSpec, f.Path)
+		}
+		if spec.Security != nil && spec.Security.ReadOnlyRootFS && !WritableWhenReadOnly(f.Path) {
+			return fmt.Errorf("%w: file path %q is on the read-only root filesystem; put files under %s", ErrInvalidSpec, f.Path, strings.Join(ReadOnlyWritablePaths, ", "))
 		}
 	}
 	return nil

@@ -273,6 +273,16 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	if sec := spec.Security; sec != nil && b.ids != nil && !rt.gvisor {
+		for _, v := range []*uint32{sec.RunAsUser, sec.RunAsGroup} {
+			if v != nil && *v >= idRangeSize {
+				return runtime.Info{}, fmt.Errorf("%w: user and group IDs must be below %d (the IDs a sandbox's user namespace maps), got %d", runtime.ErrInvalidSpec, idRangeSize, *v)
+			}
+		}
+	}
+	// A pooled container was started with the default runtime configuration; only the
+	// user commands run as can still change.
+	poolable := spec.PullCredentials == nil && !rt.gvisor && spec.Security.OCIDefault()
 	id := spec.ID
 	dir := b.dir(id)
 	// The sandbox dir is the claim on the id; everything else happens inside it (or, for
@@ -294,7 +304,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if b.pool != nil {
 		// The warm pool is runc-only (see gvisor.go); a gVisor Create still counts as a
 		// Create in flight, so refills keep out of its way.
-		b.pool.createStarted(poolKey{image: spec.Image, class: class}, spec.PullCredentials == nil && !rt.gvisor)
+		b.pool.createStarted(poolKey{image: spec.Image, class: class}, poolable)
 		defer b.pool.createEnded()
 	}
 	defer func() {
@@ -317,7 +327,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		close(s.ready)
 	}()
 
-	if b.pool != nil && !rt.gvisor {
+	if b.pool != nil && !rt.gvisor && spec.Security.OCIDefault() {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
 			return s.info.toInfo(id), b.declareReach(s, spec)
@@ -456,7 +466,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
 		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
-		GVisor: rt.gvisor, IDs: ids,
+		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security,
+	}
+	if !s.spec.Security.OCIDefault() {
+		if p.Seccomp, err = seccompFor(capSet(s.spec.Security)); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: seccomp profile: %w", id, err)
+		}
 	}
 	if att != nil {
 		p.NetNS = att.NetNSPath

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-const testCgroupParent = "sandboxd-localtest"
+// testCgroupParent is per test process: other checkouts' tests may run at the same
+// time, and their sandboxes must not look like this run's leaks.
+var testCgroupParent = "sandboxd-localtest-" + strconv.Itoa(os.Getpid())
 
 var (
 	agentBin   string // the agent the tests run

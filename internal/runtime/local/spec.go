@@ -3,6 +3,8 @@ package local
 import (
 	"fmt"
 	"maps"
+	"slices"
+	"strconv"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -45,9 +47,36 @@ var maskedPaths = []string{
 var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 
 // defaultSeccomp builds the default seccomp profile for defaultCaps once.
-func defaultSeccomp() (*specs.LinuxSeccomp, error) {
-	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: defaultCaps}}}
+func defaultSeccomp() (*specs.LinuxSeccomp, error) { return seccompFor(defaultCaps) }
+
+// seccompFor builds the default seccomp profile for a capability set: the profile
+// allows the system calls a capability needs (mount for CAP_SYS_ADMIN, ...) only with it.
+func seccompFor(caps []string) (*specs.LinuxSeccomp, error) {
+	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}}
 	return seccomp.GetDefaultProfile(s)
+}
+
+// readOnlyTmpfsBytes is the size of each writable tmpfs under a read-only root.
+const readOnlyTmpfsBytes = 256 << 20
+
+// capSet is the capability set of a sandbox: defaultCaps, minus sec's drops ("ALL"
+// drops every one), plus its adds.
+func capSet(sec *runtime.Security) []string {
+	caps := slices.Clone(defaultCaps)
+	if sec == nil {
+		return caps
+	}
+	if slices.Contains(sec.CapDrop, "ALL") {
+		caps = nil
+	} else {
+		caps = slices.DeleteFunc(caps, func(c string) bool { return slices.Contains(sec.CapDrop, c) })
+	}
+	for _, c := range sec.CapAdd {
+		if !slices.Contains(caps, c) {
+			caps = append(caps, c)
+		}
+	}
+	return caps
 }
 
 // noFileLimit is min(host hard RLIMIT_NOFILE, 1048576): a container cannot get more than
@@ -83,6 +112,8 @@ type specParams struct {
 	// IDs, when set, runs the container in a user namespace of its own mapping its IDs
 	// 0..Size-1 to this host range (see userns.go).
 	IDs *idRange
+	// Security is the sandbox's security context (nil: the defaults).
+	Security *runtime.Security
 	// Sysfs, when set, is a host dir holding the sandbox's sysfs, bind-mounted at /sys
 	// instead of a sysfs the runtime mounts (see mountNetNSSysfs).
 	Sysfs string
@@ -93,7 +124,7 @@ func ociSpec(p specParams) *specs.Spec {
 	if len(hostname) > 63 {
 		hostname = hostname[:63]
 	}
-	caps := append([]string(nil), defaultCaps...)
+	caps := capSet(p.Security)
 	ro := func(src, dst string) specs.Mount {
 		return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"bind", "ro", "nosuid", "nodev"}}
 	}
@@ -119,6 +150,16 @@ func ociSpec(p specParams) *specs.Spec {
 				mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: p.Sysfs,
 					Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
 			}
+		}
+	}
+
+	readOnly := p.Security != nil && p.Security.ReadOnlyRootFS
+	if readOnly {
+		// What stays writable: empty tmpfs mounts, whose pages count against the
+		// sandbox's memory limit (like Kubernetes' memory-backed emptyDir).
+		for _, d := range runtime.ReadOnlyWritablePaths {
+			mounts = append(mounts, specs.Mount{Destination: d, Type: "tmpfs", Source: "tmpfs",
+				Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(readOnlyTmpfsBytes, 10)}})
 		}
 	}
 
@@ -182,9 +223,9 @@ func ociSpec(p specParams) *specs.Spec {
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
 			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: p.NoFile, Soft: p.NoFile}},
-			NoNewPrivileges: true,
+			NoNewPrivileges: p.Security == nil || !p.Security.AllowPrivilegeEscalation,
 		},
-		Root:     &specs.Root{Path: p.RootFS, Readonly: false},
+		Root:     &specs.Root{Path: p.RootFS, Readonly: readOnly},
 		Hostname: hostname,
 		Mounts:   mounts,
 		Linux: &specs.Linux{
@@ -218,7 +259,7 @@ func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
 		Argv:         argv,
 		Env:          agentconfig.MergeEnv(img.Config.Env, spec.Env),
 		WorkingDir:   wd,
-		User:         img.Config.User,
+		User:         spec.Security.RunAs(img.Config.User),
 		RestartLimit: spec.RestartLimit,
 		Hostname:     spec.ID,
 	}

@@ -119,8 +119,10 @@ type Spec struct {
 	RestartLimit    int32             `protobuf:"varint,11,opt,name=restart_limit,json=restartLimit,proto3" json:"restart_limit,omitempty"` // 0 = the default
 	Meta            map[string]string `protobuf:"bytes,12,rep,name=meta,proto3" json:"meta,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Services        []*Service        `protobuf:"bytes,13,rep,name=services,proto3" json:"services,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The container's security context (runtime.Security); unset means the defaults.
+	Security      *Security `protobuf:"bytes,20,opt,name=security,proto3" json:"security,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Spec) Reset() {
@@ -244,6 +246,114 @@ func (x *Spec) GetServices() []*Service {
 	return nil
 }
 
+func (x *Spec) GetSecurity() *Security {
+	if x != nil {
+		return x.Security
+	}
+	return nil
+}
+
+// Security is a sandbox's security context, already checked against the policy.
+type Security struct {
+	state                    protoimpl.MessageState `protogen:"open.v1"`
+	RunAsUser                *uint32                `protobuf:"varint,1,opt,name=run_as_user,json=runAsUser,proto3,oneof" json:"run_as_user,omitempty"`
+	RunAsGroup               *uint32                `protobuf:"varint,2,opt,name=run_as_group,json=runAsGroup,proto3,oneof" json:"run_as_group,omitempty"`
+	ReadOnlyRootFs           bool                   `protobuf:"varint,3,opt,name=read_only_root_fs,json=readOnlyRootFs,proto3" json:"read_only_root_fs,omitempty"`
+	CapAdd                   []string               `protobuf:"bytes,4,rep,name=cap_add,json=capAdd,proto3" json:"cap_add,omitempty"`    // canonical names, CAP_X
+	CapDrop                  []string               `protobuf:"bytes,5,rep,name=cap_drop,json=capDrop,proto3" json:"cap_drop,omitempty"` // canonical names or ALL
+	AllowPrivilegeEscalation bool                   `protobuf:"varint,6,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3" json:"allow_privilege_escalation,omitempty"`
+	SeccompProfile           string                 `protobuf:"bytes,7,opt,name=seccomp_profile,json=seccompProfile,proto3" json:"seccomp_profile,omitempty"` // "" or RuntimeDefault
+	Privileged               bool                   `protobuf:"varint,8,opt,name=privileged,proto3" json:"privileged,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
+}
+
+func (x *Security) Reset() {
+	*x = Security{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Security) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Security) ProtoMessage() {}
+
+func (x *Security) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Security.ProtoReflect.Descriptor instead.
+func (*Security) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Security) GetRunAsUser() uint32 {
+	if x != nil && x.RunAsUser != nil {
+		return *x.RunAsUser
+	}
+	return 0
+}
+
+func (x *Security) GetRunAsGroup() uint32 {
+	if x != nil && x.RunAsGroup != nil {
+		return *x.RunAsGroup
+	}
+	return 0
+}
+
+func (x *Security) GetReadOnlyRootFs() bool {
+	if x != nil {
+		return x.ReadOnlyRootFs
+	}
+	return false
+}
+
+func (x *Security) GetCapAdd() []string {
+	if x != nil {
+		return x.CapAdd
+	}
+	return nil
+}
+
+func (x *Security) GetCapDrop() []string {
+	if x != nil {
+		return x.CapDrop
+	}
+	return nil
+}
+
+func (x *Security) GetAllowPrivilegeEscalation() bool {
+	if x != nil {
+		return x.AllowPrivilegeEscalation
+	}
+	return false
+}
+
+func (x *Security) GetSeccompProfile() string {
+	if x != nil {
+		return x.SeccompProfile
+	}
+	return ""
+}
+
+func (x *Security) GetPrivileged() bool {
+	if x != nil {
+		return x.Privileged
+	}
+	return false
+}
+
 // Service is a declared sandbox port (runtime.Service).
 type Service struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -259,7 +369,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -271,7 +381,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -284,7 +394,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Service) GetPort() int32 {
@@ -339,7 +449,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +461,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +474,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -392,7 +502,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +514,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +527,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *File) GetPath() string {
@@ -453,7 +563,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +575,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +588,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -526,7 +636,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +648,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +661,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Sandbox) GetId() string {
@@ -676,7 +786,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +798,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +811,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -727,7 +837,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +849,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +862,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -771,7 +881,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +893,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +906,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRequest) GetId() string {
@@ -815,7 +925,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +937,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +950,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -858,7 +968,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +980,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +993,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 type ListResponse struct {
@@ -895,7 +1005,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1017,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1030,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -940,7 +1050,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1062,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1075,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -991,7 +1101,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1113,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1126,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -1034,7 +1144,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1156,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1169,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 type CapacityResponse struct {
@@ -1088,7 +1198,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1210,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1223,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -1218,7 +1328,7 @@ var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\x05\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x05\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -1234,13 +1344,28 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	" \x01(\tR\fruntimeClass\x12#\n" +
 	"\rrestart_limit\x18\v \x01(\x05R\frestartLimit\x126\n" +
 	"\x04meta\x18\f \x03(\v2\".sandboxd.runner.v1.Spec.MetaEntryR\x04meta\x127\n" +
-	"\bservices\x18\r \x03(\v2\x1b.sandboxd.runner.v1.ServiceR\bservices\x1a6\n" +
+	"\bservices\x18\r \x03(\v2\x1b.sandboxd.runner.v1.ServiceR\bservices\x128\n" +
+	"\bsecurity\x18\x14 \x01(\v2\x1c.sandboxd.runner.v1.SecurityR\bsecurity\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdd\x02\n" +
+	"\bSecurity\x12#\n" +
+	"\vrun_as_user\x18\x01 \x01(\rH\x00R\trunAsUser\x88\x01\x01\x12%\n" +
+	"\frun_as_group\x18\x02 \x01(\rH\x01R\n" +
+	"runAsGroup\x88\x01\x01\x12)\n" +
+	"\x11read_only_root_fs\x18\x03 \x01(\bR\x0ereadOnlyRootFs\x12\x17\n" +
+	"\acap_add\x18\x04 \x03(\tR\x06capAdd\x12\x19\n" +
+	"\bcap_drop\x18\x05 \x03(\tR\acapDrop\x12<\n" +
+	"\x1aallow_privilege_escalation\x18\x06 \x01(\bR\x18allowPrivilegeEscalation\x12'\n" +
+	"\x0fseccomp_profile\x18\a \x01(\tR\x0eseccompProfile\x12\x1e\n" +
+	"\n" +
+	"privileged\x18\b \x01(\bR\n" +
+	"privilegedB\x0e\n" +
+	"\f_run_as_userB\x0f\n" +
+	"\r_run_as_group\"\xb5\x01\n" +
 	"\aService\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\x05R\x04port\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1e\n" +
@@ -1349,67 +1474,69 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(State)(0),                    // 0: sandboxd.runner.v1.State
 	(*Spec)(nil),                  // 1: sandboxd.runner.v1.Spec
-	(*Service)(nil),               // 2: sandboxd.runner.v1.Service
-	(*Credentials)(nil),           // 3: sandboxd.runner.v1.Credentials
-	(*File)(nil),                  // 4: sandboxd.runner.v1.File
-	(*Resources)(nil),             // 5: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),               // 6: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),         // 7: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),        // 8: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),            // 9: sandboxd.runner.v1.GetRequest
-	(*GetResponse)(nil),           // 10: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),           // 11: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),          // 12: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),         // 13: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 14: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),       // 15: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),      // 16: sandboxd.runner.v1.CapacityResponse
-	nil,                           // 17: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                           // 18: sandboxd.runner.v1.Spec.MetaEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*Security)(nil),              // 2: sandboxd.runner.v1.Security
+	(*Service)(nil),               // 3: sandboxd.runner.v1.Service
+	(*Credentials)(nil),           // 4: sandboxd.runner.v1.Credentials
+	(*File)(nil),                  // 5: sandboxd.runner.v1.File
+	(*Resources)(nil),             // 6: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),               // 7: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),         // 8: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),        // 9: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),            // 10: sandboxd.runner.v1.GetRequest
+	(*GetResponse)(nil),           // 11: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),           // 12: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),          // 13: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),         // 14: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 15: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),       // 16: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),      // 17: sandboxd.runner.v1.CapacityResponse
+	nil,                           // 18: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                           // 19: sandboxd.runner.v1.Spec.MetaEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	3,  // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	17, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	4,  // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	5,  // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	18, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	2,  // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	1,  // 6: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	0,  // 7: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	19, // 8: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	19, // 9: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	19, // 10: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	20, // 11: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	19, // 12: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	1,  // 13: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	20, // 14: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	6,  // 15: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	6,  // 16: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	6,  // 17: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	20, // 18: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	6,  // 19: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	19, // 20: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	7,  // 21: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	9,  // 22: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	11, // 23: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	13, // 24: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	15, // 25: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	8,  // 26: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	10, // 27: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	12, // 28: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	14, // 29: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	16, // 30: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	4,  // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	18, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	5,  // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	6,  // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	19, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	3,  // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	2,  // 6: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	1,  // 7: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	0,  // 8: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	20, // 9: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	20, // 10: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	20, // 11: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	21, // 12: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	20, // 13: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	1,  // 14: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	21, // 15: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	7,  // 16: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	7,  // 17: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	7,  // 18: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	21, // 19: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	7,  // 20: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	20, // 21: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	8,  // 22: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	10, // 23: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	12, // 24: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	14, // 25: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	16, // 26: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	9,  // 27: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	11, // 28: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	13, // 29: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	15, // 30: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	17, // 31: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -1417,14 +1544,15 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	if File_sandboxd_runner_v1_runner_proto != nil {
 		return
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[5].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[1].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
