@@ -96,6 +96,9 @@ type Resources struct {
 	MilliCPU    int64 `json:"milli_cpu,omitempty"`
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int64 `json:"pids,omitempty"`
+	// DiskBytes caps the sandbox's writable root filesystem layer; 0 means the
+	// backend's default (no wire field sets it yet: the runner's --disk flag does).
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // Exit describes how a sandbox's container ended.

@@ -82,6 +82,9 @@ type Config struct {
 	// Pool keeps pre-started containers for images recently created (see pool.go).
 	// The zero value disables it.
 	Pool PoolConfig
+	// DiskBytes is the default size limit of a sandbox's writable layer (see disk.go);
+	// 0 means none. A spec's Resources.DiskBytes overrides it.
+	DiskBytes int64
 	// NoUserNS runs runc sandboxes without a user namespace of their own (root in the
 	// sandbox is then root on the host, confined by capabilities, seccomp and the other
 	// namespaces only). See userns.go; gVisor sandboxes are not affected.
@@ -280,9 +283,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 			}
 		}
 	}
+	if d := b.diskBytes(spec.Resources); d > 0 && d < minDiskBytes {
+		return runtime.Info{}, fmt.Errorf("%w: disk limit %d bytes is below the minimum of %d", runtime.ErrInvalidSpec, d, minDiskBytes)
+	}
 	// A pooled container was started with the default runtime configuration; only the
 	// user commands run as can still change.
-	poolable := spec.PullCredentials == nil && !rt.gvisor && spec.Security.OCIDefault()
+	poolable := spec.PullCredentials == nil && !rt.gvisor && spec.Security.OCIDefault() && b.diskBytes(spec.Resources) == b.cfg.DiskBytes
 	id := spec.ID
 	dir := b.dir(id)
 	// The sandbox dir is the claim on the id; everything else happens inside it (or, for
@@ -327,7 +333,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		close(s.ready)
 	}()
 
-	if b.pool != nil && !rt.gvisor && spec.Security.OCIDefault() {
+	if b.pool != nil && !rt.gvisor && spec.Security.OCIDefault() && b.diskBytes(spec.Resources) == b.cfg.DiskBytes {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
 			return s.info.toInfo(id), b.declareReach(s, spec)
@@ -404,9 +410,23 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
 		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	for _, d := range []string{dirUpper, dirWork, dirRun, dirEtc} {
+	for _, d := range []string{dirRun, dirEtc} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
+	upper, work := filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork)
+	if disk := b.diskBytes(s.spec.Resources); disk > 0 {
+		var err error
+		if upper, work, err = setupDisk(dir, disk); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: disk limit: %w", id, err)
+		}
+		b.step("disk", t)
+	} else {
+		for _, d := range []string{upper, work} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+			}
 		}
 	}
 	if err := writeJSON(filepath.Join(dir, fileSpec), &s.spec); err != nil {
@@ -423,7 +443,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if err := os.Chmod(dir, 0o711); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		if err := chownToRoot(r, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork), filepath.Join(dir, dirRun)); err != nil {
+		if err := chownToRoot(r, upper, work, filepath.Join(dir, dirRun)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
@@ -450,7 +470,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		acfg.Listen = agentListenAddr // see gvisor.go
 	}
 	rootfs := filepath.Join(bundle, "rootfs")
-	if err := b.mountRoot(rootfs, dir, img.Layers, ids); err != nil {
+	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("overlay", t)
@@ -558,7 +578,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 
 // mountRoot mounts the overlay root of a sandbox (dir) at rootfs: over the image's
 // layers, idmapped when ids is set (see userns.go).
-func (b *Backend) mountRoot(rootfs, dir string, layers []string, ids *idRange) error {
+func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work string, ids *idRange) error {
 	if ids != nil {
 		var err error
 		if layers, err = idmappedLowers(layers, dir, *ids); err != nil {
@@ -566,11 +586,19 @@ func (b *Backend) mountRoot(rootfs, dir string, layers []string, ids *idRange) e
 		}
 		defer func() { _ = detachLowers(dir) }()
 	}
-	opts, err := overlayOptions(layers, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork))
+	opts, err := overlayOptions(layers, upper, work)
 	if err != nil {
 		return err
 	}
 	return mountOverlay(rootfs, opts)
+}
+
+// diskBytes is the disk limit of a sandbox with resources r.
+func (b *Backend) diskBytes(r runtime.Resources) int64 {
+	if r.DiskBytes > 0 {
+		return r.DiskBytes
+	}
+	return b.cfg.DiskBytes
 }
 
 // writeEtcFiles writes hosts, hostname and resolv.conf for a sandbox into dir.

@@ -1,0 +1,138 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Disk limits. A sandbox with a disk limit keeps its writable layer (the overlay's upper
+// and work dirs) on a filesystem of its own of that size: a sparse file in its dir
+// (disk.img) formatted ext4, without a journal or reserved blocks, loop-mounted at
+// <dir>/disk. A disk filler gets ENOSPC at the limit and the host's disk holds at most
+// the limit's worth of its data; the file goes with the sandbox's dir. The loop device
+// is attached with autoclear, so unmounting the filesystem (Destroy) detaches it.
+//
+// The same applies to gVisor: runsc keeps the root filesystem's writes in a file in the
+// overlay's upper dir (see gvisor.go), so they land on the limited filesystem too.
+//
+// No journal: the filesystem is scratch space whose sandbox does not outlive a host
+// crash in a useful state anyway, and a journal would cost 64 MiB of real disk per
+// sandbox (mkfs zeroes it) and a slower create.
+
+const (
+	dirDisk       = "disk"
+	fileDiskImage = "disk.img"
+	// minDiskBytes is the smallest disk limit: ext4 needs a few MiB of its own.
+	minDiskBytes = 16 << 20
+)
+
+// setupDisk makes dir's size-limited filesystem and mounts it at dir/disk; it returns
+// the upper and work dirs made on it.
+func setupDisk(dir string, size int64) (upper, work string, err error) {
+	if size < minDiskBytes {
+		return "", "", fmt.Errorf("disk limit %d bytes is below the minimum of %d", size, minDiskBytes)
+	}
+	img := filepath.Join(dir, fileDiskImage)
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return "", "", fmt.Errorf("disk image: %w", err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("disk image: %w", err)
+	}
+	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0",
+		"-E", "nodiscard,lazy_itable_init=1", img).CombinedOutput()
+	if err != nil {
+		return "", "", fmt.Errorf("mkfs.ext4 %s: %w: %s", img, err, strings.TrimSpace(string(out)))
+	}
+	mnt := filepath.Join(dir, dirDisk)
+	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", "", err
+	}
+	if err := mountLoop(img, mnt); err != nil {
+		return "", "", err
+	}
+	upper, work = filepath.Join(mnt, dirUpper), filepath.Join(mnt, dirWork)
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", "", err
+		}
+	}
+	return upper, work, nil
+}
+
+// mountLoop attaches img to a free loop device (autoclear) and mounts its ext4 on mnt.
+func mountLoop(img, mnt string) error {
+	file, err := os.OpenFile(img, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loop devices: %w", err)
+	}
+	defer ctl.Close()
+	// Another process may take the free device between GET_FREE and CONFIGURE: retry.
+	for attempt := 0; ; attempt++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return fmt.Errorf("find a free loop device: %w", err)
+		}
+		dev := "/dev/loop" + strconv.Itoa(n)
+		lf, err := openLoopDevice(dev, n)
+		if err != nil {
+			return err
+		}
+		cfg := unix.LoopConfig{Fd: uint32(file.Fd())}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		copy(cfg.Info.File_name[:], img)
+		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+		if errors.Is(err, unix.EBUSY) && attempt < 20 {
+			lf.Close()
+			continue
+		}
+		if err != nil {
+			lf.Close()
+			return fmt.Errorf("attach %s to %s: %w", img, dev, err)
+		}
+		err = unix.Mount(dev, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "")
+		if err != nil {
+			// Nothing holds the device then: detach it ourselves.
+			_ = unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0)
+		}
+		// The mount holds the device; with autoclear it detaches at the last unmount.
+		lf.Close()
+		if err != nil {
+			return fmt.Errorf("mount %s (%s) on %s: %w", dev, img, mnt, err)
+		}
+		return nil
+	}
+}
+
+// openLoopDevice opens /dev/loopN, making the node when /dev is not a devtmpfs.
+func openLoopDevice(dev string, n int) (*os.File, error) {
+	f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("make %s: %w", dev, err)
+		}
+		f, err = os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dev, err)
+	}
+	return f, nil
+}
