@@ -93,6 +93,19 @@ func noFileLimit() uint64 {
 // ping needs ICMP datagram sockets: allow them to every group.
 var netSysctls = map[string]string{"net.ipv4.ping_group_range": "0 2147483647"}
 
+// rlimits are a sandbox's resource limits. Processes and threads are bounded by the pids
+// cgroup (DefaultPidsLimit), not RLIMIT_NPROC: that one counts per host uid, so without
+// user namespaces one sandbox's uid 1000 would eat into every other's (and the host's),
+// and with them it would only repeat the pids limit. Core dumps are off: the host's
+// core_pattern would write them into the sandbox's disk (or, for a pipe pattern, hand
+// them to a host helper), and nothing reads them.
+func rlimits(noFile uint64) []specs.POSIXRlimit {
+	return []specs.POSIXRlimit{
+		{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile},
+		{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+	}
+}
+
 // specParams is what varies between sandboxes in the OCI spec.
 type specParams struct {
 	ID        string
@@ -222,7 +235,7 @@ func ociSpec(p specParams) *specs.Spec {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: p.NoFile, Soft: p.NoFile}},
+			Rlimits:         rlimits(p.NoFile),
 			NoNewPrivileges: p.Security == nil || !p.Security.AllowPrivilegeEscalation,
 		},
 		Root:     &specs.Root{Path: p.RootFS, Readonly: readOnly},
