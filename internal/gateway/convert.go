@@ -74,9 +74,9 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 				unsupported = append(unsupported, "GPUs")
 			}
 		}
-		if len(c.GetVolumeMounts()) > 0 {
-			unsupported = append(unsupported, "volume mounts")
-		}
+		vols, mounts, volVs, volUnsupported := scratchVolumes(spec, c, f)
+		req.Spec.Volumes, req.Spec.VolumeMounts = vols, mounts
+		vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
 		if len(c.GetSecretStores()) > 0 {
 			unsupported = append(unsupported, "secret stores")
 		}
@@ -111,9 +111,6 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 		req.Spec.Services = append(req.Spec.Services, toRuntimeService(s))
 	}
 	vs = append(vs, placement.RunnerIDViolations(spec.GetRunnerIds())...)
-	if len(spec.GetVolumes()) > 0 {
-		unsupported = append(unsupported, "volumes")
-	}
 	if spec.GetNetwork() != nil && !isEmptyNetwork(spec.GetNetwork()) {
 		unsupported = append(unsupported, "network options")
 	}

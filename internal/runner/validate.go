@@ -105,6 +105,9 @@ func validate(req *CreateRequest) error {
 		}
 		total += len(f.Content)
 	}
+	if err := runtime.ValidateVolumes(s.Volumes, s.VolumeMounts); err != nil {
+		vs.add("spec.volumes", "%v", err)
+	}
 	if sec := s.Security; sec != nil {
 		if err := sec.Validate(); err != nil {
 			vs.add("spec.containers[0].security_context", "%v", err)

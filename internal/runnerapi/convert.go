@@ -26,6 +26,7 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		Resources:    &runnerv1.Resources{MilliCpu: s.Resources.MilliCPU, MemoryBytes: s.Resources.MemoryBytes, Pids: s.Resources.Pids},
 		Security:     securityToProto(s.Security),
 	}
+	p.Volumes, p.VolumeMounts = volumesToProto(s.Volumes, s.VolumeMounts)
 	if c := s.PullCredentials; c != nil {
 		p.PullCredentials = &runnerv1.Credentials{Username: c.Username, Password: c.Password}
 	}
@@ -57,6 +58,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 		},
 		Security: securityFromProto(p.GetSecurity()),
 	}
+	s.Volumes, s.VolumeMounts = volumesFromProto(p.GetVolumes(), p.GetVolumeMounts())
 	if c := p.GetPullCredentials(); c != nil {
 		s.PullCredentials = &runtime.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}
 	}

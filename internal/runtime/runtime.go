@@ -37,6 +37,9 @@ type Spec struct {
 	WorkingDir string            `json:"working_dir,omitempty"`
 	Files      []File            `json:"files,omitempty"`
 	Resources  Resources         `json:"resources"`
+	// Volumes are the sandbox's scratch volumes; VolumeMounts mount them.
+	Volumes      []Volume      `json:"volumes,omitempty"`
+	VolumeMounts []VolumeMount `json:"volume_mounts,omitempty"`
 	// Security is the container's security context; nil means the platform defaults.
 	Security     *Security `json:"security,omitempty"`
 	RuntimeClass string    `json:"runtime_class,omitempty"` // "" = the backend's default

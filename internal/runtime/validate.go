@@ -31,6 +31,9 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 	if err := spec.Security.Validate(); err != nil {
 		return err
 	}
+	if err := ValidateVolumes(spec.Volumes, spec.VolumeMounts); err != nil {
+		return err
+	}
 	for _, f := range spec.Files {
 		if !strings.HasPrefix(f.Path, "/") || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return fmt.Errorf("%w: file path %q must be absolute and clean", ErrInvalidSpec, f.Path)

@@ -59,6 +59,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		// it asked for.
 		return runtime.Info{}, fmt.Errorf("%w: security contexts are not supported by the Kubernetes backend yet", runtime.ErrInvalidSpec)
 	}
+	if len(spec.Volumes) > 0 || len(spec.VolumeMounts) > 0 {
+		return runtime.Info{}, fmt.Errorf("%w: scratch volumes are not supported by the Kubernetes backend yet", runtime.ErrInvalidSpec)
+	}
 	class, rcName, err := b.runtimeClass(spec.RuntimeClass)
 	if err != nil {
 		return runtime.Info{}, err

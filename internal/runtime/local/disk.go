@@ -40,28 +40,8 @@ func setupDisk(dir string, size int64) (upper, work string, err error) {
 	if size < minDiskBytes {
 		return "", "", fmt.Errorf("disk limit %d bytes is below the minimum of %d", size, minDiskBytes)
 	}
-	img := filepath.Join(dir, fileDiskImage)
-	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
-	if err != nil {
-		return "", "", fmt.Errorf("disk image: %w", err)
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return "", "", fmt.Errorf("disk image: %w", err)
-	}
-	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0",
-		"-E", "nodiscard,lazy_itable_init=1", img).CombinedOutput()
-	if err != nil {
-		return "", "", fmt.Errorf("mkfs.ext4 %s: %w: %s", img, err, strings.TrimSpace(string(out)))
-	}
 	mnt := filepath.Join(dir, dirDisk)
-	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", "", err
-	}
-	if err := mountLoop(img, mnt); err != nil {
+	if err := mountNewFS(filepath.Join(dir, fileDiskImage), mnt, size); err != nil {
 		return "", "", err
 	}
 	upper, work = filepath.Join(mnt, dirUpper), filepath.Join(mnt, dirWork)
@@ -71,6 +51,31 @@ func setupDisk(dir string, size int64) (upper, work string, err error) {
 		}
 	}
 	return upper, work, nil
+}
+
+// mountNewFS makes img, a sparse file of size bytes formatted ext4, and mounts it on mnt
+// (made if missing).
+func mountNewFS(img, mnt string, size int64) error {
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("disk image: %w", err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("disk image: %w", err)
+	}
+	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0",
+		"-E", "nodiscard,lazy_itable_init=1", img).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mkfs.ext4 %s: %w: %s", img, err, strings.TrimSpace(string(out)))
+	}
+	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return mountLoop(img, mnt)
 }
 
 // mountLoop attaches img to a free loop device (autoclear) and mounts its ext4 on mnt.

@@ -370,7 +370,7 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 	}
 	bundle := b.bundle(s)
 	umountErr := errors.Join(unmountAll(filepath.Join(bundle, "rootfs")), detachLowers(s.dir), unmountAll(filepath.Join(s.dir, dirSysfs)),
-		unmountAll(filepath.Join(s.dir, dirDisk))) // after the overlay, whose upper dir it holds
+		teardownVolumes(s.dir), unmountAll(filepath.Join(s.dir, dirDisk))) // after the overlay, whose upper dir it holds
 	if umountErr != nil {
 		errs = append(errs, umountErr)
 	}

@@ -286,9 +286,14 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if d := b.diskBytes(spec.Resources); d > 0 && d < minDiskBytes {
 		return runtime.Info{}, fmt.Errorf("%w: disk limit %d bytes is below the minimum of %d", runtime.ErrInvalidSpec, d, minDiskBytes)
 	}
+	for _, v := range spec.Volumes {
+		if v.Medium == runtime.MediumDisk && v.SizeBytes > 0 && v.SizeBytes < minDiskBytes {
+			return runtime.Info{}, fmt.Errorf("%w: volume %q: disk volumes need at least %d bytes", runtime.ErrInvalidSpec, v.Name, minDiskBytes)
+		}
+	}
 	// A pooled container was started with the default runtime configuration; only the
 	// user commands run as can still change.
-	poolable := spec.PullCredentials == nil && !rt.gvisor && spec.Security.OCIDefault() && b.diskBytes(spec.Resources) == b.cfg.DiskBytes
+	poolable := spec.PullCredentials == nil && !rt.gvisor && b.poolServes(spec)
 	id := spec.ID
 	dir := b.dir(id)
 	// The sandbox dir is the claim on the id; everything else happens inside it (or, for
@@ -333,7 +338,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		close(s.ready)
 	}()
 
-	if b.pool != nil && !rt.gvisor && spec.Security.OCIDefault() && b.diskBytes(spec.Resources) == b.cfg.DiskBytes {
+	if b.pool != nil && !rt.gvisor && b.poolServes(spec) {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
 			return s.info.toInfo(id), b.declareReach(s, spec)
@@ -416,7 +421,8 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 	}
 	upper, work := filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork)
-	if disk := b.diskBytes(s.spec.Resources); disk > 0 {
+	disk := b.diskBytes(s.spec.Resources)
+	if disk > 0 {
 		var err error
 		if upper, work, err = setupDisk(dir, disk); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: disk limit: %w", id, err)
@@ -446,6 +452,10 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if err := chownToRoot(r, upper, work, filepath.Join(dir, dirRun)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
+	}
+	volumeMounts, err := setupVolumes(dir, &s.spec, disk > 0, ids)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("dirs", t)
 
@@ -486,7 +496,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
 		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
-		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security,
+		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: volumeMounts,
 	}
 	if !s.spec.Security.OCIDefault() {
 		if p.Seccomp, err = seccompFor(capSet(s.spec.Security)); err != nil {
@@ -591,6 +601,13 @@ func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work str
 		return err
 	}
 	return mountOverlay(rootfs, opts)
+}
+
+// poolServes reports whether a pooled container (started with the default runtime
+// configuration, disk limit and no volumes) can become spec's sandbox: only the user
+// commands run as may differ.
+func (b *Backend) poolServes(spec *runtime.Spec) bool {
+	return spec.Security.OCIDefault() && b.diskBytes(spec.Resources) == b.cfg.DiskBytes && len(spec.Volumes) == 0
 }
 
 // diskBytes is the disk limit of a sandbox with resources r.

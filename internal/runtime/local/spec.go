@@ -127,6 +127,8 @@ type specParams struct {
 	IDs *idRange
 	// Security is the sandbox's security context (nil: the defaults).
 	Security *runtime.Security
+	// Volumes are the bind mounts of the sandbox's scratch volumes (volumes.go).
+	Volumes []specs.Mount
 	// Sysfs, when set, is a host dir holding the sandbox's sysfs, bind-mounted at /sys
 	// instead of a sysfs the runtime mounts (see mountNetNSSysfs).
 	Sysfs string
@@ -169,12 +171,17 @@ func ociSpec(p specParams) *specs.Spec {
 	readOnly := p.Security != nil && p.Security.ReadOnlyRootFS
 	if readOnly {
 		// What stays writable: empty tmpfs mounts, whose pages count against the
-		// sandbox's memory limit (like Kubernetes' memory-backed emptyDir).
+		// sandbox's memory limit (like Kubernetes' memory-backed emptyDir), unless a
+		// volume is mounted there.
 		for _, d := range runtime.ReadOnlyWritablePaths {
+			if slices.ContainsFunc(p.Volumes, func(m specs.Mount) bool { return m.Destination == d }) {
+				continue
+			}
 			mounts = append(mounts, specs.Mount{Destination: d, Type: "tmpfs", Source: "tmpfs",
 				Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(readOnlyTmpfsBytes, 10)}})
 		}
 	}
+	mounts = append(mounts, p.Volumes...) // last: a volume may sit in a tmpfs above
 
 	res := &specs.LinuxResources{
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},

@@ -54,3 +54,27 @@ func securityForPolicy(s *runtime.Security) *sandboxv1.SecurityContext {
 	}
 	return sc
 }
+
+func volumesToProto(vs []runtime.Volume, ms []runtime.VolumeMount) ([]*runnerv1.Volume, []*runnerv1.VolumeMount) {
+	var pv []*runnerv1.Volume
+	for _, v := range vs {
+		pv = append(pv, &runnerv1.Volume{Name: v.Name, SizeBytes: v.SizeBytes, Medium: v.Medium})
+	}
+	var pm []*runnerv1.VolumeMount
+	for _, m := range ms {
+		pm = append(pm, &runnerv1.VolumeMount{Volume: m.Volume, Path: m.Path, ReadOnly: m.ReadOnly, SubPath: m.SubPath})
+	}
+	return pv, pm
+}
+
+func volumesFromProto(pv []*runnerv1.Volume, pm []*runnerv1.VolumeMount) ([]runtime.Volume, []runtime.VolumeMount) {
+	var vs []runtime.Volume
+	for _, v := range pv {
+		vs = append(vs, runtime.Volume{Name: v.GetName(), SizeBytes: v.GetSizeBytes(), Medium: v.GetMedium()})
+	}
+	var ms []runtime.VolumeMount
+	for _, m := range pm {
+		ms = append(ms, runtime.VolumeMount{Volume: m.GetVolume(), Path: m.GetPath(), ReadOnly: m.GetReadOnly(), SubPath: m.GetSubPath()})
+	}
+	return vs, ms
+}
