@@ -66,7 +66,17 @@ func TestDiskLimit(t *testing.T) {
 			if len(loopBackings(e.state)) != 1 {
 				t.Errorf("loop devices on the state dir: %v, want 1", loopBackings(e.state))
 			}
-			if err := e.b.Destroy(context.Background(), id); err != nil {
+			// A restarted runner finds the sandbox with its disk still mounted, and its
+			// Destroy removes it all.
+			b := e.backend()
+			b.cfg.DiskBytes = tc.backend
+			if rec, err := b.Recover(context.Background()); err != nil || len(rec) != 1 || !rec[0].Alive {
+				t.Fatalf("recover: %+v %v", rec, err)
+			}
+			if out, _, _ := execIn(t, agentClient(b, id), "cat", "/tmp/x"); out != "again\n" {
+				t.Errorf("after a restart: %q", out)
+			}
+			if err := b.Destroy(context.Background(), id); err != nil {
 				t.Fatal(err)
 			}
 			checkNoLeaks(t, e.state, id)

@@ -59,6 +59,28 @@ func TestScratchVolumes(t *testing.T) {
 	}
 }
 
+// TestScratchVolumesGVisor: runsc serves the same host dirs through its gofer.
+func TestScratchVolumesGVisor(t *testing.T) {
+	e := gvisorEnv(t)
+	e.create(runtime.Spec{ID: "gvols", RuntimeClass: GVisorClass, Command: "sleep", Args: []string{"3600"},
+		Resources: runtime.Resources{MemoryBytes: 256 << 20},
+		Volumes:   []runtime.Volume{{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 32 << 20}, {Name: "data", SizeBytes: 32 << 20}},
+		VolumeMounts: []runtime.VolumeMount{{Volume: "mem", Path: "/mem"}, {Volume: "mem", Path: "/mem2", ReadOnly: true},
+			{Volume: "data", Path: "/data"}},
+	})
+	c := agentClient(e.b, "gvols")
+	for _, tc := range []struct{ cmd, want string }{
+		{"uname -r | grep -o gvisor", "gvisor"},
+		{"echo shared > /mem/x && cat /mem2/x", "shared"},
+		{"(echo x > /mem2/y) 2>&1 | grep -o 'Read-only file system'", "Read-only file system"},
+		{"dd if=/dev/zero of=/data/fill bs=1M count=128 2>&1 | grep -o 'No space left on device' | head -1", "No space left on device"},
+	} {
+		if out, errOut, _ := execIn(t, c, "sh", "-c", tc.cmd); strings.TrimSpace(out) != tc.want {
+			t.Errorf("%s: %q (stderr %q), want %q", tc.cmd, out, errOut, tc.want)
+		}
+	}
+}
+
 func TestScratchVolumesRejected(t *testing.T) {
 	e := newEnv(t)
 	for _, tc := range []struct {
