@@ -496,10 +496,10 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
 		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
-		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: volumeMounts,
+		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: volumeMounts, NonRoot: nonRootUser(acfg.User),
 	}
 	if !s.spec.Security.OCIDefault() {
-		if p.Seccomp, err = seccompFor(capSet(s.spec.Security)); err != nil {
+		if p.Seccomp, err = seccompFor(capSet(s.spec.Security, p.NonRoot)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: seccomp profile: %w", id, err)
 		}
 	}

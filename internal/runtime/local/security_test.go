@@ -3,6 +3,8 @@ package local
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,6 +65,17 @@ func TestSecurityContext(t *testing.T) {
 			},
 		},
 		{
+			// The agent keeps what it needs to run commands as user 1000; the commands
+			// themselves have no capabilities.
+			name: "drop ALL as a user", sec: &runtime.Security{CapDrop: []string{"ALL"}, RunAsUser: u32(1000)},
+			main: "id -u > /tmp/main; grep CapEff /proc/self/status | cut -f2 >> /tmp/main; exec sleep 3600",
+			checks: []check{
+				{[]string{"cat", "/tmp/main"}, "1000\n0000000000000000"},
+				{[]string{"sh", "-c", "id -u; grep -E 'CapEff|CapPrm' /proc/self/status | cut -f2"}, "1000\n0000000000000000\n0000000000000000"},
+				{[]string{"sh", "-c", "grep CapEff /proc/1/status | cut -f2"}, "00000000000000eb"}, // the agent: CHOWN DAC_OVERRIDE FOWNER KILL SETGID SETUID
+			},
+		},
+		{
 			name: "drop one", sec: &runtime.Security{CapDrop: []string{"CAP_CHOWN"}},
 			checks: []check{
 				{[]string{"sh", "-c", "chown 1000 /etc/passwd 2>/dev/null; echo rc=$?"}, "rc=1"},
@@ -106,6 +119,12 @@ func TestSecurityContext(t *testing.T) {
 				}
 			}()
 			c := agentClient(e.b, id)
+			defer func() {
+				if t.Failed() {
+					out, _ := os.ReadFile(filepath.Join(e.b.dir(id), fileAgentOut))
+					t.Logf("agent output: %s", out)
+				}
+			}()
 			for _, ch := range tc.checks {
 				var out, errOut string
 				var code int32

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -59,9 +60,17 @@ func seccompFor(caps []string) (*specs.LinuxSeccomp, error) {
 // readOnlyTmpfsBytes is the size of each writable tmpfs under a read-only root.
 const readOnlyTmpfsBytes = 256 << 20
 
+// agentCaps are what the agent (PID 1, root) needs to run commands as another user:
+// switch to it, hand it the files it writes, reach into its dirs, signal its processes.
+var agentCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+
 // capSet is the capability set of a sandbox: defaultCaps, minus sec's drops ("ALL"
-// drops every one), plus its adds.
-func capSet(sec *runtime.Security) []string {
+// drops every one), plus its adds. When commands run as a user other than root
+// (nonRoot), agentCaps stay: the kernel clears a process's capabilities when the agent
+// switches it to that user, and no_new_privs keeps it from regaining them, so the
+// commands still run with none of them (only allow_privilege_escalation and a setuid-root
+// binary could bring them back, up to this set).
+func capSet(sec *runtime.Security, nonRoot bool) []string {
 	caps := slices.Clone(defaultCaps)
 	if sec == nil {
 		return caps
@@ -71,7 +80,11 @@ func capSet(sec *runtime.Security) []string {
 	} else {
 		caps = slices.DeleteFunc(caps, func(c string) bool { return slices.Contains(sec.CapDrop, c) })
 	}
-	for _, c := range sec.CapAdd {
+	add := sec.CapAdd
+	if nonRoot {
+		add = append(slices.Clone(add), agentCaps...)
+	}
+	for _, c := range add {
 		if !slices.Contains(caps, c) {
 			caps = append(caps, c)
 		}
@@ -127,6 +140,8 @@ type specParams struct {
 	IDs *idRange
 	// Security is the sandbox's security context (nil: the defaults).
 	Security *runtime.Security
+	// NonRoot: the agent runs commands as a user other than root (see capSet).
+	NonRoot bool
 	// Volumes are the bind mounts of the sandbox's scratch volumes (volumes.go).
 	Volumes []specs.Mount
 	// Sysfs, when set, is a host dir holding the sandbox's sysfs, bind-mounted at /sys
@@ -139,7 +154,7 @@ func ociSpec(p specParams) *specs.Spec {
 	if len(hostname) > 63 {
 		hostname = hostname[:63]
 	}
-	caps := capSet(p.Security)
+	caps := capSet(p.Security, p.NonRoot)
 	ro := func(src, dst string) specs.Mount {
 		return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"bind", "ro", "nosuid", "nodev"}}
 	}
@@ -260,6 +275,13 @@ func ociSpec(p specParams) *specs.Spec {
 			Sysctl:        sysctl,
 		},
 	}
+}
+
+// nonRootUser reports whether an agent user string ("uid[:gid]", "name[:group]", "")
+// names a user other than root.
+func nonRootUser(user string) bool {
+	u, _, _ := strings.Cut(user, ":")
+	return u != "" && u != "0" && u != "root"
 }
 
 func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {

@@ -28,7 +28,8 @@ import (
 //     limit (sharing it), else a plain dir on the host's disk (unlimited, like an
 //     emptyDir without sizeLimit).
 //
-// Under a user namespace every volume's root (and sub_path dirs) belong to the mapped root.
+// Volume roots and sub_path dirs are mode 0777, as Kubernetes makes emptyDirs, so that a
+// run_as_user can write them; under a user namespace they belong to the mapped root.
 
 const dirVolumes = "vol"
 
@@ -42,7 +43,12 @@ func setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange
 	if err := os.Mkdir(base, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, err
 	}
+	// Like an emptyDir, a volume (and its sub_path dirs) is writable by every user of the
+	// sandbox: a run_as_user other than root must be able to use it.
 	chown := func(p string) error {
+		if err := os.Chmod(p, 0o777); err != nil {
+			return err
+		}
 		if ids == nil {
 			return nil
 		}
@@ -56,7 +62,7 @@ func setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange
 			if err := os.Mkdir(root, 0o755); err != nil {
 				return nil, err
 			}
-			opts := []string{"mode=0755"}
+			opts := []string{"mode=0777"}
 			if size := cmp(v.SizeBytes, spec.Resources.MemoryBytes); size > 0 {
 				opts = append(opts, "size="+strconv.FormatInt(size, 10))
 			}
