@@ -199,7 +199,7 @@ func idmappedMount(src, dst string, userns int) error {
 	defer unix.Close(fd)
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("idmap %s (does its filesystem support idmapped mounts?): %w", src, err)
+		return fmt.Errorf("idmap %s (its filesystem must support idmapped mounts, or run without user namespaces: --no-userns): %w", src, err)
 	}
 	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("move_mount %s: %w", dst, err)
