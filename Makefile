@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps images runsc test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test
+.PHONY: all build agent generate deps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s
 
 all: build
 
@@ -35,7 +35,11 @@ images:
 runsc:
 	bash scripts/build-runsc.sh
 
-test: deps build images runsc
+# Let's Encrypt's Pebble (pinned), the ACME server internal/acme's tests run; ~10 s cold.
+pebble:
+	bash scripts/build-pebble.sh >/dev/null
+
+test: deps build images runsc pebble
 	$(GO) test -count=1 -timeout 30m ./...
 	$(MAKE) conformance
 	$(MAKE) k8s-test
@@ -68,8 +72,21 @@ k8s-down:
 
 k8s-test: images
 	bash scripts/install-deps.sh --k8s
+	bash scripts/build-helm.sh >/dev/null
 	bash test/k8s/up.sh && SANDBOXD_K8S_REQUIRED=1 $(GO) test -count=1 -timeout 20m -v ./test/k8s/...; \
 	  rc=$$?; bash test/k8s/down.sh; exit $$rc
+
+# Time to first command on Kubernetes beside the local backend, 20 sandboxes each
+# (test/k8s BenchmarkTimeToFirstCommand); brings the cluster up and always down.
+bench-k8s: images
+	bash scripts/install-deps.sh --k8s
+	bash test/k8s/up.sh && $(GO) test -count=1 -run '^$$' -bench TimeToFirstCommand -benchtime 1x -timeout 20m ./test/k8s/; \
+	  rc=$$?; bash test/k8s/down.sh; exit $$rc
+
+# deploy/kubernetes/runner.yaml from the Helm chart deploy/helm/sandboxd-runner (helm built
+# once from the Go module proxy, cached under $(CACHE)/helm/<version>).
+manifests:
+	bash scripts/render-k8s-manifests.sh
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: files above need formatting'; exit 1; }

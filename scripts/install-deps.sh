@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(runc busybox-static nftables iproute2 ca-certificates debootstrap curl)
 [ "${1:-}" = "--test" ] && pkgs+=(make git postgresql haproxy) # postgresql: internal/store tests start their own server; haproxy: bench/edge compares the edge with HAProxy
-[ "${1:-}" = "--k8s" ] && pkgs+=(etcd-server containerd containernetworking-plugins iptables openssl) # test/k8s/up.sh
+[ "${1:-}" = "--k8s" ] && pkgs+=(etcd-server containerd containernetworking-plugins iptables openssl kubectl) # test/k8s/up.sh; kubectl: test/k8s applies the runner manifests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -5,8 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -14,6 +21,11 @@ import (
 // kubernetesFlags configure `sandboxd runner --backend kubernetes`.
 type kubernetesFlags struct {
 	kubeconfig, namespace, agentImage, pullPolicy string
+	peerCIDRs, peerPods, dnsCIDRs                 string
+	leaderElect                                   bool
+	leaseName, leaseNamespace, identity           string
+	leaseDuration                                 time.Duration
+	selfDeployment, selfContainer                 string
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -21,6 +33,78 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.namespace, "namespace", "sandboxd", "kubernetes backend: namespace of the sandbox Pods")
 	fs.StringVar(&k.agentImage, "agent-image", "", "kubernetes backend: image holding /sandbox-agent and /sandbox-gate (test/k8s/imagetool builds one)")
 	fs.StringVar(&k.pullPolicy, "image-pull-policy", "IfNotPresent", "kubernetes backend: imagePullPolicy of the sandbox and agent images (Always, IfNotPresent, Never)")
+	fs.StringVar(&k.peerCIDRs, "runner-peer-cidrs", "", "kubernetes backend: comma-separated CIDRs the runner reaches sandboxes from (their NetworkPolicies let them in)")
+	fs.StringVar(&k.peerPods, "runner-peer-pods", "", "kubernetes backend: the runner's Pod labels, k=v,… (in $POD_NAMESPACE, else --namespace): sandboxes' NetworkPolicies let those Pods in")
+	fs.StringVar(&k.dnsCIDRs, "dns-cidrs", "", "kubernetes backend: comma-separated CIDRs of the cluster DNS that sandboxes may always query (default: the kube-system namespace)")
+	fs.BoolVar(&k.leaderElect, "leader-elect", false, "kubernetes backend: hold a coordination.k8s.io Lease before acting, so two replicas never act at once")
+	fs.StringVar(&k.leaseName, "leader-elect-lease", "sandboxd-runner", "kubernetes backend: name of the Lease")
+	fs.StringVar(&k.leaseNamespace, "leader-elect-namespace", "", "kubernetes backend: namespace of the Lease (default $POD_NAMESPACE, else --namespace)")
+	fs.StringVar(&k.identity, "leader-elect-identity", "", "kubernetes backend: this replica's identity in the Lease (default $POD_NAME, else host name and PID)")
+	fs.StringVar(&k.selfDeployment, "self-deployment", "", "kubernetes backend: the runner's own Deployment (in $POD_NAMESPACE, else --namespace); the control plane's :applyAvailableUpdate sets its image tag to the desired version")
+	fs.StringVar(&k.selfContainer, "self-container", "runner", "kubernetes backend: the runner's container in --self-deployment")
+	fs.DurationVar(&k.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "kubernetes backend: how long a Lease lasts without renewal (a new replica takes over after at most this)")
+}
+
+// acquireLease holds the runner's Lease (--leader-elect) or returns nil.
+func (k *kubernetesFlags) acquireLease(ctx context.Context, log *slog.Logger) (*stack.Lease, error) {
+	if !k.leaderElect {
+		return nil, nil
+	}
+	ns := firstNonEmpty(k.leaseNamespace, os.Getenv("POD_NAMESPACE"), k.namespace)
+	id := k.identity
+	if id == "" {
+		host, _ := os.Hostname()
+		id = firstNonEmpty(os.Getenv("POD_NAME"), host+"-"+strconv.Itoa(os.Getpid()))
+	}
+	return stack.AcquireLease(ctx, stack.LeaseConfig{
+		Kubeconfig: k.kubeconfig, Namespace: ns, Name: k.leaseName, Identity: id,
+		LeaseDuration: k.leaseDuration, Logger: log,
+	})
+}
+
+func firstNonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// cidrPeers turns a comma-separated list of CIDRs into NetworkPolicy peers.
+func cidrPeers(flagName, list string) ([]networkingv1.NetworkPolicyPeer, error) {
+	var peers []networkingv1.NetworkPolicyPeer
+	for c := range strings.SplitSeq(list, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", flagName, err)
+		}
+		peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: p.Masked().String()}})
+	}
+	return peers, nil
+}
+
+// runnerPeers turns --runner-peer-cidrs and --runner-peer-pods into NetworkPolicy peers.
+func (k *kubernetesFlags) runnerPeers() ([]networkingv1.NetworkPolicyPeer, error) {
+	peers, err := cidrPeers("--runner-peer-cidrs", k.peerCIDRs)
+	if err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(k.peerPods) != "" {
+		sel, err := metav1.ParseToLabelSelector(k.peerPods)
+		if err != nil {
+			return nil, fmt.Errorf("--runner-peer-pods: %w", err)
+		}
+		ns := firstNonEmpty(os.Getenv("POD_NAMESPACE"), k.namespace)
+		peers = append(peers, networkingv1.NetworkPolicyPeer{
+			PodSelector:       sel,
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ns}},
+		})
+	}
+	return peers, nil
 }
 
 func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, log *slog.Logger) (*stack.KubernetesStack, error) {
@@ -32,8 +116,17 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	default:
 		return nil, fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", k.pullPolicy)
 	}
+	peers, err := k.runnerPeers()
+	if err != nil {
+		return nil, err
+	}
+	dns, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
+	if err != nil {
+		return nil, err
+	}
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
+		RunnerPeers: peers, DNSPeers: dns,
 	})
 }

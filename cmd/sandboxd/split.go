@@ -78,6 +78,8 @@ func runnerCmd(args []string) error {
 	kube.register(fs)
 	var hard hardeningFlags
 	hard.register(fs)
+	var acmeCfg acmeFlags
+	acmeCfg.register(fs)
 	dataPlaneListen := fs.String("data-plane-listen", "", "address of the direct mTLS data plane clients run exec, logs and files on, e.g. :8444 (empty: gateway only); its certificate comes from the data-plane CA in --pki-dir")
 	dataPlaneHost := fs.String("data-plane-host", "", "host clients reach the data plane by (default: the --data-plane-listen host)")
 	verbose := fs.Bool("v", false, "log at debug level")
@@ -111,6 +113,32 @@ func runnerCmd(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *backend == "kubernetes" {
+		// Before anything acts (registration, re-adoption, serving): one replica at a time.
+		lease, err := kube.acquireLease(ctx, logger)
+		if err != nil {
+			return err
+		}
+		if lease != nil {
+			leaving := make(chan struct{})
+			defer func() { close(leaving); lease.Release() }()
+			go func() {
+				select {
+				case <-lease.Lost:
+					select {
+					case <-leaving: // released on the way out
+					default:
+						// Another replica may act from now on: stop at once rather than race it.
+						logger.Error("lost the runner lease; exiting")
+						os.Exit(1)
+					}
+				case <-leaving:
+				}
+			}()
+		}
+	} else if kube.leaderElect {
+		return errors.New("--leader-elect needs --backend kubernetes")
+	}
 
 	var (
 		tlsCfg *tls.Config
@@ -161,9 +189,13 @@ func runnerCmd(args []string) error {
 		edgeCA = ca
 	}
 
-	var rn *runner.Runner
+	var (
+		rn  *runner.Runner
+		kst *stack.KubernetesStack
+	)
 	if *backend == "kubernetes" {
-		kst, err := kube.start(ctx, *runnerID, *dataDir, logger)
+		var err error
+		kst, err = kube.start(ctx, *runnerID, *dataDir, logger)
 		if err != nil {
 			return err
 		}
@@ -205,14 +237,26 @@ func runnerCmd(args []string) error {
 	local := gateway.NewLocalRunner(*runnerID, rn)
 	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
 	if *edgeListen != "" {
-		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger}
-		if ident != nil {
-			// Registered: the control plane signs the edge's certificate and vouches for
-			// the API keys of TOKEN endpoints. Unregistered runners have no key store:
-			// their TOKEN endpoints refuse every request.
+		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger,
+			SessionKeyFile: filepath.Join(*dataDir, "edge-session.key")}
+		switch {
+		case acmeCfg.enabled():
+			// A public domain: the wildcard comes from the ACME CA.
+			get, stop, err := acmeCfg.certificate(ctx, *dataDir, *runnerID, *baseDomain, logger)
+			if err != nil {
+				return fmt.Errorf("--acme-directory: %w", err)
+			}
+			defer stop()
+			ec.GetCertificate = get
+		case ident != nil:
+			// Registered: the control plane signs the edge's certificate.
 			if ec.GetCertificate, err = enroll.EdgeCertificate(ctx, ident, *baseDomain); err != nil {
 				return fmt.Errorf("--edge-listen: %w", err)
 			}
+		}
+		if ident != nil {
+			// The control plane vouches for the API keys of TOKEN endpoints. Unregistered
+			// runners have no key store: their TOKEN endpoints refuse every request.
 			ec.Authorize = enroll.KeyVerifier(ident)
 		}
 		e, err := stack.StartEdge(rn, ec)
@@ -261,6 +305,13 @@ func runnerCmd(args []string) error {
 		}
 		go hb.Run(ctx)
 		rs.WithPolicy(*runnerID, cache)
+		if kst != nil && kube.selfDeployment != "" {
+			// :applyAvailableUpdate: the heartbeat reply's desired version becomes this
+			// runner's Deployment image tag.
+			u := &stack.SelfUpdater{Client: kst.Client, Namespace: firstNonEmpty(os.Getenv("POD_NAMESPACE"), kube.namespace),
+				Deployment: kube.selfDeployment, Container: kube.selfContainer, Logger: logger}
+			go u.Run(ctx, version, hb.DesiredVersion, *hbInterval)
+		}
 	}
 	srv := rs.HTTPServer(tlsCfg)
 	fmt.Printf("runner %s listening on %s\n", *runnerID, ln.Addr())

@@ -29,7 +29,8 @@
 // Auth (HTTPS): AuthOpen lets everyone through; AuthToken needs "Authorization: Bearer
 // <key>" that Config.Authorize accepts for the route's organization: 401 without one (or
 // when Authorize says ErrUnauthenticated), 403 otherwise. The header is removed before
-// the request reaches the sandbox.
+// the request reaches the sandbox. Browsers sign in once at /.sandboxd/login and get a
+// signed session cookie instead (login.go).
 //
 // Unknown names do not reveal which sandboxes exist. A name of one label under
 // .<runner-id>.<base-domain> without a route — malformed, a sandbox that does not exist,

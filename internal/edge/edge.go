@@ -24,7 +24,12 @@ type Config struct {
 	// key may use the sandbox, an error wrapping ErrUnauthenticated if it is no valid key
 	// (401), any other error if it may not (403). Nil: every AuthToken request is refused.
 	Authorize func(ctx context.Context, token, org string) error
-	Logger    *slog.Logger // nil: slog.Default()
+	// SessionKey signs the session cookies of TOKEN endpoints' browser logins (see
+	// login.go); nil: a random key, so sessions end with the process.
+	SessionKey []byte
+	// SessionTTL is how long a browser login lasts; 0: DefaultSessionTTL.
+	SessionTTL time.Duration
+	Logger     *slog.Logger // nil: slog.Default()
 
 	MaxConns         int           // open connections at once; 0: 10000
 	HandshakeTimeout time.Duration // to read the ClientHello, and again to finish TLS; 0: 10 s
@@ -50,6 +55,7 @@ type Edge struct {
 	backends backendPool // the HTTP/1.1 fast path's connections to sandboxes
 	dialer   net.Dialer
 	slots    chan struct{}
+	sessions session
 
 	mu        sync.Mutex
 	closed    bool
@@ -79,7 +85,14 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = defaultDialTimeout
 	}
+	if cfg.SessionKey == nil {
+		cfg.SessionKey = NewSessionKey()
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
 	e := &Edge{
+		sessions:  session{key: cfg.SessionKey, ttl: cfg.SessionTTL, now: time.Now},
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "edge", "runner", cfg.RunnerID),
 		q:         newQueue(),

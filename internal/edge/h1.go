@@ -385,9 +385,17 @@ func writeRequestHead(w *bufio.Writer, req *http.Request, rt Route, clientIP str
 	_, _ = w.WriteString(" HTTP/1.1\r\nHost: ")
 	_, _ = w.WriteString(req.Host)
 	_, _ = w.WriteString("\r\n")
+	token := rt.Auth == AuthToken
 	writeHeaders(w, req.Header, func(k string) bool {
-		return skipRequestHeader(k) || rt.Auth == AuthToken && k == "Authorization"
+		return skipRequestHeader(k) || token && (k == "Authorization" || k == "Cookie")
 	})
+	if token {
+		for _, v := range withoutSession(req.Header["Cookie"]) {
+			_, _ = w.WriteString("Cookie: ")
+			_, _ = w.WriteString(v)
+			_, _ = w.WriteString("\r\n")
+		}
+	}
 	if te := req.Header["Te"]; te != nil && tokenListed(te, "trailers") {
 		_, _ = w.WriteString("Te: trailers\r\n")
 	}

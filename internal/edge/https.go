@@ -48,36 +48,65 @@ func (e *Edge) admit(w http.ResponseWriter, r *http.Request) (Route, bool) {
 		http.Error(w, notFoundBody, http.StatusNotFound)
 		return Route{}, false
 	}
-	if rt.Auth == AuthToken && !e.authorize(w, r, rt) {
-		return Route{}, false
+	if rt.Auth == AuthToken {
+		if strings.HasPrefix(r.URL.Path, edgePathPrefix) {
+			e.serveEdgePath(w, r, rt)
+			return Route{}, false
+		}
+		if !e.authorize(w, r, rt) {
+			return Route{}, false
+		}
 	}
 	return rt, true
 }
 
-// authorize checks the bearer key of an AuthToken route, answering the client if it fails.
+// authorize checks the credentials of an AuthToken request — a bearer key, else a
+// session cookie — answering the client if they fail.
 func (e *Edge) authorize(w http.ResponseWriter, r *http.Request, rt Route) bool {
 	token, ok := bearer(r.Header.Get("Authorization"))
 	if !ok {
+		if e.fromCookie(r, rt) {
+			return true
+		}
+		if wantsPage(r) {
+			redirectToLogin(w, r)
+			return false
+		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandbox endpoint"`)
-		http.Error(w, "this endpoint needs Authorization: Bearer <API key>", http.StatusUnauthorized)
+		http.Error(w, "this endpoint needs Authorization: Bearer <API key> (browsers: "+loginPath+")", http.StatusUnauthorized)
 		return false
 	}
+	code, msg := e.check(r, token, rt)
+	if code == 0 {
+		return true
+	}
+	if code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sandbox endpoint", error="invalid_token"`)
+	}
+	if msg != "" {
+		http.Error(w, msg, code)
+	}
+	return false
+}
+
+// check asks Config.Authorize about key for rt: 0 when it may go on, else the status and
+// message to answer with (no message: the client went away).
+func (e *Edge) check(r *http.Request, key string, rt Route) (int, string) {
 	err := errors.New("no authorizer configured")
 	if e.cfg.Authorize != nil {
-		err = e.cfg.Authorize(r.Context(), token, rt.Org)
+		err = e.cfg.Authorize(r.Context(), key, rt.Org)
 	}
 	switch {
 	case err == nil:
-		return true
+		return 0, ""
 	case errors.Is(err, ErrUnauthenticated):
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sandbox endpoint", error="invalid_token"`)
-		http.Error(w, "the API key is not valid", http.StatusUnauthorized)
+		return http.StatusUnauthorized, "the API key is not valid"
 	case errors.Is(err, context.Canceled):
+		return http.StatusForbidden, ""
 	default:
 		e.log.Debug("token refused", "sandbox", rt.SandboxID, "port", rt.Port, "err", err)
-		http.Error(w, "the API key may not use this sandbox", http.StatusForbidden)
+		return http.StatusForbidden, "the API key may not use this sandbox"
 	}
-	return false
 }
 
 // bearer returns the credentials of an "Authorization: Bearer <token>" header (the

@@ -69,6 +69,11 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Set("X-Forwarded-Proto", "https")
 	if rt.Auth == AuthToken {
 		pr.Out.Header.Del("Authorization") // the platform key is not the workload's business
+		if c := withoutSession(pr.Out.Header["Cookie"]); c != nil {
+			pr.Out.Header["Cookie"] = c
+		} else {
+			pr.Out.Header.Del("Cookie")
+		}
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/sni"
 )
 
 // alertUnrecognizedName is a fatal TLS alert record unrecognized_name(112) (RFC 6066 §3).
@@ -14,7 +16,7 @@ var alertUnrecognizedName = []byte{21, 3, 3, 0, 2, 2, 112}
 // to the HTTP server to be terminated, or refused.
 func (e *Edge) route(c *conn) {
 	_ = c.SetReadDeadline(time.Now().Add(e.cfg.HandshakeTimeout))
-	raw, sni, err := readClientHello(c.Conn)
+	raw, name, err := sni.Read(c.Conn)
 	if err != nil {
 		if !errors.Is(err, io.EOF) { // EOF: a port probe or health check, not worth a line
 			e.log.Debug("no ClientHello", "remote", c.RemoteAddr(), "err", err)
@@ -23,9 +25,9 @@ func (e *Edge) route(c *conn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	label, ok := endpointLabel(sni, e.cfg.RunnerID, e.cfg.BaseDomain)
+	label, ok := endpointLabel(name, e.cfg.RunnerID, e.cfg.BaseDomain)
 	if !ok {
-		e.log.Debug("refused server name", "remote", c.RemoteAddr(), "sni", sni)
+		e.log.Debug("refused server name", "remote", c.RemoteAddr(), "sni", name)
 		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = c.Write(alertUnrecognizedName)
 		_ = c.Close()

@@ -105,15 +105,13 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	}
 	vs = append(vs, serviceViolations(spec.GetServices())...)
 	for _, s := range spec.GetServices() {
-		if s.GetVisibility() == sandboxv1.Visibility_VISIBILITY_CUSTOM {
-			unsupported = append(unsupported, "CUSTOM service visibility")
-		}
 		req.Spec.Services = append(req.Spec.Services, toRuntimeService(s))
 	}
+	network, nvs, nunsupported := toNetwork(spec.GetNetwork())
+	req.Spec.Network = network
+	vs = append(vs, nvs...)
+	unsupported = append(unsupported, nunsupported...)
 	vs = append(vs, placement.RunnerIDViolations(spec.GetRunnerIds())...)
-	if spec.GetNetwork() != nil && !isEmptyNetwork(spec.GetNetwork()) {
-		unsupported = append(unsupported, "network options")
-	}
 	if len(spec.GetNetworkIds()) > 0 || spec.GetNetworkConfigId() != "" {
 		unsupported = append(unsupported, "networks")
 	}
@@ -132,11 +130,6 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 			"not supported by this sandboxd yet: %s", strings.Join(slices.Compact(unsupported), ", "))
 	}
 	return req, nil
-}
-
-func isEmptyNetwork(n *sandboxv1.NetworkOptions) bool {
-	return len(n.GetIngress()) == 0 && len(n.GetEgress()) == 0 && n.DenyEgress == nil && n.DenyIngress == nil &&
-		n.GetDnsEgress() == sandboxv1.DNSEgressMode(0)
 }
 
 // primary returns the primary container: the one marked primary, else the first.
@@ -226,6 +219,11 @@ func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r R
 	if sb.State == runner.StateUnspecified {
 		st.State = sandboxv1.State_STATE_PENDING
 	}
+	// spec is the resolved spec, defaults included, so its rules are what the runner was
+	// given; converting them again yields the enforced (case-normalized) form.
+	n, _, _ := toNetwork(spec.GetNetwork())
+	st.EffectiveEgress, st.EffectiveIngress = effectiveNetwork(n)
+	st.EffectiveDnsEgress = sandboxv1.DNSEgressMode_DNS_EGRESS_MODE_ALLOW
 	if sb.Reason != "" {
 		st.StateReason = sb.Reason
 		if sb.Message != "" {
@@ -273,6 +271,8 @@ func toRuntimeService(s *sandboxv1.Service) runtime.Service {
 		out.Visibility = "public"
 	case sandboxv1.Visibility_VISIBILITY_PRIVATE:
 		out.Visibility = "private"
+	case sandboxv1.Visibility_VISIBILITY_CUSTOM:
+		out.Visibility = "custom" // reachable from the sources of the ingress rules
 	}
 	if ep := s.GetEndpoint(); ep != nil {
 		switch ep.GetKind() {
@@ -299,7 +299,8 @@ func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, 
 		if ep == nil {
 			// A private port is reached at the sandbox's address, by its organization's
 			// other sandboxes.
-			if s.GetVisibility() == sandboxv1.Visibility_VISIBILITY_PRIVATE && sb.State == runner.StateRunning && sb.IP != "" {
+			// CUSTOM ports likewise, by the sources its ingress rules allow.
+			if vis := s.GetVisibility(); (vis == sandboxv1.Visibility_VISIBILITY_PRIVATE || vis == sandboxv1.Visibility_VISIBILITY_CUSTOM) && sb.State == runner.StateRunning && sb.IP != "" {
 				st.Url = net.JoinHostPort(sb.IP, strconv.Itoa(int(s.GetPort())))
 			}
 			continue

@@ -77,8 +77,12 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 		MaxMemoryBytes:         c.MemoryBytes,
 		MaxGpuCount:            c.GPUs,
 		SupportedArchitectures: c.Architectures,
-		// Endpoints arrive with the edge; until then no service is published.
-		SupportedServiceVisibilities: []sandboxv1.Visibility{sandboxv1.Visibility_VISIBILITY_UNSPECIFIED},
+		// Private and custom ports are the backend's to open; public ones need the edge.
+		SupportedServiceVisibilities: []sandboxv1.Visibility{sandboxv1.Visibility_VISIBILITY_UNSPECIFIED,
+			sandboxv1.Visibility_VISIBILITY_PRIVATE, sandboxv1.Visibility_VISIBILITY_CUSTOM},
+	}
+	if c.EdgeDomain != "" {
+		caps.SupportedServiceVisibilities = append(caps.SupportedServiceVisibilities, sandboxv1.Visibility_VISIBILITY_PUBLIC)
 	}
 	if p := w.policy; p != nil {
 		if rc := p.Constraints.Resources; rc != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // viewTimeout bounds how long a probe waits for one runner's capacity and policy.
@@ -31,7 +32,7 @@ func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]plac
 // createOn creates the sandbox on the first candidate that takes it: capacity is
 // reserved while the runner's Create is in flight, and a runner that rejects the sandbox
 // (its policy changed, it filled up, it went away) passes it to the next candidate.
-func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org string) (Runner, policy.Result, runner.Sandbox, error) {
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string) (Runner, policy.Result, runner.Sandbox, error) {
 	var (
 		last error
 		full []string
@@ -48,7 +49,10 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org 
 			release()
 			return nil, policy.Result{}, runner.Sandbox{}, err
 		}
-		cr.Spec.Meta = map[string]string{metaOrg: org, "sandboxd.policy_revision": c.Result.PolicyRevision}
+		cr.Spec.Meta = map[string]string{metaOrg: org, runtime.MetaCaller: caller, "sandboxd.policy_revision": c.Result.PolicyRevision}
+		// In-process runners get the policy's Pod settings here; a remote runner applies
+		// its own policy's (runnerapi.Server.WithPolicy), as the wire spec has no room.
+		cr.Spec.Pod = c.Result.Pod
 		sb, err := r.Create(ctx, cr)
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // PolicySource gives a runner's current policy document (JSON; nil or empty = never set,
@@ -28,5 +29,6 @@ func Platform(classes []string) policy.Platform {
 	p.DefaultCPURuntimeClass = classes[0]
 	// Containers add capabilities only where a policy's allowed_capabilities lists them.
 	p.AllowedCapabilities = []string{}
+	p.DefaultEgress = policyRules(runtime.DefaultEgress())
 	return p
 }

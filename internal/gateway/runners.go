@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
@@ -52,6 +53,9 @@ type Capacity struct {
 	// DataPlaneURI is where clients reach the runner's direct data plane
 	// (https://HOST:PORT); "" when it serves none.
 	DataPlaneURI string
+	// NoDNSEgress: the runner's backend cannot enforce egress rules by host name, so
+	// placement sends sandboxes with such rules elsewhere.
+	NoDNSEgress bool
 }
 
 // DefaultMaxSandboxes is a local runner's sandbox count limit unless configured.
@@ -146,6 +150,7 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 		RuntimeClasses: l.Classes(),
 		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
 		DataPlaneURI: l.DataPlaneURI,
+		NoDNSEgress:  l.R.NetworkSupport().NoDNSNames,
 	}
 
 	if c.MilliCPU <= 0 {
@@ -180,6 +185,14 @@ func hostMemory() int64 {
 		}
 	}
 	return 0
+}
+
+// Platform is what the runner supports whatever its policy says (Platform of its classes
+// and what its backend enforces): what it resolves its own policy against.
+func (l *LocalRunner) Platform() policy.Platform {
+	p := Platform(l.Classes())
+	p.NoDNSEgress = l.R.NetworkSupport().NoDNSNames
+	return p
 }
 
 // Classes are the runtime classes the runner offers, its default first: the configured

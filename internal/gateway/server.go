@@ -243,7 +243,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 	if err != nil {
 		return nil, err
 	}
-	r, res, sb, err := s.createOn(ctx, cands, p.Org)
+	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID)
 	if err != nil {
 		return nil, err
 	}

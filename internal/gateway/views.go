@@ -202,6 +202,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		out[i].MaxSandboxes = c.MaxSandboxes
 		out[i].RuntimeClasses = c.RuntimeClasses
 		out[i].NoEdge = c.EdgeDomain == ""
+		out[i].NoDNSEgress = c.NoDNSEgress
 	}
 	return out
 }

@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Version is the only policy document version this package understands. A document
@@ -54,6 +56,10 @@ type Base struct {
 	// direction (and does not deny that direction).
 	DefaultEgress  []Rule `json:"default_egress,omitempty"`
 	DefaultIngress []Rule `json:"default_ingress,omitempty"`
+	// Pod holds Kubernetes Pod settings (node selector, tolerations, priority class,
+	// service account, image pull secrets, Pod annotations) for runners on the
+	// Kubernetes backend; other backends ignore them.
+	Pod *runtime.PodSettings `json:"pod,omitempty"`
 }
 
 // ResourceDefaults are per-container default requests and limits.

@@ -11,6 +11,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Platform limits and defaults, which hold under every policy.
@@ -47,6 +48,12 @@ type Platform struct {
 	AllowedCapabilities []string
 	// NoEndpoints: the runner has no edge, so it cannot publish endpoints.
 	NoEndpoints bool
+	// NoDNSEgress: the runner cannot enforce egress rules by host name.
+	NoDNSEgress bool
+	// DefaultEgress is the runner's egress for a sandbox left without egress rules by
+	// both its spec and its policy's base (and not denying egress). Only the rules the
+	// policy's allowed_egress covers apply: a default never widens an envelope.
+	DefaultEgress []Rule
 	// DefaultResources are the runner's per-container defaults, below the policy base.
 	DefaultResources *ResourceDefaults
 }
@@ -64,6 +71,9 @@ type Result struct {
 	Spec           *sandboxv1.SandboxSpec
 	Violations     []Violation
 	PolicyRevision string
+	// Pod is the policy's Kubernetes Pod settings (base.pod) for the backend; nil when
+	// the policy has none. The public spec has no place for them.
+	Pod *runtime.PodSettings
 }
 
 // OK reports whether the spec was accepted.
@@ -72,7 +82,11 @@ func (r Result) OK() bool { return len(r.Violations) == 0 }
 // ResolveRevision is Resolve recording revision, the caller's identifier of p (its etag).
 func ResolveRevision(p *Policy, revision string, spec *sandboxv1.SandboxSpec, platform Platform) Result {
 	s, vs := Resolve(p, spec, platform)
-	return Result{Spec: s, Violations: vs, PolicyRevision: revision}
+	res := Result{Spec: s, Violations: vs, PolicyRevision: revision}
+	if p != nil && !p.Base.Pod.IsZero() {
+		res.Pod = p.Base.Pod
+	}
+	return res
 }
 
 // Resolve merges platform defaults, then p's base, then spec (the spec wins per scalar;
@@ -166,6 +180,25 @@ func (r *resolver) merge(s *sandboxv1.SandboxSpec) {
 		}
 		for _, rule := range b.DefaultEgress {
 			s.Network.Egress = append(s.Network.Egress, toEgress(rule))
+		}
+	}
+	if len(r.pl.DefaultEgress) > 0 && len(s.GetNetwork().GetEgress()) == 0 && !s.GetNetwork().GetDenyEgress() {
+		var envelope []entry
+		if nc := r.c.Network; nc != nil && len(nc.AllowedEgress) > 0 {
+			envelope = parseEntries(nc.AllowedEgress)
+		}
+		for _, rule := range r.pl.DefaultEgress {
+			w := toEgress(rule)
+			d := destination{any: rule.Any, cidr: w.GetCidr(), tenant: w.GetTenant()}
+			if envelope != nil {
+				if ok, _ := covered(envelope, d, spansOf(w.GetPorts()), false); !ok {
+					continue
+				}
+			}
+			if s.Network == nil {
+				s.Network = &sandboxv1.NetworkOptions{}
+			}
+			s.Network.Egress = append(s.Network.Egress, w)
 		}
 	}
 	if len(b.DefaultIngress) > 0 && len(s.GetNetwork().GetIngress()) == 0 && !s.GetNetwork().GetDenyIngress() {
@@ -594,6 +627,14 @@ func (r *resolver) checkServices(s *sandboxv1.SandboxSpec) {
 }
 
 func (r *resolver) checkNetwork(s *sandboxv1.SandboxSpec) {
+	if r.pl.NoDNSEgress {
+		for i, rule := range s.GetNetwork().GetEgress() {
+			if _, ok := rule.GetDestination().(*sandboxv1.EgressRule_HttpsHostname); ok {
+				r.add(fmt.Sprintf("sandbox.spec.network.egress[%d].https_hostname", i), ConstraintPlatformDNSEgress, "none", false,
+					"this runner cannot enforce host-name rules (it filters by address only); use a cidr rule or pick a runner that can")
+			}
+		}
+	}
 	nc := r.c.Network
 	if nc == nil {
 		return

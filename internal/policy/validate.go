@@ -235,6 +235,8 @@ func Validate(p *Policy) []apierr.Violation {
 		}
 	}
 
+	validatePod(b.Pod, add)
+
 	// instance types
 	if it := c.InstanceTypes; it != nil {
 		for i, n := range it.Allowed {

@@ -24,6 +24,7 @@ const (
 	ConstraintPlatformPrivileged   = "platform.privileged_allowed"
 	ConstraintPlatformCapabilities = "platform.allowed_capabilities"
 	ConstraintPlatformEndpoints    = "platform.endpoints"
+	ConstraintPlatformDNSEgress    = "platform.dns_egress"
 )
 
 // Violation is one reason a resolved spec is rejected.

@@ -121,6 +121,9 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err := validate(&req); err != nil {
 		return Sandbox{}, err
 	}
+	if err := supported(req.Spec.Network, r.NetworkSupport()); err != nil {
+		return Sandbox{}, err
+	}
 	if req.Spec.ID == "" {
 		req.Spec.ID = newID()
 	}
@@ -657,7 +660,36 @@ func cloneSpec(s runtime.Spec) runtime.Spec {
 		}
 	}
 	c.PullCredentials = nil
+	c.Services = slices.Clone(s.Services)
+	c.Network = cloneNetwork(s.Network)
 	return c
+}
+
+// cloneNetwork deep-copies n, so a runner's record never shares rules with its caller.
+func cloneNetwork(n *runtime.Network) *runtime.Network {
+	if n == nil {
+		return nil
+	}
+	c := *n
+	c.Egress = slices.Clone(n.Egress)
+	for i := range c.Egress {
+		c.Egress[i].Except = slices.Clone(c.Egress[i].Except)
+		c.Egress[i].Ports = slices.Clone(c.Egress[i].Ports)
+	}
+	c.Ingress = slices.Clone(n.Ingress)
+	for i := range c.Ingress {
+		c.Ingress[i].Except = slices.Clone(c.Ingress[i].Except)
+		c.Ingress[i].Ports = slices.Clone(c.Ingress[i].Ports)
+	}
+	return &c
+}
+
+// NetworkSupport is which network rules the backend enforces (all, unless it says).
+func (r *Runner) NetworkSupport() runtime.NetworkSupport {
+	if b, ok := r.backend.(runtime.NetworkSupporter); ok {
+		return b.NetworkSupport()
+	}
+	return runtime.NetworkSupport{}
 }
 
 // RuntimeClasses are the runtime classes the backend offers, its default first; nil when

@@ -122,6 +122,9 @@ func validate(req *CreateRequest) error {
 	if total > maxFilesBytes {
 		vs.add("spec.containers[0].files", "total %d bytes, at most %d allowed", total, maxFilesBytes)
 	}
+	// The gateway checked the rules too; a runner checks again because a backend turns
+	// them into firewall state, where a malformed rule could mean more access, not less.
+	ValidateNetwork("spec.network.", s.Network, vs.add)
 	return vs.err()
 }
 

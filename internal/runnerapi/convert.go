@@ -37,7 +37,55 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		p.Services = append(p.Services, &runnerv1.Service{Port: int32(v.Port), Name: v.Name, Visibility: v.Visibility,
 			Endpoint: v.Endpoint, TokenAuth: v.TokenAuth, TimeoutSeconds: int32(v.TimeoutSeconds)})
 	}
+	p.Network = networkToProto(s.Network)
 	return p
+}
+
+func networkToProto(n *runtime.Network) *runnerv1.Network {
+	if n == nil {
+		return nil
+	}
+	p := &runnerv1.Network{DenyEgress: n.DenyEgress, DenyIngress: n.DenyIngress}
+	for _, r := range n.Egress {
+		p.Egress = append(p.Egress, &runnerv1.NetworkRule{Cidr: r.CIDR, Except: r.Except, DnsName: r.DNSName, Tenant: r.Tenant, Any: r.Any, Ports: portsToProto(r.Ports)})
+	}
+	for _, r := range n.Ingress {
+		p.Ingress = append(p.Ingress, &runnerv1.NetworkRule{Cidr: r.CIDR, Except: r.Except, Tenant: r.Tenant, Any: r.Any, Ports: portsToProto(r.Ports)})
+	}
+	return p
+}
+
+// networkFromProto is the inverse of networkToProto. An ingress rule carrying a DNS name
+// (which none should) keeps no destination for it, so the runner's validation refuses it
+// instead of widening it to something else.
+func networkFromProto(p *runnerv1.Network) *runtime.Network {
+	if p == nil {
+		return nil
+	}
+	n := &runtime.Network{DenyEgress: p.GetDenyEgress(), DenyIngress: p.GetDenyIngress()}
+	for _, r := range p.GetEgress() {
+		n.Egress = append(n.Egress, runtime.EgressRule{CIDR: r.GetCidr(), Except: r.GetExcept(), DNSName: r.GetDnsName(), Tenant: r.GetTenant(), Any: r.GetAny(), Ports: portsFromProto(r.GetPorts())})
+	}
+	for _, r := range p.GetIngress() {
+		n.Ingress = append(n.Ingress, runtime.IngressRule{CIDR: r.GetCidr(), Except: r.GetExcept(), Tenant: r.GetTenant(), Any: r.GetAny(), Ports: portsFromProto(r.GetPorts())})
+	}
+	return n
+}
+
+func portsToProto(ps []runtime.PortRange) []*runnerv1.PortRange {
+	var out []*runnerv1.PortRange
+	for _, p := range ps {
+		out = append(out, &runnerv1.PortRange{Protocol: p.Protocol, Port: int32(p.Port), EndPort: int32(p.EndPort)})
+	}
+	return out
+}
+
+func portsFromProto(ps []*runnerv1.PortRange) []runtime.PortRange {
+	var out []runtime.PortRange
+	for _, p := range ps {
+		out = append(out, runtime.PortRange{Protocol: p.GetProtocol(), Port: int(p.GetPort()), EndPort: int(p.GetEndPort())})
+	}
+	return out
 }
 
 func specFromProto(p *runnerv1.Spec) runtime.Spec {
@@ -69,6 +117,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 		s.Services = append(s.Services, runtime.Service{Port: int(v.GetPort()), Name: v.GetName(), Visibility: v.GetVisibility(),
 			Endpoint: v.GetEndpoint(), TokenAuth: v.GetTokenAuth(), TimeoutSeconds: int(v.GetTimeoutSeconds())})
 	}
+	s.Network = networkFromProto(p.GetNetwork())
 	return s
 }
 
@@ -140,6 +189,7 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		RuntimeClasses: c.RuntimeClasses,
 		EdgeDomain:     c.EdgeDomain, EdgePort: int32(c.EdgePort),
 		DataPlaneUri: c.DataPlaneURI,
+		NoDnsEgress:  c.NoDNSEgress,
 	}
 }
 
@@ -155,6 +205,7 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		RuntimeClasses: p.GetRuntimeClasses(),
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
 		DataPlaneURI: p.GetDataPlaneUri(),
+		NoDNSEgress:  p.GetNoDnsEgress(),
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Meta keys the runner's policy check records on a sandbox.
@@ -50,11 +51,11 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.runnerID, err))
 		}
 	}
-	var classes []string // DefaultRuntimeClasses when the server does not know
-	if s.classes != nil {
-		classes = s.classes()
+	platform := gateway.Platform(nil) // DefaultRuntimeClasses when the server does not know
+	if s.platform != nil {
+		platform = s.platform()
 	}
-	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), specForPolicy(*req), gateway.Platform(classes))
+	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), specForPolicy(*req), platform)
 	if !res.OK() {
 		vs := policy.ToAPI(res.Violations)
 		parts := make([]string, len(vs))
@@ -72,11 +73,14 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 		req.Spec.Meta[MetaGatewayPolicyRevision] = g
 	}
 	req.Spec.Meta[MetaPolicyRevision] = res.PolicyRevision
+	// The runner's own policy decides the Pod settings (Kubernetes backend).
+	req.Spec.Pod = res.Pod
 	return nil
 }
 
 // specForPolicy is the public-API form of what the runner is asked to run: what the
-// policy constrains of it (image, resources, environment, runtime class, lifetime).
+// policy constrains of it (image, resources, environment, runtime class, lifetime,
+// services and network rules).
 func specForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
 	c := &sandboxv1.Container{
 		Image:                req.Spec.Image,
@@ -95,9 +99,47 @@ func specForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
 			c.Resources.Memory = quantity.FormatMemory(r.MemoryBytes)
 		}
 	}
-	return &sandboxv1.SandboxSpec{
+	spec := &sandboxv1.SandboxSpec{
 		Containers:         []*sandboxv1.Container{c},
 		RuntimeClass:       req.Spec.RuntimeClass,
 		MaxLifetimeSeconds: int32(req.Lifetime.Seconds()),
+		Services:           servicesForPolicy(req.Spec.Services),
 	}
+	if n := req.Spec.Network; n != nil {
+		egress, ingress := gateway.EffectiveNetwork(n)
+		// The rules arrive resolved, defaults included: empty lists are "none", which
+		// the resolution must not fill with defaults again, hence the deny flags.
+		deny := func(b bool) *bool { return &b }
+		spec.Network = &sandboxv1.NetworkOptions{
+			Egress: egress, Ingress: ingress,
+			DenyEgress:  deny(n.DenyEgress || len(egress) == 0),
+			DenyIngress: deny(n.DenyIngress || len(ingress) == 0),
+		}
+	}
+	return spec
+}
+
+// servicesForPolicy renders services with what the policy constrains of them: port,
+// visibility and endpoint kind.
+func servicesForPolicy(ss []runtime.Service) []*sandboxv1.Service {
+	var out []*sandboxv1.Service
+	for _, s := range ss {
+		w := &sandboxv1.Service{Port: int32(s.Port), Name: s.Name}
+		switch s.Visibility {
+		case "public":
+			w.Visibility = sandboxv1.Visibility_VISIBILITY_PUBLIC
+		case "private":
+			w.Visibility = sandboxv1.Visibility_VISIBILITY_PRIVATE
+		case "custom":
+			w.Visibility = sandboxv1.Visibility_VISIBILITY_CUSTOM
+		}
+		switch s.Endpoint {
+		case runtime.EndpointHTTPS:
+			w.Endpoint = &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS}
+		case runtime.EndpointPassthrough:
+			w.Endpoint = &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH}
+		}
+		out = append(out, w)
+	}
+	return out
 }

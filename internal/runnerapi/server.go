@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
@@ -50,8 +51,8 @@ type Server struct {
 	relay    relay
 
 	runnerID string
-	policies gateway.PolicySource // nil: no check of its own (WithPolicy)
-	classes  func() []string      // the runtime classes policies resolve against; nil: the default
+	policies gateway.PolicySource   // nil: no check of its own (WithPolicy)
+	platform func() policy.Platform // what policies resolve against; nil: gateway.Platform(nil)
 }
 
 // NewServer serves r, the runner runnerID, with the host's capacity. A nil logger is
@@ -63,7 +64,7 @@ func NewServer(runnerID string, r *runner.Runner, logger *slog.Logger) *Server {
 // NewServerFor serves l: its capacity, and creates only when they fit in it.
 func NewServerFor(l *gateway.LocalRunner, logger *slog.Logger) *Server {
 	s := newServer(admitting{l.R, l}, l.Capacity, logger)
-	s.classes = l.Classes
+	s.platform = l.Platform
 	return s
 }
 

@@ -51,6 +51,9 @@ type Spec struct {
 	// enforces nothing beyond its own isolation (specs recorded before network rules
 	// existed); a non-nil zero value allows no egress at all.
 	Network *Network `json:"network,omitempty"`
+	// Pod is the policy's Kubernetes Pod settings (node selector, tolerations, …), set by
+	// whoever resolves the spec against the runner's policy; nil means none.
+	Pod *PodSettings `json:"pod,omitempty"`
 	// Meta is the runner's own immutable bookkeeping (organization, creation time,
 	// deadline); backends persist it and hand it back from Recover.
 	Meta map[string]string `json:"meta,omitempty"`
@@ -59,6 +62,10 @@ type Spec struct {
 // MetaOrg is the Spec.Meta key of the organization that owns a sandbox: backends let
 // sandboxes of one organization reach each other's private ports.
 const MetaOrg = "sandboxd.org"
+
+// MetaCaller is the Spec.Meta key of the API key that created a sandbox: tenant
+// SAME_USER rules match the sandboxes of the same caller.
+const MetaCaller = "sandboxd.caller"
 
 // Endpoint kinds of a Service.
 const (
@@ -70,7 +77,8 @@ const (
 type Service struct {
 	Port int    `json:"port"`
 	Name string `json:"name,omitempty"`
-	// Visibility is "public", "private" or "" (reachable from nothing outside).
+	// Visibility is "public", "private", "custom" (reachable from the sources of
+	// Network.Ingress) or "" (reachable from nothing outside).
 	Visibility string `json:"visibility,omitempty"`
 	// Endpoint is EndpointHTTPS, EndpointPassthrough or "" (none).
 	Endpoint string `json:"endpoint,omitempty"`

@@ -40,6 +40,8 @@ func TestSbxUsageErrors(t *testing.T) {
 		{"get"},                    // missing ID
 		{"ls", "-o", "yaml"},       // bad format
 		{"run", "busybox", "--rm"}, // --rm without a command
+		{"run", "busybox", "--egress", "everything"},
+		{"run", "busybox", "--egress", "any", "--deny-egress"},
 		{"nosuch"},
 	} {
 		var out, errb bytes.Buffer

@@ -111,7 +111,24 @@ sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.
 	f.StringArrayVar(&spec.RunnerIDs, "runner", nil, "place on this runner (repeatable)")
 	f.StringVar(&mainCmd, "main", "", `the sandbox's main command, run by /bin/sh -c (default: one that waits until the sandbox is stopped), e.g. "python3 -m http.server 8080"`)
 	f.Var(publishFlag{&spec.Publish}, "publish", "publish PORT on the runner's edge: PORT:https, PORT:https:token (API key required) or PORT:tls (passthrough); repeatable")
+	f.Var(egressFlag{&spec.Egress}, "egress", "allow egress to: any, cidr=PREFIX, dns=NAME (HTTPS to NAME or *.DOMAIN) or tenant=same_org|same_user; repeatable (default: the policy's or the platform's, any + tenant=same_org)")
+	f.BoolVar(&spec.DenyEgress, "deny-egress", false, "allow no egress at all (the platform DNS still answers)")
+	cmd.MarkFlagsMutuallyExclusive("egress", "deny-egress")
 	return cmd
+}
+
+// egressFlag parses --egress RULE (see sandbox.ParseEgress).
+type egressFlag struct{ to *[]sandbox.EgressRule }
+
+func (e egressFlag) String() string { return "" }
+func (e egressFlag) Type() string   { return "RULE" }
+func (e egressFlag) Set(v string) error {
+	r, err := sandbox.ParseEgress(v)
+	if err != nil {
+		return err
+	}
+	*e.to = append(*e.to, r)
+	return nil
 }
 
 // publishFlag parses --publish PORT:KIND[:token].
@@ -331,6 +348,16 @@ func (a *app) getCommand() *cobra.Command {
 			row("Ended", stamp(in.EndedAt))
 			if in.Lifetime > 0 {
 				row("Lifetime", in.Lifetime.String())
+			}
+			egress := make([]string, len(in.Egress))
+			for i, r := range in.Egress {
+				egress[i] = r.String()
+			}
+			switch {
+			case len(egress) > 0:
+				row("Egress", strings.Join(egress, "; "))
+			case in.State != sandbox.StateUnspecified:
+				row("Egress", "none (only the platform DNS)")
 			}
 			if err := tw.Flush(); err != nil {
 				return err

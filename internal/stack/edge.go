@@ -30,7 +30,10 @@ type EdgeConfig struct {
 	// Authorize accepts an API key for a sandbox of org (TOKEN endpoints); nil refuses
 	// every TOKEN request.
 	Authorize func(ctx context.Context, token, org string) error
-	Logger    *slog.Logger
+	// SessionKeyFile keeps the key that signs browser sessions of TOKEN endpoints (created
+	// when absent); "": a new key per start, so a restart signs everyone out.
+	SessionKeyFile string
+	Logger         *slog.Logger
 }
 
 // Edge is a running edge: its listener's address and how to stop it.
@@ -54,9 +57,16 @@ func StartEdge(r *runner.Runner, cfg EdgeConfig) (*Edge, error) {
 			return nil, fmt.Errorf("edge certificate: %w", err)
 		}
 	}
+	var sessionKey []byte
+	if cfg.SessionKeyFile != "" {
+		var err error
+		if sessionKey, err = edge.LoadOrCreateSessionKey(cfg.SessionKeyFile); err != nil {
+			return nil, err
+		}
+	}
 	var table edge.Table
 	e, err := edge.New(edge.Config{RunnerID: cfg.RunnerID, BaseDomain: cfg.BaseDomain, Routes: &table,
-		GetCertificate: cert, Authorize: cfg.Authorize, Logger: cfg.Logger})
+		GetCertificate: cert, Authorize: cfg.Authorize, SessionKey: sessionKey, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}

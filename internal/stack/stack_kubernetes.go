@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -27,10 +28,12 @@ type KubernetesConfig struct {
 	ImagePullPolicy corev1.PullPolicy
 	// RuntimeClasses: see kubernetes.Config.
 	RuntimeClasses map[string]string
-	DataDir        string // the runner's own files (archived logs)
-	Retention      time.Duration
-	ExpiryGrace    time.Duration
-	Logger         *slog.Logger
+	// RunnerPeers and DNSPeers: see kubernetes.Config.
+	RunnerPeers, DNSPeers []networkingv1.NetworkPolicyPeer
+	DataDir               string // the runner's own files (archived logs)
+	Retention             time.Duration
+	ExpiryGrace           time.Duration
+	Logger                *slog.Logger
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -68,6 +71,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 	bc := kubernetes.Config{
 		Namespace: cfg.Namespace, RunnerID: cfg.RunnerID, AgentImage: cfg.AgentImage,
 		ImagePullPolicy: cfg.ImagePullPolicy, RuntimeClasses: cfg.RuntimeClasses, Logger: cfg.Logger,
+		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers,
 	}
 	if cfg.Backend != nil {
 		bc = *cfg.Backend

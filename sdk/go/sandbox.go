@@ -85,6 +85,11 @@ type Spec struct {
 	Annotations map[string]string
 	// Publish gives ports public endpoints on the runner's edge.
 	Publish []Endpoint
+	// Egress is what the sandbox may reach. Empty means the default: the runner
+	// policy's, else the platform's (the internet and the organization's sandboxes).
+	Egress []EgressRule
+	// DenyEgress allows no egress at all but the platform DNS; exclusive with Egress.
+	DenyEgress bool
 }
 
 // Endpoint kinds.
@@ -145,6 +150,13 @@ func (s Spec) Proto() *sandboxv1.SandboxSpec {
 		}
 		sp.Services = append(sp.Services, &sandboxv1.Service{Port: int32(e.Port), Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC, Endpoint: ep})
 	}
+	if len(s.Egress) > 0 || s.DenyEgress {
+		sp.Network = &sandboxv1.NetworkOptions{Egress: egressToProto(s.Egress)}
+		if s.DenyEgress {
+			deny := true
+			sp.Network.DenyEgress = &deny
+		}
+	}
 	if s.Lifetime > 0 {
 		sp.MaxLifetimeSeconds = int32(min(math.Ceil(s.Lifetime.Seconds()), math.MaxInt32))
 	}
@@ -179,6 +191,9 @@ type Info struct {
 	EndedAt   time.Time
 	Lifetime  time.Duration // effective maximum lifetime
 	Endpoints []Published
+	// Egress are the effective egress rules: what the sandbox may reach, defaults
+	// included (none under deny_egress).
+	Egress []EgressRule
 }
 
 // ID is the sandbox's ID.
@@ -201,6 +216,7 @@ func (s *Sandbox) Info() Info {
 	in := Info{
 		ID: s.id, State: State(st.GetState()), Reason: st.GetStateReason(), RunnerID: st.GetRunnerId(),
 		Tags: p.GetSpec().GetTags(), Lifetime: time.Duration(st.GetEffectiveMaxLifetimeSeconds()) * time.Second,
+		Egress: egressFromProto(st.GetEffectiveEgress()),
 	}
 	if cs := p.GetSpec().GetContainers(); len(cs) > 0 {
 		in.Image = cs[0].GetImage()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -460,11 +461,17 @@ func TestGatewayRejectsWhatItCannotHonour(t *testing.T) {
 				Endpoint: &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS}}}
 			return s
 		}(), connect.CodeInvalidArgument, apierr.PlacementRejected, "sandbox.spec.services[0].endpoint"},
-		{"custom visibility", func() *sandboxv1.SandboxSpec {
+		{"egress selector", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
-			s.Services = []*sandboxv1.Service{{Port: 9000, Visibility: sandboxv1.Visibility_VISIBILITY_CUSTOM}}
+			s.Network = &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{{Destination: &sandboxv1.EgressRule_Selector{
+				Selector: &sandboxv1.SelectorBlock{PodLabels: map[string]string{"app": "db"}}}}}}
 			return s
 		}(), connect.CodeUnimplemented, apierr.NotImplemented, ""},
+		{"egress CIDR with host bits", func() *sandboxv1.SandboxSpec {
+			s := spec(busybox(), "true")
+			s.Network = &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{{Destination: &sandboxv1.EgressRule_Cidr{Cidr: &sandboxv1.CidrBlock{Cidr: "10.1.2.3/8"}}}}}
+			return s
+		}(), connect.CodeInvalidArgument, apierr.InvalidRequest, "sandbox.spec.network.egress[0].cidr"},
 		{"pinned to an unknown runner", func() *sandboxv1.SandboxSpec {
 			s := spec(busybox(), "true")
 			s.RunnerIds = []string{"elsewhere"}
@@ -504,6 +511,14 @@ func TestGatewayDiscovery(t *testing.T) {
 	r := basic.Msg.Runners[0]
 	if r.RunnerId != "local" || !r.Healthy || r.ConnectedAt == nil || r.Resources != nil || r.Capabilities.GetMaxCpuMillicores() <= 0 {
 		t.Errorf("basic view: %v", r)
+	}
+	if vis := r.Capabilities.GetSupportedServiceVisibilities(); !slices.Contains(vis, sandboxv1.Visibility_VISIBILITY_CUSTOM) ||
+		slices.Contains(vis, sandboxv1.Visibility_VISIBILITY_PUBLIC) {
+		t.Errorf("visibilities of a runner without an edge: %v", vis)
+	}
+	custom, err := g.discovery.ListAvailableRunners(ctx, connect.NewRequest(&sandboxv1.ListAvailableRunnersRequest{ServiceVisibility: sandboxv1.Visibility_VISIBILITY_CUSTOM}))
+	if err != nil || len(custom.Msg.Runners) != 1 {
+		t.Errorf("runners for CUSTOM services: %v %v", custom, err)
 	}
 	full, err := g.discovery.GetAvailableRunner(ctx, connect.NewRequest(&sandboxv1.GetAvailableRunnerRequest{RunnerId: "local", OrganizationId: "org-a", View: sandboxv1.RunnerView_RUNNER_VIEW_FULL}))
 	if err != nil || full.Msg.Resources == nil || full.Msg.Resources.AvailableMemoryBytes <= 0 {

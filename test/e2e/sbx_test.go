@@ -287,8 +287,26 @@ func TestSbxCLI(t *testing.T) {
 	if out, _, code := sbx(g, "", "get", id, "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &got) != nil || got["sandboxId"] != id {
 		t.Errorf("get -o json: %q %d", out, code)
 	}
-	if out, _, code := sbx(g, "", "get", id); code != 0 || !strings.Contains(out, "running") {
-		t.Errorf("get: %q %d", out, code)
+	if out, _, code := sbx(g, "", "get", id); code != 0 || !strings.Contains(out, "running") || !strings.Contains(out, "Egress:") ||
+		!strings.Contains(out, "any; tenant=same_org") {
+		t.Errorf("get (the platform default egress): %q %d", out, code)
+	}
+	out, errs, code = sbx(g, "", "run", "--egress", "dns=pypi.org", "--egress", "cidr=10.0.0.0/8", img)
+	netID := strings.TrimSpace(out)
+	if code != 0 {
+		t.Errorf("run --egress: %q %q %d", out, errs, code)
+	} else if out, _, code := sbx(g, "", "get", netID); code != 0 || !strings.Contains(out, "dns=pypi.org; cidr=10.0.0.0/8") {
+		t.Errorf("get (explicit egress): %q %d", out, code)
+	}
+	out, errs, code = sbx(g, "", "run", "--deny-egress", img)
+	denyID := strings.TrimSpace(out)
+	if code != 0 {
+		t.Errorf("run --deny-egress: %q %q %d", out, errs, code)
+	} else if out, _, code := sbx(g, "", "get", denyID); code != 0 || !strings.Contains(out, "none (only the platform DNS)") {
+		t.Errorf("get (deny-egress): %q %d", out, code)
+	}
+	if _, errs, code := sbx(g, "", "run", "--egress", "cidr=10.1.2.3/8", img); code != 1 || !strings.Contains(errs, "sandbox.spec.network.egress[0].cidr") {
+		t.Errorf("run with a bad CIDR: %q %d", errs, code)
 	}
 
 	if out, errs, code := sbx(g, "piped input\n", "exec", id, "--", "sh", "-c", "cat; echo $GREETING; exit 5"); out != "piped input\nhello\n" || code != 5 {

@@ -53,7 +53,7 @@ func env(k, def string) string {
 	return def
 }
 
-func needCluster(t *testing.T) cluster {
+func needCluster(t testing.TB) cluster {
 	t.Helper()
 	kc := os.Getenv("SANDBOXD_K8S_KUBECONFIG")
 	if kc == "" {
@@ -92,7 +92,7 @@ func randomID(prefix string) string {
 }
 
 // newStack starts a runner on the cluster as runnerID, with dataDir for its files.
-func newStack(t *testing.T, c cluster, runnerID, dataDir string) *stack.KubernetesStack {
+func newStack(t testing.TB, c cluster, runnerID, dataDir string) *stack.KubernetesStack {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

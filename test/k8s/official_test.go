@@ -3,6 +3,7 @@ package k8s
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	osexec "os/exec"
 	"strings"
@@ -12,7 +13,8 @@ import (
 )
 
 // TestOfficialClient drives a Kubernetes runner through the gateway with the official
-// Python client: create, wait, exec, streaming exec with stdin, files, logs, delete.
+// Python client: create, wait, exec, streaming exec with stdin, files, logs, a PTY shell
+// (terminal size, exit code), delete.
 func TestOfficialClient(t *testing.T) {
 	if _, err := osexec.Command("python3", "-c", "import cwsandbox").CombinedOutput(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -39,6 +41,10 @@ out["stdin"] = p.result(timeout=60).stdout
 sb.write_file("/tmp/f.txt", b"on a pod").result(timeout=60)
 out["file"] = sb.read_file("/tmp/f.txt").result(timeout=60).decode()
 out["logs"] = "".join(sb.stream_logs(timeout_seconds=20))
+t = sb.shell(["/bin/sh"], width=100, height=30)
+t.stdin.write(b"stty size; tty; exit 7\n").result(timeout=30)
+raw = b"".join(t.output)
+out["pty"] = [t.wait(), raw.decode(errors="replace")]
 sb.stop().result(timeout=120)
 print(json.dumps(out))
 `
@@ -59,6 +65,7 @@ print(json.dumps(out))
 		Stdin  string `json:"stdin"`
 		File   string `json:"file"`
 		Logs   string `json:"logs"`
+		PTY    []any  `json:"pty"`
 	}
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
 		t.Fatalf("%v: %s", err, stdout)
@@ -66,5 +73,9 @@ print(json.dumps(out))
 	if got.Runner != runnerID || len(got.Exec) != 3 || got.Exec[0] != float64(3) || got.Exec[1] != "out\n" || got.Exec[2] != "err\n" ||
 		got.Stdin != "piped\n" || got.File != "on a pod" || !strings.Contains(got.Logs, "logline") {
 		t.Errorf("official client saw %+v", got)
+	}
+	// PTY: a shell on a terminal of the asked size, its exit code.
+	if len(got.PTY) != 2 || got.PTY[0] != float64(7) || !strings.Contains(fmt.Sprint(got.PTY[1]), "30 100") || !strings.Contains(fmt.Sprint(got.PTY[1]), "/dev/pts/") {
+		t.Errorf("official client's shell (PTY) saw %q", got.PTY)
 	}
 }

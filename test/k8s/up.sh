@@ -55,6 +55,8 @@ import_images() {
   for f in pause busybox python agent; do
     "${CTR[@]}" images import "$DATA/images/$f.tar" >/dev/null
   done
+  # A second tag of the same image: the self-update test rolls a Deployment to it.
+  "${CTR[@]}" images tag --force localhost/sandboxd/busybox:latest localhost/sandboxd/busybox:update-test >/dev/null
   rm -f "$DATA/images/"*.tar
 }
 CTR=(ctr --address "$DATA/run/containerd.sock" -n k8s.io)

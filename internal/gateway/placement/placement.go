@@ -70,6 +70,8 @@ type Runner struct {
 	RuntimeClasses []string
 	// NoEdge: the runner cannot publish endpoints.
 	NoEdge bool
+	// NoDNSEgress: the runner cannot enforce egress rules by host name.
+	NoDNSEgress bool
 }
 
 // Request is one placement decision.
@@ -158,7 +160,7 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge, r.NoDNSEgress}
 		res, ok := resolved[key]
 		if !ok {
 			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
@@ -346,6 +348,7 @@ type resolution struct {
 	policy  *policy.Policy
 	classes string
 	noEdge  bool
+	noDNS   bool
 }
 
 // platformOf is the platform runner r resolves specs against: p with r's runtime classes.
@@ -355,5 +358,6 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 		p.DefaultCPURuntimeClass = r.RuntimeClasses[0]
 	}
 	p.NoEndpoints = r.NoEdge
+	p.NoDNSEgress = r.NoDNSEgress
 	return p
 }

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"net"
 	"strings"
@@ -70,6 +71,13 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	lbls := b.labels(spec)
+	// Translated before anything is made: a rule NetworkPolicy cannot express refuses
+	// the spec.
+	np, err := b.networkPolicyFor(spec, lbls)
+	if err != nil {
+		return runtime.Info{}, err
+	}
 	persisted := *spec
 	persisted.PullCredentials = nil
 	persisted.RuntimeClass = class
@@ -124,7 +132,6 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err != nil {
 		return runtime.Info{}, err
 	}
-	lbls := b.labels(spec)
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secretName(spec.ID), Namespace: b.cfg.Namespace, Labels: lbls},
 		Type:       corev1.SecretTypeOpaque,
@@ -160,6 +167,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		}
 		pullSecret = ps.Name
 	}
+	// The policy exists before the Pod, so the Pod never runs unconfined.
+	if np != nil {
+		if err := b.createNetworkPolicy(ctx, np); err != nil {
+			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		}
+	}
 	pod := b.podFor(spec, rcName, lbls, pullSecret)
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
@@ -180,7 +193,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.mu.Unlock()
 	// The Secrets go with the Pod (garbage collector), also when the runner is gone.
-	go b.adoptSecrets(context.WithoutCancel(ctx), created, pullSecret)
+	go b.adoptSecrets(context.WithoutCancel(ctx), created, pullSecret, np != nil)
 
 	info, err := b.waitRunning(ctx, s)
 	if err != nil {
@@ -190,8 +203,10 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	return info, nil
 }
 
-func (b *Backend) adoptSecrets(ctx context.Context, pod *corev1.Pod, pull string) {
-	names := []string{secretName(pod.Labels[LabelSandbox])}
+// adoptSecrets makes the Pod the owner of the sandbox's Secrets and NetworkPolicy.
+func (b *Backend) adoptSecrets(ctx context.Context, pod *corev1.Pod, pull string, netpol bool) {
+	id := pod.Labels[LabelSandbox]
+	names := []string{secretName(id)}
 	if pull != "" {
 		names = append(names, pull)
 	}
@@ -200,6 +215,12 @@ func (b *Backend) adoptSecrets(ctx context.Context, pod *corev1.Pod, pull string
 		_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(ctx, n, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			b.log.Warn("set owner of sandbox secret", "secret", n, "err", err)
+		}
+	}
+	if netpol {
+		_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Patch(ctx, networkPolicyName(id), "application/merge-patch+json", []byte(patch), metav1.PatchOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			b.log.Warn("set owner of sandbox network policy", "sandbox", id, "err", err)
 		}
 	}
 }
@@ -319,7 +340,34 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 	if pullSecret != "" {
 		pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: pullSecret}}
 	}
+	applyPodSettings(pod, spec.Pod)
 	return pod
+}
+
+// applyPodSettings applies the policy's pod fragment. The service account changes the
+// Pod's identity for the cluster (e.g. workload identity through its annotations); its
+// token is still not mounted.
+func applyPodSettings(pod *corev1.Pod, ps *runtime.PodSettings) {
+	if ps == nil {
+		return
+	}
+	if len(ps.NodeSelector) > 0 {
+		pod.Spec.NodeSelector = maps.Clone(ps.NodeSelector)
+	}
+	for _, t := range ps.Tolerations {
+		pod.Spec.Tolerations = append(pod.Spec.Tolerations, corev1.Toleration{
+			Key: t.Key, Operator: corev1.TolerationOperator(t.Operator), Value: t.Value,
+			Effect: corev1.TaintEffect(t.Effect), TolerationSeconds: t.TolerationSeconds,
+		})
+	}
+	pod.Spec.PriorityClassName = ps.PriorityClassName
+	pod.Spec.ServiceAccountName = ps.ServiceAccountName
+	for _, n := range ps.ImagePullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: n})
+	}
+	if len(ps.Annotations) > 0 {
+		pod.Annotations = maps.Clone(ps.Annotations)
+	}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -103,6 +104,15 @@ type Config struct {
 	// LogDir, when set, keeps a copy of each sandbox's log on this host (see logs.go), so
 	// it stays readable after the Pod is gone.
 	LogDir string
+	// RunnerPeers are where the runner (its agent channel, its edge) reaches sandboxes
+	// from, for the sandboxes' NetworkPolicies: the runner's Pod (pod and namespace
+	// selectors) or its addresses (ipBlock). Empty: only the gate's port is open, to
+	// every source (the gate accepts only the runner's pinned certificate); the edge
+	// cannot reach services then.
+	RunnerPeers []networkingv1.NetworkPolicyPeer
+	// DNSPeers are where sandboxes may always send DNS queries (UDP and TCP 53);
+	// nil: DefaultDNSPeers (the kube-system namespace).
+	DNSPeers []networkingv1.NetworkPolicyPeer
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
@@ -412,6 +422,10 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 			return fmt.Errorf("destroy %s: secret: %w", id, err)
 		}
 	}
+	err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Delete(ctx, networkPolicyName(id), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("destroy %s: network policy: %w", id, err)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for forced := false; ; {
 		_, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
@@ -510,6 +524,9 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		b.mu.Unlock()
 		if rec.Alive {
 			b.startLogs(s)
+			if err := b.ensureNetworkPolicy(ctx, &rec.Spec, pod); err != nil {
+				b.log.Warn("re-create the sandbox's network policy", "sandbox", id, "err", err)
+			}
 		}
 		out = append(out, rec)
 	}

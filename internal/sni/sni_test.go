@@ -1,15 +1,16 @@
-package edge
+package sni
 
 import (
 	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
+	"net"
 	"testing"
 )
 
-func TestReadClientHello(t *testing.T) {
-	withSNI := clientHello(t, &tls.Config{ServerName: "8080-" + sbxA + ".r1.edge.test"})
+func TestRead(t *testing.T) {
+	withSNI := clientHello(t, &tls.Config{ServerName: testName})
 	noSNI := clientHello(t, &tls.Config{InsecureSkipVerify: true})
 	tls12 := clientHello(t, &tls.Config{ServerName: "old.example", MaxVersion: tls.VersionTLS12})
 	for _, tc := range []struct {
@@ -18,16 +19,16 @@ func TestReadClientHello(t *testing.T) {
 		sni     string
 		wantErr error
 	}{
-		{"TLS 1.3 client", withSNI, "8080-" + sbxA + ".r1.edge.test", nil},
+		{"TLS 1.3 client", withSNI, testName, nil},
 		{"no SNI", noSNI, "", nil},
 		{"TLS 1.2 client", tls12, "old.example", nil},
-		{"split over records", splitRecords(withSNI, 100), "8080-" + sbxA + ".r1.edge.test", nil},
-		{"split in the handshake header", splitRecords(withSNI, 2), "8080-" + sbxA + ".r1.edge.test", nil},
-		{"HTTP", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "", errNotTLS},
+		{"split over records", splitRecords(withSNI, 100), testName, nil},
+		{"split in the handshake header", splitRecords(withSNI, 2), testName, nil},
+		{"HTTP", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "", ErrNotTLS},
 		{"empty", nil, "", io.EOF},
 		{"truncated", withSNI[:len(withSNI)-1], "", io.ErrUnexpectedEOF},
-		{"not a ClientHello", []byte{22, 3, 1, 0, 4, 2, 0, 0, 0}, "", errBadClientHello},
-		{"empty record", []byte{22, 3, 1, 0, 0}, "", errBadClientHello},
+		{"not a ClientHello", []byte{22, 3, 1, 0, 4, 2, 0, 0, 0}, "", ErrMalformed},
+		{"empty record", []byte{22, 3, 1, 0, 0}, "", ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Bytes after the hello must stay unread: they belong to the spliced stream.
@@ -36,7 +37,7 @@ func TestReadClientHello(t *testing.T) {
 				in = append(append([]byte(nil), in...), "rest"...)
 			}
 			r := bytes.NewReader(in)
-			raw, sni, err := readClientHello(r)
+			raw, sni, err := Read(r)
 			if !errors.Is(err, tc.wantErr) || sni != tc.sni {
 				t.Fatalf("got %q, %v; want %q, %v", sni, err, tc.sni, tc.wantErr)
 			}
@@ -59,11 +60,11 @@ func splitRecords(rec []byte, n int) []byte {
 	return out
 }
 
-// FuzzReadClientHello: run with -fuzzminimizetime 50x; minimizing a 1.5 KiB hello with
-// this package's large coverage map otherwise stalls the fuzzer for minutes.
-func FuzzReadClientHello(f *testing.F) {
+// FuzzRead: run with -fuzzminimizetime 50x; minimizing a 1.5 KiB hello otherwise
+// takes the fuzzer minutes.
+func FuzzRead(f *testing.F) {
 	for _, cfg := range []*tls.Config{
-		{ServerName: "8080-" + sbxA + ".r1.edge.test"},
+		{ServerName: testName},
 		{InsecureSkipVerify: true},
 		{ServerName: "a.example", MaxVersion: tls.VersionTLS12, NextProtos: []string{"h2"}},
 	} {
@@ -73,7 +74,7 @@ func FuzzReadClientHello(f *testing.F) {
 	}
 	f.Add([]byte{22, 3, 1, 0, 4, 1, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
-		raw, sni, err := readClientHello(bytes.NewReader(in))
+		raw, sni, err := Read(bytes.NewReader(in))
 		if !bytes.Equal(raw, in[:len(raw)]) {
 			t.Fatal("raw is not a prefix of the input")
 		}
@@ -83,8 +84,30 @@ func FuzzReadClientHello(f *testing.F) {
 			}
 			return
 		}
-		if sni != "" && !validServerName([]byte(sni)) {
+		if sni != "" && !ValidServerName(sni) {
 			t.Fatalf("returned invalid server name %q", sni)
 		}
 	})
+}
+
+const testName = "8080-0123456789abcdef.r1.edge.test"
+
+// clientHello returns the first TLS record crypto/tls sends as a client with cfg: a
+// ClientHello in one record.
+func clientHello(t testing.TB, cfg *tls.Config) []byte {
+	t.Helper()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go func() { _ = tls.Client(a, cfg).Handshake() }()
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(b, hdr); err != nil {
+		t.Fatal(err)
+	}
+	rec := make([]byte, 5+(int(hdr[3])<<8|int(hdr[4])))
+	copy(rec, hdr)
+	if _, err := io.ReadFull(b, rec[5:]); err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }

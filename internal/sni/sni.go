@@ -1,4 +1,7 @@
-package edge
+// Package sni reads the server name from a TLS ClientHello without terminating TLS. The
+// edge routes inbound connections by it and the egress proxy grants outbound ones by it;
+// both replay the bytes read, unchanged, to whoever finishes the handshake.
+package sni
 
 import (
 	"errors"
@@ -18,15 +21,17 @@ const (
 )
 
 var (
-	errNotTLS         = errors.New("edge: not a TLS handshake")
-	errBadClientHello = errors.New("edge: malformed ClientHello")
+	// ErrNotTLS: the stream does not start with a TLS handshake record.
+	ErrNotTLS = errors.New("sni: not a TLS handshake")
+	// ErrMalformed: a handshake record, but not a well-formed ClientHello within limits.
+	ErrMalformed = errors.New("sni: malformed ClientHello")
 )
 
-// readClientHello reads the TLS records that carry the first handshake message, which
+// Read reads the TLS records that carry the first handshake message, which
 // must be a ClientHello, and returns every byte it read (to replay to a backend or to
 // crypto/tls) and the server name (SNI, "" if none). It reads nothing past the record
 // that completes the message, so the rest of the stream can be spliced untouched.
-func readClientHello(r io.Reader) (raw []byte, serverName string, err error) {
+func Read(r io.Reader) (raw []byte, serverName string, err error) {
 	raw = make([]byte, 0, 2048)
 	var msg []byte // the handshake message, record headers removed
 	for {
@@ -37,14 +42,14 @@ func readClientHello(r io.Reader) (raw []byte, serverName string, err error) {
 		}
 		hdr := raw[start:]
 		if hdr[0] != recordTypeHandshake || hdr[1] != 3 {
-			return raw, "", errNotTLS
+			return raw, "", ErrNotTLS
 		}
 		n := int(hdr[3])<<8 | int(hdr[4])
 		if n == 0 || n > maxRecordPayload {
-			return raw, "", fmt.Errorf("%w: record length %d", errBadClientHello, n)
+			return raw, "", fmt.Errorf("%w: record length %d", ErrMalformed, n)
 		}
 		if len(msg)+n > maxClientHelloMessage+4 {
-			return raw, "", fmt.Errorf("%w: longer than %d bytes", errBadClientHello, maxClientHelloMessage)
+			return raw, "", fmt.Errorf("%w: longer than %d bytes", ErrMalformed, maxClientHelloMessage)
 		}
 		raw, err = readN(r, raw, n)
 		if err != nil {
@@ -55,11 +60,11 @@ func readClientHello(r io.Reader) (raw []byte, serverName string, err error) {
 			continue
 		}
 		if msg[0] != handshakeClientHello {
-			return raw, "", fmt.Errorf("%w: handshake message type %d", errBadClientHello, msg[0])
+			return raw, "", fmt.Errorf("%w: handshake message type %d", ErrMalformed, msg[0])
 		}
 		size := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
 		if size > maxClientHelloMessage {
-			return raw, "", fmt.Errorf("%w: length %d", errBadClientHello, size)
+			return raw, "", fmt.Errorf("%w: length %d", ErrMalformed, size)
 		}
 		if len(msg) >= 4+size {
 			serverName, err = parseClientHello(msg[4 : 4+size])
@@ -87,20 +92,20 @@ func parseClientHello(b []byte) (string, error) {
 		!s.skipVector(1, 32) || // legacy_session_id
 		!s.skipVector(2, 1<<16-2) || // cipher_suites
 		!s.skipVector(1, 255) { // legacy_compression_methods
-		return "", errBadClientHello
+		return "", ErrMalformed
 	}
 	if len(s) == 0 {
 		return "", nil // TLS 1.2 and older may omit extensions
 	}
 	exts, ok := s.vector(2)
 	if !ok || len(s) != 0 {
-		return "", errBadClientHello
+		return "", ErrMalformed
 	}
 	for len(exts) > 0 {
 		typ, ok1 := exts.uint16()
 		data, ok2 := exts.vector(2)
 		if !ok1 || !ok2 {
-			return "", errBadClientHello
+			return "", ErrMalformed
 		}
 		if typ == extensionServerName {
 			return parseServerName(data)
@@ -112,34 +117,34 @@ func parseClientHello(b []byte) (string, error) {
 func parseServerName(data cursor) (string, error) {
 	list, ok := data.vector(2)
 	if !ok || len(data) != 0 || len(list) == 0 {
-		return "", errBadClientHello
+		return "", ErrMalformed
 	}
 	for len(list) > 0 {
 		typ, ok1 := list.uint8()
 		name, ok2 := list.vector(2)
 		if !ok1 || !ok2 {
-			return "", errBadClientHello
+			return "", ErrMalformed
 		}
 		if typ != serverNameTypeHost {
 			continue
 		}
-		if !validServerName(name) {
-			return "", fmt.Errorf("%w: server name is not a host name", errBadClientHello)
+		if !ValidServerName(string(name)) {
+			return "", fmt.Errorf("%w: server name is not a host name", ErrMalformed)
 		}
 		return string(name), nil
 	}
 	return "", nil
 }
 
-// validServerName: 1–253 bytes of letters, digits, '-', '_' and '.', no empty label, no
+// ValidServerName: 1–253 bytes of letters, digits, '-', '_' and '.', no empty label, no
 // trailing dot (RFC 6066 forbids it). Anything else cannot be one of our names and must
 // not reach logs or backends unchecked.
-func validServerName(n []byte) bool {
+func ValidServerName(n string) bool {
 	if len(n) == 0 || len(n) > maxServerNameLen || n[0] == '.' || n[len(n)-1] == '.' {
 		return false
 	}
-	for i, c := range n {
-		switch {
+	for i := range len(n) {
+		switch c := n[i]; {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
 		case c == '.' && n[i-1] != '.':
 		default:

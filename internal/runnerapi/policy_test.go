@@ -1,0 +1,56 @@
+package runnerapi
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// The runner's own policy check sees the network rules and services it is asked to
+// enforce, and does not fill in defaults the gateway already resolved.
+func TestSpecForPolicyNetwork(t *testing.T) {
+	envelope, err := policy.Parse([]byte(`{"constraints": {
+		"network": {"allowed_egress": [{"cidr": "10.0.0.0/8"}, {"tenant": "SAME_ORG"}], "allowed_ingress": [{"tenant": "SAME_ORG"}]},
+		"services": {"allowed_visibilities": ["PRIVATE"]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func(n *runtime.Network, svcs ...runtime.Service) runner.CreateRequest {
+		return runner.CreateRequest{Spec: runtime.Spec{Image: "busybox", Network: n, Services: svcs}, Lifetime: time.Minute}
+	}
+	for _, tc := range []struct {
+		name   string
+		req    runner.CreateRequest
+		fields []string
+	}{
+		{"inside the envelope", req(&runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.1.0.0/16"}, {Tenant: runtime.TenantSameOrg}}}), nil},
+		{"outside it", req(&runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.0.0.0/8"}, {Any: true}, {DNSName: "pypi.org"}},
+			Ingress: []runtime.IngressRule{{Any: true}}}),
+			[]string{"sandbox.spec.network.egress[1]", "sandbox.spec.network.egress[2]", "sandbox.spec.network.ingress[0]"}},
+		// Resolved to no egress by the gateway: the platform default is not added again.
+		{"resolved to nothing", req(&runtime.Network{}), nil},
+		{"deny", req(&runtime.Network{DenyEgress: true}), nil},
+		{"a spec recorded before rules", req(nil), nil},
+		{"custom service", req(&runtime.Network{}, runtime.Service{Port: 9000, Visibility: "custom"}), []string{"sandbox.spec.services[0].visibility"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, vs := policy.Resolve(envelope, specForPolicy(tc.req), gateway.Platform(nil))
+			var got []string
+			for _, v := range vs {
+				got = append(got, v.Field)
+			}
+			if len(got) != len(tc.fields) {
+				t.Fatalf("violations %v, want %v", got, tc.fields)
+			}
+			for i := range got {
+				if got[i] != tc.fields[i] {
+					t.Errorf("violation %d on %s, want %s", i, got[i], tc.fields[i])
+				}
+			}
+		})
+	}
+}

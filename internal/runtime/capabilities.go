@@ -1,0 +1,16 @@
+package runtime
+
+// NetworkSupport says which rules of a Network a backend enforces. The zero value
+// enforces every rule; a backend that cannot implements NetworkSupporter, so that its
+// runner refuses such sandboxes and the gateway places them elsewhere rather than run
+// them with rules silently dropped.
+type NetworkSupport struct {
+	// NoDNSNames: egress rules by host name (EgressRule.DNSName) cannot be enforced,
+	// e.g. Kubernetes NetworkPolicy matches addresses, never TLS server names.
+	NoDNSNames bool
+}
+
+// NetworkSupporter is implemented by backends that do not enforce every network rule.
+type NetworkSupporter interface {
+	NetworkSupport() NetworkSupport
+}

@@ -1,0 +1,287 @@
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+// Ranges that "the internet" (EgressRule.Any) excludes: cluster-internal (RFC 1918,
+// CGNAT, unique-local), loopback, link-local (cloud metadata lives at 169.254.169.254)
+// and multicast. NetworkPolicy cannot name the node's own addresses; on most clusters
+// they are inside the private ranges.
+var (
+	internetExceptV4 = []string{"10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4"}
+	internetExceptV6 = []string{"::1/128", "fc00::/7", "fe80::/10", "ff00::/8"}
+)
+
+// DefaultDNSPeers is where sandboxes may always send DNS queries: the kube-system
+// namespace (the cluster DNS, also when reached through its Service IP, since policies
+// apply after the Service's address translation).
+func DefaultDNSPeers() []networkingv1.NetworkPolicyPeer {
+	return []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{
+		MatchLabels: map[string]string{corev1.LabelMetadataName: "kube-system"},
+	}}}
+}
+
+func networkPolicyName(id string) string { return "sbx-" + id }
+
+// networkPolicyFor translates spec.Network into the sandbox's NetworkPolicy; nil when the
+// spec has no Network (specs from before network rules: nothing is enforced). Rules that
+// NetworkPolicy cannot express are refused (ErrInvalidSpec) rather than widened or
+// dropped: a host-name rule needs a proxy that reads the TLS server name, and the
+// same_user and sandbox_network tenants have no label to select on.
+func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (*networkingv1.NetworkPolicy, error) {
+	n := spec.Network
+	if n == nil {
+		return nil, nil
+	}
+	org := lbls[LabelOrg]
+	sameOrg := func() *networkingv1.NetworkPolicyPeer {
+		if org == "" {
+			return nil // no organization label: nobody is "the same organization"
+		}
+		return &networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{
+			MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelOrg: org},
+		}}
+	}
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: networkPolicyName(spec.ID), Namespace: b.cfg.Namespace, Labels: lbls},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: spec.ID}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			// Both lists present and possibly empty: an empty list denies that direction.
+			Ingress: []networkingv1.NetworkPolicyIngressRule{},
+			Egress:  []networkingv1.NetworkPolicyEgressRule{},
+		},
+	}
+
+	// Ingress. The runner reaches the agent (the gate) and the edge every port.
+	if len(b.cfg.RunnerPeers) > 0 {
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: slices.Clone(b.cfg.RunnerPeers)})
+	} else {
+		// Where the runner is unknown, the gate's port is open to all: the gate accepts
+		// only the runner's pinned client certificate, so reaching it grants nothing.
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{
+			Ports: []networkingv1.NetworkPolicyPort{tcpPort(gate.Port)},
+		})
+	}
+	var private, custom []runtime.PortRange
+	for _, s := range spec.Services {
+		switch strings.ToLower(s.Visibility) {
+		case "private":
+			private = append(private, runtime.PortRange{Protocol: "tcp", Port: s.Port})
+		case "custom":
+			custom = append(custom, runtime.PortRange{Protocol: "tcp", Port: s.Port})
+		}
+	}
+	if peer := sameOrg(); peer != nil && len(private) > 0 {
+		ports, err := policyPorts(private)
+		if err != nil {
+			return nil, err
+		}
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: []networkingv1.NetworkPolicyPeer{*peer}, Ports: ports})
+	}
+	if !n.DenyIngress && len(custom) > 0 {
+		for i, r := range n.Ingress {
+			field := fmt.Sprintf("network.ingress[%d]", i)
+			peers, err := peersOf(field, r.CIDR, r.Except, "", r.Tenant, r.Any, sameOrg)
+			if err != nil {
+				return nil, err
+			}
+			// Ingress rules open CUSTOM services only: the rule's ports narrow them.
+			ports, err := policyPorts(narrow(custom, r.Ports))
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: %w", runtime.ErrInvalidSpec, field, err)
+			}
+			if len(ports) == 0 || (peers != nil && len(peers) == 0) {
+				continue // nothing to open
+			}
+			np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: peers, Ports: ports})
+		}
+	}
+
+	// Egress: DNS always, then the rules.
+	dns := b.cfg.DNSPeers
+	if dns == nil {
+		dns = DefaultDNSPeers()
+	}
+	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
+	port53 := intstr.FromInt32(53)
+	np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{
+		To:    slices.Clone(dns),
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &port53}, {Protocol: &tcp, Port: &port53}},
+	})
+	if !n.DenyEgress {
+		for i, r := range n.Egress {
+			field := fmt.Sprintf("network.egress[%d]", i)
+			peers, err := peersOf(field, r.CIDR, r.Except, r.DNSName, r.Tenant, r.Any, sameOrg)
+			if err != nil {
+				return nil, err
+			}
+			if peers != nil && len(peers) == 0 {
+				continue
+			}
+			ports, err := policyPorts(r.Ports)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: %w", runtime.ErrInvalidSpec, field, err)
+			}
+			np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: peers, Ports: ports})
+		}
+	}
+	return np, nil
+}
+
+// peersOf translates one rule's destination (egress) or source (ingress). An empty,
+// non-nil result means the rule selects nobody here (same_org without an organization).
+func peersOf(field, cidr string, except []string, dnsName, tenant string, anyDest bool,
+	sameOrg func() *networkingv1.NetworkPolicyPeer) ([]networkingv1.NetworkPolicyPeer, error) {
+	switch {
+	case dnsName != "":
+		return nil, fmt.Errorf("%w: %s: the host-name rule %q cannot be enforced by the Kubernetes backend (NetworkPolicy has no host names)",
+			runtime.ErrInvalidSpec, field, dnsName)
+	case anyDest:
+		return []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: slices.Clone(internetExceptV4)}},
+			{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: slices.Clone(internetExceptV6)}},
+		}, nil
+	case cidr != "":
+		p, err := netip.ParsePrefix(cidr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: cidr %q: %w", runtime.ErrInvalidSpec, field, cidr, err)
+		}
+		blk := &networkingv1.IPBlock{CIDR: p.Masked().String()}
+		for _, e := range except {
+			ep, err := netip.ParsePrefix(e)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: except %q: %w", runtime.ErrInvalidSpec, field, e, err)
+			}
+			// Kubernetes insists on a strict subset of the block.
+			if ep.Addr().Is4() != p.Addr().Is4() || ep.Bits() <= p.Bits() || !p.Contains(ep.Addr()) {
+				return nil, fmt.Errorf("%w: %s: except %s is not inside %s", runtime.ErrInvalidSpec, field, e, cidr)
+			}
+			blk.Except = append(blk.Except, ep.Masked().String())
+		}
+		return []networkingv1.NetworkPolicyPeer{{IPBlock: blk}}, nil
+	case tenant == runtime.TenantSameOrg:
+		if p := sameOrg(); p != nil {
+			return []networkingv1.NetworkPolicyPeer{*p}, nil
+		}
+		return []networkingv1.NetworkPolicyPeer{}, nil
+	case tenant != "":
+		return nil, fmt.Errorf("%w: %s: the tenant rule %q cannot be enforced by the Kubernetes backend (no label selects it)",
+			runtime.ErrInvalidSpec, field, tenant)
+	}
+	return nil, fmt.Errorf("%w: %s: the rule names no destination", runtime.ErrInvalidSpec, field)
+}
+
+func tcpPort(p int) networkingv1.NetworkPolicyPort {
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt(p)
+	return networkingv1.NetworkPolicyPort{Protocol: &tcp, Port: &port}
+}
+
+// policyPorts translates port ranges; none means every port.
+func policyPorts(rs []runtime.PortRange) ([]networkingv1.NetworkPolicyPort, error) {
+	var out []networkingv1.NetworkPolicyPort
+	for _, r := range rs {
+		var proto corev1.Protocol
+		switch strings.ToLower(r.Protocol) {
+		case "", "tcp":
+			proto = corev1.ProtocolTCP
+		case "udp":
+			proto = corev1.ProtocolUDP
+		case "sctp":
+			proto = corev1.ProtocolSCTP
+		default:
+			return nil, fmt.Errorf("protocol %q: want tcp, udp or sctp", r.Protocol)
+		}
+		pp := networkingv1.NetworkPolicyPort{Protocol: &proto}
+		switch {
+		case r.Port < 0 || r.Port > 65535 || r.EndPort < 0 || r.EndPort > 65535 || (r.EndPort != 0 && r.EndPort < r.Port):
+			return nil, fmt.Errorf("port range %d-%d is not within 1-65535", r.Port, r.EndPort)
+		case r.Port == 0: // every port of the protocol
+		default:
+			port := intstr.FromInt(r.Port)
+			pp.Port = &port
+			if r.EndPort > r.Port {
+				end := int32(r.EndPort)
+				pp.EndPort = &end
+			}
+		}
+		out = append(out, pp)
+	}
+	return out, nil
+}
+
+// narrow keeps the service ports that some rule range covers (all of them when the rule
+// has no ranges).
+func narrow(services, rule []runtime.PortRange) []runtime.PortRange {
+	if len(rule) == 0 {
+		return services
+	}
+	var out []runtime.PortRange
+	for _, s := range services {
+		for _, r := range rule {
+			proto := strings.ToLower(r.Protocol)
+			end := max(r.EndPort, r.Port)
+			if (proto == "" || proto == "tcp") && (r.Port == 0 || (s.Port >= r.Port && s.Port <= end)) {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// createNetworkPolicy creates np (AlreadyExists: replaced, since a spec decides it).
+func (b *Backend) createNetworkPolicy(ctx context.Context, np *networkingv1.NetworkPolicy) error {
+	api := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace)
+	_, err := api.Create(ctx, np, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		cur, gerr := api.Get(ctx, np.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return gerr
+		}
+		np.ResourceVersion = cur.ResourceVersion
+		_, err = api.Update(ctx, np, metav1.UpdateOptions{})
+	}
+	if apierrors.IsInvalid(err) {
+		return fmt.Errorf("%w: network policy: %w", runtime.ErrInvalidSpec, err)
+	}
+	return err
+}
+
+// ensureNetworkPolicy re-creates a recovered sandbox's NetworkPolicy when it is missing
+// (deleted behind the runner's back), owned by the Pod.
+func (b *Backend) ensureNetworkPolicy(ctx context.Context, spec *runtime.Spec, pod *corev1.Pod) error {
+	if spec.Network == nil {
+		return nil
+	}
+	_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Get(ctx, networkPolicyName(spec.ID), metav1.GetOptions{})
+	if err == nil || !apierrors.IsNotFound(err) {
+		return err
+	}
+	np, err := b.networkPolicyFor(spec, b.labels(spec))
+	if err != nil {
+		return err
+	}
+	np.OwnerReferences = []metav1.OwnerReference{podOwner(pod)}
+	b.log.Warn("the sandbox's network policy was missing: re-creating it", "sandbox", spec.ID)
+	return b.createNetworkPolicy(ctx, np)
+}
+
+func podOwner(pod *corev1.Pod) metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}
+}

@@ -1,0 +1,12 @@
+package kubernetes
+
+import "github.com/sandboxd/sandboxd/internal/runtime"
+
+// NetworkSupport: NetworkPolicy matches peers by address and labels, never by TLS server
+// name, so host-name egress rules cannot be enforced here; the runner refuses them and
+// the gateway places such sandboxes on runners that can.
+func (b *Backend) NetworkSupport() runtime.NetworkSupport {
+	return runtime.NetworkSupport{NoDNSNames: true}
+}
+
+var _ runtime.NetworkSupporter = (*Backend)(nil)

@@ -1,0 +1,168 @@
+package kubernetes
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// describePeers renders peers compactly: "ip:10.0.0.0/8-10.1.0.0/16", "pods:k=v", "ns:k=v".
+func describePeers(ps []networkingv1.NetworkPolicyPeer) string {
+	if len(ps) == 0 {
+		return "*"
+	}
+	sel := func(s *metav1.LabelSelector) string {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(s.MatchLabels)) {
+			kv = append(kv, k+"="+s.MatchLabels[k])
+		}
+		return strings.Join(kv, ",")
+	}
+	var out []string
+	for _, p := range ps {
+		var parts []string
+		if p.IPBlock != nil {
+			parts = append(parts, "ip:"+strings.Join(append([]string{p.IPBlock.CIDR}, p.IPBlock.Except...), "-"))
+		}
+		if p.NamespaceSelector != nil {
+			parts = append(parts, "ns:"+sel(p.NamespaceSelector))
+		}
+		if p.PodSelector != nil {
+			parts = append(parts, "pods:"+sel(p.PodSelector))
+		}
+		out = append(out, strings.Join(parts, "&"))
+	}
+	return strings.Join(out, "|")
+}
+
+func describePorts(ps []networkingv1.NetworkPolicyPort) string {
+	if len(ps) == 0 {
+		return "all"
+	}
+	var out []string
+	for _, p := range ps {
+		s := string(*p.Protocol)
+		if p.Port != nil {
+			s += "/" + p.Port.String()
+		}
+		if p.EndPort != nil {
+			s += fmt.Sprintf("-%d", *p.EndPort)
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ",")
+}
+
+func describePolicy(np *networkingv1.NetworkPolicy) (in, out []string) {
+	for _, r := range np.Spec.Ingress {
+		in = append(in, describePeers(r.From)+" "+describePorts(r.Ports))
+	}
+	for _, r := range np.Spec.Egress {
+		out = append(out, describePeers(r.To)+" "+describePorts(r.Ports))
+	}
+	return in, out
+}
+
+func TestNetworkPolicyFor(t *testing.T) {
+	const (
+		internet = "ip:0.0.0.0/0-10.0.0.0/8-100.64.0.0/10-127.0.0.0/8-169.254.0.0/16-172.16.0.0/12-192.168.0.0/16-224.0.0.0/4|ip:::/0-::1/128-fc00::/7-fe80::/10-ff00::/8"
+		dns      = "ns:kubernetes.io/metadata.name=kube-system UDP/53,TCP/53"
+		runner   = "ip:192.0.2.2/32 all"
+		sameOrg  = "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/org-id=org-a"
+	)
+	runnerPeers := []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.2/32"}}}
+	for _, tc := range []struct {
+		name     string
+		net      *runtime.Network
+		services []runtime.Service
+		org      string
+		noRunner bool
+		in, out  []string
+		err      string // substring of an ErrInvalidSpec error
+	}{
+		{name: "platform default: internet and the organization", org: "org-a",
+			net: &runtime.Network{Egress: runtime.DefaultEgress()},
+			in:  []string{runner}, out: []string{dns, internet + " all", sameOrg + " all"}},
+		{name: "deny egress: DNS only", net: &runtime.Network{DenyEgress: true, Egress: []runtime.EgressRule{{Any: true}}},
+			in: []string{runner}, out: []string{dns}},
+		{name: "zero network: DNS only, nothing in but the runner", net: &runtime.Network{},
+			in: []string{runner}, out: []string{dns}},
+		{name: "cidr with except and ports", net: &runtime.Network{Egress: []runtime.EgressRule{{
+			CIDR: "203.0.113.7/24", Except: []string{"203.0.113.128/25"},
+			Ports: []runtime.PortRange{{Port: 443}, {Protocol: "udp", Port: 5000, EndPort: 5010}, {Protocol: "sctp"}}}}},
+			in: []string{runner}, out: []string{dns, "ip:203.0.113.0/24-203.0.113.128/25 TCP/443,UDP/5000-5010,SCTP"}},
+		{name: "same_org without an organization selects nobody", net: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameOrg}}},
+			in: []string{runner}, out: []string{dns}},
+		{name: "unknown runner: the gate port only", noRunner: true, net: &runtime.Network{},
+			in: []string{"* TCP/7443"}, out: []string{dns}},
+		{name: "private services open to the organization, custom ones to the ingress rules", org: "org-a",
+			services: []runtime.Service{{Port: 80, Visibility: "public"}, {Port: 8080, Visibility: "private"}, {Port: 9000, Visibility: "custom"}, {Port: 9001, Visibility: "custom"}},
+			net: &runtime.Network{Ingress: []runtime.IngressRule{
+				{CIDR: "198.51.100.0/24", Ports: []runtime.PortRange{{Port: 9001}}},
+				{Any: true},
+				{CIDR: "198.51.100.0/24", Ports: []runtime.PortRange{{Port: 22}}}, // no custom service there
+			}},
+			in:  []string{runner, sameOrg + " TCP/8080", "ip:198.51.100.0/24 TCP/9001", internet + " TCP/9000,TCP/9001"},
+			out: []string{dns}},
+		{name: "deny ingress keeps the runner and private services", org: "org-a",
+			services: []runtime.Service{{Port: 8080, Visibility: "private"}, {Port: 9000, Visibility: "custom"}},
+			net:      &runtime.Network{DenyIngress: true, Ingress: []runtime.IngressRule{{Any: true}}},
+			in:       []string{runner, sameOrg + " TCP/8080"}, out: []string{dns}},
+		{name: "host names cannot be expressed", net: &runtime.Network{Egress: []runtime.EgressRule{{Any: true}, {DNSName: "*.example.com"}}},
+			err: `network.egress[1]: the host-name rule "*.example.com"`},
+		{name: "same_user cannot be expressed", net: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameUser}}},
+			err: `network.egress[0]: the tenant rule "same_user"`},
+		{name: "except outside the block", net: &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.0.0.0/16", Except: []string{"10.1.0.0/24"}}}},
+			err: "except 10.1.0.0/24 is not inside 10.0.0.0/16"},
+		{name: "bad protocol", net: &runtime.Network{Egress: []runtime.EgressRule{{Any: true, Ports: []runtime.PortRange{{Protocol: "icmp"}}}}},
+			err: `network.egress[0]: protocol "icmp"`},
+		{name: "empty rule", net: &runtime.Network{Egress: []runtime.EgressRule{{}}},
+			err: "network.egress[0]: the rule names no destination"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", RunnerPeers: runnerPeers}}
+			if tc.noRunner {
+				b.cfg.RunnerPeers = nil
+			}
+			spec := &runtime.Spec{ID: "s1", Network: tc.net, Services: tc.services, Meta: map[string]string{MetaOrg: tc.org}}
+			np, err := b.networkPolicyFor(spec, b.labels(spec))
+			if tc.err != "" {
+				if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want ErrInvalidSpec containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := np.Spec.PodSelector.MatchLabels[LabelSandbox]; got != "s1" || np.Name != "sbx-s1" || np.Namespace != "ns" {
+				t.Errorf("selects %q, name %s/%s", got, np.Namespace, np.Name)
+			}
+			if len(np.Spec.PolicyTypes) != 2 {
+				t.Errorf("policy types %v, want Ingress and Egress", np.Spec.PolicyTypes)
+			}
+			in, out := describePolicy(np)
+			if !slices.Equal(in, tc.in) {
+				t.Errorf("ingress:\n got %q\nwant %q", in, tc.in)
+			}
+			if !slices.Equal(out, tc.out) {
+				t.Errorf("egress:\n got %q\nwant %q", out, tc.out)
+			}
+		})
+	}
+	t.Run("nil network: no policy", func(t *testing.T) {
+		b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1"}}
+		spec := &runtime.Spec{ID: "s1"}
+		if np, err := b.networkPolicyFor(spec, b.labels(spec)); np != nil || err != nil {
+			t.Errorf("got %v, %v", np, err)
+		}
+	})
+}

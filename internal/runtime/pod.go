@@ -1,0 +1,33 @@
+package runtime
+
+// PodSettings are a policy's Kubernetes Pod settings (the policy's base pod fragment):
+// where a sandbox's Pod may be scheduled and what it runs as. Backends other than
+// Kubernetes ignore them. The policy document uses this shape (policy.base.pod).
+type PodSettings struct {
+	NodeSelector       map[string]string `json:"node_selector,omitempty"`
+	Tolerations        []Toleration      `json:"tolerations,omitempty"`
+	PriorityClassName  string            `json:"priority_class_name,omitempty"`
+	ServiceAccountName string            `json:"service_account_name,omitempty"`
+	// ImagePullSecrets name Secrets in the runner's namespace.
+	ImagePullSecrets []string `json:"image_pull_secrets,omitempty"`
+	// Annotations go on the Pod (not on the sandbox).
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// Toleration is a Kubernetes toleration.
+type Toleration struct {
+	Key string `json:"key,omitempty"`
+	// Operator is Exists or Equal ("" = Equal).
+	Operator string `json:"operator,omitempty"`
+	Value    string `json:"value,omitempty"`
+	// Effect is NoSchedule, PreferNoSchedule, NoExecute or "" (all).
+	Effect string `json:"effect,omitempty"`
+	// TolerationSeconds (NoExecute only) bounds how long the Pod stays after the taint.
+	TolerationSeconds *int64 `json:"toleration_seconds,omitempty"`
+}
+
+// IsZero reports whether p sets nothing.
+func (p *PodSettings) IsZero() bool {
+	return p == nil || (len(p.NodeSelector) == 0 && len(p.Tolerations) == 0 && p.PriorityClassName == "" &&
+		p.ServiceAccountName == "" && len(p.ImagePullSecrets) == 0 && len(p.Annotations) == 0)
+}

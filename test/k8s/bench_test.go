@@ -1,0 +1,112 @@
+package k8s
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"math/big"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/testenv"
+)
+
+// BenchmarkTimeToFirstCommand: create → the first exec (`true`) has answered, one
+// sandbox at a time, on the Kubernetes backend and on the local backend (runc on this
+// host) in the same run, with warm image caches: p50 and p99 of each and their ratio.
+// $SANDBOXD_BENCH_N sandboxes per backend (default 20). Run it with `make bench-k8s`
+// (brings the cluster up and down) or, on a cluster that is up:
+//
+//	go test -run '^$' -bench TimeToFirstCommand -benchtime 1x ./test/k8s/
+func BenchmarkTimeToFirstCommand(b *testing.B) {
+	c := needCluster(b)
+	n := 20
+	if v, err := strconv.Atoi(os.Getenv("SANDBOXD_BENCH_N")); err == nil && v > 0 {
+		n = v
+	}
+	kst := newStack(b, c, randomID("bench-"), b.TempDir())
+	b.Cleanup(kst.Close)
+	env, err := testenv.Setup("k8sb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(env.Close)
+	lst, err := env.Stack(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		lst.Close()
+		_ = lst.Network.Cleanup()
+	})
+	for range b.N {
+		k8s := ttfc(b, kst.Runner, busybox, n)
+		local := ttfc(b, lst.Runner, env.Busybox(), n)
+		kp50, kp99 := pct(k8s, 0.50), pct(k8s, 0.99)
+		lp50, lp99 := pct(local, 0.50), pct(local, 0.99)
+		b.ReportMetric(ms(kp50), "k8s-p50-ms")
+		b.ReportMetric(ms(kp99), "k8s-p99-ms")
+		b.ReportMetric(ms(lp50), "local-p50-ms")
+		b.ReportMetric(ms(lp99), "local-p99-ms")
+		fmt.Printf("time to first command over %d sandboxes each: kubernetes p50 %.0f ms p99 %.0f ms; local p50 %.0f ms p99 %.0f ms; ratio p50 %.1fx p99 %.1fx\n",
+			n, ms(kp50), ms(kp99), ms(lp50), ms(lp99), ms(kp50)/ms(lp50), ms(kp99)/ms(lp99))
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// pct is the q-quantile of ds (nearest rank; with 20 samples p99 is the maximum).
+func pct(ds []time.Duration, q float64) time.Duration {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	i := int(q*float64(len(ds)) + 0.999999) // ceil
+	return ds[min(max(i-1, 0), len(ds)-1)]
+}
+
+// ttfc creates n sandboxes one after the other (after one unmeasured warm-up) and
+// returns create → first exec answered for each.
+func ttfc(b *testing.B, r *runner.Runner, image string, n int) []time.Duration {
+	b.Helper()
+	var out []time.Duration
+	for i := -1; i < n; i++ {
+		// The kubelet relists every second: a random start samples where in that period
+		// a create lands (back-to-back creates would all land at one phase). The same for
+		// both backends.
+		jitter, _ := rand.Int(rand.Reader, big.NewInt(1000))
+		time.Sleep(time.Duration(jitter.Int64()) * time.Millisecond)
+		t0 := time.Now()
+		sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: image, Command: "sleep", Args: []string{"3600"}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		c, err := r.Agent(ctx, sb.ID) // waits for RUNNING
+		if err != nil {
+			cancel()
+			b.Fatal(err)
+		}
+		res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}}))
+		cancel()
+		if err != nil || res.Msg.ExitCode != 0 {
+			b.Fatalf("first exec: %v", err)
+		}
+		if i >= 0 {
+			out = append(out, time.Since(t0))
+		}
+		if _, err := r.Delete(sb.ID, 0); err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+		_, _ = r.WaitTerminal(ctx, sb.ID)
+		cancel()
+	}
+	return out
+}
