@@ -44,6 +44,11 @@ func TestDiskLimit(t *testing.T) {
 			const id = "disk-1"
 			e.create(runtime.Spec{ID: id, Command: "sleep", Args: []string{"3600"}, Resources: tc.spec})
 			c := agentClient(e.b, id)
+			var st syscall.Stat_t
+			img := filepath.Join(e.state, id, fileDiskImage)
+			if err := syscall.Stat(img, &st); err != nil || st.Size != limit || st.Blocks*512 > 8<<20 {
+				t.Errorf("a new disk image: %d bytes, %d allocated (%v); want %d, sparse", st.Size, st.Blocks*512, err, limit)
+			}
 			out, _, _ := execIn(t, c, "sh", "-c", "dd if=/dev/zero of=/fill bs=1M count=256 2>&1; echo rc=$?; sync")
 			if !strings.Contains(out, "No space left on device") || strings.Contains(out, "rc=0") {
 				t.Fatalf("filling the disk: %q, want ENOSPC", out)
@@ -55,8 +60,6 @@ func TestDiskLimit(t *testing.T) {
 			if out, _, _ := execIn(t, c, "sh", "-c", "rm /fill && echo again > /tmp/x && cat /tmp/x"); out != "again\n" {
 				t.Errorf("after freeing space: %q", out)
 			}
-			img := filepath.Join(e.state, id, fileDiskImage)
-			var st syscall.Stat_t
 			if err := syscall.Stat(img, &st); err != nil {
 				t.Fatal(err)
 			}

@@ -56,6 +56,8 @@ const (
 	dirEtc          = "etc" // hosts, hostname, resolv.conf
 	agentSocket     = "agent.sock"
 	ociRootDir      = ".oci" // ids cannot start with a dot
+	// diskTemplatesDir holds formatted disk images to copy (disk.go).
+	diskTemplatesDir = ".disk"
 	// poolBundles holds the bundles of pooled containers, <cid>/{config.json,rootfs}: the
 	// OCI runtime keeps the bundle path (`runc exec` changes into it), and a claim renames
 	// the container's dir, so their bundle lives outside it.
@@ -105,6 +107,8 @@ type Backend struct {
 	pool *pool // nil: no warm pool
 
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
+
+	disks *diskTemplates // formatted images for disk limits and volumes (disk.go)
 
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
@@ -214,6 +218,7 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	b.disks = &diskTemplates{dir: filepath.Join(cfg.StateDir, diskTemplatesDir)}
 	if !cfg.NoUserNS {
 		b.ids = &idAllocator{stateDir: cfg.StateDir}
 		changed, err := makeSearchable(cfg.StateDir)
@@ -424,7 +429,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	disk := b.diskBytes(s.spec.Resources)
 	if disk > 0 {
 		var err error
-		if upper, work, err = setupDisk(dir, disk); err != nil {
+		if upper, work, err = b.disks.setupDisk(dir, disk); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: disk limit: %w", id, err)
 		}
 		b.step("disk", t)
@@ -453,7 +458,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
-	volumeMounts, err := setupVolumes(dir, &s.spec, disk > 0, ids)
+	volumeMounts, err := b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}

@@ -267,6 +267,9 @@ func checkNoLeaks(t testing.TB, state, id string) {
 			}
 			continue
 		}
+		if e.Name() == diskTemplatesDir {
+			continue // kept for the next sandbox, like the image cache
+		}
 		if e.Name() == ociRootDir {
 			for _, class := range []string{"runc", GVisorClass} {
 				sub, _ := os.ReadDir(filepath.Join(state, ociRootDir, class))

@@ -35,7 +35,7 @@ const dirVolumes = "vol"
 
 // setupVolumes makes spec's volumes for the sandbox in dir and returns the OCI mounts of
 // its volume mounts.
-func setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange) ([]specs.Mount, error) {
+func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange) ([]specs.Mount, error) {
 	if len(spec.Volumes) == 0 {
 		return nil, nil
 	}
@@ -73,7 +73,7 @@ func setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange
 				return nil, fmt.Errorf("volume %q: mount tmpfs: %w", v.Name, err)
 			}
 		case v.SizeBytes > 0:
-			if err := mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
+			if err := t.mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
 				return nil, fmt.Errorf("volume %q: %w", v.Name, err)
 			}
 			_ = os.Remove(filepath.Join(root, "lost+found")) // a fresh volume is empty
