@@ -91,7 +91,9 @@ func (t *diskTemplates) get(size int64) (string, error) {
 	if err := os.MkdirAll(t.dir, 0o700); err != nil {
 		return "", err
 	}
-	p := filepath.Join(t.dir, strconv.FormatInt(size, 10)+".img")
+	// The format version in the name: a template made with other mkfs options by an
+	// earlier version is not reused.
+	p := filepath.Join(t.dir, strconv.FormatInt(size, 10)+"-"+diskFormat+".img")
 	// A template only ever appears complete (made aside, then renamed), so one left by an
 	// earlier run can be used as is.
 	if _, err := os.Stat(p); err != nil {
@@ -110,6 +112,9 @@ func (t *diskTemplates) get(size int64) (string, error) {
 	t.made[size] = p
 	return p, nil
 }
+
+// diskFormat names mkfs's options below; change it with them.
+const diskFormat = "ext4-nojournal-noresize"
 
 // mkfs makes img, a sparse file of size bytes, an ext4 without journal or reserved blocks.
 func mkfs(img string, size int64) error {
