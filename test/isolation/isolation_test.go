@@ -358,6 +358,12 @@ func cleanup(t *testing.T, s *stack.Stack) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	s.Close()
+	if rd := s.Backend.RootfsDir(); rd != "" {
+		if ents, _ := os.ReadDir(rd); len(ents) > 0 {
+			t.Errorf("leaked root filesystem mount points in %s: %d", rd, len(ents))
+		}
+		_ = os.Remove(rd)
+	}
 	if err := s.Network.Cleanup(); err != nil {
 		t.Errorf("network cleanup: %v", err)
 	}

@@ -369,7 +369,8 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 		errs = append(errs, err)
 	}
 	bundle := b.bundle(s)
-	umountErr := errors.Join(unmountAll(filepath.Join(bundle, "rootfs")), detachLowers(s.dir), unmountAll(filepath.Join(s.dir, dirSysfs)),
+	rootfs := b.rootfs(bundle, s.cid)
+	umountErr := errors.Join(unmountAll(rootfs), unmountAll(filepath.Join(bundle, "rootfs")), detachLowers(s.dir), unmountAll(filepath.Join(s.dir, dirSysfs)),
 		teardownVolumes(s.dir), unmountAll(filepath.Join(s.dir, dirDisk))) // after the overlay, whose upper dir it holds
 	if umountErr != nil {
 		errs = append(errs, umountErr)
@@ -388,6 +389,11 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 		}
 		if isPoolID(s.cid) {
 			if err := os.RemoveAll(bundle); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if b.rootfsBase != "" {
+			if err := os.Remove(rootfs); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
 		}

@@ -56,6 +56,8 @@ const (
 	dirEtc          = "etc" // hosts, hostname, resolv.conf
 	agentSocket     = "agent.sock"
 	ociRootDir      = ".oci" // ids cannot start with a dot
+	// dirRootfs holds root filesystem mount points (see rootfsBase in userns.go).
+	dirRootfs = ".rootfs"
 	// diskTemplatesDir holds formatted disk images to copy (disk.go).
 	diskTemplatesDir = ".disk"
 	// poolBundles holds the bundles of pooled containers, <cid>/{config.json,rootfs}: the
@@ -109,6 +111,9 @@ type Backend struct {
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
 
 	disks *diskTemplates // formatted images for disk limits and volumes (disk.go)
+	// rootfsBase, when set, is where containers' root filesystems are mounted, as
+	// <rootfsBase>/<cid>, instead of in their bundles (see rootfsBase in userns.go).
+	rootfsBase string
 
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
@@ -221,12 +226,8 @@ func New(cfg Config) (*Backend, error) {
 	b.disks = &diskTemplates{dir: filepath.Join(cfg.StateDir, diskTemplatesDir)}
 	if !cfg.NoUserNS {
 		b.ids = &idAllocator{stateDir: cfg.StateDir}
-		changed, err := makeSearchable(cfg.StateDir)
-		if err != nil {
-			return nil, fmt.Errorf("local backend: %w (or disable user namespaces)", err)
-		}
-		if len(changed) > 0 {
-			b.log.Info("local backend: made dirs searchable (o+x) for sandboxes in user namespaces", "dirs", changed)
+		if b.rootfsBase, err = rootfsBase(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("local backend: root filesystems for user namespaces: %w (or disable user namespaces)", err)
 		}
 	}
 	if cfg.Pool.Size > 0 {
@@ -244,6 +245,18 @@ func (b *Backend) bundle(s *sandbox) string {
 	}
 	return filepath.Join(s.dir, dirBundle)
 }
+
+// rootfs is where the root filesystem of the container cid (bundle bundle) is mounted.
+func (b *Backend) rootfs(bundle, cid string) string {
+	if b.rootfsBase != "" {
+		return filepath.Join(b.rootfsBase, cid)
+	}
+	return filepath.Join(bundle, "rootfs")
+}
+
+// RootfsDir is where root filesystems are mounted when not in their bundles ("" if
+// they all are), for leak checks.
+func (b *Backend) RootfsDir() string { return b.rootfsBase }
 
 func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
 
@@ -417,7 +430,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	defer func() { <-pulled }()
 
 	bundle := b.bundle(s)
-	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
+	if err := os.MkdirAll(bundle, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	for _, d := range []string{dirRun, dirEtc} {
@@ -458,6 +471,14 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
+	// Only the mapped root of a user namespace needs its root filesystem elsewhere.
+	rootfs := filepath.Join(bundle, "rootfs")
+	if ids != nil {
+		rootfs = b.rootfs(bundle, cid)
+	}
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
 	volumeMounts, err := b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
@@ -484,7 +505,6 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if rt.gvisor {
 		acfg.Listen = agentListenAddr // see gvisor.go
 	}
-	rootfs := filepath.Join(bundle, "rootfs")
 	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}

@@ -270,6 +270,15 @@ func checkNoLeaks(t testing.TB, state, id string) {
 		if e.Name() == diskTemplatesDir {
 			continue // kept for the next sandbox, like the image cache
 		}
+		if e.Name() == dirRootfs {
+			sub, _ := os.ReadDir(filepath.Join(state, dirRootfs))
+			for _, s := range sub {
+				if id == "" || s.Name() == id {
+					t.Errorf("leaked root filesystem mount point %s", s.Name())
+				}
+			}
+			continue
+		}
 		if e.Name() == ociRootDir {
 			for _, class := range []string{"runc", GVisorClass} {
 				sub, _ := os.ReadDir(filepath.Join(state, ociRootDir, class))

@@ -1,6 +1,8 @@
 package local
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -268,27 +270,47 @@ func setNetNSSysctl(nsPath, key, value string) error {
 	return nil
 }
 
-// makeSearchable gives others the search (x) permission on dir and on each ancestor
-// that lacks it: runc resolves the bundle's rootfs as the sandbox's mapped root, which
-// owns nothing on the path. Only search is added (names are not listable), and a root
-// already searchable is left alone. It returns the dirs it changed.
-func makeSearchable(dir string) ([]string, error) {
-	var changed []string
-	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+// rootfsBase picks where the root filesystems of sandboxes in user namespaces are
+// mounted. runc resolves a container's root path as the sandbox's mapped root, which owns
+// nothing on the host: every dir on the path must be searchable by others. The state
+// dir's own <StateDir>/.rootfs is used when the state dir's ancestors already are (the
+// state dir itself is the backend's, and made searchable); otherwise, rather than open up
+// a data dir kept private (0700, holding the store and keys), a dir of its own under
+// /run/sandboxd, named by a hash of the state dir. Only mount points live there.
+func rootfsBase(stateDir string) (string, error) {
+	searchable := func(d string) bool {
 		st, err := os.Stat(d)
-		if err != nil {
-			return changed, err
-		}
-		if st.Mode().Perm()&0o001 == 0 {
-			if err := os.Chmod(d, st.Mode().Perm()|0o001); err != nil {
-				return changed, fmt.Errorf("make %s searchable for the sandboxes' mapped root: %w", d, err)
-			}
-			changed = append(changed, d)
-		}
+		return err == nil && st.Mode().Perm()&0o001 != 0
+	}
+	ok := true
+	for d := filepath.Dir(stateDir); ; d = filepath.Dir(d) {
+		ok = ok && searchable(d)
 		if d == "/" {
-			return changed, nil
+			break
 		}
 	}
+	if ok {
+		if err := os.Chmod(stateDir, 0o711); err != nil {
+			return "", err
+		}
+		return mkSearchable(filepath.Join(stateDir, dirRootfs))
+	}
+	sum := sha256.Sum256([]byte(stateDir))
+	if !searchable("/run") {
+		return "", fmt.Errorf("neither the ancestors of %s nor /run are searchable by others", stateDir)
+	}
+	if _, err := mkSearchable("/run/sandboxd"); err != nil {
+		return "", err
+	}
+	return mkSearchable(filepath.Join("/run/sandboxd", "rootfs-"+hex.EncodeToString(sum[:6])))
+}
+
+// mkSearchable makes dir (0711) if needed and returns it.
+func mkSearchable(dir string) (string, error) {
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	return dir, os.Chmod(dir, 0o711)
 }
 
 // dirSysfs holds, for a sandbox in a user namespace on a host-made network namespace, a
