@@ -463,10 +463,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		ids = &r
-		// The mapped root must reach its bundle's rootfs and own what it writes to.
-		if err := os.Chmod(dir, 0o711); err != nil {
-			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
-		}
+		// The mapped root owns what it writes to.
 		if err := chownToRoot(r, upper, work, filepath.Join(dir, dirRun)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
