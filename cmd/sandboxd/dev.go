@@ -46,6 +46,8 @@ func dev(args []string) error {
 	dataPlaneListen := fs.String("data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
 	dataPlaneTTL := fs.Duration("data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues")
 	verbose := fs.Bool("v", false, "log at debug level")
+	var hard hardeningFlags
+	hard.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -75,6 +77,9 @@ func dev(args []string) error {
 	keys := auth.NewStoreAuthenticator(st, logger)
 
 	cfg := stack.Config{DataDir: *dataDir, Logger: logger, Pool: local.PoolConfig{Size: *poolSize, Idle: 10 * time.Minute}}
+	if err := hard.apply(&cfg); err != nil {
+		return err
+	}
 	if *mirror {
 		stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
 		if err != nil {

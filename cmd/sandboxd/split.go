@@ -76,6 +76,8 @@ func runnerCmd(args []string) error {
 	backend := fs.String("backend", "local", "where sandboxes run: local (runc/gVisor on this host) or kubernetes (one Pod each)")
 	var kube kubernetesFlags
 	kube.register(fs)
+	var hard hardeningFlags
+	hard.register(fs)
 	var acmeCfg acmeFlags
 	acmeCfg.register(fs)
 	dataPlaneListen := fs.String("data-plane-listen", "", "address of the direct mTLS data plane clients run exec, logs and files on, e.g. :8444 (empty: gateway only); its certificate comes from the data-plane CA in --pki-dir")
@@ -201,6 +203,9 @@ func runnerCmd(args []string) error {
 		rn = kst.Runner
 	} else {
 		cfg := stack.Config{DataDir: *dataDir, Logger: logger, InsecureRegistries: insecure, Bridge: *bridge, CgroupParent: *cgroupParent, NoEgress: *noEgress}
+		if err := hard.apply(&cfg); err != nil {
+			return err
+		}
 		if *bridge != "" {
 			cfg.NetTable = "sandboxd_" + *bridge
 		}

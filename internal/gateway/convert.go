@@ -74,15 +74,14 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 				unsupported = append(unsupported, "GPUs")
 			}
 		}
-		if len(c.GetVolumeMounts()) > 0 {
-			unsupported = append(unsupported, "volume mounts")
-		}
+		vols, mounts, volVs, volUnsupported := scratchVolumes(spec, c, f)
+		req.Spec.Volumes, req.Spec.VolumeMounts = vols, mounts
+		vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
 		if len(c.GetSecretStores()) > 0 {
 			unsupported = append(unsupported, "secret stores")
 		}
-		if c.GetSecurityContext() != nil {
-			unsupported = append(unsupported, "security context")
-		}
+		sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
+		req.Spec.Security, vs = sec, append(vs, secVs...)
 		if c.GetStartupProbe() != nil {
 			unsupported = append(unsupported, "startup probes")
 		}
@@ -113,9 +112,6 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	vs = append(vs, nvs...)
 	unsupported = append(unsupported, nunsupported...)
 	vs = append(vs, placement.RunnerIDViolations(spec.GetRunnerIds())...)
-	if len(spec.GetVolumes()) > 0 {
-		unsupported = append(unsupported, "volumes")
-	}
 	if len(spec.GetNetworkIds()) > 0 || spec.GetNetworkConfigId() != "" {
 		unsupported = append(unsupported, "networks")
 	}

@@ -101,7 +101,8 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 			}
 		}
 		if sc := p.Constraints.Security; sc != nil && sc.PrivilegedAllowed != nil {
-			caps.SupportsPrivileged = *sc.PrivilegedAllowed
+			// The platform's word is final: a policy cannot allow what no runner runs.
+			caps.SupportsPrivileged = *sc.PrivilegedAllowed && Platform(nil).PrivilegedAllowed
 		}
 	}
 	ar := &sandboxv1.AvailableRunner{

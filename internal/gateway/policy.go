@@ -27,6 +27,8 @@ func Platform(classes []string) policy.Platform {
 	p := policy.DefaultPlatform()
 	p.RuntimeClasses = classes
 	p.DefaultCPURuntimeClass = classes[0]
+	// Containers add capabilities only where a policy's allowed_capabilities lists them.
+	p.AllowedCapabilities = []string{}
 	p.DefaultEgress = policyRules(runtime.DefaultEgress())
 	return p
 }

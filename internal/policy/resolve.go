@@ -42,6 +42,10 @@ type Platform struct {
 	DefaultGPURuntimeClass string
 	// PrivilegedAllowed says whether the runner can run privileged containers at all.
 	PrivilegedAllowed bool
+	// AllowedCapabilities are the capabilities a container may add when the policy has
+	// no allowed_capabilities of its own (a policy's list replaces it). nil leaves adds
+	// unconstrained; empty allows none without the policy's consent.
+	AllowedCapabilities []string
 	// NoEndpoints: the runner has no edge, so it cannot publish endpoints.
 	NoEndpoints bool
 	// NoDNSEgress: the runner cannot enforce egress rules by host name.
@@ -723,16 +727,26 @@ func (r *resolver) checkSecurity(s *sandboxv1.SandboxSpec, pinned bool) {
 					"this runner cannot run privileged containers; remove privileged")
 			}
 		}
+		list, constraint := r.pl.AllowedCapabilities, ConstraintPlatformCapabilities
 		if sec != nil && sec.AllowedCapabilities != nil {
+			list, constraint = sec.AllowedCapabilities, "constraints.security.allowed_capabilities"
+		}
+		if list != nil {
 			allowed := map[string]bool{}
-			for _, a := range sec.AllowedCapabilities {
+			for _, a := range list {
 				allowed[normalizeCapability(a)] = true
 			}
 			for j, capName := range sc.GetCapabilitiesAdd() {
-				if !allowed[normalizeCapability(capName)] {
-					r.add(fmt.Sprintf("%s.capabilities_add[%d]", f, j), "constraints.security.allowed_capabilities", listLimit(sec.AllowedCapabilities), false,
-						"capability %s is not allowed on this runner; remove it or use one of: %s", capName, listLimit(sec.AllowedCapabilities))
+				if allowed[normalizeCapability(capName)] {
+					continue
 				}
+				if len(list) == 0 {
+					r.add(fmt.Sprintf("%s.capabilities_add[%d]", f, j), constraint, "(none)", false,
+						"capability %s may not be added on this runner: its policy allows no added capabilities (constraints.security.allowed_capabilities); remove it", capName)
+					continue
+				}
+				r.add(fmt.Sprintf("%s.capabilities_add[%d]", f, j), constraint, listLimit(list), false,
+					"capability %s is not allowed on this runner; remove it or use one of: %s", capName, listLimit(list))
 			}
 		}
 	}

@@ -548,3 +548,31 @@ func TestResolveIsIdempotent(t *testing.T) {
 		t.Errorf("not idempotent:\n%v\n%v", once, twice)
 	}
 }
+
+func TestPlatformCapabilities(t *testing.T) {
+	pl := DefaultPlatform()
+	pl.AllowedCapabilities = []string{}
+	secctx := func(sc *sandboxv1.SecurityContext) func(*sandboxv1.SandboxSpec) {
+		return func(s *sandboxv1.SandboxSpec) { s.Containers[0].SecurityContext = sc }
+	}
+	add := spec(secctx(&sandboxv1.SecurityContext{CapabilitiesAdd: []string{"NET_ADMIN"}}))
+	for _, tc := range []struct {
+		name   string
+		policy string
+		want   []want
+	}{
+		{"no policy list: the platform allows none", `{}`,
+			[]want{{c0f + ".security_context.capabilities_add[0]", ConstraintPlatformCapabilities, "(none)"}}},
+		{"the policy's list grants it", `{"constraints": {"security": {"allowed_capabilities": ["CAP_NET_ADMIN"]}}}`, nil},
+		{"an empty policy list allows none", `{"constraints": {"security": {"allowed_capabilities": []}}}`,
+			[]want{{c0f + ".security_context.capabilities_add[0]", "constraints.security.allowed_capabilities", "(none)"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, vs := Resolve(mustParse(t, tc.policy), add, pl)
+			checkViolations(t, vs, tc.want)
+		})
+	}
+	if _, vs := Resolve(nil, spec(secctx(&sandboxv1.SecurityContext{CapabilitiesDrop: []string{"ALL"}})), pl); len(vs) > 0 {
+		t.Errorf("dropping capabilities needs no consent: %s", fmtVs(vs))
+	}
+}

@@ -22,6 +22,7 @@ const (
 	ConstraintPlatformServices     = "platform.max_services"
 	ConstraintPlatformRuntimeClass = "platform.runtime_classes"
 	ConstraintPlatformPrivileged   = "platform.privileged_allowed"
+	ConstraintPlatformCapabilities = "platform.allowed_capabilities"
 	ConstraintPlatformEndpoints    = "platform.endpoints"
 	ConstraintPlatformDNSEgress    = "platform.dns_egress"
 )

@@ -105,6 +105,20 @@ func validate(req *CreateRequest) error {
 		}
 		total += len(f.Content)
 	}
+	if err := runtime.ValidateVolumes(s.Volumes, s.VolumeMounts); err != nil {
+		vs.add("spec.volumes", "%v", err)
+	}
+	if sec := s.Security; sec != nil {
+		if err := sec.Validate(); err != nil {
+			vs.add("spec.containers[0].security_context", "%v", err)
+		}
+		for i, f := range s.Files {
+			if sec.ReadOnlyRootFS && !runtime.WritableWhenReadOnly(path.Clean(f.Path)) {
+				vs.add(fmt.Sprintf("spec.containers[0].files[%d].path", i), "%q is on the read-only root filesystem (security_context.read_only_root_filesystem); put files under %s",
+					f.Path, strings.Join(runtime.ReadOnlyWritablePaths, ", "))
+			}
+		}
+	}
 	if total > maxFilesBytes {
 		vs.add("spec.containers[0].files", "total %d bytes, at most %d allowed", total, maxFilesBytes)
 	}

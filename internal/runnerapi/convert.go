@@ -24,7 +24,9 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		RestartLimit: int32(s.RestartLimit),
 		Meta:         s.Meta,
 		Resources:    &runnerv1.Resources{MilliCpu: s.Resources.MilliCPU, MemoryBytes: s.Resources.MemoryBytes, Pids: s.Resources.Pids},
+		Security:     securityToProto(s.Security),
 	}
+	p.Volumes, p.VolumeMounts = volumesToProto(s.Volumes, s.VolumeMounts)
 	if c := s.PullCredentials; c != nil {
 		p.PullCredentials = &runnerv1.Credentials{Username: c.Username, Password: c.Password}
 	}
@@ -102,7 +104,9 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 			MemoryBytes: p.GetResources().GetMemoryBytes(),
 			Pids:        p.GetResources().GetPids(),
 		},
+		Security: securityFromProto(p.GetSecurity()),
 	}
+	s.Volumes, s.VolumeMounts = volumesFromProto(p.GetVolumes(), p.GetVolumeMounts())
 	if c := p.GetPullCredentials(); c != nil {
 		s.PullCredentials = &runtime.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}
 	}

@@ -88,6 +88,7 @@ func specForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
 		Args:                 req.Spec.Args,
 		EnvironmentVariables: req.Spec.Env,
 		WorkingDir:           req.Spec.WorkingDir,
+		SecurityContext:      securityForPolicy(req.Spec.Security),
 	}
 	if r := req.Spec.Resources; r.MilliCPU > 0 || r.MemoryBytes > 0 {
 		c.Resources = &sandboxv1.Resources{}

@@ -225,6 +225,22 @@ func TestRunnerapiConversionRoundTrip(t *testing.T) {
 	if p := sandboxToProto(runner.Sandbox{Spec: req.Spec}); p.GetSpec().GetPullCredentials() != nil {
 		t.Error("a sandbox snapshot carries pull credentials")
 	}
+	uid, gid := uint32(1000), uint32(0)
+	sec := &runtime.Security{RunAsUser: &uid, RunAsGroup: &gid, ReadOnlyRootFS: true, CapAdd: []string{"CAP_NET_ADMIN"},
+		CapDrop: []string{"ALL"}, AllowPrivilegeEscalation: true, SeccompProfile: runtime.SeccompRuntimeDefault}
+	req.Spec.Security = sec
+	if got := createFromProto(createToProto(req)).Spec.Security; !reflect.DeepEqual(got, sec) {
+		t.Errorf("security context: %+v, want %+v", got, sec)
+	}
+	req.Spec.Volumes = []runtime.Volume{{Name: "m", SizeBytes: 1 << 20, Medium: runtime.MediumMemory}, {Name: "d"}}
+	req.Spec.VolumeMounts = []runtime.VolumeMount{{Volume: "m", Path: "/m", ReadOnly: true, SubPath: "a"}, {Volume: "d", Path: "/d"}}
+	if got := createFromProto(createToProto(req)).Spec; !reflect.DeepEqual(got.Volumes, req.Spec.Volumes) || !reflect.DeepEqual(got.VolumeMounts, req.Spec.VolumeMounts) {
+		t.Errorf("volumes: %+v %+v", got.Volumes, got.VolumeMounts)
+	}
+	if got := specForPolicy(req).GetContainers()[0].GetSecurityContext(); got.GetRunAsUser() != 1000 || !got.GetReadOnlyRootFilesystem() ||
+		got.GetCapabilitiesAdd()[0] != "CAP_NET_ADMIN" || got.Privileged != nil {
+		t.Errorf("the policy sees security context %v", got)
+	}
 }
 
 func TestRunnerapiCreateGetCapacity(t *testing.T) {

@@ -31,14 +31,19 @@ type Spec struct {
 	// Command is a single executable (the wire protocol's Container.command); empty means
 	// the image's entrypoint. Args replace the image's cmd when Command is set, or when
 	// non-empty.
-	Command      string            `json:"command,omitempty"`
-	Args         []string          `json:"args,omitempty"`
-	Env          map[string]string `json:"env,omitempty"`
-	WorkingDir   string            `json:"working_dir,omitempty"`
-	Files        []File            `json:"files,omitempty"`
-	Resources    Resources         `json:"resources"`
-	RuntimeClass string            `json:"runtime_class,omitempty"` // "" = the backend's default
-	RestartLimit int               `json:"restart_limit"`
+	Command    string            `json:"command,omitempty"`
+	Args       []string          `json:"args,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	WorkingDir string            `json:"working_dir,omitempty"`
+	Files      []File            `json:"files,omitempty"`
+	Resources  Resources         `json:"resources"`
+	// Volumes are the sandbox's scratch volumes; VolumeMounts mount them.
+	Volumes      []Volume      `json:"volumes,omitempty"`
+	VolumeMounts []VolumeMount `json:"volume_mounts,omitempty"`
+	// Security is the container's security context; nil means the platform defaults.
+	Security     *Security `json:"security,omitempty"`
+	RuntimeClass string    `json:"runtime_class,omitempty"` // "" = the backend's default
+	RestartLimit int       `json:"restart_limit"`
 	// Services are the sandbox's declared ports; those with an Endpoint are published by
 	// the runner's edge.
 	Services []Service `json:"services,omitempty"`
@@ -102,6 +107,9 @@ type Resources struct {
 	MilliCPU    int64 `json:"milli_cpu,omitempty"`
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int64 `json:"pids,omitempty"`
+	// DiskBytes caps the sandbox's writable root filesystem layer; 0 means the
+	// backend's default (no wire field sets it yet: the runner's --disk flag does).
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // Exit describes how a sandbox's container ended.

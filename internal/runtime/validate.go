@@ -23,14 +23,23 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 		return fmt.Errorf("%w: id %q: want 1-%d characters of [a-z0-9-], not starting or ending with '-'", ErrInvalidSpec, spec.ID, maxIDLen)
 	case strings.TrimSpace(spec.Image) == "":
 		return fmt.Errorf("%w: empty image reference", ErrInvalidImageRef)
-	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0:
+	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0 || spec.Resources.DiskBytes < 0:
 		return fmt.Errorf("%w: negative resource limit", ErrInvalidSpec)
 	case spec.RestartLimit < 0:
 		return fmt.Errorf("%w: negative restart limit", ErrInvalidSpec)
 	}
+	if err := spec.Security.Validate(); err != nil {
+		return err
+	}
+	if err := ValidateVolumes(spec.Volumes, spec.VolumeMounts); err != nil {
+		return err
+	}
 	for _, f := range spec.Files {
 		if !strings.HasPrefix(f.Path, "/") || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return fmt.Errorf("%w: file path %q must be absolute and clean", ErrInvalidSpec, f.Path)
+		}
+		if spec.Security != nil && spec.Security.ReadOnlyRootFS && !WritableWhenReadOnly(f.Path) {
+			return fmt.Errorf("%w: file path %q is on the read-only root filesystem; put files under %s", ErrInvalidSpec, f.Path, strings.Join(ReadOnlyWritablePaths, ", "))
 		}
 	}
 	return nil

@@ -45,8 +45,12 @@ type Config struct {
 	GCGrace    time.Duration
 	// Pool keeps pre-started containers of recently used images so creates of them take
 	// milliseconds (local.PoolConfig); the zero value disables it.
-	Pool   local.PoolConfig
-	Logger *slog.Logger
+	Pool local.PoolConfig
+	// DiskBytes limits each sandbox's writable layer (local.Config.DiskBytes; 0: none).
+	DiskBytes int64
+	// NoUserNS runs runc sandboxes without user namespaces (local.Config.NoUserNS).
+	NoUserNS bool
+	Logger   *slog.Logger
 }
 
 // Stack is a running single-host sandbox runtime.
@@ -130,6 +134,8 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Network:      netAdapter{nw},
 		Logger:       cfg.Logger,
 		Pool:         cfg.Pool,
+		DiskBytes:    cfg.DiskBytes,
+		NoUserNS:     cfg.NoUserNS,
 	})
 	if err != nil {
 		_ = nw.Close()

@@ -73,6 +73,13 @@ func finish(t *testing.T, s *stack.Stack, dir string) {
 		t.Errorf("drain warm pool: %v", err)
 	}
 	assertNoLeaks(t, dir, ids)
+	if rd := s.Backend.RootfsDir(); rd != "" && !strings.HasPrefix(rd, dir+"/") {
+		// Root filesystems of sandboxes in user namespaces, outside the private data dir.
+		if ents, _ := os.ReadDir(rd); len(ents) > 0 {
+			t.Errorf("leaked root filesystem mount points in %s: %d", rd, len(ents))
+		}
+		_ = os.Remove(rd)
+	}
 	if err := s.Network.Cleanup(); err != nil {
 		t.Errorf("network cleanup: %v", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,7 +243,7 @@ func TestAbuse(t *testing.T) {
 		}
 		return worst
 	}
-	limits := runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 256}
+	limits := runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 256, DiskBytes: diskLimit}
 	rows := map[string]map[string]string{}
 	type result struct {
 		res *agentv1.ExecResponse
@@ -251,9 +252,14 @@ func TestAbuse(t *testing.T) {
 	// bomb runs script in a new sandbox of class while checking the neighbour and the
 	// host, and says how it was contained: the script failed (a limit refused it), or the
 	// sandbox ended (gVisor ends the whole sandbox when it hits its memory limit).
+	// check, when set, looks at the host after the bomb and returns a note for the table
+	// (and fails the test itself).
+	var check func(id string, before syscall.Statfs_t) string
 	bomb := func(class, what, script string, ok func(out string) bool) {
 		bomber := su.create(runtime.Spec{Image: env.Python(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"}, Resources: limits})
 		bc := su.agent(bomber.ID)
+		var stBefore syscall.Statfs_t
+		_ = syscall.Statfs(s.Backend.LogDir(bomber.ID), &stBefore)
 		before := healthy(class + ": before " + what)
 		done := make(chan result, 1)
 		go func() {
@@ -269,6 +275,9 @@ func TestAbuse(t *testing.T) {
 		}
 		out := strings.TrimSpace(string(r.res.GetStdout()))
 		health := fmt.Sprintf("; neighbour exec worst %v before, %v during", before.Round(time.Millisecond), during.Round(time.Millisecond))
+		if check != nil {
+			health += check(bomber.ID, stBefore)
+		}
 		switch {
 		case r.err == nil && ok(out):
 			row(rows, what, class, fmt.Sprintf("contained by the limit: %s (exit %d)%s", out, r.res.GetExitCode(), health))
@@ -294,7 +303,13 @@ while time.time() < t:
 print(n, "processes")`, func(out string) bool { n := atoi(out); return n > 0 && n < 256 })
 		bomb(class, "memory bomb (1 GiB over a 256 MiB limit)", "b = b'x' * (1 << 30); print(len(b))",
 			func(out string) bool { return out == "" })
-		row(rows, "disk filler", class, "NOT LIMITED YET: the writable layer has no size limit (not run)")
+		check = func(id string, before syscall.Statfs_t) string { return checkDisk(t, s.Backend.LogDir(id), before) }
+		bomb(class, "disk filler (2 GiB into a 128 MiB disk limit)", diskFiller,
+			func(out string) bool {
+				n := atoi(out)
+				return strings.Contains(out, "ENOSPC") && n > 0 && n <= diskLimit
+			})
+		check = nil
 	}
 	printTable(t, rows)
 }
@@ -343,6 +358,12 @@ func cleanup(t *testing.T, s *stack.Stack) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	s.Close()
+	if rd := s.Backend.RootfsDir(); rd != "" {
+		if ents, _ := os.ReadDir(rd); len(ents) > 0 {
+			t.Errorf("leaked root filesystem mount points in %s: %d", rd, len(ents))
+		}
+		_ = os.Remove(rd)
+	}
 	if err := s.Network.Cleanup(); err != nil {
 		t.Errorf("network cleanup: %v", err)
 	}

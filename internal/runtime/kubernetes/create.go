@@ -55,6 +55,14 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
 	}
+	if !spec.Security.IsDefault() {
+		// Refused rather than ignored: a sandbox must not run with less protection than
+		// it asked for.
+		return runtime.Info{}, fmt.Errorf("%w: security contexts are not supported by the Kubernetes backend yet", runtime.ErrInvalidSpec)
+	}
+	if len(spec.Volumes) > 0 || len(spec.VolumeMounts) > 0 {
+		return runtime.Info{}, fmt.Errorf("%w: scratch volumes are not supported by the Kubernetes backend yet", runtime.ErrInvalidSpec)
+	}
 	class, rcName, err := b.runtimeClass(spec.RuntimeClass)
 	if err != nil {
 		return runtime.Info{}, err

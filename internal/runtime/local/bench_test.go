@@ -32,14 +32,30 @@ func percentiles(b *testing.B, ds []time.Duration, prefix string) {
 
 // BenchmarkCreateFirstExec: Create, then the first Exec through the agent returns
 // (fresh connection). Destroy is outside the timing. -v prints where Create's time goes.
+// The userns variants (the default) map the sandbox into a user namespace of its own
+// with idmapped image layers; nouserns runs it as host root (Config.NoUserNS).
 func BenchmarkCreateFirstExec(b *testing.B) {
-	b.Run("loopback", func(b *testing.B) { benchCreateFirstExec(b, false) })
-	b.Run("bridge", func(b *testing.B) { benchCreateFirstExec(b, true) })
+	b.Run("loopback", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{}) })
+	b.Run("loopback-nouserns", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{noUserNS: true}) })
+	b.Run("bridge", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{withNet: true}) })
+	b.Run("bridge-nouserns", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{withNet: true, noUserNS: true}) })
+	b.Run("loopback-disk10Gi", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{disk: 10 << 30}) })
+	b.Run("bridge-disk10Gi", func(b *testing.B) { benchCreateFirstExec(b, benchOpts{withNet: true, disk: 10 << 30}) })
 }
 
-func benchCreateFirstExec(b *testing.B, withNet bool) {
+type benchOpts struct {
+	withNet  bool
+	noUserNS bool
+	disk     int64 // the backend's default disk limit
+}
+
+func benchCreateFirstExec(b *testing.B, o benchOpts) {
 	e := newEnv(b)
-	if withNet {
+	if o.noUserNS {
+		e.b.cfg.NoUserNS, e.b.ids = true, nil
+	}
+	e.b.cfg.DiskBytes = o.disk
+	if o.withNet {
 		e.withNetwork(b, 1)
 	}
 	var mu sync.Mutex
@@ -76,7 +92,7 @@ func benchCreateFirstExec(b *testing.B, withNet bool) {
 	percentiles(b, total, "first-exec-")
 	percentiles(b, creates, "create-")
 	var parts []string
-	for _, s := range []string{"dirs", "pull", "network", "overlay", "bundle", "socket", "runtime", "finish"} {
+	for _, s := range []string{"dirs", "disk", "pull", "network", "overlay", "bundle", "socket", "runtime", "finish"} {
 		parts = append(parts, fmt.Sprintf("%s %.2fms", s, float64(steps[s].Microseconds())/1000/float64(b.N)))
 	}
 	b.Logf("n=%d mean per step: %s", b.N, strings.Join(parts, ", "))

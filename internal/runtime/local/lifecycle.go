@@ -369,10 +369,13 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 		errs = append(errs, err)
 	}
 	bundle := b.bundle(s)
-	umountErr := unmountAll(filepath.Join(bundle, "rootfs"))
+	rootfs := b.rootfs(bundle, s.cid)
+	umountErr := errors.Join(unmountAll(rootfs), unmountAll(filepath.Join(bundle, "rootfs")), detachLowers(s.dir), unmountAll(filepath.Join(s.dir, dirSysfs)),
+		teardownVolumes(s.dir), unmountAll(filepath.Join(s.dir, dirDisk))) // after the overlay, whose upper dir it holds
 	if umountErr != nil {
 		errs = append(errs, umountErr)
 	}
+	ids, hasIDs, _ := readIDRange(s.dir)
 	if b.cfg.Network != nil {
 		if err := b.cfg.Network.Teardown(s.cid); err != nil {
 			errs = append(errs, fmt.Errorf("network teardown: %w", err))
@@ -381,9 +384,16 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 	if umountErr == nil {
 		if err := os.RemoveAll(s.dir); err != nil {
 			errs = append(errs, err)
+		} else if hasIDs && b.ids != nil {
+			b.ids.release(ids)
 		}
 		if isPoolID(s.cid) {
 			if err := os.RemoveAll(bundle); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if b.rootfsBase != "" {
+			if err := os.Remove(rootfs); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
 		}

@@ -55,6 +55,10 @@ const (
 	dirEtc          = "etc" // hosts, hostname, resolv.conf
 	agentSocket     = "agent.sock"
 	ociRootDir      = ".oci" // ids cannot start with a dot
+	// dirRootfs holds root filesystem mount points (see rootfsBase in userns.go).
+	dirRootfs = ".rootfs"
+	// diskTemplatesDir holds formatted disk images to copy (disk.go).
+	diskTemplatesDir = ".disk"
 	// poolBundles holds the bundles of pooled containers, <cid>/{config.json,rootfs}: the
 	// OCI runtime keeps the bundle path (`runc exec` changes into it), and a claim renames
 	// the container's dir, so their bundle lives outside it.
@@ -81,6 +85,13 @@ type Config struct {
 	// Pool keeps pre-started containers for images recently created (see pool.go).
 	// The zero value disables it.
 	Pool PoolConfig
+	// DiskBytes is the default size limit of a sandbox's writable layer (see disk.go);
+	// 0 means none. A spec's Resources.DiskBytes overrides it.
+	DiskBytes int64
+	// NoUserNS runs runc sandboxes without a user namespace of their own (root in the
+	// sandbox is then root on the host, confined by capabilities, seccomp and the other
+	// namespaces only). See userns.go; gVisor sandboxes are not affected.
+	NoUserNS bool
 }
 
 // Backend is the local runtime.Backend.
@@ -95,6 +106,13 @@ type Backend struct {
 	sandboxes map[string]*sandbox
 
 	pool *pool // nil: no warm pool
+
+	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
+
+	disks *diskTemplates // formatted images for disk limits and volumes (disk.go)
+	// rootfsBase, when set, is where containers' root filesystems are mounted, as
+	// <rootfsBase>/<cid>, instead of in their bundles (see rootfsBase in userns.go).
+	rootfsBase string
 
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
@@ -204,6 +222,13 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	b.disks = &diskTemplates{dir: filepath.Join(cfg.StateDir, diskTemplatesDir)}
+	if !cfg.NoUserNS {
+		b.ids = &idAllocator{stateDir: cfg.StateDir}
+		if b.rootfsBase, err = rootfsBase(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("local backend: root filesystems for user namespaces: %w (or disable user namespaces)", err)
+		}
+	}
 	if cfg.Pool.Size > 0 {
 		b.pool = newPool(b, cfg.Pool)
 	}
@@ -219,6 +244,18 @@ func (b *Backend) bundle(s *sandbox) string {
 	}
 	return filepath.Join(s.dir, dirBundle)
 }
+
+// rootfs is where the root filesystem of the container cid (bundle bundle) is mounted.
+func (b *Backend) rootfs(bundle, cid string) string {
+	if b.rootfsBase != "" {
+		return filepath.Join(b.rootfsBase, cid)
+	}
+	return filepath.Join(bundle, "rootfs")
+}
+
+// RootfsDir is where root filesystems are mounted when not in their bundles ("" if
+// they all are), for leak checks.
+func (b *Backend) RootfsDir() string { return b.rootfsBase }
 
 func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
 
@@ -256,6 +293,24 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	if sec := spec.Security; sec != nil && b.ids != nil && !rt.gvisor {
+		for _, v := range []*uint32{sec.RunAsUser, sec.RunAsGroup} {
+			if v != nil && *v >= idRangeSize {
+				return runtime.Info{}, fmt.Errorf("%w: user and group IDs must be below %d (the IDs a sandbox's user namespace maps), got %d", runtime.ErrInvalidSpec, idRangeSize, *v)
+			}
+		}
+	}
+	if d := b.diskBytes(spec.Resources); d > 0 && d < minDiskBytes {
+		return runtime.Info{}, fmt.Errorf("%w: disk limit %d bytes is below the minimum of %d", runtime.ErrInvalidSpec, d, minDiskBytes)
+	}
+	for _, v := range spec.Volumes {
+		if v.Medium == runtime.MediumDisk && v.SizeBytes > 0 && v.SizeBytes < minDiskBytes {
+			return runtime.Info{}, fmt.Errorf("%w: volume %q: disk volumes need at least %d bytes", runtime.ErrInvalidSpec, v.Name, minDiskBytes)
+		}
+	}
+	// A pooled container was started with the default runtime configuration; only the
+	// user commands run as can still change.
+	poolable := spec.PullCredentials == nil && !rt.gvisor && b.poolServes(spec)
 	id := spec.ID
 	dir := b.dir(id)
 	// The sandbox dir is the claim on the id; everything else happens inside it (or, for
@@ -277,7 +332,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if b.pool != nil {
 		// The warm pool is runc-only (see gvisor.go); a gVisor Create still counts as a
 		// Create in flight, so refills keep out of its way.
-		b.pool.createStarted(poolKey{image: spec.Image, class: class}, spec.PullCredentials == nil && !rt.gvisor)
+		b.pool.createStarted(poolKey{image: spec.Image, class: class}, poolable)
 		defer b.pool.createEnded()
 	}
 	defer func() {
@@ -300,7 +355,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		close(s.ready)
 	}()
 
-	if b.pool != nil && !rt.gvisor {
+	if b.pool != nil && !rt.gvisor && b.poolServes(spec) {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
 			return s.info.toInfo(id), nil
@@ -383,16 +438,55 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	defer func() { <-pulled }()
 
 	bundle := b.bundle(s)
-	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
+	if err := os.MkdirAll(bundle, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	for _, d := range []string{dirUpper, dirWork, dirRun, dirEtc} {
+	for _, d := range []string{dirRun, dirEtc} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
 	}
+	upper, work := filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork)
+	disk := b.diskBytes(s.spec.Resources)
+	if disk > 0 {
+		var err error
+		if upper, work, err = b.disks.setupDisk(dir, disk); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: disk limit: %w", id, err)
+		}
+		b.step("disk", t)
+	} else {
+		for _, d := range []string{upper, work} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+			}
+		}
+	}
 	if err := writeJSON(filepath.Join(dir, fileSpec), &s.spec); err != nil {
 		return nil, nil, err
+	}
+	var ids *idRange
+	if b.ids != nil && !rt.gvisor {
+		r, err := b.ids.alloc(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		ids = &r
+		// The mapped root owns what it writes to.
+		if err := chownToRoot(r, upper, work, filepath.Join(dir, dirRun)); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
+	// Only the mapped root of a user namespace needs its root filesystem elsewhere.
+	rootfs := filepath.Join(bundle, "rootfs")
+	if ids != nil {
+		rootfs = b.rootfs(bundle, cid)
+	}
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	volumeMounts, err := b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("dirs", t)
 
@@ -419,12 +513,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if rt.gvisor {
 		acfg.Listen = agentListenAddr // see gvisor.go
 	}
-	opts, err := overlayOptions(img.Layers, filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork))
-	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	rootfs := filepath.Join(bundle, "rootfs")
-	if err := mountOverlay(rootfs, opts); err != nil {
+	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("overlay", t)
@@ -440,10 +529,29 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
 		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
-		GVisor: rt.gvisor,
+		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: volumeMounts, NonRoot: nonRootUser(acfg.User),
+	}
+	if !s.spec.Security.OCIDefault() {
+		if p.Seccomp, err = seccompFor(capSet(s.spec.Security, p.NonRoot)); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: seccomp profile: %w", id, err)
+		}
 	}
 	if att != nil {
 		p.NetNS = att.NetNSPath
+		if ids != nil {
+			// A root mapped into a user namespace that does not own this network
+			// namespace can neither set its sysctls nor mount its sysfs (see ociSpec):
+			// the backend does both.
+			for k, v := range netSysctls {
+				if err := setNetNSSysctl(att.NetNSPath, k, v); err != nil {
+					return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+				}
+			}
+			p.Sysfs = filepath.Join(dir, dirSysfs)
+			if err := mountNetNSSysfs(att.NetNSPath, p.Sysfs); err != nil {
+				return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+			}
+		}
 	}
 	if err := writeJSON(filepath.Join(bundle, "config.json"), ociSpec(p)); err != nil {
 		return nil, nil, err
@@ -509,6 +617,38 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	b.step("finish", t)
 	return img, att, nil
+}
+
+// mountRoot mounts the overlay root of a sandbox (dir) at rootfs: over the image's
+// layers, idmapped when ids is set (see userns.go).
+func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work string, ids *idRange) error {
+	if ids != nil {
+		var err error
+		if layers, err = idmappedLowers(layers, dir, *ids); err != nil {
+			return err
+		}
+		defer func() { _ = detachLowers(dir) }()
+	}
+	opts, err := overlayOptions(layers, upper, work)
+	if err != nil {
+		return err
+	}
+	return mountOverlay(rootfs, opts)
+}
+
+// poolServes reports whether a pooled container (started with the default runtime
+// configuration, disk limit and no volumes) can become spec's sandbox: only the user
+// commands run as may differ.
+func (b *Backend) poolServes(spec *runtime.Spec) bool {
+	return spec.Security.OCIDefault() && b.diskBytes(spec.Resources) == b.cfg.DiskBytes && len(spec.Volumes) == 0
+}
+
+// diskBytes is the disk limit of a sandbox with resources r.
+func (b *Backend) diskBytes(r runtime.Resources) int64 {
+	if r.DiskBytes > 0 {
+		return r.DiskBytes
+	}
+	return b.cfg.DiskBytes
 }
 
 // writeEtcFiles writes hosts, hostname and resolv.conf for a sandbox into dir.

@@ -57,6 +57,7 @@ func TestCreateExecAndConfinement(t *testing.T) {
 		{"env", []string{"env"}, "FOO=bar"},
 		{"image env", []string{"env"}, "FROM_IMAGE=1"},
 		{"nofile", []string{"sh", "-c", "ulimit -n"}, strconv.FormatUint(noFileLimit(), 10)},
+		{"no core dumps", []string{"sh", "-c", "ulimit -c; ulimit -Hc"}, "0\n0\n"},
 		{"proc sys read-only", []string{"sh", "-c", "echo 1 > /proc/sys/kernel/ns_last_pid 2>&1; echo rc=$?"}, "rc=1"},
 		{"sys read-only", []string{"sh", "-c", "touch /sys/x 2>&1; echo rc=$?"}, "rc=1"},
 		{"agent read-only", []string{"sh", "-c", "echo x > /.sandboxd/config.json 2>&1; echo rc=$?"}, "rc=1"},

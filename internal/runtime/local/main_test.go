@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-const testCgroupParent = "sandboxd-localtest"
+// testCgroupParent is per test process: other checkouts' tests may run at the same
+// time, and their sandboxes must not look like this run's leaks.
+var testCgroupParent = "sandboxd-localtest-" + strconv.Itoa(os.Getpid())
 
 var (
 	agentBin   string // the agent the tests run
@@ -263,6 +266,18 @@ func checkNoLeaks(t testing.TB, state, id string) {
 			for _, s := range sub {
 				if id == "" || s.Name() == id {
 					t.Errorf("leaked pooled container bundle %s", s.Name())
+				}
+			}
+			continue
+		}
+		if e.Name() == diskTemplatesDir {
+			continue // kept for the next sandbox, like the image cache
+		}
+		if e.Name() == dirRootfs {
+			sub, _ := os.ReadDir(filepath.Join(state, dirRootfs))
+			for _, s := range sub {
+				if id == "" || s.Name() == id {
+					t.Errorf("leaked root filesystem mount point %s", s.Name())
 				}
 			}
 			continue

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -299,4 +300,43 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Helper()
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
+}
+
+// TestPoolHardening: pooled containers carry the backend's disk limit and a user
+// namespace range of their own into the sandbox that claims them; specs the pool cannot
+// serve (another disk limit, a runtime security context, volumes) are created cold.
+func TestPoolHardening(t *testing.T) {
+	e := poolEnv(t, 1, time.Minute)
+	e.b.cfg.DiskBytes = 64 << 20
+	ctx := context.Background()
+	e.create(runtime.Spec{ID: "first", Command: "sleep", Args: []string{"3600"}})
+	waitPoolReady(t, e.b, 1)
+
+	e.create(runtime.Spec{ID: "claimer", Command: "sleep", Args: []string{"3600"}, Security: &runtime.Security{RunAsUser: u32(1000)}})
+	if st := e.b.PoolStats(); st.Claims != 1 {
+		t.Fatalf("pool stats %+v: a run-as user alone should be served from the pool", st)
+	}
+	c := agentClient(e.b, "claimer")
+	if out, _, _ := execIn(t, c, "sh", "-c", "id -u; df -m / | tail -1 | awk '{print $2}'"); !strings.HasPrefix(out, "1000\n6") {
+		t.Errorf("claimed sandbox: %q, want uid 1000 and a ~64 MiB root", out)
+	}
+	r1, r2 := hostIDs(t, e, "first"), hostIDs(t, e, "claimer")
+	if r1 == r2 {
+		t.Errorf("first and the claimed container share the range %+v", r1)
+	}
+	waitPoolReady(t, e.b, 1)
+	for i, spec := range []runtime.Spec{
+		{Resources: runtime.Resources{DiskBytes: 32 << 20}},
+		{Security: &runtime.Security{ReadOnlyRootFS: true}},
+		{Volumes: []runtime.Volume{{Name: "v"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v"}}},
+	} {
+		spec.ID, spec.Command, spec.Args = fmt.Sprintf("cold-%d", i), "sleep", []string{"3600"}
+		e.create(spec)
+		if st := e.b.PoolStats(); st.Claims != 1 {
+			t.Errorf("%s: claimed from the pool (%+v)", spec.ID, st)
+		}
+		if err := e.b.Destroy(ctx, spec.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -2,6 +2,10 @@ package local
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -44,9 +48,48 @@ var maskedPaths = []string{
 var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 
 // defaultSeccomp builds the default seccomp profile for defaultCaps once.
-func defaultSeccomp() (*specs.LinuxSeccomp, error) {
-	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: defaultCaps}}}
+func defaultSeccomp() (*specs.LinuxSeccomp, error) { return seccompFor(defaultCaps) }
+
+// seccompFor builds the default seccomp profile for a capability set: the profile
+// allows the system calls a capability needs (mount for CAP_SYS_ADMIN, ...) only with it.
+func seccompFor(caps []string) (*specs.LinuxSeccomp, error) {
+	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}}
 	return seccomp.GetDefaultProfile(s)
+}
+
+// readOnlyTmpfsBytes is the size of each writable tmpfs under a read-only root.
+const readOnlyTmpfsBytes = 256 << 20
+
+// agentCaps are what the agent (PID 1, root) needs to run commands as another user:
+// switch to it, hand it the files it writes, reach into its dirs, signal its processes.
+var agentCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+
+// capSet is the capability set of a sandbox: defaultCaps, minus sec's drops ("ALL"
+// drops every one), plus its adds. When commands run as a user other than root
+// (nonRoot), agentCaps stay: the kernel clears a process's capabilities when the agent
+// switches it to that user, and no_new_privs keeps it from regaining them, so the
+// commands still run with none of them (only allow_privilege_escalation and a setuid-root
+// binary could bring them back, up to this set).
+func capSet(sec *runtime.Security, nonRoot bool) []string {
+	caps := slices.Clone(defaultCaps)
+	if sec == nil {
+		return caps
+	}
+	if slices.Contains(sec.CapDrop, "ALL") {
+		caps = nil
+	} else {
+		caps = slices.DeleteFunc(caps, func(c string) bool { return slices.Contains(sec.CapDrop, c) })
+	}
+	add := sec.CapAdd
+	if nonRoot {
+		add = append(slices.Clone(add), agentCaps...)
+	}
+	for _, c := range add {
+		if !slices.Contains(caps, c) {
+			caps = append(caps, c)
+		}
+	}
+	return caps
 }
 
 // noFileLimit is min(host hard RLIMIT_NOFILE, 1048576): a container cannot get more than
@@ -57,6 +100,23 @@ func noFileLimit() uint64 {
 		return maxNoFile
 	}
 	return rl.Max
+}
+
+// netSysctls are the sysctls of a sandbox's network namespace. Without CAP_NET_RAW,
+// ping needs ICMP datagram sockets: allow them to every group.
+var netSysctls = map[string]string{"net.ipv4.ping_group_range": "0 2147483647"}
+
+// rlimits are a sandbox's resource limits. Processes and threads are bounded by the pids
+// cgroup (DefaultPidsLimit), not RLIMIT_NPROC: that one counts per host uid, so without
+// user namespaces one sandbox's uid 1000 would eat into every other's (and the host's),
+// and with them it would only repeat the pids limit. Core dumps are off: the host's
+// core_pattern would write them into the sandbox's disk (or, for a pipe pattern, hand
+// them to a host helper), and nothing reads them.
+func rlimits(noFile uint64) []specs.POSIXRlimit {
+	return []specs.POSIXRlimit{
+		{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile},
+		{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+	}
 }
 
 // specParams is what varies between sandboxes in the OCI spec.
@@ -75,6 +135,18 @@ type specParams struct {
 	// GVisor adapts the spec to runsc: the agent listens itself (no fd 3) and there is
 	// no OCI seccomp profile (see gvisor.go).
 	GVisor bool
+	// IDs, when set, runs the container in a user namespace of its own mapping its IDs
+	// 0..Size-1 to this host range (see userns.go).
+	IDs *idRange
+	// Security is the sandbox's security context (nil: the defaults).
+	Security *runtime.Security
+	// NonRoot: the agent runs commands as a user other than root (see capSet).
+	NonRoot bool
+	// Volumes are the bind mounts of the sandbox's scratch volumes (volumes.go).
+	Volumes []specs.Mount
+	// Sysfs, when set, is a host dir holding the sandbox's sysfs, bind-mounted at /sys
+	// instead of a sysfs the runtime mounts (see mountNetNSSysfs).
+	Sysfs string
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -82,7 +154,7 @@ func ociSpec(p specParams) *specs.Spec {
 	if len(hostname) > 63 {
 		hostname = hostname[:63]
 	}
-	caps := append([]string(nil), defaultCaps...)
+	caps := capSet(p.Security, p.NonRoot)
 	ro := func(src, dst string) specs.Mount {
 		return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"bind", "ro", "nosuid", "nodev"}}
 	}
@@ -101,6 +173,30 @@ func ociSpec(p specParams) *specs.Spec {
 		ro(p.EtcDir+"/hostname", "/etc/hostname"),
 		ro(p.EtcDir+"/resolv.conf", "/etc/resolv.conf"),
 	}
+
+	if p.Sysfs != "" {
+		for i := range mounts {
+			if mounts[i].Destination == "/sys" {
+				mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: p.Sysfs,
+					Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
+			}
+		}
+	}
+
+	readOnly := p.Security != nil && p.Security.ReadOnlyRootFS
+	if readOnly {
+		// What stays writable: empty tmpfs mounts, whose pages count against the
+		// sandbox's memory limit (like Kubernetes' memory-backed emptyDir), unless a
+		// volume is mounted there.
+		for _, d := range runtime.ReadOnlyWritablePaths {
+			if slices.ContainsFunc(p.Volumes, func(m specs.Mount) bool { return m.Destination == d }) {
+				continue
+			}
+			mounts = append(mounts, specs.Mount{Destination: d, Type: "tmpfs", Source: "tmpfs",
+				Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(readOnlyTmpfsBytes, 10)}})
+		}
+	}
+	mounts = append(mounts, p.Volumes...) // last: a volume may sit in a tmpfs above
 
 	res := &specs.LinuxResources{
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
@@ -127,10 +223,29 @@ func ociSpec(p specParams) *specs.Spec {
 	seccomp := p.Seccomp
 	// Without CAP_NET_RAW, ping needs ICMP datagram sockets: allow them to every group.
 	// The sysctl belongs to the sandbox's own network namespace.
-	sysctl := map[string]string{"net.ipv4.ping_group_range": "0 2147483647"}
+	sysctl := maps.Clone(netSysctls)
 	if p.GVisor {
 		args = append(args, "--listen-fd=-1")
 		seccomp, sysctl = nil, nil
+	}
+	namespaces := []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, netns,
+		{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+	}
+	var uids, gids []specs.LinuxIDMapping
+	if p.IDs != nil {
+		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.HostID, Size: p.IDs.Size}}
+		uids, gids = m, m
+		if p.NetNS != "" {
+			// A network namespace made by the host belongs to the host's user namespace:
+			// the container's root may not write its sysctls; the backend sets them.
+			sysctl = nil
+		} else if sysctl != nil {
+			// The new network namespace belongs to the new user namespace, where only the
+			// mapped group IDs exist.
+			sysctl["net.ipv4.ping_group_range"] = fmt.Sprintf("0 %d", p.IDs.Size-1)
+		}
 	}
 	return &specs.Spec{
 		Version: specs.Version,
@@ -142,17 +257,16 @@ func ociSpec(p specParams) *specs.Spec {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: p.NoFile, Soft: p.NoFile}},
-			NoNewPrivileges: true,
+			Rlimits:         rlimits(p.NoFile),
+			NoNewPrivileges: p.Security == nil || !p.Security.AllowPrivilegeEscalation,
 		},
-		Root:     &specs.Root{Path: p.RootFS, Readonly: false},
+		Root:     &specs.Root{Path: p.RootFS, Readonly: readOnly},
 		Hostname: hostname,
 		Mounts:   mounts,
 		Linux: &specs.Linux{
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, netns,
-				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-			},
+			Namespaces:    namespaces,
+			UIDMappings:   uids,
+			GIDMappings:   gids,
 			Resources:     res,
 			CgroupsPath:   p.Cgroups,
 			Seccomp:       seccomp,
@@ -161,6 +275,13 @@ func ociSpec(p specParams) *specs.Spec {
 			Sysctl:        sysctl,
 		},
 	}
+}
+
+// nonRootUser reports whether an agent user string ("uid[:gid]", "name[:group]", "")
+// names a user other than root.
+func nonRootUser(user string) bool {
+	u, _, _ := strings.Cut(user, ":")
+	return u != "" && u != "0" && u != "root"
 }
 
 func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
@@ -180,7 +301,7 @@ func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
 		Argv:         argv,
 		Env:          agentconfig.MergeEnv(img.Config.Env, spec.Env),
 		WorkingDir:   wd,
-		User:         img.Config.User,
+		User:         spec.Security.RunAs(img.Config.User),
 		RestartLimit: spec.RestartLimit,
 		Hostname:     spec.ID,
 	}

@@ -1,0 +1,63 @@
+package gateway
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func TestScratchVolumeConversion(t *testing.T) {
+	scratch := func(name, size string, m sandboxv1.StorageMedium) *sandboxv1.SandboxVolume {
+		return &sandboxv1.SandboxVolume{Name: name, Source: &sandboxv1.SandboxVolume_Scratch{Scratch: &sandboxv1.ScratchVolume{Size: size, Medium: m}}}
+	}
+	mount := func(vol, path string) *sandboxv1.VolumeMount {
+		return &sandboxv1.VolumeMount{Volume: vol, MountPath: path}
+	}
+	const c0 = "sandbox.spec.containers[0]"
+	for _, tc := range []struct {
+		name   string
+		vols   []*sandboxv1.SandboxVolume
+		mounts []*sandboxv1.VolumeMount
+		want   []runtime.Volume
+		code   connect.Code // 0: accepted
+		field  string
+	}{
+		{"disk and memory", []*sandboxv1.SandboxVolume{scratch("data", "1Gi", sandboxv1.StorageMedium_STORAGE_MEDIUM_DISK), scratch("mem", "64Mi", sandboxv1.StorageMedium_STORAGE_MEDIUM_MEMORY)},
+			[]*sandboxv1.VolumeMount{mount("data", "/data"), {Volume: "mem", MountPath: "/m", ReadOnly: true, SubPath: "a/b"}},
+			[]runtime.Volume{{Name: "data", SizeBytes: 1 << 30}, {Name: "mem", SizeBytes: 64 << 20, Medium: runtime.MediumMemory}}, 0, ""},
+		{"unset source is a default scratch volume", []*sandboxv1.SandboxVolume{{Name: "tmp"}}, []*sandboxv1.VolumeMount{mount("tmp", "/work")},
+			[]runtime.Volume{{Name: "tmp"}}, 0, ""},
+		{"bad size", []*sandboxv1.SandboxVolume{scratch("d", "lots", 0)}, nil, nil, connect.CodeInvalidArgument, "sandbox.spec.volumes[0].scratch.size"},
+		{"bad name", []*sandboxv1.SandboxVolume{{Name: "Data_1"}}, nil, nil, connect.CodeInvalidArgument, "sandbox.spec.volumes[0].name"},
+		{"undeclared volume", nil, []*sandboxv1.VolumeMount{mount("nope", "/x")}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].volume"},
+		{"reserved path", []*sandboxv1.SandboxVolume{{Name: "v"}}, []*sandboxv1.VolumeMount{mount("v", "/proc")}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].mount_path"},
+		{"escaping sub_path", []*sandboxv1.SandboxVolume{{Name: "v"}}, []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/v", SubPath: "../../etc"}}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].sub_path"},
+		{"persistent volumes are not supported yet", []*sandboxv1.SandboxVolume{{Name: "p", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "vol-1"}}}, nil, nil, connect.CodeUnimplemented, "volume_id"},
+		{"snapshots are not supported yet", []*sandboxv1.SandboxVolume{{Name: "s", Source: &sandboxv1.SandboxVolume_Scratch{Scratch: &sandboxv1.ScratchVolume{RestoreFromSnapshotId: "snap"}}}}, nil, nil, connect.CodeUnimplemented, "snapshots"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &sandboxv1.SandboxSpec{Volumes: tc.vols, Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox", VolumeMounts: tc.mounts}}}
+			req, err := toCreateRequest(spec)
+			if tc.code != 0 {
+				if connect.CodeOf(err) != tc.code || !strings.Contains(err.Error(), tc.field) {
+					t.Fatalf("err = %v, want %v naming %s", err, tc.code, tc.field)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(req.Spec.Volumes, tc.want) || len(req.Spec.VolumeMounts) != len(tc.mounts) {
+				t.Errorf("volumes %+v mounts %+v, want %+v", req.Spec.Volumes, req.Spec.VolumeMounts, tc.want)
+			}
+			if err := runtime.ValidateVolumes(req.Spec.Volumes, req.Spec.VolumeMounts); err != nil {
+				t.Errorf("the runtime refuses what the gateway accepted: %v", err)
+			}
+		})
+	}
+}

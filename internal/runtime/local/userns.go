@@ -1,0 +1,348 @@
+package local
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// User namespaces (runc class). Each sandbox's container runs in its own user namespace
+// whose IDs 0..idRangeSize-1 map to a host range of its own, above idRangeBase: root in
+// the sandbox is an unprivileged, unique uid on the host, so a process that escapes the
+// container's other namespaces owns no host file and shares no uid with a neighbour.
+//
+// The image's layers are shared and owned by real host IDs (root files by uid 0). So
+// that they still look right inside (root-owned, not nobody), every lower layer is
+// mounted idmapped (open_tree + mount_setattr(MOUNT_ATTR_IDMAP) with a user namespace
+// carrying the sandbox's mapping, then move_mount), and the overlay is stacked on those
+// idmapped lowers. The overlay clones its layers privately at mount time, so the
+// idmapped mounts are detached again right after: nothing extra stays mounted. The
+// upper and work dirs belong to the mapped root; a file made inside is owned by the
+// mapped uid on the host.
+//
+// A range is recorded in the sandbox's dir (idmap.json), so a restarted backend sees
+// which ranges are taken, and freed when the dir is removed (Destroy). It travels with a
+// pooled container's dir when a sandbox claims it.
+//
+// gVisor sandboxes are left alone: runsc runs its own kernel, and the sentry and gofer
+// already run in user namespaces of their own with host root dropped (see gvisor.go).
+
+const (
+	fileIDMap   = "idmap.json"
+	dirLowers   = "lower" // mount points of the idmapped lowers, only while mounting
+	idRangeBase = 1 << 20
+	idRangeSize = 65536
+	// idRangeSlots bounds the ranges (sandboxes, pooled containers) one backend can have:
+	// the highest host ID is then idRangeBase + idRangeSlots*idRangeSize - 1 (< 2^29).
+	idRangeSlots = 8192
+)
+
+// idRange is a sandbox's host ID range: sandbox ID n is host ID HostID+n (uids and gids).
+type idRange struct {
+	HostID uint32 `json:"host_id"`
+	Size   uint32 `json:"size"`
+}
+
+func (r idRange) slot() (int, bool) {
+	if r.HostID < idRangeBase || (r.HostID-idRangeBase)%idRangeSize != 0 || r.Size != idRangeSize {
+		return 0, false
+	}
+	n := int((r.HostID - idRangeBase) / idRangeSize)
+	return n, n < idRangeSlots
+}
+
+// idAllocator hands out ID ranges. Which are taken is learnt once from the idmap.json
+// files in the state dir, then kept in memory.
+type idAllocator struct {
+	stateDir string
+
+	mu     sync.Mutex
+	loaded bool
+	used   map[int]bool
+}
+
+func (a *idAllocator) load() {
+	if a.loaded {
+		return
+	}
+	a.used = map[int]bool{}
+	ents, _ := os.ReadDir(a.stateDir)
+	for _, e := range ents {
+		var r idRange
+		if e.IsDir() && readJSON(filepath.Join(a.stateDir, e.Name(), fileIDMap), &r) == nil {
+			if n, ok := r.slot(); ok {
+				a.used[n] = true
+			}
+		}
+	}
+	a.loaded = true
+}
+
+// alloc takes a free range and records it in dir.
+func (a *idAllocator) alloc(dir string) (idRange, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.load()
+	for n := 0; n < idRangeSlots; n++ {
+		if a.used[n] {
+			continue
+		}
+		r := idRange{HostID: idRangeBase + uint32(n)*idRangeSize, Size: idRangeSize}
+		if err := writeJSONAtomic(filepath.Join(dir, fileIDMap), &r); err != nil {
+			return idRange{}, fmt.Errorf("record user namespace range: %w", err)
+		}
+		a.used[n] = true
+		return r, nil
+	}
+	return idRange{}, fmt.Errorf("no free user namespace range: all %d are in use", idRangeSlots)
+}
+
+// release frees the range recorded in dir, once dir is gone.
+func (a *idAllocator) release(r idRange) {
+	n, ok := r.slot()
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.loaded {
+		delete(a.used, n)
+	}
+}
+
+// readIDRange returns the range recorded in dir; ok is false when there is none.
+func readIDRange(dir string) (idRange, bool, error) {
+	var r idRange
+	err := readJSON(filepath.Join(dir, fileIDMap), &r)
+	if errors.Is(err, fs.ErrNotExist) {
+		return idRange{}, false, nil
+	}
+	if err != nil {
+		return idRange{}, false, err
+	}
+	return r, true, nil
+}
+
+// usernsFD returns an fd of a new user namespace mapping 0..r.Size-1 to r (uids and
+// gids), for MOUNT_ATTR_IDMAP. The namespace is made by a child that never runs: it is
+// traced, so it stops at its execve, and is killed once its namespace is open.
+func usernsFD(r idRange) (int, error) {
+	// A ptrace tracer is a thread: keep this goroutine on one for Start through Wait.
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.HostID), Size: int(r.Size)}}
+	cmd := exec.Command("/proc/self/exe")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER,
+		UidMappings: m,
+		GidMappings: m,
+		Ptrace:      true,
+		Pdeathsig:   unix.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return -1, fmt.Errorf("user namespace helper: %w", err)
+	}
+	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if err != nil {
+		return -1, fmt.Errorf("open user namespace: %w", err)
+	}
+	return fd, nil
+}
+
+// idmappedLowers mounts each layer idmapped through r at dir/lower/<i> and returns those
+// paths (same order). The caller mounts the overlay and then calls detachLowers.
+func idmappedLowers(layers []string, dir string, r idRange) (paths []string, err error) {
+	userns, err := usernsFD(r)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(userns)
+	base := filepath.Join(dir, dirLowers)
+	if err := os.Mkdir(base, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = detachLowers(dir)
+		}
+	}()
+	for i, l := range layers {
+		p := filepath.Join(base, strconv.Itoa(i))
+		if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, err
+		}
+		if err := idmappedMount(l, p, userns); err != nil {
+			return nil, err
+		}
+		paths = append(paths, p)
+	}
+	return paths, nil
+}
+
+func idmappedMount(src, dst string, userns int) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("idmap %s (its filesystem must support idmapped mounts, or run without user namespaces: --no-userns): %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount %s: %w", dst, err)
+	}
+	return nil
+}
+
+// detachLowers unmounts and removes dir/lower (the overlay keeps its own clones). The
+// error matters to teardown: removing dir while a layer is still mounted in it would
+// delete the shared layer's files.
+func detachLowers(dir string) error {
+	base := filepath.Join(dir, dirLowers)
+	ents, err := os.ReadDir(base)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	for _, e := range ents {
+		p := filepath.Join(base, e.Name())
+		if err := unmountAll(p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		_ = os.Remove(base)
+	}
+	return errors.Join(errs...)
+}
+
+// chownToRoot makes paths (not their contents) owned by the range's root.
+func chownToRoot(r idRange, paths ...string) error {
+	for _, p := range paths {
+		if err := os.Lchown(p, int(r.HostID), int(r.HostID)); err != nil {
+			return fmt.Errorf("chown %s to the sandbox's root: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// setNetNSSysctl writes a sysctl of the network namespace at nsPath, from a thread that
+// joins it and then dies with its goroutine (never unlocked, so Go does not reuse it).
+func setNetNSSysctl(nsPath, key, value string) error {
+	f, err := os.Open(nsPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns: %w", err)
+			return
+		}
+		// /proc/sys/net shows the namespace of the thread that opens it.
+		p := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+		errc <- os.WriteFile(p, []byte(value), 0o644)
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("sysctl %s in %s: %w", key, nsPath, err)
+	}
+	return nil
+}
+
+// rootfsBase picks where the root filesystems of sandboxes in user namespaces are
+// mounted. runc resolves a container's root path as the sandbox's mapped root, which owns
+// nothing on the host: every dir on the path must be searchable by others. The state
+// dir's own <StateDir>/.rootfs is used when the state dir's ancestors already are (the
+// state dir itself is the backend's, and made searchable); otherwise, rather than open up
+// a data dir kept private (0700, holding the store and keys), a dir of its own under
+// /run/sandboxd, named by a hash of the state dir. Only mount points live there.
+func rootfsBase(stateDir string) (string, error) {
+	searchable := func(d string) bool {
+		st, err := os.Stat(d)
+		return err == nil && st.Mode().Perm()&0o001 != 0
+	}
+	ok := true
+	for d := filepath.Dir(stateDir); ; d = filepath.Dir(d) {
+		ok = ok && searchable(d)
+		if d == "/" {
+			break
+		}
+	}
+	if ok {
+		if err := os.Chmod(stateDir, 0o711); err != nil {
+			return "", err
+		}
+		return mkSearchable(filepath.Join(stateDir, dirRootfs))
+	}
+	sum := sha256.Sum256([]byte(stateDir))
+	if !searchable("/run") {
+		return "", fmt.Errorf("neither the ancestors of %s nor /run are searchable by others", stateDir)
+	}
+	if _, err := mkSearchable("/run/sandboxd"); err != nil {
+		return "", err
+	}
+	return mkSearchable(filepath.Join("/run/sandboxd", "rootfs-"+hex.EncodeToString(sum[:6])))
+}
+
+// mkSearchable makes dir (0711) if needed and returns it.
+func mkSearchable(dir string) (string, error) {
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	return dir, os.Chmod(dir, 0o711)
+}
+
+// dirSysfs holds, for a sandbox in a user namespace on a host-made network namespace, a
+// sysfs mounted by the backend from inside that network namespace; the container gets
+// it bind-mounted at /sys. The container's root cannot mount sysfs itself there: sysfs
+// needs a network namespace owned by the mounter's user namespace.
+const dirSysfs = "sys"
+
+// mountNetNSSysfs mounts a read-only sysfs showing the network namespace at nsPath on
+// target.
+func mountNetNSSysfs(nsPath, target string) error {
+	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	f, err := os.Open(nsPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		// This thread's network namespace decides the sysfs's view of net devices; it
+		// then dies with the goroutine (never unlocked).
+		goruntime.LockOSThread()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns: %w", err)
+			return
+		}
+		errc <- unix.Mount("sysfs", target, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("mount sysfs of %s: %w", nsPath, err)
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Scratch volumes: empty at creation, private to the sandbox, removed with it. Each is a
+// host dir under <dir>/vol/<index> bind-mounted where the spec says (the same volume at
+// several paths shares its content):
+//
+//   - memory: a tmpfs of the volume's size (else the sandbox's memory limit); its pages
+//     are charged to the memory cgroup of the process that writes them, i.e. count
+//     against the sandbox's memory limit, as Kubernetes counts memory-backed emptyDirs.
+//   - disk with a size: a filesystem of its own, made like the writable layer's (disk.go).
+//   - disk without a size: a dir on the sandbox's disk filesystem when it has a disk
+//     limit (sharing it), else a plain dir on the host's disk (unlimited, like an
+//     emptyDir without sizeLimit).
+//
+// Volume roots and sub_path dirs are mode 0777, as Kubernetes makes emptyDirs, so that a
+// run_as_user can write them; under a user namespace they belong to the mapped root.
+
+const dirVolumes = "vol"
+
+// setupVolumes makes spec's volumes for the sandbox in dir and returns the OCI mounts of
+// its volume mounts.
+func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange) ([]specs.Mount, error) {
+	if len(spec.Volumes) == 0 {
+		return nil, nil
+	}
+	base := filepath.Join(dir, dirVolumes)
+	if err := os.Mkdir(base, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	// Like an emptyDir, a volume (and its sub_path dirs) is writable by every user of the
+	// sandbox: a run_as_user other than root must be able to use it.
+	chown := func(p string) error {
+		if err := os.Chmod(p, 0o777); err != nil {
+			return err
+		}
+		if ids == nil {
+			return nil
+		}
+		return chownToRoot(*ids, p)
+	}
+	roots := map[string]string{}
+	for i, v := range spec.Volumes {
+		root := filepath.Join(base, strconv.Itoa(i))
+		switch {
+		case v.Medium == runtime.MediumMemory:
+			if err := os.Mkdir(root, 0o755); err != nil {
+				return nil, err
+			}
+			opts := []string{"mode=0777"}
+			if size := cmp(v.SizeBytes, spec.Resources.MemoryBytes); size > 0 {
+				opts = append(opts, "size="+strconv.FormatInt(size, 10))
+			}
+			if ids != nil {
+				opts = append(opts, fmt.Sprintf("uid=%d,gid=%d", ids.HostID, ids.HostID))
+			}
+			if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ",")); err != nil {
+				return nil, fmt.Errorf("volume %q: mount tmpfs: %w", v.Name, err)
+			}
+		case v.SizeBytes > 0:
+			if err := t.mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
+				return nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			}
+			_ = os.Remove(filepath.Join(root, "lost+found")) // a fresh volume is empty
+			if err := chown(root); err != nil {
+				return nil, err
+			}
+		default:
+			if diskLimited {
+				root = filepath.Join(dir, dirDisk, dirVolumes, strconv.Itoa(i))
+			}
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				return nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			}
+			if err := chown(root); err != nil {
+				return nil, err
+			}
+		}
+		roots[v.Name] = root
+	}
+	var mounts []specs.Mount
+	for _, m := range spec.VolumeMounts {
+		src := roots[m.Volume]
+		// sub_path dirs are made one by one, each owned by the sandbox's root. The volume
+		// is new and empty: nothing in it can be a symlink yet.
+		for _, part := range strings.Split(m.SubPath, "/") {
+			if part == "" {
+				continue
+			}
+			src = filepath.Join(src, part)
+			if err := os.Mkdir(src, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return nil, fmt.Errorf("volume %q: sub_path: %w", m.Volume, err)
+			}
+			if err := chown(src); err != nil {
+				return nil, err
+			}
+		}
+		mode := "rw"
+		if m.ReadOnly {
+			mode = "ro"
+		}
+		mounts = append(mounts, specs.Mount{Destination: m.Path, Type: "bind", Source: src,
+			Options: []string{"rbind", mode, "nosuid", "nodev"}})
+	}
+	// Parents before children: a volume may be mounted inside another.
+	slices.SortStableFunc(mounts, func(a, b specs.Mount) int { return strings.Compare(a.Destination, b.Destination) })
+	return mounts, nil
+}
+
+// cmp returns a if set, else b.
+func cmp(a, b int64) int64 {
+	if a > 0 {
+		return a
+	}
+	return b
+}
+
+// teardownVolumes unmounts dir's volumes (memory and sized ones are mounts).
+func teardownVolumes(dir string) error {
+	base := filepath.Join(dir, dirVolumes)
+	ents, err := os.ReadDir(base)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() {
+			errs = append(errs, unmountAll(filepath.Join(base, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
+}

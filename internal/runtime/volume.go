@@ -1,0 +1,88 @@
+package runtime
+
+import (
+	"fmt"
+	"path"
+	"strings"
+)
+
+// Volume media.
+const (
+	MediumDisk   = ""       // the sandbox's disk
+	MediumMemory = "memory" // a tmpfs, whose pages count against the sandbox's memory
+)
+
+// Volume is a sandbox-private scratch volume: empty at creation, gone with the sandbox.
+type Volume struct {
+	Name string `json:"name"`
+	// SizeBytes limits the volume; 0 means it shares the writable layer's disk limit
+	// (disk) or is bounded by the memory limit (memory).
+	SizeBytes int64  `json:"size_bytes,omitempty"`
+	Medium    string `json:"medium,omitempty"`
+}
+
+// VolumeMount mounts a volume (or a sub-directory of it, made when missing) at Path.
+type VolumeMount struct {
+	Volume   string `json:"volume"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	SubPath  string `json:"sub_path,omitempty"`
+}
+
+// reservedMountPaths are where no volume may be mounted (or above which).
+var reservedMountPaths = []string{"/proc", "/sys", "/dev", "/.sandboxd", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}
+
+// ValidateVolumes checks spec's volumes and mounts. Errors wrap ErrInvalidSpec.
+func ValidateVolumes(vols []Volume, mounts []VolumeMount) error {
+	names := map[string]bool{}
+	for _, v := range vols {
+		switch {
+		case v.Name == "" || names[v.Name]:
+			return fmt.Errorf("%w: volume name %q: empty or repeated", ErrInvalidSpec, v.Name)
+		case v.SizeBytes < 0:
+			return fmt.Errorf("%w: volume %q: negative size", ErrInvalidSpec, v.Name)
+		case v.Medium != MediumDisk && v.Medium != MediumMemory:
+			return fmt.Errorf("%w: volume %q: unknown medium %q", ErrInvalidSpec, v.Name, v.Medium)
+		}
+		names[v.Name] = true
+	}
+	paths := map[string]bool{}
+	for _, m := range mounts {
+		if !names[m.Volume] {
+			return fmt.Errorf("%w: mount of %q: no such volume", ErrInvalidSpec, m.Volume)
+		}
+		if err := CheckMountPath(m.Path); err != nil {
+			return fmt.Errorf("%w: mount of %q: %w", ErrInvalidSpec, m.Volume, err)
+		}
+		if paths[m.Path] {
+			return fmt.Errorf("%w: two mounts at %s", ErrInvalidSpec, m.Path)
+		}
+		paths[m.Path] = true
+		if err := CheckSubPath(m.SubPath); err != nil {
+			return fmt.Errorf("%w: mount of %q: %w", ErrInvalidSpec, m.Volume, err)
+		}
+	}
+	return nil
+}
+
+// CheckSubPath accepts "" and clean relative paths that stay inside the volume.
+func CheckSubPath(s string) error {
+	if s != "" && (path.IsAbs(s) || path.Clean(s) != s || s == ".." || strings.HasPrefix(s, "../") || strings.ContainsRune(s, 0)) {
+		return fmt.Errorf("sub_path %q must be a clean relative path inside the volume", s)
+	}
+	return nil
+}
+
+// CheckMountPath accepts absolute, clean paths other than / that are not, and do not
+// contain, a path the sandbox's runtime mounts itself (/proc, /sys, /dev, the agent's).
+func CheckMountPath(p string) error {
+	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" || strings.ContainsRune(p, 0) {
+		return fmt.Errorf("path %q must be absolute, clean and not /", p)
+	}
+	for _, r := range reservedMountPaths {
+		if p == r || strings.HasPrefix(p, r+"/") || strings.HasPrefix(r, p+"/") {
+			return fmt.Errorf("path %q is reserved (%s)", p, r)
+		}
+	}
+	return nil
+}
