@@ -24,6 +24,7 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
@@ -63,9 +64,13 @@ type suite struct {
 
 // newSuite starts a stack for t; every sandbox is deleted and the network removed when
 // t ends.
-func newSuite(t *testing.T) *suite {
+func newSuite(t *testing.T, edit ...func(*stack.Config)) *suite {
 	t.Helper()
-	s, err := env.Stack(t.TempDir())
+	cfg := env.StackConfig(t.TempDir())
+	for _, e := range edit {
+		e(&cfg)
+	}
+	s, err := stack.NewLocal(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,6 +156,26 @@ func listen(t *testing.T, addr string) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// listenIn serves TCP on addr inside the internet namespace until the test ends, and
+// returns addr.
+func listenIn(t *testing.T, in *egresstest.Internet, addr string) string {
+	ln, err := in.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	return addr
+}
+
 // metadataService gives the host the address 169.254.169.254 (on lo) with a listener on
 // port 80, as a cloud's metadata service would be.
 func metadataService(t *testing.T) {
@@ -161,9 +186,21 @@ func metadataService(t *testing.T) {
 	listen(t, "169.254.169.254:80")
 }
 
-// TestEscapes runs attempts.py in a sandbox of every runtime class.
+// TestEscapes runs attempts.py in a sandbox of every runtime class. The sandbox may reach
+// one host name over HTTPS (egress rule dns_name) of a small "internet" beside the host
+// (a network namespace with its own DNS and HTTPS servers), and nothing else.
 func TestEscapes(t *testing.T) {
-	su := newSuite(t)
+	in := egresstest.New(t)
+	grantedIP, otherIP := in.Addr(t), in.Addr(t)
+	in.SetA("api.granted.test", grantedIP)
+	in.SetA("other.test", otherIP)
+	in.ServeHTTPS(t, grantedIP, "api.granted.test")
+	in.ServeHTTPS(t, otherIP, "other.test")
+	outside := listenIn(t, in, otherIP.String()+":80")
+	su := newSuite(t, func(c *stack.Config) {
+		c.NoEgress = false // the rules below decide, not a blanket drop
+		c.Nameservers = []string{in.DNS.String()}
+	})
 	script, err := os.ReadFile("attempts.py")
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +217,7 @@ func TestEscapes(t *testing.T) {
 	// Controls: every target answers the host, so a blocked attempt is the sandbox's
 	// boundary at work, not a target that is not there.
 	for _, target := range []string{net.JoinHostPort(gw, fmt.Sprint(port)), net.JoinHostPort(hostIP(t), fmt.Sprint(port)),
-		"169.254.169.254:80", net.JoinHostPort(neighbour.IP, "8080")} {
+		"169.254.169.254:80", net.JoinHostPort(neighbour.IP, "8080"), outside, net.JoinHostPort(otherIP.String(), "443"), in.DNS.String()} {
 		var c net.Conn
 		for range 50 {
 			if c, err = net.DialTimeout("tcp4", target, 2*time.Second); err == nil {
@@ -197,8 +234,10 @@ func TestEscapes(t *testing.T) {
 	table := map[string]map[string]string{}
 	for _, class := range classes() {
 		sb := su.create(runtime.Spec{Image: env.Python(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"},
-			Files: []runtime.File{{Path: "/app/attempts.py", Content: script}}})
-		res, err := exec1(su.agent(sb.ID), time.Minute, "python3", "/app/attempts.py", gw, hostIP(t), fmt.Sprint(port), neighbour.IP, fmt.Sprint(os.Getpid()), marker)
+			Files:   []runtime.File{{Path: "/app/attempts.py", Content: script}},
+			Network: &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.granted.test"}}}})
+		res, err := exec1(su.agent(sb.ID), 2*time.Minute, "python3", "/app/attempts.py", gw, hostIP(t), fmt.Sprint(port), neighbour.IP, fmt.Sprint(os.Getpid()), marker,
+			"api.granted.test", "other.test", otherIP.String(), in.DNS.Addr().String())
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("%s: attempts: %v %s", class, err, res.GetStderr())
 		}
@@ -211,7 +250,10 @@ func TestEscapes(t *testing.T) {
 				table[attempt] = map[string]string{}
 			}
 			table[attempt][class] = outcome
-			if !strings.HasPrefix(outcome, "blocked") {
+			// A control must work (else a blocked attempt could be a broken network); every
+			// attempt must fail.
+			if control := strings.HasPrefix(attempt, "control:"); control != strings.HasPrefix(outcome, "ALLOWED") ||
+				!control && !strings.HasPrefix(outcome, "blocked") {
 				t.Errorf("%s: %s: %s", class, attempt, outcome)
 			}
 		}
