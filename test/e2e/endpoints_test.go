@@ -40,6 +40,7 @@ const endpointDomain = "sandboxd.localhost"
 // edgeGateway is a gateway whose runner publishes endpoints through an edge on loopback.
 type edgeGateway struct {
 	*gw
+	stack  *stack.Stack
 	edge   *stack.Edge
 	caFile string
 	ca     *pki.CA
@@ -56,7 +57,8 @@ func startEdgeGateway(t *testing.T) *edgeGateway {
 		t.Fatal(err)
 	}
 	eg.ca, eg.caFile = ca, dir+"/ca.pem"
-	eg.gw = startGateway(t, func(c *gateway.Config) {
+	eg.stack = startedStack(t)
+	eg.gw = startGatewayOn(t, eg.stack, func(c *gateway.Config) {
 		eg.local = c.Runners[0].(*gateway.LocalRunner)
 		eg.keys = c.Auth
 		eg.startEdge(t)
@@ -67,7 +69,7 @@ func startEdgeGateway(t *testing.T) *edgeGateway {
 func (eg *edgeGateway) startEdge(t *testing.T) {
 	t.Helper()
 	e, err := stack.StartEdge(eg.local.R, stack.EdgeConfig{Listen: "127.0.0.1:0", RunnerID: eg.local.ID(),
-		BaseDomain: endpointDomain, CA: eg.ca, Authorize: stack.KeyAuthorizer(eg.keys)})
+		BaseDomain: endpointDomain, CA: eg.ca, Authorize: stack.KeyAuthorizer(eg.keys), DialMark: eg.stack.EdgeDialMark()})
 	if err != nil {
 		t.Fatal(err)
 	}
