@@ -96,7 +96,8 @@ func dev(args []string) error {
 	local := gateway.NewLocalRunner(*runnerID, stk.Runner)
 	if *edgeListen != "" {
 		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
-			CA: ca, Authorize: stack.KeyAuthorizer(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"), Logger: logger})
+			CA: ca, Authorize: stack.KeyAuthorizer(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"),
+			DialMark: stk.EdgeDialMark(), Logger: logger})
 		switch {
 		case err == nil:
 			defer e.Close()

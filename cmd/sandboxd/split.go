@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -64,6 +65,7 @@ func runnerCmd(args []string) error {
 	subnet := fs.String("subnet", "", "sandbox subnet (default 10.88.0.0/16)")
 	cgroupParent := fs.String("cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
 	noEgress := fs.Bool("no-egress", false, "sandboxes reach nothing beyond this host")
+	hostMark := fs.Uint("host-mark", 0, "socket mark that lets the edge's connections into the sandbox bridge; nothing else on the host gets in (default 0x5bd00000)")
 	controlPlane := fs.String("control-plane", "", "HOST:PORT of the control plane (`sandboxd controlplane`): register with --bootstrap-token on first start, then heartbeat; without it the runner uses --pki-dir")
 	bootstrapToken := fs.String("bootstrap-token", "", "one-time token from :createBootstrapToken (first start only; later starts use the credentials in DATA-DIR/identity)")
 	controlPlaneCA := fs.String("control-plane-ca", "", "PEM file of the CA to trust the control plane by (default: the CA pinned in the bootstrap token)")
@@ -192,6 +194,8 @@ func runnerCmd(args []string) error {
 	var (
 		rn  *runner.Runner
 		kst *stack.KubernetesStack
+		// dialMark lets the edge past the local network's host guard (0: Kubernetes).
+		dialMark uint32
 	)
 	if *backend == "kubernetes" {
 		var err error
@@ -206,6 +210,10 @@ func runnerCmd(args []string) error {
 		if err := hard.apply(&cfg); err != nil {
 			return err
 		}
+		if *hostMark > math.MaxUint32 {
+			return fmt.Errorf("--host-mark %#x: more than 32 bits", *hostMark)
+		}
+		cfg.HostMark = uint32(*hostMark)
 		if *bridge != "" {
 			cfg.NetTable = "sandboxd_" + *bridge
 		}
@@ -228,6 +236,7 @@ func runnerCmd(args []string) error {
 		}
 		defer st.Close()
 		rn = st.Runner
+		dialMark = st.EdgeDialMark()
 	}
 
 	ln, err := net.Listen("tcp", *listen)
@@ -238,7 +247,7 @@ func runnerCmd(args []string) error {
 	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
 	if *edgeListen != "" {
 		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger,
-			SessionKeyFile: filepath.Join(*dataDir, "edge-session.key")}
+			SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"), DialMark: dialMark}
 		switch {
 		case acmeCfg.enabled():
 			// A public domain: the wildcard comes from the ACME CA.

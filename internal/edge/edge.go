@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/sockmark"
 )
 
 // Config configures an Edge. RunnerID, BaseDomain, Routes and GetCertificate are required.
@@ -35,6 +37,10 @@ type Config struct {
 	HandshakeTimeout time.Duration // to read the ClientHello, and again to finish TLS; 0: 10 s
 	IdleTimeout      time.Duration // keep-alive connection without a request; 0: 2 min
 	DialTimeout      time.Duration // to connect to a sandbox port; 0: 5 s
+	// DialMark is the socket mark (SO_MARK, Linux) of connections to sandbox ports: the
+	// local network's host mark, without which its guard refuses host connections into
+	// the sandbox bridge (network.Manager.HostMark). 0: unmarked (Kubernetes runners).
+	DialMark uint32
 }
 
 const (
@@ -96,7 +102,7 @@ func New(cfg Config) (*Edge, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "edge", "runner", cfg.RunnerID),
 		q:         newQueue(),
-		dialer:    net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
+		dialer:    net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, Control: sockmark.Control(cfg.DialMark)},
 		slots:     make(chan struct{}, cfg.MaxConns),
 		done:      make(chan struct{}),
 		listeners: make(map[net.Listener]struct{}),

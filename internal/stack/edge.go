@@ -33,7 +33,11 @@ type EdgeConfig struct {
 	// SessionKeyFile keeps the key that signs browser sessions of TOKEN endpoints (created
 	// when absent); "": a new key per start, so a restart signs everyone out.
 	SessionKeyFile string
-	Logger         *slog.Logger
+	// DialMark marks the edge's connections to sandboxes: a local stack's
+	// Stack.EdgeDialMark, without which its network refuses them. 0 for Kubernetes
+	// runners (their sandboxes are Pods; nothing to mark for).
+	DialMark uint32
+	Logger   *slog.Logger
 }
 
 // Edge is a running edge: its listener's address and how to stop it.
@@ -66,7 +70,7 @@ func StartEdge(r *runner.Runner, cfg EdgeConfig) (*Edge, error) {
 	}
 	var table edge.Table
 	e, err := edge.New(edge.Config{RunnerID: cfg.RunnerID, BaseDomain: cfg.BaseDomain, Routes: &table,
-		GetCertificate: cert, Authorize: cfg.Authorize, SessionKey: sessionKey, Logger: cfg.Logger})
+		GetCertificate: cert, Authorize: cfg.Authorize, SessionKey: sessionKey, DialMark: cfg.DialMark, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}

@@ -37,8 +37,12 @@ type Config struct {
 	// EgressProxyPort is the gateway port of the SNI proxy enforcing dns_name egress
 	// rules; 0 = network.DefaultProxyPort.
 	EgressProxyPort int
-	Retention       time.Duration
-	ExpiryGrace     time.Duration
+	// HostMark is the socket mark the host's connections into the sandbox bridge need
+	// (the edge's carry it, see EdgeDialMark); 0 = network.DefaultHostMark. Nothing else
+	// on the host reaches a sandbox port.
+	HostMark    uint32
+	Retention   time.Duration
+	ExpiryGrace time.Duration
 	// GCInterval is how often unused images are removed (default 10 min); GCGrace
 	// spares images pulled less than this long ago (default 10 min).
 	GCInterval time.Duration
@@ -117,6 +121,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Egress:      !cfg.NoEgress,
 		Nameservers: cfg.Nameservers,
 		ProxyPort:   cfg.EgressProxyPort,
+		HostMark:    cfg.HostMark,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: network: %w", err)
@@ -176,6 +181,10 @@ func (s *Stack) Close() {
 	// itself, rules included, stays for the next stack, and for Network.Cleanup.
 	s.Network.StopServices()
 }
+
+// EdgeDialMark is the mark for EdgeConfig.DialMark: the one the stack's network lets
+// into the sandbox bridge.
+func (s *Stack) EdgeDialMark() uint32 { return s.Network.HostMark() }
 
 // GC removes cached images that no live sandbox uses. Images of sandboxes still being
 // created are spared by the store's grace period.

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -20,6 +21,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +34,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/sockmark"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -40,6 +43,7 @@ const endpointDomain = "sandboxd.localhost"
 // edgeGateway is a gateway whose runner publishes endpoints through an edge on loopback.
 type edgeGateway struct {
 	*gw
+	stack  *stack.Stack
 	edge   *stack.Edge
 	caFile string
 	ca     *pki.CA
@@ -56,7 +60,8 @@ func startEdgeGateway(t *testing.T) *edgeGateway {
 		t.Fatal(err)
 	}
 	eg.ca, eg.caFile = ca, dir+"/ca.pem"
-	eg.gw = startGateway(t, func(c *gateway.Config) {
+	eg.stack = startedStack(t)
+	eg.gw = startGatewayOn(t, eg.stack, func(c *gateway.Config) {
 		eg.local = c.Runners[0].(*gateway.LocalRunner)
 		eg.keys = c.Auth
 		eg.startEdge(t)
@@ -67,7 +72,7 @@ func startEdgeGateway(t *testing.T) *edgeGateway {
 func (eg *edgeGateway) startEdge(t *testing.T) {
 	t.Helper()
 	e, err := stack.StartEdge(eg.local.R, stack.EdgeConfig{Listen: "127.0.0.1:0", RunnerID: eg.local.ID(),
-		BaseDomain: endpointDomain, CA: eg.ca, Authorize: stack.KeyAuthorizer(eg.keys)})
+		BaseDomain: endpointDomain, CA: eg.ca, Authorize: stack.KeyAuthorizer(eg.keys), DialMark: eg.stack.EdgeDialMark()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,5 +515,85 @@ func TestPrivateServices(t *testing.T) {
 	}
 	if out := fetch(g.other, stranger, target, 1); out != "" {
 		t.Errorf("another organization reached the private port: %q", out)
+	}
+}
+
+// hostDial connects from the host to addr (a sandbox's ip:port) with socket mark mark (0:
+// none); the line the sandbox's httpd answers "GET /" with, or the error.
+func hostDial(addr string, mark uint32) (string, error) {
+	d := net.Dialer{Timeout: 3 * time.Second, Control: sockmark.Control(mark)}
+	c, err := d.Dial("tcp4", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(c)
+	_, body, _ := strings.Cut(string(b), "\r\n\r\n")
+	return body, err
+}
+
+// TestHostReachesOnlyEndpoints: of a running sandbox, the host reaches only what the edge
+// publishes, and only through the edge: its published port, a PRIVATE one and one it
+// never declared all refuse a plain connection from the host (at once: a reset), while
+// the HTTPS endpoint answers through the edge. Control: with the network's host mark,
+// the edge's, the same dials get the servers, so the refusals are the guard's.
+func TestHostReachesOnlyEndpoints(t *testing.T) {
+	eg := startEdgeGateway(t)
+	sp := spec(busybox(), "/bin/sh", "-c", `httpd -p 7070 -h /www && httpd -p 9090 -h /www && exec httpd -f -p 8080 -h /www`)
+	sp.Containers[0].Files = []*sandboxv1.FileMount{{Path: "/www/index.html", Content: []byte("sandbox\n")}}
+	sp.Services = []*sandboxv1.Service{
+		{Port: 8080, Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC, Endpoint: &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS, Auth: sandboxv1.EndpointAuth_ENDPOINT_AUTH_OPEN}},
+		{Port: 7070, Visibility: sandboxv1.Visibility_VISIBILITY_PRIVATE},
+	}
+	running := eg.waitState(t, eg.create(t, sp, "").SandboxId, sandboxv1.State_STATE_RUNNING)
+	svcs := running.GetStatus().GetServices()
+	url := svcs[0].GetEndpoint().GetUrl()
+	ip, _, err := net.SplitHostPort(svcs[1].GetUrl()) // the PRIVATE service's address
+	if url == "" || err != nil {
+		t.Fatalf("services: %v", svcs)
+	}
+	hc := eg.client(nil)
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); body == "" && time.Now().Before(deadline); {
+		if res, err := hc.Get(url + "/"); err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				body = string(b)
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // httpd is starting
+	}
+	if body != "sandbox\n" {
+		t.Fatalf("HTTPS endpoint through the edge: %q", body)
+	}
+	mark := eg.stack.EdgeDialMark()
+	for _, c := range []struct {
+		port string
+		mark uint32
+		ok   bool
+	}{
+		{"8080", 0, false}, // published, but only through the edge
+		{"7070", 0, false}, // PRIVATE: its organization's sandboxes only
+		{"9090", 0, false}, // never declared
+		{"8080", mark, true},
+		{"7070", mark, true},
+		{"9090", mark, true},
+	} {
+		t0 := time.Now()
+		got, err := hostDial(net.JoinHostPort(ip, c.port), c.mark)
+		switch {
+		case c.ok && (err != nil || got != "sandbox\n"):
+			t.Errorf("host with the mark -> %s: %q %v", c.port, got, err)
+		case !c.ok && err == nil:
+			t.Errorf("host -> %s: reached the sandbox: %q", c.port, got)
+		case !c.ok && (!errors.Is(err, syscall.ECONNREFUSED) || time.Since(t0) > time.Second):
+			t.Errorf("host -> %s: %v after %v, want connection refused at once", c.port, err, time.Since(t0))
+		}
 	}
 }

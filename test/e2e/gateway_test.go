@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
 // gw is a gateway over a real single-host stack, served over h2c like `sandboxd dev`.
@@ -36,7 +37,12 @@ type gw struct {
 
 func startGateway(t *testing.T, opts ...func(*gateway.Config)) *gw {
 	t.Helper()
-	s := startedStack(t)
+	return startGatewayOn(t, startedStack(t), opts...)
+}
+
+// startGatewayOn is startGateway on the stack s.
+func startGatewayOn(t *testing.T, s *stack.Stack, opts ...func(*gateway.Config)) *gw {
+	t.Helper()
 	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
 	if err != nil {
 		t.Fatal(err)

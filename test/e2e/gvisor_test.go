@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/sockmark"
 )
 
 // needRunsc skips when the stack will not offer the gvisor class (it offers it when
@@ -44,7 +45,7 @@ func hostKernel(t *testing.T) string {
 
 // TestGVisorRuntimeClass runs sandboxes with runtime class gvisor through the runner:
 // the effective class is reported, the kernel is gVisor's, exec, files and logs work
-// through the agent, the sandbox's port is reachable at its IP, delete stops it and
+// through the agent, the sandbox's port is reachable at its IP (with the host mark), delete stops it and
 // leaves nothing behind (assertNoLeaks in finish). A sandbox without a class stays on
 // runc.
 func TestGVisorRuntimeClass(t *testing.T) {
@@ -89,12 +90,14 @@ func TestGVisorRuntimeClass(t *testing.T) {
 		t.Errorf("wc -c inside = %q", got)
 	}
 
-	// The sandbox's port at its IP, from the host (netns configured before runsc booted).
+	// The sandbox's port at its IP, from the host (netns configured before runsc booted),
+	// with the network's host mark as the edge dials: the guard refuses unmarked ones.
 	if sb.IP == "" {
 		t.Fatal("no sandbox IP")
 	}
 	var body string
-	hc := &http.Client{Timeout: 2 * time.Second}
+	d := &net.Dialer{Control: sockmark.Control(s.EdgeDialMark())}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: d.DialContext}}
 	for i := 0; i < 100 && body == ""; i++ {
 		resp, err := hc.Get("http://" + net.JoinHostPort(sb.IP, "8080") + "/index.html")
 		if err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/sockmark"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
@@ -215,12 +216,14 @@ func TestEscapes(t *testing.T) {
 	neighbour := su.create(runtime.Spec{Image: env.Busybox(), Command: "/bin/sh", Args: []string{"-c", "echo hi > /tmp/i; exec httpd -f -p 8080 -h /tmp"}})
 
 	// Controls: every target answers the host, so a blocked attempt is the sandbox's
-	// boundary at work, not a target that is not there.
+	// boundary at work, not a target that is not there. (The neighbour only with the
+	// network's host mark, as the edge dials: the host reaches no sandbox port without.)
+	d := net.Dialer{Timeout: 2 * time.Second, Control: sockmark.Control(su.s.EdgeDialMark())}
 	for _, target := range []string{net.JoinHostPort(gw, fmt.Sprint(port)), net.JoinHostPort(hostIP(t), fmt.Sprint(port)),
 		"169.254.169.254:80", net.JoinHostPort(neighbour.IP, "8080"), outside, net.JoinHostPort(otherIP.String(), "443"), in.DNS.String()} {
 		var c net.Conn
 		for range 50 {
-			if c, err = net.DialTimeout("tcp4", target, 2*time.Second); err == nil {
+			if c, err = d.Dial("tcp4", target); err == nil {
 				break
 			}
 			time.Sleep(100 * time.Millisecond)

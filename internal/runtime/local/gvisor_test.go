@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -272,7 +271,8 @@ func TestRunscVersionMatchesScript(t *testing.T) {
 }
 
 // TestGVisorNetwork: the sandbox's network namespace, configured before runsc starts,
-// is gVisor's network: the host reaches a server in the sandbox at the sandbox's IP.
+// is gVisor's network: the host (with the network's host mark) reaches a server in the
+// sandbox at the sandbox's IP.
 func TestGVisorNetwork(t *testing.T) {
 	e := gvisorEnv(t)
 	m := e.withNetwork(t, 2)
@@ -287,7 +287,7 @@ func TestGVisorNetwork(t *testing.T) {
 		t.Errorf("addresses in the sandbox: %q", out)
 	}
 	var body []byte
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := markedClient(m) // as the edge dials: the network refuses unmarked host connections
 	for i := 0; i < 100; i++ {
 		resp, err := hc.Get("http://" + net.JoinHostPort(info.IP, "8080") + "/index.html")
 		if err == nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+	"github.com/sandboxd/sandboxd/internal/sockmark"
 )
 
 // netAdapter is the test's copy of internal/stack's adapter.
@@ -69,9 +70,10 @@ func TestNetwork(t *testing.T) {
 	if out, _, _ := execIn(t, c, "cat", "/etc/hosts"); !strings.Contains(out, info.IP) {
 		t.Errorf("/etc/hosts: %q", out)
 	}
-	// The host reaches the sandbox's port at its IP.
+	// The host reaches the sandbox's port at its IP, with the network's host mark as the
+	// edge dials (unmarked, the guard refuses it).
 	var body []byte
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := markedClient(m)
 	for i := 0; i < 50; i++ { // httpd may not listen yet right after create
 		resp, err := hc.Get("http://" + net.JoinHostPort(info.IP, "8080") + "/index.html")
 		if err == nil {
@@ -106,6 +108,13 @@ func TestNetwork(t *testing.T) {
 		t.Errorf("netns %s left after destroy", a.NetNSPath)
 	}
 	checkNoLeaks(t, e.state, id)
+}
+
+// markedClient is an HTTP client whose connections carry m's host mark, the only way
+// from the host into a sandbox (see network.Config.HostMark).
+func markedClient(m *network.Manager) *http.Client {
+	d := &net.Dialer{Control: sockmark.Control(m.HostMark())}
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: d.DialContext}}
 }
 
 func (n netAdapter) SetRules(id string, r Rules) error {

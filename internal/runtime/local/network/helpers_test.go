@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/sockmark"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -249,10 +250,22 @@ func serve(t testing.TB, path, addr, name string) net.Addr {
 }
 
 // dial connects from the namespace at path ("" = host) and returns the server's line.
+// From the host into a sandbox that needs the Manager's mark: dialMarked.
 func dial(path, addr string, timeout time.Duration) (string, error) {
+	return dialWith(path, addr, timeout, 0)
+}
+
+// dialMarked connects from the host with m's host mark, as the edge does: the only way
+// from the host into a sandbox.
+func dialMarked(m *Manager, addr string, timeout time.Duration) (string, error) {
+	return dialWith("", addr, timeout, m.HostMark())
+}
+
+func dialWith(path, addr string, timeout time.Duration, mark uint32) (string, error) {
 	var line string
 	do := func() error {
-		c, err := net.DialTimeout("tcp4", addr, timeout)
+		d := net.Dialer{Timeout: timeout, Control: sockmark.Control(mark)}
+		c, err := d.Dial("tcp4", addr)
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,8 @@
 // default route via the bridge's gateway address, and optional outbound NAT. Each
 // sandbox's egress and ingress rules (SetRules) are enforced on the host with nftables
 // (rules.go); the platform DNS and the egress proxy for dns_name rules answer on the
-// gateway address (services.go).
+// gateway address (services.go). Of the host's own processes, only those whose sockets
+// carry Config.HostMark (the runner's edge) open connections to sandboxes (nft.go).
 //
 // Host setup (bridge, one nftables table, ip_forward when Egress) is done once by New and is
 // idempotent. Per-sandbox work (Setup/Teardown) uses netlink only: no `ip`
@@ -49,6 +50,13 @@ const (
 	ContainerIface = "eth0"
 	// DefaultProxyPort is a good Config.ProxyPort: the gateway port of the egress proxy.
 	DefaultProxyPort = 15443
+	// DefaultHostMark is the socket mark (SO_MARK) that lets a host process open
+	// connections into the bridge (Config.HostMark). 0x5b is sandboxd's byte (sandbox MACs
+	// start 02:5b); the low 16 bits, where kube-proxy and flannel (0x4000, 0x8000), Cilium
+	// (0x0f00), Istio (0x539) and wg-quick (0xca6c) keep their marks, are zero, and under
+	// Tailscale's mask 0xff0000 it reads 0xd00000, neither of its values. So those tools
+	// neither route nor filter the edge's marked dials differently.
+	DefaultHostMark uint32 = 0x5bd00000
 )
 
 // DefaultSubnet is the sandbox subnet used when Config.Subnet is not set.
@@ -93,6 +101,12 @@ type Config struct {
 	Table string
 	// MTU of the bridge and veths; 0 keeps the kernel default (1500).
 	MTU int
+	// HostMark is the socket mark (SO_MARK) a host process's connections need to enter
+	// the bridge (0: DefaultHostMark). Replies to the sandboxes' own connections (the
+	// platform DNS, the egress proxy) need none; every other new flow from the host to a
+	// sandbox is refused, so that only the runner's edge, which marks its dials, reaches
+	// sandbox ports (see rules in nft.go).
+	HostMark uint32
 }
 
 // Attachment describes one sandbox's network.
@@ -133,6 +147,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
+	}
+	if cfg.HostMark == 0 {
+		cfg.HostMark = DefaultHostMark
 	}
 	if !cfg.Subnet.IsValid() {
 		cfg.Subnet = DefaultSubnet
@@ -227,6 +244,10 @@ func (m *Manager) Gateway() netip.Addr { return m.gateway }
 
 // Subnet returns the sandbox subnet.
 func (m *Manager) Subnet() netip.Prefix { return m.cfg.Subnet }
+
+// HostMark returns the socket mark that lets host connections into the bridge (give it
+// to the edge's dialer).
+func (m *Manager) HostMark() uint32 { return m.cfg.HostMark }
 
 // Bridge returns the bridge name.
 func (m *Manager) Bridge() string { return m.cfg.Bridge }

@@ -99,9 +99,10 @@ func TestSetupReachableFromHost(t *testing.T) {
 		}
 	}
 
-	// A server inside the sandbox is reachable from the host at IP:port.
+	// A server inside the sandbox is reachable at IP:port from the host with the host mark
+	// (as the edge dials; TestHostGuard has the rest).
 	serve(t, a.NetNSPath, ":8080", "sandbox")
-	line, err := dial("", netip.AddrPortFrom(a.IP, 8080).String(), 2*time.Second)
+	line, err := dialMarked(m, netip.AddrPortFrom(a.IP, 8080).String(), 2*time.Second)
 	if err != nil {
 		t.Fatalf("host -> sandbox: %v", err)
 	}
@@ -160,9 +161,9 @@ func TestSandboxesIsolatedFromEachOther(t *testing.T) {
 			} else if err := deleteTable(m.cfg.Table); err != nil {
 				t.Fatal(err)
 			}
-			// The host reaches both.
+			// The host, with its mark, reaches both.
 			for _, s := range []*Attachment{a, b} {
-				if _, err := dial("", netip.AddrPortFrom(s.IP, 8080).String(), 2*time.Second); err != nil {
+				if _, err := dialMarked(m, netip.AddrPortFrom(s.IP, 8080).String(), 2*time.Second); err != nil {
 					t.Fatalf("host -> %s: %v", s.ID, err)
 				}
 			}
@@ -489,7 +490,7 @@ func TestConcurrentSetupAndLookupAfterRestart(t *testing.T) {
 	}
 	// And the old ones are still reachable from the host.
 	serve(t, atts[7].NetNSPath, ":8080", "seven")
-	if _, err := dial("", netip.AddrPortFrom(atts[7].IP, 8080).String(), 2*time.Second); err != nil {
+	if _, err := dialMarked(m, netip.AddrPortFrom(atts[7].IP, 8080).String(), 2*time.Second); err != nil {
 		t.Errorf("host -> sandbox after restart: %v", err)
 	}
 
@@ -524,7 +525,7 @@ func TestNewIsIdempotent(t *testing.T) {
 	if c := strings.Count(string(out), "masquerade"); c != 1 {
 		t.Errorf("%d masquerade rules after repeated New:\n%s", c, out)
 	}
-	if _, err := dial("", netip.AddrPortFrom(a.IP, 1).String(), time.Second); err == nil || !strings.Contains(err.Error(), "refused") {
+	if _, err := dialMarked(m, netip.AddrPortFrom(a.IP, 1).String(), time.Second); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Errorf("sandbox not reachable after repeated New (want connection refused): %v", err)
 	}
 }

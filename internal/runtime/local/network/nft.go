@@ -25,6 +25,14 @@ import (
 //     get no IPv6 forwarding, and nothing from a source outside the subnet passes (the
 //     rules are keyed by source address; sandboxes lack CAP_NET_RAW and CAP_NET_ADMIN,
 //     so they cannot send from an address other than their own).
+//   - output: a new flow from the host itself into the bridge (any protocol, IPv4 or
+//     IPv6) passes only with the socket mark Config.HostMark, which the edge's dials
+//     carry; replies to the sandboxes' connections (established/related) pass. Refused
+//     TCP gets a reset at once, so a host client fails fast with "connection refused"
+//     (the same answer whether or not something listens; the sender is local, so a
+//     silent drop would hide nothing and only hang it), the rest is dropped, which a
+//     local sender also sees at once (EPERM). ARP is not in the inet family: the host
+//     still resolves sandbox addresses, which its replies need.
 //   - prerouting (nat): dns_name grants redirect TCP 443 to the proxy (dnat_of).
 //   - postrouting (nat): masquerade the subnet leaving through any non-bridge
 //     interface (Egress only).
@@ -107,11 +115,18 @@ func (m *Manager) rules(members []*member) string {
 		ip saddr vmap @egress_of
 		accept
 	}
+	chain output {
+		type filter hook output priority filter; policy accept;
+		oifname %[1]s ct state established,related accept
+		oifname %[1]s meta mark %#[2]x accept
+		oifname %[1]s meta l4proto tcp reject with tcp reset
+		oifname %[1]s drop
+	}
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
 		iifname %[1]s ip saddr vmap @dnat_of
 	}
-`, br)
+`, br, m.cfg.HostMark)
 	if m.cfg.Egress {
 		fmt.Fprintf(&b, `	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;

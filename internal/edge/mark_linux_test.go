@@ -1,0 +1,53 @@
+//go:build linux
+
+package edge
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestDialMark: the edge's connections to sandbox ports carry Config.DialMark (the
+// local network's guard lets only those into the bridge); none without one.
+func TestDialMark(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SO_MARK needs CAP_NET_ADMIN")
+	}
+	for _, mark := range []uint32{0, 0x5bd00000} {
+		te := startEdge(t, func(c *Config) { c.DialMark = mark })
+		url := te.httpRoute(t, sbxA, 8080, AuthOpen, 0, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+		res, err := te.client("http/1.1").Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if string(body) != "ok" {
+			t.Fatalf("body %q", body)
+		}
+		// The fast path's connection, idle in the pool after the request.
+		r, _ := te.rm.Lookup(sbxA, 8080)
+		bc := te.backends.get(r.Backend)
+		if bc == nil {
+			t.Fatal("no backend connection in the pool")
+		}
+		raw, err := bc.Conn.(interface {
+			SyscallConn() (syscall.RawConn, error)
+		}).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		var gerr error
+		_ = raw.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK) })
+		_ = bc.Close()
+		if gerr != nil || uint32(got) != mark {
+			t.Errorf("backend connection SO_MARK %#x (%v), want %#x", uint32(got), gerr, mark)
+		}
+	}
+}
