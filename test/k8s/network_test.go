@@ -118,7 +118,8 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Errorf("the network policy outlived its sandbox: %v", err)
 	}
 
-	// A rule NetworkPolicy cannot express: refused, nothing made.
+	// A rule NetworkPolicy cannot express: refused before anything is made — by the runner,
+	// which knows its backend cannot enforce it (the backend would refuse it too).
 	sb, err = s2.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
 		Image: busybox, Command: "sleep", Args: []string{"3600"},
 		Network: &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com"}}},
@@ -130,8 +131,11 @@ func TestNetworkPolicy(t *testing.T) {
 			t.Errorf("host-name rule: %s %s: %s", sb.State, sb.Reason, sb.Message)
 		}
 		podGone(t, s2, c, sb.ID)
-	case !errors.Is(err, runtime.ErrInvalidSpec):
-		t.Errorf("host-name rule: %v", err)
+	default:
+		var ve *runner.ValidationError
+		if !errors.As(err, &ve) || len(ve.Violations) != 1 || ve.Violations[0].Field != "spec.network.egress[0].https_hostname" {
+			t.Errorf("host-name rule: %v, want a violation of spec.network.egress[0].https_hostname", err)
+		}
 	}
 }
 
