@@ -8,6 +8,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,9 +31,15 @@ func TestDialMark(t *testing.T) {
 		if string(body) != "ok" {
 			t.Fatalf("body %q", body)
 		}
-		// The fast path's connection, idle in the pool after the request.
+		// The fast path's connection, idle in the pool after the request: it goes back
+		// there just after the response reached the client, so wait for it a little.
 		r, _ := te.rm.Lookup(sbxA, 8080)
-		bc := te.backends.get(r.Backend)
+		var bc *backendConn
+		for deadline := time.Now().Add(5 * time.Second); bc == nil && time.Now().Before(deadline); {
+			if bc = te.backends.get(r.Backend); bc == nil {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
 		if bc == nil {
 			t.Fatal("no backend connection in the pool")
 		}
