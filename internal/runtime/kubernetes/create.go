@@ -5,9 +5,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -232,7 +234,17 @@ func (b *Backend) labels(spec *runtime.Spec) map[string]string {
 	if org := spec.Meta[MetaOrg]; org != "" && len(validation.IsValidLabelValue(org)) == 0 {
 		l[LabelOrg] = org
 	}
+	if c := spec.Meta[runtime.MetaCaller]; c != "" {
+		l[LabelUser] = userHash(c)
+	}
 	return l
+}
+
+// userHash is the LabelUser value of a caller: 48 hex digits of its SHA-256 (label
+// values are at most 63 characters of a restricted alphabet; key IDs need not be).
+func userHash(caller string) string {
+	h := sha256.Sum256([]byte(caller))
+	return hex.EncodeToString(h[:24])
 }
 
 // argv is the main command: [command]+args, or the image's entrypoint and cmd merged
