@@ -59,7 +59,9 @@ func TestSpecForPolicyNetwork(t *testing.T) {
 
 type staticPolicy string
 
-func (p staticPolicy) Policy(context.Context, string) ([]byte, int64, error) { return []byte(p), 7, nil }
+func (p staticPolicy) Policy(context.Context, string) ([]byte, int64, error) {
+	return []byte(p), 7, nil
+}
 
 // The Pod settings that crossed the wire are what an unregistered runner (no policy of
 // its own) applies; a runner with its own policy replaces them with its policy's, never
