@@ -50,8 +50,9 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			return nil, policy.Result{}, runner.Sandbox{}, err
 		}
 		cr.Spec.Meta = map[string]string{metaOrg: org, runtime.MetaCaller: caller, "sandboxd.policy_revision": c.Result.PolicyRevision}
-		// In-process runners get the policy's Pod settings here; a remote runner applies
-		// its own policy's (runnerapi.Server.WithPolicy), as the wire spec has no room.
+		// The policy's Pod settings travel with the spec (also over the runner wire); a
+		// remote runner that checks its own policy (runnerapi.Server.WithPolicy) replaces
+		// them with its policy's rather than adding to them.
 		cr.Spec.Pod = c.Result.Pod
 		sb, err := r.Create(ctx, cr)
 		if err == nil {

@@ -38,7 +38,41 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 			Endpoint: v.Endpoint, TokenAuth: v.TokenAuth, TimeoutSeconds: int32(v.TimeoutSeconds)})
 	}
 	p.Network = networkToProto(s.Network)
+	p.Pod = podToProto(s.Pod)
 	return p
+}
+
+func podToProto(ps *runtime.PodSettings) *runnerv1.PodSettings {
+	if ps.IsZero() {
+		return nil
+	}
+	p := &runnerv1.PodSettings{
+		NodeSelector: ps.NodeSelector, PriorityClassName: ps.PriorityClassName,
+		ServiceAccountName: ps.ServiceAccountName, ImagePullSecrets: ps.ImagePullSecrets, Annotations: ps.Annotations,
+	}
+	for _, t := range ps.Tolerations {
+		p.Tolerations = append(p.Tolerations, &runnerv1.Toleration{Key: t.Key, Operator: t.Operator, Value: t.Value,
+			Effect: t.Effect, TolerationSeconds: t.TolerationSeconds})
+	}
+	return p
+}
+
+func podFromProto(p *runnerv1.PodSettings) *runtime.PodSettings {
+	if p == nil {
+		return nil
+	}
+	ps := &runtime.PodSettings{
+		NodeSelector: p.GetNodeSelector(), PriorityClassName: p.GetPriorityClassName(),
+		ServiceAccountName: p.GetServiceAccountName(), ImagePullSecrets: p.GetImagePullSecrets(), Annotations: p.GetAnnotations(),
+	}
+	for _, t := range p.GetTolerations() {
+		ps.Tolerations = append(ps.Tolerations, runtime.Toleration{Key: t.GetKey(), Operator: t.GetOperator(), Value: t.GetValue(),
+			Effect: t.GetEffect(), TolerationSeconds: t.TolerationSeconds})
+	}
+	if ps.IsZero() {
+		return nil
+	}
+	return ps
 }
 
 func networkToProto(n *runtime.Network) *runnerv1.Network {
@@ -118,6 +152,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 			Endpoint: v.GetEndpoint(), TokenAuth: v.GetTokenAuth(), TimeoutSeconds: int(v.GetTimeoutSeconds())})
 	}
 	s.Network = networkFromProto(p.GetNetwork())
+	s.Pod = podFromProto(p.GetPod())
 	return s
 }
 

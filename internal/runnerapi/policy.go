@@ -73,7 +73,8 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 		req.Spec.Meta[MetaGatewayPolicyRevision] = g
 	}
 	req.Spec.Meta[MetaPolicyRevision] = res.PolicyRevision
-	// The runner's own policy decides the Pod settings (Kubernetes backend).
+	// The runner's own policy decides the Pod settings (Kubernetes backend): they replace
+	// what the gateway resolved, never add to it (no toleration or pull secret twice).
 	req.Spec.Pod = res.Pod
 	return nil
 }

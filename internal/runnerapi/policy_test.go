@@ -1,6 +1,8 @@
 package runnerapi
 
 import (
+	"context"
+	"reflect"
 	"testing"
 	"time"
 
@@ -54,3 +56,43 @@ func TestSpecForPolicyNetwork(t *testing.T) {
 		})
 	}
 }
+
+type staticPolicy string
+
+func (p staticPolicy) Policy(context.Context, string) ([]byte, int64, error) {
+	return []byte(p), 7, nil
+}
+
+// The Pod settings that crossed the wire are what an unregistered runner (no policy of
+// its own) applies; a runner with its own policy replaces them with its policy's, never
+// adding to them.
+func TestAdmitPodSettings(t *testing.T) {
+	wire := &runtime.PodSettings{Tolerations: []runtime.Toleration{{Key: "dedicated", Operator: "Exists"}}, Annotations: map[string]string{"from": "gateway"}}
+	for _, tc := range []struct {
+		name   string
+		policy *staticPolicy
+		want   *runtime.PodSettings
+	}{
+		{"no policy of its own: the gateway's", nil, wire},
+		{"own policy with the same fragment: once", ptrTo(staticPolicy(`{"base": {"pod": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}}}`)),
+			&runtime.PodSettings{Tolerations: []runtime.Toleration{{Key: "dedicated", Operator: "Exists"}}}},
+		{"own policy without a fragment: none", ptrTo(staticPolicy(`{}`)), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newServer(&fakeRunner{}, nil, nil)
+			if tc.policy != nil {
+				s.WithPolicy("r1", *tc.policy)
+			}
+			req := runner.CreateRequest{Spec: runtime.Spec{Image: "busybox", Pod: wire}, Lifetime: time.Minute}
+			req = createFromProto(createToProto(req)) // as it arrives
+			if err := s.admit(context.Background(), &req); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(req.Spec.Pod, tc.want) {
+				t.Errorf("pod settings %+v, want %+v", req.Spec.Pod, tc.want)
+			}
+		})
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -241,6 +241,34 @@ func TestRunnerapiConversionRoundTrip(t *testing.T) {
 		got.GetCapabilitiesAdd()[0] != "CAP_NET_ADMIN" || got.Privileged != nil {
 		t.Errorf("the policy sees security context %v", got)
 	}
+	secs := int64(30)
+	for _, tc := range []struct {
+		name string
+		pod  *runtime.PodSettings
+		want *runtime.PodSettings
+	}{
+		{"none", nil, nil},
+		{"empty is none", &runtime.PodSettings{}, nil},
+		{"every field", &runtime.PodSettings{
+			NodeSelector: map[string]string{"pool": "a"},
+			Tolerations: []runtime.Toleration{{Key: "k", Operator: "Equal", Value: "v", Effect: "NoExecute", TolerationSeconds: &secs},
+				{Operator: "Exists"}},
+			PriorityClassName: "high", ServiceAccountName: "sa", ImagePullSecrets: []string{"p1", "p2"},
+			Annotations: map[string]string{"a/b": "c"},
+		}, nil},
+	} {
+		t.Run("pod settings "+tc.name, func(t *testing.T) {
+			want := tc.want
+			if want == nil && !tc.pod.IsZero() {
+				want = tc.pod
+			}
+			r := req
+			r.Spec.Pod = tc.pod
+			if got := createFromProto(createToProto(r)).Spec.Pod; !reflect.DeepEqual(got, want) {
+				t.Errorf("pod settings: %+v, want %+v", got, want)
+			}
+		})
+	}
 }
 
 func TestRunnerapiCreateGetCapacity(t *testing.T) {

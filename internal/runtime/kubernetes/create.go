@@ -5,9 +5,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -55,14 +57,15 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
 	}
-	if !spec.Security.IsDefault() {
-		// Refused rather than ignored: a sandbox must not run with less protection than
-		// it asked for.
-		return runtime.Info{}, fmt.Errorf("%w: security contexts are not supported by the Kubernetes backend yet", runtime.ErrInvalidSpec)
+	imageUser := ""
+	if imageUserNeeded(spec.Security) {
+		ic, err := b.cfg.ImageConfig(ctx, spec.Image, spec.PullCredentials)
+		if err != nil {
+			return runtime.Info{}, errImageUser(spec.Image, err)
+		}
+		imageUser = ic.User
 	}
-	if len(spec.Volumes) > 0 || len(spec.VolumeMounts) > 0 {
-		return runtime.Info{}, fmt.Errorf("%w: scratch volumes are not supported by the Kubernetes backend yet", runtime.ErrInvalidSpec)
-	}
+	sc, runAs := securityFor(spec.Security, imageUser)
 	class, rcName, err := b.runtimeClass(spec.RuntimeClass)
 	if err != nil {
 		return runtime.Info{}, err
@@ -120,6 +123,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		WorkingDir:   spec.WorkingDir,
 		RestartLimit: spec.RestartLimit,
 		Hostname:     hostname(spec.ID),
+		User:         runAs,
 	}
 	for _, f := range spec.Files {
 		acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
@@ -173,7 +177,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 		}
 	}
-	pod := b.podFor(spec, rcName, lbls, pullSecret)
+	pod := b.podFor(spec, rcName, lbls, pullSecret, sc)
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		switch {
@@ -230,7 +234,17 @@ func (b *Backend) labels(spec *runtime.Spec) map[string]string {
 	if org := spec.Meta[MetaOrg]; org != "" && len(validation.IsValidLabelValue(org)) == 0 {
 		l[LabelOrg] = org
 	}
+	if c := spec.Meta[runtime.MetaCaller]; c != "" {
+		l[LabelUser] = userHash(c)
+	}
 	return l
+}
+
+// userHash is the LabelUser value of a caller: 48 hex digits of its SHA-256 (label
+// values are at most 63 characters of a restricted alphabet; key IDs need not be).
+func userHash(caller string) string {
+	h := sha256.Sum256([]byte(caller))
+	return hex.EncodeToString(h[:24])
 }
 
 // argv is the main command: [command]+args, or the image's entrypoint and cmd merged
@@ -257,7 +271,7 @@ func hostname(id string) string {
 	return id
 }
 
-func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]string, pullSecret string) *corev1.Pod {
+func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]string, pullSecret string, sc *corev1.SecurityContext) *corev1.Pod {
 	grace := int64(b.cfg.TerminationGrace / time.Second)
 	no := false
 	mounts := func(ms ...corev1.VolumeMount) []corev1.VolumeMount { return ms }
@@ -306,9 +320,10 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 				},
 				{
 					Name: containerMain, Image: spec.Image, ImagePullPolicy: b.cfg.ImagePullPolicy,
-					Command:    []string{gate.GatePath, "exec-agent"},
-					WorkingDir: spec.WorkingDir,
-					Resources:  res,
+					Command:         []string{gate.GatePath, "exec-agent"},
+					WorkingDir:      spec.WorkingDir,
+					Resources:       res,
+					SecurityContext: sc,
 					VolumeMounts: mounts(
 						corev1.VolumeMount{Name: "bin", MountPath: gate.BinDir, ReadOnly: true},
 						corev1.VolumeMount{Name: "run", MountPath: gate.RunDir},
@@ -334,6 +349,10 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 			},
 		},
 	}
+	vols, vmounts := volumesFor(spec)
+	pod.Spec.Volumes = append(pod.Spec.Volumes, vols...)
+	main := &pod.Spec.Containers[1]
+	main.VolumeMounts = append(main.VolumeMounts, vmounts...)
 	if rcName != "" {
 		pod.Spec.RuntimeClassName = &rcName
 	}

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -38,23 +39,32 @@ func DefaultDNSPeers() []networkingv1.NetworkPolicyPeer {
 func networkPolicyName(id string) string { return "sbx-" + id }
 
 // networkPolicyFor translates spec.Network into the sandbox's NetworkPolicy; nil when the
-// spec has no Network (specs from before network rules: nothing is enforced). Rules that
-// NetworkPolicy cannot express are refused (ErrInvalidSpec) rather than widened or
-// dropped: a host-name rule needs a proxy that reads the TLS server name, and the
-// same_user and sandbox_network tenants have no label to select on.
+// spec has no Network (specs from before network rules: nothing is enforced). Tenants
+// select Pods by label: same_org on the organization, same_user on the hash of the
+// creating API key (LabelUser). Rules that NetworkPolicy cannot express are refused
+// (ErrInvalidSpec) rather than widened or dropped: a host-name rule needs a proxy that
+// reads the TLS server name (the runner reports it: NetworkSupport), and sandbox networks
+// do not exist (the gateway refuses them first).
 func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (*networkingv1.NetworkPolicy, error) {
 	n := spec.Network
 	if n == nil {
 		return nil, nil
 	}
-	org := lbls[LabelOrg]
-	sameOrg := func() *networkingv1.NetworkPolicyPeer {
-		if org == "" {
-			return nil // no organization label: nobody is "the same organization"
+	// tenantPeer selects the Pods of a tenant scope; nil when the sandbox has no such
+	// label (no organization, no caller): nobody is "the same" then.
+	tenantPeer := func(label string) *networkingv1.NetworkPolicyPeer {
+		v := lbls[label]
+		if v == "" {
+			return nil
 		}
 		return &networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{
-			MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelOrg: org},
+			MatchLabels: map[string]string{LabelManagedBy: ManagedBy, label: v},
 		}}
+	}
+	sameOrg := func() *networkingv1.NetworkPolicyPeer { return tenantPeer(LabelOrg) }
+	tenants := map[string]func() *networkingv1.NetworkPolicyPeer{
+		runtime.TenantSameOrg:  sameOrg,
+		runtime.TenantSameUser: func() *networkingv1.NetworkPolicyPeer { return tenantPeer(LabelUser) },
 	}
 	np := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: networkPolicyName(spec.ID), Namespace: b.cfg.Namespace, Labels: lbls},
@@ -96,7 +106,7 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 	if !n.DenyIngress && len(custom) > 0 {
 		for i, r := range n.Ingress {
 			field := fmt.Sprintf("network.ingress[%d]", i)
-			peers, err := peersOf(field, r.CIDR, r.Except, "", r.Tenant, r.Any, sameOrg)
+			peers, err := peersOf(field, r.CIDR, r.Except, "", r.Tenant, r.Any, tenants)
 			if err != nil {
 				return nil, err
 			}
@@ -126,7 +136,7 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 	if !n.DenyEgress {
 		for i, r := range n.Egress {
 			field := fmt.Sprintf("network.egress[%d]", i)
-			peers, err := peersOf(field, r.CIDR, r.Except, r.DNSName, r.Tenant, r.Any, sameOrg)
+			peers, err := peersOf(field, r.CIDR, r.Except, r.DNSName, r.Tenant, r.Any, tenants)
 			if err != nil {
 				return nil, err
 			}
@@ -146,7 +156,7 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 // peersOf translates one rule's destination (egress) or source (ingress). An empty,
 // non-nil result means the rule selects nobody here (same_org without an organization).
 func peersOf(field, cidr string, except []string, dnsName, tenant string, anyDest bool,
-	sameOrg func() *networkingv1.NetworkPolicyPeer) ([]networkingv1.NetworkPolicyPeer, error) {
+	tenants map[string]func() *networkingv1.NetworkPolicyPeer) ([]networkingv1.NetworkPolicyPeer, error) {
 	switch {
 	case dnsName != "":
 		return nil, fmt.Errorf("%w: %s: the host-name rule %q cannot be enforced by the Kubernetes backend (NetworkPolicy has no host names)",
@@ -174,8 +184,8 @@ func peersOf(field, cidr string, except []string, dnsName, tenant string, anyDes
 			blk.Except = append(blk.Except, ep.Masked().String())
 		}
 		return []networkingv1.NetworkPolicyPeer{{IPBlock: blk}}, nil
-	case tenant == runtime.TenantSameOrg:
-		if p := sameOrg(); p != nil {
+	case tenants[tenant] != nil:
+		if p := tenants[tenant](); p != nil {
 			return []networkingv1.NetworkPolicyPeer{*p}, nil
 		}
 		return []networkingv1.NetworkPolicyPeer{}, nil
@@ -263,23 +273,36 @@ func (b *Backend) createNetworkPolicy(ctx context.Context, np *networkingv1.Netw
 	return err
 }
 
-// ensureNetworkPolicy re-creates a recovered sandbox's NetworkPolicy when it is missing
-// (deleted behind the runner's back), owned by the Pod.
+// ensureNetworkPolicy restores a recovered sandbox's NetworkPolicy from its persisted
+// spec: re-created, owned by the Pod, when missing (deleted behind the runner's back);
+// put back when its rules were changed, so the sandbox runs with exactly the rules it
+// was given (and that its status reports).
 func (b *Backend) ensureNetworkPolicy(ctx context.Context, spec *runtime.Spec, pod *corev1.Pod) error {
 	if spec.Network == nil {
 		return nil
-	}
-	_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Get(ctx, networkPolicyName(spec.ID), metav1.GetOptions{})
-	if err == nil || !apierrors.IsNotFound(err) {
-		return err
 	}
 	np, err := b.networkPolicyFor(spec, b.labels(spec))
 	if err != nil {
 		return err
 	}
 	np.OwnerReferences = []metav1.OwnerReference{podOwner(pod)}
-	b.log.Warn("the sandbox's network policy was missing: re-creating it", "sandbox", spec.ID)
-	return b.createNetworkPolicy(ctx, np)
+	api := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace)
+	cur, err := api.Get(ctx, np.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		b.log.Warn("the sandbox's network policy was missing: re-creating it", "sandbox", spec.ID)
+		return b.createNetworkPolicy(ctx, np)
+	case err != nil:
+		return fmt.Errorf("network policy of %s: %w", spec.ID, err)
+	case apiequality.Semantic.DeepEqual(cur.Spec, np.Spec):
+		return nil
+	}
+	b.log.Warn("the sandbox's network policy was changed: restoring it", "sandbox", spec.ID)
+	np.ResourceVersion = cur.ResourceVersion
+	if _, err := api.Update(ctx, np, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("restore network policy of %s: %w", spec.ID, err)
+	}
+	return nil
 }
 
 func podOwner(pod *corev1.Pod) metav1.OwnerReference {

@@ -4,7 +4,9 @@ import "github.com/sandboxd/sandboxd/internal/runtime"
 
 // NetworkSupport: NetworkPolicy matches peers by address and labels, never by TLS server
 // name, so host-name egress rules cannot be enforced here; the runner refuses them and
-// the gateway places such sandboxes on runners that can.
+// the gateway places such sandboxes on runners that can. Everything else is enforced:
+// cidr/any as ipBlocks, tenants by label (organization, caller hash). (Sandbox networks
+// are refused by the gateway on every runner.)
 func (b *Backend) NetworkSupport() runtime.NetworkSupport {
 	return runtime.NetworkSupport{NoDNSNames: true}
 }

@@ -10,6 +10,7 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -78,12 +79,14 @@ func TestNetworkPolicyFor(t *testing.T) {
 		runner   = "ip:192.0.2.2/32 all"
 		sameOrg  = "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/org-id=org-a"
 	)
+	sameUser := "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/user-hash=" + userHash("key/ID with:odd chars")
 	runnerPeers := []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.2/32"}}}
 	for _, tc := range []struct {
 		name     string
 		net      *runtime.Network
 		services []runtime.Service
 		org      string
+		caller   string
 		noRunner bool
 		in, out  []string
 		err      string // substring of an ErrInvalidSpec error
@@ -118,8 +121,16 @@ func TestNetworkPolicyFor(t *testing.T) {
 			in:       []string{runner, sameOrg + " TCP/8080"}, out: []string{dns}},
 		{name: "host names cannot be expressed", net: &runtime.Network{Egress: []runtime.EgressRule{{Any: true}, {DNSName: "*.example.com"}}},
 			err: `network.egress[1]: the host-name rule "*.example.com"`},
-		{name: "same_user cannot be expressed", net: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameUser}}},
-			err: `network.egress[0]: the tenant rule "same_user"`},
+		{name: "same_user selects the caller's Pods, both ways", org: "org-a", caller: "key/ID with:odd chars",
+			services: []runtime.Service{{Port: 9000, Visibility: "custom"}},
+			net: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameUser, Ports: []runtime.PortRange{{Port: 5432}}}},
+				Ingress: []runtime.IngressRule{{Tenant: runtime.TenantSameUser}}},
+			in: []string{runner, sameUser + " TCP/9000"}, out: []string{dns, sameUser + " TCP/5432"}},
+		{name: "same_user without a caller selects nobody", org: "org-a",
+			net: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameUser}}},
+			in:  []string{runner}, out: []string{dns}},
+		{name: "sandbox networks cannot be expressed", net: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSandboxNetwork}}},
+			err: `network.egress[0]: the tenant rule "sandbox_network"`},
 		{name: "except outside the block", net: &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.0.0.0/16", Except: []string{"10.1.0.0/24"}}}},
 			err: "except 10.1.0.0/24 is not inside 10.0.0.0/16"},
 		{name: "bad protocol", net: &runtime.Network{Egress: []runtime.EgressRule{{Any: true, Ports: []runtime.PortRange{{Protocol: "icmp"}}}}},
@@ -132,7 +143,7 @@ func TestNetworkPolicyFor(t *testing.T) {
 			if tc.noRunner {
 				b.cfg.RunnerPeers = nil
 			}
-			spec := &runtime.Spec{ID: "s1", Network: tc.net, Services: tc.services, Meta: map[string]string{MetaOrg: tc.org}}
+			spec := &runtime.Spec{ID: "s1", Network: tc.net, Services: tc.services, Meta: map[string]string{MetaOrg: tc.org, runtime.MetaCaller: tc.caller}}
 			np, err := b.networkPolicyFor(spec, b.labels(spec))
 			if tc.err != "" {
 				if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), tc.err) {
@@ -165,4 +176,27 @@ func TestNetworkPolicyFor(t *testing.T) {
 			t.Errorf("got %v, %v", np, err)
 		}
 	})
+}
+
+func TestUserLabel(t *testing.T) {
+	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1"}}
+	for _, tc := range []struct {
+		name, caller string
+		want         bool
+	}{
+		{"no caller: no label", "", false},
+		{"plain key ID", "k_123", true},
+		{"key ID no label value allows", strings.Repeat("é/", 80), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := b.labels(&runtime.Spec{ID: "s", Meta: map[string]string{runtime.MetaCaller: tc.caller}})
+			v, ok := l[LabelUser]
+			if ok != tc.want {
+				t.Fatalf("label present %v, want %v", ok, tc.want)
+			}
+			if ok && (len(validation.IsValidLabelValue(v)) > 0 || v != userHash(tc.caller) || v == userHash(tc.caller+"x")) {
+				t.Errorf("label %q", v)
+			}
+		})
+	}
 }

@@ -1,0 +1,160 @@
+package kubernetes
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func describeSC(sc *corev1.SecurityContext) string {
+	if sc == nil {
+		return "nil"
+	}
+	var parts []string
+	if sc.RunAsUser != nil {
+		parts = append(parts, fmt.Sprintf("uid=%d", *sc.RunAsUser))
+	}
+	if sc.RunAsGroup != nil {
+		parts = append(parts, fmt.Sprintf("gid=%d", *sc.RunAsGroup))
+	}
+	if sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
+		parts = append(parts, "ro")
+	}
+	if sc.AllowPrivilegeEscalation != nil {
+		parts = append(parts, fmt.Sprintf("ape=%v", *sc.AllowPrivilegeEscalation))
+	}
+	if c := sc.Capabilities; c != nil {
+		parts = append(parts, fmt.Sprintf("drop=%v add=%v", c.Drop, c.Add))
+	}
+	if sc.SeccompProfile != nil {
+		parts = append(parts, "seccomp="+string(sc.SeccompProfile.Type))
+	}
+	if sc.Privileged != nil {
+		parts = append(parts, "privileged")
+	}
+	return strings.Join(parts, " ")
+}
+
+func TestSecurityFor(t *testing.T) {
+	u1000, g0, g50 := uint32(1000), uint32(0), uint32(50)
+	for _, tc := range []struct {
+		name      string
+		sec       *runtime.Security
+		imageUser string
+		want      string
+		wantUser  string
+	}{
+		{"none", nil, "", "seccomp=RuntimeDefault", ""},
+		{"zero value", &runtime.Security{}, "app", "seccomp=RuntimeDefault", ""},
+		{"seccomp only", &runtime.Security{SeccompProfile: runtime.SeccompRuntimeDefault}, "", "seccomp=RuntimeDefault", ""},
+		// The agent stays root and starts commands as the user (local backend's model).
+		{"run as user", &runtime.Security{RunAsUser: &u1000}, "", "uid=0 gid=0 ape=false seccomp=RuntimeDefault", "1000"},
+		{"run as user and group", &runtime.Security{RunAsUser: &u1000, RunAsGroup: &g50}, "", "uid=0 gid=0 ape=false seccomp=RuntimeDefault", "1000:50"},
+		{"group keeps the image's user", &runtime.Security{RunAsGroup: &g50}, "app", "uid=0 gid=0 ape=false seccomp=RuntimeDefault", "app:50"},
+		{"root user", &runtime.Security{RunAsUser: new(uint32), RunAsGroup: &g0, CapDrop: []string{"ALL"}}, "",
+			"uid=0 gid=0 ape=false drop=[ALL] add=[] seccomp=RuntimeDefault", "0:0"},
+		{"read-only root, drop ALL, non-root: the agent keeps what it needs",
+			&runtime.Security{RunAsUser: &u1000, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}}, "",
+			"uid=0 gid=0 ro ape=false drop=[ALL] add=[CHOWN DAC_OVERRIDE FOWNER KILL SETGID SETUID] seccomp=RuntimeDefault", "1000"},
+		{"drops and adds as root", &runtime.Security{CapDrop: []string{"CAP_NET_RAW", "CAP_MKNOD"}, CapAdd: []string{"CAP_NET_ADMIN"}}, "",
+			"ape=false drop=[NET_RAW MKNOD] add=[NET_ADMIN] seccomp=RuntimeDefault", ""},
+		{"an add already among the agent's is not repeated", &runtime.Security{RunAsUser: &u1000, CapDrop: []string{"ALL"}, CapAdd: []string{"CAP_KILL"}}, "",
+			"uid=0 gid=0 ape=false drop=[ALL] add=[KILL CHOWN DAC_OVERRIDE FOWNER SETGID SETUID] seccomp=RuntimeDefault", "1000"},
+		{"privilege escalation", &runtime.Security{AllowPrivilegeEscalation: true}, "", "ape=true seccomp=RuntimeDefault", ""},
+		{"read-only root alone", &runtime.Security{ReadOnlyRootFS: true}, "", "ro ape=false seccomp=RuntimeDefault", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc, user := securityFor(tc.sec, tc.imageUser)
+			if got := describeSC(sc); got != tc.want || user != tc.wantUser {
+				t.Errorf("securityFor = %q, user %q; want %q, user %q", got, user, tc.want, tc.wantUser)
+			}
+		})
+	}
+}
+
+func describeVolumes(vols []corev1.Volume, mounts []corev1.VolumeMount) string {
+	var parts []string
+	for _, v := range vols {
+		ed := v.EmptyDir
+		s := v.Name + ":" + string(ed.Medium)
+		if ed.SizeLimit != nil {
+			s += "/" + ed.SizeLimit.String()
+		}
+		parts = append(parts, s)
+	}
+	for _, m := range mounts {
+		s := m.Name + "@" + m.MountPath
+		if m.SubPath != "" {
+			s += "[" + m.SubPath + "]"
+		}
+		if m.ReadOnly {
+			s += ":ro"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, " ")
+}
+
+func TestVolumesFor(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec runtime.Spec
+		want string
+	}{
+		{"none", runtime.Spec{}, ""},
+		{"both media, sizes, sub_path, read-only, one volume at two paths", runtime.Spec{
+			Volumes: []runtime.Volume{{Name: "Scratch_1", SizeBytes: 64 << 20}, {Name: "mem", SizeBytes: 32 << 20, Medium: runtime.MediumMemory}, {Name: "free"}},
+			VolumeMounts: []runtime.VolumeMount{{Volume: "Scratch_1", Path: "/data"}, {Volume: "Scratch_1", Path: "/view", ReadOnly: true, SubPath: "a/b"},
+				{Volume: "mem", Path: "/fast"}, {Volume: "free", Path: "/free"}},
+		}, "vol-0:/64Mi vol-1:Memory/32Mi vol-2: vol-0@/data vol-0@/view[a/b]:ro vol-1@/fast vol-2@/free"},
+		{"memory without a size: bounded by the Pod's memory", runtime.Spec{
+			Volumes: []runtime.Volume{{Name: "m", Medium: runtime.MediumMemory}}, VolumeMounts: []runtime.VolumeMount{{Volume: "m", Path: "/m"}},
+		}, "vol-0:Memory vol-0@/m"},
+		{"read-only root: writable paths", runtime.Spec{Security: &runtime.Security{ReadOnlyRootFS: true}},
+			"writable-0:Memory/256Mi writable-1:Memory/256Mi writable-2:Memory/256Mi writable-0@/tmp writable-1@/var/tmp writable-2@/run"},
+		{"read-only root: a volume at /tmp replaces its emptyDir", runtime.Spec{
+			Security: &runtime.Security{ReadOnlyRootFS: true},
+			Volumes:  []runtime.Volume{{Name: "t", SizeBytes: 1 << 30}}, VolumeMounts: []runtime.VolumeMount{{Volume: "t", Path: "/tmp"}},
+		}, "vol-0:/1Gi writable-1:Memory/256Mi writable-2:Memory/256Mi vol-0@/tmp writable-1@/var/tmp writable-2@/run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := describeVolumes(volumesFor(&tc.spec)); got != tc.want {
+				t.Errorf("volumesFor =\n  %s\nwant\n  %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPodForSecurityAndVolumes: the translations land on the main container only; the
+// gate keeps its own mounts and context.
+func TestPodForSecurityAndVolumes(t *testing.T) {
+	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", TerminationGrace: 10e9}}
+	u := uint32(1000)
+	spec := &runtime.Spec{ID: "abc", Image: "busybox",
+		Security: &runtime.Security{RunAsUser: &u, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}},
+		Volumes:  []runtime.Volume{{Name: "d", SizeBytes: 1 << 20}}, VolumeMounts: []runtime.VolumeMount{{Volume: "d", Path: "/data"}}}
+	sc, _ := securityFor(spec.Security, "")
+	pod := b.podFor(spec, "", b.labels(spec), "", sc)
+	gate, main := pod.Spec.Containers[0], pod.Spec.Containers[1]
+	if gate.SecurityContext != nil || len(gate.VolumeMounts) != 3 {
+		t.Errorf("gate: context %v, mounts %v", gate.SecurityContext, gate.VolumeMounts)
+	}
+	if main.SecurityContext != sc {
+		t.Errorf("main container context %v", main.SecurityContext)
+	}
+	var got []string
+	for _, m := range main.VolumeMounts {
+		got = append(got, m.MountPath)
+	}
+	// The agent's own paths come first and stay: bin (read-only), run and config.
+	if want := "/.sandboxd/bin /.sandboxd/run /.sandboxd/config /data /tmp /var/tmp /run"; strings.Join(got, " ") != want {
+		t.Errorf("main mounts %q, want %q", strings.Join(got, " "), want)
+	}
+	if len(pod.Spec.Volumes) != 4+1+3 {
+		t.Errorf("pod volumes %d", len(pod.Spec.Volumes))
+	}
+}
