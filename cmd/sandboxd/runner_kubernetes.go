@@ -26,6 +26,7 @@ type kubernetesFlags struct {
 	leaseName, leaseNamespace, identity           string
 	leaseDuration                                 time.Duration
 	selfDeployment, selfContainer                 string
+	diskBytes                                     int64 // from --disk
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -127,6 +128,6 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
-		RunnerPeers: peers, DNSPeers: dns,
+		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes,
 	})
 }

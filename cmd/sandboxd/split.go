@@ -199,6 +199,9 @@ func runnerCmd(args []string) error {
 	)
 	if *backend == "kubernetes" {
 		var err error
+		if kube.diskBytes, err = hard.diskBytes(); err != nil {
+			return err
+		}
 		kst, err = kube.start(ctx, *runnerID, *dataDir, logger)
 		if err != nil {
 			return err

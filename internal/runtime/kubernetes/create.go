@@ -276,8 +276,17 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 	no := false
 	mounts := func(ms ...corev1.VolumeMount) []corev1.VolumeMount { return ms }
 	res := corev1.ResourceRequirements{}
-	if spec.Resources.MilliCPU > 0 || spec.Resources.MemoryBytes > 0 {
+	disk := spec.Resources.DiskBytes
+	if disk == 0 {
+		disk = b.cfg.DiskBytes
+	}
+	if spec.Resources.MilliCPU > 0 || spec.Resources.MemoryBytes > 0 || disk > 0 {
 		res.Limits, res.Requests = corev1.ResourceList{}, corev1.ResourceList{}
+		if disk > 0 {
+			// A limit alone: the request defaults to it, so the scheduler places the Pod
+			// where that much node storage is free.
+			res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(disk, resource.BinarySI)
+		}
 		if m := spec.Resources.MilliCPU; m > 0 {
 			res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
 			res.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)

@@ -113,6 +113,9 @@ type Config struct {
 	// every source (the gate accepts only the runner's pinned certificate); the edge
 	// cannot reach services then.
 	RunnerPeers []networkingv1.NetworkPolicyPeer
+	// DiskBytes is each sandbox's ephemeral-storage limit (its writable layer, logs and
+	// disk emptyDirs; the kubelet evicts a Pod over it) when its spec sets none; 0: none.
+	DiskBytes int64
 	// DNSPeers are where sandboxes may always send DNS queries (UDP and TCP 53);
 	// nil: DefaultDNSPeers (the kube-system namespace).
 	DNSPeers []networkingv1.NetworkPolicyPeer

@@ -114,3 +114,32 @@ func TestPodFor(t *testing.T) {
 		}
 	}
 }
+
+func TestPodForDiskLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		def, specDisk int64
+		want          int64 // 0: no ephemeral-storage limit
+	}{
+		{"none", 0, 0, 0},
+		{"runner default", 10 << 30, 0, 10 << 30},
+		{"spec overrides the default", 10 << 30, 1 << 30, 1 << 30},
+		{"spec alone", 0, 512 << 20, 512 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", DiskBytes: tc.def}}
+			spec := &runtime.Spec{ID: "abc", Image: "busybox", Resources: runtime.Resources{DiskBytes: tc.specDisk}}
+			main := b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1]
+			got, ok := main.Resources.Limits[corev1.ResourceEphemeralStorage]
+			switch {
+			case tc.want == 0 && ok:
+				t.Errorf("ephemeral-storage limit %s, want none", got.String())
+			case tc.want != 0 && (!ok || got.Value() != tc.want):
+				t.Errorf("ephemeral-storage limit %s (set %v), want %d", got.String(), ok, tc.want)
+			}
+			if _, ok := main.Resources.Limits[corev1.ResourceCPU]; ok {
+				t.Errorf("a CPU limit appeared: %v", main.Resources.Limits)
+			}
+		})
+	}
+}
