@@ -2,8 +2,8 @@ package edge
 
 import (
 	"context"
-	"io"
-	"net"
+
+	"github.com/sandboxd/sandboxd/internal/splice"
 )
 
 // passthrough connects to r's backend, replays the ClientHello bytes already read, and
@@ -23,26 +23,5 @@ func (e *Edge) passthrough(c *conn, hello []byte, r Route) {
 		e.log.Info("passthrough: write ClientHello", "sandbox", r.SandboxID, "port", r.Port, "err", err)
 		return
 	}
-	done := make(chan struct{})
-	go func() {
-		pipe(b, c.Conn)
-		close(done)
-	}()
-	pipe(c.Conn, b)
-	<-done
-}
-
-// pipe copies src to dst until src ends, then passes the half-close on (FIN) so the
-// other direction can still finish. An error (a reset, a closed peer) ends both directions.
-func pipe(dst, src net.Conn) {
-	if _, err := io.Copy(dst, src); err != nil {
-		_ = dst.Close()
-		_ = src.Close()
-		return
-	}
-	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	} else {
-		_ = dst.Close()
-	}
+	splice.Join(c.Conn, b)
 }

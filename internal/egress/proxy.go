@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/sni"
+	"github.com/sandboxd/sandboxd/internal/splice"
 )
 
 const (
@@ -308,13 +308,7 @@ func (p *Proxy) handle(c net.Conn, src netip.Addr) {
 		return
 	}
 	p.log().Debug("egress proxy: spliced", "src", src, "sni", name, "upstream", up.RemoteAddr())
-	done := make(chan struct{})
-	go func() {
-		pipe(c, up)
-		close(done)
-	}()
-	pipe(up, c)
-	<-done
+	splice.Join(c, up)
 }
 
 // deny sends the access_denied alert, not waiting long for a client that does not read.
@@ -387,21 +381,4 @@ func addrOf(a net.Addr) netip.Addr {
 		return ap.Addr().Unmap()
 	}
 	return netip.Addr{}
-}
-
-// pipe copies src to dst until src ends, then passes the half-close on (FIN) so the
-// other direction can still finish. An error (a reset, a closed peer) ends both
-// directions. Between two *net.TCPConn io.Copy uses splice(2): the payload stays in
-// the kernel.
-func pipe(dst, src net.Conn) {
-	if _, err := io.Copy(dst, src); err != nil {
-		_ = dst.Close()
-		_ = src.Close()
-		return
-	}
-	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	} else {
-		_ = dst.Close()
-	}
 }

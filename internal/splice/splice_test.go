@@ -1,0 +1,67 @@
+package splice
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+)
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+// TestJoinPassesDataAndHalfCloses: client → a|b → server. The client's half-close reaches
+// the server, which can still answer, and the answer reaches the client before its EOF.
+func TestJoinPassesDataAndHalfCloses(t *testing.T) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	joined := make(chan struct{})
+	go func() { Join(a, b); close(joined) }()
+
+	req := bytes.Repeat([]byte("request "), 64<<10) // larger than socket buffers
+	go func() { _, _ = client.Write(req); _ = client.CloseWrite() }()
+	got, err := io.ReadAll(server)
+	if err != nil || !bytes.Equal(got, req) {
+		t.Fatalf("server read %d bytes (%v), want the %d sent then EOF", len(got), err, len(req))
+	}
+	if _, err := server.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	_ = server.CloseWrite()
+	ans, err := io.ReadAll(client)
+	if err != nil || string(ans) != "answer" {
+		t.Fatalf("client read %q (%v), want the answer after its own half-close", ans, err)
+	}
+	<-joined
+}
+
+// TestJoinEndsOnReset: one side going away ends the join rather than leaving it waiting.
+func TestJoinEndsOnReset(t *testing.T) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	joined := make(chan struct{})
+	go func() { Join(a, b); close(joined) }()
+	_ = client.SetLinger(0)
+	_ = client.Close() // RST
+	<-joined // without the server doing anything
+	if _, err := io.ReadAll(server); err != nil {
+		t.Logf("server: %v", err) // EOF or reset: either way it learns the client is gone
+	}
+}
