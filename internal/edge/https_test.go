@@ -1,9 +1,7 @@
 package edge
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -91,17 +89,7 @@ func TestHTTP2NegotiatedByALPN(t *testing.T) {
 }
 
 func TestTokenAuth(t *testing.T) {
-	authorize := func(_ context.Context, token, org string) error {
-		switch {
-		case token == "key-a" && org == "org-"+sbxA:
-			return nil
-		case token == "key-b":
-			return errors.New("key of another org")
-		default:
-			return ErrUnauthenticated
-		}
-	}
-	te := startEdge(t, func(c *Config) { c.Authorize = authorize })
+	te := startEdge(t, func(c *Config) { c.Authorize = loginAuthorizer })
 	url := te.httpRoute(t, sbxA, 8080, AuthToken, 0, echo)
 	for _, proto := range []string{"h2", "http/1.1"} {
 		t.Run(proto, func(t *testing.T) { testTokenAuth(t, te.client(proto), url) })

@@ -20,6 +20,8 @@ var cookieEcho = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.WriteString(w, "cookie="+r.Header.Get("Cookie")+" auth="+r.Header.Get("Authorization"))
 })
 
+// loginAuthorizer accepts key-a for sbxA's organization; key-b is another
+// organization's key, anything else no key at all.
 func loginAuthorizer(_ context.Context, token, org string) error {
 	switch {
 	case token == "key-a" && org == "org-"+sbxA:

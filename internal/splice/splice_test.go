@@ -60,7 +60,7 @@ func TestJoinEndsOnReset(t *testing.T) {
 	go func() { Join(a, b); close(joined) }()
 	_ = client.SetLinger(0)
 	_ = client.Close() // RST
-	<-joined // without the server doing anything
+	<-joined           // without the server doing anything
 	if _, err := io.ReadAll(server); err != nil {
 		t.Logf("server: %v", err) // EOF or reset: either way it learns the client is gone
 	}

@@ -143,6 +143,12 @@ func listen(t *testing.T, addr string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serve(t, ln)
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// serve answers "host" to every connection on ln until the test ends.
+func serve(t *testing.T, ln net.Listener) {
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
@@ -154,7 +160,6 @@ func listen(t *testing.T, addr string) int {
 			_ = c.Close()
 		}
 	}()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // listenIn serves TCP on addr inside the internet namespace until the test ends, and
@@ -164,16 +169,7 @@ func listenIn(t *testing.T, in *egresstest.Internet, addr string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close()
-		}
-	}()
+	serve(t, ln)
 	return addr
 }
 
