@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -170,24 +169,4 @@ func (w testWriter) Write(p []byte) (int, error) {
 		w.t.Log(strings.TrimSpace(string(p)))
 	}
 	return len(p), nil
-}
-
-// clientHello returns the first TLS record crypto/tls sends as a client with cfg: a
-// ClientHello in one record.
-func clientHello(t testing.TB, cfg *tls.Config) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	go func() { _ = tls.Client(a, cfg).Handshake() }()
-	hdr := make([]byte, 5)
-	if _, err := io.ReadFull(b, hdr); err != nil {
-		t.Fatal(err)
-	}
-	rec := make([]byte, 5+(int(hdr[3])<<8|int(hdr[4])))
-	copy(rec, hdr)
-	if _, err := io.ReadFull(b, rec[5:]); err != nil {
-		t.Fatal(err)
-	}
-	return rec
 }

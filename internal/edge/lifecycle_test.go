@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/sni/snitest"
 )
 
 func TestSlowClientHelloIsCutOff(t *testing.T) {
 	te := startEdge(t, func(c *Config) { c.HandshakeTimeout = 200 * time.Millisecond })
-	hello := clientHello(t, &tls.Config{ServerName: Host(8080, sbxA, testRunner, testDomain)})
+	hello := snitest.ClientHello(t, &tls.Config{ServerName: Host(8080, sbxA, testRunner, testDomain)})
 	c, err := net.Dial("tcp", te.addr)
 	if err != nil {
 		t.Fatal(err)

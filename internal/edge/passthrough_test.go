@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/sni/snitest"
 )
 
 // workload is a TLS server with a CA of its own, as a sandbox serving passthrough runs.
@@ -134,7 +135,7 @@ func TestPassthroughIsByteExactAndHalfCloses(t *testing.T) {
 	}()
 	te.rm.add(Route{SandboxID: sbxB, Port: 5432, Kind: KindPassthrough, Backend: addrPort(t, ln.Addr())})
 
-	hello := clientHello(t, &tls.Config{ServerName: host})
+	hello := snitest.ClientHello(t, &tls.Config{ServerName: host})
 	c, err := net.Dial("tcp", te.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
+	"github.com/sandboxd/sandboxd/internal/sni/snitest"
 )
 
 // Sources of test connections: loopback addresses standing in for sandboxes.
@@ -156,31 +157,12 @@ func getOver(c net.Conn, cfg *tls.Config) (string, *x509.Certificate, error) {
 	return string(b), tc.ConnectionState().PeerCertificates[0], nil
 }
 
-// clientHello returns the first record crypto/tls sends with cfg: a ClientHello.
-func clientHello(t testing.TB, cfg *tls.Config) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	go func() { _ = tls.Client(a, cfg).Handshake() }()
-	hdr := make([]byte, 5)
-	if _, err := io.ReadFull(b, hdr); err != nil {
-		t.Fatal(err)
-	}
-	rec := make([]byte, 5+(int(hdr[3])<<8|int(hdr[4])))
-	copy(rec, hdr)
-	if _, err := io.ReadFull(b, rec[5:]); err != nil {
-		t.Fatal(err)
-	}
-	return rec
-}
-
 // helloWithName is a ClientHello whose server_name is name, even one crypto/tls would
 // not send (an IP literal): a hello for a placeholder of the same length, rewritten.
 func helloWithName(t testing.TB, name string) []byte {
 	t.Helper()
 	placeholder := strings.Repeat("q", len(name))
-	h := clientHello(t, &tls.Config{ServerName: placeholder})
+	h := snitest.ClientHello(t, &tls.Config{ServerName: placeholder})
 	if bytes.Count(h, []byte(placeholder)) != 1 {
 		t.Fatalf("placeholder %q not once in the hello", placeholder)
 	}

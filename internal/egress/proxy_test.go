@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/sni"
+	"github.com/sandboxd/sandboxd/internal/sni/snitest"
 )
 
 // TestProxyGrants: real TLS clients through the proxy. A granted name reaches the
@@ -133,7 +134,7 @@ func TestProxyRefusesRawHellos(t *testing.T) {
 // HandshakeTimeout, holding nothing.
 func TestProxySlowClient(t *testing.T) {
 	e := newProxyEnv(t, func(p *Proxy) { p.HandshakeTimeout = 300 * time.Millisecond })
-	hello := clientHello(t, e.in.ClientConfig("api.example.test"))
+	hello := snitest.ClientHello(t, e.in.ClientConfig("api.example.test"))
 	for _, tc := range []struct {
 		name string
 		send []byte
@@ -283,7 +284,7 @@ func TestProxySplice(t *testing.T) {
 		b, _ := io.ReadAll(c)
 		fmt.Fprintf(c, "%d %x", len(b), sha256.Sum256(b))
 	}()
-	hello := clientHello(t, e.in.ClientConfig("raw.example.test"))
+	hello := snitest.ClientHello(t, e.in.ClientConfig("raw.example.test"))
 	rest := bytes.Repeat([]byte("0123456789"), 100_000) // 1 MB after the hello
 	sent := append(append([]byte(nil), hello...), rest...)
 
@@ -353,7 +354,7 @@ func FuzzSNIPath(f *testing.F) {
 	for _, n := range []string{"api.example.test", "a.svc.example.test", "a.b.svc.example.test", "198.51.100.7", "10.1"} {
 		f.Add(helloWithName(f, n))
 	}
-	f.Add(clientHello(f, &tls.Config{InsecureSkipVerify: true}))
+	f.Add(snitest.ClientHello(f, &tls.Config{InsecureSkipVerify: true}))
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
 	grants := []string{"api.example.test", "*.svc.example.test", "198.51.100.7", "10.1"}
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -461,7 +462,7 @@ func TestProxyCloseWhileDialling(t *testing.T) {
 	nowhere[3] = 250 // routed into the Internet, but no one has it: the dial hangs
 	e.in.SetA("api.example.test", netip.AddrFrom4(nowhere))
 	c := e.dial(t, granted)
-	if _, err := c.Write(clientHello(t, e.in.ClientConfig("api.example.test"))); err != nil {
+	if _, err := c.Write(snitest.ClientHello(t, e.in.ClientConfig("api.example.test"))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the dial", func() bool { return len(e.takeDials()) > 0 })

@@ -5,14 +5,15 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
-	"net"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/sni/snitest"
 )
 
 func TestRead(t *testing.T) {
-	withSNI := clientHello(t, &tls.Config{ServerName: testName})
-	noSNI := clientHello(t, &tls.Config{InsecureSkipVerify: true})
-	tls12 := clientHello(t, &tls.Config{ServerName: "old.example", MaxVersion: tls.VersionTLS12})
+	withSNI := snitest.ClientHello(t, &tls.Config{ServerName: testName})
+	noSNI := snitest.ClientHello(t, &tls.Config{InsecureSkipVerify: true})
+	tls12 := snitest.ClientHello(t, &tls.Config{ServerName: "old.example", MaxVersion: tls.VersionTLS12})
 	for _, tc := range []struct {
 		name    string
 		in      []byte
@@ -68,7 +69,7 @@ func FuzzRead(f *testing.F) {
 		{InsecureSkipVerify: true},
 		{ServerName: "a.example", MaxVersion: tls.VersionTLS12, NextProtos: []string{"h2"}},
 	} {
-		rec := clientHello(f, cfg)
+		rec := snitest.ClientHello(f, cfg)
 		f.Add(rec)
 		f.Add(splitRecords(rec, 7))
 	}
@@ -91,23 +92,3 @@ func FuzzRead(f *testing.F) {
 }
 
 const testName = "8080-0123456789abcdef.r1.edge.test"
-
-// clientHello returns the first TLS record crypto/tls sends as a client with cfg: a
-// ClientHello in one record.
-func clientHello(t testing.TB, cfg *tls.Config) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	go func() { _ = tls.Client(a, cfg).Handshake() }()
-	hdr := make([]byte, 5)
-	if _, err := io.ReadFull(b, hdr); err != nil {
-		t.Fatal(err)
-	}
-	rec := make([]byte, 5+(int(hdr[3])<<8|int(hdr[4])))
-	copy(rec, hdr)
-	if _, err := io.ReadFull(b, rec[5:]); err != nil {
-		t.Fatal(err)
-	}
-	return rec
-}
