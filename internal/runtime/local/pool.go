@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -612,24 +611,11 @@ func writeInPlace(path string, data []byte) error {
 	return err
 }
 
-// setHostname sets the UTS hostname of pid's namespace, from a thread that joins it and
-// then dies with its goroutine (never unlocked, so Go does not reuse it).
+// setHostname sets the UTS hostname of pid's namespace.
 func setHostname(pid int, name string) error {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWUTS); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		errc <- unix.Sethostname([]byte(name))
-	}()
-	return <-errc
+	return inNamespace("/proc/"+strconv.Itoa(pid)+"/ns/uts", unix.CLONE_NEWUTS, func() error {
+		return unix.Sethostname([]byte(name))
+	})
 }
 
 // applyResources sets a running container's limits as the OCI spec would have at create:

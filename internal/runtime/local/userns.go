@@ -245,26 +245,13 @@ func chownToRoot(r idRange, paths ...string) error {
 	return nil
 }
 
-// setNetNSSysctl writes a sysctl of the network namespace at nsPath, from a thread that
-// joins it and then dies with its goroutine (never unlocked, so Go does not reuse it).
+// setNetNSSysctl writes a sysctl of the network namespace at nsPath.
 func setNetNSSysctl(nsPath, key, value string) error {
-	f, err := os.Open(nsPath)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
+	err := inNamespace(nsPath, unix.CLONE_NEWNET, func() error {
 		// /proc/sys/net shows the namespace of the thread that opens it.
-		p := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
-		errc <- os.WriteFile(p, []byte(value), 0o644)
-	}()
-	if err := <-errc; err != nil {
+		return os.WriteFile("/proc/sys/"+strings.ReplaceAll(key, ".", "/"), []byte(value), 0o644)
+	})
+	if err != nil {
 		return fmt.Errorf("sysctl %s in %s: %w", key, nsPath, err)
 	}
 	return nil
@@ -325,23 +312,11 @@ func mountNetNSSysfs(nsPath, target string) error {
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	f, err := os.Open(nsPath)
+	// The mounting thread's network namespace decides the sysfs's view of net devices.
+	err := inNamespace(nsPath, unix.CLONE_NEWNET, func() error {
+		return unix.Mount("sysfs", target, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	})
 	if err != nil {
-		return err
-	}
-	defer f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		// This thread's network namespace decides the sysfs's view of net devices; it
-		// then dies with the goroutine (never unlocked).
-		goruntime.LockOSThread()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		errc <- unix.Mount("sysfs", target, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
-	}()
-	if err := <-errc; err != nil {
 		return fmt.Errorf("mount sysfs of %s: %w", nsPath, err)
 	}
 	return nil
