@@ -303,15 +303,26 @@ func newInternet(t testing.TB) *internet {
 		hostAddr: netip.AddrFrom4([4]byte{198, 18, x, 1}),
 		addr:     netip.AddrFrom4([4]byte{198, 18, x, 2}),
 	}
-	if err := createNetNS(in.nsPath); err != nil {
+	linkedNS(t, in.nsPath, in.hostAddr, []netip.Prefix{netip.PrefixFrom(in.addr, 24)}, nil)
+	return in
+}
+
+// linkedNS makes a network namespace at nsPath joined to the host by a veth pair and
+// returns the host end's name: the host end (sbxti…) has hostAddr/24, the namespace's
+// eth0 has addrs, and both it and lo are up. inside, when set, runs with a netlink
+// handle in the namespace and its eth0 (for routes) before the link is synced. Both are
+// removed when the test ends.
+func linkedNS(t testing.TB, nsPath string, hostAddr netip.Addr, addrs []netip.Prefix, inside func(nh *netlink.Handle, eth netlink.Link)) string {
+	t.Helper()
+	if err := createNetNS(nsPath); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := deleteNetNS(in.nsPath); err != nil {
+		if err := deleteNetNS(nsPath); err != nil {
 			t.Error(err)
 		}
 	})
-	nsh, err := netns.GetFromPath(in.nsPath)
+	nsh, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,13 +338,8 @@ func newInternet(t testing.TB) *internet {
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := netlink.LinkDel(veth); err != nil {
-			t.Error(err)
-		}
-	})
-	mask := net.CIDRMask(24, 32)
-	if err := netlink.AddrAdd(veth, &netlink.Addr{IPNet: &net.IPNet{IP: in.hostAddr.AsSlice(), Mask: mask}}); err != nil {
+	t.Cleanup(func() { _ = netlink.LinkDel(veth) }) // gone already if the namespace went first
+	if err := netlink.AddrAdd(veth, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(hostAddr, 24))}); err != nil {
 		t.Fatal(err)
 	}
 	nh, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
@@ -345,21 +351,22 @@ func newInternet(t testing.TB) *internet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nh.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: in.addr.AsSlice(), Mask: mask}}); err != nil {
-		t.Fatal(err)
+	for _, a := range addrs {
+		if err := nh.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(a)}); err != nil {
+			t.Fatalf("add %s: %v", a, err)
+		}
 	}
 	if err := nh.LinkSetUp(eth); err != nil {
 		t.Fatal(err)
 	}
+	if lo, err := nh.LinkByName("lo"); err == nil {
+		_ = nh.LinkSetUp(lo)
+	}
+	if inside != nil {
+		inside(nh, eth)
+	}
 	syncLink(nh, eth.Attrs().Index)
-	hl, err := netlink.LinkByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hl.Attrs().OperState != netlink.OperUp {
-		t.Logf("internet link %s operstate %v after sync", name, hl.Attrs().OperState)
-	}
-	return in
+	return name
 }
 
 func mountinfoContains(s string) bool {

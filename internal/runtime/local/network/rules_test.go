@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -59,65 +57,16 @@ func newWorld(t testing.TB, m *Manager) *world {
 			llocal:  netip.MustParseAddr("169.254.169.254"),
 		},
 	}
-	if err := createNetNS(w.nsPath); err != nil {
-		t.Fatal(err)
+	addrs := []netip.Prefix{netip.PrefixFrom(w.addr, 24)}
+	for _, a := range values(w.dst) {
+		addrs = append(addrs, netip.PrefixFrom(a, 32))
 	}
-	t.Cleanup(func() {
-		if err := deleteNetNS(w.nsPath); err != nil {
-			t.Error(err)
+	name := linkedNS(t, w.nsPath, w.hostAddr, addrs, func(nh *netlink.Handle, eth netlink.Link) {
+		// Back to the host (and the sandboxes, for ingress) through the link.
+		if err := nh.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: w.hostAddr.AsSlice()}); err != nil {
+			t.Fatal(err)
 		}
 	})
-	nsh, err := netns.GetFromPath(w.nsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsh.Close()
-	name := "sbxti" + randHex(3)
-	noteLink(name)
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: name, Flags: net.FlagUp, TxQLen: -1},
-		PeerName:      "eth0",
-		PeerNamespace: netlink.NsFd(int(nsh)),
-		PeerTxQLen:    -1,
-	}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
-	ipnet := func(a netip.Addr, bits int) *net.IPNet {
-		return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, 32)}
-	}
-	if err := netlink.AddrAdd(veth, &netlink.Addr{IPNet: ipnet(w.hostAddr, 24)}); err != nil {
-		t.Fatal(err)
-	}
-	nh, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	eth, err := nh.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range append([]netip.Addr{w.addr}, values(w.dst)...) {
-		bits := 32
-		if a == w.addr {
-			bits = 24
-		}
-		if err := nh.AddrAdd(eth, &netlink.Addr{IPNet: ipnet(a, bits)}); err != nil {
-			t.Fatalf("add %s: %v", a, err)
-		}
-	}
-	if err := nh.LinkSetUp(eth); err != nil {
-		t.Fatal(err)
-	}
-	lo, _ := nh.LinkByName("lo")
-	_ = nh.LinkSetUp(lo)
-	// Back to the host (and the sandboxes, for ingress) through the link.
-	if err := nh.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: w.hostAddr.AsSlice()}); err != nil {
-		t.Fatal(err)
-	}
-	syncLink(nh, eth.Attrs().Index)
 
 	// The sandboxes' traffic (source in the subnet) routes by a table of its own: the
 	// subnet on the bridge, everything else into the world.
