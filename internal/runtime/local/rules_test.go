@@ -221,22 +221,7 @@ func newTestWorld(t *testing.T, m *network.Manager) *testWorld {
 
 // inNS runs fn on a thread in the world's namespace (thrown away afterwards).
 func (w *testWorld) inNS(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(w.ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return inNamespace("/var/run/netns/"+w.ns, unix.CLONE_NEWNET, fn)
 }
 
 func (w *testWorld) listen(t *testing.T, addr string, h http.Handler) net.Listener {
