@@ -13,6 +13,7 @@
 # Usage: build-runsc.sh          Environment: SANDBOXD_CACHE, SANDBOXD_RUNSC_VERSION, GO.
 set -euo pipefail
 . "$(dirname "$0")/lib/go-install-cached.sh"
-OUT=$(go_install_cached runsc "${SANDBOXD_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}" gvisor.dev/gvisor/runsc)
+VERSION="${SANDBOXD_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
+OUT=$(go_install_cached runsc "$VERSION" gvisor.dev/gvisor/runsc)
 "$OUT" --version >/dev/null
 echo "$OUT"
