@@ -8,7 +8,8 @@
 # RUNNER_IMAGE (default localhost/sandboxd/runner:dev) and AGENT_IMAGE (default
 # localhost/sandboxd/agent:dev) name them; VERSION (default the runner image's tag) is
 # the version the runner reports (`sandboxd version`). Binaries go to BIN_DIR (default
-# bin/image). Example, for a registry of your own:
+# bin/image); GOARCH (default this host's) their architecture. Example, for a registry of
+# your own:
 #   RUNNER_IMAGE=ghcr.io/me/sandboxd-runner:v1 AGENT_IMAGE=ghcr.io/me/sandbox-agent:v1 \
 #     scripts/build-runner-image.sh -push
 set -euo pipefail
@@ -22,5 +23,6 @@ export CGO_ENABLED=0
 go build -trimpath -ldflags="-s -w -X main.version=$VERSION" -o "$BIN_DIR/sandboxd" ./cmd/sandboxd
 go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-agent" ./cmd/sandbox-agent
 go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-gate" ./internal/runtime/kubernetes/cmd/sandbox-gate
-go run ./deploy/image -sandboxd "$BIN_DIR/sandboxd" -agent "$BIN_DIR/sandbox-agent" -gate "$BIN_DIR/sandbox-gate" \
+# The tool runs here: built for this host whatever GOARCH the binaries are for.
+env -u GOARCH go run ./deploy/image -arch "$(go env GOARCH)" -sandboxd "$BIN_DIR/sandboxd" -agent "$BIN_DIR/sandbox-agent" -gate "$BIN_DIR/sandbox-gate" \
   -runner-ref "$RUNNER_IMAGE" -agent-ref "$AGENT_IMAGE" "$@"

@@ -40,6 +40,9 @@ import (
 // The runner does not need root: the chart runs it as this user (fsGroup for its volume).
 const nonRoot = "65532:65532"
 
+// arch is the images' architecture (-arch).
+var arch string
+
 // epoch is every file's modification time and the images' creation time (reproducible).
 var epoch = time.Unix(1700000000, 0).UTC()
 
@@ -59,6 +62,7 @@ func main() {
 	flag.Var(&o.tags, "tag", "another tag for both images (repeatable)")
 	flag.StringVar(&o.out, "out", "", "write runner.tar and agent.tar (docker-archive) here")
 	flag.BoolVar(&o.push, "push", false, "push the images to their registries")
+	flag.StringVar(&arch, "arch", runtime.GOARCH, "the binaries' GOARCH, recorded in the images")
 	flag.Parse()
 	if err := o.run(); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
@@ -203,7 +207,7 @@ func agentImage(agent, gate string) (v1.Image, error) {
 	return image(es, v1.Config{Entrypoint: []string{"/sandbox-gate"}})
 }
 
-// image is a linux image for this GOARCH (build the binaries with the same GOARCH) of one layer holding entries (in order; uid/gid 0 except
+// image is a linux image for -arch of one layer holding entries (in order; uid/gid 0 except
 // /var/lib/sandboxd, owned by the runner's user).
 func image(entries []entry, cfg v1.Config) (v1.Image, error) {
 	var buf bytes.Buffer
@@ -240,6 +244,6 @@ func image(entries []entry, cfg v1.Config) (v1.Image, error) {
 		return nil, err
 	}
 	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created, cf.Config = runtime.GOARCH, "linux", v1.Time{Time: epoch}, cfg
+	cf.Architecture, cf.OS, cf.Created, cf.Config = arch, "linux", v1.Time{Time: epoch}, cfg
 	return mutate.ConfigFile(img, cf)
 }
