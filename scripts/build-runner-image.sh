@@ -15,14 +15,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNNER_IMAGE=${RUNNER_IMAGE:-localhost/sandboxd/runner:dev}
-AGENT_IMAGE=${AGENT_IMAGE:-localhost/sandboxd/agent:dev}
+AGENT_IMAGE=${AGENT_IMAGE-localhost/sandboxd/agent:dev} # set and empty: no agent image
 VERSION=${VERSION:-${RUNNER_IMAGE##*:}}
 BIN_DIR=${BIN_DIR:-bin/image}
 mkdir -p "$BIN_DIR"
 export CGO_ENABLED=0
 go build -trimpath -ldflags="-s -w -X main.version=$VERSION" -o "$BIN_DIR/sandboxd" ./cmd/sandboxd
-go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-agent" ./cmd/sandbox-agent
-go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-gate" ./internal/runtime/kubernetes/cmd/sandbox-gate
+if [ -n "$AGENT_IMAGE" ]; then
+  go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-agent" ./cmd/sandbox-agent
+  go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-gate" ./internal/runtime/kubernetes/cmd/sandbox-gate
+fi
 # The tool runs here: built for this host whatever GOARCH the binaries are for.
 env -u GOARCH go run ./deploy/image -arch "$(go env GOARCH)" -sandboxd "$BIN_DIR/sandboxd" -agent "$BIN_DIR/sandbox-agent" -gate "$BIN_DIR/sandbox-gate" \
   -runner-ref "$RUNNER_IMAGE" -agent-ref "$AGENT_IMAGE" "$@"

@@ -114,8 +114,8 @@ func nodeIP(t *testing.T, ctx context.Context, admin k8s.Interface) string {
 //   - A gateway on this host reaches it through the chart's Service: a sandbox is created
 //     through the public API, execs, is deleted.
 //   - :applyAvailableUpdate: the runner rolls its own Deployment to the channel's version
-//     (the same image, tagged update-test); the new Pod re-adopts a live sandbox, which
-//     still execs.
+//     (the runner image tagged and built as update-test); the new Pod reports that version
+//     and re-adopts a live sandbox, which still execs.
 //   - The runner Pod deleted (grace 0): the Deployment recreates it, the new Pod takes the
 //     Lease and re-adopts the sandbox again. (The kubelet still stops the old container
 //     with SIGTERM, on which the runner releases the Lease; a holder that dies without
@@ -127,7 +127,7 @@ func TestChartRunner(t *testing.T) {
 	defer cancel()
 	const (
 		release = "sandboxd-runner" // fullname = release (it contains the chart's name)
-		target  = "update-test"     // up.sh tags the runner image with it too
+		target  = "update-test"     // up.sh builds the runner image as this version too
 	)
 	runnerImage := env("SANDBOXD_K8S_RUNNER_IMAGE", "localhost/sandboxd/runner:dev")
 	rc, err := stack.RESTConfig(c.kubeconfig)
@@ -310,6 +310,20 @@ func TestChartRunner(t *testing.T) {
 	}
 	rolled := runnerPod(stack.WithTag(runnerImage, target), pod.Name)
 	t.Logf("rolled to %s: Pod %s Ready %s after :applyAvailableUpdate", target, rolled.Name, time.Since(applied).Round(time.Millisecond))
+	// The new Pod runs the new version (up.sh builds the update-test image as that version):
+	// its heartbeats say so, and the control plane has no update left to offer.
+	for {
+		r, err := cp.api.GetManagedRunner(ctx, connect.NewRequest(&controlplanev1.GetManagedRunnerRequest{RunnerId: runnerID}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := r.Msg.GetStatus(); st.GetVersion() == target && !st.GetUpdateAvailable() {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatalf("after the roll the runner reports %v, want version %s and no update available\n%s", st, target, podLog(admin, rolled))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if out := execOK(t, ctx, api, live, "cat", "/tmp/mark"); out != "kept\n" {
 		t.Errorf("after the update: /tmp/mark %q", out)
 	}

@@ -52,16 +52,20 @@ wait_for() { # seconds description cmd...
 # is up, so a rebuilt agent reaches it) -----------------------------------------------
 import_images() {
   # The runner image (static sandboxd) and the agent image, as a user builds them; the runner
-  # image also as :update-test, the version the self-update tests roll the Deployment to.
+  # again as :update-test, built as that version: TestChartRunner's runner rolls itself to it
+  # and then reports it.
   BIN_DIR="$DATA/bin" RUNNER_IMAGE=$RUNNER_REF AGENT_IMAGE=$AGENT_REF VERSION=dev \
-    bash scripts/build-runner-image.sh -out "$DATA/images" -tag update-test
+    bash scripts/build-runner-image.sh -out "$DATA/images"
+  mkdir -p "$DATA/images/update"
+  BIN_DIR="$DATA/bin/update" RUNNER_IMAGE=${RUNNER_REF%:*}:update-test AGENT_IMAGE='' VERSION=update-test \
+    bash scripts/build-runner-image.sh -out "$DATA/images/update"
   go run ./test/k8s/imagetool -out "$DATA/images"
-  for f in pause busybox python agent runner; do
+  for f in pause busybox python agent runner update/runner; do
     "${CTR[@]}" images import "$DATA/images/$f.tar" >/dev/null
   done
   # A second tag of the same image: TestApplyAvailableUpdate rolls a stand-in Deployment to it.
   "${CTR[@]}" images tag --force localhost/sandboxd/busybox:latest localhost/sandboxd/busybox:update-test >/dev/null
-  rm -f "$DATA/images/"*.tar
+  rm -f "$DATA/images/"*.tar "$DATA/images/update/"*.tar
 }
 CTR=(ctr --address "$DATA/run/containerd.sock" -n k8s.io)
 if running kube-apiserver && running kubelet && running containerd && running etcd && [ -s "$DATA/kubeconfig" ]; then
