@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s
+.PHONY: all build agent generate deps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
 
 all: build
 
@@ -17,6 +17,12 @@ build: agent
 # The agent runs inside arbitrary images, so it must be static.
 agent:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/sandbox-agent ./cmd/sandbox-agent
+
+# The Kubernetes runner's images (deploy/README.md): static sandboxd and the agent, as
+# docker-archive tarballs in bin/image (RUNNER_IMAGE, AGENT_IMAGE name them; ARGS=-push
+# pushes them instead, e.g. ARGS="-push").
+runner-image:
+	bash scripts/build-runner-image.sh $(or $(ARGS),-out $(BIN)/image)
 
 # Regenerates gen/ from api/ with tools pinned in tools/go.mod (Go module proxy only).
 generate:

@@ -32,7 +32,7 @@ type kubernetesFlags struct {
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes backend: kubeconfig file (default: the in-cluster configuration)")
 	fs.StringVar(&k.namespace, "namespace", "sandboxd", "kubernetes backend: namespace of the sandbox Pods")
-	fs.StringVar(&k.agentImage, "agent-image", "", "kubernetes backend: image holding /sandbox-agent and /sandbox-gate (test/k8s/imagetool builds one)")
+	fs.StringVar(&k.agentImage, "agent-image", "", "kubernetes backend: image holding /sandbox-agent and /sandbox-gate (scripts/build-runner-image.sh builds one)")
 	fs.StringVar(&k.pullPolicy, "image-pull-policy", "IfNotPresent", "kubernetes backend: imagePullPolicy of the sandbox and agent images (Always, IfNotPresent, Never)")
 	fs.StringVar(&k.peerCIDRs, "runner-peer-cidrs", "", "kubernetes backend: comma-separated CIDRs the runner reaches sandboxes from (their NetworkPolicies let them in)")
 	fs.StringVar(&k.peerPods, "runner-peer-pods", "", "kubernetes backend: the runner's Pod labels, k=v,… (in $POD_NAMESPACE, else --namespace): sandboxes' NetworkPolicies let those Pods in")

@@ -28,7 +28,7 @@ stop() { # names...: SIGTERM to all at once, SIGKILL to survivors after 5 s
 
 # Pods first, through the CRI, while containerd still runs: the kubelet is stopped so it
 # does not restart them, then every task in containerd's k8s.io namespace is killed.
-stop kubelet kube-scheduler kube-controller-manager kube-apiserver etcd
+stop kubelet kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd
 CTR=(ctr --address "$DATA/run/containerd.sock" -n k8s.io)
 if [ -S "$DATA/run/containerd.sock" ] && "${CTR[@]}" version >/dev/null 2>&1; then
   for c in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks kill -s KILL "$c" >/dev/null 2>&1; done
@@ -77,6 +77,10 @@ for ipt in iptables ip6tables; do
     for ch in $chains; do "$ipt" -t "$t" -X "$ch" 2>/dev/null; done
   done
 done
+# kube-proxy's nftables tables (nftables mode keeps everything in these).
+if command -v nft >/dev/null; then
+  for fam in ip ip6; do nft delete table "$fam" kube-proxy 2>/dev/null; done
+fi
 # Pod cgroups, deepest first.
 for d in /sys/fs/cgroup/*/"$CGROUP_ROOT"; do
   [ -d "$d" ] || continue

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Brings up a one-node Kubernetes cluster on this host for the Kubernetes backend's tests:
-# etcd (Debian etcd-server), kube-apiserver, kube-controller-manager, kube-scheduler and
-# kubelet (built from the Go module proxy by build.sh, cached by version) on containerd
-# (Debian) with the CRI plugin and the Debian CNI plugins (bridge + host-local).
+# etcd (Debian etcd-server), kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+# and kube-proxy (built from the Go module proxy by build.sh, cached by version) on
+# containerd (Debian) with the CRI plugin and the Debian CNI plugins (bridge + host-local).
 # Everything lives under $SANDBOXD_K8S_DIR (default /var/lib/sandboxd-k8s); down.sh
 # removes every trace. Needs root. Prints the kubeconfig path on stdout.
 #
-# The test images (busybox, python), the pause image and the agent image (sandbox-agent +
-# sandbox-gate) are imported into containerd's k8s.io namespace; Pods must use
-# imagePullPolicy: Never (no registry is reachable).
+# The test images (busybox, python), the pause image, the agent image (sandbox-agent +
+# sandbox-gate) and the runner image (static sandboxd; scripts/build-runner-image.sh) are
+# imported into containerd's k8s.io namespace; Pods must use imagePullPolicy: Never (no
+# registry is reachable).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -23,6 +24,7 @@ SVC_CIDR=${SANDBOXD_K8S_SERVICE_CIDR:-10.214.128.0/24}
 BRIDGE=${SANDBOXD_K8S_BRIDGE:-sbxk8s0}
 NAMESPACE=${SANDBOXD_K8S_NAMESPACE:-sandboxd}
 AGENT_REF=${SANDBOXD_K8S_AGENT_IMAGE:-localhost/sandboxd/agent:dev}
+RUNNER_REF=${SANDBOXD_K8S_RUNNER_IMAGE:-localhost/sandboxd/runner:dev}
 CGROUP_ROOT=sandboxd-k8s
 NODE=$(hostname | tr 'A-Z_' 'a-z-')
 
@@ -49,15 +51,21 @@ wait_for() { # seconds description cmd...
 # --- images (in the background while the control plane starts; again on a cluster that
 # is up, so a rebuilt agent reaches it) -----------------------------------------------
 import_images() {
-  CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$DATA/bin/sandbox-agent" ./cmd/sandbox-agent
-  CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$DATA/bin/sandbox-gate" ./internal/runtime/kubernetes/cmd/sandbox-gate
-  go run ./test/k8s/imagetool -out "$DATA/images" -agent "$DATA/bin/sandbox-agent" -gate "$DATA/bin/sandbox-gate" -agent-ref "$AGENT_REF"
-  for f in pause busybox python agent; do
+  # The runner image (static sandboxd) and the agent image, as a user builds them; the runner
+  # again as :update-test, built as that version: TestChartRunner's runner rolls itself to it
+  # and then reports it.
+  BIN_DIR="$DATA/bin" RUNNER_IMAGE=$RUNNER_REF AGENT_IMAGE=$AGENT_REF VERSION=dev \
+    bash scripts/build-runner-image.sh -out "$DATA/images"
+  mkdir -p "$DATA/images/update"
+  BIN_DIR="$DATA/bin/update" RUNNER_IMAGE=${RUNNER_REF%:*}:update-test AGENT_IMAGE='' VERSION=update-test \
+    bash scripts/build-runner-image.sh -out "$DATA/images/update"
+  go run ./test/k8s/imagetool -out "$DATA/images"
+  for f in pause busybox python agent runner update/runner; do
     "${CTR[@]}" images import "$DATA/images/$f.tar" >/dev/null
   done
-  # A second tag of the same image: the self-update test rolls a Deployment to it.
+  # A second tag of the same image: TestApplyAvailableUpdate rolls a stand-in Deployment to it.
   "${CTR[@]}" images tag --force localhost/sandboxd/busybox:latest localhost/sandboxd/busybox:update-test >/dev/null
-  rm -f "$DATA/images/"*.tar
+  rm -f "$DATA/images/"*.tar "$DATA/images/update/"*.tar
 }
 CTR=(ctr --address "$DATA/run/containerd.sock" -n k8s.io)
 if running kube-apiserver && running kubelet && running containerd && running etcd && [ -s "$DATA/kubeconfig" ]; then
@@ -70,7 +78,7 @@ if [ -d "$DATA" ]; then # left by a crash or a reboot: start from a clean slate
   log "stale $DATA: running down.sh first"
   bash test/k8s/down.sh >&2
 fi
-for c in etcd containerd ctr curl openssl iptables; do
+for c in etcd containerd ctr curl openssl iptables nft; do
   command -v "$c" >/dev/null || fail "$c missing: bash scripts/install-deps.sh --k8s"
 done
 [ -x /usr/lib/cni/bridge ] || fail "CNI plugins missing (containernetworking-plugins)"
@@ -174,12 +182,16 @@ start kube-apiserver "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETC
   --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$DATA/pki/sa.pub" \
   --service-account-signing-key-file "$DATA/pki/sa.key" --service-cluster-ip-range "$SVC_CIDR" \
   --token-auth-file "$DATA/pki/tokens.csv" --authorization-mode RBAC --kubelet-preferred-address-types InternalIP \
-  --enable-priority-and-fairness=false --endpoint-reconciler-type none
+  --enable-priority-and-fairness=false
 wait_for 60 kube-apiserver api /readyz
 log "apiserver ready"
+# The apiserver's self-signed certificate (it generated it in --cert-dir: SANs the node IP,
+# the `kubernetes` Service IP and names) is the cluster CA Pods trust: the controller
+# manager publishes it as kube-root-ca.crt, mounted with every service-account token.
+[ -s "$DATA/pki/apiserver/apiserver.crt" ] || fail "no apiserver certificate in $DATA/pki/apiserver"
 
 start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$KUBECONFIG_FILE" \
-  --service-account-private-key-file "$DATA/pki/sa.key" --leader-elect=false --use-service-account-credentials=false \
+  --service-account-private-key-file "$DATA/pki/sa.key" --root-ca-file "$DATA/pki/apiserver/apiserver.crt" --leader-elect=false --use-service-account-credentials=false \
   --bind-address 127.0.0.1 --secure-port 0
 start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG_FILE" --leader-elect=false \
   --bind-address 127.0.0.1 --secure-port 0
@@ -216,6 +228,14 @@ maxPods: 250
 YAML
 start kubelet "$BIN/kubelet" --config "$DATA/kubelet/config.yaml" --kubeconfig "$KUBECONFIG_FILE" \
   --root-dir "$DATA/kubelet" --hostname-override "$NODE" --node-ip "$IP" --v 1
+# kube-proxy (nftables mode: its own `kube-proxy` tables, nothing in iptables' chains) makes
+# Service IPs work for Pods and this host, above all the `kubernetes` Service that
+# in-cluster clients (client-go's InClusterConfig) use: the apiserver keeps its endpoint
+# (the node IP, lease reconciler). No masquerade of Pod traffic (--cluster-cidr); conntrack
+# sysctls left alone (--conntrack-max-per-core 0).
+start kube-proxy "$BIN/kube-proxy" --kubeconfig "$KUBECONFIG_FILE" --proxy-mode nftables --hostname-override "$NODE" \
+  --cluster-cidr "$POD_CIDR" --conntrack-max-per-core 0 --metrics-bind-address 127.0.0.1:10249 \
+  --healthz-bind-address 127.0.0.1:10256 --v 1
 node_ready() { api "/api/v1/nodes/$NODE" | tr -d ' \n' | grep -q '"type":"Ready","status":"True"'; }
 wait_for 60 "node Ready" node_ready
 log "node $NODE Ready"
@@ -223,12 +243,19 @@ api /api/v1/namespaces -X POST -H 'Content-Type: application/json' \
   -d "{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{\"name\":\"$NAMESPACE\"}}" >/dev/null || true
 wait_for 60 "default service account" api "/api/v1/namespaces/$NAMESPACE/serviceaccounts/default"
 log "namespace $NAMESPACE has its default service account"
+# The `kubernetes` Service answers through kube-proxy's rules (Pods reach it the same way),
+# with a certificate that verifies against the CA Pods get, for the Service IP.
+svc_ip=$(api /api/v1/namespaces/default/services/kubernetes | tr -d ' \n' | sed -n 's/.*"clusterIP":"\([^"]*\)".*/\1/p')
+[ -n "$svc_ip" ] || fail "no kubernetes Service"
+wait_for 60 "the kubernetes Service at $svc_ip:443 (kube-proxy)" curl -sf --cacert "$DATA/pki/apiserver/apiserver.crt" -H "Authorization: Bearer $TOKEN" "https://$svc_ip/readyz"
+log "kube-proxy: the kubernetes Service answers at $svc_ip"
 wait "$images_pid" || { cat "$DATA/log/images.log" >&2; fail "image build/import failed"; }
-log "images imported: $("${CTR[@]}" images ls -q | grep -c '^localhost/') (pause, busybox, python, agent $AGENT_REF)"
+log "images imported: $("${CTR[@]}" images ls -q | grep -c '^localhost/') (pause, busybox, python, agent $AGENT_REF, runner $RUNNER_REF)"
 cat >"$DATA/env" <<ENV
 SANDBOXD_K8S_KUBECONFIG=$KUBECONFIG_FILE
 SANDBOXD_K8S_NAMESPACE=$NAMESPACE
 SANDBOXD_K8S_AGENT_IMAGE=$AGENT_REF
+SANDBOXD_K8S_RUNNER_IMAGE=$RUNNER_REF
 SANDBOXD_K8S_CONTAINERD=$DATA/run/containerd.sock
 ENV
 log "up (kubeconfig $KUBECONFIG_FILE)"

@@ -2,10 +2,6 @@ package k8s
 
 import (
 	"context"
-	"log/slog"
-	"net"
-	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,12 +13,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
-	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/controlplane"
-	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/stack"
-	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // TestApplyAvailableUpdate: the control plane's :applyAvailableUpdate reaches a
@@ -62,43 +53,8 @@ func TestApplyAvailableUpdate(t *testing.T) {
 	}
 
 	// The control plane (TLS on loopback); its stable channel offers the target version.
-	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	ca, err := pki.LoadOrCreateCA(filepath.Join(dir, "pki"), "k8s test platform CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := controlplane.EnsureOrg(ctx, st, "org-a"); err != nil {
-		t.Fatal(err)
-	}
-	adminKey, err := controlplane.EnsureAdminKey(ctx, st, "org-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	authn := auth.NewStoreAuthenticator(st, nil)
-	t.Cleanup(authn.Wait)
-	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, CA: ca, HeartbeatInterval: 200 * time.Millisecond,
-		TargetVersions: map[string]string{store.ChannelStable: target}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsCfg, err := controlplane.TLSConfig(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: svc.TLSHandler(), TLSConfig: tlsCfg}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), "127.0.0.1"), ForceAttemptHTTP2: true}}
-	api := controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+ln.Addr().String(), connect.WithInterceptors(bearer(adminKey)))
+	cp := startControlPlane(t, ctx, "127.0.0.1", target)
+	api := cp.api
 	runnerID := randomID("upd-")
 	if _, err := api.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
 		RunnerId: runnerID, ClusterId: "c-" + runnerID, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
@@ -113,7 +69,7 @@ func TestApplyAvailableUpdate(t *testing.T) {
 	rdir := t.TempDir()
 	p := startRunner(t, bin, []string{"POD_NAMESPACE=" + ns}, "--backend", "kubernetes", "--kubeconfig", c.kubeconfig, "--namespace", c.namespace,
 		"--agent-image", c.agentImage, "--image-pull-policy", "Never", "--listen", "127.0.0.1:0", "--data-dir", rdir,
-		"--control-plane", ln.Addr().String(), "--bootstrap-token", tok.Msg.GetBootstrapToken(), "--heartbeat-interval", "200ms",
+		"--control-plane", cp.addr, "--bootstrap-token", tok.Msg.GetBootstrapToken(), "--heartbeat-interval", "200ms",
 		"--self-deployment", "sandboxd-runner", "--leader-elect", "--leader-elect-lease", "sandboxd-runner", "--leader-elect-lease-duration", "3s")
 	select {
 	case <-p.listening:

@@ -82,7 +82,7 @@ type Config struct {
 	Namespace string
 	// RunnerID labels every Pod; Recover adopts only this runner's Pods.
 	RunnerID string
-	// AgentImage holds /sandbox-agent and /sandbox-gate (see test/k8s/imagetool).
+	// AgentImage holds /sandbox-agent and /sandbox-gate (scripts/build-runner-image.sh builds one).
 	AgentImage string
 	// ImagePullPolicy for the sandbox and agent images; default IfNotPresent.
 	ImagePullPolicy corev1.PullPolicy

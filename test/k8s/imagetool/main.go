@@ -1,9 +1,9 @@
 // Command imagetool writes the images the test cluster needs as docker-archive tarballs
-// for `ctr images import`: the pause image (busybox running sleep), the standard test
-// images (busybox, python; see internal/testimage) and the agent image (the static
-// sandbox-agent and sandbox-gate binaries, see internal/runtime/kubernetes).
+// for `ctr images import`: the pause image (busybox running sleep) and the standard test
+// images (busybox, python; see internal/testimage). The runner and agent images come from
+// scripts/build-runner-image.sh (deploy/image).
 //
-// Usage: imagetool -out DIR [-agent BIN -gate BIN -agent-ref REF]
+// Usage: imagetool -out DIR
 package main
 
 import (
@@ -29,17 +29,14 @@ const (
 
 func main() {
 	out := flag.String("out", "", "output dir")
-	agent := flag.String("agent", "", "static sandbox-agent binary")
-	gate := flag.String("gate", "", "static sandbox-gate binary")
-	agentRef := flag.String("agent-ref", "localhost/sandboxd/agent:dev", "agent image reference")
 	flag.Parse()
-	if err := run(*out, *agent, *gate, *agentRef); err != nil {
+	if err := run(*out); err != nil {
 		fmt.Fprintln(os.Stderr, "imagetool:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out, agent, gate, agentRef string) error {
+func run(out string) error {
 	if out == "" {
 		return fmt.Errorf("-out is required")
 	}
@@ -67,28 +64,6 @@ func run(out, agent, gate, agentRef string) error {
 		{"pause.tar", PauseRef, pause},
 		{"busybox.tar", BusyboxRef, std.Busybox},
 		{"python.tar", PythonRef, std.Python},
-	}
-	if agent != "" {
-		files := map[string][]byte{}
-		for dst, src := range map[string]string{"sandbox-agent": agent, "sandbox-gate": gate} {
-			b, err := os.ReadFile(src)
-			if err != nil {
-				return err
-			}
-			files[dst] = b
-		}
-		layer, err := testimage.ExecutableLayer(files)
-		if err != nil {
-			return err
-		}
-		img, err := testimage.ImageFromLayers(image.Config{Entrypoint: []string{"/sandbox-gate"}}, layer)
-		if err != nil {
-			return err
-		}
-		imgs = append(imgs, struct {
-			file, ref string
-			img       v1.Image
-		}{"agent.tar", agentRef, img})
 	}
 	for _, i := range imgs {
 		tag, err := name.NewTag(i.ref)

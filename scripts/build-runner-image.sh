@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes runner's two images from this checkout, without a container engine:
+# static sandboxd, sandbox-agent and sandbox-gate (CGO_ENABLED=0, -trimpath), then
+# deploy/image makes the runner image (entrypoint /sandboxd) and the agent image.
+#
+#   scripts/build-runner-image.sh [-out DIR] [-push] [-tag T]...   (flags of deploy/image)
+#
+# RUNNER_IMAGE (default localhost/sandboxd/runner:dev) and AGENT_IMAGE (default
+# localhost/sandboxd/agent:dev) name them; VERSION (default the runner image's tag) is
+# the version the runner reports (`sandboxd version`). Binaries go to BIN_DIR (default
+# bin/image); GOARCH (default this host's) their architecture. Example, for a registry of
+# your own:
+#   RUNNER_IMAGE=ghcr.io/me/sandboxd-runner:v1 AGENT_IMAGE=ghcr.io/me/sandbox-agent:v1 \
+#     scripts/build-runner-image.sh -push
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNNER_IMAGE=${RUNNER_IMAGE:-localhost/sandboxd/runner:dev}
+AGENT_IMAGE=${AGENT_IMAGE-localhost/sandboxd/agent:dev} # set and empty: no agent image
+VERSION=${VERSION:-${RUNNER_IMAGE##*:}}
+BIN_DIR=${BIN_DIR:-bin/image}
+mkdir -p "$BIN_DIR"
+export CGO_ENABLED=0
+go build -trimpath -ldflags="-s -w -X main.version=$VERSION" -o "$BIN_DIR/sandboxd" ./cmd/sandboxd
+if [ -n "$AGENT_IMAGE" ]; then
+  go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-agent" ./cmd/sandbox-agent
+  go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-gate" ./internal/runtime/kubernetes/cmd/sandbox-gate
+fi
+# The tool runs here: built for this host whatever GOARCH the binaries are for.
+env -u GOARCH go run ./deploy/image -arch "$(go env GOARCH)" -sandboxd "$BIN_DIR/sandboxd" -agent "$BIN_DIR/sandbox-agent" -gate "$BIN_DIR/sandbox-gate" \
+  -runner-ref "$RUNNER_IMAGE" -agent-ref "$AGENT_IMAGE" "$@"
