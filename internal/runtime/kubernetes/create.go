@@ -283,9 +283,11 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 	if spec.Resources.MilliCPU > 0 || spec.Resources.MemoryBytes > 0 || disk > 0 {
 		res.Limits, res.Requests = corev1.ResourceList{}, corev1.ResourceList{}
 		if disk > 0 {
-			// A limit alone: the request defaults to it, so the scheduler places the Pod
-			// where that much node storage is free.
+			// A cap, not a reservation (the local backend's disk images are sparse too): an
+			// explicit zero request, as a limit alone would make the request default to it
+			// and reserve --disk (10 Gi) of node storage per sandbox at scheduling.
 			res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(disk, resource.BinarySI)
+			res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
 		}
 		if m := spec.Resources.MilliCPU; m > 0 {
 			res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)

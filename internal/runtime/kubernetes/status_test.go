@@ -137,6 +137,9 @@ func TestPodForDiskLimit(t *testing.T) {
 			case tc.want != 0 && (!ok || got.Value() != tc.want):
 				t.Errorf("ephemeral-storage limit %s (set %v), want %d", got.String(), ok, tc.want)
 			}
+			if req, ok := main.Resources.Requests[corev1.ResourceEphemeralStorage]; tc.want != 0 && (!ok || !req.IsZero()) {
+				t.Errorf("ephemeral-storage request %s (set %v), want an explicit 0: a cap, not a reservation", req.String(), ok)
+			}
 			if _, ok := main.Resources.Limits[corev1.ResourceCPU]; ok {
 				t.Errorf("a CPU limit appeared: %v", main.Resources.Limits)
 			}
