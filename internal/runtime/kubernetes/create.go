@@ -327,6 +327,7 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 						corev1.VolumeMount{Name: "tls", MountPath: gate.TLSDir, ReadOnly: true},
 					),
 					Resources:                helperRes,
+					SecurityContext:          gateSecurityContext(),
 					TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				},
 				{
@@ -349,8 +350,10 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 					SecretName: secretName(spec.ID), DefaultMode: ptr(int32(0o444)),
 					Items: []corev1.KeyToPath{{Key: gate.ConfigFile, Path: gate.ConfigFile}},
 				}}},
+				// Readable by the gate's non-root user: only the gate mounts it, and an
+				// fsGroup would change the main container's groups and volumes too.
 				{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-					SecretName: secretName(spec.ID), DefaultMode: ptr(int32(0o400)),
+					SecretName: secretName(spec.ID), DefaultMode: ptr(int32(0o444)),
 					Items: []corev1.KeyToPath{
 						{Key: gate.TLSCertFile, Path: gate.TLSCertFile},
 						{Key: gate.TLSKeyFile, Path: gate.TLSKeyFile},

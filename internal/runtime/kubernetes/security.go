@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
 // agentCaps are what the agent (PID 1, root) keeps when it runs commands as another
@@ -73,6 +74,25 @@ func securityFor(sec *runtime.Security, imageUser string) (*corev1.SecurityConte
 		sc.Capabilities = &corev1.Capabilities{Add: add, Drop: drop}
 	}
 	return sc, user
+}
+
+// gateSecurityContext is the gate container's: what the Pod Security Standard
+// "restricted" asks (non-root, no privilege escalation, no capabilities, RuntimeDefault
+// seccomp), plus a read-only root. The gate needs no privilege: it copies the binaries
+// into an emptyDir (mode 0777), listens on an unprivileged port, reads its Secret
+// (mode 0444), the agent's status.json (0644) and connects to the agent's socket, which
+// exec-agent hands to gate.UID (gate.ListenAgent).
+func gateSecurityContext() *corev1.SecurityContext {
+	yes, no := true, false
+	return &corev1.SecurityContext{
+		RunAsNonRoot:             &yes,
+		RunAsUser:                ptr(int64(gate.UID)),
+		RunAsGroup:               ptr(int64(gate.UID)),
+		AllowPrivilegeEscalation: &no,
+		ReadOnlyRootFilesystem:   &yes,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
 }
 
 // nonRootUser reports whether an agent user string ("uid[:gid]", "name[:group]") names a

@@ -130,7 +130,7 @@ func TestVolumesFor(t *testing.T) {
 }
 
 // TestPodForSecurityAndVolumes: the translations land on the main container only; the
-// gate keeps its own mounts and context.
+// gate keeps its own mounts and its restricted context.
 func TestPodForSecurityAndVolumes(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", TerminationGrace: 10e9}}
 	u := uint32(1000)
@@ -140,7 +140,7 @@ func TestPodForSecurityAndVolumes(t *testing.T) {
 	sc, _ := securityFor(spec.Security, "")
 	pod := b.podFor(spec, "", b.labels(spec), "", sc)
 	gate, main := pod.Spec.Containers[0], pod.Spec.Containers[1]
-	if gate.SecurityContext != nil || len(gate.VolumeMounts) != 3 {
+	if describeSC(gate.SecurityContext) != restrictedGate || len(gate.VolumeMounts) != 3 {
 		t.Errorf("gate: context %v, mounts %v", gate.SecurityContext, gate.VolumeMounts)
 	}
 	if main.SecurityContext != sc {
@@ -156,5 +156,48 @@ func TestPodForSecurityAndVolumes(t *testing.T) {
 	}
 	if len(pod.Spec.Volumes) != 4+1+3 {
 		t.Errorf("pod volumes %d", len(pod.Spec.Volumes))
+	}
+}
+
+const restrictedGate = "uid=65532 gid=65532 ro ape=false drop=[ALL] add=[] seccomp=RuntimeDefault"
+
+// TestContainerContexts: whatever the spec asks for, the gate runs with what the Pod
+// Security Standard "restricted" asks of a container (runAsNonRoot with a non-root uid,
+// no privilege escalation, every capability dropped, RuntimeDefault seccomp), the Pod
+// has no other helper container, and its TLS Secret is readable by that uid; the main
+// container's context is securityFor's, untouched.
+func TestContainerContexts(t *testing.T) {
+	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", TerminationGrace: 10e9}}
+	u := uint32(1000)
+	for _, sec := range []*runtime.Security{
+		nil,
+		{RunAsUser: &u, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}},
+		{AllowPrivilegeEscalation: true, CapAdd: []string{"NET_ADMIN"}},
+	} {
+		spec := &runtime.Spec{ID: "abc", Image: "busybox", Security: sec}
+		sc, _ := securityFor(sec, "")
+		pod := b.podFor(spec, "", b.labels(spec), "", sc)
+		if len(pod.Spec.InitContainers) != 0 || len(pod.Spec.Containers) != 2 {
+			t.Fatalf("%+v: init containers %d, containers %d", sec, len(pod.Spec.InitContainers), len(pod.Spec.Containers))
+		}
+		g, main := pod.Spec.Containers[0], pod.Spec.Containers[1]
+		gsc := g.SecurityContext
+		if got := describeSC(gsc); got != restrictedGate {
+			t.Errorf("%+v: gate context %q, want %q", sec, got, restrictedGate)
+		}
+		if gsc == nil || gsc.RunAsNonRoot == nil || !*gsc.RunAsNonRoot || gsc.Privileged != nil {
+			t.Errorf("%+v: gate context without runAsNonRoot: %+v", sec, gsc)
+		}
+		if main.SecurityContext != sc {
+			t.Errorf("%+v: main context %s, want securityFor's %s", sec, describeSC(main.SecurityContext), describeSC(sc))
+		}
+		if pod.Spec.SecurityContext != nil {
+			t.Errorf("%+v: pod-level context %+v (it would apply to the main container too)", sec, pod.Spec.SecurityContext)
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == "tls" && (v.Secret == nil || *v.Secret.DefaultMode&0o004 == 0) {
+				t.Errorf("%+v: the gate's Secret is not readable by its non-root user: %+v", sec, v.Secret)
+			}
+		}
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -64,6 +65,10 @@ const (
 	ClientCertFile = "client.crt"
 	// Port is the gate's TCP port on the Pod IP.
 	Port = 7443
+	// UID is the gate container's user and group (non-root, as the Pod Security
+	// Standard "restricted" asks; the distroless "nonroot" ID). The agent's socket is
+	// handed to it (ListenAgent).
+	UID = 65532
 )
 
 // Install copies the named files from srcDir to dstDir (mode 0755), atomically each.
@@ -128,8 +133,61 @@ func ExecAgent() error {
 	if err := os.WriteFile(p, b, 0o600); err != nil {
 		return err
 	}
-	argv := []string{AgentPath, "--config", p, "--state-dir", RunDir, "--listen-fd", "-1"}
+	ln, err := ListenAgent(filepath.Join(RunDir, Socket), c.User, UID)
+	if err != nil {
+		return err
+	}
+	defer ln.Close() // only if exec fails
+	argv := []string{AgentPath, "--config", p, "--state-dir", RunDir, "--listen-fd", strconv.Itoa(int(ln.Fd()))}
 	return syscall.Exec(AgentPath, argv, os.Environ())
+}
+
+// ListenAgent makes the agent's unix socket at path, which only the gate (uid, non-root)
+// may connect to, and returns its listening fd, kept open across exec for the agent.
+//
+// Connecting needs write permission on the socket. The socket is given to the gate's
+// user (mode 0600): the container's other processes (commands run as another user) must
+// not reach the agent, which runs as root. That needs CAP_CHOWN, which the agent keeps
+// whenever commands run as another user (the kubernetes backend's securityFor). Without
+// it (e.g. an image whose USER is not root, or everything dropped for a root command
+// user) every process in the container runs as the agent's own user, so a socket open
+// to all (0777) grants none of them anything: then that is the fallback.
+func ListenAgent(path, commandUser string, uid int) (*os.File, error) {
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false) // the agent serves it after exec
+	f, err := ln.File()        // a dup: it stays open (and is the agent's) once ln is closed
+	_ = ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	mode := os.FileMode(0o600)
+	if err := os.Chown(path, uid, uid); err != nil {
+		if !sameUser(commandUser) {
+			f.Close()
+			return nil, fmt.Errorf("agent socket: hand it to the gate (uid %d) while commands run as %q: %w", uid, commandUser, err)
+		}
+		mode = 0o777
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), syscall.F_SETFD, 0); e != 0 {
+		f.Close()
+		return nil, fmt.Errorf("agent socket: keep it across exec: %w", e)
+	}
+	return f, nil
+}
+
+// sameUser reports whether commands run as the agent's own user: the agent config's
+// User is empty (the container's user) or root while the agent is root.
+func sameUser(commandUser string) bool {
+	u, _, _ := strings.Cut(commandUser, ":")
+	return u == "" || (os.Getuid() == 0 && (u == "0" || u == "root"))
 }
 
 // ServeOptions configure Serve.

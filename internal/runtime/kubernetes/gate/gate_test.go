@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,5 +147,49 @@ func TestCompleteConfig(t *testing.T) {
 	}
 	if c.WorkingDir != "/work" || c.Listen != "unix:"+RunDir+"/"+Socket {
 		t.Errorf("working dir %q, listen %q", c.WorkingDir, c.Listen)
+	}
+}
+
+// TestListenAgent: the agent's socket belongs to the gate's user with mode 0600 (other
+// users in the main container cannot connect), and the fd survives exec and serves.
+func TestListenAgent(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("chown to the gate's uid needs root")
+	}
+	path := filepath.Join(t.TempDir(), Socket)
+	f, err := ListenAgent(path, "1000", UID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != UID || st.Gid != UID || st.Mode&0o777 != 0o600 {
+		t.Errorf("socket owner %d:%d mode %o, want %d:%d 600", st.Uid, st.Gid, st.Mode&0o777, UID, UID)
+	}
+	flags, _, e := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), syscall.F_GETFD, 0)
+	if e != 0 || flags&syscall.FD_CLOEXEC != 0 {
+		t.Errorf("fd flags %d (err %v): closed on exec", flags, e)
+	}
+	ln, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			_, _ = c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if b, _ := io.ReadAll(c); string(b) != "ok" {
+		t.Errorf("read %q", b)
 	}
 }
