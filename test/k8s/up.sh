@@ -225,6 +225,9 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 localStorageCapacityIsolation: false
 maxPods: 250
+# Each Pod's pids cgroup (the Pod spec cannot set one): runtime.DefaultPidsLimit, the local
+# backend's per-sandbox limit. Contains a fork bomb in a sandbox (TestForkBomb).
+podPidsLimit: 4096
 YAML
 start kubelet "$BIN/kubelet" --config "$DATA/kubelet/config.yaml" --kubeconfig "$KUBECONFIG_FILE" \
   --root-dir "$DATA/kubelet" --hostname-override "$NODE" --node-ip "$IP" --v 1
