@@ -2,13 +2,18 @@ package k8s
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
@@ -113,6 +119,8 @@ func nodeIP(t *testing.T, ctx context.Context, admin k8s.Interface) string {
 // token at a control plane on this host.
 //   - A gateway on this host reaches it through the chart's Service: a sandbox is created
 //     through the public API, execs, is deleted.
+//   - The runner's edge (the control plane issued its certificate): a sandbox's public
+//     HTTPS endpoint answers through the Service's edge port (checkEdge).
 //   - :applyAvailableUpdate: the runner rolls its own Deployment to the channel's version
 //     (the runner image tagged and built as update-test); the new Pod reports that version
 //     and re-adopts a live sandbox, which still execs.
@@ -291,6 +299,9 @@ func TestChartRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPublicState(t, ctx, api, first, sandboxv1.State_STATE_TERMINATED)
+	edgeStart := time.Now()
+	checkEdge(t, ctx, api, svc, runnerID, cp.ca.Pool())
+	t.Logf("a public HTTPS endpoint answers through the Service's edge port %s after its create", time.Since(edgeStart).Round(time.Millisecond))
 
 	// A live sandbox across the runner's update: state in its file system shows it is the
 	// same sandbox, not a new one.
@@ -372,20 +383,94 @@ func podLog(admin k8s.Interface, p *corev1.Pod) string {
 	return "log of " + p.Name + ":\n" + string(b)
 }
 
+// checkEdge: a sandbox serving HTTP on port 8080, published as an OPEN HTTPS endpoint,
+// answers an HTTPS client that trusts the platform CA (the runner's edge certificate
+// comes from the control plane) and dials the chart Service's edge port, with the
+// endpoint's host name as SNI. The sandbox is deleted again.
+func checkEdge(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxServiceClient, svc *corev1.Service, runnerID string, roots *x509.CertPool) {
+	t.Helper()
+	var edgeAddr string
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "edge" {
+			edgeAddr = net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(p.Port)))
+		}
+	}
+	if edgeAddr == "" {
+		t.Fatalf("the chart's Service has no edge port: %v", svc.Spec.Ports)
+	}
+	id := createRunningSpec(t, ctx, api, &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh",
+			Args:      []string{"-c", `mkdir -p /tmp/www && echo "hello from $(hostname)" > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www`},
+			Resources: &sandboxv1.Resources{Cpu: "100m", Memory: "32Mi"}}},
+		Services: []*sandboxv1.Service{{Port: 8080, Name: "web", Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC,
+			Endpoint: &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS, Auth: sandboxv1.EndpointAuth_ENDPOINT_AUTH_OPEN}}},
+	})
+	defer func() {
+		if _, err := api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id, GracePeriodSeconds: 2})); err != nil {
+			t.Errorf("delete %s: %v", id, err)
+		}
+	}()
+	host := edge.Host(8080, id, runnerID, controlplane.DefaultEndpointDomain)
+	res, err := api.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(res.Msg.GetStatus().GetServices()[0].GetEndpoint().GetUrl())
+	if err != nil || u.Scheme != "https" || u.Hostname() != host {
+		t.Fatalf("endpoint URL %v (%v), want https://%s", u, err, host)
+	}
+	t.Logf("endpoint %s", u)
+	// As `curl --resolve HOST:443:SERVICE-IP`: the name stays the SNI and the Host.
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig:   &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2: true,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, edgeAddr)
+		},
+	}}
+	defer hc.CloseIdleConnections()
+	want := "hello from " + id + "\n"
+	for {
+		res, err := hc.Get("https://" + host + "/")
+		if err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK && string(b) == want {
+				if res.TLS == nil || res.TLS.ServerName != host || len(res.TLS.PeerCertificates) == 0 || res.TLS.PeerCertificates[0].VerifyHostname(host) != nil {
+					t.Errorf("TLS state %+v: want the wildcard for %s", res.TLS, host)
+				}
+				return
+			}
+			// 502 while httpd is not listening yet.
+			err = fmt.Errorf("%s %q", res.Status, b)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("GET https://%s/ through %s: %v", host, edgeAddr, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // createRunning creates a busybox sandbox through the public API and waits until it runs.
+func createRunning(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxServiceClient) string {
+	t.Helper()
+	return createRunningSpec(t, ctx, api, &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep 3600 & wait`},
+			Resources: &sandboxv1.Resources{Cpu: "100m", Memory: "32Mi"}}},
+	})
+}
+
+// createRunningSpec creates a sandbox through the public API and waits until it runs.
 // UNAVAILABLE (the gateway has not seen the runner answer yet: it probes every second) is
 // retried, as clients do.
-func createRunning(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxServiceClient) string {
+func createRunningSpec(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxServiceClient, spec *sandboxv1.SandboxSpec) string {
 	t.Helper()
 	var (
 		res *connect.Response[sandboxv1.Sandbox]
 		err error
 	)
 	for {
-		res, err = api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
-			Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep 3600 & wait`},
-				Resources: &sandboxv1.Resources{Cpu: "100m", Memory: "32Mi"}}},
-		}}}))
+		res, err = api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec}}))
 		if connect.CodeOf(err) != connect.CodeUnavailable || ctx.Err() != nil {
 			break
 		}
