@@ -71,6 +71,7 @@ func runnerCmd(args []string) error {
 	controlPlaneCA := fs.String("control-plane-ca", "", "PEM file of the CA to trust the control plane by (default: the CA pinned in the bootstrap token)")
 	hbInterval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often to heartbeat the control plane")
 	edgeListen := fs.String("edge-listen", "", "address of the edge that publishes sandbox endpoints, e.g. :443 (empty: no edge); its certificate comes from the control plane, or from the CA in --pki-dir")
+	edgePublicPort := fs.Int("edge-public-port", 0, "port clients reach the edge at, in endpoint URLs, when it differs from --edge-listen's (e.g. a Kubernetes Service's 443 in front of the Pod's 8443); 0: --edge-listen's")
 	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are PORT-SANDBOX.RUNNER-ID.BASE-DOMAIN")
 	maxSandboxes := fs.Int("max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
 	cpu := fs.String("cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
@@ -277,6 +278,9 @@ func runnerCmd(args []string) error {
 		}
 		defer e.Close()
 		local.EdgeDomain, local.EdgePort = *baseDomain, e.Port()
+		if *edgePublicPort > 0 {
+			local.EdgePort = *edgePublicPort
+		}
 		fmt.Printf("edge listening on %s for *.%s.%s\n", e.Addr, *runnerID, *baseDomain)
 	}
 	if *dataPlaneListen != "" {

@@ -389,10 +389,11 @@ func podLog(admin k8s.Interface, p *corev1.Pod) string {
 // endpoint's host name as SNI. The sandbox is deleted again.
 func checkEdge(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxServiceClient, svc *corev1.Service, runnerID string, roots *x509.CertPool) {
 	t.Helper()
-	var edgeAddr string
+	var edgeAddr, edgePort string
 	for _, p := range svc.Spec.Ports {
 		if p.Name == "edge" {
-			edgeAddr = net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(p.Port)))
+			edgePort = strconv.Itoa(int(p.Port))
+			edgeAddr = net.JoinHostPort(svc.Spec.ClusterIP, edgePort)
 		}
 	}
 	if edgeAddr == "" {
@@ -416,8 +417,17 @@ func checkEdge(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxSe
 		t.Fatal(err)
 	}
 	u, err := url.Parse(res.Msg.GetStatus().GetServices()[0].GetEndpoint().GetUrl())
-	if err != nil || u.Scheme != "https" || u.Hostname() != host {
-		t.Fatalf("endpoint URL %v (%v), want https://%s", u, err, host)
+	if err != nil {
+		t.Fatalf("endpoint URL: %v", err)
+	}
+	// The Service's port (the chart's --edge-public-port), not the Pod's 8443; 443 is
+	// left out of the URL.
+	port := u.Port()
+	if port == "" {
+		port = "443"
+	}
+	if u.Scheme != "https" || u.Hostname() != host || port != edgePort {
+		t.Fatalf("endpoint URL %v, want https://%s:%s", u, host, edgePort)
 	}
 	t.Logf("endpoint %s", u)
 	// As `curl --resolve HOST:443:SERVICE-IP`: the name stays the SNI and the Host.
