@@ -2,13 +2,13 @@
 # Direct mTLS data plane vs the gateway, in one run, through the official client: starts a
 # `sandboxd dev` on free loopback ports, runs bench/direct/bench_direct.py, stops it.
 # Needs: make build images, pip install -r test/conformance/requirements.txt, root.
-# Usage: scripts/bench-direct.sh [execs per mode, default 100]
+# Usage: [SANDBOXD=path/to/sandboxd] scripts/bench-direct.sh [execs per mode, default 100]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 api=$(port); dp=$(port); edge=$(port)
-bin/sandboxd dev --data-dir "$dir" --listen "127.0.0.1:$api" --data-plane-listen "127.0.0.1:$dp" --edge-listen "127.0.0.1:$edge" >"$dir/log" 2>&1 &
+"${SANDBOXD:-bin/sandboxd}" dev --data-dir "$dir" --listen "127.0.0.1:$api" --data-plane-listen "127.0.0.1:$dp" --edge-listen "127.0.0.1:$edge" >"$dir/log" 2>&1 &
 pid=$!
 cleanup() {
   kill -TERM "$pid" 2>/dev/null || true

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -8,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -262,4 +264,63 @@ func mustPKCS8(t *testing.T, key *ecdsa.PrivateKey) []byte {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+// envelopeFlags records the flags byte of each gRPC response's first message.
+type envelopeFlags struct {
+	base  http.RoundTripper
+	mu    sync.Mutex
+	flags []byte
+}
+
+func (e *envelopeFlags) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := e.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > 0 {
+		e.mu.Lock()
+		e.flags = append(e.flags, b[0])
+		e.mu.Unlock()
+	}
+	res.Body = io.NopCloser(bytes.NewReader(b))
+	return res, nil
+}
+
+// TestDirectUncompressed: the data plane sends responses uncompressed although the
+// client offers gzip (gzipping a large file read cost more than the transfer), and
+// still reads gzip-compressed requests.
+func TestDirectUncompressed(t *testing.T) {
+	f := newFixture(t)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	csr, _ := x509.ParseCertificateRequest(der)
+	chain, _, err := f.issuer.Issue(csr, "acme", "sb1", "main", []sandboxv1.SandboxDataPermission{permExec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(chain, mustPKCS8(t, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := pki.ClientTLSConfig(&cert, f.ca.Pool(), "127.0.0.1")
+	cfg.NextProtos = []string{"h2"}
+	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	rec := &envelopeFlags{base: tr}
+	// connect-go offers gzip by default; this client also sends its requests gzipped.
+	c := sandboxv1connect.NewSandboxDataPlaneServiceClient(&http.Client{Transport: rec}, f.uri, connect.WithGRPC(), connect.WithSendGzip())
+	arg := strings.Repeat("a", 64<<10) // compresses well
+	res, err := c.Exec(context.Background(), connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "sb1", Command: []string{"echo", arg}}))
+	if err != nil || string(res.Msg.GetStdout()) != "echo "+arg {
+		t.Fatalf("exec: %d bytes, %v", len(res.Msg.GetStdout()), err)
+	}
+	if len(rec.flags) != 1 || rec.flags[0]&1 != 0 {
+		t.Fatalf("response envelope flags %v, want one uncompressed message", rec.flags)
+	}
 }
