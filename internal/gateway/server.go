@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -137,6 +138,11 @@ func (s *Server) Handler() http.Handler {
 		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
+		// Responses are not compressed (gzip-compressed requests are still read): the
+		// official client and connect-go offer gzip on every call, and gzip at ~60 MB/s a
+		// core capped file reads through the gateway at that rate (and spent the CPU every
+		// tenant shares) for content that is often incompressible.
+		connect.WithCompressMinBytes(math.MaxInt),
 	}
 	api, err := restTranscoder(
 		vanguard.NewService(sandboxv1connect.NewSandboxServiceHandler(s, opts...)),

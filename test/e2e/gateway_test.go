@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -602,4 +603,48 @@ func TestGatewayREST(t *testing.T) {
 		t.Errorf("DELETE: %d %v", code, del)
 	}
 	g.waitState(t, id, sandboxv1.State_STATE_TERMINATED)
+}
+
+// envelopeFlags records the flags byte of each gRPC response's first message envelope.
+type envelopeFlags struct {
+	base  http.RoundTripper
+	mu    sync.Mutex
+	flags []byte
+}
+
+func (e *envelopeFlags) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := e.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > 0 {
+		e.mu.Lock()
+		e.flags = append(e.flags, b[0])
+		e.mu.Unlock()
+	}
+	res.Body = io.NopCloser(bytes.NewReader(b))
+	return res, nil
+}
+
+// TestGatewayResponsesUncompressed: a client that offers gzip (as the official client and
+// connect-go do on every call) and sends gzip gets its answer uncompressed.
+func TestGatewayResponsesUncompressed(t *testing.T) {
+	g := startGateway(t)
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	rec := &envelopeFlags{base: &http.Transport{Protocols: p}}
+	c := sandboxv1connect.NewDiscoveryServiceClient(&http.Client{Transport: rec}, g.url,
+		connect.WithGRPC(), connect.WithSendGzip(), connect.WithInterceptors(bearer(g.keyA)))
+	res, err := c.ListAvailableRunners(context.Background(), connect.NewRequest(&sandboxv1.ListAvailableRunnersRequest{}))
+	if err != nil || len(res.Msg.GetRunners()) == 0 {
+		t.Fatalf("ListAvailableRunners: %v (%d runners)", err, len(res.Msg.GetRunners()))
+	}
+	if len(rec.flags) != 1 || rec.flags[0]&1 != 0 {
+		t.Fatalf("response envelope flags %v, want one uncompressed message", rec.flags)
+	}
 }
