@@ -178,12 +178,8 @@ func Run(ctx context.Context, opts Options) (int, error) {
 	srv := &http.Server{
 		Handler:   mux,
 		Protocols: &protos,
-		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerConnection: 4<<20 - 1,
-			MaxReceiveBufferPerStream:     4<<20 - 1,
-			MaxReadFrameSize:              1 << 20,
-		},
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+		HTTP2:     HTTP2Config(),
+		ErrorLog:  slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(opts.Listener) }()

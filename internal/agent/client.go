@@ -33,12 +33,20 @@ func NewHTTPClient(dial func(ctx context.Context) (net.Conn, error)) *http.Clien
 	return &http.Client{Transport: cancelBodyTransport{&http.Transport{
 		Protocols:   &protos,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerConnection: 4<<20 - 1,
-			MaxReceiveBufferPerStream:     4<<20 - 1,
-			MaxReadFrameSize:              1 << 20,
-		},
+		HTTP2:       HTTP2Config(),
 	}}}
+}
+
+// HTTP2Config is the HTTP/2 tuning of every hop that carries agent traffic — the agent's
+// server, its clients, and the runner and data-plane servers that relay to it: 4 MiB
+// windows and 1 MiB frames (instead of net/http's 64 KiB / 16 KiB), so a file or a
+// stream is not throttled by a hop in between.
+func HTTP2Config() *http.HTTP2Config {
+	return &http.HTTP2Config{
+		MaxReceiveBufferPerConnection: 4<<20 - 1,
+		MaxReceiveBufferPerStream:     4<<20 - 1,
+		MaxReadFrameSize:              1 << 20,
+	}
 }
 
 // cancelBodyTransport makes cancelling a call's context abort the HTTP/2 stream even

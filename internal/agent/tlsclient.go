@@ -14,10 +14,6 @@ func NewTLSHTTPClient(cfg *tls.Config) *http.Client {
 	return &http.Client{Transport: cancelBodyTransport{&http.Transport{
 		Protocols:       &protos,
 		TLSClientConfig: cfg,
-		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerConnection: 4<<20 - 1,
-			MaxReceiveBufferPerStream:     4<<20 - 1,
-			MaxReadFrameSize:              1 << 20,
-		},
+		HTTP2:           HTTP2Config(),
 	}}}
 }

@@ -19,6 +19,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -118,12 +119,8 @@ func (s *Server) HTTPServer() *http.Server {
 		TLSConfig:         s.TLSConfig(),
 		ReadHeaderTimeout: 10 * time.Second,
 		Protocols:         new(http.Protocols),
-		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerConnection: 4<<20 - 1,
-			MaxReceiveBufferPerStream:     4<<20 - 1,
-			MaxReadFrameSize:              1 << 20,
-		},
-		ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelDebug),
+		HTTP2:             agent.HTTP2Config(),
+		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelDebug),
 	}
 	srv.Protocols.SetHTTP2(true)
 	return srv

@@ -106,14 +106,8 @@ func (s *Server) HTTPServer(cfg *tls.Config) *http.Server {
 		TLSConfig:         cfg,
 		ReadHeaderTimeout: 10 * time.Second,
 		Protocols:         new(http.Protocols),
-		// Windows as large as the agent clients', so a relayed stream is not throttled
-		// by the hop in between.
-		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerConnection: 4<<20 - 1,
-			MaxReceiveBufferPerStream:     4<<20 - 1,
-			MaxReadFrameSize:              1 << 20,
-		},
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		HTTP2:             agent.HTTP2Config(),
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	srv.Protocols.SetHTTP2(true)
 	return srv
