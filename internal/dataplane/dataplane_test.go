@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -9,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -26,6 +24,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -266,32 +265,6 @@ func mustPKCS8(t *testing.T, key *ecdsa.PrivateKey) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
 
-// envelopeFlags records the flags byte of each gRPC response's first message.
-type envelopeFlags struct {
-	base  http.RoundTripper
-	mu    sync.Mutex
-	flags []byte
-}
-
-func (e *envelopeFlags) RoundTrip(req *http.Request) (*http.Response, error) {
-	res, err := e.base.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	b, err := io.ReadAll(res.Body)
-	_ = res.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > 0 {
-		e.mu.Lock()
-		e.flags = append(e.flags, b[0])
-		e.mu.Unlock()
-	}
-	res.Body = io.NopCloser(bytes.NewReader(b))
-	return res, nil
-}
-
 // TestDirectUncompressed: the data plane sends responses uncompressed although the
 // client offers gzip (gzipping a large file read cost more than the transfer), and
 // still reads gzip-compressed requests.
@@ -312,7 +285,7 @@ func TestDirectUncompressed(t *testing.T) {
 	cfg.NextProtos = []string{"h2"}
 	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
 	t.Cleanup(tr.CloseIdleConnections)
-	rec := &envelopeFlags{base: tr}
+	rec := &connecttest.EnvelopeFlags{Base: tr}
 	// connect-go offers gzip by default; this client also sends its requests gzipped.
 	c := sandboxv1connect.NewSandboxDataPlaneServiceClient(&http.Client{Transport: rec}, f.uri, connect.WithGRPC(), connect.WithSendGzip())
 	arg := strings.Repeat("a", 64<<10) // compresses well
@@ -320,7 +293,7 @@ func TestDirectUncompressed(t *testing.T) {
 	if err != nil || string(res.Msg.GetStdout()) != "echo "+arg {
 		t.Fatalf("exec: %d bytes, %v", len(res.Msg.GetStdout()), err)
 	}
-	if len(rec.flags) != 1 || rec.flags[0]&1 != 0 {
-		t.Fatalf("response envelope flags %v, want one uncompressed message", rec.flags)
+	if f := rec.Flags(); len(f) != 1 || f[0]&1 != 0 {
+		t.Fatalf("response envelope flags %v, want one uncompressed message", rec.Flags())
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -605,46 +605,20 @@ func TestGatewayREST(t *testing.T) {
 	g.waitState(t, id, sandboxv1.State_STATE_TERMINATED)
 }
 
-// envelopeFlags records the flags byte of each gRPC response's first message envelope.
-type envelopeFlags struct {
-	base  http.RoundTripper
-	mu    sync.Mutex
-	flags []byte
-}
-
-func (e *envelopeFlags) RoundTrip(req *http.Request) (*http.Response, error) {
-	res, err := e.base.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	b, err := io.ReadAll(res.Body)
-	_ = res.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > 0 {
-		e.mu.Lock()
-		e.flags = append(e.flags, b[0])
-		e.mu.Unlock()
-	}
-	res.Body = io.NopCloser(bytes.NewReader(b))
-	return res, nil
-}
-
 // TestGatewayResponsesUncompressed: a client that offers gzip (as the official client and
 // connect-go do on every call) and sends gzip gets its answer uncompressed.
 func TestGatewayResponsesUncompressed(t *testing.T) {
 	g := startGateway(t)
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)
-	rec := &envelopeFlags{base: &http.Transport{Protocols: p}}
+	rec := &connecttest.EnvelopeFlags{Base: &http.Transport{Protocols: p}}
 	c := sandboxv1connect.NewDiscoveryServiceClient(&http.Client{Transport: rec}, g.url,
 		connect.WithGRPC(), connect.WithSendGzip(), connect.WithInterceptors(bearer(g.keyA)))
 	res, err := c.ListAvailableRunners(context.Background(), connect.NewRequest(&sandboxv1.ListAvailableRunnersRequest{}))
 	if err != nil || len(res.Msg.GetRunners()) == 0 {
 		t.Fatalf("ListAvailableRunners: %v (%d runners)", err, len(res.Msg.GetRunners()))
 	}
-	if len(rec.flags) != 1 || rec.flags[0]&1 != 0 {
-		t.Fatalf("response envelope flags %v, want one uncompressed message", rec.flags)
+	if f := rec.Flags(); len(f) != 1 || f[0]&1 != 0 {
+		t.Fatalf("response envelope flags %v, want one uncompressed message", rec.Flags())
 	}
 }
