@@ -6,17 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -111,7 +106,7 @@ func TestOfficialClientEgress(t *testing.T) {
 	}
 	t.Cleanup(s.Close)
 	t.Cleanup(func() { finish(t, s, dir) })
-	url, key := serveOfficial(t, s)
+	g := startGatewayOn(t, s)
 
 	script := `
 import json, sys
@@ -132,7 +127,7 @@ for case, network in [
 print(json.dumps(out))
 `
 	cmd := exec.Command("python3", "-c", script, probe, grantedIP.String(), otherIP.String(), env.Python())
-	cmd.Env = append(os.Environ(), "CWSANDBOX_BASE_URL="+url, "CWSANDBOX_API_KEY="+key)
+	cmd.Env = append(os.Environ(), "CWSANDBOX_BASE_URL="+g.url, "CWSANDBOX_API_KEY="+g.keyA)
 	stdout, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
@@ -193,29 +188,4 @@ print(json.dumps(out))
 	if n := len(got["deny_egress"].Effective); n != 0 {
 		t.Errorf("deny_egress: effective egress %v, want none", got["deny_egress"].Effective)
 	}
-}
-
-// serveOfficial serves a gateway for s over h2c, as the official client speaks it, and
-// returns its URL and an API key.
-func serveOfficial(t *testing.T, s *stack.Stack) (url, key string) {
-	t.Helper()
-	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, err = keys.Create("org-a", auth.RoleUser, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(g.Handler())
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetHTTP1(true)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv.URL, key
 }
