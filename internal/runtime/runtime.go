@@ -125,6 +125,19 @@ type Exit struct {
 	At      time.Time
 }
 
+// WithDefaultReason returns e with an empty Reason filled from the exit code: Completed
+// for 0, Error otherwise (no code included).
+func (e Exit) WithDefaultReason() Exit {
+	if e.Reason == "" {
+		if e.ExitCode != nil && *e.ExitCode == 0 {
+			e.Reason = "Completed"
+		} else {
+			e.Reason = "Error"
+		}
+	}
+	return e
+}
+
 // Info is what a backend knows of a live sandbox.
 type Info struct {
 	ID           string

@@ -125,7 +125,7 @@ func exitOf(p *corev1.Pod, deleted bool) runtime.Exit {
 			if cs := containerStatus(p, containerMain); cs != nil && cs.State.Terminated != nil && cs.State.Terminated.Reason == "OOMKilled" {
 				ex.Reason, ex.Message = "OOMKilled", "memory limit exceeded"
 			}
-			return withDefaultReason(ex)
+			return ex.WithDefaultReason()
 		}
 	}
 	cs := containerStatus(p, containerMain)
@@ -149,18 +149,7 @@ func exitOf(p *corev1.Pod, deleted bool) runtime.Exit {
 	default:
 		ex.Reason, ex.Message = "Vanished", "the sandbox's Pod ended without a status: "+podSummary(p)
 	}
-	return withDefaultReason(ex)
-}
-
-func withDefaultReason(ex runtime.Exit) runtime.Exit {
-	if ex.Reason == "" {
-		if ex.ExitCode != nil && *ex.ExitCode == 0 {
-			ex.Reason = "Completed"
-		} else {
-			ex.Reason = "Error"
-		}
-	}
-	return ex
+	return ex.WithDefaultReason()
 }
 
 // agentStatus is the agent's status.json as the gate left it in its termination message.

@@ -76,14 +76,7 @@ func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 		ex.Reason = "OOMKilled"
 		ex.Message = fmt.Sprintf("memory limit exceeded: the kernel killed %d process(es)", oom)
 	}
-	if ex.Reason == "" {
-		if ex.ExitCode != nil && *ex.ExitCode == 0 {
-			ex.Reason = "Completed"
-		} else {
-			ex.Reason = "Error"
-		}
-	}
-	return ex
+	return ex.WithDefaultReason()
 }
 
 func readStatus(path string) (*agentv1.StatusResponse, error) {
