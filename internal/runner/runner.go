@@ -475,9 +475,7 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	}
 	if created {
 		r.archiveLogs(id)
-		if err := r.backend.Destroy(context.Background(), id); err != nil {
-			r.log.Error("destroy sandbox", "sandbox", id, "err", err)
-		}
+		r.destroy(id)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -514,6 +512,32 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	r.log.Info("sandbox ended", "sandbox", id, "state", sb.State, "reason", sb.Reason, "message", sb.Message)
 	if !r.closed {
 		e.forget = time.AfterFunc(r.cfg.Retention, func() { r.forget(id, e) })
+	}
+}
+
+// destroy releases what the backend holds of sandbox id. A teardown step can fail for a
+// moment (a cgroup the kernel has not let go of, a mount still busy): it is tried again,
+// a few times over about half a minute, so one bad moment leaves nothing on the host. What
+// still fails is logged; the next runner start finds it again (Recover).
+func (r *Runner) destroy(id string) {
+	delay := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := r.backend.Destroy(context.Background(), id)
+		if err == nil {
+			return
+		}
+		if attempt == 6 {
+			r.log.Error("destroy sandbox", "sandbox", id, "attempts", attempt, "err", err)
+			return
+		}
+		r.log.Warn("destroy sandbox: retrying", "sandbox", id, "attempt", attempt, "err", err)
+		select {
+		case <-time.After(delay):
+		case <-r.ctx.Done():
+			r.log.Error("destroy sandbox", "sandbox", id, "err", err)
+			return
+		}
+		delay *= 2
 	}
 }
 

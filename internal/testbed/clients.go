@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -27,7 +28,7 @@ func (b *Bed) Discovery(i int) sandboxv1connect.DiscoveryServiceClient {
 
 // purge deletes every sandbox of the user's organization through a live gateway and
 // waits (up to 30 s) until none is active, so runners stop with nothing to leave behind.
-func (b *Bed) purge() {
+func (b *Bed) purge() error {
 	for i, g := range b.Gateways {
 		if !g.Running() {
 			continue
@@ -35,14 +36,19 @@ func (b *Bed) purge() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		c := b.Sandboxes(i)
+		var left int
 		for ctx.Err() == nil {
 			_, _ = c.PurgeSandboxes(ctx, connect.NewRequest(&sandboxv1.PurgeSandboxesRequest{PurgeAll: true}))
 			res, err := c.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageSize: 1000}))
 			if err == nil && len(res.Msg.GetSandboxes()) == 0 {
-				return
+				return nil
+			}
+			if err == nil {
+				left = len(res.Msg.GetSandboxes())
 			}
 			time.Sleep(300 * time.Millisecond)
 		}
-		return
+		return fmt.Errorf("purge: %d sandboxes still listed after 30 s", left)
 	}
+	return nil
 }

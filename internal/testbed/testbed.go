@@ -108,7 +108,7 @@ func Start(ctx context.Context, cfg Config) (*Bed, error) {
 	}
 	b := &Bed{cfg: cfg, net: newNetwork(os.Getpid())}
 	if err := b.start(ctx); err != nil {
-		b.Close()
+		_ = b.Close()
 		return nil, err
 	}
 	return b, nil
@@ -260,8 +260,15 @@ func (b *Bed) RunnerDataDir(i int) string {
 
 // Close deletes every sandbox, stops every process (runners last), removes what runners
 // left running anyway, and takes the network down.
-func (b *Bed) Close() {
-	b.purge()
+//
+// It returns what the runners left behind although every sandbox was deleted (each item
+// says what and, from the runner's log, how), having removed it anyway; nil when nothing
+// was. A test fails on a non-empty list: a leak is a bug, not a cleanup error.
+func (b *Bed) Close() []string {
+	var leaks []string
+	if err := b.purge(); err != nil {
+		leaks = append(leaks, err.Error())
+	}
 	for _, p := range b.Gateways {
 		p.Stop()
 	}
@@ -270,9 +277,12 @@ func (b *Bed) Close() {
 	}
 	for i, p := range b.Runners {
 		p.Stop()
+		leaks = append(leaks, b.leftovers(i)...)
 		b.removeLeftovers(i)
+		b.forceClean(i)
 	}
 	b.net.down()
+	return leaks
 }
 
 // removeLeftovers deletes runner i's containers (a runner that stops leaves its

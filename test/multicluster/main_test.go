@@ -85,7 +85,11 @@ func startBed(t *testing.T, gatewayArgs ...string) *testbed.Bed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		b.Close()
+		// Runs before TempDir's removal (registered earlier), so a leak is reported as
+		// what leaked, not as an unlinkat error.
+		for _, l := range b.Close() {
+			t.Errorf("left behind: %s", l)
+		}
 		if t.Failed() {
 			for _, p := range append(append([]*testbed.Proc{b.CP}, b.Gateways...), b.Runners...) {
 				if log, err := os.ReadFile(p.Log()); err == nil {

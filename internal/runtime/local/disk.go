@@ -12,6 +12,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/failpoint"
 )
 
 // Disk limits. A sandbox with a disk limit keeps its writable layer (the overlay's upper
@@ -216,6 +218,7 @@ func mountLoop(img, mnt string) error {
 			lf.Close()
 			return fmt.Errorf("attach %s to %s: %w", img, dev, err)
 		}
+		failpoint.Hit("local.disk.attached")
 		// noinit_itable: no background thread zeroing the inode tables, which would write
 		// them out in full (160 MiB for 10 GiB) to every image.
 		err = unix.Mount(dev, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable")

@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -312,8 +313,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		if validID(id) {
 			// A dir without spec.json is a Create that died before writing it.
 			if _, serr := os.Stat(b.dir(id)); serr == nil {
-				rt, _, _ := b.runtimeFor("")
-				return b.teardown(ctx, &sandbox{id: id, cid: id, dir: b.dir(id), rt: rt})
+				return b.teardownUnknown(ctx, id, "")
 			}
 		}
 		return nil
@@ -341,9 +341,29 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	return nil
 }
 
+// teardownUnknown tears down sandbox id from what its dir still says: a Create that
+// died before its spec was complete, or a sandbox that cannot be loaded. class is the
+// runtime class if known.
+func (b *Backend) teardownUnknown(ctx context.Context, id, class string) error {
+	rt, _, err := b.runtimeFor(class)
+	if err != nil {
+		rt, _, _ = b.runtimeFor("")
+	}
+	cid := id
+	var pi persistedInfo
+	if readJSON(filepath.Join(b.dir(id), fileInfo), &pi) == nil && pi.ContainerID != "" && isPoolID(pi.ContainerID) {
+		cid = pi.ContainerID
+	}
+	return b.teardown(ctx, &sandbox{id: id, cid: cid, dir: b.dir(id), rt: rt})
+}
+
 // teardown removes everything of a sandbox whose processes are gone (or never started):
-// runtime state, cgroups, overlay, network, files. Every step tolerates "already gone".
+// runtime state, cgroups, overlay, network, files. Every step tolerates "already gone",
+// and the whole is driven by what the host shows (the sweep, sweep.go) as well as by
+// the sandbox's files, so it also finishes a Create or a teardown that a crash cut short
+// at any step.
 func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
+	failpoint.Hit("local.teardown.begin")
 	var errs []error
 	if s.proc != nil {
 		// Create's undo path: the container may have started.
@@ -358,13 +378,25 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 			errs = append(errs, err)
 		}
 	}
+	failpoint.Hit("local.teardown.container")
 	if err := b.removeCgroups(s.cid); err != nil {
 		errs = append(errs, err)
 	}
+	failpoint.Hit("local.teardown.cgroups")
 	bundle := b.bundle(s)
 	rootfs := b.rootfs(bundle, s.cid)
 	umountErr := errors.Join(unmountAll(rootfs), unmountAll(filepath.Join(bundle, "rootfs")), detachLowers(s.dir), unmountAll(filepath.Join(s.dir, dirSysfs)),
 		teardownVolumes(s.dir), unmountAll(filepath.Join(s.dir, dirDisk))) // after the overlay, whose upper dir it holds
+	failpoint.Hit("local.teardown.unmounted")
+	if umountErr == nil {
+		// Whatever else is mounted there (a step the code above does not know), and the
+		// loop devices of disk images no mount holds (a crash between attach and mount).
+		umountErr = errors.Join(unmountUnder(rootfs), unmountUnder(s.dir))
+		if left := detachLoopsUnder(s.dir); len(left) > 0 {
+			b.log.Warn("destroy: loop devices still attached; they detach when their filesystem is last unmounted elsewhere",
+				"sandbox", s.id, "devices", left)
+		}
+	}
 	if umountErr != nil {
 		errs = append(errs, umountErr)
 	}
@@ -374,6 +406,7 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 			errs = append(errs, fmt.Errorf("network teardown: %w", err))
 		}
 	}
+	failpoint.Hit("local.teardown.network")
 	if umountErr == nil {
 		if err := os.RemoveAll(s.dir); err != nil {
 			errs = append(errs, err)

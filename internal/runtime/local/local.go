@@ -35,6 +35,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
@@ -321,6 +322,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		}
 		return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	failpoint.Hit("local.create.dir")
 	persisted := *spec
 	persisted.PullCredentials = nil
 	persisted.RuntimeClass = class
@@ -446,6 +448,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
 	}
+	failpoint.Hit("local.create.subdirs")
 	upper, work := filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork)
 	disk := b.diskBytes(s.spec.Resources)
 	if disk > 0 {
@@ -454,6 +457,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: disk limit: %w", id, err)
 		}
 		b.step("disk", t)
+		failpoint.Hit("local.create.disk")
 	} else {
 		for _, d := range []string{upper, work} {
 			if err := os.Mkdir(d, 0o755); err != nil {
@@ -461,9 +465,10 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			}
 		}
 	}
-	if err := writeJSON(filepath.Join(dir, fileSpec), &s.spec); err != nil {
+	if err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec); err != nil {
 		return nil, nil, err
 	}
+	failpoint.Hit("local.create.spec")
 	var ids *idRange
 	if b.ids != nil && !rt.gvisor {
 		r, err := b.ids.alloc(dir)
@@ -471,6 +476,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		ids = &r
+		failpoint.Hit("local.create.idrange")
 		// The mapped root owns what it writes to.
 		if err := chownToRoot(r, upper, work, filepath.Join(dir, dirRun)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
@@ -488,6 +494,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	failpoint.Hit("local.create.volumes")
 	b.step("dirs", t)
 
 	<-pulled
@@ -500,9 +507,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if netErr != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: network setup: %w", id, netErr)
 		}
+		failpoint.Hit("local.create.network")
 		if err := b.applyRules(s, cid); err != nil {
 			return nil, nil, err
 		}
+		failpoint.Hit("local.create.rules")
 		b.step("network", t)
 	}
 
@@ -517,6 +526,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("overlay", t)
+	failpoint.Hit("local.create.overlay")
 
 	etc := filepath.Join(dir, dirEtc)
 	if err := b.writeEtcFiles(etc, host, att); err != nil {
@@ -525,6 +535,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := writeJSON(filepath.Join(dir, fileAgentConfig), acfg); err != nil {
 		return nil, nil, err
 	}
+	failpoint.Hit("local.create.files")
 	p := specParams{
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
@@ -551,6 +562,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			if err := mountNetNSSysfs(att.NetNSPath, p.Sysfs); err != nil {
 				return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 			}
+			failpoint.Hit("local.create.sysfs")
 		}
 	}
 	if err := writeJSON(filepath.Join(bundle, "config.json"), ociSpec(p)); err != nil {
@@ -580,12 +592,14 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	defer out.Close()
 	b.step("socket", t)
+	failpoint.Hit("local.create.socket")
 
 	pidFile := filepath.Join(dir, filePid)
 	if err := rt.start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("runtime", t)
+	failpoint.Hit("local.create.started")
 
 	pid, err := readPid(pidFile)
 	if err != nil {
@@ -612,9 +626,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 		b.step("agent", t)
 	}
-	if err := writeJSON(filepath.Join(dir, fileInfo), &s.info); err != nil {
+	failpoint.Hit("local.create.proc")
+	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &s.info); err != nil {
 		return nil, nil, err // teardown kills the container and closes the pidfd
 	}
+	failpoint.Hit("local.create.info")
 	b.step("finish", t)
 	return img, att, nil
 }

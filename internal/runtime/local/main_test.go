@@ -48,6 +48,12 @@ func testMain(m *testing.M) int {
 	if skipReason != "" {
 		return m.Run()
 	}
+	if dir := os.Getenv(fixtureEnv); dir != "" {
+		// A child of TestCrashRecovery: the parent's fixtures and cgroup parent.
+		agentBin, busyboxDir = filepath.Join(dir, "sandbox-agent"), filepath.Join(dir, "busybox")
+		testCgroupParent = os.Getenv(cgroupEnv)
+		return m.Run()
+	}
 	tmp, err := os.MkdirTemp("", "sbxl-fixture-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -18,6 +18,8 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/failpoint"
+
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
@@ -557,13 +559,16 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &info); err != nil {
 		return err
 	}
+	failpoint.Hit("local.claim.info")
 	// The sandbox's rules hold before its command starts.
 	if err := b.applyRules(s, pc.s.cid); err != nil {
 		return err
 	}
+	failpoint.Hit("local.claim.rules")
 	if err := startAgent(ctx, filepath.Join(dir, dirRun), cfgJSON); err != nil {
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}
+	failpoint.Hit("local.claim.started")
 	// What /.sandboxd/config.json shows inside (bind-mounted: rewritten in place). Only
 	// now: `runc run` returns before the agent has read it, and Start has answered.
 	if err := writeInPlace(filepath.Join(dir, fileAgentConfig), cfgJSON); err != nil {
@@ -574,6 +579,7 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	if err := unix.Rename(dir, s.dir); err != nil {
 		return fmt.Errorf("rename %s over %s: %w", dir, s.dir, err)
 	}
+	failpoint.Hit("local.claim.renamed")
 	pc.s.info = info
 	return nil
 }

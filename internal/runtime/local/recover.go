@@ -67,7 +67,12 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 			s, err = b.load(id, st)
 			if err != nil {
-				b.log.Warn("recover: skip sandbox", "sandbox", id, "err", err)
+				// Nothing to report without a readable spec (a crash while it was written,
+				// or a runtime class this runner no longer has): remove what is there.
+				b.log.Warn("recover: removing a sandbox that cannot be loaded", "sandbox", id, "err", err)
+				if err := b.teardownUnknown(ctx, id, spec.RuntimeClass); err != nil {
+					b.log.Warn("recover: remove sandbox", "sandbox", id, "err", err)
+				}
 				continue
 			}
 			b.mu.Lock()

@@ -16,6 +16,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/failpoint"
 )
 
 // User namespaces (runc class). Each sandbox's container runs in its own user namespace
@@ -188,6 +190,7 @@ func idmappedLowers(layers []string, dir string, r idRange) (paths []string, err
 		if err := idmappedMount(l, p, userns); err != nil {
 			return nil, err
 		}
+		failpoint.Hit("local.userns.lower")
 		paths = append(paths, p)
 	}
 	return paths, nil

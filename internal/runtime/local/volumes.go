@@ -13,6 +13,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/failpoint"
+
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -92,6 +94,7 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 			}
 		}
 		roots[v.Name] = root
+		failpoint.Hit("local.volumes.volume")
 	}
 	var mounts []specs.Mount
 	for _, m := range spec.VolumeMounts {

@@ -40,6 +40,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/failpoint"
 )
 
 // Defaults used when the corresponding Config field is empty.
@@ -202,6 +204,13 @@ func New(cfg Config) (*Manager, error) {
 	if err := ensureSharedMount(m.netnsDir); err != nil {
 		return nil, err
 	}
+	// Temporary files of an address claim that a crash interrupted (one Manager owns a
+	// state dir, and none of its claims has started yet).
+	if stale, err := filepath.Glob(filepath.Join(m.ipsDir, ".claim-*")); err == nil {
+		for _, p := range stale {
+			_ = os.Remove(p)
+		}
+	}
 
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
@@ -301,12 +310,14 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 		return nil, err
 	}
 	undo = append(undo, func() { _ = deleteNetNS(nsPath) })
+	failpoint.Hit("network.setup.netns")
 
 	ip, err := m.allocIP(id)
 	if err != nil {
 		return nil, err
 	}
 	undo = append(undo, func() { m.freeIP(ip, id) })
+	failpoint.Hit("network.setup.ip")
 
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -338,6 +349,7 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 		return nil, fmt.Errorf("add veth: %w", err)
 	}
 	undo = append(undo, func() { _ = h.LinkDel(veth) })
+	failpoint.Hit("network.setup.veth")
 	// The port has no carrier until eth0 is up, so nothing crosses it before
 	// isolation is on.
 	if err := h.LinkSetMasterByIndex(veth, m.brIdx); err != nil {
@@ -353,6 +365,7 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 	if err := m.configureInside(nsh, ip); err != nil {
 		return nil, err
 	}
+	failpoint.Hit("network.setup.inside")
 	// Host side, then the bridge (whose carrier follows its first forwarding
 	// port): see syncLink.
 	syncLink(h, veth.Attrs().Index)
@@ -514,8 +527,11 @@ func (m *Manager) Teardown(id string) error {
 		m.freeIPsOf(id)
 	}
 	if len(errs) == 0 {
-		if err := os.Remove(m.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
+		// With the temporary files of a write a crash interrupted.
+		for _, p := range []string{m.recordPath(id), m.recordPath(id) + ".tmp", m.rulesPath(id) + ".tmp"} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
