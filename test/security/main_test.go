@@ -1,0 +1,218 @@
+// Package security is the standing adversarial suite: each test performs an attack a
+// tenant (or anyone on the network) could try against a real `sandboxd dev` — from
+// outside with API keys of two organizations, and from inside sandboxes as root — and
+// asserts that it is refused. Every hole found gets a test here, kept forever.
+//
+// The suite builds sandboxd and the agent, starts one `sandboxd dev` on loopback ports
+// of its own for the whole package, and makes user keys of two organizations. It needs
+// root (containers); without it every test skips, and in CI (CI=true) that is an error.
+package security
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Dev is the running `sandboxd dev` the suite attacks.
+type Dev struct {
+	Bin, DataDir, Log string
+	// API is the base URL of the public API (gRPC, Connect, gRPC-Web, REST on one port);
+	// Edge the public endpoints' HTTPS address; DataPlane the direct mTLS data plane's.
+	API, Edge, DataPlane string
+	// Admin is the default organization's admin key; KeyA and KeyB user keys of the
+	// organizations "org-a" and "org-b".
+	Admin, KeyA, KeyB string
+	proc              *exec.Cmd
+}
+
+var (
+	dev     *Dev
+	skipWhy string
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		skipWhy = "needs root (sandboxd dev runs containers)"
+		if os.Getenv("CI") == "true" {
+			fmt.Println("security: CI must run this suite as root")
+			return 1
+		}
+		return m.Run()
+	}
+	if testing.Short() {
+		skipWhy = "-short"
+		return m.Run()
+	}
+	d, err := startDev()
+	if err != nil {
+		fmt.Println("security:", err)
+		if d != nil {
+			d.stop()
+			fmt.Println(tailFile(d.Log, 4000))
+		}
+		return 1
+	}
+	dev = d
+	code := m.Run()
+	if code != 0 {
+		fmt.Println("---- sandboxd dev log (tail)\n" + tailFile(d.Log, 6000))
+	}
+	d.stop()
+	return code
+}
+
+// needDev skips without the suite's server (not root, -short).
+func needDev(t testing.TB) *Dev {
+	t.Helper()
+	if dev == nil {
+		t.Skip(skipWhy)
+	}
+	return dev
+}
+
+func startDev() (*Dev, error) {
+	dir, err := os.MkdirTemp("", "sandboxd-security-")
+	if err != nil {
+		return nil, err
+	}
+	d := &Dev{Bin: filepath.Join(dir, "bin"), DataDir: filepath.Join(dir, "data"), Log: filepath.Join(dir, "sandboxd.log")}
+	for _, b := range []struct{ pkg, out string }{
+		{"github.com/sandboxd/sandboxd/cmd/sandboxd", "sandboxd"},
+		{"github.com/sandboxd/sandboxd/cmd/sandbox-agent", "sandbox-agent"},
+	} {
+		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(d.Bin, b.out), b.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("build %s: %w\n%s", b.pkg, err, out)
+		}
+	}
+	api, edge, dp := freeAddr(), freeAddr(), freeAddr()
+	d.API, d.Edge, d.DataPlane = "http://"+api, edge, dp
+	logf, err := os.Create(d.Log)
+	if err != nil {
+		return nil, err
+	}
+	d.proc = exec.Command(filepath.Join(d.Bin, "sandboxd"), "dev", "--data-dir", d.DataDir, "--listen", api,
+		"--edge-listen", edge, "--data-plane-listen", dp, "--warm-pool", "0")
+	d.proc.Stdout, d.proc.Stderr = logf, logf
+	if err := d.proc.Start(); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get(d.API + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return d, fmt.Errorf("sandboxd dev not ready after 90 s")
+		}
+		if d.proc.ProcessState != nil {
+			return d, fmt.Errorf("sandboxd dev exited")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	key, err := os.ReadFile(filepath.Join(d.DataDir, "admin-api-key"))
+	if err != nil {
+		return d, err
+	}
+	d.Admin = strings.TrimSpace(string(key))
+	if d.KeyA, err = d.NewKey("org-a", "user"); err != nil {
+		return d, err
+	}
+	if d.KeyB, err = d.NewKey("org-b", "user"); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// NewKey makes an API key of org with role (user or admin).
+func (d *Dev) NewKey(org, role string) (string, error) {
+	out, err := exec.Command(filepath.Join(d.Bin, "sandboxd"), "apikey", "create", "--data-dir", d.DataDir,
+		"--org", org, "--role", role).Output()
+	if err != nil {
+		return "", fmt.Errorf("apikey create --org %s: %w", org, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func (d *Dev) stop() {
+	if d.proc != nil && d.proc.Process != nil && d.proc.ProcessState == nil {
+		_ = d.proc.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = d.proc.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = d.proc.Process.Kill()
+			<-done
+		}
+	}
+	// Sandboxes outlive `sandboxd dev` by design; the suite's own go with it.
+	if d.DataDir != "" {
+		cleanupDev(d)
+	}
+}
+
+// cleanupDev removes what the suite's server leaves on purpose (running sandboxes), with
+// the same commands an operator would use.
+func cleanupDev(d *Dev) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	roots, _ := filepath.Glob(filepath.Join(d.DataDir, "sandboxes", ".oci", "*"))
+	for _, root := range roots {
+		bin := "runc"
+		if filepath.Base(root) == "gvisor" {
+			continue // runsc state is removed with its containers' processes below
+		}
+		out, _ := exec.CommandContext(ctx, bin, "--root", root, "list", "-q").Output()
+		for id := range strings.FieldsSeq(string(out)) {
+			_ = exec.CommandContext(ctx, bin, "--root", root, "delete", "--force", id).Run()
+		}
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	var mps []string
+	for l := range strings.SplitSeq(string(mi), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], filepath.Dir(d.DataDir)+"/") {
+			mps = append(mps, f[4])
+		}
+	}
+	for i := len(mps) - 1; i >= 0; i-- {
+		_ = syscall.Unmount(mps[i], syscall.MNT_DETACH)
+	}
+	_ = os.RemoveAll(filepath.Dir(d.DataDir))
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(bytes.ToValidUTF8(b, []byte("?")))
+}
