@@ -34,6 +34,10 @@ func Main(o MainOptions) int {
 		log.Error("listen", "err", err)
 		return 1
 	}
+	if ln, err = WithIdentity(ln, cfg.Identity); err != nil {
+		log.Error("listen", "err", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	code, err := Run(ctx, Options{Config: cfg, StateDir: o.StateDir, Listener: ln, Logger: log})

@@ -48,6 +48,17 @@ type Config struct {
 	// Standby makes the agent serve without a main command (Argv is empty) until the
 	// backend sends the real Config with the Start call: a pooled, pre-started sandbox.
 	Standby bool `json:"standby,omitempty"`
+	// Identity is what the agent proves on every connection before serving it (see
+	// agent.VerifyIdentity): the backend checks it reached this sandbox's agent and no
+	// other. Set at creation; a Start call cannot change it.
+	Identity *Identity `json:"identity,omitempty"`
+}
+
+// Identity is an agent's sandbox (container) ID and the per-sandbox secret, hex, that
+// the backend generated for it.
+type Identity struct {
+	ID     string `json:"id"`
+	Secret string `json:"secret"`
 }
 
 // File is written before the main command first starts.

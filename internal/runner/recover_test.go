@@ -3,8 +3,13 @@ package runner
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,5 +74,62 @@ func TestRecoveredEndedSandboxIsDestroyedDespiteTransientErrors(t *testing.T) {
 	}
 	if be.destroys != 3 {
 		t.Errorf("destroys = %d, want 3 (two failures, then success)", be.destroys)
+	}
+}
+
+// TestKeepRegularFiles: what a sandbox planted in its log dir — a symlink to a host file,
+// a FIFO, a symlinked dir — is gone from the archive; the logs stay.
+func TestKeepRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(dir, "main.log"), []byte("log"), 0o600))
+	must(os.Mkdir(filepath.Join(dir, "sub"), 0o700))
+	must(os.WriteFile(filepath.Join(dir, "sub", "main.idx"), []byte("idx"), 0o600))
+	must(os.Symlink("/etc/shadow", filepath.Join(dir, "shadow.log")))
+	must(os.Symlink("/etc", filepath.Join(dir, "etc")))
+	must(syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+	if n := keepRegularFiles(dir); n != 3 {
+		t.Errorf("removed %d entries, want 3", n)
+	}
+	var left []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		rel, _ := filepath.Rel(dir, p)
+		left = append(left, rel)
+		return nil
+	})
+	if strings.Join(left, " ") != ". main.log sub sub/main.idx" {
+		t.Errorf("left: %v", left)
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Errorf("a symlink's target was touched: %v", err)
+	}
+}
+
+// TestCopyRegularTree: logs on another filesystem are copied, without what the sandbox
+// planted beside them.
+func TestCopyRegularTree(t *testing.T) {
+	src, dst := t.TempDir(), filepath.Join(t.TempDir(), "archive")
+	if err := os.MkdirAll(filepath.Join(src, "logs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "logs", "main.log"), []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(src, "logs", "main.idx")); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyRegularTree(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "logs", "main.log")); err != nil || string(b) != "hello" {
+		t.Errorf("copied log: %q %v", b, err)
+	}
+	if _, err := os.Lstat(filepath.Join(dst, "logs", "main.idx")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the symlink was copied (or followed): %v", err)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -588,9 +591,76 @@ func (r *Runner) archiveLogs(id string) {
 	}
 	dst := r.archiveDir(id)
 	_ = os.RemoveAll(dst)
-	if err := os.Rename(dir, dst); err != nil && !errors.Is(err, os.ErrNotExist) {
-		r.log.Warn("archive sandbox logs", "sandbox", id, "err", err)
+	err := os.Rename(dir, dst)
+	if errors.Is(err, syscall.EXDEV) {
+		// The logs live on the sandbox's own filesystem (its disk limit).
+		err = copyRegularTree(dir, dst)
 	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		r.log.Warn("archive sandbox logs", "sandbox", id, "err", err)
+		return
+	}
+	if n := keepRegularFiles(dst); n > 0 {
+		r.log.Warn("archive sandbox logs: removed entries that are no regular files (planted by the sandbox?)", "sandbox", id, "removed", n)
+	}
+}
+
+// copyRegularTree copies the directories and regular files of src to dst (new), never
+// following a symlink: src was writable by the sandbox.
+func copyRegularTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		switch t := d.Type(); {
+		case t.IsDir():
+			return os.Mkdir(to, 0o700)
+		case t.IsRegular():
+			in, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() {
+				return nil // replaced meanwhile: skip it
+			}
+			out, err := os.OpenFile(to, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(out, in)
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			return err
+		}
+		return nil // symlinks, FIFOs, sockets, devices: not logs
+	})
+}
+
+// keepRegularFiles removes from dir, recursively, everything but directories and regular
+// files: the logs come from a dir the sandbox could write, and the host reads the
+// archive later, so a symlink (to a host file) or a FIFO planted there must not survive.
+// The sandbox has ended, so nothing changes dir meanwhile.
+func keepRegularFiles(dir string) int {
+	removed := 0
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return nil
+		}
+		if t := d.Type(); !t.IsDir() && !t.IsRegular() {
+			if os.Remove(p) == nil {
+				removed++
+			}
+		}
+		return nil
+	})
+	return removed
 }
 
 // recover re-adopts the sandboxes the backend found: live ones are followed again, dead

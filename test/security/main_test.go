@@ -22,6 +22,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 )
 
 // Dev is the running `sandboxd dev` the suite attacks.
@@ -68,6 +72,10 @@ func run(m *testing.M) int {
 	}
 	dev = d
 	code := m.Run()
+	if leaks := d.purgeAndCheck(); len(leaks) > 0 {
+		fmt.Println("security: sandboxes left something behind after they were deleted:\n  " + strings.Join(leaks, "\n  "))
+		code = 1
+	}
 	if code != 0 {
 		fmt.Println("---- sandboxd dev log (tail)\n" + tailFile(d.Log, 6000))
 	}
@@ -94,6 +102,16 @@ func startDev() (*Dev, error) {
 		{"github.com/sandboxd/sandboxd/cmd/sandboxd", "sandboxd"},
 		{"github.com/sandboxd/sandboxd/cmd/sandbox-agent", "sandbox-agent"},
 	} {
+		if b.out == "sandboxd" && os.Getenv("SANDBOXD_SECURITY_BIN") != "" {
+			// Attack a given build (e.g. an older one, to see a test fail on its hole).
+			if err := os.MkdirAll(d.Bin, 0o755); err != nil {
+				return nil, err
+			}
+			if err := exec.Command("cp", os.Getenv("SANDBOXD_SECURITY_BIN"), filepath.Join(d.Bin, b.out)).Run(); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(d.Bin, b.out), b.pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -169,6 +187,46 @@ func (d *Dev) stop() {
 	if d.DataDir != "" {
 		cleanupDev(d)
 	}
+}
+
+// purgeAndCheck deletes every sandbox still there (of both organizations and the admin's),
+// waits for the runner to tear them down and returns what is left of them on the host:
+// sandbox dirs, mounts below the data dir (but the network's netns dir) and loop devices
+// backed by its files.
+func (d *Dev) purgeAndCheck() []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, key := range []string{d.Admin, d.KeyA, d.KeyB} {
+		_, _ = d.sandboxes(key).PurgeSandboxes(ctx, connect.NewRequest(&sandboxv1.PurgeSandboxesRequest{PurgeAll: true}))
+	}
+	sbDir := filepath.Join(d.DataDir, "sandboxes")
+	var left []string
+	for ctx.Err() == nil {
+		left = left[:0]
+		ents, _ := os.ReadDir(sbDir)
+		for _, e := range ents {
+			if !strings.HasPrefix(e.Name(), ".") {
+				left = append(left, "sandbox dir "+e.Name())
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	for l := range strings.SplitSeq(string(mi), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], sbDir+"/") {
+			left = append(left, "mount "+f[4])
+		}
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), sbDir+"/") {
+			left = append(left, "loop device "+filepath.Base(filepath.Dir(filepath.Dir(f)))+" -> "+strings.TrimSpace(string(b)))
+		}
+	}
+	return left
 }
 
 // cleanupDev removes what the suite's server leaves on purpose (running sandboxes), with

@@ -124,7 +124,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		RestartLimit: spec.RestartLimit,
 		Hostname:     hostname(spec.ID),
 		User:         runAs,
+		Identity:     agent.NewIdentity(spec.ID),
 	}
+	s.ident = acfg.Identity
 	for _, f := range spec.Files {
 		acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 	}

@@ -51,6 +51,8 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
@@ -146,6 +148,9 @@ type sandbox struct {
 	class  string
 	client tls.Certificate
 	server []byte // pinned gate certificate (DER)
+	// ident is what the agent proves behind the gate (agent.VerifyIdentity); nil for
+	// sandboxes made before agents had one.
+	ident *agentconfig.Identity
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -325,6 +330,16 @@ func (b *Backend) dialGate(ctx context.Context, s *sandbox, ip string) (net.Conn
 	if err := c.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("dial agent of %s: TLS: %w", s.id, err)
+	}
+	// The pinned certificate proves the Pod's gate; the handshake, the agent behind it.
+	if s.ident != nil {
+		if err := agent.VerifyIdentity(ctx, c, s.ident); err != nil {
+			_ = c.Close()
+			if errors.Is(err, agent.ErrIdentity) {
+				b.log.Error("agent identity check failed: refusing the connection", "sandbox", s.id, "err", err)
+			}
+			return nil, fmt.Errorf("dial agent of %s: %w", s.id, err)
+		}
 	}
 	return c, nil
 }
@@ -570,8 +585,12 @@ func sandboxFromSecret(id string, sec *corev1.Secret) (*sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	var acfg agentconfig.Config
+	if err := json.Unmarshal(sec.Data[gate.ConfigFile], &acfg); err != nil {
+		return nil, fmt.Errorf("agent config: %w", err)
+	}
 	return &sandbox{
-		id: id, spec: spec, class: spec.RuntimeClass, client: cert, server: server,
+		id: id, spec: spec, class: spec.RuntimeClass, client: cert, server: server, ident: acfg.Identity,
 		changed: make(chan struct{}), done: make(chan struct{}),
 	}, nil
 }

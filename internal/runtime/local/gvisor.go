@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 )
 
@@ -133,24 +133,21 @@ const agentWaitTimeout = 30 * time.Second
 func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, agentWaitTimeout)
 	defer cancel()
-	runDir := filepath.Join(s.dir, dirRun)
+	runDir := filepath.Join(shownDir(s.dir), dirRun)
 	pause := time.Millisecond
 	for {
-		var c net.Conn
-		err := withSocketPath(runDir, agentSocket, func(p string) error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "unix", p)
-			return err
-		})
+		c, err := dialVerified(ctx, s.dir, s.ident)
 		if err == nil {
 			return c.Close()
+		}
+		if errors.Is(err, agent.ErrIdentity) {
+			return fmt.Errorf("sandbox %s: %w", s.id, err)
 		}
 		if s.proc != nil && s.proc.exited() {
 			// A main command that ends at once may take the agent (and the sandbox) with
 			// it before a dial got through: that is an exit for the watcher to record,
 			// as under runc. Without a status the agent never ran: a start error.
-			if _, err := os.Stat(filepath.Join(runDir, agentconfig.StatusFile)); err == nil {
+			if _, err := os.Lstat(filepath.Join(runDir, agentconfig.StatusFile)); err == nil {
 				return nil
 			}
 			return fmt.Errorf("the sandbox exited before its agent listened: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024))

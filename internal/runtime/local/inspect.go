@@ -14,7 +14,7 @@ func (b *Backend) LogDir(id string) string {
 	if !validID(id) {
 		return ""
 	}
-	return filepath.Join(b.dir(id), dirRun, agentconfig.LogsDir)
+	return filepath.Join(shownDir(b.dir(id)), dirRun, agentconfig.LogsDir)
 }
 
 // RuntimeCommand returns the OCI runtime CLI (with this backend's state root) for the

@@ -47,7 +47,7 @@ func (b *Backend) watch(s *sandbox, lost string) {
 func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
 	oom, _ := b.oomKills(s.cid)
-	st, _ := readStatus(filepath.Join(s.dir, dirRun, agentconfig.StatusFile))
+	st, _ := readStatus(s.dir)
 	final := false
 	if st != nil {
 		ex.Restarts = int(st.GetRestartCount())
@@ -80,8 +80,10 @@ func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 	return ex.WithDefaultReason()
 }
 
-func readStatus(path string) (*agentv1.StatusResponse, error) {
-	b, err := os.ReadFile(path)
+// readStatus reads the agent's last status from the run dir of the sandbox in dir (which
+// the sandbox can write: read without following anything, bounded).
+func readStatus(dir string) (*agentv1.StatusResponse, error) {
+	b, err := readSandboxFile(dir, shownRel(dir)+dirRun+"/"+agentconfig.StatusFile, maxStatusBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -199,6 +201,7 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 	if s.info.ContainerID != "" {
 		s.cid = s.info.ContainerID
 	}
+	s.ident = s.info.Agent
 	if states != nil {
 		if st, ok := states[s.cid]; !ok || st.Status == "stopped" || st.Pid != s.info.Pid {
 			return s, nil

@@ -33,7 +33,9 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -52,10 +54,13 @@ const (
 	dirBundle       = "bundle" // config.json + rootfs (overlay mount point)
 	dirUpper        = "upper"
 	dirWork         = "work"
-	dirRun          = "run" // agent state, agent.sock; mounted at agentconfig.StateDir
+	dirRun          = "run" // agent state (gVisor: agent.sock); mounted at agentconfig.StateDir
 	dirEtc          = "etc" // hosts, hostname, resolv.conf
-	agentSocket     = "agent.sock"
-	ociRootDir      = ".oci" // ids cannot start with a dot
+	// dirShown, on a sandbox's own disk filesystem, holds what is mounted into the sandbox
+	// from the host: run, etc and the agent config (see shownDir).
+	dirShown    = dirDisk + "/.sandboxd"
+	agentSocket = "agent.sock"
+	ociRootDir  = ".oci" // ids cannot start with a dot
 	// dirRootfs holds root filesystem mount points (see rootfsBase in userns.go).
 	dirRootfs = ".rootfs"
 	// diskTemplatesDir holds formatted disk images to copy (disk.go).
@@ -133,6 +138,9 @@ type sandbox struct {
 	spec runtime.Spec
 	info persistedInfo
 	proc *proc // nil once known to be gone
+	// ident is what the sandbox's agent must prove on every connection (identity.go in
+	// internal/agent); nil for sandboxes made before agents had one.
+	ident *agentconfig.Identity
 
 	ready  chan struct{} // closed when Create has finished (at once for loaded sandboxes)
 	failed bool          // Create failed and undid everything; set before ready closes
@@ -151,6 +159,9 @@ type persistedInfo struct {
 	// ContainerID is the container's id when it is not the sandbox id (a claimed pooled
 	// container): the mapping survives a restart in the sandbox's own dir.
 	ContainerID string `json:"container_id,omitempty"`
+	// Agent is the identity the container's agent proves (host-only: info.json is in the
+	// sandbox's dir, which the sandbox never sees).
+	Agent *agentconfig.Identity `json:"agent_identity,omitempty"`
 }
 
 func (p persistedInfo) toInfo(id string) runtime.Info {
@@ -443,11 +454,6 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := os.MkdirAll(bundle, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	for _, d := range []string{dirRun, dirEtc} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
-			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
-		}
-	}
 	failpoint.Hit("local.create.subdirs")
 	upper, work := filepath.Join(dir, dirUpper), filepath.Join(dir, dirWork)
 	disk := b.diskBytes(s.spec.Resources)
@@ -458,11 +464,20 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 		b.step("disk", t)
 		failpoint.Hit("local.create.disk")
+		if err := os.Mkdir(filepath.Join(dir, dirShown), 0o711); err != nil {
+			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
 	} else {
 		for _, d := range []string{upper, work} {
 			if err := os.Mkdir(d, 0o755); err != nil {
 				return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 			}
+		}
+	}
+	shown := shownDir(dir)
+	for _, d := range []string{dirRun, dirEtc} {
+		if err := os.Mkdir(filepath.Join(shown, d), 0o755); err != nil {
+			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
 	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec); err != nil {
@@ -478,7 +493,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		ids = &r
 		failpoint.Hit("local.create.idrange")
 		// The mapped root owns what it writes to.
-		if err := chownToRoot(r, upper, work, filepath.Join(dir, dirRun)); err != nil {
+		if err := chownToRoot(r, upper, work, filepath.Join(shown, dirRun)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
@@ -522,24 +537,26 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if rt.gvisor {
 		acfg.Listen = agentListenAddr // see gvisor.go
 	}
+	s.ident = agent.NewIdentity(cid)
+	acfg.Identity = s.ident
 	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("overlay", t)
 	failpoint.Hit("local.create.overlay")
 
-	etc := filepath.Join(dir, dirEtc)
+	etc := filepath.Join(shown, dirEtc)
 	if err := b.writeEtcFiles(etc, host, att); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: etc files: %w", id, err)
 	}
-	if err := writeJSON(filepath.Join(dir, fileAgentConfig), acfg); err != nil {
+	if err := writeJSON(filepath.Join(shown, fileAgentConfig), acfg); err != nil {
 		return nil, nil, err
 	}
 	failpoint.Hit("local.create.files")
 	p := specParams{
 		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
-		Agent: b.cfg.AgentBinary, Config: filepath.Join(dir, fileAgentConfig),
-		RunDir: filepath.Join(dir, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
+		Agent: b.cfg.AgentBinary, Config: filepath.Join(shown, fileAgentConfig),
+		RunDir: filepath.Join(shown, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
 		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: volumeMounts, NonRoot: nonRootUser(acfg.User),
 	}
 	if !s.spec.Security.OCIDefault() {
@@ -575,7 +592,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	// (Under gVisor the agent listens itself; see gvisor.go.)
 	var lnFile *os.File
 	if !rt.gvisor {
-		ln, err := listenUnix(filepath.Join(dir, dirRun), agentSocket)
+		ln, err := listenUnix(dir, agentSocket) // host-only: see agentdial.go
 		if err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: agent socket: %w", id, err)
 		}
@@ -609,7 +626,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid}
+	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid, Agent: s.ident}
 	if cid != id {
 		s.info.ContainerID = cid
 	}
@@ -645,7 +662,39 @@ func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work str
 		}
 		defer func() { _ = detachLowers(dir) }()
 	}
-	opts, err := overlayOptions(layers, upper, work)
+	// The overlay's options are what the sandbox's mountinfo shows of its root: name
+	// the dirs by descriptor (/proc/self/fd/N), so that no host path of the state dir or
+	// the image store appears in it. The kernel resolves them at mount time.
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	byFD := func(p string) (string, error) {
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", fmt.Errorf("open %s: %w", p, err)
+		}
+		fds = append(fds, fd)
+		return "/proc/self/fd/" + strconv.Itoa(fd), nil
+	}
+	named := make([]string, len(layers))
+	for i, l := range layers {
+		var err error
+		if named[i], err = byFD(l); err != nil {
+			return err
+		}
+	}
+	u, err := byFD(upper)
+	if err != nil {
+		return err
+	}
+	w, err := byFD(work)
+	if err != nil {
+		return err
+	}
+	opts, err := overlayOptions(named, u, w)
 	if err != nil {
 		return err
 	}
@@ -778,20 +827,18 @@ func listenUnix(dir, name string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
-// DialAgent implements runtime.Backend: a unix dial of the agent's socket, which works
-// as soon as Create returned (connections wait in the backlog) and after a restart.
+// DialAgent implements runtime.Backend: a connection to the agent's socket (see
+// agentdial.go), which works as soon as Create returned (connections wait in the backlog)
+// and after a restart, checked to reach this sandbox's agent.
 func (b *Backend) DialAgent(ctx context.Context, id string) (net.Conn, error) {
 	if !validID(id) {
 		return nil, fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
 	}
-	dir := filepath.Join(b.dir(id), dirRun)
-	var c net.Conn
-	err := withSocketPath(dir, agentSocket, func(p string) error {
-		var d net.Dialer
-		var err error
-		c, err = d.DialContext(ctx, "unix", p)
-		return err
-	})
+	c, err := dialVerified(ctx, b.dir(id), b.identityOf(id))
+	if errors.Is(err, agent.ErrIdentity) {
+		b.log.Error("agent identity check failed: refusing the connection", "sandbox", id, "err", err)
+		return nil, fmt.Errorf("dial agent of %s: %w", id, err)
+	}
 	if err != nil {
 		if _, serr := os.Stat(filepath.Join(b.dir(id), fileSpec)); errors.Is(serr, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)

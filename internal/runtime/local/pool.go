@@ -501,6 +501,7 @@ func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec) boo
 	s.cid = pc.s.cid
 	s.proc = pc.s.proc
 	s.info = pc.s.info
+	s.ident = pc.s.ident
 	b.mu.Unlock()
 	b.pool.claimed()
 	return true
@@ -539,7 +540,7 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	for _, name := range []string{"hosts", "hostname"} {
 		data, err := os.ReadFile(filepath.Join(tmp, name))
 		if err == nil {
-			err = writeInPlace(filepath.Join(dir, dirEtc, name), data)
+			err = writeInPlace(filepath.Join(shownDir(dir), dirEtc, name), data)
 		}
 		if err != nil {
 			return fmt.Errorf("etc files: %w", err)
@@ -565,13 +566,13 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 		return err
 	}
 	failpoint.Hit("local.claim.rules")
-	if err := startAgent(ctx, filepath.Join(dir, dirRun), cfgJSON); err != nil {
+	if err := startAgent(ctx, dir, pc.s.ident, cfgJSON); err != nil {
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}
 	failpoint.Hit("local.claim.started")
 	// What /.sandboxd/config.json shows inside (bind-mounted: rewritten in place). Only
 	// now: `runc run` returns before the agent has read it, and Start has answered.
-	if err := writeInPlace(filepath.Join(dir, fileAgentConfig), cfgJSON); err != nil {
+	if err := writeInPlace(filepath.Join(shownDir(dir), fileAgentConfig), cfgJSON); err != nil {
 		return err
 	}
 	// The sandbox's dir is empty (Create's claim on the id): rename(2) replaces it
@@ -584,19 +585,12 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	return nil
 }
 
-// startAgent sends Start to the standby agent serving in runDir.
-func startAgent(ctx context.Context, runDir string, cfg []byte) error {
+// startAgent sends Start to the standby agent of the container in dir (identity ident).
+func startAgent(ctx context.Context, dir string, ident *agentconfig.Identity, cfg []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	hc := agent.NewHTTPClient(func(ctx context.Context) (net.Conn, error) {
-		var conn net.Conn
-		err := withSocketPath(runDir, agentSocket, func(p string) error {
-			var d net.Dialer
-			var err error
-			conn, err = d.DialContext(ctx, "unix", p)
-			return err
-		})
-		return conn, err
+		return dialVerified(ctx, dir, ident)
 	})
 	defer hc.CloseIdleConnections()
 	c := agentv1connect.NewAgentServiceClient(hc, "http://sandbox-agent", connect.WithGRPC())

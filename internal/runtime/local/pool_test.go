@@ -276,10 +276,14 @@ func TestPoolStandbyAgent(t *testing.T) {
 	// The agent may still be starting (`runc run` returns before it runs): Status waits.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := startAgent(ctx, filepath.Join(e.state, dirs[0], dirRun), []byte(`{"standby":true}`)); connect.CodeOf(err) != connect.CodeInvalidArgument {
+	var pi persistedInfo
+	if err := readJSON(filepath.Join(e.state, dirs[0], fileInfo), &pi); err != nil || pi.Agent == nil {
+		t.Fatalf("pooled container's info %+v: %v", pi, err)
+	}
+	if err := startAgent(ctx, filepath.Join(e.state, dirs[0]), pi.Agent, []byte(`{"standby":true}`)); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Errorf("Start with a standby config: %v", err)
 	}
-	st, err := readStatus(filepath.Join(e.state, dirs[0], dirRun, "status.json"))
+	st, err := readStatus(filepath.Join(e.state, dirs[0]))
 	if err != nil || st.GetState() != agentv1.MainState_MAIN_STATE_STANDBY {
 		t.Fatalf("standby status %v, %v", st, err)
 	}
@@ -288,7 +292,7 @@ func TestPoolStandbyAgent(t *testing.T) {
 	if e.b.PoolStats().Claims != 1 {
 		t.Fatalf("not claimed: %+v", e.b.PoolStats())
 	}
-	err = startAgent(context.Background(), filepath.Join(e.state, "standby-claimed", dirRun), []byte(`{"argv":["true"]}`))
+	err = startAgent(context.Background(), filepath.Join(e.state, "standby-claimed"), pi.Agent, []byte(`{"argv":["true"]}`))
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Errorf("second Start: %v", err)
 	}

@@ -289,7 +289,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		}()
 	}
 	if o.StatusFile != "" && o.TerminationLog != "" {
-		if b, err := os.ReadFile(o.StatusFile); err == nil {
+		if b, err := readStatus(o.StatusFile); err == nil {
 			_ = os.WriteFile(o.TerminationLog, b, 0o644)
 		}
 	}
@@ -313,8 +313,31 @@ func agentEnded(stop context.Context, statusFile, socket string) {
 	}
 }
 
+// maxStatusBytes bounds status.json: the agent writes a few hundred bytes, and the
+// kubelet keeps at most 4 KiB of a termination log anyway.
+const maxStatusBytes = 4096
+
+// readStatus reads the agent's status file, which lies in the run dir the sandbox can
+// write: never through a symlink, only a regular file, at most maxStatusBytes (so the
+// sandbox cannot make the gate copy one of its own files into the Pod's status).
+func readStatus(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() || st.Size() > maxStatusBytes {
+		return nil, fmt.Errorf("%s: not a regular file of at most %d bytes", path, maxStatusBytes)
+	}
+	return io.ReadAll(io.LimitReader(f, maxStatusBytes))
+}
+
 func statusFinal(path string) bool {
-	b, err := os.ReadFile(path)
+	b, err := readStatus(path)
 	if err != nil {
 		return false
 	}
