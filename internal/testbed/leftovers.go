@@ -1,16 +1,12 @@
 package testbed
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // leftovers lists what runner i left on the host after it stopped with every sandbox
@@ -19,28 +15,16 @@ import (
 // comes with the runner's last log lines about it, to say how it came to be left.
 func (b *Bed) leftovers(i int) []string {
 	dir := b.RunnerDataDir(i)
-	var out []string
-	ids := map[string]bool{}
 	sbDir := filepath.Join(dir, "sandboxes")
-	ents, _ := os.ReadDir(sbDir)
-	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), ".") {
-			ids[e.Name()] = true
-			out = append(out, "sandbox dir "+e.Name())
+	out := testenv.Leftovers(dir)
+	ids := map[string]bool{}
+	for _, l := range out {
+		// "sandbox dir ID", "mount …/sandboxes/ID/…", "loop device /dev/loopN (…/sandboxes/ID/…)"
+		if id, ok := strings.CutPrefix(l, "sandbox dir "); ok {
+			ids[id] = true
+		} else if _, rest, ok := strings.Cut(l, sbDir+"/"); ok {
+			ids[strings.SplitN(rest, "/", 2)[0]] = true
 		}
-	}
-	netnsDir := filepath.Join(dir, "network", "netns")
-	for _, mp := range mountsUnder(dir) {
-		if mp == netnsDir {
-			continue
-		}
-		if rel, err := filepath.Rel(sbDir, mp); err == nil && !strings.HasPrefix(rel, "..") {
-			ids[strings.SplitN(rel, "/", 2)[0]] = true
-		}
-		out = append(out, "mount "+mp)
-	}
-	for _, l := range loopsUnder(dir) {
-		out = append(out, "loop device "+l)
 	}
 	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/" + b.cgroupParent(i) + "/*/cgroup.procs")
 	v2, _ := filepath.Glob("/sys/fs/cgroup/" + b.cgroupParent(i) + "/*/cgroup.procs")
@@ -75,45 +59,5 @@ func (b *Bed) leftovers(i int) []string {
 	return out
 }
 
-// forceClean removes what leftovers found, so the test's temporary dir can go: every
-// mount under the runner's data dir (deepest first, lazily) and the loop devices backed
-// by its files.
-func (b *Bed) forceClean(i int) {
-	dir := b.RunnerDataDir(i)
-	for _, mp := range mountsUnder(dir) {
-		_ = unix.Unmount(mp, unix.MNT_DETACH)
-	}
-	for _, l := range loopsUnder(dir) {
-		dev := strings.SplitN(l, " ", 2)[0]
-		_ = exec.Command("losetup", "-d", dev).Run()
-	}
-}
-
-// mountsUnder lists the mount points below dir, deepest first.
-func mountsUnder(dir string) []string {
-	data, _ := os.ReadFile("/proc/self/mountinfo")
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			out = append(out, f[4])
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return slices.Compact(out)
-}
-
-// loopsUnder lists attached loop devices whose backing file is below dir, as
-// "/dev/loopN (file)".
-func loopsUnder(dir string) []string {
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var out []string
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if p := strings.TrimSpace(string(data)); err == nil && strings.HasPrefix(p, dir+"/") {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f)))+" ("+p+")")
-		}
-	}
-	return out
-}
+// forceClean removes what leftovers found, so the test's temporary dir can go.
+func (b *Bed) forceClean(i int) { testenv.ForceClean(b.RunnerDataDir(i)) }

@@ -75,7 +75,7 @@ func newSuite(t *testing.T, edit ...func(*stack.Config)) *suite {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cleanup(t, s) })
+	t.Cleanup(func() { cleanup(t, s, cfg.DataDir) })
 	return &suite{t: t, s: s}
 }
 
@@ -388,7 +388,7 @@ func printTable(t *testing.T, table map[string]map[string]string) {
 	fmt.Print(b.String())
 }
 
-func cleanup(t *testing.T, s *stack.Stack) {
+func cleanup(t *testing.T, s *stack.Stack, dataDir string) {
 	for _, sb := range s.Runner.List() {
 		if !sb.State.Terminal() {
 			_, _ = s.Runner.Delete(sb.ID, 0)
@@ -399,6 +399,11 @@ func cleanup(t *testing.T, s *stack.Stack) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	s.Close()
+	// Before the temporary dir goes: a leak is reported as what leaked.
+	if left := testenv.Leftovers(dataDir); len(left) > 0 {
+		t.Errorf("left behind after every sandbox was deleted: %v", left)
+		testenv.ForceClean(dataDir)
+	}
 	if rd := s.Backend.RootfsDir(); rd != "" {
 		if ents, _ := os.ReadDir(rd); len(ents) > 0 {
 			t.Errorf("leaked root filesystem mount points in %s: %d", rd, len(ents))

@@ -26,6 +26,7 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // Dev is the running `sandboxd dev` the suite attacks.
@@ -214,16 +215,9 @@ func (d *Dev) purgeAndCheck() []string {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	for l := range strings.SplitSeq(string(mi), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], sbDir+"/") {
-			left = append(left, "mount "+f[4])
-		}
-	}
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), sbDir+"/") {
-			left = append(left, "loop device "+filepath.Base(filepath.Dir(filepath.Dir(f)))+" -> "+strings.TrimSpace(string(b)))
+	for _, l := range testenv.Leftovers(d.DataDir) {
+		if !strings.HasPrefix(l, "sandbox dir ") { // those were waited for above
+			left = append(left, l)
 		}
 	}
 	return left
@@ -245,16 +239,7 @@ func cleanupDev(d *Dev) {
 			_ = exec.CommandContext(ctx, bin, "--root", root, "delete", "--force", id).Run()
 		}
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	var mps []string
-	for l := range strings.SplitSeq(string(mi), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], filepath.Dir(d.DataDir)+"/") {
-			mps = append(mps, f[4])
-		}
-	}
-	for i := len(mps) - 1; i >= 0; i-- {
-		_ = syscall.Unmount(mps[i], syscall.MNT_DETACH)
-	}
+	testenv.ForceClean(filepath.Dir(d.DataDir))
 	_ = os.RemoveAll(filepath.Dir(d.DataDir))
 }
 
