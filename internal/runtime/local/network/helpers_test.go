@@ -366,6 +366,15 @@ func linkedNS(t testing.TB, nsPath string, hostAddr netip.Addr, addrs []netip.Pr
 		inside(nh, eth)
 	}
 	syncLink(nh, eth.Attrs().Index)
+	// The host end too: its carrier came on with eth0, and until the kernel's deferred
+	// linkwatch work runs it drops packets (the host's first SYN then waits a second for
+	// its retransmit; TestEgressNAT's 1 s dial timed out so under load).
+	if hl, err := netlink.LinkByName(name); err == nil {
+		if hh, err := netlink.NewHandle(unix.NETLINK_ROUTE); err == nil {
+			syncLink(hh, hl.Attrs().Index)
+			hh.Close()
+		}
+	}
 	return name
 }
 
