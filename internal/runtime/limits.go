@@ -6,6 +6,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
 )
 
 // Size limits of what a caller hands a sandbox's processes: the main command at create
@@ -31,7 +33,7 @@ const (
 // AgentDir is the directory the platform mounts for the sandbox's agent (its binary,
 // configuration, socket and state; agentconfig.Dir). Nothing a caller sends may write
 // there: not a file mount at create, not a WriteFile.
-const AgentDir = "/.sandboxd"
+const AgentDir = agentconfig.Dir
 
 // Reserved reports whether the absolute path p is the agent's directory or under it,
 // however it is spelled ("//.sandboxd/", "/x/../.sandboxd").
