@@ -1,14 +1,15 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
 	"slices"
-	"strings"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -26,20 +27,14 @@ const (
 	MaxTags = 100
 	// MaxAnnotations: the target system's clients allow at most 100.
 	MaxAnnotations = 100
-	// Annotation keys are Kubernetes qualified names (annotations become Pod annotations):
-	// an optional DNS-subdomain prefix of at most 253 characters and '/', then a name of
-	// at most 63 characters of [A-Za-z0-9-_.] beginning and ending alphanumeric.
-	maxAnnotationPrefix = 253
-	maxAnnotationName   = 63
+	// Annotation keys are Kubernetes qualified names (policy.QualifiedNameError): an
+	// optional DNS-subdomain prefix of at most 253 characters and '/', then a name of at
+	// most 63 characters of [A-Za-z0-9-_.] beginning and ending alphanumeric.
 	// MaxAnnotationsBytes: keys and values together, Kubernetes' total annotation size.
 	MaxAnnotationsBytes = 256 << 10
 )
 
-var (
-	tagPattern            = regexp.MustCompile(`^[A-Za-z0-9._-]*[A-Za-z0-9]$`)
-	annotationNamePattern = regexp.MustCompile(`^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$`)
-	dnsSubdomainPattern   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-)
+var tagPattern = regexp.MustCompile(`^[A-Za-z0-9._-]*[A-Za-z0-9]$`)
 
 // tagViolations checks a list of tags at field (create's spec.tags).
 func tagViolations(field string, tags []string) []apierr.Violation {
@@ -81,17 +76,11 @@ func annotationViolations(field string, ann map[string]string) []apierr.Violatio
 	return vs
 }
 
+// checkAnnotationKey: annotations become Pod annotations, so their keys are Kubernetes
+// qualified names (the policy's rule for the annotations it attaches).
 func checkAnnotationKey(k string) error {
-	name := k
-	if i := strings.LastIndexByte(k, '/'); i >= 0 {
-		prefix := k[:i]
-		name = k[i+1:]
-		if len(prefix) > maxAnnotationPrefix || !dnsSubdomainPattern.MatchString(prefix) {
-			return fmt.Errorf("key %q: the prefix before '/' must be a lowercase DNS subdomain of at most %d characters", clip(k), maxAnnotationPrefix)
-		}
-	}
-	if len(name) > maxAnnotationName || !annotationNamePattern.MatchString(name) {
-		return fmt.Errorf("key %q: the name must be 1-%d characters of A-Z, a-z, 0-9, '-', '_' and '.', beginning and ending with a letter or digit (an optional prefix ends with '/')", clip(k), maxAnnotationName)
+	if e := policy.QualifiedNameError(k); e != "" {
+		return errors.New(clip(e))
 	}
 	return nil
 }
