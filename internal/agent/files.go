@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"github.com/sandboxd/sandboxd/internal/apierr"
 	"io"
 	"io/fs"
 	"os"
@@ -13,6 +12,9 @@ import (
 	"syscall"
 
 	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // maxFileBytes is the largest file ReadFile returns (it must fit one message).
@@ -46,12 +48,15 @@ func (a *Agent) resolvePath(p string) (string, error) {
 }
 
 func invalidPath(path string, err error) *connect.Error {
-	return apierr.New(connect.CodeInvalidArgument, apierr.InvalidPath,
-		fmt.Sprintf("invalid path %q: %v", path, err), map[string]string{"filepath": path})
+	return apierr.WithViolations(apierr.New(connect.CodeInvalidArgument, apierr.InvalidPath,
+		fmt.Sprintf("invalid path %q: %v", path, err), map[string]string{"filepath": path}),
+		[]apierr.Violation{{Field: "path", Description: err.Error()}})
 }
 
 // fileError maps an I/O error on path to a connect error with ErrorInfo. ENOTDIR (a
-// parent is not a directory) counts as not found; EROFS as permission denied.
+// parent is not a directory) counts as not found; EROFS (a read-only mount) and EBUSY or
+// ETXTBSY (a mount point such as /etc/hosts, a running binary) as permission denied;
+// ENXIO (open of a socket) as not a regular file; ENAMETOOLONG as an invalid path.
 func fileError(op, path string, err error) *connect.Error {
 	meta := map[string]string{"filepath": path}
 	cause := unwrapPathErr(err)
@@ -61,14 +66,32 @@ func fileError(op, path string, err error) *connect.Error {
 		return apierr.New(connect.CodeNotFound, apierr.FileNotFound, msg, meta)
 	case errors.Is(err, syscall.EISDIR):
 		return apierr.New(connect.CodeFailedPrecondition, apierr.FileIsDirectory, msg, meta)
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EBUSY), errors.Is(err, syscall.ETXTBSY):
 		return apierr.New(connect.CodePermissionDenied, apierr.FilePermissionDenied, msg, meta)
+	case errors.Is(err, syscall.ENXIO):
+		return apierr.New(connect.CodeFailedPrecondition, apierr.FileNotRegular, msg+" (not a regular file)", meta)
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return invalidPath(path, cause)
 	}
 	return apierr.New(connect.CodeInternal, apierr.FileIOFailed, msg, meta)
 }
 
 func isDirError(op, path string) *connect.Error {
 	return fileError(op, path, &fs.PathError{Op: op, Path: path, Err: syscall.EISDIR})
+}
+
+func notRegular(op, path string, m fs.FileMode) *connect.Error {
+	kind := "special file"
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		kind = "FIFO"
+	case m&fs.ModeSocket != 0:
+		kind = "socket"
+	case m&fs.ModeDevice != 0:
+		kind = "device"
+	}
+	return apierr.New(connect.CodeFailedPrecondition, apierr.FileNotRegular,
+		fmt.Sprintf("%s %s: a %s, not a regular file", op, path, kind), map[string]string{"filepath": path})
 }
 
 func tooLarge(path string, size, limit int64) *connect.Error {
@@ -89,7 +112,10 @@ func (a *Agent) readFile(path string, maxBytes int64) ([]byte, error) {
 	if maxBytes > 0 && maxBytes < limit {
 		limit = maxBytes
 	}
-	f, err := os.Open(p)
+	// O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; the type is
+	// checked on what was opened (fstat), never stat-then-open, so a FIFO swapped in
+	// between is refused too. For regular files and directories the flag changes nothing.
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fileError("read", path, err)
 	}
@@ -98,8 +124,11 @@ func (a *Agent) readFile(path string, maxBytes int64) ([]byte, error) {
 	if err != nil {
 		return nil, fileError("read", path, err)
 	}
-	if fi.IsDir() {
+	switch {
+	case fi.IsDir():
 		return nil, isDirError("read", path)
+	case !fi.Mode().IsRegular():
+		return nil, notRegular("read", path, fi.Mode())
 	}
 	if fi.Size() > limit {
 		return nil, tooLarge(path, fi.Size(), limit)
@@ -128,6 +157,9 @@ func (a *Agent) writeFile(path string, content []byte, mode uint32) error {
 	p, err := a.resolvePath(path)
 	if err != nil {
 		return invalidPath(path, err)
+	}
+	if runtime.Reserved(p) {
+		return invalidPath(path, fmt.Errorf("%s is reserved for the sandbox's agent", runtime.AgentDir))
 	}
 	m := os.FileMode(mode & 0o7777)
 	if m == 0 {

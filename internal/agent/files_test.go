@@ -3,17 +3,22 @@ package agent
 import (
 	"bytes"
 	"context"
-	"github.com/sandboxd/sandboxd/internal/apierr"
+	"io/fs"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
 // errInfo is err's ErrorInfo in the cwsandbox.com domain; the test fails without one.
@@ -97,7 +102,21 @@ func TestFileErrors(t *testing.T) {
 		{name: "relative traversal", write: &agentv1.WriteFileRequest{Path: "../x"}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
 		{name: "NUL", read: &agentv1.ReadFileRequest{Path: "fi\x00le"}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
 		{name: "empty", write: &agentv1.WriteFileRequest{Path: ""}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
+		{name: "read FIFO", read: &agentv1.ReadFileRequest{Path: "fifo"}, code: connect.CodeFailedPrecondition, reason: apierr.FileNotRegular},
+		{name: "read socket", read: &agentv1.ReadFileRequest{Path: "sock"}, code: connect.CodeFailedPrecondition, reason: apierr.FileNotRegular},
+		{name: "read device", read: &agentv1.ReadFileRequest{Path: "/dev/null"}, code: connect.CodeFailedPrecondition, reason: apierr.FileNotRegular},
+		{name: "write the agent's socket", write: &agentv1.WriteFileRequest{Path: "/.sandboxd/run/agent.sock"}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
+		{name: "write the agent's dir", write: &agentv1.WriteFileRequest{Path: "//.sandboxd"}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
+		{name: "name too long", write: &agentv1.WriteFileRequest{Path: strings.Repeat("n", 300)}, code: connect.CodeInvalidArgument, reason: apierr.InvalidPath},
 	}
+	if err := syscall.Mkfifo(filepath.Join(wd, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(wd, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	if os.Getuid() != 0 {
 		// Root ignores file modes; as root, cmd/sandbox-agent's TestPermissionDenied runs the
 		// agent as nobody instead.
@@ -114,6 +133,8 @@ func TestFileErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
 			var err error
 			if tc.read != nil {
 				_, err = h.client.ReadFile(ctx, connect.NewRequest(tc.read))
@@ -133,6 +154,60 @@ func TestFileErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReadFIFODoesNotBlock: a FIFO without a writer is refused at once, every time, and
+// leaves no call behind (today's bug: each call held an agent thread until its deadline).
+func TestReadFIFODoesNotBlock(t *testing.T) {
+	h := startAgent(t, longMain())
+	fifo := filepath.Join(h.workDir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	for i := range 50 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		start := time.Now()
+		_, err := h.client.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: fifo}))
+		cancel()
+		if apierr.Reason(err) != apierr.FileNotRegular || connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Fatalf("call %d: %v, want FAILED_PRECONDITION %s", i, err, apierr.FileNotRegular)
+		}
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Fatalf("call %d took %s", i, d)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if after := runtime.NumGoroutine(); after > before+10 {
+		t.Errorf("goroutines %d before, %d after 50 reads", before, after)
+	}
+	res, err := h.client.Exec(context.Background(), connect.NewRequest(&agentv1.ExecRequest{Command: []string{"echo", "alive"}}))
+	if err != nil || string(res.Msg.GetStdout()) != "alive\n" {
+		t.Fatalf("exec after the reads: %v %q", err, res.Msg.GetStdout())
+	}
+}
+
+// TestFileErrorCodes: the errnos of read-only and busy paths are typed, never INTERNAL.
+func TestFileErrorCodes(t *testing.T) {
+	for _, tc := range []struct {
+		errno  syscall.Errno
+		code   connect.Code
+		reason string
+	}{
+		{syscall.EROFS, connect.CodePermissionDenied, apierr.FilePermissionDenied},
+		{syscall.EBUSY, connect.CodePermissionDenied, apierr.FilePermissionDenied}, // rename over a bind mount (/etc/hosts)
+		{syscall.ETXTBSY, connect.CodePermissionDenied, apierr.FilePermissionDenied},
+		{syscall.EACCES, connect.CodePermissionDenied, apierr.FilePermissionDenied},
+		{syscall.ENXIO, connect.CodeFailedPrecondition, apierr.FileNotRegular},
+		{syscall.EISDIR, connect.CodeFailedPrecondition, apierr.FileIsDirectory},
+		{syscall.ENAMETOOLONG, connect.CodeInvalidArgument, apierr.InvalidPath},
+		{syscall.EIO, connect.CodeInternal, apierr.FileIOFailed},
+	} {
+		err := fileError("write", "/etc/hosts", &fs.PathError{Op: "rename", Path: "/etc/hosts", Err: tc.errno})
+		if connect.CodeOf(err) != tc.code || apierr.Reason(err) != tc.reason || apierr.Info(err).GetMetadata()["filepath"] != "/etc/hosts" {
+			t.Errorf("%v: %v (reason %s), want %v %s", tc.errno, err, apierr.Reason(err), tc.code, tc.reason)
+		}
 	}
 }
 

@@ -35,6 +35,7 @@ const (
 	FileIsDirectory         = "CWSANDBOX_FILE_IS_DIRECTORY"
 	FilePermissionDenied    = "CWSANDBOX_FILE_PERMISSION_DENIED"
 	FileTooLarge            = "CWSANDBOX_FILE_TOO_LARGE"
+	FileNotRegular          = "CWSANDBOX_FILE_NOT_REGULAR" // a FIFO, socket or device: not read through the API
 	FileIOFailed            = "CWSANDBOX_FILE_IO_FAILED"
 	FSSNotSupported         = "CWSANDBOX_FSS_NOT_SUPPORTED"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"

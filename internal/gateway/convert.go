@@ -40,6 +40,9 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	case n > 1:
 		unsupported = append(unsupported, "more than one container")
 	}
+	vs = append(vs, containerNameViolations("sandbox.spec.containers", spec.GetContainers())...)
+	vs = append(vs, tagViolations("sandbox.spec.tags", spec.GetTags())...)
+	vs = append(vs, annotationViolations("sandbox.spec.annotations", spec.GetAnnotations())...)
 	var req runner.CreateRequest
 	if c := primary(spec); c != nil {
 		f := "sandbox.spec.containers[0]"

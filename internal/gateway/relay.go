@@ -37,8 +37,8 @@ var _ sandboxv1connect.SandboxDataPlaneServiceHandler = Relay{}
 
 func (d Relay) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
 	m := req.Msg
-	if len(m.GetCommand()) == 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "command is required", []apierr.Violation{{Field: "command", Description: "is required"}})
+	if vs := execViolations("command", "env", m.GetCommand(), m.GetEnv()); vs != nil {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid exec: "+describe(vs), vs)
 	}
 	if m.GetMaxOutputBytes() < 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "max_output_bytes must not be negative", []apierr.Violation{{Field: "max_output_bytes", Description: "must not be negative"}})
@@ -109,8 +109,8 @@ func (d Relay) StreamExec(ctx context.Context, stream *connect.BidiStream[sandbo
 	if init == nil {
 		return apierr.Invalid(apierr.InvalidRequest, "the first message must be init", []apierr.Violation{{Field: "init", Description: "is required first"}})
 	}
-	if len(init.GetCommand()) == 0 {
-		return apierr.Invalid(apierr.InvalidRequest, "command is required", []apierr.Violation{{Field: "init.command", Description: "is required"}})
+	if vs := execViolations("init.command", "init.env", init.GetCommand(), init.GetEnv()); vs != nil {
+		return apierr.Invalid(apierr.InvalidRequest, "invalid exec: "+describe(vs), vs)
 	}
 	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_EXEC, init.GetSandboxId(), init.GetContainer())
 	if err != nil {

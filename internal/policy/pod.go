@@ -18,8 +18,11 @@ var (
 	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 )
 
-// qualifiedNameError checks a label or annotation key: [prefix/]name, the prefix a DNS
-// subdomain.
+// QualifiedNameError checks a Kubernetes label or annotation key: [prefix/]name, the
+// prefix a DNS subdomain of at most 253 characters, the name 1-63 characters of
+// [A-Za-z0-9-_.] starting and ending alphanumeric. It returns "" for a valid key.
+func QualifiedNameError(k string) string { return qualifiedNameError(k) }
+
 func qualifiedNameError(k string) string {
 	prefix, name, ok := strings.Cut(k, "/")
 	if !ok {

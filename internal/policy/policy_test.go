@@ -89,6 +89,8 @@ func TestValidate(t *testing.T) {
 			[]string{`policy.base.env[""]`, `policy.base.env["A=B"]`, "policy.base.tags[0]"}},
 		{"base annotation denied", `{"base": {"annotations": {"kubernetes.io/x": "1"}}, "constraints": {"annotations": {"denied_prefixes": ["kubernetes.io/"]}}}`,
 			[]string{`policy.base.annotations["kubernetes.io/x"]`}},
+		{"base annotation key not a qualified name", `{"base": {"annotations": {"a b": "1", "example.com/ok": "2", "Example.com/x": "3"}}}`,
+			[]string{`policy.base.annotations["Example.com/x"]`, `policy.base.annotations["a b"]`}},
 		{"base annotations above count", `{"base": {"annotations": {"a": "1", "b": "2"}}, "constraints": {"annotations": {"max_count": 1}}}`,
 			[]string{"policy.base.annotations"}},
 		{"annotation constraints", `{"constraints": {"annotations": {"max_count": -1, "denied_prefixes": [""]}}}`,

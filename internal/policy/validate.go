@@ -113,6 +113,8 @@ func Validate(p *Policy) []apierr.Violation {
 		f := fmt.Sprintf("policy.base.annotations[%s]", strconv.Quote(k))
 		if strings.TrimSpace(k) == "" {
 			add(f, "an annotation key must not be empty")
+		} else if e := qualifiedNameError(k); e != "" {
+			add(f, "%s", e) // sandboxes carrying it would be refused at create
 		}
 		if ac := c.Annotations; ac != nil {
 			for _, pre := range ac.DeniedPrefixes {

@@ -15,8 +15,6 @@ import (
 const (
 	DefaultLifetime = 600 * time.Second
 	MaxLifetime     = 30 * 24 * time.Hour
-	maxFileBytes    = 32 << 20
-	maxFilesBytes   = 64 << 20
 	maxRestartLimit = 100
 )
 
@@ -74,34 +72,38 @@ func validate(req *CreateRequest) error {
 	if s.WorkingDir != "" && !path.IsAbs(s.WorkingDir) {
 		vs.add("spec.containers[0].working_dir", "must be an absolute path, got %q", s.WorkingDir)
 	}
-	if strings.ContainsRune(s.Command, 0) {
+	switch {
+	case strings.ContainsRune(s.Command, 0):
 		vs.add("spec.containers[0].command", "must not contain NUL bytes")
+	case len(s.Command) > runtime.MaxArgBytes:
+		vs.add("spec.containers[0].command", "is %d bytes, at most %d allowed", len(s.Command), runtime.MaxArgBytes)
 	}
-	for i, a := range s.Args {
-		if strings.ContainsRune(a, 0) {
-			vs.add(fmt.Sprintf("spec.containers[0].args[%d]", i), "must not contain NUL bytes")
-		}
+	cmd := 0
+	if s.Command != "" {
+		cmd = 1
 	}
-	for k, v := range s.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			vs.add("spec.containers[0].environment_variables", "invalid name %q: must be non-empty without '=' or NUL", k)
-		}
-		if strings.ContainsRune(v, 0) {
-			vs.add("spec.containers[0].environment_variables["+k+"]", "must not contain NUL bytes")
-		}
+	runtime.CheckArgs("spec.containers[0].args", s.Args, cmd, len(s.Command), vs.add)
+	runtime.CheckEnv("spec.containers[0].environment_variables", s.Env, vs.add)
+	if n := len(s.Files); n > runtime.MaxFiles {
+		vs.add("spec.containers[0].files", "has %d files, at most %d allowed", n, runtime.MaxFiles)
 	}
 	var total int
 	seen := map[string]bool{}
 	for i, f := range s.Files {
+		if i >= runtime.MaxFiles {
+			break // reported above; do not also report each of thousands
+		}
 		field := fmt.Sprintf("spec.containers[0].files[%d].path", i)
 		if err := checkPath(f.Path); err != nil {
+			vs.add(field, "%v", err)
+		} else if err := runtime.CheckFilePath(path.Clean(f.Path)); err != nil {
 			vs.add(field, "%v", err)
 		} else if seen[path.Clean(f.Path)] {
 			vs.add(field, "duplicate path %q", f.Path)
 		}
 		seen[path.Clean(f.Path)] = true
-		if len(f.Content) > maxFileBytes {
-			vs.add(fmt.Sprintf("spec.containers[0].files[%d].content", i), "is %d bytes, at most %d allowed", len(f.Content), maxFileBytes)
+		if len(f.Content) > runtime.MaxFileBytes {
+			vs.add(fmt.Sprintf("spec.containers[0].files[%d].content", i), "is %d bytes, at most %d allowed", len(f.Content), runtime.MaxFileBytes)
 		}
 		total += len(f.Content)
 	}
@@ -119,8 +121,8 @@ func validate(req *CreateRequest) error {
 			}
 		}
 	}
-	if total > maxFilesBytes {
-		vs.add("spec.containers[0].files", "total %d bytes, at most %d allowed", total, maxFilesBytes)
+	if total > runtime.MaxFilesBytes {
+		vs.add("spec.containers[0].files", "total %d bytes, at most %d allowed", total, runtime.MaxFilesBytes)
 	}
 	// The gateway checked the rules too; a runner checks again because a backend turns
 	// them into firewall state, where a malformed rule could mean more access, not less.

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,31 @@ func TestValidate(t *testing.T) {
 		{"file traversal", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Files = []runtime.File{{Path: "/a/../../etc/passwd"}} })}, []string{"spec.containers[0].files[0].path"}, 0},
 		{"relative file", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Files = []runtime.File{{Path: "a"}} })}, []string{"spec.containers[0].files[0].path"}, 0},
 		{"duplicate file", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Files = []runtime.File{{Path: "/a"}, {Path: "/a/"}} })}, []string{"spec.containers[0].files[1].path"}, 0},
-		{"file too big", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Files = []runtime.File{{Path: "/a", Content: make([]byte, maxFileBytes+1)}} })}, []string{"spec.containers[0].files[0].content"}, 0},
+		{"file too big", CreateRequest{Spec: with(func(s *runtime.Spec) {
+			s.Files = []runtime.File{{Path: "/a", Content: make([]byte, runtime.MaxFileBytes+1)}}
+		})}, []string{"spec.containers[0].files[0].content"}, 0},
+		{"file at the agent's socket", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Files = []runtime.File{{Path: "/.sandboxd/run/agent.sock"}} })}, []string{"spec.containers[0].files[0].path"}, 0},
+		{"file at the agent's directory", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Files = []runtime.File{{Path: "/ok"}, {Path: "//.sandboxd/"}} })}, []string{"spec.containers[0].files[1].path"}, 0},
+		{"too many files", CreateRequest{Spec: with(func(s *runtime.Spec) {
+			for i := range runtime.MaxFiles + 1 {
+				s.Files = append(s.Files, runtime.File{Path: fmt.Sprintf("/f/%d", i)})
+			}
+		})}, []string{"spec.containers[0].files"}, 0},
+		{"as many files as allowed", CreateRequest{Spec: with(func(s *runtime.Spec) {
+			for i := range runtime.MaxFiles {
+				s.Files = append(s.Files, runtime.File{Path: fmt.Sprintf("/f/%d", i)})
+			}
+		})}, nil, DefaultLifetime},
+		{"file path too long", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Files = []runtime.File{{Path: strings.Repeat("/abcd", 205)}} })}, []string{"spec.containers[0].files[0].path"}, 0},
+		{"too many env vars", CreateRequest{Spec: with(func(s *runtime.Spec) {
+			s.Env = map[string]string{}
+			for i := range runtime.MaxEnvVars + 1 {
+				s.Env[fmt.Sprintf("V%d", i)] = ""
+			}
+		})}, []string{"spec.containers[0].environment_variables"}, 0},
+		{"too many args", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Command = "sh"; s.Args = make([]string, runtime.MaxArgs) })}, []string{"spec.containers[0].args"}, 0},
+		{"as many args as allowed", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Command = "sh"; s.Args = make([]string, runtime.MaxArgs-1) })}, nil, DefaultLifetime},
+		{"command too long", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Command = strings.Repeat("c", runtime.MaxArgBytes+1) })}, []string{"spec.containers[0].command"}, 0},
 		{"every problem at once", CreateRequest{Spec: runtime.Spec{ID: "UPPER", Resources: runtime.Resources{Pids: -3}}, Lifetime: -time.Second},
 			[]string{"sandbox_id", "spec.containers[0].image", "spec.max_lifetime_seconds", "spec.containers[0].resources.pids"}, 0},
 	} {

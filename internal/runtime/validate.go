@@ -38,6 +38,9 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 		if !strings.HasPrefix(f.Path, "/") || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return fmt.Errorf("%w: file path %q must be absolute and clean", ErrInvalidSpec, f.Path)
 		}
+		if Reserved(f.Path) {
+			return fmt.Errorf("%w: file path %q is under %s, reserved for the sandbox's agent", ErrInvalidSpec, f.Path, AgentDir)
+		}
 		if spec.Security != nil && spec.Security.ReadOnlyRootFS && !WritableWhenReadOnly(f.Path) {
 			return fmt.Errorf("%w: file path %q is on the read-only root filesystem; put files under %s", ErrInvalidSpec, f.Path, strings.Join(ReadOnlyWritablePaths, ", "))
 		}
