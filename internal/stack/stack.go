@@ -31,6 +31,9 @@ type Config struct {
 	Subnet             netip.Prefix // default 10.88.0.0/16
 	CgroupParent       string       // default "sandboxd"
 	NoEgress           bool
+	// OpenReserved are reserved ranges explicit cidr egress rules may reach
+	// (network.Config.OpenReserved).
+	OpenReserved []netip.Prefix
 	// Nameservers are the upstreams of the platform DNS that answers sandboxes on their
 	// gateway ("ip" or "ip:port"); nil = the host's.
 	Nameservers []string
@@ -122,6 +125,8 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Nameservers: cfg.Nameservers,
 		ProxyPort:   cfg.EgressProxyPort,
 		HostMark:    cfg.HostMark,
+
+		OpenReserved: cfg.OpenReserved,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: network: %w", err)
