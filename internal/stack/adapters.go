@@ -40,6 +40,7 @@ func pullError(err error) error {
 		{image.ErrUnauthorized, runtime.ErrImageUnauthorized},
 		{image.ErrUnreachable, runtime.ErrRegistry},
 		{image.ErrInvalidReference, runtime.ErrInvalidImageRef},
+		{image.ErrRegistryNotAllowed, runtime.ErrRegistryNotAllowed},
 	} {
 		if errors.Is(err, m.from) {
 			return fmt.Errorf("%w: %w", m.to, err)

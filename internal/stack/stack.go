@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
@@ -112,6 +113,9 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Auth:     cfg.RegistryAuth,
 		Mirrors:  cfg.Mirrors,
 		GCGrace:  cfg.GCGrace,
+		// Never a probe of the host or its sandboxes: loopback, link-local, the host's
+		// addresses (the image package's own) and the sandbox subnet.
+		Forbidden: func(a netip.Addr) bool { return cfg.Subnet.Contains(a) || reserved.IsHostAddr(a) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: image store: %w", err)
