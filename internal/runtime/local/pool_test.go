@@ -413,3 +413,38 @@ func TestPoolNoRepullAfterFailure(t *testing.T) {
 	e.create(runtime.Spec{ID: "good", Command: "true"})
 	waitPoolReady(t, b, 2)
 }
+
+// TestMapPullErrorSanitized: each kind of pull failure reaches the caller as the image
+// and a generic cause wrapping the runtime's sentinel, never what answered.
+func TestMapPullErrorSanitized(t *testing.T) {
+	b := &Backend{log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
+	const ref = "127.0.0.1:18080/x:1"
+	detail := `Get "https://127.0.0.1:18080/v2/": dial tcp 127.0.0.1:18080: connect: connection refused; http: server gave HTTP response to HTTPS client; x509: certificate signed by unknown authority`
+	for _, c := range []struct {
+		in   error
+		want error
+	}{
+		{fmt.Errorf("%w: %s", image.ErrUnreachable, detail), runtime.ErrRegistry},
+		{fmt.Errorf("%w: %s", image.ErrNotFound, detail), runtime.ErrImageNotFound},
+		{fmt.Errorf("%w: %s", image.ErrUnauthorized, detail), runtime.ErrImageUnauthorized},
+		{fmt.Errorf("%w: %s", image.ErrInvalidReference, detail), runtime.ErrInvalidImageRef},
+		{fmt.Errorf("%w: %s", image.ErrRegistryNotAllowed, detail), runtime.ErrRegistryNotAllowed},
+		{fmt.Errorf("%w: %w: %s", runtime.ErrRegistry, image.ErrUnreachable, detail), runtime.ErrRegistry},
+		{fmt.Errorf("%w: %s", image.ErrUnsafeLayer, detail), runtime.ErrRegistry},
+		{fmt.Errorf("layer: %w (%s)", context.DeadlineExceeded, detail), context.DeadlineExceeded},
+	} {
+		err := b.mapPullError(ref, c.in)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%v: got %v, want %v", c.in, err, c.want)
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "pull "+ref+": ") {
+			t.Errorf("does not name the image: %s", msg)
+		}
+		for _, leak := range []string{"refused", "HTTP response", "x509", "dial", "18080/v2"} {
+			if strings.Contains(msg, leak) {
+				t.Errorf("tells the caller %q: %s", leak, msg)
+			}
+		}
+	}
+}
