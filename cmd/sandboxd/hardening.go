@@ -3,8 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/netip"
 
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -13,11 +15,31 @@ import (
 type hardeningFlags struct {
 	disk     string
 	noUserNS bool
+	// openReserved are the reserved ranges (--egress-allow-reserved) explicit cidr egress
+	// rules may reach on this runner.
+	openReserved listFlag
 }
 
 func (h *hardeningFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.disk, "disk", "10Gi", "size limit of each sandbox's writable root filesystem layer, e.g. 10Gi (0: none); on Kubernetes its ephemeral-storage limit")
 	fs.BoolVar(&h.noUserNS, "no-userns", false, "local backend: run runc sandboxes without a user namespace of their own (root inside is then root on the host)")
+	fs.Var(&h.openReserved, "egress-allow-reserved", "CIDR of a reserved range (private, CGNAT, link-local, …) that sandboxes' explicit cidr egress rules may reach on this runner, when their policy allows (repeatable; the sandbox subnet and the host's addresses cannot be opened; \"any\" never includes it)")
+}
+
+// reservedOpen is --egress-allow-reserved as prefixes.
+func (h *hardeningFlags) reservedOpen() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range h.openReserved {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p != p.Masked() {
+			return nil, fmt.Errorf("--egress-allow-reserved %q: want a CIDR prefix such as 10.20.0.0/16", s)
+		}
+		if len(reserved.Default().Overlap(p)) == 0 {
+			return nil, fmt.Errorf("--egress-allow-reserved %s: no reserved range there to open (egress rules reach it already)", s)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // apply sets cfg's disk limit and user namespace setting.
@@ -27,7 +49,8 @@ func (h *hardeningFlags) apply(cfg *stack.Config) error {
 		return err
 	}
 	cfg.DiskBytes, cfg.NoUserNS = v, h.noUserNS
-	return nil
+	cfg.OpenReserved, err = h.reservedOpen()
+	return err
 }
 
 // diskBytes is --disk in bytes.

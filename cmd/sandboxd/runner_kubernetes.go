@@ -26,7 +26,8 @@ type kubernetesFlags struct {
 	leaseName, leaseNamespace, identity           string
 	leaseDuration                                 time.Duration
 	selfDeployment, selfContainer                 string
-	diskBytes                                     int64 // from --disk
+	diskBytes                                     int64          // from --disk
+	openReserved                                  []netip.Prefix // from --egress-allow-reserved
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -128,6 +129,6 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
-		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes,
+		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes, OpenReserved: k.openReserved,
 	})
 }

@@ -203,6 +203,9 @@ func runnerCmd(args []string) error {
 		if kube.diskBytes, err = hard.diskBytes(); err != nil {
 			return err
 		}
+		if kube.openReserved, err = hard.reservedOpen(); err != nil {
+			return err
+		}
 		kst, err = kube.start(ctx, *runnerID, *dataDir, logger)
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/sni"
 	"github.com/sandboxd/sandboxd/internal/splice"
 )
@@ -41,8 +42,9 @@ type Proxy struct {
 	// granted SNI sent to an arbitrary IP reaches the real name, not that IP).
 	Resolver *net.Resolver
 	// Forbidden reports destinations never dialled even when a name resolves to them (the
-	// caller passes loopback, link-local/metadata, the sandbox subnet, the host's own
-	// addresses). nil: loopback, link-local, unspecified, multicast.
+	// caller passes the sandbox subnet besides). nil: the platform's reserved ranges
+	// (reserved.Default: loopback, link-local/metadata, RFC 1918, CGNAT, multicast, …)
+	// and the host's own addresses.
 	Forbidden func(netip.Addr) bool
 	// Dial connects to an upstream "ip:443" (nil: a net.Dialer with a 10 s timeout).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -368,10 +370,10 @@ func (p *Proxy) connect(ctx context.Context, name string) (net.Conn, error) {
 	return nil, fmt.Errorf("connect: %w", errors.Join(errs...))
 }
 
-func defaultForbidden(a netip.Addr) bool {
-	return a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
-		a.IsUnspecified() || a.IsMulticast()
-}
+// defaultForbidden is the platform's reserved list (the one the runners' rules use).
+func defaultForbidden(a netip.Addr) bool { return reservedAddrs.Contains(a) || reserved.IsHostAddr(a) }
+
+var reservedAddrs = reserved.Default()
 
 func addrOf(a net.Addr) netip.Addr {
 	if ta, ok := a.(*net.TCPAddr); ok {

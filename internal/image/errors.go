@@ -49,7 +49,7 @@ func mapErr(r name.Reference, err error) error {
 	ref := r.Name()
 	host := r.Context().RegistryStr()
 	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrUnreachable) ||
-		errors.Is(err, ErrInvalidReference) || errors.Is(err, ErrUnsafeLayer) {
+		errors.Is(err, ErrInvalidReference) || errors.Is(err, ErrUnsafeLayer) || errors.Is(err, ErrRegistryNotAllowed) {
 		return err
 	}
 	var te *transport.Error

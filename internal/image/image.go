@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -53,6 +54,14 @@ type Options struct {
 	// repository path, before that registry. Images are cached and tagged under the
 	// original reference; a mirror gets only Auth[mirror host], never the upstream's credentials.
 	Mirrors map[string][]Mirror
+	// Forbidden reports addresses never dialled for a registry the operator did not
+	// configure (in Insecure, Auth or Mirrors), checked on the reference before any dial
+	// and on every address a registry name resolves to: the caller passes the sandbox
+	// network. Loopback, link-local (cloud metadata), unspecified and multicast are
+	// always forbidden; nil adds the host's own addresses.
+	Forbidden func(netip.Addr) bool
+	// LookupIP resolves registry names for the dial guard (nil: net.DefaultResolver).
+	LookupIP func(ctx context.Context, host string) ([]netip.Addr, error)
 }
 
 // Config is the part of the OCI image config a sandbox needs.
@@ -103,6 +112,7 @@ type Store struct {
 	platform  v1.Platform
 	transport http.RoundTripper
 	mirrors   map[string][]mirror // canonical registry host -> mirrors
+	proxies   map[string]bool     // host:port of the environment's HTTP(S) proxies
 
 	gcMu  sync.RWMutex // Pull holds R, GC holds W
 	idxMu sync.Mutex   // guards idx and index.json
@@ -167,7 +177,8 @@ func Open(opts Options) (*Store, error) {
 	if base == nil {
 		base = remote.DefaultTransport.(*http.Transport).Clone()
 	}
-	s := &Store{opts: opts, root: root, platform: *p, used: map[string]time.Time{}}
+	s := &Store{opts: opts, root: root, platform: *p, used: map[string]time.Time{}, proxies: proxyHosts()}
+	base = s.guardedBase(base)
 	s.transport = &guardTransport{base: base, insecure: s.isInsecure}
 	if err := s.initMirrors(base); err != nil {
 		return nil, err
@@ -230,6 +241,9 @@ func (s *Store) authFor(r name.Reference, creds *Credentials) authn.Authenticato
 func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Image, error) {
 	r, err := s.ParseReference(ref)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkRegistry(r); err != nil {
 		return nil, err
 	}
 	key := r.Name()

@@ -351,23 +351,29 @@ func TestPullErrors(t *testing.T) {
 		insecure  []string
 		want      error
 		msg       string
+		configure bool // the registry has credentials configured (it is the operator's)
 	}{
-		{"unknown tag", host + "/x/app:nope", nil, image.ErrNotFound, ""},
-		{"unknown repo", host + "/x/nope:a", nil, image.ErrNotFound, ""},
-		{"unknown digest", host + "/x/app@sha256:" + strings.Repeat("a", 64), nil, image.ErrNotFound, ""},
-		{"closed port", closed + "/x/app:a", nil, image.ErrUnreachable, ""},
-		{"insecure not configured", host + "/x/app:a", []string{"localhost:*"}, image.ErrUnreachable, "not configured as an insecure registry"},
-		{"dns", "nonexistent.invalid/x/app:a", nil, image.ErrUnreachable, ""},
-		{"empty", "", nil, image.ErrInvalidReference, ""},
-		{"uppercase repo", host + "/X/App:a", nil, image.ErrInvalidReference, ""},
-		{"space", "busy box", nil, image.ErrInvalidReference, ""},
-		{"bad digest", host + "/x/app@sha256:zz", nil, image.ErrInvalidReference, ""},
-		{"bad tag", host + "/x/app:" + strings.Repeat("t", 200), nil, image.ErrInvalidReference, ""},
-		{"only tag", ":a", nil, image.ErrInvalidReference, ""},
+		{"unknown tag", host + "/x/app:nope", nil, image.ErrNotFound, "", false},
+		{"unknown repo", host + "/x/nope:a", nil, image.ErrNotFound, "", false},
+		{"unknown digest", host + "/x/app@sha256:" + strings.Repeat("a", 64), nil, image.ErrNotFound, "", false},
+		{"closed port", closed + "/x/app:a", nil, image.ErrUnreachable, "", false},
+		{"insecure not configured", host + "/x/app:a", []string{"localhost:*"}, image.ErrUnreachable, "not configured as an insecure registry", true},
+		{"loopback not configured", host + "/x/app:a", []string{"localhost:*"}, image.ErrRegistryNotAllowed, "", false},
+		{"dns", "nonexistent.invalid/x/app:a", nil, image.ErrUnreachable, "", false},
+		{"empty", "", nil, image.ErrInvalidReference, "", false},
+		{"uppercase repo", host + "/X/App:a", nil, image.ErrInvalidReference, "", false},
+		{"space", "busy box", nil, image.ErrInvalidReference, "", false},
+		{"bad digest", host + "/x/app@sha256:zz", nil, image.ErrInvalidReference, "", false},
+		{"bad tag", host + "/x/app:" + strings.Repeat("t", 200), nil, image.ErrInvalidReference, "", false},
+		{"only tag", ":a", nil, image.ErrInvalidReference, "", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := openStore(t, image.Options{Insecure: tc.insecure})
+			opts := image.Options{Insecure: tc.insecure}
+			if tc.configure {
+				opts.Auth = map[string]image.Credentials{host: {Username: "u", Password: "p"}}
+			}
+			s := openStore(t, opts)
 			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
 			_, err := s.Pull(cctx, tc.ref, nil)

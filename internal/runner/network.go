@@ -2,10 +2,11 @@ package runner
 
 import (
 	"fmt"
-	"github.com/sandboxd/sandboxd/internal/egress"
 	"net/netip"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/internal/egress"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -207,6 +208,29 @@ func supported(n *runtime.Network, can runtime.NetworkSupport) error {
 				vs.add(fmt.Sprintf("spec.network.egress[%d].https_hostname", i),
 					"this runner cannot enforce host-name rules (its backend filters by address only); use a cidr rule or a runner that can")
 			}
+		}
+	}
+	return vs.err()
+}
+
+// unreserved refuses egress cidr rules that lie wholly inside rs, the ranges no sandbox
+// of this runner reaches (link-local and cloud metadata, loopback, RFC 1918, CGNAT, the
+// sandbox subnet, the host's addresses, …): such a rule would grant nothing, and asking
+// for it is a mistake or a probe. A rule that merely overlaps them (0.0.0.0/0) is
+// enforced with the reserved parts cut out.
+func unreserved(n *runtime.Network, rs reserved.Set) error {
+	var vs violations
+	if n == nil {
+		return nil
+	}
+	for i, r := range n.Egress {
+		p, err := netip.ParsePrefix(r.CIDR)
+		if r.CIDR == "" || err != nil {
+			continue
+		}
+		if rs.Covers(p) {
+			vs.add(fmt.Sprintf("spec.network.egress[%d].cidr", i),
+				"%s lies inside the platform's reserved ranges (link-local and cloud metadata, loopback, private and cluster-internal ranges, the sandbox network, this host), which no sandbox reaches; only the runner's operator can open a range (--egress-allow-reserved)", r.CIDR)
 		}
 	}
 	return vs.err()

@@ -2,10 +2,12 @@ package runner
 
 import (
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -69,5 +71,36 @@ func TestSupportedNetwork(t *testing.T) {
 	}
 	if err := supported(&runtime.Network{Egress: runtime.DefaultEgress()}, runtime.NetworkSupport{NoDNSNames: true}); err != nil {
 		t.Errorf("the platform default refused: %v", err)
+	}
+}
+
+// TestUnreserved: a cidr egress rule wholly inside the runner's reserved ranges is
+// refused with a violation naming it; an overlapping one, an opened range and a public
+// one pass.
+func TestUnreserved(t *testing.T) {
+	sub := netip.MustParsePrefix("10.88.0.0/16")
+	rs := reserved.Egress([]netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}, sub, netip.MustParsePrefix("203.0.113.7/32"))
+	n := &runtime.Network{Egress: []runtime.EgressRule{
+		{CIDR: "169.254.169.254/32"}, {CIDR: "0.0.0.0/0"}, {CIDR: "192.168.0.0/16"}, {CIDR: "10.0.0.0/8"}, {CIDR: "127.0.0.0/8"},
+		{CIDR: "10.20.0.0/16"}, {CIDR: "10.88.1.0/24"}, {CIDR: "203.0.113.7/32"}, {CIDR: "203.0.113.0/24"}, {Any: true}, {CIDR: "fe80::/10"}, {CIDR: "::/0"},
+	}}
+	var verr *ValidationError
+	if err := unreserved(n, rs); !errors.As(err, &verr) {
+		t.Fatalf("unreserved = %v", err)
+	}
+	var got []string
+	for _, v := range verr.Violations {
+		got = append(got, v.Field)
+		if !strings.Contains(v.Description, "reserved") || !strings.Contains(v.Description, "--egress-allow-reserved") {
+			t.Errorf("%s: %s", v.Field, v.Description)
+		}
+	}
+	want := []string{"spec.network.egress[0].cidr", "spec.network.egress[2].cidr", "spec.network.egress[4].cidr", // 10/8 holds the opened 10.20/16
+		"spec.network.egress[6].cidr", "spec.network.egress[7].cidr", "spec.network.egress[10].cidr"}
+	if !slices.Equal(got, want) {
+		t.Errorf("refused %v, want %v", got, want)
+	}
+	if err := unreserved(&runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.20.0.0/16"}, {CIDR: "8.8.8.0/24"}}}, rs); err != nil {
+		t.Errorf("opened and public ranges refused: %v", err)
 	}
 }

@@ -127,6 +127,11 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err := supported(req.Spec.Network, r.NetworkSupport()); err != nil {
 		return Sandbox{}, err
 	}
+	if rb, ok := r.backend.(runtime.EgressReserver); ok {
+		if err := unreserved(req.Spec.Network, rb.ReservedEgress()); err != nil {
+			return Sandbox{}, err
+		}
+	}
 	if req.Spec.ID == "" {
 		req.Spec.ID = newID()
 	}

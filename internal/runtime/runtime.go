@@ -10,6 +10,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 )
@@ -182,6 +183,10 @@ var (
 	ErrImageUnauthorized = errors.New("image pull unauthorized")
 	ErrRegistry          = errors.New("registry unreachable")
 	ErrInvalidImageRef   = errors.New("invalid image reference")
-	ErrInvalidSpec       = errors.New("invalid sandbox spec")
-	ErrUnknownRuntime    = errors.New("unknown runtime class")
+	// ErrRegistryNotAllowed: the image's registry is (or resolves to) loopback,
+	// link-local, the host or the sandbox network, and the operator did not configure it.
+	// It wraps ErrInvalidImageRef.
+	ErrRegistryNotAllowed = fmt.Errorf("%w: the registry is not allowed (a loopback, link-local, host or sandbox-network address the operator did not configure)", ErrInvalidImageRef)
+	ErrInvalidSpec        = errors.New("invalid sandbox spec")
+	ErrUnknownRuntime     = errors.New("unknown runtime class")
 )

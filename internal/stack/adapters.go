@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
@@ -39,6 +40,7 @@ func pullError(err error) error {
 		{image.ErrUnauthorized, runtime.ErrImageUnauthorized},
 		{image.ErrUnreachable, runtime.ErrRegistry},
 		{image.ErrInvalidReference, runtime.ErrInvalidImageRef},
+		{image.ErrRegistryNotAllowed, runtime.ErrRegistryNotAllowed},
 	} {
 		if errors.Is(err, m.from) {
 			return fmt.Errorf("%w: %w", m.to, err)
@@ -88,3 +90,6 @@ func (n netAdapter) SetRules(id string, r local.Rules) error {
 	}
 	return n.m.SetRules(id, network.Rules{Org: r.Org, Caller: r.Caller, Private: conv(r.Private), Custom: conv(r.Custom), Network: r.Network})
 }
+
+// ReservedEgress: the local backend reports the network's reserved ranges to the runner.
+func (n netAdapter) ReservedEgress() reserved.Set { return n.m.ReservedEgress() }

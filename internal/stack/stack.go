@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
@@ -31,6 +32,9 @@ type Config struct {
 	Subnet             netip.Prefix // default 10.88.0.0/16
 	CgroupParent       string       // default "sandboxd"
 	NoEgress           bool
+	// OpenReserved are reserved ranges explicit cidr egress rules may reach
+	// (network.Config.OpenReserved).
+	OpenReserved []netip.Prefix
 	// Nameservers are the upstreams of the platform DNS that answers sandboxes on their
 	// gateway ("ip" or "ip:port"); nil = the host's.
 	Nameservers []string
@@ -109,6 +113,9 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Auth:     cfg.RegistryAuth,
 		Mirrors:  cfg.Mirrors,
 		GCGrace:  cfg.GCGrace,
+		// Never a probe of the host or its sandboxes: loopback, link-local, the host's
+		// addresses (the image package's own) and the sandbox subnet.
+		Forbidden: func(a netip.Addr) bool { return cfg.Subnet.Contains(a) || reserved.IsHostAddr(a) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: image store: %w", err)
@@ -122,6 +129,8 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Nameservers: cfg.Nameservers,
 		ProxyPort:   cfg.EgressProxyPort,
 		HostMark:    cfg.HostMark,
+
+		OpenReserved: cfg.OpenReserved,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stack: network: %w", err)

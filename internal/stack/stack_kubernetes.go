@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"time"
 
@@ -30,12 +31,13 @@ type KubernetesConfig struct {
 	RuntimeClasses map[string]string
 	// RunnerPeers and DNSPeers: see kubernetes.Config.
 	RunnerPeers, DNSPeers []networkingv1.NetworkPolicyPeer
-	// DiskBytes: see kubernetes.Config.
-	DiskBytes   int64
-	DataDir     string // the runner's own files (archived logs)
-	Retention   time.Duration
-	ExpiryGrace time.Duration
-	Logger      *slog.Logger
+	// DiskBytes and OpenReserved: see kubernetes.Config.
+	DiskBytes    int64
+	OpenReserved []netip.Prefix
+	DataDir      string // the runner's own files (archived logs)
+	Retention    time.Duration
+	ExpiryGrace  time.Duration
+	Logger       *slog.Logger
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -73,7 +75,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 	bc := kubernetes.Config{
 		Namespace: cfg.Namespace, RunnerID: cfg.RunnerID, AgentImage: cfg.AgentImage,
 		ImagePullPolicy: cfg.ImagePullPolicy, RuntimeClasses: cfg.RuntimeClasses, Logger: cfg.Logger,
-		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers, DiskBytes: cfg.DiskBytes,
+		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers, DiskBytes: cfg.DiskBytes, OpenReserved: cfg.OpenReserved,
 	}
 	if cfg.Backend != nil {
 		bc = *cfg.Backend

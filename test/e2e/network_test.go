@@ -53,10 +53,10 @@ func TestGatewayNetworkOptions(t *testing.T) {
 	}{
 		{"platform default", nil, "any, tenant SAME_ORG", &runtime.Network{Egress: runtime.DefaultEgress()}},
 		{"explicit rules", &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{
-			{Destination: &sandboxv1.EgressRule_Cidr{Cidr: &sandboxv1.CidrBlock{Cidr: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}}},
+			{Destination: &sandboxv1.EgressRule_Cidr{Cidr: &sandboxv1.CidrBlock{Cidr: "203.0.0.0/8", Except: []string{"203.1.0.0/16"}}}},
 			{Destination: &sandboxv1.EgressRule_HttpsHostname{HttpsHostname: "PyPI.org"}, Ports: []*sandboxv1.PortRange{{Protocol: "TCP", Port: 443}}},
-		}}, "10.0.0.0/8 except 10.1.0.0/16, pypi.org", &runtime.Network{Egress: []runtime.EgressRule{
-			{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}, {DNSName: "pypi.org"}}}},
+		}}, "203.0.0.0/8 except 203.1.0.0/16, pypi.org", &runtime.Network{Egress: []runtime.EgressRule{
+			{CIDR: "203.0.0.0/8", Except: []string{"203.1.0.0/16"}}, {DNSName: "pypi.org"}}}},
 		{"deny_egress", &sandboxv1.NetworkOptions{DenyEgress: proto.Bool(true)}, "", &runtime.Network{DenyEgress: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

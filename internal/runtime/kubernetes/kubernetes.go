@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -121,6 +122,9 @@ type Config struct {
 	// DNSPeers are where sandboxes may always send DNS queries (UDP and TCP 53);
 	// nil: DefaultDNSPeers (the kube-system namespace).
 	DNSPeers []networkingv1.NetworkPolicyPeer
+	// OpenReserved are reserved ranges (reserved.V4 and V6) the operator opens to explicit
+	// cidr egress rules; every other reserved range is excepted from every rule.
+	OpenReserved []netip.Prefix
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger

@@ -14,18 +14,35 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
-// Ranges that "the internet" (EgressRule.Any) excludes: cluster-internal (RFC 1918,
-// CGNAT, unique-local), loopback, link-local (cloud metadata lives at 169.254.169.254)
-// and multicast. NetworkPolicy cannot name the node's own addresses; on most clusters
-// they are inside the private ranges.
+// Ranges that "the internet" (EgressRule.Any) excludes: the platform's reserved ranges
+// (reserved.V4 and V6: cluster-internal RFC 1918, CGNAT and unique-local, loopback,
+// link-local where cloud metadata lives, multicast, …), whatever the operator opened.
+// NetworkPolicy cannot name the node's own addresses; on most clusters they are inside
+// the private ranges.
 var (
-	internetExceptV4 = []string{"10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4"}
-	internetExceptV6 = []string{"::1/128", "fc00::/7", "fe80::/10", "ff00::/8"}
+	internetExceptV4 = prefixStrings(reserved.V4())
+	internetExceptV6 = prefixStrings(reserved.V6())
 )
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}
+
+// ReservedEgress is what no sandbox's egress reaches: the reserved ranges but those the
+// operator opened (Config.OpenReserved). The runner refuses cidr rules wholly inside
+// it; NetworkPolicy ipBlocks get the rest of it as exceptions.
+func (b *Backend) ReservedEgress() reserved.Set { return reserved.Egress(b.cfg.OpenReserved) }
+
+var _ runtime.EgressReserver = (*Backend)(nil)
 
 // DefaultDNSPeers is where sandboxes may always send DNS queries: the kube-system
 // namespace (the cluster DNS, also when reached through its Service IP, since policies
@@ -106,7 +123,7 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 	if !n.DenyIngress && len(custom) > 0 {
 		for i, r := range n.Ingress {
 			field := fmt.Sprintf("network.ingress[%d]", i)
-			peers, err := peersOf(field, r.CIDR, r.Except, "", r.Tenant, r.Any, tenants)
+			peers, err := peersOf(field, r.CIDR, r.Except, "", r.Tenant, r.Any, tenants, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -134,9 +151,10 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &port53}, {Protocol: &tcp, Port: &port53}},
 	})
 	if !n.DenyEgress {
+		cut := b.ReservedEgress()
 		for i, r := range n.Egress {
 			field := fmt.Sprintf("network.egress[%d]", i)
-			peers, err := peersOf(field, r.CIDR, r.Except, r.DNSName, r.Tenant, r.Any, tenants)
+			peers, err := peersOf(field, r.CIDR, r.Except, r.DNSName, r.Tenant, r.Any, tenants, &cut)
 			if err != nil {
 				return nil, err
 			}
@@ -154,9 +172,11 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 }
 
 // peersOf translates one rule's destination (egress) or source (ingress). An empty,
-// non-nil result means the rule selects nobody here (same_org without an organization).
+// non-nil result means the rule selects nobody here (same_org without an organization,
+// or an egress cidr wholly inside cut). cut (egress only) is excepted from a cidr's
+// ipBlock: the reserved ranges no egress reaches.
 func peersOf(field, cidr string, except []string, dnsName, tenant string, anyDest bool,
-	tenants map[string]func() *networkingv1.NetworkPolicyPeer) ([]networkingv1.NetworkPolicyPeer, error) {
+	tenants map[string]func() *networkingv1.NetworkPolicyPeer, cut *reserved.Set) ([]networkingv1.NetworkPolicyPeer, error) {
 	switch {
 	case dnsName != "":
 		return nil, fmt.Errorf("%w: %s: the host-name rule %q cannot be enforced by the Kubernetes backend (NetworkPolicy has no host names)",
@@ -182,6 +202,21 @@ func peersOf(field, cidr string, except []string, dnsName, tenant string, anyDes
 				return nil, fmt.Errorf("%w: %s: except %s is not inside %s", runtime.ErrInvalidSpec, field, e, cidr)
 			}
 			blk.Except = append(blk.Except, ep.Masked().String())
+		}
+		if cut != nil {
+			if cut.Covers(p) {
+				return []networkingv1.NetworkPolicyPeer{}, nil
+			}
+			if parts := cut.Overlap(p); len(parts) > 0 {
+				ex := reserved.NewSet(parts...)
+				for _, e := range blk.Except {
+					ex = ex.Add(netip.MustParsePrefix(e))
+				}
+				if ex.Covers(p) {
+					return []networkingv1.NetworkPolicyPeer{}, nil
+				}
+				blk.Except = prefixStrings(ex.Overlap(p))
+			}
 		}
 		return []networkingv1.NetworkPolicyPeer{{IPBlock: blk}}, nil
 	case tenants[tenant] != nil:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -74,10 +75,11 @@ func describePolicy(np *networkingv1.NetworkPolicy) (in, out []string) {
 
 func TestNetworkPolicyFor(t *testing.T) {
 	const (
-		internet = "ip:0.0.0.0/0-10.0.0.0/8-100.64.0.0/10-127.0.0.0/8-169.254.0.0/16-172.16.0.0/12-192.168.0.0/16-224.0.0.0/4|ip:::/0-::1/128-fc00::/7-fe80::/10-ff00::/8"
-		dns      = "ns:kubernetes.io/metadata.name=kube-system UDP/53,TCP/53"
-		runner   = "ip:192.0.2.2/32 all"
-		sameOrg  = "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/org-id=org-a"
+		internet = "ip:0.0.0.0/0-0.0.0.0/8-10.0.0.0/8-100.64.0.0/10-127.0.0.0/8-169.254.0.0/16-172.16.0.0/12-192.168.0.0/16-224.0.0.0/4-240.0.0.0/4" +
+			"|ip:::/0-::/128-::1/128-::ffff:0.0.0.0/96-fc00::/7-fe80::/10-ff00::/8"
+		dns     = "ns:kubernetes.io/metadata.name=kube-system UDP/53,TCP/53"
+		runner  = "ip:192.0.2.2/32 all"
+		sameOrg = "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/org-id=org-a"
 	)
 	sameUser := "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/user-hash=" + userHash("key/ID with:odd chars")
 	runnerPeers := []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.2/32"}}}
@@ -88,6 +90,7 @@ func TestNetworkPolicyFor(t *testing.T) {
 		org      string
 		caller   string
 		noRunner bool
+		open     []netip.Prefix // Config.OpenReserved
 		in, out  []string
 		err      string // substring of an ErrInvalidSpec error
 	}{
@@ -102,6 +105,17 @@ func TestNetworkPolicyFor(t *testing.T) {
 			CIDR: "203.0.113.7/24", Except: []string{"203.0.113.128/25"},
 			Ports: []runtime.PortRange{{Port: 443}, {Protocol: "udp", Port: 5000, EndPort: 5010}, {Protocol: "sctp"}}}}},
 			in: []string{runner}, out: []string{dns, "ip:203.0.113.0/24-203.0.113.128/25 TCP/443,UDP/5000-5010,SCTP"}},
+		{name: "reserved cidrs grant nothing", net: &runtime.Network{Egress: []runtime.EgressRule{
+			{CIDR: "169.254.169.254/32"}, {CIDR: "192.168.0.0/16"}, {CIDR: "10.0.0.0/8"}, {CIDR: "127.0.0.0/8"}, {CIDR: "fd00::/8"}}},
+			in: []string{runner}, out: []string{dns}},
+		{name: "a wide cidr: the reserved ranges excepted", net: &runtime.Network{Egress: []runtime.EgressRule{
+			{CIDR: "0.0.0.0/0"}, {CIDR: "192.0.0.0/8", Except: []string{"192.168.7.0/24", "192.0.2.0/24"}}}},
+			in: []string{runner}, out: []string{dns,
+				"ip:0.0.0.0/0-0.0.0.0/8-10.0.0.0/8-100.64.0.0/10-127.0.0.0/8-169.254.0.0/16-172.16.0.0/12-192.168.0.0/16-224.0.0.0/3 all",
+				"ip:192.0.0.0/8-192.0.2.0/24-192.168.0.0/16 all"}},
+		{name: "a range the operator opened", open: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")},
+			net: &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.20.0.0/16"}, {CIDR: "10.16.0.0/12"}, {Any: true}}},
+			in:  []string{runner}, out: []string{dns, "ip:10.20.0.0/16 all", "ip:10.16.0.0/12-10.16.0.0/14-10.21.0.0/16-10.22.0.0/15-10.24.0.0/13 all", internet + " all"}},
 		{name: "same_org without an organization selects nobody", net: &runtime.Network{Egress: []runtime.EgressRule{{Tenant: runtime.TenantSameOrg}}},
 			in: []string{runner}, out: []string{dns}},
 		{name: "unknown runner: the gate port only", noRunner: true, net: &runtime.Network{},
@@ -139,7 +153,7 @@ func TestNetworkPolicyFor(t *testing.T) {
 			err: "network.egress[0]: the rule names no destination"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", RunnerPeers: runnerPeers}}
+			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", RunnerPeers: runnerPeers, OpenReserved: tc.open}}
 			if tc.noRunner {
 				b.cfg.RunnerPeers = nil
 			}

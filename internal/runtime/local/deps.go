@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -56,6 +57,17 @@ type Network interface {
 	// replacing earlier ones (Teardown removes them).
 	SetRules(id string, r Rules) error
 }
+
+// ReservedEgress is what no sandbox's egress reaches: the Network's reserved ranges
+// when it reports them (runtime.EgressReserver), else the platform's reserved ranges.
+func (b *Backend) ReservedEgress() reserved.Set {
+	if r, ok := b.cfg.Network.(runtime.EgressReserver); ok {
+		return r.ReservedEgress()
+	}
+	return reserved.Default()
+}
+
+var _ runtime.EgressReserver = (*Backend)(nil)
 
 // Rules are a sandbox's network rules; they mirror network.Rules.
 type Rules struct {

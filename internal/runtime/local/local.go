@@ -376,6 +376,10 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	}
 	acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
 	if _, _, err := b.launch(ctx, s, spec.PullCredentials, hostname(id), spec.Resources, acfg, &t); err != nil {
+		var pe *pullError
+		if b.pool != nil && errors.As(err, &pe) {
+			b.pool.pullFailed(poolKey{image: spec.Image, class: class})
+		}
 		return runtime.Info{}, err
 	}
 	return s.info.toInfo(id), nil
@@ -514,7 +518,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 
 	<-pulled
 	if pullErr != nil {
-		return nil, nil, mapPullError(s.spec.Image, pullErr)
+		return nil, nil, b.mapPullError(s.spec.Image, pullErr)
 	}
 	b.step("pull", t)
 	if b.cfg.Network != nil {
@@ -731,27 +735,47 @@ func hostname(id string) string {
 	return id
 }
 
-// mapPullError makes sure an image error wraps one of the runtime's image sentinels.
-func mapPullError(ref string, err error) error {
-	for _, m := range []struct{ from, to error }{
-		{image.ErrNotFound, runtime.ErrImageNotFound},
-		{image.ErrUnauthorized, runtime.ErrImageUnauthorized},
-		{image.ErrUnreachable, runtime.ErrRegistry},
-		{image.ErrInvalidReference, runtime.ErrInvalidImageRef},
-	} {
-		if errors.Is(err, m.from) && !errors.Is(err, m.to) { // an Images not mapping them
-			return fmt.Errorf("pull %s: %w: %w", ref, m.to, err)
+// mapPullError turns an image error into what the caller sees: the image and a generic
+// cause wrapping one of the runtime's image sentinels, never the network details of what
+// answered (or did not) — "connection refused", "server gave HTTP response to HTTPS
+// client", "x509: unknown authority" would make image references a probe of the host's
+// ports. The details are logged here, on the host.
+func (b *Backend) mapPullError(ref string, err error) error {
+	pe := &pullError{ref: ref}
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		if errors.Is(err, context.Canceled) {
+			pe.cause = context.Canceled
+		} else {
+			pe.cause = context.DeadlineExceeded
 		}
+	case errors.Is(err, runtime.ErrRegistryNotAllowed), errors.Is(err, image.ErrRegistryNotAllowed):
+		pe.cause = runtime.ErrRegistryNotAllowed
+	case errors.Is(err, runtime.ErrImageNotFound), errors.Is(err, image.ErrNotFound):
+		pe.cause = runtime.ErrImageNotFound
+	case errors.Is(err, runtime.ErrImageUnauthorized), errors.Is(err, image.ErrUnauthorized):
+		pe.cause = runtime.ErrImageUnauthorized
+	case errors.Is(err, runtime.ErrInvalidImageRef), errors.Is(err, image.ErrInvalidReference):
+		pe.cause = runtime.ErrInvalidImageRef
+	default:
+		// Unreachable, refused, bad content, a full disk: the image could not be had.
+		pe.cause = errPullFailed
 	}
-	for _, s := range []error{runtime.ErrImageNotFound, runtime.ErrImageUnauthorized, runtime.ErrRegistry, runtime.ErrInvalidImageRef, context.Canceled, context.DeadlineExceeded} {
-		if errors.Is(err, s) {
-			return fmt.Errorf("pull %s: %w", ref, err)
-		}
-	}
-	// Anything else (unsafe layer content, a full disk) is not the registry's fault, but
-	// the image could not be had: report it as a pull failure the caller can show.
-	return fmt.Errorf("pull %s: %w: %w", ref, runtime.ErrRegistry, err)
+	b.log.Warn("image pull failed", "image", ref, "err", err)
+	return pe
 }
+
+// errPullFailed is the generic cause of a pull that failed at the registry or here.
+var errPullFailed = fmt.Errorf("%w or the pull failed", runtime.ErrRegistry)
+
+// pullError is a failed pull as the caller sees it (mapPullError).
+type pullError struct {
+	ref   string
+	cause error
+}
+
+func (e *pullError) Error() string { return fmt.Sprintf("pull %s: %v", e.ref, e.cause) }
+func (e *pullError) Unwrap() error { return e.cause }
 
 func writeJSON(path string, v any) error {
 	b, err := json.Marshal(v)

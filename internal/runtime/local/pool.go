@@ -86,6 +86,9 @@ type poolSet struct {
 	lastUse  time.Time
 	failures int
 	retryAt  time.Time
+	// pullFailed: the image's last pull failed (a Create's or a refill's); no refill
+	// pulls it again until a Create asks for the image again.
+	pullFailed bool
 }
 
 type pool struct {
@@ -143,6 +146,17 @@ func (p *pool) createStarted(key poolKey, poolable bool) {
 		p.sets[key] = set
 	}
 	set.lastUse = time.Now()
+	set.pullFailed = false
+}
+
+// pullFailed notes that a pull of key's image failed: no refill retries it before the
+// next Create of key.
+func (p *pool) pullFailed(key poolKey) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if set := p.sets[key]; set != nil {
+		set.pullFailed = true
+	}
 }
 
 func (p *pool) createEnded() {
@@ -263,7 +277,7 @@ func (p *pool) next() (poolKey, bool) {
 	}
 	now := time.Now()
 	for k, set := range p.sets {
-		if len(set.ready) < p.size && now.After(set.retryAt) {
+		if len(set.ready) < p.size && now.After(set.retryAt) && !set.pullFailed {
 			p.refilling = make(chan struct{})
 			p.refillID = poolPrefix + randomHex(6)
 			return k, true
@@ -285,6 +299,8 @@ func (p *pool) refill(key poolKey) {
 		if set != nil {
 			set.failures++
 			set.retryAt = time.Now().Add(min(time.Second<<min(set.failures, 6), time.Minute))
+			var pe *pullError
+			set.pullFailed = set.pullFailed || errors.As(err, &pe)
 		}
 	} else {
 		p.stats.Refills++

@@ -2,17 +2,20 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -341,6 +344,111 @@ func TestPoolHardening(t *testing.T) {
 		}
 		if err := e.b.Destroy(ctx, spec.ID); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// countingImages counts pulls by reference and fails "unreachable…" references the way
+// an unreachable registry would, with the network details a caller must not see.
+type countingImages struct {
+	testImages
+	mu    sync.Mutex
+	pulls map[string]int
+}
+
+func (c *countingImages) Pull(ctx context.Context, ref string, creds *runtime.Credentials) (*Image, error) {
+	c.mu.Lock()
+	c.pulls[ref]++
+	c.mu.Unlock()
+	if strings.HasPrefix(ref, "unreachable") {
+		return nil, fmt.Errorf("%w: 127.0.0.1:18080: Get \"https://127.0.0.1:18080/v2/\": http: server gave HTTP response to HTTPS client; dial tcp 127.0.0.1:1: connect: connection refused; x509: certificate signed by unknown authority", image.ErrUnreachable)
+	}
+	return c.testImages.Pull(ctx, ref, creds)
+}
+
+func (c *countingImages) count(ref string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pulls[ref]
+}
+
+// TestPoolNoRepullAfterFailure: an image whose pull failed is not pulled again by the
+// warm pool until a Create asks for it again; the Create's error names the image and a
+// generic cause, not what answered.
+func TestPoolNoRepullAfterFailure(t *testing.T) {
+	e := newEnv(t)
+	imgs := &countingImages{testImages: testImages{layers: []string{busyboxDir}}, pulls: map[string]int{}}
+	b, err := New(Config{
+		StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: imgs,
+		Pool:   PoolConfig{Size: 2, Idle: time.Minute},
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.b = b
+	t.Cleanup(func() {
+		if err := b.Close(context.Background()); err != nil {
+			t.Errorf("close pool: %v", err)
+		}
+	})
+	const ref = "unreachable.example/x:1"
+	for round := 1; round <= 2; round++ {
+		_, err := b.Create(context.Background(), &runtime.Spec{ID: fmt.Sprintf("fail-%d", round), Image: ref, Command: "true"})
+		if !errors.Is(err, runtime.ErrRegistry) {
+			t.Fatalf("create: %v, want ErrRegistry", err)
+		}
+		msg := err.Error()
+		for _, leak := range []string{"refused", "HTTP response", "x509", "127.0.0.1", "18080", "dial"} {
+			if strings.Contains(msg, leak) {
+				t.Errorf("the error tells the caller %q: %s", leak, msg)
+			}
+		}
+		if !strings.Contains(msg, ref) {
+			t.Errorf("the error does not name the image: %s", msg)
+		}
+		// The pool's first retry used to come after 2 s, then 4 s, 8 s, …
+		time.Sleep(5 * time.Second)
+		if n := imgs.count(ref); n != round {
+			t.Fatalf("round %d: %d pulls of %s, want %d (one per Create)", round, n, ref, round)
+		}
+	}
+	// A good image still gets its pool.
+	e.create(runtime.Spec{ID: "good", Command: "true"})
+	waitPoolReady(t, b, 2)
+}
+
+// TestMapPullErrorSanitized: each kind of pull failure reaches the caller as the image
+// and a generic cause wrapping the runtime's sentinel, never what answered.
+func TestMapPullErrorSanitized(t *testing.T) {
+	b := &Backend{log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
+	const ref = "127.0.0.1:18080/x:1"
+	detail := `Get "https://127.0.0.1:18080/v2/": dial tcp 127.0.0.1:18080: connect: connection refused; http: server gave HTTP response to HTTPS client; x509: certificate signed by unknown authority`
+	for _, c := range []struct {
+		in   error
+		want error
+	}{
+		{fmt.Errorf("%w: %s", image.ErrUnreachable, detail), runtime.ErrRegistry},
+		{fmt.Errorf("%w: %s", image.ErrNotFound, detail), runtime.ErrImageNotFound},
+		{fmt.Errorf("%w: %s", image.ErrUnauthorized, detail), runtime.ErrImageUnauthorized},
+		{fmt.Errorf("%w: %s", image.ErrInvalidReference, detail), runtime.ErrInvalidImageRef},
+		{fmt.Errorf("%w: %s", image.ErrRegistryNotAllowed, detail), runtime.ErrRegistryNotAllowed},
+		{fmt.Errorf("%w: %w: %s", runtime.ErrRegistry, image.ErrUnreachable, detail), runtime.ErrRegistry},
+		{fmt.Errorf("%w: %s", image.ErrUnsafeLayer, detail), runtime.ErrRegistry},
+		{fmt.Errorf("layer: %w (%s)", context.DeadlineExceeded, detail), context.DeadlineExceeded},
+	} {
+		err := b.mapPullError(ref, c.in)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%v: got %v, want %v", c.in, err, c.want)
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "pull "+ref+": ") {
+			t.Errorf("does not name the image: %s", msg)
+		}
+		for _, leak := range []string{"refused", "HTTP response", "x509", "dial", "18080/v2"} {
+			if strings.Contains(msg, leak) {
+				t.Errorf("tells the caller %q: %s", leak, msg)
+			}
 		}
 	}
 }

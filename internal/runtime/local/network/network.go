@@ -42,6 +42,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/failpoint"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 )
 
 // Defaults used when the corresponding Config field is empty.
@@ -109,6 +110,11 @@ type Config struct {
 	// sandbox is refused, so that only the runner's edge, which marks its dials, reaches
 	// sandbox ports (see rules in nft.go).
 	HostMark uint32
+	// OpenReserved are reserved ranges (reserved.V4: RFC 1918, CGNAT, link-local, …) the
+	// operator opens to explicit cidr egress rules (a policy may then allow them). Every
+	// other reserved range, the sandbox subnet and the host's addresses stay out of every
+	// rule's reach: a rule's reserved parts are cut out of it. "any" never includes them.
+	OpenReserved []netip.Prefix
 }
 
 // Attachment describes one sandbox's network.
@@ -126,6 +132,7 @@ type Attachment struct {
 // All methods are safe for concurrent use.
 type Manager struct {
 	cfg         Config
+	cut         reserved.Set // what a cidr egress rule never reaches (host addresses aside)
 	gateway     netip.Addr
 	first, last netip.Addr // allocatable range
 	nameservers []string
@@ -172,6 +179,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.Subnet = p.Masked()
 
 	m := &Manager{cfg: cfg}
+	m.cut = reserved.Egress(cfg.OpenReserved, cfg.Subnet)
 	m.gateway = cfg.Subnet.Addr().Next()
 	m.first = m.gateway.Next()
 	m.last = lastAddr(cfg.Subnet).Prev() // exclude broadcast

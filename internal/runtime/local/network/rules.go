@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/sandboxd/sandboxd/internal/egress"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -69,15 +70,6 @@ type Rules struct {
 	// Network holds the effective egress and ingress rules. nil: no egress rules
 	// (Config.Egress decides, as before rules existed) and Custom ports stay closed.
 	Network *runtime.Network `json:"network,omitempty"`
-}
-
-// reservedPrefixes are what "any" excludes besides the sandbox subnet and the host's own
-// addresses (which never reach the forward chain: the input chain drops them):
-// "this" network, RFC 1918, CGNAT, loopback, link-local (cloud metadata), multicast,
-// reserved and broadcast.
-var reservedPrefixes = []string{
-	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-	"172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
 }
 
 // member is a sandbox's applied rules, compiled.
@@ -343,12 +335,12 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 			}
 			mem.grants = append(mem.grants, e.DNSName)
 		default:
-			dst, err := addrMatch("daddr", e.Any, e.CIDR, e.Except)
+			dst, err := m.egressMatch(e.Any, e.CIDR, e.Except)
 			if err != nil {
 				return nil, fmt.Errorf("egress[%d]: %w", i, err)
 			}
 			if dst == "" {
-				continue // IPv6: sandboxes have no IPv6, nothing to allow
+				continue // IPv6 (sandboxes have none) or wholly reserved: nothing to allow
 			}
 			for _, pm := range ports {
 				out = append(out, join(dst, pm, "accept"))
@@ -496,20 +488,65 @@ func ipHex(ip netip.Addr) string {
 	return fmt.Sprintf("%02x%02x%02x%02x", b[0], b[1], b[2], b[3])
 }
 
-// reservedElements is the set "reserved": reservedPrefixes plus the sandbox subnet when
-// none of them holds it (an interval set refuses overlaps).
+// reservedElements is the set "reserved" that "any" excludes: every reserved range
+// (reserved.V4, whatever the operator opened) and the sandbox subnet, merged (an
+// interval set refuses overlaps). The host's own addresses never reach the forward
+// chain (the input chain drops them).
 func (m *Manager) reservedElements() string {
-	elems := append([]string(nil), reservedPrefixes...)
-	inside := false
-	for _, r := range reservedPrefixes {
-		if netip.MustParsePrefix(r).Overlaps(m.cfg.Subnet) {
-			inside = inside || netip.MustParsePrefix(r).Bits() <= m.cfg.Subnet.Bits()
+	return joinPrefixes(reserved.NewSet(reserved.V4()...).Add(m.cfg.Subnet).Prefixes())
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+// ReservedEgress is what no cidr egress rule reaches on this network: the reserved
+// ranges the operator did not open (Config.OpenReserved), the sandbox subnet and the
+// host's own addresses now. The runner refuses rules wholly inside it.
+func (m *Manager) ReservedEgress() reserved.Set {
+	var host []netip.Prefix
+	for _, a := range reserved.HostAddrs() {
+		host = append(host, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return m.cut.Add(host...)
+}
+
+// egressMatch is the nft match of an egress rule's destination: "any" (the internet:
+// not @reserved), or a CIDR with its exceptions and, cut out of it, what m.cut holds of
+// it. "" when nothing is left to allow (an IPv6 prefix, or a wholly reserved one).
+func (m *Manager) egressMatch(anyAddr bool, cidr string, except []string) (string, error) {
+	if anyAddr {
+		return addrMatch("daddr", true, "", nil)
+	}
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return "", fmt.Errorf("cidr %q: %w", cidr, err)
+	}
+	if !p.Addr().Is4() || m.cut.Covers(p) {
+		return "", nil
+	}
+	ex := reserved.NewSet(m.cut.Overlap(p)...)
+	for _, e := range except {
+		q, err := netip.ParsePrefix(e)
+		if err != nil {
+			return "", fmt.Errorf("except %q: %w", e, err)
+		}
+		if q.Addr().Is4() && q.Overlaps(p) {
+			ex = ex.Add(q)
 		}
 	}
-	if !inside {
-		elems = append(elems, m.cfg.Subnet.String())
+	if ex.Covers(p) {
+		return "", nil
 	}
-	return strings.Join(elems, ", ")
+	var exs []string
+	for _, q := range ex.Overlap(p) {
+		exs = append(exs, q.String())
+	}
+	return addrMatch("daddr", false, cidr, exs)
 }
 
 // addrMatch is the nft match of a CIDR (with exceptions) or "any" on field (saddr or

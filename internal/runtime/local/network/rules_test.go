@@ -16,6 +16,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -283,16 +284,20 @@ func TestEgressRules(t *testing.T) {
 		{"default egress", &runtime.Network{Egress: runtime.DefaultEgress()}, allowed(all[:4]...)},
 		{"cidr", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "198.51.100.0/24"}}},
 			allowed(probe{dst: pub2, port: 80})},
-		// An explicit CIDR may name private ranges; except carves out of it.
+		// An explicit CIDR never reaches the reserved ranges (they are cut out of it);
+		// except carves out of it too.
 		{"cidr with except", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "0.0.0.0/0", Except: []string{cidr32(w.dst[pub]), "192.168.0.0/16"}}}},
-			allowed(probe{dst: pub2, port: 80}, probe{dst: priv10, port: 80}, probe{dst: priv172, port: 80}, probe{dst: llocal, port: 80})},
+			allowed(probe{dst: pub2, port: 80})},
+		{"0.0.0.0/0: the internet only", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "0.0.0.0/0"}}}, allowed(all[:4]...)},
+		{"reserved cidrs are no grant", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "169.254.169.254/32"}, {CIDR: "192.168.0.0/16"},
+			{CIDR: "10.0.0.0/8"}, {CIDR: "172.16.0.0/12"}, {CIDR: "127.0.0.0/8"}, {CIDR: m.Subnet().String()}}}, nil},
 		{"ipv6 cidr is no grant", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "::/0"}}}, nil},
 		{"any on one tcp port", &runtime.Network{Egress: []runtime.EgressRule{{Any: true, Ports: []runtime.PortRange{{Port: 8080}}}}},
 			allowed(probe{dst: pub, port: 8080})},
 		{"port range and udp", &runtime.Network{Egress: []runtime.EgressRule{{Any: true, Ports: []runtime.PortRange{{Protocol: "tcp", Port: 70, EndPort: 90}, {Protocol: "udp", Port: 5353}}}}},
 			allowed(probe{dst: pub, port: 80}, probe{dst: pub2, port: 80}, probe{dst: pub, port: 5353, proto: "udp"})},
-		{"rules add up", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: cidr32(w.dst[priv10]), Ports: []runtime.PortRange{{Port: 80}}}, {CIDR: cidr32(w.dst[pub]), Ports: []runtime.PortRange{{Protocol: "udp", Port: 5353}}}}},
-			allowed(probe{dst: priv10, port: 80}, probe{dst: pub, port: 5353, proto: "udp"})},
+		{"rules add up", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: cidr32(w.dst[pub2]), Ports: []runtime.PortRange{{Port: 80}}}, {CIDR: cidr32(w.dst[pub]), Ports: []runtime.PortRange{{Protocol: "udp", Port: 5353}}}}},
+			allowed(probe{dst: pub2, port: 80}, probe{dst: pub, port: 5353, proto: "udp"})},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -318,6 +323,87 @@ func TestEgressRules(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Run(fmt.Sprintf("changed to %+v", c.net), func(t *testing.T) { w.expect(t, a, all, c.allow) })
+	}
+}
+
+// TestEgressOpenReserved: a reserved range the operator opens (Config.OpenReserved) is
+// reachable by an explicit cidr rule, and by nothing else: "any" still excludes it, and
+// the other reserved ranges stay cut out of a wider rule.
+func TestEgressOpenReserved(t *testing.T) {
+	requireRoot(t)
+	cfg := testConfig(t, true)
+	cfg.OpenReserved = []netip.Prefix{netip.MustParsePrefix("10.199.0.0/16")}
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Cleanup(); err != nil {
+			t.Errorf("Cleanup: %v", err)
+		}
+		m.Close()
+	})
+	w := newWorld(t, m) // priv10 is 10.199.x.y
+	all := []probe{{dst: pub, port: 80}, {dst: priv10, port: 80}, {dst: priv172, port: 80}, {dst: llocal, port: 80}}
+	for _, c := range []struct {
+		name  string
+		net   *runtime.Network
+		allow []probe
+	}{
+		{"opened cidr", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.199.0.0/16"}}}, []probe{all[1]}},
+		{"wider cidr: the opened part only", &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "0.0.0.0/0"}}}, []probe{all[0], all[1]}},
+		{"any does not include it", &runtime.Network{Egress: []runtime.EgressRule{{Any: true}}}, []probe{all[0]}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := setup(t, m, "op-"+randHex(4))
+			if err := m.SetRules(a.ID, Rules{Network: c.net}); err != nil {
+				t.Fatal(err)
+			}
+			allow := map[probe]bool{}
+			for _, p := range c.allow {
+				allow[p] = true
+			}
+			w.expect(t, a, all, allow)
+		})
+	}
+	if rs := m.ReservedEgress(); rs.Covers(netip.MustParsePrefix("10.199.0.0/16")) || !rs.Covers(netip.MustParsePrefix("10.198.0.0/16")) ||
+		!rs.Covers(m.Subnet()) || !rs.Contains(w.hostAddr) {
+		t.Errorf("ReservedEgress = %v", rs.Prefixes())
+	}
+}
+
+// TestEgressScriptCutsReserved checks the chain an explicit cidr compiles to: the
+// reserved parts of the prefix (merged with the rule's exceptions) are excluded, a
+// wholly reserved prefix allows nothing, and "any" uses the reserved set.
+func TestEgressScriptCutsReserved(t *testing.T) {
+	sub := netip.MustParsePrefix("10.88.0.0/16")
+	m := &Manager{cfg: Config{Subnet: sub, Table: "t"}, cut: reserved.Egress([]netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}, sub)}
+	m.pol.orgs, m.pol.callers = map[string]uint32{}, map[string]uint32{}
+	ip := netip.MustParseAddr("10.88.0.9")
+	for _, c := range []struct {
+		rule runtime.EgressRule
+		want []string // the chain's accept rules
+	}{
+		{runtime.EgressRule{CIDR: "169.254.169.254/32"}, nil},
+		{runtime.EgressRule{CIDR: "192.168.0.0/16"}, nil},
+		{runtime.EgressRule{CIDR: "10.0.0.0/8"}, []string{"ip daddr 10.0.0.0/8 ip daddr != { 10.0.0.0/12, 10.16.0.0/14, 10.21.0.0/16, 10.22.0.0/15, 10.24.0.0/13, 10.32.0.0/11, 10.64.0.0/10, 10.128.0.0/9 } accept"}},
+		{runtime.EgressRule{CIDR: "10.20.0.0/16"}, []string{"ip daddr 10.20.0.0/16 accept"}},
+		{runtime.EgressRule{CIDR: "192.0.0.0/8", Except: []string{"192.168.7.0/24", "192.0.2.0/24"}}, []string{"ip daddr 192.0.0.0/8 ip daddr != { 192.0.2.0/24, 192.168.0.0/16 } accept"}},
+		{runtime.EgressRule{CIDR: "203.0.113.0/24"}, []string{"ip daddr 203.0.113.0/24 accept"}},
+		{runtime.EgressRule{Any: true}, []string{"ip daddr != @reserved accept"}},
+	} {
+		mem, err := m.compile(ip, Rules{Network: &runtime.Network{Egress: []runtime.EgressRule{c.rule}}})
+		if err != nil {
+			t.Fatalf("%+v: %v", c.rule, err)
+		}
+		want := append(append([]string{"ip daddr 10.88.0.0/16 drop"}, c.want...), "drop")
+		if fmt.Sprint(mem.egress) != fmt.Sprint(want) {
+			t.Errorf("%+v:\n got %q\nwant %q", c.rule, mem.egress, want)
+		}
+	}
+	got := m.reservedElements()
+	if want := "0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16, 224.0.0.0/3"; got != want {
+		t.Errorf("reserved set = %s, want %s", got, want)
 	}
 }
 

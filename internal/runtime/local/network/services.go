@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/egress"
+	"github.com/sandboxd/sandboxd/internal/reserved"
 )
 
 // The platform's servers on the gateway address: the DNS every sandbox's resolv.conf
@@ -160,32 +161,16 @@ func withPort53(s string) string {
 }
 
 // Forbidden reports whether the egress proxy must not connect to a: the host itself
-// (any of its addresses), the sandboxes, and what "any" excludes (loopback, link-local
-// and cloud metadata, RFC 1918, CGNAT, multicast): a dns_name grant must not become a
-// way around the egress rules by a name that resolves to an internal address.
+// (any of its addresses), the sandboxes, and every reserved range (reserved.Default:
+// loopback, link-local and cloud metadata, RFC 1918, CGNAT, multicast, …, also those the
+// operator opened to cidr rules): a dns_name grant must not become a way around the
+// egress rules by a name that resolves to an internal address.
 func (m *Manager) Forbidden(a netip.Addr) bool {
 	a = a.Unmap()
 	if !a.Is4() {
 		return true // sandboxes have no IPv6 (nor does the proxy dial it for them)
 	}
-	if a.IsUnspecified() || m.cfg.Subnet.Contains(a) {
-		return true
-	}
-	for _, r := range reservedPrefixes {
-		if netip.MustParsePrefix(r).Contains(a) {
-			return true
-		}
-	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return true
-	}
-	for _, ia := range addrs {
-		if n, ok := ia.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == a {
-				return true
-			}
-		}
-	}
-	return false
+	return forbidden.Contains(a) || m.cfg.Subnet.Contains(a) || reserved.IsHostAddr(a)
 }
+
+var forbidden = reserved.Default()
