@@ -14,11 +14,6 @@ import (
 const (
 	maxIdlePerBackend  = 256              // as the net/http path's MaxIdleConnsPerHost
 	backendIdleTimeout = 90 * time.Second // as the net/http path's IdleConnTimeout
-	// probeAfter: a connection idle this long is checked for a close by the sandbox
-	// before it is used again. Servers close idle keep-alive connections after seconds
-	// (Node 5 s, uvicorn 5 s, gunicorn 2 s); a request sent on such a connection fails,
-	// and one with a body or a method that is not idempotent cannot be retried.
-	probeAfter = 100 * time.Millisecond
 )
 
 // backendConn is a connection to a sandbox port with its buffers.
@@ -56,7 +51,13 @@ func (p *backendPool) get(addr netip.AddrPort) *backendConn {
 		}
 		p.mu.Unlock()
 		idle := now.Sub(bc.idleSince)
-		if idle < backendIdleTimeout && (idle < probeAfter || peerOpen(bc.Conn)) {
+		// Every connection is checked before it is used again, one system call: servers
+		// close idle keep-alive connections after seconds (Node 5 s, uvicorn 5 s,
+		// gunicorn 2 s), and a request sent on such a connection fails (one with a body
+		// or a method that is not idempotent cannot be retried); and a connection that
+		// received anything while idle is out of step with its requests — what it
+		// received would be taken for the next client's response.
+		if idle < backendIdleTimeout && peerOpen(bc.Conn) {
 			return bc
 		}
 		_ = bc.Close()
