@@ -28,7 +28,7 @@ func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Body != nil && r.Body != http.NoBody {
-		b := &checkedBody{r: r.Body, rc: http.NewResponseController(w), idle: e.cfg.HandshakeTimeout}
+		b := &checkedBody{r: r.Body, req: r, rc: http.NewResponseController(w), idle: e.cfg.HandshakeTimeout}
 		r.Body = b
 		if r.ProtoMajor == 1 && r.ContentLength < 0 && !upgrading(r) {
 			// A chunked upload: read the first chunks before anything goes to the
@@ -58,6 +58,7 @@ func upgrading(r *http.Request) bool { return r.Header["Upgrade"] != nil }
 // error answers 400, not 502.
 type checkedBody struct {
 	r        io.ReadCloser
+	req      *http.Request // its Trailer is checked at the body's end
 	rc       *http.ResponseController
 	idle     time.Duration
 	pre      []byte // prefetched, not yet read
@@ -68,6 +69,14 @@ type checkedBody struct {
 func (b *checkedBody) read(p []byte) (int, error) {
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
 	n, err := b.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		for k := range b.req.Trailer { // net/http reads trailer names as loosely as it used to read header names
+			if !isTokenString(k) {
+				err = errors.New("invalid trailer field name")
+				break
+			}
+		}
+	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		b.err = err
 	}
