@@ -22,6 +22,7 @@ type backendConn struct {
 	br        *bufio.Reader
 	bw        *bufio.Writer
 	idleSince time.Time
+	peer      peerProbe // made once per connection: no allocation per probe
 }
 
 // backendPool holds idle backendConns by address. Most recently used first out: the
@@ -57,7 +58,7 @@ func (p *backendPool) get(addr netip.AddrPort) *backendConn {
 		// or a method that is not idempotent cannot be retried); and a connection that
 		// received anything while idle is out of step with its requests — what it
 		// received would be taken for the next client's response.
-		if idle < backendIdleTimeout && peerOpen(bc.Conn) {
+		if idle < backendIdleTimeout && bc.peer.open() {
 			return bc
 		}
 		_ = bc.Close()
@@ -146,5 +147,7 @@ func (e *Edge) backendConn(addr netip.AddrPort, fresh bool) (bc *backendConn, re
 	if err != nil {
 		return nil, false, err
 	}
-	return &backendConn{Conn: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 4<<10)}, false, nil
+	bc = &backendConn{Conn: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 4<<10)}
+	bc.peer.init(c)
+	return bc, false, nil
 }

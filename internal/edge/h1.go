@@ -30,6 +30,21 @@ import (
 // before, errors included. Routing, auth and the error answers are the same code
 // (admit, proxyFailure) on both paths.
 //
+// Strictness (request smuggling): the fast path accepts exactly what a strict RFC
+// 9110/9112 parser does. http.ReadRequest alone is more lenient than net/http's server
+// (it keeps field names with a space, folds obs-fold lines), and a backend that reads
+// such a head differently (Python's http.server stops at "Foo Bar: x") would take the
+// body for a second request whose response the next client on the pooled connection
+// gets. So every head is checked on its raw bytes (strict): field names tokens, values
+// without control characters, no bare CR, no obs-fold, at most one Content-Length and
+// not with Transfer-Encoding, one Host; a request that fails gets 400 and the
+// connection closes. What goes to the sandbox is normalised: canonical names, framing
+// written by the edge. A backend connection is reused only when its response was
+// framed and nothing more came (and nothing arrived while it was idle), and a request
+// is sent again only if the sandbox answered nothing at all. A request body must keep
+// arriving: each read waits HandshakeTimeout at most, then the request and its sandbox
+// connection are given up. FuzzH1Differential checks the parsing against net/http's.
+//
 // A client that goes away while the sandbox computes a response is noticed as net/http
 // would (the connection to the sandbox is closed, so the sandbox sees it), but only once
 // the response has taken watchAfter: quicker ones cost no watching. A response without
@@ -233,7 +248,7 @@ func checkHead(head []byte) (cl, te int, why string) {
 		if first {
 			first = false
 			for _, c := range line {
-				if c < ' ' || c == 0x7f {
+				if ctl[c] || c == '\t' {
 					return cl, te, "control character in the request line"
 				}
 			}
@@ -250,7 +265,7 @@ func checkHead(head []byte) (cl, te int, why string) {
 			return cl, te, "invalid header name"
 		}
 		for _, c := range line[colon+1:] {
-			if c < ' ' && c != '\t' || c == 0x7f {
+			if ctl[c] {
 				return cl, te, "invalid header value"
 			}
 		}
@@ -276,7 +291,7 @@ func asciiEqualFold(b []byte, s string) bool {
 // isToken reports whether b is an RFC 9110 token (tchar: ALPHA DIGIT and !#$%&'*+-.^_`|~).
 func isToken(b []byte) bool {
 	for _, c := range b {
-		if int(c) >= len(tchar) || !tchar[c] {
+		if !tchar[c] {
 			return false
 		}
 	}
@@ -285,14 +300,24 @@ func isToken(b []byte) bool {
 
 func isTokenString(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; int(c) >= len(tchar) || !tchar[c] {
+		if !tchar[s[i]] {
 			return false
 		}
 	}
 	return s != ""
 }
 
-var tchar = func() (t [127]bool) {
+// ctl: the bytes a field value may not contain (RFC 9110 §5.5: CTLs but HTAB, DEL;
+// obs-text, 0x80 and up, is allowed, as net/http does).
+var ctl = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = c != '\t'
+	}
+	t[0x7f] = true
+	return t
+}()
+
+var tchar = func() (t [256]bool) {
 	for c := '0'; c <= '9'; c++ {
 		t[c] = true
 	}
