@@ -182,8 +182,9 @@ func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 
 type oneConnListener struct {
-	mu sync.Mutex
-	c  *memConn
+	mu   sync.Mutex
+	c    *memConn
+	done chan struct{}
 }
 
 func (l *oneConnListener) Accept() (net.Conn, error) {
@@ -192,9 +193,10 @@ func (l *oneConnListener) Accept() (net.Conn, error) {
 	l.c = nil
 	l.mu.Unlock()
 	if c != nil {
+		l.done = c.closed
 		return c, nil
 	}
-	time.Sleep(10 * time.Millisecond)
+	<-l.done // one connection: done when it is
 	return nil, net.ErrClosed
 }
 func (l *oneConnListener) Close() error   { return nil }

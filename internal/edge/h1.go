@@ -357,7 +357,7 @@ func (h *h1conn) handOver() {
 // plain reports whether the fast path serves req, see above.
 func plain(req *http.Request) bool {
 	return req.ProtoMajor == 1 && req.ProtoMinor == 1 &&
-		len(req.RequestURI) > 0 && req.RequestURI[0] == '/' &&
+		len(req.RequestURI) > 0 && req.RequestURI[0] == '/' && plainPath(req.RequestURI) &&
 		validHost(req.Host) &&
 		len(req.TransferEncoding) == 0 && req.ContentLength >= 0 &&
 		req.Header["Upgrade"] == nil && req.Header["Expect"] == nil && req.Header["Trailer"] == nil &&
@@ -378,6 +378,31 @@ func validHost(h string) bool {
 	}
 	return true
 }
+
+// plainPath reports whether net/http's proxy would send the path of target (up to a
+// '?') as it is: it re-escapes one with bytes outside pchar ('"', '{', '|', non-ASCII
+// ...); others go to net/http, so that the sandbox sees the same target either way.
+func plainPath(target string) bool {
+	for i := 0; i < len(target) && target[i] != '?'; i++ {
+		if !pathChar[target[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+var pathChar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "-._~!$&'()*+,;=:@[]/%" {
+		t[c] = true
+	}
+	return t
+}()
 
 // plainQuery reports whether httputil.ReverseProxy would pass the query on unchanged (it
 // re-encodes one with semicolons or bad escapes); others go to net/http.

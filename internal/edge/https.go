@@ -27,10 +27,11 @@ func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if r.Body != nil && r.Body != http.NoBody {
+	// (Not for an upgrade: its connection is hijacked with the read deadline as set.)
+	if r.Body != nil && r.Body != http.NoBody && !upgrading(r) {
 		b := &checkedBody{r: r.Body, req: r, rc: http.NewResponseController(w), idle: e.cfg.HandshakeTimeout}
 		r.Body = b
-		if r.ProtoMajor == 1 && r.ContentLength < 0 && !upgrading(r) {
+		if r.ProtoMajor == 1 && r.ContentLength < 0 {
 			// A chunked upload: read the first chunks before anything goes to the
 			// sandbox, so that a malformed one gets 400 with nothing sent, and a small
 			// body goes on with a Content-Length.

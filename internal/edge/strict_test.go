@@ -268,3 +268,29 @@ func TestLoginNextStaysOnTheHost(t *testing.T) {
 		}
 	}
 }
+
+// A pooled connection on which the sandbox sent something while it was idle (the
+// response to a request it found hidden in another) is out of step: it is never used
+// again, however soon the next request comes.
+func TestUnsolicitedResponseIsNeverHandedOn(t *testing.T) {
+	te := startEdge(t, nil)
+	addr, _ := rawBackend(t, func(i int, req *http.Request, w io.Writer) {
+		_, _ = fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.URL.Path), req.URL.Path)
+		if i == 1 {
+			time.Sleep(10 * time.Millisecond)
+			_, _ = io.WriteString(w, "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled")
+		}
+	})
+	te.rm.add(Route{SandboxID: sbxA, Org: "o", Port: 8080, Kind: KindHTTPS, Auth: AuthOpen, Backend: addrPort(t, addr)})
+	host := Host(8080, sbxA, testRunner, testDomain)
+	r := te.rawH1(t, host)
+	r.send("GET /first HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+	if _, body := r.read(http.MethodGet); body != "/first" { //nolint:bodyclose // read closes the body
+		t.Fatalf("first: %q", body)
+	}
+	time.Sleep(40 * time.Millisecond) // the stray response has arrived on the idle connection
+	r.send("GET /second HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+	if _, body := r.read(http.MethodGet); body != "/second" { //nolint:bodyclose // read closes the body
+		t.Errorf("second request got %q", body)
+	}
+}
