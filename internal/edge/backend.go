@@ -14,11 +14,6 @@ import (
 const (
 	maxIdlePerBackend  = 256              // as the net/http path's MaxIdleConnsPerHost
 	backendIdleTimeout = 90 * time.Second // as the net/http path's IdleConnTimeout
-	// probeAfter: a connection idle this long is checked for a close by the sandbox
-	// before it is used again. Servers close idle keep-alive connections after seconds
-	// (Node 5 s, uvicorn 5 s, gunicorn 2 s); a request sent on such a connection fails,
-	// and one with a body or a method that is not idempotent cannot be retried.
-	probeAfter = 100 * time.Millisecond
 )
 
 // backendConn is a connection to a sandbox port with its buffers.
@@ -27,6 +22,7 @@ type backendConn struct {
 	br        *bufio.Reader
 	bw        *bufio.Writer
 	idleSince time.Time
+	peer      peerProbe // made once per connection: no allocation per probe
 }
 
 // backendPool holds idle backendConns by address. Most recently used first out: the
@@ -56,7 +52,13 @@ func (p *backendPool) get(addr netip.AddrPort) *backendConn {
 		}
 		p.mu.Unlock()
 		idle := now.Sub(bc.idleSince)
-		if idle < backendIdleTimeout && (idle < probeAfter || peerOpen(bc.Conn)) {
+		// Every connection is checked before it is used again, one system call: servers
+		// close idle keep-alive connections after seconds (Node 5 s, uvicorn 5 s,
+		// gunicorn 2 s), and a request sent on such a connection fails (one with a body
+		// or a method that is not idempotent cannot be retried); and a connection that
+		// received anything while idle is out of step with its requests — what it
+		// received would be taken for the next client's response.
+		if idle < backendIdleTimeout && bc.peer.open() {
 			return bc
 		}
 		_ = bc.Close()
@@ -145,5 +147,7 @@ func (e *Edge) backendConn(addr netip.AddrPort, fresh bool) (bc *backendConn, re
 	if err != nil {
 		return nil, false, err
 	}
-	return &backendConn{Conn: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 4<<10)}, false, nil
+	bc = &backendConn{Conn: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 4<<10)}
+	bc.peer.init(c)
+	return bc, false, nil
 }

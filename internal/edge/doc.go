@@ -15,7 +15,15 @@
 //     HTTP/2 is served by net/http; HTTP/1.1 by a keep-alive loop of the edge's own with
 //     pooled connections to the sandboxes (h1.go), which hands a connection to net/http
 //     at the first request it does not handle itself (upgrades, chunked uploads, Expect,
-//     malformed or oversized requests).
+//     malformed or oversized requests). The fast path parses strictly (RFC 9112): a
+//     request with an ambiguous head or framing — a field name that is not a token,
+//     obs-fold, a bare CR, Content-Length with Transfer-Encoding, two Content-Lengths —
+//     gets 400 and the connection is closed (after a hand-over, net/http's parser reads
+//     the connection's further requests and re-frames what it forwards); a chunked
+//     upload's first 64 KiB are read and checked before
+//     anything goes to the sandbox. The client's forwarding fields (Forwarded,
+//     X-Forwarded-*, X-Real-IP, True-Client-IP, X-Original-URL ..., see
+//     forwardingHeader) are dropped; the edge sets X-Forwarded-For, -Host and -Proto.
 //   - KindPassthrough: nothing is decrypted. The ClientHello bytes already read are
 //     replayed to the sandbox and the TCP connection is spliced both ways, half-closes
 //     passed on, so the workload sees the client's SNI and owns its certificates.
@@ -24,7 +32,8 @@
 // from the request having been sent to the sandbox (its body included) to the sandbox's
 // response headers; past it the client gets 504. Once the headers arrived the response
 // is not cut, so WebSocket connections and event streams live as long as both ends
-// want, and a slow upload is not the sandbox's fault.
+// want, and a slow upload is not the sandbox's fault. A request body that stops
+// arriving for Config.HandshakeTimeout ends the request and its sandbox connection.
 //
 // Auth (HTTPS): AuthOpen lets everyone through; AuthToken needs "Authorization: Bearer
 // <key>" that Config.Authorize accepts for the route's organization: 401 without one (or

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -29,6 +30,21 @@ import (
 // before, errors included. Routing, auth and the error answers are the same code
 // (admit, proxyFailure) on both paths.
 //
+// Strictness (request smuggling): the fast path accepts exactly what a strict RFC
+// 9110/9112 parser does. http.ReadRequest alone is more lenient than net/http's server
+// (it keeps field names with a space, folds obs-fold lines), and a backend that reads
+// such a head differently (Python's http.server stops at "Foo Bar: x") would take the
+// body for a second request whose response the next client on the pooled connection
+// gets. So every head is checked on its raw bytes (strict): field names tokens, values
+// without control characters, no bare CR, no obs-fold, at most one Content-Length and
+// not with Transfer-Encoding, one Host; a request that fails gets 400 and the
+// connection closes. What goes to the sandbox is normalised: canonical names, framing
+// written by the edge. A backend connection is reused only when its response was
+// framed and nothing more came (and nothing arrived while it was idle), and a request
+// is sent again only if the sandbox answered nothing at all. A request body must keep
+// arriving: each read waits HandshakeTimeout at most, then the request and its sandbox
+// connection are given up. FuzzH1Differential checks the parsing against net/http's.
+//
 // A client that goes away while the sandbox computes a response is noticed as net/http
 // would (the connection to the sandbox is closed, so the sandbox sees it), but only once
 // the response has taken watchAfter: quicker ones cost no watching. A response without
@@ -54,6 +70,7 @@ type h1conn struct {
 	rec      recorder
 	br       *bufio.Reader
 	snap     []byte // the bytes buffered when the current request began
+	head     []byte // scratch for strict
 	clientIP string // for X-Forwarded-For
 	local    localResponse
 	watcher  clientWatch
@@ -143,6 +160,12 @@ func (e *Edge) serveH1(c *conn, tc *tls.Conn) {
 		if err != nil && h.rec.err != nil {
 			break // the connection failed or timed out mid-header; net/http closes too
 		}
+		if err == nil {
+			if why := h.strict(req); why != "" {
+				h.badRequest(why) // and close: the framing of what follows is unknown
+				break
+			}
+		}
 		if err != nil || !plain(req) { // net/http answers what it cannot parse
 			h.handOver()
 			return
@@ -172,6 +195,154 @@ func (h *h1conn) readRequest() (*http.Request, error) {
 	return req, err
 }
 
+// strict checks the head http.ReadRequest just parsed as a strict RFC 9112 parser
+// would, on the raw bytes: http.ReadRequest alone accepts field names with a space
+// ("Transfer-Encoding : chunked", which net/http's server refuses only later and which
+// Python's http.server takes for the end of the header) and folds obs-fold lines. ""
+// when the request may go on, else why it gets 400.
+func (h *h1conn) strict(req *http.Request) string {
+	// The head is what ReadRequest consumed: the bytes buffered before it began (snap)
+	// and those it read, less what is still buffered (the body, a pipelined request).
+	all := h.rec.buf
+	if len(h.snap) > 0 {
+		h.head = append(append(h.head[:0], h.snap...), h.rec.buf...)
+		all = h.head
+	}
+	return checkRequest(req, all[:len(all)-h.br.Buffered()])
+}
+
+// checkRequest is strict's check of req, parsed from head: one framing, no ambiguity.
+func checkRequest(req *http.Request, head []byte) string {
+	cl, te, why := checkHead(head)
+	switch {
+	case why != "":
+		return why
+	case cl > 1:
+		return "more than one Content-Length"
+	case cl > 0 && te > 0:
+		return "both Content-Length and Transfer-Encoding" // RFC 9112 §6.1: no guessing
+	case te > 0 && !req.ProtoAtLeast(1, 1):
+		return "Transfer-Encoding in an HTTP/1.0 request"
+	case len(req.Header["Host"]) > 1:
+		return "more than one Host"
+	}
+	return ""
+}
+
+// checkHead checks a request head (request line, field lines, the empty line) line by
+// line: no bare CR, no control characters, no obs-fold, every field name a token and
+// every value field-content (RFC 9110 §5.1, §5.5); LF alone ends a line, as net/http
+// and RFC 9112 §2.2 allow. It counts the Content-Length and Transfer-Encoding lines.
+func checkHead(head []byte) (cl, te int, why string) {
+	first := true
+	for len(head) > 0 {
+		i := bytes.IndexByte(head, '\n')
+		if i < 0 {
+			return cl, te, "unterminated line"
+		}
+		line := head[:i]
+		head = head[i+1:]
+		if n := len(line); n > 0 && line[n-1] == '\r' {
+			line = line[:n-1]
+		}
+		if first {
+			first = false
+			for _, c := range line {
+				if ctl[c] || c == '\t' {
+					return cl, te, "control character in the request line"
+				}
+			}
+			continue
+		}
+		if len(line) == 0 {
+			break // the end of the header
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return cl, te, "obs-fold line"
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || !isToken(line[:colon]) {
+			return cl, te, "invalid header name"
+		}
+		for _, c := range line[colon+1:] {
+			if ctl[c] {
+				return cl, te, "invalid header value"
+			}
+		}
+		switch name := line[:colon]; {
+		case len(name) == len("Content-Length") && asciiEqualFold(name, "Content-Length"):
+			cl++
+		case len(name) == len("Transfer-Encoding") && asciiEqualFold(name, "Transfer-Encoding"):
+			te++
+		}
+	}
+	return cl, te, ""
+}
+
+func asciiEqualFold(b []byte, s string) bool {
+	for i := range b {
+		if b[i]|0x20 != s[i]|0x20 {
+			return false
+		}
+	}
+	return true
+}
+
+// isToken reports whether b is an RFC 9110 token (tchar: ALPHA DIGIT and !#$%&'*+-.^_`|~).
+func isToken(b []byte) bool {
+	for _, c := range b {
+		if !tchar[c] {
+			return false
+		}
+	}
+	return len(b) > 0
+}
+
+func isTokenString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !tchar[s[i]] {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// ctl: the bytes a field value may not contain (RFC 9110 §5.5: CTLs but HTAB, DEL;
+// obs-text, 0x80 and up, is allowed, as net/http does).
+var ctl = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = c != '\t'
+	}
+	t[0x7f] = true
+	return t
+}()
+
+var tchar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+// badRequest answers 400 with why, and the connection closes: as net/http answers a
+// request it cannot parse.
+func (h *h1conn) badRequest(why string) {
+	cw := getWriter(h.tc)
+	defer putWriter(cw)
+	body := "400 Bad Request: " + why
+	_, _ = cw.WriteString("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n")
+	writeContentLength(cw, int64(len(body)))
+	_, _ = cw.WriteString("\r\n")
+	_, _ = cw.WriteString(body)
+	_ = cw.Flush()
+}
+
 // handOver gives the connection to the http.Server, replaying what the current request's
 // reading consumed.
 func (h *h1conn) handOver() {
@@ -186,7 +357,7 @@ func (h *h1conn) handOver() {
 // plain reports whether the fast path serves req, see above.
 func plain(req *http.Request) bool {
 	return req.ProtoMajor == 1 && req.ProtoMinor == 1 &&
-		len(req.RequestURI) > 0 && req.RequestURI[0] == '/' &&
+		len(req.RequestURI) > 0 && req.RequestURI[0] == '/' && plainPath(req.RequestURI) &&
 		validHost(req.Host) &&
 		len(req.TransferEncoding) == 0 && req.ContentLength >= 0 &&
 		req.Header["Upgrade"] == nil && req.Header["Expect"] == nil && req.Header["Trailer"] == nil &&
@@ -207,6 +378,31 @@ func validHost(h string) bool {
 	}
 	return true
 }
+
+// plainPath reports whether net/http's proxy would send the path of target (up to a
+// '?') as it is: it re-escapes one with bytes outside pchar ('"', '{', '|', non-ASCII
+// ...); others go to net/http, so that the sandbox sees the same target either way.
+func plainPath(target string) bool {
+	for i := 0; i < len(target) && target[i] != '?'; i++ {
+		if !pathChar[target[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+var pathChar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "-._~!$&'()*+,;=:@[]/%" {
+		t[c] = true
+	}
+	return t
+}()
 
 // plainQuery reports whether httputil.ReverseProxy would pass the query on unchanged (it
 // re-encodes one with semicolons or bad escapes); others go to net/http.
@@ -236,7 +432,9 @@ func (h *h1conn) serve(req *http.Request) bool {
 		return h.answer(req, &h.local)
 	}
 	if req.ContentLength > 0 {
-		_ = h.tc.SetReadDeadline(time.Time{}) // as net/http: no deadline on bodies
+		// A body is bounded as its header is: each read must bring something within
+		// HandshakeTimeout, or the request (and its sandbox connection) is given up.
+		req.Body = &idleBody{ReadCloser: req.Body, c: h.tc, idle: h.e.cfg.HandshakeTimeout}
 	}
 	return h.forward(req, rt)
 }
@@ -269,8 +467,10 @@ func (h *h1conn) forward(req *http.Request, rt Route) bool {
 			return false // the client's body broke off; nobody to answer
 		}
 		// A reused connection the sandbox closed as the request went out: once more on a
-		// newly dialled one, when the request can be sent again (net/http's rule, too).
-		if reused && attempt == 0 && replayable(req) && !isTimeout(err) {
+		// newly dialled one, when the request can be sent again (net/http's rule, too),
+		// and never once the sandbox answered anything: it may have processed it.
+		var ae answeredError
+		if reused && attempt == 0 && replayable(req) && !isTimeout(err) && !errors.As(err, &ae) {
 			continue
 		}
 		code, msg := h.e.proxyFailure(rt, err)
@@ -296,6 +496,24 @@ type clientError struct{ error }
 func (e clientError) Unwrap() error { return e.error }
 
 type clientBody struct{ io.Reader }
+
+// answeredError is a failure after the sandbox began to answer (a malformed response, a
+// 101 nobody asked for): the request may have been processed, so it is never sent again.
+type answeredError struct{ error }
+
+func (e answeredError) Unwrap() error { return e.error }
+
+// idleBody is a request body each read of which must bring data within idle.
+type idleBody struct {
+	io.ReadCloser
+	c    net.Conn
+	idle time.Duration
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	_ = b.c.SetReadDeadline(time.Now().Add(b.idle))
+	return b.ReadCloser.Read(p)
+}
 
 func (b clientBody) Read(p []byte) (int, error) {
 	n, err := b.Reader.Read(p)
@@ -346,10 +564,13 @@ func (h *h1conn) roundTrip(bc *backendConn, req *http.Request, rt Route) (*bufio
 // readResponse reads the response headers, passing 1xx responses to the client.
 func (h *h1conn) readResponse(bc *backendConn, req *http.Request) (*http.Response, *bufio.Writer, error) {
 	var cw *bufio.Writer
+	if _, err := bc.br.Peek(1); err != nil {
+		return nil, nil, err // nothing came: the connection was closed, or the timeout
+	}
 	for {
 		resp, err := http.ReadResponse(bc.br, req)
 		if err != nil {
-			return nil, cw, err
+			return nil, cw, answeredError{err}
 		}
 		if resp.StatusCode >= 200 {
 			_ = bc.SetReadDeadline(time.Time{})
@@ -360,7 +581,7 @@ func (h *h1conn) readResponse(bc *backendConn, req *http.Request) (*http.Respons
 		}
 		_ = resp.Body.Close() // a 1xx has none
 		if resp.StatusCode == http.StatusSwitchingProtocols {
-			return nil, cw, errors.New("101 Switching Protocols to a request without Upgrade")
+			return nil, cw, answeredError{errors.New("101 Switching Protocols to a request without Upgrade")}
 		}
 		if cw == nil {
 			cw = getWriter(h.tc)
@@ -376,8 +597,10 @@ func (h *h1conn) readResponse(bc *backendConn, req *http.Request) (*http.Respons
 
 // writeRequestHead writes req's request line and header for the sandbox, as
 // httputil.ReverseProxy with rewrite (proxy.go) would: hop-by-hop fields and the
-// client's forwarding fields dropped, X-Forwarded-For, -Host and -Proto set, the bearer
-// key of a TOKEN route removed, no User-Agent added.
+// client's forwarding fields (forwardingHeader) dropped, X-Forwarded-For, -Host and
+// -Proto set, a TOKEN route's credentials (bearer key, session cookie) removed, no
+// User-Agent added, the framing (Content-Length) the edge's own. Field names are
+// canonical: strict let only tokens through, and http.ReadRequest canonicalizes those.
 func writeRequestHead(w *bufio.Writer, req *http.Request, rt Route, clientIP string) {
 	_, _ = w.WriteString(req.Method)
 	_ = w.WriteByte(' ')
@@ -386,11 +609,13 @@ func writeRequestHead(w *bufio.Writer, req *http.Request, rt Route, clientIP str
 	_, _ = w.WriteString(req.Host)
 	_, _ = w.WriteString("\r\n")
 	token := rt.Auth == AuthToken
+	cookies := req.Header["Cookie"]
+	session := token && hasSession(cookies) // an OPEN endpoint owns the name
 	writeHeaders(w, req.Header, func(k string) bool {
-		return skipRequestHeader(k) || token && (k == "Authorization" || k == "Cookie")
+		return skipRequestHeader(k) || token && k == "Authorization" || session && k == "Cookie"
 	})
-	if token {
-		for _, v := range withoutSession(req.Header["Cookie"]) {
+	if session {
+		for _, v := range withoutSession(cookies) {
 			_, _ = w.WriteString("Cookie: ")
 			_, _ = w.WriteString(v)
 			_, _ = w.WriteString("\r\n")
@@ -425,13 +650,44 @@ func hopByHop(k string) bool {
 
 func skipRequestHeader(k string) bool {
 	switch k {
-	case "Host", "Content-Length", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+	case "Host", "Content-Length":
 		return true
 	}
-	return hopByHop(k)
+	return hopByHop(k) || forwardingHeader(k)
 }
 
-func skipResponseHeader(k string) bool { return k == "Content-Length" || hopByHop(k) }
+// forwardingHeader reports whether k (canonical) is a field by which a proxy tells the
+// server about the client or the original request. A client sets none of them that the
+// sandbox may believe: the edge drops them all, on both paths (here and rewrite in
+// proxy.go), and sets X-Forwarded-For (the client's address), X-Forwarded-Host (the
+// Host) and X-Forwarded-Proto (https) from its own knowledge. Dropped:
+//
+//	Forwarded, X-Forwarded-* (For, Host, Proto, Port, Server, Prefix, Scheme, Ssl, Uri,
+//	Path ...), X-Original-Forwarded-For, X-Real-Ip, True-Client-Ip, X-Client-Ip,
+//	Client-Ip, X-Cluster-Client-Ip, Cf-Connecting-Ip, Fastly-Client-Ip, X-Proxyuser-Ip,
+//	X-Envoy-External-Address, X-Envoy-Original-Path, X-Original-Url, X-Original-Uri,
+//	X-Rewrite-Url, X-Original-Host, X-Host, X-Url-Scheme, Front-End-Https
+func forwardingHeader(k string) bool {
+	if strings.HasPrefix(k, "X-Forwarded-") {
+		return true
+	}
+	switch k {
+	case "Forwarded", "X-Original-Forwarded-For", "X-Real-Ip", "True-Client-Ip", "X-Client-Ip",
+		"Client-Ip", "X-Cluster-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Proxyuser-Ip",
+		"X-Envoy-External-Address", "X-Envoy-Original-Path", "X-Original-Url", "X-Original-Uri",
+		"X-Rewrite-Url", "X-Original-Host", "X-Host", "X-Url-Scheme", "Front-End-Https":
+		return true
+	}
+	return false
+}
+
+// skipResponseHeader: the edge frames responses itself, and a field name that is not a
+// token (a sandbox's "Content-Length : 5") never reaches a client.
+func skipResponseHeader(k string) bool {
+	return k == "Content-Length" || hopByHop(k) || !isTokenString(k)
+}
+
+func skipTrailer(k string) bool { return hopByHop(k) || !isTokenString(k) }
 
 // writeHeaders writes h's fields but those skip names and those h's Connection lists.
 func writeHeaders(w *bufio.Writer, h http.Header, skip func(string) bool) {
@@ -518,7 +774,9 @@ func copyResponse(cw *bufio.Writer, resp *http.Response, req *http.Request, src 
 		if len(resp.Trailer) > 0 {
 			keys := make([]string, 0, len(resp.Trailer))
 			for k := range resp.Trailer {
-				keys = append(keys, k)
+				if !skipTrailer(k) {
+					keys = append(keys, k)
+				}
 			}
 			_, _ = cw.WriteString("Trailer: " + strings.Join(keys, ", ") + "\r\n")
 		}
@@ -536,7 +794,7 @@ func copyResponse(cw *bufio.Writer, resp *http.Response, req *http.Request, src 
 		}
 		if chunked {
 			_, _ = cw.WriteString("0\r\n")
-			writeHeaders(cw, resp.Trailer, hopByHop)
+			writeHeaders(cw, resp.Trailer, skipTrailer)
 			_, _ = cw.WriteString("\r\n")
 		}
 	}

@@ -314,7 +314,7 @@ func TestH1SandboxClosesIdleConnections(t *testing.T) {
 		if res.StatusCode != http.StatusOK || decodeDump(t, string(b)).Body != "not idempotent" {
 			t.Fatalf("POST %d after the sandbox closed the idle connection: %s %s", i, res.Status, b)
 		}
-		time.Sleep(200 * time.Millisecond) // past the sandbox's idle timeout and probeAfter
+		time.Sleep(200 * time.Millisecond) // past the sandbox's idle timeout
 	}
 }
 

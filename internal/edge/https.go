@@ -3,8 +3,10 @@ package edge
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // ErrUnauthenticated is what Config.Authorize wraps when the key is not a valid key at
@@ -21,10 +23,101 @@ const (
 // serveHTTP answers requests on terminated connections that net/http serves (HTTP/2, and
 // HTTP/1.1 requests the fast path in h1.go hands over), routed by Host.
 func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	if rt, ok := e.admit(w, r); ok {
-		e.forward(w, r, rt)
+	rt, ok := e.admit(w, r)
+	if !ok {
+		return
 	}
+	// (Not for an upgrade: its connection is hijacked with the read deadline as set.)
+	if r.Body != nil && r.Body != http.NoBody && !upgrading(r) {
+		b := &checkedBody{r: r.Body, req: r, rc: http.NewResponseController(w), idle: e.cfg.HandshakeTimeout}
+		r.Body = b
+		if r.ProtoMajor == 1 && r.ContentLength < 0 {
+			// A chunked upload: read the first chunks before anything goes to the
+			// sandbox, so that a malformed one gets 400 with nothing sent, and a small
+			// body goes on with a Content-Length.
+			if !b.prefetch(maxPrefetch) {
+				w.Header().Set("Connection", "close")
+				http.Error(w, "malformed or incomplete request body", http.StatusBadRequest)
+				return
+			}
+			if b.complete {
+				r.ContentLength = int64(len(b.pre))
+				r.TransferEncoding = nil
+			}
+		}
+	}
+	e.forward(w, r, rt)
 }
+
+// maxPrefetch is how much of a chunked request body is read before it is forwarded.
+const maxPrefetch = 64 << 10
+
+func upgrading(r *http.Request) bool { return r.Header["Upgrade"] != nil }
+
+// checkedBody is a request body on the net/http path: each read must bring data within
+// idle (as the header's time is bounded), and its failure is kept so that the proxy's
+// error answers 400, not 502.
+type checkedBody struct {
+	r        io.ReadCloser
+	req      *http.Request // its Trailer is checked at the body's end
+	rc       *http.ResponseController
+	idle     time.Duration
+	pre      []byte // prefetched, not yet read
+	complete bool   // pre is the whole body
+	err      error
+}
+
+func (b *checkedBody) read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
+	n, err := b.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		for k := range b.req.Trailer { // net/http reads trailer names as loosely as it used to read header names
+			if !isTokenString(k) {
+				err = errors.New("invalid trailer field name")
+				break
+			}
+		}
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		b.err = err
+	}
+	return n, err
+}
+
+// prefetch reads up to max bytes of the body into pre; false if the body failed.
+func (b *checkedBody) prefetch(limit int) bool {
+	buf := make([]byte, 0, 4<<10)
+	for len(buf) < limit {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := b.read(buf[len(buf):min(cap(buf), limit)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			b.complete = true
+			break
+		}
+		if err != nil {
+			return false
+		}
+	}
+	b.pre = buf
+	return true
+}
+
+func (b *checkedBody) Read(p []byte) (int, error) {
+	if len(b.pre) > 0 {
+		n := copy(p, b.pre)
+		b.pre = b.pre[n:]
+		return n, nil
+	}
+	if b.complete {
+		return 0, io.EOF
+	}
+	return b.read(p)
+}
+
+func (b *checkedBody) Close() error { return b.r.Close() }
 
 // admit finds r's HTTPS route by Host and checks its auth. When r may not go on, admit
 // answers it on w (404, 421, 401, 403) and returns false.

@@ -216,10 +216,21 @@ func (e *Edge) login(w http.ResponseWriter, r *http.Request, rt Route) {
 	w.WriteHeader(http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect target on this host: an absolute path, not "//elsewhere".
+// safeNext keeps a redirect target on this host: a plain absolute path starting with a
+// single "/", else "/". Refused: "//elsewhere", any backslash (browsers read "/\\x" as
+// "//x"), any control character or space (browsers drop tab, CR and LF from URLs, so
+// "/\t/evil.example" is "//evil.example"), anything outside printable ASCII, and the
+// edge's own paths.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") ||
-		strings.HasPrefix(next, edgePathPrefix) || strings.ContainsAny(next, "\r\n") {
+	if len(next) < 1 || next[0] != '/' || len(next) > 1 && next[1] == '/' || strings.HasPrefix(next, edgePathPrefix) {
+		return "/"
+	}
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	if u, err := url.Parse(next); err != nil || u.Scheme != "" || u.Host != "" || u.Opaque != "" {
 		return "/"
 	}
 	return next
@@ -249,15 +260,36 @@ func loginPage(w http.ResponseWriter, code int, next, msg string) {
 	_, _ = io.WriteString(w, b.String())
 }
 
+// hasSession reports whether the Cookie header values vs may hold the edge's session
+// cookie, in any case: then withoutSession must rewrite them.
+func hasSession(vs []string) bool {
+	for _, v := range vs {
+		if containsFold(v, sessionCookie) {
+			return true
+		}
+	}
+	return false
+}
+
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
+}
+
 // withoutSession returns the Cookie header values with the edge's session cookie
-// removed; nil when nothing is left.
+// removed — whatever the spacing around its name (net/http's cookie parser trims it)
+// and its case — ; nil when nothing is left.
 func withoutSession(vs []string) []string {
 	var out []string
 	for _, v := range vs {
 		var kept []string
 		for part := range strings.SplitSeq(v, ";") {
-			name, _, _ := strings.Cut(strings.TrimSpace(part), "=")
-			if name != sessionCookie && strings.TrimSpace(part) != "" {
+			name, _, _ := strings.Cut(part, "=")
+			if !strings.EqualFold(strings.TrimSpace(name), sessionCookie) && strings.TrimSpace(part) != "" {
 				kept = append(kept, strings.TrimSpace(part))
 			}
 		}

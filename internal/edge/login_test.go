@@ -211,14 +211,23 @@ func TestOpenEndpointsOwnEveryPath(t *testing.T) {
 
 func TestSafeNext(t *testing.T) {
 	for in, want := range map[string]string{
-		"/page?x=1":            "/page?x=1",
-		"/":                    "/",
-		"":                     "/",
-		"//evil.example/":      "/",
-		"/\\evil.example":      "/",
-		"https://evil.example": "/",
-		"/.sandboxd/login":     "/",
-		"/a\r\nSet-Cookie: x":  "/",
+		"/page?x=1":              "/page?x=1",
+		"/":                      "/",
+		"":                       "/",
+		"//evil.example/":        "/",
+		"/\\evil.example":        "/",
+		"https://evil.example":   "/",
+		"/.sandboxd/login":       "/",
+		"/a\r\nSet-Cookie: x":    "/",
+		"/\t/evil.example/phish": "/",
+		"/\n/evil.example":       "/",
+		"/a\\b":                  "/",
+		"/a b":                   "/",
+		"/a\x00":                 "/",
+		"/a\x7f":                 "/",
+		"/\x1f":                  "/",
+		"/é":                     "/",
+		"/a/b?c=d&e=%2F":         "/a/b?c=d&e=%2F",
 	} {
 		if got := safeNext(in); got != want {
 			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
@@ -235,6 +244,9 @@ func TestWithoutSession(t *testing.T) {
 		{[]string{"a=1; " + sessionCookie + "=v; b=2"}, []string{"a=1; b=2"}},
 		{[]string{"a=1", sessionCookie + "=v"}, []string{"a=1"}},
 		{[]string{"__Host-sandboxdx=1"}, []string{"__Host-sandboxdx=1"}},
+		{[]string{"a=1; " + sessionCookie + " =v; b=2"}, []string{"a=1; b=2"}}, // net/http's parser trims the name
+		{[]string{" " + sessionCookie + "\t=v;a=1"}, []string{"a=1"}},
+		{[]string{"__host-SANDBOXD=v; a=1"}, []string{"a=1"}},
 	} {
 		got := withoutSession(tc.in)
 		if strings.Join(got, "|") != strings.Join(tc.want, "|") || (got == nil) != (tc.want == nil) {

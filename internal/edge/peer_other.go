@@ -4,6 +4,9 @@ package edge
 
 import "net"
 
-// peerOpen cannot peek at a socket here; a request on a connection the peer closed is
+// peerProbe cannot peek at a socket here; a request on a connection the peer closed is
 // retried when it can be.
-func peerOpen(net.Conn) bool { return true }
+type peerProbe struct{}
+
+func (*peerProbe) init(net.Conn) {}
+func (*peerProbe) open() bool    { return true }

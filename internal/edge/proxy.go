@@ -63,24 +63,41 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = rt.Backend.String()
 	// Out.Host stays the public name: apps build their own URLs from it.
-	pr.SetXForwarded() // X-Forwarded-For, -Host, -Proto; the client's own are dropped
+	for k := range pr.Out.Header {
+		if forwardingHeader(k) { // the client's own: none of them is to be believed
+			delete(pr.Out.Header, k)
+		}
+	}
+	pr.SetXForwarded() // X-Forwarded-For, -Host, -Proto
 	// Always https: HTTP/1.1 connections the fast path hands over (h1.go) reach net/http
 	// without their *tls.Conn, so SetXForwarded would say http.
 	pr.Out.Header.Set("X-Forwarded-Proto", "https")
+	// A TOKEN endpoint's credentials are not the workload's business: the platform key
+	// and the edge's session cookie. (An OPEN endpoint owns both names.)
 	if rt.Auth == AuthToken {
-		pr.Out.Header.Del("Authorization") // the platform key is not the workload's business
-		if c := withoutSession(pr.Out.Header["Cookie"]); c != nil {
-			pr.Out.Header["Cookie"] = c
-		} else {
-			pr.Out.Header.Del("Cookie")
+		pr.Out.Header.Del("Authorization")
+		if hasSession(pr.Out.Header["Cookie"]) {
+			if c := withoutSession(pr.Out.Header["Cookie"]); c != nil {
+				pr.Out.Header["Cookie"] = c
+			} else {
+				pr.Out.Header.Del("Cookie")
+			}
 		}
 	}
+	pr.Out.Trailer = nil // request trailers are not passed on: fields after the body are unchecked
 }
 
 // proxyError answers a request the sandbox did not answer, saying why in one line.
 func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		return // the client went away; nobody reads an answer
+	}
+	if b, ok := r.Body.(*checkedBody); ok && b.err != nil {
+		// The client's body broke off or was malformed: the sandbox connection is
+		// closed by the Transport, never reused; the client gets 400 and a close.
+		w.Header().Set("Connection", "close")
+		http.Error(w, "malformed or incomplete request body", http.StatusBadRequest)
+		return
 	}
 	rt := r.Context().Value(routeKey{}).(Route)
 	code, msg := e.proxyFailure(rt, err)
