@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -150,8 +151,16 @@ func dev(args []string) error {
 		if err != nil || runnerID != local.ID() {
 			return n, err
 		}
-		c, err := local.Capacity(ctx)
-		return max(n, c.Running), err
+		// The runner's own live sandboxes of org (those the store may not know yet), never
+		// those of other organizations: neither their count nor their existence is org's.
+		sbs, err := local.List(ctx)
+		live := 0
+		for _, sb := range sbs {
+			if sb.Spec.Meta[runner.MetaOrg] == org && !sb.State.Terminal() {
+				live++
+			}
+		}
+		return max(n, live), err
 	})
 	if err != nil {
 		return err
@@ -160,7 +169,7 @@ func dev(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := newAPIServer(controlplane.Route(cp.Handler(), gw.Handler()))
+	srv := newAPIServer(controlplane.Route(cp.Handler(), gw.Handler()), keys, logger)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
 	return serveUntilDone(ctx, srv, ln, logger, "shutting down; sandboxes keep running and are re-adopted on the next start")

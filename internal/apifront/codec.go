@@ -1,0 +1,38 @@
+package apifront
+
+import (
+	"connectrpc.com/vanguard"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+)
+
+// WithStrictJSON is the transcoder option of the API's REST/JSON codec: unknown fields are
+// errors, and a body that is not valid JSON for the message (invalid UTF-8 among it) is
+// INVALID_ARGUMENT, as it is on gRPC and Connect (vanguard's default answers 500 UNKNOWN).
+func WithStrictJSON() vanguard.TranscoderOption {
+	return vanguard.WithCodec(func(res vanguard.TypeResolver) vanguard.Codec {
+		c := vanguard.NewJSONCodec(res)
+		c.UnmarshalOptions.DiscardUnknown = false
+		return strictJSON{c}
+	})
+}
+
+type strictJSON struct{ *vanguard.JSONCodec }
+
+func (j strictJSON) Unmarshal(b []byte, msg proto.Message) error {
+	return invalidJSON(j.JSONCodec.Unmarshal(b, msg))
+}
+
+func (j strictJSON) UnmarshalField(b []byte, msg proto.Message, field protoreflect.FieldDescriptor) error {
+	return invalidJSON(j.JSONCodec.UnmarshalField(b, msg, field))
+}
+
+func invalidJSON(err error) error {
+	if err == nil {
+		return nil
+	}
+	return apierr.Invalid(apierr.InvalidRequest, "the request body is not valid JSON for this call: "+err.Error(),
+		[]apierr.Violation{{Field: "body", Description: err.Error()}})
+}

@@ -1,0 +1,192 @@
+package apifront
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
+)
+
+type keys map[string]auth.Principal
+
+func (k keys) Authenticate(key string) (auth.Principal, error) {
+	p, ok := k[key]
+	if !ok {
+		return auth.Principal{}, auth.ErrInvalidKey
+	}
+	return p, nil
+}
+
+// trap is a body that fails the test when read.
+type trap struct{ reads atomic.Int32 }
+
+func (t *trap) Read([]byte) (int, error) { t.reads.Add(1); return 0, errors.New("read") }
+func (t *trap) Close() error             { return nil }
+
+func TestUnauthenticatedBodyIsNeverRead(t *testing.T) {
+	var served atomic.Int32
+	f := New(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served.Add(1) }), Config{Auth: keys{"good": {Org: "o"}}, Public: []string{"GET /readyz"}})
+	for _, tc := range []struct {
+		name, path, ct, auth string
+		status               int
+		grpcStatus           string
+	}{
+		{"rest no key", "/v1/sandboxes", "application/json", "", 401, ""},
+		{"rest bad key", "/v1/sandboxes", "application/json", "Bearer bad", 401, ""},
+		{"connect", "/coreweave.sandbox.v1.SandboxService/CreateSandbox", "application/json", "", 401, ""},
+		{"connect proto", "/coreweave.sandbox.v1.SandboxService/CreateSandbox", "application/proto", "Basic x", 401, ""},
+		{"grpc", "/coreweave.sandbox.v1.SandboxService/CreateSandbox", "application/grpc", "", 200, "16"},
+		{"grpc-web", "/coreweave.sandbox.v1.SandboxService/CreateSandbox", "application/grpc-web+proto", "", 200, "16"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := &trap{}
+			req := httptest.NewRequest("POST", tc.path, nil)
+			req.Body, req.ContentLength = body, 100_000_000
+			req.Header.Set("Content-Type", tc.ct)
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			rec := httptest.NewRecorder()
+			f.ServeHTTP(rec, req)
+			if rec.Code != tc.status {
+				t.Errorf("HTTP %d, want %d: %s", rec.Code, tc.status, rec.Body)
+			}
+			if tc.grpcStatus != "" {
+				if got := rec.Header().Get("Grpc-Status"); got != tc.grpcStatus {
+					t.Errorf("grpc-status %q, want %q", got, tc.grpcStatus)
+				}
+			} else if !strings.Contains(rec.Body.String(), apierr.Unauthenticated) {
+				t.Errorf("no %s in %s", apierr.Unauthenticated, rec.Body)
+			}
+			if rec.Header().Get("Connection") != "close" {
+				t.Error("the connection of a refused HTTP/1 upload is kept open")
+			}
+			if n := body.reads.Load(); n != 0 {
+				t.Errorf("body read %d times before authentication", n)
+			}
+		})
+	}
+	if served.Load() != 0 {
+		t.Errorf("next served %d unauthenticated requests", served.Load())
+	}
+	f.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/readyz", nil))
+	if served.Load() != 1 {
+		t.Error("public path not served without a key")
+	}
+}
+
+func TestAuthenticatedPrincipalReachesTheInterceptor(t *testing.T) {
+	var got auth.Principal
+	h := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		// No authenticator: it must not be asked again.
+		ctx, err := auth.Interceptor{Auth: keys{}}.Authorize(r.Context(), r.Header)
+		if err != nil {
+			t.Errorf("Authorize: %v", err)
+			return
+		}
+		got, _ = auth.FromContext(ctx)
+	})
+	f := New(h, Config{Auth: keys{"good": {Org: "o", KeyID: "k"}}})
+	req := httptest.NewRequest("GET", "/v1/sandboxes", nil)
+	req.Header.Set("Authorization", "bearer good") // RFC 9110: the scheme is case-insensitive
+	rec := httptest.NewRecorder()
+	f.ServeHTTP(rec, req)
+	if rec.Code != 200 || got.Org != "o" || got.KeyID != "k" {
+		t.Fatalf("HTTP %d, principal %+v", rec.Code, got)
+	}
+}
+
+func envelope(n int) []byte {
+	b := make([]byte, 5+n)
+	binary.BigEndian.PutUint32(b[1:5], uint32(n))
+	return b
+}
+
+func TestBodyBudget(t *testing.T) {
+	read := func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			w.Header().Set("X-Err", apierr.Reason(err)+" "+connect.CodeOf(err).String())
+		}
+	}
+	f := New(http.HandlerFunc(read), Config{Auth: keys{"k": {}}, MaxBodyBytesInFlight: 1000})
+	do := func(ct string, body []byte, knownLen bool) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/coreweave.sandbox.v1.SandboxService/WriteFile", bytes.NewReader(body))
+		if !knownLen {
+			req.ContentLength = -1
+		}
+		req.Header.Set("Content-Type", ct)
+		req.Header.Set("Authorization", "Bearer k")
+		rec := httptest.NewRecorder()
+		f.ServeHTTP(rec, req)
+		return rec
+	}
+	// Known size larger than the budget: refused before it is read.
+	if rec := do("application/proto", make([]byte, 2000), true); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), apierr.ServerBusy) {
+		t.Errorf("oversized unary: HTTP %d %s", rec.Code, rec.Body)
+	}
+	// Unknown size: refused when the reads pass the budget.
+	if rec := do("application/proto", make([]byte, 2000), false); !strings.Contains(rec.Header().Get("X-Err"), apierr.ServerBusy) {
+		t.Errorf("oversized chunked unary: %q", rec.Header().Get("X-Err"))
+	}
+	// A stream of many messages, each within the budget, passes: each message gives back
+	// the previous one's budget.
+	var stream []byte
+	for range 10 {
+		stream = append(stream, envelope(600)...)
+	}
+	if rec := do("application/grpc", stream, false); rec.Header().Get("X-Err") != "" {
+		t.Errorf("stream of small messages: %q", rec.Header().Get("X-Err"))
+	}
+	if rec := do("application/grpc", envelope(1500), false); !strings.Contains(rec.Header().Get("X-Err"), "resource_exhausted") {
+		t.Errorf("message larger than the budget: %q", rec.Header().Get("X-Err"))
+	}
+	// Everything was given back.
+	if !f.budget.TryAcquire(1000) {
+		t.Error("budget leaked")
+	}
+}
+
+func TestPathVars(t *testing.T) {
+	var svcs = sandboxv1.File_coreweave_sandbox_v1_sandbox_proto.Services()
+	routes, err := Routes(svcs.Get(0))
+	if err != nil || len(routes) == 0 {
+		t.Fatalf("Routes: %d %v", len(routes), err)
+	}
+	routes = sortRoutes(routes)
+	for _, tc := range []struct {
+		method, path string
+		want         map[string]string
+	}{
+		{"GET", "/v1/sandboxes/abc", map[string]string{"sandbox_id": "abc"}},
+		{"DELETE", "/v1/sandboxes/abc", map[string]string{"sandbox_id": "abc"}},
+		{"POST", "/v1/sandboxes/abc:exec", map[string]string{"sandbox_id": "abc"}},
+		{"GET", "/v1/sandboxes/abc:readFile", map[string]string{"sandbox_id": "abc"}},
+		{"GET", "/v1/sandboxes", nil},
+	} {
+		req := httptest.NewRequest(tc.method, tc.path, nil)
+		got := matchVars(routes, req)
+		if len(got) != len(tc.want) || got["sandbox_id"] != tc.want["sandbox_id"] {
+			t.Errorf("%s %s: vars %v, want %v", tc.method, tc.path, got, tc.want)
+		}
+	}
+	ctx := t.Context()
+	ctx = contextWithVars(ctx, map[string]string{"sandbox_id": "abc"})
+	if err := checkVars(ctx, &sandboxv1.GetSandboxRequest{SandboxId: "abc"}); err != nil {
+		t.Errorf("matching message refused: %v", err)
+	}
+	err = checkVars(ctx, &sandboxv1.GetSandboxRequest{SandboxId: "other"})
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || len(apierr.Violations(err)) != 1 || apierr.Violations(err)[0].Field != "sandbox_id" {
+		t.Errorf("override: %v %v", err, apierr.Violations(err))
+	}
+}
