@@ -97,7 +97,7 @@ func dev(args []string) error {
 	local := gateway.NewLocalRunner(*runnerID, stk.Runner)
 	if *edgeListen != "" {
 		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
-			CA: ca, Authorize: stack.KeyAuthorizer(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"),
+			CA: ca, Authorize: stack.KeyAuthorizer(keys), KeyActive: stack.KeyActivity(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"),
 			DialMark: stk.EdgeDialMark(), Logger: logger})
 		switch {
 		case err == nil:
