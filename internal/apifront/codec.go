@@ -8,15 +8,20 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
-// WithStrictJSON is the transcoder option of the API's REST/JSON codec: unknown fields are
-// errors, and a body that is not valid JSON for the message (invalid UTF-8 among it) is
-// INVALID_ARGUMENT, as it is on gRPC and Connect (vanguard's default answers 500 UNKNOWN).
-func WithStrictJSON() vanguard.TranscoderOption {
-	return vanguard.WithCodec(func(res vanguard.TypeResolver) vanguard.Codec {
-		c := vanguard.NewJSONCodec(res)
-		c.UnmarshalOptions.DiscardUnknown = false
-		return strictJSON{c}
-	})
+// StrictJSON are the transcoder options of the API's JSON (REST and Connect): unknown
+// fields are errors, and a body that is not valid JSON for the message (invalid UTF-8
+// among it) is INVALID_ARGUMENT with reason CWSANDBOX_INVALID_REQUEST, as it is on gRPC
+// (vanguard's default answered 500 UNKNOWN, and dropped unknown fields). JSON is decoded
+// here and handed to the handlers as protobuf, so this codec is the only JSON decoder.
+func StrictJSON() []vanguard.TranscoderOption {
+	return []vanguard.TranscoderOption{
+		vanguard.WithCodec(func(res vanguard.TypeResolver) vanguard.Codec {
+			c := vanguard.NewJSONCodec(res)
+			c.UnmarshalOptions.DiscardUnknown = false
+			return strictJSON{c}
+		}),
+		vanguard.WithDefaultServiceOptions(vanguard.WithTargetCodecs(vanguard.CodecProto)),
+	}
 }
 
 type strictJSON struct{ *vanguard.JSONCodec }

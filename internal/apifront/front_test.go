@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/vanguard"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -188,5 +190,40 @@ func TestPathVars(t *testing.T) {
 	err = checkVars(ctx, &sandboxv1.GetSandboxRequest{SandboxId: "other"})
 	if connect.CodeOf(err) != connect.CodeInvalidArgument || len(apierr.Violations(err)) != 1 || apierr.Violations(err)[0].Field != "sandbox_id" {
 		t.Errorf("override: %v %v", err, apierr.Violations(err))
+	}
+}
+
+func TestStrictJSON(t *testing.T) {
+	c := strictJSON{vanguard.NewJSONCodec(protoregistry.GlobalTypes)}
+	c.UnmarshalOptions.DiscardUnknown = false
+	for name, body := range map[string]string{
+		"invalid UTF-8": "{\"tags\":[\"\xff\"]}",
+		"unknown field": `{"tags":["a"],"nope":1}`,
+		"not JSON":      `{`,
+	} {
+		err := c.Unmarshal([]byte(body), &sandboxv1.PurgeSandboxesRequest{})
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || apierr.Reason(err) != apierr.InvalidRequest {
+			t.Errorf("%s: %v (%s), want INVALID_ARGUMENT %s", name, err, apierr.Reason(err), apierr.InvalidRequest)
+		}
+	}
+	var m sandboxv1.PurgeSandboxesRequest
+	if err := c.Unmarshal([]byte(`{"tags":["a"]}`), &m); err != nil || len(m.GetTags()) != 1 {
+		t.Errorf("valid body: %v %v", &m, err)
+	}
+}
+
+func TestUnknownEnums(t *testing.T) {
+	if err := checkEnums(&sandboxv1.ListSandboxesRequest{State: sandboxv1.State_STATE_RUNNING}); err != nil {
+		t.Errorf("known value refused: %v", err)
+	}
+	err := checkEnums(&sandboxv1.ListSandboxesRequest{State: 99, SortDirection: 7})
+	vs := apierr.Violations(err)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || len(vs) != 2 || vs[0].Field != "state" || vs[1].Field != "sort_direction" {
+		t.Errorf("unknown values: %v %v", err, vs)
+	}
+	// Nested and repeated fields too.
+	err = checkEnums(&sandboxv1.ConnectSandboxRequest{RequestedPermissions: []sandboxv1.SandboxDataPermission{1, 77}})
+	if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != "requested_permissions[1]" {
+		t.Errorf("repeated: %v %v", err, vs)
 	}
 }

@@ -158,7 +158,7 @@ func (s *Service) Handler() http.Handler {
 	t, err := vanguard.NewTranscoder([]*vanguard.Service{
 		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
-	}, apifront.WithStrictJSON())
+	}, apifront.StrictJSON()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.
 		panic(fmt.Sprintf("controlplane: REST transcoding: %v", err))
