@@ -19,7 +19,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
-	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -154,13 +153,7 @@ func dev(args []string) error {
 		// The runner's own live sandboxes of org (those the store may not know yet), never
 		// those of other organizations: neither their count nor their existence is org's.
 		sbs, err := local.List(ctx)
-		live := 0
-		for _, sb := range sbs {
-			if sb.Spec.Meta[runner.MetaOrg] == org && !sb.State.Terminal() {
-				live++
-			}
-		}
-		return max(n, live), err
+		return max(n, gateway.LiveOf(sbs, org)), err
 	})
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package apifront
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -13,6 +14,9 @@ import (
 
 	"connectrpc.com/connect"
 	"connectrpc.com/vanguard"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
@@ -67,6 +71,9 @@ func TestUnauthenticatedBodyIsNeverRead(t *testing.T) {
 			if tc.grpcStatus != "" {
 				if got := rec.Header().Get("Grpc-Status"); got != tc.grpcStatus {
 					t.Errorf("grpc-status %q, want %q", got, tc.grpcStatus)
+				}
+				if r := grpcReason(t, rec.Header().Get("Grpc-Status-Details-Bin")); r != apierr.Unauthenticated {
+					t.Errorf("grpc-status-details-bin reason %q, want %s", r, apierr.Unauthenticated)
 				}
 			} else if !strings.Contains(rec.Body.String(), apierr.Unauthenticated) {
 				t.Errorf("no %s in %s", apierr.Unauthenticated, rec.Body)
@@ -226,4 +233,24 @@ func TestUnknownEnums(t *testing.T) {
 	if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != "requested_permissions[1]" {
 		t.Errorf("repeated: %v %v", err, vs)
 	}
+}
+
+// grpcReason decodes grpc-status-details-bin and returns its ErrorInfo's reason.
+func grpcReason(t *testing.T, bin string) string {
+	t.Helper()
+	b, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(bin, "="))
+	if err != nil {
+		t.Fatalf("grpc-status-details-bin %q: %v", bin, err)
+	}
+	var st status.Status
+	if err := proto.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range st.GetDetails() {
+		var info errdetails.ErrorInfo
+		if d.UnmarshalTo(&info) == nil && info.GetDomain() == apierr.Domain {
+			return info.GetReason()
+		}
+	}
+	return ""
 }
