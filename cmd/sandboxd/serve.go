@@ -25,7 +25,8 @@ import (
 // newAPIServer serves handler behind the API front (the key is checked from the headers
 // before any body is read; request bodies in flight are capped) over HTTP/1.1 and HTTP/2
 // cleartext (h2c), as the official client's plaintext channel needs. Headers must arrive
-// within ReadHeaderTimeout; an unauthenticated body is never read.
+// within ReadHeaderTimeout, an authenticated unary body within
+// apifront.DefaultBodyReadTimeout; an unauthenticated body is never read.
 func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logger) *http.Server {
 	var svcs []protoreflect.ServiceDescriptor
 	for _, f := range []protoreflect.FileDescriptor{sandboxv1.File_coreweave_sandbox_v1_sandbox_proto,
@@ -40,7 +41,7 @@ func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logge
 		panic(err)
 	}
 	front := apifront.New(handler, apifront.Config{Auth: keys, Public: []string{"GET /readyz"},
-		MaxMessageBytes: gateway.MaxMessageBytes, Routes: routes, Logger: log})
+		MaxMessageBytes: gateway.MaxMessageBytes, Routes: routes, ClientStreaming: apifront.ClientStreaming(svcs...), Logger: log})
 	srv := &http.Server{Handler: front, ReadHeaderTimeout: apiReadHeaderTimeout, Protocols: new(http.Protocols),
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	srv.Protocols.SetHTTP1(true)

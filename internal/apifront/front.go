@@ -26,8 +26,11 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 )
 
-// DefaultMaxBodyBytesInFlight is the default of Config.MaxBodyBytesInFlight.
-const DefaultMaxBodyBytesInFlight = 512 << 20
+// Defaults of Config.
+const (
+	DefaultMaxBodyBytesInFlight = 512 << 20
+	DefaultBodyReadTimeout      = 5 * time.Minute
+)
 
 // Config configures a Front.
 type Config struct {
@@ -41,7 +44,13 @@ type Config struct {
 	MaxMessageBytes      int64
 	// Routes are the REST routes whose path variables must not be overridden (Routes()).
 	Routes []Route
-	Logger *slog.Logger
+	// BodyReadTimeout bounds the time an authenticated client may take to send a request
+	// body (default DefaultBodyReadTimeout; < 0: unbounded), except on the paths of
+	// ClientStreaming (StreamExec's input lasts as long as the command). Unauthenticated
+	// bodies are never read at all.
+	BodyReadTimeout time.Duration
+	ClientStreaming []string
+	Logger          *slog.Logger
 }
 
 // Front is an http.Handler in front of the API.
@@ -53,8 +62,11 @@ type Front struct {
 	max    int64
 	maxMsg int64
 	routes []Route
-	errs   *connect.ErrorWriter
-	log    *slog.Logger
+	// bodyTimeout: see Config.BodyReadTimeout; streaming the paths exempt from it.
+	bodyTimeout time.Duration
+	streaming   map[string]bool
+	errs        *connect.ErrorWriter
+	log         *slog.Logger
 }
 
 // New returns a Front serving next.
@@ -68,10 +80,17 @@ func New(next http.Handler, cfg Config) *Front {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.BodyReadTimeout == 0 {
+		cfg.BodyReadTimeout = DefaultBodyReadTimeout
+	}
 	f := &Front{next: next, auth: cfg.Auth, public: map[string]bool{}, budget: semaphore.NewWeighted(cfg.MaxBodyBytesInFlight),
 		max: cfg.MaxBodyBytesInFlight, maxMsg: cfg.MaxMessageBytes, routes: sortRoutes(cfg.Routes), errs: connect.NewErrorWriter(), log: cfg.Logger}
 	for _, p := range cfg.Public {
 		f.public[p] = true
+	}
+	f.bodyTimeout, f.streaming = cfg.BodyReadTimeout, map[string]bool{}
+	for _, p := range cfg.ClientStreaming {
+		f.streaming[p] = true
 	}
 	return f
 }
@@ -107,6 +126,15 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		defer b.release()
+		if f.bodyTimeout > 0 && !f.streaming[r.URL.Path] {
+			// The whole body must arrive in time; once it has, the deadline goes (a
+			// server stream of logs then lasts as long as it likes).
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(time.Now().Add(f.bodyTimeout)) == nil {
+				b.done = func() { _ = rc.SetReadDeadline(time.Time{}) }
+				defer b.finish()
+			}
+		}
 		r.Body = b
 	}
 	f.next.ServeHTTP(w, r.WithContext(ctx))
@@ -200,6 +228,18 @@ type budgeted struct {
 	prefixN   int
 	remaining int64
 	err       error
+	// done clears the body's read deadline, once (finish).
+	done func()
+}
+
+func (b *budgeted) finish() {
+	b.mu.Lock()
+	done := b.done
+	b.done = nil
+	b.mu.Unlock()
+	if done != nil {
+		done()
+	}
 }
 
 func (b *budgeted) acquire(n int64) bool {
@@ -231,6 +271,10 @@ func (b *budgeted) Read(p []byte) (int, error) {
 	if berr := b.account(p[:n]); berr != nil {
 		b.err = berr
 		return 0, berr
+	}
+	if errors.Is(err, io.EOF) && b.done != nil {
+		b.done()
+		b.done = nil
 	}
 	return n, err
 }

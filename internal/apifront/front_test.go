@@ -6,11 +6,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/vanguard"
@@ -253,4 +255,97 @@ func grpcReason(t *testing.T, bin string) string {
 		}
 	}
 	return ""
+}
+
+// TestSlowAuthenticatedBodyTimesOut: an authenticated body that stops arriving is cut off
+// after BodyReadTimeout, except on client-streaming paths; a complete body clears the
+// deadline, so the handler may then run (stream a response) as long as it likes.
+func TestSlowAuthenticatedBodyTimesOut(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	results := make(chan error, 4)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.Copy(io.Discard, r.Body)
+		if err == nil && r.URL.Path == "/x.S/Unary" {
+			time.Sleep(2 * timeout) // past the deadline, after the body
+			_, err = w.Write([]byte("late"))
+		}
+		results <- err
+	})
+	srv := httptest.NewServer(New(h, Config{Auth: keys{"k": {}}, BodyReadTimeout: timeout, ClientStreaming: []string{"/x.S/Bidi"}}))
+	defer srv.Close()
+	send := func(path string, complete bool) (time.Duration, error) {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		start := time.Now()
+		body := "abc"
+		if !complete {
+			body = "a" // of 3
+		}
+		_, _ = io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/proto\r\nContent-Length: 3\r\n\r\n"+body)
+		select {
+		case err := <-results:
+			return time.Since(start), err
+		case <-time.After(5 * timeout):
+			return time.Since(start), errors.New("still reading")
+		}
+	}
+	if took, err := send("/x.S/Slow", false); err == nil || took > 3*timeout {
+		t.Errorf("slow body: %v after %v, want a read error after about %v", err, took, timeout)
+	}
+	if _, err := send("/x.S/Bidi", false); err == nil || err.Error() != "still reading" {
+		t.Errorf("client stream: %v, want it still reading", err)
+	}
+	<-results // the client stream's handler, once its client went away
+	if _, err := send("/x.S/Unary", true); err != nil {
+		t.Errorf("complete body, slow handler: %v", err)
+	}
+}
+
+// TestBodyDeadlineOverH2C: over HTTP/2 too, a body that stops arriving is cut off and a
+// complete one leaves the call (a long response stream) alone.
+func TestBodyDeadlineOverH2C(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusRequestTimeout)
+			return
+		}
+		for range 4 { // a stream of responses outliving the deadline
+			time.Sleep(timeout / 2)
+			_, _ = w.Write([]byte("x"))
+			http.NewResponseController(w).Flush()
+		}
+	})
+	srv := httptest.NewUnstartedServer(New(h, Config{Auth: keys{"k": {}}, BodyReadTimeout: timeout}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	defer srv.Close()
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	c := &http.Client{Transport: &http.Transport{Protocols: p}}
+	post := func(body io.Reader) (int, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/x.S/M", body)
+		req.Header.Set("Authorization", "Bearer k")
+		res, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, b := post(strings.NewReader("abc")); code != 200 || b != "xxxx" {
+		t.Errorf("complete body: %d %q, want 200 xxxx", code, b)
+	}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() { _, _ = pw.Write([]byte("a")) }()
+	start := time.Now()
+	if code, _ := post(pr); code != http.StatusRequestTimeout || time.Since(start) > 3*timeout {
+		t.Errorf("stalled body: %d after %v, want cut off after about %v", code, time.Since(start), timeout)
+	}
 }

@@ -49,6 +49,20 @@ func Routes(svcs ...protoreflect.ServiceDescriptor) ([]Route, error) {
 	return out, nil
 }
 
+// ClientStreaming returns the RPC paths (/package.Service/Method) of the services'
+// client- and bidi-streaming methods: their request bodies last as long as the call.
+func ClientStreaming(svcs ...protoreflect.ServiceDescriptor) []string {
+	var out []string
+	for _, sd := range svcs {
+		for i := range sd.Methods().Len() {
+			if md := sd.Methods().Get(i); md.IsStreamingClient() {
+				out = append(out, "/"+string(sd.FullName())+"/"+string(md.Name()))
+			}
+		}
+	}
+	return out
+}
+
 func parseRule(r *annotations.HttpRule) (Route, error) {
 	var method, tmpl string
 	switch p := r.GetPattern().(type) {
