@@ -95,9 +95,12 @@ func New(next http.Handler, cfg Config) *Front {
 	return f
 }
 
-// errBusy: the bodies in flight already take the whole budget.
-var errBusy = apierr.WithRetry(apierr.Newf(connect.CodeResourceExhausted, apierr.ServerBusy,
-	"the server is buffering as many request bytes as it may: retry shortly"), time.Second)
+// errBusy: the bodies in flight already take the whole budget. (A new error each time:
+// connect adds to the errors it writes.)
+func errBusy() error {
+	return apierr.WithRetry(apierr.Newf(connect.CodeResourceExhausted, apierr.ServerBusy,
+		"the server is buffering as many request bytes as it may: retry shortly"), time.Second)
+}
 
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.public[r.Method+" "+r.URL.Path] {
@@ -119,9 +122,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		b := &budgeted{f: f, rc: r.Body, enveloped: enveloped(r.Header.Get("Content-Type"))}
 		if n := r.ContentLength; n > 0 && !b.enveloped {
-			// A body of known size reserves it all now, or is refused before it is read.
-			if !b.acquire(n) {
-				f.refuse(w, r, errBusy)
+			// A body of known size reserves it all now (up to one message: the handler
+			// refuses more), or is refused before it is read.
+			if !b.acquire(min(n, f.maxMsg)) {
+				f.refuse(w, r, errBusy())
 				return
 			}
 		}
@@ -283,7 +287,7 @@ func (b *budgeted) account(p []byte) error {
 	if !b.enveloped {
 		b.read += int64(len(p))
 		if b.read > b.held && !b.acquire(b.read-b.held) {
-			return errBusy
+			return errBusy()
 		}
 		return nil
 	}
@@ -312,7 +316,7 @@ func (b *budgeted) account(p []byte) error {
 				"message of %d bytes is larger than the %d bytes the server buffers for one message", size, b.f.maxMsg)
 		}
 		if !b.acquire(size) {
-			return errBusy
+			return errBusy()
 		}
 		b.remaining = size
 	}
