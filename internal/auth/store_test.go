@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -106,6 +107,7 @@ func TestInterceptor(t *testing.T) {
 		{"lowercase scheme", "", "bearer " + user, 0, ""},
 		{"uppercase scheme", "", "BEARER " + user, 0, ""},
 		{"scheme only", "", "bearer ", connect.CodeUnauthenticated, apierr.Unauthenticated},
+		{"oversized key", "", "Bearer " + user + strings.Repeat("x", 300), connect.CodeUnauthenticated, apierr.Unauthenticated},
 		{"no header", auth.RoleAdmin, "", connect.CodeUnauthenticated, apierr.Unauthenticated},
 		{"not bearer", "", "Basic " + user, connect.CodeUnauthenticated, apierr.Unauthenticated},
 		{"unknown key", "", "Bearer sbx_00_11", connect.CodeUnauthenticated, apierr.Unauthenticated},
@@ -122,5 +124,25 @@ func TestInterceptor(t *testing.T) {
 				t.Fatalf("err = %v (%s), want %v %s", err, apierr.Reason(err), tc.code, tc.reason)
 			}
 		})
+	}
+}
+
+type countingAuth struct{ n int }
+
+func (c *countingAuth) Authenticate(string) (auth.Principal, error) {
+	c.n++
+	return auth.Principal{}, auth.ErrInvalidKey
+}
+
+// TestCheckBoundsTheWork: an oversized key is refused without a lookup.
+func TestCheckBoundsTheWork(t *testing.T) {
+	c := &countingAuth{}
+	h := http.Header{"Authorization": {"Bearer sbx_" + strings.Repeat("a", 1<<20)}}
+	if _, err := auth.Check(c, h); connect.CodeOf(err) != connect.CodeUnauthenticated || c.n != 0 {
+		t.Errorf("oversized key: %v after %d lookups, want UNAUTHENTICATED after none", err, c.n)
+	}
+	h.Set("Authorization", "Bearer sbx_0123456789abcdef_x")
+	if _, err := auth.Check(c, h); connect.CodeOf(err) != connect.CodeUnauthenticated || c.n != 1 {
+		t.Errorf("ordinary key: %v after %d lookups, want one", err, c.n)
 	}
 }
