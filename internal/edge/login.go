@@ -28,9 +28,10 @@ import (
 //     accepts for the route's organization sets the cookie and redirects to next.
 //     A bearer header on the POST works too, for scripts.
 //   - The cookie, __Host-sandboxd, is bound to the endpoint's host name, the
-//     organization and the ID of the API key that logged in, carries its expiry, and is signed (HMAC-SHA256) with the edge's
-//     session key; it is Secure, HttpOnly and SameSite=Lax, and the __Host- prefix keeps
-//     it to this one host. It is removed before the request reaches the sandbox.
+//     organization and the ID of the API key that logged in, carries its expiry, and is
+//     signed (HMAC-SHA256) with the edge's session key; it is Secure, HttpOnly and
+//     SameSite=Lax, and the __Host- prefix keeps it to this one host. It is removed
+//     before the request reaches the sandbox.
 //   - /.sandboxd/logout clears it. Paths under /.sandboxd/ of TOKEN endpoints belong to
 //     the edge; OPEN endpoints pass every path to the workload.
 //
