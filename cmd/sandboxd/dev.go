@@ -96,7 +96,7 @@ func dev(args []string) error {
 	local := gateway.NewLocalRunner(*runnerID, stk.Runner)
 	if *edgeListen != "" {
 		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
-			CA: ca, Authorize: stack.KeyAuthorizer(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"),
+			CA: ca, Authorize: stack.KeyAuthorizer(keys), KeyActive: stack.KeyActivity(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"),
 			DialMark: stk.EdgeDialMark(), Logger: logger})
 		switch {
 		case err == nil:
@@ -150,8 +150,10 @@ func dev(args []string) error {
 		if err != nil || runnerID != local.ID() {
 			return n, err
 		}
-		c, err := local.Capacity(ctx)
-		return max(n, c.Running), err
+		// The runner's own live sandboxes of org (those the store may not know yet), never
+		// those of other organizations: neither their count nor their existence is org's.
+		sbs, err := local.List(ctx)
+		return max(n, gateway.LiveOf(sbs, org)), err
 	})
 	if err != nil {
 		return err
@@ -160,7 +162,7 @@ func dev(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := newAPIServer(controlplane.Route(cp.Handler(), gw.Handler()))
+	srv := newAPIServer(controlplane.Route(cp.Handler(), gw.Handler()), keys, logger)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
 	return serveUntilDone(ctx, srv, ln, logger, "shutting down; sandboxes keep running and are re-adopted on the next start")

@@ -422,7 +422,7 @@ func gatewayCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := newAPIServer(controlplane.Route(admin, gw.Handler()))
+	srv := newAPIServer(controlplane.Route(admin, gw.Handler()), keys, logger)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
 	return serveUntilDone(ctx, srv, ln, logger, "")

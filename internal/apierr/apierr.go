@@ -40,6 +40,8 @@ const (
 	FSSNotSupported         = "CWSANDBOX_FSS_NOT_SUPPORTED"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
+	// ServerBusy: the server buffers as many request bytes as it may (RESOURCE_EXHAUSTED).
+	ServerBusy = "CWSANDBOX_SERVER_BUSY"
 )
 
 // Violation names a request field and what is wrong with it.

@@ -213,3 +213,15 @@ func FromContext(ctx context.Context) (Principal, bool) {
 	p, ok := ctx.Value(principalKey{}).(Principal)
 	return p, ok
 }
+
+// KeyActive implements KeyChecker.
+func (k *Keyring) KeyActive(id string) (Principal, error) {
+	k.reloadIfChanged()
+	k.mu.RLock()
+	r, found := k.keys[id]
+	k.mu.RUnlock()
+	if !found {
+		return Principal{}, ErrInvalidKey
+	}
+	return Principal{KeyID: id, Org: r.Org, Role: r.Role, Name: r.Name}, nil
+}

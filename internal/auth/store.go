@@ -125,3 +125,32 @@ func (a *StoreAuthenticator) touch(id string) {
 
 // Wait waits for background writes (tests, shutdown).
 func (a *StoreAuthenticator) Wait() { a.wg.Wait() }
+
+// KeyChecker says whether a key, by its id, is still active (not revoked, not deleted):
+// for credentials derived from a key after it was checked (edge login sessions,
+// data-plane certificates), which must end or stop being issued once it is revoked.
+type KeyChecker interface {
+	// KeyActive returns the principal of key id, ErrInvalidKey if it is revoked or
+	// unknown, another error if that cannot be known now.
+	KeyActive(id string) (Principal, error)
+}
+
+// KeyActive implements KeyChecker.
+func (a *StoreAuthenticator) KeyActive(id string) (Principal, error) {
+	if id == "" {
+		return Principal{}, ErrInvalidKey
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+	defer cancel()
+	rec, err := a.st.APIKeys().Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return Principal{}, ErrInvalidKey
+	}
+	if err != nil {
+		return Principal{}, fmt.Errorf("check API key: %w", err)
+	}
+	if rec.RevokedAt != nil {
+		return Principal{}, ErrInvalidKey
+	}
+	return Principal{KeyID: id, Org: rec.Org, Role: Role(rec.Role), Name: rec.Name}, nil
+}

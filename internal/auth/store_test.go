@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -56,6 +57,9 @@ func TestStoreAuthenticator(t *testing.T) {
 	if got, _ := st.APIKeys().Get(ctx, rec.ID); !got.LastUsedAt.Equal(first) {
 		t.Errorf("last use written twice within a minute: %v then %v", first, got.LastUsedAt)
 	}
+	if p, err := a.KeyActive(rec.ID); err != nil || p.Org != "o1" {
+		t.Errorf("KeyActive of a live key: %+v %v", p, err)
+	}
 	for _, bad := range []string{"", "nope", "sbx_", "sbx_" + rec.ID, "sbx_" + rec.ID + "_wrong", "sbx_ffffffffffffffff_x", key + "x"} {
 		if _, err := a.Authenticate(bad); !errors.Is(err, auth.ErrInvalidKey) {
 			t.Errorf("Authenticate(%q) = %v, want ErrInvalidKey", bad, err)
@@ -66,6 +70,12 @@ func TestStoreAuthenticator(t *testing.T) {
 	}
 	if _, err := a.Authenticate(key); !errors.Is(err, auth.ErrInvalidKey) {
 		t.Errorf("revoked key: %v", err)
+	}
+	if _, err := a.KeyActive(rec.ID); !errors.Is(err, auth.ErrInvalidKey) {
+		t.Errorf("KeyActive of a revoked key: %v", err)
+	}
+	if _, err := a.KeyActive("ffffffffffffffff"); !errors.Is(err, auth.ErrInvalidKey) {
+		t.Errorf("KeyActive of an unknown key: %v", err)
 	}
 }
 
@@ -94,6 +104,10 @@ func TestInterceptor(t *testing.T) {
 		{"user for admin", auth.RoleAdmin, "Bearer " + user, connect.CodePermissionDenied, apierr.PermissionDenied},
 		{"admin for user", auth.RoleUser, "Bearer " + admin, 0, ""},
 		{"user for any", "", "Bearer " + user, 0, ""},
+		{"lowercase scheme", "", "bearer " + user, 0, ""},
+		{"uppercase scheme", "", "BEARER " + user, 0, ""},
+		{"scheme only", "", "bearer ", connect.CodeUnauthenticated, apierr.Unauthenticated},
+		{"oversized key", "", "Bearer " + user + strings.Repeat("x", 300), connect.CodeUnauthenticated, apierr.Unauthenticated},
 		{"no header", auth.RoleAdmin, "", connect.CodeUnauthenticated, apierr.Unauthenticated},
 		{"not bearer", "", "Basic " + user, connect.CodeUnauthenticated, apierr.Unauthenticated},
 		{"unknown key", "", "Bearer sbx_00_11", connect.CodeUnauthenticated, apierr.Unauthenticated},
@@ -110,5 +124,25 @@ func TestInterceptor(t *testing.T) {
 				t.Fatalf("err = %v (%s), want %v %s", err, apierr.Reason(err), tc.code, tc.reason)
 			}
 		})
+	}
+}
+
+type countingAuth struct{ n int }
+
+func (c *countingAuth) Authenticate(string) (auth.Principal, error) {
+	c.n++
+	return auth.Principal{}, auth.ErrInvalidKey
+}
+
+// TestCheckBoundsTheWork: an oversized key is refused without a lookup.
+func TestCheckBoundsTheWork(t *testing.T) {
+	c := &countingAuth{}
+	h := http.Header{"Authorization": {"Bearer sbx_" + strings.Repeat("a", 1<<20)}}
+	if _, err := auth.Check(c, h); connect.CodeOf(err) != connect.CodeUnauthenticated || c.n != 0 {
+		t.Errorf("oversized key: %v after %d lookups, want UNAUTHENTICATED after none", err, c.n)
+	}
+	h.Set("Authorization", "Bearer sbx_0123456789abcdef_x")
+	if _, err := auth.Check(c, h); connect.CodeOf(err) != connect.CodeUnauthenticated || c.n != 1 {
+		t.Errorf("ordinary key: %v after %d lookups, want one", err, c.n)
 	}
 }

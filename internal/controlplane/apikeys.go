@@ -62,6 +62,9 @@ func (s *Service) ListApiKeys(ctx context.Context, req *connect.Request[controlp
 	if err != nil {
 		return nil, apierr.Newf(connect.CodeUnavailable, ReasonUnavailable, "list API keys: %v", err)
 	}
+	if start > len(keys) {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid page_token", []apierr.Violation{{Field: "page_token", Description: "is not a token this list returned"}})
+	}
 	out := &controlplanev1.ListApiKeysResponse{}
 	for i := start; i < len(keys) && i < start+size; i++ {
 		out.ApiKeys = append(out.ApiKeys, keyProto(keys[i]))

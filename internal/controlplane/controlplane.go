@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/vanguard"
 
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
+	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -151,13 +152,13 @@ func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
 // google.api.http annotations), requiring an admin key on every call.
 func (s *Service) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(auth.Interceptor{Auth: s.auth, Require: auth.RoleAdmin}),
+		connect.WithInterceptors(auth.Interceptor{Auth: s.auth, Require: auth.RoleAdmin}, apifront.PathVars{}, apifront.Enums{}),
 		connect.WithReadMaxBytes(4 << 20),
 	}
 	t, err := vanguard.NewTranscoder([]*vanguard.Service{
 		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
-	})
+	}, apifront.StrictJSON()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.
 		panic(fmt.Sprintf("controlplane: REST transcoding: %v", err))

@@ -10,8 +10,14 @@ import (
 	"github.com/sandboxd/sandboxd/internal/pki"
 )
 
-// DefaultCertTTL is how long a data-plane client certificate is valid unless configured.
-const DefaultCertTTL = 15 * time.Minute
+// DefaultCertTTL is how long a data-plane client certificate is valid unless configured;
+// MaxCertTTL the most it may be configured to. An issued certificate cannot be revoked:
+// revoking the API key it was issued for stops new ones (ConnectSandbox re-checks the
+// key before signing), and the ones issued before live out their TTL.
+const (
+	DefaultCertTTL = 15 * time.Minute
+	MaxCertTTL     = time.Hour
+)
 
 // Issuer signs data-plane client certificates (the gateway's side of ConnectSandbox).
 type Issuer struct {
@@ -34,6 +40,7 @@ func (is *Issuer) Issue(csr *x509.CertificateRequest, org, sandboxID, container 
 	if ttl <= 0 {
 		ttl = DefaultCertTTL
 	}
+	ttl = min(ttl, MaxCertTTL)
 	cert, err := is.CA.SignCSR(csr, func(c *x509.Certificate) {
 		c.URIs = append(c.URIs[:0], id.URI())
 		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}

@@ -26,6 +26,11 @@ type Config struct {
 	// key may use the sandbox, an error wrapping ErrUnauthenticated if it is no valid key
 	// (401), any other error if it may not (403). Nil: every AuthToken request is refused.
 	Authorize func(ctx context.Context, token, org string) error
+	// KeyActive says whether the API key of ID keyID is still active for org (nil: it
+	// is); asked for every request on a browser login session (cached for
+	// sessionKeyCacheTTL), so that revoking a key ends its sessions. Nil: sessions last
+	// until they expire.
+	KeyActive func(ctx context.Context, keyID, org string) error
 	// SessionKey signs the session cookies of TOKEN endpoints' browser logins (see
 	// login.go); nil: a random key, so sessions end with the process.
 	SessionKey []byte
@@ -62,6 +67,7 @@ type Edge struct {
 	dialer   net.Dialer
 	slots    chan struct{}
 	sessions session
+	keyCache keyCache
 
 	mu        sync.Mutex
 	closed    bool

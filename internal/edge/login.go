@@ -27,15 +27,18 @@ import (
 //   - The login page posts the key (form field "key") back; a key that Config.Authorize
 //     accepts for the route's organization sets the cookie and redirects to next.
 //     A bearer header on the POST works too, for scripts.
-//   - The cookie, __Host-sandboxd, is bound to the endpoint's host name and the
-//     organization, carries its expiry, and is signed (HMAC-SHA256) with the edge's
-//     session key; it is Secure, HttpOnly and SameSite=Lax, and the __Host- prefix keeps
-//     it to this one host. It is removed before the request reaches the sandbox.
+//   - The cookie, __Host-sandboxd, is bound to the endpoint's host name, the
+//     organization and the ID of the API key that logged in, carries its expiry, and is
+//     signed (HMAC-SHA256) with the edge's session key; it is Secure, HttpOnly and
+//     SameSite=Lax, and the __Host- prefix keeps it to this one host. It is removed
+//     before the request reaches the sandbox.
 //   - /.sandboxd/logout clears it. Paths under /.sandboxd/ of TOKEN endpoints belong to
 //     the edge; OPEN endpoints pass every path to the workload.
 //
-// The key itself is never stored: a revoked key's session lasts until the cookie
-// expires (Config.SessionTTL, 1 h by default).
+// The key itself is never stored. Every request on a session asks Config.KeyActive
+// whether its key is still active (answers are cached for sessionKeyCacheTTL at most), so
+// revoking the key ends its sessions; the cookie also expires (Config.SessionTTL, 1 h by
+// default).
 
 const (
 	sessionCookie  = "__Host-sandboxd"
@@ -96,29 +99,38 @@ type session struct {
 	now func() time.Time
 }
 
-// issue returns a cookie value for host and org valid until now+ttl.
-func (s *session) issue(host, org string) string {
+// issue returns a cookie value for host, org and the API key keyID valid until now+ttl.
+func (s *session) issue(host, org, keyID string) string {
 	exp := strconv.FormatInt(s.now().Add(s.ttl).Unix(), 10)
-	payload := exp + "|" + host + "|" + org
-	return exp + "." + base64.RawURLEncoding.EncodeToString([]byte(org)) + "." + s.sign(payload)
+	payload := exp + "|" + host + "|" + org + "|" + keyID
+	return exp + "." + base64.RawURLEncoding.EncodeToString([]byte(org)) + "." +
+		base64.RawURLEncoding.EncodeToString([]byte(keyID)) + "." + s.sign(payload)
 }
 
-// valid reports whether v is an unexpired cookie this edge issued for host and org.
-func (s *session) valid(v, host, org string) bool {
-	exp, rest, ok1 := strings.Cut(v, ".")
-	o, mac, ok2 := strings.Cut(rest, ".")
-	if !ok1 || !ok2 {
-		return false
+// valid reports whether v is an unexpired cookie this edge issued for host and org, and
+// the ID of the key it was issued for.
+func (s *session) valid(v, host, org string) (keyID string, ok bool) {
+	parts := strings.Split(v, ".")
+	if len(parts) != 4 {
+		return "", false
 	}
+	exp, o, k, mac := parts[0], parts[1], parts[2], parts[3]
 	unix, err := strconv.ParseInt(exp, 10, 64)
 	if err != nil || s.now().Unix() >= unix {
-		return false
+		return "", false
 	}
 	ob, err := base64.RawURLEncoding.DecodeString(o)
 	if err != nil || string(ob) != org {
-		return false
+		return "", false
 	}
-	return hmac.Equal([]byte(mac), []byte(s.sign(exp+"|"+host+"|"+org)))
+	kb, err := base64.RawURLEncoding.DecodeString(k)
+	if err != nil || strings.Contains(string(kb), "|") {
+		return "", false
+	}
+	if !hmac.Equal([]byte(mac), []byte(s.sign(exp+"|"+host+"|"+org+"|"+string(kb)))) {
+		return "", false
+	}
+	return string(kb), true
 }
 
 func (s *session) sign(payload string) string {
@@ -127,11 +139,12 @@ func (s *session) sign(payload string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// fromCookie reports whether r carries a valid session for rt's host and organization.
+// fromCookie reports whether r carries a valid session for rt's host and organization,
+// made with a key that is still active.
 func (e *Edge) fromCookie(r *http.Request, rt Route) bool {
 	host := hostOnly(r.Host)
 	for _, c := range r.CookiesNamed(sessionCookie) {
-		if e.sessions.valid(c.Value, host, rt.Org) {
+		if keyID, ok := e.sessions.valid(c.Value, host, rt.Org); ok && e.keyActive(r.Context(), keyID, rt.Org) {
 			return true
 		}
 	}
@@ -209,7 +222,7 @@ func (e *Edge) login(w http.ResponseWriter, r *http.Request, rt Route) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{
-		Name: sessionCookie, Value: e.sessions.issue(host, rt.Org), Path: "/",
+		Name: sessionCookie, Value: e.sessions.issue(host, rt.Org, keyIDOf(key)), Path: "/",
 		MaxAge: int(e.sessions.ttl / time.Second), Secure: true, HttpOnly: true, SameSite: http.SameSiteLaxMode,
 	})
 	w.Header().Set("Location", next)

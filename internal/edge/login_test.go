@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -136,7 +137,7 @@ func TestSessionCookieIsBoundToHostOrgAndTime(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	s := session{key: []byte("k"), ttl: time.Hour, now: func() time.Time { return now }}
 	host := Host(8080, sbxA, testRunner, testDomain)
-	v := s.issue(host, "org-a")
+	v := s.issue(host, "org-a", "k1")
 	other := session{key: []byte("other key"), ttl: time.Hour, now: s.now}
 	tampered := []byte(v)
 	tampered[len(tampered)-2] ^= 1
@@ -151,15 +152,17 @@ func TestSessionCookieIsBoundToHostOrgAndTime(t *testing.T) {
 		{"other host", v, Host(8081, sbxA, testRunner, testDomain), "org-a", now, false},
 		{"other org", v, host, "org-b", now, false},
 		{"tampered", string(tampered), host, "org-a", now, false},
-		{"other key", other.issue(host, "org-a"), host, "org-a", now, false},
+		{"other key", other.issue(host, "org-a", "k1"), host, "org-a", now, false},
+		{"old format without key", v[:strings.Index(v, ".")] + "." + strings.SplitN(v, ".", 3)[1] + "." + strings.SplitN(v, ".", 4)[3], host, "org-a", now, false},
 		{"garbage", "x.y", host, "org-a", now, false},
 		{"empty", "", host, "org-a", now, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			at := tc.at
 			s.now = func() time.Time { return at }
-			if got := s.valid(tc.value, tc.host, tc.org); got != tc.want {
-				t.Errorf("valid = %v, want %v", got, tc.want)
+			keyID, got := s.valid(tc.value, tc.host, tc.org)
+			if got != tc.want || got && keyID != "k1" {
+				t.Errorf("valid = %q %v, want k1 %v", keyID, got, tc.want)
 			}
 		})
 	}
@@ -274,5 +277,52 @@ func TestLoadOrCreateSessionKey(t *testing.T) {
 	}
 	if _, err := LoadOrCreateSessionKey(short); err == nil || !strings.Contains(err.Error(), "want at least 32") {
 		t.Fatalf("short key: %v, want an error saying so", err)
+	}
+}
+
+// TestRevokedKeyEndsItsSessions: a session remembers its key's ID, and once KeyActive
+// says the key is revoked the cookie no longer lets anything through (within the cache's
+// few seconds).
+func TestRevokedKeyEndsItsSessions(t *testing.T) {
+	const key = "sbx_0123456789abcdef_secret"
+	var revoked atomic.Bool
+	var asked atomic.Int32
+	te := startEdge(t, func(c *Config) {
+		c.Authorize = func(_ context.Context, token, org string) error {
+			if token == key && org == "org-"+sbxA {
+				return nil
+			}
+			return ErrUnauthenticated
+		}
+		c.KeyActive = func(_ context.Context, keyID, org string) error {
+			asked.Add(1)
+			if keyID != "0123456789abcdef" || org != "org-"+sbxA || revoked.Load() {
+				return errors.New("revoked")
+			}
+			return nil
+		}
+	})
+	base := te.httpRoute(t, sbxA, 8080, AuthToken, 0, cookieEcho)
+	c := browser(t, te, "h2")
+	if res, _ := do(t, c, http.MethodPost, base+"/.sandboxd/login", url.Values{"key": {key}, "next": {"/"}}); res.StatusCode != http.StatusSeeOther { //nolint:bodyclose // do closes
+		t.Fatalf("login: %s", res.Status)
+	}
+	if res, _ := do(t, c, http.MethodGet, base+"/api", nil); res.StatusCode != http.StatusOK { //nolint:bodyclose // do closes
+		t.Fatalf("signed in: %s", res.Status)
+	}
+	if asked.Load() == 0 {
+		t.Fatal("the session's key was not checked")
+	}
+	revoked.Store(true)
+	deadline := time.Now().Add(sessionKeyCacheTTL + 2*time.Second)
+	for {
+		res, _ := do(t, c, http.MethodGet, base+"/api", nil) //nolint:bodyclose // do closes
+		if res.StatusCode == http.StatusUnauthorized {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session of a revoked key still works after %v: %s", sessionKeyCacheTTL+2*time.Second, res.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
@@ -71,6 +73,13 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 			fmt.Sprintf("runner %s of sandbox %s serves no direct data plane", r.ID(), rec.id),
 			map[string]string{"sandbox_id": rec.id, "runner_id": r.ID()})
 	}
+	// The key was checked when the call arrived; check again right before signing, so that
+	// a key revoked meanwhile (or whose principal came from a cache) gets no certificate.
+	// Certificates already issued are not revocable: they live dataplane.Issuer's TTL
+	// (dataplane.DefaultCertTTL, 15 min, at most dataplane.MaxCertTTL), so keep it short.
+	if err := s.keyStillActive(ctx); err != nil {
+		return nil, err
+	}
 	chain, notAfter, err := s.dataPlane.Issue(csr, rec.org, rec.id, primary(rec.spec).GetName(), perms)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("issue data-plane certificate: %w", err))
@@ -86,6 +95,23 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 		Protocol:                  sandboxv1.SandboxDataProtocol_SANDBOX_DATA_PROTOCOL_CONNECT_H2_V1,
 		GrantedPermissions:        perms,
 	}), nil
+}
+
+// keyStillActive re-checks the caller's key when the authenticator can (auth.KeyChecker).
+func (s *Server) keyStillActive(ctx context.Context) error {
+	kc, ok := s.auth.(auth.KeyChecker)
+	if !ok {
+		return nil
+	}
+	p := principal(ctx)
+	got, err := kc.KeyActive(p.KeyID)
+	switch {
+	case errors.Is(err, auth.ErrInvalidKey) || err == nil && got.Org != p.Org:
+		return apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "invalid API key")
+	case err != nil:
+		return apierr.Newf(connect.CodeUnavailable, apierr.Unauthenticated, "cannot check the API key now: %v", err)
+	}
+	return nil
 }
 
 // parseCSR decodes a DER or PEM CSR and checks its signature and key; why says what is

@@ -148,6 +148,17 @@ func TestConnectSandbox(t *testing.T) {
 		}
 	}
 
+	// A key revoked after the call was authenticated gets no certificate.
+	iss.id = ""
+	s.auth = revokedKeys{}
+	if _, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}); connect.CodeOf(err) != connect.CodeUnauthenticated || apierr.Reason(err) != apierr.Unauthenticated {
+		t.Errorf("revoked key: %v", err)
+	}
+	if iss.id != "" {
+		t.Error("a certificate was issued for a revoked key")
+	}
+	s.auth = nil
+
 	// A runner without a data plane.
 	r.set(Capacity{}, nil)
 	s.views.probe(bg)
@@ -159,4 +170,14 @@ func TestConnectSandbox(t *testing.T) {
 	if _, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}); connect.CodeOf(err) != connect.CodeUnimplemented {
 		t.Errorf("gateway without data plane: %v", err)
 	}
+}
+
+// revokedKeys is an authenticator whose every key has been revoked since it was checked.
+type revokedKeys struct{}
+
+func (revokedKeys) Authenticate(string) (auth.Principal, error) {
+	return auth.Principal{}, auth.ErrInvalidKey
+}
+func (revokedKeys) KeyActive(string) (auth.Principal, error) {
+	return auth.Principal{}, auth.ErrInvalidKey
 }

@@ -19,6 +19,10 @@ func (s *Server) ListAvailableRunners(ctx context.Context, req *connect.Request[
 	if a := m.GetArchitecture(); a != "" && archAliases[a] == "" {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "unknown architecture "+a, []apierr.Violation{{Field: "architecture", Description: "must be one of amd64, x86_64, arm64, aarch64"}})
 	}
+	if m.GetPageToken() != "" {
+		// Every runner fits one page: this server never issues a token.
+		return nil, badPageToken()
+	}
 	out := &sandboxv1.ListAvailableRunnersResponse{}
 	for i, r := range s.runners {
 		ar := s.availableRunner(ctx, i, m.GetView())
@@ -114,14 +118,26 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 		Capabilities:   caps,
 	}
 	if view == sandboxv1.RunnerView_RUNNER_VIEW_FULL && w.connected {
-		used, n := w.usage()
-		reserved, held := s.reserved.Held(r.ID())
+		used, _ := w.usage()
+		reserved, _ := s.reserved.Held(r.ID())
 		ar.Resources = &sandboxv1.RunnerResourceSummary{
 			AvailableCpuMillicores: max(c.MilliCPU-used.MilliCPU-reserved.MilliCPU, 0),
 			AvailableMemoryBytes:   max(c.MemoryBytes-used.MemoryBytes-reserved.MemoryBytes, 0),
 			AvailableGpuCount:      max(c.GPUs-used.GPUs-reserved.GPUs, 0),
-			RunningSandboxes:       int32(n + held),
+			// The caller's own sandboxes only: another organization's count is not its business.
+			RunningSandboxes: int32(s.liveSandboxes(ctx, principal(ctx).Org, r.ID())),
 		}
 	}
 	return ar
+}
+
+// liveSandboxes counts org's sandboxes on runner that have not ended, as last seen.
+func (s *Server) liveSandboxes(ctx context.Context, org, runnerID string) int {
+	n := 0
+	for _, rec := range s.index.list(ctx, org, false) {
+		if rec.runnerID == runnerID && !s.index.lastOf(rec).State.Terminal() {
+			n++
+		}
+	}
+	return n
 }

@@ -206,3 +206,15 @@ func (l *LocalRunner) Classes() []string {
 	}
 	return DefaultRuntimeClasses
 }
+
+// LiveOf counts the sandboxes of org in sbs that have not ended: what a runner may tell an
+// organization of itself (never the sandboxes of others).
+func LiveOf(sbs []runner.Sandbox, org string) int {
+	n := 0
+	for _, sb := range sbs {
+		if sb.Spec.Meta[metaOrg] == org && !sb.State.Terminal() {
+			n++
+		}
+	}
+	return n
+}

@@ -22,6 +22,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -135,7 +136,7 @@ func (s *Server) Close() { s.stop() }
 // annotations) and GET /readyz.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}),
+		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}, apifront.PathVars{}, apifront.Enums{}),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
 		// Responses are not compressed (gzip-compressed requests are still read): the
@@ -301,8 +302,8 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 	after := ""
 	if t := m.GetPageToken(); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)
-		if err != nil {
-			return nil, apierr.Invalid(apierr.InvalidRequest, "invalid page_token", []apierr.Violation{{Field: "page_token", Description: "is not a token this server issued"}})
+		if err != nil || len(b) == 0 {
+			return nil, badPageToken()
 		}
 		after = string(b)
 	}
@@ -342,7 +343,16 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 		}
 		out.Sandboxes = append(out.Sandboxes, s.toProto(rec.id, rec.spec, sb, r))
 	}
+	if skipping {
+		// The token names no sandbox of this organization: garbage (or a sandbox forgotten
+		// since, past its retention), not an empty last page.
+		return nil, badPageToken()
+	}
 	return connect.NewResponse(out), nil
+}
+
+func badPageToken() error {
+	return apierr.Invalid(apierr.InvalidRequest, "invalid page_token", []apierr.Violation{{Field: "page_token", Description: "is not a token this server issued"}})
 }
 
 func hasAll(have, want []string) bool {

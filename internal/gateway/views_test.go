@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // scriptedRunner answers Capacity with what the test sets: the probe's inputs. (A real
@@ -144,3 +145,16 @@ func TestRunnerViews(t *testing.T) {
 type policyFunc func() ([]byte, int64, error)
 
 func (f policyFunc) Policy(context.Context, string) ([]byte, int64, error) { return f() }
+
+func TestLiveOfCountsOneOrganization(t *testing.T) {
+	sb := func(org string, st runner.State) runner.Sandbox {
+		return runner.Sandbox{State: st, Spec: runtime.Spec{Meta: map[string]string{metaOrg: org}}}
+	}
+	sbs := []runner.Sandbox{sb("a", runner.StateRunning), sb("a", runner.StateCreating), sb("a", runner.StateTerminated),
+		sb("b", runner.StateRunning), sb("b", runner.StateRunning), {State: runner.StateRunning}}
+	for org, want := range map[string]int{"a": 2, "b": 2, "c": 0, "": 1} {
+		if got := LiveOf(sbs, org); got != want {
+			t.Errorf("LiveOf(%q) = %d, want %d", org, got, want)
+		}
+	}
+}

@@ -30,6 +30,9 @@ type EdgeConfig struct {
 	// Authorize accepts an API key for a sandbox of org (TOKEN endpoints); nil refuses
 	// every TOKEN request.
 	Authorize func(ctx context.Context, token, org string) error
+	// KeyActive says whether the API key of a browser login session is still active
+	// (KeyActivity); nil: sessions last until they expire, even once their key is revoked.
+	KeyActive func(ctx context.Context, keyID, org string) error
 	// SessionKeyFile keeps the key that signs browser sessions of TOKEN endpoints (created
 	// when absent); "": a new key per start, so a restart signs everyone out.
 	SessionKeyFile string
@@ -70,7 +73,7 @@ func StartEdge(r *runner.Runner, cfg EdgeConfig) (*Edge, error) {
 	}
 	var table edge.Table
 	e, err := edge.New(edge.Config{RunnerID: cfg.RunnerID, BaseDomain: cfg.BaseDomain, Routes: &table,
-		GetCertificate: cert, Authorize: cfg.Authorize, SessionKey: sessionKey, DialMark: cfg.DialMark, Logger: cfg.Logger})
+		GetCertificate: cert, Authorize: cfg.Authorize, KeyActive: cfg.KeyActive, SessionKey: sessionKey, DialMark: cfg.DialMark, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +174,25 @@ func KeyAuthorizer(a auth.Authenticator) func(ctx context.Context, token, org st
 		p, err := a.Authenticate(token)
 		if err != nil {
 			return fmt.Errorf("%w: %w", edge.ErrUnauthenticated, err)
+		}
+		if p.Org != org {
+			return errors.New("the key belongs to another organization")
+		}
+		return nil
+	}
+}
+
+// KeyActivity is an EdgeConfig.KeyActive over a (nil when a cannot tell, see
+// auth.KeyChecker): a key is active while it is not revoked and belongs to org.
+func KeyActivity(a auth.Authenticator) func(ctx context.Context, keyID, org string) error {
+	kc, ok := a.(auth.KeyChecker)
+	if !ok {
+		return nil
+	}
+	return func(_ context.Context, keyID, org string) error {
+		p, err := kc.KeyActive(keyID)
+		if err != nil {
+			return err
 		}
 		if p.Org != org {
 			return errors.New("the key belongs to another organization")

@@ -162,6 +162,9 @@ func startDev() (*Dev, error) {
 	return d, nil
 }
 
+// Pid is the process ID of the running `sandboxd dev` (its memory is measured).
+func (d *Dev) Pid() int { return d.proc.Process.Pid }
+
 // NewKey makes an API key of org with role (user or admin).
 func (d *Dev) NewKey(org, role string) (string, error) {
 	out, err := exec.Command(filepath.Join(d.Bin, "sandboxd"), "apikey", "create", "--data-dir", d.DataDir,
