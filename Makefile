@@ -6,7 +6,7 @@ DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
+.PHONY: all build agent generate deps pydeps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
 
 all: build
 
@@ -45,14 +45,18 @@ runsc:
 pebble:
 	bash scripts/build-pebble.sh >/dev/null
 
-test: deps build images runsc pebble
+test: deps pydeps build images runsc pebble
 	$(GO) test -count=1 -timeout 30m ./...
 	$(MAKE) conformance
 	$(MAKE) k8s-test
 
-# The official cwsandbox client (pinned) against a `sandboxd dev` the suite starts.
-conformance: build
+# The official cwsandbox client (pinned): the conformance suite and the Go tests that drive
+# it (test/e2e, test/multicluster, test/k8s) need it, and CI requires it.
+pydeps:
 	python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r test/conformance/requirements.txt
+
+# The official cwsandbox client (pinned) against a `sandboxd dev` the suite starts.
+conformance: build pydeps
 	SANDBOXD_CONFORMANCE_REQUIRED=1 python3 -m pytest -q test/conformance
 
 test-short:

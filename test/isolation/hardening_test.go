@@ -86,7 +86,11 @@ func TestHardening(t *testing.T) {
 		if class != "runc" {
 			row(rows, "a file made inside is root's on the host", class, "n/a: runsc keeps the root filesystem's writes in its own overlay file")
 		} else {
-			made := filepath.Join(su.s.Backend.LogDir(sb.ID), "..", "..", "upper", "made-inside")
+			// The overlay's upper dir: on the sandbox's disk filesystem when it has one.
+			made := filepath.Join(su.s.Backend.SandboxDir(sb.ID), "upper", "made-inside")
+			if _, err := os.Lstat(filepath.Join(su.s.Backend.SandboxDir(sb.ID), "disk", "upper")); err == nil {
+				made = filepath.Join(su.s.Backend.SandboxDir(sb.ID), "disk", "upper", "made-inside")
+			}
 			var st syscall.Stat_t
 			if err := syscall.Stat(made, &st); err != nil || st.Uid == 0 {
 				t.Errorf("a file made inside is owned by host uid %d (%v), want the mapped uid", st.Uid, err)
@@ -137,18 +141,18 @@ print(n, err)`
 // filler runs: other processes on this machine write too, and ext4 keeps metadata.
 const hostSlack = 256 << 20
 
-// checkDisk checks the host after a disk filler in the sandbox whose log dir is logDir:
+// checkDisk checks the host after a disk filler in the sandbox whose host dir is dir:
 // its disk image holds at most the limit, and the host's free space dropped by no more
 // than the limit (plus slack for the rest of the machine).
-func checkDisk(t *testing.T, logDir string, before syscall.Statfs_t) string {
+func checkDisk(t *testing.T, dir string, before syscall.Statfs_t) string {
 	var after syscall.Statfs_t
-	if err := syscall.Statfs(logDir, &after); err != nil {
+	if err := syscall.Statfs(dir, &after); err != nil {
 		t.Errorf("statfs: %v", err)
 		return ""
 	}
 	drop := (int64(before.Bavail) - int64(after.Bavail)) * before.Bsize
 	var st syscall.Stat_t
-	img := filepath.Join(logDir, "..", "..", "disk.img")
+	img := filepath.Join(dir, "disk.img")
 	if err := syscall.Stat(img, &st); err != nil {
 		t.Errorf("disk image: %v", err)
 		return ""

@@ -300,7 +300,7 @@ func TestAbuse(t *testing.T) {
 		bomber := su.create(runtime.Spec{Image: env.Python(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"}, Resources: limits})
 		bc := su.agent(bomber.ID)
 		var stBefore syscall.Statfs_t
-		_ = syscall.Statfs(s.Backend.LogDir(bomber.ID), &stBefore)
+		_ = syscall.Statfs(s.Backend.SandboxDir(bomber.ID), &stBefore)
 		before := healthy(class + ": before " + what)
 		done := make(chan result, 1)
 		go func() {
@@ -344,7 +344,7 @@ while time.time() < t:
 print(n, "processes")`, func(out string) bool { n := atoi(out); return n > 0 && n < 256 })
 		bomb(class, "memory bomb (1 GiB over a 256 MiB limit)", "b = b'x' * (1 << 30); print(len(b))",
 			func(out string) bool { return out == "" })
-		check = func(id string, before syscall.Statfs_t) string { return checkDisk(t, s.Backend.LogDir(id), before) }
+		check = func(id string, before syscall.Statfs_t) string { return checkDisk(t, s.Backend.SandboxDir(id), before) }
 		bomb(class, "disk filler (2 GiB into a 128 MiB disk limit)", diskFiller,
 			func(out string) bool {
 				n := atoi(out)

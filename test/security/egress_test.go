@@ -1,7 +1,6 @@
 package security
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,32 +16,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 )
-
-// rest calls the public REST API with key and returns the status and body.
-func (d *Dev) rest(t *testing.T, method, path, key string, body any) (int, []byte) {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, d.API+path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
-}
 
 type sandboxJSON struct {
 	SandboxID string `json:"sandboxId"`
@@ -63,12 +36,12 @@ func (d *Dev) create(t *testing.T, key, image string, egress []map[string]any) (
 	if egress != nil {
 		spec["network"] = map[string]any{"egress": egress}
 	}
-	code, body := d.rest(t, "POST", "/v1/sandboxes", key, map[string]any{"spec": spec})
+	code, body := d.rest(t, key, "POST", "/v1/sandboxes", map[string]any{"spec": spec})
 	var sb sandboxJSON
 	_ = json.Unmarshal(body, &sb)
 	if sb.SandboxID != "" {
 		id := sb.SandboxID
-		t.Cleanup(func() { d.rest(t, "DELETE", "/v1/sandboxes/"+id, key, nil) })
+		t.Cleanup(func() { d.rest(t, key, "DELETE", "/v1/sandboxes/"+id, nil) })
 	}
 	return code, body, sb.SandboxID
 }
@@ -78,7 +51,7 @@ func (d *Dev) wait(t *testing.T, key, id string) (string, []byte) {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		code, body := d.rest(t, "GET", "/v1/sandboxes/"+id, key, nil)
+		code, body := d.rest(t, key, "GET", "/v1/sandboxes/"+id, nil)
 		var sb sandboxJSON
 		_ = json.Unmarshal(body, &sb)
 		if code != http.StatusOK {
@@ -97,7 +70,7 @@ func (d *Dev) wait(t *testing.T, key, id string) (string, []byte) {
 // exec runs sh -c script in the sandbox and returns its stdout.
 func (d *Dev) exec(t *testing.T, key, id, script string) string {
 	t.Helper()
-	code, body := d.rest(t, "POST", "/v1/sandboxes/"+id+":exec", key, map[string]any{"command": []string{"sh", "-c", script}})
+	code, body := d.rest(t, key, "POST", "/v1/sandboxes/"+id+":exec", map[string]any{"command": []string{"sh", "-c", script}})
 	if code != http.StatusOK {
 		t.Fatalf("exec in %s: HTTP %d %s", id, code, body)
 	}

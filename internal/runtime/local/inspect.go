@@ -17,6 +17,15 @@ func (b *Backend) LogDir(id string) string {
 	return filepath.Join(shownDir(b.dir(id)), dirRun, agentconfig.LogsDir)
 }
 
+// SandboxDir returns the host dir of sandbox id (its files, disk image and mount points),
+// for inspection by tests; "" for an invalid id.
+func (b *Backend) SandboxDir(id string) string {
+	if !validID(id) {
+		return ""
+	}
+	return b.dir(id)
+}
+
 // RuntimeCommand returns the OCI runtime CLI (with this backend's state root) for the
 // sandbox's runtime class, e.g. to compare `runc exec` with the agent in benchmarks.
 // Arguments equal to id are replaced by the container's runtime id (which differs for a
