@@ -274,6 +274,8 @@ func runnerCmd(args []string) error {
 			// The control plane vouches for the API keys of TOKEN endpoints. Unregistered
 			// runners have no key store: their TOKEN endpoints refuse every request.
 			ec.Authorize = enroll.KeyVerifier(ident)
+			// And a login session lasts only while the key that made it is active.
+			ec.KeyActive = enroll.KeyActivity(ident)
 		}
 		e, err := stack.StartEdge(rn, ec)
 		if err != nil {

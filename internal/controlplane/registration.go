@@ -25,6 +25,7 @@ import (
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -339,6 +340,24 @@ func (g *Registration) VerifyApiKey(ctx context.Context, req *connect.Request[co
 		return nil, apierr.New(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a valid API key", nil)
 	}
 	return connect.NewResponse(&controlplanev1.VerifyApiKeyResponse{OrganizationId: p.Org, KeyId: p.KeyID}), nil
+}
+
+func (g *Registration) ApiKeyActive(ctx context.Context, req *connect.Request[controlplanev1.ApiKeyActiveRequest]) (*connect.Response[controlplanev1.ApiKeyActiveResponse], error) {
+	if _, _, err := caller(ctx); err != nil {
+		return nil, err
+	}
+	kc, ok := g.s.auth.(auth.KeyChecker)
+	if !ok {
+		return nil, apierr.New(connect.CodeUnimplemented, apierr.NotImplemented, "this control plane's key store cannot check keys by ID", nil)
+	}
+	p, err := kc.KeyActive(req.Msg.GetKeyId())
+	switch {
+	case errors.Is(err, auth.ErrInvalidKey):
+		return connect.NewResponse(&controlplanev1.ApiKeyActiveResponse{}), nil
+	case err != nil:
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&controlplanev1.ApiKeyActiveResponse{Active: p.Org == req.Msg.GetOrganizationId()}), nil
 }
 
 func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[controlplanev1.HeartbeatRequest]) (*connect.Response[controlplanev1.HeartbeatResponse], error) {

@@ -166,3 +166,23 @@ func signedKey(ctx context.Context, what string, sign func(ctx context.Context, 
 	}
 	return out, nil
 }
+
+// KeyActivity is an edge KeyActive for a registered runner: whether the key of ID keyID
+// behind a login session is still active for org, asked of the control plane (the edge
+// caches the answer a few seconds, sessionKeyCacheTTL). While the control plane cannot
+// answer, the session is refused: a revoked key must not outlive the outage.
+func KeyActivity(id *Identity) func(ctx context.Context, keyID, org string) error {
+	c := id.client()
+	return func(ctx context.Context, keyID, org string) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		res, err := c.ApiKeyActive(ctx, connect.NewRequest(&controlplanev1.ApiKeyActiveRequest{KeyId: keyID, OrganizationId: org}))
+		if err != nil {
+			return fmt.Errorf("cannot check the key now: %w", err)
+		}
+		if !res.Msg.GetActive() {
+			return fmt.Errorf("%w: the key was revoked", edge.ErrUnauthenticated)
+		}
+		return nil
+	}
+}

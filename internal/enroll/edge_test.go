@@ -59,6 +59,24 @@ func TestEdgeCredentials(t *testing.T) {
 	if err := verify(ctx, "sbx_0000000000000000_nope", "org-a"); !errors.Is(err, edge.ErrUnauthenticated) {
 		t.Errorf("no key: %v, want unauthenticated", err)
 	}
+	// A login session's key, by ID: active for its organization until revoked.
+	active := KeyActivity(id)
+	keyID := strings.Split(c.userKey, "_")[1]
+	if err := active(ctx, keyID, "org-a"); err != nil {
+		t.Errorf("the user's key by ID: %v", err)
+	}
+	if err := active(ctx, keyID, "org-b"); !errors.Is(err, edge.ErrUnauthenticated) {
+		t.Errorf("the user's key for another organization: %v, want unauthenticated", err)
+	}
+	if err := active(ctx, "0000000000000000", "org-a"); !errors.Is(err, edge.ErrUnauthenticated) {
+		t.Errorf("an unknown key ID: %v, want unauthenticated", err)
+	}
+	if _, err := c.st.APIKeys().Revoke(ctx, "org-a", keyID); err != nil {
+		t.Fatal(err)
+	}
+	if err := active(ctx, keyID, "org-a"); !errors.Is(err, edge.ErrUnauthenticated) {
+		t.Errorf("a revoked key by ID: %v, want unauthenticated", err)
+	}
 	// Without the runner's certificate, neither call is served.
 	hc := httpClient(pki.ClientTLSConfig(nil, id.CAs, "127.0.0.1"))
 	anon := controlplanev1connect.NewRunnerRegistrationServiceClient(hc, "https://"+c.addr)
@@ -66,4 +84,6 @@ func TestEdgeCredentials(t *testing.T) {
 	wantCode(t, "VerifyApiKey without a client certificate", err, connect.CodeUnauthenticated, controlplane.ReasonRunnerIdentity)
 	_, err = anon.IssueEdgeCertificate(context.Background(), connect.NewRequest(&controlplanev1.IssueEdgeCertificateRequest{BaseDomain: controlplane.DefaultEndpointDomain}))
 	wantCode(t, "IssueEdgeCertificate without a client certificate", err, connect.CodeUnauthenticated, controlplane.ReasonRunnerIdentity)
+	_, err = anon.ApiKeyActive(context.Background(), connect.NewRequest(&controlplanev1.ApiKeyActiveRequest{KeyId: keyID, OrganizationId: "org-a"}))
+	wantCode(t, "ApiKeyActive without a client certificate", err, connect.CodeUnauthenticated, controlplane.ReasonRunnerIdentity)
 }

@@ -41,29 +41,7 @@ const (
 func limClient(d *Dev, key string) sandboxv1connect.SandboxServiceClient {
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
-	return sandboxv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, d.API, connect.WithInterceptors(limBearer(key)), connect.WithSendMaxBytes(100<<20))
-}
-
-// limBearer sends an API key on unary calls and streams.
-type limBearer string
-
-func (k limBearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		req.Header().Set("Authorization", "Bearer "+string(k))
-		return next(ctx, req)
-	}
-}
-
-func (k limBearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		conn.RequestHeader().Set("Authorization", "Bearer "+string(k))
-		return conn
-	}
-}
-
-func (k limBearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
+	return sandboxv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, d.API, connect.WithInterceptors(withKey(key)), connect.WithSendMaxBytes(100<<20))
 }
 
 // limSpec is a busybox sandbox that sleeps.

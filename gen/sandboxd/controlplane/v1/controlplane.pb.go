@@ -608,6 +608,102 @@ func (x *VerifyApiKeyResponse) GetKeyId() string {
 	return ""
 }
 
+type ApiKeyActiveRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	KeyId          string                 `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	OrganizationId string                 `protobuf:"bytes,2,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ApiKeyActiveRequest) Reset() {
+	*x = ApiKeyActiveRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApiKeyActiveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApiKeyActiveRequest) ProtoMessage() {}
+
+func (x *ApiKeyActiveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApiKeyActiveRequest.ProtoReflect.Descriptor instead.
+func (*ApiKeyActiveRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ApiKeyActiveRequest) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *ApiKeyActiveRequest) GetOrganizationId() string {
+	if x != nil {
+		return x.OrganizationId
+	}
+	return ""
+}
+
+type ApiKeyActiveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Active        bool                   `protobuf:"varint,1,opt,name=active,proto3" json:"active,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApiKeyActiveResponse) Reset() {
+	*x = ApiKeyActiveResponse{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApiKeyActiveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApiKeyActiveResponse) ProtoMessage() {}
+
+func (x *ApiKeyActiveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApiKeyActiveResponse.ProtoReflect.Descriptor instead.
+func (*ApiKeyActiveResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ApiKeyActiveResponse) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
 type RegisterRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	BootstrapToken string                 `protobuf:"bytes,1,opt,name=bootstrap_token,json=bootstrapToken,proto3" json:"bootstrap_token,omitempty"`
@@ -619,7 +715,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +727,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[8]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +740,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterRequest) GetBootstrapToken() string {
@@ -678,7 +774,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +786,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[9]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +799,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterResponse) GetOrg() string {
@@ -760,7 +856,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +868,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[10]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +881,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeartbeatRequest) GetRunnerId() string {
@@ -853,7 +949,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +961,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[11]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +974,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatResponse) GetPolicyJson() string {
@@ -946,7 +1042,7 @@ type ManagedRunner struct {
 
 func (x *ManagedRunner) Reset() {
 	*x = ManagedRunner{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1054,7 @@ func (x *ManagedRunner) String() string {
 func (*ManagedRunner) ProtoMessage() {}
 
 func (x *ManagedRunner) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[12]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1067,7 @@ func (x *ManagedRunner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunner.ProtoReflect.Descriptor instead.
 func (*ManagedRunner) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ManagedRunner) GetRunnerId() string {
@@ -1081,7 +1177,7 @@ type ManagedRunnerStatus struct {
 
 func (x *ManagedRunnerStatus) Reset() {
 	*x = ManagedRunnerStatus{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1189,7 @@ func (x *ManagedRunnerStatus) String() string {
 func (*ManagedRunnerStatus) ProtoMessage() {}
 
 func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1202,7 @@ func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunnerStatus.ProtoReflect.Descriptor instead.
 func (*ManagedRunnerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ManagedRunnerStatus) GetConnection() ConnectionStatus {
@@ -1185,7 +1281,7 @@ type RunnerResources struct {
 
 func (x *RunnerResources) Reset() {
 	*x = RunnerResources{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1293,7 @@ func (x *RunnerResources) String() string {
 func (*RunnerResources) ProtoMessage() {}
 
 func (x *RunnerResources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1306,7 @@ func (x *RunnerResources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerResources.ProtoReflect.Descriptor instead.
 func (*RunnerResources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunnerResources) GetMilliCpu() int64 {
@@ -1243,7 +1339,7 @@ type CreateManagedRunnerRequest struct {
 
 func (x *CreateManagedRunnerRequest) Reset() {
 	*x = CreateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1351,7 @@ func (x *CreateManagedRunnerRequest) String() string {
 func (*CreateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1364,7 @@ func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*CreateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1287,7 +1383,7 @@ type GetManagedRunnerRequest struct {
 
 func (x *GetManagedRunnerRequest) Reset() {
 	*x = GetManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1395,7 @@ func (x *GetManagedRunnerRequest) String() string {
 func (*GetManagedRunnerRequest) ProtoMessage() {}
 
 func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1408,7 @@ func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetManagedRunnerRequest) GetRunnerId() string {
@@ -1333,7 +1429,7 @@ type ListManagedRunnersRequest struct {
 
 func (x *ListManagedRunnersRequest) Reset() {
 	*x = ListManagedRunnersRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1441,7 @@ func (x *ListManagedRunnersRequest) String() string {
 func (*ListManagedRunnersRequest) ProtoMessage() {}
 
 func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1454,7 @@ func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListManagedRunnersRequest) GetPageSize() int32 {
@@ -1385,7 +1481,7 @@ type ListManagedRunnersResponse struct {
 
 func (x *ListManagedRunnersResponse) Reset() {
 	*x = ListManagedRunnersResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1493,7 @@ func (x *ListManagedRunnersResponse) String() string {
 func (*ListManagedRunnersResponse) ProtoMessage() {}
 
 func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1506,7 @@ func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListManagedRunnersResponse) GetManagedRunners() []*ManagedRunner {
@@ -1439,7 +1535,7 @@ type UpdateManagedRunnerRequest struct {
 
 func (x *UpdateManagedRunnerRequest) Reset() {
 	*x = UpdateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1547,7 @@ func (x *UpdateManagedRunnerRequest) String() string {
 func (*UpdateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1560,7 @@ func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpdateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1494,7 +1590,7 @@ type DeleteManagedRunnerRequest struct {
 
 func (x *DeleteManagedRunnerRequest) Reset() {
 	*x = DeleteManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1602,7 @@ func (x *DeleteManagedRunnerRequest) String() string {
 func (*DeleteManagedRunnerRequest) ProtoMessage() {}
 
 func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1615,7 @@ func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteManagedRunnerRequest) GetRunnerId() string {
@@ -1554,7 +1650,7 @@ type ApplyAvailableUpdateRequest struct {
 
 func (x *ApplyAvailableUpdateRequest) Reset() {
 	*x = ApplyAvailableUpdateRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1662,7 @@ func (x *ApplyAvailableUpdateRequest) String() string {
 func (*ApplyAvailableUpdateRequest) ProtoMessage() {}
 
 func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1675,7 @@ func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyAvailableUpdateRequest.ProtoReflect.Descriptor instead.
 func (*ApplyAvailableUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ApplyAvailableUpdateRequest) GetRunnerId() string {
@@ -1611,7 +1707,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1623,7 +1719,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,7 +1732,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ApiKey) GetKeyId() string {
@@ -1692,7 +1788,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1800,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1813,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateApiKeyRequest) GetDisplayName() string {
@@ -1745,7 +1841,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1853,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1866,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateApiKeyResponse) GetApiKey() *ApiKey {
@@ -1798,7 +1894,7 @@ type ListApiKeysRequest struct {
 
 func (x *ListApiKeysRequest) Reset() {
 	*x = ListApiKeysRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +1906,7 @@ func (x *ListApiKeysRequest) String() string {
 func (*ListApiKeysRequest) ProtoMessage() {}
 
 func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +1919,7 @@ func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListApiKeysRequest) GetPageSize() int32 {
@@ -1850,7 +1946,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1958,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1971,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListApiKeysResponse) GetApiKeys() []*ApiKey {
@@ -1901,7 +1997,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2009,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2022,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RevokeApiKeyRequest) GetKeyId() string {
@@ -1965,7 +2061,12 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\"V\n" +
 	"\x14VerifyApiKeyResponse\x12'\n" +
 	"\x0forganization_id\x18\x01 \x01(\tR\x0eorganizationId\x12\x15\n" +
-	"\x06key_id\x18\x02 \x01(\tR\x05keyId\"S\n" +
+	"\x06key_id\x18\x02 \x01(\tR\x05keyId\"U\n" +
+	"\x13ApiKeyActiveRequest\x12\x15\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12'\n" +
+	"\x0forganization_id\x18\x02 \x01(\tR\x0eorganizationId\".\n" +
+	"\x14ApiKeyActiveResponse\x12\x16\n" +
+	"\x06active\x18\x01 \x01(\bR\x06active\"S\n" +
 	"\x0fRegisterRequest\x12'\n" +
 	"\x0fbootstrap_token\x18\x01 \x01(\tR\x0ebootstrapToken\x12\x17\n" +
 	"\acsr_pem\x18\x02 \x01(\tR\x06csrPem\"\xe3\x01\n" +
@@ -2089,12 +2190,13 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x13UpdateManagedRunner\x124.sandboxd.controlplane.v1.UpdateManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"M\x82\xd3\xe4\x93\x02G:\x0emanaged_runner25/v1/sandbox/managedRunners/{managed_runner.runner_id}\x12\x93\x01\n" +
 	"\x13DeleteManagedRunner\x124.sandboxd.controlplane.v1.DeleteManagedRunnerRequest\x1a\x16.google.protobuf.Empty\".\x82\xd3\xe4\x93\x02(*&/v1/sandbox/managedRunners/{runner_id}\x12\xbe\x01\n" +
 	"\x14ApplyAvailableUpdate\x125.sandboxd.controlplane.v1.ApplyAvailableUpdateRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:applyAvailableUpdate\x12\xcd\x01\n" +
-	"\x14CreateBootstrapToken\x125.sandboxd.controlplane.v1.CreateBootstrapTokenRequest\x1a6.sandboxd.controlplane.v1.CreateBootstrapTokenResponse\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:createBootstrapToken2\xf2\x04\n" +
+	"\x14CreateBootstrapToken\x125.sandboxd.controlplane.v1.CreateBootstrapTokenRequest\x1a6.sandboxd.controlplane.v1.CreateBootstrapTokenResponse\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:createBootstrapToken2\xe1\x05\n" +
 	"\x19RunnerRegistrationService\x12a\n" +
 	"\bRegister\x12).sandboxd.controlplane.v1.RegisterRequest\x1a*.sandboxd.controlplane.v1.RegisterResponse\x12d\n" +
 	"\tHeartbeat\x12*.sandboxd.controlplane.v1.HeartbeatRequest\x1a+.sandboxd.controlplane.v1.HeartbeatResponse\x12\x85\x01\n" +
 	"\x14IssueEdgeCertificate\x125.sandboxd.controlplane.v1.IssueEdgeCertificateRequest\x1a6.sandboxd.controlplane.v1.IssueEdgeCertificateResponse\x12m\n" +
-	"\fVerifyApiKey\x12-.sandboxd.controlplane.v1.VerifyApiKeyRequest\x1a..sandboxd.controlplane.v1.VerifyApiKeyResponse\x12\x94\x01\n" +
+	"\fVerifyApiKey\x12-.sandboxd.controlplane.v1.VerifyApiKeyRequest\x1a..sandboxd.controlplane.v1.VerifyApiKeyResponse\x12m\n" +
+	"\fApiKeyActive\x12-.sandboxd.controlplane.v1.ApiKeyActiveRequest\x1a..sandboxd.controlplane.v1.ApiKeyActiveResponse\x12\x94\x01\n" +
 	"\x19IssueDataPlaneCertificate\x12:.sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest\x1a;.sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse2\xbb\x03\n" +
 	"\rApiKeyService\x12\x8d\x01\n" +
 	"\fCreateApiKey\x12-.sandboxd.controlplane.v1.CreateApiKeyRequest\x1a..sandboxd.controlplane.v1.CreateApiKeyResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/v1/sandbox/apiKeys\x12\x87\x01\n" +
@@ -2114,7 +2216,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -2127,91 +2229,95 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*IssueEdgeCertificateResponse)(nil),      // 8: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
 	(*VerifyApiKeyRequest)(nil),               // 9: sandboxd.controlplane.v1.VerifyApiKeyRequest
 	(*VerifyApiKeyResponse)(nil),              // 10: sandboxd.controlplane.v1.VerifyApiKeyResponse
-	(*RegisterRequest)(nil),                   // 11: sandboxd.controlplane.v1.RegisterRequest
-	(*RegisterResponse)(nil),                  // 12: sandboxd.controlplane.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),                  // 13: sandboxd.controlplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 14: sandboxd.controlplane.v1.HeartbeatResponse
-	(*ManagedRunner)(nil),                     // 15: sandboxd.controlplane.v1.ManagedRunner
-	(*ManagedRunnerStatus)(nil),               // 16: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 17: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 18: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 19: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 20: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 21: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 22: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 23: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 24: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*ApiKey)(nil),                            // 25: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 26: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 27: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 28: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 29: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 30: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	(*durationpb.Duration)(nil),               // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 32: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 33: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 34: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 35: google.protobuf.Empty
+	(*ApiKeyActiveRequest)(nil),               // 11: sandboxd.controlplane.v1.ApiKeyActiveRequest
+	(*ApiKeyActiveResponse)(nil),              // 12: sandboxd.controlplane.v1.ApiKeyActiveResponse
+	(*RegisterRequest)(nil),                   // 13: sandboxd.controlplane.v1.RegisterRequest
+	(*RegisterResponse)(nil),                  // 14: sandboxd.controlplane.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),                  // 15: sandboxd.controlplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 16: sandboxd.controlplane.v1.HeartbeatResponse
+	(*ManagedRunner)(nil),                     // 17: sandboxd.controlplane.v1.ManagedRunner
+	(*ManagedRunnerStatus)(nil),               // 18: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 19: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 20: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 21: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 22: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 23: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 25: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 26: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*ApiKey)(nil),                            // 27: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 28: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 29: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 30: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 31: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 32: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	(*durationpb.Duration)(nil),               // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 34: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 35: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 36: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 37: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	31, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	32, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	31, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	17, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	17, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	31, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	33, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	34, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	33, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	19, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	19, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	33, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	33, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	32, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	32, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	16, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	35, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	34, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	34, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	18, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
 	1,  // 11: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	32, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	17, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	17, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	15, // 15: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	15, // 16: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	15, // 17: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	34, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	34, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	19, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	19, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	17, // 15: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	17, // 16: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	17, // 17: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	36, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
 	2,  // 19: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	32, // 20: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	32, // 21: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	32, // 22: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	34, // 20: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	34, // 21: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	34, // 22: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
 	2,  // 23: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	25, // 24: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	25, // 25: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	18, // 26: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	19, // 27: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	20, // 28: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	22, // 29: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	23, // 30: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	24, // 31: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	27, // 24: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	27, // 25: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	20, // 26: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	21, // 27: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	22, // 28: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	24, // 29: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	25, // 30: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	26, // 31: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
 	3,  // 32: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	11, // 33: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	13, // 34: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	13, // 33: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	15, // 34: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
 	7,  // 35: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
 	9,  // 36: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	5,  // 37: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	26, // 38: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	28, // 39: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	30, // 40: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	15, // 41: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	15, // 42: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	21, // 43: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	15, // 44: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	35, // 45: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	15, // 46: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	4,  // 47: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	12, // 48: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	14, // 49: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	8,  // 50: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	10, // 51: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	6,  // 52: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	27, // 53: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	29, // 54: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	25, // 55: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	41, // [41:56] is the sub-list for method output_type
-	26, // [26:41] is the sub-list for method input_type
+	11, // 37: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	5,  // 38: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	28, // 39: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	30, // 40: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	32, // 41: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	17, // 42: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	17, // 43: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	23, // 44: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	17, // 45: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	37, // 46: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	17, // 47: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	4,  // 48: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	14, // 49: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	16, // 50: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	8,  // 51: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	10, // 52: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	12, // 53: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	6,  // 54: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	29, // 55: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	31, // 56: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	27, // 57: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	42, // [42:58] is the sub-list for method output_type
+	26, // [26:42] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -2228,7 +2334,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -85,6 +85,9 @@ const (
 	// RunnerRegistrationServiceVerifyApiKeyProcedure is the fully-qualified name of the
 	// RunnerRegistrationService's VerifyApiKey RPC.
 	RunnerRegistrationServiceVerifyApiKeyProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/VerifyApiKey"
+	// RunnerRegistrationServiceApiKeyActiveProcedure is the fully-qualified name of the
+	// RunnerRegistrationService's ApiKeyActive RPC.
+	RunnerRegistrationServiceApiKeyActiveProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/ApiKeyActive"
 	// RunnerRegistrationServiceIssueDataPlaneCertificateProcedure is the fully-qualified name of the
 	// RunnerRegistrationService's IssueDataPlaneCertificate RPC.
 	RunnerRegistrationServiceIssueDataPlaneCertificateProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/IssueDataPlaneCertificate"
@@ -377,6 +380,11 @@ type RunnerRegistrationServiceClient interface {
 	// VerifyApiKey says whose a bearer key is, for the TOKEN endpoints of a runner's edge
 	// (client certificate required): UNAUTHENTICATED when it is no valid key.
 	VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error)
+	// ApiKeyActive says whether the API key of ID key_id is still active for
+	// organization_id, for a runner's edge that re-checks the key behind a login session
+	// (client certificate required): active is false once the key is revoked or deleted,
+	// or when it belongs to another organization.
+	ApiKeyActive(context.Context, *connect.Request[v1.ApiKeyActiveRequest]) (*connect.Response[v1.ApiKeyActiveResponse], error)
 	// IssueDataPlaneCertificate signs the server certificate of the runner's direct data
 	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
 	// returns that CA, by which the runner verifies clients (client certificate required).
@@ -419,6 +427,12 @@ func NewRunnerRegistrationServiceClient(httpClient connect.HTTPClient, baseURL s
 			connect.WithSchema(runnerRegistrationServiceMethods.ByName("VerifyApiKey")),
 			connect.WithClientOptions(opts...),
 		),
+		apiKeyActive: connect.NewClient[v1.ApiKeyActiveRequest, v1.ApiKeyActiveResponse](
+			httpClient,
+			baseURL+RunnerRegistrationServiceApiKeyActiveProcedure,
+			connect.WithSchema(runnerRegistrationServiceMethods.ByName("ApiKeyActive")),
+			connect.WithClientOptions(opts...),
+		),
 		issueDataPlaneCertificate: connect.NewClient[v1.IssueDataPlaneCertificateRequest, v1.IssueDataPlaneCertificateResponse](
 			httpClient,
 			baseURL+RunnerRegistrationServiceIssueDataPlaneCertificateProcedure,
@@ -434,6 +448,7 @@ type runnerRegistrationServiceClient struct {
 	heartbeat                 *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
 	issueEdgeCertificate      *connect.Client[v1.IssueEdgeCertificateRequest, v1.IssueEdgeCertificateResponse]
 	verifyApiKey              *connect.Client[v1.VerifyApiKeyRequest, v1.VerifyApiKeyResponse]
+	apiKeyActive              *connect.Client[v1.ApiKeyActiveRequest, v1.ApiKeyActiveResponse]
 	issueDataPlaneCertificate *connect.Client[v1.IssueDataPlaneCertificateRequest, v1.IssueDataPlaneCertificateResponse]
 }
 
@@ -458,6 +473,11 @@ func (c *runnerRegistrationServiceClient) VerifyApiKey(ctx context.Context, req 
 	return c.verifyApiKey.CallUnary(ctx, req)
 }
 
+// ApiKeyActive calls sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive.
+func (c *runnerRegistrationServiceClient) ApiKeyActive(ctx context.Context, req *connect.Request[v1.ApiKeyActiveRequest]) (*connect.Response[v1.ApiKeyActiveResponse], error) {
+	return c.apiKeyActive.CallUnary(ctx, req)
+}
+
 // IssueDataPlaneCertificate calls
 // sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate.
 func (c *runnerRegistrationServiceClient) IssueDataPlaneCertificate(ctx context.Context, req *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error) {
@@ -479,6 +499,11 @@ type RunnerRegistrationServiceHandler interface {
 	// VerifyApiKey says whose a bearer key is, for the TOKEN endpoints of a runner's edge
 	// (client certificate required): UNAUTHENTICATED when it is no valid key.
 	VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error)
+	// ApiKeyActive says whether the API key of ID key_id is still active for
+	// organization_id, for a runner's edge that re-checks the key behind a login session
+	// (client certificate required): active is false once the key is revoked or deleted,
+	// or when it belongs to another organization.
+	ApiKeyActive(context.Context, *connect.Request[v1.ApiKeyActiveRequest]) (*connect.Response[v1.ApiKeyActiveResponse], error)
 	// IssueDataPlaneCertificate signs the server certificate of the runner's direct data
 	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
 	// returns that CA, by which the runner verifies clients (client certificate required).
@@ -516,6 +541,12 @@ func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, o
 		connect.WithSchema(runnerRegistrationServiceMethods.ByName("VerifyApiKey")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerRegistrationServiceApiKeyActiveHandler := connect.NewUnaryHandler(
+		RunnerRegistrationServiceApiKeyActiveProcedure,
+		svc.ApiKeyActive,
+		connect.WithSchema(runnerRegistrationServiceMethods.ByName("ApiKeyActive")),
+		connect.WithHandlerOptions(opts...),
+	)
 	runnerRegistrationServiceIssueDataPlaneCertificateHandler := connect.NewUnaryHandler(
 		RunnerRegistrationServiceIssueDataPlaneCertificateProcedure,
 		svc.IssueDataPlaneCertificate,
@@ -532,6 +563,8 @@ func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, o
 			runnerRegistrationServiceIssueEdgeCertificateHandler.ServeHTTP(w, r)
 		case RunnerRegistrationServiceVerifyApiKeyProcedure:
 			runnerRegistrationServiceVerifyApiKeyHandler.ServeHTTP(w, r)
+		case RunnerRegistrationServiceApiKeyActiveProcedure:
+			runnerRegistrationServiceApiKeyActiveHandler.ServeHTTP(w, r)
 		case RunnerRegistrationServiceIssueDataPlaneCertificateProcedure:
 			runnerRegistrationServiceIssueDataPlaneCertificateHandler.ServeHTTP(w, r)
 		default:
@@ -557,6 +590,10 @@ func (UnimplementedRunnerRegistrationServiceHandler) IssueEdgeCertificate(contex
 
 func (UnimplementedRunnerRegistrationServiceHandler) VerifyApiKey(context.Context, *connect.Request[v1.VerifyApiKeyRequest]) (*connect.Response[v1.VerifyApiKeyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey is not implemented"))
+}
+
+func (UnimplementedRunnerRegistrationServiceHandler) ApiKeyActive(context.Context, *connect.Request[v1.ApiKeyActiveRequest]) (*connect.Response[v1.ApiKeyActiveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive is not implemented"))
 }
 
 func (UnimplementedRunnerRegistrationServiceHandler) IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error) {
