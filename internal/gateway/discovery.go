@@ -9,6 +9,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
 // archAliases maps the names clients use to GOARCH.
@@ -125,17 +126,25 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 			AvailableMemoryBytes:   max(c.MemoryBytes-used.MemoryBytes-reserved.MemoryBytes, 0),
 			AvailableGpuCount:      max(c.GPUs-used.GPUs-reserved.GPUs, 0),
 			// The caller's own sandboxes only: another organization's count is not its business.
-			RunningSandboxes: int32(s.liveSandboxes(ctx, principal(ctx).Org, r.ID())),
+			RunningSandboxes: int32(s.liveSandboxes(ctx, principal(ctx).Org, r)),
 		}
 	}
 	return ar
 }
 
-// liveSandboxes counts org's sandboxes on runner that have not ended, as last seen.
-func (s *Server) liveSandboxes(ctx context.Context, org, runnerID string) int {
+// liveSandboxes counts org's sandboxes on runner r that are neither ended nor being
+// deleted (a delete frees its place at once). Those the index last saw alive are asked
+// of the runner: another replica may have deleted them.
+func (s *Server) liveSandboxes(ctx context.Context, org string, r Runner) int {
 	n := 0
 	for _, rec := range s.index.list(ctx, org, false) {
-		if rec.runnerID == runnerID && !s.index.lastOf(rec).State.Terminal() {
+		if rec.runnerID != r.ID() {
+			continue
+		}
+		if st := s.index.lastOf(rec).State; st.Terminal() || st == runner.StateTerminating {
+			continue
+		}
+		if st := s.current(ctx, rec, r).State; !st.Terminal() && st != runner.StateTerminating {
 			n++
 		}
 	}

@@ -291,11 +291,11 @@ func TestSbxCLI(t *testing.T) {
 		!strings.Contains(out, "any; tenant=same_org") {
 		t.Errorf("get (the platform default egress): %q %d", out, code)
 	}
-	out, errs, code = sbx(g, "", "run", "--egress", "dns=pypi.org", "--egress", "cidr=10.0.0.0/8", img)
+	out, errs, code = sbx(g, "", "run", "--egress", "dns=pypi.org", "--egress", "cidr=203.0.113.0/24", img)
 	netID := strings.TrimSpace(out)
 	if code != 0 {
 		t.Errorf("run --egress: %q %q %d", out, errs, code)
-	} else if out, _, code := sbx(g, "", "get", netID); code != 0 || !strings.Contains(out, "dns=pypi.org; cidr=10.0.0.0/8") {
+	} else if out, _, code := sbx(g, "", "get", netID); code != 0 || !strings.Contains(out, "dns=pypi.org; cidr=203.0.113.0/24") {
 		t.Errorf("get (explicit egress): %q %d", out, code)
 	}
 	out, errs, code = sbx(g, "", "run", "--deny-egress", img)
