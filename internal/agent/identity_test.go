@@ -119,3 +119,64 @@ func TestIdentityHandshake(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkDial measures a new agent connection over a unix socket with the identity
+// handshake against the floor of the same dial without it (the handshake is paid once per
+// connection; calls reuse connections).
+func BenchmarkDial(b *testing.B) {
+	for _, withID := range []bool{false, true} {
+		name := "plain"
+		if withID {
+			name = "identity"
+		}
+		b.Run(name, func(b *testing.B) {
+			ln, err := net.Listen("unix", b.TempDir()+"/s")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			id := identSecrets["a"]
+			srv := ln
+			if withID {
+				if srv, err = WithIdentity(ln, &id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			go func() {
+				for {
+					c, err := srv.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						buf := make([]byte, 1)
+						_, _ = c.Read(buf)
+						_, _ = c.Write(buf)
+						c.Close()
+					}()
+				}
+			}()
+			ctx := context.Background()
+			b.ResetTimer()
+			for range b.N {
+				c, err := net.Dial("unix", ln.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if withID {
+					if err := VerifyIdentity(ctx, c, &id); err != nil {
+						b.Fatal(err)
+					}
+				}
+				// One byte each way: the first exchange of any call.
+				if _, err := c.Write([]byte{1}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+			}
+		})
+	}
+}
