@@ -199,3 +199,19 @@ func proxyHosts() map[string]bool {
 	}
 	return out
 }
+
+// Guard is the registry guard for a puller outside a Store (the Kubernetes backend reads
+// image configs from the runner's own network): the same refusals, with nothing
+// configured by the operator but the environment's proxies.
+type Guard struct{ s *Store }
+
+// NewGuard returns a Guard.
+func NewGuard() *Guard { return &Guard{s: &Store{proxies: proxyHosts()}} }
+
+// Check refuses, before any dial, a reference whose registry is a loopback name or a
+// loopback, link-local, unspecified, multicast or this host's address.
+func (g *Guard) Check(r name.Reference) error { return g.s.checkRegistry(r) }
+
+// Transport is base (an *http.Transport) with its dials guarded: names are resolved and
+// only allowed addresses dialled, and the connected address is checked again.
+func (g *Guard) Transport(base http.RoundTripper) http.RoundTripper { return g.s.guardedBase(base) }

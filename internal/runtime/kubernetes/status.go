@@ -4,13 +4,17 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -231,6 +235,8 @@ func dockerConfigSecret(spec *runtime.Spec, c *runtime.Credentials) (*corev1.Sec
 	}, nil
 }
 
+var registryGuard = image.NewGuard()
+
 // RegistryImageConfig reads an image's config (entrypoint, cmd, env, working dir, user)
 // from its registry: the manifest and the config blob, no layers.
 func RegistryImageConfig(ctx context.Context, ref string, creds *runtime.Credentials) (image.Config, error) {
@@ -238,7 +244,12 @@ func RegistryImageConfig(ctx context.Context, ref string, creds *runtime.Credent
 	if err != nil {
 		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrInvalidImageRef, err)
 	}
-	opts := []remote.Option{remote.WithContext(ctx)}
+	// The runner's own network is no place for a sandbox's image reference to probe
+	// (issue 15 §4): host-local registries are refused, by name and by address.
+	if err := registryGuard.Check(r); err != nil {
+		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrInvalidImageRef, err)
+	}
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithTransport(registryGuard.Transport(remote.DefaultTransport))}
 	if creds != nil {
 		opts = append(opts, remote.WithAuth(&authn.Basic{Username: creds.Username, Password: creds.Password}))
 	} else {
@@ -246,12 +257,31 @@ func RegistryImageConfig(ctx context.Context, ref string, creds *runtime.Credent
 	}
 	img, err := remote.Image(r, opts...)
 	if err != nil {
-		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrRegistry, err)
+		return image.Config{}, registryError(ref, err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrRegistry, err)
+		return image.Config{}, registryError(ref, err)
 	}
 	c := cf.Config
 	return image.Config{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User}, nil
+}
+
+// registryError is what the caller learns of a failed read of ref's config: the image and
+// a generic cause, never what answered on the network (that is logged here).
+func registryError(ref string, err error) error {
+	slog.Default().Warn("read image config", "image", ref, "err", err)
+	var te *transport.Error
+	if errors.As(err, &te) {
+		switch te.StatusCode {
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return fmt.Errorf("%w: %s", runtime.ErrImageUnauthorized, ref)
+		case http.StatusNotFound:
+			return fmt.Errorf("%w: %s", runtime.ErrImageNotFound, ref)
+		}
+	}
+	if errors.Is(err, image.ErrRegistryNotAllowed) {
+		return fmt.Errorf("%w: %s: the registry is not allowed", runtime.ErrInvalidImageRef, ref)
+	}
+	return fmt.Errorf("%w: %s: could not read the image's config from its registry", runtime.ErrRegistry, ref)
 }
