@@ -19,12 +19,14 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -414,9 +416,11 @@ func (s *Service) RegistrationHandler() http.Handler {
 }
 
 // TLSHandler serves everything the control plane offers on one TLS listener: the
-// registration service, and the admin services (API key) for every other path.
+// registration service, and the admin services (API key) for every other path, behind
+// the API's front (the key is checked from the headers before any body is read, bodies
+// in flight are capped: issue 15 §2).
 func (s *Service) TLSHandler() http.Handler {
-	reg, admin := s.RegistrationHandler(), s.Handler()
+	reg, admin := s.RegistrationHandler(), s.adminFront()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/"+controlplanev1connect.RunnerRegistrationServiceName+"/") {
 			reg.ServeHTTP(w, r)
@@ -448,4 +452,20 @@ func TLSConfig(ca *pki.CA, hosts []string) (*tls.Config, error) {
 	cfg.Certificates = nil
 	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return get() }
 	return cfg, nil
+}
+
+// adminFront is Handler behind an apifront.Front authenticating with the control plane's
+// keys.
+func (s *Service) adminFront() http.Handler {
+	var svcs []protoreflect.ServiceDescriptor
+	f := controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto
+	for i := range f.Services().Len() {
+		svcs = append(svcs, f.Services().Get(i))
+	}
+	routes, err := apifront.Routes(svcs...)
+	if err != nil {
+		panic(fmt.Sprintf("controlplane: REST routes: %v", err)) // compiled-in annotations
+	}
+	return apifront.New(s.Handler(), apifront.Config{Auth: s.auth, MaxMessageBytes: 4 << 20,
+		MaxBodyBytesInFlight: 64 << 20, Routes: routes, Logger: s.log})
 }

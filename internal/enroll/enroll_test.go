@@ -1,8 +1,11 @@
 package enroll
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -311,4 +314,37 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func x509Opts(c *testCP) x509.VerifyOptions {
 	return x509.VerifyOptions{Roots: c.ca.Pool(), DNSName: "r1", KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+}
+
+// TestControlPlaneAuthenticatesBeforeBodies: on the control plane's TLS port an admin call
+// without a key gets 401 at once, its announced 100 MB body never read (issue 15 §2), and
+// a key still works.
+func TestControlPlaneAuthenticatesBeforeBodies(t *testing.T) {
+	c := startCP(t)
+	conn, err := tls.Dial("tcp", c.addr, &tls.Config{RootCAs: c.ca.Pool(), ServerName: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	_, err = fmt.Fprintf(conn, "POST /v1/sandbox/apiKeys HTTP/1.1\r\nHost: cp\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer before the body: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("HTTP %d, want 401", resp.StatusCode)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("answered after %v", d)
+	}
+	res, err := c.admin.ListManagedRunners(t.Context(), connect.NewRequest(&controlplanev1.ListManagedRunnersRequest{}))
+	if err != nil || res.Msg == nil {
+		t.Errorf("an admin key: %v", err)
+	}
 }
