@@ -29,10 +29,17 @@ var (
 	internetExceptV6 = prefixStrings(reserved.V6())
 )
 
+// prefixStrings writes ps for NetworkPolicy ipBlocks. IPv4-mapped IPv6 prefixes
+// (::ffff:0:0/96) are left out: Kubernetes parses them as IPv4, so the apiserver refuses
+// them as exceptions of an IPv6 block ("must be a strict subset of cidr"), and on the wire
+// such traffic is IPv4, which the IPv4 exceptions cover.
 func prefixStrings(ps []netip.Prefix) []string {
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.String()
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		if p.Addr().Is4In6() {
+			continue
+		}
+		out = append(out, p.String())
 	}
 	return out
 }

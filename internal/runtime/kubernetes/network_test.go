@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -76,7 +77,7 @@ func describePolicy(np *networkingv1.NetworkPolicy) (in, out []string) {
 func TestNetworkPolicyFor(t *testing.T) {
 	const (
 		internet = "ip:0.0.0.0/0-0.0.0.0/8-10.0.0.0/8-100.64.0.0/10-127.0.0.0/8-169.254.0.0/16-172.16.0.0/12-192.168.0.0/16-224.0.0.0/4-240.0.0.0/4" +
-			"|ip:::/0-::/128-::1/128-::ffff:0.0.0.0/96-fc00::/7-fe80::/10-ff00::/8"
+			"|ip:::/0-::/128-::1/128-fc00::/7-fe80::/10-ff00::/8"
 		dns     = "ns:kubernetes.io/metadata.name=kube-system UDP/53,TCP/53"
 		runner  = "ip:192.0.2.2/32 all"
 		sameOrg = "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/org-id=org-a"
@@ -168,6 +169,7 @@ func TestNetworkPolicyFor(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			checkIPBlocks(t, np)
 			if got := np.Spec.PodSelector.MatchLabels[LabelSandbox]; got != "s1" || np.Name != "sbx-s1" || np.Namespace != "ns" {
 				t.Errorf("selects %q, name %s/%s", got, np.Namespace, np.Name)
 			}
@@ -212,5 +214,42 @@ func TestUserLabel(t *testing.T) {
 				t.Errorf("label %q", v)
 			}
 		})
+	}
+}
+
+// checkIPBlocks applies the apiserver's rule for ipBlocks (its ValidateIPBlock, parsing
+// as it does with net.ParseCIDR): every exception is a strict subset of its block's cidr,
+// of the same family. A policy that breaks it is refused at create, and with it every
+// sandbox (an IPv4-mapped ::ffff:0:0/96 exception once did).
+func checkIPBlocks(t *testing.T, np *networkingv1.NetworkPolicy) {
+	t.Helper()
+	var peers []networkingv1.NetworkPolicyPeer
+	for _, r := range np.Spec.Egress {
+		peers = append(peers, r.To...)
+	}
+	for _, r := range np.Spec.Ingress {
+		peers = append(peers, r.From...)
+	}
+	for _, p := range peers {
+		if p.IPBlock == nil {
+			continue
+		}
+		_, block, err := net.ParseCIDR(p.IPBlock.CIDR)
+		if err != nil {
+			t.Errorf("ipBlock cidr %q: %v", p.IPBlock.CIDR, err)
+			continue
+		}
+		bl, _ := block.Mask.Size()
+		for _, e := range p.IPBlock.Except {
+			ip, ex, err := net.ParseCIDR(e)
+			if err != nil {
+				t.Errorf("ipBlock %s except %q: %v", p.IPBlock.CIDR, e, err)
+				continue
+			}
+			el, _ := ex.Mask.Size()
+			if !block.Contains(ip) || el <= bl {
+				t.Errorf("ipBlock %s except %s: not a strict subset (the apiserver refuses the policy)", p.IPBlock.CIDR, e)
+			}
+		}
 	}
 }
