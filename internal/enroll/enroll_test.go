@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -38,21 +39,6 @@ type testCP struct {
 	userKey  string
 	admin    controlplanev1connect.RunnerManagementServiceClient
 	user     controlplanev1connect.RunnerManagementServiceClient
-}
-
-type bearer string
-
-func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
-		r.Header().Set("Authorization", "Bearer "+string(b))
-		return next(ctx, r)
-	}
-}
-func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
 }
 
 func startCP(t *testing.T) *testCP {
@@ -80,8 +66,8 @@ func startCP(t *testing.T) *testCP {
 	}
 	c.start(t, "127.0.0.1:0")
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), "127.0.0.1"), ForceAttemptHTTP2: true}}
-	c.admin = controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+c.addr, connect.WithInterceptors(bearer(c.adminKey)))
-	c.user = controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+c.addr, connect.WithInterceptors(bearer(c.userKey)))
+	c.admin = controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+c.addr, connect.WithInterceptors(connecttest.Bearer(c.adminKey)))
+	c.user = controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+c.addr, connect.WithInterceptors(connecttest.Bearer(c.userKey)))
 	return c
 }
 

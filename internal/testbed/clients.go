@@ -10,6 +10,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 )
 
 // httpClient speaks HTTP/1.1 to the gateways: each call stands alone, so a gateway that
@@ -18,12 +19,12 @@ var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16
 
 // Sandboxes is a client of gateway i's SandboxService with the user key (Connect protocol).
 func (b *Bed) Sandboxes(i int) sandboxv1connect.SandboxServiceClient {
-	return sandboxv1connect.NewSandboxServiceClient(httpClient, b.GatewayURL(i), connect.WithInterceptors(bearer(b.UserKey)))
+	return sandboxv1connect.NewSandboxServiceClient(httpClient, b.GatewayURL(i), connect.WithInterceptors(connecttest.Bearer(b.UserKey)))
 }
 
 // Discovery is a client of gateway i's DiscoveryService with the user key.
 func (b *Bed) Discovery(i int) sandboxv1connect.DiscoveryServiceClient {
-	return sandboxv1connect.NewDiscoveryServiceClient(httpClient, b.GatewayURL(i), connect.WithInterceptors(bearer(b.UserKey)))
+	return sandboxv1connect.NewDiscoveryServiceClient(httpClient, b.GatewayURL(i), connect.WithInterceptors(connecttest.Bearer(b.UserKey)))
 }
 
 // purge deletes every sandbox of the user's organization through a live gateway and

@@ -31,6 +31,7 @@ import (
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/pki"
 )
 
@@ -181,7 +182,7 @@ func (b *Bed) adminClients() (controlplanev1connect.RunnerManagementServiceClien
 	roots.AppendCertsFromPEM(pem)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, roots, b.net.host.String()), ForceAttemptHTTP2: true}}
 	url := "https://" + b.CP.Addr
-	auth := connect.WithInterceptors(bearer(b.AdminKey))
+	auth := connect.WithInterceptors(connecttest.Bearer(b.AdminKey))
 	return controlplanev1connect.NewRunnerManagementServiceClient(hc, url, auth),
 		controlplanev1connect.NewApiKeyServiceClient(hc, url, auth), nil
 }
@@ -328,25 +329,4 @@ func replaceFlag(argv []string, flag, value string) []string {
 		out = append(out, argv[i])
 	}
 	return out
-}
-
-type bearer string
-
-func (k bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		req.Header().Set("Authorization", "Bearer "+string(k))
-		return next(ctx, req)
-	}
-}
-
-func (k bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		conn.RequestHeader().Set("Authorization", "Bearer "+string(k))
-		return conn
-	}
-}
-
-func (k bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -120,7 +121,7 @@ func startControlPlane(t *testing.T) *cp {
 	opts := func(key string) []connect.ClientOption {
 		o := []connect.ClientOption{connect.WithGRPC()}
 		if key != "" {
-			o = append(o, connect.WithInterceptors(bearer(key)))
+			o = append(o, connect.WithInterceptors(connecttest.Bearer(key)))
 		}
 		return o
 	}

@@ -73,7 +73,7 @@ func startGatewayOn(t *testing.T, s *stack.Stack, opts ...func(*gateway.Config))
 	client := func(key string) sandboxv1connect.SandboxServiceClient {
 		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(gateway.MaxMessageBytes), connect.WithSendMaxBytes(gateway.MaxMessageBytes)}
 		if key != "" {
-			opts = append(opts, connect.WithInterceptors(bearer(key)))
+			opts = append(opts, connect.WithInterceptors(connecttest.Bearer(key)))
 		}
 		return sandboxv1connect.NewSandboxServiceClient(hc, srv.URL, opts...)
 	}
@@ -82,27 +82,8 @@ func startGatewayOn(t *testing.T, s *stack.Stack, opts ...func(*gateway.Config))
 		sandboxes:       client(keyA),
 		other:           client(keyB),
 		unauthenticated: client(""),
-		discovery:       sandboxv1connect.NewDiscoveryServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(bearer(keyA))),
+		discovery:       sandboxv1connect.NewDiscoveryServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(keyA))),
 	}
-}
-
-type bearer string
-
-func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		req.Header().Set("Authorization", "Bearer "+string(b))
-		return next(ctx, req)
-	}
-}
-func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
-		return conn
-	}
-}
-func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
 }
 
 func spec(image string, command string, args ...string) *sandboxv1.SandboxSpec {
@@ -148,7 +129,7 @@ func TestGatewayAuthAndScoping(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnauthenticated || apierr.Reason(err) != apierr.Unauthenticated {
 		t.Errorf("no key: %v, want UNAUTHENTICATED", err)
 	}
-	bad := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, g.url, connect.WithInterceptors(bearer("sbx_nope_nope")))
+	bad := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, g.url, connect.WithInterceptors(connecttest.Bearer("sbx_nope_nope")))
 	if _, err := bad.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Errorf("wrong key: %v, want UNAUTHENTICATED", err)
 	}
@@ -613,7 +594,7 @@ func TestGatewayResponsesUncompressed(t *testing.T) {
 	p.SetUnencryptedHTTP2(true)
 	rec := &connecttest.EnvelopeFlags{Base: &http.Transport{Protocols: p}}
 	c := sandboxv1connect.NewDiscoveryServiceClient(&http.Client{Transport: rec}, g.url,
-		connect.WithGRPC(), connect.WithSendGzip(), connect.WithInterceptors(bearer(g.keyA)))
+		connect.WithGRPC(), connect.WithSendGzip(), connect.WithInterceptors(connecttest.Bearer(g.keyA)))
 	res, err := c.ListAvailableRunners(context.Background(), connect.NewRequest(&sandboxv1.ListAvailableRunnersRequest{}))
 	if err != nil || len(res.Msg.GetRunners()) == 0 {
 		t.Fatalf("ListAvailableRunners: %v (%d runners)", err, len(res.Msg.GetRunners()))

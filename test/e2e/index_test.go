@@ -14,6 +14,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -57,7 +58,7 @@ func TestGatewayIndexSurvivesRestart(t *testing.T) {
 		}
 		srv := httptest.NewServer(g.Handler())
 		t.Cleanup(srv.Close)
-		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(connecttest.Bearer(key)))
 	}
 	first := serve()
 	live, err := first.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}, RequestId: "keep-1"}))
@@ -107,7 +108,7 @@ func TestGatewayReplicasShareTheStore(t *testing.T) {
 		}
 		srv := httptest.NewServer(g.Handler())
 		t.Cleanup(srv.Close)
-		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(connecttest.Bearer(key)))
 	}
 	a, b := replica(), replica() // both up before anything is created
 	created, err := a.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}, RequestId: "shared-1"}))
@@ -150,7 +151,7 @@ func TestGatewayMarksLostSandboxes(t *testing.T) {
 		}
 		srv := httptest.NewServer(g.Handler())
 		t.Cleanup(srv.Close)
-		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+		return sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(connecttest.Bearer(key)))
 	}
 	c1 := serve(first)
 	created, err := c1.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}}))
@@ -192,7 +193,7 @@ func TestGatewayReconcilesOrphans(t *testing.T) {
 	patient, eager := newGateway(time.Hour), newGateway(time.Millisecond)
 	srv := httptest.NewServer(eager.Handler())
 	t.Cleanup(srv.Close)
-	client := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(bearer(key)))
+	client := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithInterceptors(connecttest.Bearer(key)))
 	known, err := client.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sleeperSpec()}}))
 	if err != nil {
 		t.Fatal(err)

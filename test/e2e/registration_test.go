@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
@@ -98,7 +99,7 @@ func TestRegistrationControlPlane(t *testing.T) {
 	}
 	startCP()
 	adminHC := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), "127.0.0.1"), ForceAttemptHTTP2: true}}
-	admin := controlplanev1connect.NewRunnerManagementServiceClient(adminHC, "https://"+cpAddr, connect.WithInterceptors(bearer(adminKey)))
+	admin := controlplanev1connect.NewRunnerManagementServiceClient(adminHC, "https://"+cpAddr, connect.WithInterceptors(connecttest.Bearer(adminKey)))
 	getR1 := func() *controlplanev1.ManagedRunner {
 		r, err := admin.GetManagedRunner(ctx, connect.NewRequest(&controlplanev1.GetManagedRunnerRequest{RunnerId: "r1"}))
 		if err != nil {

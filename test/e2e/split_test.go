@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
@@ -92,7 +93,7 @@ func gwClients(url, keyA, keyB string) *gw {
 	client := func(key string) sandboxv1connect.SandboxServiceClient {
 		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(gateway.MaxMessageBytes), connect.WithSendMaxBytes(gateway.MaxMessageBytes)}
 		if key != "" {
-			opts = append(opts, connect.WithInterceptors(bearer(key)))
+			opts = append(opts, connect.WithInterceptors(connecttest.Bearer(key)))
 		}
 		return sandboxv1connect.NewSandboxServiceClient(hc, url, opts...)
 	}
@@ -101,7 +102,7 @@ func gwClients(url, keyA, keyB string) *gw {
 		sandboxes:       client(keyA),
 		other:           client(keyB),
 		unauthenticated: client(""),
-		discovery:       sandboxv1connect.NewDiscoveryServiceClient(hc, url, connect.WithGRPC(), connect.WithInterceptors(bearer(keyA))),
+		discovery:       sandboxv1connect.NewDiscoveryServiceClient(hc, url, connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(keyA))),
 	}
 }
 

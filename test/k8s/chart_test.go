@@ -30,6 +30,7 @@ import (
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/gateway"
@@ -92,7 +93,7 @@ func startControlPlane(t *testing.T, ctx context.Context, host, target string) *
 	}
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), host), ForceAttemptHTTP2: true}}
 	return &testControlPlane{addr: ln.Addr().String(), caFile: caFile, ca: ca,
-		api: controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+ln.Addr().String(), connect.WithInterceptors(bearer(adminKey)))}
+		api: controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+ln.Addr().String(), connect.WithInterceptors(connecttest.Bearer(adminKey)))}
 }
 
 // nodeIP is the node's InternalIP: what Pods reach this host at.

@@ -14,28 +14,10 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
-
-type bearer string
-
-func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		req.Header().Set("Authorization", "Bearer "+string(b))
-		return next(ctx, req)
-	}
-}
-func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
-		return conn
-	}
-}
-func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
 
 // serveGateway serves a gateway over cfg.Runners (cfg.Auth is set here) on loopback,
 // HTTP/1.1 and h2c as `sandboxd gateway` does, and returns its URL, a gRPC client of it
@@ -62,7 +44,7 @@ func serveGateway(t *testing.T, cfg gateway.Config) (url string, api sandboxv1co
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)
 	hc := &http.Client{Transport: &http.Transport{Protocols: p}}
-	return srv.URL, sandboxv1connect.NewSandboxServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(bearer(key))), key
+	return srv.URL, sandboxv1connect.NewSandboxServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(key))), key
 }
 
 // TestGateway: the public API (coreweave.sandbox.v1 through the gateway) on a runner

@@ -21,35 +21,14 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
 
 // sandboxes is the public SandboxService of d as the holder of key sees it.
 func (d *Dev) sandboxes(key string) sandboxv1connect.SandboxServiceClient {
-	return sandboxv1connect.NewSandboxServiceClient(&http.Client{}, d.API, connect.WithInterceptors(withKey(key)))
-}
-
-// withKey sets a bearer key on every call.
-type withKey string
-
-func (k withKey) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		req.Header().Set("Authorization", "Bearer "+string(k))
-		return next(ctx, req)
-	}
-}
-
-func (k withKey) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		conn.RequestHeader().Set("Authorization", "Bearer "+string(k))
-		return conn
-	}
-}
-
-func (k withKey) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
+	return sandboxv1connect.NewSandboxServiceClient(&http.Client{}, d.API, connect.WithInterceptors(connecttest.Bearer(key)))
 }
 
 // runningSandbox creates a sandbox of busybox that prints a line a second (with $SECRET), of runtime

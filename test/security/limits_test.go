@@ -14,6 +14,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 )
 
 // The bounds these attacks probe (internal/gateway/limits.go, internal/runtime/limits.go).
@@ -41,7 +42,7 @@ const (
 func limClient(d *Dev, key string) sandboxv1connect.SandboxServiceClient {
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
-	return sandboxv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, d.API, connect.WithInterceptors(withKey(key)), connect.WithSendMaxBytes(100<<20))
+	return sandboxv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, d.API, connect.WithInterceptors(connecttest.Bearer(key)), connect.WithSendMaxBytes(100<<20))
 }
 
 // limSpec is a busybox sandbox that sleeps.
