@@ -1,14 +1,15 @@
 package testenv
 
 import (
-	"bufio"
-	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 )
 
 // Leftovers lists what sandboxes left on the host under a runner's data dir once every
@@ -53,29 +54,16 @@ func ForceClean(dataDir string) {
 
 // MountsUnder lists the mount points below dir, deepest first.
 func MountsUnder(dir string) []string {
-	data, _ := os.ReadFile("/proc/self/mountinfo")
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			out = append(out, f[4])
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return slices.Compact(out)
+	mps, _ := mountinfo.Under(dir)
+	return slices.DeleteFunc(mps, func(mp string) bool { return mp == filepath.Clean(dir) })
 }
 
 // LoopsUnder lists attached loop devices whose backing file is below dir, as
 // "/dev/loopN (file)".
 func LoopsUnder(dir string) []string {
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var out []string
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if p := strings.TrimSpace(string(data)); err == nil && strings.HasPrefix(p, dir+"/") {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f)))+" ("+p+")")
-		}
+	for _, l := range local.LoopDevicesUnder(dir) {
+		out = append(out, l.Dev+" ("+l.File+")")
 	}
 	return out
 }

@@ -316,7 +316,7 @@ func checkHostClean(t *testing.T, c crashCase, id string, anyAlive bool, when st
 	if id != "" {
 		under = filepath.Join(c.State, id)
 	}
-	for _, l := range loopDevicesUnder(under) {
+	for _, l := range loopBackings(under) {
 		sub.Errorf("leaked loop device %s", l)
 	}
 	if !c.Network {
@@ -376,19 +376,6 @@ func nftLines(t *testing.T) []string {
 		}
 	}
 	return lines
-}
-
-// loopDevicesUnder lists attached loop devices whose backing file is under dir, read
-// from sysfs (independently of the backend's own sweep).
-func loopDevicesUnder(dir string) []string {
-	var out []string
-	for _, p := range mustGlob("/sys/block/loop*/loop/backing_file") {
-		data, err := os.ReadFile(p)
-		if err == nil && strings.HasPrefix(strings.TrimSpace(string(data)), dir+"/") {
-			out = append(out, filepath.Base(filepath.Dir(filepath.Dir(p)))+" -> "+strings.TrimSpace(string(data)))
-		}
-	}
-	return out
 }
 
 // leakRecorder prefixes a check's errors with when they were found.

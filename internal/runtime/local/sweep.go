@@ -1,18 +1,16 @@
 package local
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 )
 
 // The sweep is teardown's last line: whatever step of Create or Destroy a crash cut
@@ -22,61 +20,9 @@ import (
 // file lies in its dir are detached. Only then may the dir be removed: RemoveAll through a
 // mount left behind would delete what it mounts (a shared image layer, say).
 
-// mountsUnder returns the mount points at or below dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	dir = filepath.Clean(dir)
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	// Deepest first; a path mounted more than once appears once (unmountAll peels it).
-	slices.SortFunc(out, func(a, b string) int {
-		if d := strings.Count(b, "/") - strings.Count(a, "/"); d != 0 {
-			return d
-		}
-		return strings.Compare(b, a)
-	})
-	return slices.Compact(out), nil
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space, and so on).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // unmountUnder unmounts every mount at or below dir.
 func unmountUnder(dir string) error {
-	mps, err := mountsUnder(dir)
+	mps, err := mountinfo.Under(dir)
 	if err != nil {
 		return fmt.Errorf("list mounts under %s: %w", dir, err)
 	}
@@ -89,18 +35,21 @@ func unmountUnder(dir string) error {
 	if errs != nil {
 		return errors.Join(errs...)
 	}
-	if left, err := mountsUnder(dir); err == nil && len(left) > 0 {
+	if left, err := mountinfo.Under(dir); err == nil && len(left) > 0 {
 		return fmt.Errorf("still mounted under %s: %s", dir, strings.Join(left, ", "))
 	}
 	return nil
 }
 
-// loopsBackedUnder returns the loop devices (/dev/loopN) whose backing file lies at or
-// below dir.
-func loopsBackedUnder(dir string) []string {
+// LoopDevice is an attached loop device (/dev/loopN) and its backing file.
+type LoopDevice struct{ Dev, File string }
+
+// LoopDevicesUnder returns the attached loop devices whose backing file lies at or below
+// dir (a deleted file still counts): for Destroy's sweep, and for leak checks in tests.
+func LoopDevicesUnder(dir string) []LoopDevice {
 	dir = filepath.Clean(dir)
 	ents, _ := os.ReadDir("/sys/block")
-	var out []string
+	var out []LoopDevice
 	for _, e := range ents {
 		if !strings.HasPrefix(e.Name(), "loop") {
 			continue
@@ -112,8 +61,17 @@ func loopsBackedUnder(dir string) []string {
 		// A deleted backing file reads as "<path> (deleted)".
 		p := strings.TrimSuffix(strings.TrimSpace(string(bf)), " (deleted)")
 		if p == dir || strings.HasPrefix(p, dir+"/") {
-			out = append(out, "/dev/"+e.Name())
+			out = append(out, LoopDevice{Dev: "/dev/" + e.Name(), File: p})
 		}
+	}
+	return out
+}
+
+// loopsBackedUnder is LoopDevicesUnder's devices.
+func loopsBackedUnder(dir string) []string {
+	var out []string
+	for _, l := range LoopDevicesUnder(dir) {
+		out = append(out, l.Dev)
 	}
 	return out
 }

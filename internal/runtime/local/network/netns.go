@@ -3,15 +3,15 @@
 package network
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 )
 
 // createNetNS creates a new network namespace and bind-mounts it on path (which
@@ -66,7 +66,7 @@ func deleteNetNS(path string) error {
 // into mount namespaces created later (e.g. runc's, which are slaves), and so do
 // their unmounts, so a torn-down namespace is not kept alive by a stale copy.
 func ensureSharedMount(dir string) error {
-	mounted, err := isMountPoint(dir)
+	mounted, err := mountinfo.IsMountPoint(dir)
 	if err != nil {
 		return err
 	}
@@ -79,40 +79,4 @@ func ensureSharedMount(dir string) error {
 		return fmt.Errorf("network: make %s shared: %w", dir, err)
 	}
 	return nil
-}
-
-func isMountPoint(dir string) (bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 64*1024), 1024*1024)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) > 4 && unescapeMountPath(fields[4]) == dir {
-			return true, nil
-		}
-	}
-	return false, s.Err()
-}
-
-// unescapeMountPath decodes the octal escapes (\040 etc.) of /proc/self/mountinfo.
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
