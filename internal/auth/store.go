@@ -87,20 +87,37 @@ func (a *StoreAuthenticator) Authenticate(key string) (Principal, error) {
 	if !ok {
 		return Principal{}, ErrInvalidKey
 	}
+	rec, err := a.active(id, "authenticate")
+	if err != nil {
+		return Principal{}, err
+	}
+	if subtle.ConstantTimeCompare([]byte(hash(key)), []byte(rec.Hash)) != 1 {
+		return Principal{}, ErrInvalidKey
+	}
+	a.touch(id)
+	return principalOf(rec), nil
+}
+
+// active looks up key id: ErrInvalidKey when it is unknown or revoked, another error
+// (prefixed with what) when the store cannot answer.
+func (a *StoreAuthenticator) active(id, what string) (store.APIKey, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 	defer cancel()
 	rec, err := a.st.APIKeys().Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return Principal{}, ErrInvalidKey
+		return store.APIKey{}, ErrInvalidKey
 	}
 	if err != nil {
-		return Principal{}, fmt.Errorf("authenticate: %w", err)
+		return store.APIKey{}, fmt.Errorf("%s: %w", what, err)
 	}
-	if subtle.ConstantTimeCompare([]byte(hash(key)), []byte(rec.Hash)) != 1 || rec.RevokedAt != nil {
-		return Principal{}, ErrInvalidKey
+	if rec.RevokedAt != nil {
+		return store.APIKey{}, ErrInvalidKey
 	}
-	a.touch(id)
-	return Principal{KeyID: id, Org: rec.Org, Role: Role(rec.Role), Name: rec.Name}, nil
+	return rec, nil
+}
+
+func principalOf(rec store.APIKey) Principal {
+	return Principal{KeyID: rec.ID, Org: rec.Org, Role: Role(rec.Role), Name: rec.Name}
 }
 
 func (a *StoreAuthenticator) touch(id string) {
@@ -140,17 +157,9 @@ func (a *StoreAuthenticator) KeyActive(id string) (Principal, error) {
 	if id == "" {
 		return Principal{}, ErrInvalidKey
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
-	defer cancel()
-	rec, err := a.st.APIKeys().Get(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return Principal{}, ErrInvalidKey
-	}
+	rec, err := a.active(id, "check API key")
 	if err != nil {
-		return Principal{}, fmt.Errorf("check API key: %w", err)
+		return Principal{}, err
 	}
-	if rec.RevokedAt != nil {
-		return Principal{}, ErrInvalidKey
-	}
-	return Principal{KeyID: id, Org: rec.Org, Role: Role(rec.Role), Name: rec.Name}, nil
+	return principalOf(rec), nil
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"slices"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -25,8 +26,9 @@ func (s *Server) ListAvailableRunners(ctx context.Context, req *connect.Request[
 		return nil, badPageToken()
 	}
 	out := &sandboxv1.ListAvailableRunnersResponse{}
+	recs := s.orgRecords(ctx) // one index read for every runner's count
 	for i, r := range s.runners {
-		ar := s.availableRunner(ctx, i, m.GetView())
+		ar := s.availableRunner(ctx, i, m.GetView(), recs)
 		caps := ar.GetCapabilities()
 		switch {
 		case m.GetRunnerGroupId() != "" && m.GetRunnerGroupId() != r.Group():
@@ -59,13 +61,18 @@ func (s *Server) GetAvailableRunner(ctx context.Context, req *connect.Request[sa
 	if view == sandboxv1.RunnerView_RUNNER_VIEW_UNSPECIFIED {
 		view = sandboxv1.RunnerView_RUNNER_VIEW_FULL
 	}
-	return connect.NewResponse(s.availableRunner(ctx, i, view)), nil
+	return connect.NewResponse(s.availableRunner(ctx, i, view, s.orgRecords(ctx))), nil
+}
+
+// orgRecords reads the caller's organization's index records once, when first needed.
+func (s *Server) orgRecords(ctx context.Context) func() []*record {
+	return sync.OnceValue(func() []*record { return s.index.list(ctx, principal(ctx).Org, false) })
 }
 
 // availableRunner describes runner i: what its policy and host allow, and in the FULL
 // view what is free right now (asked of the runner; the gateway's last view of it when
-// it does not answer).
-func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.RunnerView) *sandboxv1.AvailableRunner {
+// it does not answer), counting the caller's sandboxes among recs.
+func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.RunnerView, recs func() []*record) *sandboxv1.AvailableRunner {
 	r := s.runners[i]
 	w := s.views.runner(ctx, i)
 	if view == sandboxv1.RunnerView_RUNNER_VIEW_FULL {
@@ -126,18 +133,18 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 			AvailableMemoryBytes:   max(c.MemoryBytes-used.MemoryBytes-reserved.MemoryBytes, 0),
 			AvailableGpuCount:      max(c.GPUs-used.GPUs-reserved.GPUs, 0),
 			// The caller's own sandboxes only: another organization's count is not its business.
-			RunningSandboxes: int32(s.liveSandboxes(ctx, principal(ctx).Org, r)),
+			RunningSandboxes: int32(s.liveSandboxes(ctx, recs(), r)),
 		}
 	}
 	return ar
 }
 
-// liveSandboxes counts org's sandboxes on runner r that are neither ended nor being
-// deleted (a delete frees its place at once). Those the index last saw alive are asked
-// of the runner: another replica may have deleted them.
-func (s *Server) liveSandboxes(ctx context.Context, org string, r Runner) int {
+// liveSandboxes counts the sandboxes of recs (one organization's) on runner r that are
+// neither ended nor being deleted (a delete frees its place at once). Those the index
+// last saw alive are asked of the runner: another replica may have deleted them.
+func (s *Server) liveSandboxes(ctx context.Context, recs []*record, r Runner) int {
 	n := 0
-	for _, rec := range s.index.list(ctx, org, false) {
+	for _, rec := range recs {
 		if rec.runnerID != r.ID() {
 			continue
 		}
