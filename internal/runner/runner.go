@@ -597,16 +597,18 @@ func (r *Runner) archiveLogs(id string) {
 	dst := r.archiveDir(id)
 	_ = os.RemoveAll(dst)
 	err := os.Rename(dir, dst)
-	if errors.Is(err, syscall.EXDEV) {
-		// The logs live on the sandbox's own filesystem (its disk limit).
+	switch {
+	case errors.Is(err, syscall.EXDEV):
+		// The logs live on the sandbox's own filesystem (its disk limit): copy what is
+		// logs, and nothing else.
 		err = copyRegularTree(dir, dst)
+	case err == nil:
+		if n := keepRegularFiles(dst); n > 0 {
+			r.log.Warn("archive sandbox logs: removed entries that are no regular files (planted by the sandbox?)", "sandbox", id, "removed", n)
+		}
 	}
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		r.log.Warn("archive sandbox logs", "sandbox", id, "err", err)
-		return
-	}
-	if n := keepRegularFiles(dst); n > 0 {
-		r.log.Warn("archive sandbox logs: removed entries that are no regular files (planted by the sandbox?)", "sandbox", id, "removed", n)
 	}
 }
 

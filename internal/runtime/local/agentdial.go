@@ -126,8 +126,8 @@ func (b *Backend) identityOf(id string) *agentconfig.Identity {
 		ident = s.ident
 	}
 	b.mu.Unlock()
-	if ident != nil {
-		return ident
+	if s != nil {
+		return ident // nil for a sandbox made before identities: its info has none either
 	}
 	var pi persistedInfo
 	if err := readJSON(filepath.Join(b.dir(id), fileInfo), &pi); err == nil {

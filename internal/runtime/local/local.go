@@ -139,7 +139,7 @@ type sandbox struct {
 	info persistedInfo
 	proc *proc // nil once known to be gone
 	// ident is what the sandbox's agent must prove on every connection (identity.go in
-	// internal/agent); nil for sandboxes made before agents had one.
+	// internal/agent; set under Backend.mu); nil for sandboxes made before agents had one.
 	ident *agentconfig.Identity
 
 	ready  chan struct{} // closed when Create has finished (at once for loaded sandboxes)
@@ -478,7 +478,10 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			}
 		}
 	}
-	shown := shownDir(dir)
+	shown := dir // what is mounted into the sandbox: see shownDir
+	if disk > 0 {
+		shown = filepath.Join(dir, dirShown)
+	}
 	for _, d := range []string{dirRun, dirEtc} {
 		if err := os.Mkdir(filepath.Join(shown, d), 0o755); err != nil {
 			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
@@ -541,8 +544,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if rt.gvisor {
 		acfg.Listen = agentListenAddr // see gvisor.go
 	}
-	s.ident = agent.NewIdentity(cid)
-	acfg.Identity = s.ident
+	ident := agent.NewIdentity(cid)
+	acfg.Identity = ident
+	b.mu.Lock() // DialAgent reads it under the lock
+	s.ident = ident
+	b.mu.Unlock()
 	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
