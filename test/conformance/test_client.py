@@ -135,6 +135,34 @@ def test_run_busybox_image(new_sandbox):
     assert sb.status in TERMINAL
 
 
+# --- limits visible inside ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cpu", "memory", "cpus", "mem_bytes"), [("500m", "256Mi", 1, 256 << 20), ("1500m", "1Gi", 2, 1 << 30)])
+def test_limits_visible_inside(new_sandbox, cpu, memory, cpus, mem_bytes):
+    """A program finds its limits the usual ways: nproc, os.cpu_count() and /proc/cpuinfo show
+    ceil(CPU limit) CPUs (at most this host's), /proc/meminfo's MemTotal and the cgroup's own
+    file (v2 memory.max, or v1 memory.limit_in_bytes) the memory limit."""
+    sb = new_sandbox(resources={"cpu": cpu, "memory": memory})
+    sb.wait(timeout=START_TIMEOUT)
+    want = str(min(cpus, len(os.sched_getaffinity(0))))
+
+    def out(argv):
+        res = sb.exec(argv).result(timeout=30)
+        assert res.returncode == 0, res
+        return res.stdout.strip()
+
+    assert out(["nproc"]) == want
+    assert out(["python3", "-c", "import os; print(os.cpu_count())"]) == want
+    assert out(["grep", "-c", "^processor", "/proc/cpuinfo"]) == want
+    assert out(["grep", "MemTotal", "/proc/meminfo"]).split()[1] == str(mem_bytes >> 10)
+    limit = out(["sh", "-c", "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"])
+    assert limit == str(mem_bytes)
+    res = sb.exec(["sh", "-c", "echo max > /sys/fs/cgroup/memory.max || echo -1 > /sys/fs/cgroup/memory/memory.limit_in_bytes"]).result(timeout=30)
+    assert res.returncode != 0, f"the sandbox wrote its own cgroup limit: {res}"
+
+
 # --- exec --------------------------------------------------------------------------------------
 
 

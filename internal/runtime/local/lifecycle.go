@@ -202,6 +202,7 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 		s.cid = s.info.ContainerID
 	}
 	s.ident = s.info.Agent
+	s.cpus = s.info.CPUs
 	if states != nil {
 		if st, ok := states[s.cid]; !ok || st.Status == "stopped" || st.Pid != s.info.Pid {
 			return s, nil

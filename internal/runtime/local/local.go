@@ -120,6 +120,9 @@ type Backend struct {
 	// <rootfsBase>/<cid>, instead of in their bundles (see rootfsBase in userns.go).
 	rootfsBase string
 
+	// hostCPUs are the CPUs sandboxes' cpusets are taken from (see limits.go).
+	hostCPUs []int
+
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
 }
@@ -141,6 +144,8 @@ type sandbox struct {
 	// ident is what the sandbox's agent must prove on every connection (identity.go in
 	// internal/agent; set under Backend.mu); nil for sandboxes made before agents had one.
 	ident *agentconfig.Identity
+	// cpus is the sandbox's cpuset (nil: none; see limits.go; set under Backend.mu).
+	cpus []int
 
 	ready  chan struct{} // closed when Create has finished (at once for loaded sandboxes)
 	failed bool          // Create failed and undid everything; set before ready closes
@@ -162,6 +167,9 @@ type persistedInfo struct {
 	// Agent is the identity the container's agent proves (host-only: info.json is in the
 	// sandbox's dir, which the sandbox never sees).
 	Agent *agentconfig.Identity `json:"agent_identity,omitempty"`
+	// CPUs is the container's cpuset (see limits.go), so a restarted backend places new
+	// sandboxes around it.
+	CPUs []int `json:"cpus,omitempty"`
 }
 
 func (p persistedInfo) toInfo(id string) runtime.Info {
@@ -221,6 +229,7 @@ func New(cfg Config) (*Backend, error) {
 		noFile:    noFileLimit(),
 		log:       cfg.Logger,
 		sandboxes: map[string]*sandbox{},
+		hostCPUs:  hostCPUs(),
 	}
 	for class, bin := range cfg.Runtimes {
 		if class == "" || strings.ContainsAny(class, "/.") {
@@ -592,6 +601,18 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			failpoint.Hit("local.create.sysfs")
 		}
 	}
+	// What the sandbox sees of its limits (limits.go).
+	cpus := b.placeCPUs(s, res.MilliCPU)
+	p.CPUs = cpuList(cpus)
+	if !rt.gvisor {
+		files, err := limitFiles(cpus, res.MemoryBytes, isPoolID(cid))
+		if err == nil {
+			p.Limits, err = writeLimitFiles(filepath.Join(shown, dirLimits), files)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: limit files: %w", id, err)
+		}
+	}
 	if err := writeJSON(filepath.Join(bundle, "config.json"), ociSpec(p)); err != nil {
 		return nil, nil, err
 	}
@@ -636,7 +657,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid, Agent: s.ident}
+	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid, Agent: s.ident, CPUs: cpus}
 	if cid != id {
 		s.info.ContainerID = cid
 	}

@@ -72,8 +72,10 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
-	if probeLayer != "" {
-		os.RemoveAll(probeLayer)
+	for _, d := range []string{probeLayer, pythonLayer} {
+		if d != "" {
+			os.RemoveAll(d)
+		}
 	}
 	// The tests' parent cgroups (a real runner keeps its own).
 	for _, d := range mustGlob("/sys/fs/cgroup/*/" + testCgroupParent) {
@@ -146,6 +148,8 @@ func (ti testImages) Pull(ctx context.Context, ref string, _ *runtime.Credential
 		return &Image{Ref: ref, Digest: "sha256:b0b0", Layers: ti.layers, Config: ImageConfig{
 			Cmd: []string{"sh"}, Env: []string{"PATH=/bin", "FROM_IMAGE=1"}, WorkingDir: "/",
 		}}, nil
+	case "python":
+		return pythonImage()
 	case "nocmd":
 		return &Image{Ref: ref, Digest: "sha256:0c0d", Layers: ti.layers}, nil
 	case "private":

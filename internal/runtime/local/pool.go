@@ -541,8 +541,17 @@ func (p *pool) claimed() {
 // pc's dir over s's. On error pc is to be destroyed.
 func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, acfg *agentconfig.Config) error {
 	dir := pc.s.dir
-	if err := b.applyResources(pc.s.cid, s.spec.Resources); err != nil {
+	cpus := b.placeCPUs(s, s.spec.Resources.MilliCPU)
+	if err := b.applyResources(pc.s.cid, s.spec.Resources, cpus); err != nil {
 		return fmt.Errorf("resources: %w", err)
+	}
+	// A pooled container has every limit file mounted: they become the sandbox's.
+	files, err := limitFiles(cpus, s.spec.Resources.MemoryBytes, true)
+	if err == nil {
+		err = rewriteLimitFiles(filepath.Join(shownDir(dir), dirLimits), files)
+	}
+	if err != nil {
+		return fmt.Errorf("limit files: %w", err)
 	}
 	host := hostname(s.id)
 	if err := setHostname(pc.s.info.Pid, host); err != nil {
@@ -570,6 +579,7 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	info := pc.s.info
 	info.StartedAt = time.Now().UTC()
 	info.ContainerID = pc.s.cid
+	info.CPUs = cpus
 	if err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec); err != nil {
 		return err
 	}
@@ -635,8 +645,8 @@ func setHostname(pid int, name string) error {
 }
 
 // applyResources sets a running container's limits as the OCI spec would have at create:
-// memory (and memory+swap) limit, CPU quota, pids limit.
-func (b *Backend) applyResources(cid string, r runtime.Resources) error {
+// memory (and memory+swap) limit, CPU quota, pids limit, cpuset (nil: left as it is).
+func (b *Backend) applyResources(cid string, r runtime.Resources, cpus []int) error {
 	rel := filepath.Join(b.cfg.CgroupParent, cid)
 	write := func(path, v string) error {
 		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
@@ -659,6 +669,11 @@ func (b *Backend) applyResources(cid string, r runtime.Resources) error {
 				if err := write(filepath.Join(mem, "memory.memsw.limit_in_bytes"), strconv.FormatInt(m, 10)); err != nil {
 					return err
 				}
+			}
+		}
+		if len(cpus) > 0 {
+			if err := write(filepath.Join(cgroupRoot, "cpuset", rel, "cpuset.cpus"), cpuList(cpus)); err != nil {
+				return err
 			}
 		}
 		if quota > 0 {
@@ -684,6 +699,11 @@ func (b *Backend) applyResources(cid string, r runtime.Resources) error {
 			if err := write(filepath.Join(cg, "memory.swap.max"), "0"); err != nil {
 				return err
 			}
+		}
+	}
+	if len(cpus) > 0 {
+		if err := write(filepath.Join(cg, "cpuset.cpus"), cpuList(cpus)); err != nil {
+			return err
 		}
 	}
 	if quota > 0 {

@@ -45,7 +45,10 @@ var maskedPaths = []string{
 	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
 }
 
-var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+// readonlyPaths: /sys/fs/cgroup too, because on a cgroup v1 host runc mounts a writable
+// tmpfs there under the controllers' read-only mounts, where a sandbox could plant a
+// memory.max of its own for its programs to find.
+var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger", "/sys/fs/cgroup"}
 
 // defaultSeccomp builds the default seccomp profile for defaultCaps once.
 func defaultSeccomp() (*specs.LinuxSeccomp, error) { return seccompFor(defaultCaps) }
@@ -147,6 +150,10 @@ type specParams struct {
 	// Sysfs, when set, is a host dir holding the sandbox's sysfs, bind-mounted at /sys
 	// instead of a sysfs the runtime mounts (see mountNetNSSysfs).
 	Sysfs string
+	// CPUs is the sandbox's cpuset ("" none) and Limits the bind mounts of the files
+	// showing its limits (see limits.go).
+	CPUs   string
+	Limits []specs.Mount
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -183,6 +190,8 @@ func ociSpec(p specParams) *specs.Spec {
 		}
 	}
 
+	mounts = append(mounts, p.Limits...) // over /proc and /sys files
+
 	readOnly := p.Security != nil && p.Security.ReadOnlyRootFS
 	if readOnly {
 		// What stays writable: empty tmpfs mounts, whose pages count against the
@@ -217,6 +226,12 @@ func ociSpec(p specParams) *specs.Spec {
 		period := uint64(cpuPeriod)
 		res.CPU = &specs.LinuxCPU{Quota: &q, Period: &period}
 	}
+	if p.CPUs != "" {
+		if res.CPU == nil {
+			res.CPU = &specs.LinuxCPU{}
+		}
+		res.CPU.Cpus = p.CPUs
+	}
 
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.NetNS}
 	args := []string{agentconfig.BinaryPath}
@@ -228,9 +243,12 @@ func ociSpec(p specParams) *specs.Spec {
 		args = append(args, "--listen-fd=-1")
 		seccomp, sysctl = nil, nil
 	}
+	// The cgroup namespace roots /sys/fs/cgroup and /proc/self/cgroup at the sandbox's
+	// own cgroup: no host path, no sibling sandbox (on cgroup v2 without it a sandbox
+	// outside a user namespace would mount the whole hierarchy).
 	namespaces := []specs.LinuxNamespace{
 		{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, netns,
-		{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+		{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.CgroupNamespace},
 	}
 	var uids, gids []specs.LinuxIDMapping
 	if p.IDs != nil {
