@@ -69,7 +69,7 @@ func (b *scriptBackend) Stop(_ context.Context, id string, _ time.Duration) erro
 	}
 	return nil
 }
-func (b *scriptBackend) Destroy(context.Context, string) error                 { return nil }
+func (b *scriptBackend) Destroy(context.Context, string) error                { return nil }
 func (b *scriptBackend) Recover(context.Context) ([]runtime.Recovered, error) { return nil, nil }
 
 func code(c int32) *int32 { return &c }
