@@ -514,17 +514,13 @@ func (a *Agent) supervise(ctx context.Context) int {
 	}
 }
 
-// startMain starts the main command with its output going to the log. outDone is closed
-// when both output pipes are drained.
+// startMain starts the main command with its output going to the log. Its stdout and
+// stderr are one pipe, so the log keeps the order in which the command wrote to them
+// (two pipes read side by side cannot tell which write came first). outDone is closed
+// when the pipe is drained.
 func (a *Agent) startMain() (*proc, <-chan struct{}, error) {
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		return nil, nil, &startError{msg: err.Error()}
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
 		return nil, nil, &startError{msg: err.Error()}
 	}
 	p, err := startProc(procSpec{
@@ -532,34 +528,23 @@ func (a *Agent) startMain() (*proc, <-chan struct{}, error) {
 		env:   a.env(nil),
 		dir:   a.workDir,
 		cred:  a.user.cred,
-		files: [3]*os.File{a.devNull, outW, errW},
+		files: [3]*os.File{a.devNull, outW, outW},
 	})
 	outW.Close()
-	errW.Close()
 	if err != nil {
 		outR.Close()
-		errR.Close()
 		return nil, nil, err
 	}
-	exited := p.exitedCh
 	outDone := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, x := range []struct {
-		r *os.File
-		s logstore.Stream
-	}{{outR, logstore.Stdout}, {errR, logstore.Stderr}} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer x.r.Close()
-			drain(x.r, exited, a.outGrace, func(b []byte) {
-				if _, err := a.logw.Write(x.s, b); err != nil {
-					a.log.Error("write log", "err", err)
-				}
-			})
-		}()
-	}
-	go func() { wg.Wait(); close(outDone) }()
+	go func() {
+		defer close(outDone)
+		defer outR.Close()
+		drain(outR, p.exitedCh, a.outGrace, func(b []byte) {
+			if _, err := a.logw.Write(logstore.Combined, b); err != nil {
+				a.log.Error("write log", "err", err)
+			}
+		})
+	}()
 	return p, outDone, nil
 }
 

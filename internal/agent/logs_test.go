@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,4 +108,36 @@ func TestLogsSince(t *testing.T) {
 	if _, got := collectLogs(t, h, &agentv1.LogsRequest{Since: timestamppb.New(since)}); got != "later\n" {
 		t.Errorf("since = %q", got)
 	}
+}
+
+// TestLogsKeepOrderAcrossStreams: stdout and stderr of the main command are one sequence
+// in the log, in the order the command wrote them, with strictly increasing times.
+func TestLogsKeepOrderAcrossStreams(t *testing.T) {
+	script := `i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo out$i; echo err$i >&2; done; echo one; echo two >&2; echo three; sleep 1000`
+	h := startAgent(t, &agentconfig.Config{Argv: []string{"sh", "-c", script}})
+	waitLog(t, h, "three\n")
+	msgs, all := collectLogs(t, h, &agentv1.LogsRequest{})
+	var want strings.Builder
+	for i := 1; i <= 200; i++ {
+		fmt.Fprintf(&want, "out%d\nerr%d\n", i, i)
+	}
+	want.WriteString("one\ntwo\nthree\n")
+	if all != want.String() {
+		t.Errorf("log out of order:\n%s", firstDiff(all, want.String()))
+	}
+	for i := 1; i < len(msgs); i++ {
+		if !msgs[i].Time.AsTime().After(msgs[i-1].Time.AsTime()) {
+			t.Errorf("chunk %d at %s, not after chunk %d at %s", i, msgs[i].Time.AsTime(), i-1, msgs[i-1].Time.AsTime())
+		}
+	}
+}
+
+// firstDiff shows where got and want part.
+func firstDiff(got, want string) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	lo := max(0, i-20)
+	return fmt.Sprintf("at byte %d: got %q, want %q", i, got[lo:min(len(got), i+20)], want[lo:min(len(want), i+20)])
 }

@@ -18,7 +18,6 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
-	"github.com/sandboxd/sandboxd/internal/logstore"
 )
 
 const (
@@ -473,38 +472,7 @@ func (s *service) WriteFile(ctx context.Context, req *connect.Request[agentv1.Wr
 }
 
 func (s *service) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest], st *connect.ServerStream[agentv1.LogsResponse]) error {
-	m := req.Msg
-	if m.TailLines < 0 {
-		return invalidArg("tail_lines must not be negative")
-	}
-	opts := logstore.ReadOptions{TailLines: int(m.TailLines), Offset: m.Offset, FromOffset: m.FromOffset}
-	if m.Since != nil {
-		opts.Since = m.Since.AsTime()
-	}
-	r, err := logstore.OpenReader(s.a.logDir, agentconfig.MainLog)
-	if err != nil {
-		return connect.NewError(connect.CodeInternal, err)
-	}
-	defer func() { _ = r.Close() }()
-	send := func(c logstore.Chunk) error {
-		return st.Send(&agentv1.LogsResponse{
-			Data: c.Data, Time: timestamppb.New(c.Time), Stream: agentv1.Stream(c.Stream),
-			Offset: c.Offset, NextOffset: c.NextOffset(),
-		})
-	}
-	if m.Follow {
-		err = logstore.Follow(ctx, r, s.a.logw, opts, send)
-	} else {
-		_, err = r.Read(opts, send)
-	}
-	if err != nil {
-		var ce *connect.Error
-		if errors.As(err, &ce) {
-			return err
-		}
-		return connect.NewError(connect.CodeOf(err), err)
-	}
-	return nil
+	return ReadLogs(ctx, s.a.logDir, s.a.logw, req.Msg, st.Send)
 }
 
 func (s *service) Status(ctx context.Context, req *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {

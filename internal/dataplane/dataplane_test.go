@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -61,6 +62,17 @@ func (f *fakeSandboxes) Agent(ctx context.Context, id string) (agentv1connect.Ag
 		return nil, err
 	}
 	return f.agent, nil
+}
+
+// Logs serves one line naming the sandbox and its state, as a runner serves the log of a
+// live or an ended sandbox.
+func (f *fakeSandboxes) Logs(ctx context.Context, id string, _ *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	sb, err := f.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	line := "log of " + id + " " + sb.State.String() + "\n"
+	return send(&agentv1.LogsResponse{Data: []byte(line), NextOffset: uint64(len(line))})
 }
 
 func (f *fakeSandboxes) set(id, org string, st runner.State) {
@@ -295,5 +307,45 @@ func TestDirectUncompressed(t *testing.T) {
 	}
 	if f := rec.Flags(); len(f) != 1 || f[0]&1 != 0 {
 		t.Fatalf("response envelope flags %v, want one uncompressed message", rec.Flags())
+	}
+}
+
+// TestDirectLogsOfEndedSandbox: a logs certificate reads the log of an ended sandbox too
+// (the runner keeps it); exec on it stays refused, and a sandbox the runner forgot is
+// NOT_FOUND.
+func TestDirectLogsOfEndedSandbox(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	permLogs := sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS
+	logs := func(c sandboxv1connect.SandboxDataPlaneServiceClient) (string, error) {
+		s, err := c.StreamLogs(ctx, connect.NewRequest(&sandboxv1.StreamLogsRequest{SandboxId: "sb1"}))
+		if err != nil {
+			return "", err
+		}
+		var b strings.Builder
+		for s.Receive() {
+			if e := s.Msg().GetError(); e != nil {
+				return b.String(), fmt.Errorf("%s: %s", e.GetCode(), e.GetMessage())
+			}
+			b.Write(s.Msg().GetData())
+		}
+		return b.String(), s.Err()
+	}
+	c := f.client(nil, "acme", "sb1", permLogs, permExec)
+	for _, st := range []runner.State{runner.StateRunning, runner.StateTerminating, runner.StateCompleted, runner.StateFailed, runner.StateTerminated} {
+		f.sbs.set("sb1", "acme", st)
+		if got, err := logs(c); err != nil || got != "log of sb1 "+st.String()+"\n" {
+			t.Errorf("logs of a %s sandbox: %q %v", st, got, err)
+		}
+	}
+	if _, err := exec(ctx, c, "sb1"); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("exec on an ended sandbox: %v", err)
+	}
+	if _, err := logs(f.client(nil, "other", "sb1", permLogs)); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("logs with another organization's certificate: %v", err)
+	}
+	f.sbs.remove("sb1")
+	if _, err := logs(c); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("logs of a forgotten sandbox: %v", err)
 	}
 }

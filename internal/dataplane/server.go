@@ -18,6 +18,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -31,6 +32,8 @@ type Sandboxes interface {
 	Get(ctx context.Context, id string) (runner.Sandbox, error)
 	// Agent returns the sandbox's agent, waiting while the sandbox starts.
 	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+	// Logs reads the sandbox's log, also once it has ended (runner.Runner.Logs).
+	Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
 
 // Config configures a Server.
@@ -163,41 +166,9 @@ type source struct{ s *Server }
 
 func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, sandboxID, container string) (agentv1connect.AgentServiceClient, error) {
 	s := src.s
-	leaf, _ := ctx.Value(peerKey{}).(*x509.Certificate)
-	if leaf == nil {
-		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "a data-plane client certificate is required")
-	}
-	// The handshake checked the chain; a connection may outlive its certificate.
-	if t := s.now(); t.After(leaf.NotAfter) || t.Before(leaf.NotBefore) {
-		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
-			"the data-plane client certificate expired at %s; ask ConnectSandbox for a new one", leaf.NotAfter.UTC().Format(time.RFC3339))
-	}
-	id, err := ParseIdentity(leaf)
+	sb, err := src.authorize(ctx, perm, sandboxID, container)
 	if err != nil {
-		return nil, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a data-plane client certificate: %v", err)
-	}
-	if sandboxID == "" {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
-	}
-	if sandboxID != id.SandboxID {
-		return nil, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
-			fmt.Sprintf("the client certificate is for sandbox %s, not %s", id.SandboxID, sandboxID), map[string]string{"sandbox_id": sandboxID})
-	}
-	if !id.Has(perm) {
-		return nil, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
-			fmt.Sprintf("the client certificate does not grant %s on sandbox %s", PermName(perm), sandboxID),
-			map[string]string{"sandbox_id": sandboxID, "permission": perm.String()})
-	}
-	if container != "" && container != id.Container && (id.Container != "" || container != "main") {
-		return nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", sandboxID, container),
-			[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
-	}
-	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
-	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runner.MetaOrg] != id.Org {
-		return nil, gateway.NotFound(sandboxID)
-	}
-	if err != nil {
-		return nil, gateway.RunnerError(sandboxID, err)
+		return nil, err
 	}
 	if sb.State.Terminal() || sb.State == runner.StateTerminating {
 		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
@@ -213,6 +184,62 @@ func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermi
 	s.calls.Add(1)
 	s.cfg.Logger.Debug("direct data-plane call", "sandbox", sandboxID, "perm", PermName(perm))
 	return a, nil
+}
+
+// DataLogs serves the log also of a sandbox that has ended (while the runner keeps it).
+func (src source) DataLogs(ctx context.Context, sandboxID, container string) (gateway.LogReader, error) {
+	s := src.s
+	perm := sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS
+	if _, err := src.authorize(ctx, perm, sandboxID, container); err != nil {
+		return nil, err
+	}
+	s.calls.Add(1)
+	s.cfg.Logger.Debug("direct data-plane call", "sandbox", sandboxID, "perm", PermName(perm))
+	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+		return s.cfg.Sandboxes.Logs(ctx, sandboxID, req, send)
+	}, nil
+}
+
+// authorize checks the caller's certificate against the call and returns the sandbox.
+func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermission, sandboxID, container string) (runner.Sandbox, error) {
+	s := src.s
+	leaf, _ := ctx.Value(peerKey{}).(*x509.Certificate)
+	if leaf == nil {
+		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "a data-plane client certificate is required")
+	}
+	// The handshake checked the chain; a connection may outlive its certificate.
+	if t := s.now(); t.After(leaf.NotAfter) || t.Before(leaf.NotBefore) {
+		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
+			"the data-plane client certificate expired at %s; ask ConnectSandbox for a new one", leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	id, err := ParseIdentity(leaf)
+	if err != nil {
+		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a data-plane client certificate: %v", err)
+	}
+	if sandboxID == "" {
+		return runner.Sandbox{}, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
+	}
+	if sandboxID != id.SandboxID {
+		return runner.Sandbox{}, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+			fmt.Sprintf("the client certificate is for sandbox %s, not %s", id.SandboxID, sandboxID), map[string]string{"sandbox_id": sandboxID})
+	}
+	if !id.Has(perm) {
+		return runner.Sandbox{}, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+			fmt.Sprintf("the client certificate does not grant %s on sandbox %s", PermName(perm), sandboxID),
+			map[string]string{"sandbox_id": sandboxID, "permission": perm.String()})
+	}
+	if container != "" && container != id.Container && (id.Container != "" || container != "main") {
+		return runner.Sandbox{}, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", sandboxID, container),
+			[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
+	}
+	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
+	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runner.MetaOrg] != id.Org {
+		return runner.Sandbox{}, gateway.NotFound(sandboxID)
+	}
+	if err != nil {
+		return runner.Sandbox{}, gateway.RunnerError(sandboxID, err)
+	}
+	return sb, nil
 }
 
 // ServerCertTTL is the lifetime of a listener's certificate; it is renewed at half-life.

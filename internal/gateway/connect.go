@@ -62,9 +62,12 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 	if err != nil {
 		return nil, err
 	}
-	if sb := s.current(ctx, rec, r); sb.State != runner.StateRunning {
+	// Logs outlive the sandbox (its runner keeps them for the retention window), so a
+	// certificate for logs alone is issued for an ending or ended sandbox too.
+	logsOnly := slices.Equal(perms, []sandboxv1.SandboxDataPermission{sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS})
+	if sb := s.current(ctx, rec, r); sb.State != runner.StateRunning && !(logsOnly && (sb.State.Terminal() || sb.State == runner.StateTerminating)) {
 		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
-			fmt.Sprintf("sandbox %s is %s: only a running sandbox can be reached directly", rec.id, sb.State),
+			fmt.Sprintf("sandbox %s is %s: only a running sandbox can be reached directly (an ended one for its logs alone)", rec.id, sb.State),
 			map[string]string{"sandbox_id": rec.id, "state": sb.State.String()})
 	}
 	endpoint := s.views.dataPlaneOf(ctx, r.ID())

@@ -83,6 +83,7 @@ func TestConnectSandbox(t *testing.T) {
 	badSig := append([]byte(nil), good...)
 	badSig[len(badSig)-3] ^= 0xff
 	exec := []sandboxv1.SandboxDataPermission{sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_EXEC}
+	logs := sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS
 
 	call := func(m *sandboxv1.ConnectSandboxRequest) (*sandboxv1.SandboxConnection, error) {
 		res, err := s.ConnectSandbox(ctx, connect.NewRequest(m))
@@ -110,6 +111,12 @@ func TestConnectSandbox(t *testing.T) {
 		}
 	}
 
+	// Logs outlive the sandbox: a certificate for logs alone is issued for an ended one.
+	if got, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "done", CsrDer: good, RequestedPermissions: []sandboxv1.SandboxDataPermission{logs}}); err != nil ||
+		len(got.GetGrantedPermissions()) != 1 || got.GetGrantedPermissions()[0] != logs || iss.id != "done" {
+		t.Errorf("logs of an ended sandbox: %v %v", got, err)
+	}
+
 	refusals := []struct {
 		name   string
 		m      *sandboxv1.ConnectSandboxRequest
@@ -130,6 +137,8 @@ func TestConnectSandbox(t *testing.T) {
 		{"missing", &sandboxv1.ConnectSandboxRequest{SandboxId: "nope", CsrDer: good, RequestedPermissions: exec}, connect.CodeNotFound, apierr.SandboxNotFound, ""},
 		{"starting", &sandboxv1.ConnectSandboxRequest{SandboxId: "starting", CsrDer: good, RequestedPermissions: exec}, connect.CodeFailedPrecondition, apierr.SandboxNotRunning, ""},
 		{"terminated", &sandboxv1.ConnectSandboxRequest{SandboxId: "done", CsrDer: good, RequestedPermissions: exec}, connect.CodeFailedPrecondition, apierr.SandboxNotRunning, ""},
+		{"terminated, logs and exec", &sandboxv1.ConnectSandboxRequest{SandboxId: "done", CsrDer: good, RequestedPermissions: append([]sandboxv1.SandboxDataPermission{logs}, exec...)}, connect.CodeFailedPrecondition, apierr.SandboxNotRunning, ""},
+		{"starting, logs", &sandboxv1.ConnectSandboxRequest{SandboxId: "starting", CsrDer: good, RequestedPermissions: []sandboxv1.SandboxDataPermission{logs}}, connect.CodeFailedPrecondition, apierr.SandboxNotRunning, ""},
 	}
 	for _, tc := range refusals {
 		_, err := call(tc.m)

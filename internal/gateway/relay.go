@@ -20,9 +20,14 @@ import (
 type DataSource interface {
 	// DataAgent returns the agent of sandbox id for an operation needing perm, waiting
 	// while the sandbox starts. container must name the primary container (or be empty).
-	// For STREAM_LOGS a sandbox that is ending or ended is FAILED_PRECONDITION.
 	DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentClient, error)
+	// DataLogs returns the reader of sandbox id's log (STREAM_LOGS). Logs outlive the
+	// sandbox: an ended one's log is read from its runner's copy for the retention window.
+	DataLogs(ctx context.Context, id, container string) (LogReader, error)
 }
+
+// LogReader reads a sandbox's log as the agent's Logs call does (runner.Runner.Logs).
+type LogReader func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 
 // Relay implements the data RPCs (exec, stream exec, logs, files) over a DataSource by
 // translating them to the sandbox's agent. Their messages are the same in SandboxService
@@ -199,8 +204,9 @@ func (d Relay) StreamExec(ctx context.Context, stream *connect.BidiStream[sandbo
 	}
 }
 
-// StreamLogs streams the main command's output. Without follow it ends after what has
-// been written so far; with follow it goes on until the main command ends.
+// StreamLogs streams the main command's output, also after the sandbox ended. Without
+// follow it ends after what has been written so far; with follow it goes on until the
+// main command ends (at once for an ended sandbox).
 func (d Relay) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.StreamLogsRequest], stream *connect.ServerStream[sandboxv1.LogEntry]) error {
 	m := req.Msg
 	resume := m.GetResumeLogSessionId() != ""
@@ -219,7 +225,7 @@ func (d Relay) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.St
 	if m.GetTailLines() < 0 {
 		return apierr.Invalid(apierr.InvalidRequest, "tail_lines must not be negative", []apierr.Violation{{Field: "tail_lines", Description: "must not be negative"}})
 	}
-	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS, m.GetSandboxId(), m.GetContainer())
+	read, err := d.Src.DataLogs(ctx, m.GetSandboxId(), m.GetContainer())
 	if err != nil {
 		return err
 	}
@@ -232,30 +238,31 @@ func (d Relay) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.St
 	if resume {
 		areq.Offset, areq.FromOffset = m.GetResumeLogOffset(), true
 	}
-	up, err := a.Logs(ctx, connect.NewRequest(areq))
-	if err != nil {
-		return relayError(id, err)
-	}
-	defer func() { _ = up.Close() }()
 	stamp := lineStamper{}
-	for up.Receive() {
-		c := up.Msg()
+	var (
+		sent    bool
+		sendErr error
+	)
+	err = read(ctx, areq, func(c *agentv1.LogsResponse) error {
 		data := c.GetData()
 		if m.GetTimestamps() {
 			data = stamp.stamp(data, c.GetTime().AsTime())
 		}
-		if err := stream.Send(&sandboxv1.LogEntry{Data: data, Timestamp: c.GetTime(), LogSessionId: session, NextLogOffset: c.GetNextOffset()}); err != nil {
-			return err
-		}
+		sendErr = stream.Send(&sandboxv1.LogEntry{Data: data, Timestamp: c.GetTime(), LogSessionId: session, NextLogOffset: c.GetNextOffset()})
+		sent = true
+		return sendErr
+	})
+	switch {
+	case err == nil:
+		return nil
+	case sendErr != nil:
+		return sendErr
+	case resume && connect.CodeOf(err) == connect.CodeInvalidArgument:
+		return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "INVALID_RESUME_OFFSET", Message: err.Error()}})
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case !sent:
+		return relayError(id, runnerError(id, err))
 	}
-	if err := up.Err(); err != nil {
-		if resume && connect.CodeOf(err) == connect.CodeInvalidArgument {
-			return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "INVALID_RESUME_OFFSET", Message: err.Error()}})
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "STREAM_INTERRUPTED", Message: err.Error()}})
-	}
-	return nil
+	return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "STREAM_INTERRUPTED", Message: err.Error()}})
 }

@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
@@ -30,6 +31,9 @@ type Runner interface {
 	Delete(ctx context.Context, id string, grace time.Duration) (runner.Sandbox, error)
 	// Agent returns the sandbox's agent, waiting while the sandbox starts.
 	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+	// Logs reads the sandbox's log as the agent's Logs call does, also once the sandbox
+	// has ended (runner.Runner.Logs).
+	Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 	Capacity(ctx context.Context) (Capacity, error)
 }
 
@@ -136,6 +140,10 @@ func (l *LocalRunner) List(context.Context) ([]runner.Sandbox, error) {
 
 func (l *LocalRunner) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
 	return l.R.Agent(ctx, id)
+}
+
+func (l *LocalRunner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	return l.R.Logs(ctx, id, req, send)
 }
 
 // Capacity reports the host's CPUs and memory (or the configured amounts) as allocatable

@@ -21,6 +21,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -437,16 +438,24 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 	return connect.NewResponse(out), nil
 }
 
+// checkContainer: container must name the sandbox's primary container (or be empty).
+func checkContainer(rec *record, container string) error {
+	if container != "" {
+		c := primary(rec.spec)
+		if c == nil || (container != c.GetName() && !(c.GetName() == "" && container == "main")) {
+			return apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", rec.id, container),
+				[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
+		}
+	}
+	return nil
+}
+
 // agentOf returns the agent of a sandbox already looked up, waiting while it starts.
 // container must name the primary container (or be empty).
 func (s *Server) agentOf(ctx context.Context, rec *record, r Runner, container string) (agentClient, error) {
 	id := rec.id
-	if container != "" {
-		c := primary(rec.spec)
-		if c == nil || (container != c.GetName() && !(c.GetName() == "" && container == "main")) {
-			return nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", id, container),
-				[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
-		}
+	if err := checkContainer(rec, container); err != nil {
+		return nil, err
 	}
 	a, err := r.Agent(ctx, rec.id)
 	if err != nil {
@@ -481,13 +490,30 @@ func (g gatewaySource) DataAgent(ctx context.Context, perm sandboxv1.SandboxData
 	if err != nil {
 		return nil, err
 	}
-	if perm == sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS {
-		if sb := s.current(ctx, rec, r); sb.State.Terminal() || sb.State == runner.StateTerminating {
-			return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
-				"sandbox "+rec.id+" is "+sb.State.String()+": its logs are no longer served", map[string]string{"sandbox_id": rec.id})
-		}
-	}
 	return s.agentOf(ctx, rec, r, container)
+}
+
+// DataLogs reads the log from the sandbox's runner, which keeps it after the sandbox
+// ended for its retention window; past that the sandbox (still in the index) has none.
+func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (LogReader, error) {
+	s := g.s
+	rec, r, err := s.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkContainer(rec, container); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+		err := r.Logs(ctx, rec.id, req, send)
+		if errors.Is(err, runner.ErrNotFound) {
+			if last := s.index.lastOf(rec); last.State.Terminal() {
+				return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+					fmt.Sprintf("sandbox %s is %s and its runner no longer keeps its logs", rec.id, last.State), map[string]string{"sandbox_id": rec.id})
+			}
+		}
+		return err
+	}, nil
 }
 
 func (s *Server) relay() Relay { return Relay{Src: gatewaySource{s}} }

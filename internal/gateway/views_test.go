@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -45,6 +46,9 @@ func (r *scriptedRunner) Delete(context.Context, string, time.Duration) (runner.
 }
 func (r *scriptedRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, errors.New("not used")
+}
+func (r *scriptedRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+	return errors.New("not used")
 }
 func (r *scriptedRunner) Capacity(context.Context) (Capacity, error) {
 	r.mu.Lock()

@@ -2,7 +2,7 @@
 //
 // A log named N in a directory is two files:
 //
-//	N.log  the raw bytes, stdout and stderr interleaved as they were written
+//	N.log  the raw bytes, in the order they were written
 //	N.idx  one fixed-size record per write (RecordSize bytes, little endian):
 //	       offset uint64 | unix nanos int64 | length uint32 | stream uint8 | 3 zero bytes
 //
@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -33,10 +34,13 @@ const RecordSize = 24
 // Stream says which output a chunk came from. The values match sandboxd.agent.v1.Stream.
 type Stream uint8
 
-// Streams.
+// Streams. Combined is stdout and stderr of one pipe (as with 2>&1): the agent gives the
+// main command one pipe for both, because two pipes read side by side lose the order in
+// which the command wrote to them.
 const (
-	Stdout Stream = 1
-	Stderr Stream = 2
+	Combined Stream = 0
+	Stdout   Stream = 1
+	Stderr   Stream = 2
 )
 
 // Chunk is one write to the log.
@@ -76,21 +80,26 @@ func decodeRecord(b []byte) record {
 	}
 }
 
-// parseRecords appends the valid records in b (a slice of an index file starting at a
-// record boundary) that continue from end and stay within logSize. It returns the
-// records, how many bytes of b were consumed, and the new end.
-func parseRecords(dst []record, b []byte, end, logSize uint64) ([]record, int, uint64) {
+// MaxChunk is the largest chunk a record may describe: Write splits larger writes, and a
+// reader refuses a record beyond it, so a forged index cannot make it buffer more.
+const MaxChunk = 1 << 20
+
+// validPrefix returns how many bytes of b (index records from a record boundary) are
+// valid records continuing a log that ends at end with its last chunk written at nanos:
+// each starts where the previous one ended, is 1..MaxChunk bytes long, lies within the
+// first logSize bytes, and is not older than the one before. It also returns the end and
+// time of the last valid record.
+func validPrefix(b []byte, end uint64, nanos int64, logSize uint64) (int, uint64, int64) {
 	n := 0
 	for len(b)-n >= RecordSize {
 		r := decodeRecord(b[n : n+RecordSize])
-		if r.off != end || r.length == 0 || r.end() < r.off || r.end() > logSize {
+		if r.off != end || r.length == 0 || r.length > MaxChunk || r.end() > logSize || r.nanos < nanos {
 			break
 		}
-		dst = append(dst, r)
-		end = r.end()
+		end, nanos = r.end(), r.nanos
 		n += RecordSize
 	}
-	return dst, n, end
+	return n, end, nanos
 }
 
 func paths(dir, name string) (string, string) {
@@ -143,10 +152,8 @@ func (w *Writer) recover() error {
 	if err != nil {
 		return err
 	}
-	recs, n, end := parseRecords(nil, b, 0, uint64(li.Size()))
-	if len(recs) > 0 {
-		w.lastNanos = recs[len(recs)-1].nanos
-	}
+	n, end, nanos := validPrefix(b, 0, 0, uint64(li.Size()))
+	w.lastNanos = nanos
 	if err := w.idx.Truncate(int64(n)); err != nil {
 		return err
 	}
@@ -173,13 +180,16 @@ func (w *Writer) Write(s Stream, p []byte) (int, error) {
 	}
 	written := 0
 	for len(p) > 0 {
-		n := min(len(p), 1<<20)
+		n := min(len(p), MaxChunk)
 		if _, err := w.log.Write(p[:n]); err != nil {
 			return written, err
 		}
 		nanos := w.now().UnixNano()
-		if nanos < w.lastNanos {
-			nanos = w.lastNanos // keep times monotonic so since-searches can bisect
+		if nanos <= w.lastNanos {
+			// Strictly increasing: since-searches bisect, and a since at a chunk's own
+			// time never starts at an earlier chunk, even within one clock tick or when
+			// the wall clock steps back.
+			nanos = w.lastNanos + 1
 		}
 		w.lastNanos = nanos
 		encodeRecord(w.rec[:], record{off: w.end, nanos: nanos, length: uint32(n), stream: s})
@@ -245,22 +255,32 @@ type ReadOptions struct {
 
 // Reader reads a log. It picks up records appended after it was opened. It is not safe
 // for concurrent use.
+//
+// Its memory stays bounded whatever the files hold (the runner reads logs a sandbox
+// wrote): it keeps no list of records but reads them from the index as it needs them,
+// trusting only the prefix of the index it checked (validPrefix).
 type Reader struct {
 	log, idx *os.File
+	n        int64  // records in the checked prefix of the index
+	end      uint64 // offset after the last of them
+	nanos    int64  // time of the last of them
+	block    []byte // index bytes being read
 	recs     []record
-	idxPos   int64
-	end      uint64
-	buf      []byte
+	buf      []byte // log bytes being passed on
 }
 
-// OpenReader opens the log name in dir for reading.
+// blockRecords is how many index records a Reader reads at once.
+const blockRecords = 4096
+
+// OpenReader opens the log name in dir for reading. Both files must be regular files; a
+// symlink is not followed.
 func OpenReader(dir, name string) (*Reader, error) {
 	lp, ip := paths(dir, name)
-	log, err := os.Open(lp)
+	log, err := openRegular(lp)
 	if err != nil {
 		return nil, err
 	}
-	idx, err := os.Open(ip)
+	idx, err := openRegular(ip)
 	if err != nil {
 		log.Close()
 		return nil, err
@@ -268,34 +288,89 @@ func OpenReader(dir, name string) (*Reader, error) {
 	return &Reader{log: log, idx: idx}, nil
 }
 
+func openRegular(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("logstore: %s is not a regular file", p)
+	}
+	return f, nil
+}
+
 // Close releases the files.
 func (r *Reader) Close() error { return errors.Join(r.log.Close(), r.idx.Close()) }
 
-// refresh loads the records appended since the last call.
+// refresh extends the checked prefix by the records appended since the last call.
 func (r *Reader) refresh() error {
 	li, err := r.log.Stat()
 	if err != nil {
 		return err
 	}
-	ii, err := r.idx.Stat()
-	if err != nil {
-		return err
+	if r.block == nil {
+		r.block = make([]byte, blockRecords*RecordSize)
 	}
-	avail := ii.Size() - r.idxPos
-	avail -= avail % RecordSize
-	if avail <= 0 {
-		return nil
+	for {
+		n, err := r.idx.ReadAt(r.block, r.n*RecordSize)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		used, end, nanos := validPrefix(r.block[:n-n%RecordSize], r.end, r.nanos, uint64(li.Size()))
+		r.n += int64(used / RecordSize)
+		r.end, r.nanos = end, nanos
+		if used < len(r.block) {
+			return nil // the end of the index, a torn record, or one that is not valid
+		}
 	}
-	b := make([]byte, avail)
-	n, err := r.idx.ReadAt(b, r.idxPos)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return err
+}
+
+// records reads up to blockRecords checked records from index i on.
+func (r *Reader) records(i int64) ([]record, error) {
+	k := min(r.n-i, blockRecords)
+	if k <= 0 {
+		return nil, nil
 	}
-	b = b[:n-n%RecordSize]
-	var used int
-	r.recs, used, r.end = parseRecords(r.recs, b, r.end, uint64(li.Size()))
-	r.idxPos += int64(used)
-	return nil
+	if r.block == nil {
+		r.block = make([]byte, blockRecords*RecordSize)
+	}
+	b := r.block[:k*RecordSize]
+	if _, err := r.idx.ReadAt(b, i*RecordSize); err != nil {
+		return nil, err
+	}
+	// Checked once, but the file may have changed since (a live log's own sandbox can
+	// write it): check again, so a read never goes beyond what the records allow.
+	first := decodeRecord(b)
+	if used, _, _ := validPrefix(b, first.off, first.nanos, r.end); used != len(b) {
+		return nil, fmt.Errorf("logstore: %s changed under the reader", r.idx.Name())
+	}
+	r.recs = r.recs[:0]
+	for j := 0; j < len(b); j += RecordSize {
+		r.recs = append(r.recs, decodeRecord(b[j:j+RecordSize]))
+	}
+	return r.recs, nil
+}
+
+// search returns the first checked record for which f is true (f must be false and
+// then true along the log), or r.n.
+func (r *Reader) search(f func(record) bool) (int64, error) {
+	var rec [RecordSize]byte
+	var rerr error
+	lo, hi := int64(0), r.n
+	for lo < hi {
+		m := int64(uint64(lo+hi) >> 1)
+		if _, err := r.idx.ReadAt(rec[:], m*RecordSize); err != nil {
+			rerr = err
+			break
+		}
+		if !f(decodeRecord(rec[:])) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, rerr
 }
 
 // End is the offset just after the last complete chunk.
@@ -320,11 +395,18 @@ func (r *Reader) Read(opts ReadOptions, fn func(Chunk) error) (uint64, error) {
 	}
 	if !opts.Since.IsZero() {
 		s := opts.Since.UnixNano()
-		i := searchRecords(len(r.recs), func(i int) bool { return r.recs[i].nanos >= s })
-		if i == len(r.recs) {
+		i, err := r.search(func(rec record) bool { return rec.nanos >= s })
+		if err != nil {
+			return 0, err
+		}
+		if i == r.n {
 			start = r.end
 		} else {
-			start = max(start, r.recs[i].off)
+			rec, err := r.records(i)
+			if err != nil {
+				return 0, err
+			}
+			start = max(start, rec[0].off)
 		}
 	}
 	if opts.TailLines > 0 {
@@ -335,19 +417,6 @@ func (r *Reader) Read(opts ReadOptions, fn func(Chunk) error) (uint64, error) {
 		start = max(start, t)
 	}
 	return r.emit(start, fn)
-}
-
-func searchRecords(n int, f func(int) bool) int {
-	lo, hi := 0, n
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if !f(m) {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	return lo
 }
 
 // tailStart finds the offset of the first of the last n lines. A final line without a
@@ -386,42 +455,54 @@ func (r *Reader) tailStart(n int) (uint64, error) {
 	return 0, nil
 }
 
-// emit passes the chunks from start to the end, reading the log in spans of up to 1 MiB.
+// emit passes the chunks from start to the end, reading the log in spans of up to
+// MaxChunk bytes.
 func (r *Reader) emit(start uint64, fn func(Chunk) error) (uint64, error) {
 	if start >= r.end {
 		return r.end, nil
 	}
-	i := searchRecords(len(r.recs), func(i int) bool { return r.recs[i].end() > start })
+	i, err := r.search(func(rec record) bool { return rec.end() > start })
+	if err != nil {
+		return start, err
+	}
 	next := start
-	const span = 1 << 20
-	for i < len(r.recs) {
-		// Gather records [i, j) into one read.
-		j := i + 1
-		for j < len(r.recs) && r.recs[j].end()-r.recs[i].off <= span {
-			j++
-		}
-		from, to := r.recs[i].off, r.recs[j-1].end()
-		if uint64(cap(r.buf)) < to-from {
-			r.buf = make([]byte, to-from)
-		}
-		b := r.buf[:to-from]
-		if _, err := r.log.ReadAt(b, int64(from)); err != nil && !errors.Is(err, io.EOF) {
+	if r.buf == nil {
+		r.buf = make([]byte, MaxChunk)
+	}
+	for i < r.n {
+		recs, err := r.records(i)
+		if err != nil {
 			return next, err
 		}
-		for k := i; k < j; k++ {
-			rec := r.recs[k]
-			data := b[rec.off-from : rec.end()-from]
-			off := rec.off
-			if off < start {
-				data = data[start-off:]
-				off = start
+		for len(recs) > 0 {
+			// Gather records [0, j) into one read of at most MaxChunk bytes.
+			j := 1
+			for j < len(recs) && recs[j].end()-recs[0].off <= MaxChunk {
+				j++
 			}
-			if err := fn(Chunk{Offset: off, Time: time.Unix(0, rec.nanos), Stream: rec.stream, Data: data}); err != nil {
+			from, to := recs[0].off, recs[j-1].end()
+			b := r.buf[:to-from]
+			if _, err := r.log.ReadAt(b, int64(from)); err != nil && !errors.Is(err, io.EOF) {
 				return next, err
 			}
-			next = rec.end()
+			for _, rec := range recs[:j] {
+				if rec.end() <= start {
+					continue // only with an index that changed under the search
+				}
+				data := b[rec.off-from : rec.end()-from]
+				off := rec.off
+				if off < start {
+					data = data[start-off:]
+					off = start
+				}
+				if err := fn(Chunk{Offset: off, Time: time.Unix(0, rec.nanos), Stream: rec.stream, Data: data}); err != nil {
+					return next, err
+				}
+				next = rec.end()
+			}
+			recs = recs[j:]
+			i += int64(j)
 		}
-		i = j
 	}
 	return next, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -226,4 +227,112 @@ func FuzzIndex(f *testing.F) {
 		}
 		w.Close()
 	})
+}
+
+// TestTimesStrictlyIncrease: chunks written within one clock tick, or while the clock
+// steps back, still get strictly increasing times, so a since_time at a chunk's own time
+// never starts at an earlier chunk.
+func TestTimesStrictlyIncrease(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Open(dir, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Unix(1000, 0)
+	steps := []time.Duration{0, 0, -time.Second, 0, time.Millisecond}
+	i := 0
+	w.now = func() time.Time { d := steps[i]; i++; return base.Add(d) }
+	for _, s := range []string{"a", "b", "c", "d", "e"} {
+		w.Write(Stdout, []byte(s))
+	}
+	w.Close()
+	r, err := OpenReader(dir, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	_, chunks := readAll(t, r, ReadOptions{})
+	for i := 1; i < len(chunks); i++ {
+		if !chunks[i].Time.After(chunks[i-1].Time) {
+			t.Errorf("chunk %d at %v, not after %v", i, chunks[i].Time, chunks[i-1].Time)
+		}
+	}
+	if got, _ := readAll(t, r, ReadOptions{Since: chunks[2].Time}); got != "cde" {
+		t.Errorf("since chunk 2's time = %q, want cde", got)
+	}
+	// Reopened after a crash, the writer goes on after the last time it wrote.
+	w, err = Open(dir, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.now = func() time.Time { return base }
+	w.Write(Stdout, []byte("f"))
+	w.Close()
+	_, chunks = readAll(t, r, ReadOptions{})
+	if n := len(chunks); n != 6 || !chunks[5].Time.After(chunks[4].Time) {
+		t.Errorf("after reopen: %d chunks, last at %v", n, chunks[n-1].Time)
+	}
+}
+
+// TestReaderMemoryIsBounded: the runner reads logs a sandbox wrote, so what a Reader
+// allocates must not grow with what the files claim: neither with a forged 2 GiB chunk
+// nor with an index of a million records.
+func TestReaderMemoryIsBounded(t *testing.T) {
+	allocated := func(dir string, opts ReadOptions) (uint64, int) {
+		t.Helper()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		r, err := OpenReader(dir, "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		n := 0
+		if _, err := r.Read(opts, func(c Chunk) error { n += len(c.Data); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc, n
+	}
+	const limit = 8 << 20
+
+	forged := t.TempDir()
+	var rec [RecordSize]byte
+	encodeRecord(rec[:], record{off: 0, nanos: 1, length: 2 << 30, stream: Stdout})
+	os.WriteFile(filepath.Join(forged, "m.idx"), rec[:], 0o644)
+	f, _ := os.Create(filepath.Join(forged, "m.log"))
+	f.Truncate(2 << 30) // sparse
+	f.Close()
+	if a, n := allocated(forged, ReadOptions{}); a > limit || n != 0 {
+		t.Errorf("forged 2 GiB chunk: allocated %d bytes, passed %d bytes", a, n)
+	}
+
+	many := t.TempDir()
+	const records = 1 << 20
+	idx := make([]byte, records*RecordSize)
+	for i := range records {
+		encodeRecord(idx[i*RecordSize:], record{off: uint64(i), nanos: int64(i + 1), length: 1, stream: Stdout})
+	}
+	os.WriteFile(filepath.Join(many, "m.idx"), idx, 0o644)
+	os.WriteFile(filepath.Join(many, "m.log"), bytes.Repeat([]byte("x"), records), 0o644)
+	for _, opts := range []ReadOptions{{}, {Since: time.Unix(0, records/2)}, {Offset: records - 10, FromOffset: true}} {
+		if a, n := allocated(many, opts); a > limit || n == 0 {
+			t.Errorf("%+v over a million records: allocated %d bytes, passed %d bytes", opts, a, n)
+		}
+	}
+}
+
+// TestReaderRefusesSymlinks: a log file that is a symlink (planted by the sandbox whose
+// log it is) is not followed.
+func TestReaderRefusesSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(secret, []byte("host secret\n"), 0o600)
+	os.Symlink(secret, filepath.Join(dir, "m.log"))
+	os.WriteFile(filepath.Join(dir, "m.idx"), nil, 0o644)
+	if r, err := OpenReader(dir, "m"); err == nil {
+		r.Close()
+		t.Error("a symlinked log was opened")
+	}
 }

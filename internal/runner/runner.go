@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -104,15 +105,19 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
-		return nil, fmt.Errorf("runner: create data dir: %w", err)
+	for _, d := range []string{"logs", "ended"} {
+		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("runner: create data dir: %w", err)
+		}
 	}
 	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}, changed: make(chan struct{})}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.recoverEnded()
 	if err := r.recover(ctx); err != nil {
 		r.cancel()
 		return nil, err
 	}
+	r.removeStrayLogs()
 	return r, nil
 }
 
@@ -315,6 +320,76 @@ func (r *Runner) LogDir(id string) (string, error) {
 	}
 }
 
+// Logs passes the main command's log of sandbox id to send, as the agent's Logs call
+// does: from its agent while the sandbox runs, and from the copy the runner keeps once it
+// ended (for Config.Retention, across runner restarts). A read that outlives the agent
+// (the sandbox ends under a follow) goes on in that copy where the agent stopped, so a
+// follow ends at the end of the log instead of breaking off. While the sandbox is still
+// being created, Logs waits for it to start (or end). Errors from the agent and the
+// reader are connect errors; an error from send is returned as it is.
+func (r *Runner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	r.mu.Lock()
+	e, ok := r.sandboxes[id]
+	r.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	var (
+		next     uint64 // offset after the last byte passed on
+		passed   bool
+		sendErr  error
+		failures int
+	)
+	pass := func(m *agentv1.LogsResponse) error {
+		if sendErr = send(m); sendErr != nil {
+			return sendErr
+		}
+		next, passed, failures = m.GetNextOffset(), true, 0
+		return nil
+	}
+	// rest is what is left to read once something was passed on: from where it stopped.
+	rest := func() *agentv1.LogsRequest {
+		if !passed {
+			return req
+		}
+		return &agentv1.LogsRequest{Follow: req.GetFollow(), Offset: next, FromOffset: true}
+	}
+	for {
+		r.mu.Lock()
+		st, client, changed := e.sb.State, e.client, e.changed
+		r.mu.Unlock()
+		select {
+		case <-e.done:
+			return agent.ReadLogs(ctx, r.archiveDir(id), nil, rest(), pass)
+		default:
+		}
+		if client == nil || st == StateCreating || st == StatePending {
+			select {
+			case <-changed:
+			case <-e.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		err := agent.ForwardLogs(ctx, client, rest(), pass)
+		if err == nil || sendErr != nil || ctx.Err() != nil || connect.CodeOf(err) == connect.CodeInvalidArgument {
+			return err
+		}
+		// The agent went away under the read: the sandbox is ending (its copy of the log
+		// follows), or the agent could not be reached for a moment (try it again).
+		if failures++; failures > 3 {
+			return err
+		}
+		select {
+		case <-e.done:
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Close stops following sandboxes without touching them: they keep running and the next
 // runner re-adopts them. It returns once no goroutine of the runner acts on them any more.
 func (r *Runner) Close() {
@@ -379,6 +454,10 @@ func (r *Runner) armExpiry(e *entry) {
 		if !e.sb.State.Terminal() && !r.closed {
 			r.log.Info("sandbox lifetime exceeded", "sandbox", id, "lifetime", e.sb.Lifetime)
 			r.requestStopLocked(e, ReasonLifetimeExceeded, r.cfg.ExpiryGrace)
+			if e.sb.State != StateTerminating {
+				e.sb.State = StateTerminating // draining through the grace period
+				r.notifyLocked(e)
+			}
 		}
 	})
 }
@@ -501,8 +580,15 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	case e.stopReason == ReasonDeleted:
 		sb.State, sb.Reason, sb.Message = StateTerminated, ReasonDeleted, "deleted"
 	case e.stopReason == ReasonLifetimeExceeded:
-		sb.State, sb.Reason = StateFailed, ReasonLifetimeExceeded
+		// As the target system does: a sandbox that ran until its lifetime ends COMPLETED,
+		// one that never started FAILED; either way with no exit code, since the main
+		// command did not exit by itself.
+		sb.State, sb.Reason, sb.ExitCode = StateCompleted, ReasonLifetimeExceeded, nil
 		sb.Message = fmt.Sprintf("lifetime of %s exceeded", sb.Lifetime)
+		if sb.StartedAt.IsZero() {
+			sb.State = StateFailed
+			sb.Message += " before the sandbox started"
+		}
 	case exit.Reason == ReasonCompleted:
 		sb.State, sb.Reason, sb.Message = StateCompleted, ReasonCompleted, exit.Message
 	default:
@@ -518,6 +604,9 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	r.notifyLocked(e)
 	close(e.done)
 	r.log.Info("sandbox ended", "sandbox", id, "state", sb.State, "reason", sb.Reason, "message", sb.Message)
+	if err := r.recordEnded(e.snapshot()); err != nil {
+		r.log.Warn("record ended sandbox", "sandbox", id, "err", err)
+	}
 	if !r.closed {
 		e.forget = time.AfterFunc(r.cfg.Retention, func() { r.forget(id, e) })
 	}
@@ -549,13 +638,17 @@ func (r *Runner) destroy(id string) {
 	}
 }
 
+// forget drops an ended sandbox and its files once its retention window has passed.
 func (r *Runner) forget(id string, e *entry) {
 	r.mu.Lock()
-	if r.sandboxes[id] == e {
+	current := r.sandboxes[id] == e
+	if current {
 		delete(r.sandboxes, id)
 	}
 	r.mu.Unlock()
-	_ = os.RemoveAll(r.archiveDir(id))
+	if current {
+		r.forgetFiles(id)
+	}
 }
 
 func (r *Runner) update(e *entry, fn func(*Sandbox)) {
@@ -584,6 +677,91 @@ func (r *Runner) archiveDir(id string) string {
 	return filepath.Join(r.cfg.DataDir, "logs", id)
 }
 
+// endedPath is where the runner records an ended sandbox, so that it (and its log) stays
+// readable across a runner restart until the retention window has passed.
+func (r *Runner) endedPath(id string) string {
+	return filepath.Join(r.cfg.DataDir, "ended", id+".json")
+}
+
+func (r *Runner) recordEnded(sb Sandbox) error {
+	b, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(r.endedPath(sb.ID), b)
+}
+
+// writeFileAtomic writes b to p through a temporary file and a rename, so a crash leaves
+// the old file or the new one.
+func writeFileAtomic(p string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+	}
+	return err
+}
+
+// recoverEnded takes back the sandboxes an earlier runner recorded as ended while their
+// retention window lasts, and deletes the records and logs of those whose window has
+// passed. It runs before recover: a sandbox the backend still has (its destroy failed)
+// is followed from what the backend says instead.
+func (r *Runner) recoverEnded() {
+	dir := filepath.Dir(r.endedPath("x"))
+	ents, _ := os.ReadDir(dir)
+	for _, ent := range ents {
+		id, ok := strings.CutSuffix(ent.Name(), ".json")
+		if !ok || !ent.Type().IsRegular() {
+			_ = os.Remove(filepath.Join(dir, ent.Name())) // a temporary file a crash left
+			continue
+		}
+		var sb Sandbox
+		b, err := os.ReadFile(filepath.Join(dir, ent.Name()))
+		if err == nil {
+			err = json.Unmarshal(b, &sb)
+		}
+		left := time.Until(sb.EndedAt.Add(r.cfg.Retention))
+		if err != nil || sb.ID != id || !sb.State.Terminal() || left <= 0 {
+			r.forgetFiles(id)
+			continue
+		}
+		e := newEntry(sb)
+		close(e.done)
+		r.mu.Lock()
+		r.sandboxes[id] = e
+		e.forget = time.AfterFunc(left, func() { r.forget(id, e) })
+		r.mu.Unlock()
+	}
+}
+
+// removeStrayLogs deletes archived logs of sandboxes the runner does not know (their
+// record is gone or was never written).
+func (r *Runner) removeStrayLogs() {
+	dir := filepath.Dir(r.archiveDir("x"))
+	ents, _ := os.ReadDir(dir)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ent := range ents {
+		if _, ok := r.sandboxes[ent.Name()]; !ok {
+			_ = os.RemoveAll(filepath.Join(dir, ent.Name()))
+		}
+	}
+}
+
+func (r *Runner) forgetFiles(id string) {
+	_ = os.RemoveAll(r.archiveDir(id))
+	_ = os.Remove(r.endedPath(id))
+}
+
 // archiveLogs moves the agent's log files out of the sandbox before the backend removes it.
 func (r *Runner) archiveLogs(id string) {
 	src, ok := r.backend.(interface{ LogDir(string) string })
@@ -593,6 +771,9 @@ func (r *Runner) archiveLogs(id string) {
 	dir := src.LogDir(id)
 	if dir == "" {
 		return
+	}
+	if _, err := os.Lstat(dir); err != nil {
+		return // nothing (left) to archive: keep what an earlier finish archived
 	}
 	dst := r.archiveDir(id)
 	_ = os.RemoveAll(dst)
@@ -678,6 +859,21 @@ func (r *Runner) recover(ctx context.Context) error {
 		return fmt.Errorf("runner: recover sandboxes: %w", err)
 	}
 	for _, rec := range found {
+		id := rec.Spec.ID
+		r.mu.Lock()
+		ended := r.sandboxes[id]
+		r.mu.Unlock()
+		if ended != nil && !rec.Alive {
+			// Recorded as ended by an earlier runner whose teardown did not complete: keep
+			// the record, finish the teardown.
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				r.archiveLogs(id)
+				r.destroy(id)
+			}()
+			continue
+		}
 		created, _ := time.Parse(time.RFC3339Nano, rec.Spec.Meta[metaCreatedAt])
 		lifetime, _ := time.ParseDuration(rec.Spec.Meta[metaLifetime])
 		if lifetime <= 0 {
@@ -696,6 +892,9 @@ func (r *Runner) recover(ctx context.Context) error {
 			ImageDigest:  rec.Info.ImageDigest,
 		})
 		r.mu.Lock()
+		if ended != nil && ended.forget != nil {
+			ended.forget.Stop() // recorded as ended, yet alive: follow what runs
+		}
 		r.sandboxes[rec.Spec.ID] = e
 		r.wg.Add(1)
 		if rec.Alive {

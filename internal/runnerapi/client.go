@@ -133,6 +133,12 @@ func (c *Client) Agent(_ context.Context, id string) (agentv1connect.AgentServic
 	return sandboxAgent{id: id, c: c.agents}, nil
 }
 
+// Logs reads the sandbox's log through the runner's relay, which serves it also once the
+// sandbox has ended (runner.Runner.Logs).
+func (c *Client) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	return agent.ForwardLogs(ctx, sandboxAgent{id: id, c: c.agents}, req, send)
+}
+
 // sandboxAgent is the agent of one sandbox: every call carries the sandbox's ID, which
 // the sandboxHeader interceptor turns into the relay's header.
 type sandboxAgent struct {

@@ -54,6 +54,13 @@ func (f *fakeRunner) Agent(context.Context, string) (agentv1connect.AgentService
 	}
 	return f.agentClient, nil
 }
+func (f *fakeRunner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	a, err := f.Agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	return agent.ForwardLogs(ctx, a, req, send)
+}
 
 type testRunner struct {
 	addr string

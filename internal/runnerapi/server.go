@@ -39,6 +39,7 @@ type backend interface {
 	List() []runner.Sandbox
 	Delete(id string, grace time.Duration) (runner.Sandbox, error)
 	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
+	Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
 
 // Server serves one runner to gateways.
@@ -168,14 +169,18 @@ var _ agentv1connect.AgentServiceHandler = (*relay)(nil)
 func (s *relay) agent(ctx context.Context, h http.Header) (agentv1connect.AgentServiceClient, error) {
 	id := h.Get(SandboxIDHeader)
 	if id == "" {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "the "+SandboxIDHeader+" header is required",
-			[]apierr.Violation{{Field: SandboxIDHeader, Description: "is required"}})
+		return nil, missingSandboxID()
 	}
 	a, err := s.r.Agent(ctx, id)
 	if err != nil {
 		return nil, toStatus(id, err)
 	}
 	return a, nil
+}
+
+func missingSandboxID() error {
+	return apierr.Invalid(apierr.InvalidRequest, "the "+SandboxIDHeader+" header is required",
+		[]apierr.Violation{{Field: SandboxIDHeader, Description: "is required"}})
 }
 
 func (s *relay) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
@@ -208,8 +213,22 @@ func unary[Req, Res any](ctx context.Context, s *relay, req *connect.Request[Req
 	return connect.NewResponse(res.Msg), nil
 }
 
+// Logs is served by the runner rather than relayed to the agent: the runner also serves
+// the log of a sandbox that has ended.
 func (s *relay) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest], stream *connect.ServerStream[agentv1.LogsResponse]) error {
-	return serverStream(ctx, s, req, stream, agentv1connect.AgentServiceClient.Logs)
+	id := req.Header().Get(SandboxIDHeader)
+	if id == "" {
+		return missingSandboxID()
+	}
+	var sendErr error
+	err := s.r.Logs(ctx, id, req.Msg, func(m *agentv1.LogsResponse) error {
+		sendErr = stream.Send(m)
+		return sendErr
+	})
+	if err != nil && sendErr == nil {
+		return toStatus(id, err)
+	}
+	return err
 }
 
 func (s *relay) Watch(ctx context.Context, req *connect.Request[agentv1.WatchRequest], stream *connect.ServerStream[agentv1.StatusResponse]) error {

@@ -21,13 +21,15 @@ type LogOptions struct {
 	Timestamps bool      // prefix every line with its ISO-8601 time
 }
 
-// Logs writes the main command's output (stdout and stderr, not exec output) to w.
-// Without Follow it returns after what has been written so far. A followed stream that
-// breaks is resumed where it stopped, up to three times.
+// Logs writes the main command's output (stdout and stderr in the order written, not
+// exec output) to w. Without Follow it returns after what has been written so far. A
+// followed stream that breaks is resumed where it stopped, up to three times. The log
+// outlives the sandbox: an ended sandbox's log is there for the runner's retention
+// window (and a follow ends at its end).
 func (s *Sandbox) Logs(ctx context.Context, opts LogOptions, w io.Writer) error {
 	if st := s.Proto().GetStatus(); st == nil || State(st.GetState()) == StateCreating || State(st.GetState()) == StatePending {
 		var serr *StateError
-		if err := s.Wait(ctx); err != nil && (opts.Follow || !errors.As(err, &serr)) {
+		if err := s.Wait(ctx); err != nil && !errors.As(err, &serr) {
 			return err
 		}
 	}

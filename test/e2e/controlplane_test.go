@@ -22,6 +22,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	agentv1connect "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
@@ -66,6 +67,9 @@ func (idleRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox
 }
 func (idleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, errors.New("idle runner")
+}
+func (idleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+	return errors.New("idle runner")
 }
 func (idleRunner) Capacity(context.Context) (gateway.Capacity, error) { return gateway.Capacity{}, nil }
 

@@ -370,11 +370,27 @@ func TestMemoryLimitEnforced(t *testing.T) {
 	}
 }
 
+// TestLifetimeExpiry: at its lifetime a sandbox goes TERMINATING (the grace period) and
+// then COMPLETED with reason LifetimeExceeded, as in the target system, and with no exit
+// code: its main command did not exit by itself.
 func TestLifetimeExpiry(t *testing.T) {
 	s := startedStack(t)
-	sb := create(t, s, runner.CreateRequest{Spec: sleeper(busybox()), Lifetime: 2 * time.Second})
+	// The main command ignores SIGTERM, so the grace period (1 s here) runs out.
+	spec := runtime.Spec{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "" TERM; while true; do sleep 0.1; done`}}
+	sb := create(t, s, runner.CreateRequest{Spec: spec, Lifetime: 2 * time.Second})
 	if sb.Lifetime != 2*time.Second {
 		t.Errorf("effective lifetime %s", sb.Lifetime)
+	}
+	seen := map[runner.State]bool{}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		cur, err := s.Runner.Get(sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[cur.State] = true
+		if cur.State.Terminal() {
+			break
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -382,8 +398,11 @@ func TestLifetimeExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if end.State != runner.StateFailed || end.Reason != runner.ReasonLifetimeExceeded {
-		t.Errorf("ended %s/%s, want FAILED/LifetimeExceeded", end.State, end.Reason)
+	if end.State != runner.StateCompleted || end.Reason != runner.ReasonLifetimeExceeded || end.ExitCode != nil {
+		t.Errorf("ended %s/%s exit code %v, want COMPLETED/LifetimeExceeded without an exit code", end.State, end.Reason, end.ExitCode)
+	}
+	if !seen[runner.StateRunning] || !seen[runner.StateTerminating] {
+		t.Errorf("states seen %v, want RUNNING then TERMINATING", seen)
 	}
 	if lived := end.EndedAt.Sub(end.CreatedAt); lived < 2*time.Second || lived > 6*time.Second {
 		t.Errorf("lived %s with a 2s lifetime", lived)

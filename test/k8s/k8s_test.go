@@ -540,7 +540,7 @@ func TestTimeToFirstCommand(t *testing.T) {
 	t.Logf("n=%d create->RUNNING %s; TTFC %s", n, p(toRunning), p(ttfc))
 }
 
-// TestEnds: a lifetime that runs out stops the Pod (FAILED LifetimeExceeded); a Pod
+// TestEnds: a lifetime that runs out stops the Pod (COMPLETED LifetimeExceeded); a Pod
 // deleted behind the runner's back ends its sandbox (FAILED Killed).
 func TestEnds(t *testing.T) {
 	c, s, _ := setup(t)
@@ -564,8 +564,11 @@ func TestEnds(t *testing.T) {
 	if sb := terminal(t, r, victim.ID); sb.State != runner.StateFailed || sb.Reason != "Killed" {
 		t.Errorf("pod deleted: %s %s %q, want FAILED Killed", sb.State, sb.Reason, sb.Message)
 	}
-	if sb := terminal(t, r, expiring.ID); sb.State != runner.StateFailed || sb.Reason != runner.ReasonLifetimeExceeded {
-		t.Errorf("lifetime: %s %s, want FAILED LifetimeExceeded", sb.State, sb.Reason)
+	// COMPLETED once it ran (FAILED if the Pod had not started by then), without an exit
+	// code: the main command did not exit by itself.
+	if sb := terminal(t, r, expiring.ID); sb.State != map[bool]runner.State{true: runner.StateCompleted, false: runner.StateFailed}[!sb.StartedAt.IsZero()] ||
+		sb.Reason != runner.ReasonLifetimeExceeded || sb.ExitCode != nil {
+		t.Errorf("lifetime: %s %s exit code %v (started %v), want COMPLETED LifetimeExceeded without an exit code", sb.State, sb.Reason, sb.ExitCode, sb.StartedAt)
 	}
 	podGone(t, s, c, victim.ID)
 	podGone(t, s, c, expiring.ID)

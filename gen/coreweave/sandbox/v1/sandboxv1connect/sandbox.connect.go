@@ -129,7 +129,10 @@ type SandboxServiceClient interface {
 	// answers ready, streams output, and always ends with exit (or a terminal error). A client
 	// half-close is stdin EOF, not cancellation.
 	StreamExec(context.Context) *connect.BidiStreamForClient[v1.ExecStreamRequest, v1.ExecStreamResponse]
-	// StreamLogs streams the main command's output; finite unless follow is set.
+	// StreamLogs streams the main command's output (stdout and stderr in the order written);
+	// finite unless follow is set. Logs outlive the sandbox: a COMPLETED, FAILED or TERMINATED
+	// sandbox's log is served for the runner's retention window (1 h by default), and a follow
+	// on it ends at the end of the log.
 	StreamLogs(context.Context, *connect.Request[v1.StreamLogsRequest]) (*connect.ServerStreamForClient[v1.LogEntry], error)
 	// WriteFile creates or overwrites a file.
 	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
@@ -409,7 +412,10 @@ type SandboxServiceHandler interface {
 	// answers ready, streams output, and always ends with exit (or a terminal error). A client
 	// half-close is stdin EOF, not cancellation.
 	StreamExec(context.Context, *connect.BidiStream[v1.ExecStreamRequest, v1.ExecStreamResponse]) error
-	// StreamLogs streams the main command's output; finite unless follow is set.
+	// StreamLogs streams the main command's output (stdout and stderr in the order written);
+	// finite unless follow is set. Logs outlive the sandbox: a COMPLETED, FAILED or TERMINATED
+	// sandbox's log is served for the runner's retention window (1 h by default), and a follow
+	// on it ends at the end of the log.
 	StreamLogs(context.Context, *connect.Request[v1.StreamLogsRequest], *connect.ServerStream[v1.LogEntry]) error
 	// WriteFile creates or overwrites a file.
 	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
