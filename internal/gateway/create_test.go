@@ -2,17 +2,23 @@ package gateway
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -21,11 +27,12 @@ import (
 
 // acceptingRunner takes every sandbox at once, in CREATING, as a real runner does, and
 // keeps what it was asked: the create path's output. It has an edge at
-// sandboxd.test:8443.
+// sandboxd.test:8443 and says whether that edge checks share tokens.
 type acceptingRunner struct {
-	id  string
-	mu  sync.Mutex
-	got map[string]runner.Sandbox
+	id          string
+	shareTokens bool
+	mu          sync.Mutex
+	got         map[string]runner.Sandbox
 }
 
 func (r *acceptingRunner) ID() string    { return r.id }
@@ -59,7 +66,12 @@ func (r *acceptingRunner) Agent(context.Context, string) (agentv1connect.AgentSe
 	return nil, errors.New("not used")
 }
 func (r *acceptingRunner) Capacity(context.Context) (Capacity, error) {
-	return Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443}, nil
+	return Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443, ShareTokens: r.shareTokens}, nil
+}
+
+func (r *acceptingRunner) spec(id string) runner.Sandbox {
+	sb, _ := r.Get(context.Background(), id)
+	return sb
 }
 
 const testOrg = "org-a"
@@ -116,7 +128,7 @@ const (
 // only from there), and every HTTPS endpoint echoes its effective auth and request
 // timeout (the client lists it in service_endpoints only with a positive timeout).
 func TestCreateAnswersCreatingWithEndpoints(t *testing.T) {
-	r := &acceptingRunner{id: "r1"}
+	r := &acceptingRunner{id: "r1", shareTokens: true}
 	s := newTestGateway(t, t.TempDir(), r)
 	res, err := s.CreateSandbox(asOrg(t.Context()), connect.NewRequest(endpointSpec(
 		publicService(8443, passthru, 0, 0),
@@ -159,5 +171,111 @@ func TestUnreportedStateIsCreating(t *testing.T) {
 	p := sandboxProto("abc", &sandboxv1.SandboxSpec{}, runner.Sandbox{}, &acceptingRunner{id: "r1"})
 	if got := p.GetStatus().GetState(); got != sandboxv1.State_STATE_CREATING {
 		t.Errorf("a sandbox a runner accepted but has not reported is %v, want STATE_CREATING", got)
+	}
+}
+
+// TestShareTokenOnlyInCreate: an HTTPS SHARE_TOKEN endpoint gets a random token in the
+// create response and nowhere else; a replay of the request_id gives the same token, a
+// new request_id another; the runner and the store get its SHA-256 only.
+func TestShareTokenOnlyInCreate(t *testing.T) {
+	dir := t.TempDir()
+	r := &acceptingRunner{id: "r1", shareTokens: true}
+	s := newTestGateway(t, dir, r)
+	ctx := asOrg(t.Context())
+	create := func(requestID string) *sandboxv1.Sandbox {
+		t.Helper()
+		req := endpointSpec(publicService(8080, https, share, 0), publicService(8081, https, open, 0))
+		req.RequestId = requestID
+		res, err := s.CreateSandbox(ctx, connect.NewRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg
+	}
+	first := create("5d0e7a50-0000-4000-8000-000000000001")
+	token := first.GetEndpointShareToken()
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || len(raw) < 16 {
+		t.Fatalf("share token %q: want URL-safe base64 of at least 128 bits (%v)", token, err)
+	}
+	if h := r.spec(first.GetSandboxId()).Spec.ShareTokenHash; h != edge.ShareTokenHash(token) {
+		t.Errorf("the runner got share token hash %q, want SHA-256 of the token", h)
+	}
+	again := create("5d0e7a50-0000-4000-8000-000000000001")
+	if again.GetSandboxId() != first.GetSandboxId() || again.GetEndpointShareToken() != token {
+		t.Errorf("a replay got sandbox %s (token equal: %v); want the first one and its token", again.GetSandboxId(), again.GetEndpointShareToken() == token)
+	}
+	other := create("5d0e7a50-0000-4000-8000-000000000002")
+	if other.GetEndpointShareToken() == "" || other.GetEndpointShareToken() == token {
+		t.Error("another request_id got no share token or the first sandbox's")
+	}
+	noShare, err := s.CreateSandbox(ctx, connect.NewRequest(endpointSpec(publicService(8080, https, open, 0))))
+	if err != nil || noShare.Msg.GetEndpointShareToken() != "" || r.spec(noShare.Msg.GetSandboxId()).Spec.ShareTokenHash != "" {
+		t.Errorf("a sandbox without SHARE_TOKEN endpoints got a share token (%v)", err)
+	}
+
+	// Get, List and Delete never carry it, nor does anything the runner or the store keep.
+	var out []string
+	got, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: first.GetSandboxId()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, protojson.Format(got.Msg))
+	list, err := s.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil || len(list.Msg.GetSandboxes()) != 3 {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	out = append(out, protojson.Format(list.Msg))
+	del, err := s.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: first.GetSandboxId()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, protojson.Format(del.Msg))
+	spec, _ := json.Marshal(r.spec(first.GetSandboxId()).Spec)
+	out = append(out, string(spec))
+	for i, o := range out {
+		if strings.Contains(o, token) || strings.Contains(o, "endpointShareToken") {
+			t.Errorf("answer %d carries the share token: %s", i, o)
+		}
+	}
+	s.Close()
+	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, _ := os.ReadFile(path)
+		if strings.Contains(string(b), token) || strings.Contains(string(b), other.GetEndpointShareToken()) {
+			t.Errorf("%s holds a share token", path)
+		}
+		return nil
+	})
+}
+
+// TestShareTokensNeedARunnerThatChecksThem: a runner whose edge does not check share
+// tokens gets no sandbox with a SHARE_TOKEN endpoint; when no runner does, the create
+// is FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED.
+func TestShareTokensNeedARunnerThatChecksThem(t *testing.T) {
+	ctx := asOrg(t.Context())
+	old := &acceptingRunner{id: "old"}
+	s := newTestGateway(t, t.TempDir(), old)
+	_, err := s.CreateSandbox(ctx, connect.NewRequest(endpointSpec(publicService(8080, https, share, 0))))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.HTTPSShareTokenNotSupported {
+		t.Fatalf("create on a runner without share tokens: %v (%s), want FAILED_PRECONDITION %s", err, apierr.Reason(err), apierr.HTTPSShareTokenNotSupported)
+	}
+	if _, err := s.CreateSandbox(ctx, connect.NewRequest(endpointSpec(publicService(8080, https, open, 0)))); err != nil {
+		t.Fatalf("an OPEN endpoint on that runner: %v", err)
+	}
+
+	// With a runner that checks them as well, the sandbox goes there.
+	newer := &acceptingRunner{id: "new", shareTokens: true}
+	s = newTestGateway(t, t.TempDir(), old, newer)
+	for range 5 {
+		res, err := s.CreateSandbox(ctx, connect.NewRequest(endpointSpec(publicService(8080, https, share, 0))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id := res.Msg.GetStatus().GetRunnerId(); id != "new" || res.Msg.GetEndpointShareToken() == "" {
+			t.Fatalf("placed on %s with token %v, want on new with one", id, res.Msg.GetEndpointShareToken() != "")
+		}
 	}
 }

@@ -149,3 +149,37 @@ def test_https_service_endpoints(run):
     again = Sandbox.from_id(sb.sandbox_id).result(timeout=20)
     assert seen(again) == want, again.service_endpoints
     assert all(e.url.startswith("https://") for e in again.service_endpoints), again.service_endpoints
+
+
+@pytest.mark.timeout(240)
+def test_https_share_token(run, client, session_tag):
+    """A SHARE_TOKEN endpoint: the create-only token opens it (header and query parameter),
+    nothing else does (no token, another sandbox's token), and Get/List never carry it."""
+    share = [_https(8000, EndpointAuth.SHARE_TOKEN, name="http")]
+    sb = run("python3", "-m", "http.server", "8000", container_image=PYTHON, services=share)
+    other = run("python3", "-m", "http.server", "8000", container_image=PYTHON, services=share)
+    token, other_token = sb.endpoint_share_token, other.endpoint_share_token
+    assert isinstance(token, EndpointShareToken) and isinstance(other_token, EndpointShareToken)
+    assert str(token) == "<redacted>"
+    assert token.get_secret_value() != other_token.get_secret_value()
+
+    url = _https_url(sb, 8000)
+    code, body = _until_served(client, url, token.as_headers())
+    assert code == 200 and "Directory listing" in body, (code, body[:200])
+    q = urllib.parse.urlencode({SHARE_TOKEN_PARAM: token.get_secret_value()})
+    assert _edge_get(client, f"{url}/?{q}")[0] == 200
+    assert _edge_get(client, url)[0] == 401
+    assert _edge_get(client, url, other_token.as_headers())[0] == 401
+    q_other = urllib.parse.urlencode({SHARE_TOKEN_PARAM: other_token.get_secret_value()})
+    assert _edge_get(client, f"{url}/?{q_other}")[0] == 401
+    # The other sandbox's endpoint takes its own token only.
+    other_url = _https_url(other, 8000)
+    assert _until_served(client, other_url, other_token.as_headers())[0] == 200
+    assert _edge_get(client, other_url, token.as_headers())[0] == 401
+
+    # Create-only: the live handles keep their tokens, nothing read later has one.
+    assert sb.endpoint_share_token is token
+    assert Sandbox.from_id(sb.sandbox_id).result(timeout=20).endpoint_share_token is None
+    listed = Sandbox.list(tags=[session_tag]).result(timeout=30)
+    assert {s.sandbox_id for s in listed} >= {sb.sandbox_id, other.sandbox_id}
+    assert all(s.endpoint_share_token is None for s in listed)
