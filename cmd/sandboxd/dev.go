@@ -28,8 +28,11 @@ import (
 // Files `sandboxd dev` keeps in its data dir; other tools rely on these names.
 const (
 	adminKeyFile = "admin-api-key"
-	storeFile    = "sandboxd.db"
-	defaultOrg   = "default"
+	// shareTokenKeyFile (in the data dir of `dev`, the platform's PKI dir of gateways,
+	// which their replicas share) derives endpoint share tokens: see gateway.Config.
+	shareTokenKeyFile = "share-token.key"
+	storeFile         = "sandboxd.db"
+	defaultOrg        = "default"
 )
 
 // dev runs the gateway and one local runner in one process, on loopback by default.
@@ -130,13 +133,18 @@ func dev(args []string) error {
 			logger.Warn("no direct data plane: exec, logs and files go through the gateway (set --data-plane-listen to a free address)", "err", err)
 		}
 	}
+	shareKey, err := pki.LoadOrCreateSecret(filepath.Join(*dataDir, shareTokenKeyFile))
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
-		DataPlane: dpIssuer,
-		Auth:      keys,
-		Runners:   []gateway.Runner{local},
-		Policies:  controlplane.NewPolicySource(st, defaultOrg),
-		Index:     st.Sandboxes(),
-		Orgs:      st.Orgs(),
+		DataPlane:     dpIssuer,
+		ShareTokenKey: shareKey,
+		Auth:          keys,
+		Runners:       []gateway.Runner{local},
+		Policies:      controlplane.NewPolicySource(st, defaultOrg),
+		Index:         st.Sandboxes(),
+		Orgs:          st.Orgs(),
 		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
 		ReconcileInterval: gateway.DefaultReconcileInterval,
 		Logger:            logger,

@@ -391,9 +391,14 @@ func gatewayCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Replicas given the same --pki-dir derive the same share tokens.
+	shareKey, err := pki.LoadOrCreateSecret(filepath.Join(*pkiDir, shareTokenKeyFile))
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
-		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: *dataPlaneTTL},
-		Auth:      keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
+		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: *dataPlaneTTL}, ShareTokenKey: shareKey,
+		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,
 		ReconcileInterval: *reconcile, OrphanGrace: *orphanGrace,
 	})

@@ -40,6 +40,9 @@ const (
 	FSSNotSupported         = "CWSANDBOX_FSS_NOT_SUPPORTED"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
+	// HTTPSShareTokenNotSupported: no runner that may take the sandbox can check the
+	// share token of an HTTPS SHARE_TOKEN endpoint (FAILED_PRECONDITION).
+	HTTPSShareTokenNotSupported = "CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED"
 	// ServerBusy: the server buffers as many request bytes as it may (RESOURCE_EXHAUSTED).
 	ServerBusy = "CWSANDBOX_SERVER_BUSY"
 )

@@ -35,11 +35,13 @@
 // want, and a slow upload is not the sandbox's fault. A request body that stops
 // arriving for Config.HandshakeTimeout ends the request and its sandbox connection.
 //
-// Auth (HTTPS): AuthOpen lets everyone through; AuthToken needs "Authorization: Bearer
-// <key>" that Config.Authorize accepts for the route's organization: 401 without one (or
-// when Authorize says ErrUnauthenticated), 403 otherwise. The header is removed before
-// the request reaches the sandbox. Browsers sign in once at /.sandboxd/login and get a
-// signed session cookie instead (login.go).
+// Auth (HTTPS): AuthOpen lets everyone through; AuthToken (the wire's SHARE_TOKEN) needs
+// the sandbox's share token (sharetoken.go) or "Authorization: Bearer <key>" that
+// Config.Authorize accepts for the route's organization: 401 without either, with a
+// wrong token, or when Authorize says ErrUnauthenticated; 403 for a key that may not use
+// the sandbox. The credentials are removed before the request reaches the sandbox.
+// Browsers sign in once at /.sandboxd/login (or bring the share token in the URL) and
+// get a signed session cookie instead (login.go).
 //
 // Unknown names do not reveal which sandboxes exist. A name of one label under
 // .<runner-id>.<base-domain> without a route — malformed, a sandbox that does not exist,

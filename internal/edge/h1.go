@@ -598,9 +598,9 @@ func (h *h1conn) readResponse(bc *backendConn, req *http.Request) (*http.Respons
 // writeRequestHead writes req's request line and header for the sandbox, as
 // httputil.ReverseProxy with rewrite (proxy.go) would: hop-by-hop fields and the
 // client's forwarding fields (forwardingHeader) dropped, X-Forwarded-For, -Host and
-// -Proto set, a TOKEN route's credentials (bearer key, session cookie) removed, no
-// User-Agent added, the framing (Content-Length) the edge's own. Field names are
-// canonical: strict let only tokens through, and http.ReadRequest canonicalizes those.
+// -Proto set, a TOKEN route's credentials (bearer key, share token, session cookie)
+// removed, no User-Agent added, the framing (Content-Length) the edge's own. Field names
+// are canonical: strict let only tokens through, and http.ReadRequest canonicalizes those.
 func writeRequestHead(w *bufio.Writer, req *http.Request, rt Route, clientIP string) {
 	_, _ = w.WriteString(req.Method)
 	_ = w.WriteByte(' ')
@@ -612,7 +612,7 @@ func writeRequestHead(w *bufio.Writer, req *http.Request, rt Route, clientIP str
 	cookies := req.Header["Cookie"]
 	session := token && hasSession(cookies) // an OPEN endpoint owns the name
 	writeHeaders(w, req.Header, func(k string) bool {
-		return skipRequestHeader(k) || token && k == "Authorization" || session && k == "Cookie"
+		return skipRequestHeader(k) || token && (k == "Authorization" || k == ShareTokenHeader) || session && k == "Cookie"
 	})
 	if session {
 		for _, v := range withoutSession(cookies) {

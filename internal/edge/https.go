@@ -146,16 +146,20 @@ func (e *Edge) admit(w http.ResponseWriter, r *http.Request) (Route, bool) {
 			e.serveEdgePath(w, r, rt)
 			return Route{}, false
 		}
-		if !e.authorize(w, r, rt) {
+		if !e.authorize(w, r, rt, cutShareTokenParam(r)) {
 			return Route{}, false
 		}
 	}
 	return rt, true
 }
 
-// authorize checks the credentials of an AuthToken request — a bearer key, else a
-// session cookie — answering the client if they fail.
-func (e *Edge) authorize(w http.ResponseWriter, r *http.Request, rt Route) bool {
+// authorize checks the credentials of an AuthToken request — a share token (header,
+// else the query's params), else a bearer key, else a session cookie — answering the
+// client if they fail.
+func (e *Edge) authorize(w http.ResponseWriter, r *http.Request, rt Route, params []string) bool {
+	if share, fromQuery, ok := shareTokenOf(r, params); ok {
+		return e.admitShareToken(w, r, rt, share, fromQuery)
+	}
 	token, ok := bearer(r.Header.Get("Authorization"))
 	if !ok {
 		if e.fromCookie(r, rt) {
@@ -166,7 +170,8 @@ func (e *Edge) authorize(w http.ResponseWriter, r *http.Request, rt Route) bool 
 			return false
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandbox endpoint"`)
-		http.Error(w, "this endpoint needs Authorization: Bearer <API key> (browsers: "+loginPath+")", http.StatusUnauthorized)
+		http.Error(w, "this endpoint needs its share token ("+ShareTokenHeader+" header or "+ShareTokenParam+
+			" query parameter) or Authorization: Bearer <API key> (browsers: "+loginPath+")", http.StatusUnauthorized)
 		return false
 	}
 	code, msg := e.check(r, token, rt)
@@ -180,6 +185,25 @@ func (e *Edge) authorize(w http.ResponseWriter, r *http.Request, rt Route) bool 
 		http.Error(w, msg, code)
 	}
 	return false
+}
+
+// admitShareToken lets r in with the share token it presents, answering the client when
+// r may not go on: 401 for a wrong token; a page request that brought a valid one in its
+// query gets a session cookie and a redirect to its URL without it (already cut).
+func (e *Edge) admitShareToken(w http.ResponseWriter, r *http.Request, rt Route, token string, fromQuery bool) bool {
+	if !shareTokenMatches(token, rt.ShareTokenHash) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sandbox endpoint", error="invalid_token"`)
+		http.Error(w, "the share token is not valid for this endpoint", http.StatusUnauthorized)
+		return false
+	}
+	if fromQuery && wantsPage(r) {
+		e.setSession(w, r, rt, shareSession)
+		w.Header().Set("Location", safeNext(r.RequestURI))
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusSeeOther)
+		return false
+	}
+	return true
 }
 
 // check asks Config.Authorize about key for rt: 0 when it may go on, else the status and

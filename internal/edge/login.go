@@ -5,15 +5,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"html/template"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -56,40 +52,6 @@ func NewSessionKey() []byte {
 	k := make([]byte, 32)
 	_, _ = rand.Read(k) // never fails (crypto/rand)
 	return k
-}
-
-// LoadOrCreateSessionKey reads the session key at path, creating it (0600) when absent,
-// so browser logins outlive a restart of the edge.
-func LoadOrCreateSessionKey(path string) ([]byte, error) {
-	k, err := os.ReadFile(path)
-	switch {
-	case err == nil && len(k) >= 32:
-		return k, nil
-	case err == nil:
-		return nil, fmt.Errorf("edge session key %s: %d bytes, want at least 32", path, len(k))
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("edge session key: %w", err)
-	}
-	k = NewSessionKey()
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("edge session key: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) { // another process made it first
-		return LoadOrCreateSessionKey(path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("edge session key: %w", err)
-	}
-	_, err = f.Write(k)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(path)
-		return nil, fmt.Errorf("edge session key: %w", err)
-	}
-	return k, nil
 }
 
 // session signs and checks session cookies.
@@ -144,11 +106,30 @@ func (s *session) sign(payload string) string {
 func (e *Edge) fromCookie(r *http.Request, rt Route) bool {
 	host := hostOnly(r.Host)
 	for _, c := range r.CookiesNamed(sessionCookie) {
-		if keyID, ok := e.sessions.valid(c.Value, host, rt.Org); ok && e.keyActive(r.Context(), keyID, rt.Org) {
+		keyID, ok := e.sessions.valid(c.Value, host, rt.Org)
+		if !ok {
+			continue
+		}
+		// A session a share token opened lasts while the route takes share tokens (they
+		// are not revoked; they end with the sandbox); a key's while the key is active.
+		if keyID == shareSession {
+			if rt.ShareTokenHash != "" {
+				return true
+			}
+		} else if e.keyActive(r.Context(), keyID, rt.Org) {
 			return true
 		}
 	}
 	return false
+}
+
+// setSession sets the session cookie for r's host and rt's organization, made by the
+// API key keyID (or shareSession).
+func (e *Edge) setSession(w http.ResponseWriter, r *http.Request, rt Route, keyID string) {
+	http.SetCookie(w, &http.Cookie{
+		Name: sessionCookie, Value: e.sessions.issue(hostOnly(r.Host), rt.Org, keyID), Path: "/",
+		MaxAge: int(e.sessions.ttl / time.Second), Secure: true, HttpOnly: true, SameSite: http.SameSiteLaxMode,
+	})
 }
 
 // wantsPage reports whether r looks like a browser navigating, which a login redirect
@@ -221,10 +202,7 @@ func (e *Edge) login(w http.ResponseWriter, r *http.Request, rt Route) {
 		loginPage(w, code, next, msg)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{
-		Name: sessionCookie, Value: e.sessions.issue(host, rt.Org, keyIDOf(key)), Path: "/",
-		MaxAge: int(e.sessions.ttl / time.Second), Secure: true, HttpOnly: true, SameSite: http.SameSiteLaxMode,
-	})
+	e.setSession(w, r, rt, keyIDOf(key))
 	w.Header().Set("Location", next)
 	w.WriteHeader(http.StatusSeeOther)
 }

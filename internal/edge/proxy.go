@@ -72,10 +72,12 @@ func rewrite(pr *httputil.ProxyRequest) {
 	// Always https: HTTP/1.1 connections the fast path hands over (h1.go) reach net/http
 	// without their *tls.Conn, so SetXForwarded would say http.
 	pr.Out.Header.Set("X-Forwarded-Proto", "https")
-	// A TOKEN endpoint's credentials are not the workload's business: the platform key
-	// and the edge's session cookie. (An OPEN endpoint owns both names.)
+	// A TOKEN endpoint's credentials are not the workload's business: the platform key,
+	// the share token (its query parameter is cut in admit) and the edge's session
+	// cookie. (An OPEN endpoint owns these names.)
 	if rt.Auth == AuthToken {
 		pr.Out.Header.Del("Authorization")
+		pr.Out.Header.Del(ShareTokenHeader)
 		if hasSession(pr.Out.Header["Cookie"]) {
 			if c := withoutSession(pr.Out.Header["Cookie"]); c != nil {
 				pr.Out.Header["Cookie"] = c

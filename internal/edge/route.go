@@ -34,7 +34,9 @@ type Auth uint8
 const (
 	// AuthOpen lets every request through.
 	AuthOpen Auth = iota
-	// AuthToken needs a bearer key that Config.Authorize accepts for the route's org.
+	// AuthToken (the wire's SHARE_TOKEN) needs the sandbox's share token when the route
+	// has a ShareTokenHash (sharetoken.go), or a bearer key that Config.Authorize
+	// accepts for the route's org.
 	AuthToken
 )
 
@@ -66,6 +68,9 @@ type Route struct {
 	Auth      Auth          // HTTPS only
 	Timeout   time.Duration // HTTPS only: time to response headers; 0 = DefaultTimeout
 	Backend   netip.AddrPort
+	// ShareTokenHash (AuthToken only) is ShareTokenHash of the sandbox's share token;
+	// "": API keys only.
+	ShareTokenHash string
 }
 
 // Validate checks r the way the target system checks an EndpointSpec.
@@ -88,12 +93,18 @@ func (r Route) Validate() error {
 		if r.Timeout != 0 && (r.Timeout < MinTimeout || r.Timeout > MaxTimeout) {
 			errs = append(errs, fmt.Errorf("request timeout %v is not 0 or %v-%v", r.Timeout, MinTimeout, MaxTimeout))
 		}
+		if r.ShareTokenHash != "" && (r.Auth != AuthToken || !ValidShareTokenHash(r.ShareTokenHash)) {
+			errs = append(errs, errors.New("a share token hash needs token auth and 64 lowercase hex digits"))
+		}
 	case KindPassthrough:
 		if r.Auth != AuthOpen {
 			errs = append(errs, errors.New("a passthrough route cannot have auth"))
 		}
 		if r.Timeout != 0 {
 			errs = append(errs, errors.New("a passthrough route cannot have a request timeout"))
+		}
+		if r.ShareTokenHash != "" {
+			errs = append(errs, errors.New("a passthrough route cannot have a share token"))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("unknown kind %v", r.Kind))

@@ -220,7 +220,10 @@ func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r R
 		EffectiveRuntimeClass:       sb.RuntimeClass,
 	}
 	if sb.State == runner.StateUnspecified {
-		st.State = sandboxv1.State_STATE_PENDING
+		// The gateway knows a sandbox only once a runner accepted it (the index records
+		// it after the runner's Create answered), so a state not reported yet is
+		// CREATING. PENDING (accepted, no runner yet) is a state sandboxd never has.
+		st.State = sandboxv1.State_STATE_CREATING
 	}
 	// spec is the resolved spec, defaults included, so its rules are what the runner was
 	// given; converting them again yields the enforced (case-normalized) form.
@@ -292,7 +295,8 @@ func toRuntimeService(s *sandboxv1.Service) runtime.Service {
 
 // serviceStatuses echoes the spec's services with their addresses on the runner's edge
 // (domain and port; "" when it has none): a passthrough address from creation on (it is
-// only a name), an HTTPS URL once the sandbox runs and its route is live.
+// only a name), an HTTPS URL once the sandbox runs and its route is live; and each
+// endpoint's effective auth and request timeout.
 func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, runnerID, domain string, port int) []*sandboxv1.ServiceStatus {
 	var out []*sandboxv1.ServiceStatus
 	for _, s := range spec.GetServices() {
@@ -308,14 +312,16 @@ func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, 
 			}
 			continue
 		}
-		st.Endpoint = &sandboxv1.EndpointStatus{Kind: ep.GetKind(), Auth: ep.GetAuth()}
+		st.Endpoint = endpointStatus(ep)
 		if domain == "" || sb.State.Terminal() {
 			continue
 		}
 		host := edge.Host(int(s.GetPort()), id, runnerID, domain)
 		switch ep.GetKind() {
 		case sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH:
-			st.Url = net.JoinHostPort(host, strconv.Itoa(port))
+			// The official client reads endpoint.address; url stays for older clients.
+			st.Endpoint.Address = net.JoinHostPort(host, strconv.Itoa(port))
+			st.Url = st.Endpoint.Address
 		case sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS:
 			if sb.State == runner.StateRunning {
 				st.Endpoint.Url = "https://" + host
@@ -324,6 +330,24 @@ func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, 
 				}
 			}
 		}
+	}
+	return out
+}
+
+// endpointStatus is what the edge applies of ep: for HTTPS its auth (unset is OPEN) and
+// its request timeout (unset is the edge's default); passthrough has neither. The
+// official client lists an HTTPS endpoint in service_endpoints only with both.
+func endpointStatus(ep *sandboxv1.EndpointSpec) *sandboxv1.EndpointStatus {
+	out := &sandboxv1.EndpointStatus{Kind: ep.GetKind(), Auth: ep.GetAuth()}
+	if ep.GetKind() != sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS {
+		return out
+	}
+	if out.Auth == sandboxv1.EndpointAuth_ENDPOINT_AUTH_UNSPECIFIED {
+		out.Auth = sandboxv1.EndpointAuth_ENDPOINT_AUTH_OPEN
+	}
+	out.RequestTimeoutSeconds = ep.GetRequestTimeoutSeconds()
+	if out.RequestTimeoutSeconds == 0 {
+		out.RequestTimeoutSeconds = DefaultRequestTimeoutSeconds
 	}
 	return out
 }

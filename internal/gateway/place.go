@@ -49,6 +49,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			release()
 			return nil, policy.Result{}, runner.Sandbox{}, err
 		}
+		s.nameSandbox(&cr)
 		cr.Spec.Meta = map[string]string{metaOrg: org, runtime.MetaCaller: caller, "sandboxd.policy_revision": c.Result.PolicyRevision}
 		// The policy's Pod settings travel with the spec (also over the runner wire); a
 		// remote runner that checks its own policy (runnerapi.Server.WithPolicy) replaces
@@ -84,7 +85,8 @@ func rejectedByRunner(err error) bool {
 		return true // e.g. its policy changed since the gateway's copy
 	}
 	switch apierr.Reason(err) {
-	case apierr.PlacementRejected, apierr.ResourceCeilingExceeded, apierr.RunnerCapacityExhausted, apierr.RunnerUnavailable:
+	case apierr.PlacementRejected, apierr.ResourceCeilingExceeded, apierr.RunnerCapacityExhausted, apierr.RunnerUnavailable,
+		apierr.HTTPSShareTokenNotSupported:
 		return true
 	}
 	switch connect.CodeOf(err) {

@@ -60,6 +60,10 @@ type Capacity struct {
 	// NoDNSEgress: the runner's backend cannot enforce egress rules by host name, so
 	// placement sends sandboxes with such rules elsewhere.
 	NoDNSEgress bool
+	// ShareTokens: the runner's edge checks endpoint share tokens, so it may run
+	// sandboxes with SHARE_TOKEN endpoints. A runner that does not say so (no edge, or
+	// an older one) gets none.
+	ShareTokens bool
 }
 
 // DefaultMaxSandboxes is a local runner's sandbox count limit unless configured.
@@ -96,8 +100,13 @@ func (l *LocalRunner) Group() string { return l.GroupID }
 // Create starts the sandbox if the runner has room for it: a gateway only reserves what
 // it placed itself, so two gateways (or a stale view) can send more than fits, and the
 // runner is the one that knows. A refusal is RESOURCE_EXHAUSTED
-// CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED, which sends the gateway to its next candidate.
+// CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED, which sends the gateway to its next candidate; a
+// SHARE_TOKEN endpoint on a runner whose edge cannot check share tokens is
+// FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED.
 func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	if !l.shareTokens() && needsShareTokens(req.Spec) {
+		return runner.Sandbox{}, shareTokensUnsupported(l.RunnerID)
+	}
 	l.admit.Lock()
 	defer l.admit.Unlock()
 	c, err := l.Capacity(ctx)
@@ -110,6 +119,10 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 	}
 	return l.R.Create(ctx, req)
 }
+
+// shareTokens reports whether the runner's edge checks endpoint share tokens: every
+// edge does (stack.StartEdge), so a runner with one.
+func (l *LocalRunner) shareTokens() bool { return l.EdgeDomain != "" }
 
 // misfit says why a sandbox limited to milliCPU and memory does not fit in c ("" when it
 // does). A dimension the runner does not report is not checked.
@@ -159,6 +172,7 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
 		DataPlaneURI: l.DataPlaneURI,
 		NoDNSEgress:  l.R.NetworkSupport().NoDNSNames,
+		ShareTokens:  l.shareTokens(),
 	}
 
 	if c.MilliCPU <= 0 {

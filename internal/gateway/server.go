@@ -66,7 +66,11 @@ type Config struct {
 	// DataPlane signs the client certificates of the direct data path (ConnectSandbox);
 	// nil: ConnectSandbox is UNIMPLEMENTED and clients use the gateway's data RPCs.
 	DataPlane DataPlaneIssuer
-	Logger    *slog.Logger
+	// ShareTokenKey derives the endpoint share tokens of SHARE_TOKEN endpoints (see
+	// sharetoken.go). Every gateway replica needs the same key, kept across restarts, so
+	// that a replayed create returns the same token; empty: a random key per process.
+	ShareTokenKey []byte
+	Logger        *slog.Logger
 }
 
 // Server implements SandboxService and DiscoveryService.
@@ -87,7 +91,8 @@ type Server struct {
 	views    *runnerViews
 	stop     context.CancelFunc
 	// dataPlane: see Config.DataPlane.
-	dataPlane DataPlaneIssuer
+	dataPlane   DataPlaneIssuer
+	shareTokens shareTokens
 }
 
 // New returns a Server.
@@ -104,7 +109,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane}
+	s := &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
+		shareTokens: newShareTokens(cfg.ShareTokenKey)}
 	if cfg.Index != nil {
 		if cfg.Orgs == nil {
 			return nil, errors.New("gateway: an Index needs Orgs to load it")
@@ -239,9 +245,8 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+describe(vs), vs)
 	}
 	if rec, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
-		r := s.runnerByID(rec.runnerID)
-		if r != nil {
-			return connect.NewResponse(s.toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
+		if r := s.runnerByID(rec.runnerID); r != nil {
+			return connect.NewResponse(s.created(rec, s.current(ctx, rec, r), r)), nil
 		}
 	}
 	// Shape first, on what the caller sent; then placement (the runners' policies and
@@ -269,14 +274,20 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 			// Another gateway replica created this request's sandbox meanwhile: that one counts.
 			if first, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
 				if fr := s.runnerByID(first.runnerID); fr != nil {
-					return connect.NewResponse(s.toProto(first.id, first.spec, s.current(ctx, first, fr), fr)), nil
+					return connect.NewResponse(s.created(first, s.current(ctx, first, fr), fr)), nil
 				}
 			}
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", primary(spec).GetImage())
-	return connect.NewResponse(s.toProto(sb.ID, spec, sb, r)), nil
+	return connect.NewResponse(s.created(rec, sb, r)), nil
+}
+
+// created is the create response for rec as sb: the only answer that carries the
+// sandbox's share token.
+func (s *Server) created(rec *record, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
+	return s.withShareToken(s.toProto(rec.id, rec.spec, sb, r), sb)
 }
 
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {

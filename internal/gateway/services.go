@@ -3,16 +3,19 @@ package gateway
 import (
 	"fmt"
 	"regexp"
+	"time"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
-// Limits of an endpoint's request timeout (HTTPS only); 0 means the default.
+// Limits of an endpoint's request timeout (HTTPS only); 0 means the default. The edge
+// enforces them, so they are the edge's.
 const (
-	DefaultRequestTimeoutSeconds = 15
-	MinRequestTimeoutSeconds     = 15
-	MaxRequestTimeoutSeconds     = 900
+	DefaultRequestTimeoutSeconds = int32(edge.DefaultTimeout / time.Second)
+	MinRequestTimeoutSeconds     = int32(edge.MinTimeout / time.Second)
+	MaxRequestTimeoutSeconds     = int32(edge.MaxTimeout / time.Second)
 )
 
 // portName is a Kubernetes container port name (IANA_SVC_NAME): at most 15 lowercase

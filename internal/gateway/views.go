@@ -203,6 +203,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		out[i].RuntimeClasses = c.RuntimeClasses
 		out[i].NoEdge = c.EdgeDomain == ""
 		out[i].NoDNSEgress = c.NoDNSEgress
+		out[i].NoShareTokens = !c.ShareTokens
 	}
 	return out
 }

@@ -50,6 +50,9 @@ type Platform struct {
 	NoEndpoints bool
 	// NoDNSEgress: the runner cannot enforce egress rules by host name.
 	NoDNSEgress bool
+	// NoShareTokens: the runner's edge cannot check endpoint share tokens (HTTPS
+	// SHARE_TOKEN endpoints).
+	NoShareTokens bool
 	// DefaultEgress is the runner's egress for a sandbox left without egress rules by
 	// both its spec and its policy's base (and not denying egress). Only the rules the
 	// policy's allowed_egress covers apply: a default never widens an envelope.
@@ -603,6 +606,13 @@ func (r *resolver) checkServices(s *sandboxv1.SandboxSpec) {
 			if svc.GetEndpoint() != nil {
 				r.add(fmt.Sprintf("sandbox.spec.services[%d].endpoint", i), ConstraintPlatformEndpoints, "none", false,
 					"this runner publishes no endpoints (it has no edge); remove the endpoint or pick a runner with one")
+			}
+		}
+	} else if r.pl.NoShareTokens {
+		for i, svc := range s.GetServices() {
+			if ep := svc.GetEndpoint(); ep.GetKind() == sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS && ep.GetAuth() == sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN {
+				r.add(fmt.Sprintf("sandbox.spec.services[%d].endpoint.auth", i), ConstraintPlatformShareTokens, "none", false,
+					"this runner's edge cannot check endpoint share tokens; use auth OPEN or pick a runner that can")
 			}
 		}
 	}

@@ -25,6 +25,7 @@ const (
 	ConstraintPlatformCapabilities = "platform.allowed_capabilities"
 	ConstraintPlatformEndpoints    = "platform.endpoints"
 	ConstraintPlatformDNSEgress    = "platform.dns_egress"
+	ConstraintPlatformShareTokens  = "platform.share_tokens"
 )
 
 // Violation is one reason a resolved spec is rejected.

@@ -138,7 +138,7 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		}
 	}
 	if req.Spec.ID == "" {
-		req.Spec.ID = newID()
+		req.Spec.ID = NewID()
 	}
 	if req.Spec.RestartLimit == 0 {
 		req.Spec.RestartLimit = runtime.DefaultRestartLimit
@@ -936,8 +936,9 @@ func createFailureReason(err error) string {
 	}
 }
 
-// newID returns a random ID that is also a valid DNS label.
-func newID() string {
+// NewID returns a random sandbox ID (80 bits, base32 lower case) that is also a valid
+// DNS label: what Create picks when the request names none.
+func NewID() string {
 	b := make([]byte, 10)
 	_, _ = rand.Read(b)
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -127,6 +128,10 @@ func validate(req *CreateRequest) error {
 	// The gateway checked the rules too; a runner checks again because a backend turns
 	// them into firewall state, where a malformed rule could mean more access, not less.
 	ValidateNetwork("spec.network.", s.Network, vs.add)
+	if s.ShareTokenHash != "" && !edge.ValidShareTokenHash(s.ShareTokenHash) {
+		// The edge would refuse the sandbox's routes: refuse the sandbox instead.
+		vs.add("share_token_hash", "must be a hex SHA-256 (64 lowercase hex digits)")
+	}
 	return vs.err()
 }
 

@@ -28,6 +28,8 @@ func TestValidate(t *testing.T) {
 		{"bad id", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ID = "-x" })}, []string{"sandbox_id"}, 0},
 		{"id too long", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ID = strings.Repeat("a", 64) })}, []string{"sandbox_id"}, 0},
 		{"good id", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ID = "my-sandbox-1" })}, nil, DefaultLifetime},
+		{"share token hash", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ShareTokenHash = strings.Repeat("0a", 32) })}, nil, DefaultLifetime},
+		{"share token, not its hash", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ShareTokenHash = "secret-token" })}, []string{"share_token_hash"}, 0},
 		{"negative resources", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Resources = runtime.Resources{MilliCPU: -1, MemoryBytes: -1, Pids: -1} })},
 			[]string{"spec.containers[0].resources.cpu", "spec.containers[0].resources.memory", "spec.containers[0].resources.pids"}, 0},
 		{"tiny memory", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Resources.MemoryBytes = 1 << 20 })}, []string{"spec.containers[0].resources.memory"}, 0},
@@ -119,9 +121,9 @@ func FuzzCheckPath(f *testing.F) {
 func TestNewIDIsALabel(t *testing.T) {
 	seen := map[string]bool{}
 	for i := 0; i < 1000; i++ {
-		id := newID()
+		id := NewID()
 		if !idPattern.MatchString(id) || seen[id] {
-			t.Fatalf("newID() = %q (seen before: %v)", id, seen[id])
+			t.Fatalf("NewID() = %q (seen before: %v)", id, seen[id])
 		}
 		seen[id] = true
 	}

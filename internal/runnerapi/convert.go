@@ -37,6 +37,7 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		p.Services = append(p.Services, &runnerv1.Service{Port: int32(v.Port), Name: v.Name, Visibility: v.Visibility,
 			Endpoint: v.Endpoint, TokenAuth: v.TokenAuth, TimeoutSeconds: int32(v.TimeoutSeconds)})
 	}
+	p.ShareTokenHash = s.ShareTokenHash
 	p.Network = networkToProto(s.Network)
 	p.Pod = podToProto(s.Pod)
 	return p
@@ -151,6 +152,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 		s.Services = append(s.Services, runtime.Service{Port: int(v.GetPort()), Name: v.GetName(), Visibility: v.GetVisibility(),
 			Endpoint: v.GetEndpoint(), TokenAuth: v.GetTokenAuth(), TimeoutSeconds: int(v.GetTimeoutSeconds())})
 	}
+	s.ShareTokenHash = p.GetShareTokenHash()
 	s.Network = networkFromProto(p.GetNetwork())
 	s.Pod = podFromProto(p.GetPod())
 	return s
@@ -225,6 +227,7 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		EdgeDomain:     c.EdgeDomain, EdgePort: int32(c.EdgePort),
 		DataPlaneUri: c.DataPlaneURI,
 		NoDnsEgress:  c.NoDNSEgress,
+		ShareTokens:  c.ShareTokens,
 	}
 }
 
@@ -241,6 +244,7 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
 		DataPlaneURI: p.GetDataPlaneUri(),
 		NoDNSEgress:  p.GetNoDnsEgress(),
+		ShareTokens:  p.GetShareTokens(),
 	}
 }
 

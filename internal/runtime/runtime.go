@@ -48,6 +48,10 @@ type Spec struct {
 	// Services are the sandbox's declared ports; those with an Endpoint are published by
 	// the runner's edge.
 	Services []Service `json:"services,omitempty"`
+	// ShareTokenHash is the hex SHA-256 of the sandbox's endpoint share token, which its
+	// TokenAuth HTTPS services accept (edge.ShareTokenHash); the token itself is never
+	// given to a runner. "" = none.
+	ShareTokenHash string `json:"share_token_hash,omitempty"`
 	// Network is what the sandbox may reach and what may reach it. nil means the backend
 	// enforces nothing beyond its own isolation (specs recorded before network rules
 	// existed); a non-nil zero value allows no egress at all.
@@ -83,8 +87,8 @@ type Service struct {
 	Visibility string `json:"visibility,omitempty"`
 	// Endpoint is EndpointHTTPS, EndpointPassthrough or "" (none).
 	Endpoint string `json:"endpoint,omitempty"`
-	// TokenAuth: callers of an HTTPS endpoint need an API key of the sandbox's
-	// organization.
+	// TokenAuth (the wire's SHARE_TOKEN auth): callers of an HTTPS endpoint need the
+	// sandbox's share token (Spec.ShareTokenHash) or an API key of its organization.
 	TokenAuth bool `json:"token_auth,omitempty"`
 	// TimeoutSeconds bounds an HTTPS request until its response headers (0 = default).
 	TimeoutSeconds int `json:"timeout_seconds,omitempty"`

@@ -67,7 +67,7 @@ func StartEdge(r *runner.Runner, cfg EdgeConfig) (*Edge, error) {
 	var sessionKey []byte
 	if cfg.SessionKeyFile != "" {
 		var err error
-		if sessionKey, err = edge.LoadOrCreateSessionKey(cfg.SessionKeyFile); err != nil {
+		if sessionKey, err = pki.LoadOrCreateSecret(cfg.SessionKeyFile); err != nil {
 			return nil, err
 		}
 	}
@@ -155,7 +155,7 @@ func routesOf(sb runner.Sandbox) []edge.Route {
 		case runtime.EndpointHTTPS:
 			rt.Kind, rt.Timeout = edge.KindHTTPS, time.Duration(s.TimeoutSeconds)*time.Second
 			if s.TokenAuth {
-				rt.Auth = edge.AuthToken
+				rt.Auth, rt.ShareTokenHash = edge.AuthToken, sb.Spec.ShareTokenHash
 			}
 		case runtime.EndpointPassthrough:
 			rt.Kind = edge.KindPassthrough

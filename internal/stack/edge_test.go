@@ -6,6 +6,9 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 type plainAuth struct{}
@@ -41,5 +44,30 @@ func TestKeyActivity(t *testing.T) {
 	}
 	if KeyActivity(plainAuth{}) != nil {
 		t.Error("an authenticator that cannot tell got a KeyActive")
+	}
+}
+
+// TestRoutesOfShareTokens: a running sandbox's SHARE_TOKEN ports (TokenAuth) carry its
+// share token's hash to the edge, its OPEN and passthrough ports none.
+func TestRoutesOfShareTokens(t *testing.T) {
+	hash := edge.ShareTokenHash("t")
+	sb := runner.Sandbox{ID: "abcdefghijklmn23", State: runner.StateRunning, IP: "10.88.0.2", Spec: runtime.Spec{
+		ShareTokenHash: hash,
+		Services: []runtime.Service{
+			{Port: 8080, Endpoint: runtime.EndpointHTTPS, TokenAuth: true},
+			{Port: 8081, Endpoint: runtime.EndpointHTTPS, TokenAuth: true, TimeoutSeconds: 60},
+			{Port: 8082, Endpoint: runtime.EndpointHTTPS},
+			{Port: 8443, Endpoint: runtime.EndpointPassthrough},
+		},
+	}}
+	want := map[int]string{8080: hash, 8081: hash, 8082: "", 8443: ""}
+	routes := routesOf(sb)
+	if len(routes) != len(want) {
+		t.Fatalf("routes %+v", routes)
+	}
+	for _, rt := range routes {
+		if err := rt.Validate(); err != nil || rt.ShareTokenHash != want[rt.Port] || (rt.ShareTokenHash != "") != (rt.Auth == edge.AuthToken) {
+			t.Errorf("port %d: route %+v (%v), want share token hash %q", rt.Port, rt, err, want[rt.Port])
+		}
 	}
 }

@@ -114,6 +114,7 @@ class Server:
     proc: subprocess.Popen
     extra_keys: dict[str, str] = field(default_factory=dict)
     data_plane: str = ""  # host:port of the runner's direct data plane
+    edge: str = ""  # host:port of the runner's edge (endpoints; trust data_dir/ca.pem)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return _tail(self.log_path, lines=lines)
@@ -191,7 +192,9 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
     # A port of its own for the direct data plane, so clients in AUTO mode (the default) take
     # the direct path whatever else runs on this machine.
     data_plane = f"127.0.0.1:{_free_port()}"
-    cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane]
+    # And for the edge, so that endpoint tests reach it whatever else holds 8443.
+    edge = f"127.0.0.1:{_free_port()}"
+    cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane, "--edge-listen", edge]
     ready_timeout = float(os.environ.get("SANDBOXD_READY_TIMEOUT", "60"))
 
     log_f = open(log_path, "wb")
@@ -237,7 +240,7 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
     saved = {k: os.environ.get(k) for k in ("CWSANDBOX_BASE_URL", "CWSANDBOX_API_KEY")}
     os.environ["CWSANDBOX_BASE_URL"] = base_url
     os.environ["CWSANDBOX_API_KEY"] = key
-    server = Server(binary, data_dir, base_url, key, log_path, proc, data_plane=data_plane)
+    server = Server(binary, data_dir, base_url, key, log_path, proc, data_plane=data_plane, edge=edge)
     try:
         yield server
     finally:

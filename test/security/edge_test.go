@@ -78,6 +78,20 @@ func (d *Dev) rest(t *testing.T, key, method, path string, body any) (int, []byt
 // returns the endpoint's host name once the workload answers.
 func edgeSandbox(t *testing.T, d *Dev) string {
 	t.Helper()
+	return echoSandbox(t, d, d.KeyA, "").Host
+}
+
+// echoed is a sandbox running the echo workload behind an HTTPS SHARE_TOKEN endpoint.
+type echoBox struct {
+	ID, Host string
+	Token    string // endpoint_share_token of the create response
+	Create   []byte // the create response, as sent
+}
+
+// createEcho creates the echo sandbox with key (and requestID, when not "") and returns
+// the create response; it is deleted at the test's end.
+func createEcho(t *testing.T, d *Dev, key, requestID string) echoBox {
+	t.Helper()
 	spec := map[string]any{"spec": map[string]any{
 		"containers": []any{map[string]any{
 			"image": "python:3.11", "command": "python3", "args": []string{"/app/echo.py"},
@@ -86,25 +100,37 @@ func edgeSandbox(t *testing.T, d *Dev) string {
 		"services": []any{map[string]any{"port": 8080, "visibility": "VISIBILITY_PUBLIC",
 			"endpoint": map[string]any{"kind": "ENDPOINT_KIND_HTTPS", "auth": "ENDPOINT_AUTH_SHARE_TOKEN", "requestTimeoutSeconds": 30}}},
 	}}
-	code, b := d.rest(t, d.KeyA, http.MethodPost, "/v1/sandboxes", spec)
+	path := "/v1/sandboxes"
+	if requestID != "" {
+		path += "?request_id=" + requestID
+	}
+	code, b := d.rest(t, key, http.MethodPost, path, spec)
 	if code != http.StatusOK {
 		t.Fatalf("create: HTTP %d %s", code, b)
 	}
 	var sb struct {
-		SandboxID string `json:"sandboxId"`
+		SandboxID          string `json:"sandboxId"`
+		EndpointShareToken string `json:"endpointShareToken"`
 	}
 	if err := json.Unmarshal(b, &sb); err != nil || sb.SandboxID == "" {
 		t.Fatalf("create: %s (%v)", b, err)
 	}
-	t.Cleanup(func() { d.rest(t, d.KeyA, http.MethodDelete, "/v1/sandboxes/"+sb.SandboxID, nil) })
+	t.Cleanup(func() { d.rest(t, key, http.MethodDelete, "/v1/sandboxes/"+sb.SandboxID, nil) })
+	return echoBox{ID: sb.SandboxID, Token: sb.EndpointShareToken, Create: b}
+}
+
+// echoSandbox is createEcho once the workload answers on its endpoint (Host set).
+func echoSandbox(t *testing.T, d *Dev, key, requestID string) echoBox {
+	t.Helper()
+	box := createEcho(t, d, key, requestID)
 	deadline := time.Now().Add(3 * time.Minute)
 	var endpoint string
 	for endpoint == "" {
 		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s not running with an endpoint: %s", sb.SandboxID, b)
+			t.Fatalf("sandbox %s not running with an endpoint", box.ID)
 		}
 		time.Sleep(500 * time.Millisecond)
-		_, b = d.rest(t, d.KeyA, http.MethodGet, "/v1/sandboxes/"+sb.SandboxID, nil)
+		_, b := d.rest(t, key, http.MethodGet, "/v1/sandboxes/"+box.ID, nil)
 		var got struct {
 			Status struct {
 				State    string
@@ -123,14 +149,14 @@ func edgeSandbox(t *testing.T, d *Dev) string {
 	if err != nil {
 		t.Fatalf("endpoint %q: %v", endpoint, err)
 	}
-	host := u.Hostname()
+	box.Host = u.Hostname()
 	for {
-		c := dialEdge(t, d, host)
-		c.send("GET /ready HTTP/1.1\r\nHost: " + host + "\r\nAuthorization: Bearer " + d.KeyA + "\r\n\r\n")
+		c := dialEdge(t, d, box.Host)
+		c.send("GET /ready HTTP/1.1\r\nHost: " + box.Host + "\r\nAuthorization: Bearer " + key + "\r\n\r\n")
 		res, _ := c.read("GET") //nolint:bodyclose // read closes the body
 		_ = c.c.Close()
 		if res.StatusCode == http.StatusOK {
-			return host
+			return box
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the workload does not answer: %s", res.Status)

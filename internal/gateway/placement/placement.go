@@ -72,6 +72,8 @@ type Runner struct {
 	NoEdge bool
 	// NoDNSEgress: the runner cannot enforce egress rules by host name.
 	NoDNSEgress bool
+	// NoShareTokens: the runner's edge cannot check endpoint share tokens.
+	NoShareTokens bool
 }
 
 // Request is one placement decision.
@@ -116,6 +118,8 @@ type Candidate struct {
 //   - several runners considered, none whose policy accepts: FAILED_PRECONDITION
 //     CWSANDBOX_NO_SUITABLE_RUNNER with every runner's violations, fields prefixed with
 //     runner[ID].;
+//   - runners rejected only because their edge cannot check endpoint share tokens:
+//     FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED with their violations;
 //   - some policy accepts but no runner has room: RESOURCE_EXHAUSTED
 //     CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED with RetryInfo;
 //   - every runner considered is down: UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE with
@@ -146,7 +150,9 @@ func Place(req Request) ([]Candidate, error) {
 		full     []string           // "r1: needs …, free …"
 		rejected []apierr.Violation // prefixed
 		single   policy.Result      // the one rejection when one runner is considered
-		resolved = map[resolution]policy.Result{}
+		// shareOnly: every policy rejection is only a runner that cannot check share tokens.
+		shareOnly = true
+		resolved  = map[resolution]policy.Result{}
 	)
 	for _, i := range considered {
 		r := req.Runners[i]
@@ -160,7 +166,7 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge, r.NoDNSEgress}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge, r.NoDNSEgress, r.NoShareTokens}
 		res, ok := resolved[key]
 		if !ok {
 			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
@@ -169,6 +175,7 @@ func Place(req Request) ([]Candidate, error) {
 		res.PolicyRevision = r.PolicyRevision
 		if !res.OK() {
 			single = res
+			shareOnly = shareOnly && onlyShareTokens(res.Violations)
 			for _, v := range policy.ToAPI(res.Violations) {
 				v.Field = "runner[" + r.ID + "]." + v.Field
 				rejected = append(rejected, v)
@@ -204,6 +211,10 @@ func Place(req Request) ([]Candidate, error) {
 	switch {
 	case len(full) > 0:
 		return nil, CapacityExhausted(full)
+	case len(down) == 0 && shareOnly:
+		return nil, apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.HTTPSShareTokenNotSupported,
+			"no runner here can check endpoint share tokens (HTTPS SHARE_TOKEN endpoints): use auth OPEN: "+describe(rejected),
+			nil), rejected)
 	case len(down) == len(considered):
 		return nil, apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
 			fmt.Sprintf("runner %s unavailable: %s", strings.Join(down, ", "), describe(rejected)),
@@ -220,6 +231,16 @@ func Place(req Request) ([]Candidate, error) {
 	return nil, apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
 		fmt.Sprintf("no runner accepts this sandbox: %s", describe(rejected)),
 		map[string]string{"runner_ids": strings.Join(ids, ",")}), rejected)
+}
+
+// onlyShareTokens reports whether vs are all a runner's lack of share-token support.
+func onlyShareTokens(vs []policy.Violation) bool {
+	for _, v := range vs {
+		if v.Constraint != policy.ConstraintPlatformShareTokens {
+			return false
+		}
+	}
+	return true
 }
 
 // CapacityExhausted is the error for policies that accept a sandbox on runners without
@@ -349,6 +370,7 @@ type resolution struct {
 	classes string
 	noEdge  bool
 	noDNS   bool
+	noShare bool
 }
 
 // platformOf is the platform runner r resolves specs against: p with r's runtime classes.
@@ -359,5 +381,6 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 	}
 	p.NoEndpoints = r.NoEdge
 	p.NoDNSEgress = r.NoDNSEgress
+	p.NoShareTokens = r.NoShareTokens
 	return p
 }

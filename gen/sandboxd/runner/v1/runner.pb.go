@@ -129,9 +129,12 @@ type Spec struct {
 	VolumeMounts []*VolumeMount `protobuf:"bytes,22,rep,name=volume_mounts,json=volumeMounts,proto3" json:"volume_mounts,omitempty"`
 	// The runner policy's Kubernetes Pod settings (runtime.PodSettings) as the gateway
 	// resolved them; a runner that checks its own policy replaces them with its policy's.
-	Pod           *PodSettings `protobuf:"bytes,23,opt,name=pod,proto3" json:"pod,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pod *PodSettings `protobuf:"bytes,23,opt,name=pod,proto3" json:"pod,omitempty"`
+	// Hex SHA-256 of the sandbox's endpoint share token, which its SHARE_TOKEN endpoints
+	// accept (the token itself never reaches the runner); empty: none.
+	ShareTokenHash string `protobuf:"bytes,24,opt,name=share_token_hash,json=shareTokenHash,proto3" json:"share_token_hash,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Spec) Reset() {
@@ -288,6 +291,13 @@ func (x *Spec) GetPod() *PodSettings {
 		return x.Pod
 	}
 	return nil
+}
+
+func (x *Spec) GetShareTokenHash() string {
+	if x != nil {
+		return x.ShareTokenHash
+	}
+	return ""
 }
 
 // PodSettings are a policy's Kubernetes Pod fragment; backends other than Kubernetes
@@ -902,9 +912,9 @@ type Service struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Port           int32                  `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
 	Name           string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Visibility     string                 `protobuf:"bytes,3,opt,name=visibility,proto3" json:"visibility,omitempty"` // "public", "private", "custom" or ""
-	Endpoint       string                 `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`     // "https", "tls-passthrough" or ""
-	TokenAuth      bool                   `protobuf:"varint,5,opt,name=token_auth,json=tokenAuth,proto3" json:"token_auth,omitempty"`
+	Visibility     string                 `protobuf:"bytes,3,opt,name=visibility,proto3" json:"visibility,omitempty"`                 // "public", "private", "custom" or ""
+	Endpoint       string                 `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`                     // "https", "tls-passthrough" or ""
+	TokenAuth      bool                   `protobuf:"varint,5,opt,name=token_auth,json=tokenAuth,proto3" json:"token_auth,omitempty"` // SHARE_TOKEN: the sandbox's share token or an API key of its organization
 	TimeoutSeconds int32                  `protobuf:"varint,6,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -1737,7 +1747,10 @@ type CapacityResponse struct {
 	DataPlaneUri string `protobuf:"bytes,14,opt,name=data_plane_uri,json=dataPlaneUri,proto3" json:"data_plane_uri,omitempty"`
 	// The runner's backend cannot enforce egress rules by host name (e.g. Kubernetes
 	// NetworkPolicy); placement sends sandboxes with such rules to other runners.
-	NoDnsEgress   bool `protobuf:"varint,15,opt,name=no_dns_egress,json=noDnsEgress,proto3" json:"no_dns_egress,omitempty"`
+	NoDnsEgress bool `protobuf:"varint,15,opt,name=no_dns_egress,json=noDnsEgress,proto3" json:"no_dns_egress,omitempty"`
+	// Its edge checks endpoint share tokens (Spec.share_token_hash) on SHARE_TOKEN
+	// endpoints; runners that do not say so get no sandbox with such an endpoint.
+	ShareTokens   bool `protobuf:"varint,16,opt,name=share_tokens,json=shareTokens,proto3" json:"share_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1877,11 +1890,18 @@ func (x *CapacityResponse) GetNoDnsEgress() bool {
 	return false
 }
 
+func (x *CapacityResponse) GetShareTokens() bool {
+	if x != nil {
+		return x.ShareTokens
+	}
+	return false
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\a\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\a\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -1902,7 +1922,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\bsecurity\x18\x14 \x01(\v2\x1c.sandboxd.runner.v1.SecurityR\bsecurity\x124\n" +
 	"\avolumes\x18\x15 \x03(\v2\x1a.sandboxd.runner.v1.VolumeR\avolumes\x12D\n" +
 	"\rvolume_mounts\x18\x16 \x03(\v2\x1f.sandboxd.runner.v1.VolumeMountR\fvolumeMounts\x121\n" +
-	"\x03pod\x18\x17 \x01(\v2\x1f.sandboxd.runner.v1.PodSettingsR\x03pod\x1a6\n" +
+	"\x03pod\x18\x17 \x01(\v2\x1f.sandboxd.runner.v1.PodSettingsR\x03pod\x12(\n" +
+	"\x10share_token_hash\x18\x18 \x01(\tR\x0eshareTokenHash\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
@@ -2032,7 +2053,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"G\n" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x11\n" +
-	"\x0fCapacityRequest\"\xaa\x04\n" +
+	"\x0fCapacityRequest\"\xcd\x04\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -2050,7 +2071,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"edgeDomain\x12\x1b\n" +
 	"\tedge_port\x18\r \x01(\x05R\bedgePort\x12$\n" +
 	"\x0edata_plane_uri\x18\x0e \x01(\tR\fdataPlaneUri\x12\"\n" +
-	"\rno_dns_egress\x18\x0f \x01(\bR\vnoDnsEgress*\xac\x01\n" +
+	"\rno_dns_egress\x18\x0f \x01(\bR\vnoDnsEgress\x12!\n" +
+	"\fshare_tokens\x18\x10 \x01(\bR\vshareTokens*\xac\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
