@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -64,6 +65,9 @@ func (r *acceptingRunner) Delete(ctx context.Context, id string, _ time.Duration
 }
 func (r *acceptingRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, errors.New("not used")
+}
+func (r *acceptingRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+	return errors.New("not used")
 }
 func (r *acceptingRunner) Capacity(context.Context) (Capacity, error) {
 	return Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443, ShareTokens: r.shareTokens}, nil
