@@ -84,7 +84,8 @@ func rejectedByRunner(err error) bool {
 		return true // e.g. its policy changed since the gateway's copy
 	}
 	switch apierr.Reason(err) {
-	case apierr.PlacementRejected, apierr.ResourceCeilingExceeded, apierr.RunnerCapacityExhausted, apierr.RunnerUnavailable:
+	case apierr.PlacementRejected, apierr.ResourceCeilingExceeded, apierr.RunnerCapacityExhausted, apierr.RunnerUnavailable,
+		apierr.NoSuitableRunner: // more than this runner's capacity: a bigger one may take it
 		return true
 	}
 	switch connect.CodeOf(err) {
