@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -63,8 +64,8 @@ func (c *capacityFlags) parse() error {
 		return err
 	case c.maxSandboxes < 1:
 		return fmt.Errorf("--max-sandboxes %d: want at least 1", c.maxSandboxes)
-	case math.IsNaN(c.overcommit) || c.overcommit < 1 || c.overcommit > 100:
-		return fmt.Errorf("--cpu-overcommit %v: want a factor from 1 (none) to 100", c.overcommit)
+	case math.IsNaN(c.overcommit) || c.overcommit < 1 || c.overcommit > placement.MaxCPUOvercommit:
+		return fmt.Errorf("--cpu-overcommit %v: want a factor from 1 (none) to %d", c.overcommit, placement.MaxCPUOvercommit)
 	case d.RequestMilliCPU > d.MilliCPU:
 		return fmt.Errorf("--default-cpu-request %s is above --default-cpu-limit %s", c.cpuRequest, c.cpuLimit)
 	case d.RequestMemoryBytes > d.MemoryBytes:

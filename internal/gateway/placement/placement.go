@@ -58,7 +58,8 @@ type Room struct {
 	// (zero means none).
 	Allocatable Resources
 	// CPUOvercommit: the CPU requests of live sandboxes may add up to this many times
-	// Allocatable.MilliCPU (memory and GPUs are never overcommitted); below 1 means 1.
+	// Allocatable.MilliCPU (memory and GPUs are never overcommitted); below 1 means 1,
+	// above MaxCPUOvercommit MaxCPUOvercommit.
 	CPUOvercommit float64
 	// MaxSandboxes limits the live sandboxes on the runner; 0 = no limit.
 	MaxSandboxes int
@@ -247,7 +248,7 @@ func Place(req Request) ([]Candidate, error) {
 // It is no "try again later": nothing will change by itself.
 func NoSuitableRunner(runnerIDs []string, vs []apierr.Violation) *connect.Error {
 	return apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
-		fmt.Sprintf("no runner accepts this sandbox: %s", describe(vs)),
+		fmt.Sprintf("no runner can take this sandbox: %s", describe(vs)),
 		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}), vs)
 }
 
@@ -320,9 +321,19 @@ func first(ss ...string) string {
 	return ""
 }
 
+// MaxCPUOvercommit bounds Room.CPUOvercommit: a runner that reports more admits that.
+const MaxCPUOvercommit = 100
+
 // cpuAdmitted is the CPU requests r admits in all (0 = not checked).
 func (r Room) cpuAdmitted() int64 {
-	return int64(float64(r.Allocatable.MilliCPU) * max(r.CPUOvercommit, 1))
+	f := r.CPUOvercommit
+	switch {
+	case !(f >= 1): // also NaN
+		f = 1
+	case f > MaxCPUOvercommit:
+		f = MaxCPUOvercommit
+	}
+	return int64(float64(r.Allocatable.MilliCPU) * f)
 }
 
 // Shortfall is one quantity a sandbox requests beyond a runner's whole capacity.
