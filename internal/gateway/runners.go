@@ -66,6 +66,11 @@ type Capacity struct {
 	NoDNSEgress bool
 }
 
+// used is what c's live sandboxes request, as placement counts it.
+func (c Capacity) used() placement.Resources {
+	return placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}
+}
+
 // Room is c as placement measures it, with used (requests) and n live sandboxes.
 func (c Capacity) Room(used placement.Resources, n int) placement.Room {
 	return placement.Room{
@@ -140,7 +145,7 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 	if err != nil {
 		return runner.Sandbox{}, err
 	}
-	room := c.Room(placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}, c.Running)
+	room := c.Room(c.used(), c.Running)
 	if never := room.Never(need); len(never) > 0 {
 		vs := make([]apierr.Violation, len(never))
 		for i, sf := range never {
@@ -231,11 +236,15 @@ func hostMemory() int64 {
 	return 0
 }
 
-// Platform is what the runner supports whatever its policy says (Platform of its classes
-// and what its backend enforces): what it resolves its own policy against.
+// Platform is what the runner supports whatever its policy says (Platform of its classes,
+// what its backend enforces, its default resources): what it resolves its own policy
+// against, as gateways do from its Capacity.
 func (l *LocalRunner) Platform() policy.Platform {
 	p := Platform(l.Classes())
 	p.NoDNSEgress = l.R.NetworkSupport().NoDNSNames
+	if d := policy.DefaultsOf(l.Defaults); d != (policy.ResourceDefaults{}) {
+		p.DefaultResources = &d
+	}
 	return p
 }
 

@@ -209,9 +209,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 // usage is what the runner's live sandboxes request as last probed plus the creates
 // confirmed since, and how many sandboxes that is.
 func (w *view) usage() (placement.Resources, int) {
-	c := w.capacity
-	used := placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}
-	n := c.Running
+	used, n := w.capacity.used(), w.capacity.Running
 	for _, cc := range w.recent {
 		used.MilliCPU += cc.need.MilliCPU
 		used.MemoryBytes += cc.need.MemoryBytes
