@@ -51,7 +51,12 @@ func dev(args []string) error {
 	verbose := fs.Bool("v", false, "log at debug level")
 	var hard hardeningFlags
 	hard.register(fs)
+	var capacity capacityFlags
+	capacity.register(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := capacity.parse(); err != nil {
 		return err
 	}
 	level := slog.LevelInfo
@@ -97,6 +102,7 @@ func dev(args []string) error {
 	defer stk.Close()
 
 	local := gateway.NewLocalRunner(*runnerID, stk.Runner)
+	capacity.apply(local)
 	if *edgeListen != "" {
 		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
 			CA: ca, Authorize: stack.KeyAuthorizer(keys), KeyActive: stack.KeyActivity(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"),

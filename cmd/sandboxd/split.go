@@ -24,7 +24,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
-	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -73,9 +72,8 @@ func runnerCmd(args []string) error {
 	edgeListen := fs.String("edge-listen", "", "address of the edge that publishes sandbox endpoints, e.g. :443 (empty: no edge); its certificate comes from the control plane, or from the CA in --pki-dir")
 	edgePublicPort := fs.Int("edge-public-port", 0, "port clients reach the edge at, in endpoint URLs, when it differs from --edge-listen's (e.g. a Kubernetes Service's 443 in front of the Pod's 8443); 0: --edge-listen's")
 	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are PORT-SANDBOX.RUNNER-ID.BASE-DOMAIN")
-	maxSandboxes := fs.Int("max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
-	cpu := fs.String("cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
-	memory := fs.String("memory", "", "memory offered to sandboxes, e.g. 8Gi (default: the host's memory)")
+	var capacity capacityFlags
+	capacity.register(fs)
 	backend := fs.String("backend", "local", "where sandboxes run: local (runc/gVisor on this host) or kubernetes (one Pod each)")
 	var kube kubernetesFlags
 	kube.register(fs)
@@ -96,23 +94,8 @@ func runnerCmd(args []string) error {
 	if *pkiDir == "" {
 		*pkiDir = filepath.Join(*dataDir, "pki")
 	}
-	var milliCPU, memBytes int64
-	if *cpu != "" {
-		v, err := quantity.ParseCPU(*cpu)
-		if err != nil || v <= 0 {
-			return fmt.Errorf("--cpu %q: want a positive CPU quantity such as 4 or 500m", *cpu)
-		}
-		milliCPU = v
-	}
-	if *memory != "" {
-		v, err := quantity.ParseMemory(*memory)
-		if err != nil || v <= 0 {
-			return fmt.Errorf("--memory %q: want a positive memory quantity such as 8Gi", *memory)
-		}
-		memBytes = v
-	}
-	if *maxSandboxes < 1 {
-		return fmt.Errorf("--max-sandboxes %d: want at least 1", *maxSandboxes)
+	if err := capacity.parse(); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -251,7 +234,7 @@ func runnerCmd(args []string) error {
 		return err
 	}
 	local := gateway.NewLocalRunner(*runnerID, rn)
-	local.MilliCPU, local.MemoryBytes, local.MaxSandboxes = milliCPU, memBytes, *maxSandboxes
+	capacity.apply(local)
 	if *edgeListen != "" {
 		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger,
 			SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"), DialMark: dialMark}

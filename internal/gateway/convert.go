@@ -62,20 +62,14 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 		if c.GetResources() != nil && c.GetResourceRequirements() != nil {
 			add(f+".resource_requirements", "set either resources or resource_requirements, not both")
 		}
-		res := effectiveLimits(c)
-		if res != nil {
-			cpu, err := quantity.ParseCPU(res.GetCpu())
-			if err != nil {
-				add(f+".resources.cpu", "%v", err)
-			}
-			mem, err := quantity.ParseMemory(res.GetMemory())
-			if err != nil {
-				add(f+".resources.memory", "%v", err)
-			}
-			req.Spec.Resources = runtime.Resources{MilliCPU: cpu, MemoryBytes: mem}
+		if res := effectiveLimits(c); res != nil {
+			req.Spec.Resources.MilliCPU, req.Spec.Resources.MemoryBytes = parseResources(res, f+".resources", add)
 			if res.GetGpu().GetCount() > 0 {
 				unsupported = append(unsupported, "GPUs")
 			}
+		}
+		if res := effectiveRequests(c); res != nil {
+			req.Spec.Resources.RequestMilliCPU, req.Spec.Resources.RequestMemoryBytes = parseResources(res, f+".resource_requirements.requests", add)
 		}
 		vols, mounts, volVs, volUnsupported := scratchVolumes(spec, c, f)
 		req.Spec.Volumes, req.Spec.VolumeMounts = vols, mounts
@@ -159,6 +153,29 @@ func effectiveLimits(c *sandboxv1.Container) *sandboxv1.Resources {
 		return l
 	}
 	return rr.GetRequests()
+}
+
+// effectiveRequests is what the runner admits a container by: the legacy resources (a
+// request and limit in one), else the requests; nil means the limits (a lone limit is
+// also the request).
+func effectiveRequests(c *sandboxv1.Container) *sandboxv1.Resources {
+	if r := c.GetResources(); r != nil {
+		return r
+	}
+	return c.GetResourceRequirements().GetRequests()
+}
+
+// parseResources parses res's CPU and memory, reporting bad quantities under field.
+func parseResources(res *sandboxv1.Resources, field string, add runtime.AddFunc) (milliCPU, memory int64) {
+	milliCPU, err := quantity.ParseCPU(res.GetCpu())
+	if err != nil {
+		add(field+".cpu", "%v", err)
+	}
+	memory, err = quantity.ParseMemory(res.GetMemory())
+	if err != nil {
+		add(field+".memory", "%v", err)
+	}
+	return milliCPU, memory
 }
 
 func describe(vs []apierr.Violation) string {

@@ -126,12 +126,15 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 		Capabilities:   caps,
 	}
 	if view == sandboxv1.RunnerView_RUNNER_VIEW_FULL && w.connected {
-		used, _ := w.usage()
+		// What the runner still admits: its capacity (CPU overcommitted) less the requests
+		// of its sandboxes and of the creates in flight.
+		used, n := w.usage()
 		reserved, _ := s.reserved.Held(r.ID())
+		free := c.Room(used, n).Free(reserved)
 		ar.Resources = &sandboxv1.RunnerResourceSummary{
-			AvailableCpuMillicores: max(c.MilliCPU-used.MilliCPU-reserved.MilliCPU, 0),
-			AvailableMemoryBytes:   max(c.MemoryBytes-used.MemoryBytes-reserved.MemoryBytes, 0),
-			AvailableGpuCount:      max(c.GPUs-used.GPUs-reserved.GPUs, 0),
+			AvailableCpuMillicores: free.MilliCPU,
+			AvailableMemoryBytes:   free.MemoryBytes,
+			AvailableGpuCount:      free.GPUs,
 			// The caller's own sandboxes only: another organization's count is not its business.
 			RunningSandboxes: int32(s.liveSandboxes(ctx, recs(), r)),
 		}

@@ -86,7 +86,8 @@ func rejectedByRunner(err error) bool {
 	}
 	switch apierr.Reason(err) {
 	case apierr.PlacementRejected, apierr.ResourceCeilingExceeded, apierr.RunnerCapacityExhausted, apierr.RunnerUnavailable,
-		apierr.HTTPSShareTokenNotSupported:
+		apierr.HTTPSShareTokenNotSupported,
+		apierr.NoSuitableRunner: // more than this runner's capacity: a bigger one may take it
 		return true
 	}
 	switch connect.CodeOf(err) {

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Runner is the gateway's view of one runner. The in-process runner of `sandboxd dev`
@@ -39,11 +40,18 @@ type Runner interface {
 
 // Capacity is what a runner offers and what its live sandboxes take.
 type Capacity struct {
-	MilliCPU, MemoryBytes         int64 // allocatable; 0 = not reported
-	GPUs                          int64 // allocatable
+	MilliCPU, MemoryBytes int64 // allocatable; 0 = not reported
+	GPUs                  int64 // allocatable
+	// CPUOvercommit: the CPU requests of live sandboxes may add up to this many times
+	// MilliCPU; below 1 (0: not reported) means 1.
+	CPUOvercommit float64
+	// Used* are the requests of the live sandboxes (what they are admitted by).
 	UsedMilliCPU, UsedMemoryBytes int64
 	UsedGPUs                      int64
 	Running                       int
+	// Defaults are the runner's default requests and limits (runtime.Resources' request
+	// and limit fields) for sandboxes that ask for none; zero fields: none.
+	Defaults runtime.Resources
 	// MaxSandboxes limits the live sandboxes on the runner; 0 = no limit.
 	MaxSandboxes  int
 	ConnectedAt   time.Time
@@ -66,8 +74,35 @@ type Capacity struct {
 	ShareTokens bool
 }
 
-// DefaultMaxSandboxes is a local runner's sandbox count limit unless configured.
-const DefaultMaxSandboxes = 200
+// used is what c's live sandboxes request, as placement counts it.
+func (c Capacity) used() placement.Resources {
+	return placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}
+}
+
+// Room is c as placement measures it, with used (requests) and n live sandboxes.
+func (c Capacity) Room(used placement.Resources, n int) placement.Room {
+	return placement.Room{
+		Allocatable:   placement.Resources{MilliCPU: c.MilliCPU, MemoryBytes: c.MemoryBytes, GPUs: c.GPUs},
+		CPUOvercommit: c.CPUOvercommit,
+		MaxSandboxes:  c.MaxSandboxes,
+		Used:          used,
+		Sandboxes:     n,
+	}
+}
+
+// Defaults of a local runner unless configured.
+const (
+	// DefaultMaxSandboxes is its sandbox count limit.
+	DefaultMaxSandboxes = 200
+	// DefaultCPUOvercommit: the CPU requests of its sandboxes may add up to four times its
+	// CPUs. Sandboxes are mostly idle, and each is held to its limit anyway.
+	DefaultCPUOvercommit = 4
+)
+
+// DefaultResources are a local runner's default requests and limits unless configured:
+// a sandbox that asks for no CPU or memory is admitted by 100m CPU and 128 MiB and
+// limited to 1 CPU and 1 GiB.
+var DefaultResources = runtime.Resources{RequestMilliCPU: 100, RequestMemoryBytes: 128 << 20, MilliCPU: 1000, MemoryBytes: 1 << 30}
 
 // LocalRunner serves the gateway from a runner in the same process.
 type LocalRunner struct {
@@ -78,6 +113,10 @@ type LocalRunner struct {
 	// the host's CPUs and memory, DefaultMaxSandboxes).
 	MilliCPU, MemoryBytes int64
 	MaxSandboxes          int
+	// CPUOvercommit and Defaults: see Capacity (NewLocalRunner sets DefaultCPUOvercommit
+	// and DefaultResources). Create completes every spec with Defaults.
+	CPUOvercommit float64
+	Defaults      runtime.Resources
 	// RuntimeClasses override what the runner's backend offers (its default first).
 	RuntimeClasses []string
 	// EdgeDomain and EdgePort: see Capacity.
@@ -91,29 +130,42 @@ type LocalRunner struct {
 
 // NewLocalRunner wraps r.
 func NewLocalRunner(id string, r *runner.Runner) *LocalRunner {
-	return &LocalRunner{RunnerID: id, GroupID: "default", R: r, MaxSandboxes: DefaultMaxSandboxes, connectedAt: time.Now()}
+	return &LocalRunner{RunnerID: id, GroupID: "default", R: r, MaxSandboxes: DefaultMaxSandboxes,
+		CPUOvercommit: DefaultCPUOvercommit, Defaults: DefaultResources, connectedAt: time.Now()}
 }
 
 func (l *LocalRunner) ID() string    { return l.RunnerID }
 func (l *LocalRunner) Group() string { return l.GroupID }
 
-// Create starts the sandbox if the runner has room for it: a gateway only reserves what
-// it placed itself, so two gateways (or a stale view) can send more than fits, and the
-// runner is the one that knows. A refusal is RESOURCE_EXHAUSTED
-// CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED, which sends the gateway to its next candidate; a
-// SHARE_TOKEN endpoint on a runner whose edge cannot check share tokens is
-// FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED.
+// Create completes the spec's requests and limits with the runner's defaults and starts
+// the sandbox if the runner has room for its requests: a gateway only reserves what it
+// placed itself, so two gateways (or a stale view) can send more than fits, and the
+// runner is the one that knows. A sandbox that needs more than the runner's whole
+// capacity is FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER (no wait helps); one
+// without room now is RESOURCE_EXHAUSTED CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED. Either
+// sends the gateway to its next candidate. A SHARE_TOKEN endpoint on a runner whose edge
+// cannot check share tokens is FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED.
 func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
 	if !l.shareTokens() && needsShareTokens(req.Spec) {
 		return runner.Sandbox{}, shareTokensUnsupported(l.RunnerID)
 	}
+	req.Spec.Resources = req.Spec.Resources.WithDefaults(l.Defaults)
+	need := requested(req.Spec.Resources)
 	l.admit.Lock()
 	defer l.admit.Unlock()
 	c, err := l.Capacity(ctx)
 	if err != nil {
 		return runner.Sandbox{}, err
 	}
-	if why := c.misfit(req.Spec.Resources.MilliCPU, req.Spec.Resources.MemoryBytes); why != "" {
+	room := c.Room(c.used(), c.Running)
+	if never := room.Never(need); len(never) > 0 {
+		vs := make([]apierr.Violation, len(never))
+		for i, sf := range never {
+			vs[i] = sf.Violation(l.RunnerID, placement.RequestField(nil, sf.Quantity))
+		}
+		return runner.Sandbox{}, placement.NoSuitableRunner([]string{l.RunnerID}, vs)
+	}
+	if why := room.Misfit(need, placement.Resources{}, 0); why != "" {
 		return runner.Sandbox{}, apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
 			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}), placement.RetryAfter)
 	}
@@ -124,18 +176,10 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 // edge does (stack.StartEdge), so a runner with one.
 func (l *LocalRunner) shareTokens() bool { return l.EdgeDomain != "" }
 
-// misfit says why a sandbox limited to milliCPU and memory does not fit in c ("" when it
-// does). A dimension the runner does not report is not checked.
-func (c Capacity) misfit(milliCPU, memory int64) string {
-	switch {
-	case c.MaxSandboxes > 0 && c.Running >= c.MaxSandboxes:
-		return fmt.Sprintf("%d of %d sandboxes running", c.Running, c.MaxSandboxes)
-	case c.MilliCPU > 0 && c.UsedMilliCPU+milliCPU > c.MilliCPU:
-		return fmt.Sprintf("needs %dm CPU, %dm of %dm free", milliCPU, c.MilliCPU-c.UsedMilliCPU, c.MilliCPU)
-	case c.MemoryBytes > 0 && c.UsedMemoryBytes+memory > c.MemoryBytes:
-		return fmt.Sprintf("needs %d bytes of memory, %d of %d free", memory, c.MemoryBytes-c.UsedMemoryBytes, c.MemoryBytes)
-	}
-	return ""
+// requested is what a sandbox with resources r (completed with the runner's defaults)
+// is admitted by: its requests.
+func requested(r runtime.Resources) placement.Resources {
+	return placement.Resources{MilliCPU: r.RequestMilliCPU, MemoryBytes: r.RequestMemoryBytes}
 }
 
 func (l *LocalRunner) Get(_ context.Context, id string) (runner.Sandbox, error) {
@@ -160,11 +204,14 @@ func (l *LocalRunner) Logs(ctx context.Context, id string, req *agentv1.LogsRequ
 }
 
 // Capacity reports the host's CPUs and memory (or the configured amounts) as allocatable
-// and sums the limits of live sandboxes (a sandbox without limits counts as none).
+// and sums the requests of live sandboxes, each completed with the runner's defaults as
+// Create does (so a sandbox re-adopted from before it had requests counts alike).
 func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 	c := Capacity{
 		MilliCPU:       l.MilliCPU,
 		MemoryBytes:    l.MemoryBytes,
+		CPUOvercommit:  max(l.CPUOvercommit, 1),
+		Defaults:       l.Defaults,
 		MaxSandboxes:   l.MaxSandboxes,
 		ConnectedAt:    l.connectedAt,
 		Architectures:  []string{goruntime.GOARCH},
@@ -186,8 +233,9 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 			continue
 		}
 		c.Running++
-		c.UsedMilliCPU += sb.Spec.Resources.MilliCPU
-		c.UsedMemoryBytes += sb.Spec.Resources.MemoryBytes
+		need := requested(sb.Spec.Resources.WithDefaults(l.Defaults))
+		c.UsedMilliCPU += need.MilliCPU
+		c.UsedMemoryBytes += need.MemoryBytes
 	}
 	return c, nil
 }
@@ -209,11 +257,15 @@ func hostMemory() int64 {
 	return 0
 }
 
-// Platform is what the runner supports whatever its policy says (Platform of its classes
-// and what its backend enforces): what it resolves its own policy against.
+// Platform is what the runner supports whatever its policy says (Platform of its classes,
+// what its backend enforces, its default resources): what it resolves its own policy
+// against, as gateways do from its Capacity.
 func (l *LocalRunner) Platform() policy.Platform {
 	p := Platform(l.Classes())
 	p.NoDNSEgress = l.R.NetworkSupport().NoDNSNames
+	if d := policy.DefaultsOf(l.Defaults); d != (policy.ResourceDefaults{}) {
+		p.DefaultResources = &d
+	}
 	return p
 }
 

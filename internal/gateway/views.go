@@ -197,9 +197,8 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		c := w.capacity
 		out[i].Ready = true
 		out[i].Policy, out[i].PolicyRevision = pols[i].p, pols[i].rev
-		out[i].Allocatable = placement.Resources{MilliCPU: c.MilliCPU, MemoryBytes: c.MemoryBytes, GPUs: c.GPUs}
-		out[i].Used, out[i].Sandboxes = used, n
-		out[i].MaxSandboxes = c.MaxSandboxes
+		out[i].Room = c.Room(used, n)
+		out[i].Defaults = policy.DefaultsOf(c.Defaults)
 		out[i].RuntimeClasses = c.RuntimeClasses
 		out[i].NoEdge = c.EdgeDomain == ""
 		out[i].NoDNSEgress = c.NoDNSEgress
@@ -208,12 +207,10 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 	return out
 }
 
-// usage is what the runner's live sandboxes take as last probed plus the creates
+// usage is what the runner's live sandboxes request as last probed plus the creates
 // confirmed since, and how many sandboxes that is.
 func (w *view) usage() (placement.Resources, int) {
-	c := w.capacity
-	used := placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}
-	n := c.Running
+	used, n := w.capacity.used(), w.capacity.Running
 	for _, cc := range w.recent {
 		used.MilliCPU += cc.need.MilliCPU
 		used.MemoryBytes += cc.need.MemoryBytes

@@ -67,7 +67,7 @@ func TestRunnerViews(t *testing.T) {
 	r := &scriptedRunner{id: "r1"}
 	s := &Server{runners: []Runner{r}, log: slog.New(slog.DiscardHandler)}
 	v := newRunnerViews(s, 200*time.Millisecond)
-	full := Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, MaxSandboxes: 10, UsedMilliCPU: 1000, Running: 1}
+	full := Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, MaxSandboxes: 10, UsedMilliCPU: 1000, Running: 1, CPUOvercommit: 4, Defaults: DefaultResources}
 	r.set(full, nil)
 
 	one := func() placement.Runner {
@@ -82,6 +82,11 @@ func TestRunnerViews(t *testing.T) {
 	// A gateway that just started probes before its first placement.
 	if got := one(); !got.Ready || got.Used.MilliCPU != 1000 || got.Sandboxes != 1 || got.Policy == nil {
 		t.Fatalf("first view %+v", got)
+	}
+	// Placement resolves with the runner's defaults and admits by its overcommit.
+	if got := one(); got.CPUOvercommit != 4 || got.Defaults.Requests.CPU != "100m" || got.Defaults.Requests.Memory != "128Mi" ||
+		got.Defaults.Limits.CPU != "1" || got.Defaults.Limits.Memory != "1Gi" {
+		t.Errorf("the runner's admission terms: overcommit %v, defaults %+v", got.CPUOvercommit, got.Defaults)
 	}
 
 	// A create this gateway made counts until a probe that started after it reports it.

@@ -61,6 +61,21 @@ type Platform struct {
 	DefaultResources *ResourceDefaults
 }
 
+// DefaultsOf is a runner's default requests and limits (the request and limit fields of
+// r; zero ones unset) as Platform.DefaultResources takes them.
+func DefaultsOf(r runtime.Resources) ResourceDefaults {
+	q := func(v int64, format func(int64) string) Quantity {
+		if v <= 0 {
+			return ""
+		}
+		return Quantity(format(v))
+	}
+	return ResourceDefaults{
+		Requests: ResourceValues{CPU: q(r.RequestMilliCPU, quantity.FormatCPU), Memory: q(r.RequestMemoryBytes, quantity.FormatMemory)},
+		Limits:   ResourceValues{CPU: q(r.MilliCPU, quantity.FormatCPU), Memory: q(r.MemoryBytes, quantity.FormatMemory)},
+	}
+}
+
 // DefaultPlatform is the platform of the documented product: 600 s default lifetime,
 // 30-day maximum, 5 services, no privileged containers, no restriction on names.
 func DefaultPlatform() Platform {
@@ -101,7 +116,7 @@ func Resolve(p *Policy, spec *sandboxv1.SandboxSpec, platform Platform) (*sandbo
 	if p == nil {
 		p = &Policy{}
 	}
-	r := &resolver{p: p, c: &p.Constraints, pl: platform}
+	r := &resolver{p: p, c: &p.Constraints, pl: platform, mirrored: map[string]bool{}}
 	if spec == nil {
 		r.add("sandbox.spec", ConstraintSpec, "", false, "a sandbox spec is required")
 		return nil, r.vs
@@ -125,6 +140,9 @@ type resolver struct {
 	c  *Constraints
 	pl Platform
 	vs []Violation
+	// mirrored are the request and limit fields merge copied from the other side the
+	// spec stated: a violation of theirs is the stated side's.
+	mirrored map[string]bool
 }
 
 func (r *resolver) add(field, constraint, limit string, ceiling bool, format string, args ...any) {
@@ -146,8 +164,8 @@ func (r *resolver) merge(s *sandboxv1.SandboxSpec) {
 			s.MaxLifetimeSeconds = DefaultLifetimeSeconds
 		}
 	}
-	defaults := overlay(r.pl.DefaultResources, b.Resources)
-	for _, c := range s.Containers {
+	defaults := overlay(capped(r.pl.DefaultResources, r.c.Resources), b.Resources)
+	for i, c := range s.Containers {
 		if c == nil {
 			continue
 		}
@@ -159,7 +177,7 @@ func (r *resolver) merge(s *sandboxv1.SandboxSpec) {
 				c.EnvironmentVariables[k] = v
 			}
 		}
-		fillResources(c, defaults)
+		r.fillResources(c, containerField(i), defaults)
 	}
 	for k, v := range b.Annotations {
 		if _, ok := s.Annotations[k]; !ok {
@@ -296,13 +314,15 @@ func set(res *sandboxv1.Resources, k kind, v string) {
 	}
 }
 
-// fillResources fills a container's unset quantities from d. A default never makes a
-// spec inconsistent: a default request above the spec's limit becomes that limit, and
-// a default limit below the resolved request becomes that request.
-func fillResources(c *sandboxv1.Container, d ResourceDefaults) {
-	if d == (ResourceDefaults{}) {
-		return
-	}
+// fillResources completes container c's (field cf) requests and limits per quantity
+// from the defaults d, by runtime.Resources.WithDefaults' rule (Kubernetes' and the
+// official client's): the request is the one asked, else the limit asked, else the
+// default request; the limit is the one asked, else the default limit but never below
+// the request (the request itself without a default limit); a request still unset is
+// the limit. A legacy resources value is both request and limit; a quantity it leaves
+// out takes that rule's limit. A side copied from the other side the caller stated is
+// recorded in r.mirrored: the check of the stated side covers it.
+func (r *resolver) fillResources(c *sandboxv1.Container, cf string, d ResourceDefaults) {
 	defs := func(k kind) (req, lim string) {
 		if k == cpu {
 			return string(d.Requests.CPU), string(d.Limits.CPU)
@@ -311,41 +331,85 @@ func fillResources(c *sandboxv1.Container, d ResourceDefaults) {
 	}
 	if legacy := c.GetResources(); legacy != nil {
 		for _, k := range []kind{cpu, memory} {
-			req, lim := defs(k)
 			if get(legacy, k) == "" {
-				set(legacy, k, firstNonEmpty(lim, req))
+				req, lim := defs(k)
+				set(legacy, k, atLeast(k, lim, req))
 			}
 		}
 		return
 	}
-	if c.ResourceRequirements == nil {
-		c.ResourceRequirements = &sandboxv1.ResourceRequirements{}
-	}
-	rr := c.ResourceRequirements
+	rr := c.GetResourceRequirements()
 	for _, k := range []kind{cpu, memory} {
-		req, lim := defs(k)
-		if req != "" && get(rr.Requests, k) == "" {
-			if sl := get(rr.Limits, k); sl != "" && less(k, sl, req) {
-				req = sl
-			}
+		defReq, defLim := defs(k)
+		askedReq, askedLim := get(rr.GetRequests(), k), get(rr.GetLimits(), k)
+		req := firstNonEmpty(askedReq, askedLim, defReq)
+		lim := askedLim
+		if lim == "" {
+			lim = atLeast(k, defLim, req)
+		}
+		req = firstNonEmpty(req, lim)
+		if req == "" {
+			continue // nothing asked, no defaults: unbounded
+		}
+		if c.ResourceRequirements == nil {
+			c.ResourceRequirements = &sandboxv1.ResourceRequirements{}
+		}
+		rr = c.ResourceRequirements
+		if askedReq == "" {
 			if rr.Requests == nil {
 				rr.Requests = &sandboxv1.Resources{}
 			}
 			set(rr.Requests, k, req)
-		}
-		if lim != "" && get(rr.Limits, k) == "" {
-			if rq := get(rr.Requests, k); rq != "" && less(k, lim, rq) {
-				lim = rq
+			if askedLim != "" {
+				r.mirrored[cf+".resource_requirements.requests."+k.String()] = true
 			}
+		}
+		if askedLim == "" {
 			if rr.Limits == nil {
 				rr.Limits = &sandboxv1.Resources{}
 			}
 			set(rr.Limits, k, lim)
+			if askedReq != "" && lim == askedReq {
+				r.mirrored[cf+".resource_requirements.limits."+k.String()] = true
+			}
 		}
 	}
-	if rr.Requests == nil && rr.Limits == nil {
-		c.ResourceRequirements = nil
+}
+
+// atLeast is v, or floor when v is empty or below it.
+func atLeast(k kind, v, floor string) string {
+	if v == "" || floor != "" && less(k, v, floor) {
+		return floor
 	}
+	return v
+}
+
+// capped is the platform's defaults d held under the policy's per-container maxima: a
+// runner's default never makes a sandbox break its policy (the policy's own base
+// defaults are checked against its maxima when it is saved).
+func capped(d *ResourceDefaults, rc *ResourceConstraints) *ResourceDefaults {
+	if d == nil || rc == nil {
+		return d
+	}
+	out := *d
+	for _, q := range []struct {
+		k    kind
+		max  Quantity
+		vals []*Quantity
+	}{
+		{cpu, rc.MaxCPU, []*Quantity{&out.Requests.CPU, &out.Limits.CPU}},
+		{memory, rc.MaxMemory, []*Quantity{&out.Requests.Memory, &out.Limits.Memory}},
+	} {
+		if q.max == "" {
+			continue
+		}
+		for _, v := range q.vals {
+			if *v != "" && less(q.k, string(q.max), string(*v)) {
+				*v = q.max
+			}
+		}
+	}
+	return &out
 }
 
 // less reports a < b, false when either does not parse.
@@ -430,13 +494,17 @@ func (r *resolver) checkResources(s *sandboxv1.SandboxSpec) {
 			bad := false
 			for _, q := range refs {
 				n, err := k.parse(q.value)
+				if err != nil && r.mirrored[q.field] {
+					bad = true
+					continue
+				}
 				if err != nil {
 					r.add(q.field, ConstraintSpec, "", false, "%v", err)
 					bad = true
 					continue
 				}
 				vals[q.field] = n
-				if hasMax[k] && n > maxQ[k] {
+				if hasMax[k] && n > maxQ[k] && !r.mirrored[q.field] {
 					r.add(q.field, "constraints.resources.max_"+k.String(), k.format(maxQ[k]), false,
 						"%s %s is above this runner's per-container maximum of %s; lower it to %s or less",
 						strings.TrimPrefix(q.field, cf+"."), q.value, k.format(maxQ[k]), k.format(maxQ[k]))

@@ -112,9 +112,26 @@ func TestDefaults(t *testing.T) {
 				t.Errorf("resources %v", rr)
 			}
 		}},
-		{"spec limit wins, default request kept", spec(limits("2", "")), func(t *testing.T, s *sandboxv1.SandboxSpec) {
+		{"a limit alone is also the request", spec(limits("2", "")), func(t *testing.T, s *sandboxv1.SandboxSpec) {
 			rr := s.Containers[0].ResourceRequirements
-			if rr.GetLimits().GetCpu() != "2" || rr.GetRequests().GetCpu() != "500m" || rr.GetLimits().GetMemory() != "1Gi" {
+			if rr.GetLimits().GetCpu() != "2" || rr.GetRequests().GetCpu() != "2" || rr.GetLimits().GetMemory() != "1Gi" || rr.GetRequests().GetMemory() != "512Mi" {
+				t.Errorf("resources %v", rr)
+			}
+		}},
+		{"a request alone takes the default limit", spec(func(s *sandboxv1.SandboxSpec) {
+			s.Containers[0].ResourceRequirements = &sandboxv1.ResourceRequirements{Requests: &sandboxv1.Resources{Cpu: "250m", Memory: "2Gi"}}
+		}), func(t *testing.T, s *sandboxv1.SandboxSpec) {
+			rr := s.Containers[0].ResourceRequirements
+			if rr.GetLimits().GetCpu() != "1" || rr.GetRequests().GetCpu() != "250m" || rr.GetLimits().GetMemory() != "2Gi" || rr.GetRequests().GetMemory() != "2Gi" {
+				t.Errorf("resources %v, want cpu 250m..1 (the default limit), memory 2Gi..2Gi (never below the request)", rr)
+			}
+		}},
+		{"what the client sends is kept as sent", spec(func(s *sandboxv1.SandboxSpec) {
+			s.Containers[0].ResourceRequirements = &sandboxv1.ResourceRequirements{
+				Requests: &sandboxv1.Resources{Cpu: "500m", Memory: "512Mi"}, Limits: &sandboxv1.Resources{Cpu: "1", Memory: "1Gi"}}
+		}), func(t *testing.T, s *sandboxv1.SandboxSpec) {
+			rr := s.Containers[0].ResourceRequirements
+			if rr.GetRequests().GetCpu() != "500m" || rr.GetRequests().GetMemory() != "512Mi" || rr.GetLimits().GetCpu() != "1" || rr.GetLimits().GetMemory() != "1Gi" {
 				t.Errorf("resources %v", rr)
 			}
 		}},
@@ -230,6 +247,24 @@ func TestPlatformDefaults(t *testing.T) {
 	s, _ = Resolve(p, spec(gpus(1)), pl)
 	if l := s.Containers[0].ResourceRequirements.GetLimits(); l.GetCpu() != "2" || l.GetMemory() != "1Gi" || s.RuntimeClass != "runc-nvidia" {
 		t.Errorf("resolved %v", s)
+	}
+	// Without a request default, the request is the default limit (Kubernetes' rule).
+	if r := s.Containers[0].ResourceRequirements.GetRequests(); r.GetCpu() != "2" || r.GetMemory() != "1Gi" {
+		t.Errorf("requests %v, want the limits", r)
+	}
+	// The runner's defaults stay under the policy's maxima; a spec's own value does not.
+	p = mustParse(t, `{"constraints": {"resources": {"max_cpu": "500m", "max_memory": "256Mi"}}}`)
+	pl.DefaultResources = &ResourceDefaults{Requests: ResourceValues{CPU: "100m", Memory: "512Mi"}, Limits: ResourceValues{CPU: "1", Memory: "1Gi"}}
+	s, vs = Resolve(p, spec(), pl)
+	if len(vs) > 0 {
+		t.Fatalf("runner defaults above the policy's maxima: %s", fmtVs(vs))
+	}
+	if rr := s.Containers[0].ResourceRequirements; rr.GetRequests().GetCpu() != "100m" || rr.GetLimits().GetCpu() != "500m" ||
+		rr.GetRequests().GetMemory() != "256Mi" || rr.GetLimits().GetMemory() != "256Mi" {
+		t.Errorf("capped defaults %v", rr)
+	}
+	if _, vs = Resolve(p, spec(limits("1", "")), pl); len(vs) != 1 || vs[0].Field != "sandbox.spec.containers[0].resource_requirements.limits.cpu" {
+		t.Errorf("a spec limit above max_cpu (its mirrored request not reported again): %s", fmtVs(vs))
 	}
 	// A zero Platform still has the documented defaults.
 	s, _ = Resolve(nil, spec(), Platform{})

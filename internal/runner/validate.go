@@ -56,10 +56,18 @@ func validate(req *CreateRequest) error {
 		{"spec.containers[0].resources.cpu", r.MilliCPU},
 		{"spec.containers[0].resources.memory", r.MemoryBytes},
 		{"spec.containers[0].resources.pids", r.Pids},
+		{"spec.containers[0].resource_requirements.requests.cpu", r.RequestMilliCPU},
+		{"spec.containers[0].resource_requirements.requests.memory", r.RequestMemoryBytes},
 	} {
 		if q.v < 0 {
 			vs.add(q.field, "must not be negative, got %d", q.v)
 		}
+	}
+	if r.MilliCPU > 0 && r.RequestMilliCPU > r.MilliCPU {
+		vs.add("spec.containers[0].resource_requirements.requests.cpu", "%dm is above the limit of %dm; a request may not exceed its limit", r.RequestMilliCPU, r.MilliCPU)
+	}
+	if r.MemoryBytes > 0 && r.RequestMemoryBytes > r.MemoryBytes {
+		vs.add("spec.containers[0].resource_requirements.requests.memory", "%d bytes is above the limit of %d bytes; a request may not exceed its limit", r.RequestMemoryBytes, r.MemoryBytes)
 	}
 	if r.MemoryBytes > 0 && r.MemoryBytes < 8<<20 {
 		vs.add("spec.containers[0].resources.memory", "must be at least 8Mi, got %d bytes", r.MemoryBytes)

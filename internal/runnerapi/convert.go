@@ -23,7 +23,7 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		RuntimeClass: s.RuntimeClass,
 		RestartLimit: int32(s.RestartLimit),
 		Meta:         s.Meta,
-		Resources:    &runnerv1.Resources{MilliCpu: s.Resources.MilliCPU, MemoryBytes: s.Resources.MemoryBytes, Pids: s.Resources.Pids},
+		Resources:    resourcesToProto(s.Resources),
 		Security:     securityToProto(s.Security),
 	}
 	p.Volumes, p.VolumeMounts = volumesToProto(s.Volumes, s.VolumeMounts)
@@ -41,6 +41,16 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 	p.Network = networkToProto(s.Network)
 	p.Pod = podToProto(s.Pod)
 	return p
+}
+
+func resourcesToProto(r runtime.Resources) *runnerv1.Resources {
+	return &runnerv1.Resources{MilliCpu: r.MilliCPU, MemoryBytes: r.MemoryBytes, Pids: r.Pids,
+		RequestMilliCpu: r.RequestMilliCPU, RequestMemoryBytes: r.RequestMemoryBytes}
+}
+
+func resourcesFromProto(p *runnerv1.Resources) runtime.Resources {
+	return runtime.Resources{MilliCPU: p.GetMilliCpu(), MemoryBytes: p.GetMemoryBytes(), Pids: p.GetPids(),
+		RequestMilliCPU: p.GetRequestMilliCpu(), RequestMemoryBytes: p.GetRequestMemoryBytes()}
 }
 
 func podToProto(ps *runtime.PodSettings) *runnerv1.PodSettings {
@@ -134,12 +144,8 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 		RuntimeClass: p.GetRuntimeClass(),
 		RestartLimit: int(p.GetRestartLimit()),
 		Meta:         p.GetMeta(),
-		Resources: runtime.Resources{
-			MilliCPU:    p.GetResources().GetMilliCpu(),
-			MemoryBytes: p.GetResources().GetMemoryBytes(),
-			Pids:        p.GetResources().GetPids(),
-		},
-		Security: securityFromProto(p.GetSecurity()),
+		Resources:    resourcesFromProto(p.GetResources()),
+		Security:     securityFromProto(p.GetSecurity()),
 	}
 	s.Volumes, s.VolumeMounts = volumesFromProto(p.GetVolumes(), p.GetVolumeMounts())
 	if c := p.GetPullCredentials(); c != nil {
@@ -225,9 +231,11 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		MaxSandboxes:   int32(c.MaxSandboxes),
 		RuntimeClasses: c.RuntimeClasses,
 		EdgeDomain:     c.EdgeDomain, EdgePort: int32(c.EdgePort),
-		DataPlaneUri: c.DataPlaneURI,
-		NoDnsEgress:  c.NoDNSEgress,
-		ShareTokens:  c.ShareTokens,
+		DataPlaneUri:     c.DataPlaneURI,
+		NoDnsEgress:      c.NoDNSEgress,
+		ShareTokens:      c.ShareTokens,
+		CpuOvercommit:    c.CPUOvercommit,
+		DefaultResources: resourcesToProto(c.Defaults),
 	}
 }
 
@@ -242,9 +250,11 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		MaxSandboxes:   int(p.GetMaxSandboxes()),
 		RuntimeClasses: p.GetRuntimeClasses(),
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
-		DataPlaneURI: p.GetDataPlaneUri(),
-		NoDNSEgress:  p.GetNoDnsEgress(),
-		ShareTokens:  p.GetShareTokens(),
+		DataPlaneURI:  p.GetDataPlaneUri(),
+		NoDNSEgress:   p.GetNoDnsEgress(),
+		ShareTokens:   p.GetShareTokens(),
+		CPUOvercommit: p.GetCpuOvercommit(),
+		Defaults:      resourcesFromProto(p.GetDefaultResources()),
 	}
 }
 

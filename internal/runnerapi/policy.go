@@ -91,14 +91,9 @@ func specForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
 		WorkingDir:           req.Spec.WorkingDir,
 		SecurityContext:      securityForPolicy(req.Spec.Security),
 	}
-	if r := req.Spec.Resources; r.MilliCPU > 0 || r.MemoryBytes > 0 {
-		c.Resources = &sandboxv1.Resources{}
-		if r.MilliCPU > 0 {
-			c.Resources.Cpu = quantity.FormatCPU(r.MilliCPU)
-		}
-		if r.MemoryBytes > 0 {
-			c.Resources.Memory = quantity.FormatMemory(r.MemoryBytes)
-		}
+	r := req.Spec.Resources
+	if limits := wireResources(r.MilliCPU, r.MemoryBytes); limits != nil || r.RequestMilliCPU > 0 || r.RequestMemoryBytes > 0 {
+		c.ResourceRequirements = &sandboxv1.ResourceRequirements{Limits: limits, Requests: wireResources(r.RequestMilliCPU, r.RequestMemoryBytes)}
 	}
 	spec := &sandboxv1.SandboxSpec{
 		Containers:         []*sandboxv1.Container{c},
@@ -118,6 +113,22 @@ func specForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
 		}
 	}
 	return spec
+}
+
+// wireResources renders milliCPU and memory (0 = unset) as the API writes them; nil when
+// both are unset.
+func wireResources(milliCPU, memory int64) *sandboxv1.Resources {
+	if milliCPU <= 0 && memory <= 0 {
+		return nil
+	}
+	res := &sandboxv1.Resources{}
+	if milliCPU > 0 {
+		res.Cpu = quantity.FormatCPU(milliCPU)
+	}
+	if memory > 0 {
+		res.Memory = quantity.FormatMemory(memory)
+	}
+	return res
 }
 
 // servicesForPolicy renders services with what the policy constrains of them: port,

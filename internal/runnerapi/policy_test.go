@@ -57,6 +57,39 @@ func TestSpecForPolicyNetwork(t *testing.T) {
 	}
 }
 
+// The runner's own policy check sees requests as well as limits: a max_cpu holds both.
+func TestSpecForPolicyResources(t *testing.T) {
+	strict, err := policy.Parse([]byte(`{"constraints": {"resources": {"max_cpu": "1", "max_memory": "1Gi"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := func(r runtime.Resources) runner.CreateRequest {
+		return runner.CreateRequest{Spec: runtime.Spec{Image: "busybox", Resources: r}, Lifetime: time.Minute}
+	}
+	for _, tc := range []struct {
+		name   string
+		req    runner.CreateRequest
+		fields []string
+	}{
+		{"within", res(runtime.Resources{RequestMilliCPU: 100, MilliCPU: 1000, RequestMemoryBytes: 128 << 20, MemoryBytes: 1 << 30}), nil},
+		{"request above max", res(runtime.Resources{RequestMilliCPU: 2000, MilliCPU: 4000, MemoryBytes: 1 << 30}),
+			[]string{"sandbox.spec.containers[0].resource_requirements.requests.cpu", "sandbox.spec.containers[0].resource_requirements.limits.cpu"}},
+		{"a lone limit is checked once", res(runtime.Resources{MilliCPU: 2000, MemoryBytes: 1 << 30}),
+			[]string{"sandbox.spec.containers[0].resource_requirements.limits.cpu"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, vs := policy.Resolve(strict, specForPolicy(tc.req), gateway.Platform(nil))
+			var got []string
+			for _, v := range vs {
+				got = append(got, v.Field)
+			}
+			if !reflect.DeepEqual(got, tc.fields) {
+				t.Errorf("violations %v, want %v", got, tc.fields)
+			}
+		})
+	}
+}
+
 type staticPolicy string
 
 func (p staticPolicy) Policy(context.Context, string) ([]byte, int64, error) {

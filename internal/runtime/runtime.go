@@ -107,14 +107,46 @@ type File struct {
 	Mode    uint32 `json:"mode,omitempty"` // 0 = 0644
 }
 
-// Resources are hard limits. Zero means unlimited for that dimension.
+// Resources are a sandbox's hard limits and its requests. A zero limit means unlimited
+// for that dimension (the runner fills one from its defaults before a backend sees the
+// spec, see WithDefaults); a zero request means the limit.
 type Resources struct {
 	MilliCPU    int64 `json:"milli_cpu,omitempty"`
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
-	Pids        int64 `json:"pids,omitempty"`
+	// RequestMilliCPU and RequestMemoryBytes are what the sandbox is guaranteed: what the
+	// runner admits it by (and Kubernetes schedules it by), at most the limits.
+	RequestMilliCPU    int64 `json:"request_milli_cpu,omitempty"`
+	RequestMemoryBytes int64 `json:"request_memory_bytes,omitempty"`
+	Pids               int64 `json:"pids,omitempty"`
 	// DiskBytes caps the sandbox's writable root filesystem layer; 0 means the
 	// backend's default (no wire field sets it yet: the runner's --disk flag does).
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// WithDefaults completes r with the defaults d (d's requests and limits), per quantity (CPU
+// and memory), by the rule the API documents (docs/admin.md, "Resources"), Kubernetes'
+// and the official client's: the request is the one asked, else the limit asked, else
+// d's request; the limit is the one asked, else d's limit but never below the request
+// (the request itself when d has none).
+func (r Resources) WithDefaults(d Resources) Resources {
+	r.RequestMilliCPU, r.MilliCPU = defaulted(r.RequestMilliCPU, r.MilliCPU, d.RequestMilliCPU, d.MilliCPU)
+	r.RequestMemoryBytes, r.MemoryBytes = defaulted(r.RequestMemoryBytes, r.MemoryBytes, d.RequestMemoryBytes, d.MemoryBytes)
+	return r
+}
+
+// defaulted applies WithDefaults' rule to one quantity: req and limit as asked (0 = not
+// asked), defReq and defLimit the defaults.
+func defaulted(req, limit, defReq, defLimit int64) (int64, int64) {
+	switch {
+	case req == 0 && limit > 0:
+		req = limit
+	case req == 0:
+		req = defReq
+	}
+	if limit == 0 {
+		limit = max(defLimit, req)
+	}
+	return req, limit
 }
 
 // Exit describes how a sandbox's container ended.

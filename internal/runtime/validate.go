@@ -23,8 +23,9 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 		return fmt.Errorf("%w: id %q: want 1-%d characters of [a-z0-9-], not starting or ending with '-'", ErrInvalidSpec, spec.ID, maxIDLen)
 	case strings.TrimSpace(spec.Image) == "":
 		return fmt.Errorf("%w: empty image reference", ErrInvalidImageRef)
-	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0 || spec.Resources.DiskBytes < 0:
-		return fmt.Errorf("%w: negative resource limit", ErrInvalidSpec)
+	case spec.Resources.MilliCPU < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.Pids < 0 || spec.Resources.DiskBytes < 0 ||
+		spec.Resources.RequestMilliCPU < 0 || spec.Resources.RequestMemoryBytes < 0:
+		return fmt.Errorf("%w: negative resource limit or request", ErrInvalidSpec)
 	case spec.RestartLimit < 0:
 		return fmt.Errorf("%w: negative restart limit", ErrInvalidSpec)
 	}

@@ -52,6 +52,7 @@ func TestPlacementAcrossRunners(t *testing.T) {
 	s2 := secondStack(t)
 	r2 := gateway.NewLocalRunner("r2", s2.Runner)
 	r2.MilliCPU, r2.MemoryBytes = 3000, 4<<30
+	r2.CPUOvercommit = 1 // requests up to its 3 CPUs: two 2-CPU sandboxes do not fit
 	g := startGateway(t, func(c *gateway.Config) {
 		c.Runners[0].(*gateway.LocalRunner).RunnerID = "r1"
 		c.Runners = append(c.Runners, r2)

@@ -214,7 +214,7 @@ func TestLifecycle(t *testing.T) {
 		Env:        map[string]string{"GREETING": "hi there"},
 		WorkingDir: "/tmp",
 		Files:      []runtime.File{{Path: "/etc/sandbox-note", Content: []byte("note\n")}},
-		Resources:  runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20},
+		Resources:  runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20, RequestMilliCPU: 100, RequestMemoryBytes: 64 << 20},
 		Meta:       map[string]string{kubernetes.MetaOrg: "org-1"},
 	}})
 	if err != nil {
@@ -248,6 +248,10 @@ func TestLifecycle(t *testing.T) {
 	}
 	if got := main.Resources.Limits.Memory().Value(); got != 128<<20 {
 		t.Errorf("memory limit %d, want %d", got, 128<<20)
+	}
+	// The scheduler places by the requests.
+	if cpu, mem := main.Resources.Requests.Cpu().MilliValue(), main.Resources.Requests.Memory().Value(); cpu != 100 || mem != 64<<20 {
+		t.Errorf("requests %dm CPU, %d bytes; want 100m, %d", cpu, mem, 64<<20)
 	}
 	if len(main.Env) != 0 {
 		t.Errorf("the spec's env is in the Pod spec: %v (it belongs in the Secret)", main.Env)

@@ -4,10 +4,13 @@
 // or the error that tells the user what to change or what to ask an administrator for.
 //
 // A runner is a candidate when it is connected and ready, inside runner_ids when given,
-// its policy (resolved with the same code the runner uses) accepts the spec, and its free
-// CPU, memory, GPUs and sandbox slots (allocatable − usage − outstanding reservations)
-// fit the resolved requests. Candidates are ordered by load after placement (the larger
-// of CPU and memory utilisation), least loaded first; ties are broken randomly.
+// its policy (resolved with the same code the runner uses, and the runner's default
+// requests and limits) accepts the spec, and the resolved requests fit its room (Room:
+// allocatable − the requests of its live sandboxes − outstanding reservations, CPU
+// overcommitted by the runner's factor, and a free sandbox slot). A request above a
+// runner's whole capacity never fits it, which is not the same as no room now.
+// Candidates are ordered by load after placement (the larger of CPU and memory
+// utilisation), least loaded first; ties are broken randomly.
 package placement
 
 import (
@@ -46,6 +49,25 @@ func (r Resources) sub(o Resources) Resources {
 	return Resources{r.MilliCPU - o.MilliCPU, r.MemoryBytes - o.MemoryBytes, r.GPUs - o.GPUs}
 }
 
+// Room is what a runner offers and what its live sandboxes hold of it: what a sandbox is
+// admitted against, by its requests (as Kubernetes schedules). The runner checks its own
+// creates with it too, so gateways and runner decide alike.
+type Room struct {
+	// Allocatable is what the runner offers. A zero MilliCPU or MemoryBytes means the
+	// runner did not report it: that dimension is not checked. GPUs are checked always
+	// (zero means none).
+	Allocatable Resources
+	// CPUOvercommit: the CPU requests of live sandboxes may add up to this many times
+	// Allocatable.MilliCPU (memory and GPUs are never overcommitted); below 1 means 1,
+	// above MaxCPUOvercommit MaxCPUOvercommit.
+	CPUOvercommit float64
+	// MaxSandboxes limits the live sandboxes on the runner; 0 = no limit.
+	MaxSandboxes int
+	// Used is the requests of the runner's live sandboxes, Sandboxes how many there are.
+	Used      Resources
+	Sandboxes int
+}
+
 // Runner is the caller's view of one runner.
 type Runner struct {
 	ID    string
@@ -57,15 +79,10 @@ type Runner struct {
 	// PolicyRevision its revision.
 	Policy         *policy.Policy
 	PolicyRevision string
-	// Allocatable is what the runner offers. A zero MilliCPU or MemoryBytes means the
-	// runner did not report it: that dimension is not checked. GPUs are checked always
-	// (zero means none).
-	Allocatable Resources
-	// MaxSandboxes limits the live sandboxes on the runner; 0 = no limit.
-	MaxSandboxes int
-	// Used is what the runner's live sandboxes take, Sandboxes how many there are.
-	Used      Resources
-	Sandboxes int
+	Room
+	// Defaults are the runner's default requests and limits, below its policy's base
+	// (zero: none).
+	Defaults policy.ResourceDefaults
 	// RuntimeClasses the runner can run, its default first; empty: Request.Platform's.
 	RuntimeClasses []string
 	// NoEdge: the runner cannot publish endpoints.
@@ -103,11 +120,8 @@ type Candidate struct {
 	// Load is the runner's utilisation after placement, 0..1 (or more if overcommitted).
 	Load float64
 
-	// free is allocatable − used (before reservations); for Reservations.Claim.
-	free    Resources
-	checked [2]bool // CPU, memory checked (allocatable reported)
-	max     int     // MaxSandboxes; 0 = no limit
-	running int     // Sandboxes
+	// room is the runner's room before reservations; for Reservations.Claim.
+	room Room
 }
 
 // Place returns the candidates, best first, or the error for the user:
@@ -120,8 +134,11 @@ type Candidate struct {
 //     runner[ID].;
 //   - runners rejected only because their edge cannot check endpoint share tokens:
 //     FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED with their violations;
-//   - some policy accepts but no runner has room: RESOURCE_EXHAUSTED
+//   - some policy accepts but no runner has room now: RESOURCE_EXHAUSTED
 //     CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED with RetryInfo;
+//   - the sandbox requests more than the whole capacity of every runner whose policy
+//     accepts it: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER, no RetryInfo, with a
+//     violation per runner naming the request and the runner's capacity;
 //   - every runner considered is down: UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE with
 //     RetryInfo.
 func Place(req Request) ([]Candidate, error) {
@@ -166,7 +183,7 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge, r.NoDNSEgress, r.NoShareTokens}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge, r.NoDNSEgress, r.NoShareTokens, r.Defaults}
 		res, ok := resolved[key]
 		if !ok {
 			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
@@ -182,13 +199,19 @@ func Place(req Request) ([]Candidate, error) {
 			}
 			continue
 		}
-		c := candidate(i, r, res, req.Default)
+		c := Candidate{Index: i, RunnerID: r.ID, Result: res, Need: Need(res.Spec, req.Default), room: r.Room}
+		if never := r.Never(c.Need); len(never) > 0 {
+			for _, sf := range never {
+				rejected = append(rejected, sf.Violation(r.ID, RequestField(res.Spec, sf.Quantity)))
+			}
+			continue
+		}
 		reserved, n := req.Reservations.Held(r.ID)
 		if why := c.misfit(reserved, n); why != "" {
 			full = append(full, r.ID+": "+why)
 			continue
 		}
-		c.Load = load(r, c.Need.add(reserved), n+1)
+		c.Load = load(r.Room, c.Need.add(reserved), n+1)
 		cands = append(cands, c)
 	}
 	if len(cands) > 0 {
@@ -219,7 +242,7 @@ func Place(req Request) ([]Candidate, error) {
 		return nil, apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
 			fmt.Sprintf("runner %s unavailable: %s", strings.Join(down, ", "), describe(rejected)),
 			map[string]string{"runner_ids": strings.Join(down, ",")}), RetryAfter)
-	case len(considered) == 1:
+	case len(considered) == 1 && !single.OK():
 		vs := policy.ToAPI(single.Violations)
 		return nil, apierr.Invalid(policy.Reason(single.Violations),
 			fmt.Sprintf("runner %s's policy rejects this sandbox: %s", req.Runners[considered[0]].ID, describe(vs)), vs)
@@ -228,9 +251,16 @@ func Place(req Request) ([]Candidate, error) {
 	for k, i := range considered {
 		ids[k] = req.Runners[i].ID
 	}
-	return nil, apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
-		fmt.Sprintf("no runner accepts this sandbox: %s", describe(rejected)),
-		map[string]string{"runner_ids": strings.Join(ids, ",")}), rejected)
+	return nil, NoSuitableRunner(ids, rejected)
+}
+
+// NoSuitableRunner is the error for a sandbox none of runnerIDs can ever take (their
+// policies reject it, it exceeds their capacity, they are down): vs say, per runner, why.
+// It is no "try again later": nothing will change by itself.
+func NoSuitableRunner(runnerIDs []string, vs []apierr.Violation) *connect.Error {
+	return apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
+		fmt.Sprintf("no runner can take this sandbox: %s", describe(vs)),
+		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}), vs)
 }
 
 // onlyShareTokens reports whether vs are all a runner's lack of share-token support.
@@ -279,19 +309,20 @@ func RunnerIDViolations(ids []string) []apierr.Violation {
 	return vs
 }
 
-// Need is what a resolved spec takes: per container its limit, else its request, else
-// def, summed; GPUs are the largest count a container states.
+// Need is what a resolved spec is admitted by: per container its request, else its limit
+// (a lone limit is also the request), else def, summed; GPUs are the largest count a
+// container states.
 func Need(spec *sandboxv1.SandboxSpec, def Resources) Resources {
 	var n Resources
 	for _, c := range spec.GetContainers() {
 		legacy, lim, req := c.GetResources(), c.GetResourceRequirements().GetLimits(), c.GetResourceRequirements().GetRequests()
-		cpu := first(legacy.GetCpu(), lim.GetCpu(), req.GetCpu())
+		cpu := first(legacy.GetCpu(), req.GetCpu(), lim.GetCpu())
 		if v, err := quantity.ParseCPU(cpu); cpu != "" && err == nil {
 			n.MilliCPU += v
 		} else if cpu == "" {
 			n.MilliCPU += def.MilliCPU
 		}
-		mem := first(legacy.GetMemory(), lim.GetMemory(), req.GetMemory())
+		mem := first(legacy.GetMemory(), req.GetMemory(), lim.GetMemory())
 		if v, err := quantity.ParseMemory(mem); mem != "" && err == nil {
 			n.MemoryBytes += v
 		} else if mem == "" {
@@ -311,42 +342,115 @@ func first(ss ...string) string {
 	return ""
 }
 
-func candidate(i int, r Runner, res policy.Result, def Resources) Candidate {
-	c := Candidate{Index: i, RunnerID: r.ID, Result: res, Need: Need(res.Spec, def), free: r.Allocatable.sub(r.Used)}
-	c.checked = [2]bool{r.Allocatable.MilliCPU > 0, r.Allocatable.MemoryBytes > 0}
-	c.max, c.running = max(r.MaxSandboxes, 0), r.Sandboxes
-	return c
+// MaxCPUOvercommit bounds Room.CPUOvercommit: a runner that reports more admits that.
+const MaxCPUOvercommit = 100
+
+// cpuAdmitted is the CPU requests r admits in all (0 = not checked).
+func (r Room) cpuAdmitted() int64 {
+	f := r.CPUOvercommit
+	switch {
+	case !(f >= 1): // also NaN
+		f = 1
+	case f > MaxCPUOvercommit:
+		f = MaxCPUOvercommit
+	}
+	return int64(float64(r.Allocatable.MilliCPU) * f)
+}
+
+// Shortfall is one quantity a sandbox requests beyond a runner's whole capacity.
+type Shortfall struct {
+	Quantity    string // "cpu", "memory" or "gpu"
+	Need, Total string // formatted quantities
+}
+
+// Violation names the shortfall on runner id, field being the request's field.
+func (sf Shortfall) Violation(id, field string) apierr.Violation {
+	return apierr.Violation{Field: "runner[" + id + "]." + field, Description: fmt.Sprintf(
+		"requests %s %s, but runner %s has %s in all: it can never run this sandbox (this is its capacity, not what is free now); ask for %s or less",
+		sf.Need, sf.Quantity, id, sf.Total, sf.Total)}
+}
+
+// Never lists what of need exceeds r's whole capacity, which no wait makes room for: a
+// request is a guarantee, so a single sandbox's is held to the real capacity, without
+// the overcommit. Empty when need could fit once r has room.
+func (r Room) Never(need Resources) []Shortfall {
+	var out []Shortfall
+	if a := r.Allocatable.MilliCPU; a > 0 && need.MilliCPU > a {
+		out = append(out, Shortfall{"cpu", quantity.FormatCPU(need.MilliCPU), quantity.FormatCPU(a)})
+	}
+	if a := r.Allocatable.MemoryBytes; a > 0 && need.MemoryBytes > a {
+		out = append(out, Shortfall{"memory", quantity.FormatMemory(need.MemoryBytes), quantity.FormatMemory(a)})
+	}
+	if need.GPUs > r.Allocatable.GPUs {
+		out = append(out, Shortfall{"gpu", fmt.Sprint(need.GPUs), fmt.Sprint(r.Allocatable.GPUs)})
+	}
+	return out
+}
+
+// Misfit says why need has no room on r now, with held resources and n sandboxes
+// reserved on top of what r reports, or "" when it fits.
+func (r Room) Misfit(need, held Resources, n int) string {
+	used := r.Used.add(held)
+	var why []string
+	if a := r.cpuAdmitted(); a > 0 && need.MilliCPU > 0 && used.MilliCPU+need.MilliCPU > a {
+		why = append(why, fmt.Sprintf("needs %s CPU, %s free", quantity.FormatCPU(need.MilliCPU), quantity.FormatCPU(max(a-used.MilliCPU, 0))))
+	}
+	if a := r.Allocatable.MemoryBytes; a > 0 && need.MemoryBytes > 0 && used.MemoryBytes+need.MemoryBytes > a {
+		why = append(why, fmt.Sprintf("needs %s memory, %s free", quantity.FormatMemory(need.MemoryBytes), quantity.FormatMemory(max(a-used.MemoryBytes, 0))))
+	}
+	if need.GPUs > 0 && used.GPUs+need.GPUs > r.Allocatable.GPUs {
+		why = append(why, fmt.Sprintf("needs %d GPUs, %d free", need.GPUs, max(r.Allocatable.GPUs-used.GPUs, 0)))
+	}
+	if r.MaxSandboxes > 0 && r.Sandboxes+n >= r.MaxSandboxes {
+		why = append(why, fmt.Sprintf("runs its maximum of %d sandboxes", r.MaxSandboxes))
+	}
+	return strings.Join(why, ", ")
+}
+
+// Free is what r admits beyond its live sandboxes and held, never negative: CPU by its
+// overcommitted total.
+func (r Room) Free(held Resources) Resources {
+	used := r.Used.add(held)
+	return Resources{
+		MilliCPU:    max(r.cpuAdmitted()-used.MilliCPU, 0),
+		MemoryBytes: max(r.Allocatable.MemoryBytes-used.MemoryBytes, 0),
+		GPUs:        max(r.Allocatable.GPUs-used.GPUs, 0),
+	}
 }
 
 // misfit says why the candidate has no room given reserved resources and n reserved
 // sandboxes, or "" when it fits.
 func (c Candidate) misfit(reserved Resources, n int) string {
-	free := c.free.sub(reserved)
-	var why []string
-	if c.checked[0] && c.Need.MilliCPU > 0 && c.Need.MilliCPU > free.MilliCPU {
-		why = append(why, fmt.Sprintf("needs %s CPU, %s free", quantity.FormatCPU(c.Need.MilliCPU), quantity.FormatCPU(max(free.MilliCPU, 0))))
+	return c.room.Misfit(c.Need, reserved, n)
+}
+
+// RequestField is the field of spec's request of quantity ("cpu", "memory", "gpu") for
+// messages: its one container's, else the containers'. A nil spec is one container
+// with resource_requirements.
+func RequestField(spec *sandboxv1.SandboxSpec, quantity string) string {
+	cs := spec.GetContainers()
+	if spec != nil && len(cs) != 1 {
+		return "sandbox.spec.containers"
 	}
-	if c.checked[1] && c.Need.MemoryBytes > 0 && c.Need.MemoryBytes > free.MemoryBytes {
-		why = append(why, fmt.Sprintf("needs %s memory, %s free", quantity.FormatMemory(c.Need.MemoryBytes), quantity.FormatMemory(max(free.MemoryBytes, 0))))
+	f := "sandbox.spec.containers[0].resource_requirements.requests." + quantity
+	if len(cs) == 1 && cs[0].GetResources() != nil {
+		f = "sandbox.spec.containers[0].resources." + quantity
 	}
-	if c.Need.GPUs > 0 && c.Need.GPUs > free.GPUs {
-		why = append(why, fmt.Sprintf("needs %d GPUs, %d free", c.Need.GPUs, max(free.GPUs, 0)))
+	if quantity == "gpu" {
+		f += ".count"
 	}
-	if c.max > 0 && c.running+n >= c.max {
-		why = append(why, fmt.Sprintf("runs its maximum of %d sandboxes", c.max))
-	}
-	return strings.Join(why, ", ")
+	return f
 }
 
 // load is the largest of CPU, memory and sandbox-slot utilisation once extra resources
-// and n more sandboxes are placed on r (slots count so that sandboxes without limits
-// spread too).
-func load(r Runner, extra Resources, n int) float64 {
+// and n more sandboxes are placed on r (slots count so that sandboxes without requests
+// spread too); CPU is measured against what r admits with its overcommit.
+func load(r Room, extra Resources, n int) float64 {
 	var l float64
 	if r.MaxSandboxes > 0 {
 		l = float64(r.Sandboxes+n) / float64(r.MaxSandboxes)
 	}
-	if a := r.Allocatable.MilliCPU; a > 0 {
+	if a := r.cpuAdmitted(); a > 0 {
 		l = max(l, float64(r.Used.MilliCPU+extra.MilliCPU)/float64(a))
 	}
 	if a := r.Allocatable.MemoryBytes; a > 0 {
@@ -366,11 +470,12 @@ func describe(vs []apierr.Violation) string {
 // resolution identifies a policy resolution: runners sharing a policy and runtime
 // classes (a group) share it.
 type resolution struct {
-	policy  *policy.Policy
-	classes string
-	noEdge  bool
-	noDNS   bool
-	noShare bool
+	policy   *policy.Policy
+	classes  string
+	noEdge   bool
+	noDNS    bool
+	noShare  bool
+	defaults policy.ResourceDefaults
 }
 
 // platformOf is the platform runner r resolves specs against: p with r's runtime classes.
@@ -382,5 +487,9 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 	p.NoEndpoints = r.NoEdge
 	p.NoDNSEgress = r.NoDNSEgress
 	p.NoShareTokens = r.NoShareTokens
+	if r.Defaults != (policy.ResourceDefaults{}) {
+		d := r.Defaults
+		p.DefaultResources = &d
+	}
 	return p
 }

@@ -36,8 +36,11 @@ func spec(cpu, mem string, pins ...string) *sandboxv1.SandboxSpec {
 
 // rn is a ready runner with 4 CPUs, 8 GiB and room for 10 sandboxes.
 func rn(id string, p *policy.Policy) Runner {
-	return Runner{ID: id, Ready: true, Policy: p, PolicyRevision: "1", Allocatable: Resources{MilliCPU: 4000, MemoryBytes: 8 * gi}, MaxSandboxes: 10}
+	return Runner{ID: id, Ready: true, Policy: p, PolicyRevision: "1", Room: Room{Allocatable: Resources{MilliCPU: 4000, MemoryBytes: 8 * gi}, MaxSandboxes: 10}}
 }
+
+// overcommit lets r admit CPU requests up to f times its CPUs.
+func overcommit(r Runner, f float64) Runner { r.CPUOvercommit = f; return r }
 
 func used(r Runner, cpu int64, mem int64, n int) Runner {
 	r.Used, r.Sandboxes = Resources{MilliCPU: cpu, MemoryBytes: mem}, n
@@ -80,8 +83,22 @@ func TestPlace(t *testing.T) {
 		{name: "spill when full", spec: spec("2", "1Gi"), runners: []Runner{used(rn("r1", free), 3000, 0, 1), used(rn("r2", free), 3500, 0, 1)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
 		{name: "spill to the one with room", spec: spec("2", "1Gi"), runners: []Runner{used(rn("r1", free), 3000, 0, 1), rn("r2", free)}, want: []string{"r2"}},
 		{name: "sandbox count limit", spec: spec("", ""), runners: []Runner{used(rn("r1", free), 0, 0, 10), used(rn("r2", free), 0, 0, 9)}, want: []string{"r2"}},
-		{name: "memory does not fit", spec: spec("100m", "9Gi"), runners: []Runner{rn("r1", free)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
-		{name: "gpu does not fit", spec: &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox", Resources: &sandboxv1.Resources{Gpu: &sandboxv1.Gpu{Count: 1}}}}}, runners: []Runner{rn("r1", free)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
+		{name: "memory does not fit now", spec: spec("100m", "5Gi"), runners: []Runner{used(rn("r1", free), 0, 4*gi, 1)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
+		{name: "memory never fits", spec: spec("100m", "9Gi"), runners: []Runner{rn("r1", free)}, code: connect.CodeFailedPrecondition, reason: apierr.NoSuitableRunner,
+			fields: []string{"runner[r1].sandbox.spec.containers[0].resources.memory"}},
+		{name: "gpu never fits", spec: &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox", Resources: &sandboxv1.Resources{Gpu: &sandboxv1.Gpu{Count: 1}}}}}, runners: []Runner{rn("r1", free)}, code: connect.CodeFailedPrecondition, reason: apierr.NoSuitableRunner,
+			fields: []string{"runner[r1].sandbox.spec.containers[0].resources.gpu.count"}},
+		{name: "cpu never fits on any runner, even idle", spec: spec("64", "1Gi"), runners: []Runner{rn("r1", free), overcommit(rn("r2", free), 100)}, code: connect.CodeFailedPrecondition, reason: apierr.NoSuitableRunner,
+			fields: []string{"runner[r1].sandbox.spec.containers[0].resources.cpu", "runner[r2].sandbox.spec.containers[0].resources.cpu"}},
+		{name: "never here, room later there", spec: spec("3", ""), runners: []Runner{func() Runner { r := rn("r1", free); r.Allocatable.MilliCPU = 2000; return r }(), used(rn("r2", free), 3500, 0, 1)},
+			code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
+		{name: "never here, fits there", spec: spec("3", ""), runners: []Runner{func() Runner { r := rn("r1", free); r.Allocatable.MilliCPU = 2000; return r }(), rn("r2", free)}, want: []string{"r2"}},
+		{name: "never fits one, policy rejects the other", spec: spec("8", "512Mi"), runners: []Runner{rn("r1", free), rn("r2", strict)}, code: connect.CodeFailedPrecondition, reason: apierr.NoSuitableRunner,
+			fields: []string{"runner[r1].sandbox.spec.containers[0].resources.cpu", "runner[r2].sandbox.spec.containers[0].resources.cpu"}},
+		{name: "requests count, not limits", spec: &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox", ResourceRequirements: &sandboxv1.ResourceRequirements{
+			Requests: &sandboxv1.Resources{Cpu: "500m"}, Limits: &sandboxv1.Resources{Cpu: "4"}}}}}, runners: []Runner{used(rn("r1", free), 3500, 0, 1)}, want: []string{"r1"}},
+		{name: "overcommitted cpu admits", spec: spec("1", ""), runners: []Runner{overcommit(used(rn("r1", free), 7000, 0, 1), 2)}, want: []string{"r1"}},
+		{name: "overcommitted cpu full", spec: spec("1", ""), runners: []Runner{overcommit(used(rn("r1", free), 7500, 0, 1), 2)}, code: connect.CodeResourceExhausted, reason: apierr.RunnerCapacityExhausted, retry: true},
 		{name: "unreported cpu is not checked", spec: spec("64", ""), runners: []Runner{{ID: "r1", Ready: true}}, want: []string{"r1"}},
 		{name: "pin narrows", spec: spec("100m", "", "r1"), runners: []Runner{rn("r1", free), rn("r2", free)}, want: []string{"r1"}},
 		{name: "pin to a strict runner", spec: spec("2", "512Mi", "r1"), runners: []Runner{rn("r1", strict), rn("r2", free)}, code: connect.CodeInvalidArgument, reason: apierr.PlacementRejected, fields: []string{"sandbox.spec.containers[0].resources.cpu"}},
@@ -170,14 +187,15 @@ func TestNeed(t *testing.T) {
 		{},
 	}}
 	got := Need(s, Resources{MilliCPU: 100, MemoryBytes: 1 << 20})
-	want := Resources{MilliCPU: 500 + 1000 + 100, MemoryBytes: gi + 256<<20 + 1<<20, GPUs: 2}
+	want := Resources{MilliCPU: 500 + 250 + 100, MemoryBytes: gi + 256<<20 + 1<<20, GPUs: 2}
 	if got != want {
 		t.Errorf("Need = %+v, want %+v", got, want)
 	}
 }
 
 func TestPolicyDefaultsCount(t *testing.T) {
-	// The policy base gives a limit: the resolved spec, not the asked one, is measured.
+	// The policy base gives a limit, which is also the request: the resolved spec, not
+	// the asked one, is measured.
 	p := mustPolicy(t, `{"base": {"resources": {"limits": {"cpu": "3"}}}}`)
 	cands, err := Place(Request{Spec: spec("", ""), Runners: []Runner{rn("r1", p)}, Platform: policy.DefaultPlatform()})
 	if err != nil || cands[0].Need.MilliCPU != 3000 {

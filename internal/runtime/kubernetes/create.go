@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -282,7 +283,8 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 	if disk == 0 {
 		disk = b.cfg.DiskBytes
 	}
-	if spec.Resources.MilliCPU > 0 || spec.Resources.MemoryBytes > 0 || disk > 0 {
+	r := spec.Resources
+	if r.MilliCPU > 0 || r.MemoryBytes > 0 || r.RequestMilliCPU > 0 || r.RequestMemoryBytes > 0 || disk > 0 {
 		res.Limits, res.Requests = corev1.ResourceList{}, corev1.ResourceList{}
 		if disk > 0 {
 			// A cap, not a reservation (the local backend's disk images are sparse too): an
@@ -291,12 +293,18 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 			res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(disk, resource.BinarySI)
 			res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
 		}
-		if m := spec.Resources.MilliCPU; m > 0 {
+		// Requests are what the scheduler places by; a limit without one is also the
+		// request (as Kubernetes itself defaults it).
+		if m := r.MilliCPU; m > 0 {
 			res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
+		}
+		if m := cmp.Or(r.RequestMilliCPU, r.MilliCPU); m > 0 {
 			res.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
 		}
-		if m := spec.Resources.MemoryBytes; m > 0 {
+		if m := r.MemoryBytes; m > 0 {
 			res.Limits[corev1.ResourceMemory] = *resource.NewQuantity(m, resource.BinarySI)
+		}
+		if m := cmp.Or(r.RequestMemoryBytes, r.MemoryBytes); m > 0 {
 			res.Requests[corev1.ResourceMemory] = *resource.NewQuantity(m, resource.BinarySI)
 		}
 	}

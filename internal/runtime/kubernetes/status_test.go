@@ -115,6 +115,24 @@ func TestPodFor(t *testing.T) {
 	}
 }
 
+// TestPodForRequests: the Pod asks the scheduler for the sandbox's requests and is held
+// to its limits; a limit alone is also the request.
+func TestPodForRequests(t *testing.T) {
+	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1"}}
+	spec := &runtime.Spec{ID: "abc", Image: "busybox", Resources: runtime.Resources{
+		RequestMilliCPU: 100, MilliCPU: 1000, RequestMemoryBytes: 128 << 20, MemoryBytes: 1 << 30}}
+	r := b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1].Resources
+	if r.Requests.Cpu().MilliValue() != 100 || r.Limits.Cpu().MilliValue() != 1000 ||
+		r.Requests.Memory().Value() != 128<<20 || r.Limits.Memory().Value() != 1<<30 {
+		t.Errorf("requests %v, limits %v; want 100m/128Mi requested, 1/1Gi limits", r.Requests, r.Limits)
+	}
+	spec.Resources = runtime.Resources{MilliCPU: 500}
+	r = b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1].Resources
+	if r.Requests.Cpu().MilliValue() != 500 {
+		t.Errorf("a lone limit's request %v, want the limit", r.Requests)
+	}
+}
+
 func TestPodForDiskLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name          string

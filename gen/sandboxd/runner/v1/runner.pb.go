@@ -1105,13 +1105,17 @@ func (x *File) GetMode() uint32 {
 }
 
 // Resources are hard limits; 0 is unlimited.
+// Resources are limits (milli_cpu, memory_bytes, pids; 0 = none) and requests (what the
+// runner admits a sandbox by; 0 = the limit).
 type Resources struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MilliCpu      int64                  `protobuf:"varint,1,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"`
-	MemoryBytes   int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	Pids          int64                  `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	MilliCpu           int64                  `protobuf:"varint,1,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"`
+	MemoryBytes        int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	Pids               int64                  `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	RequestMilliCpu    int64                  `protobuf:"varint,4,opt,name=request_milli_cpu,json=requestMilliCpu,proto3" json:"request_milli_cpu,omitempty"`
+	RequestMemoryBytes int64                  `protobuf:"varint,5,opt,name=request_memory_bytes,json=requestMemoryBytes,proto3" json:"request_memory_bytes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Resources) Reset() {
@@ -1161,6 +1165,20 @@ func (x *Resources) GetMemoryBytes() int64 {
 func (x *Resources) GetPids() int64 {
 	if x != nil {
 		return x.Pids
+	}
+	return 0
+}
+
+func (x *Resources) GetRequestMilliCpu() int64 {
+	if x != nil {
+		return x.RequestMilliCpu
+	}
+	return 0
+}
+
+func (x *Resources) GetRequestMemoryBytes() int64 {
+	if x != nil {
+		return x.RequestMemoryBytes
 	}
 	return 0
 }
@@ -1729,7 +1747,7 @@ type CapacityResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	MilliCpu        int64                  `protobuf:"varint,1,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"` // allocatable
 	MemoryBytes     int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	UsedMilliCpu    int64                  `protobuf:"varint,3,opt,name=used_milli_cpu,json=usedMilliCpu,proto3" json:"used_milli_cpu,omitempty"` // limits of live sandboxes
+	UsedMilliCpu    int64                  `protobuf:"varint,3,opt,name=used_milli_cpu,json=usedMilliCpu,proto3" json:"used_milli_cpu,omitempty"` // requests of live sandboxes
 	UsedMemoryBytes int64                  `protobuf:"varint,4,opt,name=used_memory_bytes,json=usedMemoryBytes,proto3" json:"used_memory_bytes,omitempty"`
 	Running         int32                  `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
 	ConnectedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"` // when the runner started serving
@@ -1750,9 +1768,13 @@ type CapacityResponse struct {
 	NoDnsEgress bool `protobuf:"varint,15,opt,name=no_dns_egress,json=noDnsEgress,proto3" json:"no_dns_egress,omitempty"`
 	// Its edge checks endpoint share tokens (Spec.share_token_hash) on SHARE_TOKEN
 	// endpoints; runners that do not say so get no sandbox with such an endpoint.
-	ShareTokens   bool `protobuf:"varint,16,opt,name=share_tokens,json=shareTokens,proto3" json:"share_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ShareTokens bool `protobuf:"varint,16,opt,name=share_tokens,json=shareTokens,proto3" json:"share_tokens,omitempty"`
+	// The CPU requests of live sandboxes may add up to this many times milli_cpu; 0 means 1.
+	CpuOvercommit float64 `protobuf:"fixed64,17,opt,name=cpu_overcommit,json=cpuOvercommit,proto3" json:"cpu_overcommit,omitempty"`
+	// The runner's default requests and limits for a sandbox that asks for none (pids unused).
+	DefaultResources *Resources `protobuf:"bytes,18,opt,name=default_resources,json=defaultResources,proto3" json:"default_resources,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -1897,6 +1919,20 @@ func (x *CapacityResponse) GetShareTokens() bool {
 	return false
 }
 
+func (x *CapacityResponse) GetCpuOvercommit() float64 {
+	if x != nil {
+		return x.CpuOvercommit
+	}
+	return 0
+}
+
+func (x *CapacityResponse) GetDefaultResources() *Resources {
+	if x != nil {
+		return x.DefaultResources
+	}
+	return nil
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
@@ -2008,11 +2044,13 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"_\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xbd\x01\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\x87\x05\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12*\n" +
+	"\x11request_milli_cpu\x18\x04 \x01(\x03R\x0frequestMilliCpu\x120\n" +
+	"\x14request_memory_bytes\x18\x05 \x01(\x03R\x12requestMemoryBytes\"\x87\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.sandboxd.runner.v1.SpecR\x04spec\x12/\n" +
@@ -2053,7 +2091,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"G\n" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x11\n" +
-	"\x0fCapacityRequest\"\xcd\x04\n" +
+	"\x0fCapacityRequest\"\xc0\x05\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -2072,7 +2110,9 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\tedge_port\x18\r \x01(\x05R\bedgePort\x12$\n" +
 	"\x0edata_plane_uri\x18\x0e \x01(\tR\fdataPlaneUri\x12\"\n" +
 	"\rno_dns_egress\x18\x0f \x01(\bR\vnoDnsEgress\x12!\n" +
-	"\fshare_tokens\x18\x10 \x01(\bR\vshareTokens*\xac\x01\n" +
+	"\fshare_tokens\x18\x10 \x01(\bR\vshareTokens\x12%\n" +
+	"\x0ecpu_overcommit\x18\x11 \x01(\x01R\rcpuOvercommit\x12J\n" +
+	"\x11default_resources\x18\x12 \x01(\v2\x1d.sandboxd.runner.v1.ResourcesR\x10defaultResources*\xac\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -2169,21 +2209,22 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	30, // 29: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
 	14, // 30: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	29, // 31: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	15, // 32: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	17, // 33: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	19, // 34: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	21, // 35: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	23, // 36: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	16, // 37: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	18, // 38: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	20, // 39: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	22, // 40: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	24, // 41: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	37, // [37:42] is the sub-list for method output_type
-	32, // [32:37] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	13, // 32: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	15, // 33: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	17, // 34: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	19, // 35: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	21, // 36: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	23, // 37: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	16, // 38: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	18, // 39: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	20, // 40: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	22, // 41: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	24, // 42: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	38, // [38:43] is the sub-list for method output_type
+	33, // [33:38] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math"
+
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/gateway/placement"
+	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// capacityFlags are what a runner offers and how it admits sandboxes, shared by the
+// runner and dev commands.
+type capacityFlags struct {
+	cpu, memory  string
+	maxSandboxes int
+	overcommit   float64
+	// The default requests and limits of a sandbox that asks for none.
+	cpuRequest, memoryRequest, cpuLimit, memoryLimit string
+
+	// What parse made of them.
+	milliCPU, memoryBytes int64
+	defaults              runtime.Resources
+}
+
+func (c *capacityFlags) register(fs *flag.FlagSet) {
+	d := gateway.DefaultResources
+	fs.StringVar(&c.cpu, "cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
+	fs.StringVar(&c.memory, "memory", "", "memory offered to sandboxes, e.g. 8Gi (default: the host's memory)")
+	fs.IntVar(&c.maxSandboxes, "max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
+	fs.Float64Var(&c.overcommit, "cpu-overcommit", gateway.DefaultCPUOvercommit, "sandboxes are admitted by their requests: their CPU requests may add up to this many times --cpu (memory is never overcommitted; 1: none)")
+	fs.StringVar(&c.cpuRequest, "default-cpu-request", quantity.FormatCPU(d.RequestMilliCPU), "CPU request of a sandbox that asks for none (what it is admitted by); a policy's base.resources wins")
+	fs.StringVar(&c.memoryRequest, "default-memory-request", quantity.FormatMemory(d.RequestMemoryBytes), "memory request of a sandbox that asks for none; a policy's base.resources wins")
+	fs.StringVar(&c.cpuLimit, "default-cpu-limit", quantity.FormatCPU(d.MilliCPU), "CPU limit of a sandbox that sets none (never below its request); a policy's base.resources wins")
+	fs.StringVar(&c.memoryLimit, "default-memory-limit", quantity.FormatMemory(d.MemoryBytes), "memory limit of a sandbox that sets none (never below its request); a policy's base.resources wins")
+}
+
+// parse checks the flags (before anything starts).
+func (c *capacityFlags) parse() error {
+	var err error
+	positive := func(name, v string, parse func(string) (int64, error), example string) int64 {
+		n, perr := parse(v)
+		if err == nil && (perr != nil || n <= 0) {
+			err = fmt.Errorf("--%s %q: want a positive quantity such as %s", name, v, example)
+		}
+		return n
+	}
+	if c.cpu != "" {
+		c.milliCPU = positive("cpu", c.cpu, quantity.ParseCPU, "4 or 500m")
+	}
+	if c.memory != "" {
+		c.memoryBytes = positive("memory", c.memory, quantity.ParseMemory, "8Gi")
+	}
+	d := runtime.Resources{
+		RequestMilliCPU:    positive("default-cpu-request", c.cpuRequest, quantity.ParseCPU, "100m"),
+		RequestMemoryBytes: positive("default-memory-request", c.memoryRequest, quantity.ParseMemory, "128Mi"),
+		MilliCPU:           positive("default-cpu-limit", c.cpuLimit, quantity.ParseCPU, "1"),
+		MemoryBytes:        positive("default-memory-limit", c.memoryLimit, quantity.ParseMemory, "1Gi"),
+	}
+	switch {
+	case err != nil:
+		return err
+	case c.maxSandboxes < 1:
+		return fmt.Errorf("--max-sandboxes %d: want at least 1", c.maxSandboxes)
+	case math.IsNaN(c.overcommit) || c.overcommit < 1 || c.overcommit > placement.MaxCPUOvercommit:
+		return fmt.Errorf("--cpu-overcommit %v: want a factor from 1 (none) to %d", c.overcommit, placement.MaxCPUOvercommit)
+	case d.RequestMilliCPU > d.MilliCPU:
+		return fmt.Errorf("--default-cpu-request %s is above --default-cpu-limit %s", c.cpuRequest, c.cpuLimit)
+	case d.RequestMemoryBytes > d.MemoryBytes:
+		return fmt.Errorf("--default-memory-request %s is above --default-memory-limit %s", c.memoryRequest, c.memoryLimit)
+	}
+	c.defaults = d
+	return nil
+}
+
+// apply configures l with the parsed flags.
+func (c *capacityFlags) apply(l *gateway.LocalRunner) {
+	l.MilliCPU, l.MemoryBytes, l.MaxSandboxes = c.milliCPU, c.memoryBytes, c.maxSandboxes
+	l.CPUOvercommit, l.Defaults = c.overcommit, c.defaults
+}

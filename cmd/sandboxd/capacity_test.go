@@ -1,0 +1,55 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// TestCapacityFlags: the defaults are the documented ones, flags reach the runner, and
+// inconsistent values are refused naming the flag.
+func TestCapacityFlags(t *testing.T) {
+	parse := func(args ...string) (*gateway.LocalRunner, error) {
+		var c capacityFlags
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		c.register(fs)
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if err := c.parse(); err != nil {
+			return nil, err
+		}
+		var l gateway.LocalRunner
+		c.apply(&l)
+		return &l, nil
+	}
+	l, err := parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Defaults != gateway.DefaultResources || l.CPUOvercommit != gateway.DefaultCPUOvercommit || l.MaxSandboxes != gateway.DefaultMaxSandboxes || l.MilliCPU != 0 {
+		t.Errorf("defaults: %+v", l)
+	}
+	l, err = parse("--cpu", "2", "--cpu-overcommit", "1.5", "--default-cpu-request", "250m", "--default-memory-limit", "2Gi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := runtime.Resources{RequestMilliCPU: 250, RequestMemoryBytes: 128 << 20, MilliCPU: 1000, MemoryBytes: 2 << 30}
+	if l.MilliCPU != 2000 || l.CPUOvercommit != 1.5 || l.Defaults != want {
+		t.Errorf("set: %+v", l)
+	}
+	for _, bad := range [][]string{
+		{"--cpu-overcommit", "0.5"},
+		{"--default-cpu-request", "2", "--default-cpu-limit", "1"},
+		{"--default-memory-limit", "0"},
+		{"--default-memory-request", "lots"},
+		{"--max-sandboxes", "0"},
+	} {
+		if _, err := parse(bad...); err == nil || !strings.Contains(err.Error(), bad[0]) && !strings.Contains(err.Error(), bad[len(bad)-2]) {
+			t.Errorf("%v: %v, want a refusal naming the flag", bad, err)
+		}
+	}
+}
