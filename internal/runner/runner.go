@@ -875,6 +875,15 @@ func (r *Runner) recover(ctx context.Context) error {
 			continue
 		}
 		created, _ := time.Parse(time.RFC3339Nano, rec.Spec.Meta[metaCreatedAt])
+		if created.IsZero() {
+			// No record of its creation (a spec written before it was kept): its lifetime
+			// counts from its start, or from now, never from the zero time (which would
+			// end it at once).
+			created = rec.Info.StartedAt
+			if created.IsZero() {
+				created = time.Now()
+			}
+		}
 		lifetime, _ := time.ParseDuration(rec.Spec.Meta[metaLifetime])
 		if lifetime <= 0 {
 			lifetime = DefaultLifetime

@@ -167,7 +167,7 @@ func Place(req Request) ([]Candidate, error) {
 		full     []string           // "r1: needs …, free …"
 		rejected []apierr.Violation // prefixed
 		single   policy.Result      // the one rejection when one runner is considered
-		// shareOnly: every policy rejection is only a runner that cannot check share tokens.
+		// shareOnly: every rejection is only a runner that cannot check share tokens.
 		shareOnly = true
 		resolved  = map[resolution]policy.Result{}
 	)
@@ -201,6 +201,7 @@ func Place(req Request) ([]Candidate, error) {
 		}
 		c := Candidate{Index: i, RunnerID: r.ID, Result: res, Need: Need(res.Spec, req.Default), room: r.Room}
 		if never := r.Never(c.Need); len(never) > 0 {
+			shareOnly = false
 			for _, sf := range never {
 				rejected = append(rejected, sf.Violation(r.ID, RequestField(res.Spec, sf.Quantity)))
 			}
