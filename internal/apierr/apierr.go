@@ -42,6 +42,8 @@ const (
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// ServerBusy: the server buffers as many request bytes as it may (RESOURCE_EXHAUSTED).
 	ServerBusy = "CWSANDBOX_SERVER_BUSY"
+	// RouteNotFound: no REST route has the request's path (NOT_FOUND, HTTP 404).
+	RouteNotFound = "CWSANDBOX_ROUTE_NOT_FOUND"
 )
 
 // Violation names a request field and what is wrong with it.
