@@ -441,6 +441,18 @@ func TestRESTQueryAndRoutes(t *testing.T) {
 	if r := rest(t, base, key, "PUT", "/v1/sandboxes", "{}"); r.header.Get("Allow") != "GET, POST" {
 		t.Errorf("405 Allow: %q, want GET, POST", r.header.Get("Allow"))
 	}
+	// A body of unknown length (chunked) on a route without one: refused when it comes.
+	req, _ := http.NewRequestWithContext(t.Context(), "DELETE", base+"/v1/sandboxes/abc", io.MultiReader(strings.NewReader(`{"gracePeriodSeconds":1}`)))
+	req.Header.Set("Authorization", "Bearer "+key)
+	if res, err := http.DefaultClient.Do(req); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 400 || !strings.Contains(string(b), apierr.InvalidRequest) {
+			t.Errorf("chunked body on DELETE: %d %s, want 400 %s", res.StatusCode, b, apierr.InvalidRequest)
+		}
+	}
 	// Authentication comes first: no key, no route lookup.
 	if r := rest(t, base, "", "GET", "/v1/nothing?nope=1", ""); r.code != 401 || r.reason() != apierr.Unauthenticated {
 		t.Errorf("without a key: %d %s, want 401", r.code, r.body)

@@ -146,7 +146,7 @@ func (w *fieldWalker) message(md protoreflect.MessageDescriptor, prefix string) 
 		}
 		if fd == nil {
 			if len(w.vs) < maxUnknownFields {
-				w.vs = append(w.vs, apierr.Violation{Field: prefix + key, Description: unknownField(md, key)})
+				w.vs = append(w.vs, apierr.Violation{Field: prefix + clip(key), Description: unknownField(md, key)})
 			}
 			w.skip()
 			continue
@@ -166,7 +166,7 @@ func (w *fieldWalker) field(fd protoreflect.FieldDescriptor, path string) {
 		}
 		for w.err == nil && w.dec.More() {
 			key, _ := w.token().(string)
-			w.message(fd.MapValue().Message(), fmt.Sprintf("%s[%q].", path, key))
+			w.message(fd.MapValue().Message(), fmt.Sprintf("%s[%q].", path, clip(key)))
 		}
 		w.token()
 	case fd.IsList() && fd.Message() != nil:
@@ -201,6 +201,15 @@ func (w *fieldWalker) skipRest(t json.Token) {
 			depth--
 		}
 	}
+}
+
+// clip shortens a name or path the caller sent to what an error may echo.
+func clip(s string) string {
+	const limit = 128
+	if len(s) <= limit {
+		return s
+	}
+	return strings.ToValidUTF8(s[:limit], "") + "…"
 }
 
 // unknownField describes key, an unknown field of md, with the field it may have meant.

@@ -117,7 +117,7 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := auth.WithVerified(r.Context(), p)
-	var refuseBody error
+	var noBody *Route
 	if isREST(r) && len(f.routes) > 0 {
 		rt, vars, err := routeREST(f.routes, r)
 		if err != nil {
@@ -128,14 +128,14 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ctx = contextWithVars(ctx, vars)
 		}
 		if rt.body == "" {
-			refuseBody = errNoBody(rt) // a body of unknown length: refused at its first byte
+			noBody = rt // a body of unknown length is refused at its first byte
 		}
 		w = jsonErrors{w}
 	} else if !isREST(r) {
 		assumeConnect(r)
 	}
 	if r.Body != nil && r.Body != http.NoBody {
-		b := &budgeted{f: f, rc: r.Body, enveloped: enveloped(r.Header.Get("Content-Type")), refuse: refuseBody}
+		b := &budgeted{f: f, rc: r.Body, enveloped: enveloped(r.Header.Get("Content-Type")), noBody: noBody}
 		if n := r.ContentLength; n > 0 && !b.enveloped {
 			// A body of known size reserves it all now (up to one message: the handler
 			// refuses more), or is refused before it is read.
@@ -284,8 +284,8 @@ type budgeted struct {
 	err       error
 	// done clears the body's read deadline, once (finish).
 	done func()
-	// refuse, when set, is the error of any byte of a raw body (a REST route without one).
-	refuse error
+	// noBody, when set, is the REST route (without a body) any byte of this body violates.
+	noBody *Route
 }
 
 func (b *budgeted) finish() {
@@ -337,8 +337,8 @@ func (b *budgeted) Read(p []byte) (int, error) {
 
 func (b *budgeted) account(p []byte) error {
 	if !b.enveloped {
-		if b.refuse != nil && len(p) > 0 {
-			return b.refuse
+		if b.noBody != nil && len(p) > 0 {
+			return errNoBody(b.noBody)
 		}
 		b.read += int64(len(p))
 		if b.read > b.held && !b.acquire(b.read-b.held) {

@@ -386,6 +386,12 @@ func TestUnknownFieldPaths(t *testing.T) {
 			t.Errorf("%s: %v, violations %q, want %q", tc.body, err, got, tc.want)
 		}
 	}
+	// A caller's key is echoed clipped, however long.
+	long := strings.Repeat("k", 1<<20)
+	err := c.Unmarshal([]byte(`{"`+long+`":1}`), &sandboxv1.PurgeSandboxesRequest{})
+	if vs := apierr.Violations(err); len(vs) != 1 || len(vs[0].Field) > 200 || len(err.Error()) > 1000 {
+		t.Errorf("a 1 MiB key is echoed at length %d (%d violations)", len(err.Error()), len(vs))
+	}
 }
 
 // TestRESTErrorsCarryErrorInfo: an INVALID_ARGUMENT the transcoder writes itself (a query

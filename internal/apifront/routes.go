@@ -189,10 +189,10 @@ func noRoute(routes []Route, r *http.Request) error {
 	if len(allow) == 0 {
 		return errNoRoute(r)
 	}
-	a := strings.Join(allow, ", ")
+	a, path := strings.Join(allow, ", "), clip(r.URL.Path)
 	return restStatus{http.StatusMethodNotAllowed, a, apierr.New(connect.CodeUnimplemented, apierr.NotImplemented,
-		fmt.Sprintf("%s does not take %s; it takes %s", r.URL.Path, r.Method, a),
-		map[string]string{"method": r.Method, "path": r.URL.Path, "allow": a})}
+		fmt.Sprintf("%s does not take %s; it takes %s", path, clip(r.Method), a),
+		map[string]string{"method": clip(r.Method), "path": path, "allow": a})}
 }
 
 func errNoBody(rt *Route) error {
@@ -218,15 +218,23 @@ func (e restStatus) Unwrap() error { return e.err }
 // Parameters are the request's fields only: system parameters of other APIs ($alt, alt,
 // fields, $callback, …) are refused as well, since this server answers only JSON and
 // whole messages, and ignoring one would answer something else than asked.
+// At most maxUnknownFields are named.
 func unknownParams(rt *Route, q url.Values) []apierr.Violation {
-	var vs []apierr.Violation
+	var unknown []string
 	for name := range q {
 		if !isFieldPath(rt.input, name) {
-			vs = append(vs, apierr.Violation{Field: name, Description: fmt.Sprintf(
-				"is not a query parameter of %s %s; it takes %s", rt.Method, rt.Template, paramNames(rt))})
+			unknown = append(unknown, name)
 		}
 	}
-	slices.SortFunc(vs, func(a, b apierr.Violation) int { return strings.Compare(a.Field, b.Field) })
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	desc := fmt.Sprintf("is not a query parameter of %s %s; it takes %s", rt.Method, rt.Template, paramNames(rt))
+	vs := make([]apierr.Violation, 0, min(len(unknown), maxUnknownFields))
+	for _, name := range unknown[:min(len(unknown), maxUnknownFields)] {
+		vs = append(vs, apierr.Violation{Field: clip(name), Description: desc})
+	}
 	return vs
 }
 

@@ -17,8 +17,9 @@ import (
 // Never a bare 404 that clients cannot parse.
 func Unknown(w http.ResponseWriter, r *http.Request) {
 	if isRPC(r) {
+		path := clip(r.URL.Path)
 		_ = errWriter.Write(w, r, apierr.New(connect.CodeUnimplemented, apierr.NotImplemented,
-			"this server has no procedure "+r.URL.Path, map[string]string{"procedure": r.URL.Path}))
+			"this server has no procedure "+path, map[string]string{"procedure": path}))
 		return
 	}
 	WriteRESTError(w, errNoRoute(r))
@@ -26,9 +27,10 @@ func Unknown(w http.ResponseWriter, r *http.Request) {
 
 // errNoRoute: no REST route has r's path.
 func errNoRoute(r *http.Request) error {
+	path := clip(r.URL.Path)
 	return apierr.New(connect.CodeNotFound, apierr.RouteNotFound,
-		fmt.Sprintf("no route %s %s: GET /openapi.json lists the REST routes", r.Method, r.URL.Path),
-		map[string]string{"method": r.Method, "path": r.URL.Path})
+		fmt.Sprintf("no route %s %s: GET /openapi.json lists the REST routes", clip(r.Method), path),
+		map[string]string{"method": clip(r.Method), "path": path})
 }
 
 var errWriter = connect.NewErrorWriter()
