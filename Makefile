@@ -24,7 +24,8 @@ agent:
 runner-image:
 	bash scripts/build-runner-image.sh $(or $(ARGS),-out $(BIN)/image)
 
-# Regenerates gen/ from api/ with tools pinned in tools/go.mod (Go module proxy only).
+# Regenerates gen/ and the OpenAPI document (internal/openapi) from api/ with tools pinned in
+# tools/go.mod (Go module proxy only).
 generate:
 	rm -rf gen
 	$(TOOL) buf generate

@@ -32,6 +32,7 @@ require (
 )
 
 require (
+	connectrpc.com/grpcreflect v1.3.1 // indirect
 	github.com/caddyserver/zerossl v0.1.6 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.11.0 // indirect

@@ -11,42 +11,85 @@ import (
 	"path/filepath"
 	"time"
 
+	"connectrpc.com/grpcreflect"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
-	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/openapi"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// newAPIServer serves handler behind the API front (the key is checked from the headers
-// before any body is read; request bodies in flight are capped) over HTTP/1.1 and HTTP/2
-// cleartext (h2c), as the official client's plaintext channel needs. Headers must arrive
-// within ReadHeaderTimeout, an authenticated unary body within
-// apifront.DefaultBodyReadTimeout; an unauthenticated body is never read.
+// apiServices are the services of the API port: the gateway's and the control plane's
+// admin services. Its REST routes, reflection and OpenAPI document are theirs.
+func apiServices() []protoreflect.ServiceDescriptor {
+	return append(gateway.Services(), controlplane.AdminServices()...)
+}
+
+// newAPIServer serves handler (which serves apiServices) behind the API front (the key is
+// checked from the headers before any body is read; request bodies in flight are capped)
+// over HTTP/1.1 and HTTP/2 cleartext (h2c), as the official client's plaintext channel
+// needs, with gRPC server reflection and, without a key, the OpenAPI document at
+// openapi.Path. Headers must arrive within ReadHeaderTimeout, an authenticated unary body
+// within apifront.DefaultBodyReadTimeout; an unauthenticated body is never read.
 func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logger) *http.Server {
-	var svcs []protoreflect.ServiceDescriptor
-	for _, f := range []protoreflect.FileDescriptor{sandboxv1.File_coreweave_sandbox_v1_sandbox_proto,
-		sandboxv1.File_coreweave_sandbox_v1_discovery_proto, controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto} {
-		for i := range f.Services().Len() {
-			svcs = append(svcs, f.Services().Get(i))
-		}
-	}
+	svcs := apiServices()
 	routes, err := apifront.Routes(svcs...)
 	if err != nil {
 		// The annotations are compiled in: a programming error.
 		panic(err)
 	}
-	front := apifront.New(handler, apifront.Config{Auth: keys, Public: []string{"GET /readyz"},
+	mux := http.NewServeMux()
+	mux.Handle("/", handler)
+	mux.Handle("GET "+openapi.Path, openapi.Handler())
+	reflector := newReflector(svcs)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	front := apifront.New(mux, apifront.Config{Auth: keys, Public: []string{"GET /readyz", "GET " + openapi.Path, "HEAD " + openapi.Path},
 		MaxMessageBytes: gateway.MaxMessageBytes, Routes: routes, ClientStreaming: apifront.ClientStreaming(svcs...), Logger: log})
 	srv := &http.Server{Handler: front, ReadHeaderTimeout: apiReadHeaderTimeout, Protocols: new(http.Protocols),
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	return srv
+}
+
+// newReflector is gRPC server reflection of svcs, and only of them: it lists these
+// services and describes the files they are defined in and import, not the other protos
+// compiled into sandboxd (runner.v1, agent.v1 and SandboxDataPlaneService, served on
+// other ports), which callers of this port cannot call. Reflection works by whole files,
+// so the control plane's RunnerRegistrationService (its own mTLS port), in the file of
+// the admin services, is described but not listed.
+// Like every call on the port it needs an API key (a reflection call is a stream whose
+// body would otherwise be read unauthenticated); the descriptors are those of api/.
+func newReflector(svcs []protoreflect.ServiceDescriptor) *grpcreflect.Reflector {
+	files, types := new(protoregistry.Files), new(protoregistry.Types)
+	var add func(fd protoreflect.FileDescriptor)
+	add = func(fd protoreflect.FileDescriptor) {
+		if _, err := files.FindFileByPath(fd.Path()); err == nil {
+			return
+		}
+		_ = files.RegisterFile(fd)
+		for i := range fd.Extensions().Len() {
+			if xt, err := protoregistry.GlobalTypes.FindExtensionByName(fd.Extensions().Get(i).FullName()); err == nil {
+				_ = types.RegisterExtension(xt)
+			}
+		}
+		for i := range fd.Imports().Len() {
+			add(fd.Imports().Get(i).FileDescriptor)
+		}
+	}
+	names := make([]string, len(svcs))
+	for i, sd := range svcs {
+		names[i] = string(sd.FullName())
+		add(sd.ParentFile())
+	}
+	return grpcreflect.NewReflector(grpcreflect.NamerFunc(func() []string { return names }),
+		grpcreflect.WithDescriptorResolver(files), grpcreflect.WithExtensionResolver(types))
 }
 
 // apiReadHeaderTimeout bounds the time a client may take to send a request's headers.

@@ -45,6 +45,8 @@ const (
 	HTTPSShareTokenNotSupported = "CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED"
 	// ServerBusy: the server buffers as many request bytes as it may (RESOURCE_EXHAUSTED).
 	ServerBusy = "CWSANDBOX_SERVER_BUSY"
+	// RouteNotFound: no REST route has the request's path (NOT_FOUND, HTTP 404).
+	RouteNotFound = "CWSANDBOX_ROUTE_NOT_FOUND"
 )
 
 // Violation names a request field and what is wrong with it.

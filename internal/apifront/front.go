@@ -2,8 +2,9 @@
 // and REST/JSON on one port). Before any byte of a request body is read it authenticates
 // the API key from the headers and answers UNAUTHENTICATED at once otherwise; it caps the
 // memory that request bodies being buffered may take together (RESOURCE_EXHAUSTED when
-// full); and it records the path variables of REST routes so that PathVars can refuse a
-// query parameter or body field that contradicts them.
+// full); it refuses REST requests no route takes or whose query names no field, and
+// records the path variables of REST routes so that PathVars can refuse a query parameter
+// or body field that contradicts them.
 package apifront
 
 import (
@@ -42,7 +43,10 @@ type Config struct {
 	// MaxMessageBytes of it (default: all of it).
 	MaxBodyBytesInFlight int64
 	MaxMessageBytes      int64
-	// Routes are the REST routes whose path variables must not be overridden (Routes()).
+	// Routes are the REST routes served (Routes()). A REST request (under /v1/) that none
+	// takes, or with a query parameter that names no field of its request, or with a body
+	// where its route takes none, is refused here, as AIP-193 JSON; the path variables
+	// of the others must not be overridden (PathVars). Empty: REST requests go on unchecked.
 	Routes []Route
 	// BodyReadTimeout bounds the time an authenticated client may take to send a request
 	// body (default DefaultBodyReadTimeout; < 0: unbounded), except on the paths of
@@ -65,7 +69,6 @@ type Front struct {
 	// bodyTimeout: see Config.BodyReadTimeout; streaming the paths exempt from it.
 	bodyTimeout time.Duration
 	streaming   map[string]bool
-	errs        *connect.ErrorWriter
 	log         *slog.Logger
 }
 
@@ -84,7 +87,7 @@ func New(next http.Handler, cfg Config) *Front {
 		cfg.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	f := &Front{next: next, auth: cfg.Auth, public: map[string]bool{}, budget: semaphore.NewWeighted(cfg.MaxBodyBytesInFlight),
-		max: cfg.MaxBodyBytesInFlight, maxMsg: cfg.MaxMessageBytes, routes: sortRoutes(cfg.Routes), errs: connect.NewErrorWriter(), log: cfg.Logger}
+		max: cfg.MaxBodyBytesInFlight, maxMsg: cfg.MaxMessageBytes, routes: sortRoutes(cfg.Routes), log: cfg.Logger}
 	for _, p := range cfg.Public {
 		f.public[p] = true
 	}
@@ -114,13 +117,25 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := auth.WithVerified(r.Context(), p)
-	if isREST(r) {
-		if vars := matchVars(f.routes, r); len(vars) > 0 {
+	var noBody *Route
+	if isREST(r) && len(f.routes) > 0 {
+		rt, vars, err := routeREST(f.routes, r)
+		if err != nil {
+			f.refuse(w, r, err)
+			return
+		}
+		if len(vars) > 0 {
 			ctx = contextWithVars(ctx, vars)
 		}
+		if rt.body == "" {
+			noBody = rt // a body of unknown length is refused at its first byte
+		}
+		w = jsonErrors{w}
+	} else if !isREST(r) {
+		assumeConnect(r)
 	}
 	if r.Body != nil && r.Body != http.NoBody {
-		b := &budgeted{f: f, rc: r.Body, enveloped: enveloped(r.Header.Get("Content-Type"))}
+		b := &budgeted{f: f, rc: r.Body, enveloped: enveloped(r.Header.Get("Content-Type")), noBody: noBody}
 		if n := r.ContentLength; n > 0 && !b.enveloped {
 			// A body of known size reserves it all now (up to one message: the handler
 			// refuses more), or is refused before it is read.
@@ -150,15 +165,44 @@ func (f *Front) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody {
 		w.Header().Set("Connection", "close")
 	}
-	if !isREST(r) && f.errs.IsSupported(r) {
-		_ = f.errs.Write(w, r, err)
+	if isRPC(r) {
+		_ = errWriter.Write(w, r, err)
 		return
 	}
 	WriteRESTError(w, err)
 }
 
+// jsonErrors labels a REST error answer JSON, which its body always is (google.rpc.Status):
+// the transcoder leaves some of its own refusals (a query value of the wrong type) with
+// the content type of the protocol it speaks to the handler, application/proto.
+type jsonErrors struct{ http.ResponseWriter }
+
+func (w jsonErrors) WriteHeader(code int) {
+	if code >= http.StatusBadRequest {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController and the transcoder reach the flusher beneath.
+func (w jsonErrors) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // isREST: RPC paths are /package.Service/Method, REST ones start with /v1/.
 func isREST(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") }
+
+// assumeConnect marks a unary POST to an RPC path in JSON or binary protobuf as Connect.
+// The Connect protocol lets a client leave out Connect-Protocol-Version (connect-go servers
+// do not require it, and curl users do not send it), but the transcoder takes such a call
+// for REST, finds no route and answers a bare 404. No REST route lies outside /v1/.
+func assumeConnect(r *http.Request) {
+	if r.Method != http.MethodPost || r.Header.Get("Connect-Protocol-Version") != "" {
+		return
+	}
+	ct, _, _ := strings.Cut(strings.ToLower(r.Header.Get("Content-Type")), ";")
+	if ct = strings.TrimSpace(ct); ct == "application/json" || ct == "application/proto" {
+		r.Header.Set("Connect-Protocol-Version", "1")
+	}
+}
 
 // enveloped: gRPC, gRPC-Web and Connect streaming bodies are a sequence of
 // length-prefixed messages.
@@ -174,6 +218,12 @@ func WriteRESTError(w http.ResponseWriter, err error) {
 	if !errors.As(err, &ce) {
 		ce = connect.NewError(connect.CodeUnknown, err)
 	}
+	code := HTTPStatus(ce.Code())
+	var rs restStatus
+	if errors.As(err, &rs) {
+		code = rs.status
+		w.Header().Set("Allow", rs.allow)
+	}
 	st := &status.Status{Code: int32(ce.Code()), Message: ce.Message()} //nolint:gosec // codes are small
 	for _, d := range ce.Details() {
 		st.Details = append(st.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
@@ -183,7 +233,7 @@ func WriteRESTError(w http.ResponseWriter, err error) {
 		b = []byte(`{"code":13,"message":"cannot encode the error"}`)
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(HTTPStatus(ce.Code()))
+	w.WriteHeader(code)
 	_, _ = w.Write(b)
 }
 
@@ -234,6 +284,8 @@ type budgeted struct {
 	err       error
 	// done clears the body's read deadline, once (finish).
 	done func()
+	// noBody, when set, is the REST route (without a body) any byte of this body violates.
+	noBody *Route
 }
 
 func (b *budgeted) finish() {
@@ -285,6 +337,9 @@ func (b *budgeted) Read(p []byte) (int, error) {
 
 func (b *budgeted) account(p []byte) error {
 	if !b.enveloped {
+		if b.noBody != nil && len(p) > 0 {
+			return errNoBody(b.noBody)
+		}
 		b.read += int64(len(p))
 		if b.read > b.held && !b.acquire(b.read-b.held) {
 			return errBusy()

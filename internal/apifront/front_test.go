@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -191,8 +193,8 @@ func TestPathVars(t *testing.T) {
 		{"GET", "/v1/sandboxes", nil},
 	} {
 		req := httptest.NewRequest(tc.method, tc.path, nil)
-		got := matchVars(routes, req)
-		if len(got) != len(tc.want) || got["sandbox_id"] != tc.want["sandbox_id"] {
+		rt, got := match(routes, tc.method, req)
+		if rt == nil || len(got) != len(tc.want) || got["sandbox_id"] != tc.want["sandbox_id"] {
 			t.Errorf("%s %s: vars %v, want %v", tc.method, tc.path, got, tc.want)
 		}
 	}
@@ -352,5 +354,62 @@ func TestBodyDeadlineOverH2C(t *testing.T) {
 	start := time.Now()
 	if code, _ := post(pr); code != http.StatusRequestTimeout || time.Since(start) > 3*timeout {
 		t.Errorf("stalled body: %d after %v, want cut off after about %v", code, time.Since(start), timeout)
+	}
+}
+
+// TestUnknownFieldPaths: every unknown field of a JSON body is named by its path (proto
+// names, list indexes, map keys), in messages, lists and maps of messages; the free-form
+// keys of maps of scalars and of well-known types (Struct) are not fields.
+func TestUnknownFieldPaths(t *testing.T) {
+	c := strictJSON{vanguard.NewJSONCodec(protoregistry.GlobalTypes)}
+	c.UnmarshalOptions.DiscardUnknown = false
+	for _, tc := range []struct {
+		msg  proto.Message
+		body string
+		want []string
+	}{
+		{&sandboxv1.CreateSandboxRequest{}, `{"sandbox":{"spec":{"annotations":{"anything":"x"},"tags":["a"],"maxLifetimeSecnds":1}}}`,
+			[]string{"sandbox.spec.maxLifetimeSecnds"}},
+		{&sandboxv1.CreateSandboxRequest{}, `{"sandbox":{"spec":{"containers":[{"image":"a"},{"image":"b","resources":{"limits":{"cpu":"1"}}}]}},"x":[{}]}`,
+			[]string{"sandbox.spec.containers[1].resources.limits", "x"}},
+		{&sandboxv1.CreateSandboxFromFileRequest{}, `{"build_context_objects":{"web":{"nope":1}},"imageOverrides":{"x":"y"}}`,
+			[]string{`build_context_objects["web"].nope`}},
+		{&sandboxv1.CreateSandboxTemplateRequest{}, `{"sandboxTemplate":{"attachments":{"free":{"form":[1]}},"spec":null,"displayName":"x","extra":[{"a":{}}]}}`,
+			[]string{"sandbox_template.extra"}},
+	} {
+		err := c.Unmarshal([]byte(tc.body), tc.msg)
+		var got []string
+		for _, v := range apierr.Violations(err) {
+			got = append(got, v.Field)
+		}
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, violations %q, want %q", tc.body, err, got, tc.want)
+		}
+	}
+	// A caller's key is echoed clipped, however long.
+	long := strings.Repeat("k", 1<<20)
+	err := c.Unmarshal([]byte(`{"`+long+`":1}`), &sandboxv1.PurgeSandboxesRequest{})
+	if vs := apierr.Violations(err); len(vs) != 1 || len(vs[0].Field) > 200 || len(err.Error()) > 1000 {
+		t.Errorf("a 1 MiB key is echoed at length %d (%d violations)", len(err.Error()), len(vs))
+	}
+}
+
+// TestRESTErrorsCarryErrorInfo: an INVALID_ARGUMENT the transcoder writes itself (a query
+// value of the wrong type) gets the ErrorInfo every error of the API has.
+func TestRESTErrorsCarryErrorInfo(t *testing.T) {
+	c := strictJSON{vanguard.NewJSONCodec(protoregistry.GlobalTypes)}
+	b, err := c.MarshalAppend(nil, &status.Status{Code: int32(connect.CodeInvalidArgument), Message: `invalid parameter "page_size"`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), apierr.InvalidRequest) || !strings.Contains(string(b), apierr.Domain) {
+		t.Errorf("no ErrorInfo: %s", b)
+	}
+	// One of ours already has it: left alone.
+	st := &status.Status{Code: int32(connect.CodeInvalidArgument)}
+	info, _ := anypb.New(&errdetails.ErrorInfo{Reason: apierr.PlacementRejected, Domain: apierr.Domain})
+	st.Details = append(st.Details, info)
+	if b, _ := c.MarshalAppend(nil, st); strings.Count(string(b), apierr.Domain) != 1 || !strings.Contains(string(b), apierr.PlacementRejected) {
+		t.Errorf("ErrorInfo changed: %s", b)
 	}
 }

@@ -17,7 +17,9 @@ import (
 
 	"connectrpc.com/connect"
 	"connectrpc.com/vanguard"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -148,17 +150,23 @@ func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
 	}
 }
 
+// AdminServices are the services Handler serves.
+func AdminServices() []protoreflect.ServiceDescriptor {
+	f := controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto
+	return []protoreflect.ServiceDescriptor{f.Services().ByName("RunnerManagementService"), f.Services().ByName("ApiKeyService")}
+}
+
 // Handler serves both services over gRPC, gRPC-Web, Connect and REST/JSON (by their
 // google.api.http annotations), requiring an admin key on every call.
 func (s *Service) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(auth.Interceptor{Auth: s.auth, Require: auth.RoleAdmin}, apifront.PathVars{}, apifront.Enums{}),
+		connect.WithInterceptors(auth.Interceptor{Auth: s.auth, Require: auth.RoleAdmin}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
 		connect.WithReadMaxBytes(4 << 20),
 	}
 	t, err := vanguard.NewTranscoder([]*vanguard.Service{
 		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
-	}, apifront.StrictJSON()...)
+	}, apifront.TranscoderOptions()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.
 		panic(fmt.Sprintf("controlplane: REST transcoding: %v", err))

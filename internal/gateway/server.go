@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 	"connectrpc.com/vanguard"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
@@ -73,10 +74,18 @@ type Config struct {
 	Logger        *slog.Logger
 }
 
-// Server implements SandboxService and DiscoveryService.
+// Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
+// does not build yet are the embedded generated stubs, which answer UNIMPLEMENTED (with
+// reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of
+// SandboxTemplateService, VolumeService and SettingsService, and SandboxService's
+// CreateSandboxFromTemplate, CreateSandboxFromFile, GetSandboxBuildLogs and file-system
+// snapshot RPCs. Building one is defining its method on Server.
 type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
 	sandboxv1connect.UnimplementedDiscoveryServiceHandler
+	sandboxv1connect.UnimplementedSandboxTemplateServiceHandler
+	sandboxv1connect.UnimplementedVolumeServiceHandler
+	sandboxv1connect.UnimplementedSettingsServiceHandler
 
 	auth     Authenticator
 	runners  []Runner
@@ -139,11 +148,22 @@ func New(cfg Config) (*Server, error) {
 // Close stops the server's background work (runner probes, reconciliation).
 func (s *Server) Close() { s.stop() }
 
-// Handler serves the API (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
+// Services are the services Handler serves.
+func Services() []protoreflect.ServiceDescriptor {
+	return []protoreflect.ServiceDescriptor{
+		sandboxv1.File_coreweave_sandbox_v1_sandbox_proto.Services().ByName("SandboxService"),
+		sandboxv1.File_coreweave_sandbox_v1_discovery_proto.Services().ByName("DiscoveryService"),
+		sandboxv1.File_coreweave_sandbox_v1_sandbox_template_proto.Services().ByName("SandboxTemplateService"),
+		sandboxv1.File_coreweave_sandbox_v1_volume_proto.Services().ByName("VolumeService"),
+		sandboxv1.File_coreweave_sandbox_v1_settings_proto.Services().ByName("SettingsService"),
+	}
+}
+
+// Handler serves Services (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
 // annotations) and GET /readyz.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}, apifront.PathVars{}, apifront.Enums{}),
+		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
 		// Responses are not compressed (gzip-compressed requests are still read): the
@@ -155,6 +175,9 @@ func (s *Server) Handler() http.Handler {
 	api, err := restTranscoder(
 		vanguard.NewService(sandboxv1connect.NewSandboxServiceHandler(s, opts...)),
 		vanguard.NewService(sandboxv1connect.NewDiscoveryServiceHandler(s, opts...)),
+		vanguard.NewService(sandboxv1connect.NewSandboxTemplateServiceHandler(s, opts...)),
+		vanguard.NewService(sandboxv1connect.NewVolumeServiceHandler(s, opts...)),
+		vanguard.NewService(sandboxv1connect.NewSettingsServiceHandler(s, opts...)),
 	)
 	if err != nil {
 		// The services and their annotations are compiled in: this is a programming error.
