@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
@@ -56,6 +57,9 @@ func (idleRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox
 }
 func (idleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, runner.ErrNotFound
+}
+func (idleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+	return runner.ErrNotFound
 }
 func (idleRunner) Capacity(context.Context) (gateway.Capacity, error) {
 	return gateway.Capacity{MilliCPU: 2000, MemoryBytes: 4 << 30, ConnectedAt: time.Now(), RuntimeClasses: []string{"runc"}}, nil
