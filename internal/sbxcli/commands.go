@@ -36,8 +36,8 @@ func (a *app) runCommand() *cobra.Command {
 		Long: `run creates a sandbox from IMAGE and waits until it runs. With CMD it runs the command
 in the sandbox, streaming its output, and exits with its exit code (127 when it is not
 found, 130 on Ctrl-C); --rm deletes the sandbox afterwards, also on Ctrl-C. Without --rm
-the sandbox keeps running until its lifetime ends: its ID goes to stdout (without CMD)
-and when it ends to stderr.`,
+the sandbox keeps running until its lifetime ends (stderr says until when and how to stop
+it), and without CMD its ID goes to stdout.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
