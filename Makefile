@@ -4,6 +4,9 @@ BIN       := bin
 CACHE     ?= /var/cache/sandboxd
 DATA      ?= /var/lib/sandboxd
 TOOL      := $(GO) tool -modfile=tools/go.mod
+# The version `sandboxd version` and `sbx --version` print (internal/version).
+VERSION   ?= $(shell bash scripts/version.sh)
+LDFLAGS   := -X github.com/sandboxd/sandboxd/internal/version.version=$(VERSION)
 export SANDBOXD_CACHE := $(CACHE)
 
 .PHONY: all build agent generate deps pydeps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
@@ -11,8 +14,8 @@ export SANDBOXD_CACHE := $(CACHE)
 all: build
 
 build: agent
-	$(GO) build -o $(BIN)/sandboxd ./cmd/sandboxd
-	$(GO) build -o $(BIN)/sbx ./cmd/sbx
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sandboxd ./cmd/sandboxd
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sbx ./cmd/sbx
 
 # The agent runs inside arbitrary images, so it must be static.
 agent:

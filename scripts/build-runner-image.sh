@@ -5,22 +5,29 @@
 #
 #   scripts/build-runner-image.sh [-out DIR] [-push] [-tag T]...   (flags of deploy/image)
 #
-# RUNNER_IMAGE (default localhost/sandboxd/runner:dev) and AGENT_IMAGE (default
-# localhost/sandboxd/agent:dev) name them; VERSION (default the runner image's tag) is
-# the version the runner reports (`sandboxd version`). Binaries go to BIN_DIR (default
+# RUNNER_IMAGE (default localhost/sandboxd/runner:VERSION) and AGENT_IMAGE (default
+# localhost/sandboxd/agent:dev) name them; VERSION is the version the runner reports
+# (`sandboxd version`, heartbeats): default the runner image's tag when RUNNER_IMAGE is
+# given (`:applyAvailableUpdate` sets the tag to a version), else scripts/version.sh
+# (`git describe`), else dev. Binaries go to BIN_DIR (default
 # bin/image); GOARCH (default this host's) their architecture. Example, for a registry of
 # your own:
 #   RUNNER_IMAGE=ghcr.io/me/sandboxd-runner:v1 AGENT_IMAGE=ghcr.io/me/sandbox-agent:v1 \
 #     scripts/build-runner-image.sh -push
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNNER_IMAGE=${RUNNER_IMAGE:-localhost/sandboxd/runner:dev}
+if [ -n "${RUNNER_IMAGE:-}" ]; then
+  VERSION=${VERSION:-${RUNNER_IMAGE##*:}}
+else
+  VERSION=${VERSION:-$(bash scripts/version.sh)}
+  VERSION=${VERSION:-dev}
+  RUNNER_IMAGE=localhost/sandboxd/runner:$VERSION
+fi
 AGENT_IMAGE=${AGENT_IMAGE-localhost/sandboxd/agent:dev} # set and empty: no agent image
-VERSION=${VERSION:-${RUNNER_IMAGE##*:}}
 BIN_DIR=${BIN_DIR:-bin/image}
 mkdir -p "$BIN_DIR"
 export CGO_ENABLED=0
-go build -trimpath -ldflags="-s -w -X main.version=$VERSION" -o "$BIN_DIR/sandboxd" ./cmd/sandboxd
+go build -trimpath -ldflags="-s -w -X github.com/sandboxd/sandboxd/internal/version.version=$VERSION" -o "$BIN_DIR/sandboxd" ./cmd/sandboxd
 if [ -n "$AGENT_IMAGE" ]; then
   go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-agent" ./cmd/sandbox-agent
   go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-gate" ./internal/runtime/kubernetes/cmd/sandbox-gate

@@ -12,10 +12,13 @@ package main
 import (
 	"fmt"
 	"os"
+
+	buildversion "github.com/sandboxd/sandboxd/internal/version"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version is this binary's (internal/version): what `sandboxd version` prints, what a
+// runner reports in its heartbeats and what the control plane offers as the target.
+var version = buildversion.String()
 
 func main() {
 	if len(os.Args) < 2 {

@@ -160,6 +160,16 @@ func TestExamples(t *testing.T) {
 			if vs := Validate(p); len(vs) > 0 {
 				t.Fatalf("invalid: %v", vs)
 			}
+			// The single-host example (README) takes the official client's default sandbox
+			// and bounds what a sandbox may ask for.
+			if filepath.Base(f) == "single-host.json" {
+				if _, vs := Resolve(p, spec(), DefaultPlatform()); len(vs) > 0 { // python:3.11, nothing asked
+					t.Errorf("single-host rejects the default sandbox: %s", fmtVs(vs))
+				}
+				if _, vs := Resolve(p, spec(limits("4", "1Gi")), DefaultPlatform()); len(vs) != 1 {
+					t.Errorf("single-host on 4 CPUs: %s", fmtVs(vs))
+				}
+			}
 			// The strict example accepts a well-behaved sandbox and rejects a greedy one.
 			if filepath.Base(f) == "strict.json" {
 				good := spec(func(s *sandboxv1.SandboxSpec) {

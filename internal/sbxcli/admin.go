@@ -40,7 +40,11 @@ func (a *app) adminCommand() *cobra.Command {
 }
 
 func (a *app) admin() (*sandbox.Admin, error) {
-	return sandbox.NewAdmin(a.baseURL, a.apiKey, a.clientOptions()...)
+	adm, err := sandbox.NewAdmin(a.baseURL, a.apiKey, a.clientOptions()...)
+	if errors.Is(err, sandbox.ErrNoBaseURL) {
+		return nil, errNoEndpoint
+	}
+	return adm, err
 }
 
 // readPolicy reads a policy document, YAML or JSON, from path ("-" is stdin).
@@ -181,8 +185,8 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Desired version", st.GetDesiredVersion())
 	if c := st.GetCapacity(); c != nil {
 		u := st.GetUsage()
-		row("CPU", fmt.Sprintf("%dm used of %dm", u.GetMilliCpu(), c.GetMilliCpu()))
-		row("Memory", fmt.Sprintf("%d used of %d bytes", u.GetMemoryBytes(), c.GetMemoryBytes()))
+		row("CPU", humanMilliCPU(u.GetMilliCpu())+" used of "+humanMilliCPU(c.GetMilliCpu()))
+		row("Memory", humanBytes(u.GetMemoryBytes())+" used of "+humanBytes(c.GetMemoryBytes()))
 		row("Sandboxes", fmt.Sprint(u.GetSandboxes()))
 	}
 	policy := "never set"

@@ -34,8 +34,10 @@ func (a *app) runCommand() *cobra.Command {
 		Use:   "run IMAGE [-- CMD...]",
 		Short: "Create a sandbox, wait for it, and run CMD in it",
 		Long: `run creates a sandbox from IMAGE and waits until it runs. With CMD it runs the command
-in the sandbox, streaming its output, and exits with its exit code; --rm deletes the
-sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.`,
+in the sandbox, streaming its output, and exits with its exit code (127 when it is not
+found, 130 on Ctrl-C); --rm deletes the sandbox afterwards, also on Ctrl-C. Without --rm
+the sandbox keeps running until its lifetime ends (stderr says until when and how to stop
+it), and without CMD its ID goes to stdout.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -58,6 +60,9 @@ sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.
 			sb, err := c.Create(ctx, spec)
 			if err != nil {
 				return err
+			}
+			if !rm {
+				defer a.keepsRunning(sb)
 			}
 			if rm {
 				defer func() {
@@ -88,15 +93,7 @@ sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.
 			if interactive {
 				opts.Stdin = a.stdin
 			}
-			code, err := sb.Exec(ctx, argv, opts)
-			if err != nil {
-				return err
-			}
-			a.exitCode = code
-			if !rm && isTerminal(a.stderr) {
-				_, _ = fmt.Fprintf(a.stderr, "sbx: sandbox %s keeps running (sbx stop %s)\n", sb.ID(), sb.ID())
-			}
-			return nil
+			return a.execResult(sb.Exec(ctx, argv, opts))
 		},
 	}
 	f := cmd.Flags()
@@ -115,6 +112,32 @@ sandbox afterwards. Without CMD the sandbox keeps running and its ID is printed.
 	f.BoolVar(&spec.DenyEgress, "deny-egress", false, "allow no egress at all (the platform DNS still answers)")
 	cmd.MarkFlagsMutuallyExclusive("egress", "deny-egress")
 	return cmd
+}
+
+// keepsRunning tells, on stderr whatever it is, that a sandbox sbx created outlives it,
+// until when and how to stop it; nothing for one that has already ended.
+func (a *app) keepsRunning(sb *sandbox.Sandbox) {
+	in := sb.Info()
+	if in.State.Terminal() {
+		return
+	}
+	until := ""
+	if !in.ExpiresAt.IsZero() {
+		until = " until " + in.ExpiresAt.Local().Format("2006-01-02 15:04:05 MST")
+	}
+	_, _ = fmt.Fprintf(a.stderr, "sbx: sandbox %s keeps running%s (stop it with: sbx stop %s)\n", sb.ID(), until, sb.ID())
+}
+
+// execResult records the exit code of a command run in a sandbox. One that could not
+// start exits as a shell would (127 not found, 126 not executable), after its error.
+func (a *app) execResult(code int, err error) error {
+	if err != nil && sandbox.ReasonOf(err) == sandbox.ReasonStartFailed && code > 0 {
+		a.exitCode = code
+	}
+	if err == nil {
+		a.exitCode = code
+	}
+	return err
 }
 
 // egressFlag parses --egress RULE (see sandbox.ParseEgress).
@@ -165,7 +188,11 @@ func (a *app) printEndpoints(w io.Writer, in sandbox.Info) {
 		if addr == "" {
 			addr = "(published once the sandbox runs)"
 		}
-		_, _ = fmt.Fprintf(w, "%d/%s\t%s\n", e.Port, e.Kind, addr)
+		auth := ""
+		if e.Auth != "" {
+			auth = "\tauth: " + e.Auth
+		}
+		_, _ = fmt.Fprintf(w, "%d/%s\t%s%s\n", e.Port, e.Kind, addr, auth)
 		if host := endpointHost(e.Address); host != "" && !strings.HasSuffix(host, ".localhost") {
 			_, _ = fmt.Fprintf(w, "\t(without DNS for it: curl --resolve %s:EDGE-IP …)\n", host)
 		}
@@ -307,7 +334,7 @@ func age(t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return time.Since(t).Round(time.Second).String()
+	return humanDuration(time.Since(t))
 }
 
 func (a *app) getCommand() *cobra.Command {
@@ -343,11 +370,20 @@ func (a *app) getCommand() *cobra.Command {
 			row("Image", in.Image)
 			row("Runner", in.RunnerID)
 			row("Tags", strings.Join(in.Tags, ","))
-			row("Created", stamp(in.CreatedAt))
-			row("Started", stamp(in.StartedAt))
-			row("Ended", stamp(in.EndedAt))
+			now := time.Now()
+			row("Created", humanTime(in.CreatedAt, now))
+			row("Started", humanTime(in.StartedAt, now))
+			row("Ended", humanTime(in.EndedAt, now))
 			if in.Lifetime > 0 {
-				row("Lifetime", in.Lifetime.String())
+				row("Lifetime", humanDuration(in.Lifetime))
+			}
+			if !in.State.Terminal() {
+				row("Expires", humanTime(in.ExpiresAt, now))
+			}
+			row("CPU", requestLimit(in.Requests.CPU, in.Limits.CPU, humanCPU))
+			row("Memory", requestLimit(in.Requests.Memory, in.Limits.Memory, humanMemory))
+			if in.State != sandbox.StateUnspecified {
+				row("Restarts", fmt.Sprint(in.Restarts))
 			}
 			egress := make([]string, len(in.Egress))
 			for i, r := range in.Egress {
@@ -373,11 +409,19 @@ func (a *app) getCommand() *cobra.Command {
 	}
 }
 
-func stamp(t time.Time) string {
-	if t.IsZero() {
+// requestLimit renders a resource's request and limit: "100m CPU requested, limit 1 CPU".
+func requestLimit(req, limit string, human func(string) string) string {
+	switch {
+	case req == "" && limit == "":
 		return ""
+	case req == limit:
+		return human(req)
+	case limit == "":
+		return human(req) + " requested, no limit"
+	case req == "":
+		return "limit " + human(limit)
 	}
-	return t.Local().Format(time.RFC3339)
+	return human(req) + " requested, limit " + human(limit)
 }
 
 func (a *app) execCommand() *cobra.Command {
@@ -389,8 +433,9 @@ func (a *app) execCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec ID -- CMD...",
 		Short: "Run a command in a sandbox and exit with its code",
-		Long: `exec runs CMD in the sandbox, streaming its output, and exits with its exit code.
-stdin is forwarded when it is not a terminal, or with -i.`,
+		Long: `exec runs CMD in the sandbox, streaming its output, and exits with its exit code:
+127 when CMD is not found, 126 when it cannot be executed, 130 on Ctrl-C (which ends
+CMD). stdin is forwarded when it is not a terminal, or with -i.`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -404,12 +449,7 @@ stdin is forwarded when it is not a terminal, or with -i.`,
 			if a.stdin != nil && (interactive || !isTerminal(a.stdin)) {
 				opts.Stdin = a.stdin
 			}
-			code, err := c.Sandbox(args[0]).Exec(cmd.Context(), args[1:], opts)
-			if err != nil {
-				return err
-			}
-			a.exitCode = code
-			return nil
+			return a.execResult(c.Sandbox(args[0]).Exec(cmd.Context(), args[1:], opts))
 		},
 	}
 	f := cmd.Flags()
@@ -460,52 +500,6 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("--since %q: want a duration (5m) or an RFC 3339 time", s)
 	}
 	return t, nil
-}
-
-func (a *app) filesCommand() *cobra.Command {
-	files := &cobra.Command{Use: "files", Short: "Read and write files in a sandbox"}
-	files.AddCommand(&cobra.Command{
-		Use:   "read ID PATH",
-		Short: "Write a sandbox file to stdout",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			data, err := c.Sandbox(args[0]).ReadFile(cmd.Context(), args[1])
-			if err != nil {
-				return err
-			}
-			_, err = a.stdout.Write(data)
-			return err
-		},
-	}, &cobra.Command{
-		Use:   "write ID PATH [LOCAL]",
-		Short: "Write stdin (or the local file LOCAL) to a sandbox file",
-		Args:  cobra.RangeArgs(2, 3),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var data []byte
-			var err error
-			if len(args) == 3 {
-				data, err = os.ReadFile(args[2])
-			} else {
-				if a.stdin == nil {
-					return errors.New("nothing on stdin: give LOCAL or redirect a file")
-				}
-				data, err = io.ReadAll(io.LimitReader(a.stdin, sandbox.MaxFileBytes+1))
-			}
-			if err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			return c.Sandbox(args[0]).WriteFile(cmd.Context(), args[1], data)
-		},
-	})
-	return files
 }
 
 func (a *app) stopCommand() *cobra.Command {
@@ -563,4 +557,72 @@ func (a *app) deleteCommand() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&missingOK, "missing-ok", false, "succeed if a sandbox does not exist")
 	return cmd
+}
+
+func (a *app) purgeCommand() *cobra.Command {
+	var opts sandbox.PurgeOptions
+	cmd := &cobra.Command{
+		Use:   "purge (--tag TAG... | --all) [--dry-run]",
+		Short: "Stop every active sandbox with the given tags, or all of them",
+		Long: `purge deletes at once (no grace period) the active sandboxes that carry every --tag,
+or with --all every active sandbox of your organization. --dry-run prints how many it
+would stop and their IDs, and stops nothing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (len(opts.Tags) > 0) == opts.All {
+				return errors.New("give exactly one scope: --tag TAG (repeatable) or --all")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			var ids []string
+			if opts.DryRun {
+				// The API only counts: the IDs come from a list with the same filter.
+				list, err := c.List(ctx, sandbox.ListOptions{Tags: opts.Tags})
+				if err != nil {
+					return err
+				}
+				for _, sb := range list {
+					if st := sb.State(); st != sandbox.StateTerminating && !st.Terminal() {
+						ids = append(ids, sb.ID())
+					}
+				}
+			}
+			res, err := c.Purge(ctx, opts)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(map[string]any{"dry_run": opts.DryRun, "purge_count": res.Count, "sandbox_ids": ids,
+					"failed_sandbox_ids": res.Failed, "retryable_failed_sandbox_ids": res.Retryable})
+			}
+			verb := "stopped"
+			if opts.DryRun {
+				verb = "would stop"
+			}
+			_, _ = fmt.Fprintf(a.stdout, "%s %d %s\n", verb, res.Count, plural(res.Count, "sandbox", "sandboxes"))
+			for _, id := range ids {
+				_, _ = fmt.Fprintln(a.stdout, id)
+			}
+			if n := len(res.Failed) + len(res.Retryable); n > 0 {
+				return fmt.Errorf("could not stop %d %s: %s", n, plural(n, "sandbox", "sandboxes"),
+					strings.Join(append(append([]string(nil), res.Failed...), res.Retryable...), " "))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&opts.Tags, "tag", nil, "only sandboxes with this tag (repeatable: all must match)")
+	f.BoolVar(&opts.All, "all", false, "every active sandbox of your organization")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would be stopped, stop nothing")
+	return cmd
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

@@ -16,9 +16,10 @@ func (a *app) shCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sh ID",
 		Short: "Open an interactive shell in a sandbox",
-		Long: `sh opens an interactive shell on a pseudo-terminal in the sandbox. The local terminal is
-in raw mode while it runs (restored afterwards) and window size changes are passed on.
-Without a terminal on stdin the shell reads commands from stdin instead.`,
+		Long: `sh opens an interactive shell on a pseudo-terminal in the sandbox: bash when the image
+has it, else /bin/sh (--cmd picks another). The local terminal is in raw mode while it
+runs (restored afterwards) and window size changes are passed on. Without a terminal on
+stdin the shell reads commands from stdin instead.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -27,11 +28,12 @@ Without a terminal on stdin the shell reads commands from stdin instead.`,
 			}
 			sb := c.Sandbox(args[0])
 			argv := []string{shell}
+			if shell == "" {
+				argv = autoShell
+			}
 			in, ok := a.stdin.(*os.File)
 			if !ok || !term.IsTerminal(int(in.Fd())) {
-				code, err := sb.Exec(cmd.Context(), argv, sandbox.ExecOptions{Stdin: a.stdin, Stdout: a.stdout, Stderr: a.stderr})
-				a.exitCode = code
-				return err
+				return a.execResult(sb.Exec(cmd.Context(), argv, sandbox.ExecOptions{Stdin: a.stdin, Stdout: a.stdout, Stderr: a.stderr}))
 			}
 			// Wait for the sandbox before taking over the terminal, so errors print normally.
 			if err := a.waitWithProgress(cmd.Context(), sb, ""); err != nil {
@@ -70,10 +72,13 @@ Without a terminal on stdin the shell reads commands from stdin instead.`,
 			}
 			code, err := sb.Exec(cmd.Context(), argv, opts)
 			_ = term.Restore(fd, old)
-			a.exitCode = code
-			return err
+			return a.execResult(code, err)
 		},
 	}
-	cmd.Flags().StringVar(&shell, "cmd", "/bin/sh", "shell to run")
+	cmd.Flags().StringVar(&shell, "cmd", "", "shell to run (default bash when the image has it, else /bin/sh)")
 	return cmd
 }
+
+// autoShell runs bash when the sandbox has it on its PATH, else sh: decided in the
+// sandbox, in the same exec.
+var autoShell = []string{"/bin/sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash; exec /bin/sh"}

@@ -32,9 +32,11 @@ import (
 const (
 	EnvBaseURL = "CWSANDBOX_BASE_URL"
 	EnvAPIKey  = "CWSANDBOX_API_KEY"
-	// DefaultBaseURL is used when neither an argument nor the environment names one.
-	DefaultBaseURL = "https://api.cwsandbox.com"
 )
+
+// ErrNoBaseURL is New's error when neither an argument nor CWSANDBOX_BASE_URL names
+// an endpoint: there is no default, so a key is never sent to a host nobody chose.
+var ErrNoBaseURL = errors.New("sandbox: no API endpoint: pass a base URL or set " + EnvBaseURL)
 
 // Limits shared with the official client.
 const (
@@ -96,14 +98,14 @@ func FromEnv(opts ...Option) (*Client, error) { return New("", "", opts...) }
 
 // New returns a client for baseURL (http:// = plaintext h2c gRPC, https:// = TLS) that
 // sends apiKey as a Bearer token on every call. Empty arguments default to the
-// environment (CWSANDBOX_BASE_URL, CWSANDBOX_API_KEY); an empty key sends no
-// authorization at all.
+// environment (CWSANDBOX_BASE_URL, CWSANDBOX_API_KEY); no endpoint at all is
+// ErrNoBaseURL; an empty key sends no authorization at all.
 func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	if baseURL == "" {
 		baseURL = os.Getenv(EnvBaseURL)
 	}
 	if baseURL == "" {
-		baseURL = DefaultBaseURL
+		return nil, ErrNoBaseURL
 	}
 	if apiKey == "" {
 		apiKey = os.Getenv(EnvAPIKey)

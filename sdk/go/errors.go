@@ -29,6 +29,9 @@ const (
 	ReasonFilePermissionDenied = "CWSANDBOX_FILE_PERMISSION_DENIED"
 	ReasonFileTooLarge         = "CWSANDBOX_FILE_TOO_LARGE"
 	ReasonFileIOFailed         = "CWSANDBOX_FILE_IO_FAILED"
+	// ReasonStartFailed is the in-band exec stream code of a command that could not
+	// start (not found, not executable); Exec returns it with the shell's exit code.
+	ReasonStartFailed = "START_FAILED"
 )
 
 // Sentinel errors for errors.Is. An *Error matches those its status code and reason

@@ -35,7 +35,9 @@ type ExecOptions struct {
 }
 
 // Exec runs argv in the sandbox over StreamExec, streaming output as it arrives, and
-// returns the command's exit code. It waits for the sandbox to run first.
+// returns the command's exit code. It waits for the sandbox to run first. A command
+// that cannot start returns the exit code a shell would give (127 not found, 126 not
+// executable) with an *Error of reason ReasonStartFailed saying why.
 func (s *Sandbox) Exec(ctx context.Context, argv []string, opts ExecOptions) (int, error) {
 	if len(argv) == 0 {
 		return -1, errors.New("sandbox: exec needs a command")
@@ -78,10 +80,14 @@ func (s *Sandbox) Exec(ctx context.Context, argv []string, opts ExecOptions) (in
 
 	stdout, stderr := orDiscard(opts.Stdout), orDiscard(opts.Stderr)
 	readyOnce := sync.Once{}
+	var startErr error // a START_FAILED error, until the exit code that follows it
 	for {
 		res, err := stream.Receive()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
+				if startErr != nil {
+					return -1, startErr
+				}
 				return 0, nil // the official client reads a stream without exit as 0
 			}
 			return -1, fromRPC(err)
@@ -98,9 +104,14 @@ func (s *Sandbox) Exec(ctx context.Context, argv []string, opts ExecOptions) (in
 				return -1, fmt.Errorf("sandbox: writing exec output: %w", err)
 			}
 		case *sandboxv1.ExecStreamResponse_Exit:
-			return int(m.Exit.GetExitCode()), nil
+			return int(m.Exit.GetExitCode()), startErr
 		case *sandboxv1.ExecStreamResponse_Error:
-			return -1, &Error{Code: connect.CodeAborted, Reason: m.Error.GetCode(), Message: "exec stream: " + m.Error.GetMessage()}
+			err := &Error{Code: connect.CodeAborted, Reason: m.Error.GetCode(), Message: "exec stream: " + m.Error.GetMessage()}
+			if err.Reason != ReasonStartFailed {
+				return -1, err
+			}
+			err.Code, err.Message = connect.CodeFailedPrecondition, m.Error.GetMessage()
+			startErr = err
 		}
 	}
 }

@@ -114,7 +114,19 @@ type Published struct {
 	Port    int
 	Kind    string
 	Address string // "" until the runner publishes it
+	// Auth is who may call it: AuthOpen or AuthShareToken (the status's, else the spec's;
+	// "" for passthrough).
+	Auth string
 }
+
+// Endpoint auth modes, as Published.Auth reports them.
+const (
+	AuthOpen       = "open"
+	AuthShareToken = "share_token"
+)
+
+// Resources are Kubernetes quantities ("500m", "1Gi"); "" is not set.
+type Resources struct{ CPU, Memory string }
 
 // Proto returns the wire spec Create sends.
 func (s Spec) Proto() *sandboxv1.SandboxSpec {
@@ -190,6 +202,13 @@ type Info struct {
 	StartedAt time.Time
 	EndedAt   time.Time
 	Lifetime  time.Duration // effective maximum lifetime
+	// ExpiresAt is when the runner stops it at the latest: creation plus Lifetime
+	// (zero when either is unknown).
+	ExpiresAt time.Time
+	// Requests and Limits are the effective resources, defaults included.
+	Requests, Limits Resources
+	// Restarts counts the main command's restarts.
+	Restarts  int
 	Endpoints []Published
 	// Egress are the effective egress rules: what the sandbox may reach, defaults
 	// included (none under deny_egress).
@@ -227,6 +246,15 @@ func (s *Sandbox) Info() Info {
 	}
 	if t := st.GetCreateTime(); t != nil {
 		in.CreatedAt = t.AsTime()
+		if in.Lifetime > 0 {
+			in.ExpiresAt = in.CreatedAt.Add(in.Lifetime)
+		}
+	}
+	rr := st.GetEffectiveResourceRequirements()
+	in.Requests = Resources{CPU: rr.GetRequests().GetCpu(), Memory: rr.GetRequests().GetMemory()}
+	in.Limits = Resources{CPU: rr.GetLimits().GetCpu(), Memory: rr.GetLimits().GetMemory()}
+	for _, cs := range st.GetContainerStatuses() {
+		in.Restarts = max(in.Restarts, int(cs.GetRestartCount()))
 	}
 	if t := st.GetStartTime(); t != nil {
 		in.StartedAt = t.AsTime()
@@ -239,13 +267,29 @@ func (s *Sandbox) Info() Info {
 		if ep == nil {
 			continue
 		}
-		p := Published{Port: int(svc.GetPort()), Kind: HTTPS, Address: ep.GetUrl()}
+		pub := Published{Port: int(svc.GetPort()), Kind: HTTPS, Address: ep.GetUrl(), Auth: authName(ep.GetAuth(), p.GetSpec(), svc.GetPort())}
 		if ep.GetKind() == sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH {
-			p.Kind, p.Address = TLSPassthrough, svc.GetUrl()
+			pub.Kind, pub.Address, pub.Auth = TLSPassthrough, svc.GetUrl(), ""
 		}
-		in.Endpoints = append(in.Endpoints, p)
+		in.Endpoints = append(in.Endpoints, pub)
 	}
 	return in
+}
+
+// authName names an endpoint's auth: the status's, else what the spec asked for on
+// that port (a server that does not echo it).
+func authName(a sandboxv1.EndpointAuth, spec *sandboxv1.SandboxSpec, port int32) string {
+	if a == sandboxv1.EndpointAuth_ENDPOINT_AUTH_UNSPECIFIED {
+		for _, svc := range spec.GetServices() {
+			if svc.GetPort() == port {
+				a = svc.GetEndpoint().GetAuth()
+			}
+		}
+	}
+	if a == sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN {
+		return AuthShareToken
+	}
+	return AuthOpen
 }
 
 func (s *Sandbox) set(p *sandboxv1.Sandbox) {
@@ -382,6 +426,36 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	defer cancel()
 	_, err := c.svc.DeleteSandbox(cctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
 	return fromRPC(err)
+}
+
+// PurgeOptions choose what Purge stops: exactly one of Tags (sandboxes with all of
+// them) or All.
+type PurgeOptions struct {
+	Tags   []string
+	All    bool
+	DryRun bool // only count what would be stopped
+}
+
+// PurgeResult is what Purge stopped (or, dry, would stop).
+type PurgeResult struct {
+	Count int
+	// Failed could not be stopped; Retryable could not be reached for now (try again).
+	Failed, Retryable []string
+}
+
+// Purge deletes the caller's active sandboxes with all of Tags (or All of them) at once,
+// without a grace period or waiting for them to end.
+func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (PurgeResult, error) {
+	if (len(opts.Tags) > 0) == opts.All {
+		return PurgeResult{}, errors.New("sandbox: purge needs exactly one scope: tags or all")
+	}
+	cctx, cancel := withTimeout(ctx, deleteTimeout)
+	defer cancel()
+	res, err := c.svc.PurgeSandboxes(cctx, connect.NewRequest(&sandboxv1.PurgeSandboxesRequest{Tags: opts.Tags, PurgeAll: opts.All, DryRun: opts.DryRun}))
+	if err != nil {
+		return PurgeResult{}, fromRPC(err)
+	}
+	return PurgeResult{Count: int(res.Msg.GetPurgeCount()), Failed: res.Msg.GetFailedSandboxIds(), Retryable: res.Msg.GetRetryableFailedSandboxIds()}, nil
 }
 
 // Wait polls until the sandbox runs (or is paused, terminating or completed) and

@@ -209,6 +209,11 @@ func TestSDKBaseURL(t *testing.T) {
 	if err != nil || c.BaseURL() != "http://localhost:1" {
 		t.Errorf("FromEnv: %v %v", c, err)
 	}
+	// No endpoint anywhere is an error, never a default host.
+	t.Setenv(EnvBaseURL, "")
+	if c, err := New("", "k"); !errors.Is(err, ErrNoBaseURL) {
+		t.Errorf("New without an endpoint: %v, %v", c, err)
+	}
 	if _, err := New("https://x", "", WithCAFile("/no/such/ca.pem")); err == nil {
 		t.Error("a missing CA file is accepted")
 	}

@@ -8,6 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -357,6 +360,158 @@ func TestSbxCLI(t *testing.T) {
 	var errb bytes.Buffer
 	if code := sbxcli.Execute([]string{"--base-url", g.url, "--api-key", "sbx_wrong", "ls"}, nil, &bytes.Buffer{}, &errb); code != 1 || !strings.Contains(errb.String(), "(CWSANDBOX_UNAUTHENTICATED)") {
 		t.Errorf("wrong key: %q %d", errb.String(), code)
+	}
+}
+
+// signalWriter passes writes on and closes seen once the output contains want.
+type signalWriter struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	want string
+	seen chan struct{}
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	before := strings.Contains(w.buf.String(), w.want)
+	w.buf.Write(p)
+	if !before && strings.Contains(w.buf.String(), w.want) {
+		close(w.seen)
+	}
+	return len(p), nil
+}
+
+// TestSbxCLIDayOne: what a first-day user of sbx meets, against a real runner: exit
+// codes (127, 130 on Ctrl-C ending the command), purge, get in human units, run's
+// "keeps running until", files ls/mkdir/rm and directory copies both ways, sh picking
+// bash.
+func TestSbxCLIDayOne(t *testing.T) {
+	g := startGateway(t)
+	img := busybox()
+
+	out, errs, code := sbx(g, "", "run", "--tag", "dayone", "--cpu", "500m", "--memory", "256Mi", "--lifetime", "20m", img)
+	id := strings.TrimSpace(out)
+	if code != 0 || id == "" {
+		t.Fatalf("run: %q %q %d", out, errs, code)
+	}
+	if want := "sbx: sandbox " + id + " keeps running until "; !strings.HasPrefix(errs, want) || !strings.HasSuffix(errs, " (stop it with: sbx stop "+id+")\n") {
+		t.Errorf("run stderr %q, want %q… (stop it with: sbx stop %s)", errs, want, id)
+	}
+	out, _, code = sbx(g, "", "get", id)
+	for _, re := range []string{`(?m)^CPU:\s+500m CPU$`, `(?m)^Memory:\s+256 MiB$`, `(?m)^Restarts:\s+0$`, `(?m)^Lifetime:\s+20m$`, `(?m)^Expires:\s+\S+ \S+ \S+ \(in 19m[0-9]+s\)$`} {
+		if code != 0 || !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("get: no %s in\n%s", re, out)
+		}
+	}
+
+	// Exit codes.
+	if _, errs, code := sbx(g, "", "exec", id, "--", "no-such-command"); code != 127 || !strings.Contains(errs, "no-such-command") {
+		t.Errorf("exec of a missing command: %d %q", code, errs)
+	}
+	if _, errs, code := sbx(g, "", "exec", id, "--", "/etc/passwd"); code != 126 {
+		t.Errorf("exec of a file that is no program: %d %q", code, errs)
+	}
+	w := &signalWriter{want: "started", seen: make(chan struct{})}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() {
+		select {
+		case <-w.seen:
+			cancel(sbxcli.Interrupted{Signal: syscall.SIGINT})
+		case <-time.After(30 * time.Second):
+			cancel(errors.New("no output"))
+		}
+	}()
+	var errb bytes.Buffer
+	code = sbxcli.ExecuteContext(ctx, []string{"--base-url", g.url, "--api-key", g.keyA, "exec", id, "--", "sh", "-c", "echo $$ > /tmp/pid; echo started; exec sleep 120"},
+		strings.NewReader(""), w, &errb)
+	if code != 130 || !strings.Contains(errb.String(), "sbx: interrupted") {
+		t.Errorf("exec, Ctrl-C: exit %d, stderr %q", code, errb.String())
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, _, code := sbx(g, "", "exec", id, "--", "sh", "-c", "kill -0 $(cat /tmp/pid)"); code != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Error("the interrupted command still runs in the sandbox")
+			break
+		}
+	}
+
+	// Files: mkdir, a tree copied in and out, ls, rm.
+	src := t.TempDir()
+	for p, c := range map[string]string{"tree/a.txt": "alpha", "tree/sub/b": "beta", "tree/sub/deep/c": "gamma"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, p), []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("sub/b", filepath.Join(src, "tree/link")); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := sbx(g, "", "files", "mkdir", "-p", id, "/work/in"); code != 0 {
+		t.Errorf("files mkdir: %q %d", errs, code)
+	}
+	if _, errs, code := sbx(g, "", "cp", filepath.Join(src, "tree"), id+":/work/in"); code != 0 {
+		t.Errorf("cp up: %q %d", errs, code)
+	}
+	if out, errs, code := sbx(g, "", "exec", id, "--", "sh", "-c", "cat /work/in/tree/sub/deep/c /work/in/tree/link; readlink /work/in/tree/link"); out != "gammabetasub/b\n" || code != 0 {
+		t.Errorf("after cp up: %q %q %d", out, errs, code)
+	}
+	if out, errs, code := sbx(g, "", "files", "ls", id, "/work/in/tree"); code != 0 || !strings.Contains(out, "a.txt") || !strings.Contains(out, "link -> sub/b") {
+		t.Errorf("files ls: %q %q %d", out, errs, code)
+	}
+	dst := filepath.Join(t.TempDir(), "back")
+	if _, errs, code := sbx(g, "", "files", "cp", id+":/work/in/tree", dst); code != 0 {
+		t.Errorf("cp down: %q %d", errs, code)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "sub/deep/c")); err != nil || string(b) != "gamma" {
+		t.Errorf("after cp down: %q %v", b, err)
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "link")); err != nil || l != "sub/b" {
+		t.Errorf("link after cp down: %q %v", l, err)
+	}
+	if _, errs, code := sbx(g, "", "files", "rm", "-r", id, "/work/in"); code != 0 {
+		t.Errorf("files rm -r: %q %d", errs, code)
+	}
+	if _, _, code := sbx(g, "", "files", "ls", id, "/work/in"); code == 0 {
+		t.Error("files ls after rm -r succeeded")
+	}
+
+	// sh: bash where the image has it.
+	if out, errs, code := sbx(g, "echo shell=${BASH_VERSION:-none}\n", "sh", id); code != 0 || out != "shell=none\n" {
+		t.Errorf("sh on busybox: %q %q %d", out, errs, code)
+	}
+	out, errs, code = sbx(g, "", "run", "--tag", "dayone", python())
+	pyID := strings.TrimSpace(out)
+	if code != 0 {
+		t.Fatalf("run python: %q %d", errs, code)
+	}
+	if out, errs, code := sbx(g, "echo shell=${BASH_VERSION:-none}\n", "sh", pyID); code != 0 || !strings.HasPrefix(out, "shell=5.") {
+		t.Errorf("sh on Debian: %q %q %d", out, errs, code)
+	}
+
+	// purge: a dry run names them and stops nothing; then they stop.
+	out, errs, code = sbx(g, "", "purge", "--tag", "dayone", "--dry-run")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || lines[0] != "would stop 2 sandboxes" || !slices.Contains(lines, id) || !slices.Contains(lines, pyID) {
+		t.Errorf("purge --dry-run: %q %q %d", out, errs, code)
+	}
+	if list, _ := sdkClient(t, g, g.keyA).List(context.Background(), sandbox.ListOptions{Tags: []string{"dayone"}}); len(list) != 2 {
+		t.Errorf("a dry run stopped sandboxes: %d left", len(list))
+	}
+	if out, errs, code := sbx(g, "", "purge", "--tag", "dayone"); code != 0 || out != "stopped 2 sandboxes\n" {
+		t.Errorf("purge: %q %q %d", out, errs, code)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		list, err := sdkClient(t, g, g.keyA).List(context.Background(), sandbox.ListOptions{Tags: []string{"dayone"}})
+		if err == nil && len(list) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after purge: %d sandboxes, %v", len(list), err)
+		}
 	}
 }
 
