@@ -78,16 +78,19 @@ it), and without CMD its ID goes to stdout.`,
 			}
 			if len(argv) == 0 {
 				if a.json() {
+					a.printShareToken(sb)
 					return a.printJSON(sb.Proto())
 				}
 				if _, err := fmt.Fprintln(a.stdout, sb.ID()); err != nil {
 					return err
 				}
 				a.printEndpoints(a.stderr, sb.Info())
+				a.printShareToken(sb)
 				return nil
 			}
 			if len(spec.Publish) > 0 {
 				a.printEndpoints(a.stderr, sb.Info())
+				a.printShareToken(sb)
 			}
 			opts := sandbox.ExecOptions{Stdout: a.stdout, Stderr: a.stderr}
 			if interactive {
@@ -107,7 +110,7 @@ it), and without CMD its ID goes to stdout.`,
 	f.DurationVar(&lifetime, "lifetime", 0, "maximum lifetime (default: the platform's)")
 	f.StringArrayVar(&spec.RunnerIDs, "runner", nil, "place on this runner (repeatable)")
 	f.StringVar(&mainCmd, "main", "", `the sandbox's main command, run by /bin/sh -c (default: one that waits until the sandbox is stopped), e.g. "python3 -m http.server 8080"`)
-	f.Var(publishFlag{&spec.Publish}, "publish", "publish PORT on the runner's edge: PORT:https, PORT:https:token (API key required) or PORT:tls (passthrough); repeatable")
+	f.Var(publishFlag{&spec.Publish}, "publish", "publish PORT on the runner's edge: PORT:https, PORT:https:token (callers need the sandbox's share token, printed once, or an API key of the organization) or PORT:tls (passthrough); repeatable")
 	f.Var(egressFlag{&spec.Egress}, "egress", "allow egress to: any, cidr=PREFIX, dns=NAME (HTTPS to NAME or *.DOMAIN) or tenant=same_org|same_user; repeatable (default: the policy's or the platform's, any + tenant=same_org)")
 	f.BoolVar(&spec.DenyEgress, "deny-egress", false, "allow no egress at all (the platform DNS still answers)")
 	cmd.MarkFlagsMutuallyExclusive("egress", "deny-egress")
@@ -178,6 +181,14 @@ func (p publishFlag) Set(v string) error {
 	}
 	*p.to = append(*p.to, e)
 	return nil
+}
+
+// printShareToken prints, on stderr, the share token of sb's SHARE_TOKEN endpoints: the
+// create response is the only place the API ever returns it.
+func (a *app) printShareToken(sb *sandbox.Sandbox) {
+	if t := sb.ShareToken(); t != "" {
+		_, _ = fmt.Fprintf(a.stderr, "share token (shown only now; send it as header X-Sandbox-Share-Token): %s\n", t)
+	}
 }
 
 // printEndpoints lists a sandbox's endpoints, with a hint for names that DNS does not

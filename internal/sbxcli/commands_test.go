@@ -303,6 +303,23 @@ func TestSbxRunSaysItKeepsRunning(t *testing.T) {
 	}
 }
 
+// sbx run prints the share token of a SHARE_TOKEN endpoint once, on stderr: the create
+// response is the only place the API returns it (sbx get cannot show it later).
+func TestSbxRunPrintsShareToken(t *testing.T) {
+	f := newFake(t)
+	out, errs, code := f.sbx("", "run", "--publish", "8080:https:token", "busybox")
+	id := strings.TrimSpace(out)
+	if want := "share token (shown only now; send it as header X-Sandbox-Share-Token): share-token-of-" + id + "\n"; code != 0 || !strings.Contains(errs, want) {
+		t.Errorf("run --publish 8080:https:token: %d %q, want stderr with %q", code, errs, want)
+	}
+	if out, errs, _ := f.sbx("", "run", "--publish", "8080:https", "busybox"); strings.Contains(errs, "share token") {
+		t.Errorf("an OPEN endpoint has no share token: %q %q", out, errs)
+	}
+	if out, _, _ := f.sbx("", "get", id); strings.Contains(out, "share-token-of-") {
+		t.Errorf("sbx get shows a token the API never returns after create: %q", out)
+	}
+}
+
 // sbx sh runs bash when the sandbox has it, else /bin/sh.
 func TestSbxShellPicksBash(t *testing.T) {
 	f := newFake(t)

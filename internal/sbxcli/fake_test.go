@@ -111,7 +111,13 @@ func (f *fakeAPI) CreateSandbox(_ context.Context, req *connect.Request[sandboxv
 	id := fmt.Sprintf("sbx-fake-%d", len(f.order)+1)
 	f.mu.Unlock()
 	sb := f.put(&sandboxv1.Sandbox{SandboxId: id, Spec: req.Msg.GetSandbox().GetSpec()})
-	return connect.NewResponse(proto.Clone(sb).(*sandboxv1.Sandbox)), nil
+	out := proto.Clone(sb).(*sandboxv1.Sandbox)
+	for _, svc := range out.GetSpec().GetServices() {
+		if svc.GetEndpoint().GetAuth() == sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN {
+			out.EndpointShareToken = "share-token-of-" + id // in the create response only, as the gateway does
+		}
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (f *fakeAPI) GetSandbox(_ context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {

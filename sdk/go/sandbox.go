@@ -187,7 +187,15 @@ type Sandbox struct {
 	mu      sync.Mutex
 	proto   *sandboxv1.Sandbox
 	fileCap atomic.Int64 // the server's unary file cap, once reported
+	// shareToken is the create response's endpoint share token: Get and List never
+	// return it, so a refresh must not lose it.
+	shareToken string
 }
+
+// ShareToken is the credential of the sandbox's HTTPS SHARE_TOKEN endpoints, returned
+// by the create that made this handle only ("" for any other handle, or a sandbox
+// without such an endpoint). Send it as the X-Sandbox-Share-Token header; never log it.
+func (s *Sandbox) ShareToken() string { return s.shareToken }
 
 // Info is a snapshot of a sandbox's status.
 type Info struct {
@@ -335,7 +343,9 @@ func (c *Client) CreateProto(ctx context.Context, spec *sandboxv1.SandboxSpec) (
 	if err != nil {
 		return nil, err
 	}
-	return c.handle(out), nil
+	sb := c.handle(out)
+	sb.shareToken = out.GetEndpointShareToken()
+	return sb, nil
 }
 
 // Get returns the sandbox id with its current status (also after it ended, within the
