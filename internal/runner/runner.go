@@ -772,12 +772,21 @@ func (r *Runner) archiveLogs(id string) {
 	if dir == "" {
 		return
 	}
-	if _, err := os.Lstat(dir); err != nil {
+	fi, err := os.Lstat(dir)
+	if err != nil {
 		return // nothing (left) to archive: keep what an earlier finish archived
+	}
+	if !fi.IsDir() {
+		// The sandbox replaced its log dir (it can write the dir above it), e.g. with a
+		// symlink to another sandbox's logs: moved into the archive, that would have the
+		// runner serve whatever it points to as this sandbox's log. The sandbox has
+		// ended, so it cannot swap a directory back in before the rename.
+		r.log.Warn("archive sandbox logs: the log dir is no directory (replaced by the sandbox?): nothing archived", "sandbox", id, "type", fi.Mode().Type().String())
+		return
 	}
 	dst := r.archiveDir(id)
 	_ = os.RemoveAll(dst)
-	err := os.Rename(dir, dst)
+	err = os.Rename(dir, dst)
 	switch {
 	case errors.Is(err, syscall.EXDEV):
 		// The logs live on the sandbox's own filesystem (its disk limit): copy what is

@@ -16,6 +16,8 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
@@ -233,5 +235,41 @@ func TestLogsOfEndedSandboxDirectAndSbx(t *testing.T) {
 	_, _, err = streamLogs(t, g.sandboxes, &sandboxv1.StreamLogsRequest{SandboxId: "nosuchsandbox"})
 	if apierr.Reason(err) != apierr.SandboxNotFound {
 		t.Errorf("logs of an unknown sandbox: %v", err)
+	}
+}
+
+// TestLogsOfASandboxThatSwappedItsLogDir: root in a sandbox can write the dir above its
+// log dir (/.sandboxd/run). One that replaces its log dir with a symlink to another
+// sandbox's log dir on the host and ends must get its own (empty) log back, never the
+// other sandbox's: the runner archives only a real directory. (Without a disk limit, as
+// here, the log dir is renamed into the archive, symlink and all; with one it is copied,
+// which never followed a symlink.)
+func TestLogsOfASandboxThatSwappedItsLogDir(t *testing.T) {
+	s := startedStack(t)
+	victim := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "/bin/sh",
+		Args: []string{"-c", `echo victim-secret; trap "exit 0" TERM; sleep infinity & wait`}}})
+	waitState(t, s, victim.ID, runner.StateRunning, time.Minute)
+	victimLogs := s.Backend.LogDir(victim.ID)
+	swap := `cd /.sandboxd/run && mv logs mine && ln -s "$1" logs && echo swapped`
+	attacker := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "/bin/sh",
+		Args: []string{"-c", swap, "sh", victimLogs}}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	end, err := s.Runner.WaitTerminal(ctx, attacker.ID)
+	if err != nil || end.State != runner.StateCompleted {
+		t.Fatalf("attacker ended %+v, %v; want COMPLETED", end, err)
+	}
+	read := func(id string) string {
+		var out bytes.Buffer
+		if err := s.Runner.Logs(ctx, id, &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { out.Write(m.GetData()); return nil }); err != nil {
+			t.Errorf("logs of %s: %v", id, err)
+		}
+		return out.String()
+	}
+	if got := read(attacker.ID); strings.Contains(got, "victim-secret") {
+		t.Errorf("the attacker's log is the victim's: %q", got)
+	}
+	if got := read(victim.ID); got != "victim-secret\n" {
+		t.Errorf("the victim's log: %q", got)
 	}
 }
