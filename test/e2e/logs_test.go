@@ -14,8 +14,6 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/dataplane"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -193,21 +191,7 @@ func TestLogsOutliveTheRunner(t *testing.T) {
 // TestLogsOfEndedSandboxDirectAndSbx: the direct data plane (certificates for logs only)
 // and `sbx logs` read an ended sandbox's log too.
 func TestLogsOfEndedSandboxDirectAndSbx(t *testing.T) {
-	dpCA, err := dataplane.LoadOrCreateCA(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dp *dataplane.Listener
-	g := startGateway(t, func(c *gateway.Config) {
-		local := c.Runners[0].(*gateway.LocalRunner)
-		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: "127.0.0.1:0", CA: dpCA, Sandboxes: local})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(l.Close)
-		dp, local.DataPlaneURI = l, uri
-		c.DataPlane = &dataplane.Issuer{CA: dpCA}
-	})
+	g, dp := startGatewayWithDataPlane(t)
 	sb := g.create(t, spec(busybox(), "/bin/sh", "-c", `echo out; echo err >&2; exit 0`), "")
 	g.waitState(t, sb.SandboxId, sandboxv1.State_STATE_COMPLETED)
 
