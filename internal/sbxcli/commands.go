@@ -61,9 +61,6 @@ it), and without CMD its ID goes to stdout.`,
 			if err != nil {
 				return err
 			}
-			if !rm {
-				defer a.keepsRunning(sb)
-			}
 			if rm {
 				defer func() {
 					dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -72,6 +69,8 @@ it), and without CMD its ID goes to stdout.`,
 						_, _ = fmt.Fprintln(a.stderr, FormatError(fmt.Errorf("delete %s: %w", sb.ID(), err)))
 					}
 				}()
+			} else {
+				defer a.keepsRunning(sb)
 			}
 			if err := a.waitWithProgress(ctx, sb, spec.Image); err != nil {
 				return err
