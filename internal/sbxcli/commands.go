@@ -125,7 +125,7 @@ func (a *app) keepsRunning(sb *sandbox.Sandbox) {
 	}
 	until := ""
 	if !in.ExpiresAt.IsZero() {
-		until = " until " + in.ExpiresAt.Local().Format("2006-01-02 15:04:05 MST")
+		until = " until " + localTime(in.ExpiresAt)
 	}
 	_, _ = fmt.Fprintf(a.stderr, "sbx: sandbox %s keeps running%s (stop it with: sbx stop %s)\n", sb.ID(), until, sb.ID())
 }
