@@ -239,3 +239,37 @@ func TestArchiveSkipsAReplacedLogDir(t *testing.T) {
 		t.Errorf("archived %s", fi.Mode().Type())
 	}
 }
+
+// TestEndedSandboxKeepsNoFileContents: a spec's files (up to 64 MiB) went into the
+// sandbox at create; an ended sandbox keeps their paths, not their contents, in memory
+// for the retention window and in its record on disk.
+func TestEndedSandboxKeepsNoFileContents(t *testing.T) {
+	dir := t.TempDir()
+	r, err := New(context.Background(), Config{Backend: &scriptBackend{exit: runtime.Exit{ExitCode: code(0), Reason: "Completed"}}, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	content := make([]byte, 8<<20)
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox",
+		Files: []runtime.File{{Path: "/data/big", Content: content, Mode: 0o600}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	end, err := r.WaitTerminal(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := end.Spec.Files; len(f) != 1 || f[0].Path != "/data/big" || f[0].Mode != 0o600 || f[0].Content != nil {
+		t.Errorf("files of the ended sandbox: %d, want /data/big 0600 without content", len(f))
+	}
+	fi, err := os.Stat(r.endedPath(sb.ID))
+	if err != nil {
+		t.Fatalf("record of the ended sandbox: %v", err)
+	}
+	if fi.Size() > 64<<10 {
+		t.Errorf("record of the ended sandbox: %d bytes, want at most 64 KiB", fi.Size())
+	}
+}

@@ -597,6 +597,11 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 			sb.Reason = "Error"
 		}
 	}
+	// The files a create wrote are in the sandbox's root filesystem by now: an ended
+	// sandbox keeps their paths and modes, not their contents (a spec may carry
+	// runtime.MaxFilesBytes of them), neither in memory for the retention window nor in
+	// its record on disk.
+	sb.Spec.Files = withoutContents(sb.Spec.Files)
 	if e.expiry != nil {
 		e.expiry.Stop()
 	}
@@ -610,6 +615,19 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	if !r.closed {
 		e.forget = time.AfterFunc(r.cfg.Retention, func() { r.forget(id, e) })
 	}
+}
+
+// withoutContents is files without their contents (a new slice: the spec's may be shared).
+func withoutContents(files []runtime.File) []runtime.File {
+	if len(files) == 0 {
+		return files
+	}
+	out := make([]runtime.File, len(files))
+	for i, f := range files {
+		f.Content = nil
+		out[i] = f
+	}
+	return out
 }
 
 // destroy releases what the backend holds of sandbox id. A teardown step can fail for a
