@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,40 +28,14 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
-	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/gateway/gatewaytest"
 )
-
-// idleRunner is a connected runner with room and no sandboxes, which creates none.
-type idleRunner struct{}
-
-func (idleRunner) ID() string    { return "r1" }
-func (idleRunner) Group() string { return "" }
-func (idleRunner) Create(context.Context, runner.CreateRequest) (runner.Sandbox, error) {
-	return runner.Sandbox{}, errors.New("idleRunner creates no sandbox")
-}
-func (idleRunner) Get(context.Context, string) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
-}
-func (idleRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
-}
-func (idleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
-	return nil, runner.ErrNotFound
-}
-func (idleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
-	return runner.ErrNotFound
-}
-func (idleRunner) Capacity(context.Context) (gateway.Capacity, error) {
-	return gateway.Capacity{MilliCPU: 2000, MemoryBytes: 4 << 30, ConnectedAt: time.Now(), RuntimeClasses: []string{"runc"}}, nil
-}
 
 // apiPort serves the API port as `sandboxd dev` assembles it (control plane and gateway
 // behind the API front, HTTP/1.1 and h2c) over an idle runner, and returns its base URL
@@ -82,7 +54,8 @@ func apiPort(t *testing.T) (string, string) {
 		t.Fatal(err)
 	}
 	keys := auth.NewStoreAuthenticator(st, log)
-	gw, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{idleRunner{}}, Logger: log})
+	gw, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gatewaytest.IdleRunner{RunnerID: "r1",
+		Cap: gateway.Capacity{MilliCPU: 2000, MemoryBytes: 4 << 30, ConnectedAt: time.Now(), RuntimeClasses: []string{"runc"}}}}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -183,5 +185,91 @@ func TestEndedSandboxesOutliveTheRunner(t *testing.T) {
 	}
 	if _, err := os.Stat(r2.endedPath("expired")); !os.IsNotExist(err) {
 		t.Errorf("record of an expired sandbox: %v", err)
+	}
+}
+
+// logDirBackend is a scriptBackend whose sandboxes keep their logs in dir.
+type logDirBackend struct {
+	scriptBackend
+	dir string
+}
+
+func (b *logDirBackend) LogDir(string) string { return b.dir }
+
+// TestArchiveSkipsAReplacedLogDir: a sandbox can write the dir above its log dir, so it
+// can replace the log dir with a symlink to another sandbox's logs before it ends. The
+// runner archives only a real directory: the ended sandbox's log is empty, never the
+// other one's.
+func TestArchiveSkipsAReplacedLogDir(t *testing.T) {
+	victim := t.TempDir()
+	w, err := logstore.Open(victim, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(logstore.Combined, []byte("victim secret\n")); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	swapped := filepath.Join(t.TempDir(), "logs")
+	if err := os.Symlink(victim, swapped); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	be := &logDirBackend{scriptBackend: scriptBackend{exit: runtime.Exit{ExitCode: code(0), Reason: "Completed"}}, dir: swapped}
+	r, err := New(context.Background(), Config{Backend: be, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.WaitTerminal(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	err = r.Logs(ctx, sb.ID, &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { got = append(got, m.GetData()...); return nil })
+	if err != nil || len(got) > 0 {
+		t.Errorf("log of the sandbox that swapped its log dir: %q %v, want empty", got, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, "logs", sb.ID)); err == nil {
+		t.Errorf("archived %s", fi.Mode().Type())
+	}
+}
+
+// TestEndedSandboxKeepsNoFileContents: a spec's files (up to 64 MiB) went into the
+// sandbox at create; an ended sandbox keeps their paths, not their contents, in memory
+// for the retention window and in its record on disk.
+func TestEndedSandboxKeepsNoFileContents(t *testing.T) {
+	dir := t.TempDir()
+	r, err := New(context.Background(), Config{Backend: &scriptBackend{exit: runtime.Exit{ExitCode: code(0), Reason: "Completed"}}, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	content := make([]byte, 8<<20)
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox",
+		Files: []runtime.File{{Path: "/data/big", Content: content, Mode: 0o600}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	end, err := r.WaitTerminal(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := end.Spec.Files; len(f) != 1 || f[0].Path != "/data/big" || f[0].Mode != 0o600 || f[0].Content != nil {
+		t.Errorf("files of the ended sandbox: %d, want /data/big 0600 without content", len(f))
+	}
+	fi, err := os.Stat(r.endedPath(sb.ID))
+	if err != nil {
+		t.Fatalf("record of the ended sandbox: %v", err)
+	}
+	if fi.Size() > 64<<10 {
+		t.Errorf("record of the ended sandbox: %d bytes, want at most 64 KiB", fi.Size())
 	}
 }

@@ -597,6 +597,11 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 			sb.Reason = "Error"
 		}
 	}
+	// The files a create wrote are in the sandbox's root filesystem by now: an ended
+	// sandbox keeps their paths and modes, not their contents (a spec may carry
+	// runtime.MaxFilesBytes of them), neither in memory for the retention window nor in
+	// its record on disk.
+	sb.Spec.Files = withoutContents(sb.Spec.Files)
 	if e.expiry != nil {
 		e.expiry.Stop()
 	}
@@ -610,6 +615,19 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	if !r.closed {
 		e.forget = time.AfterFunc(r.cfg.Retention, func() { r.forget(id, e) })
 	}
+}
+
+// withoutContents is files without their contents (a new slice: the spec's may be shared).
+func withoutContents(files []runtime.File) []runtime.File {
+	if len(files) == 0 {
+		return files
+	}
+	out := make([]runtime.File, len(files))
+	for i, f := range files {
+		f.Content = nil
+		out[i] = f
+	}
+	return out
 }
 
 // destroy releases what the backend holds of sandbox id. A teardown step can fail for a
@@ -772,12 +790,21 @@ func (r *Runner) archiveLogs(id string) {
 	if dir == "" {
 		return
 	}
-	if _, err := os.Lstat(dir); err != nil {
+	fi, err := os.Lstat(dir)
+	if err != nil {
 		return // nothing (left) to archive: keep what an earlier finish archived
+	}
+	if !fi.IsDir() {
+		// The sandbox replaced its log dir (it can write the dir above it), e.g. with a
+		// symlink to another sandbox's logs: moved into the archive, that would have the
+		// runner serve whatever it points to as this sandbox's log. The sandbox has
+		// ended, so it cannot swap a directory back in before the rename.
+		r.log.Warn("archive sandbox logs: the log dir is no directory (replaced by the sandbox?): nothing archived", "sandbox", id, "type", fi.Mode().Type().String())
+		return
 	}
 	dst := r.archiveDir(id)
 	_ = os.RemoveAll(dst)
-	err := os.Rename(dir, dst)
+	err = os.Rename(dir, dst)
 	switch {
 	case errors.Is(err, syscall.EXDEV):
 		// The logs live on the sandbox's own filesystem (its disk limit): copy what is

@@ -61,9 +61,6 @@ it), and without CMD its ID goes to stdout.`,
 			if err != nil {
 				return err
 			}
-			if !rm {
-				defer a.keepsRunning(sb)
-			}
 			if rm {
 				defer func() {
 					dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -72,6 +69,8 @@ it), and without CMD its ID goes to stdout.`,
 						_, _ = fmt.Fprintln(a.stderr, FormatError(fmt.Errorf("delete %s: %w", sb.ID(), err)))
 					}
 				}()
+			} else {
+				defer a.keepsRunning(sb)
 			}
 			if err := a.waitWithProgress(ctx, sb, spec.Image); err != nil {
 				return err
@@ -126,7 +125,7 @@ func (a *app) keepsRunning(sb *sandbox.Sandbox) {
 	}
 	until := ""
 	if !in.ExpiresAt.IsZero() {
-		until = " until " + in.ExpiresAt.Local().Format("2006-01-02 15:04:05 MST")
+		until = " until " + localTime(in.ExpiresAt)
 	}
 	_, _ = fmt.Fprintf(a.stderr, "sbx: sandbox %s keeps running%s (stop it with: sbx stop %s)\n", sb.ID(), until, sb.ID())
 }

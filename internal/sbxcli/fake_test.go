@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -64,10 +63,7 @@ func newFake(t *testing.T) *fakeAPI {
 
 // run runs sbx in-process against the fake (exec through the gateway path).
 func (f *fakeAPI) run(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
-	var out, errb bytes.Buffer
-	code = ExecuteContext(ctx, append([]string{"--base-url", f.url, "--api-key", "k", "--data-plane", "gateway"}, args...),
-		strings.NewReader(stdin), &out, &errb)
-	return out.String(), errb.String(), code
+	return runSbx(ctx, stdin, append([]string{"--base-url", f.url, "--api-key", "k", "--data-plane", "gateway"}, args...)...)
 }
 
 func (f *fakeAPI) sbx(stdin string, args ...string) (stdout, stderr string, code int) {

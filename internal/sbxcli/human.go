@@ -82,13 +82,16 @@ func humanDuration(d time.Duration) string {
 	return s
 }
 
+// localTime renders t in local time to the second: "2026-01-02 15:04:05 CET".
+func localTime(t time.Time) string { return t.Local().Format("2006-01-02 15:04:05 MST") }
+
 // humanTime renders t in local time with how far away it is: "2026-01-02 15:04:05 CET
 // (in 9m12s)", "… (3m ago)".
 func humanTime(t, now time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	s := t.Local().Format("2006-01-02 15:04:05 MST")
+	s := localTime(t)
 	if d := t.Sub(now); d >= 0 {
 		return s + " (in " + humanDuration(d) + ")"
 	}

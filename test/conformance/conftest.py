@@ -310,6 +310,28 @@ def other_org_key(client: Server, session_tag: str) -> str:
     return key
 
 
+@pytest.fixture
+def new_sandbox(session_tag):
+    """Factory: Sandbox.run(*args, **kw) with the session tag (and ``tags``); deletes what it made
+    at test end (``auth``: a per-call key, also for the delete)."""
+    from cwsandbox import Sandbox
+
+    made: list[tuple[str, object]] = []
+
+    def run(*args, tags=(), auth=None, **kw):
+        sb = Sandbox.run(*args, tags=[session_tag, *tags], auth=auth, **kw)
+        assert sb.sandbox_id, "CreateSandbox returned no sandbox_id"
+        made.append((sb.sandbox_id, auth))
+        return sb
+
+    yield run
+    for sid, auth in made:
+        try:
+            Sandbox.delete(sid, missing_ok=True, auth=auth).result(timeout=30)
+        except Exception:  # noqa: BLE001 - best effort; the session sweep retries
+            pass
+
+
 # ---------------------------------------------------------------------------------------------
 # Hooks: attach the server log written during a failing test to its report.
 

@@ -67,25 +67,6 @@ def _next_chunk(reader, timeout: float):
     return val
 
 
-@pytest.fixture
-def new_sandbox(session_tag):
-    """Factory: Sandbox.run(*args, **kw) with the session tag; deletes what it made at test end."""
-    made: list[tuple[str, object]] = []
-
-    def run(*args, tags=(), auth=None, **kw) -> Sandbox:
-        sb = Sandbox.run(*args, tags=[session_tag, *tags], auth=auth, **kw)
-        assert sb.sandbox_id, "CreateSandbox returned no sandbox_id"
-        made.append((sb.sandbox_id, auth))
-        return sb
-
-    yield run
-    for sid, auth in made:
-        try:
-            Sandbox.delete(sid, missing_ok=True, auth=auth).result(timeout=30)
-        except Exception:  # noqa: BLE001 - best effort; the session sweep retries
-            pass
-
-
 @pytest.fixture(scope="module")
 def py_box(client, session_tag):
     """One sandbox on the client's default image (python:3.11), shared by read-only exec checks."""

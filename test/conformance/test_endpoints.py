@@ -33,24 +33,6 @@ SHARE_TOKEN_PARAM = "sandbox_share_token"  # the edge's query-parameter fallback
 pytestmark = pytest.mark.usefixtures("client")
 
 
-@pytest.fixture
-def run(session_tag):
-    """Sandbox.run with the session tag; deletes what it made at test end."""
-    made: list[Sandbox] = []
-
-    def start(*args, **kw) -> Sandbox:
-        sb = Sandbox.run(*args, tags=[session_tag], **kw)
-        made.append(sb)
-        return sb
-
-    yield start
-    for sb in made:
-        try:
-            Sandbox.delete(sb.sandbox_id, missing_ok=True).result(timeout=30)
-        except Exception:  # noqa: BLE001 - the session sweep retries
-            pass
-
-
 def _https(port: int, auth: EndpointAuth, timeout: int | None = None, name: str = "") -> Service:
     return Service(
         port=port,
@@ -110,13 +92,13 @@ def _until_served(client, url: str, headers: dict[str, str], timeout: float = 60
 
 
 @pytest.mark.timeout(150)
-def test_passthrough_address_from_create(run, client, session_tag):
+def test_passthrough_address_from_create(new_sandbox, client, session_tag):
     """The create response is CREATING and names the passthrough address, so the client keeps
     it in service_addresses from create on; Get and List echo the same."""
     svc = Service(
         port=8443, name="tls", visibility=ServiceVisibility.PUBLIC, endpoint=Endpoint(kind=EndpointKind.TLS_PASSTHROUGH)
     )
-    sb = run("sleep", "600", container_image=BUSYBOX, services=[svc])
+    sb = new_sandbox("sleep", "600", container_image=BUSYBOX, services=[svc])
     assert sb.status == SandboxStatus.PENDING  # client-local until the first GetSandbox
     created = sb.service_addresses
     assert len(created) == 1, f"create left service_addresses {created} (the client keeps them only for CREATING/RUNNING)"
@@ -131,10 +113,10 @@ def test_passthrough_address_from_create(run, client, session_tag):
 
 
 @pytest.mark.timeout(150)
-def test_https_service_endpoints(run):
+def test_https_service_endpoints(new_sandbox):
     """Every HTTPS endpoint echoes its auth and effective request timeout (15 s by default),
     which the client needs to list it in service_endpoints."""
-    sb = run(
+    sb = new_sandbox(
         "sleep", "600", container_image=BUSYBOX,
         services=[_https(8080, EndpointAuth.OPEN, name="web"), _https(8081, EndpointAuth.SHARE_TOKEN, 60, name="api")],
     )
@@ -152,12 +134,12 @@ def test_https_service_endpoints(run):
 
 
 @pytest.mark.timeout(240)
-def test_https_share_token(run, client, session_tag):
+def test_https_share_token(new_sandbox, client, session_tag):
     """A SHARE_TOKEN endpoint: the create-only token opens it (header and query parameter),
     nothing else does (no token, another sandbox's token), and Get/List never carry it."""
     share = [_https(8000, EndpointAuth.SHARE_TOKEN, name="http")]
-    sb = run("python3", "-m", "http.server", "8000", container_image=PYTHON, services=share)
-    other = run("python3", "-m", "http.server", "8000", container_image=PYTHON, services=share)
+    sb = new_sandbox("python3", "-m", "http.server", "8000", container_image=PYTHON, services=share)
+    other = new_sandbox("python3", "-m", "http.server", "8000", container_image=PYTHON, services=share)
     token, other_token = sb.endpoint_share_token, other.endpoint_share_token
     assert isinstance(token, EndpointShareToken) and isinstance(other_token, EndpointShareToken)
     assert str(token) == "<redacted>"

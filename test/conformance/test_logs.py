@@ -26,13 +26,11 @@ TERMINAL = {SandboxStatus.COMPLETED, SandboxStatus.FAILED, SandboxStatus.TERMINA
 
 
 @pytest.fixture
-def ended(session_tag):
+def ended(new_sandbox):
     """Factory: runs a busybox sandbox with the given command and waits until it ended."""
-    made: list[str] = []
 
     def run(script: str, *, stop: bool = False, **kw) -> Sandbox:
-        sb = Sandbox.run("sh", "-c", script, container_image="busybox", tags=[session_tag, "logs"], **kw)
-        made.append(sb.sandbox_id)
+        sb = new_sandbox("sh", "-c", script, container_image="busybox", tags=["logs"], **kw)
         if stop:
             sb.wait(timeout=60)
             time.sleep(0.5)  # let the main command print before it is stopped
@@ -48,12 +46,7 @@ def ended(session_tag):
             time.sleep(0.2)
         return sb
 
-    yield run
-    for sid in made:
-        try:
-            Sandbox.delete(sid, missing_ok=True).result(timeout=30)
-        except Exception:  # noqa: BLE001
-            pass
+    return run
 
 
 def _logs(sandbox_id: str, mode: str = "auto", **kw) -> str:

@@ -5,6 +5,8 @@ with field violations. Whether traffic actually flows is the backend's test, not
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from cwsandbox import EgressRule, IngressRule, NetworkOptions, PortRange, Sandbox, Service, TenantScope
@@ -18,21 +20,9 @@ pytestmark = pytest.mark.usefixtures("client")
 
 
 @pytest.fixture
-def run(session_tag):
-    """Sandbox.run with the session tag on busybox; stops what it made at test end."""
-    made: list[Sandbox] = []
-
-    def start(**kw) -> Sandbox:
-        sb = Sandbox.run(container_image=BUSYBOX, tags=[session_tag], **kw)
-        made.append(sb)
-        return sb
-
-    yield start
-    for sb in made:
-        try:
-            Sandbox.delete(sb.sandbox_id, missing_ok=True).result(timeout=30)
-        except Exception:  # noqa: BLE001 - the session sweep retries
-            pass
+def run(new_sandbox):
+    """Sandbox.run with the session tag on busybox; deletes what it made at test end (conftest)."""
+    return functools.partial(new_sandbox, container_image=BUSYBOX)
 
 
 @pytest.mark.timeout(90)

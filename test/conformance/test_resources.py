@@ -5,6 +5,7 @@ reason, not "try again later"."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
@@ -18,21 +19,9 @@ pytestmark = pytest.mark.usefixtures("client")
 
 
 @pytest.fixture
-def run(session_tag):
-    """Sandbox.run with the session tag; deletes what it made at test end."""
-    made: list[str] = []
-
-    def start(**kw) -> Sandbox:
-        sb = Sandbox.run(container_image="busybox", tags=[session_tag], **kw)
-        made.append(sb.sandbox_id)
-        return sb
-
-    yield start
-    for sid in made:
-        try:
-            Sandbox.delete(sid, missing_ok=True).result(timeout=30)
-        except Exception:  # noqa: BLE001 - best effort; the session sweep retries
-            pass
+def run(new_sandbox):
+    """Sandbox.run on busybox with the session tag; deletes what it made at test end (conftest)."""
+    return functools.partial(new_sandbox, container_image="busybox")
 
 
 @pytest.mark.timeout(90)

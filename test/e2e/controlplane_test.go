@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -22,8 +21,6 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
-	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
-	agentv1connect "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -31,7 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
-	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/gateway/gatewaytest"
 	"github.com/sandboxd/sandboxd/internal/sbxcli"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -49,29 +46,6 @@ type cp struct {
 	mu                sync.Mutex
 	offset            time.Duration
 }
-
-// idleRunner is a gateway runner without sandboxes: the control-plane tests need the
-// gateway's authentication, not a backend.
-type idleRunner struct{}
-
-func (idleRunner) ID() string    { return "idle" }
-func (idleRunner) Group() string { return "default" }
-func (idleRunner) Create(context.Context, runner.CreateRequest) (runner.Sandbox, error) {
-	return runner.Sandbox{}, errors.New("idle runner")
-}
-func (idleRunner) Get(context.Context, string) (runner.Sandbox, error) {
-	return runner.Sandbox{}, errors.New("idle runner")
-}
-func (idleRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
-	return runner.Sandbox{}, errors.New("idle runner")
-}
-func (idleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
-	return nil, errors.New("idle runner")
-}
-func (idleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
-	return errors.New("idle runner")
-}
-func (idleRunner) Capacity(context.Context) (gateway.Capacity, error) { return gateway.Capacity{}, nil }
 
 func startControlPlane(t *testing.T) *cp {
 	t.Helper()
@@ -105,7 +79,7 @@ func startControlPlane(t *testing.T) *cp {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.New(gateway.Config{Auth: authn, Runners: []gateway.Runner{idleRunner{}}, Policies: controlplane.NewPolicySource(st, "org-a")})
+	g, err := gateway.New(gateway.Config{Auth: authn, Runners: []gateway.Runner{gatewaytest.IdleRunner{RunnerID: "idle", GroupID: "default"}}, Policies: controlplane.NewPolicySource(st, "org-a")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/dataplane"
-	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
@@ -191,21 +191,7 @@ func TestLogsOutliveTheRunner(t *testing.T) {
 // TestLogsOfEndedSandboxDirectAndSbx: the direct data plane (certificates for logs only)
 // and `sbx logs` read an ended sandbox's log too.
 func TestLogsOfEndedSandboxDirectAndSbx(t *testing.T) {
-	dpCA, err := dataplane.LoadOrCreateCA(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dp *dataplane.Listener
-	g := startGateway(t, func(c *gateway.Config) {
-		local := c.Runners[0].(*gateway.LocalRunner)
-		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: "127.0.0.1:0", CA: dpCA, Sandboxes: local})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(l.Close)
-		dp, local.DataPlaneURI = l, uri
-		c.DataPlane = &dataplane.Issuer{CA: dpCA}
-	})
+	g, dp := startGatewayWithDataPlane(t)
 	sb := g.create(t, spec(busybox(), "/bin/sh", "-c", `echo out; echo err >&2; exit 0`), "")
 	g.waitState(t, sb.SandboxId, sandboxv1.State_STATE_COMPLETED)
 
@@ -233,5 +219,41 @@ func TestLogsOfEndedSandboxDirectAndSbx(t *testing.T) {
 	_, _, err = streamLogs(t, g.sandboxes, &sandboxv1.StreamLogsRequest{SandboxId: "nosuchsandbox"})
 	if apierr.Reason(err) != apierr.SandboxNotFound {
 		t.Errorf("logs of an unknown sandbox: %v", err)
+	}
+}
+
+// TestLogsOfASandboxThatSwappedItsLogDir: root in a sandbox can write the dir above its
+// log dir (/.sandboxd/run). One that replaces its log dir with a symlink to another
+// sandbox's log dir on the host and ends must get its own (empty) log back, never the
+// other sandbox's: the runner archives only a real directory. (Without a disk limit, as
+// here, the log dir is renamed into the archive, symlink and all; with one it is copied,
+// which never followed a symlink.)
+func TestLogsOfASandboxThatSwappedItsLogDir(t *testing.T) {
+	s := startedStack(t)
+	victim := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "/bin/sh",
+		Args: []string{"-c", `echo victim-secret; trap "exit 0" TERM; sleep infinity & wait`}}})
+	waitState(t, s, victim.ID, runner.StateRunning, time.Minute)
+	victimLogs := s.Backend.LogDir(victim.ID)
+	swap := `cd /.sandboxd/run && mv logs mine && ln -s "$1" logs && echo swapped`
+	attacker := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "/bin/sh",
+		Args: []string{"-c", swap, "sh", victimLogs}}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	end, err := s.Runner.WaitTerminal(ctx, attacker.ID)
+	if err != nil || end.State != runner.StateCompleted {
+		t.Fatalf("attacker ended %+v, %v; want COMPLETED", end, err)
+	}
+	read := func(id string) string {
+		var out bytes.Buffer
+		if err := s.Runner.Logs(ctx, id, &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { out.Write(m.GetData()); return nil }); err != nil {
+			t.Errorf("logs of %s: %v", id, err)
+		}
+		return out.String()
+	}
+	if got := read(attacker.ID); strings.Contains(got, "victim-secret") {
+		t.Errorf("the attacker's log is the victim's: %q", got)
+	}
+	if got := read(victim.ID); got != "victim-secret\n" {
+		t.Errorf("the victim's log: %q", got)
 	}
 }

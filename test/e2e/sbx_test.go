@@ -586,16 +586,15 @@ func TestSbxShell(t *testing.T) {
 	}
 }
 
-// TestSDKDataPlaneModes: the Go SDK goes direct to the runner's data plane in AUTO and
-// DIRECT mode (the data plane counts the calls), never in GATEWAY mode; with the data
-// plane gone, AUTO falls back to the gateway and DIRECT fails saying why.
-func TestSDKDataPlaneModes(t *testing.T) {
+// startGatewayWithDataPlane is startGateway whose runner also serves the direct data
+// plane, as `sandboxd dev --data-plane-listen` does; dp counts the calls it serves.
+func startGatewayWithDataPlane(t *testing.T) (g *gw, dp *dataplane.Listener) {
+	t.Helper()
 	dpCA, err := dataplane.LoadOrCreateCA(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dp *dataplane.Listener
-	g := startGateway(t, func(c *gateway.Config) {
+	g = startGateway(t, func(c *gateway.Config) {
 		local := c.Runners[0].(*gateway.LocalRunner)
 		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: "127.0.0.1:0", CA: dpCA, Sandboxes: local})
 		if err != nil {
@@ -605,6 +604,14 @@ func TestSDKDataPlaneModes(t *testing.T) {
 		dp, local.DataPlaneURI = l, uri
 		c.DataPlane = &dataplane.Issuer{CA: dpCA}
 	})
+	return g, dp
+}
+
+// TestSDKDataPlaneModes: the Go SDK goes direct to the runner's data plane in AUTO and
+// DIRECT mode (the data plane counts the calls), never in GATEWAY mode; with the data
+// plane gone, AUTO falls back to the gateway and DIRECT fails saying why.
+func TestSDKDataPlaneModes(t *testing.T) {
+	g, dp := startGatewayWithDataPlane(t)
 	ctx := context.Background()
 	client := func(mode sandbox.DataPlaneMode) *sandbox.Client {
 		c, err := sandbox.New(g.url, g.keyA, sandbox.WithDataPlane(mode))

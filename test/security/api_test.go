@@ -50,6 +50,37 @@ func rssBytes(t *testing.T, pid int) int64 {
 	return 0
 }
 
+// sampleRSS returns the resident set of process pid now (before) and goes on sampling it
+// every interval until peak is called, which returns the largest sample (before included).
+func sampleRSS(t *testing.T, pid int, every time.Duration) (before int64, peak func() int64) {
+	t.Helper()
+	before = rssBytes(t, pid)
+	var mu sync.Mutex
+	most := before
+	stop, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(every):
+				r := rssBytes(t, pid)
+				mu.Lock()
+				most = max(most, r)
+				mu.Unlock()
+			}
+		}
+	}()
+	return before, func() int64 {
+		close(stop)
+		<-sampled
+		mu.Lock()
+		defer mu.Unlock()
+		return most
+	}
+}
+
 // zeros is an endless body that costs the client no memory.
 type zeros struct{}
 
@@ -126,24 +157,8 @@ func TestAPIUnauthenticatedFloodKeepsMemoryFlat(t *testing.T) {
 		{"gRPC-Web", create, "application/grpc-web+proto", false, 200, "16"},
 	}
 	time.Sleep(500 * time.Millisecond)
-	before := rssBytes(t, d.Pid())
+	before, sampled := sampleRSS(t, d.Pid(), 20*time.Millisecond)
 	var mu sync.Mutex
-	peak := before
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-				r := rssBytes(t, d.Pid())
-				mu.Lock()
-				peak = max(peak, r)
-				mu.Unlock()
-			}
-		}
-	}()
 	var slowest time.Duration
 	for _, p := range protocols {
 		var wg sync.WaitGroup
@@ -167,8 +182,7 @@ func TestAPIUnauthenticatedFloodKeepsMemoryFlat(t *testing.T) {
 		}
 		wg.Wait()
 	}
-	close(stop)
-	<-sampled
+	peak := sampled()
 	time.Sleep(200 * time.Millisecond)
 	after := rssBytes(t, d.Pid())
 	t.Logf("RSS before %d MiB, peak %d MiB (+%d MiB), after %d MiB; slowest 401 %v", before>>20, peak>>20, (peak-before)>>20, after>>20, slowest)

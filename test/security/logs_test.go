@@ -76,24 +76,7 @@ func TestArchivedLogWithForgedIndexKeepsMemoryFlat(t *testing.T) {
 	}
 
 	time.Sleep(500 * time.Millisecond)
-	before := rssBytes(t, d.Pid())
-	var mu sync.Mutex
-	peak := before
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-				r := rssBytes(t, d.Pid())
-				mu.Lock()
-				peak = max(peak, r)
-				mu.Unlock()
-			}
-		}
-	}()
+	before, sampled := sampleRSS(t, d.Pid(), 10*time.Millisecond)
 	// Reads that check the whole index (a since after the end), and reads of the start.
 	var wg sync.WaitGroup
 	for i := range 16 {
@@ -130,8 +113,7 @@ func TestArchivedLogWithForgedIndexKeepsMemoryFlat(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	close(stop)
-	<-sampled
+	peak := sampled()
 	const bound = 48 << 20
 	t.Logf("RSS before %d MiB, peak %d MiB (+%d MiB) over 16 reads of a forged 24 MiB index", before>>20, peak>>20, (peak-before)>>20)
 	if peak-before > bound {

@@ -1,0 +1,43 @@
+// Package gatewaytest has stand-ins for tests outside internal/gateway that need a
+// gateway (its API port, authentication, routing, errors) but no sandboxes. (The
+// gateway's own tests cannot import it: it imports the gateway.)
+package gatewaytest
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// IdleRunner is a gateway.Runner without sandboxes that creates none: a create is an
+// error, every other call about a sandbox runner.ErrNotFound, and Capacity reports Cap.
+type IdleRunner struct {
+	RunnerID, GroupID string
+	Cap               gateway.Capacity
+}
+
+var _ gateway.Runner = IdleRunner{}
+
+func (r IdleRunner) ID() string    { return r.RunnerID }
+func (r IdleRunner) Group() string { return r.GroupID }
+func (IdleRunner) Create(context.Context, runner.CreateRequest) (runner.Sandbox, error) {
+	return runner.Sandbox{}, errors.New("an idle runner creates no sandbox")
+}
+func (IdleRunner) Get(context.Context, string) (runner.Sandbox, error) {
+	return runner.Sandbox{}, runner.ErrNotFound
+}
+func (IdleRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
+	return runner.Sandbox{}, runner.ErrNotFound
+}
+func (IdleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+	return nil, runner.ErrNotFound
+}
+func (IdleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+	return runner.ErrNotFound
+}
+func (r IdleRunner) Capacity(context.Context) (gateway.Capacity, error) { return r.Cap, nil }
