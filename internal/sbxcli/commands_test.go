@@ -265,6 +265,7 @@ func TestSbxGetShowsResourcesExpiryAndEndpoints(t *testing.T) {
 }
 
 func TestSbxHumanUnits(t *testing.T) {
+	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
 	for _, tc := range []struct{ got, want string }{
 		{humanBytes(512), "512 B"}, {humanBytes(1536), "1.5 KiB"}, {humanBytes(128 << 20), "128 MiB"},
 		{humanBytes(2040 << 20), "2 GiB"}, {humanBytes(1932735283), "1.8 GiB"}, {humanBytes(1 << 30), "1 GiB"},
@@ -273,6 +274,9 @@ func TestSbxHumanUnits(t *testing.T) {
 		{humanDuration(552 * time.Second), "9m12s"}, {humanDuration(10 * time.Minute), "10m"}, {humanDuration(time.Hour), "1h"},
 		{humanDuration(90*time.Minute + 400*time.Millisecond), "1h30m"}, {humanDuration(75 * time.Hour), "3d3h"}, {humanDuration(30 * 24 * time.Hour), "30d"},
 		{humanDuration(0), "0s"},
+		// Time left is cut down to the second, never rounded up: 19m59.6s is not "in 20m".
+		{humanTime(now.Add(20*time.Minute-400*time.Millisecond), now), localTime(now.Add(20*time.Minute-time.Second)) + " (in 19m59s)"},
+		{humanTime(now.Add(-3*time.Minute-600*time.Millisecond), now), localTime(now.Add(-3*time.Minute-time.Second)) + " (3m ago)"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)

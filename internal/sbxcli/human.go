@@ -92,8 +92,10 @@ func humanTime(t, now time.Time) string {
 		return ""
 	}
 	s := localTime(t)
+	// Whole seconds, cut down: time left is never overstated (19m59.6s left is "19m59s",
+	// not "20m").
 	if d := t.Sub(now); d >= 0 {
-		return s + " (in " + humanDuration(d) + ")"
+		return s + " (in " + humanDuration(d.Truncate(time.Second)) + ")"
 	}
-	return s + " (" + humanDuration(now.Sub(t)) + " ago)"
+	return s + " (" + humanDuration(now.Sub(t).Truncate(time.Second)) + " ago)"
 }
