@@ -42,7 +42,7 @@ func dev(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
 	runnerID := fs.String("runner-id", "local", "ID of the local runner")
 	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
-	mirror := fs.Bool("test-image-mirror", true, "serve the test images (scripts/build-test-images.sh) from a loopback registry that mirrors docker.io")
+	mirror := fs.Bool("test-image-mirror", true, "serve the test images (make images) as docker.io's python:3.11 and busybox from a loopback registry (dev only; false: Docker Hub)")
 	poolSize := fs.Int("warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
 	edgeListen := fs.String("edge-listen", "127.0.0.1:8443", "address of the edge that publishes sandbox endpoints (443 in production; empty: no edge)")
 	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")
@@ -277,8 +277,10 @@ func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, liv
 
 // mirrorTestImages serves the test images from a loopback registry and makes it cfg's
 // docker.io mirror. Without test images it only warns: docker.io is then Docker Hub.
+// Only `dev` (the single-machine demo) calls it: internal/archtest fails if a code path
+// of runner, gateway or controlplane reaches it.
 func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) (stop func(), err error) {
-	host, stop, err := serveTestImages(ctx)
+	host, stop, err := testimage.ServeDockerHub(ctx, "")
 	switch {
 	case errors.Is(err, testimage.ErrNoTestImages):
 		log.Warn("no test images to mirror; docker.io images are pulled from Docker Hub", "hint", "make images")
@@ -290,28 +292,6 @@ func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) 
 	cfg.Mirrors = map[string][]image.Mirror{"docker.io": {{Host: host, Insecure: true}}}
 	log.Info("test images mirror docker.io", "registry", host)
 	return stop, nil
-}
-
-// serveTestImages serves the test images on loopback under their own names and under
-// Docker Hub's (library/python:3.11, library/busybox:latest).
-func serveTestImages(ctx context.Context) (string, func(), error) {
-	imgs, err := testimage.StandardImages()
-	if err != nil {
-		return "", nil, err
-	}
-	host, stop, err := testimage.StartRegistry(ctx)
-	if err != nil {
-		return "", nil, err
-	}
-	if err := testimage.PushStandard(host, imgs); err != nil {
-		stop()
-		return "", nil, err
-	}
-	if err := testimage.PushDockerHubNames(host, imgs); err != nil {
-		stop()
-		return "", nil, err
-	}
-	return host, stop, nil
 }
 
 // apikey manages API keys in the store: `sandboxd apikey create --org ORG [--role user]`.

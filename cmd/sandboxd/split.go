@@ -50,16 +50,19 @@ func newLogger(verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-// runnerCmd runs the single-host stack and serves it to gateways over mTLS.
+// runnerCmd runs the single-host stack and serves it to gateways over mTLS. Unlike
+// `dev` it never serves the test images: docker.io is Docker Hub (internal/archtest
+// checks that no code path of it reaches internal/testimage).
 func runnerCmd(args []string) error {
 	fs := flag.NewFlagSet("runner", flag.ExitOnError)
 	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory")
 	pkiDir := fs.String("pki-dir", "", "directory of the platform CA (ca.pem, ca-key.pem), shared with the gateways; default DATA-DIR/pki")
 	listen := fs.String("listen", "127.0.0.1:7443", "address gateways reach the runner at (gRPC over mTLS)")
 	runnerID := fs.String("runner-id", "local", "ID of this runner; its certificate carries it as a DNS name")
-	mirror := fs.Bool("test-image-mirror", true, "serve the test images (scripts/build-test-images.sh) from a loopback registry that mirrors docker.io")
 	var insecure listFlag
 	fs.Var(&insecure, "insecure-registry", "registry host[:port] reached over plain HTTP (repeatable)")
+	var mirrors mirrorFlags
+	mirrors.register(fs)
 	bridge := fs.String("bridge", "", "sandbox bridge (default sbx0)")
 	subnet := fs.String("subnet", "", "sandbox subnet (default 10.88.0.0/16)")
 	cgroupParent := fs.String("cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
@@ -197,6 +200,7 @@ func runnerCmd(args []string) error {
 		rn = kst.Runner
 	} else {
 		cfg := stack.Config{DataDir: *dataDir, Logger: logger, InsecureRegistries: insecure, Bridge: *bridge, CgroupParent: *cgroupParent, NoEgress: *noEgress}
+		mirrors.apply(&cfg)
 		if err := hard.apply(&cfg); err != nil {
 			return err
 		}
@@ -212,13 +216,6 @@ func runnerCmd(args []string) error {
 			if cfg.Subnet, err = netip.ParsePrefix(*subnet); err != nil {
 				return fmt.Errorf("--subnet: %w", err)
 			}
-		}
-		if *mirror {
-			stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
-			if err != nil {
-				return err
-			}
-			defer stopRegistry()
 		}
 		st, err := stack.NewLocal(ctx, cfg)
 		if err != nil {

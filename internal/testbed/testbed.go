@@ -33,6 +33,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
 // RunnerPort is where every runner listens in its namespace.
@@ -78,6 +79,9 @@ type Bed struct {
 	AdminKey, UserKey, CAFile string
 	// Org is the organization of the keys.
 	Org string
+	// mirror is the runners' docker.io mirror serving the test images ("" without them).
+	mirror     string
+	stopMirror func()
 }
 
 // Build compiles sandboxd and the static sandbox-agent into dir.
@@ -123,6 +127,15 @@ func (b *Bed) start(ctx context.Context) error {
 	b.net.down() // leftovers of a bed of the same process ID
 	if err := b.net.up(len(cfg.Runners)); err != nil {
 		return fmt.Errorf("testbed network: %w", err)
+	}
+	// Runners have no test images of their own (only `sandboxd dev` has): they get them
+	// as docker.io's from a mirror on the bridge; without them, from Docker Hub.
+	host, stop, err := testimage.ServeDockerHub(ctx, net.JoinHostPort(b.net.host.String(), "0"))
+	switch {
+	case err == nil:
+		b.mirror, b.stopMirror = host, stop
+	case !errors.Is(err, testimage.ErrNoTestImages):
+		return fmt.Errorf("testbed: test images: %w", err)
 	}
 	if err := b.startControlPlane(ctx); err != nil {
 		return err
@@ -215,6 +228,9 @@ func (b *Bed) startRunner(ctx context.Context, admin controlplanev1connect.Runne
 		"--control-plane", b.CP.Addr, "--bootstrap-token", tok.Msg.GetBootstrapToken(),
 		"--heartbeat-interval", b.cfg.HeartbeatInterval.String(),
 		"--cgroup-parent", b.cgroupParent(i))
+	if b.mirror != "" {
+		argv = append(argv, "--registry-mirror", "docker.io="+b.mirror, "--insecure-registry", b.mirror)
+	}
 	argv = append(argv, r.Args...)
 	if r.DataPlane {
 		argv = append(argv, "--data-plane-listen", fmt.Sprintf(":%d", DataPlanePort), "--data-plane-host", b.net.runnerAddr(i).String())
@@ -281,6 +297,9 @@ func (b *Bed) Close() []string {
 		leaks = append(leaks, b.leftovers(i)...)
 		b.removeLeftovers(i)
 		b.forceClean(i)
+	}
+	if b.stopMirror != nil {
+		b.stopMirror()
 	}
 	b.net.down()
 	return leaks

@@ -1,6 +1,9 @@
 package testimage
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // Docker Hub names of the standard images, as an official client writes them
 // ("python:3.11" is docker.io/library/python:3.11). A registry holding these,
@@ -23,4 +26,28 @@ func PushDockerHubNames(host string, imgs *Images) error {
 	}
 	_, err := Push(host, DockerHubPython, imgs.Python)
 	return err
+}
+
+// ServeDockerHub serves the standard images on a registry listening on listen (empty:
+// loopback) under their own names and Docker Hub's, to be configured as the docker.io
+// mirror: `sandboxd dev` does (only it), and the multi-cluster test bed for its runners.
+// It returns ErrNoTestImages when the tarballs are missing.
+func ServeDockerHub(ctx context.Context, listen string) (host string, stop func(), err error) {
+	imgs, err := StandardImages()
+	if err != nil {
+		return "", nil, err
+	}
+	host, stop, err = StartRegistryWith(ctx, RegistryOptions{Listen: listen})
+	if err != nil {
+		return "", nil, err
+	}
+	if err := PushStandard(host, imgs); err != nil {
+		stop()
+		return "", nil, err
+	}
+	if err := PushDockerHubNames(host, imgs); err != nil {
+		stop()
+		return "", nil, err
+	}
+	return host, stop, nil
 }

@@ -194,6 +194,8 @@ func gzipFile(src, dst string) error {
 
 // RegistryOptions configure StartRegistryWith.
 type RegistryOptions struct {
+	// Listen is the address to serve on (default 127.0.0.1:0).
+	Listen string
 	// BasicAuth, if set, requires HTTP basic auth with these credentials on every /v2/ request.
 	BasicAuth *image.Credentials
 	// BearerAuth, if set, requires a bearer token obtained from the registry's own
@@ -208,10 +210,13 @@ func StartRegistry(ctx context.Context) (host string, stop func(), err error) {
 	return StartRegistryWith(ctx, RegistryOptions{})
 }
 
-// StartRegistryWith is StartRegistry with options (auth, request hook).
+// StartRegistryWith is StartRegistry with options (address, auth, request hook).
 func StartRegistryWith(ctx context.Context, o RegistryOptions) (host string, stop func(), err error) {
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:0"
+	}
 	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	ln, err := lc.Listen(ctx, "tcp", o.Listen)
 	if err != nil {
 		return "", nil, err
 	}

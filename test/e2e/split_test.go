@@ -283,7 +283,7 @@ func TestSplitProcesses(t *testing.T) {
 	runnerAddr := freeAddr(t)
 	startProcess(t, bin, "runner r1 listening on", []string{"SANDBOXD_AGENT=" + env.AgentBin},
 		"runner", "--data-dir", runnerDir, "--pki-dir", pkiDir, "--listen", runnerAddr, "--runner-id", "r1",
-		"--test-image-mirror=false", "--insecure-registry", env.Registry,
+		"--insecure-registry", env.Registry,
 		"--bridge", bridge, "--subnet", subnet.String(), "--cgroup-parent", "sandboxd-split", "--no-egress")
 	gatewayAddr := freeAddr(t)
 	startProcess(t, bin, "CWSANDBOX_BASE_URL=", nil,
