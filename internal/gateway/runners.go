@@ -286,7 +286,7 @@ func (l *LocalRunner) Classes() []string {
 func LiveOf(sbs []runner.Sandbox, org string) int {
 	n := 0
 	for _, sb := range sbs {
-		if sb.Spec.Meta[metaOrg] == org && !sb.State.Terminal() {
+		if sb.Spec.Meta[runtime.MetaOrg] == org && !sb.State.Terminal() {
 			n++
 		}
 	}

@@ -30,17 +30,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Meta keys the runner keeps in runtime.Spec.Meta; the backend persists them for
-// recovery.
-const (
-	metaCreatedAt = "sandboxd.created_at"
-	metaLifetime  = "sandboxd.lifetime"
-)
-
-// MetaOrg is the Spec.Meta key of the organization that owns a sandbox (set by the
-// gateway that created it).
-const MetaOrg = runtime.MetaOrg
-
 // Config configures a Runner.
 type Config struct {
 	Backend runtime.Backend
@@ -151,8 +140,8 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if req.Spec.Meta == nil {
 		req.Spec.Meta = map[string]string{}
 	}
-	req.Spec.Meta[metaCreatedAt] = now.UTC().Format(time.RFC3339Nano)
-	req.Spec.Meta[metaLifetime] = req.Lifetime.String()
+	req.Spec.Meta[runtime.MetaCreatedAt] = now.UTC().Format(time.RFC3339Nano)
+	req.Spec.Meta[runtime.MetaLifetime] = req.Lifetime.String()
 
 	e := newEntry(Sandbox{
 		ID:        req.Spec.ID,
@@ -901,7 +890,7 @@ func (r *Runner) recover(ctx context.Context) error {
 			}()
 			continue
 		}
-		created, _ := time.Parse(time.RFC3339Nano, rec.Spec.Meta[metaCreatedAt])
+		created, _ := time.Parse(time.RFC3339Nano, rec.Spec.Meta[runtime.MetaCreatedAt])
 		if created.IsZero() {
 			// No record of its creation (a spec written before it was kept): its lifetime
 			// counts from its start, or from now, never from the zero time (which would
@@ -911,7 +900,7 @@ func (r *Runner) recover(ctx context.Context) error {
 				created = time.Now()
 			}
 		}
-		lifetime, _ := time.ParseDuration(rec.Spec.Meta[metaLifetime])
+		lifetime, _ := time.ParseDuration(rec.Spec.Meta[runtime.MetaLifetime])
 		if lifetime <= 0 {
 			lifetime = DefaultLifetime
 		}

@@ -205,7 +205,7 @@ func TestRunnerapiConversionRoundTrip(t *testing.T) {
 			ID: "abc", Image: "busybox", Command: "/bin/sh", Args: []string{"-c", "true"}, Env: map[string]string{"A": "1"},
 			WorkingDir: "/w", Files: []runtime.File{{Path: "/f", Content: []byte("x"), Mode: 0o600}},
 			Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 1 << 28, Pids: 64, RequestMilliCPU: 100, RequestMemoryBytes: 1 << 27}, RuntimeClass: "runc", RestartLimit: 3,
-			Meta: map[string]string{"sandboxd.org": "o"},
+			Meta: map[string]string{runtime.MetaOrg: "o"},
 			Services: []runtime.Service{{Port: 9000, Visibility: "custom"},
 				{Port: 8080, Visibility: "public", Endpoint: runtime.EndpointHTTPS, TokenAuth: true, TimeoutSeconds: 60}},
 			ShareTokenHash: "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
