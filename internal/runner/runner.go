@@ -118,7 +118,7 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err := validate(&req); err != nil {
 		return Sandbox{}, err
 	}
-	if err := supported(req.Spec.Network, r.NetworkSupport()); err != nil {
+	if err := supported(req.Spec.Network, r.Support()); err != nil {
 		return Sandbox{}, err
 	}
 	if rb, ok := r.backend.(runtime.EgressReserver); ok {
@@ -203,7 +203,7 @@ func (r *Runner) Get(id string) (Sandbox, error) {
 // oomKills asks the backend, when it can tell, how many processes the memory limit
 // killed.
 func (r *Runner) oomKills(id string) (int, bool) {
-	b, ok := r.backend.(interface{ OOMKills(string) (int, error) })
+	b, ok := r.backend.(runtime.OOMCounter)
 	if !ok {
 		return 0, false
 	}
@@ -771,7 +771,7 @@ func (r *Runner) forgetFiles(id string) {
 
 // archiveLogs moves the agent's log files out of the sandbox before the backend removes it.
 func (r *Runner) archiveLogs(id string) {
-	src, ok := r.backend.(interface{ LogDir(string) string })
+	src, ok := r.backend.(runtime.LogDirProvider)
 	if !ok {
 		return
 	}
@@ -1010,18 +1010,19 @@ func cloneNetwork(n *runtime.Network) *runtime.Network {
 	return &c
 }
 
-// NetworkSupport is which network rules the backend enforces (all, unless it says).
-func (r *Runner) NetworkSupport() runtime.NetworkSupport {
-	if b, ok := r.backend.(runtime.NetworkSupporter); ok {
-		return b.NetworkSupport()
+// Support is what the backend cannot do (nothing, unless it says): what the runner
+// refuses at create and reports in its capacity.
+func (r *Runner) Support() runtime.Support {
+	if b, ok := r.backend.(runtime.SupportReporter); ok {
+		return b.Support()
 	}
-	return runtime.NetworkSupport{}
+	return runtime.Support{}
 }
 
 // RuntimeClasses are the runtime classes the backend offers, its default first; nil when
 // the backend does not say.
 func (r *Runner) RuntimeClasses() []string {
-	if b, ok := r.backend.(interface{ RuntimeClasses() []string }); ok {
+	if b, ok := r.backend.(runtime.RuntimeClassLister); ok {
 		return b.RuntimeClasses()
 	}
 	return nil

@@ -145,7 +145,7 @@ func TestNetworkPolicy(t *testing.T) {
 		}
 		podGone(t, s3, c, sb.ID)
 	default:
-		// The runner refuses it itself (NetworkSupport) before the backend sees it.
+		// The runner refuses it itself (runtime.Support) before the backend sees it.
 		var verr *runner.ValidationError
 		if !errors.As(err, &verr) || !strings.Contains(err.Error(), "egress[0].https_hostname") {
 			t.Errorf("host-name rule: %v, want a validation error naming the rule", err)
