@@ -969,45 +969,13 @@ func NewID() string {
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
 }
 
+// cloneSpec is a deep copy of s (runtime.Spec.Clone) without its pull credentials: the
+// runner's record of a sandbox shares nothing with its caller or its snapshots, and
+// keeps no credentials.
 func cloneSpec(s runtime.Spec) runtime.Spec {
-	c := s
-	c.Args = slices.Clone(s.Args)
-	c.Files = slices.Clone(s.Files)
-	if s.Env != nil {
-		c.Env = make(map[string]string, len(s.Env))
-		for k, v := range s.Env {
-			c.Env[k] = v
-		}
-	}
-	if s.Meta != nil {
-		c.Meta = make(map[string]string, len(s.Meta))
-		for k, v := range s.Meta {
-			c.Meta[k] = v
-		}
-	}
+	c := s.Clone()
 	c.PullCredentials = nil
-	c.Services = slices.Clone(s.Services)
-	c.Network = cloneNetwork(s.Network)
 	return c
-}
-
-// cloneNetwork deep-copies n, so a runner's record never shares rules with its caller.
-func cloneNetwork(n *runtime.Network) *runtime.Network {
-	if n == nil {
-		return nil
-	}
-	c := *n
-	c.Egress = slices.Clone(n.Egress)
-	for i := range c.Egress {
-		c.Egress[i].Except = slices.Clone(c.Egress[i].Except)
-		c.Egress[i].Ports = slices.Clone(c.Egress[i].Ports)
-	}
-	c.Ingress = slices.Clone(n.Ingress)
-	for i := range c.Ingress {
-		c.Ingress[i].Except = slices.Clone(c.Ingress[i].Except)
-		c.Ingress[i].Ports = slices.Clone(c.Ingress[i].Ports)
-	}
-	return &c
 }
 
 // Support is what the backend cannot do (nothing, unless it says): what the runner
