@@ -78,7 +78,7 @@ func (f *fakeSandboxes) Logs(ctx context.Context, id string, _ *agentv1.LogsRequ
 func (f *fakeSandboxes) set(id, org string, st runner.State) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.sbs[id] = runner.Sandbox{ID: id, State: st, Spec: runtime.Spec{Meta: map[string]string{runner.MetaOrg: org}}}
+	f.sbs[id] = runner.Sandbox{ID: id, State: st, Spec: runtime.Spec{Meta: map[string]string{runtime.MetaOrg: org}}}
 }
 
 func (f *fakeSandboxes) remove(id string) {

@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Sandboxes is what the data plane needs of its runner (gateway.LocalRunner).
@@ -233,7 +234,7 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 			[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
 	}
 	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
-	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runner.MetaOrg] != id.Org {
+	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
 		return runner.Sandbox{}, gateway.NotFound(sandboxID)
 	}
 	if err != nil {

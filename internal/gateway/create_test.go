@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -70,7 +71,7 @@ func (r *acceptingRunner) Logs(context.Context, string, *agentv1.LogsRequest, fu
 	return errors.New("not used")
 }
 func (r *acceptingRunner) Capacity(context.Context) (Capacity, error) {
-	return Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443, ShareTokens: r.shareTokens}, nil
+	return Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443, Support: runtime.Support{NoShareTokens: !r.shareTokens}}, nil
 }
 
 func (r *acceptingRunner) spec(id string) runner.Sandbox {

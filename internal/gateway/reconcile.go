@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Defaults of the orphan reconciler.
@@ -12,9 +13,6 @@ const (
 	DefaultOrphanGrace       = 10 * time.Minute
 	DefaultReconcileInterval = time.Minute
 )
-
-// metaOrg is the runtime.Spec.Meta key of the organization that owns a sandbox.
-const metaOrg = runner.MetaOrg
 
 // sandboxLister is a Runner that can list its sandboxes (both runner kinds can).
 type sandboxLister interface {
@@ -45,11 +43,11 @@ func (s *Server) Reconcile(ctx context.Context) int {
 			if sb.State.Terminal() || sb.State == runner.StateTerminating || time.Since(sb.CreatedAt) < s.orphanGrace {
 				continue
 			}
-			if _, known := s.index.get(ctx, sb.Spec.Meta[metaOrg], sb.ID); known {
+			if _, known := s.index.get(ctx, sb.Spec.Meta[runtime.MetaOrg], sb.ID); known {
 				continue
 			}
 			s.log.Warn("reconcile: deleting a sandbox no gateway knows", "sandbox", sb.ID, "runner", r.ID(),
-				"org", sb.Spec.Meta[metaOrg], "age", time.Since(sb.CreatedAt).Round(time.Second))
+				"org", sb.Spec.Meta[runtime.MetaOrg], "age", time.Since(sb.CreatedAt).Round(time.Second))
 			if _, err := r.Delete(ctx, sb.ID, 0); err != nil {
 				s.log.Warn("reconcile: delete", "sandbox", sb.ID, "err", err)
 				continue

@@ -65,13 +65,9 @@ type Capacity struct {
 	// DataPlaneURI is where clients reach the runner's direct data plane
 	// (https://HOST:PORT); "" when it serves none.
 	DataPlaneURI string
-	// NoDNSEgress: the runner's backend cannot enforce egress rules by host name, so
-	// placement sends sandboxes with such rules elsewhere.
-	NoDNSEgress bool
-	// ShareTokens: the runner's edge checks endpoint share tokens, so it may run
-	// sandboxes with SHARE_TOKEN endpoints. A runner that does not say so (no edge, or
-	// an older one) gets none.
-	ShareTokens bool
+	// Support is what the runner cannot do, so placement sends sandboxes that need it
+	// elsewhere; its NoEndpoints is EdgeDomain == "".
+	runtime.Support
 }
 
 // used is what c's live sandboxes request, as placement counts it.
@@ -146,7 +142,7 @@ func (l *LocalRunner) Group() string { return l.GroupID }
 // sends the gateway to its next candidate. A SHARE_TOKEN endpoint on a runner whose edge
 // cannot check share tokens is FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED.
 func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
-	if !l.shareTokens() && needsShareTokens(req.Spec) {
+	if l.support().NoShareTokens && needsShareTokens(req.Spec) {
 		return runner.Sandbox{}, shareTokensUnsupported(l.RunnerID)
 	}
 	req.Spec.Resources = req.Spec.Resources.WithDefaults(l.Defaults)
@@ -172,9 +168,14 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 	return l.R.Create(ctx, req)
 }
 
-// shareTokens reports whether the runner's edge checks endpoint share tokens: every
-// edge does (stack.StartEdge), so a runner with one.
-func (l *LocalRunner) shareTokens() bool { return l.EdgeDomain != "" }
+// support is what the runner cannot do: what its backend cannot, and what needs an edge
+// when it has none (every edge checks share tokens: stack.StartEdge).
+func (l *LocalRunner) support() runtime.Support {
+	s := l.R.Support()
+	s.NoEndpoints = s.NoEndpoints || l.EdgeDomain == ""
+	s.NoShareTokens = s.NoShareTokens || l.EdgeDomain == ""
+	return s
+}
 
 // requested is what a sandbox with resources r (completed with the runner's defaults)
 // is admitted by: its requests.
@@ -218,8 +219,7 @@ func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
 		RuntimeClasses: l.Classes(),
 		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
 		DataPlaneURI: l.DataPlaneURI,
-		NoDNSEgress:  l.R.NetworkSupport().NoDNSNames,
-		ShareTokens:  l.shareTokens(),
+		Support:      l.support(),
 	}
 
 	if c.MilliCPU <= 0 {
@@ -259,10 +259,11 @@ func hostMemory() int64 {
 
 // Platform is what the runner supports whatever its policy says (Platform of its classes,
 // what its backend enforces, its default resources): what it resolves its own policy
-// against, as gateways do from its Capacity.
+// against, as gateways do from its Capacity. Only its backend's Support is in it: the
+// edge's share tokens Create checks itself (with an error of its own).
 func (l *LocalRunner) Platform() policy.Platform {
 	p := Platform(l.Classes())
-	p.NoDNSEgress = l.R.NetworkSupport().NoDNSNames
+	p.Support = l.R.Support()
 	if d := policy.DefaultsOf(l.Defaults); d != (policy.ResourceDefaults{}) {
 		p.DefaultResources = &d
 	}
@@ -286,7 +287,7 @@ func (l *LocalRunner) Classes() []string {
 func LiveOf(sbs []runner.Sandbox, org string) int {
 	n := 0
 	for _, sb := range sbs {
-		if sb.Spec.Meta[metaOrg] == org && !sb.State.Terminal() {
+		if sb.Spec.Meta[runtime.MetaOrg] == org && !sb.State.Terminal() {
 			n++
 		}
 	}

@@ -52,9 +52,14 @@ func (b *idleBackend) Wait(ctx context.Context, id string) (runtime.Exit, error)
 func (b *idleBackend) Stop(_ context.Context, id string, _ time.Duration) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// The channel stays (closed): the runner may call Wait only after Stop, when its
+	// lifecycle goroutine lags behind a quick delete.
 	if ch, ok := b.stopped[id]; ok {
-		close(ch)
-		delete(b.stopped, id)
+		select {
+		case <-ch:
+		default:
+			close(ch)
+		}
 	}
 	return nil
 }

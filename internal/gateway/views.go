@@ -200,9 +200,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		out[i].Room = c.Room(used, n)
 		out[i].Defaults = policy.DefaultsOf(c.Defaults)
 		out[i].RuntimeClasses = c.RuntimeClasses
-		out[i].NoEdge = c.EdgeDomain == ""
-		out[i].NoDNSEgress = c.NoDNSEgress
-		out[i].NoShareTokens = !c.ShareTokens
+		out[i].Support = c.Support
 	}
 	return out
 }

@@ -157,7 +157,7 @@ func (f policyFunc) Policy(context.Context, string) ([]byte, int64, error) { ret
 
 func TestLiveOfCountsOneOrganization(t *testing.T) {
 	sb := func(org string, st runner.State) runner.Sandbox {
-		return runner.Sandbox{State: st, Spec: runtime.Spec{Meta: map[string]string{metaOrg: org}}}
+		return runner.Sandbox{State: st, Spec: runtime.Spec{Meta: map[string]string{runtime.MetaOrg: org}}}
 	}
 	sbs := []runner.Sandbox{sb("a", runner.StateRunning), sb("a", runner.StateCreating), sb("a", runner.StateTerminated),
 		sb("b", runner.StateRunning), sb("b", runner.StateRunning), {State: runner.StateRunning}}

@@ -46,13 +46,9 @@ type Platform struct {
 	// no allowed_capabilities of its own (a policy's list replaces it). nil leaves adds
 	// unconstrained; empty allows none without the policy's consent.
 	AllowedCapabilities []string
-	// NoEndpoints: the runner has no edge, so it cannot publish endpoints.
-	NoEndpoints bool
-	// NoDNSEgress: the runner cannot enforce egress rules by host name.
-	NoDNSEgress bool
-	// NoShareTokens: the runner's edge cannot check endpoint share tokens (HTTPS
-	// SHARE_TOKEN endpoints).
-	NoShareTokens bool
+	// Support is what the runner cannot do (no edge, no host-name egress rules, no share
+	// tokens): a spec asking for it is refused with a platform.* constraint.
+	runtime.Support
 	// DefaultEgress is the runner's egress for a sandbox left without egress rules by
 	// both its spec and its policy's base (and not denying egress). Only the rules the
 	// policy's allowed_egress covers apply: a default never widens an envelope.

@@ -200,9 +200,9 @@ func validateRule(f, cidr string, except []string, tenant string, anyDest bool, 
 
 // supported refuses rules the backend cannot enforce: running the sandbox without them
 // would give it other access than it asked for and than its status reports.
-func supported(n *runtime.Network, can runtime.NetworkSupport) error {
+func supported(n *runtime.Network, can runtime.Support) error {
 	var vs violations
-	if n != nil && can.NoDNSNames {
+	if n != nil && can.NoDNSEgress {
 		for i, r := range n.Egress {
 			if r.DNSName != "" {
 				vs.add(fmt.Sprintf("spec.network.egress[%d].https_hostname", i),

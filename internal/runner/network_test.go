@@ -61,15 +61,15 @@ func TestValidateNetwork(t *testing.T) {
 
 func TestSupportedNetwork(t *testing.T) {
 	n := &runtime.Network{Egress: []runtime.EgressRule{{Any: true}, {DNSName: "example.com"}}}
-	if err := supported(n, runtime.NetworkSupport{}); err != nil {
+	if err := supported(n, runtime.Support{}); err != nil {
 		t.Errorf("a backend enforcing everything refused: %v", err)
 	}
 	var verr *ValidationError
-	err := supported(n, runtime.NetworkSupport{NoDNSNames: true})
+	err := supported(n, runtime.Support{NoDNSEgress: true})
 	if !errors.As(err, &verr) || len(verr.Violations) != 1 || verr.Violations[0].Field != "spec.network.egress[1].https_hostname" {
 		t.Errorf("a backend without host-name rules: %v", err)
 	}
-	if err := supported(&runtime.Network{Egress: runtime.DefaultEgress()}, runtime.NetworkSupport{NoDNSNames: true}); err != nil {
+	if err := supported(&runtime.Network{Egress: runtime.DefaultEgress()}, runtime.Support{NoDNSEgress: true}); err != nil {
 		t.Errorf("the platform default refused: %v", err)
 	}
 }

@@ -30,17 +30,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Meta keys the runner keeps in runtime.Spec.Meta; the backend persists them for
-// recovery.
-const (
-	metaCreatedAt = "sandboxd.created_at"
-	metaLifetime  = "sandboxd.lifetime"
-)
-
-// MetaOrg is the Spec.Meta key of the organization that owns a sandbox (set by the
-// gateway that created it).
-const MetaOrg = runtime.MetaOrg
-
 // Config configures a Runner.
 type Config struct {
 	Backend runtime.Backend
@@ -129,7 +118,7 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err := validate(&req); err != nil {
 		return Sandbox{}, err
 	}
-	if err := supported(req.Spec.Network, r.NetworkSupport()); err != nil {
+	if err := supported(req.Spec.Network, r.Support()); err != nil {
 		return Sandbox{}, err
 	}
 	if rb, ok := r.backend.(runtime.EgressReserver); ok {
@@ -151,8 +140,8 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if req.Spec.Meta == nil {
 		req.Spec.Meta = map[string]string{}
 	}
-	req.Spec.Meta[metaCreatedAt] = now.UTC().Format(time.RFC3339Nano)
-	req.Spec.Meta[metaLifetime] = req.Lifetime.String()
+	req.Spec.Meta[runtime.MetaCreatedAt] = now.UTC().Format(time.RFC3339Nano)
+	req.Spec.Meta[runtime.MetaLifetime] = req.Lifetime.String()
 
 	e := newEntry(Sandbox{
 		ID:        req.Spec.ID,
@@ -214,7 +203,7 @@ func (r *Runner) Get(id string) (Sandbox, error) {
 // oomKills asks the backend, when it can tell, how many processes the memory limit
 // killed.
 func (r *Runner) oomKills(id string) (int, bool) {
-	b, ok := r.backend.(interface{ OOMKills(string) (int, error) })
+	b, ok := r.backend.(runtime.OOMCounter)
 	if !ok {
 		return 0, false
 	}
@@ -782,7 +771,7 @@ func (r *Runner) forgetFiles(id string) {
 
 // archiveLogs moves the agent's log files out of the sandbox before the backend removes it.
 func (r *Runner) archiveLogs(id string) {
-	src, ok := r.backend.(interface{ LogDir(string) string })
+	src, ok := r.backend.(runtime.LogDirProvider)
 	if !ok {
 		return
 	}
@@ -901,7 +890,7 @@ func (r *Runner) recover(ctx context.Context) error {
 			}()
 			continue
 		}
-		created, _ := time.Parse(time.RFC3339Nano, rec.Spec.Meta[metaCreatedAt])
+		created, _ := time.Parse(time.RFC3339Nano, rec.Spec.Meta[runtime.MetaCreatedAt])
 		if created.IsZero() {
 			// No record of its creation (a spec written before it was kept): its lifetime
 			// counts from its start, or from now, never from the zero time (which would
@@ -911,7 +900,7 @@ func (r *Runner) recover(ctx context.Context) error {
 				created = time.Now()
 			}
 		}
-		lifetime, _ := time.ParseDuration(rec.Spec.Meta[metaLifetime])
+		lifetime, _ := time.ParseDuration(rec.Spec.Meta[runtime.MetaLifetime])
 		if lifetime <= 0 {
 			lifetime = DefaultLifetime
 		}
@@ -980,59 +969,28 @@ func NewID() string {
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
 }
 
+// cloneSpec is a deep copy of s (runtime.Spec.Clone) without its pull credentials: the
+// runner's record of a sandbox shares nothing with its caller or its snapshots, and
+// keeps no credentials.
 func cloneSpec(s runtime.Spec) runtime.Spec {
-	c := s
-	c.Args = slices.Clone(s.Args)
-	c.Files = slices.Clone(s.Files)
-	if s.Env != nil {
-		c.Env = make(map[string]string, len(s.Env))
-		for k, v := range s.Env {
-			c.Env[k] = v
-		}
-	}
-	if s.Meta != nil {
-		c.Meta = make(map[string]string, len(s.Meta))
-		for k, v := range s.Meta {
-			c.Meta[k] = v
-		}
-	}
+	c := s.Clone()
 	c.PullCredentials = nil
-	c.Services = slices.Clone(s.Services)
-	c.Network = cloneNetwork(s.Network)
 	return c
 }
 
-// cloneNetwork deep-copies n, so a runner's record never shares rules with its caller.
-func cloneNetwork(n *runtime.Network) *runtime.Network {
-	if n == nil {
-		return nil
+// Support is what the backend cannot do (nothing, unless it says): what the runner
+// refuses at create and reports in its capacity.
+func (r *Runner) Support() runtime.Support {
+	if b, ok := r.backend.(runtime.SupportReporter); ok {
+		return b.Support()
 	}
-	c := *n
-	c.Egress = slices.Clone(n.Egress)
-	for i := range c.Egress {
-		c.Egress[i].Except = slices.Clone(c.Egress[i].Except)
-		c.Egress[i].Ports = slices.Clone(c.Egress[i].Ports)
-	}
-	c.Ingress = slices.Clone(n.Ingress)
-	for i := range c.Ingress {
-		c.Ingress[i].Except = slices.Clone(c.Ingress[i].Except)
-		c.Ingress[i].Ports = slices.Clone(c.Ingress[i].Ports)
-	}
-	return &c
-}
-
-// NetworkSupport is which network rules the backend enforces (all, unless it says).
-func (r *Runner) NetworkSupport() runtime.NetworkSupport {
-	if b, ok := r.backend.(runtime.NetworkSupporter); ok {
-		return b.NetworkSupport()
-	}
-	return runtime.NetworkSupport{}
+	return runtime.Support{}
 }
 
 // RuntimeClasses are the runtime classes the backend offers, its default first; nil when
 // the backend does not say.
 func (r *Runner) RuntimeClasses() []string {
-	if b, ok := r.backend.(interface{ RuntimeClasses() []string }); ok {
+	if b, ok := r.backend.(runtime.RuntimeClassLister); ok {
 		return b.RuntimeClasses()
 	}
 	return nil

@@ -220,6 +220,8 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 	return sb
 }
 
+// capacityToProto is c on the wire. Its Support travels in the fields the wire had
+// before it (see supportFromProto): NoEndpoints as the empty edge domain.
 func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 	return &runnerv1.CapacityResponse{
 		MilliCpu: c.MilliCPU, MemoryBytes: c.MemoryBytes,
@@ -233,7 +235,7 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 		EdgeDomain:     c.EdgeDomain, EdgePort: int32(c.EdgePort),
 		DataPlaneUri:     c.DataPlaneURI,
 		NoDnsEgress:      c.NoDNSEgress,
-		ShareTokens:      c.ShareTokens,
+		ShareTokens:      !c.NoShareTokens,
 		CpuOvercommit:    c.CPUOvercommit,
 		DefaultResources: resourcesToProto(c.Defaults),
 	}
@@ -251,10 +253,21 @@ func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
 		RuntimeClasses: p.GetRuntimeClasses(),
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
 		DataPlaneURI:  p.GetDataPlaneUri(),
-		NoDNSEgress:   p.GetNoDnsEgress(),
-		ShareTokens:   p.GetShareTokens(),
+		Support:       supportFromProto(p),
 		CPUOvercommit: p.GetCpuOvercommit(),
 		Defaults:      resourcesFromProto(p.GetDefaultResources()),
+	}
+}
+
+// supportFromProto is what the runner that answered p cannot do. The wire keeps the
+// fields it had before runtime.Support: the edge domain says whether the runner publishes
+// endpoints, and share_tokens is positive, so that an older runner, which does not say it
+// checks share tokens, is taken not to.
+func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
+	return runtime.Support{
+		NoDNSEgress:   p.GetNoDnsEgress(),
+		NoEndpoints:   p.GetEdgeDomain() == "",
+		NoShareTokens: !p.GetShareTokens(),
 	}
 }
 

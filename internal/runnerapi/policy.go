@@ -17,15 +17,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Meta keys the runner's policy check records on a sandbox.
-const (
-	// MetaPolicyRevision is the revision of the runner policy the sandbox was admitted
-	// under (the runner's own view; the gateway's is kept under MetaGatewayPolicyRevision
-	// when it differs).
-	MetaPolicyRevision        = "sandboxd.policy_revision"
-	MetaGatewayPolicyRevision = "sandboxd.gateway_policy_revision"
-)
-
 // WithPolicy makes the server check every create against the runner's own policy
 // (typically its cache of what the control plane last sent) before starting it, with the
 // gateway's code: the gateway checks first, but the runner is the authority when its
@@ -69,10 +60,10 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 	if req.Spec.Meta == nil {
 		req.Spec.Meta = map[string]string{}
 	}
-	if g, ok := req.Spec.Meta[MetaPolicyRevision]; ok && g != res.PolicyRevision {
-		req.Spec.Meta[MetaGatewayPolicyRevision] = g
+	if g, ok := req.Spec.Meta[runtime.MetaPolicyRevision]; ok && g != res.PolicyRevision {
+		req.Spec.Meta[runtime.MetaGatewayPolicyRevision] = g
 	}
-	req.Spec.Meta[MetaPolicyRevision] = res.PolicyRevision
+	req.Spec.Meta[runtime.MetaPolicyRevision] = res.PolicyRevision
 	// The runner's own policy decides the Pod settings (Kubernetes backend): they replace
 	// what the gateway resolved, never add to it (no toleration or pull secret twice).
 	req.Spec.Pod = res.Pod

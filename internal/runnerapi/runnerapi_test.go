@@ -80,7 +80,7 @@ func startRunner(t *testing.T, fake *fakeRunner) *testRunner {
 		t.Fatal(err)
 	}
 	capacity := func(context.Context) (gateway.Capacity, error) {
-		return gateway.Capacity{NoDNSEgress: true, ShareTokens: true, CPUOvercommit: 2.5, Defaults: gateway.DefaultResources, MilliCPU: 2000, MemoryBytes: 1 << 30, GPUs: 2, UsedGPUs: 1, Running: 1, MaxSandboxes: 50, ConnectedAt: time.Unix(100, 0), Architectures: []string{"amd64"}, DataPlaneURI: "https://runner-1.example.test:9443"}, nil
+		return gateway.Capacity{Support: runtime.Support{NoDNSEgress: true}, CPUOvercommit: 2.5, Defaults: gateway.DefaultResources, MilliCPU: 2000, MemoryBytes: 1 << 30, GPUs: 2, UsedGPUs: 1, Running: 1, MaxSandboxes: 50, ConnectedAt: time.Unix(100, 0), Architectures: []string{"amd64"}, DataPlaneURI: "https://runner-1.example.test:9443"}, nil
 	}
 	srv := newServer(fake, capacity, nil).HTTPServer(cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -205,7 +205,7 @@ func TestRunnerapiConversionRoundTrip(t *testing.T) {
 			ID: "abc", Image: "busybox", Command: "/bin/sh", Args: []string{"-c", "true"}, Env: map[string]string{"A": "1"},
 			WorkingDir: "/w", Files: []runtime.File{{Path: "/f", Content: []byte("x"), Mode: 0o600}},
 			Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 1 << 28, Pids: 64, RequestMilliCPU: 100, RequestMemoryBytes: 1 << 27}, RuntimeClass: "runc", RestartLimit: 3,
-			Meta: map[string]string{"sandboxd.org": "o"},
+			Meta: map[string]string{runtime.MetaOrg: "o"},
 			Services: []runtime.Service{{Port: 9000, Visibility: "custom"},
 				{Port: 8080, Visibility: "public", Endpoint: runtime.EndpointHTTPS, TokenAuth: true, TimeoutSeconds: 60}},
 			ShareTokenHash: "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
@@ -299,7 +299,7 @@ func TestRunnerapiCreateGetCapacity(t *testing.T) {
 	}
 	cap, err := c.Capacity(ctx)
 	if err != nil || cap.MilliCPU != 2000 || cap.Running != 1 || !cap.ConnectedAt.Equal(time.Unix(100, 0)) || cap.Architectures[0] != "amd64" ||
-		cap.GPUs != 2 || cap.UsedGPUs != 1 || cap.MaxSandboxes != 50 || cap.DataPlaneURI != "https://runner-1.example.test:9443" || !cap.NoDNSEgress || !cap.ShareTokens ||
+		cap.GPUs != 2 || cap.UsedGPUs != 1 || cap.MaxSandboxes != 50 || cap.DataPlaneURI != "https://runner-1.example.test:9443" || !cap.NoDNSEgress || cap.NoShareTokens ||
 		cap.CPUOvercommit != 2.5 || cap.Defaults != gateway.DefaultResources {
 		t.Errorf("capacity: %+v %v", cap, err)
 	}

@@ -2,19 +2,38 @@ package runtime
 
 import "github.com/sandboxd/sandboxd/internal/reserved"
 
-// NetworkSupport says which rules of a Network a backend enforces. The zero value
-// enforces every rule; a backend that cannot implements NetworkSupporter, so that its
-// runner refuses such sandboxes and the gateway places them elsewhere rather than run
-// them with rules silently dropped.
-type NetworkSupport struct {
-	// NoDNSNames: egress rules by host name (EgressRule.DNSName) cannot be enforced,
-	// e.g. Kubernetes NetworkPolicy matches addresses, never TLS server names.
-	NoDNSNames bool
+// Support says what a runner cannot do, whatever its policy says. It is the one struct a
+// capability travels in, under one name, from the backend (SupportReporter) through the
+// runner, its capacity (runner.proto CapacityResponse) and the gateway's view of it to
+// placement and policy.Platform, which refuses what the runner lacks, so that a sandbox
+// goes to a runner that can rather than run with part of its spec silently dropped.
+// Embedded where it travels, a capability added here reaches every hop; only the runner
+// wire converts field by field.
+//
+// The zero value can do everything: a field names a lack.
+type Support struct {
+	// NoDNSEgress: egress rules by host name (EgressRule.DNSName) cannot be enforced,
+	// e.g. Kubernetes NetworkPolicy matches addresses, never TLS server names. Set by
+	// the backend.
+	NoDNSEgress bool
+	// NoEndpoints: the runner has no edge, so it publishes no endpoints. Set by the
+	// runner (its edge domain is empty).
+	NoEndpoints bool
+	// NoShareTokens: the runner's edge cannot check endpoint share tokens (HTTPS
+	// endpoints with SHARE_TOKEN auth). Set by the runner; on the wire an older runner
+	// that does not say it can is taken to lack it.
+	NoShareTokens bool
 }
 
-// NetworkSupporter is implemented by backends that do not enforce every network rule.
-type NetworkSupporter interface {
-	NetworkSupport() NetworkSupport
+// Optional interfaces of a Backend. The runner asserts them when it runs; each backend
+// asserts at compile time the ones it implements (var _ runtime.X = (*Backend)(nil)),
+// so a renamed method breaks the build instead of silently turning a capability off.
+
+// SupportReporter is implemented by backends that cannot do everything (see Support): the
+// runner refuses such sandboxes itself and reports the lack in its capacity. A backend
+// that does not implement it supports everything.
+type SupportReporter interface {
+	Support() Support
 }
 
 // EgressReserver is implemented by backends that keep address ranges out of every
@@ -23,4 +42,25 @@ type NetworkSupporter interface {
 // a cidr rule that lies wholly inside them, and the backend cuts them out of the rest.
 type EgressReserver interface {
 	ReservedEgress() reserved.Set
+}
+
+// LogDirProvider is implemented by backends that keep a sandbox's agent logs in a host
+// directory: LogDir(id) is that directory ("" when there is none), which the runner moves
+// into its archive when the sandbox ends, before Destroy, so the logs outlive the
+// sandbox for the retention window.
+type LogDirProvider interface {
+	LogDir(id string) string
+}
+
+// OOMCounter is implemented by backends that can tell how many processes of sandbox id
+// the kernel's OOM killer has killed so far; the runner reports it (also while the
+// sandbox runs: an exec'd process can be killed without the sandbox ending).
+type OOMCounter interface {
+	OOMKills(id string) (int, error)
+}
+
+// RuntimeClassLister is implemented by backends that know which runtime classes they
+// run, the default first: what the runner offers unless configured otherwise.
+type RuntimeClassLister interface {
+	RuntimeClasses() []string
 }

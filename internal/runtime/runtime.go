@@ -59,18 +59,11 @@ type Spec struct {
 	// Pod is the policy's Kubernetes Pod settings (node selector, tolerations, …), set by
 	// whoever resolves the spec against the runner's policy; nil means none.
 	Pod *PodSettings `json:"pod,omitempty"`
-	// Meta is the runner's own immutable bookkeeping (organization, creation time,
-	// deadline); backends persist it and hand it back from Recover.
+	// Meta is the platform's immutable bookkeeping (organization, creation time,
+	// deadline; its keys are the Meta* constants); backends persist it and hand it back
+	// from Recover.
 	Meta map[string]string `json:"meta,omitempty"`
 }
-
-// MetaOrg is the Spec.Meta key of the organization that owns a sandbox: backends let
-// sandboxes of one organization reach each other's private ports.
-const MetaOrg = "sandboxd.org"
-
-// MetaCaller is the Spec.Meta key of the API key that created a sandbox: tenant
-// SAME_USER rules match the sandboxes of the same caller.
-const MetaCaller = "sandboxd.caller"
 
 // Endpoint kinds of a Service.
 const (

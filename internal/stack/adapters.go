@@ -93,3 +93,6 @@ func (n netAdapter) SetRules(id string, r local.Rules) error {
 
 // ReservedEgress: the local backend reports the network's reserved ranges to the runner.
 func (n netAdapter) ReservedEgress() reserved.Set { return n.m.ReservedEgress() }
+
+// The local backend asks its Network for the reserved ranges (local.Backend.ReservedEgress).
+var _ runtime.EgressReserver = netAdapter{}

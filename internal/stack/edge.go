@@ -149,7 +149,7 @@ func routesOf(sb runner.Sandbox) []edge.Route {
 	}
 	var out []edge.Route
 	for _, s := range sb.Spec.Services {
-		rt := edge.Route{SandboxID: sb.ID, Org: sb.Spec.Meta[runner.MetaOrg], Port: s.Port,
+		rt := edge.Route{SandboxID: sb.ID, Org: sb.Spec.Meta[runtime.MetaOrg], Port: s.Port,
 			Backend: netip.AddrPortFrom(ip, uint16(s.Port))}
 		switch s.Endpoint {
 		case runtime.EndpointHTTPS:

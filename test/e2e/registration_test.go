@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -193,7 +194,7 @@ func TestRegistrationControlPlane(t *testing.T) {
 	sp.MaxLifetimeSeconds = 300
 	sb := g.create(t, sp, "")
 	g.waitState(t, sb.SandboxId, sandboxv1.State_STATE_RUNNING)
-	if got, _ := s.Runner.Get(sb.SandboxId); got.Spec.Meta[runnerapi.MetaPolicyRevision] != "1" {
+	if got, _ := s.Runner.Get(sb.SandboxId); got.Spec.Meta[runtime.MetaPolicyRevision] != "1" {
 		t.Errorf("policy revision recorded %v", got.Spec.Meta)
 	}
 
@@ -223,7 +224,7 @@ func TestRegistrationControlPlane(t *testing.T) {
 	ok.MaxLifetimeSeconds = 60
 	sb2 := g.create(t, ok, "")
 	g.waitState(t, sb2.SandboxId, sandboxv1.State_STATE_RUNNING)
-	if got, _ := s.Runner.Get(sb2.SandboxId); got.Spec.Meta[runnerapi.MetaPolicyRevision] != "2" {
+	if got, _ := s.Runner.Get(sb2.SandboxId); got.Spec.Meta[runtime.MetaPolicyRevision] != "2" {
 		t.Errorf("policy revision recorded %v", got.Spec.Meta)
 	}
 	_, err = g.sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))

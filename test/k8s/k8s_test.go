@@ -215,7 +215,7 @@ func TestLifecycle(t *testing.T) {
 		WorkingDir: "/tmp",
 		Files:      []runtime.File{{Path: "/etc/sandbox-note", Content: []byte("note\n")}},
 		Resources:  runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20, RequestMilliCPU: 100, RequestMemoryBytes: 64 << 20},
-		Meta:       map[string]string{kubernetes.MetaOrg: "org-1"},
+		Meta:       map[string]string{runtime.MetaOrg: "org-1"},
 	}})
 	if err != nil {
 		t.Fatal(err)

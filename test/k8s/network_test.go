@@ -38,7 +38,7 @@ func TestNetworkPolicy(t *testing.T) {
 		Services: []runtime.Service{{Port: 8080, Visibility: "private"}},
 		Network: &runtime.Network{Egress: append(runtime.DefaultEgress(),
 			runtime.EgressRule{CIDR: "203.0.113.0/24", Except: []string{"203.0.113.0/28"}, Ports: []runtime.PortRange{{Port: 443}}})},
-		Meta: map[string]string{kubernetes.MetaOrg: "org-n"},
+		Meta: map[string]string{runtime.MetaOrg: "org-n"},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestNetworkPolicy(t *testing.T) {
 		}
 		podGone(t, s3, c, sb.ID)
 	default:
-		// The runner refuses it itself (NetworkSupport) before the backend sees it.
+		// The runner refuses it itself (runtime.Support) before the backend sees it.
 		var verr *runner.ValidationError
 		if !errors.As(err, &verr) || !strings.Contains(err.Error(), "egress[0].https_hostname") {
 			t.Errorf("host-name rule: %v, want a validation error naming the rule", err)

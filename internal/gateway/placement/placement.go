@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // MaxRunnerIDs bounds runner_ids in a request.
@@ -85,12 +86,8 @@ type Runner struct {
 	Defaults policy.ResourceDefaults
 	// RuntimeClasses the runner can run, its default first; empty: Request.Platform's.
 	RuntimeClasses []string
-	// NoEdge: the runner cannot publish endpoints.
-	NoEdge bool
-	// NoDNSEgress: the runner cannot enforce egress rules by host name.
-	NoDNSEgress bool
-	// NoShareTokens: the runner's edge cannot check endpoint share tokens.
-	NoShareTokens bool
+	// Support is what the runner cannot do (its capacity's), whatever its policy says.
+	runtime.Support
 }
 
 // Request is one placement decision.
@@ -183,7 +180,7 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.NoEdge, r.NoDNSEgress, r.NoShareTokens, r.Defaults}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.Support, r.Defaults}
 		res, ok := resolved[key]
 		if !ok {
 			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
@@ -473,21 +470,18 @@ func describe(vs []apierr.Violation) string {
 type resolution struct {
 	policy   *policy.Policy
 	classes  string
-	noEdge   bool
-	noDNS    bool
-	noShare  bool
+	support  runtime.Support
 	defaults policy.ResourceDefaults
 }
 
-// platformOf is the platform runner r resolves specs against: p with r's runtime classes.
+// platformOf is the platform runner r resolves specs against: p with r's runtime
+// classes, support and defaults.
 func platformOf(p policy.Platform, r Runner) policy.Platform {
 	if len(r.RuntimeClasses) > 0 {
 		p.RuntimeClasses = r.RuntimeClasses
 		p.DefaultCPURuntimeClass = r.RuntimeClasses[0]
 	}
-	p.NoEndpoints = r.NoEdge
-	p.NoDNSEgress = r.NoDNSEgress
-	p.NoShareTokens = r.NoShareTokens
+	p.Support = r.Support
 	if r.Defaults != (policy.ResourceDefaults{}) {
 		d := r.Defaults
 		p.DefaultResources = &d

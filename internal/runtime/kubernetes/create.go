@@ -234,7 +234,7 @@ func (b *Backend) adoptSecrets(ctx context.Context, pod *corev1.Pod, pull string
 
 func (b *Backend) labels(spec *runtime.Spec) map[string]string {
 	l := map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: spec.ID, LabelRunner: b.cfg.RunnerID}
-	if org := spec.Meta[MetaOrg]; org != "" && len(validation.IsValidLabelValue(org)) == 0 {
+	if org := spec.Meta[runtime.MetaOrg]; org != "" && len(validation.IsValidLabelValue(org)) == 0 {
 		l[LabelOrg] = org
 	}
 	if c := spec.Meta[runtime.MetaCaller]; c != "" {

@@ -69,8 +69,6 @@ const (
 	// LabelUser is a hash of the API key that created the sandbox (runtime.MetaCaller):
 	// label-value safe whatever the key ID looks like; tenant same_user selects on it.
 	LabelUser = "sandboxd.io/user-hash"
-	// MetaOrg is the runtime.Spec.Meta key holding the organization.
-	MetaOrg = "sandboxd.org"
 
 	secretSpec       = "spec.json"
 	secretClientCert = "client.crt"

@@ -67,7 +67,7 @@ func networkPolicyName(id string) string { return "sbx-" + id }
 // select Pods by label: same_org on the organization, same_user on the hash of the
 // creating API key (LabelUser). Rules that NetworkPolicy cannot express are refused
 // (ErrInvalidSpec) rather than widened or dropped: a host-name rule needs a proxy that
-// reads the TLS server name (the runner reports it: NetworkSupport), and sandbox networks
+// reads the TLS server name (the runner reports it: Support), and sandbox networks
 // do not exist (the gateway refuses them first).
 func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (*networkingv1.NetworkPolicy, error) {
 	n := spec.Network

@@ -158,7 +158,7 @@ func TestNetworkPolicyFor(t *testing.T) {
 			if tc.noRunner {
 				b.cfg.RunnerPeers = nil
 			}
-			spec := &runtime.Spec{ID: "s1", Network: tc.net, Services: tc.services, Meta: map[string]string{MetaOrg: tc.org, runtime.MetaCaller: tc.caller}}
+			spec := &runtime.Spec{ID: "s1", Network: tc.net, Services: tc.services, Meta: map[string]string{runtime.MetaOrg: tc.org, runtime.MetaCaller: tc.caller}}
 			np, err := b.networkPolicyFor(spec, b.labels(spec))
 			if tc.err != "" {
 				if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), tc.err) {

@@ -88,7 +88,7 @@ func TestStartError(t *testing.T) {
 func TestPodFor(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", ImagePullPolicy: corev1.PullNever, TerminationGrace: 10e9}}
 	spec := &runtime.Spec{ID: "abc", Image: "busybox", WorkingDir: "/w", Env: map[string]string{"SECRET": "x"},
-		Resources: runtime.Resources{MilliCPU: 250, MemoryBytes: 64 << 20}, Meta: map[string]string{MetaOrg: "org-9"}}
+		Resources: runtime.Resources{MilliCPU: 250, MemoryBytes: 64 << 20}, Meta: map[string]string{runtime.MetaOrg: "org-9"}}
 	pod := b.podFor(spec, "gvisor", b.labels(spec), "", nil)
 	if pod.Name != "sbx-abc" || pod.Labels[LabelOrg] != "org-9" || pod.Labels[LabelRunner] != "r1" || pod.Labels[LabelSandbox] != "abc" {
 		t.Errorf("meta: %s %v", pod.Name, pod.Labels)

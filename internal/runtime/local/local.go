@@ -127,7 +127,15 @@ type Backend struct {
 	trace func(step string, d time.Duration)
 }
 
-var _ runtime.Backend = (*Backend)(nil)
+// Backend is a runtime.Backend with these optional interfaces (runtime/capabilities.go;
+// EgressReserver is asserted next to ReservedEgress). It implements no SupportReporter:
+// it enforces every network rule.
+var (
+	_ runtime.Backend            = (*Backend)(nil)
+	_ runtime.LogDirProvider     = (*Backend)(nil)
+	_ runtime.OOMCounter         = (*Backend)(nil)
+	_ runtime.RuntimeClassLister = (*Backend)(nil)
+)
 
 // sandbox is a container this Backend tracks.
 type sandbox struct {

@@ -1,0 +1,42 @@
+package runnerapi
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// TestSupportOverTheWire: what a runner cannot do (runtime.Support) reaches the gateway
+// as the runner said it, each lack alone and all together: a capability added to Support
+// that the runner wire does not carry fails here (the other hops embed Support whole).
+func TestSupportOverTheWire(t *testing.T) {
+	var all runtime.Support
+	cases := []runtime.Support{{}}
+	typ := reflect.TypeFor[runtime.Support]()
+	for i := range typ.NumField() {
+		if typ.Field(i).Type.Kind() != reflect.Bool {
+			t.Fatalf("runtime.Support.%s is no bool: teach this test (and the wire) about it", typ.Field(i).Name)
+		}
+		var one runtime.Support
+		reflect.ValueOf(&one).Elem().Field(i).SetBool(true)
+		reflect.ValueOf(&all).Elem().Field(i).SetBool(true)
+		cases = append(cases, one)
+	}
+	cases = append(cases, all)
+	for _, want := range cases {
+		c := gateway.Capacity{Support: want, EdgeDomain: "edge.example.test", EdgePort: 443}
+		if want.NoEndpoints {
+			c.EdgeDomain, c.EdgePort = "", 0 // a runner without an edge says so by its domain
+		}
+		if got := capacityFromProto(capacityToProto(c)).Support; got != want {
+			t.Errorf("sent %+v, the gateway got %+v", want, got)
+		}
+	}
+	// A runner that says nothing (one from before share tokens or without an edge) has
+	// neither endpoints nor share tokens.
+	if got := capacityFromProto(nil).Support; !got.NoShareTokens || !got.NoEndpoints || got.NoDNSEgress {
+		t.Errorf("a runner that says nothing: %+v", got)
+	}
+}

@@ -1,0 +1,19 @@
+package kubernetes
+
+import "github.com/sandboxd/sandboxd/internal/runtime"
+
+// Support: NetworkPolicy matches peers by address and labels, never by TLS server name, so
+// host-name egress rules cannot be enforced here; the runner refuses them and the gateway
+// places such sandboxes on runners that can. Everything else is enforced: cidr/any as
+// ipBlocks, tenants by label (organization, caller hash). (Sandbox networks are refused
+// by the gateway on every runner.)
+func (b *Backend) Support() runtime.Support {
+	return runtime.Support{NoDNSEgress: true}
+}
+
+// The optional backend interfaces the Kubernetes backend implements (EgressReserver is
+// asserted next to ReservedEgress).
+var (
+	_ runtime.SupportReporter = (*Backend)(nil)
+	_ runtime.LogDirProvider  = (*Backend)(nil)
+)
