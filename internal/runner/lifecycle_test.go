@@ -22,7 +22,6 @@ const gone State = -1
 // recorder follows a runner's change notifications and keeps, per sandbox, the states
 // it passed through.
 type recorder struct {
-	r    *Runner
 	stop chan struct{}
 	done chan struct{}
 
@@ -37,7 +36,7 @@ func newRecorder() *recorder {
 
 // follow records r's changes until stopFollowing.
 func (rec *recorder) follow(r *Runner) {
-	rec.r, rec.stop, rec.done = r, make(chan struct{}), make(chan struct{})
+	rec.stop, rec.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(rec.done)
 		for {
