@@ -64,16 +64,18 @@ type Options struct {
 
 // Agent is one running agent.
 type Agent struct {
-	opts     Options
-	cfg      *agentconfig.Config
-	log      *slog.Logger
-	workDir  string
-	user     userInfo
-	userErr  error
-	logDir   string
-	logw     *logstore.Writer
-	devNull  *os.File
-	outGrace time.Duration
+	opts    Options
+	cfg     *agentconfig.Config
+	log     *slog.Logger
+	workDir string
+	// workDirErr: workDir could not be made (the main command cannot start).
+	workDirErr error
+	user       userInfo
+	userErr    error
+	logDir     string
+	logw       *logstore.Writer
+	devNull    *os.File
+	outGrace   time.Duration
 	// streamStall: see Options.StreamStall.
 	streamStall time.Duration
 
@@ -288,6 +290,10 @@ func (a *Agent) configure(cfg *agentconfig.Config) {
 		wd = filepath.Join("/", wd)
 	}
 	a.cfg, a.workDir = cfg, wd
+	// A container runtime makes a container's working dir when its image lacks it (runc,
+	// so Kubernetes does): a spec may name a new one, on either backend. Made here, before
+	// an exec can run in it.
+	a.workDirErr = os.MkdirAll(wd, 0o755)
 	a.user, a.userErr = resolveUser(cfg.User, a.opts.Root)
 	a.startDone = true
 	a.started.Store(true)
@@ -424,6 +430,9 @@ func (a *Agent) supervise(ctx context.Context) int {
 	}
 	if err := a.writeConfigFiles(); err != nil {
 		return fail(ReasonStartError, err.Error())
+	}
+	if a.workDirErr != nil {
+		return fail(ReasonStartError, fmt.Sprintf("working directory %q: %v", a.workDir, unwrapPathErr(a.workDirErr)))
 	}
 	if a.userErr != nil {
 		return fail(ReasonStartError, a.userErr.Error())

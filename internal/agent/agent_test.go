@@ -218,6 +218,38 @@ func TestMainFilesEnvUser(t *testing.T) {
 	}
 }
 
+// TestMainMakesItsWorkingDir: a working dir the sandbox does not have yet is made
+// before the main command starts (as container runtimes make a container's), and
+// execs run in it too.
+func TestMainMakesItsWorkingDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "new", "dir")
+	h := startAgent(t, &agentconfig.Config{Argv: []string{"sh", "-c", "pwd; exec sleep 60"}, WorkingDir: dir})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := h.client.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"pwd"}}))
+	if err != nil || string(res.Msg.GetStdout()) != dir+"\n" {
+		t.Fatalf("exec pwd: %v, %v; want %s", res, err, dir)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("working dir: %v, %v; want a directory, mode 0755", fi, err)
+	}
+}
+
+// TestMainWorkingDirIsAFile: a working dir that cannot be made fails the start.
+func TestMainWorkingDirIsAFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := startAgent(t, &agentconfig.Config{Argv: []string{"true"}, WorkingDir: file})
+	if code := h.wait(t); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if st := h.statusFile(t); st.Reason != ReasonStartError || !strings.Contains(st.Message, "working directory") {
+		t.Errorf("status = %v", st)
+	}
+}
+
 func TestMainBadUser(t *testing.T) {
 	h := startAgent(t, &agentconfig.Config{Argv: []string{"true"}, User: "no-such-user"})
 	if code := h.wait(t); code != 1 {

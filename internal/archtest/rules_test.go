@@ -15,6 +15,7 @@ var testOnly = []string{
 	"internal/pgtest",
 	"internal/connecttest",
 	"internal/gateway/gatewaytest",
+	"internal/runtime/runtimetest",
 }
 
 // runnerSide is what runs in a runner process (beside the backends' own processes).

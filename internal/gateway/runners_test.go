@@ -2,83 +2,27 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"net"
-	"sync"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
-// idleBackend runs nothing: its sandboxes are created at once and stay alive (their
-// agents unreachable) until stopped, like idle sandboxes. recovered are what a restarted
-// runner finds.
-type idleBackend struct {
-	recovered []runtime.Recovered
-
-	mu      sync.Mutex
-	stopped map[string]chan struct{}
-}
-
-func (b *idleBackend) Create(_ context.Context, spec *runtime.Spec) (runtime.Info, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.stopped[spec.ID] = make(chan struct{})
-	return runtime.Info{ID: spec.ID}, nil
-}
-
-func (b *idleBackend) DialAgent(context.Context, string) (net.Conn, error) {
-	return nil, errors.New("no agent")
-}
-
-func (b *idleBackend) Wait(ctx context.Context, id string) (runtime.Exit, error) {
-	b.mu.Lock()
-	ch := b.stopped[id]
-	b.mu.Unlock()
-	select {
-	case <-ch:
-		return runtime.Exit{Reason: "Killed", At: time.Now()}, nil
-	case <-ctx.Done():
-		return runtime.Exit{}, ctx.Err()
-	}
-}
-
-func (b *idleBackend) Stop(_ context.Context, id string, _ time.Duration) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	// The channel stays (closed): the runner may call Wait only after Stop, when its
-	// lifecycle goroutine lags behind a quick delete.
-	if ch, ok := b.stopped[id]; ok {
-		select {
-		case <-ch:
-		default:
-			close(ch)
-		}
-	}
-	return nil
-}
-
-func (b *idleBackend) Destroy(context.Context, string) error { return nil }
-
-func (b *idleBackend) Recover(context.Context) ([]runtime.Recovered, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, r := range b.recovered {
-		b.stopped[r.Spec.ID] = make(chan struct{})
-	}
-	return b.recovered, nil
-}
-
-// idleRunner is a LocalRunner over an idleBackend offering cpu and 8 GiB.
+// idleRunner is a LocalRunner offering cpu and 8 GiB over a backend that runs nothing:
+// its sandboxes start at once and stay alive, like idle sandboxes, until stopped.
+// recovered are what it finds as a restarted runner.
 func idleRunner(t *testing.T, milliCPU int64, recovered ...runtime.Recovered) *LocalRunner {
 	t.Helper()
-	be := &idleBackend{recovered: recovered, stopped: map[string]chan struct{}{}}
+	be := runtimetest.NewFake()
+	for _, rec := range recovered {
+		be.Put(rec)
+	}
+	t.Cleanup(be.Close)
 	r, err := runner.New(context.Background(), runner.Config{Backend: be, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

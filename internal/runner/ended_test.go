@@ -4,143 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
-
-// scriptBackend ends every sandbox as told: Create fails with createErr, or Wait returns
-// exit and waitErr (after Stop when block is set). Its agents cannot be reached.
-type scriptBackend struct {
-	createErr error
-	exit      runtime.Exit
-	waitErr   error
-	block     bool
-
-	mu      sync.Mutex
-	stopped map[string]chan struct{}
-}
-
-func (b *scriptBackend) stopCh(id string) chan struct{} {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopped == nil {
-		b.stopped = map[string]chan struct{}{}
-	}
-	if b.stopped[id] == nil {
-		b.stopped[id] = make(chan struct{})
-	}
-	return b.stopped[id]
-}
-
-func (b *scriptBackend) Create(_ context.Context, spec *runtime.Spec) (runtime.Info, error) {
-	if b.createErr != nil {
-		return runtime.Info{}, b.createErr
-	}
-	return runtime.Info{ID: spec.ID, StartedAt: time.Now()}, nil
-}
-func (b *scriptBackend) DialAgent(context.Context, string) (net.Conn, error) {
-	return nil, errors.New("no agent here")
-}
-func (b *scriptBackend) Wait(ctx context.Context, id string) (runtime.Exit, error) {
-	if b.block {
-		select {
-		case <-b.stopCh(id):
-		case <-ctx.Done():
-			return runtime.Exit{}, ctx.Err()
-		}
-	}
-	return b.exit, b.waitErr
-}
-func (b *scriptBackend) Stop(_ context.Context, id string, _ time.Duration) error {
-	ch := b.stopCh(id)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	select {
-	case <-ch:
-	default:
-		close(ch)
-	}
-	return nil
-}
-func (b *scriptBackend) Destroy(context.Context, string) error                { return nil }
-func (b *scriptBackend) Recover(context.Context) ([]runtime.Recovered, error) { return nil, nil }
-
-func code(c int32) *int32 { return &c }
-
-// TestEveryEndHasAReason: each way a sandbox can end gives its state and a reason (the
-// wire's state_reason), and a sandbox stopped at its lifetime has no exit code.
-func TestEveryEndHasAReason(t *testing.T) {
-	tests := []struct {
-		name     string
-		be       *scriptBackend
-		lifetime time.Duration
-		delete   bool
-		state    State
-		reason   string
-		message  string // a part of the message
-		exit     *int32
-	}{
-		{"image not found", &scriptBackend{createErr: fmt.Errorf("pull x: %w", runtime.ErrImageNotFound)}, 0, false, StateFailed, ReasonImagePullFailed, "image not found", nil},
-		{"registry down", &scriptBackend{createErr: fmt.Errorf("pull x: %w", runtime.ErrRegistry)}, 0, false, StateFailed, ReasonImagePullFailed, "registry", nil},
-		{"invalid spec", &scriptBackend{createErr: fmt.Errorf("%w: bad mount", runtime.ErrInvalidSpec)}, 0, false, StateFailed, ReasonStartError, "bad mount", nil},
-		{"backend fails to create", &scriptBackend{createErr: errors.New("disk full")}, 0, false, StateFailed, ReasonBackendError, "disk full", nil},
-		{"exit 0", &scriptBackend{exit: runtime.Exit{ExitCode: code(0), Reason: "Completed"}}, 0, false, StateCompleted, ReasonCompleted, "", code(0)},
-		{"restart limit", &scriptBackend{exit: runtime.Exit{ExitCode: code(3), Reason: "RestartLimit", Message: "main command exited with code 3; restart limit 6 reached"}}, 0, false, StateFailed, ReasonRestartLimit, "code 3", code(3)},
-		{"oom", &scriptBackend{exit: runtime.Exit{Reason: "OOMKilled", Message: "memory limit exceeded"}}, 0, false, StateFailed, ReasonOOMKilled, "memory", nil},
-		{"start error", &scriptBackend{exit: runtime.Exit{Reason: "StartError", Message: "exec: no such file"}}, 0, false, StateFailed, ReasonStartError, "no such file", nil},
-		{"vanished", &scriptBackend{exit: runtime.Exit{Reason: "Vanished", Message: "the container is gone"}}, 0, false, StateFailed, ReasonVanished, "gone", nil},
-		{"no reason from the backend", &scriptBackend{exit: runtime.Exit{ExitCode: code(1)}}, 0, false, StateFailed, "Error", "", code(1)},
-		{"wait fails", &scriptBackend{waitErr: errors.New("runc state: broken")}, 0, false, StateFailed, ReasonBackendError, "broken", nil},
-		{"lifetime before the start", &scriptBackend{block: true, exit: runtime.Exit{ExitCode: code(143), Reason: "Stopped"}}, time.Second, false, StateFailed, ReasonLifetimeExceeded, "before the sandbox started", nil},
-		{"deleted", &scriptBackend{block: true, exit: runtime.Exit{ExitCode: code(0), Reason: "Stopped"}}, 0, true, StateTerminated, ReasonDeleted, "deleted", code(0)},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			r, err := New(context.Background(), Config{Backend: tc.be, DataDir: t.TempDir(), ExpiryGrace: 10 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
-			sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox"}, Lifetime: tc.lifetime})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.delete {
-				if _, err := r.Delete(sb.ID, time.Second); err != nil {
-					t.Fatal(err)
-				}
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			end, err := r.WaitTerminal(ctx, sb.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if end.State != tc.state || end.Reason != tc.reason || !strings.Contains(end.Message, tc.message) {
-				t.Errorf("ended %s %s: %q, want %s %s: …%s…", end.State, end.Reason, end.Message, tc.state, tc.reason, tc.message)
-			}
-			if (end.ExitCode == nil) != (tc.exit == nil) || end.ExitCode != nil && *end.ExitCode != *tc.exit {
-				t.Errorf("exit code %v, want %v", end.ExitCode, tc.exit)
-			}
-		})
-	}
-}
 
 // TestEndedSandboxesOutliveTheRunner: a restarted runner knows the sandboxes that ended
 // within the retention window, as they ended, with their logs; it deletes the records
 // and logs whose window has passed, and logs no record accounts for.
 func TestEndedSandboxesOutliveTheRunner(t *testing.T) {
 	dir := t.TempDir()
-	be := &scriptBackend{createErr: fmt.Errorf("pull x: %w", runtime.ErrImageNotFound)}
+	be := runtimetest.NewFake()
+	be.OnCreate = failCreate(fmt.Errorf("pull x: %w", runtime.ErrImageNotFound))
 	r, err := New(context.Background(), Config{Backend: be, DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +47,7 @@ func TestEndedSandboxesOutliveTheRunner(t *testing.T) {
 	}
 	r.Close()
 
-	r2, err := New(context.Background(), Config{Backend: &scriptBackend{}, DataDir: dir})
+	r2, err := New(context.Background(), Config{Backend: runtimetest.NewFake(), DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,9 +69,9 @@ func TestEndedSandboxesOutliveTheRunner(t *testing.T) {
 	}
 }
 
-// logDirBackend is a scriptBackend whose sandboxes keep their logs in dir.
+// logDirBackend is a Fake whose sandboxes keep their logs in dir.
 type logDirBackend struct {
-	scriptBackend
+	*runtimetest.Fake
 	dir string
 }
 
@@ -215,7 +96,8 @@ func TestArchiveSkipsAReplacedLogDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	be := &logDirBackend{scriptBackend: scriptBackend{exit: runtime.Exit{ExitCode: code(0), Reason: "Completed"}}, dir: swapped}
+	be := &logDirBackend{Fake: runtimetest.NewFake(), dir: swapped}
+	be.OnCreate = exitsAtOnce
 	r, err := New(context.Background(), Config{Backend: be, DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +127,9 @@ func TestArchiveSkipsAReplacedLogDir(t *testing.T) {
 // for the retention window and in its record on disk.
 func TestEndedSandboxKeepsNoFileContents(t *testing.T) {
 	dir := t.TempDir()
-	r, err := New(context.Background(), Config{Backend: &scriptBackend{exit: runtime.Exit{ExitCode: code(0), Reason: "Completed"}}, DataDir: dir})
+	be := runtimetest.NewFake()
+	be.OnCreate = exitsAtOnce
+	r, err := New(context.Background(), Config{Backend: be, DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -168,6 +168,7 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	}
 	r.sandboxes[req.Spec.ID] = e
 	r.armExpiry(e)
+	r.notifyLocked(e) // a new sandbox is a change of List
 	snap := e.snapshot()
 	r.wg.Add(1)
 	r.mu.Unlock()
@@ -651,6 +652,7 @@ func (r *Runner) forget(id string, e *entry) {
 	current := r.sandboxes[id] == e
 	if current {
 		delete(r.sandboxes, id)
+		r.notifyLocked(e) // gone from List
 	}
 	r.mu.Unlock()
 	if current {

@@ -6,13 +6,16 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
 // TestRecordSharesNothing: the runner's record of a sandbox shares nothing with the spec
 // it was created from nor with the snapshots it hands out (runtime.Spec.Clone), so a
 // caller changing either cannot change what the runner runs and reports.
 func TestRecordSharesNothing(t *testing.T) {
-	r, err := New(context.Background(), Config{Backend: &scriptBackend{block: true}, DataDir: t.TempDir()})
+	be := runtimetest.NewFake()
+	defer be.Close()
+	r, err := New(context.Background(), Config{Backend: be, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,15 @@ var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 // ending with '-' (a backend's names derive from it, hence its own maximum).
 func ValidID(id string, maxLen int) bool { return len(id) <= maxLen && idPattern.MatchString(id) }
 
+// Hostname is the hostname of sandbox id, on every backend: its ID, cut to the 63
+// characters of a DNS label.
+func Hostname(id string) string {
+	if len(id) > 63 {
+		return id[:63]
+	}
+	return id
+}
+
 // ValidateSpec checks what every backend needs of a spec; maxIDLen is the backend's
 // longest sandbox ID. Errors wrap ErrInvalidSpec or ErrInvalidImageRef.
 func ValidateSpec(spec *Spec, maxIDLen int) error {

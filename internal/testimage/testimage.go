@@ -50,6 +50,10 @@ const (
 	Busybox      = "sandboxd/busybox:latest"
 	BusyboxMulti = "sandboxd/busybox:multi"
 	Python       = "sandboxd/python:3.11"
+	// BusyboxWorkDir is Busybox with WorkDir as its config's working dir; only the test
+	// cluster has it (test/k8s/imagetool).
+	BusyboxWorkDir = "sandboxd/busybox:workdir"
+	WorkDir        = "/root"
 )
 
 // DefaultPath is the PATH set in the standard images.

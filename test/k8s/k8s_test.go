@@ -120,12 +120,7 @@ func setup(t *testing.T) (cluster, *stack.KubernetesStack, string) {
 	s := newStack(t, c, runnerID, t.TempDir())
 	t.Cleanup(func() {
 		s.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		sel := kubernetes.LabelRunner + "=" + runnerID
-		zero := int64(0)
-		_ = s.Client.CoreV1().Pods(c.namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{LabelSelector: sel})
-		_ = s.Client.CoreV1().Secrets(c.namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel})
+		deleteRunnerObjects(s.Client, c.namespace, runnerID)
 	})
 	return c, s, runnerID
 }

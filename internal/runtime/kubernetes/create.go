@@ -123,7 +123,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		Env:          agentconfig.MergeEnv(nil, spec.Env),
 		WorkingDir:   spec.WorkingDir,
 		RestartLimit: spec.RestartLimit,
-		Hostname:     hostname(spec.ID),
+		Hostname:     runtime.Hostname(spec.ID),
 		User:         runAs,
 		Identity:     agent.NewIdentity(spec.ID),
 	}
@@ -267,13 +267,6 @@ func (b *Backend) argv(ctx context.Context, spec *runtime.Spec) ([]string, error
 	return argv, nil
 }
 
-func hostname(id string) string {
-	if len(id) > 63 {
-		return id[:63]
-	}
-	return id
-}
-
 func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]string, pullSecret string, sc *corev1.SecurityContext) *corev1.Pod {
 	grace := int64(b.cfg.TerminationGrace / time.Second)
 	no := false
@@ -318,7 +311,7 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 			RestartPolicy:                 corev1.RestartPolicyNever, // the agent restarts the main command
 			AutomountServiceAccountToken:  &no,
 			EnableServiceLinks:            &no,
-			Hostname:                      hostname(spec.ID),
+			Hostname:                      runtime.Hostname(spec.ID),
 			TerminationGracePeriodSeconds: &grace,
 			Containers: []corev1.Container{
 				{

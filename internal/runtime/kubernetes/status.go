@@ -111,9 +111,13 @@ func startErrorOfEnded(p *corev1.Pod) error {
 
 // exitOf is how the sandbox ended: the agent's final status (the gate's termination
 // message), else the main container's termination, else "Killed" (the Pod went away
-// first).
+// first). deleted: the Pod is gone.
 func exitOf(p *corev1.Pod, deleted bool) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
+	// A Pod being deleted (Stop, Destroy) whose agent left no final status was killed at
+	// the end of its grace period, before its main command ended: Killed, without an
+	// exit code, as the local backend reports it (not the container's 137).
+	deleted = deleted || p != nil && p.DeletionTimestamp != nil
 	if st := agentStatus(p); st != nil {
 		switch st.GetState() {
 		case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -15,6 +16,13 @@ func podWith(main, gateState corev1.ContainerState, phase corev1.PodPhase) *core
 	return &corev1.Pod{Status: corev1.PodStatus{Phase: phase, ContainerStatuses: []corev1.ContainerStatus{
 		{Name: containerGate, State: gateState}, {Name: containerMain, State: main, Image: "img"},
 	}}}
+}
+
+// deleting marks p as being deleted.
+func deleting(p *corev1.Pod) *corev1.Pod {
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+	return p
 }
 
 func TestExitOf(t *testing.T) {
@@ -37,6 +45,9 @@ func TestExitOf(t *testing.T) {
 		{"oom", podWith(term(137, "OOMKilled", ""), term(0, "Completed", ""), corev1.PodFailed), false, "OOMKilled", "137", 0, ""},
 		{"deleted while running", podWith(corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}, corev1.ContainerState{}, corev1.PodRunning), true, "Killed", "nil", 0, "deleted"},
 		{"never seen", nil, true, "Killed", "nil", 0, ""},
+		{"killed when the grace period ran out", deleting(podWith(term(137, "Error", ""), term(0, "Completed", `{"state":"MAIN_STATE_RUNNING"}`), corev1.PodFailed)), false, "Killed", "nil", 0, "deleted"},
+		{"oom while being deleted", deleting(podWith(term(137, "OOMKilled", ""), term(0, "Completed", ""), corev1.PodFailed)), false, "OOMKilled", "137", 0, ""},
+		{"stopped while being deleted", deleting(podWith(term(0, "Completed", ""), term(0, "Completed", `{"state":"MAIN_STATE_STOPPED","exitCode":0,"reason":"Stopped"}`), corev1.PodSucceeded)), false, "Stopped", "0", 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ex := exitOf(tc.pod, tc.deleted)

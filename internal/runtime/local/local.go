@@ -392,7 +392,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		}
 	}
 	acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
-	if _, _, err := b.launch(ctx, s, spec.PullCredentials, hostname(id), spec.Resources, acfg, &t); err != nil {
+	if _, _, err := b.launch(ctx, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
 		var pe *pullError
 		if b.pool != nil && errors.As(err, &pe) {
 			b.pool.pullFailed(poolKey{image: spec.Image, class: class})
@@ -761,13 +761,6 @@ func (b *Backend) writeEtcFiles(dir, host string, att *Attachment) error {
 		return b.cfg.Network.WriteEtcFiles(dir, host, att)
 	}
 	return network.WriteEtcFiles(dir, host, nil, nil) // loopback only
-}
-
-func hostname(id string) string {
-	if len(id) > 63 {
-		return id[:63]
-	}
-	return id
 }
 
 // mapPullError turns an image error into what the caller sees: the image and a generic

@@ -108,40 +108,6 @@ func TestCreateExecAndConfinement(t *testing.T) {
 	}
 }
 
-func TestMainExit(t *testing.T) {
-	e := newEnv(t)
-	tests := []struct {
-		id       string
-		argv     []string
-		restarts int
-		code     int32
-		reason   string
-	}{
-		{"exit-ok", []string{"true"}, 0, 0, "Completed"},
-		{"exit-3", []string{"sh", "-c", "exit 3"}, 0, 3, ""},
-		{"exit-restarts", []string{"sh", "-c", "exit 4"}, 2, 4, "RestartLimit"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.id, func(t *testing.T) {
-			e.create(runtime.Spec{ID: tc.id, Command: tc.argv[0], Args: tc.argv[1:], RestartLimit: tc.restarts})
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			ex, err := e.b.Wait(ctx, tc.id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ex.ExitCode == nil || *ex.ExitCode != tc.code || ex.Restarts != tc.restarts ||
-				(tc.reason != "" && ex.Reason != tc.reason) || (tc.code != 0 && ex.Reason == "Completed") {
-				t.Errorf("exit = %+v (code %v), want code %d reason %s restarts %d", ex, deref(ex.ExitCode), tc.code, tc.reason, tc.restarts)
-			}
-			if err := e.b.Destroy(ctx, tc.id); err != nil {
-				t.Fatal(err)
-			}
-			checkNoLeaks(t, e.state, tc.id)
-		})
-	}
-}
-
 func deref(p *int32) any {
 	if p == nil {
 		return nil

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-containerregistry/pkg/name"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
@@ -152,10 +153,17 @@ func (ti testImages) Pull(ctx context.Context, ref string, _ *runtime.Credential
 		return pythonImage()
 	case "nocmd":
 		return &Image{Ref: ref, Digest: "sha256:0c0d", Layers: ti.layers}, nil
+	case "workdir":
+		return &Image{Ref: ref, Digest: "sha256:3d3d", Layers: ti.layers, Config: ImageConfig{
+			Cmd: []string{"sh"}, Env: []string{"PATH=/bin"}, WorkingDir: "/root",
+		}}, nil
 	case "private":
 		return nil, fmt.Errorf("%w: private", image.ErrUnauthorized)
 	case "bad ref":
 		return nil, fmt.Errorf("%w: bad ref", image.ErrInvalidReference)
+	}
+	if _, err := name.ParseReference(ref); err != nil {
+		return nil, fmt.Errorf("%w: %w", image.ErrInvalidReference, err)
 	}
 	return nil, fmt.Errorf("%w: %s", image.ErrNotFound, ref)
 }

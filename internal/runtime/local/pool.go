@@ -553,7 +553,7 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	if err != nil {
 		return fmt.Errorf("limit files: %w", err)
 	}
-	host := hostname(s.id)
+	host := runtime.Hostname(s.id)
 	if err := setHostname(pc.s.info.Pid, host); err != nil {
 		return fmt.Errorf("hostname: %w", err)
 	}

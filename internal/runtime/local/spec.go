@@ -157,10 +157,7 @@ type specParams struct {
 }
 
 func ociSpec(p specParams) *specs.Spec {
-	hostname := p.ID
-	if len(hostname) > 63 {
-		hostname = hostname[:63]
-	}
+	hostname := runtime.Hostname(p.ID)
 	caps := capSet(p.Security, p.NonRoot)
 	ro := func(src, dst string) specs.Mount {
 		return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"bind", "ro", "nosuid", "nodev"}}
@@ -321,7 +318,7 @@ func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
 		WorkingDir:   wd,
 		User:         spec.Security.RunAs(img.Config.User),
 		RestartLimit: spec.RestartLimit,
-		Hostname:     spec.ID,
+		Hostname:     runtime.Hostname(spec.ID),
 	}
 	for _, f := range spec.Files {
 		c.Files = append(c.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})

@@ -1,6 +1,7 @@
 // Command imagetool writes the images the test cluster needs as docker-archive tarballs
-// for `ctr images import`: the pause image (busybox running sleep) and the standard test
-// images (busybox, python; see internal/testimage). The runner and agent images come from
+// for `ctr images import`: the pause image (busybox running sleep), the standard test
+// images (busybox, python; see internal/testimage) and busybox with a working dir in its
+// config (the backend conformance suite's WorkDirImage). The runner and agent images come from
 // scripts/build-runner-image.sh (deploy/image).
 //
 // Usage: imagetool -out DIR
@@ -25,6 +26,7 @@ const (
 	PauseRef   = "localhost/sandboxd/pause:k8s"
 	BusyboxRef = "localhost/" + testimage.Busybox
 	PythonRef  = "localhost/" + testimage.Python
+	WorkDirRef = "localhost/" + testimage.BusyboxWorkDir
 )
 
 func main() {
@@ -57,6 +59,10 @@ func run(out string) error {
 	if err != nil {
 		return err
 	}
+	workdir, err := testimage.ImageFromLayers(image.Config{Cmd: []string{"/bin/sh"}, Env: []string{testimage.DefaultPath}, WorkingDir: testimage.WorkDir}, bbLayers...)
+	if err != nil {
+		return err
+	}
 	imgs := []struct {
 		file, ref string
 		img       v1.Image
@@ -64,6 +70,7 @@ func run(out string) error {
 		{"pause.tar", PauseRef, pause},
 		{"busybox.tar", BusyboxRef, std.Busybox},
 		{"python.tar", PythonRef, std.Python},
+		{"busybox-workdir.tar", WorkDirRef, workdir},
 	}
 	for _, i := range imgs {
 		tag, err := name.NewTag(i.ref)
