@@ -36,7 +36,7 @@ func noRoot() (why string, required bool) {
 	case testing.Short():
 		return "-short runs the unit tier", false
 	case os.Geteuid() != 0:
-		return "not root", RootRequired()
+		return fmt.Sprintf("running as uid %d", os.Geteuid()), RootRequired()
 	}
 	return "", false
 }

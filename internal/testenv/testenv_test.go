@@ -58,9 +58,9 @@ func TestRequireRootRule(t *testing.T) {
 		want    string
 		main    string
 	}{
-		{name: "not root", outcome: "SKIP", want: "needs root (child): not root", main: "code=0 ok=false"},
+		{name: "not root", outcome: "SKIP", want: "needs root (child): running as uid", main: "code=0 ok=false"},
 		{name: "not root, required", env: []string{RequireRootEnv + "=1"}, outcome: "FAIL", want: "SANDBOXD_REQUIRE_ROOT=1 or CI=true require it", main: "code=1 ok=false"},
-		{name: "not root, CI", env: []string{"CI=true"}, outcome: "FAIL", want: "needs root (child): not root", main: "code=1 ok=false"},
+		{name: "not root, CI", env: []string{"CI=true"}, outcome: "FAIL", want: "needs root (child): running as uid", main: "code=1 ok=false"},
 		{name: "not root, -short, required", short: true, env: []string{RequireRootEnv + "=1"}, outcome: "SKIP", want: "-short runs the unit tier", main: "code=0 ok=false"},
 		{name: "root, -short", root: true, short: true, env: []string{"CI=true"}, outcome: "SKIP", want: "-short runs the unit tier", main: "code=0 ok=false"},
 		{name: "root", root: true, env: []string{"CI=true"}, outcome: "PASS", want: "ran", main: "code=0 ok=true"},
