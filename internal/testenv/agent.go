@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,11 +57,11 @@ func cachedAgent() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	id, err := goCmd(append([]string{"list", "-export", "-f", "{{.BuildID}}"}, append(agentBuildFlags, agentPkg)...)...)
+	id, err := goCmd(slices.Concat([]string{"list", "-export", "-f", "{{.BuildID}}"}, agentBuildFlags, []string{agentPkg})...)
 	if err != nil {
 		return "", fmt.Errorf("sandbox-agent build ID: %w", err)
 	}
-	key := fmt.Sprintf("%x", sha256.Sum256([]byte(strings.Join(append(agentBuildFlags, strings.TrimSpace(id)), "\x00"))))[:32]
+	key := fmt.Sprintf("%x", sha256.Sum256([]byte(strings.Join(slices.Concat(agentBuildFlags, []string{strings.TrimSpace(id)}), "\x00"))))[:32]
 	entry := filepath.Join(root, key)
 	bin := filepath.Join(entry, "sandbox-agent")
 	if _, err := os.Stat(bin); err == nil {
@@ -76,7 +77,7 @@ func cachedAgent() (string, error) {
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", err
 	}
-	if _, err := goCmd(append(append([]string{"build"}, agentBuildFlags...), "-o", filepath.Join(tmp, "sandbox-agent"), agentPkg)...); err != nil {
+	if _, err := goCmd(slices.Concat([]string{"build"}, agentBuildFlags, []string{"-o", filepath.Join(tmp, "sandbox-agent"), agentPkg})...); err != nil {
 		return "", fmt.Errorf("build sandbox-agent: %w", err)
 	}
 	if err := os.Chmod(filepath.Join(tmp, "sandbox-agent"), 0o755); err != nil { // whatever the umask
