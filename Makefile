@@ -17,7 +17,9 @@ build: agent
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sandboxd ./cmd/sandboxd
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sbx ./cmd/sbx
 
-# The agent runs inside arbitrary images, so it must be static.
+# The agent runs inside arbitrary images, so it must be static. Go tests get theirs from
+# internal/testenv.Agent, with these flags; scripts that need the binary run this target
+# (BIN=dir puts it elsewhere, GOARCH=... builds it for another architecture).
 agent:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/sandbox-agent ./cmd/sandbox-agent
 

@@ -18,18 +18,22 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
-var env *testenv.Env
+var env *stacktest.Env
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
 func run(m *testing.M) int {
+	if code, ok := testenv.MainRequiresRoot("bench", "runc, namespaces, cgroups"); !ok {
+		return code
+	}
 	var err error
-	env, err = testenv.Setup("bench")
+	env, err = stacktest.Setup("bench")
 	if err != nil {
 		fmt.Println("bench:", err)
 		return 1

@@ -29,7 +29,7 @@ mkdir -p "$BIN_DIR"
 export CGO_ENABLED=0
 go build -trimpath -ldflags="-s -w -X github.com/sandboxd/sandboxd/internal/version.version=$VERSION" -o "$BIN_DIR/sandboxd" ./cmd/sandboxd
 if [ -n "$AGENT_IMAGE" ]; then
-  go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-agent" ./cmd/sandbox-agent
+  make -s agent BIN="$BIN_DIR" # the one agent build (Makefile)
   go build -trimpath -ldflags='-s -w' -o "$BIN_DIR/sandbox-gate" ./internal/runtime/kubernetes/cmd/sandbox-gate
 fi
 # The tool runs here: built for this host whatever GOARCH the binaries are for.

@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 var binary string
@@ -30,12 +31,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	os.Chmod(dir, 0o755)
-	binary = filepath.Join(dir, "sandbox-agent")
-	cmd := exec.Command("go", "build", "-o", binary, ".")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		panic(string(out))
+	os.Chmod(dir, 0o755) // TestPermissionDenied runs the agent as nobody
+	if binary, err = testenv.Agent(dir); err != nil {
+		panic(err)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -154,9 +152,7 @@ func TestListenConfigCompleted(t *testing.T) {
 
 // TestPermissionDenied runs the agent as nobody, so file modes apply (root bypasses them).
 func TestPermissionDenied(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to switch to nobody")
-	}
+	testenv.RequireRoot(t, "to switch to nobody")
 	dir := sandboxDir(t)
 	secret := filepath.Join(dir, "secret")
 	os.WriteFile(secret, []byte("x"), 0o600)

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/logstore"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // Tests run the agent in-process on a unix socket. The agent's reaper waits for every
@@ -193,6 +194,7 @@ func sameLines(a, b string) bool {
 func ptr[T any](v T) *T { return &v }
 
 func TestMainFilesEnvUser(t *testing.T) {
+	testenv.RequireRoot(t, "switching to nobody")
 	cfg := &agentconfig.Config{
 		Argv: []string{"sh", "-c", `cat sub/dir/f.txt; echo " $GREETING $HOME $(id -u):$(id -g)"; stat -c %a sub/dir/f.txt`},
 		Env:  []string{"PATH=/usr/bin:/bin", "GREETING=hi"},
@@ -209,9 +211,6 @@ func TestMainFilesEnvUser(t *testing.T) {
 	h := startAgent(t, cfg)
 	if code := h.wait(t); code != 0 {
 		t.Fatalf("exit %d: %s / %v", code, h.logText(t), h.statusFile(t))
-	}
-	if os.Getuid() != 0 {
-		t.Skip("user switching needs root")
 	}
 	if got, want := h.logText(t), "content hi /nonexistent 65534:65534\n640\n"; got != want {
 		t.Errorf("log = %q, want %q", got, want)

@@ -16,6 +16,7 @@ var testOnly = []string{
 	"internal/connecttest",
 	"internal/gateway/gatewaytest",
 	"internal/runtime/runtimetest",
+	"internal/stack/stacktest",
 }
 
 // runnerSide is what runs in a runner process (beside the backends' own processes).

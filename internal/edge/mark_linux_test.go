@@ -5,20 +5,19 @@ package edge
 import (
 	"io"
 	"net/http"
-	"os"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // TestDialMark: the edge's connections to sandbox ports carry Config.DialMark (the
 // local network's guard lets only those into the bridge); none without one.
 func TestDialMark(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SO_MARK needs CAP_NET_ADMIN")
-	}
+	testenv.RequireRoot(t, "SO_MARK needs CAP_NET_ADMIN")
 	for _, mark := range []uint32{0, 0x5bd00000} {
 		te := startEdge(t, func(c *Config) { c.DialMark = mark })
 		url := te.httpRoute(t, sbxA, 8080, AuthOpen, 0, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // FuzzUnpack feeds layers described by a tiny line language, one entry per line:
@@ -34,9 +36,7 @@ func FuzzUnpack(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	if os.Geteuid() != 0 {
-		f.Skip("needs root")
-	}
+	testenv.RequireRoot(f, "unpacking layers: chown, device nodes, xattrs")
 	f.Fuzz(func(t *testing.T, prog string) {
 		var buf bytes.Buffer
 		tw := tar.NewWriter(&buf)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/reserved"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
@@ -139,7 +140,7 @@ func TestRegistryRefusedAfterResolution(t *testing.T) {
 // insecure, as the dev test mirror is) serves pulls; so does a mirror on loopback for
 // docker.io.
 func TestConfiguredLoopbackRegistry(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	host := startRegistry(t, testimage.RegistryOptions{})
 	if _, err := testimage.Push(host, "x/app:a", smallImage(t, "a")); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
@@ -86,7 +87,7 @@ func loopbackOnly(external *atomic.Int32) http.RoundTripper {
 }
 
 func TestMirrorHit(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	up := countedRegistry(t, testimage.RegistryOptions{})
 	mir := countedRegistry(t, testimage.RegistryOptions{})
 	img := smallImage(t, "same")
@@ -134,7 +135,7 @@ func TestMirrorHit(t *testing.T) {
 }
 
 func TestMirrorFallthroughAndOrder(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	imgU, imgA, imgB := smallImage(t, "upstream"), smallImage(t, "a"), smallImage(t, "b")
 	cases := []struct {
 		name    string
@@ -193,7 +194,7 @@ func TestMirrorFallthroughAndOrder(t *testing.T) {
 }
 
 func TestMirrorAllFail(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	creds := image.Credentials{Username: "u", Password: "p"}
 	cases := []struct {
 		name     string
@@ -248,7 +249,7 @@ func TestMirrorAllFail(t *testing.T) {
 }
 
 func TestMirrorDockerHub(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	mir := countedRegistry(t, testimage.RegistryOptions{})
 	want := push(t, mir.host, "library/busybox:latest", smallImage(t, "bb"))
 	for _, key := range []string{"docker.io", "index.docker.io", "registry-1.docker.io"} {
@@ -290,7 +291,7 @@ func TestMirrorDockerHub(t *testing.T) {
 // The official client's default image python:3.11 served by a docker.io mirror
 // holding the standard images under their Docker Hub names.
 func TestMirrorDockerHubStandardImages(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	imgs, err := testimage.StandardImages()
 	if errors.Is(err, testimage.ErrNoTestImages) {
 		t.Skip(err)
@@ -323,7 +324,7 @@ func TestMirrorDockerHubStandardImages(t *testing.T) {
 }
 
 func TestMirrorInsecurePerMirror(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	up := countedRegistry(t, testimage.RegistryOptions{})
 	mir := countedRegistry(t, testimage.RegistryOptions{})
 	fromUp := push(t, up.host, "x/app:t", smallImage(t, "u"))

@@ -19,6 +19,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
@@ -35,13 +36,6 @@ func openStore(t *testing.T, opts image.Options) *image.Store {
 		t.Fatal(err)
 	}
 	return s
-}
-
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
 }
 
 // counter counts requests per method+path at the registry.
@@ -110,7 +104,7 @@ func startRegistry(t *testing.T, o testimage.RegistryOptions) string {
 }
 
 func TestPullStandard(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	host, _, _ := testimage.Standard(ctx, t)
 	imgs, _ := testimage.StandardImages()
@@ -196,7 +190,7 @@ func TestPullStandard(t *testing.T) {
 }
 
 func TestPullDedupAndCache(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	var c counter
 	host := startRegistry(t, testimage.RegistryOptions{OnRequest: c.hook})
@@ -267,7 +261,7 @@ func TestPullDedupAndCache(t *testing.T) {
 }
 
 func TestDigestPullOffline(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	host, stop, err := testimage.StartRegistry(ctx)
 	if err != nil {
@@ -291,7 +285,7 @@ func TestDigestPullOffline(t *testing.T) {
 }
 
 func TestPullAuth(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	good := image.Credentials{Username: "alice", Password: "s3cret"}
 	bad := image.Credentials{Username: "alice", Password: "nope"}
@@ -333,7 +327,7 @@ func TestPullAuth(t *testing.T) {
 }
 
 func TestPullErrors(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	host := startRegistry(t, testimage.RegistryOptions{})
 	if _, err := testimage.Push(host, "x/app:a", smallImage(t, "a")); err != nil {
@@ -389,7 +383,7 @@ func TestPullErrors(t *testing.T) {
 }
 
 func TestUnpackedLayerSemantics(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	host := startRegistry(t, testimage.RegistryOptions{})
 	mk := func(entries func(tw *tar.Writer)) v1.Layer {
@@ -459,7 +453,7 @@ func mustStat(t *testing.T, p string) os.FileInfo {
 }
 
 func TestUnsafeLayerRejected(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	host := startRegistry(t, testimage.RegistryOptions{})
 	var buf bytes.Buffer
@@ -483,7 +477,7 @@ func TestUnsafeLayerRejected(t *testing.T) {
 }
 
 func TestGC(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	host := startRegistry(t, testimage.RegistryOptions{})
 	for _, tag := range []string{"a", "b"} {
@@ -558,7 +552,7 @@ func TestGC(t *testing.T) {
 // TestGCGrace: an image a Pull just returned survives GC until the grace period has
 // passed, even when the caller has not yet reported it in use.
 func TestGCGrace(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	ctx := context.Background()
 	host := startRegistry(t, testimage.RegistryOptions{})
 	if _, err := testimage.Push(host, "x/app:a", smallImage(t, "a")); err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 type tentry struct {
@@ -56,15 +58,8 @@ func mkTar(t testing.TB, entries ...tentry) []byte {
 	return buf.Bytes()
 }
 
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (chown, whiteout device nodes, trusted.* xattrs)")
-	}
-}
-
 func TestUnpackFeatures(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	dir := t.TempDir()
 	tb := mkTar(t,
 		tentry{name: "./", typ: tar.TypeDir, mode: 0o755},
@@ -160,7 +155,7 @@ func TestUnpackFeatures(t *testing.T) {
 
 // TestUnpackRejects: every case must fail with ErrUnsafeLayer and write nothing outside dir.
 func TestUnpackRejects(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
 	cases := []struct {
 		name    string
 		entries []tentry

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 func TestUnescape(t *testing.T) {
@@ -27,9 +29,7 @@ func TestUnescape(t *testing.T) {
 // TestUnder: mounts below a dir (one with a space in its name among them) come back
 // unescaped, deepest first; others do not.
 func TestUnder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (mounts)")
-	}
+	testenv.RequireRoot(t, "mounts")
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a b"), filepath.Join(dir, "a b", "c")
 	for _, d := range []string{a, b} { // c is made on a's tmpfs

@@ -4,18 +4,17 @@ package sockmark
 
 import (
 	"net"
-	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // TestControl: a dialed socket carries exactly the mark asked for (above 1<<31 too);
 // mark 0 sets nothing.
 func TestControl(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SO_MARK needs CAP_NET_ADMIN")
-	}
+	testenv.RequireRoot(t, "SO_MARK needs CAP_NET_ADMIN")
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

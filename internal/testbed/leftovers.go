@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/internal/testenv"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 )
 
 // leftovers lists what runner i left on the host after it stopped with every sandbox
@@ -16,7 +16,7 @@ import (
 func (b *Bed) leftovers(i int) []string {
 	dir := b.RunnerDataDir(i)
 	sbDir := filepath.Join(dir, "sandboxes")
-	out := testenv.Leftovers(dir)
+	out := stacktest.Leftovers(dir)
 	ids := map[string]bool{}
 	for _, l := range out {
 		// "sandbox dir ID", "mount …/sandboxes/ID/…", "loop device /dev/loopN (…/sandboxes/ID/…)"
@@ -60,4 +60,4 @@ func (b *Bed) leftovers(i int) []string {
 }
 
 // forceClean removes what leftovers found, so the test's temporary dir can go.
-func (b *Bed) forceClean(i int) { testenv.ForceClean(b.RunnerDataDir(i)) }
+func (b *Bed) forceClean(i int) { stacktest.ForceClean(b.RunnerDataDir(i)) }

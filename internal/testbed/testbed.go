@@ -33,6 +33,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
@@ -84,19 +85,16 @@ type Bed struct {
 	stopMirror func()
 }
 
-// Build compiles sandboxd and the static sandbox-agent into dir.
+// Build compiles sandboxd into dir and puts the static sandbox-agent (testenv.Agent)
+// beside it, where sandboxd finds it.
 func Build(dir string) error {
-	for _, b := range []struct{ pkg, out string }{
-		{"github.com/sandboxd/sandboxd/cmd/sandboxd", "sandboxd"},
-		{"github.com/sandboxd/sandboxd/cmd/sandbox-agent", "sandbox-agent"},
-	} {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, b.out), b.pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %w\n%s", b.out, err, out)
-		}
+	cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "sandboxd"), "github.com/sandboxd/sandboxd/cmd/sandboxd")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build sandboxd: %w\n%s", err, out)
 	}
-	return nil
+	_, err := testenv.Agent(dir)
+	return err
 }
 
 // Start brings the bed up: network, control plane, runners (registered with their

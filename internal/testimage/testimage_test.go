@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 func TestBuildCachesLayout(t *testing.T) {
@@ -65,6 +66,7 @@ func TestBuildCachesLayout(t *testing.T) {
 }
 
 func TestStandardAndAuthRegistry(t *testing.T) {
+	testenv.RequireRoot(t, "root made the test images and owns their cache")
 	ctx := context.Background()
 	host, _, _ := Standard(ctx, t)
 	if host == "" {

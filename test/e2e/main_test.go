@@ -1,5 +1,6 @@
 // Package e2e runs the single-host stack for real: runc, overlayfs, bridge networking,
-// images pulled from a registry on loopback, the agent as PID 1. It needs root.
+// images pulled from a registry on loopback, the agent as PID 1. It needs root
+// (testenv.MainRequiresRoot: without it every test skips).
 package e2e
 
 import (
@@ -16,18 +17,22 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
-var env *testenv.Env
+var env *stacktest.Env
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
 func run(m *testing.M) int {
+	if code, ok := testenv.MainRequiresRoot("e2e", "runc, namespaces, cgroups"); !ok {
+		return code
+	}
 	var err error
-	env, err = testenv.Setup("e2e")
+	env, err = stacktest.Setup("e2e")
 	if err != nil {
 		fmt.Println("e2e:", err)
 		return 1

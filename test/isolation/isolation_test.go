@@ -30,18 +30,18 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/sockmark"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
-var env *testenv.Env
+var env *stacktest.Env
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("isolation: needs root; skipped")
-		os.Exit(0)
+	if code, ok := testenv.MainRequiresRoot("isolation", "runc, namespaces, cgroups"); !ok {
+		os.Exit(code)
 	}
 	var err error
-	if env, err = testenv.Setup("iso"); err != nil {
+	if env, err = stacktest.Setup("iso"); err != nil {
 		fmt.Println("isolation:", err)
 		os.Exit(1)
 	}
@@ -400,9 +400,9 @@ func cleanup(t *testing.T, s *stack.Stack, dataDir string) {
 	}
 	s.Close()
 	// Before the temporary dir goes: a leak is reported as what leaked.
-	if left := testenv.Leftovers(dataDir); len(left) > 0 {
+	if left := stacktest.Leftovers(dataDir); len(left) > 0 {
 		t.Errorf("left behind after every sandbox was deleted: %v", left)
-		testenv.ForceClean(dataDir)
+		stacktest.ForceClean(dataDir)
 	}
 	if rd := s.Backend.RootfsDir(); rd != "" {
 		if ents, _ := os.ReadDir(rd); len(ents) > 0 {

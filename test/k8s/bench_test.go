@@ -16,7 +16,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/testenv"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 )
 
 // BenchmarkTimeToFirstCommand: create → the first exec (`true`) has answered, one
@@ -34,7 +34,7 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 	}
 	kst := newStack(b, c, randomID("bench-"), b.TempDir())
 	b.Cleanup(kst.Close)
-	env, err := testenv.Setup("k8sb")
+	env, err := stacktest.Setup("k8sb")
 	if err != nil {
 		b.Fatal(err)
 	}

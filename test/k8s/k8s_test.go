@@ -3,7 +3,7 @@
 //
 // The tests skip unless a cluster is there: $SANDBOXD_K8S_KUBECONFIG, or the kubeconfig
 // up.sh writes ($SANDBOXD_K8S_DIR or /var/lib/sandboxd-k8s, then /kubeconfig).
-// SANDBOXD_K8S_REQUIRED=1 turns the skip into a failure.
+// SANDBOXD_K8S_REQUIRED=1 turns the skip into a failure. With -short they always skip.
 package k8s
 
 import (
@@ -55,6 +55,9 @@ func env(k, def string) string {
 
 func needCluster(t testing.TB) cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short runs the unit tier: no cluster")
+	}
 	kc := os.Getenv("SANDBOXD_K8S_KUBECONFIG")
 	if kc == "" {
 		kc = filepath.Join(env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s"), "kubeconfig")

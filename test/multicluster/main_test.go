@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/pgtest"
 	"github.com/sandboxd/sandboxd/internal/testbed"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 var (
@@ -29,9 +30,8 @@ var (
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		skipWhy = "needs root (network namespaces, runc)"
-		return m.Run()
+	if !testenv.HaveRoot() {
+		return m.Run() // every test skips, or fails where root is required (startBed)
 	}
 	stop, dsn, err := pgtest.Start()
 	if err != nil {
@@ -61,6 +61,7 @@ func run(m *testing.M) int {
 // startBed starts the standard bed on a fresh database; it is torn down with the test.
 func startBed(t *testing.T, gatewayArgs ...string) *testbed.Bed {
 	t.Helper()
+	testenv.RequireRoot(t, "network namespaces, runc")
 	if skipWhy != "" {
 		t.Skip(skipWhy)
 	}

@@ -5,13 +5,13 @@
 //
 // The suite builds sandboxd and the agent, starts one `sandboxd dev` on loopback ports
 // of its own for the whole package, and makes user keys of two organizations. It needs
-// root (containers); without it every test skips, and in CI (CI=true) that is an error.
+// root (containers); without it, or with -short, every test skips, and where root is
+// required (testenv.RequireRoot: CI) that is an error.
 package security
 
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -26,6 +26,7 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
@@ -42,25 +43,14 @@ type Dev struct {
 }
 
 var (
-	dev     *Dev
-	skipWhy string
+	dev *Dev
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
-	flag.Parse()
-	if os.Geteuid() != 0 {
-		skipWhy = "needs root (sandboxd dev runs containers)"
-		if os.Getenv("CI") == "true" {
-			fmt.Println("security: CI must run this suite as root")
-			return 1
-		}
-		return m.Run()
-	}
-	if testing.Short() {
-		skipWhy = "-short"
-		return m.Run()
+	if !testenv.HaveRoot() {
+		return m.Run() // every test skips, or fails where root is required (needDev)
 	}
 	d, err := startDev()
 	if err != nil {
@@ -84,12 +74,11 @@ func run(m *testing.M) int {
 	return code
 }
 
-// needDev skips without the suite's server (not root, -short).
+// needDev skips without the suite's server (not root, -short), or fails where root is
+// required (testenv.RequireRoot).
 func needDev(t testing.TB) *Dev {
 	t.Helper()
-	if dev == nil {
-		t.Skip(skipWhy)
-	}
+	testenv.RequireRoot(t, "sandboxd dev runs containers")
 	return dev
 }
 
@@ -99,25 +88,24 @@ func startDev() (*Dev, error) {
 		return nil, err
 	}
 	d := &Dev{Bin: filepath.Join(dir, "bin"), DataDir: filepath.Join(dir, "data"), Log: filepath.Join(dir, "sandboxd.log")}
-	for _, b := range []struct{ pkg, out string }{
-		{"github.com/sandboxd/sandboxd/cmd/sandboxd", "sandboxd"},
-		{"github.com/sandboxd/sandboxd/cmd/sandbox-agent", "sandbox-agent"},
-	} {
-		if b.out == "sandboxd" && os.Getenv("SANDBOXD_SECURITY_BIN") != "" {
-			// Attack a given build (e.g. an older one, to see a test fail on its hole).
-			if err := os.MkdirAll(d.Bin, 0o755); err != nil {
-				return nil, err
-			}
-			if err := exec.Command("cp", os.Getenv("SANDBOXD_SECURITY_BIN"), filepath.Join(d.Bin, b.out)).Run(); err != nil {
-				return nil, err
-			}
-			continue
+	if err := os.MkdirAll(d.Bin, 0o755); err != nil {
+		return nil, err
+	}
+	if given := os.Getenv("SANDBOXD_SECURITY_BIN"); given != "" {
+		// Attack a given build (e.g. an older one, to see a test fail on its hole).
+		if err := exec.Command("cp", given, filepath.Join(d.Bin, "sandboxd")).Run(); err != nil {
+			return nil, err
 		}
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(d.Bin, b.out), b.pkg)
+	} else {
+		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(d.Bin, "sandboxd"), "github.com/sandboxd/sandboxd/cmd/sandboxd")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("build %s: %w\n%s", b.pkg, err, out)
+			return nil, fmt.Errorf("build sandboxd: %w\n%s", err, out)
 		}
+	}
+	// sandboxd dev finds the agent next to itself.
+	if _, err := testenv.Agent(d.Bin); err != nil {
+		return nil, err
 	}
 	api, edge, dp := freeAddr(), freeAddr(), freeAddr()
 	d.API, d.Edge, d.DataPlane = "http://"+api, edge, dp
@@ -218,7 +206,7 @@ func (d *Dev) purgeAndCheck() []string {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	for _, l := range testenv.Leftovers(d.DataDir) {
+	for _, l := range stacktest.Leftovers(d.DataDir) {
 		if !strings.HasPrefix(l, "sandbox dir ") { // those were waited for above
 			left = append(left, l)
 		}
@@ -242,7 +230,7 @@ func cleanupDev(d *Dev) {
 			_ = exec.CommandContext(ctx, bin, "--root", root, "delete", "--force", id).Run()
 		}
 	}
-	testenv.ForceClean(filepath.Dir(d.DataDir))
+	stacktest.ForceClean(filepath.Dir(d.DataDir))
 	_ = os.RemoveAll(filepath.Dir(d.DataDir))
 }
 

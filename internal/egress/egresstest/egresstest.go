@@ -42,6 +42,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // namePrefix starts every namespace and interface this package creates.
@@ -71,12 +72,10 @@ type Internet struct {
 }
 
 // New creates an Internet for t, with its DNS server running on the Prefix's second
-// address, port 53. It skips t when not run as root.
+// address, port 53. It needs root (testenv.RequireRoot).
 func New(t testing.TB) *Internet {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("egresstest: needs root (network namespaces)")
-	}
+	testenv.RequireRoot(t, "egresstest: network namespaces")
 	sweepOnce.Do(sweepStale)
 	ca, err := pki.LoadOrCreateCA(t.TempDir(), "egresstest CA")
 	if err != nil {

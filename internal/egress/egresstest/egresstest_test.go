@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 func TestInternet(t *testing.T) {
@@ -44,6 +46,7 @@ func TestInternet(t *testing.T) {
 
 // TestCleanup: the namespace, the host's veth end and the route are gone after the test.
 func TestCleanup(t *testing.T) {
+	testenv.RequireRoot(t, "network namespaces") // New's skip would end only "inner"
 	var in *Internet
 	t.Run("inner", func(t *testing.T) {
 		in = New(t)

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // A crashCase is one way of creating (and maybe destroying) a sandbox in a child
@@ -138,11 +139,9 @@ func runCrashChild(t *testing.T, c crashCase, point string) bool {
 // and checks that the host has nothing left of the sandboxes that did not survive: no
 // mount, loop device, cgroup, runtime state, netns, veth, nftables element or dir.
 func TestCrashRecovery(t *testing.T) {
+	testenv.RequireRoot(t, "runc, mounts, cgroups")
 	if skipReason != "" {
 		t.Skip(skipReason)
-	}
-	if testing.Short() {
-		t.Skip("-short: starts dozens of sandboxes")
 	}
 	vols := []runtime.Volume{
 		{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 8 << 20},

@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // testCgroupParent is per test process: other checkouts' tests may run at the same
@@ -39,9 +40,10 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		skipReason = "needs root (runc, mounts, cgroups)"
-	} else if _, err := os.Stat("/usr/sbin/runc"); err != nil {
+	if !testenv.HaveRoot() {
+		return m.Run() // tests that need root skip, or fail where it is required (newEnv)
+	}
+	if _, err := os.Stat("/usr/sbin/runc"); err != nil {
 		skipReason = "needs /usr/sbin/runc (apt install runc)"
 	} else if _, err := os.Stat("/bin/busybox"); err != nil {
 		skipReason = "needs /bin/busybox (apt install busybox-static)"
@@ -62,9 +64,9 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmp)
 
-	agentBin = filepath.Join(tmp, "sandbox-agent")
-	if out, err := goBuild(agentBin, "github.com/sandboxd/sandboxd/cmd/sandbox-agent"); err != nil {
-		fmt.Fprintf(os.Stderr, "build sandbox-agent: %v\n%s", err, out)
+	// In tmp, beside busybox: TestCrashRecovery's children find both through fixtureEnv.
+	if agentBin, err = testenv.Agent(tmp); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	busyboxDir = filepath.Join(tmp, "busybox")
@@ -178,6 +180,7 @@ type env struct {
 // and the host is checked for leftovers.
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	testenv.RequireRoot(t, "runc, mounts, cgroups")
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 func keyPair(t *testing.T, dir, name string) (tls.Certificate, []byte) {
@@ -153,9 +154,7 @@ func TestCompleteConfig(t *testing.T) {
 // TestListenAgent: the agent's socket belongs to the gate's user with mode 0600 (other
 // users in the main container cannot connect), and the fd survives exec and serves.
 func TestListenAgent(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("chown to the gate's uid needs root")
-	}
+	testenv.RequireRoot(t, "chown to the gate's uid")
 	path := filepath.Join(t.TempDir(), Socket)
 	f, err := ListenAgent(path, "1000", UID)
 	if err != nil {

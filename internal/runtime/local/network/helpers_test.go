@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/sockmark"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -49,7 +50,7 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
-	if os.Geteuid() == 0 {
+	if testenv.HaveRoot() { // the tests that make links and tables ran
 		if msg := leftovers(); msg != "" {
 			fmt.Fprintln(os.Stderr, "LEFTOVERS after tests:", msg)
 			code = 1
@@ -95,11 +96,10 @@ func noteLink(name string) {
 	leftoverMu.Unlock()
 }
 
-func requireRoot(t testing.TB) {
+// requireNetAdmin: the tests that make bridges, namespaces and nftables tables.
+func requireNetAdmin(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.RequireRoot(t, "bridges, network namespaces, nftables")
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("needs nft")
 	}
@@ -169,7 +169,7 @@ func testConfig(t testing.TB, egress bool) Config {
 // newTestManager creates a Manager and registers Cleanup+Close.
 func newTestManager(t testing.TB, egress bool) *Manager {
 	t.Helper()
-	requireRoot(t)
+	requireNetAdmin(t)
 	m, err := New(testConfig(t, egress))
 	if err != nil {
 		t.Fatal(err)

@@ -249,7 +249,7 @@ func TestSandboxCannotReachHost(t *testing.T) {
 }
 
 func TestEgressNAT(t *testing.T) {
-	requireRoot(t)
+	requireNetAdmin(t)
 	inet := newInternet(t)
 	srv := netip.AddrPortFrom(inet.addr, 80).String()
 	serve(t, inet.nsPath, srv, "internet")
@@ -419,7 +419,7 @@ func TestSetupFailuresLeaveNothing(t *testing.T) {
 }
 
 func TestConcurrentSetupAndLookupAfterRestart(t *testing.T) {
-	requireRoot(t)
+	requireNetAdmin(t)
 	cfg := testConfig(t, true)
 	m, err := New(cfg)
 	if err != nil {

@@ -330,7 +330,7 @@ func TestEgressRules(t *testing.T) {
 // reachable by an explicit cidr rule, and by nothing else: "any" still excludes it, and
 // the other reserved ranges stay cut out of a wider rule.
 func TestEgressOpenReserved(t *testing.T) {
-	requireRoot(t)
+	requireNetAdmin(t)
 	cfg := testConfig(t, true)
 	cfg.OpenReserved = []netip.Prefix{netip.MustParsePrefix("10.199.0.0/16")}
 	m, err := New(cfg)
@@ -576,7 +576,7 @@ func TestCustomIngressFromOutside(t *testing.T) {
 // the proxy port on the gateway. Stand-in servers play DNS and proxy here (they only
 // report who called); internal/egress's are tested on the local backend.
 func TestPlatformDNSAndProxy(t *testing.T) {
-	requireRoot(t)
+	requireNetAdmin(t)
 	cfg := testConfig(t, true)
 	cfg.ProxyPort = 20000 + int(randByte())<<4
 	m, err := New(cfg)
@@ -669,7 +669,7 @@ func TestPlatformDNSAndProxy(t *testing.T) {
 // rebuilds the table with every sandbox's rules before anyone declares them again, and
 // Teardown afterwards removes them all.
 func TestRulesSurviveRestart(t *testing.T) {
-	requireRoot(t)
+	requireNetAdmin(t)
 	cfg := testConfig(t, true)
 	m, err := New(cfg)
 	if err != nil {

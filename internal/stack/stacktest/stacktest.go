@@ -1,17 +1,18 @@
-// Package testenv prepares what end-to-end tests and benchmarks of the single-host stack
-// need: a freshly built static agent and a loopback registry holding the test images.
-package testenv
+// Package stacktest prepares what end-to-end tests and benchmarks of the single-host
+// stack need: the static agent (testenv.Agent) and a loopback registry holding the test
+// images. It needs root: a TestMain asks testenv.MainRequiresRoot before Setup.
+package stacktest
 
 import (
 	"context"
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
@@ -27,7 +28,7 @@ type Env struct {
 	stopRegistry func()
 }
 
-// Setup builds the agent and starts the registry. Each test process gets its own
+// Setup links the agent (testenv.Agent) and starts the registry. Each test process gets its own
 // bridge, /24 subnet, nftables table and cgroup parent (derived from name and the
 // process ID), so test binaries running at the same time on one host never share them.
 func Setup(name string) (*Env, error) {
@@ -40,17 +41,14 @@ func Setup(name string) (*Env, error) {
 	}
 	pid := os.Getpid()
 	env := &Env{
-		AgentBin:     filepath.Join(dir, "sandbox-agent"),
 		Bridge:       fmt.Sprintf("sbx%.5s%04x", name, pid&0xffff),
 		Subnet:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + pid%50), byte(pid / 50 % 256), 0}), 24),
 		CgroupParent: fmt.Sprintf("sandboxd-%s-%d", name, pid),
 		dir:          dir,
 	}
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", env.AgentBin, "github.com/sandboxd/sandboxd/cmd/sandbox-agent")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
+	if env.AgentBin, err = testenv.Agent(dir); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("build agent: %w\n%s", err, out)
+		return nil, err
 	}
 	host, stop, err := testimage.Standard(context.Background(), nil)
 	if err != nil {
@@ -61,7 +59,7 @@ func Setup(name string) (*Env, error) {
 	return env, nil
 }
 
-// Close stops the registry, removes the built agent and this process's (by now empty)
+// Close stops the registry, removes the agent's link and this process's (by now empty)
 // cgroup parents.
 func (e *Env) Close() {
 	e.stopRegistry()
