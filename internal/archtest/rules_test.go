@@ -17,6 +17,7 @@ var testOnly = []string{
 	"internal/gateway/gatewaytest",
 	"internal/runtime/runtimetest",
 	"internal/stack/stacktest",
+	"internal/egress/egresstest",
 }
 
 // runnerSide is what runs in a runner process (beside the backends' own processes).
