@@ -7,6 +7,7 @@ package apierr
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -53,6 +54,15 @@ const (
 type Violation struct {
 	Field       string
 	Description string
+}
+
+// Describe joins violations as "FIELD DESCRIPTION; FIELD DESCRIPTION" for a message.
+func Describe(vs []Violation) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = v.Field + " " + v.Description
+	}
+	return strings.Join(parts, "; ")
 }
 
 // New returns an error with code and an ErrorInfo of reason and metadata.

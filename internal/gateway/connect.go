@@ -56,7 +56,7 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 	perms, pvs := grantable(m.GetRequestedPermissions())
 	vs = append(vs, pvs...)
 	if len(vs) > 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid ConnectSandbox request: "+describe(vs), vs)
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid ConnectSandbox request: "+apierr.Describe(vs), vs)
 	}
 	rec, r, err := s.lookup(ctx, m.GetSandboxId())
 	if err != nil {

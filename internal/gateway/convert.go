@@ -119,7 +119,7 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 		unsupported = append(unsupported, "instance types")
 	}
 	if len(vs) > 0 {
-		return req, apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+describe(vs), vs)
+		return req, apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
 	}
 	if len(unsupported) > 0 {
 		slices.Sort(unsupported)
@@ -178,14 +178,6 @@ func parseResources(res *sandboxv1.Resources, field string, add runtime.AddFunc)
 	return milliCPU, memory
 }
 
-func describe(vs []apierr.Violation) string {
-	parts := make([]string, len(vs))
-	for i, v := range vs {
-		parts[i] = v.Field + " " + v.Description
-	}
-	return strings.Join(parts, "; ")
-}
-
 // runnerError translates runner errors into API errors.
 func runnerError(id string, err error) error {
 	var verr *runner.ValidationError
@@ -197,7 +189,7 @@ func runnerError(id string, err error) error {
 		for i, v := range verr.Violations {
 			vs[i] = apierr.Violation{Field: wireField(v.Field), Description: v.Description}
 		}
-		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+describe(vs), vs)
+		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
 	case errors.Is(err, runner.ErrNotFound):
 		return notFound(id)
 	case errors.Is(err, runner.ErrNotRunning):

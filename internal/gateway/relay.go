@@ -43,7 +43,7 @@ var _ sandboxv1connect.SandboxDataPlaneServiceHandler = Relay{}
 func (d Relay) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
 	m := req.Msg
 	if vs := execViolations("command", "env", m.GetCommand(), m.GetEnv()); vs != nil {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid exec: "+describe(vs), vs)
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid exec: "+apierr.Describe(vs), vs)
 	}
 	if m.GetMaxOutputBytes() < 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "max_output_bytes must not be negative", []apierr.Violation{{Field: "max_output_bytes", Description: "must not be negative"}})
@@ -115,7 +115,7 @@ func (d Relay) StreamExec(ctx context.Context, stream *connect.BidiStream[sandbo
 		return apierr.Invalid(apierr.InvalidRequest, "the first message must be init", []apierr.Violation{{Field: "init", Description: "is required first"}})
 	}
 	if vs := execViolations("init.command", "init.env", init.GetCommand(), init.GetEnv()); vs != nil {
-		return apierr.Invalid(apierr.InvalidRequest, "invalid exec: "+describe(vs), vs)
+		return apierr.Invalid(apierr.InvalidRequest, "invalid exec: "+apierr.Describe(vs), vs)
 	}
 	a, err := d.Src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_EXEC, init.GetSandboxId(), init.GetContainer())
 	if err != nil {
@@ -219,7 +219,7 @@ func (d Relay) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.St
 			vs = append(vs, apierr.Violation{Field: "resume_log_session_id", Description: "cannot be combined with tail_lines, since_time or timestamps"})
 		}
 		if len(vs) > 0 {
-			return apierr.Invalid(apierr.InvalidRequest, "invalid resume request: "+describe(vs), vs)
+			return apierr.Invalid(apierr.InvalidRequest, "invalid resume request: "+apierr.Describe(vs), vs)
 		}
 	}
 	if m.GetTailLines() < 0 {

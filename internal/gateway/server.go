@@ -265,7 +265,7 @@ const ReasonLost = "Lost"
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
 	p := principal(ctx)
 	if vs := requestIDViolations("request_id", req.Msg.GetRequestId()); vs != nil {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+describe(vs), vs)
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
 	}
 	if rec, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
 		if r := s.runnerByID(rec.runnerID); r != nil {
@@ -409,7 +409,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.FSSNotSupported, "file-system snapshots are not supported by this sandboxd yet")
 	}
 	if vs := requestIDViolations("request_id", m.GetRequestId()); vs != nil {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+describe(vs), vs)
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
 	}
 	if m.GetGracePeriodSeconds() < 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "grace_period_seconds must not be negative",

@@ -234,16 +234,16 @@ func Place(req Request) ([]Candidate, error) {
 		return nil, CapacityExhausted(full)
 	case len(down) == 0 && shareOnly:
 		return nil, apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.HTTPSShareTokenNotSupported,
-			"no runner here can check endpoint share tokens (HTTPS SHARE_TOKEN endpoints): use auth OPEN: "+describe(rejected),
+			"no runner here can check endpoint share tokens (HTTPS SHARE_TOKEN endpoints): use auth OPEN: "+apierr.Describe(rejected),
 			nil), rejected)
 	case len(down) == len(considered):
 		return nil, apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
-			fmt.Sprintf("runner %s unavailable: %s", strings.Join(down, ", "), describe(rejected)),
+			fmt.Sprintf("runner %s unavailable: %s", strings.Join(down, ", "), apierr.Describe(rejected)),
 			map[string]string{"runner_ids": strings.Join(down, ",")}), RetryAfter)
 	case len(considered) == 1 && !single.OK():
 		vs := policy.ToAPI(single.Violations)
 		return nil, apierr.Invalid(policy.Reason(single.Violations),
-			fmt.Sprintf("runner %s's policy rejects this sandbox: %s", req.Runners[considered[0]].ID, describe(vs)), vs)
+			fmt.Sprintf("runner %s's policy rejects this sandbox: %s", req.Runners[considered[0]].ID, apierr.Describe(vs)), vs)
 	}
 	ids := make([]string, len(considered))
 	for k, i := range considered {
@@ -257,7 +257,7 @@ func Place(req Request) ([]Candidate, error) {
 // It is no "try again later": nothing will change by itself.
 func NoSuitableRunner(runnerIDs []string, vs []apierr.Violation) *connect.Error {
 	return apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
-		fmt.Sprintf("no runner can take this sandbox: %s", describe(vs)),
+		fmt.Sprintf("no runner can take this sandbox: %s", apierr.Describe(vs)),
 		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}), vs)
 }
 
@@ -281,7 +281,7 @@ func CapacityExhausted(why []string) *connect.Error {
 // ValidateRunnerIDs checks runner_ids: at most MaxRunnerIDs, none blank, no duplicate.
 func ValidateRunnerIDs(ids []string) error {
 	if vs := RunnerIDViolations(ids); len(vs) > 0 {
-		return apierr.Invalid(apierr.InvalidRequest, "invalid runner_ids: "+describe(vs), vs)
+		return apierr.Invalid(apierr.InvalidRequest, "invalid runner_ids: "+apierr.Describe(vs), vs)
 	}
 	return nil
 }
@@ -455,14 +455,6 @@ func load(r Room, extra Resources, n int) float64 {
 		l = max(l, float64(r.Used.MemoryBytes+extra.MemoryBytes)/float64(a))
 	}
 	return l
-}
-
-func describe(vs []apierr.Violation) string {
-	parts := make([]string, len(vs))
-	for i, v := range vs {
-		parts[i] = v.Field + " " + v.Description
-	}
-	return strings.Join(parts, "; ")
 }
 
 // resolution identifies a policy resolution: runners sharing a policy and runtime
