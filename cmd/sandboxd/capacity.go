@@ -6,7 +6,7 @@ import (
 	"math"
 
 	"github.com/sandboxd/sandboxd/internal/gateway"
-	"github.com/sandboxd/sandboxd/internal/gateway/placement"
+	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )

@@ -33,11 +33,25 @@ var runnerSide = []string{
 	"internal/stack",
 }
 
+// shared is what both sides use, so that runner and gateway decide alike: the placement
+// arithmetic (the gateway's placement and the runner's own admission) and the policy
+// resolution.
+var shared = []string{
+	"internal/placement",
+	"internal/policy",
+}
+
 var rules = []rule{
 	{
 		name:   "runner side never imports the gateway",
 		why:    "runner and gateway are separate processes; what both need lives below both",
 		from:   runnerSide,
+		forbid: []string{"internal/gateway/..."},
+	},
+	{
+		name:   "what both sides share never imports the gateway",
+		why:    "the runner uses it too, and would link the gateway through it",
+		from:   shared,
 		forbid: []string{"internal/gateway/..."},
 	},
 	{
@@ -92,8 +106,6 @@ var allowList = []allowed{
 		"LocalRunner, Runner, RunnerError, NotFound move to internal/runner; Relay, DataSource, LogReader, MaxMessageBytes to internal/relay; DataPlaneIssuer with them"},
 	{"cmd/sandboxd.runnerCmd", "internal/gateway", 2,
 		"runnerCmd and runnerStatus use gateway.NewLocalRunner / *gateway.LocalRunner, which move to internal/runner"},
-	{"cmd/sandboxd.runnerCmd", "internal/gateway/placement", 2,
-		"capacityFlags.parse bounds --cpu-overcommit by placement.MaxCPUOvercommit: runner admission and capacity move to internal/runner"},
 }
 
 // TestDependencyRules checks the rules against the module's import graph (linux/amd64,

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/gateway/placement"
+	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 )
 

@@ -11,6 +11,10 @@
 // runner's whole capacity never fits it, which is not the same as no room now.
 // Candidates are ordered by load after placement (the larger of CPU and memory
 // utilisation), least loaded first; ties are broken randomly.
+//
+// Its arithmetic (Room, Misfit, Never, NoSuitableRunner) is shared: a runner admits a
+// sandbox by the same rules (runner.Local.Create), so it lives below both the gateway
+// and the runner and imports neither.
 package placement
 
 import (
