@@ -130,7 +130,7 @@ func Heartbeat(ctx context.Context, st store.Store, org, runnerID string, interv
 }
 
 // PolicySource reads runners' policies from the store for the gateway (it implements
-// gateway.PolicySource): the policy document as written (nil when never set) and its
+// policy.Source): the policy document as written (nil when never set) and its
 // revision (0 when never set). A runner unknown to the store is an error matching
 // store.ErrNotFound. When the store fails, the last policy read for that runner is
 // returned, so placement goes on with the last-known view while the store is down.

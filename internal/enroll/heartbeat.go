@@ -26,7 +26,7 @@ var ErrNoPolicy = errors.New("no policy received from the control plane yet")
 
 // PolicyCache is the last policy the control plane sent, kept in memory and in a file so
 // it survives a restart while the control plane is down. It implements
-// gateway.PolicySource (and runnerapi's), for the runner's own checks.
+// policy.Source, for the runner's own checks (runnerapi.Server.WithPolicy).
 type PolicyCache struct {
 	path string
 

@@ -9,6 +9,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
@@ -114,7 +115,7 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 		}
 		if sc := p.Constraints.Security; sc != nil && sc.PrivilegedAllowed != nil {
 			// The platform's word is final: a policy cannot allow what no runner runs.
-			caps.SupportsPrivileged = *sc.PrivilegedAllowed && Platform(nil).PrivilegedAllowed
+			caps.SupportsPrivileged = *sc.PrivilegedAllowed && policy.RunnerPlatform(nil).PrivilegedAllowed
 		}
 	}
 	ar := &sandboxv1.AvailableRunner{

@@ -7,7 +7,6 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -205,17 +204,4 @@ func effectiveNetwork(n *runtime.Network) (egress []*sandboxv1.EgressRule, ingre
 		ingress = append(ingress, w)
 	}
 	return egress, ingress
-}
-
-// policyRules turns runtime rules (the platform's defaults) into policy rules.
-func policyRules(rs []runtime.EgressRule) []policy.Rule {
-	out := make([]policy.Rule, 0, len(rs))
-	for _, r := range rs {
-		pr := policy.Rule{CIDR: r.CIDR, Except: r.Except, HTTPSHostname: r.DNSName, Any: r.Any, Tenant: strings.ToUpper(r.Tenant)}
-		for _, p := range r.Ports {
-			pr.Ports = append(pr.Ports, policy.PortRange{Protocol: strings.ToUpper(p.Protocol), Port: int32(p.Port), EndPort: int32(p.EndPort)})
-		}
-		out = append(out, pr)
-	}
-	return out
 }

@@ -24,7 +24,7 @@ func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]plac
 	return placement.Place(placement.Request{
 		Spec:         spec,
 		Runners:      s.views.snapshot(ctx),
-		Platform:     Platform(nil),
+		Platform:     policy.RunnerPlatform(nil),
 		Reservations: &s.reserved,
 	})
 }

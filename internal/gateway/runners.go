@@ -262,7 +262,7 @@ func hostMemory() int64 {
 // against, as gateways do from its Capacity. Only its backend's Support is in it: the
 // edge's share tokens Create checks itself (with an error of its own).
 func (l *LocalRunner) Platform() policy.Platform {
-	p := Platform(l.Classes())
+	p := policy.RunnerPlatform(l.Classes())
 	p.Support = l.R.Support()
 	if d := policy.DefaultsOf(l.Defaults); d != (policy.ResourceDefaults{}) {
 		p.DefaultResources = &d
@@ -279,7 +279,7 @@ func (l *LocalRunner) Classes() []string {
 	case len(l.R.RuntimeClasses()) > 0:
 		return l.R.RuntimeClasses()
 	}
-	return DefaultRuntimeClasses
+	return policy.DefaultRuntimeClasses
 }
 
 // LiveOf counts the sandboxes of org in sbs that have not ended: what a runner may tell an

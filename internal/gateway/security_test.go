@@ -93,7 +93,7 @@ func TestSecurityContextPolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res := policy.ResolveRevision(p, "1", withSecurity(tc.sc), Platform(nil))
+			res := policy.ResolveRevision(p, "1", withSecurity(tc.sc), policy.RunnerPlatform(nil))
 			if tc.constraint == "" {
 				if !res.OK() {
 					t.Fatalf("rejected: %+v", res.Violations)

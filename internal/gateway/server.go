@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -49,7 +50,7 @@ type Config struct {
 	Auth    Authenticator
 	Runners []Runner
 	// Policies gives each runner's policy; nil means every runner has the empty policy.
-	Policies PolicySource
+	Policies policy.Source
 	// Index keeps the sandbox index across restarts (with Orgs to load it); nil keeps it
 	// in memory only.
 	Index IndexStore
@@ -89,7 +90,7 @@ type Server struct {
 
 	auth     Authenticator
 	runners  []Runner
-	policies PolicySource
+	policies policy.Source
 	// orphanGrace: see Config.OrphanGrace.
 	orphanGrace time.Duration
 	index       *index

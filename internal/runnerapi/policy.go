@@ -21,7 +21,7 @@ import (
 // (typically its cache of what the control plane last sent) before starting it, with the
 // gateway's code: the gateway checks first, but the runner is the authority when its
 // policy changed in between. It returns s.
-func (s *Server) WithPolicy(runnerID string, p gateway.PolicySource) *Server {
+func (s *Server) WithPolicy(runnerID string, p policy.Source) *Server {
 	s.policies, s.runnerID = p, runnerID
 	return s
 }
@@ -42,7 +42,7 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.runnerID, err))
 		}
 	}
-	platform := gateway.Platform(nil) // DefaultRuntimeClasses when the server does not know
+	platform := policy.RunnerPlatform(nil) // DefaultRuntimeClasses when the server does not know
 	if s.platform != nil {
 		platform = s.platform()
 	}

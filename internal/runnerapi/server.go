@@ -52,8 +52,8 @@ type Server struct {
 	relay    relay
 
 	runnerID string
-	policies gateway.PolicySource   // nil: no check of its own (WithPolicy)
-	platform func() policy.Platform // what policies resolve against; nil: gateway.Platform(nil)
+	policies policy.Source          // nil: no check of its own (WithPolicy)
+	platform func() policy.Platform // what policies resolve against; nil: policy.RunnerPlatform(nil)
 }
 
 // NewServer serves r, the runner runnerID, with the host's capacity. A nil logger is
