@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
 
@@ -35,14 +36,14 @@ func BenchmarkDirectFiles(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	local := gateway.NewLocalRunner("local", s.Runner)
+	local := runner.NewLocal("local", s.Runner)
 	dp, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: "127.0.0.1:0", CA: dpCA, Sandboxes: local})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(dp.Close)
 	local.DataPlaneURI = uri
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{local}, DataPlane: &dataplane.Issuer{CA: dpCA}})
+	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{local}, DataPlane: &dataplane.Issuer{CA: dpCA}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func gatewayClient(b *testing.B, s *stack.Stack) sandboxv1connect.SandboxService
 	if err != nil {
 		b.Fatal(err)
 	}
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}})
+	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{runner.NewLocal("local", s.Runner)}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 // clock stops when every sandbox is RUNNING.
 func BenchmarkPlacementThroughput(b *testing.B) {
 	ctx := context.Background()
-	var runners []gateway.Runner
+	var runners []runner.Handle
 	var stacks []*stack.Stack
 	for n := 1; n <= 3; n++ {
 		s, err := stack.NewLocal(ctx, env.StackConfigN(b.TempDir(), n))
@@ -33,7 +33,7 @@ func BenchmarkPlacementThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 		stacks = append(stacks, s)
-		runners = append(runners, gateway.NewLocalRunner(fmt.Sprintf("r%d", n), s.Runner))
+		runners = append(runners, runner.NewLocal(fmt.Sprintf("r%d", n), s.Runner))
 		b.Cleanup(func() {
 			cleanup(b, s)
 			s.Close()

@@ -17,12 +17,13 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 )
 
 // serveGateway serves a gateway over rn on loopback (h2c) and returns a client of it with
 // a running sandbox's ID.
-func serveGateway(b *testing.B, rn gateway.Runner) (sandboxv1connect.SandboxServiceClient, string) {
+func serveGateway(b *testing.B, rn runner.Handle) (sandboxv1connect.SandboxServiceClient, string) {
 	b.Helper()
 	keys, err := auth.OpenKeyring(filepath.Join(b.TempDir(), "keys.json"))
 	if err != nil {
@@ -32,7 +33,7 @@ func serveGateway(b *testing.B, rn gateway.Runner) (sandboxv1connect.SandboxServ
 	if err != nil {
 		b.Fatal(err)
 	}
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{rn}})
+	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{rn}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func serveGateway(b *testing.B, rn gateway.Runner) (sandboxv1connect.SandboxServ
 }
 
 // BenchmarkSplitExec: one exec of /bin/true through the gateway, with the runner in the
-// same process (LocalRunner) and behind runnerapi over mTLS on loopback, interleaved in
+// same process (runner.Local) and behind runnerapi over mTLS on loopback, interleaved in
 // the same run; and directly on the agent for reference.
 func BenchmarkSplitExec(b *testing.B) {
 	s := newStack(b, 0)
@@ -96,7 +97,7 @@ func BenchmarkSplitExec(b *testing.B) {
 	}
 	b.Cleanup(remote.Close)
 
-	localGW, localID := serveGateway(b, gateway.NewLocalRunner("local", s.Runner))
+	localGW, localID := serveGateway(b, runner.NewLocal("local", s.Runner))
 	splitGW, splitID := serveGateway(b, remote)
 	direct, err := s.Runner.Agent(ctx, localID)
 	if err != nil {

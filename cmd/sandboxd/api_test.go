@@ -35,6 +35,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/gateway/gatewaytest"
+	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
 // apiPort serves the API port as `sandboxd dev` assembles it (control plane and gateway
@@ -54,8 +55,8 @@ func apiPort(t *testing.T) (string, string) {
 		t.Fatal(err)
 	}
 	keys := auth.NewStoreAuthenticator(st, log)
-	gw, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gatewaytest.IdleRunner{RunnerID: "r1",
-		Cap: gateway.Capacity{MilliCPU: 2000, MemoryBytes: 4 << 30, ConnectedAt: time.Now(), RuntimeClasses: []string{"runc"}}}}, Logger: log})
+	gw, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{gatewaytest.IdleRunner{RunnerID: "r1",
+		Cap: runner.Capacity{MilliCPU: 2000, MemoryBytes: 4 << 30, ConnectedAt: time.Now(), RuntimeClasses: []string{"runc"}}}}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

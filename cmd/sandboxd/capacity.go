@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -26,11 +26,11 @@ type capacityFlags struct {
 }
 
 func (c *capacityFlags) register(fs *flag.FlagSet) {
-	d := gateway.DefaultResources
+	d := runner.DefaultResources
 	fs.StringVar(&c.cpu, "cpu", "", "CPU offered to sandboxes, e.g. 4 or 3500m (default: the host's CPUs)")
 	fs.StringVar(&c.memory, "memory", "", "memory offered to sandboxes, e.g. 8Gi (default: the host's memory)")
-	fs.IntVar(&c.maxSandboxes, "max-sandboxes", gateway.DefaultMaxSandboxes, "most live sandboxes on this runner")
-	fs.Float64Var(&c.overcommit, "cpu-overcommit", gateway.DefaultCPUOvercommit, "sandboxes are admitted by their requests: their CPU requests may add up to this many times --cpu (memory is never overcommitted; 1: none)")
+	fs.IntVar(&c.maxSandboxes, "max-sandboxes", runner.DefaultMaxSandboxes, "most live sandboxes on this runner")
+	fs.Float64Var(&c.overcommit, "cpu-overcommit", runner.DefaultCPUOvercommit, "sandboxes are admitted by their requests: their CPU requests may add up to this many times --cpu (memory is never overcommitted; 1: none)")
 	fs.StringVar(&c.cpuRequest, "default-cpu-request", quantity.FormatCPU(d.RequestMilliCPU), "CPU request of a sandbox that asks for none (what it is admitted by); a policy's base.resources wins")
 	fs.StringVar(&c.memoryRequest, "default-memory-request", quantity.FormatMemory(d.RequestMemoryBytes), "memory request of a sandbox that asks for none; a policy's base.resources wins")
 	fs.StringVar(&c.cpuLimit, "default-cpu-limit", quantity.FormatCPU(d.MilliCPU), "CPU limit of a sandbox that sets none (never below its request); a policy's base.resources wins")
@@ -76,7 +76,7 @@ func (c *capacityFlags) parse() error {
 }
 
 // apply configures l with the parsed flags.
-func (c *capacityFlags) apply(l *gateway.LocalRunner) {
+func (c *capacityFlags) apply(l *runner.Local) {
 	l.MilliCPU, l.MemoryBytes, l.MaxSandboxes = c.milliCPU, c.memoryBytes, c.maxSandboxes
 	l.CPUOvercommit, l.Defaults = c.overcommit, c.defaults
 }

@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // TestCapacityFlags: the defaults are the documented ones, flags reach the runner, and
 // inconsistent values are refused naming the flag.
 func TestCapacityFlags(t *testing.T) {
-	parse := func(args ...string) (*gateway.LocalRunner, error) {
+	parse := func(args ...string) (*runner.Local, error) {
 		var c capacityFlags
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		c.register(fs)
@@ -22,7 +22,7 @@ func TestCapacityFlags(t *testing.T) {
 		if err := c.parse(); err != nil {
 			return nil, err
 		}
-		var l gateway.LocalRunner
+		var l runner.Local
 		c.apply(&l)
 		return &l, nil
 	}
@@ -30,7 +30,7 @@ func TestCapacityFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Defaults != gateway.DefaultResources || l.CPUOvercommit != gateway.DefaultCPUOvercommit || l.MaxSandboxes != gateway.DefaultMaxSandboxes || l.MilliCPU != 0 {
+	if l.Defaults != runner.DefaultResources || l.CPUOvercommit != runner.DefaultCPUOvercommit || l.MaxSandboxes != runner.DefaultMaxSandboxes || l.MilliCPU != 0 {
 		t.Errorf("defaults: %+v", l)
 	}
 	l, err = parse("--cpu", "2", "--cpu-overcommit", "1.5", "--default-cpu-request", "250m", "--default-memory-limit", "2Gi")

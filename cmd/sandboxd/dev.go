@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -101,7 +102,7 @@ func dev(args []string) error {
 	}
 	defer stk.Close()
 
-	local := gateway.NewLocalRunner(*runnerID, stk.Runner)
+	local := runner.NewLocal(*runnerID, stk.Runner)
 	capacity.apply(local)
 	if *edgeListen != "" {
 		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
@@ -147,7 +148,7 @@ func dev(args []string) error {
 		DataPlane:     dpIssuer,
 		ShareTokenKey: shareKey,
 		Auth:          keys,
-		Runners:       []gateway.Runner{local},
+		Runners:       []runner.Handle{local},
 		Policies:      controlplane.NewPolicySource(st, defaultOrg),
 		Index:         st.Sandboxes(),
 		Orgs:          st.Orgs(),
@@ -167,7 +168,7 @@ func dev(args []string) error {
 		// The runner's own live sandboxes of org (those the store may not know yet), never
 		// those of other organizations: neither their count nor their existence is org's.
 		sbs, err := local.List(ctx)
-		return max(n, gateway.LiveOf(sbs, org)), err
+		return max(n, runner.LiveOf(sbs, org)), err
 	})
 	if err != nil {
 		return err
@@ -247,7 +248,7 @@ func registerRunner(ctx context.Context, st store.Store, runnerID, clusterID, zo
 }
 
 // heartbeat records r's status in the store every few seconds until ctx ends.
-func heartbeat(ctx context.Context, st store.Store, r gateway.Runner, log *slog.Logger) {
+func heartbeat(ctx context.Context, st store.Store, r runner.Handle, log *slog.Logger) {
 	controlplane.Heartbeat(ctx, st, defaultOrg, r.ID(), controlplane.DefaultHeartbeatInterval,
 		func(ctx context.Context) (controlplane.Status, error) {
 			c, err := r.Capacity(ctx)

@@ -230,7 +230,7 @@ func runnerCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	local := gateway.NewLocalRunner(*runnerID, rn)
+	local := runner.NewLocal(*runnerID, rn)
 	capacity.apply(local)
 	if *edgeListen != "" {
 		ec := stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain, CA: edgeCA, Logger: logger,
@@ -348,7 +348,7 @@ func gatewayCmd(args []string) error {
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	var rs []gateway.Runner
+	var rs []runner.Handle
 	for _, r := range runners {
 		id, addr, ok := strings.Cut(r, "=")
 		if !ok || id == "" || addr == "" {
@@ -416,7 +416,7 @@ func gatewayCmd(args []string) error {
 }
 
 // runnerStatus is what a heartbeat reports of r.
-func runnerStatus(ctx context.Context, r *gateway.LocalRunner) (*enroll.Status, error) {
+func runnerStatus(ctx context.Context, r *runner.Local) (*enroll.Status, error) {
 	c, err := r.Capacity(ctx)
 	if err != nil {
 		return nil, err

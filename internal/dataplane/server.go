@@ -28,7 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Sandboxes is what the data plane needs of its runner (gateway.LocalRunner).
+// Sandboxes is what the data plane needs of its runner (runner.Local).
 type Sandboxes interface {
 	Get(ctx context.Context, id string) (runner.Sandbox, error)
 	// Agent returns the sandbox's agent, waiting while the sandbox starts.

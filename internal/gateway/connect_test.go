@@ -64,9 +64,9 @@ func TestConnectSandbox(t *testing.T) {
 	r := &stateRunner{scriptedRunner: scriptedRunner{id: "r1"}, states: map[string]runner.State{
 		"run": runner.StateRunning, "starting": runner.StateCreating, "done": runner.StateTerminated, "foreign": runner.StateRunning,
 	}}
-	r.set(Capacity{DataPlaneURI: "https://127.0.0.1:8444"}, nil)
+	r.set(runner.Capacity{DataPlaneURI: "https://127.0.0.1:8444"}, nil)
 	iss := &recordingIssuer{}
-	s := &Server{runners: []Runner{r}, log: slog.New(slog.DiscardHandler), index: newIndex(nil, slog.New(slog.DiscardHandler)), dataPlane: iss}
+	s := &Server{runners: []runner.Handle{r}, log: slog.New(slog.DiscardHandler), index: newIndex(nil, slog.New(slog.DiscardHandler)), dataPlane: iss}
 	s.views = newRunnerViews(s, time.Second)
 	bg := context.Background()
 	for id, org := range map[string]string{"run": "acme", "starting": "acme", "done": "acme", "foreign": "other"} {
@@ -169,7 +169,7 @@ func TestConnectSandbox(t *testing.T) {
 	s.auth = nil
 
 	// A runner without a data plane.
-	r.set(Capacity{}, nil)
+	r.set(runner.Capacity{}, nil)
 	s.views.probe(bg)
 	if _, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}); connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NotImplemented {
 		t.Errorf("runner without data plane: %v", err)

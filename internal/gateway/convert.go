@@ -217,7 +217,7 @@ func notFound(id string) error {
 }
 
 // toProto renders a sandbox for the wire. spec is the spec as the caller sent it.
-func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
+func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
 	st := &sandboxv1.SandboxStatus{
 		State:                       sandboxv1.State(sb.State),
 		CreateTime:                  ts(sb.CreatedAt),
@@ -272,7 +272,7 @@ func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r R
 }
 
 // toProto is the public form of a sandbox of runner r, with its services' addresses.
-func (s *Server) toProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
+func (s *Server) toProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
 	p := sandboxProto(id, spec, sb, r)
 	domain, port := s.views.edgeOf(r.ID())
 	p.Status.Services = serviceStatuses(id, spec, sb, r.ID(), domain, port)

@@ -70,8 +70,8 @@ func (r *acceptingRunner) Agent(context.Context, string) (agentv1connect.AgentSe
 func (r *acceptingRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
 	return errors.New("not used")
 }
-func (r *acceptingRunner) Capacity(context.Context) (Capacity, error) {
-	return Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443, Support: runtime.Support{NoShareTokens: !r.shareTokens}}, nil
+func (r *acceptingRunner) Capacity(context.Context) (runner.Capacity, error) {
+	return runner.Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443, Support: runtime.Support{NoShareTokens: !r.shareTokens}}, nil
 }
 
 func (r *acceptingRunner) spec(id string) runner.Sandbox {
@@ -82,7 +82,7 @@ func (r *acceptingRunner) spec(id string) runner.Sandbox {
 const testOrg = "org-a"
 
 // newTestGateway is a gateway over runners, its index in a SQLite store under dir.
-func newTestGateway(t *testing.T, dir string, runners ...Runner) *Server {
+func newTestGateway(t *testing.T, dir string, runners ...runner.Handle) *Server {
 	t.Helper()
 	ctx := t.Context()
 	st, err := store.Open(ctx, filepath.Join(dir, "sandboxd.db"))

@@ -54,7 +54,7 @@ func (s *Server) GetAvailableRunner(ctx context.Context, req *connect.Request[sa
 	if m.GetOrganizationId() == "" {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "organization_id is required", []apierr.Violation{{Field: "organization_id", Description: "is required"}})
 	}
-	i := slices.IndexFunc(s.runners, func(r Runner) bool { return r.ID() == m.GetRunnerId() })
+	i := slices.IndexFunc(s.runners, func(r runner.Handle) bool { return r.ID() == m.GetRunnerId() })
 	if i < 0 || m.GetOrganizationId() != principal(ctx).Org {
 		return nil, apierr.New(connect.CodeNotFound, apierr.RunnerNotFound, "runner "+m.GetRunnerId()+" not found", map[string]string{"runner_id": m.GetRunnerId()})
 	}
@@ -146,7 +146,7 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 // liveSandboxes counts the sandboxes of recs (one organization's) on runner r that are
 // neither ended nor being deleted (a delete frees its place at once). Those the index
 // last saw alive are asked of the runner: another replica may have deleted them.
-func (s *Server) liveSandboxes(ctx context.Context, recs []*record, r Runner) int {
+func (s *Server) liveSandboxes(ctx context.Context, recs []*record, r runner.Handle) int {
 	n := 0
 	for _, rec := range recs {
 		if rec.runnerID != r.ID() {

@@ -32,7 +32,7 @@ func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]plac
 // createOn creates the sandbox on the first candidate that takes it: capacity is
 // reserved while the runner's Create is in flight, and a runner that rejects the sandbox
 // (its policy changed, it filled up, it went away) passes it to the next candidate.
-func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string) (Runner, policy.Result, runner.Sandbox, error) {
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string) (runner.Handle, policy.Result, runner.Sandbox, error) {
 	var (
 		last error
 		full []string

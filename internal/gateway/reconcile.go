@@ -14,7 +14,7 @@ const (
 	DefaultReconcileInterval = time.Minute
 )
 
-// sandboxLister is a Runner that can list its sandboxes (both runner kinds can).
+// sandboxLister is a runner.Handle that can list its sandboxes (both runner kinds can).
 type sandboxLister interface {
 	List(ctx context.Context) ([]runner.Sandbox, error)
 }

@@ -48,7 +48,7 @@ type Authenticator = auth.Authenticator
 // Config configures a Server.
 type Config struct {
 	Auth    Authenticator
-	Runners []Runner
+	Runners []runner.Handle
 	// Policies gives each runner's policy; nil means every runner has the empty policy.
 	Policies policy.Source
 	// Index keeps the sandbox index across restarts (with Orgs to load it); nil keeps it
@@ -89,7 +89,7 @@ type Server struct {
 	sandboxv1connect.UnimplementedSettingsServiceHandler
 
 	auth     Authenticator
-	runners  []Runner
+	runners  []runner.Handle
 	policies policy.Source
 	// orphanGrace: see Config.OrphanGrace.
 	orphanGrace time.Duration
@@ -209,7 +209,7 @@ func principal(ctx context.Context) auth.Principal {
 	return p
 }
 
-func (s *Server) runnerByID(id string) Runner {
+func (s *Server) runnerByID(id string) runner.Handle {
 	for _, r := range s.runners {
 		if r.ID() == id {
 			return r
@@ -219,7 +219,7 @@ func (s *Server) runnerByID(id string) Runner {
 }
 
 // lookup finds the caller's sandbox id and its runner.
-func (s *Server) lookup(ctx context.Context, id string) (*record, Runner, error) {
+func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle, error) {
 	if id == "" {
 		return nil, nil, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
 	}
@@ -241,7 +241,7 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, Runner, error)
 // A runner that answers but no longer knows a sandbox that had not ended has lost it (its
 // state was wiped, or the sandbox vanished while it was down): the sandbox is FAILED with
 // reason Lost, so clients stop waiting for it.
-func (s *Server) current(ctx context.Context, rec *record, r Runner) runner.Sandbox {
+func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runner.Sandbox {
 	sb, err := r.Get(ctx, rec.id)
 	if err == nil {
 		s.index.setLast(ctx, rec, sb)
@@ -310,7 +310,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 
 // created is the create response for rec as sb: the only answer that carries the
 // sandbox's share token.
-func (s *Server) created(rec *record, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
+func (s *Server) created(rec *record, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
 	return s.withShareToken(s.toProto(rec.id, rec.spec, sb, r), sb)
 }
 
@@ -487,7 +487,7 @@ func checkContainer(rec *record, container string) error {
 
 // agentOf returns the agent of a sandbox already looked up, waiting while it starts.
 // container must name the primary container (or be empty).
-func (s *Server) agentOf(ctx context.Context, rec *record, r Runner, container string) (agentClient, error) {
+func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, container string) (agentClient, error) {
 	id := rec.id
 	if err := checkContainer(rec, container); err != nil {
 		return nil, err

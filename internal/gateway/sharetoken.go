@@ -5,15 +5,10 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"fmt"
-
-	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // A sandbox with an HTTPS SHARE_TOKEN endpoint has an endpoint share token: the create
@@ -50,22 +45,12 @@ func (k shareTokens) token(id string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// needsShareTokens reports whether s has an HTTPS endpoint with SHARE_TOKEN auth.
-func needsShareTokens(s runtime.Spec) bool {
-	for _, svc := range s.Services {
-		if svc.Endpoint == runtime.EndpointHTTPS && svc.TokenAuth {
-			return true
-		}
-	}
-	return false
-}
-
 // nameSandbox gives cr a new sandbox ID and, when it needs one, the hash of its share
 // token. A new name per attempt: a runner that did create the sandbox after all (its
 // answer timed out) never shares a name with the next runner's.
 func (s *Server) nameSandbox(cr *runner.CreateRequest) {
 	cr.Spec.ID = runner.NewID()
-	if needsShareTokens(cr.Spec) {
+	if runner.NeedsShareTokens(cr.Spec) {
 		cr.Spec.ShareTokenHash = edge.ShareTokenHash(s.shareTokens.token(cr.Spec.ID))
 	}
 }
@@ -85,11 +70,4 @@ func (s *Server) withShareToken(p *sandboxv1.Sandbox, sb runner.Sandbox) *sandbo
 			"sandbox", p.GetSandboxId())
 	}
 	return p
-}
-
-// shareTokensUnsupported is a runner's refusal of a SHARE_TOKEN endpoint it cannot check.
-func shareTokensUnsupported(runnerID string) error {
-	return apierr.New(connect.CodeFailedPrecondition, apierr.HTTPSShareTokenNotSupported,
-		fmt.Sprintf("runner %s cannot check endpoint share tokens: use auth OPEN or another runner", runnerID),
-		map[string]string{"runner_id": runnerID})
 }

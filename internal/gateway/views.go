@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
 // Defaults of the runner views.
@@ -32,7 +33,7 @@ type view struct {
 	connected bool
 	why       string    // why not connected
 	heardAt   time.Time // last successful probe
-	capacity  Capacity
+	capacity  runner.Capacity
 	// policy is the last policy read (parsed from policyDoc, revision policyRev).
 	policy    *policy.Policy
 	policyDoc []byte
@@ -96,7 +97,7 @@ func (v *runnerViews) probe(ctx context.Context) {
 	defer v.refresh.Unlock()
 	type result struct {
 		started time.Time
-		c       Capacity
+		c       runner.Capacity
 		err     error
 	}
 	res := make([]result, len(v.s.runners))
@@ -208,7 +209,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 // usage is what the runner's live sandboxes request as last probed plus the creates
 // confirmed since, and how many sandboxes that is.
 func (w *view) usage() (placement.Resources, int) {
-	used, n := w.capacity.used(), w.capacity.Running
+	used, n := w.capacity.Used(), w.capacity.Running
 	for _, cc := range w.recent {
 		used.MilliCPU += cc.need.MilliCPU
 		used.MemoryBytes += cc.need.MemoryBytes

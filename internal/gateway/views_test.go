@@ -13,7 +13,6 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // scriptedRunner answers Capacity with what the test sets: the probe's inputs. (A real
@@ -22,12 +21,12 @@ import (
 type scriptedRunner struct {
 	id string
 	mu sync.Mutex
-	c  Capacity
+	c  runner.Capacity
 	// err is returned instead of c when set.
 	err error
 }
 
-func (r *scriptedRunner) set(c Capacity, err error) {
+func (r *scriptedRunner) set(c runner.Capacity, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.c, r.err = c, err
@@ -50,7 +49,7 @@ func (r *scriptedRunner) Agent(context.Context, string) (agentv1connect.AgentSer
 func (r *scriptedRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
 	return errors.New("not used")
 }
-func (r *scriptedRunner) Capacity(context.Context) (Capacity, error) {
+func (r *scriptedRunner) Capacity(context.Context) (runner.Capacity, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.c, r.err
@@ -65,9 +64,9 @@ func (timeoutErr) Temporary() bool { return true }
 func TestRunnerViews(t *testing.T) {
 	ctx := context.Background()
 	r := &scriptedRunner{id: "r1"}
-	s := &Server{runners: []Runner{r}, log: slog.New(slog.DiscardHandler)}
+	s := &Server{runners: []runner.Handle{r}, log: slog.New(slog.DiscardHandler)}
 	v := newRunnerViews(s, 200*time.Millisecond)
-	full := Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, MaxSandboxes: 10, UsedMilliCPU: 1000, Running: 1, CPUOvercommit: 4, Defaults: DefaultResources}
+	full := runner.Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, MaxSandboxes: 10, UsedMilliCPU: 1000, Running: 1, CPUOvercommit: 4, Defaults: runner.DefaultResources}
 	r.set(full, nil)
 
 	one := func() placement.Runner {
@@ -102,7 +101,7 @@ func TestRunnerViews(t *testing.T) {
 	}
 
 	// A probe that times out keeps the last view for a while; then the runner is gone.
-	r.set(Capacity{}, timeoutErr{})
+	r.set(runner.Capacity{}, timeoutErr{})
 	v.probe(ctx)
 	if got := one(); !got.Ready || got.Used.MilliCPU != 1500 {
 		t.Errorf("right after a timed-out probe: %+v, want the last view", got)
@@ -119,7 +118,7 @@ func TestRunnerViews(t *testing.T) {
 	if !one().Ready {
 		t.Fatal("not reconnected")
 	}
-	r.set(Capacity{}, syscall.ECONNREFUSED)
+	r.set(runner.Capacity{}, syscall.ECONNREFUSED)
 	v.probe(ctx)
 	if got := one(); got.Ready || got.NotReady != syscall.ECONNREFUSED.Error() {
 		t.Errorf("after a refused probe: %+v", got)
@@ -154,16 +153,3 @@ func TestRunnerViews(t *testing.T) {
 type policyFunc func() ([]byte, int64, error)
 
 func (f policyFunc) Policy(context.Context, string) ([]byte, int64, error) { return f() }
-
-func TestLiveOfCountsOneOrganization(t *testing.T) {
-	sb := func(org string, st runner.State) runner.Sandbox {
-		return runner.Sandbox{State: st, Spec: runtime.Spec{Meta: map[string]string{runtime.MetaOrg: org}}}
-	}
-	sbs := []runner.Sandbox{sb("a", runner.StateRunning), sb("a", runner.StateCreating), sb("a", runner.StateTerminated),
-		sb("b", runner.StateRunning), sb("b", runner.StateRunning), {State: runner.StateRunning}}
-	for org, want := range map[string]int{"a": 2, "b": 2, "c": 0, "": 1} {
-		if got := LiveOf(sbs, org); got != want {
-			t.Errorf("LiveOf(%q) = %d, want %d", org, got, want)
-		}
-	}
-}

@@ -16,7 +16,6 @@ import (
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1/runnerv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
@@ -30,7 +29,7 @@ type ClientConfig struct {
 }
 
 // Client is a runner in another process, seen by the gateway: it implements
-// gateway.Runner over RunnerService and the runner's AgentService relay. Its errors are
+// runner.Handle over RunnerService and the runner's AgentService relay. Its errors are
 // those of *runner.Runner (errors.Is runner.ErrNotFound, runner.ErrNotRunning;
 // errors.As *runner.ValidationError); failing to reach the runner is UNAVAILABLE
 // CWSANDBOX_RUNNER_UNAVAILABLE.
@@ -41,7 +40,7 @@ type Client struct {
 	agents    agentv1connect.AgentServiceClient
 }
 
-var _ gateway.Runner = (*Client)(nil)
+var _ runner.Handle = (*Client)(nil)
 
 // NewClient returns a client of the runner at cfg.Addr. It connects on first use.
 func NewClient(cfg ClientConfig) (*Client, error) {
@@ -116,10 +115,10 @@ func (c *Client) Delete(ctx context.Context, id string, grace time.Duration) (ru
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
 }
 
-func (c *Client) Capacity(ctx context.Context) (gateway.Capacity, error) {
+func (c *Client) Capacity(ctx context.Context) (runner.Capacity, error) {
 	res, err := c.runner.Capacity(ctx, connect.NewRequest(&runnerv1.CapacityRequest{}))
 	if err != nil {
-		return gateway.Capacity{}, fromStatus(ctx, c.id, err)
+		return runner.Capacity{}, fromStatus(ctx, c.id, err)
 	}
 	return capacityFromProto(res.Msg), nil
 }

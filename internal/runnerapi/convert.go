@@ -7,7 +7,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -222,7 +221,7 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 
 // capacityToProto is c on the wire. Its Support travels in the fields the wire had
 // before it (see supportFromProto): NoEndpoints as the empty edge domain.
-func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
+func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 	return &runnerv1.CapacityResponse{
 		MilliCpu: c.MilliCPU, MemoryBytes: c.MemoryBytes,
 		UsedMilliCpu: c.UsedMilliCPU, UsedMemoryBytes: c.UsedMemoryBytes,
@@ -241,8 +240,8 @@ func capacityToProto(c gateway.Capacity) *runnerv1.CapacityResponse {
 	}
 }
 
-func capacityFromProto(p *runnerv1.CapacityResponse) gateway.Capacity {
-	return gateway.Capacity{
+func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
+	return runner.Capacity{
 		MilliCPU: p.GetMilliCpu(), MemoryBytes: p.GetMemoryBytes(),
 		UsedMilliCPU: p.GetUsedMilliCpu(), UsedMemoryBytes: p.GetUsedMemoryBytes(),
 		Running:       int(p.GetRunning()),

@@ -22,7 +22,6 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -79,8 +78,8 @@ func startRunner(t *testing.T, fake *fakeRunner) *testRunner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	capacity := func(context.Context) (gateway.Capacity, error) {
-		return gateway.Capacity{Support: runtime.Support{NoDNSEgress: true}, CPUOvercommit: 2.5, Defaults: gateway.DefaultResources, MilliCPU: 2000, MemoryBytes: 1 << 30, GPUs: 2, UsedGPUs: 1, Running: 1, MaxSandboxes: 50, ConnectedAt: time.Unix(100, 0), Architectures: []string{"amd64"}, DataPlaneURI: "https://runner-1.example.test:9443"}, nil
+	capacity := func(context.Context) (runner.Capacity, error) {
+		return runner.Capacity{Support: runtime.Support{NoDNSEgress: true}, CPUOvercommit: 2.5, Defaults: runner.DefaultResources, MilliCPU: 2000, MemoryBytes: 1 << 30, GPUs: 2, UsedGPUs: 1, Running: 1, MaxSandboxes: 50, ConnectedAt: time.Unix(100, 0), Architectures: []string{"amd64"}, DataPlaneURI: "https://runner-1.example.test:9443"}, nil
 	}
 	srv := newServer(fake, capacity, nil).HTTPServer(cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -300,7 +299,7 @@ func TestRunnerapiCreateGetCapacity(t *testing.T) {
 	cap, err := c.Capacity(ctx)
 	if err != nil || cap.MilliCPU != 2000 || cap.Running != 1 || !cap.ConnectedAt.Equal(time.Unix(100, 0)) || cap.Architectures[0] != "amd64" ||
 		cap.GPUs != 2 || cap.UsedGPUs != 1 || cap.MaxSandboxes != 50 || cap.DataPlaneURI != "https://runner-1.example.test:9443" || !cap.NoDNSEgress || cap.NoShareTokens ||
-		cap.CPUOvercommit != 2.5 || cap.Defaults != gateway.DefaultResources {
+		cap.CPUOvercommit != 2.5 || cap.Defaults != runner.DefaultResources {
 		t.Errorf("capacity: %+v %v", cap, err)
 	}
 }

@@ -1,6 +1,6 @@
 // Package runnerapi puts the network between the gateway and a runner: Server serves a
 // *runner.Runner as sandboxd.runner.v1.RunnerService and relays sandboxd.agent.v1
-// AgentService calls to its sandboxes' agents; Client implements gateway.Runner over
+// AgentService calls to its sandboxes' agents; Client implements runner.Handle over
 // that API. Both ends authenticate with certificates from the platform CA (mTLS).
 package runnerapi
 
@@ -21,7 +21,6 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1/runnerv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
@@ -47,7 +46,7 @@ type Server struct {
 	runnerv1connect.UnimplementedRunnerServiceHandler
 
 	r        backend
-	capacity func(context.Context) (gateway.Capacity, error)
+	capacity func(context.Context) (runner.Capacity, error)
 	log      *slog.Logger
 	relay    relay
 
@@ -59,27 +58,27 @@ type Server struct {
 // NewServer serves r, the runner runnerID, with the host's capacity. A nil logger is
 // slog.Default().
 func NewServer(runnerID string, r *runner.Runner, logger *slog.Logger) *Server {
-	return NewServerFor(gateway.NewLocalRunner(runnerID, r), logger)
+	return NewServerFor(runner.NewLocal(runnerID, r), logger)
 }
 
 // NewServerFor serves l: its capacity, and creates only when they fit in it.
-func NewServerFor(l *gateway.LocalRunner, logger *slog.Logger) *Server {
+func NewServerFor(l *runner.Local, logger *slog.Logger) *Server {
 	s := newServer(admitting{l.R, l}, l.Capacity, logger)
 	s.platform = l.Platform
 	return s
 }
 
-// admitting is a runner whose creates go through LocalRunner's capacity check.
+// admitting is a runner whose creates go through runner.Local's capacity check.
 type admitting struct {
 	*runner.Runner
-	l *gateway.LocalRunner
+	l *runner.Local
 }
 
 func (a admitting) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
 	return a.l.Create(ctx, req)
 }
 
-func newServer(r backend, capacity func(context.Context) (gateway.Capacity, error), logger *slog.Logger) *Server {
+func newServer(r backend, capacity func(context.Context) (runner.Capacity, error), logger *slog.Logger) *Server {
 	if logger == nil {
 		logger = slog.Default()
 	}

@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -26,7 +26,7 @@ func TestSupportOverTheWire(t *testing.T) {
 	}
 	cases = append(cases, all)
 	for _, want := range cases {
-		c := gateway.Capacity{Support: want, EdgeDomain: "edge.example.test", EdgePort: 443}
+		c := runner.Capacity{Support: want, EdgeDomain: "edge.example.test", EdgePort: 443}
 		if want.NoEndpoints {
 			c.EdgeDomain, c.EdgePort = "", 0 // a runner without an edge says so by its domain
 		}

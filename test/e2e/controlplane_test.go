@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/gateway/gatewaytest"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/sbxcli"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -79,7 +80,7 @@ func startControlPlane(t *testing.T) *cp {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.New(gateway.Config{Auth: authn, Runners: []gateway.Runner{gatewaytest.IdleRunner{RunnerID: "idle", GroupID: "default"}}, Policies: controlplane.NewPolicySource(st, "org-a")})
+	g, err := gateway.New(gateway.Config{Auth: authn, Runners: []runner.Handle{gatewaytest.IdleRunner{RunnerID: "idle", GroupID: "default"}}, Policies: controlplane.NewPolicySource(st, "org-a")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/sockmark"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -47,7 +48,7 @@ type edgeGateway struct {
 	edge   *stack.Edge
 	caFile string
 	ca     *pki.CA
-	local  *gateway.LocalRunner
+	local  *runner.Local
 	keys   gateway.Authenticator
 }
 
@@ -62,7 +63,7 @@ func startEdgeGateway(t *testing.T) *edgeGateway {
 	eg.ca, eg.caFile = ca, dir+"/ca.pem"
 	eg.stack = startedStack(t)
 	eg.gw = startGatewayOn(t, eg.stack, func(c *gateway.Config) {
-		eg.local = c.Runners[0].(*gateway.LocalRunner)
+		eg.local = c.Runners[0].(*runner.Local)
 		eg.keys = c.Auth
 		eg.startEdge(t)
 	})

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -50,7 +51,7 @@ func startGatewayOn(t *testing.T, s *stack.Stack, opts ...func(*gateway.Config))
 	}
 	keyA, _, _ := keys.Create("org-a", auth.RoleUser, "")
 	keyB, _, _ := keys.Create("org-b", auth.RoleUser, "")
-	cfg := gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}}
+	cfg := gateway.Config{Auth: keys, Runners: []runner.Handle{runner.NewLocal("local", s.Runner)}}
 	for _, o := range opts {
 		o(&cfg)
 	}

@@ -50,9 +50,9 @@ func TestGatewayIndexSurvivesRestart(t *testing.T) {
 	s := startedStack(t)
 	ctx := context.Background()
 	st, keys, key := indexStore(t)
-	runner := gateway.NewLocalRunner("local", s.Runner)
+	local := runner.NewLocal("local", s.Runner)
 	serve := func() sandboxv1connect.SandboxServiceClient {
-		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{runner}, Index: st.Sandboxes(), Orgs: st.Orgs()})
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{local}, Index: st.Sandboxes(), Orgs: st.Orgs()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,9 +100,9 @@ func TestGatewayReplicasShareTheStore(t *testing.T) {
 	s := startedStack(t)
 	ctx := context.Background()
 	st, keys, key := indexStore(t)
-	runner := gateway.NewLocalRunner("local", s.Runner)
+	local := runner.NewLocal("local", s.Runner)
 	replica := func() sandboxv1connect.SandboxServiceClient {
-		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{runner}, Index: st.Sandboxes(), Orgs: st.Orgs()})
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{local}, Index: st.Sandboxes(), Orgs: st.Orgs()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func TestGatewayMarksLostSandboxes(t *testing.T) {
 	ctx := context.Background()
 	st, keys, key := indexStore(t)
 	serve := func(s *stack.Stack) sandboxv1connect.SandboxServiceClient {
-		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{gateway.NewLocalRunner("local", s.Runner)}, Index: st.Sandboxes(), Orgs: st.Orgs()})
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{runner.NewLocal("local", s.Runner)}, Index: st.Sandboxes(), Orgs: st.Orgs()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,9 +182,9 @@ func TestGatewayReconcilesOrphans(t *testing.T) {
 	s := startedStack(t)
 	ctx := context.Background()
 	st, keys, key := indexStore(t)
-	local := gateway.NewLocalRunner("local", s.Runner)
+	local := runner.NewLocal("local", s.Runner)
 	newGateway := func(grace time.Duration) *gateway.Server {
-		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{local}, Index: st.Sandboxes(), Orgs: st.Orgs(), OrphanGrace: grace})
+		g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{local}, Index: st.Sandboxes(), Orgs: st.Orgs(), OrphanGrace: grace})
 		if err != nil {
 			t.Fatal(err)
 		}

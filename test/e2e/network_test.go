@@ -11,6 +11,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -37,8 +38,8 @@ func egressOf(rs []*sandboxv1.EgressRule) string {
 // none under deny_egress) are echoed in effective_egress on create, get and list, and
 // are what its runner holds for the backend.
 func TestGatewayNetworkOptions(t *testing.T) {
-	var local *gateway.LocalRunner
-	g := startGateway(t, func(c *gateway.Config) { local = c.Runners[0].(*gateway.LocalRunner) })
+	var local *runner.Local
+	g := startGateway(t, func(c *gateway.Config) { local = c.Runners[0].(*runner.Local) })
 	ctx := context.Background()
 	withNetwork := func(n *sandboxv1.NetworkOptions) *sandboxv1.SandboxSpec {
 		s := spec(busybox(), "sleep", "60")

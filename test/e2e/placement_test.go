@@ -12,10 +12,11 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
-// perRunner is a PolicySource with a fixed policy per runner.
+// perRunner is a policy.Source with a fixed policy per runner.
 type perRunner map[string]string
 
 func (p perRunner) Policy(_ context.Context, id string) ([]byte, int64, error) {
@@ -50,11 +51,11 @@ func secondStack(t *testing.T) *stack.Stack {
 // policy (max 1 CPU) and the host's capacity, r2 permissive with room for 3 CPUs.
 func TestPlacementAcrossRunners(t *testing.T) {
 	s2 := secondStack(t)
-	r2 := gateway.NewLocalRunner("r2", s2.Runner)
+	r2 := runner.NewLocal("r2", s2.Runner)
 	r2.MilliCPU, r2.MemoryBytes = 3000, 4<<30
 	r2.CPUOvercommit = 1 // requests up to its 3 CPUs: two 2-CPU sandboxes do not fit
 	g := startGateway(t, func(c *gateway.Config) {
-		c.Runners[0].(*gateway.LocalRunner).RunnerID = "r1"
+		c.Runners[0].(*runner.Local).RunnerID = "r1"
 		c.Runners = append(c.Runners, r2)
 		c.Policies = perRunner{"r1": `{"constraints": {"resources": {"max_cpu": "1"}}}`, "r2": `{}`}
 	})

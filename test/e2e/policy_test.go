@@ -13,7 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 )
 
-// policies is a PolicySource an administrator changes during the test.
+// policies is a policy.Source an administrator changes during the test.
 type policies struct {
 	mu  sync.Mutex
 	doc string

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -135,7 +136,7 @@ func TestRegistrationControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := gateway.NewLocalRunner("r1", s.Runner)
+	local := runner.NewLocal("r1", s.Runner)
 	hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{Identity: id, Cache: cache, Interval: 200 * time.Millisecond, MaxBackoff: 400 * time.Millisecond,
 		Status: func(ctx context.Context) (*enroll.Status, error) {
 			c, err := local.Capacity(ctx)
@@ -169,7 +170,7 @@ func TestRegistrationControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rc.Close)
-	gwSrv, err := gateway.New(gateway.Config{Auth: authn, Runners: []gateway.Runner{rc}, Policies: staticPolicies{}})
+	gwSrv, err := gateway.New(gateway.Config{Auth: authn, Runners: []runner.Handle{rc}, Policies: staticPolicies{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/sbxcli"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
@@ -595,7 +596,7 @@ func startGatewayWithDataPlane(t *testing.T) (g *gw, dp *dataplane.Listener) {
 		t.Fatal(err)
 	}
 	g = startGateway(t, func(c *gateway.Config) {
-		local := c.Runners[0].(*gateway.LocalRunner)
+		local := c.Runners[0].(*runner.Local)
 		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: "127.0.0.1:0", CA: dpCA, Sandboxes: local})
 		if err != nil {
 			t.Fatal(err)

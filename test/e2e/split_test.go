@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
@@ -67,7 +68,7 @@ func startSplitGateway(t *testing.T) *gw {
 	}
 	keyA, _, _ := keys.Create("org-a", auth.RoleUser, "")
 	keyB, _, _ := keys.Create("org-b", auth.RoleUser, "")
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []gateway.Runner{rc}})
+	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{rc}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -282,7 +283,7 @@ func TestChartRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rcl.Close)
-	_, api, _ := serveGateway(t, gateway.Config{Runners: []gateway.Runner{rcl}})
+	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rcl}})
 
 	// A sandbox made, used and deleted by the in-cluster runner.
 	first := createRunning(t, ctx, api)

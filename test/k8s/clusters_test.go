@@ -12,6 +12,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
 // policyMap gives each runner its policy document.
@@ -53,7 +54,7 @@ func TestGatewayAcrossTwoClusters(t *testing.T) {
 	t.Cleanup(b.Close)
 
 	_, api, _ := serveGateway(t, gateway.Config{
-		Runners:  []gateway.Runner{gateway.NewLocalRunner(idA, a.Runner), gateway.NewLocalRunner(idB, b.Runner)},
+		Runners:  []runner.Handle{runner.NewLocal(idA, a.Runner), runner.NewLocal(idB, b.Runner)},
 		Policies: policyMap{idA: `{"constraints": {"resources": {"max_cpu": "500m"}}}`, idB: `{}`}})
 
 	create := func(cpu string, pins ...string) string {

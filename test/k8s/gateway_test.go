@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
 
@@ -51,7 +52,7 @@ func serveGateway(t *testing.T, cfg gateway.Config) (url string, api sandboxv1co
 // with the Kubernetes backend: create, RUNNING, exec, files, delete, TERMINATED.
 func TestGateway(t *testing.T) {
 	c, s, runnerID := setup(t)
-	_, api, _ := serveGateway(t, gateway.Config{Runners: []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)}})
+	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{runner.NewLocal(runnerID, s.Runner)}})
 	ctx := context.Background()
 
 	res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{

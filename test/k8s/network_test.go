@@ -179,7 +179,7 @@ func TestPodSettings(t *testing.T) {
 		"priority_class_name": "` + pc + `", "service_account_name": "` + sa + `",
 		"image_pull_secrets": ["regcred"], "annotations": {"example.com/team": "ml"}}}}`
 	_, api, _ := serveGateway(t, gateway.Config{
-		Runners:  []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)},
+		Runners:  []runner.Handle{runner.NewLocal(runnerID, s.Runner)},
 		Policies: policyMap{runnerID: doc}})
 	res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
 		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "sleep", Args: []string{"3600"},

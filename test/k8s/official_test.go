@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
 // TestOfficialClient drives a Kubernetes runner through the gateway with the official
@@ -23,7 +24,7 @@ func TestOfficialClient(t *testing.T) {
 		t.Skip("the official client is not installed (pip install cwsandbox)")
 	}
 	_, s, runnerID := setup(t)
-	url, _, key := serveGateway(t, gateway.Config{Runners: []gateway.Runner{gateway.NewLocalRunner(runnerID, s.Runner)}})
+	url, _, key := serveGateway(t, gateway.Config{Runners: []runner.Handle{runner.NewLocal(runnerID, s.Runner)}})
 
 	script := `
 import json, sys

@@ -16,6 +16,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
@@ -58,7 +59,7 @@ func TestSecurityVolumesRemote(t *testing.T) {
 	t.Cleanup(rc.Close)
 	doc := `{"base": {"pod": {"annotations": {"example.com/via": "wire"},
 		"tolerations": [{"key": "sandboxd.io/dedicated", "operator": "Exists", "effect": "NoSchedule"}]}}}`
-	_, api, _ := serveGateway(t, gateway.Config{Runners: []gateway.Runner{rc}, Policies: policyMap{runnerID: doc}})
+	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rc}, Policies: policyMap{runnerID: doc}})
 
 	sp := &sandboxv1.SandboxSpec{
 		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh",

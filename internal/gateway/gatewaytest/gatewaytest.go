@@ -10,18 +10,17 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
-// IdleRunner is a gateway.Runner without sandboxes that creates none: a create is an
+// IdleRunner is a runner.Handle without sandboxes that creates none: a create is an
 // error, every other call about a sandbox runner.ErrNotFound, and Capacity reports Cap.
 type IdleRunner struct {
 	RunnerID, GroupID string
-	Cap               gateway.Capacity
+	Cap               runner.Capacity
 }
 
-var _ gateway.Runner = IdleRunner{}
+var _ runner.Handle = IdleRunner{}
 
 func (r IdleRunner) ID() string    { return r.RunnerID }
 func (r IdleRunner) Group() string { return r.GroupID }
@@ -40,4 +39,4 @@ func (IdleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceCli
 func (IdleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
 	return runner.ErrNotFound
 }
-func (r IdleRunner) Capacity(context.Context) (gateway.Capacity, error) { return r.Cap, nil }
+func (r IdleRunner) Capacity(context.Context) (runner.Capacity, error) { return r.Cap, nil }

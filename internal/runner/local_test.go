@@ -1,4 +1,4 @@
-package gateway
+package runner
 
 import (
 	"context"
@@ -8,33 +8,32 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
-// idleRunner is a LocalRunner offering cpu and 8 GiB over a backend that runs nothing:
+// idleRunner is a Local offering cpu and 8 GiB over a backend that runs nothing:
 // its sandboxes start at once and stay alive, like idle sandboxes, until stopped.
 // recovered are what it finds as a restarted runner.
-func idleRunner(t *testing.T, milliCPU int64, recovered ...runtime.Recovered) *LocalRunner {
+func idleRunner(t *testing.T, milliCPU int64, recovered ...runtime.Recovered) *Local {
 	t.Helper()
 	be := runtimetest.NewFake()
 	for _, rec := range recovered {
 		be.Put(rec)
 	}
 	t.Cleanup(be.Close)
-	r, err := runner.New(context.Background(), runner.Config{Backend: be, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	r, err := New(context.Background(), Config{Backend: be, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
-	l := NewLocalRunner("r1", r)
+	l := NewLocal("r1", r)
 	l.MilliCPU, l.MemoryBytes = milliCPU, 8<<30
 	return l
 }
 
-func create(l *LocalRunner, res runtime.Resources) (runner.Sandbox, error) {
-	return l.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: "busybox", Resources: res}})
+func admit(l *Local, res runtime.Resources) (Sandbox, error) {
+	return l.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox", Resources: res}})
 }
 
 // TestRunnerAdmitsByRequests: a 2-CPU runner admits sandboxes by their requests with its
@@ -48,19 +47,19 @@ func TestRunnerAdmitsByRequests(t *testing.T) {
 	}
 	// The report's case: four idle sandboxes of 500m, then another 500m one.
 	for i := range 4 {
-		if _, err := create(l, runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}); err != nil {
+		if _, err := admit(l, runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}); err != nil {
 			t.Fatalf("idle sandbox %d: %v", i, err)
 		}
 	}
-	var defaulted []runner.Sandbox
+	var defaulted []Sandbox
 	for i := range 15 {
-		sb, err := create(l, runtime.Resources{})
+		sb, err := admit(l, runtime.Resources{})
 		if err != nil {
 			t.Fatalf("default sandbox %d: %v", i, err)
 		}
 		defaulted = append(defaulted, sb)
 	}
-	if _, err := create(l, runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}); err != nil {
+	if _, err := admit(l, runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}); err != nil {
 		t.Fatalf("a 500m sandbox beside four idle ones and 15 default ones: %v", err)
 	}
 	c, err := l.Capacity(context.Background())
@@ -77,11 +76,11 @@ func TestRunnerAdmitsByRequests(t *testing.T) {
 
 	// 4000m of 8000m (2 CPUs × 4) are taken: four 1-CPU sandboxes fit, a fifth has no room.
 	for i := range 4 {
-		if _, err := create(l, runtime.Resources{MilliCPU: 1000}); err != nil {
+		if _, err := admit(l, runtime.Resources{MilliCPU: 1000}); err != nil {
 			t.Fatalf("1-CPU sandbox %d: %v", i, err)
 		}
 	}
-	_, err = create(l, runtime.Resources{MilliCPU: 1000})
+	_, err = admit(l, runtime.Resources{MilliCPU: 1000})
 	if connect.CodeOf(err) != connect.CodeResourceExhausted || apierr.Reason(err) != apierr.RunnerCapacityExhausted || apierr.RetryInfo(err) == nil {
 		t.Errorf("beyond capacity × overcommit: %v, want RESOURCE_EXHAUSTED %s with RetryInfo", err, apierr.RunnerCapacityExhausted)
 	}
@@ -92,12 +91,12 @@ func TestRunnerAdmitsByRequests(t *testing.T) {
 	if _, err := l.R.WaitTerminal(context.Background(), defaulted[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := create(l, runtime.Resources{MilliCPU: 100}); err != nil {
+	if _, err := admit(l, runtime.Resources{MilliCPU: 100}); err != nil {
 		t.Errorf("after a delete: %v", err)
 	}
 
 	// More than the runner has at all never fits, however empty it is.
-	_, err = create(l, runtime.Resources{MilliCPU: 3000})
+	_, err = admit(l, runtime.Resources{MilliCPU: 3000})
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner || apierr.RetryInfo(err) != nil {
 		t.Fatalf("3 CPUs on a 2-CPU runner: %v, want FAILED_PRECONDITION %s without RetryInfo", err, apierr.NoSuitableRunner)
 	}
@@ -124,5 +123,18 @@ func TestRecoveredSandboxesCountByRequests(t *testing.T) {
 	}
 	if c.Running != 3 || c.UsedMilliCPU != 100+1500+250 || c.UsedMemoryBytes != 128<<20+1<<30+64<<20 {
 		t.Errorf("recovered: %d sandboxes using %dm CPU, %d bytes", c.Running, c.UsedMilliCPU, c.UsedMemoryBytes)
+	}
+}
+
+func TestLiveOfCountsOneOrganization(t *testing.T) {
+	sb := func(org string, st State) Sandbox {
+		return Sandbox{State: st, Spec: runtime.Spec{Meta: map[string]string{runtime.MetaOrg: org}}}
+	}
+	sbs := []Sandbox{sb("a", StateRunning), sb("a", StateCreating), sb("a", StateTerminated),
+		sb("b", StateRunning), sb("b", StateRunning), {State: StateRunning}}
+	for org, want := range map[string]int{"a": 2, "b": 2, "c": 0, "": 1} {
+		if got := LiveOf(sbs, org); got != want {
+			t.Errorf("LiveOf(%q) = %d, want %d", org, got, want)
+		}
 	}
 }

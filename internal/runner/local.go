@@ -1,4 +1,4 @@
-package gateway
+package runner
 
 import (
 	"bufio"
@@ -18,22 +18,22 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
-	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Runner is the gateway's view of one runner. The in-process runner of `sandboxd dev`
-// implements it directly; a runner in another process implements it over mTLS.
-type Runner interface {
+// Handle is the gateway's view of one runner (what a gateway holds of each runner it
+// places on). The in-process runner of `sandboxd dev` implements it directly (Local); a
+// runner in another process implements it over mTLS (runnerapi.Client).
+type Handle interface {
 	ID() string
 	Group() string
-	Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error)
-	Get(ctx context.Context, id string) (runner.Sandbox, error)
-	Delete(ctx context.Context, id string, grace time.Duration) (runner.Sandbox, error)
+	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
+	Get(ctx context.Context, id string) (Sandbox, error)
+	Delete(ctx context.Context, id string, grace time.Duration) (Sandbox, error)
 	// Agent returns the sandbox's agent, waiting while the sandbox starts.
 	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
 	// Logs reads the sandbox's log as the agent's Logs call does, also once the sandbox
-	// has ended (runner.Runner.Logs).
+	// has ended (Runner.Logs).
 	Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 	Capacity(ctx context.Context) (Capacity, error)
 }
@@ -70,8 +70,8 @@ type Capacity struct {
 	runtime.Support
 }
 
-// used is what c's live sandboxes request, as placement counts it.
-func (c Capacity) used() placement.Resources {
+// Used is what c's live sandboxes request, as placement counts it.
+func (c Capacity) Used() placement.Resources {
 	return placement.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, GPUs: c.UsedGPUs}
 }
 
@@ -100,16 +100,17 @@ const (
 // limited to 1 CPU and 1 GiB.
 var DefaultResources = runtime.Resources{RequestMilliCPU: 100, RequestMemoryBytes: 128 << 20, MilliCPU: 1000, MemoryBytes: 1 << 30}
 
-// LocalRunner serves the gateway from a runner in the same process.
-type LocalRunner struct {
+// Local serves the gateway from a runner in the same process, and admits sandboxes by
+// its capacity (Create): the runner's own admission, whoever placed the sandbox.
+type Local struct {
 	RunnerID string
 	GroupID  string
-	R        *runner.Runner
+	R        *Runner
 	// MilliCPU, MemoryBytes and MaxSandboxes override what the runner offers (default:
 	// the host's CPUs and memory, DefaultMaxSandboxes).
 	MilliCPU, MemoryBytes int64
 	MaxSandboxes          int
-	// CPUOvercommit and Defaults: see Capacity (NewLocalRunner sets DefaultCPUOvercommit
+	// CPUOvercommit and Defaults: see Capacity (NewLocal sets DefaultCPUOvercommit
 	// and DefaultResources). Create completes every spec with Defaults.
 	CPUOvercommit float64
 	Defaults      runtime.Resources
@@ -124,14 +125,16 @@ type LocalRunner struct {
 	admit        sync.Mutex // one capacity check and create at a time
 }
 
-// NewLocalRunner wraps r.
-func NewLocalRunner(id string, r *runner.Runner) *LocalRunner {
-	return &LocalRunner{RunnerID: id, GroupID: "default", R: r, MaxSandboxes: DefaultMaxSandboxes,
+var _ Handle = (*Local)(nil)
+
+// NewLocal wraps r.
+func NewLocal(id string, r *Runner) *Local {
+	return &Local{RunnerID: id, GroupID: "default", R: r, MaxSandboxes: DefaultMaxSandboxes,
 		CPUOvercommit: DefaultCPUOvercommit, Defaults: DefaultResources, connectedAt: time.Now()}
 }
 
-func (l *LocalRunner) ID() string    { return l.RunnerID }
-func (l *LocalRunner) Group() string { return l.GroupID }
+func (l *Local) ID() string    { return l.RunnerID }
+func (l *Local) Group() string { return l.GroupID }
 
 // Create completes the spec's requests and limits with the runner's defaults and starts
 // the sandbox if the runner has room for its requests: a gateway only reserves what it
@@ -141,9 +144,9 @@ func (l *LocalRunner) Group() string { return l.GroupID }
 // without room now is RESOURCE_EXHAUSTED CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED. Either
 // sends the gateway to its next candidate. A SHARE_TOKEN endpoint on a runner whose edge
 // cannot check share tokens is FAILED_PRECONDITION CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED.
-func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
-	if l.support().NoShareTokens && needsShareTokens(req.Spec) {
-		return runner.Sandbox{}, shareTokensUnsupported(l.RunnerID)
+func (l *Local) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	if l.support().NoShareTokens && NeedsShareTokens(req.Spec) {
+		return Sandbox{}, shareTokensUnsupported(l.RunnerID)
 	}
 	req.Spec.Resources = req.Spec.Resources.WithDefaults(l.Defaults)
 	need := requested(req.Spec.Resources)
@@ -151,18 +154,18 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 	defer l.admit.Unlock()
 	c, err := l.Capacity(ctx)
 	if err != nil {
-		return runner.Sandbox{}, err
+		return Sandbox{}, err
 	}
-	room := c.Room(c.used(), c.Running)
+	room := c.Room(c.Used(), c.Running)
 	if never := room.Never(need); len(never) > 0 {
 		vs := make([]apierr.Violation, len(never))
 		for i, sf := range never {
 			vs[i] = sf.Violation(l.RunnerID, placement.RequestField(nil, sf.Quantity))
 		}
-		return runner.Sandbox{}, placement.NoSuitableRunner([]string{l.RunnerID}, vs)
+		return Sandbox{}, placement.NoSuitableRunner([]string{l.RunnerID}, vs)
 	}
 	if why := room.Misfit(need, placement.Resources{}, 0); why != "" {
-		return runner.Sandbox{}, apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
+		return Sandbox{}, apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
 			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}), placement.RetryAfter)
 	}
 	return l.R.Create(ctx, req)
@@ -170,7 +173,7 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 
 // support is what the runner cannot do: what its backend cannot, and what needs an edge
 // when it has none (every edge checks share tokens: stack.StartEdge).
-func (l *LocalRunner) support() runtime.Support {
+func (l *Local) support() runtime.Support {
 	s := l.R.Support()
 	s.NoEndpoints = s.NoEndpoints || l.EdgeDomain == ""
 	s.NoShareTokens = s.NoShareTokens || l.EdgeDomain == ""
@@ -183,31 +186,31 @@ func requested(r runtime.Resources) placement.Resources {
 	return placement.Resources{MilliCPU: r.RequestMilliCPU, MemoryBytes: r.RequestMemoryBytes}
 }
 
-func (l *LocalRunner) Get(_ context.Context, id string) (runner.Sandbox, error) {
+func (l *Local) Get(_ context.Context, id string) (Sandbox, error) {
 	return l.R.Get(id)
 }
 
-func (l *LocalRunner) Delete(_ context.Context, id string, grace time.Duration) (runner.Sandbox, error) {
+func (l *Local) Delete(_ context.Context, id string, grace time.Duration) (Sandbox, error) {
 	return l.R.Delete(id, grace)
 }
 
 // List returns the runner's sandboxes (for the gateway's reconciler).
-func (l *LocalRunner) List(context.Context) ([]runner.Sandbox, error) {
+func (l *Local) List(context.Context) ([]Sandbox, error) {
 	return l.R.List(), nil
 }
 
-func (l *LocalRunner) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+func (l *Local) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
 	return l.R.Agent(ctx, id)
 }
 
-func (l *LocalRunner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+func (l *Local) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	return l.R.Logs(ctx, id, req, send)
 }
 
 // Capacity reports the host's CPUs and memory (or the configured amounts) as allocatable
 // and sums the requests of live sandboxes, each completed with the runner's defaults as
 // Create does (so a sandbox re-adopted from before it had requests counts alike).
-func (l *LocalRunner) Capacity(context.Context) (Capacity, error) {
+func (l *Local) Capacity(context.Context) (Capacity, error) {
 	c := Capacity{
 		MilliCPU:       l.MilliCPU,
 		MemoryBytes:    l.MemoryBytes,
@@ -261,7 +264,7 @@ func hostMemory() int64 {
 // what its backend enforces, its default resources): what it resolves its own policy
 // against, as gateways do from its Capacity. Only its backend's Support is in it: the
 // edge's share tokens Create checks itself (with an error of its own).
-func (l *LocalRunner) Platform() policy.Platform {
+func (l *Local) Platform() policy.Platform {
 	p := policy.RunnerPlatform(l.Classes())
 	p.Support = l.R.Support()
 	if d := policy.DefaultsOf(l.Defaults); d != (policy.ResourceDefaults{}) {
@@ -272,7 +275,7 @@ func (l *LocalRunner) Platform() policy.Platform {
 
 // Classes are the runtime classes the runner offers, its default first: the configured
 // ones, else its backend's, else DefaultRuntimeClasses.
-func (l *LocalRunner) Classes() []string {
+func (l *Local) Classes() []string {
 	switch {
 	case len(l.RuntimeClasses) > 0:
 		return l.RuntimeClasses
@@ -282,9 +285,28 @@ func (l *LocalRunner) Classes() []string {
 	return policy.DefaultRuntimeClasses
 }
 
+// NeedsShareTokens reports whether s has an HTTPS endpoint with SHARE_TOKEN auth: a
+// runner whose edge cannot check share tokens refuses it (Local.Create), and the gateway
+// gives it a share token (its hash in s.ShareTokenHash).
+func NeedsShareTokens(s runtime.Spec) bool {
+	for _, svc := range s.Services {
+		if svc.Endpoint == runtime.EndpointHTTPS && svc.TokenAuth {
+			return true
+		}
+	}
+	return false
+}
+
+// shareTokensUnsupported is a runner's refusal of a SHARE_TOKEN endpoint it cannot check.
+func shareTokensUnsupported(runnerID string) error {
+	return apierr.New(connect.CodeFailedPrecondition, apierr.HTTPSShareTokenNotSupported,
+		fmt.Sprintf("runner %s cannot check endpoint share tokens: use auth OPEN or another runner", runnerID),
+		map[string]string{"runner_id": runnerID})
+}
+
 // LiveOf counts the sandboxes of org in sbs that have not ended: what a runner may tell an
 // organization of itself (never the sandboxes of others).
-func LiveOf(sbs []runner.Sandbox, org string) int {
+func LiveOf(sbs []Sandbox, org string) int {
 	n := 0
 	for _, sb := range sbs {
 		if sb.Spec.Meta[runtime.MetaOrg] == org && !sb.State.Terminal() {
