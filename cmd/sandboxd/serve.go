@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/openapi"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -50,7 +51,7 @@ func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logge
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	front := apifront.New(mux, apifront.Config{Auth: keys, Public: []string{"GET /readyz", "GET " + openapi.Path, "HEAD " + openapi.Path},
-		MaxMessageBytes: gateway.MaxMessageBytes, Routes: routes, ClientStreaming: apifront.ClientStreaming(svcs...), Logger: log})
+		MaxMessageBytes: relay.MaxMessageBytes, Routes: routes, ClientStreaming: apifront.ClientStreaming(svcs...), Logger: log})
 	srv := &http.Server{Handler: front, ReadHeaderTimeout: apiReadHeaderTimeout, Protocols: new(http.Protocols),
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	srv.Protocols.SetHTTP1(true)

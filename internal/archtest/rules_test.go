@@ -25,6 +25,7 @@ var runnerSide = []string{
 	"internal/runner",
 	"internal/runnerapi",
 	"internal/dataplane",
+	"internal/relay",
 	"internal/runtime/...",
 	"internal/agent",
 	"internal/edge",
@@ -103,7 +104,7 @@ var allowList = []allowed{
 	{"internal/runnerapi", "internal/gateway", 2,
 		"EffectiveNetwork (runnerapi/policy.go) moves to internal/spec"},
 	{"internal/dataplane", "internal/gateway", 2,
-		"RunnerError, NotFound move to internal/apierr; Relay, DataSource, LogReader, MaxMessageBytes to internal/relay; DataPlaneIssuer with them"},
+		"RunnerError, NotFound move with the one error table"},
 }
 
 // TestDependencyRules checks the rules against the module's import graph (linux/amd64,

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -98,8 +99,8 @@ type peerKey struct{}
 
 // Handler serves the data-plane service (gRPC, Connect, gRPC-Web) to verified TLS peers.
 func (s *Server) Handler() http.Handler {
-	path, h := sandboxv1connect.NewSandboxDataPlaneServiceHandler(gateway.Relay{Src: source{s}},
-		connect.WithReadMaxBytes(gateway.MaxMessageBytes), connect.WithSendMaxBytes(gateway.MaxMessageBytes),
+	path, h := sandboxv1connect.NewSandboxDataPlaneServiceHandler(relay.Relay{Src: source{s}},
+		connect.WithReadMaxBytes(relay.MaxMessageBytes), connect.WithSendMaxBytes(relay.MaxMessageBytes),
 		// Responses are never compressed (gzip-compressed requests are still read):
 		// grpc-python and connect-go offer gzip on every call, and gzip at ~60 MB/s a core
 		// made a 32 MiB ReadFile slower direct than through the gateway. The link to a
@@ -160,7 +161,7 @@ func (l *Listener) Close() {
 	}
 }
 
-// source is the data plane's gateway.DataSource: the caller's certificate must be valid
+// source is the data plane's relay.DataSource: the caller's certificate must be valid
 // now, name the addressed sandbox and grant the operation, and the sandbox must live on
 // this runner in the certificate's organization.
 type source struct{ s *Server }
@@ -188,7 +189,7 @@ func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermi
 }
 
 // DataLogs serves the log also of a sandbox that has ended (while the runner keeps it).
-func (src source) DataLogs(ctx context.Context, sandboxID, container string) (gateway.LogReader, error) {
+func (src source) DataLogs(ctx context.Context, sandboxID, container string) (relay.LogReader, error) {
 	s := src.s
 	perm := sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS
 	if _, err := src.authorize(ctx, perm, sandboxID, container); err != nil {
@@ -199,6 +200,11 @@ func (src source) DataLogs(ctx context.Context, sandboxID, container string) (ga
 	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 		return s.cfg.Sandboxes.Logs(ctx, sandboxID, req, send)
 	}, nil
+}
+
+// LogError: the runner's error, as for every runner call.
+func (src source) LogError(sandboxID string, err error) error {
+	return gateway.RunnerError(sandboxID, err)
 }
 
 // authorize checks the caller's certificate against the call and returns the sandbox.

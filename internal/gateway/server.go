@@ -23,23 +23,23 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Limits of the public API.
+// Limits of the public API (the message size and the data RPCs' are the relay's:
+// relay.MaxMessageBytes …).
 const (
-	MaxMessageBytes    = 100 << 20 // the official client's channel limit
-	MaxUnaryFileBytes  = 32 << 20  // larger files go through streaming exec
-	maxGracePeriod     = 300 * time.Second
-	defaultPageSize    = 100
-	maxPageSize        = 1000
-	defaultMaxExecSize = 16 << 20
+	maxGracePeriod  = 300 * time.Second
+	defaultPageSize = 100
+	maxPageSize     = 1000
 )
 
 // Authenticator checks an API key.
@@ -165,8 +165,8 @@ func Services() []protoreflect.ServiceDescriptor {
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
-		connect.WithReadMaxBytes(MaxMessageBytes),
-		connect.WithSendMaxBytes(MaxMessageBytes),
+		connect.WithReadMaxBytes(relay.MaxMessageBytes),
+		connect.WithSendMaxBytes(relay.MaxMessageBytes),
 		// Responses are not compressed (gzip-compressed requests are still read): the
 		// official client and connect-go offer gzip on every call, and gzip at ~60 MB/s a
 		// core capped file reads through the gateway at that rate (and spent the CPU every
@@ -487,7 +487,7 @@ func checkContainer(rec *record, container string) error {
 
 // agentOf returns the agent of a sandbox already looked up, waiting while it starts.
 // container must name the primary container (or be empty).
-func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, container string) (agentClient, error) {
+func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, container string) (agentv1connect.AgentServiceClient, error) {
 	id := rec.id
 	if err := checkContainer(rec, container); err != nil {
 		return nil, err
@@ -502,24 +502,10 @@ func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, cont
 	return a, nil
 }
 
-// relayError passes the agent's API errors through and explains transport failures: an
-// agent that is gone means the sandbox stopped under the call.
-func relayError(id string, err error) error {
-	if apierr.Reason(err) != "" {
-		return err
-	}
-	switch connect.CodeOf(err) {
-	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal:
-		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
-			fmt.Sprintf("sandbox %s stopped during the call: %v", id, err), map[string]string{"sandbox_id": id})
-	}
-	return err
-}
-
-// gatewaySource is the gateway's DataSource: the caller's organization must own the sandbox.
+// gatewaySource is the gateway's relay.DataSource: the caller's organization must own the sandbox.
 type gatewaySource struct{ s *Server }
 
-func (g gatewaySource) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentClient, error) {
+func (g gatewaySource) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentv1connect.AgentServiceClient, error) {
 	s := g.s
 	rec, r, err := s.lookup(ctx, id)
 	if err != nil {
@@ -530,7 +516,7 @@ func (g gatewaySource) DataAgent(ctx context.Context, perm sandboxv1.SandboxData
 
 // DataLogs reads the log from the sandbox's runner, which keeps it after the sandbox
 // ended for its retention window; past that the sandbox (still in the index) has none.
-func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (LogReader, error) {
+func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (relay.LogReader, error) {
 	s := g.s
 	rec, r, err := s.lookup(ctx, id)
 	if err != nil {
@@ -551,7 +537,10 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (LogR
 	}, nil
 }
 
-func (s *Server) relay() Relay { return Relay{Src: gatewaySource{s}} }
+// LogError: the runner's error, as for every runner call.
+func (g gatewaySource) LogError(id string, err error) error { return runnerError(id, err) }
+
+func (s *Server) relay() relay.Relay { return relay.Relay{Src: gatewaySource{s}} }
 
 func (s *Server) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {
 	return s.relay().Exec(ctx, req)
@@ -565,12 +554,12 @@ func (s *Server) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.Re
 	return s.relay().ReadFile(ctx, req)
 }
 
-// StreamExec: see Relay.StreamExec.
+// StreamExec: see relay.Relay.StreamExec.
 func (s *Server) StreamExec(ctx context.Context, stream *connect.BidiStream[sandboxv1.ExecStreamRequest, sandboxv1.ExecStreamResponse]) error {
 	return s.relay().StreamExec(ctx, stream)
 }
 
-// StreamLogs: see Relay.StreamLogs.
+// StreamLogs: see relay.Relay.StreamLogs.
 func (s *Server) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.StreamLogsRequest], stream *connect.ServerStream[sandboxv1.LogEntry]) error {
 	return s.relay().StreamLogs(ctx, req, stream)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -72,7 +73,7 @@ func startGatewayOn(t *testing.T, s *stack.Stack, opts ...func(*gateway.Config))
 		return p
 	}()}}
 	client := func(key string) sandboxv1connect.SandboxServiceClient {
-		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(gateway.MaxMessageBytes), connect.WithSendMaxBytes(gateway.MaxMessageBytes)}
+		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(relay.MaxMessageBytes), connect.WithSendMaxBytes(relay.MaxMessageBytes)}
 		if key != "" {
 			opts = append(opts, connect.WithInterceptors(connecttest.Bearer(key)))
 		}
@@ -349,9 +350,9 @@ func TestGatewayStreamsAndFiles(t *testing.T) {
 	if info := apierr.Info(err); info.GetReason() != apierr.FileNotFound || info.GetMetadata()["filepath"] != "/no/such" {
 		t.Errorf("missing file: %v", err)
 	}
-	big := make([]byte, gateway.MaxUnaryFileBytes+1)
+	big := make([]byte, relay.MaxUnaryFileBytes+1)
 	_, err = g.sandboxes.WriteFile(ctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: sb.SandboxId, Path: "/tmp/big", Content: big}))
-	if info := apierr.Info(err); info.GetReason() != apierr.FileTooLarge || info.GetMetadata()["max_size_bytes"] != fmt.Sprint(gateway.MaxUnaryFileBytes) {
+	if info := apierr.Info(err); info.GetReason() != apierr.FileTooLarge || info.GetMetadata()["max_size_bytes"] != fmt.Sprint(relay.MaxUnaryFileBytes) {
 		t.Errorf("oversized write: %v", err)
 	}
 	if _, err := g.sandboxes.WriteFile(ctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: sb.SandboxId, Path: "/tmp/big", Content: big[:20<<20]})); err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
@@ -92,7 +93,7 @@ func gwClients(url, keyA, keyB string) *gw {
 		return p
 	}()}}
 	client := func(key string) sandboxv1connect.SandboxServiceClient {
-		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(gateway.MaxMessageBytes), connect.WithSendMaxBytes(gateway.MaxMessageBytes)}
+		opts := []connect.ClientOption{connect.WithGRPC(), connect.WithReadMaxBytes(relay.MaxMessageBytes), connect.WithSendMaxBytes(relay.MaxMessageBytes)}
 		if key != "" {
 			opts = append(opts, connect.WithInterceptors(connecttest.Bearer(key)))
 		}

@@ -1,4 +1,4 @@
-package gateway
+package relay
 
 import (
 	"bytes"
@@ -9,10 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 )
-
-type agentClient = agentv1connect.AgentServiceClient
 
 // upstreamErr prefers the agent's own error over a local send failure.
 func upstreamErr(up *connect.BidiStreamForClient[agentv1.StreamExecRequest, agentv1.StreamExecResponse], err error) error {

@@ -1,4 +1,8 @@
-package gateway
+// Package relay implements the data RPCs of the public API (exec, stream exec, logs,
+// files) by translating them to a sandbox's agent. The gateway serves them for every
+// sandbox of an organization; a runner's direct data plane (internal/dataplane) serves
+// them for its own sandboxes, to clients holding a data-plane certificate.
+package relay
 
 import (
 	"context"
@@ -12,7 +16,17 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Limits of the public API: the size of its messages (the gateway's and the direct data
+// plane's) and those of the data RPCs.
+const (
+	MaxMessageBytes    = 100 << 20 // the official client's channel limit
+	MaxUnaryFileBytes  = 32 << 20  // larger files go through streaming exec
+	defaultMaxExecSize = 16 << 20
 )
 
 // DataSource finds the agent behind a data call: the gateway looks the sandbox up in the
@@ -20,10 +34,14 @@ import (
 type DataSource interface {
 	// DataAgent returns the agent of sandbox id for an operation needing perm, waiting
 	// while the sandbox starts. container must name the primary container (or be empty).
-	DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentClient, error)
+	DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentv1connect.AgentServiceClient, error)
 	// DataLogs returns the reader of sandbox id's log (STREAM_LOGS). Logs outlive the
 	// sandbox: an ended one's log is read from its runner's copy for the retention window.
 	DataLogs(ctx context.Context, id, container string) (LogReader, error)
+	// LogError is the API error for an error of a LogReader of DataLogs about sandbox id
+	// (a runner's error, as runner.Runner.Logs returns it), when the reader failed
+	// before sending anything.
+	LogError(id string, err error) error
 }
 
 // LogReader reads a sandbox's log as the agent's Logs call does (runner.Runner.Logs).
@@ -262,7 +280,36 @@ func (d Relay) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.St
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case !sent:
-		return relayError(id, runnerError(id, err))
+		return relayError(id, d.Src.LogError(id, err))
 	}
 	return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "STREAM_INTERRUPTED", Message: err.Error()}})
+}
+
+// relayError passes the agent's API errors through and explains transport failures: an
+// agent that is gone means the sandbox stopped under the call.
+func relayError(id string, err error) error {
+	if apierr.Reason(err) != "" {
+		return err
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal:
+		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+			fmt.Sprintf("sandbox %s stopped during the call: %v", id, err), map[string]string{"sandbox_id": id})
+	}
+	return err
+}
+
+// execViolations checks an exec's argv and environment with the runtime's limits (the
+// same as the main command's at create). cmdField and envField name them in the request.
+func execViolations(cmdField, envField string, argv []string, env map[string]string) []apierr.Violation {
+	var vs []apierr.Violation
+	add := func(field, format string, args ...any) {
+		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+	if len(argv) == 0 {
+		add(cmdField, "is required")
+	}
+	runtime.CheckArgs(cmdField, argv, 0, 0, add)
+	runtime.CheckEnv(envField, env, add)
+	return vs
 }
