@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -24,54 +23,53 @@ import (
 // runner registration and heartbeat service, on one TLS listener whose certificate comes
 // from the platform CA in DATA-DIR/pki.
 func controlPlaneCmd(args []string) error {
-	fs := flag.NewFlagSet("controlplane", flag.ExitOnError)
-	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory (the SQLite store, admin-api-key, pki/)")
-	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
-	pkiDir := fs.String("pki-dir", "", "directory of the platform CA; default DATA-DIR/pki")
-	listen := fs.String("listen", "127.0.0.1:8443", "address of the TLS listener (admin API and runner registration)")
-	var hosts listFlag
-	fs.Var(&hosts, "host", "extra DNS name or IP in the listener's certificate (repeatable)")
-	interval := fs.Duration("heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")
-	domain := fs.String("base-domain", controlplane.DefaultEndpointDomain, "domain of public endpoints (PORT-SANDBOX.RUNNER.BASE-DOMAIN): runners' edge certificates are issued for it")
-	verbose := fs.Bool("v", false, "log at debug level")
-	if err := fs.Parse(args); err != nil {
+	var cfg controlPlaneConfig
+	if _, err := parseFlags("controlplane", &cfg, args); err != nil {
 		return err
 	}
-	logger := newLogger(*verbose)
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	return cfg.run()
+}
+
+func (c controlPlaneConfig) run() error {
+	logger := newLogger(slog.LevelInfo, c.verbose)
+	pkiDir := pkiDirOf(c.dataDir, c.pkiDir)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ca, st, keys, err := openPlatform(ctx, *dataDir, pkiDir, *storeDSN, logger)
+	ca, st, keys, err := openPlatform(ctx, c.dataDir, pkiDir, c.storeDSN, logger)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	dpCA, err := dataplane.LoadOrCreateCA(*pkiDir)
+	dpCA, err := dataplane.LoadOrCreateCA(pkiDir)
 	if err != nil {
 		return err
 	}
 	cp, err := controlplane.New(controlplane.Config{
-		Store: st, Auth: keys, CA: ca, HeartbeatInterval: *interval, Logger: logger, EndpointDomain: *domain, DataPlaneCA: dpCA,
+		Store: st, Auth: keys, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 	})
 	if err != nil {
 		return err
 	}
-	host, _, err := net.SplitHostPort(*listen)
+	host, _, err := net.SplitHostPort(c.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tlsCfg, err := controlplane.TLSConfig(ca, append([]string{host, "127.0.0.1", "::1"}, hosts...))
+	tlsCfg, err := controlplane.TLSConfig(ca, append([]string{host, "127.0.0.1", "::1"}, c.hosts...))
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: cp.TLSHandler(), TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
-	fmt.Printf("control plane listening on https://%s (CA: %s)\n", ln.Addr(), filepath.Join(*pkiDir, "ca.pem"))
-	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
+	fmt.Printf("control plane listening on https://%s (CA: %s)\n", ln.Addr(), filepath.Join(pkiDir, "ca.pem"))
+	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(c.dataDir, adminKeyFile))
 	return serveUntilDone(ctx, srv, ln, logger, "control plane shutting down; runners keep their last-known policy")
 }
 

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -23,37 +21,34 @@ import (
 // demo brings up the single-host runtime and walks one sandbox through its life: create,
 // exec, files, logs, delete. Until the gateway exists it drives the runner directly.
 func demo(args []string) error {
-	fs := flag.NewFlagSet("demo", flag.ExitOnError)
-	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory")
-	ref := fs.String("image", "", "image to run (default: the busybox test image, served from a registry on loopback)")
-	insecure := fs.String("insecure-registries", "", "comma-separated registries that may be reached over plain HTTP")
-	verbose := fs.Bool("v", false, "log runtime events")
-	if err := fs.Parse(args); err != nil {
+	var cfg demoConfig
+	if _, err := parseFlags("demo", &cfg, args); err != nil {
 		return err
 	}
-	ctx := context.Background()
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelInfo
-	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	return cfg.run()
+}
 
+func (c demoConfig) run() error {
+	ctx := context.Background()
+	logger := newLogger(slog.LevelWarn, c.verbose)
+
+	ref := c.image
 	var insecureList []string
-	if *insecure != "" {
-		insecureList = strings.Split(*insecure, ",")
+	if c.insecure != "" {
+		insecureList = strings.Split(c.insecure, ",")
 	}
-	if *ref == "" {
+	if ref == "" {
 		host, stop, err := serveBusybox(ctx)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		*ref = host + "/" + testimage.Busybox
+		ref = host + "/" + testimage.Busybox
 		insecureList = append(insecureList, host)
-		fmt.Printf("registry   serving %s on loopback\n", *ref)
+		fmt.Printf("registry   serving %s on loopback\n", ref)
 	}
 
-	st, err := stack.NewLocal(ctx, stack.Config{DataDir: *dataDir, InsecureRegistries: insecureList, Logger: logger})
+	st, err := stack.NewLocal(ctx, stack.Config{DataDir: c.dataDir, InsecureRegistries: insecureList, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -61,7 +56,7 @@ func demo(args []string) error {
 
 	t0 := time.Now()
 	sb, err := st.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
-		Image:   *ref,
+		Image:   ref,
 		Command: "/bin/sh",
 		Args:    []string{"-c", `echo "main command started in $(hostname)"; trap "exit 0" TERM; sleep infinity & wait`},
 		Env:     map[string]string{"GREETING": "hello from sandboxd"},

@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -38,58 +38,45 @@ const (
 
 // dev runs the gateway and one local runner in one process, on loopback by default.
 func dev(args []string) error {
-	fs := flag.NewFlagSet("dev", flag.ExitOnError)
-	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory")
-	listen := fs.String("listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
-	runnerID := fs.String("runner-id", "local", "ID of the local runner")
-	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
-	mirror := fs.Bool("test-image-mirror", true, "serve the test images (make images) as docker.io's python:3.11 and busybox from a loopback registry (dev only; false: Docker Hub)")
-	poolSize := fs.Int("warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
-	edgeListen := fs.String("edge-listen", "127.0.0.1:8443", "address of the edge that publishes sandbox endpoints (443 in production; empty: no edge)")
-	baseDomain := fs.String("base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")
-	dataPlaneListen := fs.String("data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
-	dataPlaneTTL := fs.Duration("data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues")
-	verbose := fs.Bool("v", false, "log at debug level")
-	var hard hardeningFlags
-	hard.register(fs)
-	var capacity capacityFlags
-	capacity.register(fs)
-	if err := fs.Parse(args); err != nil {
+	var cfg devConfig
+	given, err := parseFlags("dev", &cfg, args)
+	if err != nil {
 		return err
 	}
-	if err := capacity.parse(); err != nil {
+	cfg.edgeListenGiven, cfg.dataPlaneListenGiven = given["edge-listen"], given["data-plane-listen"]
+	if err := cfg.validate(); err != nil {
 		return err
 	}
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+	return cfg.run()
+}
+
+func (c devConfig) run() error {
+	logger := newLogger(slog.LevelInfo, c.verbose)
+	if err := os.MkdirAll(c.dataDir, 0o700); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	ca, err := pki.LoadOrCreateCA(*dataDir, "sandboxd dev CA")
+	ca, err := pki.LoadOrCreateCA(c.dataDir, "sandboxd dev CA")
 	if err != nil {
 		return fmt.Errorf("platform CA: %w", err)
 	}
-	st, err := openStoreWithAdmin(ctx, *dataDir, *storeDSN)
+	st, err := openStoreWithAdmin(ctx, c.dataDir, c.storeDSN)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	if err := registerRunner(ctx, st, *runnerID, "local", "local", logger); err != nil {
+	if err := registerRunner(ctx, st, c.runnerID, "local", "local", logger); err != nil {
 		return err
 	}
 	keys := auth.NewStoreAuthenticator(st, logger)
 
-	cfg := stack.Config{DataDir: *dataDir, Logger: logger, Pool: local.PoolConfig{Size: *poolSize, Idle: 10 * time.Minute}}
-	if err := hard.apply(&cfg); err != nil {
+	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute}}
+	if err := c.hard.apply(&cfg); err != nil {
 		return err
 	}
-	if *mirror {
+	if c.testImageMirror {
 		stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
 		if err != nil {
 			return err
@@ -102,45 +89,16 @@ func dev(args []string) error {
 	}
 	defer stk.Close()
 
-	local := runner.NewLocal(*runnerID, stk.Runner)
-	capacity.apply(local)
-	if *edgeListen != "" {
-		e, err := stack.StartEdge(stk.Runner, stack.EdgeConfig{Listen: *edgeListen, RunnerID: *runnerID, BaseDomain: *baseDomain,
-			CA: ca, Authorize: stack.KeyAuthorizer(keys), KeyActive: stack.KeyActivity(keys), SessionKeyFile: filepath.Join(*dataDir, "edge-session.key"),
-			DialMark: stk.EdgeDialMark(), Logger: logger})
-		switch {
-		case err == nil:
-			defer e.Close()
-			local.EdgeDomain, local.EdgePort = *baseDomain, e.Port()
-			fmt.Printf("endpoints: https://PORT-SANDBOX.%s.%s:%d (trust %s)\n", *runnerID, *baseDomain, e.Port(), filepath.Join(*dataDir, "ca.pem"))
-		case isFlagSet(fs, "edge-listen"):
-			return err
-		default:
-			// The default port is taken: run without public endpoints rather than not at all.
-			logger.Warn("no edge: sandboxes cannot publish endpoints (set --edge-listen to a free address)", "err", err)
-		}
+	local, err := newLocalRunner(c.runnerID, stk.Runner, c.capacity)
+	if err != nil {
+		return err
 	}
-	var dpIssuer gateway.DataPlaneIssuer
-	if *dataPlaneListen != "" {
-		dpCA, err := dataplane.LoadOrCreateCA(*dataDir)
-		if err != nil {
-			return err
-		}
-		l, uri, err := dataplane.Start(dataplane.ListenConfig{Listen: *dataPlaneListen, CA: dpCA, Sandboxes: local, Logger: logger})
-		switch {
-		case err == nil:
-			defer l.Close()
-			local.DataPlaneURI = uri
-			dpIssuer = &dataplane.Issuer{CA: dpCA, TTL: *dataPlaneTTL}
-			fmt.Printf("direct data plane: %s\n", uri)
-		case isFlagSet(fs, "data-plane-listen"):
-			return err
-		default:
-			// The default port is taken: clients use the gateway for data calls.
-			logger.Warn("no direct data plane: exec, logs and files go through the gateway (set --data-plane-listen to a free address)", "err", err)
-		}
+	dpIssuer, stopListeners, err := c.startListeners(local, ca, keys, stk.EdgeDialMark(), logger)
+	if err != nil {
+		return err
 	}
-	shareKey, err := pki.LoadOrCreateSecret(filepath.Join(*dataDir, shareTokenKeyFile))
+	defer stopListeners()
+	shareKey, err := pki.LoadOrCreateSecret(filepath.Join(c.dataDir, shareTokenKeyFile))
 	if err != nil {
 		return err
 	}
@@ -173,14 +131,61 @@ func dev(args []string) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return err
 	}
 	srv := newAPIServer(controlplane.Route(cp.Handler(), gw.Handler()), keys, logger)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
-	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(*dataDir, adminKeyFile))
+	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(c.dataDir, adminKeyFile))
 	return serveUntilDone(ctx, srv, ln, logger, "shutting down; sandboxes keep running and are re-adopted on the next start")
+}
+
+// startListeners starts the local runner's edge and direct data plane (unless their
+// flags are empty) until stop, and returns the issuer of data-plane client certificates
+// (nil without a data plane). A listener whose flag was not given is left out, with a
+// warning, when its default address is taken.
+func (c devConfig) startListeners(local *runner.Local, ca *pki.CA, keys *auth.StoreAuthenticator, dialMark uint32, logger *slog.Logger) (dpIssuer gateway.DataPlaneIssuer, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, s := range slices.Backward(stops) {
+			s()
+		}
+	}
+	if c.edgeListen != "" {
+		e, err := startEdge(local, stack.EdgeConfig{Listen: c.edgeListen, RunnerID: c.runnerID, BaseDomain: c.baseDomain,
+			CA: ca, Authorize: stack.KeyAuthorizer(keys), KeyActive: stack.KeyActivity(keys), DialMark: dialMark, Logger: logger}, c.dataDir)
+		switch {
+		case err == nil:
+			stops = append(stops, e.Close)
+			fmt.Printf("endpoints: https://PORT-SANDBOX.%s.%s:%d (trust %s)\n", c.runnerID, c.baseDomain, e.Port(), filepath.Join(c.dataDir, "ca.pem"))
+		case c.edgeListenGiven:
+			return nil, nil, err
+		default:
+			// The default port is taken: run without public endpoints rather than not at all.
+			logger.Warn("no edge: sandboxes cannot publish endpoints (set --edge-listen to a free address)", "err", err)
+		}
+	}
+	if c.dataPlaneListen != "" {
+		dpCA, err := dataplane.LoadOrCreateCA(c.dataDir)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		l, err := startDataPlane(local, dataplane.ListenConfig{Listen: c.dataPlaneListen, CA: dpCA, Logger: logger})
+		switch {
+		case err == nil:
+			stops = append(stops, l.Close)
+			dpIssuer = &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}
+		case c.dataPlaneListenGiven:
+			stop()
+			return nil, nil, err
+		default:
+			// The default port is taken: clients use the gateway for data calls.
+			logger.Warn("no direct data plane: exec, logs and files go through the gateway (set --data-plane-listen to a free address)", "err", err)
+		}
+	}
+	return dpIssuer, stop, nil
 }
 
 // openStore opens the store named by dsn, by default the SQLite file in dataDir.
@@ -255,12 +260,7 @@ func heartbeat(ctx context.Context, st store.Store, r runner.Handle, log *slog.L
 			if err != nil {
 				return controlplane.Status{Version: version}, err
 			}
-			return controlplane.Status{
-				Version:  version,
-				Ready:    true,
-				Capacity: controlplane.Resources{MilliCPU: c.MilliCPU, MemoryBytes: c.MemoryBytes},
-				Usage:    controlplane.Resources{MilliCPU: c.UsedMilliCPU, MemoryBytes: c.UsedMemoryBytes, Sandboxes: int64(c.Running)},
-			}, nil
+			return runnerStatus(c), nil
 		}, log)
 }
 
@@ -301,43 +301,34 @@ func apikey(args []string) error {
 	if len(args) == 0 || args[0] != "create" {
 		return errors.New("usage: sandboxd apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin] [--name NAME]")
 	}
-	fs := flag.NewFlagSet("apikey create", flag.ExitOnError)
-	dataDir := fs.String("data-dir", "/var/lib/sandboxd", "state directory")
-	storeDSN := fs.String("store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
-	org := fs.String("org", defaultOrg, "organization")
-	role := fs.String("role", "user", "user or admin")
-	name := fs.String("name", "", "a name to recognise the key by")
-	if err := fs.Parse(args[1:]); err != nil {
+	var cfg apikeyConfig
+	if _, err := parseFlags("apikey create", &cfg, args[1:]); err != nil {
 		return err
 	}
-	r := auth.RoleUser
-	switch *role {
-	case "user":
-	case "admin":
-		r = auth.RoleAdmin
-	default:
-		return fmt.Errorf("unknown role %q (user or admin)", *role)
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	return cfg.run()
+}
+
+func (c apikeyConfig) run() error {
+	role, err := c.authRole()
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
-	st, err := openStore(ctx, *dataDir, *storeDSN)
+	st, err := openStore(ctx, c.dataDir, c.storeDSN)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	if err := controlplane.EnsureOrg(ctx, st, *org); err != nil {
+	if err := controlplane.EnsureOrg(ctx, st, c.org); err != nil {
 		return err
 	}
-	key, _, err := auth.IssueKey(ctx, st, *org, r, *name)
+	key, _, err := auth.IssueKey(ctx, st, c.org, role, c.name)
 	if err != nil {
 		return err
 	}
 	fmt.Println(key)
 	return nil
-}
-
-// isFlagSet reports whether name was given on the command line.
-func isFlagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }

@@ -42,6 +42,15 @@ func (h *hardeningFlags) reservedOpen() ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// validate checks --disk and --egress-allow-reserved.
+func (h hardeningFlags) validate() error {
+	if _, err := h.diskBytes(); err != nil {
+		return err
+	}
+	_, err := h.reservedOpen()
+	return err
+}
+
 // apply sets cfg's disk limit and user namespace setting.
 func (h *hardeningFlags) apply(cfg *stack.Config) error {
 	v, err := h.diskBytes()

@@ -109,15 +109,30 @@ func (k *kubernetesFlags) runnerPeers() ([]networkingv1.NetworkPolicyPeer, error
 	return peers, nil
 }
 
-func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, log *slog.Logger) (*stack.KubernetesStack, error) {
+// validate checks the flags of the kubernetes backend.
+func (k kubernetesFlags) validate() error {
 	if k.agentImage == "" {
-		return nil, fmt.Errorf("--backend kubernetes needs --agent-image")
+		return fmt.Errorf("--backend kubernetes needs --agent-image")
 	}
 	switch p := corev1.PullPolicy(k.pullPolicy); p {
 	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
 	default:
-		return nil, fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", k.pullPolicy)
+		return fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", k.pullPolicy)
 	}
+	if _, err := cidrPeers("--runner-peer-cidrs", k.peerCIDRs); err != nil {
+		return err
+	}
+	if strings.TrimSpace(k.peerPods) != "" {
+		if _, err := metav1.ParseToLabelSelector(k.peerPods); err != nil {
+			return fmt.Errorf("--runner-peer-pods: %w", err)
+		}
+	}
+	_, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
+	return err
+}
+
+// start starts the kubernetes backend (validated).
+func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, log *slog.Logger) (*stack.KubernetesStack, error) {
 	peers, err := k.runnerPeers()
 	if err != nil {
 		return nil, err

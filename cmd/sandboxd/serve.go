@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"connectrpc.com/grpcreflect"
@@ -125,16 +124,13 @@ func serveUntilDone(ctx context.Context, srv *http.Server, ln net.Listener, log 
 }
 
 // openPlatform prepares what the control plane and the gateway processes share: the data
-// dir, the platform CA (in *pkiDir, default DATA-DIR/pki), the store with the default
-// organization and admin key, and API-key authentication on it.
-func openPlatform(ctx context.Context, dataDir string, pkiDir *string, storeDSN string, log *slog.Logger) (*pki.CA, store.Store, *auth.StoreAuthenticator, error) {
-	if *pkiDir == "" {
-		*pkiDir = filepath.Join(dataDir, "pki")
-	}
+// dir, the platform CA (in pkiDir), the store with the default organization and admin
+// key, and API-key authentication on it.
+func openPlatform(ctx context.Context, dataDir, pkiDir, storeDSN string, log *slog.Logger) (*pki.CA, store.Store, *auth.StoreAuthenticator, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, nil, nil, err
 	}
-	ca, err := pki.LoadOrCreateCA(*pkiDir, platformCAName)
+	ca, err := pki.LoadOrCreateCA(pkiDir, platformCAName)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("platform CA: %w", err)
 	}

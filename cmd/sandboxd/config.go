@@ -1,0 +1,323 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/dataplane"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+)
+
+// Each subcommand has a configuration: bind declares its flags (names, defaults and help
+// are the command line's contract), validate checks it without I/O before anything
+// starts, and run does the work. A check that needs the world (a file, the control
+// plane, a port) stays in run.
+
+// defaultDataDir is every subcommand's state directory unless --data-dir says otherwise.
+const defaultDataDir = "/var/lib/sandboxd"
+
+// defaultRunnerID is the ID of a runner that is given none (and is not registered).
+const defaultRunnerID = "local"
+
+// flagBinder is a subcommand's configuration.
+type flagBinder interface{ bind(fs *flag.FlagSet) }
+
+// parseFlags parses args into cfg's flags (in a flag set named name: -h prints them and
+// exits 0, a bad flag exits 2) and returns the names of the flags given.
+func parseFlags(name string, cfg flagBinder, args []string) (given map[string]bool, err error) {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	cfg.bind(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	given = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	return given, nil
+}
+
+// newLogger logs text to stderr from level on, or from the level below (Info → Debug,
+// Warn → Info) when verbose (-v).
+func newLogger(level slog.Level, verbose bool) *slog.Logger {
+	if verbose {
+		level -= 4
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// pkiDirOf is --pki-dir, by default DATA-DIR/pki.
+func pkiDirOf(dataDir, pkiDir string) string {
+	if pkiDir == "" {
+		return filepath.Join(dataDir, "pki")
+	}
+	return pkiDir
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// devConfig configures `sandboxd dev`.
+type devConfig struct {
+	dataDir, listen, runnerID, storeDSN string
+	testImageMirror                     bool
+	warmPool                            int
+	edgeListen, baseDomain              string
+	dataPlaneListen                     string
+	dataPlaneTTL                        time.Duration
+	verbose                             bool
+	hard                                hardeningFlags
+	capacity                            capacityFlags
+	// edgeListenGiven and dataPlaneListenGiven: the flag was on the command line. If not,
+	// a listener that cannot start on its default address is left out with a warning.
+	edgeListenGiven, dataPlaneListenGiven bool
+}
+
+func (c *devConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
+	fs.StringVar(&c.runnerID, "runner-id", defaultRunnerID, "ID of the local runner")
+	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
+	fs.BoolVar(&c.testImageMirror, "test-image-mirror", true, "serve the test images (make images) as docker.io's python:3.11 and busybox from a loopback registry (dev only; false: Docker Hub)")
+	fs.IntVar(&c.warmPool, "warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
+	fs.StringVar(&c.edgeListen, "edge-listen", "127.0.0.1:8443", "address of the edge that publishes sandbox endpoints (443 in production; empty: no edge)")
+	fs.StringVar(&c.baseDomain, "base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")
+	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
+	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues")
+	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	c.hard.register(fs)
+	c.capacity.register(fs)
+}
+
+func (c devConfig) validate() error {
+	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
+		return err
+	}
+	return c.hard.validate()
+}
+
+// runnerConfig configures `sandboxd runner`.
+type runnerConfig struct {
+	dataDir, pkiDir, listen, runnerID            string
+	insecure                                     listFlag
+	mirrors                                      mirrorFlags
+	bridge, subnet, cgroupParent                 string
+	noEgress                                     bool
+	hostMark                                     uint
+	controlPlane, bootstrapToken, controlPlaneCA string
+	heartbeatInterval                            time.Duration
+	edgeListen                                   string
+	edgePublicPort                               int
+	baseDomain                                   string
+	capacity                                     capacityFlags
+	backend                                      string
+	kube                                         kubernetesFlags
+	hard                                         hardeningFlags
+	acme                                         acmeFlags
+	dataPlaneListen, dataPlaneHost               string
+	verbose                                      bool
+}
+
+func (c *runnerConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
+	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA (ca.pem, ca-key.pem), shared with the gateways; default DATA-DIR/pki")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:7443", "address gateways reach the runner at (gRPC over mTLS)")
+	fs.StringVar(&c.runnerID, "runner-id", defaultRunnerID, "ID of this runner; its certificate carries it as a DNS name")
+	fs.Var(&c.insecure, "insecure-registry", "registry host[:port] reached over plain HTTP (repeatable)")
+	c.mirrors.register(fs)
+	fs.StringVar(&c.bridge, "bridge", "", "sandbox bridge (default sbx0)")
+	fs.StringVar(&c.subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
+	fs.StringVar(&c.cgroupParent, "cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
+	fs.BoolVar(&c.noEgress, "no-egress", false, "sandboxes reach nothing beyond this host")
+	fs.UintVar(&c.hostMark, "host-mark", 0, "socket mark that lets the edge's connections into the sandbox bridge; nothing else on the host gets in (default 0x5bd00000)")
+	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of the control plane (`sandboxd controlplane`): register with --bootstrap-token on first start, then heartbeat; without it the runner uses --pki-dir")
+	fs.StringVar(&c.bootstrapToken, "bootstrap-token", "", "one-time token from :createBootstrapToken (first start only; later starts use the credentials in DATA-DIR/identity)")
+	fs.StringVar(&c.controlPlaneCA, "control-plane-ca", "", "PEM file of the CA to trust the control plane by (default: the CA pinned in the bootstrap token)")
+	fs.DurationVar(&c.heartbeatInterval, "heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often to heartbeat the control plane")
+	fs.StringVar(&c.edgeListen, "edge-listen", "", "address of the edge that publishes sandbox endpoints, e.g. :443 (empty: no edge); its certificate comes from the control plane, or from the CA in --pki-dir")
+	fs.IntVar(&c.edgePublicPort, "edge-public-port", 0, "port clients reach the edge at, in endpoint URLs, when it differs from --edge-listen's (e.g. a Kubernetes Service's 443 in front of the Pod's 8443); 0: --edge-listen's")
+	fs.StringVar(&c.baseDomain, "base-domain", DefaultBaseDomain, "endpoints are PORT-SANDBOX.RUNNER-ID.BASE-DOMAIN")
+	c.capacity.register(fs)
+	fs.StringVar(&c.backend, "backend", "local", "where sandboxes run: local (runc/gVisor on this host) or kubernetes (one Pod each)")
+	c.kube.register(fs)
+	c.hard.register(fs)
+	c.acme.register(fs)
+	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "", "address of the direct mTLS data plane clients run exec, logs and files on, e.g. :8444 (empty: gateway only); its certificate comes from the data-plane CA in --pki-dir")
+	fs.StringVar(&c.dataPlaneHost, "data-plane-host", "", "host clients reach the data plane by (default: the --data-plane-listen host)")
+	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+}
+
+func (c runnerConfig) validate() error {
+	if c.backend != "local" && c.backend != "kubernetes" {
+		return fmt.Errorf("--backend %q: want local or kubernetes", c.backend)
+	}
+	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
+		return err
+	}
+	if c.backend != "kubernetes" && c.kube.leaderElect {
+		return errors.New("--leader-elect needs --backend kubernetes")
+	}
+	if err := c.hard.validate(); err != nil {
+		return err
+	}
+	if c.backend == "kubernetes" {
+		if err := c.kube.validate(); err != nil {
+			return err
+		}
+	} else {
+		if c.hostMark > math.MaxUint32 {
+			return fmt.Errorf("--host-mark %#x: more than 32 bits", c.hostMark)
+		}
+		if c.subnet != "" {
+			if _, err := netip.ParsePrefix(c.subnet); err != nil {
+				return fmt.Errorf("--subnet: %w", err)
+			}
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.listen); err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if c.edgeListen != "" {
+		// The ACME flags only matter to the edge.
+		if err := c.acme.validate(); err != nil {
+			return fmt.Errorf("--acme-directory: %w", err)
+		}
+	}
+	return nil
+}
+
+// gatewayConfig configures `sandboxd gateway`.
+type gatewayConfig struct {
+	dataDir, storeDSN, pkiDir, listen, name string
+	runners                                 listFlag
+	reconcileInterval, orphanGrace          time.Duration
+	controlPlane                            string
+	dataPlaneTTL                            time.Duration
+	verbose                                 bool
+}
+
+func (c *gatewayConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key)")
+	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
+	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA shared with the runners; default DATA-DIR/pki")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
+	fs.StringVar(&c.name, "name", "gateway", "this gateway's name, in its client certificate (spiffe://sandboxd/gateway/NAME)")
+	fs.Var(&c.runners, "runner", "a runner as ID=HOST:PORT (repeatable)")
+	fs.DurationVar(&c.reconcileInterval, "reconcile-interval", gateway.DefaultReconcileInterval, "how often to compare the runners' sandboxes with the index")
+	fs.DurationVar(&c.orphanGrace, "orphan-grace", gateway.DefaultOrphanGrace, "age at which a sandbox that no gateway recorded (its create was interrupted) is deleted")
+	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
+	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
+	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+}
+
+func (c gatewayConfig) validate() error {
+	if _, err := c.runnerAddrs(); err != nil {
+		return err
+	}
+	if c.controlPlane != "" {
+		if _, _, err := net.SplitHostPort(c.controlPlane); err != nil {
+			return fmt.Errorf("--control-plane: %w", err)
+		}
+	}
+	return nil
+}
+
+// runnerAddr is one --runner ID=HOST:PORT.
+type runnerAddr struct{ id, addr string }
+
+// runnerAddrs are the --runner flags.
+func (c gatewayConfig) runnerAddrs() ([]runnerAddr, error) {
+	if len(c.runners) == 0 {
+		return nil, errors.New("at least one --runner ID=HOST:PORT is required")
+	}
+	var out []runnerAddr
+	for _, r := range c.runners {
+		id, addr, ok := strings.Cut(r, "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("--runner %q: want ID=HOST:PORT", r)
+		}
+		out = append(out, runnerAddr{id, addr})
+	}
+	return out, nil
+}
+
+// controlPlaneConfig configures `sandboxd controlplane`.
+type controlPlaneConfig struct {
+	dataDir, storeDSN, pkiDir, listen string
+	hosts                             listFlag
+	heartbeatInterval                 time.Duration
+	baseDomain                        string
+	verbose                           bool
+}
+
+func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key, pki/)")
+	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
+	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA; default DATA-DIR/pki")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8443", "address of the TLS listener (admin API and runner registration)")
+	fs.Var(&c.hosts, "host", "extra DNS name or IP in the listener's certificate (repeatable)")
+	fs.DurationVar(&c.heartbeatInterval, "heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")
+	fs.StringVar(&c.baseDomain, "base-domain", controlplane.DefaultEndpointDomain, "domain of public endpoints (PORT-SANDBOX.RUNNER.BASE-DOMAIN): runners' edge certificates are issued for it")
+	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+}
+
+func (c controlPlaneConfig) validate() error {
+	if _, _, err := net.SplitHostPort(c.listen); err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	return nil
+}
+
+// apikeyConfig configures `sandboxd apikey create`.
+type apikeyConfig struct {
+	dataDir, storeDSN, org, role, name string
+}
+
+func (c *apikeyConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
+	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
+	fs.StringVar(&c.org, "org", defaultOrg, "organization")
+	fs.StringVar(&c.role, "role", "user", "user or admin")
+	fs.StringVar(&c.name, "name", "", "a name to recognise the key by")
+}
+
+func (c apikeyConfig) validate() error {
+	_, err := c.authRole()
+	return err
+}
+
+// authRole is --role.
+func (c apikeyConfig) authRole() (auth.Role, error) {
+	switch c.role {
+	case "user":
+		return auth.RoleUser, nil
+	case "admin":
+		return auth.RoleAdmin, nil
+	}
+	return "", fmt.Errorf("unknown role %q (user or admin)", c.role)
+}
+
+// demoConfig configures `sandboxd demo`. It has nothing to validate.
+type demoConfig struct {
+	dataDir, image, insecure string
+	verbose                  bool
+}
+
+func (c *demoConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
+	fs.StringVar(&c.image, "image", "", "image to run (default: the busybox test image, served from a registry on loopback)")
+	fs.StringVar(&c.insecure, "insecure-registries", "", "comma-separated registries that may be reached over plain HTTP")
+	fs.BoolVar(&c.verbose, "v", false, "log runtime events")
+}
