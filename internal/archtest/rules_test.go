@@ -31,6 +31,7 @@ var runnerSide = []string{
 	"internal/egress",
 	"internal/enroll",
 	"internal/stack",
+	"internal/spec", // spec conversion: used by runnerapi as well as the gateway
 }
 
 var rules = []rule{

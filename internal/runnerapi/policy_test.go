@@ -10,6 +10,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/spec"
 )
 
 // The runner's own policy check sees the network rules and services it is asked to
@@ -40,7 +41,7 @@ func TestSpecForPolicyNetwork(t *testing.T) {
 		{"custom service", req(&runtime.Network{}, runtime.Service{Port: 9000, Visibility: "custom"}), []string{"sandbox.spec.services[0].visibility"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, vs := policy.Resolve(envelope, specForPolicy(tc.req), gateway.Platform(nil))
+			_, vs := policy.Resolve(envelope, spec.ForPolicy(tc.req), gateway.Platform(nil))
 			var got []string
 			for _, v := range vs {
 				got = append(got, v.Field)
@@ -78,7 +79,7 @@ func TestSpecForPolicyResources(t *testing.T) {
 			[]string{"sandbox.spec.containers[0].resource_requirements.limits.cpu"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, vs := policy.Resolve(strict, specForPolicy(tc.req), gateway.Platform(nil))
+			_, vs := policy.Resolve(strict, spec.ForPolicy(tc.req), gateway.Platform(nil))
 			var got []string
 			for _, v := range vs {
 				got = append(got, v.Field)
