@@ -37,7 +37,7 @@ var notForPolicy = map[string]string{
 // runtime.Spec stays filled and is caught if ForPolicy drops it.
 func validForWire(req *runner.CreateRequest) {
 	s := &req.Spec
-	req.Lifetime = time.Duration(req.Lifetime) * time.Second
+	req.Lifetime = time.Duration(req.Lifetime.Nanoseconds()) * time.Second
 	s.Security.SeccompProfile = runtime.SeccompRuntimeDefault
 	s.Security.CapAdd = []string{"CAP_NET_ADMIN"}
 	s.Security.CapDrop = []string{"CAP_NET_RAW"}
