@@ -11,8 +11,10 @@
 // its status.
 //
 // Both sides use it, so it never imports the gateway (internal/archtest). The runner
-// wire (sandboxd.runner.v1) has its own, lossless conversion in runnerapi. What each
-// direction carries, and what it leaves out on purpose, is pinned by the reflection
-// round-trip tests (roundtrip_test.go): a field added to runtime.Spec or to SandboxSpec
-// fails them until it is mapped or listed with the reason it is not.
+// wire (sandboxd.runner.v1) has its own conversion in runnerapi, which carries every
+// field but the gaps its TestSpecWireRoundTrip lists. What each direction here
+// carries, and what it leaves out on purpose, is pinned by reflection tests in the
+// manner of Tailscale's ipn/prefs_test.go: a field added to runtime.Spec
+// (TestForPolicyRoundTrip) or to the public SandboxSpec (TestWireFieldsConverted) fails
+// them until it is mapped or listed with the reason it is not.
 package spec
