@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/spec"
 )
 
 // DataPlaneIssuer signs the client certificates of the direct data path
@@ -83,7 +84,7 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 	if err := s.keyStillActive(ctx); err != nil {
 		return nil, err
 	}
-	chain, notAfter, err := s.dataPlane.Issue(csr, rec.org, rec.id, primary(rec.spec).GetName(), perms)
+	chain, notAfter, err := s.dataPlane.Issue(csr, rec.org, rec.id, spec.Primary(rec.spec).GetName(), perms)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("issue data-plane certificate: %w", err))
 	}

@@ -3,10 +3,6 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"net"
-	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,167 +11,15 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/placement"
-	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/spec"
 )
 
-// toCreateRequest turns a wire spec into a runner request. It reports every shape problem
-// at once as field violations, and features this gateway cannot honour yet as
-// NOT_IMPLEMENTED rather than silently ignoring them.
-func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) {
-	var vs []apierr.Violation
-	add := func(field, format string, args ...any) {
-		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
-	}
-	var unsupported []string
-	if spec == nil {
-		return runner.CreateRequest{}, apierr.Invalid(apierr.InvalidRequest, "sandbox.spec is required", []apierr.Violation{{Field: "sandbox.spec", Description: "is required"}})
-	}
-	switch n := len(spec.GetContainers()); {
-	case n == 0:
-		add("sandbox.spec.containers", "at least one container is required")
-	case n > 1:
-		unsupported = append(unsupported, "more than one container")
-	}
-	vs = append(vs, containerNameViolations("sandbox.spec.containers", spec.GetContainers())...)
-	vs = append(vs, tagViolations("sandbox.spec.tags", spec.GetTags())...)
-	vs = append(vs, annotationViolations("sandbox.spec.annotations", spec.GetAnnotations())...)
-	var req runner.CreateRequest
-	if c := primary(spec); c != nil {
-		f := "sandbox.spec.containers[0]"
-		if strings.TrimSpace(c.GetImage()) == "" {
-			add(f+".image", "is required")
-		}
-		req.Spec = runtime.Spec{
-			Image:      c.GetImage(),
-			Command:    c.GetCommand(),
-			Args:       c.GetArgs(),
-			Env:        c.GetEnvironmentVariables(),
-			WorkingDir: c.GetWorkingDir(),
-		}
-		for _, fm := range c.GetFiles() {
-			req.Spec.Files = append(req.Spec.Files, runtime.File{Path: fm.GetPath(), Content: fm.GetContent()})
-		}
-		if c.GetResources() != nil && c.GetResourceRequirements() != nil {
-			add(f+".resource_requirements", "set either resources or resource_requirements, not both")
-		}
-		if res := effectiveLimits(c); res != nil {
-			req.Spec.Resources.MilliCPU, req.Spec.Resources.MemoryBytes = parseResources(res, f+".resources", add)
-			if res.GetGpu().GetCount() > 0 {
-				unsupported = append(unsupported, "GPUs")
-			}
-		}
-		if res := effectiveRequests(c); res != nil {
-			req.Spec.Resources.RequestMilliCPU, req.Spec.Resources.RequestMemoryBytes = parseResources(res, f+".resource_requirements.requests", add)
-		}
-		vols, mounts, volVs, volUnsupported := scratchVolumes(spec, c, f)
-		req.Spec.Volumes, req.Spec.VolumeMounts = vols, mounts
-		vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
-		if len(c.GetSecretStores()) > 0 {
-			unsupported = append(unsupported, "secret stores")
-		}
-		sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
-		req.Spec.Security, vs = sec, append(vs, secVs...)
-		if c.GetStartupProbe() != nil {
-			unsupported = append(unsupported, "startup probes")
-		}
-		if c.GetImagePullCredentials() != nil {
-			unsupported = append(unsupported, "image pull credentials from secret stores")
-		}
-	}
-	req.Lifetime = time.Duration(spec.GetMaxLifetimeSeconds()) * time.Second
-	switch limit := int32(runner.MaxLifetime / time.Second); {
-	case spec.GetMaxLifetimeSeconds() < 0:
-		add("sandbox.spec.max_lifetime_seconds", "must not be negative, got %d", spec.GetMaxLifetimeSeconds())
-	case spec.GetMaxLifetimeSeconds() > limit:
-		add("sandbox.spec.max_lifetime_seconds", "must be at most %d (30 days) under any policy, got %d", limit, spec.GetMaxLifetimeSeconds())
-	}
-	// Which classes exist is each runner's to say (placement checks it); here only the
-	// shape of the name, a DNS label as in Kubernetes' RuntimeClass.
-	if rc := spec.GetRuntimeClass(); rc == "" || dnsLabel.MatchString(rc) {
-		req.Spec.RuntimeClass = rc
-	} else {
-		add("sandbox.spec.runtime_class", "must be a lowercase DNS label such as runc or gvisor (a-z, 0-9, '-', at most 63), got %q", rc)
-	}
-	vs = append(vs, serviceViolations(spec.GetServices())...)
-	for _, s := range spec.GetServices() {
-		req.Spec.Services = append(req.Spec.Services, toRuntimeService(s))
-	}
-	network, nvs, nunsupported := toNetwork(spec.GetNetwork())
-	req.Spec.Network = network
-	vs = append(vs, nvs...)
-	unsupported = append(unsupported, nunsupported...)
-	vs = append(vs, placement.RunnerIDViolations(spec.GetRunnerIds())...)
-	if len(spec.GetNetworkIds()) > 0 || spec.GetNetworkConfigId() != "" {
-		unsupported = append(unsupported, "networks")
-	}
-	if spec.GetObjectStorageAccess() != nil {
-		unsupported = append(unsupported, "object storage access")
-	}
-	if spec.GetInstanceType() != "" {
-		unsupported = append(unsupported, "instance types")
-	}
-	if len(vs) > 0 {
-		return req, apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
-	}
-	if len(unsupported) > 0 {
-		slices.Sort(unsupported)
-		return req, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented,
-			"not supported by this sandboxd yet: %s", strings.Join(slices.Compact(unsupported), ", "))
-	}
-	return req, nil
-}
-
-// primary returns the primary container: the one marked primary, else the first.
-func primary(spec *sandboxv1.SandboxSpec) *sandboxv1.Container {
-	for _, c := range spec.GetContainers() {
-		if c.GetPrimary() {
-			return c
-		}
-	}
-	if len(spec.GetContainers()) > 0 {
-		return spec.GetContainers()[0]
-	}
-	return nil
-}
-
-// effectiveLimits is what the runner enforces: the legacy resources, else the limits,
-// else the requests (a request alone is enforced as the limit).
-func effectiveLimits(c *sandboxv1.Container) *sandboxv1.Resources {
-	if r := c.GetResources(); r != nil {
-		return r
-	}
-	rr := c.GetResourceRequirements()
-	if l := rr.GetLimits(); l != nil {
-		return l
-	}
-	return rr.GetRequests()
-}
-
-// effectiveRequests is what the runner admits a container by: the legacy resources (a
-// request and limit in one), else the requests; nil means the limits (a lone limit is
-// also the request).
-func effectiveRequests(c *sandboxv1.Container) *sandboxv1.Resources {
-	if r := c.GetResources(); r != nil {
-		return r
-	}
-	return c.GetResourceRequirements().GetRequests()
-}
-
-// parseResources parses res's CPU and memory, reporting bad quantities under field.
-func parseResources(res *sandboxv1.Resources, field string, add runtime.AddFunc) (milliCPU, memory int64) {
-	milliCPU, err := quantity.ParseCPU(res.GetCpu())
-	if err != nil {
-		add(field+".cpu", "%v", err)
-	}
-	memory, err = quantity.ParseMemory(res.GetMemory())
-	if err != nil {
-		add(field+".memory", "%v", err)
-	}
-	return milliCPU, memory
+// toCreateRequest converts a wire spec (spec.ToCreateRequest), reporting the problems of
+// its runner_ids (placement's to check) with the spec's own.
+func toCreateRequest(s *sandboxv1.SandboxSpec) (runner.CreateRequest, error) {
+	return spec.ToCreateRequest(s, placement.RunnerIDViolations(s.GetRunnerIds())...)
 }
 
 // runnerError translates runner errors into API errors.
@@ -216,8 +60,8 @@ func notFound(id string) error {
 	return apierr.New(connect.CodeNotFound, apierr.SandboxNotFound, fmt.Sprintf("sandbox %q not found", id), map[string]string{"sandbox_id": id})
 }
 
-// toProto renders a sandbox for the wire. spec is the spec as the caller sent it.
-func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
+// toProto renders a sandbox for the wire. sp is the spec as the caller sent it.
+func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
 	st := &sandboxv1.SandboxStatus{
 		State:                       sandboxv1.State(sb.State),
 		CreateTime:                  ts(sb.CreatedAt),
@@ -234,10 +78,10 @@ func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r r
 		// CREATING. PENDING (accepted, no runner yet) is a state sandboxd never has.
 		st.State = sandboxv1.State_STATE_CREATING
 	}
-	// spec is the resolved spec, defaults included, so its rules are what the runner was
+	// sp is the resolved spec, defaults included, so its rules are what the runner was
 	// given; converting them again yields the enforced (case-normalized) form.
-	n, _, _ := toNetwork(spec.GetNetwork())
-	st.EffectiveEgress, st.EffectiveIngress = effectiveNetwork(n)
+	n, _, _ := spec.ToNetwork(sp.GetNetwork())
+	st.EffectiveEgress, st.EffectiveIngress = spec.EffectiveNetwork(n)
 	st.EffectiveDnsEgress = sandboxv1.DNSEgressMode_DNS_EGRESS_MODE_ALLOW
 	if sb.Reason != "" {
 		st.StateReason = sb.Reason
@@ -250,7 +94,7 @@ func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r r
 		st.ExitCode = &c
 	}
 	name := "main"
-	if c := primary(spec); c != nil {
+	if c := spec.Primary(sp); c != nil {
 		if c.GetName() != "" {
 			name = c.GetName()
 		}
@@ -260,7 +104,7 @@ func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r r
 			st.EffectiveResourceRequirements = &sandboxv1.ResourceRequirements{Requests: c.GetResources(), Limits: c.GetResources()}
 		}
 		if st.EffectiveResources == nil {
-			st.EffectiveResources = effectiveLimits(c)
+			st.EffectiveResources = spec.EffectiveLimits(c)
 		}
 	}
 	cs := &sandboxv1.ContainerStatus{Name: name, State: st.State, RestartCount: int32(sb.Restarts)}
@@ -268,97 +112,15 @@ func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r r
 		cs.ExitCode = *sb.ExitCode
 	}
 	st.ContainerStatuses = []*sandboxv1.ContainerStatus{cs}
-	return &sandboxv1.Sandbox{SandboxId: id, Spec: spec, Status: st}
+	return &sandboxv1.Sandbox{SandboxId: id, Spec: sp, Status: st}
 }
 
 // toProto is the public form of a sandbox of runner r, with its services' addresses.
-func (s *Server) toProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
-	p := sandboxProto(id, spec, sb, r)
+func (s *Server) toProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
+	p := sandboxProto(id, sp, sb, r)
 	domain, port := s.views.edgeOf(r.ID())
-	p.Status.Services = serviceStatuses(id, spec, sb, r.ID(), domain, port)
+	p.Status.Services = spec.ServiceStatuses(id, sp, sb, r.ID(), domain, port)
 	return p
-}
-
-func toRuntimeService(s *sandboxv1.Service) runtime.Service {
-	out := runtime.Service{Port: int(s.GetPort()), Name: s.GetName()}
-	switch s.GetVisibility() {
-	case sandboxv1.Visibility_VISIBILITY_PUBLIC:
-		out.Visibility = "public"
-	case sandboxv1.Visibility_VISIBILITY_PRIVATE:
-		out.Visibility = "private"
-	case sandboxv1.Visibility_VISIBILITY_CUSTOM:
-		out.Visibility = "custom" // reachable from the sources of the ingress rules
-	}
-	if ep := s.GetEndpoint(); ep != nil {
-		switch ep.GetKind() {
-		case sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS:
-			out.Endpoint = runtime.EndpointHTTPS
-		case sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH:
-			out.Endpoint = runtime.EndpointPassthrough
-		}
-		out.TokenAuth = ep.GetAuth() == sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN
-		out.TimeoutSeconds = int(ep.GetRequestTimeoutSeconds())
-	}
-	return out
-}
-
-// serviceStatuses echoes the spec's services with their addresses on the runner's edge
-// (domain and port; "" when it has none): a passthrough address from creation on (it is
-// only a name), an HTTPS URL once the sandbox runs and its route is live; and each
-// endpoint's effective auth and request timeout.
-func serviceStatuses(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, runnerID, domain string, port int) []*sandboxv1.ServiceStatus {
-	var out []*sandboxv1.ServiceStatus
-	for _, s := range spec.GetServices() {
-		st := &sandboxv1.ServiceStatus{Port: s.GetPort(), Name: s.GetName(), Protocol: s.GetProtocol(), Visibility: s.GetVisibility()}
-		out = append(out, st)
-		ep := s.GetEndpoint()
-		if ep == nil {
-			// A private port is reached at the sandbox's address, by its organization's
-			// other sandboxes.
-			// CUSTOM ports likewise, by the sources its ingress rules allow.
-			if vis := s.GetVisibility(); (vis == sandboxv1.Visibility_VISIBILITY_PRIVATE || vis == sandboxv1.Visibility_VISIBILITY_CUSTOM) && sb.State == runner.StateRunning && sb.IP != "" {
-				st.Url = net.JoinHostPort(sb.IP, strconv.Itoa(int(s.GetPort())))
-			}
-			continue
-		}
-		st.Endpoint = endpointStatus(ep)
-		if domain == "" || sb.State.Terminal() {
-			continue
-		}
-		host := edge.Host(int(s.GetPort()), id, runnerID, domain)
-		switch ep.GetKind() {
-		case sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH:
-			// The official client reads endpoint.address; url stays for older clients.
-			st.Endpoint.Address = net.JoinHostPort(host, strconv.Itoa(port))
-			st.Url = st.Endpoint.Address
-		case sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS:
-			if sb.State == runner.StateRunning {
-				st.Endpoint.Url = "https://" + host
-				if port != 443 {
-					st.Endpoint.Url += ":" + strconv.Itoa(port)
-				}
-			}
-		}
-	}
-	return out
-}
-
-// endpointStatus is what the edge applies of ep: for HTTPS its auth (unset is OPEN) and
-// its request timeout (unset is the edge's default); passthrough has neither. The
-// official client lists an HTTPS endpoint in service_endpoints only with both.
-func endpointStatus(ep *sandboxv1.EndpointSpec) *sandboxv1.EndpointStatus {
-	out := &sandboxv1.EndpointStatus{Kind: ep.GetKind(), Auth: ep.GetAuth()}
-	if ep.GetKind() != sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS {
-		return out
-	}
-	if out.Auth == sandboxv1.EndpointAuth_ENDPOINT_AUTH_UNSPECIFIED {
-		out.Auth = sandboxv1.EndpointAuth_ENDPOINT_AUTH_OPEN
-	}
-	out.RequestTimeoutSeconds = ep.GetRequestTimeoutSeconds()
-	if out.RequestTimeoutSeconds == 0 {
-		out.RequestTimeoutSeconds = DefaultRequestTimeoutSeconds
-	}
-	return out
 }
 
 func ts(t time.Time) *timestamppb.Timestamp {
@@ -367,9 +129,6 @@ func ts(t time.Time) *timestamppb.Timestamp {
 	}
 	return timestamppb.New(t)
 }
-
-// dnsLabel is an RFC 1123 label, as Kubernetes names RuntimeClasses.
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // RunnerError is the API error for a runner's error about sandbox id (for the runner's
 // own data plane).

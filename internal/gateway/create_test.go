@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/spec"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -154,12 +155,12 @@ func TestCreateAnswersCreatingWithEndpoints(t *testing.T) {
 		timeout int32
 	}{
 		{"8443-" + sb.GetSandboxId() + ".r1.sandboxd.test:8443", 0, 0},
-		{"", open, DefaultRequestTimeoutSeconds}, // unset auth is OPEN, unset timeout the edge's default
+		{"", open, spec.DefaultRequestTimeoutSeconds}, // unset auth is OPEN, unset timeout the edge's default
 		{"", open, 60},
-		{"", share, DefaultRequestTimeoutSeconds},
+		{"", share, spec.DefaultRequestTimeoutSeconds},
 	}
-	if DefaultRequestTimeoutSeconds != int32(edge.DefaultTimeout/time.Second) || DefaultRequestTimeoutSeconds <= 0 {
-		t.Fatalf("DefaultRequestTimeoutSeconds %d is not the edge's default %v", DefaultRequestTimeoutSeconds, edge.DefaultTimeout)
+	if spec.DefaultRequestTimeoutSeconds != int32(edge.DefaultTimeout/time.Second) || spec.DefaultRequestTimeoutSeconds <= 0 {
+		t.Fatalf("spec.DefaultRequestTimeoutSeconds %d is not the edge's default %v", spec.DefaultRequestTimeoutSeconds, edge.DefaultTimeout)
 	}
 	if len(sb.GetStatus().GetServices()) != len(want) {
 		t.Fatalf("status services: %v", sb.GetStatus().GetServices())

@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/spec"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -287,8 +288,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 	if err != nil {
 		return nil, err
 	}
-	spec := res.Spec
-	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: spec, createdAt: sb.CreatedAt, last: sb}
+	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: res.Spec, createdAt: sb.CreatedAt, last: sb}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, req.Msg.GetRequestId()); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.
@@ -304,7 +304,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
-	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", primary(spec).GetImage())
+	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", spec.Primary(res.Spec).GetImage())
 	return connect.NewResponse(s.created(rec, sb, r)), nil
 }
 
@@ -476,7 +476,7 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 // checkContainer: container must name the sandbox's primary container (or be empty).
 func checkContainer(rec *record, container string) error {
 	if container != "" {
-		c := primary(rec.spec)
+		c := spec.Primary(rec.spec)
 		if c == nil || (container != c.GetName() && !(c.GetName() == "" && container == "main")) {
 			return apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", rec.id, container),
 				[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})

@@ -3,7 +3,6 @@ package runnerapi
 import (
 	"slices"
 
-	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -30,29 +29,6 @@ func securityFromProto(p *runnerv1.Security) *runtime.Security {
 		AllowPrivilegeEscalation: p.GetAllowPrivilegeEscalation(), SeccompProfile: p.GetSeccompProfile(),
 		Privileged: p.GetPrivileged(),
 	}
-}
-
-// securityForPolicy is the wire form of a runtime security context, for the policy
-// check (which constrains privileged and capabilities_add).
-func securityForPolicy(s *runtime.Security) *sandboxv1.SecurityContext {
-	if s == nil {
-		return nil
-	}
-	sc := &sandboxv1.SecurityContext{
-		RunAsUser: s.RunAsUser, RunAsGroup: s.RunAsGroup,
-		CapabilitiesAdd: slices.Clone(s.CapAdd), CapabilitiesDrop: slices.Clone(s.CapDrop),
-		SeccompProfile: s.SeccompProfile,
-	}
-	if s.Privileged {
-		sc.Privileged = &s.Privileged
-	}
-	if s.ReadOnlyRootFS {
-		sc.ReadOnlyRootFilesystem = &s.ReadOnlyRootFS
-	}
-	if s.AllowPrivilegeEscalation {
-		sc.AllowPrivilegeEscalation = &s.AllowPrivilegeEscalation
-	}
-	return sc
 }
 
 func volumesToProto(vs []runtime.Volume, ms []runtime.VolumeMount) ([]*runnerv1.Volume, []*runnerv1.VolumeMount) {

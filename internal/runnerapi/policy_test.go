@@ -9,6 +9,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/spec"
 )
 
 // The runner's own policy check sees the network rules and services it is asked to
@@ -39,7 +40,7 @@ func TestSpecForPolicyNetwork(t *testing.T) {
 		{"custom service", req(&runtime.Network{}, runtime.Service{Port: 9000, Visibility: "custom"}), []string{"sandbox.spec.services[0].visibility"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, vs := policy.Resolve(envelope, specForPolicy(tc.req), policy.RunnerPlatform(nil))
+			_, vs := policy.Resolve(envelope, spec.ForPolicy(tc.req), policy.RunnerPlatform(nil))
 			var got []string
 			for _, v := range vs {
 				got = append(got, v.Field)
@@ -77,7 +78,7 @@ func TestSpecForPolicyResources(t *testing.T) {
 			[]string{"sandbox.spec.containers[0].resource_requirements.limits.cpu"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, vs := policy.Resolve(strict, specForPolicy(tc.req), policy.RunnerPlatform(nil))
+			_, vs := policy.Resolve(strict, spec.ForPolicy(tc.req), policy.RunnerPlatform(nil))
 			var got []string
 			for _, v := range vs {
 				got = append(got, v.Field)

@@ -1,4 +1,4 @@
-package gateway
+package spec
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 
 const networkField = "sandbox.spec.network."
 
-// toNetwork turns the wire network options into the rules a backend enforces, always
+// ToNetwork turns the wire network options into the rules a backend enforces, always
 // non-nil (no options: no rules, which the policy resolution has already filled with the
 // defaults when the spec is a resolved one). It returns the shape problems as field
 // violations, every one at once, and the features this sandboxd cannot enforce.
@@ -22,7 +22,7 @@ const networkField = "sandbox.spec.network."
 // (both are case-insensitive). Prefixes must already be canonical: a prefix with host
 // bits set is refused rather than masked, so that what the status echoes is what the
 // caller wrote.
-func toNetwork(n *sandboxv1.NetworkOptions) (*runtime.Network, []apierr.Violation, []string) {
+func ToNetwork(n *sandboxv1.NetworkOptions) (*runtime.Network, []apierr.Violation, []string) {
 	var (
 		vs          []apierr.Violation
 		unsupported []string
@@ -166,14 +166,9 @@ func cidrToProto(cidr string, except []string) *sandboxv1.CidrBlock {
 	return &sandboxv1.CidrBlock{Cidr: cidr, Except: append([]string(nil), except...)}
 }
 
-// EffectiveNetwork renders n as the public API's rules (see effectiveNetwork).
-func EffectiveNetwork(n *runtime.Network) ([]*sandboxv1.EgressRule, []*sandboxv1.IngressRule) {
-	return effectiveNetwork(n)
-}
-
-// effectiveNetwork renders enforced rules for SandboxStatus.effective_egress and
+// EffectiveNetwork renders enforced rules for SandboxStatus.effective_egress and
 // effective_ingress: exactly what the backend was given, none under a deny flag.
-func effectiveNetwork(n *runtime.Network) (egress []*sandboxv1.EgressRule, ingress []*sandboxv1.IngressRule) {
+func EffectiveNetwork(n *runtime.Network) (egress []*sandboxv1.EgressRule, ingress []*sandboxv1.IngressRule) {
 	if n == nil {
 		return nil, nil
 	}

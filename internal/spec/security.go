@@ -1,7 +1,8 @@
-package gateway
+package spec
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
@@ -58,4 +59,27 @@ func securityContext(sc *sandboxv1.SecurityContext, f string) (*runtime.Security
 		return nil, vs
 	}
 	return s, vs
+}
+
+// securityForPolicy is the wire form of a runtime security context, for the policy
+// check (which constrains privileged and capabilities_add).
+func securityForPolicy(s *runtime.Security) *sandboxv1.SecurityContext {
+	if s == nil {
+		return nil
+	}
+	sc := &sandboxv1.SecurityContext{
+		RunAsUser: s.RunAsUser, RunAsGroup: s.RunAsGroup,
+		CapabilitiesAdd: slices.Clone(s.CapAdd), CapabilitiesDrop: slices.Clone(s.CapDrop),
+		SeccompProfile: s.SeccompProfile,
+	}
+	if s.Privileged {
+		sc.Privileged = &s.Privileged
+	}
+	if s.ReadOnlyRootFS {
+		sc.ReadOnlyRootFilesystem = &s.ReadOnlyRootFS
+	}
+	if s.AllowPrivilegeEscalation {
+		sc.AllowPrivilegeEscalation = &s.AllowPrivilegeEscalation
+	}
+	return sc
 }

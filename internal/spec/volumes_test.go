@@ -1,4 +1,4 @@
-package gateway
+package spec
 
 import (
 	"reflect"
@@ -42,7 +42,7 @@ func TestScratchVolumeConversion(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := &sandboxv1.SandboxSpec{Volumes: tc.vols, Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox", VolumeMounts: tc.mounts}}}
-			req, err := toCreateRequest(spec)
+			req, err := ToCreateRequest(spec)
 			if tc.code != 0 {
 				if connect.CodeOf(err) != tc.code || !strings.Contains(err.Error(), tc.field) {
 					t.Fatalf("err = %v, want %v naming %s", err, tc.code, tc.field)
