@@ -26,4 +26,3 @@ func TestRequestIDViolations(t *testing.T) {
 		t.Errorf("129 bytes: violations %q", got)
 	}
 }
-
