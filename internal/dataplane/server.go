@@ -172,7 +172,7 @@ func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermi
 		return nil, err
 	}
 	if sb.State.Terminal() || sb.State == runner.StateTerminating {
-		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+		return nil, apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s is %s", sandboxID, sb.State), map[string]string{"sandbox_id": sandboxID, "state": sb.State.String()})
 	}
 	a, err := s.cfg.Sandboxes.Agent(ctx, sandboxID)
@@ -206,26 +206,26 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 	s := src.s
 	leaf, _ := ctx.Value(peerKey{}).(*x509.Certificate)
 	if leaf == nil {
-		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "a data-plane client certificate is required")
+		return runner.Sandbox{}, apierr.Newf(apierr.Unauthenticated, "a data-plane client certificate is required")
 	}
 	// The handshake checked the chain; a connection may outlive its certificate.
 	if t := s.now(); t.After(leaf.NotAfter) || t.Before(leaf.NotBefore) {
-		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
+		return runner.Sandbox{}, apierr.Newf(apierr.Unauthenticated,
 			"the data-plane client certificate expired at %s; ask ConnectSandbox for a new one", leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	id, err := ParseIdentity(leaf)
 	if err != nil {
-		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a data-plane client certificate: %v", err)
+		return runner.Sandbox{}, apierr.Newf(apierr.Unauthenticated, "not a data-plane client certificate: %v", err)
 	}
 	if sandboxID == "" {
 		return runner.Sandbox{}, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
 	}
 	if sandboxID != id.SandboxID {
-		return runner.Sandbox{}, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+		return runner.Sandbox{}, apierr.New(apierr.PermissionDenied,
 			fmt.Sprintf("the client certificate is for sandbox %s, not %s", id.SandboxID, sandboxID), map[string]string{"sandbox_id": sandboxID})
 	}
 	if !id.Has(perm) {
-		return runner.Sandbox{}, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+		return runner.Sandbox{}, apierr.New(apierr.PermissionDenied,
 			fmt.Sprintf("the client certificate does not grant %s on sandbox %s", PermName(perm), sandboxID),
 			map[string]string{"sandbox_id": sandboxID, "permission": perm.String()})
 	}

@@ -171,7 +171,7 @@ func TestConnectSandbox(t *testing.T) {
 	// A runner without a data plane.
 	r.set(Capacity{}, nil)
 	s.views.probe(bg)
-	if _, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}); connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NotImplemented {
+	if _, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}); connect.CodeOf(err) != connect.CodeUnimplemented || apierr.Reason(err) != apierr.NotImplemented {
 		t.Errorf("runner without data plane: %v", err)
 	}
 	// A gateway without a data-plane CA.

@@ -123,7 +123,7 @@ func toCreateRequest(spec *sandboxv1.SandboxSpec) (runner.CreateRequest, error) 
 	}
 	if len(unsupported) > 0 {
 		slices.Sort(unsupported)
-		return req, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented,
+		return req, apierr.Newf(apierr.NotImplemented,
 			"not supported by this sandboxd yet: %s", strings.Join(slices.Compact(unsupported), ", "))
 	}
 	return req, nil
@@ -193,7 +193,7 @@ func runnerError(id string, err error) error {
 	case errors.Is(err, runner.ErrNotFound):
 		return notFound(id)
 	case errors.Is(err, runner.ErrNotRunning):
-		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning, err.Error(), map[string]string{"sandbox_id": id})
+		return apierr.New(apierr.SandboxNotRunning, err.Error(), map[string]string{"sandbox_id": id})
 	case errors.Is(err, runner.ErrAlreadyExists):
 		return connect.NewError(connect.CodeAlreadyExists, err)
 	}
@@ -213,7 +213,7 @@ func wireField(f string) string {
 }
 
 func notFound(id string) error {
-	return apierr.New(connect.CodeNotFound, apierr.SandboxNotFound, fmt.Sprintf("sandbox %q not found", id), map[string]string{"sandbox_id": id})
+	return apierr.New(apierr.SandboxNotFound, fmt.Sprintf("sandbox %q not found", id), map[string]string{"sandbox_id": id})
 }
 
 // toProto renders a sandbox for the wire. spec is the spec as the caller sent it.

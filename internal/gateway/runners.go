@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
-
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -162,8 +160,9 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 		return runner.Sandbox{}, placement.NoSuitableRunner([]string{l.RunnerID}, vs)
 	}
 	if why := room.Misfit(need, placement.Resources{}, 0); why != "" {
-		return runner.Sandbox{}, apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
-			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}), placement.RetryAfter)
+		return runner.Sandbox{}, apierr.WithRetry(apierr.New(apierr.RunnerCapacityExhausted,
+			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}),
+			placement.RetryAfter)
 	}
 	return l.R.Create(ctx, req)
 }

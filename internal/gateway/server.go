@@ -228,7 +228,7 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, Runner, error)
 	}
 	r := s.runnerByID(rec.runnerID)
 	if r == nil {
-		return nil, nil, apierr.WithRetry(apierr.Newf(connect.CodeUnavailable, apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rec.runnerID, id), 5*time.Second)
+		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rec.runnerID, id), 5*time.Second)
 	}
 	return rec, r, nil
 }
@@ -327,7 +327,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
 	}
 	if len(m.GetVolumeIds()) > 0 {
-		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented, "volumes are not supported by this sandboxd yet")
+		return nil, apierr.Newf(apierr.NotImplemented, "volumes are not supported by this sandboxd yet")
 	}
 	size := int(m.GetPageSize())
 	if size == 0 {
@@ -406,7 +406,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 			[]apierr.Violation{{Field: "snapshot_volumes", Description: "must be empty with allow_missing"}})
 	}
 	if len(m.GetSnapshotVolumes()) > 0 {
-		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.FSSNotSupported, "file-system snapshots are not supported by this sandboxd yet")
+		return nil, apierr.Newf(apierr.FSSNotSupported, "file-system snapshots are not supported by this sandboxd yet")
 	}
 	if vs := requestIDViolations("request_id", m.GetRequestId()); vs != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
@@ -439,7 +439,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandboxv1.PurgeSandboxesRequest]) (*connect.Response[sandboxv1.PurgeSandboxesResponse], error) {
 	m := req.Msg
 	if m.GetRequestId() != "" {
-		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented, "request_id is not supported on PurgeSandboxes")
+		return nil, apierr.Newf(apierr.NotImplemented, "request_id is not supported on PurgeSandboxes")
 	}
 	if (len(m.GetTags()) > 0) == m.GetPurgeAll() {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "give exactly one scope: tags or purge_all",
@@ -509,7 +509,7 @@ func relayError(id string, err error) error {
 	}
 	switch connect.CodeOf(err) {
 	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal:
-		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+		return apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s stopped during the call: %v", id, err), map[string]string{"sandbox_id": id})
 	}
 	return err
@@ -542,7 +542,7 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (LogR
 		err := r.Logs(ctx, rec.id, req, send)
 		if errors.Is(err, runner.ErrNotFound) {
 			if last := s.index.lastOf(rec); last.State.Terminal() {
-				return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+				return apierr.New(apierr.SandboxNotRunning,
 					fmt.Sprintf("sandbox %s is %s and its runner no longer keeps its logs", rec.id, last.State), map[string]string{"sandbox_id": rec.id})
 			}
 		}

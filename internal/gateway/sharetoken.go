@@ -7,8 +7,6 @@ import (
 	"encoding/base64"
 	"fmt"
 
-	"connectrpc.com/connect"
-
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/edge"
@@ -89,7 +87,7 @@ func (s *Server) withShareToken(p *sandboxv1.Sandbox, sb runner.Sandbox) *sandbo
 
 // shareTokensUnsupported is a runner's refusal of a SHARE_TOKEN endpoint it cannot check.
 func shareTokensUnsupported(runnerID string) error {
-	return apierr.New(connect.CodeFailedPrecondition, apierr.HTTPSShareTokenNotSupported,
+	return apierr.New(apierr.HTTPSShareTokenNotSupported,
 		fmt.Sprintf("runner %s cannot check endpoint share tokens: use auth OPEN or another runner", runnerID),
 		map[string]string{"runner_id": runnerID})
 }

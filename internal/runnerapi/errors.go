@@ -30,9 +30,9 @@ func toStatus(id string, err error) error {
 		}
 		return apierr.Invalid(apierr.InvalidRequest, verr.Error(), vs)
 	case errors.Is(err, runner.ErrNotFound):
-		return apierr.New(connect.CodeNotFound, apierr.SandboxNotFound, err.Error(), idMeta(id))
+		return apierr.New(apierr.SandboxNotFound, err.Error(), idMeta(id))
 	case errors.Is(err, runner.ErrNotRunning):
-		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning, err.Error(), idMeta(id))
+		return apierr.New(apierr.SandboxNotRunning, err.Error(), idMeta(id))
 	case errors.Is(err, runner.ErrAlreadyExists):
 		return connect.NewError(connect.CodeAlreadyExists, err)
 	case errors.As(err, &ce):
@@ -109,6 +109,7 @@ func transportError(runnerID string, err error) error {
 	// Not an answer from the runner: a refused or broken connection (a TLS 1.3 handshake
 	// the runner rejects can surface as a broken pipe on the first write, which connect
 	// reports as CANCELED). Callers have ruled out their own context ending.
-	return apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
-		fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}), 5*time.Second)
+	return apierr.WithRetry(apierr.New(apierr.RunnerUnavailable,
+		fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}),
+		5*time.Second)
 }

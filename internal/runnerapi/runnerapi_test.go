@@ -114,7 +114,7 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 		{Field: "spec.containers[0].image", Description: "is required"},
 		{Field: "spec.max_lifetime_seconds", Description: "must be at most 2592000 (30 days), got 2678400"},
 	}}
-	agentErr := apierr.New(connect.CodeNotFound, apierr.FileNotFound, "/x: no such file", map[string]string{"filepath": "/x"})
+	agentErr := apierr.New(apierr.FileNotFound, "/x: no such file", map[string]string{"filepath": "/x"})
 	for _, tc := range []struct {
 		name   string
 		err    error
@@ -314,7 +314,7 @@ type fakeAgent struct {
 
 func (f *fakeAgent) Exec(_ context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
 	if req.Msg.GetCommand()[0] == "fail" {
-		return nil, apierr.New(connect.CodeNotFound, apierr.FileNotFound, "nope", map[string]string{"filepath": "/nope"})
+		return nil, apierr.New(apierr.FileNotFound, "nope", map[string]string{"filepath": "/nope"})
 	}
 	return connect.NewResponse(&agentv1.ExecResponse{Stdout: req.Msg.GetStdin(), ExitCode: 7}), nil
 }
