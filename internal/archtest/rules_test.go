@@ -89,7 +89,7 @@ var allowList = []allowed{
 	{"internal/runnerapi", "internal/gateway", 2,
 		"Capacity, LocalRunner, Runner, EffectiveNetwork move to internal/runner; Platform, PolicySource to internal/policy"},
 	{"internal/dataplane", "internal/gateway", 2,
-		"LocalRunner, Runner, RunnerError, NotFound move to internal/runner; Relay, DataSource, LogReader, MaxMessageBytes to internal/relay; DataPlaneIssuer with them"},
+		"LocalRunner, Runner move to internal/runner; Relay, DataSource, LogReader, MaxMessageBytes to internal/relay; DataPlaneIssuer with them"},
 	{"cmd/sandboxd.runnerCmd", "internal/gateway", 2,
 		"runnerCmd and runnerStatus use gateway.NewLocalRunner / *gateway.LocalRunner, which move to internal/runner"},
 	{"cmd/sandboxd.runnerCmd", "internal/gateway/placement", 2,

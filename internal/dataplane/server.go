@@ -180,7 +180,7 @@ func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermi
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", sandboxID, ctx.Err()))
 		}
-		return nil, gateway.RunnerError(sandboxID, err)
+		return nil, runner.APIError(sandboxID, err, runner.SpecField)
 	}
 	s.calls.Add(1)
 	s.cfg.Logger.Debug("direct data-plane call", "sandbox", sandboxID, "perm", PermName(perm))
@@ -235,10 +235,10 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 	}
 	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
 	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
-		return runner.Sandbox{}, gateway.NotFound(sandboxID)
+		return runner.Sandbox{}, runner.NotFoundError(sandboxID)
 	}
 	if err != nil {
-		return runner.Sandbox{}, gateway.RunnerError(sandboxID, err)
+		return runner.Sandbox{}, runner.APIError(sandboxID, err, runner.SpecField)
 	}
 	return sb, nil
 }

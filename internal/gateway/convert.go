@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"regexp"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
@@ -179,42 +177,9 @@ func parseResources(res *sandboxv1.Resources, field string, add runtime.AddFunc)
 }
 
 // runnerError translates runner errors into API errors.
-func runnerError(id string, err error) error {
-	var verr *runner.ValidationError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &verr):
-		vs := make([]apierr.Violation, len(verr.Violations))
-		for i, v := range verr.Violations {
-			vs[i] = apierr.Violation{Field: wireField(v.Field), Description: v.Description}
-		}
-		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
-	case errors.Is(err, runner.ErrNotFound):
-		return notFound(id)
-	case errors.Is(err, runner.ErrNotRunning):
-		return apierr.New(apierr.SandboxNotRunning, err.Error(), map[string]string{"sandbox_id": id})
-	case errors.Is(err, runner.ErrAlreadyExists):
-		return connect.NewError(connect.CodeAlreadyExists, err)
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		return ce
-	}
-	return connect.NewError(connect.CodeInternal, err)
-}
+func runnerError(id string, err error) error { return runner.APIError(id, err, runner.SpecField) }
 
-// wireField maps the runner's field names to the request's.
-func wireField(f string) string {
-	if strings.HasPrefix(f, "spec.") {
-		return "sandbox." + f
-	}
-	return f
-}
-
-func notFound(id string) error {
-	return apierr.New(apierr.SandboxNotFound, fmt.Sprintf("sandbox %q not found", id), map[string]string{"sandbox_id": id})
-}
+func notFound(id string) error { return runner.NotFoundError(id) }
 
 // toProto renders a sandbox for the wire. spec is the spec as the caller sent it.
 func sandboxProto(id string, spec *sandboxv1.SandboxSpec, sb runner.Sandbox, r Runner) *sandboxv1.Sandbox {
@@ -370,10 +335,3 @@ func ts(t time.Time) *timestamppb.Timestamp {
 
 // dnsLabel is an RFC 1123 label, as Kubernetes names RuntimeClasses.
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-
-// RunnerError is the API error for a runner's error about sandbox id (for the runner's
-// own data plane).
-func RunnerError(id string, err error) error { return runnerError(id, err) }
-
-// NotFound is the API error for a sandbox the caller may not see.
-func NotFound(id string) error { return notFound(id) }

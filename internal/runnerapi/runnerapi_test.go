@@ -110,7 +110,7 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 	r := startRunner(t, &fakeRunner{})
 	c := r.client(t)
 	ctx := context.Background()
-	verr := &runner.ValidationError{Violations: []runner.Violation{
+	verr := &runner.ValidationError{Violations: []apierr.Violation{
 		{Field: "spec.containers[0].image", Description: "is required"},
 		{Field: "spec.max_lifetime_seconds", Description: "must be at most 2592000 (30 days), got 2678400"},
 	}}
