@@ -234,7 +234,7 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 			[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
 	}
 	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
-	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
+	if errors.Is(err, runtime.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
 		return runner.Sandbox{}, runner.NotFoundError(sandboxID)
 	}
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // stateRunner is a runner whose sandboxes are in the states the test sets.
@@ -33,7 +34,7 @@ func (r *stateRunner) Get(_ context.Context, id string) (runner.Sandbox, error) 
 	defer r.mu.Unlock()
 	st, ok := r.states[id]
 	if !ok {
-		return runner.Sandbox{}, runner.ErrNotFound
+		return runner.Sandbox{}, runtime.ErrNotFound
 	}
 	return runner.Sandbox{ID: id, State: st}, nil
 }

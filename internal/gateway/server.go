@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/gateway/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -247,7 +248,7 @@ func (s *Server) current(ctx context.Context, rec *record, r Runner) runner.Sand
 		return sb
 	}
 	last := s.index.lastOf(rec)
-	if !errors.Is(err, runner.ErrNotFound) || last.State.Terminal() {
+	if !errors.Is(err, runtime.ErrNotFound) || last.State.Terminal() {
 		return last
 	}
 	lost := last
@@ -425,7 +426,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 	grace := min(time.Duration(m.GetGracePeriodSeconds())*time.Second, maxGracePeriod)
 	sb, err := r.Delete(ctx, rec.id, grace)
 	if err != nil {
-		if errors.Is(err, runner.ErrNotFound) {
+		if errors.Is(err, runtime.ErrNotFound) {
 			sb = s.index.lastOf(rec) // the runner already forgot it: it ended long ago
 		} else {
 			return nil, runnerError(rec.id, err)
@@ -540,7 +541,7 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (LogR
 	}
 	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 		err := r.Logs(ctx, rec.id, req, send)
-		if errors.Is(err, runner.ErrNotFound) {
+		if errors.Is(err, runtime.ErrNotFound) {
 			if last := s.index.lastOf(rec); last.State.Terminal() {
 				return apierr.New(apierr.SandboxNotRunning,
 					fmt.Sprintf("sandbox %s is %s and its runner no longer keeps its logs", rec.id, last.State), map[string]string{"sandbox_id": rec.id})

@@ -39,10 +39,10 @@ func (r *scriptedRunner) Create(context.Context, runner.CreateRequest) (runner.S
 	return runner.Sandbox{}, errors.New("not used")
 }
 func (r *scriptedRunner) Get(context.Context, string) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
+	return runner.Sandbox{}, runtime.ErrNotFound
 }
 func (r *scriptedRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
+	return runner.Sandbox{}, runtime.ErrNotFound
 }
 func (r *scriptedRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, errors.New("not used")

@@ -9,16 +9,18 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
+// A runner returns runtime.ErrNotFound for a sandbox it does not have (or that left the
+// retention window).
 var (
-	// ErrNotFound: no such sandbox (or it left the retention window).
-	ErrNotFound = errors.New("sandbox not found")
 	// ErrNotRunning: the sandbox is terminating or terminal, so it cannot serve exec,
 	// files or live logs.
 	ErrNotRunning = errors.New("sandbox not running")
 	// ErrAlreadyExists: a sandbox with that ID exists.
-	ErrAlreadyExists = errors.New("sandbox already exists")
+	ErrAlreadyExists = fmt.Errorf("sandbox %w", errdefs.ErrAlreadyExists)
 )
 
 // ValidationError lists every problem found in a request, so a caller fixes them all at
@@ -76,7 +78,7 @@ func APIError(id string, err error, fieldPrefix string) error {
 			vs[i] = v
 		}
 		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, runtime.ErrNotFound):
 		return apierr.New(apierr.SandboxNotFound, err.Error(), idMeta(id))
 	case errors.Is(err, ErrNotRunning):
 		return apierr.New(apierr.SandboxNotRunning, err.Error(), idMeta(id))

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 func TestAPIError(t *testing.T) {
@@ -24,7 +25,7 @@ func TestAPIError(t *testing.T) {
 		reason string
 		meta   string // sandbox_id
 	}{
-		{"not found", fmt.Errorf("%w: abc", ErrNotFound), connect.CodeNotFound, apierr.SandboxNotFound, "abc"},
+		{"not found", fmt.Errorf("%w: abc", runtime.ErrNotFound), connect.CodeNotFound, apierr.SandboxNotFound, "abc"},
 		{"not running", fmt.Errorf("%w: abc is FAILED", ErrNotRunning), connect.CodeFailedPrecondition, apierr.SandboxNotRunning, "abc"},
 		{"already exists", fmt.Errorf("%w: abc", ErrAlreadyExists), connect.CodeAlreadyExists, "", ""},
 		{"api error passes", fmt.Errorf("read: %w", agentErr), connect.CodeNotFound, apierr.FileNotFound, ""},
@@ -52,7 +53,7 @@ func TestAPIError(t *testing.T) {
 			t.Errorf("prefix %q: %v fields %v, want %s", prefix, err, fields, want)
 		}
 	}
-	if err := APIError("", fmt.Errorf("%w: x", ErrNotFound), ""); apierr.Info(err).GetMetadata() != nil {
+	if err := APIError("", fmt.Errorf("%w: x", runtime.ErrNotFound), ""); apierr.Info(err).GetMetadata() != nil {
 		t.Errorf("no id, yet metadata %v", apierr.Info(err).GetMetadata())
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // toStatus turns a runner error into the wire error the Client maps back
@@ -50,7 +51,7 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 			return &runner.ValidationError{Violations: vs}
 		}
 	case reason == apierr.SandboxNotFound:
-		return &remoteError{runner.ErrNotFound, ce}
+		return &remoteError{runtime.ErrNotFound, ce}
 	case reason == apierr.SandboxNotRunning:
 		return &remoteError{runner.ErrNotRunning, ce}
 	case code == connect.CodeAlreadyExists:

@@ -126,8 +126,8 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 			var got *runner.ValidationError
 			return errors.As(err, &got) && fmt.Sprint(got.Violations) == fmt.Sprint(verr.Violations) && err.Error() == verr.Error()
 		}},
-		{"not found", fmt.Errorf("%w: abc", runner.ErrNotFound), connect.CodeNotFound, apierr.SandboxNotFound, func(err error) bool {
-			return errors.Is(err, runner.ErrNotFound) && !errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not found: abc"
+		{"not found", fmt.Errorf("%w: abc", runtime.ErrNotFound), connect.CodeNotFound, apierr.SandboxNotFound, func(err error) bool {
+			return errors.Is(err, runtime.ErrNotFound) && !errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not found: abc"
 		}},
 		{"not running", fmt.Errorf("%w: abc is TERMINATED", runner.ErrNotRunning), connect.CodeFailedPrecondition, apierr.SandboxNotRunning, func(err error) bool {
 			return errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not running: abc is TERMINATED"
@@ -139,7 +139,7 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 			return errors.Is(err, context.DeadlineExceeded)
 		}},
 		{"api error passes", agentErr, connect.CodeNotFound, apierr.FileNotFound, func(err error) bool {
-			return apierr.Info(err).GetMetadata()["filepath"] == "/x" && !errors.Is(err, runner.ErrNotFound)
+			return apierr.Info(err).GetMetadata()["filepath"] == "/x" && !errors.Is(err, runtime.ErrNotFound)
 		}},
 		{"anything else", errors.New("disk on fire"), connect.CodeInternal, "", func(err error) bool {
 			return connect.CodeOf(err) == connect.CodeInternal && strings.Contains(err.Error(), "disk on fire")
@@ -185,7 +185,7 @@ func TestRunnerapiUnreachable(t *testing.T) {
 	c, _ := NewClient(ClientConfig{ID: "r1", Addr: addr, TLS: cfg})
 	ctx := context.Background()
 	_, err := c.Get(ctx, "abc")
-	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || errors.Is(err, runner.ErrNotFound) {
+	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("get from a runner that is down: %v", err)
 	}
 	a, _ := c.Agent(ctx, "abc")
