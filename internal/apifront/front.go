@@ -102,8 +102,7 @@ func New(next http.Handler, cfg Config) *Front {
 // connect adds to the errors it writes.)
 func errBusy() error {
 	return apierr.WithRetry(apierr.Newf(apierr.ServerBusy,
-		"the server is buffering as many request bytes as it may: retry shortly"),
-		time.Second)
+		"the server is buffering as many request bytes as it may: retry shortly"), time.Second)
 }
 
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {

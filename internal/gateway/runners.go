@@ -161,8 +161,7 @@ func (l *LocalRunner) Create(ctx context.Context, req runner.CreateRequest) (run
 	}
 	if why := room.Misfit(need, placement.Resources{}, 0); why != "" {
 		return runner.Sandbox{}, apierr.WithRetry(apierr.New(apierr.RunnerCapacityExhausted,
-			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}),
-			placement.RetryAfter)
+			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}), placement.RetryAfter)
 	}
 	return l.R.Create(ctx, req)
 }

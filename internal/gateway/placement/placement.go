@@ -235,13 +235,11 @@ func Place(req Request) ([]Candidate, error) {
 	case len(down) == 0 && shareOnly:
 		return nil, apierr.WithViolations(apierr.New(apierr.HTTPSShareTokenNotSupported,
 			"no runner here can check endpoint share tokens (HTTPS SHARE_TOKEN endpoints): use auth OPEN: "+apierr.Describe(rejected),
-			nil),
-			rejected)
+			nil), rejected)
 	case len(down) == len(considered):
 		return nil, apierr.WithRetry(apierr.New(apierr.RunnerUnavailable,
 			fmt.Sprintf("runner %s unavailable: %s", strings.Join(down, ", "), apierr.Describe(rejected)),
-			map[string]string{"runner_ids": strings.Join(down, ",")}),
-			RetryAfter)
+			map[string]string{"runner_ids": strings.Join(down, ",")}), RetryAfter)
 	case len(considered) == 1 && !single.OK():
 		vs := policy.ToAPI(single.Violations)
 		return nil, apierr.Invalid(policy.Reason(single.Violations),
@@ -260,8 +258,7 @@ func Place(req Request) ([]Candidate, error) {
 func NoSuitableRunner(runnerIDs []string, vs []apierr.Violation) *connect.Error {
 	return apierr.WithViolations(apierr.New(apierr.NoSuitableRunner,
 		fmt.Sprintf("no runner can take this sandbox: %s", apierr.Describe(vs)),
-		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}),
-		vs)
+		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}), vs)
 }
 
 // onlyShareTokens reports whether vs are all a runner's lack of share-token support.
@@ -278,8 +275,7 @@ func onlyShareTokens(vs []policy.Violation) bool {
 // room for it; why says, per runner, what was missing.
 func CapacityExhausted(why []string) *connect.Error {
 	return apierr.WithRetry(apierr.New(apierr.RunnerCapacityExhausted,
-		"no runner has room for this sandbox now: "+strings.Join(why, "; "), nil),
-		RetryAfter)
+		"no runner has room for this sandbox now: "+strings.Join(why, "; "), nil), RetryAfter)
 }
 
 // ValidateRunnerIDs checks runner_ids: at most MaxRunnerIDs, none blank, no duplicate.
