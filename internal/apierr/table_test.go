@@ -6,7 +6,10 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,5 +131,40 @@ func TestDocsTable(t *testing.T) {
 			return
 		}
 		t.Errorf("the reason table in %s is stale: run go test ./internal/apierr -update\nwant:\n%s", docsFile, want)
+	}
+}
+
+// TestReasonsLiveHere: no server package spells a reason of its own; it names apierr's
+// constant, whose code is in the table. (sdk/go is the client's mirror; tests may spell
+// what they expect.)
+func TestReasonsLiveHere(t *testing.T) {
+	lit := regexp.MustCompile(`"CWSANDBOX_[A-Z0-9_]+"`)
+	root := "../.."
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if d.IsDir() {
+			switch rel {
+			case "sdk", "internal/apierr", ".git", "gen", "tools":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range lit.FindAll(b, -1) {
+			t.Errorf("%s spells the reason %s: declare it in internal/apierr with its code", rel, m)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
