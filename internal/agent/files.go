@@ -48,7 +48,7 @@ func (a *Agent) resolvePath(p string) (string, error) {
 }
 
 func invalidPath(path string, err error) *connect.Error {
-	return apierr.WithViolations(apierr.New(connect.CodeInvalidArgument, apierr.InvalidPath,
+	return apierr.WithViolations(apierr.New(apierr.InvalidPath,
 		fmt.Sprintf("invalid path %q: %v", path, err), map[string]string{"filepath": path}),
 		[]apierr.Violation{{Field: "path", Description: err.Error()}})
 }
@@ -63,17 +63,17 @@ func fileError(op, path string, err error) *connect.Error {
 	msg := fmt.Sprintf("%s %s: %v", op, path, cause)
 	switch {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
-		return apierr.New(connect.CodeNotFound, apierr.FileNotFound, msg, meta)
+		return apierr.New(apierr.FileNotFound, msg, meta)
 	case errors.Is(err, syscall.EISDIR):
-		return apierr.New(connect.CodeFailedPrecondition, apierr.FileIsDirectory, msg, meta)
+		return apierr.New(apierr.FileIsDirectory, msg, meta)
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EBUSY), errors.Is(err, syscall.ETXTBSY):
-		return apierr.New(connect.CodePermissionDenied, apierr.FilePermissionDenied, msg, meta)
+		return apierr.New(apierr.FilePermissionDenied, msg, meta)
 	case errors.Is(err, syscall.ENXIO):
-		return apierr.New(connect.CodeFailedPrecondition, apierr.FileNotRegular, msg+" (not a regular file)", meta)
+		return apierr.New(apierr.FileNotRegular, msg+" (not a regular file)", meta)
 	case errors.Is(err, syscall.ENAMETOOLONG):
 		return invalidPath(path, cause)
 	}
-	return apierr.New(connect.CodeInternal, apierr.FileIOFailed, msg, meta)
+	return apierr.New(apierr.FileIOFailed, msg, meta)
 }
 
 func isDirError(op, path string) *connect.Error {
@@ -90,12 +90,12 @@ func notRegular(op, path string, m fs.FileMode) *connect.Error {
 	case m&fs.ModeDevice != 0:
 		kind = "device"
 	}
-	return apierr.New(connect.CodeFailedPrecondition, apierr.FileNotRegular,
+	return apierr.New(apierr.FileNotRegular,
 		fmt.Sprintf("%s %s: a %s, not a regular file", op, path, kind), map[string]string{"filepath": path})
 }
 
 func tooLarge(path string, size, limit int64) *connect.Error {
-	return apierr.New(connect.CodeResourceExhausted, apierr.FileTooLarge,
+	return apierr.New(apierr.FileTooLarge,
 		fmt.Sprintf("read %s: file is %d bytes, over the limit of %d", path, size, limit),
 		map[string]string{"filepath": path, "size_bytes": strconv.FormatInt(size, 10), "max_size_bytes": strconv.FormatInt(limit, 10)})
 }

@@ -18,7 +18,9 @@ import (
 // Domain is the ErrorInfo domain the clients trust.
 const Domain = "cwsandbox.com"
 
-// Reasons.
+// Reasons. Each has exactly one status code, in codes below; New takes it from there, so a
+// call site names the reason and never pairs it with another code. docs/api.md lists the
+// table (TestDocsTable keeps it true).
 const (
 	InvalidRequest          = "CWSANDBOX_INVALID_REQUEST"
 	InvalidPath             = "CWSANDBOX_INVALID_PATH"
@@ -48,7 +50,90 @@ const (
 	ServerBusy = "CWSANDBOX_SERVER_BUSY"
 	// RouteNotFound: no REST route has the request's path (NOT_FOUND, HTTP 404).
 	RouteNotFound = "CWSANDBOX_ROUTE_NOT_FOUND"
+	// BackendUnavailable: a store the call needs (the API keys) cannot answer now; the
+	// official clients retry it like RunnerUnavailable.
+	BackendUnavailable = "CWSANDBOX_BACKEND_UNAVAILABLE"
 )
+
+// Reasons of the control plane's own API (runners, registration, API keys).
+const (
+	AlreadyExists           = "CWSANDBOX_ALREADY_EXISTS"
+	EtagMismatch            = "CWSANDBOX_ETAG_MISMATCH"
+	RunnerInUse             = "CWSANDBOX_RUNNER_IN_USE"
+	NoUpdateAvailable       = "CWSANDBOX_NO_UPDATE_AVAILABLE"
+	APIKeyNotFound          = "CWSANDBOX_API_KEY_NOT_FOUND"
+	ControlPlaneUnavailable = "CWSANDBOX_CONTROL_PLANE_UNAVAILABLE"
+	BootstrapTokenInvalid   = "CWSANDBOX_BOOTSTRAP_TOKEN_INVALID"
+	// RunnerIdentityMismatch: the runner's client certificate names another runner (or
+	// no runner); a call without a client certificate is Unauthenticated.
+	RunnerIdentityMismatch = "CWSANDBOX_RUNNER_IDENTITY_MISMATCH"
+	RegistrationDisabled   = "CWSANDBOX_REGISTRATION_DISABLED"
+)
+
+// reasonCode is one row of the table: a reason, its one code, and when it is sent.
+type reasonCode struct {
+	reason string
+	code   connect.Code
+	when   string
+}
+
+// table pairs every reason with its status code, once. The code follows what the
+// official clients do with it (client-protocol.md §6): they map NOT_FOUND,
+// UNAUTHENTICATED/PERMISSION_DENIED, UNAVAILABLE, RESOURCE_EXHAUSTED and INVALID_ARGUMENT
+// to exception classes when they do not know the reason, so the code must say the same
+// thing as the reason.
+var table = []reasonCode{
+	{InvalidRequest, connect.CodeInvalidArgument, "a request field is wrong; BadRequest names each"},
+	{InvalidPath, connect.CodeInvalidArgument, "a file path is empty, too long, or has a NUL byte or a \"..\" element"},
+	{Unauthenticated, connect.CodeUnauthenticated, "no API key, or one that is not valid"},
+	{PermissionDenied, connect.CodePermissionDenied, "the key may not make this call"},
+	{NotImplemented, connect.CodeUnimplemented, "sandboxd does not build this RPC or feature (yet)"},
+	{SandboxNotFound, connect.CodeNotFound, "no such sandbox visible to the caller"},
+	{SandboxNotRunning, connect.CodeFailedPrecondition, "the sandbox is not running (yet or any more)"},
+	{PlacementRejected, connect.CodeInvalidArgument, "the one runner that may take the sandbox rejects it (policy)"},
+	{NoSuitableRunner, connect.CodeFailedPrecondition, "no runner can take the sandbox; BadRequest names each runner's reasons"},
+	{RunnerUnavailable, connect.CodeUnavailable, "the sandbox's runner cannot be reached now; retry"},
+	{RunnerNotFound, connect.CodeNotFound, "no such runner"},
+	{CommandTimeout, connect.CodeDeadlineExceeded, "the command ran past its timeout"},
+	{FileNotFound, connect.CodeNotFound, "no such file in the sandbox (metadata filepath)"},
+	{FileIsDirectory, connect.CodeFailedPrecondition, "the path is a directory"},
+	{FilePermissionDenied, connect.CodePermissionDenied, "the sandbox may not read or write the path"},
+	{FileTooLarge, connect.CodeResourceExhausted, "the file exceeds the unary limit (metadata size_bytes, max_size_bytes)"},
+	{FileNotRegular, connect.CodeFailedPrecondition, "a FIFO, socket or device: not read through the API"},
+	{FileIOFailed, connect.CodeInternal, "reading or writing the file failed"},
+	{FSSNotSupported, connect.CodeUnimplemented, "file-system snapshots are not built"},
+	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
+	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
+	{HTTPSShareTokenNotSupported, connect.CodeFailedPrecondition, "no runner that may take the sandbox can check an HTTPS share token"},
+	{ServerBusy, connect.CodeResourceExhausted, "the server buffers as many request bytes as it may; retry"},
+	{RouteNotFound, connect.CodeNotFound, "no REST route has the request's path (HTTP 404)"},
+	{BackendUnavailable, connect.CodeUnavailable, "a store the call needs (the API keys) cannot answer now; retry"},
+	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster"},
+	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
+	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},
+	{NoUpdateAvailable, connect.CodeFailedPrecondition, "there is nothing to apply"},
+	{APIKeyNotFound, connect.CodeNotFound, "no such API key"},
+	{ControlPlaneUnavailable, connect.CodeUnavailable, "the control plane's store cannot answer now; retry"},
+	{BootstrapTokenInvalid, connect.CodeUnauthenticated, "the bootstrap token is used, expired or unknown"},
+	{RunnerIdentityMismatch, connect.CodePermissionDenied, "the runner's client certificate names another runner, or none"},
+	{RegistrationDisabled, connect.CodeFailedPrecondition, "this control plane has no CA for what is asked (registration, edge or data-plane certificates)"},
+}
+var codes = func() map[string]connect.Code {
+	m := make(map[string]connect.Code, len(table))
+	for _, r := range table {
+		m[r.reason] = r.code
+	}
+	return m
+}()
+
+// Code is the status code of reason; CodeUnknown for a reason not in the table (a test
+// checks that every reason constant is).
+func Code(reason string) connect.Code {
+	if c, ok := codes[reason]; ok {
+		return c
+	}
+	return connect.CodeUnknown
+}
 
 // Violation names a request field and what is wrong with it.
 type Violation struct {
@@ -65,9 +150,9 @@ func Describe(vs []Violation) string {
 	return strings.Join(parts, "; ")
 }
 
-// New returns an error with code and an ErrorInfo of reason and metadata.
-func New(code connect.Code, reason, msg string, meta map[string]string) *connect.Error {
-	err := connect.NewError(code, errors.New(msg))
+// New returns an error with reason's code and an ErrorInfo of reason and metadata.
+func New(reason, msg string, meta map[string]string) *connect.Error {
+	err := connect.NewError(Code(reason), errors.New(msg))
 	if d, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}); derr == nil {
 		err.AddDetail(d)
 	}
@@ -75,13 +160,14 @@ func New(code connect.Code, reason, msg string, meta map[string]string) *connect
 }
 
 // Newf is New with a formatted message and no metadata.
-func Newf(code connect.Code, reason, format string, args ...any) *connect.Error {
-	return New(code, reason, fmt.Sprintf(format, args...), nil)
+func Newf(reason, format string, args ...any) *connect.Error {
+	return New(reason, fmt.Sprintf(format, args...), nil)
 }
 
-// Invalid returns INVALID_ARGUMENT with reason and a BadRequest listing violations.
+// Invalid returns reason (one whose code is INVALID_ARGUMENT) with a BadRequest listing
+// violations.
 func Invalid(reason, msg string, vs []Violation) *connect.Error {
-	return WithViolations(New(connect.CodeInvalidArgument, reason, msg, nil), vs)
+	return WithViolations(New(reason, msg, nil), vs)
 }
 
 // WithViolations adds a BadRequest listing vs (nothing when vs is empty).

@@ -18,9 +18,9 @@ func TestRoundTrip(t *testing.T) {
 		meta   map[string]string
 		vs     []Violation
 	}{
-		{"reason and metadata", New(connect.CodeNotFound, FileNotFound, "no such file", map[string]string{"filepath": "/x"}),
+		{"reason and metadata", New(FileNotFound, "no such file", map[string]string{"filepath": "/x"}),
 			connect.CodeNotFound, FileNotFound, map[string]string{"filepath": "/x"}, nil},
-		{"wrapped", fmt.Errorf("relay: %w", Newf(connect.CodeFailedPrecondition, SandboxNotRunning, "sandbox %s is %s", "a", "FAILED")),
+		{"wrapped", fmt.Errorf("relay: %w", Newf(SandboxNotRunning, "sandbox %s is %s", "a", "FAILED")),
 			connect.CodeFailedPrecondition, SandboxNotRunning, nil, nil},
 		{"violations", Invalid(InvalidRequest, "bad spec", []Violation{{"spec.a", "is required"}, {"spec.b", "must be positive"}}),
 			connect.CodeInvalidArgument, InvalidRequest, nil, []Violation{{"spec.a", "is required"}, {"spec.b", "must be positive"}}},
@@ -46,11 +46,11 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestWithRetry(t *testing.T) {
-	err := WithRetry(New(connect.CodeResourceExhausted, "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED", "full", nil), 3*time.Second)
+	err := WithRetry(New(RunnerCapacityExhausted, "full", nil), 3*time.Second)
 	if ri := RetryInfo(err); ri.GetRetryDelay().AsDuration() != 3*time.Second {
 		t.Errorf("RetryInfo %v, want a 3s delay", ri)
 	}
-	if ri := RetryInfo(New(connect.CodeInternal, "X", "no retry", nil)); ri != nil {
+	if ri := RetryInfo(New(FileIOFailed, "no retry", nil)); ri != nil {
 		t.Errorf("RetryInfo of an error without one: %v", ri)
 	}
 }

@@ -101,7 +101,7 @@ func New(next http.Handler, cfg Config) *Front {
 // errBusy: the bodies in flight already take the whole budget. (A new error each time:
 // connect adds to the errors it writes.)
 func errBusy() error {
-	return apierr.WithRetry(apierr.Newf(connect.CodeResourceExhausted, apierr.ServerBusy,
+	return apierr.WithRetry(apierr.Newf(apierr.ServerBusy,
 		"the server is buffering as many request bytes as it may: retry shortly"), time.Second)
 }
 
@@ -367,7 +367,7 @@ func (b *budgeted) account(p []byte) error {
 			b.held = 0
 		}
 		if size > b.f.maxMsg {
-			return apierr.Newf(connect.CodeResourceExhausted, apierr.ServerBusy,
+			return apierr.Newf(apierr.ServerBusy,
 				"message of %d bytes is larger than the %d bytes the server buffers for one message", size, b.f.maxMsg)
 		}
 		if !b.acquire(size) {

@@ -190,7 +190,7 @@ func noRoute(routes []Route, r *http.Request) error {
 		return errNoRoute(r)
 	}
 	a, path := strings.Join(allow, ", "), clip(r.URL.Path)
-	return restStatus{http.StatusMethodNotAllowed, a, apierr.New(connect.CodeUnimplemented, apierr.NotImplemented,
+	return restStatus{http.StatusMethodNotAllowed, a, apierr.New(apierr.NotImplemented,
 		fmt.Sprintf("%s does not take %s; it takes %s", path, clip(r.Method), a),
 		map[string]string{"method": clip(r.Method), "path": path, "allow": a})}
 }

@@ -18,7 +18,7 @@ import (
 func Unknown(w http.ResponseWriter, r *http.Request) {
 	if isRPC(r) {
 		path := clip(r.URL.Path)
-		_ = errWriter.Write(w, r, apierr.New(connect.CodeUnimplemented, apierr.NotImplemented,
+		_ = errWriter.Write(w, r, apierr.New(apierr.NotImplemented,
 			"this server has no procedure "+path, map[string]string{"procedure": path}))
 		return
 	}
@@ -28,7 +28,7 @@ func Unknown(w http.ResponseWriter, r *http.Request) {
 // errNoRoute: no REST route has r's path.
 func errNoRoute(r *http.Request) error {
 	path := clip(r.URL.Path)
-	return apierr.New(connect.CodeNotFound, apierr.RouteNotFound,
+	return apierr.New(apierr.RouteNotFound,
 		fmt.Sprintf("no route %s %s: GET /openapi.json lists the REST routes", clip(r.Method), path),
 		map[string]string{"method": clip(r.Method), "path": path})
 }
@@ -59,7 +59,7 @@ func notImplemented(procedure string, err error) error {
 	if !errors.As(err, &ce) || ce.Code() != connect.CodeUnimplemented || apierr.Info(err) != nil {
 		return err
 	}
-	return apierr.New(connect.CodeUnimplemented, apierr.NotImplemented,
+	return apierr.New(apierr.NotImplemented,
 		procedure+" is not implemented by this sandboxd yet", map[string]string{"procedure": procedure})
 }
 

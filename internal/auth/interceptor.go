@@ -40,18 +40,18 @@ const maxKeyBytes = 256
 func Check(a Authenticator, h http.Header) (Principal, error) {
 	key, ok := BearerToken(h.Get("Authorization"))
 	if !ok {
-		return Principal{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
+		return Principal{}, apierr.Newf(apierr.Unauthenticated,
 			"missing API key: send `authorization: Bearer <key>` (CWSANDBOX_API_KEY)")
 	}
 	if len(key) > maxKeyBytes {
-		return Principal{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "invalid API key")
+		return Principal{}, apierr.Newf(apierr.Unauthenticated, "invalid API key")
 	}
 	p, err := a.Authenticate(key)
 	if errors.Is(err, ErrInvalidKey) {
-		return Principal{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "invalid API key")
+		return Principal{}, apierr.Newf(apierr.Unauthenticated, "invalid API key")
 	}
 	if err != nil {
-		return Principal{}, apierr.Newf(connect.CodeUnavailable, apierr.Unauthenticated, "cannot check the API key now: %v", err)
+		return Principal{}, apierr.Newf(apierr.BackendUnavailable, "cannot check the API key now: %v", err)
 	}
 	return p, nil
 }
@@ -74,7 +74,7 @@ func (i Interceptor) Authorize(ctx context.Context, h http.Header) (context.Cont
 		}
 	}
 	if i.Require != "" && p.Role != i.Require && p.Role != RoleAdmin {
-		return nil, apierr.Newf(connect.CodePermissionDenied, apierr.PermissionDenied,
+		return nil, apierr.Newf(apierr.PermissionDenied,
 			"this call requires role %s; the API key has role %s", i.Require, p.Role)
 	}
 	return WithPrincipal(ctx, p), nil

@@ -33,7 +33,7 @@ func (s *Service) CreateApiKey(ctx context.Context, req *connect.Request[control
 	org := principal(ctx).Org
 	secret, rec, err := auth.IssueKey(ctx, s.st, org, role, req.Msg.GetDisplayName())
 	if err != nil {
-		return nil, apierr.Newf(connect.CodeUnavailable, ReasonUnavailable, "%v", err)
+		return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "%v", err)
 	}
 	s.log.Info("API key created", "org", org, "key", rec.ID, "role", role, "by", principal(ctx).KeyID)
 	return connect.NewResponse(&controlplanev1.CreateApiKeyResponse{ApiKey: keyProto(rec), Secret: secret}), nil
@@ -60,7 +60,7 @@ func (s *Service) ListApiKeys(ctx context.Context, req *connect.Request[controlp
 	}
 	keys, err := s.st.APIKeys().List(ctx, principal(ctx).Org)
 	if err != nil {
-		return nil, apierr.Newf(connect.CodeUnavailable, ReasonUnavailable, "list API keys: %v", err)
+		return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "list API keys: %v", err)
 	}
 	if start > len(keys) {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid page_token", []apierr.Violation{{Field: "page_token", Description: "is not a token this list returned"}})
@@ -83,10 +83,10 @@ func (s *Service) RevokeApiKey(ctx context.Context, req *connect.Request[control
 	org := principal(ctx).Org
 	rec, err := s.st.APIKeys().Revoke(ctx, org, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, apierr.New(connect.CodeNotFound, ReasonAPIKeyNotFound, fmt.Sprintf("API key %s not found", id), map[string]string{"key_id": id})
+		return nil, apierr.New(apierr.APIKeyNotFound, fmt.Sprintf("API key %s not found", id), map[string]string{"key_id": id})
 	}
 	if err != nil {
-		return nil, apierr.Newf(connect.CodeUnavailable, ReasonUnavailable, "revoke API key: %v", err)
+		return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "revoke API key: %v", err)
 	}
 	s.log.Info("API key revoked", "org", org, "key", id, "by", principal(ctx).KeyID)
 	return connect.NewResponse(keyProto(rec)), nil

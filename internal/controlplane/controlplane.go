@@ -31,16 +31,6 @@ import (
 // last heartbeat is within three intervals.
 const DefaultHeartbeatInterval = 5 * time.Second
 
-// ErrorInfo reasons of the control plane beyond apierr's.
-const (
-	ReasonAlreadyExists  = "CWSANDBOX_ALREADY_EXISTS"
-	ReasonEtagMismatch   = "CWSANDBOX_ETAG_MISMATCH"
-	ReasonRunnerInUse    = "CWSANDBOX_RUNNER_IN_USE"
-	ReasonNoUpdate       = "CWSANDBOX_NO_UPDATE_AVAILABLE"
-	ReasonAPIKeyNotFound = "CWSANDBOX_API_KEY_NOT_FOUND"
-	ReasonUnavailable    = "CWSANDBOX_CONTROL_PLANE_UNAVAILABLE"
-)
-
 // LiveSandboxCounter says how many live sandboxes a runner owns.
 type LiveSandboxCounter func(ctx context.Context, org, runnerID string) (int, error)
 

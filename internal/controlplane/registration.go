@@ -43,10 +43,6 @@ const (
 
 	// tokenPrefix starts every bootstrap token, so a leaked one is recognisable.
 	tokenPrefix = "sbxbt_"
-
-	ReasonBootstrapTokenInvalid = "CWSANDBOX_BOOTSTRAP_TOKEN_INVALID"
-	ReasonRunnerIdentity        = "CWSANDBOX_RUNNER_IDENTITY_MISMATCH"
-	ReasonRegistrationDisabled  = "CWSANDBOX_REGISTRATION_DISABLED"
 )
 
 // BootstrapToken is a parsed bootstrap token: "sbxbt_<secret>.<ca-sha256-hex>". The
@@ -148,7 +144,7 @@ func (s *Service) CreateBootstrapToken(ctx context.Context, req *connect.Request
 		return nil, err
 	}
 	if s.ca == nil {
-		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled,
+		return nil, apierr.New(apierr.RegistrationDisabled,
 			"this control plane has no CA: runner registration is not available here", nil)
 	}
 	org, id := principal(ctx).Org, req.Msg.GetRunnerId()
@@ -179,7 +175,7 @@ func (s *Service) Registration() *Registration { return &Registration{s: s} }
 func (g *Registration) Register(ctx context.Context, req *connect.Request[controlplanev1.RegisterRequest]) (*connect.Response[controlplanev1.RegisterResponse], error) {
 	s := g.s
 	if s.ca == nil {
-		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled, "this control plane has no CA: runner registration is not available here", nil)
+		return nil, apierr.New(apierr.RegistrationDisabled, "this control plane has no CA: runner registration is not available here", nil)
 	}
 	var vs violations
 	if req.Msg.GetBootstrapToken() == "" {
@@ -248,18 +244,18 @@ func parseCSR(vs *violations, csrPEM string) *x509.CertificateRequest {
 }
 
 func tokenInvalid(msg string) error {
-	return apierr.New(connect.CodeUnauthenticated, ReasonBootstrapTokenInvalid, msg, nil)
+	return apierr.New(apierr.BootstrapTokenInvalid, msg, nil)
 }
 
 // caller is the runner whose client certificate (from registration) the call came with.
 func caller(ctx context.Context) (org, id string, err error) {
 	cs, _ := ctx.Value(tlsStateKey{}).(*tls.ConnectionState)
 	if cs == nil || len(cs.VerifiedChains) == 0 {
-		return "", "", apierr.New(connect.CodeUnauthenticated, ReasonRunnerIdentity, "this call needs the runner's client certificate from registration (mTLS)", nil)
+		return "", "", apierr.New(apierr.Unauthenticated, "this call needs the runner's client certificate from registration (mTLS)", nil)
 	}
 	org, id, ok := RunnerIdentity(cs.VerifiedChains[0][0])
 	if !ok {
-		return "", "", apierr.New(connect.CodePermissionDenied, ReasonRunnerIdentity, "the client certificate does not name a runner (spiffe://sandboxd/runner/<org>/<runner_id>)", nil)
+		return "", "", apierr.New(apierr.RunnerIdentityMismatch, "the client certificate does not name a runner (spiffe://sandboxd/runner/<org>/<runner_id>)", nil)
 	}
 	return org, id, nil
 }
@@ -271,7 +267,7 @@ func (g *Registration) IssueEdgeCertificate(ctx context.Context, req *connect.Re
 		return nil, err
 	}
 	if s.ca == nil {
-		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled, "this control plane has no CA: it cannot issue edge certificates", nil)
+		return nil, apierr.New(apierr.RegistrationDisabled, "this control plane has no CA: it cannot issue edge certificates", nil)
 	}
 	var vs violations
 	if d := req.Msg.GetBaseDomain(); d != s.domain {
@@ -304,7 +300,7 @@ func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *conne
 		return nil, err
 	}
 	if s.dpCA == nil {
-		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRegistrationDisabled, "this control plane has no data-plane CA: runners cannot serve the direct data plane", nil)
+		return nil, apierr.New(apierr.RegistrationDisabled, "this control plane has no data-plane CA: runners cannot serve the direct data plane", nil)
 	}
 	var vs violations
 	host := req.Msg.GetHost()
@@ -339,7 +335,7 @@ func (g *Registration) VerifyApiKey(ctx context.Context, req *connect.Request[co
 	}
 	p, err := g.s.auth.Authenticate(req.Msg.GetApiKey())
 	if err != nil {
-		return nil, apierr.New(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a valid API key", nil)
+		return nil, apierr.New(apierr.Unauthenticated, "not a valid API key", nil)
 	}
 	return connect.NewResponse(&controlplanev1.VerifyApiKeyResponse{OrganizationId: p.Org, KeyId: p.KeyID}), nil
 }
@@ -350,7 +346,7 @@ func (g *Registration) ApiKeyActive(ctx context.Context, req *connect.Request[co
 	}
 	kc, ok := g.s.auth.(auth.KeyChecker)
 	if !ok {
-		return nil, apierr.New(connect.CodeUnimplemented, apierr.NotImplemented, "this control plane's key store cannot check keys by ID", nil)
+		return nil, apierr.New(apierr.NotImplemented, "this control plane's key store cannot check keys by ID", nil)
 	}
 	p, err := kc.KeyActive(req.Msg.GetKeyId())
 	switch {
@@ -370,7 +366,7 @@ func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[contr
 	}
 	if want := req.Msg.GetRunnerId(); want != "" && want != id {
 		s.log.Warn("heartbeat refused: certificate of another runner", "cert_runner", id, "runner", want)
-		return nil, apierr.New(connect.CodePermissionDenied, ReasonRunnerIdentity,
+		return nil, apierr.New(apierr.RunnerIdentityMismatch,
 			fmt.Sprintf("the client certificate is runner %s's, not runner %s's", id, want), map[string]string{"runner_id": want})
 	}
 	capacity, _ := json.Marshal(Resources{MilliCPU: req.Msg.GetCapacity().GetMilliCpu(), MemoryBytes: req.Msg.GetCapacity().GetMemoryBytes()})

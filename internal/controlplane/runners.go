@@ -297,10 +297,10 @@ func (s *Service) DeleteManagedRunner(ctx context.Context, req *connect.Request[
 	if !req.Msg.GetForce() {
 		n, err := s.live(ctx, org, id)
 		if err != nil {
-			return nil, apierr.Newf(connect.CodeUnavailable, ReasonUnavailable, "cannot count the sandboxes of runner %s: %v", id, err)
+			return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "cannot count the sandboxes of runner %s: %v", id, err)
 		}
 		if n > 0 {
-			return nil, apierr.New(connect.CodeFailedPrecondition, ReasonRunnerInUse,
+			return nil, apierr.New(apierr.RunnerInUse,
 				fmt.Sprintf("runner %s owns %d live sandbox(es): delete them first, or delete with force (they are not stopped)", id, n),
 				map[string]string{"runner_id": id, "live_sandboxes": strconv.Itoa(n)})
 		}
@@ -329,7 +329,7 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 	}
 	target, ok := s.updateAvailable(cur)
 	if !ok {
-		return nil, apierr.New(connect.CodeFailedPrecondition, ReasonNoUpdate,
+		return nil, apierr.New(apierr.NoUpdateAvailable,
 			fmt.Sprintf("no update is available for runner %s on channel %s (running %q, channel offers %q)",
 				id, cur.ReleaseChannel, cur.Status.Version, s.targets[cur.ReleaseChannel]),
 			map[string]string{"runner_id": id})
@@ -356,28 +356,28 @@ func runnerErr(runnerID, clusterID string, err error) error {
 	var ae *store.AlreadyExistsError
 	switch {
 	case errors.As(err, &ae) && ae.Key == store.KeyClusterID:
-		return apierr.New(connect.CodeAlreadyExists, ReasonAlreadyExists,
+		return apierr.New(apierr.AlreadyExists,
 			fmt.Sprintf("cluster %s already has a runner: one runner per cluster", clusterID),
 			map[string]string{"field": "cluster_id", "cluster_id": clusterID})
 	case errors.As(err, &ae):
-		return apierr.New(connect.CodeAlreadyExists, ReasonAlreadyExists,
+		return apierr.New(apierr.AlreadyExists,
 			fmt.Sprintf("a runner with runner_id %s already exists", runnerID),
 			map[string]string{"field": "runner_id", "runner_id": runnerID})
 	case errors.Is(err, store.ErrNotFound):
-		return apierr.New(connect.CodeNotFound, apierr.RunnerNotFound, fmt.Sprintf("runner %s not found", runnerID),
+		return apierr.New(apierr.RunnerNotFound, fmt.Sprintf("runner %s not found", runnerID),
 			map[string]string{"runner_id": runnerID})
 	case errors.Is(err, store.ErrConflict):
-		return apierr.New(connect.CodeAborted, ReasonEtagMismatch,
+		return apierr.New(apierr.EtagMismatch,
 			fmt.Sprintf("runner %s changed since it was read (etag mismatch): get it again and retry", runnerID),
 			map[string]string{"runner_id": runnerID})
 	case errors.Is(err, store.ErrInvalid):
-		return apierr.Newf(connect.CodeInvalidArgument, apierr.InvalidRequest, "%v", err)
+		return apierr.Newf(apierr.InvalidRequest, "%v", err)
 	case errors.Is(err, context.Canceled):
 		return connect.NewError(connect.CodeCanceled, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
 	}
-	return apierr.Newf(connect.CodeUnavailable, ReasonUnavailable, "control plane store: %v", err)
+	return apierr.Newf(apierr.ControlPlaneUnavailable, "control plane store: %v", err)
 }
 
 // Resources is the JSON form of a runner's capacity and usage in the store.

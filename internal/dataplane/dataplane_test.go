@@ -52,7 +52,7 @@ func (f *fakeSandboxes) Get(_ context.Context, id string) (runner.Sandbox, error
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
 	if !ok {
-		return runner.Sandbox{}, runner.ErrNotFound
+		return runner.Sandbox{}, runtime.ErrNotFound
 	}
 	return sb, nil
 }

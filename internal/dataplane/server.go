@@ -22,7 +22,6 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -173,7 +172,7 @@ func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermi
 		return nil, err
 	}
 	if sb.State.Terminal() || sb.State == runner.StateTerminating {
-		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+		return nil, apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s is %s", sandboxID, sb.State), map[string]string{"sandbox_id": sandboxID, "state": sb.State.String()})
 	}
 	a, err := s.cfg.Sandboxes.Agent(ctx, sandboxID)
@@ -181,7 +180,7 @@ func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermi
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", sandboxID, ctx.Err()))
 		}
-		return nil, gateway.RunnerError(sandboxID, err)
+		return nil, runner.APIError(sandboxID, err, runner.SpecField)
 	}
 	s.calls.Add(1)
 	s.cfg.Logger.Debug("direct data-plane call", "sandbox", sandboxID, "perm", PermName(perm))
@@ -204,7 +203,7 @@ func (src source) DataLogs(ctx context.Context, sandboxID, container string) (re
 
 // LogError: the runner's error, as for every runner call.
 func (src source) LogError(sandboxID string, err error) error {
-	return gateway.RunnerError(sandboxID, err)
+	return runner.APIError(sandboxID, err, runner.SpecField)
 }
 
 // authorize checks the caller's certificate against the call and returns the sandbox.
@@ -212,26 +211,26 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 	s := src.s
 	leaf, _ := ctx.Value(peerKey{}).(*x509.Certificate)
 	if leaf == nil {
-		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "a data-plane client certificate is required")
+		return runner.Sandbox{}, apierr.Newf(apierr.Unauthenticated, "a data-plane client certificate is required")
 	}
 	// The handshake checked the chain; a connection may outlive its certificate.
 	if t := s.now(); t.After(leaf.NotAfter) || t.Before(leaf.NotBefore) {
-		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated,
+		return runner.Sandbox{}, apierr.Newf(apierr.Unauthenticated,
 			"the data-plane client certificate expired at %s; ask ConnectSandbox for a new one", leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	id, err := ParseIdentity(leaf)
 	if err != nil {
-		return runner.Sandbox{}, apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "not a data-plane client certificate: %v", err)
+		return runner.Sandbox{}, apierr.Newf(apierr.Unauthenticated, "not a data-plane client certificate: %v", err)
 	}
 	if sandboxID == "" {
 		return runner.Sandbox{}, apierr.Invalid(apierr.InvalidRequest, "sandbox_id is required", []apierr.Violation{{Field: "sandbox_id", Description: "is required"}})
 	}
 	if sandboxID != id.SandboxID {
-		return runner.Sandbox{}, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+		return runner.Sandbox{}, apierr.New(apierr.PermissionDenied,
 			fmt.Sprintf("the client certificate is for sandbox %s, not %s", id.SandboxID, sandboxID), map[string]string{"sandbox_id": sandboxID})
 	}
 	if !id.Has(perm) {
-		return runner.Sandbox{}, apierr.New(connect.CodePermissionDenied, apierr.PermissionDenied,
+		return runner.Sandbox{}, apierr.New(apierr.PermissionDenied,
 			fmt.Sprintf("the client certificate does not grant %s on sandbox %s", PermName(perm), sandboxID),
 			map[string]string{"sandbox_id": sandboxID, "permission": perm.String()})
 	}
@@ -240,11 +239,11 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 			[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
 	}
 	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
-	if errors.Is(err, runner.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
-		return runner.Sandbox{}, gateway.NotFound(sandboxID)
+	if errors.Is(err, runtime.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
+		return runner.Sandbox{}, runner.NotFoundError(sandboxID)
 	}
 	if err != nil {
-		return runner.Sandbox{}, gateway.RunnerError(sandboxID, err)
+		return runner.Sandbox{}, runner.APIError(sandboxID, err, runner.SpecField)
 	}
 	return sb, nil
 }

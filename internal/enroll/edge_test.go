@@ -12,6 +12,7 @@ import (
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -81,9 +82,9 @@ func TestEdgeCredentials(t *testing.T) {
 	hc := httpClient(pki.ClientTLSConfig(nil, id.CAs, "127.0.0.1"))
 	anon := controlplanev1connect.NewRunnerRegistrationServiceClient(hc, "https://"+c.addr)
 	_, err = anon.VerifyApiKey(context.Background(), connect.NewRequest(&controlplanev1.VerifyApiKeyRequest{ApiKey: c.userKey}))
-	wantCode(t, "VerifyApiKey without a client certificate", err, connect.CodeUnauthenticated, controlplane.ReasonRunnerIdentity)
+	wantCode(t, "VerifyApiKey without a client certificate", err, connect.CodeUnauthenticated, apierr.Unauthenticated)
 	_, err = anon.IssueEdgeCertificate(context.Background(), connect.NewRequest(&controlplanev1.IssueEdgeCertificateRequest{BaseDomain: controlplane.DefaultEndpointDomain}))
-	wantCode(t, "IssueEdgeCertificate without a client certificate", err, connect.CodeUnauthenticated, controlplane.ReasonRunnerIdentity)
+	wantCode(t, "IssueEdgeCertificate without a client certificate", err, connect.CodeUnauthenticated, apierr.Unauthenticated)
 	_, err = anon.ApiKeyActive(context.Background(), connect.NewRequest(&controlplanev1.ApiKeyActiveRequest{KeyId: keyID, OrganizationId: "org-a"}))
-	wantCode(t, "ApiKeyActive without a client certificate", err, connect.CodeUnauthenticated, controlplane.ReasonRunnerIdentity)
+	wantCode(t, "ApiKeyActive without a client certificate", err, connect.CodeUnauthenticated, apierr.Unauthenticated)
 }

@@ -167,16 +167,16 @@ func TestRegistrationTokens(t *testing.T) {
 
 	// The token is spent: another runner cannot use it.
 	_, err = Register(ctx, t.TempDir(), c.addr, tok, nil)
-	wantCode(t, "reused token", err, connect.CodeUnauthenticated, controlplane.ReasonBootstrapTokenInvalid)
+	wantCode(t, "reused token", err, connect.CodeUnauthenticated, apierr.BootstrapTokenInvalid)
 	// A token the control plane never issued (right CA pin, wrong secret).
 	forged, _, _ := controlplane.NewBootstrapToken(c.ca.Certificate())
 	_, err = Register(ctx, t.TempDir(), c.addr, forged, nil)
-	wantCode(t, "unknown token", err, connect.CodeUnauthenticated, controlplane.ReasonBootstrapTokenInvalid)
+	wantCode(t, "unknown token", err, connect.CodeUnauthenticated, apierr.BootstrapTokenInvalid)
 	// An expired one.
 	short := c.token(t, "r1", time.Millisecond)
 	time.Sleep(20 * time.Millisecond)
 	_, err = Register(ctx, t.TempDir(), c.addr, short, nil)
-	wantCode(t, "expired token", err, connect.CodeUnauthenticated, controlplane.ReasonBootstrapTokenInvalid)
+	wantCode(t, "expired token", err, connect.CodeUnauthenticated, apierr.BootstrapTokenInvalid)
 	// A token pinned to another CA: the runner refuses to talk to this control plane.
 	other, _ := pki.LoadOrCreateCA(t.TempDir(), "other CA")
 	wrongPin, _, _ := controlplane.NewBootstrapToken(other.Certificate())
@@ -242,10 +242,10 @@ func TestRegistrationHeartbeat(t *testing.T) {
 
 	// r1's certificate cannot heartbeat as r2, and no certificate cannot heartbeat at all.
 	_, err = hb.client.Heartbeat(ctx, connect.NewRequest(&controlplanev1.HeartbeatRequest{RunnerId: "r2"}))
-	wantCode(t, "r1's cert as r2", err, connect.CodePermissionDenied, controlplane.ReasonRunnerIdentity)
+	wantCode(t, "r1's cert as r2", err, connect.CodePermissionDenied, apierr.RunnerIdentityMismatch)
 	anon := controlplanev1connect.NewRunnerRegistrationServiceClient(httpClient(pki.ClientTLSConfig(nil, c.ca.Pool(), "127.0.0.1")), "https://"+c.addr)
 	_, err = anon.Heartbeat(ctx, connect.NewRequest(&controlplanev1.HeartbeatRequest{RunnerId: "r1"}))
-	wantCode(t, "no client cert", err, connect.CodeUnauthenticated, controlplane.ReasonRunnerIdentity)
+	wantCode(t, "no client cert", err, connect.CodeUnauthenticated, apierr.Unauthenticated)
 
 	// A policy change reaches the runner on its next heartbeat, and is saved for restarts.
 	strict, _ := structpb.NewStruct(map[string]any{"constraints": map[string]any{"lifetime": map[string]any{"max_seconds": 60}}})

@@ -44,7 +44,7 @@ const maxCSRBytes = 16 << 10
 func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandboxv1.ConnectSandboxRequest]) (*connect.Response[sandboxv1.SandboxConnection], error) {
 	m := req.Msg
 	if s.dataPlane == nil {
-		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented, "this sandboxd serves no direct data plane; use the data RPCs of SandboxService")
+		return nil, apierr.Newf(apierr.NotImplemented, "this sandboxd serves no direct data plane; use the data RPCs of SandboxService")
 	}
 	var vs []apierr.Violation
 	if m.GetSandboxId() == "" {
@@ -67,13 +67,13 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 	// certificate for logs alone is issued for an ending or ended sandbox too.
 	logsOnly := slices.Equal(perms, []sandboxv1.SandboxDataPermission{sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS})
 	if sb := s.current(ctx, rec, r); sb.State != runner.StateRunning && !(logsOnly && (sb.State.Terminal() || sb.State == runner.StateTerminating)) {
-		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+		return nil, apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s is %s: only a running sandbox can be reached directly (an ended one for its logs alone)", rec.id, sb.State),
 			map[string]string{"sandbox_id": rec.id, "state": sb.State.String()})
 	}
 	endpoint := s.views.dataPlaneOf(ctx, r.ID())
 	if endpoint == "" {
-		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.NotImplemented,
+		return nil, apierr.New(apierr.NotImplemented,
 			fmt.Sprintf("runner %s of sandbox %s serves no direct data plane", r.ID(), rec.id),
 			map[string]string{"sandbox_id": rec.id, "runner_id": r.ID()})
 	}
@@ -111,9 +111,9 @@ func (s *Server) keyStillActive(ctx context.Context) error {
 	got, err := kc.KeyActive(p.KeyID)
 	switch {
 	case errors.Is(err, auth.ErrInvalidKey) || err == nil && got.Org != p.Org:
-		return apierr.Newf(connect.CodeUnauthenticated, apierr.Unauthenticated, "invalid API key")
+		return apierr.Newf(apierr.Unauthenticated, "invalid API key")
 	case err != nil:
-		return apierr.Newf(connect.CodeUnavailable, apierr.Unauthenticated, "cannot check the API key now: %v", err)
+		return apierr.Newf(apierr.BackendUnavailable, "cannot check the API key now: %v", err)
 	}
 	return nil
 }

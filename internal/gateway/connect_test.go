@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // stateRunner is a runner whose sandboxes are in the states the test sets.
@@ -33,7 +34,7 @@ func (r *stateRunner) Get(_ context.Context, id string) (runner.Sandbox, error) 
 	defer r.mu.Unlock()
 	st, ok := r.states[id]
 	if !ok {
-		return runner.Sandbox{}, runner.ErrNotFound
+		return runner.Sandbox{}, runtime.ErrNotFound
 	}
 	return runner.Sandbox{ID: id, State: st}, nil
 }
@@ -171,7 +172,7 @@ func TestConnectSandbox(t *testing.T) {
 	// A runner without a data plane.
 	r.set(runner.Capacity{}, nil)
 	s.views.probe(bg)
-	if _, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}); connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NotImplemented {
+	if _, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}); connect.CodeOf(err) != connect.CodeUnimplemented || apierr.Reason(err) != apierr.NotImplemented {
 		t.Errorf("runner without data plane: %v", err)
 	}
 	// A gateway without a data-plane CA.

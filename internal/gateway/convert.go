@@ -1,16 +1,11 @@
 package gateway
 
 import (
-	"errors"
-	"fmt"
-	"strings"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/spec"
@@ -23,42 +18,9 @@ func toCreateRequest(s *sandboxv1.SandboxSpec) (runner.CreateRequest, error) {
 }
 
 // runnerError translates runner errors into API errors.
-func runnerError(id string, err error) error {
-	var verr *runner.ValidationError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &verr):
-		vs := make([]apierr.Violation, len(verr.Violations))
-		for i, v := range verr.Violations {
-			vs[i] = apierr.Violation{Field: wireField(v.Field), Description: v.Description}
-		}
-		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
-	case errors.Is(err, runner.ErrNotFound):
-		return notFound(id)
-	case errors.Is(err, runner.ErrNotRunning):
-		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning, err.Error(), map[string]string{"sandbox_id": id})
-	case errors.Is(err, runner.ErrAlreadyExists):
-		return connect.NewError(connect.CodeAlreadyExists, err)
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		return ce
-	}
-	return connect.NewError(connect.CodeInternal, err)
-}
+func runnerError(id string, err error) error { return runner.APIError(id, err, runner.SpecField) }
 
-// wireField maps the runner's field names to the request's.
-func wireField(f string) string {
-	if strings.HasPrefix(f, "spec.") {
-		return "sandbox." + f
-	}
-	return f
-}
-
-func notFound(id string) error {
-	return apierr.New(connect.CodeNotFound, apierr.SandboxNotFound, fmt.Sprintf("sandbox %q not found", id), map[string]string{"sandbox_id": id})
-}
+func notFound(id string) error { return runner.NotFoundError(id) }
 
 // toProto renders a sandbox for the wire. sp is the spec as the caller sent it.
 func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {

@@ -58,7 +58,7 @@ func (r *acceptingRunner) Get(_ context.Context, id string) (runner.Sandbox, err
 	defer r.mu.Unlock()
 	sb, ok := r.got[id]
 	if !ok {
-		return runner.Sandbox{}, runner.ErrNotFound
+		return runner.Sandbox{}, runtime.ErrNotFound
 	}
 	return sb, nil
 }

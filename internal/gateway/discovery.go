@@ -56,7 +56,7 @@ func (s *Server) GetAvailableRunner(ctx context.Context, req *connect.Request[sa
 	}
 	i := slices.IndexFunc(s.runners, func(r runner.Handle) bool { return r.ID() == m.GetRunnerId() })
 	if i < 0 || m.GetOrganizationId() != principal(ctx).Org {
-		return nil, apierr.New(connect.CodeNotFound, apierr.RunnerNotFound, "runner "+m.GetRunnerId()+" not found", map[string]string{"runner_id": m.GetRunnerId()})
+		return nil, apierr.New(apierr.RunnerNotFound, "runner "+m.GetRunnerId()+" not found", map[string]string{"runner_id": m.GetRunnerId()})
 	}
 	view := m.GetView()
 	if view == sandboxv1.RunnerView_RUNNER_VIEW_UNSPECIFIED {

@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/spec"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -230,7 +231,7 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 	}
 	r := s.runnerByID(rec.runnerID)
 	if r == nil {
-		return nil, nil, apierr.WithRetry(apierr.Newf(connect.CodeUnavailable, apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rec.runnerID, id), 5*time.Second)
+		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rec.runnerID, id), 5*time.Second)
 	}
 	return rec, r, nil
 }
@@ -249,7 +250,7 @@ func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runn
 		return sb
 	}
 	last := s.index.lastOf(rec)
-	if !errors.Is(err, runner.ErrNotFound) || last.State.Terminal() {
+	if !errors.Is(err, runtime.ErrNotFound) || last.State.Terminal() {
 		return last
 	}
 	lost := last
@@ -328,7 +329,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
 	}
 	if len(m.GetVolumeIds()) > 0 {
-		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented, "volumes are not supported by this sandboxd yet")
+		return nil, apierr.Newf(apierr.NotImplemented, "volumes are not supported by this sandboxd yet")
 	}
 	size := int(m.GetPageSize())
 	if size == 0 {
@@ -407,7 +408,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 			[]apierr.Violation{{Field: "snapshot_volumes", Description: "must be empty with allow_missing"}})
 	}
 	if len(m.GetSnapshotVolumes()) > 0 {
-		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.FSSNotSupported, "file-system snapshots are not supported by this sandboxd yet")
+		return nil, apierr.Newf(apierr.FSSNotSupported, "file-system snapshots are not supported by this sandboxd yet")
 	}
 	if vs := requestIDViolations("request_id", m.GetRequestId()); vs != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
@@ -426,7 +427,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 	grace := min(time.Duration(m.GetGracePeriodSeconds())*time.Second, maxGracePeriod)
 	sb, err := r.Delete(ctx, rec.id, grace)
 	if err != nil {
-		if errors.Is(err, runner.ErrNotFound) {
+		if errors.Is(err, runtime.ErrNotFound) {
 			sb = s.index.lastOf(rec) // the runner already forgot it: it ended long ago
 		} else {
 			return nil, runnerError(rec.id, err)
@@ -440,7 +441,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandboxv1.PurgeSandboxesRequest]) (*connect.Response[sandboxv1.PurgeSandboxesResponse], error) {
 	m := req.Msg
 	if m.GetRequestId() != "" {
-		return nil, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented, "request_id is not supported on PurgeSandboxes")
+		return nil, apierr.Newf(apierr.NotImplemented, "request_id is not supported on PurgeSandboxes")
 	}
 	if (len(m.GetTags()) > 0) == m.GetPurgeAll() {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "give exactly one scope: tags or purge_all",
@@ -527,9 +528,9 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (rela
 	}
 	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 		err := r.Logs(ctx, rec.id, req, send)
-		if errors.Is(err, runner.ErrNotFound) {
+		if errors.Is(err, runtime.ErrNotFound) {
 			if last := s.index.lastOf(rec); last.State.Terminal() {
-				return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+				return apierr.New(apierr.SandboxNotRunning,
 					fmt.Sprintf("sandbox %s is %s and its runner no longer keeps its logs", rec.id, last.State), map[string]string{"sandbox_id": rec.id})
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // scriptedRunner answers Capacity with what the test sets: the probe's inputs. (A real
@@ -38,10 +39,10 @@ func (r *scriptedRunner) Create(context.Context, runner.CreateRequest) (runner.S
 	return runner.Sandbox{}, errors.New("not used")
 }
 func (r *scriptedRunner) Get(context.Context, string) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
+	return runner.Sandbox{}, runtime.ErrNotFound
 }
 func (r *scriptedRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
+	return runner.Sandbox{}, runtime.ErrNotFound
 }
 func (r *scriptedRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, errors.New("not used")

@@ -33,6 +33,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 )
 
 // Credentials are registry username/password (or token as password).
@@ -79,7 +81,7 @@ type Image struct {
 }
 
 var (
-	ErrNotFound         = errors.New("image not found")
+	ErrNotFound         = fmt.Errorf("image %w", errdefs.ErrNotFound)
 	ErrUnauthorized     = errors.New("registry authorization failed")
 	ErrUnreachable      = errors.New("registry unreachable")
 	ErrInvalidReference = errors.New("invalid image reference")

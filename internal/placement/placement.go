@@ -158,7 +158,7 @@ func Place(req Request) ([]Candidate, error) {
 		for i, r := range req.Runners {
 			known[i] = r.ID
 		}
-		return nil, apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
+		return nil, apierr.New(apierr.NoSuitableRunner,
 			fmt.Sprintf("no runner among %v: available runners are %v", pins, known), nil)
 	}
 
@@ -237,11 +237,11 @@ func Place(req Request) ([]Candidate, error) {
 	case len(full) > 0:
 		return nil, CapacityExhausted(full)
 	case len(down) == 0 && shareOnly:
-		return nil, apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.HTTPSShareTokenNotSupported,
+		return nil, apierr.WithViolations(apierr.New(apierr.HTTPSShareTokenNotSupported,
 			"no runner here can check endpoint share tokens (HTTPS SHARE_TOKEN endpoints): use auth OPEN: "+apierr.Describe(rejected),
 			nil), rejected)
 	case len(down) == len(considered):
-		return nil, apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
+		return nil, apierr.WithRetry(apierr.New(apierr.RunnerUnavailable,
 			fmt.Sprintf("runner %s unavailable: %s", strings.Join(down, ", "), apierr.Describe(rejected)),
 			map[string]string{"runner_ids": strings.Join(down, ",")}), RetryAfter)
 	case len(considered) == 1 && !single.OK():
@@ -260,7 +260,7 @@ func Place(req Request) ([]Candidate, error) {
 // policies reject it, it exceeds their capacity, they are down): vs say, per runner, why.
 // It is no "try again later": nothing will change by itself.
 func NoSuitableRunner(runnerIDs []string, vs []apierr.Violation) *connect.Error {
-	return apierr.WithViolations(apierr.New(connect.CodeFailedPrecondition, apierr.NoSuitableRunner,
+	return apierr.WithViolations(apierr.New(apierr.NoSuitableRunner,
 		fmt.Sprintf("no runner can take this sandbox: %s", apierr.Describe(vs)),
 		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}), vs)
 }
@@ -278,7 +278,7 @@ func onlyShareTokens(vs []policy.Violation) bool {
 // CapacityExhausted is the error for policies that accept a sandbox on runners without
 // room for it; why says, per runner, what was missing.
 func CapacityExhausted(why []string) *connect.Error {
-	return apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
+	return apierr.WithRetry(apierr.New(apierr.RunnerCapacityExhausted,
 		"no runner has room for this sandbox now: "+strings.Join(why, "; "), nil), RetryAfter)
 }
 

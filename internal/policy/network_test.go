@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
 // describeEgress is a compact form of resolved egress rules: "any", "tenant SAME_ORG",
@@ -79,7 +80,7 @@ func TestPlatformNoDNSEgress(t *testing.T) {
 		}}
 	})
 	_, vs := Resolve(nil, s, pl)
-	if len(vs) != 1 || vs[0].Field != "sandbox.spec.network.egress[1].https_hostname" || vs[0].Constraint != ConstraintPlatformDNSEgress || Reason(vs) != ReasonPlacementRejected {
+	if len(vs) != 1 || vs[0].Field != "sandbox.spec.network.egress[1].https_hostname" || vs[0].Constraint != ConstraintPlatformDNSEgress || Reason(vs) != apierr.PlacementRejected {
 		t.Errorf("violations %s", fmtVs(vs))
 	}
 	pl.NoDNSEgress = false

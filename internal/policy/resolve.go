@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -142,7 +143,7 @@ type resolver struct {
 }
 
 func (r *resolver) add(field, constraint, limit string, ceiling bool, format string, args ...any) {
-	r.vs = append(r.vs, Violation{Field: field, Constraint: constraint, Limit: limit, Ceiling: ceiling, Description: fmt.Sprintf(format, args...)})
+	r.vs = append(r.vs, Violation{Violation: apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)}, Constraint: constraint, Limit: limit, Ceiling: ceiling})
 }
 
 func containerField(i int) string { return fmt.Sprintf("sandbox.spec.containers[%d]", i) }

@@ -6,12 +6,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
-// Reasons of a rejected resolution (the same strings as apierr's).
-const (
-	ReasonPlacementRejected       = apierr.PlacementRejected
-	ReasonResourceCeilingExceeded = apierr.ResourceCeilingExceeded
-)
-
 // Constraint names used for limits that are not the policy's own.
 const (
 	// ConstraintSpec marks a spec that is malformed where resolution needs to read it
@@ -28,18 +22,17 @@ const (
 	ConstraintPlatformShareTokens  = "platform.share_tokens"
 )
 
-// Violation is one reason a resolved spec is rejected.
+// Violation is one reason a resolved spec is rejected: an API violation (Field is the
+// wire path of the offending value, e.g.
+// sandbox.spec.containers[0].resource_requirements.limits.cpu; Description a sentence
+// saying what was asked and what to change) with the limit it breaks.
 type Violation struct {
-	// Field is the wire path of the offending value, e.g.
-	// sandbox.spec.containers[0].resource_requirements.limits.cpu.
-	Field string
+	apierr.Violation
 	// Constraint names the limit, e.g. constraints.resources.max_cpu or
 	// platform.max_lifetime_seconds.
 	Constraint string
 	// Limit is the limit's value as the policy states it, e.g. "2" or "ghcr.io, docker.io".
 	Limit string
-	// Description is a sentence saying what was asked and what to change.
-	Description string
 	// Ceiling marks sandbox-wide resource ceilings (CWSANDBOX_RESOURCE_CEILING_EXCEEDED).
 	Ceiling bool
 }
@@ -75,8 +68,8 @@ func Reason(vs []Violation) string {
 	}
 	for _, v := range vs {
 		if !v.Ceiling {
-			return ReasonPlacementRejected
+			return apierr.PlacementRejected
 		}
 	}
-	return ReasonResourceCeilingExceeded
+	return apierr.ResourceCeilingExceeded
 }

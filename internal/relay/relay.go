@@ -89,7 +89,7 @@ func (d Relay) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequ
 func (d Relay) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.WriteFileRequest]) (*connect.Response[sandboxv1.WriteFileResponse], error) {
 	m := req.Msg
 	if n := len(m.GetContent()); n > MaxUnaryFileBytes {
-		return nil, apierr.New(connect.CodeResourceExhausted, apierr.FileTooLarge,
+		return nil, apierr.New(apierr.FileTooLarge,
 			fmt.Sprintf("%s: %d bytes is larger than the %d bytes a unary write takes; stream it", m.GetPath(), n, MaxUnaryFileBytes),
 			map[string]string{"filepath": m.GetPath(), "size_bytes": fmt.Sprint(n), "max_size_bytes": fmt.Sprint(MaxUnaryFileBytes)})
 	}
@@ -190,7 +190,7 @@ func (d Relay) StreamExec(ctx context.Context, stream *connect.BidiStream[sandbo
 		r, err := up.Receive()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return apierr.Newf(connect.CodeInternal, apierr.SandboxNotRunning, "the command's stream ended without an exit status")
+				return apierr.Newf(apierr.SandboxNotRunning, "the command's stream ended without an exit status")
 			}
 			return relayError(init.GetSandboxId(), err)
 		}
@@ -293,7 +293,7 @@ func relayError(id string, err error) error {
 	}
 	switch connect.CodeOf(err) {
 	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeInternal:
-		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning,
+		return apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s stopped during the call: %v", id, err), map[string]string{"sandbox_id": id})
 	}
 	return err

@@ -56,7 +56,7 @@ func TestEndedSandboxesOutliveTheRunner(t *testing.T) {
 	if err != nil || again.State != StateFailed || again.Reason != ReasonImagePullFailed || again.Message != first.Message || !again.EndedAt.Equal(first.EndedAt) {
 		t.Errorf("after a restart: %+v, %v; want %s %s %q", again, err, first.State, first.Reason, first.Message)
 	}
-	if _, err := r2.Get("expired"); !errors.Is(err, ErrNotFound) {
+	if _, err := r2.Get("expired"); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("a sandbox past its retention window: %v, want not found", err)
 	}
 	for id, want := range map[string]bool{sb.ID: true, "expired": false, "stray": false} {

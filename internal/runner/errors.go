@@ -1,31 +1,32 @@
 package runner
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
+// A runner returns runtime.ErrNotFound for a sandbox it does not have (or that left the
+// retention window).
 var (
-	// ErrNotFound: no such sandbox (or it left the retention window).
-	ErrNotFound = errors.New("sandbox not found")
 	// ErrNotRunning: the sandbox is terminating or terminal, so it cannot serve exec,
 	// files or live logs.
 	ErrNotRunning = errors.New("sandbox not running")
 	// ErrAlreadyExists: a sandbox with that ID exists.
-	ErrAlreadyExists = errors.New("sandbox already exists")
+	ErrAlreadyExists = fmt.Errorf("sandbox %w", errdefs.ErrAlreadyExists)
 )
-
-// Violation names one field of a request and what is wrong with it.
-type Violation struct {
-	Field       string
-	Description string
-}
 
 // ValidationError lists every problem found in a request, so a caller fixes them all at
 // once instead of one per round trip.
 type ValidationError struct {
-	Violations []Violation
+	Violations []apierr.Violation
 }
 
 func (e *ValidationError) Error() string {
@@ -36,10 +37,10 @@ func (e *ValidationError) Error() string {
 	return "invalid sandbox spec: " + strings.Join(parts, "; ")
 }
 
-type violations []Violation
+type violations []apierr.Violation
 
 func (vs *violations) add(field, format string, args ...any) {
-	*vs = append(*vs, Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	*vs = append(*vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
 }
 
 func (vs violations) err() error {
@@ -47,4 +48,60 @@ func (vs violations) err() error {
 		return nil
 	}
 	return &ValidationError{Violations: vs}
+}
+
+// SpecField is the prefix APIError puts before the runner's field names under "spec."
+// on the public API, where the spec is a field of the request's sandbox. RunnerService
+// sends the runner's own names (prefix ""), so its client maps them back unchanged.
+const SpecField = "sandbox."
+
+// APIError translates an error of a Runner (in process, or remote through runnerapi's
+// client, which maps the wire back to these sentinels) about sandbox id into the API's:
+// the one translation the gateway, the runner's data plane and RunnerService share, so a
+// runner error means the same thing to a user whichever way it travelled. fieldPrefix
+// goes before each violation's field under "spec." (SpecField on the public API). An error that is
+// already an API error (an agent's, a relayed one) passes unchanged.
+func APIError(id string, err error, fieldPrefix string) error {
+	var (
+		verr *ValidationError
+		ce   *connect.Error
+	)
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &verr):
+		vs := make([]apierr.Violation, len(verr.Violations))
+		for i, v := range verr.Violations {
+			if strings.HasPrefix(v.Field, "spec.") {
+				v.Field = fieldPrefix + v.Field
+			}
+			vs[i] = v
+		}
+		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
+	case errors.Is(err, runtime.ErrNotFound):
+		return apierr.New(apierr.SandboxNotFound, err.Error(), idMeta(id))
+	case errors.Is(err, ErrNotRunning):
+		return apierr.New(apierr.SandboxNotRunning, err.Error(), idMeta(id))
+	case errors.Is(err, ErrAlreadyExists):
+		return connect.NewError(connect.CodeAlreadyExists, err)
+	case errors.As(err, &ce):
+		return ce
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+// NotFoundError is the API error for sandbox id when there is none the caller may see.
+func NotFoundError(id string) error {
+	return apierr.New(apierr.SandboxNotFound, fmt.Sprintf("sandbox %q not found", id), map[string]string{"sandbox_id": id})
+}
+
+func idMeta(id string) map[string]string {
+	if id == "" {
+		return nil
+	}
+	return map[string]string{"sandbox_id": id}
 }

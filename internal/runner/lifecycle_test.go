@@ -529,7 +529,7 @@ func TestLifecycle(t *testing.T) {
 			end, err := r.Get(h.id)
 			switch {
 			case want == gone:
-				if !errors.Is(err, ErrNotFound) {
+				if !errors.Is(err, runtime.ErrNotFound) {
 					t.Errorf("get: %v, want not found", err)
 				}
 			case err != nil:
@@ -609,7 +609,7 @@ func TestChangedTellsOfSandboxesComingAndGoing(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatal("no change told of a sandbox forgotten after its retention window")
 	}
-	if _, err := r.Get(sb.ID); !errors.Is(err, ErrNotFound) {
+	if _, err := r.Get(sb.ID); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("get after the retention window: %v, want not found", err)
 	}
 }

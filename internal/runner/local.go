@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
-
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -165,7 +163,7 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (Sandbox, error) 
 		return Sandbox{}, placement.NoSuitableRunner([]string{l.RunnerID}, vs)
 	}
 	if why := room.Misfit(need, placement.Resources{}, 0); why != "" {
-		return Sandbox{}, apierr.WithRetry(apierr.New(connect.CodeResourceExhausted, apierr.RunnerCapacityExhausted,
+		return Sandbox{}, apierr.WithRetry(apierr.New(apierr.RunnerCapacityExhausted,
 			fmt.Sprintf("runner %s is full: %s", l.RunnerID, why), map[string]string{"runner_id": l.RunnerID}), placement.RetryAfter)
 	}
 	return l.R.Create(ctx, req)
@@ -299,7 +297,7 @@ func NeedsShareTokens(s runtime.Spec) bool {
 
 // shareTokensUnsupported is a runner's refusal of a SHARE_TOKEN endpoint it cannot check.
 func shareTokensUnsupported(runnerID string) error {
-	return apierr.New(connect.CodeFailedPrecondition, apierr.HTTPSShareTokenNotSupported,
+	return apierr.New(apierr.HTTPSShareTokenNotSupported,
 		fmt.Sprintf("runner %s cannot check endpoint share tokens: use auth OPEN or another runner", runnerID),
 		map[string]string{"runner_id": runnerID})
 }

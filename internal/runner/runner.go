@@ -187,7 +187,7 @@ func (r *Runner) Get(id string) (Sandbox, error) {
 	e, ok := r.sandboxes[id]
 	if !ok {
 		r.mu.Unlock()
-		return Sandbox{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return Sandbox{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
 	sb := e.snapshot()
 	r.mu.Unlock()
@@ -237,7 +237,7 @@ func (r *Runner) Delete(id string, grace time.Duration) (Sandbox, error) {
 	defer r.mu.Unlock()
 	e, ok := r.sandboxes[id]
 	if !ok {
-		return Sandbox{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return Sandbox{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
 	if !e.sb.State.Terminal() {
 		r.requestStopLocked(e, ReasonDeleted, max(grace, 0))
@@ -255,7 +255,7 @@ func (r *Runner) WaitTerminal(ctx context.Context, id string) (Sandbox, error) {
 	e, ok := r.sandboxes[id]
 	r.mu.Unlock()
 	if !ok {
-		return Sandbox{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return Sandbox{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
 	select {
 	case <-e.done:
@@ -275,7 +275,7 @@ func (r *Runner) Agent(ctx context.Context, id string) (agentv1connect.AgentServ
 		e, ok := r.sandboxes[id]
 		if !ok {
 			r.mu.Unlock()
-			return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+			return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 		}
 		st, ch, client := e.sb.State, e.changed, e.client
 		r.mu.Unlock()
@@ -300,7 +300,7 @@ func (r *Runner) LogDir(id string) (string, error) {
 	defer r.mu.Unlock()
 	e, ok := r.sandboxes[id]
 	if !ok {
-		return "", fmt.Errorf("%w: %s", ErrNotFound, id)
+		return "", fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
 	select {
 	case <-e.done:
@@ -322,7 +322,7 @@ func (r *Runner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, 
 	e, ok := r.sandboxes[id]
 	r.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("%w: %s", ErrNotFound, id)
+		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
 	var (
 		next     uint64 // offset after the last byte passed on

@@ -30,7 +30,7 @@ type ClientConfig struct {
 
 // Client is a runner in another process, seen by the gateway: it implements
 // runner.Handle over RunnerService and the runner's AgentService relay. Its errors are
-// those of *runner.Runner (errors.Is runner.ErrNotFound, runner.ErrNotRunning;
+// those of *runner.Runner (errors.Is runtime.ErrNotFound, runner.ErrNotRunning;
 // errors.As *runner.ValidationError); failing to reach the runner is UNAVAILABLE
 // CWSANDBOX_RUNNER_UNAVAILABLE.
 type Client struct {

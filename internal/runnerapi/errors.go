@@ -10,47 +10,14 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// toStatus turns a runner error into the wire error the Client maps back: the
-// CWSANDBOX_* reasons the gateway would send for it anyway, so an error relayed further
-// unchanged still means the right thing to a user.
-func toStatus(id string, err error) error {
-	var (
-		verr *runner.ValidationError
-		ce   *connect.Error
-	)
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &verr):
-		vs := make([]apierr.Violation, len(verr.Violations))
-		for i, v := range verr.Violations {
-			vs[i] = apierr.Violation{Field: v.Field, Description: v.Description}
-		}
-		return apierr.Invalid(apierr.InvalidRequest, verr.Error(), vs)
-	case errors.Is(err, runner.ErrNotFound):
-		return apierr.New(connect.CodeNotFound, apierr.SandboxNotFound, err.Error(), idMeta(id))
-	case errors.Is(err, runner.ErrNotRunning):
-		return apierr.New(connect.CodeFailedPrecondition, apierr.SandboxNotRunning, err.Error(), idMeta(id))
-	case errors.Is(err, runner.ErrAlreadyExists):
-		return connect.NewError(connect.CodeAlreadyExists, err)
-	case errors.As(err, &ce):
-		return ce
-	case errors.Is(err, context.Canceled):
-		return connect.NewError(connect.CodeCanceled, err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return connect.NewError(connect.CodeDeadlineExceeded, err)
-	}
-	return connect.NewError(connect.CodeInternal, err)
-}
-
-func idMeta(id string) map[string]string {
-	if id == "" {
-		return nil
-	}
-	return map[string]string{"sandbox_id": id}
-}
+// toStatus turns a runner error into the wire error the Client maps back
+// (runner.APIError with the runner's own field names): the CWSANDBOX_* reasons the gateway
+// would send for it anyway, so an error relayed further unchanged still means the right
+// thing to a user.
+func toStatus(id string, err error) error { return runner.APIError(id, err, "") }
 
 // remoteError is a runner error that came over the wire: errors.Is finds the runner's
 // sentinel (or context error) and errors.As the *connect.Error with its details.
@@ -62,9 +29,10 @@ type remoteError struct {
 func (e *remoteError) Error() string   { return e.wire.Message() }
 func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.wire} }
 
-// fromStatus maps an error of a RunnerService call back to what *runner.Runner returns,
-// so the gateway treats a remote runner exactly like an in-process one. runnerID names
-// the runner in transport failures.
+// fromStatus maps an error of a RunnerService call back to what *runner.Runner returns
+// (the inverse of runner.APIError; a reason implies its code), so the gateway treats a
+// remote runner exactly like an in-process one. runnerID names the runner in transport
+// failures.
 func fromStatus(ctx context.Context, runnerID string, err error) error {
 	var ce *connect.Error
 	if err == nil {
@@ -78,17 +46,13 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 	}
 	reason := apierr.Reason(err)
 	switch code := ce.Code(); {
-	case code == connect.CodeInvalidArgument && reason == apierr.InvalidRequest:
-		var vs []runner.Violation
-		for _, v := range apierr.Violations(err) {
-			vs = append(vs, runner.Violation{Field: v.Field, Description: v.Description})
-		}
-		if len(vs) > 0 {
+	case reason == apierr.InvalidRequest:
+		if vs := apierr.Violations(err); len(vs) > 0 {
 			return &runner.ValidationError{Violations: vs}
 		}
-	case code == connect.CodeNotFound && reason == apierr.SandboxNotFound:
-		return &remoteError{runner.ErrNotFound, ce}
-	case code == connect.CodeFailedPrecondition && reason == apierr.SandboxNotRunning:
+	case reason == apierr.SandboxNotFound:
+		return &remoteError{runtime.ErrNotFound, ce}
+	case reason == apierr.SandboxNotRunning:
 		return &remoteError{runner.ErrNotRunning, ce}
 	case code == connect.CodeAlreadyExists:
 		return &remoteError{runner.ErrAlreadyExists, ce}
@@ -109,6 +73,7 @@ func transportError(runnerID string, err error) error {
 	// Not an answer from the runner: a refused or broken connection (a TLS 1.3 handshake
 	// the runner rejects can surface as a broken pipe on the first write, which connect
 	// reports as CANCELED). Callers have ruled out their own context ending.
-	return apierr.WithRetry(apierr.New(connect.CodeUnavailable, apierr.RunnerUnavailable,
-		fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}), 5*time.Second)
+	return apierr.WithRetry(apierr.New(apierr.RunnerUnavailable,
+		fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}),
+		5*time.Second)
 }

@@ -31,7 +31,7 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 	}
 	doc, rev, err := s.policies.Policy(ctx, s.runnerID)
 	if err != nil {
-		return apierr.WithRetry(apierr.Newf(connect.CodeUnavailable, apierr.RunnerUnavailable,
+		return apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable,
 			"runner %s cannot check sandboxes against its policy: %v", s.runnerID, err), 0)
 	}
 	p := &policy.Policy{}

@@ -109,11 +109,11 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 	r := startRunner(t, &fakeRunner{})
 	c := r.client(t)
 	ctx := context.Background()
-	verr := &runner.ValidationError{Violations: []runner.Violation{
+	verr := &runner.ValidationError{Violations: []apierr.Violation{
 		{Field: "spec.containers[0].image", Description: "is required"},
 		{Field: "spec.max_lifetime_seconds", Description: "must be at most 2592000 (30 days), got 2678400"},
 	}}
-	agentErr := apierr.New(connect.CodeNotFound, apierr.FileNotFound, "/x: no such file", map[string]string{"filepath": "/x"})
+	agentErr := apierr.New(apierr.FileNotFound, "/x: no such file", map[string]string{"filepath": "/x"})
 	for _, tc := range []struct {
 		name   string
 		err    error
@@ -125,8 +125,8 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 			var got *runner.ValidationError
 			return errors.As(err, &got) && fmt.Sprint(got.Violations) == fmt.Sprint(verr.Violations) && err.Error() == verr.Error()
 		}},
-		{"not found", fmt.Errorf("%w: abc", runner.ErrNotFound), connect.CodeNotFound, apierr.SandboxNotFound, func(err error) bool {
-			return errors.Is(err, runner.ErrNotFound) && !errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not found: abc"
+		{"not found", fmt.Errorf("%w: abc", runtime.ErrNotFound), connect.CodeNotFound, apierr.SandboxNotFound, func(err error) bool {
+			return errors.Is(err, runtime.ErrNotFound) && !errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not found: abc"
 		}},
 		{"not running", fmt.Errorf("%w: abc is TERMINATED", runner.ErrNotRunning), connect.CodeFailedPrecondition, apierr.SandboxNotRunning, func(err error) bool {
 			return errors.Is(err, runner.ErrNotRunning) && err.Error() == "sandbox not running: abc is TERMINATED"
@@ -138,7 +138,7 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 			return errors.Is(err, context.DeadlineExceeded)
 		}},
 		{"api error passes", agentErr, connect.CodeNotFound, apierr.FileNotFound, func(err error) bool {
-			return apierr.Info(err).GetMetadata()["filepath"] == "/x" && !errors.Is(err, runner.ErrNotFound)
+			return apierr.Info(err).GetMetadata()["filepath"] == "/x" && !errors.Is(err, runtime.ErrNotFound)
 		}},
 		{"anything else", errors.New("disk on fire"), connect.CodeInternal, "", func(err error) bool {
 			return connect.CodeOf(err) == connect.CodeInternal && strings.Contains(err.Error(), "disk on fire")
@@ -184,7 +184,7 @@ func TestRunnerapiUnreachable(t *testing.T) {
 	c, _ := NewClient(ClientConfig{ID: "r1", Addr: addr, TLS: cfg})
 	ctx := context.Background()
 	_, err := c.Get(ctx, "abc")
-	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || errors.Is(err, runner.ErrNotFound) {
+	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("get from a runner that is down: %v", err)
 	}
 	a, _ := c.Agent(ctx, "abc")
@@ -309,7 +309,7 @@ type fakeAgent struct {
 
 func (f *fakeAgent) Exec(_ context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
 	if req.Msg.GetCommand()[0] == "fail" {
-		return nil, apierr.New(connect.CodeNotFound, apierr.FileNotFound, "nope", map[string]string{"filepath": "/nope"})
+		return nil, apierr.New(apierr.FileNotFound, "nope", map[string]string{"filepath": "/nope"})
 	}
 	return connect.NewResponse(&agentv1.ExecResponse{Stdout: req.Msg.GetStdin(), ExitCode: 7}), nil
 }

@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 )
 
 // DefaultRestartLimit is how many times the agent restarts a main command that exited
@@ -207,8 +209,10 @@ type Backend interface {
 
 // Errors a backend returns, wrapped with context.
 var (
-	ErrNotFound          = errors.New("sandbox not found")
-	ErrImageNotFound     = errors.New("image not found")
+	// ErrNotFound: no such sandbox (or it left the retention window). The one "sandbox
+	// not found": backends and the runner return it; an errdefs.ErrNotFound.
+	ErrNotFound          = fmt.Errorf("sandbox %w", errdefs.ErrNotFound)
+	ErrImageNotFound     = fmt.Errorf("image %w", errdefs.ErrNotFound)
 	ErrImageUnauthorized = errors.New("image pull unauthorized")
 	ErrRegistry          = errors.New("registry unreachable")
 	ErrInvalidImageRef   = errors.New("invalid image reference")

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/quantity"
@@ -119,7 +117,7 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	}
 	if len(unsupported) > 0 {
 		slices.Sort(unsupported)
-		return req, apierr.Newf(connect.CodeUnimplemented, apierr.NotImplemented,
+		return req, apierr.Newf(apierr.NotImplemented,
 			"not supported by this sandboxd yet: %s", strings.Join(slices.Compact(unsupported), ", "))
 	}
 	return req, nil

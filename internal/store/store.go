@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 )
 
 // Store is the whole persistent state, grouped per entity.
@@ -219,9 +221,9 @@ const (
 
 // Errors, matched with errors.Is.
 var (
-	ErrNotFound      = errors.New("not found")
+	ErrNotFound      = fmt.Errorf("%w", errdefs.ErrNotFound)
 	ErrConflict      = errors.New("etag mismatch: the record changed since it was read")
-	ErrAlreadyExists = errors.New("already exists")
+	ErrAlreadyExists = fmt.Errorf("%w", errdefs.ErrAlreadyExists)
 	ErrInvalid       = errors.New("invalid argument")
 	// ErrSchemaTooNew: the database was migrated by a newer sandboxd than this one.
 	ErrSchemaTooNew = errors.New("database schema is newer than this binary")

@@ -158,12 +158,12 @@ func TestControlPlaneRunners(t *testing.T) {
 
 	// One runner per id, one per cluster.
 	_, err = rs.CreateManagedRunner(ctx, connect.NewRequest(newRunner("r1", "c9", &structpb.Struct{})))
-	wantCode(t, "duplicate runner_id", err, connect.CodeAlreadyExists, controlplane.ReasonAlreadyExists)
+	wantCode(t, "duplicate runner_id", err, connect.CodeAlreadyExists, apierr.AlreadyExists)
 	if !strings.Contains(err.Error(), "runner_id r1") {
 		t.Errorf("duplicate runner_id: %v does not name it", err)
 	}
 	_, err = rs.CreateManagedRunner(ctx, connect.NewRequest(newRunner("r9", "c1", &structpb.Struct{})))
-	wantCode(t, "duplicate cluster_id", err, connect.CodeAlreadyExists, controlplane.ReasonAlreadyExists)
+	wantCode(t, "duplicate cluster_id", err, connect.CodeAlreadyExists, apierr.AlreadyExists)
 	if !strings.Contains(err.Error(), "cluster c1") {
 		t.Errorf("duplicate cluster_id: %v does not name it", err)
 	}
@@ -212,9 +212,9 @@ func TestControlPlaneRunners(t *testing.T) {
 		ManagedRunner: &controlplanev1.ManagedRunner{RunnerId: "r1", Policy: &structpb.Struct{}, Etag: r1.GetEtag()},
 		UpdateMask:    &fieldmaskpb.FieldMask{Paths: []string{"policy"}},
 	}))
-	wantCode(t, "stale etag", err, connect.CodeAborted, controlplane.ReasonEtagMismatch)
+	wantCode(t, "stale etag", err, connect.CodeAborted, apierr.EtagMismatch)
 	_, err = rs.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1", Etag: r1.GetEtag()}))
-	wantCode(t, "delete with stale etag", err, connect.CodeAborted, controlplane.ReasonEtagMismatch)
+	wantCode(t, "delete with stale etag", err, connect.CodeAborted, apierr.EtagMismatch)
 	// Policy replaced whole; the revision counts.
 	strict, _ := structpb.NewStruct(map[string]any{"constraints": map[string]any{"lifetime": map[string]any{"max_seconds": 3600}}})
 	pol, err := rs.UpdateManagedRunner(ctx, connect.NewRequest(&controlplanev1.UpdateManagedRunnerRequest{
@@ -244,7 +244,7 @@ func TestControlPlaneRunners(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = rs.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1"}))
-	wantCode(t, "delete with a live sandbox", err, connect.CodeFailedPrecondition, controlplane.ReasonRunnerInUse)
+	wantCode(t, "delete with a live sandbox", err, connect.CodeFailedPrecondition, apierr.RunnerInUse)
 	if _, err := rs.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1", Force: true, Etag: pol.Msg.GetEtag()})); err != nil {
 		t.Fatalf("forced delete: %v", err)
 	}
@@ -468,7 +468,7 @@ func TestControlPlaneHeartbeatAndUpdate(t *testing.T) {
 
 	// applyAvailableUpdate records the desired version (an administrative write).
 	_, err = rs.ApplyAvailableUpdate(ctx, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: "hb", Etag: "stale"}))
-	wantCode(t, "apply with a stale etag", err, connect.CodeAborted, controlplane.ReasonEtagMismatch)
+	wantCode(t, "apply with a stale etag", err, connect.CodeAborted, apierr.EtagMismatch)
 	up, err := rs.ApplyAvailableUpdate(ctx, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: "hb", Etag: r.GetEtag()}))
 	if err != nil {
 		t.Fatal(err)
@@ -481,7 +481,7 @@ func TestControlPlaneHeartbeatAndUpdate(t *testing.T) {
 		t.Errorf("at the target version: %v", got)
 	}
 	_, err = rs.ApplyAvailableUpdate(ctx, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: "hb"}))
-	wantCode(t, "apply with nothing to apply", err, connect.CodeFailedPrecondition, controlplane.ReasonNoUpdate)
+	wantCode(t, "apply with nothing to apply", err, connect.CodeFailedPrecondition, apierr.NoUpdateAvailable)
 
 	// The policy source the gateway reads.
 	doc, rev, err := controlplane.NewPolicySource(c.st, "org-a").Policy(ctx, "hb")
@@ -541,7 +541,7 @@ func TestControlPlaneAPIKeys(t *testing.T) {
 	_, err = c.sandboxes(secret).ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	wantCode(t, "gateway with a revoked key", err, connect.CodeUnauthenticated, apierr.Unauthenticated)
 	_, err = ks.RevokeApiKey(ctx, connect.NewRequest(&controlplanev1.RevokeApiKeyRequest{KeyId: "missing"}))
-	wantCode(t, "revoke unknown", err, connect.CodeNotFound, controlplane.ReasonAPIKeyNotFound)
+	wantCode(t, "revoke unknown", err, connect.CodeNotFound, apierr.APIKeyNotFound)
 	// Another organization's key cannot be revoked from here.
 	other, _, err := auth.IssueKey(ctx, c.st, "org-b", auth.RoleUser, "")
 	if err != nil {
@@ -549,7 +549,7 @@ func TestControlPlaneAPIKeys(t *testing.T) {
 	}
 	otherID, _ := auth.KeyID(other)
 	_, err = ks.RevokeApiKey(ctx, connect.NewRequest(&controlplanev1.RevokeApiKeyRequest{KeyId: otherID}))
-	wantCode(t, "revoke another organization's key", err, connect.CodeNotFound, controlplane.ReasonAPIKeyNotFound)
+	wantCode(t, "revoke another organization's key", err, connect.CodeNotFound, apierr.APIKeyNotFound)
 }
 
 // TestControlPlaneSbxAdmin drives `sbx admin` in-process.
@@ -579,7 +579,7 @@ func TestControlPlaneSbxAdmin(t *testing.T) {
 	if out, _, _ := sbx("", "admin", "runner", "policy", "get", "cli-1"); !strings.Contains(out, `"max_seconds": 600`) {
 		t.Errorf("policy after set: %s", out)
 	}
-	if _, errs, code := sbx(`{}`, "admin", "runner", "policy", "set", "cli-1", "-f", "-", "--etag", "stale-1"); code == 0 || !strings.Contains(errs, controlplane.ReasonEtagMismatch) {
+	if _, errs, code := sbx(`{}`, "admin", "runner", "policy", "set", "cli-1", "-f", "-", "--etag", "stale-1"); code == 0 || !strings.Contains(errs, apierr.EtagMismatch) {
 		t.Errorf("policy set with a stale etag: %d %s", code, errs)
 	}
 	if _, errs, code := sbx(`{"constraints":{"lifetime":{"max_seconds":-5}}}`, "admin", "runner", "policy", "set", "cli-1", "-f", "-"); code == 0 || !strings.Contains(errs, "policy.constraints.lifetime.max_seconds") {

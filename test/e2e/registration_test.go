@@ -129,7 +129,7 @@ func TestRegistrationControlPlane(t *testing.T) {
 	if err != nil || !registered {
 		t.Fatalf("register: %v", err)
 	}
-	if _, err := enroll.Register(ctx, t.TempDir(), cpAddr, tok.Msg.GetBootstrapToken(), nil); apierr.Reason(err) != controlplane.ReasonBootstrapTokenInvalid {
+	if _, err := enroll.Register(ctx, t.TempDir(), cpAddr, tok.Msg.GetBootstrapToken(), nil); apierr.Reason(err) != apierr.BootstrapTokenInvalid {
 		t.Fatalf("token reuse: %v", err)
 	}
 	cache, err := enroll.OpenPolicyCache(runnerDir)

@@ -463,7 +463,7 @@ func TestRecover(t *testing.T) {
 	}
 	// A runner with another ID does not see it.
 	other := newStack(t, c, randomID("other-"), t.TempDir())
-	if _, err := other.Runner.Get(id); !errors.Is(err, runner.ErrNotFound) {
+	if _, err := other.Runner.Get(id); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("another runner adopted %s: %v", id, err)
 	}
 	other.Close()

@@ -11,10 +11,11 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // IdleRunner is a runner.Handle without sandboxes that creates none: a create is an
-// error, every other call about a sandbox runner.ErrNotFound, and Capacity reports Cap.
+// error, every other call about a sandbox runtime.ErrNotFound, and Capacity reports Cap.
 type IdleRunner struct {
 	RunnerID, GroupID string
 	Cap               runner.Capacity
@@ -28,15 +29,15 @@ func (IdleRunner) Create(context.Context, runner.CreateRequest) (runner.Sandbox,
 	return runner.Sandbox{}, errors.New("an idle runner creates no sandbox")
 }
 func (IdleRunner) Get(context.Context, string) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
+	return runner.Sandbox{}, runtime.ErrNotFound
 }
 func (IdleRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
-	return runner.Sandbox{}, runner.ErrNotFound
+	return runner.Sandbox{}, runtime.ErrNotFound
 }
 func (IdleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
-	return nil, runner.ErrNotFound
+	return nil, runtime.ErrNotFound
 }
 func (IdleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
-	return runner.ErrNotFound
+	return runtime.ErrNotFound
 }
 func (r IdleRunner) Capacity(context.Context) (runner.Capacity, error) { return r.Cap, nil }

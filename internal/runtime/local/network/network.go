@@ -41,6 +41,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 )
@@ -67,9 +68,9 @@ var DefaultSubnet = netip.MustParsePrefix("10.88.0.0/16")
 
 var (
 	// ErrNotFound is returned by Lookup when a sandbox has no (usable) attachment.
-	ErrNotFound = errors.New("network: attachment not found")
+	ErrNotFound = fmt.Errorf("network: attachment %w", errdefs.ErrNotFound)
 	// ErrExists is returned by Setup when the sandbox already has state on this host.
-	ErrExists = errors.New("network: attachment already exists")
+	ErrExists = fmt.Errorf("network: attachment %w", errdefs.ErrAlreadyExists)
 	// ErrExhausted is returned by Setup when the subnet has no free address.
 	ErrExhausted = errors.New("network: no free address in subnet")
 	// ErrClosed is returned by methods of a closed Manager.
