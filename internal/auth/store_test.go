@@ -146,3 +146,19 @@ func TestCheckBoundsTheWork(t *testing.T) {
 		t.Errorf("ordinary key: %v after %d lookups, want one", err, c.n)
 	}
 }
+
+type failingAuth struct{}
+
+func (failingAuth) Authenticate(string) (auth.Principal, error) {
+	return auth.Principal{}, errors.New("database is down")
+}
+
+// TestCheckStoreDown: a key store that cannot answer is UNAVAILABLE with
+// CWSANDBOX_BACKEND_UNAVAILABLE (the clients retry it), never an authentication failure.
+func TestCheckStoreDown(t *testing.T) {
+	h := http.Header{"Authorization": {"Bearer sbx_0123456789abcdef_x"}}
+	_, err := auth.Check(failingAuth{}, h)
+	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.BackendUnavailable {
+		t.Errorf("store down: %v (reason %q), want UNAVAILABLE %s", err, apierr.Reason(err), apierr.BackendUnavailable)
+	}
+}

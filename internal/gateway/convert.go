@@ -17,11 +17,6 @@ func toCreateRequest(s *sandboxv1.SandboxSpec) (runner.CreateRequest, error) {
 	return spec.ToCreateRequest(s, placement.RunnerIDViolations(s.GetRunnerIds())...)
 }
 
-// runnerError translates runner errors into API errors.
-func runnerError(id string, err error) error { return runner.APIError(id, err, runner.SpecField) }
-
-func notFound(id string) error { return runner.NotFoundError(id) }
-
 // toProto renders a sandbox for the wire. sp is the spec as the caller sent it.
 func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
 	st := &sandboxv1.SandboxStatus{
@@ -91,10 +86,3 @@ func ts(t time.Time) *timestamppb.Timestamp {
 	}
 	return timestamppb.New(t)
 }
-
-// RunnerError is the API error for a runner's error about sandbox id (for the runner's
-// own data plane).
-func RunnerError(id string, err error) error { return runnerError(id, err) }
-
-// NotFound is the API error for a sandbox the caller may not see.
-func NotFound(id string) error { return notFound(id) }

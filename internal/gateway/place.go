@@ -65,7 +65,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		if err == nil {
 			return r, c.Result, sb, nil
 		}
-		last = runnerError("", err)
+		last = runner.APIError("", err, runner.SpecField)
 		if ctx.Err() != nil || !rejectedByRunner(err) || k == len(cands)-1 {
 			return nil, policy.Result{}, runner.Sandbox{}, last
 		}

@@ -227,7 +227,7 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 	}
 	rec, ok := s.index.get(ctx, principal(ctx).Org, id)
 	if !ok {
-		return nil, nil, notFound(id)
+		return nil, nil, runner.NotFoundError(id)
 	}
 	r := s.runnerByID(rec.runnerID)
 	if r == nil {
@@ -430,7 +430,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 		if errors.Is(err, runtime.ErrNotFound) {
 			sb = s.index.lastOf(rec) // the runner already forgot it: it ended long ago
 		} else {
-			return nil, runnerError(rec.id, err)
+			return nil, runner.APIError(rec.id, err, runner.SpecField)
 		}
 	}
 	s.index.setLast(ctx, rec, sb)
@@ -498,7 +498,7 @@ func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, cont
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
 		}
-		return nil, runnerError(rec.id, err)
+		return nil, runner.APIError(rec.id, err, runner.SpecField)
 	}
 	return a, nil
 }
@@ -539,7 +539,9 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (rela
 }
 
 // LogError: the runner's error, as for every runner call.
-func (g gatewaySource) LogError(id string, err error) error { return runnerError(id, err) }
+func (g gatewaySource) LogError(id string, err error) error {
+	return runner.APIError(id, err, runner.SpecField)
+}
 
 func (s *Server) relay() relay.Relay { return relay.Relay{Src: gatewaySource{s}} }
 

@@ -155,3 +155,57 @@ func TestStreamLogsErrors(t *testing.T) {
 		t.Errorf("resume of another session: %v, %v", got, err)
 	}
 }
+
+// silentAgent ends every exec stream at once, without an exit status: an agent that went
+// away under the command.
+type silentAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+}
+
+func (silentAgent) StreamExec(context.Context, *connect.BidiStream[agentv1.StreamExecRequest, agentv1.StreamExecResponse]) error {
+	return nil
+}
+
+// agentSource hands out one agent for every data call.
+type agentSource struct {
+	fakeSource
+	agent agentv1connect.AgentServiceClient
+}
+
+func (s *agentSource) DataAgent(context.Context, sandboxv1.SandboxDataPermission, string, string) (agentv1connect.AgentServiceClient, error) {
+	return s.agent, nil
+}
+
+// h2Server serves h over HTTP/2 (bidirectional streams need it).
+func h2Server(t *testing.T, route func() (string, http.Handler)) *httptest.Server {
+	t.Helper()
+	path, h := route()
+	mux := http.NewServeMux()
+	mux.Handle(path, h)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestStreamExecEndsWithoutExit: an agent stream that ends without an exit status is the
+// table's code for SANDBOX_NOT_RUNNING (FAILED_PRECONDITION), not an internal error.
+func TestStreamExecEndsWithoutExit(t *testing.T) {
+	agentSrv := h2Server(t, func() (string, http.Handler) { return agentv1connect.NewAgentServiceHandler(silentAgent{}) })
+	src := &agentSource{agent: agentv1connect.NewAgentServiceClient(agentSrv.Client(), agentSrv.URL)}
+	relaySrv := h2Server(t, func() (string, http.Handler) { return sandboxv1connect.NewSandboxDataPlaneServiceHandler(Relay{Src: src}) })
+	c := sandboxv1connect.NewSandboxDataPlaneServiceClient(relaySrv.Client(), relaySrv.URL)
+
+	st := c.StreamExec(context.Background())
+	if err := st.Send(&sandboxv1.ExecStreamRequest{Message: &sandboxv1.ExecStreamRequest_Init{Init: &sandboxv1.ExecStreamInit{SandboxId: "sb", Command: []string{"true"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	for err == nil {
+		_, err = st.Receive()
+	}
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.SandboxNotRunning {
+		t.Errorf("stream ended without exit: %v (reason %q), want FAILED_PRECONDITION %s", err, apierr.Reason(err), apierr.SandboxNotRunning)
+	}
+}
