@@ -194,7 +194,9 @@ func h2Server(t *testing.T, route func() (string, http.Handler)) *httptest.Serve
 func TestStreamExecEndsWithoutExit(t *testing.T) {
 	agentSrv := h2Server(t, func() (string, http.Handler) { return agentv1connect.NewAgentServiceHandler(silentAgent{}) })
 	src := &agentSource{agent: agentv1connect.NewAgentServiceClient(agentSrv.Client(), agentSrv.URL)}
-	relaySrv := h2Server(t, func() (string, http.Handler) { return sandboxv1connect.NewSandboxDataPlaneServiceHandler(Relay{Src: src}) })
+	relaySrv := h2Server(t, func() (string, http.Handler) {
+		return sandboxv1connect.NewSandboxDataPlaneServiceHandler(Relay{Src: src})
+	})
 	c := sandboxv1connect.NewSandboxDataPlaneServiceClient(relaySrv.Client(), relaySrv.URL)
 
 	st := c.StreamExec(context.Background())
