@@ -530,8 +530,11 @@ func (r *Runner) watch(e *entry, client agentv1connect.AgentServiceClient) {
 				c := st.GetExitCode()
 				sb.ExitCode = &c
 			}
+			// RUNNING once the main command runs, not while the agent is STARTING it: the
+			// agent writes the spec's files first, and an exec right after RUNNING must
+			// find them all.
 			switch st.GetState() {
-			case agentv1.MainState_MAIN_STATE_STARTING, agentv1.MainState_MAIN_STATE_RUNNING, agentv1.MainState_MAIN_STATE_RESTARTING:
+			case agentv1.MainState_MAIN_STATE_RUNNING, agentv1.MainState_MAIN_STATE_RESTARTING:
 				if sb.State == StateCreating || sb.State == StatePending {
 					sb.State = StateRunning
 					sb.StartedAt = e.startedAt
