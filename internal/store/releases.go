@@ -140,7 +140,7 @@ func (rl releases) Promote(ctx context.Context, version string) (Release, error)
 			return err
 		}
 		if len(stable) > 0 && release.CompareVersions(version, stable[0].Version) < 0 {
-			return fmt.Errorf("release %s: %w (%s)", version, ErrOlderThanStable, stable[0].Version)
+			return fmt.Errorf("release %s: %w %s", version, ErrOlderThanStable, stable[0].Version)
 		}
 		out, err = scanRelease(q.queryRow(ctx, `UPDATE releases SET stable_at = $2 WHERE version = $1
 			RETURNING `+releaseCols, version, now()))
