@@ -1,7 +1,8 @@
 // Package controlplane serves sandboxd.controlplane.v1 over the store: managed runners with
 // their policy (RunnerManagementService), API keys (ApiKeyService) and the runner releases
 // each release channel offers (ReleaseService). Every call needs an
-// API key with role SANDBOX_ADMIN and acts on that key's organization. It also keeps the
+// API key with role SANDBOX_ADMIN and acts on that key's organization; releases are
+// platform-wide, and only the platform organization's admins may change them. It also keeps the
 // pieces `sandboxd dev` builds on: first-start bootstrap (organization, admin key, local
 // runner), runner heartbeats into the store, and the store-backed policy source the
 // gateway reads.
@@ -39,6 +40,10 @@ type LiveSandboxCounter func(ctx context.Context, org, runnerID string) (int, er
 type Config struct {
 	Store store.Store
 	Auth  auth.Authenticator
+	// PlatformOrg is the platform operator's organization (the one the control plane
+	// bootstraps, with its first admin key). Releases are platform-wide, so only its
+	// admins may publish and promote them; required.
+	PlatformOrg string
 	// HeartbeatInterval is the runners' heartbeat interval; default 5 s.
 	HeartbeatInterval time.Duration
 	// TargetVersions maps a release channel (store.ChannelStable, store.ChannelRapid) to
@@ -82,6 +87,7 @@ type Service struct {
 
 	st       store.Store
 	auth     auth.Authenticator
+	platform string
 	interval time.Duration
 	targets  map[string]string
 	live     LiveSandboxCounter
@@ -101,7 +107,10 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Auth == nil {
 		return nil, errors.New("controlplane: no authenticator")
 	}
-	s := &Service{st: cfg.Store, auth: cfg.Auth, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
+	if cfg.PlatformOrg == "" {
+		return nil, errors.New("controlplane: no platform organization")
+	}
+	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
 		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA}
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain

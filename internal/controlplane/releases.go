@@ -12,11 +12,27 @@ import (
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/release"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Releases are platform-wide: every organization's runners follow the same channels.
+// Releases are platform-wide: every organization's runners follow the same channels. So
+// any admin may list them, but only an admin of the platform organization may publish or
+// promote one: organizations are tenants, and no tenant may change what another's runners
+// are told to run.
+
+// requirePlatformAdmin refuses a principal that is not an admin of the platform
+// organization (PERMISSION_DENIED), and logs the attempt.
+func (s *Service) requirePlatformAdmin(ctx context.Context, call string) error {
+	p := principal(ctx)
+	if p.Role == auth.RoleAdmin && p.Org == s.platform {
+		return nil
+	}
+	s.log.Warn("release change refused: not an admin of the platform organization", "call", call, "org", p.Org, "key", p.KeyID)
+	return apierr.New(apierr.PermissionDenied,
+		"releases are the platform operator's: only an admin key of the platform organization may publish or promote them", nil)
+}
 
 // channelTargets returns the version each release channel offers: from the release
 // records when there are any (a channel none is on offers nothing), else the configured
@@ -99,6 +115,9 @@ func (s *Service) ListReleases(ctx context.Context, _ *connect.Request[controlpl
 }
 
 func (s *Service) PublishRelease(ctx context.Context, req *connect.Request[controlplanev1.PublishReleaseRequest]) (*connect.Response[controlplanev1.Release], error) {
+	if err := s.requirePlatformAdmin(ctx, "PublishRelease"); err != nil {
+		return nil, err
+	}
 	rec, err := ValidateRelease(req.Msg.GetRelease())
 	if err != nil {
 		return nil, err
@@ -113,6 +132,9 @@ func (s *Service) PublishRelease(ctx context.Context, req *connect.Request[contr
 }
 
 func (s *Service) PromoteRelease(ctx context.Context, req *connect.Request[controlplanev1.PromoteReleaseRequest]) (*connect.Response[controlplanev1.Release], error) {
+	if err := s.requirePlatformAdmin(ctx, "PromoteRelease"); err != nil {
+		return nil, err
+	}
 	v := req.Msg.GetVersion()
 	if _, err := release.ParseVersion(v); err != nil {
 		var vs violations

@@ -100,7 +100,7 @@ func newReleaseBed(t *testing.T) *releaseBed {
 	if err := controlplane.EnsureOrg(ctx, st, org); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), Logger: slog.New(slog.DiscardHandler),
+	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), PlatformOrg: org, Logger: slog.New(slog.DiscardHandler),
 		TargetVersions: map[string]string{store.ChannelStable: "v1.0.0", store.ChannelRapid: "v1.0.0"}})
 	if err != nil {
 		t.Fatal(err)
@@ -355,5 +355,88 @@ func TestReleaseServiceOverHTTP(t *testing.T) {
 	}
 	if _, err := client(admin).ListReleases(ctx, connect.NewRequest(&controlplanev1.ListReleasesRequest{})); err != nil {
 		t.Fatalf("admin over Connect: %v", err)
+	}
+}
+
+// TestReleasesOnlyPlatformAdmins: releases decide every organization's runners' target
+// version, so an admin of any organization but the platform's may list them but not
+// publish or promote (PERMISSION_DENIED), directly and over HTTP with a real key, and a
+// refused call changes nothing.
+func TestReleasesOnlyPlatformAdmins(t *testing.T) {
+	b := newReleaseBed(t)
+	ctx := t.Context()
+	b.publish(t, "v1.1.0") // the platform's admin: on RAPID
+	if err := controlplane.EnsureOrg(ctx, b.st, "tenant"); err != nil {
+		t.Fatal(err)
+	}
+	tenantKey, err := controlplane.EnsureAdminKey(ctx, b.st, "tenant")
+	if err != nil || tenantKey == "" {
+		t.Fatalf("tenant admin key: %q %v", tenantKey, err)
+	}
+	srv := httptest.NewServer(b.svc.Handler())
+	defer srv.Close()
+	overHTTP := controlplanev1connect.NewReleaseServiceClient(srv.Client(), srv.URL,
+		connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("Authorization", "Bearer "+tenantKey)
+				return next(ctx, req)
+			}
+		})))
+	tctx := auth.WithPrincipal(ctx, auth.Principal{KeyID: "t", Org: "tenant", Role: auth.RoleAdmin})
+	denied := func(what string, err error) {
+		t.Helper()
+		wantReason(t, what, err, connect.CodePermissionDenied, apierr.PermissionDenied)
+		if !strings.Contains(err.Error(), "platform operator") {
+			t.Errorf("%s: the message does not say why: %v", what, err)
+		}
+	}
+	for name, c := range map[string]interface {
+		PublishRelease(context.Context, *connect.Request[controlplanev1.PublishReleaseRequest]) (*connect.Response[controlplanev1.Release], error)
+		PromoteRelease(context.Context, *connect.Request[controlplanev1.PromoteReleaseRequest]) (*connect.Response[controlplanev1.Release], error)
+	}{"direct": b.svc, "over HTTP": overHTTP} {
+		cctx := ctx
+		if name == "direct" {
+			cctx = tctx
+		}
+		_, err := c.PublishRelease(cctx, connect.NewRequest(&controlplanev1.PublishReleaseRequest{Release: releaseMsg("v9.0.0")}))
+		denied(name+": tenant publishes", err)
+		_, err = c.PromoteRelease(cctx, connect.NewRequest(&controlplanev1.PromoteReleaseRequest{Version: "v1.1.0"}))
+		denied(name+": tenant promotes", err)
+		_, err = c.PromoteRelease(cctx, connect.NewRequest(&controlplanev1.PromoteReleaseRequest{Version: "v9.9.9"}))
+		denied(name+": tenant promotes an unknown version", err) // refused before any lookup: no probing
+	}
+	// A user of the platform organization is no more allowed than a tenant's admin.
+	_, err = b.svc.PublishRelease(auth.WithPrincipal(ctx, auth.Principal{KeyID: "u", Org: b.org, Role: auth.RoleUser}),
+		connect.NewRequest(&controlplanev1.PublishReleaseRequest{Release: releaseMsg("v9.0.0")}))
+	denied("platform user publishes", err)
+
+	// Nothing changed: only v1.1.0, on RAPID; STABLE offers nothing.
+	list, err := overHTTP.ListReleases(ctx, connect.NewRequest(&controlplanev1.ListReleasesRequest{}))
+	if err != nil {
+		t.Fatalf("a tenant's admin may list: %v", err)
+	}
+	rs := list.Msg.GetReleases()
+	if len(rs) != 1 || rs[0].GetVersion() != "v1.1.0" || rs[0].GetStableTime() != nil ||
+		list.Msg.GetStableVersion() != "" || list.Msg.GetRapidVersion() != "v1.1.0" {
+		t.Fatalf("after refused calls: %v", list.Msg)
+	}
+	b.wantStatus(t, "stable", "", false)
+	b.wantStatus(t, "rapid", "v1.1.0", true)
+
+	// The platform's admin still may.
+	if _, err := b.promote("v1.1.0"); err != nil {
+		t.Fatalf("platform admin promotes: %v", err)
+	}
+}
+
+func TestNewNeedsPlatformOrg(t *testing.T) {
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil)}); err == nil ||
+		!strings.Contains(err.Error(), "platform organization") {
+		t.Fatalf("New without PlatformOrg: %v", err)
 	}
 }

@@ -38,7 +38,7 @@ func controlPlane(t *testing.T) (admin, user []string) {
 	}
 	keys := auth.NewStoreAuthenticator(st, nil)
 	t.Cleanup(keys.Wait)
-	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: keys, Logger: slog.New(slog.DiscardHandler),
+	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: keys, PlatformOrg: "o1", Logger: slog.New(slog.DiscardHandler),
 		TargetVersions: map[string]string{store.ChannelStable: "v0.9.0", store.ChannelRapid: "v0.9.0"}})
 	if err != nil {
 		t.Fatal(err)
