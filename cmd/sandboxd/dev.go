@@ -33,7 +33,10 @@ const (
 	// which their replicas share) derives endpoint share tokens: see gateway.Config.
 	shareTokenKeyFile = "share-token.key"
 	storeFile         = "sandboxd.db"
-	defaultOrg        = "default"
+	// defaultOrg is the organization the store is bootstrapped with (its admin key is
+	// adminKeyFile's), and the platform organization: only its admins may publish and
+	// promote releases.
+	defaultOrg = "default"
 )
 
 // dev runs the gateway and one local runner in one process, on loopback by default.
@@ -265,11 +268,12 @@ func heartbeat(ctx context.Context, st store.Store, r runner.Handle, log *slog.L
 }
 
 // newControlPlane serves the control plane over st; both release channels offer this
-// binary's version.
+// binary's version, and defaultOrg is the platform organization.
 func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, live controlplane.LiveSandboxCounter) (*controlplane.Service, error) {
 	return controlplane.New(controlplane.Config{
 		Store:          st,
 		Auth:           a,
+		PlatformOrg:    defaultOrg,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 		LiveSandboxes:  live,
 		Logger:         log,

@@ -68,6 +68,9 @@ const (
 	// no runner); a call without a client certificate is Unauthenticated.
 	RunnerIdentityMismatch = "CWSANDBOX_RUNNER_IDENTITY_MISMATCH"
 	RegistrationDisabled   = "CWSANDBOX_REGISTRATION_DISABLED"
+	ReleaseNotFound        = "CWSANDBOX_RELEASE_NOT_FOUND"
+	// ReleaseNotPromotable: the release is not on RAPID, or STABLE offers a higher version.
+	ReleaseNotPromotable = "CWSANDBOX_RELEASE_NOT_PROMOTABLE"
 )
 
 // reasonCode is one row of the table: a reason, its one code, and when it is sent.
@@ -108,7 +111,7 @@ var table = []reasonCode{
 	{ServerBusy, connect.CodeResourceExhausted, "the server buffers as many request bytes as it may; retry"},
 	{RouteNotFound, connect.CodeNotFound, "no REST route has the request's path (HTTP 404)"},
 	{BackendUnavailable, connect.CodeUnavailable, "a store the call needs (the API keys) cannot answer now; retry"},
-	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster"},
+	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version"},
 	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
 	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},
 	{NoUpdateAvailable, connect.CodeFailedPrecondition, "there is nothing to apply"},
@@ -117,6 +120,8 @@ var table = []reasonCode{
 	{BootstrapTokenInvalid, connect.CodeUnauthenticated, "the bootstrap token is used, expired or unknown"},
 	{RunnerIdentityMismatch, connect.CodePermissionDenied, "the runner's client certificate names another runner, or none"},
 	{RegistrationDisabled, connect.CodeFailedPrecondition, "this control plane has no CA for what is asked (registration, edge or data-plane certificates)"},
+	{ReleaseNotFound, connect.CodeNotFound, "no release of that version"},
+	{ReleaseNotPromotable, connect.CodeFailedPrecondition, "the release is not on RAPID, or STABLE offers a higher version"},
 }
 var codes = func() map[string]connect.Code {
 	m := make(map[string]connect.Code, len(table))

@@ -1,6 +1,8 @@
 // Package controlplane serves sandboxd.controlplane.v1 over the store: managed runners with
-// their policy (RunnerManagementService) and API keys (ApiKeyService). Every call needs an
-// API key with role SANDBOX_ADMIN and acts on that key's organization. It also keeps the
+// their policy (RunnerManagementService), API keys (ApiKeyService) and the runner releases
+// each release channel offers (ReleaseService). Every call needs an
+// API key with role SANDBOX_ADMIN and acts on that key's organization; releases are
+// platform-wide, and only the platform organization's admins may change them. It also keeps the
 // pieces `sandboxd dev` builds on: first-start bootstrap (organization, admin key, local
 // runner), runner heartbeats into the store, and the store-backed policy source the
 // gateway reads.
@@ -38,10 +40,16 @@ type LiveSandboxCounter func(ctx context.Context, org, runnerID string) (int, er
 type Config struct {
 	Store store.Store
 	Auth  auth.Authenticator
+	// PlatformOrg is the platform operator's organization (the one the control plane
+	// bootstraps, with its first admin key). Releases are platform-wide, so only its
+	// admins may publish and promote them; required.
+	PlatformOrg string
 	// HeartbeatInterval is the runners' heartbeat interval; default 5 s.
 	HeartbeatInterval time.Duration
 	// TargetVersions maps a release channel (store.ChannelStable, store.ChannelRapid) to
-	// the runner version it offers. A channel without one offers no update.
+	// the runner version it offers while the store has no release records; once it has
+	// any, the channels offer what the records say (ReleaseService). A channel without one
+	// offers no update.
 	TargetVersions map[string]string
 	// LiveSandboxes counts a runner's live sandboxes for Delete; default: the store's
 	// sandbox index (records not yet ended).
@@ -71,13 +79,15 @@ const DefaultEndpointDomain = "sandboxd.localhost"
 // EdgeCertTTL is the lifetime of a runner's edge certificate; runners renew it at half.
 const EdgeCertTTL = 7 * 24 * time.Hour
 
-// Service implements RunnerManagementService and ApiKeyService.
+// Service implements RunnerManagementService, ApiKeyService and ReleaseService.
 type Service struct {
 	controlplanev1connect.UnimplementedRunnerManagementServiceHandler
 	controlplanev1connect.UnimplementedApiKeyServiceHandler
+	controlplanev1connect.UnimplementedReleaseServiceHandler
 
 	st       store.Store
 	auth     auth.Authenticator
+	platform string
 	interval time.Duration
 	targets  map[string]string
 	live     LiveSandboxCounter
@@ -97,7 +107,10 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Auth == nil {
 		return nil, errors.New("controlplane: no authenticator")
 	}
-	s := &Service{st: cfg.Store, auth: cfg.Auth, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
+	if cfg.PlatformOrg == "" {
+		return nil, errors.New("controlplane: no platform organization")
+	}
+	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
 		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA}
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
@@ -143,10 +156,11 @@ func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
 // AdminServices are the services Handler serves.
 func AdminServices() []protoreflect.ServiceDescriptor {
 	f := controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto
-	return []protoreflect.ServiceDescriptor{f.Services().ByName("RunnerManagementService"), f.Services().ByName("ApiKeyService")}
+	return []protoreflect.ServiceDescriptor{f.Services().ByName("RunnerManagementService"), f.Services().ByName("ApiKeyService"),
+		f.Services().ByName("ReleaseService")}
 }
 
-// Handler serves both services over gRPC, gRPC-Web, Connect and REST/JSON (by their
+// Handler serves the admin services over gRPC, gRPC-Web, Connect and REST/JSON (by their
 // google.api.http annotations), requiring an admin key on every call.
 func (s *Service) Handler() http.Handler {
 	opts := []connect.HandlerOption{
@@ -156,6 +170,7 @@ func (s *Service) Handler() http.Handler {
 	t, err := vanguard.NewTranscoder([]*vanguard.Service{
 		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
+		vanguard.NewService(controlplanev1connect.NewReleaseServiceHandler(s, opts...)),
 	}, apifront.TranscoderOptions()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.

@@ -209,7 +209,7 @@ func TestServiceOverStore(t *testing.T) {
 			if err != nil || p.Org != org || p.Role != auth.RoleAdmin {
 				t.Fatalf("authenticate: %+v %v", p, err)
 			}
-			svc, err := controlplane.New(controlplane.Config{Store: st, Auth: a, Logger: slog.New(slog.DiscardHandler)})
+			svc, err := controlplane.New(controlplane.Config{Store: st, Auth: a, PlatformOrg: org, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -204,12 +204,16 @@ func (s *Service) CreateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	rec.Org = principal(ctx).Org
+	targets, err := s.targetsOr(ctx) // before the write: a create that succeeds answers
+	if err != nil {
+		return nil, err
+	}
 	out, err := s.st.Runners().Create(ctx, rec)
 	if err != nil {
 		return nil, runnerErr(rec.RunnerID, rec.ClusterID, err)
 	}
 	s.log.Info("runner created", "org", rec.Org, "runner", rec.RunnerID, "cluster", rec.ClusterID)
-	return connect.NewResponse(s.toProto(out)), nil
+	return connect.NewResponse(s.toProto(out, targets)), nil
 }
 
 func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[controlplanev1.GetManagedRunnerRequest]) (*connect.Response[controlplanev1.ManagedRunner], error) {
@@ -222,7 +226,11 @@ func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[con
 	if err != nil {
 		return nil, runnerErr(req.Msg.GetRunnerId(), "", err)
 	}
-	return connect.NewResponse(s.toProto(r)), nil
+	targets, err := s.targetsOr(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(s.toProto(r, targets)), nil
 }
 
 func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[controlplanev1.ListManagedRunnersRequest]) (*connect.Response[controlplanev1.ListManagedRunnersResponse], error) {
@@ -236,9 +244,13 @@ func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[c
 	if err != nil {
 		return nil, runnerErr("", "", err)
 	}
+	targets, err := s.targetsOr(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := &controlplanev1.ListManagedRunnersResponse{NextPageToken: next}
 	for _, r := range rs {
-		out.ManagedRunners = append(out.ManagedRunners, s.toProto(r))
+		out.ManagedRunners = append(out.ManagedRunners, s.toProto(r, targets))
 	}
 	return connect.NewResponse(out), nil
 }
@@ -249,12 +261,16 @@ func (s *Service) UpdateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	org, id := principal(ctx).Org, req.Msg.GetManagedRunner().GetRunnerId()
+	targets, err := s.targetsOr(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out, err := s.update(ctx, org, id, req.Msg.GetManagedRunner().GetEtag(), u)
 	if err != nil {
 		return nil, err
 	}
 	s.log.Info("runner updated", "org", org, "runner", id, "mask", req.Msg.GetUpdateMask().GetPaths(), "policy_revision", out.PolicyRevision)
-	return connect.NewResponse(s.toProto(out)), nil
+	return connect.NewResponse(s.toProto(out, targets)), nil
 }
 
 // update writes u pinned to etag, or to the current version when etag is "" (retrying a
@@ -327,11 +343,15 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 	if etag != "" && etag != cur.Etag {
 		return nil, runnerErr(id, "", store.ErrConflict)
 	}
-	target, ok := s.updateAvailable(cur)
+	targets, err := s.targetsOr(ctx)
+	if err != nil {
+		return nil, err
+	}
+	target, ok := updateAvailable(cur, targets)
 	if !ok {
 		return nil, apierr.New(apierr.NoUpdateAvailable,
 			fmt.Sprintf("no update is available for runner %s on channel %s (running %q, channel offers %q)",
-				id, cur.ReleaseChannel, cur.Status.Version, s.targets[cur.ReleaseChannel]),
+				id, cur.ReleaseChannel, cur.Status.Version, targets[cur.ReleaseChannel]),
 			map[string]string{"runner_id": id})
 	}
 	if etag == "" {
@@ -342,12 +362,13 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 		return nil, runnerErr(id, "", err)
 	}
 	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target)
-	return connect.NewResponse(s.toProto(out)), nil
+	return connect.NewResponse(s.toProto(out, targets)), nil
 }
 
-// updateAvailable returns the channel's target version when the runner runs another one.
-func (s *Service) updateAvailable(r store.Runner) (string, bool) {
-	target := s.targets[r.ReleaseChannel]
+// updateAvailable returns the runner's channel's target version (targets, from
+// channelTargets) when the runner runs another one.
+func updateAvailable(r store.Runner, targets map[string]string) (string, bool) {
+	target := targets[r.ReleaseChannel]
 	return target, target != "" && r.Status.Version != "" && r.Status.Version != target
 }
 
@@ -398,7 +419,8 @@ func resourcesProto(b json.RawMessage) *controlplanev1.RunnerResources {
 	return &controlplanev1.RunnerResources{MilliCpu: r.MilliCPU, MemoryBytes: r.MemoryBytes, Sandboxes: r.Sandboxes}
 }
 
-func (s *Service) toProto(r store.Runner) *controlplanev1.ManagedRunner {
+// toProto is the runner as the API shows it; targets are channelTargets.
+func (s *Service) toProto(r store.Runner, targets map[string]string) *controlplanev1.ManagedRunner {
 	out := &controlplanev1.ManagedRunner{
 		RunnerId:       r.RunnerID,
 		ClusterId:      r.ClusterID,
@@ -424,12 +446,12 @@ func (s *Service) toProto(r store.Runner) *controlplanev1.ManagedRunner {
 		Connection:     controlplanev1.ConnectionStatus_DISCONNECTED,
 		Ready:          r.Status.Ready,
 		Version:        r.Status.Version,
-		TargetVersion:  s.targets[r.ReleaseChannel],
+		TargetVersion:  targets[r.ReleaseChannel],
 		DesiredVersion: r.DesiredVersion,
 		Capacity:       resourcesProto(r.Status.Capacity),
 		Usage:          resourcesProto(r.Status.Usage),
 	}
-	_, st.UpdateAvailable = s.updateAvailable(r)
+	_, st.UpdateAvailable = updateAvailable(r, targets)
 	if hb := r.Status.LastHeartbeatAt; hb != nil {
 		st.LastHeartbeatTime = timestamppb.New(*hb)
 		if s.now().Sub(*hb) <= 3*s.interval {

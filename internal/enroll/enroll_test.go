@@ -75,7 +75,7 @@ func (c *testCP) start(t *testing.T, addr string) {
 	t.Helper()
 	authn := auth.NewStoreAuthenticator(c.st, nil)
 	t.Cleanup(authn.Wait)
-	svc, err := controlplane.New(controlplane.Config{Store: c.st, Auth: authn, CA: c.ca, HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	svc, err := controlplane.New(controlplane.Config{Store: c.st, Auth: authn, PlatformOrg: "org-a", CA: c.ca, HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,18 +24,19 @@ import (
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
 
-// adminCommand is `sbx admin`: runners, their policies and API keys (role SANDBOX_ADMIN).
+// adminCommand is `sbx admin`: runners, their policies, API keys and runner releases
+// (role SANDBOX_ADMIN).
 func (a *app) adminCommand() *cobra.Command {
 	adm := &cobra.Command{
 		Use:   "admin",
-		Short: "Manage runners, policies and API keys (needs a SANDBOX_ADMIN key)",
+		Short: "Manage runners, policies, API keys and releases (needs a SANDBOX_ADMIN key)",
 	}
 	runner := &cobra.Command{Use: "runner", Short: "Manage runners and their policies"}
 	runner.AddCommand(a.runnerCreateCommand(), a.runnerGetCommand(), a.runnerListCommand(),
 		a.runnerDeleteCommand(), a.runnerUpgradeCommand(), a.policyCommand())
 	keys := &cobra.Command{Use: "apikey", Short: "Manage API keys"}
 	keys.AddCommand(a.keyCreateCommand(), a.keyListCommand(), a.keyRevokeCommand())
-	adm.AddCommand(runner, keys)
+	adm.AddCommand(runner, keys, a.releaseCommand())
 	return adm
 }
 

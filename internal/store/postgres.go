@@ -88,6 +88,7 @@ var pgUnique = map[string][2]string{
 	"bootstrap_tokens_pkey":    {"bootstrap_tokens", KeyHash},
 	"sandboxes_pkey":           {"sandboxes", KeyID},
 	"sandboxes_request_id_key": {"sandboxes", KeyRequestID},
+	"releases_pkey":            {"releases", KeyVersion},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

@@ -1,6 +1,6 @@
 // Package store keeps the control plane's and the gateway's durable state: organizations,
-// API keys, runners (with their policy and status), bootstrap tokens and the gateway's sandbox
-// index. One interface, two backends behind it: SQLite (embedded, the default, pure Go) and
+// API keys, runners (with their policy and status), bootstrap tokens, the gateway's sandbox
+// index and the releases each release channel offers. One interface, two backends behind it: SQLite (embedded, the default, pure Go) and
 // PostgreSQL (shared by replicas). Open picks the backend from the DSN.
 //
 // Conventions: every call takes a context; times go in and come out in UTC with microsecond
@@ -26,6 +26,7 @@ type Store interface {
 	Runners() Runners
 	BootstrapTokens() BootstrapTokens
 	Sandboxes() Sandboxes
+	Releases() Releases
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
@@ -88,6 +89,48 @@ type Sandboxes interface {
 	// DeleteEndedBefore drops terminal records (of every organization) that ended before
 	// cutoff and returns how many.
 	DeleteEndedBefore(ctx context.Context, cutoff time.Time) (int64, error)
+}
+
+// Releases are the runner versions the platform knows, platform-wide (not per
+// organization), and the release channels that offer each: RAPID from when a version is
+// published, STABLE from when it is promoted. A channel's current version is the highest
+// (semantic-version precedence, package release) it offers.
+type Releases interface {
+	// Publish records a release and puts it on RAPID. The version, digests and checksums
+	// must be valid (ErrInvalid); *AlreadyExistsError with key "version" when it exists.
+	Publish(ctx context.Context, r Release) (Release, error)
+	Get(ctx context.Context, version string) (Release, error)
+	// List returns every release, highest version first.
+	List(ctx context.Context) ([]Release, error)
+	// Promote puts a release on STABLE. ErrNotFound; ErrNotOnRapid when it is not on
+	// RAPID; ErrOlderThanStable when STABLE offers a higher version. Promoting a release
+	// that is on STABLE already changes nothing.
+	Promote(ctx context.Context, version string) (Release, error)
+}
+
+// Release is one runner version.
+type Release struct {
+	Version           string // see package release; kept as written
+	RunnerImageDigest string // sha256:…
+	AgentImageDigest  string // sha256:…
+	// BinaryChecksums maps an architecture (release.Arches) to the hex SHA-256 of the
+	// sandboxd binary for it; empty when the release ships images only.
+	BinaryChecksums map[string]string
+	CreatedAt       time.Time  // set by the store
+	RapidAt         *time.Time // on RAPID since (set by Publish)
+	StableAt        *time.Time // on STABLE since (set by Promote)
+}
+
+// Channels are the release channels that offer r, STABLE first.
+func (r Release) Channels() []string {
+	var out []string
+	if r.StableAt != nil {
+		out = append(out, ChannelStable)
+	}
+	if r.RapidAt != nil {
+		out = append(out, ChannelRapid)
+	}
+	return out
 }
 
 // Org is an organization.
@@ -225,6 +268,10 @@ var (
 	ErrConflict      = errors.New("etag mismatch: the record changed since it was read")
 	ErrAlreadyExists = fmt.Errorf("%w", errdefs.ErrAlreadyExists)
 	ErrInvalid       = errors.New("invalid argument")
+	// ErrNotOnRapid: a release must be on RAPID before it is promoted to STABLE.
+	ErrNotOnRapid = errors.New("release is not on the RAPID channel")
+	// ErrOlderThanStable: STABLE offers a higher version than the one to promote.
+	ErrOlderThanStable = errors.New("release is older than the current STABLE version")
 	// ErrSchemaTooNew: the database was migrated by a newer sandboxd than this one.
 	ErrSchemaTooNew = errors.New("database schema is newer than this binary")
 )
@@ -236,12 +283,13 @@ const (
 	KeyClusterID = "cluster_id"
 	KeyRequestID = "request_id"
 	KeyHash      = "hash"
+	KeyVersion   = "version"
 )
 
 // AlreadyExistsError says which unique key a create collided on. It matches ErrAlreadyExists.
 type AlreadyExistsError struct {
-	Entity string // "organization", "api_key", "runner", "bootstrap_token", "sandbox"
-	Key    string // KeyID, KeyRunnerID, KeyClusterID, KeyRequestID, KeyHash
+	Entity string // "organization", "api_key", "runner", "bootstrap_token", "sandbox", "release"
+	Key    string // KeyID, KeyRunnerID, KeyClusterID, KeyRequestID, KeyHash, KeyVersion
 }
 
 func (e *AlreadyExistsError) Error() string {

@@ -11,14 +11,15 @@ import (
 )
 
 // Admin is a client for sandboxd's control plane (sandboxd.controlplane.v1): managed
-// runners with their policies, and API keys. It needs an API key with role SANDBOX_ADMIN.
+// runners with their policies, API keys and runner releases. It needs an API key with role SANDBOX_ADMIN.
 // Errors are *Error, like the sandbox client's.
 //
 //	adm, err := sandbox.NewAdmin("", "") // CWSANDBOX_BASE_URL, CWSANDBOX_API_KEY
 //	r, err := adm.Runners.GetManagedRunner(ctx, connect.NewRequest(&controlplanev1.GetManagedRunnerRequest{RunnerId: "local"}))
 type Admin struct {
-	Runners controlplanev1connect.RunnerManagementServiceClient
-	APIKeys controlplanev1connect.ApiKeyServiceClient
+	Runners  controlplanev1connect.RunnerManagementServiceClient
+	APIKeys  controlplanev1connect.ApiKeyServiceClient
+	Releases controlplanev1connect.ReleaseServiceClient
 }
 
 // NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
@@ -40,8 +41,9 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		connect.WithInterceptors(headers{key: apiKey, ua: cfg.userAgent}, asError{}),
 	}
 	return &Admin{
-		Runners: controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
-		APIKeys: controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
+		Runners:  controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
+		APIKeys:  controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
+		Releases: controlplanev1connect.NewReleaseServiceClient(c.http, c.baseURL, copts...),
 	}, nil
 }
 

@@ -75,7 +75,7 @@ func startControlPlane(t *testing.T) *cp {
 		defer c.mu.Unlock()
 		return time.Now().Add(c.offset)
 	}
-	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, Now: c.now, Logger: slog.New(slog.DiscardHandler),
+	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, PlatformOrg: "org-a", Now: c.now, Logger: slog.New(slog.DiscardHandler),
 		TargetVersions: map[string]string{store.ChannelStable: "v2"}})
 	if err != nil {
 		t.Fatal(err)

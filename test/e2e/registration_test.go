@@ -75,7 +75,7 @@ func TestRegistrationControlPlane(t *testing.T) {
 		cpSrv  *http.Server
 	)
 	startCP := func() {
-		svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, CA: ca, HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, PlatformOrg: "org-a", CA: ca, HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -72,7 +72,7 @@ func startControlPlane(t *testing.T, ctx context.Context, host, target string) *
 	}
 	authn := auth.NewStoreAuthenticator(st, nil)
 	t.Cleanup(authn.Wait)
-	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, CA: ca, HeartbeatInterval: 300 * time.Millisecond,
+	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, PlatformOrg: "org-a", CA: ca, HeartbeatInterval: 300 * time.Millisecond,
 		TargetVersions: map[string]string{store.ChannelStable: target}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

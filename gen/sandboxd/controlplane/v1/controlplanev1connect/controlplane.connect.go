@@ -1,5 +1,5 @@
 // The sandboxd control plane: managed runners (one per cluster, each with one policy
-// document) and API keys. Every method requires an API key with role SANDBOX_ADMIN:
+// document), API keys and runner releases. Every method requires an API key with role SANDBOX_ADMIN:
 // without a key the call fails UNAUTHENTICATED, with a SANDBOX_USER key PERMISSION_DENIED
 // (ErrorInfo reason CWSANDBOX_PERMISSION_DENIED, domain cwsandbox.com).
 //
@@ -40,6 +40,8 @@ const (
 	// RunnerRegistrationServiceName is the fully-qualified name of the RunnerRegistrationService
 	// service.
 	RunnerRegistrationServiceName = "sandboxd.controlplane.v1.RunnerRegistrationService"
+	// ReleaseServiceName is the fully-qualified name of the ReleaseService service.
+	ReleaseServiceName = "sandboxd.controlplane.v1.ReleaseService"
 	// ApiKeyServiceName is the fully-qualified name of the ApiKeyService service.
 	ApiKeyServiceName = "sandboxd.controlplane.v1.ApiKeyService"
 )
@@ -91,6 +93,15 @@ const (
 	// RunnerRegistrationServiceIssueDataPlaneCertificateProcedure is the fully-qualified name of the
 	// RunnerRegistrationService's IssueDataPlaneCertificate RPC.
 	RunnerRegistrationServiceIssueDataPlaneCertificateProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/IssueDataPlaneCertificate"
+	// ReleaseServiceListReleasesProcedure is the fully-qualified name of the ReleaseService's
+	// ListReleases RPC.
+	ReleaseServiceListReleasesProcedure = "/sandboxd.controlplane.v1.ReleaseService/ListReleases"
+	// ReleaseServicePublishReleaseProcedure is the fully-qualified name of the ReleaseService's
+	// PublishRelease RPC.
+	ReleaseServicePublishReleaseProcedure = "/sandboxd.controlplane.v1.ReleaseService/PublishRelease"
+	// ReleaseServicePromoteReleaseProcedure is the fully-qualified name of the ReleaseService's
+	// PromoteRelease RPC.
+	ReleaseServicePromoteReleaseProcedure = "/sandboxd.controlplane.v1.ReleaseService/PromoteRelease"
 	// ApiKeyServiceCreateApiKeyProcedure is the fully-qualified name of the ApiKeyService's
 	// CreateApiKey RPC.
 	ApiKeyServiceCreateApiKeyProcedure = "/sandboxd.controlplane.v1.ApiKeyService/CreateApiKey"
@@ -598,6 +609,139 @@ func (UnimplementedRunnerRegistrationServiceHandler) ApiKeyActive(context.Contex
 
 func (UnimplementedRunnerRegistrationServiceHandler) IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate is not implemented"))
+}
+
+// ReleaseServiceClient is a client for the sandboxd.controlplane.v1.ReleaseService service.
+type ReleaseServiceClient interface {
+	// ListReleases lists every release, highest version first, and what each channel offers.
+	ListReleases(context.Context, *connect.Request[v1.ListReleasesRequest]) (*connect.Response[v1.ListReleasesResponse], error)
+	// PublishRelease records a release and puts it on RAPID. ALREADY_EXISTS when the
+	// version is recorded already.
+	PublishRelease(context.Context, *connect.Request[v1.PublishReleaseRequest]) (*connect.Response[v1.Release], error)
+	// PromoteRelease puts a release on STABLE. FAILED_PRECONDITION when it is not on RAPID or
+	// STABLE offers a higher version; promoting a STABLE release again changes nothing.
+	PromoteRelease(context.Context, *connect.Request[v1.PromoteReleaseRequest]) (*connect.Response[v1.Release], error)
+}
+
+// NewReleaseServiceClient constructs a client for the sandboxd.controlplane.v1.ReleaseService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewReleaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) ReleaseServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	releaseServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("ReleaseService").Methods()
+	return &releaseServiceClient{
+		listReleases: connect.NewClient[v1.ListReleasesRequest, v1.ListReleasesResponse](
+			httpClient,
+			baseURL+ReleaseServiceListReleasesProcedure,
+			connect.WithSchema(releaseServiceMethods.ByName("ListReleases")),
+			connect.WithClientOptions(opts...),
+		),
+		publishRelease: connect.NewClient[v1.PublishReleaseRequest, v1.Release](
+			httpClient,
+			baseURL+ReleaseServicePublishReleaseProcedure,
+			connect.WithSchema(releaseServiceMethods.ByName("PublishRelease")),
+			connect.WithClientOptions(opts...),
+		),
+		promoteRelease: connect.NewClient[v1.PromoteReleaseRequest, v1.Release](
+			httpClient,
+			baseURL+ReleaseServicePromoteReleaseProcedure,
+			connect.WithSchema(releaseServiceMethods.ByName("PromoteRelease")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// releaseServiceClient implements ReleaseServiceClient.
+type releaseServiceClient struct {
+	listReleases   *connect.Client[v1.ListReleasesRequest, v1.ListReleasesResponse]
+	publishRelease *connect.Client[v1.PublishReleaseRequest, v1.Release]
+	promoteRelease *connect.Client[v1.PromoteReleaseRequest, v1.Release]
+}
+
+// ListReleases calls sandboxd.controlplane.v1.ReleaseService.ListReleases.
+func (c *releaseServiceClient) ListReleases(ctx context.Context, req *connect.Request[v1.ListReleasesRequest]) (*connect.Response[v1.ListReleasesResponse], error) {
+	return c.listReleases.CallUnary(ctx, req)
+}
+
+// PublishRelease calls sandboxd.controlplane.v1.ReleaseService.PublishRelease.
+func (c *releaseServiceClient) PublishRelease(ctx context.Context, req *connect.Request[v1.PublishReleaseRequest]) (*connect.Response[v1.Release], error) {
+	return c.publishRelease.CallUnary(ctx, req)
+}
+
+// PromoteRelease calls sandboxd.controlplane.v1.ReleaseService.PromoteRelease.
+func (c *releaseServiceClient) PromoteRelease(ctx context.Context, req *connect.Request[v1.PromoteReleaseRequest]) (*connect.Response[v1.Release], error) {
+	return c.promoteRelease.CallUnary(ctx, req)
+}
+
+// ReleaseServiceHandler is an implementation of the sandboxd.controlplane.v1.ReleaseService
+// service.
+type ReleaseServiceHandler interface {
+	// ListReleases lists every release, highest version first, and what each channel offers.
+	ListReleases(context.Context, *connect.Request[v1.ListReleasesRequest]) (*connect.Response[v1.ListReleasesResponse], error)
+	// PublishRelease records a release and puts it on RAPID. ALREADY_EXISTS when the
+	// version is recorded already.
+	PublishRelease(context.Context, *connect.Request[v1.PublishReleaseRequest]) (*connect.Response[v1.Release], error)
+	// PromoteRelease puts a release on STABLE. FAILED_PRECONDITION when it is not on RAPID or
+	// STABLE offers a higher version; promoting a STABLE release again changes nothing.
+	PromoteRelease(context.Context, *connect.Request[v1.PromoteReleaseRequest]) (*connect.Response[v1.Release], error)
+}
+
+// NewReleaseServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewReleaseServiceHandler(svc ReleaseServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	releaseServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("ReleaseService").Methods()
+	releaseServiceListReleasesHandler := connect.NewUnaryHandler(
+		ReleaseServiceListReleasesProcedure,
+		svc.ListReleases,
+		connect.WithSchema(releaseServiceMethods.ByName("ListReleases")),
+		connect.WithHandlerOptions(opts...),
+	)
+	releaseServicePublishReleaseHandler := connect.NewUnaryHandler(
+		ReleaseServicePublishReleaseProcedure,
+		svc.PublishRelease,
+		connect.WithSchema(releaseServiceMethods.ByName("PublishRelease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	releaseServicePromoteReleaseHandler := connect.NewUnaryHandler(
+		ReleaseServicePromoteReleaseProcedure,
+		svc.PromoteRelease,
+		connect.WithSchema(releaseServiceMethods.ByName("PromoteRelease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/sandboxd.controlplane.v1.ReleaseService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case ReleaseServiceListReleasesProcedure:
+			releaseServiceListReleasesHandler.ServeHTTP(w, r)
+		case ReleaseServicePublishReleaseProcedure:
+			releaseServicePublishReleaseHandler.ServeHTTP(w, r)
+		case ReleaseServicePromoteReleaseProcedure:
+			releaseServicePromoteReleaseHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedReleaseServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedReleaseServiceHandler struct{}
+
+func (UnimplementedReleaseServiceHandler) ListReleases(context.Context, *connect.Request[v1.ListReleasesRequest]) (*connect.Response[v1.ListReleasesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ReleaseService.ListReleases is not implemented"))
+}
+
+func (UnimplementedReleaseServiceHandler) PublishRelease(context.Context, *connect.Request[v1.PublishReleaseRequest]) (*connect.Response[v1.Release], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ReleaseService.PublishRelease is not implemented"))
+}
+
+func (UnimplementedReleaseServiceHandler) PromoteRelease(context.Context, *connect.Request[v1.PromoteReleaseRequest]) (*connect.Response[v1.Release], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ReleaseService.PromoteRelease is not implemented"))
 }
 
 // ApiKeyServiceClient is a client for the sandboxd.controlplane.v1.ApiKeyService service.
