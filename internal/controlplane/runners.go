@@ -365,6 +365,22 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 	return connect.NewResponse(s.toProto(out, targets)), nil
 }
 
+// rolloutStatus fills st's install and rollout fields from its version, desired_version and
+// target_version. Every runner is installed by hand today (the Helm chart or a single host), so
+// install_status is SELF_MANAGED; INSTALLING/INSTALLED/FAILED are for runners the control plane
+// installs. active_revision is the version the heartbeats report; target_revision is the
+// applied update's version, else the channel's; a rollout is in progress while an applied
+// version is not yet reported, whether the runner is connected or not.
+func rolloutStatus(st *controlplanev1.ManagedRunnerStatus) {
+	st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED
+	st.ActiveRevision = st.GetVersion()
+	st.TargetRevision = st.GetTargetVersion()
+	if d := st.GetDesiredVersion(); d != "" {
+		st.TargetRevision = d
+		st.RolloutInProgress = st.GetVersion() != d
+	}
+}
+
 // updateAvailable returns the runner's channel's target version (targets, from
 // channelTargets) when the runner runs another one.
 func updateAvailable(r store.Runner, targets map[string]string) (string, bool) {
@@ -452,6 +468,7 @@ func (s *Service) toProto(r store.Runner, targets map[string]string) *controlpla
 		Usage:          resourcesProto(r.Status.Usage),
 	}
 	_, st.UpdateAvailable = updateAvailable(r, targets)
+	rolloutStatus(st)
 	if hb := r.Status.LastHeartbeatAt; hb != nil {
 		st.LastHeartbeatTime = timestamppb.New(*hb)
 		if s.now().Sub(*hb) <= 3*s.interval {

@@ -179,11 +179,15 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Connection", st.GetConnection().String())
 	row("Ready", fmt.Sprint(st.GetReady()))
 	row("Last heartbeat", ts(st.GetLastHeartbeatTime()))
+	row("Install status", installStatus(st.GetInstallStatus()))
 	row("Version", st.GetVersion())
 	if st.GetUpdateAvailable() {
 		row("Update available", st.GetTargetVersion())
 	}
 	row("Desired version", st.GetDesiredVersion())
+	row("Active revision", st.GetActiveRevision())
+	row("Target revision", st.GetTargetRevision())
+	row("Rollout in progress", fmt.Sprint(st.GetRolloutInProgress()))
 	if c := st.GetCapacity(); c != nil {
 		u := st.GetUsage()
 		row("CPU", humanMilliCPU(u.GetMilliCpu())+" used of "+humanMilliCPU(c.GetMilliCpu()))
@@ -199,6 +203,23 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Created", ts(r.GetCreateTime()))
 	row("Updated", ts(r.GetUpdateTime()))
 	return tw.Flush()
+}
+
+// installStatus is s without its RUNNER_INSTALL_STATUS_ prefix (SELF_MANAGED, …); "" when
+// unspecified.
+func installStatus(s controlplanev1.RunnerInstallStatus) string {
+	if s == controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_UNSPECIFIED {
+		return ""
+	}
+	return strings.TrimPrefix(s.String(), "RUNNER_INSTALL_STATUS_")
+}
+
+// rollout is a runner's rollout column in runner ls: the version it is moving to, or "-".
+func rollout(st *controlplanev1.ManagedRunnerStatus) string {
+	if st.GetRolloutInProgress() {
+		return "to " + st.GetTargetRevision()
+	}
+	return "-"
 }
 
 func ts(t *timestamppb.Timestamp) string {
@@ -227,14 +248,16 @@ func (a *app) runnerListCommand() *cobra.Command {
 				return a.printJSON(&controlplanev1.ListManagedRunnersResponse{ManagedRunners: all})
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			_, _ = fmt.Fprintln(tw, "RUNNER\tCLUSTER\tZONE\tGROUP\tCHANNEL\tCONNECTION\tVERSION\tPOLICY")
+			_, _ = fmt.Fprintln(tw, "RUNNER\tCLUSTER\tZONE\tGROUP\tCHANNEL\tINSTALL\tCONNECTION\tVERSION\tTARGET\tROLLOUT\tPOLICY")
 			for _, r := range all {
 				policy := "-"
 				if r.GetPolicy() != nil {
 					policy = fmt.Sprintf("rev %d", r.GetPolicyRevision())
 				}
-				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetRunnerId(), r.GetClusterId(), r.GetZone(),
-					r.GetRunnerGroupId(), r.GetReleaseChannel(), r.GetStatus().GetConnection(), r.GetStatus().GetVersion(), policy)
+				st := r.GetStatus()
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetRunnerId(), r.GetClusterId(), r.GetZone(),
+					r.GetRunnerGroupId(), r.GetReleaseChannel(), orDash(installStatus(st.GetInstallStatus())), st.GetConnection(),
+					orDash(st.GetActiveRevision()), orDash(st.GetTargetRevision()), rollout(st), policy)
 			}
 			return tw.Flush()
 		},

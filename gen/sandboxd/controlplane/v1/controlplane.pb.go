@@ -141,6 +141,68 @@ func (ConnectionStatus) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{1}
 }
 
+// RunnerInstallStatus is how far the control plane got installing a runner. Output only.
+type RunnerInstallStatus int32
+
+const (
+	RunnerInstallStatus_RUNNER_INSTALL_STATUS_UNSPECIFIED RunnerInstallStatus = 0
+	// Installed by hand (the Helm chart or a single host); the control plane does not install
+	// it. Every runner reports this today.
+	RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED RunnerInstallStatus = 1
+	// The next three are for runners the control plane installs into a registered cluster;
+	// they are not produced yet. The control plane is installing the runner.
+	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING RunnerInstallStatus = 2
+	// The control plane installed the runner and it has heartbeated.
+	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED RunnerInstallStatus = 3
+	// The control plane could not install the runner.
+	RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED RunnerInstallStatus = 4
+)
+
+// Enum value maps for RunnerInstallStatus.
+var (
+	RunnerInstallStatus_name = map[int32]string{
+		0: "RUNNER_INSTALL_STATUS_UNSPECIFIED",
+		1: "RUNNER_INSTALL_STATUS_SELF_MANAGED",
+		2: "RUNNER_INSTALL_STATUS_INSTALLING",
+		3: "RUNNER_INSTALL_STATUS_INSTALLED",
+		4: "RUNNER_INSTALL_STATUS_FAILED",
+	}
+	RunnerInstallStatus_value = map[string]int32{
+		"RUNNER_INSTALL_STATUS_UNSPECIFIED":  0,
+		"RUNNER_INSTALL_STATUS_SELF_MANAGED": 1,
+		"RUNNER_INSTALL_STATUS_INSTALLING":   2,
+		"RUNNER_INSTALL_STATUS_INSTALLED":    3,
+		"RUNNER_INSTALL_STATUS_FAILED":       4,
+	}
+)
+
+func (x RunnerInstallStatus) Enum() *RunnerInstallStatus {
+	p := new(RunnerInstallStatus)
+	*p = x
+	return p
+}
+
+func (x RunnerInstallStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunnerInstallStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2].Descriptor()
+}
+
+func (RunnerInstallStatus) Type() protoreflect.EnumType {
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2]
+}
+
+func (x RunnerInstallStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunnerInstallStatus.Descriptor instead.
+func (RunnerInstallStatus) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{2}
+}
+
 // Role is what a key may do.
 type Role int32
 
@@ -177,11 +239,11 @@ func (x Role) String() string {
 }
 
 func (Role) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[3].Descriptor()
 }
 
 func (Role) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[3]
 }
 
 func (x Role) Number() protoreflect.EnumNumber {
@@ -190,7 +252,7 @@ func (x Role) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Role.Descriptor instead.
 func (Role) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{3}
 }
 
 type CreateBootstrapTokenRequest struct {
@@ -1169,10 +1231,22 @@ type ManagedRunnerStatus struct {
 	// The version ApplyAvailableUpdate asked the runner to move to; empty when none.
 	DesiredVersion string `protobuf:"bytes,7,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	// What the runner offers and what its live sandboxes take; absent before a heartbeat.
-	Capacity      *RunnerResources `protobuf:"bytes,8,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	Usage         *RunnerResources `protobuf:"bytes,9,opt,name=usage,proto3" json:"usage,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Capacity *RunnerResources `protobuf:"bytes,8,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Usage    *RunnerResources `protobuf:"bytes,9,opt,name=usage,proto3" json:"usage,omitempty"`
+	// How the runner was installed. Every runner today is installed by hand (the Helm chart or
+	// a single host) and reports RUNNER_INSTALL_STATUS_SELF_MANAGED.
+	InstallStatus RunnerInstallStatus `protobuf:"varint,10,opt,name=install_status,json=installStatus,proto3,enum=sandboxd.controlplane.v1.RunnerInstallStatus" json:"install_status,omitempty"`
+	// The version the runner reports in its heartbeats (the same as version); empty before
+	// the first heartbeat.
+	ActiveRevision string `protobuf:"bytes,11,opt,name=active_revision,json=activeRevision,proto3" json:"active_revision,omitempty"`
+	// The version the runner should run: desired_version when an update was applied
+	// (ApplyAvailableUpdate), else its channel's target (target_version).
+	TargetRevision string `protobuf:"bytes,12,opt,name=target_revision,json=targetRevision,proto3" json:"target_revision,omitempty"`
+	// A desired version is set and the runner's heartbeats do not report it yet (whether the
+	// runner is connected or not).
+	RolloutInProgress bool `protobuf:"varint,13,opt,name=rollout_in_progress,json=rolloutInProgress,proto3" json:"rollout_in_progress,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ManagedRunnerStatus) Reset() {
@@ -1266,6 +1340,34 @@ func (x *ManagedRunnerStatus) GetUsage() *RunnerResources {
 		return x.Usage
 	}
 	return nil
+}
+
+func (x *ManagedRunnerStatus) GetInstallStatus() RunnerInstallStatus {
+	if x != nil {
+		return x.InstallStatus
+	}
+	return RunnerInstallStatus_RUNNER_INSTALL_STATUS_UNSPECIFIED
+}
+
+func (x *ManagedRunnerStatus) GetActiveRevision() string {
+	if x != nil {
+		return x.ActiveRevision
+	}
+	return ""
+}
+
+func (x *ManagedRunnerStatus) GetTargetRevision() string {
+	if x != nil {
+		return x.TargetRevision
+	}
+	return ""
+}
+
+func (x *ManagedRunnerStatus) GetRolloutInProgress() bool {
+	if x != nil {
+		return x.RolloutInProgress
+	}
+	return false
 }
 
 // RunnerResources is an amount of runner resources.
@@ -2404,7 +2506,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12E\n" +
 	"\x06status\x18\v \x01(\v2-.sandboxd.controlplane.v1.ManagedRunnerStatusR\x06status\x12'\n" +
-	"\x0fpolicy_revision\x18\f \x01(\x03R\x0epolicyRevision\"\xe0\x03\n" +
+	"\x0fpolicy_revision\x18\f \x01(\x03R\x0epolicyRevision\"\xb8\x05\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -2416,7 +2518,12 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x0etarget_version\x18\x06 \x01(\tR\rtargetVersion\x12'\n" +
 	"\x0fdesired_version\x18\a \x01(\tR\x0edesiredVersion\x12E\n" +
 	"\bcapacity\x18\b \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\bcapacity\x12?\n" +
-	"\x05usage\x18\t \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\x05usage\"o\n" +
+	"\x05usage\x18\t \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\x05usage\x12T\n" +
+	"\x0einstall_status\x18\n" +
+	" \x01(\x0e2-.sandboxd.controlplane.v1.RunnerInstallStatusR\rinstallStatus\x12'\n" +
+	"\x0factive_revision\x18\v \x01(\tR\x0eactiveRevision\x12'\n" +
+	"\x0ftarget_revision\x18\f \x01(\tR\x0etargetRevision\x12.\n" +
+	"\x13rollout_in_progress\x18\r \x01(\bR\x11rolloutInProgress\"o\n" +
 	"\x0fRunnerResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
@@ -2499,7 +2606,13 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x10ConnectionStatus\x12!\n" +
 	"\x1dCONNECTION_STATUS_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tCONNECTED\x10\x01\x12\x10\n" +
-	"\fDISCONNECTED\x10\x02*A\n" +
+	"\fDISCONNECTED\x10\x02*\xd1\x01\n" +
+	"\x13RunnerInstallStatus\x12%\n" +
+	"!RUNNER_INSTALL_STATUS_UNSPECIFIED\x10\x00\x12&\n" +
+	"\"RUNNER_INSTALL_STATUS_SELF_MANAGED\x10\x01\x12$\n" +
+	" RUNNER_INSTALL_STATUS_INSTALLING\x10\x02\x12#\n" +
+	"\x1fRUNNER_INSTALL_STATUS_INSTALLED\x10\x03\x12 \n" +
+	"\x1cRUNNER_INSTALL_STATUS_FAILED\x10\x04*A\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSANDBOX_ADMIN\x10\x01\x12\x10\n" +
@@ -2540,131 +2653,133 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescData
 }
 
-var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
-	(Role)(0),                                 // 2: sandboxd.controlplane.v1.Role
-	(*CreateBootstrapTokenRequest)(nil),       // 3: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	(*CreateBootstrapTokenResponse)(nil),      // 4: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	(*IssueDataPlaneCertificateRequest)(nil),  // 5: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	(*IssueDataPlaneCertificateResponse)(nil), // 6: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	(*IssueEdgeCertificateRequest)(nil),       // 7: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	(*IssueEdgeCertificateResponse)(nil),      // 8: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	(*VerifyApiKeyRequest)(nil),               // 9: sandboxd.controlplane.v1.VerifyApiKeyRequest
-	(*VerifyApiKeyResponse)(nil),              // 10: sandboxd.controlplane.v1.VerifyApiKeyResponse
-	(*ApiKeyActiveRequest)(nil),               // 11: sandboxd.controlplane.v1.ApiKeyActiveRequest
-	(*ApiKeyActiveResponse)(nil),              // 12: sandboxd.controlplane.v1.ApiKeyActiveResponse
-	(*RegisterRequest)(nil),                   // 13: sandboxd.controlplane.v1.RegisterRequest
-	(*RegisterResponse)(nil),                  // 14: sandboxd.controlplane.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),                  // 15: sandboxd.controlplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 16: sandboxd.controlplane.v1.HeartbeatResponse
-	(*ManagedRunner)(nil),                     // 17: sandboxd.controlplane.v1.ManagedRunner
-	(*ManagedRunnerStatus)(nil),               // 18: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 19: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 20: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 21: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 22: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 23: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 25: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 26: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*Release)(nil),                           // 27: sandboxd.controlplane.v1.Release
-	(*ListReleasesRequest)(nil),               // 28: sandboxd.controlplane.v1.ListReleasesRequest
-	(*ListReleasesResponse)(nil),              // 29: sandboxd.controlplane.v1.ListReleasesResponse
-	(*PublishReleaseRequest)(nil),             // 30: sandboxd.controlplane.v1.PublishReleaseRequest
-	(*PromoteReleaseRequest)(nil),             // 31: sandboxd.controlplane.v1.PromoteReleaseRequest
-	(*ApiKey)(nil),                            // 32: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 33: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 34: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 35: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 36: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 37: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	nil,                                       // 38: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 39: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 40: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 41: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 42: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 43: google.protobuf.Empty
+	(RunnerInstallStatus)(0),                  // 2: sandboxd.controlplane.v1.RunnerInstallStatus
+	(Role)(0),                                 // 3: sandboxd.controlplane.v1.Role
+	(*CreateBootstrapTokenRequest)(nil),       // 4: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	(*CreateBootstrapTokenResponse)(nil),      // 5: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	(*IssueDataPlaneCertificateRequest)(nil),  // 6: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	(*IssueDataPlaneCertificateResponse)(nil), // 7: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	(*IssueEdgeCertificateRequest)(nil),       // 8: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	(*IssueEdgeCertificateResponse)(nil),      // 9: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	(*VerifyApiKeyRequest)(nil),               // 10: sandboxd.controlplane.v1.VerifyApiKeyRequest
+	(*VerifyApiKeyResponse)(nil),              // 11: sandboxd.controlplane.v1.VerifyApiKeyResponse
+	(*ApiKeyActiveRequest)(nil),               // 12: sandboxd.controlplane.v1.ApiKeyActiveRequest
+	(*ApiKeyActiveResponse)(nil),              // 13: sandboxd.controlplane.v1.ApiKeyActiveResponse
+	(*RegisterRequest)(nil),                   // 14: sandboxd.controlplane.v1.RegisterRequest
+	(*RegisterResponse)(nil),                  // 15: sandboxd.controlplane.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),                  // 16: sandboxd.controlplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 17: sandboxd.controlplane.v1.HeartbeatResponse
+	(*ManagedRunner)(nil),                     // 18: sandboxd.controlplane.v1.ManagedRunner
+	(*ManagedRunnerStatus)(nil),               // 19: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 20: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 22: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 23: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 24: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 26: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 27: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*Release)(nil),                           // 28: sandboxd.controlplane.v1.Release
+	(*ListReleasesRequest)(nil),               // 29: sandboxd.controlplane.v1.ListReleasesRequest
+	(*ListReleasesResponse)(nil),              // 30: sandboxd.controlplane.v1.ListReleasesResponse
+	(*PublishReleaseRequest)(nil),             // 31: sandboxd.controlplane.v1.PublishReleaseRequest
+	(*PromoteReleaseRequest)(nil),             // 32: sandboxd.controlplane.v1.PromoteReleaseRequest
+	(*ApiKey)(nil),                            // 33: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 34: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 35: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 36: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 37: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 38: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	nil,                                       // 39: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 41: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 42: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 43: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 44: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	39, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	40, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	39, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	19, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	19, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	39, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	40, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	41, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	40, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	20, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	20, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	40, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	41, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	40, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	40, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	18, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	42, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	41, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	41, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	19, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
 	1,  // 11: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	40, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	19, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	19, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	17, // 15: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	17, // 16: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	17, // 17: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	42, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	38, // 19: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	0,  // 20: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	40, // 21: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	40, // 22: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	40, // 23: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	27, // 24: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	27, // 25: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	2,  // 26: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	40, // 27: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	40, // 28: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	40, // 29: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	2,  // 30: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	32, // 31: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	32, // 32: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	20, // 33: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	21, // 34: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	22, // 35: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	24, // 36: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	25, // 37: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	26, // 38: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	3,  // 39: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	13, // 40: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	15, // 41: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	7,  // 42: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	9,  // 43: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	11, // 44: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	5,  // 45: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	28, // 46: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	30, // 47: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	31, // 48: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	33, // 49: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	35, // 50: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	37, // 51: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	17, // 52: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	17, // 53: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	23, // 54: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	17, // 55: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	43, // 56: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	17, // 57: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	4,  // 58: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	14, // 59: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	16, // 60: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	8,  // 61: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	10, // 62: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	12, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	6,  // 64: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	29, // 65: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	27, // 66: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	27, // 67: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	34, // 68: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	36, // 69: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	32, // 70: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	52, // [52:71] is the sub-list for method output_type
-	33, // [33:52] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	41, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	20, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	20, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	2,  // 15: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
+	18, // 16: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 17: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	43, // 19: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	39, // 20: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	0,  // 21: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	41, // 22: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	41, // 23: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	41, // 24: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	28, // 25: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	28, // 26: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	3,  // 27: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	41, // 28: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	41, // 29: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	41, // 30: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	3,  // 31: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	33, // 32: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	33, // 33: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	21, // 34: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	22, // 35: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	23, // 36: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	25, // 37: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	26, // 38: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	27, // 39: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	4,  // 40: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	14, // 41: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	16, // 42: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	8,  // 43: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	10, // 44: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	12, // 45: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	6,  // 46: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	29, // 47: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	31, // 48: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	32, // 49: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	34, // 50: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	36, // 51: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	38, // 52: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	18, // 53: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 54: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	24, // 55: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	18, // 56: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	44, // 57: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	18, // 58: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	5,  // 59: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	15, // 60: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	17, // 61: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	9,  // 62: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	11, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	13, // 64: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	7,  // 65: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	30, // 66: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	28, // 67: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	28, // 68: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	35, // 69: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	37, // 70: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	33, // 71: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	53, // [53:72] is the sub-list for method output_type
+	34, // [34:53] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -2677,7 +2792,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   4,
