@@ -1036,8 +1036,12 @@ type ManagedRunner struct {
 	Status *ManagedRunnerStatus `protobuf:"bytes,11,opt,name=status,proto3" json:"status,omitempty"`
 	// Output only: how many times the policy was written (0 never, 1 the first policy, …).
 	PolicyRevision int64 `protobuf:"varint,12,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When the runner may be updated: inside one of its windows and outside its
+	// exclusions. Absent (or empty): any time. Stored and validated only; nothing
+	// schedules by it yet (the automatic rollout is a later slice).
+	MaintenancePolicy *MaintenancePolicy `protobuf:"bytes,13,opt,name=maintenance_policy,json=maintenancePolicy,proto3" json:"maintenance_policy,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ManagedRunner) Reset() {
@@ -1154,6 +1158,187 @@ func (x *ManagedRunner) GetPolicyRevision() int64 {
 	return 0
 }
 
+func (x *ManagedRunner) GetMaintenancePolicy() *MaintenancePolicy {
+	if x != nil {
+		return x.MaintenancePolicy
+	}
+	return nil
+}
+
+// MaintenancePolicy: windows (none = any time) minus exclusions.
+type MaintenancePolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 16.
+	Windows []*MaintenanceWindow `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+	// At most 64.
+	Exclusions    []*MaintenanceExclusion `protobuf:"bytes,2,rep,name=exclusions,proto3" json:"exclusions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaintenancePolicy) Reset() {
+	*x = MaintenancePolicy{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaintenancePolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaintenancePolicy) ProtoMessage() {}
+
+func (x *MaintenancePolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaintenancePolicy.ProtoReflect.Descriptor instead.
+func (*MaintenancePolicy) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *MaintenancePolicy) GetWindows() []*MaintenanceWindow {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+func (x *MaintenancePolicy) GetExclusions() []*MaintenanceExclusion {
+	if x != nil {
+		return x.Exclusions
+	}
+	return nil
+}
+
+// MaintenanceWindow opens at every time cron names and stays open duration_seconds.
+type MaintenanceWindow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A standard 5-field cron expression (minute hour day-of-month month day-of-week) for
+	// the window's start, in UTC; no descriptors (@daily), no time zone prefix.
+	Cron string `protobuf:"bytes,1,opt,name=cron,proto3" json:"cron,omitempty"`
+	// 60 (one minute) to 604800 (7 days).
+	DurationSeconds int64 `protobuf:"varint,2,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *MaintenanceWindow) Reset() {
+	*x = MaintenanceWindow{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaintenanceWindow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaintenanceWindow) ProtoMessage() {}
+
+func (x *MaintenanceWindow) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaintenanceWindow.ProtoReflect.Descriptor instead.
+func (*MaintenanceWindow) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *MaintenanceWindow) GetCron() string {
+	if x != nil {
+		return x.Cron
+	}
+	return ""
+}
+
+func (x *MaintenanceWindow) GetDurationSeconds() int64 {
+	if x != nil {
+		return x.DurationSeconds
+	}
+	return 0
+}
+
+// MaintenanceExclusion forbids [start_time, end_time), even inside a window.
+type MaintenanceExclusion struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// After start_time.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// At most 256 bytes.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaintenanceExclusion) Reset() {
+	*x = MaintenanceExclusion{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaintenanceExclusion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaintenanceExclusion) ProtoMessage() {}
+
+func (x *MaintenanceExclusion) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaintenanceExclusion.ProtoReflect.Descriptor instead.
+func (*MaintenanceExclusion) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *MaintenanceExclusion) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *MaintenanceExclusion) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *MaintenanceExclusion) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // ManagedRunnerStatus is what the runner's heartbeats report. Output only.
 type ManagedRunnerStatus struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -1177,7 +1362,7 @@ type ManagedRunnerStatus struct {
 
 func (x *ManagedRunnerStatus) Reset() {
 	*x = ManagedRunnerStatus{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1374,7 @@ func (x *ManagedRunnerStatus) String() string {
 func (*ManagedRunnerStatus) ProtoMessage() {}
 
 func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1387,7 @@ func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunnerStatus.ProtoReflect.Descriptor instead.
 func (*ManagedRunnerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ManagedRunnerStatus) GetConnection() ConnectionStatus {
@@ -1281,7 +1466,7 @@ type RunnerResources struct {
 
 func (x *RunnerResources) Reset() {
 	*x = RunnerResources{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1478,7 @@ func (x *RunnerResources) String() string {
 func (*RunnerResources) ProtoMessage() {}
 
 func (x *RunnerResources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1491,7 @@ func (x *RunnerResources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerResources.ProtoReflect.Descriptor instead.
 func (*RunnerResources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunnerResources) GetMilliCpu() int64 {
@@ -1339,7 +1524,7 @@ type CreateManagedRunnerRequest struct {
 
 func (x *CreateManagedRunnerRequest) Reset() {
 	*x = CreateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1536,7 @@ func (x *CreateManagedRunnerRequest) String() string {
 func (*CreateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1549,7 @@ func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*CreateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1383,7 +1568,7 @@ type GetManagedRunnerRequest struct {
 
 func (x *GetManagedRunnerRequest) Reset() {
 	*x = GetManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1580,7 @@ func (x *GetManagedRunnerRequest) String() string {
 func (*GetManagedRunnerRequest) ProtoMessage() {}
 
 func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1593,7 @@ func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetManagedRunnerRequest) GetRunnerId() string {
@@ -1429,7 +1614,7 @@ type ListManagedRunnersRequest struct {
 
 func (x *ListManagedRunnersRequest) Reset() {
 	*x = ListManagedRunnersRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1626,7 @@ func (x *ListManagedRunnersRequest) String() string {
 func (*ListManagedRunnersRequest) ProtoMessage() {}
 
 func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1639,7 @@ func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListManagedRunnersRequest) GetPageSize() int32 {
@@ -1481,7 +1666,7 @@ type ListManagedRunnersResponse struct {
 
 func (x *ListManagedRunnersResponse) Reset() {
 	*x = ListManagedRunnersResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1678,7 @@ func (x *ListManagedRunnersResponse) String() string {
 func (*ListManagedRunnersResponse) ProtoMessage() {}
 
 func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1691,7 @@ func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListManagedRunnersResponse) GetManagedRunners() []*ManagedRunner {
@@ -1535,7 +1720,7 @@ type UpdateManagedRunnerRequest struct {
 
 func (x *UpdateManagedRunnerRequest) Reset() {
 	*x = UpdateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1732,7 @@ func (x *UpdateManagedRunnerRequest) String() string {
 func (*UpdateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1745,7 @@ func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UpdateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1590,7 +1775,7 @@ type DeleteManagedRunnerRequest struct {
 
 func (x *DeleteManagedRunnerRequest) Reset() {
 	*x = DeleteManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1602,7 +1787,7 @@ func (x *DeleteManagedRunnerRequest) String() string {
 func (*DeleteManagedRunnerRequest) ProtoMessage() {}
 
 func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1615,7 +1800,7 @@ func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteManagedRunnerRequest) GetRunnerId() string {
@@ -1650,7 +1835,7 @@ type ApplyAvailableUpdateRequest struct {
 
 func (x *ApplyAvailableUpdateRequest) Reset() {
 	*x = ApplyAvailableUpdateRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1847,7 @@ func (x *ApplyAvailableUpdateRequest) String() string {
 func (*ApplyAvailableUpdateRequest) ProtoMessage() {}
 
 func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1860,7 @@ func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyAvailableUpdateRequest.ProtoReflect.Descriptor instead.
 func (*ApplyAvailableUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ApplyAvailableUpdateRequest) GetRunnerId() string {
@@ -1719,7 +1904,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1916,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1929,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Release) GetVersion() string {
@@ -1811,7 +1996,7 @@ type ListReleasesRequest struct {
 
 func (x *ListReleasesRequest) Reset() {
 	*x = ListReleasesRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +2008,7 @@ func (x *ListReleasesRequest) String() string {
 func (*ListReleasesRequest) ProtoMessage() {}
 
 func (x *ListReleasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +2021,7 @@ func (x *ListReleasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReleasesRequest.ProtoReflect.Descriptor instead.
 func (*ListReleasesRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{28}
 }
 
 type ListReleasesResponse struct {
@@ -1852,7 +2037,7 @@ type ListReleasesResponse struct {
 
 func (x *ListReleasesResponse) Reset() {
 	*x = ListReleasesResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +2049,7 @@ func (x *ListReleasesResponse) String() string {
 func (*ListReleasesResponse) ProtoMessage() {}
 
 func (x *ListReleasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +2062,7 @@ func (x *ListReleasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReleasesResponse.ProtoReflect.Descriptor instead.
 func (*ListReleasesResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListReleasesResponse) GetReleases() []*Release {
@@ -1910,7 +2095,7 @@ type PublishReleaseRequest struct {
 
 func (x *PublishReleaseRequest) Reset() {
 	*x = PublishReleaseRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2107,7 @@ func (x *PublishReleaseRequest) String() string {
 func (*PublishReleaseRequest) ProtoMessage() {}
 
 func (x *PublishReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2120,7 @@ func (x *PublishReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishReleaseRequest.ProtoReflect.Descriptor instead.
 func (*PublishReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PublishReleaseRequest) GetRelease() *Release {
@@ -1954,7 +2139,7 @@ type PromoteReleaseRequest struct {
 
 func (x *PromoteReleaseRequest) Reset() {
 	*x = PromoteReleaseRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2151,7 @@ func (x *PromoteReleaseRequest) String() string {
 func (*PromoteReleaseRequest) ProtoMessage() {}
 
 func (x *PromoteReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2164,7 @@ func (x *PromoteReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteReleaseRequest.ProtoReflect.Descriptor instead.
 func (*PromoteReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PromoteReleaseRequest) GetVersion() string {
@@ -2004,7 +2189,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2201,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2214,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ApiKey) GetKeyId() string {
@@ -2085,7 +2270,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2282,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2295,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateApiKeyRequest) GetDisplayName() string {
@@ -2138,7 +2323,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2335,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2348,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateApiKeyResponse) GetApiKey() *ApiKey {
@@ -2191,7 +2376,7 @@ type ListApiKeysRequest struct {
 
 func (x *ListApiKeysRequest) Reset() {
 	*x = ListApiKeysRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2203,7 +2388,7 @@ func (x *ListApiKeysRequest) String() string {
 func (*ListApiKeysRequest) ProtoMessage() {}
 
 func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2216,7 +2401,7 @@ func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListApiKeysRequest) GetPageSize() int32 {
@@ -2243,7 +2428,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2440,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2453,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListApiKeysResponse) GetApiKeys() []*ApiKey {
@@ -2294,7 +2479,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2491,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2504,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RevokeApiKeyRequest) GetKeyId() string {
@@ -2387,7 +2572,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x0fpolicy_revision\x18\x02 \x01(\x03R\x0epolicyRevision\x12\x12\n" +
 	"\x04etag\x18\x03 \x01(\tR\x04etag\x12'\n" +
 	"\x0fdesired_version\x18\x04 \x01(\tR\x0edesiredVersion\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xac\x04\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x88\x05\n" +
 	"\rManagedRunner\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x1d\n" +
 	"\n" +
@@ -2404,7 +2589,21 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12E\n" +
 	"\x06status\x18\v \x01(\v2-.sandboxd.controlplane.v1.ManagedRunnerStatusR\x06status\x12'\n" +
-	"\x0fpolicy_revision\x18\f \x01(\x03R\x0epolicyRevision\"\xe0\x03\n" +
+	"\x0fpolicy_revision\x18\f \x01(\x03R\x0epolicyRevision\x12Z\n" +
+	"\x12maintenance_policy\x18\r \x01(\v2+.sandboxd.controlplane.v1.MaintenancePolicyR\x11maintenancePolicy\"\xaa\x01\n" +
+	"\x11MaintenancePolicy\x12E\n" +
+	"\awindows\x18\x01 \x03(\v2+.sandboxd.controlplane.v1.MaintenanceWindowR\awindows\x12N\n" +
+	"\n" +
+	"exclusions\x18\x02 \x03(\v2..sandboxd.controlplane.v1.MaintenanceExclusionR\n" +
+	"exclusions\"R\n" +
+	"\x11MaintenanceWindow\x12\x12\n" +
+	"\x04cron\x18\x01 \x01(\tR\x04cron\x12)\n" +
+	"\x10duration_seconds\x18\x02 \x01(\x03R\x0fdurationSeconds\"\xa0\x01\n" +
+	"\x14MaintenanceExclusion\x129\n" +
+	"\n" +
+	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xe0\x03\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -2541,7 +2740,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -2561,110 +2760,118 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*HeartbeatRequest)(nil),                  // 15: sandboxd.controlplane.v1.HeartbeatRequest
 	(*HeartbeatResponse)(nil),                 // 16: sandboxd.controlplane.v1.HeartbeatResponse
 	(*ManagedRunner)(nil),                     // 17: sandboxd.controlplane.v1.ManagedRunner
-	(*ManagedRunnerStatus)(nil),               // 18: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 19: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 20: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 21: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 22: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 23: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 25: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 26: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*Release)(nil),                           // 27: sandboxd.controlplane.v1.Release
-	(*ListReleasesRequest)(nil),               // 28: sandboxd.controlplane.v1.ListReleasesRequest
-	(*ListReleasesResponse)(nil),              // 29: sandboxd.controlplane.v1.ListReleasesResponse
-	(*PublishReleaseRequest)(nil),             // 30: sandboxd.controlplane.v1.PublishReleaseRequest
-	(*PromoteReleaseRequest)(nil),             // 31: sandboxd.controlplane.v1.PromoteReleaseRequest
-	(*ApiKey)(nil),                            // 32: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 33: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 34: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 35: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 36: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 37: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	nil,                                       // 38: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 39: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 40: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 41: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 42: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 43: google.protobuf.Empty
+	(*MaintenancePolicy)(nil),                 // 18: sandboxd.controlplane.v1.MaintenancePolicy
+	(*MaintenanceWindow)(nil),                 // 19: sandboxd.controlplane.v1.MaintenanceWindow
+	(*MaintenanceExclusion)(nil),              // 20: sandboxd.controlplane.v1.MaintenanceExclusion
+	(*ManagedRunnerStatus)(nil),               // 21: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 22: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 23: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 24: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 25: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 26: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 27: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 28: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 29: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*Release)(nil),                           // 30: sandboxd.controlplane.v1.Release
+	(*ListReleasesRequest)(nil),               // 31: sandboxd.controlplane.v1.ListReleasesRequest
+	(*ListReleasesResponse)(nil),              // 32: sandboxd.controlplane.v1.ListReleasesResponse
+	(*PublishReleaseRequest)(nil),             // 33: sandboxd.controlplane.v1.PublishReleaseRequest
+	(*PromoteReleaseRequest)(nil),             // 34: sandboxd.controlplane.v1.PromoteReleaseRequest
+	(*ApiKey)(nil),                            // 35: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 36: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 37: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 38: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 39: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 40: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	nil,                                       // 41: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 43: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 44: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 45: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 46: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	39, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	40, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	39, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	19, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	19, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	39, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	42, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	43, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	42, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	22, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	22, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	42, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	41, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	40, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	40, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	18, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
-	1,  // 11: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	40, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	19, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	19, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	17, // 15: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	17, // 16: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	17, // 17: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	42, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	38, // 19: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	0,  // 20: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	40, // 21: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	40, // 22: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	40, // 23: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	27, // 24: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	27, // 25: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	2,  // 26: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	40, // 27: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	40, // 28: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	40, // 29: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	2,  // 30: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	32, // 31: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	32, // 32: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	20, // 33: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	21, // 34: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	22, // 35: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	24, // 36: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	25, // 37: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	26, // 38: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	3,  // 39: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	13, // 40: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	15, // 41: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	7,  // 42: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	9,  // 43: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	11, // 44: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	5,  // 45: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	28, // 46: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	30, // 47: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	31, // 48: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	33, // 49: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	35, // 50: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	37, // 51: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	17, // 52: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	17, // 53: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	23, // 54: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	17, // 55: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	43, // 56: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	17, // 57: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	4,  // 58: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	14, // 59: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	16, // 60: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	8,  // 61: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	10, // 62: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	12, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	6,  // 64: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	29, // 65: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	27, // 66: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	27, // 67: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	34, // 68: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	36, // 69: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	32, // 70: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	52, // [52:71] is the sub-list for method output_type
-	33, // [33:52] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	44, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	43, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	43, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	21, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	18, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
+	19, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
+	20, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
+	43, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	43, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
+	43, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	22, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	22, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	17, // 20: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	17, // 21: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	17, // 22: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	45, // 23: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	41, // 24: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	0,  // 25: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	43, // 26: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	43, // 27: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	43, // 28: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	30, // 29: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	30, // 30: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	2,  // 31: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	43, // 32: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	43, // 33: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	43, // 34: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	2,  // 35: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	35, // 36: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	35, // 37: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	23, // 38: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	24, // 39: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	25, // 40: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	27, // 41: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	28, // 42: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	29, // 43: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	3,  // 44: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	13, // 45: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	15, // 46: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	7,  // 47: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	9,  // 48: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	11, // 49: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	5,  // 50: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	31, // 51: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	33, // 52: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	34, // 53: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	36, // 54: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	38, // 55: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	40, // 56: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	17, // 57: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	17, // 58: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	26, // 59: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	17, // 60: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	46, // 61: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	17, // 62: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	4,  // 63: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	14, // 64: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	16, // 65: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	8,  // 66: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	10, // 67: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	12, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	6,  // 69: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	32, // 70: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	30, // 71: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	30, // 72: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	37, // 73: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	39, // 74: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	35, // 75: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	57, // [57:76] is the sub-list for method output_type
+	38, // [38:57] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -2678,7 +2885,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
