@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 )
@@ -101,6 +102,8 @@ func Validate(p Policy) []Violation {
 		f := fmt.Sprintf("windows[%d]", i)
 		if w.Cron == "" {
 			add(f+".cron", "is required: a 5-field cron expression for the window's start, in UTC")
+		} else if !utf8.ValidString(w.Cron) {
+			add(f+".cron", "must be UTF-8")
 		} else if _, err := ParseCron(w.Cron); err != nil {
 			add(f+".cron", "is not a 5-field cron expression (%q): %v", truncate(w.Cron), err)
 		}
@@ -123,6 +126,8 @@ func Validate(p Policy) []Violation {
 		}
 		if len(e.Reason) > MaxReason {
 			add(f+".reason", "must be at most %d bytes (got %d)", MaxReason, len(e.Reason))
+		} else if !utf8.ValidString(e.Reason) {
+			add(f+".reason", "must be UTF-8")
 		}
 	}
 	return vs

@@ -142,6 +142,8 @@ func TestValidate(t *testing.T) {
 		{name: "long", p: Policy{Windows: []Window{{Cron: "0 2 * * *", DurationSeconds: 7*24*3600 + 1}}}, fields: []string{"windows[0].duration_seconds"}},
 		{name: "end before start", p: Policy{Exclusions: []Exclusion{{Start: t0, End: t0}}}, fields: []string{"exclusions[0].end_time"}},
 		{name: "no end", p: Policy{Exclusions: []Exclusion{{Start: t0}}}, fields: []string{"exclusions[0].end_time"}},
+		{name: "reason not UTF-8", p: Policy{Exclusions: []Exclusion{{Start: t0, End: t0.Add(1), Reason: "\x95"}}}, fields: []string{"exclusions[0].reason"}},
+		{name: "cron not UTF-8", p: Policy{Windows: []Window{{Cron: "0 2 * * \xff", DurationSeconds: 60}}}, fields: []string{"windows[0].cron"}},
 		{name: "long reason", p: Policy{Exclusions: []Exclusion{{Start: t0, End: t0.Add(1), Reason: strings.Repeat("x", 257)}}}, fields: []string{"exclusions[0].reason"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

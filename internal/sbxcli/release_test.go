@@ -19,6 +19,13 @@ import (
 // port) and returns sbx arguments that reach it with an admin key and with a user key.
 func controlPlane(t *testing.T) (admin, user []string) {
 	t.Helper()
+	admin, user, _ = controlPlaneStore(t)
+	return admin, user
+}
+
+// controlPlaneStore is controlPlane that also returns its store.
+func controlPlaneStore(t *testing.T) (admin, user []string, st store.Store) {
+	t.Helper()
 	ctx := t.Context()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "cp.db"))
 	if err != nil {
@@ -54,7 +61,7 @@ func controlPlane(t *testing.T) (admin, user []string) {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	url := "http://" + ln.Addr().String()
-	return []string{"--base-url", url, "--api-key", adminKey}, []string{"--base-url", url, "--api-key", userKey}
+	return []string{"--base-url", url, "--api-key", adminKey}, []string{"--base-url", url, "--api-key", userKey}, st
 }
 
 func TestSbxAdminRelease(t *testing.T) {
