@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -17,6 +18,7 @@ import (
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/maintenance"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -107,6 +109,75 @@ func policyJSON(vs *violations, field string, p *structpb.Struct) json.RawMessag
 	return b
 }
 
+// maintenanceJSON validates a maintenance policy and returns it as the store keeps it:
+// nil for none (or an empty one: any time).
+func maintenanceJSON(vs *violations, field string, p *controlplanev1.MaintenancePolicy) json.RawMessage {
+	mp, ok := maintenanceFromProto(vs, field, p)
+	if !ok || mp.Empty() {
+		return nil
+	}
+	for _, v := range maintenance.Validate(mp) {
+		vs.add(field+"."+v.Field, "%s", v.Description)
+	}
+	b, err := json.Marshal(mp)
+	if err != nil {
+		vs.add(field, "cannot be encoded: %v", err)
+		return nil
+	}
+	return b
+}
+
+func maintenanceFromProto(vs *violations, field string, p *controlplanev1.MaintenancePolicy) (maintenance.Policy, bool) {
+	var mp maintenance.Policy
+	ok := true
+	for _, w := range p.GetWindows() {
+		mp.Windows = append(mp.Windows, maintenance.Window{Cron: w.GetCron(), DurationSeconds: w.GetDurationSeconds()})
+	}
+	ts := func(f string, t interface {
+		CheckValid() error
+		AsTime() time.Time
+	}, present bool) time.Time {
+		if !present {
+			return time.Time{}
+		}
+		if err := t.CheckValid(); err != nil {
+			vs.add(f, "%v", err)
+			ok = false
+			return time.Time{}
+		}
+		return t.AsTime().UTC()
+	}
+	for i, e := range p.GetExclusions() {
+		f := fmt.Sprintf("%s.exclusions[%d]", field, i)
+		mp.Exclusions = append(mp.Exclusions, maintenance.Exclusion{
+			Start:  ts(f+".start_time", e.GetStartTime(), e.GetStartTime() != nil),
+			End:    ts(f+".end_time", e.GetEndTime(), e.GetEndTime() != nil),
+			Reason: e.GetReason(),
+		})
+	}
+	return mp, ok
+}
+
+// maintenanceProto is the stored policy as the API returns it (nil for none).
+func maintenanceProto(b json.RawMessage) *controlplanev1.MaintenancePolicy {
+	if b == nil {
+		return nil
+	}
+	var mp maintenance.Policy
+	if err := json.Unmarshal(b, &mp); err != nil || mp.Empty() {
+		return nil
+	}
+	out := &controlplanev1.MaintenancePolicy{}
+	for _, w := range mp.Windows {
+		out.Windows = append(out.Windows, &controlplanev1.MaintenanceWindow{Cron: w.Cron, DurationSeconds: w.DurationSeconds})
+	}
+	for _, e := range mp.Exclusions {
+		out.Exclusions = append(out.Exclusions, &controlplanev1.MaintenanceExclusion{
+			StartTime: timestamppb.New(e.Start), EndTime: timestamppb.New(e.End), Reason: e.Reason})
+	}
+	return out
+}
+
 // ValidateCreate checks a runner to create and returns its store record (without org).
 func ValidateCreate(r *controlplanev1.ManagedRunner) (store.Runner, error) {
 	var vs violations
@@ -131,11 +202,13 @@ func ValidateCreate(r *controlplanev1.ManagedRunner) (store.Runner, error) {
 	checkDisplayName(&vs, "managed_runner.display_name", r.GetDisplayName())
 	ch := channelName(&vs, "managed_runner.release_channel", r.GetReleaseChannel())
 	doc := policyJSON(&vs, "managed_runner.policy", r.GetPolicy())
+	mp := maintenanceJSON(&vs, "managed_runner.maintenance_policy", r.GetMaintenancePolicy())
 	if err := vs.err("invalid managed runner"); err != nil {
 		return store.Runner{}, err
 	}
 	return store.Runner{RunnerID: r.GetRunnerId(), ClusterID: r.GetClusterId(), Zone: r.GetZone(),
-		RunnerGroupID: r.GetRunnerGroupId(), DisplayName: r.GetDisplayName(), ReleaseChannel: ch, Policy: doc}, nil
+		RunnerGroupID: r.GetRunnerGroupId(), DisplayName: r.GetDisplayName(), ReleaseChannel: ch, Policy: doc,
+		MaintenancePolicy: mp}, nil
 }
 
 // maskPaths accepts proto and JSON spellings of the update mask's paths.
@@ -143,6 +216,7 @@ var maskPaths = map[string]string{
 	"policy": "policy", "display_name": "display_name", "displayName": "display_name",
 	"runner_group_id": "runner_group_id", "runnerGroupId": "runner_group_id",
 	"release_channel": "release_channel", "releaseChannel": "release_channel",
+	"maintenance_policy": "maintenance_policy", "maintenancePolicy": "maintenance_policy",
 }
 
 var immutablePaths = map[string]bool{
@@ -161,7 +235,7 @@ func ValidateUpdate(req *controlplanev1.UpdateManagedRunnerRequest) (store.Runne
 	var u store.RunnerUpdate
 	paths := req.GetUpdateMask().GetPaths()
 	if len(paths) == 0 {
-		vs.add("update_mask", "is required: name the fields to change (policy, display_name, runner_group_id, release_channel)")
+		vs.add("update_mask", "is required: name the fields to change (policy, display_name, runner_group_id, release_channel, maintenance_policy)")
 	}
 	for _, p := range paths {
 		switch maskPaths[p] {
@@ -184,11 +258,15 @@ func ValidateUpdate(req *controlplanev1.UpdateManagedRunnerRequest) (store.Runne
 		case "release_channel":
 			ch := channelName(&vs, "managed_runner.release_channel", r.GetReleaseChannel())
 			u.ReleaseChannel = &ch
+		case "maintenance_policy":
+			// Replaces the whole policy; absent (or empty) clears it: any time.
+			u.SetMaintenancePolicy = true
+			u.MaintenancePolicy = maintenanceJSON(&vs, "managed_runner.maintenance_policy", r.GetMaintenancePolicy())
 		default:
 			if immutablePaths[p] {
 				vs.add("update_mask", "%s cannot be changed: delete the runner and create it again", p)
 			} else {
-				vs.add("update_mask", "unknown path %q: use policy, display_name, runner_group_id or release_channel", p)
+				vs.add("update_mask", "unknown path %q: use policy, display_name, runner_group_id, release_channel or maintenance_policy", p)
 			}
 		}
 	}
@@ -448,6 +526,8 @@ func (s *Service) toProto(r store.Runner, targets map[string]string) *controlpla
 		CreateTime:     timestamppb.New(r.CreatedAt),
 		UpdateTime:     timestamppb.New(r.UpdatedAt),
 		PolicyRevision: r.PolicyRevision,
+
+		MaintenancePolicy: maintenanceProto(r.MaintenancePolicy),
 	}
 	if r.ReleaseChannel == store.ChannelRapid {
 		out.ReleaseChannel = controlplanev1.ReleaseChannel_RAPID

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/internal/maintenance"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
 
@@ -199,6 +200,7 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 		policy = fmt.Sprintf("revision %d (sbx admin runner policy get %s)", r.GetPolicyRevision(), r.GetRunnerId())
 	}
 	row("Policy", policy)
+	printMaintenance(tw, r.GetMaintenancePolicy(), time.Now())
 	row("Etag", r.GetEtag())
 	row("Created", ts(r.GetCreateTime()))
 	row("Updated", ts(r.GetUpdateTime()))
@@ -220,6 +222,48 @@ func rollout(st *controlplanev1.ManagedRunnerStatus) string {
 		return "to " + st.GetTargetRevision()
 	}
 	return "-"
+}
+
+// printMaintenance prints the maintenance policy (windows and exclusions, in UTC as they
+// are evaluated) and whether now is inside it. Nothing enforces it yet.
+func printMaintenance(w io.Writer, p *controlplanev1.MaintenancePolicy, now time.Time) {
+	if len(p.GetWindows())+len(p.GetExclusions()) == 0 {
+		_, _ = fmt.Fprintf(w, "Maintenance:\tany time (no maintenance policy)\n")
+		return
+	}
+	key := "Maintenance windows:"
+	if len(p.GetWindows()) == 0 {
+		_, _ = fmt.Fprintf(w, "%s\tany time\n", key)
+	}
+	var mp maintenance.Policy
+	for _, x := range p.GetWindows() {
+		d := time.Duration(x.GetDurationSeconds()) * time.Second
+		_, _ = fmt.Fprintf(w, "%s\t%s (UTC) for %s\n", key, x.GetCron(), d)
+		key = ""
+		mp.Windows = append(mp.Windows, maintenance.Window{Cron: x.GetCron(), DurationSeconds: x.GetDurationSeconds()})
+	}
+	key = "Exclusions:"
+	for _, x := range p.GetExclusions() {
+		start, end := x.GetStartTime().AsTime().UTC(), x.GetEndTime().AsTime().UTC()
+		reason := ""
+		if x.GetReason() != "" {
+			reason = " (" + x.GetReason() + ")"
+		}
+		_, _ = fmt.Fprintf(w, "%s\t%s to %s%s\n", key, start.Format(time.RFC3339), end.Format(time.RFC3339), reason)
+		key = ""
+		mp.Exclusions = append(mp.Exclusions, maintenance.Exclusion{Start: start, End: end, Reason: x.GetReason()})
+	}
+	now = now.UTC()
+	ok, next := maintenance.Allowed(mp, now)
+	state := "inside a maintenance window"
+	switch {
+	case ok:
+	case next.IsZero():
+		state = "outside; no next window found"
+	default:
+		state = "outside; next window at " + next.Format(time.RFC3339)
+	}
+	_, _ = fmt.Fprintf(w, "Maintenance now:\t%s (not enforced yet: no automatic rollout)\n", state)
 }
 
 func ts(t *timestamppb.Timestamp) string {

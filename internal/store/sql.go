@@ -203,7 +203,7 @@ type runners struct{ s *sqlStore }
 
 const runnerCols = `org_id, runner_id, cluster_id, zone, runner_group_id, display_name, release_channel,
 	desired_version, policy, policy_revision, revision, created_at, updated_at,
-	last_heartbeat_at, version, ready, capacity, usage`
+	last_heartbeat_at, version, ready, capacity, usage, maintenance_policy`
 
 // The etag names one revision of one incarnation of a runner: a runner deleted and
 // created again under the same id does not accept the old etags.
@@ -226,16 +226,17 @@ func parseEtag(etag string) (created time.Time, revision int64, ok bool) {
 
 func scanRunner(r row) (Runner, error) {
 	var x Runner
-	var policy, capacity, usage dbJSON
+	var policy, capacity, usage, maint dbJSON
 	var created, updated, heartbeat dbTime
 	var revision int64
 	err := r.Scan(&x.Org, &x.RunnerID, &x.ClusterID, &x.Zone, &x.RunnerGroupID, &x.DisplayName,
 		&x.ReleaseChannel, &x.DesiredVersion, &policy, &x.PolicyRevision, &revision, &created, &updated,
-		&heartbeat, &x.Status.Version, &x.Status.Ready, &capacity, &usage)
+		&heartbeat, &x.Status.Version, &x.Status.Ready, &capacity, &usage, &maint)
 	if err != nil {
 		return Runner{}, err
 	}
 	x.Policy, x.Status.Capacity, x.Status.Usage = json.RawMessage(policy), json.RawMessage(capacity), json.RawMessage(usage)
+	x.MaintenancePolicy = json.RawMessage(maint)
 	x.CreatedAt, x.UpdatedAt, x.Status.LastHeartbeatAt = created.t, updated.t, heartbeat.ptr()
 	x.Etag = runnerEtag(created.t, revision)
 	return x, nil
@@ -244,6 +245,20 @@ func scanRunner(r row) (Runner, error) {
 func checkChannel(c string) error {
 	if c != ChannelStable && c != ChannelRapid {
 		return invalid("release channel %q: want STABLE or RAPID", c)
+	}
+	return nil
+}
+
+// checkMaintenance accepts a JSON object or nil (none).
+func checkMaintenance(p []byte) error {
+	if p == nil {
+		return nil
+	}
+	if err := checkJSON("maintenance_policy", p); err != nil {
+		return err
+	}
+	if t := bytes.TrimSpace(p); len(t) == 0 || t[0] != '{' {
+		return invalid("maintenance_policy must be a JSON object")
 	}
 	return nil
 }
@@ -278,6 +293,9 @@ func (rn runners) Create(ctx context.Context, r Runner) (Runner, error) {
 	if err := checkPolicy(r.Policy); err != nil {
 		return Runner{}, err
 	}
+	if err := checkMaintenance(r.MaintenancePolicy); err != nil {
+		return Runner{}, err
+	}
 	r.PolicyRevision = 0
 	if r.Policy != nil {
 		r.PolicyRevision = 1
@@ -285,10 +303,10 @@ func (rn runners) Create(ctx context.Context, r Runner) (Runner, error) {
 	t := now()
 	out, err := scanRunner(rn.s.d.queryRow(ctx, `INSERT INTO runners (org_id, runner_id, cluster_id, zone,
 		runner_group_id, display_name, release_channel, desired_version, policy, policy_revision, revision,
-		created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1, $11, $11)
+		created_at, updated_at, maintenance_policy) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1, $11, $11, $12)
 		RETURNING `+runnerCols,
 		r.Org, r.RunnerID, r.ClusterID, r.Zone, r.RunnerGroupID, r.DisplayName, r.ReleaseChannel,
-		r.DesiredVersion, jsonArg(r.Policy), r.PolicyRevision, t))
+		r.DesiredVersion, jsonArg(r.Policy), r.PolicyRevision, t, jsonArg(r.MaintenancePolicy)))
 	if err != nil {
 		return Runner{}, rn.s.writeErr("runner", "create", err)
 	}
@@ -370,6 +388,13 @@ func (rn runners) Update(ctx context.Context, org, runnerID, etag string, u Runn
 	if err := checkPolicy(u.Policy); err != nil {
 		return Runner{}, err
 	}
+	if err := checkMaintenance(u.MaintenancePolicy); err != nil {
+		return Runner{}, err
+	}
+	setMaint := 0
+	if u.SetMaintenancePolicy {
+		setMaint = 1
+	}
 	// One conditional statement: the etag check and the write are atomic. A nil argument
 	// keeps the column (COALESCE); a policy write bumps policy_revision.
 	policyWrite := 0
@@ -383,12 +408,14 @@ func (rn runners) Update(ctx context.Context, org, runnerID, etag string, u Runn
 		desired_version = COALESCE($8, desired_version),
 		policy = COALESCE($9, policy),
 		policy_revision = policy_revision + $10,
+		maintenance_policy = CASE WHEN $12 = 1 THEN $13 ELSE maintenance_policy END,
 		revision = revision + 1,
 		updated_at = $11
 		WHERE org_id = $1 AND runner_id = $2 AND revision = $3 AND created_at = $4
 		RETURNING `+runnerCols,
 		org, runnerID, revision, created, strArg(u.DisplayName), strArg(u.RunnerGroupID),
-		strArg(u.ReleaseChannel), strArg(u.DesiredVersion), jsonArg(u.Policy), policyWrite, now()))
+		strArg(u.ReleaseChannel), strArg(u.DesiredVersion), jsonArg(u.Policy), policyWrite, now(),
+		setMaint, jsonArg(u.MaintenancePolicy)))
 	if rn.s.d.isNoRows(err) {
 		return Runner{}, rn.conflictOrMissing(ctx, org, runnerID)
 	}

@@ -182,6 +182,9 @@ type Runner struct {
 	Policy json.RawMessage
 	// PolicyRevision counts policy writes: 0 never set, 1 the first policy, …
 	PolicyRevision int64
+	// MaintenancePolicy is the runner's maintenance policy as a JSON object (the control
+	// plane validates it; internal/maintenance reads it); nil means none: any time.
+	MaintenancePolicy json.RawMessage
 	// Etag changes on every administrative write (not on heartbeats).
 	Etag      string
 	CreatedAt time.Time
@@ -205,6 +208,9 @@ type RunnerUpdate struct {
 	ReleaseChannel *string
 	DesiredVersion *string
 	Policy         json.RawMessage // replaces the whole document; JSON null is rejected
+	// SetMaintenancePolicy writes MaintenancePolicy (nil clears it: any time).
+	SetMaintenancePolicy bool
+	MaintenancePolicy    json.RawMessage
 }
 
 // BootstrapToken is a one-time registration secret for one runner, kept hashed.

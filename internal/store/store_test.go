@@ -511,3 +511,43 @@ func TestBootstrapTokenConsumedOnceUnderConcurrency(t *testing.T) {
 		}
 	})
 }
+
+func TestRunnerMaintenancePolicy(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		rs := s.Runners()
+		mustOrg(t, s, "o1")
+		mp := json.RawMessage(`{"windows":[{"cron":"0 2 * * *","duration_seconds":3600}]}`)
+		r, err := rs.Create(ctx, store.Runner{Org: "o1", RunnerID: "r1", ClusterID: "c1", MaintenancePolicy: mp})
+		if err != nil || string(r.MaintenancePolicy) != string(mp) {
+			t.Fatalf("create = %s, %v", r.MaintenancePolicy, err)
+		}
+		if got, err := rs.Get(ctx, "o1", "r1"); err != nil || string(got.MaintenancePolicy) != string(mp) {
+			t.Fatalf("get = %s, %v", got.MaintenancePolicy, err)
+		}
+		// An update that does not name it keeps it.
+		u, err := rs.Update(ctx, "o1", "r1", r.Etag, store.RunnerUpdate{DisplayName: ptr("x")})
+		if err != nil || string(u.MaintenancePolicy) != string(mp) {
+			t.Fatalf("other update = %s, %v", u.MaintenancePolicy, err)
+		}
+		mp2 := json.RawMessage(`{"exclusions":[{"start_time":"2026-12-24T00:00:00Z","end_time":"2026-12-27T00:00:00Z","reason":"holidays"}]}`)
+		u2, err := rs.Update(ctx, "o1", "r1", u.Etag, store.RunnerUpdate{SetMaintenancePolicy: true, MaintenancePolicy: mp2})
+		if err != nil || string(u2.MaintenancePolicy) != string(mp2) || u2.Etag == u.Etag || u2.PolicyRevision != 0 {
+			t.Fatalf("replace = %+v, %v", u2, err)
+		}
+		// Stale etag: refused, unchanged.
+		_, err = rs.Update(ctx, "o1", "r1", u.Etag, store.RunnerUpdate{SetMaintenancePolicy: true})
+		wantErr(t, err, store.ErrConflict)
+		u3, err := rs.Update(ctx, "o1", "r1", u2.Etag, store.RunnerUpdate{SetMaintenancePolicy: true})
+		if err != nil || u3.MaintenancePolicy != nil {
+			t.Fatalf("clear = %s, %v", u3.MaintenancePolicy, err)
+		}
+		if list, _, err := rs.List(ctx, "o1", store.Page{}); err != nil || len(list) != 1 || list[0].MaintenancePolicy != nil {
+			t.Fatalf("list = %+v, %v", list, err)
+		}
+		_, err = rs.Create(ctx, store.Runner{Org: "o1", RunnerID: "r2", ClusterID: "c2", MaintenancePolicy: json.RawMessage(`[]`)})
+		wantErr(t, err, store.ErrInvalid)
+		_, err = rs.Update(ctx, "o1", "r1", u3.Etag, store.RunnerUpdate{SetMaintenancePolicy: true, MaintenancePolicy: json.RawMessage(`{`)})
+		wantErr(t, err, store.ErrInvalid)
+	})
+}

@@ -1098,8 +1098,12 @@ type ManagedRunner struct {
 	Status *ManagedRunnerStatus `protobuf:"bytes,11,opt,name=status,proto3" json:"status,omitempty"`
 	// Output only: how many times the policy was written (0 never, 1 the first policy, …).
 	PolicyRevision int64 `protobuf:"varint,12,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When the runner may be updated: inside one of its windows and outside its
+	// exclusions. Absent (or empty): any time. Stored and validated only; nothing
+	// schedules by it yet (the automatic rollout is a later slice).
+	MaintenancePolicy *MaintenancePolicy `protobuf:"bytes,13,opt,name=maintenance_policy,json=maintenancePolicy,proto3" json:"maintenance_policy,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ManagedRunner) Reset() {
@@ -1216,6 +1220,187 @@ func (x *ManagedRunner) GetPolicyRevision() int64 {
 	return 0
 }
 
+func (x *ManagedRunner) GetMaintenancePolicy() *MaintenancePolicy {
+	if x != nil {
+		return x.MaintenancePolicy
+	}
+	return nil
+}
+
+// MaintenancePolicy: windows (none = any time) minus exclusions.
+type MaintenancePolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 16.
+	Windows []*MaintenanceWindow `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+	// At most 64.
+	Exclusions    []*MaintenanceExclusion `protobuf:"bytes,2,rep,name=exclusions,proto3" json:"exclusions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaintenancePolicy) Reset() {
+	*x = MaintenancePolicy{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaintenancePolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaintenancePolicy) ProtoMessage() {}
+
+func (x *MaintenancePolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaintenancePolicy.ProtoReflect.Descriptor instead.
+func (*MaintenancePolicy) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *MaintenancePolicy) GetWindows() []*MaintenanceWindow {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+func (x *MaintenancePolicy) GetExclusions() []*MaintenanceExclusion {
+	if x != nil {
+		return x.Exclusions
+	}
+	return nil
+}
+
+// MaintenanceWindow opens at every time cron names and stays open duration_seconds.
+type MaintenanceWindow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A standard 5-field cron expression (minute hour day-of-month month day-of-week) for
+	// the window's start, in UTC; no descriptors (@daily), no time zone prefix.
+	Cron string `protobuf:"bytes,1,opt,name=cron,proto3" json:"cron,omitempty"`
+	// 60 (one minute) to 604800 (7 days).
+	DurationSeconds int64 `protobuf:"varint,2,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *MaintenanceWindow) Reset() {
+	*x = MaintenanceWindow{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaintenanceWindow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaintenanceWindow) ProtoMessage() {}
+
+func (x *MaintenanceWindow) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaintenanceWindow.ProtoReflect.Descriptor instead.
+func (*MaintenanceWindow) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *MaintenanceWindow) GetCron() string {
+	if x != nil {
+		return x.Cron
+	}
+	return ""
+}
+
+func (x *MaintenanceWindow) GetDurationSeconds() int64 {
+	if x != nil {
+		return x.DurationSeconds
+	}
+	return 0
+}
+
+// MaintenanceExclusion forbids [start_time, end_time), even inside a window.
+type MaintenanceExclusion struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// After start_time.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// At most 256 bytes.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaintenanceExclusion) Reset() {
+	*x = MaintenanceExclusion{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaintenanceExclusion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaintenanceExclusion) ProtoMessage() {}
+
+func (x *MaintenanceExclusion) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaintenanceExclusion.ProtoReflect.Descriptor instead.
+func (*MaintenanceExclusion) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *MaintenanceExclusion) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *MaintenanceExclusion) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *MaintenanceExclusion) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // ManagedRunnerStatus is what the runner's heartbeats report. Output only.
 type ManagedRunnerStatus struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -1251,7 +1436,7 @@ type ManagedRunnerStatus struct {
 
 func (x *ManagedRunnerStatus) Reset() {
 	*x = ManagedRunnerStatus{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1448,7 @@ func (x *ManagedRunnerStatus) String() string {
 func (*ManagedRunnerStatus) ProtoMessage() {}
 
 func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1461,7 @@ func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunnerStatus.ProtoReflect.Descriptor instead.
 func (*ManagedRunnerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ManagedRunnerStatus) GetConnection() ConnectionStatus {
@@ -1383,7 +1568,7 @@ type RunnerResources struct {
 
 func (x *RunnerResources) Reset() {
 	*x = RunnerResources{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1580,7 @@ func (x *RunnerResources) String() string {
 func (*RunnerResources) ProtoMessage() {}
 
 func (x *RunnerResources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1593,7 @@ func (x *RunnerResources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerResources.ProtoReflect.Descriptor instead.
 func (*RunnerResources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunnerResources) GetMilliCpu() int64 {
@@ -1441,7 +1626,7 @@ type CreateManagedRunnerRequest struct {
 
 func (x *CreateManagedRunnerRequest) Reset() {
 	*x = CreateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1638,7 @@ func (x *CreateManagedRunnerRequest) String() string {
 func (*CreateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1651,7 @@ func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*CreateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1485,7 +1670,7 @@ type GetManagedRunnerRequest struct {
 
 func (x *GetManagedRunnerRequest) Reset() {
 	*x = GetManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1682,7 @@ func (x *GetManagedRunnerRequest) String() string {
 func (*GetManagedRunnerRequest) ProtoMessage() {}
 
 func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1695,7 @@ func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetManagedRunnerRequest) GetRunnerId() string {
@@ -1531,7 +1716,7 @@ type ListManagedRunnersRequest struct {
 
 func (x *ListManagedRunnersRequest) Reset() {
 	*x = ListManagedRunnersRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1728,7 @@ func (x *ListManagedRunnersRequest) String() string {
 func (*ListManagedRunnersRequest) ProtoMessage() {}
 
 func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1741,7 @@ func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListManagedRunnersRequest) GetPageSize() int32 {
@@ -1583,7 +1768,7 @@ type ListManagedRunnersResponse struct {
 
 func (x *ListManagedRunnersResponse) Reset() {
 	*x = ListManagedRunnersResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1780,7 @@ func (x *ListManagedRunnersResponse) String() string {
 func (*ListManagedRunnersResponse) ProtoMessage() {}
 
 func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1793,7 @@ func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListManagedRunnersResponse) GetManagedRunners() []*ManagedRunner {
@@ -1637,7 +1822,7 @@ type UpdateManagedRunnerRequest struct {
 
 func (x *UpdateManagedRunnerRequest) Reset() {
 	*x = UpdateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1834,7 @@ func (x *UpdateManagedRunnerRequest) String() string {
 func (*UpdateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1847,7 @@ func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UpdateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1692,7 +1877,7 @@ type DeleteManagedRunnerRequest struct {
 
 func (x *DeleteManagedRunnerRequest) Reset() {
 	*x = DeleteManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1889,7 @@ func (x *DeleteManagedRunnerRequest) String() string {
 func (*DeleteManagedRunnerRequest) ProtoMessage() {}
 
 func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1902,7 @@ func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteManagedRunnerRequest) GetRunnerId() string {
@@ -1752,7 +1937,7 @@ type ApplyAvailableUpdateRequest struct {
 
 func (x *ApplyAvailableUpdateRequest) Reset() {
 	*x = ApplyAvailableUpdateRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1949,7 @@ func (x *ApplyAvailableUpdateRequest) String() string {
 func (*ApplyAvailableUpdateRequest) ProtoMessage() {}
 
 func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1962,7 @@ func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyAvailableUpdateRequest.ProtoReflect.Descriptor instead.
 func (*ApplyAvailableUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ApplyAvailableUpdateRequest) GetRunnerId() string {
@@ -1821,7 +2006,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2018,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2031,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Release) GetVersion() string {
@@ -1913,7 +2098,7 @@ type ListReleasesRequest struct {
 
 func (x *ListReleasesRequest) Reset() {
 	*x = ListReleasesRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +2110,7 @@ func (x *ListReleasesRequest) String() string {
 func (*ListReleasesRequest) ProtoMessage() {}
 
 func (x *ListReleasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +2123,7 @@ func (x *ListReleasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReleasesRequest.ProtoReflect.Descriptor instead.
 func (*ListReleasesRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{28}
 }
 
 type ListReleasesResponse struct {
@@ -1954,7 +2139,7 @@ type ListReleasesResponse struct {
 
 func (x *ListReleasesResponse) Reset() {
 	*x = ListReleasesResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2151,7 @@ func (x *ListReleasesResponse) String() string {
 func (*ListReleasesResponse) ProtoMessage() {}
 
 func (x *ListReleasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2164,7 @@ func (x *ListReleasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReleasesResponse.ProtoReflect.Descriptor instead.
 func (*ListReleasesResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListReleasesResponse) GetReleases() []*Release {
@@ -2012,7 +2197,7 @@ type PublishReleaseRequest struct {
 
 func (x *PublishReleaseRequest) Reset() {
 	*x = PublishReleaseRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2209,7 @@ func (x *PublishReleaseRequest) String() string {
 func (*PublishReleaseRequest) ProtoMessage() {}
 
 func (x *PublishReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2222,7 @@ func (x *PublishReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishReleaseRequest.ProtoReflect.Descriptor instead.
 func (*PublishReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PublishReleaseRequest) GetRelease() *Release {
@@ -2056,7 +2241,7 @@ type PromoteReleaseRequest struct {
 
 func (x *PromoteReleaseRequest) Reset() {
 	*x = PromoteReleaseRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2253,7 @@ func (x *PromoteReleaseRequest) String() string {
 func (*PromoteReleaseRequest) ProtoMessage() {}
 
 func (x *PromoteReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2266,7 @@ func (x *PromoteReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteReleaseRequest.ProtoReflect.Descriptor instead.
 func (*PromoteReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PromoteReleaseRequest) GetVersion() string {
@@ -2106,7 +2291,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2303,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2316,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ApiKey) GetKeyId() string {
@@ -2187,7 +2372,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2199,7 +2384,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2212,7 +2397,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateApiKeyRequest) GetDisplayName() string {
@@ -2240,7 +2425,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2437,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2450,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateApiKeyResponse) GetApiKey() *ApiKey {
@@ -2293,7 +2478,7 @@ type ListApiKeysRequest struct {
 
 func (x *ListApiKeysRequest) Reset() {
 	*x = ListApiKeysRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2490,7 @@ func (x *ListApiKeysRequest) String() string {
 func (*ListApiKeysRequest) ProtoMessage() {}
 
 func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2503,7 @@ func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListApiKeysRequest) GetPageSize() int32 {
@@ -2345,7 +2530,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2542,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2555,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListApiKeysResponse) GetApiKeys() []*ApiKey {
@@ -2396,7 +2581,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2593,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2606,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RevokeApiKeyRequest) GetKeyId() string {
@@ -2489,7 +2674,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x0fpolicy_revision\x18\x02 \x01(\x03R\x0epolicyRevision\x12\x12\n" +
 	"\x04etag\x18\x03 \x01(\tR\x04etag\x12'\n" +
 	"\x0fdesired_version\x18\x04 \x01(\tR\x0edesiredVersion\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xac\x04\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x88\x05\n" +
 	"\rManagedRunner\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x1d\n" +
 	"\n" +
@@ -2506,7 +2691,21 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12E\n" +
 	"\x06status\x18\v \x01(\v2-.sandboxd.controlplane.v1.ManagedRunnerStatusR\x06status\x12'\n" +
-	"\x0fpolicy_revision\x18\f \x01(\x03R\x0epolicyRevision\"\xb8\x05\n" +
+	"\x0fpolicy_revision\x18\f \x01(\x03R\x0epolicyRevision\x12Z\n" +
+	"\x12maintenance_policy\x18\r \x01(\v2+.sandboxd.controlplane.v1.MaintenancePolicyR\x11maintenancePolicy\"\xaa\x01\n" +
+	"\x11MaintenancePolicy\x12E\n" +
+	"\awindows\x18\x01 \x03(\v2+.sandboxd.controlplane.v1.MaintenanceWindowR\awindows\x12N\n" +
+	"\n" +
+	"exclusions\x18\x02 \x03(\v2..sandboxd.controlplane.v1.MaintenanceExclusionR\n" +
+	"exclusions\"R\n" +
+	"\x11MaintenanceWindow\x12\x12\n" +
+	"\x04cron\x18\x01 \x01(\tR\x04cron\x12)\n" +
+	"\x10duration_seconds\x18\x02 \x01(\x03R\x0fdurationSeconds\"\xa0\x01\n" +
+	"\x14MaintenanceExclusion\x129\n" +
+	"\n" +
+	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb8\x05\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -2654,7 +2853,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -2675,111 +2874,119 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*HeartbeatRequest)(nil),                  // 16: sandboxd.controlplane.v1.HeartbeatRequest
 	(*HeartbeatResponse)(nil),                 // 17: sandboxd.controlplane.v1.HeartbeatResponse
 	(*ManagedRunner)(nil),                     // 18: sandboxd.controlplane.v1.ManagedRunner
-	(*ManagedRunnerStatus)(nil),               // 19: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 20: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 22: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 23: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 24: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 26: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 27: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*Release)(nil),                           // 28: sandboxd.controlplane.v1.Release
-	(*ListReleasesRequest)(nil),               // 29: sandboxd.controlplane.v1.ListReleasesRequest
-	(*ListReleasesResponse)(nil),              // 30: sandboxd.controlplane.v1.ListReleasesResponse
-	(*PublishReleaseRequest)(nil),             // 31: sandboxd.controlplane.v1.PublishReleaseRequest
-	(*PromoteReleaseRequest)(nil),             // 32: sandboxd.controlplane.v1.PromoteReleaseRequest
-	(*ApiKey)(nil),                            // 33: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 34: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 35: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 36: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 37: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 38: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	nil,                                       // 39: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 41: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 42: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 43: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 44: google.protobuf.Empty
+	(*MaintenancePolicy)(nil),                 // 19: sandboxd.controlplane.v1.MaintenancePolicy
+	(*MaintenanceWindow)(nil),                 // 20: sandboxd.controlplane.v1.MaintenanceWindow
+	(*MaintenanceExclusion)(nil),              // 21: sandboxd.controlplane.v1.MaintenanceExclusion
+	(*ManagedRunnerStatus)(nil),               // 22: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 23: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 24: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 25: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 26: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 27: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 28: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 29: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 30: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*Release)(nil),                           // 31: sandboxd.controlplane.v1.Release
+	(*ListReleasesRequest)(nil),               // 32: sandboxd.controlplane.v1.ListReleasesRequest
+	(*ListReleasesResponse)(nil),              // 33: sandboxd.controlplane.v1.ListReleasesResponse
+	(*PublishReleaseRequest)(nil),             // 34: sandboxd.controlplane.v1.PublishReleaseRequest
+	(*PromoteReleaseRequest)(nil),             // 35: sandboxd.controlplane.v1.PromoteReleaseRequest
+	(*ApiKey)(nil),                            // 36: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 37: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 38: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 39: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 40: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 41: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	nil,                                       // 42: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 44: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 45: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 46: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 47: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	40, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	41, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	40, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	20, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	20, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	40, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	43, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	43, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	23, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	23, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	43, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	42, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	41, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	41, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	19, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
-	1,  // 11: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	41, // 12: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	20, // 13: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	20, // 14: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	2,  // 15: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
-	18, // 16: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 17: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 18: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	43, // 19: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	39, // 20: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	0,  // 21: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	41, // 22: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	41, // 23: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	41, // 24: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	28, // 25: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	28, // 26: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	3,  // 27: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	41, // 28: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	41, // 29: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	41, // 30: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	3,  // 31: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	33, // 32: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	33, // 33: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	21, // 34: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	22, // 35: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	23, // 36: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	25, // 37: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	26, // 38: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	27, // 39: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	4,  // 40: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	14, // 41: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	16, // 42: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	8,  // 43: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	10, // 44: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	12, // 45: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	6,  // 46: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	29, // 47: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	31, // 48: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	32, // 49: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	34, // 50: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	36, // 51: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	38, // 52: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	18, // 53: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 54: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	24, // 55: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	18, // 56: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	44, // 57: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	18, // 58: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	5,  // 59: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	15, // 60: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	17, // 61: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	9,  // 62: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	11, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	13, // 64: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	7,  // 65: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	30, // 66: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	28, // 67: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	28, // 68: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	35, // 69: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	37, // 70: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	33, // 71: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	53, // [53:72] is the sub-list for method output_type
-	34, // [34:53] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	45, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	44, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	44, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	22, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	19, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
+	20, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
+	21, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
+	44, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	44, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
+	44, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	23, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	23, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
+	18, // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 22: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 23: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	46, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	42, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	0,  // 26: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	44, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	44, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	44, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	31, // 30: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	31, // 31: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	3,  // 32: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	44, // 33: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	44, // 34: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	44, // 35: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	3,  // 36: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	36, // 37: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	36, // 38: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	24, // 39: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	25, // 40: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	26, // 41: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	28, // 42: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	29, // 43: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	30, // 44: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	4,  // 45: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	14, // 46: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	16, // 47: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	8,  // 48: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	10, // 49: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	12, // 50: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	6,  // 51: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	32, // 52: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	34, // 53: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	35, // 54: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	37, // 55: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	39, // 56: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	41, // 57: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	18, // 58: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 59: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	27, // 60: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	18, // 61: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	47, // 62: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	18, // 63: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	5,  // 64: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	15, // 65: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	17, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	9,  // 67: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	11, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	13, // 69: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	7,  // 70: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	33, // 71: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	31, // 72: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	31, // 73: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	38, // 74: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	40, // 75: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	36, // 76: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	58, // [58:77] is the sub-list for method output_type
+	39, // [39:58] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -2793,7 +3000,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -125,7 +125,7 @@ type RunnerManagementServiceClient interface {
 	ListManagedRunners(context.Context, *connect.Request[v1.ListManagedRunnersRequest]) (*connect.Response[v1.ListManagedRunnersResponse], error)
 	// UpdateManagedRunner changes the fields named by update_mask: `policy` (replaces the
 	// whole document), `display_name`, `runner_group_id` (empty resets to `default`),
-	// `release_channel`. With managed_runner.etag set, the write happens only if the runner
+	// `release_channel`, `maintenance_policy` (replaces it; absent clears it: any time). With managed_runner.etag set, the write happens only if the runner
 	// is unchanged since that read (ABORTED otherwise).
 	UpdateManagedRunner(context.Context, *connect.Request[v1.UpdateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// DeleteManagedRunner removes a runner. It is refused (FAILED_PRECONDITION) while the
@@ -257,7 +257,7 @@ type RunnerManagementServiceHandler interface {
 	ListManagedRunners(context.Context, *connect.Request[v1.ListManagedRunnersRequest]) (*connect.Response[v1.ListManagedRunnersResponse], error)
 	// UpdateManagedRunner changes the fields named by update_mask: `policy` (replaces the
 	// whole document), `display_name`, `runner_group_id` (empty resets to `default`),
-	// `release_channel`. With managed_runner.etag set, the write happens only if the runner
+	// `release_channel`, `maintenance_policy` (replaces it; absent clears it: any time). With managed_runner.etag set, the write happens only if the runner
 	// is unchanged since that read (ABORTED otherwise).
 	UpdateManagedRunner(context.Context, *connect.Request[v1.UpdateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// DeleteManagedRunner removes a runner. It is refused (FAILED_PRECONDITION) while the

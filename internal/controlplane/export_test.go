@@ -1,0 +1,4 @@
+package controlplane
+
+// MaintenanceProto is maintenanceProto, for the fuzz test's round trip.
+var MaintenanceProto = maintenanceProto
