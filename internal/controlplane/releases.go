@@ -34,27 +34,24 @@ func (s *Service) requirePlatformAdmin(ctx context.Context, call string) error {
 		"releases are the platform operator's: only an admin key of the platform organization may publish or promote them", nil)
 }
 
-// channelTargets returns the version each release channel offers: from the release
-// records when there are any (a channel none is on offers nothing), else the configured
-// TargetVersions.
+// channelTargets returns the version each release channel offers (targetsOf the
+// stored releases), with the store's errors as the runner calls answer them.
 func (s *Service) channelTargets(ctx context.Context) (map[string]string, error) {
 	rs, err := s.st.Releases().List(ctx)
 	if err != nil {
-		return nil, err
-	}
-	if len(rs) == 0 {
-		return s.targets, nil
-	}
-	return store.CurrentVersions(rs), nil
-}
-
-// targetsOr is channelTargets for the runner calls, with their errors.
-func (s *Service) targetsOr(ctx context.Context) (map[string]string, error) {
-	t, err := s.channelTargets(ctx)
-	if err != nil {
 		return nil, storeErr(err)
 	}
-	return t, nil
+	return s.targetsOf(rs), nil
+}
+
+// targetsOf is the version each release channel offers given the release records rs:
+// from them when there are any (a channel none is on offers nothing), else the
+// configured TargetVersions.
+func (s *Service) targetsOf(rs []store.Release) map[string]string {
+	if len(rs) == 0 {
+		return s.targets
+	}
+	return store.CurrentVersions(rs)
 }
 
 // ValidateRelease checks a release to publish and returns its store record.
@@ -103,10 +100,7 @@ func (s *Service) ListReleases(ctx context.Context, _ *connect.Request[controlpl
 	if err != nil {
 		return nil, storeErr(err)
 	}
-	targets := s.targets
-	if len(rs) > 0 {
-		targets = store.CurrentVersions(rs)
-	}
+	targets := s.targetsOf(rs)
 	out := &controlplanev1.ListReleasesResponse{StableVersion: targets[store.ChannelStable], RapidVersion: targets[store.ChannelRapid]}
 	for _, r := range rs {
 		out.Releases = append(out.Releases, releaseProto(r))

@@ -282,7 +282,7 @@ func (s *Service) CreateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	rec.Org = principal(ctx).Org
-	targets, err := s.targetsOr(ctx) // before the write: a create that succeeds answers
+	targets, err := s.channelTargets(ctx) // before the write: a create that succeeds answers
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +304,7 @@ func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[con
 	if err != nil {
 		return nil, runnerErr(req.Msg.GetRunnerId(), "", err)
 	}
-	targets, err := s.targetsOr(ctx)
+	targets, err := s.channelTargets(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +322,7 @@ func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[c
 	if err != nil {
 		return nil, runnerErr("", "", err)
 	}
-	targets, err := s.targetsOr(ctx)
+	targets, err := s.channelTargets(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -339,7 +339,7 @@ func (s *Service) UpdateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	org, id := principal(ctx).Org, req.Msg.GetManagedRunner().GetRunnerId()
-	targets, err := s.targetsOr(ctx)
+	targets, err := s.channelTargets(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +421,7 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 	if etag != "" && etag != cur.Etag {
 		return nil, runnerErr(id, "", store.ErrConflict)
 	}
-	targets, err := s.targetsOr(ctx)
+	targets, err := s.channelTargets(ctx)
 	if err != nil {
 		return nil, err
 	}
