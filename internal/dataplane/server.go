@@ -201,11 +201,6 @@ func (src source) DataLogs(ctx context.Context, sandboxID, container string) (re
 	}, nil
 }
 
-// LogError: the runner's error, as for every runner call.
-func (src source) LogError(sandboxID string, err error) error {
-	return runner.APIError(sandboxID, err, runner.SpecField)
-}
-
 // authorize checks the caller's certificate against the call and returns the sandbox.
 func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermission, sandboxID, container string) (runner.Sandbox, error) {
 	s := src.s

@@ -538,11 +538,6 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (rela
 	}, nil
 }
 
-// LogError: the runner's error, as for every runner call.
-func (g gatewaySource) LogError(id string, err error) error {
-	return runner.APIError(id, err, runner.SpecField)
-}
-
 func (s *Server) relay() relay.Relay { return relay.Relay{Src: gatewaySource{s}} }
 
 func (s *Server) Exec(ctx context.Context, req *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error) {

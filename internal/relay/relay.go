@@ -18,6 +18,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -38,10 +39,6 @@ type DataSource interface {
 	// DataLogs returns the reader of sandbox id's log (STREAM_LOGS). Logs outlive the
 	// sandbox: an ended one's log is read from its runner's copy for the retention window.
 	DataLogs(ctx context.Context, id, container string) (LogReader, error)
-	// LogError is the API error for an error of a LogReader of DataLogs about sandbox id
-	// (a runner's error, as runner.Runner.Logs returns it), when the reader failed
-	// before sending anything.
-	LogError(id string, err error) error
 }
 
 // LogReader reads a sandbox's log as the agent's Logs call does (runner.Runner.Logs).
@@ -280,7 +277,9 @@ func (d Relay) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.St
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case !sent:
-		return relayError(id, d.Src.LogError(id, err))
+		// A runner's error, as runner.Runner.Logs returns it: the API error every runner
+		// call answers with.
+		return relayError(id, runner.APIError(id, err, runner.SpecField))
 	}
 	return stream.Send(&sandboxv1.LogEntry{LogSessionId: session, Error: &sandboxv1.LogStreamError{Code: "STREAM_INTERRUPTED", Message: err.Error()}})
 }

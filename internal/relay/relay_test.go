@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,14 +64,10 @@ func TestLineStamper(t *testing.T) {
 	}
 }
 
-// fakeSource serves the log lines; read fails with err after them (if set), and LogError
-// records the errors it is asked to explain.
+// fakeSource serves the log lines; read fails with err after them (if set).
 type fakeSource struct {
 	lines []string
 	err   error
-
-	mu       sync.Mutex
-	explains []string
 }
 
 func (f *fakeSource) DataAgent(context.Context, sandboxv1.SandboxDataPermission, string, string) (agentv1connect.AgentServiceClient, error) {
@@ -88,19 +83,6 @@ func (f *fakeSource) DataLogs(_ context.Context, _, _ string) (LogReader, error)
 		}
 		return f.err
 	}, nil
-}
-
-func (f *fakeSource) LogError(id string, err error) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.explains = append(f.explains, id+": "+err.Error())
-	return connect.NewError(connect.CodeInternal, err)
-}
-
-func (f *fakeSource) asked() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.explains)
 }
 
 func streamLogs(t *testing.T, src DataSource, req *sandboxv1.StreamLogsRequest) ([]*sandboxv1.LogEntry, error) {
@@ -132,8 +114,13 @@ func TestStreamLogsErrors(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.SandboxNotRunning {
 		t.Errorf("unsent failure: %v (reason %q)", err, apierr.Reason(err))
 	}
-	if got, want := src.asked(), []string{"sb: runner gone"}; !slices.Equal(got, want) {
-		t.Errorf("LogError asked %q, want %q", got, want)
+	if !strings.Contains(err.Error(), "runner gone") {
+		t.Errorf("unsent failure does not say the runner's error: %v", err)
+	}
+	// A runner's own error keeps its meaning (runner.APIError): an unknown sandbox.
+	_, err = streamLogs(t, &fakeSource{err: runtime.ErrNotFound}, &sandboxv1.StreamLogsRequest{SandboxId: "sb"})
+	if connect.CodeOf(err) != connect.CodeNotFound || apierr.Reason(err) != apierr.SandboxNotFound {
+		t.Errorf("unsent not-found: %v (reason %q)", err, apierr.Reason(err))
 	}
 
 	src = &fakeSource{lines: []string{"a\nb"}, err: errors.New("runner gone")}
@@ -145,9 +132,6 @@ func TestStreamLogsErrors(t *testing.T) {
 	if len(got) != 2 || string(got[0].GetData()) != ts+"a\n"+ts+"b" || got[0].GetLogSessionId() != "logs-sb" || got[0].GetNextLogOffset() != 1 ||
 		got[1].GetError().GetCode() != "STREAM_INTERRUPTED" || got[1].GetError().GetMessage() != "runner gone" {
 		t.Errorf("entries %v", got)
-	}
-	if got := src.asked(); len(got) != 0 {
-		t.Errorf("LogError asked %q after a send", got)
 	}
 
 	got, err = streamLogs(t, &fakeSource{}, &sandboxv1.StreamLogsRequest{SandboxId: "sb", Follow: true, ResumeLogSessionId: "logs-other"})
