@@ -2,6 +2,7 @@ package sbxcli
 
 import (
 	"context"
+	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
@@ -63,12 +64,22 @@ func TestSbxAdminRunnerRolloutStatus(t *testing.T) {
 	if f := lsRow(); strings.Join(f[5:], " ") != "SELF_MANAGED CONNECTED v0.8.0 v0.9.0 to v0.9.0 rev 1" {
 		t.Fatalf("ls while upgrading: %v", f)
 	}
+	// Decoded, not matched as text: protojson varies its whitespace on purpose.
 	js := sbx("-o", "json", "admin", "runner", "get", "r1")
-	for _, want := range []string{`"installStatus": "RUNNER_INSTALL_STATUS_SELF_MANAGED"`, `"activeRevision": "v0.8.0"`,
-		`"targetRevision": "v0.9.0"`, `"rolloutInProgress": true`} {
-		if !strings.Contains(js, want) {
-			t.Fatalf("json lacks %s:\n%s", want, js)
-		}
+	var got struct {
+		Status struct {
+			InstallStatus     string `json:"installStatus"`
+			ActiveRevision    string `json:"activeRevision"`
+			TargetRevision    string `json:"targetRevision"`
+			RolloutInProgress bool   `json:"rolloutInProgress"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(js), &got); err != nil {
+		t.Fatalf("json: %v\n%s", err, js)
+	}
+	if s := got.Status; s.InstallStatus != "RUNNER_INSTALL_STATUS_SELF_MANAGED" || s.ActiveRevision != "v0.8.0" ||
+		s.TargetRevision != "v0.9.0" || !s.RolloutInProgress {
+		t.Fatalf("json status = %+v:\n%s", s, js)
 	}
 
 	heartbeat("v0.9.0")

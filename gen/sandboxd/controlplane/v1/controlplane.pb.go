@@ -1999,9 +1999,16 @@ type Release struct {
 	// Output only: on RAPID since.
 	RapidTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=rapid_time,json=rapidTime,proto3" json:"rapid_time,omitempty"`
 	// Output only: on STABLE since; absent until promoted.
-	StableTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=stable_time,json=stableTime,proto3" json:"stable_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StableTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=stable_time,json=stableTime,proto3" json:"stable_time,omitempty"`
+	// Architecture (GOARCH) -> hex SHA-256 of the sandbox-agent binary for it. Optional.
+	AgentBinaryChecksums map[string]string `protobuf:"bytes,9,rep,name=agent_binary_checksums,json=agentBinaryChecksums,proto3" json:"agent_binary_checksums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The signed release manifest exactly as published (internal/release: JSON), when the
+	// release was published from one; its fields match the record's. Empty otherwise.
+	Manifest []byte `protobuf:"bytes,10,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// The manifest's Ed25519 signature (64 bytes); empty when manifest is.
+	ManifestSignature []byte `protobuf:"bytes,11,opt,name=manifest_signature,json=manifestSignature,proto3" json:"manifest_signature,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Release) Reset() {
@@ -2086,6 +2093,27 @@ func (x *Release) GetRapidTime() *timestamppb.Timestamp {
 func (x *Release) GetStableTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.StableTime
+	}
+	return nil
+}
+
+func (x *Release) GetAgentBinaryChecksums() map[string]string {
+	if x != nil {
+		return x.AgentBinaryChecksums
+	}
+	return nil
+}
+
+func (x *Release) GetManifest() []byte {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *Release) GetManifestSignature() []byte {
+	if x != nil {
+		return x.ManifestSignature
 	}
 	return nil
 }
@@ -2748,7 +2776,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x05force\x18\x03 \x01(\bR\x05force\"N\n" +
 	"\x1bApplyAvailableUpdateRequest\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x12\n" +
-	"\x04etag\x18\x02 \x01(\tR\x04etag\"\xa3\x04\n" +
+	"\x04etag\x18\x02 \x01(\tR\x04etag\"\xaa\x06\n" +
 	"\aRelease\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12.\n" +
 	"\x13runner_image_digest\x18\x02 \x01(\tR\x11runnerImageDigest\x12,\n" +
@@ -2760,8 +2788,15 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\n" +
 	"rapid_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\trapidTime\x12;\n" +
 	"\vstable_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"stableTime\x1aB\n" +
+	"stableTime\x12q\n" +
+	"\x16agent_binary_checksums\x18\t \x03(\v2;.sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntryR\x14agentBinaryChecksums\x12\x1a\n" +
+	"\bmanifest\x18\n" +
+	" \x01(\fR\bmanifest\x12-\n" +
+	"\x12manifest_signature\x18\v \x01(\fR\x11manifestSignature\x1aB\n" +
 	"\x14BinaryChecksumsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
+	"\x19AgentBinaryChecksumsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x15\n" +
 	"\x13ListReleasesRequest\"\xa1\x01\n" +
@@ -2853,7 +2888,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -2898,95 +2933,97 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*ListApiKeysResponse)(nil),               // 40: sandboxd.controlplane.v1.ListApiKeysResponse
 	(*RevokeApiKeyRequest)(nil),               // 41: sandboxd.controlplane.v1.RevokeApiKeyRequest
 	nil,                                       // 42: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 44: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 45: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 46: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 47: google.protobuf.Empty
+	nil,                                       // 43: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 44: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 45: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 46: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 47: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 48: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	43, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	44, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	43, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	44, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	45, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	44, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	23, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	23, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	43, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	44, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	45, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	44, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	44, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	46, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	45, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	45, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
 	22, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
 	19, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
 	20, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
 	21, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	44, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	44, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	45, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	45, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	44, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	45, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
 	23, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	23, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
 	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
 	18, // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	18, // 22: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	18, // 23: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	46, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	47, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
 	42, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
 	0,  // 26: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	44, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	44, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	44, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	31, // 30: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	31, // 31: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	3,  // 32: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	44, // 33: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	44, // 34: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	44, // 35: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	3,  // 36: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	36, // 37: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	36, // 38: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	24, // 39: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	25, // 40: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	26, // 41: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	28, // 42: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	29, // 43: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	30, // 44: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	4,  // 45: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	14, // 46: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	16, // 47: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	8,  // 48: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	10, // 49: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	12, // 50: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	6,  // 51: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	32, // 52: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	34, // 53: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	35, // 54: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	37, // 55: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	39, // 56: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	41, // 57: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	18, // 58: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 59: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	27, // 60: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	18, // 61: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	47, // 62: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	18, // 63: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	5,  // 64: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	15, // 65: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	17, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	9,  // 67: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	11, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	13, // 69: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	7,  // 70: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	33, // 71: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	31, // 72: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	31, // 73: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	38, // 74: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	40, // 75: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	36, // 76: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	58, // [58:77] is the sub-list for method output_type
-	39, // [39:58] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	45, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	45, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	45, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	43, // 30: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	31, // 31: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	31, // 32: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	3,  // 33: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	45, // 34: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	45, // 35: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	45, // 36: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	3,  // 37: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	36, // 38: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	36, // 39: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	24, // 40: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	25, // 41: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	26, // 42: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	28, // 43: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	29, // 44: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	30, // 45: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	4,  // 46: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	14, // 47: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	16, // 48: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	8,  // 49: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	10, // 50: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	12, // 51: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	6,  // 52: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	32, // 53: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	34, // 54: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	35, // 55: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	37, // 56: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	39, // 57: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	41, // 58: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	18, // 59: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 60: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	27, // 61: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	18, // 62: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	48, // 63: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	18, // 64: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	5,  // 65: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	15, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	17, // 67: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	9,  // 68: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	11, // 69: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	13, // 70: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	7,  // 71: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	33, // 72: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	31, // 73: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	31, // 74: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	38, // 75: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	40, // 76: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	36, // 77: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	59, // [59:78] is the sub-list for method output_type
+	40, // [40:59] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -3000,7 +3037,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
