@@ -16,27 +16,69 @@ type releases struct{ s *sqlStore }
 
 func (s *sqlStore) Releases() Releases { return releases{s} }
 
-const releaseCols = `version, runner_image_digest, agent_image_digest, binary_checksums, created_at, rapid_at, stable_at`
+const releaseCols = `version, runner_image_digest, agent_image_digest, binary_checksums, agent_binary_checksums,
+	manifest, manifest_signature, created_at, rapid_at, stable_at`
 
 func scanRelease(r row) (Release, error) {
 	var x Release
-	var sums dbJSON
+	var sums, agentSums dbJSON
 	var created, rapid, stable dbTime
-	if err := r.Scan(&x.Version, &x.RunnerImageDigest, &x.AgentImageDigest, &sums, &created, &rapid, &stable); err != nil {
+	if err := r.Scan(&x.Version, &x.RunnerImageDigest, &x.AgentImageDigest, &sums, &agentSums,
+		&x.Manifest, &x.ManifestSignature, &created, &rapid, &stable); err != nil {
 		return Release{}, err
 	}
-	if err := json.Unmarshal(sums, &x.BinaryChecksums); err != nil {
+	var err error
+	if x.BinaryChecksums, err = scanChecksums(sums); err != nil {
 		return Release{}, fmt.Errorf("release %s binary_checksums: %w", x.Version, err)
 	}
-	if len(x.BinaryChecksums) == 0 {
-		x.BinaryChecksums = nil
+	if x.AgentBinaryChecksums, err = scanChecksums(agentSums); err != nil {
+		return Release{}, fmt.Errorf("release %s agent_binary_checksums: %w", x.Version, err)
+	}
+	if len(x.Manifest) == 0 {
+		x.Manifest = nil
+	}
+	if len(x.ManifestSignature) == 0 {
+		x.ManifestSignature = nil
 	}
 	x.CreatedAt, x.RapidAt, x.StableAt = created.t, rapid.ptr(), stable.ptr()
 	return x, nil
 }
 
-// CheckRelease validates what Publish stores: the version, both image digests and every
-// binary checksum (package release).
+// scanChecksums decodes a stored checksum object; an empty one is nil.
+func scanChecksums(b dbJSON) (map[string]string, error) {
+	var m map[string]string
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return m, nil
+}
+
+// checksumsArg is a checksum object as a statement argument (map keys sorted by
+// encoding/json: one spelling per set; nil is {}).
+func checksumsArg(m map[string]string) (string, error) {
+	if m == nil {
+		m = map[string]string{}
+	}
+	b, err := json.Marshal(m)
+	return string(b), err
+}
+
+// bytesArg is an optional byte string as a statement argument: NULL when empty (drivers
+// differ on whether a nil []byte is NULL or an empty blob).
+func bytesArg(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// CheckRelease validates what Publish stores: the version, both image digests, every
+// binary checksum (package release), and that a manifest comes with its signature, both
+// within bounds. It does not verify the signature: the control plane does, with its
+// trusted keys, before it publishes.
 func CheckRelease(r Release) error {
 	if _, err := release.ParseVersion(r.Version); err != nil {
 		return invalid("version %v", err)
@@ -55,6 +97,22 @@ func CheckRelease(r Release) error {
 			return invalid("binary_checksums[%s] %v", arch, err)
 		}
 	}
+	for _, arch := range slices.Sorted(maps.Keys(r.AgentBinaryChecksums)) {
+		if err := release.CheckArch(arch); err != nil {
+			return invalid("agent_binary_checksums: %v", err)
+		}
+		if err := release.CheckChecksum(r.AgentBinaryChecksums[arch]); err != nil {
+			return invalid("agent_binary_checksums[%s] %v", arch, err)
+		}
+	}
+	switch {
+	case (len(r.Manifest) == 0) != (len(r.ManifestSignature) == 0):
+		return invalid("a release manifest and its signature are stored together or not at all")
+	case len(r.Manifest) > release.MaxManifestBytes:
+		return invalid("manifest is %d bytes; at most %d", len(r.Manifest), release.MaxManifestBytes)
+	case len(r.ManifestSignature) > release.MaxSignatureBytes:
+		return invalid("manifest_signature is %d bytes; at most %d", len(r.ManifestSignature), release.MaxSignatureBytes)
+	}
 	return nil
 }
 
@@ -62,19 +120,21 @@ func (rl releases) Publish(ctx context.Context, r Release) (Release, error) {
 	if err := CheckRelease(r); err != nil {
 		return Release{}, err
 	}
-	sums := r.BinaryChecksums
-	if sums == nil {
-		sums = map[string]string{}
+	sums, err := checksumsArg(r.BinaryChecksums)
+	if err != nil {
+		return Release{}, err
 	}
-	b, err := json.Marshal(sums) // map keys sorted: one spelling per set
+	agentSums, err := checksumsArg(r.AgentBinaryChecksums)
 	if err != nil {
 		return Release{}, err
 	}
 	t := now()
 	out, err := scanRelease(rl.s.d.queryRow(ctx, `INSERT INTO releases (version, runner_image_digest,
-		agent_image_digest, binary_checksums, created_at, rapid_at) VALUES ($1, $2, $3, $4, $5, $5)
+		agent_image_digest, binary_checksums, agent_binary_checksums, manifest, manifest_signature,
+		created_at, rapid_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
 		RETURNING `+releaseCols,
-		r.Version, r.RunnerImageDigest, r.AgentImageDigest, string(b), t))
+		r.Version, r.RunnerImageDigest, r.AgentImageDigest, sums, agentSums,
+		bytesArg(r.Manifest), bytesArg(r.ManifestSignature), t))
 	if err != nil {
 		return Release{}, rl.s.writeErr("release", "publish", err)
 	}

@@ -191,3 +191,63 @@ func TestReleasesConcurrentPublishOneWins(t *testing.T) {
 		}
 	})
 }
+
+// A release published from a signed manifest keeps the manifest's bytes and signature
+// exactly, and its agent checksums, on both backends.
+func TestReleasesManifestRoundTrip(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		r := rel("v2.0.0")
+		r.AgentBinaryChecksums = map[string]string{"arm64": sumA}
+		r.Manifest = []byte("{\"version\":\"v2.0.0\"}\n\x00\xff") // bytes, not text: kept as sent
+		r.ManifestSignature = []byte(strings.Repeat("\x01\xfe", 32))
+		out, err := s.Releases().Publish(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Releases().Get(ctx, "v2.0.0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []store.Release{out, got} {
+			if string(x.Manifest) != string(r.Manifest) || string(x.ManifestSignature) != string(r.ManifestSignature) ||
+				len(x.AgentBinaryChecksums) != 1 || x.AgentBinaryChecksums["arm64"] != sumA || x.BinaryChecksums["amd64"] != sumA {
+				t.Fatalf("stored %+v", x)
+			}
+		}
+		// A record without a manifest has none (nil, not empty), nor agent checksums.
+		plain := mustPublish(t, s, "v1.0.0")
+		if plain.Manifest != nil || plain.ManifestSignature != nil || plain.AgentBinaryChecksums != nil {
+			t.Fatalf("plain release: %+v", plain)
+		}
+		rs, err := s.Releases().List(ctx)
+		if err != nil || len(rs) != 2 || rs[0].Manifest == nil || rs[1].Manifest != nil {
+			t.Fatalf("list: %+v %v", rs, err)
+		}
+	})
+}
+
+func TestReleasesManifestValidates(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		sig := []byte(strings.Repeat("s", 64))
+		for name, edit := range map[string]func(r *store.Release){
+			"manifest without signature": func(r *store.Release) { r.Manifest = []byte("{}") },
+			"signature without manifest": func(r *store.Release) { r.ManifestSignature = sig },
+			"signature too long":         func(r *store.Release) { r.Manifest, r.ManifestSignature = []byte("{}"), append(sig, 's') },
+			"manifest too long": func(r *store.Release) {
+				r.Manifest, r.ManifestSignature = []byte(strings.Repeat(" ", 16<<10+1)), sig
+			},
+			"agent arch":     func(r *store.Release) { r.AgentBinaryChecksums = map[string]string{"x86_64": sumA} },
+			"agent checksum": func(r *store.Release) { r.AgentBinaryChecksums = map[string]string{"amd64": "abc"} },
+		} {
+			r := rel("1.0.0")
+			edit(&r)
+			if _, err := s.Releases().Publish(t.Context(), r); !errors.Is(err, store.ErrInvalid) {
+				t.Errorf("%s: err = %v, want ErrInvalid", name, err)
+			}
+		}
+		if rs, _ := s.Releases().List(t.Context()); len(rs) != 0 {
+			t.Fatalf("invalid releases stored: %v", rs)
+		}
+	})
+}

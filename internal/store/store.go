@@ -116,9 +116,17 @@ type Release struct {
 	// BinaryChecksums maps an architecture (release.Arches) to the hex SHA-256 of the
 	// sandboxd binary for it; empty when the release ships images only.
 	BinaryChecksums map[string]string
-	CreatedAt       time.Time  // set by the store
-	RapidAt         *time.Time // on RAPID since (set by Publish)
-	StableAt        *time.Time // on STABLE since (set by Promote)
+	// AgentBinaryChecksums: the same for the sandbox-agent binary; empty when none.
+	AgentBinaryChecksums map[string]string
+	// Manifest is the signed release manifest exactly as published (package release),
+	// when the release was published from one, and ManifestSignature its Ed25519
+	// signature: both or neither. Kept so that anyone reading the release can verify it
+	// again instead of trusting the store or the control plane.
+	Manifest          []byte
+	ManifestSignature []byte
+	CreatedAt         time.Time  // set by the store
+	RapidAt           *time.Time // on RAPID since (set by Publish)
+	StableAt          *time.Time // on STABLE since (set by Promote)
 }
 
 // Channels are the release channels that offer r, STABLE first.
