@@ -71,6 +71,15 @@ const (
 	ReleaseNotFound        = "CWSANDBOX_RELEASE_NOT_FOUND"
 	// ReleaseNotPromotable: the release is not on RAPID, or STABLE offers a higher version.
 	ReleaseNotPromotable = "CWSANDBOX_RELEASE_NOT_PROMOTABLE"
+	// ReleaseSignatureInvalid: the release manifest's signature does not verify with any
+	// of the control plane's trusted release keys (signed release manifests, issue 18).
+	ReleaseSignatureInvalid = "CWSANDBOX_RELEASE_SIGNATURE_INVALID"
+	// ReleaseSignatureRequired: the control plane trusts release keys, so it publishes
+	// only signed release manifests, not bare records.
+	ReleaseSignatureRequired = "CWSANDBOX_RELEASE_SIGNATURE_REQUIRED"
+	// ReleaseKeysNotConfigured: a signed release manifest was sent to a control plane that
+	// trusts no release key, so it has nothing to verify the signature with.
+	ReleaseKeysNotConfigured = "CWSANDBOX_RELEASE_KEYS_NOT_CONFIGURED"
 )
 
 // reasonCode is one row of the table: a reason, its one code, and when it is sent.
@@ -122,6 +131,9 @@ var table = []reasonCode{
 	{RegistrationDisabled, connect.CodeFailedPrecondition, "this control plane has no CA for what is asked (registration, edge or data-plane certificates)"},
 	{ReleaseNotFound, connect.CodeNotFound, "no release of that version"},
 	{ReleaseNotPromotable, connect.CodeFailedPrecondition, "the release is not on RAPID, or STABLE offers a higher version"},
+	{ReleaseSignatureInvalid, connect.CodeInvalidArgument, "the release manifest's signature does not verify with any trusted release key"},
+	{ReleaseSignatureRequired, connect.CodeFailedPrecondition, "the control plane trusts release keys: publish a signed release manifest, not a record"},
+	{ReleaseKeysNotConfigured, connect.CodeFailedPrecondition, "the control plane trusts no release key: it cannot verify a signed release manifest"},
 }
 var codes = func() map[string]connect.Code {
 	m := make(map[string]connect.Code, len(table))

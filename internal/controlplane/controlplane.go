@@ -10,10 +10,12 @@ package controlplane
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -68,6 +70,11 @@ type Config struct {
 	// DataPlaneCA signs runners' data-plane server certificates (the CA the gateways
 	// issue client certificates from); nil: runners cannot ask for one.
 	DataPlaneCA *pki.CA
+	// ReleaseKeys are the Ed25519 public keys the platform's release manifests are signed
+	// with (sandboxd --release-keys). With any, PublishRelease accepts only a signed
+	// release manifest that one of them verifies, so a stolen admin key alone cannot
+	// point runners at other images; without, it accepts only records.
+	ReleaseKeys []ed25519.PublicKey
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -97,6 +104,7 @@ type Service struct {
 	certTTL  time.Duration
 	domain   string
 	dpCA     *pki.CA
+	relKeys  []ed25519.PublicKey
 }
 
 // New returns a Service.
@@ -111,7 +119,13 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("controlplane: no platform organization")
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
-		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA}
+		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA,
+		relKeys: slices.Clone(cfg.ReleaseKeys)}
+	for i, k := range s.relKeys {
+		if len(k) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("controlplane: release key %d is %d bytes, not an Ed25519 public key", i, len(k))
+		}
+	}
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}

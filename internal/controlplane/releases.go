@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"maps"
@@ -54,7 +55,8 @@ func (s *Service) targetsOf(rs []store.Release) map[string]string {
 	return store.CurrentVersions(rs)
 }
 
-// ValidateRelease checks a release to publish and returns its store record.
+// ValidateRelease checks a release record to publish (the unsigned way) and returns its
+// store record.
 func ValidateRelease(r *controlplanev1.Release) (store.Release, error) {
 	var vs violations
 	if r == nil {
@@ -70,29 +72,150 @@ func ValidateRelease(r *controlplanev1.Release) (store.Release, error) {
 	if err := release.CheckDigest(r.GetAgentImageDigest()); err != nil {
 		vs.add("release.agent_image_digest", "%v", err)
 	}
-	sums := r.GetBinaryChecksums()
-	for _, arch := range slices.Sorted(maps.Keys(sums)) {
-		field := fmt.Sprintf("release.binary_checksums[%q]", arch)
-		if err := release.CheckArch(arch); err != nil {
-			vs.add(field, "%v", err)
-			continue
-		}
-		if err := release.CheckChecksum(sums[arch]); err != nil {
-			vs.add(field, "%v", err)
-		}
-	}
-	if len(r.GetChannels()) > 0 {
-		vs.add("release.channels", "is output only: a published release is on RAPID; PromoteRelease puts it on STABLE")
-	}
+	checkChecksums(&vs, "release.binary_checksums", r.GetBinaryChecksums())
+	checkChecksums(&vs, "release.agent_binary_checksums", r.GetAgentBinaryChecksums())
+	checkOutputOnly(&vs, r)
 	if err := vs.err("invalid release"); err != nil {
 		return store.Release{}, err
 	}
-	var out map[string]string
-	if len(sums) > 0 {
-		out = maps.Clone(sums)
-	}
 	return store.Release{Version: r.GetVersion(), RunnerImageDigest: r.GetRunnerImageDigest(),
-		AgentImageDigest: r.GetAgentImageDigest(), BinaryChecksums: out}, nil
+		AgentImageDigest: r.GetAgentImageDigest(), BinaryChecksums: cloneOrNil(r.GetBinaryChecksums()),
+		AgentBinaryChecksums: cloneOrNil(r.GetAgentBinaryChecksums())}, nil
+}
+
+// checkChecksums checks an architecture -> hex SHA-256 map.
+func checkChecksums(vs *violations, field string, sums map[string]string) {
+	for _, arch := range slices.Sorted(maps.Keys(sums)) {
+		f := fmt.Sprintf("%s[%q]", field, arch)
+		if err := release.CheckArch(arch); err != nil {
+			vs.add(f, "%v", err)
+			continue
+		}
+		if err := release.CheckChecksum(sums[arch]); err != nil {
+			vs.add(f, "%v", err)
+		}
+	}
+}
+
+// checkOutputOnly refuses the fields of a Release the control plane sets.
+func checkOutputOnly(vs *violations, r *controlplanev1.Release) {
+	if len(r.GetChannels()) > 0 {
+		vs.add("release.channels", "is output only: a published release is on RAPID; PromoteRelease puts it on STABLE")
+	}
+	if len(r.GetManifest()) > 0 || len(r.GetManifestSignature()) > 0 {
+		vs.add("release.manifest", "is output only: send a signed manifest as PublishReleaseRequest.manifest and .signature")
+	}
+}
+
+func cloneOrNil(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return maps.Clone(m)
+}
+
+// ValidatePublish checks a PublishReleaseRequest against the trusted release keys and
+// returns the store record to publish. A request carries a record or a signed manifest:
+//   - keys configured: only a signed manifest whose signature one of them verifies
+//     (CWSANDBOX_RELEASE_SIGNATURE_REQUIRED for a record, _SIGNATURE_INVALID for a
+//     signature none verifies); the record is the manifest's, kept with its bytes and
+//     signature. Nothing in the manifest is parsed before its signature verifies.
+//   - no keys: only a record (CWSANDBOX_RELEASE_KEYS_NOT_CONFIGURED for a manifest: a
+//     signature nobody checked would be shown as one that was).
+//
+// With a manifest, release may be sent too (a client that fills both), but each of its
+// fields must then equal the manifest's: a conflict is a field violation, never a silent
+// choice of one over the other.
+func ValidatePublish(keys []ed25519.PublicKey, req *controlplanev1.PublishReleaseRequest) (store.Release, error) {
+	manifest, sig := req.GetManifest(), req.GetSignature()
+	if len(manifest) == 0 && len(sig) == 0 {
+		if len(keys) > 0 {
+			return store.Release{}, apierr.New(apierr.ReleaseSignatureRequired,
+				"this control plane publishes only signed release manifests (it trusts release keys): sign one with `sandboxd release sign` and send it with its signature", nil)
+		}
+		return ValidateRelease(req.GetRelease())
+	}
+	if len(keys) == 0 {
+		return store.Release{}, apierr.New(apierr.ReleaseKeysNotConfigured,
+			"this control plane trusts no release key (sandboxd controlplane --release-keys), so it cannot verify a signed manifest; publish a record instead, or configure the keys", nil)
+	}
+	var vs violations
+	switch {
+	case len(manifest) == 0:
+		vs.add("manifest", "is required with a signature")
+	case len(manifest) > release.MaxManifestBytes:
+		vs.add("manifest", "is %d bytes; at most %d", len(manifest), release.MaxManifestBytes)
+	}
+	if len(sig) != ed25519.SignatureSize {
+		vs.add("signature", "must be an Ed25519 signature: %d bytes, raw (got %d)", ed25519.SignatureSize, len(sig))
+	}
+	if err := vs.err("invalid signed release"); err != nil {
+		return store.Release{}, err
+	}
+	m, err := release.Verify(keys, manifest, sig)
+	if errors.Is(err, release.ErrBadSignature) {
+		return store.Release{}, apierr.New(apierr.ReleaseSignatureInvalid,
+			"the release manifest's signature does not verify with any of this control plane's trusted release keys (tampered, or signed with another key)", nil)
+	}
+	var me release.ManifestError
+	switch {
+	case errors.As(err, &me):
+		for _, fe := range me {
+			vs.add("manifest."+fe.Field, "%s", fe.Problem)
+		}
+	case err != nil:
+		vs.add("manifest", "%v", err)
+	}
+	if err := vs.err("invalid release manifest"); err != nil {
+		return store.Release{}, err
+	}
+	rec := store.Release{Version: m.Version, RunnerImageDigest: m.RunnerImageDigest, AgentImageDigest: m.AgentImageDigest,
+		Manifest: slices.Clone(manifest), ManifestSignature: slices.Clone(sig)}
+	for _, arch := range slices.Sorted(maps.Keys(m.Binaries)) {
+		b := m.Binaries[arch]
+		rec.BinaryChecksums = setKey(rec.BinaryChecksums, arch, b.Sandboxd)
+		if b.Agent != "" {
+			rec.AgentBinaryChecksums = setKey(rec.AgentBinaryChecksums, arch, b.Agent)
+		}
+	}
+	if r := req.GetRelease(); r != nil {
+		conflicts(&vs, "release.version", r.GetVersion(), rec.Version)
+		conflicts(&vs, "release.runner_image_digest", r.GetRunnerImageDigest(), rec.RunnerImageDigest)
+		conflicts(&vs, "release.agent_image_digest", r.GetAgentImageDigest(), rec.AgentImageDigest)
+		if len(r.GetBinaryChecksums()) > 0 && !maps.Equal(r.GetBinaryChecksums(), rec.BinaryChecksums) {
+			vs.add("release.binary_checksums", "conflicts with the signed manifest's binaries (leave it empty: the record is the manifest's)")
+		}
+		if len(r.GetAgentBinaryChecksums()) > 0 && !maps.Equal(r.GetAgentBinaryChecksums(), rec.AgentBinaryChecksums) {
+			vs.add("release.agent_binary_checksums", "conflicts with the signed manifest's binaries (leave it empty: the record is the manifest's)")
+		}
+		checkOutputOnly(&vs, r)
+	}
+	if err := vs.err("the request conflicts with its signed release manifest"); err != nil {
+		return store.Release{}, err
+	}
+	return rec, nil
+}
+
+func setKey(m map[string]string, k, v string) map[string]string {
+	if m == nil {
+		m = map[string]string{}
+	}
+	m[k] = v
+	return m
+}
+
+// conflicts adds a violation when a field was sent and differs from the manifest's.
+func conflicts(vs *violations, field, got, manifest string) {
+	if got != "" && got != manifest {
+		vs.add(field, "is %q but the signed manifest says %q (leave it empty: the record is the manifest's)", truncate(got), manifest)
+	}
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
 }
 
 func (s *Service) ListReleases(ctx context.Context, _ *connect.Request[controlplanev1.ListReleasesRequest]) (*connect.Response[controlplanev1.ListReleasesResponse], error) {
@@ -112,16 +235,19 @@ func (s *Service) PublishRelease(ctx context.Context, req *connect.Request[contr
 	if err := s.requirePlatformAdmin(ctx, "PublishRelease"); err != nil {
 		return nil, err
 	}
-	rec, err := ValidateRelease(req.Msg.GetRelease())
+	p := principal(ctx)
+	rec, err := ValidatePublish(s.relKeys, req.Msg)
 	if err != nil {
+		if r := apierr.Reason(err); r == apierr.ReleaseSignatureInvalid {
+			s.log.Warn("release refused: its manifest's signature does not verify with any trusted key", "org", p.Org, "key", p.KeyID)
+		}
 		return nil, err
 	}
 	out, err := s.st.Releases().Publish(ctx, rec)
 	if err != nil {
 		return nil, releaseErr(rec.Version, err)
 	}
-	p := principal(ctx)
-	s.log.Info("release published", "version", out.Version, "channel", store.ChannelRapid, "org", p.Org, "key", p.KeyID)
+	s.log.Info("release published", "version", out.Version, "channel", store.ChannelRapid, "signed", out.Manifest != nil, "org", p.Org, "key", p.KeyID)
 	return connect.NewResponse(releaseProto(out)), nil
 }
 
@@ -182,6 +308,11 @@ func releaseProto(r store.Release) *controlplanev1.Release {
 		AgentImageDigest:  r.AgentImageDigest,
 		BinaryChecksums:   maps.Clone(r.BinaryChecksums),
 		CreateTime:        timestamppb.New(r.CreatedAt),
+		// The manifest and signature exactly as published, so that whoever reads the
+		// release can verify it with the platform's public keys instead of trusting us.
+		AgentBinaryChecksums: maps.Clone(r.AgentBinaryChecksums),
+		Manifest:             slices.Clone(r.Manifest),
+		ManifestSignature:    slices.Clone(r.ManifestSignature),
 	}
 	for _, ch := range r.Channels() {
 		if ch == store.ChannelStable {
@@ -197,4 +328,25 @@ func releaseProto(r store.Release) *controlplanev1.Release {
 		out.StableTime = timestamppb.New(*r.StableAt)
 	}
 	return out
+}
+
+// GetRelease is RunnerRegistrationService.GetRelease: any registered runner (its client
+// certificate, as for Heartbeat) may read one release with its signed manifest, to verify
+// it before it installs the release. Releases are platform-wide, so the runner's
+// organization does not matter.
+func (g *Registration) GetRelease(ctx context.Context, req *connect.Request[controlplanev1.GetReleaseRequest]) (*connect.Response[controlplanev1.Release], error) {
+	if _, _, err := caller(ctx); err != nil {
+		return nil, err
+	}
+	v := req.Msg.GetVersion()
+	if _, err := release.ParseVersion(v); err != nil {
+		var vs violations
+		vs.add("version", "%v", err)
+		return nil, vs.err("invalid version")
+	}
+	r, err := g.s.st.Releases().Get(ctx, v)
+	if err != nil {
+		return nil, releaseErr(v, err)
+	}
+	return connect.NewResponse(releaseProto(r)), nil
 }

@@ -2216,9 +2216,19 @@ func (x *ListReleasesResponse) GetRapidVersion() string {
 	return ""
 }
 
+// PublishReleaseRequest carries either a release record (release) or a signed release
+// manifest (manifest and signature), not both. When the control plane has trusted release
+// keys (sandboxd --release-keys) it accepts only a signed manifest whose signature one of
+// them verifies, and derives the record from it; without keys it accepts only records
+// (a signature it cannot check is refused, FAILED_PRECONDITION). Over REST (body: release)
+// only records can be published; a signed manifest goes over gRPC or Connect.
 type PublishReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Release       *Release               `protobuf:"bytes,1,opt,name=release,proto3" json:"release,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Release *Release               `protobuf:"bytes,1,opt,name=release,proto3" json:"release,omitempty"`
+	// The release manifest (internal/release: JSON, at most 16 KiB) exactly as signed.
+	Manifest []byte `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// Its Ed25519 signature (64 bytes, raw).
+	Signature     []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2256,6 +2266,20 @@ func (*PublishReleaseRequest) Descriptor() ([]byte, []int) {
 func (x *PublishReleaseRequest) GetRelease() *Release {
 	if x != nil {
 		return x.Release
+	}
+	return nil
+}
+
+func (x *PublishReleaseRequest) GetManifest() []byte {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *PublishReleaseRequest) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
 	}
 	return nil
 }
@@ -2644,6 +2668,51 @@ func (x *RevokeApiKeyRequest) GetKeyId() string {
 	return ""
 }
 
+type GetReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The release's version, as published (e.g. v1.4.0).
+	Version       string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReleaseRequest) Reset() {
+	*x = GetReleaseRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReleaseRequest) ProtoMessage() {}
+
+func (x *GetReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReleaseRequest.ProtoReflect.Descriptor instead.
+func (*GetReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *GetReleaseRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 var File_sandboxd_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -2803,9 +2872,11 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x14ListReleasesResponse\x12=\n" +
 	"\breleases\x18\x01 \x03(\v2!.sandboxd.controlplane.v1.ReleaseR\breleases\x12%\n" +
 	"\x0estable_version\x18\x02 \x01(\tR\rstableVersion\x12#\n" +
-	"\rrapid_version\x18\x03 \x01(\tR\frapidVersion\"T\n" +
+	"\rrapid_version\x18\x03 \x01(\tR\frapidVersion\"\x8e\x01\n" +
 	"\x15PublishReleaseRequest\x12;\n" +
-	"\arelease\x18\x01 \x01(\v2!.sandboxd.controlplane.v1.ReleaseR\arelease\"1\n" +
+	"\arelease\x18\x01 \x01(\v2!.sandboxd.controlplane.v1.ReleaseR\arelease\x12\x1a\n" +
+	"\bmanifest\x18\x02 \x01(\fR\bmanifest\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"1\n" +
 	"\x15PromoteReleaseRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\"\xb2\x02\n" +
 	"\x06ApiKey\x12\x15\n" +
@@ -2831,7 +2902,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\bapi_keys\x18\x01 \x03(\v2 .sandboxd.controlplane.v1.ApiKeyR\aapiKeys\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\",\n" +
 	"\x13RevokeApiKeyRequest\x12\x15\n" +
-	"\x06key_id\x18\x01 \x01(\tR\x05keyId*H\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\"-\n" +
+	"\x11GetReleaseRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion*H\n" +
 	"\x0eReleaseChannel\x12\x1f\n" +
 	"\x1bRELEASE_CHANNEL_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -2858,14 +2931,16 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x13UpdateManagedRunner\x124.sandboxd.controlplane.v1.UpdateManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"M\x82\xd3\xe4\x93\x02G:\x0emanaged_runner25/v1/sandbox/managedRunners/{managed_runner.runner_id}\x12\x93\x01\n" +
 	"\x13DeleteManagedRunner\x124.sandboxd.controlplane.v1.DeleteManagedRunnerRequest\x1a\x16.google.protobuf.Empty\".\x82\xd3\xe4\x93\x02(*&/v1/sandbox/managedRunners/{runner_id}\x12\xbe\x01\n" +
 	"\x14ApplyAvailableUpdate\x125.sandboxd.controlplane.v1.ApplyAvailableUpdateRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:applyAvailableUpdate\x12\xcd\x01\n" +
-	"\x14CreateBootstrapToken\x125.sandboxd.controlplane.v1.CreateBootstrapTokenRequest\x1a6.sandboxd.controlplane.v1.CreateBootstrapTokenResponse\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:createBootstrapToken2\xe1\x05\n" +
+	"\x14CreateBootstrapToken\x125.sandboxd.controlplane.v1.CreateBootstrapTokenRequest\x1a6.sandboxd.controlplane.v1.CreateBootstrapTokenResponse\"F\x82\xd3\xe4\x93\x02@:\x01*\";/v1/sandbox/managedRunners/{runner_id}:createBootstrapToken2\xbf\x06\n" +
 	"\x19RunnerRegistrationService\x12a\n" +
 	"\bRegister\x12).sandboxd.controlplane.v1.RegisterRequest\x1a*.sandboxd.controlplane.v1.RegisterResponse\x12d\n" +
 	"\tHeartbeat\x12*.sandboxd.controlplane.v1.HeartbeatRequest\x1a+.sandboxd.controlplane.v1.HeartbeatResponse\x12\x85\x01\n" +
 	"\x14IssueEdgeCertificate\x125.sandboxd.controlplane.v1.IssueEdgeCertificateRequest\x1a6.sandboxd.controlplane.v1.IssueEdgeCertificateResponse\x12m\n" +
 	"\fVerifyApiKey\x12-.sandboxd.controlplane.v1.VerifyApiKeyRequest\x1a..sandboxd.controlplane.v1.VerifyApiKeyResponse\x12m\n" +
 	"\fApiKeyActive\x12-.sandboxd.controlplane.v1.ApiKeyActiveRequest\x1a..sandboxd.controlplane.v1.ApiKeyActiveResponse\x12\x94\x01\n" +
-	"\x19IssueDataPlaneCertificate\x12:.sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest\x1a;.sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse2\xc6\x03\n" +
+	"\x19IssueDataPlaneCertificate\x12:.sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest\x1a;.sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse\x12\\\n" +
+	"\n" +
+	"GetRelease\x12+.sandboxd.controlplane.v1.GetReleaseRequest\x1a!.sandboxd.controlplane.v1.Release2\xc6\x03\n" +
 	"\x0eReleaseService\x12\x8b\x01\n" +
 	"\fListReleases\x12-.sandboxd.controlplane.v1.ListReleasesRequest\x1a..sandboxd.controlplane.v1.ListReleasesResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/v1/sandbox/releases\x12\x8b\x01\n" +
 	"\x0ePublishRelease\x12/.sandboxd.controlplane.v1.PublishReleaseRequest\x1a!.sandboxd.controlplane.v1.Release\"%\x82\xd3\xe4\x93\x02\x1f:\arelease\"\x14/v1/sandbox/releases\x12\x97\x01\n" +
@@ -2888,7 +2963,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -2932,52 +3007,53 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*ListApiKeysRequest)(nil),                // 39: sandboxd.controlplane.v1.ListApiKeysRequest
 	(*ListApiKeysResponse)(nil),               // 40: sandboxd.controlplane.v1.ListApiKeysResponse
 	(*RevokeApiKeyRequest)(nil),               // 41: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	nil,                                       // 42: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	nil,                                       // 43: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 44: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 45: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 46: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 47: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 48: google.protobuf.Empty
+	(*GetReleaseRequest)(nil),                 // 42: sandboxd.controlplane.v1.GetReleaseRequest
+	nil,                                       // 43: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	nil,                                       // 44: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 45: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 46: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 47: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 48: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 49: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	44, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	45, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	44, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	45, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	46, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	45, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	23, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	23, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	44, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	45, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	46, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	45, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	45, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	47, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	46, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	46, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
 	22, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
 	19, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
 	20, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
 	21, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	45, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	45, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	46, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	46, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	45, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	46, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
 	23, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	23, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
 	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
 	18, // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	18, // 22: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	18, // 23: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	47, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	42, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	48, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	43, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
 	0,  // 26: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	45, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	45, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	45, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	43, // 30: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	46, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	46, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	46, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	44, // 30: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
 	31, // 31: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
 	31, // 32: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
 	3,  // 33: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	45, // 34: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	45, // 35: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	45, // 36: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	46, // 34: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	46, // 35: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	46, // 36: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
 	3,  // 37: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
 	36, // 38: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
 	36, // 39: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
@@ -2994,33 +3070,35 @@ var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
 	10, // 50: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
 	12, // 51: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
 	6,  // 52: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	32, // 53: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	34, // 54: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	35, // 55: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	37, // 56: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	39, // 57: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	41, // 58: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	18, // 59: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 60: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	27, // 61: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	18, // 62: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	48, // 63: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	18, // 64: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	5,  // 65: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	15, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	17, // 67: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	9,  // 68: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	11, // 69: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	13, // 70: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	7,  // 71: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	33, // 72: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	31, // 73: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	31, // 74: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	38, // 75: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	40, // 76: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	36, // 77: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	59, // [59:78] is the sub-list for method output_type
-	40, // [40:59] is the sub-list for method input_type
+	42, // 53: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:input_type -> sandboxd.controlplane.v1.GetReleaseRequest
+	32, // 54: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	34, // 55: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	35, // 56: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	37, // 57: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	39, // 58: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	41, // 59: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	18, // 60: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 61: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	27, // 62: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	18, // 63: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	49, // 64: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	18, // 65: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	5,  // 66: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	15, // 67: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	17, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	9,  // 69: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	11, // 70: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	13, // 71: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	7,  // 72: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	31, // 73: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
+	33, // 74: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	31, // 75: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	31, // 76: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	38, // 77: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	40, // 78: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	36, // 79: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	60, // [60:80] is the sub-list for method output_type
+	40, // [40:60] is the sub-list for method input_type
 	40, // [40:40] is the sub-list for extension type_name
 	40, // [40:40] is the sub-list for extension extendee
 	0,  // [0:40] is the sub-list for field type_name
@@ -3037,7 +3115,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

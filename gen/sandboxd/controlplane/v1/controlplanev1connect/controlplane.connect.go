@@ -93,6 +93,9 @@ const (
 	// RunnerRegistrationServiceIssueDataPlaneCertificateProcedure is the fully-qualified name of the
 	// RunnerRegistrationService's IssueDataPlaneCertificate RPC.
 	RunnerRegistrationServiceIssueDataPlaneCertificateProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/IssueDataPlaneCertificate"
+	// RunnerRegistrationServiceGetReleaseProcedure is the fully-qualified name of the
+	// RunnerRegistrationService's GetRelease RPC.
+	RunnerRegistrationServiceGetReleaseProcedure = "/sandboxd.controlplane.v1.RunnerRegistrationService/GetRelease"
 	// ReleaseServiceListReleasesProcedure is the fully-qualified name of the ReleaseService's
 	// ListReleases RPC.
 	ReleaseServiceListReleasesProcedure = "/sandboxd.controlplane.v1.ReleaseService/ListReleases"
@@ -400,6 +403,13 @@ type RunnerRegistrationServiceClient interface {
 	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
 	// returns that CA, by which the runner verifies clients (client certificate required).
 	IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error)
+	// GetRelease returns one release record (signed release manifests, issue 18), with its
+	// signed manifest and signature when it was published from one, so that a runner can
+	// verify it against the platform's release keys before it installs anything. Any
+	// registered runner may call it (client certificate required, as for Heartbeat):
+	// releases are platform-wide. NOT_FOUND (CWSANDBOX_RELEASE_NOT_FOUND) when no such
+	// version is recorded.
+	GetRelease(context.Context, *connect.Request[v1.GetReleaseRequest]) (*connect.Response[v1.Release], error)
 }
 
 // NewRunnerRegistrationServiceClient constructs a client for the
@@ -450,6 +460,12 @@ func NewRunnerRegistrationServiceClient(httpClient connect.HTTPClient, baseURL s
 			connect.WithSchema(runnerRegistrationServiceMethods.ByName("IssueDataPlaneCertificate")),
 			connect.WithClientOptions(opts...),
 		),
+		getRelease: connect.NewClient[v1.GetReleaseRequest, v1.Release](
+			httpClient,
+			baseURL+RunnerRegistrationServiceGetReleaseProcedure,
+			connect.WithSchema(runnerRegistrationServiceMethods.ByName("GetRelease")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -461,6 +477,7 @@ type runnerRegistrationServiceClient struct {
 	verifyApiKey              *connect.Client[v1.VerifyApiKeyRequest, v1.VerifyApiKeyResponse]
 	apiKeyActive              *connect.Client[v1.ApiKeyActiveRequest, v1.ApiKeyActiveResponse]
 	issueDataPlaneCertificate *connect.Client[v1.IssueDataPlaneCertificateRequest, v1.IssueDataPlaneCertificateResponse]
+	getRelease                *connect.Client[v1.GetReleaseRequest, v1.Release]
 }
 
 // Register calls sandboxd.controlplane.v1.RunnerRegistrationService.Register.
@@ -495,6 +512,11 @@ func (c *runnerRegistrationServiceClient) IssueDataPlaneCertificate(ctx context.
 	return c.issueDataPlaneCertificate.CallUnary(ctx, req)
 }
 
+// GetRelease calls sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease.
+func (c *runnerRegistrationServiceClient) GetRelease(ctx context.Context, req *connect.Request[v1.GetReleaseRequest]) (*connect.Response[v1.Release], error) {
+	return c.getRelease.CallUnary(ctx, req)
+}
+
 // RunnerRegistrationServiceHandler is an implementation of the
 // sandboxd.controlplane.v1.RunnerRegistrationService service.
 type RunnerRegistrationServiceHandler interface {
@@ -519,6 +541,13 @@ type RunnerRegistrationServiceHandler interface {
 	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
 	// returns that CA, by which the runner verifies clients (client certificate required).
 	IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error)
+	// GetRelease returns one release record (signed release manifests, issue 18), with its
+	// signed manifest and signature when it was published from one, so that a runner can
+	// verify it against the platform's release keys before it installs anything. Any
+	// registered runner may call it (client certificate required, as for Heartbeat):
+	// releases are platform-wide. NOT_FOUND (CWSANDBOX_RELEASE_NOT_FOUND) when no such
+	// version is recorded.
+	GetRelease(context.Context, *connect.Request[v1.GetReleaseRequest]) (*connect.Response[v1.Release], error)
 }
 
 // NewRunnerRegistrationServiceHandler builds an HTTP handler from the service implementation. It
@@ -564,6 +593,12 @@ func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, o
 		connect.WithSchema(runnerRegistrationServiceMethods.ByName("IssueDataPlaneCertificate")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerRegistrationServiceGetReleaseHandler := connect.NewUnaryHandler(
+		RunnerRegistrationServiceGetReleaseProcedure,
+		svc.GetRelease,
+		connect.WithSchema(runnerRegistrationServiceMethods.ByName("GetRelease")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.controlplane.v1.RunnerRegistrationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerRegistrationServiceRegisterProcedure:
@@ -578,6 +613,8 @@ func NewRunnerRegistrationServiceHandler(svc RunnerRegistrationServiceHandler, o
 			runnerRegistrationServiceApiKeyActiveHandler.ServeHTTP(w, r)
 		case RunnerRegistrationServiceIssueDataPlaneCertificateProcedure:
 			runnerRegistrationServiceIssueDataPlaneCertificateHandler.ServeHTTP(w, r)
+		case RunnerRegistrationServiceGetReleaseProcedure:
+			runnerRegistrationServiceGetReleaseHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -609,6 +646,10 @@ func (UnimplementedRunnerRegistrationServiceHandler) ApiKeyActive(context.Contex
 
 func (UnimplementedRunnerRegistrationServiceHandler) IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate is not implemented"))
+}
+
+func (UnimplementedRunnerRegistrationServiceHandler) GetRelease(context.Context, *connect.Request[v1.GetReleaseRequest]) (*connect.Response[v1.Release], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease is not implemented"))
 }
 
 // ReleaseServiceClient is a client for the sandboxd.controlplane.v1.ReleaseService service.
