@@ -259,6 +259,7 @@ type controlPlaneConfig struct {
 	hosts                             listFlag
 	heartbeatInterval                 time.Duration
 	baseDomain                        string
+	releaseKeys                       string
 	verbose                           bool
 }
 
@@ -270,6 +271,7 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.Var(&c.hosts, "host", "extra DNS name or IP in the listener's certificate (repeatable)")
 	fs.DurationVar(&c.heartbeatInterval, "heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")
 	fs.StringVar(&c.baseDomain, "base-domain", controlplane.DefaultEndpointDomain, "domain of public endpoints (PORT-SANDBOX.RUNNER.BASE-DOMAIN): runners' edge certificates are issued for it")
+	fs.StringVar(&c.releaseKeys, "release-keys", "", "PEM file of the Ed25519 public keys release manifests are signed with (sandboxd release keygen): publish only releases they sign (default: none, unsigned release records)")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"log/slog"
 	"net"
@@ -35,6 +36,15 @@ func controlPlaneCmd(args []string) error {
 
 func (c controlPlaneConfig) run() error {
 	logger := newLogger(slog.LevelInfo, c.verbose)
+	// The release keys first: a bad file stops the start before anything is opened.
+	var releaseKeys []ed25519.PublicKey
+	if c.releaseKeys != "" {
+		var err error
+		if releaseKeys, err = loadReleaseKeys(c.releaseKeys); err != nil {
+			return fmt.Errorf("--release-keys: %w", err)
+		}
+		logger.Info("publishing only signed release manifests", "release_keys", len(releaseKeys))
+	}
 	pkiDir := pkiDirOf(c.dataDir, c.pkiDir)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -50,6 +60,7 @@ func (c controlPlaneConfig) run() error {
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
+		ReleaseKeys:    releaseKeys,
 	})
 	if err != nil {
 		return err

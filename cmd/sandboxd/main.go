@@ -6,6 +6,7 @@
 //	sandboxd gateway the API, with runners in other processes
 //	sandboxd apikey  create API keys in the store (DATA-DIR/sandboxd.db or --store DSN)
 //	sandboxd demo    run a first sandbox on this machine through the local runner
+//	sandboxd release sign release manifests: keygen, manifest, sign, verify
 //	sandboxd version print the version
 package main
 
@@ -39,6 +40,8 @@ func main() {
 		err = apikey(os.Args[2:])
 	case "demo":
 		err = demo(os.Args[2:])
+	case "release":
+		err = releaseCmd(os.Args[2:], os.Stdout)
 	case "version", "--version":
 		fmt.Println("sandboxd", version)
 	case "help", "-h", "--help":
@@ -69,6 +72,7 @@ commands:
             gateway --data-dir D [--store DSN] --pki-dir P --listen ADDR --runner ID=ADDR… [--control-plane ADDR]
   apikey    create an API key: apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin]
   demo      start the single-host runtime and run a first sandbox
+  release   signed release manifests: release keygen|manifest|sign|verify (see sandboxd release)
   version   print the version
 `)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -220,4 +221,31 @@ func ParsePrivateKey(data []byte) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("release signing key: a %T; want Ed25519", k)
 	}
 	return ek, nil
+}
+
+// EncodeSignature is a signature as `sandboxd release sign` writes it: standard base64 and
+// a newline, so it can be pasted, mailed and diffed like the manifest.
+func EncodeSignature(sig []byte) []byte {
+	return []byte(base64.StdEncoding.EncodeToString(sig) + "\n")
+}
+
+// DecodeSignature reads a signature file: the raw 64 bytes (what signing tools such as
+// `openssl pkeyutl -rawin` write) or their base64 (EncodeSignature), surrounding white
+// space ignored. Raw is recognized by its length: base64 of 64 bytes is 88 characters.
+func DecodeSignature(data []byte) ([]byte, error) {
+	if len(data) == ed25519.SignatureSize {
+		return bytes.Clone(data), nil
+	}
+	text := bytes.TrimSpace(data)
+	if len(text) > base64.StdEncoding.EncodedLen(ed25519.SignatureSize) {
+		return nil, fmt.Errorf("release signature: %d bytes; want %d raw or their base64", len(data), ed25519.SignatureSize)
+	}
+	sig, err := base64.StdEncoding.DecodeString(string(text))
+	if err != nil {
+		return nil, fmt.Errorf("release signature: neither %d raw bytes nor base64: %w", ed25519.SignatureSize, err)
+	}
+	if len(sig) != ed25519.SignatureSize {
+		return nil, fmt.Errorf("release signature: %d bytes; want %d", len(sig), ed25519.SignatureSize)
+	}
+	return sig, nil
 }

@@ -126,3 +126,34 @@ func FuzzParseManifest(f *testing.F) {
 		}
 	})
 }
+
+func TestSignatureEncoding(t *testing.T) {
+	_, priv := newKey(t)
+	sig := Sign(priv, []byte(goodManifest))
+	enc := EncodeSignature(sig)
+	if len(enc) != 89 || enc[88] != '\n' {
+		t.Fatalf("encoded %q", enc)
+	}
+	for name, in := range map[string][]byte{
+		"base64":             enc,
+		"base64, no newline": bytes.TrimSpace(enc),
+		"base64, CRLF":       append(bytes.TrimSpace(enc), '\r', '\n'),
+		"raw":                sig,
+	} {
+		if got, err := DecodeSignature(in); err != nil || !bytes.Equal(got, sig) {
+			t.Errorf("%s: %x %v", name, got, err)
+		}
+	}
+	for name, in := range map[string][]byte{
+		"empty":          nil,
+		"short base64":   EncodeSignature(sig[:63]),
+		"long base64":    EncodeSignature(append(sig, 0)),
+		"not base64":     bytes.Repeat([]byte("!"), 88),
+		"raw, 65 bytes":  append(bytes.Clone(sig), 0),
+		"two signatures": append(bytes.Clone(enc), enc...),
+	} {
+		if got, err := DecodeSignature(in); err == nil {
+			t.Errorf("%s: decoded %x", name, got)
+		}
+	}
+}

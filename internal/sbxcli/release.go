@@ -1,7 +1,11 @@
 package sbxcli
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"maps"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -10,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/internal/release"
 )
 
 // releaseCommand is `sbx admin release`: the runner releases and the channels that offer
@@ -45,10 +50,10 @@ func (a *app) releaseListCommand() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			_, _ = fmt.Fprintln(tw, "VERSION\tCHANNELS\tRAPID SINCE\tSTABLE SINCE\tBINARIES")
+			_, _ = fmt.Fprintln(tw, "VERSION\tCHANNELS\tRAPID SINCE\tSTABLE SINCE\tBINARIES\tSIGNED")
 			for _, r := range out.Msg.GetReleases() {
-				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.GetVersion(), orDash(channelList(r)),
-					orDash(ts(r.GetRapidTime())), orDash(ts(r.GetStableTime())), orDash(strings.Join(arches(r), ",")))
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.GetVersion(), orDash(channelList(r)),
+					orDash(ts(r.GetRapidTime())), orDash(ts(r.GetStableTime())), orDash(strings.Join(arches(r), ",")), signedMark(r))
 			}
 			return tw.Flush()
 		},
@@ -57,31 +62,52 @@ func (a *app) releaseListCommand() *cobra.Command {
 
 func (a *app) releasePublishCommand() *cobra.Command {
 	var r controlplanev1.Release
-	var sums []string
+	var sums, agentSums []string
+	var manifestPath, sigPath string
 	cmd := &cobra.Command{
-		Use:   "publish VERSION --runner-image-digest sha256:… --agent-image-digest sha256:… [--checksum ARCH=SHA256]…",
-		Short: "Record a release and put it on RAPID",
-		Args:  cobra.ExactArgs(1),
+		Use: "publish VERSION --runner-image-digest sha256:… --agent-image-digest sha256:… [--checksum ARCH=SHA256]… [--agent-checksum ARCH=SHA256]…\n" +
+			"  sbx admin release publish --manifest M [--signature M.sig]",
+		Short: "Record a release and put it on RAPID: a record, or a signed release manifest",
+		Long: "Publish a release record from flags, or a signed release manifest (sandboxd release manifest|sign):\n" +
+			"a control plane started with --release-keys accepts only signed manifests, one without only records.",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r.Version = args[0]
-			for _, s := range sums {
-				arch, sum, ok := strings.Cut(s, "=")
-				if !ok || arch == "" {
-					return fmt.Errorf("--checksum %q: want ARCH=SHA256, e.g. amd64=<64 hex digits>", s)
+			req := &controlplanev1.PublishReleaseRequest{}
+			if manifestPath != "" {
+				for _, name := range []string{"runner-image-digest", "agent-image-digest", "checksum", "agent-checksum"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s: with --manifest the release is the manifest's; give no record flags", name)
+					}
 				}
-				if r.BinaryChecksums == nil {
-					r.BinaryChecksums = map[string]string{}
+				var err error
+				if req.Manifest, req.Signature, err = readSignedManifest(manifestPath, sigPath); err != nil {
+					return err
 				}
-				if _, dup := r.BinaryChecksums[arch]; dup {
-					return fmt.Errorf("--checksum: %s given twice", arch)
+				if len(args) == 1 { // checked against the manifest's by the control plane
+					req.Release = &controlplanev1.Release{Version: args[0]}
 				}
-				r.BinaryChecksums[arch] = sum
+			} else {
+				if sigPath != "" {
+					return errors.New("--signature needs --manifest")
+				}
+				if len(args) != 1 {
+					return errors.New("publish: VERSION is required (or --manifest)")
+				}
+				r.Version = args[0]
+				var err error
+				if r.BinaryChecksums, err = parseChecksums("checksum", sums); err != nil {
+					return err
+				}
+				if r.AgentBinaryChecksums, err = parseChecksums("agent-checksum", agentSums); err != nil {
+					return err
+				}
+				req.Release = &r
 			}
 			adm, err := a.admin()
 			if err != nil {
 				return err
 			}
-			out, err := adm.Releases.PublishRelease(cmd.Context(), connect.NewRequest(&controlplanev1.PublishReleaseRequest{Release: &r}))
+			out, err := adm.Releases.PublishRelease(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -92,7 +118,74 @@ func (a *app) releasePublishCommand() *cobra.Command {
 	f.StringVar(&r.RunnerImageDigest, "runner-image-digest", "", "digest of the runner image (sha256:…)")
 	f.StringVar(&r.AgentImageDigest, "agent-image-digest", "", "digest of the sandbox-agent image (sha256:…)")
 	f.StringArrayVar(&sums, "checksum", nil, "ARCH=SHA256 of the sandboxd binary for ARCH (amd64, arm64, …); repeat per architecture")
+	f.StringArrayVar(&agentSums, "agent-checksum", nil, "ARCH=SHA256 of the sandbox-agent binary for ARCH; repeat per architecture")
+	f.StringVar(&manifestPath, "manifest", "", "a signed release manifest (sandboxd release manifest) to publish as it is")
+	f.StringVar(&sigPath, "signature", "", "its signature, base64 or raw (default MANIFEST.sig, as sandboxd release sign writes it)")
 	return cmd
+}
+
+// parseChecksums parses repeated ARCH=SHA256 flags (the control plane checks the values).
+func parseChecksums(flagName string, specs []string) (map[string]string, error) {
+	var out map[string]string
+	for _, s := range specs {
+		arch, sum, ok := strings.Cut(s, "=")
+		if !ok || arch == "" {
+			return nil, fmt.Errorf("--%s %q: want ARCH=SHA256, e.g. amd64=<64 hex digits>", flagName, s)
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		if _, dup := out[arch]; dup {
+			return nil, fmt.Errorf("--%s: %s given twice", flagName, arch)
+		}
+		out[arch] = sum
+	}
+	return out, nil
+}
+
+// readSignedManifest reads a manifest (at most release.MaxManifestBytes) and its
+// signature file (default MANIFEST.sig), bytes as they are: the signature is over them.
+func readSignedManifest(manifestPath, sigPath string) (manifest, sig []byte, err error) {
+	if sigPath == "" {
+		sigPath = manifestPath + ".sig"
+	}
+	if manifest, err = readBounded(manifestPath, release.MaxManifestBytes); err != nil {
+		return nil, nil, fmt.Errorf("--manifest: %w", err)
+	}
+	raw, err := readBounded(sigPath, 1<<10)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--signature: %w", err)
+	}
+	if sig, err = release.DecodeSignature(raw); err != nil {
+		return nil, nil, fmt.Errorf("--signature %s: %w", sigPath, err)
+	}
+	return manifest, sig, nil
+}
+
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	return b, nil
+}
+
+// signedMark is the SIGNED column of `release ls`: whether the release was published
+// from a signed manifest (the control plane verified it; `sandboxd release verify`
+// checks it again).
+func signedMark(r *controlplanev1.Release) string {
+	if len(r.GetManifest()) > 0 && len(r.GetManifestSignature()) > 0 {
+		return "signed"
+	}
+	return "-"
 }
 
 func (a *app) releasePromoteCommand() *cobra.Command {
@@ -130,6 +223,13 @@ func (a *app) printRelease(r *controlplanev1.Release) error {
 	row("Agent image", r.GetAgentImageDigest())
 	for _, arch := range arches(r) {
 		row("Binary "+arch, r.GetBinaryChecksums()[arch])
+	}
+	agentArches := slices.Sorted(maps.Keys(r.GetAgentBinaryChecksums()))
+	for _, arch := range agentArches {
+		row("Agent binary "+arch, r.GetAgentBinaryChecksums()[arch])
+	}
+	if signedMark(r) == "signed" {
+		row("Signed", fmt.Sprintf("yes: manifest of %d bytes, Ed25519 signature (in -o json)", len(r.GetManifest())))
 	}
 	row("Created", ts(r.GetCreateTime()))
 	row("On RAPID since", ts(r.GetRapidTime()))
