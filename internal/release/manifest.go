@@ -12,6 +12,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 )
 
 // A release manifest is a release as its publisher signs it: a small JSON document naming
@@ -109,6 +110,13 @@ func ParseManifest(data []byte) (Manifest, error) {
 	if len(data) > MaxManifestBytes {
 		return Manifest{}, fmt.Errorf("release manifest is %d bytes; at most %d", len(data), MaxManifestBytes)
 	}
+	// encoding/json takes the last of duplicate keys and matches keys case-insensitively:
+	// a reviewer reading the first "version" before signing, or "Version", would see
+	// another release than the one verified. So a manifest's keys must be unique and
+	// spelled exactly.
+	if err := checkKeys(data); err != nil {
+		return Manifest{}, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var m Manifest
@@ -122,6 +130,89 @@ func ParseManifest(data []byte) (Manifest, error) {
 		return Manifest{}, err
 	}
 	return m, nil
+}
+
+// manifestKeys and binariesKeys are a manifest's keys, spelled exactly: its top-level
+// object's and those of each architecture's object in binaries.
+var (
+	manifestKeys = []string{"version", "runner_image_digest", "agent_image_digest", "binaries"}
+	binariesKeys = []string{"sandboxd", "sandbox_agent"}
+)
+
+// checkKeys refuses a duplicate key in any object of data, and a key of the manifest or of
+// a binaries entry that is not spelled exactly. Malformed JSON is left to the decoder.
+func checkKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	// walk reads one value whose first token is tok; path names its object ("" top-level,
+	// "binaries", "binaries.<arch>").
+	var walk func(tok json.Token, path string, depth int) error
+	walk = func(tok json.Token, path string, depth int) error {
+		if depth > 8 {
+			return errors.New("release manifest: nested too deep")
+		}
+		switch tok {
+		case json.Delim('['):
+			for dec.More() {
+				t, err := dec.Token()
+				if err != nil {
+					return nil
+				}
+				if err := walk(t, path+"[]", depth+1); err != nil {
+					return err
+				}
+			}
+			_, _ = dec.Token()
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return nil
+				}
+				k, _ := kt.(string)
+				if seen[k] {
+					return fmt.Errorf("release manifest: key %q appears twice in %s", truncate(k), objectName(path))
+				}
+				seen[k] = true
+				var want []string
+				switch {
+				case path == "":
+					want = manifestKeys
+				case strings.HasPrefix(path, "binaries.") && strings.Count(path, ".") == 1:
+					want = binariesKeys
+				}
+				if want != nil && !slices.Contains(want, k) {
+					return fmt.Errorf("release manifest: unknown key %q in %s (keys are %s, spelled exactly)", truncate(k), objectName(path), strings.Join(want, ", "))
+				}
+				vt, err := dec.Token()
+				if err != nil {
+					return nil
+				}
+				child := k
+				if path != "" {
+					child = path + "." + k
+				}
+				if err := walk(vt, child, depth+1); err != nil {
+					return err
+				}
+			}
+			_, _ = dec.Token()
+		}
+		return nil
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return nil
+	}
+	return walk(tok, "", 0)
+}
+
+func objectName(path string) string {
+	if path == "" {
+		return "the manifest"
+	}
+	return truncate(path)
 }
 
 // ErrBadSignature: no trusted key signed these manifest bytes.

@@ -157,3 +157,24 @@ func TestSignatureEncoding(t *testing.T) {
 		}
 	}
 }
+
+// A manifest reads the same to a reviewer and to the parser: no duplicate keys (JSON
+// decoders keep the last), no keys in another case (encoding/json would match them).
+func TestParseManifestRefusesAmbiguousKeys(t *testing.T) {
+	for name, data := range map[string]string{
+		"duplicate version": strings.Replace(goodManifest, `{"version":"v1.2.0",`, `{"version":"v1.2.0","version":"v9.0.0",`, 1),
+		"Version":           strings.Replace(goodManifest, `"version"`, `"Version"`, 1),
+		"RUNNER digest":     strings.Replace(goodManifest, `"runner_image_digest"`, `"RUNNER_IMAGE_DIGEST"`, 1),
+		"duplicate arch": strings.Replace(goodManifest, `"binaries":{`,
+			`"binaries":{"amd64":{"sandboxd":"`+strings.Repeat("5", 64)+`"},`, 1),
+		"duplicate sandboxd": strings.Replace(goodManifest, `{"sandboxd":`, `{"sandboxd":"`+strings.Repeat("5", 64)+`","sandboxd":`, 1),
+		"Sandboxd":           strings.Replace(goodManifest, `{"sandboxd":`, `{"Sandboxd":`, 1),
+	} {
+		if m, err := ParseManifest([]byte(data)); err == nil {
+			t.Errorf("%s: accepted %+v", name, m)
+		}
+	}
+	if _, err := ParseManifest([]byte(goodManifest)); err != nil {
+		t.Fatal(err)
+	}
+}
