@@ -40,7 +40,7 @@ const releaseUsage = `usage: sandboxd release <command> [flags]
 // releaseCmd dispatches `sandboxd release`, writing what it prints to stdout.
 func releaseCmd(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New(releaseUsage)
+		return errors.New(strings.TrimSpace(releaseUsage))
 	}
 	fs := flag.NewFlagSet("release "+args[0], flag.ContinueOnError)
 	switch args[0] {
@@ -103,13 +103,13 @@ func releaseCmd(args []string, stdout io.Writer) error {
 		}
 		return releaseVerify(*keys, *manifest, *sig, stdout)
 	}
-	return fmt.Errorf("release: unknown command %q\n%s", args[0], releaseUsage)
+	return fmt.Errorf("release: unknown command %q\n%s", args[0], strings.TrimSpace(releaseUsage))
 }
 
 func parseArgs(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%s: %w\n%s", fs.Name(), err, releaseUsage)
+		return fmt.Errorf("%s: %w\n%s", fs.Name(), err, strings.TrimSpace(releaseUsage))
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
