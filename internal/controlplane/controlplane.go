@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -70,6 +71,10 @@ type Config struct {
 	DataPlaneCA *pki.CA
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// UpdateDeadline is how long a runner told to update by ApplyAvailableUpdate has to
+	// report the new version and ready before it is rolled back (the automatic rollout's
+	// health gate, which internal/rollout runs); default rollout.DefaultDeadline.
+	UpdateDeadline time.Duration
 }
 
 // DefaultEndpointDomain: *.localhost names resolve to loopback, so a platform on one
@@ -79,11 +84,12 @@ const DefaultEndpointDomain = "sandboxd.localhost"
 // EdgeCertTTL is the lifetime of a runner's edge certificate; runners renew it at half.
 const EdgeCertTTL = 7 * 24 * time.Hour
 
-// Service implements RunnerManagementService, ApiKeyService and ReleaseService.
+// Service implements RunnerManagementService, ApiKeyService, ReleaseService and RolloutService.
 type Service struct {
 	controlplanev1connect.UnimplementedRunnerManagementServiceHandler
 	controlplanev1connect.UnimplementedApiKeyServiceHandler
 	controlplanev1connect.UnimplementedReleaseServiceHandler
+	controlplanev1connect.UnimplementedRolloutServiceHandler
 
 	st       store.Store
 	auth     auth.Authenticator
@@ -97,6 +103,7 @@ type Service struct {
 	certTTL  time.Duration
 	domain   string
 	dpCA     *pki.CA
+	deadline time.Duration
 }
 
 // New returns a Service.
@@ -112,6 +119,10 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
 		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA}
+	s.deadline = cfg.UpdateDeadline
+	if s.deadline <= 0 {
+		s.deadline = rollout.DefaultDeadline
+	}
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}
@@ -157,7 +168,7 @@ func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
 func AdminServices() []protoreflect.ServiceDescriptor {
 	f := controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto
 	return []protoreflect.ServiceDescriptor{f.Services().ByName("RunnerManagementService"), f.Services().ByName("ApiKeyService"),
-		f.Services().ByName("ReleaseService")}
+		f.Services().ByName("ReleaseService"), f.Services().ByName("RolloutService")}
 }
 
 // Handler serves the admin services over gRPC, gRPC-Web, Connect and REST/JSON (by their
@@ -171,6 +182,7 @@ func (s *Service) Handler() http.Handler {
 		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewReleaseServiceHandler(s, opts...)),
+		vanguard.NewService(controlplanev1connect.NewRolloutServiceHandler(s, opts...)),
 	}, apifront.TranscoderOptions()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.
