@@ -16,6 +16,7 @@ import (
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
@@ -251,5 +252,34 @@ func TestAutomaticRolloutOverRegistration(t *testing.T) {
 	}
 	if _, err := rollouts.ResumeRollout(ctx, connect.NewRequest(&controlplanev1.ResumeRolloutRequest{})); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("resume without a channel: %v", err)
+	}
+}
+
+// TestResumeRolloutOnlyPlatformAdmins: resuming a halted channel decides what every
+// organization's runners move to, like publishing; a tenant's admin or a platform user is
+// refused and the halt stays.
+func TestResumeRolloutOnlyPlatformAdmins(t *testing.T) {
+	b := newReleaseBed(t)
+	ctx := t.Context()
+	if err := b.st.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelRapid, Version: "v1.0.0", Reason: "broken", Org: b.org, RunnerID: "rapid"}); err != nil {
+		t.Fatal(err)
+	}
+	req := connect.NewRequest(&controlplanev1.ResumeRolloutRequest{Channel: controlplanev1.ReleaseChannel_RAPID})
+	for _, p := range []auth.Principal{{KeyID: "t", Org: "tenant", Role: auth.RoleAdmin}, {KeyID: "u", Org: b.org, Role: auth.RoleUser}} {
+		_, err := b.svc.ResumeRollout(auth.WithPrincipal(ctx, p), req)
+		wantReason(t, "resume by "+p.Org+"/"+string(p.Role), err, connect.CodePermissionDenied, apierr.PermissionDenied)
+	}
+	if hs, _ := b.st.Rollouts().Halts(ctx); len(hs) != 1 {
+		t.Fatalf("halt lifted by a refused call: %v", hs)
+	}
+	ls, err := b.svc.ListReleases(b.actx, connect.NewRequest(&controlplanev1.ListReleasesRequest{}))
+	if err != nil || ls.Msg.GetRollouts()[1].GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_HALTED || ls.Msg.GetRollouts()[1].GetHaltReason() != "broken" {
+		t.Fatalf("list: %v %v", ls, err)
+	}
+	if out, err := b.svc.ResumeRollout(b.actx, req); err != nil || out.Msg.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE {
+		t.Fatalf("platform admin resumes: %v %v", out, err)
+	}
+	if hs, _ := b.st.Rollouts().Halts(ctx); len(hs) != 0 {
+		t.Fatalf("halt not lifted: %v", hs)
 	}
 }

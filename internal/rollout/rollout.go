@@ -359,8 +359,10 @@ func (c *Controller) gate(ctx context.Context, r store.Runner, now time.Time, ta
 			return true, fmt.Errorf("roll back %s/%s: %w", r.Org, r.RunnerID, err)
 		}
 		c.log.Warn("runner update failed: rolled back", "org", r.Org, "runner", r.RunnerID, "from", lu.From, "to", lu.To, "reason", done.Reason)
-		if targets[r.ReleaseChannel] != lu.To {
-			return false, nil // the channel moved on already: nothing to halt
+		if targets[r.ReleaseChannel] != lu.To || !r.Status.SelfUpdate {
+			// The channel moved on already, or the runner could not move itself (an
+			// ApplyAvailableUpdate on a runner updated by hand): the version is not at fault.
+			return false, nil
 		}
 		h := store.RolloutHalt{Channel: r.ReleaseChannel, Version: lu.To, Org: r.Org, RunnerID: r.RunnerID, HaltedAt: now,
 			Reason: fmt.Sprintf("runner %s/%s %s; rolled back to %s", r.Org, r.RunnerID, done.Reason, orNone(lu.From))}

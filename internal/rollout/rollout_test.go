@@ -366,3 +366,32 @@ func TestConfigValidate(t *testing.T) {
 		t.Error("New accepted a config without a store")
 	}
 }
+
+// A step of a runner that cannot move itself (ApplyAvailableUpdate on a runner updated by
+// hand) that misses its deadline is rolled back and recorded but halts nothing.
+func TestFailedStepOfARunnerThatCannotUpdateItselfDoesNotHalt(t *testing.T) {
+	b := newBed(t)
+	b.runner("a")
+	b.runner("b", group("g2"))
+	b.beat("a", "v1.0.0", true, false)
+	b.target(store.ChannelRapid, "v1.1.0")
+	r := b.get("a")
+	att := rollout.Attempt("v1.0.0", "v1.1.0", b.clock(), time.Minute)
+	desired := "v1.1.0"
+	if _, err := b.st.Runners().Update(t.Context(), "o1", "a", r.Etag, store.RunnerUpdate{DesiredVersion: &desired, LastUpdate: &att}); err != nil {
+		t.Fatal(err)
+	}
+	b.advance(2 * time.Minute)
+	b.beat("a", "v1.0.0", true, false)
+	b.beat("b", "v1.0.0", true, true)
+	c := b.controller(b.st, "x", 0, time.Minute)
+	tick(t, c)
+	if lu := b.get("a").LastUpdate; lu.State != store.UpdateRolledBack || !strings.Contains(lu.Reason, "(reports v1.0.0)") {
+		t.Fatalf("a: %+v", lu)
+	}
+	if hs, _ := b.st.Rollouts().Halts(t.Context()); len(hs) != 0 {
+		t.Fatalf("halted by a runner that could not move: %+v", hs)
+	}
+	wantMoving(t, b, "b", "a", "b")
+}
+
