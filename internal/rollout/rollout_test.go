@@ -394,4 +394,3 @@ func TestFailedStepOfARunnerThatCannotUpdateItselfDoesNotHalt(t *testing.T) {
 	}
 	wantMoving(t, b, "b", "a", "b")
 }
-
