@@ -1123,7 +1123,8 @@ type HeartbeatResponse struct {
 	PolicyRevision int64  `protobuf:"varint,2,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
 	// The runner's etag (changes on every administrative write).
 	Etag string `protobuf:"bytes,3,opt,name=etag,proto3" json:"etag,omitempty"`
-	// The version ApplyAvailableUpdate asked the runner to move to; empty when none.
+	// The version the runner should move to (the automatic rollout's step, its rollback, or
+	// ApplyAvailableUpdate); empty when none (cleared once reached).
 	DesiredVersion    string               `protobuf:"bytes,4,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	HeartbeatInterval *durationpb.Duration `protobuf:"bytes,5,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
 	unknownFields     protoimpl.UnknownFields
@@ -1534,7 +1535,8 @@ type ManagedRunnerStatus struct {
 	UpdateAvailable bool `protobuf:"varint,5,opt,name=update_available,json=updateAvailable,proto3" json:"update_available,omitempty"`
 	// The version the channel offers (set as desired by ApplyAvailableUpdate).
 	TargetVersion string `protobuf:"bytes,6,opt,name=target_version,json=targetVersion,proto3" json:"target_version,omitempty"`
-	// The version ApplyAvailableUpdate asked the runner to move to; empty when none.
+	// The version the runner is asked to move to (by the automatic rollout, its rollback, or
+	// ApplyAvailableUpdate); empty when none. Cleared once the runner reports it and ready.
 	DesiredVersion string `protobuf:"bytes,7,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	// What the runner offers and what its live sandboxes take; absent before a heartbeat.
 	Capacity *RunnerResources `protobuf:"bytes,8,opt,name=capacity,proto3" json:"capacity,omitempty"`
