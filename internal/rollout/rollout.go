@@ -292,12 +292,23 @@ func (c *Controller) activeHalts(ctx context.Context, targets map[string]string)
 }
 
 // candidate: r can move itself, is connected, runs a known version other than target
-// and has no step in flight.
+// and has no step in flight. A runner that passed its gate on target within the last
+// Deadline is not started again: while a Deployment rolls, the old pod may still heartbeat
+// its old version until it terminates.
 func (c *Controller) candidate(r store.Runner, target string, now time.Time) bool {
 	if !r.Status.SelfUpdate || !c.connected(r, now) || r.Status.Version == "" || r.Status.Version == target {
 		return false
 	}
-	return r.LastUpdate == nil || r.LastUpdate.State != store.UpdateInProgress
+	lu := r.LastUpdate
+	switch {
+	case lu == nil:
+		return true
+	case lu.State == store.UpdateInProgress:
+		return false
+	case lu.State == store.UpdateSucceeded && lu.To == target && lu.EndedAt != nil && now.Before(lu.EndedAt.Add(c.cfg.Deadline)):
+		return false
+	}
+	return true
 }
 
 // allowed: now is inside r's maintenance policy (none: any time). A policy that does not

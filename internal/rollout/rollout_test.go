@@ -394,3 +394,26 @@ func TestFailedStepOfARunnerThatCannotUpdateItselfDoesNotHalt(t *testing.T) {
 	}
 	wantMoving(t, b, "b", "a", "b")
 }
+
+// After a runner passed its gate, its old pod (a Deployment rolling) may still heartbeat
+// the old version for a while: that does not start it again, until a deadline has passed.
+func TestOldPodAfterSuccessDoesNotRestartTheStep(t *testing.T) {
+	b := newBed(t)
+	b.runner("a")
+	b.target(store.ChannelRapid, "v1.1.0")
+	c := b.controller(b.st, "x", 0, time.Minute)
+	tick(t, c)
+	b.beat("a", "v1.1.0", true, true)
+	tick(t, c)
+	if lu := b.get("a").LastUpdate; lu.State != store.UpdateSucceeded {
+		t.Fatalf("a: %+v", lu)
+	}
+	b.advance(5 * time.Second)
+	b.beat("a", "v1.0.0", true, true) // the terminating old pod
+	tick(t, c)
+	wantMoving(t, b, "", "a")
+	b.advance(time.Minute)
+	b.beat("a", "v1.0.0", true, true) // still on the old version a deadline later: moved again
+	tick(t, c)
+	wantMoving(t, b, "a", "a")
+}
