@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/rollout"
 )
 
 // Each subcommand has a configuration: bind declares its flags (names, defaults and help
@@ -261,6 +262,10 @@ type controlPlaneConfig struct {
 	baseDomain                        string
 	releaseKeys                       string
 	verbose                           bool
+	// The automatic rollout (internal/rollout).
+	rolloutTick, rolloutDeadline time.Duration
+	rolloutBatch                 int
+	noRollout                    bool
 }
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
@@ -273,13 +278,32 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.baseDomain, "base-domain", controlplane.DefaultEndpointDomain, "domain of public endpoints (PORT-SANDBOX.RUNNER.BASE-DOMAIN): runners' edge certificates are issued for it")
 	fs.StringVar(&c.releaseKeys, "release-keys", "", "PEM file of the Ed25519 public keys release manifests are signed with (sandboxd release keygen): publish only releases they sign (default: none, unsigned release records)")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	fs.DurationVar(&c.rolloutTick, "rollout-tick", rollout.DefaultTick, "how often the automatic rollout moves runners to their channel's version")
+	fs.IntVar(&c.rolloutBatch, "rollout-batch", rollout.DefaultBatch, "how many runners of one runner group may update at once")
+	fs.DurationVar(&c.rolloutDeadline, "rollout-deadline", rollout.DefaultDeadline, "how long an updated runner has to report the new version and ready before it is rolled back and its channel's rollout halted")
+	fs.BoolVar(&c.noRollout, "no-rollout", false, "do not run the automatic rollout here (ApplyAvailableUpdate still sets desired versions; nothing clears them or rolls back)")
 }
 
 func (c controlPlaneConfig) validate() error {
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
+	if c.rolloutBatch < 1 {
+		return fmt.Errorf("--rollout-batch must be at least 1 (got %d)", c.rolloutBatch)
+	}
+	if c.rolloutTick <= 0 || c.rolloutDeadline <= 0 {
+		return fmt.Errorf("--rollout-tick and --rollout-deadline must be positive (got %s, %s)", c.rolloutTick, c.rolloutDeadline)
+	}
+	if err := c.rolloutConfig().Validate(); err != nil {
+		return fmt.Errorf("--rollout-*: %w", err)
+	}
 	return nil
+}
+
+// rolloutConfig is the automatic rollout's part of the flags (Store and Targets are the
+// caller's).
+func (c controlPlaneConfig) rolloutConfig() rollout.Config {
+	return rollout.Config{Tick: c.rolloutTick, Batch: c.rolloutBatch, Deadline: c.rolloutDeadline, HeartbeatInterval: c.heartbeatInterval}
 }
 
 // apikeyConfig configures `sandboxd apikey create`.

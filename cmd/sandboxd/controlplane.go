@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -61,9 +62,19 @@ func (c controlPlaneConfig) run() error {
 		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 		ReleaseKeys:    releaseKeys,
+		UpdateDeadline: c.rolloutDeadline,
 	})
 	if err != nil {
 		return err
+	}
+	if !c.noRollout {
+		rc := c.rolloutConfig()
+		rc.Store, rc.Targets, rc.Logger = rollout.FromStore(st), cp.ChannelTargets, logger
+		ctl, err := rollout.New(rc)
+		if err != nil {
+			return err
+		}
+		go ctl.Run(ctx)
 	}
 	host, _, err := net.SplitHostPort(c.listen)
 	if err != nil {

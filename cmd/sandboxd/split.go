@@ -272,9 +272,18 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 // after one first beat if no policy came yet, and on Kubernetes (--self-deployment)
 // follows the version it asks for.
 func (c runnerConfig) startHeartbeat(ctx context.Context, creds runnerCredentials, local *runner.Local, kst *stack.KubernetesStack, logger *slog.Logger) error {
+	// The Deployment updater below follows the desired version: the control plane's
+	// automatic rollout may move this runner (heartbeat self_update).
+	selfUpdate := kst != nil && c.kube.selfDeployment != ""
 	hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{
 		Identity: creds.ident, Cache: creds.cache, Interval: c.heartbeatInterval, Logger: logger,
-		Status: func(ctx context.Context) (*enroll.Status, error) { return enrollStatus(ctx, local) },
+		Status: func(ctx context.Context) (*enroll.Status, error) {
+			st, err := enrollStatus(ctx, local)
+			if st != nil {
+				st.SelfUpdate = selfUpdate
+			}
+			return st, err
+		},
 	})
 	if err != nil {
 		return err
@@ -289,8 +298,8 @@ func (c runnerConfig) startHeartbeat(ctx context.Context, creds runnerCredential
 		cancel()
 	}
 	go hb.Run(ctx)
-	if kst != nil && c.kube.selfDeployment != "" {
-		// :applyAvailableUpdate: the heartbeat reply's desired version becomes this
+	if selfUpdate {
+		// :applyAvailableUpdate or the automatic rollout: the heartbeat reply's desired version becomes this
 		// runner's Deployment image tag.
 		u := &stack.SelfUpdater{Client: kst.Client, Namespace: firstNonEmpty(os.Getenv("POD_NAMESPACE"), c.kube.namespace),
 			Deployment: c.kube.selfDeployment, Container: c.kube.selfContainer, Logger: logger}

@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -77,6 +78,10 @@ type Config struct {
 	ReleaseKeys []ed25519.PublicKey
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// UpdateDeadline is how long a runner told to update by ApplyAvailableUpdate has to
+	// report the new version and ready before it is rolled back (the automatic rollout's
+	// health gate, which internal/rollout runs); default rollout.DefaultDeadline.
+	UpdateDeadline time.Duration
 }
 
 // DefaultEndpointDomain: *.localhost names resolve to loopback, so a platform on one
@@ -86,11 +91,12 @@ const DefaultEndpointDomain = "sandboxd.localhost"
 // EdgeCertTTL is the lifetime of a runner's edge certificate; runners renew it at half.
 const EdgeCertTTL = 7 * 24 * time.Hour
 
-// Service implements RunnerManagementService, ApiKeyService and ReleaseService.
+// Service implements RunnerManagementService, ApiKeyService, ReleaseService and RolloutService.
 type Service struct {
 	controlplanev1connect.UnimplementedRunnerManagementServiceHandler
 	controlplanev1connect.UnimplementedApiKeyServiceHandler
 	controlplanev1connect.UnimplementedReleaseServiceHandler
+	controlplanev1connect.UnimplementedRolloutServiceHandler
 
 	st       store.Store
 	auth     auth.Authenticator
@@ -105,6 +111,7 @@ type Service struct {
 	domain   string
 	dpCA     *pki.CA
 	relKeys  []ed25519.PublicKey
+	deadline time.Duration
 }
 
 // New returns a Service.
@@ -120,7 +127,10 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
 		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA,
-		relKeys: slices.Clone(cfg.ReleaseKeys)}
+		relKeys: slices.Clone(cfg.ReleaseKeys), deadline: cfg.UpdateDeadline}
+	if s.deadline <= 0 {
+		s.deadline = rollout.DefaultDeadline
+	}
 	for i, k := range s.relKeys {
 		if len(k) != ed25519.PublicKeySize {
 			return nil, fmt.Errorf("controlplane: release key %d is %d bytes, not an Ed25519 public key", i, len(k))
@@ -171,7 +181,7 @@ func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
 func AdminServices() []protoreflect.ServiceDescriptor {
 	f := controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto
 	return []protoreflect.ServiceDescriptor{f.Services().ByName("RunnerManagementService"), f.Services().ByName("ApiKeyService"),
-		f.Services().ByName("ReleaseService")}
+		f.Services().ByName("ReleaseService"), f.Services().ByName("RolloutService")}
 }
 
 // Handler serves the admin services over gRPC, gRPC-Web, Connect and REST/JSON (by their
@@ -185,6 +195,7 @@ func (s *Service) Handler() http.Handler {
 		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewReleaseServiceHandler(s, opts...)),
+		vanguard.NewService(controlplanev1connect.NewRolloutServiceHandler(s, opts...)),
 	}, apifront.TranscoderOptions()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.

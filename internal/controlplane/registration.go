@@ -374,6 +374,7 @@ func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[contr
 	now := s.now().UTC()
 	if err := s.st.Runners().RecordHeartbeat(ctx, org, id, store.RunnerStatus{
 		LastHeartbeatAt: &now, Version: req.Msg.GetVersion(), Ready: req.Msg.GetReady(), Capacity: capacity, Usage: usage,
+		SelfUpdate: req.Msg.GetSelfUpdate(),
 	}); err != nil {
 		return nil, runnerErr(id, "", err)
 	}

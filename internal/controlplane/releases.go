@@ -225,6 +225,9 @@ func (s *Service) ListReleases(ctx context.Context, _ *connect.Request[controlpl
 	}
 	targets := s.targetsOf(rs)
 	out := &controlplanev1.ListReleasesResponse{StableVersion: targets[store.ChannelStable], RapidVersion: targets[store.ChannelRapid]}
+	if out.Rollouts, err = s.channelRollouts(ctx, targets); err != nil {
+		return nil, err
+	}
 	for _, r := range rs {
 		out.Releases = append(out.Releases, releaseProto(r))
 	}

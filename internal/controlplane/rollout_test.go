@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -111,11 +112,28 @@ func TestRunnerRolloutStatus(t *testing.T) {
 		t.Fatalf("disconnected: %v", st)
 	}
 
-	// A heartbeat reports the desired version: the rollout is over.
+	// A heartbeat reports the desired version: the step stays in progress until the health
+	// gate (internal/rollout) passes it; then the desired version is cleared, the result is
+	// SUCCEEDED and the target revision is the channel's again.
 	heartbeat("rapid", "v1.1.0", true)
 	st = b.rolloutStatus(t, "rapid")
-	wantRollout(t, "desired version reported", st, "v1.1.0", "v1.1.0", false)
-	if !st.GetUpdateAvailable() {
-		t.Fatalf("v1.2.0 is on RAPID, update_available should be true: %v", st)
+	wantRollout(t, "desired version reported", st, "v1.1.0", "v1.1.0", true)
+	if lu := st.GetLastUpdateResult(); lu.GetState() != controlplanev1.UpdateState_UPDATE_STATE_IN_PROGRESS ||
+		lu.GetFromVersion() != "v1.0.0" || lu.GetToVersion() != "v1.1.0" || lu.GetStartTime() == nil || lu.GetEndTime() != nil ||
+		!lu.GetDeadline().AsTime().After(lu.GetStartTime().AsTime()) {
+		t.Fatalf("last update while in progress: %v", lu)
+	}
+	ctl, err := rollout.New(rollout.Config{Store: rollout.FromStore(b.st), Targets: b.svc.ChannelTargets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Tick(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	st = b.rolloutStatus(t, "rapid")
+	wantRollout(t, "health gate passed", st, "v1.1.0", "v1.2.0", false)
+	if !st.GetUpdateAvailable() || st.GetDesiredVersion() != "" || st.GetLastUpdateResult().GetState() != controlplanev1.UpdateState_UPDATE_STATE_SUCCEEDED ||
+		st.GetLastUpdateResult().GetEndTime() == nil {
+		t.Fatalf("v1.2.0 is on RAPID, update_available should be true; desired cleared; SUCCEEDED: %v", st)
 	}
 }

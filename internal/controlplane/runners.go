@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/maintenance"
 	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -291,7 +292,7 @@ func (s *Service) CreateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, runnerErr(rec.RunnerID, rec.ClusterID, err)
 	}
 	s.log.Info("runner created", "org", rec.Org, "runner", rec.RunnerID, "cluster", rec.ClusterID)
-	return connect.NewResponse(s.toProto(out, targets)), nil
+	return s.withHalts(ctx, targets, s.toProto(out, targets))
 }
 
 func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[controlplanev1.GetManagedRunnerRequest]) (*connect.Response[controlplanev1.ManagedRunner], error) {
@@ -308,7 +309,7 @@ func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[con
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(s.toProto(r, targets)), nil
+	return s.withHalts(ctx, targets, s.toProto(r, targets))
 }
 
 func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[controlplanev1.ListManagedRunnersRequest]) (*connect.Response[controlplanev1.ListManagedRunnersResponse], error) {
@@ -330,6 +331,9 @@ func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[c
 	for _, r := range rs {
 		out.ManagedRunners = append(out.ManagedRunners, s.toProto(r, targets))
 	}
+	if _, err := s.withHalts(ctx, targets, out.ManagedRunners...); err != nil {
+		return nil, err
+	}
 	return connect.NewResponse(out), nil
 }
 
@@ -348,7 +352,7 @@ func (s *Service) UpdateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	s.log.Info("runner updated", "org", org, "runner", id, "mask", req.Msg.GetUpdateMask().GetPaths(), "policy_revision", out.PolicyRevision)
-	return connect.NewResponse(s.toProto(out, targets)), nil
+	return s.withHalts(ctx, targets, s.toProto(out, targets))
 }
 
 // update writes u pinned to etag, or to the current version when etag is "" (retrying a
@@ -435,12 +439,16 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 	if etag == "" {
 		etag = cur.Etag
 	}
-	out, err := s.st.Runners().Update(ctx, org, id, etag, store.RunnerUpdate{DesiredVersion: &target})
+	// Now, whatever the maintenance window says; the health gate (internal/rollout) ends the
+	// step: it clears desired_version once the runner reports it and ready, or rolls the
+	// runner back when the deadline passes.
+	att := rollout.Attempt(cur.Status.Version, target, s.now(), s.deadline)
+	out, err := s.st.Runners().Update(ctx, org, id, etag, store.RunnerUpdate{DesiredVersion: &target, LastUpdate: &att})
 	if err != nil {
 		return nil, runnerErr(id, "", err)
 	}
-	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target)
-	return connect.NewResponse(s.toProto(out, targets)), nil
+	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target, "deadline", att.Deadline)
+	return s.withHalts(ctx, targets, s.toProto(out, targets))
 }
 
 // rolloutStatus fills st's install and rollout fields from its version, desired_version and
@@ -448,7 +456,8 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 // install_status is SELF_MANAGED; INSTALLING/INSTALLED/FAILED are for runners the control plane
 // installs. active_revision is the version the heartbeats report; target_revision is the
 // applied update's version, else the channel's; a rollout is in progress while an applied
-// version is not yet reported, whether the runner is connected or not.
+// version is not yet reported, whether the runner is connected or not, and while an update
+// step waits for its health gate.
 func rolloutStatus(st *controlplanev1.ManagedRunnerStatus) {
 	st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED
 	st.ActiveRevision = st.GetVersion()
@@ -456,6 +465,9 @@ func rolloutStatus(st *controlplanev1.ManagedRunnerStatus) {
 	if d := st.GetDesiredVersion(); d != "" {
 		st.TargetRevision = d
 		st.RolloutInProgress = st.GetVersion() != d
+	}
+	if st.GetLastUpdateResult().GetState() == controlplanev1.UpdateState_UPDATE_STATE_IN_PROGRESS {
+		st.RolloutInProgress = true
 	}
 }
 
@@ -546,6 +558,9 @@ func (s *Service) toProto(r store.Runner, targets map[string]string) *controlpla
 		DesiredVersion: r.DesiredVersion,
 		Capacity:       resourcesProto(r.Status.Capacity),
 		Usage:          resourcesProto(r.Status.Usage),
+
+		LastUpdateResult: updateResultProto(r.LastUpdate),
+		SelfUpdate:       r.Status.SelfUpdate,
 	}
 	_, st.UpdateAvailable = updateAvailable(r, targets)
 	rolloutStatus(st)

@@ -34,7 +34,7 @@ func (a *app) adminCommand() *cobra.Command {
 	}
 	runner := &cobra.Command{Use: "runner", Short: "Manage runners and their policies"}
 	runner.AddCommand(a.runnerCreateCommand(), a.runnerGetCommand(), a.runnerListCommand(),
-		a.runnerDeleteCommand(), a.runnerUpgradeCommand(), a.policyCommand())
+		a.runnerDeleteCommand(), a.runnerUpgradeCommand(), a.policyCommand(), a.runnerUpdateCommand())
 	keys := &cobra.Command{Use: "apikey", Short: "Manage API keys"}
 	keys.AddCommand(a.keyCreateCommand(), a.keyListCommand(), a.keyRevokeCommand())
 	adm.AddCommand(runner, keys, a.releaseCommand())
@@ -189,6 +189,10 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Active revision", st.GetActiveRevision())
 	row("Target revision", st.GetTargetRevision())
 	row("Rollout in progress", fmt.Sprint(st.GetRolloutInProgress()))
+	row("Self-update", selfUpdate(st))
+	row("Last update", lastUpdate(st.GetLastUpdateResult()))
+	row("Last update reason", st.GetLastUpdateResult().GetReason())
+	row("Rollout halted", st.GetRolloutHaltReason())
 	if c := st.GetCapacity(); c != nil {
 		u := st.GetUsage()
 		row("CPU", humanMilliCPU(u.GetMilliCpu())+" used of "+humanMilliCPU(c.GetMilliCpu()))
@@ -225,7 +229,7 @@ func rollout(st *controlplanev1.ManagedRunnerStatus) string {
 }
 
 // printMaintenance prints the maintenance policy (windows and exclusions, in UTC as they
-// are evaluated) and whether now is inside it. Nothing enforces it yet.
+// are evaluated) and whether now is inside it: the automatic rollout updates the runner only then.
 func printMaintenance(w io.Writer, p *controlplanev1.MaintenancePolicy, now time.Time) {
 	if len(p.GetWindows())+len(p.GetExclusions()) == 0 {
 		_, _ = fmt.Fprintf(w, "Maintenance:\tany time (no maintenance policy)\n")
@@ -263,7 +267,7 @@ func printMaintenance(w io.Writer, p *controlplanev1.MaintenancePolicy, now time
 	default:
 		state = "outside; next window at " + next.Format(time.RFC3339)
 	}
-	_, _ = fmt.Fprintf(w, "Maintenance now:\t%s (not enforced yet: no automatic rollout)\n", state)
+	_, _ = fmt.Fprintf(w, "Maintenance now:\t%s (the automatic rollout updates the runner only inside)\n", state)
 }
 
 func ts(t *timestamppb.Timestamp) string {

@@ -38,7 +38,7 @@ func TestSbxAdminRunnerGetMaintenance(t *testing.T) {
 	}
 	out := sbx("admin", "runner", "get", "r1")
 	for _, want := range []string{"Maintenance windows:", "0 2 * * 6 (UTC) for 2h0m0s", "Exclusions:",
-		"2026-12-24T00:00:00Z to 2026-12-27T00:00:00Z (holidays)", "Maintenance now:", "not enforced yet"} {
+		"2026-12-24T00:00:00Z to 2026-12-27T00:00:00Z (holidays)", "Maintenance now:", "the automatic rollout updates the runner only inside"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("runner get lacks %q:\n%s", want, out)
 		}

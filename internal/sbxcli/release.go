@@ -21,7 +21,7 @@ import (
 // them (platform-wide).
 func (a *app) releaseCommand() *cobra.Command {
 	rel := &cobra.Command{Use: "release", Short: "Manage runner releases: publish to RAPID, promote to STABLE"}
-	rel.AddCommand(a.releaseListCommand(), a.releasePublishCommand(), a.releasePromoteCommand())
+	rel.AddCommand(a.releaseListCommand(), a.releasePublishCommand(), a.releasePromoteCommand(), a.releaseResumeCommand())
 	return rel
 }
 
@@ -45,6 +45,9 @@ func (a *app) releaseListCommand() *cobra.Command {
 			}
 			_, _ = fmt.Fprintf(a.stdout, "STABLE offers %s, RAPID offers %s\n",
 				orNone(out.Msg.GetStableVersion()), orNone(out.Msg.GetRapidVersion()))
+			for _, r := range out.Msg.GetRollouts() {
+				_, _ = fmt.Fprintln(a.stdout, rolloutLine(r))
+			}
 			if len(out.Msg.GetReleases()) == 0 {
 				_, err := fmt.Fprintln(a.stdout, "no releases recorded: the channels offer the versions the control plane was started with")
 				return err

@@ -3,11 +3,13 @@ package sbxcli
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	autorollout "github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -82,9 +84,26 @@ func TestSbxAdminRunnerRolloutStatus(t *testing.T) {
 		t.Fatalf("json status = %+v:\n%s", s, js)
 	}
 
+	// Reported: in progress until the health gate (the automatic rollout's controller) ends
+	// the step, which clears the desired version.
 	heartbeat("v0.9.0")
-	wantRows("upgraded", sbx("admin", "runner", "get", "r1"), "Active revision", "v0.9.0", "Target revision", "v0.9.0",
-		"Rollout in progress", "false")
+	wantRows("reported", sbx("admin", "runner", "get", "r1"), "Active revision", "v0.9.0", "Target revision", "v0.9.0",
+		"Rollout in progress", "true")
+	ctl, err := autorollout.New(autorollout.Config{Store: autorollout.FromStore(st), Logger: slog.New(slog.DiscardHandler),
+		Targets: func(context.Context) (map[string]string, error) {
+			return map[string]string{store.ChannelStable: "v0.9.0", store.ChannelRapid: "v0.9.0"}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Tick(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	out := sbx("admin", "runner", "get", "r1")
+	wantRows("upgraded", out, "Active revision", "v0.9.0", "Target revision", "v0.9.0", "Rollout in progress", "false")
+	if !strings.Contains(out, "Last update:") || !strings.Contains(out, "SUCCEEDED v0.8.0 -> v0.9.0") || strings.Contains(out, "Desired version") {
+		t.Fatalf("upgraded:\n%s", out)
+	}
 	if f := lsRow(); strings.Join(f[5:], " ") != "SELF_MANAGED CONNECTED v0.9.0 v0.9.0 - rev 1" {
 		t.Fatalf("ls after upgrade: %v", f)
 	}

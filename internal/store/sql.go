@@ -203,7 +203,9 @@ type runners struct{ s *sqlStore }
 
 const runnerCols = `org_id, runner_id, cluster_id, zone, runner_group_id, display_name, release_channel,
 	desired_version, policy, policy_revision, revision, created_at, updated_at,
-	last_heartbeat_at, version, ready, capacity, usage, maintenance_policy`
+	last_heartbeat_at, version, ready, capacity, usage, maintenance_policy,
+	self_update, update_from_version, update_to_version, update_state, update_reason,
+	update_started_at, update_deadline, update_ended_at`
 
 // The etag names one revision of one incarnation of a runner: a runner deleted and
 // created again under the same id does not accept the old etags.
@@ -229,11 +231,18 @@ func scanRunner(r row) (Runner, error) {
 	var policy, capacity, usage, maint dbJSON
 	var created, updated, heartbeat dbTime
 	var revision int64
+	var up UpdateAttempt
+	var upStart, upDeadline, upEnd dbTime
 	err := r.Scan(&x.Org, &x.RunnerID, &x.ClusterID, &x.Zone, &x.RunnerGroupID, &x.DisplayName,
 		&x.ReleaseChannel, &x.DesiredVersion, &policy, &x.PolicyRevision, &revision, &created, &updated,
-		&heartbeat, &x.Status.Version, &x.Status.Ready, &capacity, &usage, &maint)
+		&heartbeat, &x.Status.Version, &x.Status.Ready, &capacity, &usage, &maint,
+		&x.Status.SelfUpdate, &up.From, &up.To, &up.State, &up.Reason, &upStart, &upDeadline, &upEnd)
 	if err != nil {
 		return Runner{}, err
+	}
+	if up.State != "" {
+		up.StartedAt, up.Deadline, up.EndedAt = upStart.t, upDeadline.t, upEnd.ptr()
+		x.LastUpdate = &up
 	}
 	x.Policy, x.Status.Capacity, x.Status.Usage = json.RawMessage(policy), json.RawMessage(capacity), json.RawMessage(usage)
 	x.MaintenancePolicy = json.RawMessage(maint)
@@ -395,6 +404,13 @@ func (rn runners) Update(ctx context.Context, org, runnerID, etag string, u Runn
 	if u.SetMaintenancePolicy {
 		setMaint = 1
 	}
+	setUpdate, up := 0, UpdateAttempt{}
+	if u.LastUpdate != nil {
+		if err := checkAttempt(*u.LastUpdate); err != nil {
+			return Runner{}, err
+		}
+		setUpdate, up = 1, *u.LastUpdate
+	}
 	// One conditional statement: the etag check and the write are atomic. A nil argument
 	// keeps the column (COALESCE); a policy write bumps policy_revision.
 	policyWrite := 0
@@ -409,13 +425,22 @@ func (rn runners) Update(ctx context.Context, org, runnerID, etag string, u Runn
 		policy = COALESCE($9, policy),
 		policy_revision = policy_revision + $10,
 		maintenance_policy = CASE WHEN $12 = 1 THEN $13 ELSE maintenance_policy END,
+		update_from_version = CASE WHEN $14 = 1 THEN $15 ELSE update_from_version END,
+		update_to_version = CASE WHEN $14 = 1 THEN $16 ELSE update_to_version END,
+		update_state = CASE WHEN $14 = 1 THEN $17 ELSE update_state END,
+		update_reason = CASE WHEN $14 = 1 THEN $18 ELSE update_reason END,
+		update_started_at = CASE WHEN $14 = 1 THEN $19 ELSE update_started_at END,
+		update_deadline = CASE WHEN $14 = 1 THEN $20 ELSE update_deadline END,
+		update_ended_at = CASE WHEN $14 = 1 THEN $21 ELSE update_ended_at END,
 		revision = revision + 1,
 		updated_at = $11
 		WHERE org_id = $1 AND runner_id = $2 AND revision = $3 AND created_at = $4
 		RETURNING `+runnerCols,
 		org, runnerID, revision, created, strArg(u.DisplayName), strArg(u.RunnerGroupID),
 		strArg(u.ReleaseChannel), strArg(u.DesiredVersion), jsonArg(u.Policy), policyWrite, now(),
-		setMaint, jsonArg(u.MaintenancePolicy)))
+		setMaint, jsonArg(u.MaintenancePolicy),
+		setUpdate, up.From, up.To, up.State, up.Reason, timeArg(nonZero(up.StartedAt)), timeArg(nonZero(up.Deadline)),
+		timeArg(up.EndedAt)))
 	if rn.s.d.isNoRows(err) {
 		return Runner{}, rn.conflictOrMissing(ctx, org, runnerID)
 	}
@@ -465,8 +490,8 @@ func (rn runners) RecordHeartbeat(ctx context.Context, org, runnerID string, st 
 		at = utc(*st.LastHeartbeatAt)
 	}
 	n, err := rn.s.d.exec(ctx, `UPDATE runners SET last_heartbeat_at = $3, version = $4, ready = $5,
-		capacity = $6, usage = $7 WHERE org_id = $1 AND runner_id = $2`,
-		org, runnerID, at, st.Version, st.Ready, jsonArg(st.Capacity), jsonArg(st.Usage))
+		capacity = $6, usage = $7, self_update = $8 WHERE org_id = $1 AND runner_id = $2`,
+		org, runnerID, at, st.Version, st.Ready, jsonArg(st.Capacity), jsonArg(st.Usage), st.SelfUpdate)
 	if err != nil {
 		return fmt.Errorf("record heartbeat: %w", err)
 	}

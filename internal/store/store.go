@@ -27,6 +27,7 @@ type Store interface {
 	BootstrapTokens() BootstrapTokens
 	Sandboxes() Sandboxes
 	Releases() Releases
+	Rollouts() Rollouts
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
@@ -198,6 +199,28 @@ type Runner struct {
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	Status    RunnerStatus
+	// LastUpdate is the runner's last update step (the automatic rollout's or
+	// ApplyAvailableUpdate's); nil when it never had one.
+	LastUpdate *UpdateAttempt
+}
+
+// Update step states.
+const (
+	UpdateInProgress = "IN_PROGRESS"
+	UpdateSucceeded  = "SUCCEEDED"
+	UpdateRolledBack = "ROLLED_BACK"
+)
+
+// UpdateAttempt is one update step of a runner: desired_version set to To, waiting for the
+// runner to report To and ready until Deadline.
+type UpdateAttempt struct {
+	From      string
+	To        string
+	State     string // UpdateInProgress, UpdateSucceeded or UpdateRolledBack
+	Reason    string // why it failed
+	StartedAt time.Time
+	Deadline  time.Time
+	EndedAt   *time.Time // nil while in progress
 }
 
 // RunnerStatus is what heartbeats report.
@@ -207,6 +230,8 @@ type RunnerStatus struct {
 	Ready           bool
 	Capacity        json.RawMessage // nil when never reported
 	Usage           json.RawMessage
+	// SelfUpdate: the runner can move itself to its desired version.
+	SelfUpdate bool
 }
 
 // RunnerUpdate holds the fields to change; nil leaves a field as it is.
@@ -219,6 +244,35 @@ type RunnerUpdate struct {
 	// SetMaintenancePolicy writes MaintenancePolicy (nil clears it: any time).
 	SetMaintenancePolicy bool
 	MaintenancePolicy    json.RawMessage
+	// LastUpdate replaces the runner's last update step.
+	LastUpdate *UpdateAttempt
+}
+
+// Rollouts is the automatic rollout's state besides the runners' own columns: halted
+// channels and the lease that lets one control-plane replica at a time run the controller.
+type Rollouts interface {
+	// Runners returns every runner of every organization, by organization and runner_id.
+	Runners(ctx context.Context) ([]Runner, error)
+	// Halts returns the halted channels, by channel.
+	Halts(ctx context.Context) ([]RolloutHalt, error)
+	// Halt records a channel's halt. A channel halted for the same version keeps its first
+	// halt (reason and time); a halt for another version is replaced.
+	Halt(ctx context.Context, h RolloutHalt) error
+	// Resume lifts a channel's halt and says whether there was one.
+	Resume(ctx context.Context, channel string) (bool, error)
+	// AcquireLease takes or renews the lease name for holder until now+ttl, if it is free,
+	// expired or holder's already; it reports whether holder has it.
+	AcquireLease(ctx context.Context, name, holder string, now time.Time, ttl time.Duration) (bool, error)
+}
+
+// RolloutHalt is a channel whose rollout of Version stopped.
+type RolloutHalt struct {
+	Channel  string
+	Version  string
+	Reason   string
+	Org      string // the runner whose step failed
+	RunnerID string
+	HaltedAt time.Time
 }
 
 // BootstrapToken is a one-time registration secret for one runner, kept hashed.

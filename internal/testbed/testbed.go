@@ -67,6 +67,9 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// GatewayArgs are extra `sandboxd gateway` flags, e.g. --orphan-grace 5s.
 	GatewayArgs []string
+	// ControlPlaneArgs are extra `sandboxd controlplane` flags, e.g. the automatic
+	// rollout's --rollout-tick 200ms --rollout-deadline 20s --rollout-batch 1.
+	ControlPlaneArgs []string
 }
 
 // Bed is a running bed.
@@ -167,9 +170,9 @@ func (b *Bed) proc(name string, argv []string, ready string) *Proc {
 func (b *Bed) startControlPlane(ctx context.Context) error {
 	dir := filepath.Join(b.cfg.Dir, "controlplane")
 	b.CAFile = filepath.Join(dir, "pki", "ca.pem")
-	b.CP = b.proc("controlplane", []string{filepath.Join(b.cfg.Bin, "sandboxd"), "controlplane",
+	b.CP = b.proc("controlplane", append([]string{filepath.Join(b.cfg.Bin, "sandboxd"), "controlplane",
 		"--data-dir", dir, "--store", b.cfg.DSN, "--listen", net.JoinHostPort(b.net.host.String(), "0"),
-		"--heartbeat-interval", b.cfg.HeartbeatInterval.String()}, "control plane listening on https://")
+		"--heartbeat-interval", b.cfg.HeartbeatInterval.String()}, b.cfg.ControlPlaneArgs...), "control plane listening on https://")
 	if err := b.CP.start(ctx); err != nil {
 		return err
 	}

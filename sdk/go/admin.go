@@ -20,6 +20,8 @@ type Admin struct {
 	Runners  controlplanev1connect.RunnerManagementServiceClient
 	APIKeys  controlplanev1connect.ApiKeyServiceClient
 	Releases controlplanev1connect.ReleaseServiceClient
+	// Rollouts controls the automatic rollout (resuming a halted channel).
+	Rollouts controlplanev1connect.RolloutServiceClient
 }
 
 // NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
@@ -44,6 +46,7 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		Runners:  controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
 		APIKeys:  controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
 		Releases: controlplanev1connect.NewReleaseServiceClient(c.http, c.baseURL, copts...),
+		Rollouts: controlplanev1connect.NewRolloutServiceClient(c.http, c.baseURL, copts...),
 	}, nil
 }
 

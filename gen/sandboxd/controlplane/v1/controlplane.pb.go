@@ -255,6 +255,116 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{3}
 }
 
+// UpdateState is how an update step stands.
+type UpdateState int32
+
+const (
+	UpdateState_UPDATE_STATE_UNSPECIFIED UpdateState = 0
+	// Waiting for the runner to report to_version and ready.
+	UpdateState_UPDATE_STATE_IN_PROGRESS UpdateState = 1
+	// The runner reported to_version and ready within the deadline.
+	UpdateState_UPDATE_STATE_SUCCEEDED UpdateState = 2
+	// The deadline passed: the runner was sent back to from_version and the channel's rollout
+	// of to_version halted.
+	UpdateState_UPDATE_STATE_ROLLED_BACK UpdateState = 3
+)
+
+// Enum value maps for UpdateState.
+var (
+	UpdateState_name = map[int32]string{
+		0: "UPDATE_STATE_UNSPECIFIED",
+		1: "UPDATE_STATE_IN_PROGRESS",
+		2: "UPDATE_STATE_SUCCEEDED",
+		3: "UPDATE_STATE_ROLLED_BACK",
+	}
+	UpdateState_value = map[string]int32{
+		"UPDATE_STATE_UNSPECIFIED": 0,
+		"UPDATE_STATE_IN_PROGRESS": 1,
+		"UPDATE_STATE_SUCCEEDED":   2,
+		"UPDATE_STATE_ROLLED_BACK": 3,
+	}
+)
+
+func (x UpdateState) Enum() *UpdateState {
+	p := new(UpdateState)
+	*p = x
+	return p
+}
+
+func (x UpdateState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UpdateState) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4].Descriptor()
+}
+
+func (UpdateState) Type() protoreflect.EnumType {
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4]
+}
+
+func (x UpdateState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UpdateState.Descriptor instead.
+func (UpdateState) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{4}
+}
+
+// RolloutState is a channel's automatic rollout.
+type RolloutState int32
+
+const (
+	RolloutState_ROLLOUT_STATE_UNSPECIFIED RolloutState = 0
+	// Runners of the channel move to its target inside their maintenance windows.
+	RolloutState_ROLLOUT_STATE_ACTIVE RolloutState = 1
+	// A step of the target failed: no runner of the channel starts moving to it until the
+	// channel's target changes (publish/promote) or an admin resumes it.
+	RolloutState_ROLLOUT_STATE_HALTED RolloutState = 2
+)
+
+// Enum value maps for RolloutState.
+var (
+	RolloutState_name = map[int32]string{
+		0: "ROLLOUT_STATE_UNSPECIFIED",
+		1: "ROLLOUT_STATE_ACTIVE",
+		2: "ROLLOUT_STATE_HALTED",
+	}
+	RolloutState_value = map[string]int32{
+		"ROLLOUT_STATE_UNSPECIFIED": 0,
+		"ROLLOUT_STATE_ACTIVE":      1,
+		"ROLLOUT_STATE_HALTED":      2,
+	}
+)
+
+func (x RolloutState) Enum() *RolloutState {
+	p := new(RolloutState)
+	*p = x
+	return p
+}
+
+func (x RolloutState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RolloutState) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[5].Descriptor()
+}
+
+func (RolloutState) Type() protoreflect.EnumType {
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[5]
+}
+
+func (x RolloutState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RolloutState.Descriptor instead.
+func (RolloutState) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{5}
+}
+
 type CreateBootstrapTokenRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	RunnerId string                 `protobuf:"bytes,1,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
@@ -912,8 +1022,12 @@ type HeartbeatRequest struct {
 	SandboxesTotal int64 `protobuf:"varint,6,opt,name=sandboxes_total,json=sandboxesTotal,proto3" json:"sandboxes_total,omitempty"`
 	// The policy revision the runner enforces now (0 when it has none).
 	PolicyRevision int64 `protobuf:"varint,7,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The runner can update itself to the heartbeat reply's desired_version (a Kubernetes
+	// runner with --self-deployment, a single-host runner with self-update). Only such
+	// runners are moved by the automatic rollout.
+	SelfUpdate    bool `protobuf:"varint,9,opt,name=self_update,json=selfUpdate,proto3" json:"self_update,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -995,6 +1109,13 @@ func (x *HeartbeatRequest) GetPolicyRevision() int64 {
 	return 0
 }
 
+func (x *HeartbeatRequest) GetSelfUpdate() bool {
+	if x != nil {
+		return x.SelfUpdate
+	}
+	return false
+}
+
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The runner's policy document as written (JSON); empty when never set.
@@ -1002,7 +1123,8 @@ type HeartbeatResponse struct {
 	PolicyRevision int64  `protobuf:"varint,2,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
 	// The runner's etag (changes on every administrative write).
 	Etag string `protobuf:"bytes,3,opt,name=etag,proto3" json:"etag,omitempty"`
-	// The version ApplyAvailableUpdate asked the runner to move to; empty when none.
+	// The version the runner should move to (the automatic rollout's step, its rollback, or
+	// ApplyAvailableUpdate); empty when none (cleared once reached).
 	DesiredVersion    string               `protobuf:"bytes,4,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	HeartbeatInterval *durationpb.Duration `protobuf:"bytes,5,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
 	unknownFields     protoimpl.UnknownFields
@@ -1098,9 +1220,9 @@ type ManagedRunner struct {
 	Status *ManagedRunnerStatus `protobuf:"bytes,11,opt,name=status,proto3" json:"status,omitempty"`
 	// Output only: how many times the policy was written (0 never, 1 the first policy, …).
 	PolicyRevision int64 `protobuf:"varint,12,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
-	// When the runner may be updated: inside one of its windows and outside its
-	// exclusions. Absent (or empty): any time. Stored and validated only; nothing
-	// schedules by it yet (the automatic rollout is a later slice).
+	// When the automatic rollout may update the runner: inside one of its windows and
+	// outside its exclusions. Absent (or empty): any time. ApplyAvailableUpdate ignores it
+	// ("now, outside the window").
 	MaintenancePolicy *MaintenancePolicy `protobuf:"bytes,13,opt,name=maintenance_policy,json=maintenancePolicy,proto3" json:"maintenance_policy,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -1413,7 +1535,8 @@ type ManagedRunnerStatus struct {
 	UpdateAvailable bool `protobuf:"varint,5,opt,name=update_available,json=updateAvailable,proto3" json:"update_available,omitempty"`
 	// The version the channel offers (set as desired by ApplyAvailableUpdate).
 	TargetVersion string `protobuf:"bytes,6,opt,name=target_version,json=targetVersion,proto3" json:"target_version,omitempty"`
-	// The version ApplyAvailableUpdate asked the runner to move to; empty when none.
+	// The version the runner is asked to move to (by the automatic rollout, its rollback, or
+	// ApplyAvailableUpdate); empty when none. Cleared once the runner reports it and ready.
 	DesiredVersion string `protobuf:"bytes,7,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	// What the runner offers and what its live sandboxes take; absent before a heartbeat.
 	Capacity *RunnerResources `protobuf:"bytes,8,opt,name=capacity,proto3" json:"capacity,omitempty"`
@@ -1428,10 +1551,19 @@ type ManagedRunnerStatus struct {
 	// (ApplyAvailableUpdate), else its channel's target (target_version).
 	TargetRevision string `protobuf:"bytes,12,opt,name=target_revision,json=targetRevision,proto3" json:"target_revision,omitempty"`
 	// A desired version is set and the runner's heartbeats do not report it yet (whether the
-	// runner is connected or not).
+	// runner is connected or not), or an update step is still waiting for its health gate.
 	RolloutInProgress bool `protobuf:"varint,13,opt,name=rollout_in_progress,json=rolloutInProgress,proto3" json:"rollout_in_progress,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The last update step (automatic rollout or ApplyAvailableUpdate) and how it ended;
+	// absent when the runner was never updated by the control plane.
+	LastUpdateResult *UpdateResult `protobuf:"bytes,17,opt,name=last_update_result,json=lastUpdateResult,proto3" json:"last_update_result,omitempty"`
+	// Why the automatic rollout of the runner's channel is halted (a step of its target
+	// version failed its health gate and was rolled back); empty when it is not halted.
+	RolloutHaltReason string `protobuf:"bytes,18,opt,name=rollout_halt_reason,json=rolloutHaltReason,proto3" json:"rollout_halt_reason,omitempty"`
+	// The runner can update itself (from its heartbeats); the automatic rollout moves only
+	// such runners.
+	SelfUpdate    bool `protobuf:"varint,19,opt,name=self_update,json=selfUpdate,proto3" json:"self_update,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ManagedRunnerStatus) Reset() {
@@ -1551,6 +1683,27 @@ func (x *ManagedRunnerStatus) GetTargetRevision() string {
 func (x *ManagedRunnerStatus) GetRolloutInProgress() bool {
 	if x != nil {
 		return x.RolloutInProgress
+	}
+	return false
+}
+
+func (x *ManagedRunnerStatus) GetLastUpdateResult() *UpdateResult {
+	if x != nil {
+		return x.LastUpdateResult
+	}
+	return nil
+}
+
+func (x *ManagedRunnerStatus) GetRolloutHaltReason() string {
+	if x != nil {
+		return x.RolloutHaltReason
+	}
+	return ""
+}
+
+func (x *ManagedRunnerStatus) GetSelfUpdate() bool {
+	if x != nil {
+		return x.SelfUpdate
 	}
 	return false
 }
@@ -2161,6 +2314,8 @@ type ListReleasesResponse struct {
 	// What each channel offers now: its runners' target_version (empty: no update offered).
 	StableVersion string `protobuf:"bytes,2,opt,name=stable_version,json=stableVersion,proto3" json:"stable_version,omitempty"`
 	RapidVersion  string `protobuf:"bytes,3,opt,name=rapid_version,json=rapidVersion,proto3" json:"rapid_version,omitempty"`
+	// The automatic rollout's state per channel, STABLE first.
+	Rollouts      []*ChannelRollout `protobuf:"bytes,4,rep,name=rollouts,proto3" json:"rollouts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2214,6 +2369,13 @@ func (x *ListReleasesResponse) GetRapidVersion() string {
 		return x.RapidVersion
 	}
 	return ""
+}
+
+func (x *ListReleasesResponse) GetRollouts() []*ChannelRollout {
+	if x != nil {
+		return x.Rollouts
+	}
+	return nil
 }
 
 // PublishReleaseRequest carries either a release record (release) or a signed release
@@ -2713,6 +2875,236 @@ func (x *GetReleaseRequest) GetVersion() string {
 	return ""
 }
 
+// UpdateResult is one update step of a runner: the control plane set its desired version
+// to to_version and waits for its heartbeats to report that version and ready (the health
+// gate) until a deadline. Output only.
+type UpdateResult struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	FromVersion string                 `protobuf:"bytes,1,opt,name=from_version,json=fromVersion,proto3" json:"from_version,omitempty"`
+	ToVersion   string                 `protobuf:"bytes,2,opt,name=to_version,json=toVersion,proto3" json:"to_version,omitempty"`
+	State       UpdateState            `protobuf:"varint,3,opt,name=state,proto3,enum=sandboxd.controlplane.v1.UpdateState" json:"state,omitempty"`
+	// Why the step failed (empty otherwise), e.g. "did not report ready on v1.5.0 within 10m0s".
+	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// Absent while IN_PROGRESS.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// When the health gate gives up.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateResult) Reset() {
+	*x = UpdateResult{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateResult) ProtoMessage() {}
+
+func (x *UpdateResult) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateResult.ProtoReflect.Descriptor instead.
+func (*UpdateResult) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *UpdateResult) GetFromVersion() string {
+	if x != nil {
+		return x.FromVersion
+	}
+	return ""
+}
+
+func (x *UpdateResult) GetToVersion() string {
+	if x != nil {
+		return x.ToVersion
+	}
+	return ""
+}
+
+func (x *UpdateResult) GetState() UpdateState {
+	if x != nil {
+		return x.State
+	}
+	return UpdateState_UPDATE_STATE_UNSPECIFIED
+}
+
+func (x *UpdateResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *UpdateResult) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *UpdateResult) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *UpdateResult) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+// ChannelRollout is the automatic rollout of one channel's target version.
+type ChannelRollout struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Channel ReleaseChannel         `protobuf:"varint,1,opt,name=channel,proto3,enum=sandboxd.controlplane.v1.ReleaseChannel" json:"channel,omitempty"`
+	// The version the channel offers (empty: nothing to roll out).
+	TargetVersion string       `protobuf:"bytes,2,opt,name=target_version,json=targetVersion,proto3" json:"target_version,omitempty"`
+	State         RolloutState `protobuf:"varint,3,opt,name=state,proto3,enum=sandboxd.controlplane.v1.RolloutState" json:"state,omitempty"`
+	// Set when HALTED.
+	HaltReason string                 `protobuf:"bytes,4,opt,name=halt_reason,json=haltReason,proto3" json:"halt_reason,omitempty"`
+	HaltTime   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=halt_time,json=haltTime,proto3" json:"halt_time,omitempty"`
+	// The runner whose failed step halted it (org/runner_id).
+	HaltedByRunner string `protobuf:"bytes,6,opt,name=halted_by_runner,json=haltedByRunner,proto3" json:"halted_by_runner,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ChannelRollout) Reset() {
+	*x = ChannelRollout{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelRollout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelRollout) ProtoMessage() {}
+
+func (x *ChannelRollout) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelRollout.ProtoReflect.Descriptor instead.
+func (*ChannelRollout) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ChannelRollout) GetChannel() ReleaseChannel {
+	if x != nil {
+		return x.Channel
+	}
+	return ReleaseChannel_RELEASE_CHANNEL_UNSPECIFIED
+}
+
+func (x *ChannelRollout) GetTargetVersion() string {
+	if x != nil {
+		return x.TargetVersion
+	}
+	return ""
+}
+
+func (x *ChannelRollout) GetState() RolloutState {
+	if x != nil {
+		return x.State
+	}
+	return RolloutState_ROLLOUT_STATE_UNSPECIFIED
+}
+
+func (x *ChannelRollout) GetHaltReason() string {
+	if x != nil {
+		return x.HaltReason
+	}
+	return ""
+}
+
+func (x *ChannelRollout) GetHaltTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HaltTime
+	}
+	return nil
+}
+
+func (x *ChannelRollout) GetHaltedByRunner() string {
+	if x != nil {
+		return x.HaltedByRunner
+	}
+	return ""
+}
+
+type ResumeRolloutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Channel       ReleaseChannel         `protobuf:"varint,1,opt,name=channel,proto3,enum=sandboxd.controlplane.v1.ReleaseChannel" json:"channel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRolloutRequest) Reset() {
+	*x = ResumeRolloutRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRolloutRequest) ProtoMessage() {}
+
+func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRolloutRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ResumeRolloutRequest) GetChannel() ReleaseChannel {
+	if x != nil {
+		return x.Channel
+	}
+	return ReleaseChannel_RELEASE_CHANNEL_UNSPECIFIED
+}
+
 var File_sandboxd_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -2756,7 +3148,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\trunner_id\x18\x02 \x01(\tR\brunnerId\x122\n" +
 	"\x15certificate_chain_pem\x18\x03 \x01(\tR\x13certificateChainPem\x12\"\n" +
 	"\rca_bundle_pem\x18\x04 \x01(\tR\vcaBundlePem\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xb9\x02\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xda\x02\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
@@ -2764,7 +3156,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\bcapacity\x18\x04 \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\bcapacity\x12?\n" +
 	"\x05usage\x18\x05 \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\x05usage\x12'\n" +
 	"\x0fsandboxes_total\x18\x06 \x01(\x03R\x0esandboxesTotal\x12'\n" +
-	"\x0fpolicy_revision\x18\a \x01(\x03R\x0epolicyRevision\"\xe4\x01\n" +
+	"\x0fpolicy_revision\x18\a \x01(\x03R\x0epolicyRevision\x12\x1f\n" +
+	"\vself_update\x18\t \x01(\bR\n" +
+	"selfUpdate\"\xe4\x01\n" +
 	"\x11HeartbeatResponse\x12\x1f\n" +
 	"\vpolicy_json\x18\x01 \x01(\tR\n" +
 	"policyJson\x12'\n" +
@@ -2802,7 +3196,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb8\x05\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdf\x06\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -2819,7 +3213,11 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	" \x01(\x0e2-.sandboxd.controlplane.v1.RunnerInstallStatusR\rinstallStatus\x12'\n" +
 	"\x0factive_revision\x18\v \x01(\tR\x0eactiveRevision\x12'\n" +
 	"\x0ftarget_revision\x18\f \x01(\tR\x0etargetRevision\x12.\n" +
-	"\x13rollout_in_progress\x18\r \x01(\bR\x11rolloutInProgress\"o\n" +
+	"\x13rollout_in_progress\x18\r \x01(\bR\x11rolloutInProgress\x12T\n" +
+	"\x12last_update_result\x18\x11 \x01(\v2&.sandboxd.controlplane.v1.UpdateResultR\x10lastUpdateResult\x12.\n" +
+	"\x13rollout_halt_reason\x18\x12 \x01(\tR\x11rolloutHaltReason\x12\x1f\n" +
+	"\vself_update\x18\x13 \x01(\bR\n" +
+	"selfUpdate\"o\n" +
 	"\x0fRunnerResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
@@ -2868,11 +3266,12 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x19AgentBinaryChecksumsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x15\n" +
-	"\x13ListReleasesRequest\"\xa1\x01\n" +
+	"\x13ListReleasesRequest\"\xe7\x01\n" +
 	"\x14ListReleasesResponse\x12=\n" +
 	"\breleases\x18\x01 \x03(\v2!.sandboxd.controlplane.v1.ReleaseR\breleases\x12%\n" +
 	"\x0estable_version\x18\x02 \x01(\tR\rstableVersion\x12#\n" +
-	"\rrapid_version\x18\x03 \x01(\tR\frapidVersion\"\x8e\x01\n" +
+	"\rrapid_version\x18\x03 \x01(\tR\frapidVersion\x12D\n" +
+	"\brollouts\x18\x04 \x03(\v2(.sandboxd.controlplane.v1.ChannelRolloutR\brollouts\"\x8e\x01\n" +
 	"\x15PublishReleaseRequest\x12;\n" +
 	"\arelease\x18\x01 \x01(\v2!.sandboxd.controlplane.v1.ReleaseR\arelease\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\fR\bmanifest\x12\x1c\n" +
@@ -2904,7 +3303,27 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x13RevokeApiKeyRequest\x12\x15\n" +
 	"\x06key_id\x18\x01 \x01(\tR\x05keyId\"-\n" +
 	"\x11GetReleaseRequest\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\tR\aversion*H\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\"\xcf\x02\n" +
+	"\fUpdateResult\x12!\n" +
+	"\ffrom_version\x18\x01 \x01(\tR\vfromVersion\x12\x1d\n" +
+	"\n" +
+	"to_version\x18\x02 \x01(\tR\ttoVersion\x12;\n" +
+	"\x05state\x18\x03 \x01(\x0e2%.sandboxd.controlplane.v1.UpdateStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x129\n" +
+	"\n" +
+	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x126\n" +
+	"\bdeadline\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xbd\x02\n" +
+	"\x0eChannelRollout\x12B\n" +
+	"\achannel\x18\x01 \x01(\x0e2(.sandboxd.controlplane.v1.ReleaseChannelR\achannel\x12%\n" +
+	"\x0etarget_version\x18\x02 \x01(\tR\rtargetVersion\x12<\n" +
+	"\x05state\x18\x03 \x01(\x0e2&.sandboxd.controlplane.v1.RolloutStateR\x05state\x12\x1f\n" +
+	"\vhalt_reason\x18\x04 \x01(\tR\n" +
+	"haltReason\x127\n" +
+	"\thalt_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bhaltTime\x12(\n" +
+	"\x10halted_by_runner\x18\x06 \x01(\tR\x0ehaltedByRunner\"Z\n" +
+	"\x14ResumeRolloutRequest\x12B\n" +
+	"\achannel\x18\x01 \x01(\x0e2(.sandboxd.controlplane.v1.ReleaseChannelR\achannel*H\n" +
 	"\x0eReleaseChannel\x12\x1f\n" +
 	"\x1bRELEASE_CHANNEL_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -2923,7 +3342,16 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSANDBOX_ADMIN\x10\x01\x12\x10\n" +
-	"\fSANDBOX_USER\x10\x022\xf8\t\n" +
+	"\fSANDBOX_USER\x10\x02*\x83\x01\n" +
+	"\vUpdateState\x12\x1c\n" +
+	"\x18UPDATE_STATE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18UPDATE_STATE_IN_PROGRESS\x10\x01\x12\x1a\n" +
+	"\x16UPDATE_STATE_SUCCEEDED\x10\x02\x12\x1c\n" +
+	"\x18UPDATE_STATE_ROLLED_BACK\x10\x03*a\n" +
+	"\fRolloutState\x12\x1d\n" +
+	"\x19ROLLOUT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14ROLLOUT_STATE_ACTIVE\x10\x01\x12\x18\n" +
+	"\x14ROLLOUT_STATE_HALTED\x10\x022\xf8\t\n" +
 	"\x17RunnerManagementService\x12\xa8\x01\n" +
 	"\x13CreateManagedRunner\x124.sandboxd.controlplane.v1.CreateManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"2\x82\xd3\xe4\x93\x02,:\x0emanaged_runner\"\x1a/v1/sandbox/managedRunners\x12\x9e\x01\n" +
 	"\x10GetManagedRunner\x121.sandboxd.controlplane.v1.GetManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\".\x82\xd3\xe4\x93\x02(\x12&/v1/sandbox/managedRunners/{runner_id}\x12\xa3\x01\n" +
@@ -2948,7 +3376,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\rApiKeyService\x12\x8d\x01\n" +
 	"\fCreateApiKey\x12-.sandboxd.controlplane.v1.CreateApiKeyRequest\x1a..sandboxd.controlplane.v1.CreateApiKeyResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/v1/sandbox/apiKeys\x12\x87\x01\n" +
 	"\vListApiKeys\x12,.sandboxd.controlplane.v1.ListApiKeysRequest\x1a-.sandboxd.controlplane.v1.ListApiKeysResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/sandbox/apiKeys\x12\x8f\x01\n" +
-	"\fRevokeApiKey\x12-.sandboxd.controlplane.v1.RevokeApiKeyRequest\x1a .sandboxd.controlplane.v1.ApiKey\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/sandbox/apiKeys/{key_id}:revokeBJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
+	"\fRevokeApiKey\x12-.sandboxd.controlplane.v1.RevokeApiKeyRequest\x1a .sandboxd.controlplane.v1.ApiKey\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/sandbox/apiKeys/{key_id}:revoke2\xa4\x01\n" +
+	"\x0eRolloutService\x12\x91\x01\n" +
+	"\rResumeRollout\x12..sandboxd.controlplane.v1.ResumeRolloutRequest\x1a(.sandboxd.controlplane.v1.ChannelRollout\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sandbox/rollouts:resumeBJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
 
 var (
 	file_sandboxd_controlplane_v1_controlplane_proto_rawDescOnce sync.Once
@@ -2962,146 +3392,163 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescData
 }
 
-var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
 	(RunnerInstallStatus)(0),                  // 2: sandboxd.controlplane.v1.RunnerInstallStatus
 	(Role)(0),                                 // 3: sandboxd.controlplane.v1.Role
-	(*CreateBootstrapTokenRequest)(nil),       // 4: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	(*CreateBootstrapTokenResponse)(nil),      // 5: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	(*IssueDataPlaneCertificateRequest)(nil),  // 6: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	(*IssueDataPlaneCertificateResponse)(nil), // 7: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	(*IssueEdgeCertificateRequest)(nil),       // 8: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	(*IssueEdgeCertificateResponse)(nil),      // 9: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	(*VerifyApiKeyRequest)(nil),               // 10: sandboxd.controlplane.v1.VerifyApiKeyRequest
-	(*VerifyApiKeyResponse)(nil),              // 11: sandboxd.controlplane.v1.VerifyApiKeyResponse
-	(*ApiKeyActiveRequest)(nil),               // 12: sandboxd.controlplane.v1.ApiKeyActiveRequest
-	(*ApiKeyActiveResponse)(nil),              // 13: sandboxd.controlplane.v1.ApiKeyActiveResponse
-	(*RegisterRequest)(nil),                   // 14: sandboxd.controlplane.v1.RegisterRequest
-	(*RegisterResponse)(nil),                  // 15: sandboxd.controlplane.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),                  // 16: sandboxd.controlplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 17: sandboxd.controlplane.v1.HeartbeatResponse
-	(*ManagedRunner)(nil),                     // 18: sandboxd.controlplane.v1.ManagedRunner
-	(*MaintenancePolicy)(nil),                 // 19: sandboxd.controlplane.v1.MaintenancePolicy
-	(*MaintenanceWindow)(nil),                 // 20: sandboxd.controlplane.v1.MaintenanceWindow
-	(*MaintenanceExclusion)(nil),              // 21: sandboxd.controlplane.v1.MaintenanceExclusion
-	(*ManagedRunnerStatus)(nil),               // 22: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 23: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 24: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 25: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 26: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 27: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 28: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 29: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 30: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*Release)(nil),                           // 31: sandboxd.controlplane.v1.Release
-	(*ListReleasesRequest)(nil),               // 32: sandboxd.controlplane.v1.ListReleasesRequest
-	(*ListReleasesResponse)(nil),              // 33: sandboxd.controlplane.v1.ListReleasesResponse
-	(*PublishReleaseRequest)(nil),             // 34: sandboxd.controlplane.v1.PublishReleaseRequest
-	(*PromoteReleaseRequest)(nil),             // 35: sandboxd.controlplane.v1.PromoteReleaseRequest
-	(*ApiKey)(nil),                            // 36: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 37: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 38: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 39: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 40: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 41: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	(*GetReleaseRequest)(nil),                 // 42: sandboxd.controlplane.v1.GetReleaseRequest
-	nil,                                       // 43: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	nil,                                       // 44: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 45: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 46: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 47: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 48: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 49: google.protobuf.Empty
+	(UpdateState)(0),                          // 4: sandboxd.controlplane.v1.UpdateState
+	(RolloutState)(0),                         // 5: sandboxd.controlplane.v1.RolloutState
+	(*CreateBootstrapTokenRequest)(nil),       // 6: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	(*CreateBootstrapTokenResponse)(nil),      // 7: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	(*IssueDataPlaneCertificateRequest)(nil),  // 8: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	(*IssueDataPlaneCertificateResponse)(nil), // 9: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	(*IssueEdgeCertificateRequest)(nil),       // 10: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	(*IssueEdgeCertificateResponse)(nil),      // 11: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	(*VerifyApiKeyRequest)(nil),               // 12: sandboxd.controlplane.v1.VerifyApiKeyRequest
+	(*VerifyApiKeyResponse)(nil),              // 13: sandboxd.controlplane.v1.VerifyApiKeyResponse
+	(*ApiKeyActiveRequest)(nil),               // 14: sandboxd.controlplane.v1.ApiKeyActiveRequest
+	(*ApiKeyActiveResponse)(nil),              // 15: sandboxd.controlplane.v1.ApiKeyActiveResponse
+	(*RegisterRequest)(nil),                   // 16: sandboxd.controlplane.v1.RegisterRequest
+	(*RegisterResponse)(nil),                  // 17: sandboxd.controlplane.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),                  // 18: sandboxd.controlplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 19: sandboxd.controlplane.v1.HeartbeatResponse
+	(*ManagedRunner)(nil),                     // 20: sandboxd.controlplane.v1.ManagedRunner
+	(*MaintenancePolicy)(nil),                 // 21: sandboxd.controlplane.v1.MaintenancePolicy
+	(*MaintenanceWindow)(nil),                 // 22: sandboxd.controlplane.v1.MaintenanceWindow
+	(*MaintenanceExclusion)(nil),              // 23: sandboxd.controlplane.v1.MaintenanceExclusion
+	(*ManagedRunnerStatus)(nil),               // 24: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 25: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 26: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 27: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 28: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 29: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 30: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 31: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 32: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*Release)(nil),                           // 33: sandboxd.controlplane.v1.Release
+	(*ListReleasesRequest)(nil),               // 34: sandboxd.controlplane.v1.ListReleasesRequest
+	(*ListReleasesResponse)(nil),              // 35: sandboxd.controlplane.v1.ListReleasesResponse
+	(*PublishReleaseRequest)(nil),             // 36: sandboxd.controlplane.v1.PublishReleaseRequest
+	(*PromoteReleaseRequest)(nil),             // 37: sandboxd.controlplane.v1.PromoteReleaseRequest
+	(*ApiKey)(nil),                            // 38: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 39: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 40: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 41: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 42: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 43: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	(*GetReleaseRequest)(nil),                 // 44: sandboxd.controlplane.v1.GetReleaseRequest
+	(*UpdateResult)(nil),                      // 45: sandboxd.controlplane.v1.UpdateResult
+	(*ChannelRollout)(nil),                    // 46: sandboxd.controlplane.v1.ChannelRollout
+	(*ResumeRolloutRequest)(nil),              // 47: sandboxd.controlplane.v1.ResumeRolloutRequest
+	nil,                                       // 48: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	nil,                                       // 49: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 50: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 51: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 52: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 53: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 54: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	45, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	46, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	45, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	23, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	23, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	45, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	50, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	51, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	50, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	25, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	25, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	50, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	47, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	46, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	46, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	22, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
-	19, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
-	20, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
-	21, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	46, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	46, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	52, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	51, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	51, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	24, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	21, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
+	22, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
+	23, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
+	51, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	51, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	46, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	23, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	23, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	51, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	25, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	25, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
 	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
-	18, // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 22: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 23: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	48, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	43, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	0,  // 26: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	46, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	46, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	46, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	44, // 30: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	31, // 31: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	31, // 32: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	3,  // 33: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	46, // 34: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	46, // 35: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	46, // 36: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	3,  // 37: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	36, // 38: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	36, // 39: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	24, // 40: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	25, // 41: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	26, // 42: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	28, // 43: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	29, // 44: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	30, // 45: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	4,  // 46: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	14, // 47: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	16, // 48: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	8,  // 49: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	10, // 50: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	12, // 51: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	6,  // 52: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	42, // 53: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:input_type -> sandboxd.controlplane.v1.GetReleaseRequest
-	32, // 54: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	34, // 55: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	35, // 56: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	37, // 57: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	39, // 58: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	41, // 59: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	18, // 60: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 61: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	27, // 62: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	18, // 63: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	49, // 64: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	18, // 65: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	5,  // 66: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	15, // 67: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	17, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	9,  // 69: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	11, // 70: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	13, // 71: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	7,  // 72: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	31, // 73: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
-	33, // 74: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	31, // 75: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	31, // 76: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	38, // 77: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	40, // 78: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	36, // 79: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	60, // [60:80] is the sub-list for method output_type
-	40, // [40:60] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	45, // 21: sandboxd.controlplane.v1.ManagedRunnerStatus.last_update_result:type_name -> sandboxd.controlplane.v1.UpdateResult
+	20, // 22: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	20, // 23: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	20, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	53, // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	48, // 26: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	0,  // 27: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	51, // 28: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	51, // 29: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	51, // 30: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	49, // 31: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	33, // 32: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	46, // 33: sandboxd.controlplane.v1.ListReleasesResponse.rollouts:type_name -> sandboxd.controlplane.v1.ChannelRollout
+	33, // 34: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	3,  // 35: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	51, // 36: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	51, // 37: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	51, // 38: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	3,  // 39: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	38, // 40: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	38, // 41: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	4,  // 42: sandboxd.controlplane.v1.UpdateResult.state:type_name -> sandboxd.controlplane.v1.UpdateState
+	51, // 43: sandboxd.controlplane.v1.UpdateResult.start_time:type_name -> google.protobuf.Timestamp
+	51, // 44: sandboxd.controlplane.v1.UpdateResult.end_time:type_name -> google.protobuf.Timestamp
+	51, // 45: sandboxd.controlplane.v1.UpdateResult.deadline:type_name -> google.protobuf.Timestamp
+	0,  // 46: sandboxd.controlplane.v1.ChannelRollout.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	5,  // 47: sandboxd.controlplane.v1.ChannelRollout.state:type_name -> sandboxd.controlplane.v1.RolloutState
+	51, // 48: sandboxd.controlplane.v1.ChannelRollout.halt_time:type_name -> google.protobuf.Timestamp
+	0,  // 49: sandboxd.controlplane.v1.ResumeRolloutRequest.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	26, // 50: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	27, // 51: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	28, // 52: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	30, // 53: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	31, // 54: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	32, // 55: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	6,  // 56: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	16, // 57: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	18, // 58: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	10, // 59: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	12, // 60: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	14, // 61: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	8,  // 62: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	44, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:input_type -> sandboxd.controlplane.v1.GetReleaseRequest
+	34, // 64: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	36, // 65: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	37, // 66: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	39, // 67: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	41, // 68: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	43, // 69: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	47, // 70: sandboxd.controlplane.v1.RolloutService.ResumeRollout:input_type -> sandboxd.controlplane.v1.ResumeRolloutRequest
+	20, // 71: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	20, // 72: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	29, // 73: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	20, // 74: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	54, // 75: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	20, // 76: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	7,  // 77: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	17, // 78: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	19, // 79: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	11, // 80: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	13, // 81: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	15, // 82: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	9,  // 83: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	33, // 84: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
+	35, // 85: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	33, // 86: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	33, // 87: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	40, // 88: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	42, // 89: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	38, // 90: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	46, // 91: sandboxd.controlplane.v1.RolloutService.ResumeRollout:output_type -> sandboxd.controlplane.v1.ChannelRollout
+	71, // [71:92] is the sub-list for method output_type
+	50, // [50:71] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -3114,10 +3561,10 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   41,
+			NumEnums:      6,
+			NumMessages:   44,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_sandboxd_controlplane_v1_controlplane_proto_goTypes,
 		DependencyIndexes: file_sandboxd_controlplane_v1_controlplane_proto_depIdxs,

@@ -44,6 +44,8 @@ const (
 	ReleaseServiceName = "sandboxd.controlplane.v1.ReleaseService"
 	// ApiKeyServiceName is the fully-qualified name of the ApiKeyService service.
 	ApiKeyServiceName = "sandboxd.controlplane.v1.ApiKeyService"
+	// RolloutServiceName is the fully-qualified name of the RolloutService service.
+	RolloutServiceName = "sandboxd.controlplane.v1.RolloutService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -114,6 +116,9 @@ const (
 	// ApiKeyServiceRevokeApiKeyProcedure is the fully-qualified name of the ApiKeyService's
 	// RevokeApiKey RPC.
 	ApiKeyServiceRevokeApiKeyProcedure = "/sandboxd.controlplane.v1.ApiKeyService/RevokeApiKey"
+	// RolloutServiceResumeRolloutProcedure is the fully-qualified name of the RolloutService's
+	// ResumeRollout RPC.
+	RolloutServiceResumeRolloutProcedure = "/sandboxd.controlplane.v1.RolloutService/ResumeRollout"
 )
 
 // RunnerManagementServiceClient is a client for the
@@ -911,4 +916,79 @@ func (UnimplementedApiKeyServiceHandler) ListApiKeys(context.Context, *connect.R
 
 func (UnimplementedApiKeyServiceHandler) RevokeApiKey(context.Context, *connect.Request[v1.RevokeApiKeyRequest]) (*connect.Response[v1.ApiKey], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey is not implemented"))
+}
+
+// RolloutServiceClient is a client for the sandboxd.controlplane.v1.RolloutService service.
+type RolloutServiceClient interface {
+	// ResumeRollout lifts a channel's halt (after fixing what failed) so its runners move to
+	// the target again. Resuming a channel that is not halted changes nothing.
+	ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ChannelRollout], error)
+}
+
+// NewRolloutServiceClient constructs a client for the sandboxd.controlplane.v1.RolloutService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) RolloutServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	rolloutServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("RolloutService").Methods()
+	return &rolloutServiceClient{
+		resumeRollout: connect.NewClient[v1.ResumeRolloutRequest, v1.ChannelRollout](
+			httpClient,
+			baseURL+RolloutServiceResumeRolloutProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("ResumeRollout")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// rolloutServiceClient implements RolloutServiceClient.
+type rolloutServiceClient struct {
+	resumeRollout *connect.Client[v1.ResumeRolloutRequest, v1.ChannelRollout]
+}
+
+// ResumeRollout calls sandboxd.controlplane.v1.RolloutService.ResumeRollout.
+func (c *rolloutServiceClient) ResumeRollout(ctx context.Context, req *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ChannelRollout], error) {
+	return c.resumeRollout.CallUnary(ctx, req)
+}
+
+// RolloutServiceHandler is an implementation of the sandboxd.controlplane.v1.RolloutService
+// service.
+type RolloutServiceHandler interface {
+	// ResumeRollout lifts a channel's halt (after fixing what failed) so its runners move to
+	// the target again. Resuming a channel that is not halted changes nothing.
+	ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ChannelRollout], error)
+}
+
+// NewRolloutServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	rolloutServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("RolloutService").Methods()
+	rolloutServiceResumeRolloutHandler := connect.NewUnaryHandler(
+		RolloutServiceResumeRolloutProcedure,
+		svc.ResumeRollout,
+		connect.WithSchema(rolloutServiceMethods.ByName("ResumeRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/sandboxd.controlplane.v1.RolloutService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case RolloutServiceResumeRolloutProcedure:
+			rolloutServiceResumeRolloutHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedRolloutServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedRolloutServiceHandler struct{}
+
+func (UnimplementedRolloutServiceHandler) ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ChannelRollout], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RolloutService.ResumeRollout is not implemented"))
 }

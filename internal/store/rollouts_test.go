@@ -1,0 +1,159 @@
+package store_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+func TestRunnerUpdateAttemptAndSelfUpdate(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		mustOrg(t, s, "o1")
+		r := mustRunner(t, s, "o1", "r1", "c1")
+		if r.LastUpdate != nil || r.Status.SelfUpdate {
+			t.Fatalf("new runner: %+v", r)
+		}
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", store.RunnerStatus{Version: "v1.0.0", Ready: true, SelfUpdate: true}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Date(2026, 12, 2, 10, 0, 0, 123456789, time.UTC)
+		att := store.UpdateAttempt{From: "v1.0.0", To: "v1.1.0", State: store.UpdateInProgress, StartedAt: start, Deadline: start.Add(time.Minute)}
+		r2, err := s.Runners().Update(ctx, "o1", "r1", r.Etag, store.RunnerUpdate{DesiredVersion: ptr("v1.1.0"), LastUpdate: &att})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r2.Etag == r.Etag || r2.DesiredVersion != "v1.1.0" || !r2.Status.SelfUpdate {
+			t.Fatalf("after start: %+v", r2)
+		}
+		got := r2.LastUpdate
+		if got == nil || got.From != "v1.0.0" || got.To != "v1.1.0" || got.State != store.UpdateInProgress ||
+			!got.StartedAt.Equal(start.Truncate(time.Microsecond)) || !got.Deadline.Equal(start.Add(time.Minute).Truncate(time.Microsecond)) || got.EndedAt != nil {
+			t.Fatalf("attempt: %+v", got)
+		}
+		wantUTC(t, got.StartedAt, got.Deadline)
+		// The old etag no longer writes: two controllers cannot both start the runner.
+		if _, err := s.Runners().Update(ctx, "o1", "r1", r.Etag, store.RunnerUpdate{LastUpdate: &att}); err == nil {
+			t.Fatal("stale etag accepted")
+		} else {
+			wantErr(t, err, store.ErrConflict)
+		}
+		// Other writes keep the attempt; an end replaces it; desired "" clears it.
+		r3, err := s.Runners().Update(ctx, "o1", "r1", r2.Etag, store.RunnerUpdate{DisplayName: ptr("x")})
+		if err != nil || r3.LastUpdate == nil || r3.LastUpdate.State != store.UpdateInProgress {
+			t.Fatalf("display name write: %+v %v", r3, err)
+		}
+		end := start.Add(2 * time.Minute)
+		att.State, att.Reason, att.EndedAt = store.UpdateRolledBack, "did not report ready", &end
+		r4, err := s.Runners().Update(ctx, "o1", "r1", r3.Etag, store.RunnerUpdate{DesiredVersion: ptr(""), LastUpdate: &att})
+		if err != nil || r4.DesiredVersion != "" || r4.LastUpdate.State != store.UpdateRolledBack ||
+			r4.LastUpdate.Reason != "did not report ready" || r4.LastUpdate.EndedAt == nil || !r4.LastUpdate.EndedAt.Equal(end.Truncate(time.Microsecond)) {
+			t.Fatalf("end: %+v %v", r4, err)
+		}
+		bad := store.UpdateAttempt{To: "v1", State: "DONE", StartedAt: start}
+		_, err = s.Runners().Update(ctx, "o1", "r1", r4.Etag, store.RunnerUpdate{LastUpdate: &bad})
+		wantErr(t, err, store.ErrInvalid)
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", store.RunnerStatus{Version: "v1.0.0"}); err != nil {
+			t.Fatal(err)
+		}
+		if r5, _ := s.Runners().Get(ctx, "o1", "r1"); r5.Status.SelfUpdate || r5.Etag != r4.Etag {
+			t.Fatalf("heartbeat without self_update: %+v", r5)
+		}
+	})
+}
+
+func TestRolloutRunnersAndHalts(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		mustOrg(t, s, "o1")
+		mustOrg(t, s, "o2")
+		mustRunner(t, s, "o2", "a", "c1")
+		mustRunner(t, s, "o1", "b", "c1")
+		mustRunner(t, s, "o1", "a", "c2")
+		rs, err := s.Rollouts().Runners(ctx)
+		if err != nil || len(rs) != 3 || rs[0].Org != "o1" || rs[0].RunnerID != "a" || rs[1].RunnerID != "b" || rs[2].Org != "o2" {
+			t.Fatalf("all runners: %+v %v", rs, err)
+		}
+		if hs, err := s.Rollouts().Halts(ctx); err != nil || len(hs) != 0 {
+			t.Fatalf("no halts: %v %v", hs, err)
+		}
+		t0 := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+		h := store.RolloutHalt{Channel: store.ChannelRapid, Version: "v2.0.0", Reason: "first", Org: "o1", RunnerID: "a", HaltedAt: t0}
+		if err := s.Rollouts().Halt(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		// The same version keeps its first halt; another version replaces it.
+		h2 := h
+		h2.Reason, h2.HaltedAt = "second", t0.Add(time.Hour)
+		if err := s.Rollouts().Halt(ctx, h2); err != nil {
+			t.Fatal(err)
+		}
+		hs, err := s.Rollouts().Halts(ctx)
+		if err != nil || len(hs) != 1 || hs[0].Reason != "first" || !hs[0].HaltedAt.Equal(t0) || hs[0].RunnerID != "a" {
+			t.Fatalf("halts: %+v %v", hs, err)
+		}
+		h2.Version = "v2.1.0"
+		if err := s.Rollouts().Halt(ctx, h2); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelStable, Version: "v1.0.0", Reason: "x", HaltedAt: t0}); err != nil {
+			t.Fatal(err)
+		}
+		hs, _ = s.Rollouts().Halts(ctx)
+		if len(hs) != 2 || hs[0].Channel != store.ChannelRapid || hs[0].Version != "v2.1.0" || hs[0].Reason != "second" || hs[1].Channel != store.ChannelStable {
+			t.Fatalf("halts: %+v", hs)
+		}
+		wantErr(t, s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: "BETA", Version: "v1", Reason: "x"}), store.ErrInvalid)
+		if ok, err := s.Rollouts().Resume(ctx, store.ChannelRapid); !ok || err != nil {
+			t.Fatalf("resume: %v %v", ok, err)
+		}
+		if ok, err := s.Rollouts().Resume(ctx, store.ChannelRapid); ok || err != nil {
+			t.Fatalf("resume again: %v %v", ok, err)
+		}
+		if hs, _ := s.Rollouts().Halts(ctx); len(hs) != 1 || hs[0].Channel != store.ChannelStable {
+			t.Fatalf("after resume: %+v", hs)
+		}
+	})
+}
+
+func TestRolloutLease(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		t0 := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+		get := func(holder string, at time.Time) bool {
+			t.Helper()
+			ok, err := s.Rollouts().AcquireLease(ctx, "rollout", holder, at, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		}
+		if !get("a", t0) || get("b", t0.Add(30*time.Second)) || !get("a", t0.Add(50*time.Second)) {
+			t.Fatal("a takes and renews the lease, b cannot take it meanwhile")
+		}
+		if get("b", t0.Add(109*time.Second)) || !get("b", t0.Add(110*time.Second)) || get("a", t0.Add(111*time.Second)) {
+			t.Fatal("b takes the lease once a's renewal expired, and a then cannot")
+		}
+		// Concurrent takers of a free lease: exactly one wins.
+		var wins atomic.Int32
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Go(func() {
+				ok, err := s.Rollouts().AcquireLease(ctx, "race", string(rune('a'+i)), t0, time.Minute)
+				if err != nil {
+					t.Error(err)
+				}
+				if ok {
+					wins.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if wins.Load() != 1 {
+			t.Fatalf("%d concurrent winners", wins.Load())
+		}
+	})
+}
