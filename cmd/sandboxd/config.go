@@ -260,6 +260,8 @@ type controlPlaneConfig struct {
 	heartbeatInterval                 time.Duration
 	baseDomain                        string
 	verbose                           bool
+	// releaseDir: binaries of published releases served to self-updating runners.
+	releaseDir string
 }
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
@@ -271,11 +273,17 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.heartbeatInterval, "heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")
 	fs.StringVar(&c.baseDomain, "base-domain", controlplane.DefaultEndpointDomain, "domain of public endpoints (PORT-SANDBOX.RUNNER.BASE-DOMAIN): runners' edge certificates are issued for it")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	fs.StringVar(&c.releaseDir, "release-dir", "", "directory of release binaries, DIR/VERSION/GOARCH/{sandboxd,sandbox-agent}, served to single-host runners that update themselves (empty: none)")
 }
 
 func (c controlPlaneConfig) validate() error {
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
+	}
+	if c.releaseDir != "" {
+		if fi, err := os.Stat(c.releaseDir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("--release-dir %s: not a directory (%v)", c.releaseDir, err)
+		}
 	}
 	return nil
 }

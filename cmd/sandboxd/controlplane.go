@@ -48,7 +48,7 @@ func (c controlPlaneConfig) run() error {
 		return err
 	}
 	cp, err := controlplane.New(controlplane.Config{
-		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA,
+		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA, ReleaseDir: c.releaseDir,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 	})
 	if err != nil {

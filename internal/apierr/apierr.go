@@ -71,6 +71,12 @@ const (
 	ReleaseNotFound        = "CWSANDBOX_RELEASE_NOT_FOUND"
 	// ReleaseNotPromotable: the release is not on RAPID, or STABLE offers a higher version.
 	ReleaseNotPromotable = "CWSANDBOX_RELEASE_NOT_PROMOTABLE"
+	// ReleaseArtifactNotFound: the control plane's release directory has no such binary
+	// for a published release (RunnerReleaseService.DownloadArtifact).
+	ReleaseArtifactNotFound = "CWSANDBOX_RELEASE_ARTIFACT_NOT_FOUND"
+	// ReleaseArtifactsDisabled: the control plane serves no release binaries (no
+	// --release-dir).
+	ReleaseArtifactsDisabled = "CWSANDBOX_RELEASE_ARTIFACTS_DISABLED"
 )
 
 // reasonCode is one row of the table: a reason, its one code, and when it is sent.
@@ -122,6 +128,8 @@ var table = []reasonCode{
 	{RegistrationDisabled, connect.CodeFailedPrecondition, "this control plane has no CA for what is asked (registration, edge or data-plane certificates)"},
 	{ReleaseNotFound, connect.CodeNotFound, "no release of that version"},
 	{ReleaseNotPromotable, connect.CodeFailedPrecondition, "the release is not on RAPID, or STABLE offers a higher version"},
+	{ReleaseArtifactNotFound, connect.CodeNotFound, "the control plane's release directory has no such binary of the release"},
+	{ReleaseArtifactsDisabled, connect.CodeFailedPrecondition, "the control plane serves no release binaries (no --release-dir)"},
 }
 var codes = func() map[string]connect.Code {
 	m := make(map[string]connect.Code, len(table))

@@ -70,6 +70,10 @@ type Config struct {
 	DataPlaneCA *pki.CA
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// ReleaseDir holds the binaries of published releases, DIR/<version>/<goarch>/
+	// {sandboxd,sandbox-agent}, which RunnerReleaseService serves to runners that update
+	// themselves; "" serves none.
+	ReleaseDir string
 }
 
 // DefaultEndpointDomain: *.localhost names resolve to loopback, so a platform on one
@@ -97,6 +101,8 @@ type Service struct {
 	certTTL  time.Duration
 	domain   string
 	dpCA     *pki.CA
+	// releaseDir: Config.ReleaseDir.
+	releaseDir string
 }
 
 // New returns a Service.
@@ -111,7 +117,8 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("controlplane: no platform organization")
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
-		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA}
+		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA,
+		releaseDir: cfg.ReleaseDir}
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}

@@ -912,8 +912,11 @@ type HeartbeatRequest struct {
 	SandboxesTotal int64 `protobuf:"varint,6,opt,name=sandboxes_total,json=sandboxesTotal,proto3" json:"sandboxes_total,omitempty"`
 	// The policy revision the runner enforces now (0 when it has none).
 	PolicyRevision int64 `protobuf:"varint,7,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The runner's architecture (GOARCH: amd64, arm64, …): the reply's desired_*_sha256
+	// are for it. Empty: the reply carries no checksums.
+	Arch          string `protobuf:"bytes,8,opt,name=arch,proto3" json:"arch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -995,6 +998,13 @@ func (x *HeartbeatRequest) GetPolicyRevision() int64 {
 	return 0
 }
 
+func (x *HeartbeatRequest) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The runner's policy document as written (JSON); empty when never set.
@@ -1005,8 +1015,13 @@ type HeartbeatResponse struct {
 	// The version ApplyAvailableUpdate asked the runner to move to; empty when none.
 	DesiredVersion    string               `protobuf:"bytes,4,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	HeartbeatInterval *durationpb.Duration `protobuf:"bytes,5,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The hex SHA-256 of desired_version's sandboxd binary for the request's arch, from the
+	// release record; empty when there is none (the runner cannot update itself to it).
+	DesiredSandboxdSha256 string `protobuf:"bytes,6,opt,name=desired_sandboxd_sha256,json=desiredSandboxdSha256,proto3" json:"desired_sandboxd_sha256,omitempty"`
+	// The same for its sandbox-agent binary; empty when the release has none for the arch.
+	DesiredAgentSha256 string `protobuf:"bytes,7,opt,name=desired_agent_sha256,json=desiredAgentSha256,proto3" json:"desired_agent_sha256,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -1072,6 +1087,20 @@ func (x *HeartbeatResponse) GetHeartbeatInterval() *durationpb.Duration {
 		return x.HeartbeatInterval
 	}
 	return nil
+}
+
+func (x *HeartbeatResponse) GetDesiredSandboxdSha256() string {
+	if x != nil {
+		return x.DesiredSandboxdSha256
+	}
+	return ""
+}
+
+func (x *HeartbeatResponse) GetDesiredAgentSha256() string {
+	if x != nil {
+		return x.DesiredAgentSha256
+	}
+	return ""
 }
 
 // ManagedRunner is a runner as the control plane records it.
@@ -2644,6 +2673,123 @@ func (x *RevokeApiKeyRequest) GetKeyId() string {
 	return ""
 }
 
+type DownloadArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A published release's version, e.g. v1.4.0.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// GOARCH, e.g. amd64.
+	Arch string `protobuf:"bytes,2,opt,name=arch,proto3" json:"arch,omitempty"`
+	// "sandboxd" or "sandbox-agent".
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DownloadArtifactRequest) Reset() {
+	*x = DownloadArtifactRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DownloadArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadArtifactRequest) ProtoMessage() {}
+
+func (x *DownloadArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadArtifactRequest.ProtoReflect.Descriptor instead.
+func (*DownloadArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *DownloadArtifactRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *DownloadArtifactRequest) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
+func (x *DownloadArtifactRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DownloadArtifactResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next bytes of the file (at most 256 KiB).
+	Chunk []byte `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	// The file's size in bytes; set in the first message only.
+	Size          int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DownloadArtifactResponse) Reset() {
+	*x = DownloadArtifactResponse{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DownloadArtifactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadArtifactResponse) ProtoMessage() {}
+
+func (x *DownloadArtifactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadArtifactResponse.ProtoReflect.Descriptor instead.
+func (*DownloadArtifactResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DownloadArtifactResponse) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *DownloadArtifactResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 var File_sandboxd_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -2687,7 +2833,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\trunner_id\x18\x02 \x01(\tR\brunnerId\x122\n" +
 	"\x15certificate_chain_pem\x18\x03 \x01(\tR\x13certificateChainPem\x12\"\n" +
 	"\rca_bundle_pem\x18\x04 \x01(\tR\vcaBundlePem\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xb9\x02\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xcd\x02\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
@@ -2695,14 +2841,17 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\bcapacity\x18\x04 \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\bcapacity\x12?\n" +
 	"\x05usage\x18\x05 \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\x05usage\x12'\n" +
 	"\x0fsandboxes_total\x18\x06 \x01(\x03R\x0esandboxesTotal\x12'\n" +
-	"\x0fpolicy_revision\x18\a \x01(\x03R\x0epolicyRevision\"\xe4\x01\n" +
+	"\x0fpolicy_revision\x18\a \x01(\x03R\x0epolicyRevision\x12\x12\n" +
+	"\x04arch\x18\b \x01(\tR\x04arch\"\xce\x02\n" +
 	"\x11HeartbeatResponse\x12\x1f\n" +
 	"\vpolicy_json\x18\x01 \x01(\tR\n" +
 	"policyJson\x12'\n" +
 	"\x0fpolicy_revision\x18\x02 \x01(\x03R\x0epolicyRevision\x12\x12\n" +
 	"\x04etag\x18\x03 \x01(\tR\x04etag\x12'\n" +
 	"\x0fdesired_version\x18\x04 \x01(\tR\x0edesiredVersion\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x88\x05\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x126\n" +
+	"\x17desired_sandboxd_sha256\x18\x06 \x01(\tR\x15desiredSandboxdSha256\x120\n" +
+	"\x14desired_agent_sha256\x18\a \x01(\tR\x12desiredAgentSha256\"\x88\x05\n" +
 	"\rManagedRunner\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x1d\n" +
 	"\n" +
@@ -2831,7 +2980,14 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\bapi_keys\x18\x01 \x03(\v2 .sandboxd.controlplane.v1.ApiKeyR\aapiKeys\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\",\n" +
 	"\x13RevokeApiKeyRequest\x12\x15\n" +
-	"\x06key_id\x18\x01 \x01(\tR\x05keyId*H\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\"[\n" +
+	"\x17DownloadArtifactRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
+	"\x04arch\x18\x02 \x01(\tR\x04arch\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"D\n" +
+	"\x18DownloadArtifactResponse\x12\x14\n" +
+	"\x05chunk\x18\x01 \x01(\fR\x05chunk\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size*H\n" +
 	"\x0eReleaseChannel\x12\x1f\n" +
 	"\x1bRELEASE_CHANNEL_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -2873,7 +3029,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\rApiKeyService\x12\x8d\x01\n" +
 	"\fCreateApiKey\x12-.sandboxd.controlplane.v1.CreateApiKeyRequest\x1a..sandboxd.controlplane.v1.CreateApiKeyResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/v1/sandbox/apiKeys\x12\x87\x01\n" +
 	"\vListApiKeys\x12,.sandboxd.controlplane.v1.ListApiKeysRequest\x1a-.sandboxd.controlplane.v1.ListApiKeysResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/sandbox/apiKeys\x12\x8f\x01\n" +
-	"\fRevokeApiKey\x12-.sandboxd.controlplane.v1.RevokeApiKeyRequest\x1a .sandboxd.controlplane.v1.ApiKey\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/sandbox/apiKeys/{key_id}:revokeBJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
+	"\fRevokeApiKey\x12-.sandboxd.controlplane.v1.RevokeApiKeyRequest\x1a .sandboxd.controlplane.v1.ApiKey\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/sandbox/apiKeys/{key_id}:revoke2\x93\x01\n" +
+	"\x14RunnerReleaseService\x12{\n" +
+	"\x10DownloadArtifact\x121.sandboxd.controlplane.v1.DownloadArtifactRequest\x1a2.sandboxd.controlplane.v1.DownloadArtifactResponse0\x01BJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
 
 var (
 	file_sandboxd_controlplane_v1_controlplane_proto_rawDescOnce sync.Once
@@ -2888,7 +3046,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -2932,52 +3090,54 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*ListApiKeysRequest)(nil),                // 39: sandboxd.controlplane.v1.ListApiKeysRequest
 	(*ListApiKeysResponse)(nil),               // 40: sandboxd.controlplane.v1.ListApiKeysResponse
 	(*RevokeApiKeyRequest)(nil),               // 41: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	nil,                                       // 42: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	nil,                                       // 43: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 44: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 45: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 46: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 47: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 48: google.protobuf.Empty
+	(*DownloadArtifactRequest)(nil),           // 42: sandboxd.controlplane.v1.DownloadArtifactRequest
+	(*DownloadArtifactResponse)(nil),          // 43: sandboxd.controlplane.v1.DownloadArtifactResponse
+	nil,                                       // 44: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	nil,                                       // 45: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 46: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 47: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 48: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 49: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 50: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	44, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	45, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	44, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	46, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	47, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	46, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	23, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	23, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	44, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	46, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	46, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	45, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	45, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	48, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	47, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	47, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
 	22, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
 	19, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
 	20, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
 	21, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	45, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	45, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	47, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	47, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	45, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	47, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
 	23, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	23, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
 	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
 	18, // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	18, // 22: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	18, // 23: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	47, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	42, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	49, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	44, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
 	0,  // 26: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	45, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	45, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	45, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	43, // 30: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	47, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	47, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	47, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	45, // 30: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
 	31, // 31: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
 	31, // 32: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
 	3,  // 33: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	45, // 34: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	45, // 35: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	45, // 36: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	47, // 34: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	47, // 35: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	47, // 36: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
 	3,  // 37: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
 	36, // 38: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
 	36, // 39: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
@@ -3000,27 +3160,29 @@ var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
 	37, // 56: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
 	39, // 57: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
 	41, // 58: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	18, // 59: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 60: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	27, // 61: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	18, // 62: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	48, // 63: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	18, // 64: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	5,  // 65: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	15, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	17, // 67: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	9,  // 68: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	11, // 69: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	13, // 70: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	7,  // 71: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	33, // 72: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	31, // 73: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	31, // 74: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	38, // 75: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	40, // 76: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	36, // 77: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	59, // [59:78] is the sub-list for method output_type
-	40, // [40:59] is the sub-list for method input_type
+	42, // 59: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:input_type -> sandboxd.controlplane.v1.DownloadArtifactRequest
+	18, // 60: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	18, // 61: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	27, // 62: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	18, // 63: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	50, // 64: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	18, // 65: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	5,  // 66: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	15, // 67: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	17, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	9,  // 69: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	11, // 70: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	13, // 71: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	7,  // 72: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	33, // 73: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	31, // 74: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	31, // 75: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	38, // 76: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	40, // 77: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	36, // 78: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	43, // 79: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:output_type -> sandboxd.controlplane.v1.DownloadArtifactResponse
+	60, // [60:80] is the sub-list for method output_type
+	40, // [40:60] is the sub-list for method input_type
 	40, // [40:40] is the sub-list for extension type_name
 	40, // [40:40] is the sub-list for extension extendee
 	0,  // [0:40] is the sub-list for field type_name
@@ -3037,9 +3199,9 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_sandboxd_controlplane_v1_controlplane_proto_goTypes,
 		DependencyIndexes: file_sandboxd_controlplane_v1_controlplane_proto_depIdxs,
