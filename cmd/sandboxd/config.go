@@ -128,6 +128,10 @@ type runnerConfig struct {
 	acme                                         acmeFlags
 	dataPlaneListen, dataPlaneHost               string
 	verbose                                      bool
+	// Self-update of a local-backend runner (internal/selfupdate).
+	selfUpdate         bool
+	selfUpdateDeadline time.Duration
+	releaseKeys        string
 }
 
 func (c *runnerConfig) bind(fs *flag.FlagSet) {
@@ -157,6 +161,9 @@ func (c *runnerConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "", "address of the direct mTLS data plane clients run exec, logs and files on, e.g. :8444 (empty: gateway only); its certificate comes from the data-plane CA in --pki-dir")
 	fs.StringVar(&c.dataPlaneHost, "data-plane-host", "", "host clients reach the data plane by (default: the --data-plane-listen host)")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	fs.BoolVar(&c.selfUpdate, "self-update", true, "local backend, registered: install the version the control plane asks for (download, verify, swap the binaries, re-execute in place; sandboxes keep running)")
+	fs.DurationVar(&c.selfUpdateDeadline, "self-update-deadline", 2*time.Minute, "how long a new version has to be ready with a heartbeat through before the previous one is restored")
+	fs.StringVar(&c.releaseKeys, "release-keys", "", "PEM file of Ed25519 public keys: self-update installs only releases whose manifest one of them signed")
 }
 
 func (c runnerConfig) validate() error {
@@ -188,6 +195,9 @@ func (c runnerConfig) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
+	}
+	if c.selfUpdateDeadline < 10*time.Second {
+		return fmt.Errorf("--self-update-deadline %s: at least 10s", c.selfUpdateDeadline)
 	}
 	if c.edgeListen != "" {
 		// The ACME flags only matter to the edge.
