@@ -165,9 +165,12 @@ func (s *selfUpdate) start(ctx context.Context, c runnerConfig, creds runnerCred
 				return
 			}
 		}
-		u.Run(ctx, func() selfupdate.Offer {
+		u.Run(ctx, func() (selfupdate.Offer, bool) {
+			if hb.LastSuccess().Before(started) {
+				return selfupdate.Offer{}, false
+			}
 			v, sd, agent := hb.DesiredBinaries()
-			return selfupdate.Offer{Version: v, SandboxdSHA256: sd, AgentSHA256: agent}
+			return selfupdate.Offer{Version: v, SandboxdSHA256: sd, AgentSHA256: agent}, true
 		}, c.heartbeatInterval)
 	}()
 	return nil

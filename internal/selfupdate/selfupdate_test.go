@@ -364,3 +364,31 @@ func TestUpdaterSignedManifest(t *testing.T) {
 		})
 	}
 }
+
+// TestRunKeepsFailedUntilKnown: before the first heartbeat the offer is unknown; that
+// must not make the updater forget (and so retry) the version that failed.
+func TestRunKeepsFailedUntilKnown(t *testing.T) {
+	tr := newTree(t)
+	if err := SaveState(tr.data, State{Failed: "v2.0.0", FailedReason: "rolled back"}); err != nil {
+		t.Fatal(err)
+	}
+	rel := &fakeRelease{version: "v2.0.0", files: map[string][]byte{"sandboxd": script("v2.0.0", true)}}
+	var restarts []string
+	u := newUpdater(t, tr, rel, &restarts, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	calls := 0
+	u.Run(ctx, func() (Offer, bool) {
+		calls++
+		if calls < 3 {
+			return Offer{}, false // no heartbeat yet
+		}
+		return Offer{Version: "v2.0.0", SandboxdSHA256: sum(rel.files["sandboxd"])}, true
+	}, 10*time.Millisecond)
+	if rel.fetches != 0 || len(restarts) != 0 || calls < 4 {
+		t.Fatalf("failed version retried: %d fetches, %d restarts, %d calls", rel.fetches, len(restarts), calls)
+	}
+	if st, _ := LoadState(tr.data); st.Failed != "v2.0.0" {
+		t.Fatalf("state %+v", st)
+	}
+}

@@ -150,13 +150,18 @@ func (u *Updater) Apply(ctx context.Context, offer Offer) (bool, error) {
 	return false, err
 }
 
-// Run applies offer() every interval until ctx ends or the runner restarts.
-func (u *Updater) Run(ctx context.Context, offer func() Offer, interval time.Duration) {
+// Run applies offer() every interval until ctx ends or the runner restarts. offer
+// reports ok=false while it knows nothing yet (no heartbeat went through since the
+// start): an empty desired version then is no news, and must not make the updater
+// forget the version that failed.
+func (u *Updater) Run(ctx context.Context, offer func() (Offer, bool), interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if swapped, _ := u.Apply(ctx, offer()); swapped {
-			return
+		if o, ok := offer(); ok {
+			if swapped, _ := u.Apply(ctx, o); swapped {
+				return
+			}
 		}
 		select {
 		case <-ctx.Done():
