@@ -291,8 +291,12 @@ func (c controlPlaneConfig) validate() error {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	if c.releaseDir != "" {
-		if fi, err := os.Stat(c.releaseDir); err != nil || !fi.IsDir() {
-			return fmt.Errorf("--release-dir %s: not a directory (%v)", c.releaseDir, err)
+		fi, err := os.Stat(c.releaseDir)
+		if err != nil {
+			return fmt.Errorf("--release-dir: %w", err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("--release-dir %s: not a directory", c.releaseDir)
 		}
 	}
 	return nil

@@ -118,7 +118,7 @@ func openArtifact(dir, version, arch, name string) (*os.File, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	defer root.Close()
+	defer func() { _ = root.Close() }() // the file opened stays open
 	f, err := root.Open(path.Join(version, arch, name))
 	if err != nil {
 		return nil, 0, err

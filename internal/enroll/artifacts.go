@@ -42,7 +42,7 @@ func (f *ArtifactFetcher) Fetch(ctx context.Context, version, arch, name string,
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 	// A stalled stream is cut: every message must come within a minute of the last.
 	stall := time.AfterFunc(time.Minute, cancel)
 	defer stall.Stop()

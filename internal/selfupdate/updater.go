@@ -174,7 +174,7 @@ func (u *Updater) Run(ctx context.Context, offer func() (Offer, bool), interval 
 func (u *Updater) install(ctx context.Context, offer Offer) error {
 	cfg, log := u.cfg, u.cfg.Logger
 	if _, err := release.ParseVersion(offer.Version); err != nil {
-		return fmt.Errorf("%w: version %q: %v", ErrVerify, offer.Version, err)
+		return fmt.Errorf("%w: version %q: %w", ErrVerify, offer.Version, err)
 	}
 	if release.CheckChecksum(offer.SandboxdSHA256) != nil {
 		return fmt.Errorf("%w: the release record of %s has no valid sandboxd checksum for %s (got %q)", ErrVerify, offer.Version, cfg.Arch, offer.SandboxdSHA256)
@@ -282,7 +282,7 @@ func (u *Updater) checkSignature(ctx context.Context, offer Offer) error {
 	}
 	m, err := release.Verify(cfg.Keys, raw, sig)
 	if err != nil {
-		return fmt.Errorf("%w: manifest of %s: %v", ErrVerify, offer.Version, err)
+		return fmt.Errorf("%w: manifest of %s: %w", ErrVerify, offer.Version, err)
 	}
 	b := m.Binaries[cfg.Arch]
 	switch {
@@ -307,7 +307,7 @@ func (u *Updater) probe(ctx context.Context, path, version string) error {
 	cmd.Stdout, cmd.Stderr = &limitWriter{w: &out, n: 4 << 10}, &limitWriter{w: &out, n: 4 << 10}
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%w: the new sandboxd does not run (`%s version`: %v: %q)", ErrVerify, filepath.Base(path), err, strings.TrimSpace(out.String()))
+		return fmt.Errorf("%w: the new sandboxd does not run (`%s version`: %w: %q)", ErrVerify, filepath.Base(path), err, strings.TrimSpace(out.String()))
 	}
 	if got := strings.TrimSpace(out.String()); got != "sandboxd "+version {
 		return fmt.Errorf("%w: the new sandboxd says %q, not \"sandboxd %s\"", ErrVerify, got, version)

@@ -209,7 +209,7 @@ func TestRunnerSelfUpdate(t *testing.T) {
 			if err == nil && code == 0 {
 				return string(out), nil
 			}
-			last = fmt.Errorf("code %d err %v stderr %q", code, err, errs)
+			last = fmt.Errorf("code %d err %w stderr %q", code, err, errs)
 		}
 		return "", last
 	}

@@ -35,7 +35,8 @@ type artifactBed struct {
 	body             []byte // v1.0.0/amd64/sandboxd
 }
 
-func newArtifactBed(t *testing.T) *artifactBed {
+// serveDir false: the control plane runs without --release-dir.
+func newArtifactBed(t *testing.T, serveDir bool) *artifactBed {
 	t.Helper()
 	ctx := t.Context()
 	tmp := t.TempDir()
@@ -87,7 +88,11 @@ func newArtifactBed(t *testing.T) *artifactBed {
 		BinaryChecksums: map[string]string{"amd64": hex.EncodeToString(sum[:])}}); err != nil {
 		t.Fatal(err)
 	}
-	cp, err := controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), PlatformOrg: "o", CA: ca, ReleaseDir: b.dir})
+	cfg := controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), PlatformOrg: "o", CA: ca}
+	if serveDir {
+		cfg.ReleaseDir = b.dir
+	}
+	cp, err := controlplane.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +143,7 @@ func (b *artifactBed) download(cert *tls.Certificate, version, arch, name string
 // release's binary, byte for byte; its heartbeat, once the runner is asked to update,
 // carries the binary's checksum for the runner's architecture.
 func TestReleaseArtifactDownload(t *testing.T) {
-	b := newArtifactBed(t)
+	b := newArtifactBed(t, true)
 	cert := b.runnerCert(t, "o", "r1")
 	got, err := b.download(cert, "v1.0.0", "amd64", "sandboxd")
 	if err != nil || !bytes.Equal(got, b.body) {
@@ -169,7 +174,7 @@ func TestReleaseArtifactDownload(t *testing.T) {
 // the release directory under a published version: crafted versions, architectures and
 // names, and symbolic links planted in the directory, read nothing outside it.
 func TestReleaseArtifactAttacks(t *testing.T) {
-	b := newArtifactBed(t)
+	b := newArtifactBed(t, true)
 	secret, _ := os.ReadFile(b.secret)
 	check := func(name string, data []byte, err error, code connect.Code, reason string) {
 		t.Helper()
@@ -238,4 +243,9 @@ func TestReleaseArtifactAttacks(t *testing.T) {
 	// Files of a version without a release record are not served.
 	data, err = b.download(cert, "v2.0.0", "amd64", "sandboxd")
 	check("unpublished version", data, err, connect.CodeNotFound, apierr.ReleaseNotFound)
+
+	// A control plane without --release-dir serves nothing.
+	off := newArtifactBed(t, false)
+	data, err = off.download(off.runnerCert(t, "o", "r1"), "v1.0.0", "amd64", "sandboxd")
+	check("no --release-dir", data, err, connect.CodeFailedPrecondition, apierr.ReleaseArtifactsDisabled)
 }
