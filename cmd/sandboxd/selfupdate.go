@@ -30,6 +30,8 @@ type selfUpdate struct {
 	deadline time.Duration
 	trying   bool // this start is a new version's trial
 	log      *slog.Logger
+	// execve is syscall.Exec (tests replace it).
+	execve func(path string, argv, env []string) error
 
 	mu     sync.Mutex
 	reexec string             // why the runner is to re-execute ("" while it is not)
@@ -50,7 +52,7 @@ func (c runnerConfig) selfUpdateStart(log *slog.Logger) (su *selfUpdate, rolledB
 	if err != nil {
 		return nil, false, fmt.Errorf("self-update: locate the running sandboxd: %w", err)
 	}
-	su = &selfUpdate{dir: c.dataDir, bins: selfupdate.Binaries{Sandboxd: exe}, deadline: c.selfUpdateDeadline, log: log}
+	su = &selfUpdate{dir: c.dataDir, bins: selfupdate.Binaries{Sandboxd: exe}, deadline: c.selfUpdateDeadline, log: log, execve: syscall.Exec}
 	// The agent the local backend uses ($SANDBOXD_AGENT or beside sandboxd) is replaced
 	// with it when the release has one; none found: sandboxd only.
 	if agent, err := stack.FindAgent(); err == nil {
@@ -111,7 +113,7 @@ func (s *selfUpdate) pending() string {
 // environment, so whatever supervises the runner keeps tracking it.
 func (s *selfUpdate) exec(reason string) error {
 	s.log.Info("runner update: re-executing", "binary", s.bins.Sandboxd, "reason", reason)
-	err := syscall.Exec(s.bins.Sandboxd, os.Args, os.Environ())
+	err := s.execve(s.bins.Sandboxd, os.Args, os.Environ())
 	return fmt.Errorf("runner update: re-execute %s: %w", s.bins.Sandboxd, err)
 }
 
