@@ -136,6 +136,21 @@ func (s *selfUpdate) afterRun(runErr error) error {
 	return runErr
 }
 
+// report puts the last failed update (from the state file) into a heartbeat.
+func (s *selfUpdate) report(st *enroll.Status) {
+	if s == nil {
+		return
+	}
+	state, err := selfupdate.LoadState(s.dir)
+	if err != nil {
+		return
+	}
+	st.SelfUpdateFailedVersion, st.SelfUpdateFailure = state.Failed, state.FailedReason
+	if len(st.SelfUpdateFailure) > 1024 {
+		st.SelfUpdateFailure = st.SelfUpdateFailure[:1024]
+	}
+}
+
 // start runs the updater beside the heartbeats: first the trial's watch when this start
 // is one (confirm once ready with a heartbeat through, or roll back at the deadline),
 // then the versions the heartbeats ask for.

@@ -5,8 +5,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/selfupdate"
 )
 
@@ -41,6 +43,12 @@ func TestSelfUpdateAfterRun(t *testing.T) {
 	st, _ := selfupdate.LoadState(dir)
 	if st.Failed != version {
 		t.Fatalf("failed version not recorded: %+v", st)
+	}
+	// And the heartbeats say so.
+	var hb enroll.Status
+	su.report(&hb)
+	if hb.GetSelfUpdateFailedVersion() != version || !strings.Contains(hb.GetSelfUpdateFailure(), "address in use") {
+		t.Fatalf("heartbeat: %q %q", hb.GetSelfUpdateFailedVersion(), hb.GetSelfUpdateFailure())
 	}
 
 	execed = nil

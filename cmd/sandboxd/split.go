@@ -286,7 +286,13 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 func (c runnerConfig) startHeartbeat(ctx context.Context, creds runnerCredentials, local *runner.Local, kst *stack.KubernetesStack, su *selfUpdate, logger *slog.Logger) error {
 	hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{
 		Identity: creds.ident, Cache: creds.cache, Interval: c.heartbeatInterval, Logger: logger,
-		Status: func(ctx context.Context) (*enroll.Status, error) { return enrollStatus(ctx, local) },
+		Status: func(ctx context.Context) (*enroll.Status, error) {
+			st, err := enrollStatus(ctx, local)
+			if err == nil && kst == nil {
+				su.report(st)
+			}
+			return st, err
+		},
 	})
 	if err != nil {
 		return err

@@ -914,9 +914,15 @@ type HeartbeatRequest struct {
 	PolicyRevision int64 `protobuf:"varint,7,opt,name=policy_revision,json=policyRevision,proto3" json:"policy_revision,omitempty"`
 	// The runner's architecture (GOARCH: amd64, arm64, …): the reply's desired_*_sha256
 	// are for it. Empty: the reply carries no checksums.
-	Arch          string `protobuf:"bytes,8,opt,name=arch,proto3" json:"arch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Arch string `protobuf:"bytes,8,opt,name=arch,proto3" json:"arch,omitempty"`
+	// A single-host runner that updates itself: the last version it refused (checksum,
+	// signature, the binary does not run) or rolled back from, and why; empty when none
+	// (cleared once the control plane asks for another version, or that version succeeds).
+	// The control plane does not record them yet (the rollout slice's last update result).
+	SelfUpdateFailedVersion string `protobuf:"bytes,10,opt,name=self_update_failed_version,json=selfUpdateFailedVersion,proto3" json:"self_update_failed_version,omitempty"`
+	SelfUpdateFailure       string `protobuf:"bytes,11,opt,name=self_update_failure,json=selfUpdateFailure,proto3" json:"self_update_failure,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1001,6 +1007,20 @@ func (x *HeartbeatRequest) GetPolicyRevision() int64 {
 func (x *HeartbeatRequest) GetArch() string {
 	if x != nil {
 		return x.Arch
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetSelfUpdateFailedVersion() string {
+	if x != nil {
+		return x.SelfUpdateFailedVersion
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetSelfUpdateFailure() string {
+	if x != nil {
+		return x.SelfUpdateFailure
 	}
 	return ""
 }
@@ -2833,7 +2853,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\trunner_id\x18\x02 \x01(\tR\brunnerId\x122\n" +
 	"\x15certificate_chain_pem\x18\x03 \x01(\tR\x13certificateChainPem\x12\"\n" +
 	"\rca_bundle_pem\x18\x04 \x01(\tR\vcaBundlePem\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xcd\x02\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xba\x03\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
@@ -2842,7 +2862,10 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x05usage\x18\x05 \x01(\v2).sandboxd.controlplane.v1.RunnerResourcesR\x05usage\x12'\n" +
 	"\x0fsandboxes_total\x18\x06 \x01(\x03R\x0esandboxesTotal\x12'\n" +
 	"\x0fpolicy_revision\x18\a \x01(\x03R\x0epolicyRevision\x12\x12\n" +
-	"\x04arch\x18\b \x01(\tR\x04arch\"\xce\x02\n" +
+	"\x04arch\x18\b \x01(\tR\x04arch\x12;\n" +
+	"\x1aself_update_failed_version\x18\n" +
+	" \x01(\tR\x17selfUpdateFailedVersion\x12.\n" +
+	"\x13self_update_failure\x18\v \x01(\tR\x11selfUpdateFailure\"\xce\x02\n" +
 	"\x11HeartbeatResponse\x12\x1f\n" +
 	"\vpolicy_json\x18\x01 \x01(\tR\n" +
 	"policyJson\x12'\n" +
