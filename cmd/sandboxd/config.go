@@ -129,6 +129,10 @@ type runnerConfig struct {
 	acme                                         acmeFlags
 	dataPlaneListen, dataPlaneHost               string
 	verbose                                      bool
+	// Self-update of a local-backend runner (internal/selfupdate).
+	selfUpdate         bool
+	selfUpdateDeadline time.Duration
+	releaseKeys        string
 }
 
 func (c *runnerConfig) bind(fs *flag.FlagSet) {
@@ -158,6 +162,9 @@ func (c *runnerConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "", "address of the direct mTLS data plane clients run exec, logs and files on, e.g. :8444 (empty: gateway only); its certificate comes from the data-plane CA in --pki-dir")
 	fs.StringVar(&c.dataPlaneHost, "data-plane-host", "", "host clients reach the data plane by (default: the --data-plane-listen host)")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	fs.BoolVar(&c.selfUpdate, "self-update", true, "local backend, registered: install the version the control plane asks for (download, verify, swap the binaries, re-execute in place; sandboxes keep running)")
+	fs.DurationVar(&c.selfUpdateDeadline, "self-update-deadline", 2*time.Minute, "how long a new version has to be ready with a heartbeat through before the previous one is restored")
+	fs.StringVar(&c.releaseKeys, "release-keys", "", "PEM file of Ed25519 public keys: self-update installs only releases whose manifest one of them signed")
 }
 
 func (c runnerConfig) validate() error {
@@ -189,6 +196,9 @@ func (c runnerConfig) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
+	}
+	if c.selfUpdateDeadline < 10*time.Second {
+		return fmt.Errorf("--self-update-deadline %s: at least 10s", c.selfUpdateDeadline)
 	}
 	if c.edgeListen != "" {
 		// The ACME flags only matter to the edge.
@@ -266,6 +276,8 @@ type controlPlaneConfig struct {
 	rolloutTick, rolloutDeadline time.Duration
 	rolloutBatch                 int
 	noRollout                    bool
+	// releaseDir: binaries of published releases served to self-updating runners.
+	releaseDir string
 }
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
@@ -282,6 +294,7 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.IntVar(&c.rolloutBatch, "rollout-batch", rollout.DefaultBatch, "how many runners of one runner group may update at once")
 	fs.DurationVar(&c.rolloutDeadline, "rollout-deadline", rollout.DefaultDeadline, "how long an updated runner has to report the new version and ready before it is rolled back and its channel's rollout halted")
 	fs.BoolVar(&c.noRollout, "no-rollout", false, "do not run the automatic rollout here (ApplyAvailableUpdate still sets desired versions; nothing clears them or rolls back)")
+	fs.StringVar(&c.releaseDir, "release-dir", "", "directory of release binaries, DIR/VERSION/GOARCH/{sandboxd,sandbox-agent}, served to single-host runners that update themselves (empty: none)")
 }
 
 func (c controlPlaneConfig) validate() error {
@@ -296,6 +309,15 @@ func (c controlPlaneConfig) validate() error {
 	}
 	if err := c.rolloutConfig().Validate(); err != nil {
 		return fmt.Errorf("--rollout-*: %w", err)
+	}
+	if c.releaseDir != "" {
+		fi, err := os.Stat(c.releaseDir)
+		if err != nil {
+			return fmt.Errorf("--release-dir: %w", err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("--release-dir %s: not a directory", c.releaseDir)
+		}
 	}
 	return nil
 }

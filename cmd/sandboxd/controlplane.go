@@ -59,7 +59,7 @@ func (c controlPlaneConfig) run() error {
 		return err
 	}
 	cp, err := controlplane.New(controlplane.Config{
-		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA,
+		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA, ReleaseDir: c.releaseDir,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 		ReleaseKeys:    releaseKeys,
 		UpdateDeadline: c.rolloutDeadline,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"runtime"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
@@ -78,6 +79,9 @@ func enrollStatus(ctx context.Context, l *runner.Local) (*enroll.Status, error) 
 		Capacity:       resourcesProto(s.Capacity),
 		Usage:          resourcesProto(s.Usage),
 		SandboxesTotal: int64(len(l.R.List())),
+		// The control plane sends the desired release's checksums for it (self-update);
+		// startHeartbeat sets SelfUpdate.
+		Arch: runtime.GOARCH,
 	}, nil
 }
 

@@ -43,14 +43,25 @@ func runnerCmd(args []string) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	return cfg.run()
+	logger := newLogger(slog.LevelInfo, cfg.verbose)
+	su, rolledBack, err := cfg.selfUpdateStart(logger)
+	if err != nil {
+		return err
+	}
+	if rolledBack {
+		return su.exec("rollback: the new version did not confirm")
+	}
+	return su.afterRun(cfg.run(logger, su))
 }
 
-func (c runnerConfig) run() error {
-	logger := newLogger(slog.LevelInfo, c.verbose)
+// run runs the runner until a signal, or until su (nil: no self-update) asks it to
+// re-execute; either way sandboxes keep running.
+func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	pkiDir := pkiDirOf(c.dataDir, c.pkiDir)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx, cancel := su.serveCtx(ctx)
+	defer cancel()
 	if c.backend == "kubernetes" {
 		// Before anything acts (registration, re-adoption, serving): one replica at a time.
 		release, err := holdLease(ctx, c.kube, logger)
@@ -103,7 +114,7 @@ func (c runnerConfig) run() error {
 	}
 	rs := runnerapi.NewServerFor(local, logger)
 	if creds.ident != nil {
-		if err := c.startHeartbeat(ctx, creds, local, kst, logger); err != nil {
+		if err := c.startHeartbeat(ctx, creds, local, kst, su, logger); err != nil {
 			return err
 		}
 		rs.WithPolicy(runnerID, creds.cache)
@@ -269,18 +280,23 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 }
 
 // startHeartbeat heartbeats the control plane (with local's status) until ctx ends,
-// after one first beat if no policy came yet, and on Kubernetes (--self-deployment)
-// follows the version it asks for.
-func (c runnerConfig) startHeartbeat(ctx context.Context, creds runnerCredentials, local *runner.Local, kst *stack.KubernetesStack, logger *slog.Logger) error {
-	// The Deployment updater below follows the desired version: the control plane's
-	// automatic rollout may move this runner (heartbeat self_update).
-	selfUpdate := kst != nil && c.kube.selfDeployment != ""
+// after one first beat if no policy came yet, and follows the version it asks for: on
+// Kubernetes (--self-deployment) through its Deployment, on the local backend
+// (--self-update) by replacing its binaries and re-executing.
+func (c runnerConfig) startHeartbeat(ctx context.Context, creds runnerCredentials, local *runner.Local, kst *stack.KubernetesStack, su *selfUpdate, logger *slog.Logger) error {
+	// Either updater below follows the desired version, so the control plane's automatic
+	// rollout may move this runner (heartbeat self_update).
+	kubeUpdate := kst != nil && c.kube.selfDeployment != ""
+	hostUpdate := su != nil && kst == nil
 	hb, err := enroll.NewHeartbeater(enroll.HeartbeatConfig{
 		Identity: creds.ident, Cache: creds.cache, Interval: c.heartbeatInterval, Logger: logger,
 		Status: func(ctx context.Context) (*enroll.Status, error) {
 			st, err := enrollStatus(ctx, local)
 			if st != nil {
-				st.SelfUpdate = selfUpdate
+				st.SelfUpdate = kubeUpdate || hostUpdate
+			}
+			if err == nil && hostUpdate {
+				su.report(st)
 			}
 			return st, err
 		},
@@ -298,12 +314,16 @@ func (c runnerConfig) startHeartbeat(ctx context.Context, creds runnerCredential
 		cancel()
 	}
 	go hb.Run(ctx)
-	if selfUpdate {
+	if kubeUpdate {
 		// :applyAvailableUpdate or the automatic rollout: the heartbeat reply's desired version becomes this
 		// runner's Deployment image tag.
 		u := &stack.SelfUpdater{Client: kst.Client, Namespace: firstNonEmpty(os.Getenv("POD_NAMESPACE"), c.kube.namespace),
 			Deployment: c.kube.selfDeployment, Container: c.kube.selfContainer, Logger: logger}
 		go u.Run(ctx, version, hb.DesiredVersion, c.heartbeatInterval)
+	}
+	if hostUpdate {
+		// A single-host runner installs the version it is asked for itself.
+		return su.start(ctx, c, creds, hb, local, logger)
 	}
 	return nil
 }

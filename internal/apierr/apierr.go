@@ -80,6 +80,12 @@ const (
 	// ReleaseKeysNotConfigured: a signed release manifest was sent to a control plane that
 	// trusts no release key, so it has nothing to verify the signature with.
 	ReleaseKeysNotConfigured = "CWSANDBOX_RELEASE_KEYS_NOT_CONFIGURED"
+	// ReleaseArtifactNotFound: the control plane's release directory has no such binary
+	// for a published release (RunnerReleaseService.DownloadArtifact).
+	ReleaseArtifactNotFound = "CWSANDBOX_RELEASE_ARTIFACT_NOT_FOUND"
+	// ReleaseArtifactsDisabled: the control plane serves no release binaries (no
+	// --release-dir).
+	ReleaseArtifactsDisabled = "CWSANDBOX_RELEASE_ARTIFACTS_DISABLED"
 )
 
 // reasonCode is one row of the table: a reason, its one code, and when it is sent.
@@ -134,6 +140,8 @@ var table = []reasonCode{
 	{ReleaseSignatureInvalid, connect.CodeInvalidArgument, "the release manifest's signature does not verify with any trusted release key"},
 	{ReleaseSignatureRequired, connect.CodeFailedPrecondition, "the control plane trusts release keys: publish a signed release manifest, not a record"},
 	{ReleaseKeysNotConfigured, connect.CodeFailedPrecondition, "the control plane trusts no release key: it cannot verify a signed release manifest"},
+	{ReleaseArtifactNotFound, connect.CodeNotFound, "the control plane's release directory has no such binary of the release"},
+	{ReleaseArtifactsDisabled, connect.CodeFailedPrecondition, "the control plane serves no release binaries (no --release-dir)"},
 }
 var codes = func() map[string]connect.Code {
 	m := make(map[string]connect.Code, len(table))

@@ -31,6 +31,7 @@ var runnerSide = []string{
 	"internal/edge",
 	"internal/egress",
 	"internal/enroll",
+	"internal/selfupdate",
 	"internal/stack",
 	"internal/spec", // spec conversion: used by runnerapi as well as the gateway
 }

@@ -82,6 +82,10 @@ type Config struct {
 	// report the new version and ready before it is rolled back (the automatic rollout's
 	// health gate, which internal/rollout runs); default rollout.DefaultDeadline.
 	UpdateDeadline time.Duration
+	// ReleaseDir holds the binaries of published releases, DIR/<version>/<goarch>/
+	// {sandboxd,sandbox-agent}, which RunnerReleaseService serves to runners that update
+	// themselves; "" serves none.
+	ReleaseDir string
 }
 
 // DefaultEndpointDomain: *.localhost names resolve to loopback, so a platform on one
@@ -112,6 +116,8 @@ type Service struct {
 	dpCA     *pki.CA
 	relKeys  []ed25519.PublicKey
 	deadline time.Duration
+	// releaseDir: Config.ReleaseDir.
+	releaseDir string
 }
 
 // New returns a Service.
@@ -127,7 +133,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
 		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA,
-		relKeys: slices.Clone(cfg.ReleaseKeys), deadline: cfg.UpdateDeadline}
+		relKeys: slices.Clone(cfg.ReleaseKeys), deadline: cfg.UpdateDeadline, releaseDir: cfg.ReleaseDir}
 	if s.deadline <= 0 {
 		s.deadline = rollout.DefaultDeadline
 	}

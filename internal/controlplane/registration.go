@@ -382,12 +382,16 @@ func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[contr
 	if err != nil {
 		return nil, runnerErr(id, "", err)
 	}
+	// A runner that updates itself checks what it downloads against these.
+	sum, agentSum := s.desiredChecksums(ctx, r.DesiredVersion, req.Msg.GetArch())
 	return connect.NewResponse(&controlplanev1.HeartbeatResponse{
-		PolicyJson:        string(r.Policy),
-		PolicyRevision:    r.PolicyRevision,
-		Etag:              r.Etag,
-		DesiredVersion:    r.DesiredVersion,
-		HeartbeatInterval: durationpb.New(s.interval),
+		DesiredSandboxdSha256: sum,
+		DesiredAgentSha256:    agentSum,
+		PolicyJson:            string(r.Policy),
+		PolicyRevision:        r.PolicyRevision,
+		Etag:                  r.Etag,
+		DesiredVersion:        r.DesiredVersion,
+		HeartbeatInterval:     durationpb.New(s.interval),
 	}), nil
 }
 
@@ -417,10 +421,14 @@ func (s *Service) RegistrationHandler() http.Handler {
 // the API's front (the key is checked from the headers before any body is read, bodies
 // in flight are capped: issue 15 §2).
 func (s *Service) TLSHandler() http.Handler {
-	reg, admin := s.RegistrationHandler(), s.adminFront()
+	reg, admin, artifacts := s.RegistrationHandler(), s.adminFront(), s.ArtifactsHandler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/"+controlplanev1connect.RunnerRegistrationServiceName+"/") {
 			reg.ServeHTTP(w, r)
+			return
+		}
+		if strings.HasPrefix(r.URL.Path, "/"+controlplanev1connect.RunnerReleaseServiceName+"/") {
+			artifacts.ServeHTTP(w, r)
 			return
 		}
 		admin.ServeHTTP(w, r)

@@ -128,6 +128,7 @@ type Heartbeater struct {
 
 	mu            sync.Mutex
 	desired       string
+	desiredSums   [2]string // sandboxd, sandbox-agent for the runner's arch
 	lastOK        time.Time
 	lastErr       error
 	desiredLogged string
@@ -182,6 +183,7 @@ func (h *Heartbeater) Beat(ctx context.Context) error {
 		h.cfg.Logger.Info("control plane asks for another runner version", "running", st.GetVersion(), "desired", d)
 	}
 	h.desired = res.Msg.GetDesiredVersion()
+	h.desiredSums = [2]string{res.Msg.GetDesiredSandboxdSha256(), res.Msg.GetDesiredAgentSha256()}
 	h.mu.Unlock()
 	return err
 }
@@ -191,6 +193,22 @@ func (h *Heartbeater) DesiredVersion() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.desired
+}
+
+// DesiredBinaries is the version the control plane last asked for and the SHA-256 of
+// its sandboxd and sandbox-agent for the architecture the runner reported ("" when the
+// release record has none).
+func (h *Heartbeater) DesiredBinaries() (version, sandboxdSHA256, agentSHA256 string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.desired, h.desiredSums[0], h.desiredSums[1]
+}
+
+// LastSuccess is when a heartbeat last went through (zero before the first).
+func (h *Heartbeater) LastSuccess() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lastOK
 }
 
 // Run heartbeats until ctx ends: every Interval while the control plane answers; with

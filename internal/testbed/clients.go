@@ -10,6 +10,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 )
 
@@ -52,4 +53,20 @@ func (b *Bed) purge() error {
 		return fmt.Errorf("purge: %d sandboxes still listed after 30 s", left)
 	}
 	return nil
+}
+
+// Releases is a client of the control plane's ReleaseService with the admin key.
+func (b *Bed) Releases() (controlplanev1connect.ReleaseServiceClient, error) {
+	hc, err := b.adminHTTP()
+	if err != nil {
+		return nil, err
+	}
+	return controlplanev1connect.NewReleaseServiceClient(hc, "https://"+b.CP.Addr, connect.WithInterceptors(connecttest.Bearer(b.AdminKey))), nil
+}
+
+// RunnerAdmin is a client of the control plane's RunnerManagementService with the admin
+// key.
+func (b *Bed) RunnerAdmin() (controlplanev1connect.RunnerManagementServiceClient, error) {
+	admin, _, err := b.adminClients()
+	return admin, err
 }

@@ -67,9 +67,11 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// GatewayArgs are extra `sandboxd gateway` flags, e.g. --orphan-grace 5s.
 	GatewayArgs []string
-	// ControlPlaneArgs are extra `sandboxd controlplane` flags, e.g. the automatic
-	// rollout's --rollout-tick 200ms --rollout-deadline 20s --rollout-batch 1.
+	// ControlPlaneArgs are extra `sandboxd controlplane` flags, e.g. --release-dir D.
 	ControlPlaneArgs []string
+	// RunnerBin, when set, holds the runners' sandboxd and sandbox-agent instead of Bin
+	// (a runner that updates itself replaces them there).
+	RunnerBin string
 }
 
 // Bed is a running bed.
@@ -188,17 +190,25 @@ func (b *Bed) startControlPlane(ctx context.Context) error {
 
 // adminClients are clients of the control plane's admin API, trusting the platform CA.
 func (b *Bed) adminClients() (controlplanev1connect.RunnerManagementServiceClient, controlplanev1connect.ApiKeyServiceClient, error) {
-	pem, err := os.ReadFile(b.CAFile)
+	hc, err := b.adminHTTP()
 	if err != nil {
 		return nil, nil, err
 	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, roots, b.net.host.String()), ForceAttemptHTTP2: true}}
 	url := "https://" + b.CP.Addr
 	auth := connect.WithInterceptors(connecttest.Bearer(b.AdminKey))
 	return controlplanev1connect.NewRunnerManagementServiceClient(hc, url, auth),
 		controlplanev1connect.NewApiKeyServiceClient(hc, url, auth), nil
+}
+
+// adminHTTP is an HTTP client of the control plane trusting the platform CA.
+func (b *Bed) adminHTTP() (*http.Client, error) {
+	pem, err := os.ReadFile(b.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, roots, b.net.host.String()), ForceAttemptHTTP2: true}}, nil
 }
 
 func (b *Bed) startRunner(ctx context.Context, admin controlplanev1connect.RunnerManagementServiceClient, i int, r Runner) error {
@@ -223,7 +233,11 @@ func (b *Bed) startRunner(ctx context.Context, admin controlplanev1connect.Runne
 	if err != nil {
 		return fmt.Errorf("testbed: bootstrap token of %s: %w", r.ID, err)
 	}
-	argv := b.net.nsExec(i, filepath.Join(b.cfg.Bin, "sandboxd"), "runner",
+	runnerBin := b.cfg.Bin
+	if b.cfg.RunnerBin != "" {
+		runnerBin = b.cfg.RunnerBin
+	}
+	argv := b.net.nsExec(i, filepath.Join(runnerBin, "sandboxd"), "runner",
 		"--data-dir", filepath.Join(b.cfg.Dir, "runner-"+r.ID),
 		"--listen", net.JoinHostPort(b.net.runnerAddr(i).String(), strconv.Itoa(RunnerPort)),
 		"--control-plane", b.CP.Addr, "--bootstrap-token", tok.Msg.GetBootstrapToken(),

@@ -1025,9 +1025,18 @@ type HeartbeatRequest struct {
 	// The runner can update itself to the heartbeat reply's desired_version (a Kubernetes
 	// runner with --self-deployment, a single-host runner with self-update). Only such
 	// runners are moved by the automatic rollout.
-	SelfUpdate    bool `protobuf:"varint,9,opt,name=self_update,json=selfUpdate,proto3" json:"self_update,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SelfUpdate bool `protobuf:"varint,9,opt,name=self_update,json=selfUpdate,proto3" json:"self_update,omitempty"`
+	// The runner's architecture (GOARCH: amd64, arm64, …): the reply's desired_*_sha256
+	// are for it. Empty: the reply carries no checksums.
+	Arch string `protobuf:"bytes,8,opt,name=arch,proto3" json:"arch,omitempty"`
+	// A single-host runner that updates itself: the last version it refused (checksum,
+	// signature, the binary does not run) or rolled back from, and why; empty when none
+	// (cleared once the control plane asks for another version, or that version succeeds).
+	// The control plane does not record them yet (the rollout slice's last update result).
+	SelfUpdateFailedVersion string `protobuf:"bytes,10,opt,name=self_update_failed_version,json=selfUpdateFailedVersion,proto3" json:"self_update_failed_version,omitempty"`
+	SelfUpdateFailure       string `protobuf:"bytes,11,opt,name=self_update_failure,json=selfUpdateFailure,proto3" json:"self_update_failure,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1116,6 +1125,27 @@ func (x *HeartbeatRequest) GetSelfUpdate() bool {
 	return false
 }
 
+func (x *HeartbeatRequest) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetSelfUpdateFailedVersion() string {
+	if x != nil {
+		return x.SelfUpdateFailedVersion
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetSelfUpdateFailure() string {
+	if x != nil {
+		return x.SelfUpdateFailure
+	}
+	return ""
+}
+
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The runner's policy document as written (JSON); empty when never set.
@@ -1127,8 +1157,13 @@ type HeartbeatResponse struct {
 	// ApplyAvailableUpdate); empty when none (cleared once reached).
 	DesiredVersion    string               `protobuf:"bytes,4,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	HeartbeatInterval *durationpb.Duration `protobuf:"bytes,5,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The hex SHA-256 of desired_version's sandboxd binary for the request's arch, from the
+	// release record; empty when there is none (the runner cannot update itself to it).
+	DesiredSandboxdSha256 string `protobuf:"bytes,6,opt,name=desired_sandboxd_sha256,json=desiredSandboxdSha256,proto3" json:"desired_sandboxd_sha256,omitempty"`
+	// The same for its sandbox-agent binary; empty when the release has none for the arch.
+	DesiredAgentSha256 string `protobuf:"bytes,7,opt,name=desired_agent_sha256,json=desiredAgentSha256,proto3" json:"desired_agent_sha256,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -1194,6 +1229,20 @@ func (x *HeartbeatResponse) GetHeartbeatInterval() *durationpb.Duration {
 		return x.HeartbeatInterval
 	}
 	return nil
+}
+
+func (x *HeartbeatResponse) GetDesiredSandboxdSha256() string {
+	if x != nil {
+		return x.DesiredSandboxdSha256
+	}
+	return ""
+}
+
+func (x *HeartbeatResponse) GetDesiredAgentSha256() string {
+	if x != nil {
+		return x.DesiredAgentSha256
+	}
+	return ""
 }
 
 // ManagedRunner is a runner as the control plane records it.
@@ -3105,6 +3154,123 @@ func (x *ResumeRolloutRequest) GetChannel() ReleaseChannel {
 	return ReleaseChannel_RELEASE_CHANNEL_UNSPECIFIED
 }
 
+type DownloadArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A published release's version, e.g. v1.4.0.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// GOARCH, e.g. amd64.
+	Arch string `protobuf:"bytes,2,opt,name=arch,proto3" json:"arch,omitempty"`
+	// "sandboxd" or "sandbox-agent".
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DownloadArtifactRequest) Reset() {
+	*x = DownloadArtifactRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DownloadArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadArtifactRequest) ProtoMessage() {}
+
+func (x *DownloadArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadArtifactRequest.ProtoReflect.Descriptor instead.
+func (*DownloadArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *DownloadArtifactRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *DownloadArtifactRequest) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
+func (x *DownloadArtifactRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DownloadArtifactResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next bytes of the file (at most 256 KiB).
+	Chunk []byte `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	// The file's size in bytes; set in the first message only.
+	Size          int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DownloadArtifactResponse) Reset() {
+	*x = DownloadArtifactResponse{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DownloadArtifactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadArtifactResponse) ProtoMessage() {}
+
+func (x *DownloadArtifactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadArtifactResponse.ProtoReflect.Descriptor instead.
+func (*DownloadArtifactResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *DownloadArtifactResponse) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *DownloadArtifactResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 var File_sandboxd_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -3148,7 +3314,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\trunner_id\x18\x02 \x01(\tR\brunnerId\x122\n" +
 	"\x15certificate_chain_pem\x18\x03 \x01(\tR\x13certificateChainPem\x12\"\n" +
 	"\rca_bundle_pem\x18\x04 \x01(\tR\vcaBundlePem\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xda\x02\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xdb\x03\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
@@ -3158,14 +3324,20 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x0fsandboxes_total\x18\x06 \x01(\x03R\x0esandboxesTotal\x12'\n" +
 	"\x0fpolicy_revision\x18\a \x01(\x03R\x0epolicyRevision\x12\x1f\n" +
 	"\vself_update\x18\t \x01(\bR\n" +
-	"selfUpdate\"\xe4\x01\n" +
+	"selfUpdate\x12\x12\n" +
+	"\x04arch\x18\b \x01(\tR\x04arch\x12;\n" +
+	"\x1aself_update_failed_version\x18\n" +
+	" \x01(\tR\x17selfUpdateFailedVersion\x12.\n" +
+	"\x13self_update_failure\x18\v \x01(\tR\x11selfUpdateFailure\"\xce\x02\n" +
 	"\x11HeartbeatResponse\x12\x1f\n" +
 	"\vpolicy_json\x18\x01 \x01(\tR\n" +
 	"policyJson\x12'\n" +
 	"\x0fpolicy_revision\x18\x02 \x01(\x03R\x0epolicyRevision\x12\x12\n" +
 	"\x04etag\x18\x03 \x01(\tR\x04etag\x12'\n" +
 	"\x0fdesired_version\x18\x04 \x01(\tR\x0edesiredVersion\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x88\x05\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x126\n" +
+	"\x17desired_sandboxd_sha256\x18\x06 \x01(\tR\x15desiredSandboxdSha256\x120\n" +
+	"\x14desired_agent_sha256\x18\a \x01(\tR\x12desiredAgentSha256\"\x88\x05\n" +
 	"\rManagedRunner\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x1d\n" +
 	"\n" +
@@ -3323,7 +3495,14 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\thalt_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bhaltTime\x12(\n" +
 	"\x10halted_by_runner\x18\x06 \x01(\tR\x0ehaltedByRunner\"Z\n" +
 	"\x14ResumeRolloutRequest\x12B\n" +
-	"\achannel\x18\x01 \x01(\x0e2(.sandboxd.controlplane.v1.ReleaseChannelR\achannel*H\n" +
+	"\achannel\x18\x01 \x01(\x0e2(.sandboxd.controlplane.v1.ReleaseChannelR\achannel\"[\n" +
+	"\x17DownloadArtifactRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
+	"\x04arch\x18\x02 \x01(\tR\x04arch\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"D\n" +
+	"\x18DownloadArtifactResponse\x12\x14\n" +
+	"\x05chunk\x18\x01 \x01(\fR\x05chunk\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size*H\n" +
 	"\x0eReleaseChannel\x12\x1f\n" +
 	"\x1bRELEASE_CHANNEL_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -3378,7 +3557,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\vListApiKeys\x12,.sandboxd.controlplane.v1.ListApiKeysRequest\x1a-.sandboxd.controlplane.v1.ListApiKeysResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/sandbox/apiKeys\x12\x8f\x01\n" +
 	"\fRevokeApiKey\x12-.sandboxd.controlplane.v1.RevokeApiKeyRequest\x1a .sandboxd.controlplane.v1.ApiKey\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/sandbox/apiKeys/{key_id}:revoke2\xa4\x01\n" +
 	"\x0eRolloutService\x12\x91\x01\n" +
-	"\rResumeRollout\x12..sandboxd.controlplane.v1.ResumeRolloutRequest\x1a(.sandboxd.controlplane.v1.ChannelRollout\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sandbox/rollouts:resumeBJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
+	"\rResumeRollout\x12..sandboxd.controlplane.v1.ResumeRolloutRequest\x1a(.sandboxd.controlplane.v1.ChannelRollout\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sandbox/rollouts:resume2\x93\x01\n" +
+	"\x14RunnerReleaseService\x12{\n" +
+	"\x10DownloadArtifact\x121.sandboxd.controlplane.v1.DownloadArtifactRequest\x1a2.sandboxd.controlplane.v1.DownloadArtifactResponse0\x01BJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
 
 var (
 	file_sandboxd_controlplane_v1_controlplane_proto_rawDescOnce sync.Once
@@ -3393,7 +3574,7 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -3443,33 +3624,35 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(*UpdateResult)(nil),                      // 45: sandboxd.controlplane.v1.UpdateResult
 	(*ChannelRollout)(nil),                    // 46: sandboxd.controlplane.v1.ChannelRollout
 	(*ResumeRolloutRequest)(nil),              // 47: sandboxd.controlplane.v1.ResumeRolloutRequest
-	nil,                                       // 48: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	nil,                                       // 49: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 50: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 51: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 52: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 53: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 54: google.protobuf.Empty
+	(*DownloadArtifactRequest)(nil),           // 48: sandboxd.controlplane.v1.DownloadArtifactRequest
+	(*DownloadArtifactResponse)(nil),          // 49: sandboxd.controlplane.v1.DownloadArtifactResponse
+	nil,                                       // 50: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	nil,                                       // 51: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 52: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 53: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 54: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 55: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 56: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	50, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	51, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	50, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	52, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	53, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	52, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	25, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	25, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	50, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	52, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	52, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	51, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	51, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	54, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	53, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	53, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
 	24, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
 	21, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
 	22, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
 	23, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	51, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	51, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	53, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	53, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	51, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	53, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
 	25, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
 	25, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
 	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
@@ -3477,30 +3660,30 @@ var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
 	20, // 22: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	20, // 23: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
 	20, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	53, // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	48, // 26: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	55, // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	50, // 26: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
 	0,  // 27: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	51, // 28: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	51, // 29: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	51, // 30: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	49, // 31: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	53, // 28: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	53, // 29: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	53, // 30: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	51, // 31: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
 	33, // 32: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
 	46, // 33: sandboxd.controlplane.v1.ListReleasesResponse.rollouts:type_name -> sandboxd.controlplane.v1.ChannelRollout
 	33, // 34: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
 	3,  // 35: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	51, // 36: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	51, // 37: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	51, // 38: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	53, // 36: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	53, // 37: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	53, // 38: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
 	3,  // 39: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
 	38, // 40: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
 	38, // 41: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
 	4,  // 42: sandboxd.controlplane.v1.UpdateResult.state:type_name -> sandboxd.controlplane.v1.UpdateState
-	51, // 43: sandboxd.controlplane.v1.UpdateResult.start_time:type_name -> google.protobuf.Timestamp
-	51, // 44: sandboxd.controlplane.v1.UpdateResult.end_time:type_name -> google.protobuf.Timestamp
-	51, // 45: sandboxd.controlplane.v1.UpdateResult.deadline:type_name -> google.protobuf.Timestamp
+	53, // 43: sandboxd.controlplane.v1.UpdateResult.start_time:type_name -> google.protobuf.Timestamp
+	53, // 44: sandboxd.controlplane.v1.UpdateResult.end_time:type_name -> google.protobuf.Timestamp
+	53, // 45: sandboxd.controlplane.v1.UpdateResult.deadline:type_name -> google.protobuf.Timestamp
 	0,  // 46: sandboxd.controlplane.v1.ChannelRollout.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
 	5,  // 47: sandboxd.controlplane.v1.ChannelRollout.state:type_name -> sandboxd.controlplane.v1.RolloutState
-	51, // 48: sandboxd.controlplane.v1.ChannelRollout.halt_time:type_name -> google.protobuf.Timestamp
+	53, // 48: sandboxd.controlplane.v1.ChannelRollout.halt_time:type_name -> google.protobuf.Timestamp
 	0,  // 49: sandboxd.controlplane.v1.ResumeRolloutRequest.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
 	26, // 50: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
 	27, // 51: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
@@ -3523,29 +3706,31 @@ var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
 	41, // 68: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
 	43, // 69: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
 	47, // 70: sandboxd.controlplane.v1.RolloutService.ResumeRollout:input_type -> sandboxd.controlplane.v1.ResumeRolloutRequest
-	20, // 71: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	20, // 72: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	29, // 73: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	20, // 74: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	54, // 75: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	20, // 76: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	7,  // 77: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	17, // 78: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	19, // 79: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	11, // 80: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	13, // 81: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	15, // 82: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	9,  // 83: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	33, // 84: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
-	35, // 85: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	33, // 86: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	33, // 87: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	40, // 88: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	42, // 89: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	38, // 90: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	46, // 91: sandboxd.controlplane.v1.RolloutService.ResumeRollout:output_type -> sandboxd.controlplane.v1.ChannelRollout
-	71, // [71:92] is the sub-list for method output_type
-	50, // [50:71] is the sub-list for method input_type
+	48, // 71: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:input_type -> sandboxd.controlplane.v1.DownloadArtifactRequest
+	20, // 72: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	20, // 73: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	29, // 74: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	20, // 75: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	56, // 76: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	20, // 77: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	7,  // 78: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	17, // 79: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	19, // 80: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	11, // 81: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	13, // 82: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	15, // 83: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	9,  // 84: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	33, // 85: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
+	35, // 86: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	33, // 87: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	33, // 88: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	40, // 89: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	42, // 90: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	38, // 91: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	46, // 92: sandboxd.controlplane.v1.RolloutService.ResumeRollout:output_type -> sandboxd.controlplane.v1.ChannelRollout
+	49, // 93: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:output_type -> sandboxd.controlplane.v1.DownloadArtifactResponse
+	72, // [72:94] is the sub-list for method output_type
+	50, // [50:72] is the sub-list for method input_type
 	50, // [50:50] is the sub-list for extension type_name
 	50, // [50:50] is the sub-list for extension extendee
 	0,  // [0:50] is the sub-list for field type_name
@@ -3562,9 +3747,9 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   44,
+			NumMessages:   46,
 			NumExtensions: 0,
-			NumServices:   5,
+			NumServices:   6,
 		},
 		GoTypes:           file_sandboxd_controlplane_v1_controlplane_proto_goTypes,
 		DependencyIndexes: file_sandboxd_controlplane_v1_controlplane_proto_depIdxs,

@@ -46,6 +46,8 @@ const (
 	ApiKeyServiceName = "sandboxd.controlplane.v1.ApiKeyService"
 	// RolloutServiceName is the fully-qualified name of the RolloutService service.
 	RolloutServiceName = "sandboxd.controlplane.v1.RolloutService"
+	// RunnerReleaseServiceName is the fully-qualified name of the RunnerReleaseService service.
+	RunnerReleaseServiceName = "sandboxd.controlplane.v1.RunnerReleaseService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -119,6 +121,9 @@ const (
 	// RolloutServiceResumeRolloutProcedure is the fully-qualified name of the RolloutService's
 	// ResumeRollout RPC.
 	RolloutServiceResumeRolloutProcedure = "/sandboxd.controlplane.v1.RolloutService/ResumeRollout"
+	// RunnerReleaseServiceDownloadArtifactProcedure is the fully-qualified name of the
+	// RunnerReleaseService's DownloadArtifact RPC.
+	RunnerReleaseServiceDownloadArtifactProcedure = "/sandboxd.controlplane.v1.RunnerReleaseService/DownloadArtifact"
 )
 
 // RunnerManagementServiceClient is a client for the
@@ -991,4 +996,85 @@ type UnimplementedRolloutServiceHandler struct{}
 
 func (UnimplementedRolloutServiceHandler) ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ChannelRollout], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RolloutService.ResumeRollout is not implemented"))
+}
+
+// RunnerReleaseServiceClient is a client for the sandboxd.controlplane.v1.RunnerReleaseService
+// service.
+type RunnerReleaseServiceClient interface {
+	// DownloadArtifact streams one binary of a release from the control plane's release
+	// directory (--release-dir): NOT_FOUND when the version has no release record or the
+	// directory has no such file, FAILED_PRECONDITION when the control plane serves no
+	// binaries. The first message carries the size.
+	DownloadArtifact(context.Context, *connect.Request[v1.DownloadArtifactRequest]) (*connect.ServerStreamForClient[v1.DownloadArtifactResponse], error)
+}
+
+// NewRunnerReleaseServiceClient constructs a client for the
+// sandboxd.controlplane.v1.RunnerReleaseService service. By default, it uses the Connect protocol
+// with the binary Protobuf Codec, asks for gzipped responses, and sends uncompressed requests. To
+// use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or connect.WithGRPCWeb()
+// options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewRunnerReleaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) RunnerReleaseServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	runnerReleaseServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("RunnerReleaseService").Methods()
+	return &runnerReleaseServiceClient{
+		downloadArtifact: connect.NewClient[v1.DownloadArtifactRequest, v1.DownloadArtifactResponse](
+			httpClient,
+			baseURL+RunnerReleaseServiceDownloadArtifactProcedure,
+			connect.WithSchema(runnerReleaseServiceMethods.ByName("DownloadArtifact")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// runnerReleaseServiceClient implements RunnerReleaseServiceClient.
+type runnerReleaseServiceClient struct {
+	downloadArtifact *connect.Client[v1.DownloadArtifactRequest, v1.DownloadArtifactResponse]
+}
+
+// DownloadArtifact calls sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact.
+func (c *runnerReleaseServiceClient) DownloadArtifact(ctx context.Context, req *connect.Request[v1.DownloadArtifactRequest]) (*connect.ServerStreamForClient[v1.DownloadArtifactResponse], error) {
+	return c.downloadArtifact.CallServerStream(ctx, req)
+}
+
+// RunnerReleaseServiceHandler is an implementation of the
+// sandboxd.controlplane.v1.RunnerReleaseService service.
+type RunnerReleaseServiceHandler interface {
+	// DownloadArtifact streams one binary of a release from the control plane's release
+	// directory (--release-dir): NOT_FOUND when the version has no release record or the
+	// directory has no such file, FAILED_PRECONDITION when the control plane serves no
+	// binaries. The first message carries the size.
+	DownloadArtifact(context.Context, *connect.Request[v1.DownloadArtifactRequest], *connect.ServerStream[v1.DownloadArtifactResponse]) error
+}
+
+// NewRunnerReleaseServiceHandler builds an HTTP handler from the service implementation. It returns
+// the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewRunnerReleaseServiceHandler(svc RunnerReleaseServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	runnerReleaseServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("RunnerReleaseService").Methods()
+	runnerReleaseServiceDownloadArtifactHandler := connect.NewServerStreamHandler(
+		RunnerReleaseServiceDownloadArtifactProcedure,
+		svc.DownloadArtifact,
+		connect.WithSchema(runnerReleaseServiceMethods.ByName("DownloadArtifact")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/sandboxd.controlplane.v1.RunnerReleaseService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case RunnerReleaseServiceDownloadArtifactProcedure:
+			runnerReleaseServiceDownloadArtifactHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedRunnerReleaseServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedRunnerReleaseServiceHandler struct{}
+
+func (UnimplementedRunnerReleaseServiceHandler) DownloadArtifact(context.Context, *connect.Request[v1.DownloadArtifactRequest], *connect.ServerStream[v1.DownloadArtifactResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact is not implemented"))
 }
