@@ -15,14 +15,17 @@ import (
 // runners' last update step, the channels' halts) and lets a platform admin resume a
 // halted channel.
 
-// ChannelTargets is the version each release channel offers now: the automatic rollout's
-// targets.
+// ChannelTargets is the published release each release channel offers now: the automatic
+// rollout's targets. Unlike what ApplyAvailableUpdate offers, it never falls back to the
+// configured TargetVersions (the control plane's own version): upgrading the control plane
+// must not by itself move every runner to a version nobody published — a single-host
+// runner could not even verify it (a release record carries the checksums).
 func (s *Service) ChannelTargets(ctx context.Context) (map[string]string, error) {
 	rs, err := s.st.Releases().List(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return s.targetsOf(rs), nil
+	return store.CurrentVersions(rs), nil
 }
 
 // activeHalts are the stored halts of the channels' current targets (a halt of a version

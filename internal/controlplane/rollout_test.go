@@ -137,3 +137,23 @@ func TestRunnerRolloutStatus(t *testing.T) {
 		t.Fatalf("v1.2.0 is on RAPID, update_available should be true; desired cleared; SUCCEEDED: %v", st)
 	}
 }
+
+// TestChannelTargetsArePublishedReleasesOnly: before any release is published a channel
+// offers the control plane's own version to ApplyAvailableUpdate, but the automatic
+// rollout's targets are empty, so upgrading the control plane moves no runner by itself;
+// once a release is published the targets are the channels' releases.
+func TestChannelTargetsArePublishedReleasesOnly(t *testing.T) {
+	b := newReleaseBed(t)
+	got, err := b.svc.ChannelTargets(t.Context())
+	if err != nil || len(got) != 0 {
+		t.Fatalf("ChannelTargets before any release = %v, %v; want none", got, err)
+	}
+	if target, _ := b.status(t, "stable"); target != "v1.0.0" {
+		t.Fatalf("what STABLE offers before any release = %q, want the configured v1.0.0", target)
+	}
+	b.publish(t, "v1.1.0")
+	got, err = b.svc.ChannelTargets(t.Context())
+	if err != nil || got[store.ChannelRapid] != "v1.1.0" || got[store.ChannelStable] != "" {
+		t.Fatalf("ChannelTargets after publishing v1.1.0 = %v, %v; want RAPID v1.1.0 and nothing on STABLE", got, err)
+	}
+}

@@ -49,6 +49,11 @@ type Runner struct {
 	Args []string
 	// DataPlane: the runner serves the direct data plane on DataPlanePort of its address.
 	DataPlane bool
+	// Bin, when set, holds this runner's own sandboxd and sandbox-agent (instead of
+	// Config.RunnerBin or Config.Bin): runners that update themselves each replace theirs.
+	Bin string
+	// Channel is the release channel it follows (unset: STABLE).
+	Channel controlplanev1.ReleaseChannel
 }
 
 // DataPlanePort is where runners with a direct data plane serve it.
@@ -225,7 +230,8 @@ func (b *Bed) startRunner(ctx context.Context, admin controlplanev1connect.Runne
 		return fmt.Errorf("testbed: policy of %s: %w", r.ID, err)
 	}
 	if _, err := admin.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{
-		ManagedRunner: &controlplanev1.ManagedRunner{RunnerId: r.ID, ClusterId: "cluster-" + r.ID, Zone: "zone-" + r.ID, Policy: pol},
+		ManagedRunner: &controlplanev1.ManagedRunner{RunnerId: r.ID, ClusterId: "cluster-" + r.ID, Zone: "zone-" + r.ID, Policy: pol,
+			ReleaseChannel: r.Channel},
 	})); err != nil {
 		return fmt.Errorf("testbed: create runner %s: %w %v", r.ID, err, apierr.Violations(err))
 	}
@@ -236,6 +242,9 @@ func (b *Bed) startRunner(ctx context.Context, admin controlplanev1connect.Runne
 	runnerBin := b.cfg.Bin
 	if b.cfg.RunnerBin != "" {
 		runnerBin = b.cfg.RunnerBin
+	}
+	if r.Bin != "" {
+		runnerBin = r.Bin
 	}
 	argv := b.net.nsExec(i, filepath.Join(runnerBin, "sandboxd"), "runner",
 		"--data-dir", filepath.Join(b.cfg.Dir, "runner-"+r.ID),

@@ -207,6 +207,9 @@ func New(cfg Config) (*Backend, error) {
 	} else if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("local backend: agent binary %s: not a regular file", cfg.AgentBinary)
 	}
+	if err := checkStaticExecutable(cfg.AgentBinary); err != nil {
+		return nil, fmt.Errorf("local backend: agent binary %s: %w", cfg.AgentBinary, err)
+	}
 	if cfg.Images == nil {
 		return nil, errors.New("local backend: Images is required")
 	}
