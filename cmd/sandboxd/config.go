@@ -260,6 +260,10 @@ type controlPlaneConfig struct {
 	heartbeatInterval                 time.Duration
 	baseDomain                        string
 	verbose                           bool
+	// Runners installed into registered clusters (issue 18).
+	install         controlplane.InstallConfig
+	installArgs     listFlag
+	installTimeouts struct{ apply, heartbeat time.Duration }
 }
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
@@ -271,13 +275,46 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.heartbeatInterval, "heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")
 	fs.StringVar(&c.baseDomain, "base-domain", controlplane.DefaultEndpointDomain, "domain of public endpoints (PORT-SANDBOX.RUNNER.BASE-DOMAIN): runners' edge certificates are issued for it")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	fs.StringVar(&c.install.RunnerImage, "install-runner-image", "", "runner image of the runners the control plane installs into registered clusters (repository:tag or @digest)")
+	fs.StringVar(&c.install.AgentImage, "install-agent-image", "", "sandbox-agent image of installed runners")
+	fs.StringVar(&c.install.ControlPlaneAddress, "install-control-plane-url", "", "HOST:PORT at which installed runners reach this control plane")
+	fs.StringVar(&c.install.PullPolicy, "install-image-pull-policy", "IfNotPresent", "pull policy of the installed runner image")
+	fs.StringVar(&c.install.SandboxPullPolicy, "install-sandbox-image-pull-policy", "IfNotPresent", "pull policy installed runners give sandbox and agent images")
+	fs.StringVar(&c.install.StorageClass, "install-storage-class", "", "storage class of installed runners' data volumes (default: the cluster's)")
+	fs.StringVar(&c.install.BaseDomain, "install-base-domain", "", "base domain of installed runners' edges (default: the runner's)")
+	fs.Var(&c.installArgs, "install-runner-arg", "extra argument of installed runners (repeatable)")
+	fs.DurationVar(&c.installTimeouts.apply, "install-apply-timeout", 2*time.Minute, "how long an install may take to apply a runner's objects")
+	fs.DurationVar(&c.installTimeouts.heartbeat, "install-heartbeat-timeout", 10*time.Minute, "how long an installed runner has to heartbeat before its install is FAILED")
 }
 
 func (c controlPlaneConfig) validate() error {
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
+	if a := c.install.ControlPlaneAddress; a != "" {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("--install-control-plane-url: want HOST:PORT: %w", err)
+		}
+	}
+	for _, p := range []struct{ flag, v string }{{"install-image-pull-policy", c.install.PullPolicy}, {"install-sandbox-image-pull-policy", c.install.SandboxPullPolicy}} {
+		switch p.v {
+		case "", "Always", "IfNotPresent", "Never":
+		default:
+			return fmt.Errorf("--%s: want Always, IfNotPresent or Never (got %q)", p.flag, p.v)
+		}
+	}
+	if c.installTimeouts.apply <= 0 || c.installTimeouts.heartbeat <= 0 {
+		return errors.New("--install-apply-timeout and --install-heartbeat-timeout must be positive")
+	}
 	return nil
+}
+
+// installConfig is the install flags as the control plane takes them.
+func (c controlPlaneConfig) installConfig() controlplane.InstallConfig {
+	ic := c.install
+	ic.ExtraArgs = c.installArgs
+	ic.ApplyTimeout, ic.HeartbeatTimeout = c.installTimeouts.apply, c.installTimeouts.heartbeat
+	return ic
 }
 
 // apikeyConfig configures `sandboxd apikey create`.

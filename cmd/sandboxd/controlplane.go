@@ -47,11 +47,21 @@ func (c controlPlaneConfig) run() error {
 	if err != nil {
 		return err
 	}
+	// Registered clusters' credentials are sealed with a key kept next to the CA's.
+	clusterKey, err := pki.LoadOrCreateSecret(filepath.Join(pkiDir, controlplane.ClusterKeyFile))
+	if err != nil {
+		return err
+	}
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
+		ClusterKey:     clusterKey, Install: c.installConfig(),
 	})
 	if err != nil {
+		return err
+	}
+	// Installs a previous run left INSTALLING go on (they are idempotent).
+	if err := cp.ResumeInstalls(ctx); err != nil {
 		return err
 	}
 	host, _, err := net.SplitHostPort(c.listen)

@@ -68,6 +68,12 @@ type Config struct {
 	// DataPlaneCA signs runners' data-plane server certificates (the CA the gateways
 	// issue client certificates from); nil: runners cannot ask for one.
 	DataPlaneCA *pki.CA
+	// ClusterKey seals registered clusters' credentials (AES-256-GCM; 32 bytes, e.g.
+	// pki.LoadOrCreateSecret of PKI-DIR/ClusterKeyFile); nil: ClusterService refuses to add
+	// clusters (CWSANDBOX_CLUSTERS_DISABLED) and runners are never installed.
+	ClusterKey []byte
+	// Install configures the runners the control plane installs into registered clusters.
+	Install InstallConfig
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -79,11 +85,13 @@ const DefaultEndpointDomain = "sandboxd.localhost"
 // EdgeCertTTL is the lifetime of a runner's edge certificate; runners renew it at half.
 const EdgeCertTTL = 7 * 24 * time.Hour
 
-// Service implements RunnerManagementService, ApiKeyService and ReleaseService.
+// Service implements RunnerManagementService, ApiKeyService, ReleaseService and
+// ClusterService.
 type Service struct {
 	controlplanev1connect.UnimplementedRunnerManagementServiceHandler
 	controlplanev1connect.UnimplementedApiKeyServiceHandler
 	controlplanev1connect.UnimplementedReleaseServiceHandler
+	controlplanev1connect.UnimplementedClusterServiceHandler
 
 	st       store.Store
 	auth     auth.Authenticator
@@ -97,6 +105,8 @@ type Service struct {
 	certTTL  time.Duration
 	domain   string
 	dpCA     *pki.CA
+	sealer   *Sealer
+	inst     *installer
 }
 
 // New returns a Service.
@@ -112,6 +122,14 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{st: cfg.Store, auth: cfg.Auth, platform: cfg.PlatformOrg, interval: cfg.HeartbeatInterval, targets: cfg.TargetVersions,
 		live: cfg.LiveSandboxes, log: cfg.Logger, now: cfg.Now, ca: cfg.CA, certTTL: cfg.RunnerCertTTL, domain: cfg.EndpointDomain, dpCA: cfg.DataPlaneCA}
+	if cfg.ClusterKey != nil {
+		sl, err := NewSealer(cfg.ClusterKey)
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+		s.sealer = sl
+	}
+	s.inst = newInstaller(s, cfg.Install)
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}
@@ -157,7 +175,7 @@ func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
 func AdminServices() []protoreflect.ServiceDescriptor {
 	f := controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto
 	return []protoreflect.ServiceDescriptor{f.Services().ByName("RunnerManagementService"), f.Services().ByName("ApiKeyService"),
-		f.Services().ByName("ReleaseService")}
+		f.Services().ByName("ReleaseService"), f.Services().ByName("ClusterService")}
 }
 
 // Handler serves the admin services over gRPC, gRPC-Web, Connect and REST/JSON (by their
@@ -171,6 +189,7 @@ func (s *Service) Handler() http.Handler {
 		vanguard.NewService(controlplanev1connect.NewRunnerManagementServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewReleaseServiceHandler(s, opts...)),
+		vanguard.NewService(controlplanev1connect.NewClusterServiceHandler(s, opts...)),
 	}, apifront.TranscoderOptions()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.

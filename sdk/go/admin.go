@@ -20,6 +20,8 @@ type Admin struct {
 	Runners  controlplanev1connect.RunnerManagementServiceClient
 	APIKeys  controlplanev1connect.ApiKeyServiceClient
 	Releases controlplanev1connect.ReleaseServiceClient
+	// Clusters needs a key of the platform organization.
+	Clusters controlplanev1connect.ClusterServiceClient
 }
 
 // NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
@@ -44,6 +46,7 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		Runners:  controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
 		APIKeys:  controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
 		Releases: controlplanev1connect.NewReleaseServiceClient(c.http, c.baseURL, copts...),
+		Clusters: controlplanev1connect.NewClusterServiceClient(c.http, c.baseURL, copts...),
 	}, nil
 }
 

@@ -147,10 +147,10 @@ type RunnerInstallStatus int32
 const (
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_UNSPECIFIED RunnerInstallStatus = 0
 	// Installed by hand (the Helm chart or a single host); the control plane does not install
-	// it. Every runner reports this today.
+	// it: its cluster_id is not a cluster registered with ClusterService.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED RunnerInstallStatus = 1
-	// The next three are for runners the control plane installs into a registered cluster;
-	// they are not produced yet. The control plane is installing the runner.
+	// The next three are for runners the control plane installs into a registered cluster.
+	// The control plane is applying the runner's objects or waiting for its first heartbeat.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING RunnerInstallStatus = 2
 	// The control plane installed the runner and it has heartbeated.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED RunnerInstallStatus = 3
@@ -253,6 +253,58 @@ func (x Role) Number() protoreflect.EnumNumber {
 // Deprecated: Use Role.Descriptor instead.
 func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{3}
+}
+
+// ClusterCredentialKind is how the control plane authenticates to a cluster's API server.
+type ClusterCredentialKind int32
+
+const (
+	ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_UNSPECIFIED ClusterCredentialKind = 0
+	// A kubeconfig (its current context; inline data only).
+	ClusterCredentialKind_KUBECONFIG ClusterCredentialKind = 1
+	// A service-account bearer token, with the API server's CA.
+	ClusterCredentialKind_SERVICE_ACCOUNT_TOKEN ClusterCredentialKind = 2
+)
+
+// Enum value maps for ClusterCredentialKind.
+var (
+	ClusterCredentialKind_name = map[int32]string{
+		0: "CLUSTER_CREDENTIAL_KIND_UNSPECIFIED",
+		1: "KUBECONFIG",
+		2: "SERVICE_ACCOUNT_TOKEN",
+	}
+	ClusterCredentialKind_value = map[string]int32{
+		"CLUSTER_CREDENTIAL_KIND_UNSPECIFIED": 0,
+		"KUBECONFIG":                          1,
+		"SERVICE_ACCOUNT_TOKEN":               2,
+	}
+)
+
+func (x ClusterCredentialKind) Enum() *ClusterCredentialKind {
+	p := new(ClusterCredentialKind)
+	*p = x
+	return p
+}
+
+func (x ClusterCredentialKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ClusterCredentialKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4].Descriptor()
+}
+
+func (ClusterCredentialKind) Type() protoreflect.EnumType {
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4]
+}
+
+func (x ClusterCredentialKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ClusterCredentialKind.Descriptor instead.
+func (ClusterCredentialKind) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{4}
 }
 
 type CreateBootstrapTokenRequest struct {
@@ -1418,8 +1470,9 @@ type ManagedRunnerStatus struct {
 	// What the runner offers and what its live sandboxes take; absent before a heartbeat.
 	Capacity *RunnerResources `protobuf:"bytes,8,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	Usage    *RunnerResources `protobuf:"bytes,9,opt,name=usage,proto3" json:"usage,omitempty"`
-	// How the runner was installed. Every runner today is installed by hand (the Helm chart or
-	// a single host) and reports RUNNER_INSTALL_STATUS_SELF_MANAGED.
+	// How the runner was installed: SELF_MANAGED when its cluster_id names no cluster its
+	// organization registered (ClusterService), else how far the control plane got
+	// installing it.
 	InstallStatus RunnerInstallStatus `protobuf:"varint,10,opt,name=install_status,json=installStatus,proto3,enum=sandboxd.controlplane.v1.RunnerInstallStatus" json:"install_status,omitempty"`
 	// The version the runner reports in its heartbeats (the same as version); empty before
 	// the first heartbeat.
@@ -1430,8 +1483,13 @@ type ManagedRunnerStatus struct {
 	// A desired version is set and the runner's heartbeats do not report it yet (whether the
 	// runner is connected or not).
 	RolloutInProgress bool `protobuf:"varint,13,opt,name=rollout_in_progress,json=rolloutInProgress,proto3" json:"rollout_in_progress,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Why the control plane could not install (or uninstall) the runner: set while
+	// install_status is RUNNER_INSTALL_STATUS_FAILED (clusters, issue 18).
+	InstallError *RunnerInstallError `protobuf:"bytes,14,opt,name=install_error,json=installError,proto3" json:"install_error,omitempty"`
+	// The namespace the control plane installed the runner into; empty for self-managed runners.
+	InstallNamespace string `protobuf:"bytes,15,opt,name=install_namespace,json=installNamespace,proto3" json:"install_namespace,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ManagedRunnerStatus) Reset() {
@@ -1553,6 +1611,20 @@ func (x *ManagedRunnerStatus) GetRolloutInProgress() bool {
 		return x.RolloutInProgress
 	}
 	return false
+}
+
+func (x *ManagedRunnerStatus) GetInstallError() *RunnerInstallError {
+	if x != nil {
+		return x.InstallError
+	}
+	return nil
+}
+
+func (x *ManagedRunnerStatus) GetInstallNamespace() string {
+	if x != nil {
+		return x.InstallNamespace
+	}
+	return ""
 }
 
 // RunnerResources is an amount of runner resources.
@@ -2616,6 +2688,397 @@ func (x *RevokeApiKeyRequest) GetKeyId() string {
 	return ""
 }
 
+// Cluster is a registered Kubernetes cluster. Exactly one credential is given on add:
+// kubeconfig, or token (with ca_pem, and server). The credential fields are input only.
+type Cluster struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Letters, digits, '.', '_' and '-', up to 128, starting with a letter or digit (the
+	// syntax of ManagedRunner.cluster_id). Immutable.
+	ClusterId string `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// The API server, https://…. Required with a token; with a kubeconfig, taken from its
+	// current context (and must match when given).
+	Server string `protobuf:"bytes,2,opt,name=server,proto3" json:"server,omitempty"`
+	// Output only.
+	CredentialKind ClusterCredentialKind `protobuf:"varint,3,opt,name=credential_kind,json=credentialKind,proto3,enum=sandboxd.controlplane.v1.ClusterCredentialKind" json:"credential_kind,omitempty"`
+	// Input only: a kubeconfig (YAML, at most 64 KiB). Its current context's user must
+	// authenticate with inline data (token, client certificate and key): no files, exec
+	// plugins or auth providers.
+	Kubeconfig string `protobuf:"bytes,4,opt,name=kubeconfig,proto3" json:"kubeconfig,omitempty"`
+	// Input only: a service-account bearer token (at most 8 KiB).
+	Token string `protobuf:"bytes,5,opt,name=token,proto3" json:"token,omitempty"`
+	// Input only, with token: the API server's CA certificate(s), PEM (at most 64 KiB).
+	CaPem string `protobuf:"bytes,6,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	// The organization whose runners are installed on the cluster; default the platform
+	// organization. Immutable.
+	OrganizationId string `protobuf:"bytes,7,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
+	// Output only.
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cluster) Reset() {
+	*x = Cluster{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cluster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cluster) ProtoMessage() {}
+
+func (x *Cluster) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
+func (*Cluster) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *Cluster) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *Cluster) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *Cluster) GetCredentialKind() ClusterCredentialKind {
+	if x != nil {
+		return x.CredentialKind
+	}
+	return ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_UNSPECIFIED
+}
+
+func (x *Cluster) GetKubeconfig() string {
+	if x != nil {
+		return x.Kubeconfig
+	}
+	return ""
+}
+
+func (x *Cluster) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *Cluster) GetCaPem() string {
+	if x != nil {
+		return x.CaPem
+	}
+	return ""
+}
+
+func (x *Cluster) GetOrganizationId() string {
+	if x != nil {
+		return x.OrganizationId
+	}
+	return ""
+}
+
+func (x *Cluster) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+type AddClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cluster       *Cluster               `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddClusterRequest) Reset() {
+	*x = AddClusterRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddClusterRequest) ProtoMessage() {}
+
+func (x *AddClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddClusterRequest.ProtoReflect.Descriptor instead.
+func (*AddClusterRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *AddClusterRequest) GetCluster() *Cluster {
+	if x != nil {
+		return x.Cluster
+	}
+	return nil
+}
+
+type ListClustersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClustersRequest) Reset() {
+	*x = ListClustersRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClustersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClustersRequest) ProtoMessage() {}
+
+func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
+func (*ListClustersRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{40}
+}
+
+type ListClustersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Clusters      []*Cluster             `protobuf:"bytes,1,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClustersResponse) Reset() {
+	*x = ListClustersResponse{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClustersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClustersResponse) ProtoMessage() {}
+
+func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
+func (*ListClustersResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ListClustersResponse) GetClusters() []*Cluster {
+	if x != nil {
+		return x.Clusters
+	}
+	return nil
+}
+
+type GetClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId     string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetClusterRequest) Reset() {
+	*x = GetClusterRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetClusterRequest) ProtoMessage() {}
+
+func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
+func (*GetClusterRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *GetClusterRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+type DeleteClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId     string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteClusterRequest) Reset() {
+	*x = DeleteClusterRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteClusterRequest) ProtoMessage() {}
+
+func (x *DeleteClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteClusterRequest.ProtoReflect.Descriptor instead.
+func (*DeleteClusterRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *DeleteClusterRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+// RunnerInstallError says why installing (or uninstalling) a runner failed.
+type RunnerInstallError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A short code, e.g. CWSANDBOX_INSTALL_FORBIDDEN.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The Kubernetes API's error (at most 2 KiB).
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// What to do about it.
+	Hints         []string `protobuf:"bytes,3,rep,name=hints,proto3" json:"hints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunnerInstallError) Reset() {
+	*x = RunnerInstallError{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunnerInstallError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunnerInstallError) ProtoMessage() {}
+
+func (x *RunnerInstallError) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunnerInstallError.ProtoReflect.Descriptor instead.
+func (*RunnerInstallError) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *RunnerInstallError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunnerInstallError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RunnerInstallError) GetHints() []string {
+	if x != nil {
+		return x.Hints
+	}
+	return nil
+}
+
 var File_sandboxd_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -2705,7 +3168,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb8\x05\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb8\x06\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -2722,7 +3185,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	" \x01(\x0e2-.sandboxd.controlplane.v1.RunnerInstallStatusR\rinstallStatus\x12'\n" +
 	"\x0factive_revision\x18\v \x01(\tR\x0eactiveRevision\x12'\n" +
 	"\x0ftarget_revision\x18\f \x01(\tR\x0etargetRevision\x12.\n" +
-	"\x13rollout_in_progress\x18\r \x01(\bR\x11rolloutInProgress\"o\n" +
+	"\x13rollout_in_progress\x18\r \x01(\bR\x11rolloutInProgress\x12Q\n" +
+	"\rinstall_error\x18\x0e \x01(\v2,.sandboxd.controlplane.v1.RunnerInstallErrorR\finstallError\x12+\n" +
+	"\x11install_namespace\x18\x0f \x01(\tR\x10installNamespace\"o\n" +
 	"\x0fRunnerResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
@@ -2796,7 +3261,35 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\bapi_keys\x18\x01 \x03(\v2 .sandboxd.controlplane.v1.ApiKeyR\aapiKeys\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\",\n" +
 	"\x13RevokeApiKeyRequest\x12\x15\n" +
-	"\x06key_id\x18\x01 \x01(\tR\x05keyId*H\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\"\xcd\x02\n" +
+	"\aCluster\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
+	"\x06server\x18\x02 \x01(\tR\x06server\x12X\n" +
+	"\x0fcredential_kind\x18\x03 \x01(\x0e2/.sandboxd.controlplane.v1.ClusterCredentialKindR\x0ecredentialKind\x12\x1e\n" +
+	"\n" +
+	"kubeconfig\x18\x04 \x01(\tR\n" +
+	"kubeconfig\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\tR\x05token\x12\x15\n" +
+	"\x06ca_pem\x18\x06 \x01(\tR\x05caPem\x12'\n" +
+	"\x0forganization_id\x18\a \x01(\tR\x0eorganizationId\x12;\n" +
+	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\"P\n" +
+	"\x11AddClusterRequest\x12;\n" +
+	"\acluster\x18\x01 \x01(\v2!.sandboxd.controlplane.v1.ClusterR\acluster\"\x15\n" +
+	"\x13ListClustersRequest\"U\n" +
+	"\x14ListClustersResponse\x12=\n" +
+	"\bclusters\x18\x01 \x03(\v2!.sandboxd.controlplane.v1.ClusterR\bclusters\"2\n" +
+	"\x11GetClusterRequest\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\"5\n" +
+	"\x14DeleteClusterRequest\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\"\\\n" +
+	"\x12RunnerInstallError\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
+	"\x05hints\x18\x03 \x03(\tR\x05hints*H\n" +
 	"\x0eReleaseChannel\x12\x1f\n" +
 	"\x1bRELEASE_CHANNEL_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -2815,7 +3308,12 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSANDBOX_ADMIN\x10\x01\x12\x10\n" +
-	"\fSANDBOX_USER\x10\x022\xf8\t\n" +
+	"\fSANDBOX_USER\x10\x02*k\n" +
+	"\x15ClusterCredentialKind\x12'\n" +
+	"#CLUSTER_CREDENTIAL_KIND_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"KUBECONFIG\x10\x01\x12\x19\n" +
+	"\x15SERVICE_ACCOUNT_TOKEN\x10\x022\xf8\t\n" +
 	"\x17RunnerManagementService\x12\xa8\x01\n" +
 	"\x13CreateManagedRunner\x124.sandboxd.controlplane.v1.CreateManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"2\x82\xd3\xe4\x93\x02,:\x0emanaged_runner\"\x1a/v1/sandbox/managedRunners\x12\x9e\x01\n" +
 	"\x10GetManagedRunner\x121.sandboxd.controlplane.v1.GetManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\".\x82\xd3\xe4\x93\x02(\x12&/v1/sandbox/managedRunners/{runner_id}\x12\xa3\x01\n" +
@@ -2838,7 +3336,14 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\rApiKeyService\x12\x8d\x01\n" +
 	"\fCreateApiKey\x12-.sandboxd.controlplane.v1.CreateApiKeyRequest\x1a..sandboxd.controlplane.v1.CreateApiKeyResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/v1/sandbox/apiKeys\x12\x87\x01\n" +
 	"\vListApiKeys\x12,.sandboxd.controlplane.v1.ListApiKeysRequest\x1a-.sandboxd.controlplane.v1.ListApiKeysResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/sandbox/apiKeys\x12\x8f\x01\n" +
-	"\fRevokeApiKey\x12-.sandboxd.controlplane.v1.RevokeApiKeyRequest\x1a .sandboxd.controlplane.v1.ApiKey\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/sandbox/apiKeys/{key_id}:revokeBJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
+	"\fRevokeApiKey\x12-.sandboxd.controlplane.v1.RevokeApiKeyRequest\x1a .sandboxd.controlplane.v1.ApiKey\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/sandbox/apiKeys/{key_id}:revoke2\xb3\x04\n" +
+	"\x0eClusterService\x12\x83\x01\n" +
+	"\n" +
+	"AddCluster\x12+.sandboxd.controlplane.v1.AddClusterRequest\x1a!.sandboxd.controlplane.v1.Cluster\"%\x82\xd3\xe4\x93\x02\x1f:\acluster\"\x14/v1/sandbox/clusters\x12\x8b\x01\n" +
+	"\fListClusters\x12-.sandboxd.controlplane.v1.ListClustersRequest\x1a..sandboxd.controlplane.v1.ListClustersResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/v1/sandbox/clusters\x12\x87\x01\n" +
+	"\n" +
+	"GetCluster\x12+.sandboxd.controlplane.v1.GetClusterRequest\x1a!.sandboxd.controlplane.v1.Cluster\")\x82\xd3\xe4\x93\x02#\x12!/v1/sandbox/clusters/{cluster_id}\x12\x82\x01\n" +
+	"\rDeleteCluster\x12..sandboxd.controlplane.v1.DeleteClusterRequest\x1a\x16.google.protobuf.Empty\")\x82\xd3\xe4\x93\x02#*!/v1/sandbox/clusters/{cluster_id}BJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
 
 var (
 	file_sandboxd_controlplane_v1_controlplane_proto_rawDescOnce sync.Once
@@ -2852,141 +3357,162 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescData
 }
 
-var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
 	(RunnerInstallStatus)(0),                  // 2: sandboxd.controlplane.v1.RunnerInstallStatus
 	(Role)(0),                                 // 3: sandboxd.controlplane.v1.Role
-	(*CreateBootstrapTokenRequest)(nil),       // 4: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	(*CreateBootstrapTokenResponse)(nil),      // 5: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	(*IssueDataPlaneCertificateRequest)(nil),  // 6: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	(*IssueDataPlaneCertificateResponse)(nil), // 7: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	(*IssueEdgeCertificateRequest)(nil),       // 8: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	(*IssueEdgeCertificateResponse)(nil),      // 9: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	(*VerifyApiKeyRequest)(nil),               // 10: sandboxd.controlplane.v1.VerifyApiKeyRequest
-	(*VerifyApiKeyResponse)(nil),              // 11: sandboxd.controlplane.v1.VerifyApiKeyResponse
-	(*ApiKeyActiveRequest)(nil),               // 12: sandboxd.controlplane.v1.ApiKeyActiveRequest
-	(*ApiKeyActiveResponse)(nil),              // 13: sandboxd.controlplane.v1.ApiKeyActiveResponse
-	(*RegisterRequest)(nil),                   // 14: sandboxd.controlplane.v1.RegisterRequest
-	(*RegisterResponse)(nil),                  // 15: sandboxd.controlplane.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),                  // 16: sandboxd.controlplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 17: sandboxd.controlplane.v1.HeartbeatResponse
-	(*ManagedRunner)(nil),                     // 18: sandboxd.controlplane.v1.ManagedRunner
-	(*MaintenancePolicy)(nil),                 // 19: sandboxd.controlplane.v1.MaintenancePolicy
-	(*MaintenanceWindow)(nil),                 // 20: sandboxd.controlplane.v1.MaintenanceWindow
-	(*MaintenanceExclusion)(nil),              // 21: sandboxd.controlplane.v1.MaintenanceExclusion
-	(*ManagedRunnerStatus)(nil),               // 22: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 23: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 24: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 25: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 26: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 27: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 28: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 29: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 30: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*Release)(nil),                           // 31: sandboxd.controlplane.v1.Release
-	(*ListReleasesRequest)(nil),               // 32: sandboxd.controlplane.v1.ListReleasesRequest
-	(*ListReleasesResponse)(nil),              // 33: sandboxd.controlplane.v1.ListReleasesResponse
-	(*PublishReleaseRequest)(nil),             // 34: sandboxd.controlplane.v1.PublishReleaseRequest
-	(*PromoteReleaseRequest)(nil),             // 35: sandboxd.controlplane.v1.PromoteReleaseRequest
-	(*ApiKey)(nil),                            // 36: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 37: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 38: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 39: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 40: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 41: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	nil,                                       // 42: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 44: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 45: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 46: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 47: google.protobuf.Empty
+	(ClusterCredentialKind)(0),                // 4: sandboxd.controlplane.v1.ClusterCredentialKind
+	(*CreateBootstrapTokenRequest)(nil),       // 5: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	(*CreateBootstrapTokenResponse)(nil),      // 6: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	(*IssueDataPlaneCertificateRequest)(nil),  // 7: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	(*IssueDataPlaneCertificateResponse)(nil), // 8: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	(*IssueEdgeCertificateRequest)(nil),       // 9: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	(*IssueEdgeCertificateResponse)(nil),      // 10: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	(*VerifyApiKeyRequest)(nil),               // 11: sandboxd.controlplane.v1.VerifyApiKeyRequest
+	(*VerifyApiKeyResponse)(nil),              // 12: sandboxd.controlplane.v1.VerifyApiKeyResponse
+	(*ApiKeyActiveRequest)(nil),               // 13: sandboxd.controlplane.v1.ApiKeyActiveRequest
+	(*ApiKeyActiveResponse)(nil),              // 14: sandboxd.controlplane.v1.ApiKeyActiveResponse
+	(*RegisterRequest)(nil),                   // 15: sandboxd.controlplane.v1.RegisterRequest
+	(*RegisterResponse)(nil),                  // 16: sandboxd.controlplane.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),                  // 17: sandboxd.controlplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 18: sandboxd.controlplane.v1.HeartbeatResponse
+	(*ManagedRunner)(nil),                     // 19: sandboxd.controlplane.v1.ManagedRunner
+	(*MaintenancePolicy)(nil),                 // 20: sandboxd.controlplane.v1.MaintenancePolicy
+	(*MaintenanceWindow)(nil),                 // 21: sandboxd.controlplane.v1.MaintenanceWindow
+	(*MaintenanceExclusion)(nil),              // 22: sandboxd.controlplane.v1.MaintenanceExclusion
+	(*ManagedRunnerStatus)(nil),               // 23: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 24: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 25: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 26: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 27: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 28: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 29: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 30: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 31: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*Release)(nil),                           // 32: sandboxd.controlplane.v1.Release
+	(*ListReleasesRequest)(nil),               // 33: sandboxd.controlplane.v1.ListReleasesRequest
+	(*ListReleasesResponse)(nil),              // 34: sandboxd.controlplane.v1.ListReleasesResponse
+	(*PublishReleaseRequest)(nil),             // 35: sandboxd.controlplane.v1.PublishReleaseRequest
+	(*PromoteReleaseRequest)(nil),             // 36: sandboxd.controlplane.v1.PromoteReleaseRequest
+	(*ApiKey)(nil),                            // 37: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 38: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 39: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 40: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 41: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 42: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	(*Cluster)(nil),                           // 43: sandboxd.controlplane.v1.Cluster
+	(*AddClusterRequest)(nil),                 // 44: sandboxd.controlplane.v1.AddClusterRequest
+	(*ListClustersRequest)(nil),               // 45: sandboxd.controlplane.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),              // 46: sandboxd.controlplane.v1.ListClustersResponse
+	(*GetClusterRequest)(nil),                 // 47: sandboxd.controlplane.v1.GetClusterRequest
+	(*DeleteClusterRequest)(nil),              // 48: sandboxd.controlplane.v1.DeleteClusterRequest
+	(*RunnerInstallError)(nil),                // 49: sandboxd.controlplane.v1.RunnerInstallError
+	nil,                                       // 50: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 51: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 52: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 53: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 54: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 55: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	43, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	44, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	43, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	23, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	23, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	43, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	51, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	52, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	51, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	24, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	24, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	51, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	45, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	44, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	44, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	22, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
-	19, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
-	20, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
-	21, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	44, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	44, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	53, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	52, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	52, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	23, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	20, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
+	21, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
+	22, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
+	52, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	52, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	44, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	23, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	23, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	52, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	24, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	24, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
 	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
-	18, // 21: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 22: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 23: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	46, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	42, // 25: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	0,  // 26: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	44, // 27: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	44, // 28: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	44, // 29: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	31, // 30: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	31, // 31: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	3,  // 32: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	44, // 33: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	44, // 34: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	44, // 35: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	3,  // 36: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	36, // 37: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	36, // 38: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	24, // 39: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	25, // 40: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	26, // 41: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	28, // 42: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	29, // 43: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	30, // 44: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	4,  // 45: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	14, // 46: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	16, // 47: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	8,  // 48: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	10, // 49: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	12, // 50: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	6,  // 51: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	32, // 52: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	34, // 53: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	35, // 54: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	37, // 55: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	39, // 56: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	41, // 57: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	18, // 58: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	18, // 59: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	27, // 60: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	18, // 61: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	47, // 62: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	18, // 63: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	5,  // 64: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	15, // 65: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	17, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	9,  // 67: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	11, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	13, // 69: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	7,  // 70: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	33, // 71: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	31, // 72: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	31, // 73: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	38, // 74: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	40, // 75: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	36, // 76: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	58, // [58:77] is the sub-list for method output_type
-	39, // [39:58] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	49, // 21: sandboxd.controlplane.v1.ManagedRunnerStatus.install_error:type_name -> sandboxd.controlplane.v1.RunnerInstallError
+	19, // 22: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	19, // 23: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	19, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	54, // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	50, // 26: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	0,  // 27: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	52, // 28: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	52, // 29: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	52, // 30: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	32, // 31: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	32, // 32: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	3,  // 33: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	52, // 34: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	52, // 35: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	52, // 36: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	3,  // 37: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	37, // 38: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	37, // 39: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	4,  // 40: sandboxd.controlplane.v1.Cluster.credential_kind:type_name -> sandboxd.controlplane.v1.ClusterCredentialKind
+	52, // 41: sandboxd.controlplane.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
+	43, // 42: sandboxd.controlplane.v1.AddClusterRequest.cluster:type_name -> sandboxd.controlplane.v1.Cluster
+	43, // 43: sandboxd.controlplane.v1.ListClustersResponse.clusters:type_name -> sandboxd.controlplane.v1.Cluster
+	25, // 44: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	26, // 45: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	27, // 46: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	29, // 47: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	30, // 48: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	31, // 49: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	5,  // 50: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	15, // 51: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	17, // 52: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	9,  // 53: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	11, // 54: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	13, // 55: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	7,  // 56: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	33, // 57: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	35, // 58: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	36, // 59: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	38, // 60: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	40, // 61: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	42, // 62: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	44, // 63: sandboxd.controlplane.v1.ClusterService.AddCluster:input_type -> sandboxd.controlplane.v1.AddClusterRequest
+	45, // 64: sandboxd.controlplane.v1.ClusterService.ListClusters:input_type -> sandboxd.controlplane.v1.ListClustersRequest
+	47, // 65: sandboxd.controlplane.v1.ClusterService.GetCluster:input_type -> sandboxd.controlplane.v1.GetClusterRequest
+	48, // 66: sandboxd.controlplane.v1.ClusterService.DeleteCluster:input_type -> sandboxd.controlplane.v1.DeleteClusterRequest
+	19, // 67: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	19, // 68: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	28, // 69: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	19, // 70: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	55, // 71: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	19, // 72: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	6,  // 73: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	16, // 74: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	18, // 75: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	10, // 76: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	12, // 77: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	14, // 78: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	8,  // 79: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	34, // 80: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	32, // 81: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	32, // 82: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	39, // 83: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	41, // 84: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	37, // 85: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	43, // 86: sandboxd.controlplane.v1.ClusterService.AddCluster:output_type -> sandboxd.controlplane.v1.Cluster
+	46, // 87: sandboxd.controlplane.v1.ClusterService.ListClusters:output_type -> sandboxd.controlplane.v1.ListClustersResponse
+	43, // 88: sandboxd.controlplane.v1.ClusterService.GetCluster:output_type -> sandboxd.controlplane.v1.Cluster
+	55, // 89: sandboxd.controlplane.v1.ClusterService.DeleteCluster:output_type -> google.protobuf.Empty
+	67, // [67:90] is the sub-list for method output_type
+	44, // [44:67] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -2999,10 +3525,10 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   39,
+			NumEnums:      5,
+			NumMessages:   46,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_sandboxd_controlplane_v1_controlplane_proto_goTypes,
 		DependencyIndexes: file_sandboxd_controlplane_v1_controlplane_proto_depIdxs,
