@@ -131,7 +131,9 @@ const (
 // sandboxd.controlplane.v1.RunnerManagementService service.
 type RunnerManagementServiceClient interface {
 	// CreateManagedRunner records a runner. runner_id (unique in the organization),
-	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required.
+	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required. When
+	// cluster_id names a cluster registered for the organization (ClusterService), the
+	// control plane installs the runner into it, asynchronously (status.install_status).
 	CreateManagedRunner(context.Context, *connect.Request[v1.CreateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// GetManagedRunner returns a runner with its policy, etag and status.
 	GetManagedRunner(context.Context, *connect.Request[v1.GetManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
@@ -143,7 +145,9 @@ type RunnerManagementServiceClient interface {
 	// is unchanged since that read (ABORTED otherwise).
 	UpdateManagedRunner(context.Context, *connect.Request[v1.UpdateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// DeleteManagedRunner removes a runner. It is refused (FAILED_PRECONDITION) while the
-	// runner owns live sandboxes, unless force is set.
+	// runner owns live sandboxes, unless force is set. A runner the control plane installed
+	// is uninstalled first (its namespace deleted); if the cluster refuses, the runner stays
+	// (FAILED_PRECONDITION, CWSANDBOX_UNINSTALL_FAILED) unless force is set.
 	DeleteManagedRunner(context.Context, *connect.Request[v1.DeleteManagedRunnerRequest]) (*connect.Response[emptypb.Empty], error)
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
 	// target version. FAILED_PRECONDITION when no update is available.
@@ -263,7 +267,9 @@ func (c *runnerManagementServiceClient) CreateBootstrapToken(ctx context.Context
 // sandboxd.controlplane.v1.RunnerManagementService service.
 type RunnerManagementServiceHandler interface {
 	// CreateManagedRunner records a runner. runner_id (unique in the organization),
-	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required.
+	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required. When
+	// cluster_id names a cluster registered for the organization (ClusterService), the
+	// control plane installs the runner into it, asynchronously (status.install_status).
 	CreateManagedRunner(context.Context, *connect.Request[v1.CreateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// GetManagedRunner returns a runner with its policy, etag and status.
 	GetManagedRunner(context.Context, *connect.Request[v1.GetManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
@@ -275,7 +281,9 @@ type RunnerManagementServiceHandler interface {
 	// is unchanged since that read (ABORTED otherwise).
 	UpdateManagedRunner(context.Context, *connect.Request[v1.UpdateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// DeleteManagedRunner removes a runner. It is refused (FAILED_PRECONDITION) while the
-	// runner owns live sandboxes, unless force is set.
+	// runner owns live sandboxes, unless force is set. A runner the control plane installed
+	// is uninstalled first (its namespace deleted); if the cluster refuses, the runner stays
+	// (FAILED_PRECONDITION, CWSANDBOX_UNINSTALL_FAILED) unless force is set.
 	DeleteManagedRunner(context.Context, *connect.Request[v1.DeleteManagedRunnerRequest]) (*connect.Response[emptypb.Empty], error)
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
 	// target version. FAILED_PRECONDITION when no update is available.
