@@ -286,9 +286,9 @@ func ValidateCluster(c *controlplanev1.Cluster) (ClusterCredential, error) {
 
 func clusterProto(c store.Cluster) *controlplanev1.Cluster {
 	out := &controlplanev1.Cluster{ClusterId: c.ClusterID, Server: c.Server, OrganizationId: c.Org,
-		CreateTime: timestamppb.New(c.CreatedAt), CredentialKind: controlplanev1.ClusterCredentialKind_SERVICE_ACCOUNT_TOKEN}
+		CreateTime: timestamppb.New(c.CreatedAt), CredentialKind: controlplanev1.ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN}
 	if c.CredentialKind == store.CredentialKubeconfig {
-		out.CredentialKind = controlplanev1.ClusterCredentialKind_KUBECONFIG
+		out.CredentialKind = controlplanev1.ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_KUBECONFIG
 	}
 	return out
 }

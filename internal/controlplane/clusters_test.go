@@ -115,7 +115,7 @@ func TestValidateCluster(t *testing.T) {
 		{"kubeconfig and CA", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(nil), CaPem: caPEM}, []string{"cluster.ca_pem"}},
 		{"kind is output only", func() *controlplanev1.Cluster {
 			c := tokenCluster()
-			c.CredentialKind = controlplanev1.ClusterCredentialKind_KUBECONFIG
+			c.CredentialKind = controlplanev1.ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_KUBECONFIG
 			return c
 		}(), []string{"cluster.credential_kind"}},
 	} {
@@ -341,7 +341,7 @@ func TestClusterServiceNeverReturnsCredentials(t *testing.T) {
 		if c.GetToken() != "" || c.GetKubeconfig() != "" || c.GetCaPem() != "" || strings.Contains(string(j), secretToken) {
 			t.Fatalf("a response carries the credential: %s", j)
 		}
-		if c.GetCredentialKind() != controlplanev1.ClusterCredentialKind_SERVICE_ACCOUNT_TOKEN || !strings.HasPrefix(c.GetServer(), "https://") {
+		if c.GetCredentialKind() != controlplanev1.ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN || !strings.HasPrefix(c.GetServer(), "https://") {
 			t.Fatalf("response: %s", j)
 		}
 	}

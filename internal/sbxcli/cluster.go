@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"connectrpc.com/connect"
@@ -120,7 +121,7 @@ func (a *app) clusterListCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			_, _ = fmt.Fprintln(tw, "CLUSTER\tSERVER\tCREDENTIAL\tORGANIZATION\tCREATED")
 			for _, c := range out.Msg.GetClusters() {
-				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.GetClusterId(), c.GetServer(), c.GetCredentialKind(),
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.GetClusterId(), c.GetServer(), credentialKind(c),
 					c.GetOrganizationId(), ts(c.GetCreateTime()))
 			}
 			return tw.Flush()
@@ -174,8 +175,13 @@ func (a *app) printCluster(c *controlplanev1.Cluster) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	_, _ = fmt.Fprintf(tw, "Cluster:\t%s\n", c.GetClusterId())
 	_, _ = fmt.Fprintf(tw, "Server:\t%s\n", c.GetServer())
-	_, _ = fmt.Fprintf(tw, "Credential:\t%s (stored encrypted, never shown)\n", c.GetCredentialKind())
+	_, _ = fmt.Fprintf(tw, "Credential:\t%s (stored encrypted, never shown)\n", credentialKind(c))
 	_, _ = fmt.Fprintf(tw, "Organization:\t%s\n", c.GetOrganizationId())
 	_, _ = fmt.Fprintf(tw, "Created:\t%s\n", ts(c.GetCreateTime()))
 	return tw.Flush()
+}
+
+// credentialKind is the cluster's credential kind without the enum's prefix.
+func credentialKind(c *controlplanev1.Cluster) string {
+	return strings.TrimPrefix(c.GetCredentialKind().String(), "CLUSTER_CREDENTIAL_KIND_")
 }

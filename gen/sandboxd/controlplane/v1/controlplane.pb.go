@@ -261,22 +261,22 @@ type ClusterCredentialKind int32
 const (
 	ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_UNSPECIFIED ClusterCredentialKind = 0
 	// A kubeconfig (its current context; inline data only).
-	ClusterCredentialKind_KUBECONFIG ClusterCredentialKind = 1
+	ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_KUBECONFIG ClusterCredentialKind = 1
 	// A service-account bearer token, with the API server's CA.
-	ClusterCredentialKind_SERVICE_ACCOUNT_TOKEN ClusterCredentialKind = 2
+	ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN ClusterCredentialKind = 2
 )
 
 // Enum value maps for ClusterCredentialKind.
 var (
 	ClusterCredentialKind_name = map[int32]string{
 		0: "CLUSTER_CREDENTIAL_KIND_UNSPECIFIED",
-		1: "KUBECONFIG",
-		2: "SERVICE_ACCOUNT_TOKEN",
+		1: "CLUSTER_CREDENTIAL_KIND_KUBECONFIG",
+		2: "CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN",
 	}
 	ClusterCredentialKind_value = map[string]int32{
-		"CLUSTER_CREDENTIAL_KIND_UNSPECIFIED": 0,
-		"KUBECONFIG":                          1,
-		"SERVICE_ACCOUNT_TOKEN":               2,
+		"CLUSTER_CREDENTIAL_KIND_UNSPECIFIED":           0,
+		"CLUSTER_CREDENTIAL_KIND_KUBECONFIG":            1,
+		"CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN": 2,
 	}
 )
 
@@ -3308,12 +3308,11 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSANDBOX_ADMIN\x10\x01\x12\x10\n" +
-	"\fSANDBOX_USER\x10\x02*k\n" +
+	"\fSANDBOX_USER\x10\x02*\x9b\x01\n" +
 	"\x15ClusterCredentialKind\x12'\n" +
-	"#CLUSTER_CREDENTIAL_KIND_UNSPECIFIED\x10\x00\x12\x0e\n" +
-	"\n" +
-	"KUBECONFIG\x10\x01\x12\x19\n" +
-	"\x15SERVICE_ACCOUNT_TOKEN\x10\x022\xf8\t\n" +
+	"#CLUSTER_CREDENTIAL_KIND_UNSPECIFIED\x10\x00\x12&\n" +
+	"\"CLUSTER_CREDENTIAL_KIND_KUBECONFIG\x10\x01\x121\n" +
+	"-CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN\x10\x022\xf8\t\n" +
 	"\x17RunnerManagementService\x12\xa8\x01\n" +
 	"\x13CreateManagedRunner\x124.sandboxd.controlplane.v1.CreateManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"2\x82\xd3\xe4\x93\x02,:\x0emanaged_runner\"\x1a/v1/sandbox/managedRunners\x12\x9e\x01\n" +
 	"\x10GetManagedRunner\x121.sandboxd.controlplane.v1.GetManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\".\x82\xd3\xe4\x93\x02(\x12&/v1/sandbox/managedRunners/{runner_id}\x12\xa3\x01\n" +
