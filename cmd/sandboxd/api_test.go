@@ -61,7 +61,7 @@ func apiPort(t *testing.T) (string, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(gw.Close)
-	cp, err := newControlPlane(st, keys, log, nil)
+	cp, err := newControlPlane(st, keys, log, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -278,6 +278,10 @@ type controlPlaneConfig struct {
 	noRollout                    bool
 	// releaseDir: binaries of published releases served to self-updating runners.
 	releaseDir string
+	// Runners installed into registered clusters (issue 18).
+	install         controlplane.InstallConfig
+	installArgs     listFlag
+	installTimeouts struct{ apply, heartbeat time.Duration }
 }
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
@@ -295,6 +299,16 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.rolloutDeadline, "rollout-deadline", rollout.DefaultDeadline, "how long an updated runner has to report the new version and ready before it is rolled back and its channel's rollout halted")
 	fs.BoolVar(&c.noRollout, "no-rollout", false, "do not run the automatic rollout here (ApplyAvailableUpdate still sets desired versions; nothing clears them or rolls back)")
 	fs.StringVar(&c.releaseDir, "release-dir", "", "directory of release binaries, DIR/VERSION/GOARCH/{sandboxd,sandbox-agent}, served to single-host runners that update themselves (empty: none)")
+	fs.StringVar(&c.install.RunnerImage, "install-runner-image", "", "runner image of the runners the control plane installs into registered clusters (repository:tag or @digest)")
+	fs.StringVar(&c.install.AgentImage, "install-agent-image", "", "sandbox-agent image of installed runners")
+	fs.StringVar(&c.install.ControlPlaneAddress, "install-control-plane-url", "", "HOST:PORT at which installed runners reach this control plane")
+	fs.StringVar(&c.install.PullPolicy, "install-image-pull-policy", "IfNotPresent", "pull policy of the installed runner image")
+	fs.StringVar(&c.install.SandboxPullPolicy, "install-sandbox-image-pull-policy", "IfNotPresent", "pull policy installed runners give sandbox and agent images")
+	fs.StringVar(&c.install.StorageClass, "install-storage-class", "", "storage class of installed runners' data volumes (default: the cluster's)")
+	fs.StringVar(&c.install.BaseDomain, "install-base-domain", "", "base domain of installed runners' edges (default: the runner's)")
+	fs.Var(&c.installArgs, "install-runner-arg", "extra argument of installed runners (repeatable)")
+	fs.DurationVar(&c.installTimeouts.apply, "install-apply-timeout", 2*time.Minute, "how long an install may take to apply a runner's objects")
+	fs.DurationVar(&c.installTimeouts.heartbeat, "install-heartbeat-timeout", 10*time.Minute, "how long an installed runner has to heartbeat before its install is FAILED")
 }
 
 func (c controlPlaneConfig) validate() error {
@@ -319,6 +333,21 @@ func (c controlPlaneConfig) validate() error {
 			return fmt.Errorf("--release-dir %s: not a directory", c.releaseDir)
 		}
 	}
+	if a := c.install.ControlPlaneAddress; a != "" {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("--install-control-plane-url: want HOST:PORT: %w", err)
+		}
+	}
+	for _, p := range []struct{ flag, v string }{{"install-image-pull-policy", c.install.PullPolicy}, {"install-sandbox-image-pull-policy", c.install.SandboxPullPolicy}} {
+		switch p.v {
+		case "", "Always", "IfNotPresent", "Never":
+		default:
+			return fmt.Errorf("--%s: want Always, IfNotPresent or Never (got %q)", p.flag, p.v)
+		}
+	}
+	if c.installTimeouts.apply <= 0 || c.installTimeouts.heartbeat <= 0 {
+		return errors.New("--install-apply-timeout and --install-heartbeat-timeout must be positive")
+	}
 	return nil
 }
 
@@ -326,6 +355,14 @@ func (c controlPlaneConfig) validate() error {
 // caller's).
 func (c controlPlaneConfig) rolloutConfig() rollout.Config {
 	return rollout.Config{Tick: c.rolloutTick, Batch: c.rolloutBatch, Deadline: c.rolloutDeadline, HeartbeatInterval: c.heartbeatInterval}
+}
+
+// installConfig is the install flags as the control plane takes them.
+func (c controlPlaneConfig) installConfig() controlplane.InstallConfig {
+	ic := c.install
+	ic.ExtraArgs = c.installArgs
+	ic.ApplyTimeout, ic.HeartbeatTimeout = c.installTimeouts.apply, c.installTimeouts.heartbeat
+	return ic
 }
 
 // apikeyConfig configures `sandboxd apikey create`.

@@ -58,11 +58,17 @@ func (c controlPlaneConfig) run() error {
 	if err != nil {
 		return err
 	}
+	// Registered clusters' credentials are sealed with a key kept next to the CA's.
+	clusterKey, err := pki.LoadOrCreateSecret(filepath.Join(pkiDir, controlplane.ClusterKeyFile))
+	if err != nil {
+		return err
+	}
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Auth: keys, PlatformOrg: defaultOrg, CA: ca, HeartbeatInterval: c.heartbeatInterval, Logger: logger, EndpointDomain: c.baseDomain, DataPlaneCA: dpCA, ReleaseDir: c.releaseDir,
 		TargetVersions: map[string]string{store.ChannelStable: version, store.ChannelRapid: version},
 		ReleaseKeys:    releaseKeys,
 		UpdateDeadline: c.rolloutDeadline,
+		ClusterKey:     clusterKey, Install: c.installConfig(),
 	})
 	if err != nil {
 		return err
@@ -75,6 +81,10 @@ func (c controlPlaneConfig) run() error {
 			return err
 		}
 		go ctl.Run(ctx)
+	}
+	// Installs a previous run left INSTALLING go on (they are idempotent).
+	if err := cp.ResumeInstalls(ctx); err != nil {
+		return err
 	}
 	host, _, err := net.SplitHostPort(c.listen)
 	if err != nil {

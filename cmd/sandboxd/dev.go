@@ -121,6 +121,10 @@ func (c devConfig) run() error {
 		return err
 	}
 	go heartbeat(ctx, st, local, logger)
+	clusterKey, err := pki.LoadOrCreateSecret(filepath.Join(c.dataDir, controlplane.ClusterKeyFile))
+	if err != nil {
+		return err
+	}
 	cp, err := newControlPlane(st, keys, logger, func(ctx context.Context, org, runnerID string) (int, error) {
 		n, err := controlplane.StoreLiveSandboxes(st)(ctx, org, runnerID)
 		if err != nil || runnerID != local.ID() {
@@ -130,7 +134,7 @@ func (c devConfig) run() error {
 		// those of other organizations: neither their count nor their existence is org's.
 		sbs, err := local.List(ctx)
 		return max(n, runner.LiveOf(sbs, org)), err
-	})
+	}, clusterKey)
 	if err != nil {
 		return err
 	}
@@ -269,8 +273,10 @@ func heartbeat(ctx context.Context, st store.Store, r runner.Handle, log *slog.L
 
 // newControlPlane serves the control plane over st; both release channels offer this
 // binary's version, and defaultOrg is the platform organization.
-func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, live controlplane.LiveSandboxCounter) (*controlplane.Service, error) {
+// clusterKey (nil: none) seals registered clusters' credentials.
+func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, live controlplane.LiveSandboxCounter, clusterKey []byte) (*controlplane.Service, error) {
 	return controlplane.New(controlplane.Config{
+		ClusterKey:     clusterKey,
 		Store:          st,
 		Auth:           a,
 		PlatformOrg:    defaultOrg,

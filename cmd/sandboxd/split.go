@@ -401,7 +401,7 @@ func (c gatewayConfig) run() error {
 			}
 			go heartbeat(ctx, st, r, logger)
 		}
-		cp, err := newControlPlane(st, keys, logger, nil)
+		cp, err := newControlPlane(st, keys, logger, nil, nil)
 		if err != nil {
 			return err
 		}

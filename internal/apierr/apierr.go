@@ -86,6 +86,25 @@ const (
 	// ReleaseArtifactsDisabled: the control plane serves no release binaries (no
 	// --release-dir).
 	ReleaseArtifactsDisabled = "CWSANDBOX_RELEASE_ARTIFACTS_DISABLED"
+	// Clusters (issue 18): a registered cluster, and the control plane's installs into it.
+	ClusterNotFound = "CWSANDBOX_CLUSTER_NOT_FOUND"
+	// ClusterInUse: a runner names the cluster; delete the runner first.
+	ClusterInUse = "CWSANDBOX_CLUSTER_IN_USE"
+	// ClustersDisabled: the control plane has no key to seal cluster credentials with.
+	ClustersDisabled = "CWSANDBOX_CLUSTERS_DISABLED"
+	// UninstallFailed: deleting an installed runner could not remove its objects.
+	UninstallFailed = "CWSANDBOX_UNINSTALL_FAILED"
+	// Install reasons: ManagedRunnerStatus.install_error.reason of a FAILED install (and the
+	// install_reason metadata of UninstallFailed). Never a call's own status.
+	InstallForbidden       = "CWSANDBOX_INSTALL_FORBIDDEN"
+	InstallUnauthenticated = "CWSANDBOX_INSTALL_UNAUTHENTICATED"
+	InstallConflict        = "CWSANDBOX_INSTALL_CONFLICT"
+	InstallRejected        = "CWSANDBOX_INSTALL_REJECTED"
+	InstallTimeout         = "CWSANDBOX_INSTALL_TIMEOUT"
+	InstallFailed          = "CWSANDBOX_INSTALL_FAILED"
+	InstallNotConfigured   = "CWSANDBOX_INSTALL_NOT_CONFIGURED"
+	InstallCredential      = "CWSANDBOX_INSTALL_CREDENTIAL"
+	InstallNoHeartbeat     = "CWSANDBOX_INSTALL_NO_HEARTBEAT"
 )
 
 // reasonCode is one row of the table: a reason, its one code, and when it is sent.
@@ -142,6 +161,19 @@ var table = []reasonCode{
 	{ReleaseKeysNotConfigured, connect.CodeFailedPrecondition, "the control plane trusts no release key: it cannot verify a signed release manifest"},
 	{ReleaseArtifactNotFound, connect.CodeNotFound, "the control plane's release directory has no such binary of the release"},
 	{ReleaseArtifactsDisabled, connect.CodeFailedPrecondition, "the control plane serves no release binaries (no --release-dir)"},
+	{ClusterNotFound, connect.CodeNotFound, "no such cluster"},
+	{ClusterInUse, connect.CodeFailedPrecondition, "a runner names the cluster"},
+	{ClustersDisabled, connect.CodeFailedPrecondition, "this control plane keeps no key to seal cluster credentials with"},
+	{UninstallFailed, connect.CodeFailedPrecondition, "the control plane could not remove an installed runner's objects from its cluster"},
+	{InstallForbidden, connect.CodeFailedPrecondition, "install: the cluster credential lacks RBAC for an object the runner needs (HTTP 403)"},
+	{InstallUnauthenticated, connect.CodeFailedPrecondition, "install: the API server does not accept the cluster credential (HTTP 401)"},
+	{InstallConflict, connect.CodeFailedPrecondition, "install: an object exists and another manager owns it"},
+	{InstallRejected, connect.CodeFailedPrecondition, "install: the API server rejected an object (invalid, bad request)"},
+	{InstallTimeout, connect.CodeFailedPrecondition, "install: the API server did not answer in time"},
+	{InstallFailed, connect.CodeFailedPrecondition, "install: another error talking to the cluster"},
+	{InstallNotConfigured, connect.CodeFailedPrecondition, "install: the control plane lacks the --install-* flags or a CA"},
+	{InstallCredential, connect.CodeFailedPrecondition, "install: the cluster's stored credential cannot be opened or used"},
+	{InstallNoHeartbeat, connect.CodeFailedPrecondition, "install: applied, but the runner did not heartbeat in time"},
 }
 var codes = func() map[string]connect.Code {
 	m := make(map[string]connect.Code, len(table))

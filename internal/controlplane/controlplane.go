@@ -76,6 +76,12 @@ type Config struct {
 	// release manifest that one of them verifies, so a stolen admin key alone cannot
 	// point runners at other images; without, it accepts only records.
 	ReleaseKeys []ed25519.PublicKey
+	// ClusterKey seals registered clusters' credentials (AES-256-GCM; 32 bytes, e.g.
+	// pki.LoadOrCreateSecret of PKI-DIR/ClusterKeyFile); nil: ClusterService refuses to add
+	// clusters (CWSANDBOX_CLUSTERS_DISABLED) and runners are never installed.
+	ClusterKey []byte
+	// Install configures the runners the control plane installs into registered clusters.
+	Install InstallConfig
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// UpdateDeadline is how long a runner told to update by ApplyAvailableUpdate has to
@@ -95,12 +101,14 @@ const DefaultEndpointDomain = "sandboxd.localhost"
 // EdgeCertTTL is the lifetime of a runner's edge certificate; runners renew it at half.
 const EdgeCertTTL = 7 * 24 * time.Hour
 
-// Service implements RunnerManagementService, ApiKeyService, ReleaseService and RolloutService.
+// Service implements RunnerManagementService, ApiKeyService, ReleaseService,
+// RolloutService and ClusterService.
 type Service struct {
 	controlplanev1connect.UnimplementedRunnerManagementServiceHandler
 	controlplanev1connect.UnimplementedApiKeyServiceHandler
 	controlplanev1connect.UnimplementedReleaseServiceHandler
 	controlplanev1connect.UnimplementedRolloutServiceHandler
+	controlplanev1connect.UnimplementedClusterServiceHandler
 
 	st       store.Store
 	auth     auth.Authenticator
@@ -118,6 +126,8 @@ type Service struct {
 	deadline time.Duration
 	// releaseDir: Config.ReleaseDir.
 	releaseDir string
+	sealer     *Sealer
+	inst       *installer
 }
 
 // New returns a Service.
@@ -142,6 +152,14 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("controlplane: release key %d is %d bytes, not an Ed25519 public key", i, len(k))
 		}
 	}
+	if cfg.ClusterKey != nil {
+		sl, err := NewSealer(cfg.ClusterKey)
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+		s.sealer = sl
+	}
+	s.inst = newInstaller(s, cfg.Install)
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}
@@ -187,7 +205,7 @@ func StoreLiveSandboxes(st store.Store) LiveSandboxCounter {
 func AdminServices() []protoreflect.ServiceDescriptor {
 	f := controlplanev1.File_sandboxd_controlplane_v1_controlplane_proto
 	return []protoreflect.ServiceDescriptor{f.Services().ByName("RunnerManagementService"), f.Services().ByName("ApiKeyService"),
-		f.Services().ByName("ReleaseService"), f.Services().ByName("RolloutService")}
+		f.Services().ByName("ReleaseService"), f.Services().ByName("RolloutService"), f.Services().ByName("ClusterService")}
 }
 
 // Handler serves the admin services over gRPC, gRPC-Web, Connect and REST/JSON (by their
@@ -202,6 +220,7 @@ func (s *Service) Handler() http.Handler {
 		vanguard.NewService(controlplanev1connect.NewApiKeyServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewReleaseServiceHandler(s, opts...)),
 		vanguard.NewService(controlplanev1connect.NewRolloutServiceHandler(s, opts...)),
+		vanguard.NewService(controlplanev1connect.NewClusterServiceHandler(s, opts...)),
 	}, apifront.TranscoderOptions()...)
 	if err != nil {
 		// The services and their annotations are compiled in: a programming error.

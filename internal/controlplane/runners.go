@@ -292,7 +292,13 @@ func (s *Service) CreateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, runnerErr(rec.RunnerID, rec.ClusterID, err)
 	}
 	s.log.Info("runner created", "org", rec.Org, "runner", rec.RunnerID, "cluster", rec.ClusterID)
-	return s.withHalts(ctx, targets, s.toProto(out, targets))
+	// A runner of a registered cluster is installed by the control plane; if the record
+	// cannot be written the runner stays (self-managed) and the call says why.
+	if _, err := s.beginInstall(ctx, out); err != nil {
+		return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "runner %s was created but its install into cluster %s could not start: %v; delete it and create it again",
+			rec.RunnerID, rec.ClusterID, err)
+	}
+	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(out, targets), rec.Org))
 }
 
 func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[controlplanev1.GetManagedRunnerRequest]) (*connect.Response[controlplanev1.ManagedRunner], error) {
@@ -309,7 +315,7 @@ func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[con
 	if err != nil {
 		return nil, err
 	}
-	return s.withHalts(ctx, targets, s.toProto(r, targets))
+	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(r, targets), r.Org))
 }
 
 func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[controlplanev1.ListManagedRunnersRequest]) (*connect.Response[controlplanev1.ListManagedRunnersResponse], error) {
@@ -329,7 +335,7 @@ func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[c
 	}
 	out := &controlplanev1.ListManagedRunnersResponse{NextPageToken: next}
 	for _, r := range rs {
-		out.ManagedRunners = append(out.ManagedRunners, s.toProto(r, targets))
+		out.ManagedRunners = append(out.ManagedRunners, s.withInstall(ctx, s.toProto(r, targets), r.Org))
 	}
 	if _, err := s.withHalts(ctx, targets, out.ManagedRunners...); err != nil {
 		return nil, err
@@ -352,7 +358,7 @@ func (s *Service) UpdateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	s.log.Info("runner updated", "org", org, "runner", id, "mask", req.Msg.GetUpdateMask().GetPaths(), "policy_revision", out.PolicyRevision)
-	return s.withHalts(ctx, targets, s.toProto(out, targets))
+	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(out, targets), org))
 }
 
 // update writes u pinned to etag, or to the current version when etag is "" (retrying a
@@ -403,6 +409,23 @@ func (s *Service) DeleteManagedRunner(ctx context.Context, req *connect.Request[
 				map[string]string{"runner_id": id, "live_sandboxes": strconv.Itoa(n)})
 		}
 	}
+	// A runner the control plane installed is uninstalled first (its sandboxes' Pods are in
+	// its namespace and go with it). If that fails the runner stays, so nothing is left
+	// behind unnoticed; with force it is deleted anyway and the failure logged.
+	in, err := s.st.Installs().Get(ctx, org, id)
+	switch {
+	case err == nil:
+		if uerr := s.uninstall(ctx, in); uerr != nil {
+			if !req.Msg.GetForce() {
+				return nil, uninstallErr(id, in, uerr)
+			}
+			s.log.Warn("runner uninstall failed; deleting it anyway (force)", "org", org, "runner", id, "cluster", in.ClusterID, "err", uerr)
+		} else {
+			s.log.Info("runner uninstalled", "org", org, "runner", id, "cluster", in.ClusterID, "namespace", in.Namespace)
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, runnerErr(id, "", err)
+	}
 	if err := s.st.Runners().Delete(ctx, org, id, etag); err != nil {
 		return nil, runnerErr(id, "", err)
 	}
@@ -448,13 +471,12 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 		return nil, runnerErr(id, "", err)
 	}
 	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target, "deadline", att.Deadline)
-	return s.withHalts(ctx, targets, s.toProto(out, targets))
+	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(out, targets), org))
 }
 
 // rolloutStatus fills st's install and rollout fields from its version, desired_version and
-// target_version. Every runner is installed by hand today (the Helm chart or a single host), so
-// install_status is SELF_MANAGED; INSTALLING/INSTALLED/FAILED are for runners the control plane
-// installs. active_revision is the version the heartbeats report; target_revision is the
+// target_version. install_status is SELF_MANAGED here; withInstall sets it for a runner the
+// control plane installs (INSTALLING/INSTALLED/FAILED). active_revision is the version the heartbeats report; target_revision is the
 // applied update's version, else the channel's; a rollout is in progress while an applied
 // version is not yet reported, whether the runner is connected or not, and while an update
 // step waits for its health gate.

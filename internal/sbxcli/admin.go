@@ -38,6 +38,7 @@ func (a *app) adminCommand() *cobra.Command {
 	keys := &cobra.Command{Use: "apikey", Short: "Manage API keys"}
 	keys.AddCommand(a.keyCreateCommand(), a.keyListCommand(), a.keyRevokeCommand())
 	adm.AddCommand(runner, keys, a.releaseCommand())
+	adm.AddCommand(a.clusterCommand())
 	return adm
 }
 
@@ -181,6 +182,13 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Ready", fmt.Sprint(st.GetReady()))
 	row("Last heartbeat", ts(st.GetLastHeartbeatTime()))
 	row("Install status", installStatus(st.GetInstallStatus()))
+	row("Install namespace", st.GetInstallNamespace())
+	if e := st.GetInstallError(); e != nil {
+		row("Install error", e.GetReason()+": "+e.GetMessage())
+		for _, h := range e.GetHints() {
+			row("Hint", h)
+		}
+	}
 	row("Version", st.GetVersion())
 	if st.GetUpdateAvailable() {
 		row("Update available", st.GetTargetVersion())

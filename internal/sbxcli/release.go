@@ -3,9 +3,7 @@ package sbxcli
 import (
 	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -152,33 +150,19 @@ func readSignedManifest(manifestPath, sigPath string) (manifest, sig []byte, err
 	if sigPath == "" {
 		sigPath = manifestPath + ".sig"
 	}
-	if manifest, err = readBounded(manifestPath, release.MaxManifestBytes); err != nil {
-		return nil, nil, fmt.Errorf("--manifest: %w", err)
-	}
-	raw, err := readBounded(sigPath, 1<<10)
+	m, err := readBounded("manifest", manifestPath, release.MaxManifestBytes)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--signature: %w", err)
+		return nil, nil, err
 	}
-	if sig, err = release.DecodeSignature(raw); err != nil {
+	raw, err := readBounded("signature", sigPath, 1<<10)
+	if err != nil {
+		return nil, nil, err
+	}
+	manifest = []byte(m)
+	if sig, err = release.DecodeSignature([]byte(raw)); err != nil {
 		return nil, nil, fmt.Errorf("--signature %s: %w", sigPath, err)
 	}
 	return manifest, sig, nil
-}
-
-func readBounded(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = f.Close() }()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
-	}
-	return b, nil
 }
 
 // signedMark is the SIGNED column of `release ls`: whether the release was published

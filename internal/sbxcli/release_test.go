@@ -46,7 +46,7 @@ func controlPlaneStore(t *testing.T) (admin, user []string, st store.Store) {
 	keys := auth.NewStoreAuthenticator(st, nil)
 	t.Cleanup(keys.Wait)
 	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: keys, PlatformOrg: "o1", Logger: slog.New(slog.DiscardHandler),
-		TargetVersions: map[string]string{store.ChannelStable: "v0.9.0", store.ChannelRapid: "v0.9.0"}})
+		ClusterKey: make([]byte, 32), TargetVersions: map[string]string{store.ChannelStable: "v0.9.0", store.ChannelRapid: "v0.9.0"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,6 +89,7 @@ var pgUnique = map[string][2]string{
 	"sandboxes_pkey":           {"sandboxes", KeyID},
 	"sandboxes_request_id_key": {"sandboxes", KeyRequestID},
 	"releases_pkey":            {"releases", KeyVersion},
+	"clusters_pkey":            {"clusters", KeyClusterID},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

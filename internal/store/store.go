@@ -28,6 +28,8 @@ type Store interface {
 	Sandboxes() Sandboxes
 	Releases() Releases
 	Rollouts() Rollouts
+	Clusters() Clusters
+	Installs() Installs
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
@@ -107,6 +109,82 @@ type Releases interface {
 	// RAPID; ErrOlderThanStable when STABLE offers a higher version. Promoting a release
 	// that is on STABLE already changes nothing.
 	Promote(ctx context.Context, version string) (Release, error)
+}
+
+// Clusters are the Kubernetes clusters the control plane installs runners into
+// (platform-wide: ClusterID is unique across organizations). The store keeps the
+// credential as the caller sealed it and never looks inside.
+type Clusters interface {
+	// Create fails with *AlreadyExistsError (key "cluster_id") for a taken id, ErrNotFound
+	// without the organization.
+	Create(ctx context.Context, c Cluster) (Cluster, error)
+	Get(ctx context.Context, clusterID string) (Cluster, error)
+	// List returns every cluster by cluster_id.
+	List(ctx context.Context) ([]Cluster, error)
+	// Delete removes the cluster unless a runner of its organization names it
+	// (*ClusterInUseError, which matches ErrClusterInUse).
+	Delete(ctx context.Context, clusterID string) error
+}
+
+// Credential kinds of a Cluster.
+const (
+	CredentialKubeconfig = "KUBECONFIG"
+	CredentialToken      = "SERVICE_ACCOUNT_TOKEN"
+)
+
+// Cluster is a registered cluster.
+type Cluster struct {
+	ClusterID      string
+	Org            string // whose runners are installed on it
+	Server         string // https://…
+	CredentialKind string // CredentialKubeconfig or CredentialToken
+	// Credential is the sealed credential (opaque to the store).
+	Credential []byte
+	CreatedAt  time.Time // set by the store
+}
+
+// ClusterInUseError: runners name the cluster.
+type ClusterInUseError struct {
+	ClusterID string
+	RunnerIDs []string // a few of them
+}
+
+func (e *ClusterInUseError) Error() string {
+	return fmt.Sprintf("cluster %s is named by runner(s) %v", e.ClusterID, e.RunnerIDs)
+}
+
+// Is makes errors.Is(err, ErrClusterInUse) hold.
+func (e *ClusterInUseError) Is(target error) bool { return target == ErrClusterInUse }
+
+// Installs are the control plane's installs of runners into registered clusters, one per
+// runner; a runner's install goes when the runner is deleted.
+type Installs interface {
+	// Put creates or replaces the runner's install record (ErrNotFound without the runner).
+	Put(ctx context.Context, in Install) (Install, error)
+	Get(ctx context.Context, org, runnerID string) (Install, error)
+	// ListState returns the installs of every organization in state.
+	ListState(ctx context.Context, state string) ([]Install, error)
+}
+
+// Install states.
+const (
+	InstallInstalling = "INSTALLING"
+	InstallInstalled  = "INSTALLED"
+	InstallFailed     = "FAILED"
+)
+
+// Install is how far the control plane got installing one runner.
+type Install struct {
+	Org       string
+	RunnerID  string
+	ClusterID string
+	State     string // InstallInstalling, InstallInstalled or InstallFailed
+	Namespace string // the namespace it installs into
+	// Reason, Message and Hints say why it failed (State InstallFailed).
+	Reason    string
+	Message   string
+	Hints     []string
+	UpdatedAt time.Time // set by the store
 }
 
 // Release is one runner version.
@@ -340,6 +418,8 @@ var (
 	ErrNotOnRapid = errors.New("release is not on the RAPID channel")
 	// ErrOlderThanStable: STABLE offers a higher version than the one to promote.
 	ErrOlderThanStable = errors.New("release is older than the current STABLE version")
+	// ErrClusterInUse: runners name the cluster (see ClusterInUseError).
+	ErrClusterInUse = errors.New("cluster is in use")
 	// ErrSchemaTooNew: the database was migrated by a newer sandboxd than this one.
 	ErrSchemaTooNew = errors.New("database schema is newer than this binary")
 )
@@ -352,6 +432,7 @@ const (
 	KeyRequestID = "request_id"
 	KeyHash      = "hash"
 	KeyVersion   = "version"
+	// KeyClusterID is also the key of a taken Cluster id.
 )
 
 // AlreadyExistsError says which unique key a create collided on. It matches ErrAlreadyExists.

@@ -22,6 +22,8 @@ type Admin struct {
 	Releases controlplanev1connect.ReleaseServiceClient
 	// Rollouts controls the automatic rollout (resuming a halted channel).
 	Rollouts controlplanev1connect.RolloutServiceClient
+	// Clusters needs a key of the platform organization.
+	Clusters controlplanev1connect.ClusterServiceClient
 }
 
 // NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
@@ -47,6 +49,7 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		APIKeys:  controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
 		Releases: controlplanev1connect.NewReleaseServiceClient(c.http, c.baseURL, copts...),
 		Rollouts: controlplanev1connect.NewRolloutServiceClient(c.http, c.baseURL, copts...),
+		Clusters: controlplanev1connect.NewClusterServiceClient(c.http, c.baseURL, copts...),
 	}, nil
 }
 

@@ -147,10 +147,10 @@ type RunnerInstallStatus int32
 const (
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_UNSPECIFIED RunnerInstallStatus = 0
 	// Installed by hand (the Helm chart or a single host); the control plane does not install
-	// it. Every runner reports this today.
+	// it: its cluster_id is not a cluster registered with ClusterService.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED RunnerInstallStatus = 1
-	// The next three are for runners the control plane installs into a registered cluster;
-	// they are not produced yet. The control plane is installing the runner.
+	// The next three are for runners the control plane installs into a registered cluster.
+	// The control plane is applying the runner's objects or waiting for its first heartbeat.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING RunnerInstallStatus = 2
 	// The control plane installed the runner and it has heartbeated.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED RunnerInstallStatus = 3
@@ -363,6 +363,58 @@ func (x RolloutState) Number() protoreflect.EnumNumber {
 // Deprecated: Use RolloutState.Descriptor instead.
 func (RolloutState) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{5}
+}
+
+// ClusterCredentialKind is how the control plane authenticates to a cluster's API server.
+type ClusterCredentialKind int32
+
+const (
+	ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_UNSPECIFIED ClusterCredentialKind = 0
+	// A kubeconfig (its current context; inline data only).
+	ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_KUBECONFIG ClusterCredentialKind = 1
+	// A service-account bearer token, with the API server's CA.
+	ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN ClusterCredentialKind = 2
+)
+
+// Enum value maps for ClusterCredentialKind.
+var (
+	ClusterCredentialKind_name = map[int32]string{
+		0: "CLUSTER_CREDENTIAL_KIND_UNSPECIFIED",
+		1: "CLUSTER_CREDENTIAL_KIND_KUBECONFIG",
+		2: "CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN",
+	}
+	ClusterCredentialKind_value = map[string]int32{
+		"CLUSTER_CREDENTIAL_KIND_UNSPECIFIED":           0,
+		"CLUSTER_CREDENTIAL_KIND_KUBECONFIG":            1,
+		"CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN": 2,
+	}
+)
+
+func (x ClusterCredentialKind) Enum() *ClusterCredentialKind {
+	p := new(ClusterCredentialKind)
+	*p = x
+	return p
+}
+
+func (x ClusterCredentialKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ClusterCredentialKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[6].Descriptor()
+}
+
+func (ClusterCredentialKind) Type() protoreflect.EnumType {
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[6]
+}
+
+func (x ClusterCredentialKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ClusterCredentialKind.Descriptor instead.
+func (ClusterCredentialKind) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{6}
 }
 
 type CreateBootstrapTokenRequest struct {
@@ -1590,8 +1642,9 @@ type ManagedRunnerStatus struct {
 	// What the runner offers and what its live sandboxes take; absent before a heartbeat.
 	Capacity *RunnerResources `protobuf:"bytes,8,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	Usage    *RunnerResources `protobuf:"bytes,9,opt,name=usage,proto3" json:"usage,omitempty"`
-	// How the runner was installed. Every runner today is installed by hand (the Helm chart or
-	// a single host) and reports RUNNER_INSTALL_STATUS_SELF_MANAGED.
+	// How the runner was installed: SELF_MANAGED when its cluster_id names no cluster its
+	// organization registered (ClusterService), else how far the control plane got
+	// installing it.
 	InstallStatus RunnerInstallStatus `protobuf:"varint,10,opt,name=install_status,json=installStatus,proto3,enum=sandboxd.controlplane.v1.RunnerInstallStatus" json:"install_status,omitempty"`
 	// The version the runner reports in its heartbeats (the same as version); empty before
 	// the first heartbeat.
@@ -1602,6 +1655,11 @@ type ManagedRunnerStatus struct {
 	// A desired version is set and the runner's heartbeats do not report it yet (whether the
 	// runner is connected or not), or an update step is still waiting for its health gate.
 	RolloutInProgress bool `protobuf:"varint,13,opt,name=rollout_in_progress,json=rolloutInProgress,proto3" json:"rollout_in_progress,omitempty"`
+	// Why the control plane could not install (or uninstall) the runner: set while
+	// install_status is RUNNER_INSTALL_STATUS_FAILED (clusters, issue 18).
+	InstallError *RunnerInstallError `protobuf:"bytes,14,opt,name=install_error,json=installError,proto3" json:"install_error,omitempty"`
+	// The namespace the control plane installed the runner into; empty for self-managed runners.
+	InstallNamespace string `protobuf:"bytes,15,opt,name=install_namespace,json=installNamespace,proto3" json:"install_namespace,omitempty"`
 	// The last update step (automatic rollout or ApplyAvailableUpdate) and how it ended;
 	// absent when the runner was never updated by the control plane.
 	LastUpdateResult *UpdateResult `protobuf:"bytes,17,opt,name=last_update_result,json=lastUpdateResult,proto3" json:"last_update_result,omitempty"`
@@ -1734,6 +1792,20 @@ func (x *ManagedRunnerStatus) GetRolloutInProgress() bool {
 		return x.RolloutInProgress
 	}
 	return false
+}
+
+func (x *ManagedRunnerStatus) GetInstallError() *RunnerInstallError {
+	if x != nil {
+		return x.InstallError
+	}
+	return nil
+}
+
+func (x *ManagedRunnerStatus) GetInstallNamespace() string {
+	if x != nil {
+		return x.InstallNamespace
+	}
+	return ""
 }
 
 func (x *ManagedRunnerStatus) GetLastUpdateResult() *UpdateResult {
@@ -3271,6 +3343,397 @@ func (x *DownloadArtifactResponse) GetSize() int64 {
 	return 0
 }
 
+// Cluster is a registered Kubernetes cluster. Exactly one credential is given on add:
+// kubeconfig, or token (with ca_pem, and server). The credential fields are input only.
+type Cluster struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Letters, digits, '.', '_' and '-', up to 128, starting with a letter or digit (the
+	// syntax of ManagedRunner.cluster_id). Immutable.
+	ClusterId string `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// The API server, https://…. Required with a token; with a kubeconfig, taken from its
+	// current context (and must match when given).
+	Server string `protobuf:"bytes,2,opt,name=server,proto3" json:"server,omitempty"`
+	// Output only.
+	CredentialKind ClusterCredentialKind `protobuf:"varint,3,opt,name=credential_kind,json=credentialKind,proto3,enum=sandboxd.controlplane.v1.ClusterCredentialKind" json:"credential_kind,omitempty"`
+	// Input only: a kubeconfig (YAML, at most 64 KiB). Its current context's user must
+	// authenticate with inline data (token, client certificate and key): no files, exec
+	// plugins or auth providers.
+	Kubeconfig string `protobuf:"bytes,4,opt,name=kubeconfig,proto3" json:"kubeconfig,omitempty"`
+	// Input only: a service-account bearer token (at most 8 KiB).
+	Token string `protobuf:"bytes,5,opt,name=token,proto3" json:"token,omitempty"`
+	// Input only, with token: the API server's CA certificate(s), PEM (at most 64 KiB).
+	CaPem string `protobuf:"bytes,6,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	// The organization whose runners are installed on the cluster; default the platform
+	// organization. Immutable.
+	OrganizationId string `protobuf:"bytes,7,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
+	// Output only.
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cluster) Reset() {
+	*x = Cluster{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cluster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cluster) ProtoMessage() {}
+
+func (x *Cluster) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
+func (*Cluster) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *Cluster) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *Cluster) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *Cluster) GetCredentialKind() ClusterCredentialKind {
+	if x != nil {
+		return x.CredentialKind
+	}
+	return ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_UNSPECIFIED
+}
+
+func (x *Cluster) GetKubeconfig() string {
+	if x != nil {
+		return x.Kubeconfig
+	}
+	return ""
+}
+
+func (x *Cluster) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *Cluster) GetCaPem() string {
+	if x != nil {
+		return x.CaPem
+	}
+	return ""
+}
+
+func (x *Cluster) GetOrganizationId() string {
+	if x != nil {
+		return x.OrganizationId
+	}
+	return ""
+}
+
+func (x *Cluster) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+type AddClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cluster       *Cluster               `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddClusterRequest) Reset() {
+	*x = AddClusterRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddClusterRequest) ProtoMessage() {}
+
+func (x *AddClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddClusterRequest.ProtoReflect.Descriptor instead.
+func (*AddClusterRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *AddClusterRequest) GetCluster() *Cluster {
+	if x != nil {
+		return x.Cluster
+	}
+	return nil
+}
+
+type ListClustersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClustersRequest) Reset() {
+	*x = ListClustersRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClustersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClustersRequest) ProtoMessage() {}
+
+func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
+func (*ListClustersRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{46}
+}
+
+type ListClustersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Clusters      []*Cluster             `protobuf:"bytes,1,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClustersResponse) Reset() {
+	*x = ListClustersResponse{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClustersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClustersResponse) ProtoMessage() {}
+
+func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
+func (*ListClustersResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ListClustersResponse) GetClusters() []*Cluster {
+	if x != nil {
+		return x.Clusters
+	}
+	return nil
+}
+
+type GetClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId     string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetClusterRequest) Reset() {
+	*x = GetClusterRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetClusterRequest) ProtoMessage() {}
+
+func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
+func (*GetClusterRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *GetClusterRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+type DeleteClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId     string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteClusterRequest) Reset() {
+	*x = DeleteClusterRequest{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteClusterRequest) ProtoMessage() {}
+
+func (x *DeleteClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteClusterRequest.ProtoReflect.Descriptor instead.
+func (*DeleteClusterRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *DeleteClusterRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+// RunnerInstallError says why installing (or uninstalling) a runner failed.
+type RunnerInstallError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A short code, e.g. CWSANDBOX_INSTALL_FORBIDDEN.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The Kubernetes API's error (at most 2 KiB).
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// What to do about it.
+	Hints         []string `protobuf:"bytes,3,rep,name=hints,proto3" json:"hints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunnerInstallError) Reset() {
+	*x = RunnerInstallError{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunnerInstallError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunnerInstallError) ProtoMessage() {}
+
+func (x *RunnerInstallError) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunnerInstallError.ProtoReflect.Descriptor instead.
+func (*RunnerInstallError) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *RunnerInstallError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunnerInstallError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RunnerInstallError) GetHints() []string {
+	if x != nil {
+		return x.Hints
+	}
+	return nil
+}
+
 var File_sandboxd_controlplane_v1_controlplane_proto protoreflect.FileDescriptor
 
 const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
@@ -3368,7 +3831,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdf\x06\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdf\a\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -3385,7 +3848,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	" \x01(\x0e2-.sandboxd.controlplane.v1.RunnerInstallStatusR\rinstallStatus\x12'\n" +
 	"\x0factive_revision\x18\v \x01(\tR\x0eactiveRevision\x12'\n" +
 	"\x0ftarget_revision\x18\f \x01(\tR\x0etargetRevision\x12.\n" +
-	"\x13rollout_in_progress\x18\r \x01(\bR\x11rolloutInProgress\x12T\n" +
+	"\x13rollout_in_progress\x18\r \x01(\bR\x11rolloutInProgress\x12Q\n" +
+	"\rinstall_error\x18\x0e \x01(\v2,.sandboxd.controlplane.v1.RunnerInstallErrorR\finstallError\x12+\n" +
+	"\x11install_namespace\x18\x0f \x01(\tR\x10installNamespace\x12T\n" +
 	"\x12last_update_result\x18\x11 \x01(\v2&.sandboxd.controlplane.v1.UpdateResultR\x10lastUpdateResult\x12.\n" +
 	"\x13rollout_halt_reason\x18\x12 \x01(\tR\x11rolloutHaltReason\x12\x1f\n" +
 	"\vself_update\x18\x13 \x01(\bR\n" +
@@ -3502,7 +3967,35 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\"D\n" +
 	"\x18DownloadArtifactResponse\x12\x14\n" +
 	"\x05chunk\x18\x01 \x01(\fR\x05chunk\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x03R\x04size*H\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"\xcd\x02\n" +
+	"\aCluster\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
+	"\x06server\x18\x02 \x01(\tR\x06server\x12X\n" +
+	"\x0fcredential_kind\x18\x03 \x01(\x0e2/.sandboxd.controlplane.v1.ClusterCredentialKindR\x0ecredentialKind\x12\x1e\n" +
+	"\n" +
+	"kubeconfig\x18\x04 \x01(\tR\n" +
+	"kubeconfig\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\tR\x05token\x12\x15\n" +
+	"\x06ca_pem\x18\x06 \x01(\tR\x05caPem\x12'\n" +
+	"\x0forganization_id\x18\a \x01(\tR\x0eorganizationId\x12;\n" +
+	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\"P\n" +
+	"\x11AddClusterRequest\x12;\n" +
+	"\acluster\x18\x01 \x01(\v2!.sandboxd.controlplane.v1.ClusterR\acluster\"\x15\n" +
+	"\x13ListClustersRequest\"U\n" +
+	"\x14ListClustersResponse\x12=\n" +
+	"\bclusters\x18\x01 \x03(\v2!.sandboxd.controlplane.v1.ClusterR\bclusters\"2\n" +
+	"\x11GetClusterRequest\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\"5\n" +
+	"\x14DeleteClusterRequest\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\"\\\n" +
+	"\x12RunnerInstallError\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
+	"\x05hints\x18\x03 \x03(\tR\x05hints*H\n" +
 	"\x0eReleaseChannel\x12\x1f\n" +
 	"\x1bRELEASE_CHANNEL_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -3530,7 +4023,11 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\fRolloutState\x12\x1d\n" +
 	"\x19ROLLOUT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROLLOUT_STATE_ACTIVE\x10\x01\x12\x18\n" +
-	"\x14ROLLOUT_STATE_HALTED\x10\x022\xf8\t\n" +
+	"\x14ROLLOUT_STATE_HALTED\x10\x02*\x9b\x01\n" +
+	"\x15ClusterCredentialKind\x12'\n" +
+	"#CLUSTER_CREDENTIAL_KIND_UNSPECIFIED\x10\x00\x12&\n" +
+	"\"CLUSTER_CREDENTIAL_KIND_KUBECONFIG\x10\x01\x121\n" +
+	"-CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN\x10\x022\xf8\t\n" +
 	"\x17RunnerManagementService\x12\xa8\x01\n" +
 	"\x13CreateManagedRunner\x124.sandboxd.controlplane.v1.CreateManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\"2\x82\xd3\xe4\x93\x02,:\x0emanaged_runner\"\x1a/v1/sandbox/managedRunners\x12\x9e\x01\n" +
 	"\x10GetManagedRunner\x121.sandboxd.controlplane.v1.GetManagedRunnerRequest\x1a'.sandboxd.controlplane.v1.ManagedRunner\".\x82\xd3\xe4\x93\x02(\x12&/v1/sandbox/managedRunners/{runner_id}\x12\xa3\x01\n" +
@@ -3559,7 +4056,14 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x0eRolloutService\x12\x91\x01\n" +
 	"\rResumeRollout\x12..sandboxd.controlplane.v1.ResumeRolloutRequest\x1a(.sandboxd.controlplane.v1.ChannelRollout\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/sandbox/rollouts:resume2\x93\x01\n" +
 	"\x14RunnerReleaseService\x12{\n" +
-	"\x10DownloadArtifact\x121.sandboxd.controlplane.v1.DownloadArtifactRequest\x1a2.sandboxd.controlplane.v1.DownloadArtifactResponse0\x01BJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
+	"\x10DownloadArtifact\x121.sandboxd.controlplane.v1.DownloadArtifactRequest\x1a2.sandboxd.controlplane.v1.DownloadArtifactResponse0\x012\xb3\x04\n" +
+	"\x0eClusterService\x12\x83\x01\n" +
+	"\n" +
+	"AddCluster\x12+.sandboxd.controlplane.v1.AddClusterRequest\x1a!.sandboxd.controlplane.v1.Cluster\"%\x82\xd3\xe4\x93\x02\x1f:\acluster\"\x14/v1/sandbox/clusters\x12\x8b\x01\n" +
+	"\fListClusters\x12-.sandboxd.controlplane.v1.ListClustersRequest\x1a..sandboxd.controlplane.v1.ListClustersResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/v1/sandbox/clusters\x12\x87\x01\n" +
+	"\n" +
+	"GetCluster\x12+.sandboxd.controlplane.v1.GetClusterRequest\x1a!.sandboxd.controlplane.v1.Cluster\")\x82\xd3\xe4\x93\x02#\x12!/v1/sandbox/clusters/{cluster_id}\x12\x82\x01\n" +
+	"\rDeleteCluster\x12..sandboxd.controlplane.v1.DeleteClusterRequest\x1a\x16.google.protobuf.Empty\")\x82\xd3\xe4\x93\x02#*!/v1/sandbox/clusters/{cluster_id}BJZHgithub.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1;controlplanev1b\x06proto3"
 
 var (
 	file_sandboxd_controlplane_v1_controlplane_proto_rawDescOnce sync.Once
@@ -3573,8 +4077,8 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescData
 }
 
-var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
 	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
@@ -3582,158 +4086,179 @@ var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
 	(Role)(0),                                 // 3: sandboxd.controlplane.v1.Role
 	(UpdateState)(0),                          // 4: sandboxd.controlplane.v1.UpdateState
 	(RolloutState)(0),                         // 5: sandboxd.controlplane.v1.RolloutState
-	(*CreateBootstrapTokenRequest)(nil),       // 6: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	(*CreateBootstrapTokenResponse)(nil),      // 7: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	(*IssueDataPlaneCertificateRequest)(nil),  // 8: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	(*IssueDataPlaneCertificateResponse)(nil), // 9: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	(*IssueEdgeCertificateRequest)(nil),       // 10: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	(*IssueEdgeCertificateResponse)(nil),      // 11: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	(*VerifyApiKeyRequest)(nil),               // 12: sandboxd.controlplane.v1.VerifyApiKeyRequest
-	(*VerifyApiKeyResponse)(nil),              // 13: sandboxd.controlplane.v1.VerifyApiKeyResponse
-	(*ApiKeyActiveRequest)(nil),               // 14: sandboxd.controlplane.v1.ApiKeyActiveRequest
-	(*ApiKeyActiveResponse)(nil),              // 15: sandboxd.controlplane.v1.ApiKeyActiveResponse
-	(*RegisterRequest)(nil),                   // 16: sandboxd.controlplane.v1.RegisterRequest
-	(*RegisterResponse)(nil),                  // 17: sandboxd.controlplane.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),                  // 18: sandboxd.controlplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 19: sandboxd.controlplane.v1.HeartbeatResponse
-	(*ManagedRunner)(nil),                     // 20: sandboxd.controlplane.v1.ManagedRunner
-	(*MaintenancePolicy)(nil),                 // 21: sandboxd.controlplane.v1.MaintenancePolicy
-	(*MaintenanceWindow)(nil),                 // 22: sandboxd.controlplane.v1.MaintenanceWindow
-	(*MaintenanceExclusion)(nil),              // 23: sandboxd.controlplane.v1.MaintenanceExclusion
-	(*ManagedRunnerStatus)(nil),               // 24: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 25: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 26: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 27: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 28: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 29: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 30: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 31: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 32: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*Release)(nil),                           // 33: sandboxd.controlplane.v1.Release
-	(*ListReleasesRequest)(nil),               // 34: sandboxd.controlplane.v1.ListReleasesRequest
-	(*ListReleasesResponse)(nil),              // 35: sandboxd.controlplane.v1.ListReleasesResponse
-	(*PublishReleaseRequest)(nil),             // 36: sandboxd.controlplane.v1.PublishReleaseRequest
-	(*PromoteReleaseRequest)(nil),             // 37: sandboxd.controlplane.v1.PromoteReleaseRequest
-	(*ApiKey)(nil),                            // 38: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 39: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 40: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 41: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 42: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 43: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	(*GetReleaseRequest)(nil),                 // 44: sandboxd.controlplane.v1.GetReleaseRequest
-	(*UpdateResult)(nil),                      // 45: sandboxd.controlplane.v1.UpdateResult
-	(*ChannelRollout)(nil),                    // 46: sandboxd.controlplane.v1.ChannelRollout
-	(*ResumeRolloutRequest)(nil),              // 47: sandboxd.controlplane.v1.ResumeRolloutRequest
-	(*DownloadArtifactRequest)(nil),           // 48: sandboxd.controlplane.v1.DownloadArtifactRequest
-	(*DownloadArtifactResponse)(nil),          // 49: sandboxd.controlplane.v1.DownloadArtifactResponse
-	nil,                                       // 50: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	nil,                                       // 51: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 52: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 53: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 54: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 55: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 56: google.protobuf.Empty
+	(ClusterCredentialKind)(0),                // 6: sandboxd.controlplane.v1.ClusterCredentialKind
+	(*CreateBootstrapTokenRequest)(nil),       // 7: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	(*CreateBootstrapTokenResponse)(nil),      // 8: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	(*IssueDataPlaneCertificateRequest)(nil),  // 9: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	(*IssueDataPlaneCertificateResponse)(nil), // 10: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	(*IssueEdgeCertificateRequest)(nil),       // 11: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	(*IssueEdgeCertificateResponse)(nil),      // 12: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	(*VerifyApiKeyRequest)(nil),               // 13: sandboxd.controlplane.v1.VerifyApiKeyRequest
+	(*VerifyApiKeyResponse)(nil),              // 14: sandboxd.controlplane.v1.VerifyApiKeyResponse
+	(*ApiKeyActiveRequest)(nil),               // 15: sandboxd.controlplane.v1.ApiKeyActiveRequest
+	(*ApiKeyActiveResponse)(nil),              // 16: sandboxd.controlplane.v1.ApiKeyActiveResponse
+	(*RegisterRequest)(nil),                   // 17: sandboxd.controlplane.v1.RegisterRequest
+	(*RegisterResponse)(nil),                  // 18: sandboxd.controlplane.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),                  // 19: sandboxd.controlplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 20: sandboxd.controlplane.v1.HeartbeatResponse
+	(*ManagedRunner)(nil),                     // 21: sandboxd.controlplane.v1.ManagedRunner
+	(*MaintenancePolicy)(nil),                 // 22: sandboxd.controlplane.v1.MaintenancePolicy
+	(*MaintenanceWindow)(nil),                 // 23: sandboxd.controlplane.v1.MaintenanceWindow
+	(*MaintenanceExclusion)(nil),              // 24: sandboxd.controlplane.v1.MaintenanceExclusion
+	(*ManagedRunnerStatus)(nil),               // 25: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 26: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 27: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 28: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 29: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 30: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 31: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 32: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 33: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*Release)(nil),                           // 34: sandboxd.controlplane.v1.Release
+	(*ListReleasesRequest)(nil),               // 35: sandboxd.controlplane.v1.ListReleasesRequest
+	(*ListReleasesResponse)(nil),              // 36: sandboxd.controlplane.v1.ListReleasesResponse
+	(*PublishReleaseRequest)(nil),             // 37: sandboxd.controlplane.v1.PublishReleaseRequest
+	(*PromoteReleaseRequest)(nil),             // 38: sandboxd.controlplane.v1.PromoteReleaseRequest
+	(*ApiKey)(nil),                            // 39: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 40: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 41: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 42: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 43: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 44: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	(*GetReleaseRequest)(nil),                 // 45: sandboxd.controlplane.v1.GetReleaseRequest
+	(*UpdateResult)(nil),                      // 46: sandboxd.controlplane.v1.UpdateResult
+	(*ChannelRollout)(nil),                    // 47: sandboxd.controlplane.v1.ChannelRollout
+	(*ResumeRolloutRequest)(nil),              // 48: sandboxd.controlplane.v1.ResumeRolloutRequest
+	(*DownloadArtifactRequest)(nil),           // 49: sandboxd.controlplane.v1.DownloadArtifactRequest
+	(*DownloadArtifactResponse)(nil),          // 50: sandboxd.controlplane.v1.DownloadArtifactResponse
+	(*Cluster)(nil),                           // 51: sandboxd.controlplane.v1.Cluster
+	(*AddClusterRequest)(nil),                 // 52: sandboxd.controlplane.v1.AddClusterRequest
+	(*ListClustersRequest)(nil),               // 53: sandboxd.controlplane.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),              // 54: sandboxd.controlplane.v1.ListClustersResponse
+	(*GetClusterRequest)(nil),                 // 55: sandboxd.controlplane.v1.GetClusterRequest
+	(*DeleteClusterRequest)(nil),              // 56: sandboxd.controlplane.v1.DeleteClusterRequest
+	(*RunnerInstallError)(nil),                // 57: sandboxd.controlplane.v1.RunnerInstallError
+	nil,                                       // 58: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	nil,                                       // 59: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 60: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 61: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 62: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 63: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 64: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	52, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	53, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	52, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	25, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	25, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	52, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	60, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	61, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	60, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	26, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	26, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	60, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	54, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	53, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	53, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	24, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
-	21, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
-	22, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
-	23, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	53, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	53, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	62, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	61, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	61, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	25, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	22, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
+	23, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
+	24, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
+	61, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	61, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	53, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	25, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	25, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	61, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	26, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	26, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
 	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
-	45, // 21: sandboxd.controlplane.v1.ManagedRunnerStatus.last_update_result:type_name -> sandboxd.controlplane.v1.UpdateResult
-	20, // 22: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	20, // 23: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	20, // 24: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	55, // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	50, // 26: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	0,  // 27: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	53, // 28: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	53, // 29: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	53, // 30: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	51, // 31: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	33, // 32: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	46, // 33: sandboxd.controlplane.v1.ListReleasesResponse.rollouts:type_name -> sandboxd.controlplane.v1.ChannelRollout
-	33, // 34: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	3,  // 35: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	53, // 36: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	53, // 37: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	53, // 38: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	3,  // 39: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	38, // 40: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	38, // 41: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	4,  // 42: sandboxd.controlplane.v1.UpdateResult.state:type_name -> sandboxd.controlplane.v1.UpdateState
-	53, // 43: sandboxd.controlplane.v1.UpdateResult.start_time:type_name -> google.protobuf.Timestamp
-	53, // 44: sandboxd.controlplane.v1.UpdateResult.end_time:type_name -> google.protobuf.Timestamp
-	53, // 45: sandboxd.controlplane.v1.UpdateResult.deadline:type_name -> google.protobuf.Timestamp
-	0,  // 46: sandboxd.controlplane.v1.ChannelRollout.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	5,  // 47: sandboxd.controlplane.v1.ChannelRollout.state:type_name -> sandboxd.controlplane.v1.RolloutState
-	53, // 48: sandboxd.controlplane.v1.ChannelRollout.halt_time:type_name -> google.protobuf.Timestamp
-	0,  // 49: sandboxd.controlplane.v1.ResumeRolloutRequest.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	26, // 50: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	27, // 51: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	28, // 52: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	30, // 53: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	31, // 54: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	32, // 55: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	6,  // 56: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	16, // 57: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	18, // 58: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	10, // 59: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	12, // 60: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	14, // 61: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	8,  // 62: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	44, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:input_type -> sandboxd.controlplane.v1.GetReleaseRequest
-	34, // 64: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	36, // 65: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	37, // 66: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	39, // 67: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	41, // 68: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	43, // 69: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	47, // 70: sandboxd.controlplane.v1.RolloutService.ResumeRollout:input_type -> sandboxd.controlplane.v1.ResumeRolloutRequest
-	48, // 71: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:input_type -> sandboxd.controlplane.v1.DownloadArtifactRequest
-	20, // 72: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	20, // 73: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	29, // 74: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	20, // 75: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	56, // 76: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	20, // 77: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	7,  // 78: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	17, // 79: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	19, // 80: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	11, // 81: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	13, // 82: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	15, // 83: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	9,  // 84: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	33, // 85: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
-	35, // 86: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	33, // 87: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	33, // 88: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	40, // 89: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	42, // 90: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	38, // 91: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	46, // 92: sandboxd.controlplane.v1.RolloutService.ResumeRollout:output_type -> sandboxd.controlplane.v1.ChannelRollout
-	49, // 93: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:output_type -> sandboxd.controlplane.v1.DownloadArtifactResponse
-	72, // [72:94] is the sub-list for method output_type
-	50, // [50:72] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	57, // 21: sandboxd.controlplane.v1.ManagedRunnerStatus.install_error:type_name -> sandboxd.controlplane.v1.RunnerInstallError
+	46, // 22: sandboxd.controlplane.v1.ManagedRunnerStatus.last_update_result:type_name -> sandboxd.controlplane.v1.UpdateResult
+	21, // 23: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	21, // 24: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	21, // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	63, // 26: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	58, // 27: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	0,  // 28: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	61, // 29: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	61, // 30: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	61, // 31: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	59, // 32: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	34, // 33: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	47, // 34: sandboxd.controlplane.v1.ListReleasesResponse.rollouts:type_name -> sandboxd.controlplane.v1.ChannelRollout
+	34, // 35: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	3,  // 36: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	61, // 37: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	61, // 38: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	61, // 39: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	3,  // 40: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	39, // 41: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	39, // 42: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	4,  // 43: sandboxd.controlplane.v1.UpdateResult.state:type_name -> sandboxd.controlplane.v1.UpdateState
+	61, // 44: sandboxd.controlplane.v1.UpdateResult.start_time:type_name -> google.protobuf.Timestamp
+	61, // 45: sandboxd.controlplane.v1.UpdateResult.end_time:type_name -> google.protobuf.Timestamp
+	61, // 46: sandboxd.controlplane.v1.UpdateResult.deadline:type_name -> google.protobuf.Timestamp
+	0,  // 47: sandboxd.controlplane.v1.ChannelRollout.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	5,  // 48: sandboxd.controlplane.v1.ChannelRollout.state:type_name -> sandboxd.controlplane.v1.RolloutState
+	61, // 49: sandboxd.controlplane.v1.ChannelRollout.halt_time:type_name -> google.protobuf.Timestamp
+	0,  // 50: sandboxd.controlplane.v1.ResumeRolloutRequest.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	6,  // 51: sandboxd.controlplane.v1.Cluster.credential_kind:type_name -> sandboxd.controlplane.v1.ClusterCredentialKind
+	61, // 52: sandboxd.controlplane.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
+	51, // 53: sandboxd.controlplane.v1.AddClusterRequest.cluster:type_name -> sandboxd.controlplane.v1.Cluster
+	51, // 54: sandboxd.controlplane.v1.ListClustersResponse.clusters:type_name -> sandboxd.controlplane.v1.Cluster
+	27, // 55: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	28, // 56: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	29, // 57: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	31, // 58: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	32, // 59: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	33, // 60: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	7,  // 61: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	17, // 62: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	19, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	11, // 64: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	13, // 65: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	15, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	9,  // 67: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	45, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:input_type -> sandboxd.controlplane.v1.GetReleaseRequest
+	35, // 69: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	37, // 70: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	38, // 71: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	40, // 72: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	42, // 73: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	44, // 74: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	48, // 75: sandboxd.controlplane.v1.RolloutService.ResumeRollout:input_type -> sandboxd.controlplane.v1.ResumeRolloutRequest
+	49, // 76: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:input_type -> sandboxd.controlplane.v1.DownloadArtifactRequest
+	52, // 77: sandboxd.controlplane.v1.ClusterService.AddCluster:input_type -> sandboxd.controlplane.v1.AddClusterRequest
+	53, // 78: sandboxd.controlplane.v1.ClusterService.ListClusters:input_type -> sandboxd.controlplane.v1.ListClustersRequest
+	55, // 79: sandboxd.controlplane.v1.ClusterService.GetCluster:input_type -> sandboxd.controlplane.v1.GetClusterRequest
+	56, // 80: sandboxd.controlplane.v1.ClusterService.DeleteCluster:input_type -> sandboxd.controlplane.v1.DeleteClusterRequest
+	21, // 81: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	21, // 82: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	30, // 83: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	21, // 84: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	64, // 85: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	21, // 86: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	8,  // 87: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	18, // 88: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	20, // 89: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	12, // 90: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	14, // 91: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	16, // 92: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	10, // 93: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	34, // 94: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
+	36, // 95: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	34, // 96: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	34, // 97: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	41, // 98: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	43, // 99: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	39, // 100: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	47, // 101: sandboxd.controlplane.v1.RolloutService.ResumeRollout:output_type -> sandboxd.controlplane.v1.ChannelRollout
+	50, // 102: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:output_type -> sandboxd.controlplane.v1.DownloadArtifactResponse
+	51, // 103: sandboxd.controlplane.v1.ClusterService.AddCluster:output_type -> sandboxd.controlplane.v1.Cluster
+	54, // 104: sandboxd.controlplane.v1.ClusterService.ListClusters:output_type -> sandboxd.controlplane.v1.ListClustersResponse
+	51, // 105: sandboxd.controlplane.v1.ClusterService.GetCluster:output_type -> sandboxd.controlplane.v1.Cluster
+	64, // 106: sandboxd.controlplane.v1.ClusterService.DeleteCluster:output_type -> google.protobuf.Empty
+	81, // [81:107] is the sub-list for method output_type
+	55, // [55:81] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -3746,10 +4271,10 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   46,
+			NumEnums:      7,
+			NumMessages:   53,
 			NumExtensions: 0,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_sandboxd_controlplane_v1_controlplane_proto_goTypes,
 		DependencyIndexes: file_sandboxd_controlplane_v1_controlplane_proto_depIdxs,

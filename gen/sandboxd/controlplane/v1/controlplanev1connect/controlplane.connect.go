@@ -48,6 +48,8 @@ const (
 	RolloutServiceName = "sandboxd.controlplane.v1.RolloutService"
 	// RunnerReleaseServiceName is the fully-qualified name of the RunnerReleaseService service.
 	RunnerReleaseServiceName = "sandboxd.controlplane.v1.RunnerReleaseService"
+	// ClusterServiceName is the fully-qualified name of the ClusterService service.
+	ClusterServiceName = "sandboxd.controlplane.v1.ClusterService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -124,13 +126,27 @@ const (
 	// RunnerReleaseServiceDownloadArtifactProcedure is the fully-qualified name of the
 	// RunnerReleaseService's DownloadArtifact RPC.
 	RunnerReleaseServiceDownloadArtifactProcedure = "/sandboxd.controlplane.v1.RunnerReleaseService/DownloadArtifact"
+	// ClusterServiceAddClusterProcedure is the fully-qualified name of the ClusterService's AddCluster
+	// RPC.
+	ClusterServiceAddClusterProcedure = "/sandboxd.controlplane.v1.ClusterService/AddCluster"
+	// ClusterServiceListClustersProcedure is the fully-qualified name of the ClusterService's
+	// ListClusters RPC.
+	ClusterServiceListClustersProcedure = "/sandboxd.controlplane.v1.ClusterService/ListClusters"
+	// ClusterServiceGetClusterProcedure is the fully-qualified name of the ClusterService's GetCluster
+	// RPC.
+	ClusterServiceGetClusterProcedure = "/sandboxd.controlplane.v1.ClusterService/GetCluster"
+	// ClusterServiceDeleteClusterProcedure is the fully-qualified name of the ClusterService's
+	// DeleteCluster RPC.
+	ClusterServiceDeleteClusterProcedure = "/sandboxd.controlplane.v1.ClusterService/DeleteCluster"
 )
 
 // RunnerManagementServiceClient is a client for the
 // sandboxd.controlplane.v1.RunnerManagementService service.
 type RunnerManagementServiceClient interface {
 	// CreateManagedRunner records a runner. runner_id (unique in the organization),
-	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required.
+	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required. When
+	// cluster_id names a cluster registered for the organization (ClusterService), the
+	// control plane installs the runner into it, asynchronously (status.install_status).
 	CreateManagedRunner(context.Context, *connect.Request[v1.CreateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// GetManagedRunner returns a runner with its policy, etag and status.
 	GetManagedRunner(context.Context, *connect.Request[v1.GetManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
@@ -142,7 +158,9 @@ type RunnerManagementServiceClient interface {
 	// is unchanged since that read (ABORTED otherwise).
 	UpdateManagedRunner(context.Context, *connect.Request[v1.UpdateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// DeleteManagedRunner removes a runner. It is refused (FAILED_PRECONDITION) while the
-	// runner owns live sandboxes, unless force is set.
+	// runner owns live sandboxes, unless force is set. A runner the control plane installed
+	// is uninstalled first (its namespace deleted); if the cluster refuses, the runner stays
+	// (FAILED_PRECONDITION, CWSANDBOX_UNINSTALL_FAILED) unless force is set.
 	DeleteManagedRunner(context.Context, *connect.Request[v1.DeleteManagedRunnerRequest]) (*connect.Response[emptypb.Empty], error)
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
 	// target version. FAILED_PRECONDITION when no update is available.
@@ -262,7 +280,9 @@ func (c *runnerManagementServiceClient) CreateBootstrapToken(ctx context.Context
 // sandboxd.controlplane.v1.RunnerManagementService service.
 type RunnerManagementServiceHandler interface {
 	// CreateManagedRunner records a runner. runner_id (unique in the organization),
-	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required.
+	// cluster_id (one runner per cluster), zone and policy ({} allowed) are required. When
+	// cluster_id names a cluster registered for the organization (ClusterService), the
+	// control plane installs the runner into it, asynchronously (status.install_status).
 	CreateManagedRunner(context.Context, *connect.Request[v1.CreateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// GetManagedRunner returns a runner with its policy, etag and status.
 	GetManagedRunner(context.Context, *connect.Request[v1.GetManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
@@ -274,7 +294,9 @@ type RunnerManagementServiceHandler interface {
 	// is unchanged since that read (ABORTED otherwise).
 	UpdateManagedRunner(context.Context, *connect.Request[v1.UpdateManagedRunnerRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// DeleteManagedRunner removes a runner. It is refused (FAILED_PRECONDITION) while the
-	// runner owns live sandboxes, unless force is set.
+	// runner owns live sandboxes, unless force is set. A runner the control plane installed
+	// is uninstalled first (its namespace deleted); if the cluster refuses, the runner stays
+	// (FAILED_PRECONDITION, CWSANDBOX_UNINSTALL_FAILED) unless force is set.
 	DeleteManagedRunner(context.Context, *connect.Request[v1.DeleteManagedRunnerRequest]) (*connect.Response[emptypb.Empty], error)
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
 	// target version. FAILED_PRECONDITION when no update is available.
@@ -1077,4 +1099,163 @@ type UnimplementedRunnerReleaseServiceHandler struct{}
 
 func (UnimplementedRunnerReleaseServiceHandler) DownloadArtifact(context.Context, *connect.Request[v1.DownloadArtifactRequest], *connect.ServerStream[v1.DownloadArtifactResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact is not implemented"))
+}
+
+// ClusterServiceClient is a client for the sandboxd.controlplane.v1.ClusterService service.
+type ClusterServiceClient interface {
+	// AddCluster registers a cluster. ALREADY_EXISTS when cluster_id is taken.
+	AddCluster(context.Context, *connect.Request[v1.AddClusterRequest]) (*connect.Response[v1.Cluster], error)
+	// ListClusters lists every cluster by cluster_id, without credentials.
+	ListClusters(context.Context, *connect.Request[v1.ListClustersRequest]) (*connect.Response[v1.ListClustersResponse], error)
+	// GetCluster returns a cluster without its credential.
+	GetCluster(context.Context, *connect.Request[v1.GetClusterRequest]) (*connect.Response[v1.Cluster], error)
+	// DeleteCluster forgets a cluster. FAILED_PRECONDITION (CWSANDBOX_CLUSTER_IN_USE) while a
+	// runner of its organization names it: delete the runner first (which uninstalls it).
+	DeleteCluster(context.Context, *connect.Request[v1.DeleteClusterRequest]) (*connect.Response[emptypb.Empty], error)
+}
+
+// NewClusterServiceClient constructs a client for the sandboxd.controlplane.v1.ClusterService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) ClusterServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	clusterServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("ClusterService").Methods()
+	return &clusterServiceClient{
+		addCluster: connect.NewClient[v1.AddClusterRequest, v1.Cluster](
+			httpClient,
+			baseURL+ClusterServiceAddClusterProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("AddCluster")),
+			connect.WithClientOptions(opts...),
+		),
+		listClusters: connect.NewClient[v1.ListClustersRequest, v1.ListClustersResponse](
+			httpClient,
+			baseURL+ClusterServiceListClustersProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("ListClusters")),
+			connect.WithClientOptions(opts...),
+		),
+		getCluster: connect.NewClient[v1.GetClusterRequest, v1.Cluster](
+			httpClient,
+			baseURL+ClusterServiceGetClusterProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("GetCluster")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteCluster: connect.NewClient[v1.DeleteClusterRequest, emptypb.Empty](
+			httpClient,
+			baseURL+ClusterServiceDeleteClusterProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("DeleteCluster")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// clusterServiceClient implements ClusterServiceClient.
+type clusterServiceClient struct {
+	addCluster    *connect.Client[v1.AddClusterRequest, v1.Cluster]
+	listClusters  *connect.Client[v1.ListClustersRequest, v1.ListClustersResponse]
+	getCluster    *connect.Client[v1.GetClusterRequest, v1.Cluster]
+	deleteCluster *connect.Client[v1.DeleteClusterRequest, emptypb.Empty]
+}
+
+// AddCluster calls sandboxd.controlplane.v1.ClusterService.AddCluster.
+func (c *clusterServiceClient) AddCluster(ctx context.Context, req *connect.Request[v1.AddClusterRequest]) (*connect.Response[v1.Cluster], error) {
+	return c.addCluster.CallUnary(ctx, req)
+}
+
+// ListClusters calls sandboxd.controlplane.v1.ClusterService.ListClusters.
+func (c *clusterServiceClient) ListClusters(ctx context.Context, req *connect.Request[v1.ListClustersRequest]) (*connect.Response[v1.ListClustersResponse], error) {
+	return c.listClusters.CallUnary(ctx, req)
+}
+
+// GetCluster calls sandboxd.controlplane.v1.ClusterService.GetCluster.
+func (c *clusterServiceClient) GetCluster(ctx context.Context, req *connect.Request[v1.GetClusterRequest]) (*connect.Response[v1.Cluster], error) {
+	return c.getCluster.CallUnary(ctx, req)
+}
+
+// DeleteCluster calls sandboxd.controlplane.v1.ClusterService.DeleteCluster.
+func (c *clusterServiceClient) DeleteCluster(ctx context.Context, req *connect.Request[v1.DeleteClusterRequest]) (*connect.Response[emptypb.Empty], error) {
+	return c.deleteCluster.CallUnary(ctx, req)
+}
+
+// ClusterServiceHandler is an implementation of the sandboxd.controlplane.v1.ClusterService
+// service.
+type ClusterServiceHandler interface {
+	// AddCluster registers a cluster. ALREADY_EXISTS when cluster_id is taken.
+	AddCluster(context.Context, *connect.Request[v1.AddClusterRequest]) (*connect.Response[v1.Cluster], error)
+	// ListClusters lists every cluster by cluster_id, without credentials.
+	ListClusters(context.Context, *connect.Request[v1.ListClustersRequest]) (*connect.Response[v1.ListClustersResponse], error)
+	// GetCluster returns a cluster without its credential.
+	GetCluster(context.Context, *connect.Request[v1.GetClusterRequest]) (*connect.Response[v1.Cluster], error)
+	// DeleteCluster forgets a cluster. FAILED_PRECONDITION (CWSANDBOX_CLUSTER_IN_USE) while a
+	// runner of its organization names it: delete the runner first (which uninstalls it).
+	DeleteCluster(context.Context, *connect.Request[v1.DeleteClusterRequest]) (*connect.Response[emptypb.Empty], error)
+}
+
+// NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	clusterServiceMethods := v1.File_sandboxd_controlplane_v1_controlplane_proto.Services().ByName("ClusterService").Methods()
+	clusterServiceAddClusterHandler := connect.NewUnaryHandler(
+		ClusterServiceAddClusterProcedure,
+		svc.AddCluster,
+		connect.WithSchema(clusterServiceMethods.ByName("AddCluster")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceListClustersHandler := connect.NewUnaryHandler(
+		ClusterServiceListClustersProcedure,
+		svc.ListClusters,
+		connect.WithSchema(clusterServiceMethods.ByName("ListClusters")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceGetClusterHandler := connect.NewUnaryHandler(
+		ClusterServiceGetClusterProcedure,
+		svc.GetCluster,
+		connect.WithSchema(clusterServiceMethods.ByName("GetCluster")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceDeleteClusterHandler := connect.NewUnaryHandler(
+		ClusterServiceDeleteClusterProcedure,
+		svc.DeleteCluster,
+		connect.WithSchema(clusterServiceMethods.ByName("DeleteCluster")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/sandboxd.controlplane.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case ClusterServiceAddClusterProcedure:
+			clusterServiceAddClusterHandler.ServeHTTP(w, r)
+		case ClusterServiceListClustersProcedure:
+			clusterServiceListClustersHandler.ServeHTTP(w, r)
+		case ClusterServiceGetClusterProcedure:
+			clusterServiceGetClusterHandler.ServeHTTP(w, r)
+		case ClusterServiceDeleteClusterProcedure:
+			clusterServiceDeleteClusterHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedClusterServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedClusterServiceHandler struct{}
+
+func (UnimplementedClusterServiceHandler) AddCluster(context.Context, *connect.Request[v1.AddClusterRequest]) (*connect.Response[v1.Cluster], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ClusterService.AddCluster is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) ListClusters(context.Context, *connect.Request[v1.ListClustersRequest]) (*connect.Response[v1.ListClustersResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ClusterService.ListClusters is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) GetCluster(context.Context, *connect.Request[v1.GetClusterRequest]) (*connect.Response[v1.Cluster], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ClusterService.GetCluster is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) DeleteCluster(context.Context, *connect.Request[v1.DeleteClusterRequest]) (*connect.Response[emptypb.Empty], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.controlplane.v1.ClusterService.DeleteCluster is not implemented"))
 }

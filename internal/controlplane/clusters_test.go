@@ -1,0 +1,572 @@
+package controlplane_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+const secretToken = "eyJhbGciOiJSUzI1NiJ9.very-secret-token"
+
+func testCA(t testing.TB) *pki.CA {
+	t.Helper()
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// kubeconfig is a kubeconfig whose current context reaches server with token; edit
+// changes it before it is written.
+func kubeconfig(t testing.TB, server string, caPEM []byte, edit func(*clientcmdapi.Config)) string {
+	t.Helper()
+	c := clientcmdapi.NewConfig()
+	c.Clusters["k"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	c.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: secretToken}
+	c.Contexts["ctx"] = &clientcmdapi.Context{Cluster: "k", AuthInfo: "u"}
+	c.CurrentContext = "ctx"
+	if edit != nil {
+		edit(c)
+	}
+	b, err := clientcmd.Write(*c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestValidateCluster(t *testing.T) {
+	caPEM := string(testCA(t).CertPEM())
+	kc := func(edit func(*clientcmdapi.Config)) string {
+		return kubeconfig(t, "https://k8s.example:6443", []byte(caPEM), edit)
+	}
+	tokenCluster := func() *controlplanev1.Cluster {
+		return &controlplanev1.Cluster{ClusterId: "prod-1", Server: "https://10.0.0.1:6443", Token: secretToken, CaPem: caPEM}
+	}
+	for _, tc := range []struct {
+		name   string
+		c      *controlplanev1.Cluster
+		fields []string // nil: valid
+	}{
+		{"token", tokenCluster(), nil},
+		{"kubeconfig", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(nil)}, nil},
+		{"kubeconfig with its server", &controlplanev1.Cluster{ClusterId: "c", Server: "https://k8s.example:6443", Kubeconfig: kc(nil)}, nil},
+		{"kubeconfig, other server", &controlplanev1.Cluster{ClusterId: "c", Server: "https://evil:6443", Kubeconfig: kc(nil)}, []string{"cluster.server"}},
+		{"no credential", &controlplanev1.Cluster{ClusterId: "c"}, []string{"cluster.kubeconfig"}},
+		{"both", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(nil), Token: "t"}, []string{"cluster.token"}},
+		{"bad id", func() *controlplanev1.Cluster { c := tokenCluster(); c.ClusterId = "../x"; return c }(), []string{"cluster.cluster_id"}},
+		{"http server", func() *controlplanev1.Cluster { c := tokenCluster(); c.Server = "http://10.0.0.1"; return c }(), []string{"cluster.server"}},
+		{"server with user", func() *controlplanev1.Cluster { c := tokenCluster(); c.Server = "https://a:b@h"; return c }(), []string{"cluster.server"}},
+		{"token without CA", func() *controlplanev1.Cluster { c := tokenCluster(); c.CaPem = ""; return c }(), []string{"cluster.ca_pem"}},
+		{"token with a key for CA", func() *controlplanev1.Cluster {
+			c := tokenCluster()
+			c.CaPem = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+			return c
+		}(), []string{"cluster.ca_pem"}},
+		{"token with a space", func() *controlplanev1.Cluster { c := tokenCluster(); c.Token = "a b"; return c }(), []string{"cluster.token"}},
+		{"token too long", func() *controlplanev1.Cluster {
+			c := tokenCluster()
+			c.Token = strings.Repeat("a", controlplane.MaxToken+1)
+			return c
+		}(), []string{"cluster.token"}},
+		{"kubeconfig too long", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(nil) + "#" + strings.Repeat("x", controlplane.MaxKubeconfig)}, []string{"cluster.kubeconfig"}},
+		{"kubeconfig not YAML", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: "{{{"}, []string{"cluster.kubeconfig"}},
+		{"exec plugin", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(func(c *clientcmdapi.Config) {
+			c.AuthInfos["u"] = &clientcmdapi.AuthInfo{Exec: &clientcmdapi.ExecConfig{Command: "/bin/sh", APIVersion: "client.authentication.k8s.io/v1"}}
+		})}, []string{"cluster.kubeconfig"}},
+		{"token file", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(func(c *clientcmdapi.Config) {
+			c.AuthInfos["u"] = &clientcmdapi.AuthInfo{TokenFile: "/etc/shadow"}
+		})}, []string{"cluster.kubeconfig"}},
+		{"CA file", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(func(c *clientcmdapi.Config) {
+			c.Clusters["k"].CertificateAuthorityData, c.Clusters["k"].CertificateAuthority = nil, "/etc/ssl/ca.pem"
+		})}, []string{"cluster.kubeconfig"}},
+		{"insecure", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(func(c *clientcmdapi.Config) {
+			c.Clusters["k"].CertificateAuthorityData, c.Clusters["k"].InsecureSkipTLSVerify = nil, true
+		})}, []string{"cluster.kubeconfig"}},
+		{"kubeconfig http", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(func(c *clientcmdapi.Config) { c.Clusters["k"].Server = "http://x" })}, []string{"cluster.kubeconfig"}},
+		{"no current context", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(func(c *clientcmdapi.Config) { c.CurrentContext = "" })}, []string{"cluster.kubeconfig"}},
+		{"kubeconfig and CA", &controlplanev1.Cluster{ClusterId: "c", Kubeconfig: kc(nil), CaPem: caPEM}, []string{"cluster.ca_pem"}},
+		{"kind is output only", func() *controlplanev1.Cluster {
+			c := tokenCluster()
+			c.CredentialKind = controlplanev1.ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_KUBECONFIG
+			return c
+		}(), []string{"cluster.credential_kind"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cred, err := controlplane.ValidateCluster(tc.c)
+			if tc.fields == nil {
+				if err != nil || !strings.HasPrefix(cred.Server, "https://") || (cred.Token == "") == (cred.Kubeconfig == "") {
+					t.Fatalf("valid: %+v %v", cred, err)
+				}
+				return
+			}
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || apierr.Reason(err) != apierr.InvalidRequest {
+				t.Fatalf("err = %v, want INVALID_ARGUMENT", err)
+			}
+			if got := fields(err); !slices.Equal(got, tc.fields) {
+				t.Fatalf("violations on %v, want %v (%v)", got, tc.fields, err)
+			}
+			if strings.Contains(err.Error(), secretToken) {
+				t.Fatalf("the error quotes the credential: %v", err)
+			}
+		})
+	}
+}
+
+// FuzzValidateCluster: whatever a caller sends, validation does not panic, and what it
+// accepts is a usable credential of one kind for an https server.
+func FuzzValidateCluster(f *testing.F) {
+	caPEM := string(testCA(f).CertPEM())
+	f.Add("c", "", kubeconfig(f, "https://k8s.example:6443", []byte(caPEM), nil), "", "")
+	f.Add("c", "https://10.0.0.1:6443", "", secretToken, caPEM)
+	f.Add("c", "https://[::1]:6443/path", "", "t", caPEM+"junk")
+	f.Add("c", "", "apiVersion: v1\nkind: Config\ncurrent-context: x\ncontexts: [{name: x, context: {cluster: k, user: u}}]\nclusters: [{name: k, cluster: {server: 'https://h'}}]\nusers: [{name: u, user: {exec: {command: sh}}}]\n", "", "")
+	f.Add("c", "", "clusters: [{name: k, cluster: {server: 'https://h', certificate-authority: /etc/passwd}}]", "", "")
+	f.Fuzz(func(t *testing.T, id, server, kc, token, ca string) {
+		cred, err := controlplane.ValidateCluster(&controlplanev1.Cluster{ClusterId: id, Server: server, Kubeconfig: kc, Token: token, CaPem: ca})
+		if err != nil {
+			if connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Fatalf("err %v: want INVALID_ARGUMENT", err)
+			}
+			return
+		}
+		if !strings.HasPrefix(cred.Server, "https://") || (cred.Token == "") == (cred.Kubeconfig == "") ||
+			len(cred.Kubeconfig) > controlplane.MaxKubeconfig || len(cred.Token) > controlplane.MaxToken {
+			t.Fatalf("accepted %+v", cred)
+		}
+		rc, err := cred.RESTConfig()
+		if err != nil || rc.Host == "" || rc.ExecProvider != nil || rc.AuthProvider != nil || rc.BearerTokenFile != "" ||
+			rc.CAFile != "" || rc.CertFile != "" || rc.KeyFile != "" || rc.Insecure {
+			t.Fatalf("accepted credential gives %+v %v", rc, err)
+		}
+	})
+}
+
+func TestSealer(t *testing.T) {
+	key, err := pki.LoadOrCreateSecret(filepath.Join(t.TempDir(), controlplane.ClusterKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := controlplane.NewSealer(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := controlplane.ClusterCredential{Server: "https://h", Token: secretToken, CAPEM: "pem"}
+	sealed, err := s.Seal("c1", c)
+	if err != nil || bytes.Contains(sealed, []byte(secretToken)) {
+		t.Fatalf("sealed %q %v", sealed, err)
+	}
+	again, _ := s.Seal("c1", c)
+	if bytes.Equal(sealed, again) {
+		t.Fatal("two seals are equal: nonce reused")
+	}
+	if got, err := s.Open("c1", sealed); err != nil || got != c {
+		t.Fatalf("open: %+v %v", got, err)
+	}
+	if _, err := s.Open("c2", sealed); err == nil {
+		t.Fatal("a credential sealed for c1 opens as c2's")
+	}
+	sealed[len(sealed)-1] ^= 1
+	if _, err := s.Open("c1", sealed); err == nil {
+		t.Fatal("a tampered credential opens")
+	}
+	other, _ := controlplane.NewSealer(bytes.Repeat([]byte{7}, 32))
+	if _, err := other.Open("c1", again); err == nil {
+		t.Fatal("opens under another key")
+	}
+	if _, err := controlplane.NewSealer([]byte("short")); err == nil {
+		t.Fatal("short key accepted")
+	}
+}
+
+// fakeTarget records applies and fails on demand (failure injection only: the real
+// apply is tested on a cluster, test/k8s).
+type fakeTarget struct {
+	mu        sync.Mutex
+	applied   []string // Kind/name
+	failKind  string
+	failErr   error
+	deleted   []string
+	deleteErr error
+}
+
+func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, _ := meta.Accessor(obj)
+	kind := obj.GetObjectKind().GroupVersionKind().Kind
+	if kind == f.failKind {
+		return &install.ApplyError{Kind: kind, Name: m.GetName(), Namespace: m.GetNamespace(), Err: f.failErr}
+	}
+	f.applied = append(f.applied, kind+"/"+m.GetName())
+	return nil
+}
+
+func (f *fakeTarget) DeleteNamespace(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deleteErr != nil {
+		return &install.ApplyError{Kind: "Namespace", Name: name, Err: f.deleteErr, Delete: true}
+	}
+	f.deleted = append(f.deleted, name)
+	return nil
+}
+
+func (f *fakeTarget) NamespaceExists(context.Context, string) (bool, error) { return false, nil }
+
+type clusterBed struct {
+	st       store.Store
+	svc      *controlplane.Service
+	platform context.Context // platform admin
+	tenant   context.Context // tenant admin
+	target   *fakeTarget
+	caPEM    string
+	hosts    []string // API servers targets were made for
+}
+
+func newClusterBed(t *testing.T, cfg controlplane.InstallConfig, noCA bool) *clusterBed {
+	t.Helper()
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "cp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	for _, o := range []string{"plat", "tenant"} {
+		if err := controlplane.EnsureOrg(ctx, st, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := &clusterBed{st: st, target: &fakeTarget{}}
+	ca := testCA(t)
+	b.caPEM = string(ca.CertPEM())
+	if noCA {
+		ca = nil
+	}
+	var mu sync.Mutex
+	cfg.NewTarget = func(rc *rest.Config) (install.Target, error) {
+		mu.Lock()
+		b.hosts = append(b.hosts, rc.Host+" "+rc.BearerToken)
+		mu.Unlock()
+		return b.target, nil
+	}
+	b.svc, err = controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), PlatformOrg: "plat",
+		Logger: slog.New(slog.DiscardHandler), CA: ca, ClusterKey: bytes.Repeat([]byte{1}, 32), Install: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Installs run under the test's context: it ends (stopping them) before WaitInstalls.
+	if err := b.svc.ResumeInstalls(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.svc.WaitInstalls)
+	b.platform = auth.WithPrincipal(ctx, auth.Principal{KeyID: "k1", Org: "plat", Role: auth.RoleAdmin})
+	b.tenant = auth.WithPrincipal(ctx, auth.Principal{KeyID: "k2", Org: "tenant", Role: auth.RoleAdmin})
+	return b
+}
+
+func (b *clusterBed) add(t *testing.T, id, org string) *controlplanev1.Cluster {
+	t.Helper()
+	out, err := b.svc.AddCluster(b.platform, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: id, Server: "https://" + id + ".example:6443", Token: secretToken, CaPem: b.caPEM, OrganizationId: org}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Msg
+}
+
+func (b *clusterBed) createRunner(t *testing.T, ctx context.Context, id, cluster string) *controlplanev1.ManagedRunner {
+	t.Helper()
+	out, err := b.svc.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+		RunnerId: id, ClusterId: cluster, Zone: "z1", Policy: &structpb.Struct{}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Msg
+}
+
+func (b *clusterBed) get(t *testing.T, ctx context.Context, id string) *controlplanev1.ManagedRunnerStatus {
+	t.Helper()
+	out, err := b.svc.GetManagedRunner(ctx, connect.NewRequest(&controlplanev1.GetManagedRunnerRequest{RunnerId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Msg.GetStatus()
+}
+
+var installCfg = controlplane.InstallConfig{RunnerImage: "runner:v1", AgentImage: "agent:v1", ControlPlaneAddress: "cp.example:8443",
+	HeartbeatTimeout: time.Minute}
+
+func TestClusterServiceNeverReturnsCredentials(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	added := b.add(t, "c1", "")
+	b.add(t, "c0", "tenant")
+	list, err := b.svc.ListClusters(b.platform, connect.NewRequest(&controlplanev1.ListClustersRequest{}))
+	if err != nil || len(list.Msg.GetClusters()) != 2 || list.Msg.GetClusters()[0].GetClusterId() != "c0" {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	got, err := b.svc.GetCluster(b.platform, connect.NewRequest(&controlplanev1.GetClusterRequest{ClusterId: "c1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(list.Msg.GetClusters(), added, got.Msg) {
+		j, _ := protojson.Marshal(c)
+		if c.GetToken() != "" || c.GetKubeconfig() != "" || c.GetCaPem() != "" || strings.Contains(string(j), secretToken) {
+			t.Fatalf("a response carries the credential: %s", j)
+		}
+		if c.GetCredentialKind() != controlplanev1.ClusterCredentialKind_CLUSTER_CREDENTIAL_KIND_SERVICE_ACCOUNT_TOKEN || !strings.HasPrefix(c.GetServer(), "https://") {
+			t.Fatalf("response: %s", j)
+		}
+	}
+	if got.Msg.GetOrganizationId() != "plat" {
+		t.Fatalf("default organization: %v", got.Msg)
+	}
+	// The store holds it sealed.
+	rec, err := b.st.Clusters().Get(t.Context(), "c1")
+	if err != nil || bytes.Contains(rec.Credential, []byte(secretToken)) {
+		t.Fatalf("stored in the clear: %v", err)
+	}
+	_, err = b.svc.AddCluster(b.platform, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: "c1", Server: "https://x:6443", Token: "t", CaPem: b.caPEM}}))
+	wantReason(t, "add again", err, connect.CodeAlreadyExists, apierr.AlreadyExists)
+	_, err = b.svc.AddCluster(b.platform, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: "c9", Server: "https://x:6443", Token: "t", CaPem: b.caPEM, OrganizationId: "nobody"}}))
+	wantReason(t, "unknown organization", err, connect.CodeInvalidArgument, apierr.InvalidRequest)
+	_, err = b.svc.GetCluster(b.platform, connect.NewRequest(&controlplanev1.GetClusterRequest{ClusterId: "c9"}))
+	wantReason(t, "get missing", err, connect.CodeNotFound, apierr.ClusterNotFound)
+
+	// A tenant's admin can do none of it.
+	_, err = b.svc.ListClusters(b.tenant, connect.NewRequest(&controlplanev1.ListClustersRequest{}))
+	wantReason(t, "tenant lists", err, connect.CodePermissionDenied, apierr.PermissionDenied)
+	_, err = b.svc.GetCluster(b.tenant, connect.NewRequest(&controlplanev1.GetClusterRequest{ClusterId: "c0"}))
+	wantReason(t, "tenant gets", err, connect.CodePermissionDenied, apierr.PermissionDenied)
+	_, err = b.svc.AddCluster(b.tenant, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: "t1", Server: "https://x:6443", Token: "t", CaPem: b.caPEM}}))
+	wantReason(t, "tenant adds", err, connect.CodePermissionDenied, apierr.PermissionDenied)
+	_, err = b.svc.DeleteCluster(b.tenant, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: "c0"}))
+	wantReason(t, "tenant deletes", err, connect.CodePermissionDenied, apierr.PermissionDenied)
+
+	// Delete: refused while a runner names the cluster.
+	b.createRunner(t, b.platform, "r1", "c1")
+	_, err = b.svc.DeleteCluster(b.platform, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: "c1"}))
+	wantReason(t, "delete in use", err, connect.CodeFailedPrecondition, apierr.ClusterInUse)
+	if !strings.Contains(err.Error(), "r1") {
+		t.Fatalf("in-use error does not name the runner: %v", err)
+	}
+	if _, err := b.svc.DeleteCluster(b.platform, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: "c0"})); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClustersDisabledWithoutKey(t *testing.T) {
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "cp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), PlatformOrg: "plat", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "k1", Org: "plat", Role: auth.RoleAdmin})
+	_, err = svc.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{ClusterId: "c", Server: "https://h", Token: "t"}}))
+	wantReason(t, "add without key", err, connect.CodeFailedPrecondition, apierr.ClustersDisabled)
+}
+
+// waitInstall waits for runner id's install status to be want.
+func (b *clusterBed) waitInstall(t *testing.T, ctx context.Context, id string, want controlplanev1.RunnerInstallStatus) *controlplanev1.ManagedRunnerStatus {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := b.get(t, ctx, id)
+		if st.GetInstallStatus() == want {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runner %s install %v, want %v (%v)", id, st.GetInstallStatus(), want, st.GetInstallError())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestInstallLifecycle(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	b.add(t, "c1", "")
+	b.add(t, "tc", "tenant")
+	ctx := t.Context()
+
+	// Not a registered cluster: self-managed, as before. Another organization's cluster is
+	// as good as none.
+	if st := b.createRunner(t, b.platform, "hand", "elsewhere").GetStatus(); st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED {
+		t.Fatalf("unregistered cluster: %v", st)
+	}
+	if st := b.createRunner(t, b.platform, "notmine", "tc").GetStatus(); st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED {
+		t.Fatalf("another organization's cluster: %v", st)
+	}
+
+	created := b.createRunner(t, b.platform, "r1", "c1")
+	if st := created.GetStatus(); st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING ||
+		st.GetInstallNamespace() != "sandboxd-r1" {
+		t.Fatalf("created: %v", st)
+	}
+	// Applied in order, then it waits for the heartbeat.
+	want := []string{"Namespace/sandboxd-r1", "ServiceAccount/sandboxd-runner", "Secret/sandboxd-runner", "PersistentVolumeClaim/sandboxd-runner",
+		"Role/sandboxd-runner-sandboxes", "RoleBinding/sandboxd-runner-sandboxes", "Role/sandboxd-runner-self", "RoleBinding/sandboxd-runner-self",
+		"Service/sandboxd-runner", "Deployment/sandboxd-runner"}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.target.mu.Lock()
+		got := slices.Clone(b.target.applied)
+		b.target.mu.Unlock()
+		if slices.Equal(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("applied %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := b.get(t, b.platform, "r1"); st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING {
+		t.Fatalf("before the heartbeat: %v", st)
+	}
+	if len(b.hosts) == 0 || b.hosts[0] != "https://c1.example:6443 "+secretToken {
+		t.Fatalf("target made for %v", b.hosts)
+	}
+	// The bootstrap token is the runner's.
+	if err := b.st.Runners().RecordHeartbeat(ctx, "plat", "r1", store.RunnerStatus{Version: "v1", Ready: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitInstall(t, b.platform, "r1", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED)
+	b.svc.WaitInstalls()
+	if in, err := b.st.Installs().Get(ctx, "plat", "r1"); err != nil || in.State != store.InstallInstalled {
+		t.Fatalf("recorded: %+v %v", in, err)
+	}
+
+	// Delete uninstalls: a failure keeps the runner (and says why), force goes on.
+	b.target.deleteErr = apierrors.NewForbidden(schema.GroupResource{Resource: "namespaces"}, "sandboxd-r1", errors.New("no"))
+	_, err := b.svc.DeleteManagedRunner(b.platform, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1"}))
+	wantReason(t, "uninstall forbidden", err, connect.CodeFailedPrecondition, apierr.UninstallFailed)
+	if !strings.Contains(err.Error(), "CWSANDBOX_INSTALL_FORBIDDEN") {
+		t.Fatalf("uninstall error: %v", err)
+	}
+	b.get(t, b.platform, "r1")
+	b.target.deleteErr = nil
+	if _, err := b.svc.DeleteManagedRunner(b.platform, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1"})); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(b.target.deleted, []string{"sandboxd-r1"}) {
+		t.Fatalf("deleted %v", b.target.deleted)
+	}
+	// A self-managed runner's delete touches no cluster.
+	if _, err := b.svc.DeleteManagedRunner(b.platform, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "hand"})); err != nil ||
+		len(b.target.deleted) != 1 {
+		t.Fatalf("self-managed delete: %v %v", err, b.target.deleted)
+	}
+}
+
+func TestInstallFailures(t *testing.T) {
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "namespaces"}, "sandboxd-r1",
+		errors.New(`User "system:serviceaccount:default:nobody" cannot create resource "namespaces"`))
+	for _, tc := range []struct {
+		name     string
+		cfg      controlplane.InstallConfig
+		noCA     bool
+		failKind string
+		failErr  error
+		reason   string
+		hint     string
+	}{
+		{"no RBAC for namespaces", installCfg, false, "Namespace", forbidden, "CWSANDBOX_INSTALL_FORBIDDEN", "lacks RBAC to create namespaces"},
+		{"unauthenticated", installCfg, false, "Namespace", apierrors.NewUnauthorized("bad token"), "CWSANDBOX_INSTALL_UNAUTHENTICATED", "does not accept the cluster credential"},
+		{"rejected deployment", installCfg, false, "Deployment", apierrors.NewBadRequest("bad image"), "CWSANDBOX_INSTALL_REJECTED", "--install-runner-image"},
+		{"not configured", controlplane.InstallConfig{}, false, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-control-plane-url"},
+		{"no CA", installCfg, true, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-runner-image"},
+		{"no heartbeat", func() controlplane.InstallConfig {
+			c := installCfg
+			c.HeartbeatTimeout = 200 * time.Millisecond
+			return c
+		}(), false, "", nil,
+			"CWSANDBOX_INSTALL_NO_HEARTBEAT", "namespace sandboxd-r1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newClusterBed(t, tc.cfg, tc.noCA)
+			b.target.failKind, b.target.failErr = tc.failKind, tc.failErr
+			b.add(t, "c1", "")
+			b.createRunner(t, b.platform, "r1", "c1")
+			st := b.waitInstall(t, b.platform, "r1", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED)
+			e := st.GetInstallError()
+			if e.GetReason() != tc.reason || !strings.Contains(strings.Join(e.GetHints(), "\n"), tc.hint) || e.GetMessage() == "" {
+				t.Fatalf("install error %v, want %s with a hint on %q", e, tc.reason, tc.hint)
+			}
+			if tc.failErr != nil && !strings.Contains(e.GetMessage(), tc.failErr.Error()) {
+				t.Fatalf("message %q does not quote the Kubernetes error", e.GetMessage())
+			}
+			// Deleting it: a failure to create the namespace left nothing to remove.
+			b.target.deleteErr = tc.failErr
+			_, err := b.svc.DeleteManagedRunner(b.platform, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1"}))
+			if tc.failKind == "Namespace" && err != nil {
+				t.Fatalf("delete after a namespace failure: %v", err)
+			}
+		})
+	}
+}
+
+func TestResumeInstalls(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	b.add(t, "c1", "")
+	ctx := t.Context()
+	// As a control plane that stopped mid-install leaves it: a runner INSTALLING.
+	if _, err := b.st.Runners().Create(ctx, store.Runner{Org: "plat", RunnerID: "r1", ClusterID: "c1", Zone: "z"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Installs().Put(ctx, store.Install{Org: "plat", RunnerID: "r1", ClusterID: "c1", State: store.InstallInstalling, Namespace: "sandboxd-r1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.svc.ResumeInstalls(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.target.mu.Lock()
+		n := len(b.target.applied)
+		b.target.mu.Unlock()
+		if n == 10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("resume applied %d objects", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.st.Runners().RecordHeartbeat(ctx, "plat", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitInstall(t, b.platform, "r1", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED)
+}

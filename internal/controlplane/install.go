@@ -1,0 +1,359 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/store"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// A runner created with the cluster_id of a cluster its organization registered is
+// installed by the control plane, asynchronously: its install record goes INSTALLING at
+// create, a goroutine applies the chart's objects (package install) and waits for the
+// runner's first heartbeat (INSTALLED), or records why it failed (FAILED, with the
+// Kubernetes error and hints). Every step is bounded (InstallConfig timeouts). The record
+// is in the store, so a restarted control plane re-drives the INSTALLING ones
+// (ResumeInstalls): applying is idempotent (server-side apply).
+
+// InstallConfig configures installs (flags --install-* of `sandboxd controlplane`).
+type InstallConfig struct {
+	// RunnerImage and AgentImage are the images installed runners run; both required to
+	// install (else installs fail with CWSANDBOX_INSTALL_NOT_CONFIGURED).
+	RunnerImage string
+	AgentImage  string
+	// ControlPlaneAddress is HOST:PORT of the control plane as installed runners reach it.
+	ControlPlaneAddress string
+	// PullPolicy is the runner image's; SandboxPullPolicy the sandbox and agent images'.
+	PullPolicy        string
+	SandboxPullPolicy string
+	// StorageClass of the runner's data volume; "" the cluster's default.
+	StorageClass string
+	// BaseDomain of installed runners' edges; "" the runner's default.
+	BaseDomain string
+	// ExtraArgs are appended to the runner's arguments.
+	ExtraArgs []string
+	// ApplyTimeout bounds applying the objects; default 2 minutes.
+	ApplyTimeout time.Duration
+	// HeartbeatTimeout bounds the wait for the first heartbeat after applying; default 10 minutes.
+	HeartbeatTimeout time.Duration
+	// NewTarget connects to a cluster; default install.NewTarget. Tests inject failures.
+	NewTarget func(*rest.Config) (install.Target, error)
+}
+
+// Install reasons the control plane itself produces (install.Diagnose gives the others).
+const (
+	reasonNotConfigured = apierr.InstallNotConfigured
+	reasonCredential    = apierr.InstallCredential
+	reasonNoHeartbeat   = apierr.InstallNoHeartbeat
+)
+
+type installer struct {
+	s   *Service
+	cfg InstallConfig
+
+	mu      sync.Mutex
+	base    context.Context
+	running map[string]context.CancelFunc // org/runner -> its install's cancel
+	wg      sync.WaitGroup
+}
+
+func newInstaller(s *Service, cfg InstallConfig) *installer {
+	if cfg.ApplyTimeout <= 0 {
+		cfg.ApplyTimeout = 2 * time.Minute
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = 10 * time.Minute
+	}
+	if cfg.NewTarget == nil {
+		cfg.NewTarget = install.NewTarget
+	}
+	return &installer{s: s, cfg: cfg, base: context.Background(), running: map[string]context.CancelFunc{}}
+}
+
+// ResumeInstalls re-drives the installs a previous control plane left INSTALLING, and
+// makes ctx the parent of every install from now on (cancel it to stop them).
+func (s *Service) ResumeInstalls(ctx context.Context) error {
+	s.inst.mu.Lock()
+	s.inst.base = ctx
+	s.inst.mu.Unlock()
+	ins, err := s.st.Installs().ListState(ctx, store.InstallInstalling)
+	if err != nil {
+		return fmt.Errorf("resume installs: %w", err)
+	}
+	for _, in := range ins {
+		s.log.Info("resuming runner install", "org", in.Org, "runner", in.RunnerID, "cluster", in.ClusterID)
+		s.inst.start(in.Org, in.RunnerID)
+	}
+	return nil
+}
+
+// WaitInstalls waits for running installs to end (tests).
+func (s *Service) WaitInstalls() { s.inst.wg.Wait() }
+
+// registeredCluster returns the cluster runner r is installed into, if its cluster_id is a
+// cluster registered for r's organization; another organization's cluster of that id is
+// as good as none (its runners are self-managed, and nothing says the cluster exists).
+func (s *Service) registeredCluster(ctx context.Context, r store.Runner) (store.Cluster, bool, error) {
+	c, err := s.st.Clusters().Get(ctx, r.ClusterID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return store.Cluster{}, false, nil
+	case err != nil:
+		return store.Cluster{}, false, err
+	}
+	return c, c.Org == r.Org, nil
+}
+
+// beginInstall records a new runner's install and starts it when its cluster is
+// registered; it returns the record (nil for a self-managed runner).
+func (s *Service) beginInstall(ctx context.Context, r store.Runner) (*store.Install, error) {
+	_, ok, err := s.registeredCluster(ctx, r)
+	if err != nil || !ok {
+		return nil, err
+	}
+	in, err := s.st.Installs().Put(ctx, store.Install{Org: r.Org, RunnerID: r.RunnerID, ClusterID: r.ClusterID,
+		State: store.InstallInstalling, Namespace: install.Namespace(r.RunnerID)})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("runner install started", "org", r.Org, "runner", r.RunnerID, "cluster", r.ClusterID, "namespace", in.Namespace)
+	s.inst.start(r.Org, r.RunnerID)
+	return &in, nil
+}
+
+func (in *installer) start(org, runnerID string) {
+	key := org + "/" + runnerID
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if _, ok := in.running[key]; ok {
+		return
+	}
+	ctx, cancel := context.WithCancel(in.base)
+	in.running[key] = cancel
+	in.wg.Add(1)
+	go func() {
+		defer in.wg.Done()
+		defer func() {
+			in.mu.Lock()
+			delete(in.running, key)
+			in.mu.Unlock()
+			cancel()
+		}()
+		in.run(ctx, org, runnerID)
+	}()
+}
+
+// stop cancels the runner's install, if one runs.
+func (in *installer) stop(org, runnerID string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if c, ok := in.running[org+"/"+runnerID]; ok {
+		c()
+	}
+}
+
+// target connects to the runner's cluster.
+func (in *installer) target(ctx context.Context, org, clusterID string) (install.Target, error) {
+	c, err := in.s.st.Clusters().Get(ctx, clusterID)
+	if err != nil {
+		return nil, err
+	}
+	if c.Org != org {
+		return nil, fmt.Errorf("cluster %s is not the organization's", clusterID)
+	}
+	if in.s.sealer == nil {
+		return nil, errors.New("this control plane keeps no cluster-credential key: it cannot open the cluster's credential")
+	}
+	cred, err := in.s.sealer.Open(c.ClusterID, c.Credential)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := cred.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	rc.Timeout = 30 * time.Second
+	return in.cfg.NewTarget(rc)
+}
+
+// fail records why the install failed; the runner may be gone (deleted meanwhile).
+func (in *installer) fail(ctx context.Context, rec store.Install, reason, msg string, hints []string) {
+	rec.State, rec.Reason, rec.Message, rec.Hints = store.InstallFailed, reason, msg, hints
+	// A fresh context: the install's may be what ran out.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return // stopped (the runner is being deleted, or the control plane stops)
+	}
+	if _, err := in.s.st.Installs().Put(wctx, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
+		in.s.log.Warn("cannot record the failed install", "runner", rec.RunnerID, "err", err)
+	}
+	in.s.log.Warn("runner install failed", "org", rec.Org, "runner", rec.RunnerID, "cluster", rec.ClusterID, "reason", reason, "err", msg)
+}
+
+func (in *installer) run(ctx context.Context, org, runnerID string) {
+	rec, err := in.s.st.Installs().Get(ctx, org, runnerID)
+	if err != nil {
+		return // deleted meanwhile
+	}
+	if err := in.apply(ctx, rec); err != nil {
+		return
+	}
+	in.s.log.Info("runner objects applied; waiting for its first heartbeat", "org", org, "runner", runnerID, "namespace", rec.Namespace)
+	deadline := time.NewTimer(in.cfg.HeartbeatTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		r, err := in.s.st.Runners().Get(ctx, org, runnerID)
+		if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
+			return
+		}
+		if err == nil && r.Status.LastHeartbeatAt != nil {
+			rec.State, rec.Reason, rec.Message, rec.Hints = store.InstallInstalled, "", "", nil
+			if _, err := in.s.st.Installs().Put(ctx, rec); err == nil {
+				in.s.log.Info("runner installed: it heartbeats", "org", org, "runner", runnerID, "cluster", rec.ClusterID)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			in.fail(ctx, rec, reasonNoHeartbeat,
+				fmt.Sprintf("the runner's objects are applied but it did not heartbeat within %s", in.cfg.HeartbeatTimeout),
+				[]string{
+					fmt.Sprintf("look at the runner Pod in namespace %s of cluster %s (its events and logs)", rec.Namespace, rec.ClusterID),
+					fmt.Sprintf("the cluster must reach the control plane at %s (--install-control-plane-url) and pull %s (--install-runner-image)",
+						in.cfg.ControlPlaneAddress, in.cfg.RunnerImage),
+				})
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// apply applies the runner's objects, bounded by ApplyTimeout; on failure it records why.
+func (in *installer) apply(ctx context.Context, rec store.Install) error {
+	cfg := in.cfg
+	if cfg.RunnerImage == "" || cfg.AgentImage == "" || cfg.ControlPlaneAddress == "" || in.s.ca == nil {
+		err := errors.New("the control plane is not configured to install runners")
+		in.fail(ctx, rec, reasonNotConfigured, err.Error(), []string{
+			"start `sandboxd controlplane` with --install-runner-image, --install-agent-image and --install-control-plane-url (the address the cluster reaches the control plane at)"})
+		return err
+	}
+	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
+	defer cancel()
+	t, err := in.target(actx, rec.Org, rec.ClusterID)
+	if err != nil {
+		in.fail(ctx, rec, reasonCredential, err.Error(), []string{
+			"the cluster's credential cannot be used: delete the cluster (after its runners) and add it again"})
+		return err
+	}
+	secret, tok, err := NewBootstrapToken(in.s.ca.Certificate())
+	if err != nil {
+		in.fail(ctx, rec, reasonNotConfigured, err.Error(), nil)
+		return err
+	}
+	// Valid as long as the install may wait for the runner, within the bootstrap maximum.
+	ttl := min(cfg.ApplyTimeout+cfg.HeartbeatTimeout+time.Minute, MaxBootstrapTokenTTL)
+	if err := in.s.st.BootstrapTokens().Create(actx, store.BootstrapToken{Hash: tok.Hash(), Org: rec.Org, RunnerID: rec.RunnerID,
+		ExpiresAt: in.s.now().Add(ttl).UTC()}); err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			in.fail(ctx, rec, apierr.InstallFailed, err.Error(), nil)
+		}
+		return err
+	}
+	v := install.Values{
+		RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: cfg.RunnerImage, AgentImage: cfg.AgentImage,
+		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
+		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
+		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs,
+	}
+	for _, obj := range install.Objects(v) {
+		if err := t.Apply(actx, obj); err != nil {
+			d := install.Diagnose(err)
+			in.fail(ctx, rec, d.Reason, err.Error(), d.Hints)
+			return err
+		}
+	}
+	return nil
+}
+
+// uninstall removes what the control plane installed for r: its namespace, with
+// everything in it (the chart installs nothing cluster-scoped besides the namespace).
+// The namespace's deletion finishes in the cluster after this returns.
+func (s *Service) uninstall(ctx context.Context, in store.Install) error {
+	s.inst.stop(in.Org, in.RunnerID)
+	ctx, cancel := context.WithTimeout(ctx, s.inst.cfg.ApplyTimeout)
+	defer cancel()
+	t, err := s.inst.target(ctx, in.Org, in.ClusterID)
+	if err != nil {
+		return err
+	}
+	err = t.DeleteNamespace(ctx, in.Namespace)
+	if err != nil && in.State == store.InstallFailed && strings.HasPrefix(in.Message, namespaceApplyFailed) {
+		// The install failed creating the namespace: nothing of it is in the cluster, and
+		// a credential that could not create the namespace cannot delete it either.
+		return nil
+	}
+	return err
+}
+
+// namespaceApplyFailed starts the message of an install that failed applying its namespace
+// (install.ApplyError's text): it created nothing.
+const namespaceApplyFailed = "apply Namespace "
+
+// installStatus fills st's install fields from the runner's install record (none:
+// self-managed). An INSTALLING runner that has heartbeated shows INSTALLED even before
+// its install goroutine records it.
+func installStatus(st *controlplanev1.ManagedRunnerStatus, in *store.Install, heartbeated bool) {
+	if in == nil {
+		st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED
+		return
+	}
+	st.InstallNamespace = in.Namespace
+	switch in.State {
+	case store.InstallInstalled:
+		st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED
+	case store.InstallFailed:
+		st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED
+		st.InstallError = &controlplanev1.RunnerInstallError{Reason: in.Reason, Message: in.Message, Hints: in.Hints}
+	default:
+		st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING
+		if heartbeated {
+			st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED
+		}
+	}
+}
+
+// withInstall sets out's install status from the store.
+func (s *Service) withInstall(ctx context.Context, out *controlplanev1.ManagedRunner, org string) *controlplanev1.ManagedRunner {
+	in, err := s.st.Installs().Get(ctx, org, out.GetRunnerId())
+	switch {
+	case err == nil:
+		installStatus(out.Status, &in, out.GetStatus().GetLastHeartbeatTime() != nil)
+	case !errors.Is(err, store.ErrNotFound):
+		s.log.Warn("cannot read a runner's install", "runner", out.GetRunnerId(), "err", err)
+	}
+	return out
+}
+
+func uninstallErr(runnerID string, in store.Install, err error) error {
+	d := install.Diagnose(err)
+	return apierr.New(apierr.UninstallFailed,
+		fmt.Sprintf("runner %s: cannot remove namespace %s from cluster %s (%s): %v; hints: %s; or delete with force (the objects stay in the cluster)",
+			runnerID, in.Namespace, in.ClusterID, d.Reason, err, strings.Join(d.Hints, "; ")),
+		map[string]string{"runner_id": runnerID, "cluster_id": in.ClusterID, "namespace": in.Namespace, "install_reason": d.Reason})
+}

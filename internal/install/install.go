@@ -1,0 +1,435 @@
+// Package install builds the Kubernetes objects of a runner the control plane installs into
+// a registered cluster, applies them with server-side apply, and removes them again. The
+// objects are the Helm chart deploy/helm/sandboxd-runner's (namespace.create=true, the
+// release named ReleaseName), built as typed objects here rather than by rendering the
+// chart: helm's Go module would pull other k8s.io versions than the ones sandboxd builds
+// with. test/k8s renders the chart with helm and checks that the fields that matter
+// (image, args, env, RBAC rules, security contexts, volumes) agree with Objects.
+//
+// It is control-plane code that runners never import: the runner's own Kubernetes code
+// (runtime/kubernetes) knows nothing of installs.
+package install
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+)
+
+// Names and labels of what the control plane installs.
+const (
+	// ChartName is the chart's name: the app.kubernetes.io/name label.
+	ChartName = "sandboxd-runner"
+	// ReleaseName plays the Helm release's part; as it contains the chart's name, it is
+	// also every object's name (the chart's fullname).
+	ReleaseName = "sandboxd-runner"
+	// FieldManager owns the fields the control plane applies.
+	FieldManager = "sandboxd-controlplane"
+	// ManagedBy is the app.kubernetes.io/managed-by label (Helm's is "Helm").
+	ManagedBy = "sandboxd-controlplane"
+	// RunnerLabel names the runner an object was installed for.
+	RunnerLabel = "sandboxd.io/runner-id"
+	// ChartVersion is the chart version the objects follow (Chart.yaml).
+	ChartVersion = "0.1.0"
+)
+
+// Values are the chart values an install sets.
+type Values struct {
+	RunnerID  string
+	Namespace string
+	// Image and AgentImage are full references (repository:tag or @digest).
+	Image                  string
+	AgentImage             string
+	PullPolicy             corev1.PullPolicy // the runner image's; default IfNotPresent
+	SandboxImagePullPolicy corev1.PullPolicy // default IfNotPresent
+	// ControlPlane is HOST:PORT of the control plane's registration service as the cluster
+	// reaches it; BootstrapToken the runner's one-time token; CAPEM the platform CA.
+	ControlPlane   string
+	BootstrapToken string
+	CAPEM          string
+	// BaseDomain of the runner's edge; "" the runner's default.
+	BaseDomain string
+	// StorageClass of the data volume; "" the cluster's default. PersistenceSize default 1Gi.
+	StorageClass    string
+	PersistenceSize string
+	// ExtraArgs are appended to the runner's arguments (the chart's extraArgs).
+	ExtraArgs []string
+	// Version is the app.kubernetes.io/version label (the chart's appVersion).
+	Version string
+}
+
+// Namespace is the namespace a runner is installed into: sandboxd-<runner_id>, or a
+// shortened name with a hash when that would exceed a DNS label.
+func Namespace(runnerID string) string {
+	ns := "sandboxd-" + runnerID
+	if len(ns) <= 63 {
+		return ns
+	}
+	h := sha256.Sum256([]byte(runnerID))
+	return strings.TrimRight(ns[:50], "-") + "-" + hex.EncodeToString(h[:])[:8]
+}
+
+func labels(v Values) map[string]string {
+	ver := v.Version
+	if ver == "" {
+		ver = "dev"
+	}
+	return map[string]string{
+		"app.kubernetes.io/name":       ChartName,
+		"app.kubernetes.io/instance":   ReleaseName,
+		"app.kubernetes.io/version":    ver,
+		"app.kubernetes.io/managed-by": ManagedBy,
+		"helm.sh/chart":                ChartName + "-" + ChartVersion,
+		RunnerLabel:                    v.RunnerID,
+	}
+}
+
+func selectorLabels() map[string]string {
+	return map[string]string{"app.kubernetes.io/name": ChartName, "app.kubernetes.io/instance": ReleaseName}
+}
+
+func meta(v Values, name string, namespaced bool) metav1.ObjectMeta {
+	m := metav1.ObjectMeta{Name: name, Labels: labels(v)}
+	if namespaced {
+		m.Namespace = v.Namespace
+	}
+	return m
+}
+
+// Args are the runner container's arguments, as the chart's deployment.yaml writes them.
+func Args(v Values) []string {
+	args := []string{
+		"runner",
+		"--backend=kubernetes",
+		"--namespace=" + v.Namespace,
+		"--agent-image=" + v.AgentImage,
+		"--image-pull-policy=" + string(orDefault(v.SandboxImagePullPolicy)),
+		"--listen=0.0.0.0:7443",
+		"--data-dir=/var/lib/sandboxd",
+		"--control-plane=$(SANDBOXD_CONTROL_PLANE)",
+		"--bootstrap-token=$(SANDBOXD_BOOTSTRAP_TOKEN)",
+	}
+	if v.CAPEM != "" {
+		args = append(args, "--control-plane-ca=/etc/sandboxd/control-plane/ca.pem")
+	}
+	args = append(args,
+		"--runner-peer-pods=app.kubernetes.io/name="+ChartName+",app.kubernetes.io/instance="+ReleaseName,
+		"--self-deployment="+ReleaseName,
+		"--leader-elect",
+		"--leader-elect-lease="+ReleaseName,
+		"--leader-elect-lease-duration=15s",
+		"--edge-listen=0.0.0.0:8443",
+		"--edge-public-port=443",
+	)
+	if v.BaseDomain != "" {
+		args = append(args, "--base-domain="+v.BaseDomain)
+	}
+	return append(args, v.ExtraArgs...)
+}
+
+func orDefault(p corev1.PullPolicy) corev1.PullPolicy {
+	if p == "" {
+		return corev1.PullIfNotPresent
+	}
+	return p
+}
+
+// Objects are the runner's objects in apply order: the namespace first, the Deployment last.
+func Objects(v Values) []runtime.Object {
+	name := ReleaseName
+	secretData := map[string]string{"address": v.ControlPlane, "bootstrap-token": v.BootstrapToken}
+	if v.CAPEM != "" {
+		secretData["ca.pem"] = v.CAPEM
+	}
+	size := v.PersistenceSize
+	if size == "" {
+		size = "1Gi"
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
+		ObjectMeta: meta(v, name, true),
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+	if v.StorageClass != "" {
+		pvc.Spec.StorageClassName = ptr.To(v.StorageClass)
+	}
+	events := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}
+	sa := []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: v.Namespace}}
+	secretEnv := func(env, key string) corev1.EnvVar {
+		return corev1.EnvVar{Name: env, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: key}}}
+	}
+	fieldEnv := func(env, path string) corev1.EnvVar {
+		return corev1.EnvVar{Name: env, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
+	}
+	mounts := []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/sandboxd"}, {Name: "tmp", MountPath: "/tmp"}}
+	volumes := []corev1.Volume{
+		{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}},
+		{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	if v.CAPEM != "" {
+		mounts = append(mounts, corev1.VolumeMount{Name: "control-plane", MountPath: "/etc/sandboxd/control-plane", ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: "control-plane", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: name, Items: []corev1.KeyToPath{{Key: "ca.pem", Path: "ca.pem"}}}}})
+	}
+	deploy := &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: meta(v, name, true),
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Selector: &metav1.LabelSelector{MatchLabels: selectorLabels()},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: selectorLabels()},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: name,
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532),
+						FSGroup: ptr.To[int64](65532), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:            "runner",
+						Image:           v.Image,
+						ImagePullPolicy: orDefault(v.PullPolicy),
+						Args:            Args(v),
+						Env: []corev1.EnvVar{
+							fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_NAMESPACE", "metadata.namespace"),
+							secretEnv("SANDBOXD_CONTROL_PLANE", "address"), secretEnv("SANDBOXD_BOOTSTRAP_TOKEN", "bootstrap-token"),
+						},
+						Ports: []corev1.ContainerPort{{Name: "api", ContainerPort: 7443}, {Name: "edge", ContainerPort: 8443}},
+						ReadinessProbe: &corev1.Probe{
+							ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("api")}},
+							PeriodSeconds: 2,
+						},
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
+							Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						Resources: corev1.ResourceRequirements{
+							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+							Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")},
+						},
+						VolumeMounts: mounts,
+					}},
+					Volumes: volumes,
+				},
+			},
+		},
+	}
+	return []runtime.Object{
+		&corev1.Namespace{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, ObjectMeta: meta(v, v.Namespace, false)},
+		&corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(v, name, true)},
+		&corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: meta(v, name, true),
+			Type: corev1.SecretTypeOpaque, StringData: secretData},
+		pvc,
+		&rbacv1.Role{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"}, ObjectMeta: meta(v, name+"-sandboxes", true),
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "delete"}},
+				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "delete", "patch"}},
+				{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "create", "update", "patch", "delete"}},
+				events,
+			}},
+		&rbacv1.RoleBinding{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"}, ObjectMeta: meta(v, name+"-sandboxes", true),
+			RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name + "-sandboxes"}, Subjects: sa},
+		&rbacv1.Role{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"}, ObjectMeta: meta(v, name+"-self", true),
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{name}, Verbs: []string{"get", "update"}},
+				{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{name}, Verbs: []string{"get", "patch"}},
+				events,
+			}},
+		&rbacv1.RoleBinding{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"}, ObjectMeta: meta(v, name+"-self", true),
+			RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name + "-self"}, Subjects: sa},
+		&corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: meta(v, name, true),
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Selector: selectorLabels(), Ports: []corev1.ServicePort{
+				{Name: "api", Port: 7443, TargetPort: intstr.FromString("api")},
+				{Name: "edge", Port: 443, TargetPort: intstr.FromString("edge")},
+			}}},
+		deploy,
+	}
+}
+
+// Target is where objects are applied: a cluster (NewTarget), or a fake in tests that
+// inject failures.
+type Target interface {
+	// Apply server-side applies obj (field manager FieldManager, forcing conflicts: the
+	// control plane owns what it installs).
+	Apply(ctx context.Context, obj runtime.Object) error
+	// DeleteNamespace deletes the namespace (with everything in it); a missing one is no error.
+	DeleteNamespace(ctx context.Context, name string) error
+	// NamespaceExists says whether the namespace is still there (terminating counts).
+	NamespaceExists(ctx context.Context, name string) (bool, error)
+}
+
+// resources maps each kind Objects makes to its resource.
+var resources = map[string]schema.GroupVersionResource{
+	"Namespace":             {Version: "v1", Resource: "namespaces"},
+	"ServiceAccount":        {Version: "v1", Resource: "serviceaccounts"},
+	"Secret":                {Version: "v1", Resource: "secrets"},
+	"PersistentVolumeClaim": {Version: "v1", Resource: "persistentvolumeclaims"},
+	"Service":               {Version: "v1", Resource: "services"},
+	"Role":                  {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
+	"RoleBinding":           {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
+	"Deployment":            {Group: "apps", Version: "v1", Resource: "deployments"},
+}
+
+type cluster struct{ dyn dynamic.Interface }
+
+// NewTarget returns the Target of the cluster rc reaches.
+func NewTarget(rc *rest.Config) (Target, error) {
+	d, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return cluster{dyn: d}, nil
+}
+
+// Unstructured converts a typed object.
+func Unstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	// Typed objects carry "creationTimestamp": null and an empty status; neither is ours to apply.
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u.Object, "spec", "template", "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u.Object, "status")
+	return u, nil
+}
+
+func (c cluster) Apply(ctx context.Context, obj runtime.Object) error {
+	u, err := Unstructured(obj)
+	if err != nil {
+		return err
+	}
+	gvr, ok := resources[u.GetKind()]
+	if !ok {
+		return fmt.Errorf("install: no resource for kind %s", u.GetKind())
+	}
+	body, err := u.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	var ri dynamic.ResourceInterface = c.dyn.Resource(gvr)
+	if ns := u.GetNamespace(); ns != "" {
+		ri = c.dyn.Resource(gvr).Namespace(ns)
+	}
+	_, err = ri.Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: FieldManager, Force: ptr.To(true)})
+	if err != nil {
+		return &ApplyError{Kind: u.GetKind(), Name: u.GetName(), Namespace: u.GetNamespace(), Err: err}
+	}
+	return nil
+}
+
+func (c cluster) DeleteNamespace(ctx context.Context, name string) error {
+	err := c.dyn.Resource(resources["Namespace"]).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return &ApplyError{Kind: "Namespace", Name: name, Err: err, Delete: true}
+	}
+	return nil
+}
+
+func (c cluster) NamespaceExists(ctx context.Context, name string) (bool, error) {
+	_, err := c.dyn.Resource(resources["Namespace"]).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, &ApplyError{Kind: "Namespace", Name: name, Err: err, Delete: true}
+}
+
+// ApplyError is a failed apply (or delete) of one object.
+type ApplyError struct {
+	Kind, Name, Namespace string
+	Delete                bool
+	Err                   error
+}
+
+func (e *ApplyError) Error() string {
+	op := "apply"
+	if e.Delete {
+		op = "delete"
+	}
+	where := e.Name
+	if e.Namespace != "" {
+		where = e.Namespace + "/" + e.Name
+	}
+	return fmt.Sprintf("%s %s %s: %v", op, e.Kind, where, e.Err)
+}
+
+func (e *ApplyError) Unwrap() error { return e.Err }
+
+// Diagnosis is what an install error means for an operator.
+type Diagnosis struct {
+	Reason string // apierr.Install*
+	Hints  []string
+}
+
+// Diagnose classifies an install (or uninstall) error by the Kubernetes status behind it.
+func Diagnose(err error) Diagnosis {
+	var ae *ApplyError
+	kind, ns, op := "objects", "", "create"
+	if errors.As(err, &ae) {
+		kind, ns = ae.Kind, ae.Namespace
+		if ae.Delete {
+			op = "delete"
+		}
+	}
+	resource := strings.ToLower(kind) + "s"
+	if gvr, ok := resources[kind]; ok {
+		resource = gvr.Resource
+	}
+	switch {
+	case apierrors.IsForbidden(err):
+		scope := "in namespace " + ns
+		if ns == "" {
+			scope = "cluster-wide"
+		}
+		h := []string{
+			fmt.Sprintf("the cluster credential lacks RBAC to %s %s (%s): grant its user a ClusterRole with get, create, patch and delete on %s (and on every kind the runner chart installs: namespaces, serviceaccounts, secrets, persistentvolumeclaims, services, deployments, roles, rolebindings), or register the cluster with a credential that has them",
+				op, resource, scope, resource),
+			"a Role may only grant what its creator holds: the credential also needs the runner's own rules (pods, secrets, networkpolicies, events, leases, deployments) to create its Roles",
+		}
+		return Diagnosis{Reason: apierr.InstallForbidden, Hints: h}
+	case apierrors.IsUnauthorized(err):
+		return Diagnosis{Reason: apierr.InstallUnauthenticated, Hints: []string{
+			"the API server does not accept the cluster credential (expired or revoked token, or a certificate of another CA): delete the cluster and add it again with a valid credential"}}
+	case apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err):
+		return Diagnosis{Reason: apierr.InstallConflict, Hints: []string{
+			fmt.Sprintf("another manager owns %s %s: remove it, or pick another runner_id", kind, ns)}}
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
+		return Diagnosis{Reason: apierr.InstallRejected, Hints: []string{
+			"the API server rejected an object the control plane built: check the install flags (--install-runner-image, --install-storage-class, …)"}}
+	case errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err):
+		return Diagnosis{Reason: apierr.InstallTimeout, Hints: []string{
+			"the API server did not answer in time: check that the control plane reaches the cluster's server URL"}}
+	}
+	return Diagnosis{Reason: apierr.InstallFailed, Hints: []string{
+		"check that the control plane reaches the cluster's API server and that the server URL and CA are right"}}
+}
