@@ -405,6 +405,11 @@ func TestAutomaticRollout(t *testing.T) {
 		if !p.Running() {
 			t.Errorf("%s exited: a runner re-executes in place", p.Name)
 		}
+		// Each runner checked the signed manifest itself (it trusts the key), not only
+		// the checksums the control plane relayed.
+		if log, err := os.ReadFile(p.Log()); err != nil || !strings.Contains(string(log), "release manifest signature verified") {
+			t.Errorf("%s: no verified release manifest in its log (%v)", p.Name, err)
+		}
 	}
 	if execs.Load() == 0 || execFails.Load() > 0 {
 		t.Fatalf("execs during the rollout: %d, %d failed (last: %v)", execs.Load(), execFails.Load(), execErr.Load())

@@ -23,7 +23,7 @@ func checkStaticExecutable(path string) error {
 	if err != nil {
 		return fmt.Errorf("not an ELF executable: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	if f.Type != elf.ET_EXEC && f.Type != elf.ET_DYN {
 		return fmt.Errorf("not an executable (ELF type %v)", f.Type)
 	}
