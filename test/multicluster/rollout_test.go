@@ -305,6 +305,27 @@ func TestAutomaticRollout(t *testing.T) {
 		<-watchDone
 	}()
 
+	// The floor an update is measured against: the same runner killed and started again by
+	// hand, until the control plane has its next heartbeat (re-adopting its sandbox).
+	var floor time.Duration
+	t.Run("restart by hand (the floor)", func(t *testing.T) {
+		p := b.Runners[0]
+		t0 := time.Now()
+		p.Kill()
+		if err := p.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitFor("a heartbeat after the restart", time.Minute, func() bool {
+			return status(p.Name[len("runner-"):]).GetStatus().GetLastHeartbeatTime().AsTime().After(t0.Add(500 * time.Millisecond))
+		})
+		floor = time.Since(t0)
+		alive(runners[0].ID, "after a restart by hand")
+	})
+	stepTime := func(id string) time.Duration {
+		lu := status(id).GetStatus().GetLastUpdateResult()
+		return lu.GetEndTime().AsTime().Sub(lu.GetStartTime().AsTime())
+	}
+
 	t.Run("RAPID moves, one at a time", func(t *testing.T) {
 		m, sig := stage("v0.0.2", v2, agent)
 		publish("v0.0.2", m, sig)
@@ -319,6 +340,11 @@ func TestAutomaticRollout(t *testing.T) {
 					st.GetDesiredVersion() == "" && !st.GetRolloutInProgress()
 			})
 			alive(id, "after its update")
+		}
+		for _, id := range []string{"rapid-a", "rapid-b"} {
+			d := stepTime(id)
+			t.Logf("%s: update step (set desired → download, verify, swap, re-exec → ready heartbeat) %s; restart by hand %s; ratio %.2f",
+				id, d.Round(time.Millisecond), floor.Round(time.Millisecond), float64(d)/float64(floor))
 		}
 		if n := maxInFlight.Load(); n != 1 {
 			t.Fatalf("at most %d runners were updating at once, want exactly 1", n)
