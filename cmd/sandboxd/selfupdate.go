@@ -9,9 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/release"
@@ -145,10 +147,25 @@ func (s *selfUpdate) report(st *enroll.Status) {
 	if err != nil {
 		return
 	}
-	st.SelfUpdateFailedVersion, st.SelfUpdateFailure = state.Failed, state.FailedReason
-	if len(st.SelfUpdateFailure) > 1024 {
-		st.SelfUpdateFailure = st.SelfUpdateFailure[:1024]
+	st.SelfUpdateFailedVersion, st.SelfUpdateFailure = state.Failed, failureReason(state.FailedReason)
+}
+
+// maxFailureReason is what the control plane accepts (HeartbeatRequest.self_update_failure).
+const maxFailureReason = 1024
+
+// failureReason is reason as a heartbeat can carry it: valid UTF-8 (a proto string; an
+// error can quote any bytes, and a heartbeat that does not marshal is not sent at all)
+// and at most maxFailureReason bytes, cut on a character boundary.
+func failureReason(reason string) string {
+	reason = strings.ToValidUTF8(reason, "\uFFFD")
+	if len(reason) <= maxFailureReason {
+		return reason
 	}
+	cut := maxFailureReason
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return reason[:cut]
 }
 
 // start runs the updater beside the heartbeats: first the trial's watch when this start

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/selfupdate"
@@ -67,5 +70,27 @@ func TestSelfUpdateAfterRun(t *testing.T) {
 	var none *selfUpdate
 	if err := none.afterRun(boom); !errors.Is(err, boom) {
 		t.Fatalf("self-update off: %v", err)
+	}
+}
+
+// A failure reason goes into heartbeats as valid UTF-8 of at most 1024 bytes, even when
+// the error quoted other bytes or cutting at 1024 would split a character: otherwise the
+// heartbeat would not marshal, or the control plane would refuse it.
+func TestFailureReasonFitsAHeartbeat(t *testing.T) {
+	for _, in := range []string{"short", strings.Repeat("x", 1023) + "é", "bad \xff byte", strings.Repeat("é", 600), strings.Repeat("\xff", 2000)} {
+		got := failureReason(in)
+		if len(got) > 1024 || !utf8.ValidString(got) {
+			t.Fatalf("failureReason(%d bytes) = %d bytes, valid %v", len(in), len(got), utf8.ValidString(got))
+		}
+		if utf8.ValidString(in) && len(in) <= 1024 && got != in {
+			t.Fatalf("a reason that fits changed: %q -> %q", in, got)
+		}
+		hb := enroll.Status{SelfUpdateFailedVersion: "v1.0.0", SelfUpdateFailure: got}
+		if _, err := proto.Marshal(&hb); err != nil {
+			t.Fatalf("heartbeat with %q does not marshal: %v", got, err)
+		}
+	}
+	if got := failureReason(strings.Repeat("x", 1023) + "é"); got != strings.Repeat("x", 1023) {
+		t.Fatalf("cut inside a character: %q", got[1020:])
 	}
 }

@@ -583,6 +583,9 @@ func (s *Service) toProto(r store.Runner, targets map[string]string) *controlpla
 
 		LastUpdateResult: updateResultProto(r.LastUpdate),
 		SelfUpdate:       r.Status.SelfUpdate,
+
+		SelfUpdateFailedVersion: r.Status.SelfUpdateFailedVersion,
+		SelfUpdateFailure:       r.Status.SelfUpdateFailure,
 	}
 	_, st.UpdateAvailable = updateAvailable(r, targets)
 	rolloutStatus(st)

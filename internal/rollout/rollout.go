@@ -1,9 +1,12 @@
 // Package rollout moves managed runners to their release channel's version by themselves
 // (issue 18 point 3): inside each runner's maintenance windows, at most Batch runners of a
 // runner group at a time, each step gated on the runner's heartbeats reporting the new
-// version and ready within a deadline. A step that misses its deadline sends the runner
-// back to the version it ran and halts the channel's rollout of that version until the
-// channel's target changes or an admin resumes it.
+// version and ready within a deadline. A step that misses its deadline, or whose runner
+// reports that it refused or rolled back from the version (a single-host runner updating
+// itself: HeartbeatRequest.self_update_failed_version, ended at the next tick with the
+// runner's reason instead of at the deadline), sends the runner back to the version it ran
+// and halts the channel's rollout of that version until the channel's target changes or an
+// admin resumes it.
 //
 // The controller keeps no state of its own: every decision is read from and written to the
 // store (the runners' desired_version and last update step, the channels' halts), so it
@@ -25,6 +28,7 @@ import (
 	"os"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/maintenance"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -359,31 +363,73 @@ func (c *Controller) gate(ctx context.Context, r store.Runner, now time.Time, ta
 		}
 		c.log.Info("runner update succeeded", "org", r.Org, "runner", r.RunnerID, "from", lu.From, "to", lu.To)
 		return false, nil
+	case lu.To != "" && r.Status.SelfUpdateFailedVersion == lu.To:
+		// The runner says it refused or rolled back from the step's version (a single-host
+		// runner updating itself): no need to wait for the deadline, and its reason beats
+		// ours. A failure of To reported before this step is as good: a runner does not
+		// try again a version it failed while it is asked for it.
+		done.State = store.UpdateRolledBack
+		why := orUnknown(r.Status.SelfUpdateFailure)
+		done.Reason = bound("runner reports: " + why)
+		return c.rollBack(ctx, r, lu, done, bound("reports: "+why), now, targets)
 	case !now.Before(lu.Deadline):
 		done.State = store.UpdateRolledBack
 		done.Reason = failReason(r, lu, c.connected(r, now))
-		back := lu.From
-		if _, err := c.cfg.Store.UpdateRunner(ctx, r.Org, r.RunnerID, r.Etag, store.RunnerUpdate{DesiredVersion: &back, LastUpdate: &done}); err != nil {
-			if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-				return true, nil
-			}
-			return true, fmt.Errorf("roll back %s/%s: %w", r.Org, r.RunnerID, err)
-		}
-		c.log.Warn("runner update failed: rolled back", "org", r.Org, "runner", r.RunnerID, "from", lu.From, "to", lu.To, "reason", done.Reason)
-		if targets[r.ReleaseChannel] != lu.To || !r.Status.SelfUpdate {
-			// The channel moved on already, or the runner could not move itself (an
-			// ApplyAvailableUpdate on a runner updated by hand): the version is not at fault.
-			return false, nil
-		}
-		h := store.RolloutHalt{Channel: r.ReleaseChannel, Version: lu.To, Org: r.Org, RunnerID: r.RunnerID, HaltedAt: now,
-			Reason: fmt.Sprintf("runner %s/%s %s; rolled back to %s", r.Org, r.RunnerID, done.Reason, orNone(lu.From))}
-		if err := c.cfg.Store.Halt(ctx, h); err != nil {
-			return false, fmt.Errorf("halt %s: %w", r.ReleaseChannel, err)
-		}
-		c.log.Warn("rollout halted", "channel", h.Channel, "version", h.Version, "reason", h.Reason)
-		return false, nil
+		return c.rollBack(ctx, r, lu, done, done.Reason, now, targets)
 	}
 	return true, nil
+}
+
+// rollBack ends r's step lu as done (rolled back with a reason): desired_version goes back
+// to the version r ran, and the channel's rollout of lu.To halts when the version is at
+// fault, because "runner <org>/<id> <why>". It reports whether r still has a step in
+// flight (only when the write lost).
+func (c *Controller) rollBack(ctx context.Context, r store.Runner, lu *store.UpdateAttempt, done store.UpdateAttempt, why string,
+	now time.Time, targets map[string]string) (bool, error) {
+	back := lu.From
+	if _, err := c.cfg.Store.UpdateRunner(ctx, r.Org, r.RunnerID, r.Etag, store.RunnerUpdate{DesiredVersion: &back, LastUpdate: &done}); err != nil {
+		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
+			return true, nil
+		}
+		return true, fmt.Errorf("roll back %s/%s: %w", r.Org, r.RunnerID, err)
+	}
+	c.log.Warn("runner update failed: rolled back", "org", r.Org, "runner", r.RunnerID, "from", lu.From, "to", lu.To, "reason", done.Reason)
+	if targets[r.ReleaseChannel] != lu.To || !r.Status.SelfUpdate {
+		// The channel moved on already, or the runner could not move itself (an
+		// ApplyAvailableUpdate on a runner updated by hand): the version is not at fault.
+		return false, nil
+	}
+	h := store.RolloutHalt{Channel: r.ReleaseChannel, Version: lu.To, Org: r.Org, RunnerID: r.RunnerID, HaltedAt: now,
+		Reason: fmt.Sprintf("runner %s/%s %s; rolled back to %s", r.Org, r.RunnerID, why, orNone(lu.From))}
+	if err := c.cfg.Store.Halt(ctx, h); err != nil {
+		return false, fmt.Errorf("halt %s: %w", r.ReleaseChannel, err)
+	}
+	c.log.Warn("rollout halted", "channel", h.Channel, "version", h.Version, "reason", h.Reason)
+	return false, nil
+}
+
+// MaxReason bounds, in bytes, a step's failure reason and the halt's part of it that comes
+// from a runner: what a runner reports is at most as long, the prefix makes it longer.
+const MaxReason = store.MaxSelfUpdateFailureLen
+
+// bound cuts s to MaxReason bytes without splitting a UTF-8 character.
+func bound(s string) string {
+	if len(s) <= MaxReason {
+		return s
+	}
+	const ell = "…"
+	cut := MaxReason - len(ell)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ell
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "no reason given"
+	}
+	return s
 }
 
 // failReason says how the runner missed its health gate.

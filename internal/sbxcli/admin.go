@@ -198,6 +198,7 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Target revision", st.GetTargetRevision())
 	row("Rollout in progress", fmt.Sprint(st.GetRolloutInProgress()))
 	row("Self-update", selfUpdate(st))
+	row("Self-update failure", selfUpdateFailure(st))
 	row("Last update", lastUpdate(st.GetLastUpdateResult()))
 	row("Last update reason", st.GetLastUpdateResult().GetReason())
 	row("Rollout halted", st.GetRolloutHaltReason())

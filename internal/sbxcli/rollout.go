@@ -28,6 +28,19 @@ func selfUpdate(st *controlplanev1.ManagedRunnerStatus) string {
 	return "no (the automatic rollout skips it)"
 }
 
+// selfUpdateFailure is the last version the runner refused or rolled back from and why
+// ("v0.0.3: checksum mismatch …"), as its heartbeats report it; "" when none.
+func selfUpdateFailure(st *controlplanev1.ManagedRunnerStatus) string {
+	v := st.GetSelfUpdateFailedVersion()
+	if v == "" {
+		return ""
+	}
+	if why := st.GetSelfUpdateFailure(); why != "" {
+		return v + ": " + why
+	}
+	return v + " (no reason given)"
+}
+
 // lastUpdate is a runner's last update step in one line.
 func lastUpdate(u *controlplanev1.UpdateResult) string {
 	if u == nil {

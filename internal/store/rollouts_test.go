@@ -1,6 +1,8 @@
 package store_test
 
 import (
+	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -154,6 +156,70 @@ func TestRolloutLease(t *testing.T) {
 		wg.Wait()
 		if wins.Load() != 1 {
 			t.Fatalf("%d concurrent winners", wins.Load())
+		}
+	})
+}
+
+// A heartbeat's self-update failure is kept with the status (Get, List and the rollout's
+// Runners), without changing the etag, replaced by the next heartbeat and cleared by one
+// that reports none; over-long or reason-without-version reports are refused.
+func TestRunnerSelfUpdateFailure(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		mustOrg(t, s, "o1")
+		r := mustRunner(t, s, "o1", "r1", "c1")
+		if r.Status.SelfUpdateFailedVersion != "" || r.Status.SelfUpdateFailure != "" {
+			t.Fatalf("new runner: %+v", r.Status)
+		}
+		reason := "checksum mismatch: want ab…, got cd… — ünïcode " + strings.Repeat("x", 900)
+		hb := store.RunnerStatus{Version: "v0.0.2", SelfUpdate: true, SelfUpdateFailedVersion: "v0.0.3", SelfUpdateFailure: reason}
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", hb); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Runners().Get(ctx, "o1", "r1")
+		if err != nil || got.Status.SelfUpdateFailedVersion != "v0.0.3" || got.Status.SelfUpdateFailure != reason || got.Etag != r.Etag {
+			t.Fatalf("after failure report: %+v %v", got.Status, err)
+		}
+		all, err := s.Rollouts().Runners(ctx)
+		if err != nil || len(all) != 1 || all[0].Status.SelfUpdateFailedVersion != "v0.0.3" || all[0].Status.SelfUpdateFailure != reason {
+			t.Fatalf("rollout runners: %+v %v", all, err)
+		}
+		list, _, err := s.Runners().List(ctx, "o1", store.Page{})
+		if err != nil || len(list) != 1 || list[0].Status.SelfUpdateFailure != reason {
+			t.Fatalf("list: %+v %v", list, err)
+		}
+		// At the bounds exactly: accepted.
+		atBounds := store.RunnerStatus{SelfUpdateFailedVersion: "v" + strings.Repeat("1", store.MaxSelfUpdateFailedVersionLen-1),
+			SelfUpdateFailure: strings.Repeat("é", store.MaxSelfUpdateFailureLen/2)}
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", atBounds); err != nil {
+			t.Fatalf("at the bounds: %v", err)
+		}
+		if got, _ := s.Runners().Get(ctx, "o1", "r1"); got.Status.SelfUpdateFailure != atBounds.SelfUpdateFailure {
+			t.Fatalf("at the bounds: %+v", got.Status)
+		}
+		for name, bad := range map[string]store.RunnerStatus{
+			"reason too long":        {SelfUpdateFailedVersion: "v1", SelfUpdateFailure: strings.Repeat("x", store.MaxSelfUpdateFailureLen+1)},
+			"reason too long bytes":  {SelfUpdateFailedVersion: "v1", SelfUpdateFailure: strings.Repeat("é", store.MaxSelfUpdateFailureLen/2) + "x"},
+			"version too long":       {SelfUpdateFailedVersion: strings.Repeat("1", store.MaxSelfUpdateFailedVersionLen+1)},
+			"reason without version": {SelfUpdateFailure: "why"},
+		} {
+			if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", bad); !errors.Is(err, store.ErrInvalid) {
+				t.Errorf("%s: %v, want ErrInvalid", name, err)
+			}
+		}
+		// A version without a reason is kept (a runner may not say why).
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", store.RunnerStatus{SelfUpdateFailedVersion: "v0.0.4"}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Runners().Get(ctx, "o1", "r1"); got.Status.SelfUpdateFailedVersion != "v0.0.4" || got.Status.SelfUpdateFailure != "" {
+			t.Fatalf("version only: %+v", got.Status)
+		}
+		// A heartbeat that reports none clears it.
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", store.RunnerStatus{Version: "v0.0.2"}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Runners().Get(ctx, "o1", "r1"); got.Status.SelfUpdateFailedVersion != "" || got.Status.SelfUpdateFailure != "" {
+			t.Fatalf("after a heartbeat without failure: %+v", got.Status)
 		}
 	})
 }

@@ -205,7 +205,7 @@ const runnerCols = `org_id, runner_id, cluster_id, zone, runner_group_id, displa
 	desired_version, policy, policy_revision, revision, created_at, updated_at,
 	last_heartbeat_at, version, ready, capacity, usage, maintenance_policy,
 	self_update, update_from_version, update_to_version, update_state, update_reason,
-	update_started_at, update_deadline, update_ended_at`
+	update_started_at, update_deadline, update_ended_at, self_update_failed_version, self_update_failure`
 
 // The etag names one revision of one incarnation of a runner: a runner deleted and
 // created again under the same id does not accept the old etags.
@@ -236,7 +236,8 @@ func scanRunner(r row) (Runner, error) {
 	err := r.Scan(&x.Org, &x.RunnerID, &x.ClusterID, &x.Zone, &x.RunnerGroupID, &x.DisplayName,
 		&x.ReleaseChannel, &x.DesiredVersion, &policy, &x.PolicyRevision, &revision, &created, &updated,
 		&heartbeat, &x.Status.Version, &x.Status.Ready, &capacity, &usage, &maint,
-		&x.Status.SelfUpdate, &up.From, &up.To, &up.State, &up.Reason, &upStart, &upDeadline, &upEnd)
+		&x.Status.SelfUpdate, &up.From, &up.To, &up.State, &up.Reason, &upStart, &upDeadline, &upEnd,
+		&x.Status.SelfUpdateFailedVersion, &x.Status.SelfUpdateFailure)
 	if err != nil {
 		return Runner{}, err
 	}
@@ -485,18 +486,36 @@ func (rn runners) RecordHeartbeat(ctx context.Context, org, runnerID string, st 
 	if err := checkJSON("usage", st.Usage); err != nil {
 		return err
 	}
+	if err := checkSelfUpdateFailure(st); err != nil {
+		return err
+	}
 	at := now()
 	if st.LastHeartbeatAt != nil {
 		at = utc(*st.LastHeartbeatAt)
 	}
 	n, err := rn.s.d.exec(ctx, `UPDATE runners SET last_heartbeat_at = $3, version = $4, ready = $5,
-		capacity = $6, usage = $7, self_update = $8 WHERE org_id = $1 AND runner_id = $2`,
-		org, runnerID, at, st.Version, st.Ready, jsonArg(st.Capacity), jsonArg(st.Usage), st.SelfUpdate)
+		capacity = $6, usage = $7, self_update = $8, self_update_failed_version = $9, self_update_failure = $10
+		WHERE org_id = $1 AND runner_id = $2`,
+		org, runnerID, at, st.Version, st.Ready, jsonArg(st.Capacity), jsonArg(st.Usage), st.SelfUpdate,
+		st.SelfUpdateFailedVersion, st.SelfUpdateFailure)
 	if err != nil {
 		return fmt.Errorf("record heartbeat: %w", err)
 	}
 	if n == 0 {
 		return fmt.Errorf("runner %s: %w", runnerID, ErrNotFound)
+	}
+	return nil
+}
+
+// checkSelfUpdateFailure bounds a heartbeat's self-update failure; a reason needs a version.
+func checkSelfUpdateFailure(st RunnerStatus) error {
+	switch {
+	case len(st.SelfUpdateFailedVersion) > MaxSelfUpdateFailedVersionLen:
+		return invalid("self_update_failed_version must be at most %d bytes (got %d)", MaxSelfUpdateFailedVersionLen, len(st.SelfUpdateFailedVersion))
+	case len(st.SelfUpdateFailure) > MaxSelfUpdateFailureLen:
+		return invalid("self_update_failure must be at most %d bytes (got %d)", MaxSelfUpdateFailureLen, len(st.SelfUpdateFailure))
+	case st.SelfUpdateFailure != "" && st.SelfUpdateFailedVersion == "":
+		return invalid("self_update_failure needs self_update_failed_version")
 	}
 	return nil
 }

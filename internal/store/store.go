@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/release"
 )
 
 // Store is the whole persistent state, grouped per entity.
@@ -310,7 +311,20 @@ type RunnerStatus struct {
 	Usage           json.RawMessage
 	// SelfUpdate: the runner can move itself to its desired version.
 	SelfUpdate bool
+	// SelfUpdateFailedVersion is the last version the runner refused or rolled back from
+	// (a single-host runner updating itself) and SelfUpdateFailure why; both "" when it
+	// reports none. Each heartbeat replaces them, so a runner that reports none clears
+	// them. Bounded: MaxSelfUpdateFailedVersionLen, MaxSelfUpdateFailureLen (ErrInvalid);
+	// a reason needs a version.
+	SelfUpdateFailedVersion string
+	SelfUpdateFailure       string
 }
+
+// Bounds of RunnerStatus's self-update failure, in bytes.
+const (
+	MaxSelfUpdateFailedVersionLen = release.MaxVersionLen
+	MaxSelfUpdateFailureLen       = 1024
+)
 
 // RunnerUpdate holds the fields to change; nil leaves a field as it is.
 type RunnerUpdate struct {

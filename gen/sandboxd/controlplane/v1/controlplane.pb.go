@@ -1084,7 +1084,12 @@ type HeartbeatRequest struct {
 	// A single-host runner that updates itself: the last version it refused (checksum,
 	// signature, the binary does not run) or rolled back from, and why; empty when none
 	// (cleared once the control plane asks for another version, or that version succeeds).
-	// The control plane does not record them yet (the rollout slice's last update result).
+	// The control plane keeps them with the runner's status (ManagedRunnerStatus
+	// self_update_failed_version, self_update_failure), replaced by every heartbeat, and the
+	// automatic rollout ends a step to that version at once, as ROLLED_BACK with this reason.
+	// A release version (at most 128 bytes) and at most 1024 bytes (control characters are
+	// shown as spaces); a failure needs a version: otherwise the heartbeat is refused
+	// (CWSANDBOX_INVALID_REQUEST with field violations).
 	SelfUpdateFailedVersion string `protobuf:"bytes,10,opt,name=self_update_failed_version,json=selfUpdateFailedVersion,proto3" json:"self_update_failed_version,omitempty"`
 	SelfUpdateFailure       string `protobuf:"bytes,11,opt,name=self_update_failure,json=selfUpdateFailure,proto3" json:"self_update_failure,omitempty"`
 	unknownFields           protoimpl.UnknownFields
@@ -1668,9 +1673,14 @@ type ManagedRunnerStatus struct {
 	RolloutHaltReason string `protobuf:"bytes,18,opt,name=rollout_halt_reason,json=rolloutHaltReason,proto3" json:"rollout_halt_reason,omitempty"`
 	// The runner can update itself (from its heartbeats); the automatic rollout moves only
 	// such runners.
-	SelfUpdate    bool `protobuf:"varint,19,opt,name=self_update,json=selfUpdate,proto3" json:"self_update,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SelfUpdate bool `protobuf:"varint,19,opt,name=self_update,json=selfUpdate,proto3" json:"self_update,omitempty"`
+	// The last version the runner (a single-host runner updating itself) refused or rolled
+	// back from, as its heartbeats report it, and why; empty when it reports none. A step of
+	// the automatic rollout to that version ends at once, rolled back with this reason.
+	SelfUpdateFailedVersion string `protobuf:"bytes,21,opt,name=self_update_failed_version,json=selfUpdateFailedVersion,proto3" json:"self_update_failed_version,omitempty"`
+	SelfUpdateFailure       string `protobuf:"bytes,22,opt,name=self_update_failure,json=selfUpdateFailure,proto3" json:"self_update_failure,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *ManagedRunnerStatus) Reset() {
@@ -1827,6 +1837,20 @@ func (x *ManagedRunnerStatus) GetSelfUpdate() bool {
 		return x.SelfUpdate
 	}
 	return false
+}
+
+func (x *ManagedRunnerStatus) GetSelfUpdateFailedVersion() string {
+	if x != nil {
+		return x.SelfUpdateFailedVersion
+	}
+	return ""
+}
+
+func (x *ManagedRunnerStatus) GetSelfUpdateFailure() string {
+	if x != nil {
+		return x.SelfUpdateFailure
+	}
+	return ""
 }
 
 // RunnerResources is an amount of runner resources.
@@ -3831,7 +3855,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdf\a\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xcc\b\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -3854,7 +3878,9 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x12last_update_result\x18\x11 \x01(\v2&.sandboxd.controlplane.v1.UpdateResultR\x10lastUpdateResult\x12.\n" +
 	"\x13rollout_halt_reason\x18\x12 \x01(\tR\x11rolloutHaltReason\x12\x1f\n" +
 	"\vself_update\x18\x13 \x01(\bR\n" +
-	"selfUpdate\"o\n" +
+	"selfUpdate\x12;\n" +
+	"\x1aself_update_failed_version\x18\x15 \x01(\tR\x17selfUpdateFailedVersion\x12.\n" +
+	"\x13self_update_failure\x18\x16 \x01(\tR\x11selfUpdateFailure\"o\n" +
 	"\x0fRunnerResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
