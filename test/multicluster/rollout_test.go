@@ -400,8 +400,14 @@ func TestAutomaticRollout(t *testing.T) {
 			}
 			return false
 		})
-		if halt.GetTargetVersion() != "v0.0.3" || halt.GetHaltReason() == "" || !strings.Contains(halt.GetHaltedByRunner(), first) {
+		// The runner says why (its v0.0.3 did not start: the agent), and the control plane
+		// acts on that report at once rather than at the health gate's deadline.
+		if halt.GetTargetVersion() != "v0.0.3" || !strings.Contains(halt.GetHaltReason(), "reports") ||
+			!strings.Contains(halt.GetHaltReason(), "agent binary") || !strings.Contains(halt.GetHaltedByRunner(), first) {
 			t.Fatalf("RAPID's halt: %v", halt)
+		}
+		if took := time.Since(halt.GetHaltTime().AsTime()); halt.GetHaltTime().AsTime().Sub(status(first).GetStatus().GetLastUpdateResult().GetStartTime().AsTime()) >= deadline {
+			t.Fatalf("halted only at the deadline (%s ago)", took)
 		}
 		st := status(first).GetStatus()
 		if lu := st.GetLastUpdateResult(); lu.GetState() != controlplanev1.UpdateState_UPDATE_STATE_ROLLED_BACK || lu.GetReason() == "" {
