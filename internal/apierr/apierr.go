@@ -86,6 +86,9 @@ const (
 	// ReleaseArtifactsDisabled: the control plane serves no release binaries (no
 	// --release-dir).
 	ReleaseArtifactsDisabled = "CWSANDBOX_RELEASE_ARTIFACTS_DISABLED"
+	// ReleaseDownloadsBusy: the runner already has as many release downloads in flight as
+	// one runner may (RunnerReleaseService.DownloadArtifact); retry when one ends.
+	ReleaseDownloadsBusy = "CWSANDBOX_RELEASE_DOWNLOADS_BUSY"
 	// Clusters (issue 18): a registered cluster, and the control plane's installs into it.
 	ClusterNotFound = "CWSANDBOX_CLUSTER_NOT_FOUND"
 	// ClusterInUse: a runner names the cluster; delete the runner first.
@@ -161,6 +164,7 @@ var table = []reasonCode{
 	{ReleaseKeysNotConfigured, connect.CodeFailedPrecondition, "the control plane trusts no release key: it cannot verify a signed release manifest"},
 	{ReleaseArtifactNotFound, connect.CodeNotFound, "the control plane's release directory has no such binary of the release"},
 	{ReleaseArtifactsDisabled, connect.CodeFailedPrecondition, "the control plane serves no release binaries (no --release-dir)"},
+	{ReleaseDownloadsBusy, connect.CodeResourceExhausted, "the runner already has as many release downloads in flight as one runner may; retry"},
 	{ClusterNotFound, connect.CodeNotFound, "no such cluster"},
 	{ClusterInUse, connect.CodeFailedPrecondition, "a runner names the cluster"},
 	{ClustersDisabled, connect.CodeFailedPrecondition, "this control plane keeps no key to seal cluster credentials with"},

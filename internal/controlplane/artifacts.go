@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -33,6 +34,36 @@ const artifactChunk = 256 << 10
 // Artifacts serves RunnerReleaseService: a published release's binaries from the release
 // directory (--release-dir), laid out DIR/<version>/<goarch>/<name>, to registered runners.
 type Artifacts struct{ s *Service }
+
+// MaxDownloadsPerRunner bounds one runner's release downloads in flight.
+const MaxDownloadsPerRunner = 2
+
+// downloadSlots counts release downloads in flight per runner.
+type downloadSlots struct {
+	mu     sync.Mutex
+	active map[string]int
+}
+
+func (d *downloadSlots) acquire(runner string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.active[runner] >= MaxDownloadsPerRunner {
+		return false
+	}
+	if d.active == nil {
+		d.active = map[string]int{}
+	}
+	d.active[runner]++
+	return true
+}
+
+func (d *downloadSlots) release(runner string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.active[runner]--; d.active[runner] <= 0 {
+		delete(d.active, runner)
+	}
+}
 
 // Artifacts returns the RunnerReleaseService handler.
 func (s *Service) Artifacts() *Artifacts { return &Artifacts{s: s} }
@@ -59,6 +90,13 @@ func (a *Artifacts) DownloadArtifact(ctx context.Context, req *connect.Request[c
 	if _, err := s.st.Runners().Get(ctx, org, id); err != nil {
 		return runnerErr(id, "", err)
 	}
+	// A runner needs one binary at a time (two with the agent); more in flight would only
+	// let one runner tie up the control plane's disk and bandwidth.
+	if !s.downloads.acquire(org + "/" + id) {
+		return apierr.New(apierr.ReleaseDownloadsBusy,
+			fmt.Sprintf("runner %s already has %d release downloads in flight", id, MaxDownloadsPerRunner), nil)
+	}
+	defer s.downloads.release(org + "/" + id)
 	v, arch, name := req.Msg.GetVersion(), req.Msg.GetArch(), req.Msg.GetName()
 	var vs violations
 	if _, err := release.ParseVersion(v); err != nil {

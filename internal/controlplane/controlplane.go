@@ -126,8 +126,10 @@ type Service struct {
 	deadline time.Duration
 	// releaseDir: Config.ReleaseDir.
 	releaseDir string
-	sealer     *Sealer
-	inst       *installer
+	// downloads counts each runner's release downloads in flight (DownloadArtifact).
+	downloads downloadSlots
+	sealer    *Sealer
+	inst      *installer
 }
 
 // New returns a Service.

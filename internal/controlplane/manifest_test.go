@@ -274,6 +274,14 @@ func TestPublishSignedManifestAndRunnerGetRelease(t *testing.T) {
 	}
 
 	// A runner reads it with its certificate, and can verify it too.
+	if err := controlplane.EnsureOrg(t.Context(), b.st, "o2"); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []store.Runner{{Org: "o1", RunnerID: "r1", ClusterID: "c1", Zone: "z"}, {Org: "o2", RunnerID: "r9", ClusterID: "c9", Zone: "z"}} {
+		if _, err := b.st.Runners().Create(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
 	runnerCert, err := b.ca.IssueClient("", []*url.URL{controlplane.RunnerURI("o1", "r1")}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -299,6 +307,13 @@ func TestPublishSignedManifestAndRunnerGetRelease(t *testing.T) {
 	wantReason(t, "unknown version", err, connect.CodeNotFound, apierr.ReleaseNotFound)
 	_, err = runner.GetRelease(t.Context(), connect.NewRequest(&controlplanev1.GetReleaseRequest{Version: "latest"}))
 	wantReason(t, "invalid version", err, connect.CodeInvalidArgument, apierr.InvalidRequest)
+
+	// A deleted runner's certificate (still unexpired) reads nothing more.
+	if err := b.st.Runners().Delete(t.Context(), "o2", "r9", ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.registration(&otherCert).GetRelease(t.Context(), connect.NewRequest(&controlplanev1.GetReleaseRequest{Version: "v2.0.0"}))
+	wantReason(t, "deleted runner", err, connect.CodeNotFound, apierr.RunnerNotFound)
 
 	// Not a runner: no certificate, or one of the CA that names no runner (a gateway's).
 	_, err = b.registration(nil).GetRelease(t.Context(), connect.NewRequest(&controlplanev1.GetReleaseRequest{Version: "v2.0.0"}))

@@ -338,8 +338,13 @@ func releaseProto(r store.Release) *controlplanev1.Release {
 // it before it installs the release. Releases are platform-wide, so the runner's
 // organization does not matter.
 func (g *Registration) GetRelease(ctx context.Context, req *connect.Request[controlplanev1.GetReleaseRequest]) (*connect.Response[controlplanev1.Release], error) {
-	if _, _, err := caller(ctx); err != nil {
+	org, id, err := caller(ctx)
+	if err != nil {
 		return nil, err
+	}
+	// A certificate outlives its runner's record: a deleted runner reads nothing more.
+	if _, err := g.s.st.Runners().Get(ctx, org, id); err != nil {
+		return nil, runnerErr(id, "", err)
 	}
 	v := req.Msg.GetVersion()
 	if _, err := release.ParseVersion(v); err != nil {
