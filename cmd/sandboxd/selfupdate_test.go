@@ -125,14 +125,14 @@ func TestRefusedFlagsRollsBack(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 
 	// No trial: the error as it is.
-	if err := refusedFlags(args, refused, log, execve, locate); err != refused || len(execed) != 0 {
+	if err := refusedFlags(args, refused, log, execve, locate); !errors.Is(err, refused) || len(execed) != 0 {
 		t.Fatalf("no trial: %v, exec'd %q", err, execed)
 	}
 	// Another version on trial (this one is the old one): as it is.
 	if err := selfupdate.Swap(dir, bins, sd+".new", "", selfupdate.Trial{From: version, To: "v9.9.9"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := refusedFlags(args, refused, log, execve, locate); err != refused || len(execed) != 0 {
+	if err := refusedFlags(args, refused, log, execve, locate); !errors.Is(err, refused) || len(execed) != 0 {
 		t.Fatalf("other version's trial: %v, exec'd %q", err, execed)
 	}
 	if err := selfupdate.Rollback(dir, bins, "reset"); err != nil {
