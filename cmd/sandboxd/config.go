@@ -47,6 +47,22 @@ func parseFlags(name string, cfg flagBinder, args []string) (given map[string]bo
 	return given, nil
 }
 
+// parseRunnerFlags parses and validates `sandboxd runner`'s flags. Unlike parseFlags it
+// returns a bad flag as an error (after printing it and the usage, as flag does) instead
+// of exiting, so that a new version on trial can roll back first (refusedFlags); -h
+// still prints the flags and exits 0.
+func parseRunnerFlags(cfg *runnerConfig, args []string) error {
+	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
+	cfg.bind(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		return err
+	}
+	return cfg.validate()
+}
+
 // newLogger logs text to stderr from level on, or from the level below (Info → Debug,
 // Warn → Info) when verbose (-v).
 func newLogger(level slog.Level, verbose bool) *slog.Logger {
@@ -133,6 +149,8 @@ type runnerConfig struct {
 	selfUpdate         bool
 	selfUpdateDeadline time.Duration
 	releaseKeys        string
+	// args are the flags as given (a self-update checks the new version accepts them).
+	args []string
 }
 
 func (c *runnerConfig) bind(fs *flag.FlagSet) {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/sandboxd/sandboxd/internal/selfupdate"
 	buildversion "github.com/sandboxd/sandboxd/internal/version"
 )
 
@@ -34,6 +35,10 @@ func main() {
 		err = controlPlaneCmd(os.Args[2:])
 	case "runner":
 		err = runnerCmd(os.Args[2:])
+	case selfupdate.CheckFlagsCommand:
+		// Unlisted: a runner's self-update asks the new sandboxd whether it accepts the
+		// runner's flags before swapping it in (internal/selfupdate).
+		err = runnerCheckFlags(os.Args[2:])
 	case "gateway":
 		err = gatewayCmd(os.Args[2:])
 	case "apikey":

@@ -35,9 +35,14 @@ type selfUpdate struct {
 	// execve is syscall.Exec (tests replace it).
 	execve func(path string, argv, env []string) error
 
+	// args are the runner's flags, which a new version must accept before it is swapped in.
+	args []string
+
 	mu     sync.Mutex
 	reexec string             // why the runner is to re-execute ("" while it is not)
 	cancel context.CancelFunc // stops serving
+	// stopped: a signal stopped the runner (a restart, a reboot), which is no crash.
+	stopped bool
 }
 
 // selfUpdateStart prepares self-update for a local-backend runner (nil when off or on
@@ -47,21 +52,11 @@ func (c runnerConfig) selfUpdateStart(log *slog.Logger) (su *selfUpdate, rolledB
 	if !c.selfUpdate || c.backend == "kubernetes" {
 		return nil, false, nil
 	}
-	exe, err := os.Executable()
-	if err == nil {
-		exe, err = filepath.EvalSymlinks(exe)
-	}
+	bins, err := runningBinaries()
 	if err != nil {
-		return nil, false, fmt.Errorf("self-update: locate the running sandboxd: %w", err)
+		return nil, false, err
 	}
-	su = &selfUpdate{dir: c.dataDir, bins: selfupdate.Binaries{Sandboxd: exe}, deadline: c.selfUpdateDeadline, log: log, execve: syscall.Exec}
-	// The agent the local backend uses ($SANDBOXD_AGENT or beside sandboxd) is replaced
-	// with it when the release has one; none found: sandboxd only.
-	if agent, err := stack.FindAgent(); err == nil {
-		if su.bins.Agent, err = filepath.Abs(agent); err != nil {
-			su.bins.Agent = ""
-		}
-	}
+	su = &selfUpdate{dir: c.dataDir, bins: bins, deadline: c.selfUpdateDeadline, log: log, execve: syscall.Exec, args: c.args}
 	if c.releaseKeys != "" {
 		b, err := os.ReadFile(c.releaseKeys)
 		if err != nil {
@@ -77,6 +72,90 @@ func (c runnerConfig) selfUpdateStart(log *slog.Logger) (su *selfUpdate, rolledB
 	}
 	su.trying = d == selfupdate.Trying
 	return su, d == selfupdate.RolledBack, nil
+}
+
+// runningBinaries are the binaries a self-update replaces: the running sandboxd, and the
+// agent the local backend uses ($SANDBOXD_AGENT or beside sandboxd) when one is found
+// (the release's replaces it when it has one; none found: sandboxd only).
+func runningBinaries() (selfupdate.Binaries, error) {
+	exe, err := os.Executable()
+	if err == nil {
+		exe, err = filepath.EvalSymlinks(exe)
+	}
+	if err != nil {
+		return selfupdate.Binaries{}, fmt.Errorf("self-update: locate the running sandboxd: %w", err)
+	}
+	bins := selfupdate.Binaries{Sandboxd: exe}
+	if agent, err := stack.FindAgent(); err == nil {
+		if bins.Agent, err = filepath.Abs(agent); err != nil {
+			bins.Agent = ""
+		}
+	}
+	return bins, nil
+}
+
+// lenientDataDir is the --data-dir that args give, found without parsing them (they may
+// not parse): the last -data-dir/--data-dir value, else the default.
+func lenientDataDir(args []string) string {
+	dir := defaultDataDir
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		name, val, hasVal := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "data-dir" {
+			continue
+		}
+		if hasVal {
+			dir = val
+		} else if i+1 < len(args) {
+			i++
+			dir = args[i]
+		}
+	}
+	return dir
+}
+
+// refusedFlags handles runner flags that do not parse or validate (refused). When this
+// version is on trial (a self-update just put it in place) it restores the previous
+// binaries, records why, and re-executes them with the same argv, which the previous
+// version accepted; otherwise, or when that fails, refused is returned. The data dir
+// comes from lenientDataDir since the flags cannot be parsed.
+func refusedFlags(args []string, refused error, log *slog.Logger, execve func(path string, argv, env []string) error, bins func() (selfupdate.Binaries, error)) error {
+	dir := lenientDataDir(args)
+	st, err := selfupdate.LoadState(dir)
+	if err != nil || st.Trial == nil || st.Trial.To != version {
+		return refused
+	}
+	b, err := bins()
+	if err != nil {
+		return errors.Join(refused, err)
+	}
+	log.Error("runner update: the new version refuses the runner's flags; rolling back", "from", st.Trial.From, "to", version, "err", refused)
+	if err := selfupdate.Rollback(dir, b, fmt.Sprintf("version %s refuses the runner's flags: %v", version, refused)); err != nil {
+		return errors.Join(refused, fmt.Errorf("runner update: roll back to %s: %w", st.Trial.From, err))
+	}
+	su := &selfUpdate{dir: dir, bins: b, log: log, execve: execve}
+	return su.exec("rollback from " + version + ": it refuses the runner's flags")
+}
+
+// runnerCheckFlags is selfupdate.CheckFlagsCommand: it parses and validates `sandboxd
+// runner` flags and returns, starting nothing and touching no state (no trial logic), so
+// a running runner can ask a new version whether it will accept its flags.
+func runnerCheckFlags(args []string) error {
+	var cfg runnerConfig
+	return parseRunnerFlags(&cfg, args)
+}
+
+// signalled records that a signal stopped the runner (nil-safe).
+func (s *selfUpdate) signalled() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
 }
 
 // serveCtx is ctx, cancelled too when the runner is to re-execute.
@@ -128,6 +207,17 @@ func (s *selfUpdate) afterRun(runErr error) error {
 	if why := s.pending(); why != "" {
 		return s.exec(why)
 	}
+	s.mu.Lock()
+	stopped := s.stopped
+	s.mu.Unlock()
+	if stopped && s.trying {
+		// Stopped by a signal during the trial (a restart, a reboot): the next start of
+		// this version is not another attempt; the trial goes on then.
+		if err := selfupdate.CleanExit(s.dir, version); err != nil {
+			s.log.Warn("runner update: could not record the clean stop of the version on trial", "version", version, "err", err)
+		}
+		return runErr
+	}
 	if runErr != nil && s.trying {
 		s.log.Error("runner update: the new version failed to start; rolling back", "version", version, "err", runErr)
 		if err := selfupdate.Rollback(s.dir, s.bins, fmt.Sprintf("version %s failed to start: %v", version, runErr)); err != nil {
@@ -136,6 +226,14 @@ func (s *selfUpdate) afterRun(runErr error) error {
 		return s.exec("rollback from " + version)
 	}
 	return runErr
+}
+
+// runnerArgs is args, never nil (nil would skip the new version's flag check).
+func runnerArgs(args []string) []string {
+	if args == nil {
+		return []string{}
+	}
+	return args
 }
 
 // report puts the last failed update (from the state file) into a heartbeat.
@@ -179,6 +277,8 @@ func (s *selfUpdate) start(ctx context.Context, c runnerConfig, creds runnerCred
 		// with RunnerRegistrationService.GetRelease) verifies and names these binaries.
 		Keys: s.keys, Manifest: fetcher.Manifest,
 		Restart: s.restart, Logger: logger,
+		// The new sandboxd must accept this runner's flags (it is re-executed with them).
+		RunnerArgs: runnerArgs(s.args),
 	})
 	if err != nil {
 		return err

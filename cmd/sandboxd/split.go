@@ -35,14 +35,16 @@ const DefaultBaseDomain = controlplane.DefaultEndpointDomain
 // runnerCmd runs the single-host stack and serves it to gateways over mTLS. Unlike
 // `dev` it never serves the test images: docker.io is Docker Hub (internal/archtest
 // checks that no code path of it reaches internal/testimage).
+//
+// A version on trial after a self-update that refuses the runner's flags (a flag renamed
+// or removed, stricter validation) rolls back before it exits: otherwise it would exit
+// before the trial logic, and a supervisor would restart it forever.
 func runnerCmd(args []string) error {
 	var cfg runnerConfig
-	if _, err := parseFlags("runner", &cfg, args); err != nil {
-		return err
+	if err := parseRunnerFlags(&cfg, args); err != nil {
+		return refusedFlags(args, err, newLogger(slog.LevelInfo, false), syscall.Exec, runningBinaries)
 	}
-	if err := cfg.validate(); err != nil {
-		return err
-	}
+	cfg.args = args
 	logger := newLogger(slog.LevelInfo, cfg.verbose)
 	su, rolledBack, err := cfg.selfUpdateStart(logger)
 	if err != nil {
@@ -60,6 +62,11 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	pkiDir := pkiDirOf(c.dataDir, c.pkiDir)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	defer func() {
+		if ctx.Err() != nil {
+			su.signalled() // a clean stop, not a crash (a trial keeps its attempt)
+		}
+	}()
 	ctx, cancel := su.serveCtx(ctx)
 	defer cancel()
 	if c.backend == "kubernetes" {

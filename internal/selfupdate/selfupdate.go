@@ -44,6 +44,10 @@ type Trial struct {
 	Since    time.Time `json:"since"`
 	// Agent: sandbox-agent was swapped too (and has a .prev to restore).
 	Agent bool `json:"agent,omitempty"`
+	// CleanExit: the last run of To ended with a clean stop (SIGTERM/SIGINT: a restart by
+	// hand, a supervisor's stop, a reboot), not a crash; its next start is not counted as
+	// an attempt, so a healthy version is not rolled back for being restarted.
+	CleanExit bool `json:"clean_exit,omitempty"`
 }
 
 // State is what the state file holds.
@@ -67,20 +71,35 @@ type Binaries struct {
 // prev is where the binary at p is kept while the next version is on trial.
 func prev(p string) string { return p + ".prev" }
 
+// maxStateBytes bounds the state file (a few hundred bytes in practice).
+const maxStateBytes = 64 << 10
+
 // LoadState reads the state file in dir (the zero State when there is none).
+//
+// Unknown fields are accepted: the file is this runner's own, and the binary reading it
+// is often older than the one that wrote it (a rollback re-executes the previous version
+// on the new version's file), so a field a later release adds must not make the older
+// one fail to start.
 func LoadState(dir string) (State, error) {
 	var s State
-	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	p := filepath.Join(dir, StateFile)
+	f, err := os.Open(p)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return s, nil
 	case err != nil:
 		return s, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		return State{}, fmt.Errorf("%s: %w", filepath.Join(dir, StateFile), err)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxStateBytes+1))
+	if err != nil {
+		return s, err
+	}
+	if len(b) > maxStateBytes {
+		return s, fmt.Errorf("%s: larger than %d bytes", p, maxStateBytes)
+	}
+	if err := json.NewDecoder(bytes.NewReader(b)).Decode(&s); err != nil {
+		return State{}, fmt.Errorf("%s: %w", p, err)
 	}
 	return s, nil
 }
@@ -162,16 +181,25 @@ func restore(p string) error {
 // failed (with reason). The trial stays recorded until the old version starts and sees
 // itself running (Startup).
 func Rollback(dir string, bins Binaries, reason string) error {
+	_, err := rollback(dir, bins, reason)
+	return err
+}
+
+// rollback is Rollback; it also reports whether sandboxd itself was restored (so the
+// previous version can be re-executed even when the agent could not be).
+func rollback(dir string, bins Binaries, reason string) (sandboxdRestored bool, err error) {
 	st, err := LoadState(dir)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if st.Trial == nil {
-		return errors.New("no update on trial")
+		return false, errors.New("no update on trial")
 	}
 	var errs []error
 	if err := restore(bins.Sandboxd); err != nil {
 		errs = append(errs, fmt.Errorf("restore %s: %w", bins.Sandboxd, err))
+	} else {
+		sandboxdRestored = true
 	}
 	if st.Trial.Agent && bins.Agent != "" {
 		if err := restore(bins.Agent); err != nil {
@@ -182,7 +210,7 @@ func Rollback(dir string, bins Binaries, reason string) error {
 	if err := SaveState(dir, st); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return sandboxdRestored, errors.Join(errs...)
 }
 
 // Decision is what Startup tells the runner to do.
@@ -200,22 +228,57 @@ const (
 )
 
 // Startup looks at the trial on a start of version running, before anything else starts.
+//
+// It does not keep the runner from starting: a state file it cannot read is set aside
+// (and logged), and a rollback that cannot restore the previous sandboxd (its .prev is
+// gone) is recorded as a failure and the current binary runs, rather than every later
+// start failing.
 func Startup(dir string, bins Binaries, running string, log *slog.Logger) (Decision, error) {
 	st, err := LoadState(dir)
-	if err != nil || st.Trial == nil {
-		return Run, err
+	if err != nil {
+		p := filepath.Join(dir, StateFile)
+		log.Error("runner update: the state file cannot be read; setting it aside and starting without it", "path", p, "err", err)
+		if rerr := os.Rename(p, p+".bad"); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			return Run, fmt.Errorf("runner update: set aside %s: %w", p, rerr)
+		}
+		return Run, nil
+	}
+	if st.Trial == nil {
+		return Run, nil
 	}
 	t := st.Trial
 	switch running {
 	case t.To:
-		t.Attempts++
+		if t.CleanExit {
+			// The last run stopped cleanly (a restart, not a crash): this start is not
+			// another attempt.
+			t.CleanExit = false
+		} else {
+			t.Attempts++
+		}
 		if t.Attempts > MaxAttempts {
 			reason := fmt.Sprintf("version %s started %d times without confirming (it crashed or was killed before it was ready and heartbeated)", t.To, t.Attempts-1)
 			log.Error("runner update: the new version did not confirm; rolling back", "from", t.From, "to", t.To, "attempts", t.Attempts-1)
-			if err := Rollback(dir, bins, reason); err != nil {
-				return Run, fmt.Errorf("runner update: roll back to %s: %w", t.From, err)
+			restored, err := rollback(dir, bins, reason)
+			if restored {
+				if err != nil {
+					log.Error("runner update: rolled back sandboxd, but not everything", "err", err)
+				}
+				return RolledBack, nil
 			}
-			return RolledBack, nil
+			// Nothing to go back to: run this version rather than fail every start.
+			log.Error("RUNNER UPDATE: CANNOT ROLL BACK; the previous version cannot be restored, running the new one anyway",
+				"from", t.From, "to", t.To, "err", err)
+			st, lerr := LoadState(dir)
+			if lerr != nil {
+				st = State{}
+			}
+			st.Trial = nil
+			st.Failed, st.FailedReason = t.To, fmt.Sprintf("%s; the rollback to %s failed (%v), so the runner runs %s anyway", reason, t.From, err, t.To)
+			if err := SaveState(dir, st); err != nil {
+				log.Error("runner update: could not record the failed rollback", "err", err)
+			}
+			return Run, nil
 		}
 		if err := SaveState(dir, st); err != nil {
 			return Run, err
@@ -233,6 +296,21 @@ func Startup(dir string, bins Binaries, running string, log *slog.Logger) (Decis
 	}
 	st.Trial = nil
 	return Run, SaveState(dir, st)
+}
+
+// CleanExit records that running, on trial, stopped cleanly (a signal asked it to): its
+// next start is not counted as an attempt (Startup). Nothing happens when running is
+// not on trial (confirmed, or another version's trial).
+func CleanExit(dir, running string) error {
+	st, err := LoadState(dir)
+	if err != nil {
+		return err
+	}
+	if st.Trial == nil || st.Trial.To != running {
+		return nil
+	}
+	st.Trial.CleanExit = true
+	return SaveState(dir, st)
 }
 
 // Confirm ends the trial of running: the update is done. The *.prev files stay (the

@@ -392,3 +392,160 @@ func TestRunKeepsFailedUntilKnown(t *testing.T) {
 		t.Fatalf("state %+v", st)
 	}
 }
+
+// TestStateUnknownFields: a state file written by a later release (fields this one does
+// not know) loads, and Startup acts on it: a rollback re-executes the older binary on
+// the newer one's file. An oversized file is refused; an unreadable one is set aside and
+// the runner starts.
+func TestStateUnknownFields(t *testing.T) {
+	tr := newTree(t)
+	p := filepath.Join(tr.data, StateFile)
+	write(t, p, `{"trial":{"from":"v1.0.0","to":"v2.0.0","attempts":1,"since":"2026-01-01T00:00:00Z","future_field":{"x":1}},"failed":"","later":true}`)
+	st, err := LoadState(tr.data)
+	if err != nil || st.Trial == nil || st.Trial.To != "v2.0.0" || st.Trial.Attempts != 1 {
+		t.Fatalf("state with unknown fields: %+v %v", st, err)
+	}
+	if d, err := Startup(tr.data, tr.bins, "v1.0.0", quiet()); d != Run || err != nil {
+		t.Fatalf("old version on the new version's file: %v %v", d, err)
+	}
+	if st, _ := LoadState(tr.data); st.Trial != nil || st.Failed != "v2.0.0" {
+		t.Fatalf("trial not settled: %+v", st)
+	}
+
+	write(t, p, `{"failed":"`+strings.Repeat("x", maxStateBytes)+`"}`)
+	if _, err := LoadState(tr.data); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("oversized state file: %v", err)
+	}
+	write(t, p, "not json")
+	if d, err := Startup(tr.data, tr.bins, "v1.0.0", quiet()); d != Run || err != nil {
+		t.Fatalf("unreadable state file: %v %v, want Run", d, err)
+	}
+	if _, err := os.Stat(p + ".bad"); err != nil {
+		t.Fatalf("unreadable state file not set aside: %v", err)
+	}
+	if st, err := LoadState(tr.data); err != nil || st.Trial != nil {
+		t.Fatalf("after setting aside: %+v %v", st, err)
+	}
+}
+
+// TestStartupCannotRollBack: a crashed trial whose previous sandboxd is gone (.prev
+// deleted) is recorded as failed and the current binary runs, on this and later starts,
+// instead of every start failing.
+func TestStartupCannotRollBack(t *testing.T) {
+	tr := newTree(t)
+	tr.swap(t, false)
+	if d, err := Startup(tr.data, tr.bins, "v2.0.0", quiet()); d != Trying || err != nil {
+		t.Fatal(d, err)
+	}
+	if err := os.Remove(prev(tr.bins.Sandboxd)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		d, err := Startup(tr.data, tr.bins, "v2.0.0", quiet())
+		if d != Run || err != nil {
+			t.Fatalf("start %d after a crash without .prev: %v %v, want Run", i, d, err)
+		}
+	}
+	st, _ := LoadState(tr.data)
+	if st.Trial != nil || st.Failed != "v2.0.0" || !strings.Contains(st.FailedReason, "rollback to v1.0.0 failed") {
+		t.Fatalf("state %+v", st)
+	}
+	if read(t, tr.bins.Sandboxd) != "new sandboxd" {
+		t.Fatal("binary changed")
+	}
+}
+
+// TestCleanExitKeepsTrial: a clean stop during the trial (SIGTERM: a restart, a reboot)
+// does not count as an attempt; the version stays on trial and can still be confirmed.
+// A crash after that clean restart still rolls back.
+func TestCleanExitKeepsTrial(t *testing.T) {
+	tr := newTree(t)
+	tr.swap(t, true)
+	if d, err := Startup(tr.data, tr.bins, "v2.0.0", quiet()); d != Trying || err != nil {
+		t.Fatal(d, err)
+	}
+	for i := range 3 { // restarted by hand, repeatedly
+		if err := CleanExit(tr.data, "v2.0.0"); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := Startup(tr.data, tr.bins, "v2.0.0", quiet()); d != Trying || err != nil {
+			t.Fatalf("start %d after a clean stop: %v %v, want Trying", i, d, err)
+		}
+	}
+	if read(t, tr.bins.Sandboxd) != "new sandboxd" {
+		t.Fatal("rolled back after clean stops")
+	}
+	// Now it crashes (no clean-exit mark): the next start rolls back.
+	if d, err := Startup(tr.data, tr.bins, "v2.0.0", quiet()); d != RolledBack || err != nil {
+		t.Fatalf("start after a crash: %v %v, want RolledBack", d, err)
+	}
+	if read(t, tr.bins.Sandboxd) != "old sandboxd" || read(t, tr.bins.Agent) != "old agent" {
+		t.Fatal("not rolled back")
+	}
+
+	// A clean stop of another version (or with no trial) changes nothing.
+	tr = newTree(t)
+	tr.swap(t, false)
+	if err := CleanExit(tr.data, "v1.0.0"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := LoadState(tr.data); st.Trial == nil || st.Trial.CleanExit {
+		t.Fatalf("clean exit of another version marked: %+v", st.Trial)
+	}
+	// And a clean stop, then confirmation: the trial ends.
+	if _, err := Startup(tr.data, tr.bins, "v2.0.0", quiet()); err != nil {
+		t.Fatal(err)
+	}
+	if err := CleanExit(tr.data, "v2.0.0"); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := Startup(tr.data, tr.bins, "v2.0.0", quiet()); d != Trying {
+		t.Fatal(d)
+	}
+	if err := Confirm(tr.data, "v2.0.0"); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := Startup(tr.data, tr.bins, "v2.0.0", quiet()); d != Run {
+		t.Fatal(d)
+	}
+}
+
+// checkScript is a "sandboxd" that answers `version`, and its flag check by accepting
+// or refusing (or, old, not knowing the command).
+func checkScript(version, check string) []byte {
+	var c string
+	switch check {
+	case "ok":
+		c = "exit 0"
+	case "refuse":
+		c = "echo 'flag provided but not defined: -gone' >&2; exit 2"
+	case "old":
+		c = `echo 'sandboxd: unknown command "` + CheckFlagsCommand + `"' >&2; exit 2`
+	}
+	return []byte("#!/bin/sh\nif [ \"$1\" = version ]; then echo 'sandboxd " + version + "'; exit 0; fi\n" +
+		"if [ \"$1\" = " + CheckFlagsCommand + " ] && [ \"$2\" = --gone ]; then " + c + "; fi\nexit 0\n")
+}
+
+// TestUpdaterChecksFlags: the new sandboxd must accept the runner's flags before it is
+// swapped in; one that refuses them is refused; one too old to check is installed.
+func TestUpdaterChecksFlags(t *testing.T) {
+	for check, want := range map[string]bool{"ok": true, "refuse": false, "old": true} {
+		t.Run(check, func(t *testing.T) {
+			tr := newTree(t)
+			sd := checkScript("v2.0.0", check)
+			rel := &fakeRelease{version: "v2.0.0", files: map[string][]byte{"sandboxd": sd}}
+			var restarts []string
+			u := newUpdater(t, tr, rel, &restarts, func(c *Config) { c.RunnerArgs = []string{"--gone", "x"} })
+			ok, err := u.Apply(t.Context(), Offer{Version: "v2.0.0", SandboxdSHA256: sum(sd)})
+			if ok != want {
+				t.Fatalf("apply: %v %v, want %v", ok, err, want)
+			}
+			if !want {
+				if !errors.Is(err, ErrVerify) || !strings.Contains(err.Error(), "refuses this runner's flags") || !strings.Contains(err.Error(), "-gone") {
+					t.Fatalf("error: %v", err)
+				}
+				tr.untouched(t)
+			}
+		})
+	}
+}

@@ -56,6 +56,11 @@ type Config struct {
 	MaxBytes        int64
 	DownloadTimeout time.Duration
 	ProbeTimeout    time.Duration
+	// RunnerArgs, when not nil, are the running runner's flags (os.Args after "runner"):
+	// before the swap the new sandboxd must accept them (`sandboxd CheckFlagsCommand
+	// ARGS…` parses and validates them and exits, starting nothing), since it will be
+	// re-executed with them.
+	RunnerArgs []string
 	// Restart stops the runner (sandboxes keep running) and re-executes the binary in
 	// place; it is called once the new binaries are in place.
 	Restart func(reason string)
@@ -211,6 +216,9 @@ func (u *Updater) install(ctx context.Context, offer Offer) error {
 	if err := u.probe(ctx, sd, offer.Version); err != nil {
 		return err
 	}
+	if err := u.checkFlags(ctx, sd, offer.Version); err != nil {
+		return err
+	}
 	log.Info("runner update: binaries verified; swapping them in", "to", offer.Version, "sandboxd", cfg.Bins.Sandboxd, "agent_replaced", agent != "", "signature_checked", len(cfg.Keys) > 0)
 	if err := Swap(cfg.DataDir, cfg.Bins, sd, agent, Trial{From: cfg.Running, To: offer.Version, Since: cfg.Now().UTC()}); err != nil {
 		return err
@@ -313,6 +321,36 @@ func (u *Updater) probe(ctx context.Context, path, version string) error {
 		return fmt.Errorf("%w: the new sandboxd says %q, not \"sandboxd %s\"", ErrVerify, got, version)
 	}
 	return nil
+}
+
+// CheckFlagsCommand is the (unlisted) sandboxd subcommand that parses and validates a
+// runner's flags and exits: 0 when `sandboxd runner` would accept them.
+const CheckFlagsCommand = "runner-check-flags"
+
+// checkFlags runs the staged sandboxd's CheckFlagsCommand on the runner's flags. A
+// sandboxd older than the command (it answers `unknown command`) cannot be asked: the
+// check is skipped, and a version that then refuses the flags is rolled back on its
+// first start instead.
+func (u *Updater) checkFlags(ctx context.Context, path, version string) error {
+	if u.cfg.RunnerArgs == nil {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, u.cfg.ProbeTimeout)
+	defer cancel()
+	var out bytes.Buffer
+	cmd := exec.CommandContext(pctx, path, append([]string{CheckFlagsCommand}, u.cfg.RunnerArgs...)...)
+	cmd.Stdout, cmd.Stderr = &limitWriter{w: &out, n: 4 << 10}, &limitWriter{w: &out, n: 4 << 10}
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	err := cmd.Run()
+	if err == nil {
+		return nil
+	}
+	msg := strings.TrimSpace(out.String())
+	if strings.Contains(msg, fmt.Sprintf("unknown command %q", CheckFlagsCommand)) {
+		u.cfg.Logger.Warn("runner update: the new sandboxd cannot check the runner's flags (it predates the check); installing it unchecked", "version", version)
+		return nil
+	}
+	return fmt.Errorf("%w: the new sandboxd refuses this runner's flags (`%s %s …`: %w: %q)", ErrVerify, filepath.Base(path), CheckFlagsCommand, err, msg)
 }
 
 // recordFailed and forgetFailed keep the failed version in the state file, so a restart
