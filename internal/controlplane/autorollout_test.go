@@ -269,7 +269,7 @@ func TestResumeRolloutOnlyPlatformAdmins(t *testing.T) {
 		_, err := b.svc.ResumeRollout(auth.WithPrincipal(ctx, p), req)
 		wantReason(t, "resume by "+p.Org+"/"+string(p.Role), err, connect.CodePermissionDenied, apierr.PermissionDenied)
 	}
-	if hs, _ := b.st.Rollouts().Halts(ctx); len(hs) != 1 {
+	if hs, _ := b.st.Rollouts().Halts(ctx, ""); len(hs) != 1 {
 		t.Fatalf("halt lifted by a refused call: %v", hs)
 	}
 	ls, err := b.svc.ListReleases(b.actx, connect.NewRequest(&controlplanev1.ListReleasesRequest{}))
@@ -279,7 +279,7 @@ func TestResumeRolloutOnlyPlatformAdmins(t *testing.T) {
 	if out, err := b.svc.ResumeRollout(b.actx, req); err != nil || out.Msg.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE {
 		t.Fatalf("platform admin resumes: %v %v", out, err)
 	}
-	if hs, _ := b.st.Rollouts().Halts(ctx); len(hs) != 0 {
+	if hs, _ := b.st.Rollouts().Halts(ctx, ""); len(hs) != 0 {
 		t.Fatalf("halt not lifted: %v", hs)
 	}
 }
