@@ -85,6 +85,7 @@ func channel(c string) runnerOpt { return func(r *store.Runner) { r.ReleaseChann
 func maint(p string) runnerOpt {
 	return func(r *store.Runner) { r.MaintenancePolicy = json.RawMessage(p) }
 }
+
 // orgOf splits a test runner name into organization and runner_id: "o2:b" is o2's runner
 // b, a plain "b" o1's.
 func orgOf(id string) (string, string) {

@@ -221,4 +221,3 @@ func TestRolloutHaltIsScopedToItsOrg(t *testing.T) {
 	}
 	leaks("ResumeRollout (platform admin)", res.Msg)
 }
-
