@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -249,6 +250,44 @@ func TestRunnerSelfUpdateFailure(t *testing.T) {
 		}
 		if got, _ := s.Runners().Get(ctx, "o1", "r1"); got.Status.SelfUpdateFailedVersion != "" || got.Status.SelfUpdateFailure != "" {
 			t.Fatalf("after a heartbeat without failure: %+v", got.Status)
+		}
+	})
+}
+
+// TestMigrationKeepsAChannelWideHalt: migration 0009 keys halts by (organization, channel);
+// a halt recorded before it (one per channel, for every organization) becomes the halt of
+// the organization whose runner caused it.
+func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn)
+		s.Close()
+		pg := strings.HasPrefix(dsn, "postgres://")
+		// Back to the schema before 0009: the channel-wide table of 0005, with one halt.
+		rawExec(t, dsn, `DROP TABLE rollout_halts`)
+		rawExec(t, dsn, `DELETE FROM schema_migrations WHERE version >= 9`)
+		if pg {
+			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
+				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)
+			rawExec(t, dsn, `INSERT INTO rollout_halts VALUES ('RAPID', 'v2.0.0', 'old', 'o1', 'a', '2026-12-02T10:00:00Z')`)
+		} else {
+			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel TEXT NOT NULL PRIMARY KEY, version TEXT NOT NULL, reason TEXT NOT NULL,
+				org_id TEXT NOT NULL, runner_id TEXT NOT NULL, halted_at INTEGER NOT NULL) STRICT`)
+			rawExec(t, dsn, fmt.Sprintf(`INSERT INTO rollout_halts VALUES ('RAPID', 'v2.0.0', 'old', 'o1', 'a', %d)`,
+				time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC).UnixMicro()))
+		}
+		s = openStore(t, dsn)
+		defer s.Close()
+		hs, err := s.Rollouts().Halts(t.Context(), "o1")
+		if err != nil || len(hs) != 1 || hs[0].Org != "o1" || hs[0].Channel != store.ChannelRapid || hs[0].Reason != "old" || hs[0].RunnerID != "a" ||
+			!hs[0].HaltedAt.Equal(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)) {
+			t.Fatalf("o1's halts after 0009: %+v %v", hs, err)
+		}
+		// Keyed by (organization, channel) now: another organization's halt of RAPID is its own.
+		if err := s.Rollouts().Halt(t.Context(), store.RolloutHalt{Channel: store.ChannelRapid, Version: "v2.0.0", Reason: "o2", Org: "o2"}); err != nil {
+			t.Fatal(err)
+		}
+		if hs, _ := s.Rollouts().Halts(t.Context(), ""); len(hs) != 2 {
+			t.Fatalf("halts: %+v", hs)
 		}
 	})
 }
