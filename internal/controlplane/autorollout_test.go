@@ -269,7 +269,7 @@ func TestResumeRolloutOnlyPlatformAdmins(t *testing.T) {
 		_, err := b.svc.ResumeRollout(auth.WithPrincipal(ctx, p), req)
 		wantReason(t, "resume by "+p.Org+"/"+string(p.Role), err, connect.CodePermissionDenied, apierr.PermissionDenied)
 	}
-	if hs, _ := b.st.Rollouts().Halts(ctx); len(hs) != 1 {
+	if hs, _ := b.st.Rollouts().Halts(ctx, ""); len(hs) != 1 {
 		t.Fatalf("halt lifted by a refused call: %v", hs)
 	}
 	ls, err := b.svc.ListReleases(b.actx, connect.NewRequest(&controlplanev1.ListReleasesRequest{}))
@@ -279,7 +279,96 @@ func TestResumeRolloutOnlyPlatformAdmins(t *testing.T) {
 	if out, err := b.svc.ResumeRollout(b.actx, req); err != nil || out.Msg.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE {
 		t.Fatalf("platform admin resumes: %v %v", out, err)
 	}
-	if hs, _ := b.st.Rollouts().Halts(ctx); len(hs) != 0 {
+	if hs, _ := b.st.Rollouts().Halts(ctx, ""); len(hs) != 0 {
 		t.Fatalf("halt not lifted: %v", hs)
+	}
+}
+
+// TestHaltsAreEachOrganizationsOwn (review S2 of issue 18): a halt is its organization's.
+// ListReleases and the runner calls show a caller its own organization's halt only (the
+// reason and the runner come from that organization's runner); a platform admin also sees
+// how many organizations are halted, not their reasons; ResumeRollout lifts one
+// organization's halt (organization_id) or all.
+func TestHaltsAreEachOrganizationsOwn(t *testing.T) {
+	b := newReleaseBed(t)
+	ctx := t.Context()
+	for _, o := range []string{"ta", "tb"} {
+		if err := controlplane.EnsureOrg(ctx, b.st, o); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.st.Runners().Create(ctx, store.Runner{Org: o, RunnerID: "r-" + o, ClusterID: "c", Zone: "z", ReleaseChannel: store.ChannelRapid}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.st.Runners().RecordHeartbeat(ctx, o, "r-"+o, store.RunnerStatus{Version: "v0.9.0", Ready: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.st.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelRapid, Version: "v1.0.0", Reason: "runner ta/r-ta reports: A's words", Org: "ta", RunnerID: "r-ta"}); err != nil {
+		t.Fatal(err)
+	}
+	as := func(org string) context.Context {
+		return auth.WithPrincipal(ctx, auth.Principal{KeyID: "k-" + org, Org: org, Role: auth.RoleAdmin})
+	}
+	rapid := func(actx context.Context) *controlplanev1.ChannelRollout {
+		t.Helper()
+		ls, err := b.svc.ListReleases(actx, connect.NewRequest(&controlplanev1.ListReleasesRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ls.Msg.GetRollouts()[1]
+	}
+	haltOf := func(actx context.Context, id string) string {
+		t.Helper()
+		g, err := b.svc.GetManagedRunner(actx, connect.NewRequest(&controlplanev1.GetManagedRunnerRequest{RunnerId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := b.svc.ListManagedRunners(actx, connect.NewRequest(&controlplanev1.ListManagedRunnersRequest{}))
+		if err != nil || len(l.Msg.GetManagedRunners()) == 0 || l.Msg.GetManagedRunners()[0].GetStatus().GetRolloutHaltReason() != g.Msg.GetStatus().GetRolloutHaltReason() {
+			t.Fatalf("list %v %v", l, err)
+		}
+		return g.Msg.GetStatus().GetRolloutHaltReason()
+	}
+	if r := rapid(as("ta")); r.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_HALTED || r.GetHaltedByRunner() != "ta/r-ta" ||
+		!strings.Contains(r.GetHaltReason(), "A's words") || r.GetHaltedOrganizations() != 0 {
+		t.Errorf("ta sees %v", r)
+	}
+	if h := haltOf(as("ta"), "r-ta"); !strings.Contains(h, "A's words") {
+		t.Errorf("ta's runner: %q", h)
+	}
+	if r := rapid(as("tb")); r.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE || r.GetHaltReason() != "" || r.GetHaltedByRunner() != "" || r.GetHaltedOrganizations() != 0 {
+		t.Errorf("tb sees %v", r)
+	}
+	if h := haltOf(as("tb"), "r-tb"); h != "" {
+		t.Errorf("tb's runner shows %q", h)
+	}
+	// The platform admin: its own organization is not halted; one organization is.
+	if r := rapid(b.actx); r.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE || r.GetHaltReason() != "" || r.GetHaltedOrganizations() != 1 {
+		t.Errorf("platform admin sees %v", r)
+	}
+	if h := haltOf(b.actx, "rapid"); h != "" {
+		t.Errorf("platform's runner shows %q", h)
+	}
+	if err := b.st.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelRapid, Version: "v1.0.0", Reason: "platform's own", Org: b.org, RunnerID: "rapid"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := rapid(b.actx); r.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_HALTED || r.GetHaltReason() != "platform's own" || r.GetHaltedOrganizations() != 2 {
+		t.Errorf("platform admin sees %v", r)
+	}
+
+	// Resume validates organization_id, then lifts ta's halt only.
+	for _, org := range []string{"nope", strings.Repeat("x", 129)} {
+		_, err := b.svc.ResumeRollout(b.actx, connect.NewRequest(&controlplanev1.ResumeRolloutRequest{Channel: controlplanev1.ReleaseChannel_RAPID, OrganizationId: org}))
+		wantReason(t, "resume "+org[:4], err, connect.CodeInvalidArgument, apierr.InvalidRequest)
+	}
+	res, err := b.svc.ResumeRollout(b.actx, connect.NewRequest(&controlplanev1.ResumeRolloutRequest{Channel: controlplanev1.ReleaseChannel_RAPID, OrganizationId: "ta"}))
+	if err != nil || res.Msg.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_HALTED || res.Msg.GetHaltedOrganizations() != 1 {
+		t.Fatalf("resume ta: %v %v", res, err)
+	}
+	if r := rapid(as("ta")); r.GetState() != controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE {
+		t.Errorf("ta after resume: %v", r)
+	}
+	if hs, _ := b.st.Rollouts().Halts(ctx, ""); len(hs) != 1 || hs[0].Org != b.org {
+		t.Errorf("halts after resume of ta: %+v", hs)
 	}
 }

@@ -2,18 +2,20 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // The automatic rollout itself runs in internal/rollout; this file shows its state (the
-// runners' last update step, the channels' halts) and lets a platform admin resume a
-// halted channel.
+// runners' last update step, the channels' halts, each organization seeing its own) and
+// lets a platform admin resume a halted channel for one organization or all.
 
 // ChannelTargets is the published release each release channel offers now: the automatic
 // rollout's targets. Unlike what ApplyAvailableUpdate offers, it never falls back to the
@@ -28,26 +30,31 @@ func (s *Service) ChannelTargets(ctx context.Context) (map[string]string, error)
 	return store.CurrentVersions(rs), nil
 }
 
-// activeHalts are the stored halts of the channels' current targets (a halt of a version
-// its channel no longer offers has ended, whether or not the controller dropped it yet).
-func (s *Service) activeHalts(ctx context.Context, targets map[string]string) (map[string]store.RolloutHalt, error) {
-	hs, err := s.st.Rollouts().Halts(ctx)
+// activeHalts are org's stored halts of the channels' current targets, by channel (a halt
+// of a version its channel no longer offers has ended, whether or not the controller
+// dropped it yet). Only org's: a halt's reason and runner are its organization's, and no
+// other tenant may read them.
+func (s *Service) activeHalts(ctx context.Context, targets map[string]string, org string) (map[string]store.RolloutHalt, error) {
+	if org == "" {
+		return map[string]store.RolloutHalt{}, nil // "" would mean every organization's
+	}
+	hs, err := s.st.Rollouts().Halts(ctx, org)
 	if err != nil {
 		return nil, storeErr(err)
 	}
 	out := map[string]store.RolloutHalt{}
 	for _, h := range hs {
-		if t := targets[h.Channel]; t != "" && t == h.Version {
+		if t := targets[h.Channel]; t != "" && t == h.Version && h.Org == org {
 			out[h.Channel] = h
 		}
 	}
 	return out, nil
 }
 
-// withHalts sets rollout_halt_reason on runners whose channel's rollout is halted and
-// answers the first of them.
-func (s *Service) withHalts(ctx context.Context, targets map[string]string, runners ...*controlplanev1.ManagedRunner) (*connect.Response[controlplanev1.ManagedRunner], error) {
-	halts, err := s.activeHalts(ctx, targets)
+// withHalts sets rollout_halt_reason on org's runners whose channel's rollout is halted
+// for org, and answers the first of them.
+func (s *Service) withHalts(ctx context.Context, targets map[string]string, org string, runners ...*controlplanev1.ManagedRunner) (*connect.Response[controlplanev1.ManagedRunner], error) {
+	halts, err := s.activeHalts(ctx, targets, org)
 	if err != nil {
 		return nil, err
 	}
@@ -66,21 +73,48 @@ func (s *Service) withHalts(ctx context.Context, targets map[string]string, runn
 	return connect.NewResponse(runners[0]), nil
 }
 
-// channelRollouts is each channel's rollout state, STABLE first.
+// channelRollouts is each channel's rollout state as the caller sees it, STABLE first:
+// its own organization's halts, and for a platform admin how many organizations are
+// halted.
 func (s *Service) channelRollouts(ctx context.Context, targets map[string]string) ([]*controlplanev1.ChannelRollout, error) {
-	halts, err := s.activeHalts(ctx, targets)
+	p := principal(ctx)
+	halts, err := s.activeHalts(ctx, targets, p.Org)
+	if err != nil {
+		return nil, err
+	}
+	counts, err := s.haltedOrgs(ctx, targets)
 	if err != nil {
 		return nil, err
 	}
 	var out []*controlplanev1.ChannelRollout
 	for _, ch := range []string{store.ChannelStable, store.ChannelRapid} {
-		out = append(out, channelRollout(ch, targets[ch], halts))
+		out = append(out, channelRollout(ch, targets[ch], halts, counts))
 	}
 	return out, nil
 }
 
-func channelRollout(ch, target string, halts map[string]store.RolloutHalt) *controlplanev1.ChannelRollout {
-	c := &controlplanev1.ChannelRollout{Channel: channelProto(ch), TargetVersion: target, State: controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE}
+// haltedOrgs counts, by channel, the organizations whose rollout of the channel's target is
+// halted, for a platform admin (nil for anyone else: a tenant learns nothing of others).
+func (s *Service) haltedOrgs(ctx context.Context, targets map[string]string) (map[string]int32, error) {
+	if p := principal(ctx); p.Role != auth.RoleAdmin || p.Org != s.platform {
+		return nil, nil
+	}
+	hs, err := s.st.Rollouts().Halts(ctx, "")
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	out := map[string]int32{}
+	for _, h := range hs {
+		if t := targets[h.Channel]; t != "" && t == h.Version {
+			out[h.Channel]++
+		}
+	}
+	return out, nil
+}
+
+func channelRollout(ch, target string, halts map[string]store.RolloutHalt, counts map[string]int32) *controlplanev1.ChannelRollout {
+	c := &controlplanev1.ChannelRollout{Channel: channelProto(ch), TargetVersion: target, State: controlplanev1.RolloutState_ROLLOUT_STATE_ACTIVE,
+		HaltedOrganizations: counts[ch]}
 	if h, ok := halts[ch]; ok {
 		c.State = controlplanev1.RolloutState_ROLLOUT_STATE_HALTED
 		c.HaltReason, c.HaltTime, c.HaltedByRunner = h.Reason, timestamppb.New(h.HaltedAt), h.Org+"/"+h.RunnerID
@@ -95,8 +129,10 @@ func channelProto(ch string) controlplanev1.ReleaseChannel {
 	return controlplanev1.ReleaseChannel_STABLE
 }
 
-// ResumeRollout lifts a channel's halt. Platform admins only: like a publish, it decides
-// what every organization's runners are moved to.
+// ResumeRollout lifts a channel's halt for one organization (organization_id) or for every
+// organization (empty). Platform admins only: like a publish, it decides what an
+// organization's runners are moved to, and a tenant must not override the halt its own
+// runner's failure caused without the operator.
 func (s *Service) ResumeRollout(ctx context.Context, req *connect.Request[controlplanev1.ResumeRolloutRequest]) (*connect.Response[controlplanev1.ChannelRollout], error) {
 	if err := s.requirePlatformAdmin(ctx, "ResumeRollout"); err != nil {
 		return nil, err
@@ -111,10 +147,23 @@ func (s *Service) ResumeRollout(ctx context.Context, req *connect.Request[contro
 	default:
 		vs.add("channel", "must be STABLE or RAPID (got %d)", int32(req.Msg.GetChannel()))
 	}
-	if err := vs.err("invalid channel"); err != nil {
+	org := req.Msg.GetOrganizationId()
+	if len(org) > 128 {
+		vs.add("organization_id", "must be at most 128 bytes")
+	}
+	if err := vs.err("invalid resume request"); err != nil {
 		return nil, err
 	}
-	resumed, err := s.st.Rollouts().Resume(ctx, ch)
+	if org != "" {
+		if _, err := s.st.Orgs().Get(ctx, org); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				vs.add("organization_id", "no organization %q", org)
+				return nil, vs.err("invalid resume request")
+			}
+			return nil, storeErr(err)
+		}
+	}
+	resumed, err := s.st.Rollouts().Resume(ctx, org, ch)
 	if err != nil {
 		return nil, storeErr(err)
 	}
@@ -123,8 +172,17 @@ func (s *Service) ResumeRollout(ctx context.Context, req *connect.Request[contro
 		return nil, err
 	}
 	p := principal(ctx)
-	s.log.Info("rollout resumed", "channel", ch, "was_halted", resumed, "org", p.Org, "key", p.KeyID)
-	return connect.NewResponse(channelRollout(ch, targets[ch], nil)), nil
+	s.log.Info("rollout resumed", "channel", ch, "for_org", org, "halts_lifted", resumed, "org", p.Org, "key", p.KeyID)
+	ros, err := s.channelRollouts(ctx, targets)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range ros {
+		if r.GetChannel() == channelProto(ch) {
+			return connect.NewResponse(r), nil
+		}
+	}
+	return connect.NewResponse(channelRollout(ch, targets[ch], nil, nil)), nil
 }
 
 // updateResultProto is a runner's last update step as the API shows it (nil: none).

@@ -298,7 +298,7 @@ func (s *Service) CreateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "runner %s was created but its install into cluster %s could not start: %v; delete it and create it again",
 			rec.RunnerID, rec.ClusterID, err)
 	}
-	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(out, targets), rec.Org))
+	return s.withHalts(ctx, targets, rec.Org, s.withInstall(ctx, s.toProto(out, targets), rec.Org))
 }
 
 func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[controlplanev1.GetManagedRunnerRequest]) (*connect.Response[controlplanev1.ManagedRunner], error) {
@@ -315,7 +315,7 @@ func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[con
 	if err != nil {
 		return nil, err
 	}
-	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(r, targets), r.Org))
+	return s.withHalts(ctx, targets, r.Org, s.withInstall(ctx, s.toProto(r, targets), r.Org))
 }
 
 func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[controlplanev1.ListManagedRunnersRequest]) (*connect.Response[controlplanev1.ListManagedRunnersResponse], error) {
@@ -337,7 +337,7 @@ func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[c
 	for _, r := range rs {
 		out.ManagedRunners = append(out.ManagedRunners, s.withInstall(ctx, s.toProto(r, targets), r.Org))
 	}
-	if _, err := s.withHalts(ctx, targets, out.ManagedRunners...); err != nil {
+	if _, err := s.withHalts(ctx, targets, principal(ctx).Org, out.ManagedRunners...); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(out), nil
@@ -358,7 +358,7 @@ func (s *Service) UpdateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	s.log.Info("runner updated", "org", org, "runner", id, "mask", req.Msg.GetUpdateMask().GetPaths(), "policy_revision", out.PolicyRevision)
-	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(out, targets), org))
+	return s.withHalts(ctx, targets, org, s.withInstall(ctx, s.toProto(out, targets), org))
 }
 
 // update writes u pinned to etag, or to the current version when etag is "" (retrying a
@@ -471,7 +471,7 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 		return nil, runnerErr(id, "", err)
 	}
 	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target, "deadline", att.Deadline)
-	return s.withHalts(ctx, targets, s.withInstall(ctx, s.toProto(out, targets), org))
+	return s.withHalts(ctx, targets, org, s.withInstall(ctx, s.toProto(out, targets), org))
 }
 
 // rolloutStatus fills st's install and rollout fields from its version, desired_version and

@@ -13,7 +13,8 @@ import (
 // (HeartbeatRequest fields 10 and 11) and returns it as the store keeps it. The runner is
 // authenticated but still untrusted input: the version must be a release version, the
 // reason is bounded (store.MaxSelfUpdateFailureLen bytes) and needs a version. Control
-// characters (a multi-line error, a terminal escape) become spaces, because the reason is
+// characters (a multi-line error, a terminal escape) and format characters (bidi
+// overrides) become spaces, because the reason is
 // shown as one line by `sbx admin runner get` and in halt reasons.
 func checkSelfUpdateFailure(vs *violations, version, reason string) (string, string) {
 	if version != "" {
@@ -32,11 +33,13 @@ func checkSelfUpdateFailure(vs *violations, version, reason string) (string, str
 	return version, oneLine(reason)
 }
 
-// oneLine replaces control characters with spaces (same length or shorter in bytes:
-// every control character is one or two bytes, a space one).
+// oneLine replaces control characters and Unicode format characters (category Cf: bidi
+// overrides such as U+202E that make a reason read differently from what it says, zero
+// width spaces U+200B that hide text) with spaces. Same length or shorter in bytes: every
+// such character is at least one byte, a space one.
 func oneLine(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return ' '
 		}
 		return r

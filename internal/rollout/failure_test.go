@@ -14,7 +14,8 @@ import (
 func (b *bed) beatFailed(id, version string, selfUpdate bool, failed, why string) {
 	b.t.Helper()
 	now := b.clock()
-	if err := b.st.Runners().RecordHeartbeat(b.t.Context(), "o1", id, store.RunnerStatus{LastHeartbeatAt: &now, Version: version,
+	org, rid := orgOf(id)
+	if err := b.st.Runners().RecordHeartbeat(b.t.Context(), org, rid, store.RunnerStatus{LastHeartbeatAt: &now, Version: version,
 		Ready: true, SelfUpdate: selfUpdate, SelfUpdateFailedVersion: failed, SelfUpdateFailure: why}); err != nil {
 		b.t.Fatal(err)
 	}
@@ -22,7 +23,7 @@ func (b *bed) beatFailed(id, version string, selfUpdate bool, failed, why string
 
 func (b *bed) halts() []store.RolloutHalt {
 	b.t.Helper()
-	hs, err := b.st.Rollouts().Halts(b.t.Context())
+	hs, err := b.st.Rollouts().Halts(b.t.Context(), "")
 	if err != nil {
 		b.t.Fatal(err)
 	}

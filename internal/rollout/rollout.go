@@ -5,8 +5,10 @@
 // reports that it refused or rolled back from the version (a single-host runner updating
 // itself: HeartbeatRequest.self_update_failed_version, ended at the next tick with the
 // runner's reason instead of at the deadline), sends the runner back to the version it ran
-// and halts the channel's rollout of that version until the channel's target changes or an
-// admin resumes it.
+// and halts the channel's rollout of that version to the runner's organization until the
+// channel's target changes or an admin resumes it. A halt is per organization: a runner is
+// its tenant's to run (and to break, or to report failures from at will), so it must not
+// stop, or speak to, any other tenant's rollout.
 //
 // The controller keeps no state of its own: every decision is read from and written to the
 // store (the runners' desired_version and last update step, the channels' halts), so it
@@ -56,9 +58,11 @@ type Store interface {
 	Runners(ctx context.Context) ([]store.Runner, error)
 	// UpdateRunner writes u if etag is the runner's current one (store.ErrConflict otherwise).
 	UpdateRunner(ctx context.Context, org, runnerID, etag string, u store.RunnerUpdate) (store.Runner, error)
+	// Halts is every organization's halts.
 	Halts(ctx context.Context) ([]store.RolloutHalt, error)
 	Halt(ctx context.Context, h store.RolloutHalt) error
-	Resume(ctx context.Context, channel string) (bool, error)
+	// Resume lifts org's halt of channel.
+	Resume(ctx context.Context, org, channel string) (int, error)
 	AcquireLease(ctx context.Context, name, holder string, now time.Time, ttl time.Duration) (bool, error)
 }
 
@@ -76,15 +80,15 @@ func (a storeAdapter) UpdateRunner(ctx context.Context, org, id, etag string, u 
 }
 
 func (a storeAdapter) Halts(ctx context.Context) ([]store.RolloutHalt, error) {
-	return a.st.Rollouts().Halts(ctx)
+	return a.st.Rollouts().Halts(ctx, "")
 }
 
 func (a storeAdapter) Halt(ctx context.Context, h store.RolloutHalt) error {
 	return a.st.Rollouts().Halt(ctx, h)
 }
 
-func (a storeAdapter) Resume(ctx context.Context, channel string) (bool, error) {
-	return a.st.Rollouts().Resume(ctx, channel)
+func (a storeAdapter) Resume(ctx context.Context, org, channel string) (int, error) {
+	return a.st.Rollouts().Resume(ctx, org, channel)
 }
 
 func (a storeAdapter) AcquireLease(ctx context.Context, name, holder string, now time.Time, ttl time.Duration) (bool, error) {
@@ -234,7 +238,8 @@ func (c *Controller) Tick(ctx context.Context) error {
 			busy[runnerKey(r)] = true
 		}
 	}
-	// Read after the gates: a halt this round stops its channel this round too.
+	// Read after the gates: a halt this round stops its channel (for its organization)
+	// this round too.
 	halts, err := c.activeHalts(ctx, targets)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
@@ -244,10 +249,10 @@ func (c *Controller) Tick(ctx context.Context) error {
 		if t == "" {
 			continue
 		}
-		if _, halted := halts[ch]; halted {
-			continue
-		}
 		for _, r := range runners {
+			if _, halted := halts[haltKey(r.Org, ch)]; halted {
+				continue
+			}
 			if r.ReleaseChannel != ch || busy[runnerKey(r)] || !c.candidate(r, t, now) {
 				continue
 			}
@@ -274,8 +279,8 @@ func (c *Controller) Tick(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// activeHalts are the halts of the channels' current targets; halts of a version the
-// channel no longer offers ended when its target changed, and are dropped.
+// activeHalts are the halts of the channels' current targets, by haltKey; halts of a
+// version the channel no longer offers ended when its target changed, and are dropped.
 func (c *Controller) activeHalts(ctx context.Context, targets map[string]string) (map[string]store.RolloutHalt, error) {
 	hs, err := c.cfg.Store.Halts(ctx)
 	if err != nil {
@@ -284,13 +289,14 @@ func (c *Controller) activeHalts(ctx context.Context, targets map[string]string)
 	out := map[string]store.RolloutHalt{}
 	for _, h := range hs {
 		if targets[h.Channel] == h.Version {
-			out[h.Channel] = h
+			out[haltKey(h.Org, h.Channel)] = h
 			continue
 		}
-		if _, err := c.cfg.Store.Resume(ctx, h.Channel); err != nil {
-			return nil, fmt.Errorf("end halt of %s: %w", h.Channel, err)
+		if _, err := c.cfg.Store.Resume(ctx, h.Org, h.Channel); err != nil {
+			return nil, fmt.Errorf("end halt of %s for %s: %w", h.Channel, h.Org, err)
 		}
-		c.log.Info("rollout halt ended: the channel's target changed", "channel", h.Channel, "halted", h.Version, "target", targets[h.Channel])
+		c.log.Info("rollout halt ended: the channel's target changed", "org", h.Org, "channel", h.Channel, "halted", h.Version,
+			"target", targets[h.Channel])
 	}
 	return out, nil
 }
@@ -381,8 +387,9 @@ func (c *Controller) gate(ctx context.Context, r store.Runner, now time.Time, ta
 }
 
 // rollBack ends r's step lu as done (rolled back with a reason): desired_version goes back
-// to the version r ran, and the channel's rollout of lu.To halts when the version is at
-// fault, because "runner <org>/<id> <why>". It reports whether r still has a step in
+// to the version r ran, and the channel's rollout of lu.To to r's organization halts when
+// the version is at fault, because "runner <org>/<id> <why>". Only r's organization: its
+// runner's word (or silence) says nothing a tenant can trust about another tenant's. It reports whether r still has a step in
 // flight (only when the write lost).
 func (c *Controller) rollBack(ctx context.Context, r store.Runner, lu *store.UpdateAttempt, done store.UpdateAttempt, why string,
 	now time.Time, targets map[string]string) (bool, error) {
@@ -404,7 +411,7 @@ func (c *Controller) rollBack(ctx context.Context, r store.Runner, lu *store.Upd
 	if err := c.cfg.Store.Halt(ctx, h); err != nil {
 		return false, fmt.Errorf("halt %s: %w", r.ReleaseChannel, err)
 	}
-	c.log.Warn("rollout halted", "channel", h.Channel, "version", h.Version, "reason", h.Reason)
+	c.log.Warn("rollout halted", "org", h.Org, "channel", h.Channel, "version", h.Version, "reason", h.Reason)
 	return false, nil
 }
 
@@ -451,5 +458,6 @@ func orNone(v string) string {
 	return v
 }
 
-func groupKey(r store.Runner) string  { return r.Org + "\x00" + r.RunnerGroupID }
-func runnerKey(r store.Runner) string { return r.Org + "\x00" + r.RunnerID }
+func haltKey(org, channel string) string { return org + "\x00" + channel }
+func groupKey(r store.Runner) string     { return r.Org + "\x00" + r.RunnerGroupID }
+func runnerKey(r store.Runner) string    { return r.Org + "\x00" + r.RunnerID }

@@ -85,9 +85,25 @@ func channel(c string) runnerOpt { return func(r *store.Runner) { r.ReleaseChann
 func maint(p string) runnerOpt {
 	return func(r *store.Runner) { r.MaintenancePolicy = json.RawMessage(p) }
 }
+
+// orgOf splits a test runner name into organization and runner_id: "o2:b" is o2's runner
+// b, a plain "b" o1's.
+func orgOf(id string) (string, string) {
+	if org, rid, ok := strings.Cut(id, ":"); ok {
+		return org, rid
+	}
+	return "o1", id
+}
+
 func (b *bed) runner(id string, opts ...runnerOpt) {
 	b.t.Helper()
-	r := store.Runner{Org: "o1", RunnerID: id, ClusterID: "c-" + id, Zone: "z", ReleaseChannel: store.ChannelRapid}
+	org, rid := orgOf(id)
+	if _, err := b.st.Orgs().Get(b.t.Context(), org); err != nil {
+		if _, err := b.st.Orgs().Create(b.t.Context(), store.Org{ID: org}); err != nil {
+			b.t.Fatal(err)
+		}
+	}
+	r := store.Runner{Org: org, RunnerID: rid, ClusterID: "c-" + rid, Zone: "z", ReleaseChannel: store.ChannelRapid}
 	for _, o := range opts {
 		o(&r)
 	}
@@ -101,7 +117,8 @@ func (b *bed) runner(id string, opts ...runnerOpt) {
 func (b *bed) beat(id, version string, ready, selfUpdate bool) {
 	b.t.Helper()
 	now := b.clock()
-	if err := b.st.Runners().RecordHeartbeat(b.t.Context(), "o1", id, store.RunnerStatus{LastHeartbeatAt: &now, Version: version,
+	org, rid := orgOf(id)
+	if err := b.st.Runners().RecordHeartbeat(b.t.Context(), org, rid, store.RunnerStatus{LastHeartbeatAt: &now, Version: version,
 		Ready: ready, SelfUpdate: selfUpdate}); err != nil {
 		b.t.Fatal(err)
 	}
@@ -109,7 +126,8 @@ func (b *bed) beat(id, version string, ready, selfUpdate bool) {
 
 func (b *bed) get(id string) store.Runner {
 	b.t.Helper()
-	r, err := b.st.Runners().Get(b.t.Context(), "o1", id)
+	org, rid := orgOf(id)
+	r, err := b.st.Runners().Get(b.t.Context(), org, rid)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -253,7 +271,7 @@ func TestDeadlineRollsBackAndHaltsTheChannelOnly(t *testing.T) {
 	if a.DesiredVersion != "v1.0.0" || a.LastUpdate.State != store.UpdateRolledBack || a.LastUpdate.Reason != want {
 		t.Fatalf("a rolled back: desired %q, %+v", a.DesiredVersion, a.LastUpdate)
 	}
-	hs, err := b.st.Rollouts().Halts(t.Context())
+	hs, err := b.st.Rollouts().Halts(t.Context(), "")
 	if err != nil || len(hs) != 1 || hs[0].Channel != store.ChannelRapid || hs[0].Version != "v1.1.0" || hs[0].RunnerID != "a" ||
 		!strings.Contains(hs[0].Reason, want) || !strings.Contains(hs[0].Reason, "rolled back to v1.0.0") {
 		t.Fatalf("halts: %+v %v", hs, err)
@@ -277,7 +295,7 @@ func TestDeadlineRollsBackAndHaltsTheChannelOnly(t *testing.T) {
 	// A new RAPID target ends the halt: RAPID rolls again.
 	b.target(store.ChannelRapid, "v1.1.1")
 	tick(t, c)
-	if hs, _ := b.st.Rollouts().Halts(t.Context()); len(hs) != 0 {
+	if hs, _ := b.st.Rollouts().Halts(t.Context(), ""); len(hs) != 0 {
 		t.Fatalf("halt outlived its target: %+v", hs)
 	}
 	wantMoving(t, b, "a,s1", "a", "b", "s1", "s2")
@@ -299,7 +317,7 @@ func TestResumeLiftsTheHalt(t *testing.T) {
 	}
 	tick(t, c)
 	wantMoving(t, b, "", "a", "b")
-	if ok, err := b.st.Rollouts().Resume(t.Context(), store.ChannelRapid); !ok || err != nil {
+	if ok, err := b.st.Rollouts().Resume(t.Context(), "o1", store.ChannelRapid); ok != 1 || err != nil {
 		t.Fatal(ok, err)
 	}
 	tick(t, c)
@@ -389,7 +407,7 @@ func TestFailedStepOfARunnerThatCannotUpdateItselfDoesNotHalt(t *testing.T) {
 	if lu := b.get("a").LastUpdate; lu.State != store.UpdateRolledBack || !strings.Contains(lu.Reason, "(reports v1.0.0)") {
 		t.Fatalf("a: %+v", lu)
 	}
-	if hs, _ := b.st.Rollouts().Halts(t.Context()); len(hs) != 0 {
+	if hs, _ := b.st.Rollouts().Halts(t.Context(), ""); len(hs) != 0 {
 		t.Fatalf("halted by a runner that could not move: %+v", hs)
 	}
 	wantMoving(t, b, "b", "a", "b")

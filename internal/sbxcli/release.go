@@ -45,6 +45,9 @@ func (a *app) releaseListCommand() *cobra.Command {
 				orNone(out.Msg.GetStableVersion()), orNone(out.Msg.GetRapidVersion()))
 			for _, r := range out.Msg.GetRollouts() {
 				_, _ = fmt.Fprintln(a.stdout, rolloutLine(r))
+				if l := haltedOrgsLine(r); l != "" {
+					_, _ = fmt.Fprintln(a.stdout, l)
+				}
 			}
 			if len(out.Msg.GetReleases()) == 0 {
 				_, err := fmt.Fprintln(a.stdout, "no releases recorded: the channels offer the versions the control plane was started with")

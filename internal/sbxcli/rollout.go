@@ -69,11 +69,25 @@ func rolloutLine(r *controlplanev1.ChannelRollout) string {
 		ts(r.GetHaltTime()), r.GetHaltReason(), ch)
 }
 
+// haltedOrgsLine is, for a platform admin, how many organizations' rollouts of a channel
+// are halted ("" when none, or for anyone else: they see only their own).
+func haltedOrgsLine(r *controlplanev1.ChannelRollout) string {
+	n := r.GetHaltedOrganizations()
+	if n == 0 {
+		return ""
+	}
+	ch := r.GetChannel().String()
+	return fmt.Sprintf("%s rollout: halted for %d organization(s) (sbx admin release resume %s [--org ORG])", ch, n, ch)
+}
+
 func (a *app) releaseResumeCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "resume STABLE|RAPID",
-		Short: "Resume a channel's halted automatic rollout (platform admins)",
-		Args:  cobra.ExactArgs(1),
+	var org string
+	cmd := &cobra.Command{
+		Use:   "resume STABLE|RAPID [--org ORG]",
+		Short: "Resume a channel's halted automatic rollout for one organization or all (platform admins)",
+		Long: "A failed update step halts the channel's rollout for the runner's organization only.\n" +
+			"resume lifts the halt for --org, or for every organization without it.",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ch, err := parseChannel(args[0])
 			if err != nil {
@@ -83,7 +97,7 @@ func (a *app) releaseResumeCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out, err := adm.Rollouts.ResumeRollout(cmd.Context(), connect.NewRequest(&controlplanev1.ResumeRolloutRequest{Channel: ch}))
+			out, err := adm.Rollouts.ResumeRollout(cmd.Context(), connect.NewRequest(&controlplanev1.ResumeRolloutRequest{Channel: ch, OrganizationId: org}))
 			if err != nil {
 				return err
 			}
@@ -91,9 +105,14 @@ func (a *app) releaseResumeCommand() *cobra.Command {
 				return a.printJSON(out.Msg)
 			}
 			_, err = fmt.Fprintln(a.stdout, rolloutLine(out.Msg))
+			if err == nil && haltedOrgsLine(out.Msg) != "" {
+				_, err = fmt.Fprintln(a.stdout, haltedOrgsLine(out.Msg))
+			}
 			return err
 		},
 	}
+	cmd.Flags().StringVar(&org, "org", "", "the organization whose halt to lift (default: every organization's)")
+	return cmd
 }
 
 // Maximum lengths of the maintenance flags' values, before parsing.

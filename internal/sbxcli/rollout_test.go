@@ -99,6 +99,27 @@ func TestSbxAdminShowsRolloutState(t *testing.T) {
 			t.Errorf("release ls lacks %q:\n%s", want, out)
 		}
 	}
+	// Another organization's halt: the platform admin sees that it exists (a count), not
+	// its reason; resume --org lifts it alone.
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: "o2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelStable, Version: "v0.9.0", Reason: "o2's secret reason", Org: "o2", RunnerID: "r9", HaltedAt: end}); err != nil {
+		t.Fatal(err)
+	}
+	out = sbx("admin", "release", "ls")
+	if !strings.Contains(out, "STABLE rollout: halted for 2 organization(s)") || strings.Contains(out, "o2's secret") || strings.Contains(out, "r9") {
+		t.Errorf("release ls with o2 halted:\n%s", out)
+	}
+	if out := sbx("admin", "release", "resume", "STABLE", "--org", "o2"); !strings.Contains(out, "STABLE rollout: HALTED") || !strings.Contains(out, "halted for 1 organization(s)") {
+		t.Errorf("resume --org o2: %s", out)
+	}
+	if hs, _ := st.Rollouts().Halts(ctx, ""); len(hs) != 1 || hs[0].Org != "o1" {
+		t.Errorf("after resume --org o2: %+v", hs)
+	}
+	if _, errs, code := runSbx(context.Background(), "", append(append([]string{}, admin...), "admin", "release", "resume", "STABLE", "--org", "nope")...); code == 0 || !strings.Contains(errs, "no organization") {
+		t.Errorf("resume --org nope: %d %s", code, errs)
+	}
 	if out := sbx("admin", "release", "resume", "STABLE"); !strings.Contains(out, "STABLE rollout: active") {
 		t.Errorf("resume: %s", out)
 	}

@@ -49,8 +49,14 @@ func (ro rollouts) Runners(ctx context.Context) ([]Runner, error) {
 	return out, rs.Err()
 }
 
-func (ro rollouts) Halts(ctx context.Context) ([]RolloutHalt, error) {
-	rs, err := ro.s.d.query(ctx, `SELECT channel, version, reason, org_id, runner_id, halted_at FROM rollout_halts ORDER BY channel`)
+func (ro rollouts) Halts(ctx context.Context, org string) ([]RolloutHalt, error) {
+	q := `SELECT channel, version, reason, org_id, runner_id, halted_at FROM rollout_halts`
+	var args []any
+	if org != "" {
+		q += ` WHERE org_id = $1`
+		args = append(args, org)
+	}
+	rs, err := ro.s.d.query(ctx, q+` ORDER BY org_id, channel`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list rollout halts: %w", err)
 	}
@@ -72,7 +78,7 @@ func (ro rollouts) Halt(ctx context.Context, h RolloutHalt) error {
 	if err := checkChannel(h.Channel); err != nil {
 		return err
 	}
-	if err := required("version", h.Version, "reason", h.Reason); err != nil {
+	if err := required("org", h.Org, "version", h.Version, "reason", h.Reason); err != nil {
 		return err
 	}
 	if h.HaltedAt.IsZero() {
@@ -80,8 +86,8 @@ func (ro rollouts) Halt(ctx context.Context, h RolloutHalt) error {
 	}
 	_, err := ro.s.d.exec(ctx, `INSERT INTO rollout_halts (channel, version, reason, org_id, runner_id, halted_at)
 		VALUES ($1, $2, $3, $4, $5, $6)
-		ON CONFLICT (channel) DO UPDATE SET version = excluded.version, reason = excluded.reason,
-			org_id = excluded.org_id, runner_id = excluded.runner_id, halted_at = excluded.halted_at
+		ON CONFLICT (org_id, channel) DO UPDATE SET version = excluded.version, reason = excluded.reason,
+			runner_id = excluded.runner_id, halted_at = excluded.halted_at
 		WHERE rollout_halts.version <> excluded.version`,
 		h.Channel, h.Version, h.Reason, h.Org, h.RunnerID, utc(h.HaltedAt))
 	if err != nil {
@@ -90,15 +96,20 @@ func (ro rollouts) Halt(ctx context.Context, h RolloutHalt) error {
 	return nil
 }
 
-func (ro rollouts) Resume(ctx context.Context, channel string) (bool, error) {
+func (ro rollouts) Resume(ctx context.Context, org, channel string) (int, error) {
 	if err := checkChannel(channel); err != nil {
-		return false, err
+		return 0, err
 	}
-	n, err := ro.s.d.exec(ctx, `DELETE FROM rollout_halts WHERE channel = $1`, channel)
+	q, args := `DELETE FROM rollout_halts WHERE channel = $1`, []any{channel}
+	if org != "" {
+		q += ` AND org_id = $2`
+		args = append(args, org)
+	}
+	n, err := ro.s.d.exec(ctx, q, args...)
 	if err != nil {
-		return false, fmt.Errorf("resume rollout: %w", err)
+		return 0, fmt.Errorf("resume rollout: %w", err)
 	}
-	return n > 0, nil
+	return int(n), nil
 }
 
 func (ro rollouts) AcquireLease(ctx context.Context, name, holder string, at time.Time, ttl time.Duration) (bool, error) {

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,7 +80,7 @@ func TestRolloutRunnersAndHalts(t *testing.T) {
 		if err != nil || len(rs) != 3 || rs[0].Org != "o1" || rs[0].RunnerID != "a" || rs[1].RunnerID != "b" || rs[2].Org != "o2" {
 			t.Fatalf("all runners: %+v %v", rs, err)
 		}
-		if hs, err := s.Rollouts().Halts(ctx); err != nil || len(hs) != 0 {
+		if hs, err := s.Rollouts().Halts(ctx, ""); err != nil || len(hs) != 0 {
 			t.Fatalf("no halts: %v %v", hs, err)
 		}
 		t0 := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
@@ -93,30 +94,59 @@ func TestRolloutRunnersAndHalts(t *testing.T) {
 		if err := s.Rollouts().Halt(ctx, h2); err != nil {
 			t.Fatal(err)
 		}
-		hs, err := s.Rollouts().Halts(ctx)
-		if err != nil || len(hs) != 1 || hs[0].Reason != "first" || !hs[0].HaltedAt.Equal(t0) || hs[0].RunnerID != "a" {
+		hs, err := s.Rollouts().Halts(ctx, "")
+		if err != nil || len(hs) != 1 || hs[0].Reason != "first" || !hs[0].HaltedAt.Equal(t0) || hs[0].RunnerID != "a" || hs[0].Org != "o1" {
 			t.Fatalf("halts: %+v %v", hs, err)
 		}
 		h2.Version = "v2.1.0"
 		if err := s.Rollouts().Halt(ctx, h2); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelStable, Version: "v1.0.0", Reason: "x", HaltedAt: t0}); err != nil {
+		if err := s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelStable, Version: "v1.0.0", Reason: "x", Org: "o1", HaltedAt: t0}); err != nil {
 			t.Fatal(err)
 		}
-		hs, _ = s.Rollouts().Halts(ctx)
+		hs, _ = s.Rollouts().Halts(ctx, "")
 		if len(hs) != 2 || hs[0].Channel != store.ChannelRapid || hs[0].Version != "v2.1.0" || hs[0].Reason != "second" || hs[1].Channel != store.ChannelStable {
 			t.Fatalf("halts: %+v", hs)
 		}
-		wantErr(t, s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: "BETA", Version: "v1", Reason: "x"}), store.ErrInvalid)
-		if ok, err := s.Rollouts().Resume(ctx, store.ChannelRapid); !ok || err != nil {
-			t.Fatalf("resume: %v %v", ok, err)
+		// Halts are per organization: o2's halt of RAPID is its own row, beside o1's, and
+		// neither replaces nor shows in the other's.
+		if err := s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelRapid, Version: "v2.1.0", Reason: "o2's", Org: "o2", RunnerID: "a", HaltedAt: t0}); err != nil {
+			t.Fatal(err)
 		}
-		if ok, err := s.Rollouts().Resume(ctx, store.ChannelRapid); ok || err != nil {
-			t.Fatalf("resume again: %v %v", ok, err)
+		if hs, _ := s.Rollouts().Halts(ctx, "o2"); len(hs) != 1 || hs[0].Org != "o2" || hs[0].Reason != "o2's" {
+			t.Fatalf("o2's halts: %+v", hs)
 		}
-		if hs, _ := s.Rollouts().Halts(ctx); len(hs) != 1 || hs[0].Channel != store.ChannelStable {
+		if hs, _ := s.Rollouts().Halts(ctx, "o1"); len(hs) != 2 || hs[0].Reason != "second" || hs[1].Org != "o1" {
+			t.Fatalf("o1's halts: %+v", hs)
+		}
+		if hs, _ := s.Rollouts().Halts(ctx, "o3"); len(hs) != 0 {
+			t.Fatalf("o3's halts: %+v", hs)
+		}
+		wantErr(t, s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: "BETA", Version: "v1", Reason: "x", Org: "o1"}), store.ErrInvalid)
+		wantErr(t, s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelRapid, Version: "v1", Reason: "x"}), store.ErrInvalid)
+		// Resume one organization's halt: the other's stays.
+		if n, err := s.Rollouts().Resume(ctx, "o1", store.ChannelRapid); n != 1 || err != nil {
+			t.Fatalf("resume o1: %v %v", n, err)
+		}
+		if n, err := s.Rollouts().Resume(ctx, "o1", store.ChannelRapid); n != 0 || err != nil {
+			t.Fatalf("resume o1 again: %v %v", n, err)
+		}
+		if hs, _ := s.Rollouts().Halts(ctx, ""); len(hs) != 2 || hs[0].Org != "o1" || hs[0].Channel != store.ChannelStable || hs[1].Org != "o2" {
+			t.Fatalf("after resume of o1: %+v", hs)
+		}
+		// Resume every organization's halt of a channel.
+		if err := s.Rollouts().Halt(ctx, h2); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.Rollouts().Resume(ctx, "", store.ChannelRapid); n != 2 || err != nil {
+			t.Fatalf("resume all: %v %v", n, err)
+		}
+		if hs, _ := s.Rollouts().Halts(ctx, ""); len(hs) != 1 || hs[0].Channel != store.ChannelStable {
 			t.Fatalf("after resume: %+v", hs)
+		}
+		if _, err := s.Rollouts().Resume(ctx, "", "BETA"); !errors.Is(err, store.ErrInvalid) {
+			t.Fatalf("resume BETA: %v", err)
 		}
 	})
 }
@@ -220,6 +250,44 @@ func TestRunnerSelfUpdateFailure(t *testing.T) {
 		}
 		if got, _ := s.Runners().Get(ctx, "o1", "r1"); got.Status.SelfUpdateFailedVersion != "" || got.Status.SelfUpdateFailure != "" {
 			t.Fatalf("after a heartbeat without failure: %+v", got.Status)
+		}
+	})
+}
+
+// TestMigrationKeepsAChannelWideHalt: migration 0009 keys halts by (organization, channel);
+// a halt recorded before it (one per channel, for every organization) becomes the halt of
+// the organization whose runner caused it.
+func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn)
+		s.Close()
+		pg := strings.HasPrefix(dsn, "postgres://")
+		// Back to the schema before 0009: the channel-wide table of 0005, with one halt.
+		rawExec(t, dsn, `DROP TABLE rollout_halts`)
+		rawExec(t, dsn, `DELETE FROM schema_migrations WHERE version >= 9`)
+		if pg {
+			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
+				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)
+			rawExec(t, dsn, `INSERT INTO rollout_halts VALUES ('RAPID', 'v2.0.0', 'old', 'o1', 'a', '2026-12-02T10:00:00Z')`)
+		} else {
+			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel TEXT NOT NULL PRIMARY KEY, version TEXT NOT NULL, reason TEXT NOT NULL,
+				org_id TEXT NOT NULL, runner_id TEXT NOT NULL, halted_at INTEGER NOT NULL) STRICT`)
+			rawExec(t, dsn, fmt.Sprintf(`INSERT INTO rollout_halts VALUES ('RAPID', 'v2.0.0', 'old', 'o1', 'a', %d)`,
+				time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC).UnixMicro()))
+		}
+		s = openStore(t, dsn)
+		defer s.Close()
+		hs, err := s.Rollouts().Halts(t.Context(), "o1")
+		if err != nil || len(hs) != 1 || hs[0].Org != "o1" || hs[0].Channel != store.ChannelRapid || hs[0].Reason != "old" || hs[0].RunnerID != "a" ||
+			!hs[0].HaltedAt.Equal(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)) {
+			t.Fatalf("o1's halts after 0009: %+v %v", hs, err)
+		}
+		// Keyed by (organization, channel) now: another organization's halt of RAPID is its own.
+		if err := s.Rollouts().Halt(t.Context(), store.RolloutHalt{Channel: store.ChannelRapid, Version: "v2.0.0", Reason: "o2", Org: "o2"}); err != nil {
+			t.Fatal(err)
+		}
+		if hs, _ := s.Rollouts().Halts(t.Context(), ""); len(hs) != 2 {
+			t.Fatalf("halts: %+v", hs)
 		}
 	})
 }

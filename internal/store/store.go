@@ -341,29 +341,32 @@ type RunnerUpdate struct {
 }
 
 // Rollouts is the automatic rollout's state besides the runners' own columns: halted
-// channels and the lease that lets one control-plane replica at a time run the controller.
+// channels (per organization) and the lease that lets one control-plane replica at a time run the controller.
 type Rollouts interface {
 	// Runners returns every runner of every organization, by organization and runner_id.
 	Runners(ctx context.Context) ([]Runner, error)
-	// Halts returns the halted channels, by channel.
-	Halts(ctx context.Context) ([]RolloutHalt, error)
-	// Halt records a channel's halt. A channel halted for the same version keeps its first
-	// halt (reason and time); a halt for another version is replaced.
+	// Halts returns org's halts ("": every organization's), by organization and channel.
+	Halts(ctx context.Context, org string) ([]RolloutHalt, error)
+	// Halt records the halt of a channel's rollout to h.Org's runners (h.Org required: a
+	// runner of one organization must not stop another's rollout). A channel halted for
+	// the organization for the same version keeps its first halt (reason and time); a halt
+	// for another version is replaced.
 	Halt(ctx context.Context, h RolloutHalt) error
-	// Resume lifts a channel's halt and says whether there was one.
-	Resume(ctx context.Context, channel string) (bool, error)
+	// Resume lifts org's halt of channel ("": every organization's) and says how many
+	// halts it lifted.
+	Resume(ctx context.Context, org, channel string) (int, error)
 	// AcquireLease takes or renews the lease name for holder until now+ttl, if it is free,
 	// expired or holder's already; it reports whether holder has it.
 	AcquireLease(ctx context.Context, name, holder string, now time.Time, ttl time.Duration) (bool, error)
 }
 
-// RolloutHalt is a channel whose rollout of Version stopped.
+// RolloutHalt is a channel whose rollout of Version to Org's runners stopped.
 type RolloutHalt struct {
 	Channel  string
 	Version  string
 	Reason   string
-	Org      string // the runner whose step failed
-	RunnerID string
+	Org      string // the organization halted: its runner's step failed
+	RunnerID string // the runner whose step failed
 	HaltedAt time.Time
 }
 

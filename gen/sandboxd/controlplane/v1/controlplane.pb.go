@@ -265,7 +265,7 @@ const (
 	// The runner reported to_version and ready within the deadline.
 	UpdateState_UPDATE_STATE_SUCCEEDED UpdateState = 2
 	// The deadline passed: the runner was sent back to from_version and the channel's rollout
-	// of to_version halted.
+	// of to_version halted for the runner's organization.
 	UpdateState_UPDATE_STATE_ROLLED_BACK UpdateState = 3
 )
 
@@ -319,8 +319,9 @@ const (
 	RolloutState_ROLLOUT_STATE_UNSPECIFIED RolloutState = 0
 	// Runners of the channel move to its target inside their maintenance windows.
 	RolloutState_ROLLOUT_STATE_ACTIVE RolloutState = 1
-	// A step of the target failed: no runner of the channel starts moving to it until the
-	// channel's target changes (publish/promote) or an admin resumes it.
+	// A step of the target failed on one of the organization's runners: no runner of the
+	// organization on the channel starts moving to it until the channel's target changes
+	// (publish/promote) or a platform admin resumes it.
 	RolloutState_ROLLOUT_STATE_HALTED RolloutState = 2
 )
 
@@ -3118,20 +3119,28 @@ func (x *UpdateResult) GetDeadline() *timestamppb.Timestamp {
 	return nil
 }
 
-// ChannelRollout is the automatic rollout of one channel's target version.
+// ChannelRollout is the automatic rollout of one channel's target version to the caller's
+// organization's runners. Halts are per organization: a failed step of one organization's
+// runner halts the rollout to that organization's runners only, and only that
+// organization sees its reason.
 type ChannelRollout struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Channel ReleaseChannel         `protobuf:"varint,1,opt,name=channel,proto3,enum=sandboxd.controlplane.v1.ReleaseChannel" json:"channel,omitempty"`
 	// The version the channel offers (empty: nothing to roll out).
-	TargetVersion string       `protobuf:"bytes,2,opt,name=target_version,json=targetVersion,proto3" json:"target_version,omitempty"`
-	State         RolloutState `protobuf:"varint,3,opt,name=state,proto3,enum=sandboxd.controlplane.v1.RolloutState" json:"state,omitempty"`
+	TargetVersion string `protobuf:"bytes,2,opt,name=target_version,json=targetVersion,proto3" json:"target_version,omitempty"`
+	// The caller's organization's rollout.
+	State RolloutState `protobuf:"varint,3,opt,name=state,proto3,enum=sandboxd.controlplane.v1.RolloutState" json:"state,omitempty"`
 	// Set when HALTED.
 	HaltReason string                 `protobuf:"bytes,4,opt,name=halt_reason,json=haltReason,proto3" json:"halt_reason,omitempty"`
 	HaltTime   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=halt_time,json=haltTime,proto3" json:"halt_time,omitempty"`
-	// The runner whose failed step halted it (org/runner_id).
+	// The caller's organization's runner whose failed step halted it (org/runner_id).
 	HaltedByRunner string `protobuf:"bytes,6,opt,name=halted_by_runner,json=haltedByRunner,proto3" json:"halted_by_runner,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Platform admins only (0 for others): how many organizations' rollouts of the target
+	// are halted, the platform organization's included. Their reasons stay each
+	// organization's own.
+	HaltedOrganizations int32 `protobuf:"varint,7,opt,name=halted_organizations,json=haltedOrganizations,proto3" json:"halted_organizations,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ChannelRollout) Reset() {
@@ -3206,11 +3215,20 @@ func (x *ChannelRollout) GetHaltedByRunner() string {
 	return ""
 }
 
+func (x *ChannelRollout) GetHaltedOrganizations() int32 {
+	if x != nil {
+		return x.HaltedOrganizations
+	}
+	return 0
+}
+
 type ResumeRolloutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Channel       ReleaseChannel         `protobuf:"varint,1,opt,name=channel,proto3,enum=sandboxd.controlplane.v1.ReleaseChannel" json:"channel,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Channel ReleaseChannel         `protobuf:"varint,1,opt,name=channel,proto3,enum=sandboxd.controlplane.v1.ReleaseChannel" json:"channel,omitempty"`
+	// The organization whose halt to lift; empty: every organization's.
+	OrganizationId string `protobuf:"bytes,2,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ResumeRolloutRequest) Reset() {
@@ -3248,6 +3266,13 @@ func (x *ResumeRolloutRequest) GetChannel() ReleaseChannel {
 		return x.Channel
 	}
 	return ReleaseChannel_RELEASE_CHANNEL_UNSPECIFIED
+}
+
+func (x *ResumeRolloutRequest) GetOrganizationId() string {
+	if x != nil {
+		return x.OrganizationId
+	}
+	return ""
 }
 
 type DownloadArtifactRequest struct {
@@ -3976,7 +4001,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\n" +
 	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x126\n" +
-	"\bdeadline\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xbd\x02\n" +
+	"\bdeadline\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xf0\x02\n" +
 	"\x0eChannelRollout\x12B\n" +
 	"\achannel\x18\x01 \x01(\x0e2(.sandboxd.controlplane.v1.ReleaseChannelR\achannel\x12%\n" +
 	"\x0etarget_version\x18\x02 \x01(\tR\rtargetVersion\x12<\n" +
@@ -3984,9 +4009,11 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\vhalt_reason\x18\x04 \x01(\tR\n" +
 	"haltReason\x127\n" +
 	"\thalt_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bhaltTime\x12(\n" +
-	"\x10halted_by_runner\x18\x06 \x01(\tR\x0ehaltedByRunner\"Z\n" +
+	"\x10halted_by_runner\x18\x06 \x01(\tR\x0ehaltedByRunner\x121\n" +
+	"\x14halted_organizations\x18\a \x01(\x05R\x13haltedOrganizations\"\x83\x01\n" +
 	"\x14ResumeRolloutRequest\x12B\n" +
-	"\achannel\x18\x01 \x01(\x0e2(.sandboxd.controlplane.v1.ReleaseChannelR\achannel\"[\n" +
+	"\achannel\x18\x01 \x01(\x0e2(.sandboxd.controlplane.v1.ReleaseChannelR\achannel\x12'\n" +
+	"\x0forganization_id\x18\x02 \x01(\tR\x0eorganizationId\"[\n" +
 	"\x17DownloadArtifactRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04arch\x18\x02 \x01(\tR\x04arch\x12\x12\n" +

@@ -947,8 +947,9 @@ func (UnimplementedApiKeyServiceHandler) RevokeApiKey(context.Context, *connect.
 
 // RolloutServiceClient is a client for the sandboxd.controlplane.v1.RolloutService service.
 type RolloutServiceClient interface {
-	// ResumeRollout lifts a channel's halt (after fixing what failed) so its runners move to
-	// the target again. Resuming a channel that is not halted changes nothing.
+	// ResumeRollout lifts a channel's halt for one organization, or for all (after fixing
+	// what failed) so their runners move to the target again. Resuming a channel that is not
+	// halted changes nothing. Answers the channel's rollout as the caller sees it.
 	ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ChannelRollout], error)
 }
 
@@ -985,8 +986,9 @@ func (c *rolloutServiceClient) ResumeRollout(ctx context.Context, req *connect.R
 // RolloutServiceHandler is an implementation of the sandboxd.controlplane.v1.RolloutService
 // service.
 type RolloutServiceHandler interface {
-	// ResumeRollout lifts a channel's halt (after fixing what failed) so its runners move to
-	// the target again. Resuming a channel that is not halted changes nothing.
+	// ResumeRollout lifts a channel's halt for one organization, or for all (after fixing
+	// what failed) so their runners move to the target again. Resuming a channel that is not
+	// halted changes nothing. Answers the channel's rollout as the caller sees it.
 	ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ChannelRollout], error)
 }
 
