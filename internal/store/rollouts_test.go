@@ -254,7 +254,7 @@ func TestRunnerSelfUpdateFailure(t *testing.T) {
 	})
 }
 
-// TestMigrationKeepsAChannelWideHalt: migration 0009 keys halts by (organization, channel);
+// TestMigrationKeepsAChannelWideHalt: migration 0008 keys halts by (organization, channel);
 // a halt recorded before it (one per channel, for every organization) becomes the halt of
 // the organization whose runner caused it.
 func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
@@ -262,9 +262,9 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		s := openStore(t, dsn)
 		s.Close()
 		pg := strings.HasPrefix(dsn, "postgres://")
-		// Back to the schema before 0009: the channel-wide table of 0005, with one halt.
+		// Back to the schema before 0008: the channel-wide table of 0005, with one halt.
 		rawExec(t, dsn, `DROP TABLE rollout_halts`)
-		rawExec(t, dsn, `DELETE FROM schema_migrations WHERE version >= 9`)
+		rawExec(t, dsn, `DELETE FROM schema_migrations WHERE version >= 8`)
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)
@@ -280,7 +280,7 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		hs, err := s.Rollouts().Halts(t.Context(), "o1")
 		if err != nil || len(hs) != 1 || hs[0].Org != "o1" || hs[0].Channel != store.ChannelRapid || hs[0].Reason != "old" || hs[0].RunnerID != "a" ||
 			!hs[0].HaltedAt.Equal(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)) {
-			t.Fatalf("o1's halts after 0009: %+v %v", hs, err)
+			t.Fatalf("o1's halts after 0008: %+v %v", hs, err)
 		}
 		// Keyed by (organization, channel) now: another organization's halt of RAPID is its own.
 		if err := s.Rollouts().Halt(t.Context(), store.RolloutHalt{Channel: store.ChannelRapid, Version: "v2.0.0", Reason: "o2", Org: "o2"}); err != nil {
