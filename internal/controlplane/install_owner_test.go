@@ -127,3 +127,30 @@ func TestUninstallRefusesForeignNamespace(t *testing.T) {
 		t.Fatalf("foreign namespace deleted: %v", b.target.deleted)
 	}
 }
+
+// A cluster's API server is registered to one organization: another organization's
+// registration of it (spelt differently or not) is refused; the same organization's is not.
+func TestAddClusterRefusesServerOfAnotherOrg(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	add := func(id, server, org string) error {
+		_, err := b.svc.AddCluster(b.platform, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+			ClusterId: id, Server: server, Token: secretToken, CaPem: b.caPEM, OrganizationId: org}}))
+		return err
+	}
+	if err := add("a", "https://k8s.example:6443", "plat"); err != nil {
+		t.Fatal(err)
+	}
+	for _, server := range []string{"https://k8s.example:6443", "https://K8S.example:6443/", "HTTPS://k8s.EXAMPLE:6443"} {
+		err := add("b", server, "tenant")
+		wantReason(t, server, err, connect.CodeFailedPrecondition, apierr.ClusterServerShared)
+		if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != "cluster.server" {
+			t.Fatalf("%s: violations %v", server, vs)
+		}
+	}
+	if err := add("a2", "https://k8s.example:6443", ""); err != nil { // the platform's again: its own
+		t.Fatal(err)
+	}
+	if err := add("b", "https://k8s.example:6444", "tenant"); err != nil { // another server
+		t.Fatal(err)
+	}
+}
