@@ -291,8 +291,13 @@ func TestInstalledRunner(t *testing.T) {
 	t.Cleanup(func() {
 		_ = admin.CoreV1().Namespaces().Delete(context.Background(), foreignNS, metav1.DeleteOptions{})
 	})
+	foreignCluster := "foreign-" + runnerID // one runner per cluster: the same cluster again, for this organization
+	if _, err := cp.clusters.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: foreignCluster, Server: server, Token: rc.BearerToken, CaPem: caPEM}})); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cp.runners.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-		RunnerId: foreignRunner, ClusterId: clusterID, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
+		RunnerId: foreignRunner, ClusterId: foreignCluster, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
 		t.Fatal(err)
 	}
 	fst = waitInstallStatus(t, ctx, cp, foreignRunner, nil, "", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED)
@@ -310,6 +315,9 @@ func TestInstalledRunner(t *testing.T) {
 	}
 	if got, err := admin.CoreV1().Namespaces().Get(ctx, foreignNS, metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
 		t.Fatalf("the foreign namespace after the runner's delete: %v %v", got.GetDeletionTimestamp(), err)
+	}
+	if _, err := cp.clusters.DeleteCluster(ctx, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: foreignCluster})); err != nil {
+		t.Fatal(err)
 	}
 
 	// The cluster goes once no runner names it.
