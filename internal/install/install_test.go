@@ -129,3 +129,28 @@ func TestDiagnose(t *testing.T) {
 		}
 	}
 }
+
+// FuzzNamespace: for any organization id and any valid runner id, the namespace is a DNS
+// label of at most 63 characters, another organization's differs, and the org label is a
+// valid label value.
+func FuzzNamespace(f *testing.F) {
+	for _, s := range [][2]string{{"platform", "r1"}, {"", "a"}, {"org/with slash", "r" + strings.Repeat("x", 62)}, {"ü", strings.Repeat("a", 45) + "-b"}} {
+		f.Add(s[0], s[1])
+	}
+	runnerID := regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`) // the control plane's runner id syntax
+	f.Fuzz(func(t *testing.T, org, id string) {
+		if !runnerID.MatchString(id) {
+			return
+		}
+		ns := install.Namespace(org, id)
+		if len(ns) > 63 || !dnsLabel.MatchString(ns) {
+			t.Fatalf("%q %q: %q", org, id, ns)
+		}
+		if install.Namespace(org+"x", id) == ns {
+			t.Fatalf("%q and %q's %s share %s", org, org+"x", id, ns)
+		}
+		if h := install.OrgHash(org); len(h) > 63 || !dnsLabel.MatchString(h) {
+			t.Fatalf("org label %q", h)
+		}
+	})
+}
