@@ -179,11 +179,24 @@ func TestInstallCannotTakeOverAnotherOrgsNamespace(t *testing.T) {
 	if err := addCluster("b", "https://192.0.2.10:6443", "org-b"); err != nil {
 		t.Fatal(err)
 	}
-	create := func(org, id, clusterID string) {
+	create := func(org, id, clusterID string) string {
 		t.Helper()
-		if _, err := runners(org).CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-			RunnerId: id, ClusterId: clusterID, Zone: "z", Policy: &structpb.Struct{}}})); err != nil {
+		out, err := runners(org).CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+			RunnerId: id, ClusterId: clusterID, Zone: "z", Policy: &structpb.Struct{}}}))
+		if err != nil {
 			t.Fatal(err)
+		}
+		return out.Msg.GetStatus().GetInstallNamespace()
+	}
+	// applied waits for the install to have applied the runner's Secret into ns (the
+	// status shows INSTALLED as soon as the runner heartbeats, which may be before).
+	applied := func(ns string) {
+		t.Helper()
+		for cluster.secret(ns) == "" {
+			if ctx.Err() != nil {
+				t.Fatalf("no Secret applied into %s", ns)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	wait := func(org, id string, want controlplanev1.RunnerInstallStatus) *controlplanev1.ManagedRunnerStatus {
@@ -204,7 +217,7 @@ func TestInstallCannotTakeOverAnotherOrgsNamespace(t *testing.T) {
 	}
 
 	// A installs r1, and it runs.
-	create("org-a", "r1", "a")
+	applied(create("org-a", "r1", "a"))
 	if err := st.Runners().RecordHeartbeat(ctx, "org-a", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +227,7 @@ func TestInstallCannotTakeOverAnotherOrgsNamespace(t *testing.T) {
 	}
 	// B installs its own r1 into the same physical cluster: another namespace; A's Secret
 	// (its runner's bootstrap credential) is untouched.
-	create("org-b", "r1", "b")
+	applied(create("org-b", "r1", "b"))
 	if err := st.Runners().RecordHeartbeat(ctx, "org-b", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
 		t.Fatal(err)
 	}
