@@ -95,6 +95,9 @@ const (
 	ClusterInUse = "CWSANDBOX_CLUSTER_IN_USE"
 	// ClustersDisabled: the control plane has no key to seal cluster credentials with.
 	ClustersDisabled = "CWSANDBOX_CLUSTERS_DISABLED"
+	// ClusterServerShared: another organization registered a cluster of that API server
+	// URL; one cluster shared by organizations would undo the isolation between them.
+	ClusterServerShared = "CWSANDBOX_CLUSTER_SERVER_SHARED"
 	// UninstallFailed: deleting an installed runner could not remove its objects.
 	UninstallFailed = "CWSANDBOX_UNINSTALL_FAILED"
 	// Install reasons: ManagedRunnerStatus.install_error.reason of a FAILED install (and the
@@ -168,6 +171,7 @@ var table = []reasonCode{
 	{ClusterNotFound, connect.CodeNotFound, "no such cluster"},
 	{ClusterInUse, connect.CodeFailedPrecondition, "a runner names the cluster"},
 	{ClustersDisabled, connect.CodeFailedPrecondition, "this control plane keeps no key to seal cluster credentials with"},
+	{ClusterServerShared, connect.CodeFailedPrecondition, "another organization registered a cluster of that API server"},
 	{UninstallFailed, connect.CodeFailedPrecondition, "the control plane could not remove an installed runner's objects from its cluster"},
 	{InstallForbidden, connect.CodeFailedPrecondition, "install: the cluster credential lacks RBAC for an object the runner needs (HTTP 403)"},
 	{InstallUnauthenticated, connect.CodeFailedPrecondition, "install: the API server does not accept the cluster credential (HTTP 401)"},

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"unicode"
@@ -349,6 +350,9 @@ func (s *Service) AddCluster(ctx context.Context, req *connect.Request[controlpl
 		}
 		return nil, storeErr(err)
 	}
+	if err := s.checkServerUnshared(ctx, cred.Server, org); err != nil {
+		return nil, err
+	}
 	sealed, err := s.sealer.Seal(c.GetClusterId(), cred)
 	if err != nil {
 		return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "seal the credential: %v", err)
@@ -365,6 +369,46 @@ func (s *Service) AddCluster(ctx context.Context, req *connect.Request[controlpl
 	p := principal(ctx)
 	s.log.Info("cluster added", "cluster", out.ClusterID, "server", out.Server, "credential", kind, "for_org", org, "org", p.Org, "key", p.KeyID)
 	return connect.NewResponse(clusterProto(out)), nil
+}
+
+// checkServerUnshared refuses a cluster whose API server another organization registered:
+// runners of two organizations in one cluster share its nodes and its RBAC administrator,
+// which isolation between organizations must not. (A cluster reached by two different
+// URLs is not recognized; the install's namespaces are per organization and labelled, so
+// even then one organization's install cannot apply over or delete the other's.) The
+// same organization may register a server twice (e.g. with two credentials).
+func (s *Service) checkServerUnshared(ctx context.Context, server, org string) error {
+	cs, err := s.st.Clusters().List(ctx)
+	if err != nil {
+		return storeErr(err)
+	}
+	key := serverKey(server)
+	for _, c := range cs {
+		if c.Org != org && serverKey(c.Server) == key {
+			msg := fmt.Sprintf("server %s is registered to another organization as cluster %s", server, c.ClusterID)
+			return apierr.WithViolations(apierr.New(apierr.ClusterServerShared,
+				"cluster: "+msg+": a cluster is registered to one organization only (organizations must not share one)",
+				map[string]string{"server": server, "cluster_id": c.ClusterID}),
+				[]apierr.Violation{{Field: "cluster.server", Description: msg}})
+		}
+	}
+	return nil
+}
+
+// serverKey is server as compared by checkServerUnshared: scheme and host are case-blind,
+// a default port and a trailing "/" change nothing.
+func serverKey(server string) string {
+	u, err := url.Parse(server)
+	if err != nil {
+		return server
+	}
+	host := strings.ToLower(u.Hostname())
+	if p := u.Port(); p != "" && p != "443" {
+		host = net.JoinHostPort(host, p)
+	} else if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return strings.ToLower(u.Scheme) + "://" + host + strings.TrimRight(u.EscapedPath(), "/")
 }
 
 func (s *Service) ListClusters(ctx context.Context, _ *connect.Request[controlplanev1.ListClustersRequest]) (*connect.Response[controlplanev1.ListClustersResponse], error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,10 +16,12 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -207,14 +210,16 @@ func TestSealer(t *testing.T) {
 }
 
 // fakeTarget records applies and fails on demand (failure injection only: the real
-// apply is tested on a cluster, test/k8s).
+// apply is tested on a cluster, test/k8s). It keeps the namespaces' labels, so tests can
+// put a namespace someone else made in the way.
 type fakeTarget struct {
-	mu        sync.Mutex
-	applied   []string // Kind/name
-	failKind  string
-	failErr   error
-	deleted   []string
-	deleteErr error
+	mu         sync.Mutex
+	applied    []string // Kind/name
+	failKind   string
+	failErr    error
+	deleted    []string
+	deleteErr  error
+	namespaces map[string]map[string]string // name -> labels
 }
 
 func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
@@ -225,21 +230,53 @@ func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
 	if kind == f.failKind {
 		return &install.ApplyError{Kind: kind, Name: m.GetName(), Namespace: m.GetNamespace(), Err: f.failErr}
 	}
+	if kind == "Namespace" {
+		f.setNamespace(m.GetName(), m.GetLabels())
+	}
 	f.applied = append(f.applied, kind+"/"+m.GetName())
 	return nil
 }
 
-func (f *fakeTarget) DeleteNamespace(_ context.Context, name string) error {
+func (f *fakeTarget) setNamespace(name string, labels map[string]string) {
+	if f.namespaces == nil {
+		f.namespaces = map[string]map[string]string{}
+	}
+	f.namespaces[name] = maps.Clone(labels)
+}
+
+func (f *fakeTarget) CreateNamespace(_ context.Context, ns *corev1.Namespace) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failKind == "Namespace" {
+		return &install.ApplyError{Kind: "Namespace", Name: ns.Name, Err: f.failErr}
+	}
+	if _, ok := f.namespaces[ns.Name]; ok {
+		return &install.ApplyError{Kind: "Namespace", Name: ns.Name, Err: apierrors.NewAlreadyExists(schema.GroupResource{Resource: "namespaces"}, ns.Name)}
+	}
+	f.setNamespace(ns.Name, ns.Labels)
+	return nil
+}
+
+func (f *fakeTarget) GetNamespace(_ context.Context, name string) (*install.NamespaceInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.namespaces[name]
+	if !ok {
+		return nil, nil
+	}
+	return &install.NamespaceInfo{Labels: maps.Clone(l), UID: types.UID("uid-" + name)}, nil
+}
+
+func (f *fakeTarget) DeleteNamespace(_ context.Context, name string, _ types.UID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.deleteErr != nil {
 		return &install.ApplyError{Kind: "Namespace", Name: name, Err: f.deleteErr, Delete: true}
 	}
 	f.deleted = append(f.deleted, name)
+	delete(f.namespaces, name)
 	return nil
 }
-
-func (f *fakeTarget) NamespaceExists(context.Context, string) (bool, error) { return false, nil }
 
 type clusterBed struct {
 	st       store.Store
@@ -431,13 +468,14 @@ func TestInstallLifecycle(t *testing.T) {
 		t.Fatalf("another organization's cluster: %v", st)
 	}
 
+	ns1 := install.Namespace("plat", "r1")
 	created := b.createRunner(t, b.platform, "r1", "c1")
 	if st := created.GetStatus(); st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING ||
-		st.GetInstallNamespace() != "sandboxd-r1" {
+		st.GetInstallNamespace() != ns1 {
 		t.Fatalf("created: %v", st)
 	}
 	// Applied in order, then it waits for the heartbeat.
-	want := []string{"Namespace/sandboxd-r1", "ServiceAccount/sandboxd-runner", "Secret/sandboxd-runner", "PersistentVolumeClaim/sandboxd-runner",
+	want := []string{"Namespace/" + ns1, "ServiceAccount/sandboxd-runner", "Secret/sandboxd-runner", "PersistentVolumeClaim/sandboxd-runner",
 		"Role/sandboxd-runner-sandboxes", "RoleBinding/sandboxd-runner-sandboxes", "Role/sandboxd-runner-self", "RoleBinding/sandboxd-runner-self",
 		"Service/sandboxd-runner", "Deployment/sandboxd-runner"}
 	deadline := time.Now().Add(10 * time.Second)
@@ -481,7 +519,7 @@ func TestInstallLifecycle(t *testing.T) {
 	if _, err := b.svc.DeleteManagedRunner(b.platform, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1"})); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(b.target.deleted, []string{"sandboxd-r1"}) {
+	if !slices.Equal(b.target.deleted, []string{ns1}) {
 		t.Fatalf("deleted %v", b.target.deleted)
 	}
 	// A self-managed runner's delete touches no cluster.
@@ -513,7 +551,7 @@ func TestInstallFailures(t *testing.T) {
 			c.HeartbeatTimeout = 200 * time.Millisecond
 			return c
 		}(), false, "", nil,
-			"CWSANDBOX_INSTALL_NO_HEARTBEAT", "namespace sandboxd-r1"},
+			"CWSANDBOX_INSTALL_NO_HEARTBEAT", "namespace " + install.Namespace("plat", "r1")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newClusterBed(t, tc.cfg, tc.noCA)

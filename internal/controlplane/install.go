@@ -123,7 +123,7 @@ func (s *Service) beginInstall(ctx context.Context, r store.Runner) (*store.Inst
 		return nil, err
 	}
 	in, err := s.st.Installs().Put(ctx, store.Install{Org: r.Org, RunnerID: r.RunnerID, ClusterID: r.ClusterID,
-		State: store.InstallInstalling, Namespace: install.Namespace(r.RunnerID)})
+		State: store.InstallInstalling, Namespace: install.Namespace(r.Org, r.RunnerID)})
 	if err != nil {
 		return nil, err
 	}
@@ -276,24 +276,27 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		return err
 	}
 	v := install.Values{
-		RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: cfg.RunnerImage, AgentImage: cfg.AgentImage,
+		Org: rec.Org, RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: cfg.RunnerImage, AgentImage: cfg.AgentImage,
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
 		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs,
 	}
-	for _, obj := range install.Objects(v) {
-		if err := t.Apply(actx, obj); err != nil {
-			d := install.Diagnose(err)
-			in.fail(ctx, rec, d.Reason, err.Error(), d.Hints)
-			return err
-		}
+	if err := install.Apply(actx, t, v); err != nil {
+		d := install.Diagnose(err)
+		in.fail(ctx, rec, d.Reason, err.Error(), d.Hints)
+		return err
 	}
 	return nil
 }
 
 // uninstall removes what the control plane installed for r: its namespace, with
 // everything in it (the chart installs nothing cluster-scoped besides the namespace).
-// The namespace's deletion finishes in the cluster after this returns.
+// The namespace's deletion finishes in the cluster after this returns. A namespace that
+// does not carry the runner's labels (install.Owned) is never deleted: if the install
+// failed on exactly that (it found the namespace someone else's and created nothing),
+// there is nothing to remove and the uninstall succeeds; otherwise it fails
+// (UninstallFailed: the runner stays unless deleted with force), so the change of
+// labels is noticed rather than the namespace silently left or wrongly deleted.
 func (s *Service) uninstall(ctx context.Context, in store.Install) error {
 	s.inst.stop(in.Org, in.RunnerID)
 	ctx, cancel := context.WithTimeout(ctx, s.inst.cfg.ApplyTimeout)
@@ -302,8 +305,19 @@ func (s *Service) uninstall(ctx context.Context, in store.Install) error {
 	if err != nil {
 		return err
 	}
-	err = t.DeleteNamespace(ctx, in.Namespace)
-	if err != nil && in.State == store.InstallFailed && strings.HasPrefix(in.Message, namespaceApplyFailed) {
+	err = install.Remove(ctx, t, in.Org, in.RunnerID, in.Namespace)
+	var fe *install.ForeignNamespaceError
+	if errors.As(err, &fe) && in.State == store.InstallFailed && strings.HasPrefix(in.Message, install.ForeignPrefix) {
+		s.log.Warn("runner uninstall: its namespace is not this control plane's; left alone (the install created nothing)",
+			"org", in.Org, "runner", in.RunnerID, "cluster", in.ClusterID, "namespace", in.Namespace)
+		return nil
+	}
+	if errors.As(err, &fe) {
+		s.log.Warn("runner uninstall refused: its namespace does not carry the runner's labels", "org", in.Org, "runner", in.RunnerID,
+			"cluster", in.ClusterID, "namespace", in.Namespace, "err", err)
+	}
+	if err != nil && in.State == store.InstallFailed &&
+		(strings.HasPrefix(in.Message, namespaceApplyFailed) || strings.HasPrefix(in.Message, namespaceGetFailed)) {
 		// The install failed creating the namespace: nothing of it is in the cluster, and
 		// a credential that could not create the namespace cannot delete it either.
 		return nil
@@ -314,6 +328,10 @@ func (s *Service) uninstall(ctx context.Context, in store.Install) error {
 // namespaceApplyFailed starts the message of an install that failed applying its namespace
 // (install.ApplyError's text): it created nothing.
 const namespaceApplyFailed = "apply Namespace "
+
+// namespaceGetFailed starts the message of an install that could not even read its
+// namespace (to check whose it is): it created nothing either.
+const namespaceGetFailed = "get Namespace "
 
 // installStatus fills st's install fields from the runner's install record (none:
 // self-managed). An INSTALLING runner that has heartbeated shows INSTALLED even before

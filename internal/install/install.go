@@ -47,14 +47,25 @@ const (
 	FieldManager = "sandboxd-controlplane"
 	// ManagedBy is the app.kubernetes.io/managed-by label (Helm's is "Helm").
 	ManagedBy = "sandboxd-controlplane"
+	// ManagedByLabel carries ManagedBy on every installed object.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
 	// RunnerLabel names the runner an object was installed for.
 	RunnerLabel = "sandboxd.io/runner-id"
+	// OrgLabel carries OrgHash of the organization an object was installed for: an
+	// organization id has no syntax of its own (any string), a label value has (63
+	// characters of [A-Za-z0-9._-]), so the label holds a hash and OrgAnnotation the id.
+	OrgLabel = "sandboxd.io/org-hash"
+	// OrgAnnotation is the organization id, for people reading the cluster.
+	OrgAnnotation = "sandboxd.io/organization"
 	// ChartVersion is the chart version the objects follow (Chart.yaml).
 	ChartVersion = "0.1.0"
 )
 
 // Values are the chart values an install sets.
 type Values struct {
+	// Org and RunnerID name the runner; both go into every object's labels (OrgLabel,
+	// RunnerLabel), which is how the control plane recognizes what it installed.
+	Org       string
 	RunnerID  string
 	Namespace string
 	// Image and AgentImage are full references (repository:tag or @digest).
@@ -78,15 +89,32 @@ type Values struct {
 	Version string
 }
 
-// Namespace is the namespace a runner is installed into: sandboxd-<runner_id>, or a
-// shortened name with a hash when that would exceed a DNS label.
-func Namespace(runnerID string) string {
-	ns := "sandboxd-" + runnerID
-	if len(ns) <= 63 {
-		return ns
+// Namespace is the namespace org's runner runnerID is installed into:
+// sandboxd-<runner_id>-<8 hex of sha256(org "/" runner_id)>. The organization is in the
+// hash because runner ids are unique only within an organization: without it two
+// organizations' runners of one id would share a namespace on a shared cluster, and one
+// would apply over (and delete) the other. A runner id too long for a DNS label (63) is
+// cut; the hash keeps the name unique.
+func Namespace(org, runnerID string) string {
+	h := sha256.Sum256([]byte(org + "/" + runnerID))
+	id := runnerID
+	if room := 63 - len("sandboxd-") - 1 - 8; len(id) > room {
+		id = strings.TrimRight(id[:room], "-")
 	}
-	h := sha256.Sum256([]byte(runnerID))
-	return strings.TrimRight(ns[:50], "-") + "-" + hex.EncodeToString(h[:])[:8]
+	return "sandboxd-" + id + "-" + hex.EncodeToString(h[:])[:8]
+}
+
+// OrgHash is OrgLabel's value for org: 32 hex digits of sha256(org), a valid label value
+// whatever the organization id is.
+func OrgHash(org string) string {
+	h := sha256.Sum256([]byte(org))
+	return hex.EncodeToString(h[:])[:32]
+}
+
+// Owned says whether labels (a namespace's) are exactly those the control plane gives
+// org's runner runnerID: it applies into, and deletes, only such a namespace.
+func Owned(labels map[string]string, org, runnerID string) bool {
+	return labels[ManagedByLabel] == ManagedBy && labels[RunnerLabel] == runnerID && labels[OrgLabel] == OrgHash(org)
 }
 
 func labels(v Values) map[string]string {
@@ -95,12 +123,13 @@ func labels(v Values) map[string]string {
 		ver = "dev"
 	}
 	return map[string]string{
-		"app.kubernetes.io/name":       ChartName,
-		"app.kubernetes.io/instance":   ReleaseName,
-		"app.kubernetes.io/version":    ver,
-		"app.kubernetes.io/managed-by": ManagedBy,
-		"helm.sh/chart":                ChartName + "-" + ChartVersion,
-		RunnerLabel:                    v.RunnerID,
+		"app.kubernetes.io/name":     ChartName,
+		"app.kubernetes.io/instance": ReleaseName,
+		"app.kubernetes.io/version":  ver,
+		ManagedByLabel:               ManagedBy,
+		"helm.sh/chart":              ChartName + "-" + ChartVersion,
+		RunnerLabel:                  v.RunnerID,
+		OrgLabel:                     OrgHash(v.Org),
 	}
 }
 
@@ -109,7 +138,7 @@ func selectorLabels() map[string]string {
 }
 
 func meta(v Values, name string, namespaced bool) metav1.ObjectMeta {
-	m := metav1.ObjectMeta{Name: name, Labels: labels(v)}
+	m := metav1.ObjectMeta{Name: name, Labels: labels(v), Annotations: map[string]string{OrgAnnotation: v.Org}}
 	if namespaced {
 		m.Namespace = v.Namespace
 	}
@@ -276,12 +305,92 @@ func Objects(v Values) []runtime.Object {
 // inject failures.
 type Target interface {
 	// Apply server-side applies obj (field manager FieldManager, forcing conflicts: the
-	// control plane owns what it installs).
+	// control plane owns what it installs). Apply (the function) calls it only for objects
+	// in a namespace it has checked is the runner's.
 	Apply(ctx context.Context, obj runtime.Object) error
-	// DeleteNamespace deletes the namespace (with everything in it); a missing one is no error.
-	DeleteNamespace(ctx context.Context, name string) error
-	// NamespaceExists says whether the namespace is still there (terminating counts).
-	NamespaceExists(ctx context.Context, name string) (bool, error)
+	// CreateNamespace creates ns (a plain create: one that exists is an error for which
+	// apierrors.IsAlreadyExists holds), so that a namespace someone else made is never
+	// adopted by a forced apply.
+	CreateNamespace(ctx context.Context, ns *corev1.Namespace) error
+	// GetNamespace returns the namespace's labels and UID; nil when there is none.
+	GetNamespace(ctx context.Context, name string) (*NamespaceInfo, error)
+	// DeleteNamespace deletes the namespace of that UID (with everything in it): the UID
+	// precondition makes sure it is the one whose labels were checked. A missing one is no
+	// error.
+	DeleteNamespace(ctx context.Context, name string, uid types.UID) error
+}
+
+// NamespaceInfo is what the control plane checks of an existing namespace.
+type NamespaceInfo struct {
+	Labels map[string]string
+	UID    types.UID
+}
+
+// ForeignNamespaceError: the runner's namespace exists but does not carry the labels the
+// control plane gives the runner (Owned), so it is someone else's: the control plane
+// neither applies into it nor deletes it.
+type ForeignNamespaceError struct {
+	Namespace, Org, RunnerID string
+	Labels                   map[string]string
+	Delete                   bool // found when uninstalling
+}
+
+// ForeignPrefix starts every ForeignNamespaceError's text.
+const ForeignPrefix = "foreign namespace: "
+
+func (e *ForeignNamespaceError) Error() string {
+	return fmt.Sprintf("%snamespace %s exists and was not created by this control plane for runner %s (labels %s=%q %s=%q %s=%q; want %s, %s, %s)",
+		ForeignPrefix, e.Namespace, e.RunnerID, ManagedByLabel, e.Labels[ManagedByLabel], RunnerLabel, e.Labels[RunnerLabel],
+		OrgLabel, e.Labels[OrgLabel], ManagedBy, e.RunnerID, OrgHash(e.Org))
+}
+
+// Apply installs v's runner into t: it creates the namespace if there is none, refuses
+// (ForeignNamespaceError) if the one there is not the runner's (Owned), then applies every
+// object. Objects are applied with force only inside the runner's own namespace.
+func Apply(ctx context.Context, t Target, v Values) error {
+	objs := Objects(v)
+	ns := objs[0].(*corev1.Namespace)
+	info, err := t.GetNamespace(ctx, v.Namespace)
+	if err != nil {
+		return err
+	}
+	if info == nil {
+		cerr := t.CreateNamespace(ctx, ns)
+		if cerr != nil && !apierrors.IsAlreadyExists(cerr) {
+			return cerr
+		}
+		if cerr != nil { // made meanwhile: by whom?
+			if info, err = t.GetNamespace(ctx, v.Namespace); err != nil {
+				return err
+			}
+			if info == nil {
+				return cerr
+			}
+		}
+	}
+	if info != nil && !Owned(info.Labels, v.Org, v.RunnerID) {
+		return &ForeignNamespaceError{Namespace: v.Namespace, Org: v.Org, RunnerID: v.RunnerID, Labels: info.Labels}
+	}
+	for _, obj := range objs {
+		if err := t.Apply(ctx, obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Remove deletes org's runner runnerID's namespace ns, with everything in it, if it is the
+// runner's (Owned); a namespace that is not is left alone (ForeignNamespaceError with
+// Delete). A missing namespace is no error.
+func Remove(ctx context.Context, t Target, org, runnerID, ns string) error {
+	info, err := t.GetNamespace(ctx, ns)
+	if err != nil || info == nil {
+		return err
+	}
+	if !Owned(info.Labels, org, runnerID) {
+		return &ForeignNamespaceError{Namespace: ns, Org: org, RunnerID: runnerID, Labels: info.Labels, Delete: true}
+	}
+	return t.DeleteNamespace(ctx, ns, info.UID)
 }
 
 // resources maps each kind Objects makes to its resource.
@@ -345,36 +454,51 @@ func (c cluster) Apply(ctx context.Context, obj runtime.Object) error {
 	return nil
 }
 
-func (c cluster) DeleteNamespace(ctx context.Context, name string) error {
-	err := c.dyn.Resource(resources["Namespace"]).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+func (c cluster) CreateNamespace(ctx context.Context, ns *corev1.Namespace) error {
+	u, err := Unstructured(ns)
+	if err != nil {
+		return err
+	}
+	if _, err := c.dyn.Resource(resources["Namespace"]).Create(ctx, u, metav1.CreateOptions{FieldManager: FieldManager}); err != nil {
+		return &ApplyError{Kind: "Namespace", Name: ns.Name, Err: err}
+	}
+	return nil
+}
+
+func (c cluster) GetNamespace(ctx context.Context, name string) (*NamespaceInfo, error) {
+	u, err := c.dyn.Resource(resources["Namespace"]).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return &NamespaceInfo{Labels: u.GetLabels(), UID: u.GetUID()}, nil
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	}
+	return nil, &ApplyError{Kind: "Namespace", Name: name, Err: err, Get: true}
+}
+
+func (c cluster) DeleteNamespace(ctx context.Context, name string, uid types.UID) error {
+	err := c.dyn.Resource(resources["Namespace"]).Delete(ctx, name, metav1.DeleteOptions{
+		PropagationPolicy: ptr.To(metav1.DeletePropagationBackground), Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return &ApplyError{Kind: "Namespace", Name: name, Err: err, Delete: true}
 	}
 	return nil
 }
 
-func (c cluster) NamespaceExists(ctx context.Context, name string) (bool, error) {
-	_, err := c.dyn.Resource(resources["Namespace"]).Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case err == nil:
-		return true, nil
-	case apierrors.IsNotFound(err):
-		return false, nil
-	}
-	return false, &ApplyError{Kind: "Namespace", Name: name, Err: err, Delete: true}
-}
-
 // ApplyError is a failed apply (or delete) of one object.
 type ApplyError struct {
 	Kind, Name, Namespace string
-	Delete                bool
+	Delete, Get           bool
 	Err                   error
 }
 
 func (e *ApplyError) Error() string {
 	op := "apply"
-	if e.Delete {
+	switch {
+	case e.Delete:
 		op = "delete"
+	case e.Get:
+		op = "get"
 	}
 	where := e.Name
 	if e.Namespace != "" {
@@ -393,12 +517,23 @@ type Diagnosis struct {
 
 // Diagnose classifies an install (or uninstall) error by the Kubernetes status behind it.
 func Diagnose(err error) Diagnosis {
+	if fe := (*ForeignNamespaceError)(nil); errors.As(err, &fe) {
+		if fe.Delete {
+			return Diagnosis{Reason: apierr.InstallConflict, Hints: []string{fmt.Sprintf(
+				"namespace %s exists and was not created by this control plane for runner %s, so it was not deleted: if it is the runner's, delete it yourself; then delete the runner with force", fe.Namespace, fe.RunnerID)}}
+		}
+		return Diagnosis{Reason: apierr.InstallConflict, Hints: []string{fmt.Sprintf(
+			"namespace %s exists and was not created by this control plane for this runner: remove it (after checking whose it is), or delete the runner and create it with another runner_id", fe.Namespace)}}
+	}
 	var ae *ApplyError
 	kind, ns, op := "objects", "", "create"
 	if errors.As(err, &ae) {
 		kind, ns = ae.Kind, ae.Namespace
 		if ae.Delete {
 			op = "delete"
+		}
+		if ae.Get {
+			op = "get"
 		}
 	}
 	resource := strings.ToLower(kind) + "s"

@@ -2,6 +2,7 @@ package install_test
 
 import (
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -16,13 +17,44 @@ import (
 )
 
 func TestNamespace(t *testing.T) {
-	if got := install.Namespace("r1"); got != "sandboxd-r1" {
-		t.Fatalf("short: %s", got)
+	a, b := install.Namespace("org-a", "r1"), install.Namespace("org-b", "r1")
+	if a == b || !strings.HasPrefix(a, "sandboxd-r1-") || len(a) != len("sandboxd-r1-")+8 {
+		t.Fatalf("two organizations' r1: %s %s", a, b)
 	}
-	long := "r" + strings.Repeat("a", 62)
-	got := install.Namespace(long)
-	if len(got) > 63 || !strings.HasPrefix(got, "sandboxd-r") || got == install.Namespace(long[:62]+"b") {
-		t.Fatalf("long: %s", got)
+	// The hash separates organization and runner ("/"): moving a character across is another name.
+	if install.Namespace("a", "bc") == install.Namespace("ab", "c") {
+		t.Fatal("org/runner boundary lost")
+	}
+	long := "r" + strings.Repeat("a", 61) + "z" // the longest runner id: 63
+	for _, id := range []string{long, long[:62] + "b", strings.Repeat("a", 44) + "-" + strings.Repeat("b", 18)} {
+		got := install.Namespace("org-a", id)
+		if len(got) > 63 || !strings.HasPrefix(got, "sandboxd-") || !dnsLabel.MatchString(got) {
+			t.Fatalf("%s: %s (%d)", id, got, len(got))
+		}
+	}
+	if install.Namespace("org-a", long) == install.Namespace("org-a", long[:62]+"b") {
+		t.Fatal("two long ids, one namespace")
+	}
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+func TestOwned(t *testing.T) {
+	v := install.Values{Org: "any org/ id", RunnerID: "r1", Namespace: install.Namespace("any org/ id", "r1")}
+	for _, o := range install.Objects(v) {
+		u, err := install.Unstructured(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !install.Owned(u.GetLabels(), v.Org, "r1") || install.Owned(u.GetLabels(), "other", "r1") || install.Owned(u.GetLabels(), v.Org, "r2") {
+			t.Fatalf("%s labels %v", u.GetKind(), u.GetLabels())
+		}
+		if h := u.GetLabels()[install.OrgLabel]; len(h) > 63 || !dnsLabel.MatchString(h) || u.GetAnnotations()[install.OrgAnnotation] != v.Org {
+			t.Fatalf("%s org label %q", u.GetKind(), h)
+		}
+	}
+	if install.Owned(nil, "", "") {
+		t.Fatal("no labels owned")
 	}
 }
 
@@ -96,4 +128,29 @@ func TestDiagnose(t *testing.T) {
 			t.Errorf("%v: %+v, want %s with %q", tc.err, d, tc.reason, tc.hint)
 		}
 	}
+}
+
+// FuzzNamespace: for any organization id and any valid runner id, the namespace is a DNS
+// label of at most 63 characters, another organization's differs, and the org label is a
+// valid label value.
+func FuzzNamespace(f *testing.F) {
+	for _, s := range [][2]string{{"platform", "r1"}, {"", "a"}, {"org/with slash", "r" + strings.Repeat("x", 62)}, {"ü", strings.Repeat("a", 45) + "-b"}} {
+		f.Add(s[0], s[1])
+	}
+	runnerID := regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`) // the control plane's runner id syntax
+	f.Fuzz(func(t *testing.T, org, id string) {
+		if !runnerID.MatchString(id) {
+			return
+		}
+		ns := install.Namespace(org, id)
+		if len(ns) > 63 || !dnsLabel.MatchString(ns) {
+			t.Fatalf("%q %q: %q", org, id, ns)
+		}
+		if install.Namespace(org+"x", id) == ns {
+			t.Fatalf("%q and %q's %s share %s", org, org+"x", id, ns)
+		}
+		if h := install.OrgHash(org); len(h) > 63 || !dnsLabel.MatchString(h) {
+			t.Fatalf("org label %q", h)
+		}
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -122,6 +123,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 //     args, env, security contexts, volumes, RBAC rules, Service ports).
 //   - A second cluster registered with a service-account token that has no RBAC: its
 //     runner's install is FAILED with CWSANDBOX_INSTALL_FORBIDDEN and a hint on namespaces.
+//   - A namespace of a runner's name that the control plane did not create for it (no
+//     labels): the install is FAILED with CWSANDBOX_INSTALL_CONFLICT, applies nothing into
+//     it, and deleting the runner leaves the namespace alone.
 //   - Deleting the installed runner uninstalls it: its namespace, and everything labelled
 //     for it, are gone from the cluster.
 func TestInstalledRunner(t *testing.T) {
@@ -137,7 +141,7 @@ func TestInstalledRunner(t *testing.T) {
 	admin := k8s.NewForConfigOrDie(rc)
 	host := nodeIP(t, ctx, admin)
 	runnerID := randomID("inst-")
-	ns := install.Namespace(runnerID)
+	ns := install.Namespace("platform", runnerID)
 	class := "sandboxd-" + runnerID // the data volume's own storage class: nothing else binds it
 
 	cp := startInstallPlane(t, ctx, host, controlplane.InstallConfig{
@@ -266,16 +270,56 @@ func TestInstalledRunner(t *testing.T) {
 	fst := waitInstallStatus(t, ctx, cp, weakRunner, nil, "", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED)
 	ie := fst.GetInstallError()
 	if ie.GetReason() != apierr.InstallForbidden || !strings.Contains(ie.GetMessage(), "forbidden") ||
-		!strings.Contains(strings.Join(ie.GetHints(), "\n"), "lacks RBAC to create namespaces") {
+		!strings.Contains(strings.Join(ie.GetHints(), "\n"), "lacks RBAC to get namespaces") {
 		t.Fatalf("install error %v: want %s, the API server's 403 and a hint on namespaces", ie, apierr.InstallForbidden)
 	}
 	t.Logf("no-RBAC credential: %s: %s; hint: %s", ie.GetReason(), ie.GetMessage(), ie.GetHints()[0])
-	if _, err := admin.CoreV1().Namespaces().Get(ctx, install.Namespace(weakRunner), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := admin.CoreV1().Namespaces().Get(ctx, install.Namespace("platform", weakRunner), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the failed install's namespace: %v, want none", err)
 	}
 	if _, err := cp.runners.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: weakRunner})); err != nil {
 		t.Fatalf("delete the failed install's runner: %v", err)
 	}
+
+	// A namespace someone else made, of a runner's namespace name: not adopted, not deleted.
+	foreignRunner := randomID("foreign-")
+	foreignNS := install.Namespace("platform", foreignRunner)
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: foreignNS,
+		Labels: map[string]string{install.RunnerLabel: foreignRunner}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.CoreV1().Namespaces().Delete(context.Background(), foreignNS, metav1.DeleteOptions{})
+	})
+	foreignCluster := "foreign-" + runnerID // one runner per cluster: the same cluster again, for this organization
+	if _, err := cp.clusters.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: foreignCluster, Server: server, Token: rc.BearerToken, CaPem: caPEM}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.runners.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+		RunnerId: foreignRunner, ClusterId: foreignCluster, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
+		t.Fatal(err)
+	}
+	fst = waitInstallStatus(t, ctx, cp, foreignRunner, nil, "", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED)
+	if ie := fst.GetInstallError(); ie.GetReason() != apierr.InstallConflict ||
+		!strings.Contains(strings.Join(ie.GetHints(), "\n"), "namespace "+foreignNS+" exists and was not created by this control plane") {
+		t.Fatalf("install into a foreign namespace: %v", ie)
+	}
+	if l, err := admin.CoreV1().ServiceAccounts(foreignNS).List(ctx, metav1.ListOptions{}); err != nil || slices.ContainsFunc(l.Items, func(sa corev1.ServiceAccount) bool {
+		return sa.Name == install.ReleaseName
+	}) {
+		t.Fatalf("applied into the foreign namespace: %v %v", l, err)
+	}
+	if _, err := cp.runners.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: foreignRunner})); err != nil {
+		t.Fatalf("delete the runner of the refused install: %v", err)
+	}
+	if got, err := admin.CoreV1().Namespaces().Get(ctx, foreignNS, metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
+		t.Fatalf("the foreign namespace after the runner's delete: %v %v", got.GetDeletionTimestamp(), err)
+	}
+	if _, err := cp.clusters.DeleteCluster(ctx, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: foreignCluster})); err != nil {
+		t.Fatal(err)
+	}
+
 	// The cluster goes once no runner names it.
 	if _, err := cp.clusters.DeleteCluster(ctx, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: weak})); err != nil {
 		t.Fatal(err)
