@@ -168,6 +168,9 @@ func TestSignedReleasesCannotBeForged(t *testing.T) {
 	}
 
 	// A runner gets the genuine manifest and signature; the refused versions do not exist.
+	if _, err := st.Runners().Create(ctx, store.Runner{Org: "tenant", RunnerID: "r1", ClusterID: "c1", Zone: "z"}); err != nil {
+		t.Fatal(err)
+	}
 	runnerCert, err := ca.IssueClient("", []*url.URL{controlplane.RunnerURI("tenant", "r1")}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
