@@ -60,14 +60,17 @@ func runnerCmd(args []string) error {
 // re-execute; either way sandboxes keep running.
 func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	pkiDir := pkiDirOf(c.dataDir, c.pkiDir)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	defer func() {
-		if ctx.Err() != nil {
-			su.signalled() // a clean stop, not a crash (a trial keeps its attempt)
+		// Only a signal is a clean stop (a trial keeps its attempt). Not ctx below: it is
+		// also cancelled when run returns, start-up errors included, which must roll a
+		// trial back.
+		if sigCtx.Err() != nil {
+			su.signalled()
 		}
 	}()
-	ctx, cancel := su.serveCtx(ctx)
+	ctx, cancel := su.serveCtx(sigCtx)
 	defer cancel()
 	if c.backend == "kubernetes" {
 		// Before anything acts (registration, re-adoption, serving): one replica at a time.
