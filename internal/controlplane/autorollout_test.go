@@ -54,82 +54,17 @@ func (r *fakeRunner) beat(t *testing.T) {
 // the reason shown in ListReleases and the runners' status, and a resume lets it go on.
 func TestAutomaticRolloutOverRegistration(t *testing.T) {
 	ctx := t.Context()
-	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "cp.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	ca, err := pki.LoadOrCreateCA(filepath.Join(dir, "pki"), "test platform CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := controlplane.EnsureOrg(ctx, st, "org-a"); err != nil {
-		t.Fatal(err)
-	}
-	adminKey, err := controlplane.EnsureAdminKey(ctx, st, "org-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	now := time.Now().UTC() // bootstrap tokens expire by the store's clock too
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	authn := auth.NewStoreAuthenticator(st, nil)
-	t.Cleanup(authn.Wait)
-	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, PlatformOrg: "org-a", CA: ca, HeartbeatInterval: time.Second,
-		Logger: slog.New(slog.DiscardHandler), Now: clock, UpdateDeadline: 3 * time.Second,
-		TargetVersions: map[string]string{store.ChannelStable: "v1.0.0", store.ChannelRapid: "v1.0.0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsCfg, err := controlplane.TLSConfig(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: svc.TLSHandler(), TLSConfig: tlsCfg}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	addr := ln.Addr().String()
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), "127.0.0.1"), ForceAttemptHTTP2: true}}
-	bearer := connect.WithInterceptors(connecttest.Bearer(adminKey))
-	admin := controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+addr, bearer)
-	releases := controlplanev1connect.NewReleaseServiceClient(hc, "https://"+addr, bearer)
-	rollouts := controlplanev1connect.NewRolloutServiceClient(hc, "https://"+addr, bearer)
-
-	ctl, err := rollout.New(rollout.Config{Store: rollout.FromStore(st), Targets: svc.ChannelTargets, Deadline: 3 * time.Second,
-		HeartbeatInterval: time.Second, Now: clock, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newRegistrationBed(t, 3*time.Second)
+	admin, releases, rollouts, ctl, advance := b.admin, b.releases, b.rollouts, b.ctl, b.advance
 
 	var runners []*fakeRunner
 	for _, spec := range []struct {
 		id string
 		ch controlplanev1.ReleaseChannel
 	}{{"ra", controlplanev1.ReleaseChannel_RAPID}, {"rb", controlplanev1.ReleaseChannel_RAPID}, {"sa", controlplanev1.ReleaseChannel_STABLE}} {
-		if _, err := admin.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-			RunnerId: spec.id, ClusterId: "c-" + spec.id, Zone: "z1", ReleaseChannel: spec.ch, Policy: &structpb.Struct{}}})); err != nil {
-			t.Fatal(err)
-		}
-		tok, err := admin.CreateBootstrapToken(ctx, connect.NewRequest(&controlplanev1.CreateBootstrapTokenRequest{RunnerId: spec.id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rdir := t.TempDir()
-		id, err := enroll.Register(ctx, rdir, addr, tok.Msg.GetBootstrapToken(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cache, err := enroll.OpenPolicyCache(rdir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		id, cache := b.enroll(t, spec.id, spec.ch)
 		fr := &fakeRunner{id: spec.id, version: "v1.0.0", bad: "v1.2.0"}
+		var err error
 		fr.hb, err = enroll.NewHeartbeater(enroll.HeartbeatConfig{Identity: id, Cache: cache, Logger: slog.New(slog.DiscardHandler),
 			Status: func(context.Context) (*enroll.Status, error) {
 				return &enroll.Status{Version: fr.version, Ready: fr.version != fr.bad, SelfUpdate: true}, nil
@@ -371,4 +306,102 @@ func TestHaltsAreEachOrganizationsOwn(t *testing.T) {
 	if hs, _ := b.st.Rollouts().Halts(ctx, ""); len(hs) != 1 || hs[0].Org != b.org {
 		t.Errorf("halts after resume of ta: %+v", hs)
 	}
+}
+
+// registrationBed is a control plane served over TLS on loopback (its clock advanced by
+// hand), admin clients with the platform admin's key, and the automatic rollout's
+// controller ticked by the test; runners enroll through real bootstrap tokens.
+type registrationBed struct {
+	addr     string
+	admin    controlplanev1connect.RunnerManagementServiceClient
+	releases controlplanev1connect.ReleaseServiceClient
+	rollouts controlplanev1connect.RolloutServiceClient
+	ctl      *rollout.Controller
+	// clock is the control plane's and the controller's time; advance moves it on.
+	clock   func() time.Time
+	advance func(time.Duration)
+}
+
+// newRegistrationBed starts one, whose update steps have deadline.
+func newRegistrationBed(t *testing.T, deadline time.Duration) *registrationBed {
+	t.Helper()
+	ctx := t.Context()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "cp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	ca, err := pki.LoadOrCreateCA(filepath.Join(dir, "pki"), "test platform CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := controlplane.EnsureOrg(ctx, st, "org-a"); err != nil {
+		t.Fatal(err)
+	}
+	adminKey, err := controlplane.EnsureAdminKey(ctx, st, "org-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Now().UTC() // bootstrap tokens expire by the store's clock too
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	authn := auth.NewStoreAuthenticator(st, nil)
+	t.Cleanup(authn.Wait)
+	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, PlatformOrg: "org-a", CA: ca, HeartbeatInterval: time.Second,
+		Logger: slog.New(slog.DiscardHandler), Now: clock, UpdateDeadline: deadline,
+		TargetVersions: map[string]string{store.ChannelStable: "v1.0.0", store.ChannelRapid: "v1.0.0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsCfg, err := controlplane.TLSConfig(ca, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: svc.TLSHandler(), TLSConfig: tlsCfg}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := ln.Addr().String()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), "127.0.0.1"), ForceAttemptHTTP2: true}}
+	bearer := connect.WithInterceptors(connecttest.Bearer(adminKey))
+	ctl, err := rollout.New(rollout.Config{Store: rollout.FromStore(st), Targets: svc.ChannelTargets, Deadline: deadline,
+		HeartbeatInterval: time.Second, Now: clock, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &registrationBed{addr: addr, ctl: ctl, clock: clock,
+		admin:    controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+addr, bearer),
+		releases: controlplanev1connect.NewReleaseServiceClient(hc, "https://"+addr, bearer),
+		rollouts: controlplanev1connect.NewRolloutServiceClient(hc, "https://"+addr, bearer),
+		advance:  func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() },
+	}
+}
+
+// enroll creates runner id on channel ch and registers it with a bootstrap token, as
+// `sandboxd runner --bootstrap-token` does; it returns the runner's identity and policy cache.
+func (b *registrationBed) enroll(t *testing.T, id string, ch controlplanev1.ReleaseChannel) (*enroll.Identity, *enroll.PolicyCache) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := b.admin.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+		RunnerId: id, ClusterId: "c-" + id, Zone: "z1", ReleaseChannel: ch, Policy: &structpb.Struct{}}})); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := b.admin.CreateBootstrapToken(ctx, connect.NewRequest(&controlplanev1.CreateBootstrapTokenRequest{RunnerId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdir := t.TempDir()
+	ident, err := enroll.Register(ctx, rdir, b.addr, tok.Msg.GetBootstrapToken(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := enroll.OpenPolicyCache(rdir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ident, cache
 }

@@ -3,26 +3,16 @@ package controlplane_test
 import (
 	"context"
 	"log/slog"
-	"net"
-	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/connecttest"
-	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
-	"github.com/sandboxd/sandboxd/internal/pki"
-	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -82,78 +72,15 @@ func (r *refusingRunner) beat(t *testing.T) {
 // A heartbeat with a malformed report is refused with field violations.
 func TestRunnerReportedUpdateFailureOverRegistration(t *testing.T) {
 	ctx := t.Context()
-	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "cp.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	ca, err := pki.LoadOrCreateCA(filepath.Join(dir, "pki"), "test platform CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := controlplane.EnsureOrg(ctx, st, "org-a"); err != nil {
-		t.Fatal(err)
-	}
-	adminKey, err := controlplane.EnsureAdminKey(ctx, st, "org-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	now := time.Now().UTC()
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	authn := auth.NewStoreAuthenticator(st, nil)
-	t.Cleanup(authn.Wait)
 	const deadline = 10 * time.Minute
-	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, PlatformOrg: "org-a", CA: ca, HeartbeatInterval: time.Second,
-		Logger: slog.New(slog.DiscardHandler), Now: clock, UpdateDeadline: deadline,
-		TargetVersions: map[string]string{store.ChannelStable: "v1.0.0", store.ChannelRapid: "v1.0.0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsCfg, err := controlplane.TLSConfig(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: svc.TLSHandler(), TLSConfig: tlsCfg}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	addr := ln.Addr().String()
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), "127.0.0.1"), ForceAttemptHTTP2: true}}
-	bearer := connect.WithInterceptors(connecttest.Bearer(adminKey))
-	admin := controlplanev1connect.NewRunnerManagementServiceClient(hc, "https://"+addr, bearer)
-	releases := controlplanev1connect.NewReleaseServiceClient(hc, "https://"+addr, bearer)
-	ctl, err := rollout.New(rollout.Config{Store: rollout.FromStore(st), Targets: svc.ChannelTargets, Deadline: deadline,
-		HeartbeatInterval: time.Second, Now: clock, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newRegistrationBed(t, deadline)
+	admin, releases, ctl, clock, advance := b.admin, b.releases, b.ctl, b.clock, b.advance
 
 	var runners []*refusingRunner
 	for _, id := range []string{"ra", "rb"} {
-		if _, err := admin.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-			RunnerId: id, ClusterId: "c-" + id, Zone: "z1", ReleaseChannel: controlplanev1.ReleaseChannel_RAPID, Policy: &structpb.Struct{}}})); err != nil {
-			t.Fatal(err)
-		}
-		tok, err := admin.CreateBootstrapToken(ctx, connect.NewRequest(&controlplanev1.CreateBootstrapTokenRequest{RunnerId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rdir := t.TempDir()
-		ident, err := enroll.Register(ctx, rdir, addr, tok.Msg.GetBootstrapToken(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cache, err := enroll.OpenPolicyCache(rdir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ident, cache := b.enroll(t, id, controlplanev1.ReleaseChannel_RAPID)
 		rr := &refusingRunner{id: id, version: "v1.0.0", bad: "v1.1.0"}
+		var err error
 		rr.hb, err = enroll.NewHeartbeater(enroll.HeartbeatConfig{Identity: ident, Cache: cache, Logger: slog.New(slog.DiscardHandler), Status: rr.status})
 		if err != nil {
 			t.Fatal(err)
