@@ -66,22 +66,9 @@ func startBed(t *testing.T, gatewayArgs ...string) *testbed.Bed {
 		t.Skip(skipWhy)
 	}
 	ctx := context.Background()
-	name := fmt.Sprintf("bed_%d_%d", os.Getpid(), dbSeq.Add(1))
-	conn, err := pgx.Connect(ctx, pgDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.Close(ctx)
-	u, err := url.Parse(pgDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
+	dsn := newDatabase(t)
 	dir := t.TempDir()
-	b, err := testbed.Start(ctx, testbed.Config{Dir: dir, Bin: bin, DSN: u.String(), Runners: testbed.Standard(), GatewayArgs: gatewayArgs})
+	b, err := testbed.Start(ctx, testbed.Config{Dir: dir, Bin: bin, DSN: dsn, Runners: testbed.Standard(), GatewayArgs: gatewayArgs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +87,27 @@ func startBed(t *testing.T, gatewayArgs ...string) *testbed.Bed {
 		}
 	})
 	return b
+}
+
+// newDatabase creates a database of its own for one bed and returns its DSN.
+func newDatabase(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("bed_%d_%d", os.Getpid(), dbSeq.Add(1))
+	conn, err := pgx.Connect(ctx, pgDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close(ctx)
+	u, err := url.Parse(pgDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
 }
 
 func tail(b []byte, n int) []byte {

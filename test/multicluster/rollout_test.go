@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
@@ -94,19 +92,9 @@ func TestAutomaticRollout(t *testing.T) {
 	if err := os.MkdirAll(releases, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	name := fmt.Sprintf("bed_%d_%d", os.Getpid(), dbSeq.Add(1))
-	conn, err := pgx.Connect(ctx, pgDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.Close(ctx)
-	u, _ := url.Parse(pgDSN)
-	u.Path = "/" + name
+	dsn := newDatabase(t)
 	const deadline = 90 * time.Second
-	b, err := testbed.Start(ctx, testbed.Config{Dir: filepath.Join(work, "bed"), Bin: bin, DSN: u.String(), Gateways: 1, Runners: runners,
+	b, err := testbed.Start(ctx, testbed.Config{Dir: filepath.Join(work, "bed"), Bin: bin, DSN: dsn, Gateways: 1, Runners: runners,
 		ControlPlaneArgs: []string{"--release-dir", releases, "--release-keys", keys,
 			"--rollout-tick", "250ms", "--rollout-batch", "1", "--rollout-deadline", deadline.String()}})
 	if err != nil {

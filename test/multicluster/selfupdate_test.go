@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/jackc/pgx/v5"
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/testbed"
@@ -103,21 +101,11 @@ func TestRunnerSelfUpdate(t *testing.T) {
 	}
 
 	// A bed of one runner on its own database.
-	name := fmt.Sprintf("bed_%d_%d", os.Getpid(), dbSeq.Add(1))
-	conn, err := pgx.Connect(ctx, pgDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.Close(ctx)
-	u, _ := url.Parse(pgDSN)
-	u.Path = "/" + name
+	dsn := newDatabase(t)
 	if err := os.MkdirAll(releases, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b, err := testbed.Start(ctx, testbed.Config{Dir: filepath.Join(work, "bed"), Bin: bin, RunnerBin: runnerBin, DSN: u.String(), Gateways: 1,
+	b, err := testbed.Start(ctx, testbed.Config{Dir: filepath.Join(work, "bed"), Bin: bin, RunnerBin: runnerBin, DSN: dsn, Gateways: 1,
 		Runners:          []testbed.Runner{{ID: "single", Args: []string{"--self-update-deadline", "15s"}}},
 		ControlPlaneArgs: []string{"--release-dir", releases}})
 	if err != nil {
