@@ -68,7 +68,7 @@ func newStack(b *testing.B, pool int) *stack.Stack {
 }
 
 func sleeper() runtime.Spec {
-	return runtime.Spec{Image: env.Busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`}}
+	return runtime.Spec{Container: runtime.Container{Image: env.Busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`}}}
 }
 
 // percentiles reports p50 and p99 of d in milliseconds.

@@ -56,15 +56,10 @@ func (c demoConfig) run() error {
 
 	t0 := time.Now()
 	sb, err := st.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
-		Image:   ref,
-		Command: "/bin/sh",
-		Args:    []string{"-c", `echo "main command started in $(hostname)"; trap "exit 0" TERM; sleep infinity & wait`},
-		Env:     map[string]string{"GREETING": "hello from sandboxd"},
-		Files:   []runtime.File{{Path: "/work/README", Content: []byte("written at start-up\n")}},
-		Resources: runtime.Resources{
+		Container: runtime.Container{Image: ref, Command: "/bin/sh", Args: []string{"-c", `echo "main command started in $(hostname)"; trap "exit 0" TERM; sleep infinity & wait`}, Env: map[string]string{"GREETING": "hello from sandboxd"}, Files: []runtime.File{{Path: "/work/README", Content: []byte("written at start-up\n")}}, Resources: runtime.Resources{
 			MilliCPU:    1000,
 			MemoryBytes: 256 << 20,
-		},
+		}},
 	}})
 	if err != nil {
 		return fmt.Errorf("create: %w", err)

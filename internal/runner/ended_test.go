@@ -26,7 +26,7 @@ func TestEndedSandboxesOutliveTheRunner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox"}})
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestArchiveSkipsAReplacedLogDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox"}})
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +135,7 @@ func TestEndedSandboxKeepsNoFileContents(t *testing.T) {
 	}
 	defer r.Close()
 	content := make([]byte, 8<<20)
-	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox",
-		Files: []runtime.File{{Path: "/data/big", Content: content, Mode: 0o600}}}})
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox", Files: []runtime.File{{Path: "/data/big", Content: content, Mode: 0o600}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

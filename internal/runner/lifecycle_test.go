@@ -242,7 +242,7 @@ type step func(h *harness)
 // create asks the runner for the sandbox, with lifetime (0: the default).
 func create(lifetime time.Duration) step {
 	return func(h *harness) {
-		sb, err := h.runner().Create(context.Background(), CreateRequest{Spec: runtime.Spec{ID: h.id, Image: "busybox"}, Lifetime: lifetime})
+		sb, err := h.runner().Create(context.Background(), CreateRequest{Spec: runtime.Spec{ID: h.id, Container: runtime.Container{Image: "busybox"}}, Lifetime: lifetime})
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -332,7 +332,7 @@ func inBackend(want bool) step {
 // put gives the backend the sandbox as an earlier runner left it.
 func put(alive bool, ex *runtime.Exit, meta map[string]string) step {
 	return func(h *harness) {
-		h.f.Put(runtime.Recovered{Spec: runtime.Spec{ID: h.id, Image: "busybox", Meta: meta},
+		h.f.Put(runtime.Recovered{Spec: runtime.Spec{ID: h.id, Container: runtime.Container{Image: "busybox"}, Meta: meta},
 			Info: runtime.Info{ID: h.id, StartedAt: time.Now().Add(-time.Minute)}, Alive: alive, Exit: ex})
 	}
 }
@@ -594,7 +594,7 @@ func TestChangedTellsOfSandboxesComingAndGoing(t *testing.T) {
 	}
 	defer r.Close()
 	changed := r.Changed()
-	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox"}})
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func idleRunner(t *testing.T, milliCPU int64, recovered ...runtime.Recovered) *L
 }
 
 func admit(l *Local, res runtime.Resources) (Sandbox, error) {
-	return l.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Image: "busybox", Resources: res}})
+	return l.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox", Resources: res}}})
 }
 
 // TestRunnerAdmitsByRequests: a 2-CPU runner admits sandboxes by their requests with its
@@ -110,7 +110,7 @@ func TestRunnerAdmitsByRequests(t *testing.T) {
 // the same rule as new ones, also those recorded before sandboxes had requests.
 func TestRecoveredSandboxesCountByRequests(t *testing.T) {
 	alive := func(id string, res runtime.Resources) runtime.Recovered {
-		return runtime.Recovered{Spec: runtime.Spec{ID: id, Image: "busybox", Resources: res}, Alive: true}
+		return runtime.Recovered{Spec: runtime.Spec{ID: id, Container: runtime.Container{Image: "busybox", Resources: res}}, Alive: true}
 	}
 	l := idleRunner(t, 2000,
 		alive("unlimited", runtime.Resources{}),                                   // from before defaults: the default request

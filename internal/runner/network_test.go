@@ -51,7 +51,7 @@ func TestValidateNetwork(t *testing.T) {
 				t.Errorf("violations on %v, want %v", got, tc.fields)
 			}
 			// validate reports the same through a CreateRequest.
-			err := validate(&CreateRequest{Spec: runtime.Spec{Image: "busybox", Network: tc.n}})
+			err := validate(&CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}, Network: tc.n}})
 			if (err == nil) != (tc.fields == nil) {
 				t.Errorf("validate: %v", err)
 			}

@@ -469,7 +469,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			e.startedAt = info.StartedAt
 		})
 	}
-	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id) })
+	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") })
 	r.mu.Lock()
 	e.client = client
 	r.mu.Unlock()
@@ -780,7 +780,7 @@ func (r *Runner) archiveLogs(id string) {
 	if !ok {
 		return
 	}
-	dir := src.LogDir(id)
+	dir := src.LogDir(id, "")
 	if dir == "" {
 		return
 	}

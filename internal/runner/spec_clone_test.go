@@ -23,11 +23,9 @@ func TestRecordSharesNothing(t *testing.T) {
 	uid := uint32(1000)
 	spec := func() runtime.Spec {
 		u := uid
-		return runtime.Spec{Image: "busybox",
-			Security:     &runtime.Security{RunAsUser: &u, CapAdd: []string{"CAP_NET_ADMIN"}},
-			Volumes:      []runtime.Volume{{Name: "v"}},
-			VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v"}},
-			Pod:          &runtime.PodSettings{NodeSelector: map[string]string{"pool": "a"}, Tolerations: []runtime.Toleration{{Key: "k"}}},
+		return runtime.Spec{Container: runtime.Container{Image: "busybox", Security: &runtime.Security{RunAsUser: &u, CapAdd: []string{"CAP_NET_ADMIN"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v"}}},
+			Volumes: []runtime.Volume{{Name: "v"}},
+			Pod:     &runtime.PodSettings{NodeSelector: map[string]string{"pool": "a"}, Tolerations: []runtime.Toleration{{Key: "k"}}},
 		}
 	}
 	change := func(s *runtime.Spec) {

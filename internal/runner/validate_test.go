@@ -11,7 +11,7 @@ import (
 )
 
 func TestValidate(t *testing.T) {
-	ok := func() runtime.Spec { return runtime.Spec{Image: "busybox"} }
+	ok := func() runtime.Spec { return runtime.Spec{Container: runtime.Container{Image: "busybox"}} }
 	with := func(f func(*runtime.Spec)) runtime.Spec { s := ok(); f(&s); return s }
 	for _, tc := range []struct {
 		name     string
@@ -24,7 +24,7 @@ func TestValidate(t *testing.T) {
 		{"30 days is allowed", CreateRequest{Spec: ok(), Lifetime: MaxLifetime}, nil, MaxLifetime},
 		{"over 30 days", CreateRequest{Spec: ok(), Lifetime: MaxLifetime + time.Second}, []string{"spec.max_lifetime_seconds"}, 0},
 		{"negative lifetime", CreateRequest{Spec: ok(), Lifetime: -1}, []string{"spec.max_lifetime_seconds"}, 0},
-		{"no image", CreateRequest{Spec: runtime.Spec{Image: "  "}}, []string{"spec.containers[0].image"}, 0},
+		{"no image", CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "  "}}}, []string{"spec.containers[0].image"}, 0},
 		{"bad id", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ID = "-x" })}, []string{"sandbox_id"}, 0},
 		{"id too long", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ID = strings.Repeat("a", 64) })}, []string{"sandbox_id"}, 0},
 		{"good id", CreateRequest{Spec: with(func(s *runtime.Spec) { s.ID = "my-sandbox-1" })}, nil, DefaultLifetime},
@@ -65,7 +65,7 @@ func TestValidate(t *testing.T) {
 		{"too many args", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Command = "sh"; s.Args = make([]string, runtime.MaxArgs) })}, []string{"spec.containers[0].args"}, 0},
 		{"as many args as allowed", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Command = "sh"; s.Args = make([]string, runtime.MaxArgs-1) })}, nil, DefaultLifetime},
 		{"command too long", CreateRequest{Spec: with(func(s *runtime.Spec) { s.Command = strings.Repeat("c", runtime.MaxArgBytes+1) })}, []string{"spec.containers[0].command"}, 0},
-		{"every problem at once", CreateRequest{Spec: runtime.Spec{ID: "UPPER", Resources: runtime.Resources{Pids: -3}}, Lifetime: -time.Second},
+		{"every problem at once", CreateRequest{Spec: runtime.Spec{ID: "UPPER", Container: runtime.Container{Resources: runtime.Resources{Pids: -3}}}, Lifetime: -time.Second},
 			[]string{"sandbox_id", "spec.containers[0].image", "spec.max_lifetime_seconds", "spec.containers[0].resources.pids"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -135,16 +135,9 @@ func portsFromProto(ps []*runnerv1.PortRange) []runtime.PortRange {
 func specFromProto(p *runnerv1.Spec) runtime.Spec {
 	s := runtime.Spec{
 		ID:           p.GetId(),
-		Image:        p.GetImage(),
-		Command:      p.GetCommand(),
-		Args:         p.GetArgs(),
-		Env:          p.GetEnv(),
-		WorkingDir:   p.GetWorkingDir(),
+		Container:    runtime.Container{Image: p.GetImage(), Command: p.GetCommand(), Args: p.GetArgs(), Env: p.GetEnv(), WorkingDir: p.GetWorkingDir(), RestartLimit: int(p.GetRestartLimit()), Resources: resourcesFromProto(p.GetResources()), Security: securityFromProto(p.GetSecurity())},
 		RuntimeClass: p.GetRuntimeClass(),
-		RestartLimit: int(p.GetRestartLimit()),
 		Meta:         p.GetMeta(),
-		Resources:    resourcesFromProto(p.GetResources()),
-		Security:     securityFromProto(p.GetSecurity()),
 	}
 	s.Volumes, s.VolumeMounts = volumesFromProto(p.GetVolumes(), p.GetVolumeMounts())
 	if c := p.GetPullCredentials(); c != nil {

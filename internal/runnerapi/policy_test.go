@@ -22,7 +22,7 @@ func TestSpecForPolicyNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := func(n *runtime.Network, svcs ...runtime.Service) runner.CreateRequest {
-		return runner.CreateRequest{Spec: runtime.Spec{Image: "busybox", Network: n, Services: svcs}, Lifetime: time.Minute}
+		return runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}, Network: n, Services: svcs}, Lifetime: time.Minute}
 	}
 	for _, tc := range []struct {
 		name   string
@@ -64,7 +64,7 @@ func TestSpecForPolicyResources(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := func(r runtime.Resources) runner.CreateRequest {
-		return runner.CreateRequest{Spec: runtime.Spec{Image: "busybox", Resources: r}, Lifetime: time.Minute}
+		return runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox", Resources: r}}, Lifetime: time.Minute}
 	}
 	for _, tc := range []struct {
 		name   string
@@ -116,7 +116,7 @@ func TestAdmitPodSettings(t *testing.T) {
 			if tc.policy != nil {
 				s.WithPolicy("r1", *tc.policy)
 			}
-			req := runner.CreateRequest{Spec: runtime.Spec{Image: "busybox", Pod: wire}, Lifetime: time.Minute}
+			req := runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}, Pod: wire}, Lifetime: time.Minute}
 			req = createFromProto(createToProto(req)) // as it arrives
 			if err := s.admit(context.Background(), &req); err != nil {
 				t.Fatal(err)

@@ -201,10 +201,9 @@ func TestRunnerapiConversionRoundTrip(t *testing.T) {
 		CreatedAt: now, StartedAt: now.Add(time.Second), EndedAt: now.Add(2 * time.Second), Lifetime: time.Minute, Deadline: now.Add(time.Minute),
 		IP: "10.0.0.2", RuntimeClass: "runc", ImageDigest: "sha256:abc",
 		Spec: runtime.Spec{
-			ID: "abc", Image: "busybox", Command: "/bin/sh", Args: []string{"-c", "true"}, Env: map[string]string{"A": "1"},
-			WorkingDir: "/w", Files: []runtime.File{{Path: "/f", Content: []byte("x"), Mode: 0o600}},
-			Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 1 << 28, Pids: 64, RequestMilliCPU: 100, RequestMemoryBytes: 1 << 27}, RuntimeClass: "runc", RestartLimit: 3,
-			Meta: map[string]string{runtime.MetaOrg: "o"},
+			ID: "abc", Container: runtime.Container{Image: "busybox", Command: "/bin/sh", Args: []string{"-c", "true"}, Env: map[string]string{"A": "1"}, WorkingDir: "/w", Files: []runtime.File{{Path: "/f", Content: []byte("x"), Mode: 0o600}}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 1 << 28, Pids: 64, RequestMilliCPU: 100, RequestMemoryBytes: 1 << 27}, RestartLimit: 3},
+			RuntimeClass: "runc",
+			Meta:         map[string]string{runtime.MetaOrg: "o"},
 			Services: []runtime.Service{{Port: 9000, Visibility: "custom"},
 				{Port: 8080, Visibility: "public", Endpoint: runtime.EndpointHTTPS, TokenAuth: true, TimeoutSeconds: 60}},
 			ShareTokenHash: "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
@@ -281,7 +280,7 @@ func TestRunnerapiCreateGetCapacity(t *testing.T) {
 	r := startRunner(t, fake)
 	c := r.client(t)
 	ctx := context.Background()
-	sb, err := c.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Image: "img", PullCredentials: &runtime.Credentials{Username: "u", Password: "p"}}, Lifetime: time.Minute})
+	sb, err := c.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "img", PullCredentials: &runtime.Credentials{Username: "u", Password: "p"}}}, Lifetime: time.Minute})
 	if err != nil || sb.ID != "abc" || sb.State != runner.StateFailed || *sb.ExitCode != 3 {
 		t.Fatalf("create: %+v %v", sb, err)
 	}

@@ -1,6 +1,10 @@
 package runtime
 
-import "github.com/sandboxd/sandboxd/internal/reserved"
+import (
+	"context"
+
+	"github.com/sandboxd/sandboxd/internal/reserved"
+)
 
 // Support says what a runner cannot do, whatever its policy says. It is the one struct a
 // capability travels in, under one name, from the backend (SupportReporter) through the
@@ -45,11 +49,38 @@ type EgressReserver interface {
 }
 
 // LogDirProvider is implemented by backends that keep a sandbox's agent logs in a host
-// directory: LogDir(id) is that directory ("" when there is none), which the runner moves
-// into its archive when the sandbox ends, before Destroy, so the logs outlive the
-// sandbox for the retention window.
+// directory: LogDir(id, container) is that directory for one of its containers ("" =
+// the primary; "" when there is none), which the runner moves into its archive when the
+// sandbox ends, before Destroy, so the logs outlive the sandbox for the retention
+// window.
 type LogDirProvider interface {
-	LogDir(id string) string
+	LogDir(id, container string) string
+}
+
+// ContainerStatusReporter is implemented by backends that report each container of a
+// sandbox (every backend that runs multi-container specs): init containers first, then
+// the primary and the sidecars, as Spec.AllContainers orders them.
+type ContainerStatusReporter interface {
+	ContainerStatuses(ctx context.Context, id string) ([]ContainerStatus, error)
+}
+
+// States of a ContainerStatus.
+const (
+	ContainerWaiting = "waiting" // not started yet (held by its dependencies, or creating)
+	ContainerRunning = "running"
+	ContainerExited  = "exited" // for good: no restart will follow
+)
+
+// ContainerStatus is one container of a sandbox as its backend sees it.
+type ContainerStatus struct {
+	Name     string
+	Init     bool
+	State    string // a Container* state
+	ExitCode *int32 // the last exit of its main command, nil before there was one
+	Restarts int
+	// Reason and Message say why it is waiting or exited (as in Exit).
+	Reason  string
+	Message string
 }
 
 // OOMCounter is implemented by backends that can tell how many processes of sandbox id

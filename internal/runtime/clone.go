@@ -11,21 +11,49 @@ import (
 // shares.
 func (s Spec) Clone() Spec {
 	c := s
-	if s.PullCredentials != nil {
-		creds := *s.PullCredentials
-		c.PullCredentials = &creds
-	}
-	c.Args = slices.Clone(s.Args)
-	c.Env = maps.Clone(s.Env)
-	c.Files = slices.Clone(s.Files)
+	c.Container = s.Container.Clone()
+	c.Sidecars = cloneContainers(s.Sidecars)
+	c.InitContainers = cloneContainers(s.InitContainers)
+	c.HostAliases = slices.Clone(s.HostAliases)
 	c.Volumes = slices.Clone(s.Volumes)
-	c.VolumeMounts = slices.Clone(s.VolumeMounts)
-	c.Security = s.Security.Clone()
 	c.Services = slices.Clone(s.Services)
 	c.Network = s.Network.Clone()
 	c.Pod = s.Pod.Clone()
 	c.Meta = maps.Clone(s.Meta)
 	return c
+}
+
+// Clone returns a deep copy of c but for its files' contents (see Spec.Clone).
+func (c Container) Clone() Container {
+	out := c
+	if c.PullCredentials != nil {
+		creds := *c.PullCredentials
+		out.PullCredentials = &creds
+	}
+	out.Args = slices.Clone(c.Args)
+	out.Env = maps.Clone(c.Env)
+	out.Files = slices.Clone(c.Files)
+	out.VolumeMounts = slices.Clone(c.VolumeMounts)
+	out.Tmpfs = slices.Clone(c.Tmpfs)
+	out.Security = c.Security.Clone()
+	if c.StartupProbe != nil {
+		p := *c.StartupProbe
+		p.Exec = slices.Clone(p.Exec)
+		out.StartupProbe = &p
+	}
+	out.DependsOn = slices.Clone(c.DependsOn)
+	return out
+}
+
+func cloneContainers(cs []Container) []Container {
+	if cs == nil {
+		return nil
+	}
+	out := make([]Container, len(cs))
+	for i := range cs {
+		out[i] = cs[i].Clone()
+	}
+	return out
 }
 
 // Clone returns a deep copy of s (nil for nil).

@@ -11,7 +11,10 @@ import (
 // sharedByClone are the parts of a Spec that Spec.Clone shares on purpose (by path, as
 // runtimetest.FillAll and MutateAll name them).
 var sharedByClone = map[string]bool{
-	"Files[].Content": true, // never modified in place; up to runtime.MaxFilesBytes per spec
+	// Never modified in place; up to runtime.MaxFilesBytes per spec.
+	"Container.Files[].Content":        true,
+	"Sidecars[].Files[].Content":       true,
+	"InitContainers[].Files[].Content": true,
 }
 
 // TestSpecClone, in the manner of Tailscale's ipn/prefs_test.go: a Spec with every field
@@ -52,7 +55,7 @@ func TestSpecClone(t *testing.T) {
 	for _, p := range runtimetest.Diff(reflect.ValueOf(orig), reflect.ValueOf(want), "") {
 		t.Errorf("changing the clone changed the original's %s: Clone shares it", p)
 	}
-	for _, nilSpec := range []runtime.Spec{{}, {Security: &runtime.Security{}, Network: &runtime.Network{}, Pod: &runtime.PodSettings{}}} {
+	for _, nilSpec := range []runtime.Spec{{}, {Container: runtime.Container{Security: &runtime.Security{}}, Network: &runtime.Network{}, Pod: &runtime.PodSettings{}}} {
 		if got := nilSpec.Clone(); !reflect.DeepEqual(got, nilSpec) {
 			t.Errorf("Clone of %+v is %+v: nil and empty must stay as they are", nilSpec, got)
 		}

@@ -26,27 +26,31 @@ const DefaultPidsLimit = 4096
 
 // Spec is a fully resolved sandbox: policy defaults are merged and validated before a
 // Spec reaches a backend, so a backend only checks what it alone can know.
+//
+// A sandbox is a group of containers, like a Pod: the primary container (embedded, so a
+// single-container spec reads as it always did: spec.Image, spec.Command, …), its
+// sidecars and its init containers. They share the network namespace (they reach each
+// other on localhost), the hostname, the volumes and the lifetime; each has its own
+// root filesystem from its own image, its own agent and its own resource limits. The
+// primary's exit ends the sandbox and decides its outcome, and it is the default target
+// of exec, files and logs. Init containers run in order, each to exit 0, before the
+// others start; then containers start as their DependsOn conditions hold (startseq).
 type Spec struct {
-	ID    string `json:"id"`
-	Image string `json:"image"` // reference: name[:tag][@digest]
-	// PullCredentials, when set, are used for this image only; they are never persisted.
-	PullCredentials *Credentials `json:"-"`
-	// Command is a single executable (the wire protocol's Container.command); empty means
-	// the image's entrypoint. Args replace the image's cmd when Command is set, or when
-	// non-empty.
-	Command    string            `json:"command,omitempty"`
-	Args       []string          `json:"args,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	WorkingDir string            `json:"working_dir,omitempty"`
-	Files      []File            `json:"files,omitempty"`
-	Resources  Resources         `json:"resources"`
-	// Volumes are the sandbox's scratch volumes; VolumeMounts mount them.
-	Volumes      []Volume      `json:"volumes,omitempty"`
-	VolumeMounts []VolumeMount `json:"volume_mounts,omitempty"`
-	// Security is the container's security context; nil means the platform defaults.
-	Security     *Security `json:"security,omitempty"`
-	RuntimeClass string    `json:"runtime_class,omitempty"` // "" = the backend's default
-	RestartLimit int       `json:"restart_limit"`
+	ID string `json:"id"`
+	// Container is the primary container. Its Name is "" in a single-container spec
+	// (it is then called DefaultContainerName where a name is needed).
+	Container
+	// Sidecars are the sandbox's other containers, in the order they were given.
+	Sidecars []Container `json:"sidecars,omitempty"`
+	// InitContainers run in order before the others start; each must exit 0 (a failing
+	// one fails the sandbox, naming it). They take no DependsOn and no StartupProbe.
+	InitContainers []Container `json:"init_containers,omitempty"`
+	// HostAliases are names that resolve to 127.0.0.1 in every container (/etc/hosts):
+	// the service names of a Compose file, so services reach each other by name.
+	HostAliases []string `json:"host_aliases,omitempty"`
+	// Volumes are the sandbox's scratch volumes; each container's VolumeMounts mount them.
+	Volumes      []Volume `json:"volumes,omitempty"`
+	RuntimeClass string   `json:"runtime_class,omitempty"` // "" = the backend's default
 	// Services are the sandbox's declared ports; those with an Endpoint are published by
 	// the runner's edge.
 	Services []Service `json:"services,omitempty"`
@@ -65,6 +69,159 @@ type Spec struct {
 	// deadline; its keys are the Meta* constants); backends persist it and hand it back
 	// from Recover.
 	Meta map[string]string `json:"meta,omitempty"`
+}
+
+// DefaultContainerName names the primary container of a spec that gives it no name.
+const DefaultContainerName = "main"
+
+// Container is one container of a sandbox.
+type Container struct {
+	// Name is a DNS-1123 label, unique in the sandbox (init containers included); "" only
+	// for the primary of a single-container spec.
+	Name  string `json:"name,omitempty"`
+	Image string `json:"image"` // reference: name[:tag][@digest]
+	// PullCredentials, when set, are used for this image only; they are never persisted.
+	PullCredentials *Credentials `json:"-"`
+	// Command is a single executable (the wire protocol's Container.command); empty means
+	// the image's entrypoint. Args replace the image's cmd when Command is set, or when
+	// non-empty.
+	Command    string            `json:"command,omitempty"`
+	Args       []string          `json:"args,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	WorkingDir string            `json:"working_dir,omitempty"`
+	Files      []File            `json:"files,omitempty"`
+	// Resources are this container's limits and requests; the sandbox's are the sum over
+	// its containers (Spec.TotalResources).
+	Resources Resources `json:"resources"`
+	// VolumeMounts mount the sandbox's Volumes into this container.
+	VolumeMounts []VolumeMount `json:"volume_mounts,omitempty"`
+	// Tmpfs are paths where this container gets an empty, private tmpfs.
+	Tmpfs []string `json:"tmpfs,omitempty"`
+	// Security is the container's security context; nil means the platform defaults.
+	Security     *Security `json:"security,omitempty"`
+	RestartLimit int       `json:"restart_limit"`
+	// StartupProbe, when set, must pass before the container counts as healthy: a
+	// sandbox is RUNNING only once every container's probe has passed, and a probe that
+	// keeps failing fails the sandbox, naming the container.
+	StartupProbe *Probe `json:"startup_probe,omitempty"`
+	// DependsOn holds the container's start until each condition holds.
+	DependsOn []Dependency `json:"depends_on,omitempty"`
+}
+
+// Probe runs a command in its container; exit 0 passes.
+type Probe struct {
+	Exec             []string      `json:"exec"` // argv; a shell form is ["/bin/sh", "-c", cmd]
+	InitialDelay     time.Duration `json:"initial_delay,omitempty"`
+	Period           time.Duration `json:"period,omitempty"`            // 0 = DefaultProbePeriod
+	Timeout          time.Duration `json:"timeout,omitempty"`           // 0 = DefaultProbeTimeout
+	FailureThreshold int           `json:"failure_threshold,omitempty"` // 0 = DefaultProbeFailures
+}
+
+// Probe defaults (Kubernetes' startup probe defaults, but a shorter period).
+const (
+	DefaultProbePeriod   = time.Second
+	DefaultProbeTimeout  = time.Second
+	DefaultProbeFailures = 30
+)
+
+// Conditions of a Dependency (Compose's depends_on conditions).
+const (
+	ConditionStarted   = "started"   // the container's main command has started
+	ConditionHealthy   = "healthy"   // and its StartupProbe has passed
+	ConditionCompleted = "completed" // and it has exited 0
+)
+
+// Dependency is one condition a container's start waits for.
+type Dependency struct {
+	Container string `json:"container"`
+	Condition string `json:"condition"` // a Condition* constant
+}
+
+// ContainerName is c's name, DefaultContainerName for the unnamed primary.
+func (c *Container) ContainerName() string {
+	if c.Name == "" {
+		return DefaultContainerName
+	}
+	return c.Name
+}
+
+// Multi reports whether the sandbox has more than its primary container.
+func (s *Spec) Multi() bool { return len(s.Sidecars) > 0 || len(s.InitContainers) > 0 }
+
+// Containers returns pointers to the primary and then the sidecars (not the init
+// containers), in order.
+func (s *Spec) Containers() []*Container {
+	out := make([]*Container, 0, 1+len(s.Sidecars))
+	out = append(out, &s.Container)
+	for i := range s.Sidecars {
+		out = append(out, &s.Sidecars[i])
+	}
+	return out
+}
+
+// AllContainers returns the init containers, the primary and the sidecars.
+func (s *Spec) AllContainers() []*Container {
+	out := make([]*Container, 0, len(s.InitContainers)+1+len(s.Sidecars))
+	for i := range s.InitContainers {
+		out = append(out, &s.InitContainers[i])
+	}
+	return append(out, s.Containers()...)
+}
+
+// Find returns the container called name ("" = the primary), init containers included,
+// and whether it is an init container; nil when there is none.
+func (s *Spec) Find(name string) (c *Container, init bool) {
+	if name == "" || name == s.ContainerName() {
+		return &s.Container, false
+	}
+	for i := range s.Sidecars {
+		if s.Sidecars[i].Name == name {
+			return &s.Sidecars[i], false
+		}
+	}
+	for i := range s.InitContainers {
+		if s.InitContainers[i].Name == name {
+			return &s.InitContainers[i], true
+		}
+	}
+	return nil, false
+}
+
+// TotalResources is what the sandbox as a whole may use and is admitted by: the sum of
+// its containers' limits and requests. Init containers run before the others and never
+// beside them, so, as in Kubernetes, they count with the largest of any one of them
+// where that exceeds the sum of the rest. A zero (unlimited) limit in any container
+// makes the total's limit of that quantity zero (unlimited) too.
+func (s *Spec) TotalResources() Resources {
+	if !s.Multi() {
+		return s.Resources
+	}
+	total := func(get func(*Resources) int64, zeroIsUnlimited bool) int64 {
+		var n int64
+		for _, c := range s.Containers() {
+			if v := get(&c.Resources); v == 0 && zeroIsUnlimited {
+				return 0
+			} else {
+				n += v
+			}
+		}
+		for i := range s.InitContainers {
+			if v := get(&s.InitContainers[i].Resources); v == 0 && zeroIsUnlimited {
+				return 0
+			} else {
+				n = max(n, v)
+			}
+		}
+		return n
+	}
+	return Resources{
+		MilliCPU:           total(func(r *Resources) int64 { return r.MilliCPU }, true),
+		MemoryBytes:        total(func(r *Resources) int64 { return r.MemoryBytes }, true),
+		Pids:               total(func(r *Resources) int64 { return r.Pids }, true),
+		DiskBytes:          total(func(r *Resources) int64 { return r.DiskBytes }, true),
+		RequestMilliCPU:    total(func(r *Resources) int64 { return r.RequestMilliCPU }, false),
+		RequestMemoryBytes: total(func(r *Resources) int64 { return r.RequestMemoryBytes }, false),
+	}
 }
 
 // Endpoint kinds of a Service.
@@ -193,8 +350,9 @@ type Backend interface {
 	// container. It returns once the agent accepts connections, or with an error after
 	// undoing everything it did. Errors wrap the sentinels below where one fits.
 	Create(ctx context.Context, spec *Spec) (Info, error)
-	// DialAgent connects to the sandbox's agent.
-	DialAgent(ctx context.Context, id string) (net.Conn, error)
+	// DialAgent connects to the agent of the sandbox's container ("" = the primary). A
+	// name the sandbox's spec does not have is ErrContainerNotFound.
+	DialAgent(ctx context.Context, id, container string) (net.Conn, error)
 	// Wait blocks until the sandbox's container has exited.
 	Wait(ctx context.Context, id string) (Exit, error)
 	// Stop asks the sandbox to end: SIGTERM to the agent (which forwards it), SIGKILL to
@@ -211,7 +369,9 @@ type Backend interface {
 var (
 	// ErrNotFound: no such sandbox (or it left the retention window). The one "sandbox
 	// not found": backends and the runner return it; an errdefs.ErrNotFound.
-	ErrNotFound          = fmt.Errorf("sandbox %w", errdefs.ErrNotFound)
+	ErrNotFound = fmt.Errorf("sandbox %w", errdefs.ErrNotFound)
+	// ErrContainerNotFound: the sandbox has no container of that name.
+	ErrContainerNotFound = fmt.Errorf("container %w", errdefs.ErrNotFound)
 	ErrImageNotFound     = fmt.Errorf("image %w", errdefs.ErrNotFound)
 	ErrImageUnauthorized = errors.New("image pull unauthorized")
 	ErrRegistry          = errors.New("registry unreachable")

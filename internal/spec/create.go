@@ -44,11 +44,7 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 			add(f+".image", "is required")
 		}
 		req.Spec = runtime.Spec{
-			Image:      c.GetImage(),
-			Command:    c.GetCommand(),
-			Args:       c.GetArgs(),
-			Env:        c.GetEnvironmentVariables(),
-			WorkingDir: c.GetWorkingDir(),
+			Container: runtime.Container{Image: c.GetImage(), Command: c.GetCommand(), Args: c.GetArgs(), Env: c.GetEnvironmentVariables(), WorkingDir: c.GetWorkingDir()},
 		}
 		for _, fm := range c.GetFiles() {
 			req.Spec.Files = append(req.Spec.Files, runtime.File{Path: fm.GetPath(), Content: fm.GetContent()})

@@ -54,9 +54,9 @@ func TestGVisorRuntimeClass(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	spec := runtime.Spec{Image: busybox(), RuntimeClass: local.GVisorClass, Command: "/bin/sh", Args: []string{"-c",
-		`trap "echo stopping; exit 0" TERM; echo started; httpd -f -p 8080 -h /www & wait`},
-		Files: []runtime.File{{Path: "/www/index.html", Content: []byte("gvisor says hi\n")}}}
+	spec := runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "/bin/sh", Args: []string{"-c",
+		`trap "echo stopping; exit 0" TERM; echo started; httpd -f -p 8080 -h /www & wait`}, Files: []runtime.File{{Path: "/www/index.html", Content: []byte("gvisor says hi\n")}}}, RuntimeClass: local.GVisorClass,
+	}
 	t0 := time.Now()
 	sb := create(t, s, runner.CreateRequest{Spec: spec})
 	c := agentOf(t, s, sb.ID)

@@ -230,13 +230,11 @@ func TestLogsOfEndedSandboxDirectAndSbx(t *testing.T) {
 // which never followed a symlink.)
 func TestLogsOfASandboxThatSwappedItsLogDir(t *testing.T) {
 	s := startedStack(t)
-	victim := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "/bin/sh",
-		Args: []string{"-c", `echo victim-secret; trap "exit 0" TERM; sleep infinity & wait`}}})
+	victim := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `echo victim-secret; trap "exit 0" TERM; sleep infinity & wait`}}}})
 	waitState(t, s, victim.ID, runner.StateRunning, time.Minute)
-	victimLogs := s.Backend.LogDir(victim.ID)
+	victimLogs := s.Backend.LogDir(victim.ID, "")
 	swap := `cd /.sandboxd/run && mv logs mine && ln -s "$1" logs && echo swapped`
-	attacker := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "/bin/sh",
-		Args: []string{"-c", swap, "sh", victimLogs}}})
+	attacker := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", swap, "sh", victimLogs}}}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	end, err := s.Runner.WaitTerminal(ctx, attacker.ID)

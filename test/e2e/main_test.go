@@ -95,7 +95,7 @@ func python() string  { return env.Python() }
 
 // sleeper is a main command that keeps the sandbox up until it is stopped.
 func sleeper(img string) runtime.Spec {
-	return runtime.Spec{Image: img, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM INT; sleep infinity & wait`}}
+	return runtime.Spec{Container: runtime.Container{Image: img, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM INT; sleep infinity & wait`}}}
 }
 
 func create(t *testing.T, s *stack.Stack, req runner.CreateRequest) runner.Sandbox {

@@ -67,12 +67,7 @@ func TestWarmPool(t *testing.T) {
 	waitState(t, s, prime.ID, runner.StateRunning, 30*time.Second)
 
 	spec := runtime.Spec{
-		Image: busybox(), Command: "/bin/sh",
-		Args:       []string{"-c", `echo hello from main; cat /etc/motd; trap "exit 0" TERM; sleep infinity & wait`},
-		Env:        map[string]string{"POOL_TEST": "yes"},
-		WorkingDir: "/tmp",
-		Files:      []runtime.File{{Path: "/etc/motd", Content: []byte("file from spec\n")}},
-		Resources:  runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20, Pids: 100},
+		Container: runtime.Container{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `echo hello from main; cat /etc/motd; trap "exit 0" TERM; sleep infinity & wait`}, Env: map[string]string{"POOL_TEST": "yes"}, WorkingDir: "/tmp", Files: []runtime.File{{Path: "/etc/motd", Content: []byte("file from spec\n")}}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20, Pids: 100}},
 	}
 	sb := createClaimed(t, s, spec)
 	waitState(t, s, sb.ID, runner.StateRunning, 30*time.Second)
@@ -124,8 +119,8 @@ func TestWarmPool(t *testing.T) {
 		reason string
 		code   int32
 	}{
-		{runtime.Spec{Image: busybox(), Command: "sh", Args: []string{"-c", "echo done"}}, runner.StateCompleted, runner.ReasonCompleted, 0},
-		{runtime.Spec{Image: busybox(), Command: "sh", Args: []string{"-c", "exit 3"}, RestartLimit: 1}, runner.StateFailed, runner.ReasonRestartLimit, 3},
+		{runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "sh", Args: []string{"-c", "echo done"}}}, runner.StateCompleted, runner.ReasonCompleted, 0},
+		{runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "sh", Args: []string{"-c", "exit 3"}, RestartLimit: 1}}, runner.StateFailed, runner.ReasonRestartLimit, 3},
 	} {
 		sb := createClaimed(t, s, tc.spec)
 		end, err := s.Runner.WaitTerminal(ctx, sb.ID)
@@ -188,7 +183,7 @@ func TestWarmPoolIdle(t *testing.T) {
 	dir := t.TempDir()
 	s := poolStack(t, dir, 2, 3*time.Second) // long enough to be seen ready on a loaded machine
 	t.Cleanup(func() { finish(t, s, dir) })
-	sb := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "true"}})
+	sb := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "true"}}})
 	waitState(t, s, sb.ID, runner.StateCompleted, 30*time.Second)
 	waitPoolReady(t, s, 1)
 	deadline := time.Now().Add(15 * time.Second)

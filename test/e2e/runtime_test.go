@@ -268,7 +268,7 @@ func TestFileErrors(t *testing.T) {
 
 func TestLogsFollow(t *testing.T) {
 	s := startedStack(t)
-	spec := runtime.Spec{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done; echo bye >&2`}}
+	spec := runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done; echo bye >&2`}}}
 	sb := create(t, s, runner.CreateRequest{Spec: spec})
 	c := agentOf(t, s, sb.ID)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -310,9 +310,9 @@ func TestMainCommandOutcomes(t *testing.T) {
 		exitCode int32
 		restarts int
 	}{
-		{"exit 0 completes", runtime.Spec{Image: busybox(), Command: "true"}, runner.StateCompleted, runner.ReasonCompleted, 0, 0},
-		{"non-zero exits restart then fail", runtime.Spec{Image: busybox(), Command: "sh", Args: []string{"-c", "exit 4"}, RestartLimit: 2}, runner.StateFailed, runner.ReasonRestartLimit, 4, 2},
-		{"missing binary fails to start", runtime.Spec{Image: busybox(), Command: "/no/such/binary"}, runner.StateFailed, runner.ReasonStartError, -1, 0},
+		{"exit 0 completes", runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "true"}}, runner.StateCompleted, runner.ReasonCompleted, 0, 0},
+		{"non-zero exits restart then fail", runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "sh", Args: []string{"-c", "exit 4"}, RestartLimit: 2}}, runner.StateFailed, runner.ReasonRestartLimit, 4, 2},
+		{"missing binary fails to start", runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "/no/such/binary"}}, runner.StateFailed, runner.ReasonStartError, -1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sb := create(t, s, runner.CreateRequest{Spec: tc.spec})
@@ -356,7 +356,7 @@ func TestMemoryLimitEnforced(t *testing.T) {
 	}
 
 	// A main command over the limit fails the sandbox with OOMKilled.
-	hog := runtime.Spec{Image: busybox(), Command: "dd", Args: []string{"if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"}, RestartLimit: 1}
+	hog := runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "dd", Args: []string{"if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"}, RestartLimit: 1}}
 	hog.Resources.MemoryBytes = 64 << 20
 	sb2 := create(t, s, runner.CreateRequest{Spec: hog})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -376,7 +376,7 @@ func TestMemoryLimitEnforced(t *testing.T) {
 func TestLifetimeExpiry(t *testing.T) {
 	s := startedStack(t)
 	// The main command ignores SIGTERM, so the grace period (1 s here) runs out.
-	spec := runtime.Spec{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "" TERM; while true; do sleep 0.1; done`}}
+	spec := runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "" TERM; while true; do sleep 0.1; done`}}}
 	sb := create(t, s, runner.CreateRequest{Spec: spec, Lifetime: 2 * time.Second})
 	if sb.Lifetime != 2*time.Second {
 		t.Errorf("effective lifetime %s", sb.Lifetime)
@@ -426,7 +426,7 @@ func TestDeleteWithinGrace(t *testing.T) {
 		{"zero grace kills at once", `trap "" TERM; while true; do sleep 1; done`, 0, 0, 3 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sb := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", tc.script}}})
+			sb := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Command: "/bin/sh", Args: []string{"-c", tc.script}}}})
 			waitState(t, s, sb.ID, runner.StateRunning, 30*time.Second)
 			time.Sleep(100 * time.Millisecond) // let the shell install its trap
 			start := time.Now()
@@ -534,14 +534,14 @@ func TestBadInputs(t *testing.T) {
 			req   runner.CreateRequest
 			field string
 		}{
-			{"negative memory", runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Resources: runtime.Resources{MemoryBytes: -1}}}, "resources.memory"},
-			{"negative cpu", runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Resources: runtime.Resources{MilliCPU: -5}}}, "resources.cpu"},
-			{"negative lifetime", runner.CreateRequest{Spec: runtime.Spec{Image: busybox()}, Lifetime: -time.Second}, "max_lifetime_seconds"},
-			{"lifetime over 30 days", runner.CreateRequest{Spec: runtime.Spec{Image: busybox()}, Lifetime: 31 * 24 * time.Hour}, "max_lifetime_seconds"},
-			{"file path traversal", runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Files: []runtime.File{{Path: "/tmp/../../etc/shadow"}}}}, "files[0].path"},
-			{"relative file path", runner.CreateRequest{Spec: runtime.Spec{Image: busybox(), Files: []runtime.File{{Path: "etc/x"}}}}, "files[0].path"},
+			{"negative memory", runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Resources: runtime.Resources{MemoryBytes: -1}}}}, "resources.memory"},
+			{"negative cpu", runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Resources: runtime.Resources{MilliCPU: -5}}}}, "resources.cpu"},
+			{"negative lifetime", runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox()}}, Lifetime: -time.Second}, "max_lifetime_seconds"},
+			{"lifetime over 30 days", runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox()}}, Lifetime: 31 * 24 * time.Hour}, "max_lifetime_seconds"},
+			{"file path traversal", runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Files: []runtime.File{{Path: "/tmp/../../etc/shadow"}}}}}, "files[0].path"},
+			{"relative file path", runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox(), Files: []runtime.File{{Path: "etc/x"}}}}}, "files[0].path"},
 			{"no image", runner.CreateRequest{Spec: runtime.Spec{}}, "image"},
-			{"bad id", runner.CreateRequest{Spec: runtime.Spec{ID: "Not_A_Label", Image: busybox()}}, "sandbox_id"},
+			{"bad id", runner.CreateRequest{Spec: runtime.Spec{ID: "Not_A_Label", Container: runtime.Container{Image: busybox()}}}, "sandbox_id"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := s.Runner.Create(context.Background(), tc.req)
@@ -574,7 +574,7 @@ func TestBadInputs(t *testing.T) {
 			{"invalid reference", "UPPER CASE!!", runner.ReasonImagePullFailed, "invalid"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				sb := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: tc.image}})
+				sb := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: tc.image}}})
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
 				end, err := s.Runner.WaitTerminal(ctx, sb.ID)
@@ -622,7 +622,7 @@ func TestRunnerRestartReportsVanishedSandbox(t *testing.T) {
 func TestImageGCKeepsImagesInUse(t *testing.T) {
 	s := startedStack(t)
 	live := create(t, s, runner.CreateRequest{Spec: sleeper(busybox())})
-	done := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Image: python(), Command: "true"}})
+	done := create(t, s, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: python(), Command: "true"}}})
 	waitState(t, s, live.ID, runner.StateRunning, 30*time.Second)
 	waitState(t, s, done.ID, runner.StateCompleted, 60*time.Second)
 	ctx := context.Background()

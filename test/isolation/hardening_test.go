@@ -59,7 +59,7 @@ func TestHardening(t *testing.T) {
 	su := newSuite(t)
 	rows := map[string]map[string]string{}
 	for _, class := range classes() {
-		sb := su.create(runtime.Spec{Image: env.Busybox(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"}})
+		sb := su.create(runtime.Spec{Container: runtime.Container{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}}, RuntimeClass: class})
 		c := su.agent(sb.ID)
 		res, err := exec1(c, 10*time.Second, "sh", "-c", "id -u; stat -c %u:%g /etc/passwd; touch /made-inside; stat -c %u /made-inside")
 		if err != nil {
@@ -99,8 +99,7 @@ func TestHardening(t *testing.T) {
 			}
 		}
 
-		ro := su.create(runtime.Spec{Image: env.Busybox(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"},
-			Security: &runtime.Security{ReadOnlyRootFS: true}})
+		ro := su.create(runtime.Spec{Container: runtime.Container{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}, Security: &runtime.Security{ReadOnlyRootFS: true}}, RuntimeClass: class})
 		res, err = exec1(su.agent(ro.ID), 10*time.Second, "sh", "-c", "echo x > /etc/owned 2>&1; echo rc=$?; echo y > /tmp/ok && cat /tmp/ok")
 		if err != nil {
 			t.Fatal(err)

@@ -209,7 +209,7 @@ func TestEscapes(t *testing.T) {
 	port := listen(t, "0.0.0.0:0")
 	metadataService(t)
 	gw := env.Subnet.Addr().Next().String()
-	neighbour := su.create(runtime.Spec{Image: env.Busybox(), Command: "/bin/sh", Args: []string{"-c", "echo hi > /tmp/i; exec httpd -f -p 8080 -h /tmp"}})
+	neighbour := su.create(runtime.Spec{Container: runtime.Container{Image: env.Busybox(), Command: "/bin/sh", Args: []string{"-c", "echo hi > /tmp/i; exec httpd -f -p 8080 -h /tmp"}}})
 
 	// Controls: every target answers the host, so a blocked attempt is the sandbox's
 	// boundary at work, not a target that is not there. (The neighbour only with the
@@ -232,8 +232,7 @@ func TestEscapes(t *testing.T) {
 
 	table := map[string]map[string]string{}
 	for _, class := range classes() {
-		sb := su.create(runtime.Spec{Image: env.Python(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"},
-			Files:   []runtime.File{{Path: "/app/attempts.py", Content: script}},
+		sb := su.create(runtime.Spec{Container: runtime.Container{Image: env.Python(), Command: "sleep", Args: []string{"infinity"}, Files: []runtime.File{{Path: "/app/attempts.py", Content: script}}}, RuntimeClass: class,
 			Network: &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.granted.test"}}}})
 		res, err := exec1(su.agent(sb.ID), 2*time.Minute, "python3", "/app/attempts.py", gw, hostIP(t), fmt.Sprint(port), neighbour.IP, fmt.Sprint(os.Getpid()), marker,
 			"api.granted.test", "other.test", otherIP.String(), in.DNS.Addr().String())
@@ -265,7 +264,7 @@ func TestEscapes(t *testing.T) {
 func TestAbuse(t *testing.T) {
 	su := newSuite(t)
 	s := su.s
-	neighbour := su.create(runtime.Spec{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}})
+	neighbour := su.create(runtime.Spec{Container: runtime.Container{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}}})
 	nc := su.agent(neighbour.ID)
 	// healthy measures the neighbour's exec round trip (all must succeed) and the host's
 	// ability to start a process, while abuse runs.
@@ -297,7 +296,7 @@ func TestAbuse(t *testing.T) {
 	// (and fails the test itself).
 	var check func(id string, before syscall.Statfs_t) string
 	bomb := func(class, what, script string, ok func(out string) bool) {
-		bomber := su.create(runtime.Spec{Image: env.Python(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"}, Resources: limits})
+		bomber := su.create(runtime.Spec{Container: runtime.Container{Image: env.Python(), Command: "sleep", Args: []string{"infinity"}, Resources: limits}, RuntimeClass: class})
 		bc := su.agent(bomber.ID)
 		var stBefore syscall.Statfs_t
 		_ = syscall.Statfs(s.Backend.SandboxDir(bomber.ID), &stBefore)

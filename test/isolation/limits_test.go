@@ -19,7 +19,7 @@ import (
 func TestLimitsView(t *testing.T) {
 	su := newSuite(t)
 	limits := runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}
-	neighbour := su.create(runtime.Spec{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}, Resources: limits})
+	neighbour := su.create(runtime.Spec{Container: runtime.Container{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}, Resources: limits}})
 	v2 := false
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		v2 = true
@@ -33,7 +33,7 @@ func TestLimitsView(t *testing.T) {
 	}
 	rows := map[string]map[string]string{}
 	for _, class := range classes() {
-		sb := su.create(runtime.Spec{Image: env.Busybox(), RuntimeClass: class, Command: "sleep", Args: []string{"infinity"}, Resources: limits})
+		sb := su.create(runtime.Spec{Container: runtime.Container{Image: env.Busybox(), Command: "sleep", Args: []string{"infinity"}, Resources: limits}, RuntimeClass: class})
 		c := su.agent(sb.ID)
 		sh := func(script string) (string, int32) {
 			t.Helper()

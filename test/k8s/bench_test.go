@@ -83,7 +83,7 @@ func ttfc(b *testing.B, r *runner.Runner, image string, n int) []time.Duration {
 		jitter, _ := rand.Int(rand.Reader, big.NewInt(1000))
 		time.Sleep(time.Duration(jitter.Int64()) * time.Millisecond)
 		t0 := time.Now()
-		sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: image, Command: "sleep", Args: []string{"3600"}}})
+		sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: image, Command: "sleep", Args: []string{"3600"}}}})
 		if err != nil {
 			b.Fatal(err)
 		}

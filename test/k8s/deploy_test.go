@@ -125,7 +125,7 @@ func TestRunnerDeployment(t *testing.T) {
 		t.Fatalf("runner as the chart's service account: %v", err)
 	}
 	defer s.Close()
-	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"},
+	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}},
 		Network: &runtime.Network{Egress: runtime.DefaultEgress()}}})
 	if err != nil {
 		t.Fatal(err)

@@ -206,14 +206,8 @@ func TestLifecycle(t *testing.T) {
 	r := s.Runner
 	start := time.Now()
 	sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
-		Image:      busybox,
-		Command:    "sh",
-		Args:       []string{"-c", "echo hello from main; echo to stderr >&2; exec sleep 3600"},
-		Env:        map[string]string{"GREETING": "hi there"},
-		WorkingDir: "/tmp",
-		Files:      []runtime.File{{Path: "/etc/sandbox-note", Content: []byte("note\n")}},
-		Resources:  runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20, RequestMilliCPU: 100, RequestMemoryBytes: 64 << 20},
-		Meta:       map[string]string{runtime.MetaOrg: "org-1"},
+		Container: runtime.Container{Image: busybox, Command: "sh", Args: []string{"-c", "echo hello from main; echo to stderr >&2; exec sleep 3600"}, Env: map[string]string{"GREETING": "hi there"}, WorkingDir: "/tmp", Files: []runtime.File{{Path: "/etc/sandbox-note", Content: []byte("note\n")}}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20, RequestMilliCPU: 100, RequestMemoryBytes: 64 << 20}},
+		Meta:      map[string]string{runtime.MetaOrg: "org-1"},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -326,12 +320,12 @@ func TestLifecycle(t *testing.T) {
 func TestExit(t *testing.T) {
 	c, s, _ := setup(t)
 	r := s.Runner
-	ok, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "true"}})
+	ok, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox, Command: "true"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	bad, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
-		Image: busybox, Command: "sh", Args: []string{"-c", "echo try; exit 3"}, RestartLimit: 2,
+		Container: runtime.Container{Image: busybox, Command: "sh", Args: []string{"-c", "echo try; exit 3"}, RestartLimit: 2},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -361,12 +355,12 @@ func TestImageEntrypoint(t *testing.T) {
 	_, s, _ := setup(t)
 	r := s.Runner
 	// busybox's cmd is /bin/sh: with stdin at /dev/null it ends at once, with 0.
-	sh, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: busybox}})
+	sh, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	py, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
-		Image: python, Command: "sh", Args: []string{"-c", `test "$LANG" = C.UTF-8 && exec python3 -c 'import sys; sys.exit(sys.version_info[0] != 3)'`},
+		Container: runtime.Container{Image: python, Command: "sh", Args: []string{"-c", `test "$LANG" = C.UTF-8 && exec python3 -c 'import sys; sys.exit(sys.version_info[0] != 3)'`}},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +379,7 @@ func TestImagePullFailure(t *testing.T) {
 	c, s, _ := setup(t)
 	r := s.Runner
 	sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
-		Image: "localhost/sandboxd/no-such-image:1", Command: "true",
+		Container: runtime.Container{Image: "localhost/sandboxd/no-such-image:1", Command: "true"},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -402,7 +396,7 @@ func TestImagePullFailure(t *testing.T) {
 
 	// An unknown runtime class is refused before any Pod exists.
 	sb, err = r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
-		Image: busybox, Command: "true", RuntimeClass: "no-such-class",
+		Container: runtime.Container{Image: busybox, Command: "true"}, RuntimeClass: "no-such-class",
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +409,7 @@ func TestImagePullFailure(t *testing.T) {
 
 	// Files travel in the sandbox's Secret (at most 1 MiB): a larger spec is refused.
 	sb, err = r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
-		Image: busybox, Command: "true", Files: []runtime.File{{Path: "/big", Content: make([]byte, 2<<20)}},
+		Container: runtime.Container{Image: busybox, Command: "true", Files: []runtime.File{{Path: "/big", Content: make([]byte, 2<<20)}}},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -434,8 +428,7 @@ func TestRecover(t *testing.T) {
 	dataDir := t.TempDir()
 	r := s.Runner
 	sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
-		Image: busybox, Command: "sh", Args: []string{"-c", "echo started; exec sleep 3600"},
-		Env: map[string]string{"WHO": "adopted"},
+		Container: runtime.Container{Image: busybox, Command: "sh", Args: []string{"-c", "echo started; exec sleep 3600"}, Env: map[string]string{"WHO": "adopted"}},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -504,7 +497,7 @@ func TestTimeToFirstCommand(t *testing.T) {
 		jitter, _ := rand.Int(rand.Reader, big.NewInt(1000))
 		time.Sleep(time.Duration(jitter.Int64()) * time.Millisecond)
 		t0 := time.Now()
-		sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}}})
+		sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -548,13 +541,13 @@ func TestEnds(t *testing.T) {
 	c, s, _ := setup(t)
 	r := s.Runner
 	expiring, err := r.Create(context.Background(), runner.CreateRequest{
-		Spec:     runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}},
+		Spec:     runtime.Spec{Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}}},
 		Lifetime: 3 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	victim, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}}})
+	victim, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

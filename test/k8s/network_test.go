@@ -34,8 +34,8 @@ func TestNetworkPolicy(t *testing.T) {
 	nps := s.Client.NetworkingV1().NetworkPolicies(c.namespace)
 
 	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
-		Image: busybox, Command: "sleep", Args: []string{"3600"},
-		Services: []runtime.Service{{Port: 8080, Visibility: "private"}},
+		Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}},
+		Services:  []runtime.Service{{Port: 8080, Visibility: "private"}},
 		Network: &runtime.Network{Egress: append(runtime.DefaultEgress(),
 			runtime.EgressRule{CIDR: "203.0.113.0/24", Except: []string{"203.0.113.0/28"}, Ports: []runtime.PortRange{{Port: 443}}})},
 		Meta: map[string]string{runtime.MetaOrg: "org-n"},
@@ -134,8 +134,8 @@ func TestNetworkPolicy(t *testing.T) {
 
 	// A rule NetworkPolicy cannot express: refused, nothing made.
 	sb, err = s3.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
-		Image: busybox, Command: "sleep", Args: []string{"3600"},
-		Network: &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com"}}},
+		Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}},
+		Network:   &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com"}}},
 	}})
 	switch {
 	case err == nil: // the runner reports start errors as the sandbox's end

@@ -54,13 +54,13 @@ func TestForkBomb(t *testing.T) {
 	c, s, _ := setup(t)
 	ctx := context.Background()
 	r := s.Runner
-	calm, err := r.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}}})
+	calm, err := r.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// One CPU at most: the host is shared.
 	bomb, err := r.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
-		Image: busybox, Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MilliCPU: 1000},
+		Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MilliCPU: 1000}},
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -41,7 +41,7 @@ func TestPodSecurity(t *testing.T) {
 		{nil, "0"},
 		{&runtime.Security{RunAsUser: &u, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}}, "1000"},
 	} {
-		sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Image: busybox, Command: "sleep", Args: []string{"3600"}, Security: tc.sec}})
+		sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}, Security: tc.sec}}})
 		if err != nil {
 			t.Fatalf("create under baseline (%+v): %v", tc.sec, err)
 		}

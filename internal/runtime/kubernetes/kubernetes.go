@@ -300,10 +300,13 @@ func (b *Backend) get(id string) (*sandbox, error) {
 }
 
 // DialAgent implements runtime.Backend: mTLS to the Pod's gate, which splices to the agent.
-func (b *Backend) DialAgent(ctx context.Context, id string) (net.Conn, error) {
+func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn, error) {
 	s, err := b.get(id)
 	if err != nil {
 		return nil, err
+	}
+	if container != "" && container != runtime.DefaultContainerName {
+		return nil, fmt.Errorf("%w: %q in sandbox %s", runtime.ErrContainerNotFound, container, id)
 	}
 	b.mu.Lock()
 	ip := ""

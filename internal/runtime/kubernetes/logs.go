@@ -30,7 +30,7 @@ func (b *Backend) shipLogs(s *sandbox) {
 		return
 	}
 	defer func() { _ = w.Close() }()
-	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, s.id) })
+	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, s.id, "") })
 	for {
 		next := w.Size()
 		stream, err := client.Logs(b.ctx, connect.NewRequest(&agentv1.LogsRequest{Follow: true, FromOffset: true, Offset: next}))
@@ -67,7 +67,7 @@ func (b *Backend) logDir(id string) string { return filepath.Join(b.cfg.LogDir, 
 
 // LogDir returns the directory holding the copy of an ended sandbox's log (for the
 // runner to archive), once the copy is complete or after 5 s; "" without Config.LogDir.
-func (b *Backend) LogDir(id string) string {
+func (b *Backend) LogDir(id, container string) string {
 	if b.cfg.LogDir == "" || !validID(id) {
 		return ""
 	}

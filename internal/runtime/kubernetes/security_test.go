@@ -108,17 +108,17 @@ func TestVolumesFor(t *testing.T) {
 		{"none", runtime.Spec{}, ""},
 		{"both media, sizes, sub_path, read-only, one volume at two paths", runtime.Spec{
 			Volumes: []runtime.Volume{{Name: "Scratch_1", SizeBytes: 64 << 20}, {Name: "mem", SizeBytes: 32 << 20, Medium: runtime.MediumMemory}, {Name: "free"}},
-			VolumeMounts: []runtime.VolumeMount{{Volume: "Scratch_1", Path: "/data"}, {Volume: "Scratch_1", Path: "/view", ReadOnly: true, SubPath: "a/b"},
-				{Volume: "mem", Path: "/fast"}, {Volume: "free", Path: "/free"}},
+			Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "Scratch_1", Path: "/data"}, {Volume: "Scratch_1", Path: "/view", ReadOnly: true, SubPath: "a/b"},
+				{Volume: "mem", Path: "/fast"}, {Volume: "free", Path: "/free"}}},
 		}, "vol-0:/64Mi vol-1:Memory/32Mi vol-2: vol-0@/data vol-0@/view[a/b]:ro vol-1@/fast vol-2@/free"},
 		{"memory without a size: bounded by the Pod's memory", runtime.Spec{
-			Volumes: []runtime.Volume{{Name: "m", Medium: runtime.MediumMemory}}, VolumeMounts: []runtime.VolumeMount{{Volume: "m", Path: "/m"}},
+			Volumes: []runtime.Volume{{Name: "m", Medium: runtime.MediumMemory}}, Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "m", Path: "/m"}}},
 		}, "vol-0:Memory vol-0@/m"},
-		{"read-only root: writable paths", runtime.Spec{Security: &runtime.Security{ReadOnlyRootFS: true}},
+		{"read-only root: writable paths", runtime.Spec{Container: runtime.Container{Security: &runtime.Security{ReadOnlyRootFS: true}}},
 			"writable-0:Memory/256Mi writable-1:Memory/256Mi writable-2:Memory/256Mi writable-0@/tmp writable-1@/var/tmp writable-2@/run"},
 		{"read-only root: a volume at /tmp replaces its emptyDir", runtime.Spec{
-			Security: &runtime.Security{ReadOnlyRootFS: true},
-			Volumes:  []runtime.Volume{{Name: "t", SizeBytes: 1 << 30}}, VolumeMounts: []runtime.VolumeMount{{Volume: "t", Path: "/tmp"}},
+			Container: runtime.Container{Security: &runtime.Security{ReadOnlyRootFS: true}, VolumeMounts: []runtime.VolumeMount{{Volume: "t", Path: "/tmp"}}},
+			Volumes:   []runtime.Volume{{Name: "t", SizeBytes: 1 << 30}},
 		}, "vol-0:/1Gi writable-1:Memory/256Mi writable-2:Memory/256Mi vol-0@/tmp writable-1@/var/tmp writable-2@/run"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,9 +134,8 @@ func TestVolumesFor(t *testing.T) {
 func TestPodForSecurityAndVolumes(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", TerminationGrace: 10e9}}
 	u := uint32(1000)
-	spec := &runtime.Spec{ID: "abc", Image: "busybox",
-		Security: &runtime.Security{RunAsUser: &u, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}},
-		Volumes:  []runtime.Volume{{Name: "d", SizeBytes: 1 << 20}}, VolumeMounts: []runtime.VolumeMount{{Volume: "d", Path: "/data"}}}
+	spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Security: &runtime.Security{RunAsUser: &u, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "d", Path: "/data"}}},
+		Volumes: []runtime.Volume{{Name: "d", SizeBytes: 1 << 20}}}
 	sc, _ := securityFor(spec.Security, "")
 	pod := b.podFor(spec, "", b.labels(spec), "", sc)
 	gate, main := pod.Spec.Containers[0], pod.Spec.Containers[1]
@@ -174,7 +173,7 @@ func TestContainerContexts(t *testing.T) {
 		{RunAsUser: &u, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}},
 		{AllowPrivilegeEscalation: true, CapAdd: []string{"NET_ADMIN"}},
 	} {
-		spec := &runtime.Spec{ID: "abc", Image: "busybox", Security: sec}
+		spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Security: sec}}
 		sc, _ := securityFor(sec, "")
 		pod := b.podFor(spec, "", b.labels(spec), "", sc)
 		if len(pod.Spec.InitContainers) != 0 || len(pod.Spec.Containers) != 2 {

@@ -98,8 +98,8 @@ func TestStartError(t *testing.T) {
 
 func TestPodFor(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", ImagePullPolicy: corev1.PullNever, TerminationGrace: 10e9}}
-	spec := &runtime.Spec{ID: "abc", Image: "busybox", WorkingDir: "/w", Env: map[string]string{"SECRET": "x"},
-		Resources: runtime.Resources{MilliCPU: 250, MemoryBytes: 64 << 20}, Meta: map[string]string{runtime.MetaOrg: "org-9"}}
+	spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", WorkingDir: "/w", Env: map[string]string{"SECRET": "x"}, Resources: runtime.Resources{MilliCPU: 250, MemoryBytes: 64 << 20}},
+		Meta: map[string]string{runtime.MetaOrg: "org-9"}}
 	pod := b.podFor(spec, "gvisor", b.labels(spec), "", nil)
 	if pod.Name != "sbx-abc" || pod.Labels[LabelOrg] != "org-9" || pod.Labels[LabelRunner] != "r1" || pod.Labels[LabelSandbox] != "abc" {
 		t.Errorf("meta: %s %v", pod.Name, pod.Labels)
@@ -130,8 +130,8 @@ func TestPodFor(t *testing.T) {
 // to its limits; a limit alone is also the request.
 func TestPodForRequests(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1"}}
-	spec := &runtime.Spec{ID: "abc", Image: "busybox", Resources: runtime.Resources{
-		RequestMilliCPU: 100, MilliCPU: 1000, RequestMemoryBytes: 128 << 20, MemoryBytes: 1 << 30}}
+	spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Resources: runtime.Resources{
+		RequestMilliCPU: 100, MilliCPU: 1000, RequestMemoryBytes: 128 << 20, MemoryBytes: 1 << 30}}}
 	r := b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1].Resources
 	if r.Requests.Cpu().MilliValue() != 100 || r.Limits.Cpu().MilliValue() != 1000 ||
 		r.Requests.Memory().Value() != 128<<20 || r.Limits.Memory().Value() != 1<<30 {
@@ -157,7 +157,7 @@ func TestPodForDiskLimit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", DiskBytes: tc.def}}
-			spec := &runtime.Spec{ID: "abc", Image: "busybox", Resources: runtime.Resources{DiskBytes: tc.specDisk}}
+			spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Resources: runtime.Resources{DiskBytes: tc.specDisk}}}
 			main := b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1]
 			got, ok := main.Resources.Limits[corev1.ResourceEphemeralStorage]
 			switch {

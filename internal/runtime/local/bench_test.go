@@ -71,8 +71,7 @@ func benchCreateFirstExec(b *testing.B, o benchOpts) {
 	for i := 0; i < b.N; i++ {
 		id := fmt.Sprintf("bench-%d", i)
 		start := time.Now()
-		if _, err := e.b.Create(ctx, &runtime.Spec{ID: id, Image: "busybox", Command: "sleep", Args: []string{"3600"},
-			Resources: runtime.Resources{MilliCPU: 1000, MemoryBytes: 256 << 20}}); err != nil {
+		if _, err := e.b.Create(ctx, &runtime.Spec{ID: id, Container: runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MilliCPU: 1000, MemoryBytes: 256 << 20}}}); err != nil {
 			b.Fatal(err)
 		}
 		created := time.Since(start)
@@ -102,7 +101,7 @@ func benchCreateFirstExec(b *testing.B, o benchOpts) {
 // connection) with `runc exec <id> /bin/true` on the same sandbox.
 func BenchmarkAgentExec(b *testing.B) {
 	e := newEnv(b)
-	e.create(runtime.Spec{ID: "bench-exec", Command: "sleep", Args: []string{"3600"}})
+	e.create(runtime.Spec{ID: "bench-exec", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 	c := agentClient(e.b, "bench-exec")
 	execIn(b, c, "true")
 	var ds []time.Duration
@@ -120,7 +119,7 @@ func BenchmarkAgentExec(b *testing.B) {
 
 func BenchmarkRuncExec(b *testing.B) {
 	e := newEnv(b)
-	e.create(runtime.Spec{ID: "bench-runc", Command: "sleep", Args: []string{"3600"}})
+	e.create(runtime.Spec{ID: "bench-runc", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 	rt, _, _ := e.b.runtimeFor("")
 	var ds []time.Duration
 	b.ResetTimer()

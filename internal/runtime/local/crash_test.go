@@ -150,7 +150,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	mounts := []runtime.VolumeMount{{Volume: "mem", Path: "/mem"}, {Volume: "sized", Path: "/sized"},
 		{Volume: "plain", Path: "/plain", SubPath: "a/b"}}
-	base := runtime.Spec{ID: "crash-1", Image: "busybox", Command: "sleep", Args: []string{"600"},
+	base := runtime.Spec{ID: "crash-1", Container: runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"600"}},
 		Meta: map[string]string{runtime.MetaOrg: "org-a"}}
 	withVols := base
 	withVols.Volumes, withVols.VolumeMounts = vols, mounts

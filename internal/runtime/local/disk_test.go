@@ -42,7 +42,7 @@ func TestDiskLimit(t *testing.T) {
 				e.b.cfg.NoUserNS, e.b.ids = true, nil
 			}
 			const id = "disk-1"
-			e.create(runtime.Spec{ID: id, Command: "sleep", Args: []string{"3600"}, Resources: tc.spec})
+			e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: tc.spec}})
 			c := agentClient(e.b, id)
 			var st syscall.Stat_t
 			img := filepath.Join(e.state, id, fileDiskImage)
@@ -92,8 +92,7 @@ func TestDiskLimit(t *testing.T) {
 
 func TestDiskLimitTooSmall(t *testing.T) {
 	e := newEnv(t)
-	_, err := e.b.Create(context.Background(), &runtime.Spec{ID: "tiny", Image: "busybox", Command: "true",
-		Resources: runtime.Resources{DiskBytes: 1 << 20}})
+	_, err := e.b.Create(context.Background(), &runtime.Spec{ID: "tiny", Container: runtime.Container{Image: "busybox", Command: "true", Resources: runtime.Resources{DiskBytes: 1 << 20}}})
 	if !isErr(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "below the minimum") {
 		t.Fatalf("Create = %v", err)
 	}

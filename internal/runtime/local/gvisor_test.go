@@ -45,9 +45,7 @@ func TestGVisorSandbox(t *testing.T) {
 	start := time.Now()
 	info := e.create(runtime.Spec{
 		ID: id, RuntimeClass: GVisorClass,
-		Command: "sh", Args: []string{"-c", `trap 'echo got-term; exit 3' TERM; echo hello-from-main; while :; do sleep 0.1; done`},
-		Files:     []runtime.File{{Path: "/data/in.txt", Content: []byte("from spec\n")}},
-		Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 64},
+		Container: runtime.Container{Command: "sh", Args: []string{"-c", `trap 'echo got-term; exit 3' TERM; echo hello-from-main; while :; do sleep 0.1; done`}, Files: []runtime.File{{Path: "/data/in.txt", Content: []byte("from spec\n")}}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 64}},
 	})
 	c := agentClient(e.b, id)
 	if out, _, code := execIn(t, c, "echo", "hi"); out != "hi\n" || code != 0 {
@@ -131,7 +129,7 @@ func TestGVisorSandbox(t *testing.T) {
 	if !strings.Contains(got.String(), "hello-from-main") {
 		t.Errorf("logs = %q (%v)", got.String(), logs.Err())
 	}
-	if b, _ := os.ReadFile(filepath.Join(e.b.LogDir(id), "main.log")); !strings.Contains(string(b), "hello-from-main") {
+	if b, _ := os.ReadFile(filepath.Join(e.b.LogDir(id, ""), "main.log")); !strings.Contains(string(b), "hello-from-main") {
 		t.Errorf("host main.log = %q", b)
 	}
 
@@ -164,7 +162,7 @@ func TestGVisorSandbox(t *testing.T) {
 func TestGVisorRecoverAndKill(t *testing.T) {
 	e := gvisorEnv(t)
 	const id = "gv-rec"
-	e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Command: "sleep", Args: []string{"3600"}})
+	e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 	b2 := e.backend()
 	recs, err := b2.Recover(context.Background())
 	if err != nil {
@@ -217,7 +215,7 @@ func TestGVisorMainExit(t *testing.T) {
 		{"gv-exit-restarts", []string{"sh", "-c", "exit 4"}, 2, 4, "RestartLimit"},
 	} {
 		t.Run(tc.id, func(t *testing.T) {
-			e.create(runtime.Spec{ID: tc.id, RuntimeClass: GVisorClass, Command: tc.argv[0], Args: tc.argv[1:], RestartLimit: tc.restarts})
+			e.create(runtime.Spec{ID: tc.id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: tc.argv[0], Args: tc.argv[1:], RestartLimit: tc.restarts}})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			ex, err := e.b.Wait(ctx, tc.id)
@@ -242,7 +240,7 @@ func TestRuncStaysDefault(t *testing.T) {
 	if e.b.cfg.DefaultRuntime != "runc" {
 		t.Fatalf("default runtime = %q", e.b.cfg.DefaultRuntime)
 	}
-	info := e.create(runtime.Spec{ID: "def-1", Command: "sleep", Args: []string{"3600"}})
+	info := e.create(runtime.Spec{ID: "def-1", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 	want := "runc"
 	if FindRunsc() != "" {
 		want += " " + GVisorClass
@@ -277,8 +275,7 @@ func TestGVisorNetwork(t *testing.T) {
 	e := gvisorEnv(t)
 	m := e.withNetwork(t, 2)
 	const id = "gv-net"
-	info := e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/www"},
-		Files: []runtime.File{{Path: "/www/index.html", Content: []byte("hello from gvisor\n")}}})
+	info := e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/www"}, Files: []runtime.File{{Path: "/www/index.html", Content: []byte("hello from gvisor\n")}}}})
 	if !strings.HasPrefix(info.IP, "10.233.79.") {
 		t.Fatalf("IP = %q", info.IP)
 	}

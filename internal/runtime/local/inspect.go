@@ -10,7 +10,7 @@ import (
 
 // LogDir is where the agent keeps the main command's logs on the host. The runner moves
 // it out before Destroy, so logs outlive the sandbox.
-func (b *Backend) LogDir(id string) string {
+func (b *Backend) LogDir(id, container string) string {
 	if !validID(id) {
 		return ""
 	}

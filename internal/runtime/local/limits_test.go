@@ -135,7 +135,7 @@ func TestLimitsVisible(t *testing.T) {
 					defer func() { e.b.cfg.NoUserNS, e.b.ids = false, ids }()
 				}
 				id := "lim-" + strings.ReplaceAll(strings.ToLower(variant+"-"+tc.name), "m-", "-")
-				e.create(runtime.Spec{ID: id, Image: "python", RuntimeClass: class, Command: "sleep", Args: []string{"3600"}, Resources: tc.res})
+				e.create(runtime.Spec{ID: id, Container: runtime.Container{Image: "python", Command: "sleep", Args: []string{"3600"}, Resources: tc.res}, RuntimeClass: class})
 				defer func() {
 					if err := e.b.Destroy(context.Background(), id); err != nil {
 						t.Error(err)
@@ -259,7 +259,7 @@ func TestLimitsPlacement(t *testing.T) {
 		t.Skip("needs 2 CPUs")
 	}
 	half := runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}
-	e.create(runtime.Spec{ID: "place-a", Command: "sleep", Args: []string{"3600"}, Resources: half})
+	e.create(runtime.Spec{ID: "place-a", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: half}})
 	a := e.b.cpusOf("place-a")
 	if len(a) != 1 {
 		t.Fatalf("place-a on %v, want one CPU", a)
@@ -272,14 +272,14 @@ func TestLimitsPlacement(t *testing.T) {
 	if out, _, _ := execIn(t, agentClient(e.b, "place-a"), "sh", "-c", "nproc; grep MemTotal /proc/meminfo"); out != "1\nMemTotal:         262144 kB\n" {
 		t.Errorf("place-a after the restart sees %q", out)
 	}
-	e.create(runtime.Spec{ID: "place-b", Command: "sleep", Args: []string{"3600"}, Resources: half})
+	e.create(runtime.Spec{ID: "place-b", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: half}})
 	if b := e.b.cpusOf("place-b"); len(b) != 1 || b[0] == a[0] {
 		t.Errorf("place-b on %v, place-a on %v: want another CPU", b, a)
 	}
 	if err := e.b.Destroy(context.Background(), "place-a"); err != nil {
 		t.Fatal(err)
 	}
-	e.create(runtime.Spec{ID: "place-c", Command: "sleep", Args: []string{"3600"}, Resources: half})
+	e.create(runtime.Spec{ID: "place-c", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: half}})
 	if c := e.b.cpusOf("place-c"); len(c) != 1 || c[0] != a[0] {
 		t.Errorf("place-c on %v: want the CPU place-a left (%v)", c, a)
 	}
@@ -293,10 +293,10 @@ func TestLimitsPlacement(t *testing.T) {
 // limits) sees its own limits, as a cold one does.
 func TestLimitsVisiblePooled(t *testing.T) {
 	e := poolEnv(t, 1, time.Minute)
-	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	e.create(runtime.Spec{ID: "prime", Container: runtime.Container{Command: "true"}})
 	waitPoolReady(t, e.b, 1)
 	const id = "pooled-lim"
-	e.create(runtime.Spec{ID: id, Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}})
+	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}}})
 	if st := e.b.PoolStats(); st.Claims != 1 {
 		t.Fatalf("no claim: %+v", st)
 	}
@@ -345,7 +345,7 @@ func TestCPUCount(t *testing.T) {
 func TestPlaceCPUs(t *testing.T) {
 	b := &Backend{hostCPUs: []int{0, 1, 2, 3}, sandboxes: map[string]*sandbox{}}
 	add := func(id string, milli int64) []int {
-		s := &sandbox{id: id, spec: runtime.Spec{Resources: runtime.Resources{MilliCPU: milli}}, done: make(chan struct{})}
+		s := &sandbox{id: id, spec: runtime.Spec{Container: runtime.Container{Resources: runtime.Resources{MilliCPU: milli}}}, done: make(chan struct{})}
 		b.sandboxes[id] = s
 		return b.placeCPUs(s, milli)
 	}

@@ -885,9 +885,18 @@ func listenUnix(dir, name string) (*net.UnixListener, error) {
 // DialAgent implements runtime.Backend: a connection to the agent's socket (see
 // agentdial.go), which works as soon as Create returned (connections wait in the backlog)
 // and after a restart, checked to reach this sandbox's agent.
-func (b *Backend) DialAgent(ctx context.Context, id string) (net.Conn, error) {
+func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn, error) {
 	if !validID(id) {
 		return nil, fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
+	}
+	if container != "" {
+		s, err := b.get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if c, _ := s.spec.Find(container); c != &s.spec.Container {
+			return nil, fmt.Errorf("%w: %q in sandbox %s", runtime.ErrContainerNotFound, container, id)
+		}
 	}
 	c, err := dialVerified(ctx, b.dir(id), b.identityOf(id))
 	if errors.Is(err, agent.ErrIdentity) {

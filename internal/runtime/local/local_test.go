@@ -22,9 +22,7 @@ func TestCreateExecAndConfinement(t *testing.T) {
 	const id = "conf-1"
 	start := time.Now()
 	info := e.create(runtime.Spec{
-		ID: id, Command: "sleep", Args: []string{"3600"},
-		Env:       map[string]string{"FOO": "bar"},
-		Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 64},
+		ID: id, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Env: map[string]string{"FOO": "bar"}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 64}},
 	})
 	c := agentClient(e.b, id)
 	if out, _, code := execIn(t, c, "echo", "hi"); out != "hi\n" || code != 0 {
@@ -120,8 +118,7 @@ func TestOOMKilled(t *testing.T) {
 	const id = "oom-1"
 	// sort holds its input (one 200 MiB line) in memory: it grows until the memory cgroup kills it.
 	e.create(runtime.Spec{
-		ID: id, Command: "sh", Args: []string{"-c", "head -c 200m /dev/zero | sort >/dev/null"},
-		Resources: runtime.Resources{MemoryBytes: 32 << 20},
+		ID: id, Container: runtime.Container{Command: "sh", Args: []string{"-c", "head -c 200m /dev/zero | sort >/dev/null"}, Resources: runtime.Resources{MemoryBytes: 32 << 20}},
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -142,7 +139,7 @@ func TestOOMKilled(t *testing.T) {
 func TestOOMKillsLive(t *testing.T) {
 	e := newEnv(t)
 	const id = "oom-live"
-	e.create(runtime.Spec{ID: id, Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MemoryBytes: 32 << 20}})
+	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MemoryBytes: 32 << 20}}})
 	c := agentClient(e.b, id)
 	if n, err := e.b.OOMKills(id); err != nil || n != 0 {
 		t.Fatalf("OOMKills before = %d, %v", n, err)
@@ -177,7 +174,7 @@ func TestStop(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.id, func(t *testing.T) {
-			e.create(runtime.Spec{ID: tc.id, Command: "sh", Args: []string{"-c", tc.script}})
+			e.create(runtime.Spec{ID: tc.id, Container: runtime.Container{Command: "sh", Args: []string{"-c", tc.script}}})
 			c := agentClient(e.b, tc.id)
 			execIn(t, c, "true") // the main command is running
 			time.Sleep(100 * time.Millisecond)
@@ -210,7 +207,7 @@ func TestStop(t *testing.T) {
 func TestDestroyRunning(t *testing.T) {
 	e := newEnv(t)
 	const id = "destroy-1"
-	e.create(runtime.Spec{ID: id, Command: "sh", Args: []string{"-c", "sleep 3600 & sleep 3600"}})
+	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sh", Args: []string{"-c", "sleep 3600 & sleep 3600"}}})
 	c := agentClient(e.b, id)
 	execIn(t, c, "sh", "-c", "sleep 1000 &")
 	pid := readInitPid(t, e.state, id)
@@ -224,7 +221,7 @@ func TestDestroyRunning(t *testing.T) {
 	if _, err := e.b.Wait(context.Background(), id); !isErr(err, runtime.ErrNotFound) {
 		t.Errorf("wait after destroy = %v, want ErrNotFound", err)
 	}
-	if _, err := e.b.DialAgent(context.Background(), id); !isErr(err, runtime.ErrNotFound) {
+	if _, err := e.b.DialAgent(context.Background(), id, ""); !isErr(err, runtime.ErrNotFound) {
 		t.Errorf("dial after destroy = %v, want ErrNotFound", err)
 	}
 }
@@ -253,9 +250,9 @@ func readInitPid(t *testing.T, state, id string) int {
 
 func TestRecover(t *testing.T) {
 	e := newEnv(t)
-	e.create(runtime.Spec{ID: "rec-alive", Command: "sleep", Args: []string{"3600"}, Meta: map[string]string{"org": "o1"}})
-	e.create(runtime.Spec{ID: "rec-killed", Command: "sleep", Args: []string{"3600"}})
-	e.create(runtime.Spec{ID: "rec-done", Command: "true"})
+	e.create(runtime.Spec{ID: "rec-alive", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}, Meta: map[string]string{"org": "o1"}})
+	e.create(runtime.Spec{ID: "rec-killed", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
+	e.create(runtime.Spec{ID: "rec-done", Container: runtime.Container{Command: "true"}})
 	if _, err := e.b.Wait(context.Background(), "rec-done"); err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +309,7 @@ func TestRecover(t *testing.T) {
 func TestVanishedContainer(t *testing.T) {
 	e := newEnv(t)
 	const id = "vanish-1"
-	e.create(runtime.Spec{ID: id, Command: "sleep", Args: []string{"3600"}})
+	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 	pid := readInitPid(t, e.state, id)
 	syscall.Kill(pid, syscall.SIGKILL)
 	// This runner sees the kill; pretend it was down then: forget what it recorded.
@@ -363,19 +360,19 @@ func TestBadInputs(t *testing.T) {
 		spec runtime.Spec
 		want error
 	}{
-		{"unknown runtime", runtime.Spec{ID: "bad-rt", Image: "busybox", RuntimeClass: "kata"}, runtime.ErrUnknownRuntime},
-		{"bad id chars", runtime.Spec{ID: "Bad_ID", Image: "busybox"}, runtime.ErrInvalidSpec},
-		{"id path", runtime.Spec{ID: "../x", Image: "busybox"}, runtime.ErrInvalidSpec},
-		{"id too long", runtime.Spec{ID: strings.Repeat("a", 64), Image: "busybox"}, runtime.ErrInvalidSpec},
-		{"empty id", runtime.Spec{Image: "busybox"}, runtime.ErrInvalidSpec},
-		{"empty argv", runtime.Spec{ID: "bad-argv", Image: "nocmd"}, runtime.ErrInvalidSpec},
-		{"negative memory", runtime.Spec{ID: "bad-mem", Image: "busybox", Resources: runtime.Resources{MemoryBytes: -1}}, runtime.ErrInvalidSpec},
-		{"image not found", runtime.Spec{ID: "bad-img", Image: "nope"}, runtime.ErrImageNotFound},
-		{"image unauthorized", runtime.Spec{ID: "bad-auth", Image: "private"}, runtime.ErrImageUnauthorized},
-		{"bad image ref", runtime.Spec{ID: "bad-ref", Image: "bad ref"}, runtime.ErrInvalidImageRef},
+		{"unknown runtime", runtime.Spec{ID: "bad-rt", Container: runtime.Container{Image: "busybox"}, RuntimeClass: "kata"}, runtime.ErrUnknownRuntime},
+		{"bad id chars", runtime.Spec{ID: "Bad_ID", Container: runtime.Container{Image: "busybox"}}, runtime.ErrInvalidSpec},
+		{"id path", runtime.Spec{ID: "../x", Container: runtime.Container{Image: "busybox"}}, runtime.ErrInvalidSpec},
+		{"id too long", runtime.Spec{ID: strings.Repeat("a", 64), Container: runtime.Container{Image: "busybox"}}, runtime.ErrInvalidSpec},
+		{"empty id", runtime.Spec{Container: runtime.Container{Image: "busybox"}}, runtime.ErrInvalidSpec},
+		{"empty argv", runtime.Spec{ID: "bad-argv", Container: runtime.Container{Image: "nocmd"}}, runtime.ErrInvalidSpec},
+		{"negative memory", runtime.Spec{ID: "bad-mem", Container: runtime.Container{Image: "busybox", Resources: runtime.Resources{MemoryBytes: -1}}}, runtime.ErrInvalidSpec},
+		{"image not found", runtime.Spec{ID: "bad-img", Container: runtime.Container{Image: "nope"}}, runtime.ErrImageNotFound},
+		{"image unauthorized", runtime.Spec{ID: "bad-auth", Container: runtime.Container{Image: "private"}}, runtime.ErrImageUnauthorized},
+		{"bad image ref", runtime.Spec{ID: "bad-ref", Container: runtime.Container{Image: "bad ref"}}, runtime.ErrInvalidImageRef},
 		{"empty image", runtime.Spec{ID: "bad-empty"}, runtime.ErrInvalidImageRef},
-		{"relative file path", runtime.Spec{ID: "bad-file", Image: "busybox", Files: []runtime.File{{Path: "etc/x"}}}, runtime.ErrInvalidSpec},
-		{"missing executable", runtime.Spec{ID: "bad-exe", Image: "busybox", Command: "/nonexistent"}, nil}, // starts; the agent reports it
+		{"relative file path", runtime.Spec{ID: "bad-file", Container: runtime.Container{Image: "busybox", Files: []runtime.File{{Path: "etc/x"}}}}, runtime.ErrInvalidSpec},
+		{"missing executable", runtime.Spec{ID: "bad-exe", Container: runtime.Container{Image: "busybox", Command: "/nonexistent"}}, nil}, // starts; the agent reports it
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -402,8 +399,8 @@ func TestBadInputs(t *testing.T) {
 		})
 	}
 	// A duplicate id is refused without harming the existing sandbox.
-	e.create(runtime.Spec{ID: "dup", Command: "sleep", Args: []string{"3600"}})
-	if _, err := e.b.Create(context.Background(), &runtime.Spec{ID: "dup", Image: "busybox"}); !isErr(err, runtime.ErrInvalidSpec) {
+	e.create(runtime.Spec{ID: "dup", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
+	if _, err := e.b.Create(context.Background(), &runtime.Spec{ID: "dup", Container: runtime.Container{Image: "busybox"}}); !isErr(err, runtime.ErrInvalidSpec) {
 		t.Errorf("duplicate create = %v", err)
 	}
 	if out, _, _ := execIn(t, agentClient(e.b, "dup"), "echo", "ok"); out != "ok\n" {
@@ -437,7 +434,7 @@ func TestConcurrent(t *testing.T) {
 	for i := 0; i < n; i++ {
 		go func() {
 			id := "par-" + strconv.Itoa(i)
-			spec := runtime.Spec{ID: id, Image: "busybox", Command: "sleep", Args: []string{"3600"}}
+			spec := runtime.Spec{ID: id, Container: runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"3600"}}}
 			waited := make(chan runtime.Exit, 1)
 			go func() {
 				// May run before, during or after Create.

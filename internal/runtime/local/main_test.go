@@ -242,7 +242,7 @@ func agentClient(b *Backend, id string) agentv1connect.AgentServiceClient {
 	tr := &http.Transport{
 		Protocols: &protos,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return b.DialAgent(ctx, id)
+			return b.DialAgent(ctx, id, "")
 		},
 	}
 	return agentv1connect.NewAgentServiceClient(&http.Client{Transport: tr}, "http://agent", connect.WithGRPC())

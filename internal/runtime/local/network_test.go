@@ -56,8 +56,7 @@ func TestNetwork(t *testing.T) {
 
 	const id = "net-1"
 	start := time.Now()
-	info := e.create(runtime.Spec{ID: id, Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/www"},
-		Files: []runtime.File{{Path: "/www/index.html", Content: []byte("hello\n")}}})
+	info := e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/www"}, Files: []runtime.File{{Path: "/www/index.html", Content: []byte("hello\n")}}}})
 	c := agentClient(e.b, id)
 	execIn(t, c, "true")
 	t.Logf("create -> first exec with network: %v, IP %s", time.Since(start), info.IP)

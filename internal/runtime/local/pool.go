@@ -456,7 +456,7 @@ func (b *Backend) startPooled(ctx context.Context, cid string, key poolKey) (pc 
 	}
 	s := &sandbox{
 		id: cid, cid: cid, dir: dir, rt: rt,
-		spec:  runtime.Spec{ID: cid, Image: key.image, RuntimeClass: class},
+		spec:  runtime.Spec{ID: cid, Container: runtime.Container{Image: key.image}, RuntimeClass: class},
 		ready: make(chan struct{}), done: make(chan struct{}),
 	}
 	close(s.ready)

@@ -71,7 +71,7 @@ func waitPoolReady(t *testing.T, b *Backend, n int) {
 
 func TestPoolClaim(t *testing.T) {
 	e := poolEnv(t, 2, time.Minute)
-	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	e.create(runtime.Spec{ID: "prime", Container: runtime.Container{Command: "true"}})
 	waitPoolReady(t, e.b, 2)
 	if st := e.b.PoolStats(); st.Claims != 0 || st.Refills != 2 {
 		t.Fatalf("stats %+v", st)
@@ -80,11 +80,7 @@ func TestPoolClaim(t *testing.T) {
 	const id = "pooled-1"
 	start := time.Now()
 	info := e.create(runtime.Spec{
-		ID: id, Command: "sh", Args: []string{"-c", "echo started; cat /etc/motd; sleep 3600"},
-		Env:        map[string]string{"FOO": "bar"},
-		WorkingDir: "/tmp",
-		Files:      []runtime.File{{Path: "/etc/motd", Content: []byte("hello file\n")}},
-		Resources:  runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 64},
+		ID: id, Container: runtime.Container{Command: "sh", Args: []string{"-c", "echo started; cat /etc/motd; sleep 3600"}, Env: map[string]string{"FOO": "bar"}, WorkingDir: "/tmp", Files: []runtime.File{{Path: "/etc/motd", Content: []byte("hello file\n")}}, Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20, Pids: 64}},
 	})
 	t.Logf("claimed create: %v", time.Since(start))
 	if st := e.b.PoolStats(); st.Claims != 1 {
@@ -145,7 +141,7 @@ func TestPoolClaim(t *testing.T) {
 	if first != 0 || !strings.HasPrefix(got.String(), "started\nhello file\n") {
 		t.Errorf("logs from offset %d: %q", first, got.String())
 	}
-	if d := e.b.LogDir(id); !strings.HasPrefix(d, filepath.Join(e.state, id)+"/") {
+	if d := e.b.LogDir(id, ""); !strings.HasPrefix(d, filepath.Join(e.state, id)+"/") {
 		t.Errorf("LogDir %q", d)
 	}
 	// The runtime CLI reaches the container by the sandbox id too (its bundle dir moved).
@@ -205,7 +201,7 @@ func TestPoolClaim(t *testing.T) {
 
 func TestPoolMainExitAndRestarts(t *testing.T) {
 	e := poolEnv(t, 3, time.Minute)
-	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	e.create(runtime.Spec{ID: "prime", Container: runtime.Container{Command: "true"}})
 	for _, tc := range []struct {
 		id       string
 		argv     []string
@@ -219,7 +215,7 @@ func TestPoolMainExitAndRestarts(t *testing.T) {
 	} {
 		waitPoolReady(t, e.b, 1)
 		claims := e.b.PoolStats().Claims
-		e.create(runtime.Spec{ID: tc.id, Command: tc.argv[0], Args: tc.argv[1:], RestartLimit: tc.restarts})
+		e.create(runtime.Spec{ID: tc.id, Container: runtime.Container{Command: tc.argv[0], Args: tc.argv[1:], RestartLimit: tc.restarts}})
 		if e.b.PoolStats().Claims != claims+1 {
 			t.Fatalf("%s: not claimed: %+v", tc.id, e.b.PoolStats())
 		}
@@ -243,7 +239,7 @@ func TestPoolMainExitAndRestarts(t *testing.T) {
 
 func TestPoolIdleAndDrain(t *testing.T) {
 	e := poolEnv(t, 2, 2*time.Second) // long enough to be seen ready on a loaded machine
-	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	e.create(runtime.Spec{ID: "prime", Container: runtime.Container{Command: "true"}})
 	waitPoolReady(t, e.b, 1)
 	// Unused for longer than Idle: dropped.
 	deadline := time.Now().Add(10 * time.Second)
@@ -254,7 +250,7 @@ func TestPoolIdleAndDrain(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// Drain destroys ready ones; the pool refills after the next create.
-	e.create(runtime.Spec{ID: "prime2", Command: "true"})
+	e.create(runtime.Spec{ID: "prime2", Container: runtime.Container{Command: "true"}})
 	waitPoolReady(t, e.b, 1)
 	if err := e.b.DrainPool(context.Background()); err != nil {
 		t.Fatal(err)
@@ -270,7 +266,7 @@ func TestPoolIdleAndDrain(t *testing.T) {
 // A standby agent reports STANDBY, refuses execs, and starts only once.
 func TestPoolStandbyAgent(t *testing.T) {
 	e := poolEnv(t, 1, time.Minute)
-	e.create(runtime.Spec{ID: "prime", Command: "true"})
+	e.create(runtime.Spec{ID: "prime", Container: runtime.Container{Command: "true"}})
 	waitPoolReady(t, e.b, 1)
 	dirs := poolDirs(e.state)
 	if len(dirs) != 1 {
@@ -291,7 +287,7 @@ func TestPoolStandbyAgent(t *testing.T) {
 		t.Fatalf("standby status %v, %v", st, err)
 	}
 	// Claim it, then a second Start is refused.
-	e.create(runtime.Spec{ID: "standby-claimed", Command: "sleep", Args: []string{"60"}})
+	e.create(runtime.Spec{ID: "standby-claimed", Container: runtime.Container{Command: "sleep", Args: []string{"60"}}})
 	if e.b.PoolStats().Claims != 1 {
 		t.Fatalf("not claimed: %+v", e.b.PoolStats())
 	}
@@ -316,10 +312,10 @@ func TestPoolHardening(t *testing.T) {
 	e := poolEnv(t, 1, time.Minute)
 	e.b.cfg.DiskBytes = 64 << 20
 	ctx := context.Background()
-	e.create(runtime.Spec{ID: "first", Command: "sleep", Args: []string{"3600"}})
+	e.create(runtime.Spec{ID: "first", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 	waitPoolReady(t, e.b, 1)
 
-	e.create(runtime.Spec{ID: "claimer", Command: "sleep", Args: []string{"3600"}, Security: &runtime.Security{RunAsUser: u32(1000)}})
+	e.create(runtime.Spec{ID: "claimer", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Security: &runtime.Security{RunAsUser: u32(1000)}}})
 	if st := e.b.PoolStats(); st.Claims != 1 {
 		t.Fatalf("pool stats %+v: a run-as user alone should be served from the pool", st)
 	}
@@ -333,9 +329,9 @@ func TestPoolHardening(t *testing.T) {
 	}
 	waitPoolReady(t, e.b, 1)
 	for i, spec := range []runtime.Spec{
-		{Resources: runtime.Resources{DiskBytes: 32 << 20}},
-		{Security: &runtime.Security{ReadOnlyRootFS: true}},
-		{Volumes: []runtime.Volume{{Name: "v"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v"}}},
+		{Container: runtime.Container{Resources: runtime.Resources{DiskBytes: 32 << 20}}},
+		{Container: runtime.Container{Security: &runtime.Security{ReadOnlyRootFS: true}}},
+		{Volumes: []runtime.Volume{{Name: "v"}}, Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v"}}}},
 	} {
 		spec.ID, spec.Command, spec.Args = fmt.Sprintf("cold-%d", i), "sleep", []string{"3600"}
 		e.create(spec)
@@ -394,7 +390,7 @@ func TestPoolNoRepullAfterFailure(t *testing.T) {
 	})
 	const ref = "unreachable.example/x:1"
 	for round := 1; round <= 2; round++ {
-		_, err := b.Create(context.Background(), &runtime.Spec{ID: fmt.Sprintf("fail-%d", round), Image: ref, Command: "true"})
+		_, err := b.Create(context.Background(), &runtime.Spec{ID: fmt.Sprintf("fail-%d", round), Container: runtime.Container{Image: ref, Command: "true"}})
 		if !errors.Is(err, runtime.ErrRegistry) {
 			t.Fatalf("create: %v, want ErrRegistry", err)
 		}
@@ -414,7 +410,7 @@ func TestPoolNoRepullAfterFailure(t *testing.T) {
 		}
 	}
 	// A good image still gets its pool.
-	e.create(runtime.Spec{ID: "good", Command: "true"})
+	e.create(runtime.Spec{ID: "good", Container: runtime.Container{Command: "true"}})
 	waitPoolReady(t, b, 2)
 }
 

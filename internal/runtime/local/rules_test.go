@@ -285,20 +285,19 @@ func TestSandboxNetworkRules(t *testing.T) {
 			org := map[string]string{rt.MetaOrg: "org-1"}
 			www := []rt.File{{Path: "/www/index.html", Content: []byte("sandbox\n")}}
 			link := netip.PrefixFrom(w.addr, 24).Masked().String()
-			srv := e.create(rt.Spec{ID: "srv-" + class, RuntimeClass: class, Meta: org, Files: www,
-				Command: "sh", Args: []string{"-c", "httpd -p 8080 -h /www && httpd -p 7070 -h /www && exec httpd -f -p 9090 -h /www"},
+			srv := e.create(rt.Spec{ID: "srv-" + class, RuntimeClass: class, Meta: org, Container: rt.Container{Files: www, Command: "sh", Args: []string{"-c", "httpd -p 8080 -h /www && httpd -p 7070 -h /www && exec httpd -f -p 9090 -h /www"}},
 				Services: []rt.Service{{Port: 8080, Visibility: "private"}, {Port: 9090, Visibility: "custom"}},
 				Network:  &rt.Network{Ingress: []rt.IngressRule{{CIDR: link}, {Tenant: rt.TenantSameOrg, Ports: []rt.PortRange{{Port: 9090}}}}}})
-			cli := e.create(rt.Spec{ID: "cli-" + class, RuntimeClass: class, Meta: org, Command: "sleep", Args: []string{"3600"},
+			cli := e.create(rt.Spec{ID: "cli-" + class, RuntimeClass: class, Meta: org, Container: rt.Container{Command: "sleep", Args: []string{"3600"}},
 				Network: &rt.Network{Egress: []rt.EgressRule{
 					{CIDR: w.pub.String() + "/32", Ports: []rt.PortRange{{Port: 80}}},
 					{Tenant: rt.TenantSameOrg, Ports: []rt.PortRange{{Port: 8080}}},
 				}}})
-			peer := e.create(rt.Spec{ID: "peer-" + class, RuntimeClass: class, Meta: org, Command: "sleep", Args: []string{"3600"},
+			peer := e.create(rt.Spec{ID: "peer-" + class, RuntimeClass: class, Meta: org, Container: rt.Container{Command: "sleep", Args: []string{"3600"}},
 				Network: &rt.Network{Egress: []rt.EgressRule{{Tenant: rt.TenantSameOrg}}}})
-			deny := e.create(rt.Spec{ID: "deny-" + class, RuntimeClass: class, Meta: org, Command: "sleep", Args: []string{"3600"},
+			deny := e.create(rt.Spec{ID: "deny-" + class, RuntimeClass: class, Meta: org, Container: rt.Container{Command: "sleep", Args: []string{"3600"}},
 				Network: &rt.Network{DenyEgress: true}})
-			old := e.create(rt.Spec{ID: "old-" + class, RuntimeClass: class, Command: "sleep", Args: []string{"3600"}}) // no rules: as before
+			old := e.create(rt.Spec{ID: "old-" + class, RuntimeClass: class, Container: rt.Container{Command: "sleep", Args: []string{"3600"}}}) // no rules: as before
 
 			url := func(ip string, port int) string {
 				return fmt.Sprintf("http://%s/", net.JoinHostPort(ip, fmt.Sprint(port)))
@@ -435,7 +434,7 @@ func TestSandboxDNSNameEgress(t *testing.T) {
 			ca := []rt.File{{Path: "/etc/test-ca.pem", Content: in.CA.CertPEM()}}
 			mk := func(name string, n *rt.Network) string {
 				id := name + "-" + class
-				e.create(rt.Spec{ID: id, Image: "probe", RuntimeClass: class, Command: "sleep", Args: []string{"3600"}, Files: ca, Network: n})
+				e.create(rt.Spec{ID: id, Container: rt.Container{Image: "probe", Command: "sleep", Args: []string{"3600"}, Files: ca}, RuntimeClass: class, Network: n})
 				return id
 			}
 			grant := mk("grant", &rt.Network{Egress: []rt.EgressRule{{DNSName: "api.example.test"}}})

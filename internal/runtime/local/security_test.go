@@ -112,7 +112,7 @@ func TestSecurityContext(t *testing.T) {
 			if main == "" {
 				main = "exec sleep 3600"
 			}
-			e.create(runtime.Spec{ID: id, Command: "sh", Args: []string{"-c", main}, Security: tc.sec, Files: tc.files})
+			e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sh", Args: []string{"-c", main}, Security: tc.sec, Files: tc.files}})
 			defer func() {
 				if err := e.b.Destroy(context.Background(), id); err != nil {
 					t.Error(err)
@@ -149,13 +149,12 @@ func TestSecurityContextRejected(t *testing.T) {
 		spec runtime.Spec
 		want string
 	}{
-		{"uid beyond the user namespace", runtime.Spec{Security: &runtime.Security{RunAsUser: u32(70000)}}, "below 65536"},
-		{"gid beyond the user namespace", runtime.Spec{Security: &runtime.Security{RunAsGroup: u32(65536)}}, "below 65536"},
-		{"file on a read-only root", runtime.Spec{Security: &runtime.Security{ReadOnlyRootFS: true},
-			Files: []runtime.File{{Path: "/etc/app.conf", Content: []byte("x")}}}, "read-only root filesystem"},
-		{"unknown seccomp profile", runtime.Spec{Security: &runtime.Security{SeccompProfile: "Unconfined"}}, "only \"RuntimeDefault\""},
-		{"unknown capability", runtime.Spec{Security: &runtime.Security{CapAdd: []string{"CAP_BOGUS"}}}, "canonical Linux capability"},
-		{"non-canonical capability", runtime.Spec{Security: &runtime.Security{CapDrop: []string{"net_raw"}}}, "canonical Linux capability"},
+		{"uid beyond the user namespace", runtime.Spec{Container: runtime.Container{Security: &runtime.Security{RunAsUser: u32(70000)}}}, "below 65536"},
+		{"gid beyond the user namespace", runtime.Spec{Container: runtime.Container{Security: &runtime.Security{RunAsGroup: u32(65536)}}}, "below 65536"},
+		{"file on a read-only root", runtime.Spec{Container: runtime.Container{Security: &runtime.Security{ReadOnlyRootFS: true}, Files: []runtime.File{{Path: "/etc/app.conf", Content: []byte("x")}}}}, "read-only root filesystem"},
+		{"unknown seccomp profile", runtime.Spec{Container: runtime.Container{Security: &runtime.Security{SeccompProfile: "Unconfined"}}}, "only \"RuntimeDefault\""},
+		{"unknown capability", runtime.Spec{Container: runtime.Container{Security: &runtime.Security{CapAdd: []string{"CAP_BOGUS"}}}}, "canonical Linux capability"},
+		{"non-canonical capability", runtime.Spec{Container: runtime.Container{Security: &runtime.Security{CapDrop: []string{"net_raw"}}}}, "canonical Linux capability"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := tc.spec

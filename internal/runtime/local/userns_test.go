@@ -46,7 +46,7 @@ func procUID(t testing.TB, pid int) string {
 func TestUserNamespace(t *testing.T) {
 	e := newEnv(t)
 	const id = "userns-1"
-	e.create(runtime.Spec{ID: id, Command: "sh", Args: []string{"-c", "echo started; exec sleep 3600"}})
+	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sh", Args: []string{"-c", "echo started; exec sleep 3600"}}})
 	r := hostIDs(t, e, id)
 	if r.HostID < idRangeBase || r.Size != idRangeSize {
 		t.Fatalf("range %+v: want %d IDs at or above %d", r, idRangeSize, idRangeBase)
@@ -142,7 +142,7 @@ func TestUserNamespace(t *testing.T) {
 		if _, err := e.b.Recover(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		e.create(runtime.Spec{ID: "userns-2", Command: "sleep", Args: []string{"3600"}})
+		e.create(runtime.Spec{ID: "userns-2", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 		r2 := hostIDs(t, e, "userns-2")
 		if r2 == r {
 			t.Fatalf("two sandboxes share the range %+v", r)
@@ -150,7 +150,7 @@ func TestUserNamespace(t *testing.T) {
 		if err := e.b.Destroy(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
-		e.create(runtime.Spec{ID: "userns-3", Command: "sleep", Args: []string{"3600"}})
+		e.create(runtime.Spec{ID: "userns-3", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 		if r3 := hostIDs(t, e, "userns-3"); r3 != r {
 			t.Errorf("after destroying %s, the next sandbox got %+v, want its freed range %+v", id, r3, r)
 		}
@@ -165,7 +165,7 @@ func TestUserNamespaceOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.b = b
-	e.create(runtime.Spec{ID: "nouserns", Command: "sleep", Args: []string{"3600"}})
+	e.create(runtime.Spec{ID: "nouserns", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
 	if _, ok, _ := readIDRange(b.dir("nouserns")); ok {
 		t.Error("a range was allocated with NoUserNS")
 	}

@@ -11,18 +11,16 @@ import (
 func TestScratchVolumes(t *testing.T) {
 	e := newEnv(t)
 	const id = "vols"
-	e.create(runtime.Spec{ID: id, Command: "sleep", Args: []string{"3600"},
-		Resources: runtime.Resources{MemoryBytes: 256 << 20, DiskBytes: 64 << 20},
+	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MemoryBytes: 256 << 20, DiskBytes: 64 << 20}, VolumeMounts: []runtime.VolumeMount{
+		{Volume: "mem", Path: "/mem"}, {Volume: "mem", Path: "/mem2"},
+		{Volume: "data", Path: "/data"},
+		{Volume: "scratch", Path: "/scratch"},
+		{Volume: "scratch", Path: "/ro", SubPath: "a/b", ReadOnly: true},
+	}},
 		Volumes: []runtime.Volume{
 			{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 32 << 20},
 			{Name: "data", SizeBytes: 32 << 20},
 			{Name: "scratch"}, // shares the sandbox's 64 MiB disk
-		},
-		VolumeMounts: []runtime.VolumeMount{
-			{Volume: "mem", Path: "/mem"}, {Volume: "mem", Path: "/mem2"},
-			{Volume: "data", Path: "/data"},
-			{Volume: "scratch", Path: "/scratch"},
-			{Volume: "scratch", Path: "/ro", SubPath: "a/b", ReadOnly: true},
 		},
 	})
 	c := agentClient(e.b, id)
@@ -62,11 +60,9 @@ func TestScratchVolumes(t *testing.T) {
 // TestScratchVolumesGVisor: runsc serves the same host dirs through its gofer.
 func TestScratchVolumesGVisor(t *testing.T) {
 	e := gvisorEnv(t)
-	e.create(runtime.Spec{ID: "gvols", RuntimeClass: GVisorClass, Command: "sleep", Args: []string{"3600"},
-		Resources: runtime.Resources{MemoryBytes: 256 << 20},
-		Volumes:   []runtime.Volume{{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 32 << 20}, {Name: "data", SizeBytes: 32 << 20}},
-		VolumeMounts: []runtime.VolumeMount{{Volume: "mem", Path: "/mem"}, {Volume: "mem", Path: "/mem2", ReadOnly: true},
-			{Volume: "data", Path: "/data"}},
+	e.create(runtime.Spec{ID: "gvols", RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MemoryBytes: 256 << 20}, VolumeMounts: []runtime.VolumeMount{{Volume: "mem", Path: "/mem"}, {Volume: "mem", Path: "/mem2", ReadOnly: true},
+		{Volume: "data", Path: "/data"}}},
+		Volumes: []runtime.Volume{{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 32 << 20}, {Name: "data", SizeBytes: 32 << 20}},
 	})
 	c := agentClient(e.b, "gvols")
 	for _, tc := range []struct{ cmd, want string }{
@@ -88,10 +84,10 @@ func TestScratchVolumesRejected(t *testing.T) {
 		spec runtime.Spec
 		want string
 	}{
-		{"mount of an undeclared volume", runtime.Spec{VolumeMounts: []runtime.VolumeMount{{Volume: "x", Path: "/x"}}}, "no such volume"},
-		{"reserved path", runtime.Spec{Volumes: []runtime.Volume{{Name: "v"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/proc/x"}}}, "reserved"},
-		{"above a reserved path", runtime.Spec{Volumes: []runtime.Volume{{Name: "v"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/etc"}}}, "reserved"},
-		{"escaping sub_path", runtime.Spec{Volumes: []runtime.Volume{{Name: "v"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v", SubPath: "../x"}}}, "sub_path"},
+		{"mount of an undeclared volume", runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "x", Path: "/x"}}}}, "no such volume"},
+		{"reserved path", runtime.Spec{Volumes: []runtime.Volume{{Name: "v"}}, Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/proc/x"}}}}, "reserved"},
+		{"above a reserved path", runtime.Spec{Volumes: []runtime.Volume{{Name: "v"}}, Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/etc"}}}}, "reserved"},
+		{"escaping sub_path", runtime.Spec{Volumes: []runtime.Volume{{Name: "v"}}, Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v", SubPath: "../x"}}}}, "sub_path"},
 		{"tiny disk volume", runtime.Spec{Volumes: []runtime.Volume{{Name: "v", SizeBytes: 1 << 20}}}, "at least"},
 		{"repeated name", runtime.Spec{Volumes: []runtime.Volume{{Name: "v"}, {Name: "v"}}}, "repeated"},
 	} {

@@ -220,7 +220,7 @@ func (f *Fake) forget(sb *FakeSandbox) {
 }
 
 // DialAgent implements runtime.Backend.
-func (f *Fake) DialAgent(ctx context.Context, id string) (net.Conn, error) {
+func (f *Fake) DialAgent(ctx context.Context, id, container string) (net.Conn, error) {
 	sb, err := f.get(id)
 	if err != nil {
 		return nil, err

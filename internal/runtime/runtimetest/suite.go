@@ -105,7 +105,7 @@ func id(prefix string) string {
 
 // spec is a sandbox of the suite's image running argv.
 func (s *suite) spec(prefix string, argv ...string) runtime.Spec {
-	sp := runtime.Spec{ID: id(prefix), Image: s.opts.Image, RuntimeClass: s.opts.RuntimeClass}
+	sp := runtime.Spec{ID: id(prefix), Container: runtime.Container{Image: s.opts.Image}, RuntimeClass: s.opts.RuntimeClass}
 	if len(argv) > 0 {
 		sp.Command, sp.Args = argv[0], argv[1:]
 	}
@@ -151,7 +151,7 @@ func wait(t *testing.T, b runtime.Backend, id string) runtime.Exit {
 
 // agentOf is a client of sandbox id's agent, as the runner makes it.
 func agentOf(b runtime.Backend, id string) agentv1connect.AgentServiceClient {
-	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, id) })
+	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, id, "") })
 }
 
 // execIn runs argv in sandbox id and returns its stdout and exit code.
@@ -356,7 +356,7 @@ func testDestroy(t *testing.T, s *suite) {
 	if _, err := b.Wait(ctx, spec.ID); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("wait after destroy: %v, want ErrNotFound", err)
 	}
-	if _, err := b.DialAgent(ctx, spec.ID); !errors.Is(err, runtime.ErrNotFound) {
+	if _, err := b.DialAgent(ctx, spec.ID, ""); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("dial after destroy: %v, want ErrNotFound", err)
 	}
 	if err := b.Stop(ctx, spec.ID, time.Second); !errors.Is(err, runtime.ErrNotFound) {
