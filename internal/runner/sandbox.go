@@ -78,4 +78,9 @@ type Sandbox struct {
 	IP           string
 	RuntimeClass string
 	ImageDigest  string
+
+	// Containers are the sandbox's containers as its backend last reported them (init
+	// containers first, then the primary and the sidecars); nil for a single-container
+	// sandbox, whose state is the sandbox's own.
+	Containers []runtime.ContainerStatus
 }

@@ -28,6 +28,10 @@ import (
 // SandboxIDHeader names the sandbox whose agent a relayed AgentService call is for.
 const SandboxIDHeader = "Sandboxd-Sandbox-Id"
 
+// ContainerHeader names the container of the sandbox a relayed agent call is for; absent
+// or empty means the primary. A name the sandbox does not have is NOT_FOUND naming it.
+const ContainerHeader = "Sandboxd-Container"
+
 // MaxMessageBytes bounds a message in either direction: what an agent may send or take.
 const MaxMessageBytes = agent.MaxMessageBytes
 
