@@ -16,13 +16,12 @@ import (
 // fakeOps is a backend whose containers' exits and probe results the test scripts.
 type fakeOps struct {
 	mu      sync.Mutex
-	events  []string                 // "start x", "exec x", "exit x"
-	exits   map[string]chan int32    // closed by the test (or at once for codes set in exitNow)
-	exitNow map[string]int32         // containers that exit at once with this code
-	healthy map[string]int           // probe attempts until x passes (0 = first); -1 never
-	probes  map[string]int           // attempts so far
-	startOK func(name string) error  // nil = every start works
-	started map[string]chan struct{} // closed on start
+	events  []string                // "start x", "exec x", "exit x"
+	exits   map[string]chan int32   // closed by the test (or at once for codes set in exitNow)
+	exitNow map[string]int32        // containers that exit at once with this code
+	healthy map[string]int          // probe attempts until x passes (0 = first); -1 never
+	probes  map[string]int          // attempts so far
+	startOK func(name string) error // nil = every start works
 }
 
 func newFake() *fakeOps {
