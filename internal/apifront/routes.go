@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Route is one REST binding (google.api.http) of a method: "GET /v1/sandboxes/{sandbox_id}".
@@ -189,10 +190,10 @@ func noRoute(routes []Route, r *http.Request) error {
 	if len(allow) == 0 {
 		return errNoRoute(r)
 	}
-	a, path := strings.Join(allow, ", "), clip(r.URL.Path)
+	a, path := strings.Join(allow, ", "), textclip.Clip(r.URL.Path, 128)
 	return restStatus{http.StatusMethodNotAllowed, a, apierr.New(apierr.NotImplemented,
-		fmt.Sprintf("%s does not take %s; it takes %s", path, clip(r.Method), a),
-		map[string]string{"method": clip(r.Method), "path": path, "allow": a})}
+		fmt.Sprintf("%s does not take %s; it takes %s", path, textclip.Clip(r.Method, 128), a),
+		map[string]string{"method": textclip.Clip(r.Method, 128), "path": path, "allow": a})}
 }
 
 func errNoBody(rt *Route) error {
@@ -233,7 +234,7 @@ func unknownParams(rt *Route, q url.Values) []apierr.Violation {
 	desc := fmt.Sprintf("is not a query parameter of %s %s; it takes %s", rt.Method, rt.Template, paramNames(rt))
 	vs := make([]apierr.Violation, 0, min(len(unknown), maxUnknownFields))
 	for _, name := range unknown[:min(len(unknown), maxUnknownFields)] {
-		vs = append(vs, apierr.Violation{Field: clip(name), Description: desc})
+		vs = append(vs, apierr.Violation{Field: textclip.Clip(name, 128), Description: desc})
 	}
 	return vs
 }
