@@ -77,3 +77,18 @@ func TestInvalidUTF8OnTheWire(t *testing.T) {
 		})
 	}
 }
+
+// TestValidMessageKeepsTheRest: an error apierr did not make, whose message is not UTF-8,
+// keeps its code, details and metadata when a detail is added.
+func TestValidMessageKeepsTheRest(t *testing.T) {
+	foreign := connect.NewError(connect.CodeFailedPrecondition, errors.New("no "+bad))
+	foreign.Meta().Set("X-Kept", "yes")
+	foreign = WithRetry(foreign, 0)
+	err := WithViolations(foreign, []Violation{{Field: "f", Description: "d"}})
+	if err.Code() != connect.CodeFailedPrecondition || err.Message() != "no a\uFFFDb\uFFFD" || err.Meta().Get("X-Kept") != "yes" {
+		t.Errorf("got %v %q meta %v", err.Code(), err.Message(), err.Meta())
+	}
+	if RetryInfo(err) == nil || len(Violations(err)) != 1 {
+		t.Errorf("details %v", err.Details())
+	}
+}
