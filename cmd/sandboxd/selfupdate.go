@@ -13,13 +13,13 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/release"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/selfupdate"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // selfUpdate is a single-host runner's self-update (internal/selfupdate) as the runner
@@ -253,18 +253,8 @@ const maxFailureReason = 1024
 
 // failureReason is reason as a heartbeat can carry it: valid UTF-8 (a proto string; an
 // error can quote any bytes, and a heartbeat that does not marshal is not sent at all)
-// and at most maxFailureReason bytes, cut on a character boundary.
-func failureReason(reason string) string {
-	reason = strings.ToValidUTF8(reason, "\uFFFD")
-	if len(reason) <= maxFailureReason {
-		return reason
-	}
-	cut := maxFailureReason
-	for cut > 0 && !utf8.RuneStart(reason[cut]) {
-		cut--
-	}
-	return reason[:cut]
-}
+// and at most maxFailureReason bytes, cut on a character boundary and marked.
+func failureReason(reason string) string { return textclip.Clip(reason, maxFailureReason) }
 
 // start runs the updater beside the heartbeats: first the trial's watch when this start
 // is one (confirm once ready with a heartbeat through, or roll back at the deadline),

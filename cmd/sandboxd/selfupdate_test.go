@@ -90,8 +90,8 @@ func TestFailureReasonFitsAHeartbeat(t *testing.T) {
 			t.Fatalf("heartbeat with %q does not marshal: %v", got, err)
 		}
 	}
-	if got := failureReason(strings.Repeat("x", 1023) + "é"); got != strings.Repeat("x", 1023) {
-		t.Fatalf("cut inside a character: %q", got[1020:])
+	if got := failureReason(strings.Repeat("x", 1023) + "é"); got != strings.Repeat("x", 1021)+"…" {
+		t.Fatalf("cut inside a character, or not marked: %q", got[1015:])
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -216,12 +217,60 @@ func Describe(vs []Violation) string {
 }
 
 // New returns an error with reason's code and an ErrorInfo of reason and metadata.
+//
+// msg and meta may quote what a caller sent (a path, a name, a header) and so hold bytes
+// that are not UTF-8; New makes them valid (see utf8Valid), so the error always carries
+// its ErrorInfo and marshals.
 func New(reason, msg string, meta map[string]string) *connect.Error {
-	err := connect.NewError(Code(reason), errors.New(msg))
-	if d, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}); derr == nil {
+	err := connect.NewError(Code(reason), errors.New(utf8Valid(msg)))
+	if d, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: validMap(meta)}); derr == nil {
 		err.AddDetail(d)
 	}
 	return err
+}
+
+// utf8Valid returns s with every run of bytes that is not UTF-8 replaced by U+FFFD.
+// Protobuf strings must be UTF-8: one bad byte in a detail's field makes the detail fail
+// to marshal (it would be dropped), and a status message that is not UTF-8 makes the
+// whole gRPC status fail to marshal (the client gets INTERNAL instead of the error).
+func utf8Valid(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// validMap is m with utf8Valid keys and values (m itself when they all are).
+func validMap(m map[string]string) map[string]string {
+	ok := true
+	for k, v := range m {
+		ok = ok && utf8.ValidString(k) && utf8.ValidString(v)
+	}
+	if ok {
+		return m
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[utf8Valid(k)] = utf8Valid(v)
+	}
+	return out
+}
+
+// validMessage is err, or when its message is not UTF-8 (an error that New did not
+// make) a copy with a valid message, its code, details and metadata: a detail added
+// to it could not be sent otherwise. The copy does not wrap err's cause.
+func validMessage(err *connect.Error) *connect.Error {
+	if utf8.ValidString(err.Message()) {
+		return err
+	}
+	out := connect.NewError(err.Code(), errors.New(utf8Valid(err.Message())))
+	for _, d := range err.Details() {
+		out.AddDetail(d)
+	}
+	for k, vs := range err.Meta() {
+		out.Meta()[k] = vs
+	}
+	return out
 }
 
 // Newf is New with a formatted message and no metadata.
@@ -235,14 +284,16 @@ func Invalid(reason, msg string, vs []Violation) *connect.Error {
 	return WithViolations(New(reason, msg, nil), vs)
 }
 
-// WithViolations adds a BadRequest listing vs (nothing when vs is empty).
+// WithViolations adds a BadRequest listing vs (nothing when vs is empty). Fields and
+// descriptions may quote what a caller sent: they are made valid UTF-8 as in New.
 func WithViolations(err *connect.Error, vs []Violation) *connect.Error {
+	err = validMessage(err)
 	if len(vs) == 0 {
 		return err
 	}
 	br := &errdetails.BadRequest{}
 	for _, v := range vs {
-		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: v.Field, Description: v.Description})
+		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: utf8Valid(v.Field), Description: utf8Valid(v.Description)})
 	}
 	if d, derr := connect.NewErrorDetail(br); derr == nil {
 		err.AddDetail(d)
@@ -252,6 +303,7 @@ func WithViolations(err *connect.Error, vs []Violation) *connect.Error {
 
 // WithRetry adds RetryInfo: the client should wait delay before trying again.
 func WithRetry(err *connect.Error, delay time.Duration) *connect.Error {
+	err = validMessage(err)
 	if d, derr := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}); derr == nil {
 		err.AddDetail(d)
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // TranscoderOptions are the options of every API transcoder: strict JSON (StrictJSON)
@@ -146,7 +147,7 @@ func (w *fieldWalker) message(md protoreflect.MessageDescriptor, prefix string) 
 		}
 		if fd == nil {
 			if len(w.vs) < maxUnknownFields {
-				w.vs = append(w.vs, apierr.Violation{Field: prefix + clip(key), Description: unknownField(md, key)})
+				w.vs = append(w.vs, apierr.Violation{Field: prefix + textclip.Clip(key, 128), Description: unknownField(md, key)})
 			}
 			w.skip()
 			continue
@@ -166,7 +167,7 @@ func (w *fieldWalker) field(fd protoreflect.FieldDescriptor, path string) {
 		}
 		for w.err == nil && w.dec.More() {
 			key, _ := w.token().(string)
-			w.message(fd.MapValue().Message(), fmt.Sprintf("%s[%q].", path, clip(key)))
+			w.message(fd.MapValue().Message(), fmt.Sprintf("%s[%q].", path, textclip.Clip(key, 128)))
 		}
 		w.token()
 	case fd.IsList() && fd.Message() != nil:
@@ -201,15 +202,6 @@ func (w *fieldWalker) skipRest(t json.Token) {
 			depth--
 		}
 	}
-}
-
-// clip shortens a name or path the caller sent to what an error may echo.
-func clip(s string) string {
-	const limit = 128
-	if len(s) <= limit {
-		return s
-	}
-	return strings.ToValidUTF8(s[:limit], "") + "…"
 }
 
 // unknownField describes key, an unknown field of md, with the field it may have meant.

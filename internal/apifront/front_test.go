@@ -413,3 +413,35 @@ func TestRESTErrorsCarryErrorInfo(t *testing.T) {
 		t.Errorf("ErrorInfo changed: %s", b)
 	}
 }
+
+// TestRESTInvalidUTF8 (test/security TestAPIInvalidUTF8InPathAndQuery end to end): a
+// percent-encoded byte that is not UTF-8 in a path variable or query value is
+// INVALID_ARGUMENT naming it; one in an unknown path or parameter keeps the error's
+// details (quoted as U+FFFD).
+func TestRESTInvalidUTF8(t *testing.T) {
+	routes, err := Routes(sandboxv1.File_coreweave_sandbox_v1_sandbox_proto.Services().ByName("SandboxService"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ method, target, field string }{
+		{"GET", "/v1/sandboxes/sbx-%FF", "sandbox_id"},
+		{"GET", "/v1/sandboxes?tags=a&tags=%C3%28", "tags"},
+		{"GET", "/v1/sandboxes?%FF=1", "\uFFFD"},
+	} {
+		_, _, err := routeREST(routes, httptest.NewRequest(tc.method, tc.target, nil))
+		vs := apierr.Violations(err)
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || apierr.Reason(err) != apierr.InvalidRequest || len(vs) != 1 || vs[0].Field != tc.field {
+			t.Errorf("%s %s: %v %q, want INVALID_ARGUMENT on %q", tc.method, tc.target, err, vs, tc.field)
+		}
+	}
+	_, _, err = routeREST(routes, httptest.NewRequest("GET", "/v1/no%FFroute", nil))
+	if info := apierr.Info(err); info.GetReason() != apierr.RouteNotFound || info.GetMetadata()["path"] != "/v1/no\uFFFDroute" {
+		t.Errorf("unknown route: %v %v", err, info)
+	}
+	if _, vars, err := routeREST(routes, httptest.NewRequest("GET", "/v1/sandboxes/sbx-%C3%A9", nil)); err != nil || vars["sandbox_id"] != "sbx-é" {
+		t.Errorf("UTF-8 path refused: %v %v", vars, err)
+	}
+	if _, _, err := routeREST(routes, httptest.NewRequest("GET", "/v1/sandboxes?tags=%E2%82%AC", nil)); err != nil {
+		t.Errorf("UTF-8 query refused: %v", err)
+	}
+}

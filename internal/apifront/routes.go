@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/api/annotations"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Route is one REST binding (google.api.http) of a method: "GET /v1/sandboxes/{sandbox_id}".
@@ -172,10 +174,35 @@ func routeREST(routes []Route, r *http.Request) (*Route, map[string]string, erro
 	if vs := unknownParams(rt, r.URL.Query()); len(vs) > 0 {
 		return nil, nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("unknown query parameter(s) for %s %s", rt.Method, rt.Template), vs)
 	}
+	if vs := notUTF8(vars, r.URL.Query()); len(vs) > 0 {
+		return nil, nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("%s %s: path variables and query values must be UTF-8", rt.Method, rt.Template), vs)
+	}
 	if rt.body == "" && r.ContentLength > 0 {
 		return nil, nil, errNoBody(rt)
 	}
 	return rt, vars, nil
+}
+
+// notUTF8 returns a violation for every path variable and query value that is not UTF-8
+// (a percent-encoded byte such as %FF): they become protobuf strings, which must be, and
+// the transcoder answered 500 UNKNOWN for them, where a JSON body's is INVALID_ARGUMENT.
+func notUTF8(vars map[string]string, q url.Values) []apierr.Violation {
+	var vs []apierr.Violation
+	for field, v := range vars {
+		if !utf8.ValidString(v) {
+			vs = append(vs, apierr.Violation{Field: field, Description: "must be UTF-8"})
+		}
+	}
+	for name, values := range q {
+		for _, v := range values {
+			if !utf8.ValidString(v) {
+				vs = append(vs, apierr.Violation{Field: textclip.Clip(name, 128), Description: "must be UTF-8"})
+				break
+			}
+		}
+	}
+	slices.SortFunc(vs, func(a, b apierr.Violation) int { return strings.Compare(a.Field, b.Field) })
+	return vs[:min(len(vs), maxUnknownFields)]
 }
 
 // noRoute is 405 (with Allow) when other methods take the path, else NOT_FOUND.
@@ -189,10 +216,10 @@ func noRoute(routes []Route, r *http.Request) error {
 	if len(allow) == 0 {
 		return errNoRoute(r)
 	}
-	a, path := strings.Join(allow, ", "), clip(r.URL.Path)
+	a, path := strings.Join(allow, ", "), textclip.Clip(r.URL.Path, 128)
 	return restStatus{http.StatusMethodNotAllowed, a, apierr.New(apierr.NotImplemented,
-		fmt.Sprintf("%s does not take %s; it takes %s", path, clip(r.Method), a),
-		map[string]string{"method": clip(r.Method), "path": path, "allow": a})}
+		fmt.Sprintf("%s does not take %s; it takes %s", path, textclip.Clip(r.Method, 128), a),
+		map[string]string{"method": textclip.Clip(r.Method, 128), "path": path, "allow": a})}
 }
 
 func errNoBody(rt *Route) error {
@@ -233,7 +260,7 @@ func unknownParams(rt *Route, q url.Values) []apierr.Violation {
 	desc := fmt.Sprintf("is not a query parameter of %s %s; it takes %s", rt.Method, rt.Template, paramNames(rt))
 	vs := make([]apierr.Violation, 0, min(len(unknown), maxUnknownFields))
 	for _, name := range unknown[:min(len(unknown), maxUnknownFields)] {
-		vs = append(vs, apierr.Violation{Field: clip(name), Description: desc})
+		vs = append(vs, apierr.Violation{Field: textclip.Clip(name, 128), Description: desc})
 	}
 	return vs
 }

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Unknown answers a request no service takes: UNIMPLEMENTED with reason
@@ -17,7 +18,7 @@ import (
 // Never a bare 404 that clients cannot parse.
 func Unknown(w http.ResponseWriter, r *http.Request) {
 	if isRPC(r) {
-		path := clip(r.URL.Path)
+		path := textclip.Clip(r.URL.Path, 128)
 		_ = errWriter.Write(w, r, apierr.New(apierr.NotImplemented,
 			"this server has no procedure "+path, map[string]string{"procedure": path}))
 		return
@@ -27,10 +28,10 @@ func Unknown(w http.ResponseWriter, r *http.Request) {
 
 // errNoRoute: no REST route has r's path.
 func errNoRoute(r *http.Request) error {
-	path := clip(r.URL.Path)
+	path := textclip.Clip(r.URL.Path, 128)
 	return apierr.New(apierr.RouteNotFound,
-		fmt.Sprintf("no route %s %s: GET /openapi.json lists the REST routes", clip(r.Method), path),
-		map[string]string{"method": clip(r.Method), "path": path})
+		fmt.Sprintf("no route %s %s: GET /openapi.json lists the REST routes", textclip.Clip(r.Method, 128), path),
+		map[string]string{"method": textclip.Clip(r.Method, 128), "path": path})
 }
 
 var errWriter = connect.NewErrorWriter()

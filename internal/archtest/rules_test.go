@@ -67,7 +67,7 @@ var rules = []rule{
 		},
 		// Beside the standard library, exactly these (add one only if the agent needs it).
 		only: []string{
-			"internal/agent", "internal/agentconfig", "internal/apierr", "internal/errdefs", "internal/logstore", "internal/reserved", "internal/runtime",
+			"internal/agent", "internal/agentconfig", "internal/apierr", "internal/errdefs", "internal/logstore", "internal/reserved", "internal/runtime", "internal/textclip",
 			"gen/sandboxd/agent/v1", "gen/sandboxd/agent/v1/agentv1connect",
 			"connectrpc.com/connect/...", "github.com/creack/pty", "golang.org/x/sys/unix",
 			"google.golang.org/protobuf/...", "google.golang.org/genproto/googleapis/rpc/errdetails",

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/release"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // ArtifactNames are the binaries a release directory may hold per version and
@@ -106,7 +107,7 @@ func (a *Artifacts) DownloadArtifact(ctx context.Context, req *connect.Request[c
 		vs.add("arch", "%v", err)
 	}
 	if !slices.Contains(ArtifactNames, name) {
-		vs.add("name", "must be one of %v, got %q", ArtifactNames, clip(name))
+		vs.add("name", "must be one of %v, got %q", ArtifactNames, textclip.Clip(name, 64))
 	}
 	if err := vs.err("invalid artifact request"); err != nil {
 		return err
@@ -196,11 +197,3 @@ func (s *Service) desiredChecksums(ctx context.Context, desired, arch string) (s
 // agentChecksum is the release's sandbox-agent checksum for arch; "" when the release
 // ships no agent for it (the runner then keeps its agent).
 func agentChecksum(r store.Release, arch string) string { return r.AgentBinaryChecksums[arch] }
-
-// clip bounds a caller's string quoted back in an error.
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
-}

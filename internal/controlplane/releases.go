@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/release"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Releases are platform-wide: every organization's runners follow the same channels. So
@@ -207,15 +208,8 @@ func setKey(m map[string]string, k, v string) map[string]string {
 // conflicts adds a violation when a field was sent and differs from the manifest's.
 func conflicts(vs *violations, field, got, manifest string) {
 	if got != "" && got != manifest {
-		vs.add(field, "is %q but the signed manifest says %q (leave it empty: the record is the manifest's)", truncate(got), manifest)
+		vs.add(field, "is %q but the signed manifest says %q (leave it empty: the record is the manifest's)", textclip.Clip(got, 80), manifest)
 	}
-}
-
-func truncate(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "…"
-	}
-	return s
 }
 
 func (s *Service) ListReleases(ctx context.Context, _ *connect.Request[controlplanev1.ListReleasesRequest]) (*connect.Response[controlplanev1.ListReleasesResponse], error) {

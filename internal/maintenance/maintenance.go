@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Limits of a policy.
@@ -105,7 +107,7 @@ func Validate(p Policy) []Violation {
 		} else if !utf8.ValidString(w.Cron) {
 			add(f+".cron", "must be UTF-8")
 		} else if _, err := ParseCron(w.Cron); err != nil {
-			add(f+".cron", "is not a 5-field cron expression (%q): %v", truncate(w.Cron), err)
+			add(f+".cron", "is not a 5-field cron expression (%q): %v", textclip.Clip(w.Cron, 64), err)
 		}
 		if d := w.DurationSeconds; d < int64(MinDuration/time.Second) || d > int64(MaxDuration/time.Second) {
 			add(f+".duration_seconds", "must be %d to %d (60 s to 7 days), got %d", int64(MinDuration/time.Second), int64(MaxDuration/time.Second), d)
@@ -131,13 +133,6 @@ func Validate(p Policy) []Violation {
 		}
 	}
 	return vs
-}
-
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }
 
 // maxSteps bounds the search for the next allowed time: every step either passes an

@@ -13,6 +13,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // A release manifest is a release as its publisher signs it: a small JSON document naming
@@ -82,7 +84,7 @@ func (m Manifest) Validate() error {
 		errs = append(errs, FieldError{"agent_image_digest", err.Error()})
 	}
 	for _, arch := range slices.Sorted(maps.Keys(m.Binaries)) {
-		field := fmt.Sprintf("binaries[%q]", truncate(arch))
+		field := fmt.Sprintf("binaries[%q]", textclip.Clip(arch, 80))
 		if err := CheckArch(arch); err != nil {
 			errs = append(errs, FieldError{field, err.Error()})
 			continue
@@ -172,7 +174,7 @@ func checkKeys(data []byte) error {
 				}
 				k, _ := kt.(string)
 				if seen[k] {
-					return fmt.Errorf("release manifest: key %q appears twice in %s", truncate(k), objectName(path))
+					return fmt.Errorf("release manifest: key %q appears twice in %s", textclip.Clip(k, 80), objectName(path))
 				}
 				seen[k] = true
 				var want []string
@@ -183,7 +185,7 @@ func checkKeys(data []byte) error {
 					want = binariesKeys
 				}
 				if want != nil && !slices.Contains(want, k) {
-					return fmt.Errorf("release manifest: unknown key %q in %s (keys are %s, spelled exactly)", truncate(k), objectName(path), strings.Join(want, ", "))
+					return fmt.Errorf("release manifest: unknown key %q in %s (keys are %s, spelled exactly)", textclip.Clip(k, 80), objectName(path), strings.Join(want, ", "))
 				}
 				vt, err := dec.Token()
 				if err != nil {
@@ -212,7 +214,7 @@ func objectName(path string) string {
 	if path == "" {
 		return "the manifest"
 	}
-	return truncate(path)
+	return textclip.Clip(path, 80)
 }
 
 // ErrBadSignature: no trusted key signed these manifest bytes.
@@ -259,7 +261,7 @@ func ParsePublicKeys(data []byte) ([]ed25519.PublicKey, error) {
 			break
 		}
 		if b.Type != "PUBLIC KEY" {
-			return nil, fmt.Errorf("release keys: a %q PEM block; want PUBLIC KEY", truncate(b.Type))
+			return nil, fmt.Errorf("release keys: a %q PEM block; want PUBLIC KEY", textclip.Clip(b.Type, 80))
 		}
 		k, err := x509.ParsePKIXPublicKey(b.Bytes)
 		if err != nil {

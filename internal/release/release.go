@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // MaxVersionLen bounds a version string.
@@ -149,7 +151,7 @@ func CheckDigest(d string) error {
 	case d == "":
 		return fmt.Errorf("is required")
 	case !digestRE.MatchString(d):
-		return fmt.Errorf("must be sha256: followed by 64 lowercase hex digits (got %q)", truncate(d))
+		return fmt.Errorf("must be sha256: followed by 64 lowercase hex digits (got %q)", textclip.Clip(d, 80))
 	}
 	return nil
 }
@@ -161,20 +163,13 @@ func CheckArch(arch string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("unknown architecture %q: want one of %s", truncate(arch), strings.Join(Arches, ", "))
+	return fmt.Errorf("unknown architecture %q: want one of %s", textclip.Clip(arch, 80), strings.Join(Arches, ", "))
 }
 
 // CheckChecksum checks a binary's SHA-256: 64 lowercase hex digits.
 func CheckChecksum(sum string) error {
 	if !checksumRE.MatchString(sum) {
-		return fmt.Errorf("must be a SHA-256 as 64 lowercase hex digits (got %q)", truncate(sum))
+		return fmt.Errorf("must be a SHA-256 as 64 lowercase hex digits (got %q)", textclip.Clip(sum, 80))
 	}
 	return nil
-}
-
-func truncate(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "…"
-	}
-	return s
 }

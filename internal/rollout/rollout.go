@@ -30,10 +30,10 @@ import (
 	"os"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/maintenance"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Defaults and bounds of Config.
@@ -376,8 +376,8 @@ func (c *Controller) gate(ctx context.Context, r store.Runner, now time.Time, ta
 		// try again a version it failed while it is asked for it.
 		done.State = store.UpdateRolledBack
 		why := orUnknown(r.Status.SelfUpdateFailure)
-		done.Reason = bound("runner reports: " + why)
-		return c.rollBack(ctx, r, lu, done, bound("reports: "+why), now, targets)
+		done.Reason = textclip.Clip("runner reports: "+why, MaxReason)
+		return c.rollBack(ctx, r, lu, done, textclip.Clip("reports: "+why, MaxReason), now, targets)
 	case !now.Before(lu.Deadline):
 		done.State = store.UpdateRolledBack
 		done.Reason = failReason(r, lu, c.connected(r, now))
@@ -418,19 +418,6 @@ func (c *Controller) rollBack(ctx context.Context, r store.Runner, lu *store.Upd
 // MaxReason bounds, in bytes, a step's failure reason and the halt's part of it that comes
 // from a runner: what a runner reports is at most as long, the prefix makes it longer.
 const MaxReason = store.MaxSelfUpdateFailureLen
-
-// bound cuts s to MaxReason bytes without splitting a UTF-8 character.
-func bound(s string) string {
-	if len(s) <= MaxReason {
-		return s
-	}
-	const ell = "…"
-	cut := MaxReason - len(ell)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + ell
-}
 
 func orUnknown(s string) string {
 	if s == "" {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Size limits of what a caller hands a sandbox's processes: the main command at create
@@ -85,10 +86,10 @@ func CheckEnv(field string, env map[string]string, add AddFunc) {
 		total += len(k) + len(v)
 		switch {
 		case k == "" || strings.ContainsAny(k, "=\x00"):
-			add(field, "invalid name %q: must be non-empty without '=' or NUL", truncate(k))
+			add(field, "invalid name %q: must be non-empty without '=' or NUL", textclip.Clip(k, 64))
 			continue
 		case len(k) > MaxEnvKeyLen:
-			add(field, "name %q… is %d bytes, at most %d allowed", truncate(k), len(k), MaxEnvKeyLen)
+			add(field, "name %q is %d bytes, at most %d allowed", textclip.Clip(k, 64), len(k), MaxEnvKeyLen)
 			continue
 		}
 		f := field + "[" + k + "]"
@@ -120,12 +121,4 @@ func CheckFilePath(p string) error {
 		return fmt.Errorf("%q is under %s, which the platform reserves for the sandbox's agent", p, AgentDir)
 	}
 	return nil
-}
-
-// truncate shortens s for an error message.
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64]
-	}
-	return s
 }

@@ -10,6 +10,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/policy"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Limits of a sandbox's wire-only fields (tags, annotations, container names; the
@@ -49,7 +50,7 @@ func tagViolations(field string, tags []string) []apierr.Violation {
 
 func checkTag(t string) error {
 	if len(t) > MaxTagLen || !tagPattern.MatchString(t) {
-		return fmt.Errorf("%q must be 1-%d characters of A-Z, a-z, 0-9, '.', '_' and '-', ending with a letter or digit", clip(t), MaxTagLen)
+		return fmt.Errorf("%q must be 1-%d characters of A-Z, a-z, 0-9, '.', '_' and '-', ending with a letter or digit", textclip.Clip(t, 64), MaxTagLen)
 	}
 	return nil
 }
@@ -77,7 +78,7 @@ func annotationViolations(field string, ann map[string]string) []apierr.Violatio
 // qualified names (the policy's rule for the annotations it attaches).
 func checkAnnotationKey(k string) error {
 	if e := policy.QualifiedNameError(k); e != "" {
-		return errors.New(clip(e))
+		return errors.New(textclip.Clip(e, 64))
 	}
 	return nil
 }
@@ -93,19 +94,11 @@ func containerNameViolations(field string, cs []*sandboxv1.Container) []apierr.V
 		switch {
 		case n == "":
 		case !dnsLabel.MatchString(n):
-			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("%q must be a lowercase DNS label (a-z, 0-9 and '-', at most 63, starting and ending with a letter or digit)", clip(n))})
+			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("%q must be a lowercase DNS label (a-z, 0-9 and '-', at most 63, starting and ending with a letter or digit)", textclip.Clip(n, 64))})
 		case seen[n]:
 			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("%q names another container too", n)})
 		}
 		seen[n] = true
 	}
 	return vs
-}
-
-// clip shortens s for an error message.
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

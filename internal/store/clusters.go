@@ -6,7 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // ---- clusters ----
@@ -156,14 +157,6 @@ func scanInstall(r row) (Install, error) {
 	return in, nil
 }
 
-// truncateUTF8 cuts s to at most n bytes and drops what is not UTF-8 (a rune cut in two).
-func truncateUTF8(s string, n int) string {
-	if len(s) > n {
-		s = s[:n]
-	}
-	return strings.ToValidUTF8(s, "")
-}
-
 func (is installs) Put(ctx context.Context, in Install) (Install, error) {
 	if err := required("org", in.Org, "runner_id", in.RunnerID, "cluster_id", in.ClusterID, "namespace", in.Namespace); err != nil {
 		return Install{}, err
@@ -174,14 +167,14 @@ func (is installs) Put(ctx context.Context, in Install) (Install, error) {
 		return Install{}, invalid("install state %q", in.State)
 	}
 	// The message quotes what a cluster answered: bounded here, whatever the caller did.
-	in.Message = truncateUTF8(in.Message, MaxInstallMessage)
-	in.Reason = truncateUTF8(in.Reason, 128)
+	in.Message = textclip.Clip(in.Message, MaxInstallMessage)
+	in.Reason = textclip.Clip(in.Reason, 128)
 	if len(in.Hints) > MaxInstallHints {
 		in.Hints = in.Hints[:MaxInstallHints]
 	}
 	hints := make([]string, len(in.Hints))
 	for i, h := range in.Hints {
-		hints[i] = truncateUTF8(h, MaxInstallHint)
+		hints[i] = textclip.Clip(h, MaxInstallHint)
 	}
 	b, err := json.Marshal(hints)
 	if err != nil {

@@ -91,7 +91,7 @@ func TestInstalls(t *testing.T) {
 		in, err = s.Installs().Put(ctx, store.Install{Org: "o", RunnerID: "r1", ClusterID: "c1", State: store.InstallFailed,
 			Namespace: "ns1", Reason: "CWSANDBOX_INSTALL_FORBIDDEN", Message: long + "x", Hints: []string{"grant it", "or not"}})
 		if err != nil || in.State != store.InstallFailed || len(in.Message) > store.MaxInstallMessage ||
-			!strings.HasPrefix(long, in.Message) || len(in.Hints) != 2 || in.Hints[1] != "or not" {
+			!strings.HasPrefix(long, strings.TrimSuffix(in.Message, "…")) || !strings.HasSuffix(in.Message, "…") || len(in.Hints) != 2 || in.Hints[1] != "or not" {
 			t.Fatalf("put failed %+v %v", in, err)
 		}
 		if _, err := s.Installs().Put(ctx, store.Install{Org: "o", RunnerID: "r2", ClusterID: "c2", State: store.InstallInstalling, Namespace: "ns2"}); err != nil {
