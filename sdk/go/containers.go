@@ -212,8 +212,7 @@ const MaxSandboxFileBytes = 256 << 10
 type FileSpec struct {
 	Type     FileType // default FileCompose
 	Contents []byte   // the file itself (at most MaxSandboxFileBytes)
-	// PrimaryService names the primary container; "" lets the server choose (a single
-	// service, or the one nothing depends on).
+	// PrimaryService names the primary container; "" lets the server choose.
 	PrimaryService string
 	// ImageOverrides replace services' images: service → image.
 	ImageOverrides map[string]string
