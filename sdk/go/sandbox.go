@@ -240,7 +240,8 @@ type Info struct {
 	ExpiresAt time.Time
 	// Requests and Limits are the effective resources, defaults included.
 	Requests, Limits Resources
-	// Restarts counts the main command's restarts.
+	// Restarts counts the main command's restarts (with several containers, the most
+	// any container had; Containers has each one's).
 	Restarts  int
 	Endpoints []Published
 	// Egress are the effective egress rules: what the sandbox may reach, defaults
