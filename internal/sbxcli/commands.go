@@ -31,17 +31,43 @@ func (a *app) runCommand() *cobra.Command {
 		mainCmd         string
 	)
 	cmd := &cobra.Command{
-		Use:   "run IMAGE [-- CMD...]",
+		Use:   "run IMAGE [-- CMD...] | run --container name=N,image=I[,…]… [-- CMD...]",
 		Short: "Create a sandbox, wait for it, and run CMD in it",
 		Long: `run creates a sandbox from IMAGE and waits until it runs. With CMD it runs the command
 in the sandbox, streaming its output, and exits with its exit code (127 when it is not
 found, 130 on Ctrl-C); --rm deletes the sandbox afterwards, also on Ctrl-C. Without --rm
 the sandbox keeps running until its lifetime ends (stderr says until when and how to stop
-it), and without CMD its ID goes to stdout.`,
-		Args: cobra.MinimumNArgs(1),
+it), and without CMD its ID goes to stdout.
+
+With --container (repeatable) the sandbox is a group of containers sharing its network
+(they reach each other on localhost) and lifetime; IMAGE and the single-container flags
+(--env, --cpu, --memory, --workdir, --main) then go in each --container instead. The
+primary container (marked primary, else the first) decides the sandbox's outcome and
+runs CMD; a container without command= runs its image's entrypoint.
+
+  sbx run --container name=app,image=busybox,command=sleep,arg=infinity \
+          --container name=web,image=python:3.11,command=python3,arg=-m,arg=http.server,arg=8080 \
+          -- sh -c 'until wget -qO- http://localhost:8080/; do sleep 1; done'`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(spec.Containers) == 0 {
+				return cobra.MinimumNArgs(1)(cmd, args)
+			}
+			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+				return fmt.Errorf("with --container there is no IMAGE argument (give image= in each --container), got %q", args[0])
+			}
+			for _, name := range []string{"env", "cpu", "memory", "workdir", "main"} {
+				if cmd.Flags().Changed(name) {
+					return fmt.Errorf("--%s sets the only container of a single-container sandbox: with --container give it in each (%s)", name, containerKey(name))
+				}
+			}
+			return checkContainers(spec.Containers)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			argv := args[1:]
+			argv, image := args, primaryImage(spec.Containers)
+			if len(spec.Containers) == 0 {
+				argv, image = args[1:], args[0]
+			}
 			if rm && len(argv) == 0 {
 				return errors.New("--rm needs a command to run (sbx run IMAGE --rm -- CMD...)")
 			}
@@ -49,7 +75,9 @@ it), and without CMD its ID goes to stdout.`,
 			if err != nil {
 				return err
 			}
-			spec.Image = args[0]
+			if len(spec.Containers) == 0 {
+				spec.Image = args[0]
+			}
 			spec.Lifetime = lifetime
 			if mainCmd != "" {
 				spec.Command, spec.Args = "/bin/sh", []string{"-c", mainCmd}
@@ -72,7 +100,7 @@ it), and without CMD its ID goes to stdout.`,
 			} else {
 				defer a.keepsRunning(sb)
 			}
-			if err := a.waitWithProgress(ctx, sb, spec.Image); err != nil {
+			if err := a.waitWithProgress(ctx, sb, image); err != nil {
 				return err
 			}
 			if len(argv) == 0 {
@@ -112,8 +140,20 @@ it), and without CMD its ID goes to stdout.`,
 	f.Var(publishFlag{&spec.Publish}, "publish", "publish PORT on the runner's edge: PORT:https, PORT:https:token (callers need the sandbox's share token, printed once, or an API key of the organization) or PORT:tls (passthrough); repeatable")
 	f.Var(egressFlag{&spec.Egress}, "egress", "allow egress to: any, cidr=PREFIX, dns=NAME (HTTPS to NAME or *.DOMAIN) or tenant=same_org|same_user; repeatable (default: the policy's or the platform's, any + tenant=same_org)")
 	f.BoolVar(&spec.DenyEgress, "deny-egress", false, "allow no egress at all (the platform DNS still answers)")
+	f.Var(containerFlag{&spec.Containers}, "container", containerHelp)
 	cmd.MarkFlagsMutuallyExclusive("egress", "deny-egress")
 	return cmd
+}
+
+// containerKey is --container's key for a single-container flag of run.
+func containerKey(flag string) string {
+	switch flag {
+	case "env":
+		return "env=K=V"
+	case "main":
+		return "command=EXE,arg=ARG…"
+	}
+	return flag + "=…"
 }
 
 // keepsRunning tells, on stderr whatever it is, that a sandbox sbx created outlives it,
@@ -350,7 +390,7 @@ func age(t time.Time) string {
 func (a *app) getCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "get ID",
-		Short: "Show a sandbox",
+		Short: "Show a sandbox (with several containers, each one's state, exit code and restarts)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -408,6 +448,12 @@ func (a *app) getCommand() *cobra.Command {
 			if err := tw.Flush(); err != nil {
 				return err
 			}
+			if len(in.Containers) > 1 {
+				_, _ = fmt.Fprintln(a.stdout, "Containers:")
+				if err := printContainers(a.stdout, in.Containers); err != nil {
+					return err
+				}
+			}
 			if len(in.Endpoints) > 0 {
 				_, _ = fmt.Fprintln(a.stdout, "Endpoints:")
 				ew := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
@@ -441,7 +487,7 @@ func (a *app) execCommand() *cobra.Command {
 		env         []string
 	)
 	cmd := &cobra.Command{
-		Use:   "exec ID -- CMD...",
+		Use:   "exec [-c CONTAINER] ID -- CMD...",
 		Short: "Run a command in a sandbox and exit with its code",
 		Long: `exec runs CMD in the sandbox, streaming its output, and exits with its exit code:
 127 when CMD is not found, 126 when it cannot be executed, 130 on Ctrl-C (which ends
@@ -466,6 +512,7 @@ CMD). stdin is forwarded when it is not a terminal, or with -i.`,
 	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin even from a terminal")
 	f.StringVar(&opts.Cwd, "cwd", "", "run in this directory")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	containerFlagVar(cmd, &opts.Container)
 	return cmd
 }
 
@@ -475,8 +522,8 @@ func (a *app) logsCommand() *cobra.Command {
 		since string
 	)
 	cmd := &cobra.Command{
-		Use:   "logs ID",
-		Short: "Print the main command's output",
+		Use:   "logs [-c CONTAINER] ID",
+		Short: "Print the main command's output (of the primary container, or -c's)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if since != "" {
@@ -498,6 +545,7 @@ func (a *app) logsCommand() *cobra.Command {
 	f.IntVar(&opts.Tail, "tail", 0, "only the last N lines")
 	f.BoolVarP(&opts.Timestamps, "timestamps", "t", false, "prefix lines with their time")
 	f.StringVar(&since, "since", "", "only output since a time (RFC 3339) or a duration ago (e.g. 5m)")
+	containerFlagVar(cmd, &opts.Container)
 	return cmd
 }
 

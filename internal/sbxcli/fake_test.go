@@ -37,9 +37,15 @@ type fakeAPI struct {
 	sandboxes map[string]*sandboxv1.Sandbox
 	order     []string
 	execs     [][]string
-	purges    []*sandboxv1.PurgeSandboxesRequest
-	deleted   []string
-	exec      execFunc
+	// execIn is the container of each exec (the request's field, "" = the primary).
+	execIn   []string
+	fromFile []*sandboxv1.CreateSandboxFromFileRequest
+	logReqs  []*sandboxv1.StreamLogsRequest
+	fileReqs []string // "read|write CONTAINER PATH" per unary file call
+	files    map[string][]byte
+	purges   []*sandboxv1.PurgeSandboxesRequest
+	deleted  []string
+	exec     execFunc
 }
 
 func newFake(t *testing.T) *fakeAPI {
@@ -193,6 +199,7 @@ func (f *fakeAPI) StreamExec(ctx context.Context, st *connect.BidiStream[sandbox
 	}
 	f.mu.Lock()
 	f.execs = append(f.execs, init.GetCommand())
+	f.execIn = append(f.execIn, init.GetContainer())
 	play := f.exec
 	f.mu.Unlock()
 
@@ -237,6 +244,71 @@ func (f *fakeAPI) StreamExec(ctx context.Context, st *connect.BidiStream[sandbox
 		}
 	}
 	return send(&sandboxv1.ExecStreamResponse{Message: &sandboxv1.ExecStreamResponse_Exit{Exit: &sandboxv1.ExecStreamExit{ExitCode: code}}})
+}
+
+// CreateSandboxFromFile records the request and creates a two-service sandbox, the
+// primary the requested service (else "app").
+func (f *fakeAPI) CreateSandboxFromFile(_ context.Context, req *connect.Request[sandboxv1.CreateSandboxFromFileRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
+	f.mu.Lock()
+	f.fromFile = append(f.fromFile, req.Msg)
+	id := fmt.Sprintf("sbx-fake-%d", len(f.order)+1)
+	f.mu.Unlock()
+	primary := req.Msg.GetPrimaryService()
+	if primary == "" {
+		primary = "app"
+	}
+	var cs []*sandboxv1.Container
+	for _, name := range []string{"app", "redis"} {
+		c := &sandboxv1.Container{Name: name, Image: name}
+		if name == primary {
+			c.Primary = proto.Bool(true)
+		}
+		cs = append(cs, c)
+	}
+	sb := f.put(&sandboxv1.Sandbox{SandboxId: id, Spec: &sandboxv1.SandboxSpec{Containers: cs, Tags: req.Msg.GetTags()}})
+	return connect.NewResponse(proto.Clone(sb).(*sandboxv1.Sandbox)), nil
+}
+
+func (f *fakeAPI) StreamLogs(_ context.Context, req *connect.Request[sandboxv1.StreamLogsRequest], st *connect.ServerStream[sandboxv1.LogEntry]) error {
+	if _, err := f.get(req.Msg.GetSandboxId()); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.logReqs = append(f.logReqs, req.Msg)
+	f.mu.Unlock()
+	name := req.Msg.GetContainer()
+	if name == "" {
+		name = "the primary"
+	}
+	return st.Send(&sandboxv1.LogEntry{Data: []byte("output of " + name + "\n")})
+}
+
+func (f *fakeAPI) WriteFile(_ context.Context, req *connect.Request[sandboxv1.WriteFileRequest]) (*connect.Response[sandboxv1.WriteFileResponse], error) {
+	if _, err := f.get(req.Msg.GetSandboxId()); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fileReqs = append(f.fileReqs, "write "+req.Msg.GetContainer()+" "+req.Msg.GetPath())
+	if f.files == nil {
+		f.files = map[string][]byte{}
+	}
+	f.files[req.Msg.GetContainer()+":"+req.Msg.GetPath()] = req.Msg.GetContent()
+	return connect.NewResponse(&sandboxv1.WriteFileResponse{}), nil
+}
+
+func (f *fakeAPI) ReadFile(_ context.Context, req *connect.Request[sandboxv1.ReadFileRequest]) (*connect.Response[sandboxv1.ReadFileResponse], error) {
+	if _, err := f.get(req.Msg.GetSandboxId()); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fileReqs = append(f.fileReqs, "read "+req.Msg.GetContainer()+" "+req.Msg.GetPath())
+	data, ok := f.files[req.Msg.GetContainer()+":"+req.Msg.GetPath()]
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: no such file", req.Msg.GetPath()))
+	}
+	return connect.NewResponse(&sandboxv1.ReadFileResponse{Content: data}), nil
 }
 
 type writerFunc func([]byte) (int, error)

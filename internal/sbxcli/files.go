@@ -14,8 +14,11 @@ import (
 )
 
 func (a *app) filesCommand() *cobra.Command {
-	files := &cobra.Command{Use: "files", Short: "Read, write, list, copy and remove files in a sandbox"}
-	files.AddCommand(&cobra.Command{
+	files := &cobra.Command{Use: "files", Short: "Read, write, list, copy and remove files in a sandbox",
+		Long: `files reads, writes, lists, copies and removes files in a sandbox: in its primary
+container, or with -c NAME (every subcommand takes it) in the container NAME.`}
+	var readContainer, writeContainer string
+	read := &cobra.Command{
 		Use:   "read ID PATH",
 		Short: "Write a sandbox file to stdout",
 		Args:  cobra.ExactArgs(2),
@@ -24,14 +27,15 @@ func (a *app) filesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			data, err := c.Sandbox(args[0]).ReadFile(cmd.Context(), args[1])
+			data, err := c.Sandbox(args[0]).InContainer(readContainer).ReadFile(cmd.Context(), args[1])
 			if err != nil {
 				return err
 			}
 			_, err = a.stdout.Write(data)
 			return err
 		},
-	}, &cobra.Command{
+	}
+	write := &cobra.Command{
 		Use:   "write ID PATH [LOCAL]",
 		Short: "Write stdin (or the local file LOCAL) to a sandbox file",
 		Args:  cobra.RangeArgs(2, 3),
@@ -53,34 +57,42 @@ func (a *app) filesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return c.Sandbox(args[0]).WriteFile(cmd.Context(), args[1], data)
+			return c.Sandbox(args[0]).InContainer(writeContainer).WriteFile(cmd.Context(), args[1], data)
 		},
-	}, a.lsFilesCommand(), a.rmFilesCommand(), a.mkdirCommand(), a.cpCommand())
+	}
+	containerFlagVar(read, &readContainer)
+	containerFlagVar(write, &writeContainer)
+	files.AddCommand(read, write, a.lsFilesCommand(), a.rmFilesCommand(), a.mkdirCommand(), a.cpCommand())
 	return files
 }
 
-// inSandbox runs argv in sandbox id with sbx's stdout and stderr and exits with its code.
-func (a *app) inSandbox(cmd *cobra.Command, id string, argv ...string) error {
+// inSandbox runs argv in container of sandbox id ("" = the primary) with sbx's stdout
+// and stderr and exits with its code.
+func (a *app) inSandbox(cmd *cobra.Command, id, container string, argv ...string) error {
 	c, err := a.client()
 	if err != nil {
 		return err
 	}
-	return a.execResult(c.Sandbox(id).Exec(cmd.Context(), argv, sandbox.ExecOptions{Stdout: a.stdout, Stderr: a.stderr}))
+	return a.execResult(c.Sandbox(id).Exec(cmd.Context(), argv, sandbox.ExecOptions{Stdout: a.stdout, Stderr: a.stderr, Container: container}))
 }
 
 func (a *app) lsFilesCommand() *cobra.Command {
-	return &cobra.Command{
+	var container string
+	cmd := &cobra.Command{
 		Use:   "ls ID [PATH...]",
 		Short: "List files in a sandbox (ls -lAh; default the working directory)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.inSandbox(cmd, args[0], append([]string{"ls", "-lAh", "--"}, args[1:]...)...)
+			return a.inSandbox(cmd, args[0], container, append([]string{"ls", "-lAh", "--"}, args[1:]...)...)
 		},
 	}
+	containerFlagVar(cmd, &container)
+	return cmd
 }
 
 func (a *app) rmFilesCommand() *cobra.Command {
 	var recursive, force bool
+	var container string
 	cmd := &cobra.Command{
 		Use:   "rm ID PATH...",
 		Short: "Remove files (with -r directories) in a sandbox",
@@ -93,16 +105,18 @@ func (a *app) rmFilesCommand() *cobra.Command {
 			if force {
 				argv = append(argv, "-f")
 			}
-			return a.inSandbox(cmd, args[0], append(append(argv, "--"), args[1:]...)...)
+			return a.inSandbox(cmd, args[0], container, append(append(argv, "--"), args[1:]...)...)
 		},
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents")
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "ignore missing files")
+	containerFlagVar(cmd, &container)
 	return cmd
 }
 
 func (a *app) mkdirCommand() *cobra.Command {
 	var parents bool
+	var container string
 	cmd := &cobra.Command{
 		Use:   "mkdir ID PATH...",
 		Short: "Create directories in a sandbox",
@@ -112,16 +126,17 @@ func (a *app) mkdirCommand() *cobra.Command {
 			if parents {
 				argv = append(argv, "-p")
 			}
-			return a.inSandbox(cmd, args[0], append(append(argv, "--"), args[1:]...)...)
+			return a.inSandbox(cmd, args[0], container, append(append(argv, "--"), args[1:]...)...)
 		},
 	}
 	cmd.Flags().BoolVarP(&parents, "parents", "p", false, "create parent directories as needed, no error if it exists")
+	containerFlagVar(cmd, &container)
 	return cmd
 }
 
 // cpCommand is `sbx cp` and `sbx files cp`.
 func (a *app) cpCommand() *cobra.Command {
-	var maxSize string
+	var maxSize, container string
 	var lim copyLimits
 	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
@@ -138,7 +153,8 @@ lose setuid, setgid and sticky bits, ownership is yours, and --max-size and --ma
 bound what is written.
 
   sbx cp ./project ID:/work          # /work/project, or /work if it does not exist
-  sbx cp ID:/work/out ./out          # the sandbox's /work/out as ./out`,
+  sbx cp ID:/work/out ./out          # the sandbox's /work/out as ./out
+  sbx cp -c cache ID:/data ./data    # from the container cache (default: the primary)`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := quantity.ParseMemory(maxSize)
@@ -156,14 +172,15 @@ bound what is written.
 				return err
 			}
 			if srcRemote {
-				return a.download(cmd.Context(), c.Sandbox(srcID), srcPath, dstPath, lim)
+				return a.download(cmd.Context(), c.Sandbox(srcID).InContainer(container), srcPath, dstPath, lim)
 			}
-			return a.upload(cmd.Context(), c.Sandbox(dstID), srcPath, dstPath)
+			return a.upload(cmd.Context(), c.Sandbox(dstID).InContainer(container), srcPath, dstPath)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&maxSize, "max-size", "1Gi", "copying from a sandbox: fail beyond this many bytes of file content")
 	f.IntVar(&lim.files, "max-files", 100000, "copying from a sandbox: fail beyond this many entries")
+	containerFlagVar(cmd, &container)
 	return cmd
 }
 

@@ -12,9 +12,9 @@ import (
 )
 
 func (a *app) shCommand() *cobra.Command {
-	var shell string
+	var shell, container string
 	cmd := &cobra.Command{
-		Use:   "sh ID",
+		Use:   "sh [-c CONTAINER] ID",
 		Short: "Open an interactive shell in a sandbox",
 		Long: `sh opens an interactive shell on a pseudo-terminal in the sandbox: bash when the image
 has it, else /bin/sh (--cmd picks another). The local terminal is in raw mode while it
@@ -26,7 +26,7 @@ stdin the shell reads commands from stdin instead.`,
 			if err != nil {
 				return err
 			}
-			sb := c.Sandbox(args[0])
+			sb := c.Sandbox(args[0]).InContainer(container)
 			argv := []string{shell}
 			if shell == "" {
 				argv = autoShell
@@ -76,6 +76,7 @@ stdin the shell reads commands from stdin instead.`,
 		},
 	}
 	cmd.Flags().StringVar(&shell, "cmd", "", "shell to run (default bash when the image has it, else /bin/sh)")
+	containerFlagVar(cmd, &container)
 	return cmd
 }
 

@@ -9,6 +9,16 @@
 //	err = sb.Wait(ctx)
 //	out, _, code, err := sb.Run(ctx, []string{"python", "-c", "print(2+2)"})
 //	err = sb.Stop(ctx, 10*time.Second)
+//
+// A sandbox may hold several containers (Spec.Containers, or a Compose file with
+// CreateFromFile); exec, files and logs go to the primary unless InContainer or an
+// option's Container names another, and Info.Containers reports each one's state:
+//
+//	sb, err := c.Create(ctx, sandbox.Spec{Containers: []sandbox.Container{
+//		{Name: "app", Image: "busybox", Command: "sleep", Args: []string{"infinity"}},
+//		{Name: "cache", Image: "redis:7", StartupProbe: &sandbox.Probe{Exec: []string{"redis-cli", "ping"}}},
+//	}})
+//	out, _, code, err := sb.InContainer("cache").Run(ctx, []string{"redis-cli", "ping"})
 package sandbox
 
 import (

@@ -58,6 +58,7 @@ const (
 // dataClient is what exec, logs and files need: both the gateway's SandboxService and a
 // runner's SandboxDataPlaneService offer it, with the same messages.
 type dataClient interface {
+	Exec(context.Context, *connect.Request[sandboxv1.ExecRequest]) (*connect.Response[sandboxv1.ExecResponse], error)
 	StreamExec(context.Context) *connect.BidiStreamForClient[sandboxv1.ExecStreamRequest, sandboxv1.ExecStreamResponse]
 	StreamLogs(context.Context, *connect.Request[sandboxv1.StreamLogsRequest]) (*connect.ServerStreamForClient[sandboxv1.LogEntry], error)
 	WriteFile(context.Context, *connect.Request[sandboxv1.WriteFileRequest]) (*connect.Response[sandboxv1.WriteFileResponse], error)

@@ -32,6 +32,9 @@ type ExecOptions struct {
 	// ReadyTimeout bounds the wait for the server's ready message before stdin is sent
 	// (default 60 s; stdin is sent anyway after it).
 	ReadyTimeout time.Duration
+	// Container runs the command in this container of a multi-container sandbox
+	// (default: the handle's, see InContainer; else the primary).
+	Container string
 }
 
 // Exec runs argv in the sandbox over StreamExec, streaming output as it arrives, and
@@ -63,7 +66,8 @@ func (s *Sandbox) Exec(ctx context.Context, argv []string, opts ExecOptions) (in
 		defer sendMu.Unlock()
 		return stream.Send(m)
 	}
-	init := &sandboxv1.ExecStreamInit{SandboxId: s.id, Command: argv, Env: opts.Env, Tty: opts.TTY, TtyWidth: opts.Width, TtyHeight: opts.Height}
+	init := &sandboxv1.ExecStreamInit{SandboxId: s.id, Command: argv, Env: opts.Env, Tty: opts.TTY, TtyWidth: opts.Width, TtyHeight: opts.Height,
+		Container: s.target(opts.Container)}
 	if err := send(&sandboxv1.ExecStreamRequest{Message: &sandboxv1.ExecStreamRequest_Init{Init: init}}); err != nil && !errors.Is(err, io.EOF) {
 		return -1, fromRPC(err)
 	}
@@ -174,6 +178,50 @@ func (s *Sandbox) pump(ctx context.Context, send func(*sandboxv1.ExecStreamReque
 	}
 	wg.Wait()
 	_ = closeRequest()
+}
+
+// UnaryExecOptions configure ExecUnary.
+type UnaryExecOptions struct {
+	Env map[string]string
+	// MaxOutputBytes caps each of stdout and stderr; 0 = the server's default.
+	MaxOutputBytes int32
+	// Container runs the command in this container (default: the handle's, else the
+	// primary).
+	Container string
+}
+
+// ExecResult is what ExecUnary returns: the output (cut at the cap) and the exit code.
+type ExecResult struct {
+	Stdout, Stderr                   []byte
+	ExitCode                         int
+	StdoutTruncated, StderrTruncated bool
+	// StdoutBytes and StderrBytes count all output produced, including what was cut.
+	StdoutBytes, StderrBytes int64
+}
+
+// ExecUnary runs argv by the unary Exec call: no stdin, output collected by the server
+// up to a cap and returned at once. It waits for the sandbox to run first. Exec streams
+// instead and has no cap.
+func (s *Sandbox) ExecUnary(ctx context.Context, argv []string, opts UnaryExecOptions) (ExecResult, error) {
+	if len(argv) == 0 {
+		return ExecResult{ExitCode: -1}, errors.New("sandbox: exec needs a command")
+	}
+	if err := s.ensureRunning(ctx); err != nil {
+		return ExecResult{ExitCode: -1}, err
+	}
+	dc, err := s.data(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_EXEC)
+	if err != nil {
+		return ExecResult{ExitCode: -1}, err
+	}
+	res, err := dc.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: s.id, Command: argv, Env: opts.Env,
+		MaxOutputBytes: opts.MaxOutputBytes, Container: s.target(opts.Container)}))
+	if err != nil {
+		return ExecResult{ExitCode: -1}, fromRPC(err)
+	}
+	m := res.Msg
+	return ExecResult{Stdout: m.GetStdout(), Stderr: m.GetStderr(), ExitCode: int(m.GetExitCode()),
+		StdoutTruncated: m.GetStdoutTruncated(), StderrTruncated: m.GetStderrTruncated(),
+		StdoutBytes: m.GetStdoutBytesProduced(), StderrBytes: m.GetStderrBytesProduced()}, nil
 }
 
 // Run runs argv and returns its collected output and exit code.

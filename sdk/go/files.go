@@ -22,7 +22,8 @@ func (s *Sandbox) unaryCap() int64 {
 	return MaxUnaryFileBytes
 }
 
-// WriteFile creates or overwrites path (parent directories included) with data. Up to
+// WriteFile creates or overwrites path (parent directories included) with data, in the
+// handle's container (see InContainer; default the primary). Up to
 // 32 MiB go by unary WriteFile; larger files, or a server that refuses the size, are
 // streamed through exec (`cat` into the file, size checked), like the official client.
 func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte) error {
@@ -38,7 +39,7 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte) error
 			return err
 		}
 		cctx, cancel := withTimeout(ctx, fileTimeout)
-		_, err = dc.WriteFile(cctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: s.id, Path: path, Content: data}))
+		_, err = dc.WriteFile(cctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: s.id, Path: path, Content: data, Container: s.container}))
 		cancel()
 		err = fromRPC(err)
 		if err == nil || !s.noteTooLarge(err, false) {
@@ -48,7 +49,8 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte) error
 	return s.streamWrite(ctx, path, data)
 }
 
-// ReadFile returns the content of path. Files beyond the unary cap are streamed
+// ReadFile returns the content of path in the handle's container (see InContainer;
+// default the primary). Files beyond the unary cap are streamed
 // through exec (`cat`) when the server reports their size.
 func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 	if err := s.ensureRunning(ctx); err != nil {
@@ -59,7 +61,7 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 		return nil, err
 	}
 	cctx, cancel := withTimeout(ctx, fileTimeout)
-	res, err := dc.ReadFile(cctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: s.id, Path: path}))
+	res, err := dc.ReadFile(cctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: s.id, Path: path, Container: s.container}))
 	cancel()
 	if err == nil {
 		return res.Msg.GetContent(), nil

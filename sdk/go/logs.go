@@ -19,13 +19,17 @@ type LogOptions struct {
 	Tail       int       // only the last Tail lines (0 = all)
 	Since      time.Time // only output after this time
 	Timestamps bool      // prefix every line with its ISO-8601 time
+	// Container is whose output to stream in a multi-container sandbox (default: the
+	// handle's, see InContainer; else the primary's).
+	Container string
 }
 
 // Logs writes the main command's output (stdout and stderr in the order written, not
-// exec output) to w. Without Follow it returns after what has been written so far. A
-// followed stream that breaks is resumed where it stopped, up to three times. The log
-// outlives the sandbox: an ended sandbox's log is there for the runner's retention
-// window (and a follow ends at its end).
+// exec output) to w: the output of the container opts or the handle names, else the
+// primary's. Without Follow it returns after what has been written so far. A followed
+// stream that breaks is resumed where it stopped, up to three times. The log outlives
+// the sandbox: an ended sandbox's log is there for the runner's retention window (and a
+// follow ends at its end).
 func (s *Sandbox) Logs(ctx context.Context, opts LogOptions, w io.Writer) error {
 	if st := s.Proto().GetStatus(); st == nil || State(st.GetState()) == StateCreating || State(st.GetState()) == StatePending {
 		var serr *StateError
@@ -33,7 +37,8 @@ func (s *Sandbox) Logs(ctx context.Context, opts LogOptions, w io.Writer) error 
 			return err
 		}
 	}
-	req := &sandboxv1.StreamLogsRequest{SandboxId: s.id, Follow: opts.Follow, TailLines: int32(opts.Tail), Timestamps: opts.Timestamps}
+	container := s.target(opts.Container)
+	req := &sandboxv1.StreamLogsRequest{SandboxId: s.id, Follow: opts.Follow, TailLines: int32(opts.Tail), Timestamps: opts.Timestamps, Container: container}
 	if !opts.Since.IsZero() {
 		req.SinceTime = timestamppb.New(opts.Since)
 	}
@@ -54,7 +59,7 @@ func (s *Sandbox) Logs(ctx context.Context, opts LogOptions, w io.Writer) error 
 			return err
 		}
 		delay = min(delay*2, 4*time.Second)
-		req = &sandboxv1.StreamLogsRequest{SandboxId: s.id, Follow: true, ResumeLogSessionId: session, ResumeLogOffset: offset}
+		req = &sandboxv1.StreamLogsRequest{SandboxId: s.id, Follow: true, ResumeLogSessionId: session, ResumeLogOffset: offset, Container: container}
 	}
 }
 

@@ -66,8 +66,13 @@ const (
 // DefaultArgs keep the default command running until SIGTERM.
 var DefaultArgs = []string{"-c", `trap "exit 0" TERM INT; sleep infinity & wait`}
 
-// Spec describes a sandbox with one container.
+// Spec describes a sandbox: one container (Image, Command … Memory) or, with
+// Containers, several.
 type Spec struct {
+	// Containers, when set, are the sandbox's containers (the primary first or marked
+	// Primary) and the single-container fields below, Image to Memory, must be empty.
+	Containers []Container
+
 	Image string // default DefaultImage
 	// Command is the executable (one string); Args its arguments. Both empty run
 	// DefaultCommand with DefaultArgs; Command empty with Args runs the image entrypoint.
@@ -128,8 +133,40 @@ const (
 // Resources are Kubernetes quantities ("500m", "1Gi"); "" is not set.
 type Resources struct{ CPU, Memory string }
 
-// Proto returns the wire spec Create sends.
+// Proto returns the wire spec Create sends. With Containers the primary is marked
+// explicitly (the one marked Primary, else the first).
 func (s Spec) Proto() *sandboxv1.SandboxSpec {
+	sp := &sandboxv1.SandboxSpec{Tags: s.Tags, RunnerIds: s.RunnerIDs, Annotations: s.Annotations}
+	if len(s.Containers) > 0 {
+		prim := primaryIndex(s.Containers, func(c Container) bool { return c.Primary })
+		for i, c := range s.Containers {
+			sp.Containers = append(sp.Containers, c.proto(i == prim))
+		}
+	} else {
+		sp.Containers = []*sandboxv1.Container{s.mainContainer()}
+	}
+	for _, e := range s.Publish {
+		ep := &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS, RequestTimeoutSeconds: int32(e.Timeout / time.Second)}
+		if e.Kind == TLSPassthrough {
+			ep.Kind = sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH
+		}
+		if e.Token {
+			ep.Auth = sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN
+		}
+		sp.Services = append(sp.Services, &sandboxv1.Service{Port: int32(e.Port), Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC, Endpoint: ep})
+	}
+	sp.Network = networkOptions(s.Egress, s.DenyEgress)
+	if s.Lifetime > 0 {
+		sp.MaxLifetimeSeconds = int32(min(math.Ceil(s.Lifetime.Seconds()), math.MaxInt32))
+	}
+	if len(s.RunnerIDs) > 0 {
+		sp.Mode = sandboxv1.SandboxMode_SANDBOX_MODE_CKS
+	}
+	return sp
+}
+
+// mainContainer is the only container of a single-container Spec.
+func (s Spec) mainContainer() *sandboxv1.Container {
 	c := &sandboxv1.Container{
 		Name:                 "main",
 		Image:                s.Image,
@@ -147,35 +184,20 @@ func (s Spec) Proto() *sandboxv1.SandboxSpec {
 	for _, p := range sortedKeys(s.Files) {
 		c.Files = append(c.Files, &sandboxv1.FileMount{Path: p, Content: s.Files[p]})
 	}
-	if s.CPU != "" || s.Memory != "" {
-		r := func() *sandboxv1.Resources { return &sandboxv1.Resources{Cpu: s.CPU, Memory: s.Memory} }
-		c.ResourceRequirements = &sandboxv1.ResourceRequirements{Requests: r(), Limits: r()}
+	c.ResourceRequirements = requirements(s.CPU, s.Memory)
+	return c
+}
+
+// networkOptions is the wire form of Egress and DenyEgress (nil for the default).
+func networkOptions(egress []EgressRule, deny bool) *sandboxv1.NetworkOptions {
+	if len(egress) == 0 && !deny {
+		return nil
 	}
-	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{c}, Tags: s.Tags, RunnerIds: s.RunnerIDs, Annotations: s.Annotations}
-	for _, e := range s.Publish {
-		ep := &sandboxv1.EndpointSpec{Kind: sandboxv1.EndpointKind_ENDPOINT_KIND_HTTPS, RequestTimeoutSeconds: int32(e.Timeout / time.Second)}
-		if e.Kind == TLSPassthrough {
-			ep.Kind = sandboxv1.EndpointKind_ENDPOINT_KIND_TLS_PASSTHROUGH
-		}
-		if e.Token {
-			ep.Auth = sandboxv1.EndpointAuth_ENDPOINT_AUTH_SHARE_TOKEN
-		}
-		sp.Services = append(sp.Services, &sandboxv1.Service{Port: int32(e.Port), Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC, Endpoint: ep})
+	n := &sandboxv1.NetworkOptions{Egress: egressToProto(egress)}
+	if deny {
+		n.DenyEgress = &deny
 	}
-	if len(s.Egress) > 0 || s.DenyEgress {
-		sp.Network = &sandboxv1.NetworkOptions{Egress: egressToProto(s.Egress)}
-		if s.DenyEgress {
-			deny := true
-			sp.Network.DenyEgress = &deny
-		}
-	}
-	if s.Lifetime > 0 {
-		sp.MaxLifetimeSeconds = int32(min(math.Ceil(s.Lifetime.Seconds()), math.MaxInt32))
-	}
-	if len(s.RunnerIDs) > 0 {
-		sp.Mode = sandboxv1.SandboxMode_SANDBOX_MODE_CKS
-	}
-	return sp
+	return n
 }
 
 // Sandbox is a client-side handle on one sandbox with the status last seen. Its
@@ -187,6 +209,9 @@ type Sandbox struct {
 	mu      sync.Mutex
 	proto   *sandboxv1.Sandbox
 	fileCap atomic.Int64 // the server's unary file cap, once reported
+	// container is where exec, files and logs go by default ("" = the primary); see
+	// InContainer.
+	container string
 	// shareToken is the create response's endpoint share token: Get and List never
 	// return it, so a refresh must not lose it.
 	shareToken string
@@ -204,7 +229,7 @@ type Info struct {
 	Reason    string // why it is in this state (e.g. the pull error of a FAILED sandbox)
 	ExitCode  *int   // the main command's, once it exited
 	RunnerID  string
-	Image     string
+	Image     string // the primary container's
 	Tags      []string
 	CreatedAt time.Time
 	StartedAt time.Time
@@ -215,12 +240,16 @@ type Info struct {
 	ExpiresAt time.Time
 	// Requests and Limits are the effective resources, defaults included.
 	Requests, Limits Resources
-	// Restarts counts the main command's restarts.
+	// Restarts counts the main command's restarts (with several containers, the most
+	// any container had; Containers has each one's).
 	Restarts  int
 	Endpoints []Published
 	// Egress are the effective egress rules: what the sandbox may reach, defaults
 	// included (none under deny_egress).
 	Egress []EgressRule
+	// Containers are the sandbox's containers, the spec's order, with their status once
+	// the server reports it (a single-container sandbox has one).
+	Containers []ContainerInfo
 }
 
 // ID is the sandbox's ID.
@@ -246,8 +275,9 @@ func (s *Sandbox) Info() Info {
 		Egress: egressFromProto(st.GetEffectiveEgress()),
 	}
 	if cs := p.GetSpec().GetContainers(); len(cs) > 0 {
-		in.Image = cs[0].GetImage()
+		in.Image = cs[primaryIndex(cs, (*sandboxv1.Container).GetPrimary)].GetImage()
 	}
+	in.Containers = containerInfos(p)
 	if st != nil && st.ExitCode != nil {
 		c := int(st.GetExitCode())
 		in.ExitCode = &c
@@ -323,6 +353,9 @@ func (c *Client) Sandbox(id string) *Sandbox {
 // to run. Transient failures are retried with the same request ID, so a retry never
 // creates a second sandbox.
 func (c *Client) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
+	if err := spec.validateContainers(); err != nil {
+		return nil, err
+	}
 	return c.CreateProto(ctx, spec.Proto())
 }
 
