@@ -297,7 +297,7 @@ func checkNoLeaks(t testing.TB, state, id string) {
 		if e.Name() == dirRootfs {
 			sub, _ := os.ReadDir(filepath.Join(state, dirRootfs))
 			for _, s := range sub {
-				if id == "" || s.Name() == id {
+				if id == "" || s.Name() == id || strings.HasPrefix(s.Name(), id+".") {
 					t.Errorf("leaked root filesystem mount point %s", s.Name())
 				}
 			}
