@@ -31,7 +31,7 @@ func TestConformance(t *testing.T) {
 			}
 			runtimetest.Run(t, conformanceBackends(), runtimetest.Options{
 				SecondImage: second,
-				Image: "busybox", ImagePath: "PATH=/bin", WorkDirImage: "workdir", WorkDir: "/root", MissingImage: "nope",
+				Image:       "busybox", ImagePath: "PATH=/bin", WorkDirImage: "workdir", WorkDir: "/root", MissingImage: "nope",
 				RuntimeClass: class, StopLatency: 800 * time.Millisecond,
 				Destroyed: func(t *testing.T, b runtime.Backend, id string) { checkNoLeaks(t, b.(*Backend).cfg.StateDir, id) },
 			})
