@@ -135,6 +135,8 @@ var (
 	_ runtime.LogDirProvider     = (*Backend)(nil)
 	_ runtime.OOMCounter         = (*Backend)(nil)
 	_ runtime.RuntimeClassLister = (*Backend)(nil)
+
+	_ runtime.ContainerStatusReporter = (*Backend)(nil)
 )
 
 // sandbox is a container this Backend tracks.
@@ -353,10 +355,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if err != nil {
 		return runtime.Info{}, err
 	}
-	if sec := spec.Security; sec != nil && b.ids != nil && !rt.gvisor {
-		for _, v := range []*uint32{sec.RunAsUser, sec.RunAsGroup} {
-			if v != nil && *v >= idRangeSize {
-				return runtime.Info{}, fmt.Errorf("%w: user and group IDs must be below %d (the IDs a sandbox's user namespace maps), got %d", runtime.ErrInvalidSpec, idRangeSize, *v)
+	for _, c := range spec.AllContainers() {
+		if sec := c.Security; sec != nil && b.ids != nil && !rt.gvisor {
+			for _, v := range []*uint32{sec.RunAsUser, sec.RunAsGroup} {
+				if v != nil && *v >= idRangeSize {
+					return runtime.Info{}, fmt.Errorf("%w: user and group IDs must be below %d (the IDs a sandbox's user namespace maps), got %d", runtime.ErrInvalidSpec, idRangeSize, *v)
+				}
 			}
 		}
 	}
