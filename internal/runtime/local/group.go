@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 )
 
 // Multi-container sandboxes (a runtime.Spec with sidecars or init containers) run as a
@@ -193,8 +194,8 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 	}
 	b.step("members", t)
 	failpoint.Hit("local.group.members")
-	if err := runStartSeq(ctx, spec, &groupOps{b: b, s: s}); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
+	if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err) // a *startseq.Failure names the container
 	}
 	b.step("started", t)
 	return nil
@@ -511,3 +512,5 @@ func addHostAliases(path string, names []string) error {
 	}
 	return err
 }
+
+var _ startseq.Ops = (*groupOps)(nil)
