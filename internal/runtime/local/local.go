@@ -1,6 +1,8 @@
 // Package local is the single-host backend: one OCI container per sandbox, started with an
 // OCI runtime CLI (runc by default) over a per-sandbox overlayfs root, with sandbox-agent
-// as PID 1 listening on a unix socket the backend creates on the host.
+// as PID 1 listening on a unix socket the backend creates on the host. A multi-container
+// sandbox (sidecars, init containers) is a group of such containers sharing the
+// primary's network, UTS and user namespaces, under runc only (group.go).
 //
 // Runtime classes: "runc" (the default) and "gvisor" (runsc on the systrap platform,
 // offered when FindRunsc finds a static runsc; scripts/build-runsc.sh builds it). The
