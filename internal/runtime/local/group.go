@@ -421,18 +421,23 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 	if err != nil {
 		return nil, err
 	}
-	if err := waitReady(ctx, s); err != nil {
-		return nil, err
-	}
 	if !s.spec.Multi() {
 		return nil, nil
 	}
+	// Not waiting for Create: while init containers run, the others show as waiting.
+	b.mu.Lock()
+	byName := map[string]*sandbox{s.spec.ContainerName(): s}
+	for _, m := range s.members {
+		byName[m.name] = m
+	}
+	b.mu.Unlock()
 	var out []runtime.ContainerStatus
 	for _, c := range s.spec.AllContainers() {
 		_, init := s.spec.Find(c.Name)
 		cs := runtime.ContainerStatus{Name: c.ContainerName(), Init: init, State: runtime.ContainerWaiting}
-		m := s.container(c.ContainerName())
+		m := byName[c.ContainerName()]
 		if m == nil {
+			out = append(out, runtime.ContainerStatus{Name: cs.Name, Init: init, State: runtime.ContainerWaiting, Reason: "ContainerCreating"})
 			continue
 		}
 		ended := false
