@@ -39,8 +39,10 @@ import (
 //     cgroup v2 requires of a cgroup with children that have controllers.
 //   - Namespaces: the members join the primary's network and UTS namespaces (they reach
 //     each other on localhost and share the hostname) and, with user namespaces, its user
-//     namespace (the same mapped IDs: shared files keep their owners, and ports below 1024
-//     work in a network namespace that user namespace owns). PID, mount, IPC and cgroup
+//     namespace when that one owns the network namespace (no host network: ports below
+//     1024 work there), else a user namespace of their own with the same mapping (the
+//     network's namespace is the host's, which a joined user namespace could not
+//     enter). Either way the same IDs own the shared files. PID, mount, IPC and cgroup
 //     namespaces are each container's own.
 //   - Volumes are made once, by the primary, and bind-mounted into every container that
 //     lists them; /etc/hosts of every container maps spec.HostAliases to 127.0.0.1.
@@ -159,7 +161,11 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 	ns := func(kind string) string { return "/proc/" + strconv.Itoa(s.info.Pid) + "/ns/" + kind }
 	join := &joinParams{netns: ns("net"), utsns: ns("uts"), userns: ns("user"), att: att, volumes: s.volumeRoots}
 	if att != nil && att.NetNSPath != "" {
-		join.netns = att.NetNSPath
+		// The host's network namespace belongs to the host's user namespace: a process
+		// in the primary's user namespace may not enter it (runc joins the user
+		// namespace first). The member gets a user namespace of its own with the same
+		// mapping instead: the same IDs own the shared files, as for the primary.
+		join.netns, join.userns = att.NetNSPath, ""
 	}
 	if ids, ok, _ := readIDRange(s.dir); ok && b.ids != nil {
 		join.ids = &ids
@@ -197,6 +203,11 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 	if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err) // a *startseq.Failure names the container
 	}
+	failpoint.Hit("local.group.started")
+	if err := writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info); err != nil {
+		return err
+	}
+	failpoint.Hit("local.group.info")
 	b.step("started", t)
 	return nil
 }

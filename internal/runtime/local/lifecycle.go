@@ -213,6 +213,9 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	s.rt = rt
+	if s.spec.Multi() {
+		s.cgroup = id + "/" + s.spec.ContainerName() // see group.go
+	}
 	if err := readJSON(filepath.Join(dir, fileInfo), &s.info); err != nil {
 		// Create never finished: there is no container to wait for.
 		s.info.RuntimeClass = rt.class
@@ -223,7 +226,9 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 	}
 	s.ident = s.info.Agent
 	s.cpus = s.info.CPUs
-	s.cgroup = s.info.Cgroup
+	if s.info.Cgroup != "" {
+		s.cgroup = s.info.Cgroup
+	}
 	if s.spec.Multi() {
 		if err := b.loadMembers(s, states); err != nil {
 			return nil, err

@@ -771,6 +771,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		b.step("agent", t)
 	}
 	failpoint.Hit("local.create.proc")
+	if s.held != nil && !s.member {
+		// A group's primary: info.json, which makes a restarted backend adopt the sandbox
+		// as live, waits until its start sequence has finished (createGroup).
+		b.step("finish", t)
+		return img, att, nil
+	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &s.info); err != nil {
 		return nil, nil, err // teardown kills the container and closes the pidfd
 	}
