@@ -1,12 +1,15 @@
 package local
 
 import (
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
+	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
 // TestConformance runs the backend contract (runtimetest.Run) on runc, and on gVisor
@@ -21,8 +24,14 @@ func TestConformance(t *testing.T) {
 			if class == GVisorClass {
 				gvisorEnv(t) // skips without runsc
 			}
+			var second string
+			if _, err := os.Stat(filepath.Join(testimage.Dir(), "python.tar")); err == nil && class == "" {
+				needPython(t) // the group tests' second image (gVisor runs no groups here)
+				second = "python"
+			}
 			runtimetest.Run(t, conformanceBackends(), runtimetest.Options{
-				Image: "busybox", ImagePath: "PATH=/bin", WorkDirImage: "workdir", WorkDir: "/root", MissingImage: "nope",
+				SecondImage: second,
+				Image:       "busybox", ImagePath: "PATH=/bin", WorkDirImage: "workdir", WorkDir: "/root", MissingImage: "nope",
 				RuntimeClass: class, StopLatency: 800 * time.Millisecond,
 				Destroyed: func(t *testing.T, b runtime.Backend, id string) { checkNoLeaks(t, b.(*Backend).cfg.StateDir, id) },
 			})

@@ -154,11 +154,18 @@ func TestCrashRecovery(t *testing.T) {
 		Meta: map[string]string{runtime.MetaOrg: "org-a"}}
 	withVols := base
 	withVols.Volumes, withVols.VolumeMounts = vols, mounts
+	// A group (group.go): an init container and a sidecar, sharing the volumes.
+	group := withVols.Clone()
+	group.Name = "app"
+	group.InitContainers = []runtime.Container{{Name: "init", Image: "busybox", Command: "true", VolumeMounts: mounts[:1]}}
+	group.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sleep", Args: []string{"600"}, VolumeMounts: mounts}}
 	cases := []crashCase{
 		{Name: "create", Spec: withVols, Network: true, Disk: 64 << 20},
 		{Name: "create-nodisk", Spec: base},
 		{Name: "claim", Spec: base, Network: true, Disk: 64 << 20, Pool: true},
 		{Name: "destroy", Spec: withVols, Network: true, Disk: 64 << 20, Destroy: true},
+		{Name: "group", Spec: group, Network: true, Disk: 64 << 20},
+		{Name: "group-destroy", Spec: group, Network: true, Disk: 64 << 20, Destroy: true},
 	}
 	if FindRunsc() != "" {
 		g := base

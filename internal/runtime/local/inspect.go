@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 
@@ -14,7 +15,14 @@ func (b *Backend) LogDir(id, container string) string {
 	if !validID(id) {
 		return ""
 	}
-	return filepath.Join(shownDir(b.dir(id)), dirRun, agentconfig.LogsDir)
+	dir := b.dir(id)
+	if container != "" && validID(container) {
+		// A group's member (see group.go); the primary's name has no dir there.
+		if fi, err := os.Lstat(memberDir(dir, container)); err == nil && fi.IsDir() {
+			dir = memberDir(dir, container)
+		}
+	}
+	return filepath.Join(shownDir(dir), dirRun, agentconfig.LogsDir)
 }
 
 // SandboxDir returns the host dir of sandbox id (its files, disk image and mount points),

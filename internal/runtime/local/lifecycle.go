@@ -37,6 +37,10 @@ func (b *Backend) watch(s *sandbox, lost string) {
 			b.log.Warn("record exit", "sandbox", s.id, "err", err)
 		}
 	}
+	if len(s.members) > 0 {
+		// The primary's exit ends a group: its other containers stop before Wait returns.
+		b.stopMembers(context.Background(), s, memberGrace)
+	}
 	s.exit = ex
 	close(s.done)
 }
@@ -46,7 +50,7 @@ func (b *Backend) watch(s *sandbox, lost string) {
 // the agent left no final status (it was killed, or the container vanished).
 func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
-	oom, _ := b.oomKills(s.cid)
+	oom, _ := b.oomKills(s.cgroupRel())
 	st, _ := readStatus(s.dir)
 	final := false
 	if st != nil {
@@ -100,6 +104,21 @@ func (b *Backend) OOMKills(id string) (int, error) {
 	if !validID(id) {
 		return 0, fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
 	}
+	b.mu.Lock()
+	s := b.sandboxes[id]
+	b.mu.Unlock()
+	if s != nil {
+		n, err := b.oomKills(s.cgroupRel())
+		for _, m := range s.members { // a group: every container's
+			k, _ := b.oomKills(m.cgroupRel())
+			n += k
+		}
+		return n, err
+	}
+	var pi persistedInfo
+	if err := readJSON(filepath.Join(b.dir(id), fileInfo), &pi); err == nil && pi.Cgroup != "" {
+		return b.oomKills(pi.Cgroup)
+	}
 	return b.oomKills(b.containerID(id))
 }
 
@@ -123,14 +142,15 @@ func (b *Backend) containerID(id string) string {
 	return id
 }
 
-func (b *Backend) oomKills(cid string) (int, error) {
-	rel := filepath.Join(b.cfg.CgroupParent, cid)
+// oomKills counts the OOM kills in the cgroup rel (below CgroupParent).
+func (b *Backend) oomKills(cgroup string) (int, error) {
+	rel := filepath.Join(b.cfg.CgroupParent, cgroup)
 	if data, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", rel, "memory.oom_control")); err == nil {
 		return parseCounter(data, "oom_kill")
 	}
 	data, err := os.ReadFile(filepath.Join(cgroupRoot, rel, "memory.events"))
 	if err != nil {
-		return 0, fmt.Errorf("%w: no memory cgroup for %s", runtime.ErrNotFound, cid)
+		return 0, fmt.Errorf("%w: no memory cgroup for %s", runtime.ErrNotFound, cgroup)
 	}
 	return parseCounter(data, "oom_kill")
 }
@@ -172,7 +192,7 @@ func (b *Backend) get(ctx context.Context, id string) (*sandbox, error) {
 	}
 	b.sandboxes[id] = s
 	b.mu.Unlock()
-	go b.watch(s, "Vanished")
+	b.startWatch(s, "Vanished")
 	return s, nil
 }
 
@@ -193,6 +213,9 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	s.rt = rt
+	if s.spec.Multi() {
+		s.cgroup = id + "/" + s.spec.ContainerName() // see group.go
+	}
 	if err := readJSON(filepath.Join(dir, fileInfo), &s.info); err != nil {
 		// Create never finished: there is no container to wait for.
 		s.info.RuntimeClass = rt.class
@@ -203,6 +226,14 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 	}
 	s.ident = s.info.Agent
 	s.cpus = s.info.CPUs
+	if s.info.Cgroup != "" {
+		s.cgroup = s.info.Cgroup
+	}
+	if s.spec.Multi() {
+		if err := b.loadMembers(s, states); err != nil {
+			return nil, err
+		}
+	}
 	if states != nil {
 		if st, ok := states[s.cid]; !ok || st.Status == "stopped" || st.Pid != s.info.Pid {
 			return s, nil
@@ -210,6 +241,11 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 	}
 	pr, err := openProc(s.info.Pid, s.info.PidStart)
 	if err != nil {
+		for _, m := range s.members {
+			if m.proc != nil {
+				m.proc.close()
+			}
+		}
 		return nil, err
 	}
 	s.proc = pr
@@ -256,6 +292,11 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 		return nil
 	default:
 	}
+	for _, m := range s.members {
+		if m.proc != nil {
+			_ = m.proc.signal(unix.SIGTERM) // a group's containers stop together
+		}
+	}
 	if err := b.terminate(ctx, s); err != nil {
 		return fmt.Errorf("stop %s: %w", id, err)
 	}
@@ -269,6 +310,9 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	if err := b.killMembers(ctx, s); err != nil {
+		return fmt.Errorf("stop %s: %w", id, err)
 	}
 	return b.kill(ctx, s)
 }
@@ -331,6 +375,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if s.failed {
 		return nil // a failed Create, undone already
 	}
+	if err := b.killMembers(ctx, s); err != nil {
+		return err
+	}
 	if err := b.kill(ctx, s); err != nil {
 		return err
 	}
@@ -358,7 +405,12 @@ func (b *Backend) teardownUnknown(ctx context.Context, id, class string) error {
 	if readJSON(filepath.Join(b.dir(id), fileInfo), &pi) == nil && pi.ContainerID != "" && isPoolID(pi.ContainerID) {
 		cid = pi.ContainerID
 	}
-	return b.teardown(ctx, &sandbox{id: id, cid: cid, dir: b.dir(id), rt: rt})
+	cgroup := pi.Cgroup
+	var spec runtime.Spec
+	if cgroup == "" && readJSON(filepath.Join(b.dir(id), fileSpec), &spec) == nil && spec.Multi() {
+		cgroup = id + "/" + spec.ContainerName() // a group whose Create died before info.json
+	}
+	return b.teardown(ctx, &sandbox{id: id, cid: cid, dir: b.dir(id), rt: rt, cgroup: cgroup})
 }
 
 // teardown removes everything of a sandbox whose processes are gone (or never started):
@@ -369,6 +421,10 @@ func (b *Backend) teardownUnknown(ctx context.Context, id, class string) error {
 func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 	failpoint.Hit("local.teardown.begin")
 	var errs []error
+	group, err := b.teardownMembers(ctx, s)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if s.proc != nil {
 		// Create's undo path: the container may have started.
 		if !s.proc.exited() {
@@ -383,8 +439,13 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 		}
 	}
 	failpoint.Hit("local.teardown.container")
-	if err := b.removeCgroups(s.cid); err != nil {
+	if err := b.removeCgroups(s.cgroupRel()); err != nil {
 		errs = append(errs, err)
+	}
+	if group {
+		if err := b.removeCgroups(s.id); err != nil { // the sandbox's, once its containers' are gone
+			errs = append(errs, err)
+		}
 	}
 	failpoint.Hit("local.teardown.cgroups")
 	bundle := b.bundle(s)
@@ -405,7 +466,7 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 		errs = append(errs, umountErr)
 	}
 	ids, hasIDs, _ := readIDRange(s.dir)
-	if b.cfg.Network != nil {
+	if b.cfg.Network != nil && !s.member {
 		if err := b.cfg.Network.Teardown(s.cid); err != nil {
 			errs = append(errs, fmt.Errorf("network teardown: %w", err))
 		}

@@ -1,6 +1,8 @@
 // Package local is the single-host backend: one OCI container per sandbox, started with an
 // OCI runtime CLI (runc by default) over a per-sandbox overlayfs root, with sandbox-agent
-// as PID 1 listening on a unix socket the backend creates on the host.
+// as PID 1 listening on a unix socket the backend creates on the host. A multi-container
+// sandbox (sidecars, init containers) is a group of such containers sharing the
+// primary's network, UTS and user namespaces, under runc only (group.go).
 //
 // Runtime classes: "runc" (the default) and "gvisor" (runsc on the systrap platform,
 // offered when FindRunsc finds a static runsc; scripts/build-runsc.sh builds it). The
@@ -135,6 +137,8 @@ var (
 	_ runtime.LogDirProvider     = (*Backend)(nil)
 	_ runtime.OOMCounter         = (*Backend)(nil)
 	_ runtime.RuntimeClassLister = (*Backend)(nil)
+
+	_ runtime.ContainerStatusReporter = (*Backend)(nil)
 )
 
 // sandbox is a container this Backend tracks.
@@ -154,6 +158,23 @@ type sandbox struct {
 	ident *agentconfig.Identity
 	// cpus is the sandbox's cpuset (nil: none; see limits.go; set under Backend.mu).
 	cpus []int
+
+	// cgroup is the container's cgroup below CgroupParent; "" means cid. A group's
+	// containers have <id>/<name>: one cgroup per sandbox with one per container in it,
+	// so no process sits in a cgroup that has children (see group.go).
+	cgroup string
+	// name is the container's name in a group ("" for a single-container sandbox).
+	name string
+	// members are a group's other containers, init containers then sidecars (nil for a
+	// single-container sandbox); member marks one of them (no network of its own).
+	members []*sandbox
+	member  bool
+	// join, set while a member launches, is what of its primary it shares (group.go).
+	join *joinParams
+	// held is the agent config a group's container gets with Start (its agent starts in
+	// standby); volumeRoots are a group primary's volumes by name, for its members.
+	held        *agentconfig.Config
+	volumeRoots map[string]string
 
 	ready  chan struct{} // closed when Create has finished (at once for loaded sandboxes)
 	failed bool          // Create failed and undid everything; set before ready closes
@@ -178,6 +199,9 @@ type persistedInfo struct {
 	// CPUs is the container's cpuset (see limits.go), so a restarted backend places new
 	// sandboxes around it.
 	CPUs []int `json:"cpus,omitempty"`
+	// Cgroup is the container's cgroup below the backend's CgroupParent when it is not
+	// the container id (a group's containers: <id>/<name>).
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 func (p persistedInfo) toInfo(id string) runtime.Info {
@@ -291,6 +315,14 @@ func (b *Backend) RootfsDir() string { return b.rootfsBase }
 
 func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
 
+// cgroupRel is s's container's cgroup below CgroupParent.
+func (s *sandbox) cgroupRel() string {
+	if s.cgroup != "" {
+		return s.cgroup
+	}
+	return s.cid
+}
+
 func (b *Backend) runtimeFor(class string) (*ociRuntime, string, error) {
 	if class == "" {
 		class = b.cfg.DefaultRuntime
@@ -325,11 +357,25 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if err != nil {
 		return runtime.Info{}, err
 	}
-	if sec := spec.Security; sec != nil && b.ids != nil && !rt.gvisor {
-		for _, v := range []*uint32{sec.RunAsUser, sec.RunAsGroup} {
-			if v != nil && *v >= idRangeSize {
-				return runtime.Info{}, fmt.Errorf("%w: user and group IDs must be below %d (the IDs a sandbox's user namespace maps), got %d", runtime.ErrInvalidSpec, idRangeSize, *v)
+	for _, c := range spec.AllContainers() {
+		if sec := c.Security; sec != nil && b.ids != nil && !rt.gvisor {
+			for _, v := range []*uint32{sec.RunAsUser, sec.RunAsGroup} {
+				if v != nil && *v >= idRangeSize {
+					return runtime.Info{}, fmt.Errorf("%w: user and group IDs must be below %d (the IDs a sandbox's user namespace maps), got %d", runtime.ErrInvalidSpec, idRangeSize, *v)
+				}
 			}
+		}
+	}
+	if spec.Multi() && rt.gvisor {
+		// runsc can hold several containers in one sandbox only through its CRI
+		// annotations, with the sandbox's own container first and the others started
+		// by `runsc create` into it; the agent channel (a socket runsc's gofer creates
+		// per container) and the held start are not done for that here.
+		return runtime.Info{}, fmt.Errorf("%w: runtime class %q runs single-container sandboxes only on this backend (no sidecars or init containers)", runtime.ErrInvalidSpec, class)
+	}
+	for _, c := range spec.AllContainers() {
+		if d := b.diskBytes(c.Resources); d > 0 && d < minDiskBytes {
+			return runtime.Info{}, fmt.Errorf("%w: container %q: disk limit %d bytes is below the minimum of %d", runtime.ErrInvalidSpec, c.ContainerName(), d, minDiskBytes)
 		}
 	}
 	if d := b.diskBytes(spec.Resources); d > 0 && d < minDiskBytes {
@@ -342,7 +388,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	}
 	// A pooled container was started with the default runtime configuration; only the
 	// user commands run as can still change.
-	poolable := spec.PullCredentials == nil && !rt.gvisor && b.poolServes(spec)
+	poolable := spec.PullCredentials == nil && !rt.gvisor && !spec.Multi() && b.poolServes(spec)
 	id := spec.ID
 	dir := b.dir(id)
 	// The sandbox dir is the claim on the id; everything else happens inside it (or, for
@@ -388,6 +434,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		close(s.ready)
 	}()
 
+	if spec.Multi() {
+		if err := b.createGroup(ctx, s, spec, &t); err != nil {
+			return runtime.Info{}, err
+		}
+		return s.info.toInfo(id), nil
+	}
 	if b.pool != nil && !rt.gvisor && b.poolServes(spec) {
 		if b.claim(ctx, s, spec) {
 			b.step("claim", &t)
@@ -445,7 +497,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		err error
 	}
 	var netc chan netResult
-	if b.cfg.Network != nil {
+	if b.cfg.Network != nil && s.join == nil {
 		netc = make(chan netResult, 1)
 		go func() {
 			a, err := b.cfg.Network.Setup(ctx, cid)
@@ -512,7 +564,14 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	failpoint.Hit("local.create.spec")
 	var ids *idRange
-	if b.ids != nil && !rt.gvisor {
+	if s.join != nil {
+		// A member shares its primary's user namespace, so its ID range.
+		if ids = s.join.ids; ids != nil {
+			if err := chownToRoot(*ids, upper, work, filepath.Join(shown, dirRun)); err != nil {
+				return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+			}
+		}
+	} else if b.ids != nil && !rt.gvisor {
 		r, err := b.ids.alloc(dir)
 		if err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
@@ -532,7 +591,17 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	volumeMounts, err := b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
+	var vols []specs.Mount
+	var err error
+	if s.join != nil {
+		// The group's volumes are the primary's: nothing of the sandbox runs yet (every
+		// agent is held), so nothing in them can be a symlink.
+		vols, err = volumeMounts(s.join.volumes, s.spec.VolumeMounts, ids)
+	} else {
+		var roots map[string]string
+		vols, roots, err = b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
+		s.volumeRoots = roots
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
@@ -544,7 +613,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		return nil, nil, b.mapPullError(s.spec.Image, pullErr)
 	}
 	b.step("pull", t)
-	if b.cfg.Network != nil {
+	if s.join != nil {
+		att = s.join.att
+	} else if b.cfg.Network != nil {
 		waitNet()
 		if netErr != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: network setup: %w", id, netErr)
@@ -579,22 +650,36 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := b.writeEtcFiles(etc, host, att); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: etc files: %w", id, err)
 	}
+	if err := addHostAliases(filepath.Join(etc, "hosts"), s.spec.HostAliases); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: etc files: %w", id, err)
+	}
 	if err := writeJSON(filepath.Join(shown, fileAgentConfig), acfg); err != nil {
 		return nil, nil, err
 	}
 	failpoint.Hit("local.create.files")
 	p := specParams{
-		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(cid), Resources: res,
+		ID: host, RootFS: rootfs, Cgroups: b.cgroupsPath(s.cgroupRel()), Resources: res,
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(shown, fileAgentConfig),
 		RunDir: filepath.Join(shown, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
-		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: volumeMounts, NonRoot: nonRootUser(acfg.User),
+		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: vols, NonRoot: nonRootUser(acfg.User),
+		Tmpfs: s.spec.Tmpfs,
+	}
+	if s.join != nil {
+		p.NetNS, p.UTSNS, p.Sysfs = s.join.netns, s.join.utsns, s.join.sysfs
+		if ids != nil {
+			p.UserNS = s.join.userns
+		}
+	}
+	if s.held != nil {
+		// Held (group.go): the agent serves in standby until Start sends the config.
+		p.NonRoot = nonRootUser(s.held.User)
 	}
 	if !s.spec.Security.OCIDefault() {
 		if p.Seccomp, err = seccompFor(capSet(s.spec.Security, p.NonRoot)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: seccomp profile: %w", id, err)
 		}
 	}
-	if att != nil {
+	if att != nil && s.join == nil {
 		p.NetNS = att.NetNSPath
 		if ids != nil {
 			// A root mapped into a user namespace that does not own this network
@@ -668,7 +753,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid, Agent: s.ident, CPUs: cpus}
+	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid, Agent: s.ident, CPUs: cpus, Cgroup: s.cgroup}
 	if cid != id {
 		s.info.ContainerID = cid
 	}
@@ -686,6 +771,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		b.step("agent", t)
 	}
 	failpoint.Hit("local.create.proc")
+	if s.held != nil && !s.member {
+		// A group's primary: info.json, which makes a restarted backend adopt the sandbox
+		// as live, waits until its start sequence has finished (createGroup).
+		b.step("finish", t)
+		return img, att, nil
+	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &s.info); err != nil {
 		return nil, nil, err // teardown kills the container and closes the pidfd
 	}
@@ -889,16 +980,16 @@ func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn
 	if !validID(id) {
 		return nil, fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
 	}
+	dir, ident := b.dir(id), (*agentconfig.Identity)(nil)
 	if container != "" {
-		s, err := b.get(ctx, id)
-		if err != nil {
+		var err error
+		if dir, ident, err = b.memberOf(ctx, id, container); err != nil {
 			return nil, err
 		}
-		if c, _ := s.spec.Find(container); c != &s.spec.Container {
-			return nil, fmt.Errorf("%w: %q in sandbox %s", runtime.ErrContainerNotFound, container, id)
-		}
+	} else {
+		ident = b.identityOf(id)
 	}
-	c, err := dialVerified(ctx, b.dir(id), b.identityOf(id))
+	c, err := dialVerified(ctx, dir, ident)
 	if errors.Is(err, agent.ErrIdentity) {
 		b.log.Error("agent identity check failed: refusing the connection", "sandbox", id, "err", err)
 		return nil, fmt.Errorf("dial agent of %s: %w", id, err)

@@ -237,12 +237,17 @@ func (e *env) create(spec runtime.Spec) runtime.Info {
 // agentClient talks to a sandbox's agent the way the runner does: gRPC over h2c over
 // the unix socket from DialAgent.
 func agentClient(b *Backend, id string) agentv1connect.AgentServiceClient {
+	return agentClientOf(b, id, "")
+}
+
+// agentClientOf is agentClient for container name of a group ("" the primary).
+func agentClientOf(b *Backend, id, name string) agentv1connect.AgentServiceClient {
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
 	tr := &http.Transport{
 		Protocols: &protos,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return b.DialAgent(ctx, id, "")
+			return b.DialAgent(ctx, id, name)
 		},
 	}
 	return agentv1connect.NewAgentServiceClient(&http.Client{Transport: tr}, "http://agent", connect.WithGRPC())
@@ -297,7 +302,7 @@ func checkNoLeaks(t testing.TB, state, id string) {
 		if e.Name() == dirRootfs {
 			sub, _ := os.ReadDir(filepath.Join(state, dirRootfs))
 			for _, s := range sub {
-				if id == "" || s.Name() == id {
+				if id == "" || s.Name() == id || strings.HasPrefix(s.Name(), id+".") {
 					t.Errorf("leaked root filesystem mount point %s", s.Name())
 				}
 			}

@@ -85,7 +85,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			} else {
 				b.sandboxes[id] = s
 				b.mu.Unlock()
-				go b.watch(s, "Vanished")
+				b.startWatch(s, "Vanished")
 			}
 		}
 		if err := waitReady(ctx, s); err != nil {

@@ -154,6 +154,13 @@ type specParams struct {
 	// showing its limits (see limits.go).
 	CPUs   string
 	Limits []specs.Mount
+	// UserNS and UTSNS, when set, are the namespaces (/proc/<pid>/ns/…) of a group's
+	// primary that this container joins (group.go): the same root and mapped IDs (ports
+	// below 1024 in a network namespace that user namespace owns, shared file ownership)
+	// and the same hostname.
+	UserNS, UTSNS string
+	// Tmpfs are paths where the container gets an empty, private tmpfs.
+	Tmpfs []string
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -202,6 +209,11 @@ func ociSpec(p specParams) *specs.Spec {
 				Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(readOnlyTmpfsBytes, 10)}})
 		}
 	}
+	for _, d := range p.Tmpfs {
+		// Pages count against the container's memory limit, as for a read-only root's.
+		mounts = append(mounts, specs.Mount{Destination: d, Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(readOnlyTmpfsBytes, 10)}})
+	}
 	mounts = append(mounts, p.Volumes...) // last: a volume may sit in a tmpfs above
 
 	res := &specs.LinuxResources{
@@ -245,11 +257,14 @@ func ociSpec(p specParams) *specs.Spec {
 	// outside a user namespace would mount the whole hierarchy).
 	namespaces := []specs.LinuxNamespace{
 		{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, netns,
-		{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.CgroupNamespace},
+		{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace, Path: p.UTSNS}, {Type: specs.CgroupNamespace},
+	}
+	if p.UTSNS != "" {
+		hostname = "" // the primary's UTS namespace has it; runc may not set it in one joined
 	}
 	var uids, gids []specs.LinuxIDMapping
 	if p.IDs != nil {
-		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: p.UserNS})
 		m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: p.IDs.HostID, Size: p.IDs.Size}}
 		uids, gids = m, m
 		if p.NetNS != "" {
@@ -300,6 +315,11 @@ func nonRootUser(user string) bool {
 }
 
 func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
+	return containerAgentConfig(&spec.Container, spec.ID, img)
+}
+
+// containerAgentConfig is the agent config of container spec (of sandbox id) on img.
+func containerAgentConfig(spec *runtime.Container, id string, img *Image) (*agentconfig.Config, error) {
 	ic := img.Config
 	argv, err := image.Config{Entrypoint: ic.Entrypoint, Cmd: ic.Cmd}.Argv(spec.Command, spec.Args)
 	if err != nil {
@@ -318,7 +338,7 @@ func agentConfig(spec *runtime.Spec, img *Image) (*agentconfig.Config, error) {
 		WorkingDir:   wd,
 		User:         spec.Security.RunAs(img.Config.User),
 		RestartLimit: spec.RestartLimit,
-		Hostname:     runtime.Hostname(spec.ID),
+		Hostname:     runtime.Hostname(id),
 	}
 	for _, f := range spec.Files {
 		c.Files = append(c.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})

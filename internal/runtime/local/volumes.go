@@ -37,13 +37,13 @@ const dirVolumes = "vol"
 
 // setupVolumes makes spec's volumes for the sandbox in dir and returns the OCI mounts of
 // its volume mounts.
-func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange) ([]specs.Mount, error) {
+func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange) ([]specs.Mount, map[string]string, error) {
 	if len(spec.Volumes) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	base := filepath.Join(dir, dirVolumes)
 	if err := os.Mkdir(base, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, err
+		return nil, nil, err
 	}
 	// Like an emptyDir, a volume (and its sub_path dirs) is writable by every user of the
 	// sandbox: a run_as_user other than root must be able to use it.
@@ -62,7 +62,7 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 		switch {
 		case v.Medium == runtime.MediumMemory:
 			if err := os.Mkdir(root, 0o755); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			opts := []string{"mode=0777"}
 			if size := cmp(v.SizeBytes, spec.Resources.MemoryBytes); size > 0 {
@@ -72,33 +72,52 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 				opts = append(opts, fmt.Sprintf("uid=%d,gid=%d", ids.HostID, ids.HostID))
 			}
 			if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ",")); err != nil {
-				return nil, fmt.Errorf("volume %q: mount tmpfs: %w", v.Name, err)
+				return nil, nil, fmt.Errorf("volume %q: mount tmpfs: %w", v.Name, err)
 			}
 		case v.SizeBytes > 0:
 			if err := t.mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
-				return nil, fmt.Errorf("volume %q: %w", v.Name, err)
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
 			}
 			_ = os.Remove(filepath.Join(root, "lost+found")) // a fresh volume is empty
 			if err := chown(root); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		default:
 			if diskLimited {
 				root = filepath.Join(dir, dirDisk, dirVolumes, strconv.Itoa(i))
 			}
 			if err := os.MkdirAll(root, 0o755); err != nil {
-				return nil, fmt.Errorf("volume %q: %w", v.Name, err)
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
 			}
 			if err := chown(root); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		roots[v.Name] = root
 		failpoint.Hit("local.volumes.volume")
 	}
+	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids)
+	return mounts, roots, err
+}
+
+// volumeMounts are the bind mounts of one container's VolumeMounts of the volumes at
+// roots (by name): every container of a group that lists a volume gets the same dir.
+func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRange) ([]specs.Mount, error) {
+	chown := func(p string) error {
+		if err := os.Chmod(p, 0o777); err != nil {
+			return err
+		}
+		if ids == nil {
+			return nil
+		}
+		return chownToRoot(*ids, p)
+	}
 	var mounts []specs.Mount
-	for _, m := range spec.VolumeMounts {
-		src := roots[m.Volume]
+	for _, m := range vms {
+		src, ok := roots[m.Volume]
+		if !ok {
+			return nil, fmt.Errorf("%w: volume %q is not one of the sandbox's", runtime.ErrInvalidSpec, m.Volume)
+		}
 		// sub_path dirs are made one by one, each owned by the sandbox's root. The volume
 		// is new and empty: nothing in it can be a symlink yet.
 		for _, part := range strings.Split(m.SubPath, "/") {

@@ -41,6 +41,9 @@ type Options struct {
 	// Parallel runs the tests in parallel: the states of different tests must not see
 	// each other.
 	Parallel bool
+	// SecondImage, when set, runs the group tests (group.go, multi-container sandboxes):
+	// an image other than Image with python3 and /bin/sh.
+	SecondImage string
 	// Destroyed, when set, checks that nothing of sandbox id is left on the host after
 	// its Destroy (mounts, cgroups, files: what the backend knows to look for).
 	Destroyed func(t *testing.T, b runtime.Backend, id string)
@@ -75,6 +78,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) runtime.Backend, opts Optio
 		{"Destroy", testDestroy},
 		{"Recover", testRecover},
 		{"Errors", testErrors},
+	}
+	if opts.SecondImage != "" {
+		tests = append(tests, groupTests...)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
