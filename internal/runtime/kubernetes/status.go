@@ -67,16 +67,20 @@ func startError(p *corev1.Pod) error {
 	if p == nil {
 		return nil
 	}
-	for _, name := range []string{containerMain, containerGate} {
-		cs := containerStatus(p, name)
-		if cs == nil || cs.State.Waiting == nil {
+	// Every container of the Pod: the sandbox's and the agent's (gate, install), and a
+	// group's sidecars and init containers.
+	all := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+	for i := range all {
+		cs := &all[i]
+		name := cs.Name
+		if cs.State.Waiting == nil {
 			continue
 		}
 		w := cs.State.Waiting
 		switch {
 		case pullReasons[w.Reason]:
 			img := cs.Image
-			if name != containerMain {
+			if name == containerGate || name == containerInstall {
 				img = "agent image " + img
 			}
 			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, w.Message)
