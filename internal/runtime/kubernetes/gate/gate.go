@@ -67,7 +67,7 @@ const (
 	// per container the gate serves: that container's RunDir emptyDir, mounted at
 	// ContainersDir/<container name>. A connection names its container by its TLS server
 	// name (SNI); none means the primary (RunDir).
-	ContainersDir = "/sandbox-gate/containers"
+	ContainersDir = "/sandbox-gate-containers"
 	// Port is the gate's TCP port on the Pod IP.
 	Port = 7443
 	// UID is the gate container's user and group (non-root, as the Pod Security
