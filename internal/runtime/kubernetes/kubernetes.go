@@ -573,6 +573,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		s.pod = pod
 		b.evaluateLocked(s)
 		rec := runtime.Recovered{Spec: s.spec, Info: infoOf(s)}
+		notRunning := false
 		select {
 		case <-s.done:
 			ex := s.exit
@@ -580,6 +581,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		default:
 			rec.Alive = mainRunning(pod)
 			if !rec.Alive {
+				notRunning = true
 				// Not yet running (a Create cut short by the restart): report it as
 				// vanished and let the runner destroy it.
 				ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's Pod was not running when the runner started", At: time.Now().UTC()}
@@ -587,6 +589,15 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 		}
 		b.mu.Unlock()
+		if notRunning && pod.Status.PodIP != "" && pod.DeletionTimestamp == nil {
+			// The kubelet reports a container running only at its next relist, seconds
+			// after a Pod of many containers started: an agent that answers is alive.
+			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			if b.pingAgent(pctx, s, pod.Status.PodIP) == nil {
+				rec.Alive, rec.Exit = true, nil
+			}
+			cancel()
+		}
 		if rec.Alive {
 			b.startLogs(s)
 			if err := b.ensureNetworkPolicy(ctx, &rec.Spec, pod); err != nil {

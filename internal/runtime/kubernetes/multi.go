@@ -614,7 +614,9 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			st.State, st.ExitCode, st.Restarts, st.Reason, st.Message = runtime.ContainerExited, ex.ExitCode, ex.Restarts, ex.Reason, ex.Message
 			continue
 		}
-		if m.init || ended || cs == nil || cs.State.Running == nil {
+		// The kubelet reports a container running only at its next relist: its agent
+		// may answer well before.
+		if m.init || ended || cs != nil && cs.State.Terminated != nil || pod == nil || pod.Status.PodIP == "" {
 			continue
 		}
 		wg.Add(1)
