@@ -36,6 +36,7 @@ func groupBackend(t *testing.T) (func() *kubernetes.Backend, k8sclient.Interface
 		t.Fatal(err)
 	}
 	runnerID := randomID("grp-")
+	logDir := t.TempDir()
 	t.Cleanup(func() { deleteRunnerObjects(client, c.namespace, runnerID) })
 	return func() *kubernetes.Backend {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -43,7 +44,7 @@ func groupBackend(t *testing.T) (func() *kubernetes.Backend, k8sclient.Interface
 		b, err := kubernetes.New(ctx, kubernetes.Config{
 			Client: client, Namespace: c.namespace, RunnerID: runnerID, AgentImage: c.agentImage,
 			ImagePullPolicy: corev1.PullNever, ImageConfig: localImageConfig, TerminationGrace: 3 * time.Second,
-			StartTimeout: 2 * time.Minute,
+			StartTimeout: 2 * time.Minute, LogDir: logDir,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -207,8 +208,8 @@ func TestGroupPrimaryExit(t *testing.T) {
 	id := randomID("grp-")
 	spec := &runtime.Spec{
 		ID:        id,
-		Container: runtime.Container{Name: "app", Image: busybox, Command: "sh", Args: []string{"-c", "sleep 2; exit 7"}},
-		Sidecars:  []runtime.Container{{Name: "side", Image: busybox, Command: "sleep", Args: []string{"3600"}}},
+		Container: runtime.Container{Name: "app", Image: busybox, Command: "sh", Args: []string{"-c", "echo app-out; sleep 2; exit 7"}},
+		Sidecars:  []runtime.Container{{Name: "side", Image: busybox, Command: "sh", Args: []string{"-c", "echo side-out; exec sleep 3600"}}},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -226,6 +227,15 @@ func TestGroupPrimaryExit(t *testing.T) {
 	sts, err := b.ContainerStatuses(ctx, id)
 	if err != nil || len(sts) != 2 || sts[0].State != runtime.ContainerExited || sts[0].ExitCode == nil || *sts[0].ExitCode != 7 {
 		t.Errorf("statuses after the primary's exit: %+v, %v", sts, err)
+	}
+	// Each container's log has its own copy.
+	for name, want := range map[string]string{"": "app-out\n", "app": "app-out\n", "side": "side-out\n"} {
+		if got := readLog(t, b.LogDir(id, name)); got != want {
+			t.Errorf("log copy of %q: %q, want %q", name, got, want)
+		}
+	}
+	if d := b.LogDir(id, "nope"); d != "" {
+		t.Errorf("log dir of an unknown container: %s", d)
 	}
 	// The sidecar is stopped: the Pod goes (grace 3 s, sleep ignores nothing).
 	deadline := time.Now().Add(45 * time.Second)

@@ -183,11 +183,11 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		return runtime.Info{}, fmt.Errorf("create sandbox %s: secret: %w", spec.ID, err)
 	}
 	pullSecret := ""
-	if c := spec.PullCredentials; c != nil {
-		ps, err := dockerConfigSecret(spec, c)
-		if err != nil {
-			return runtime.Info{}, err
-		}
+	ps, err := dockerConfigSecret(spec)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	if ps != nil {
 		ps.Namespace, ps.Labels = b.cfg.Namespace, lbls
 		if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
 			return runtime.Info{}, fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)

@@ -168,7 +168,9 @@ type sandbox struct {
 	done     chan struct{} // closed once exit is set
 	exit     runtime.Exit
 
-	logsDone chan struct{} // closed when the log copy ends; nil without one
+	// logsDone: each log copy's channel, closed when it ends, by container ("" = the
+	// primary); nil without copies.
+	logsDone map[string]chan struct{}
 }
 
 // maxIDLen is the longest sandbox ID this backend takes (IDs end up in Pod and Secret

@@ -249,3 +249,27 @@ func TestPrimaryEnded(t *testing.T) {
 		t.Error("the primary's end did not end the group")
 	}
 }
+
+// Each container's pull credentials go into the one pull Secret, for its own registry.
+func TestDockerConfigSecretGroup(t *testing.T) {
+	spec := &runtime.Spec{ID: "p1",
+		Container: runtime.Container{Name: "app", Image: "reg.one/app:1", PullCredentials: &runtime.Credentials{Username: "u1", Password: "p1"}},
+		Sidecars: []runtime.Container{
+			{Name: "db", Image: "reg.two/db:1", PullCredentials: &runtime.Credentials{Username: "u2", Password: "p2"}},
+			{Name: "pub", Image: "busybox"},
+		}}
+	sec, err := dockerConfigSecret(spec)
+	if err != nil || sec == nil {
+		t.Fatal(sec, err)
+	}
+	var cfg struct {
+		Auths map[string]struct{ Username, Password string }
+	}
+	mustJSON(t, sec.Data[corev1.DockerConfigJsonKey], &cfg)
+	if len(cfg.Auths) != 2 || cfg.Auths["reg.one"].Username != "u1" || cfg.Auths["reg.two"].Password != "p2" {
+		t.Errorf("auths %+v", cfg.Auths)
+	}
+	if sec, err := dockerConfigSecret(&runtime.Spec{ID: "p2", Container: runtime.Container{Image: "busybox"}}); sec != nil || err != nil {
+		t.Errorf("no credentials: %v, %v", sec, err)
+	}
+}

@@ -219,20 +219,34 @@ func digestOf(imageID string) string {
 
 func pullSecretName(id string) string { return "sbx-" + id + "-pull" }
 
-// dockerConfigSecret is an image pull Secret for the spec's registry.
-func dockerConfigSecret(spec *runtime.Spec, c *runtime.Credentials) (*corev1.Secret, error) {
-	ref, err := name.ParseReference(spec.Image)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %w", runtime.ErrInvalidImageRef, spec.Image, err)
+// dockerConfigSecret is an image pull Secret for the registries of the spec's
+// containers that have credentials (each container's for its own image; the first
+// container's wins where two name the same registry); nil when none has any.
+func dockerConfigSecret(spec *runtime.Spec) (*corev1.Secret, error) {
+	auths := map[string]any{}
+	for _, ct := range spec.AllContainers() {
+		c := ct.PullCredentials
+		if c == nil {
+			continue
+		}
+		ref, err := name.ParseReference(ct.Image)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q: %w", runtime.ErrInvalidImageRef, ct.Image, err)
+		}
+		reg := ref.Context().RegistryStr()
+		if reg == name.DefaultRegistry {
+			reg = "https://index.docker.io/v1/"
+		}
+		if _, ok := auths[reg]; ok {
+			continue
+		}
+		auth := base64.StdEncoding.EncodeToString([]byte(c.Username + ":" + c.Password))
+		auths[reg] = map[string]string{"username": c.Username, "password": c.Password, "auth": auth}
 	}
-	reg := ref.Context().RegistryStr()
-	if reg == name.DefaultRegistry {
-		reg = "https://index.docker.io/v1/"
+	if len(auths) == 0 {
+		return nil, nil
 	}
-	auth := base64.StdEncoding.EncodeToString([]byte(c.Username + ":" + c.Password))
-	b, err := json.Marshal(map[string]any{"auths": map[string]any{reg: map[string]string{
-		"username": c.Username, "password": c.Password, "auth": auth,
-	}}})
+	b, err := json.Marshal(map[string]any{"auths": auths})
 	if err != nil {
 		return nil, err
 	}
