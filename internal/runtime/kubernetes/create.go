@@ -439,7 +439,8 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			return runtime.Info{}, err
 		}
 		if ended {
-			if pod != nil && !mainStarted(pod) {
+			// A group's primary was started by startseq already: ending early is its exit.
+			if pod != nil && !mainStarted(pod) && !s.spec.Multi() {
 				return runtime.Info{}, startErrorOfEnded(pod)
 			}
 			return b.info(s), nil

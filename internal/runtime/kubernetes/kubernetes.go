@@ -25,6 +25,10 @@
 // the Pod ends and the kubelet puts the message into the Pod status. Wait reads it from
 // there (exit code, restarts, reason).
 //
+// Multi-container sandboxes (a spec with sidecars or init containers) are one Pod too,
+// each container with its own agent behind the one gate, which picks the agent by the
+// connection's TLS server name: see multi.go.
+//
 // Recovery: the runner's Pods are found by label; the Secret holds the spec and the
 // keys, so a new backend reaches the agents of an earlier one. Logs: see logs.go.
 package kubernetes
