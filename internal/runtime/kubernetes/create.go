@@ -228,6 +228,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	go b.adoptSecrets(context.WithoutCancel(ctx), created, pullSecret, np != nil)
 
 	if grp != nil {
+		b.watchAgents(s)
 		// The containers wait held; they start in the spec's order (init containers:
 		// the kubelet's, in order). A *startseq.Failure names the container.
 		if err := startseq.Run(ctx, spec, groupOps{b: b, s: s}); err != nil {

@@ -56,6 +56,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -161,6 +162,9 @@ type sandbox struct {
 	// Create runs, the group it prepared; nil for single-container ones.
 	idents map[string]*agentconfig.Identity
 	group  *group
+	// agentStatus is the last status of each sidecar's agent (watchAgents); guarded by
+	// Backend.mu.
+	agentStatus map[string]*agentv1.StatusResponse
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -606,6 +610,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		}
 		if rec.Alive {
 			b.startLogs(s)
+			b.watchAgents(s)
 			if err := b.ensureNetworkPolicy(ctx, &rec.Spec, pod); err != nil {
 				b.log.Warn("re-create the sandbox's network policy", "sandbox", id, "err", err)
 			}

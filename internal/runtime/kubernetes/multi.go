@@ -614,6 +614,21 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			st.State, st.ExitCode, st.Restarts, st.Reason, st.Message = runtime.ContainerExited, ex.ExitCode, ex.Restarts, ex.Reason, ex.Message
 			continue
 		}
+		if !m.init {
+			// What the container's agent last said (watchAgents): also known once the
+			// agent is gone with its container.
+			b.mu.Lock()
+			last := s.agentStatus[m.name]
+			b.mu.Unlock()
+			if last != nil {
+				fromAgent(st, last)
+			}
+		}
+		if ended && st.State != runtime.ContainerExited {
+			// The sandbox has ended: its Pod is stopped or gone, with every container.
+			st.State, st.Reason, st.Message = runtime.ContainerExited, "Stopped", "the sandbox has ended"
+			continue
+		}
 		// The kubelet reports a container running only at its next relist: its agent
 		// may answer well before.
 		if m.init || ended || cs != nil && cs.State.Terminated != nil || pod == nil || pod.Status.PodIP == "" {
@@ -668,5 +683,49 @@ func fromAgent(st *runtime.ContainerStatus, a *agentv1.StatusResponse) {
 		st.State = runtime.ContainerRunning
 	case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
 		st.State = runtime.ContainerExited
+	}
+}
+
+// watchAgents follows the agent status of each of a group's containers but the primary
+// (whose end the gate reports) until it is final, the sandbox ends or the backend is
+// closed: ContainerStatuses reports restarts and the last exit of a sidecar from it, also
+// once its container (with its agent) has ended.
+func (b *Backend) watchAgents(s *sandbox) {
+	if !s.spec.Multi() {
+		return
+	}
+	for _, c := range s.spec.Sidecars {
+		go b.watchAgent(s, c.ContainerName())
+	}
+}
+
+func (b *Backend) watchAgent(s *sandbox, name string) {
+	c := b.agentClient(s.id, name)
+	for {
+		stream, err := c.Watch(b.ctx, connect.NewRequest(&agentv1.WatchRequest{}))
+		if err == nil {
+			for stream.Receive() {
+				st := stream.Msg()
+				b.mu.Lock()
+				if s.agentStatus == nil {
+					s.agentStatus = map[string]*agentv1.StatusResponse{}
+				}
+				s.agentStatus[name] = st
+				b.mu.Unlock()
+				switch st.GetState() {
+				case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
+					_ = stream.Close()
+					return
+				}
+			}
+			_ = stream.Close()
+		}
+		select {
+		case <-s.done:
+			return
+		case <-b.ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }
