@@ -554,7 +554,7 @@ func (b *Backend) waitAgent(ctx context.Context, s *sandbox, name string) error 
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("container %s: its agent did not answer within %s: %v (%s)", name, b.cfg.StartTimeout, err, podSummary(pod))
+			return fmt.Errorf("container %s: its agent did not answer within %s: %w (%s)", name, b.cfg.StartTimeout, err, podSummary(pod))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
