@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -93,6 +94,11 @@ type Agent struct {
 	startMu   sync.Mutex
 	startCh   chan struct{}
 	startDone bool // Start was called, or the agent stopped before it
+	// standbyBase is the standby config's Env and WorkingDir: what the Start config is
+	// completed with (its Env merged onto them, its empty WorkingDir defaulted), for a
+	// backend that holds a container whose environment only the container knows (the
+	// Kubernetes backend's multi-container Pods: the image's env, as the kubelet set it).
+	standbyBase agentconfig.Config
 }
 
 // inflight counts running calls.
@@ -271,6 +277,7 @@ func newAgent(opts Options) (*Agent, error) {
 	}
 	if opts.Config.Standby {
 		a.cfg = &agentconfig.Config{Standby: true}
+		a.standbyBase = agentconfig.Config{Env: opts.Config.Env, WorkingDir: opts.Config.WorkingDir}
 		a.status.State = agentv1.MainState_MAIN_STATE_STANDBY
 	} else {
 		a.configure(opts.Config)
@@ -315,6 +322,17 @@ func (a *Agent) start(cfg *agentconfig.Config) error {
 	defer a.startMu.Unlock()
 	if a.startDone {
 		return errAlreadyStarted
+	}
+	if len(a.standbyBase.Env) > 0 {
+		overlay := make(map[string]string, len(cfg.Env))
+		for _, kv := range cfg.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			overlay[k] = v
+		}
+		cfg.Env = agentconfig.MergeEnv(a.standbyBase.Env, overlay)
+	}
+	if cfg.WorkingDir == "" {
+		cfg.WorkingDir = a.standbyBase.WorkingDir
 	}
 	a.update(func(s *agentv1.StatusResponse) { s.State = agentv1.MainState_MAIN_STATE_STARTING })
 	a.configure(cfg)

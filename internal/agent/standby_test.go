@@ -83,3 +83,22 @@ func TestStandbyStop(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A standby config's Env and WorkingDir complete the Start config (the Kubernetes
+// backend's held containers: the image's environment is known only in the container):
+// Start's Env overrides the base, and an empty Start WorkingDir takes the base's.
+func TestStandbyBaseEnv(t *testing.T) {
+	work := t.TempDir()
+	h := startAgent(t, &agentconfig.Config{Standby: true, Env: []string{"PATH=/usr/bin:/bin", "IMAGE=img", "GREETING=base"}, WorkingDir: work})
+	ctx := context.Background()
+	cfg, _ := json.Marshal(agentconfig.Config{Argv: []string{"sh", "-c", `echo "$IMAGE $GREETING $(pwd)"`}, Env: []string{"GREETING=spec"}})
+	if _, err := h.client.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: cfg})); err != nil {
+		t.Fatal(err)
+	}
+	if code := h.wait(t); code != 0 {
+		t.Errorf("exit code %d", code)
+	}
+	if got, want := h.logText(t), "img spec "+work+"\n"; got != want {
+		t.Errorf("log %q, want %q", got, want)
+	}
+}

@@ -1,7 +1,6 @@
 package kubernetes
 
 import (
-	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -33,6 +32,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 )
 
 func (b *Backend) runtimeClass(class string) (string, string, error) {
@@ -58,22 +58,33 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
 	}
-	imageUser := ""
-	if imageUserNeeded(spec.Security) {
-		ic, err := b.cfg.ImageConfig(ctx, spec.Image, spec.PullCredentials)
-		if err != nil {
-			return runtime.Info{}, errImageUser(spec.Image, err)
-		}
-		imageUser = ic.User
-	}
-	sc, runAs := securityFor(spec.Security, imageUser)
 	class, rcName, err := b.runtimeClass(spec.RuntimeClass)
 	if err != nil {
 		return runtime.Info{}, err
 	}
-	argv, err := b.argv(ctx, spec)
-	if err != nil {
-		return runtime.Info{}, err
+	var (
+		grp   *group
+		sc    *corev1.SecurityContext
+		runAs string
+		argv  []string
+	)
+	if spec.Multi() {
+		if grp, err = b.prepareGroup(ctx, spec); err != nil {
+			return runtime.Info{}, err
+		}
+	} else {
+		imageUser := ""
+		if imageUserNeeded(spec.Security) {
+			ic, err := b.cfg.ImageConfig(ctx, spec.Image, spec.PullCredentials)
+			if err != nil {
+				return runtime.Info{}, errImageUser(spec.Image, err)
+			}
+			imageUser = ic.User
+		}
+		sc, runAs = securityFor(spec.Security, imageUser)
+		if argv, err = b.argv(ctx, spec); err != nil {
+			return runtime.Info{}, err
+		}
 	}
 	lbls := b.labels(spec)
 	// Translated before anything is made: a rule NetworkPolicy cannot express refuses
@@ -98,6 +109,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		id: spec.ID, spec: persisted, class: class, client: client, server: server.Certificate[0],
 		changed: make(chan struct{}), done: make(chan struct{}),
 	}
+	if grp != nil {
+		s.group, s.idents = grp, grp.idents
+	}
 	b.mu.Lock()
 	if b.sandboxes[spec.ID] != nil {
 		b.mu.Unlock()
@@ -118,38 +132,44 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		}
 	}()
 
-	acfg := agentconfig.Config{
-		Argv:         argv,
-		Env:          agentconfig.MergeEnv(nil, spec.Env),
-		WorkingDir:   spec.WorkingDir,
-		RestartLimit: spec.RestartLimit,
-		Hostname:     runtime.Hostname(spec.ID),
-		User:         runAs,
-		Identity:     agent.NewIdentity(spec.ID),
-	}
-	s.ident = acfg.Identity
-	for _, f := range spec.Files {
-		acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
-	}
-	cfgJSON, err := json.Marshal(&acfg)
-	if err != nil {
-		return runtime.Info{}, err
-	}
 	specJSON, err := json.Marshal(&persisted)
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	data := map[string][]byte{
+		secretSpec:          specJSON,
+		gate.TLSCertFile:    serverPEM,
+		gate.TLSKeyFile:     serverKeyPEM,
+		gate.ClientCertFile: clientPEM,
+		secretClientKey:     clientKeyPEM,
+	}
+	if grp != nil {
+		maps.Copy(data, grp.secret)
+		s.ident = grp.idents[spec.ContainerName()]
+	} else {
+		acfg := agentconfig.Config{
+			Argv:         argv,
+			Env:          agentconfig.MergeEnv(nil, spec.Env),
+			WorkingDir:   spec.WorkingDir,
+			RestartLimit: spec.RestartLimit,
+			Hostname:     runtime.Hostname(spec.ID),
+			User:         runAs,
+			Identity:     agent.NewIdentity(spec.ID),
+		}
+		s.ident = acfg.Identity
+		for _, f := range spec.Files {
+			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
+		}
+		cfgJSON, err := json.Marshal(&acfg)
+		if err != nil {
+			return runtime.Info{}, err
+		}
+		data[gate.ConfigFile] = cfgJSON
+	}
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secretName(spec.ID), Namespace: b.cfg.Namespace, Labels: lbls},
 		Type:       corev1.SecretTypeOpaque,
-		Data: map[string][]byte{
-			gate.ConfigFile:     cfgJSON,
-			secretSpec:          specJSON,
-			gate.TLSCertFile:    serverPEM,
-			gate.TLSKeyFile:     serverKeyPEM,
-			gate.ClientCertFile: clientPEM,
-			secretClientKey:     clientKeyPEM,
-		},
+		Data:       data,
 	}
 	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
 	if _, err := secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
@@ -163,11 +183,11 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		return runtime.Info{}, fmt.Errorf("create sandbox %s: secret: %w", spec.ID, err)
 	}
 	pullSecret := ""
-	if c := spec.PullCredentials; c != nil {
-		ps, err := dockerConfigSecret(spec, c)
-		if err != nil {
-			return runtime.Info{}, err
-		}
+	ps, err := dockerConfigSecret(spec)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	if ps != nil {
 		ps.Namespace, ps.Labels = b.cfg.Namespace, lbls
 		if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
 			return runtime.Info{}, fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
@@ -180,7 +200,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 		}
 	}
-	pod := b.podFor(spec, rcName, lbls, pullSecret, sc)
+	var pod *corev1.Pod
+	if grp != nil {
+		pod = b.podForGroup(spec, grp, rcName, lbls, pullSecret)
+	} else {
+		pod = b.podFor(spec, rcName, lbls, pullSecret, sc)
+	}
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		switch {
@@ -202,6 +227,14 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	// The Secrets go with the Pod (garbage collector), also when the runner is gone.
 	go b.adoptSecrets(context.WithoutCancel(ctx), created, pullSecret, np != nil)
 
+	if grp != nil {
+		b.watchAgents(s)
+		// The containers wait held; they start in the spec's order (init containers:
+		// the kubelet's, in order). A *startseq.Failure names the container.
+		if err := startseq.Run(ctx, spec, groupOps{b: b, s: s}); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 	info, err := b.waitRunning(ctx, s)
 	if err != nil {
 		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -271,36 +304,11 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 	grace := int64(b.cfg.TerminationGrace / time.Second)
 	no := false
 	mounts := func(ms ...corev1.VolumeMount) []corev1.VolumeMount { return ms }
-	res := corev1.ResourceRequirements{}
 	disk := spec.Resources.DiskBytes
 	if disk == 0 {
 		disk = b.cfg.DiskBytes
 	}
-	r := spec.Resources
-	if r.MilliCPU > 0 || r.MemoryBytes > 0 || r.RequestMilliCPU > 0 || r.RequestMemoryBytes > 0 || disk > 0 {
-		res.Limits, res.Requests = corev1.ResourceList{}, corev1.ResourceList{}
-		if disk > 0 {
-			// A cap, not a reservation (the local backend's disk images are sparse too): an
-			// explicit zero request, as a limit alone would make the request default to it
-			// and reserve --disk (10 Gi) of node storage per sandbox at scheduling.
-			res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(disk, resource.BinarySI)
-			res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
-		}
-		// Requests are what the scheduler places by; a limit without one is also the
-		// request (as Kubernetes itself defaults it).
-		if m := r.MilliCPU; m > 0 {
-			res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
-		}
-		if m := cmp.Or(r.RequestMilliCPU, r.MilliCPU); m > 0 {
-			res.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(m, resource.DecimalSI)
-		}
-		if m := r.MemoryBytes; m > 0 {
-			res.Limits[corev1.ResourceMemory] = *resource.NewQuantity(m, resource.BinarySI)
-		}
-		if m := cmp.Or(r.RequestMemoryBytes, r.MemoryBytes); m > 0 {
-			res.Requests[corev1.ResourceMemory] = *resource.NewQuantity(m, resource.BinarySI)
-		}
-	}
+	res := resourcesFor(spec.Resources, disk)
 	helperRes := corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
@@ -432,7 +440,8 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			return runtime.Info{}, err
 		}
 		if ended {
-			if pod != nil && !mainStarted(pod) {
+			// A group's primary was started by startseq already: ending early is its exit.
+			if pod != nil && !mainStarted(pod) && !s.spec.Multi() {
 				return runtime.Info{}, startErrorOfEnded(pod)
 			}
 			return b.info(s), nil
@@ -482,7 +491,7 @@ func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
 func (b *Backend) pingAgent(ctx context.Context, s *sandbox, ip string) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip) })
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
 	_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
 	return err
 }

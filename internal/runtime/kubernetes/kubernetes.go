@@ -25,6 +25,10 @@
 // the Pod ends and the kubelet puts the message into the Pod status. Wait reads it from
 // there (exit code, restarts, reason).
 //
+// Multi-container sandboxes (a spec with sidecars or init containers) are one Pod too,
+// each container with its own agent behind the one gate, which picks the agent by the
+// connection's TLS server name: see multi.go.
+//
 // Recovery: the runner's Pods are found by label; the Secret holds the spec and the
 // keys, so a new backend reaches the agents of an earlier one. Logs: see logs.go.
 package kubernetes
@@ -52,6 +56,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -153,16 +158,27 @@ type sandbox struct {
 	// ident is what the agent proves behind the gate (agent.VerifyIdentity); nil for
 	// sandboxes made before agents had one.
 	ident *agentconfig.Identity
+	// Multi-container sandboxes: every container's agent identity (by name) and, while
+	// Create runs, the group it prepared; nil for single-container ones.
+	idents map[string]*agentconfig.Identity
+	group  *group
+	// agentStatus is the last status of each sidecar's agent (watchAgents); guarded by
+	// Backend.mu.
+	agentStatus map[string]*agentv1.StatusResponse
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
 	uid     types.UID
 	deleted bool
-	changed chan struct{} // closed and replaced on every change
-	done    chan struct{} // closed once exit is set
-	exit    runtime.Exit
+	// stopping: the primary of a group has ended and the backend is stopping the rest.
+	stopping bool
+	changed  chan struct{} // closed and replaced on every change
+	done     chan struct{} // closed once exit is set
+	exit     runtime.Exit
 
-	logsDone chan struct{} // closed when the log copy ends; nil without one
+	// logsDone: each log copy's channel, closed when it ends, by container ("" = the
+	// primary); nil without copies.
+	logsDone map[string]chan struct{}
 }
 
 // maxIDLen is the longest sandbox ID this backend takes (IDs end up in Pod and Secret
@@ -276,9 +292,20 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	select {
 	case <-s.done:
 	default:
-		if s.deleted || podEnded(s.pod) {
+		if s.deleted || podEnded(s.pod) || s.spec.Multi() && primaryEnded(s.pod) {
 			s.exit = exitOf(s.pod, s.deleted)
 			close(s.done)
+		}
+		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {
+			// The primary's end ends the sandbox: the other containers get the grace
+			// period (the Pod's deletion sends them SIGTERM).
+			s.stopping = true
+			go func() {
+				grace := max(int64(b.cfg.TerminationGrace/time.Second), 1)
+				if err := b.deletePod(b.ctx, s, grace); err != nil {
+					b.log.Warn("stop the other containers after the primary ended", "sandbox", s.id, "err", err)
+				}
+			}()
 		}
 	}
 	close(s.changed)
@@ -305,8 +332,17 @@ func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn
 	if err != nil {
 		return nil, err
 	}
-	if container != "" && container != runtime.DefaultContainerName {
+	serverName := ""
+	if !s.spec.Multi() {
+		if container != "" && container != runtime.DefaultContainerName {
+			return nil, fmt.Errorf("%w: %q in sandbox %s", runtime.ErrContainerNotFound, container, id)
+		}
+	} else if c, init := s.spec.Find(container); c == nil {
 		return nil, fmt.Errorf("%w: %q in sandbox %s", runtime.ErrContainerNotFound, container, id)
+	} else if init {
+		return nil, fmt.Errorf("dial agent of %s: container %q is an init container: it has no agent once it has run", id, container)
+	} else if c != &s.spec.Container {
+		serverName = c.ContainerName()
 	}
 	b.mu.Lock()
 	ip := ""
@@ -323,22 +359,35 @@ func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn
 	if ip == "" {
 		return nil, fmt.Errorf("dial agent of %s: the Pod has no IP yet", id)
 	}
-	return b.dialGate(ctx, s, ip)
+	return b.dialGate(ctx, s, ip, serverName)
 }
 
-func (b *Backend) dialGate(ctx context.Context, s *sandbox, ip string) (net.Conn, error) {
+// dialGate connects to container's agent (a sidecar's name; "" = the primary) through
+// the gate at ip.
+func (b *Backend) dialGate(ctx context.Context, s *sandbox, ip, container string) (net.Conn, error) {
 	raw, err := b.cfg.Dial(ctx, "tcp", net.JoinHostPort(ip, strconv.Itoa(gate.Port)))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent of %s: %w", s.id, err)
 	}
-	c := tls.Client(raw, gate.ClientTLS(s.client, s.server))
+	tc := gate.ClientTLS(s.client, s.server)
+	ident := s.ident
+	if container != "" {
+		// The gate picks the container's agent by the server name.
+		tc.ServerName = container
+		ident = s.idents[container]
+		if ident == nil {
+			raw.Close()
+			return nil, fmt.Errorf("dial agent of %s: no identity recorded for container %q", s.id, container)
+		}
+	}
+	c := tls.Client(raw, tc)
 	if err := c.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("dial agent of %s: TLS: %w", s.id, err)
 	}
 	// The pinned certificate proves the Pod's gate; the handshake, the agent behind it.
-	if s.ident != nil {
-		if err := agent.VerifyIdentity(ctx, c, s.ident); err != nil {
+	if ident != nil {
+		if err := agent.VerifyIdentity(ctx, c, ident); err != nil {
 			_ = c.Close()
 			if errors.Is(err, agent.ErrIdentity) {
 				b.log.Error("agent identity check failed: refusing the connection", "sandbox", s.id, "err", err)
@@ -534,6 +583,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		s.pod = pod
 		b.evaluateLocked(s)
 		rec := runtime.Recovered{Spec: s.spec, Info: infoOf(s)}
+		notRunning := false
 		select {
 		case <-s.done:
 			ex := s.exit
@@ -541,6 +591,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		default:
 			rec.Alive = mainRunning(pod)
 			if !rec.Alive {
+				notRunning = true
 				// Not yet running (a Create cut short by the restart): report it as
 				// vanished and let the runner destroy it.
 				ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's Pod was not running when the runner started", At: time.Now().UTC()}
@@ -548,8 +599,18 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 		}
 		b.mu.Unlock()
+		if notRunning && pod.Status.PodIP != "" && pod.DeletionTimestamp == nil {
+			// The kubelet reports a container running only at its next relist, seconds
+			// after a Pod of many containers started: an agent that answers is alive.
+			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			if b.pingAgent(pctx, s, pod.Status.PodIP) == nil {
+				rec.Alive, rec.Exit = true, nil
+			}
+			cancel()
+		}
 		if rec.Alive {
 			b.startLogs(s)
+			b.watchAgents(s)
 			if err := b.ensureNetworkPolicy(ctx, &rec.Spec, pod); err != nil {
 				b.log.Warn("re-create the sandbox's network policy", "sandbox", id, "err", err)
 			}
@@ -594,8 +655,19 @@ func sandboxFromSecret(id string, sec *corev1.Secret) (*sandbox, error) {
 	if err := json.Unmarshal(sec.Data[gate.ConfigFile], &acfg); err != nil {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
-	return &sandbox{
+	s := &sandbox{
 		id: id, spec: spec, class: spec.RuntimeClass, client: cert, server: server, ident: acfg.Identity,
 		changed: make(chan struct{}), done: make(chan struct{}),
-	}, nil
+	}
+	if spec.Multi() {
+		s.idents = map[string]*agentconfig.Identity{}
+		for _, m := range members(&spec) {
+			var c agentconfig.Config
+			if err := json.Unmarshal(sec.Data[configKey(m)], &c); err != nil {
+				return nil, fmt.Errorf("agent config of container %s: %w", m.name, err)
+			}
+			s.idents[m.name] = c.Identity
+		}
+	}
+	return s, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/logstore"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // The agent keeps the main command's log in the Pod's emptyDir, which goes with the Pod.
@@ -20,17 +21,18 @@ import (
 // LogDir/<id>/ (the agent's own format, same offsets), so the runner can archive it when
 // the sandbox ends (LogDir) and serve it afterwards, as with the local backend.
 
-// shipLogs follows s's log until the main command has finally ended (the follow stream
-// ends cleanly), the sandbox has ended, or the backend is closed.
-func (b *Backend) shipLogs(s *sandbox) {
-	defer close(s.logsDone)
-	w, err := logstore.Open(b.logDir(s.id), agentconfig.MainLog)
+// shipLogs follows the log of s's container ("" = the primary) until its main command
+// has finally ended (the follow stream ends cleanly), the sandbox has ended, or the
+// backend is closed.
+func (b *Backend) shipLogs(s *sandbox, container string, done chan struct{}) {
+	defer close(done)
+	w, err := logstore.Open(b.containerLogDir(s.id, container), agentconfig.MainLog)
 	if err != nil {
 		b.log.Warn("open sandbox log copy", "sandbox", s.id, "err", err)
 		return
 	}
 	defer func() { _ = w.Close() }()
-	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, s.id, "") })
+	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, s.id, container) })
 	for {
 		next := w.Size()
 		stream, err := client.Logs(b.ctx, connect.NewRequest(&agentv1.LogsRequest{Follow: true, FromOffset: true, Offset: next}))
@@ -65,8 +67,23 @@ func (b *Backend) shipLogs(s *sandbox) {
 
 func (b *Backend) logDir(id string) string { return filepath.Join(b.cfg.LogDir, id) }
 
+// containersLogDir holds the log copies of a group's sidecars: LogDir/.containers/<id>/
+// <name> (no sandbox ID starts with a dot).
+func (b *Backend) containersLogDir(id string) string {
+	return filepath.Join(b.cfg.LogDir, ".containers", id)
+}
+
+func (b *Backend) containerLogDir(id, container string) string {
+	if container == "" {
+		return b.logDir(id)
+	}
+	return filepath.Join(b.containersLogDir(id), container)
+}
+
 // LogDir returns the directory holding the copy of an ended sandbox's log (for the
 // runner to archive), once the copy is complete or after 5 s; "" without Config.LogDir.
+// container names a sidecar of a group ("" and the primary's name: the primary); init
+// containers have no copy (their agents have ended before the gate serves).
 func (b *Backend) LogDir(id, container string) string {
 	if b.cfg.LogDir == "" || !validID(id) {
 		return ""
@@ -74,25 +91,51 @@ func (b *Backend) LogDir(id, container string) string {
 	b.mu.Lock()
 	s := b.sandboxes[id]
 	b.mu.Unlock()
-	if s != nil && s.logsDone != nil {
+	if s == nil {
+		if container != "" && container != runtime.DefaultContainerName {
+			return ""
+		}
+		return b.logDir(id)
+	}
+	key := ""
+	if container != "" {
+		c, init := s.spec.Find(container)
+		switch {
+		case c == nil || init:
+			return ""
+		case c != &s.spec.Container:
+			key = container
+		}
+	}
+	if done := s.logsDone[key]; done != nil {
 		select {
-		case <-s.logsDone:
+		case <-done:
 		case <-time.After(5 * time.Second):
 		}
 	}
-	return b.logDir(id)
+	return b.containerLogDir(id, key)
 }
 
+// startLogs starts copying the logs of s's primary and sidecars.
 func (b *Backend) startLogs(s *sandbox) {
 	if b.cfg.LogDir == "" {
 		return
 	}
-	s.logsDone = make(chan struct{})
-	go b.shipLogs(s)
+	s.logsDone = map[string]chan struct{}{}
+	for _, c := range s.spec.Containers() {
+		key := ""
+		if c != &s.spec.Container {
+			key = c.ContainerName()
+		}
+		done := make(chan struct{})
+		s.logsDone[key] = done
+		go b.shipLogs(s, key, done)
+	}
 }
 
 func (b *Backend) removeLogs(id string) {
 	if b.cfg.LogDir != "" {
 		_ = os.RemoveAll(b.logDir(id))
+		_ = os.RemoveAll(b.containersLogDir(id))
 	}
 }

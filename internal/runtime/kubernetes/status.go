@@ -67,16 +67,20 @@ func startError(p *corev1.Pod) error {
 	if p == nil {
 		return nil
 	}
-	for _, name := range []string{containerMain, containerGate} {
-		cs := containerStatus(p, name)
-		if cs == nil || cs.State.Waiting == nil {
+	// Every container of the Pod: the sandbox's and the agent's (gate, install), and a
+	// group's sidecars and init containers.
+	all := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+	for i := range all {
+		cs := &all[i]
+		name := cs.Name
+		if cs.State.Waiting == nil {
 			continue
 		}
 		w := cs.State.Waiting
 		switch {
 		case pullReasons[w.Reason]:
 			img := cs.Image
-			if name != containerMain {
+			if name == containerGate || name == containerInstall {
 				img = "agent image " + img
 			}
 			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, w.Message)
@@ -215,20 +219,34 @@ func digestOf(imageID string) string {
 
 func pullSecretName(id string) string { return "sbx-" + id + "-pull" }
 
-// dockerConfigSecret is an image pull Secret for the spec's registry.
-func dockerConfigSecret(spec *runtime.Spec, c *runtime.Credentials) (*corev1.Secret, error) {
-	ref, err := name.ParseReference(spec.Image)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %w", runtime.ErrInvalidImageRef, spec.Image, err)
+// dockerConfigSecret is an image pull Secret for the registries of the spec's
+// containers that have credentials (each container's for its own image; the first
+// container's wins where two name the same registry); nil when none has any.
+func dockerConfigSecret(spec *runtime.Spec) (*corev1.Secret, error) {
+	auths := map[string]any{}
+	for _, ct := range spec.AllContainers() {
+		c := ct.PullCredentials
+		if c == nil {
+			continue
+		}
+		ref, err := name.ParseReference(ct.Image)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q: %w", runtime.ErrInvalidImageRef, ct.Image, err)
+		}
+		reg := ref.Context().RegistryStr()
+		if reg == name.DefaultRegistry {
+			reg = "https://index.docker.io/v1/"
+		}
+		if _, ok := auths[reg]; ok {
+			continue
+		}
+		auth := base64.StdEncoding.EncodeToString([]byte(c.Username + ":" + c.Password))
+		auths[reg] = map[string]string{"username": c.Username, "password": c.Password, "auth": auth}
 	}
-	reg := ref.Context().RegistryStr()
-	if reg == name.DefaultRegistry {
-		reg = "https://index.docker.io/v1/"
+	if len(auths) == 0 {
+		return nil, nil
 	}
-	auth := base64.StdEncoding.EncodeToString([]byte(c.Username + ":" + c.Password))
-	b, err := json.Marshal(map[string]any{"auths": map[string]any{reg: map[string]string{
-		"username": c.Username, "password": c.Password, "auth": auth,
-	}}})
+	b, err := json.Marshal(map[string]any{"auths": auths})
 	if err != nil {
 		return nil, err
 	}

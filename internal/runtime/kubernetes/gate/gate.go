@@ -63,6 +63,11 @@ const (
 	TLSCertFile    = "tls.crt"
 	TLSKeyFile     = "tls.key"
 	ClientCertFile = "client.crt"
+	// ContainersDir holds, in the gate container of a multi-container Pod, one directory
+	// per container the gate serves: that container's RunDir emptyDir, mounted at
+	// ContainersDir/<container name>. A connection names its container by its TLS server
+	// name (SNI); none means the primary (RunDir).
+	ContainersDir = "/sandbox-gate-containers"
 	// Port is the gate's TCP port on the Pod IP.
 	Port = 7443
 	// UID is the gate container's user and group (non-root, as the Pod Security
@@ -197,6 +202,10 @@ type ServeOptions struct {
 	KeyFile        string
 	ClientCertFile string // the only client certificate accepted
 	Upstream       string // the agent's unix socket
+	// ContainersDir, when set, holds <name>/Socket for every container a connection may
+	// name by its TLS server name (multi-container Pods); a connection without one goes to
+	// Upstream.
+	ContainersDir string
 	// DialTimeout bounds how long a connection waits for the agent to listen (default 30 s).
 	DialTimeout time.Duration
 	// StatusFile is the agent's status.json. Serve returns once the agent has ended: the
@@ -285,7 +294,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			splice(done, c.(*tls.Conn), o.Upstream, o.DialTimeout, log)
+			splice(done, c.(*tls.Conn), o.upstream, o.DialTimeout, log)
 		}()
 	}
 	if o.StatusFile != "" && o.TerminationLog != "" {
@@ -354,7 +363,41 @@ func statusFinal(path string) bool {
 	return false
 }
 
-func splice(ctx context.Context, c *tls.Conn, upstream string, timeout time.Duration, log *slog.Logger) {
+// upstream is the agent socket of the container a connection names by its TLS server
+// name: Upstream without one, else ContainersDir/<name>/Socket. The name is a DNS-1123
+// label (no path tricks) and must be one of the directories the Pod spec mounted there
+// (the gate's root file system is read-only: nothing else makes entries). The socket
+// lies in that container's own emptyDir, so the container could swap it for a symlink:
+// only a socket itself is dialled (and the backend verifies the agent's identity, per
+// container, on every connection anyway).
+func (o *ServeOptions) upstream(serverName string) (string, error) {
+	if serverName == "" {
+		return o.Upstream, nil
+	}
+	if o.ContainersDir == "" || !dnsLabel(serverName) {
+		return "", fmt.Errorf("unknown container %q", serverName)
+	}
+	dir := filepath.Join(o.ContainersDir, serverName)
+	if st, err := os.Lstat(dir); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("unknown container %q", serverName)
+	}
+	return filepath.Join(dir, Socket), nil
+}
+
+// dnsLabel reports whether s is a DNS-1123 label (container names are).
+func dnsLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func splice(ctx context.Context, c *tls.Conn, pick func(serverName string) (string, error), timeout time.Duration, log *slog.Logger) {
 	defer func() { _ = c.Close() }()
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err := c.HandshakeContext(hctx)
@@ -363,10 +406,19 @@ func splice(ctx context.Context, c *tls.Conn, upstream string, timeout time.Dura
 		log.Debug("handshake", "err", err)
 		return
 	}
+	upstream, err := pick(c.ConnectionState().ServerName)
+	if err != nil {
+		log.Warn("connection refused", "err", err)
+		return
+	}
 	var up net.Conn
 	deadline := time.Now().Add(timeout)
 	for {
 		var d net.Dialer
+		if st, serr := os.Lstat(upstream); serr == nil && st.Mode()&os.ModeSocket == 0 {
+			log.Warn("dial agent: not a socket", "path", upstream)
+			return
+		}
 		up, err = d.DialContext(ctx, "unix", upstream)
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			break

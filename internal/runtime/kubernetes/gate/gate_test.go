@@ -192,3 +192,86 @@ func TestListenAgent(t *testing.T) {
 		t.Errorf("read %q", b)
 	}
 }
+
+// TestServeContainers: a connection's TLS server name picks the container's agent socket
+// under ContainersDir; none picks the primary's; a name that is not a mounted container
+// (or a path trick) and a symlink in place of a socket get no upstream at all.
+func TestServeContainers(t *testing.T) {
+	dir := t.TempDir()
+	_, serverDER := keyPair(t, dir, "server")
+	client, _ := keyPair(t, dir, "client")
+	serve := func(path, reply string) {
+		up, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { up.Close() })
+		go func() {
+			for {
+				c, err := up.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = c.Write([]byte(reply))
+				c.Close()
+			}
+		}()
+	}
+	primary := filepath.Join(dir, "primary.sock")
+	serve(primary, "primary")
+	containers := filepath.Join(dir, "containers")
+	for _, n := range []string{"app", "redis", "evil"} {
+		if err := os.MkdirAll(filepath.Join(containers, n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serve(filepath.Join(containers, "app", Socket), "app")
+	serve(filepath.Join(containers, "redis", Socket), "redis")
+	// evil's socket is a symlink to redis': never followed.
+	if err := os.Symlink(filepath.Join(containers, "redis", Socket), filepath.Join(containers, "evil", Socket)); err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = Serve(ctx, ServeOptions{
+			Listen: addr, CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key"),
+			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: primary, ContainersDir: containers,
+			DialTimeout: 200 * time.Millisecond,
+		})
+	}()
+	dial := func(name string) string {
+		cfg := ClientTLS(client, serverDER)
+		cfg.ServerName = name
+		var c *tls.Conn
+		var err error
+		for i := 0; i < 50; i++ {
+			if c, err = tls.Dial("tcp", addr, cfg); err == nil || !strings.Contains(err.Error(), "refused") {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("dial %q: %v", name, err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	for name, want := range map[string]string{"": "primary", "app": "app", "redis": "redis", "evil": "", "nope": "", "app.x": ""} {
+		if got := dial(name); got != want {
+			t.Errorf("server name %q reached %q, want %q", name, got, want)
+		}
+	}
+	// Names a Go client would not even send: refused by the gate itself.
+	o := &ServeOptions{Upstream: primary, ContainersDir: containers}
+	for _, n := range []string{"..", "../containers/app", "app/", "APP", "-app"} {
+		if p, err := o.upstream(n); err == nil {
+			t.Errorf("server name %q picked %s", n, p)
+		}
+	}
+}

@@ -34,7 +34,12 @@ func main() {
 	case "serve":
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
+		containers := "" // a single-container Pod mounts no ContainersDir
+		if st, serr := os.Stat(gate.ContainersDir); serr == nil && st.IsDir() {
+			containers = gate.ContainersDir
+		}
 		err = gate.Serve(ctx, gate.ServeOptions{
+			ContainersDir:  containers,
 			CertFile:       filepath.Join(gate.TLSDir, gate.TLSCertFile),
 			KeyFile:        filepath.Join(gate.TLSDir, gate.TLSKeyFile),
 			ClientCertFile: filepath.Join(gate.TLSDir, gate.ClientCertFile),
