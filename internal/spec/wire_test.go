@@ -39,12 +39,12 @@ var refused = map[string]connect.Code{
 	"containers.image_pull_credentials":             connect.CodeUnimplemented,
 	"volumes.volume_id":                             connect.CodeUnimplemented,
 	"volumes.scratch.restore_from_snapshot_id":      connect.CodeUnimplemented,
-	"network_ids":                                   connect.CodeUnimplemented,
-	"network_config_id":                             connect.CodeUnimplemented,
-	"object_storage_access":                         connect.CodeUnimplemented,
-	"instance_type":                                 connect.CodeUnimplemented,
-	"network.egress.selector":                       connect.CodeUnimplemented,
-	"network.egress.https_hostname_except":          connect.CodeInvalidArgument, // policy-only
+	"network_ids":                          connect.CodeUnimplemented,
+	"network_config_id":                    connect.CodeUnimplemented,
+	"object_storage_access":                connect.CodeUnimplemented,
+	"instance_type":                        connect.CodeUnimplemented,
+	"network.egress.selector":              connect.CodeUnimplemented,
+	"network.egress.https_hostname_except": connect.CodeInvalidArgument, // policy-only
 }
 
 // wireFixtures are valid specs that, between them, set every field ToCreateRequest
