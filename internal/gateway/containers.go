@@ -130,10 +130,11 @@ func containerState(c runtime.ContainerStatus) sandboxv1.State {
 
 // containerStatuses are the status rows of sandbox sb's containers (sp its spec, state
 // its public state): one per container of the spec, in the spec's order. A container
-// the runner reports on (runner.Sandbox.Containers) has its report; one it does not (a
-// single-container sandbox, whose runner reports the sandbox alone, or one not reported
-// yet) has the sandbox's state, the primary also its exit code and restarts. Init
-// containers have no public field, so no row: a failing one is named in state_reason.
+// the runner reports on (runner.Sandbox.Containers) has its report. The primary
+// without a report (a single-container sandbox, whose runner reports the sandbox alone)
+// has the sandbox's state, exit code and restarts; a sidecar without one is CREATING
+// while the sandbox is, else UNSPECIFIED (unknown). Init containers have no public
+// field, so no row: a failing one is named in state_reason.
 func containerStatuses(sp *sandboxv1.SandboxSpec, sb runner.Sandbox, state sandboxv1.State) []*sandboxv1.ContainerStatus {
 	reported := map[string]runtime.ContainerStatus{}
 	for _, c := range sb.Containers {
@@ -163,6 +164,10 @@ func containerStatuses(sp *sandboxv1.SandboxSpec, sb runner.Sandbox, state sandb
 			if sb.ExitCode != nil {
 				row.ExitCode = *sb.ExitCode
 			}
+		} else if state != sandboxv1.State_STATE_CREATING {
+			// A sidecar nobody reported on: its state is not known (never the sandbox's,
+			// which would claim it runs).
+			row.State = sandboxv1.State_STATE_UNSPECIFIED
 		}
 		out = append(out, row)
 	}

@@ -219,6 +219,15 @@ func TestContainerStatuses(t *testing.T) {
 		}
 	}
 
+	// Not reported (yet): a sidecar is CREATING with its sandbox, else unknown; the
+	// primary has the sandbox's state.
+	for st, want := range map[runner.State]sandboxv1.State{runner.StateCreating: sandboxv1.State_STATE_CREATING, runner.StateRunning: sandboxv1.State_STATE_UNSPECIFIED} {
+		rows := sandboxProto("x", sp, runner.Sandbox{State: st}, &acceptingRunner{id: "r1"}).GetStatus().GetContainerStatuses()
+		if rows[1].GetState() != sandboxv1.State(st) || rows[0].GetState() != want || rows[2].GetState() != want {
+			t.Errorf("unreported, sandbox %v: %v", st, rows)
+		}
+	}
+
 	single := sandboxProto("x", &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox"}}},
 		runner.Sandbox{State: runner.StateFailed, ExitCode: code(2), Restarts: 6}, &acceptingRunner{id: "r1"})
 	rows := single.GetStatus().GetContainerStatuses()
