@@ -50,11 +50,7 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 		c := *sb.ExitCode
 		st.ExitCode = &c
 	}
-	name := "main"
 	if c := spec.Primary(sp); c != nil {
-		if c.GetName() != "" {
-			name = c.GetName()
-		}
 		st.EffectiveResources = c.GetResources()
 		st.EffectiveResourceRequirements = c.GetResourceRequirements()
 		if st.EffectiveResourceRequirements == nil && c.GetResources() != nil {
@@ -64,11 +60,8 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 			st.EffectiveResources = spec.EffectiveLimits(c)
 		}
 	}
-	cs := &sandboxv1.ContainerStatus{Name: name, State: st.State, RestartCount: int32(sb.Restarts)}
-	if sb.ExitCode != nil {
-		cs.ExitCode = *sb.ExitCode
-	}
-	st.ContainerStatuses = []*sandboxv1.ContainerStatus{cs}
+	st.ContainerStatuses = containerStatuses(sp, sb, st.State)
+	sp = withPrimaryMarked(sp)
 	return &sandboxv1.Sandbox{SandboxId: id, Spec: sp, Status: st}
 }
 

@@ -474,26 +474,15 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 	return connect.NewResponse(out), nil
 }
 
-// checkContainer: container must name the sandbox's primary container (or be empty).
-func checkContainer(rec *record, container string) error {
-	if container != "" {
-		c := spec.Primary(rec.spec)
-		if c == nil || (container != c.GetName() && !(c.GetName() == "" && container == "main")) {
-			return apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", rec.id, container),
-				[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
-		}
-	}
-	return nil
-}
-
-// agentOf returns the agent of a sandbox already looked up, waiting while it starts.
-// container must name the primary container (or be empty).
+// agentOf returns the agent of a sandbox already looked up (of its container named
+// container; "" = the primary), waiting while it starts.
 func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, container string) (agentv1connect.AgentServiceClient, error) {
 	id := rec.id
-	if err := checkContainer(rec, container); err != nil {
+	name, err := containerOf(rec.id, rec.spec, container)
+	if err != nil {
 		return nil, err
 	}
-	a, err := r.Agent(ctx, rec.id)
+	a, err := runnerAgent(ctx, r, rec.id, name)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
@@ -523,11 +512,12 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (rela
 	if err != nil {
 		return nil, err
 	}
-	if err := checkContainer(rec, container); err != nil {
+	name, err := containerOf(rec.id, rec.spec, container)
+	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-		err := r.Logs(ctx, rec.id, req, send)
+		err := runnerLogs(ctx, r, rec.id, name, req, send)
 		if errors.Is(err, runtime.ErrNotFound) {
 			if last := s.index.lastOf(rec); last.State.Terminal() {
 				return apierr.New(apierr.SandboxNotRunning,

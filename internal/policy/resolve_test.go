@@ -611,3 +611,22 @@ func TestPlatformCapabilities(t *testing.T) {
 		t.Errorf("dropping capabilities needs no consent: %s", fmtVs(vs))
 	}
 }
+
+// TestDefaultsPerContainer: the policy's resource defaults fill each container of a
+// group (not the sandbox as a whole), and its per-sandbox ceiling then holds the sum.
+func TestDefaultsPerContainer(t *testing.T) {
+	p := mustParse(t, `{"base": {"resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "1Gi"}}},
+		"constraints": {"resources": {"total_cpu": "2"}}}`)
+	s := spec(second("busybox"), second("redis"))
+	s.Containers[2].Name = "db"
+	s.Containers[2].ResourceRequirements = &sandboxv1.ResourceRequirements{Limits: &sandboxv1.Resources{Cpu: "500m"}}
+	got, vs := Resolve(p, s, DefaultPlatform())
+	for i, want := range []struct{ req, lim, mem string }{{"250m", "1", "1Gi"}, {"250m", "1", "1Gi"}, {"500m", "500m", "1Gi"}} {
+		rr := got.GetContainers()[i].GetResourceRequirements()
+		if rr.GetRequests().GetCpu() != want.req || rr.GetLimits().GetCpu() != want.lim || rr.GetLimits().GetMemory() != want.mem {
+			t.Errorf("container %d: %v, want requests.cpu %s limits.cpu %s limits.memory %s", i, rr, want.req, want.lim, want.mem)
+		}
+	}
+	// 1 + 1 + 0.5 CPUs of limits: above the sandbox's 2.
+	checkViolations(t, vs, []want{{"sandbox.spec.containers", "constraints.resources.total_cpu", "2"}})
+}

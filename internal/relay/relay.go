@@ -33,11 +33,15 @@ const (
 // DataSource finds the agent behind a data call: the gateway looks the sandbox up in the
 // caller's organization; a runner's direct data plane checks the caller's certificate.
 type DataSource interface {
-	// DataAgent returns the agent of sandbox id for an operation needing perm, waiting
-	// while the sandbox starts. container must name the primary container (or be empty).
+	// DataAgent returns the agent of sandbox id's container (the request's container
+	// field; "" = the primary) for an operation needing perm, waiting while the sandbox
+	// starts. A name of no container of the sandbox is NOT_FOUND
+	// CWSANDBOX_CONTAINER_NOT_FOUND, metadata container naming it.
 	DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermission, id, container string) (agentv1connect.AgentServiceClient, error)
-	// DataLogs returns the reader of sandbox id's log (STREAM_LOGS). Logs outlive the
-	// sandbox: an ended one's log is read from its runner's copy for the retention window.
+	// DataLogs returns the reader of the log of sandbox id's container ("" = the
+	// primary) (STREAM_LOGS), refusing a name of no container as DataAgent does. Logs
+	// outlive the sandbox: an ended one's log is read from its runner's copy for the
+	// retention window.
 	DataLogs(ctx context.Context, id, container string) (LogReader, error)
 }
 

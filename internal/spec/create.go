@@ -28,52 +28,30 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	if spec == nil {
 		return runner.CreateRequest{}, apierr.Invalid(apierr.InvalidRequest, "sandbox.spec is required", []apierr.Violation{{Field: "sandbox.spec", Description: "is required"}})
 	}
-	switch n := len(spec.GetContainers()); {
+	cs := spec.GetContainers()
+	switch n := len(cs); {
 	case n == 0:
 		add("sandbox.spec.containers", "at least one container is required")
-	case n > 1:
-		unsupported = append(unsupported, "more than one container")
+	case n > runtime.MaxContainers:
+		add("sandbox.spec.containers", "has %d containers, at most %d allowed", n, runtime.MaxContainers)
+		cs = cs[:runtime.MaxContainers] // bounded work on untrusted input: the rest is refused above
 	}
-	vs = append(vs, containerNameViolations("sandbox.spec.containers", spec.GetContainers())...)
+	vs = append(vs, containerNameViolations("sandbox.spec.containers", cs)...)
+	vs = append(vs, primaryViolations("sandbox.spec.containers", cs)...)
 	vs = append(vs, tagViolations("sandbox.spec.tags", spec.GetTags())...)
 	vs = append(vs, annotationViolations("sandbox.spec.annotations", spec.GetAnnotations())...)
 	var req runner.CreateRequest
-	if c := Primary(spec); c != nil {
-		f := "sandbox.spec.containers[0]"
-		if strings.TrimSpace(c.GetImage()) == "" {
-			add(f+".image", "is required")
-		}
-		req.Spec = runtime.Spec{
-			Container: runtime.Container{Image: c.GetImage(), Command: c.GetCommand(), Args: c.GetArgs(), Env: c.GetEnvironmentVariables(), WorkingDir: c.GetWorkingDir()},
-		}
-		for _, fm := range c.GetFiles() {
-			req.Spec.Files = append(req.Spec.Files, runtime.File{Path: fm.GetPath(), Content: fm.GetContent()})
-		}
-		if c.GetResources() != nil && c.GetResourceRequirements() != nil {
-			add(f+".resource_requirements", "set either resources or resource_requirements, not both")
-		}
-		if res := EffectiveLimits(c); res != nil {
-			req.Spec.Resources.MilliCPU, req.Spec.Resources.MemoryBytes = parseResources(res, f+".resources", add)
-			if res.GetGpu().GetCount() > 0 {
-				unsupported = append(unsupported, "GPUs")
-			}
-		}
-		if res := effectiveRequests(c); res != nil {
-			req.Spec.Resources.RequestMilliCPU, req.Spec.Resources.RequestMemoryBytes = parseResources(res, f+".resource_requirements.requests", add)
-		}
-		vols, mounts, volVs, volUnsupported := scratchVolumes(spec, c, f)
-		req.Spec.Volumes, req.Spec.VolumeMounts = vols, mounts
-		vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
-		if len(c.GetSecretStores()) > 0 {
-			unsupported = append(unsupported, "secret stores")
-		}
-		sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
-		req.Spec.Security, vs = sec, append(vs, secVs...)
-		if c.GetStartupProbe() != nil {
-			unsupported = append(unsupported, "startup probes")
-		}
-		if c.GetImagePullCredentials() != nil {
-			unsupported = append(unsupported, "image pull credentials from secret stores")
+	vols, volNames, volVs, volUnsupported := scratchVolumes(spec)
+	req.Spec.Volumes = vols
+	vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
+	pi := primaryIndex(cs)
+	for i, c := range cs {
+		rc, cvs, cunsupported := toContainer(c, fmt.Sprintf("sandbox.spec.containers[%d]", i), volNames)
+		vs, unsupported = append(vs, cvs...), append(unsupported, cunsupported...)
+		if i == pi {
+			req.Spec.Container = rc
+		} else {
+			req.Spec.Sidecars = append(req.Spec.Sidecars, rc)
 		}
 	}
 	req.Lifetime = time.Duration(spec.GetMaxLifetimeSeconds()) * time.Second
@@ -121,15 +99,137 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 
 // Primary returns the primary container: the one marked primary, else the first.
 func Primary(spec *sandboxv1.SandboxSpec) *sandboxv1.Container {
-	for _, c := range spec.GetContainers() {
-		if c.GetPrimary() {
-			return c
-		}
-	}
-	if len(spec.GetContainers()) > 0 {
-		return spec.GetContainers()[0]
+	if cs := spec.GetContainers(); len(cs) > 0 {
+		return cs[primaryIndex(cs)]
 	}
 	return nil
+}
+
+// primaryIndex is the index of the primary container in cs: the first marked primary,
+// else 0 (the official client marks one when there are several, and may mark none when
+// there is one).
+func primaryIndex(cs []*sandboxv1.Container) int {
+	for i, c := range cs {
+		if c.GetPrimary() {
+			return i
+		}
+	}
+	return 0
+}
+
+// primaryViolations: at most one container is marked primary.
+func primaryViolations(field string, cs []*sandboxv1.Container) []apierr.Violation {
+	var vs []apierr.Violation
+	first := -1
+	for i, c := range cs {
+		if !c.GetPrimary() {
+			continue
+		}
+		if first >= 0 {
+			vs = append(vs, apierr.Violation{Field: fmt.Sprintf("%s[%d].primary", field, i),
+				Description: fmt.Sprintf("only one container may be primary, and %s[%d] already is", field, first)})
+			continue
+		}
+		first = i
+	}
+	return vs
+}
+
+// toContainer converts one wire container (at field f) into the runtime's: every
+// problem as a violation under f, what this sandboxd cannot do yet in unsupported.
+// volumes are the names of the sandbox's volumes, which its mounts must name.
+func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (runtime.Container, []apierr.Violation, []string) {
+	var (
+		vs          []apierr.Violation
+		unsupported []string
+	)
+	add := func(field, format string, args ...any) {
+		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+	if strings.TrimSpace(c.GetImage()) == "" {
+		add(f+".image", "is required")
+	}
+	out := runtime.Container{Name: c.GetName(), Image: c.GetImage(), Command: c.GetCommand(), Args: c.GetArgs(), Env: c.GetEnvironmentVariables(), WorkingDir: c.GetWorkingDir()}
+	for _, fm := range c.GetFiles() {
+		out.Files = append(out.Files, runtime.File{Path: fm.GetPath(), Content: fm.GetContent()})
+	}
+	if c.GetResources() != nil && c.GetResourceRequirements() != nil {
+		add(f+".resource_requirements", "set either resources or resource_requirements, not both")
+	}
+	if res := EffectiveLimits(c); res != nil {
+		out.Resources.MilliCPU, out.Resources.MemoryBytes = parseResources(res, f+".resources", add)
+		if res.GetGpu().GetCount() > 0 {
+			unsupported = append(unsupported, "GPUs")
+		}
+	}
+	switch res := effectiveRequests(c); {
+	case res == nil:
+	case res == c.GetResources(): // legacy resources: one value, the request and the limit (parsed once, reported once)
+		out.Resources.RequestMilliCPU, out.Resources.RequestMemoryBytes = out.Resources.MilliCPU, out.Resources.MemoryBytes
+	default:
+		out.Resources.RequestMilliCPU, out.Resources.RequestMemoryBytes = parseResources(res, f+".resource_requirements.requests", add)
+	}
+	out.VolumeMounts, vs = volumeMounts(c, f, volumes, vs)
+	if len(c.GetSecretStores()) > 0 {
+		unsupported = append(unsupported, "secret stores")
+	}
+	sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
+	out.Security, vs = sec, append(vs, secVs...)
+	out.StartupProbe, vs = toProbe(c.GetStartupProbe(), f+".startup_probe", vs)
+	if c.GetImagePullCredentials() != nil {
+		unsupported = append(unsupported, "image pull credentials from secret stores")
+	}
+	return out, vs, unsupported
+}
+
+// Bounds of a startup probe's timing (seconds): a day is far beyond any start-up, and
+// keeps the product of period and threshold from overflowing a Duration.
+const (
+	maxProbeSeconds   = 86400
+	maxProbeFailures  = 10000
+	maxProbeExecBytes = 64 << 10
+)
+
+// toProbe converts a wire startup probe (at field f); nil stays nil. Zero timings are
+// the runtime's defaults (runtime.DefaultProbePeriod …).
+func toProbe(p *sandboxv1.Probe, f string, vs []apierr.Violation) (*runtime.Probe, []apierr.Violation) {
+	if p == nil {
+		return nil, vs
+	}
+	add := func(field, format string, args ...any) {
+		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+	n := 0
+	for _, a := range p.GetExec() {
+		n += len(a)
+	}
+	switch {
+	case len(p.GetExec()) == 0:
+		add(f+".exec", "is required: the command (argv) whose exit 0 passes the probe")
+	case len(p.GetExec()) > runtime.MaxArgs || n > maxProbeExecBytes:
+		add(f+".exec", "has %d arguments of %d bytes in all, at most %d and %d bytes allowed", len(p.GetExec()), n, runtime.MaxArgs, maxProbeExecBytes)
+	case p.GetExec()[0] == "":
+		add(f+".exec[0]", "must name the command to run")
+	}
+	secs := func(field string, v int32) time.Duration {
+		if v < 0 || v > maxProbeSeconds {
+			add(f+"."+field, "must be 0 (the default) to %d seconds, got %d", maxProbeSeconds, v)
+			return 0
+		}
+		return time.Duration(v) * time.Second
+	}
+	out := &runtime.Probe{
+		Exec:         p.GetExec(),
+		InitialDelay: secs("initial_delay_seconds", p.GetInitialDelaySeconds()),
+		Period:       secs("period_seconds", p.GetPeriodSeconds()),
+		Timeout:      secs("timeout_seconds", p.GetTimeoutSeconds()),
+	}
+	if t := p.GetFailureThreshold(); t < 0 || t > maxProbeFailures {
+		add(f+".failure_threshold", "must be 0 (the default) to %d, got %d", maxProbeFailures, t)
+	} else {
+		out.FailureThreshold = int(t)
+	}
+	return out, vs
 }
 
 // EffectiveLimits is what the runner enforces: the legacy resources, else the limits,

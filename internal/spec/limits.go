@@ -6,6 +6,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -83,8 +84,9 @@ func checkAnnotationKey(k string) error {
 	return nil
 }
 
-// containerNameViolations: each container's name is empty (the primary one is "main")
-// or a DNS label, and no two are the same.
+// containerNameViolations: each container's name is a DNS-1123 label, unique, and not
+// one the platform reserves for its own containers; only a lone container may leave it
+// empty (it is then "main").
 func containerNameViolations(field string, cs []*sandboxv1.Container) []apierr.Violation {
 	var vs []apierr.Violation
 	seen := map[string]bool{}
@@ -92,13 +94,30 @@ func containerNameViolations(field string, cs []*sandboxv1.Container) []apierr.V
 		n := c.GetName()
 		f := fmt.Sprintf("%s[%d].name", field, i)
 		switch {
+		case n == "" && len(cs) > 1:
+			vs = append(vs, apierr.Violation{Field: f, Description: "is required when the sandbox has more than one container"})
 		case n == "":
 		case !dnsLabel.MatchString(n):
 			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("%q must be a lowercase DNS label (a-z, 0-9 and '-', at most 63, starting and ending with a letter or digit)", textclip.Clip(n, 64))})
+		case ReservedContainerName(n):
+			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("%q is reserved for the platform's own containers", n)})
 		case seen[n]:
 			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("%q names another container too", n)})
 		}
 		seen[n] = true
 	}
 	return vs
+}
+
+// reservedContainerNames are the names the target system gives its own containers in a
+// sandbox (the official client refuses them too), so a caller's container never takes
+// one: the object-store agent and its restore containers (every name beginning
+// cw-object-store-agent), the container engine of
+// CONTROL_CONTAINER_ENGINE, and the DNS egress proxy and its probe.
+var reservedContainerNames = []string{"cws-engine", "dns-egress", "dns-egress-probe"}
+
+// ReservedContainerName reports whether name is reserved for the platform's containers:
+// one of reservedContainerNames or any name beginning cw-object-store-agent.
+func ReservedContainerName(name string) bool {
+	return slices.Contains(reservedContainerNames, name) || strings.HasPrefix(name, "cw-object-store-agent")
 }

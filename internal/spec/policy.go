@@ -1,6 +1,10 @@
 package spec
 
 import (
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -8,23 +12,25 @@ import (
 )
 
 // ForPolicy is the public-API form of what the runner is asked to run: what the
-// policy constrains of it (image, resources, environment, runtime class, lifetime,
-// services and network rules).
+// policy constrains of it (images, resources, environment, security, runtime class,
+// lifetime, services and network rules), for every container. The primary is the first
+// row, marked primary when there are several; the sidecars follow in order, then the
+// init containers, which the public wire has no field for: as rows, the policy checks
+// their images, security and resources like any container's (in the sum too, which is
+// then above their true peak, runtime.Spec.TotalResources: stricter, never looser).
 func ForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
-	c := &sandboxv1.Container{
-		Image:                req.Spec.Image,
-		Command:              req.Spec.Command,
-		Args:                 req.Spec.Args,
-		EnvironmentVariables: req.Spec.Env,
-		WorkingDir:           req.Spec.WorkingDir,
-		SecurityContext:      securityForPolicy(req.Spec.Security),
+	var cs []*sandboxv1.Container
+	for _, c := range req.Spec.Containers() {
+		cs = append(cs, containerForPolicy(c))
 	}
-	r := req.Spec.Resources
-	if limits := wireResources(r.MilliCPU, r.MemoryBytes); limits != nil || r.RequestMilliCPU > 0 || r.RequestMemoryBytes > 0 {
-		c.ResourceRequirements = &sandboxv1.ResourceRequirements{Limits: limits, Requests: wireResources(r.RequestMilliCPU, r.RequestMemoryBytes)}
+	for i := range req.Spec.InitContainers {
+		cs = append(cs, containerForPolicy(&req.Spec.InitContainers[i]))
+	}
+	if len(cs) > 1 {
+		cs[0].Primary = proto.Bool(true)
 	}
 	spec := &sandboxv1.SandboxSpec{
-		Containers:         []*sandboxv1.Container{c},
+		Containers:         cs,
 		RuntimeClass:       req.Spec.RuntimeClass,
 		MaxLifetimeSeconds: int32(req.Lifetime.Seconds()),
 		Services:           servicesForPolicy(req.Spec.Services),
@@ -41,6 +47,40 @@ func ForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
 		}
 	}
 	return spec
+}
+
+// containerForPolicy is the wire form of one container, as ForPolicy renders it.
+func containerForPolicy(rc *runtime.Container) *sandboxv1.Container {
+	c := &sandboxv1.Container{
+		Name:                 rc.Name,
+		Image:                rc.Image,
+		Command:              rc.Command,
+		Args:                 rc.Args,
+		EnvironmentVariables: rc.Env,
+		WorkingDir:           rc.WorkingDir,
+		SecurityContext:      securityForPolicy(rc.Security),
+		StartupProbe:         probeForPolicy(rc.StartupProbe),
+	}
+	r := rc.Resources
+	if limits := wireResources(r.MilliCPU, r.MemoryBytes); limits != nil || r.RequestMilliCPU > 0 || r.RequestMemoryBytes > 0 {
+		c.ResourceRequirements = &sandboxv1.ResourceRequirements{Limits: limits, Requests: wireResources(r.RequestMilliCPU, r.RequestMemoryBytes)}
+	}
+	return c
+}
+
+// probeForPolicy is the wire form of a startup probe (whole seconds, as the wire has
+// them); nil stays nil.
+func probeForPolicy(p *runtime.Probe) *sandboxv1.Probe {
+	if p == nil {
+		return nil
+	}
+	return &sandboxv1.Probe{
+		Exec:                p.Exec,
+		InitialDelaySeconds: int32(p.InitialDelay / time.Second),
+		PeriodSeconds:       int32(p.Period / time.Second),
+		TimeoutSeconds:      int32(p.Timeout / time.Second),
+		FailureThreshold:    int32(p.FailureThreshold),
+	}
 }
 
 // wireResources renders milliCPU and memory (0 = unset) as the API writes them; nil when

@@ -10,13 +10,12 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// scratchVolumes converts the spec's volumes and container c's (field f) volume mounts.
-// Scratch volumes are supported; persistent volumes (volume_id) and snapshot restores are
-// reported as unsupported.
-func scratchVolumes(spec *sandboxv1.SandboxSpec, c *sandboxv1.Container, f string) ([]runtime.Volume, []runtime.VolumeMount, []apierr.Violation, []string) {
+// scratchVolumes converts the spec's volumes, shared by its containers, and returns
+// their names (which the containers' mounts must name). Scratch volumes are supported;
+// persistent volumes (volume_id) and snapshot restores are reported as unsupported.
+func scratchVolumes(spec *sandboxv1.SandboxSpec) ([]runtime.Volume, map[string]bool, []apierr.Violation, []string) {
 	var (
 		vols        []runtime.Volume
-		mounts      []runtime.VolumeMount
 		vs          []apierr.Violation
 		unsupported []string
 	)
@@ -58,6 +57,16 @@ func scratchVolumes(spec *sandboxv1.SandboxSpec, c *sandboxv1.Container, f strin
 		}
 		vols = append(vols, rv)
 	}
+	return vols, names, vs, unsupported
+}
+
+// volumeMounts converts container c's (field f) volume mounts of the volumes names,
+// appending problems to vs: each container mounts the shared volumes where it likes.
+func volumeMounts(c *sandboxv1.Container, f string, names map[string]bool, vs []apierr.Violation) ([]runtime.VolumeMount, []apierr.Violation) {
+	var mounts []runtime.VolumeMount
+	add := func(field, format string, args ...any) {
+		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
 	paths := map[string]bool{}
 	for j, m := range c.GetVolumeMounts() {
 		mf := fmt.Sprintf("%s.volume_mounts[%d]", f, j)
@@ -76,5 +85,5 @@ func scratchVolumes(spec *sandboxv1.SandboxSpec, c *sandboxv1.Container, f strin
 		mounts = append(mounts, runtime.VolumeMount{Volume: m.GetVolume(), Path: m.GetMountPath(), ReadOnly: m.GetReadOnly(),
 			SubPath: strings.TrimSuffix(m.GetSubPath(), "/")})
 	}
-	return vols, mounts, vs, unsupported
+	return mounts, vs
 }

@@ -19,8 +19,6 @@ import (
 // and everything under it) that ToCreateRequest reads, if at all, without putting them
 // into the runner request, and why.
 var notConverted = map[string]string{
-	"containers.name":         "names the container in the status and the data plane's identity (the gateway keeps the wire spec); validated here",
-	"containers.primary":      "picks the container that is converted (Primary)",
 	"services.protocol":       "validated here (endpoints carry TCP only); the runtime's services need no protocol",
 	"tags":                    "validated here; the gateway's index keeps them (list and delete filters), not the runner",
 	"annotations":             "validated here; placement's policy check reads them; no runner needs them",
@@ -39,15 +37,14 @@ var refused = map[string]connect.Code{
 	"containers.resource_requirements.requests.gpu": connect.CodeUnimplemented,
 	"containers.secret_stores":                      connect.CodeUnimplemented,
 	"containers.image_pull_credentials":             connect.CodeUnimplemented,
-	"containers.startup_probe":                      connect.CodeUnimplemented,
 	"volumes.volume_id":                             connect.CodeUnimplemented,
 	"volumes.scratch.restore_from_snapshot_id":      connect.CodeUnimplemented,
-	"network_ids":                                   connect.CodeUnimplemented,
-	"network_config_id":                             connect.CodeUnimplemented,
-	"object_storage_access":                         connect.CodeUnimplemented,
-	"instance_type":                                 connect.CodeUnimplemented,
-	"network.egress.selector":                       connect.CodeUnimplemented,
-	"network.egress.https_hostname_except":          connect.CodeInvalidArgument, // policy-only
+	"network_ids":                          connect.CodeUnimplemented,
+	"network_config_id":                    connect.CodeUnimplemented,
+	"object_storage_access":                connect.CodeUnimplemented,
+	"instance_type":                        connect.CodeUnimplemented,
+	"network.egress.selector":              connect.CodeUnimplemented,
+	"network.egress.https_hostname_except": connect.CodeInvalidArgument, // policy-only
 }
 
 // wireFixtures are valid specs that, between them, set every field ToCreateRequest
@@ -101,6 +98,13 @@ func wireFixtures() []*sandboxv1.SandboxSpec {
 	}, {
 		Containers: []*sandboxv1.Container{{Image: "busybox", Resources: &sandboxv1.Resources{Cpu: "1", Memory: "1Gi"}}},
 		Network:    &sandboxv1.NetworkOptions{DenyEgress: proto.Bool(true), DenyIngress: proto.Bool(true)},
+	}, {
+		// Several containers: the primary is the marked row, not the first.
+		Containers: []*sandboxv1.Container{
+			{Name: "side", Image: "python", Resources: &sandboxv1.Resources{Cpu: "1", Memory: "1Gi"}},
+			{Name: "app", Primary: proto.Bool(true), Image: "busybox", Resources: &sandboxv1.Resources{Cpu: "1", Memory: "1Gi"},
+				StartupProbe: &sandboxv1.Probe{Exec: []string{"true"}, PeriodSeconds: 2, TimeoutSeconds: 3, FailureThreshold: 4, InitialDelaySeconds: 5}},
+		},
 	}}
 }
 

@@ -1,0 +1,252 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// headerAgent is an agent that records, per call, the container header it was sent.
+type headerAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	mu  sync.Mutex
+	got []string // "Method=container"
+}
+
+func (a *headerAgent) record(method string, h http.Header) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.got = append(a.got, method+"="+h.Get(runnerapi.ContainerHeader))
+}
+
+func (a *headerAgent) calls() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := a.got
+	a.got = nil
+	return out
+}
+
+func (a *headerAgent) Exec(_ context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
+	a.record("Exec", req.Header())
+	return connect.NewResponse(&agentv1.ExecResponse{}), nil
+}
+
+func (a *headerAgent) ReadFile(_ context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	a.record("ReadFile", req.Header())
+	return connect.NewResponse(&agentv1.ReadFileResponse{}), nil
+}
+
+func (a *headerAgent) WriteFile(_ context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	a.record("WriteFile", req.Header())
+	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil
+}
+
+func (a *headerAgent) Logs(_ context.Context, req *connect.Request[agentv1.LogsRequest], _ *connect.ServerStream[agentv1.LogsResponse]) error {
+	a.record("Logs", req.Header())
+	return nil
+}
+
+func (a *headerAgent) StreamExec(_ context.Context, s *connect.BidiStream[agentv1.StreamExecRequest, agentv1.StreamExecResponse]) error {
+	a.record("StreamExec", s.RequestHeader())
+	if _, err := s.Receive(); err != nil {
+		return err
+	}
+	return s.Send(&agentv1.StreamExecResponse{Message: &agentv1.StreamExecResponse_Exit{Exit: &agentv1.Exit{}}})
+}
+
+// agentRunner is an acceptingRunner whose sandboxes' agent is one headerAgent, reached
+// over HTTP as a runner's relay is.
+type agentRunner struct {
+	acceptingRunner
+	client agentv1connect.AgentServiceClient
+}
+
+func (r *agentRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+	return r.client, nil
+}
+
+func (r *agentRunner) Logs(ctx context.Context, _ string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	return agent.ForwardLogs(ctx, r.client, req, send)
+}
+
+// TestContainerReachesTheRunner: the container field of Exec, ReadFile, WriteFile,
+// StreamExec and StreamLogs reaches the runner as runnerapi.ContainerHeader on the
+// relayed agent call: a sidecar by its name, the primary (by its name, "main" or
+// nothing) as no header; an unknown name is NOT_FOUND CWSANDBOX_CONTAINER_NOT_FOUND
+// naming it, and reaches no agent.
+func TestContainerReachesTheRunner(t *testing.T) {
+	ag := &headerAgent{}
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(ag))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	r := &agentRunner{acceptingRunner: acceptingRunner{id: "r1"}, client: agentv1connect.NewAgentServiceClient(srv.Client(), srv.URL, connect.WithGRPC())}
+	s := newTestGateway(t, t.TempDir(), r)
+	ctx := asOrg(t.Context())
+	created, err := s.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{
+			{Name: "app", Primary: proto.Bool(true), Image: "busybox", Resources: &sandboxv1.Resources{Cpu: "1", Memory: "1Gi"}},
+			{Name: "side", Image: "python", Resources: &sandboxv1.Resources{Cpu: "1", Memory: "1Gi"}},
+		},
+	}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.Msg.GetSandboxId()
+	r.mu.Lock()
+	sb := r.got[id]
+	sb.State = runner.StateRunning
+	r.got[id] = sb
+	r.mu.Unlock()
+
+	calls := func(container string) error {
+		if _, err := s.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"true"}, Container: container})); err != nil {
+			return err
+		}
+		if _, err := s.ReadFile(ctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: id, Path: "/f", Container: container})); err != nil {
+			return err
+		}
+		if _, err := s.WriteFile(ctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: id, Path: "/f", Container: container})); err != nil {
+			return err
+		}
+		src := gatewaySource{s}
+		logs, err := src.DataLogs(ctx, id, container)
+		if err != nil {
+			return err
+		}
+		if err := logs(ctx, &agentv1.LogsRequest{}, func(*agentv1.LogsResponse) error { return nil }); err != nil {
+			return err
+		}
+		a, err := src.DataAgent(ctx, sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_EXEC, id, container)
+		if err != nil {
+			return err
+		}
+		up := a.StreamExec(ctx)
+		if err := up.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{Command: []string{"true"}}}}); err != nil {
+			return err
+		}
+		if _, err := up.Receive(); err != nil {
+			return err
+		}
+		return up.CloseResponse()
+	}
+	for container, want := range map[string]string{"side": "side", "": "", "app": ""} {
+		if err := calls(container); err != nil {
+			t.Fatalf("container %q: %v", container, err)
+		}
+		got := ag.calls()
+		if len(got) != 5 {
+			t.Fatalf("container %q: the agent saw %v, want 5 calls", container, got)
+		}
+		for _, g := range got {
+			if _, h, _ := strings.Cut(g, "="); h != want {
+				t.Errorf("container %q: %s, want header %q", container, g, want)
+			}
+		}
+	}
+
+	err = calls("nope")
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("unknown container: %v, want NOT_FOUND", err)
+	}
+	info := apierr.Info(err)
+	if info.GetReason() != apierr.ContainerNotFound || info.GetMetadata()["container"] != "nope" || info.GetMetadata()["sandbox_id"] != id {
+		t.Errorf("unknown container: ErrorInfo %v", info)
+	}
+	if got := ag.calls(); len(got) != 0 {
+		t.Errorf("an unknown container reached the agent: %v", got)
+	}
+}
+
+func TestContainerOfUnnamedPrimary(t *testing.T) {
+	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox"}}}
+	for _, c := range []string{"", "main"} {
+		if got, err := containerOf("x", sp, c); got != "" || err != nil {
+			t.Errorf("%q: %q, %v; want the primary", c, got, err)
+		}
+	}
+	if _, err := containerOf("x", sp, "other"); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("other: %v, want NOT_FOUND", err)
+	}
+}
+
+// TestContainerStatuses: one row per container of the spec, in its order; a reported
+// container has its report's state (waiting CREATING, running RUNNING, exited 0
+// COMPLETED, else FAILED), exit code and restarts; init containers have no row; a
+// single-container sandbox (no reports) has one row, its primary's, with the sandbox's
+// state, exit code and restarts.
+func TestContainerStatuses(t *testing.T) {
+	code := func(n int32) *int32 { return &n }
+	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "db"}, {Name: "app", Primary: proto.Bool(true)}, {Name: "web"}, {Name: "done"}}}
+	sb := runner.Sandbox{State: runner.StateRunning, Containers: []runtime.ContainerStatus{
+		{Name: "setup", Init: true, State: runtime.ContainerExited, ExitCode: code(0)},
+		{Name: "app", State: runtime.ContainerRunning},
+		{Name: "db", State: runtime.ContainerExited, ExitCode: code(3), Restarts: 6},
+		{Name: "web", State: runtime.ContainerWaiting},
+		{Name: "done", State: runtime.ContainerExited, ExitCode: code(0)},
+	}}
+	got := sandboxProto("x", sp, sb, &acceptingRunner{id: "r1"}).GetStatus().GetContainerStatuses()
+	want := []*sandboxv1.ContainerStatus{
+		{Name: "db", State: sandboxv1.State_STATE_FAILED, ExitCode: 3, RestartCount: 6},
+		{Name: "app", State: sandboxv1.State_STATE_RUNNING},
+		{Name: "web", State: sandboxv1.State_STATE_CREATING},
+		{Name: "done", State: sandboxv1.State_STATE_COMPLETED},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("rows %v, want %v", got, want)
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Errorf("row %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+
+	// Not reported (yet): a sidecar is CREATING with its sandbox, else unknown; the
+	// primary has the sandbox's state.
+	for st, want := range map[runner.State]sandboxv1.State{runner.StateCreating: sandboxv1.State_STATE_CREATING, runner.StateRunning: sandboxv1.State_STATE_UNSPECIFIED} {
+		rows := sandboxProto("x", sp, runner.Sandbox{State: st}, &acceptingRunner{id: "r1"}).GetStatus().GetContainerStatuses()
+		if rows[1].GetState() != sandboxv1.State(st) || rows[0].GetState() != want || rows[2].GetState() != want {
+			t.Errorf("unreported, sandbox %v: %v", st, rows)
+		}
+	}
+
+	single := sandboxProto("x", &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox"}}},
+		runner.Sandbox{State: runner.StateFailed, ExitCode: code(2), Restarts: 6}, &acceptingRunner{id: "r1"})
+	rows := single.GetStatus().GetContainerStatuses()
+	if len(rows) != 1 || !proto.Equal(rows[0], &sandboxv1.ContainerStatus{Name: "main", State: sandboxv1.State_STATE_FAILED, ExitCode: 2, RestartCount: 6}) {
+		t.Errorf("single container: %v", rows)
+	}
+}
+
+// TestEchoMarksThePrimary: Get and List echo every container row with its primary
+// flag; a group created with none marked has its first row marked (the index's copy is
+// left alone).
+func TestEchoMarksThePrimary(t *testing.T) {
+	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "a"}, {Name: "b"}}}
+	p := sandboxProto("x", sp, runner.Sandbox{}, &acceptingRunner{id: "r1"})
+	cs := p.GetSpec().GetContainers()
+	if len(cs) != 2 || !cs[0].GetPrimary() || cs[1].GetPrimary() {
+		t.Errorf("echoed rows %v, want a marked primary", cs)
+	}
+	if sp.Containers[0].Primary != nil {
+		t.Error("the index's spec was modified")
+	}
+}
