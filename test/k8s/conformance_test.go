@@ -56,7 +56,8 @@ func TestConformance(t *testing.T) {
 		return b
 	}
 	runtimetest.Run(t, newBackend, runtimetest.Options{
-		Image: busybox, ImagePath: testimage.DefaultPath, WorkDirImage: "localhost/" + testimage.BusyboxWorkDir, WorkDir: testimage.WorkDir,
+		SecondImage: python, // the group tests (multi-container Pods)
+		Image:       busybox, ImagePath: testimage.DefaultPath, WorkDirImage: "localhost/" + testimage.BusyboxWorkDir, WorkDir: testimage.WorkDir,
 		MissingImage: "localhost/sandboxd/missing:1", StartTimeout: 2 * time.Minute, StopLatency: 10 * time.Second, Parallel: true,
 	})
 }
