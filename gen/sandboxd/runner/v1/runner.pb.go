@@ -102,7 +102,9 @@ func (State) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
 }
 
-// Spec is a sandbox as the runner's backend runs it.
+// Spec is a sandbox as the runner's backend runs it (runtime.Spec): a group of
+// containers. Its container fields (image … security, name, tmpfs, startup_probe,
+// depends_on) are the primary container's; sidecars and init_containers are the others.
 type Spec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // empty: the runner picks one
@@ -133,8 +135,22 @@ type Spec struct {
 	// Hex SHA-256 of the sandbox's endpoint share token, which its SHARE_TOKEN endpoints
 	// accept (the token itself never reaches the runner); empty: none.
 	ShareTokenHash string `protobuf:"bytes,24,opt,name=share_token_hash,json=shareTokenHash,proto3" json:"share_token_hash,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The primary container's name; empty in a single-container spec ("main").
+	Name string `protobuf:"bytes,25,opt,name=name,proto3" json:"name,omitempty"`
+	// Paths where the primary gets an empty, private tmpfs.
+	Tmpfs []string `protobuf:"bytes,26,rep,name=tmpfs,proto3" json:"tmpfs,omitempty"`
+	// Must pass before the primary counts as started (runtime.Probe); unset: none.
+	StartupProbe *Probe `protobuf:"bytes,27,opt,name=startup_probe,json=startupProbe,proto3" json:"startup_probe,omitempty"`
+	// What the primary's start waits for.
+	DependsOn []*Dependency `protobuf:"bytes,28,rep,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
+	// The sandbox's other containers, in order.
+	Sidecars []*Container `protobuf:"bytes,29,rep,name=sidecars,proto3" json:"sidecars,omitempty"`
+	// Run in order, each to exit 0, before the others start.
+	InitContainers []*Container `protobuf:"bytes,30,rep,name=init_containers,json=initContainers,proto3" json:"init_containers,omitempty"`
+	// Names that resolve to 127.0.0.1 in every container (Compose service names).
+	HostAliases   []string `protobuf:"bytes,31,rep,name=host_aliases,json=hostAliases,proto3" json:"host_aliases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Spec) Reset() {
@@ -300,6 +316,437 @@ func (x *Spec) GetShareTokenHash() string {
 	return ""
 }
 
+func (x *Spec) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Spec) GetTmpfs() []string {
+	if x != nil {
+		return x.Tmpfs
+	}
+	return nil
+}
+
+func (x *Spec) GetStartupProbe() *Probe {
+	if x != nil {
+		return x.StartupProbe
+	}
+	return nil
+}
+
+func (x *Spec) GetDependsOn() []*Dependency {
+	if x != nil {
+		return x.DependsOn
+	}
+	return nil
+}
+
+func (x *Spec) GetSidecars() []*Container {
+	if x != nil {
+		return x.Sidecars
+	}
+	return nil
+}
+
+func (x *Spec) GetInitContainers() []*Container {
+	if x != nil {
+		return x.InitContainers
+	}
+	return nil
+}
+
+func (x *Spec) GetHostAliases() []string {
+	if x != nil {
+		return x.HostAliases
+	}
+	return nil
+}
+
+// Container is one non-primary container of a sandbox (runtime.Container).
+type Container struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Image string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	// Used for this image's pull only; never stored or returned.
+	PullCredentials *Credentials      `protobuf:"bytes,3,opt,name=pull_credentials,json=pullCredentials,proto3" json:"pull_credentials,omitempty"`
+	Command         string            `protobuf:"bytes,4,opt,name=command,proto3" json:"command,omitempty"`
+	Args            []string          `protobuf:"bytes,5,rep,name=args,proto3" json:"args,omitempty"`
+	Env             map[string]string `protobuf:"bytes,6,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	WorkingDir      string            `protobuf:"bytes,7,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	Files           []*File           `protobuf:"bytes,8,rep,name=files,proto3" json:"files,omitempty"`
+	Resources       *Resources        `protobuf:"bytes,9,opt,name=resources,proto3" json:"resources,omitempty"`
+	VolumeMounts    []*VolumeMount    `protobuf:"bytes,10,rep,name=volume_mounts,json=volumeMounts,proto3" json:"volume_mounts,omitempty"`
+	Tmpfs           []string          `protobuf:"bytes,11,rep,name=tmpfs,proto3" json:"tmpfs,omitempty"`
+	Security        *Security         `protobuf:"bytes,12,opt,name=security,proto3" json:"security,omitempty"`
+	RestartLimit    int32             `protobuf:"varint,13,opt,name=restart_limit,json=restartLimit,proto3" json:"restart_limit,omitempty"` // 0 = the default
+	StartupProbe    *Probe            `protobuf:"bytes,14,opt,name=startup_probe,json=startupProbe,proto3" json:"startup_probe,omitempty"`
+	DependsOn       []*Dependency     `protobuf:"bytes,15,rep,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Container) Reset() {
+	*x = Container{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Container) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Container) ProtoMessage() {}
+
+func (x *Container) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Container.ProtoReflect.Descriptor instead.
+func (*Container) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Container) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Container) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *Container) GetPullCredentials() *Credentials {
+	if x != nil {
+		return x.PullCredentials
+	}
+	return nil
+}
+
+func (x *Container) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *Container) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *Container) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *Container) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *Container) GetFiles() []*File {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *Container) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *Container) GetVolumeMounts() []*VolumeMount {
+	if x != nil {
+		return x.VolumeMounts
+	}
+	return nil
+}
+
+func (x *Container) GetTmpfs() []string {
+	if x != nil {
+		return x.Tmpfs
+	}
+	return nil
+}
+
+func (x *Container) GetSecurity() *Security {
+	if x != nil {
+		return x.Security
+	}
+	return nil
+}
+
+func (x *Container) GetRestartLimit() int32 {
+	if x != nil {
+		return x.RestartLimit
+	}
+	return 0
+}
+
+func (x *Container) GetStartupProbe() *Probe {
+	if x != nil {
+		return x.StartupProbe
+	}
+	return nil
+}
+
+func (x *Container) GetDependsOn() []*Dependency {
+	if x != nil {
+		return x.DependsOn
+	}
+	return nil
+}
+
+// Probe is a startup probe: a command run in its container, exit 0 passes.
+type Probe struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Exec             []string               `protobuf:"bytes,1,rep,name=exec,proto3" json:"exec,omitempty"`
+	InitialDelay     *durationpb.Duration   `protobuf:"bytes,2,opt,name=initial_delay,json=initialDelay,proto3" json:"initial_delay,omitempty"`
+	Period           *durationpb.Duration   `protobuf:"bytes,3,opt,name=period,proto3" json:"period,omitempty"`                                              // unset = the default
+	Timeout          *durationpb.Duration   `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`                                            // unset = the default
+	FailureThreshold int32                  `protobuf:"varint,5,opt,name=failure_threshold,json=failureThreshold,proto3" json:"failure_threshold,omitempty"` // 0 = the default
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Probe) Reset() {
+	*x = Probe{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Probe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Probe) ProtoMessage() {}
+
+func (x *Probe) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Probe.ProtoReflect.Descriptor instead.
+func (*Probe) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Probe) GetExec() []string {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+func (x *Probe) GetInitialDelay() *durationpb.Duration {
+	if x != nil {
+		return x.InitialDelay
+	}
+	return nil
+}
+
+func (x *Probe) GetPeriod() *durationpb.Duration {
+	if x != nil {
+		return x.Period
+	}
+	return nil
+}
+
+func (x *Probe) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *Probe) GetFailureThreshold() int32 {
+	if x != nil {
+		return x.FailureThreshold
+	}
+	return 0
+}
+
+// Dependency is one condition a container's start waits for.
+type Dependency struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Container     string                 `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
+	Condition     string                 `protobuf:"bytes,2,opt,name=condition,proto3" json:"condition,omitempty"` // "started", "healthy" or "completed"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Dependency) Reset() {
+	*x = Dependency{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Dependency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Dependency) ProtoMessage() {}
+
+func (x *Dependency) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
+func (*Dependency) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Dependency) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+func (x *Dependency) GetCondition() string {
+	if x != nil {
+		return x.Condition
+	}
+	return ""
+}
+
+// ContainerStatus is one container of a multi-container sandbox as its backend last
+// reported it (runtime.ContainerStatus).
+type ContainerStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Init          bool                   `protobuf:"varint,2,opt,name=init,proto3" json:"init,omitempty"`
+	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`                              // "waiting", "running" or "exited"
+	ExitCode      *int32                 `protobuf:"varint,4,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"` // presence matters: 0 is a real exit code
+	Restarts      int32                  `protobuf:"varint,5,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string                 `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatus) Reset() {
+	*x = ContainerStatus{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatus) ProtoMessage() {}
+
+func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
+func (*ContainerStatus) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ContainerStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ContainerStatus) GetInit() bool {
+	if x != nil {
+		return x.Init
+	}
+	return false
+}
+
+func (x *ContainerStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ContainerStatus) GetExitCode() int32 {
+	if x != nil && x.ExitCode != nil {
+		return *x.ExitCode
+	}
+	return 0
+}
+
+func (x *ContainerStatus) GetRestarts() int32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *ContainerStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ContainerStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // PodSettings are a policy's Kubernetes Pod fragment; backends other than Kubernetes
 // ignore them.
 type PodSettings struct {
@@ -316,7 +763,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +775,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +788,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -399,7 +846,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +858,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +871,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Toleration) GetKey() string {
@@ -476,7 +923,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +935,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +948,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -548,7 +995,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +1007,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +1020,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -629,7 +1076,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +1088,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +1101,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -689,7 +1136,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +1148,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +1161,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Volume) GetName() string {
@@ -750,7 +1197,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +1209,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +1222,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -823,7 +1270,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +1282,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +1295,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -922,7 +1369,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1381,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1394,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Service) GetPort() int32 {
@@ -1002,7 +1449,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1461,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1474,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -1055,7 +1502,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1514,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1527,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *File) GetPath() string {
@@ -1120,7 +1567,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1579,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1592,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -1184,30 +1631,33 @@ func (x *Resources) GetRequestMemoryBytes() int64 {
 }
 
 type Sandbox struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Spec          *Spec                  `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"` // without pull credentials
-	State         State                  `protobuf:"varint,3,opt,name=state,proto3,enum=sandboxd.runner.v1.State" json:"state,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"` // e.g. Completed, ImagePullFailed, LifetimeExceeded, Deleted
-	Message       string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
-	ExitCode      *int32                 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"` // presence matters: 0 is a real exit code
-	Restarts      int32                  `protobuf:"varint,7,opt,name=restarts,proto3" json:"restarts,omitempty"`
-	OomKills      int32                  `protobuf:"varint,8,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"` // unset until RUNNING
-	EndedAt       *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`       // unset until terminal
-	Lifetime      *durationpb.Duration   `protobuf:"bytes,12,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=deadline,proto3" json:"deadline,omitempty"`
-	Ip            string                 `protobuf:"bytes,14,opt,name=ip,proto3" json:"ip,omitempty"`
-	RuntimeClass  string                 `protobuf:"bytes,15,opt,name=runtime_class,json=runtimeClass,proto3" json:"runtime_class,omitempty"`
-	ImageDigest   string                 `protobuf:"bytes,16,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Id           string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Spec         *Spec                  `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"` // without pull credentials
+	State        State                  `protobuf:"varint,3,opt,name=state,proto3,enum=sandboxd.runner.v1.State" json:"state,omitempty"`
+	Reason       string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"` // e.g. Completed, ImagePullFailed, LifetimeExceeded, Deleted
+	Message      string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	ExitCode     *int32                 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"` // presence matters: 0 is a real exit code
+	Restarts     int32                  `protobuf:"varint,7,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	OomKills     int32                  `protobuf:"varint,8,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
+	CreatedAt    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	StartedAt    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"` // unset until RUNNING
+	EndedAt      *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`       // unset until terminal
+	Lifetime     *durationpb.Duration   `protobuf:"bytes,12,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	Deadline     *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Ip           string                 `protobuf:"bytes,14,opt,name=ip,proto3" json:"ip,omitempty"`
+	RuntimeClass string                 `protobuf:"bytes,15,opt,name=runtime_class,json=runtimeClass,proto3" json:"runtime_class,omitempty"`
+	ImageDigest  string                 `protobuf:"bytes,16,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
+	// Its containers (init containers first, then the primary and the sidecars); empty
+	// for a single-container sandbox, whose state is the sandbox's own.
+	Containers    []*ContainerStatus `protobuf:"bytes,17,rep,name=containers,proto3" json:"containers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1669,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1682,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1347,6 +1797,13 @@ func (x *Sandbox) GetImageDigest() string {
 	return ""
 }
 
+func (x *Sandbox) GetContainers() []*ContainerStatus {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
 type CreateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Spec          *Spec                  `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -1357,7 +1814,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1826,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1839,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -1408,7 +1865,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1877,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1890,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -1452,7 +1909,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1921,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1934,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1496,7 +1953,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1965,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1978,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -1539,7 +1996,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +2008,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +2021,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 type ListResponse struct {
@@ -1576,7 +2033,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +2045,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +2058,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1621,7 +2078,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +2090,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +2103,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1672,7 +2129,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +2141,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +2154,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -1715,7 +2172,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +2184,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +2197,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 type CapacityResponse struct {
@@ -1779,7 +2236,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +2248,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +2261,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -1937,7 +2394,8 @@ var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\a\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\n" +
+	"\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -1959,13 +2417,63 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\avolumes\x18\x15 \x03(\v2\x1a.sandboxd.runner.v1.VolumeR\avolumes\x12D\n" +
 	"\rvolume_mounts\x18\x16 \x03(\v2\x1f.sandboxd.runner.v1.VolumeMountR\fvolumeMounts\x121\n" +
 	"\x03pod\x18\x17 \x01(\v2\x1f.sandboxd.runner.v1.PodSettingsR\x03pod\x12(\n" +
-	"\x10share_token_hash\x18\x18 \x01(\tR\x0eshareTokenHash\x1a6\n" +
+	"\x10share_token_hash\x18\x18 \x01(\tR\x0eshareTokenHash\x12\x12\n" +
+	"\x04name\x18\x19 \x01(\tR\x04name\x12\x14\n" +
+	"\x05tmpfs\x18\x1a \x03(\tR\x05tmpfs\x12>\n" +
+	"\rstartup_probe\x18\x1b \x01(\v2\x19.sandboxd.runner.v1.ProbeR\fstartupProbe\x12=\n" +
+	"\n" +
+	"depends_on\x18\x1c \x03(\v2\x1e.sandboxd.runner.v1.DependencyR\tdependsOn\x129\n" +
+	"\bsidecars\x18\x1d \x03(\v2\x1d.sandboxd.runner.v1.ContainerR\bsidecars\x12F\n" +
+	"\x0finit_containers\x18\x1e \x03(\v2\x1d.sandboxd.runner.v1.ContainerR\x0einitContainers\x12!\n" +
+	"\fhost_aliases\x18\x1f \x03(\tR\vhostAliases\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x05\n" +
+	"\tContainer\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
+	"\x10pull_credentials\x18\x03 \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fpullCredentials\x12\x18\n" +
+	"\acommand\x18\x04 \x01(\tR\acommand\x12\x12\n" +
+	"\x04args\x18\x05 \x03(\tR\x04args\x128\n" +
+	"\x03env\x18\x06 \x03(\v2&.sandboxd.runner.v1.Container.EnvEntryR\x03env\x12\x1f\n" +
+	"\vworking_dir\x18\a \x01(\tR\n" +
+	"workingDir\x12.\n" +
+	"\x05files\x18\b \x03(\v2\x18.sandboxd.runner.v1.FileR\x05files\x12;\n" +
+	"\tresources\x18\t \x01(\v2\x1d.sandboxd.runner.v1.ResourcesR\tresources\x12D\n" +
+	"\rvolume_mounts\x18\n" +
+	" \x03(\v2\x1f.sandboxd.runner.v1.VolumeMountR\fvolumeMounts\x12\x14\n" +
+	"\x05tmpfs\x18\v \x03(\tR\x05tmpfs\x128\n" +
+	"\bsecurity\x18\f \x01(\v2\x1c.sandboxd.runner.v1.SecurityR\bsecurity\x12#\n" +
+	"\rrestart_limit\x18\r \x01(\x05R\frestartLimit\x12>\n" +
+	"\rstartup_probe\x18\x0e \x01(\v2\x19.sandboxd.runner.v1.ProbeR\fstartupProbe\x12=\n" +
+	"\n" +
+	"depends_on\x18\x0f \x03(\v2\x1e.sandboxd.runner.v1.DependencyR\tdependsOn\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
+	"\x05Probe\x12\x12\n" +
+	"\x04exec\x18\x01 \x03(\tR\x04exec\x12>\n" +
+	"\rinitial_delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\finitialDelay\x121\n" +
+	"\x06period\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06period\x123\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12+\n" +
+	"\x11failure_threshold\x18\x05 \x01(\x05R\x10failureThreshold\"H\n" +
+	"\n" +
+	"Dependency\x12\x1c\n" +
+	"\tcontainer\x18\x01 \x01(\tR\tcontainer\x12\x1c\n" +
+	"\tcondition\x18\x02 \x01(\tR\tcondition\"\xcd\x01\n" +
+	"\x0fContainerStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04init\x18\x02 \x01(\bR\x04init\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12 \n" +
+	"\texit_code\x18\x04 \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12\x1a\n" +
+	"\brestarts\x18\x05 \x01(\x05R\brestarts\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessageB\f\n" +
+	"\n" +
+	"_exit_code\"\x8c\x04\n" +
 	"\vPodSettings\x12V\n" +
 	"\rnode_selector\x18\x01 \x03(\v21.sandboxd.runner.v1.PodSettings.NodeSelectorEntryR\fnodeSelector\x12@\n" +
 	"\vtolerations\x18\x02 \x03(\v2\x1e.sandboxd.runner.v1.TolerationR\vtolerations\x12.\n" +
@@ -2050,7 +2558,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12*\n" +
 	"\x11request_milli_cpu\x18\x04 \x01(\x03R\x0frequestMilliCpu\x120\n" +
-	"\x14request_memory_bytes\x18\x05 \x01(\x03R\x12requestMemoryBytes\"\x87\x05\n" +
+	"\x14request_memory_bytes\x18\x05 \x01(\x03R\x12requestMemoryBytes\"\xcc\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.sandboxd.runner.v1.SpecR\x04spec\x12/\n" +
@@ -2070,7 +2578,10 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\bdeadline\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x0e\n" +
 	"\x02ip\x18\x0e \x01(\tR\x02ip\x12#\n" +
 	"\rruntime_class\x18\x0f \x01(\tR\fruntimeClass\x12!\n" +
-	"\fimage_digest\x18\x10 \x01(\tR\vimageDigestB\f\n" +
+	"\fimage_digest\x18\x10 \x01(\tR\vimageDigest\x12C\n" +
+	"\n" +
+	"containers\x18\x11 \x03(\v2#.sandboxd.runner.v1.ContainerStatusR\n" +
+	"containersB\f\n" +
 	"\n" +
 	"_exit_code\"t\n" +
 	"\rCreateRequest\x12,\n" +
@@ -2142,89 +2653,110 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(State)(0),                    // 0: sandboxd.runner.v1.State
 	(*Spec)(nil),                  // 1: sandboxd.runner.v1.Spec
-	(*PodSettings)(nil),           // 2: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),            // 3: sandboxd.runner.v1.Toleration
-	(*Network)(nil),               // 4: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),           // 5: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),             // 6: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                // 7: sandboxd.runner.v1.Volume
-	(*VolumeMount)(nil),           // 8: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),              // 9: sandboxd.runner.v1.Security
-	(*Service)(nil),               // 10: sandboxd.runner.v1.Service
-	(*Credentials)(nil),           // 11: sandboxd.runner.v1.Credentials
-	(*File)(nil),                  // 12: sandboxd.runner.v1.File
-	(*Resources)(nil),             // 13: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),               // 14: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),         // 15: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),        // 16: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),            // 17: sandboxd.runner.v1.GetRequest
-	(*GetResponse)(nil),           // 18: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),           // 19: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),          // 20: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),         // 21: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 22: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),       // 23: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),      // 24: sandboxd.runner.v1.CapacityResponse
-	nil,                           // 25: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                           // 26: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                           // 27: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                           // 28: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*Container)(nil),             // 2: sandboxd.runner.v1.Container
+	(*Probe)(nil),                 // 3: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),            // 4: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),       // 5: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),           // 6: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),            // 7: sandboxd.runner.v1.Toleration
+	(*Network)(nil),               // 8: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),           // 9: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),             // 10: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                // 11: sandboxd.runner.v1.Volume
+	(*VolumeMount)(nil),           // 12: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),              // 13: sandboxd.runner.v1.Security
+	(*Service)(nil),               // 14: sandboxd.runner.v1.Service
+	(*Credentials)(nil),           // 15: sandboxd.runner.v1.Credentials
+	(*File)(nil),                  // 16: sandboxd.runner.v1.File
+	(*Resources)(nil),             // 17: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),               // 18: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),         // 19: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),        // 20: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),            // 21: sandboxd.runner.v1.GetRequest
+	(*GetResponse)(nil),           // 22: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),           // 23: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),          // 24: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),         // 25: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 26: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),       // 27: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),      // 28: sandboxd.runner.v1.CapacityResponse
+	nil,                           // 29: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                           // 30: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                           // 31: sandboxd.runner.v1.Container.EnvEntry
+	nil,                           // 32: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                           // 33: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	11, // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	25, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	12, // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	13, // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	26, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	10, // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	4,  // 6: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	9,  // 7: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	7,  // 8: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	8,  // 9: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	2,  // 10: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	27, // 11: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	3,  // 12: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	28, // 13: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	5,  // 14: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	5,  // 15: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	6,  // 16: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	1,  // 17: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	0,  // 18: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	29, // 19: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	29, // 20: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	29, // 21: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	30, // 22: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	29, // 23: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	1,  // 24: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	30, // 25: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	14, // 26: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	14, // 27: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	14, // 28: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	30, // 29: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	14, // 30: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	29, // 31: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	13, // 32: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	15, // 33: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	17, // 34: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	19, // 35: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	21, // 36: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	23, // 37: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	16, // 38: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	18, // 39: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	20, // 40: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	22, // 41: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	24, // 42: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	38, // [38:43] is the sub-list for method output_type
-	33, // [33:38] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	15, // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	29, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	16, // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	17, // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	30, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	14, // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	8,  // 6: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	13, // 7: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	11, // 8: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	12, // 9: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	6,  // 10: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	3,  // 11: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	4,  // 12: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	2,  // 13: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	2,  // 14: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	15, // 15: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	31, // 16: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	16, // 17: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	17, // 18: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	12, // 19: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	13, // 20: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	3,  // 21: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	4,  // 22: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	34, // 23: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	34, // 24: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	34, // 25: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	32, // 26: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	7,  // 27: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	33, // 28: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	9,  // 29: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	9,  // 30: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	10, // 31: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	1,  // 32: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	0,  // 33: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	35, // 34: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	35, // 35: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	35, // 36: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	34, // 37: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	35, // 38: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	5,  // 39: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	1,  // 40: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	34, // 41: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	18, // 42: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	18, // 43: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	18, // 44: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	34, // 45: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	18, // 46: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	35, // 47: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	17, // 48: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	19, // 49: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	21, // 50: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	23, // 51: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	25, // 52: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	27, // 53: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	20, // 54: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	22, // 55: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	24, // 56: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	26, // 57: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	28, // 58: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	54, // [54:59] is the sub-list for method output_type
+	49, // [49:54] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -2232,16 +2764,17 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	if File_sandboxd_runner_v1_runner_proto != nil {
 		return
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[2].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[8].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[13].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[4].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[6].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[12].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
