@@ -29,6 +29,10 @@ const (
 	NotImplemented          = "CWSANDBOX_NOT_IMPLEMENTED"
 	SandboxNotFound         = "CWSANDBOX_SANDBOX_NOT_FOUND"
 	SandboxNotRunning       = "CWSANDBOX_SANDBOX_NOT_RUNNING"
+	// ContainerNotFound: the sandbox has no container of the name a data call gave
+	// (NOT_FOUND; metadata "container" names it, since the official client rewrites the
+	// message of a NOT_FOUND).
+	ContainerNotFound = "CWSANDBOX_CONTAINER_NOT_FOUND"
 	PlacementRejected       = "CWSANDBOX_PLACEMENT_REJECTED"
 	NoSuitableRunner        = "CWSANDBOX_NO_SUITABLE_RUNNER"
 	RunnerUnavailable       = "CWSANDBOX_RUNNER_UNAVAILABLE"
@@ -133,6 +137,7 @@ var table = []reasonCode{
 	{NotImplemented, connect.CodeUnimplemented, "sandboxd does not build this RPC or feature (yet)"},
 	{SandboxNotFound, connect.CodeNotFound, "no such sandbox visible to the caller"},
 	{SandboxNotRunning, connect.CodeFailedPrecondition, "the sandbox is not running (yet or any more)"},
+	{ContainerNotFound, connect.CodeNotFound, "the sandbox has no container of that name (metadata container)"},
 	{PlacementRejected, connect.CodeInvalidArgument, "the one runner that may take the sandbox rejects it (policy)"},
 	{NoSuitableRunner, connect.CodeFailedPrecondition, "no runner can take the sandbox; BadRequest names each runner's reasons"},
 	{RunnerUnavailable, connect.CodeUnavailable, "the sandbox's runner cannot be reached now; retry"},

@@ -493,7 +493,7 @@ func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, cont
 	if err := checkContainer(rec, container); err != nil {
 		return nil, err
 	}
-	a, err := r.Agent(ctx, rec.id)
+	a, err := r.Agent(ctx, rec.id, container)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
@@ -527,7 +527,7 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (rela
 		return nil, err
 	}
 	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-		err := r.Logs(ctx, rec.id, req, send)
+		err := r.Logs(ctx, rec.id, container, req, send)
 		if errors.Is(err, runtime.ErrNotFound) {
 			if last := s.index.lastOf(rec); last.State.Terminal() {
 				return apierr.New(apierr.SandboxNotRunning,

@@ -34,6 +34,7 @@ type fakeRunner struct {
 	sb          runner.Sandbox
 	got         runner.CreateRequest
 	agentClient agentv1connect.AgentServiceClient
+	containers  []string // of the Agent and Logs calls: the container each named
 }
 
 func (f *fakeRunner) Create(_ context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
@@ -47,14 +48,21 @@ func (f *fakeRunner) List() []runner.Sandbox             { return []runner.Sandb
 func (f *fakeRunner) Delete(string, time.Duration) (runner.Sandbox, error) {
 	return f.sb, f.err
 }
-func (f *fakeRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+// Agent records the container; one called "nope" the sandbox does not have.
+func (f *fakeRunner) Agent(_ context.Context, id, container string) (agentv1connect.AgentServiceClient, error) {
+	f.mu.Lock()
+	f.containers = append(f.containers, container)
+	f.mu.Unlock()
 	if f.err != nil {
 		return nil, f.err
 	}
+	if container == "nope" {
+		return nil, &runner.ContainerNotFoundError{Sandbox: id, Container: container}
+	}
 	return f.agentClient, nil
 }
-func (f *fakeRunner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-	a, err := f.Agent(ctx, id)
+func (f *fakeRunner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	a, err := f.Agent(ctx, id, container)
 	if err != nil {
 		return err
 	}
@@ -163,7 +171,7 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 				}
 			}
 			// The relay answers with the same errors, which the gateway passes on unchanged.
-			a, _ := c.Agent(ctx, "abc")
+			a, _ := c.Agent(ctx, "abc", "")
 			_, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}}))
 			if connect.CodeOf(err) != tc.code || apierr.Reason(err) != tc.reason {
 				t.Errorf("relayed exec: %v, want %v %q", err, tc.code, tc.reason)
@@ -187,7 +195,7 @@ func TestRunnerapiUnreachable(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("get from a runner that is down: %v", err)
 	}
-	a, _ := c.Agent(ctx, "abc")
+	a, _ := c.Agent(ctx, "abc", "")
 	if _, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{})); apierr.Reason(err) != apierr.RunnerUnavailable {
 		t.Errorf("exec through a runner that is down: %v", err)
 	}
@@ -372,7 +380,7 @@ func TestRunnerapiRelay(t *testing.T) {
 	c := r.client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	a, err := c.Agent(ctx, "abc")
+	a, err := c.Agent(ctx, "abc", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +495,7 @@ func TestRunnerapiMTLS(t *testing.T) {
 			if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
 				t.Errorf("get: %+v %v (code %v), want the handshake refused", sb.ID, err, connect.CodeOf(err))
 			}
-			a, _ := c.Agent(ctx, "abc")
+			a, _ := c.Agent(ctx, "abc", "")
 			if _, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}})); err == nil {
 				t.Error("exec through the relay went through")
 			}
