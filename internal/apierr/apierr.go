@@ -22,17 +22,17 @@ const Domain = "cwsandbox.com"
 // call site names the reason and never pairs it with another code. docs/api.md lists the
 // table (TestDocsTable keeps it true).
 const (
-	InvalidRequest          = "CWSANDBOX_INVALID_REQUEST"
-	InvalidPath             = "CWSANDBOX_INVALID_PATH"
-	Unauthenticated         = "CWSANDBOX_UNAUTHENTICATED"
-	PermissionDenied        = "CWSANDBOX_PERMISSION_DENIED"
-	NotImplemented          = "CWSANDBOX_NOT_IMPLEMENTED"
-	SandboxNotFound         = "CWSANDBOX_SANDBOX_NOT_FOUND"
-	SandboxNotRunning       = "CWSANDBOX_SANDBOX_NOT_RUNNING"
+	InvalidRequest    = "CWSANDBOX_INVALID_REQUEST"
+	InvalidPath       = "CWSANDBOX_INVALID_PATH"
+	Unauthenticated   = "CWSANDBOX_UNAUTHENTICATED"
+	PermissionDenied  = "CWSANDBOX_PERMISSION_DENIED"
+	NotImplemented    = "CWSANDBOX_NOT_IMPLEMENTED"
+	SandboxNotFound   = "CWSANDBOX_SANDBOX_NOT_FOUND"
+	SandboxNotRunning = "CWSANDBOX_SANDBOX_NOT_RUNNING"
 	// ContainerNotFound: the sandbox has no container of the name a data call gave
 	// (NOT_FOUND; metadata "container" names it, since the official client rewrites the
 	// message of a NOT_FOUND).
-	ContainerNotFound = "CWSANDBOX_CONTAINER_NOT_FOUND"
+	ContainerNotFound       = "CWSANDBOX_CONTAINER_NOT_FOUND"
 	PlacementRejected       = "CWSANDBOX_PLACEMENT_REJECTED"
 	NoSuitableRunner        = "CWSANDBOX_NO_SUITABLE_RUNNER"
 	RunnerUnavailable       = "CWSANDBOX_RUNNER_UNAVAILABLE"

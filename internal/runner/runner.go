@@ -75,7 +75,7 @@ type entry struct {
 	stopReason   string
 	stopGrace    time.Duration
 
-	done   chan struct{} // closed once the sandbox is terminal and its resources are gone
+	done   chan struct{}                     // closed once the sandbox is terminal and its resources are gone
 	client agentv1connect.AgentServiceClient // the primary's agent, set while the sandbox runs
 	// agents are the agents of the other containers, made on first use (by name).
 	agents map[string]agentv1connect.AgentServiceClient
@@ -85,8 +85,8 @@ type entry struct {
 	statusAt    time.Time
 	statusBusy  bool
 	statusFinal bool
-	expiry *time.Timer
-	forget *time.Timer
+	expiry      *time.Timer
+	forget      *time.Timer
 }
 
 // New starts a runner and re-adopts the sandboxes its backend still has.

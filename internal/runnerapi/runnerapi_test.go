@@ -48,6 +48,7 @@ func (f *fakeRunner) List() []runner.Sandbox             { return []runner.Sandb
 func (f *fakeRunner) Delete(string, time.Duration) (runner.Sandbox, error) {
 	return f.sb, f.err
 }
+
 // Agent records the container; one called "nope" the sandbox does not have.
 func (f *fakeRunner) Agent(_ context.Context, id, container string) (agentv1connect.AgentServiceClient, error) {
 	f.mu.Lock()
