@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -516,5 +517,67 @@ func TestRunnerapiMTLS(t *testing.T) {
 	}
 	if _, err := ClientTLSConfig(r.ca, "a/b", "r1"); err == nil {
 		t.Error("a gateway name with a slash was accepted")
+	}
+}
+
+// TestRunnerapiRelayContainer: the Client names the container of an agent call in
+// ContainerHeader (none for the primary), the relay passes it to the runner for every
+// kind of call (unary, logs, streams), and a container the sandbox does not have comes
+// back NOT_FOUND CWSANDBOX_CONTAINER_NOT_FOUND naming it, which the Client maps back to
+// a *runner.ContainerNotFoundError, not to a missing sandbox.
+func TestRunnerapiRelayContainer(t *testing.T) {
+	fa := &fakeAgent{cancelled: make(chan struct{})}
+	r := startRunner(t, &fakeRunner{})
+	r.fake.agentClient = serveAgent(t, fa)
+	c := r.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	db, _ := c.Agent(ctx, "abc", "db")
+	if _, err := db.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}})); err != nil {
+		t.Fatal(err)
+	}
+	primary, _ := c.Agent(ctx, "abc", "")
+	if _, err := primary.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Logs(ctx, "abc", "db", &agentv1.LogsRequest{}, func(*agentv1.LogsResponse) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	st := db.StreamExec(ctx)
+	if err := st.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{Command: []string{"cat"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = st.CloseRequest()
+	for {
+		if _, err := st.Receive(); err != nil {
+			break
+		}
+	}
+	_ = st.CloseResponse()
+	r.fake.mu.Lock()
+	got := slices.Clone(r.fake.containers)
+	r.fake.mu.Unlock()
+	if want := []string{"db", "", "db", "db"}; !slices.Equal(got, want) {
+		t.Errorf("containers the runner was asked for: %q, want %q", got, want)
+	}
+
+	nope, _ := c.Agent(ctx, "abc", "nope")
+	_, err := nope.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}}))
+	if connect.CodeOf(err) != connect.CodeNotFound || apierr.Reason(err) != apierr.ContainerNotFound || apierr.Info(err).GetMetadata()["container"] != "nope" {
+		t.Errorf("exec in an unknown container: %v (reason %q)", err, apierr.Reason(err))
+	}
+	err = c.Logs(ctx, "abc", "nope", &agentv1.LogsRequest{}, func(*agentv1.LogsResponse) error { return nil })
+	if apierr.Reason(err) != apierr.ContainerNotFound || apierr.Info(err).GetMetadata()["container"] != "nope" {
+		t.Errorf("logs of an unknown container: %v", err)
+	}
+	// On RunnerService calls the same wire error maps back to the runner's error.
+	r.fake.mu.Lock()
+	r.fake.err = &runner.ContainerNotFoundError{Sandbox: "abc", Container: "nope"}
+	r.fake.mu.Unlock()
+	_, back := c.Get(ctx, "abc")
+	var cnf *runner.ContainerNotFoundError
+	if !errors.As(back, &cnf) || cnf.Container != "nope" || cnf.Sandbox != "abc" || errors.Is(back, runtime.ErrNotFound) || !errors.Is(back, runtime.ErrContainerNotFound) {
+		t.Errorf("mapped back: %v (%T)", back, back)
 	}
 }
