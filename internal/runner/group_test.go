@@ -367,3 +367,32 @@ func TestGroupCreateFailureNamesContainer(t *testing.T) {
 		t.Errorf("ended %s %s %q", end.State, end.Reason, end.Message)
 	}
 }
+
+// FuzzContainerNames: whatever container name the runner's validation accepts in a spec
+// (the only names that reach a path: archived logs) names a single directory right
+// under the sandbox's container-logs dir, and a name the spec lacks resolves to nothing.
+func FuzzContainerNames(f *testing.F) {
+	for _, s := range []string{"db", "..", "a/b", "", "main", "App", "x\x00", strings.Repeat("a", 64), "-a", "a-b"} {
+		f.Add(s, s)
+	}
+	f.Fuzz(func(t *testing.T, name, asked string) {
+		spec := runtime.Spec{ID: "sb1", Container: runtime.Container{Name: "app", Image: "busybox"},
+			Sidecars: []runtime.Container{{Name: name, Image: "redis"}}}
+		if validate(&CreateRequest{Spec: spec}) != nil {
+			return
+		}
+		r := &Runner{cfg: Config{DataDir: "/data"}}
+		dir := r.archiveDir("sb1", name, false)
+		if filepath.Dir(dir) != "/data/"+containerLogs+"/sb1" || filepath.Base(dir) != name {
+			t.Fatalf("accepted container name %q archives to %q", name, dir)
+		}
+		e := newEntry(Sandbox{ID: "sb1", Spec: spec})
+		got, primary, _, err := e.container(asked)
+		switch c, _ := spec.Find(asked); {
+		case c == nil && err == nil:
+			t.Fatalf("%q resolved to %q in a spec without it", asked, got)
+		case c != nil && (err != nil || got != c.ContainerName() || primary != (c == &spec.Container)):
+			t.Fatalf("%q resolved to %q %v %v", asked, got, primary, err)
+		}
+	})
+}
