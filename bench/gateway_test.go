@@ -98,7 +98,7 @@ func timeToFirstCommand(b *testing.B, pool int, idle bool) {
 		if err != nil {
 			return 0, err
 		}
-		c, err := s.Runner.Agent(ctx, sb.ID)
+		c, err := s.Runner.Agent(ctx, sb.ID, "")
 		if err != nil {
 			return 0, err
 		}
@@ -182,7 +182,7 @@ func BenchmarkGatewayExec(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := s.Runner.Agent(ctx, sb.ID)
+	c, err := s.Runner.Agent(ctx, sb.ID, "")
 	if err != nil {
 		b.Fatal(err)
 	}

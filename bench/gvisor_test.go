@@ -36,7 +36,7 @@ func startIn(b *testing.B, s *stack.Stack, class string) (runner.Sandbox, agentv
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := s.Runner.Agent(ctx, sb.ID)
+	c, err := s.Runner.Agent(ctx, sb.ID, "")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -115,7 +115,7 @@ func warm(b *testing.B, s *stack.Stack) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := s.Runner.Agent(ctx, sb.ID); err != nil {
+	if _, err := s.Runner.Agent(ctx, sb.ID, ""); err != nil {
 		b.Fatal(err)
 	}
 	cleanup(b, s)

@@ -99,7 +99,7 @@ func createFirstExec(b *testing.B, pool int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := s.Runner.Agent(ctx, warm.ID); err != nil {
+	if _, err := s.Runner.Agent(ctx, warm.ID, ""); err != nil {
 		b.Fatal(err)
 	}
 	_, _ = s.Runner.Delete(warm.ID, 0)
@@ -113,7 +113,7 @@ func createFirstExec(b *testing.B, pool int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c, err := s.Runner.Agent(ctx, sb.ID)
+		c, err := s.Runner.Agent(ctx, sb.ID, "")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func BenchmarkExec(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := s.Runner.Agent(ctx, sb.ID)
+	c, err := s.Runner.Agent(ctx, sb.ID, "")
 	if err != nil {
 		b.Fatal(err)
 	}

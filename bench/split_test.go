@@ -99,7 +99,7 @@ func BenchmarkSplitExec(b *testing.B) {
 
 	localGW, localID := serveGateway(b, runner.NewLocal("local", s.Runner))
 	splitGW, splitID := serveGateway(b, remote)
-	direct, err := s.Runner.Agent(ctx, localID)
+	direct, err := s.Runner.Agent(ctx, localID, "")
 	if err != nil {
 		b.Fatal(err)
 	}

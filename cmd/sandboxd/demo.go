@@ -67,7 +67,7 @@ func (c demoConfig) run() error {
 	fmt.Printf("create     %s accepted (%s)\n", sb.ID, sb.State)
 	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	agent, err := st.Runner.Agent(waitCtx, sb.ID)
+	agent, err := st.Runner.Agent(waitCtx, sb.ID, "")
 	if err != nil {
 		got, _ := st.Runner.Get(sb.ID)
 		return fmt.Errorf("sandbox did not start: %w (%s: %s)", err, got.Reason, got.Message)

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -45,6 +46,8 @@ type fakeSandboxes struct {
 	mu    sync.Mutex
 	sbs   map[string]runner.Sandbox
 	agent agentv1connect.AgentServiceClient
+	// containers are those the Agent calls named, in order.
+	containers []string
 }
 
 func (f *fakeSandboxes) Get(_ context.Context, id string) (runner.Sandbox, error) {
@@ -57,21 +60,27 @@ func (f *fakeSandboxes) Get(_ context.Context, id string) (runner.Sandbox, error
 	return sb, nil
 }
 
-func (f *fakeSandboxes) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+func (f *fakeSandboxes) Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error) {
 	if _, err := f.Get(ctx, id); err != nil {
 		return nil, err
 	}
+	f.mu.Lock()
+	f.containers = append(f.containers, container)
+	f.mu.Unlock()
 	return f.agent, nil
 }
 
 // Logs serves one line naming the sandbox and its state, as a runner serves the log of a
 // live or an ended sandbox.
-func (f *fakeSandboxes) Logs(ctx context.Context, id string, _ *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+func (f *fakeSandboxes) Logs(ctx context.Context, id, container string, _ *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	sb, err := f.Get(ctx, id)
 	if err != nil {
 		return err
 	}
 	line := "log of " + id + " " + sb.State.String() + "\n"
+	if container != "" {
+		line = "log of " + container + " of " + id + " " + sb.State.String() + "\n"
+	}
 	return send(&agentv1.LogsResponse{Data: []byte(line), NextOffset: uint64(len(line))})
 }
 
@@ -198,7 +207,7 @@ func TestDirectRefusals(t *testing.T) {
 	want("other org", err, connect.CodeNotFound, apierr.SandboxNotFound)
 	// A container the sandbox does not have.
 	_, err = f.client(nil, "acme", "sb1", permExec).Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "sb1", Container: "sidecar", Command: []string{"true"}}))
-	want("container", err, connect.CodeInvalidArgument, apierr.InvalidRequest)
+	want("container", err, connect.CodeNotFound, apierr.ContainerNotFound)
 
 	// Expired: the connection outlives the certificate.
 	c := f.client(nil, "acme", "sb1", permExec)
@@ -347,5 +356,86 @@ func TestDirectLogsOfEndedSandbox(t *testing.T) {
 	f.sbs.remove("sb1")
 	if _, err := logs(c); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("logs of a forgotten sandbox: %v", err)
+	}
+}
+
+// TestDirectContainerField: the request's container field picks the container of the
+// sandbox whose agent (and log) a call reaches: the certificate grants the whole
+// sandbox. A name the sandbox does not have is NOT_FOUND CWSANDBOX_CONTAINER_NOT_FOUND
+// naming it in the metadata, and reaches no agent.
+func TestDirectContainerField(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.sbs.mu.Lock()
+	f.sbs.sbs["sb1"] = runner.Sandbox{ID: "sb1", State: runner.StateRunning, Spec: runtime.Spec{
+		Meta:      map[string]string{runtime.MetaOrg: "acme"},
+		Container: runtime.Container{Name: "app", Image: "busybox"},
+		Sidecars:  []runtime.Container{{Name: "db", Image: "redis"}},
+	}}
+	f.sbs.mu.Unlock()
+	permLogs := sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS
+	permWrite := sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_WRITE_FILE
+	c := f.client(nil, "acme", "sb1", permExec, permRead, permWrite, permLogs)
+
+	if _, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "sb1", Container: "db", Command: []string{"true"}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "sb1", Command: []string{"true"}})); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = c.ReadFile(ctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: "sb1", Container: "db", Path: "/etc/hostname"}))
+	_, _ = c.WriteFile(ctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: "sb1", Container: "app", Path: "/tmp/x"}))
+	f.sbs.mu.Lock()
+	got := slices.Clone(f.sbs.containers)
+	f.sbs.mu.Unlock()
+	if want := []string{"db", "", "db", "app"}; !slices.Equal(got, want) {
+		t.Errorf("containers reached: %q, want %q", got, want)
+	}
+
+	s, err := c.StreamLogs(ctx, connect.NewRequest(&sandboxv1.StreamLogsRequest{SandboxId: "sb1", Container: "db"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for s.Receive() {
+		b.Write(s.Msg().GetData())
+	}
+	if b.String() != "log of db of sb1 RUNNING\n" || s.Err() != nil {
+		t.Errorf("logs of db: %q %v", b.String(), s.Err())
+	}
+
+	for name, call := range map[string]func() error{
+		"exec": func() error {
+			_, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "sb1", Container: "cache", Command: []string{"true"}}))
+			return err
+		},
+		"logs": func() error {
+			s, err := c.StreamLogs(ctx, connect.NewRequest(&sandboxv1.StreamLogsRequest{SandboxId: "sb1", Container: "cache"}))
+			if err != nil {
+				return err
+			}
+			for s.Receive() {
+			}
+			return s.Err()
+		},
+		"main, the unnamed primary's name, when the primary is named": func() error {
+			_, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "sb1", Container: "main", Command: []string{"true"}}))
+			return err
+		},
+	} {
+		err := call()
+		want := "cache"
+		if strings.HasPrefix(name, "main") {
+			want = "main"
+		}
+		if connect.CodeOf(err) != connect.CodeNotFound || apierr.Reason(err) != apierr.ContainerNotFound || apierr.Info(err).GetMetadata()["container"] != want {
+			t.Errorf("%s: %v (reason %q, metadata %v), want NOT_FOUND %s naming %s", name, err, apierr.Reason(err), apierr.Info(err).GetMetadata(), apierr.ContainerNotFound, want)
+		}
+	}
+	f.sbs.mu.Lock()
+	n := len(f.sbs.containers)
+	f.sbs.mu.Unlock()
+	if n != len(got) {
+		t.Errorf("an unknown container reached an agent: %d calls, want %d", n, len(got))
 	}
 }

@@ -31,10 +31,12 @@ import (
 // Sandboxes is what the data plane needs of its runner (runner.Local).
 type Sandboxes interface {
 	Get(ctx context.Context, id string) (runner.Sandbox, error)
-	// Agent returns the sandbox's agent, waiting while the sandbox starts.
-	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
-	// Logs reads the sandbox's log, also once it has ended (runner.Runner.Logs).
-	Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
+	// Agent returns the agent of the sandbox's container ("" = the primary), waiting
+	// while the sandbox starts.
+	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
+	// Logs reads the log of the sandbox's container ("" = the primary), also once it has
+	// ended (runner.Runner.Logs).
+	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
 
 // Config configures a Server.
@@ -175,7 +177,7 @@ func (src source) DataAgent(ctx context.Context, perm sandboxv1.SandboxDataPermi
 		return nil, apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s is %s", sandboxID, sb.State), map[string]string{"sandbox_id": sandboxID, "state": sb.State.String()})
 	}
-	a, err := s.cfg.Sandboxes.Agent(ctx, sandboxID)
+	a, err := s.cfg.Sandboxes.Agent(ctx, sandboxID, container)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", sandboxID, ctx.Err()))
@@ -197,7 +199,7 @@ func (src source) DataLogs(ctx context.Context, sandboxID, container string) (re
 	s.calls.Add(1)
 	s.cfg.Logger.Debug("direct data-plane call", "sandbox", sandboxID, "perm", PermName(perm))
 	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-		return s.cfg.Sandboxes.Logs(ctx, sandboxID, req, send)
+		return s.cfg.Sandboxes.Logs(ctx, sandboxID, container, req, send)
 	}, nil
 }
 
@@ -229,16 +231,17 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 			fmt.Sprintf("the client certificate does not grant %s on sandbox %s", PermName(perm), sandboxID),
 			map[string]string{"sandbox_id": sandboxID, "permission": perm.String()})
 	}
-	if container != "" && container != id.Container && (id.Container != "" || container != "main") {
-		return runner.Sandbox{}, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("sandbox %s has no container %q", sandboxID, container),
-			[]apierr.Violation{{Field: "container", Description: "names no container of this sandbox"}})
-	}
 	sb, err := s.cfg.Sandboxes.Get(ctx, sandboxID)
 	if errors.Is(err, runtime.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
 		return runner.Sandbox{}, runner.NotFoundError(sandboxID)
 	}
 	if err != nil {
 		return runner.Sandbox{}, runner.APIError(sandboxID, err, runner.SpecField)
+	}
+	// The certificate grants the whole sandbox: any of its containers (the request's
+	// container field; "" = the primary), checked once the caller is known to see it.
+	if c, _ := sb.Spec.Find(container); c == nil {
+		return runner.Sandbox{}, runner.APIError(sandboxID, &runner.ContainerNotFoundError{Sandbox: sandboxID, Container: container}, runner.SpecField)
 	}
 	return sb, nil
 }

@@ -1,18 +1,13 @@
 package gateway
 
 import (
-	"context"
 	"fmt"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/spec"
 )
@@ -37,79 +32,6 @@ func containerOf(id string, sp *sandboxv1.SandboxSpec, container string) (string
 	}
 	return "", apierr.New(apierr.ContainerNotFound, fmt.Sprintf("sandbox %s has no container %q", id, container),
 		map[string]string{"sandbox_id": id, "container": container})
-}
-
-// runnerAgent is the agent of sandbox id's container ("" = the primary) on runner r:
-// the runner relays the call to the container its runnerapi.ContainerHeader names.
-func runnerAgent(ctx context.Context, r runner.Handle, id, container string) (agentv1connect.AgentServiceClient, error) {
-	a, err := r.Agent(ctx, id)
-	if err != nil || container == "" {
-		return a, err
-	}
-	return containerAgent{c: a, name: container}, nil
-}
-
-// runnerLogs reads the log of sandbox id's container ("" = the primary) from runner r,
-// naming the container in runnerapi.ContainerHeader of the runner call.
-func runnerLogs(ctx context.Context, r runner.Handle, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-	if container != "" {
-		var call connect.CallInfo
-		ctx, call = connect.NewClientContext(ctx)
-		call.RequestHeader().Set(runnerapi.ContainerHeader, container)
-	}
-	return r.Logs(ctx, id, req, send)
-}
-
-// containerAgent is the agent of one container of a sandbox: every call carries the
-// container's name in runnerapi.ContainerHeader, next to the runner's own
-// SandboxIDHeader. It lists every method (no embedding), so a method added to the agent
-// fails to compile here rather than silently reaching the primary.
-type containerAgent struct {
-	c    agentv1connect.AgentServiceClient
-	name string
-}
-
-var _ agentv1connect.AgentServiceClient = containerAgent{}
-
-func (a containerAgent) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
-	req.Header().Set(runnerapi.ContainerHeader, a.name)
-	return a.c.Exec(ctx, req)
-}
-
-func (a containerAgent) StreamExec(ctx context.Context) *connect.BidiStreamForClient[agentv1.StreamExecRequest, agentv1.StreamExecResponse] {
-	s := a.c.StreamExec(ctx)
-	s.RequestHeader().Set(runnerapi.ContainerHeader, a.name) // sent with the first message
-	return s
-}
-
-func (a containerAgent) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
-	req.Header().Set(runnerapi.ContainerHeader, a.name)
-	return a.c.ReadFile(ctx, req)
-}
-
-func (a containerAgent) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
-	req.Header().Set(runnerapi.ContainerHeader, a.name)
-	return a.c.WriteFile(ctx, req)
-}
-
-func (a containerAgent) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest]) (*connect.ServerStreamForClient[agentv1.LogsResponse], error) {
-	req.Header().Set(runnerapi.ContainerHeader, a.name)
-	return a.c.Logs(ctx, req)
-}
-
-func (a containerAgent) Status(ctx context.Context, req *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
-	req.Header().Set(runnerapi.ContainerHeader, a.name)
-	return a.c.Status(ctx, req)
-}
-
-func (a containerAgent) Watch(ctx context.Context, req *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.StatusResponse], error) {
-	req.Header().Set(runnerapi.ContainerHeader, a.name)
-	return a.c.Watch(ctx, req)
-}
-
-func (a containerAgent) Start(ctx context.Context, req *connect.Request[agentv1.StartRequest]) (*connect.Response[agentv1.StartResponse], error) {
-	req.Header().Set(runnerapi.ContainerHeader, a.name)
-	return a.c.Start(ctx, req)
 }
 
 // containerState is the public state of a container the runner reports.

@@ -74,15 +74,34 @@ func (a *headerAgent) StreamExec(_ context.Context, s *connect.BidiStream[agentv
 // over HTTP as a runner's relay is.
 type agentRunner struct {
 	acceptingRunner
-	client agentv1connect.AgentServiceClient
+	srv *httptest.Server
 }
 
-func (r *agentRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
-	return r.client, nil
+// Agent is the agent as a runner's relay reaches it: the container named in
+// runnerapi.ContainerHeader, as runnerapi.Client sends it ("" sends none).
+func (r *agentRunner) Agent(_ context.Context, _, container string) (agentv1connect.AgentServiceClient, error) {
+	hc := &http.Client{Transport: containerTransport{r.srv.Client().Transport, container}}
+	return agentv1connect.NewAgentServiceClient(hc, r.srv.URL, connect.WithGRPC()), nil
 }
 
-func (r *agentRunner) Logs(ctx context.Context, _ string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-	return agent.ForwardLogs(ctx, r.client, req, send)
+func (r *agentRunner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	a, _ := r.Agent(ctx, id, container)
+	return agent.ForwardLogs(ctx, a, req, send)
+}
+
+// containerTransport sets runnerapi.ContainerHeader on every request when it names a
+// container.
+type containerTransport struct {
+	rt        http.RoundTripper
+	container string
+}
+
+func (t containerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.container != "" {
+		req = req.Clone(req.Context())
+		req.Header.Set(runnerapi.ContainerHeader, t.container)
+	}
+	return t.rt.RoundTrip(req)
 }
 
 // TestContainerReachesTheRunner: the container field of Exec, ReadFile, WriteFile,
@@ -98,7 +117,7 @@ func TestContainerReachesTheRunner(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	r := &agentRunner{acceptingRunner: acceptingRunner{id: "r1"}, client: agentv1connect.NewAgentServiceClient(srv.Client(), srv.URL, connect.WithGRPC())}
+	r := &agentRunner{acceptingRunner: acceptingRunner{id: "r1"}, srv: srv}
 	s := newTestGateway(t, t.TempDir(), r)
 	ctx := asOrg(t.Context())
 	created, err := s.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{

@@ -65,10 +65,10 @@ func (r *acceptingRunner) Get(_ context.Context, id string) (runner.Sandbox, err
 func (r *acceptingRunner) Delete(ctx context.Context, id string, _ time.Duration) (runner.Sandbox, error) {
 	return r.Get(ctx, id)
 }
-func (r *acceptingRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+func (r *acceptingRunner) Agent(context.Context, string, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, errors.New("not used")
 }
-func (r *acceptingRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+func (r *acceptingRunner) Logs(context.Context, string, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
 	return errors.New("not used")
 }
 func (r *acceptingRunner) Capacity(context.Context) (runner.Capacity, error) {

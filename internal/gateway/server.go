@@ -482,7 +482,7 @@ func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, cont
 	if err != nil {
 		return nil, err
 	}
-	a, err := runnerAgent(ctx, r, rec.id, name)
+	a, err := r.Agent(ctx, rec.id, name)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
@@ -517,7 +517,7 @@ func (g gatewaySource) DataLogs(ctx context.Context, id, container string) (rela
 		return nil, err
 	}
 	return func(ctx context.Context, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-		err := runnerLogs(ctx, r, rec.id, name, req, send)
+		err := r.Logs(ctx, rec.id, name, req, send)
 		if errors.Is(err, runtime.ErrNotFound) {
 			if last := s.index.lastOf(rec); last.State.Terminal() {
 				return apierr.New(apierr.SandboxNotRunning,

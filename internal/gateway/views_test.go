@@ -44,10 +44,10 @@ func (r *scriptedRunner) Get(context.Context, string) (runner.Sandbox, error) {
 func (r *scriptedRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
 	return runner.Sandbox{}, runtime.ErrNotFound
 }
-func (r *scriptedRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+func (r *scriptedRunner) Agent(context.Context, string, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, errors.New("not used")
 }
-func (r *scriptedRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+func (r *scriptedRunner) Logs(context.Context, string, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
 	return errors.New("not used")
 }
 func (r *scriptedRunner) Capacity(context.Context) (runner.Capacity, error) {

@@ -75,7 +75,14 @@ type logDirBackend struct {
 	dir string
 }
 
-func (b *logDirBackend) LogDir(string) string { return b.dir }
+var _ runtime.LogDirProvider = (*logDirBackend)(nil)
+
+func (b *logDirBackend) LogDir(_, container string) string {
+	if container != "" {
+		return ""
+	}
+	return b.dir
+}
 
 // TestArchiveSkipsAReplacedLogDir: a sandbox can write the dir above its log dir, so it
 // can replace the log dir with a symlink to another sandbox's logs before it ends. The
@@ -113,7 +120,7 @@ func TestArchiveSkipsAReplacedLogDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []byte
-	err = r.Logs(ctx, sb.ID, &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { got = append(got, m.GetData()...); return nil })
+	err = r.Logs(ctx, sb.ID, "", &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { got = append(got, m.GetData()...); return nil })
 	if err != nil || len(got) > 0 {
 		t.Errorf("log of the sandbox that swapped its log dir: %q %v, want empty", got, err)
 	}

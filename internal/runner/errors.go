@@ -23,6 +23,26 @@ var (
 	ErrAlreadyExists = fmt.Errorf("sandbox %w", errdefs.ErrAlreadyExists)
 )
 
+// ContainerNotFoundError: sandbox Sandbox has no container called Container. It is a
+// runtime.ErrContainerNotFound (not a runtime.ErrNotFound: the sandbox exists).
+type ContainerNotFoundError struct{ Sandbox, Container string }
+
+func (e *ContainerNotFoundError) Error() string {
+	return fmt.Sprintf("sandbox %s has no container %q", e.Sandbox, e.Container)
+}
+
+func (e *ContainerNotFoundError) Unwrap() error { return runtime.ErrContainerNotFound }
+
+// ContainerNotRunningError: a container other than the primary has exited (an init
+// container, or a sidecar that ended) while its sandbox runs. It is an ErrNotRunning.
+type ContainerNotRunningError struct{ Sandbox, Container string }
+
+func (e *ContainerNotRunningError) Error() string {
+	return fmt.Sprintf("container %q of sandbox %s is not running (it has exited)", e.Container, e.Sandbox)
+}
+
+func (e *ContainerNotRunningError) Unwrap() error { return ErrNotRunning }
+
 // ValidationError lists every problem found in a request, so a caller fixes them all at
 // once instead of one per round trip.
 type ValidationError struct {
@@ -64,6 +84,8 @@ const SpecField = "sandbox."
 func APIError(id string, err error, fieldPrefix string) error {
 	var (
 		verr *ValidationError
+		cnf  *ContainerNotFoundError
+		cnr  *ContainerNotRunningError
 		ce   *connect.Error
 	)
 	switch {
@@ -78,6 +100,12 @@ func APIError(id string, err error, fieldPrefix string) error {
 			vs[i] = v
 		}
 		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
+	case errors.As(err, &cnf):
+		return apierr.New(apierr.ContainerNotFound, cnf.Error(), map[string]string{"sandbox_id": id, "container": cnf.Container})
+	case errors.Is(err, runtime.ErrContainerNotFound):
+		return apierr.New(apierr.ContainerNotFound, err.Error(), idMeta(id))
+	case errors.As(err, &cnr):
+		return apierr.New(apierr.SandboxNotRunning, cnr.Error(), map[string]string{"sandbox_id": id, "container": cnr.Container})
 	case errors.Is(err, runtime.ErrNotFound):
 		return apierr.New(apierr.SandboxNotFound, err.Error(), idMeta(id))
 	case errors.Is(err, ErrNotRunning):

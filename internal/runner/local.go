@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,11 +29,12 @@ type Handle interface {
 	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	Get(ctx context.Context, id string) (Sandbox, error)
 	Delete(ctx context.Context, id string, grace time.Duration) (Sandbox, error)
-	// Agent returns the sandbox's agent, waiting while the sandbox starts.
-	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
-	// Logs reads the sandbox's log as the agent's Logs call does, also once the sandbox
-	// has ended (Runner.Logs).
-	Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
+	// Agent returns the agent of the sandbox's container ("" = the primary), waiting
+	// while the sandbox starts (Runner.Agent).
+	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
+	// Logs reads the log of the sandbox's container ("" = the primary) as the agent's
+	// Logs call does, also once the sandbox has ended (Runner.Logs).
+	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 	Capacity(ctx context.Context) (Capacity, error)
 }
 
@@ -134,8 +136,9 @@ func NewLocal(id string, r *Runner) *Local {
 func (l *Local) ID() string    { return l.RunnerID }
 func (l *Local) Group() string { return l.GroupID }
 
-// Create completes the spec's requests and limits with the runner's defaults and starts
-// the sandbox if the runner has room for its requests: a gateway only reserves what it
+// Create completes every container's requests and limits with the runner's defaults and
+// starts the sandbox if the runner has room for its requests (the sum over its
+// containers, runtime.Spec.TotalResources): a gateway only reserves what it
 // placed itself, so two gateways (or a stale view) can send more than fits, and the
 // runner is the one that knows. A sandbox that needs more than the runner's whole
 // capacity is FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER (no wait helps); one
@@ -146,8 +149,8 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (Sandbox, error) 
 	if l.support().NoShareTokens && NeedsShareTokens(req.Spec) {
 		return Sandbox{}, shareTokensUnsupported(l.RunnerID)
 	}
-	req.Spec.Resources = req.Spec.Resources.WithDefaults(l.Defaults)
-	need := requested(req.Spec.Resources)
+	req.Spec = withDefaults(req.Spec, l.Defaults)
+	need := requested(req.Spec.TotalResources())
 	l.admit.Lock()
 	defer l.admit.Unlock()
 	c, err := l.Capacity(ctx)
@@ -178,6 +181,16 @@ func (l *Local) support() runtime.Support {
 	return s
 }
 
+// withDefaults is s with every container's requests and limits completed with d. Its
+// containers are copies: s's slices may be the caller's.
+func withDefaults(s runtime.Spec, d runtime.Resources) runtime.Spec {
+	s.Sidecars, s.InitContainers = slices.Clone(s.Sidecars), slices.Clone(s.InitContainers)
+	for _, c := range s.AllContainers() {
+		c.Resources = c.Resources.WithDefaults(d)
+	}
+	return s
+}
+
 // requested is what a sandbox with resources r (completed with the runner's defaults)
 // is admitted by: its requests.
 func requested(r runtime.Resources) placement.Resources {
@@ -197,12 +210,12 @@ func (l *Local) List(context.Context) ([]Sandbox, error) {
 	return l.R.List(), nil
 }
 
-func (l *Local) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
-	return l.R.Agent(ctx, id)
+func (l *Local) Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error) {
+	return l.R.Agent(ctx, id, container)
 }
 
-func (l *Local) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-	return l.R.Logs(ctx, id, req, send)
+func (l *Local) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	return l.R.Logs(ctx, id, container, req, send)
 }
 
 // Capacity reports the host's CPUs and memory (or the configured amounts) as allocatable
@@ -234,7 +247,8 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 			continue
 		}
 		c.Running++
-		need := requested(sb.Spec.Resources.WithDefaults(l.Defaults))
+		spec := withDefaults(sb.Spec, l.Defaults)
+		need := requested(spec.TotalResources())
 		c.UsedMilliCPU += need.MilliCPU
 		c.UsedMemoryBytes += need.MemoryBytes
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 )
 
 // Config configures a Runner.
@@ -74,10 +75,18 @@ type entry struct {
 	stopReason   string
 	stopGrace    time.Duration
 
-	done   chan struct{} // closed once the sandbox is terminal and its resources are gone
-	client agentv1connect.AgentServiceClient
-	expiry *time.Timer
-	forget *time.Timer
+	done   chan struct{}                     // closed once the sandbox is terminal and its resources are gone
+	client agentv1connect.AgentServiceClient // the primary's agent, set while the sandbox runs
+	// agents are the agents of the other containers, made on first use (by name).
+	agents map[string]agentv1connect.AgentServiceClient
+	// statusAt is when the containers' statuses were last asked of the backend;
+	// statusBusy that one ask is under way; statusFinal that finish recorded the last
+	// statuses (no later ask may replace them).
+	statusAt    time.Time
+	statusBusy  bool
+	statusFinal bool
+	expiry      *time.Timer
+	forget      *time.Timer
 }
 
 // New starts a runner and re-adopts the sandboxes its backend still has.
@@ -94,7 +103,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	for _, d := range []string{"logs", "ended"} {
+	for _, d := range []string{"logs", containerLogs, "ended"} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("runner: create data dir: %w", err)
 		}
@@ -129,12 +138,15 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if req.Spec.ID == "" {
 		req.Spec.ID = NewID()
 	}
-	if req.Spec.RestartLimit == 0 {
-		req.Spec.RestartLimit = runtime.DefaultRestartLimit
-	}
-	if req.Spec.Resources.Pids == 0 {
-		// No sandbox goes without a process limit: a fork bomb must hit it, not the host's.
-		req.Spec.Resources.Pids = runtime.DefaultPidsLimit
+	for _, c := range req.Spec.AllContainers() {
+		if c.RestartLimit == 0 {
+			c.RestartLimit = runtime.DefaultRestartLimit
+		}
+		if c.Resources.Pids == 0 {
+			// No container goes without a process limit: a fork bomb must hit it, not
+			// the host's.
+			c.Resources.Pids = runtime.DefaultPidsLimit
+		}
 	}
 	now := time.Now()
 	if req.Spec.Meta == nil {
@@ -189,6 +201,12 @@ func (r *Runner) Get(id string) (Sandbox, error) {
 		r.mu.Unlock()
 		return Sandbox{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
+	live := !e.sb.State.Terminal()
+	r.mu.Unlock()
+	if live {
+		r.refreshContainers(e, false)
+	}
+	r.mu.Lock()
 	sb := e.snapshot()
 	r.mu.Unlock()
 	if sb.State == StateRunning {
@@ -214,6 +232,17 @@ func (r *Runner) oomKills(id string) (int, bool) {
 
 // List returns snapshots of every sandbox, oldest first.
 func (r *Runner) List() []Sandbox {
+	r.mu.Lock()
+	var live []*entry
+	for _, e := range r.sandboxes {
+		if !e.sb.State.Terminal() && e.sb.Spec.Multi() {
+			live = append(live, e)
+		}
+	}
+	r.mu.Unlock()
+	for _, e := range live {
+		r.refreshContainers(e, false)
+	}
 	r.mu.Lock()
 	out := make([]Sandbox, 0, len(r.sandboxes))
 	for _, e := range r.sandboxes {
@@ -267,9 +296,12 @@ func (r *Runner) WaitTerminal(ctx context.Context, id string) (Sandbox, error) {
 	return e.snapshot(), nil
 }
 
-// Agent returns a client of the sandbox's agent, waiting while the sandbox is still
-// starting. A sandbox that is terminating or terminal gives ErrNotRunning.
-func (r *Runner) Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error) {
+// Agent returns a client of the agent of the sandbox's container ("" = the primary),
+// waiting while the sandbox is still starting. A sandbox that is terminating or terminal
+// gives ErrNotRunning, as does a container other than the primary that has exited (a
+// *ContainerNotRunningError); a name the sandbox's spec does not have is a
+// *ContainerNotFoundError. The agent of each container is made on first use.
+func (r *Runner) Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error) {
 	for {
 		r.mu.Lock()
 		e, ok := r.sandboxes[id]
@@ -277,11 +309,16 @@ func (r *Runner) Agent(ctx context.Context, id string) (agentv1connect.AgentServ
 			r.mu.Unlock()
 			return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 		}
+		name, primary, init, err := e.container(container)
 		st, ch, client := e.sb.State, e.changed, e.client
 		r.mu.Unlock()
 		switch {
-		case st == StateRunning && client != nil:
+		case err != nil:
+			return nil, err
+		case st == StateRunning && client != nil && primary:
 			return client, nil
+		case st == StateRunning && client != nil:
+			return r.containerAgent(e, name, init)
 		case st == StateTerminating || st.Terminal():
 			return nil, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, st)
 		}
@@ -293,36 +330,141 @@ func (r *Runner) Agent(ctx context.Context, id string) (agentv1connect.AgentServ
 	}
 }
 
-// LogDir returns the directory holding an ended sandbox's archived logs, or "" while its
-// agent serves them live.
-func (r *Runner) LogDir(id string) (string, error) {
+// container resolves a container name of e's sandbox ("" = the primary): its name, and
+// whether it is the primary or an init container. Called with Runner.mu held.
+func (e *entry) container(name string) (string, bool, bool, error) {
+	c, init := e.sb.Spec.Find(name)
+	if c == nil {
+		return "", false, false, &ContainerNotFoundError{Sandbox: e.sb.ID, Container: name}
+	}
+	return c.ContainerName(), c == &e.sb.Spec.Container, init, nil
+}
+
+// containerAgent is the agent of container name (not the primary) of the running sandbox
+// e, once its status says it has not exited.
+func (r *Runner) containerAgent(e *entry, name string, init bool) (agentv1connect.AgentServiceClient, error) {
+	r.refreshContainers(e, false)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	exited := init // an init container has exited for good once the sandbox runs
+	for _, c := range e.sb.Containers {
+		if c.Name == name {
+			exited = c.State == runtime.ContainerExited
+		}
+	}
+	if exited {
+		return nil, &ContainerNotRunningError{Sandbox: e.sb.ID, Container: name}
+	}
+	return r.agentLocked(e, name), nil
+}
+
+// agentLocked returns the agent of e's container name (not the primary), making it on
+// first use; nil once the sandbox no longer runs. Called with Runner.mu held.
+func (r *Runner) agentLocked(e *entry, name string) agentv1connect.AgentServiceClient {
+	if e.client == nil {
+		return nil
+	}
+	if a := e.agents[name]; a != nil {
+		return a
+	}
+	if e.agents == nil {
+		e.agents = map[string]agentv1connect.AgentServiceClient{}
+	}
+	id := e.sb.ID
+	a := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, name) })
+	e.agents[name] = a
+	return a
+}
+
+// containerStatusEvery bounds how often the runner asks its backend for the statuses of
+// one sandbox's containers (on Get, List and what it notices itself).
+const containerStatusEvery = time.Second
+
+// refreshContainers updates e's container statuses from the backend (when it reports
+// them and the sandbox has more than one container): at most once per
+// containerStatusEvery and one ask at a time, unless final (finish's last look, which
+// no later ask replaces).
+func (r *Runner) refreshContainers(e *entry, final bool) {
+	rep, ok := r.backend.(runtime.ContainerStatusReporter)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	if !e.sb.Spec.Multi() || e.statusFinal || !final && (e.statusBusy || time.Since(e.statusAt) < containerStatusEvery) {
+		r.mu.Unlock()
+		return
+	}
+	e.statusBusy, e.statusAt = true, time.Now()
+	id := e.sb.ID
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	cs, err := rep.ContainerStatuses(ctx, id)
+	cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e.statusBusy = false
+	if e.statusFinal {
+		return
+	}
+	e.statusFinal = final
+	if err != nil {
+		r.log.Debug("container statuses", "sandbox", id, "err", err)
+		return
+	}
+	if !slices.EqualFunc(cs, e.sb.Containers, equalStatus) {
+		e.sb.Containers = cs
+		r.notifyLocked(e)
+	}
+}
+
+func equalStatus(a, b runtime.ContainerStatus) bool {
+	if (a.ExitCode == nil) != (b.ExitCode == nil) || a.ExitCode != nil && *a.ExitCode != *b.ExitCode {
+		return false
+	}
+	a.ExitCode, b.ExitCode = nil, nil
+	return a == b
+}
+
+// LogDir returns the directory holding the archived logs of an ended sandbox's container
+// ("" = the primary), or "" while its agent serves them live.
+func (r *Runner) LogDir(id, container string) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.sandboxes[id]
 	if !ok {
 		return "", fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
+	name, primary, _, err := e.container(container)
+	if err != nil {
+		return "", err
+	}
 	select {
 	case <-e.done:
-		return r.archiveDir(id), nil
+		return r.archiveDir(id, name, primary), nil
 	default:
 		return "", nil
 	}
 }
 
-// Logs passes the main command's log of sandbox id to send, as the agent's Logs call
+// Logs passes the main command's log of a container of sandbox id ("" = the primary;
+// a name it does not have is a *ContainerNotFoundError) to send, as the agent's Logs call
 // does: from its agent while the sandbox runs, and from the copy the runner keeps once it
 // ended (for Config.Retention, across runner restarts). A read that outlives the agent
 // (the sandbox ends under a follow) goes on in that copy where the agent stopped, so a
 // follow ends at the end of the log instead of breaking off. While the sandbox is still
 // being created, Logs waits for it to start (or end). Errors from the agent and the
 // reader are connect errors; an error from send is returned as it is.
-func (r *Runner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	r.mu.Lock()
 	e, ok := r.sandboxes[id]
-	r.mu.Unlock()
 	if !ok {
+		r.mu.Unlock()
 		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	name, primary, _, err := e.container(container)
+	r.mu.Unlock()
+	if err != nil {
+		return err
 	}
 	var (
 		next     uint64 // offset after the last byte passed on
@@ -347,10 +489,13 @@ func (r *Runner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, 
 	for {
 		r.mu.Lock()
 		st, client, changed := e.sb.State, e.client, e.changed
+		if !primary && client != nil {
+			client = r.agentLocked(e, name)
+		}
 		r.mu.Unlock()
 		select {
 		case <-e.done:
-			return agent.ReadLogs(ctx, r.archiveDir(id), nil, rest(), pass)
+			return agent.ReadLogs(ctx, r.archiveDir(id, name, primary), nil, rest(), pass)
 		default:
 		}
 		if client == nil || st == StateCreating || st == StatePending {
@@ -468,6 +613,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			sb.IP, sb.RuntimeClass, sb.ImageDigest = info.IP, info.RuntimeClass, info.ImageDigest
 			e.startedAt = info.StartedAt
 		})
+		r.refreshContainers(e, false)
 	}
 	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") })
 	r.mu.Lock()
@@ -544,6 +690,7 @@ func (r *Runner) watch(e *entry, client agentv1connect.AgentServiceClient) {
 				}
 			}
 		})
+		r.refreshContainers(e, false) // the primary changed: the others may have too
 	}
 }
 
@@ -554,7 +701,11 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 		r.update(e, func(sb *Sandbox) { sb.OOMKills = max(sb.OOMKills, n) })
 	}
 	if created {
-		r.archiveLogs(id)
+		r.refreshContainers(e, true) // the last word on each container, before they go
+		r.mu.Lock()
+		spec := cloneSpec(e.sb.Spec)
+		r.mu.Unlock()
+		r.archiveLogs(&spec)
 		r.destroy(id)
 	}
 	r.mu.Lock()
@@ -594,11 +745,13 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	// sandbox keeps their paths and modes, not their contents (a spec may carry
 	// runtime.MaxFilesBytes of them), neither in memory for the retention window nor in
 	// its record on disk.
-	sb.Spec.Files = withoutContents(sb.Spec.Files)
+	for _, c := range sb.Spec.AllContainers() {
+		c.Files = withoutContents(c.Files)
+	}
 	if e.expiry != nil {
 		e.expiry.Stop()
 	}
-	e.client = nil
+	e.client, e.agents = nil, nil
 	r.notifyLocked(e)
 	close(e.done)
 	r.log.Info("sandbox ended", "sandbox", id, "state", sb.State, "reason", sb.Reason, "message", sb.Message)
@@ -685,8 +838,19 @@ func (r *Runner) Changed() <-chan struct{} {
 	return r.changed
 }
 
-func (r *Runner) archiveDir(id string) string {
-	return filepath.Join(r.cfg.DataDir, "logs", id)
+// containerLogs is the directory (in DataDir) of the archived logs of containers other
+// than the primary: containerLogs/<sandbox>/<container>. The primary's stay in
+// logs/<sandbox>, where they were before sandboxes had more than one container.
+const containerLogs = "container-logs"
+
+// archiveDir is where the logs of sandbox id's container name (primary: the primary's)
+// are kept once it has ended. name is a container name of the sandbox's validated spec
+// (a DNS label), never a caller's string that the spec does not have.
+func (r *Runner) archiveDir(id, name string, primary bool) string {
+	if primary {
+		return filepath.Join(r.cfg.DataDir, "logs", id)
+	}
+	return filepath.Join(r.cfg.DataDir, containerLogs, id, name)
 }
 
 // endedPath is where the runner records an ended sandbox, so that it (and its log) stays
@@ -758,29 +922,45 @@ func (r *Runner) recoverEnded() {
 // removeStrayLogs deletes archived logs of sandboxes the runner does not know (their
 // record is gone or was never written).
 func (r *Runner) removeStrayLogs() {
-	dir := filepath.Dir(r.archiveDir("x"))
-	ents, _ := os.ReadDir(dir)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, ent := range ents {
-		if _, ok := r.sandboxes[ent.Name()]; !ok {
-			_ = os.RemoveAll(filepath.Join(dir, ent.Name()))
+	for _, dir := range []string{filepath.Join(r.cfg.DataDir, "logs"), filepath.Join(r.cfg.DataDir, containerLogs)} {
+		ents, _ := os.ReadDir(dir)
+		for _, ent := range ents {
+			if _, ok := r.sandboxes[ent.Name()]; !ok {
+				_ = os.RemoveAll(filepath.Join(dir, ent.Name()))
+			}
 		}
 	}
 }
 
 func (r *Runner) forgetFiles(id string) {
-	_ = os.RemoveAll(r.archiveDir(id))
+	_ = os.RemoveAll(r.archiveDir(id, "", true))
+	_ = os.RemoveAll(filepath.Join(r.cfg.DataDir, containerLogs, id))
 	_ = os.Remove(r.endedPath(id))
 }
 
-// archiveLogs moves the agent's log files out of the sandbox before the backend removes it.
-func (r *Runner) archiveLogs(id string) {
+// archiveLogs moves the agents' log files out of the sandbox, every container's, before
+// the backend removes it.
+func (r *Runner) archiveLogs(spec *runtime.Spec) {
 	src, ok := r.backend.(runtime.LogDirProvider)
 	if !ok {
 		return
 	}
-	dir := src.LogDir(id, "")
+	for _, c := range spec.AllContainers() {
+		primary := c == &spec.Container
+		name := c.ContainerName()
+		from := name
+		if primary {
+			from = "" // what a backend has always answered for the primary
+		}
+		r.archiveLog(spec.ID, src.LogDir(spec.ID, from), r.archiveDir(spec.ID, name, primary))
+	}
+}
+
+// archiveLog moves one container's log dir (on the sandbox's side, so written by it) to
+// dst.
+func (r *Runner) archiveLog(id, dir, dst string) {
 	if dir == "" {
 		return
 	}
@@ -796,8 +976,11 @@ func (r *Runner) archiveLogs(id string) {
 		r.log.Warn("archive sandbox logs: the log dir is no directory (replaced by the sandbox?): nothing archived", "sandbox", id, "type", fi.Mode().Type().String())
 		return
 	}
-	dst := r.archiveDir(id)
 	_ = os.RemoveAll(dst)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		r.log.Warn("archive sandbox logs", "sandbox", id, "err", err)
+		return
+	}
 	err = os.Rename(dir, dst)
 	switch {
 	case errors.Is(err, syscall.EXDEV):
@@ -888,9 +1071,10 @@ func (r *Runner) recover(ctx context.Context) error {
 			// Recorded as ended by an earlier runner whose teardown did not complete: keep
 			// the record, finish the teardown.
 			r.wg.Add(1)
+			spec := rec.Spec
 			go func() {
 				defer r.wg.Done()
-				r.archiveLogs(id)
+				r.archiveLogs(&spec)
 				r.destroy(id)
 			}()
 			continue
@@ -953,7 +1137,10 @@ func (r *Runner) recover(ctx context.Context) error {
 
 // createFailureReason maps a backend error to the reason users see.
 func createFailureReason(err error) string {
+	var f *startseq.Failure
 	switch {
+	case errors.As(err, &f) && f.Reason != "":
+		return f.Reason // the message (the error's text) names the container
 	case errors.Is(err, context.Canceled):
 		return ReasonDeleted
 	case errors.Is(err, runtime.ErrImageNotFound), errors.Is(err, runtime.ErrImageUnauthorized),

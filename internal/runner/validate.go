@@ -48,90 +48,49 @@ func validate(req *CreateRequest) error {
 	case req.Lifetime == 0:
 		req.Lifetime = DefaultLifetime
 	}
-	r := s.Resources
-	for _, q := range []struct {
-		field string
-		v     int64
-	}{
-		{"spec.containers[0].resources.cpu", r.MilliCPU},
-		{"spec.containers[0].resources.memory", r.MemoryBytes},
-		{"spec.containers[0].resources.pids", r.Pids},
-		{"spec.containers[0].resource_requirements.requests.cpu", r.RequestMilliCPU},
-		{"spec.containers[0].resource_requirements.requests.memory", r.RequestMemoryBytes},
-	} {
-		if q.v < 0 {
-			vs.add(q.field, "must not be negative, got %d", q.v)
+	total := 0
+	for i, c := range s.AllContainers() {
+		prefix, restart := "spec.containers[0]", "restart_limit"
+		switch {
+		case i < len(s.InitContainers):
+			prefix = fmt.Sprintf("spec.init_containers[%d]", i)
+			restart = prefix + ".restart_limit"
+		case c != &s.Container:
+			prefix = fmt.Sprintf("spec.containers[%d]", i-len(s.InitContainers))
+			restart = prefix + ".restart_limit"
 		}
-	}
-	if r.MilliCPU > 0 && r.RequestMilliCPU > r.MilliCPU {
-		vs.add("spec.containers[0].resource_requirements.requests.cpu", "%dm is above the limit of %dm; a request may not exceed its limit", r.RequestMilliCPU, r.MilliCPU)
-	}
-	if r.MemoryBytes > 0 && r.RequestMemoryBytes > r.MemoryBytes {
-		vs.add("spec.containers[0].resource_requirements.requests.memory", "%d bytes is above the limit of %d bytes; a request may not exceed its limit", r.RequestMemoryBytes, r.MemoryBytes)
-	}
-	if r.MemoryBytes > 0 && r.MemoryBytes < 8<<20 {
-		vs.add("spec.containers[0].resources.memory", "must be at least 8Mi, got %d bytes", r.MemoryBytes)
-	}
-	switch {
-	case s.RestartLimit < 0:
-		vs.add("restart_limit", "must not be negative, got %d", s.RestartLimit)
-	case s.RestartLimit > maxRestartLimit:
-		vs.add("restart_limit", "must be at most %d, got %d", maxRestartLimit, s.RestartLimit)
-	}
-	if s.WorkingDir != "" && !path.IsAbs(s.WorkingDir) {
-		vs.add("spec.containers[0].working_dir", "must be an absolute path, got %q", s.WorkingDir)
-	}
-	switch {
-	case strings.ContainsRune(s.Command, 0):
-		vs.add("spec.containers[0].command", "must not contain NUL bytes")
-	case len(s.Command) > runtime.MaxArgBytes:
-		vs.add("spec.containers[0].command", "is %d bytes, at most %d allowed", len(s.Command), runtime.MaxArgBytes)
-	}
-	cmd := 0
-	if s.Command != "" {
-		cmd = 1
-	}
-	runtime.CheckArgs("spec.containers[0].args", s.Args, cmd, len(s.Command), vs.add)
-	runtime.CheckEnv("spec.containers[0].environment_variables", s.Env, vs.add)
-	if n := len(s.Files); n > runtime.MaxFiles {
-		vs.add("spec.containers[0].files", "has %d files, at most %d allowed", n, runtime.MaxFiles)
-	}
-	var total int
-	seen := map[string]bool{}
-	for i, f := range s.Files {
-		if i >= runtime.MaxFiles {
-			break // reported above; do not also report each of thousands
+		if c != &s.Container && strings.TrimSpace(c.Image) == "" {
+			vs.add(prefix+".image", "is required")
 		}
-		field := fmt.Sprintf("spec.containers[0].files[%d].path", i)
-		if err := checkPath(f.Path); err != nil {
-			vs.add(field, "%v", err)
-		} else if err := runtime.CheckFilePath(path.Clean(f.Path)); err != nil {
-			vs.add(field, "%v", err)
-		} else if seen[path.Clean(f.Path)] {
-			vs.add(field, "duplicate path %q", f.Path)
-		}
-		seen[path.Clean(f.Path)] = true
-		if len(f.Content) > runtime.MaxFileBytes {
-			vs.add(fmt.Sprintf("spec.containers[0].files[%d].content", i), "is %d bytes, at most %d allowed", len(f.Content), runtime.MaxFileBytes)
-		}
-		total += len(f.Content)
+		total += validateContainer(&vs, prefix, restart, c)
+	}
+	if total > runtime.MaxFilesBytes {
+		// Over all containers: the runner keeps the spec (and its files) until it starts.
+		vs.add("spec.containers[0].files", "total %d bytes over the sandbox's containers, at most %d allowed", total, runtime.MaxFilesBytes)
 	}
 	if err := runtime.ValidateVolumes(s.Volumes, s.VolumeMounts); err != nil {
 		vs.add("spec.volumes", "%v", err)
-	}
-	if sec := s.Security; sec != nil {
-		if err := sec.Validate(); err != nil {
-			vs.add("spec.containers[0].security_context", "%v", err)
+	} else {
+		for i, c := range s.Sidecars {
+			if err := runtime.ValidateVolumes(s.Volumes, c.VolumeMounts); err != nil {
+				vs.add(fmt.Sprintf("spec.containers[%d].volume_mounts", 1+i), "%v", err)
+			}
 		}
-		for i, f := range s.Files {
-			if sec.ReadOnlyRootFS && !runtime.WritableWhenReadOnly(path.Clean(f.Path)) {
-				vs.add(fmt.Sprintf("spec.containers[0].files[%d].path", i), "%q is on the read-only root filesystem (security_context.read_only_root_filesystem); put files under %s",
-					f.Path, strings.Join(runtime.ReadOnlyWritablePaths, ", "))
+		for i, c := range s.InitContainers {
+			if err := runtime.ValidateVolumes(s.Volumes, c.VolumeMounts); err != nil {
+				vs.add(fmt.Sprintf("spec.init_containers[%d].volume_mounts", i), "%v", err)
 			}
 		}
 	}
-	if total > runtime.MaxFilesBytes {
-		vs.add("spec.containers[0].files", "total %d bytes, at most %d allowed", total, runtime.MaxFilesBytes)
+	if len(vs) == 0 && (s.Multi() || s.Name != "") {
+		// What binds the containers together (names, dependencies, host aliases, the
+		// volumes each mounts): the one check every backend makes, here so the sandbox
+		// is refused before it is accepted. The ID is checked above (it may be empty yet).
+		check := *s
+		check.ID = "x"
+		if err := runtime.ValidateSpec(&check, 253); err != nil {
+			vs.add("spec.containers", "%v", err)
+		}
 	}
 	// The gateway checked the rules too; a runner checks again because a backend turns
 	// them into firewall state, where a malformed rule could mean more access, not less.
@@ -141,6 +100,94 @@ func validate(req *CreateRequest) error {
 		vs.add("share_token_hash", "must be a hex SHA-256 (64 lowercase hex digits)")
 	}
 	return vs.err()
+}
+
+// validateContainer checks one container of a spec (field names under prefix, its
+// restart limit as restartField) and returns the bytes of its files.
+func validateContainer(vs *violations, prefix, restartField string, c *runtime.Container) int {
+	r := c.Resources
+	for _, q := range []struct {
+		field string
+		v     int64
+	}{
+		{prefix + ".resources.cpu", r.MilliCPU},
+		{prefix + ".resources.memory", r.MemoryBytes},
+		{prefix + ".resources.pids", r.Pids},
+		{prefix + ".resource_requirements.requests.cpu", r.RequestMilliCPU},
+		{prefix + ".resource_requirements.requests.memory", r.RequestMemoryBytes},
+	} {
+		if q.v < 0 {
+			vs.add(q.field, "must not be negative, got %d", q.v)
+		}
+	}
+	if r.MilliCPU > 0 && r.RequestMilliCPU > r.MilliCPU {
+		vs.add(prefix+".resource_requirements.requests.cpu", "%dm is above the limit of %dm; a request may not exceed its limit", r.RequestMilliCPU, r.MilliCPU)
+	}
+	if r.MemoryBytes > 0 && r.RequestMemoryBytes > r.MemoryBytes {
+		vs.add(prefix+".resource_requirements.requests.memory", "%d bytes is above the limit of %d bytes; a request may not exceed its limit", r.RequestMemoryBytes, r.MemoryBytes)
+	}
+	if r.MemoryBytes > 0 && r.MemoryBytes < 8<<20 {
+		vs.add(prefix+".resources.memory", "must be at least 8Mi, got %d bytes", r.MemoryBytes)
+	}
+	switch {
+	case c.RestartLimit < 0:
+		vs.add(restartField, "must not be negative, got %d", c.RestartLimit)
+	case c.RestartLimit > maxRestartLimit:
+		vs.add(restartField, "must be at most %d, got %d", maxRestartLimit, c.RestartLimit)
+	}
+	if c.WorkingDir != "" && !path.IsAbs(c.WorkingDir) {
+		vs.add(prefix+".working_dir", "must be an absolute path, got %q", c.WorkingDir)
+	}
+	switch {
+	case strings.ContainsRune(c.Command, 0):
+		vs.add(prefix+".command", "must not contain NUL bytes")
+	case len(c.Command) > runtime.MaxArgBytes:
+		vs.add(prefix+".command", "is %d bytes, at most %d allowed", len(c.Command), runtime.MaxArgBytes)
+	}
+	cmd := 0
+	if c.Command != "" {
+		cmd = 1
+	}
+	runtime.CheckArgs(prefix+".args", c.Args, cmd, len(c.Command), vs.add)
+	runtime.CheckEnv(prefix+".environment_variables", c.Env, vs.add)
+	if n := len(c.Files); n > runtime.MaxFiles {
+		vs.add(prefix+".files", "has %d files, at most %d allowed", n, runtime.MaxFiles)
+	}
+	total := 0
+	seen := map[string]bool{}
+	for i, f := range c.Files {
+		if i >= runtime.MaxFiles {
+			break // reported above; do not also report each of thousands
+		}
+		field := fmt.Sprintf(prefix+".files[%d].path", i)
+		if err := checkPath(f.Path); err != nil {
+			vs.add(field, "%v", err)
+		} else if err := runtime.CheckFilePath(path.Clean(f.Path)); err != nil {
+			vs.add(field, "%v", err)
+		} else if seen[path.Clean(f.Path)] {
+			vs.add(field, "duplicate path %q", f.Path)
+		}
+		seen[path.Clean(f.Path)] = true
+		if len(f.Content) > runtime.MaxFileBytes {
+			vs.add(fmt.Sprintf(prefix+".files[%d].content", i), "is %d bytes, at most %d allowed", len(f.Content), runtime.MaxFileBytes)
+		}
+		total += len(f.Content)
+	}
+	if sec := c.Security; sec != nil {
+		if err := sec.Validate(); err != nil {
+			vs.add(prefix+".security_context", "%v", err)
+		}
+		for i, f := range c.Files {
+			if sec.ReadOnlyRootFS && !runtime.WritableWhenReadOnly(path.Clean(f.Path)) {
+				vs.add(fmt.Sprintf(prefix+".files[%d].path", i), "%q is on the read-only root filesystem (security_context.read_only_root_filesystem); put files under %s",
+					f.Path, strings.Join(runtime.ReadOnlyWritablePaths, ", "))
+			}
+		}
+	}
+	if total > runtime.MaxFilesBytes {
+		vs.add(prefix+".files", "total %d bytes, at most %d allowed", total, runtime.MaxFilesBytes)
+	}
+	return total
 }
 
 // checkPath accepts absolute paths without NUL bytes or '..' elements (the agent's own

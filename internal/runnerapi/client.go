@@ -128,27 +128,41 @@ func (c *Client) Capacity(ctx context.Context) (runner.Capacity, error) {
 // is unknown or no longer running fails with CWSANDBOX_SANDBOX_NOT_FOUND or
 // CWSANDBOX_SANDBOX_NOT_RUNNING, as the gateway would report them. Saving the round trip
 // keeps an exec to one call.
-func (c *Client) Agent(_ context.Context, id string) (agentv1connect.AgentServiceClient, error) {
-	return sandboxAgent{id: id, c: c.agents}, nil
+func (c *Client) Agent(_ context.Context, id, container string) (agentv1connect.AgentServiceClient, error) {
+	return sandboxAgent{id: id, container: container, c: c.agents}, nil
 }
 
 // Logs reads the sandbox's log through the runner's relay, which serves it also once the
 // sandbox has ended (runner.Runner.Logs).
-func (c *Client) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-	return agent.ForwardLogs(ctx, sandboxAgent{id: id, c: c.agents}, req, send)
+func (c *Client) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	return agent.ForwardLogs(ctx, sandboxAgent{id: id, container: container, c: c.agents}, req, send)
 }
 
-// sandboxAgent is the agent of one sandbox: every call carries the sandbox's ID, which
-// the sandboxHeader interceptor turns into the relay's header.
+// sandboxAgent is the agent of one container of a sandbox ("" = the primary): every call
+// carries the sandbox's ID and the container's name, which the sandboxHeader interceptor
+// turns into the relay's headers.
 type sandboxAgent struct {
-	id string
-	c  agentv1connect.AgentServiceClient
+	id, container string
+	c             agentv1connect.AgentServiceClient
 }
 
 type sandboxKey struct{}
 
+// target is what a relayed call is for.
+type target struct{ id, container string }
+
 func (a sandboxAgent) ctx(ctx context.Context) context.Context {
-	return context.WithValue(ctx, sandboxKey{}, a.id)
+	return context.WithValue(ctx, sandboxKey{}, target{a.id, a.container})
+}
+
+// setTarget sets the relay's headers from the call's context.
+func setTarget(ctx context.Context, h http.Header) {
+	if t, ok := ctx.Value(sandboxKey{}).(target); ok {
+		h.Set(SandboxIDHeader, t.id)
+		if t.container != "" {
+			h.Set(ContainerHeader, t.container)
+		}
+	}
 }
 
 func (a sandboxAgent) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
@@ -179,15 +193,13 @@ func (a sandboxAgent) Watch(ctx context.Context, req *connect.Request[agentv1.Wa
 	return a.c.Watch(a.ctx(ctx), req)
 }
 
-// sandboxHeader sets SandboxIDHeader from the call's context, and reports failures to
+// sandboxHeader sets SandboxIDHeader and ContainerHeader from the call's context, and reports failures to
 // reach the runner as such (not as an agent that went away).
 type sandboxHeader struct{ runnerID string }
 
 func (i sandboxHeader) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if id, ok := ctx.Value(sandboxKey{}).(string); ok {
-			req.Header().Set(SandboxIDHeader, id)
-		}
+		setTarget(ctx, req.Header())
 		res, err := next(ctx, req)
 		if err != nil && ctx.Err() == nil {
 			err = transportError(i.runnerID, err)
@@ -199,9 +211,7 @@ func (i sandboxHeader) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 func (i sandboxHeader) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
 		conn := next(ctx, spec)
-		if id, ok := ctx.Value(sandboxKey{}).(string); ok {
-			conn.RequestHeader().Set(SandboxIDHeader, id)
-		}
+		setTarget(ctx, conn.RequestHeader())
 		return transportConn{StreamingClientConn: conn, ctx: ctx, runnerID: i.runnerID}
 	}
 }

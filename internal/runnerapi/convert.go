@@ -12,25 +12,34 @@ import (
 )
 
 func specToProto(s runtime.Spec) *runnerv1.Spec {
+	c := containerToProto(s.Container)
 	p := &runnerv1.Spec{
-		Id:           s.ID,
-		Image:        s.Image,
-		Command:      s.Command,
-		Args:         s.Args,
-		Env:          s.Env,
-		WorkingDir:   s.WorkingDir,
-		RuntimeClass: s.RuntimeClass,
-		RestartLimit: int32(s.RestartLimit),
-		Meta:         s.Meta,
-		Resources:    resourcesToProto(s.Resources),
-		Security:     securityToProto(s.Security),
+		Id:              s.ID,
+		Name:            c.Name,
+		Image:           c.Image,
+		PullCredentials: c.PullCredentials,
+		Command:         c.Command,
+		Args:            c.Args,
+		Env:             c.Env,
+		WorkingDir:      c.WorkingDir,
+		Files:           c.Files,
+		Resources:       c.Resources,
+		VolumeMounts:    c.VolumeMounts,
+		Tmpfs:           c.Tmpfs,
+		Security:        c.Security,
+		RestartLimit:    c.RestartLimit,
+		StartupProbe:    c.StartupProbe,
+		DependsOn:       c.DependsOn,
+		RuntimeClass:    s.RuntimeClass,
+		Meta:            s.Meta,
+		HostAliases:     s.HostAliases,
 	}
-	p.Volumes, p.VolumeMounts = volumesToProto(s.Volumes, s.VolumeMounts)
-	if c := s.PullCredentials; c != nil {
-		p.PullCredentials = &runnerv1.Credentials{Username: c.Username, Password: c.Password}
+	p.Volumes, _ = volumesToProto(s.Volumes, nil)
+	for _, sc := range s.Sidecars {
+		p.Sidecars = append(p.Sidecars, containerToProto(sc))
 	}
-	for _, f := range s.Files {
-		p.Files = append(p.Files, &runnerv1.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
+	for _, ic := range s.InitContainers {
+		p.InitContainers = append(p.InitContainers, containerToProto(ic))
 	}
 	for _, v := range s.Services {
 		p.Services = append(p.Services, &runnerv1.Service{Port: int32(v.Port), Name: v.Name, Visibility: v.Visibility,
@@ -40,6 +49,78 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 	p.Network = networkToProto(s.Network)
 	p.Pod = podToProto(s.Pod)
 	return p
+}
+
+// containerToProto is one container on the wire; specToProto spreads the primary's
+// fields over Spec (where they were before a sandbox had more than one container).
+func containerToProto(c runtime.Container) *runnerv1.Container {
+	p := &runnerv1.Container{
+		Name:         c.Name,
+		Image:        c.Image,
+		Command:      c.Command,
+		Args:         c.Args,
+		Env:          c.Env,
+		WorkingDir:   c.WorkingDir,
+		Resources:    resourcesToProto(c.Resources),
+		Tmpfs:        c.Tmpfs,
+		Security:     securityToProto(c.Security),
+		RestartLimit: int32(c.RestartLimit),
+		StartupProbe: probeToProto(c.StartupProbe),
+	}
+	_, p.VolumeMounts = volumesToProto(nil, c.VolumeMounts)
+	if cr := c.PullCredentials; cr != nil {
+		p.PullCredentials = &runnerv1.Credentials{Username: cr.Username, Password: cr.Password}
+	}
+	for _, f := range c.Files {
+		p.Files = append(p.Files, &runnerv1.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
+	}
+	for _, d := range c.DependsOn {
+		p.DependsOn = append(p.DependsOn, &runnerv1.Dependency{Container: d.Container, Condition: d.Condition})
+	}
+	return p
+}
+
+func containerFromProto(p *runnerv1.Container) runtime.Container {
+	c := runtime.Container{
+		Name:         p.GetName(),
+		Image:        p.GetImage(),
+		Command:      p.GetCommand(),
+		Args:         p.GetArgs(),
+		Env:          p.GetEnv(),
+		WorkingDir:   p.GetWorkingDir(),
+		Resources:    resourcesFromProto(p.GetResources()),
+		Tmpfs:        p.GetTmpfs(),
+		Security:     securityFromProto(p.GetSecurity()),
+		RestartLimit: int(p.GetRestartLimit()),
+		StartupProbe: probeFromProto(p.GetStartupProbe()),
+	}
+	_, c.VolumeMounts = volumesFromProto(nil, p.GetVolumeMounts())
+	if cr := p.GetPullCredentials(); cr != nil {
+		c.PullCredentials = &runtime.Credentials{Username: cr.GetUsername(), Password: cr.GetPassword()}
+	}
+	for _, f := range p.GetFiles() {
+		c.Files = append(c.Files, runtime.File{Path: f.GetPath(), Content: f.GetContent(), Mode: f.GetMode()})
+	}
+	for _, d := range p.GetDependsOn() {
+		c.DependsOn = append(c.DependsOn, runtime.Dependency{Container: d.GetContainer(), Condition: d.GetCondition()})
+	}
+	return c
+}
+
+func probeToProto(pr *runtime.Probe) *runnerv1.Probe {
+	if pr == nil {
+		return nil
+	}
+	return &runnerv1.Probe{Exec: pr.Exec, InitialDelay: durationpb.New(pr.InitialDelay), Period: durationpb.New(pr.Period),
+		Timeout: durationpb.New(pr.Timeout), FailureThreshold: int32(pr.FailureThreshold)}
+}
+
+func probeFromProto(p *runnerv1.Probe) *runtime.Probe {
+	if p == nil {
+		return nil
+	}
+	return &runtime.Probe{Exec: p.GetExec(), InitialDelay: p.GetInitialDelay().AsDuration(), Period: p.GetPeriod().AsDuration(),
+		Timeout: p.GetTimeout().AsDuration(), FailureThreshold: int(p.GetFailureThreshold())}
 }
 
 func resourcesToProto(r runtime.Resources) *runnerv1.Resources {
@@ -134,17 +215,23 @@ func portsFromProto(ps []*runnerv1.PortRange) []runtime.PortRange {
 
 func specFromProto(p *runnerv1.Spec) runtime.Spec {
 	s := runtime.Spec{
-		ID:           p.GetId(),
-		Container:    runtime.Container{Image: p.GetImage(), Command: p.GetCommand(), Args: p.GetArgs(), Env: p.GetEnv(), WorkingDir: p.GetWorkingDir(), RestartLimit: int(p.GetRestartLimit()), Resources: resourcesFromProto(p.GetResources()), Security: securityFromProto(p.GetSecurity())},
+		ID: p.GetId(),
+		Container: containerFromProto(&runnerv1.Container{
+			Name: p.GetName(), Image: p.GetImage(), PullCredentials: p.GetPullCredentials(), Command: p.GetCommand(),
+			Args: p.GetArgs(), Env: p.GetEnv(), WorkingDir: p.GetWorkingDir(), Files: p.GetFiles(), Resources: p.GetResources(),
+			VolumeMounts: p.GetVolumeMounts(), Tmpfs: p.GetTmpfs(), Security: p.GetSecurity(), RestartLimit: p.GetRestartLimit(),
+			StartupProbe: p.GetStartupProbe(), DependsOn: p.GetDependsOn(),
+		}),
 		RuntimeClass: p.GetRuntimeClass(),
 		Meta:         p.GetMeta(),
+		HostAliases:  p.GetHostAliases(),
 	}
-	s.Volumes, s.VolumeMounts = volumesFromProto(p.GetVolumes(), p.GetVolumeMounts())
-	if c := p.GetPullCredentials(); c != nil {
-		s.PullCredentials = &runtime.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}
+	s.Volumes, _ = volumesFromProto(p.GetVolumes(), nil)
+	for _, c := range p.GetSidecars() {
+		s.Sidecars = append(s.Sidecars, containerFromProto(c))
 	}
-	for _, f := range p.GetFiles() {
-		s.Files = append(s.Files, runtime.File{Path: f.GetPath(), Content: f.GetContent(), Mode: f.GetMode()})
+	for _, c := range p.GetInitContainers() {
+		s.InitContainers = append(s.InitContainers, containerFromProto(c))
 	}
 	for _, v := range p.GetServices() {
 		s.Services = append(s.Services, runtime.Service{Port: int(v.GetPort()), Name: v.GetName(), Visibility: v.GetVisibility(),
@@ -165,9 +252,9 @@ func createFromProto(p *runnerv1.CreateRequest) runner.CreateRequest {
 }
 
 func sandboxToProto(sb runner.Sandbox) *runnerv1.Sandbox {
-	spec := sb.Spec
-	spec.PullCredentials = nil
+	spec := withoutCredentials(sb.Spec)
 	return &runnerv1.Sandbox{
+		Containers:   containerStatusesToProto(sb.Containers),
 		Id:           sb.ID,
 		Spec:         specToProto(spec),
 		State:        runnerv1.State(sb.State),
@@ -209,7 +296,51 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 		c := p.GetExitCode()
 		sb.ExitCode = &c
 	}
+	sb.Containers = containerStatusesFromProto(p.GetContainers())
 	return sb
+}
+
+// withoutCredentials is s without the pull credentials of any of its containers: they
+// are for one pull, never sent back once the sandbox exists. The slices it changes are
+// copies (s's are the caller's).
+func withoutCredentials(s runtime.Spec) runtime.Spec {
+	s.PullCredentials = nil
+	strip := func(cs []runtime.Container) []runtime.Container {
+		if cs == nil {
+			return nil
+		}
+		out := make([]runtime.Container, len(cs))
+		for i, c := range cs {
+			c.PullCredentials = nil
+			out[i] = c
+		}
+		return out
+	}
+	s.Sidecars, s.InitContainers = strip(s.Sidecars), strip(s.InitContainers)
+	return s
+}
+
+func containerStatusesToProto(cs []runtime.ContainerStatus) []*runnerv1.ContainerStatus {
+	var out []*runnerv1.ContainerStatus
+	for _, c := range cs {
+		out = append(out, &runnerv1.ContainerStatus{Name: c.Name, Init: c.Init, State: c.State, ExitCode: c.ExitCode,
+			Restarts: int32(c.Restarts), Reason: c.Reason, Message: c.Message})
+	}
+	return out
+}
+
+func containerStatusesFromProto(ps []*runnerv1.ContainerStatus) []runtime.ContainerStatus {
+	var out []runtime.ContainerStatus
+	for _, p := range ps {
+		c := runtime.ContainerStatus{Name: p.GetName(), Init: p.GetInit(), State: p.GetState(),
+			Restarts: int(p.GetRestarts()), Reason: p.GetReason(), Message: p.GetMessage()}
+		if p.ExitCode != nil {
+			code := p.GetExitCode()
+			c.ExitCode = &code
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // capacityToProto is c on the wire. Its Support travels in the fields the wire had

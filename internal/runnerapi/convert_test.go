@@ -14,20 +14,16 @@ import (
 var notOnTheWire = map[string]string{
 	"Spec.Container.Resources.DiskBytes": "no public field sets it and sandboxd.runner.v1 Resources has no field for it: " +
 		"a remote runner's backend applies its own default (local and kubernetes Config.DiskBytes)",
-	// TODO(issue 19, wire slice): the group's fields reach the runner wire.
-	"Spec.Container.Name":         "not on the wire yet",
-	"Spec.Container.Tmpfs":        "not on the wire yet",
-	"Spec.Container.StartupProbe": "not on the wire yet",
-	"Spec.Container.DependsOn":    "not on the wire yet",
-	"Spec.Sidecars":               "not on the wire yet",
-	"Spec.InitContainers":         "not on the wire yet",
-	"Spec.HostAliases":            "not on the wire yet",
+	"Spec.Sidecars[].Resources.DiskBytes":       "as Spec.Container.Resources.DiskBytes",
+	"Spec.InitContainers[].Resources.DiskBytes": "as Spec.Container.Resources.DiskBytes",
 }
 
 // notInSnapshots are the parts of a runtime.Spec that sandboxToProto leaves out of the
 // sandboxes a runner reports (by path, as runtimetest names them), and why.
 var notInSnapshots = map[string]string{
-	"Container.PullCredentials": "a secret for one pull: never sent back once the sandbox exists",
+	"Container.PullCredentials":        "a secret for one pull: never sent back once the sandbox exists",
+	"Sidecars[].PullCredentials":       "as Container.PullCredentials",
+	"InitContainers[].PullCredentials": "as Container.PullCredentials",
 }
 
 // TestSpecWireRoundTrip, in the manner of Tailscale's ipn/prefs_test.go: a create request
@@ -67,5 +63,24 @@ func TestSpecWireRoundTrip(t *testing.T) {
 		if !differs[p] {
 			t.Errorf("notInSnapshots lists Spec.%s, which a sandbox's spec does carry: delete the entry", p)
 		}
+	}
+}
+
+// TestContainerStatusesWireRoundTrip: every field of a sandbox's container statuses
+// survives the runner wire, and a zero exit code stays a real one.
+func TestContainerStatusesWireRoundTrip(t *testing.T) {
+	var sb runner.Sandbox
+	runtimetest.FillAll(t, reflect.ValueOf(&sb.Containers).Elem(), "Containers")
+	back := sandboxFromProto(sandboxToProto(sb))
+	for _, p := range runtimetest.Diff(reflect.ValueOf(back.Containers), reflect.ValueOf(sb.Containers), "Containers") {
+		t.Errorf("%s does not survive the runner wire (sandboxToProto, sandboxFromProto)", p)
+	}
+	zero := int32(0)
+	sb.Containers[0].ExitCode = &zero
+	if back := sandboxFromProto(sandboxToProto(sb)); back.Containers[0].ExitCode == nil || *back.Containers[0].ExitCode != 0 {
+		t.Fatalf("exit code 0 lost: %+v", back.Containers[0])
+	}
+	if back := sandboxFromProto(sandboxToProto(runner.Sandbox{})); back.Containers != nil {
+		t.Fatalf("a single-container sandbox came back with containers %+v", back.Containers)
 	}
 }

@@ -50,6 +50,9 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 		if vs := apierr.Violations(err); len(vs) > 0 {
 			return &runner.ValidationError{Violations: vs}
 		}
+	case reason == apierr.ContainerNotFound:
+		md := apierr.Info(err).GetMetadata()
+		return &remoteError{&runner.ContainerNotFoundError{Sandbox: md["sandbox_id"], Container: md["container"]}, ce}
 	case reason == apierr.SandboxNotFound:
 		return &remoteError{runtime.ErrNotFound, ce}
 	case reason == apierr.SandboxNotRunning:

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,7 @@ type fakeRunner struct {
 	sb          runner.Sandbox
 	got         runner.CreateRequest
 	agentClient agentv1connect.AgentServiceClient
+	containers  []string // of the Agent and Logs calls: the container each named
 }
 
 func (f *fakeRunner) Create(_ context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
@@ -47,14 +49,22 @@ func (f *fakeRunner) List() []runner.Sandbox             { return []runner.Sandb
 func (f *fakeRunner) Delete(string, time.Duration) (runner.Sandbox, error) {
 	return f.sb, f.err
 }
-func (f *fakeRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+
+// Agent records the container; one called "nope" the sandbox does not have.
+func (f *fakeRunner) Agent(_ context.Context, id, container string) (agentv1connect.AgentServiceClient, error) {
+	f.mu.Lock()
+	f.containers = append(f.containers, container)
+	f.mu.Unlock()
 	if f.err != nil {
 		return nil, f.err
 	}
+	if container == "nope" {
+		return nil, &runner.ContainerNotFoundError{Sandbox: id, Container: container}
+	}
 	return f.agentClient, nil
 }
-func (f *fakeRunner) Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
-	a, err := f.Agent(ctx, id)
+func (f *fakeRunner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	a, err := f.Agent(ctx, id, container)
 	if err != nil {
 		return err
 	}
@@ -163,7 +173,7 @@ func TestRunnerapiErrorMapping(t *testing.T) {
 				}
 			}
 			// The relay answers with the same errors, which the gateway passes on unchanged.
-			a, _ := c.Agent(ctx, "abc")
+			a, _ := c.Agent(ctx, "abc", "")
 			_, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}}))
 			if connect.CodeOf(err) != tc.code || apierr.Reason(err) != tc.reason {
 				t.Errorf("relayed exec: %v, want %v %q", err, tc.code, tc.reason)
@@ -187,7 +197,7 @@ func TestRunnerapiUnreachable(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("get from a runner that is down: %v", err)
 	}
-	a, _ := c.Agent(ctx, "abc")
+	a, _ := c.Agent(ctx, "abc", "")
 	if _, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{})); apierr.Reason(err) != apierr.RunnerUnavailable {
 		t.Errorf("exec through a runner that is down: %v", err)
 	}
@@ -372,7 +382,7 @@ func TestRunnerapiRelay(t *testing.T) {
 	c := r.client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	a, err := c.Agent(ctx, "abc")
+	a, err := c.Agent(ctx, "abc", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +497,7 @@ func TestRunnerapiMTLS(t *testing.T) {
 			if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
 				t.Errorf("get: %+v %v (code %v), want the handshake refused", sb.ID, err, connect.CodeOf(err))
 			}
-			a, _ := c.Agent(ctx, "abc")
+			a, _ := c.Agent(ctx, "abc", "")
 			if _, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}})); err == nil {
 				t.Error("exec through the relay went through")
 			}
@@ -507,5 +517,67 @@ func TestRunnerapiMTLS(t *testing.T) {
 	}
 	if _, err := ClientTLSConfig(r.ca, "a/b", "r1"); err == nil {
 		t.Error("a gateway name with a slash was accepted")
+	}
+}
+
+// TestRunnerapiRelayContainer: the Client names the container of an agent call in
+// ContainerHeader (none for the primary), the relay passes it to the runner for every
+// kind of call (unary, logs, streams), and a container the sandbox does not have comes
+// back NOT_FOUND CWSANDBOX_CONTAINER_NOT_FOUND naming it, which the Client maps back to
+// a *runner.ContainerNotFoundError, not to a missing sandbox.
+func TestRunnerapiRelayContainer(t *testing.T) {
+	fa := &fakeAgent{cancelled: make(chan struct{})}
+	r := startRunner(t, &fakeRunner{})
+	r.fake.agentClient = serveAgent(t, fa)
+	c := r.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	db, _ := c.Agent(ctx, "abc", "db")
+	if _, err := db.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}})); err != nil {
+		t.Fatal(err)
+	}
+	primary, _ := c.Agent(ctx, "abc", "")
+	if _, err := primary.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Logs(ctx, "abc", "db", &agentv1.LogsRequest{}, func(*agentv1.LogsResponse) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	st := db.StreamExec(ctx)
+	if err := st.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{Command: []string{"cat"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = st.CloseRequest()
+	for {
+		if _, err := st.Receive(); err != nil {
+			break
+		}
+	}
+	_ = st.CloseResponse()
+	r.fake.mu.Lock()
+	got := slices.Clone(r.fake.containers)
+	r.fake.mu.Unlock()
+	if want := []string{"db", "", "db", "db"}; !slices.Equal(got, want) {
+		t.Errorf("containers the runner was asked for: %q, want %q", got, want)
+	}
+
+	nope, _ := c.Agent(ctx, "abc", "nope")
+	_, err := nope.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat"}}))
+	if connect.CodeOf(err) != connect.CodeNotFound || apierr.Reason(err) != apierr.ContainerNotFound || apierr.Info(err).GetMetadata()["container"] != "nope" {
+		t.Errorf("exec in an unknown container: %v (reason %q)", err, apierr.Reason(err))
+	}
+	err = c.Logs(ctx, "abc", "nope", &agentv1.LogsRequest{}, func(*agentv1.LogsResponse) error { return nil })
+	if apierr.Reason(err) != apierr.ContainerNotFound || apierr.Info(err).GetMetadata()["container"] != "nope" {
+		t.Errorf("logs of an unknown container: %v", err)
+	}
+	// On RunnerService calls the same wire error maps back to the runner's error.
+	r.fake.mu.Lock()
+	r.fake.err = &runner.ContainerNotFoundError{Sandbox: "abc", Container: "nope"}
+	r.fake.mu.Unlock()
+	_, back := c.Get(ctx, "abc")
+	var cnf *runner.ContainerNotFoundError
+	if !errors.As(back, &cnf) || cnf.Container != "nope" || cnf.Sandbox != "abc" || errors.Is(back, runtime.ErrNotFound) || !errors.Is(back, runtime.ErrContainerNotFound) {
+		t.Errorf("mapped back: %v (%T)", back, back)
 	}
 }

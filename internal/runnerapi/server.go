@@ -41,8 +41,8 @@ type backend interface {
 	Get(id string) (runner.Sandbox, error)
 	List() []runner.Sandbox
 	Delete(id string, grace time.Duration) (runner.Sandbox, error)
-	Agent(ctx context.Context, id string) (agentv1connect.AgentServiceClient, error)
-	Logs(ctx context.Context, id string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
+	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
+	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
 
 // Server serves one runner to gateways.
@@ -162,19 +162,21 @@ func (s *Server) Capacity(ctx context.Context, _ *connect.Request[runnerv1.Capac
 	return connect.NewResponse(capacityToProto(c)), nil
 }
 
-// relay forwards AgentService calls to the agent of the sandbox named in SandboxIDHeader,
-// message by message. Agent errors pass through unchanged.
+// relay forwards AgentService calls to the agent of the sandbox named in SandboxIDHeader
+// (of its container named in ContainerHeader; none: the primary), message by message.
+// Agent errors pass through unchanged.
 type relay struct{ r backend }
 
 var _ agentv1connect.AgentServiceHandler = (*relay)(nil)
 
-// agent waits for the sandbox to run and returns its agent.
+// agent waits for the sandbox to run and returns its container's agent. A container the
+// sandbox does not have is NOT_FOUND CWSANDBOX_CONTAINER_NOT_FOUND (metadata container).
 func (s *relay) agent(ctx context.Context, h http.Header) (agentv1connect.AgentServiceClient, error) {
 	id := h.Get(SandboxIDHeader)
 	if id == "" {
 		return nil, missingSandboxID()
 	}
-	a, err := s.r.Agent(ctx, id)
+	a, err := s.r.Agent(ctx, id, h.Get(ContainerHeader))
 	if err != nil {
 		return nil, toStatus(id, err)
 	}
@@ -224,7 +226,7 @@ func (s *relay) Logs(ctx context.Context, req *connect.Request[agentv1.LogsReque
 		return missingSandboxID()
 	}
 	var sendErr error
-	err := s.r.Logs(ctx, id, req.Msg, func(m *agentv1.LogsResponse) error {
+	err := s.r.Logs(ctx, id, req.Header().Get(ContainerHeader), req.Msg, func(m *agentv1.LogsResponse) error {
 		sendErr = stream.Send(m)
 		return sendErr
 	})

@@ -149,7 +149,7 @@ func TestGVisorRuntimeClass(t *testing.T) {
 	if end.State != runner.StateTerminated || end.RuntimeClass != local.GVisorClass {
 		t.Errorf("after delete: state %s (%s: %s), class %q", end.State, end.Reason, end.Message, end.RuntimeClass)
 	}
-	if dir, err := s.Runner.LogDir(sb.ID); err != nil || dir == "" {
+	if dir, err := s.Runner.LogDir(sb.ID, ""); err != nil || dir == "" {
 		t.Errorf("log dir after delete: %q, %v", dir, err)
 	} else if b, _ := os.ReadFile(filepath.Join(dir, "main.log")); !strings.Contains(string(b), "stopping") {
 		t.Errorf("archived main.log %q: want the TERM trap's output", b)

@@ -174,7 +174,7 @@ func TestLogsOutliveTheRunner(t *testing.T) {
 	}
 	// (A gateway's index in memory forgets on restart: ask the runner, as a gateway would.)
 	var out bytes.Buffer
-	err := second.Runner.Logs(context.Background(), sb.SandboxId, &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { out.Write(m.GetData()); return nil })
+	err := second.Runner.Logs(context.Background(), sb.SandboxId, "", &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { out.Write(m.GetData()); return nil })
 	if err != nil || out.String() != "kept\nalso\n" {
 		t.Errorf("log after a runner restart: %q %v", out.String(), err)
 	}
@@ -243,7 +243,7 @@ func TestLogsOfASandboxThatSwappedItsLogDir(t *testing.T) {
 	}
 	read := func(id string) string {
 		var out bytes.Buffer
-		if err := s.Runner.Logs(ctx, id, &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { out.Write(m.GetData()); return nil }); err != nil {
+		if err := s.Runner.Logs(ctx, id, "", &agentv1.LogsRequest{}, func(m *agentv1.LogsResponse) error { out.Write(m.GetData()); return nil }); err != nil {
 			t.Errorf("logs of %s: %v", id, err)
 		}
 		return out.String()

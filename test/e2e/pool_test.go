@@ -133,7 +133,7 @@ func TestWarmPool(t *testing.T) {
 		if tc.reason == runner.ReasonRestartLimit && end.Restarts != 1 {
 			t.Errorf("restarts %d, want 1", end.Restarts)
 		}
-		logDir, err := s.Runner.LogDir(sb.ID)
+		logDir, err := s.Runner.LogDir(sb.ID, "")
 		if err != nil || logDir == "" {
 			t.Errorf("archived logs of %s: %q, %v", sb.ID, logDir, err)
 		}

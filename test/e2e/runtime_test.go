@@ -26,7 +26,7 @@ func agentOf(t *testing.T, s *stack.Stack, id string) agentv1connect.AgentServic
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := s.Runner.Agent(ctx, id)
+	c, err := s.Runner.Agent(ctx, id, "")
 	if err != nil {
 		sb, _ := s.Runner.Get(id)
 		t.Fatalf("agent of %s: %v (state %s %s: %s)", id, err, sb.State, sb.Reason, sb.Message)
@@ -331,7 +331,7 @@ func TestMainCommandOutcomes(t *testing.T) {
 			if end.Restarts != tc.restarts {
 				t.Errorf("restarts %d, want %d", end.Restarts, tc.restarts)
 			}
-			if _, err := s.Runner.Agent(ctx, sb.ID); !errors.Is(err, runner.ErrNotRunning) {
+			if _, err := s.Runner.Agent(ctx, sb.ID, ""); !errors.Is(err, runner.ErrNotRunning) {
 				t.Errorf("agent of an ended sandbox: %v, want ErrNotRunning", err)
 			}
 		})
@@ -493,7 +493,7 @@ func TestManySandboxesAtOnce(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			c, err := s.Runner.Agent(ctx, sb.ID)
+			c, err := s.Runner.Agent(ctx, sb.ID, "")
 			if err != nil {
 				errs <- fmt.Errorf("sandbox %d: %w", i, err)
 				return

@@ -102,7 +102,7 @@ func (su *suite) agent(id string) agentv1connect.AgentServiceClient {
 	su.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := su.s.Runner.Agent(ctx, id)
+	c, err := su.s.Runner.Agent(ctx, id, "")
 	if err != nil {
 		su.t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func ttfc(b *testing.B, r *runner.Runner, image string, n int) []time.Duration {
 			b.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		c, err := r.Agent(ctx, sb.ID) // waits for RUNNING
+		c, err := r.Agent(ctx, sb.ID, "") // waits for RUNNING
 		if err != nil {
 			cancel()
 			b.Fatal(err)

@@ -163,7 +163,7 @@ func exec(t *testing.T, r *runner.Runner, id string, argv ...string) *agentv1.Ex
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := r.Agent(ctx, id)
+	c, err := r.Agent(ctx, id, "")
 	if err != nil {
 		t.Fatalf("agent of %s: %v", id, err)
 	}
@@ -260,7 +260,7 @@ func TestLifecycle(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ac, err := r.Agent(ctx, id)
+	ac, err := r.Agent(ctx, id, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,14 +303,14 @@ func TestLifecycle(t *testing.T) {
 	}
 	podGone(t, s, c, id)
 	// The log outlives the Pod: the backend copied it, the runner archived the copy.
-	dir, err := r.LogDir(id)
+	dir, err := r.LogDir(id, "")
 	if err != nil || dir == "" {
 		t.Fatalf("log dir after the end: %q, %v", dir, err)
 	}
 	if got := readLog(t, dir); !strings.Contains(got, "hello from main") || !strings.Contains(got, "to stderr") {
 		t.Errorf("archived log %q: want both lines", got)
 	}
-	if _, err := r.Agent(ctx, id); !errors.Is(err, runner.ErrNotRunning) {
+	if _, err := r.Agent(ctx, id, ""); !errors.Is(err, runner.ErrNotRunning) {
 		t.Errorf("agent of a deleted sandbox: %v, want ErrNotRunning", err)
 	}
 }
@@ -468,7 +468,7 @@ func TestRecover(t *testing.T) {
 		t.Errorf("after delete: %s", sb.State)
 	}
 	podGone(t, s2, c, id)
-	if dir, _ := r2.LogDir(id); dir == "" || !strings.Contains(readLog(t, dir), "started") {
+	if dir, _ := r2.LogDir(id, ""); dir == "" || !strings.Contains(readLog(t, dir), "started") {
 		t.Errorf("the re-adopted sandbox's log was not archived (dir %q)", dir)
 	}
 }
@@ -502,7 +502,7 @@ func TestTimeToFirstCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		c, err := r.Agent(ctx, sb.ID) // waits for RUNNING
+		c, err := r.Agent(ctx, sb.ID, "") // waits for RUNNING
 		if err != nil {
 			cancel()
 			t.Fatal(err)

@@ -84,7 +84,7 @@ func TestForkBomb(t *testing.T) {
 		defer close(bombDone)
 		ectx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		ac, err := r.Agent(ectx, bomb.ID)
+		ac, err := r.Agent(ectx, bomb.ID, "")
 		if err != nil {
 			t.Errorf("agent of the bomb: %v", err)
 			return

@@ -34,10 +34,10 @@ func (IdleRunner) Get(context.Context, string) (runner.Sandbox, error) {
 func (IdleRunner) Delete(context.Context, string, time.Duration) (runner.Sandbox, error) {
 	return runner.Sandbox{}, runtime.ErrNotFound
 }
-func (IdleRunner) Agent(context.Context, string) (agentv1connect.AgentServiceClient, error) {
+func (IdleRunner) Agent(context.Context, string, string) (agentv1connect.AgentServiceClient, error) {
 	return nil, runtime.ErrNotFound
 }
-func (IdleRunner) Logs(context.Context, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
+func (IdleRunner) Logs(context.Context, string, string, *agentv1.LogsRequest, func(*agentv1.LogsResponse) error) error {
 	return runtime.ErrNotFound
 }
 func (r IdleRunner) Capacity(context.Context) (runner.Capacity, error) { return r.Cap, nil }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,9 +26,15 @@ import (
 // (FakeSandbox.Exit, OnStop). Every call is counted (Calls). Its sandboxes outlive a
 // runner as a real backend's do: a second runner on the same Fake recovers them.
 //
-// Its agents serve Watch (the runner follows the main command through it) over
-// in-memory connections; a sandbox's agent starts out reporting its main
-// command RUNNING and goes away when its container exits.
+// Its agents serve Watch (the runner follows the main command through it), Exec (which
+// answers with the container's name and the command, so a test sees which container a
+// call reached) and Logs (what FakeSandbox.WriteLog wrote) over in-memory connections; a
+// sandbox's agent starts out reporting its main command RUNNING and goes away when its
+// container exits.
+//
+// A multi-container spec runs as a group: each container has its own agent
+// (DialAgent by name), its own log and its own status (ContainerStatuses): init
+// containers exited 0, the others running until FakeSandbox.SetContainer says otherwise.
 type Fake struct {
 	// OnCreate, when set, runs inside Create once the sandbox is registered (sb), to
 	// script it: report a status, exit, block until ctx ends, fail. An error fails the
@@ -55,6 +62,7 @@ type Fake struct {
 // Calls counts the calls a Fake got.
 type Calls struct {
 	Create, Wait, Stop, Destroy, Recover int
+	ContainerStatuses                    int
 }
 
 // NewFake returns a Fake with no sandboxes.
@@ -62,7 +70,10 @@ func NewFake() *Fake {
 	return &Fake{sandboxes: map[string]*FakeSandbox{}, graces: map[string][]time.Duration{}, added: make(chan struct{})}
 }
 
-var _ runtime.Backend = (*Fake)(nil)
+var (
+	_ runtime.Backend                 = (*Fake)(nil)
+	_ runtime.ContainerStatusReporter = (*Fake)(nil)
+)
 
 // FakeSandbox is one sandbox of a Fake.
 type FakeSandbox struct {
@@ -82,6 +93,16 @@ type FakeSandbox struct {
 	agent    *fakeAgentServer
 	// traceless: the container ended leaving no trace of how (Recover reports no Exit).
 	traceless bool
+	// containers are the containers other than the primary, by name (multi-container
+	// specs); logs are every container's log, by name (the primary's too).
+	containers map[string]*fakeContainer
+	logs       map[string][]byte
+}
+
+// fakeContainer is a container other than the primary of a FakeSandbox.
+type fakeContainer struct {
+	status runtime.ContainerStatus
+	agent  *fakeAgentServer
 }
 
 // Calls returns how many calls of each kind the Fake got.
@@ -158,6 +179,22 @@ func (f *Fake) registerLocked(spec runtime.Spec) *FakeSandbox {
 		version: 1,
 		changed: make(chan struct{}),
 		exited:  make(chan struct{}),
+		logs:    map[string][]byte{},
+	}
+	if spec.Multi() {
+		sb.containers = map[string]*fakeContainer{}
+		for _, c := range sb.spec.AllContainers() {
+			if c == &sb.spec.Container {
+				continue
+			}
+			_, init := sb.spec.Find(c.Name)
+			st := runtime.ContainerStatus{Name: c.Name, Init: init, State: runtime.ContainerRunning}
+			if init {
+				code := int32(0)
+				st.State, st.ExitCode, st.Reason = runtime.ContainerExited, &code, "Completed"
+			}
+			sb.containers[c.Name] = &fakeContainer{status: st}
+		}
 	}
 	f.sandboxes[spec.ID] = sb
 	close(f.added)
@@ -219,7 +256,8 @@ func (f *Fake) forget(sb *FakeSandbox) {
 	sb.exitLocked(runtime.Exit{Reason: "Killed", Message: "destroyed", At: time.Now()}, nil)
 }
 
-// DialAgent implements runtime.Backend.
+// DialAgent implements runtime.Backend: the agent of the sandbox's container ("" = the
+// primary).
 func (f *Fake) DialAgent(ctx context.Context, id, container string) (net.Conn, error) {
 	sb, err := f.get(id)
 	if err != nil {
@@ -232,12 +270,92 @@ func (f *Fake) DialAgent(ctx context.Context, id, container string) (net.Conn, e
 		return nil, fmt.Errorf("dial agent of %s: the sandbox has ended", id)
 	default:
 	}
-	if sb.agent == nil {
-		sb.agent = serveFakeAgent(sb)
+	c, _ := sb.spec.Find(container)
+	var a *fakeAgentServer
+	switch {
+	case c == nil:
+		f.mu.Unlock()
+		return nil, fmt.Errorf("dial agent of %s: %w: %q", id, runtime.ErrContainerNotFound, container)
+	case c == &sb.spec.Container:
+		if sb.agent == nil {
+			sb.agent = serveFakeAgent(sb, sb.spec.ContainerName())
+		}
+		a = sb.agent
+	default:
+		fc := sb.containers[c.Name]
+		if fc.status.State == runtime.ContainerExited {
+			f.mu.Unlock()
+			return nil, fmt.Errorf("dial agent of %s: container %q has exited", id, c.Name)
+		}
+		if fc.agent == nil {
+			fc.agent = serveFakeAgent(sb, c.Name)
+		}
+		a = fc.agent
 	}
-	a := sb.agent
 	f.mu.Unlock()
 	return a.dial(ctx)
+}
+
+// ContainerStatuses implements runtime.ContainerStatusReporter: init containers, the
+// primary and the sidecars, as runtime.Spec.AllContainers orders them. The primary's is
+// what its agent reports; the others' what SetContainer set.
+func (f *Fake) ContainerStatuses(_ context.Context, id string) ([]runtime.ContainerStatus, error) {
+	sb, err := f.get(id)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls.ContainerStatuses++
+	var out []runtime.ContainerStatus
+	for _, c := range sb.spec.AllContainers() {
+		if c != &sb.spec.Container {
+			out = append(out, sb.containers[c.Name].status)
+			continue
+		}
+		st := runtime.ContainerStatus{Name: c.ContainerName(), State: runtime.ContainerRunning, Restarts: int(sb.status.GetRestartCount()), ExitCode: sb.status.ExitCode}
+		select {
+		case <-sb.exited:
+			st.State, st.ExitCode, st.Reason, st.Message = runtime.ContainerExited, sb.exit.ExitCode, sb.exit.Reason, sb.exit.Message
+		default:
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// SetContainer sets the status of a container other than the primary (st.Name); an
+// exited one's agent goes away. It panics on a name the spec has not.
+func (sb *FakeSandbox) SetContainer(st runtime.ContainerStatus) {
+	sb.f.mu.Lock()
+	defer sb.f.mu.Unlock()
+	fc := sb.containers[st.Name]
+	if fc == nil {
+		panic("runtimetest: no container " + st.Name + " other than the primary")
+	}
+	st.Init = fc.status.Init
+	fc.status = st
+	if st.State == runtime.ContainerExited && fc.agent != nil {
+		fc.agent.close()
+		fc.agent = nil
+	}
+}
+
+// WriteLog appends data to the log of the sandbox's container ("" = the primary), which
+// its agent's Logs serves.
+func (sb *FakeSandbox) WriteLog(container string, data []byte) {
+	sb.f.mu.Lock()
+	defer sb.f.mu.Unlock()
+	if container == "" {
+		container = sb.spec.ContainerName()
+	}
+	sb.logs[container] = append(sb.logs[container], data...)
+}
+
+func (sb *FakeSandbox) log(container string) []byte {
+	sb.f.mu.Lock()
+	defer sb.f.mu.Unlock()
+	return slices.Clone(sb.logs[container])
 }
 
 // Wait implements runtime.Backend.
@@ -373,6 +491,12 @@ func (sb *FakeSandbox) exitLocked(ex runtime.Exit, waitErr error) {
 		sb.agent.close()
 		sb.agent = nil
 	}
+	for _, fc := range sb.containers {
+		if fc.agent != nil {
+			fc.agent.close()
+			fc.agent = nil
+		}
+	}
 }
 
 // Alive reports whether the sandbox's container still runs.
@@ -405,9 +529,9 @@ type fakeAgentServer struct {
 	ln  *pipeListener
 }
 
-func serveFakeAgent(sb *FakeSandbox) *fakeAgentServer {
+func serveFakeAgent(sb *FakeSandbox, container string) *fakeAgentServer {
 	mux := http.NewServeMux()
-	mux.Handle(agentv1connect.NewAgentServiceHandler(&fakeAgent{sb: sb}))
+	mux.Handle(agentv1connect.NewAgentServiceHandler(&fakeAgent{sb: sb, container: container}))
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
 	s := &fakeAgentServer{
@@ -465,11 +589,29 @@ type pipeAddr struct{}
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "fake-agent" }
 
-// fakeAgent is the agent of one FakeSandbox: Watch, as the real agent serves it
-// (internal/agent).
+// fakeAgent is the agent of one container of a FakeSandbox: Watch, as the real agent
+// serves it (internal/agent), Exec and Logs.
 type fakeAgent struct {
 	agentv1connect.UnimplementedAgentServiceHandler
-	sb *FakeSandbox
+	sb        *FakeSandbox
+	container string
+}
+
+// Exec answers with the container's name and the command: "<container>: <argv…>".
+func (a *fakeAgent) Exec(_ context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
+	out := a.container + ": " + strings.Join(req.Msg.GetCommand(), " ")
+	return connect.NewResponse(&agentv1.ExecResponse{Stdout: []byte(out)}), nil
+}
+
+// Logs sends the container's log as one chunk (from the request's offset) and ends, also
+// when asked to follow.
+func (a *fakeAgent) Logs(_ context.Context, req *connect.Request[agentv1.LogsRequest], stream *connect.ServerStream[agentv1.LogsResponse]) error {
+	b := a.sb.log(a.container)
+	off := min(req.Msg.GetOffset(), uint64(len(b)))
+	if off == uint64(len(b)) {
+		return nil
+	}
+	return stream.Send(&agentv1.LogsResponse{Data: b[off:], Offset: off, NextOffset: uint64(len(b))})
 }
 
 func (a *fakeAgent) Watch(ctx context.Context, _ *connect.Request[agentv1.WatchRequest], stream *connect.ServerStream[agentv1.StatusResponse]) error {
