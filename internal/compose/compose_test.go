@@ -2,6 +2,7 @@ package compose
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -389,4 +390,19 @@ func FuzzConvert(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAliasBombIsRefused: nine levels of nine aliases (9^10 strings) are refused at once
+// rather than expanded.
+func TestAliasBombIsRefused(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`x-a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]` + "\n")
+	for i := 1; i < 10; i++ {
+		fmt.Fprintf(&b, "x-a%d: &a%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*a%d,", i-1), 9), ","))
+	}
+	b.WriteString("services: {a: {image: x, command: *a9}}\n")
+	_, err := Convert(context.Background(), req(b.String()))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("err = %v, want INVALID_ARGUMENT", err)
+	}
 }
