@@ -2,9 +2,10 @@
 # Builds the rootfs tarballs used by tests and the demo:
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/busybox.tar  (Debian busybox-static)
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/python.tar   (debootstrap bookworm minbase + python3)
+#   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/redis.tar    (debootstrap bookworm minbase + redis-server, redis-tools)
 # internal/testimage turns them into OCI images (cached as <name>.oci/ next to each
 # tarball) and serves them from an in-process registry on loopback.
-# Usage: build-test-images.sh [busybox] [python]   (default: both)
+# Usage: build-test-images.sh [busybox] [python] [redis]   (default: all three)
 # Idempotent: an existing output is kept. Needs root (debootstrap, ownership).
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "build-test-images: run as root (debootstrap, file ownership)" >&2; exit 1; }
@@ -75,13 +76,15 @@ G
   log "busybox.tar: $(du -h "$OUT/busybox.tar" | cut -f1) in $(elapsed "$t")"
 }
 
-build_python() {
-  local t root=$TMP/python m
+# build_debian NAME PACKAGES: a debootstrap minbase of $SUITE with PACKAGES, as NAME.tar.
+build_debian() {
+  local name=$1 pkgs=$2 t root m
+  root=$TMP/$name
   t=$(now)
   m=$(mirror)
-  log "debootstrap $SUITE from $m (takes ~1.5 min)"
-  debootstrap --variant=minbase --include="$PYTHON_PACKAGES" "$SUITE" "$root" "$m" >"$TMP/debootstrap.log" 2>&1 || {
-    tail -n 30 "$TMP/debootstrap.log" >&2; return 1; }
+  log "$name: debootstrap $SUITE from $m with $pkgs (takes ~1.5 min)"
+  debootstrap --variant=minbase --include="$pkgs" "$SUITE" "$root" "$m" >"$TMP/debootstrap-$name.log" 2>&1 || {
+    tail -n 30 "$TMP/debootstrap-$name.log" >&2; return 1; }
   log "debootstrap took $(elapsed "$t")"
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin \
          "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/* \
@@ -91,18 +94,25 @@ build_python() {
   for mp in $(awk -v p="$root" 'index($2, p) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$mp"; done
   find "$root/dev" -mindepth 1 -delete 2>/dev/null || true
   local t2; t2=$(now)
-  tar --numeric-owner --xattrs -C "$root" -cf "$TMP/python.tar" .
-  mv -f "$TMP/python.tar" "$OUT/python.tar"
-  inputs python >"$OUT/python.inputs"
-  log "python.tar: $(du -h "$OUT/python.tar" | cut -f1) (tar $(elapsed "$t2")) in $(elapsed "$t")"
+  tar --numeric-owner --xattrs -C "$root" -cf "$TMP/$name.tar" .
+  mv -f "$TMP/$name.tar" "$OUT/$name.tar"
+  inputs "$name" >"$OUT/$name.inputs"
+  log "$name.tar: $(du -h "$OUT/$name.tar" | cut -f1) (tar $(elapsed "$t2")) in $(elapsed "$t")"
 }
+
+build_python() { build_debian python "$PYTHON_PACKAGES"; }
+build_redis() { build_debian redis "$REDIS_PACKAGES"; }
 
 # The python image's packages: `python` as well as `python3`, like the python:3.11 image
 # the official client defaults to. Changing them (or the suite) rebuilds the image.
 PYTHON_PACKAGES=python3,python-is-python3
+# The redis image (Compose tests: a service with a redis-cli healthcheck): Debian's
+# redis-server and redis-tools, nothing pulled from Docker Hub.
+REDIS_PACKAGES=redis-server,redis-tools
 inputs() {
   case "$1" in
     python) echo "$SUITE $PYTHON_PACKAGES" ;;
+    redis) echo "$SUITE $REDIS_PACKAGES" ;;
     *) echo "busybox" ;;
   esac
 }
@@ -113,12 +123,12 @@ cached() {
 }
 
 total=$(now)
-# Arguments name the images to build (busybox, python); none means both.
-[ "$#" -gt 0 ] || set -- busybox python
+# Arguments name the images to build (busybox, python, redis); none means all three.
+[ "$#" -gt 0 ] || set -- busybox python redis
 for name in "$@"; do
   case "$name" in
-    busybox|python) ;;
-    *) log "unknown image $name (want busybox or python)"; exit 2 ;;
+    busybox|python|redis) ;;
+    *) log "unknown image $name (want busybox, python or redis)"; exit 2 ;;
   esac
   if cached "$name"; then log "$name.tar cached"; else "build_$name"; fi
 done

@@ -58,6 +58,9 @@ const (
 	// BackendUnavailable: a store the call needs (the API keys) cannot answer now; the
 	// official clients retry it like RunnerUnavailable.
 	BackendUnavailable = "CWSANDBOX_BACKEND_UNAVAILABLE"
+	// RequestIDConflict: the request_id already created a sandbox from a different
+	// request (CreateSandboxFromFile: other file bytes or options).
+	RequestIDConflict = "CWSANDBOX_REQUEST_ID_CONFLICT"
 )
 
 // Reasons of the control plane's own API (runners, registration, API keys).
@@ -157,6 +160,7 @@ var table = []reasonCode{
 	{ServerBusy, connect.CodeResourceExhausted, "the server buffers as many request bytes as it may; retry"},
 	{RouteNotFound, connect.CodeNotFound, "no REST route has the request's path (HTTP 404)"},
 	{BackendUnavailable, connect.CodeUnavailable, "a store the call needs (the API keys) cannot answer now; retry"},
+	{RequestIDConflict, connect.CodeInvalidArgument, "the request_id already created a sandbox from a different request (another file's bytes, other options)"},
 	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version"},
 	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
 	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},

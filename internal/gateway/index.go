@@ -21,6 +21,10 @@ type record struct {
 	createdAt         time.Time
 	last              runner.Sandbox
 	policyRevision    int64
+	// fileDigest identifies the CreateSandboxFromFile request that created the sandbox
+	// (fileRequestDigest); "" for CreateSandbox. A request_id replayed with another
+	// request is a conflict.
+	fileDigest string
 }
 
 // index maps sandboxes to their organization and runner, and deduplicates creates. It

@@ -42,6 +42,8 @@ type lastStatus struct {
 	IP           string    `json:"ip,omitempty"`
 	RuntimeClass string    `json:"runtime_class,omitempty"`
 	ImageDigest  string    `json:"image_digest,omitempty"`
+	// FileDigest is the record's fileDigest (kept here: it is the gateway's own).
+	FileDigest string `json:"file_digest,omitempty"`
 }
 
 func toLast(sb runner.Sandbox) lastStatus {
@@ -66,7 +68,9 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("encode spec: %w", err)
 	}
-	status, err := json.Marshal(toLast(r.last))
+	last := toLast(r.last)
+	last.FileDigest = r.fileDigest
+	status, err := json.Marshal(last)
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("encode status: %w", err)
 	}
@@ -88,7 +92,8 @@ func fromStore(s store.Sandbox) (*record, error) {
 			return nil, fmt.Errorf("sandbox %s: decode status: %w", s.ID, err)
 		}
 	}
-	return &record{id: s.ID, org: s.Org, runnerID: s.RunnerID, spec: spec, createdAt: s.CreatedAt, last: last.sandbox(s.ID), policyRevision: s.PolicyRevision}, nil
+	return &record{id: s.ID, org: s.Org, runnerID: s.RunnerID, spec: spec, createdAt: s.CreatedAt, last: last.sandbox(s.ID), policyRevision: s.PolicyRevision,
+		fileDigest: last.FileDigest}, nil
 }
 
 // load fills the index with every organization's records from st.
@@ -148,7 +153,9 @@ func (x *index) persistStatus(ctx context.Context, r *record, sb runner.Sandbox)
 	if x.st == nil {
 		return nil
 	}
-	status, err := json.Marshal(toLast(sb))
+	last := toLast(sb)
+	last.FileDigest = r.fileDigest
+	status, err := json.Marshal(last)
 	if err != nil {
 		return err
 	}

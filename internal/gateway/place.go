@@ -32,7 +32,8 @@ func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]plac
 // createOn creates the sandbox on the first candidate that takes it: capacity is
 // reserved while the runner's Create is in flight, and a runner that rejects the sandbox
 // (its policy changed, it filled up, it went away) passes it to the next candidate.
-func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string) (runner.Handle, policy.Result, runner.Sandbox, error) {
+// adjust, when not nil, adds to each runtime spec what the public wire cannot carry.
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error) (runner.Handle, policy.Result, runner.Sandbox, error) {
 	var (
 		last error
 		full []string
@@ -45,6 +46,11 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		}
 		r := s.runners[c.Index]
 		cr, err := toCreateRequest(c.Result.Spec)
+		if err == nil && adjust != nil {
+			if err = adjust(&cr.Spec); err != nil {
+				err = connect.NewError(connect.CodeInternal, err)
+			}
+		}
 		if err != nil {
 			release()
 			return nil, policy.Result{}, runner.Sandbox{}, err

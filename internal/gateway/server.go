@@ -81,8 +81,8 @@ type Config struct {
 // does not build yet are the embedded generated stubs, which answer UNIMPLEMENTED (with
 // reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of
 // SandboxTemplateService, VolumeService and SettingsService, and SandboxService's
-// CreateSandboxFromTemplate, CreateSandboxFromFile, GetSandboxBuildLogs and file-system
-// snapshot RPCs. Building one is defining its method on Server.
+// CreateSandboxFromTemplate, GetSandboxBuildLogs and file-system snapshot RPCs. Building
+// one is defining its method on Server.
 type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
 	sandboxv1connect.UnimplementedDiscoveryServiceHandler
@@ -266,47 +266,86 @@ func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runn
 const ReasonLost = "Lost"
 
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
+	out, err := s.create(ctx, createArgs{spec: req.Msg.GetSandbox().GetSpec(), requestID: req.Msg.GetRequestId()})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(out), nil
+}
+
+// createArgs is one create: a CreateSandbox, or a CreateSandboxFromFile translated.
+type createArgs struct {
+	spec      *sandboxv1.SandboxSpec
+	requestID string
+	// fileDigest identifies a CreateSandboxFromFile request (record.fileDigest).
+	fileDigest string
+	// adjust adds to the runtime spec converted from the resolved spec what the public
+	// wire cannot carry (a Compose file's depends_on, tmpfs and host aliases).
+	adjust func(*runtime.Spec) error
+}
+
+// create is the one create path: request_id dedupe, the spec's shape, placement (the
+// runners' policies and capacity), the runner, the index.
+func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, error) {
 	p := principal(ctx)
-	if vs := requestIDViolations("request_id", req.Msg.GetRequestId()); vs != nil {
+	if vs := requestIDViolations("request_id", a.requestID); vs != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
 	}
-	if rec, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
+	if rec, ok := s.index.byRequestID(ctx, p.Org, a.requestID); ok {
+		if rec.fileDigest != a.fileDigest {
+			return nil, requestIDConflict()
+		}
 		if r := s.runnerByID(rec.runnerID); r != nil {
-			return connect.NewResponse(s.created(rec, s.current(ctx, rec, r), r)), nil
+			return s.created(rec, s.current(ctx, rec, r), r), nil
 		}
 	}
 	// Shape first, on what the caller sent; then placement (the runners' policies and
 	// capacity); then the runner.
-	asked := req.Msg.GetSandbox().GetSpec()
-	if _, err := toCreateRequest(asked); err != nil {
+	asked := a.spec
+	cr, err := toCreateRequest(asked)
+	if err != nil {
 		return nil, err
+	}
+	if a.adjust != nil {
+		if err := a.adjust(&cr.Spec); err != nil {
+			return nil, connect.NewError(connect.CodeInternal, err)
+		}
 	}
 	cands, err := s.place(ctx, asked)
 	if err != nil {
 		return nil, err
 	}
-	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID)
+	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust)
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: res.Spec, createdAt: sb.CreatedAt, last: sb}
+	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: res.Spec, createdAt: sb.CreatedAt, last: sb, fileDigest: a.fileDigest}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
-	if err := s.index.put(ctx, rec, req.Msg.GetRequestId()); err != nil {
+	if err := s.index.put(ctx, rec, a.requestID); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.
 		_, _ = r.Delete(context.WithoutCancel(ctx), sb.ID, 0)
 		var dup *store.AlreadyExistsError
 		if errors.As(err, &dup) && dup.Key == store.KeyRequestID {
 			// Another gateway replica created this request's sandbox meanwhile: that one counts.
-			if first, ok := s.index.byRequestID(ctx, p.Org, req.Msg.GetRequestId()); ok {
+			if first, ok := s.index.byRequestID(ctx, p.Org, a.requestID); ok {
+				if first.fileDigest != a.fileDigest {
+					return nil, requestIDConflict()
+				}
 				if fr := s.runnerByID(first.runnerID); fr != nil {
-					return connect.NewResponse(s.created(first, s.current(ctx, first, fr), fr)), nil
+					return s.created(first, s.current(ctx, first, fr), fr), nil
 				}
 			}
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "org", p.Org, "runner", r.ID(), "image", spec.Primary(res.Spec).GetImage())
-	return connect.NewResponse(s.created(rec, sb, r)), nil
+	return s.created(rec, sb, r), nil
+}
+
+// requestIDConflict: a request_id already created a sandbox from another request.
+func requestIDConflict() error {
+	vs := []apierr.Violation{{Field: "request_id", Description: "already created a sandbox from a different request (another file, other options, or another RPC)"}}
+	return apierr.Invalid(apierr.RequestIDConflict, "request_id conflict: "+apierr.Describe(vs), vs)
 }
 
 // created is the create response for rec as sb: the only answer that carries the

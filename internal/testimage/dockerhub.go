@@ -11,6 +11,7 @@ import (
 const (
 	DockerHubBusybox = "library/busybox:latest"
 	DockerHubPython  = "library/python:3.11"
+	DockerHubRedis   = "library/redis:7"
 )
 
 // PushDockerHubNames pushes the standard images to host under their Docker Hub
@@ -46,6 +47,21 @@ func ServeDockerHub(ctx context.Context, listen string) (host string, stop func(
 		return "", nil, err
 	}
 	if err := PushDockerHubNames(host, imgs); err != nil {
+		stop()
+		return "", nil, err
+	}
+	// The redis image is optional (only the Compose tests use it): served when built.
+	switch redis, err := RedisImage(); {
+	case err == nil:
+		if _, err := Push(host, Redis, redis); err != nil {
+			stop()
+			return "", nil, err
+		}
+		if _, err := Push(host, DockerHubRedis, redis); err != nil {
+			stop()
+			return "", nil, err
+		}
+	case !errors.Is(err, ErrNoTestImages):
 		stop()
 		return "", nil, err
 	}

@@ -50,6 +50,8 @@ const (
 	Busybox      = "sandboxd/busybox:latest"
 	BusyboxMulti = "sandboxd/busybox:multi"
 	Python       = "sandboxd/python:3.11"
+	// Redis is Debian's redis-server and redis-tools (redis.tar): optional, see RedisImage.
+	Redis = "sandboxd/redis:7"
 	// BusyboxWorkDir is Busybox with WorkDir as its config's working dir; only the test
 	// cluster has it (test/k8s/imagetool).
 	BusyboxWorkDir = "sandboxd/busybox:workdir"
@@ -446,6 +448,27 @@ func StandardImages() (*Images, error) {
 		stdImgs = &imgs
 	})
 	return stdImgs, stdErr
+}
+
+var (
+	redisOnce sync.Once
+	redisImg  v1.Image
+	redisErr  error
+)
+
+// RedisImage builds (or loads from cache) the redis image: redis-server as its command,
+// redis-cli beside it. It is not a standard image (only the Compose tests need it), so
+// a missing redis.tar is ErrNoTestImages for its callers alone.
+func RedisImage() (v1.Image, error) {
+	redisOnce.Do(func() {
+		p := filepath.Join(Dir(), "redis.tar")
+		if _, err := os.Stat(p); err != nil {
+			redisErr = fmt.Errorf("%w (%s)", ErrNoTestImages, p)
+			return
+		}
+		redisImg, redisErr = Build(p, image.Config{Cmd: []string{"redis-server"}, Env: []string{DefaultPath, "LANG=C.UTF-8"}})
+	})
+	return redisImg, redisErr
 }
 
 // Standard starts a registry with sandboxd/busybox:latest, sandboxd/python:3.11 and
