@@ -12,7 +12,10 @@
 // only ${VAR:-default} and ${VAR-default} have a value (see Interpolation).
 //
 // Every key the file sets is translated or refused with a field violation naming it
-// (services.<name>.<key>); none is silently ignored.
+// (services.<name>.<key>); none is silently ignored. The one key not acted on is a
+// service's `build` when the service also names an `image`: as the official client
+// documents, the image runs and the build section is skipped (a service with `build`
+// and no image is NOT_IMPLEMENTED until images can be built).
 package compose
 
 import (
@@ -34,6 +37,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // MaxContentsBytes bounds a Compose file: the official client's cap (256 KiB raw YAML).
@@ -195,13 +199,7 @@ func invalid(vs []apierr.Violation) error {
 }
 
 // clipErr bounds a parser's message (it may quote the caller's text).
-func clipErr(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "?")
-	if len(s) > 512 {
-		s = s[:512] + "…"
-	}
-	return s
-}
+func clipErr(err error) string { return textclip.Clip(err.Error(), 512) }
 
 // errUnset refuses a variable the file gives no default: the server's environment is
 // never read, so it could only become an empty string the author did not write.

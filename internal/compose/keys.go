@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // The keys sandboxd translates. Every other key a file sets is refused with a field
@@ -217,13 +219,7 @@ func sortedKeys(m map[string]any) []string {
 }
 
 // clipKey bounds a caller's key in a message.
-func clipKey(s string) string {
-	const max = 64
-	if len(s) > max {
-		s = s[:max] + "…"
-	}
-	return strings.ToValidUTF8(s, "?")
-}
+func clipKey(s string) string { return textclip.Clip(s, 64) }
 
 // asMap is v as a mapping with string keys (YAML allows other keys; they are named by
 // their text, as compose-go does).

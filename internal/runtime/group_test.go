@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,16 @@ func TestValidateGroup(t *testing.T) {
 		}},
 		{"probe without command", "startup probe", func(s *runtime.Spec) { s.Sidecars[0].StartupProbe.Exec = nil }},
 		{"bad tmpfs", "tmpfs", func(s *runtime.Spec) { s.Sidecars[0].Tmpfs = []string{"/proc/x"} }},
+		{"too many tmpfs", "at most 16", func(s *runtime.Spec) {
+			for i := range 17 {
+				s.Sidecars[0].Tmpfs = append(s.Sidecars[0].Tmpfs, "/t"+string(rune('a'+i)))
+			}
+		}},
+		{"too many host aliases", "at most 64", func(s *runtime.Spec) {
+			for i := range 65 {
+				s.HostAliases = append(s.HostAliases, "h"+strconv.Itoa(i))
+			}
+		}},
 		{"bad host alias", "host alias", func(s *runtime.Spec) { s.HostAliases = append(s.HostAliases, "Bad Name") }},
 		{"too many containers", "at most 16", func(s *runtime.Spec) {
 			for i := range 16 {

@@ -61,6 +61,9 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 	if err := checkDependencies(spec); err != nil {
 		return err
 	}
+	if len(spec.HostAliases) > MaxHostAliases {
+		return fmt.Errorf("%w: %d host aliases: at most %d", ErrInvalidSpec, len(spec.HostAliases), MaxHostAliases)
+	}
 	for _, h := range spec.HostAliases {
 		if !ValidHostAlias(h) {
 			return fmt.Errorf("%w: host alias %q: want a DNS name of lowercase labels", ErrInvalidSpec, h)
@@ -69,8 +72,13 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 	return nil
 }
 
-// MaxContainers bounds a sandbox's containers, init containers included.
-const MaxContainers = 16
+// Bounds of a group: containers (init containers included), tmpfs mounts per container
+// and host aliases per sandbox.
+const (
+	MaxContainers  = 16
+	MaxTmpfs       = 16
+	MaxHostAliases = 64
+)
 
 var containerName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
@@ -100,6 +108,9 @@ func validateContainer(spec *Spec, c *Container, init bool) error {
 	}
 	if err := ValidateVolumes(spec.Volumes, c.VolumeMounts); err != nil {
 		return err
+	}
+	if len(c.Tmpfs) > MaxTmpfs {
+		return fmt.Errorf("%w: %d tmpfs mounts: at most %d", ErrInvalidSpec, len(c.Tmpfs), MaxTmpfs)
 	}
 	for _, t := range c.Tmpfs {
 		if err := CheckMountPath(t); err != nil {

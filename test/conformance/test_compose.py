@@ -117,16 +117,11 @@ def from_file(session_tag):
 @pytest.mark.timeout(START_TIMEOUT + 60)
 def test_three_services_healthcheck_chain(from_file):
     if not REDIS_TAR.exists():
+        if os.environ.get("SANDBOXD_CONFORMANCE_REQUIRED"):
+            pytest.fail(f"no redis test image ({REDIS_TAR}); `make images` builds it")
         pytest.skip(f"no redis test image ({REDIS_TAR}): run scripts/build-test-images.sh redis")
-    try:
-        sb = from_file(_three_services(), primary_service="app")
-        sb.wait(timeout=START_TIMEOUT)
-    except Exception as e:  # noqa: BLE001
-        # The gateway before multi-container specs (issue 19's wire and backend work): its
-        # exact refusal skips, anything else fails.
-        if "not supported by this sandboxd yet: more than one container" in str(e):
-            pytest.skip(f"this sandboxd runs one container per sandbox: {e.__class__.__name__}")
-        raise
+    sb = from_file(_three_services(), primary_service="app")
+    sb.wait(timeout=START_TIMEOUT)
     assert sb.status == SandboxStatus.RUNNING
     # The primary reaches the API by name, which answers only once it reached redis by name.
     probe = (

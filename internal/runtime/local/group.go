@@ -167,8 +167,19 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		// mapping instead: the same IDs own the shared files, as for the primary.
 		join.netns, join.userns = att.NetNSPath, ""
 	}
-	if ids, ok, _ := readIDRange(s.dir); ok && b.ids != nil {
+	if b.ids != nil {
+		// Fail closed: a member launched without the primary's mapping would run as
+		// real root on the host.
+		ids, ok, err := readIDRange(s.dir)
+		if err != nil || !ok {
+			return fmt.Errorf("create sandbox %s: the primary's user namespace mapping is unreadable (%v): no other container may start without it", id, err)
+		}
 		join.ids = &ids
+	}
+	// The members join the primary's namespaces by its pid: it must still be the
+	// primary's (its pidfd says whether it exited, and a pid is reused only after).
+	if s.proc == nil || s.proc.exited() {
+		return fmt.Errorf("create sandbox %s: the primary container exited before the others joined it", id)
 	}
 	if fi, err := os.Stat(filepath.Join(s.dir, dirSysfs)); err == nil && fi.IsDir() {
 		join.sysfs = filepath.Join(s.dir, dirSysfs)
@@ -197,6 +208,9 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	if s.proc.exited() { // the members may have joined the namespaces of whatever took its pid
+		return fmt.Errorf("create sandbox %s: the primary container exited while the others joined it", id)
 	}
 	b.step("members", t)
 	failpoint.Hit("local.group.members")

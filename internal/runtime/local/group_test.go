@@ -103,3 +103,31 @@ func TestGroupGVisorRefused(t *testing.T) {
 		t.Errorf("refused create left its dir: %v", err)
 	}
 }
+
+// TestGroupSharesTheDefaultDisk: a group's containers without a disk limit of their own
+// share the backend's default evenly (never below the minimum), so the group's writable
+// layers stay within one sandbox's default however many containers it has.
+func TestGroupSharesTheDefaultDisk(t *testing.T) {
+	b := &Backend{cfg: Config{DiskBytes: 1 << 30}}
+	spec := runtime.Spec{
+		Container:      runtime.Container{Name: "a"},
+		Sidecars:       []runtime.Container{{Name: "b", Resources: runtime.Resources{DiskBytes: 64 << 20}}, {Name: "c"}},
+		InitContainers: []runtime.Container{{Name: "i"}},
+	}
+	b.shareDisk(&spec)
+	for _, c := range spec.AllContainers() {
+		want := int64(1<<30) / 3
+		if c.Name == "b" {
+			want = 64 << 20
+		}
+		if c.Resources.DiskBytes != want {
+			t.Errorf("container %s: disk %d, want %d", c.Name, c.Resources.DiskBytes, want)
+		}
+	}
+	small := &Backend{cfg: Config{DiskBytes: 20 << 20}}
+	spec = runtime.Spec{Container: runtime.Container{Name: "a"}, Sidecars: []runtime.Container{{Name: "b"}, {Name: "c"}}}
+	small.shareDisk(&spec)
+	if spec.Resources.DiskBytes != minDiskBytes {
+		t.Errorf("share below the minimum: %d, want %d", spec.Resources.DiskBytes, minDiskBytes)
+	}
+}

@@ -373,6 +373,11 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		// per container) and the held start are not done for that here.
 		return runtime.Info{}, fmt.Errorf("%w: runtime class %q runs single-container sandboxes only on this backend (no sidecars or init containers)", runtime.ErrInvalidSpec, class)
 	}
+	if spec.Multi() {
+		sp := spec.Clone()
+		b.shareDisk(&sp)
+		spec = &sp
+	}
 	for _, c := range spec.AllContainers() {
 		if d := b.diskBytes(c.Resources); d > 0 && d < minDiskBytes {
 			return runtime.Info{}, fmt.Errorf("%w: container %q: disk limit %d bytes is below the minimum of %d", runtime.ErrInvalidSpec, c.ContainerName(), d, minDiskBytes)
@@ -839,6 +844,27 @@ func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work str
 // commands run as may differ.
 func (b *Backend) poolServes(spec *runtime.Spec) bool {
 	return spec.Security.OCIDefault() && b.diskBytes(spec.Resources) == b.cfg.DiskBytes && len(spec.Volumes) == 0
+}
+
+// shareDisk gives the containers of group spec that set no disk limit of their own an
+// even share of the backend's default (at least the minimum), so that a group's
+// writable layers together stay within what one sandbox gets, however many containers
+// it has (the Kubernetes backend puts the sandbox's ephemeral-storage limit on the
+// primary only, which bounds the Pod's total the same way). The shares are recorded
+// in the spec the sandbox persists.
+func (b *Backend) shareDisk(spec *runtime.Spec) {
+	if b.cfg.DiskBytes <= 0 {
+		return
+	}
+	var unset []*runtime.Container
+	for _, c := range spec.AllContainers() {
+		if c.Resources.DiskBytes == 0 {
+			unset = append(unset, c)
+		}
+	}
+	for _, c := range unset {
+		c.Resources.DiskBytes = max(b.cfg.DiskBytes/int64(len(unset)), minDiskBytes)
+	}
 }
 
 // diskBytes is the disk limit of a sandbox with resources r.
