@@ -35,9 +35,17 @@ func (e *ContainerNotFoundError) Unwrap() error { return runtime.ErrContainerNot
 
 // ContainerNotRunningError: a container other than the primary has exited (an init
 // container, or a sidecar that ended) while its sandbox runs. It is an ErrNotRunning.
-type ContainerNotRunningError struct{ Sandbox, Container string }
+// Logs says the call was a read of its log, which the runner serves once the sandbox
+// ended.
+type ContainerNotRunningError struct {
+	Sandbox, Container string
+	Logs               bool
+}
 
 func (e *ContainerNotRunningError) Error() string {
+	if e.Logs {
+		return fmt.Sprintf("container %q of sandbox %s is not running (it has exited): its log is readable once the sandbox has ended", e.Container, e.Sandbox)
+	}
 	return fmt.Sprintf("container %q of sandbox %s is not running (it has exited)", e.Container, e.Sandbox)
 }
 
