@@ -199,7 +199,8 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	return snap, nil
 }
 
-// Get returns a snapshot of one sandbox.
+// Get returns a snapshot of one sandbox. It never waits for the backend's container
+// statuses: it reports the last ones and has them refreshed in the background.
 func (r *Runner) Get(id string) (Sandbox, error) {
 	r.mu.Lock()
 	e, ok := r.sandboxes[id]
@@ -231,7 +232,8 @@ func (r *Runner) oomKills(id string) (int, bool) {
 	return n, err == nil
 }
 
-// List returns snapshots of every sandbox, oldest first.
+// List returns snapshots of every sandbox, oldest first. Like Get, it never waits for
+// the backend's container statuses.
 func (r *Runner) List() []Sandbox {
 	r.mu.Lock()
 	out := make([]Sandbox, 0, len(r.sandboxes))
@@ -470,7 +472,10 @@ func (r *Runner) LogDir(id, container string) (string, error) {
 // ended (for Config.Retention, across runner restarts). A read that outlives the agent
 // (the sandbox ends under a follow) goes on in that copy where the agent stopped, so a
 // follow ends at the end of the log instead of breaking off. While the sandbox is still
-// being created, Logs waits for it to start (or end). Errors from the agent and the
+// being created, Logs waits for it to start (or end). The log of an init container, or
+// of a sidecar that exited, while the sandbox runs is a *ContainerNotRunningError at
+// once: its agent is gone with it, and its log is read only from the runner's copy,
+// never from where a running container might write. Errors from the agent and the
 // reader are connect errors; an error from send is returned as it is.
 func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	r.mu.Lock()

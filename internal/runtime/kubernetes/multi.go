@@ -591,9 +591,10 @@ func primaryEnded(p *corev1.Pod) bool {
 var _ runtime.ContainerStatusReporter = (*Backend)(nil)
 
 // ContainerStatuses implements runtime.ContainerStatusReporter: init containers from the
-// Pod status (the kubelet ran them); the others from their agents while their containers
-// run (the agent knows whether the main command is held, running or ended, its restarts
-// and its last exit), else from the Pod status. nil for a single-container sandbox.
+// Pod status (the kubelet ran them); the others from the Pod status and what their
+// agents last said (watchAgents: whether the main command is held, running or ended,
+// its restarts and its last exit). A container the kubelet has not reported yet is
+// asked of its agent (one client per container). nil for a single-container sandbox.
 func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.ContainerStatus, error) {
 	s, err := b.get(id)
 	if err != nil {
