@@ -439,3 +439,26 @@ func TestDirectContainerField(t *testing.T) {
 		t.Errorf("an unknown container reached an agent: %d calls, want %d", n, len(got))
 	}
 }
+
+// TestDirectContainerFieldClipped: a container field naming no container that is no
+// valid name (100 KB here) is NOT_FOUND CONTAINER_NOT_FOUND quoting it clipped to 64
+// bytes, in the message and the metadata.
+func TestDirectContainerFieldClipped(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.sbs.mu.Lock()
+	f.sbs.sbs["sb1"] = runner.Sandbox{ID: "sb1", State: runner.StateRunning, Spec: runtime.Spec{
+		Meta:      map[string]string{runtime.MetaOrg: "acme"},
+		Container: runtime.Container{Name: "app", Image: "busybox"},
+		Sidecars:  []runtime.Container{{Name: "db", Image: "redis"}},
+	}}
+	f.sbs.mu.Unlock()
+	c := f.client(nil, "acme", "sb1", permExec)
+	_, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "sb1", Container: strings.Repeat("a", 100<<10), Command: []string{"true"}}))
+	if connect.CodeOf(err) != connect.CodeNotFound || apierr.Reason(err) != apierr.ContainerNotFound {
+		t.Fatalf("exec in a 100 KB container name: %v", err)
+	}
+	if md := apierr.Info(err).GetMetadata()["container"]; len(md) > 64 || len(err.Error()) > 300 {
+		t.Errorf("the name quoted as %d bytes in metadata, message %d bytes", len(md), len(err.Error()))
+	}
+}

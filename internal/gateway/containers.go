@@ -30,14 +30,21 @@ func containerOf(id string, sp *sandboxv1.SandboxSpec, container string) (string
 			return container, nil
 		}
 	}
-	return "", apierr.New(apierr.ContainerNotFound, fmt.Sprintf("sandbox %s has no container %q", id, container),
-		map[string]string{"sandbox_id": id, "container": container})
+	shown := runner.ShownContainerName(container) // the caller's string: any length, any bytes
+	return "", apierr.New(apierr.ContainerNotFound, fmt.Sprintf("sandbox %s has no container %q", id, shown),
+		map[string]string{"sandbox_id": id, "container": shown})
 }
 
-// containerState is the public state of a container the runner reports.
+// containerState is the public state of a container the runner reports. A container
+// waiting to start again (restarts so far, or a restart reason: the local backend's
+// Restarting, the kubelet's CrashLoopBackOff) is RUNNING, as a restarting sandbox is:
+// it started once, and its restart policy brings it back.
 func containerState(c runtime.ContainerStatus) sandboxv1.State {
 	switch c.State {
 	case runtime.ContainerWaiting:
+		if c.Restarts > 0 || restartReasons[c.Reason] {
+			return sandboxv1.State_STATE_RUNNING
+		}
 		return sandboxv1.State_STATE_CREATING
 	case runtime.ContainerRunning:
 		return sandboxv1.State_STATE_RUNNING
@@ -49,6 +56,9 @@ func containerState(c runtime.ContainerStatus) sandboxv1.State {
 	}
 	return sandboxv1.State_STATE_UNSPECIFIED
 }
+
+// restartReasons are the reasons a backend gives a container waiting to be restarted.
+var restartReasons = map[string]bool{"Restarting": true, "CrashLoopBackOff": true}
 
 // containerStatuses are the status rows of sandbox sb's containers (sp its spec, state
 // its public state): one per container of the spec, in the spec's order. A container

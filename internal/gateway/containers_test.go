@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -267,5 +268,48 @@ func TestEchoMarksThePrimary(t *testing.T) {
 	}
 	if sp.Containers[0].Primary != nil {
 		t.Error("the index's spec was modified")
+	}
+}
+
+// TestContainerStateRestarting: a container waiting to start again (restarts so far,
+// or a restart reason as the local backend and the kubelet give) is RUNNING, not
+// CREATING; one waiting for its first start is CREATING.
+func TestContainerStateRestarting(t *testing.T) {
+	code := int32(1)
+	for _, tc := range []struct {
+		st   runtime.ContainerStatus
+		want sandboxv1.State
+	}{
+		{runtime.ContainerStatus{State: runtime.ContainerWaiting, Reason: "ContainerCreating"}, sandboxv1.State_STATE_CREATING},
+		{runtime.ContainerStatus{State: runtime.ContainerWaiting, Reason: "Held"}, sandboxv1.State_STATE_CREATING},
+		{runtime.ContainerStatus{State: runtime.ContainerWaiting, Reason: "Restarting", ExitCode: &code}, sandboxv1.State_STATE_RUNNING},
+		{runtime.ContainerStatus{State: runtime.ContainerWaiting, Reason: "CrashLoopBackOff"}, sandboxv1.State_STATE_RUNNING},
+		{runtime.ContainerStatus{State: runtime.ContainerWaiting, Restarts: 2, ExitCode: &code}, sandboxv1.State_STATE_RUNNING},
+		{runtime.ContainerStatus{State: runtime.ContainerExited, Restarts: 2, ExitCode: &code}, sandboxv1.State_STATE_FAILED},
+	} {
+		if got := containerState(tc.st); got != tc.want {
+			t.Errorf("%+v: %v, want %v", tc.st, got, tc.want)
+		}
+	}
+}
+
+// TestContainerOfClipsUnknownNames: an unknown container name that is no valid name
+// (huge, not UTF-8) is NOT_FOUND CONTAINER_NOT_FOUND quoting it clipped to 64 bytes of
+// valid UTF-8, in the message and the metadata.
+func TestContainerOfClipsUnknownNames(t *testing.T) {
+	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "app"}, {Name: "db"}}}
+	for _, name := range []string{strings.Repeat("a", 100<<10), "\xff\xfe" + strings.Repeat("\x80", 100<<10)} {
+		_, err := containerOf("x", sp, name)
+		if connect.CodeOf(err) != connect.CodeNotFound || apierr.Reason(err) != apierr.ContainerNotFound {
+			t.Fatalf("unknown container: %v", err)
+		}
+		md := apierr.Info(err).GetMetadata()["container"]
+		if len(md) > 64 || !utf8.ValidString(md) || len(err.Error()) > 300 || !utf8.ValidString(err.Error()) {
+			t.Errorf("unknown container quoted as %d bytes (valid %v), message %d bytes", len(md), utf8.ValidString(md), len(err.Error()))
+		}
+	}
+	// A valid name is quoted as it is.
+	if _, err := containerOf("x", sp, "cache"); apierr.Info(err).GetMetadata()["container"] != "cache" || !strings.Contains(err.Error(), `"cache"`) {
+		t.Errorf("unknown valid name: %v", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // A runner returns runtime.ErrNotFound for a sandbox it does not have (or that left the
@@ -28,16 +29,35 @@ var (
 type ContainerNotFoundError struct{ Sandbox, Container string }
 
 func (e *ContainerNotFoundError) Error() string {
-	return fmt.Sprintf("sandbox %s has no container %q", e.Sandbox, e.Container)
+	return fmt.Sprintf("sandbox %s has no container %q", e.Sandbox, ShownContainerName(e.Container))
+}
+
+// ShownContainerName is a container name a caller gave as it may be quoted back (in a
+// message, in metadata): as it is when it is a valid container name (a DNS-1123 label),
+// else clipped to 64 bytes of valid UTF-8, since the caller's string can be any length
+// and any bytes.
+func ShownContainerName(name string) string {
+	if runtime.ValidContainerName(name) {
+		return name
+	}
+	return textclip.Clip(name, 64)
 }
 
 func (e *ContainerNotFoundError) Unwrap() error { return runtime.ErrContainerNotFound }
 
 // ContainerNotRunningError: a container other than the primary has exited (an init
 // container, or a sidecar that ended) while its sandbox runs. It is an ErrNotRunning.
-type ContainerNotRunningError struct{ Sandbox, Container string }
+// Logs says the call was a read of its log, which the runner serves once the sandbox
+// ended.
+type ContainerNotRunningError struct {
+	Sandbox, Container string
+	Logs               bool
+}
 
 func (e *ContainerNotRunningError) Error() string {
+	if e.Logs {
+		return fmt.Sprintf("container %q of sandbox %s is not running (it has exited): its log is readable once the sandbox has ended", e.Container, e.Sandbox)
+	}
 	return fmt.Sprintf("container %q of sandbox %s is not running (it has exited)", e.Container, e.Sandbox)
 }
 
@@ -101,7 +121,7 @@ func APIError(id string, err error, fieldPrefix string) error {
 		}
 		return apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
 	case errors.As(err, &cnf):
-		return apierr.New(apierr.ContainerNotFound, cnf.Error(), map[string]string{"sandbox_id": id, "container": cnf.Container})
+		return apierr.New(apierr.ContainerNotFound, cnf.Error(), map[string]string{"sandbox_id": id, "container": ShownContainerName(cnf.Container)})
 	case errors.Is(err, runtime.ErrContainerNotFound):
 		return apierr.New(apierr.ContainerNotFound, err.Error(), idMeta(id))
 	case errors.As(err, &cnr):

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -55,5 +57,25 @@ func TestAPIError(t *testing.T) {
 	}
 	if err := APIError("", fmt.Errorf("%w: x", runtime.ErrNotFound), ""); apierr.Info(err).GetMetadata() != nil {
 		t.Errorf("no id, yet metadata %v", apierr.Info(err).GetMetadata())
+	}
+}
+
+// TestContainerNotFoundClipsNames: a name that is no valid container name (huge, not
+// UTF-8) is quoted clipped to 64 bytes of valid UTF-8, in the message and the metadata;
+// a valid one as it is.
+func TestContainerNotFoundClipsNames(t *testing.T) {
+	for _, name := range []string{strings.Repeat("a", 100<<10), "\xff\xfe" + strings.Repeat("\x80", 100<<10)} {
+		api := APIError("sb", &ContainerNotFoundError{Sandbox: "sb", Container: name}, SpecField)
+		if connect.CodeOf(api) != connect.CodeNotFound || apierr.Reason(api) != apierr.ContainerNotFound {
+			t.Fatalf("unknown container: %v", api)
+		}
+		md := apierr.Info(api).GetMetadata()["container"]
+		if len(md) > 64 || !utf8.ValidString(md) || len(api.Error()) > 300 || !utf8.ValidString(api.Error()) {
+			t.Errorf("name quoted as %d bytes (valid %v), message %d bytes", len(md), utf8.ValidString(md), len(api.Error()))
+		}
+	}
+	api := APIError("sb", &ContainerNotFoundError{Sandbox: "sb", Container: "cache"}, SpecField)
+	if apierr.Info(api).GetMetadata()["container"] != "cache" || !strings.Contains(api.Error(), `"cache"`) {
+		t.Errorf("valid name: %v", api)
 	}
 }

@@ -66,7 +66,9 @@ type entry struct {
 	sb      Sandbox
 	changed chan struct{}
 
-	creds *runtime.Credentials // used for the pull only; never kept in snapshots
+	// creds are the pull credentials of each container, in runtime.Spec.AllContainers
+	// order: used for the pull only, never kept in sb.Spec or snapshots.
+	creds []*runtime.Credentials
 	// startedAt is when the backend started the container: the StartedAt reported once
 	// the agent says the main command runs, and the one a restarted runner recovers.
 	startedAt    time.Time
@@ -122,7 +124,11 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 // Create accepts a sandbox and starts it in the background; the snapshot it returns is in
 // CREATING. Validation problems come back as *ValidationError before anything starts.
 func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	creds := req.Spec.PullCredentials
+	var creds []*runtime.Credentials
+	orig := req.Spec
+	for _, c := range orig.AllContainers() {
+		creds = append(creds, c.PullCredentials)
+	}
 	req.Spec = cloneSpec(req.Spec)
 	if err := validate(&req); err != nil {
 		return Sandbox{}, err
@@ -193,7 +199,8 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	return snap, nil
 }
 
-// Get returns a snapshot of one sandbox.
+// Get returns a snapshot of one sandbox. It never waits for the backend's container
+// statuses: it reports the last ones and has them refreshed in the background.
 func (r *Runner) Get(id string) (Sandbox, error) {
 	r.mu.Lock()
 	e, ok := r.sandboxes[id]
@@ -201,12 +208,7 @@ func (r *Runner) Get(id string) (Sandbox, error) {
 		r.mu.Unlock()
 		return Sandbox{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
-	live := !e.sb.State.Terminal()
-	r.mu.Unlock()
-	if live {
-		r.refreshContainers(e, false)
-	}
-	r.mu.Lock()
+	r.refreshSoonLocked(e)
 	sb := e.snapshot()
 	r.mu.Unlock()
 	if sb.State == StateRunning {
@@ -230,22 +232,13 @@ func (r *Runner) oomKills(id string) (int, bool) {
 	return n, err == nil
 }
 
-// List returns snapshots of every sandbox, oldest first.
+// List returns snapshots of every sandbox, oldest first. Like Get, it never waits for
+// the backend's container statuses.
 func (r *Runner) List() []Sandbox {
-	r.mu.Lock()
-	var live []*entry
-	for _, e := range r.sandboxes {
-		if !e.sb.State.Terminal() && e.sb.Spec.Multi() {
-			live = append(live, e)
-		}
-	}
-	r.mu.Unlock()
-	for _, e := range live {
-		r.refreshContainers(e, false)
-	}
 	r.mu.Lock()
 	out := make([]Sandbox, 0, len(r.sandboxes))
 	for _, e := range r.sandboxes {
+		r.refreshSoonLocked(e)
 		out = append(out, e.snapshot())
 	}
 	r.mu.Unlock()
@@ -346,16 +339,23 @@ func (r *Runner) containerAgent(e *entry, name string, init bool) (agentv1connec
 	r.refreshContainers(e, false)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if e.exitedLocked(name, init) {
+		return nil, &ContainerNotRunningError{Sandbox: e.sb.ID, Container: name}
+	}
+	return r.agentLocked(e, name), nil
+}
+
+// exitedLocked tells whether container name (not the primary; init: an init container)
+// of the running sandbox e has exited, by its last known status. Called with Runner.mu
+// held.
+func (e *entry) exitedLocked(name string, init bool) bool {
 	exited := init // an init container has exited for good once the sandbox runs
 	for _, c := range e.sb.Containers {
 		if c.Name == name {
 			exited = c.State == runtime.ContainerExited
 		}
 	}
-	if exited {
-		return nil, &ContainerNotRunningError{Sandbox: e.sb.ID, Container: name}
-	}
-	return r.agentLocked(e, name), nil
+	return exited
 }
 
 // agentLocked returns the agent of e's container name (not the primary), making it on
@@ -417,6 +417,26 @@ func (r *Runner) refreshContainers(e *entry, final bool) {
 	}
 }
 
+// refreshSoonLocked has e's container statuses asked of the backend in the background,
+// when they are due (refreshContainers' rate) and no ask is under way: Get and List
+// answer from what the runner has and never wait for the backend, so a sandbox whose
+// backend is slow to answer (an agent that never replies) slows nobody's reads. Called
+// with Runner.mu held.
+func (r *Runner) refreshSoonLocked(e *entry) {
+	if r.closed || e.sb.State.Terminal() || !e.sb.Spec.Multi() || e.statusFinal || e.statusBusy ||
+		time.Since(e.statusAt) < containerStatusEvery {
+		return
+	}
+	if _, ok := r.backend.(runtime.ContainerStatusReporter); !ok {
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.refreshContainers(e, false)
+	}()
+}
+
 func equalStatus(a, b runtime.ContainerStatus) bool {
 	if (a.ExitCode == nil) != (b.ExitCode == nil) || a.ExitCode != nil && *a.ExitCode != *b.ExitCode {
 		return false
@@ -452,7 +472,10 @@ func (r *Runner) LogDir(id, container string) (string, error) {
 // ended (for Config.Retention, across runner restarts). A read that outlives the agent
 // (the sandbox ends under a follow) goes on in that copy where the agent stopped, so a
 // follow ends at the end of the log instead of breaking off. While the sandbox is still
-// being created, Logs waits for it to start (or end). Errors from the agent and the
+// being created, Logs waits for it to start (or end). The log of an init container, or
+// of a sidecar that exited, while the sandbox runs is a *ContainerNotRunningError at
+// once: its agent is gone with it, and its log is read only from the runner's copy,
+// never from where a running container might write. Errors from the agent and the
 // reader are connect errors; an error from send is returned as it is.
 func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	r.mu.Lock()
@@ -461,7 +484,7 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 		r.mu.Unlock()
 		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
-	name, primary, _, err := e.container(container)
+	name, primary, init, err := e.container(container)
 	r.mu.Unlock()
 	if err != nil {
 		return err
@@ -489,6 +512,7 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 	for {
 		r.mu.Lock()
 		st, client, changed := e.sb.State, e.client, e.changed
+		exited := !primary && st == StateRunning && client != nil && e.exitedLocked(name, init)
 		if !primary && client != nil {
 			client = r.agentLocked(e, name)
 		}
@@ -497,6 +521,11 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 		case <-e.done:
 			return agent.ReadLogs(ctx, r.archiveDir(id, name, primary), nil, rest(), pass)
 		default:
+		}
+		if exited {
+			// Its agent is gone with it, and its log is read from the runner's copy, made
+			// when the sandbox ends: not from where a running container might write.
+			return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true}
 		}
 		if client == nil || st == StateCreating || st == StatePending {
 			select {
@@ -515,6 +544,9 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 		// follows), or the agent could not be reached for a moment (try it again).
 		if failures++; failures > 3 {
 			return err
+		}
+		if !primary {
+			r.refreshContainers(e, false) // has it exited? (checked above)
 		}
 		select {
 		case <-e.done:
@@ -603,7 +635,11 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 	id := e.sb.ID
 	if create {
 		spec := e.snapshot().Spec
-		spec.PullCredentials = e.creds
+		for i, c := range spec.AllContainers() {
+			if i < len(e.creds) {
+				c.PullCredentials = e.creds[i]
+			}
+		}
 		info, err := r.backend.Create(ctx, &spec)
 		if err != nil {
 			r.finish(e, runtime.Exit{Reason: createFailureReason(err), Message: err.Error(), At: time.Now()}, false)
@@ -1161,12 +1197,14 @@ func NewID() string {
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
 }
 
-// cloneSpec is a deep copy of s (runtime.Spec.Clone) without its pull credentials: the
-// runner's record of a sandbox shares nothing with its caller or its snapshots, and
-// keeps no credentials.
+// cloneSpec is a deep copy of s (runtime.Spec.Clone) without the pull credentials of
+// any of its containers: the runner's record of a sandbox shares nothing with its caller
+// or its snapshots, and keeps no credentials.
 func cloneSpec(s runtime.Spec) runtime.Spec {
 	c := s.Clone()
-	c.PullCredentials = nil
+	for _, ct := range c.AllContainers() {
+		ct.PullCredentials = nil
+	}
 	return c
 }
 

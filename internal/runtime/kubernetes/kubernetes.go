@@ -57,6 +57,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -165,6 +166,9 @@ type sandbox struct {
 	// agentStatus is the last status of each sidecar's agent (watchAgents); guarded by
 	// Backend.mu.
 	agentStatus map[string]*agentv1.StatusResponse
+	// statusClients are the clients ContainerStatuses asks sidecars' agents with, by
+	// name; guarded by Backend.mu.
+	statusClients map[string]agentv1connect.AgentServiceClient
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen

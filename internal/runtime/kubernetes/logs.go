@@ -92,10 +92,19 @@ func (b *Backend) LogDir(id, container string) string {
 	s := b.sandboxes[id]
 	b.mu.Unlock()
 	if s == nil {
-		if container != "" && container != runtime.DefaultContainerName {
+		// No longer tracked (a teardown on the recovery path): a sidecar's copy is where
+		// it would be, if the sandbox had one of that name; "" is the primary.
+		switch {
+		case container == "":
+			return b.logDir(id)
+		case !runtime.ValidContainerName(container):
 			return ""
 		}
-		return b.logDir(id)
+		dir := b.containerLogDir(id, container)
+		if _, err := os.Lstat(dir); err != nil && container == runtime.DefaultContainerName {
+			return b.logDir(id) // the unnamed primary's name
+		}
+		return dir
 	}
 	key := ""
 	if container != "" {

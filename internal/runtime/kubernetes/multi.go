@@ -47,6 +47,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -488,6 +489,22 @@ func (b *Backend) agentClient(id, container string) interface {
 	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, id, container) })
 }
 
+// statusClient is the client ContainerStatuses asks container name's agent with: one
+// per container of s, made on first use.
+func (b *Backend) statusClient(s *sandbox, id, name string) agentv1connect.AgentServiceClient {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c := s.statusClients[name]; c != nil {
+		return c
+	}
+	if s.statusClients == nil {
+		s.statusClients = map[string]agentv1connect.AgentServiceClient{}
+	}
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, id, name) })
+	s.statusClients[name] = c
+	return c
+}
+
 // waitPod waits until done(pod) holds, the Pod cannot start (startError), the sandbox
 // ends or StartTimeout passes.
 func (b *Backend) waitPod(ctx context.Context, s *sandbox, done func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
@@ -574,9 +591,10 @@ func primaryEnded(p *corev1.Pod) bool {
 var _ runtime.ContainerStatusReporter = (*Backend)(nil)
 
 // ContainerStatuses implements runtime.ContainerStatusReporter: init containers from the
-// Pod status (the kubelet ran them); the others from their agents while their containers
-// run (the agent knows whether the main command is held, running or ended, its restarts
-// and its last exit), else from the Pod status. nil for a single-container sandbox.
+// Pod status (the kubelet ran them); the others from the Pod status and what their
+// agents last said (watchAgents: whether the main command is held, running or ended,
+// its restarts and its last exit). A container the kubelet has not reported yet is
+// asked of its agent (one client per container). nil for a single-container sandbox.
 func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.ContainerStatus, error) {
 	s, err := b.get(id)
 	if err != nil {
@@ -629,17 +647,20 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			st.State, st.Reason, st.Message = runtime.ContainerExited, "Stopped", "the sandbox has ended"
 			continue
 		}
-		// The kubelet reports a container running only at its next relist: its agent
-		// may answer well before.
-		if m.init || ended || cs != nil && cs.State.Terminated != nil || pod == nil || pod.Status.PodIP == "" {
+		// The kubelet reports a container only at its next relist: its agent may answer
+		// well before. Once the kubelet has reported it, its view and the agent's watch
+		// (agentStatus) stand: no call dials each sidecar's agent, whose container can
+		// make it slow to answer.
+		if m.init || ended || cs != nil || pod == nil || pod.Status.PodIP == "" {
 			continue
 		}
+		client := b.statusClient(s, id, m.name)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
-			res, err := b.agentClient(id, m.name).Status(actx, connect.NewRequest(&agentv1.StatusRequest{}))
+			res, err := client.Status(actx, connect.NewRequest(&agentv1.StatusRequest{}))
 			if err != nil {
 				return // the Pod's view stands
 			}

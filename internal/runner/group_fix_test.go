@@ -1,0 +1,189 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
+)
+
+// slowStatusBackend is a Fake whose ContainerStatuses, while block is set, answers only
+// when its context ends (an agent that never replies).
+type slowStatusBackend struct {
+	*runtimetest.Fake
+	block atomic.Bool
+}
+
+func (b *slowStatusBackend) ContainerStatuses(ctx context.Context, id string) ([]runtime.ContainerStatus, error) {
+	if b.block.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return b.Fake.ContainerStatuses(ctx, id)
+}
+
+// TestGroupReadsNeverWaitForStatuses: Get and List answer from the statuses the runner
+// has, whatever the backend's ContainerStatuses does, and refresh them in the background
+// (at most one ask under way per sandbox).
+func TestGroupReadsNeverWaitForStatuses(t *testing.T) {
+	be := &slowStatusBackend{Fake: runtimetest.NewFake()}
+	t.Cleanup(be.Close)
+	r, sb := startGroup(t, be)
+	other, err := r.Create(context.Background(), CreateRequest{Spec: groupSpec()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.Agent(ctx, other.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "statuses known", func() bool {
+		got, _ := r.Get(sb.ID)
+		return len(got.Containers) == 3
+	})
+
+	be.block.Store(true)
+	time.Sleep(containerStatusEvery + 100*time.Millisecond) // a refresh is due
+	start := time.Now()
+	for range 20 {
+		got, err := r.Get(sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Containers) != 3 {
+			t.Errorf("Get while the backend hangs: containers %+v, want the last known", got.Containers)
+		}
+		if len(r.List()) != 2 {
+			t.Fatal("List lost a sandbox")
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("40 reads took %v while ContainerStatuses hung", d)
+	}
+
+	// Once the backend answers again, the reads show what changed.
+	be.block.Store(false)
+	code := int32(2)
+	be.Sandbox(sb.ID, time.Second).SetContainer(runtime.ContainerStatus{Name: "db", State: runtime.ContainerExited, ExitCode: &code, Reason: "Error"})
+	eventually(t, "db exited in Get", func() bool {
+		got, _ := r.Get(sb.ID)
+		return len(got.Containers) == 3 && got.Containers[2].State == runtime.ContainerExited
+	})
+}
+
+// TestGroupLogsOfExitedContainer: the log of an init container, or of a sidecar that
+// exited, while the sandbox runs is refused at once FAILED_PRECONDITION
+// SANDBOX_NOT_RUNNING naming the container and when its log is readable.
+func TestGroupLogsOfExitedContainer(t *testing.T) {
+	be := runtimetest.NewFake()
+	t.Cleanup(be.Close)
+	r, sb := startGroup(t, be)
+	check := func(name string) {
+		t.Helper()
+		start := time.Now()
+		_, err := readAll(t, r, sb.ID, name)
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Errorf("log of %s: answered after %v", name, d)
+		}
+		var cnr *ContainerNotRunningError
+		if !errors.As(err, &cnr) || cnr.Container != name || !errors.Is(err, ErrNotRunning) {
+			t.Fatalf("log of %s: %v", name, err)
+		}
+		api := APIError(sb.ID, err, SpecField)
+		if connect.CodeOf(api) != connect.CodeFailedPrecondition || apierr.Reason(api) != apierr.SandboxNotRunning ||
+			!strings.Contains(api.Error(), `"`+name+`"`) || !strings.Contains(api.Error(), "once the sandbox has ended") {
+			t.Errorf("log of %s on the API: %v (reason %q)", name, api, apierr.Reason(api))
+		}
+	}
+	check("setup")
+
+	code := int32(1)
+	be.Sandbox(sb.ID, time.Second).SetContainer(runtime.ContainerStatus{Name: "db", State: runtime.ContainerExited, ExitCode: &code, Reason: "Error"})
+	eventually(t, "db exited", func() bool {
+		got, _ := r.Get(sb.ID)
+		return len(got.Containers) == 3 && got.Containers[2].State == runtime.ContainerExited
+	})
+	check("db")
+}
+
+// credsBackend is a Fake that records the pull credentials of each container of the
+// specs Create gets.
+type credsBackend struct {
+	*runtimetest.Fake
+	mu  sync.Mutex
+	got map[string]string // container name: username
+}
+
+func (b *credsBackend) Create(ctx context.Context, spec *runtime.Spec) (runtime.Info, error) {
+	b.mu.Lock()
+	for _, c := range spec.AllContainers() {
+		if c.PullCredentials != nil {
+			b.got[c.ContainerName()] = c.PullCredentials.Username + ":" + c.PullCredentials.Password
+		}
+	}
+	b.mu.Unlock()
+	return b.Fake.Create(ctx, spec)
+}
+
+// TestGroupPullCredentialsNeverKept: every container's pull credentials reach the
+// backend's Create, and no snapshot (Create's, Get's, List's) carries any of them.
+func TestGroupPullCredentialsNeverKept(t *testing.T) {
+	be := &credsBackend{Fake: runtimetest.NewFake(), got: map[string]string{}}
+	t.Cleanup(be.Close)
+	r, err := New(context.Background(), Config{Backend: be, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	spec := groupSpec()
+	spec.PullCredentials = &runtime.Credentials{Username: "u-app", Password: "p-app"}
+	spec.Sidecars[0].PullCredentials = &runtime.Credentials{Username: "u-db", Password: "p-db"}
+	spec.InitContainers[0].PullCredentials = &runtime.Credentials{Username: "u-setup", Password: "p-setup"}
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.Agent(ctx, sb.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	be.mu.Lock()
+	got := len(be.got)
+	want := map[string]string{"app": "u-app:p-app", "db": "u-db:p-db", "setup": "u-setup:p-setup"}
+	for k, v := range want {
+		if be.got[k] != v {
+			t.Errorf("Create got credentials %q for %s, want %q", be.got[k], k, v)
+		}
+	}
+	be.mu.Unlock()
+	if got != 3 {
+		t.Errorf("Create got credentials for %d containers, want 3", got)
+	}
+	g, err := r.Get(sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps := append([]Sandbox{sb, g}, r.List()...)
+	for _, s := range snaps {
+		for _, c := range s.Spec.AllContainers() {
+			if c.PullCredentials != nil {
+				t.Errorf("snapshot of %s keeps the credentials of %s", s.ID, c.ContainerName())
+			}
+		}
+	}
+	// The caller's spec keeps its own.
+	if spec.Sidecars[0].PullCredentials == nil || spec.InitContainers[0].PullCredentials == nil {
+		t.Error("Create cleared its caller's credentials")
+	}
+}

@@ -1,0 +1,90 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// TestContainerStatusesDialsOnlyUnreported: ContainerStatuses asks a sidecar's agent
+// only while the kubelet has not reported its container at all; once it has, the Pod's
+// view and the agent's watch (agentStatus) stand, and no call dials.
+func TestContainerStatusesDialsOnlyUnreported(t *testing.T) {
+	var dials atomic.Int32
+	b := &Backend{
+		cfg: Config{Dial: func(context.Context, string, string) (net.Conn, error) {
+			dials.Add(1)
+			return nil, errors.New("no gate here")
+		}},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{},
+	}
+	spec := runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "i"},
+		Sidecars: []runtime.Container{{Name: "db", Image: "i"}}}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1", ContainerStatuses: []corev1.ContainerStatus{
+		{Name: containerMain, State: running}, {Name: "db", State: running},
+	}}}
+	s := &sandbox{id: "x", spec: spec, pod: pod, changed: make(chan struct{}), done: make(chan struct{}),
+		agentStatus: map[string]*agentv1.StatusResponse{"db": {State: agentv1.MainState_MAIN_STATE_RUNNING, RestartCount: 2}}}
+	b.sandboxes["x"] = s
+	for range 3 {
+		sts, err := b.ContainerStatuses(context.Background(), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sts) != 2 || sts[1].Name != "db" || sts[1].State != runtime.ContainerRunning || sts[1].Restarts != 2 {
+			t.Fatalf("statuses %+v", sts)
+		}
+	}
+	if n := dials.Load(); n != 0 {
+		t.Errorf("a sidecar the kubelet reported: its agent dialled %d times", n)
+	}
+
+	// Not reported yet: its agent is asked, through one client.
+	b.mu.Lock()
+	pod.Status.ContainerStatuses = pod.Status.ContainerStatuses[:1]
+	b.mu.Unlock()
+	for range 2 {
+		if _, err := b.ContainerStatuses(context.Background(), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dials.Load() == 0 {
+		t.Error("a sidecar the kubelet has not reported: its agent was not asked")
+	}
+	if len(s.statusClients) != 1 {
+		t.Errorf("status clients %v, want one", s.statusClients)
+	}
+}
+
+// TestLogDirUntracked: a sandbox the backend no longer tracks (a teardown on the
+// recovery path) still has its sidecars' log copies archived.
+func TestLogDirUntracked(t *testing.T) {
+	dir := t.TempDir()
+	b := &Backend{cfg: Config{LogDir: dir}, sandboxes: map[string]*sandbox{}}
+	if err := os.MkdirAll(filepath.Join(dir, ".containers", "x", "db"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for container, want := range map[string]string{
+		"":     filepath.Join(dir, "x"),
+		"main": filepath.Join(dir, "x"),
+		"db":   filepath.Join(dir, ".containers", "x", "db"),
+		"../x": "",
+		"a/b":  "",
+	} {
+		if got := b.LogDir("x", container); got != want {
+			t.Errorf("LogDir(x, %q) = %q, want %q", container, got, want)
+		}
+	}
+}
