@@ -86,6 +86,7 @@ type entry struct {
 	// statuses (no later ask may replace them).
 	statusAt    time.Time
 	statusBusy  bool
+	statusAgain bool // an ask under way began before a change: ask again after it
 	statusFinal bool
 	expiry      *time.Timer
 	forget      *time.Timer
@@ -401,20 +402,38 @@ func (r *Runner) refreshContainers(e *entry, final bool) {
 	cs, err := rep.ContainerStatuses(ctx, id)
 	cancel()
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	e.statusBusy = false
-	if e.statusFinal {
+	again := e.statusAgain && !e.statusFinal && !final
+	e.statusAgain = false
+	if !e.statusFinal {
+		e.statusFinal = final
+		if err != nil {
+			r.log.Debug("container statuses", "sandbox", id, "err", err)
+		} else if !slices.EqualFunc(cs, e.sb.Containers, equalStatus) {
+			e.sb.Containers = cs
+			r.notifyLocked(e)
+		}
+	}
+	r.mu.Unlock()
+	if again {
+		r.refreshContainersNow(e)
+	}
+}
+
+// refreshContainersNow asks at once, whatever the rate: after a change the runner knows
+// of (Create returned, so every container has started), the statuses must show it. An
+// ask already under way may have been answered before the change, so it asks again
+// when it is done.
+func (r *Runner) refreshContainersNow(e *entry) {
+	r.mu.Lock()
+	e.statusAt = time.Time{}
+	if e.statusBusy {
+		e.statusAgain = true
+		r.mu.Unlock()
 		return
 	}
-	e.statusFinal = final
-	if err != nil {
-		r.log.Debug("container statuses", "sandbox", id, "err", err)
-		return
-	}
-	if !slices.EqualFunc(cs, e.sb.Containers, equalStatus) {
-		e.sb.Containers = cs
-		r.notifyLocked(e)
-	}
+	r.mu.Unlock()
+	r.refreshContainers(e, false)
 }
 
 // refreshSoonLocked has e's container statuses asked of the backend in the background,
@@ -649,7 +668,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			sb.IP, sb.RuntimeClass, sb.ImageDigest = info.IP, info.RuntimeClass, info.ImageDigest
 			e.startedAt = info.StartedAt
 		})
-		r.refreshContainers(e, false)
+		r.refreshContainersNow(e)
 	}
 	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") })
 	r.mu.Lock()
