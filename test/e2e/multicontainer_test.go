@@ -60,10 +60,15 @@ func TestSbxMultiContainer(t *testing.T) {
 	if _, errs, code := sbx(g, "", "exec", "-c", "nosuch", id, "--", "true"); code == 0 || !strings.Contains(errs, "nosuch") {
 		t.Errorf("exec -c nosuch: %d %q", code, errs)
 	}
-	out, errs, code = sbx(g, "", "get", id)
-	for _, re := range []string{`(?m)^app\s+yes\s+\S+\s+running\s+-\s+0$`, `(?m)^side\s+\S+\s+running\s+-\s+0$`} {
-		if code != 0 || !regexp.MustCompile(re).MatchString(out) {
-			t.Errorf("get: no %s in %q (%q)", re, out, errs)
+	// Container statuses are the runner's last look (at most a second old): poll.
+	rows := []*regexp.Regexp{regexp.MustCompile(`(?m)^app\s+yes\s+\S+\s+running\s+-\s+0$`), regexp.MustCompile(`(?m)^side\s+\S+\s+running\s+-\s+0$`)}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out, errs, code = sbx(g, "", "get", id)
+		if code == 0 && rows[0].MatchString(out) && rows[1].MatchString(out) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("get: want both containers running, got %q (%q)", out, errs)
 		}
 	}
 

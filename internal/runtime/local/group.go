@@ -172,7 +172,7 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		// real root on the host.
 		ids, ok, err := readIDRange(s.dir)
 		if err != nil || !ok {
-			return fmt.Errorf("create sandbox %s: the primary's user namespace mapping is unreadable (%v): no other container may start without it", id, err)
+			return fmt.Errorf("create sandbox %s: the primary's user namespace mapping is unreadable (%w): no other container may start without it", id, err)
 		}
 		join.ids = &ids
 	}
