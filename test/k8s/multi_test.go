@@ -125,20 +125,28 @@ func TestGroup(t *testing.T) {
 		t.Errorf("dial an unknown container: %v", err)
 	}
 
-	sts, err := b.ContainerStatuses(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, s := range sts {
-		code := "-"
-		if s.ExitCode != nil {
-			code = strconv.Itoa(int(*s.ExitCode))
+	// Statuses are the backend's last look at each agent (its watch): poll.
+	const want = "first:exited:0:init second:exited:0:init app:running:-: web:running:-:"
+	var g string
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		sts, err := b.ContainerStatuses(ctx, id)
+		if err != nil {
+			t.Fatal(err)
 		}
-		got = append(got, s.Name+":"+s.State+":"+code+":"+map[bool]string{true: "init", false: ""}[s.Init])
+		var got []string
+		for _, s := range sts {
+			code := "-"
+			if s.ExitCode != nil {
+				code = strconv.Itoa(int(*s.ExitCode))
+			}
+			got = append(got, s.Name+":"+s.State+":"+code+":"+map[bool]string{true: "init", false: ""}[s.Init])
+		}
+		if g = strings.Join(got, " "); g == want || time.Now().After(deadline) {
+			break
+		}
 	}
-	if g := strings.Join(got, " "); g != "first:exited:0:init second:exited:0:init app:running:-: web:running:-:" {
-		t.Errorf("container statuses %s", g)
+	if g != want {
+		t.Errorf("container statuses %s, want %s", g, want)
 	}
 
 	// A sidecar that exits non-zero is restarted by its agent.
