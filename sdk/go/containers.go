@@ -269,21 +269,7 @@ func (c *Client) CreateFromFileProto(ctx context.Context, req *sandboxv1.CreateS
 	if req.GetRequestId() == "" {
 		req.RequestId = newUUID()
 	}
-	var out *sandboxv1.Sandbox
-	err := retry(ctx, retryBudget, func(ctx context.Context) error {
-		cctx, cancel := withTimeout(ctx, createTimeout)
-		defer cancel()
-		res, err := c.svc.CreateSandboxFromFile(cctx, connect.NewRequest(req))
-		if err != nil {
-			return fromRPC(err)
-		}
-		out = res.Msg
-		return nil
+	return c.createRetried(ctx, func(ctx context.Context) (*connect.Response[sandboxv1.Sandbox], error) {
+		return c.svc.CreateSandboxFromFile(ctx, connect.NewRequest(req))
 	})
-	if err != nil {
-		return nil, err
-	}
-	sb := c.handle(out)
-	sb.shareToken = out.GetEndpointShareToken()
-	return sb, nil
 }

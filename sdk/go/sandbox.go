@@ -362,11 +362,20 @@ func (c *Client) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 // CreateProto is Create with a wire spec.
 func (c *Client) CreateProto(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sandbox, error) {
 	req := &sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec}, RequestId: newUUID()}
+	return c.createRetried(ctx, func(ctx context.Context) (*connect.Response[sandboxv1.Sandbox], error) {
+		return c.svc.CreateSandbox(ctx, connect.NewRequest(req))
+	})
+}
+
+// createRetried makes a sandbox with call, retrying transient failures (call resends the
+// same request, so the same request ID: a retry never makes a second sandbox), and
+// returns its handle.
+func (c *Client) createRetried(ctx context.Context, call func(context.Context) (*connect.Response[sandboxv1.Sandbox], error)) (*Sandbox, error) {
 	var out *sandboxv1.Sandbox
 	err := retry(ctx, retryBudget, func(ctx context.Context) error {
 		cctx, cancel := withTimeout(ctx, createTimeout)
 		defer cancel()
-		res, err := c.svc.CreateSandbox(cctx, connect.NewRequest(req))
+		res, err := call(cctx)
 		if err != nil {
 			return fromRPC(err)
 		}
