@@ -272,6 +272,32 @@ type Reader struct {
 // blockRecords is how many index records a Reader reads at once.
 const blockRecords = 4096
 
+// A Reader's buffers (an index block, a span of the log) are taken from these pools for
+// the length of one Read and given back after it: a follower waits between reads without
+// holding them, so many concurrent followers (hundreds of log streams of one sandbox,
+// whose agent pays for them in the sandbox's memory) cost what the reads in progress need.
+var (
+	blockPool = sync.Pool{New: func() any { b := make([]byte, blockRecords*RecordSize); return &b }}
+	spanPool  = sync.Pool{New: func() any { b := make([]byte, MaxChunk); return &b }}
+)
+
+// release gives the Reader's buffers back to their pools.
+func (r *Reader) release() {
+	if r.block != nil {
+		b := r.block
+		blockPool.Put(&b)
+		r.block = nil
+	}
+	if r.buf != nil {
+		b := r.buf
+		spanPool.Put(&b)
+		r.buf = nil
+	}
+	if cap(r.recs) > 256 {
+		r.recs = nil
+	}
+}
+
 // OpenReader opens the log name in dir for reading. Both files must be regular files; a
 // symlink is not followed.
 func OpenReader(dir, name string) (*Reader, error) {
@@ -310,7 +336,7 @@ func (r *Reader) refresh() error {
 		return err
 	}
 	if r.block == nil {
-		r.block = make([]byte, blockRecords*RecordSize)
+		r.block = *blockPool.Get().(*[]byte)
 	}
 	for {
 		n, err := r.idx.ReadAt(r.block, r.n*RecordSize)
@@ -333,7 +359,7 @@ func (r *Reader) records(i int64) ([]record, error) {
 		return nil, nil
 	}
 	if r.block == nil {
-		r.block = make([]byte, blockRecords*RecordSize)
+		r.block = *blockPool.Get().(*[]byte)
 	}
 	b := r.block[:k*RecordSize]
 	if _, err := r.idx.ReadAt(b, i*RecordSize); err != nil {
@@ -375,6 +401,7 @@ func (r *Reader) search(f func(record) bool) (int64, error) {
 
 // End is the offset just after the last complete chunk.
 func (r *Reader) End() (uint64, error) {
+	defer r.release()
 	if err := r.refresh(); err != nil {
 		return 0, err
 	}
@@ -386,6 +413,7 @@ func (r *Reader) End() (uint64, error) {
 // read). A chunk cut by the start is passed from the start on. An error from fn stops
 // the read and is returned.
 func (r *Reader) Read(opts ReadOptions, fn func(Chunk) error) (uint64, error) {
+	defer r.release()
 	if err := r.refresh(); err != nil {
 		return 0, err
 	}
@@ -467,7 +495,7 @@ func (r *Reader) emit(start uint64, fn func(Chunk) error) (uint64, error) {
 	}
 	next := start
 	if r.buf == nil {
-		r.buf = make([]byte, MaxChunk)
+		r.buf = *spanPool.Get().(*[]byte)
 	}
 	for i < r.n {
 		recs, err := r.records(i)

@@ -336,3 +336,54 @@ func TestReaderRefusesSymlinks(t *testing.T) {
 		t.Error("a symlinked log was opened")
 	}
 }
+
+// TestIdleFollowersHoldNoBuffers: a follower waiting for more of the log holds none of the
+// read buffers (1 MiB span + 96 KiB index block). Before, each kept both: 600 log
+// streams of one sandbox (test/security TestAgentSocketSwap) took its agent past the
+// sandbox's 1 GiB and the kernel killed it.
+func TestIdleFollowersHoldNoBuffers(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Open(dir, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.Write(Stdout, []byte("hello\n"))
+	heap := func() int64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC() // the second empties the pools' victim caches
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapInuse)
+	}
+	const followers = 200
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan struct{}, followers)
+	done := make(chan error, followers)
+	base := heap()
+	for range followers {
+		r, err := OpenReader(dir, "main")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		go func() {
+			done <- Follow(ctx, r, w, ReadOptions{}, func(Chunk) error { got <- struct{}{}; return nil })
+		}()
+	}
+	for round := range 2 {
+		for range followers {
+			<-got
+		}
+		time.Sleep(50 * time.Millisecond) // each is past its read, waiting for more
+		if grew := heap() - base; grew > 32<<20 {
+			t.Errorf("round %d: %d idle followers hold %d MiB", round, followers, grew>>20)
+		}
+		w.Write(Stdout, []byte("more\n"))
+	}
+	cancel()
+	for range followers {
+		<-done
+	}
+}
