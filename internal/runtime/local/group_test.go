@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,21 +85,6 @@ func TestGroupSharedNamespaces(t *testing.T) {
 	}
 	if _, _, c := execIn(t, app, "test", "-d", "/scratch"); c == 0 {
 		t.Errorf("app has side's tmpfs /scratch")
-	}
-}
-
-// TestGroupGVisorRefused: the gvisor class refuses multi-container specs, naming why.
-func TestGroupGVisorRefused(t *testing.T) {
-	e := newEnv(t)
-	e.b.runtimes[GVisorClass] = newOCIRuntime(GVisorClass, "/nonexistent/runsc", filepath.Join(e.state, ociRootDir, GVisorClass))
-	spec := groupSpec("grp-gv")
-	spec.RuntimeClass = GVisorClass
-	_, err := e.b.Create(context.Background(), &spec)
-	if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "single-container") {
-		t.Fatalf("create a group under gVisor: %v, want ErrInvalidSpec saying why", err)
-	}
-	if _, err := os.Stat(e.b.dir(spec.ID)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("refused create left its dir: %v", err)
 	}
 }
 

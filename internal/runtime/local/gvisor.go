@@ -63,6 +63,13 @@ const GVisorClass = "gvisor"
 // shared "null" namespace, leaves a bind mount in the state root behind).
 var runscFlags = []string{"--platform=systrap", "--host-uds=create", "--gofer-network-namespace=new"}
 
+// gvisorNoNetworkFlags are runsc's flags when the backend has no network: the sandbox's
+// network namespace is a new, empty one, in which runsc's default (--network=sandbox,
+// which takes over the namespace's configured interfaces) finds no interface up, not
+// even loopback: 127.0.0.1 would be unreachable (the containers of a group talk over
+// it). --network=none gives the sentry a loopback-only stack.
+var gvisorNoNetworkFlags = []string{"--network=none"}
+
 // isGVisor reports whether a runtime class is driven as runsc.
 func isGVisor(class, binary string) bool {
 	return class == GVisorClass || strings.HasPrefix(filepath.Base(binary), "runsc")
