@@ -70,6 +70,17 @@ var runscFlags = []string{"--platform=systrap", "--host-uds=create", "--gofer-ne
 // it). --network=none gives the sentry a loopback-only stack.
 var gvisorNoNetworkFlags = []string{"--network=none"}
 
+// bootRuntime is rt as it starts a container: gVisor without a network gets
+// gvisorNoNetworkFlags. (No other command of runsc depends on the network mode.)
+func (b *Backend) bootRuntime(rt *ociRuntime) *ociRuntime {
+	if !rt.gvisor || b.cfg.Network != nil {
+		return rt
+	}
+	r := *rt
+	r.flags = gvisorNoNetworkFlags
+	return &r
+}
+
 // isGVisor reports whether a runtime class is driven as runsc.
 func isGVisor(class, binary string) bool {
 	return class == GVisorClass || strings.HasPrefix(filepath.Base(binary), "runsc")

@@ -21,9 +21,15 @@ import (
 //   - The primary is runsc's root container (container-type "sandbox"), the OCI id
 //     being the sandbox id; it boots the sentry. Each other container is a subcontainer
 //     (container-type "container", sandbox-id the primary's id) that `runsc run` starts
-//     in that sentry, under the same OCI id as in a runc group (memberCID: <id>.<name>;
-//     runsc takes ids matching [\w+.-]+ of any length, and <id>.<name> is at most
-//     63+1+63 characters of [a-z0-9.-]).
+//     in that sentry, under the OCI id _<id>.<name>_ (gvisorMemberCID), not a runc
+//     group's <id>.<name>: runsc's commands take an id as a prefix (`runsc kill X`
+//     finds the one container whose id starts with X, and fails when several do), so
+//     with <id>.<name> every command on the primary, <id>, would be ambiguous, and so
+//     would one on a member "side" beside a member "side2". A leading '_' (which no
+//     sandbox id has) keeps member ids from starting with any sandbox id, and the
+//     trailing '_' (which no sandbox id or name has) keeps them from starting with
+//     each other. runsc takes ids matching [\w+.-]+ of any length; these are at most
+//     2+63+1+63 characters.
 //   - Network and hostname: the sentry has one network stack and one UTS namespace, so
 //     every container shares them (localhost between containers) without joining
 //     anything: the namespace paths a runc member joins are not put in a gVisor
@@ -61,6 +67,17 @@ const (
 	ctrTypeSandbox    = "sandbox"
 	ctrTypeContainer  = "container"
 )
+
+// gvisorMemberCID is the OCI id of member name of gVisor group id (see above).
+func gvisorMemberCID(id, name string) string { return "_" + id + "." + name + "_" }
+
+// groupMemberCID is the OCI id of member name of group id run by rt.
+func groupMemberCID(rt *ociRuntime, id, name string) string {
+	if rt != nil && rt.gvisor {
+		return gvisorMemberCID(id, name)
+	}
+	return memberCID(id, name)
+}
 
 // inGVisorGroup reports whether s is a container of a multi-container gVisor sandbox.
 func (s *sandbox) inGVisorGroup() bool {

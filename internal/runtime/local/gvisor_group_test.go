@@ -3,6 +3,8 @@ package local
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,7 +33,9 @@ func TestGVisorGroupLocalhost(t *testing.T) {
 	spec := gvisorGroupSpec("gvg-lo")
 	// The longest container name (63 characters): runsc takes <id>.<name> as its id.
 	long := strings.Repeat("s", 63)
-	spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: long, Image: "busybox", Command: "sleep", Args: []string{"3600"}})
+	// And "side2" beside "side": runsc resolves ids by prefix (see gvisorMemberCID).
+	spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: long, Image: "busybox", Command: "sleep", Args: []string{"3600"}},
+		runtime.Container{Name: "side2", Image: "busybox", Command: "sleep", Args: []string{"3600"}})
 	e.create(spec)
 	app := agentClient(e.b, spec.ID)
 	side := agentClientOf(e.b, spec.ID, "side")
@@ -79,7 +83,7 @@ func TestGVisorGroupLocalhost(t *testing.T) {
 		t.Errorf("app sees side's root filesystem")
 	}
 
-	// runsc knows each container under its group id (<id>.<name>).
+	// runsc knows each container under its own id.
 	out, err := e.b.runtimes[GVisorClass].run(context.Background(), "list", "--format", "json")
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +96,7 @@ func TestGVisorGroupLocalhost(t *testing.T) {
 	for _, c := range list {
 		ids[c.ID] = c.Status
 	}
-	for _, cid := range []string{spec.ID, spec.ID + ".side", spec.ID + "." + long} {
+	for _, cid := range []string{spec.ID, gvisorMemberCID(spec.ID, "side"), gvisorMemberCID(spec.ID, "side2"), gvisorMemberCID(spec.ID, long)} {
 		if ids[cid] != "running" {
 			t.Errorf("runsc list: %s is %q, want running (%v)", cid, ids[cid], ids)
 		}
@@ -123,7 +127,7 @@ func TestGVisorGroupLimits(t *testing.T) {
 	}
 	for cid, want := range map[string][2]string{
 		spec.ID:           {ctrTypeSandbox, spec.ID},
-		spec.ID + ".side": {ctrTypeContainer, spec.ID},
+		gvisorMemberCID(spec.ID, "side"): {ctrTypeContainer, spec.ID},
 	} {
 		dir := e.b.dir(spec.ID)
 		if cid != spec.ID {
@@ -138,6 +142,194 @@ func TestGVisorGroupLimits(t *testing.T) {
 		}
 	}
 	if err := e.b.Destroy(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
+}
+
+// TestGVisorGroupNetwork: with a bridge, the sidecar's server is reached from the host at
+// the sandbox's IP (one network stack for the group) and from the primary on localhost.
+func TestGVisorGroupNetwork(t *testing.T) {
+	e := gvisorEnv(t)
+	m := e.withNetwork(t, 0)
+	spec := gvisorGroupSpec("gvg-net")
+	spec.Sidecars[0].Args = []string{"-f", "-p", "8080", "-h", "/data"}
+	spec.Sidecars[0].Files = []runtime.File{{Path: "/data/index.html", Content: []byte("hello\n")}}
+	info := e.create(spec)
+	if info.IP == "" {
+		t.Fatal("no IP")
+	}
+	app := agentClient(e.b, spec.ID)
+	var body []byte
+	hc := markedClient(m)
+	for i := 0; i < 100 && string(body) != "hello\n"; i++ {
+		resp, err := hc.Get("http://" + net.JoinHostPort(info.IP, "8080") + "/index.html")
+		if err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			continue
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if string(body) != "hello\n" {
+		t.Errorf("host -> %s:8080 (the sidecar) read %q", info.IP, body)
+	}
+	if out, errOut, c := execIn(t, app, "wget", "-q", "-O", "-", "http://127.0.0.1:8080/index.html"); c != 0 || out != "hello\n" {
+		t.Errorf("app -> localhost:8080: %q %q exit %d", out, errOut, c)
+	}
+	if err := e.b.Destroy(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
+}
+
+// TestGVisorGroupInitFailure: init containers run in order inside the sentry; a failing
+// one fails Create with its name and leaves nothing behind.
+func TestGVisorGroupInitFailure(t *testing.T) {
+	e := gvisorEnv(t)
+	vm := []runtime.VolumeMount{{Volume: "shared", Path: "/data"}}
+	ok := gvisorGroupSpec("gvg-init")
+	ok.Command, ok.Args = "sh", []string{"-c", "cat /data/order > /data/app-saw; sleep 3600"}
+	ok.InitContainers = []runtime.Container{
+		{Name: "one", Image: "busybox", Command: "sh", Args: []string{"-c", "sleep 0.2; echo 1 >> /data/order"}, VolumeMounts: vm},
+		{Name: "two", Image: "busybox", Command: "sh", Args: []string{"-c", "echo 2 >> /data/order"}, VolumeMounts: vm},
+	}
+	e.create(ok)
+	app := agentClient(e.b, ok.ID)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _, _ := execIn(t, app, "cat", "/data/app-saw")
+		if out == "1\n2\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("app saw %q, want both init containers' lines in order", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sts, err := e.b.ContainerStatuses(context.Background(), ok.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts {
+		if st.Init && (st.State != runtime.ContainerExited || st.ExitCode == nil || *st.ExitCode != 0) {
+			t.Errorf("init container %s: %+v, want exited 0", st.Name, st)
+		}
+	}
+	if err := e.b.Destroy(context.Background(), ok.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	bad := gvisorGroupSpec("gvg-bad")
+	bad.InitContainers = []runtime.Container{{Name: "broken", Image: "busybox", Command: "sh", Args: []string{"-c", "exit 4"}}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.b.Create(ctx, &bad); err == nil || !strings.Contains(err.Error(), `"broken"`) {
+		t.Fatalf("create with a failing init container: %v, want an error naming it", err)
+	}
+	checkNoLeaks(t, e.state, bad.ID)
+	checkNoLeaks(t, e.state, ok.ID)
+}
+
+// TestGVisorGroupPrimaryExit: the primary's exit ends the group with its exit code; the
+// sentry kills the other containers at once (see gvisor_group.go) and their exits are
+// recorded. A sidecar that fails is restarted within its limit inside the sentry, while
+// the primary runs on.
+func TestGVisorGroupPrimaryExit(t *testing.T) {
+	e := gvisorEnv(t)
+	spec := gvisorGroupSpec("gvg-exit")
+	spec.Command, spec.Args = "sh", []string{"-c", "sleep 2; exit 3"}
+	spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: "flaky", Image: "busybox", Command: "sh",
+		Args: []string{"-c", "echo x >> /data/runs; exit 7"}, RestartLimit: 2,
+		VolumeMounts: []runtime.VolumeMount{{Volume: "shared", Path: "/data"}}})
+	e.create(spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The flaky sidecar ran three times and stays exited, while the primary runs.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sts, err := e.b.ContainerStatuses(ctx, spec.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var flaky, app runtime.ContainerStatus
+		for _, st := range sts {
+			switch st.Name {
+			case "flaky":
+				flaky = st
+			case "app":
+				app = st
+			}
+		}
+		if flaky.State == runtime.ContainerExited && flaky.Restarts == 2 && flaky.ExitCode != nil && *flaky.ExitCode == 7 {
+			if app.State != runtime.ContainerRunning {
+				t.Errorf("app after flaky failed: %+v, want running", app)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("flaky: %+v, want exited 7 after 2 restarts", flaky)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ex, err := e.b.Wait(ctx, spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.ExitCode == nil || *ex.ExitCode != 3 {
+		t.Fatalf("exit %+v, want the primary's 3", ex)
+	}
+	sts, err := e.b.ContainerStatuses(ctx, spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts {
+		if st.State != runtime.ContainerExited {
+			t.Errorf("%s after the primary ended: %+v, want exited", st.Name, st)
+		}
+	}
+	if err := e.b.Destroy(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
+}
+
+// TestGVisorGroupStopAndRecover: a new Backend re-adopts a live gVisor group (each
+// container's agent answers; runsc waits are re-established), Stop gives every
+// container SIGTERM, and the group ends.
+func TestGVisorGroupStopAndRecover(t *testing.T) {
+	e := gvisorEnv(t)
+	spec := gvisorGroupSpec("gvg-rec")
+	spec.Command, spec.Args = "sh", []string{"-c", "trap 'exit 5' TERM; while :; do sleep 0.1; done"}
+	spec.Sidecars[0].Command, spec.Sidecars[0].Args = "sh", []string{"-c", "trap 'echo side-term > /data/side; exit 6' TERM; while :; do sleep 0.1; done"}
+	e.create(spec)
+	b2 := e.backend()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs, err := b2.Recover(ctx)
+	if err != nil || len(recs) != 1 || !recs[0].Alive {
+		t.Fatalf("recover: %+v, %v", recs, err)
+	}
+	if out, _, c := execIn(t, agentClientOf(b2, spec.ID, "side"), "echo", "hi"); c != 0 || out != "hi\n" {
+		t.Errorf("exec in side after recovery: %q, exit %d", out, c)
+	}
+	if err := b2.Stop(ctx, spec.ID, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := b2.Wait(ctx, spec.ID)
+	if err != nil || ex.ExitCode == nil || *ex.ExitCode != 5 {
+		t.Fatalf("exit after stop: %+v, %v, want 5", ex, err)
+	}
+	sts, err := b2.ContainerStatuses(ctx, spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts {
+		if st.Name == "side" && (st.State != runtime.ContainerExited || st.ExitCode == nil || *st.ExitCode != 6) {
+			t.Errorf("side after Stop: %+v, want exited 6 (its TERM trap)", st)
+		}
+	}
+	if err := b2.Destroy(ctx, spec.ID); err != nil {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, spec.ID)

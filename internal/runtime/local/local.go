@@ -275,9 +275,6 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: runtime %q binary %q must be an absolute path", class, bin)
 		}
 		b.runtimes[class] = newOCIRuntime(class, bin, filepath.Join(cfg.StateDir, ociRootDir, class))
-		if b.runtimes[class].gvisor && cfg.Network == nil {
-			b.runtimes[class].flags = gvisorNoNetworkFlags // see gvisor.go
-		}
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
@@ -743,7 +740,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	failpoint.Hit("local.create.socket")
 
 	pidFile := filepath.Join(dir, filePid)
-	if err := rt.start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
+	if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("runtime", t)

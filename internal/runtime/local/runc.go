@@ -18,7 +18,7 @@ type ociRuntime struct {
 	// gvisor: the binary is runsc (see gvisor.go): global flags, no inherited agent
 	// socket, no OCI seccomp, signals through the CLI, no warm pool.
 	gvisor bool
-	// flags are more global flags (gVisor: --network=none without a network; see New).
+	// flags are more global flags (see bootRuntime).
 	flags []string
 }
 
