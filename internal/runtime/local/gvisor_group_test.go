@@ -126,7 +126,7 @@ func TestGVisorGroupLimits(t *testing.T) {
 		t.Errorf("no process (the sentry) in the sandbox's cgroup")
 	}
 	for cid, want := range map[string][2]string{
-		spec.ID:           {ctrTypeSandbox, spec.ID},
+		spec.ID:                          {ctrTypeSandbox, spec.ID},
 		gvisorMemberCID(spec.ID, "side"): {ctrTypeContainer, spec.ID},
 	} {
 		dir := e.b.dir(spec.ID)
