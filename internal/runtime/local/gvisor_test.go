@@ -19,7 +19,7 @@ import (
 
 // gvisorEnv is newEnv whose Backend has the gvisor class, or a skip when runsc is not
 // built (scripts/build-runsc.sh, `make runsc`; or point $SANDBOXD_RUNSC at a static runsc).
-func gvisorEnv(t *testing.T) *env {
+func gvisorEnv(t testing.TB) *env {
 	t.Helper()
 	e := newEnv(t)
 	if e.b.runtimes[GVisorClass] == nil {
