@@ -17,7 +17,8 @@ import (
 )
 
 // The gVisor runtime class. runsc takes the same bundle as runc (one sandbox = one
-// gVisor sandbox with one container), with these differences:
+// gVisor sandbox; a multi-container sandbox is one gVisor sandbox holding all its
+// containers, see gvisor_group.go), with these differences:
 //
 //   - The agent channel. runc hands the agent a listening unix socket the backend made
 //     on the host (fd 3, `--preserve-fds`); a host socket passed into gVisor
@@ -45,7 +46,8 @@ import (
 //     so SIGTERM goes through `runsc kill`; SIGKILL to the sentry ends the whole sandbox
 //     and stays a pidfd signal.
 //   - Network: the sandbox's pre-made network namespace is configured (veth, address,
-//     routes) before `runsc run`, which reads it once at boot; see launch.
+//     routes) before `runsc run`, which reads it once at boot; see launch. Without a
+//     network, runsc boots with --network=none: a loopback-only stack (bootRuntime).
 //   - The warm pool is runc-only: a claim enters the container's UTS namespace and
 //     renames its dir, neither of which works for a gVisor sandbox.
 //

@@ -13,7 +13,9 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
 // gvisorGroupSpec is groupSpec under gVisor.
@@ -42,17 +44,7 @@ func TestGVisorGroupLocalhost(t *testing.T) {
 	if _, errOut, c := execIn(t, side, "sh", "-c", "echo hello > /data/index.html"); c != 0 {
 		t.Fatalf("write in side: %s", errOut)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, errOut, c := execIn(t, app, "wget", "-q", "-O", "-", "http://127.0.0.1:80/index.html")
-		if c == 0 && out == "hello\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("wget from app to side's port 80 on localhost: %q %q exit %d", out, errOut, c)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitWget(t, app, "http://127.0.0.1:80/index.html", "hello\n") // side's port 80, on the sentry's loopback
 	host := hostRelease(t)
 	var hostnames []string
 	for _, name := range []string{"app", "side", long} {
@@ -160,18 +152,7 @@ func TestGVisorGroupNetwork(t *testing.T) {
 		t.Fatal("no IP")
 	}
 	app := agentClient(e.b, spec.ID)
-	var body []byte
-	hc := markedClient(m)
-	for i := 0; i < 100 && string(body) != "hello\n"; i++ {
-		resp, err := hc.Get("http://" + net.JoinHostPort(info.IP, "8080") + "/index.html")
-		if err == nil {
-			body, _ = io.ReadAll(resp.Body)
-			resp.Body.Close()
-			continue
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if string(body) != "hello\n" {
+	if body := getFromHost(m, info.IP, "8080", "/index.html"); body != "hello\n" {
 		t.Errorf("host -> %s:8080 (the sidecar) read %q", info.IP, body)
 	}
 	if out, errOut, c := execIn(t, app, "wget", "-q", "-O", "-", "http://127.0.0.1:8080/index.html"); c != 0 || out != "hello\n" {
@@ -300,7 +281,8 @@ func TestGVisorGroupPrimaryExit(t *testing.T) {
 func TestGVisorGroupStopAndRecover(t *testing.T) {
 	e := gvisorEnv(t)
 	spec := gvisorGroupSpec("gvg-rec")
-	spec.Command, spec.Args = "sh", []string{"-c", "trap 'exit 5' TERM; while :; do sleep 0.1; done"}
+	// The primary takes its time: its exit would take the sidecar along (see gvisor_group.go).
+	spec.Command, spec.Args = "sh", []string{"-c", "trap 'sleep 1; exit 5' TERM; while :; do sleep 0.1; done"}
 	spec.Sidecars[0].Command, spec.Sidecars[0].Args = "sh", []string{"-c", "trap 'echo side-term > /data/side; exit 6' TERM; while :; do sleep 0.1; done"}
 	e.create(spec)
 	b2 := e.backend()
@@ -333,4 +315,38 @@ func TestGVisorGroupStopAndRecover(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, spec.ID)
+}
+
+// waitWget runs wget of url in the container of c until it prints want (a server that
+// has just started may not listen yet), failing t after 10 s.
+func waitWget(t *testing.T, c agentv1connect.AgentServiceClient, url, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, errOut, code := execIn(t, c, "wget", "-q", "-O", "-", url)
+		if code == 0 && out == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wget %s: %q %q exit %d, want %q", url, out, errOut, code, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// getFromHost GETs path at ip:port from the host as the edge dials (with the network's
+// host mark: unmarked host connections are refused), retrying for a few seconds while
+// nothing answers; it returns the body ("" if nothing did).
+func getFromHost(m *network.Manager, ip, port, path string) string {
+	hc := markedClient(m)
+	for i := 0; i < 100; i++ {
+		resp, err := hc.Get("http://" + net.JoinHostPort(ip, port) + path)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return string(body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return ""
 }
