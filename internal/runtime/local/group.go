@@ -86,7 +86,7 @@ func memberSpec(group *runtime.Spec, c *runtime.Container) runtime.Spec {
 // newMember is the tracked (not yet launched) member c of group sandbox s.
 func newMember(s *sandbox, c *runtime.Container) *sandbox {
 	return &sandbox{
-		id: s.id, cid: groupMemberCID(s.rt, s.id, c.Name), dir: memberDir(s.dir, c.Name), rt: s.rt,
+		id: s.id, cid: memberCID(s.id, c.Name), dir: memberDir(s.dir, c.Name), rt: s.rt,
 		cgroup: s.id + "/" + c.Name, name: c.Name, member: true, spec: memberSpec(&s.spec, c),
 		ready: closedChan(), done: make(chan struct{}),
 	}
@@ -410,7 +410,7 @@ func (b *Backend) membersOf(s *sandbox) []*sandbox {
 		if !e.IsDir() || !validID(name) {
 			continue
 		}
-		out = append(out, &sandbox{id: s.id, cid: groupMemberCID(s.rt, s.id, name), dir: memberDir(s.dir, name), rt: s.rt,
+		out = append(out, &sandbox{id: s.id, cid: memberCID(s.id, name), dir: memberDir(s.dir, name), rt: s.rt,
 			cgroup: s.id + "/" + name, name: name, member: true})
 	}
 	return out

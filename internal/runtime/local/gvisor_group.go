@@ -21,15 +21,10 @@ import (
 //   - The primary is runsc's root container (container-type "sandbox"), the OCI id
 //     being the sandbox id; it boots the sentry. Each other container is a subcontainer
 //     (container-type "container", sandbox-id the primary's id) that `runsc run` starts
-//     in that sentry, under the OCI id _<id>.<name>_ (gvisorMemberCID), not a runc
-//     group's <id>.<name>: runsc's commands take an id as a prefix (`runsc kill X`
-//     finds the one container whose id starts with X, and fails when several do), so
-//     with <id>.<name> every command on the primary, <id>, would be ambiguous, and so
-//     would one on a member "side" beside a member "side2". A leading '_' (which no
-//     sandbox id has) keeps member ids from starting with any sandbox id, and the
-//     trailing '_' (which no sandbox id or name has) keeps them from starting with
-//     each other. runsc takes ids matching [\w+.-]+ of any length; these are at most
-//     2+63+1+63 characters.
+//     in that sentry, under the same container id as in a runc group (memberCID:
+//     <id>.<name>). runsc knows every container by its id + "+" (runscID in gvisor.go:
+//     runsc resolves ids as abbreviations, and <id> begins <id>.<name>); it takes ids
+//     matching [\w+.-]+ of any length, and these are at most 63+1+63+1 characters.
 //   - Network and hostname: the sentry has one network stack and one UTS namespace, so
 //     every container shares them (localhost between containers) without joining
 //     anything: the namespace paths a runc member joins are not put in a gVisor
@@ -68,17 +63,6 @@ const (
 	ctrTypeContainer  = "container"
 )
 
-// gvisorMemberCID is the OCI id of member name of gVisor group id (see above).
-func gvisorMemberCID(id, name string) string { return "_" + id + "." + name + "_" }
-
-// groupMemberCID is the OCI id of member name of group id run by rt.
-func groupMemberCID(rt *ociRuntime, id, name string) string {
-	if rt != nil && rt.gvisor {
-		return gvisorMemberCID(id, name)
-	}
-	return memberCID(id, name)
-}
-
 // inGVisorGroup reports whether s is a container of a multi-container gVisor sandbox.
 func (s *sandbox) inGVisorGroup() bool {
 	return s.rt != nil && s.rt.gvisor && (s.member || s.spec.Multi())
@@ -95,7 +79,7 @@ func (b *Backend) gvisorGroupSpec(s *sandbox, sp *specs.Spec) {
 	sp.Annotations[annoContainerName] = s.name
 	if !s.member {
 		sp.Annotations[annoContainerType] = ctrTypeSandbox
-		sp.Annotations[annoSandboxID] = s.cid
+		sp.Annotations[annoSandboxID] = s.rt.runscID(s.cid)
 		// The sentry goes into the sandbox's cgroup with the spec's resources (the
 		// group's total: createGroup launches the primary with it); runsc makes the
 		// primary's own cgroup, cgroupsPath, empty under it.
@@ -103,7 +87,7 @@ func (b *Backend) gvisorGroupSpec(s *sandbox, sp *specs.Spec) {
 		return
 	}
 	sp.Annotations[annoContainerType] = ctrTypeContainer
-	sp.Annotations[annoSandboxID] = s.id // the primary's OCI id
+	sp.Annotations[annoSandboxID] = s.rt.runscID(s.id) // the primary's
 	for i := range sp.Linux.Namespaces {
 		switch sp.Linux.Namespaces[i].Type {
 		case specs.NetworkNamespace, specs.UTSNamespace, specs.UserNamespace:

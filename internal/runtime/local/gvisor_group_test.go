@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -35,7 +34,7 @@ func TestGVisorGroupLocalhost(t *testing.T) {
 	spec := gvisorGroupSpec("gvg-lo")
 	// The longest container name (63 characters): runsc takes <id>.<name> as its id.
 	long := strings.Repeat("s", 63)
-	// And "side2" beside "side": runsc resolves ids by prefix (see gvisorMemberCID).
+	// And "side2" beside "side": runsc resolves ids as abbreviations (see runscID).
 	spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: long, Image: "busybox", Command: "sleep", Args: []string{"3600"}},
 		runtime.Container{Name: "side2", Image: "busybox", Command: "sleep", Args: []string{"3600"}})
 	e.create(spec)
@@ -76,19 +75,15 @@ func TestGVisorGroupLocalhost(t *testing.T) {
 	}
 
 	// runsc knows each container under its own id.
-	out, err := e.b.runtimes[GVisorClass].run(context.Background(), "list", "--format", "json")
+	list, err := e.b.runtimes[GVisorClass].list(context.Background())
 	if err != nil {
 		t.Fatal(err)
-	}
-	var list []containerState
-	if err := json.Unmarshal(out, &list); err != nil {
-		t.Fatalf("runsc list: %v: %s", err, out)
 	}
 	ids := map[string]string{}
 	for _, c := range list {
 		ids[c.ID] = c.Status
 	}
-	for _, cid := range []string{spec.ID, gvisorMemberCID(spec.ID, "side"), gvisorMemberCID(spec.ID, "side2"), gvisorMemberCID(spec.ID, long)} {
+	for _, cid := range []string{spec.ID, memberCID(spec.ID, "side"), memberCID(spec.ID, "side2"), memberCID(spec.ID, long)} {
 		if ids[cid] != "running" {
 			t.Errorf("runsc list: %s is %q, want running (%v)", cid, ids[cid], ids)
 		}
@@ -117,9 +112,9 @@ func TestGVisorGroupLimits(t *testing.T) {
 	if procs, _ := os.ReadFile(filepath.Join(base, "cgroup.procs")); len(strings.Fields(string(procs))) == 0 {
 		t.Errorf("no process (the sentry) in the sandbox's cgroup")
 	}
-	for cid, want := range map[string][2]string{
-		spec.ID:                          {ctrTypeSandbox, spec.ID},
-		gvisorMemberCID(spec.ID, "side"): {ctrTypeContainer, spec.ID},
+	for cid, want := range map[string][2]string{ // runsc's ids: see runscID
+		spec.ID:                    {ctrTypeSandbox, spec.ID + runscIDSuffix},
+		memberCID(spec.ID, "side"): {ctrTypeContainer, spec.ID + runscIDSuffix},
 	} {
 		dir := e.b.dir(spec.ID)
 		if cid != spec.ID {
