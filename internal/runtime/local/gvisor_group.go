@@ -48,7 +48,8 @@ import (
 //     sentry SIGKILLs every other process in it, the members' included (pid_namespaces(7),
 //     which gVisor follows), and then exits. So under gVisor the members of a group
 //     whose primary ended get no grace period: they are killed at once, and their exits
-//     are recorded as killed. Stop and Destroy still give them SIGTERM and the grace.
+//     are recorded as killed. Stop sends every container SIGTERM at once, as for runc,
+//     but one still running when the primary has ended is killed with it.
 //   - The warm pool stays runc-only, and gVisor groups get no user namespace of the
 //     backend's (the sentry is the boundary, as for a single gVisor container).
 
