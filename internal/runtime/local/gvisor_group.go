@@ -28,8 +28,8 @@ import (
 //   - Network and hostname: the sentry has one network stack and one UTS namespace, so
 //     every container shares them (localhost between containers) without joining
 //     anything: the namespace paths a runc member joins are not put in a gVisor
-//     member's spec. Without a bridge the sandbox's network namespace is an empty one
-//     and runsc's netstack still gives it a loopback device, as for a single container.
+//     member's spec. Without a network the sentry boots with --network=none, a
+//     loopback-only stack (bootRuntime in gvisor.go), as a single container does.
 //     PID, mount and IPC namespaces are each container's own inside the sentry.
 //   - The agent channel: each container's agent listens itself on its own run dir's
 //     socket, which that container's gofer creates on the host (--host-uds=create, as
