@@ -107,8 +107,13 @@ const runscIDSuffix = "+"
 
 // runscState reports whether runsc has a container with exactly the id rid.
 func (r *ociRuntime) runscState(rid string) bool {
-	m, _ := filepath.Glob(filepath.Join(r.root, rid+"_sandbox:*.state"))
-	return len(m) > 0
+	ents, _ := os.ReadDir(r.root) // not a glob: the state dir's path may hold '*' or '['
+	for _, e := range ents {
+		if n := e.Name(); strings.HasPrefix(n, rid+"_sandbox:") && strings.HasSuffix(n, ".state") {
+			return true
+		}
+	}
+	return false
 }
 
 // runscID is the id runsc knows container cid by (cid for other runtimes).
