@@ -206,3 +206,72 @@ func TestGVisorThroughGateway(t *testing.T) {
 		t.Errorf("gvisor under a runc-only policy: %v %v", err, vs)
 	}
 }
+
+// TestGVisorGroupThroughRunner runs a two-container sandbox with runtime class gvisor
+// through the runner (one gVisor sandbox holds both, gvisor_group.go in runtime/local):
+// each container's agent by name, localhost between them, the host reaching the
+// sidecar's port at the sandbox's IP, both containers reported running, delete ends it
+// and leaves nothing behind (assertNoLeaks in finish).
+func TestGVisorGroupThroughRunner(t *testing.T) {
+	needRunsc(t)
+	s := startedStack(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	spec := runtime.Spec{RuntimeClass: local.GVisorClass,
+		Container: runtime.Container{Name: "app", Image: busybox(), Command: "sleep", Args: []string{"600"}},
+		Sidecars: []runtime.Container{{Name: "side", Image: busybox(), Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/www"},
+			Files: []runtime.File{{Path: "/www/index.html", Content: []byte("side says hi\n")}}}},
+	}
+	sb := create(t, s, runner.CreateRequest{Spec: spec})
+	sb = waitState(t, s, sb.ID, runner.StateRunning, 30*time.Second)
+	app := agentOf(t, s, sb.ID)
+	side, err := s.Runner.Agent(ctx, sb.ID, "side")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel := strings.TrimSpace(string(execIn(t, side, "uname", "-r").Stdout)); rel == "" || rel == hostKernel(t) {
+		t.Errorf("uname -r in side = %q: want gVisor's kernel", rel)
+	}
+	var out string
+	for i := 0; i < 100 && out != "side says hi\n"; i++ {
+		out = string(execIn(t, app, "wget", "-q", "-O", "-", "http://127.0.0.1:8080/index.html").Stdout)
+		if out != "side says hi\n" {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if out != "side says hi\n" {
+		t.Errorf("app -> localhost:8080 (side): %q", out)
+	}
+	d := &net.Dialer{Control: sockmark.Control(s.EdgeDialMark())}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: d.DialContext}}
+	resp, err := hc.Get("http://" + net.JoinHostPort(sb.IP, "8080") + "/index.html")
+	if err != nil {
+		t.Fatalf("host -> %s:8080: %v", sb.IP, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "side says hi\n" {
+		t.Errorf("host -> %s:8080: %q", sb.IP, body)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, _ := s.Runner.Get(sb.ID)
+		running := 0
+		for _, c := range got.Containers {
+			if c.State == runtime.ContainerRunning {
+				running++
+			}
+		}
+		if running == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container statuses %+v: want both running", got.Containers)
+		}
+	}
+	if _, err := s.Runner.Delete(sb.ID, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if end, err := s.Runner.WaitTerminal(ctx, sb.ID); err != nil || end.State != runner.StateTerminated {
+		t.Errorf("after delete: %+v, %v", end, err)
+	}
+}

@@ -25,8 +25,8 @@ func TestConformance(t *testing.T) {
 				gvisorEnv(t) // skips without runsc
 			}
 			var second string
-			if _, err := os.Stat(filepath.Join(testimage.Dir(), "python.tar")); err == nil && class == "" {
-				needPython(t) // the group tests' second image (gVisor runs no groups here)
+			if _, err := os.Stat(filepath.Join(testimage.Dir(), "python.tar")); err == nil {
+				needPython(t) // the group tests' second image, under both classes
 				second = "python"
 			}
 			runtimetest.Run(t, conformanceBackends(), runtimetest.Options{

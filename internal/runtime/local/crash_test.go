@@ -171,6 +171,11 @@ func TestCrashRecovery(t *testing.T) {
 		g := base
 		g.RuntimeClass = GVisorClass
 		cases = append(cases, crashCase{Name: "gvisor", Spec: g, Network: true, Disk: 64 << 20})
+		// A group in one sentry (gvisor_group.go).
+		gg := group.Clone()
+		gg.RuntimeClass = GVisorClass
+		cases = append(cases, crashCase{Name: "gvisor-group", Spec: gg, Network: true, Disk: 64 << 20},
+			crashCase{Name: "gvisor-group-destroy", Spec: gg, Network: true, Disk: 64 << 20, Destroy: true})
 	}
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) { crashEveryPoint(t, c) })

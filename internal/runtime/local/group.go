@@ -55,7 +55,7 @@ import (
 //     SIGKILL after memberGrace) before Wait returns. A member whose main command exits
 //     non-zero is restarted by its agent within its RestartLimit, like a main command.
 //
-// gVisor cannot run a group here (see createGroup).
+// Under gVisor the group is one runsc sandbox: see gvisor_group.go for what differs.
 
 // dirMembers holds a group's members' dirs in the sandbox's dir.
 const dirMembers = "c"
@@ -153,7 +153,11 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		}
 	}
 	host := runtime.Hostname(id)
-	_, att, err := b.launch(ctx, s, spec.PullCredentials, host, spec.Resources, held(&spec.Container, s), t)
+	res := spec.Resources
+	if s.rt.gvisor {
+		res = spec.TotalResources() // on the sentry, which runs them all (gvisor_group.go)
+	}
+	_, att, err := b.launch(ctx, s, spec.PullCredentials, host, res, held(&spec.Container, s), t)
 	if err != nil {
 		return containerErr(s.name, err)
 	}
@@ -167,7 +171,7 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		// mapping instead: the same IDs own the shared files, as for the primary.
 		join.netns, join.userns = att.NetNSPath, ""
 	}
-	if b.ids != nil {
+	if b.ids != nil && !s.rt.gvisor {
 		// Fail closed: a member launched without the primary's mapping would run as
 		// real root on the host.
 		ids, ok, err := readIDRange(s.dir)
@@ -385,7 +389,7 @@ func (b *Backend) loadMembers(s *sandbox, states map[string]containerState) erro
 			}
 			return err
 		}
-		m.proc = pr
+		m.proc = gvisorMemberProc(m, pr)
 	}
 	return nil
 }

@@ -2,12 +2,10 @@ package local
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -67,17 +65,7 @@ func TestGroupSharedNamespaces(t *testing.T) {
 	if _, errOut, c := execIn(t, side, "sh", "-c", "echo hello > /data/index.html"); c != 0 {
 		t.Fatalf("write in side: %s", errOut)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, errOut, c := execIn(t, app, "wget", "-q", "-O", "-", "http://127.0.0.1:80/index.html")
-		if c == 0 && out == "hello\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("wget from app to side's port 80: %q %q exit %d", out, errOut, c)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitWget(t, app, "http://127.0.0.1:80/index.html", "hello\n") // side's port 80
 	if out, _, _ := execIn(t, app, "stat", "-c", "%u:%g", "/data/index.html"); out != "0:0\n" {
 		t.Errorf("owner of side's file in app: %q, want 0:0", out)
 	}
@@ -86,21 +74,6 @@ func TestGroupSharedNamespaces(t *testing.T) {
 	}
 	if _, _, c := execIn(t, app, "test", "-d", "/scratch"); c == 0 {
 		t.Errorf("app has side's tmpfs /scratch")
-	}
-}
-
-// TestGroupGVisorRefused: the gvisor class refuses multi-container specs, naming why.
-func TestGroupGVisorRefused(t *testing.T) {
-	e := newEnv(t)
-	e.b.runtimes[GVisorClass] = newOCIRuntime(GVisorClass, "/nonexistent/runsc", filepath.Join(e.state, ociRootDir, GVisorClass))
-	spec := groupSpec("grp-gv")
-	spec.RuntimeClass = GVisorClass
-	_, err := e.b.Create(context.Background(), &spec)
-	if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "single-container") {
-		t.Fatalf("create a group under gVisor: %v, want ErrInvalidSpec saying why", err)
-	}
-	if _, err := os.Stat(e.b.dir(spec.ID)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("refused create left its dir: %v", err)
 	}
 }
 

@@ -17,7 +17,8 @@ import (
 )
 
 // The gVisor runtime class. runsc takes the same bundle as runc (one sandbox = one
-// gVisor sandbox with one container), with these differences:
+// gVisor sandbox; a multi-container sandbox is one gVisor sandbox holding all its
+// containers, see gvisor_group.go), with these differences:
 //
 //   - The agent channel. runc hands the agent a listening unix socket the backend made
 //     on the host (fd 3, `--preserve-fds`); a host socket passed into gVisor
@@ -45,7 +46,8 @@ import (
 //     so SIGTERM goes through `runsc kill`; SIGKILL to the sentry ends the whole sandbox
 //     and stays a pidfd signal.
 //   - Network: the sandbox's pre-made network namespace is configured (veth, address,
-//     routes) before `runsc run`, which reads it once at boot; see launch.
+//     routes) before `runsc run`, which reads it once at boot; see launch. Without a
+//     network, runsc boots with --network=none: a loopback-only stack (bootRuntime).
 //   - The warm pool is runc-only: a claim enters the container's UTS namespace and
 //     renames its dir, neither of which works for a gVisor sandbox.
 //
@@ -62,6 +64,97 @@ const GVisorClass = "gvisor"
 // without /dev/kvm; each gofer gets a new empty network namespace (the default, one
 // shared "null" namespace, leaves a bind mount in the state root behind).
 var runscFlags = []string{"--platform=systrap", "--host-uds=create", "--gofer-network-namespace=new"}
+
+// gvisorNoNetworkFlags are runsc's flags when the backend has no network: the sandbox's
+// network namespace is a new, empty one, in which runsc's default (--network=sandbox,
+// which takes over the namespace's configured interfaces) finds no interface up, not
+// even loopback: 127.0.0.1 would be unreachable (the containers of a group talk over
+// it). --network=none gives the sentry a loopback-only stack.
+var gvisorNoNetworkFlags = []string{"--network=none"}
+
+// bootRuntime is rt as it starts a container: gVisor without a network gets
+// gvisorNoNetworkFlags. (No other command of runsc depends on the network mode.)
+func (b *Backend) bootRuntime(rt *ociRuntime) *ociRuntime {
+	if !rt.gvisor || b.cfg.Network != nil {
+		return rt
+	}
+	r := *rt
+	r.flags = gvisorNoNetworkFlags
+	return &r
+}
+
+// runsc container ids. runsc takes the id a command names as an abbreviation: it acts
+// on the one container whose id starts with it, and fails when several do. With the
+// sandbox ids as they are, `runsc delete ab` would fail for as long as a sandbox "abc"
+// exists (ids can be chosen by callers: anyone could make another's sandbox impossible
+// to stop or destroy), and once "ab" is gone it would delete "abc". So runsc knows
+// container cid as cid + "+" (runscID): no sandbox id or group member id (<id>.<name>)
+// has a '+', so no such id begins another, and every id names one container. ('+' is
+// in runsc's id alphabet, [\w+.-]; '_' is too, but runsc's state file names use it as
+// a separator.) Before running a command on a container, runsc's state file for
+// exactly that id, <root>/<runsc id>_sandbox:<its sandbox's id>.state, must exist (else the error says it does
+// not exist, as notExist recognises): a container of ours that is gone is never
+// mistaken for another. (Only this backend deletes its containers, so one cannot
+// vanish between the check and the command.) A container started before ids had the
+// '+' keeps its id (runscID finds its state file).
+
+// gvisorByID are the runsc commands run (ociRuntime.run) that name a container: its id
+// is their first argument that is not a flag.
+var gvisorByID = map[string]bool{"kill": true, "delete": true, "wait": true, "state": true}
+
+// runscIDSuffix ends every container id runsc knows (see above).
+const runscIDSuffix = "+"
+
+// runscState reports whether runsc has a container with exactly the id rid.
+func (r *ociRuntime) runscState(rid string) bool {
+	ents, _ := os.ReadDir(r.root) // not a glob: the state dir's path may hold '*' or '['
+	for _, e := range ents {
+		if n := e.Name(); strings.HasPrefix(n, rid+"_sandbox:") && strings.HasSuffix(n, ".state") {
+			return true
+		}
+	}
+	return false
+}
+
+// runscID is the id runsc knows container cid by (cid for other runtimes).
+func (r *ociRuntime) runscID(cid string) string {
+	if !r.gvisor || r.runscState(cid) { // the latter: started before the suffix
+		return cid
+	}
+	return cid + runscIDSuffix
+}
+
+// fromRunscID is the container id of runsc's id rid.
+func (r *ociRuntime) fromRunscID(rid string) string {
+	if !r.gvisor {
+		return rid
+	}
+	return strings.TrimSuffix(rid, runscIDSuffix)
+}
+
+// gvisorArgs maps the container id a runsc command names to runsc's (runscID) and
+// fails, as "does not exist", when runsc has no container with exactly that id.
+func (r *ociRuntime) gvisorArgs(args []string) ([]string, error) {
+	if !r.gvisor || len(args) == 0 || !gvisorByID[args[0]] {
+		return args, nil
+	}
+	for i, a := range args[1:] {
+		if strings.HasPrefix(a, "-") {
+			continue
+		}
+		if strings.ContainsAny(a, "*?[\\/") { // never a glob or a path: ids are [a-z0-9._-]
+			return nil, fmt.Errorf("%s %s: bad container id %q", r.class, args[0], a)
+		}
+		rid := r.runscID(a)
+		if !r.runscState(rid) {
+			return nil, fmt.Errorf("%s %s: container %q does not exist", r.class, args[0], a)
+		}
+		out := append([]string(nil), args...)
+		out[i+1] = rid
+		return out, nil
+	}
+	return args, nil
+}
 
 // isGVisor reports whether a runtime class is driven as runsc.
 func isGVisor(class, binary string) bool {

@@ -2,8 +2,6 @@ package local
 
 import (
 	"context"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +17,7 @@ import (
 
 // gvisorEnv is newEnv whose Backend has the gvisor class, or a skip when runsc is not
 // built (scripts/build-runsc.sh, `make runsc`; or point $SANDBOXD_RUNSC at a static runsc).
-func gvisorEnv(t *testing.T) *env {
+func gvisorEnv(t testing.TB) *env {
 	t.Helper()
 	e := newEnv(t)
 	if e.b.runtimes[GVisorClass] == nil {
@@ -283,18 +281,7 @@ func TestGVisorNetwork(t *testing.T) {
 	if out, _, _ := execIn(t, c, "ip", "-4", "addr"); !strings.Contains(out, info.IP) {
 		t.Errorf("addresses in the sandbox: %q", out)
 	}
-	var body []byte
-	hc := markedClient(m) // as the edge dials: the network refuses unmarked host connections
-	for i := 0; i < 100; i++ {
-		resp, err := hc.Get("http://" + net.JoinHostPort(info.IP, "8080") + "/index.html")
-		if err == nil {
-			body, _ = io.ReadAll(resp.Body)
-			resp.Body.Close()
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if string(body) != "hello from gvisor\n" {
+	if body := getFromHost(m, info.IP, "8080", "/index.html"); body != "hello from gvisor\n" {
 		t.Errorf("host -> %s:8080 read %q", info.IP, body)
 	}
 	if err := e.b.Destroy(context.Background(), id); err != nil {

@@ -50,7 +50,7 @@ func (b *Backend) watch(s *sandbox, lost string) {
 // the agent left no final status (it was killed, or the container vanished).
 func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
-	oom, _ := b.oomKills(s.cgroupRel())
+	oom, _ := b.oomKills(b.oomCgroupOf(s))
 	st, _ := readStatus(s.dir)
 	final := false
 	if st != nil {
@@ -108,7 +108,7 @@ func (b *Backend) OOMKills(id string) (int, error) {
 	s := b.sandboxes[id]
 	b.mu.Unlock()
 	if s != nil {
-		n, err := b.oomKills(s.cgroupRel())
+		n, err := b.oomKills(b.oomCgroupOf(s))
 		for _, m := range s.members { // a group: every container's
 			k, _ := b.oomKills(m.cgroupRel())
 			n += k
@@ -434,7 +434,7 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 	}
 	if err := s.rt.delete(ctx, s.cid); err != nil {
 		// A container that never got as far as running, or whose pid we never learnt.
-		if _, ferr := s.rt.run(ctx, "delete", "--force", s.cid); ferr != nil && !notExist(ferr) {
+		if _, ferr := s.rt.run(ctx, "delete", "--force", s.cid); ferr != nil && !notExist(ferr) && !gvisorMemberGone(ctx, s) {
 			errs = append(errs, err)
 		}
 	}

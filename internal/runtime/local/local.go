@@ -2,7 +2,8 @@
 // OCI runtime CLI (runc by default) over a per-sandbox overlayfs root, with sandbox-agent
 // as PID 1 listening on a unix socket the backend creates on the host. A multi-container
 // sandbox (sidecars, init containers) is a group of such containers sharing the
-// primary's network, UTS and user namespaces, under runc only (group.go).
+// primary's network, UTS and user namespaces under runc (group.go), and one runsc
+// sandbox (one sentry) under gVisor (gvisor_group.go).
 //
 // Runtime classes: "runc" (the default) and "gvisor" (runsc on the systrap platform,
 // offered when FindRunsc finds a static runsc; scripts/build-runsc.sh builds it). The
@@ -366,13 +367,6 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 			}
 		}
 	}
-	if spec.Multi() && rt.gvisor {
-		// runsc can hold several containers in one sandbox only through its CRI
-		// annotations, with the sandbox's own container first and the others started
-		// by `runsc create` into it; the agent channel (a socket runsc's gofer creates
-		// per container) and the held start are not done for that here.
-		return runtime.Info{}, fmt.Errorf("%w: runtime class %q runs single-container sandboxes only on this backend (no sidecars or init containers)", runtime.ErrInvalidSpec, class)
-	}
 	if spec.Multi() {
 		sp := spec.Clone()
 		b.shareDisk(&sp)
@@ -714,7 +708,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: limit files: %w", id, err)
 		}
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), ociSpec(p)); err != nil {
+	oci := ociSpec(p)
+	b.gvisorGroupSpec(s, oci) // a gVisor group's containers share one sentry (gvisor_group.go)
+	if err := writeJSON(filepath.Join(bundle, "config.json"), oci); err != nil {
 		return nil, nil, err
 	}
 	b.step("bundle", t)
@@ -744,7 +740,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	failpoint.Hit("local.create.socket")
 
 	pidFile := filepath.Join(dir, filePid)
-	if err := rt.start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
+	if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("runtime", t)
@@ -768,7 +764,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if pr != nil {
 		s.info.PidStart = pr.start
 	}
-	s.proc = pr
+	s.proc = gvisorMemberProc(s, pr) // a gVisor member's pid is its sentry's
 	if rt.gvisor {
 		if err := b.waitAgent(ctx, s); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)

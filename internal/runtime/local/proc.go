@@ -21,6 +21,10 @@ type proc struct {
 	start uint64 // /proc/<pid>/stat starttime, guards against pid reuse
 	f     *os.File
 	rc    syscall.RawConn
+	// ctr, when set, makes this the proc of a container in a shared gVisor sandbox:
+	// pid and f are the sentry's, but signals, exit and wait are the container's
+	// (gvisor_group.go).
+	ctr *gvContainer
 }
 
 // openProc opens pid; with start != 0 the process must also have that start time.
@@ -69,6 +73,9 @@ func procStart(pid int) (uint64, error) {
 }
 
 func (p *proc) signal(sig unix.Signal) error {
+	if p.ctr != nil {
+		return p.ctr.signal(sig)
+	}
 	var serr error
 	err := p.rc.Control(func(fd uintptr) {
 		serr = unix.PidfdSendSignal(int(fd), sig, nil, 0)
@@ -84,6 +91,9 @@ func (p *proc) signal(sig unix.Signal) error {
 
 // exited reports without blocking whether the process has exited.
 func (p *proc) exited() bool {
+	if p.ctr != nil {
+		return p.ctr.exited()
+	}
 	done := false
 	_ = p.rc.Control(func(fd uintptr) { done = pollReadable(int(fd)) })
 	return done
@@ -97,6 +107,9 @@ func pollReadable(fd int) bool {
 
 // wait blocks until the process has exited or ctx ends.
 func (p *proc) wait(ctx context.Context) error {
+	if p.ctr != nil {
+		return p.ctr.wait(ctx)
+	}
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() { _ = p.f.SetReadDeadline(time.Unix(1, 0)) })
 		defer stop()
@@ -108,4 +121,9 @@ func (p *proc) wait(ctx context.Context) error {
 	return err
 }
 
-func (p *proc) close() { p.f.Close() }
+func (p *proc) close() {
+	if p.ctr != nil {
+		p.ctr.close()
+	}
+	p.f.Close()
+}

@@ -18,6 +18,8 @@ type ociRuntime struct {
 	// gvisor: the binary is runsc (see gvisor.go): global flags, no inherited agent
 	// socket, no OCI seccomp, signals through the CLI, no warm pool.
 	gvisor bool
+	// flags are more global flags (see bootRuntime).
+	flags []string
 }
 
 func newOCIRuntime(class, binary, root string) *ociRuntime {
@@ -29,11 +31,16 @@ func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 	if r.gvisor {
 		global = append(global, runscFlags...)
 	}
+	global = append(global, r.flags...)
 	return exec.CommandContext(ctx, r.binary, append(global, args...)...)
 }
 
 // run runs a short command and returns its combined output in the error.
 func (r *ociRuntime) run(ctx context.Context, args ...string) ([]byte, error) {
+	args, err := r.gvisorArgs(args) // runsc's ids (gvisor.go)
+	if err != nil {
+		return nil, err
+	}
 	cmd := r.command(ctx, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -51,7 +58,7 @@ func (r *ociRuntime) start(ctx context.Context, id, bundle, pidFile string, extr
 	if extra != nil {
 		args = append(args, "--preserve-fds", "1")
 	}
-	cmd := r.command(ctx, append(args, "--bundle", bundle, id)...)
+	cmd := r.command(ctx, append(args, "--bundle", bundle, r.runscID(id))...)
 	if extra != nil {
 		cmd.ExtraFiles = []*os.File{extra}
 	}
@@ -102,6 +109,7 @@ func (r *ociRuntime) list(ctx context.Context) (map[string]containerState, error
 	}
 	m := make(map[string]containerState, len(cs))
 	for _, c := range cs {
+		c.ID = r.fromRunscID(c.ID)
 		m[c.ID] = c
 	}
 	return m, nil

@@ -166,3 +166,36 @@ func TestSecurityContextRejected(t *testing.T) {
 		})
 	}
 }
+
+// TestGVisorIDPrefixAttack: runsc takes a container id as an abbreviation (see runscID),
+// and ids can be chosen by callers. With a sandbox "gvpre2" beside it, every runsc
+// command on "gvpre" failed as ambiguous (it could be neither stopped nor destroyed),
+// and once "gvpre"'s container was gone, its teardown (say again, after one that failed
+// half-way) deleted "gvpre2". Here "gvpre" is deleted, then torn down again: the victim
+// "gvpre2" must keep running, and a kill naming "gvpre" must not reach it.
+func TestGVisorIDPrefixAttack(t *testing.T) {
+	e := gvisorEnv(t)
+	ctx := context.Background()
+	victim := runtime.Spec{ID: "gvpre2", RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}}
+	attacker := runtime.Spec{ID: "gvpre", RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}}
+	e.create(victim)
+	e.create(attacker)
+	rt := e.b.runtimes[GVisorClass]
+	if _, err := rt.run(ctx, "delete", "--force", attacker.ID); err != nil {
+		t.Fatal(err)
+	}
+	s := &sandbox{id: attacker.ID, cid: attacker.ID, dir: e.b.dir(attacker.ID), rt: rt}
+	if err := e.b.teardown(ctx, s); err != nil {
+		t.Logf("teardown of the gone container: %v", err)
+	}
+	if err := rt.kill(ctx, attacker.ID, "KILL"); !notExist(err) {
+		t.Errorf("kill of the gone container: %v, want does not exist", err)
+	}
+	if out, _, c := execIn(t, agentClient(e.b, victim.ID), "echo", "alive"); c != 0 || out != "alive\n" {
+		t.Fatalf("the victim after the attacker's teardown: %q exit %d", out, c)
+	}
+	st, err := rt.state(ctx, victim.ID)
+	if err != nil || st.Status != "running" {
+		t.Errorf("victim state %+v, %v: want running", st, err)
+	}
+}

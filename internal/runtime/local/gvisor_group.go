@@ -1,0 +1,232 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// Groups under gVisor: one runsc sandbox (one sentry, one user-space kernel) holds every
+// container of a multi-container sandbox, through runsc's CRI multi-container support
+// (the annotations below, runsc/specutils/cri.go). group.go drives them as it drives a
+// runc group (held agents, startseq, restarts, the primary's exit, recovery, teardown);
+// what differs is here:
+//
+//   - The primary is runsc's root container (container-type "sandbox"), the OCI id
+//     being the sandbox id; it boots the sentry. Each other container is a subcontainer
+//     (container-type "container", sandbox-id the primary's id) that `runsc run` starts
+//     in that sentry, under the same container id as in a runc group (memberCID:
+//     <id>.<name>). runsc knows every container by its id + "+" (runscID in gvisor.go:
+//     runsc resolves ids as abbreviations, and <id> begins <id>.<name>); it takes ids
+//     matching [\w+.-]+ of any length, and these are at most 63+1+63+1 characters.
+//   - Network and hostname: the sentry has one network stack and one UTS namespace, so
+//     every container shares them (localhost between containers) without joining
+//     anything: the namespace paths a runc member joins are not put in a gVisor
+//     member's spec. Without a network the sentry boots with --network=none, a
+//     loopback-only stack (bootRuntime in gvisor.go), as a single container does.
+//     PID, mount and IPC namespaces are each container's own inside the sentry.
+//   - The agent channel: each container's agent listens itself on its own run dir's
+//     socket, which that container's gofer creates on the host (--host-uds=create, as
+//     for a single gVisor container; see gvisor.go): <member dir>/run/agent.sock.
+//   - Resource limits: the sentry runs every container, so the host's cgroups cannot
+//     tell them apart, and runsc does not enforce a subcontainer's limits (it makes an
+//     empty cgroup for it, for tools to find). The group's total (Spec.TotalResources)
+//     goes on the sentry's cgroup, the sandbox's own <CgroupParent>/<id> (runsc's
+//     dev.gvisor.spec.cgroup-parent annotation); the containers' cgroups <id>/<name>
+//     are runsc's empty ones. One container can use what another leaves unused, up to
+//     the group's total: per-container limits are NOT enforced under gVisor.
+//   - Exits: the pid runsc reports for any container is the sentry's. A member's exit is
+//     `runsc wait <cid>` (per container) and its signals go through `runsc kill <cid>`
+//     (gvContainer, the member's proc). The primary's proc stays the sentry's pidfd:
+//     its agent is PID 1 of the sentry's root PID namespace, and when that exits the
+//     sentry SIGKILLs every other process in it, the members' included (pid_namespaces(7),
+//     which gVisor follows), and then exits. So under gVisor the members of a group
+//     whose primary ended get no grace period: they are killed at once, and their exits
+//     are recorded as killed. Stop sends every container SIGTERM at once, as for runc,
+//     but one still running when the primary has ended is killed with it.
+//   - The warm pool stays runc-only, and gVisor groups get no user namespace of the
+//     backend's (the sentry is the boundary, as for a single gVisor container).
+
+// runsc's CRI annotations (runsc/specutils/cri.go) and its cgroup parent annotation
+// (runsc/container/container.go).
+const (
+	annoContainerType = "io.kubernetes.cri.container-type"
+	annoSandboxID     = "io.kubernetes.cri.sandbox-id"
+	annoContainerName = "io.kubernetes.cri.container-name"
+	annoCgroupParent  = "dev.gvisor.spec.cgroup-parent"
+	ctrTypeSandbox    = "sandbox"
+	ctrTypeContainer  = "container"
+)
+
+// inGVisorGroup reports whether s is a container of a multi-container gVisor sandbox.
+func (s *sandbox) inGVisorGroup() bool {
+	return s.rt != nil && s.rt.gvisor && (s.member || s.spec.Multi())
+}
+
+// gvisorGroupSpec adapts the OCI spec of a gVisor group's container s (see above).
+func (b *Backend) gvisorGroupSpec(s *sandbox, sp *specs.Spec) {
+	if !s.inGVisorGroup() {
+		return
+	}
+	if sp.Annotations == nil {
+		sp.Annotations = map[string]string{}
+	}
+	sp.Annotations[annoContainerName] = s.name
+	if !s.member {
+		sp.Annotations[annoContainerType] = ctrTypeSandbox
+		sp.Annotations[annoSandboxID] = s.rt.runscID(s.cid)
+		// The sentry goes into the sandbox's cgroup with the spec's resources (the
+		// group's total: createGroup launches the primary with it); runsc makes the
+		// primary's own cgroup, cgroupsPath, empty under it.
+		sp.Annotations[annoCgroupParent] = b.cgroupsPath(s.id)
+		return
+	}
+	sp.Annotations[annoContainerType] = ctrTypeContainer
+	sp.Annotations[annoSandboxID] = s.rt.runscID(s.id) // the primary's
+	for i := range sp.Linux.Namespaces {
+		switch sp.Linux.Namespaces[i].Type {
+		case specs.NetworkNamespace, specs.UTSNamespace, specs.UserNamespace:
+			sp.Linux.Namespaces[i].Path = "" // the sentry's, shared by every container
+		}
+	}
+	sp.Hostname = ""
+	// runsc does not apply a subcontainer's resources (the sentry's cgroup has the
+	// group's); none are written, so that none appear to be.
+	sp.Linux.Resources = &specs.LinuxResources{Devices: sp.Linux.Resources.Devices}
+}
+
+// oomCgroupOf is the cgroup (below CgroupParent) whose OOM kills are s's: under gVisor
+// a group's processes all live in the sentry, in the sandbox's own cgroup.
+func (b *Backend) oomCgroupOf(s *sandbox) string {
+	if s.inGVisorGroup() && !s.member {
+		return s.id
+	}
+	return s.cgroupRel()
+}
+
+// gvContainer is a gVisor group member as a proc: its exit is `runsc wait <cid>`
+// (which returns when the container's init has exited), or the sentry's exit; its
+// signals go through `runsc kill <cid>`.
+type gvContainer struct {
+	rt     *ociRuntime
+	cid    string
+	done   chan struct{}
+	end    sync.Once
+	cancel context.CancelFunc
+}
+
+// gvisorMemberProc makes the proc of gVisor member m from sentry, the sentry's pidfd
+// (what runsc's pid file names); nil stays nil (the sandbox is gone).
+func gvisorMemberProc(m *sandbox, sentry *proc) *proc {
+	if sentry == nil || !m.inGVisorGroup() || !m.member {
+		return sentry
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &gvContainer{rt: m.rt, cid: m.cid, done: make(chan struct{}), cancel: cancel}
+	go func() {
+		_ = sentry.wait(ctx) // the sentry's end is every container's
+		c.ended()
+	}()
+	go c.waitExit(ctx)
+	return &proc{pid: sentry.pid, start: sentry.start, f: sentry.f, rc: sentry.rc, ctr: c}
+}
+
+func (c *gvContainer) ended() { c.end.Do(func() { close(c.done) }) }
+
+// gvWaitRetries bounds how often a failed `runsc wait` is retried while runsc still
+// reports the container running.
+const gvWaitRetries = 20
+
+// waitExit runs `runsc wait` until the container has exited. runsc wait also fails when
+// it cannot reach the sentry for a moment: the container counts as ended only once
+// runsc no longer reports it running.
+func (c *gvContainer) waitExit(ctx context.Context) {
+	defer c.ended()
+	for try := 0; try < gvWaitRetries; try++ {
+		if _, err := c.rt.run(ctx, "wait", c.cid); err == nil || ctx.Err() != nil {
+			return
+		}
+		st, err := c.rt.state(ctx, c.cid)
+		if err != nil || st.Status != "running" {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.done:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (c *gvContainer) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *gvContainer) wait(ctx context.Context) error {
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// gvSignalTimeout bounds one `runsc kill`.
+const gvSignalTimeout = 10 * time.Second
+
+// signal sends sig to the container's init (its agent, PID 1 of its PID namespace in
+// the sentry: SIGKILL takes every process of the container along).
+func (c *gvContainer) signal(sig unix.Signal) error {
+	if c.exited() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), gvSignalTimeout)
+	defer cancel()
+	err := c.rt.kill(ctx, c.cid, strconv.Itoa(int(sig)))
+	if err != nil && (c.exited() || notExist(err) || strings.Contains(err.Error(), "not running")) {
+		return nil
+	}
+	return err
+}
+
+// close stops the waiters (the pidfd is the proc's to close).
+func (c *gvContainer) close() { c.cancel() }
+
+// state is `runsc state <cid>`.
+func (r *ociRuntime) state(ctx context.Context, cid string) (containerState, error) {
+	out, err := r.run(ctx, "state", cid)
+	if err != nil {
+		return containerState{}, err
+	}
+	var st containerState
+	err = json.Unmarshal(out, &st)
+	return st, err
+}
+
+// gvisorMemberGone reports whether runsc no longer knows gVisor member s after a failed
+// `runsc delete --force`. Once the sentry has exited, runsc cannot delete a subcontainer
+// cleanly: it still signals 0 to the sentry's pid, which a zombie answers until its
+// parent (the host's init, for a sentry `runsc run --detach` left behind) reaps it, and
+// then fails to reach the dead sentry's control socket. Its Destroy removes the
+// container's state all the same, and the gofer has ended with the sentry; the cgroups
+// are teardown's to remove.
+func gvisorMemberGone(ctx context.Context, s *sandbox) bool {
+	if !s.member || s.rt == nil || !s.rt.gvisor {
+		return false
+	}
+	_, err := s.rt.state(ctx, s.cid)
+	return err != nil && notExist(err)
+}
