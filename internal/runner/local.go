@@ -65,6 +65,10 @@ type Capacity struct {
 	// DataPlaneURI is where clients reach the runner's direct data plane
 	// (https://HOST:PORT); "" when it serves none.
 	DataPlaneURI string
+	// EngineImage and EngineRuntimeClass are what the runner runs container-engine
+	// sandboxes (runtime.Spec.Engine) with; "" when it runs none (Support.NoContainerEngine).
+	EngineImage        string
+	EngineRuntimeClass string
 	// Support is what the runner cannot do, so placement sends sandboxes that need it
 	// elsewhere; its NoEndpoints is EdgeDomain == "".
 	runtime.Support
