@@ -92,11 +92,17 @@ type Runner struct {
 	RuntimeClasses []string
 	// Support is what the runner cannot do (its capacity's), whatever its policy says.
 	runtime.Support
+	// EngineImage and EngineRuntimeClass are what it runs container-engine sandboxes
+	// with (its capacity's; "" without Support.NoContainerEngine: none).
+	EngineImage, EngineRuntimeClass string
 }
 
 // Request is one placement decision.
 type Request struct {
-	Spec     *sandboxv1.SandboxSpec
+	Spec *sandboxv1.SandboxSpec
+	// Engine, when set, is a container-engine sandbox's (runtime.Spec.Engine): only
+	// runners that run them are candidates (policy.ResolveEngine).
+	Engine   *runtime.Engine
 	Runners  []Runner
 	Platform policy.Platform
 	// Reservations of placements in flight; nil = none.
@@ -184,10 +190,10 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.Support, r.Defaults}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.Support, r.Defaults, r.EngineImage, r.EngineRuntimeClass}
 		res, ok := resolved[key]
 		if !ok {
-			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
+			res = policy.ResolveEngine(r.Policy, r.PolicyRevision, req.Spec, req.Engine, platformOf(req.Platform, r))
 			resolved[key] = res
 		}
 		res.PolicyRevision = r.PolicyRevision
@@ -468,6 +474,8 @@ type resolution struct {
 	classes  string
 	support  runtime.Support
 	defaults policy.ResourceDefaults
+	engine   string
+	engineRC string
 }
 
 // platformOf is the platform runner r resolves specs against: p with r's runtime
@@ -478,6 +486,7 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 		p.DefaultCPURuntimeClass = r.RuntimeClasses[0]
 	}
 	p.Support = r.Support
+	p.EngineImage, p.EngineRuntimeClass = r.EngineImage, r.EngineRuntimeClass
 	if r.Defaults != (policy.ResourceDefaults{}) {
 		d := r.Defaults
 		p.DefaultResources = &d
