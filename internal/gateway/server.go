@@ -330,7 +330,14 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: res.Spec, createdAt: sb.CreatedAt, last: sb, fileDigest: a.fileDigest}
+	recorded := res.Spec
+	if a.engine != nil && len(recorded.GetContainers()) == 1 {
+		// The engine's container is named in the runtime spec only (the name is reserved
+		// on the public wire); the sandbox shows it by that name.
+		recorded = proto.CloneOf(recorded)
+		recorded.Containers[0].Name = runtime.EngineContainerName
+	}
+	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: recorded, createdAt: sb.CreatedAt, last: sb, fileDigest: a.fileDigest}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, a.requestID); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.
