@@ -252,8 +252,11 @@ func Place(req Request) ([]Candidate, error) {
 			map[string]string{"runner_ids": strings.Join(down, ",")}), RetryAfter)
 	case len(considered) == 1 && !single.OK():
 		vs := policy.ToAPI(single.Violations)
-		return nil, apierr.Invalid(policy.Reason(single.Violations),
-			fmt.Sprintf("runner %s's policy rejects this sandbox: %s", req.Runners[considered[0]].ID, apierr.Describe(vs)), vs)
+		reason, why := policy.Reason(single.Violations), "'s policy rejects this sandbox"
+		if reason == apierr.NoSuitableRunner {
+			why = " cannot run this sandbox" // the runner's lack, not its policy
+		}
+		return nil, apierr.Invalid(reason, fmt.Sprintf("runner %s%s: %s", req.Runners[considered[0]].ID, why, apierr.Describe(vs)), vs)
 	}
 	ids := make([]string, len(considered))
 	for k, i := range considered {
