@@ -30,7 +30,7 @@ var testEngine = &runtime.Engine{Compose: []byte("services: {}"), Project: "sand
 // runtime class, and is refused by a policy that forbids engines or one of its images.
 func TestPlaceEngine(t *testing.T) {
 	none := rn("none", nil)
-	none.NoContainerEngine = true
+	none.NoContainerEngine, none.EngineUnavailable = true, "it has no engine image (runner flag --engine-image)"
 	noImage := rn("no-image", nil) // says it can, but has no image: not a candidate either
 	yes := withEngine(rn("yes", nil), "localhost/engine:1")
 
@@ -57,9 +57,10 @@ func TestPlaceEngine(t *testing.T) {
 			t.Errorf("violations %v, want runner[%s].control naming %s", apierr.Violations(err), id, policy.ConstraintPlatformContainerEngine)
 		}
 	}
-	// One runner considered: the same reason (another runner may take it).
+	// One runner considered: the same reason (another runner may take it), and the
+	// runner's own word for why.
 	_, err = Place(Request{Spec: engineSpec(), Engine: testEngine, Runners: []Runner{none}, Platform: policy.RunnerPlatform(nil)})
-	if apierr.Reason(err) != apierr.NoSuitableRunner || connect.CodeOf(err) != connect.CodeFailedPrecondition {
+	if apierr.Reason(err) != apierr.NoSuitableRunner || connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "--engine-image") {
 		t.Errorf("one runner without an engine: %v", err)
 	}
 

@@ -95,6 +95,8 @@ type Runner struct {
 	// EngineImage and EngineRuntimeClass are what it runs container-engine sandboxes
 	// with (its capacity's; "" without Support.NoContainerEngine: none).
 	EngineImage, EngineRuntimeClass string
+	// EngineUnavailable says why it runs none (its capacity's; for messages).
+	EngineUnavailable string
 }
 
 // Request is one placement decision.
@@ -190,7 +192,7 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.Support, r.Defaults, r.EngineImage, r.EngineRuntimeClass}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.Support, r.Defaults, r.EngineImage, r.EngineRuntimeClass, r.EngineUnavailable}
 		res, ok := resolved[key]
 		if !ok {
 			res = policy.ResolveEngine(r.Policy, r.PolicyRevision, req.Spec, req.Engine, platformOf(req.Platform, r))
@@ -479,6 +481,7 @@ type resolution struct {
 	defaults policy.ResourceDefaults
 	engine   string
 	engineRC string
+	noEngine string
 }
 
 // platformOf is the platform runner r resolves specs against: p with r's runtime
@@ -489,7 +492,7 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 		p.DefaultCPURuntimeClass = r.RuntimeClasses[0]
 	}
 	p.Support = r.Support
-	p.EngineImage, p.EngineRuntimeClass = r.EngineImage, r.EngineRuntimeClass
+	p.EngineImage, p.EngineRuntimeClass, p.EngineUnavailable = r.EngineImage, r.EngineRuntimeClass, r.EngineUnavailable
 	if r.Defaults != (policy.ResourceDefaults{}) {
 		d := r.Defaults
 		p.DefaultResources = &d

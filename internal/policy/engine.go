@@ -31,9 +31,13 @@ func ResolveEngine(p *Policy, revision string, spec *sandboxv1.SandboxSpec, engi
 // container-engine sandboxes.
 func (r *resolver) engine(s *sandboxv1.SandboxSpec, _ *runtime.Engine) {
 	if r.pl.NoContainerEngine || r.pl.EngineImage == "" {
+		why := r.pl.EngineUnavailable
+		if why == "" {
+			why = "it has no engine image or its backend cannot host Docker Engine safely"
+		}
 		r.add(EngineField, ConstraintPlatformContainerEngine, "none", false,
-			"this runner runs no container-engine sandboxes (control CONTROL_CONTAINER_ENGINE: it has no engine image or "+
-				"its backend cannot host Docker Engine safely); use control CONTROL_PLATFORM or pick a runner that runs them")
+			"this runner runs no container-engine sandboxes (control CONTROL_CONTAINER_ENGINE): %s; "+
+				"use control CONTROL_PLATFORM or pick a runner that runs them", why)
 	}
 	if sec := r.c.Security; sec != nil && sec.ContainerEngineAllowed != nil && !*sec.ContainerEngineAllowed {
 		r.add(EngineField, "constraints.security.container_engine_allowed", "false", false,

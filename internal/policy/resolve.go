@@ -61,6 +61,9 @@ type Platform struct {
 	// container. Meaningless when Support.NoContainerEngine.
 	EngineImage        string
 	EngineRuntimeClass string
+	// EngineUnavailable says why the runner runs no container-engine sandboxes (for the
+	// refusal's message); "" says nothing.
+	EngineUnavailable string
 }
 
 // DefaultsOf is a runner's default requests and limits (the request and limit fields of

@@ -29,6 +29,8 @@ func (l *Local) engineUnavailable() string {
 	switch {
 	case l.EngineImage == "":
 		return "it has no engine image (runner flag --engine-image)"
+	case l.R.Support().NoContainerEngine:
+		return "its backend runs no container engine"
 	case !slices.Contains(l.Classes(), class):
 		return fmt.Sprintf("its engine runtime class %q is not one it offers (%v)", class, l.Classes())
 	}

@@ -73,11 +73,11 @@ func TestEngineRefusedWithTheReason(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !c.NoContainerEngine || c.EngineImage != "" {
-				t.Errorf("capacity: NoContainerEngine %v, engine image %q", c.NoContainerEngine, c.EngineImage)
+			if !c.NoContainerEngine || c.EngineImage != "" || !strings.Contains(c.EngineUnavailable, tc.why) {
+				t.Errorf("capacity: NoContainerEngine %v, engine image %q, why %q", c.NoContainerEngine, c.EngineImage, c.EngineUnavailable)
 			}
-			if p := l.Platform(); !p.NoContainerEngine {
-				t.Error("the runner's policy platform runs engines")
+			if p := l.Platform(); !p.NoContainerEngine || !strings.Contains(p.EngineUnavailable, tc.why) {
+				t.Errorf("the runner's policy platform: NoContainerEngine %v, why %q", p.NoContainerEngine, p.EngineUnavailable)
 			}
 			_, err = l.Create(context.Background(), engineRequest())
 			if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), tc.why) {

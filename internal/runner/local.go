@@ -69,6 +69,9 @@ type Capacity struct {
 	// sandboxes (runtime.Spec.Engine) with; "" when it runs none (Support.NoContainerEngine).
 	EngineImage        string
 	EngineRuntimeClass string
+	// EngineUnavailable says why the runner runs no container-engine sandboxes ("" when
+	// it does); for messages.
+	EngineUnavailable string
 	// Support is what the runner cannot do, so placement sends sandboxes that need it
 	// elsewhere; its NoEndpoints is EdgeDomain == "".
 	runtime.Support
@@ -253,6 +256,8 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 	}
 	if !c.NoContainerEngine {
 		c.EngineImage, c.EngineRuntimeClass = l.EngineImage, l.engineRuntimeClass()
+	} else {
+		c.EngineUnavailable = l.engineUnavailable()
 	}
 
 	if c.MilliCPU <= 0 {
@@ -301,6 +306,8 @@ func (l *Local) Platform() policy.Platform {
 	p.NoContainerEngine = p.NoContainerEngine || l.engineUnavailable() != ""
 	if !p.NoContainerEngine {
 		p.EngineImage, p.EngineRuntimeClass = l.EngineImage, l.engineRuntimeClass()
+	} else {
+		p.EngineUnavailable = l.engineUnavailable()
 	}
 	if d := policy.DefaultsOf(l.Defaults); d != (policy.ResourceDefaults{}) {
 		p.DefaultResources = &d

@@ -370,6 +370,7 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		// No engine image says the runner runs no container-engine sandbox.
 		EngineImage:        engineImageToProto(c),
 		EngineRuntimeClass: c.EngineRuntimeClass,
+		EngineUnavailable:  c.EngineUnavailable,
 	}
 }
 
@@ -397,6 +398,7 @@ func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
 		Defaults:           resourcesFromProto(p.GetDefaultResources()),
 		EngineImage:        p.GetEngineImage(),
 		EngineRuntimeClass: p.GetEngineRuntimeClass(),
+		EngineUnavailable:  p.GetEngineUnavailable(),
 	}
 }
 

@@ -27,12 +27,18 @@ func TestSupportOverTheWire(t *testing.T) {
 	cases = append(cases, all)
 	for _, want := range cases {
 		c := runner.Capacity{Support: want, EdgeDomain: "edge.example.test", EdgePort: 443, EngineImage: "engine:test", EngineRuntimeClass: "gvisor"}
+		if want.NoContainerEngine {
+			c.EngineUnavailable = "it has no engine image"
+		}
 		if want.NoEndpoints {
 			c.EdgeDomain, c.EdgePort = "", 0 // a runner without an edge says so by its domain
 		}
 		got := capacityFromProto(capacityToProto(c))
 		if got.Support != want {
 			t.Errorf("sent %+v, the gateway got %+v", want, got.Support)
+		}
+		if want.NoContainerEngine && got.EngineUnavailable != c.EngineUnavailable {
+			t.Errorf("sent why no engine %q, the gateway got %q", c.EngineUnavailable, got.EngineUnavailable)
 		}
 		if !want.NoContainerEngine && (got.EngineImage != c.EngineImage || got.EngineRuntimeClass != c.EngineRuntimeClass) {
 			t.Errorf("sent engine %q under %q, the gateway got %q under %q", c.EngineImage, c.EngineRuntimeClass, got.EngineImage, got.EngineRuntimeClass)

@@ -2308,8 +2308,10 @@ type CapacityResponse struct {
 	// runner, which does not say, is taken not to).
 	EngineImage        string `protobuf:"bytes,19,opt,name=engine_image,json=engineImage,proto3" json:"engine_image,omitempty"`
 	EngineRuntimeClass string `protobuf:"bytes,20,opt,name=engine_runtime_class,json=engineRuntimeClass,proto3" json:"engine_runtime_class,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Why it runs no container-engine sandboxes (no engine image, …); for messages.
+	EngineUnavailable string `protobuf:"bytes,21,opt,name=engine_unavailable,json=engineUnavailable,proto3" json:"engine_unavailable,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -2478,6 +2480,13 @@ func (x *CapacityResponse) GetEngineImage() string {
 func (x *CapacityResponse) GetEngineRuntimeClass() string {
 	if x != nil {
 		return x.EngineRuntimeClass
+	}
+	return ""
+}
+
+func (x *CapacityResponse) GetEngineUnavailable() string {
+	if x != nil {
+		return x.EngineUnavailable
 	}
 	return ""
 }
@@ -2699,7 +2708,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"G\n" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x11\n" +
-	"\x0fCapacityRequest\"\x95\x06\n" +
+	"\x0fCapacityRequest\"\xc4\x06\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -2722,7 +2731,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0ecpu_overcommit\x18\x11 \x01(\x01R\rcpuOvercommit\x12J\n" +
 	"\x11default_resources\x18\x12 \x01(\v2\x1d.sandboxd.runner.v1.ResourcesR\x10defaultResources\x12!\n" +
 	"\fengine_image\x18\x13 \x01(\tR\vengineImage\x120\n" +
-	"\x14engine_runtime_class\x18\x14 \x01(\tR\x12engineRuntimeClass*\xac\x01\n" +
+	"\x14engine_runtime_class\x18\x14 \x01(\tR\x12engineRuntimeClass\x12-\n" +
+	"\x12engine_unavailable\x18\x15 \x01(\tR\x11engineUnavailable*\xac\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
