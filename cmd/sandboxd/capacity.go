@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"strings"
+	"unicode"
 
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/quantity"
@@ -19,6 +21,8 @@ type capacityFlags struct {
 	overcommit   float64
 	// The default requests and limits of a sandbox that asks for none.
 	cpuRequest, memoryRequest, cpuLimit, memoryLimit string
+	// What container-engine sandboxes run with (none without an image).
+	engineImage, engineRuntimeClass string
 
 	// What parse made of them.
 	milliCPU, memoryBytes int64
@@ -35,6 +39,8 @@ func (c *capacityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.memoryRequest, "default-memory-request", quantity.FormatMemory(d.RequestMemoryBytes), "memory request of a sandbox that asks for none; a policy's base.resources wins")
 	fs.StringVar(&c.cpuLimit, "default-cpu-limit", quantity.FormatCPU(d.MilliCPU), "CPU limit of a sandbox that sets none (never below its request); a policy's base.resources wins")
 	fs.StringVar(&c.memoryLimit, "default-memory-limit", quantity.FormatMemory(d.MemoryBytes), "memory limit of a sandbox that sets none (never below its request); a policy's base.resources wins")
+	fs.StringVar(&c.engineImage, "engine-image", "", "image holding Docker Engine that container-engine sandboxes (control CONTROL_CONTAINER_ENGINE) run; empty: this runner runs none")
+	fs.StringVar(&c.engineRuntimeClass, "engine-runtime-class", runner.DefaultEngineRuntimeClass, "runtime class container-engine sandboxes run under (one that hosts Docker Engine safely)")
 }
 
 // parse checks the flags (before anything starts).
@@ -70,6 +76,10 @@ func (c *capacityFlags) parse() error {
 		return fmt.Errorf("--default-cpu-request %s is above --default-cpu-limit %s", c.cpuRequest, c.cpuLimit)
 	case d.RequestMemoryBytes > d.MemoryBytes:
 		return fmt.Errorf("--default-memory-request %s is above --default-memory-limit %s", c.memoryRequest, c.memoryLimit)
+	case strings.ContainsFunc(c.engineImage, unicode.IsSpace) || len(c.engineImage) > 1024:
+		return fmt.Errorf("--engine-image %q: want an image reference (no spaces, at most 1024 bytes)", c.engineImage)
+	case c.engineRuntimeClass == "":
+		return fmt.Errorf("--engine-runtime-class: want a runtime class (default %s)", runner.DefaultEngineRuntimeClass)
 	}
 	c.defaults = d
 	return nil
@@ -79,4 +89,5 @@ func (c *capacityFlags) parse() error {
 func (c *capacityFlags) apply(l *runner.Local) {
 	l.MilliCPU, l.MemoryBytes, l.MaxSandboxes = c.milliCPU, c.memoryBytes, c.maxSandboxes
 	l.CPUOvercommit, l.Defaults = c.overcommit, c.defaults
+	l.EngineImage, l.EngineRuntimeClass = c.engineImage, c.engineRuntimeClass
 }

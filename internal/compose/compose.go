@@ -74,11 +74,22 @@ type Extra struct {
 	// HostAliases are the service names: each resolves to the sandbox (127.0.0.1) in
 	// every container, as Compose's service names resolve on its network.
 	HostAliases []string `json:"host_aliases,omitempty"`
+	// Engine is set for control CONTROL_CONTAINER_ENGINE: what the sandbox's engine runs
+	// (the public wire has no field for it), and what the policy checks beside the spec.
+	Engine *runtime.Engine `json:"engine,omitempty"`
 }
 
 // Apply adds e to s, the runtime spec converted from the Result's Spec. A container that
 // e names and s lacks is an error: the conversion dropped a service.
 func (e Extra) Apply(s *runtime.Spec) error {
+	if e.Engine != nil {
+		if s.Name != "" && s.Name != runtime.DefaultContainerName && s.Name != runtime.EngineContainerName || s.Multi() {
+			return fmt.Errorf("compose: a container-engine sandbox has one container, %s", runtime.EngineContainerName)
+		}
+		s.Name = runtime.EngineContainerName
+		s.Engine = e.Engine.Clone()
+		return nil
+	}
 	find := func(name string) (*runtime.Container, error) {
 		if c, init := s.Find(name); c != nil && !init {
 			return c, nil
@@ -118,8 +129,8 @@ func sortedNames[V any](m map[string]V) []string {
 // Convert translates req. Its errors are API errors: INVALID_ARGUMENT
 // (CWSANDBOX_INVALID_REQUEST) with a field violation for each problem, UNIMPLEMENTED
 // (CWSANDBOX_NOT_IMPLEMENTED) for a service left to build, another file type or a build
-// option, and FAILED_PRECONDITION (CWSANDBOX_NO_SUITABLE_RUNNER) for container-engine
-// control, which no runner offers yet.
+// option. Container-engine control (translateEngine) gives one container and
+// Extra.Engine; placement sends it only to runners that run it.
 func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (Result, error) {
 	var vs []apierr.Violation
 	add := func(field, format string, args ...any) {
@@ -142,12 +153,7 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 	case sandboxv1.Control_CONTROL_UNSPECIFIED, sandboxv1.Control_CONTROL_PLATFORM:
 	case sandboxv1.Control_CONTROL_CONTAINER_ENGINE:
 		if req.GetPrimaryService() != "" {
-			add("primary_service", "must be unset with control CONTROL_CONTAINER_ENGINE")
-		}
-		if len(vs) == 0 {
-			return Result{}, apierr.Newf(apierr.NoSuitableRunner,
-				"no runner supports control CONTROL_CONTAINER_ENGINE (the file run under Docker Compose inside the sandbox) yet; "+
-					"CONTROL_PLATFORM runs each service as a container of the sandbox")
+			add("primary_service", "must be unset with control CONTROL_CONTAINER_ENGINE (the engine runs every service; the sandbox's one container is "+runtime.EngineContainerName+")")
 		}
 	default:
 		add("control", "unknown control %v", req.GetControl())
@@ -179,7 +185,12 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 	}
 
 	t := translator{req: req, project: project, builds: builds, add: add}
-	res := t.translate()
+	var res Result
+	if req.GetControl() == sandboxv1.Control_CONTROL_CONTAINER_ENGINE {
+		res = t.translateEngine()
+	} else {
+		res = t.translate()
+	}
 	if len(vs) > 0 {
 		return Result{}, invalid(vs)
 	}
@@ -247,9 +258,10 @@ type translator struct {
 	ports   map[int32]string // port -> the service that declares it
 }
 
-func (t *translator) translate() Result {
+// baseSpec is the sandbox spec of the request's options, without containers.
+func (t *translator) baseSpec() *sandboxv1.SandboxSpec {
 	req := t.req
-	spec := &sandboxv1.SandboxSpec{
+	return &sandboxv1.SandboxSpec{
 		MaxLifetimeSeconds:  req.GetMaxLifetimeSeconds(),
 		Tags:                req.GetTags(),
 		Network:             req.GetNetwork(),
@@ -259,6 +271,11 @@ func (t *translator) translate() Result {
 		RunnerIds:           req.GetRunnerIds(),
 		Mode:                req.GetMode(),
 	}
+}
+
+func (t *translator) translate() Result {
+	req := t.req
+	spec := t.baseSpec()
 	extra := Extra{DependsOn: map[string][]runtime.Dependency{}, Tmpfs: map[string][]string{}}
 	names := slices.Sorted(func(yield func(string) bool) {
 		for n := range t.project.Services {

@@ -288,11 +288,6 @@ func TestRequestChecks(t *testing.T) {
 			r.PrimaryService = "a"
 			return r
 		}, connect.CodeInvalidArgument, "primary_service"},
-		{"engine", func() *sandboxv1.CreateSandboxFromFileRequest {
-			r := req(two)
-			r.Control = sandboxv1.Control_CONTROL_CONTAINER_ENGINE
-			return r
-		}, connect.CodeFailedPrecondition, ""},
 		{"build", func() *sandboxv1.CreateSandboxFromFileRequest {
 			r := req("services: {a: {build: ., command: [x]}, b: {image: y}}")
 			r.PrimaryService = "b"
@@ -320,15 +315,6 @@ func TestRequestChecks(t *testing.T) {
 			}
 			t.Fatalf("violations %v, want one on %s", apierr.Violations(err), tc.field)
 		})
-	}
-}
-
-func TestEngineModeSaysNoRunnerSupportsIt(t *testing.T) {
-	r := req("services: {a: {image: x}}")
-	r.Control = sandboxv1.Control_CONTROL_CONTAINER_ENGINE
-	_, err := Convert(context.Background(), r)
-	if apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), "CONTROL_CONTAINER_ENGINE") {
-		t.Fatalf("err = %v", err)
 	}
 }
 

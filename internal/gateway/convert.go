@@ -62,7 +62,11 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 	}
 	st.ContainerStatuses = containerStatuses(sp, sb, st.State)
 	sp = withPrimaryMarked(sp)
-	return &sandboxv1.Sandbox{SandboxId: id, Spec: sp, Status: st}
+	out := &sandboxv1.Sandbox{SandboxId: id, Spec: sp, Status: st}
+	if sb.Spec.Engine != nil {
+		out.Control = sandboxv1.Control_CONTROL_CONTAINER_ENGINE
+	}
+	return out
 }
 
 // toProto is the public form of a sandbox of runner r, with its services' addresses.

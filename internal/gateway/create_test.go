@@ -34,6 +34,8 @@ import (
 type acceptingRunner struct {
 	id          string
 	shareTokens bool
+	// engineImage: it runs container-engine sandboxes with it under gvisor ("": none).
+	engineImage string
 	mu          sync.Mutex
 	got         map[string]runner.Sandbox
 }
@@ -72,7 +74,13 @@ func (r *acceptingRunner) Logs(context.Context, string, string, *agentv1.LogsReq
 	return errors.New("not used")
 }
 func (r *acceptingRunner) Capacity(context.Context) (runner.Capacity, error) {
-	return runner.Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443, Support: runtime.Support{NoShareTokens: !r.shareTokens}}, nil
+	c := runner.Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443,
+		Support: runtime.Support{NoShareTokens: !r.shareTokens, NoContainerEngine: r.engineImage == ""}}
+	if r.engineImage != "" {
+		c.RuntimeClasses = []string{"runc", "gvisor"}
+		c.EngineImage, c.EngineRuntimeClass = r.engineImage, "gvisor"
+	}
+	return c, nil
 }
 
 func (r *acceptingRunner) spec(id string) runner.Sandbox {

@@ -11,6 +11,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -133,5 +134,41 @@ func TestCreateFromFileRefusals(t *testing.T) {
 	}
 	if len(r.got) != 0 {
 		t.Errorf("the runner got %d sandboxes; want none", len(r.got))
+	}
+}
+
+// TestCreateFromFileEngine: a Compose file under control CONTROL_CONTAINER_ENGINE goes
+// to the runner that runs engines (never to one that does not), as one container
+// cws-engine running that runner's engine image under its engine runtime class, with the
+// file's engine; the sandbox says its control.
+func TestCreateFromFileEngine(t *testing.T) {
+	none := &acceptingRunner{id: "r1"}
+	engine := &acceptingRunner{id: "r2", engineImage: "localhost/engine:1"}
+	s := newTestGateway(t, t.TempDir(), none, engine)
+	ctx := asOrg(t.Context())
+	req := fileRequest("services: {web: {image: busybox:1, ports: [\"8080:80\"]}, db: {image: busybox:2}}", "")
+	req.Msg.Control = sandboxv1.Control_CONTROL_CONTAINER_ENGINE
+	res, err := s.CreateSandboxFromFile(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(none.got) != 0 || len(engine.got) != 1 {
+		t.Fatalf("runner without an engine got %d, with one %d sandboxes", len(none.got), len(engine.got))
+	}
+	got := engine.spec(res.Msg.GetSandboxId()).Spec
+	if got.Name != runtime.EngineContainerName || got.Image != "localhost/engine:1" || got.RuntimeClass != "gvisor" || got.Multi() {
+		t.Errorf("the runner got container %q image %q under %q", got.Name, got.Image, got.RuntimeClass)
+	}
+	if e := got.Engine; e == nil || strings.Join(e.Images, ",") != "busybox:2,busybox:1" || e.Project == "" || len(e.Compose) == 0 {
+		t.Errorf("engine %+v", got.Engine)
+	}
+	if len(got.Services) != 1 || got.Services[0].Port != 8080 {
+		t.Errorf("services %+v", got.Services)
+	}
+	if res.Msg.GetControl() != sandboxv1.Control_CONTROL_CONTAINER_ENGINE {
+		t.Errorf("control %v", res.Msg.GetControl())
+	}
+	if cs := res.Msg.GetSpec().GetContainers(); len(cs) != 1 || cs[0].GetName() != runtime.EngineContainerName {
+		t.Errorf("the sandbox's containers %v", cs)
 	}
 }

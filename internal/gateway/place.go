@@ -20,9 +20,10 @@ const viewTimeout = 2 * time.Second
 
 // place returns the runners that accept spec and have room for it, best first (see
 // package placement for the errors).
-func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec) ([]placement.Candidate, error) {
+func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine) ([]placement.Candidate, error) {
 	return placement.Place(placement.Request{
 		Spec:         spec,
+		Engine:       engine,
 		Runners:      s.views.snapshot(ctx),
 		Platform:     policy.RunnerPlatform(nil),
 		Reservations: &s.reserved,

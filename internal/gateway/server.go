@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 	"connectrpc.com/vanguard"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
@@ -282,6 +283,10 @@ type createArgs struct {
 	// adjust adds to the runtime spec converted from the resolved spec what the public
 	// wire cannot carry (a Compose file's depends_on, tmpfs and host aliases).
 	adjust func(*runtime.Spec) error
+	// engine is a container-engine sandbox's (control CONTROL_CONTAINER_ENGINE): its one
+	// container takes each runner's engine image, and only runners that run engines
+	// (and whose policies allow it and its images) are candidates.
+	engine *runtime.Engine
 }
 
 // create is the one create path: request_id dedupe, the spec's shape, placement (the
@@ -302,7 +307,13 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	// Shape first, on what the caller sent; then placement (the runners' policies and
 	// capacity); then the runner.
 	asked := a.spec
-	cr, err := toCreateRequest(asked)
+	shape := asked
+	if a.engine != nil && len(asked.GetContainers()) == 1 {
+		// The engine image is each runner's own (placement gives it); shape the rest.
+		shape = proto.CloneOf(asked)
+		shape.Containers[0].Image = runtime.EngineContainerName
+	}
+	cr, err := toCreateRequest(shape)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +322,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 			return nil, connect.NewError(connect.CodeInternal, err)
 		}
 	}
-	cands, err := s.place(ctx, asked)
+	cands, err := s.place(ctx, asked, a.engine)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +330,14 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: res.Spec, createdAt: sb.CreatedAt, last: sb, fileDigest: a.fileDigest}
+	recorded := res.Spec
+	if a.engine != nil && len(recorded.GetContainers()) == 1 {
+		// The engine's container is named in the runtime spec only (the name is reserved
+		// on the public wire); the sandbox shows it by that name.
+		recorded = proto.CloneOf(recorded)
+		recorded.Containers[0].Name = runtime.EngineContainerName
+	}
+	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: recorded, createdAt: sb.CreatedAt, last: sb, fileDigest: a.fileDigest}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, a.requestID); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.

@@ -92,11 +92,19 @@ type Runner struct {
 	RuntimeClasses []string
 	// Support is what the runner cannot do (its capacity's), whatever its policy says.
 	runtime.Support
+	// EngineImage and EngineRuntimeClass are what it runs container-engine sandboxes
+	// with (its capacity's; "" without Support.NoContainerEngine: none).
+	EngineImage, EngineRuntimeClass string
+	// EngineUnavailable says why it runs none (its capacity's; for messages).
+	EngineUnavailable string
 }
 
 // Request is one placement decision.
 type Request struct {
-	Spec     *sandboxv1.SandboxSpec
+	Spec *sandboxv1.SandboxSpec
+	// Engine, when set, is a container-engine sandbox's (runtime.Spec.Engine): only
+	// runners that run them are candidates (policy.ResolveEngine).
+	Engine   *runtime.Engine
 	Runners  []Runner
 	Platform policy.Platform
 	// Reservations of placements in flight; nil = none.
@@ -184,10 +192,10 @@ func Place(req Request) ([]Candidate, error) {
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
-		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.Support, r.Defaults}
+		key := resolution{r.Policy, strings.Join(r.RuntimeClasses, ","), r.Support, r.Defaults, r.EngineImage, r.EngineRuntimeClass, r.EngineUnavailable}
 		res, ok := resolved[key]
 		if !ok {
-			res = policy.ResolveRevision(r.Policy, r.PolicyRevision, req.Spec, platformOf(req.Platform, r))
+			res = policy.ResolveEngine(r.Policy, r.PolicyRevision, req.Spec, req.Engine, platformOf(req.Platform, r))
 			resolved[key] = res
 		}
 		res.PolicyRevision = r.PolicyRevision
@@ -246,8 +254,11 @@ func Place(req Request) ([]Candidate, error) {
 			map[string]string{"runner_ids": strings.Join(down, ",")}), RetryAfter)
 	case len(considered) == 1 && !single.OK():
 		vs := policy.ToAPI(single.Violations)
-		return nil, apierr.Invalid(policy.Reason(single.Violations),
-			fmt.Sprintf("runner %s's policy rejects this sandbox: %s", req.Runners[considered[0]].ID, apierr.Describe(vs)), vs)
+		reason, why := policy.Reason(single.Violations), "'s policy rejects this sandbox"
+		if reason == apierr.NoSuitableRunner {
+			why = " cannot run this sandbox" // the runner's lack, not its policy
+		}
+		return nil, apierr.Invalid(reason, fmt.Sprintf("runner %s%s: %s", req.Runners[considered[0]].ID, why, apierr.Describe(vs)), vs)
 	}
 	ids := make([]string, len(considered))
 	for k, i := range considered {
@@ -468,6 +479,9 @@ type resolution struct {
 	classes  string
 	support  runtime.Support
 	defaults policy.ResourceDefaults
+	engine   string
+	engineRC string
+	noEngine string
 }
 
 // platformOf is the platform runner r resolves specs against: p with r's runtime
@@ -478,6 +492,7 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 		p.DefaultCPURuntimeClass = r.RuntimeClasses[0]
 	}
 	p.Support = r.Support
+	p.EngineImage, p.EngineRuntimeClass, p.EngineUnavailable = r.EngineImage, r.EngineRuntimeClass, r.EngineUnavailable
 	if r.Defaults != (policy.ResourceDefaults{}) {
 		d := r.Defaults
 		p.DefaultResources = &d

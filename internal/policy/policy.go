@@ -203,6 +203,10 @@ type SecurityConstraints struct {
 	// AllowedCapabilities lists the Linux capabilities containers may add ("NET_ADMIN"
 	// or "CAP_NET_ADMIN").
 	AllowedCapabilities []string `json:"allowed_capabilities,omitzero"`
+	// ContainerEngineAllowed false forbids container-engine sandboxes (control
+	// CONTROL_CONTAINER_ENGINE: a Compose file run by Docker Engine inside the sandbox);
+	// absent leaves it to the runner (whether it has an engine).
+	ContainerEngineAllowed *bool `json:"container_engine_allowed,omitempty"`
 }
 
 // AnnotationConstraints limit sandbox annotations (base ones included).

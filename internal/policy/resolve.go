@@ -56,6 +56,14 @@ type Platform struct {
 	DefaultEgress []Rule
 	// DefaultResources are the runner's per-container defaults, below the policy base.
 	DefaultResources *ResourceDefaults
+	// EngineImage and EngineRuntimeClass are what the runner runs a container-engine
+	// sandbox (runtime.Spec.Engine) with: ResolveEngine gives them to the sandbox's one
+	// container. Meaningless when Support.NoContainerEngine.
+	EngineImage        string
+	EngineRuntimeClass string
+	// EngineUnavailable says why the runner runs no container-engine sandboxes (for the
+	// refusal's message); "" says nothing.
+	EngineUnavailable string
 }
 
 // DefaultsOf is a runner's default requests and limits (the request and limit fields of
@@ -96,12 +104,7 @@ func (r Result) OK() bool { return len(r.Violations) == 0 }
 
 // ResolveRevision is Resolve recording revision, the caller's identifier of p (its etag).
 func ResolveRevision(p *Policy, revision string, spec *sandboxv1.SandboxSpec, platform Platform) Result {
-	s, vs := Resolve(p, spec, platform)
-	res := Result{Spec: s, Violations: vs, PolicyRevision: revision}
-	if p != nil && !p.Base.Pod.IsZero() {
-		res.Pod = p.Base.Pod
-	}
-	return res
+	return ResolveEngine(p, revision, spec, nil, platform)
 }
 
 // Resolve merges platform defaults, then p's base, then spec (the spec wins per scalar;
@@ -110,6 +113,10 @@ func ResolveRevision(p *Policy, revision string, spec *sandboxv1.SandboxSpec, pl
 // returned even when there are violations (for messages); it must not be run then.
 // A nil p is the empty, permissive policy.
 func Resolve(p *Policy, spec *sandboxv1.SandboxSpec, platform Platform) (*sandboxv1.SandboxSpec, []Violation) {
+	return resolve(p, spec, nil, platform)
+}
+
+func resolve(p *Policy, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, platform Platform) (*sandboxv1.SandboxSpec, []Violation) {
 	if p == nil {
 		p = &Policy{}
 	}
@@ -120,10 +127,19 @@ func Resolve(p *Policy, spec *sandboxv1.SandboxSpec, platform Platform) (*sandbo
 	}
 	s := proto.CloneOf(spec)
 	pinned := s.GetRuntimeClass() != ""
+	if engine != nil {
+		r.engine(s, engine)
+		pinned = false // the runner's choice, not the caller's
+	}
 	r.merge(s)
 	r.checkLifetime(s)
 	r.checkResources(s)
 	r.checkImages(s)
+	if engine != nil {
+		for i, img := range engine.Images {
+			r.checkImage(fmt.Sprintf("engine.images[%d]", i), img)
+		}
+	}
 	r.checkServices(s)
 	r.checkNetwork(s)
 	r.checkSecurity(s, pinned)
@@ -602,25 +618,32 @@ func (r *resolver) checkImages(s *sandboxv1.SandboxSpec) {
 		return
 	}
 	for i, c := range s.GetContainers() {
-		f := containerField(i) + ".image"
-		img := c.GetImage()
-		ref, err := parseImage(img)
-		if err != nil {
-			r.add(f, "constraints.images", "", false, "image %q %v", img, err)
-			continue
-		}
-		if ic.AllowedRegistries != nil && !slices.ContainsFunc(ic.AllowedRegistries, func(p string) bool { return registryAllowed(p, ref.host) }) {
-			r.add(f, "constraints.images.allowed_registries", listLimit(ic.AllowedRegistries), false,
-				"image %q is from registry %s, which this runner does not allow; use an image from %s", img, ref.host, listLimit(ic.AllowedRegistries))
-		}
-		if ic.AllowedRepositories != nil && !slices.ContainsFunc(ic.AllowedRepositories, func(p string) bool { return repositoryAllowed(p, ref) }) {
-			r.add(f, "constraints.images.allowed_repositories", listLimit(ic.AllowedRepositories), false,
-				"image %q (repository %s/%s) matches no allowed repository pattern; use one matching %s", img, ref.host, ref.repo, listLimit(ic.AllowedRepositories))
-		}
-		if ic.RequireDigest && ref.digest == "" {
-			r.add(f, "constraints.images.require_digest", "true", false,
-				"image %q is not pinned by digest; this runner requires name@sha256:<digest>", img)
-		}
+		r.checkImage(containerField(i)+".image", c.GetImage())
+	}
+}
+
+// checkImage checks one image (field f) against the policy's image rules.
+func (r *resolver) checkImage(f, img string) {
+	ic := r.c.Images
+	if ic == nil || ic.AllowedRegistries == nil && ic.AllowedRepositories == nil && !ic.RequireDigest {
+		return
+	}
+	ref, err := parseImage(img)
+	if err != nil {
+		r.add(f, "constraints.images", "", false, "image %q %v", img, err)
+		return
+	}
+	if ic.AllowedRegistries != nil && !slices.ContainsFunc(ic.AllowedRegistries, func(p string) bool { return registryAllowed(p, ref.host) }) {
+		r.add(f, "constraints.images.allowed_registries", listLimit(ic.AllowedRegistries), false,
+			"image %q is from registry %s, which this runner does not allow; use an image from %s", img, ref.host, listLimit(ic.AllowedRegistries))
+	}
+	if ic.AllowedRepositories != nil && !slices.ContainsFunc(ic.AllowedRepositories, func(p string) bool { return repositoryAllowed(p, ref) }) {
+		r.add(f, "constraints.images.allowed_repositories", listLimit(ic.AllowedRepositories), false,
+			"image %q (repository %s/%s) matches no allowed repository pattern; use one matching %s", img, ref.host, ref.repo, listLimit(ic.AllowedRepositories))
+	}
+	if ic.RequireDigest && ref.digest == "" {
+		r.add(f, "constraints.images.require_digest", "true", false,
+			"image %q is not pinned by digest; this runner requires name@sha256:<digest>", img)
 	}
 }
 

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 )
@@ -60,11 +61,16 @@ func ToAPI(vs []Violation) []apierr.Violation {
 }
 
 // Reason is the ErrorInfo reason for a rejection with violations vs:
-// CWSANDBOX_RESOURCE_CEILING_EXCEEDED when every violation is a ceiling, else
-// CWSANDBOX_PLACEMENT_REJECTED. It returns "" for no violations.
+// CWSANDBOX_NO_SUITABLE_RUNNER when every violation is the runner's lack of a container
+// engine (no policy change helps: another runner may), CWSANDBOX_RESOURCE_CEILING_EXCEEDED
+// when every violation is a ceiling, else CWSANDBOX_PLACEMENT_REJECTED. It returns "" for
+// no violations.
 func Reason(vs []Violation) string {
 	if len(vs) == 0 {
 		return ""
+	}
+	if !slices.ContainsFunc(vs, func(v Violation) bool { return v.Constraint != ConstraintPlatformContainerEngine }) {
+		return apierr.NoSuitableRunner
 	}
 	for _, v := range vs {
 		if !v.Ceiling {

@@ -65,6 +65,13 @@ type Capacity struct {
 	// DataPlaneURI is where clients reach the runner's direct data plane
 	// (https://HOST:PORT); "" when it serves none.
 	DataPlaneURI string
+	// EngineImage and EngineRuntimeClass are what the runner runs container-engine
+	// sandboxes (runtime.Spec.Engine) with; "" when it runs none (Support.NoContainerEngine).
+	EngineImage        string
+	EngineRuntimeClass string
+	// EngineUnavailable says why the runner runs no container-engine sandboxes ("" when
+	// it does); for messages.
+	EngineUnavailable string
 	// Support is what the runner cannot do, so placement sends sandboxes that need it
 	// elsewhere; its NoEndpoints is EdgeDomain == "".
 	runtime.Support
@@ -121,8 +128,14 @@ type Local struct {
 	EdgePort   int
 	// DataPlaneURI: see Capacity.
 	DataPlaneURI string
-	connectedAt  time.Time
-	admit        sync.Mutex // one capacity check and create at a time
+	// EngineImage and EngineRuntimeClass are what container-engine sandboxes
+	// (runtime.Spec.Engine) run with: the image holding Docker Engine, under a runtime
+	// class the runner offers (DefaultEngineRuntimeClass when empty). Without an image,
+	// or when the backend cannot host an engine (its Support), the runner runs none.
+	EngineImage        string
+	EngineRuntimeClass string
+	connectedAt        time.Time
+	admit              sync.Mutex // one capacity check and create at a time
 }
 
 var _ Handle = (*Local)(nil)
@@ -148,6 +161,11 @@ func (l *Local) Group() string { return l.GroupID }
 func (l *Local) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
 	if l.support().NoShareTokens && NeedsShareTokens(req.Spec) {
 		return Sandbox{}, shareTokensUnsupported(l.RunnerID)
+	}
+	if req.Spec.Engine != nil {
+		if err := l.engineSpec(&req.Spec); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	req.Spec = withDefaults(req.Spec, l.Defaults)
 	need := requested(req.Spec.TotalResources())
@@ -178,6 +196,7 @@ func (l *Local) support() runtime.Support {
 	s := l.R.Support()
 	s.NoEndpoints = s.NoEndpoints || l.EdgeDomain == ""
 	s.NoShareTokens = s.NoShareTokens || l.EdgeDomain == ""
+	s.NoContainerEngine = s.NoContainerEngine || l.engineUnavailable() != ""
 	return s
 }
 
@@ -235,6 +254,11 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 		DataPlaneURI: l.DataPlaneURI,
 		Support:      l.support(),
 	}
+	if !c.NoContainerEngine {
+		c.EngineImage, c.EngineRuntimeClass = l.EngineImage, l.engineRuntimeClass()
+	} else {
+		c.EngineUnavailable = l.engineUnavailable()
+	}
 
 	if c.MilliCPU <= 0 {
 		c.MilliCPU = int64(goruntime.NumCPU()) * 1000
@@ -279,6 +303,12 @@ func hostMemory() int64 {
 func (l *Local) Platform() policy.Platform {
 	p := policy.RunnerPlatform(l.Classes())
 	p.Support = l.R.Support()
+	p.NoContainerEngine = p.NoContainerEngine || l.engineUnavailable() != ""
+	if !p.NoContainerEngine {
+		p.EngineImage, p.EngineRuntimeClass = l.EngineImage, l.engineRuntimeClass()
+	} else {
+		p.EngineUnavailable = l.engineUnavailable()
+	}
 	if d := policy.DefaultsOf(l.Defaults); d != (policy.ResourceDefaults{}) {
 		p.DefaultResources = &d
 	}

@@ -1201,7 +1201,7 @@ func createFailureReason(err error) string {
 	case errors.Is(err, runtime.ErrImageNotFound), errors.Is(err, runtime.ErrImageUnauthorized),
 		errors.Is(err, runtime.ErrRegistry), errors.Is(err, runtime.ErrInvalidImageRef):
 		return ReasonImagePullFailed
-	case errors.Is(err, runtime.ErrInvalidSpec), errors.Is(err, runtime.ErrUnknownRuntime):
+	case errors.Is(err, runtime.ErrInvalidSpec), errors.Is(err, runtime.ErrUnknownRuntime), errors.Is(err, runtime.ErrEngineUnsupported):
 		return ReasonStartError
 	default:
 		return ReasonBackendError

@@ -48,6 +48,9 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 	p.ShareTokenHash = s.ShareTokenHash
 	p.Network = networkToProto(s.Network)
 	p.Pod = podToProto(s.Pod)
+	if e := s.Engine; e != nil {
+		p.Engine = &runnerv1.Engine{Compose: e.Compose, Project: e.Project, Images: e.Images}
+	}
 	return p
 }
 
@@ -240,6 +243,9 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 	s.ShareTokenHash = p.GetShareTokenHash()
 	s.Network = networkFromProto(p.GetNetwork())
 	s.Pod = podFromProto(p.GetPod())
+	if e := p.GetEngine(); e != nil {
+		s.Engine = &runtime.Engine{Compose: e.GetCompose(), Project: e.GetProject(), Images: e.GetImages()}
+	}
 	return s
 }
 
@@ -361,7 +367,18 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		ShareTokens:      !c.NoShareTokens,
 		CpuOvercommit:    c.CPUOvercommit,
 		DefaultResources: resourcesToProto(c.Defaults),
+		// No engine image says the runner runs no container-engine sandbox.
+		EngineImage:        engineImageToProto(c),
+		EngineRuntimeClass: c.EngineRuntimeClass,
+		EngineUnavailable:  c.EngineUnavailable,
 	}
+}
+
+func engineImageToProto(c runner.Capacity) string {
+	if c.NoContainerEngine {
+		return ""
+	}
+	return c.EngineImage
 }
 
 func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
@@ -375,10 +392,13 @@ func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
 		MaxSandboxes:   int(p.GetMaxSandboxes()),
 		RuntimeClasses: p.GetRuntimeClasses(),
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
-		DataPlaneURI:  p.GetDataPlaneUri(),
-		Support:       supportFromProto(p),
-		CPUOvercommit: p.GetCpuOvercommit(),
-		Defaults:      resourcesFromProto(p.GetDefaultResources()),
+		DataPlaneURI:       p.GetDataPlaneUri(),
+		Support:            supportFromProto(p),
+		CPUOvercommit:      p.GetCpuOvercommit(),
+		Defaults:           resourcesFromProto(p.GetDefaultResources()),
+		EngineImage:        p.GetEngineImage(),
+		EngineRuntimeClass: p.GetEngineRuntimeClass(),
+		EngineUnavailable:  p.GetEngineUnavailable(),
 	}
 }
 
@@ -391,6 +411,9 @@ func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
 		NoDNSEgress:   p.GetNoDnsEgress(),
 		NoEndpoints:   p.GetEdgeDomain() == "",
 		NoShareTokens: !p.GetShareTokens(),
+		// A runner without an engine image (or an older one, which does not say) runs
+		// no container-engine sandbox.
+		NoContainerEngine: p.GetEngineImage() == "",
 	}
 }
 

@@ -44,7 +44,7 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 	if s.platform != nil {
 		platform = s.platform()
 	}
-	res := policy.ResolveRevision(p, strconv.FormatInt(rev, 10), spec.ForPolicy(*req), platform)
+	res := policy.ResolveEngine(p, strconv.FormatInt(rev, 10), spec.ForPolicy(*req), req.Spec.Engine, platform)
 	if !res.OK() {
 		vs := policy.ToAPI(res.Violations)
 		parts := make([]string, len(vs))

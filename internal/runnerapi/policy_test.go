@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -129,3 +130,47 @@ func TestAdmitPodSettings(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// The runner's own policy check sees a container-engine sandbox's engine: a runner that
+// runs none refuses it (CWSANDBOX_NO_SUITABLE_RUNNER, so the gateway tries another), its
+// policy may forbid engines, and the engine's images pass its image rules.
+func TestAdmitEngine(t *testing.T) {
+	engine := func() runner.CreateRequest {
+		req := runner.CreateRequest{Spec: runtime.Spec{
+			Container: runtime.Container{Name: runtime.EngineContainerName, Image: "localhost/engine:1"},
+			Engine:    &runtime.Engine{Compose: []byte("services: {}"), Project: "sandbox", Images: []string{"docker.io/library/busybox:1", "ghcr.io/x/y:1"}},
+		}, Lifetime: time.Minute}
+		return createFromProto(createToProto(req)) // as it arrives
+	}
+	runs := func() policy.Platform {
+		p := policy.RunnerPlatform([]string{"runc", "gvisor"})
+		p.EngineImage, p.EngineRuntimeClass = "localhost/engine:1", "gvisor"
+		return p
+	}
+	for _, tc := range []struct {
+		name     string
+		platform func() policy.Platform
+		policy   staticPolicy
+		reason   string
+		field    string
+	}{
+		{"runs engines", runs, `{}`, "", ""},
+		{"runs none", func() policy.Platform { p := runs(); p.NoContainerEngine = true; return p }, `{}`, apierr.NoSuitableRunner, "control"},
+		{"forbidden", runs, `{"constraints":{"security":{"container_engine_allowed":false}}}`, apierr.PlacementRejected, "control"},
+		{"an engine image", runs, `{"constraints":{"images":{"allowed_registries":["docker.io","localhost"]}}}`, apierr.PlacementRejected, "engine.images[1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newServer(&fakeRunner{}, nil, nil)
+			s.WithPolicy("r1", tc.policy)
+			s.platform = tc.platform
+			req := engine()
+			err := s.admit(context.Background(), &req)
+			if apierr.Reason(err) != tc.reason {
+				t.Fatalf("err = %v, want reason %q", err, tc.reason)
+			}
+			if tc.field != "" && (len(apierr.Violations(err)) != 1 || apierr.Violations(err)[0].Field != tc.field) {
+				t.Errorf("violations %v, want one on %s", apierr.Violations(err), tc.field)
+			}
+		})
+	}
+}

@@ -26,17 +26,27 @@ func TestSupportOverTheWire(t *testing.T) {
 	}
 	cases = append(cases, all)
 	for _, want := range cases {
-		c := runner.Capacity{Support: want, EdgeDomain: "edge.example.test", EdgePort: 443}
+		c := runner.Capacity{Support: want, EdgeDomain: "edge.example.test", EdgePort: 443, EngineImage: "engine:test", EngineRuntimeClass: "gvisor"}
+		if want.NoContainerEngine {
+			c.EngineUnavailable = "it has no engine image"
+		}
 		if want.NoEndpoints {
 			c.EdgeDomain, c.EdgePort = "", 0 // a runner without an edge says so by its domain
 		}
-		if got := capacityFromProto(capacityToProto(c)).Support; got != want {
-			t.Errorf("sent %+v, the gateway got %+v", want, got)
+		got := capacityFromProto(capacityToProto(c))
+		if got.Support != want {
+			t.Errorf("sent %+v, the gateway got %+v", want, got.Support)
+		}
+		if want.NoContainerEngine && got.EngineUnavailable != c.EngineUnavailable {
+			t.Errorf("sent why no engine %q, the gateway got %q", c.EngineUnavailable, got.EngineUnavailable)
+		}
+		if !want.NoContainerEngine && (got.EngineImage != c.EngineImage || got.EngineRuntimeClass != c.EngineRuntimeClass) {
+			t.Errorf("sent engine %q under %q, the gateway got %q under %q", c.EngineImage, c.EngineRuntimeClass, got.EngineImage, got.EngineRuntimeClass)
 		}
 	}
 	// A runner that says nothing (one from before share tokens or without an edge) has
-	// neither endpoints nor share tokens.
-	if got := capacityFromProto(nil).Support; !got.NoShareTokens || !got.NoEndpoints || got.NoDNSEgress {
+	// neither endpoints nor share tokens nor a container engine.
+	if got := capacityFromProto(nil).Support; !got.NoShareTokens || !got.NoEndpoints || got.NoDNSEgress || !got.NoContainerEngine {
 		t.Errorf("a runner that says nothing: %+v", got)
 	}
 }

@@ -27,6 +27,11 @@ type Support struct {
 	// endpoints with SHARE_TOKEN auth). Set by the runner; on the wire an older runner
 	// that does not say it can is taken to lack it.
 	NoShareTokens bool
+	// NoContainerEngine: the runner cannot run container-engine sandboxes (Spec.Engine):
+	// its backend cannot host Docker Engine safely in a sandbox, or the runner has no
+	// engine image. On the wire an older runner that does not say it can is taken to
+	// lack it.
+	NoContainerEngine bool
 }
 
 // Optional interfaces of a Backend. The runner asserts them when it runs; each backend

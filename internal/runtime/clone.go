@@ -19,6 +19,7 @@ func (s Spec) Clone() Spec {
 	c.Services = slices.Clone(s.Services)
 	c.Network = s.Network.Clone()
 	c.Pod = s.Pod.Clone()
+	c.Engine = s.Engine.Clone()
 	c.Meta = maps.Clone(s.Meta)
 	return c
 }
@@ -85,6 +86,17 @@ func (n *Network) Clone() *Network {
 		c.Ingress[i].Except = slices.Clone(c.Ingress[i].Except)
 		c.Ingress[i].Ports = slices.Clone(c.Ingress[i].Ports)
 	}
+	return &c
+}
+
+// Clone returns a deep copy of e (nil for nil).
+func (e *Engine) Clone() *Engine {
+	if e == nil {
+		return nil
+	}
+	c := *e
+	c.Compose = slices.Clone(e.Compose)
+	c.Images = slices.Clone(e.Images)
 	return &c
 }
 

@@ -65,6 +65,13 @@ type Spec struct {
 	// Pod is the policy's Kubernetes Pod settings (node selector, tolerations, …), set by
 	// whoever resolves the spec against the runner's policy; nil means none.
 	Pod *PodSettings `json:"pod,omitempty"`
+	// Engine, when set, runs the sandbox under a container engine (the public API's
+	// control CONTROL_CONTAINER_ENGINE): the sandbox's one container, named
+	// EngineContainerName, holds Docker Engine, which runs Engine.Compose with
+	// `docker compose` inside the sandbox (services stopped and started independently by
+	// whoever execs there). Its Image is the runner's engine image (the runner fills an
+	// empty one); nil for every other sandbox.
+	Engine *Engine `json:"engine,omitempty"`
 	// Meta is the platform's immutable bookkeeping (organization, creation time,
 	// deadline; its keys are the Meta* constants); backends persist it and hand it back
 	// from Recover.
@@ -73,6 +80,23 @@ type Spec struct {
 
 // DefaultContainerName names the primary container of a spec that gives it no name.
 const DefaultContainerName = "main"
+
+// EngineContainerName names the one container of a container-engine sandbox (Spec.Engine).
+const EngineContainerName = "cws-engine"
+
+// Engine is what a container-engine sandbox runs under its engine.
+type Engine struct {
+	// Compose is the Compose file as the caller gave it (at most 256 KiB), run by
+	// `docker compose up` inside the sandbox as project Project.
+	Compose []byte `json:"compose"`
+	// Project is the Compose project's name (a DNS-1123 label).
+	Project string `json:"project"`
+	// Images are the images the file's services use (image_overrides applied), each a
+	// reference the policy's image rules accept like any container's image. The runner
+	// pulls them with its credentials and hands them to the engine before `docker
+	// compose up`, so the services run the images the policy allowed.
+	Images []string `json:"images,omitempty"`
+}
 
 // Container is one container of a sandbox.
 type Container struct {

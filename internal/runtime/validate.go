@@ -35,6 +35,9 @@ func ValidateSpec(spec *Spec, maxIDLen int) error {
 	case len(spec.Sidecars)+len(spec.InitContainers) >= MaxContainers:
 		return fmt.Errorf("%w: %d containers: at most %d", ErrInvalidSpec, 1+len(spec.Sidecars)+len(spec.InitContainers), MaxContainers)
 	}
+	if err := validateEngine(spec); err != nil {
+		return err
+	}
 	if err := ValidateVolumes(spec.Volumes, nil); err != nil {
 		return err
 	}

@@ -48,6 +48,7 @@ var notForPolicy = map[string]string{
 	"Spec.ShareTokenHash":                       "derived by the gateway from a token it never gives a runner",
 	"Spec.Pod":                                  "the policy's output: admit replaces it with what the runner's own policy resolves",
 	"Spec.Meta":                                 "the platform's bookkeeping, set after the policy check",
+	"Spec.Engine":                               "the public SandboxSpec has no field for it (CreateSandboxFromFile's control): policy.ResolveEngine checks it beside the spec",
 }
 
 // validForWire makes a request filled by runtimetest.FillAll (every field set, "s" and

@@ -58,6 +58,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
 	}
+	if spec.Engine != nil {
+		return runtime.Info{}, fmt.Errorf("%w by the kubernetes backend yet", runtime.ErrEngineUnsupported)
+	}
 	class, rcName, err := b.runtimeClass(spec.RuntimeClass)
 	if err != nil {
 		return runtime.Info{}, err

@@ -6,9 +6,11 @@ import "github.com/sandboxd/sandboxd/internal/runtime"
 // host-name egress rules cannot be enforced here; the runner refuses them and the gateway
 // places such sandboxes on runners that can. Everything else is enforced: cidr/any as
 // ipBlocks, tenants by label (organization, caller hash). (Sandbox networks are refused
-// by the gateway on every runner.)
+// by the gateway on every runner.) Container-engine sandboxes are not done here: Docker
+// Engine in a Pod needs a runtime class that hosts it safely (gVisor), which this backend
+// does not yet set up, so it runs none and Create refuses them.
 func (b *Backend) Support() runtime.Support {
-	return runtime.Support{NoDNSEgress: true}
+	return runtime.Support{NoDNSEgress: true, NoContainerEngine: true}
 }
 
 // The optional backend interfaces the Kubernetes backend implements (EgressReserver is

@@ -354,6 +354,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
 	}
+	if spec.Engine != nil {
+		// Not done yet: Docker Engine under gVisor with the images handed in read-only
+		// (issue 19 point 5). The backend is no runtime.EngineHost, so runners refuse the
+		// mode before it gets here.
+		return runtime.Info{}, fmt.Errorf("%w by the local backend yet", runtime.ErrEngineUnsupported)
+	}
 	rt, class, err := b.runtimeFor(spec.RuntimeClass)
 	if err != nil {
 		return runtime.Info{}, err
