@@ -155,9 +155,18 @@ func nsFDs(t *testing.T) int {
 // every container (the same network, UTS and user namespaces, the sandbox's hostname,
 // lo up) and held by the backend only while Create runs: none of their descriptors
 // stays open after a Create that succeeded or failed (a primary or a member that
-// could not be created), and a failed Create leaves nothing behind.
+// could not be created), and a failed Create leaves nothing behind. With and without
+// user namespaces.
 func TestGroupNamespacesMadeUpFront(t *testing.T) {
+	t.Run("userns", func(t *testing.T) { groupNamespacesMadeUpFront(t, false) })
+	t.Run("nouserns", func(t *testing.T) { groupNamespacesMadeUpFront(t, true) })
+}
+
+func groupNamespacesMadeUpFront(t *testing.T, noUserNS bool) {
 	e := newEnv(t)
+	if noUserNS {
+		e.b.cfg.NoUserNS, e.b.ids = true, nil
+	}
 	before := nsFDs(t)
 	spec := groupSpec("grp-held")
 	spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: "third", Image: "busybox", Command: "sleep", Args: []string{"3600"}})
