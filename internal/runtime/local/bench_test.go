@@ -148,7 +148,7 @@ func BenchmarkGroupCreateFirstExec(b *testing.B) {
 			ctx := context.Background()
 			var mu sync.Mutex
 			steps := map[string]time.Duration{}
-			e.b.trace = func(step string, d time.Duration) { // the primary's steps (group.go)
+			e.b.trace = func(step string, d time.Duration) { // every container's steps (group.go)
 				mu.Lock()
 				steps[step] += d
 				mu.Unlock()
@@ -186,7 +186,7 @@ func BenchmarkGroupCreateFirstExec(b *testing.B) {
 			for _, s := range []string{"dirs", "pull", "overlay", "bundle", "socket", "runtime", "finish", "members", "started"} {
 				parts = append(parts, fmt.Sprintf("%s %.2fms", s, float64(steps[s].Microseconds())/1000/float64(b.N)))
 			}
-			b.Logf("n=%d load %s; mean per step (members: until every container is created; started: the start sequence): %s",
+			b.Logf("n=%d load %s; mean per step, summed over the containers (members: until every container is created; started: the start sequence): %s",
 				b.N, loadAvg(), strings.Join(parts, ", "))
 			sort.Slice(total, func(i, j int) bool { return total[i] < total[j] })
 			p50 := total[len(total)/2]
