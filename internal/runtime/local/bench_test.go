@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"sort"
 	"strings"
@@ -160,6 +161,13 @@ func benchGroupCreateFirstExec(b *testing.B, class string) {
 				e = newEnv(b)
 			}
 			ctx := context.Background()
+			var mu sync.Mutex
+			steps := map[string]time.Duration{}
+			e.b.trace = func(step string, d time.Duration) { // every container's steps (group.go)
+				mu.Lock()
+				steps[step] += d
+				mu.Unlock()
+			}
 			var total []time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -189,6 +197,12 @@ func benchGroupCreateFirstExec(b *testing.B, class string) {
 			}
 			b.StopTimer()
 			percentiles(b, total, "first-exec-")
+			var parts []string
+			for _, s := range []string{"dirs", "pull", "overlay", "bundle", "socket", "runtime", "finish", "members", "started"} {
+				parts = append(parts, fmt.Sprintf("%s %.2fms", s, float64(steps[s].Microseconds())/1000/float64(b.N)))
+			}
+			b.Logf("n=%d load %s; mean per step, summed over the containers (members: until every container is created; started: the start sequence): %s",
+				b.N, loadAvg(), strings.Join(parts, ", "))
 			sort.Slice(total, func(i, j int) bool { return total[i] < total[j] })
 			p50 := total[len(total)/2]
 			if n == 1 {
@@ -198,4 +212,17 @@ func benchGroupCreateFirstExec(b *testing.B, class string) {
 			}
 		})
 	}
+}
+
+// loadAvg is the host's 1-minute load average, for benchmark logs (the machine is shared).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }

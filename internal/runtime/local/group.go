@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -37,17 +36,20 @@ import (
 //   - Cgroups: one per sandbox, <CgroupParent>/<id>, with one per container in it,
 //     <CgroupParent>/<id>/<name>. No process sits in the sandbox's own cgroup, which
 //     cgroup v2 requires of a cgroup with children that have controllers.
-//   - Namespaces: the members join the primary's network and UTS namespaces (they reach
-//     each other on localhost and share the hostname) and, with user namespaces, its user
-//     namespace when that one owns the network namespace (no host network: ports below
-//     1024 work there), else a user namespace of their own with the same mapping (the
+//   - Namespaces: the backend makes the group's UTS, network (without an attachment)
+//     and, with user namespaces, user namespace before any container (groupns.go), and
+//     every container joins them: they reach each other on localhost and share the
+//     hostname. With user namespaces the containers join the group's user namespace
+//     when it owns the network namespace (no host network: ports below 1024 work
+//     there), else each gets a user namespace of its own with the same mapping (the
 //     network's namespace is the host's, which a joined user namespace could not
 //     enter). Either way the same IDs own the shared files. PID, mount, IPC and cgroup
 //     namespaces are each container's own.
 //   - Volumes are made once, by the primary, and bind-mounted into every container that
 //     lists them; /etc/hosts of every container maps spec.HostAliases to 127.0.0.1.
-//   - Start: the primary and then, concurrently, the members are created with their
-//     agents in standby (the warm pool's mechanism: serving, nothing running); then
+//   - Start: all containers are created concurrently with their agents in standby (the
+//     warm pool's mechanism: serving, nothing running); the members wait for the
+//     primary's volumes before they mount them. Then
 //     startseq.Run starts them (the agent's Start with the container's config) in the
 //     order the spec asks: init containers one by one, each to exit 0, then the others
 //     as their depends_on conditions hold.
@@ -62,15 +64,6 @@ const dirMembers = "c"
 
 // memberGrace is how long a group's members get to stop after the primary ended.
 const memberGrace = 10 * time.Second
-
-// joinParams is what a member shares with its primary.
-type joinParams struct {
-	netns, utsns, userns string // /proc/<primary pid>/ns/… or the network's netns path
-	sysfs                string // the primary's sysfs dir (see mountNetNSSysfs), or ""
-	ids                  *idRange
-	att                  *Attachment
-	volumes              map[string]string // the group's volume roots by name
-}
 
 func memberCID(id, name string) string  { return id + "." + name }
 func memberDir(dir, name string) string { return filepath.Join(dir, dirMembers, name) }
@@ -153,69 +146,14 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		}
 	}
 	host := runtime.Hostname(id)
-	res := spec.Resources
+	launch := b.launchRuncGroup
 	if s.rt.gvisor {
-		res = spec.TotalResources() // on the sentry, which runs them all (gvisor_group.go)
+		launch = b.launchGVisorGroup // gvisor_group.go
 	}
-	_, att, err := b.launch(ctx, s, spec.PullCredentials, host, res, held(&spec.Container, s), t)
-	if err != nil {
-		return containerErr(s.name, err)
-	}
-	failpoint.Hit("local.group.primary")
-	ns := func(kind string) string { return "/proc/" + strconv.Itoa(s.info.Pid) + "/ns/" + kind }
-	join := &joinParams{netns: ns("net"), utsns: ns("uts"), userns: ns("user"), att: att, volumes: s.volumeRoots}
-	if att != nil && att.NetNSPath != "" {
-		// The host's network namespace belongs to the host's user namespace: a process
-		// in the primary's user namespace may not enter it (runc joins the user
-		// namespace first). The member gets a user namespace of its own with the same
-		// mapping instead: the same IDs own the shared files, as for the primary.
-		join.netns, join.userns = att.NetNSPath, ""
-	}
-	if b.ids != nil && !s.rt.gvisor {
-		// Fail closed: a member launched without the primary's mapping would run as
-		// real root on the host.
-		ids, ok, err := readIDRange(s.dir)
-		if err != nil || !ok {
-			return fmt.Errorf("create sandbox %s: the primary's user namespace mapping is unreadable (%w): no other container may start without it", id, err)
-		}
-		join.ids = &ids
-	}
-	// The members join the primary's namespaces by its pid: it must still be the
-	// primary's (its pidfd says whether it exited, and a pid is reused only after).
-	if s.proc == nil || s.proc.exited() {
-		return fmt.Errorf("create sandbox %s: the primary container exited before the others joined it", id)
-	}
-	if fi, err := os.Stat(filepath.Join(s.dir, dirSysfs)); err == nil && fi.IsDir() {
-		join.sysfs = filepath.Join(s.dir, dirSysfs)
-	}
-	errs := make([]error, len(members))
-	var wg sync.WaitGroup
-	for i, m := range members {
-		c, _ := spec.Find(m.name)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := os.Mkdir(m.dir, 0o700); err != nil {
-				errs[i] = err
-				return
-			}
-			m.join = join
-			var mt time.Time
-			if _, _, err := b.launch(ctx, m, c.PullCredentials, host, c.Resources, held(c, m), &mt); err != nil {
-				errs[i] = containerErr(m.name, err)
-				return
-			}
-			m.join = nil
-			go b.watch(m, "Killed")
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := launch(ctx, s, spec, members, host, held, t); err != nil {
 		return err
 	}
-	if s.proc.exited() { // the members may have joined the namespaces of whatever took its pid
-		return fmt.Errorf("create sandbox %s: the primary container exited while the others joined it", id)
-	}
+	failpoint.Hit("local.group.primary")
 	b.step("members", t)
 	failpoint.Hit("local.group.members")
 	if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
@@ -227,6 +165,81 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 	}
 	failpoint.Hit("local.group.info")
 	b.step("started", t)
+	return nil
+}
+
+// heldConfig makes a container's held (standby) agent config, keeping its real one in cs.
+type heldConfig = func(c *runtime.Container, cs *sandbox) func(*Image) (*agentconfig.Config, error)
+
+// launchRuncGroup creates the containers of runc group s: the group's namespaces are made
+// up front (groupns.go) and every container, the primary included, is created at once.
+func (b *Backend) launchRuncGroup(ctx context.Context, s *sandbox, spec *runtime.Spec, members []*sandbox, host string, held heldConfig, t *time.Time) error {
+	id := s.id
+	join := newJoinParams(nil)
+	if b.ids != nil {
+		// The group's ID range, recorded in the primary's dir (freed with it) before any
+		// container starts: every container maps it.
+		r, err := b.ids.alloc(s.dir)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		failpoint.Hit("local.create.idrange")
+		join.ids = &r
+	}
+	// The shared namespaces are set up while the containers' launches make their dirs;
+	// each waits for them (and a member for the primary's volumes) before it needs them.
+	go func() {
+		join.err = b.setupGroupNS(ctx, s, join, host)
+		close(join.ready)
+	}()
+	defer func() {
+		<-join.ready
+		join.ns.close() // the containers hold the namespaces now (or none is left)
+	}()
+	all := append([]*sandbox{s}, members...)
+	errs := make([]error, len(all))
+	var wg sync.WaitGroup
+	for i, m := range all {
+		c := &spec.Container
+		if m != s {
+			c, _ = spec.Find(m.name)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if m != s {
+				if err := os.Mkdir(m.dir, 0o700); err != nil {
+					errs[i] = containerErr(m.name, err)
+					return
+				}
+			}
+			m.join = join
+			defer func() { m.join = nil }()
+			now := time.Now()
+			lt := &now
+			if m == s {
+				defer join.setVolumes(nil, errPrimaryFailed) // unless published
+				lt = t                                       // the steps traced are the primary's
+			}
+			if _, _, err := b.launch(ctx, m, c.PullCredentials, host, c.Resources, held(c, m), lt); err != nil {
+				errs[i] = containerErr(m.name, err)
+				return
+			}
+			if m != s {
+				go b.watch(m, "Killed")
+			}
+		}()
+	}
+	wg.Wait()
+	if join.err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, join.err)
+	}
+	if errs[0] != nil {
+		return errs[0] // the members' errors only say that the primary's launch failed
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	return nil
 }
 

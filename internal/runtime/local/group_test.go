@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,5 +103,96 @@ func TestGroupSharesTheDefaultDisk(t *testing.T) {
 	small.shareDisk(&spec)
 	if spec.Resources.DiskBytes != minDiskBytes {
 		t.Errorf("share below the minimum: %d, want %d", spec.Resources.DiskBytes, minDiskBytes)
+	}
+}
+
+// nsFDs counts this process's open namespace descriptors (the groups' holders).
+func nsFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		l, _ := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		for _, kind := range []string{"user:[", "uts:[", "net:["} {
+			if strings.HasPrefix(l, kind) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestGroupNamespacesMadeUpFront: the group's namespaces (groupns.go) are joined by
+// every container (the same network, UTS and user namespaces, the sandbox's hostname,
+// lo up) and held by the backend only while Create runs: none of their descriptors
+// stays open after a Create that succeeded or failed (a primary or a member that
+// could not be created), and a failed Create leaves nothing behind. With and without
+// user namespaces.
+func TestGroupNamespacesMadeUpFront(t *testing.T) {
+	t.Run("userns", func(t *testing.T) { groupNamespacesMadeUpFront(t, false) })
+	t.Run("nouserns", func(t *testing.T) { groupNamespacesMadeUpFront(t, true) })
+}
+
+func groupNamespacesMadeUpFront(t *testing.T, noUserNS bool) {
+	e := newEnv(t)
+	if noUserNS {
+		e.b.cfg.NoUserNS, e.b.ids = true, nil
+	}
+	before := nsFDs(t)
+	spec := groupSpec("grp-held")
+	spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: "third", Image: "busybox", Command: "sleep", Args: []string{"3600"}})
+	e.create(spec)
+	if n := nsFDs(t); n != before {
+		t.Errorf("namespace descriptors open after Create: %d, before: %d", n, before)
+	}
+	var first string
+	for _, name := range []string{"", "side", "third"} {
+		c := agentClientOf(e.b, spec.ID, name)
+		out, errOut, code := execIn(t, c, "sh", "-c", "for n in net uts user; do readlink /proc/self/ns/$n; done; hostname; cat /sys/class/net/lo/operstate /sys/class/net/lo/flags")
+		if code != 0 {
+			t.Fatalf("container %q: %s", name, errOut)
+		}
+		if first == "" {
+			first = out
+			if !strings.HasPrefix(out, "net:[") || !strings.Contains(out, "\nuser:[") {
+				t.Errorf("namespaces in the primary: %q", out)
+			}
+			if !strings.Contains(out, runtime.Hostname(spec.ID)+"\n") {
+				t.Errorf("hostname in the primary: %q, want %s", out, runtime.Hostname(spec.ID))
+			}
+			if !strings.HasSuffix(strings.TrimSpace(out), "0x9") {
+				t.Errorf("lo is not up in the group's network namespace: %q", out)
+			}
+		} else if out != first {
+			t.Errorf("container %q's namespaces and hostname:\n%s\nthe primary's:\n%s", name, out, first)
+		}
+	}
+	if err := e.b.Destroy(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
+
+	for _, c := range []struct{ name, who string }{{"grp-held-p", "app"}, {"grp-held-m", "third"}} {
+		spec := groupSpec(c.name)
+		spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: "third", Image: "busybox", Command: "sleep", Args: []string{"3600"}})
+		if c.who == "app" {
+			spec.Image = "nope"
+		} else {
+			spec.Sidecars[1].Image = "nope"
+		}
+		_, err := e.b.Create(context.Background(), &spec)
+		if !errors.Is(err, runtime.ErrImageNotFound) || !strings.Contains(err.Error(), `container "`+c.who+`"`) {
+			t.Errorf("create with %s's image missing: %v, want ErrImageNotFound naming it", c.who, err)
+		}
+		if n := nsFDs(t); n != before {
+			t.Errorf("namespace descriptors open after a failed Create: %d, before: %d", n, before)
+		}
+		checkNoLeaks(t, e.state, spec.ID)
+		if _, err := os.Stat(e.b.dir(spec.ID)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("failed create left its dir: %v", err)
+		}
 	}
 }

@@ -3,6 +3,8 @@ package local
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -10,6 +12,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Groups under gVisor: one runsc sandbox (one sentry, one user-space kernel) holds every
@@ -229,4 +233,40 @@ func gvisorMemberGone(ctx context.Context, s *sandbox) bool {
 	}
 	_, err := s.rt.state(ctx, s.cid)
 	return err != nil && notExist(err)
+}
+
+// launchGVisorGroup creates the containers of gVisor group s: the primary first, as a
+// single gVisor sandbox is made (its network, its volumes) but with the group's total
+// resources on the sentry, then the members into its sentry, concurrently. They join
+// no namespace by path (gvisorGroupSpec): what they share is the sentry's.
+func (b *Backend) launchGVisorGroup(ctx context.Context, s *sandbox, spec *runtime.Spec, members []*sandbox, host string, held heldConfig, t *time.Time) error {
+	_, att, err := b.launch(ctx, s, spec.PullCredentials, host, spec.TotalResources(), held(&spec.Container, s), t)
+	if err != nil {
+		return containerErr(s.name, err)
+	}
+	join := newJoinParams(nil)
+	join.att = att
+	close(join.ready)
+	join.setVolumes(s.volumeRoots, nil)
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	for i, m := range members {
+		c, _ := spec.Find(m.name)
+		wg.Go(func() {
+			if err := os.Mkdir(m.dir, 0o700); err != nil {
+				errs[i] = containerErr(m.name, err)
+				return
+			}
+			m.join = join
+			defer func() { m.join = nil }()
+			var mt time.Time
+			if _, _, err := b.launch(ctx, m, c.PullCredentials, host, c.Resources, held(c, m), &mt); err != nil {
+				errs[i] = containerErr(m.name, err)
+				return
+			}
+			go b.watch(m, "Killed")
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

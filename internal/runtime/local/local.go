@@ -2,8 +2,8 @@
 // OCI runtime CLI (runc by default) over a per-sandbox overlayfs root, with sandbox-agent
 // as PID 1 listening on a unix socket the backend creates on the host. A multi-container
 // sandbox (sidecars, init containers) is a group of such containers sharing the
-// primary's network, UTS and user namespaces under runc (group.go), and one runsc
-// sandbox (one sentry) under gVisor (gvisor_group.go).
+// group's network, UTS and user namespaces under runc (group.go, groupns.go), and one
+// runsc sandbox (one sentry) under gVisor (gvisor_group.go).
 //
 // Runtime classes: "runc" (the default) and "gvisor" (runsc on the systrap platform,
 // offered when FindRunsc finds a static runsc; scripts/build-runsc.sh builds it). The
@@ -598,10 +598,19 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	var vols []specs.Mount
 	var err error
-	if s.join != nil {
+	if s.join != nil && s.member {
 		// The group's volumes are the primary's: nothing of the sandbox runs yet (every
 		// agent is held), so nothing in them can be a symlink.
-		vols, err = volumeMounts(s.join.volumes, s.spec.VolumeMounts, ids)
+		var roots map[string]string
+		if roots, err = s.join.waitVolumes(ctx); err == nil {
+			vols, err = volumeMounts(roots, s.spec.VolumeMounts, ids)
+		}
+	} else if s.join != nil {
+		// A group's primary makes the group's volumes, for its members too.
+		var roots map[string]string
+		vols, roots, err = b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
+		s.volumeRoots = roots
+		s.join.setVolumes(roots, err)
 	} else {
 		var roots map[string]string
 		vols, roots, err = b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
@@ -619,6 +628,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	b.step("pull", t)
 	if s.join != nil {
+		if err := s.join.wait(ctx); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: the group's namespaces: %w", id, err)
+		}
 		att = s.join.att
 	} else if b.cfg.Network != nil {
 		waitNet()
@@ -645,7 +657,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	b.mu.Lock() // DialAgent reads it under the lock
 	s.ident = ident
 	b.mu.Unlock()
-	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids); err != nil {
+	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids, s.join.idmapUserNS()); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("overlay", t)
@@ -670,9 +682,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		Tmpfs: s.spec.Tmpfs,
 	}
 	if s.join != nil {
-		p.NetNS, p.UTSNS, p.Sysfs = s.join.netns, s.join.utsns, s.join.sysfs
+		var userns string
+		p.NetNS, p.UTSNS, userns = s.join.nsPaths()
+		p.Sysfs = s.join.sysfs
 		if ids != nil {
-			p.UserNS = s.join.userns
+			p.UserNS = userns
 		}
 	}
 	if s.held != nil {
@@ -793,11 +807,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 }
 
 // mountRoot mounts the overlay root of a sandbox (dir) at rootfs: over the image's
-// layers, idmapped when ids is set (see userns.go).
-func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work string, ids *idRange) error {
+// layers, idmapped when ids is set (see userns.go), through the user namespace userns
+// when it is a descriptor (a group's, mapping ids), else one made for it.
+func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work string, ids *idRange, userns int) error {
 	if ids != nil {
 		var err error
-		if layers, err = idmappedLowers(layers, dir, *ids); err != nil {
+		if layers, err = idmappedLowers(layers, dir, *ids, userns); err != nil {
 			return err
 		}
 		defer func() { _ = detachLowers(dir) }()

@@ -152,3 +152,49 @@ func (e *env) withNetwork(tb testing.TB, n int) *network.Manager {
 	e.b.cfg.Network = netAdapter{m}
 	return m
 }
+
+// TestGroupNetwork: a group on the bridge (groupns.go: the attachment's namespace is
+// joined, each container in a user namespace of its own with the group's mapping): every
+// container has the sandbox's eth0 and IP, its sysfs shows eth0 (the backend mounts it,
+// mountNetNSSysfs), the hostname is the sandbox's, and the sidecar's port 8080 answers the
+// host at the sandbox's IP.
+func TestGroupNetwork(t *testing.T) {
+	e := newEnv(t)
+	m := e.withNetwork(t, 0)
+	spec := groupSpec("grp-net")
+	// Port 8080: on the bridge, the network namespace belongs to the host's user
+	// namespace, where the containers' root may not bind ports below 1024.
+	spec.Sidecars[0].Args = []string{"-f", "-p", "8080", "-h", "/data"}
+	info := e.create(spec)
+	if !strings.HasPrefix(info.IP, "10.233.77.") {
+		t.Fatalf("IP = %q", info.IP)
+	}
+	for _, name := range []string{"", "side"} {
+		c := agentClientOf(e.b, spec.ID, name)
+		out, errOut, code := execIn(t, c, "sh", "-c", "ip -4 addr show eth0; cat /sys/class/net/eth0/operstate; hostname")
+		if code != 0 || !strings.Contains(out, info.IP+"/24") || !strings.Contains(out, "\nup\n") || !strings.HasSuffix(out, runtime.Hostname(spec.ID)+"\n") {
+			t.Errorf("container %q: %q %q (exit %d), want eth0 with %s, its sysfs, the sandbox's hostname", name, out, errOut, code, info.IP)
+		}
+	}
+	if _, errOut, c := execIn(t, agentClientOf(e.b, spec.ID, "side"), "sh", "-c", "echo hello > /data/index.html"); c != 0 {
+		t.Fatalf("write in side: %s", errOut)
+	}
+	var body []byte
+	hc := markedClient(m)
+	for i := 0; i < 100 && string(body) != "hello\n"; i++ {
+		resp, err := hc.Get("http://" + net.JoinHostPort(info.IP, "8080") + "/index.html")
+		if err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		} else {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if string(body) != "hello\n" {
+		t.Errorf("host -> %s:8080 (the sidecar) read %q", info.IP, body)
+	}
+	if err := e.b.Destroy(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
+}

@@ -55,9 +55,14 @@ func defaultSeccomp() (*specs.LinuxSeccomp, error) { return seccompFor(defaultCa
 
 // seccompFor builds the default seccomp profile for a capability set: the profile
 // allows the system calls a capability needs (mount for CAP_SYS_ADMIN, ...) only with it.
+// The x32 ABI is left out on a kernel without it (seccomparch.go).
 func seccompFor(caps []string) (*specs.LinuxSeccomp, error) {
 	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}}
-	return seccomp.GetDefaultProfile(s)
+	p, err := seccomp.GetDefaultProfile(s)
+	if err != nil {
+		return nil, err
+	}
+	return withoutX32(p, hostHasX32()), nil
 }
 
 // readOnlyTmpfsBytes is the size of each writable tmpfs under a read-only root.

@@ -166,13 +166,15 @@ func usernsFD(r idRange) (int, error) {
 }
 
 // idmappedLowers mounts each layer idmapped through r at dir/lower/<i> and returns those
-// paths (same order). The caller mounts the overlay and then calls detachLowers.
-func idmappedLowers(layers []string, dir string, r idRange) (paths []string, err error) {
-	userns, err := usernsFD(r)
-	if err != nil {
-		return nil, err
+// paths (same order). The caller mounts the overlay and then calls detachLowers. userns,
+// when not -1, is a user namespace mapping r to use (else one is made).
+func idmappedLowers(layers []string, dir string, r idRange, userns int) (paths []string, err error) {
+	if userns < 0 {
+		if userns, err = usernsFD(r); err != nil {
+			return nil, err
+		}
+		defer unix.Close(userns)
 	}
-	defer unix.Close(userns)
 	base := filepath.Join(dir, dirLowers)
 	if err := os.Mkdir(base, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, err
