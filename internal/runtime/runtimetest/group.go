@@ -3,6 +3,7 @@ package runtimetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -223,9 +224,17 @@ func testGroupInitContainers(t *testing.T, s *suite) {
 	}
 	spec.Sidecars = []runtime.Container{side("late", s.opts.Image, "sh", "-c", "echo 3 >> /data/order; sleep 3600")}
 	s.create(t, b, spec)
-	if out, _ := execInC(t, b, spec.ID, "app", "cat", "/data/order"); out != "1\n2\n3\n" {
-		t.Errorf("order %q, want init containers first, in order", out)
+	// The init containers are done when Create returns; the sidecar is started, and
+	// writes soon after.
+	if out, _ := execInC(t, b, spec.ID, "app", "cat", "/data/order"); !strings.HasPrefix(out, "1\n2\n") {
+		t.Errorf("order %q when Create returned, want both init containers done, in order", out)
 	}
+	eventually(t, 10*time.Second, func() string {
+		if out, _ := execInC(t, b, spec.ID, "app", "cat", "/data/order"); out != "1\n2\n3\n" {
+			return fmt.Sprintf("order %q, want init containers first, in order, then the sidecar", out)
+		}
+		return ""
+	})
 	sts := statuses(t, b, spec.ID)
 	if st := sts["first"]; !st.Init || st.State != runtime.ContainerExited || st.ExitCode == nil || *st.ExitCode != 0 {
 		t.Errorf("init container first: %+v, want exited 0", st)
