@@ -148,6 +148,7 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 			if err != nil {
 				return nil, fmt.Errorf("container %q: %w", c.ContainerName(), err)
 			}
+			cfg.HoldExit = cs.holdsExit() // gvisor_group.go
 			cs.held = cfg
 			return &agentconfig.Config{Standby: true, Hostname: cfg.Hostname}, nil
 		}
@@ -389,7 +390,7 @@ func (b *Backend) loadMembers(s *sandbox, states map[string]containerState) erro
 			}
 			return err
 		}
-		m.proc = gvisorMemberProc(m, pr)
+		m.proc = gvisorProc(m, pr)
 	}
 	return nil
 }
