@@ -375,7 +375,7 @@ func (b *Backend) loadMembers(s *sandbox, states map[string]containerState) erro
 		if err := readJSON(filepath.Join(m.dir, fileInfo), &pi); err != nil {
 			continue // never started
 		}
-		m.info, m.ident = pi, pi.Agent
+		m.info, m.ident, m.cpus = pi, pi.Agent, pi.CPUs
 		if states != nil {
 			if st, ok := states[m.cid]; !ok || st.Status == "stopped" || st.Pid != pi.Pid {
 				continue
