@@ -61,6 +61,10 @@ type Options struct {
 	// StreamStall is how long a stream exec waits for a client that reads nothing while
 	// its output buffer is full before it fails with STREAM_BACKPRESSURE (default 30 s).
 	StreamStall time.Duration
+	// Release ends the hold of an agent whose config has HoldExit: Run returns once the
+	// main command has ended and Release is closed. nil: never (the backend kills the
+	// agent, see agentconfig.Config.HoldExit).
+	Release <-chan struct{}
 }
 
 // Agent is one running agent.
@@ -165,7 +169,8 @@ func ReadStatusFile(stateDir string) (*agentv1.StatusResponse, error) {
 // Run runs the agent until the main command has finally ended and returns the process
 // exit code the agent should exit with: the main command's last exit code, or 1 when it
 // could not start. Cancelling ctx is a stop request (SIGTERM to the main process group,
-// no restart, state STOPPED once it exits).
+// no restart, state STOPPED once it exits). With Config.HoldExit it returns only once
+// Options.Release is closed as well.
 func Run(ctx context.Context, opts Options) (int, error) {
 	a, err := newAgent(opts)
 	if err != nil {
@@ -219,6 +224,10 @@ func Run(ctx context.Context, opts Options) (int, error) {
 		a.log.Warn("serve", "err", err)
 	}
 	a.killExecs()
+	if a.started.Load() && a.cfg.HoldExit {
+		a.log.Info("main command ended; holding until the backend ends the sandbox", "code", code)
+		<-a.opts.Release
+	}
 	return code, nil
 }
 

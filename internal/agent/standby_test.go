@@ -102,3 +102,53 @@ func TestStandbyBaseEnv(t *testing.T) {
 		t.Errorf("log %q, want %q", got, want)
 	}
 }
+
+// A Start config with HoldExit: the agent reports the main command's end as always (the
+// Watch stream ends with the final status, status.json has it, serving stops), but Run
+// returns only once released; a stop request does not release it either.
+func TestHoldExit(t *testing.T) {
+	release := make(chan struct{})
+	h := startAgent(t, &agentconfig.Config{Standby: true}, func(o *Options) { o.Release = release })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg, _ := json.Marshal(agentconfig.Config{Argv: []string{"sh", "-c", "exit 3"}, Env: []string{"PATH=/usr/bin:/bin"}, HoldExit: true})
+	watch, err := h.client.Watch(ctx, connect.NewRequest(&agentv1.WatchRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: cfg})); err != nil {
+		t.Fatal(err)
+	}
+	var last *agentv1.StatusResponse
+	for watch.Receive() {
+		last = watch.Msg()
+	}
+	if last.GetState() != agentv1.MainState_MAIN_STATE_FAILED || last.GetExitCode() != 3 {
+		t.Fatalf("last watched status %v (%v), want failed with 3", last, watch.Err())
+	}
+	if st := h.statusFile(t); st.State != agentv1.MainState_MAIN_STATE_FAILED || st.GetExitCode() != 3 {
+		t.Errorf("status file %v", st)
+	}
+	// It stops serving (the listener is closed) but holds.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := h.client.Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
+		if err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the held agent still serves")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	h.stop()
+	select {
+	case code := <-h.result:
+		t.Fatalf("the agent exited (%d) before it was released", code)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	if code := h.wait(t); code != 3 {
+		t.Errorf("exit code %d, want 3", code)
+	}
+}

@@ -48,6 +48,13 @@ type Config struct {
 	// Standby makes the agent serve without a main command (Argv is empty) until the
 	// backend sends the real Config with the Start call: a pooled, pre-started sandbox.
 	Standby bool `json:"standby,omitempty"`
+	// HoldExit keeps the agent from exiting when the main command has ended for good:
+	// it reports the end as always (status file, Watch) and stops serving, then stays
+	// until the backend kills it. The local backend sets it on the primary of a
+	// multi-container gVisor sandbox, whose agent is PID 1 of the sentry's root PID
+	// namespace: its exit would kill the other containers at once, before the backend
+	// has given them their grace period.
+	HoldExit bool `json:"hold_exit,omitempty"`
 	// Identity is what the agent proves on every connection before serving it (see
 	// agent.VerifyIdentity): the backend checks it reached this sandbox's agent and no
 	// other. Set at creation; a Start call cannot change it.

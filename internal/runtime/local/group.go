@@ -141,6 +141,7 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 			if err != nil {
 				return nil, fmt.Errorf("container %q: %w", c.ContainerName(), err)
 			}
+			cfg.HoldExit = cs.holdsExit() // gvisor_group.go
 			cs.held = cfg
 			return &agentconfig.Config{Standby: true, Hostname: cfg.Hostname}, nil
 		}
@@ -387,7 +388,7 @@ func (b *Backend) loadMembers(s *sandbox, states map[string]containerState) erro
 		if err := readJSON(filepath.Join(m.dir, fileInfo), &pi); err != nil {
 			continue // never started
 		}
-		m.info, m.ident = pi, pi.Agent
+		m.info, m.ident, m.cpus = pi, pi.Agent, pi.CPUs
 		if states != nil {
 			if st, ok := states[m.cid]; !ok || st.Status == "stopped" || st.Pid != pi.Pid {
 				continue
@@ -402,7 +403,7 @@ func (b *Backend) loadMembers(s *sandbox, states map[string]containerState) erro
 			}
 			return err
 		}
-		m.proc = gvisorMemberProc(m, pr)
+		m.proc = gvisorProc(m, pr)
 	}
 	return nil
 }

@@ -4,15 +4,21 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -47,13 +53,16 @@ import (
 //     the group's total: per-container limits are NOT enforced under gVisor.
 //   - Exits: the pid runsc reports for any container is the sentry's. A member's exit is
 //     `runsc wait <cid>` (per container) and its signals go through `runsc kill <cid>`
-//     (gvContainer, the member's proc). The primary's proc stays the sentry's pidfd:
-//     its agent is PID 1 of the sentry's root PID namespace, and when that exits the
-//     sentry SIGKILLs every other process in it, the members' included (pid_namespaces(7),
-//     which gVisor follows), and then exits. So under gVisor the members of a group
-//     whose primary ended get no grace period: they are killed at once, and their exits
-//     are recorded as killed. Stop sends every container SIGTERM at once, as for runc,
-//     but one still running when the primary has ended is killed with it.
+//     (gvContainer, each container's proc). The primary's agent is PID 1 of the sentry's
+//     root PID namespace: when it exits, the sentry SIGKILLs every other process in it,
+//     the members' included (pid_namespaces(7), which gVisor follows), and exits. So
+//     the primary's agent does not exit when its main command has ended for good: it is
+//     started with HoldExit (agentconfig), reports the end (its status; the backend
+//     follows its Watch stream) and holds. Its proc's exit is that report; the watcher
+//     then records the primary's exit and stops the members with their grace period
+//     (SIGTERM, SIGKILL after memberGrace), as for runc, and only then ends the sentry
+//     (endSentry: SIGKILL). A Stop sends every container SIGTERM at once, as for runc.
+//     The sentry's own exit (a kill, a crash) still ends every container at once.
 //   - The warm pool stays runc-only, and gVisor groups get no user namespace of the
 //     backend's (the sentry is the boundary, as for a single gVisor container).
 
@@ -72,6 +81,10 @@ const (
 func (s *sandbox) inGVisorGroup() bool {
 	return s.rt != nil && s.rt.gvisor && (s.member || s.spec.Multi())
 }
+
+// holdsExit reports whether s's agent holds after its main command ended (it is the
+// primary of a gVisor group: see above).
+func (s *sandbox) holdsExit() bool { return s.inGVisorGroup() && !s.member }
 
 // gvisorGroupSpec adapts the OCI spec of a gVisor group's container s (see above).
 func (b *Backend) gvisorGroupSpec(s *sandbox, sp *specs.Spec) {
@@ -114,34 +127,117 @@ func (b *Backend) oomCgroupOf(s *sandbox) string {
 	return s.cgroupRel()
 }
 
-// gvContainer is a gVisor group member as a proc: its exit is `runsc wait <cid>`
-// (which returns when the container's init has exited), or the sentry's exit; its
-// signals go through `runsc kill <cid>`.
+// gvContainer is a container of a gVisor group as a proc: pid and pidfd are the
+// sentry's, the exit is the container's own. A member's exit is `runsc wait <cid>`
+// (which returns when the container's init has exited), and its signals go through
+// `runsc kill <cid>`. The primary's agent holds (agentconfig.Config.HoldExit): its
+// exit is its agent's report that the main command has ended for good (Watch, or the
+// status file), and the sentry is ended by endSentry once the members have stopped.
+// Either way the sentry's exit is every container's.
 type gvContainer struct {
-	rt     *ociRuntime
-	cid    string
-	done   chan struct{}
-	end    sync.Once
-	cancel context.CancelFunc
+	rt      *ociRuntime
+	cid     string
+	primary bool
+	sentry  *proc         // the sentry's pidfd (the proc's f)
+	gone    chan struct{} // closed when the sentry has exited (or the proc is closed)
+	done    chan struct{}
+	end     sync.Once
+	cancel  context.CancelFunc
 }
 
-// gvisorMemberProc makes the proc of gVisor member m from sentry, the sentry's pidfd
-// (what runsc's pid file names); nil stays nil (the sandbox is gone).
-func gvisorMemberProc(m *sandbox, sentry *proc) *proc {
-	if sentry == nil || !m.inGVisorGroup() || !m.member {
+// gvisorProc makes the proc of s, a container of a gVisor group, from sentry, the
+// sentry's pidfd (what runsc's pid file names); nil stays nil (the sandbox is gone), and
+// any other sandbox's proc is sentry itself.
+func gvisorProc(s *sandbox, sentry *proc) *proc {
+	if sentry == nil || !s.inGVisorGroup() {
 		return sentry
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &gvContainer{rt: m.rt, cid: m.cid, done: make(chan struct{}), cancel: cancel}
+	c := &gvContainer{rt: s.rt, cid: s.cid, primary: !s.member, sentry: sentry,
+		gone: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
 	go func() {
 		_ = sentry.wait(ctx) // the sentry's end is every container's
+		close(c.gone)
 		c.ended()
 	}()
-	go c.waitExit(ctx)
+	if c.primary {
+		if st, _ := readStatus(s.dir); finalState(st) { // a sandbox loaded while its primary holds
+			c.ended()
+		}
+		go c.watchAgent(ctx, s.dir, s.ident)
+	} else {
+		go c.waitExit(ctx)
+	}
 	return &proc{pid: sentry.pid, start: sentry.start, f: sentry.f, rc: sentry.rc, ctr: c}
 }
 
 func (c *gvContainer) ended() { c.end.Do(func() { close(c.done) }) }
+
+// gvWatchRetry is how long the primary's watch waits before it dials its agent again
+// (it is not listening yet, or no more) and rereads the status file.
+const gvWatchRetry = 100 * time.Millisecond
+
+// gvWatchMaxBytes bounds one status message from the primary's agent (the sandbox's).
+const gvWatchMaxBytes = 64 << 10
+
+// watchAgent ends the primary's proc once its agent reports the main command's final end
+// (COMPLETED, FAILED or STOPPED): from its Watch stream, or from the status file it
+// rewrites on every change (the agent stops serving when the command has ended).
+func (c *gvContainer) watchAgent(ctx context.Context, dir string, ident *agentconfig.Identity) {
+	defer c.ended()
+	hc := agent.NewHTTPClient(func(ctx context.Context) (net.Conn, error) { return dialVerified(ctx, dir, ident) })
+	defer hc.CloseIdleConnections()
+	cl := agentv1connect.NewAgentServiceClient(hc, "http://sandbox-agent", connect.WithGRPC(), connect.WithReadMaxBytes(gvWatchMaxBytes))
+	for {
+		if st, _ := readStatus(dir); finalState(st) {
+			return
+		}
+		if stream, err := cl.Watch(ctx, connect.NewRequest(&agentv1.WatchRequest{})); err == nil {
+			for stream.Receive() {
+				if finalState(stream.Msg()) {
+					_ = stream.Close()
+					return
+				}
+			}
+			_ = stream.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.done:
+			return
+		case <-time.After(gvWatchRetry):
+		}
+	}
+}
+
+// finalState reports whether st is an agent's status after its main command has ended
+// for good.
+func finalState(st *agentv1.StatusResponse) bool {
+	switch st.GetState() {
+	case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
+		return true
+	}
+	return false
+}
+
+// endSentry ends the sentry of gVisor group s once its primary's agent, held after the
+// main command ended, is not needed: the members have stopped (the watcher) or are
+// being killed (teardown). It SIGKILLs the sentry and waits, bounded, for its exit.
+func endSentry(ctx context.Context, s *sandbox) {
+	if s.proc == nil || s.proc.ctr == nil || !s.proc.ctr.primary {
+		return
+	}
+	c := s.proc.ctr
+	_ = c.sentry.signal(unix.SIGKILL)
+	t := time.NewTimer(gvSignalTimeout)
+	defer t.Stop()
+	select {
+	case <-c.gone:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
 
 // gvWaitRetries bounds how often a failed `runsc wait` is retried while runsc still
 // reports the container running.
@@ -175,8 +271,12 @@ func (c *gvContainer) exited() bool {
 	case <-c.done:
 		return true
 	default:
-		return false
 	}
+	if c.sentry.exited() { // before its waiter has seen it (a sandbox just loaded)
+		c.ended()
+		return true
+	}
+	return false
 }
 
 func (c *gvContainer) wait(ctx context.Context) error {
@@ -192,8 +292,12 @@ func (c *gvContainer) wait(ctx context.Context) error {
 const gvSignalTimeout = 10 * time.Second
 
 // signal sends sig to the container's init (its agent, PID 1 of its PID namespace in
-// the sentry: SIGKILL takes every process of the container along).
+// the sentry: SIGKILL takes every process of the container along). SIGKILL to the
+// primary goes to the sentry (as for a single gVisor container): it ends the group.
 func (c *gvContainer) signal(sig unix.Signal) error {
+	if c.primary && sig == unix.SIGKILL {
+		return c.sentry.signal(sig)
+	}
 	if c.exited() {
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -208,9 +209,8 @@ func TestGVisorGroupInitFailure(t *testing.T) {
 }
 
 // TestGVisorGroupPrimaryExit: the primary's exit ends the group with its exit code; the
-// sentry kills the other containers at once (see gvisor_group.go) and their exits are
-// recorded. A sidecar that fails is restarted within its limit inside the sentry, while
-// the primary runs on.
+// other containers are stopped and their exits recorded. A sidecar that fails is
+// restarted within its limit inside the sentry, while the primary runs on.
 func TestGVisorGroupPrimaryExit(t *testing.T) {
 	e := gvisorEnv(t)
 	spec := gvisorGroupSpec("gvg-exit")
@@ -276,7 +276,6 @@ func TestGVisorGroupPrimaryExit(t *testing.T) {
 func TestGVisorGroupStopAndRecover(t *testing.T) {
 	e := gvisorEnv(t)
 	spec := gvisorGroupSpec("gvg-rec")
-	// The primary takes its time: its exit would take the sidecar along (see gvisor_group.go).
 	spec.Command, spec.Args = "sh", []string{"-c", "trap 'sleep 1; exit 5' TERM; while :; do sleep 0.1; done"}
 	spec.Sidecars[0].Command, spec.Sidecars[0].Args = "sh", []string{"-c", "trap 'echo side-term > /data/side; exit 6' TERM; while :; do sleep 0.1; done"}
 	e.create(spec)
@@ -307,6 +306,71 @@ func TestGVisorGroupStopAndRecover(t *testing.T) {
 		}
 	}
 	if err := b2.Destroy(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
+}
+
+// TestGVisorGroupPrimaryExitGrace: when the primary's main command ends, the other
+// containers get their grace period as under runc (the primary's agent holds the sentry
+// until they have stopped, see gvisor_group.go): a sidecar's SIGTERM trap runs to its
+// end, and its exit is its own code, not a kill.
+func TestGVisorGroupPrimaryExitGrace(t *testing.T) {
+	e := gvisorEnv(t)
+	testPrimaryExitGrace(t, e, gvisorGroupSpec("gvg-grace"))
+}
+
+// TestGroupPrimaryExitGrace is TestGVisorGroupPrimaryExitGrace under runc.
+func TestGroupPrimaryExitGrace(t *testing.T) {
+	e := newEnv(t)
+	testPrimaryExitGrace(t, e, groupSpec("grp-grace"))
+}
+
+// exitOf prints an optional exit code.
+func exitOf(c *int32) string {
+	if c == nil {
+		return "none"
+	}
+	return strconv.Itoa(int(*c))
+}
+
+func testPrimaryExitGrace(t *testing.T, e *env, spec runtime.Spec) {
+	spec.Command, spec.Args = "sh", []string{"-c", "sleep 1; exit 3"}
+	spec.Sidecars[0].Command, spec.Sidecars[0].Args = "sh", []string{"-c",
+		"trap 'sleep 0.5; echo graceful > /data/side-term; exit 6' TERM; while :; do sleep 0.1; done"}
+	e.create(spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ex, err := e.b.Wait(ctx, spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.ExitCode == nil || *ex.ExitCode != 3 {
+		t.Errorf("exit %+v, want the primary's 3", ex)
+	}
+	sts, err := e.b.ContainerStatuses(ctx, spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts {
+		switch st.Name {
+		case "side":
+			if st.State != runtime.ContainerExited || st.ExitCode == nil || *st.ExitCode != 6 || st.Reason == "Killed" {
+				t.Errorf("side after the primary ended: %+v (exit %v), want exited 6 from its TERM trap", st, exitOf(st.ExitCode))
+			}
+		case "app":
+			if st.State != runtime.ContainerExited || st.ExitCode == nil || *st.ExitCode != 3 {
+				t.Errorf("app: %+v, want exited 3", st)
+			}
+		}
+	}
+	e.b.mu.Lock()
+	vol := e.b.sandboxes[spec.ID].volumeRoots["shared"]
+	e.b.mu.Unlock()
+	if got, err := os.ReadFile(filepath.Join(vol, "side-term")); err != nil || string(got) != "graceful\n" {
+		t.Errorf("the sidecar's TERM trap wrote %q (%v) to the shared volume, want \"graceful\\n\"", got, err)
+	}
+	if err := e.b.Destroy(ctx, spec.ID); err != nil {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, spec.ID)

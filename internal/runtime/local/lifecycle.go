@@ -40,6 +40,7 @@ func (b *Backend) watch(s *sandbox, lost string) {
 	if len(s.members) > 0 {
 		// The primary's exit ends a group: its other containers stop before Wait returns.
 		b.stopMembers(context.Background(), s, memberGrace)
+		endSentry(context.Background(), s) // a gVisor group's primary holds until now
 	}
 	s.exit = ex
 	close(s.done)
@@ -248,7 +249,7 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 		}
 		return nil, err
 	}
-	s.proc = pr
+	s.proc = gvisorProc(s, pr)
 	return s, nil
 }
 
@@ -431,6 +432,7 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 			_ = s.proc.signal(unix.SIGKILL)
 			_ = s.proc.wait(ctx)
 		}
+		endSentry(ctx, s)
 	}
 	if err := s.rt.delete(ctx, s.cid); err != nil {
 		// A container that never got as far as running, or whose pid we never learnt.

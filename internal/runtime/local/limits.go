@@ -77,8 +77,8 @@ func cpuCount(milli int64, host int) int {
 
 // placeCPUs picks the cpuset of s (CPU limit milli; 0: none, nil) and records it in
 // s.cpus: the cpuCount(milli) CPUs with the least CPU limit committed to them by the
-// other live sandboxes (a sandbox's limit counts evenly on each of its CPUs), lowest
-// first on a tie.
+// other live sandboxes (a container's limit counts evenly on each of its CPUs; every
+// container of a group counts, see cpuLoad), lowest first on a tie.
 func (b *Backend) placeCPUs(s *sandbox, milli int64) []int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -94,12 +94,7 @@ func (b *Backend) placeCPUs(s *sandbox, milli int64) []int {
 			continue // ended: uses no CPU
 		default:
 		}
-		if o == s || len(o.cpus) == 0 {
-			continue
-		}
-		for _, c := range o.cpus {
-			load[c] += o.spec.Resources.MilliCPU / int64(len(o.cpus))
-		}
+		cpuLoad(load, o, s)
 	}
 	cpus := slices.Clone(b.hostCPUs)
 	slices.SortStableFunc(cpus, func(x, y int) int { return int(min(max(load[x]-load[y], -1), 1)) })
@@ -107,6 +102,34 @@ func (b *Backend) placeCPUs(s *sandbox, milli int64) []int {
 	slices.Sort(cpus)
 	s.cpus = cpus
 	return cpus
+}
+
+// cpuLoad adds to load the CPU limit the live containers of sandbox o other than s have
+// on each of their CPUs: o's own and, in a group, each member's on its own cpuset. A
+// gVisor group's containers all run in the sentry, on the primary's cpuset, which was
+// placed for the group's total (createGroup): the members have none of their own.
+func cpuLoad(load map[int]int64, o, s *sandbox) {
+	add := func(c *sandbox, milli int64) {
+		if c == s || len(c.cpus) == 0 {
+			return
+		}
+		for _, cpu := range c.cpus {
+			load[cpu] += milli / int64(len(c.cpus))
+		}
+	}
+	if o.inGVisorGroup() {
+		add(o, o.spec.TotalResources().MilliCPU)
+		return
+	}
+	add(o, o.spec.Resources.MilliCPU)
+	for _, m := range o.members {
+		select {
+		case <-m.done:
+			continue // ended
+		default:
+		}
+		add(m, m.spec.Resources.MilliCPU)
+	}
 }
 
 // cpuList formats CPUs (ascending) as the kernel's lists do: "0", "0-3", "0,2-3".

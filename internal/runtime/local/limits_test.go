@@ -377,6 +377,69 @@ func TestPlaceCPUs(t *testing.T) {
 	}
 }
 
+// TestPlaceCPUsGroup: every live container of a group counts on its own cpuset (runc),
+// a gVisor group with its total on the sentry's (the primary's) cpuset and its members'
+// none, an ended member not at all.
+func TestPlaceCPUsGroup(t *testing.T) {
+	for _, gvisor := range []bool{false, true} {
+		b := &Backend{hostCPUs: []int{0, 1, 2, 3}, sandboxes: map[string]*sandbox{}}
+		place := func(s *sandbox, milli int64) string {
+			if !s.member {
+				b.sandboxes[s.id] = s
+			}
+			return cpuList(b.placeCPUs(s, milli))
+		}
+		single := func(id string, milli int64) string {
+			return place(&sandbox{id: id, spec: runtime.Spec{Container: runtime.Container{Resources: runtime.Resources{MilliCPU: milli}}}, done: make(chan struct{})}, milli)
+		}
+		g := &sandbox{id: "g", rt: &ociRuntime{gvisor: gvisor}, done: make(chan struct{}), spec: runtime.Spec{
+			Container: runtime.Container{Name: "app", Resources: runtime.Resources{MilliCPU: 500}},
+			Sidecars:  []runtime.Container{{Name: "side", Resources: runtime.Resources{MilliCPU: 1500}}},
+		}}
+		g.members = []*sandbox{newMember(g, &g.spec.Sidecars[0])}
+		side := g.members[0]
+		if !gvisor {
+			// runc: app 500m on 0, side 1500m on 1-2 (750m each).
+			if got := place(g, 500); got != "0" {
+				t.Fatalf("runc app on %q", got)
+			}
+			if got := place(side, 1500); got != "1-2" {
+				t.Fatalf("runc side on %q, want 1-2", got)
+			}
+			for _, tc := range []struct{ id, want string }{
+				{"x", "3"}, // 0:500 1:750 2:750 3:0
+				{"y", "0"}, // 3:600
+			} {
+				if got := single(tc.id, 600); got != tc.want {
+					t.Errorf("runc group: %s on %q, want %s", tc.id, got, tc.want)
+				}
+			}
+			close(side.done) // the sidecar ended: 1 and 2 are free
+			if got := single("z", 600); got != "1" {
+				t.Errorf("runc group, side ended: z on %q, want 1", got)
+			}
+			continue
+		}
+		// gVisor: the sentry on 0-1 for the total (1000m each); the member's own cpuset
+		// (2-3, never applied) counts nothing.
+		if got := place(g, g.spec.TotalResources().MilliCPU); got != "0-1" {
+			t.Fatalf("gVisor group on %q, want 0-1", got)
+		}
+		if got := place(side, 1500); got != "2-3" {
+			t.Fatalf("gVisor side placed on %q", got)
+		}
+		for _, tc := range []struct{ id, want string }{
+			{"w", "2"}, // 0:1000 1:1000 2:0 3:0
+			{"v", "3"},
+			{"u", "2"}, // 2:600 3:600, both below the sentry's 1000
+		} {
+			if got := single(tc.id, 600); got != tc.want {
+				t.Errorf("gVisor group: %s on %q, want %s", tc.id, got, tc.want)
+			}
+		}
+	}
+}
+
 func TestCPUInfoFor(t *testing.T) {
 	host := "processor\t: 0\nmodel name\t: X\n\nprocessor\t: 1\nmodel name\t: Y\n\nprocessor\t: 2\nmodel name\t: Z\n\n"
 	if got, want := string(cpuinfoFor([]byte(host), []int{1, 2})), "processor\t: 0\nmodel name\t: Y\n\nprocessor\t: 1\nmodel name\t: Z\n\n"; got != want {

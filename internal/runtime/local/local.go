@@ -784,7 +784,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if pr != nil {
 		s.info.PidStart = pr.start
 	}
-	s.proc = gvisorMemberProc(s, pr) // a gVisor member's pid is its sentry's
+	s.proc = gvisorProc(s, pr) // in a gVisor group the pid is the sentry's
 	if rt.gvisor {
 		if err := b.waitAgent(ctx, s); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
