@@ -21,11 +21,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // RecordSize is the size of one index record.
@@ -272,15 +274,57 @@ type Reader struct {
 // blockRecords is how many index records a Reader reads at once.
 const blockRecords = 4096
 
-// OpenReader opens the log name in dir for reading. Both files must be regular files; a
-// symlink is not followed.
+// OpenReader opens the log name in dir for reading. Both files must be regular files,
+// and neither they nor dir itself may be a symlink: none is followed. (The path above
+// dir is resolved as it is: OpenReaderBeneath is for logs below a directory that their
+// sandbox can write.)
 func OpenReader(dir, name string) (*Reader, error) {
+	d, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, pathError(dir, err)
+	}
+	defer unix.Close(d)
+	return openIn(d, dir, name, func(d int, p string) (int, error) {
+		return unix.Openat(d, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	})
+}
+
+// OpenReaderBeneath opens the log name in the directory rel beneath root, for a log that
+// an untrusted party (its sandbox) could write: root is trusted and resolved as it is;
+// rel and the files are resolved beneath it refusing every symlink on the way (openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), so a log dir the sandbox replaced by a symlink
+// (to another sandbox's logs or a host path) is an error, never read. The host's
+// reader of such logs uses it; it needs openat2 (Linux 5.6), which an agent inside a
+// sandbox (gVisor) may not have, hence OpenReader for that side.
+func OpenReaderBeneath(root, rel, name string) (*Reader, error) {
+	r, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, pathError(root, err)
+	}
+	defer unix.Close(r)
+	how := func(flags uint64) *unix.OpenHow {
+		return &unix.OpenHow{Flags: flags | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
+	}
+	dir := filepath.Join(root, rel)
+	d, err := unix.Openat2(r, rel, how(unix.O_PATH|unix.O_DIRECTORY))
+	if err != nil {
+		return nil, pathError(dir, err)
+	}
+	defer unix.Close(d)
+	return openIn(d, dir, name, func(d int, p string) (int, error) {
+		return unix.Openat2(d, p, how(unix.O_RDONLY|unix.O_NONBLOCK))
+	})
+}
+
+// openIn opens the log name in the directory d (at path dir, for messages) with open.
+func openIn(d int, dir, name string, open func(int, string) (int, error)) (*Reader, error) {
 	lp, ip := paths(dir, name)
-	log, err := openRegular(lp)
+	log, err := openRegular(d, lp, open)
 	if err != nil {
 		return nil, err
 	}
-	idx, err := openRegular(ip)
+	idx, err := openRegular(d, ip, open)
 	if err != nil {
 		log.Close()
 		return nil, err
@@ -288,16 +332,25 @@ func OpenReader(dir, name string) (*Reader, error) {
 	return &Reader{log: log, idx: idx}, nil
 }
 
-func openRegular(p string) (*os.File, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+func openRegular(d int, p string, open func(int, string) (int, error)) (*os.File, error) {
+	fd, err := open(d, filepath.Base(p))
 	if err != nil {
-		return nil, err
+		return nil, pathError(p, err)
 	}
+	f := os.NewFile(uintptr(fd), p)
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
 		return nil, fmt.Errorf("logstore: %s is not a regular file", p)
 	}
 	return f, nil
+}
+
+// pathError is err of opening p, with a symlink that was not followed said so.
+func pathError(p string, err error) error {
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+		return &fs.PathError{Op: "open", Path: p, Err: fmt.Errorf("%w: a symlink (or a path leaving its directory), not followed", err)}
+	}
+	return &fs.PathError{Op: "open", Path: p, Err: err}
 }
 
 // Close releases the files.

@@ -336,3 +336,83 @@ func TestReaderRefusesSymlinks(t *testing.T) {
 		t.Error("a symlinked log was opened")
 	}
 }
+
+// writeLog writes a one-chunk log m with data in dir.
+func writeLog(t *testing.T, dir, data string) {
+	t.Helper()
+	w, err := Open(dir, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(Stdout, []byte(data)); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+}
+
+func readLog(r *Reader) (string, error) {
+	var got []byte
+	_, err := r.Read(ReadOptions{}, func(c Chunk) error { got = append(got, c.Data...); return nil })
+	return string(got), err
+}
+
+// TestReaderRefusesSymlinkedDir: a log dir that its sandbox replaced by a symlink (to
+// another sandbox's log, or any host dir) is not followed, by OpenReader (the dir's own
+// name) and by OpenReaderBeneath (any element below the trusted root); a real dir beneath
+// the root reads.
+func TestReaderRefusesSymlinkedDir(t *testing.T) {
+	other := t.TempDir()
+	writeLog(t, other, "other tenant's log\n")
+	root := t.TempDir()
+	own := filepath.Join(root, "c", "side", "run", "logs")
+	if err := os.MkdirAll(own, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeLog(t, own, "own log\n")
+	r, err := OpenReaderBeneath(root, "c/side/run/logs", "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readLog(r); err != nil || got != "own log\n" {
+		t.Fatalf("own log beneath the root: %q %v", got, err)
+	}
+	r.Close()
+
+	// The last element swapped.
+	if err := os.Rename(own, own+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, own); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := OpenReaderBeneath(root, "c/side/run/logs", "m"); err == nil {
+		got, _ := readLog(r)
+		r.Close()
+		t.Errorf("a symlinked log dir was followed beneath the root: read %q", got)
+	}
+	if r, err := OpenReader(own, "m"); err == nil {
+		got, _ := readLog(r)
+		r.Close()
+		t.Errorf("OpenReader followed a symlinked log dir: read %q", got)
+	}
+	// An element in the middle swapped (the run dir of a container).
+	os.Remove(own)
+	os.Rename(own+".old", own)
+	run := filepath.Join(root, "c", "side", "run")
+	if err := os.Rename(run, run+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(other), run); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := OpenReaderBeneath(root, "c/side/run/"+filepath.Base(other), "m"); err == nil {
+		got, _ := readLog(r)
+		r.Close()
+		t.Errorf("a symlink in the middle of rel was followed: read %q", got)
+	}
+	// Leaving the root with "..".
+	if r, err := OpenReaderBeneath(own, "../../../../"+filepath.Base(filepath.Dir(other)), "m"); err == nil {
+		r.Close()
+		t.Error("a rel leaving the root was opened")
+	}
+}

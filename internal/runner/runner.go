@@ -27,6 +27,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 )
@@ -492,10 +493,11 @@ func (r *Runner) LogDir(id, container string) (string, error) {
 // (the sandbox ends under a follow) goes on in that copy where the agent stopped, so a
 // follow ends at the end of the log instead of breaking off. While the sandbox is still
 // being created, Logs waits for it to start (or end). The log of an init container, or
-// of a sidecar that exited, while the sandbox runs is a *ContainerNotRunningError at
-// once: its agent is gone with it, and its log is read only from the runner's copy,
-// never from where a running container might write. Errors from the agent and the
-// reader are connect errors; an error from send is returned as it is.
+// of a sidecar that exited for good, while the sandbox runs is read at once where its
+// agent left it, through the backend's runtime.ContainerLogOpener, which follows no
+// symlink the container planted there (a backend without one: *ContainerNotRunningError
+// until the sandbox ends). Errors from the agent and the reader are connect errors; an
+// error from send is returned as it is.
 func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	r.mu.Lock()
 	e, ok := r.sandboxes[id]
@@ -542,9 +544,16 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 		default:
 		}
 		if exited {
-			// Its agent is gone with it, and its log is read from the runner's copy, made
-			// when the sandbox ends: not from where a running container might write.
-			return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true}
+			// Its agent is gone with it: its log is read where that agent left it, which
+			// the container could write (the backend's opener follows no symlink it
+			// planted there), or, from a backend that keeps no such log, not at all until
+			// the sandbox ends and the runner has its copy.
+			lo, ok := r.backend.(runtime.ContainerLogOpener)
+			if !ok {
+				return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true}
+			}
+			// The log is complete, so a follow ends at its end.
+			return agent.ReadLogsFrom(ctx, func() (*logstore.Reader, error) { return lo.OpenContainerLog(id, name) }, nil, rest(), pass)
 		}
 		if client == nil || st == StateCreating || st == StatePending {
 			select {

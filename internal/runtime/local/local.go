@@ -135,6 +135,7 @@ type Backend struct {
 var (
 	_ runtime.Backend            = (*Backend)(nil)
 	_ runtime.LogDirProvider     = (*Backend)(nil)
+	_ runtime.ContainerLogOpener = (*Backend)(nil)
 	_ runtime.OOMCounter         = (*Backend)(nil)
 	_ runtime.RuntimeClassLister = (*Backend)(nil)
 
