@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"slices"
@@ -243,6 +244,70 @@ func EffectiveLimits(c *sandboxv1.Container) *sandboxv1.Resources {
 		return l
 	}
 	return rr.GetRequests()
+}
+
+// EffectiveTotal is what a sandbox's status reports as its effective resources: for one
+// container its own (the legacy resources, else its limits, else its requests) and
+// requirements; for a group the sum over its containers, the total the policy's ceilings
+// (constraints.resources.total_*) and the runner's admission apply to. A limit that one
+// container leaves unset is unlimited for the sandbox (no total of it is shown); a
+// request it leaves unset is its limit. GPUs are summed by count.
+func EffectiveTotal(spec *sandboxv1.SandboxSpec) (*sandboxv1.Resources, *sandboxv1.ResourceRequirements) {
+	cs := spec.GetContainers()
+	if len(cs) <= 1 {
+		c := Primary(spec)
+		if c == nil {
+			return nil, nil
+		}
+		rr := c.GetResourceRequirements()
+		if rr == nil && c.GetResources() != nil {
+			rr = &sandboxv1.ResourceRequirements{Requests: c.GetResources(), Limits: c.GetResources()}
+		}
+		return EffectiveLimits(c), rr
+	}
+	type sum struct {
+		cpu, mem, gpu int64
+		noCPU, noMem  bool // some container sets none
+	}
+	add := func(t *sum, r *sandboxv1.Resources) {
+		cpu, err := quantity.ParseCPU(r.GetCpu())
+		if err != nil || cpu <= 0 {
+			t.noCPU = true
+		}
+		mem, err := quantity.ParseMemory(r.GetMemory())
+		if err != nil || mem <= 0 {
+			t.noMem = true
+		}
+		t.cpu, t.mem, t.gpu = t.cpu+max(cpu, 0), t.mem+max(mem, 0), t.gpu+max(r.GetGpu().GetCount(), 0)
+	}
+	var lim, req sum
+	for _, c := range cs {
+		l := EffectiveLimits(c)
+		add(&lim, l)
+		r := effectiveRequests(c)
+		add(&req, &sandboxv1.Resources{Cpu: cmp.Or(r.GetCpu(), l.GetCpu()), Memory: cmp.Or(r.GetMemory(), l.GetMemory()), Gpu: cmp.Or(r.GetGpu(), l.GetGpu())})
+	}
+	wire := func(t sum) *sandboxv1.Resources {
+		r := &sandboxv1.Resources{}
+		if !t.noCPU {
+			r.Cpu = quantity.FormatCPU(t.cpu)
+		}
+		if !t.noMem {
+			r.Memory = quantity.FormatMemory(t.mem)
+		}
+		if t.gpu > 0 {
+			r.Gpu = &sandboxv1.Gpu{Count: t.gpu}
+		}
+		if r.Cpu == "" && r.Memory == "" && r.Gpu == nil {
+			return nil
+		}
+		return r
+	}
+	limits, requests := wire(lim), wire(req)
+	if limits == nil && requests == nil {
+		return nil, nil
+	}
+	return limits, &sandboxv1.ResourceRequirements{Requests: requests, Limits: limits}
 }
 
 // effectiveRequests is what the runner admits a container by: the legacy resources (a
