@@ -252,6 +252,12 @@ func TestGroupLogsOfExitedContainerRead(t *testing.T) {
 	}
 	got, err := read("db")
 	if strings.Contains(got, "victim") || err == nil {
-		t.Errorf("log of a sidecar whose log dir is a symlink: %q %v, want an error and nothing of the other log", got, err)
+		t.Fatalf("log of a sidecar whose log dir is a symlink: %q %v, want an error and nothing of the other log", got, err)
+	}
+	// On the API: FAILED_PRECONDITION naming the container, and no host path.
+	api := APIError(sb.ID, err, SpecField)
+	if connect.CodeOf(api) != connect.CodeFailedPrecondition || apierr.Reason(api) != apierr.FileNotRegular ||
+		!strings.Contains(api.Error(), `"db"`) || strings.Contains(api.Error(), root) {
+		t.Errorf("replaced log dir on the API: %v (reason %q)", api, apierr.Reason(api))
 	}
 }

@@ -27,6 +27,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
@@ -486,6 +487,9 @@ func (r *Runner) LogDir(id, container string) (string, error) {
 	}
 }
 
+// errLogReplaced: the log dir of an exited container is not a directory the runner reads.
+var errLogReplaced = errors.New("log dir replaced")
+
 // Logs passes the main command's log of a container of sandbox id ("" = the primary;
 // a name it does not have is a *ContainerNotFoundError) to send, as the agent's Logs call
 // does: from its agent while the sandbox runs, and from the copy the runner keeps once it
@@ -553,7 +557,22 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 				return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true}
 			}
 			// The log is complete, so a follow ends at its end.
-			return agent.ReadLogsFrom(ctx, func() (*logstore.Reader, error) { return lo.OpenContainerLog(id, name) }, nil, rest(), pass)
+			open := func() (*logstore.Reader, error) {
+				lr, err := lo.OpenContainerLog(id, name)
+				if err != nil && !errors.Is(err, fs.ErrNotExist) {
+					// Replaced by the container (a symlink, no directory): the error names
+					// host paths, which the caller is not shown.
+					r.log.Warn("log of an exited container not read (replaced by the container?)", "sandbox", id, "container", name, "err", err)
+					return nil, errLogReplaced
+				}
+				return lr, err
+			}
+			err := agent.ReadLogsFrom(ctx, open, nil, rest(), pass)
+			if errors.Is(err, errLogReplaced) && sendErr == nil {
+				return apierr.New(apierr.FileNotRegular, fmt.Sprintf("the log of container %q of sandbox %s cannot be read: the container replaced its log directory, which is not followed", name, id),
+					map[string]string{"sandbox_id": id, "container": name})
+			}
+			return err
 		}
 		if client == nil || st == StateCreating || st == StatePending {
 			select {

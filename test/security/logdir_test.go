@@ -110,6 +110,10 @@ func TestExitedSidecarLogDirSwapNotFollowed(t *testing.T) {
 	if strings.Contains(got, "HOST-SECRET") {
 		t.Fatalf("the runner followed the sidecar's symlinked log dir: %q", got)
 	}
+	// A clear refusal naming the container, and no host path of the runner's.
+	if err == nil || !strings.Contains(err.Error(), `"side"`) || strings.Contains(err.Error(), d.DataDir) || strings.Contains(err.Error(), host) {
+		t.Errorf("log of the swapped sidecar: %v, want an error naming the container and no host path", err)
+	}
 
 	// Once the sandbox ended, its archived log is not the host's either.
 	if _, err := b.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id, GracePeriodSeconds: 2})); err != nil {
