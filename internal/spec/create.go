@@ -25,7 +25,10 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	add := func(field, format string, args ...any) {
 		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
 	}
-	var unsupported []string
+	var (
+		unsupported []string
+		notApplied  []apierr.Violation // what of unsupported a field names
+	)
 	if spec == nil {
 		return runner.CreateRequest{}, apierr.Invalid(apierr.InvalidRequest, "sandbox.spec is required", []apierr.Violation{{Field: "sandbox.spec", Description: "is required"}})
 	}
@@ -48,7 +51,10 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	pi := primaryIndex(cs)
 	for i, c := range cs {
 		rc, cvs, cunsupported := toContainer(c, fmt.Sprintf("sandbox.spec.containers[%d]", i), volNames)
-		vs, unsupported = append(vs, cvs...), append(unsupported, cunsupported...)
+		vs, notApplied = append(vs, cvs...), append(notApplied, cunsupported...)
+		for _, u := range cunsupported {
+			unsupported = append(unsupported, u.Description)
+		}
 		if i == pi {
 			req.Spec.Container = rc
 		} else {
@@ -78,22 +84,33 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	vs = append(vs, nvs...)
 	unsupported = append(unsupported, nunsupported...)
 	vs = append(vs, extra...)
-	if len(spec.GetNetworkIds()) > 0 || spec.GetNetworkConfigId() != "" {
-		unsupported = append(unsupported, "networks")
+	notSupported := func(field, what string) {
+		unsupported = append(unsupported, what)
+		notApplied = append(notApplied, apierr.Violation{Field: field, Description: what})
+	}
+	if len(spec.GetNetworkIds()) > 0 {
+		notSupported("sandbox.spec.network_ids", "networks")
+	}
+	if spec.GetNetworkConfigId() != "" {
+		notSupported("sandbox.spec.network_config_id", "networks")
 	}
 	if spec.GetObjectStorageAccess() != nil {
-		unsupported = append(unsupported, "object storage access")
+		notSupported("sandbox.spec.object_storage_access", "object storage access")
 	}
 	if spec.GetInstanceType() != "" {
-		unsupported = append(unsupported, "instance types")
+		notSupported("sandbox.spec.instance_type", "instance types")
 	}
 	if len(vs) > 0 {
 		return req, apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
 	}
 	if len(unsupported) > 0 {
 		slices.Sort(unsupported)
-		return req, apierr.Newf(apierr.NotImplemented,
+		err := apierr.Newf(apierr.NotImplemented,
 			"not supported by this sandboxd yet: %s", strings.Join(slices.Compact(unsupported), ", "))
+		if len(notApplied) > 0 {
+			err = apierr.WithViolations(err, notApplied)
+		}
+		return req, err
 	}
 	return req, nil
 }
@@ -137,12 +154,13 @@ func primaryViolations(field string, cs []*sandboxv1.Container) []apierr.Violati
 }
 
 // toContainer converts one wire container (at field f) into the runtime's: every
-// problem as a violation under f, what this sandboxd cannot do yet in unsupported.
+// problem as a violation under f, what this sandboxd cannot do yet in unsupported (the
+// field, and the feature as the description).
 // volumes are the names of the sandbox's volumes, which its mounts must name.
-func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (runtime.Container, []apierr.Violation, []string) {
+func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (runtime.Container, []apierr.Violation, []apierr.Violation) {
 	var (
 		vs          []apierr.Violation
-		unsupported []string
+		unsupported []apierr.Violation
 	)
 	add := func(field, format string, args ...any) {
 		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
@@ -160,7 +178,14 @@ func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (run
 	if res := EffectiveLimits(c); res != nil {
 		out.Resources.MilliCPU, out.Resources.MemoryBytes = parseResources(res, f+".resources", add)
 		if res.GetGpu().GetCount() > 0 {
-			unsupported = append(unsupported, "GPUs")
+			field := f + ".resources.gpu"
+			if c.GetResources() == nil {
+				field = f + ".resource_requirements.limits.gpu"
+				if c.GetResourceRequirements().GetLimits() == nil {
+					field = f + ".resource_requirements.requests.gpu"
+				}
+			}
+			unsupported = append(unsupported, apierr.Violation{Field: field, Description: "GPUs"})
 		}
 	}
 	switch res := effectiveRequests(c); {
@@ -172,13 +197,13 @@ func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (run
 	}
 	out.VolumeMounts, vs = volumeMounts(c, f, volumes, vs)
 	if len(c.GetSecretStores()) > 0 {
-		unsupported = append(unsupported, "secret stores")
+		unsupported = append(unsupported, apierr.Violation{Field: f + ".secret_stores", Description: "secret stores"})
 	}
 	sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
 	out.Security, vs = sec, append(vs, secVs...)
 	out.StartupProbe, vs = toProbe(c.GetStartupProbe(), f+".startup_probe", vs)
 	if c.GetImagePullCredentials() != nil {
-		unsupported = append(unsupported, "image pull credentials from secret stores")
+		unsupported = append(unsupported, apierr.Violation{Field: f + ".image_pull_credentials", Description: "image pull credentials from secret stores"})
 	}
 	return out, vs, unsupported
 }
