@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,12 +197,30 @@ func TestGroupPullCredentialsNeverKept(t *testing.T) {
 type openerBackend struct {
 	*runtimetest.Fake
 	root string
+	none string // a container whose log it does not keep (errors.ErrUnsupported)
 }
 
 var _ runtime.ContainerLogOpener = (*openerBackend)(nil)
 
 func (b *openerBackend) OpenContainerLog(_, container string) (*logstore.Reader, error) {
+	if container == b.none {
+		return nil, fmt.Errorf("%w: no copy", errors.ErrUnsupported)
+	}
 	return logstore.OpenReaderBeneath(b.root, container, "main")
+}
+
+// TestGroupLogsOfExitedContainerNotKept: a container whose log its backend does not
+// keep (Kubernetes: an init container) is refused as before, FAILED_PRECONDITION
+// naming it.
+func TestGroupLogsOfExitedContainerNotKept(t *testing.T) {
+	be := &openerBackend{Fake: runtimetest.NewFake(), root: t.TempDir(), none: "setup"}
+	t.Cleanup(be.Close)
+	r, sb := startGroup(t, be)
+	_, err := readAll(t, r, sb.ID, "setup")
+	var cnr *ContainerNotRunningError
+	if !errors.As(err, &cnr) || cnr.Container != "setup" || !cnr.Logs {
+		t.Errorf("log of an init container its backend keeps no log of: %v", err)
+	}
 }
 
 // TestGroupLogsOfExitedContainerRead: with a backend that keeps them, the logs of an

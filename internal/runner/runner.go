@@ -559,7 +559,7 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 			// The log is complete, so a follow ends at its end.
 			open := func() (*logstore.Reader, error) {
 				lr, err := lo.OpenContainerLog(id, name)
-				if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errors.ErrUnsupported) {
 					// Replaced by the container (a symlink, no directory): the error names
 					// host paths, which the caller is not shown.
 					r.log.Warn("log of an exited container not read (replaced by the container?)", "sandbox", id, "container", name, "err", err)
@@ -568,6 +568,9 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 				return lr, err
 			}
 			err := agent.ReadLogsFrom(ctx, open, nil, rest(), pass)
+			if errors.Is(err, errors.ErrUnsupported) && sendErr == nil {
+				return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true} // no log of it kept
+			}
 			if errors.Is(err, errLogReplaced) && sendErr == nil {
 				return apierr.New(apierr.FileNotRegular, fmt.Sprintf("the log of container %q of sandbox %s cannot be read: the container replaced its log directory, which is not followed", name, id),
 					map[string]string{"sandbox_id": id, "container": name})
