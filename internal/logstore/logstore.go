@@ -271,8 +271,21 @@ type Reader struct {
 	buf      []byte // log bytes being passed on
 }
 
-// blockRecords is how many index records a Reader reads at once.
-const blockRecords = 4096
+// blockRecords is how many index records a Reader reads at once, at most; it starts
+// with minBlockRecords.
+const (
+	blockRecords    = 4096
+	minBlockRecords = 64
+)
+
+// grow returns b with length n, on b's array when that is large enough, else on a new
+// one at least twice as large, up to limit (n at most).
+func grow(b []byte, n, limit int) []byte {
+	if cap(b) >= n {
+		return b[:n]
+	}
+	return make([]byte, n, max(n, min(2*cap(b), limit)))
+}
 
 // OpenReader opens the log name in dir for reading. Both files must be regular files,
 // and neither they nor dir itself may be a symlink: none is followed. (The path above
@@ -362,10 +375,11 @@ func (r *Reader) refresh() error {
 	if err != nil {
 		return err
 	}
-	if r.block == nil {
-		r.block = make([]byte, blockRecords*RecordSize)
-	}
+	// The block grows from minBlockRecords as the index proves long: a reader of a short
+	// log stays small (an agent holds one per log stream).
+	size := max(cap(r.block), minBlockRecords*RecordSize)
 	for {
+		r.block = grow(r.block, size, blockRecords*RecordSize)
 		n, err := r.idx.ReadAt(r.block, r.n*RecordSize)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
@@ -376,6 +390,7 @@ func (r *Reader) refresh() error {
 		if used < len(r.block) {
 			return nil // the end of the index, a torn record, or one that is not valid
 		}
+		size = min(2*size, blockRecords*RecordSize)
 	}
 }
 
@@ -385,10 +400,8 @@ func (r *Reader) records(i int64) ([]record, error) {
 	if k <= 0 {
 		return nil, nil
 	}
-	if r.block == nil {
-		r.block = make([]byte, blockRecords*RecordSize)
-	}
-	b := r.block[:k*RecordSize]
+	r.block = grow(r.block, int(k)*RecordSize, blockRecords*RecordSize)
+	b := r.block
 	if _, err := r.idx.ReadAt(b, i*RecordSize); err != nil {
 		return nil, err
 	}
@@ -519,9 +532,6 @@ func (r *Reader) emit(start uint64, fn func(Chunk) error) (uint64, error) {
 		return start, err
 	}
 	next := start
-	if r.buf == nil {
-		r.buf = make([]byte, MaxChunk)
-	}
 	for i < r.n {
 		recs, err := r.records(i)
 		if err != nil {
@@ -534,7 +544,8 @@ func (r *Reader) emit(start uint64, fn func(Chunk) error) (uint64, error) {
 				j++
 			}
 			from, to := recs[0].off, recs[j-1].end()
-			b := r.buf[:to-from]
+			r.buf = grow(r.buf, int(to-from), MaxChunk)
+			b := r.buf
 			if _, err := r.log.ReadAt(b, int64(from)); err != nil && !errors.Is(err, io.EOF) {
 				return next, err
 			}

@@ -416,3 +416,43 @@ func TestReaderRefusesSymlinkedDir(t *testing.T) {
 		t.Error("a rel leaving the root was opened")
 	}
 }
+
+// TestReaderOfASmallLogIsSmall: a reader (one per log stream: an agent serves hundreds of
+// follows at once, inside the sandbox's memory limit) of a log of a few short lines
+// allocates about what it reads, not a whole MaxChunk buffer and index block each.
+func TestReaderOfASmallLogIsSmall(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Open(dir, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if _, err := w.Write(Stdout, []byte("tick\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	const readers = 100
+	rs := make([]*Reader, 0, readers)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range readers {
+		r, err := OpenReader(dir, "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		if _, err := r.Read(ReadOptions{}, func(c Chunk) error { n += len(c.Data); return nil }); err != nil || n != 100 {
+			t.Fatalf("read %d bytes, %v", n, err)
+		}
+		rs = append(rs, r)
+	}
+	runtime.ReadMemStats(&after)
+	for _, r := range rs {
+		r.Close()
+	}
+	if per := (after.TotalAlloc - before.TotalAlloc) / readers; per > 16<<10 {
+		t.Errorf("each reader of a 100-byte log allocated %d bytes, want < 16 KiB", per)
+	}
+}
