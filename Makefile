@@ -9,7 +9,7 @@ VERSION   ?= $(shell bash scripts/version.sh)
 LDFLAGS   := -X github.com/sandboxd/sandboxd/internal/version.version=$(VERSION)
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps pydeps images runsc pebble test conformance test-short bench demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
+.PHONY: all build agent generate deps pydeps images runsc pebble test conformance test-short bench bench-smoke demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
 
 all: build
 
@@ -53,6 +53,7 @@ pebble:
 
 test: deps pydeps build images runsc pebble
 	$(GO) test -count=1 -timeout 30m ./...
+	$(MAKE) bench-smoke
 	$(MAKE) conformance
 	$(MAKE) k8s-test
 
@@ -70,6 +71,14 @@ test-short:
 
 bench: build images runsc
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
+
+# Every benchmark once, so that none rots unnoticed: those of bench/ and every Benchmark
+# func under internal/ (the packages are found, not listed), -benchtime 1x, the edge
+# comparison measured briefly. Part of `make test`; its figures mean nothing (`make
+# bench` measures). test/k8s's runs in `make k8s-test`.
+BENCH_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^func Benchmark' bench internal)))
+bench-smoke: build images runsc
+	EDGE_BENCH_DURATION=200ms $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(addprefix ./,$(BENCH_PKGS))
 
 # Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.
 demo: deps build images
@@ -89,7 +98,8 @@ k8s-down:
 k8s-test: images
 	bash scripts/install-deps.sh --k8s
 	bash scripts/build-helm.sh >/dev/null
-	bash test/k8s/up.sh && SANDBOXD_K8S_REQUIRED=1 $(GO) test -count=1 -timeout 20m -v ./test/k8s/...; \
+	bash test/k8s/up.sh && SANDBOXD_K8S_REQUIRED=1 $(GO) test -count=1 -timeout 20m -v ./test/k8s/... && \
+	  SANDBOXD_K8S_REQUIRED=1 SANDBOXD_BENCH_N=2 $(GO) test -count=1 -run '^$$' -bench TimeToFirstCommand -benchtime 1x -timeout 10m ./test/k8s/; \
 	  rc=$$?; bash test/k8s/down.sh; exit $$rc
 
 # Time to first command on Kubernetes beside the local backend, 20 sandboxes each

@@ -97,6 +97,10 @@ type devConfig struct {
 	verbose                             bool
 	hard                                hardeningFlags
 	capacity                            capacityFlags
+	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
+	// dev` (test suites of other checkouts) share no bridge, DNS address, nftables table
+	// or cgroup parent on one host.
+	bridge, subnet, cgroupParent string
 	// edgeListenGiven and dataPlaneListenGiven: the flag was on the command line. If not,
 	// a listener that cannot start on its default address is left out with a warning.
 	edgeListenGiven, dataPlaneListenGiven bool
@@ -114,6 +118,9 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	fs.StringVar(&c.bridge, "bridge", "", "sandbox bridge (default sbx0; another one also gets its own nftables table)")
+	fs.StringVar(&c.subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
+	fs.StringVar(&c.cgroupParent, "cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
 	c.hard.register(fs)
 	c.capacity.register(fs)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -75,9 +76,18 @@ func (c devConfig) run() error {
 	}
 	keys := auth.NewStoreAuthenticator(st, logger)
 
-	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute}}
+	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute},
+		Bridge: c.bridge, CgroupParent: c.cgroupParent}
 	if err := c.hard.apply(&cfg); err != nil {
 		return err
+	}
+	if c.bridge != "" {
+		cfg.NetTable = "sandboxd_" + c.bridge
+	}
+	if c.subnet != "" {
+		if cfg.Subnet, err = netip.ParsePrefix(c.subnet); err != nil {
+			return fmt.Errorf("--subnet: %w", err)
+		}
 	}
 	if c.testImageMirror {
 		stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)

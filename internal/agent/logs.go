@@ -20,6 +20,12 @@ import (
 // log is complete, and a follow ends at its end). A log that was never written is empty.
 // Errors are connect errors; an error from send is returned as it is.
 func ReadLogs(ctx context.Context, dir string, w *logstore.Writer, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
+	return ReadLogsFrom(ctx, func() (*logstore.Reader, error) { return logstore.OpenReader(dir, agentconfig.MainLog) }, w, req, send)
+}
+
+// ReadLogsFrom is ReadLogs of the log that open opens (e.g. logstore.OpenReaderBeneath,
+// for a log below a directory its sandbox can write).
+func ReadLogsFrom(ctx context.Context, open func() (*logstore.Reader, error), w *logstore.Writer, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	if req.GetTailLines() < 0 {
 		return invalidArg("tail_lines must not be negative")
 	}
@@ -27,7 +33,7 @@ func ReadLogs(ctx context.Context, dir string, w *logstore.Writer, req *agentv1.
 	if req.GetSince() != nil {
 		opts.Since = req.GetSince().AsTime()
 	}
-	r, err := logstore.OpenReader(dir, agentconfig.MainLog)
+	r, err := open()
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}

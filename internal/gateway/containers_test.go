@@ -313,3 +313,39 @@ func TestContainerOfClipsUnknownNames(t *testing.T) {
 		t.Errorf("unknown valid name: %v", err)
 	}
 }
+
+// TestGroupEffectiveResourcesAreTheSum: a group's effective resources (and requirements)
+// are the sum over its containers, what the policy's total ceilings apply to: legacy
+// resources count as request and limit, a lone limit is also the request, a container
+// without a limit of a quantity makes the sandbox's unlimited (not shown). One container
+// reports its own, as before.
+func TestGroupEffectiveResourcesAreTheSum(t *testing.T) {
+	res := func(cpu, mem string) *sandboxv1.Resources { return &sandboxv1.Resources{Cpu: cpu, Memory: mem} }
+	sp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{
+		{Name: "app", Primary: proto.Bool(true), Resources: res("500m", "256Mi")},
+		{Name: "db", ResourceRequirements: &sandboxv1.ResourceRequirements{Requests: res("250m", "128Mi"), Limits: res("1", "512Mi")}},
+		{Name: "web", ResourceRequirements: &sandboxv1.ResourceRequirements{Limits: res("250m", "128Mi")}},
+	}}
+	st := sandboxProto("x", sp, runner.Sandbox{State: runner.StateRunning}, &acceptingRunner{id: "r1"}).GetStatus()
+	if got, want := st.GetEffectiveResources(), res("1750m", "896Mi"); !proto.Equal(got, want) {
+		t.Errorf("effective resources %v, want the sum %v", got, want)
+	}
+	wantRR := &sandboxv1.ResourceRequirements{Requests: res("1", "512Mi"), Limits: res("1750m", "896Mi")}
+	if got := st.GetEffectiveResourceRequirements(); !proto.Equal(got, wantRR) {
+		t.Errorf("effective requirements %v, want %v", got, wantRR)
+	}
+
+	// web sets no memory limit: the sandbox's memory is not limited by the sum.
+	sp.Containers[2].ResourceRequirements = &sandboxv1.ResourceRequirements{Limits: res("250m", "")}
+	st = sandboxProto("x", sp, runner.Sandbox{State: runner.StateRunning}, &acceptingRunner{id: "r1"}).GetStatus()
+	if got, want := st.GetEffectiveResources(), res("1750m", ""); !proto.Equal(got, want) {
+		t.Errorf("with an unlimited memory: effective resources %v, want %v", got, want)
+	}
+
+	one := sandboxProto("x", &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox", Resources: res("2", "1Gi")}}},
+		runner.Sandbox{State: runner.StateRunning}, &acceptingRunner{id: "r1"}).GetStatus()
+	if !proto.Equal(one.GetEffectiveResources(), res("2", "1Gi")) ||
+		!proto.Equal(one.GetEffectiveResourceRequirements(), &sandboxv1.ResourceRequirements{Requests: res("2", "1Gi"), Limits: res("2", "1Gi")}) {
+		t.Errorf("one container: %v %v", one.GetEffectiveResources(), one.GetEffectiveResourceRequirements())
+	}
+}

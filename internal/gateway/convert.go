@@ -50,16 +50,8 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 		c := *sb.ExitCode
 		st.ExitCode = &c
 	}
-	if c := spec.Primary(sp); c != nil {
-		st.EffectiveResources = c.GetResources()
-		st.EffectiveResourceRequirements = c.GetResourceRequirements()
-		if st.EffectiveResourceRequirements == nil && c.GetResources() != nil {
-			st.EffectiveResourceRequirements = &sandboxv1.ResourceRequirements{Requests: c.GetResources(), Limits: c.GetResources()}
-		}
-		if st.EffectiveResources == nil {
-			st.EffectiveResources = spec.EffectiveLimits(c)
-		}
-	}
+	// A group's: the sum of its containers, what the policy's ceilings apply to.
+	st.EffectiveResources, st.EffectiveResourceRequirements = spec.EffectiveTotal(sp)
 	st.ContainerStatuses = containerStatuses(sp, sb, st.State)
 	sp = withPrimaryMarked(sp)
 	out := &sandboxv1.Sandbox{SandboxId: id, Spec: sp, Status: st}

@@ -21,11 +21,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // RecordSize is the size of one index record.
@@ -269,44 +272,73 @@ type Reader struct {
 	buf      []byte // log bytes being passed on
 }
 
-// blockRecords is how many index records a Reader reads at once.
-const blockRecords = 4096
-
-// A Reader's buffers (an index block, a span of the log) are taken from these pools for
-// the length of one Read and given back after it: a follower waits between reads without
-// holding them, so many concurrent followers (hundreds of log streams of one sandbox,
-// whose agent pays for them in the sandbox's memory) cost what the reads in progress need.
-var (
-	blockPool = sync.Pool{New: func() any { b := make([]byte, blockRecords*RecordSize); return &b }}
-	spanPool  = sync.Pool{New: func() any { b := make([]byte, MaxChunk); return &b }}
+// blockRecords is how many index records a Reader reads at once, at most; it starts
+// with minBlockRecords.
+const (
+	blockRecords    = 4096
+	minBlockRecords = 64
 )
 
-// release gives the Reader's buffers back to their pools.
-func (r *Reader) release() {
-	if r.block != nil {
-		b := r.block
-		blockPool.Put(&b)
-		r.block = nil
+// grow returns b with length n, on b's array when that is large enough, else on a new
+// one at least twice as large, up to limit (n at most).
+func grow(b []byte, n, limit int) []byte {
+	if cap(b) >= n {
+		return b[:n]
 	}
-	if r.buf != nil {
-		b := r.buf
-		spanPool.Put(&b)
-		r.buf = nil
-	}
-	if cap(r.recs) > 256 {
-		r.recs = nil
-	}
+	return make([]byte, n, max(n, min(2*cap(b), limit)))
 }
 
-// OpenReader opens the log name in dir for reading. Both files must be regular files; a
-// symlink is not followed.
+// OpenReader opens the log name in dir for reading. Both files must be regular files,
+// and neither they nor dir itself may be a symlink: none is followed. (The path above
+// dir is resolved as it is: OpenReaderBeneath is for logs below a directory that their
+// sandbox can write.)
 func OpenReader(dir, name string) (*Reader, error) {
+	d, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, pathError(dir, err)
+	}
+	defer unix.Close(d)
+	return openIn(d, dir, name, func(d int, p string) (int, error) {
+		return unix.Openat(d, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	})
+}
+
+// OpenReaderBeneath opens the log name in the directory rel beneath root, for a log that
+// an untrusted party (its sandbox) could write: root is trusted and resolved as it is;
+// rel and the files are resolved beneath it refusing every symlink on the way (openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), so a log dir the sandbox replaced by a symlink
+// (to another sandbox's logs or a host path) is an error, never read. The host's
+// reader of such logs uses it; it needs openat2 (Linux 5.6), which an agent inside a
+// sandbox (gVisor) may not have, hence OpenReader for that side.
+func OpenReaderBeneath(root, rel, name string) (*Reader, error) {
+	r, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, pathError(root, err)
+	}
+	defer unix.Close(r)
+	how := func(flags uint64) *unix.OpenHow {
+		return &unix.OpenHow{Flags: flags | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
+	}
+	dir := filepath.Join(root, rel)
+	d, err := unix.Openat2(r, rel, how(unix.O_PATH|unix.O_DIRECTORY))
+	if err != nil {
+		return nil, pathError(dir, err)
+	}
+	defer unix.Close(d)
+	return openIn(d, dir, name, func(d int, p string) (int, error) {
+		return unix.Openat2(d, p, how(unix.O_RDONLY|unix.O_NONBLOCK))
+	})
+}
+
+// openIn opens the log name in the directory d (at path dir, for messages) with open.
+func openIn(d int, dir, name string, open func(int, string) (int, error)) (*Reader, error) {
 	lp, ip := paths(dir, name)
-	log, err := openRegular(lp)
+	log, err := openRegular(d, lp, open)
 	if err != nil {
 		return nil, err
 	}
-	idx, err := openRegular(ip)
+	idx, err := openRegular(d, ip, open)
 	if err != nil {
 		log.Close()
 		return nil, err
@@ -314,16 +346,25 @@ func OpenReader(dir, name string) (*Reader, error) {
 	return &Reader{log: log, idx: idx}, nil
 }
 
-func openRegular(p string) (*os.File, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+func openRegular(d int, p string, open func(int, string) (int, error)) (*os.File, error) {
+	fd, err := open(d, filepath.Base(p))
 	if err != nil {
-		return nil, err
+		return nil, pathError(p, err)
 	}
+	f := os.NewFile(uintptr(fd), p)
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
 		return nil, fmt.Errorf("logstore: %s is not a regular file", p)
 	}
 	return f, nil
+}
+
+// pathError is err of opening p, with a symlink that was not followed said so.
+func pathError(p string, err error) error {
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+		return &fs.PathError{Op: "open", Path: p, Err: fmt.Errorf("%w: a symlink (or a path leaving its directory), not followed", err)}
+	}
+	return &fs.PathError{Op: "open", Path: p, Err: err}
 }
 
 // Close releases the files.
@@ -335,10 +376,11 @@ func (r *Reader) refresh() error {
 	if err != nil {
 		return err
 	}
-	if r.block == nil {
-		r.block = *blockPool.Get().(*[]byte)
-	}
+	// The block grows from minBlockRecords as the index proves long: a reader of a short
+	// log stays small (an agent holds one per log stream).
+	size := max(cap(r.block), minBlockRecords*RecordSize)
 	for {
+		r.block = grow(r.block, size, blockRecords*RecordSize)
 		n, err := r.idx.ReadAt(r.block, r.n*RecordSize)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
@@ -349,6 +391,7 @@ func (r *Reader) refresh() error {
 		if used < len(r.block) {
 			return nil // the end of the index, a torn record, or one that is not valid
 		}
+		size = min(2*size, blockRecords*RecordSize)
 	}
 }
 
@@ -358,10 +401,8 @@ func (r *Reader) records(i int64) ([]record, error) {
 	if k <= 0 {
 		return nil, nil
 	}
-	if r.block == nil {
-		r.block = *blockPool.Get().(*[]byte)
-	}
-	b := r.block[:k*RecordSize]
+	r.block = grow(r.block, int(k)*RecordSize, blockRecords*RecordSize)
+	b := r.block
 	if _, err := r.idx.ReadAt(b, i*RecordSize); err != nil {
 		return nil, err
 	}
@@ -399,9 +440,26 @@ func (r *Reader) search(f func(record) bool) (int64, error) {
 	return lo, rerr
 }
 
+// keptBytes bounds what a Reader keeps of its buffers between reads: a follower waits
+// for more of its log holding at most this much of them, however large the log (an agent
+// holds one Reader per log stream, in its sandbox's memory).
+const keptBytes = 64 << 10
+
+// trim drops the buffers that grew beyond keptBytes.
+func (r *Reader) trim() {
+	if cap(r.buf) > keptBytes {
+		r.buf = nil
+	}
+	if cap(r.block) > keptBytes {
+		r.block = nil
+	}
+	if cap(r.recs)*int(unsafe.Sizeof(record{})) > keptBytes {
+		r.recs = nil
+	}
+}
+
 // End is the offset just after the last complete chunk.
 func (r *Reader) End() (uint64, error) {
-	defer r.release()
 	if err := r.refresh(); err != nil {
 		return 0, err
 	}
@@ -413,7 +471,7 @@ func (r *Reader) End() (uint64, error) {
 // read). A chunk cut by the start is passed from the start on. An error from fn stops
 // the read and is returned.
 func (r *Reader) Read(opts ReadOptions, fn func(Chunk) error) (uint64, error) {
-	defer r.release()
+	defer r.trim()
 	if err := r.refresh(); err != nil {
 		return 0, err
 	}
@@ -494,9 +552,6 @@ func (r *Reader) emit(start uint64, fn func(Chunk) error) (uint64, error) {
 		return start, err
 	}
 	next := start
-	if r.buf == nil {
-		r.buf = *spanPool.Get().(*[]byte)
-	}
 	for i < r.n {
 		recs, err := r.records(i)
 		if err != nil {
@@ -509,7 +564,8 @@ func (r *Reader) emit(start uint64, fn func(Chunk) error) (uint64, error) {
 				j++
 			}
 			from, to := recs[0].off, recs[j-1].end()
-			b := r.buf[:to-from]
+			r.buf = grow(r.buf, int(to-from), MaxChunk)
+			b := r.buf
 			if _, err := r.log.ReadAt(b, int64(from)); err != nil && !errors.Is(err, io.EOF) {
 				return next, err
 			}

@@ -337,10 +337,130 @@ func TestReaderRefusesSymlinks(t *testing.T) {
 	}
 }
 
-// TestIdleFollowersHoldNoBuffers: a follower waiting for more of the log holds none of the
-// read buffers (1 MiB span + 96 KiB index block). Before, each kept both: 600 log
-// streams of one sandbox (test/security TestAgentSocketSwap) took its agent past the
-// sandbox's 1 GiB and the kernel killed it.
+// writeLog writes a one-chunk log m with data in dir.
+func writeLog(t *testing.T, dir, data string) {
+	t.Helper()
+	w, err := Open(dir, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(Stdout, []byte(data)); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+}
+
+func readLog(r *Reader) (string, error) {
+	var got []byte
+	_, err := r.Read(ReadOptions{}, func(c Chunk) error { got = append(got, c.Data...); return nil })
+	return string(got), err
+}
+
+// TestReaderRefusesSymlinkedDir: a log dir that its sandbox replaced by a symlink (to
+// another sandbox's log, or any host dir) is not followed, by OpenReader (the dir's own
+// name) and by OpenReaderBeneath (any element below the trusted root); a real dir beneath
+// the root reads.
+func TestReaderRefusesSymlinkedDir(t *testing.T) {
+	other := t.TempDir()
+	writeLog(t, other, "other tenant's log\n")
+	root := t.TempDir()
+	own := filepath.Join(root, "c", "side", "run", "logs")
+	if err := os.MkdirAll(own, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeLog(t, own, "own log\n")
+	r, err := OpenReaderBeneath(root, "c/side/run/logs", "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readLog(r); err != nil || got != "own log\n" {
+		t.Fatalf("own log beneath the root: %q %v", got, err)
+	}
+	r.Close()
+
+	// The last element swapped.
+	if err := os.Rename(own, own+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, own); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := OpenReaderBeneath(root, "c/side/run/logs", "m"); err == nil {
+		got, _ := readLog(r)
+		r.Close()
+		t.Errorf("a symlinked log dir was followed beneath the root: read %q", got)
+	}
+	if r, err := OpenReader(own, "m"); err == nil {
+		got, _ := readLog(r)
+		r.Close()
+		t.Errorf("OpenReader followed a symlinked log dir: read %q", got)
+	}
+	// An element in the middle swapped (the run dir of a container).
+	os.Remove(own)
+	os.Rename(own+".old", own)
+	run := filepath.Join(root, "c", "side", "run")
+	if err := os.Rename(run, run+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(other), run); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := OpenReaderBeneath(root, "c/side/run/"+filepath.Base(other), "m"); err == nil {
+		got, _ := readLog(r)
+		r.Close()
+		t.Errorf("a symlink in the middle of rel was followed: read %q", got)
+	}
+	// Leaving the root with "..".
+	if r, err := OpenReaderBeneath(own, "../../../../"+filepath.Base(filepath.Dir(other)), "m"); err == nil {
+		r.Close()
+		t.Error("a rel leaving the root was opened")
+	}
+}
+
+// TestReaderOfASmallLogIsSmall: a reader (one per log stream: an agent serves hundreds of
+// follows at once, inside the sandbox's memory limit) of a log of a few short lines
+// allocates about what it reads, not a whole MaxChunk buffer and index block each.
+func TestReaderOfASmallLogIsSmall(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Open(dir, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if _, err := w.Write(Stdout, []byte("tick\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	const readers = 100
+	rs := make([]*Reader, 0, readers)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range readers {
+		r, err := OpenReader(dir, "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		if _, err := r.Read(ReadOptions{}, func(c Chunk) error { n += len(c.Data); return nil }); err != nil || n != 100 {
+			t.Fatalf("read %d bytes, %v", n, err)
+		}
+		rs = append(rs, r)
+	}
+	runtime.ReadMemStats(&after)
+	for _, r := range rs {
+		r.Close()
+	}
+	if per := (after.TotalAlloc - before.TotalAlloc) / readers; per > 16<<10 {
+		t.Errorf("each reader of a 100-byte log allocated %d bytes, want < 16 KiB", per)
+	}
+}
+
+// TestIdleFollowersHoldNoBuffers: a follower waiting for more of its log keeps at most
+// keptBytes of its read buffers, however long the log. Before, each kept a 1 MiB span and
+// a 96 KiB index block: 600 log streams of one sandbox (test/security
+// TestAgentSocketSwap) took its agent past the sandbox's 1 GiB and the kernel killed it.
 func TestIdleFollowersHoldNoBuffers(t *testing.T) {
 	dir := t.TempDir()
 	w, err := Open(dir, "main")
@@ -348,18 +468,18 @@ func TestIdleFollowersHoldNoBuffers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	w.Write(Stdout, []byte("hello\n"))
+	w.Write(Stdout, bytes.Repeat([]byte("x"), 3*MaxChunk)) // a log of several spans
+	w.Write(Stdout, []byte("mark0\n"))
 	heap := func() int64 {
 		var m runtime.MemStats
 		runtime.GC()
-		runtime.GC() // the second empties the pools' victim caches
 		runtime.ReadMemStats(&m)
 		return int64(m.HeapInuse)
 	}
 	const followers = 200
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	got := make(chan struct{}, followers)
+	marks := make(chan struct{}, 2*followers) // one per follower per "mark" line it passes
 	done := make(chan error, followers)
 	base := heap()
 	for range followers {
@@ -369,18 +489,23 @@ func TestIdleFollowersHoldNoBuffers(t *testing.T) {
 		}
 		defer r.Close()
 		go func() {
-			done <- Follow(ctx, r, w, ReadOptions{}, func(Chunk) error { got <- struct{}{}; return nil })
+			done <- Follow(ctx, r, w, ReadOptions{}, func(c Chunk) error {
+				if bytes.Contains(c.Data, []byte("mark")) {
+					marks <- struct{}{}
+				}
+				return nil
+			})
 		}()
 	}
 	for round := range 2 {
 		for range followers {
-			<-got
+			<-marks
 		}
 		time.Sleep(50 * time.Millisecond) // each is past its read, waiting for more
 		if grew := heap() - base; grew > 32<<20 {
 			t.Errorf("round %d: %d idle followers hold %d MiB", round, followers, grew>>20)
 		}
-		w.Write(Stdout, []byte("more\n"))
+		w.Write(Stdout, []byte("mark1\n"))
 	}
 	cancel()
 	for range followers {

@@ -3,6 +3,9 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
@@ -185,5 +189,94 @@ func TestGroupPullCredentialsNeverKept(t *testing.T) {
 	// The caller's spec keeps its own.
 	if spec.Sidecars[0].PullCredentials == nil || spec.InitContainers[0].PullCredentials == nil {
 		t.Error("Create cleared its caller's credentials")
+	}
+}
+
+// openerBackend is a Fake whose exited containers' logs are under root/<name> (what the
+// container left, beneath a dir the backend trusts), opened as the local backend does.
+type openerBackend struct {
+	*runtimetest.Fake
+	root string
+	none string // a container whose log it does not keep (errors.ErrUnsupported)
+}
+
+var _ runtime.ContainerLogOpener = (*openerBackend)(nil)
+
+func (b *openerBackend) OpenContainerLog(_, container string) (*logstore.Reader, error) {
+	if container == b.none {
+		return nil, fmt.Errorf("%w: no copy", errors.ErrUnsupported)
+	}
+	return logstore.OpenReaderBeneath(b.root, container, "main")
+}
+
+// TestGroupLogsOfExitedContainerNotKept: a container whose log its backend does not
+// keep (Kubernetes: an init container) is refused as before, FAILED_PRECONDITION
+// naming it.
+func TestGroupLogsOfExitedContainerNotKept(t *testing.T) {
+	be := &openerBackend{Fake: runtimetest.NewFake(), root: t.TempDir(), none: "setup"}
+	t.Cleanup(be.Close)
+	r, sb := startGroup(t, be)
+	_, err := readAll(t, r, sb.ID, "setup")
+	var cnr *ContainerNotRunningError
+	if !errors.As(err, &cnr) || cnr.Container != "setup" || !cnr.Logs {
+		t.Errorf("log of an init container its backend keeps no log of: %v", err)
+	}
+}
+
+// TestGroupLogsOfExitedContainerRead: with a backend that keeps them, the logs of an
+// init container and of a sidecar that exited are read at once while the sandbox runs;
+// one whose log dir the container replaced by a symlink (to another sandbox's log) is
+// an error, never the other log.
+func TestGroupLogsOfExitedContainerRead(t *testing.T) {
+	root, victim := t.TempDir(), t.TempDir()
+	writeLog(t, victim, "victim secret\n")
+	for _, name := range []string{"setup", "db"} {
+		if err := os.Mkdir(filepath.Join(root, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeLog(t, filepath.Join(root, name), name+" said this\n")
+	}
+	be := &openerBackend{Fake: runtimetest.NewFake(), root: root}
+	t.Cleanup(be.Close)
+	r, sb := startGroup(t, be)
+	read := func(name string) (string, error) {
+		t.Helper()
+		start := time.Now()
+		got, err := readAll(t, r, sb.ID, name)
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Errorf("log of %s: answered after %v", name, d)
+		}
+		return got, err
+	}
+	if got, err := read("setup"); err != nil || got != "setup said this\n" {
+		t.Errorf("log of the init container: %q %v", got, err)
+	}
+	code := int32(1)
+	be.Sandbox(sb.ID, time.Second).SetContainer(runtime.ContainerStatus{Name: "db", State: runtime.ContainerExited, ExitCode: &code, Reason: "Error"})
+	eventually(t, "db exited", func() bool {
+		got, _ := r.Get(sb.ID)
+		return len(got.Containers) == 3 && got.Containers[2].State == runtime.ContainerExited
+	})
+	if got, err := read("db"); err != nil || got != "db said this\n" {
+		t.Errorf("log of the exited sidecar: %q %v", got, err)
+	}
+
+	// The sidecar swapped its log dir before it exited.
+	db := filepath.Join(root, "db")
+	if err := os.Rename(db, db+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, db); err != nil {
+		t.Fatal(err)
+	}
+	got, err := read("db")
+	if strings.Contains(got, "victim") || err == nil {
+		t.Fatalf("log of a sidecar whose log dir is a symlink: %q %v, want an error and nothing of the other log", got, err)
+	}
+	// On the API: FAILED_PRECONDITION naming the container, and no host path.
+	api := APIError(sb.ID, err, SpecField)
+	if connect.CodeOf(api) != connect.CodeFailedPrecondition || apierr.Reason(api) != apierr.FileNotRegular ||
+		!strings.Contains(api.Error(), `"db"`) || strings.Contains(api.Error(), root) {
+		t.Errorf("replaced log dir on the API: %v (reason %q)", api, apierr.Reason(api))
 	}
 }

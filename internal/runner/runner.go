@@ -27,6 +27,8 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 )
@@ -485,6 +487,9 @@ func (r *Runner) LogDir(id, container string) (string, error) {
 	}
 }
 
+// errLogReplaced: the log dir of an exited container is not a directory the runner reads.
+var errLogReplaced = errors.New("log dir replaced")
+
 // Logs passes the main command's log of a container of sandbox id ("" = the primary;
 // a name it does not have is a *ContainerNotFoundError) to send, as the agent's Logs call
 // does: from its agent while the sandbox runs, and from the copy the runner keeps once it
@@ -492,10 +497,11 @@ func (r *Runner) LogDir(id, container string) (string, error) {
 // (the sandbox ends under a follow) goes on in that copy where the agent stopped, so a
 // follow ends at the end of the log instead of breaking off. While the sandbox is still
 // being created, Logs waits for it to start (or end). The log of an init container, or
-// of a sidecar that exited, while the sandbox runs is a *ContainerNotRunningError at
-// once: its agent is gone with it, and its log is read only from the runner's copy,
-// never from where a running container might write. Errors from the agent and the
-// reader are connect errors; an error from send is returned as it is.
+// of a sidecar that exited for good, while the sandbox runs is read at once where its
+// agent left it, through the backend's runtime.ContainerLogOpener, which follows no
+// symlink the container planted there (a backend without one: *ContainerNotRunningError
+// until the sandbox ends). Errors from the agent and the reader are connect errors; an
+// error from send is returned as it is.
 func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error {
 	r.mu.Lock()
 	e, ok := r.sandboxes[id]
@@ -542,9 +548,34 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 		default:
 		}
 		if exited {
-			// Its agent is gone with it, and its log is read from the runner's copy, made
-			// when the sandbox ends: not from where a running container might write.
-			return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true}
+			// Its agent is gone with it: its log is read where that agent left it, which
+			// the container could write (the backend's opener follows no symlink it
+			// planted there), or, from a backend that keeps no such log, not at all until
+			// the sandbox ends and the runner has its copy.
+			lo, ok := r.backend.(runtime.ContainerLogOpener)
+			if !ok {
+				return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true}
+			}
+			// The log is complete, so a follow ends at its end.
+			open := func() (*logstore.Reader, error) {
+				lr, err := lo.OpenContainerLog(id, name)
+				if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errors.ErrUnsupported) {
+					// Replaced by the container (a symlink, no directory): the error names
+					// host paths, which the caller is not shown.
+					r.log.Warn("log of an exited container not read (replaced by the container?)", "sandbox", id, "container", name, "err", err)
+					return nil, errLogReplaced
+				}
+				return lr, err
+			}
+			err := agent.ReadLogsFrom(ctx, open, nil, rest(), pass)
+			if errors.Is(err, errors.ErrUnsupported) && sendErr == nil {
+				return &ContainerNotRunningError{Sandbox: id, Container: name, Logs: true} // no log of it kept
+			}
+			if errors.Is(err, errLogReplaced) && sendErr == nil {
+				return apierr.New(apierr.FileNotRegular, fmt.Sprintf("the log of container %q of sandbox %s cannot be read: the container replaced its log directory, which is not followed", name, id),
+					map[string]string{"sandbox_id": id, "container": name})
+			}
+			return err
 		}
 		if client == nil || st == StateCreating || st == StatePending {
 			select {

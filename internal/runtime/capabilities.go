@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 )
 
@@ -60,6 +61,16 @@ type EgressReserver interface {
 // window.
 type LogDirProvider interface {
 	LogDir(id, container string) string
+}
+
+// ContainerLogOpener is implemented by backends that keep the log of a container that
+// has exited while its sandbox runs (an init container, a sidecar that ended for good)
+// where its agent left it: OpenContainerLog opens it for reading ("" = the primary). That
+// place was writable by the container, so it never follows a symlink the sandbox may
+// have planted there (logstore.OpenReaderBeneath); a log never written is an error
+// matching fs.ErrNotExist.
+type ContainerLogOpener interface {
+	OpenContainerLog(id, container string) (*logstore.Reader, error)
 }
 
 // ContainerStatusReporter is implemented by backends that report each container of a

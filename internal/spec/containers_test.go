@@ -3,6 +3,7 @@ package spec
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -179,4 +180,40 @@ func FuzzContainers(f *testing.F) {
 			seen[c.Name] = true
 		}
 	})
+}
+
+// TestContainerFieldsNotAppliedAreRefused: container fields that no backend applies are
+// refused UNIMPLEMENTED CWSANDBOX_NOT_IMPLEMENTED, each named by a field violation (never
+// accepted and dropped).
+func TestContainerFieldsNotAppliedAreRefused(t *testing.T) {
+	spec := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{
+		{Name: "app", Image: "busybox", Primary: proto.Bool(true), Resources: &sandboxv1.Resources{Gpu: &sandboxv1.Gpu{Count: 1}}},
+		{Name: "side", Image: "busybox",
+			ResourceRequirements: &sandboxv1.ResourceRequirements{Limits: &sandboxv1.Resources{Cpu: "1", Gpu: &sandboxv1.Gpu{Count: 2}}},
+			SecretStores:         []*sandboxv1.SecretStoreReference{{StoreName: "vault"}},
+			ImagePullCredentials: &sandboxv1.ImagePullCredentials{Registry: "r.example"}},
+	}, InstanceType: "gpu-large"}
+	_, err := ToCreateRequest(spec)
+	if connect.CodeOf(err) != connect.CodeUnimplemented || apierr.Reason(err) != apierr.NotImplemented {
+		t.Fatalf("ToCreateRequest: %v, want UNIMPLEMENTED %s", err, apierr.NotImplemented)
+	}
+	var got []string
+	for _, v := range apierr.Violations(err) {
+		got = append(got, v.Field+": "+v.Description)
+	}
+	want := []string{
+		"sandbox.spec.containers[0].resources.gpu: GPUs",
+		"sandbox.spec.containers[1].resource_requirements.limits.gpu: GPUs",
+		"sandbox.spec.containers[1].secret_stores: secret stores",
+		"sandbox.spec.containers[1].image_pull_credentials: image pull credentials from secret stores",
+		"sandbox.spec.instance_type: instance types",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("violations %q, want %q", got, want)
+	}
+	for _, w := range []string{"GPUs", "secret stores", "image pull credentials"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("message %q does not name %s", err.Error(), w)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"slices"
@@ -24,7 +25,10 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	add := func(field, format string, args ...any) {
 		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
 	}
-	var unsupported []string
+	var (
+		unsupported []string
+		notApplied  []apierr.Violation // what of unsupported a field names
+	)
 	if spec == nil {
 		return runner.CreateRequest{}, apierr.Invalid(apierr.InvalidRequest, "sandbox.spec is required", []apierr.Violation{{Field: "sandbox.spec", Description: "is required"}})
 	}
@@ -47,7 +51,10 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	pi := primaryIndex(cs)
 	for i, c := range cs {
 		rc, cvs, cunsupported := toContainer(c, fmt.Sprintf("sandbox.spec.containers[%d]", i), volNames)
-		vs, unsupported = append(vs, cvs...), append(unsupported, cunsupported...)
+		vs, notApplied = append(vs, cvs...), append(notApplied, cunsupported...)
+		for _, u := range cunsupported {
+			unsupported = append(unsupported, u.Description)
+		}
 		if i == pi {
 			req.Spec.Container = rc
 		} else {
@@ -77,22 +84,33 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	vs = append(vs, nvs...)
 	unsupported = append(unsupported, nunsupported...)
 	vs = append(vs, extra...)
-	if len(spec.GetNetworkIds()) > 0 || spec.GetNetworkConfigId() != "" {
-		unsupported = append(unsupported, "networks")
+	notSupported := func(field, what string) {
+		unsupported = append(unsupported, what)
+		notApplied = append(notApplied, apierr.Violation{Field: field, Description: what})
+	}
+	if len(spec.GetNetworkIds()) > 0 {
+		notSupported("sandbox.spec.network_ids", "networks")
+	}
+	if spec.GetNetworkConfigId() != "" {
+		notSupported("sandbox.spec.network_config_id", "networks")
 	}
 	if spec.GetObjectStorageAccess() != nil {
-		unsupported = append(unsupported, "object storage access")
+		notSupported("sandbox.spec.object_storage_access", "object storage access")
 	}
 	if spec.GetInstanceType() != "" {
-		unsupported = append(unsupported, "instance types")
+		notSupported("sandbox.spec.instance_type", "instance types")
 	}
 	if len(vs) > 0 {
 		return req, apierr.Invalid(apierr.InvalidRequest, "invalid sandbox spec: "+apierr.Describe(vs), vs)
 	}
 	if len(unsupported) > 0 {
 		slices.Sort(unsupported)
-		return req, apierr.Newf(apierr.NotImplemented,
+		err := apierr.Newf(apierr.NotImplemented,
 			"not supported by this sandboxd yet: %s", strings.Join(slices.Compact(unsupported), ", "))
+		if len(notApplied) > 0 {
+			err = apierr.WithViolations(err, notApplied)
+		}
+		return req, err
 	}
 	return req, nil
 }
@@ -136,12 +154,13 @@ func primaryViolations(field string, cs []*sandboxv1.Container) []apierr.Violati
 }
 
 // toContainer converts one wire container (at field f) into the runtime's: every
-// problem as a violation under f, what this sandboxd cannot do yet in unsupported.
+// problem as a violation under f, what this sandboxd cannot do yet in unsupported (the
+// field, and the feature as the description).
 // volumes are the names of the sandbox's volumes, which its mounts must name.
-func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (runtime.Container, []apierr.Violation, []string) {
+func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (runtime.Container, []apierr.Violation, []apierr.Violation) {
 	var (
 		vs          []apierr.Violation
-		unsupported []string
+		unsupported []apierr.Violation
 	)
 	add := func(field, format string, args ...any) {
 		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
@@ -159,7 +178,14 @@ func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (run
 	if res := EffectiveLimits(c); res != nil {
 		out.Resources.MilliCPU, out.Resources.MemoryBytes = parseResources(res, f+".resources", add)
 		if res.GetGpu().GetCount() > 0 {
-			unsupported = append(unsupported, "GPUs")
+			field := f + ".resources.gpu"
+			if c.GetResources() == nil {
+				field = f + ".resource_requirements.limits.gpu"
+				if c.GetResourceRequirements().GetLimits() == nil {
+					field = f + ".resource_requirements.requests.gpu"
+				}
+			}
+			unsupported = append(unsupported, apierr.Violation{Field: field, Description: "GPUs"})
 		}
 	}
 	switch res := effectiveRequests(c); {
@@ -171,13 +197,13 @@ func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (run
 	}
 	out.VolumeMounts, vs = volumeMounts(c, f, volumes, vs)
 	if len(c.GetSecretStores()) > 0 {
-		unsupported = append(unsupported, "secret stores")
+		unsupported = append(unsupported, apierr.Violation{Field: f + ".secret_stores", Description: "secret stores"})
 	}
 	sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
 	out.Security, vs = sec, append(vs, secVs...)
 	out.StartupProbe, vs = toProbe(c.GetStartupProbe(), f+".startup_probe", vs)
 	if c.GetImagePullCredentials() != nil {
-		unsupported = append(unsupported, "image pull credentials from secret stores")
+		unsupported = append(unsupported, apierr.Violation{Field: f + ".image_pull_credentials", Description: "image pull credentials from secret stores"})
 	}
 	return out, vs, unsupported
 }
@@ -243,6 +269,70 @@ func EffectiveLimits(c *sandboxv1.Container) *sandboxv1.Resources {
 		return l
 	}
 	return rr.GetRequests()
+}
+
+// EffectiveTotal is what a sandbox's status reports as its effective resources: for one
+// container its own (the legacy resources, else its limits, else its requests) and
+// requirements; for a group the sum over its containers, the total the policy's ceilings
+// (constraints.resources.total_*) and the runner's admission apply to. A limit that one
+// container leaves unset is unlimited for the sandbox (no total of it is shown); a
+// request it leaves unset is its limit. GPUs are summed by count.
+func EffectiveTotal(spec *sandboxv1.SandboxSpec) (*sandboxv1.Resources, *sandboxv1.ResourceRequirements) {
+	cs := spec.GetContainers()
+	if len(cs) <= 1 {
+		c := Primary(spec)
+		if c == nil {
+			return nil, nil
+		}
+		rr := c.GetResourceRequirements()
+		if rr == nil && c.GetResources() != nil {
+			rr = &sandboxv1.ResourceRequirements{Requests: c.GetResources(), Limits: c.GetResources()}
+		}
+		return EffectiveLimits(c), rr
+	}
+	type sum struct {
+		cpu, mem, gpu int64
+		noCPU, noMem  bool // some container sets none
+	}
+	add := func(t *sum, r *sandboxv1.Resources) {
+		cpu, err := quantity.ParseCPU(r.GetCpu())
+		if err != nil || cpu <= 0 {
+			t.noCPU = true
+		}
+		mem, err := quantity.ParseMemory(r.GetMemory())
+		if err != nil || mem <= 0 {
+			t.noMem = true
+		}
+		t.cpu, t.mem, t.gpu = t.cpu+max(cpu, 0), t.mem+max(mem, 0), t.gpu+max(r.GetGpu().GetCount(), 0)
+	}
+	var lim, req sum
+	for _, c := range cs {
+		l := EffectiveLimits(c)
+		add(&lim, l)
+		r := effectiveRequests(c)
+		add(&req, &sandboxv1.Resources{Cpu: cmp.Or(r.GetCpu(), l.GetCpu()), Memory: cmp.Or(r.GetMemory(), l.GetMemory()), Gpu: cmp.Or(r.GetGpu(), l.GetGpu())})
+	}
+	wire := func(t sum) *sandboxv1.Resources {
+		r := &sandboxv1.Resources{}
+		if !t.noCPU {
+			r.Cpu = quantity.FormatCPU(t.cpu)
+		}
+		if !t.noMem {
+			r.Memory = quantity.FormatMemory(t.mem)
+		}
+		if t.gpu > 0 {
+			r.Gpu = &sandboxv1.Gpu{Count: t.gpu}
+		}
+		if r.Cpu == "" && r.Memory == "" && r.Gpu == nil {
+			return nil
+		}
+		return r
+	}
+	limits, requests := wire(lim), wire(req)
+	if limits == nil && requests == nil {
+		return nil, nil
+	}
+	return limits, &sandboxv1.ResourceRequirements{Requests: requests, Limits: limits}
 }
 
 // effectiveRequests is what the runner admits a container by: the legacy resources (a

@@ -104,6 +104,18 @@ def _remove_data_dir(data_dir: pathlib.Path) -> None:
     shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def _remove_network(bridge: str, cgroup_parent: str) -> None:
+    """Remove the server's own bridge, nftables table and (empty) cgroup parent once it has
+    stopped: it leaves them for a next start, which there is not."""
+    subprocess.run(["nft", "delete", "table", "inet", f"sandboxd_{bridge}"], capture_output=True)
+    subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+    for d in pathlib.Path("/sys/fs/cgroup").glob(f"*/{cgroup_parent}"):
+        try:
+            d.rmdir()  # fails, rightly, if a sandbox's cgroup is still inside
+        except OSError:
+            pass
+
+
 @dataclass
 class Server:
     binary: pathlib.Path
@@ -194,7 +206,16 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
     data_plane = f"127.0.0.1:{_free_port()}"
     # And for the edge, so that endpoint tests reach it whatever else holds 8443.
     edge = f"127.0.0.1:{_free_port()}"
-    cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane, "--edge-listen", edge]
+    # A bridge, subnet (so DNS address), nftables table and cgroup parent of its own: another
+    # `sandboxd dev` on the host (test/security, another checkout's run) shares none of them.
+    # With the defaults, the second server failed to start (DNS address taken) or rewrote the
+    # first's nftables table without its rules.
+    pid = os.getpid()
+    bridge = f"sbxcf{pid & 0xffff:04x}"
+    subnet = f"10.{100 + pid % 50}.{pid // 50 % 256}.0/24"
+    cgroup_parent = f"sandboxd-conformance-{pid}"
+    cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane, "--edge-listen", edge,
+           "--bridge", bridge, "--subnet", subnet, "--cgroup-parent", cgroup_parent]
     ready_timeout = float(os.environ.get("SANDBOXD_READY_TIMEOUT", "60"))
 
     log_f = open(log_path, "wb")
@@ -255,6 +276,7 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
             print(f"\nsandboxd did not stop within {STOP_TIMEOUT:.0f}s of SIGTERM and was killed; log: {log_path}")
         elif rc not in (0, -signal.SIGTERM):
             print(f"\nsandboxd exited with status {rc} after SIGTERM; tail of {log_path}:\n{_tail(log_path, lines=40)}")
+        _remove_network(bridge, cgroup_parent)
         if own_data_dir:
             _remove_data_dir(data_dir)
 

@@ -253,6 +253,10 @@ func socketSwap(t *testing.T, d *Dev, class string) {
 				// changes nothing for it.
 				if class == "" && err != nil {
 					t.Errorf("runc: exec in the attacker after the swap: %v", err)
+					if st, gerr := b.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: attacker})); gerr == nil {
+						s := st.Msg.GetStatus()
+						t.Logf("the attacker: %s, reason %q, exit code %d, restarts %v", s.GetState(), s.GetStateReason(), s.GetExitCode(), s.GetContainerStatuses())
+					}
 				}
 			}
 			rf, err := b.ReadFile(ctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: attacker, Path: "/proc/1/environ"}))

@@ -111,7 +111,7 @@ func countingListener(t *testing.T, l net.Listener) *atomic.Int32 {
 func hostAddr(t *testing.T) netip.Addr {
 	t.Helper()
 	for _, a := range reserved.HostAddrs() {
-		if a.Is4() && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !netip.MustParsePrefix("10.88.0.0/16").Contains(a) {
+		if a.Is4() && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !sandboxSubnet().Contains(a) && !netip.MustParsePrefix("10.88.0.0/16").Contains(a) {
 			return a
 		}
 	}
@@ -130,7 +130,7 @@ func cidrRule(cidr string) []map[string]any {
 func TestEgressReservedCIDRRefused(t *testing.T) {
 	d := needDev(t)
 	for _, cidr := range []string{"169.254.169.254/32", "192.168.0.0/16", "10.0.0.0/8", "127.0.0.0/8", "172.16.0.0/12",
-		"100.64.0.0/10", "10.88.0.0/16", hostAddr(t).String() + "/32"} {
+		"100.64.0.0/10", "10.88.0.0/16", d.Subnet.String(), hostAddr(t).String() + "/32"} {
 		code, body, id := d.create(t, d.KeyA, "busybox", cidrRule(cidr))
 		if code != http.StatusBadRequest || id != "" {
 			t.Errorf("egress %s: HTTP %d %s, want 400", cidr, code, body)
@@ -199,10 +199,10 @@ func TestEgressWideCIDRCutsReserved(t *testing.T) {
 		t.Errorf("positive control %s: %q (%d connections): an allowed internet address must answer", pub, got, pubHits.Load())
 	}
 	for _, target := range []string{
-		fmt.Sprintf("%s:%d", hostAddr(t), hostPort), // the host's own address
-		fmt.Sprintf("10.88.0.1:%d", hostPort),       // the bridge (the sandbox's gateway)
-		priv.String() + ":8080",                     // a private range, routed
-		"169.254.169.254:80",                        // cloud metadata
+		fmt.Sprintf("%s:%d", hostAddr(t), hostPort),    // the host's own address
+		fmt.Sprintf("%s:%d", d.bridgeAddr(), hostPort), // the bridge (the sandbox's gateway)
+		priv.String() + ":8080",                        // a private range, routed
+		"169.254.169.254:80",                           // cloud metadata
 	} {
 		if got := probe(target); !strings.HasPrefix(got, "UNREACHABLE") {
 			t.Errorf("%s from the sandbox: %q, want unreachable", target, got)
@@ -231,7 +231,7 @@ func TestImageRefAtHostPortsRefused(t *testing.T) {
 	port := hl.Addr().(*net.TCPAddr).Port
 	refs := []string{
 		fmt.Sprintf("127.0.0.1:%d/x:1", port), fmt.Sprintf("localhost:%d/x", port), "localhost:1/x",
-		fmt.Sprintf("[::1]:%d/x", port), fmt.Sprintf("%s:%d/x:1", hostAddr(t), port), fmt.Sprintf("10.88.0.1:%d/x", port),
+		fmt.Sprintf("[::1]:%d/x", port), fmt.Sprintf("%s:%d/x:1", hostAddr(t), port), fmt.Sprintf("%s:%d/x", d.bridgeAddr(), port),
 		"169.254.169.254/x", fmt.Sprintf("0.0.0.0:%d/x", port),
 	}
 	for _, ref := range refs {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
@@ -39,8 +41,26 @@ type Dev struct {
 	// Admin is the default organization's admin key; KeyA and KeyB user keys of the
 	// organizations "org-a" and "org-b".
 	Admin, KeyA, KeyB string
-	proc              *exec.Cmd
+	// Bridge, Subnet and CgroupParent are the server's own (derived from the process ID,
+	// as stacktest's are): another `sandboxd dev` on the host (another checkout's suite,
+	// the conformance suite) shares none of them, nor the nftables table and the DNS
+	// address that go with them. With the defaults, the second server failed to start
+	// (its DNS address taken) or rewrote the first's nftables table without its rules.
+	Bridge, CgroupParent string
+	Subnet               netip.Prefix
+	proc                 *exec.Cmd
 }
+
+// sandboxSubnet is the subnet of the suite's server (the default before it starts).
+func sandboxSubnet() netip.Prefix {
+	if dev != nil && dev.Subnet.IsValid() {
+		return dev.Subnet
+	}
+	return netip.MustParsePrefix("10.88.0.0/16")
+}
+
+// bridgeAddr is the bridge's address, the sandboxes' gateway.
+func (d *Dev) bridgeAddr() netip.Addr { return d.Subnet.Addr().Next() }
 
 var (
 	dev *Dev
@@ -87,7 +107,11 @@ func startDev() (*Dev, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dev{Bin: filepath.Join(dir, "bin"), DataDir: filepath.Join(dir, "data"), Log: filepath.Join(dir, "sandboxd.log")}
+	pid := os.Getpid()
+	d := &Dev{Bin: filepath.Join(dir, "bin"), DataDir: filepath.Join(dir, "data"), Log: filepath.Join(dir, "sandboxd.log"),
+		Bridge:       fmt.Sprintf("sbxsec%04x", pid&0xffff),
+		Subnet:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(150 + pid%50), byte(pid / 50 % 256), 0}), 24),
+		CgroupParent: fmt.Sprintf("sandboxd-security-%d", pid)}
 	if err := os.MkdirAll(d.Bin, 0o755); err != nil {
 		return nil, err
 	}
@@ -114,7 +138,8 @@ func startDev() (*Dev, error) {
 		return nil, err
 	}
 	d.proc = exec.Command(filepath.Join(d.Bin, "sandboxd"), "dev", "--data-dir", d.DataDir, "--listen", api,
-		"--edge-listen", edge, "--data-plane-listen", dp, "--warm-pool", "0")
+		"--edge-listen", edge, "--data-plane-listen", dp, "--warm-pool", "0",
+		"--bridge", d.Bridge, "--subnet", d.Subnet.String(), "--cgroup-parent", d.CgroupParent)
 	d.proc.Stdout, d.proc.Stderr = logf, logf
 	if err := d.proc.Start(); err != nil {
 		return nil, err
@@ -231,6 +256,20 @@ func cleanupDev(d *Dev) {
 		}
 	}
 	stacktest.ForceClean(filepath.Dir(d.DataDir))
+	// The server's own bridge, nftables table and cgroup parent (it leaves them for its
+	// next start, which there is not).
+	if d.Bridge != "" {
+		if m, err := network.New(network.Config{Bridge: d.Bridge, Subnet: d.Subnet, Table: "sandboxd_" + d.Bridge,
+			StateDir: filepath.Join(d.DataDir, "network")}); err == nil {
+			if err := m.Cleanup(); err != nil {
+				fmt.Println("security: network cleanup:", err)
+			}
+		}
+		parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.CgroupParent)
+		for _, p := range parents {
+			_ = os.Remove(p) // rmdir: fails, rightly, if a sandbox's cgroup is still inside
+		}
+	}
 	_ = os.RemoveAll(filepath.Dir(d.DataDir))
 }
 

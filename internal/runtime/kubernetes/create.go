@@ -242,8 +242,22 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err != nil {
 		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	if p := spec.StartupProbe; grp == nil && p != nil {
+		// As in a group (startseq.Run): Create returns, and the sandbox runs, once the
+		// probe has passed in the one container; a *startseq.Failure names it.
+		if err := startseq.Probe(ctx, primaryOps{groupOps{b: b, s: s}}, spec.ContainerName(), p); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 	b.startLogs(s)
 	return info, nil
+}
+
+// primaryOps probes a single-container sandbox: its one agent is the primary's ("").
+type primaryOps struct{ groupOps }
+
+func (o primaryOps) Exec(ctx context.Context, _ string, argv []string, timeout time.Duration) (int, error) {
+	return o.groupOps.Exec(ctx, "", argv, timeout)
 }
 
 // adoptSecrets makes the Pod the owner of the sandbox's Secrets and NetworkPolicy.

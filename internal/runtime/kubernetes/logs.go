@@ -2,6 +2,8 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -123,6 +125,19 @@ func (b *Backend) LogDir(id, container string) string {
 		}
 	}
 	return b.containerLogDir(id, key)
+}
+
+// OpenContainerLog opens the host copy of the log of a sidecar that exited while its
+// sandbox runs (complete once its agent ended, or after LogDir's wait). The copy is
+// written by this backend alone, never by the sandbox. Init containers have no copy
+// (errors.ErrUnsupported: the runner says so), nor has any container without
+// Config.LogDir.
+func (b *Backend) OpenContainerLog(id, container string) (*logstore.Reader, error) {
+	dir := b.LogDir(id, container)
+	if dir == "" {
+		return nil, fmt.Errorf("%w: no copy of the log of container %q of sandbox %s on this backend", errors.ErrUnsupported, container, id)
+	}
+	return logstore.OpenReader(dir, agentconfig.MainLog)
 }
 
 // startLogs starts copying the logs of s's primary and sidecars.

@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -86,5 +88,42 @@ func TestLogDirUntracked(t *testing.T) {
 		if got := b.LogDir("x", container); got != want {
 			t.Errorf("LogDir(x, %q) = %q, want %q", container, got, want)
 		}
+	}
+}
+
+// TestOpenContainerLog: an exited sidecar's log is read from the backend's host copy;
+// an init container has none (errors.ErrUnsupported, which the runner reports).
+func TestOpenContainerLog(t *testing.T) {
+	dir := t.TempDir()
+	b := &Backend{cfg: Config{LogDir: dir}, sandboxes: map[string]*sandbox{}}
+	db := filepath.Join(dir, ".containers", "x", "db")
+	if err := os.MkdirAll(db, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w, err := logstore.Open(db, agentconfig.MainLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(logstore.Combined, []byte("db said this\n")); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan struct{})
+	close(done)
+	b.sandboxes["x"] = &sandbox{spec: runtime.Spec{ID: "x", Container: runtime.Container{Name: "app"},
+		Sidecars:       []runtime.Container{{Name: "db"}},
+		InitContainers: []runtime.Container{{Name: "setup"}}},
+		logsDone: map[string]chan struct{}{"db": done}}
+	r, err := b.OpenContainerLog("x", "db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	if _, err := r.Read(logstore.ReadOptions{}, func(c logstore.Chunk) error { got = append(got, c.Data...); return nil }); err != nil || string(got) != "db said this\n" {
+		t.Errorf("log of db: %q %v", got, err)
+	}
+	r.Close()
+	if _, err := b.OpenContainerLog("x", "setup"); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("log of the init container: %v, want errors.ErrUnsupported", err)
 	}
 }

@@ -16,6 +16,7 @@ func (b *Backend) Support() runtime.Support {
 // The optional backend interfaces the Kubernetes backend implements (EgressReserver is
 // asserted next to ReservedEgress).
 var (
-	_ runtime.SupportReporter = (*Backend)(nil)
-	_ runtime.LogDirProvider  = (*Backend)(nil)
+	_ runtime.SupportReporter    = (*Backend)(nil)
+	_ runtime.LogDirProvider     = (*Backend)(nil)
+	_ runtime.ContainerLogOpener = (*Backend)(nil)
 )

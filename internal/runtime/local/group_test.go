@@ -7,7 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -195,4 +198,57 @@ func groupNamespacesMadeUpFront(t *testing.T, noUserNS bool) {
 			t.Errorf("failed create left its dir: %v", err)
 		}
 	}
+}
+
+// TestGroupOpenContainerLog: the log of an init container, and of a sidecar that exited,
+// is read where its agent left it while the sandbox runs; one whose container replaced
+// its log dir with a symlink (to a host dir holding a log) is an error, never that log.
+func TestGroupOpenContainerLog(t *testing.T) {
+	e := newEnv(t)
+	host := t.TempDir()
+	w, err := logstore.Open(host, agentconfig.MainLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(logstore.Stdout, []byte("host secret\n")); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	logs := agentconfig.StateDir + "/" + agentconfig.LogsDir
+	spec := groupSpec("grp-log")
+	spec.InitContainers = []runtime.Container{{Name: "setup", Image: "busybox", Command: "sh", Args: []string{"-c", "echo init said this"}}}
+	spec.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sh",
+		Args: []string{"-c", "echo side said this; mv " + logs + " " + logs + ".old && ln -s " + host + " " + logs}}}
+	e.create(spec)
+	read := func(name string) (string, error) {
+		r, err := e.b.OpenContainerLog(spec.ID, name)
+		if err != nil {
+			return "", err
+		}
+		defer r.Close()
+		var got []byte
+		_, err = r.Read(logstore.ReadOptions{}, func(c logstore.Chunk) error { got = append(got, c.Data...); return nil })
+		return string(got), err
+	}
+	if got, err := read("setup"); err != nil || got != "init said this\n" {
+		t.Errorf("log of the init container: %q %v", got, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := read("side")
+		if strings.Contains(got, "host secret") {
+			t.Fatalf("the swapped log dir was followed: %q", got)
+		}
+		if err != nil {
+			break // swapped: refused
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sidecar's log dir was never swapped: %q", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := e.b.Destroy(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
 }

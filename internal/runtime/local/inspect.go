@@ -2,11 +2,14 @@ package local
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/logstore"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // LogDir is where the agent keeps the main command's logs on the host. The runner moves
@@ -23,6 +26,24 @@ func (b *Backend) LogDir(id, container string) string {
 		}
 	}
 	return filepath.Join(shownDir(dir), dirRun, agentconfig.LogsDir)
+}
+
+// OpenContainerLog opens the log of container ("" = the primary) of sandbox id where its
+// agent keeps it, beneath the sandbox's dir (the host's alone). The run dir is mounted
+// into the container, whose root can replace the logs dir in it, or anything below, by
+// a symlink to another sandbox's logs or a host path: none is followed.
+func (b *Backend) OpenContainerLog(id, container string) (*logstore.Reader, error) {
+	if !validID(id) {
+		return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	dir, rel := b.dir(id), ""
+	if container != "" && validID(container) {
+		if fi, err := os.Lstat(memberDir(dir, container)); err == nil && fi.IsDir() {
+			rel = dirMembers + "/" + container + "/"
+		}
+	}
+	rel += shownRel(filepath.Join(dir, rel)) + dirRun + "/" + agentconfig.LogsDir
+	return logstore.OpenReaderBeneath(dir, rel, agentconfig.MainLog)
 }
 
 // SandboxDir returns the host dir of sandbox id (its files, disk image and mount points),

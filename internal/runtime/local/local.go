@@ -44,6 +44,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 )
 
 // Files and dirs in a sandbox's dir.
@@ -136,6 +137,7 @@ type Backend struct {
 var (
 	_ runtime.Backend            = (*Backend)(nil)
 	_ runtime.LogDirProvider     = (*Backend)(nil)
+	_ runtime.ContainerLogOpener = (*Backend)(nil)
 	_ runtime.OOMCounter         = (*Backend)(nil)
 	_ runtime.RuntimeClassLister = (*Backend)(nil)
 
@@ -445,19 +447,28 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		}
 		return s.info.toInfo(id), nil
 	}
+	claimed := false
 	if b.pool != nil && !rt.gvisor && b.poolServes(spec) {
-		if b.claim(ctx, s, spec) {
+		if claimed = b.claim(ctx, s, spec); claimed {
 			b.step("claim", &t)
-			return s.info.toInfo(id), nil
 		}
 	}
-	acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
-	if _, _, err := b.launch(ctx, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
-		var pe *pullError
-		if b.pool != nil && errors.As(err, &pe) {
-			b.pool.pullFailed(poolKey{image: spec.Image, class: class})
+	if !claimed {
+		acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
+		if _, _, err := b.launch(ctx, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
+			var pe *pullError
+			if b.pool != nil && errors.As(err, &pe) {
+				b.pool.pullFailed(poolKey{image: spec.Image, class: class})
+			}
+			return runtime.Info{}, err
 		}
-		return runtime.Info{}, err
+	}
+	if p := spec.StartupProbe; p != nil {
+		// As in a group (startseq.Run): Create returns, and the sandbox runs, once the
+		// probe has passed; a *startseq.Failure names the container.
+		if err := startseq.Probe(ctx, &groupOps{b: b, s: s}, spec.ContainerName(), p); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		}
 	}
 	return s.info.toInfo(id), nil
 }

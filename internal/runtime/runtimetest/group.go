@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 )
 
 // The group tests (multi-container sandboxes) run when Options.SecondImage is set: a
@@ -317,4 +318,30 @@ func testGroupRecover(t *testing.T, s *suite) {
 		t.Errorf("web after Stop: %+v, want exited", st)
 	}
 	s.destroy(t, b2, spec.ID)
+}
+
+// testStartupProbe: a single container's startup probe gates Create as a group's does:
+// Create returns once it passed (what it checks is there), and a probe that never passes
+// fails Create naming the container, with nothing of the sandbox left.
+func testStartupProbe(t *testing.T, s *suite) {
+	b := s.newBackend(t)
+	spec := s.spec("probe", "sh", "-c", "sleep 1; touch /tmp/ready; sleep 3600")
+	spec.StartupProbe = &runtime.Probe{Exec: []string{"test", "-f", "/tmp/ready"}, Period: 200 * time.Millisecond}
+	s.create(t, b, spec)
+	if _, code := execInC(t, b, spec.ID, "", "test", "-f", "/tmp/ready"); code != 0 {
+		t.Error("Create returned before the startup probe passed")
+	}
+	s.destroy(t, b, spec.ID)
+
+	bad := s.spec("pbad", "sleep", "3600")
+	bad.Name = "web"
+	bad.StartupProbe = &runtime.Probe{Exec: []string{"false"}, Period: 100 * time.Millisecond, FailureThreshold: 3}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.StartTimeout)
+	defer cancel()
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), bad.ID) })
+	var f *startseq.Failure
+	if _, err := b.Create(ctx, &bad); !errors.As(err, &f) || f.Reason != startseq.ReasonProbeFailed || f.Container != "web" {
+		t.Fatalf("create with a probe that never passes: %v, want a %s failure naming web", err, startseq.ReasonProbeFailed)
+	}
+	s.destroy(t, b, bad.ID)
 }

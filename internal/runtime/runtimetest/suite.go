@@ -78,6 +78,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) runtime.Backend, opts Optio
 		{"Destroy", testDestroy},
 		{"Recover", testRecover},
 		{"Errors", testErrors},
+		{"StartupProbe", testStartupProbe},
 	}
 	if opts.SecondImage != "" {
 		tests = append(tests, groupTests...)

@@ -144,6 +144,14 @@ func Run(ctx context.Context, spec *runtime.Spec, ops Ops) error {
 	return context.Cause(ctx)
 }
 
+// Probe runs the startup probe p in the started container name through ops until it
+// passes (nil), else returns a *Failure (ReasonProbeFailed) after its failure threshold,
+// or ctx's error. Backends call it for a single-container sandbox, which they start
+// without Run; Run probes a group's containers itself.
+func Probe(ctx context.Context, ops Ops, name string, p *runtime.Probe) error {
+	return probe(ctx, ops, name, p)
+}
+
 // probe runs p in container name until it passes, or fails it after its failure
 // threshold.
 func probe(ctx context.Context, ops Ops, name string, p *runtime.Probe) error {
