@@ -550,6 +550,19 @@ func EngineImage() (v1.Image, error) {
 }
 
 func engineImage(dir string, required bool, wait time.Duration) (v1.Image, error) {
+	p, err := engineTar(dir, required, wait)
+	if err != nil {
+		return nil, err
+	}
+	return Build(p, image.Config{Cmd: []string{"/usr/local/bin/cws-engine"}, Env: []string{DefaultPath, "LANG=C.UTF-8"}})
+}
+
+// EngineTar is the engine image's rootfs tarball (engine.tar), with EngineImage's rules
+// for a missing one: ErrNoTestImages locally, a wait and then a failure under
+// SANDBOXD_ENGINE_IMAGE=1.
+func EngineTar() (string, error) { return engineTar(Dir(), EngineImageRequired(), EngineImageWait) }
+
+func engineTar(dir string, required bool, wait time.Duration) (string, error) {
 	p := filepath.Join(dir, "engine.tar")
 	done := filepath.Join(dir, "engine.inputs") // written last by the build
 	if required {
@@ -559,15 +572,15 @@ func engineImage(dir string, required bool, wait time.Duration) (v1.Image, error
 				break
 			}
 			if !time.Now().Before(deadline) {
-				return nil, fmt.Errorf("engine test image %s not built within %v (SANDBOXD_ENGINE_IMAGE=1): see %s", p, wait, filepath.Join(filepath.Dir(dir), "build-engine-image.log"))
+				return "", fmt.Errorf("engine test image %s not built within %v (SANDBOXD_ENGINE_IMAGE=1): see %s", p, wait, filepath.Join(filepath.Dir(dir), "build-engine-image.log"))
 			}
 			time.Sleep(min(5*time.Second, wait))
 		}
 	}
 	if _, err := os.Stat(done); err != nil {
-		return nil, fmt.Errorf("%w (%s: run %s engine)", ErrNoTestImages, p, Script)
+		return "", fmt.Errorf("%w (%s: run %s engine)", ErrNoTestImages, p, Script)
 	}
-	return Build(p, image.Config{Cmd: []string{"/usr/local/bin/cws-engine"}, Env: []string{DefaultPath, "LANG=C.UTF-8"}})
+	return p, nil
 }
 
 // EngineImageRequired reports SANDBOXD_ENGINE_IMAGE=1: tests needing the engine image
