@@ -3,9 +3,14 @@
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/busybox.tar  (Debian busybox-static)
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/python.tar   (debootstrap bookworm minbase + python3)
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/redis.tar    (debootstrap bookworm minbase + redis-server, redis-tools)
+#   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/engine.tar   (only when asked: debootstrap bookworm minbase +
+#       Debian's Docker Engine (docker.io), iptables, iproute2, the compose plugin of
+#       build-compose-plugin.sh and scripts/engine/cws-engine{,-up}; ~550 MB, ~1.5 min cold)
 # internal/testimage turns them into OCI images (cached as <name>.oci/ next to each
 # tarball) and serves them from an in-process registry on loopback.
-# Usage: build-test-images.sh [busybox] [python] [redis]   (default: all three)
+# Usage: build-test-images.sh [busybox] [python] [redis] [engine]
+#   (default: busybox, python and redis; the engine image only when named: .ci/run builds
+#   it in the background, `make test` does not wait for it)
 # Idempotent: an existing output is kept. Needs root (debootstrap, ownership).
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "build-test-images: run as root (debootstrap, file ownership)" >&2; exit 1; }
@@ -78,7 +83,7 @@ G
 
 # build_debian NAME PACKAGES: a debootstrap minbase of $SUITE with PACKAGES, as NAME.tar.
 build_debian() {
-  local name=$1 pkgs=$2 t root m
+  local name=$1 pkgs=$2 extra=${3:-} t root m
   root=$TMP/$name
   t=$(now)
   m=$(mirror)
@@ -93,6 +98,7 @@ build_debian() {
   # Some debootstrap versions leave /proc or /sys mounted; they are not part of the image.
   for mp in $(awk -v p="$root" 'index($2, p) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$mp"; done
   find "$root/dev" -mindepth 1 -delete 2>/dev/null || true
+  if [ -n "$extra" ]; then "$extra" "$root"; fi
   local t2; t2=$(now)
   tar --numeric-owner --xattrs -C "$root" -cf "$TMP/$name.tar" .
   mv -f "$TMP/$name.tar" "$OUT/$name.tar"
@@ -101,6 +107,25 @@ build_debian() {
 }
 
 build_python() { build_debian python "$PYTHON_PACKAGES"; }
+# The engine image: Docker Engine for container-engine sandboxes (cws-engine starts
+# dockerd inside gVisor, cws-engine-up loads the handed-in images and runs the Compose file).
+build_engine() {
+  ENGINE_EXTRA() {
+    local root=$1 plugin
+    # After debootstrap, so a cold plugin build (or the wait for one) overlaps it.
+    plugin=$(bash "$HERE/build-compose-plugin.sh")
+    mkdir -p "$root/usr/libexec/docker/cli-plugins" "$root/cws-engine" "$root/var/lib/docker"
+    install -m 0755 "$plugin" "$root/usr/libexec/docker/cli-plugins/docker-compose"
+    install -m 0755 "$HERE/engine/cws-engine" "$HERE/engine/cws-engine-up" "$root/usr/local/bin/"
+    # gVisor implements the legacy iptables interface, not nftables: dockerd's embedded DNS
+    # (its per-container DNAT rule) needs iptables-legacy.
+    chroot "$root" update-alternatives --set iptables /usr/sbin/iptables-legacy >/dev/null
+    chroot "$root" update-alternatives --set ip6tables /usr/sbin/ip6tables-legacy >/dev/null
+    # dockerd is started by cws-engine, never by an init system.
+    rm -f "$root"/etc/rc*.d/*docker* "$root"/etc/systemd/system/*.wants/docker* 2>/dev/null || true
+  }
+  build_debian engine "$ENGINE_PACKAGES" ENGINE_EXTRA
+}
 build_redis() { build_debian redis "$REDIS_PACKAGES"; }
 
 # The python image's packages: `python` as well as `python3`, like the python:3.11 image
@@ -109,10 +134,15 @@ PYTHON_PACKAGES=python3,python-is-python3
 # The redis image (Compose tests: a service with a redis-cli healthcheck): Debian's
 # redis-server and redis-tools, nothing pulled from Docker Hub.
 REDIS_PACKAGES=redis-server,redis-tools
+# The engine image's packages (Debian's Docker Engine, its containerd and runc come with
+# docker.io); its inputs also name the compose plugin's version and the entry scripts.
+ENGINE_PACKAGES=docker.io,iptables,iproute2,ca-certificates
+HERE=$(cd "$(dirname "$0")" && pwd)
 inputs() {
   case "$1" in
     python) echo "$SUITE $PYTHON_PACKAGES" ;;
     redis) echo "$SUITE $REDIS_PACKAGES" ;;
+    engine) echo "$SUITE $ENGINE_PACKAGES compose=${SANDBOXD_COMPOSE_VERSION:-v2.40.3} $(cat "$HERE/engine/cws-engine" "$HERE/engine/cws-engine-up" | sha256sum | cut -c1-16)" ;;
     *) echo "busybox" ;;
   esac
 }
@@ -123,13 +153,14 @@ cached() {
 }
 
 total=$(now)
-# Arguments name the images to build (busybox, python, redis); none means all three.
+# Arguments name the images to build (busybox, python, redis, engine); none means the first three.
 [ "$#" -gt 0 ] || set -- busybox python redis
 for name in "$@"; do
   case "$name" in
-    busybox|python|redis) ;;
-    *) log "unknown image $name (want busybox, python or redis)"; exit 2 ;;
+    busybox|python|redis|engine) ;;
+    *) log "unknown image $name (want busybox, python, redis or engine)"; exit 2 ;;
   esac
-  if cached "$name"; then log "$name.tar cached"; else "build_$name"; fi
+  if cached "$name"; then log "$name.tar cached"; continue; fi
+  "build_$name"
 done
 log "done in $(elapsed "$total"): $OUT"

@@ -523,3 +523,66 @@ func PushStandard(host string, imgs *Images) error {
 	_, err = PushIndex(host, BusyboxMulti, idx)
 	return err
 }
+
+// Engine is the engine test image (engine.tar: Debian's Docker Engine, the compose
+// plugin, cws-engine as its command): optional, see EngineImage.
+const Engine = "sandboxd/engine:test"
+
+// EngineImageWait bounds how long EngineImage waits for a build under way when
+// SANDBOXD_ENGINE_IMAGE=1 (CI builds the image in the background: ~2-6 min cold).
+var EngineImageWait = 15 * time.Minute
+
+var (
+	engineOnce sync.Once
+	engineImg  v1.Image
+	engineErr  error
+)
+
+// EngineImage builds (or loads from cache) the engine image: cws-engine (dockerd under
+// gVisor) as its command, cws-engine-up beside it. It is built only when asked
+// (`build-test-images.sh engine`): locally a missing engine.tar is ErrNoTestImages for
+// its callers alone (they skip). With SANDBOXD_ENGINE_IMAGE=1 (CI, which builds it in
+// the background) EngineImage waits for the build (its .inputs file is written last)
+// up to EngineImageWait, and a missing image is an error callers fail on.
+func EngineImage() (v1.Image, error) {
+	engineOnce.Do(func() { engineImg, engineErr = engineImage(Dir(), EngineImageRequired(), EngineImageWait) })
+	return engineImg, engineErr
+}
+
+func engineImage(dir string, required bool, wait time.Duration) (v1.Image, error) {
+	p, err := engineTar(dir, required, wait)
+	if err != nil {
+		return nil, err
+	}
+	return Build(p, image.Config{Cmd: []string{"/usr/local/bin/cws-engine"}, Env: []string{DefaultPath, "LANG=C.UTF-8"}})
+}
+
+// EngineTar is the engine image's rootfs tarball (engine.tar), with EngineImage's rules
+// for a missing one: ErrNoTestImages locally, a wait and then a failure under
+// SANDBOXD_ENGINE_IMAGE=1.
+func EngineTar() (string, error) { return engineTar(Dir(), EngineImageRequired(), EngineImageWait) }
+
+func engineTar(dir string, required bool, wait time.Duration) (string, error) {
+	p := filepath.Join(dir, "engine.tar")
+	done := filepath.Join(dir, "engine.inputs") // written last by the build
+	if required {
+		deadline := time.Now().Add(wait)
+		for {
+			if _, err := os.Stat(done); err == nil {
+				break
+			}
+			if !time.Now().Before(deadline) {
+				return "", fmt.Errorf("engine test image %s not built within %v (SANDBOXD_ENGINE_IMAGE=1): see %s", p, wait, filepath.Join(filepath.Dir(dir), "build-engine-image.log"))
+			}
+			time.Sleep(min(5*time.Second, wait))
+		}
+	}
+	if _, err := os.Stat(done); err != nil {
+		return "", fmt.Errorf("%w (%s: run %s engine)", ErrNoTestImages, p, Script)
+	}
+	return p, nil
+}
+
+// EngineImageRequired reports SANDBOXD_ENGINE_IMAGE=1: tests needing the engine image
+// fail without it instead of skipping.
+func EngineImageRequired() bool { return os.Getenv("SANDBOXD_ENGINE_IMAGE") == "1" }

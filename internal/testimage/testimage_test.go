@@ -2,8 +2,10 @@ package testimage
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +86,23 @@ func TestStandardAndAuthRegistry(t *testing.T) {
 	}
 	if _, err := PushAuth(ahost, Busybox, imgs.Busybox, &c); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEngineImageAbsent: without the engine image, a local run is told to build it
+// (ErrNoTestImages: callers skip), while CI (SANDBOXD_ENGINE_IMAGE=1) waits for it and
+// then gets an error that is no ErrNoTestImages (callers fail), naming the build log.
+func TestEngineImageAbsent(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := engineImage(dir, false, 0); !errors.Is(err, ErrNoTestImages) || !strings.Contains(err.Error(), "engine") {
+		t.Errorf("local: %v, want ErrNoTestImages naming the engine image", err)
+	}
+	start := time.Now()
+	_, err := engineImage(dir, true, 50*time.Millisecond)
+	if err == nil || errors.Is(err, ErrNoTestImages) || !strings.Contains(err.Error(), "build-engine-image.log") {
+		t.Errorf("CI: %v, want a failure naming the build log", err)
+	}
+	if time.Since(start) < 50*time.Millisecond {
+		t.Errorf("CI: gave up after %v, before its wait", time.Since(start))
 	}
 }

@@ -33,9 +33,10 @@ go_install_cached() {
   trap "rm -rf '$tmp'" EXIT
   echo "build-$name: building $pkg@$version" >&2
   # Outside any module, so the clone's go.mod and GOFLAGS=-mod=... play no part.
+  # `|| return`: the caller runs this in $(...), where set -e does not reach.
   (cd "$tmp" && CGO_ENABLED=0 GOFLAGS= GOBIN="$tmp/bin" \
-    "$go" install -trimpath -ldflags="$ldflags" "$pkg@$version")
-  mv -f "$tmp/bin/$(basename "$pkg")" "$out"
+    "$go" install -trimpath -ldflags="$ldflags" "$pkg@$version") || return 1
+  mv -f "$tmp/bin/$(basename "$pkg")" "$out" || return 1
   echo "build-$name: built $out ($(du -h "$out" | cut -f1)) in $(( $(date +%s) - t0 ))s" >&2
   echo "$out"
 }

@@ -147,6 +147,9 @@ type Manager struct {
 	closed bool
 	pol    policyState
 	svc    *services // StartServices
+
+	pinMu sync.Mutex     // serializes changes of the bridge table (antispoof.go)
+	pins  map[string]pin // sandbox id -> its port's pin
 }
 
 // New prepares the host (idempotently) and returns a Manager. It must be called
@@ -247,6 +250,10 @@ func New(cfg Config) (*Manager, error) {
 	}
 	// One transaction with every sandbox's persisted rules: no sandbox is ever without them.
 	if err := applyRules(m.rules(m.restoreRules())); err != nil {
+		return nil, err
+	}
+	// Every sandbox port pinned to its MAC and address, in one transaction (antispoof.go).
+	if err := m.restorePins(); err != nil {
 		return nil, err
 	}
 	if err := m.enableProxyARP(); err != nil {
@@ -359,6 +366,11 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 	}
 	undo = append(undo, func() { _ = h.LinkDel(veth) })
 	failpoint.Hit("network.setup.veth")
+	// Pinned before it joins the bridge: no sandbox port carries traffic unpinned.
+	if err := m.pinPort(id, pin{veth: hostName, mac: mac.String(), ip: ip}); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { _ = m.unpinPort(id) })
 	// The port has no carrier until eth0 is up, so nothing crosses it before
 	// isolation is on.
 	if err := h.LinkSetMasterByIndex(veth, m.brIdx); err != nil {
@@ -527,6 +539,9 @@ func (m *Manager) Teardown(id string) error {
 	if rerr == nil {
 		ip = att.IP
 	}
+	if err := m.unpinPort(id); err != nil {
+		errs = append(errs, err)
+	}
 	// The address stays taken while rules for it may remain, so no new sandbox inherits them.
 	if err := m.clearRules(id, ip); err != nil {
 		errs = append(errs, err)
@@ -583,6 +598,9 @@ func (m *Manager) Cleanup() error {
 		}
 	}
 	if err := deleteTable(m.cfg.Table); err != nil {
+		errs = append(errs, err)
+	}
+	if err := deletePinTable(m.cfg.Table); err != nil {
 		errs = append(errs, err)
 	}
 	if l, err := h.LinkByName(m.cfg.Bridge); err == nil {

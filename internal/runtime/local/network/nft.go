@@ -23,8 +23,8 @@ import (
 //     (ingress_of) and are dropped otherwise; a sandbox's traffic to anywhere else meets
 //     its egress chain (egress_of), and without Egress all of it is dropped. Sandboxes
 //     get no IPv6 forwarding, and nothing from a source outside the subnet passes (the
-//     rules are keyed by source address; sandboxes lack CAP_NET_RAW and CAP_NET_ADMIN,
-//     so they cannot send from an address other than their own).
+//     rules are keyed by source address; a sandbox cannot send from an address other
+//     than its own: its bridge port is pinned to its MAC and address, see antispoof.go).
 //   - output: a new flow from the host itself into the bridge (any protocol, IPv4 or
 //     IPv6) passes only with the socket mark Config.HostMark, which the edge's dials
 //     carry; replies to the sandboxes' connections (established/related) pass. Refused
