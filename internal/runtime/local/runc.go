@@ -18,6 +18,8 @@ type ociRuntime struct {
 	// gvisor: the binary is runsc (see gvisor.go): global flags, no inherited agent
 	// socket, no OCI seccomp, signals through the CLI, no warm pool.
 	gvisor bool
+	// extra are flags after the global ones (runsc: an engine sandbox's --net-raw).
+	extra []string
 }
 
 func newOCIRuntime(class, binary, root string) *ociRuntime {
@@ -29,6 +31,7 @@ func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 	if r.gvisor {
 		global = append(global, runscFlags...)
 	}
+	global = append(global, r.extra...)
 	return exec.CommandContext(ctx, r.binary, append(global, args...)...)
 }
 
