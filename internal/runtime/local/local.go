@@ -776,6 +776,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	b.step("socket", t)
 	failpoint.Hit("local.create.socket")
 
+	if rt.gvisor && len(cpus) > 0 {
+		if err := ensureCpusetParents(b.cfg.CgroupParent); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
 	pidFile := filepath.Join(dir, filePid)
 	if err := rt.start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
