@@ -155,10 +155,26 @@ func TestEngineSandbox(t *testing.T) {
 	if _, _, code := sh(`touch /cws-engine/x`); code == 0 {
 		t.Error("the engine wrote to /cws-engine")
 	}
-	if err := b.Destroy(ctx, "eng-1"); err != nil {
+	// A restarted backend adopts the engine sandbox (its runsc flags are no longer in
+	// memory) and destroys it without leaks.
+	b2, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: ei, Runtimes: e.b.cfg.Runtimes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found, err := b2.Recover(ctx); err != nil || len(found) != 1 {
+		t.Fatalf("recover: %d sandboxes (%v), want the engine sandbox", len(found), err)
+	}
+	if out, stderr, code := func() (string, string, int32) {
+		return execIn(t, agentClient(b2, "eng-1"), "sh", "-c", p+` ps --format '{{.Service}}' | sort`)
+	}(); code != 0 || out != "client\nweb\n" {
+		t.Errorf("after the restart: %q (%d) %s", out, code, stderr)
+	}
+	if err := b2.Destroy(ctx, "eng-1"); err != nil {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, "eng-1")
+	e.b = b2
+	b = b2
 
 	bad := spec("eng-2", engineBroken)
 	bad.Engine.Project = "broken"
