@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Container-engine sandboxes (runtime.Spec.Engine, control CONTROL_CONTAINER_ENGINE):
@@ -59,6 +60,9 @@ const (
 	engineUpTimeout = 5 * time.Minute
 	// maxEngineOutput bounds what Create keeps of cws-engine-up's output.
 	maxEngineOutput = 64 << 10
+	// maxEngineReason bounds what of that output (the sandbox's own text) the failure
+	// message carries.
+	maxEngineReason = 1024
 )
 
 // engineRunscFlags are the runsc flags of an engine sandbox on top of runscFlags.
@@ -130,9 +134,9 @@ func engineUpFailed(stderr string, err error) error {
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")
 		last := lines[len(lines)-1]
 		if s, ok := strings.CutPrefix(last, engineFailTag); ok {
-			msg = "docker compose up failed: failing services: " + s
+			msg = "docker compose up failed: failing services: " + textclip.Clip(s, maxEngineReason)
 		} else {
-			msg = "docker compose up failed: " + strings.TrimSpace(tailString(stderr, 512))
+			msg = "docker compose up failed: " + textclip.Clip(strings.TrimSpace(tailString(stderr, maxEngineReason)), maxEngineReason)
 		}
 	}
 	return &startseq.Failure{Container: runtime.EngineContainerName, Reason: startseq.ReasonStartError, Message: msg}

@@ -188,3 +188,21 @@ func TestEngineSandbox(t *testing.T) {
 	}
 	checkNoLeaks(t, e.state, "eng-2")
 }
+
+// TestEngineUpFailed: the failure names the services of cws-engine-up's last line,
+// bounded (the line is the sandbox's own text), and otherwise carries the output's tail.
+func TestEngineUpFailed(t *testing.T) {
+	var f *startseq.Failure
+	err := engineUpFailed("loading\ncws-engine: failing services: db web\n", nil)
+	if !errors.As(err, &f) || f.Container != runtime.EngineContainerName || f.Message != "docker compose up failed: failing services: db web" {
+		t.Errorf("got %v", err)
+	}
+	long := engineUpFailed("cws-engine: failing services: "+strings.Repeat("x", 1<<16), nil)
+	if !errors.As(long, &f) || len(f.Message) > maxEngineReason+100 {
+		t.Errorf("a long line gives a message of %d bytes", len(f.Message))
+	}
+	other := engineUpFailed("something else broke\n", nil)
+	if !errors.As(other, &f) || !strings.HasSuffix(f.Message, "something else broke") {
+		t.Errorf("got %v", other)
+	}
+}
