@@ -293,8 +293,8 @@ func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, liv
 // docker.io mirror. Without test images it only warns: docker.io is then Docker Hub.
 // Only `dev` (the single-machine demo) calls it: internal/archtest fails if a code path
 // of runner, gateway or controlplane reaches it. When the engine test image is built
-// (`scripts/build-test-images.sh engine`; with SANDBOXD_ENGINE_IMAGE=1 it waits for the
-// build and fails without it) it is served too, as docker.io/sandboxd/engine:test, and
+// (`scripts/build-test-images.sh engine`; never waited for: a build under way leaves
+// this dev without engines) it is served too, as docker.io/sandboxd/engine:test, and
 // engine is that reference: dev's default --engine-image.
 func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) (stop func(), engine string, err error) {
 	host, stop, err := testimage.ServeDockerHub(ctx, "")
@@ -308,7 +308,7 @@ func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) 
 	cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
 	cfg.Mirrors = map[string][]image.Mirror{"docker.io": {{Host: host, Insecure: true}}}
 	log.Info("test images mirror docker.io", "registry", host)
-	switch img, err := testimage.EngineImage(); {
+	switch img, err := testimage.EngineImageIfBuilt(); {
 	case errors.Is(err, testimage.ErrNoTestImages):
 		log.Info("no engine test image: this runner runs no container-engine sandboxes", "hint", "scripts/build-test-images.sh engine")
 	case err != nil:
