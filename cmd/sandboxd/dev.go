@@ -90,11 +90,14 @@ func (c devConfig) run() error {
 		}
 	}
 	if c.testImageMirror {
-		stopRegistry, err := mirrorTestImages(ctx, &cfg, logger)
+		stopRegistry, engine, err := mirrorTestImages(ctx, &cfg, logger)
 		if err != nil {
 			return err
 		}
 		defer stopRegistry()
+		if c.capacity.engineImage == "" {
+			c.capacity.engineImage = engine
+		}
 	}
 	stk, err := stack.NewLocal(ctx, cfg)
 	if err != nil {
@@ -299,20 +302,37 @@ func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, liv
 // mirrorTestImages serves the test images from a loopback registry and makes it cfg's
 // docker.io mirror. Without test images it only warns: docker.io is then Docker Hub.
 // Only `dev` (the single-machine demo) calls it: internal/archtest fails if a code path
-// of runner, gateway or controlplane reaches it.
-func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) (stop func(), err error) {
+// of runner, gateway or controlplane reaches it. When the engine test image is built
+// (`scripts/build-test-images.sh engine`; never waited for: a build under way leaves
+// this dev without engines) it is served too, as docker.io/sandboxd/engine:test, and
+// engine is that reference: dev's default --engine-image.
+func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) (stop func(), engine string, err error) {
 	host, stop, err := testimage.ServeDockerHub(ctx, "")
 	switch {
 	case errors.Is(err, testimage.ErrNoTestImages):
 		log.Warn("no test images to mirror; docker.io images are pulled from Docker Hub", "hint", "make images")
-		return func() {}, nil
+		return func() {}, "", nil
 	case err != nil:
-		return nil, err
+		return nil, "", err
 	}
 	cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
 	cfg.Mirrors = map[string][]image.Mirror{"docker.io": {{Host: host, Insecure: true}}}
 	log.Info("test images mirror docker.io", "registry", host)
-	return stop, nil
+	switch img, err := testimage.EngineImageIfBuilt(); {
+	case errors.Is(err, testimage.ErrNoTestImages):
+		log.Info("no engine test image: this runner runs no container-engine sandboxes", "hint", "scripts/build-test-images.sh engine")
+	case err != nil:
+		stop()
+		return nil, "", err
+	default:
+		if _, err := testimage.Push(host, testimage.Engine, img); err != nil {
+			stop()
+			return nil, "", fmt.Errorf("engine test image: %w", err)
+		}
+		engine = "docker.io/" + testimage.Engine
+		log.Info("engine test image mirrored: the runner runs container-engine sandboxes", "engine_image", engine)
+	}
+	return stop, engine, nil
 }
 
 // apikey manages API keys in the store: `sandboxd apikey create --org ORG [--role user]`.

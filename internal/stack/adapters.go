@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/reserved"
@@ -33,6 +34,21 @@ func (a images) Pull(ctx context.Context, ref string, creds *runtime.Credentials
 		Config: local.ImageConfig{Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd, Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User},
 	}, nil
 }
+
+// WriteArchive writes ref's image as a docker-archive for a container engine
+// (local.ImageArchiver), through the store's registry guard, credentials and mirrors.
+func (a images) WriteArchive(ctx context.Context, ref string, creds *runtime.Credentials, w io.Writer, limit int64) error {
+	var c *image.Credentials
+	if creds != nil {
+		c = &image.Credentials{Username: creds.Username, Password: creds.Password}
+	}
+	if err := a.store.WriteArchive(ctx, ref, c, w, limit); err != nil {
+		return pullError(err)
+	}
+	return nil
+}
+
+var _ local.ImageArchiver = images{}
 
 func pullError(err error) error {
 	for _, m := range []struct{ from, to error }{

@@ -549,6 +549,16 @@ func EngineImage() (v1.Image, error) {
 	return engineImg, engineErr
 }
 
+// EngineImageIfBuilt is EngineImage without the wait: ErrNoTestImages unless the build
+// has finished, whatever SANDBOXD_ENGINE_IMAGE says (`sandboxd dev` must not hold its
+// start-up for a build under way).
+func EngineImageIfBuilt() (v1.Image, error) {
+	if _, err := engineTar(Dir(), false, 0); err != nil {
+		return nil, err
+	}
+	return EngineImage()
+}
+
 func engineImage(dir string, required bool, wait time.Duration) (v1.Image, error) {
 	p, err := engineTar(dir, required, wait)
 	if err != nil {

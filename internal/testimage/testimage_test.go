@@ -106,3 +106,18 @@ func TestEngineImageAbsent(t *testing.T) {
 		t.Errorf("CI: gave up after %v, before its wait", time.Since(start))
 	}
 }
+
+// TestEngineImageIfBuiltNeverWaits: with SANDBOXD_ENGINE_IMAGE=1 and no finished build,
+// EngineImageIfBuilt answers ErrNoTestImages at once (sandboxd dev must not hold its
+// start-up for it), where EngineTar would wait.
+func TestEngineImageIfBuiltNeverWaits(t *testing.T) {
+	t.Setenv("SANDBOXD_CACHE", t.TempDir())
+	t.Setenv("SANDBOXD_ENGINE_IMAGE", "1")
+	start := time.Now()
+	if _, err := EngineImageIfBuilt(); !errors.Is(err, ErrNoTestImages) {
+		t.Fatalf("EngineImageIfBuilt without a build: %v, want ErrNoTestImages", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("EngineImageIfBuilt took %v: it waited", d)
+	}
+}

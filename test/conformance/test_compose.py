@@ -5,8 +5,9 @@ The three-service file: ``redis`` (the Debian redis test image, served as ``redi
 answering ``/healthz`` 200 only once it reaches redis by its service name; ``app``, the primary,
 depending on both being healthy. RUNNING means the chain passed; exec in the primary then reaches
 both services by name. Refusals: a leftover ``build:`` is the client's NOT_IMPLEMENTED error, a
-refused key an invalid argument naming it, a replayed request_id with other bytes a conflict,
-container-engine control a clear refusal.
+refused key an invalid argument naming it, a replayed request_id with other bytes a conflict.
+Container-engine control runs ``docker compose`` inside when the engine test image is built
+(``scripts/build-test-images.sh engine``; CI sets SANDBOXD_ENGINE_IMAGE=1), else is a clear refusal.
 
 The three-service test needs a backend that runs several containers per sandbox, and the redis
 image (``scripts/build-test-images.sh redis``; skipped without it).
@@ -170,8 +171,62 @@ def test_refused_key_names_the_field(from_file):
     assert exc.value.reason == "CWSANDBOX_INVALID_REQUEST"
 
 
+ENGINE_BUILT = pathlib.Path(os.environ.get("SANDBOXD_CACHE", "/var/cache/sandboxd")) / "images" / "engine.inputs"
+
+ENGINE_FILE = b"""
+services:
+  web:
+    image: busybox
+    command: ["sh", "-c", "mkdir -p /www && echo hello-from-web > /www/index.html && exec httpd -f -p 80 -h /www"]
+  client:
+    image: busybox
+    command: ["sleep", "3600"]
+    depends_on: [web]
+    healthcheck:
+      test: ["CMD", "sh", "-c", "nc -w 2 web 80 </dev/null"]
+      interval: 1s
+      timeout: 2s
+      retries: 30
+"""
+
+ENGINE_COMPOSE = "docker compose -p sandbox -f /cws-engine/compose.yaml"
+
+
+def _engine_expected() -> bool:
+    """``sandboxd dev`` runs engines when the engine test image is built (CI: always)."""
+    return ENGINE_BUILT.exists() or os.environ.get("SANDBOXD_ENGINE_IMAGE") == "1"
+
+
+@pytest.mark.timeout(300)
+def test_container_engine_runs_compose_inside(from_file):
+    """Engine mode: docker compose inside the sandbox (Docker Engine under gVisor). RUNNING
+    once both services are up (one healthy through the other by name); exec goes to
+    cws-engine, where ``docker compose stop/start`` of one service work."""
+    if not _engine_expected():
+        pytest.skip(f"no engine test image ({ENGINE_BUILT}): scripts/build-test-images.sh engine")
+    sb = from_file(ENGINE_FILE, control="container_engine")
+    sb.wait(timeout=240)
+    assert sb.status == SandboxStatus.RUNNING
+
+    def sh(script: str):
+        return sb.exec(["sh", "-c", script]).result(timeout=120)
+
+    res = sh(ENGINE_COMPOSE + " ps -a --format '{{.Service}} {{.State}}' | sort")
+    assert res.returncode == 0 and res.stdout == "client running\nweb running\n", (res.stdout, res.stderr)
+    res = sh(ENGINE_COMPOSE + " stop web >/dev/null 2>&1 && " + ENGINE_COMPOSE + " ps -a --format '{{.Service}} {{.State}}' | sort")
+    assert res.returncode == 0 and res.stdout == "client running\nweb exited\n", (res.stdout, res.stderr)
+    res = sh(
+        ENGINE_COMPOSE
+        + " start web >/dev/null 2>&1 && docker exec sandbox-client-1 sh -c 'printf \"GET / HTTP/1.0\\r\\n\\r\\n\" | nc -w 2 web 80'"
+    )
+    assert res.returncode == 0 and "hello-from-web" in res.stdout, (res.stdout, res.stderr)
+
+
 @pytest.mark.timeout(60)
 def test_container_engine_control_is_refused(from_file):
+    """Without an engine image ``sandboxd dev``'s runner runs no engine: a clear refusal."""
+    if _engine_expected():
+        pytest.skip("the engine test image is built: engine mode runs (test_container_engine_runs_compose_inside)")
     with pytest.raises(CWSandboxError) as exc:
         from_file(ONE_SERVICE, control="container_engine")
     assert exc.value.reason == "CWSANDBOX_NO_SUITABLE_RUNNER", f"{type(exc.value).__name__}: {exc.value}"

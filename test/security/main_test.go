@@ -27,9 +27,11 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/testenv"
+	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
 // Dev is the running `sandboxd dev` the suite attacks.
@@ -125,6 +127,13 @@ func startDev() (*Dev, error) {
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("build sandboxd: %w\n%s", err, out)
+		}
+	}
+	// Under SANDBOXD_ENGINE_IMAGE=1 (CI builds the engine image in the background) dev
+	// must start with it: dev itself never waits for the build.
+	if testimage.EngineImageRequired() && local.FindRunsc() != "" {
+		if _, err := testimage.EngineTar(); err != nil {
+			return nil, err
 		}
 	}
 	// sandboxd dev finds the agent next to itself.

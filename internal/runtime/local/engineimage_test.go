@@ -54,7 +54,7 @@ const engineBroken = `services:
 // and brings the Compose file up (two services, one reaching the other by name); `docker
 // compose stop/start` of one service by exec work; a file whose service exits fails
 // cws-engine-up naming that service. Nothing is left behind (mounts, cgroups, runsc
-// state). The backend itself still refuses Spec.Engine (TestEngineRefused).
+// state). TestEngineSandbox runs the same through Backend.Create.
 func TestEngineImageUnderRunsc(t *testing.T) {
 	testenv.RequireRoot(t, "runsc, mounts, cgroups")
 	runsc := FindRunsc()

@@ -256,3 +256,44 @@ func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
 		pause = min(2*pause, 10*time.Millisecond)
 	}
 }
+
+// ensureCpusetParents makes the cgroup v1 cpuset dirs from the root down to parent
+// (the sandboxes' cgroup parent) and gives each an empty cpuset.cpus and cpuset.mems its
+// own parent's. runc does this for a container's new ancestors; runsc does not, and a
+// child's cpuset can only be a subset of its parent's (EACCES otherwise), so a gVisor
+// sandbox with a cpuset needs it done first. Without a v1 cpuset hierarchy it does
+// nothing.
+func ensureCpusetParents(parent string) error {
+	root := filepath.Join(cgroupRoot, "cpuset")
+	if _, err := os.Stat(filepath.Join(root, "cpuset.cpus")); err != nil {
+		return nil
+	}
+	dir := root
+	for _, part := range strings.Split(strings.Trim(parent, "/"), "/") {
+		if part == "" {
+			continue
+		}
+		up := dir
+		dir = filepath.Join(dir, part)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cpuset cgroup %s: %w", dir, err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			cur, err := os.ReadFile(filepath.Join(dir, f))
+			if err != nil {
+				return fmt.Errorf("cpuset cgroup %s: %w", dir, err)
+			}
+			if strings.TrimSpace(string(cur)) != "" {
+				continue
+			}
+			v, err := os.ReadFile(filepath.Join(up, f))
+			if err != nil {
+				return fmt.Errorf("cpuset cgroup %s: %w", up, err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
+				return fmt.Errorf("cpuset cgroup %s: %s: %w", dir, f, err)
+			}
+		}
+	}
+	return nil
+}

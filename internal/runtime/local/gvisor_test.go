@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // gvisorEnv is newEnv whose Backend has the gvisor class, or a skip when runsc is not
@@ -289,5 +291,35 @@ func TestGVisorNetwork(t *testing.T) {
 	}
 	if a, _ := m.Lookup(id); a != nil {
 		t.Errorf("attachment left after destroy: %+v", a)
+	}
+}
+
+// TestEnsureCpusetParents: fresh cgroup v1 cpuset parents get their parent's cpus and
+// mems (runsc does not copy them, and a gVisor sandbox with a cpuset under an empty
+// parent fails with EACCES); existing values are kept.
+func TestEnsureCpusetParents(t *testing.T) {
+	testenv.RequireRoot(t, "cgroups")
+	root := filepath.Join(cgroupRoot, "cpuset")
+	if _, err := os.Stat(filepath.Join(root, "cpuset.cpus")); err != nil {
+		t.Skip("no cgroup v1 cpuset hierarchy")
+	}
+	top := fmt.Sprintf("sandboxd-cpusettest-%d", os.Getpid())
+	t.Cleanup(func() {
+		_ = os.Remove(filepath.Join(root, top, "a"))
+		_ = os.Remove(filepath.Join(root, top))
+	})
+	if err := ensureCpusetParents("/" + top + "/a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		want, _ := os.ReadFile(filepath.Join(root, f))
+		for _, d := range []string{top, top + "/a"} {
+			if got, _ := os.ReadFile(filepath.Join(root, d, f)); strings.TrimSpace(string(got)) == "" || string(got) != string(want) {
+				t.Errorf("%s/%s = %q, want the root's %q", d, f, got, want)
+			}
+		}
+	}
+	if err := ensureCpusetParents(top + "/a"); err != nil {
+		t.Errorf("again: %v", err)
 	}
 }

@@ -357,14 +357,19 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		return runtime.Info{}, err
 	}
 	if spec.Engine != nil {
-		// Not done yet: Docker Engine under gVisor with the images handed in read-only
-		// (issue 19 point 5). The backend is no runtime.EngineHost, so runners refuse the
-		// mode before it gets here.
-		return runtime.Info{}, fmt.Errorf("%w by the local backend yet", runtime.ErrEngineUnsupported)
+		// Docker Engine under gVisor only (engine.go).
+		if why := b.EngineUnavailable(spec.RuntimeClass); why != "" {
+			return runtime.Info{}, fmt.Errorf("%w by the local backend: %s", runtime.ErrEngineUnsupported, why)
+		}
 	}
 	rt, class, err := b.runtimeFor(spec.RuntimeClass)
 	if err != nil {
 		return runtime.Info{}, err
+	}
+	if spec.Engine != nil {
+		ert := *rt
+		ert.extra = engineRunscFlags
+		rt = &ert
 	}
 	for _, c := range spec.AllContainers() {
 		if sec := c.Security; sec != nil && b.ids != nil && !rt.gvisor {
@@ -454,7 +459,14 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		}
 	}
 	if !claimed {
-		acfg := func(img *Image) (*agentconfig.Config, error) { return agentConfig(spec, img) }
+		acfg := func(img *Image) (*agentconfig.Config, error) {
+			if spec.Engine != nil && spec.Container.Command == "" {
+				c := spec.Container
+				c.Command, c.Args = engineEntry, nil // dockerd (engine.go)
+				return containerAgentConfig(&c, spec.ID, img)
+			}
+			return agentConfig(spec, img)
+		}
 		if _, _, err := b.launch(ctx, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
 			var pe *pullError
 			if b.pool != nil && errors.As(err, &pe) {
@@ -469,6 +481,13 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 		if err := startseq.Probe(ctx, &groupOps{b: b, s: s}, spec.ContainerName(), p); err != nil {
 			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
 		}
+	}
+	if spec.Engine != nil {
+		// RUNNING only once the Compose file is up (engine.go).
+		if err := b.engineUp(ctx, id); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step("engine", &t)
 	}
 	return s.info.toInfo(id), nil
 }
@@ -638,6 +657,14 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		return nil, nil, b.mapPullError(s.spec.Image, pullErr)
 	}
 	b.step("pull", t)
+	engineDir := ""
+	if s.spec.Engine != nil && s.join == nil {
+		if err := b.writeEngineDir(ctx, dir, s.spec.Engine); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		engineDir = filepath.Join(dir, dirEngine)
+		b.step("engine images", t)
+	}
 	if s.join != nil {
 		if err := s.join.wait(ctx); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: the group's namespaces: %w", id, err)
@@ -690,7 +717,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(shown, fileAgentConfig),
 		RunDir: filepath.Join(shown, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
 		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: vols, NonRoot: nonRootUser(acfg.User),
-		Tmpfs: s.spec.Tmpfs,
+		Tmpfs: s.spec.Tmpfs, Engine: engineDir,
 	}
 	if s.join != nil {
 		var userns string
@@ -770,6 +797,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	b.step("socket", t)
 	failpoint.Hit("local.create.socket")
 
+	if rt.gvisor && len(cpus) > 0 {
+		if err := ensureCpusetParents(b.cfg.CgroupParent); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
 	pidFile := filepath.Join(dir, filePid)
 	if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)

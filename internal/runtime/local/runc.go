@@ -20,6 +20,8 @@ type ociRuntime struct {
 	gvisor bool
 	// flags are more global flags (see bootRuntime).
 	flags []string
+	// extra are flags after the global ones (runsc: an engine sandbox's --net-raw).
+	extra []string
 }
 
 func newOCIRuntime(class, binary, root string) *ociRuntime {
@@ -32,6 +34,7 @@ func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 		global = append(global, runscFlags...)
 	}
 	global = append(global, r.flags...)
+	global = append(global, r.extra...)
 	return exec.CommandContext(ctx, r.binary, append(global, args...)...)
 }
 

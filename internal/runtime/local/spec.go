@@ -166,6 +166,10 @@ type specParams struct {
 	UserNS, UTSNS string
 	// Tmpfs are paths where the container gets an empty, private tmpfs.
 	Tmpfs []string
+	// Engine, for a container-engine sandbox (gVisor only, engine.go), is the host dir
+	// mounted read-only at engineMount; the process then has every capability (inside
+	// gVisor), no_new_privs off and no cgroup mount (cws-engine makes its own).
+	Engine string
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -220,6 +224,13 @@ func ociSpec(p specParams) *specs.Spec {
 			Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(readOnlyTmpfsBytes, 10)}})
 	}
 	mounts = append(mounts, p.Volumes...) // last: a volume may sit in a tmpfs above
+	noNewPrivs := p.Security == nil || !p.Security.AllowPrivilegeEscalation
+	if p.Engine != "" {
+		caps, noNewPrivs = slices.Clone(allCaps), false
+		mounts = slices.DeleteFunc(mounts, func(m specs.Mount) bool { return m.Destination == "/sys/fs/cgroup" })
+		mounts = append(mounts, specs.Mount{Destination: engineMount, Type: "bind", Source: p.Engine,
+			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
+	}
 
 	res := &specs.LinuxResources{
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
@@ -293,7 +304,7 @@ func ociSpec(p specParams) *specs.Spec {
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
 			Rlimits:         rlimits(p.NoFile),
-			NoNewPrivileges: p.Security == nil || !p.Security.AllowPrivilegeEscalation,
+			NoNewPrivileges: noNewPrivs,
 		},
 		Root:     &specs.Root{Path: p.RootFS, Readonly: readOnly},
 		Hostname: hostname,
