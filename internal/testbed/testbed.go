@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -107,6 +108,11 @@ func Build(dir string) error {
 	return err
 }
 
+// beds counts the beds this process started: each gets names of its own (a bed's links
+// are deleted with its namespaces, by the kernel, after Close returns: the next bed of
+// the same process must not need the same names).
+var beds atomic.Int64
+
 // Start brings the bed up: network, control plane, runners (registered with their
 // policies), gateways. On error what started is torn down.
 func Start(ctx context.Context, cfg Config) (*Bed, error) {
@@ -119,7 +125,7 @@ func Start(ctx context.Context, cfg Config) (*Bed, error) {
 	if cfg.DSN == "" || len(cfg.Runners) == 0 || cfg.Dir == "" || cfg.Bin == "" {
 		return nil, errors.New("testbed: Dir, Bin, DSN and at least one runner are required")
 	}
-	b := &Bed{cfg: cfg, net: newNetwork(os.Getpid())}
+	b := &Bed{cfg: cfg, net: newNetwork(os.Getpid() + 7919*int(beds.Add(1)-1))}
 	if err := b.start(ctx); err != nil {
 		_ = b.Close()
 		return nil, err
@@ -132,7 +138,7 @@ func (b *Bed) start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "logs"), 0o755); err != nil {
 		return err
 	}
-	b.net.down() // leftovers of a bed of the same process ID
+	b.net.down() // leftovers of a bed with the same names
 	if err := b.net.up(len(cfg.Runners)); err != nil {
 		return fmt.Errorf("testbed network: %w", err)
 	}
