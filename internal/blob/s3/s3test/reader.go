@@ -1,0 +1,5 @@
+package s3test
+
+import "strings"
+
+func bytesReader(s string) *strings.Reader { return strings.NewReader(s) }
