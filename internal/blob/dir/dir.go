@@ -4,7 +4,8 @@
 // so a symlink or ".." planted under the root is refused rather than followed; each file
 // starts with a header recording the content's size and sha256, which Get checks.
 //
-// Layout under root: objects/ holds the objects, tmp/ the files being written. A key's
+// Layout under root: objects/ holds the objects, tmp/ the files being written (renamed
+// into objects/ when whole; Open removes leftovers of a crash). A key's
 // components map to names with a suffix, ".d" for a directory and ".o" for the object, so
 // the keys "a" and "a/b" (a file and a directory in a naive layout) both exist: a.o and
 // a.d/b.o. Keys cannot start a component with '.', so no name collides with tmp files.
@@ -12,6 +13,7 @@ package dir
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -23,7 +25,6 @@ import (
 	"path"
 	"slices"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -41,12 +42,13 @@ const (
 type Store struct {
 	root string
 	fd   int // O_PATH of root, the anchor of every openat2
+	tmp  int // O_PATH of root/tmp
 }
 
 var _ blob.Store = (*Store)(nil)
 
 // Open opens (creating with mode 0700) the store rooted at root, an absolute path that
-// the caller owns (it is trusted; what is under it is not).
+// the caller owns (it is trusted; what is under it is not). One process opens a root.
 func Open(root string) (*Store, error) {
 	if !path.IsAbs(root) {
 		return nil, fmt.Errorf("blob dir: root %q is not absolute", root)
@@ -61,15 +63,38 @@ func Open(root string) (*Store, error) {
 	s := &Store{root: root, fd: fd}
 	for _, d := range []string{"objects", "tmp"} {
 		if err := unix.Mkdirat(fd, d, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-			_ = s.Close()
+			_ = unix.Close(fd)
 			return nil, fmt.Errorf("blob dir: mkdir %s/%s: %w", root, d, err)
 		}
 	}
+	if s.tmp, err = s.openBeneath("tmp", unix.O_PATH|unix.O_DIRECTORY, 0); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("blob dir: open %s/tmp: %w", root, err)
+	}
+	s.sweepTmp()
 	return s, nil
 }
 
-// Close releases the root's descriptor.
-func (s *Store) Close() error { return unix.Close(s.fd) }
+// sweepTmp removes what a crashed Put left in tmp/: the store owns its root, so no Put
+// of another process is in flight when it opens.
+func (s *Store) sweepTmp() {
+	fd, err := s.openBeneath("tmp", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "tmp")
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	for _, n := range names {
+		_ = unix.Unlinkat(s.tmp, n, 0)
+	}
+}
+
+// Close releases the root's descriptors.
+func (s *Store) Close() error {
+	_ = unix.Close(s.tmp)
+	return unix.Close(s.fd)
+}
 
 // objPath maps a valid key to its path relative to root.
 func objPath(key string) (dir, name string) {
@@ -133,12 +158,25 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64) (b
 		return blob.Info{}, err
 	}
 	dir, name := objPath(key)
-	tfd, err := s.openBeneath("tmp", unix.O_TMPFILE|unix.O_RDWR, 0o600)
+	var rnd [12]byte
+	_, _ = rand.Read(rnd[:])
+	tmpName := hex.EncodeToString(rnd[:]) + ".tmp"
+	tfd, err := unix.Openat2(s.tmp, tmpName, &unix.OpenHow{
+		Flags:   unix.O_CREAT | unix.O_EXCL | unix.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Mode:    0o600,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
 	if err != nil {
 		return blob.Info{}, fmt.Errorf("blob dir: temp file: %w", err)
 	}
-	f := os.NewFile(uintptr(tfd), "blob-tmp")
+	f := os.NewFile(uintptr(tfd), tmpName)
 	defer f.Close()
+	renamed := false
+	defer func() {
+		if !renamed {
+			_ = unix.Unlinkat(s.tmp, tmpName, 0)
+		}
+	}()
 	if _, err := f.Write(make([]byte, headerLen)); err != nil {
 		return blob.Info{}, fmt.Errorf("blob dir: put %s: %w", key, err)
 	}
@@ -162,16 +200,10 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64) (b
 		return blob.Info{}, fmt.Errorf("blob dir: put %s: %w", key, err)
 	}
 	defer unix.Close(dfd)
-	// An O_TMPFILE has no name: link it in under a temp name beside the target, then
-	// rename over the target (linkat cannot replace).
-	tmpName := fmt.Sprintf("%s.%d.tmp", name, time.Now().UnixNano())
-	if err := unix.Linkat(int(f.Fd()), "", dfd, tmpName, unix.AT_EMPTY_PATH); err != nil {
-		return blob.Info{}, fmt.Errorf("blob dir: put %s: link: %w", key, err)
-	}
-	if err := unix.Renameat(dfd, tmpName, dfd, name); err != nil {
-		_ = unix.Unlinkat(dfd, tmpName, 0)
+	if err := unix.Renameat(s.tmp, tmpName, dfd, name); err != nil {
 		return blob.Info{}, fmt.Errorf("blob dir: put %s: rename: %w", key, err)
 	}
+	renamed = true
 	if err := syncFD(s, dir); err != nil {
 		return blob.Info{}, fmt.Errorf("blob dir: put %s: fsync dir: %w", key, err)
 	}

@@ -79,3 +79,31 @@ func TestSymlinksNotFollowed(t *testing.T) {
 		t.Errorf("List yielded %+v through a symlink", info)
 	}
 }
+
+// TestTmpClean: a failed Put leaves no temp file, and Open removes a crashed Put's.
+func TestTmpClean(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, err := dir.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, "k", strings.NewReader("abc"), 5); !errors.Is(err, blob.ErrSizeMismatch) {
+		t.Fatalf("Put: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(root, "tmp")); len(ents) != 0 {
+		t.Errorf("tmp/ after a failed Put: %v", ents)
+	}
+	s.Close()
+	if err := os.WriteFile(filepath.Join(root, "tmp", "crashed.tmp"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = dir.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if ents, _ := os.ReadDir(filepath.Join(root, "tmp")); len(ents) != 0 {
+		t.Errorf("tmp/ after Open: %v", ents)
+	}
+}
