@@ -9,9 +9,12 @@ import (
 	"errors"
 	"hash"
 	"io"
+	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
 )
@@ -170,7 +173,11 @@ func Run(t *testing.T, newStore func(t *testing.T) blob.Store, opts Options) {
 		}
 		for _, declared := range []int64{size, -1} {
 			g := &gen{left: size}
+			peak := watchHeap()
 			info, err := s.Put(ctx, "large/obj", g, declared)
+			if grew := peak(); size >= 64<<20 && grew > size/2 {
+				t.Errorf("Put of %d bytes grew the heap by %d: not streamed", size, grew)
+			}
 			if err != nil {
 				t.Fatalf("Put %d bytes (declared %d): %v", size, declared, err)
 			}
@@ -208,6 +215,36 @@ func Run(t *testing.T, newStore func(t *testing.T) blob.Store, opts Options) {
 			}
 		})
 	}
+}
+
+// watchHeap samples the live heap until the returned func is called, which returns the
+// largest growth seen over the start.
+func watchHeap() func() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := int64(ms.HeapAlloc)
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			if d := int64(ms.HeapAlloc) - base; d > peak.Load() {
+				peak.Store(d)
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 { close(stop); <-done; return peak.Load() }
 }
 
 func sha(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
