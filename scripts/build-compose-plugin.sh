@@ -17,36 +17,12 @@ VERSION="${SANDBOXD_COMPOSE_VERSION:-v2.40.3}"
 MOD=github.com/docker/compose/v2
 CACHE="${SANDBOXD_CACHE:-/var/cache/sandboxd}"
 GO="${GO:-go}"
-DIR="$CACHE/compose/$VERSION"
-OUT="$DIR/docker-compose"
-log() { echo "build-compose-plugin: $*" >&2; }
+OUT="$CACHE/compose/$VERSION/docker-compose"
+. "$(dirname "$0")/lib/go-build-module.sh"
 
 # check BIN: a CLI plugin answers docker's metadata query; a broken binary fails here.
 check() { "$1" docker-cli-plugin-metadata | grep -q '"SchemaVersion"'; }
 
-# Installed by one rename, so an executable file is a whole one: no lock needed to use it.
-if [ ! -x "$OUT" ]; then
-  mkdir -p "$DIR"
-  exec 9>"$DIR/.lock"
-  flock 9
-fi
-if [ -x "$OUT" ]; then
-  log "cached: $OUT"
-else
-  t0=$(date +%s)
-  tmp=$(mktemp -d "$DIR/.build.XXXXXX")
-  trap 'rm -rf "$tmp"' EXIT
-  log "building $MOD/cmd@$VERSION"
-  # Outside any module, so the clone's go.mod and GOFLAGS play no part.
-  src=$(cd "$tmp" && GOFLAGS= "$GO" mod download -json "$MOD@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
-  [ -n "$src" ] && [ -f "$src/go.mod" ] || { log "go mod download $MOD@$VERSION gave no module directory"; exit 1; }
-  # The module cache is read-only; the build writes nothing there (-mod=readonly, the
-  # module's own go.sum), its output goes to $tmp.
-  (cd "$src" && CGO_ENABLED=0 GOFLAGS=-mod=readonly GOWORK=off \
-    "$GO" build -trimpath -ldflags="-s -w -X $MOD/internal.Version=$VERSION" -o "$tmp/docker-compose" ./cmd)
-  check "$tmp/docker-compose"
-  mv -f "$tmp/docker-compose" "$OUT"
-  log "built $OUT ($(du -h "$OUT" | cut -f1)) in $(( $(date +%s) - t0 ))s"
-fi
+go_build_module build-compose-plugin "$MOD" "$VERSION" ./cmd "$OUT" check "-X $MOD/internal.Version=$VERSION"
 check "$OUT"
 echo "$OUT"

@@ -15,32 +15,11 @@ VERSION="${SANDBOXD_SEAWEEDFS_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}"
 MOD=github.com/seaweedfs/seaweedfs
 CACHE="${SANDBOXD_CACHE:-/var/cache/sandboxd}"
 GO="${GO:-go}"
-DIR="$CACHE/seaweedfs/$VERSION"
-OUT="$DIR/weed"
-log() { echo "build-seaweedfs: $*" >&2; }
+OUT="$CACHE/seaweedfs/$VERSION/weed"
+. "$(dirname "$0")/lib/go-build-module.sh"
 
-# Installed by one rename, so an executable file is a whole one: no lock needed to use it.
-if [ ! -x "$OUT" ]; then
-  mkdir -p "$DIR"
-  exec 9>"$DIR/.lock"
-  flock 9
-fi
-if [ -x "$OUT" ]; then
-  log "cached: $OUT"
-else
-  t0=$(date +%s)
-  tmp=$(mktemp -d "$DIR/.build.XXXXXX")
-  trap 'rm -rf "$tmp"' EXIT
-  log "building $MOD/weed@$VERSION"
-  # Outside any module, so the clone's go.mod and GOFLAGS play no part.
-  src=$(cd "$tmp" && GOFLAGS= "$GO" mod download -json "$MOD@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
-  [ -n "$src" ] && [ -f "$src/go.mod" ] || { log "go mod download $MOD@$VERSION gave no module directory"; exit 1; }
-  # The module cache is read-only; the build writes nothing there (-mod=readonly, the
-  # module's own go.sum), its output goes to $tmp.
-  (cd "$src" && CGO_ENABLED=0 GOFLAGS=-mod=readonly GOWORK=off \
-    "$GO" build -trimpath -ldflags="-s -w" -o "$tmp/weed" ./weed)
-  "$tmp/weed" version >/dev/null
-  mv -f "$tmp/weed" "$OUT"
-  log "built $OUT ($(du -h "$OUT" | cut -f1)) in $(( $(date +%s) - t0 ))s"
-fi
+# check BIN: the binary runs.
+check() { "$1" version >/dev/null; }
+
+go_build_module build-seaweedfs "$MOD" "$VERSION" ./weed "$OUT" check
 echo "$OUT"
