@@ -12,4 +12,6 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrAlreadyExists: a thing with that name or ID exists.
 	ErrAlreadyExists = errors.New("already exists")
+	// ErrNotImplemented: this implementation cannot do that (another may).
+	ErrNotImplemented = errors.New("not implemented")
 )

@@ -396,6 +396,8 @@ var (
 	ErrNotFound = fmt.Errorf("sandbox %w", errdefs.ErrNotFound)
 	// ErrContainerNotFound: the sandbox has no container of that name.
 	ErrContainerNotFound = fmt.Errorf("container %w", errdefs.ErrNotFound)
+	// ErrVolumeNotFound: the sandbox has no scratch volume of that name.
+	ErrVolumeNotFound = fmt.Errorf("scratch volume %w", errdefs.ErrNotFound)
 	ErrImageNotFound     = fmt.Errorf("image %w", errdefs.ErrNotFound)
 	ErrImageUnauthorized = errors.New("image pull unauthorized")
 	ErrRegistry          = errors.New("registry unreachable")

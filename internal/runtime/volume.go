@@ -19,6 +19,10 @@ type Volume struct {
 	// (disk) or is bounded by the memory limit (memory).
 	SizeBytes int64  `json:"size_bytes,omitempty"`
 	Medium    string `json:"medium,omitempty"`
+	// RestoreDigest, when set, is the hex sha256 of a snapshot archive the volume starts
+	// with instead of empty; the runner has given it to the backend's SnapshotCache
+	// (PrepareSnapshot) before Create.
+	RestoreDigest string `json:"restore_digest,omitempty"`
 }
 
 // VolumeMount mounts a volume (or a sub-directory of it, made when missing) at Path.

@@ -40,6 +40,58 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SnapshotJobState int32
+
+const (
+	SnapshotJobState_SNAPSHOT_JOB_STATE_UNSPECIFIED SnapshotJobState = 0
+	SnapshotJobState_SNAPSHOT_JOB_STATE_CREATING    SnapshotJobState = 1
+	SnapshotJobState_SNAPSHOT_JOB_STATE_READY       SnapshotJobState = 2
+	SnapshotJobState_SNAPSHOT_JOB_STATE_FAILED      SnapshotJobState = 3
+)
+
+// Enum value maps for SnapshotJobState.
+var (
+	SnapshotJobState_name = map[int32]string{
+		0: "SNAPSHOT_JOB_STATE_UNSPECIFIED",
+		1: "SNAPSHOT_JOB_STATE_CREATING",
+		2: "SNAPSHOT_JOB_STATE_READY",
+		3: "SNAPSHOT_JOB_STATE_FAILED",
+	}
+	SnapshotJobState_value = map[string]int32{
+		"SNAPSHOT_JOB_STATE_UNSPECIFIED": 0,
+		"SNAPSHOT_JOB_STATE_CREATING":    1,
+		"SNAPSHOT_JOB_STATE_READY":       2,
+		"SNAPSHOT_JOB_STATE_FAILED":      3,
+	}
+)
+
+func (x SnapshotJobState) Enum() *SnapshotJobState {
+	p := new(SnapshotJobState)
+	*p = x
+	return p
+}
+
+func (x SnapshotJobState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SnapshotJobState) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_runner_v1_runner_proto_enumTypes[0].Descriptor()
+}
+
+func (SnapshotJobState) Type() protoreflect.EnumType {
+	return &file_sandboxd_runner_v1_runner_proto_enumTypes[0]
+}
+
+func (x SnapshotJobState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SnapshotJobState.Descriptor instead.
+func (SnapshotJobState) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+}
+
 // State values match coreweave.sandbox.v1.State.
 type State int32
 
@@ -89,11 +141,11 @@ func (x State) String() string {
 }
 
 func (State) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_runner_v1_runner_proto_enumTypes[0].Descriptor()
+	return file_sandboxd_runner_v1_runner_proto_enumTypes[1].Descriptor()
 }
 
 func (State) Type() protoreflect.EnumType {
-	return &file_sandboxd_runner_v1_runner_proto_enumTypes[0]
+	return &file_sandboxd_runner_v1_runner_proto_enumTypes[1]
 }
 
 func (x State) Number() protoreflect.EnumNumber {
@@ -102,7 +154,7 @@ func (x State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use State.Descriptor instead.
 func (State) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
 }
 
 // Spec is a sandbox as the runner's backend runs it (runtime.Spec): a group of
@@ -1199,10 +1251,12 @@ func (x *PortRange) GetEndPort() int32 {
 }
 
 type Volume struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"` // 0: no limit of its own
-	Medium        string                 `protobuf:"bytes,3,opt,name=medium,proto3" json:"medium,omitempty"`                         // "" (disk) or "memory"
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	SizeBytes int64                  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"` // 0: no limit of its own
+	Medium    string                 `protobuf:"bytes,3,opt,name=medium,proto3" json:"medium,omitempty"`                         // "" (disk) or "memory"
+	// Set: the volume starts with this snapshot's content instead of empty.
+	Restore       *SnapshotSource `protobuf:"bytes,4,opt,name=restore,proto3" json:"restore,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1258,6 +1312,380 @@ func (x *Volume) GetMedium() string {
 	return ""
 }
 
+func (x *Volume) GetRestore() *SnapshotSource {
+	if x != nil {
+		return x.Restore
+	}
+	return nil
+}
+
+// SnapshotSource is a READY file-system snapshot a volume is restored from.
+type SnapshotSource struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	BlobKey       string                 `protobuf:"bytes,2,opt,name=blob_key,json=blobKey,proto3" json:"blob_key,omitempty"`                 // its archive in the blob store
+	Digest        string                 `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`                                  // hex sha256 of the archive (checked on download)
+	SizeBytes     int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`          // the archive's size
+	ContentBytes  int64                  `protobuf:"varint,5,opt,name=content_bytes,json=contentBytes,proto3" json:"content_bytes,omitempty"` // sum of its files' sizes (what the volume must hold)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSource) Reset() {
+	*x = SnapshotSource{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSource) ProtoMessage() {}
+
+func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
+func (*SnapshotSource) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SnapshotSource) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetBlobKey() string {
+	if x != nil {
+		return x.BlobKey
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *SnapshotSource) GetContentBytes() int64 {
+	if x != nil {
+		return x.ContentBytes
+	}
+	return 0
+}
+
+// SnapshotTarget names a snapshot to take of a scratch volume.
+type SnapshotTarget struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	SnapshotId    string                 `protobuf:"bytes,2,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	BlobKey       string                 `protobuf:"bytes,3,opt,name=blob_key,json=blobKey,proto3" json:"blob_key,omitempty"`                   // where the archive goes
+	MaxSizeBytes  int64                  `protobuf:"varint,4,opt,name=max_size_bytes,json=maxSizeBytes,proto3" json:"max_size_bytes,omitempty"` // of the archive; 0 = no limit. Larger fails CWSANDBOX_FSS_SIZE_EXCEEDED.
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotTarget) Reset() {
+	*x = SnapshotTarget{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotTarget) ProtoMessage() {}
+
+func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
+func (*SnapshotTarget) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SnapshotTarget) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SnapshotTarget) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *SnapshotTarget) GetBlobKey() string {
+	if x != nil {
+		return x.BlobKey
+	}
+	return ""
+}
+
+func (x *SnapshotTarget) GetMaxSizeBytes() int64 {
+	if x != nil {
+		return x.MaxSizeBytes
+	}
+	return 0
+}
+
+type SnapshotVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Target        *SnapshotTarget        `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotVolumeRequest) Reset() {
+	*x = SnapshotVolumeRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotVolumeRequest) ProtoMessage() {}
+
+func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SnapshotVolumeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SnapshotVolumeRequest) GetTarget() *SnapshotTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+type GetSnapshotJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSnapshotJobRequest) Reset() {
+	*x = GetSnapshotJobRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSnapshotJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSnapshotJobRequest) ProtoMessage() {}
+
+func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
+func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetSnapshotJobRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+// SnapshotJob is a snapshot as the runner that takes it knows it.
+type SnapshotJob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	SandboxId     string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Volume        string                 `protobuf:"bytes,3,opt,name=volume,proto3" json:"volume,omitempty"`
+	State         SnapshotJobState       `protobuf:"varint,4,opt,name=state,proto3,enum=sandboxd.runner.v1.SnapshotJobState" json:"state,omitempty"`
+	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`                                  // FAILED: a CWSANDBOX_FSS_* reason (e.g. CWSANDBOX_FSS_CREATE_FAILED)
+	Message       string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`                                // FAILED: what went wrong, for state_reason
+	SizeBytes     int64                  `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`          // READY: the archive's size
+	Digest        string                 `protobuf:"bytes,8,opt,name=digest,proto3" json:"digest,omitempty"`                                  // READY: hex sha256 of the archive
+	ContentBytes  int64                  `protobuf:"varint,9,opt,name=content_bytes,json=contentBytes,proto3" json:"content_bytes,omitempty"` // READY: sum of its files' sizes
+	Pause         *durationpb.Duration   `protobuf:"bytes,10,opt,name=pause,proto3" json:"pause,omitempty"`                                   // how long the workload was frozen for the capture
+	CompleteTime  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=complete_time,json=completeTime,proto3" json:"complete_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotJob) Reset() {
+	*x = SnapshotJob{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotJob) ProtoMessage() {}
+
+func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
+func (*SnapshotJob) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SnapshotJob) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *SnapshotJob) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SnapshotJob) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SnapshotJob) GetState() SnapshotJobState {
+	if x != nil {
+		return x.State
+	}
+	return SnapshotJobState_SNAPSHOT_JOB_STATE_UNSPECIFIED
+}
+
+func (x *SnapshotJob) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SnapshotJob) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SnapshotJob) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *SnapshotJob) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *SnapshotJob) GetContentBytes() int64 {
+	if x != nil {
+		return x.ContentBytes
+	}
+	return 0
+}
+
+func (x *SnapshotJob) GetPause() *durationpb.Duration {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
+func (x *SnapshotJob) GetCompleteTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CompleteTime
+	}
+	return nil
+}
+
 type VolumeMount struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -1270,7 +1698,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1710,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1723,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -1343,7 +1771,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1783,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1796,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -1442,7 +1870,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1882,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1895,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Service) GetPort() int32 {
@@ -1522,7 +1950,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1962,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1975,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -1575,7 +2003,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +2015,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +2028,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *File) GetPath() string {
@@ -1640,7 +2068,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +2080,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +2093,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -1730,7 +2158,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +2170,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +2183,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1887,7 +2315,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2327,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2340,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -1938,7 +2366,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2378,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2391,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -1982,7 +2410,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2422,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2435,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetRequest) GetId() string {
@@ -2026,7 +2454,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +2466,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +2479,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -2069,7 +2497,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2509,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2522,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
 }
 
 type ListResponse struct {
@@ -2106,7 +2534,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2546,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2559,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2142,16 +2570,19 @@ func (x *ListResponse) GetSandboxes() []*Sandbox {
 }
 
 type DeleteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Grace         *durationpb.Duration   `protobuf:"bytes,2,opt,name=grace,proto3" json:"grace,omitempty"` // before SIGKILL
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Grace *durationpb.Duration   `protobuf:"bytes,2,opt,name=grace,proto3" json:"grace,omitempty"` // before SIGKILL
+	// Volumes to snapshot once the containers have stopped and before the sandbox is
+	// destroyed. Termination proceeds whatever happens to them.
+	Snapshots     []*SnapshotTarget `protobuf:"bytes,3,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2594,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2607,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2193,16 +2624,25 @@ func (x *DeleteRequest) GetGrace() *durationpb.Duration {
 	return nil
 }
 
+func (x *DeleteRequest) GetSnapshots() []*SnapshotTarget {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
 type DeleteResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// One job per DeleteRequest.snapshots, in order (CREATING, or FAILED when refused).
+	Snapshots     []*SnapshotJob `protobuf:"bytes,2,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2654,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,12 +2667,19 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
 	if x != nil {
 		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *DeleteResponse) GetSnapshots() []*SnapshotJob {
+	if x != nil {
+		return x.Snapshots
 	}
 	return nil
 }
@@ -2245,7 +2692,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2704,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2717,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 type CapacityResponse struct {
@@ -2310,13 +2757,19 @@ type CapacityResponse struct {
 	EngineRuntimeClass string `protobuf:"bytes,20,opt,name=engine_runtime_class,json=engineRuntimeClass,proto3" json:"engine_runtime_class,omitempty"`
 	// Why it runs no container-engine sandboxes (no engine image, …); for messages.
 	EngineUnavailable string `protobuf:"bytes,21,opt,name=engine_unavailable,json=engineUnavailable,proto3" json:"engine_unavailable,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// It takes and restores file-system snapshots (it has a blob store and its backend
+	// can); an older runner, which does not say, is taken not to.
+	Snapshots bool `protobuf:"varint,22,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// Digests of snapshot archives it has cached, most recently used first (at most 256):
+	// placement prefers a runner that has a restored snapshot.
+	CachedSnapshots []string `protobuf:"bytes,23,rep,name=cached_snapshots,json=cachedSnapshots,proto3" json:"cached_snapshots,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2781,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2794,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -2491,6 +2944,20 @@ func (x *CapacityResponse) GetEngineUnavailable() string {
 	return ""
 }
 
+func (x *CapacityResponse) GetSnapshots() bool {
+	if x != nil {
+		return x.Snapshots
+	}
+	return false
+}
+
+func (x *CapacityResponse) GetCachedSnapshots() []string {
+	if x != nil {
+		return x.CachedSnapshots
+	}
+	return nil
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
@@ -2617,12 +3084,50 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\tPortRange\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x19\n" +
-	"\bend_port\x18\x03 \x01(\x05R\aendPort\"S\n" +
+	"\bend_port\x18\x03 \x01(\x05R\aendPort\"\x91\x01\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x16\n" +
-	"\x06medium\x18\x03 \x01(\tR\x06medium\"q\n" +
+	"\x06medium\x18\x03 \x01(\tR\x06medium\x12<\n" +
+	"\arestore\x18\x04 \x01(\v2\".sandboxd.runner.v1.SnapshotSourceR\arestore\"\xa8\x01\n" +
+	"\x0eSnapshotSource\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x19\n" +
+	"\bblob_key\x18\x02 \x01(\tR\ablobKey\x12\x16\n" +
+	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12#\n" +
+	"\rcontent_bytes\x18\x05 \x01(\x03R\fcontentBytes\"\x8a\x01\n" +
+	"\x0eSnapshotTarget\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x1f\n" +
+	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
+	"snapshotId\x12\x19\n" +
+	"\bblob_key\x18\x03 \x01(\tR\ablobKey\x12$\n" +
+	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"r\n" +
+	"\x15SnapshotVolumeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12:\n" +
+	"\x06target\x18\x02 \x01(\v2\".sandboxd.runner.v1.SnapshotTargetR\x06target\"8\n" +
+	"\x15GetSnapshotJobRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\xa1\x03\n" +
+	"\vSnapshotJob\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06volume\x18\x03 \x01(\tR\x06volume\x12:\n" +
+	"\x05state\x18\x04 \x01(\x0e2$.sandboxd.runner.v1.SnapshotJobStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\a \x01(\x03R\tsizeBytes\x12\x16\n" +
+	"\x06digest\x18\b \x01(\tR\x06digest\x12#\n" +
+	"\rcontent_bytes\x18\t \x01(\x03R\fcontentBytes\x12/\n" +
+	"\x05pause\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x05pause\x12?\n" +
+	"\rcomplete_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fcompleteTime\"q\n" +
 	"\vVolumeMount\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
@@ -2702,13 +3207,15 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\r\n" +
 	"\vListRequest\"I\n" +
 	"\fListResponse\x129\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x1b.sandboxd.runner.v1.SandboxR\tsandboxes\"P\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x1b.sandboxd.runner.v1.SandboxR\tsandboxes\"\x92\x01\n" +
 	"\rDeleteRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
-	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"G\n" +
+	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12@\n" +
+	"\tsnapshots\x18\x03 \x03(\v2\".sandboxd.runner.v1.SnapshotTargetR\tsnapshots\"\x86\x01\n" +
 	"\x0eDeleteResponse\x125\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x11\n" +
-	"\x0fCapacityRequest\"\xc4\x06\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
+	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
+	"\x0fCapacityRequest\"\x8d\a\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -2732,7 +3239,14 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x11default_resources\x18\x12 \x01(\v2\x1d.sandboxd.runner.v1.ResourcesR\x10defaultResources\x12!\n" +
 	"\fengine_image\x18\x13 \x01(\tR\vengineImage\x120\n" +
 	"\x14engine_runtime_class\x18\x14 \x01(\tR\x12engineRuntimeClass\x12-\n" +
-	"\x12engine_unavailable\x18\x15 \x01(\tR\x11engineUnavailable*\xac\x01\n" +
+	"\x12engine_unavailable\x18\x15 \x01(\tR\x11engineUnavailable\x12\x1c\n" +
+	"\tsnapshots\x18\x16 \x01(\bR\tsnapshots\x12)\n" +
+	"\x10cached_snapshots\x18\x17 \x03(\tR\x0fcachedSnapshots*\x94\x01\n" +
+	"\x10SnapshotJobState\x12\"\n" +
+	"\x1eSNAPSHOT_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bSNAPSHOT_JOB_STATE_CREATING\x10\x01\x12\x1c\n" +
+	"\x18SNAPSHOT_JOB_STATE_READY\x10\x02\x12\x1d\n" +
+	"\x19SNAPSHOT_JOB_STATE_FAILED\x10\x03*\xac\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -2741,13 +3255,15 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fSTATE_FAILED\x10\x04\x12\x15\n" +
 	"\x11STATE_TERMINATING\x10\x05\x12\x14\n" +
 	"\x10STATE_TERMINATED\x10\x06\x12\x11\n" +
-	"\rSTATE_PENDING\x10\a2\x9b\x03\n" +
+	"\rSTATE_PENDING\x10\a2\xd7\x04\n" +
 	"\rRunnerService\x12O\n" +
 	"\x06Create\x12!.sandboxd.runner.v1.CreateRequest\x1a\".sandboxd.runner.v1.CreateResponse\x12F\n" +
 	"\x03Get\x12\x1e.sandboxd.runner.v1.GetRequest\x1a\x1f.sandboxd.runner.v1.GetResponse\x12I\n" +
 	"\x04List\x12\x1f.sandboxd.runner.v1.ListRequest\x1a .sandboxd.runner.v1.ListResponse\x12O\n" +
 	"\x06Delete\x12!.sandboxd.runner.v1.DeleteRequest\x1a\".sandboxd.runner.v1.DeleteResponse\x12U\n" +
-	"\bCapacity\x12#.sandboxd.runner.v1.CapacityRequest\x1a$.sandboxd.runner.v1.CapacityResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
+	"\bCapacity\x12#.sandboxd.runner.v1.CapacityRequest\x1a$.sandboxd.runner.v1.CapacityResponse\x12\\\n" +
+	"\x0eSnapshotVolume\x12).sandboxd.runner.v1.SnapshotVolumeRequest\x1a\x1f.sandboxd.runner.v1.SnapshotJob\x12\\\n" +
+	"\x0eGetSnapshotJob\x12).sandboxd.runner.v1.GetSnapshotJobRequest\x1a\x1f.sandboxd.runner.v1.SnapshotJobB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_sandboxd_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -2761,113 +3277,130 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 	return file_sandboxd_runner_v1_runner_proto_rawDescData
 }
 
-var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
-	(State)(0),                    // 0: sandboxd.runner.v1.State
-	(*Spec)(nil),                  // 1: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                // 2: sandboxd.runner.v1.Engine
-	(*Container)(nil),             // 3: sandboxd.runner.v1.Container
-	(*Probe)(nil),                 // 4: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),            // 5: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),       // 6: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),           // 7: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),            // 8: sandboxd.runner.v1.Toleration
-	(*Network)(nil),               // 9: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),           // 10: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),             // 11: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                // 12: sandboxd.runner.v1.Volume
-	(*VolumeMount)(nil),           // 13: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),              // 14: sandboxd.runner.v1.Security
-	(*Service)(nil),               // 15: sandboxd.runner.v1.Service
-	(*Credentials)(nil),           // 16: sandboxd.runner.v1.Credentials
-	(*File)(nil),                  // 17: sandboxd.runner.v1.File
-	(*Resources)(nil),             // 18: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),               // 19: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),         // 20: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),        // 21: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),            // 22: sandboxd.runner.v1.GetRequest
-	(*GetResponse)(nil),           // 23: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),           // 24: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),          // 25: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),         // 26: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 27: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),       // 28: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),      // 29: sandboxd.runner.v1.CapacityResponse
-	nil,                           // 30: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                           // 31: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                           // 32: sandboxd.runner.v1.Container.EnvEntry
-	nil,                           // 33: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                           // 34: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	(*durationpb.Duration)(nil),   // 35: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(SnapshotJobState)(0),         // 0: sandboxd.runner.v1.SnapshotJobState
+	(State)(0),                    // 1: sandboxd.runner.v1.State
+	(*Spec)(nil),                  // 2: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                // 3: sandboxd.runner.v1.Engine
+	(*Container)(nil),             // 4: sandboxd.runner.v1.Container
+	(*Probe)(nil),                 // 5: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),            // 6: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),       // 7: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),           // 8: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),            // 9: sandboxd.runner.v1.Toleration
+	(*Network)(nil),               // 10: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),           // 11: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),             // 12: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                // 13: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),        // 14: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),        // 15: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil), // 16: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil), // 17: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),           // 18: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),           // 19: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),              // 20: sandboxd.runner.v1.Security
+	(*Service)(nil),               // 21: sandboxd.runner.v1.Service
+	(*Credentials)(nil),           // 22: sandboxd.runner.v1.Credentials
+	(*File)(nil),                  // 23: sandboxd.runner.v1.File
+	(*Resources)(nil),             // 24: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),               // 25: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),         // 26: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),        // 27: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),            // 28: sandboxd.runner.v1.GetRequest
+	(*GetResponse)(nil),           // 29: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),           // 30: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),          // 31: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),         // 32: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 33: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),       // 34: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),      // 35: sandboxd.runner.v1.CapacityResponse
+	nil,                           // 36: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                           // 37: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                           // 38: sandboxd.runner.v1.Container.EnvEntry
+	nil,                           // 39: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                           // 40: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	(*durationpb.Duration)(nil),   // 41: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	16, // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	30, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	17, // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	18, // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	31, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	15, // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	9,  // 6: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	14, // 7: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	12, // 8: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	13, // 9: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	7,  // 10: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	4,  // 11: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	5,  // 12: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	3,  // 13: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	3,  // 14: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	2,  // 15: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	16, // 16: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	32, // 17: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	17, // 18: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	18, // 19: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	13, // 20: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	14, // 21: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	4,  // 22: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	5,  // 23: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	35, // 24: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	35, // 25: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	35, // 26: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	33, // 27: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	8,  // 28: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	34, // 29: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	10, // 30: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	10, // 31: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	11, // 32: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	1,  // 33: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	0,  // 34: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	36, // 35: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	36, // 36: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	36, // 37: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	35, // 38: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	36, // 39: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	6,  // 40: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	1,  // 41: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	35, // 42: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	19, // 43: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	19, // 44: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	19, // 45: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	35, // 46: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	19, // 47: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	36, // 48: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	18, // 49: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	20, // 50: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	22, // 51: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	24, // 52: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	26, // 53: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	28, // 54: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	21, // 55: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	23, // 56: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	25, // 57: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	27, // 58: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	29, // 59: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	55, // [55:60] is the sub-list for method output_type
-	50, // [50:55] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	22, // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	36, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	23, // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	24, // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	37, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	21, // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	10, // 6: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	20, // 7: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	13, // 8: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	19, // 9: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	8,  // 10: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	5,  // 11: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	6,  // 12: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	4,  // 13: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	4,  // 14: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	3,  // 15: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	22, // 16: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	38, // 17: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	23, // 18: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	24, // 19: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	19, // 20: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	20, // 21: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	5,  // 22: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	6,  // 23: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	41, // 24: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	41, // 25: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	41, // 26: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	39, // 27: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	9,  // 28: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	40, // 29: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	11, // 30: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	11, // 31: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	12, // 32: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	14, // 33: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	15, // 34: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,  // 35: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	41, // 36: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	42, // 37: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	2,  // 38: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,  // 39: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	42, // 40: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	42, // 41: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	42, // 42: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	41, // 43: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	42, // 44: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	7,  // 45: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	2,  // 46: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	41, // 47: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	25, // 48: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	25, // 49: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	25, // 50: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	41, // 51: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	15, // 52: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	25, // 53: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	18, // 54: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	42, // 55: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	24, // 56: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	26, // 57: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	28, // 58: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	30, // 59: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	32, // 60: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	34, // 61: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	16, // 62: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	17, // 63: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	27, // 64: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	29, // 65: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	31, // 66: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	33, // 67: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	35, // 68: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	18, // 69: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	18, // 70: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	64, // [64:71] is the sub-list for method output_type
+	57, // [57:64] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -2877,15 +3410,15 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[5].OneofWrappers = []any{}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[7].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[13].OneofWrappers = []any{}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[18].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   34,
+			NumEnums:      2,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

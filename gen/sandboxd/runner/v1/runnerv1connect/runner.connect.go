@@ -60,6 +60,12 @@ const (
 	RunnerServiceDeleteProcedure = "/sandboxd.runner.v1.RunnerService/Delete"
 	// RunnerServiceCapacityProcedure is the fully-qualified name of the RunnerService's Capacity RPC.
 	RunnerServiceCapacityProcedure = "/sandboxd.runner.v1.RunnerService/Capacity"
+	// RunnerServiceSnapshotVolumeProcedure is the fully-qualified name of the RunnerService's
+	// SnapshotVolume RPC.
+	RunnerServiceSnapshotVolumeProcedure = "/sandboxd.runner.v1.RunnerService/SnapshotVolume"
+	// RunnerServiceGetSnapshotJobProcedure is the fully-qualified name of the RunnerService's
+	// GetSnapshotJob RPC.
+	RunnerServiceGetSnapshotJobProcedure = "/sandboxd.runner.v1.RunnerService/GetSnapshotJob"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -75,6 +81,17 @@ type RunnerServiceClient interface {
 	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
 	// Capacity is what the runner offers and what its live sandboxes take.
 	Capacity(context.Context, *connect.Request[v1.CapacityRequest]) (*connect.Response[v1.CapacityResponse], error)
+	// SnapshotVolume captures a scratch volume of a running sandbox (the workload pauses
+	// only for the capture) and returns the job CREATING; the archive is uploaded to the
+	// blob store in the background. Errors: NOT_FOUND (sandbox), NOT_FOUND
+	// CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE (no such scratch volume), FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING, FAILED_PRECONDITION CWSANDBOX_FSS_NOT_SUPPORTED (no
+	// blob store, or the backend cannot), UNAVAILABLE CWSANDBOX_FSS_INFLIGHT_LIMIT.
+	// Idempotent per snapshot_id: a repeated call returns the existing job.
+	SnapshotVolume(context.Context, *connect.Request[v1.SnapshotVolumeRequest]) (*connect.Response[v1.SnapshotJob], error)
+	// GetSnapshotJob reports a snapshot job of this runner; a job it does not know (lost
+	// with a restart before it finished, or never started) is FAILED with a reason.
+	GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -118,16 +135,30 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("Capacity")),
 			connect.WithClientOptions(opts...),
 		),
+		snapshotVolume: connect.NewClient[v1.SnapshotVolumeRequest, v1.SnapshotJob](
+			httpClient,
+			baseURL+RunnerServiceSnapshotVolumeProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("SnapshotVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		getSnapshotJob: connect.NewClient[v1.GetSnapshotJobRequest, v1.SnapshotJob](
+			httpClient,
+			baseURL+RunnerServiceGetSnapshotJobProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("GetSnapshotJob")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // runnerServiceClient implements RunnerServiceClient.
 type runnerServiceClient struct {
-	create   *connect.Client[v1.CreateRequest, v1.CreateResponse]
-	get      *connect.Client[v1.GetRequest, v1.GetResponse]
-	list     *connect.Client[v1.ListRequest, v1.ListResponse]
-	delete   *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
-	capacity *connect.Client[v1.CapacityRequest, v1.CapacityResponse]
+	create         *connect.Client[v1.CreateRequest, v1.CreateResponse]
+	get            *connect.Client[v1.GetRequest, v1.GetResponse]
+	list           *connect.Client[v1.ListRequest, v1.ListResponse]
+	delete         *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	capacity       *connect.Client[v1.CapacityRequest, v1.CapacityResponse]
+	snapshotVolume *connect.Client[v1.SnapshotVolumeRequest, v1.SnapshotJob]
+	getSnapshotJob *connect.Client[v1.GetSnapshotJobRequest, v1.SnapshotJob]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -155,6 +186,16 @@ func (c *runnerServiceClient) Capacity(ctx context.Context, req *connect.Request
 	return c.capacity.CallUnary(ctx, req)
 }
 
+// SnapshotVolume calls sandboxd.runner.v1.RunnerService.SnapshotVolume.
+func (c *runnerServiceClient) SnapshotVolume(ctx context.Context, req *connect.Request[v1.SnapshotVolumeRequest]) (*connect.Response[v1.SnapshotJob], error) {
+	return c.snapshotVolume.CallUnary(ctx, req)
+}
+
+// GetSnapshotJob calls sandboxd.runner.v1.RunnerService.GetSnapshotJob.
+func (c *runnerServiceClient) GetSnapshotJob(ctx context.Context, req *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error) {
+	return c.getSnapshotJob.CallUnary(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -168,6 +209,17 @@ type RunnerServiceHandler interface {
 	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
 	// Capacity is what the runner offers and what its live sandboxes take.
 	Capacity(context.Context, *connect.Request[v1.CapacityRequest]) (*connect.Response[v1.CapacityResponse], error)
+	// SnapshotVolume captures a scratch volume of a running sandbox (the workload pauses
+	// only for the capture) and returns the job CREATING; the archive is uploaded to the
+	// blob store in the background. Errors: NOT_FOUND (sandbox), NOT_FOUND
+	// CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE (no such scratch volume), FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING, FAILED_PRECONDITION CWSANDBOX_FSS_NOT_SUPPORTED (no
+	// blob store, or the backend cannot), UNAVAILABLE CWSANDBOX_FSS_INFLIGHT_LIMIT.
+	// Idempotent per snapshot_id: a repeated call returns the existing job.
+	SnapshotVolume(context.Context, *connect.Request[v1.SnapshotVolumeRequest]) (*connect.Response[v1.SnapshotJob], error)
+	// GetSnapshotJob reports a snapshot job of this runner; a job it does not know (lost
+	// with a restart before it finished, or never started) is FAILED with a reason.
+	GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error)
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -207,6 +259,18 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("Capacity")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServiceSnapshotVolumeHandler := connect.NewUnaryHandler(
+		RunnerServiceSnapshotVolumeProcedure,
+		svc.SnapshotVolume,
+		connect.WithSchema(runnerServiceMethods.ByName("SnapshotVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerServiceGetSnapshotJobHandler := connect.NewUnaryHandler(
+		RunnerServiceGetSnapshotJobProcedure,
+		svc.GetSnapshotJob,
+		connect.WithSchema(runnerServiceMethods.ByName("GetSnapshotJob")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -219,6 +283,10 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceDeleteHandler.ServeHTTP(w, r)
 		case RunnerServiceCapacityProcedure:
 			runnerServiceCapacityHandler.ServeHTTP(w, r)
+		case RunnerServiceSnapshotVolumeProcedure:
+			runnerServiceSnapshotVolumeHandler.ServeHTTP(w, r)
+		case RunnerServiceGetSnapshotJobProcedure:
+			runnerServiceGetSnapshotJobHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -246,4 +314,12 @@ func (UnimplementedRunnerServiceHandler) Delete(context.Context, *connect.Reques
 
 func (UnimplementedRunnerServiceHandler) Capacity(context.Context, *connect.Request[v1.CapacityRequest]) (*connect.Response[v1.CapacityResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Capacity is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) SnapshotVolume(context.Context, *connect.Request[v1.SnapshotVolumeRequest]) (*connect.Response[v1.SnapshotJob], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.SnapshotVolume is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.GetSnapshotJob is not implemented"))
 }
