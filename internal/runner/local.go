@@ -72,6 +72,10 @@ type Capacity struct {
 	// EngineUnavailable says why the runner runs no container-engine sandboxes ("" when
 	// it does); for messages.
 	EngineUnavailable string
+	// CachedSnapshots are the digests of snapshot archives the runner has cached, most
+	// recently used first (at most MaxCachedSnapshotsReported): placement prefers a runner
+	// that has the snapshot a sandbox restores.
+	CachedSnapshots []string
 	// Support is what the runner cannot do, so placement sends sandboxes that need it
 	// elsewhere; its NoEndpoints is EdgeDomain == "".
 	runtime.Support

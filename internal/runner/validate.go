@@ -28,6 +28,10 @@ type CreateRequest struct {
 	Spec runtime.Spec
 	// Lifetime is the maximum run time; 0 means DefaultLifetime.
 	Lifetime time.Duration
+	// Restores are the snapshots scratch volumes start from, by volume name; the runner
+	// downloads each (once per digest) before the backend creates the sandbox and sets
+	// the volume's RestoreDigest.
+	Restores map[string]SnapshotSource
 }
 
 // validate checks a request's shape and fills defaults, reporting every problem at once.

@@ -33,6 +33,10 @@ type Support struct {
 	// engine image. On the wire an older runner that does not say it can is taken to
 	// lack it.
 	NoContainerEngine bool
+	// NoSnapshots: the runner takes and restores no file-system snapshots (it has no
+	// blob store, or its backend implements neither VolumeCapturer nor SnapshotCache).
+	// On the wire an older runner that does not say it can is taken to lack it.
+	NoSnapshots bool
 }
 
 // Optional interfaces of a Backend. The runner asserts them when it runs; each backend
