@@ -382,10 +382,7 @@ func TestWriteDeterministic(t *testing.T) {
 // tarEntries decompresses an archive and returns its headers.
 func tarEntries(t testing.TB, data []byte) []*tar.Header {
 	t.Helper()
-	dec, err := zstd.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dec := mustDecoder(t, data)
 	defer dec.Close()
 	tr := tar.NewReader(dec)
 	var hdrs []*tar.Header
@@ -399,6 +396,15 @@ func tarEntries(t testing.TB, data []byte) []*tar.Header {
 		}
 		hdrs = append(hdrs, h)
 	}
+}
+
+func mustDecoder(t testing.TB, data []byte) *zstd.Decoder {
+	t.Helper()
+	dec, err := zstd.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dec
 }
 
 func tarNames(t testing.TB, data []byte) []string {
