@@ -24,7 +24,9 @@ type ent struct {
 	data string
 }
 
-func dirEnt(name string) ent { return ent{hdr: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}} }
+func dirEnt(name string) ent {
+	return ent{hdr: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}}
+}
 func fileEnt(name, data string) ent {
 	return ent{hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))}, data: data}
 }
