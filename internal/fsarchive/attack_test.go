@@ -498,3 +498,28 @@ func (c *cancelAfter) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// Extreme mtimes are clamped by the file system, not an error.
+func TestExtractExtremeMtimes(t *testing.T) {
+	var ents []ent
+	ents = append(ents, dirEnt("./"))
+	for i, mt := range []time.Time{time.Unix(0, 0), time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(1960, 1, 1, 0, 0, 0, 5, time.UTC), time.Date(9999, 12, 31, 0, 0, 0, 999999999, time.UTC)} {
+		e := fileEnt(fmt.Sprint("f", i), "x")
+		e.hdr.ModTime = mt
+		d := dirEnt(fmt.Sprint("d", i, "/"))
+		d.hdr.ModTime = mt
+		l := linkEnt(fmt.Sprint("l", i), "x")
+		l.hdr.ModTime = mt
+		ents = append(ents, e, d, l)
+	}
+	if _, _, err := extractFresh(t, archive(t, ents...), runtime.ArchiveLimits{}, IDMap{}); err != nil {
+		t.Fatal(err)
+	}
+	root, _, err := extractFresh(t, archive(t, ents[:4]...), runtime.ArchiveLimits{}, IDMap{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(filepath.Join(root, "l0")); err != nil || !fi.ModTime().Equal(time.Unix(0, 0)) {
+		t.Fatalf("symlink mtime: %v %v", fi.ModTime(), err)
+	}
+}

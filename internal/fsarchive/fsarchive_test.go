@@ -48,6 +48,7 @@ func writeArchive(t testing.TB, dir string, ids IDMap) ([]byte, runtime.ArchiveS
 func extractFresh(t testing.TB, data []byte, limits runtime.ArchiveLimits, ids IDMap) (string, runtime.ArchiveStats, error) {
 	t.Helper()
 	parent := t.TempDir()
+	removable(t, parent)
 	root := filepath.Join(parent, "root")
 	sibling := filepath.Join(parent, "sibling")
 	for _, d := range []string{root, sibling} {
@@ -58,6 +59,19 @@ func extractFresh(t testing.TB, data []byte, limits runtime.ArchiveLimits, ids I
 	st, err := Extract(context.Background(), bytes.NewReader(data), openDir(t, root), limits, ids)
 	checkNothingOutside(t, parent)
 	return root, st, err
+}
+
+// removable makes the directories under dir writable before t's TempDir cleanup
+// removes it (read-only directories stop RemoveAll without root).
+func removable(t testing.TB, dir string) {
+	t.Cleanup(func() {
+		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				os.Chmod(p, 0o700)
+			}
+			return nil
+		})
+	})
 }
 
 // checkNothingOutside asserts parent holds exactly root and an empty sibling.
@@ -117,6 +131,7 @@ func bigContent(n int, seed uint64) []byte {
 // buildTree makes the round-trip tree under dir and returns whether it has xattrs.
 func buildTree(t testing.TB, dir string) bool {
 	t.Helper()
+	removable(t, dir)
 	must := func(err error) {
 		t.Helper()
 		if err != nil {

@@ -44,6 +44,7 @@ func FuzzExtract(f *testing.F) {
 			data = compress(t, data)
 		}
 		parent := t.TempDir()
+		removable(t, parent)
 		root := filepath.Join(parent, "root")
 		for _, d := range []string{root, filepath.Join(parent, "sibling")} {
 			if err := os.Mkdir(d, 0o755); err != nil {
