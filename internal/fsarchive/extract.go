@@ -176,9 +176,9 @@ func (ex *extractor) streamErr(err error) error {
 		return cerr
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("%w: truncated: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: truncated: %w", ErrInvalid, err)
 	}
-	return fmt.Errorf("%w: %v", ErrInvalid, err)
+	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
 
 func invalid(name, format string, args ...any) error {

@@ -477,3 +477,29 @@ func TestWriteContextCancelled(t *testing.T) {
 		t.Fatalf("Extract with a cancelled context: %v, want context.Canceled", err)
 	}
 }
+
+// A path Extract would refuse is a Write error, not an archive that cannot be restored.
+func TestWritePathTooLong(t *testing.T) {
+	src := t.TempDir()
+	fd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.Repeat("n", 250)
+	for range 17 { // 17 × 251 bytes > MaxPath; built by descriptor (past PATH_MAX)
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	_, err = Write(context.Background(), openDir(t, src), io.Discard, IDMap{})
+	if err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("Write of a path over %d bytes: %v", MaxPath, err)
+	}
+}
