@@ -693,10 +693,10 @@ func (r *Runner) prepareRestores(ctx context.Context, e *entry) error {
 				return blob.VerifyReader(rc, src.SizeBytes, src.Digest), nil
 			})
 		}
-		err := r.restoreFlight.do(src.Digest, prepare)
+		err := r.restoreFlight.do(ctx, src.Digest, prepare)
 		for try := 0; try < 3 && err != nil && ctx.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)); try++ {
 			// The create whose download this one shared was deleted meanwhile: not ours.
-			err = r.restoreFlight.do(src.Digest, prepare)
+			err = r.restoreFlight.do(ctx, src.Digest, prepare)
 		}
 		if err != nil {
 			return fmt.Errorf("volume %q from snapshot %s: %w", v.Name, src.SnapshotID, err)
@@ -717,15 +717,19 @@ type flight struct {
 	err  error
 }
 
-func (f *flights) do(key string, fn func() error) error {
+func (f *flights) do(ctx context.Context, key string, fn func() error) error {
 	f.mu.Lock()
 	if f.m == nil {
 		f.m = map[string]*flight{}
 	}
 	if fl, ok := f.m[key]; ok {
 		f.mu.Unlock()
-		<-fl.done
-		return fl.err
+		select {
+		case <-fl.done:
+			return fl.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	fl := &flight{done: make(chan struct{})}
 	f.m[key] = fl

@@ -710,3 +710,36 @@ func TestLocalCapacityReportsSnapshots(t *testing.T) {
 		t.Fatalf("without a blob store: NoSnapshots %v, cached %v", c.NoSnapshots, c.CachedSnapshots)
 	}
 }
+
+// TestSnapshotJobsPruned: a finished job is forgotten (its file too) once
+// SnapshotJobRetention has passed; a stray file in the job dir is removed.
+func TestSnapshotJobsPruned(t *testing.T) {
+	data := t.TempDir()
+	jobs := filepath.Join(data, "snapshots")
+	if err := os.MkdirAll(jobs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := fmt.Sprintf(`{"job":{"SnapshotID":"old","State":%d},"blob_key":"fss/o/old","updated":%q}`, SnapshotReady, time.Now().Add(-SnapshotJobRetention-time.Hour).Format(time.RFC3339Nano))
+	recent := fmt.Sprintf(`{"job":{"SnapshotID":"recent","State":%d},"blob_key":"fss/o/recent","updated":%q}`, SnapshotReady, time.Now().Add(-time.Hour).Format(time.RFC3339Nano))
+	for name, body := range map[string]string{"old.json": old, "recent.json": recent, ".tmp-123": "x"} {
+		if err := os.WriteFile(filepath.Join(jobs, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := snapRunner(t, newSnapBackend(t), data, openStore(t), nil)
+	defer r.Close()
+	if j := r.GetSnapshotJob("recent"); j.State != SnapshotReady {
+		t.Errorf("a job within its retention: %+v", j)
+	}
+	if j := r.GetSnapshotJob("old"); j.State != SnapshotFailed {
+		t.Errorf("a job past its retention: %+v", j)
+	}
+	ents, _ := os.ReadDir(jobs)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{"recent.json"}) {
+		t.Errorf("job dir holds %v, want only recent.json", names)
+	}
+}
