@@ -733,7 +733,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 		}
 		if err := r.prepareRestores(ctx, e); err != nil {
 			reason := apierr.FSSRestoreFailed
-			if errors.Is(err, context.Canceled) {
+			if ctx.Err() != nil {
 				reason = ReasonDeleted
 			}
 			r.finish(e, runtime.Exit{Reason: reason, Message: apierr.FSSRestoreFailed + ": restore " + err.Error(), At: time.Now()}, false)

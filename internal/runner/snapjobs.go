@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -295,7 +296,8 @@ func (r *Runner) SnapshotVolume(ctx context.Context, id string, t SnapshotTarget
 		r.dropJob(t.SnapshotID)
 		return SnapshotJob{}, err
 	case err != nil:
-		return r.failJob(t.SnapshotID, apierr.FSSCreateFailed, "capture the volume: "+err.Error()), nil
+		r.log.Warn("capture a volume", "sandbox", id, "volume", t.Volume, "err", err)
+		return r.failJob(t.SnapshotID, apierr.FSSCreateFailed, "capturing the volume failed: "+shownCause(err)), nil
 	}
 	return r.startUpload(t, c), nil
 }
@@ -431,9 +433,11 @@ func (r *Runner) upload(t SnapshotTarget, c runtime.VolumeCapture) {
 	case errors.Is(archErr, errSizeExceeded):
 		reason, msg = apierr.FSSSizeExceeded, fmt.Sprintf("the snapshot archive exceeds its maximum size of %d bytes", t.MaxSizeBytes)
 	case archErr != nil:
-		reason, msg = apierr.FSSCreateFailed, "archive the volume: "+archErr.Error()
+		r.log.Warn("archive a volume", "snapshot", t.SnapshotID, "err", archErr)
+		reason, msg = apierr.FSSCreateFailed, "archiving the volume failed: "+shownCause(archErr)
 	case putErr != nil:
-		reason, msg = apierr.FSSBucketUnavailable, "upload the snapshot archive: "+putErr.Error()
+		r.log.Warn("upload a snapshot archive", "snapshot", t.SnapshotID, "err", putErr)
+		reason, msg = apierr.FSSBucketUnavailable, "uploading the snapshot archive to the blob store failed: "+shownCause(putErr)
 	case info.SHA256 != digest || info.Size != cw.n:
 		reason, msg = apierr.FSSCreateFailed, fmt.Sprintf("the blob store recorded %d bytes of sha256 %s, %d bytes of sha256 %s were written", info.Size, info.SHA256, cw.n, digest)
 	}
@@ -605,7 +609,8 @@ func (r *Runner) takeCaptures(e *entry, created bool) {
 		c, err := vc.CaptureVolume(ctx, id, p.t.Volume)
 		cancel()
 		if err != nil {
-			r.failJob(p.t.SnapshotID, apierr.FSSCreateFailed, "capture the volume: "+err.Error())
+			r.log.Warn("capture a volume", "sandbox", id, "volume", p.t.Volume, "err", err)
+			r.failJob(p.t.SnapshotID, apierr.FSSCreateFailed, "capturing the volume failed: "+shownCause(err))
 			continue
 		}
 		r.startUpload(p.t, c)
@@ -699,10 +704,32 @@ func (r *Runner) prepareRestores(ctx context.Context, e *entry) error {
 			err = r.restoreFlight.do(ctx, src.Digest, prepare)
 		}
 		if err != nil {
-			return fmt.Errorf("volume %q from snapshot %s: %w", v.Name, src.SnapshotID, err)
+			r.log.Warn("restore a volume", "sandbox", e.sb.ID, "volume", v.Name, "snapshot", src.SnapshotID, "err", err)
+			return fmt.Errorf("volume %q from snapshot %s: %s", v.Name, src.SnapshotID, shownCause(err))
 		}
 	}
 	return nil
+}
+
+// shownCause is what a user is told of err, a failure of the backend or the blob store
+// (the runner's log has the whole error): what it is about, never host paths or
+// addresses that the full text may hold.
+func shownCause(err error) string {
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "interrupted (" + err.Error() + ")"
+	case errors.Is(err, blob.ErrCorrupt):
+		return "the archive does not match its sha256 digest"
+	case errors.Is(err, blob.ErrNotFound):
+		return "the archive is missing from the blob store"
+	case errors.Is(err, fsarchive.ErrTooLarge):
+		return "the archive holds more than the volume may (its size limit)"
+	case errors.Is(err, fsarchive.ErrInvalid):
+		return "the archive is invalid: " + textclip.Clip(err.Error(), 256) // names paths inside the archive only
+	case errors.Is(err, errdefs.ErrNotImplemented):
+		return "not supported by this runner's backend"
+	}
+	return "an error on the runner (see its log)"
 }
 
 // flights runs one call per key at a time; callers of a key in flight wait for it and

@@ -537,7 +537,7 @@ func TestDeleteWithSnapshots(t *testing.T) {
 	if ev := be2.Events(); !slices.Equal(ev, []string{"stop", "capture:data", "destroy"}) {
 		t.Fatalf("events %v", ev)
 	}
-	if j := waitJob(t, r2, "s-data"); j.State != SnapshotFailed || j.Reason != apierr.FSSCreateFailed || !strings.Contains(j.Message, "device busy") {
+	if j := waitJob(t, r2, "s-data"); j.State != SnapshotFailed || j.Reason != apierr.FSSCreateFailed || !strings.Contains(j.Message, "capturing the volume failed") || strings.Contains(j.Message, "device busy") {
 		t.Fatalf("job of a failed capture: %+v", j)
 	}
 
@@ -640,7 +640,8 @@ func TestRestoreRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	end, err := r.WaitTerminal(ctx, sb.ID)
-	if err != nil || end.State != StateFailed || end.Reason != apierr.FSSRestoreFailed || !strings.Contains(end.Message, apierr.FSSRestoreFailed) {
+	if err != nil || end.State != StateFailed || end.Reason != apierr.FSSRestoreFailed || !strings.Contains(end.Message, apierr.FSSRestoreFailed) ||
+		!strings.Contains(end.Message, "does not match its sha256") {
 		t.Fatalf("digest mismatch: %+v, %v", end, err)
 	}
 	if len(be.CachedSnapshots(10)) != 0 {
