@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
+	"github.com/sandboxd/sandboxd/internal/runner"
 )
 
 // blobFlags choose the blob store (file-system snapshots) of `runner`, `gateway` and
@@ -43,8 +44,8 @@ func (b *blobFlags) register(fs *flag.FlagSet, dirHelp string) {
 
 // registerRunner adds the runner's snapshot limits.
 func (b *blobFlags) registerRunner(fs *flag.FlagSet) {
-	fs.IntVar(&b.snapshotsPerSandbox, "snapshots-per-sandbox", 2, "file-system snapshots one sandbox may have in flight (captured, not yet uploaded)")
-	fs.IntVar(&b.snapshotsPerRunner, "snapshots-per-runner", 8, "file-system snapshots the runner uploads at once")
+	fs.IntVar(&b.snapshotsPerSandbox, "snapshots-per-sandbox", runner.DefaultSnapshotsPerSandbox, "file-system snapshots one sandbox may have in flight (captured, not yet uploaded)")
+	fs.IntVar(&b.snapshotsPerRunner, "snapshots-per-runner", runner.DefaultSnapshotsPerRunner, "file-system snapshots the runner uploads at once")
 }
 
 // s3Given: an S3 flag was set.
