@@ -97,6 +97,7 @@ type devConfig struct {
 	verbose                             bool
 	hard                                hardeningFlags
 	capacity                            capacityFlags
+	blob                                blobFlags
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
 	// dev` (test suites of other checkouts) share no bridge, DNS address, nftables table
 	// or cgroup parent on one host.
@@ -123,10 +124,15 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.cgroupParent, "cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
 	c.hard.register(fs)
 	c.capacity.register(fs)
+	c.blob.register(fs, "default DATA-DIR/blobs")
+	c.blob.registerRunner(fs)
 }
 
 func (c devConfig) validate() error {
 	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
+		return err
+	}
+	if err := c.blob.validate(); err != nil {
 		return err
 	}
 	return c.hard.validate()
@@ -152,6 +158,8 @@ type runnerConfig struct {
 	acme                                         acmeFlags
 	dataPlaneListen, dataPlaneHost               string
 	verbose                                      bool
+	blob                                         blobFlags
+	blobStore                                    blobStore // opened from blob in run
 	// Self-update of a local-backend runner (internal/selfupdate).
 	selfUpdate         bool
 	selfUpdateDeadline time.Duration
@@ -190,9 +198,14 @@ func (c *runnerConfig) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&c.selfUpdate, "self-update", true, "local backend, registered: install the version the control plane asks for (download, verify, swap the binaries, re-execute in place; sandboxes keep running)")
 	fs.DurationVar(&c.selfUpdateDeadline, "self-update-deadline", 2*time.Minute, "how long a new version has to be ready with a heartbeat through before the previous one is restored")
 	fs.StringVar(&c.releaseKeys, "release-keys", "", "PEM file of Ed25519 public keys: self-update installs only releases whose manifest one of them signed")
+	c.blob.register(fs, "e.g. DATA-DIR/blobs (default: none, and the runner takes no snapshots)")
+	c.blob.registerRunner(fs)
 }
 
 func (c runnerConfig) validate() error {
+	if err := c.blob.validate(); err != nil {
+		return err
+	}
 	if c.backend != "local" && c.backend != "kubernetes" {
 		return fmt.Errorf("--backend %q: want local or kubernetes", c.backend)
 	}
@@ -242,6 +255,7 @@ type gatewayConfig struct {
 	controlPlane                            string
 	dataPlaneTTL                            time.Duration
 	verbose                                 bool
+	blob                                    blobFlags
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
@@ -256,9 +270,13 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
 }
 
 func (c gatewayConfig) validate() error {
+	if err := c.blob.validate(); err != nil {
+		return err
+	}
 	if _, err := c.runnerAddrs(); err != nil {
 		return err
 	}

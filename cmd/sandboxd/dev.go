@@ -76,8 +76,16 @@ func (c devConfig) run() error {
 	}
 	keys := auth.NewStoreAuthenticator(st, logger)
 
+	// One blob store, opened once, shared by the gateway and the runner (a dir root is
+	// opened by one process): DATA-DIR/blobs unless --blob-* says otherwise.
+	blobs, bucket, closeBlobs, err := c.blob.open(ctx, filepath.Join(c.dataDir, "blobs"))
+	if err != nil {
+		return err
+	}
+	defer closeBlobs()
 	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute},
-		Bridge: c.bridge, CgroupParent: c.cgroupParent}
+		Bridge: c.bridge, CgroupParent: c.cgroupParent,
+		Blobs: blobs, SnapshotsPerSandbox: c.blob.snapshotsPerSandbox, SnapshotsPerRunner: c.blob.snapshotsPerRunner}
 	if err := c.hard.apply(&cfg); err != nil {
 		return err
 	}
@@ -129,6 +137,8 @@ func (c devConfig) run() error {
 		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
 		ReconcileInterval: gateway.DefaultReconcileInterval,
 		Logger:            logger,
+		Blobs:             blobs,
+		SnapshotBucket:    bucket,
 	})
 	if err != nil {
 		return err

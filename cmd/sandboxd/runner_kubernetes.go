@@ -28,6 +28,7 @@ type kubernetesFlags struct {
 	selfDeployment, selfContainer                 string
 	diskBytes                                     int64          // from --disk
 	openReserved                                  []netip.Prefix // from --egress-allow-reserved
+	blobs                                         blobStore      // from --blob-*
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -145,5 +146,6 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
 		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes, OpenReserved: k.openReserved,
+		Blobs: k.blobs.store, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
 	})
 }

@@ -85,6 +85,12 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 		return err
 	}
 	runnerID := creds.runnerID
+	blobs, _, closeBlobs, err := c.blob.open(ctx, "")
+	if err != nil {
+		return err
+	}
+	defer closeBlobs()
+	c.blobStore = blobStore{store: blobs, perSandbox: c.blob.snapshotsPerSandbox, perRunner: c.blob.snapshotsPerRunner}
 	rn, kst, dialMark, closeBackend, err := c.startBackend(ctx, runnerID, logger)
 	if err != nil {
 		return err
@@ -263,12 +269,14 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 		if kube.openReserved, err = c.hard.reservedOpen(); err != nil {
 			return nil, nil, 0, nil, err
 		}
+		kube.blobs = c.blobStore
 		if kst, err = kube.start(ctx, runnerID, c.dataDir, logger); err != nil {
 			return nil, nil, 0, nil, err
 		}
 		return kst.Runner, kst, 0, kst.Close, nil
 	}
-	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, InsecureRegistries: c.insecure, Bridge: c.bridge, CgroupParent: c.cgroupParent, NoEgress: c.noEgress}
+	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, InsecureRegistries: c.insecure, Bridge: c.bridge, CgroupParent: c.cgroupParent, NoEgress: c.noEgress,
+		Blobs: c.blobStore.store, SnapshotsPerSandbox: c.blobStore.perSandbox, SnapshotsPerRunner: c.blobStore.perRunner}
 	c.mirrors.apply(&cfg)
 	if err := c.hard.apply(&cfg); err != nil {
 		return nil, nil, 0, nil, err
@@ -360,6 +368,11 @@ func (c gatewayConfig) run() error {
 		return err
 	}
 	defer func() { _ = st.Close() }()
+	blobs, bucket, closeBlobs, err := c.blob.open(ctx, "")
+	if err != nil {
+		return err
+	}
+	defer closeBlobs()
 	addrs, err := c.runnerAddrs()
 	if err != nil {
 		return err
@@ -393,6 +406,7 @@ func (c gatewayConfig) run() error {
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
+		Blobs: blobs, SnapshotBucket: bucket,
 	})
 	if err != nil {
 		return err

@@ -63,6 +63,17 @@ const (
 	RequestIDConflict = "CWSANDBOX_REQUEST_ID_CONFLICT"
 )
 
+// File-system snapshots as a runner takes and restores them (also the reasons of a FAILED
+// snapshot job).
+const (
+	FSSCreateFailed        = "CWSANDBOX_FSS_CREATE_FAILED"
+	FSSSizeExceeded        = "CWSANDBOX_FSS_SIZE_EXCEEDED"
+	FSSBucketUnavailable   = "CWSANDBOX_FSS_BUCKET_UNAVAILABLE"
+	FSSInflightLimit       = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
+	FSSRestoreFailed       = "CWSANDBOX_FSS_RESTORE_FAILED"
+	VolumeNotSnapshottable = "CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE"
+)
+
 // Reasons of the control plane's own API (runners, registration, API keys).
 const (
 	AlreadyExists           = "CWSANDBOX_ALREADY_EXISTS"
@@ -154,6 +165,12 @@ var table = []reasonCode{
 	{FileNotRegular, connect.CodeFailedPrecondition, "a FIFO, socket or device: not read through the API"},
 	{FileIOFailed, connect.CodeInternal, "reading or writing the file failed"},
 	{FSSNotSupported, connect.CodeUnimplemented, "file-system snapshots are not built"},
+	{FSSCreateFailed, connect.CodeInternal, "capturing or uploading the snapshot failed (a FAILED snapshot's reason)"},
+	{FSSSizeExceeded, connect.CodeFailedPrecondition, "the snapshot's archive is larger than its maximum size"},
+	{FSSBucketUnavailable, connect.CodeUnavailable, "the snapshot's object store cannot be written or read now"},
+	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots of the sandbox (or on its runner) are in flight as may be; retry"},
+	{FSSRestoreFailed, connect.CodeInternal, "a scratch volume could not be restored from its snapshot (a FAILED sandbox's reason)"},
+	{VolumeNotSnapshottable, connect.CodeNotFound, "the sandbox has no scratch volume of that name to snapshot"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{HTTPSShareTokenNotSupported, connect.CodeFailedPrecondition, "no runner that may take the sandbox can check an HTTPS share token"},

@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/relay"
@@ -76,6 +77,11 @@ type Config struct {
 	// that a replayed create returns the same token; empty: a random key per process.
 	ShareTokenKey []byte
 	Logger        *slog.Logger
+	// Blobs is the blob store file-system snapshots live in (the runners' store; nil: no
+	// snapshots), and SnapshotBucket names it as a snapshot's object_bucket reports it
+	// (blobconfig.Config.Bucket).
+	Blobs          blob.Store
+	SnapshotBucket string
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd

@@ -142,7 +142,7 @@ type Local struct {
 	admit              sync.Mutex // one capacity check and create at a time
 }
 
-var _ Handle = (*Local)(nil)
+var _ SnapshotHandle = (*Local)(nil)
 
 // NewLocal wraps r.
 func NewLocal(id string, r *Runner) *Local {
@@ -228,6 +228,18 @@ func (l *Local) Delete(_ context.Context, id string, grace time.Duration) (Sandb
 	return l.R.Delete(id, grace)
 }
 
+func (l *Local) SnapshotVolume(ctx context.Context, sandboxID string, t SnapshotTarget) (SnapshotJob, error) {
+	return l.R.SnapshotVolume(ctx, sandboxID, t)
+}
+
+func (l *Local) GetSnapshotJob(_ context.Context, snapshotID string) (SnapshotJob, error) {
+	return l.R.GetSnapshotJob(snapshotID), nil
+}
+
+func (l *Local) DeleteWithSnapshots(_ context.Context, id string, grace time.Duration, targets []SnapshotTarget) (Sandbox, []SnapshotJob, error) {
+	return l.R.DeleteWithSnapshots(id, grace, targets)
+}
+
 // List returns the runner's sandboxes (for the gateway's reconciler).
 func (l *Local) List(context.Context) ([]Sandbox, error) {
 	return l.R.List(), nil
@@ -257,6 +269,9 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
 		DataPlaneURI: l.DataPlaneURI,
 		Support:      l.support(),
+	}
+	if !c.NoSnapshots {
+		c.CachedSnapshots = l.R.CachedSnapshots()
 	}
 	if !c.NoContainerEngine {
 		c.EngineImage, c.EngineRuntimeClass = l.EngineImage, l.engineRuntimeClass()

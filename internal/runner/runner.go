@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
@@ -43,6 +45,13 @@ type Config struct {
 	// ExpiryGrace is the stop grace period when a lifetime runs out; default 10 s.
 	ExpiryGrace time.Duration
 	Logger      *slog.Logger
+	// Blobs is where file-system snapshots go and are restored from; nil: the runner
+	// takes and restores none (Support.NoSnapshots).
+	Blobs blob.Store
+	// SnapshotsPerSandbox and SnapshotsPerRunner bound the snapshots in flight (captured,
+	// not yet uploaded) of one sandbox and of the whole runner; defaults
+	// DefaultSnapshotsPerSandbox and DefaultSnapshotsPerRunner.
+	SnapshotsPerSandbox, SnapshotsPerRunner int
 }
 
 // Runner owns the sandboxes of one backend.
@@ -60,6 +69,9 @@ type Runner struct {
 	changed   chan struct{} // closed and replaced on every change of any sandbox
 	closed    bool
 	wg        sync.WaitGroup
+
+	snaps         *snapJobs
+	restoreFlight flights // PrepareSnapshot calls in flight, by digest
 }
 
 // entry is the runner's live record of one sandbox. sb and the stop fields are guarded by
@@ -92,6 +104,13 @@ type entry struct {
 	statusFinal bool
 	expiry      *time.Timer
 	forget      *time.Timer
+
+	// restores are the snapshots the sandbox's volumes start from (by volume name).
+	restores map[string]SnapshotSource
+	// captures are a delete's snapshot targets, taken by finish before the destroy;
+	// capturesTaken once finish took them (no later target can be captured).
+	captures      []pendingCapture
+	capturesTaken bool
 }
 
 // New starts a runner and re-adopts the sandboxes its backend still has.
@@ -108,13 +127,24 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.SnapshotsPerSandbox <= 0 {
+		cfg.SnapshotsPerSandbox = DefaultSnapshotsPerSandbox
+	}
+	if cfg.SnapshotsPerRunner <= 0 {
+		cfg.SnapshotsPerRunner = DefaultSnapshotsPerRunner
+	}
 	for _, d := range []string{"logs", containerLogs, "ended"} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("runner: create data dir: %w", err)
 		}
 	}
-	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}, changed: make(chan struct{})}
+	snaps, orphans, err := openSnapJobs(filepath.Join(cfg.DataDir, "snapshots"))
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}, changed: make(chan struct{}), snaps: snaps}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.deleteOrphans(orphans)
 	r.recoverEnded()
 	if err := r.recover(ctx); err != nil {
 		r.cancel()
@@ -135,6 +165,14 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	req.Spec = cloneSpec(req.Spec)
 	if err := validate(&req); err != nil {
 		return Sandbox{}, err
+	}
+	if err := validateRestores(&req); err != nil {
+		return Sandbox{}, err
+	}
+	if len(req.Restores) > 0 {
+		if _, why := r.restoreSupport(); why != "" {
+			return Sandbox{}, fssNotSupported(why)
+		}
 	}
 	if err := supported(req.Spec.Network, r.Support()); err != nil {
 		return Sandbox{}, err
@@ -173,6 +211,9 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		Deadline:  now.Add(req.Lifetime),
 	})
 	e.creds = creds
+	if len(req.Restores) > 0 {
+		e.restores = maps.Clone(req.Restores)
+	}
 	createCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.cancelCreate = cancel
 
@@ -690,6 +731,14 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 				c.PullCredentials = e.creds[i]
 			}
 		}
+		if err := r.prepareRestores(ctx, e); err != nil {
+			reason := apierr.FSSRestoreFailed
+			if ctx.Err() != nil {
+				reason = ReasonDeleted
+			}
+			r.finish(e, runtime.Exit{Reason: reason, Message: apierr.FSSRestoreFailed + ": restore " + err.Error(), At: time.Now()}, false)
+			return
+		}
 		info, err := r.backend.Create(ctx, &spec)
 		if err != nil {
 			r.finish(e, runtime.Exit{Reason: createFailureReason(err), Message: err.Error(), At: time.Now()}, false)
@@ -788,11 +837,14 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	}
 	if created {
 		r.refreshContainers(e, true) // the last word on each container, before they go
+		r.takeCaptures(e, true)      // a delete's snapshots: stopped, not yet destroyed
 		r.mu.Lock()
 		spec := cloneSpec(e.sb.Spec)
 		r.mu.Unlock()
 		r.archiveLogs(&spec)
 		r.destroy(id)
+	} else {
+		r.takeCaptures(e, false)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -1261,10 +1313,14 @@ func cloneSpec(s runtime.Spec) runtime.Spec {
 // Support is what the backend cannot do (nothing, unless it says): what the runner
 // refuses at create and reports in its capacity.
 func (r *Runner) Support() runtime.Support {
+	var s runtime.Support
 	if b, ok := r.backend.(runtime.SupportReporter); ok {
-		return b.Support()
+		s = b.Support()
 	}
-	return runtime.Support{}
+	_, noCapture := r.snapshotSupport()
+	_, noRestore := r.restoreSupport()
+	s.NoSnapshots = s.NoSnapshots || noCapture != "" || noRestore != ""
+	return s
 }
 
 // RuntimeClasses are the runtime classes the backend offers, its default first; nil when

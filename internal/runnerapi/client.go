@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
@@ -16,7 +18,9 @@ import (
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1/runnerv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // ClientConfig configures a Client.
@@ -40,7 +44,7 @@ type Client struct {
 	agents    agentv1connect.AgentServiceClient
 }
 
-var _ runner.Handle = (*Client)(nil)
+var _ runner.SnapshotHandle = (*Client)(nil)
 
 // NewClient returns a client of the runner at cfg.Addr. It connects on first use.
 func NewClient(cfg ClientConfig) (*Client, error) {
@@ -79,6 +83,14 @@ func (c *Client) ID() string    { return c.id }
 func (c *Client) Group() string { return c.group }
 
 func (c *Client) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	for name := range req.Restores {
+		// The wire carries a restore in the volume it fills: one naming no volume would
+		// be lost on the way, so it is refused here as the runner would.
+		if !slices.ContainsFunc(req.Spec.Volumes, func(v runtime.Volume) bool { return v.Name == name }) {
+			return runner.Sandbox{}, &runner.ValidationError{Violations: []apierr.Violation{{Field: "spec.volumes",
+				Description: fmt.Sprintf("no scratch volume %q to restore from snapshot %s", name, req.Restores[name].SnapshotID)}}}
+		}
+	}
 	res, err := c.runner.Create(ctx, connect.NewRequest(createToProto(req)))
 	if err != nil {
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
@@ -113,6 +125,35 @@ func (c *Client) Delete(ctx context.Context, id string, grace time.Duration) (ru
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+// DeleteWithSnapshots is Delete with DeleteRequest.snapshots (none: Delete).
+func (c *Client) DeleteWithSnapshots(ctx context.Context, id string, grace time.Duration, targets []runner.SnapshotTarget) (runner.Sandbox, []runner.SnapshotJob, error) {
+	res, err := c.runner.Delete(ctx, connect.NewRequest(&runnerv1.DeleteRequest{Id: id, Grace: durationpb.New(grace), Snapshots: targetsToProto(targets)}))
+	if err != nil {
+		return runner.Sandbox{}, nil, fromStatus(ctx, c.id, err)
+	}
+	jobs := jobsFromProto(res.Msg.GetSnapshots())
+	if len(jobs) != len(targets) {
+		return runner.Sandbox{}, nil, fmt.Errorf("runner %s answered %d snapshot jobs for %d snapshots", c.id, len(jobs), len(targets))
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), jobs, nil
+}
+
+func (c *Client) SnapshotVolume(ctx context.Context, sandboxID string, t runner.SnapshotTarget) (runner.SnapshotJob, error) {
+	res, err := c.runner.SnapshotVolume(ctx, connect.NewRequest(&runnerv1.SnapshotVolumeRequest{SandboxId: sandboxID, Target: targetToProto(t)}))
+	if err != nil {
+		return runner.SnapshotJob{}, fromStatus(ctx, c.id, err)
+	}
+	return jobFromProto(res.Msg), nil
+}
+
+func (c *Client) GetSnapshotJob(ctx context.Context, snapshotID string) (runner.SnapshotJob, error) {
+	res, err := c.runner.GetSnapshotJob(ctx, connect.NewRequest(&runnerv1.GetSnapshotJobRequest{SnapshotId: snapshotID}))
+	if err != nil {
+		return runner.SnapshotJob{}, fromStatus(ctx, c.id, err)
+	}
+	return jobFromProto(res.Msg), nil
 }
 
 func (c *Client) Capacity(ctx context.Context) (runner.Capacity, error) {

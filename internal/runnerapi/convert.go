@@ -1,6 +1,7 @@
 package runnerapi
 
 import (
+	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -249,12 +250,118 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 	return s
 }
 
+// createToProto is req on the wire: each of req.Restores travels as the restore of the
+// volume it names (Client.Create refuses one that names no volume before it gets here).
 func createToProto(req runner.CreateRequest) *runnerv1.CreateRequest {
-	return &runnerv1.CreateRequest{Spec: specToProto(req.Spec), Lifetime: durationpb.New(req.Lifetime)}
+	p := &runnerv1.CreateRequest{Spec: specToProto(req.Spec), Lifetime: durationpb.New(req.Lifetime)}
+	for _, v := range p.Spec.GetVolumes() {
+		if src, ok := req.Restores[v.GetName()]; ok {
+			v.Restore = sourceToProto(src)
+		}
+	}
+	return p
 }
 
 func createFromProto(p *runnerv1.CreateRequest) runner.CreateRequest {
-	return runner.CreateRequest{Spec: specFromProto(p.GetSpec()), Lifetime: p.GetLifetime().AsDuration()}
+	req := runner.CreateRequest{Spec: specFromProto(p.GetSpec()), Lifetime: p.GetLifetime().AsDuration()}
+	for _, v := range p.GetSpec().GetVolumes() {
+		if v.GetRestore() == nil {
+			continue
+		}
+		if req.Restores == nil {
+			req.Restores = map[string]runner.SnapshotSource{}
+		}
+		req.Restores[v.GetName()] = sourceFromProto(v.GetRestore())
+	}
+	return req
+}
+
+func sourceToProto(s runner.SnapshotSource) *runnerv1.SnapshotSource {
+	return &runnerv1.SnapshotSource{SnapshotId: s.SnapshotID, BlobKey: s.BlobKey, Digest: s.Digest,
+		SizeBytes: s.SizeBytes, ContentBytes: s.ContentBytes}
+}
+
+func sourceFromProto(p *runnerv1.SnapshotSource) runner.SnapshotSource {
+	return runner.SnapshotSource{SnapshotID: p.GetSnapshotId(), BlobKey: p.GetBlobKey(), Digest: p.GetDigest(),
+		SizeBytes: p.GetSizeBytes(), ContentBytes: p.GetContentBytes()}
+}
+
+func targetToProto(t runner.SnapshotTarget) *runnerv1.SnapshotTarget {
+	return &runnerv1.SnapshotTarget{Volume: t.Volume, SnapshotId: t.SnapshotID, BlobKey: t.BlobKey, MaxSizeBytes: t.MaxSizeBytes}
+}
+
+func targetFromProto(p *runnerv1.SnapshotTarget) runner.SnapshotTarget {
+	return runner.SnapshotTarget{Volume: p.GetVolume(), SnapshotID: p.GetSnapshotId(), BlobKey: p.GetBlobKey(), MaxSizeBytes: p.GetMaxSizeBytes()}
+}
+
+func targetsToProto(ts []runner.SnapshotTarget) []*runnerv1.SnapshotTarget {
+	var out []*runnerv1.SnapshotTarget
+	for _, t := range ts {
+		out = append(out, targetToProto(t))
+	}
+	return out
+}
+
+func targetsFromProto(ps []*runnerv1.SnapshotTarget) []runner.SnapshotTarget {
+	var out []runner.SnapshotTarget
+	for _, p := range ps {
+		out = append(out, targetFromProto(p))
+	}
+	return out
+}
+
+func jobToProto(j runner.SnapshotJob) *runnerv1.SnapshotJob {
+	p := &runnerv1.SnapshotJob{
+		SnapshotId: j.SnapshotID, SandboxId: j.SandboxID, Volume: j.Volume,
+		State:  runnerv1.SnapshotJobState(j.State),
+		Reason: j.Reason, Message: j.Message,
+		SizeBytes: j.SizeBytes, Digest: j.Digest, ContentBytes: j.ContentBytes,
+		CompleteTime: timeToProto(j.CompleteTime),
+	}
+	if j.Pause != 0 {
+		p.Pause = durationpb.New(j.Pause)
+	}
+	return p
+}
+
+// jobFromProto is the inverse of jobToProto. A state this side does not know (a newer
+// runner's) is FAILED with the runner's reason, so a job never looks READY by mistake.
+func jobFromProto(p *runnerv1.SnapshotJob) runner.SnapshotJob {
+	j := runner.SnapshotJob{
+		SnapshotID: p.GetSnapshotId(), SandboxID: p.GetSandboxId(), Volume: p.GetVolume(),
+		State:  runner.SnapshotJobState(p.GetState()),
+		Reason: p.GetReason(), Message: p.GetMessage(),
+		SizeBytes: p.GetSizeBytes(), Digest: p.GetDigest(), ContentBytes: p.GetContentBytes(),
+		CompleteTime: timeFromProto(p.GetCompleteTime()),
+	}
+	if p.GetPause() != nil {
+		j.Pause = p.GetPause().AsDuration()
+	}
+	switch j.State {
+	case runner.SnapshotCreating, runner.SnapshotReady, runner.SnapshotFailed:
+	default:
+		j.State = runner.SnapshotFailed
+		if j.Message == "" {
+			j.Message = fmt.Sprintf("the runner reported snapshot state %d", p.GetState())
+		}
+	}
+	return j
+}
+
+func jobsToProto(js []runner.SnapshotJob) []*runnerv1.SnapshotJob {
+	var out []*runnerv1.SnapshotJob
+	for _, j := range js {
+		out = append(out, jobToProto(j))
+	}
+	return out
+}
+
+func jobsFromProto(ps []*runnerv1.SnapshotJob) []runner.SnapshotJob {
+	var out []runner.SnapshotJob
+	for _, p := range ps {
+		out = append(out, jobFromProto(p))
+	}
+	return out
 }
 
 func sandboxToProto(sb runner.Sandbox) *runnerv1.Sandbox {
@@ -371,6 +478,8 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		EngineImage:        engineImageToProto(c),
 		EngineRuntimeClass: c.EngineRuntimeClass,
 		EngineUnavailable:  c.EngineUnavailable,
+		Snapshots:          !c.NoSnapshots,
+		CachedSnapshots:    c.CachedSnapshots,
 	}
 }
 
@@ -399,7 +508,14 @@ func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
 		EngineImage:        p.GetEngineImage(),
 		EngineRuntimeClass: p.GetEngineRuntimeClass(),
 		EngineUnavailable:  p.GetEngineUnavailable(),
+		CachedSnapshots:    cachedFromProto(p.GetCachedSnapshots()),
 	}
+}
+
+// cachedFromProto is at most runner.MaxCachedSnapshotsReported of a runner's cached
+// digests.
+func cachedFromProto(ds []string) []string {
+	return ds[:min(len(ds), runner.MaxCachedSnapshotsReported)]
 }
 
 // supportFromProto is what the runner that answered p cannot do. The wire keeps the
@@ -414,6 +530,8 @@ func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
 		// A runner without an engine image (or an older one, which does not say) runs
 		// no container-engine sandbox.
 		NoContainerEngine: p.GetEngineImage() == "",
+		// An older runner, which does not say it takes snapshots, is taken not to.
+		NoSnapshots: !p.GetSnapshots(),
 	}
 }
 

@@ -16,6 +16,8 @@ var notOnTheWire = map[string]string{
 		"a remote runner's backend applies its own default (local and kubernetes Config.DiskBytes)",
 	"Spec.Sidecars[].Resources.DiskBytes":       "as Spec.Container.Resources.DiskBytes",
 	"Spec.InitContainers[].Resources.DiskBytes": "as Spec.Container.Resources.DiskBytes",
+	"Spec.Volumes[].RestoreDigest": "the runner sets it itself from CreateRequest.Restores (Volume.restore on the wire) " +
+		"and clears a caller's: the backend restores from whatever archive it names",
 }
 
 // notInSnapshots are the parts of a runtime.Spec that sandboxToProto leaves out of the

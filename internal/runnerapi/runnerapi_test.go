@@ -36,6 +36,11 @@ type fakeRunner struct {
 	got         runner.CreateRequest
 	agentClient agentv1connect.AgentServiceClient
 	containers  []string // of the Agent and Logs calls: the container each named
+	// Snapshots: the targets asked of SnapshotVolume and DeleteWithSnapshots, the job
+	// they answer with, and the Delete calls without targets.
+	targets      []runner.SnapshotTarget
+	job          runner.SnapshotJob
+	plainDeletes int
 }
 
 func (f *fakeRunner) Create(_ context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
@@ -47,7 +52,40 @@ func (f *fakeRunner) Create(_ context.Context, req runner.CreateRequest) (runner
 func (f *fakeRunner) Get(string) (runner.Sandbox, error) { return f.sb, f.err }
 func (f *fakeRunner) List() []runner.Sandbox             { return []runner.Sandbox{f.sb} }
 func (f *fakeRunner) Delete(string, time.Duration) (runner.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.plainDeletes++
 	return f.sb, f.err
+}
+
+// DeleteWithSnapshots records the targets and answers one job per target, CREATING.
+func (f *fakeRunner) DeleteWithSnapshots(id string, _ time.Duration, ts []runner.SnapshotTarget) (runner.Sandbox, []runner.SnapshotJob, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.targets = append(f.targets, ts...)
+	var jobs []runner.SnapshotJob
+	for _, t := range ts {
+		jobs = append(jobs, runner.SnapshotJob{SnapshotID: t.SnapshotID, SandboxID: id, Volume: t.Volume, State: runner.SnapshotCreating})
+	}
+	return f.sb, jobs, f.err
+}
+
+// SnapshotVolume records the target and answers f.job with its IDs.
+func (f *fakeRunner) SnapshotVolume(_ context.Context, id string, t runner.SnapshotTarget) (runner.SnapshotJob, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.targets = append(f.targets, t)
+	j := f.job
+	j.SnapshotID, j.SandboxID, j.Volume = t.SnapshotID, id, t.Volume
+	return j, f.err
+}
+
+func (f *fakeRunner) GetSnapshotJob(id string) runner.SnapshotJob {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	j := f.job
+	j.SnapshotID = id
+	return j
 }
 
 // Agent records the container; one called "nope" the sandbox does not have.

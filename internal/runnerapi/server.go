@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -41,6 +42,9 @@ type backend interface {
 	Get(id string) (runner.Sandbox, error)
 	List() []runner.Sandbox
 	Delete(id string, grace time.Duration) (runner.Sandbox, error)
+	DeleteWithSnapshots(id string, grace time.Duration, targets []runner.SnapshotTarget) (runner.Sandbox, []runner.SnapshotJob, error)
+	SnapshotVolume(ctx context.Context, id string, t runner.SnapshotTarget) (runner.SnapshotJob, error)
+	GetSnapshotJob(snapshotID string) runner.SnapshotJob
 	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
 	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
@@ -146,12 +150,40 @@ func (s *Server) List(context.Context, *connect.Request[runnerv1.ListRequest]) (
 	return connect.NewResponse(out), nil
 }
 
+// Delete stops the sandbox; with snapshots, it snapshots them once the containers have
+// stopped and before the sandbox is destroyed (runner.Runner.DeleteWithSnapshots).
 func (s *Server) Delete(_ context.Context, req *connect.Request[runnerv1.DeleteRequest]) (*connect.Response[runnerv1.DeleteResponse], error) {
+	if len(req.Msg.GetSnapshots()) > 0 {
+		if n := len(req.Msg.GetSnapshots()); n > maxDeleteSnapshots {
+			return nil, apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("%d snapshots asked of one delete, at most %d", n, maxDeleteSnapshots),
+				[]apierr.Violation{{Field: "snapshots", Description: fmt.Sprintf("at most %d", maxDeleteSnapshots)}})
+		}
+		sb, jobs, err := s.r.DeleteWithSnapshots(req.Msg.GetId(), req.Msg.GetGrace().AsDuration(), targetsFromProto(req.Msg.GetSnapshots()))
+		if err != nil {
+			return nil, toStatus(req.Msg.GetId(), err)
+		}
+		return connect.NewResponse(&runnerv1.DeleteResponse{Sandbox: sandboxToProto(sb), Snapshots: jobsToProto(jobs)}), nil
+	}
 	sb, err := s.r.Delete(req.Msg.GetId(), req.Msg.GetGrace().AsDuration())
 	if err != nil {
 		return nil, toStatus(req.Msg.GetId(), err)
 	}
 	return connect.NewResponse(&runnerv1.DeleteResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+// maxDeleteSnapshots bounds the targets of one delete (a sandbox has a few volumes).
+const maxDeleteSnapshots = 64
+
+func (s *Server) SnapshotVolume(ctx context.Context, req *connect.Request[runnerv1.SnapshotVolumeRequest]) (*connect.Response[runnerv1.SnapshotJob], error) {
+	job, err := s.r.SnapshotVolume(ctx, req.Msg.GetSandboxId(), targetFromProto(req.Msg.GetTarget()))
+	if err != nil {
+		return nil, toStatus(req.Msg.GetSandboxId(), err)
+	}
+	return connect.NewResponse(jobToProto(job)), nil
+}
+
+func (s *Server) GetSnapshotJob(_ context.Context, req *connect.Request[runnerv1.GetSnapshotJobRequest]) (*connect.Response[runnerv1.SnapshotJob], error) {
+	return connect.NewResponse(jobToProto(s.r.GetSnapshotJob(req.Msg.GetSnapshotId()))), nil
 }
 
 func (s *Server) Capacity(ctx context.Context, _ *connect.Request[runnerv1.CapacityRequest]) (*connect.Response[runnerv1.CapacityResponse], error) {

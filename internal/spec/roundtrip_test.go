@@ -49,6 +49,7 @@ var notForPolicy = map[string]string{
 	"Spec.Pod":                                  "the policy's output: admit replaces it with what the runner's own policy resolves",
 	"Spec.Meta":                                 "the platform's bookkeeping, set after the policy check",
 	"Spec.Engine":                               "the public SandboxSpec has no field for it (CreateSandboxFromFile's control): policy.ResolveEngine checks it beside the spec",
+	"Restores":                                  "the gateway resolves restore_from_snapshot_id to the snapshot's archive after the policy check; scratch volumes are not constrained by any policy",
 }
 
 // validForWire makes a request filled by runtimetest.FillAll (every field set, "s" and

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -59,6 +60,9 @@ type Config struct {
 	// NoUserNS runs runc sandboxes without user namespaces (local.Config.NoUserNS).
 	NoUserNS bool
 	Logger   *slog.Logger
+	// Blobs and the snapshot limits: see runner.Config (nil: no file-system snapshots).
+	Blobs                                   blob.Store
+	SnapshotsPerSandbox, SnapshotsPerRunner int
 }
 
 // Stack is a running single-host sandbox runtime.
@@ -161,6 +165,10 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Retention:   cfg.Retention,
 		ExpiryGrace: cfg.ExpiryGrace,
 		Logger:      cfg.Logger,
+		Blobs:       cfg.Blobs,
+
+		SnapshotsPerSandbox: cfg.SnapshotsPerSandbox,
+		SnapshotsPerRunner:  cfg.SnapshotsPerRunner,
 	})
 	if err != nil {
 		_ = backend.Close(context.Background())

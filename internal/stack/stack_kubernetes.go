@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
@@ -38,6 +39,9 @@ type KubernetesConfig struct {
 	Retention    time.Duration
 	ExpiryGrace  time.Duration
 	Logger       *slog.Logger
+	// Blobs and the snapshot limits: see runner.Config (nil: no file-system snapshots).
+	Blobs                                   blob.Store
+	SnapshotsPerSandbox, SnapshotsPerRunner int
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -100,6 +104,10 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		Retention:   cfg.Retention,
 		ExpiryGrace: cfg.ExpiryGrace,
 		Logger:      cfg.Logger,
+		Blobs:       cfg.Blobs,
+
+		SnapshotsPerSandbox: cfg.SnapshotsPerSandbox,
+		SnapshotsPerRunner:  cfg.SnapshotsPerRunner,
 	})
 	if err != nil {
 		backend.Close()
