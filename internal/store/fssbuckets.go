@@ -15,7 +15,8 @@ type FSSBucketConfigs interface {
 	// Get returns org's config, ErrNotFound when it has none (the platform's bucket).
 	Get(ctx context.Context, org string) (FSSBucketConfig, error)
 	// Put creates or replaces org's config and returns it with UpdatedAt set.
-	// ErrInvalid for an empty org or bucket, or one too long.
+	// ErrInvalid for an empty org or bucket, or one too long; ErrAlreadyExists (key
+	// "bucket_name") when another organization has the bucket.
 	Put(ctx context.Context, c FSSBucketConfig) (FSSBucketConfig, error)
 	// Delete removes org's config (back to the platform's bucket); none is not an error.
 	Delete(ctx context.Context, org string) error

@@ -38,6 +38,13 @@ func TestFSSBucketConfigs(t *testing.T) {
 			t.Errorf("globex = %+v", got)
 		}
 
+		// A bucket is one organization's.
+		_, err = bc.Put(ctx, store.FSSBucketConfig{Org: "acme", Bucket: "globex-fss"})
+		wantKey(t, err, "bucket_name")
+		if got, _ := bc.Get(ctx, "acme"); got.Bucket != "acme-fss-2" {
+			t.Errorf("after a refused put = %+v", got)
+		}
+
 		_, err = bc.Put(ctx, store.FSSBucketConfig{Org: "acme"})
 		wantErr(t, err, store.ErrInvalid)
 		_, err = bc.Put(ctx, store.FSSBucketConfig{Bucket: "b"})
