@@ -75,7 +75,10 @@ type Config struct {
 	// sharetoken.go). Every gateway replica needs the same key, kept across restarts, so
 	// that a replayed create returns the same token; empty: a random key per process.
 	ShareTokenKey []byte
-	Logger        *slog.Logger
+	// FSS configures snapshot limits, the snapshot garbage collector and the
+	// organizations' snapshot buckets (settings_fss.go).
+	FSS    FSSOptions
+	Logger *slog.Logger
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -106,6 +109,8 @@ type Server struct {
 	// dataPlane: see Config.DataPlane.
 	dataPlane   DataPlaneIssuer
 	shareTokens shareTokens
+	// fss: see Config.FSS (Limits with defaults).
+	fss FSSOptions
 }
 
 // New returns a Server.
@@ -122,7 +127,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
+	if err := cfg.FSS.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	cfg.FSS.Limits = cfg.FSS.Limits.WithDefaults()
+	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
 		shareTokens: newShareTokens(cfg.ShareTokenKey)}
 	if cfg.Index != nil {
 		if cfg.Orgs == nil {
