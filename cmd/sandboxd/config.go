@@ -97,6 +97,7 @@ type devConfig struct {
 	verbose                             bool
 	hard                                hardeningFlags
 	capacity                            capacityFlags
+	fss                                 fssFlags
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
 	// dev` (test suites of other checkouts) share no bridge, DNS address, nftables table
 	// or cgroup parent on one host.
@@ -123,10 +124,14 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.cgroupParent, "cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
 	c.hard.register(fs)
 	c.capacity.register(fs)
+	c.fss.register(fs)
 }
 
 func (c devConfig) validate() error {
 	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
+		return err
+	}
+	if _, err := c.fss.options(nil); err != nil {
 		return err
 	}
 	return c.hard.validate()
@@ -242,6 +247,7 @@ type gatewayConfig struct {
 	controlPlane                            string
 	dataPlaneTTL                            time.Duration
 	verbose                                 bool
+	fss                                     fssFlags
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
@@ -256,10 +262,14 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
+	c.fss.register(fs)
 }
 
 func (c gatewayConfig) validate() error {
 	if _, err := c.runnerAddrs(); err != nil {
+		return err
+	}
+	if _, err := c.fss.options(nil); err != nil {
 		return err
 	}
 	if c.controlPlane != "" {

@@ -84,9 +84,10 @@ type Config struct {
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
 // does not build yet are the embedded generated stubs, which answer UNIMPLEMENTED (with
 // reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of
-// SandboxTemplateService, VolumeService and SettingsService, and SandboxService's
-// CreateSandboxFromTemplate, GetSandboxBuildLogs and file-system snapshot RPCs. Building
-// one is defining its method on Server.
+// SandboxTemplateService, VolumeService and SettingsService but its file-system snapshot
+// bucket config (settings_fss.go), and SandboxService's CreateSandboxFromTemplate,
+// GetSandboxBuildLogs and file-system snapshot RPCs. Building one is defining its method
+// on Server.
 type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
 	sandboxv1connect.UnimplementedDiscoveryServiceHandler
@@ -131,6 +132,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	cfg.FSS.Limits = cfg.FSS.Limits.WithDefaults()
+	if cfg.FSS.PlatformBucket == "" {
+		cfg.FSS.PlatformBucket = "local" // a directory store's (blobconfig.Config.Bucket)
+	}
 	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
 		shareTokens: newShareTokens(cfg.ShareTokenKey)}
 	if cfg.Index != nil {

@@ -35,7 +35,7 @@ type FSSOptions struct {
 	Limits SnapshotLimits
 	GC     FSSGCConfig
 	// PlatformBucket names the platform blob store's bucket (blobconfig.Config.Bucket():
-	// "local" for a directory store).
+	// "local" for a directory store, the default).
 	PlatformBucket string
 	// BucketConfigs keeps the organizations' own buckets; nil: every organization uses
 	// the platform's and UpdateFileSystemSnapshotBucketConfig accepts only clearing it.
