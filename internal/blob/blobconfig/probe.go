@@ -2,6 +2,7 @@ package blobconfig
 
 import (
 	"context"
+	"errors"
 
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
 )
@@ -14,14 +15,12 @@ func (c Config) BucketProber() func(ctx context.Context, bucket, region string) 
 	if c.S3 == nil {
 		return nil
 	}
-	base := *c.S3
 	return func(ctx context.Context, bucket, region string) error {
-		cfg := base
-		cfg.Bucket = bucket
-		if region != "" {
-			cfg.Region = region
+		cfg, err := c.WithBucket(bucket, region)
+		if err != nil {
+			return err
 		}
-		st, err := s3.New(ctx, cfg) // validates the name, checks that the bucket exists
+		st, err := s3.New(ctx, *cfg.S3) // checks that the bucket exists
 		if err != nil {
 			return err
 		}
@@ -30,4 +29,22 @@ func (c Config) BucketProber() func(ctx context.Context, bucket, region string) 
 		}
 		return ctx.Err()
 	}
+}
+
+// WithBucket is c for another bucket of the same S3 endpoint and credentials (an
+// organization's own snapshot bucket; region "" keeps c's), validated. A directory store
+// has no other bucket: an error.
+func (c Config) WithBucket(bucket, region string) (Config, error) {
+	if c.S3 == nil {
+		return Config{}, errors.New("blob store: a directory store has no other bucket")
+	}
+	s := *c.S3
+	s.Bucket = bucket
+	if region != "" {
+		s.Region = region
+	}
+	if err := s.Validate(); err != nil {
+		return Config{}, err
+	}
+	return Config{S3: &s}, nil
 }
