@@ -98,6 +98,7 @@ type devConfig struct {
 	hard                                hardeningFlags
 	capacity                            capacityFlags
 	blob                                blobFlags
+	fss                                 fssFlags
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
 	// dev` (test suites of other checkouts) share no bridge, DNS address, nftables table
 	// or cgroup parent on one host.
@@ -126,6 +127,7 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	c.capacity.register(fs)
 	c.blob.register(fs, "default DATA-DIR/blobs")
 	c.blob.registerRunner(fs)
+	c.fss.register(fs)
 }
 
 func (c devConfig) validate() error {
@@ -133,6 +135,9 @@ func (c devConfig) validate() error {
 		return err
 	}
 	if err := c.blob.validate(); err != nil {
+		return err
+	}
+	if _, err := c.fss.options(nil); err != nil {
 		return err
 	}
 	return c.hard.validate()
@@ -256,6 +261,7 @@ type gatewayConfig struct {
 	dataPlaneTTL                            time.Duration
 	verbose                                 bool
 	blob                                    blobFlags
+	fss                                     fssFlags
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
@@ -271,6 +277,7 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
+	c.fss.register(fs)
 }
 
 func (c gatewayConfig) validate() error {
@@ -278,6 +285,9 @@ func (c gatewayConfig) validate() error {
 		return err
 	}
 	if _, err := c.runnerAddrs(); err != nil {
+		return err
+	}
+	if _, err := c.fss.options(nil); err != nil {
 		return err
 	}
 	if c.controlPlane != "" {

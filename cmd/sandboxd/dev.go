@@ -126,7 +126,12 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
+	fssOpts, err := c.fss.options(st)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
+		FSS:           fssOpts,
 		DataPlane:     dpIssuer,
 		ShareTokenKey: shareKey,
 		Auth:          keys,

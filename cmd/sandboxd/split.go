@@ -401,7 +401,12 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
+	fssOpts, err := c.fss.options(st)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
+		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,

@@ -33,19 +33,32 @@ const (
 	// ContainerNotFound: the sandbox has no container of the name a data call gave
 	// (NOT_FOUND; metadata "container" names it, since the official client rewrites the
 	// message of a NOT_FOUND).
-	ContainerNotFound       = "CWSANDBOX_CONTAINER_NOT_FOUND"
-	PlacementRejected       = "CWSANDBOX_PLACEMENT_REJECTED"
-	NoSuitableRunner        = "CWSANDBOX_NO_SUITABLE_RUNNER"
-	RunnerUnavailable       = "CWSANDBOX_RUNNER_UNAVAILABLE"
-	RunnerNotFound          = "CWSANDBOX_RUNNER_NOT_FOUND"
-	CommandTimeout          = "CWSANDBOX_COMMAND_TIMEOUT"
-	FileNotFound            = "CWSANDBOX_FILE_NOT_FOUND"
-	FileIsDirectory         = "CWSANDBOX_FILE_IS_DIRECTORY"
-	FilePermissionDenied    = "CWSANDBOX_FILE_PERMISSION_DENIED"
-	FileTooLarge            = "CWSANDBOX_FILE_TOO_LARGE"
-	FileNotRegular          = "CWSANDBOX_FILE_NOT_REGULAR" // a FIFO, socket or device: not read through the API
-	FileIOFailed            = "CWSANDBOX_FILE_IO_FAILED"
-	FSSNotSupported         = "CWSANDBOX_FSS_NOT_SUPPORTED"
+	ContainerNotFound    = "CWSANDBOX_CONTAINER_NOT_FOUND"
+	PlacementRejected    = "CWSANDBOX_PLACEMENT_REJECTED"
+	NoSuitableRunner     = "CWSANDBOX_NO_SUITABLE_RUNNER"
+	RunnerUnavailable    = "CWSANDBOX_RUNNER_UNAVAILABLE"
+	RunnerNotFound       = "CWSANDBOX_RUNNER_NOT_FOUND"
+	CommandTimeout       = "CWSANDBOX_COMMAND_TIMEOUT"
+	FileNotFound         = "CWSANDBOX_FILE_NOT_FOUND"
+	FileIsDirectory      = "CWSANDBOX_FILE_IS_DIRECTORY"
+	FilePermissionDenied = "CWSANDBOX_FILE_PERMISSION_DENIED"
+	FileTooLarge         = "CWSANDBOX_FILE_TOO_LARGE"
+	FileNotRegular       = "CWSANDBOX_FILE_NOT_REGULAR" // a FIFO, socket or device: not read through the API
+	FileIOFailed         = "CWSANDBOX_FILE_IO_FAILED"
+	FSSNotSupported      = "CWSANDBOX_FSS_NOT_SUPPORTED"
+	// FSSQuotaExceeded: the organization has as many snapshots, or as many bytes of them,
+	// as it may (RESOURCE_EXHAUSTED; metadata quota, limit, current). Not retried by the
+	// official clients: deleting snapshots frees room.
+	FSSQuotaExceeded = "CWSANDBOX_FSS_QUOTA_EXCEEDED"
+	// FSSInflightLimit: the sandbox has as many snapshots in flight as one sandbox may
+	// (UNAVAILABLE with RetryInfo; the official clients retry it).
+	FSSInflightLimit = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
+	// FSSBucketUnavailable: the organization's own snapshot bucket cannot be used (the
+	// platform store is not S3, or the bucket is not reachable with its credentials).
+	FSSBucketUnavailable = "CWSANDBOX_FSS_BUCKET_UNAVAILABLE"
+	// FSSBucketMismatch: the snapshot lives in a bucket that is not the organization's
+	// current one and cannot be read (metadata object_bucket, current_bucket).
+	FSSBucketMismatch       = "CWSANDBOX_FSS_BUCKET_MISMATCH"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// HTTPSShareTokenNotSupported: no runner that may take the sandbox can check the
@@ -68,8 +81,6 @@ const (
 const (
 	FSSCreateFailed        = "CWSANDBOX_FSS_CREATE_FAILED"
 	FSSSizeExceeded        = "CWSANDBOX_FSS_SIZE_EXCEEDED"
-	FSSBucketUnavailable   = "CWSANDBOX_FSS_BUCKET_UNAVAILABLE"
-	FSSInflightLimit       = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
 	FSSRestoreFailed       = "CWSANDBOX_FSS_RESTORE_FAILED"
 	VolumeNotSnapshottable = "CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE"
 )
@@ -167,10 +178,10 @@ var table = []reasonCode{
 	{FSSNotSupported, connect.CodeUnimplemented, "file-system snapshots are not built"},
 	{FSSCreateFailed, connect.CodeInternal, "capturing or uploading the snapshot failed (a FAILED snapshot's reason)"},
 	{FSSSizeExceeded, connect.CodeFailedPrecondition, "the snapshot's archive is larger than its maximum size"},
-	{FSSBucketUnavailable, connect.CodeUnavailable, "the snapshot's object store cannot be written or read now"},
-	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots of the sandbox (or on its runner) are in flight as may be; retry"},
 	{FSSRestoreFailed, connect.CodeInternal, "a scratch volume could not be restored from its snapshot (a FAILED sandbox's reason)"},
 	{VolumeNotSnapshottable, connect.CodeNotFound, "the sandbox has no scratch volume of that name to snapshot"},
+	{FSSQuotaExceeded, connect.CodeResourceExhausted, "the organization's snapshot count or bytes quota is used up (metadata quota, limit, current)"},
+	{FSSBucketMismatch, connect.CodeFailedPrecondition, "the snapshot's bucket is not the organization's current one and cannot be read"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{HTTPSShareTokenNotSupported, connect.CodeFailedPrecondition, "no runner that may take the sandbox can check an HTTPS share token"},

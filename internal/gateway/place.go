@@ -21,13 +21,26 @@ const viewTimeout = 2 * time.Second
 // place returns the runners that accept spec and have room for it, best first (see
 // package placement for the errors).
 func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine) ([]placement.Candidate, error) {
-	return placement.Place(placement.Request{
+	return s.placeRestoring(ctx, spec, engine, nil)
+}
+
+// placeRestoring is place for a sandbox that restores snapshots: digests are the sha256
+// of their archives (one per restored volume), and a runner that has them cached comes
+// first among those that accept the sandbox (placement.PreferCached).
+func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests []string) ([]placement.Candidate, error) {
+	runners := s.views.snapshot(ctx)
+	cands, err := placement.Place(placement.Request{
 		Spec:         spec,
 		Engine:       engine,
-		Runners:      s.views.snapshot(ctx),
+		Runners:      runners,
 		Platform:     policy.RunnerPlatform(nil),
 		Reservations: &s.reserved,
 	})
+	if err != nil {
+		return nil, err
+	}
+	placement.PreferCached(cands, runners, digests)
+	return cands, nil
 }
 
 // createOn creates the sandbox on the first candidate that takes it: capacity is

@@ -76,20 +76,24 @@ type Config struct {
 	// sharetoken.go). Every gateway replica needs the same key, kept across restarts, so
 	// that a replayed create returns the same token; empty: a random key per process.
 	ShareTokenKey []byte
-	Logger        *slog.Logger
 	// Blobs is the blob store file-system snapshots live in (the runners' store; nil: no
 	// snapshots), and SnapshotBucket names it as a snapshot's object_bucket reports it
 	// (blobconfig.Config.Bucket).
 	Blobs          blob.Store
 	SnapshotBucket string
+	// FSS configures snapshot limits, the snapshot garbage collector and the
+	// organizations' snapshot buckets (settings_fss.go).
+	FSS    FSSOptions
+	Logger *slog.Logger
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
 // does not build yet are the embedded generated stubs, which answer UNIMPLEMENTED (with
 // reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of
-// SandboxTemplateService, VolumeService and SettingsService, and SandboxService's
-// CreateSandboxFromTemplate, GetSandboxBuildLogs and file-system snapshot RPCs. Building
-// one is defining its method on Server.
+// SandboxTemplateService, VolumeService and SettingsService but its file-system snapshot
+// bucket config (settings_fss.go), and SandboxService's CreateSandboxFromTemplate,
+// GetSandboxBuildLogs and file-system snapshot RPCs. Building one is defining its method
+// on Server.
 type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
 	sandboxv1connect.UnimplementedDiscoveryServiceHandler
@@ -112,6 +116,8 @@ type Server struct {
 	// dataPlane: see Config.DataPlane.
 	dataPlane   DataPlaneIssuer
 	shareTokens shareTokens
+	// fss: see Config.FSS (Limits with defaults).
+	fss FSSOptions
 }
 
 // New returns a Server.
@@ -128,7 +134,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
+	if err := cfg.FSS.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	cfg.FSS.Limits = cfg.FSS.Limits.WithDefaults()
+	if cfg.FSS.PlatformBucket == "" {
+		cfg.FSS.PlatformBucket = "local" // a directory store's (blobconfig.Config.Bucket)
+	}
+	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
 		shareTokens: newShareTokens(cfg.ShareTokenKey)}
 	if cfg.Index != nil {
 		if cfg.Orgs == nil {

@@ -203,6 +203,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		out[i].RuntimeClasses = c.RuntimeClasses
 		out[i].Support = c.Support
 		out[i].EngineImage, out[i].EngineRuntimeClass, out[i].EngineUnavailable = c.EngineImage, c.EngineRuntimeClass, c.EngineUnavailable
+		out[i].CachedSnapshots = c.CachedSnapshots
 	}
 	return out
 }

@@ -97,6 +97,9 @@ type Runner struct {
 	EngineImage, EngineRuntimeClass string
 	// EngineUnavailable says why it runs none (its capacity's; for messages).
 	EngineUnavailable string
+	// CachedSnapshots are the digests of the snapshot archives the runner has cached
+	// (its capacity's): PreferCached puts it first for a sandbox that restores them.
+	CachedSnapshots []string
 }
 
 // Request is one placement decision.

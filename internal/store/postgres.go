@@ -81,15 +81,16 @@ func (d *pgDB) tx(ctx context.Context, fn func(q querier) error) error {
 
 // pgUnique names the key behind each unique constraint of the schema.
 var pgUnique = map[string][2]string{
-	"organizations_pkey":       {"organizations", KeyID},
-	"api_keys_pkey":            {"api_keys", KeyID},
-	"runners_pkey":             {"runners", KeyRunnerID},
-	"runners_cluster_id_key":   {"runners", KeyClusterID},
-	"bootstrap_tokens_pkey":    {"bootstrap_tokens", KeyHash},
-	"sandboxes_pkey":           {"sandboxes", KeyID},
-	"sandboxes_request_id_key": {"sandboxes", KeyRequestID},
-	"releases_pkey":            {"releases", KeyVersion},
-	"clusters_pkey":            {"clusters", KeyClusterID},
+	"organizations_pkey":                 {"organizations", KeyID},
+	"api_keys_pkey":                      {"api_keys", KeyID},
+	"runners_pkey":                       {"runners", KeyRunnerID},
+	"runners_cluster_id_key":             {"runners", KeyClusterID},
+	"bootstrap_tokens_pkey":              {"bootstrap_tokens", KeyHash},
+	"sandboxes_pkey":                     {"sandboxes", KeyID},
+	"sandboxes_request_id_key":           {"sandboxes", KeyRequestID},
+	"releases_pkey":                      {"releases", KeyVersion},
+	"clusters_pkey":                      {"clusters", KeyClusterID},
+	"fss_bucket_configs_bucket_name_key": {"fss_bucket_configs", "bucket_name"},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {
