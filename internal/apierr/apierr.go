@@ -181,6 +181,8 @@ var table = []reasonCode{
 	{FSSRestoreFailed, connect.CodeInternal, "a scratch volume could not be restored from its snapshot (a FAILED sandbox's reason)"},
 	{VolumeNotSnapshottable, connect.CodeNotFound, "the sandbox has no scratch volume of that name to snapshot"},
 	{FSSQuotaExceeded, connect.CodeResourceExhausted, "the organization's snapshot count or bytes quota is used up (metadata quota, limit, current)"},
+	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots of the sandbox (or on its runner) are in flight as may be; RetryInfo says when to retry"},
+	{FSSBucketUnavailable, connect.CodeFailedPrecondition, "the snapshot object store or the organization's bucket cannot be used"},
 	{FSSBucketMismatch, connect.CodeFailedPrecondition, "the snapshot's bucket is not the organization's current one and cannot be read"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
