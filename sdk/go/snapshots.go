@@ -77,13 +77,18 @@ type Snapshot struct {
 	CreatedAt       time.Time
 	CompletedAt     time.Time // when it became READY or FAILED
 	UpdatedAt       time.Time
+
+	proto *sandboxv1.FileSystemSnapshot
 }
+
+// Proto returns the snapshot message received.
+func (s *Snapshot) Proto() *sandboxv1.FileSystemSnapshot { return s.proto }
 
 func snapshotFromProto(p *sandboxv1.FileSystemSnapshot) *Snapshot {
 	s := &Snapshot{
 		ID: p.GetFileSystemSnapshotId(), State: SnapshotState(p.GetState()), Reason: p.GetStateReason(),
 		SizeBytes: p.GetSizeBytes(), SourceSandboxID: p.GetSourceSandboxId(), SourceVolume: p.GetSourceVolumeName(),
-		Trigger: SnapshotTrigger(p.GetTrigger()), Bucket: p.GetObjectBucket(), RequestID: p.GetRequestId(),
+		Trigger: SnapshotTrigger(p.GetTrigger()), Bucket: p.GetObjectBucket(), RequestID: p.GetRequestId(), proto: p,
 	}
 	if t := p.GetCreateTime(); t != nil {
 		s.CreatedAt = t.AsTime()
