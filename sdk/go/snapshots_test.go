@@ -354,7 +354,7 @@ func TestSDKSnapshotErrorTyping(t *testing.T) {
 			t.Errorf("%s: not errors.Is %v", reason, want)
 		}
 		for _, other := range []error{ErrSnapshotNotFound, ErrSnapshotNotReady, ErrSnapshotSizeExceeded, ErrSnapshotFailed} {
-			if other != want && errors.Is(err, other) {
+			if !errors.Is(want, other) && errors.Is(err, other) {
 				t.Errorf("%s: also errors.Is %v", reason, other)
 			}
 		}
