@@ -571,13 +571,15 @@ func (a *app) stopCommand() *cobra.Command {
 		grace     time.Duration
 		missingOK bool
 		snapshots []string
+		noWait    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "stop ID [--snapshot-volume NAME]...",
 		Short: "Stop a sandbox and wait until it has ended",
 		Long: `stop stops a sandbox and waits until it has ended. With --snapshot-volume NAME
-(repeatable) the runner first snapshots those scratch volumes; the snapshot IDs are
-printed as "snapshot NAME ID" lines (they may still be creating: sbx snapshot get ID).`,
+(repeatable) the runner first snapshots those scratch volumes and stop waits until the
+snapshots are ready (not with --no-wait-snapshots: then they may still be creating; see
+sbx snapshot get ID). Their IDs are printed as "snapshot NAME ID" lines.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -586,7 +588,7 @@ printed as "snapshot NAME ID" lines (they may still be creating: sbx snapshot ge
 			}
 			sb := c.Sandbox(args[0])
 			if len(snapshots) > 0 {
-				return a.stopWithSnapshots(cmd, sb, grace, snapshots)
+				return a.stopWithSnapshots(cmd, c, sb, grace, snapshots, !noWait)
 			}
 			if err := sb.Stop(cmd.Context(), grace); err != nil {
 				if missingOK && errors.Is(err, sandbox.ErrNotFound) {
@@ -604,6 +606,7 @@ printed as "snapshot NAME ID" lines (they may still be creating: sbx snapshot ge
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time the main command has to exit after SIGTERM")
 	cmd.Flags().BoolVar(&missingOK, "missing-ok", false, "succeed if the sandbox does not exist")
 	cmd.Flags().StringArrayVar(&snapshots, "snapshot-volume", nil, "snapshot this scratch volume before the sandbox stops (repeatable); prints the snapshot IDs")
+	cmd.Flags().BoolVar(&noWait, "no-wait-snapshots", false, "with --snapshot-volume: do not wait until the snapshots are ready")
 	cmd.MarkFlagsMutuallyExclusive("missing-ok", "snapshot-volume")
 	return cmd
 }

@@ -254,9 +254,19 @@ func volumeIndex(vs []sandbox.ScratchVolume, name string) int {
 	return -1
 }
 
-// stopWithSnapshots stops sb taking snapshots of volumes and prints their IDs.
-func (a *app) stopWithSnapshots(cmd *cobra.Command, sb *sandbox.Sandbox, grace time.Duration, volumes []string) error {
+// stopWithSnapshots stops sb taking snapshots of volumes, waits for them unless !wait,
+// and prints their IDs (also when a snapshot failed).
+func (a *app) stopWithSnapshots(cmd *cobra.Command, c *sandbox.Client, sb *sandbox.Sandbox, grace time.Duration, volumes []string, wait bool) error {
 	ids, err := sb.StopWithSnapshots(cmd.Context(), grace, volumes)
+	if err == nil && wait {
+		var errs []error
+		for i, id := range ids {
+			if _, werr := c.WaitSnapshot(cmd.Context(), id); werr != nil {
+				errs = append(errs, fmt.Errorf("snapshot of %s: %w", volumes[min(i, len(volumes)-1)], werr))
+			}
+		}
+		err = errors.Join(errs...)
+	}
 	if a.json() {
 		raw, merr := protojson.Marshal(sb.Proto())
 		if merr != nil {
@@ -267,10 +277,10 @@ func (a *app) stopWithSnapshots(cmd *cobra.Command, sb *sandbox.Sandbox, grace t
 		}
 		return err
 	}
-	if err == nil {
+	if sb.State().Terminal() {
 		_, _ = fmt.Fprintf(a.stdout, "%s %s\n", sb.ID(), sb.State())
 	}
-	// The IDs are printed whatever happened after the server took them.
+	// The IDs are printed whatever happened after the server returned them.
 	for i, id := range ids {
 		vol := "?"
 		if i < len(volumes) {

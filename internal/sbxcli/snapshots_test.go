@@ -72,6 +72,9 @@ func (f *fakeAPI) GetFileSystemSnapshot(_ context.Context, req *connect.Request[
 	if !ok {
 		return nil, fssError(connect.CodeNotFound, "CWSANDBOX_FSS_NOT_FOUND", "file-system snapshot "+req.Msg.GetFileSystemSnapshotId()+" not found")
 	}
+	if p.State == sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING && p.GetSourceVolumeName() == "broken" {
+		p.State, p.StateReason = sandboxv1.SnapshotState_SNAPSHOT_STATE_FAILED, "disk on fire"
+	}
 	if p.State == sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING {
 		p.State, p.SizeBytes, p.CompleteTime = sandboxv1.SnapshotState_SNAPSHOT_STATE_READY, 3<<20, timestamppb.Now()
 	}
@@ -205,6 +208,12 @@ func TestSbxStopWithSnapshots(t *testing.T) {
 	if p := f.snaps.byID["fss-fake-2"]; p.GetTrigger() != sandboxv1.SnapshotTrigger_SNAPSHOT_TRIGGER_ON_DELETE || p.GetSourceVolumeName() != "cache" {
 		t.Errorf("on-delete snapshot %v", p)
 	}
+	// stop waited until both were READY.
+	for _, id := range []string{"fss-fake-1", "fss-fake-2"} {
+		if st := f.snaps.byID[id].GetState(); st != sandboxv1.SnapshotState_SNAPSHOT_STATE_READY {
+			t.Errorf("%s is %v after stop", id, st)
+		}
+	}
 
 	f.addWithVolume("sbx-2")
 	out, _, code = f.sbx("", "stop", "sbx-2", "--grace", "0s", "--snapshot-volume", "work", "-o", "json")
@@ -216,6 +225,20 @@ func TestSbxStopWithSnapshots(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &raw); code != 0 || err != nil || raw.Sandbox.ID != "sbx-2" || !slices.Equal(raw.IDs, []string{"fss-fake-3"}) {
 		t.Errorf("stop -o json: %d %q %v", code, out, err)
+	}
+
+	// --no-wait-snapshots returns while they are still being created.
+	f.addWithVolume("sbx-3")
+	out, _, code = f.sbx("", "stop", "sbx-3", "--grace", "0s", "--snapshot-volume", "work", "--no-wait-snapshots")
+	if code != 0 || out != "sbx-3 terminated\nsnapshot work fss-fake-4\n" || f.snaps.byID["fss-fake-4"].GetState() != sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING {
+		t.Errorf("stop --no-wait-snapshots: %d %q", code, out)
+	}
+
+	// A snapshot that fails: the sandbox is stopped, the ID printed, the failure reported.
+	f.addWithVolume("sbx-4")
+	out, errs, code = f.sbx("", "stop", "sbx-4", "--grace", "0s", "--snapshot-volume", "broken")
+	if code != 1 || out != "sbx-4 terminated\nsnapshot broken fss-fake-5\n" || !strings.Contains(errs, "snapshot of broken: snapshot fss-fake-5 failed: disk on fire") {
+		t.Errorf("stop with a failing snapshot: %d %q %q", code, out, errs)
 	}
 
 	// --missing-ok would hide the snapshots' fate: the official client refuses the pair too.

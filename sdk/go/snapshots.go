@@ -14,13 +14,7 @@ import (
 )
 
 // File-system snapshots: an immutable, organization-scoped archive of one scratch
-// volume of a sandbox. A sandbox declares its scratch volumes in Spec.Volumes (one with
-// RestoreFrom starts filled from a snapshot), Sandbox.Snapshot takes one while it runs,
-// and StopWithSnapshots takes them as it ends:
-//
-//	sb, _ := c.Create(ctx, sandbox.Spec{Volumes: []sandbox.ScratchVolume{{Name: "work", MountPath: "/work"}}})
-//	snap, _ := sb.Snapshot(ctx, "work") // waits until READY
-//	fork, _ := c.Create(ctx, sandbox.Spec{Volumes: []sandbox.ScratchVolume{{Name: "work", MountPath: "/work", RestoreFrom: snap.ID}}})
+// volume of a sandbox (see the package documentation).
 
 // SnapshotState is a snapshot's lifecycle state.
 type SnapshotState int32
