@@ -202,6 +202,9 @@ func (s *server) box(ctx context.Context, volSize int64, restore string) (*sandb
 		{Name: volume, Size: fmt.Sprintf("%dMi", volSize/mib), MountPath: mount, RestoreFrom: restore}}})
 }
 
+// volFor is a volume size that holds size bytes of files with room to spare.
+func volFor(size int64) int64 { return (size*5/4 + 64*mib) / mib * mib }
+
 // exec runs argv with the raw unary Exec, which waits on the server until the sandbox
 // runs, and fails on a nonzero exit.
 func (s *server) exec(ctx context.Context, id string, argv ...string) (string, error) {
@@ -240,7 +243,7 @@ func stopAll(b *testing.B, sbs ...*sandbox.Sandbox) {
 func (s *server) source(b *testing.B, size int64) *sandbox.Sandbox {
 	b.Helper()
 	ctx := context.Background()
-	sb, err := s.box(ctx, 2*size+64*mib, "")
+	sb, err := s.box(ctx, volFor(size), "")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -491,7 +494,7 @@ func BenchmarkRestoreFanout(b *testing.B) {
 	if b.N >= 10 {
 		size, counts = 100*mib, []int{1, 20}
 	}
-	vol := 2*size + 64*mib
+	vol := volFor(size)
 	src := s.source(b, size)
 	snap, _ := s.snapshot(b, src)
 	stopAll(b, src)
@@ -517,7 +520,7 @@ func BenchmarkCachedRestoreFirstExec(b *testing.B) {
 	if b.N >= 10 {
 		size, reps = 100*mib, 10
 	}
-	vol := 2*size + 64*mib
+	vol := volFor(size)
 	src := s.source(b, size)
 	snap, _ := s.snapshot(b, src)
 	stopAll(b, src)

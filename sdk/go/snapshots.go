@@ -297,18 +297,20 @@ func (c *Client) ListSnapshots(ctx context.Context, opts SnapshotListOptions) ([
 }
 
 // DeleteSnapshot deletes the snapshot id and its archive. A missing snapshot is
-// ErrSnapshotNotFound unless allowMissing. Sandboxes already restored from it keep
-// their data.
+// ErrSnapshotNotFound unless allowMissing (or a retry finds it gone: an earlier attempt
+// whose answer was lost deleted it). Sandboxes already restored from it keep their data.
 func (c *Client) DeleteSnapshot(ctx context.Context, id string, allowMissing bool) error {
+	attempts := 0
 	return retry(ctx, retryBudget, func(ctx context.Context) error {
+		attempts++
 		cctx, cancel := withTimeout(ctx, deleteTimeout)
 		defer cancel()
 		_, err := c.svc.DeleteFileSystemSnapshot(cctx, connect.NewRequest(&sandboxv1.DeleteFileSystemSnapshotRequest{
 			FileSystemSnapshotId: id, AllowMissing: allowMissing,
 		}))
 		err = fromRPC(err)
-		if err != nil && allowMissing && errors.Is(err, ErrSnapshotNotFound) {
-			return nil // a server that ignores allow_missing
+		if err != nil && (allowMissing || attempts > 1) && errors.Is(err, ErrSnapshotNotFound) {
+			return nil
 		}
 		return err
 	})

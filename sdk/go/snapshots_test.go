@@ -37,6 +37,8 @@ type snapServer struct {
 	created    *sandboxv1.CreateSandboxRequest
 	// createErrs are returned by the next CreateFileSystemSnapshot calls, in order.
 	createErrs []error
+	// loseDeleteAnswer makes the next delete succeed but answer UNAVAILABLE.
+	loseDeleteAnswer bool
 }
 
 func (s *snapServer) CreateFileSystemSnapshot(_ context.Context, req *connect.Request[sandboxv1.CreateFileSystemSnapshotRequest]) (*connect.Response[sandboxv1.FileSystemSnapshot], error) {
@@ -118,6 +120,10 @@ func (s *snapServer) DeleteFileSystemSnapshot(_ context.Context, req *connect.Re
 	}
 	delete(s.snaps, id)
 	p.State = sandboxv1.SnapshotState_SNAPSHOT_STATE_DELETING
+	if s.loseDeleteAnswer {
+		s.loseDeleteAnswer = false
+		return nil, apiError(connect.CodeUnavailable, ReasonBackendUnavailable, nil)
+	}
 	return connect.NewResponse(p), nil
 }
 
@@ -264,6 +270,13 @@ func TestSDKSnapshotGetListDelete(t *testing.T) {
 	}
 	if d := srv.deletes[len(srv.deletes)-1]; !d.GetAllowMissing() || d.GetFileSystemSnapshotId() != "fss-2" {
 		t.Errorf("delete request %v", d)
+	}
+	// A retry that finds the snapshot gone (the first attempt deleted it, its answer was
+	// lost) has done its job.
+	srv.loseDeleteAnswer = true
+	n := len(srv.deletes)
+	if err := c.DeleteSnapshot(ctx, "fss-3", false); err != nil || len(srv.deletes) != n+2 {
+		t.Errorf("delete with a lost answer: %v after %d calls", err, len(srv.deletes)-n)
 	}
 }
 
