@@ -29,6 +29,7 @@ func (a *app) runCommand() *cobra.Command {
 		env             []string
 		lifetime        time.Duration
 		mainCmd         string
+		restores        []string
 	)
 	cmd := &cobra.Command{
 		Use:   "run IMAGE [-- CMD...] | run --container name=N,image=I[,…]… [-- CMD...]",
@@ -83,6 +84,9 @@ runs CMD; a container without command= runs its image's entrypoint.
 				spec.Command, spec.Args = "/bin/sh", []string{"-c", mainCmd}
 			}
 			if spec.Env, err = parseEnv(env); err != nil {
+				return err
+			}
+			if err := applyRestores(&spec, restores); err != nil {
 				return err
 			}
 			sb, err := c.Create(ctx, spec)
@@ -141,6 +145,8 @@ runs CMD; a container without command= runs its image's entrypoint.
 	f.Var(egressFlag{&spec.Egress}, "egress", "allow egress to: any, cidr=PREFIX, dns=NAME (HTTPS to NAME or *.DOMAIN) or tenant=same_org|same_user; repeatable (default: the policy's or the platform's, any + tenant=same_org)")
 	f.BoolVar(&spec.DenyEgress, "deny-egress", false, "allow no egress at all (the platform DNS still answers)")
 	f.Var(containerFlag{&spec.Containers}, "container", containerHelp)
+	f.Var(volumeFlag{&spec.Volumes}, "volume", "a scratch volume NAME mounted at PATH (in the primary container), of at most SIZE (e.g. 1Gi; default: the platform's); repeatable. It can be snapshotted (sbx snapshot create)")
+	f.StringArrayVar(&restores, "restore", nil, "VOLUME=SNAPSHOT: start the --volume VOLUME with the snapshot's content (repeatable)")
 	cmd.MarkFlagsMutuallyExclusive("egress", "deny-egress")
 	return cmd
 }
@@ -564,17 +570,26 @@ func (a *app) stopCommand() *cobra.Command {
 	var (
 		grace     time.Duration
 		missingOK bool
+		snapshots []string
+		noWait    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "stop ID",
+		Use:   "stop ID [--snapshot-volume NAME]...",
 		Short: "Stop a sandbox and wait until it has ended",
-		Args:  cobra.ExactArgs(1),
+		Long: `stop stops a sandbox and waits until it has ended. With --snapshot-volume NAME
+(repeatable) the runner first snapshots those scratch volumes and stop waits until the
+snapshots are ready (not with --no-wait-snapshots: then they may still be creating; see
+sbx snapshot get ID). Their IDs are printed as "snapshot NAME ID" lines.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
 			sb := c.Sandbox(args[0])
+			if len(snapshots) > 0 {
+				return a.stopWithSnapshots(cmd, c, sb, grace, snapshots, !noWait)
+			}
 			if err := sb.Stop(cmd.Context(), grace); err != nil {
 				if missingOK && errors.Is(err, sandbox.ErrNotFound) {
 					return nil
@@ -590,6 +605,9 @@ func (a *app) stopCommand() *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time the main command has to exit after SIGTERM")
 	cmd.Flags().BoolVar(&missingOK, "missing-ok", false, "succeed if the sandbox does not exist")
+	cmd.Flags().StringArrayVar(&snapshots, "snapshot-volume", nil, "snapshot this scratch volume before the sandbox stops (repeatable); prints the snapshot IDs")
+	cmd.Flags().BoolVar(&noWait, "no-wait-snapshots", false, "with --snapshot-volume: do not wait until the snapshots are ready")
+	cmd.MarkFlagsMutuallyExclusive("missing-ok", "snapshot-volume")
 	return cmd
 }
 

@@ -46,6 +46,9 @@ type fakeAPI struct {
 	purges   []*sandboxv1.PurgeSandboxesRequest
 	deleted  []string
 	exec     execFunc
+	// snaps is the snapshot index (snapshots_test.go); deleteReqs every DeleteSandbox.
+	snaps      fakeSnaps
+	deleteReqs []*sandboxv1.DeleteSandboxRequest
 }
 
 func newFake(t *testing.T) *fakeAPI {
@@ -160,9 +163,14 @@ func (f *fakeAPI) DeleteSandbox(_ context.Context, req *connect.Request[sandboxv
 	sb := f.sandboxes[req.Msg.GetSandboxId()]
 	sb.Status.State = sandboxv1.State_STATE_TERMINATED
 	f.deleted = append(f.deleted, sb.GetSandboxId())
-	out := proto.Clone(sb).(*sandboxv1.Sandbox)
+	f.deleteReqs = append(f.deleteReqs, req.Msg)
+	out := &sandboxv1.DeleteSandboxResponse{Sandbox: proto.Clone(sb).(*sandboxv1.Sandbox)}
+	for _, v := range req.Msg.GetSnapshotVolumes() {
+		out.FileSystemSnapshotIds = append(out.FileSystemSnapshotIds,
+			f.snaps.add(sb.GetSandboxId(), v, sandboxv1.SnapshotTrigger_SNAPSHOT_TRIGGER_ON_DELETE).GetFileSystemSnapshotId())
+	}
 	f.mu.Unlock()
-	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: out}), nil
+	return connect.NewResponse(out), nil
 }
 
 func (f *fakeAPI) PurgeSandboxes(_ context.Context, req *connect.Request[sandboxv1.PurgeSandboxesRequest]) (*connect.Response[sandboxv1.PurgeSandboxesResponse], error) {

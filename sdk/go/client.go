@@ -19,6 +19,16 @@
 //		{Name: "cache", Image: "redis:7", StartupProbe: &sandbox.Probe{Exec: []string{"redis-cli", "ping"}}},
 //	}})
 //	out, _, code, err := sb.InContainer("cache").Run(ctx, []string{"redis-cli", "ping"})
+//
+// Scratch volumes (Spec.Volumes) can be snapshotted while the sandbox runs
+// (Sandbox.Snapshot waits until the snapshot is READY) or as it stops
+// (StopWithSnapshots), and a new sandbox's volume can start from a snapshot
+// (ScratchVolume.RestoreFrom); Client.GetSnapshot, ListSnapshots and DeleteSnapshot
+// manage them:
+//
+//	sb, err := c.Create(ctx, sandbox.Spec{Volumes: []sandbox.ScratchVolume{{Name: "work", MountPath: "/work"}}})
+//	snap, err := sb.Snapshot(ctx, "work")
+//	fork, err := c.Create(ctx, sandbox.Spec{Volumes: []sandbox.ScratchVolume{{Name: "work", MountPath: "/work", RestoreFrom: snap.ID}}})
 package sandbox
 
 import (

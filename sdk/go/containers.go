@@ -33,6 +33,8 @@ type Container struct {
 	Primary bool
 	// StartupProbe, when set, must pass before the sandbox runs.
 	StartupProbe *Probe
+	// Mounts mount volumes of Spec.Volumes into this container.
+	Mounts []Mount
 }
 
 // Probe is a command run in its container until it exits 0.
@@ -116,6 +118,7 @@ func (c Container) proto(primary bool) *sandboxv1.Container {
 		p.Files = append(p.Files, &sandboxv1.FileMount{Path: path, Content: c.Files[path]})
 	}
 	p.ResourceRequirements = requirements(c.CPU, c.Memory)
+	p.VolumeMounts = mountsProto(c.Mounts)
 	if pr := c.StartupProbe; pr != nil {
 		p.StartupProbe = &sandboxv1.Probe{Exec: pr.Exec, PeriodSeconds: seconds(pr.Period), TimeoutSeconds: seconds(pr.Timeout),
 			FailureThreshold: int32(min(pr.FailureThreshold, math.MaxInt32)), InitialDelaySeconds: seconds(pr.InitialDelay)}

@@ -29,6 +29,23 @@ const (
 	ReasonFilePermissionDenied = "CWSANDBOX_FILE_PERMISSION_DENIED"
 	ReasonFileTooLarge         = "CWSANDBOX_FILE_TOO_LARGE"
 	ReasonFileIOFailed         = "CWSANDBOX_FILE_IO_FAILED"
+	// File-system snapshot reasons (the official client maps the same ones).
+	ReasonSnapshotNotFound          = "CWSANDBOX_FSS_NOT_FOUND"
+	ReasonSnapshotNotReady          = "CWSANDBOX_FSS_NOT_READY"
+	ReasonSnapshotNotSupported      = "CWSANDBOX_FSS_NOT_SUPPORTED"
+	ReasonSnapshotSizeExceeded      = "CWSANDBOX_FSS_SIZE_EXCEEDED"
+	ReasonSnapshotQuotaExceeded     = "CWSANDBOX_FSS_QUOTA_EXCEEDED"
+	ReasonSnapshotBucketMismatch    = "CWSANDBOX_FSS_BUCKET_MISMATCH"
+	ReasonSnapshotBucketUnavailable = "CWSANDBOX_FSS_BUCKET_UNAVAILABLE"
+	ReasonSnapshotRestoreFailed     = "CWSANDBOX_FSS_RESTORE_FAILED"
+	ReasonSnapshotCreateFailed      = "CWSANDBOX_FSS_CREATE_FAILED"
+	ReasonSnapshotCreateTimedOut    = "CWSANDBOX_FSS_CREATE_TIMED_OUT"
+	ReasonSnapshotAuthFailed        = "CWSANDBOX_FSS_AUTH_FAILED"
+	ReasonSnapshotTransportFailed   = "CWSANDBOX_FSS_TRANSPORT_FAILED"
+	ReasonSnapshotWaitTimeout       = "CWSANDBOX_FSS_WAIT_TIMEOUT"
+	ReasonSnapshotCanceled          = "CWSANDBOX_FSS_CANCELED"
+	ReasonSnapshotBackendThrottled  = "CWSANDBOX_FSS_BACKEND_THROTTLED"
+	ReasonSnapshotInflightLimit     = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
 	// ReasonStartFailed is the in-band exec stream code of a command that could not
 	// start (not found, not executable); Exec returns it with the shell's exit code.
 	ReasonStartFailed = "START_FAILED"
@@ -49,7 +66,29 @@ var (
 	ErrFileTooLarge      = errors.New("file too large")
 	ErrSandboxFailed     = errors.New("sandbox failed")
 	ErrSandboxTerminated = errors.New("sandbox terminated")
+
+	// Snapshot errors: an *Error matches the one its CWSANDBOX_FSS_* reason names (a
+	// snapshot's NOT_FOUND is not ErrNotFound, which is about sandboxes).
+	ErrSnapshotNotFound       = errors.New("snapshot not found")
+	ErrSnapshotNotReady       = errors.New("snapshot not ready")
+	ErrSnapshotNotSupported   = errors.New("snapshots not supported")
+	ErrSnapshotSizeExceeded   = errors.New("snapshot size exceeded")
+	ErrSnapshotQuotaExceeded  = errors.New("snapshot quota exceeded")
+	ErrSnapshotBucketMismatch = errors.New("snapshot bucket mismatch")
+	// ErrSnapshotThrottled is a transient refusal (backend throttled, too many
+	// snapshots in flight); calls retry it within their budget.
+	ErrSnapshotThrottled = errors.New("snapshot backend throttled")
+	// ErrSnapshotFailed is a snapshot or restore that failed for good: a *SnapshotError
+	// (FAILED state), or an *Error with one of the internal FSS reasons.
+	ErrSnapshotFailed = errors.New("snapshot failed")
 )
+
+// snapshotFailedReasons are the terminal FSS reasons without a sentinel of their own.
+var snapshotFailedReasons = map[string]bool{
+	ReasonSnapshotBucketUnavailable: true, ReasonSnapshotRestoreFailed: true, ReasonSnapshotCreateFailed: true,
+	ReasonSnapshotCreateTimedOut: true, ReasonSnapshotAuthFailed: true, ReasonSnapshotTransportFailed: true,
+	ReasonSnapshotCanceled: true,
+}
 
 // Violation is one google.rpc.BadRequest field violation.
 type Violation struct {
@@ -97,10 +136,10 @@ func (e *Error) Unwrap() error { return e.err }
 
 // Is matches the sentinel errors of this package.
 func (e *Error) Is(target error) bool {
-	file := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_")
+	other := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_") || strings.HasPrefix(e.Reason, "CWSANDBOX_FSS_")
 	switch target {
 	case ErrNotFound:
-		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !file)
+		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !other)
 	case ErrUnauthenticated:
 		return e.Code == connect.CodeUnauthenticated || e.Code == connect.CodePermissionDenied
 	case ErrInvalidArgument:
@@ -110,7 +149,7 @@ func (e *Error) Is(target error) bool {
 	case ErrUnavailable:
 		return e.Code == connect.CodeUnavailable || e.Reason == ReasonRunnerUnavailable || e.Reason == ReasonBackendUnavailable
 	case ErrTimeout:
-		return e.Code == connect.CodeDeadlineExceeded || e.Reason == ReasonCommandTimeout
+		return e.Code == connect.CodeDeadlineExceeded || e.Reason == ReasonCommandTimeout || e.Reason == ReasonSnapshotWaitTimeout
 	case ErrResourceExhausted:
 		return e.Code == connect.CodeResourceExhausted
 	case ErrUnimplemented:
@@ -119,6 +158,22 @@ func (e *Error) Is(target error) bool {
 		return e.Reason == ReasonFileNotFound
 	case ErrFileTooLarge:
 		return e.Reason == ReasonFileTooLarge
+	case ErrSnapshotNotFound:
+		return e.Reason == ReasonSnapshotNotFound
+	case ErrSnapshotNotReady:
+		return e.Reason == ReasonSnapshotNotReady
+	case ErrSnapshotNotSupported:
+		return e.Reason == ReasonSnapshotNotSupported
+	case ErrSnapshotSizeExceeded:
+		return e.Reason == ReasonSnapshotSizeExceeded
+	case ErrSnapshotQuotaExceeded:
+		return e.Reason == ReasonSnapshotQuotaExceeded
+	case ErrSnapshotBucketMismatch:
+		return e.Reason == ReasonSnapshotBucketMismatch
+	case ErrSnapshotThrottled:
+		return e.Reason == ReasonSnapshotBackendThrottled || e.Reason == ReasonSnapshotInflightLimit
+	case ErrSnapshotFailed:
+		return snapshotFailedReasons[e.Reason]
 	}
 	return false
 }
@@ -127,9 +182,11 @@ func (e *Error) Is(target error) bool {
 func (e *Error) retryable() bool {
 	switch e.Code {
 	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeResourceExhausted:
-		return e.Reason != ReasonFileTooLarge
+		// Limits do not lift by waiting.
+		return e.Reason != ReasonFileTooLarge && e.Reason != ReasonSnapshotSizeExceeded && e.Reason != ReasonSnapshotQuotaExceeded
 	}
-	return e.Reason == ReasonRunnerUnavailable || e.Reason == ReasonBackendUnavailable
+	return e.Reason == ReasonRunnerUnavailable || e.Reason == ReasonBackendUnavailable ||
+		e.Reason == ReasonSnapshotBackendThrottled || e.Reason == ReasonSnapshotInflightLimit
 }
 
 // fromRPC turns an RPC error into an *Error (context errors stay as they are).

@@ -95,6 +95,9 @@ type Spec struct {
 	Egress []EgressRule
 	// DenyEgress allows no egress at all but the platform DNS; exclusive with Egress.
 	DenyEgress bool
+	// Volumes are the sandbox's scratch volumes (see ScratchVolume): each can be
+	// snapshotted, and one with RestoreFrom starts with a snapshot's content.
+	Volumes []ScratchVolume
 }
 
 // Endpoint kinds.
@@ -156,6 +159,9 @@ func (s Spec) Proto() *sandboxv1.SandboxSpec {
 		sp.Services = append(sp.Services, &sandboxv1.Service{Port: int32(e.Port), Visibility: sandboxv1.Visibility_VISIBILITY_PUBLIC, Endpoint: ep})
 	}
 	sp.Network = networkOptions(s.Egress, s.DenyEgress)
+	for _, v := range s.Volumes {
+		sp.Volumes = append(sp.Volumes, v.proto())
+	}
 	if s.Lifetime > 0 {
 		sp.MaxLifetimeSeconds = int32(min(math.Ceil(s.Lifetime.Seconds()), math.MaxInt32))
 	}
@@ -185,6 +191,11 @@ func (s Spec) mainContainer() *sandboxv1.Container {
 		c.Files = append(c.Files, &sandboxv1.FileMount{Path: p, Content: s.Files[p]})
 	}
 	c.ResourceRequirements = requirements(s.CPU, s.Memory)
+	for _, v := range s.Volumes {
+		if v.MountPath != "" {
+			c.VolumeMounts = append(c.VolumeMounts, &sandboxv1.VolumeMount{Volume: v.Name, MountPath: v.MountPath})
+		}
+	}
 	return c
 }
 
@@ -354,6 +365,9 @@ func (c *Client) Sandbox(id string) *Sandbox {
 // creates a second sandbox.
 func (c *Client) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err := spec.validateContainers(); err != nil {
+		return nil, err
+	}
+	if err := spec.validateVolumes(); err != nil {
 		return nil, err
 	}
 	return c.CreateProto(ctx, spec.Proto())
@@ -562,18 +576,11 @@ func (s *Sandbox) ensureRunning(ctx context.Context) error {
 	return s.Wait(ctx)
 }
 
-// Stop deletes the sandbox, giving its main command grace to exit after SIGTERM, then
-// polls until it is COMPLETED, FAILED or TERMINATED.
-func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
-	secs := int32(min(math.Ceil(grace.Seconds()), math.MaxInt32))
-	cctx, cancel := withTimeout(ctx, time.Duration(secs)*time.Second+10*time.Second)
-	res, err := s.c.svc.DeleteSandbox(cctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: s.id, GracePeriodSeconds: secs}))
-	cancel()
-	if err != nil {
-		return fromRPC(err)
-	}
-	s.set(res.Msg.GetSandbox())
+// waitEnded polls until the sandbox deleted with grace secs is COMPLETED, FAILED or
+// TERMINATED.
+func (s *Sandbox) waitEnded(ctx context.Context, secs int32) error {
 	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(secs)*time.Second+waitTimeout)
 		defer cancel()
 	}
