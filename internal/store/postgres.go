@@ -90,6 +90,8 @@ var pgUnique = map[string][2]string{
 	"sandboxes_request_id_key": {"sandboxes", KeyRequestID},
 	"releases_pkey":            {"releases", KeyVersion},
 	"clusters_pkey":            {"clusters", KeyClusterID},
+	"snapshots_pkey":           {"snapshots", KeyID},
+	"snapshots_request_id_key": {"snapshots", KeyRequestID},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

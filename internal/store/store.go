@@ -31,6 +31,7 @@ type Store interface {
 	Rollouts() Rollouts
 	Clusters() Clusters
 	Installs() Installs
+	Snapshots() Snapshots
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
