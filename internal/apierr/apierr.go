@@ -33,19 +33,40 @@ const (
 	// ContainerNotFound: the sandbox has no container of the name a data call gave
 	// (NOT_FOUND; metadata "container" names it, since the official client rewrites the
 	// message of a NOT_FOUND).
-	ContainerNotFound       = "CWSANDBOX_CONTAINER_NOT_FOUND"
-	PlacementRejected       = "CWSANDBOX_PLACEMENT_REJECTED"
-	NoSuitableRunner        = "CWSANDBOX_NO_SUITABLE_RUNNER"
-	RunnerUnavailable       = "CWSANDBOX_RUNNER_UNAVAILABLE"
-	RunnerNotFound          = "CWSANDBOX_RUNNER_NOT_FOUND"
-	CommandTimeout          = "CWSANDBOX_COMMAND_TIMEOUT"
-	FileNotFound            = "CWSANDBOX_FILE_NOT_FOUND"
-	FileIsDirectory         = "CWSANDBOX_FILE_IS_DIRECTORY"
-	FilePermissionDenied    = "CWSANDBOX_FILE_PERMISSION_DENIED"
-	FileTooLarge            = "CWSANDBOX_FILE_TOO_LARGE"
-	FileNotRegular          = "CWSANDBOX_FILE_NOT_REGULAR" // a FIFO, socket or device: not read through the API
-	FileIOFailed            = "CWSANDBOX_FILE_IO_FAILED"
-	FSSNotSupported         = "CWSANDBOX_FSS_NOT_SUPPORTED"
+	ContainerNotFound    = "CWSANDBOX_CONTAINER_NOT_FOUND"
+	PlacementRejected    = "CWSANDBOX_PLACEMENT_REJECTED"
+	NoSuitableRunner     = "CWSANDBOX_NO_SUITABLE_RUNNER"
+	RunnerUnavailable    = "CWSANDBOX_RUNNER_UNAVAILABLE"
+	RunnerNotFound       = "CWSANDBOX_RUNNER_NOT_FOUND"
+	CommandTimeout       = "CWSANDBOX_COMMAND_TIMEOUT"
+	FileNotFound         = "CWSANDBOX_FILE_NOT_FOUND"
+	FileIsDirectory      = "CWSANDBOX_FILE_IS_DIRECTORY"
+	FilePermissionDenied = "CWSANDBOX_FILE_PERMISSION_DENIED"
+	FileTooLarge         = "CWSANDBOX_FILE_TOO_LARGE"
+	FileNotRegular       = "CWSANDBOX_FILE_NOT_REGULAR" // a FIFO, socket or device: not read through the API
+	FileIOFailed         = "CWSANDBOX_FILE_IO_FAILED"
+	// File-system snapshots (issue 20): every CWSANDBOX_FSS_* reason the official clients
+	// map. The terminal ones are FileSystemSnapshot state reasons as well as call errors.
+	FSSNotFound           = "CWSANDBOX_FSS_NOT_FOUND"
+	FSSNotReady           = "CWSANDBOX_FSS_NOT_READY"
+	FSSNotSupported       = "CWSANDBOX_FSS_NOT_SUPPORTED"
+	FSSSizeExceeded       = "CWSANDBOX_FSS_SIZE_EXCEEDED"
+	FSSQuotaExceeded      = "CWSANDBOX_FSS_QUOTA_EXCEEDED"
+	FSSBucketMismatch     = "CWSANDBOX_FSS_BUCKET_MISMATCH"
+	FSSBucketUnavailable  = "CWSANDBOX_FSS_BUCKET_UNAVAILABLE"
+	FSSBucketProvisioning = "CWSANDBOX_FSS_BUCKET_PROVISIONING"
+	FSSRestoreFailed      = "CWSANDBOX_FSS_RESTORE_FAILED"
+	FSSCreateFailed       = "CWSANDBOX_FSS_CREATE_FAILED"
+	FSSCreateTimedOut     = "CWSANDBOX_FSS_CREATE_TIMED_OUT"
+	FSSAuthFailed         = "CWSANDBOX_FSS_AUTH_FAILED"
+	FSSTransportFailed    = "CWSANDBOX_FSS_TRANSPORT_FAILED"
+	FSSWaitTimeout        = "CWSANDBOX_FSS_WAIT_TIMEOUT"
+	FSSCanceled           = "CWSANDBOX_FSS_CANCELED"
+	FSSBackendThrottled   = "CWSANDBOX_FSS_BACKEND_THROTTLED"
+	FSSInflightLimit      = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
+	// VolumeNotSnapshottable: the volume named for a snapshot is not a scratch volume
+	// (a registered volume).
+	VolumeNotSnapshottable  = "CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// HTTPSShareTokenNotSupported: no runner that may take the sandbox can check the
@@ -153,7 +174,24 @@ var table = []reasonCode{
 	{FileTooLarge, connect.CodeResourceExhausted, "the file exceeds the unary limit (metadata size_bytes, max_size_bytes)"},
 	{FileNotRegular, connect.CodeFailedPrecondition, "a FIFO, socket or device: not read through the API"},
 	{FileIOFailed, connect.CodeInternal, "reading or writing the file failed"},
-	{FSSNotSupported, connect.CodeUnimplemented, "file-system snapshots are not built"},
+	{FSSNotFound, connect.CodeNotFound, "no such file-system snapshot visible to the caller (also at create: restore_from_snapshot_id)"},
+	{FSSNotReady, connect.CodeFailedPrecondition, "the snapshot is not READY (CREATING, FAILED or DELETING) for what was asked"},
+	{FSSNotSupported, connect.CodeFailedPrecondition, "no file-system snapshots here: the gateway has no blob store, or the sandbox's runner takes none"},
+	{FSSSizeExceeded, connect.CodeFailedPrecondition, "the snapshot does not fit: its content exceeds the volume's size, or the archive the maximum snapshot size"},
+	{FSSQuotaExceeded, connect.CodeResourceExhausted, "the organization's snapshot count or size quota is used up"},
+	{FSSBucketMismatch, connect.CodeFailedPrecondition, "the snapshot lives in another bucket than the one configured now"},
+	{FSSBucketUnavailable, connect.CodeUnavailable, "the snapshot bucket cannot be reached"},
+	{FSSBucketProvisioning, connect.CodeUnavailable, "the snapshot bucket is being provisioned; retry"},
+	{FSSRestoreFailed, connect.CodeInternal, "restoring a volume from its snapshot failed (download, check or extraction)"},
+	{FSSCreateFailed, connect.CodeInternal, "taking the snapshot failed (capture, archive or upload)"},
+	{FSSCreateTimedOut, connect.CodeDeadlineExceeded, "taking the snapshot ran past its deadline"},
+	{FSSAuthFailed, connect.CodeFailedPrecondition, "the blob store refused the platform's credentials"},
+	{FSSTransportFailed, connect.CodeUnavailable, "talking to the blob store failed"},
+	{FSSWaitTimeout, connect.CodeDeadlineExceeded, "waiting for the snapshot to be READY ran past its budget"},
+	{FSSCanceled, connect.CodeAborted, "the snapshot was canceled before it completed (its sandbox ended)"},
+	{FSSBackendThrottled, connect.CodeUnavailable, "the snapshot backend is busy; retry"},
+	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots are in flight as allowed (per sandbox or runner); retry"},
+	{VolumeNotSnapshottable, connect.CodeInvalidArgument, "the volume named for a snapshot is not a scratch volume of the sandbox"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{HTTPSShareTokenNotSupported, connect.CodeFailedPrecondition, "no runner that may take the sandbox can check an HTTPS share token"},
