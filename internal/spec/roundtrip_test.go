@@ -22,6 +22,7 @@ var notForPolicy = map[string]string{
 	"Spec.Container.Resources.Pids":             "the runner's own limit (its defaults), not a public field",
 	"Spec.Container.Resources.DiskBytes":        "the backend's own limit, not a public field",
 	"Spec.Volumes":                              "scratch volumes are not constrained by any policy",
+	"Restores":                                  "the snapshots volumes start from, looked up by the gateway; no policy constrains them (the runner refuses them when it takes no snapshots)",
 	"Spec.Container.VolumeMounts":               "scratch volumes are not constrained by any policy",
 	"Spec.Container.RestartLimit":               "the runner's setting, not a public field",
 	"Spec.Container.Tmpfs":                      "no public wire field (Compose's tmpfs sets it); an empty private tmpfs is not constrained by any policy, like a scratch volume",
