@@ -1,7 +1,7 @@
 """RPCs sandboxd does not build yet, through the official ``cwsandbox`` client (issue 16 §5).
 
 Every RPC of the client's services answers with a gRPC status: those not built yet (volumes,
-templates, file-system snapshots, settings) are UNIMPLEMENTED with the AIP-193 reason
+templates, settings) are UNIMPLEMENTED with the AIP-193 reason
 CWSANDBOX_NOT_IMPLEMENTED, which the client puts on the exception it raises (``.reason``),
 instead of the raw HTTP 404 an unknown service got. The same for every protocol and REST is
 cmd/sandboxd's TestNotBuiltRPCsAnswerUnimplemented.
@@ -23,7 +23,6 @@ CALLS = {
     "Volume.list": lambda: Volume.list().result(timeout=30),
     "Volume.get": lambda: Volume.get("vol-nope").result(timeout=30),
     "Sandbox.run_from_template": lambda: Sandbox.run_from_template("tmpl-nope"),
-    "Sandbox.list_snapshots": lambda: Sandbox.list_snapshots().result(timeout=30),
 }
 
 
