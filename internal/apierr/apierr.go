@@ -248,6 +248,18 @@ func Code(reason string) connect.Code {
 	return connect.CodeUnknown
 }
 
+// Known reports whether reason is in the table.
+func Known(reason string) bool {
+	_, ok := codes[reason]
+	return ok
+}
+
+// IsSnapshotReason reports whether reason is one of the file-system snapshot reasons
+// (CWSANDBOX_FSS_*) of the table.
+func IsSnapshotReason(reason string) bool {
+	return Known(reason) && strings.HasPrefix(reason, "CWSANDBOX_FSS_")
+}
+
 // Violation names a request field and what is wrong with it.
 type Violation struct {
 	Field       string

@@ -309,7 +309,7 @@ func (s *Server) CreateFileSystemSnapshot(ctx context.Context, req *connect.Requ
 // failSnapshot records a CREATING snapshot FAILED with the reason of err (an API error).
 func (s *Server) failSnapshot(ctx context.Context, x store.Snapshot, err error) store.Snapshot {
 	reason := apierr.Reason(err)
-	if !strings.HasPrefix(reason, "CWSANDBOX_FSS_") {
+	if !apierr.IsSnapshotReason(reason) {
 		reason = apierr.FSSCreateFailed
 	}
 	msg := err.Error()
@@ -369,7 +369,7 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 			Digest: digest, Pause: job.Pause, CompleteTime: job.CompleteTime})
 	case runner.SnapshotFailed:
 		reason := job.Reason
-		if !strings.HasPrefix(reason, "CWSANDBOX_") {
+		if !apierr.Known(reason) {
 			reason = apierr.FSSCreateFailed
 		}
 		return s.complete(ctx, x, store.SnapshotCompletion{State: store.SnapshotFailed, Reason: reason, StateReason: job.Message,
