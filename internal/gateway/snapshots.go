@@ -403,6 +403,9 @@ func requireSnapshotID(id string) error {
 		vs := []apierr.Violation{{Field: "file_system_snapshot_id", Description: "is required"}}
 		return apierr.Invalid(apierr.InvalidRequest, "file_system_snapshot_id is required", vs)
 	}
+	if len(id) > spec.MaxSnapshotIDBytes { // no snapshot has such an id: not worth a lookup
+		return snapshotNotFound(id[:spec.MaxSnapshotIDBytes] + "…")
+	}
 	return nil
 }
 
@@ -446,6 +449,10 @@ func (s *Server) ListFileSystemSnapshots(ctx context.Context, req *connect.Reque
 		size = defaultPageSize
 	}
 	size = min(size, maxPageSize)
+	if len(m.GetSourceSandboxId()) > MaxRequestIDBytes {
+		vs := []apierr.Violation{{Field: "source_sandbox_id", Description: fmt.Sprintf("is %d bytes, no sandbox ID is longer than %d", len(m.GetSourceSandboxId()), MaxRequestIDBytes)}}
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid source_sandbox_id: "+apierr.Describe(vs), vs)
+	}
 	xs, next, err := s.snaps.List(ctx, principal(ctx).Org, store.SnapshotFilter{SourceSandboxID: m.GetSourceSandboxId()},
 		store.Page{Size: size, Token: m.GetPageToken()})
 	switch {

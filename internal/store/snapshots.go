@@ -162,9 +162,7 @@ func (sn snapshots) Create(ctx context.Context, x Snapshot) (Snapshot, bool, err
 	if len(x.RequestID) > MaxSnapshotRequestIDLen {
 		return Snapshot{}, false, invalid("request_id is %d bytes, at most %d", len(x.RequestID), MaxSnapshotRequestIDLen)
 	}
-	if len(x.StateReason) > MaxSnapshotStateReasonLen {
-		x.StateReason = x.StateReason[:MaxSnapshotStateReasonLen]
-	}
+	x.StateReason = clip(x.StateReason, MaxSnapshotStateReasonLen)
 	if x.CreateTime.IsZero() {
 		x.CreateTime = now()
 	}
@@ -293,9 +291,7 @@ func (sn snapshots) Complete(ctx context.Context, org, id string, c SnapshotComp
 	if err := checkSnapshotState(c.State, SnapshotReady, SnapshotFailed); err != nil {
 		return Snapshot{}, err
 	}
-	if len(c.StateReason) > MaxSnapshotStateReasonLen {
-		c.StateReason = c.StateReason[:MaxSnapshotStateReasonLen]
-	}
+	c.StateReason, c.Reason = clip(c.StateReason, MaxSnapshotStateReasonLen), clip(c.Reason, 128)
 	if c.CompleteTime.IsZero() {
 		c.CompleteTime = now()
 	}
@@ -387,6 +383,15 @@ func (sn snapshots) ListSnapshotKeys(ctx context.Context, prefix, after string, 
 		out = append(out, k)
 	}
 	return out, rs.Err()
+}
+
+// clip bounds a text another process wrote (a runner's message) to n bytes of valid
+// UTF-8: the public API sends it as a protobuf string.
+func clip(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.ToValidUTF8(s, "")
 }
 
 // prefixEnd is the least string greater than every string starting with p (p non-empty,

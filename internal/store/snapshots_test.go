@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -232,6 +234,25 @@ func TestSnapshotKeys(t *testing.T) {
 		keys, err = sn.ListSnapshotKeys(ctx, "", "", 0)
 		if err != nil || len(keys) != 3 {
 			t.Fatalf("all keys = %v, %v", keys, err)
+		}
+	})
+}
+
+// TestSnapshotReasonIsBoundedUTF8: a runner's message is kept to MaxSnapshotStateReasonLen
+// bytes of valid UTF-8 (the API sends it as a protobuf string), cut or not.
+func TestSnapshotReasonIsBoundedUTF8(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		if _, _, err := s.Snapshots().Create(ctx, newSnap("fs1", "o1", "")); err != nil {
+			t.Fatal(err)
+		}
+		long := "bad \xff byte " + strings.Repeat("é", store.MaxSnapshotStateReasonLen)
+		x, err := s.Snapshots().Complete(ctx, "o1", "fs1", store.SnapshotCompletion{State: store.SnapshotFailed, Reason: "R", StateReason: long})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(x.StateReason) > store.MaxSnapshotStateReasonLen || !utf8.ValidString(x.StateReason) || !strings.HasPrefix(x.StateReason, "bad  byte é") {
+			t.Fatalf("state reason of %d bytes, valid UTF-8 %v: %.40q", len(x.StateReason), utf8.ValidString(x.StateReason), x.StateReason)
 		}
 	})
 }
