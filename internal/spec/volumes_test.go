@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -98,7 +99,7 @@ func TestRestoreConversion(t *testing.T) {
 		t.Fatalf("a volume smaller than the content: %v %v", err, apierr.Violations(err))
 	}
 	refusal := apierr.New(apierr.FSSNotReady, "not ready", nil)
-	if _, err := Convert(restoring(""), Options{Restore: func(string, string) (runner.SnapshotSource, error) { return src, refusal }}); err != refusal {
+	if _, err := Convert(restoring(""), Options{Restore: func(string, string) (runner.SnapshotSource, error) { return src, refusal }}); !errors.Is(err, refusal) {
 		t.Fatalf("the restorer's refusal became %v", err)
 	}
 	asked = nil
