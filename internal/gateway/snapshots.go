@@ -291,8 +291,13 @@ func (s *Server) CreateFileSystemSnapshot(ctx context.Context, req *connect.Requ
 	job, err := sh.SnapshotVolume(ctx, rec.id, runner.SnapshotTarget{Volume: vol, SnapshotID: x.ID, BlobKey: x.ObjectKey, MaxSizeBytes: maxSize})
 	if err != nil {
 		aerr := runner.APIError(rec.id, err, runner.SpecField)
-		switch connect.CodeOf(aerr) {
-		case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+		switch code := connect.CodeOf(aerr); {
+		case code == connect.CodeUnavailable && apierr.IsSnapshotReason(apierr.Reason(aerr)):
+			// "Not now" (throttled, in-flight limit, bucket unreachable): the runner took
+			// nothing, and the client retries with the same request_id, which must then
+			// take the snapshot rather than find this one FAILED.
+			s.dropSnapshot(ctx, s.failSnapshot(ctx, x, aerr))
+		case code == connect.CodeUnavailable || code == connect.CodeDeadlineExceeded || code == connect.CodeCanceled:
 			// The runner may have started it: the row stays CREATING, and the next Get or
 			// the reconciler asks the runner (which reports a job it never had as FAILED).
 			s.log.Warn("snapshot: runner did not answer", "snapshot", x.ID, "sandbox", rec.id, "runner", r.ID(), "err", err)
@@ -318,6 +323,17 @@ func (s *Server) failSnapshot(ctx context.Context, x store.Snapshot, err error) 
 		msg = ce.Message()
 	}
 	return s.complete(ctx, x, store.SnapshotCompletion{State: store.SnapshotFailed, Reason: reason, StateReason: msg})
+}
+
+// dropSnapshot removes the row of a FAILED snapshot that has no archive (the runner
+// refused it), freeing its request_id.
+func (s *Server) dropSnapshot(ctx context.Context, x store.Snapshot) {
+	ctx = context.WithoutCancel(ctx)
+	if _, err := s.snaps.MarkDeleting(ctx, x.Org, x.ID); err != nil {
+		s.log.Warn("snapshot: drop refused snapshot", "snapshot", x.ID, "err", err)
+		return
+	}
+	s.finishDelete(ctx, x)
 }
 
 // complete records c for CREATING x; a snapshot completed meanwhile (by another replica)

@@ -396,9 +396,19 @@ func TestSnapshotCreateRefusals(t *testing.T) {
 	if x, err := e.st.Snapshots().GetByRequestID(t.Context(), testOrg, "unreached-1"); err != nil || x.State != store.SnapshotCreating {
 		t.Fatalf("unreached row = %+v, %v", x, err)
 	}
+	// "Not now": the request_id stays free for the client's retry, which takes it.
+	r.refuse = apierr.New(apierr.FSSInflightLimit, "two in flight", nil)
+	_, err = snapshotOf(t, s, ctx, two.GetSandboxId(), "b", "throttled-1")
+	wantReason(t, "runner throttling", err, connect.CodeUnavailable, apierr.FSSInflightLimit)
+	if _, err := e.st.Snapshots().GetByRequestID(t.Context(), testOrg, "throttled-1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a throttled snapshot left a row: %v", err)
+	}
 	r.refuse = nil
-	if n, _, _ := e.st.Snapshots().SnapshotUsage(t.Context(), testOrg); n != 1 {
-		t.Fatalf("%d snapshots not FAILED recorded, want only the unreached one", n)
+	if x, err := snapshotOf(t, s, ctx, two.GetSandboxId(), "b", "throttled-1"); err != nil || x.GetState() != sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING {
+		t.Fatalf("the retry after throttling: %v %v", x, err)
+	}
+	if n, _, _ := e.st.Snapshots().SnapshotUsage(t.Context(), testOrg); n != 2 {
+		t.Fatalf("%d snapshots not FAILED recorded, want the unreached one and the retried one", n)
 	}
 
 	// A runner without snapshots, by its capacity or by its handle.
