@@ -139,6 +139,7 @@ func (c devConfig) run() error {
 		Policies:      controlplane.NewPolicySource(st, defaultOrg),
 		Index:         st.Sandboxes(),
 		Orgs:          st.Orgs(),
+		Snapshots:     st.Snapshots(),
 		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
 		ReconcileInterval: gateway.DefaultReconcileInterval,
 		Logger:            logger,

@@ -409,7 +409,7 @@ func (c gatewayConfig) run() error {
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
-		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: logger,
+		Index: st.Sandboxes(), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, SnapshotBucket: bucket,
 	})

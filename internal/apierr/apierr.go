@@ -45,20 +45,28 @@ const (
 	FileTooLarge         = "CWSANDBOX_FILE_TOO_LARGE"
 	FileNotRegular       = "CWSANDBOX_FILE_NOT_REGULAR" // a FIFO, socket or device: not read through the API
 	FileIOFailed         = "CWSANDBOX_FILE_IO_FAILED"
-	FSSNotSupported      = "CWSANDBOX_FSS_NOT_SUPPORTED"
-	// FSSQuotaExceeded: the organization has as many snapshots, or as many bytes of them,
-	// as it may (RESOURCE_EXHAUSTED; metadata quota, limit, current). Not retried by the
-	// official clients: deleting snapshots frees room.
-	FSSQuotaExceeded = "CWSANDBOX_FSS_QUOTA_EXCEEDED"
-	// FSSInflightLimit: the sandbox has as many snapshots in flight as one sandbox may
-	// (UNAVAILABLE with RetryInfo; the official clients retry it).
-	FSSInflightLimit = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
-	// FSSBucketUnavailable: the organization's own snapshot bucket cannot be used (the
-	// platform store is not S3, or the bucket is not reachable with its credentials).
-	FSSBucketUnavailable = "CWSANDBOX_FSS_BUCKET_UNAVAILABLE"
-	// FSSBucketMismatch: the snapshot lives in a bucket that is not the organization's
-	// current one and cannot be read (metadata object_bucket, current_bucket).
-	FSSBucketMismatch       = "CWSANDBOX_FSS_BUCKET_MISMATCH"
+	// File-system snapshots (issue 20): every CWSANDBOX_FSS_* reason the official clients
+	// map. The terminal ones are FileSystemSnapshot state reasons as well as call errors.
+	FSSNotFound           = "CWSANDBOX_FSS_NOT_FOUND"
+	FSSNotReady           = "CWSANDBOX_FSS_NOT_READY"
+	FSSNotSupported       = "CWSANDBOX_FSS_NOT_SUPPORTED"
+	FSSSizeExceeded       = "CWSANDBOX_FSS_SIZE_EXCEEDED"
+	FSSQuotaExceeded      = "CWSANDBOX_FSS_QUOTA_EXCEEDED"
+	FSSBucketMismatch     = "CWSANDBOX_FSS_BUCKET_MISMATCH"
+	FSSBucketUnavailable  = "CWSANDBOX_FSS_BUCKET_UNAVAILABLE"
+	FSSBucketProvisioning = "CWSANDBOX_FSS_BUCKET_PROVISIONING"
+	FSSRestoreFailed      = "CWSANDBOX_FSS_RESTORE_FAILED"
+	FSSCreateFailed       = "CWSANDBOX_FSS_CREATE_FAILED"
+	FSSCreateTimedOut     = "CWSANDBOX_FSS_CREATE_TIMED_OUT"
+	FSSAuthFailed         = "CWSANDBOX_FSS_AUTH_FAILED"
+	FSSTransportFailed    = "CWSANDBOX_FSS_TRANSPORT_FAILED"
+	FSSWaitTimeout        = "CWSANDBOX_FSS_WAIT_TIMEOUT"
+	FSSCanceled           = "CWSANDBOX_FSS_CANCELED"
+	FSSBackendThrottled   = "CWSANDBOX_FSS_BACKEND_THROTTLED"
+	FSSInflightLimit      = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
+	// VolumeNotSnapshottable: the volume named for a snapshot is not a scratch volume
+	// (a registered volume).
+	VolumeNotSnapshottable  = "CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// HTTPSShareTokenNotSupported: no runner that may take the sandbox can check the
@@ -74,15 +82,6 @@ const (
 	// RequestIDConflict: the request_id already created a sandbox from a different
 	// request (CreateSandboxFromFile: other file bytes or options).
 	RequestIDConflict = "CWSANDBOX_REQUEST_ID_CONFLICT"
-)
-
-// File-system snapshots as a runner takes and restores them (also the reasons of a FAILED
-// snapshot job).
-const (
-	FSSCreateFailed        = "CWSANDBOX_FSS_CREATE_FAILED"
-	FSSSizeExceeded        = "CWSANDBOX_FSS_SIZE_EXCEEDED"
-	FSSRestoreFailed       = "CWSANDBOX_FSS_RESTORE_FAILED"
-	VolumeNotSnapshottable = "CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE"
 )
 
 // Reasons of the control plane's own API (runners, registration, API keys).
@@ -175,15 +174,24 @@ var table = []reasonCode{
 	{FileTooLarge, connect.CodeResourceExhausted, "the file exceeds the unary limit (metadata size_bytes, max_size_bytes)"},
 	{FileNotRegular, connect.CodeFailedPrecondition, "a FIFO, socket or device: not read through the API"},
 	{FileIOFailed, connect.CodeInternal, "reading or writing the file failed"},
-	{FSSNotSupported, connect.CodeUnimplemented, "file-system snapshots are not built"},
-	{FSSCreateFailed, connect.CodeInternal, "capturing or uploading the snapshot failed (a FAILED snapshot's reason)"},
-	{FSSSizeExceeded, connect.CodeFailedPrecondition, "the snapshot's archive is larger than its maximum size"},
-	{FSSRestoreFailed, connect.CodeInternal, "a scratch volume could not be restored from its snapshot (a FAILED sandbox's reason)"},
-	{VolumeNotSnapshottable, connect.CodeNotFound, "the sandbox has no scratch volume of that name to snapshot"},
+	{FSSNotFound, connect.CodeNotFound, "no such file-system snapshot visible to the caller (also at create: restore_from_snapshot_id)"},
+	{FSSNotReady, connect.CodeFailedPrecondition, "the snapshot is not READY (CREATING, FAILED or DELETING) for what was asked"},
+	{FSSNotSupported, connect.CodeFailedPrecondition, "no file-system snapshots here: the gateway has no blob store, or the sandbox's runner takes none"},
+	{FSSSizeExceeded, connect.CodeFailedPrecondition, "the snapshot does not fit: its content exceeds the volume's size, or the archive the maximum snapshot size"},
 	{FSSQuotaExceeded, connect.CodeResourceExhausted, "the organization's snapshot count or bytes quota is used up (metadata quota, limit, current)"},
-	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots of the sandbox (or on its runner) are in flight as may be; RetryInfo says when to retry"},
+	{FSSBucketMismatch, connect.CodeFailedPrecondition, "the snapshot lives in another bucket than the one configured now"},
 	{FSSBucketUnavailable, connect.CodeFailedPrecondition, "the snapshot object store or the organization's bucket cannot be used"},
-	{FSSBucketMismatch, connect.CodeFailedPrecondition, "the snapshot's bucket is not the organization's current one and cannot be read"},
+	{FSSBucketProvisioning, connect.CodeUnavailable, "the snapshot bucket is being provisioned; retry"},
+	{FSSRestoreFailed, connect.CodeInternal, "restoring a volume from its snapshot failed (download, check or extraction)"},
+	{FSSCreateFailed, connect.CodeInternal, "taking the snapshot failed (capture, archive or upload)"},
+	{FSSCreateTimedOut, connect.CodeDeadlineExceeded, "taking the snapshot ran past its deadline"},
+	{FSSAuthFailed, connect.CodeFailedPrecondition, "the blob store refused the platform's credentials"},
+	{FSSTransportFailed, connect.CodeUnavailable, "talking to the blob store failed"},
+	{FSSWaitTimeout, connect.CodeDeadlineExceeded, "waiting for the snapshot to be READY ran past its budget"},
+	{FSSCanceled, connect.CodeAborted, "the snapshot was canceled before it completed (its sandbox ended)"},
+	{FSSBackendThrottled, connect.CodeUnavailable, "the snapshot backend is busy; retry"},
+	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots are in flight as allowed (per sandbox or runner); retry"},
+	{VolumeNotSnapshottable, connect.CodeInvalidArgument, "the volume named for a snapshot is not a scratch volume of the sandbox"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{HTTPSShareTokenNotSupported, connect.CodeFailedPrecondition, "no runner that may take the sandbox can check an HTTPS share token"},
@@ -238,6 +246,18 @@ func Code(reason string) connect.Code {
 		return c
 	}
 	return connect.CodeUnknown
+}
+
+// Known reports whether reason is in the table.
+func Known(reason string) bool {
+	_, ok := codes[reason]
+	return ok
+}
+
+// IsSnapshotReason reports whether reason is one of the file-system snapshot reasons
+// (CWSANDBOX_FSS_*) of the table.
+func IsSnapshotReason(reason string) bool {
+	return Known(reason) && strings.HasPrefix(reason, "CWSANDBOX_FSS_")
 }
 
 // Violation names a request field and what is wrong with it.

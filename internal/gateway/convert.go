@@ -11,10 +11,11 @@ import (
 	"github.com/sandboxd/sandboxd/internal/spec"
 )
 
-// toCreateRequest converts a wire spec (spec.ToCreateRequest), reporting the problems of
-// its runner_ids (placement's to check) with the spec's own.
-func toCreateRequest(s *sandboxv1.SandboxSpec) (runner.CreateRequest, error) {
-	return spec.ToCreateRequest(s, placement.RunnerIDViolations(s.GetRunnerIds())...)
+// toCreateRequest converts a wire spec (spec.Convert), reporting the problems of its
+// runner_ids (placement's to check) with the spec's own, and looking up the snapshots its
+// volumes restore with restore (nil: restores are NOT_IMPLEMENTED).
+func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer) (runner.CreateRequest, error) {
+	return spec.Convert(s, spec.Options{Extra: placement.RunnerIDViolations(s.GetRunnerIds()), Restore: restore})
 }
 
 // toProto renders a sandbox for the wire. sp is the spec as the caller sent it.

@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/spec"
 )
 
 // viewTimeout bounds how long a probe waits for one runner's capacity and policy.
@@ -47,7 +48,8 @@ func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec
 // reserved while the runner's Create is in flight, and a runner that rejects the sandbox
 // (its policy changed, it filled up, it went away) passes it to the next candidate.
 // adjust, when not nil, adds to each runtime spec what the public wire cannot carry.
-func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error) (runner.Handle, policy.Result, runner.Sandbox, error) {
+// restore looks up the snapshots the spec's volumes restore (Server.restorer).
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error, restore spec.Restorer) (runner.Handle, policy.Result, runner.Sandbox, error) {
 	var (
 		last error
 		full []string
@@ -59,7 +61,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			continue
 		}
 		r := s.runners[c.Index]
-		cr, err := toCreateRequest(c.Result.Spec)
+		cr, err := toCreateRequest(c.Result.Spec, restore)
 		if err == nil && adjust != nil {
 			if err = adjust(&cr.Spec); err != nil {
 				err = connect.NewError(connect.CodeInternal, err)

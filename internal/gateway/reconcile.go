@@ -67,6 +67,7 @@ func (s *Server) reconcileLoop(ctx context.Context, every time.Duration) {
 			return
 		case <-t.C:
 			s.Reconcile(ctx)
+			s.ReconcileSnapshots(ctx)
 		}
 	}
 }

@@ -76,9 +76,10 @@ type Config struct {
 	// sharetoken.go). Every gateway replica needs the same key, kept across restarts, so
 	// that a replayed create returns the same token; empty: a random key per process.
 	ShareTokenKey []byte
-	// Blobs is the blob store file-system snapshots live in (the runners' store; nil: no
-	// snapshots), and SnapshotBucket names it as a snapshot's object_bucket reports it
-	// (blobconfig.Config.Bucket).
+	// Snapshots keeps the file-system snapshot index (with Blobs, where the runners put
+	// the archives, and SnapshotBucket, the object_bucket snapshots report); without
+	// both Snapshots and Blobs the snapshot RPCs answer CWSANDBOX_FSS_NOT_SUPPORTED.
+	Snapshots      SnapshotStore
 	Blobs          blob.Store
 	SnapshotBucket string
 	// FSS configures snapshot limits, the snapshot garbage collector and the
@@ -91,8 +92,8 @@ type Config struct {
 // does not build yet are the embedded generated stubs, which answer UNIMPLEMENTED (with
 // reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of
 // SandboxTemplateService, VolumeService and SettingsService but its file-system snapshot
-// bucket config (settings_fss.go), and SandboxService's CreateSandboxFromTemplate,
-// GetSandboxBuildLogs and file-system snapshot RPCs. Building one is defining its method
+// bucket config (settings_fss.go), and SandboxService's CreateSandboxFromTemplate and
+// GetSandboxBuildLogs. Building one is defining its method
 // on Server.
 type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
@@ -118,6 +119,14 @@ type Server struct {
 	shareTokens shareTokens
 	// fss: see Config.FSS (Limits with defaults).
 	fss FSSOptions
+	// snaps, blobs and snapBucket: see Config.Snapshots; hooks are the snapshot limits'
+	// and placement preference's; gone tracks runners whose snapshot jobs cannot be asked
+	// about (see ReconcileSnapshots).
+	snaps      SnapshotStore
+	blobs      blob.Store
+	snapBucket string
+	hooks      snapshotHooks
+	gone       unreachable
 }
 
 // New returns a Server.
@@ -142,7 +151,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.FSS.PlatformBucket = "local" // a directory store's (blobconfig.Config.Bucket)
 	}
 	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
-		shareTokens: newShareTokens(cfg.ShareTokenKey)}
+		shareTokens: newShareTokens(cfg.ShareTokenKey), snaps: cfg.Snapshots, blobs: cfg.Blobs, snapBucket: cfg.SnapshotBucket}
 	if cfg.Index != nil {
 		if cfg.Orgs == nil {
 			return nil, errors.New("gateway: an Index needs Orgs to load it")
@@ -162,7 +171,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.ViewInterval = DefaultViewInterval
 	}
 	go s.views.run(ctx, cfg.ViewInterval)
-	if cfg.ReconcileInterval > 0 && cfg.Index != nil {
+	if cfg.ReconcileInterval > 0 && (cfg.Index != nil || cfg.Snapshots != nil) {
 		go s.reconcileLoop(ctx, cfg.ReconcileInterval)
 	}
 	return s, nil
@@ -332,7 +341,8 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		shape = proto.CloneOf(asked)
 		shape.Containers[0].Image = runtime.EngineContainerName
 	}
-	cr, err := toCreateRequest(shape)
+	restore := s.restorer(ctx, p.Org)
+	cr, err := toCreateRequest(shape, restore)
 	if err != nil {
 		return nil, err
 	}
@@ -345,7 +355,8 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
-	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust)
+	cands = s.preferForRestores(ctx, cands, cr.Restores)
+	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore)
 	if err != nil {
 		return nil, err
 	}
@@ -483,9 +494,6 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 		return nil, apierr.Invalid(apierr.InvalidRequest, "allow_missing cannot be combined with snapshot_volumes",
 			[]apierr.Violation{{Field: "snapshot_volumes", Description: "must be empty with allow_missing"}})
 	}
-	if len(m.GetSnapshotVolumes()) > 0 {
-		return nil, apierr.Newf(apierr.FSSNotSupported, "file-system snapshots are not supported by this sandboxd yet")
-	}
 	if vs := requestIDViolations("request_id", m.GetRequestId()); vs != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
 	}
@@ -501,6 +509,13 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 		return nil, err
 	}
 	grace := min(time.Duration(m.GetGracePeriodSeconds())*time.Second, maxGracePeriod)
+	if len(m.GetSnapshotVolumes()) > 0 {
+		out, err := s.snapshotOnDelete(ctx, m, rec, r, grace)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(out), nil
+	}
 	sb, err := r.Delete(ctx, rec.id, grace)
 	if err != nil {
 		if errors.Is(err, runtime.ErrNotFound) {

@@ -87,7 +87,7 @@ func setBucket(s *Server, ctx context.Context, c *sandboxv1.FileSystemSnapshotBu
 	return res.Msg, nil
 }
 
-func wantReason(t *testing.T, err error, code connect.Code, reason string) {
+func wantBucketReason(t *testing.T, err error, code connect.Code, reason string) {
 	t.Helper()
 	if connect.CodeOf(err) != code || apierr.Reason(err) != reason {
 		t.Fatalf("err = %v (code %v, reason %q); want %v %s", err, connect.CodeOf(err), apierr.Reason(err), code, reason)
@@ -113,7 +113,7 @@ func TestFSSBucketConfigLifecycle(t *testing.T) {
 
 	// Only an administrator may change it.
 	_, err := setBucket(s, user, &sandboxv1.FileSystemSnapshotBucketConfig{BucketName: "acme-fss"})
-	wantReason(t, err, connect.CodePermissionDenied, apierr.PermissionDenied)
+	wantBucketReason(t, err, connect.CodePermissionDenied, apierr.PermissionDenied)
 
 	// As the official client sends it: no mask, both fields.
 	out, err := setBucket(s, admin, &sandboxv1.FileSystemSnapshotBucketConfig{BucketName: "acme-fss", Region: "us-east-1"})
@@ -164,7 +164,7 @@ func TestFSSBucketConfigRefusals(t *testing.T) {
 	invalid := func(c *sandboxv1.FileSystemSnapshotBucketConfig, field string, mask ...string) {
 		t.Helper()
 		_, err := setBucket(s, admin, c, mask...)
-		wantReason(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest)
+		wantBucketReason(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest)
 		for _, v := range apierr.Violations(err) {
 			if v.Field == field {
 				return
@@ -189,7 +189,7 @@ func TestFSSBucketConfigRefusals(t *testing.T) {
 
 	// Not reachable with the platform's credentials.
 	_, err := setBucket(s, admin, &sandboxv1.FileSystemSnapshotBucketConfig{BucketName: "nowhere-fss"})
-	wantReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
+	wantBucketReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
 	if !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("message does not say why: %v", err)
 	}
@@ -199,7 +199,7 @@ func TestFSSBucketConfigRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = setBucket(s, admin, &sandboxv1.FileSystemSnapshotBucketConfig{BucketName: "globex-fss"})
-	wantReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
+	wantBucketReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
 	if strings.Contains(err.Error(), "globex\"") || apierr.Info(err).GetMetadata()["org"] != "" {
 		t.Errorf("names the other organization: %v", err)
 	}
@@ -207,7 +207,7 @@ func TestFSSBucketConfigRefusals(t *testing.T) {
 	// A platform store that is not S3: no prober, no own bucket; clearing still works.
 	s.fss.ProbeBucket = nil
 	_, err = setBucket(s, admin, &sandboxv1.FileSystemSnapshotBucketConfig{BucketName: "acme-fss"})
-	wantReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
+	wantBucketReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
 	if out, err := setBucket(s, admin, &sandboxv1.FileSystemSnapshotBucketConfig{}); err != nil || out.GetMode() != cwManaged {
 		t.Errorf("clear without S3 = %v, %v", out, err)
 	}
@@ -232,13 +232,13 @@ func TestCheckRestoreBucket(t *testing.T) {
 		t.Errorf("current bucket: %v", err)
 	}
 	err := s.checkRestoreBucket(ctx, "acme", "acme-gone")
-	wantReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
+	wantBucketReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
 	if md := apierr.Info(err).GetMetadata(); md["object_bucket"] != "acme-gone" || md["current_bucket"] != "acme-fss" {
 		t.Errorf("metadata = %v", md)
 	}
 	// Without a prober (not S3) only the platform's and the current bucket restore.
 	s.fss.ProbeBucket = nil
-	wantReason(t, s.checkRestoreBucket(ctx, "acme", "acme-old"), connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
+	wantBucketReason(t, s.checkRestoreBucket(ctx, "acme", "acme-old"), connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
 }
 
 // TestSettingsServiceServesBucketConfig: the gateway's handler serves both RPCs (not the
@@ -276,5 +276,5 @@ func TestSettingsServiceServesBucketConfig(t *testing.T) {
 	up := connect.NewRequest(&sandboxv1.UpdateFileSystemSnapshotBucketConfigRequest{FileSystemSnapshotBucketConfig: &sandboxv1.FileSystemSnapshotBucketConfig{BucketName: "acme-fss"}})
 	up.Header().Set("Authorization", "Bearer "+adminKey)
 	_, err = c.UpdateFileSystemSnapshotBucketConfig(context.Background(), up)
-	wantReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
+	wantBucketReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketUnavailable)
 }

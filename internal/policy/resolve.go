@@ -145,6 +145,7 @@ func resolve(p *Policy, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, pla
 	r.checkSecurity(s, pinned)
 	r.checkAnnotations(s)
 	r.checkInstanceType(s)
+	r.checkSnapshots(s)
 	return s, r.vs
 }
 

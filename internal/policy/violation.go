@@ -62,14 +62,16 @@ func ToAPI(vs []Violation) []apierr.Violation {
 
 // Reason is the ErrorInfo reason for a rejection with violations vs:
 // CWSANDBOX_NO_SUITABLE_RUNNER when every violation is the runner's lack of a container
-// engine (no policy change helps: another runner may), CWSANDBOX_RESOURCE_CEILING_EXCEEDED
+// engine or of snapshots (no policy change helps: another runner may), CWSANDBOX_RESOURCE_CEILING_EXCEEDED
 // when every violation is a ceiling, else CWSANDBOX_PLACEMENT_REJECTED. It returns "" for
 // no violations.
 func Reason(vs []Violation) string {
 	if len(vs) == 0 {
 		return ""
 	}
-	if !slices.ContainsFunc(vs, func(v Violation) bool { return v.Constraint != ConstraintPlatformContainerEngine }) {
+	if !slices.ContainsFunc(vs, func(v Violation) bool {
+		return v.Constraint != ConstraintPlatformContainerEngine && v.Constraint != ConstraintPlatformSnapshots
+	}) {
 		return apierr.NoSuitableRunner
 	}
 	for _, v := range vs {

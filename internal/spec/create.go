@@ -19,8 +19,25 @@ import (
 // at once as field violations, and features this sandboxd cannot honour yet as
 // NOT_IMPLEMENTED rather than silently ignoring them. extra are problems of the same
 // request its caller found (the gateway: runner_ids, which placement checks), reported
-// after the spec's own and with them.
+// after the spec's own and with them. Snapshot restores are NOT_IMPLEMENTED here: a
+// caller that can look snapshots up uses Convert with a Restorer.
 func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (runner.CreateRequest, error) {
+	return Convert(spec, Options{Extra: extra})
+}
+
+// Options are what Convert needs besides the spec.
+type Options struct {
+	// Extra: see ToCreateRequest.
+	Extra []apierr.Violation
+	// Restore looks up the snapshots scratch volumes restore (restore_from_snapshot_id),
+	// once the spec is otherwise valid; the request's Restores carry them by volume
+	// name. nil: restores are NOT_IMPLEMENTED.
+	Restore Restorer
+}
+
+// Convert is ToCreateRequest with Options.
+func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, error) {
+	extra := o.Extra
 	var vs []apierr.Violation
 	add := func(field, format string, args ...any) {
 		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
@@ -45,7 +62,7 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 	vs = append(vs, tagViolations("sandbox.spec.tags", spec.GetTags())...)
 	vs = append(vs, annotationViolations("sandbox.spec.annotations", spec.GetAnnotations())...)
 	var req runner.CreateRequest
-	vols, volNames, volVs, volUnsupported := scratchVolumes(spec)
+	vols, volNames, volVs, volUnsupported, restores := scratchVolumes(spec, o.Restore != nil)
 	req.Spec.Volumes = vols
 	vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
 	pi := primaryIndex(cs)
@@ -112,6 +129,12 @@ func ToCreateRequest(spec *sandboxv1.SandboxSpec, extra ...apierr.Violation) (ru
 		}
 		return req, err
 	}
+	// Last: the lookups of a valid spec's restores (they read the snapshot index).
+	srcs, err := resolveRestores(restores, o.Restore)
+	if err != nil {
+		return req, err
+	}
+	req.Restores = srcs
 	return req, nil
 }
 

@@ -22,6 +22,7 @@ var notForPolicy = map[string]string{
 	"Spec.Container.Resources.Pids":             "the runner's own limit (its defaults), not a public field",
 	"Spec.Container.Resources.DiskBytes":        "the backend's own limit, not a public field",
 	"Spec.Volumes":                              "scratch volumes are not constrained by any policy",
+	"Restores":                                  "the snapshots volumes start from, looked up by the gateway; no policy constrains them (the runner refuses them when it takes no snapshots)",
 	"Spec.Container.VolumeMounts":               "scratch volumes are not constrained by any policy",
 	"Spec.Container.RestartLimit":               "the runner's setting, not a public field",
 	"Spec.Container.Tmpfs":                      "no public wire field (Compose's tmpfs sets it); an empty private tmpfs is not constrained by any policy, like a scratch volume",
@@ -49,7 +50,6 @@ var notForPolicy = map[string]string{
 	"Spec.Pod":                                  "the policy's output: admit replaces it with what the runner's own policy resolves",
 	"Spec.Meta":                                 "the platform's bookkeeping, set after the policy check",
 	"Spec.Engine":                               "the public SandboxSpec has no field for it (CreateSandboxFromFile's control): policy.ResolveEngine checks it beside the spec",
-	"Restores":                                  "the gateway resolves restore_from_snapshot_id to the snapshot's archive after the policy check; scratch volumes are not constrained by any policy",
 }
 
 // validForWire makes a request filled by runtimetest.FillAll (every field set, "s" and

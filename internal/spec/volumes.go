@@ -7,17 +7,32 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/quantity"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
+// MaxSnapshotIDBytes bounds restore_from_snapshot_id (snapshot IDs are much shorter).
+const MaxSnapshotIDBytes = 128
+
+// restoreRef is a scratch volume that starts from a snapshot.
+type restoreRef struct {
+	field      string // of its restore_from_snapshot_id
+	sizeField  string // of its size
+	volume     string
+	snapshotID string
+	sizeBytes  int64 // the volume's size; 0 = unsized
+}
+
 // scratchVolumes converts the spec's volumes, shared by its containers, and returns
-// their names (which the containers' mounts must name). Scratch volumes are supported;
-// persistent volumes (volume_id) and snapshot restores are reported as unsupported.
-func scratchVolumes(spec *sandboxv1.SandboxSpec) ([]runtime.Volume, map[string]bool, []apierr.Violation, []string) {
+// their names (which the containers' mounts must name) and the restores they ask for.
+// Scratch volumes are supported; persistent volumes (volume_id) are reported as
+// unsupported, and so are snapshot restores unless restores is set.
+func scratchVolumes(spec *sandboxv1.SandboxSpec, restores bool) ([]runtime.Volume, map[string]bool, []apierr.Violation, []string, []restoreRef) {
 	var (
 		vols        []runtime.Volume
 		vs          []apierr.Violation
 		unsupported []string
+		refs        []restoreRef
 	)
 	add := func(field, format string, args ...any) {
 		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
@@ -52,12 +67,50 @@ func scratchVolumes(spec *sandboxv1.SandboxSpec) ([]runtime.Volume, map[string]b
 		default:
 			add(vf+".scratch.medium", "unknown medium %v", sc.GetMedium())
 		}
-		if sc.GetRestoreFromSnapshotId() != "" {
+		switch id := sc.GetRestoreFromSnapshotId(); {
+		case id == "":
+		case !restores:
 			unsupported = append(unsupported, "volume snapshots")
+		case len(id) > MaxSnapshotIDBytes:
+			add(vf+".scratch.restore_from_snapshot_id", "is %d bytes, at most %d allowed", len(id), MaxSnapshotIDBytes)
+		default:
+			refs = append(refs, restoreRef{field: vf + ".scratch.restore_from_snapshot_id", sizeField: vf + ".scratch.size",
+				volume: v.GetName(), snapshotID: id, sizeBytes: rv.SizeBytes})
 		}
 		vols = append(vols, rv)
 	}
-	return vols, names, vs, unsupported
+	return vols, names, vs, unsupported, refs
+}
+
+// Restorer looks up the snapshot a scratch volume restores: snapshotID as the caller gave
+// it at field (sandbox.spec.volumes[i].scratch.restore_from_snapshot_id). It returns the
+// snapshot, or the API error that refuses the create (CWSANDBOX_FSS_NOT_FOUND for one the
+// caller may not see, CWSANDBOX_FSS_NOT_READY, …) naming field.
+type Restorer func(field, snapshotID string) (runner.SnapshotSource, error)
+
+// resolveRestores looks up every restore of refs with restore, in order, and checks that
+// each snapshot fits its volume: a sized volume smaller than the snapshot's content is
+// CWSANDBOX_FSS_SIZE_EXCEEDED. It returns the sources by volume name.
+func resolveRestores(refs []restoreRef, restore Restorer) (map[string]runner.SnapshotSource, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]runner.SnapshotSource, len(refs))
+	for _, r := range refs {
+		src, err := restore(r.field, r.snapshotID)
+		if err != nil {
+			return nil, err
+		}
+		if r.sizeBytes > 0 && src.ContentBytes > r.sizeBytes {
+			vs := []apierr.Violation{{Field: r.sizeField, Description: fmt.Sprintf(
+				"volume %q is %d bytes, smaller than the %d bytes of files in snapshot %s; leave the size unset or make it at least that",
+				r.volume, r.sizeBytes, src.ContentBytes, r.snapshotID)}}
+			return nil, apierr.WithViolations(apierr.New(apierr.FSSSizeExceeded,
+				"snapshot does not fit its volume: "+apierr.Describe(vs), map[string]string{"file_system_snapshot_id": r.snapshotID}), vs)
+		}
+		out[r.volume] = src
+	}
+	return out, nil
 }
 
 // volumeMounts converts container c's (field f) volume mounts of the volumes names,

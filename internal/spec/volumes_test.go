@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -8,6 +9,8 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -59,5 +62,58 @@ func TestScratchVolumeConversion(t *testing.T) {
 				t.Errorf("the runtime refuses what the gateway accepted: %v", err)
 			}
 		})
+	}
+}
+
+// TestRestoreConversion: with a Restorer, a scratch volume's restore_from_snapshot_id
+// becomes Restores[volume]; the restorer's refusal is the create's error; a sized volume
+// smaller than the snapshot's content is CWSANDBOX_FSS_SIZE_EXCEEDED on its size field;
+// the lookups happen only for an otherwise valid spec.
+func TestRestoreConversion(t *testing.T) {
+	restoring := func(size string) *sandboxv1.SandboxSpec {
+		return &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Image: "busybox",
+			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "workspace", MountPath: "/w"}}}},
+			Volumes: []*sandboxv1.SandboxVolume{{Name: "other"}, {Name: "workspace", Source: &sandboxv1.SandboxVolume_Scratch{
+				Scratch: &sandboxv1.ScratchVolume{Size: size, RestoreFromSnapshotId: "snap1"}}}}}
+	}
+	src := runner.SnapshotSource{SnapshotID: "snap1", BlobKey: "fss/o/snap1.tar.zst", Digest: "ab", SizeBytes: 10, ContentBytes: 2 << 20}
+	var asked []string
+	restore := func(field, id string) (runner.SnapshotSource, error) {
+		asked = append(asked, field+"="+id)
+		return src, nil
+	}
+	req, err := Convert(restoring(""), Options{Restore: restore})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(req.Restores, map[string]runner.SnapshotSource{"workspace": src}) ||
+		!reflect.DeepEqual(asked, []string{"sandbox.spec.volumes[1].scratch.restore_from_snapshot_id=snap1"}) {
+		t.Fatalf("restores %v, asked %v", req.Restores, asked)
+	}
+	if _, err := Convert(restoring("4Mi"), Options{Restore: restore}); err != nil {
+		t.Fatalf("a volume larger than the content: %v", err)
+	}
+	_, err = Convert(restoring("1Mi"), Options{Restore: restore})
+	if apierr.Reason(err) != apierr.FSSSizeExceeded || len(apierr.Violations(err)) != 1 ||
+		apierr.Violations(err)[0].Field != "sandbox.spec.volumes[1].scratch.size" {
+		t.Fatalf("a volume smaller than the content: %v %v", err, apierr.Violations(err))
+	}
+	refusal := apierr.New(apierr.FSSNotReady, "not ready", nil)
+	if _, err := Convert(restoring(""), Options{Restore: func(string, string) (runner.SnapshotSource, error) { return src, refusal }}); !errors.Is(err, refusal) {
+		t.Fatalf("the restorer's refusal became %v", err)
+	}
+	asked = nil
+	bad := restoring("")
+	bad.Containers[0].Image = ""
+	if _, err := Convert(bad, Options{Restore: restore}); connect.CodeOf(err) != connect.CodeInvalidArgument || len(asked) > 0 {
+		t.Fatalf("an invalid spec: %v, looked up %v", err, asked)
+	}
+	if _, err := ToCreateRequest(restoring("")); connect.CodeOf(err) != connect.CodeUnimplemented {
+		t.Fatalf("without a restorer: %v, want UNIMPLEMENTED", err)
+	}
+	long := restoring("")
+	long.Volumes[1].GetScratch().RestoreFromSnapshotId = strings.Repeat("x", MaxSnapshotIDBytes+1)
+	if _, err := Convert(long, Options{Restore: restore}); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("an overlong snapshot id: %v", err)
 	}
 }

@@ -91,6 +91,8 @@ var pgUnique = map[string][2]string{
 	"releases_pkey":                      {"releases", KeyVersion},
 	"clusters_pkey":                      {"clusters", KeyClusterID},
 	"fss_bucket_configs_bucket_name_key": {"fss_bucket_configs", "bucket_name"},
+	"snapshots_pkey":                     {"snapshots", KeyID},
+	"snapshots_request_id_key":           {"snapshots", KeyRequestID},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

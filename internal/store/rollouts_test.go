@@ -265,6 +265,7 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		// Back to the schema before 0008: the channel-wide table of 0005, with one halt.
 		rawExec(t, dsn, `DROP TABLE rollout_halts`)
 		rawExec(t, dsn, `DELETE FROM schema_migrations WHERE version >= 8`)
+		rawExec(t, dsn, `DROP TABLE snapshots`) // of 0009, applied again (0010 is IF NOT EXISTS)
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)

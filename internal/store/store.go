@@ -32,6 +32,7 @@ type Store interface {
 	Clusters() Clusters
 	Installs() Installs
 	FSSBucketConfigs() FSSBucketConfigs
+	Snapshots() Snapshots
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
