@@ -58,10 +58,10 @@ func (c FSSGCConfig) withDefaults() FSSGCConfig {
 	return c
 }
 
-// SnapshotExistsFunc reports whether the snapshot index has a row of snapshot id, in any
-// state and any organization (the core's store implements it: SnapshotExists). An error
-// means "cannot tell": the object is kept.
-type SnapshotExistsFunc func(ctx context.Context, id string) (bool, error)
+// SnapshotExistsFunc reports whether the snapshot index has a row naming the object key,
+// in any state and any organization (store.Snapshots.SnapshotKeyExists). An error means
+// "cannot tell": the object is kept.
+type SnapshotExistsFunc func(ctx context.Context, key string) (bool, error)
 
 // blobLister is the part of blob.Store the collector uses (a blob.Store is one).
 type blobLister interface {
@@ -135,8 +135,8 @@ func (g *fssGC) pass(ctx context.Context) (deleted int, err error) {
 		if info.ModTime.After(cutoff) {
 			continue // young: its row may be on its way
 		}
-		if _, id, ok := parseFSSKey(info.Key); ok {
-			known, xerr := g.exists(ctx, id)
+		if _, _, ok := parseFSSKey(info.Key); ok {
+			known, xerr := g.exists(ctx, info.Key)
 			if xerr != nil {
 				if ctx.Err() != nil {
 					return deleted, ctx.Err()

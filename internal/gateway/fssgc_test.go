@@ -89,7 +89,10 @@ func (f *gcFixture) keys(t *testing.T) []string {
 }
 
 func existsIn(ids ...string) SnapshotExistsFunc {
-	return func(_ context.Context, id string) (bool, error) { return slices.Contains(ids, id), nil }
+	return func(_ context.Context, key string) (bool, error) {
+		_, id, _ := parseFSSKey(key)
+		return slices.Contains(ids, id), nil
+	}
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

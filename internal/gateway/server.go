@@ -171,6 +171,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.ViewInterval = DefaultViewInterval
 	}
 	go s.views.run(ctx, cfg.ViewInterval)
+	s.wireSnapshots(ctx, cfg)
 	if cfg.ReconcileInterval > 0 && (cfg.Index != nil || cfg.Snapshots != nil) {
 		go s.reconcileLoop(ctx, cfg.ReconcileInterval)
 	}

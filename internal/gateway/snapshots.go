@@ -55,7 +55,9 @@ type snapshotHooks struct {
 	// admit is asked before n snapshots of sandboxID are recorded for org: an error
 	// (CWSANDBOX_FSS_QUOTA_EXCEEDED, FSS_INFLIGHT_LIMIT …) refuses them; maxSize bounds
 	// each archive (0 = no bound).
-	admit func(ctx context.Context, org, sandboxID string, n int) (maxSize int64, err error)
+	// onDelete: they are DeleteSandbox's snapshot_volumes (no in-flight limit: the
+	// sandbox is going away).
+	admit func(ctx context.Context, org, sandboxID string, n int, onDelete bool) (maxSize int64, err error)
 	// prefer reorders placement's candidates (best first) for a sandbox restoring srcs,
 	// e.g. runners that have the archives cached first.
 	prefer func(ctx context.Context, cands []placement.Candidate, srcs []runner.SnapshotSource) []placement.Candidate
@@ -220,11 +222,11 @@ func (s *Server) snapshotHandle(ctx context.Context, r runner.Handle) (runner.Sn
 	return sh, nil
 }
 
-func (s *Server) admitSnapshots(ctx context.Context, org, sandboxID string, n int) (int64, error) {
+func (s *Server) admitSnapshots(ctx context.Context, org, sandboxID string, n int, onDelete bool) (int64, error) {
 	if s.hooks.admit == nil {
 		return 0, nil
 	}
-	return s.hooks.admit(ctx, org, sandboxID, n)
+	return s.hooks.admit(ctx, org, sandboxID, n, onDelete)
 }
 
 func snapshotRequestIDConflict(field string) error {
@@ -274,7 +276,7 @@ func (s *Server) CreateFileSystemSnapshot(ctx context.Context, req *connect.Requ
 		return nil, apierr.New(apierr.SandboxNotRunning, fmt.Sprintf("sandbox %s is %s: only a RUNNING sandbox is snapshotted (DeleteSandbox snapshot_volumes snapshots one on its way out)", rec.id, sb.State),
 			map[string]string{"sandbox_id": rec.id})
 	}
-	maxSize, err := s.admitSnapshots(ctx, org, rec.id, 1)
+	maxSize, err := s.admitSnapshots(ctx, org, rec.id, 1, false)
 	if err != nil {
 		return nil, err
 	}
@@ -601,7 +603,7 @@ func (s *Server) snapshotOnDelete(ctx context.Context, m *sandboxv1.DeleteSandbo
 		return nil, apierr.New(apierr.SandboxNotRunning, fmt.Sprintf("sandbox %s is %s: its volumes can no longer be snapshotted", rec.id, sb.State),
 			map[string]string{"sandbox_id": rec.id})
 	}
-	maxSize, err := s.admitSnapshots(ctx, org, rec.id, len(names)-have)
+	maxSize, err := s.admitSnapshots(ctx, org, rec.id, len(names)-have, true)
 	if err != nil {
 		return nil, err
 	}

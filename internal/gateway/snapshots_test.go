@@ -203,12 +203,19 @@ func newSnapEnv(t *testing.T) *snapEnv {
 // server is a new gateway (a "restart" when called again) over the env's store.
 func (e *snapEnv) server(t *testing.T, grace time.Duration, runners ...runner.Handle) *Server {
 	t.Helper()
+	return e.serverWith(t, grace, SnapshotLimits{MaxInFlightPerSandbox: 64}, runners...)
+}
+
+// serverWith is server with the snapshot limits given.
+func (e *snapEnv) serverWith(t *testing.T, grace time.Duration, limits SnapshotLimits, runners ...runner.Handle) *Server {
+	t.Helper()
 	keys, err := auth.OpenKeyring(filepath.Join(e.dir, "keys.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, err := New(Config{Auth: keys, Runners: runners, Index: e.st.Sandboxes(), Orgs: e.st.Orgs(),
-		Snapshots: e.st.Snapshots(), Blobs: e.blobs, SnapshotBucket: "local", OrphanGrace: grace})
+		Snapshots: e.st.Snapshots(), Blobs: e.blobs, SnapshotBucket: "local", OrphanGrace: grace,
+		FSS: FSSOptions{Limits: limits}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -800,4 +807,31 @@ func TestRestoreRefusalsAndPlacement(t *testing.T) {
 	if apierr.Reason(err) != apierr.NoSuitableRunner {
 		t.Fatalf("restore with only a runner without snapshots: %v (%s)", err, apierr.Reason(err))
 	}
+}
+
+// TestSnapshotLimitsThroughTheRPCs: the limits (fsslimits.go) apply to the RPCs as wired in
+// New: a third snapshot of a sandbox with two in flight is UNAVAILABLE
+// CWSANDBOX_FSS_INFLIGHT_LIMIT, and an organization at its count quota gets
+// RESOURCE_EXHAUSTED CWSANDBOX_FSS_QUOTA_EXCEEDED, also for DeleteSandbox snapshot_volumes.
+func TestSnapshotLimitsThroughTheRPCs(t *testing.T) {
+	e := newSnapEnv(t)
+	r := newSnapRunner("r1", e.blobs)
+	s := e.serverWith(t, 0, SnapshotLimits{MaxInFlightPerSandbox: 2, MaxPerOrg: 3}, r)
+	ctx := asOrg(t.Context())
+	a, _ := createWith(t, s, ctx, scratch("workspace", "", ""))
+	for range 2 {
+		if _, err := snapshotOf(t, s, ctx, a.GetSandboxId(), "", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := snapshotOf(t, s, ctx, a.GetSandboxId(), "", "")
+	wantReason(t, "third in flight", err, connect.CodeUnavailable, apierr.FSSInflightLimit)
+	b, _ := createWith(t, s, ctx, scratch("workspace", "", ""))
+	if _, err := snapshotOf(t, s, ctx, b.GetSandboxId(), "", ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err = snapshotOf(t, s, ctx, b.GetSandboxId(), "", "")
+	wantReason(t, "fourth of the organization", err, connect.CodeResourceExhausted, apierr.FSSQuotaExceeded)
+	_, err = s.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: b.GetSandboxId(), SnapshotVolumes: []string{"workspace"}}))
+	wantReason(t, "on delete over the quota", err, connect.CodeResourceExhausted, apierr.FSSQuotaExceeded)
 }

@@ -1,0 +1,55 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// wireSnapshots plugs the snapshot limits (fsslimits.go), the organizations' buckets
+// (settings_fss.go), the placement preference for cached snapshots and the garbage
+// collector (fssgc.go) into the snapshot core (snapshots.go). Without an index and a
+// blob store there are no snapshots and nothing to wire.
+func (s *Server) wireSnapshots(ctx context.Context, cfg Config) {
+	if s.snaps == nil || s.blobs == nil {
+		return
+	}
+	if s.snapBucket != "" {
+		s.fss.PlatformBucket = s.snapBucket
+	} else {
+		s.snapBucket = s.fss.PlatformBucket
+	}
+	usage := UsageFunc(s.snaps.SnapshotUsage)
+	s.hooks.admit = func(ctx context.Context, org, sandboxID string, n int, onDelete bool) (int64, error) {
+		// Runners write to the platform store only: an organization's own bucket is
+		// stored and checked (SettingsService) but snapshots cannot go there yet.
+		if b, err := s.snapshotBucketFor(ctx, org); err != nil {
+			return 0, err
+		} else if b != s.snapBucket {
+			return 0, apierr.New(apierr.FSSBucketUnavailable,
+				fmt.Sprintf("the organization's snapshot bucket is %q; this deployment's runners write snapshots to the platform bucket %q only (clear the bucket config to use it)", b, s.snapBucket),
+				map[string]string{"bucket": b})
+		}
+		if onDelete {
+			return checkSnapshotOnDeleteAdmission(ctx, usage, org, n, s.fss.Limits)
+		}
+		inFlight, _, err := s.snaps.List(ctx, org, store.SnapshotFilter{SourceSandboxID: sandboxID, States: []string{store.SnapshotCreating}}, store.Page{Size: store.MaxPageSize})
+		if err != nil {
+			return 0, apierr.WithRetry(apierr.New(apierr.BackendUnavailable, "the snapshot index cannot be read now", nil), 0)
+		}
+		return checkSnapshotAdmission(ctx, usage, org, len(inFlight), s.fss.Limits)
+	}
+	s.hooks.prefer = func(ctx context.Context, cands []placement.Candidate, srcs []runner.SnapshotSource) []placement.Candidate {
+		digests := make([]string, 0, len(srcs))
+		for _, src := range srcs {
+			digests = append(digests, src.Digest)
+		}
+		placement.PreferCached(cands, s.views.snapshot(ctx), digests)
+		return cands
+	}
+	go newFSSGC(s.blobs, s.snaps.SnapshotKeyExists, s.fss.GC, s.log).run(ctx)
+}
