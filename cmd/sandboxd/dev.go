@@ -130,6 +130,9 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
+	if bc, ok, _ := c.blob.config(filepath.Join(c.dataDir, "blobs")); ok && bc.S3 != nil {
+		fssOpts.ProbeBucket = bc.BucketProber()
+	}
 	gw, err := gateway.New(gateway.Config{
 		FSS:           fssOpts,
 		DataPlane:     dpIssuer,

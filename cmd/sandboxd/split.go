@@ -405,6 +405,9 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
+	if bc, ok, _ := c.blob.config(""); ok && bc.S3 != nil {
+		fssOpts.ProbeBucket = bc.BucketProber()
+	}
 	gw, err := gateway.New(gateway.Config{
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
