@@ -363,7 +363,7 @@ func TestSnapshotRefusals(t *testing.T) {
 	}
 
 	_, err := r.SnapshotVolume(ctx, sb.ID, tgt("v1", "nope"))
-	if reasonOf(APIError(sb.ID, err, "")) != apierr.VolumeNotSnapshottable || connect.CodeOf(err) != connect.CodeNotFound {
+	if reasonOf(APIError(sb.ID, err, "")) != apierr.VolumeNotSnapshottable || connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Errorf("unknown volume: %v", err)
 	}
 	_, err = r.SnapshotVolume(ctx, "missing", tgt("v2", "data"))
