@@ -3,6 +3,7 @@ package local
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -35,9 +37,10 @@ import (
 
 const dirVolumes = "vol"
 
-// setupVolumes makes spec's volumes for the sandbox in dir and returns the OCI mounts of
-// its volume mounts.
-func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange) ([]specs.Mount, map[string]string, error) {
+// setupVolumes makes spec's volumes for sandbox id in dir and returns the OCI mounts of
+// its volume mounts. disk is the sandbox's disk limit (0: none). Disk volumes are
+// subvolumes of the volume pool (volpool.go) when it is available, else made as below.
+func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, ids *idRange) ([]specs.Mount, map[string]string, error) {
 	if len(spec.Volumes) == 0 {
 		return nil, nil, nil
 	}
@@ -55,6 +58,30 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 			return nil
 		}
 		return chownToRoot(*ids, p)
+	}
+	var release func()
+	usePool := false
+	for _, v := range spec.Volumes {
+		if v.Medium == runtime.MediumMemory {
+			if v.RestoreDigest != "" {
+				return nil, nil, fmt.Errorf("volume %q: %w: restoring a memory volume from a snapshot", v.Name, errdefs.ErrNotImplemented)
+			}
+			continue
+		}
+		if !usePool && b.vols.available() {
+			r, err := b.vols.acquire()
+			if err == nil {
+				release, usePool = r, true
+				defer release()
+			} else if !errors.Is(err, errNoPool) {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			} else {
+				b.log.Warn("volume pool unavailable: volumes without snapshots", "err", err)
+			}
+		}
+		if v.RestoreDigest != "" && !usePool {
+			return nil, nil, fmt.Errorf("volume %q: %w", v.Name, errNoPool)
+		}
 	}
 	roots := map[string]string{}
 	for i, v := range spec.Volumes {
@@ -74,8 +101,16 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 			if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ",")); err != nil {
 				return nil, nil, fmt.Errorf("volume %q: mount tmpfs: %w", v.Name, err)
 			}
+		case usePool:
+			var err error
+			if root, err = b.poolVolume(id, i, v, cmp(v.SizeBytes, disk), ids); err != nil {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			}
+			if err := chown(root); err != nil {
+				return nil, nil, err
+			}
 		case v.SizeBytes > 0:
-			if err := t.mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
+			if err := b.disks.mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
 				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
 			}
 			_ = os.Remove(filepath.Join(root, "lost+found")) // a fresh volume is empty
@@ -83,7 +118,7 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 				return nil, nil, err
 			}
 		default:
-			if diskLimited {
+			if disk > 0 {
 				root = filepath.Join(dir, dirDisk, dirVolumes, strconv.Itoa(i))
 			}
 			if err := os.MkdirAll(root, 0o755); err != nil {
@@ -99,6 +134,97 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids)
 	return mounts, roots, err
 }
+
+// poolVolume makes sandbox id's disk volume number index, v, in the volume pool (held
+// by the caller), limited to limit bytes (0: none): empty, or a writable snapshot of the
+// cached snapshot v.RestoreDigest with its owners shifted into ids.
+func (b *Backend) poolVolume(id string, index int, v runtime.Volume, limit int64, ids *idRange) (string, error) {
+	if v.RestoreDigest == "" {
+		return b.vols.createVolume(id, index, limit, nil)
+	}
+	entry, done, err := b.snaps.use(v.RestoreDigest)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	if limit > 0 && entry.meta.Bytes > limit {
+		return "", fmt.Errorf("%w: volume %q: its snapshot holds %d bytes, more than the volume's %d", runtime.ErrInvalidSpec, v.Name, entry.meta.Bytes, limit)
+	}
+	src, err := b.vols.openDir(filepath.Join(poolCache, v.RestoreDigest))
+	if err != nil {
+		return "", fmt.Errorf("snapshot %s: %w", v.RestoreDigest, err)
+	}
+	defer src.Close()
+	root, err := b.vols.createVolume(id, index, limit, src)
+	if err != nil {
+		return "", err
+	}
+	if ids != nil {
+		vol, err := b.vols.openDir(filepath.Join(poolSandboxes, id, strconv.Itoa(index)))
+		if err != nil {
+			return "", err
+		}
+		defer vol.Close()
+		if err := shiftOwners(vol, *ids, 0); err != nil {
+			return "", fmt.Errorf("restore snapshot %s: %w", v.RestoreDigest, err)
+		}
+	}
+	return root, nil
+}
+
+// maxRestoreDepth bounds the directory nesting of a restored volume (shiftOwners keeps
+// one descriptor open per level).
+const maxRestoreDepth = 1024
+
+// shiftOwners moves the owners of everything below dir (ids as the sandbox sees them)
+// into the sandbox's host id range r; ids outside it become the range's nobody. It walks
+// by descriptor and never follows a symlink: the tree is sandbox-made.
+func shiftOwners(dir *os.File, r idRange, depth int) error {
+	if depth > maxRestoreDepth {
+		return fmt.Errorf("directories nested deeper than %d", maxRestoreDepth)
+	}
+	shift := func(id uint32) int {
+		if id >= r.Size {
+			id = nobodyID
+		}
+		return int(r.HostID + id)
+	}
+	fd := int(dir.Fd())
+	for {
+		ents, err := dir.ReadDir(1024)
+		for _, e := range ents {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return err
+			}
+			if err := unix.Fchownat(fd, e.Name(), shift(st.Uid), shift(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("chown %s: %w", e.Name(), err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				continue
+			}
+			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			child := os.NewFile(uintptr(cfd), e.Name())
+			err = shiftOwners(child, r, depth+1)
+			child.Close()
+			if err != nil {
+				return err
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(ents) == 0) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// nobodyID is the id files of ids the sandbox does not map get.
+const nobodyID = 65534
 
 // volumeMounts are the bind mounts of one container's VolumeMounts of the volumes at
 // roots (by name): every container of a group that lists a volume gets the same dir.
