@@ -1,17 +1,32 @@
 // Package fsarchive is the format of file-system snapshots: a scratch volume's tree as a
 // POSIX (PAX) tar stream compressed with zstd. Entries are directories, regular files
-// (sparse-aware where cheap) and symlinks, with mode bits, uid/gid (as seen inside the
-// sandbox), mtime and user.* xattrs; device nodes, fifos and sockets are skipped (a
-// scratch volume's consumer recreates them). Paths are relative, clean and never leave
+// and symlinks, with mode bits, uid/gid (as seen inside the sandbox), mtime and user.*
+// xattrs; device nodes, fifos and sockets are skipped (counted in ArchiveStats.Skipped:
+// a scratch volume's consumer recreates them). Paths are relative, clean and never leave
 // the root; hard links are stored as copies.
+//
+// # Format
+//
+// One zstd stream (window at most MaxWindow, so the decoder's memory is bounded) holding
+// a PAX tar stream. The first entry is the root directory "./"; every other directory
+// is named "dir/" and comes before its content, in depth-first order with the names of a
+// directory sorted bytewise, so the same tree gives the same archive bytes (mtimes, owners
+// and modes are part of it). A directory's mode and mtime apply once its subtree is
+// complete. Modes carry the permission bits and the sticky bit of directories (never
+// setuid/setgid). mtimes have nanosecond precision (PAX "mtime"); atime and ctime are not
+// stored. xattrs are PAX "SCHILY.xattr.user.*" records (at most MaxXattrs per entry, each
+// value at most MaxXattrValue bytes, MaxXattrBytes in all). Sparse files are stored with
+// their holes as zeros (zstd compresses them to almost nothing; Extract punches them back
+// as holes by not writing all-zero blocks).
 //
 // Write reads a tree the sandbox may still be able to change (or that it shaped to
 // attack the host): it walks by file descriptor from the root (openat with O_NOFOLLOW,
 // never a path string re-resolved), so a symlink is archived as a symlink and never
 // followed. Extract writes into a fresh directory with the same discipline: every entry
-// is created relative to its parent's descriptor, no symlink is followed, entries that
-// would leave the root or repeat a path are refused, and the limits are enforced on the
-// stream as it is read.
+// is created relative to its parent's descriptor (opened with openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), no symlink is followed, entries that would leave
+// the root, repeat a path or come out of depth-first order are refused, and the limits
+// are enforced on the stream as it is read.
 package fsarchive
 
 import (
@@ -23,14 +38,36 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Errors of Extract. Each wraps ErrInvalid.
+// Errors of Extract: a refused archive's error wraps one of them (and names the entry).
+// Errors of the reader given to Extract are returned as they are (wrapped), not as these.
 var (
 	// ErrInvalid: the archive is malformed or holds something refused (a path leaving
-	// the root, a repeated path, an entry of an unknown type).
+	// the root, a repeated path, an entry of an unknown type, a corrupt stream).
 	ErrInvalid = errors.New("invalid snapshot archive")
 	// ErrTooLarge: the archive holds more than its limits allow.
 	ErrTooLarge = errors.New("snapshot archive exceeds its limits")
 )
+
+// Bounds of the format, shared by Write (which fails rather than write more) and Extract
+// (which refuses more).
+const (
+	// MaxWindow is the largest zstd window Extract decodes (Write uses exactly this).
+	// The decoder's memory is a small multiple of it.
+	MaxWindow = 8 << 20
+	// MaxPath bounds an entry's path (bytes); a component is at most MaxName.
+	MaxPath = 4096
+	MaxName = 255
+	// MaxLink bounds a symlink's target (bytes).
+	MaxLink = 4095
+	// MaxXattrs, MaxXattrValue and MaxXattrBytes bound the user.* xattrs of one entry
+	// (count, one value, names and values in all).
+	MaxXattrs     = 128
+	MaxXattrValue = 64 << 10
+	MaxXattrBytes = 256 << 10
+)
+
+// nobody is the id stored for (and restored from) an owner outside the IDMap.
+const nobody = 65534
 
 // IDMap maps the tree's owners between the host and the sandbox: a sandbox in a user
 // namespace sees host id HostBase+n as n (n < Size). The zero value maps nothing (ids are
@@ -40,18 +77,49 @@ type IDMap struct {
 	Size     uint32
 }
 
+// toSandbox is how the sandbox sees host id id (nobody when outside the map).
+func (m IDMap) toSandbox(id uint32) uint32 {
+	if m.Size == 0 {
+		return id
+	}
+	if id >= m.HostBase && uint64(id) < uint64(m.HostBase)+uint64(m.Size) {
+		return id - m.HostBase
+	}
+	return nobody
+}
+
+// toHost is the host id of sandbox id id. Outside the map it is the map's nobody, and
+// when nobody is outside the map too, ok is false (the entry keeps the caller's owner,
+// which the sandbox sees as its overflow id, nobody).
+func (m IDMap) toHost(id uint32) (host uint32, ok bool) {
+	if m.Size == 0 {
+		return id, true
+	}
+	if id < m.Size {
+		return m.HostBase + id, true
+	}
+	if nobody < m.Size {
+		return m.HostBase + nobody, true
+	}
+	return 0, false
+}
+
 // Write archives the tree under root (an open directory) to w and returns what it
 // wrote. It reads the tree by descriptor and never follows a symlink. Owners are stored
-// as the sandbox sees them (ids outside ids' range are stored as 65534, nobody).
+// as the sandbox sees them (ids outside ids' range are stored as 65534, nobody). Device
+// nodes, fifos, sockets and entries that vanish while the tree is read are left out and
+// counted in Skipped. It fails on a path longer than MaxPath, a file that shrinks while
+// it is read, or xattrs beyond the bounds above; w then holds a partial archive.
 func Write(ctx context.Context, root *os.File, w io.Writer, ids IDMap) (runtime.ArchiveStats, error) {
-	return runtime.ArchiveStats{}, errors.New("fsarchive: Write not implemented yet")
+	return write(ctx, root, w, ids)
 }
 
 // Extract unpacks the archive read from r into root (an open, empty directory),
 // enforcing limits as it reads. Owners are mapped into ids (ids outside its range become
 // its nobody) when the caller may set them (root), else files belong to the caller. No
-// setuid/setgid bit survives. On error, what was extracted so far stays in root for the
+// setuid/setgid bit survives. It reads r to its end (so a reader that checks a digest at
+// the end gets to check it). On error, what was extracted so far stays in root for the
 // caller to remove.
 func Extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap) (runtime.ArchiveStats, error) {
-	return runtime.ArchiveStats{}, errors.New("fsarchive: Extract not implemented yet")
+	return extract(ctx, r, root, limits, ids)
 }

@@ -42,6 +42,9 @@ type VolumeCapture interface {
 type ArchiveStats struct {
 	Files int64 // entries (files, directories, symlinks)
 	Bytes int64 // sum of regular files' sizes (before compression)
+	// Skipped counts what Write left out: device nodes, fifos, sockets, and entries that
+	// vanished while the tree was read. Extract never skips (it refuses).
+	Skipped int64
 }
 
 // SnapshotCache is implemented by backends that restore volumes from snapshot archives.

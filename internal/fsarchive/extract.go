@@ -1,0 +1,506 @@
+package fsarchive
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// maxTrailing bounds what may follow the tar stream's end inside the zstd stream
+// (zero padding, as GNU tar writes up to its record size).
+const maxTrailing = 1 << 20
+
+// srcReader records how the caller's reader ended, to tell its failures (a digest
+// mismatch, a network error) from a corrupt archive.
+type srcReader struct {
+	r   io.Reader
+	err error // a failure of r (not io.EOF)
+	eof bool
+}
+
+func (s *srcReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		s.eof = true
+	} else if err != nil && s.err == nil {
+		s.err = err
+	}
+	return n, err
+}
+
+// dirState is an open directory of the depth-first walk: its mode and mtime apply when
+// its subtree is complete.
+type dirState struct {
+	name  string // "." for the root
+	mode  uint32
+	mtime time.Time
+	fd    int // open only for the innermost directory, else -1
+}
+
+type extractor struct {
+	ctx     context.Context
+	src     *srcReader
+	tr      *tar.Reader
+	rootfd  int
+	limits  runtime.ArchiveLimits
+	ids     IDMap
+	chown   bool
+	started bool
+	stack   []dirState
+	stats   runtime.ArchiveStats
+	buf     []byte
+	zero    []byte
+}
+
+func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap) (runtime.ArchiveStats, error) {
+	rootfd, err := dupDir(root)
+	if err != nil {
+		return runtime.ArchiveStats{}, err
+	}
+	defer unix.Close(rootfd)
+	src := &srcReader{r: r}
+	// The window is bounded (an archive asking for more is refused), so is the memory.
+	// Synchronous decoding: no goroutine reads r behind Extract's back or after it
+	// returns.
+	dec, err := zstd.NewReader(src,
+		zstd.WithDecoderMaxWindow(MaxWindow),
+		zstd.WithDecoderMaxMemory(MaxWindow),
+		zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return runtime.ArchiveStats{}, fmt.Errorf("fsarchive: zstd: %w", err)
+	}
+	defer dec.Close()
+	ex := &extractor{
+		ctx:    ctx,
+		src:    src,
+		tr:     tar.NewReader(dec),
+		rootfd: rootfd,
+		limits: limits,
+		ids:    ids,
+		chown:  os.Geteuid() == 0,
+		buf:    make([]byte, copyBufSize),
+		zero:   make([]byte, copyBufSize),
+	}
+	err = ex.run(dec)
+	for _, d := range ex.stack {
+		if d.fd >= 0 && d.fd != rootfd {
+			unix.Close(d.fd)
+		}
+	}
+	return ex.stats, err
+}
+
+func (ex *extractor) run(dec io.Reader) error {
+	for {
+		if err := ex.ctx.Err(); err != nil {
+			return err
+		}
+		hdr, err := ex.tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			if hdr != nil && errors.Is(err, tar.ErrInsecurePath) {
+				why := checkPath(strings.TrimSuffix(hdr.Name, "/"))
+				if why == nil {
+					why = errors.New("path leaves the root")
+				}
+				return invalid(hdr.Name, "%v", why)
+			}
+			return ex.streamErr(err)
+		}
+		if err := ex.entry(hdr); err != nil {
+			return err
+		}
+	}
+	if !ex.started {
+		return fmt.Errorf("%w: no root entry %q", ErrInvalid, "./")
+	}
+	for len(ex.stack) > 0 {
+		if err := ex.pop(); err != nil {
+			return err
+		}
+	}
+	// Read to the end: the zstd frame's checksum and the caller's reader (which may
+	// check a digest at its end) get their say.
+	n, err := io.Copy(io.Discard, io.LimitReader(dec, maxTrailing+1))
+	if err != nil {
+		return ex.streamErr(err)
+	}
+	if n > maxTrailing {
+		return fmt.Errorf("%w: more than %d bytes after the end of the tar stream", ErrInvalid, maxTrailing)
+	}
+	if !ex.src.eof {
+		var one [1]byte
+		n, err := io.ReadFull(ex.src, one[:])
+		if n > 0 {
+			return fmt.Errorf("%w: data after the end of the zstd stream", ErrInvalid)
+		}
+		if !errors.Is(err, io.EOF) {
+			return ex.streamErr(err)
+		}
+	}
+	return nil
+}
+
+// streamErr is the error of a failed read of the archive: the caller's reader's own
+// failure as it is, else a corrupt (or truncated) archive.
+func (ex *extractor) streamErr(err error) error {
+	if ex.src.err != nil {
+		return fmt.Errorf("fsarchive: reading the archive: %w", ex.src.err)
+	}
+	if cerr := ex.ctx.Err(); cerr != nil {
+		return cerr
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: truncated: %v", ErrInvalid, err)
+	}
+	return fmt.Errorf("%w: %v", ErrInvalid, err)
+}
+
+func invalid(name, format string, args ...any) error {
+	return fmt.Errorf("%w: entry %q: %s", ErrInvalid, clip(name), fmt.Sprintf(format, args...))
+}
+
+func tooLarge(name, format string, args ...any) error {
+	return fmt.Errorf("%w: entry %q: %s", ErrTooLarge, clip(name), fmt.Sprintf(format, args...))
+}
+
+// clip keeps an error message readable when a hostile name is huge.
+func clip(name string) string {
+	if len(name) > 256 {
+		return name[:256] + "..."
+	}
+	return name
+}
+
+// checkPath refuses a path that is not relative, clean and bounded.
+func checkPath(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty path")
+	case len(name) > MaxPath:
+		return fmt.Errorf("path longer than %d bytes", MaxPath)
+	case strings.IndexByte(name, 0) >= 0:
+		return errors.New("NUL in path")
+	case name[0] == '/':
+		return errors.New("absolute path")
+	}
+	for c := range strings.SplitSeq(name, "/") {
+		if c == ".." {
+			return errors.New("path leaves the root (..)")
+		}
+		if len(c) > MaxName {
+			return fmt.Errorf("path component longer than %d bytes", MaxName)
+		}
+	}
+	if path.Clean(name) != name {
+		return errors.New("path not clean")
+	}
+	return nil
+}
+
+// xattr is one user.* xattr of an entry.
+type xattr struct{ key, value string }
+
+// checkRecords refuses PAX records the format does not have and returns the xattrs.
+func checkRecords(hdr *tar.Header) ([]xattr, error) {
+	var xs []xattr
+	total := 0
+	for k, v := range hdr.PAXRecords {
+		switch k {
+		case "path", "linkpath", "size", "uid", "gid", "mtime":
+			continue // applied through hdr
+		case "atime", "ctime", "uname", "gname":
+			continue // not part of the format: ignored (other tar writers add them)
+		}
+		key, ok := strings.CutPrefix(k, xattrPrefix)
+		if !ok || !strings.HasPrefix(key, "user.") {
+			return nil, fmt.Errorf("PAX record %q not supported", clip(k))
+		}
+		if len(key) == len("user.") || len(key) > MaxName || strings.IndexByte(key, 0) >= 0 {
+			return nil, fmt.Errorf("bad xattr name %q", clip(key))
+		}
+		if len(v) > MaxXattrValue {
+			return nil, fmt.Errorf("xattr %q longer than %d bytes", key, MaxXattrValue)
+		}
+		total += len(key) + len(v)
+		xs = append(xs, xattr{key, v})
+		if len(xs) > MaxXattrs || total > MaxXattrBytes {
+			return nil, fmt.Errorf("xattrs beyond %d entries or %d bytes", MaxXattrs, MaxXattrBytes)
+		}
+	}
+	slices.SortFunc(xs, func(a, b xattr) int { return strings.Compare(a.key, b.key) })
+	return xs, nil
+}
+
+func (ex *extractor) entry(hdr *tar.Header) error {
+	name := hdr.Name
+	switch hdr.Typeflag {
+	case tar.TypeReg, tar.TypeSymlink:
+	case tar.TypeDir:
+		name = strings.TrimSuffix(name, "/")
+	case tar.TypeLink:
+		return invalid(hdr.Name, "hard links are not supported")
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		return invalid(hdr.Name, "device nodes and fifos are not supported")
+	default:
+		return invalid(hdr.Name, "entry type %q not supported", hdr.Typeflag)
+	}
+	if name != "." {
+		if err := checkPath(name); err != nil {
+			return invalid(hdr.Name, "%v", err)
+		}
+	}
+	xs, err := checkRecords(hdr)
+	if err != nil {
+		return invalid(hdr.Name, "%v", err)
+	}
+	if hdr.Typeflag != tar.TypeSymlink && hdr.Linkname != "" {
+		return invalid(hdr.Name, "link target on a non-link")
+	}
+	if hdr.Typeflag != tar.TypeReg && hdr.Size != 0 {
+		return invalid(hdr.Name, "size on a non-file")
+	}
+	if hdr.Uid < 0 || hdr.Uid > math.MaxUint32 || hdr.Gid < 0 || hdr.Gid > math.MaxUint32 {
+		return invalid(hdr.Name, "owner out of range")
+	}
+	ex.stats.Files++
+	if ex.limits.MaxFiles > 0 && ex.stats.Files > ex.limits.MaxFiles {
+		return tooLarge(hdr.Name, "more than %d entries", ex.limits.MaxFiles)
+	}
+	if hdr.Typeflag == tar.TypeReg && ex.limits.MaxBytes > 0 && hdr.Size > ex.limits.MaxBytes-ex.stats.Bytes {
+		return tooLarge(hdr.Name, "files of more than %d bytes in all", ex.limits.MaxBytes)
+	}
+	first := !ex.started
+	ex.started = true
+	if name == "." {
+		if !first || hdr.Typeflag != tar.TypeDir {
+			return invalid(hdr.Name, "the root entry must be the first and a directory")
+		}
+		if err := ex.attrs(ex.rootfd, hdr, xs); err != nil {
+			return err
+		}
+		ex.stack = append(ex.stack, dirState{name: ".", mode: dirMode(hdr), mtime: hdr.ModTime, fd: ex.rootfd})
+		return nil
+	}
+	if first {
+		return invalid(hdr.Name, "the first entry must be the root directory %q", "./")
+	}
+	parent, base := path.Split(name)
+	parent = strings.TrimSuffix(parent, "/")
+	if parent == "" {
+		parent = "."
+	}
+	pfd, err := ex.parent(parent, hdr.Name)
+	if err != nil {
+		return err
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		return ex.dir(pfd, base, name, hdr, xs)
+	case tar.TypeReg:
+		return ex.file(pfd, base, hdr, xs)
+	default:
+		return ex.symlink(pfd, base, hdr, xs)
+	}
+}
+
+func dirMode(hdr *tar.Header) uint32 {
+	return uint32(hdr.Mode) & (0o777 | unix.S_ISVTX)
+}
+
+// parent returns the descriptor of directory parent, which must be one of the
+// directories being walked (entries come in depth-first order); the directories left
+// on the way are complete.
+func (ex *extractor) parent(parent, name string) (int, error) {
+	for len(ex.stack) > 0 && ex.stack[len(ex.stack)-1].name != parent {
+		if err := ex.pop(); err != nil {
+			return -1, err
+		}
+	}
+	if len(ex.stack) == 0 {
+		return -1, invalid(name, "its directory is not in the archive before it (or is not a directory, or the entries are not in depth-first order)")
+	}
+	top := &ex.stack[len(ex.stack)-1]
+	if top.fd < 0 {
+		fd, err := openBeneath(ex.rootfd, top.name)
+		if err != nil {
+			return -1, fmt.Errorf("fsarchive: reopening %q: %w", top.name, err)
+		}
+		top.fd = fd
+	}
+	return top.fd, nil
+}
+
+// pop completes the innermost directory: its mode and mtime, now that its content is
+// there.
+func (ex *extractor) pop() error {
+	d := ex.stack[len(ex.stack)-1]
+	ex.stack = ex.stack[:len(ex.stack)-1]
+	fd := d.fd
+	if fd < 0 {
+		var err error
+		if fd, err = openBeneath(ex.rootfd, d.name); err != nil {
+			return fmt.Errorf("fsarchive: reopening %q: %w", d.name, err)
+		}
+	}
+	if fd != ex.rootfd {
+		defer unix.Close(fd)
+	}
+	if err := unix.Fchmod(fd, d.mode); err != nil {
+		return fmt.Errorf("fsarchive: %q: %w", d.name, err)
+	}
+	if err := futimens(fd, d.mtime); err != nil {
+		return fmt.Errorf("fsarchive: %q: %w", d.name, err)
+	}
+	return nil
+}
+
+func (ex *extractor) dir(pfd int, base, name string, hdr *tar.Header, xs []xattr) error {
+	if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return invalid(hdr.Name, "repeated path")
+		}
+		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+	}
+	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+	}
+	if err := ex.attrs(fd, hdr, xs); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	// Only the innermost directory stays open (the others are reopened beneath the
+	// root when the walk comes back to them), so the descriptors do not grow with depth.
+	if top := &ex.stack[len(ex.stack)-1]; top.fd != ex.rootfd {
+		unix.Close(top.fd)
+		top.fd = -1
+	}
+	ex.stack = append(ex.stack, dirState{name: name, mode: dirMode(hdr), mtime: hdr.ModTime, fd: fd})
+	return nil
+}
+
+func (ex *extractor) file(pfd int, base string, hdr *tar.Header, xs []xattr) error {
+	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return invalid(hdr.Name, "repeated path")
+		}
+		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+	}
+	defer unix.Close(fd)
+	// All-zero chunks are skipped (holes), the size set at the end.
+	left, holes := hdr.Size, false
+	for left > 0 {
+		if err := ex.ctx.Err(); err != nil {
+			return err
+		}
+		b := ex.buf
+		if int64(len(b)) > left {
+			b = b[:left]
+		}
+		if _, err := io.ReadFull(ex.tr, b); err != nil {
+			return ex.streamErr(err)
+		}
+		if bytes.Equal(b, ex.zero[:len(b)]) {
+			if _, err := unix.Seek(fd, int64(len(b)), io.SeekCurrent); err != nil {
+				return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+			}
+			holes = true
+		} else if err := writeFull(fd, b); err != nil {
+			return fmt.Errorf("fsarchive: writing %q: %w", hdr.Name, err)
+		}
+		left -= int64(len(b))
+	}
+	ex.stats.Bytes += hdr.Size
+	if holes {
+		if err := unix.Ftruncate(fd, hdr.Size); err != nil {
+			return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+		}
+	}
+	if err := ex.attrs(fd, hdr, xs); err != nil {
+		return err
+	}
+	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o777); err != nil {
+		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+	}
+	if err := futimens(fd, hdr.ModTime); err != nil {
+		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+	}
+	return nil
+}
+
+func (ex *extractor) symlink(pfd int, base string, hdr *tar.Header, xs []xattr) error {
+	target := hdr.Linkname
+	switch {
+	case target == "":
+		return invalid(hdr.Name, "empty symlink target")
+	case len(target) > MaxLink:
+		return invalid(hdr.Name, "symlink target longer than %d bytes", MaxLink)
+	case strings.IndexByte(target, 0) >= 0:
+		return invalid(hdr.Name, "NUL in symlink target")
+	case len(xs) > 0:
+		return invalid(hdr.Name, "xattrs on a symlink")
+	}
+	if err := unix.Symlinkat(target, pfd, base); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return invalid(hdr.Name, "repeated path")
+		}
+		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+	}
+	if ex.chown {
+		uid, gid := ex.owner(hdr)
+		if err := unix.Fchownat(pfd, base, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+		}
+	}
+	ts := timespec(hdr.ModTime)
+	if err := unix.UtimesNanoAt(pfd, base, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+	}
+	return nil
+}
+
+// owner is the host owner of an entry (-1: left as the caller).
+func (ex *extractor) owner(hdr *tar.Header) (uid, gid int) {
+	uid, gid = -1, -1
+	if u, ok := ex.ids.toHost(uint32(hdr.Uid)); ok {
+		uid = int(u)
+	}
+	if g, ok := ex.ids.toHost(uint32(hdr.Gid)); ok {
+		gid = int(g)
+	}
+	return uid, gid
+}
+
+// attrs sets the owner (as root) and the xattrs of the file or directory open as fd.
+func (ex *extractor) attrs(fd int, hdr *tar.Header, xs []xattr) error {
+	if ex.chown {
+		uid, gid := ex.owner(hdr)
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+		}
+	}
+	for _, x := range xs {
+		if err := unix.Fsetxattr(fd, x.key, []byte(x.value), 0); err != nil {
+			return fmt.Errorf("fsarchive: %q: setting xattr %q: %w", hdr.Name, x.key, err)
+		}
+	}
+	return nil
+}
