@@ -13,12 +13,11 @@ import (
 // golang.org/x/sys/unix has none of them.
 
 const (
-	btrfsIocSubvolCreate   = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
-	btrfsIocSnapDestroy    = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
-	btrfsIocSnapCreateV2   = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
-	btrfsIocSubvolSetflags = 0x4008941a // _IOW(0x94, 26, __u64)
-	btrfsIocQuotaCtl       = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
-	btrfsIocQgroupLimit    = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
+	btrfsIocSubvolCreate = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	btrfsIocSnapDestroy  = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
+	btrfsIocSnapCreateV2 = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
+	btrfsIocQuotaCtl     = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
+	btrfsIocQgroupLimit  = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
 
 	btrfsSubvolRdonly     = 1 << 1
 	btrfsQuotaCtlEnable   = 1
@@ -175,15 +174,6 @@ func destroyNested(parent *os.File, name string, depth int) error {
 		if err := destroyNested(dir, e.Name(), depth+1); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// subvolSetReadOnly makes the subvolume open as dir read-only.
-func subvolSetReadOnly(dir *os.File) error {
-	flags := uint64(btrfsSubvolRdonly)
-	if err := btrfsIoctl(int(dir.Fd()), btrfsIocSubvolSetflags, unsafe.Pointer(&flags)); err != nil {
-		return fmt.Errorf("make subvolume read-only: %w", err)
 	}
 	return nil
 }

@@ -172,12 +172,9 @@ func (c *snapCache) prepare(ctx context.Context, digest string, limits runtime.A
 	if err := subvolCreate(tmpDir, name); err != nil {
 		return err
 	}
-	keep := false
 	defer func() {
-		if !keep {
-			if err := subvolDestroy(tmpDir, name); err != nil {
-				c.b.log.Warn("snapshot cache: remove a failed extraction", "digest", digest, "err", err)
-			}
+		if err := subvolDestroy(tmpDir, name); err != nil {
+			c.b.log.Warn("snapshot cache: remove an extraction", "digest", digest, "err", err)
 		}
 	}()
 	root, err := c.b.vols.openDir(filepath.Join(poolTmp, name))
@@ -201,29 +198,23 @@ func (c *snapCache) prepare(ctx context.Context, digest string, limits runtime.A
 	} else if n > maxTrailing {
 		return fmt.Errorf("snapshot %s: %w: data after the archive's end", digest, fsarchive.ErrInvalid)
 	}
-	if err := subvolSetReadOnly(root); err != nil {
-		return err
-	}
-	if err := writeJSONAtomic(c.metaPath(digest), cacheMeta{Bytes: st.Bytes, Files: st.Files}); err != nil {
-		return err
-	}
+	// The entry appears read-only and complete: a read-only snapshot of the extraction
+	// (a read-only subvolume cannot be renamed), then its meta, which lists it.
 	cacheDir, err := c.b.vols.openDir(poolCache)
 	if err != nil {
 		return err
 	}
 	defer cacheDir.Close()
-	if err := unix.Renameat(int(tmpDir.Fd()), name, int(cacheDir.Fd()), digest); err != nil {
-		// Another backend on the same state dir cannot be racing us; a leftover entry
-		// without meta (a crash) is replaced.
-		if derr := subvolDestroy(cacheDir, digest); derr == nil {
-			err = unix.Renameat(int(tmpDir.Fd()), name, int(cacheDir.Fd()), digest)
-		}
-		if err != nil {
-			_ = os.Remove(c.metaPath(digest))
-			return fmt.Errorf("snapshot %s: %w", digest, err)
-		}
+	if err := subvolDestroy(cacheDir, digest); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("snapshot %s: replace a partial cache entry: %w", digest, err)
 	}
-	keep = true
+	if err := subvolSnapshot(root, cacheDir, digest, true); err != nil {
+		return fmt.Errorf("snapshot %s: %w", digest, err)
+	}
+	if err := writeJSONAtomic(c.metaPath(digest), cacheMeta{Bytes: st.Bytes, Files: st.Files}); err != nil {
+		_ = subvolDestroy(cacheDir, digest)
+		return err
+	}
 	c.evict(digest)
 	return nil
 }
