@@ -27,7 +27,8 @@ import (
 // File-system snapshots of disk volumes (runtime.VolumeCapturer, runtime.SnapshotCache),
 // on the volume pool (volpool.go).
 //
-// Capture: the sandbox's cgroup is frozen (every container of a group, and under gVisor
+// Capture: the pool's dirty data is written out (syncfs, the workload running), then
+// the sandbox's cgroup is frozen (every container of a group, and under gVisor
 // the sentry, are below it), a read-only snapshot subvolume of the volume is taken into
 // <pool>/captures/<random>, and the cgroup is thawed: the workload pauses for the freeze
 // and one btrfs snapshot, milliseconds whatever the volume holds. The capture is then
@@ -406,6 +407,11 @@ func (b *Backend) capture(s *sandbox, index int) (*volumeCapture, error) {
 		return nil, err
 	} else if ok {
 		c.ids = fsarchive.IDMap{HostBase: r.HostID, Size: r.Size}
+	}
+	// A snapshot writes out the volume's dirty data first: write the bulk of it out now,
+	// while the workload runs, so that the frozen part is short.
+	if err := unix.Syncfs(int(src.Fd())); err != nil {
+		return nil, fmt.Errorf("sync the volume pool: %w", err)
 	}
 	start := time.Now()
 	thaw, err := freezeCgroup(b.freezeCgroup(s))
