@@ -213,3 +213,35 @@ func TestSnapshotHostileArchive(t *testing.T) {
 		}
 	}
 }
+
+// TestVolumeNoNestedSubvolumes: a runc sandbox cannot make a btrfs subvolume or
+// snapshot inside its volume (one would be a qgroup of its own, outside the volume's
+// size), however it spells the request; other ioctls still work.
+func TestVolumeNoNestedSubvolumes(t *testing.T) {
+	e := volPoolEnv(t)
+	bin := filepath.Join(t.TempDir(), "btrfsnest")
+	if out, err := goBuild(bin, "./testdata/btrfsnest"); err != nil {
+		t.Fatalf("build btrfsnest: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := volSpec("nest", "", []runtime.Volume{{Name: "data", SizeBytes: 32 << 20}}, "exec sleep 3600")
+	sp.Files = []runtime.File{{Path: "/tmp/btrfsnest", Content: data, Mode: 0o755}}
+	e.create(sp)
+	out := sh(t, e.b, "nest", "/tmp/btrfsnest /data")
+	want := "SUBVOL_CREATE: operation not permitted\nSUBVOL_CREATE_V2: operation not permitted\nSNAP_CREATE: operation not permitted\n" +
+		"SUBVOL_CREATE|1<<32: operation not permitted\nSNAP_CREATE_V2: operation not permitted"
+	if out != want {
+		t.Errorf("btrfsnest:\n%s\nwant\n%s", out, want)
+	}
+	if got := sh(t, e.b, "nest", "ls -A /data | wc -l"); got != "0" {
+		t.Errorf("the volume holds %s entries", got)
+	}
+	// ioctl itself is not refused: a terminal size query on /dev/null fails as it
+	// should (ENOTTY), not with EPERM.
+	if got := sh(t, e.b, "nest", "stty -F /dev/null 2>&1 || true"); strings.Contains(got, "not permitted") {
+		t.Errorf("stty: %q", got)
+	}
+}
