@@ -45,7 +45,9 @@ import (
 // is bounded (Config.SnapshotCacheBytes): least recently used entries beyond it are
 // deleted, except those a restore is using.
 //
-// Memory volumes (tmpfs) are neither captured nor restored here (ErrNotImplemented).
+// Memory volumes (tmpfs) have no snapshots: a capture copies the tree into a capture
+// subvolume with the sandbox frozen (the pause is the copy's time, which grows with
+// what the volume holds), and a restore copies the cache entry into the new tmpfs.
 
 var digestRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
@@ -366,9 +368,6 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 	if index < 0 {
 		return nil, fmt.Errorf("%w: sandbox %s has no scratch volume %q", runtime.ErrVolumeNotFound, id, volume)
 	}
-	if s.spec.Volumes[index].Medium == runtime.MediumMemory {
-		return nil, fmt.Errorf("%w: snapshots of memory volumes (volume %q)", errdefs.ErrNotImplemented, volume)
-	}
 	if !b.vols.available() {
 		return nil, errNoPool
 	}
@@ -376,7 +375,12 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 	if err != nil {
 		return nil, err
 	}
-	c, err := b.capture(s, index)
+	var c *volumeCapture
+	if s.spec.Volumes[index].Medium == runtime.MediumMemory {
+		c, err = b.captureMemory(ctx, s, index)
+	} else {
+		c, err = b.capture(s, index)
+	}
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("capture volume %q of %s: %w", volume, id, err)
@@ -429,6 +433,75 @@ func (b *Backend) capture(s *sandbox, index int) (*volumeCapture, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// captureMemory captures a memory volume (a tmpfs, which has no snapshots): its tree is
+// copied into a capture subvolume with the sandbox frozen, so the pause is the copy's
+// time (it grows with the volume; the tmpfs's size bounds it). Owners are copied as the
+// sandbox sees them.
+func (b *Backend) captureMemory(ctx context.Context, s *sandbox, index int) (*volumeCapture, error) {
+	srcFD, err := unix.Open(filepath.Join(s.dir, dirVolumes, strconv.Itoa(index)), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	src := os.NewFile(uintptr(srcFD), "volume")
+	defer src.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(srcFD, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		return nil, fmt.Errorf("%w: the memory volume is not mounted (the sandbox has ended)", errdefs.ErrNotImplemented)
+	}
+	var ids fsarchive.IDMap
+	if r, ok, err := readIDRange(s.dir); err != nil {
+		return nil, err
+	} else if ok {
+		ids = fsarchive.IDMap{HostBase: r.HostID, Size: r.Size}
+	}
+	captures, err := b.vols.openDir(poolCaptures)
+	if err != nil {
+		return nil, err
+	}
+	defer captures.Close()
+	c := &volumeCapture{b: b, name: randomName()} // owners already as the sandbox sees them
+	if err := subvolCreate(captures, c.name); err != nil {
+		return nil, err
+	}
+	dst, err := b.vols.openDir(filepath.Join(poolCaptures, c.name))
+	if err == nil {
+		defer dst.Close()
+		start := time.Now()
+		var thaw func() error
+		if thaw, err = freezeCgroup(b.freezeCgroup(s)); err == nil {
+			_, err = copyTree(ctx, src, ids, dst, fsarchive.IDMap{}, runtime.ArchiveLimits{})
+			if terr := thaw(); err == nil {
+				err = terr
+			}
+		}
+		c.pause = time.Since(start)
+	}
+	if err != nil {
+		_ = subvolDestroy(captures, c.name)
+		return nil, err
+	}
+	return c, nil
+}
+
+// copyTree copies the tree under src (owners read through srcIDs) into the empty dir
+// dst (owners written through dstIDs) by an fsarchive stream: by descriptor, never
+// following a symlink, within limits.
+func copyTree(ctx context.Context, src *os.File, srcIDs fsarchive.IDMap, dst *os.File, dstIDs fsarchive.IDMap, limits runtime.ArchiveLimits) (runtime.ArchiveStats, error) {
+	pr, pw := io.Pipe()
+	werr := make(chan error, 1)
+	go func() {
+		_, err := fsarchive.Write(ctx, src, pw, srcIDs)
+		pw.CloseWithError(err)
+		werr <- err
+	}()
+	st, err := fsarchive.Extract(ctx, pr, dst, limits, dstIDs)
+	pr.CloseWithError(errors.New("copy ended"))
+	if e := <-werr; err == nil {
+		err = e
+	}
+	return st, err
 }
 
 // freezeCgroup is the cgroup (below CgroupParent) that holds every process of s: a

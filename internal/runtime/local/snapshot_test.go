@@ -185,7 +185,7 @@ func TestCaptureStoppedSandbox(t *testing.T) {
 	}
 }
 
-// TestCaptureErrors: unknown sandbox, unknown volume, memory volume.
+// TestCaptureErrors: unknown sandbox, unknown volume.
 func TestCaptureErrors(t *testing.T) {
 	e := volPoolEnv(t)
 	e.create(volSpec("cap-err", "", []runtime.Volume{{Name: "data"}, {Name: "mem", Medium: runtime.MediumMemory}}, "exec sleep 3600"))
@@ -195,7 +195,6 @@ func TestCaptureErrors(t *testing.T) {
 	}{
 		{"nope", "data", runtime.ErrNotFound},
 		{"cap-err", "nope", runtime.ErrVolumeNotFound},
-		{"cap-err", "mem", errdefs.ErrNotImplemented},
 	} {
 		if _, err := e.b.CaptureVolume(context.Background(), tc.id, tc.vol); !errors.Is(err, tc.want) {
 			t.Errorf("CaptureVolume(%s, %s) = %v, want %v", tc.id, tc.vol, err, tc.want)
@@ -403,6 +402,35 @@ func TestCaptureGroup(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
+	}
+}
+
+// TestMemoryVolumeSnapshot: a memory volume is captured (copied with the sandbox
+// frozen) and restored into another sandbox's memory volume, owners as the sandbox saw
+// them; a memory volume smaller than the snapshot is refused.
+func TestMemoryVolumeSnapshot(t *testing.T) {
+	e := volPoolEnv(t)
+	e.create(volSpec("msrc", "", []runtime.Volume{{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 32 << 20}},
+		"dd if=/dev/urandom of=/mem/blob bs=1M count=4 2>/dev/null; mkdir /mem/d; echo hi > /mem/d/f; chown 1000:1001 /mem/d/f; ln -s d/f /mem/l; touch /mem/done; "+
+			"i=0; while :; do i=$((i+1)); echo $i > /mem/tick; done"))
+	waitFor(t, func() bool { return sh(t, e.b, "msrc", "test -f /mem/done && echo y || echo n") == "y" })
+	sum := sh(t, e.b, "msrc", "md5sum /mem/blob | cut -d' ' -f1")
+	archive, digest, pause := archiveOf(t, e.b, "msrc", "mem")
+	t.Logf("memory volume (4 MiB) pause %s", pause)
+	dir := extracted(t, archive)
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(dir, "d/f"), &st); err != nil || st.Uid != 1000 || st.Gid != 1001 {
+		t.Errorf("owner of d/f = %d:%d (%v), want 1000:1001", st.Uid, st.Gid, err)
+	}
+	prepare(t, e.b, archive, digest)
+	e.create(volSpec("mdst", "", []runtime.Volume{{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 32 << 20, RestoreDigest: digest}}, "exec sleep 3600"))
+	if got := sh(t, e.b, "mdst", "md5sum /mem/blob | cut -d' ' -f1; cat /mem/d/f; stat -c %u:%g /mem/d/f; readlink /mem/l; stat -f -c %T /mem"); got != sum+"\nhi\n1000:1001\nd/f\ntmpfs" {
+		t.Errorf("restored memory volume shows %q", got)
+	}
+	sp := volSpec("msmall", "", []runtime.Volume{{Name: "mem", Medium: runtime.MediumMemory, SizeBytes: 1 << 20, RestoreDigest: digest}}, "exec sleep 3600")
+	sp.Image = "busybox"
+	if _, err := e.b.Create(context.Background(), &sp); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), `volume "mem"`) {
+		t.Errorf("restore of 4 MiB into a 1 MiB memory volume: %v, want ErrInvalidSpec naming the volume", err)
 	}
 }
 

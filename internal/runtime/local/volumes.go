@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +15,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -62,10 +63,7 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 	var release func()
 	usePool := false
 	for _, v := range spec.Volumes {
-		if v.Medium == runtime.MediumMemory {
-			if v.RestoreDigest != "" {
-				return nil, nil, fmt.Errorf("volume %q: %w: restoring a memory volume from a snapshot", v.Name, errdefs.ErrNotImplemented)
-			}
+		if v.Medium == runtime.MediumMemory && v.RestoreDigest == "" {
 			continue
 		}
 		if !usePool && b.vols.available() {
@@ -100,6 +98,11 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 			}
 			if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ",")); err != nil {
 				return nil, nil, fmt.Errorf("volume %q: mount tmpfs: %w", v.Name, err)
+			}
+			if v.RestoreDigest != "" {
+				if err := b.restoreMemory(root, v, cmp(v.SizeBytes, spec.Resources.MemoryBytes), ids); err != nil {
+					return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+				}
 			}
 		case usePool:
 			var err error
@@ -170,6 +173,40 @@ func (b *Backend) poolVolume(id string, index int, v runtime.Volume, limit int64
 		}
 	}
 	return root, nil
+}
+
+// restoreMemory fills the memory volume mounted at root (a tmpfs of size bytes, 0: no
+// size of its own) with a copy of the cached snapshot v.RestoreDigest, owners shifted
+// into ids. The pool is held by the caller. The copy's pages are charged to the
+// runner's memory cgroup, not the sandbox's (the tmpfs's size still bounds them).
+func (b *Backend) restoreMemory(root string, v runtime.Volume, size int64, ids *idRange) error {
+	entry, done, err := b.snaps.use(v.RestoreDigest)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if size > 0 && entry.meta.Bytes > size {
+		return fmt.Errorf("%w: volume %q: its snapshot holds %d bytes, more than the volume's %d", runtime.ErrInvalidSpec, v.Name, entry.meta.Bytes, size)
+	}
+	src, err := b.vols.openDir(filepath.Join(poolCache, v.RestoreDigest))
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", v.RestoreDigest, err)
+	}
+	defer src.Close()
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	dst := os.NewFile(uintptr(fd), root)
+	defer dst.Close()
+	var m fsarchive.IDMap
+	if ids != nil {
+		m = fsarchive.IDMap{HostBase: ids.HostID, Size: ids.Size}
+	}
+	if _, err := copyTree(context.Background(), src, fsarchive.IDMap{}, dst, m, runtime.ArchiveLimits{}); err != nil {
+		return fmt.Errorf("restore snapshot %s: %w", v.RestoreDigest, err)
+	}
+	return nil
 }
 
 // maxRestoreDepth bounds the directory nesting of a restored volume (shiftOwners keeps
