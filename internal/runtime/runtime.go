@@ -397,7 +397,7 @@ var (
 	// ErrContainerNotFound: the sandbox has no container of that name.
 	ErrContainerNotFound = fmt.Errorf("container %w", errdefs.ErrNotFound)
 	// ErrVolumeNotFound: the sandbox has no scratch volume of that name.
-	ErrVolumeNotFound = fmt.Errorf("scratch volume %w", errdefs.ErrNotFound)
+	ErrVolumeNotFound    = fmt.Errorf("scratch volume %w", errdefs.ErrNotFound)
 	ErrImageNotFound     = fmt.Errorf("image %w", errdefs.ErrNotFound)
 	ErrImageUnauthorized = errors.New("image pull unauthorized")
 	ErrRegistry          = errors.New("registry unreachable")

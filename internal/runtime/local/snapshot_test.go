@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -310,6 +311,24 @@ func TestSnapshotCacheEviction(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.b.vols.mnt(), poolCache, digests[0])); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("evicted entry still there: %v", err)
+	}
+	// The cache survives a restart: Close unmounts the pool (no sandbox volume is left),
+	// the next backend's Recover mounts it again.
+	if err := e.b.Destroy(context.Background(), "ev"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if e.b.vols.mounted() {
+		t.Error("volume pool mounted after Close")
+	}
+	e.b = e.backend()
+	if _, err := e.b.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if again := e.b.CachedSnapshots(10); !slices.Equal(again, got) {
+		t.Errorf("CachedSnapshots after a restart = %v, want %v", again, got)
 	}
 }
 

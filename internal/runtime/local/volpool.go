@@ -29,8 +29,9 @@ import (
 // mounted at <StateDir>/.volumes/mnt with discard=async (deleted data returns to the
 // host) and noatime, quotas on. It is made on first use and mounted while anything is
 // in it: when the last sandbox volume, capture and cache entry is gone, it is unmounted
-// (its image stays for the next use), so a backend that has none holds no mount; a
-// restarted backend finds the mount left by the earlier one, or mounts the image again.
+// (its image stays for the next use), so a backend that has none holds no mount; so does
+// Backend.Close when only cache entries are left (they stay in the image). A restarted
+// backend finds the mount left by the earlier one, or Recover mounts the image again.
 //
 // In it:
 //
@@ -154,9 +155,26 @@ func (p *volPool) release() {
 	}
 }
 
-// emptyLocked says whether nothing lives in the mounted pool.
-func (p *volPool) emptyLocked() bool {
-	for _, d := range []string{poolSandboxes, poolCaptures, poolCache, poolTmp} {
+// close unmounts the pool unless a sandbox volume or a capture is in it or an
+// operation holds it (Backend.Close).
+func (p *volPool) close() error {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.busy > 0 || !p.emptyLocked(poolSandboxes, poolCaptures, poolTmp) {
+		return nil
+	}
+	return p.unmountLocked()
+}
+
+// emptyLocked says whether nothing lives in the mounted pool (in dirs, default all).
+func (p *volPool) emptyLocked(dirs ...string) bool {
+	if len(dirs) == 0 {
+		dirs = []string{poolSandboxes, poolCaptures, poolCache, poolTmp}
+	}
+	for _, d := range dirs {
 		ents, err := os.ReadDir(filepath.Join(p.mnt(), d))
 		if err != nil && !errors.Is(err, fs.ErrNotExist) || len(ents) > 0 {
 			return false

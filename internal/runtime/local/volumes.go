@@ -21,17 +21,24 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Scratch volumes: empty at creation, private to the sandbox, removed with it. Each is a
-// host dir under <dir>/vol/<index> bind-mounted where the spec says (the same volume at
-// several paths shares its content):
+// Scratch volumes: empty at creation (or restored from a snapshot, see snapshot.go),
+// private to the sandbox, removed with it. The same volume at several paths shares its
+// content:
 //
-//   - memory: a tmpfs of the volume's size (else the sandbox's memory limit); its pages
-//     are charged to the memory cgroup of the process that writes them, i.e. count
-//     against the sandbox's memory limit, as Kubernetes counts memory-backed emptyDirs.
-//   - disk with a size: a filesystem of its own, made like the writable layer's (disk.go).
-//   - disk without a size: a dir on the sandbox's disk filesystem when it has a disk
-//     limit (sharing it), else a plain dir on the host's disk (unlimited, like an
-//     emptyDir without sizeLimit).
+//   - memory: a tmpfs of the volume's size (else the sandbox's memory limit) at
+//     <dir>/vol/<index>; its pages are charged to the memory cgroup of the process that
+//     writes them, i.e. count against the sandbox's memory limit, as Kubernetes counts
+//     memory-backed emptyDirs.
+//   - disk: a subvolume of the backend's btrfs volume pool (volpool.go),
+//     <pool>/sbx/<id>/<index>, limited (qgroup) to the volume's size, else to the
+//     sandbox's disk limit when it has one (a budget of its own of that size, no longer
+//     shared with the writable layer), else unlimited.
+//
+// Without the volume pool (no btrfs), disk volumes are made as before it, under
+// <dir>/vol/<index>: with a size, a filesystem of its own made like the writable
+// layer's (disk.go); without, a dir on the sandbox's disk filesystem when it has a disk
+// limit (sharing it), else a plain dir on the host's disk (unlimited, like an emptyDir
+// without sizeLimit).
 //
 // Volume roots and sub_path dirs are mode 0777, as Kubernetes makes emptyDirs, so that a
 // run_as_user can write them; under a user namespace they belong to the mapped root.
