@@ -204,7 +204,7 @@ func (p *volPool) mountLocked() error {
 		}
 	}
 	if err := mountLoopFS(p.img(), p.mnt(), "btrfs", poolMountFlags, poolMountData); err != nil {
-		p.disabled = fmt.Errorf("%w (%v)", errNoPool, err)
+		p.disabled = fmt.Errorf("%w (%w)", errNoPool, err)
 		return p.disabled
 	}
 	root, err := os.Open(p.mnt())
@@ -261,7 +261,7 @@ func (p *volPool) mkfs() error {
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		p.disabled = fmt.Errorf("%w (%v)", errNoPool, err)
+		p.disabled = fmt.Errorf("%w (%w)", errNoPool, err)
 		return p.disabled
 	}
 	return nil

@@ -45,7 +45,7 @@ func testSnapshot(t *testing.T, s *suite) {
 	if err != nil {
 		t.Fatalf("CaptureVolume: %v", err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	var buf bytes.Buffer
 	st, err := c.WriteArchive(ctx, &buf)
 	if err != nil {
