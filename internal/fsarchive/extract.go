@@ -137,12 +137,21 @@ func (ex *extractor) run(dec io.Reader) error {
 	}
 	// Read to the end: the zstd frame's checksum and the caller's reader (which may
 	// check a digest at its end) get their say.
-	n, err := io.Copy(io.Discard, io.LimitReader(dec, maxTrailing+1))
-	if err != nil {
-		return ex.streamErr(err)
-	}
-	if n > maxTrailing {
-		return fmt.Errorf("%w: more than %d bytes after the end of the tar stream", ErrInvalid, maxTrailing)
+	// What follows the tar stream's end may only be zero padding.
+	for trailing := 0; ; {
+		n, err := dec.Read(ex.buf)
+		if !bytes.Equal(ex.buf[:n], ex.zero[:n]) {
+			return fmt.Errorf("%w: data after the end of the tar stream", ErrInvalid)
+		}
+		if trailing += n; trailing > maxTrailing {
+			return fmt.Errorf("%w: more than %d bytes after the end of the tar stream", ErrInvalid, maxTrailing)
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return ex.streamErr(err)
+		}
 	}
 	if !ex.src.eof {
 		var one [1]byte
@@ -167,9 +176,9 @@ func (ex *extractor) streamErr(err error) error {
 		return cerr
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("%w: truncated: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: truncated: %w", ErrInvalid, err)
 	}
-	return fmt.Errorf("%w: %v", ErrInvalid, err)
+	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
 
 func invalid(name, format string, args ...any) error {

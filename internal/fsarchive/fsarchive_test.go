@@ -48,6 +48,7 @@ func writeArchive(t testing.TB, dir string, ids IDMap) ([]byte, runtime.ArchiveS
 func extractFresh(t testing.TB, data []byte, limits runtime.ArchiveLimits, ids IDMap) (string, runtime.ArchiveStats, error) {
 	t.Helper()
 	parent := t.TempDir()
+	removable(t, parent)
 	root := filepath.Join(parent, "root")
 	sibling := filepath.Join(parent, "sibling")
 	for _, d := range []string{root, sibling} {
@@ -58,6 +59,19 @@ func extractFresh(t testing.TB, data []byte, limits runtime.ArchiveLimits, ids I
 	st, err := Extract(context.Background(), bytes.NewReader(data), openDir(t, root), limits, ids)
 	checkNothingOutside(t, parent)
 	return root, st, err
+}
+
+// removable makes the directories under dir writable before t's TempDir cleanup
+// removes it (read-only directories stop RemoveAll without root).
+func removable(t testing.TB, dir string) {
+	t.Cleanup(func() {
+		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				os.Chmod(p, 0o700)
+			}
+			return nil
+		})
+	})
 }
 
 // checkNothingOutside asserts parent holds exactly root and an empty sibling.
@@ -117,6 +131,7 @@ func bigContent(n int, seed uint64) []byte {
 // buildTree makes the round-trip tree under dir and returns whether it has xattrs.
 func buildTree(t testing.TB, dir string) bool {
 	t.Helper()
+	removable(t, dir)
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -382,10 +397,7 @@ func TestWriteDeterministic(t *testing.T) {
 // tarEntries decompresses an archive and returns its headers.
 func tarEntries(t testing.TB, data []byte) []*tar.Header {
 	t.Helper()
-	dec, err := zstd.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dec := mustDecoder(t, data)
 	defer dec.Close()
 	tr := tar.NewReader(dec)
 	var hdrs []*tar.Header
@@ -399,6 +411,15 @@ func tarEntries(t testing.TB, data []byte) []*tar.Header {
 		}
 		hdrs = append(hdrs, h)
 	}
+}
+
+func mustDecoder(t testing.TB, data []byte) *zstd.Decoder {
+	t.Helper()
+	dec, err := zstd.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dec
 }
 
 func tarNames(t testing.TB, data []byte) []string {
@@ -454,5 +475,31 @@ func TestWriteContextCancelled(t *testing.T) {
 	root := t.TempDir()
 	if _, err := Extract(ctx, bytes.NewReader(data), openDir(t, root), runtime.ArchiveLimits{}, IDMap{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Extract with a cancelled context: %v, want context.Canceled", err)
+	}
+}
+
+// A path Extract would refuse is a Write error, not an archive that cannot be restored.
+func TestWritePathTooLong(t *testing.T) {
+	src := t.TempDir()
+	fd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.Repeat("n", 250)
+	for range 17 { // 17 × 251 bytes > MaxPath; built by descriptor (past PATH_MAX)
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	_, err = Write(context.Background(), openDir(t, src), io.Discard, IDMap{})
+	if err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("Write of a path over %d bytes: %v", MaxPath, err)
 	}
 }

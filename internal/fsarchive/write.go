@@ -48,6 +48,12 @@ func write(ctx context.Context, root *os.File, w io.Writer, ids IDMap) (runtime.
 	if err != nil {
 		return runtime.ArchiveStats{}, fmt.Errorf("fsarchive: zstd: %w", err)
 	}
+	// On failure nothing more reaches w (no end of frame making a partial archive look
+	// whole); the encoder's resources are released.
+	abort := func() {
+		enc.Reset(io.Discard)
+		_ = enc.Close()
+	}
 	wr := &writer{
 		ctx:   ctx,
 		tw:    tar.NewWriter(enc),
@@ -59,15 +65,15 @@ func write(ctx context.Context, root *os.File, w io.Writer, ids IDMap) (runtime.
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		enc.Close()
+		abort()
 		return wr.stats, fmt.Errorf("fsarchive: root: %w", err)
 	}
 	if err := wr.dir(fd, "", &st); err != nil {
-		enc.Close()
+		abort()
 		return wr.stats, err
 	}
 	if err := wr.tw.Close(); err != nil {
-		enc.Close()
+		abort()
 		return wr.stats, fmt.Errorf("fsarchive: %w", err)
 	}
 	if err := enc.Close(); err != nil {
