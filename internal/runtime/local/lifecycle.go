@@ -467,6 +467,12 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 	if umountErr != nil {
 		errs = append(errs, umountErr)
 	}
+	if !s.member && !isPoolID(s.id) {
+		// The sandbox's disk volumes in the volume pool (its captures are not its own).
+		if err := b.vols.removeSandbox(s.id, s.spec.ID == "" || hasDiskVolume(&s.spec)); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	ids, hasIDs, _ := readIDRange(s.dir)
 	if b.cfg.Network != nil && !s.member {
 		if err := b.cfg.Network.Teardown(s.cid); err != nil {

@@ -102,6 +102,12 @@ type Config struct {
 	// sandbox is then root on the host, confined by capabilities, seccomp and the other
 	// namespaces only). See userns.go; gVisor sandboxes are not affected.
 	NoUserNS bool
+	// NoVolumePool keeps disk volumes out of the btrfs volume pool (volpool.go), as on a
+	// host without btrfs: no file-system snapshots then.
+	NoVolumePool bool
+	// SnapshotCacheBytes bounds the snapshots kept for restores (snapshot.go); 0 means a
+	// tenth of the volume pool's size, at most 20 GiB.
+	SnapshotCacheBytes int64
 }
 
 // Backend is the local runtime.Backend.
@@ -120,6 +126,8 @@ type Backend struct {
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
 
 	disks *diskTemplates // formatted images for disk limits and volumes (disk.go)
+	vols  *volPool       // disk volumes' btrfs pool (volpool.go); nil with Config.NoVolumePool
+	snaps *snapCache     // snapshots ready for restores (snapshot.go)
 	// rootfsBase, when set, is where containers' root filesystems are mounted, as
 	// <rootfsBase>/<cid>, instead of in their bundles (see rootfsBase in userns.go).
 	rootfsBase string
@@ -132,8 +140,9 @@ type Backend struct {
 }
 
 // Backend is a runtime.Backend with these optional interfaces (runtime/capabilities.go;
-// EgressReserver is asserted next to ReservedEgress). It implements no SupportReporter:
-// it enforces every network rule.
+// EgressReserver is asserted next to ReservedEgress; VolumeCapturer, SnapshotCache and
+// SupportReporter in snapshot.go). It enforces every network rule; it reports
+// NoSnapshots when it has no volume pool.
 var (
 	_ runtime.Backend            = (*Backend)(nil)
 	_ runtime.LogDirProvider     = (*Backend)(nil)
@@ -282,6 +291,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	b.disks = &diskTemplates{dir: filepath.Join(cfg.StateDir, diskTemplatesDir)}
+	if !cfg.NoVolumePool {
+		b.vols = &volPool{dir: filepath.Join(cfg.StateDir, dirVolumePool)}
+	}
+	b.snaps = &snapCache{b: b}
 	if !cfg.NoUserNS {
 		b.ids = &idAllocator{stateDir: cfg.StateDir}
 		if b.rootfsBase, err = rootfsBase(cfg.StateDir); err != nil {
@@ -638,12 +651,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	} else if s.join != nil {
 		// A group's primary makes the group's volumes, for its members too.
 		var roots map[string]string
-		vols, roots, err = b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
+		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids)
 		s.volumeRoots = roots
 		s.join.setVolumes(roots, err)
 	} else {
 		var roots map[string]string
-		vols, roots, err = b.disks.setupVolumes(dir, &s.spec, disk > 0, ids)
+		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids)
 		s.volumeRoots = roots
 	}
 	if err != nil {

@@ -174,11 +174,15 @@ type env struct {
 	t     testing.TB
 	b     *Backend
 	state string
+	cfg   func(*Config) // changes every backend's config (nil: none)
 }
 
 // newEnv returns a Backend on a fresh state dir; at cleanup every sandbox is destroyed
 // and the host is checked for leftovers.
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB) *env { return newEnvWith(t, nil) }
+
+// newEnvWith is newEnv with cfg applied to every backend's config.
+func newEnvWith(t testing.TB, cfg func(*Config)) *env {
 	t.Helper()
 	testenv.RequireRoot(t, "runc, mounts, cgroups")
 	if skipReason != "" {
@@ -189,7 +193,7 @@ func newEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, state: state}
+	e := &env{t: t, state: state, cfg: cfg}
 	e.b = e.backend()
 	t.Cleanup(func() {
 		b := e.backend()
@@ -201,6 +205,9 @@ func newEnv(t testing.TB) *env {
 				}
 			}
 		}
+		if err := b.PurgeSnapshotCache(); err != nil {
+			t.Errorf("cleanup snapshot cache: %v", err)
+		}
 		checkNoLeaks(t, state, "")
 		os.RemoveAll(state)
 	})
@@ -210,12 +217,16 @@ func newEnv(t testing.TB) *env {
 // backend returns a new Backend on the env's state dir (like a restarted runner).
 func (e *env) backend() *Backend {
 	e.t.Helper()
-	b, err := New(Config{
+	cfg := Config{
 		StateDir:     e.state,
 		AgentBinary:  agentBin,
 		CgroupParent: testCgroupParent,
 		Images:       testImages{layers: []string{busyboxDir}},
-	})
+	}
+	if e.cfg != nil {
+		e.cfg(&cfg)
+	}
+	b, err := New(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -296,8 +307,8 @@ func checkNoLeaks(t testing.TB, state, id string) {
 			}
 			continue
 		}
-		if e.Name() == diskTemplatesDir {
-			continue // kept for the next sandbox, like the image cache
+		if e.Name() == diskTemplatesDir || e.Name() == dirVolumePool {
+			continue // kept for the next sandbox, like the image cache (mounts: see above)
 		}
 		if e.Name() == dirRootfs {
 			sub, _ := os.ReadDir(filepath.Join(state, dirRootfs))

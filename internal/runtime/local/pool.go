@@ -388,13 +388,16 @@ func (b *Backend) DrainPool(ctx context.Context) error {
 	return b.pool.drain(ctx, false)
 }
 
-// Close stops the warm pool and destroys its containers. Sandboxes are not touched: they
-// keep running for the next Backend to recover.
+// Close stops the warm pool and destroys its containers, and unmounts the volume pool
+// when no sandbox volume or capture is in it (its snapshot cache stays in its image for
+// the next Backend). Sandboxes are not touched: they keep running for the next Backend
+// to recover.
 func (b *Backend) Close(ctx context.Context) error {
-	if b.pool == nil {
-		return nil
+	var err error
+	if b.pool != nil {
+		err = b.pool.drain(ctx, true)
 	}
-	return b.pool.drain(ctx, true)
+	return errors.Join(err, b.vols.close())
 }
 
 // PoolStats returns the pool's counters (zero without a pool).

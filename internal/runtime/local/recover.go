@@ -29,6 +29,15 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		}
 		states[class] = st
 	}
+	// Mount the volume pool an earlier run left (after a host restart, say): its sandboxes'
+	// volumes are there.
+	if b.vols.imageExists() {
+		if release, err := b.vols.acquire(); err != nil {
+			b.log.Warn("recover: mount the volume pool", "err", err)
+		} else {
+			release()
+		}
+	}
 	var out []runtime.Recovered
 	for _, e := range ents {
 		id := e.Name()

@@ -62,7 +62,69 @@ func seccompFor(caps []string) (*specs.LinuxSeccomp, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.Syscalls = withoutIoctls(p.Syscalls, btrfsSubvolumeIoctls)
 	return withoutX32(p, hostHasX32()), nil
+}
+
+// btrfsSubvolumeIoctls make a btrfs subvolume or snapshot. Any user may make one in a
+// directory it can write, and a disk volume is a subvolume of the volume pool
+// (volpool.go) whose size is a qgroup limit: a subvolume made inside it would be a
+// qgroup of its own, outside the limit. The profile refuses them (EPERM).
+var btrfsSubvolumeIoctls = []uint32{
+	0x50009401, // BTRFS_IOC_SNAP_CREATE
+	0x5000940e, // BTRFS_IOC_SUBVOL_CREATE
+	0x50009417, // BTRFS_IOC_SNAP_CREATE_V2
+	0x50009418, // BTRFS_IOC_SUBVOL_CREATE_V2
+}
+
+// withoutIoctls returns rules with ioctl allowed for every request but refused.
+// libseccomp ignores a conditional rule for a system call that an unconditional one
+// allows, and runc turns several conditions on one argument into rules that any may
+// match, so "allow unless" is said as allow rules that together match every other
+// request: one masked comparison per branch off the refused values' binary prefixes.
+// Only the low 32 bits are compared, as the kernel reads them (the request is an
+// unsigned int): higher bits cannot smuggle a refused request past the filter.
+func withoutIoctls(rules []specs.LinuxSyscall, refused []uint32) []specs.LinuxSyscall {
+	out := make([]specs.LinuxSyscall, 0, len(rules)+64)
+	for _, r := range rules {
+		if r.Action == specs.ActAllow && len(r.Args) == 0 && slices.Contains(r.Names, "ioctl") {
+			r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return n == "ioctl" })
+		}
+		if len(r.Names) > 0 {
+			out = append(out, r)
+		}
+	}
+	for _, m := range complementPatterns(refused, 31, 0) {
+		out = append(out, specs.LinuxSyscall{Names: []string{"ioctl"}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: 1, Value: m[0], ValueTwo: m[1], Op: specs.OpMaskedEqual}}})
+	}
+	return out
+}
+
+// complementPatterns returns (mask, value) pairs whose matches (x&mask == value) are
+// exactly the 32-bit values that agree with prefix in the bits above bit and are not
+// in vals (which all agree with it there).
+func complementPatterns(vals []uint32, bit int, prefix uint32) [][2]uint64 {
+	if bit < 0 {
+		return nil // a refused value itself
+	}
+	mask := uint32(0xffffffff) << bit
+	var out [][2]uint64
+	for _, b := range []uint32{0, 1} {
+		p := prefix | b<<bit
+		var sub []uint32
+		for _, v := range vals {
+			if (v>>bit)&1 == b {
+				sub = append(sub, v)
+			}
+		}
+		if len(sub) == 0 {
+			out = append(out, [2]uint64{uint64(mask), uint64(p)})
+		} else {
+			out = append(out, complementPatterns(sub, bit-1, p)...)
+		}
+	}
+	return out
 }
 
 // readOnlyTmpfsBytes is the size of each writable tmpfs under a read-only root.

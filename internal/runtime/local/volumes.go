@@ -1,8 +1,10 @@
 package local
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,30 +16,39 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/failpoint"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Scratch volumes: empty at creation, private to the sandbox, removed with it. Each is a
-// host dir under <dir>/vol/<index> bind-mounted where the spec says (the same volume at
-// several paths shares its content):
+// Scratch volumes: empty at creation (or restored from a snapshot, see snapshot.go),
+// private to the sandbox, removed with it. The same volume at several paths shares its
+// content:
 //
-//   - memory: a tmpfs of the volume's size (else the sandbox's memory limit); its pages
-//     are charged to the memory cgroup of the process that writes them, i.e. count
-//     against the sandbox's memory limit, as Kubernetes counts memory-backed emptyDirs.
-//   - disk with a size: a filesystem of its own, made like the writable layer's (disk.go).
-//   - disk without a size: a dir on the sandbox's disk filesystem when it has a disk
-//     limit (sharing it), else a plain dir on the host's disk (unlimited, like an
-//     emptyDir without sizeLimit).
+//   - memory: a tmpfs of the volume's size (else the sandbox's memory limit) at
+//     <dir>/vol/<index>; its pages are charged to the memory cgroup of the process that
+//     writes them, i.e. count against the sandbox's memory limit, as Kubernetes counts
+//     memory-backed emptyDirs.
+//   - disk: a subvolume of the backend's btrfs volume pool (volpool.go),
+//     <pool>/sbx/<id>/<index>, limited (qgroup) to the volume's size, else to the
+//     sandbox's disk limit when it has one (a budget of its own of that size, no longer
+//     shared with the writable layer), else unlimited.
+//
+// Without the volume pool (no btrfs), disk volumes are made as before it, under
+// <dir>/vol/<index>: with a size, a filesystem of its own made like the writable
+// layer's (disk.go); without, a dir on the sandbox's disk filesystem when it has a disk
+// limit (sharing it), else a plain dir on the host's disk (unlimited, like an emptyDir
+// without sizeLimit).
 //
 // Volume roots and sub_path dirs are mode 0777, as Kubernetes makes emptyDirs, so that a
 // run_as_user can write them; under a user namespace they belong to the mapped root.
 
 const dirVolumes = "vol"
 
-// setupVolumes makes spec's volumes for the sandbox in dir and returns the OCI mounts of
-// its volume mounts.
-func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited bool, ids *idRange) ([]specs.Mount, map[string]string, error) {
+// setupVolumes makes spec's volumes for sandbox id in dir and returns the OCI mounts of
+// its volume mounts. disk is the sandbox's disk limit (0: none). Disk volumes are
+// subvolumes of the volume pool (volpool.go) when it is available, else made as below.
+func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, ids *idRange) ([]specs.Mount, map[string]string, error) {
 	if len(spec.Volumes) == 0 {
 		return nil, nil, nil
 	}
@@ -55,6 +66,27 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 			return nil
 		}
 		return chownToRoot(*ids, p)
+	}
+	var release func()
+	usePool := false
+	for _, v := range spec.Volumes {
+		if v.Medium == runtime.MediumMemory && v.RestoreDigest == "" {
+			continue
+		}
+		if !usePool && b.vols.available() {
+			r, err := b.vols.acquire()
+			if err == nil {
+				release, usePool = r, true
+				defer release()
+			} else if !errors.Is(err, errNoPool) {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			} else {
+				b.log.Warn("volume pool unavailable: volumes without snapshots", "err", err)
+			}
+		}
+		if v.RestoreDigest != "" && !usePool {
+			return nil, nil, fmt.Errorf("volume %q: %w", v.Name, errNoPool)
+		}
 	}
 	roots := map[string]string{}
 	for i, v := range spec.Volumes {
@@ -74,8 +106,21 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 			if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ",")); err != nil {
 				return nil, nil, fmt.Errorf("volume %q: mount tmpfs: %w", v.Name, err)
 			}
+			if v.RestoreDigest != "" {
+				if err := b.restoreMemory(root, v, cmp(v.SizeBytes, spec.Resources.MemoryBytes), ids); err != nil {
+					return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+				}
+			}
+		case usePool:
+			var err error
+			if root, err = b.poolVolume(id, i, v, cmp(v.SizeBytes, disk), ids); err != nil {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			}
+			if err := chown(root); err != nil {
+				return nil, nil, err
+			}
 		case v.SizeBytes > 0:
-			if err := t.mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
+			if err := b.disks.mountNewFS(filepath.Join(base, strconv.Itoa(i)+".img"), root, v.SizeBytes); err != nil {
 				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
 			}
 			_ = os.Remove(filepath.Join(root, "lost+found")) // a fresh volume is empty
@@ -83,7 +128,7 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 				return nil, nil, err
 			}
 		default:
-			if diskLimited {
+			if disk > 0 {
 				root = filepath.Join(dir, dirDisk, dirVolumes, strconv.Itoa(i))
 			}
 			if err := os.MkdirAll(root, 0o755); err != nil {
@@ -99,6 +144,131 @@ func (t *diskTemplates) setupVolumes(dir string, spec *runtime.Spec, diskLimited
 	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids)
 	return mounts, roots, err
 }
+
+// poolVolume makes sandbox id's disk volume number index, v, in the volume pool (held
+// by the caller), limited to limit bytes (0: none): empty, or a writable snapshot of the
+// cached snapshot v.RestoreDigest with its owners shifted into ids.
+func (b *Backend) poolVolume(id string, index int, v runtime.Volume, limit int64, ids *idRange) (string, error) {
+	if v.RestoreDigest == "" {
+		return b.vols.createVolume(id, index, limit, nil)
+	}
+	entry, done, err := b.snaps.use(v.RestoreDigest)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	if limit > 0 && entry.meta.Bytes > limit {
+		return "", fmt.Errorf("%w: volume %q: its snapshot holds %d bytes, more than the volume's %d", runtime.ErrInvalidSpec, v.Name, entry.meta.Bytes, limit)
+	}
+	src, err := b.vols.openDir(filepath.Join(poolCache, v.RestoreDigest))
+	if err != nil {
+		return "", fmt.Errorf("snapshot %s: %w", v.RestoreDigest, err)
+	}
+	defer src.Close()
+	root, err := b.vols.createVolume(id, index, limit, src)
+	if err != nil {
+		return "", err
+	}
+	if ids != nil {
+		vol, err := b.vols.openDir(filepath.Join(poolSandboxes, id, strconv.Itoa(index)))
+		if err != nil {
+			return "", err
+		}
+		defer vol.Close()
+		if err := shiftOwners(vol, *ids, 0); err != nil {
+			return "", fmt.Errorf("restore snapshot %s: %w", v.RestoreDigest, err)
+		}
+	}
+	return root, nil
+}
+
+// restoreMemory fills the memory volume mounted at root (a tmpfs of size bytes, 0: no
+// size of its own) with a copy of the cached snapshot v.RestoreDigest, owners shifted
+// into ids. The pool is held by the caller. The copy's pages are charged to the
+// runner's memory cgroup, not the sandbox's (the tmpfs's size still bounds them).
+func (b *Backend) restoreMemory(root string, v runtime.Volume, size int64, ids *idRange) error {
+	entry, done, err := b.snaps.use(v.RestoreDigest)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if size > 0 && entry.meta.Bytes > size {
+		return fmt.Errorf("%w: volume %q: its snapshot holds %d bytes, more than the volume's %d", runtime.ErrInvalidSpec, v.Name, entry.meta.Bytes, size)
+	}
+	src, err := b.vols.openDir(filepath.Join(poolCache, v.RestoreDigest))
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", v.RestoreDigest, err)
+	}
+	defer src.Close()
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	dst := os.NewFile(uintptr(fd), root)
+	defer dst.Close()
+	var m fsarchive.IDMap
+	if ids != nil {
+		m = fsarchive.IDMap{HostBase: ids.HostID, Size: ids.Size}
+	}
+	if _, err := copyTree(context.Background(), src, fsarchive.IDMap{}, dst, m, runtime.ArchiveLimits{}); err != nil {
+		return fmt.Errorf("restore snapshot %s: %w", v.RestoreDigest, err)
+	}
+	return nil
+}
+
+// maxRestoreDepth bounds the directory nesting of a restored volume (shiftOwners keeps
+// one descriptor open per level).
+const maxRestoreDepth = 1024
+
+// shiftOwners moves the owners of everything below dir (ids as the sandbox sees them)
+// into the sandbox's host id range r; ids outside it become the range's nobody. It walks
+// by descriptor and never follows a symlink: the tree is sandbox-made.
+func shiftOwners(dir *os.File, r idRange, depth int) error {
+	if depth > maxRestoreDepth {
+		return fmt.Errorf("directories nested deeper than %d", maxRestoreDepth)
+	}
+	shift := func(id uint32) int {
+		if id >= r.Size {
+			id = nobodyID
+		}
+		return int(r.HostID + id)
+	}
+	fd := int(dir.Fd())
+	for {
+		ents, err := dir.ReadDir(1024)
+		for _, e := range ents {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return err
+			}
+			if err := unix.Fchownat(fd, e.Name(), shift(st.Uid), shift(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("chown %s: %w", e.Name(), err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				continue
+			}
+			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			child := os.NewFile(uintptr(cfd), e.Name())
+			err = shiftOwners(child, r, depth+1)
+			child.Close()
+			if err != nil {
+				return err
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(ents) == 0) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// nobodyID is the id files of ids the sandbox does not map get.
+const nobodyID = 65534
 
 // volumeMounts are the bind mounts of one container's VolumeMounts of the volumes at
 // roots (by name): every container of a group that lists a volume gets the same dir.

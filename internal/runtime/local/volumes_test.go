@@ -8,8 +8,22 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
+// TestScratchVolumes runs with the volume pool (btrfs subvolumes) and without it (the
+// fallback of a host without btrfs: ext4 images and dirs).
 func TestScratchVolumes(t *testing.T) {
-	e := newEnv(t)
+	t.Run("pool", func(t *testing.T) {
+		e := newEnv(t)
+		if !e.b.vols.available() {
+			t.Skip("no btrfs volume pool on this host")
+		}
+		scratchVolumes(t, e)
+	})
+	t.Run("no pool", func(t *testing.T) {
+		scratchVolumes(t, newEnvWith(t, func(c *Config) { c.NoVolumePool = true }))
+	})
+}
+
+func scratchVolumes(t *testing.T, e *env) {
 	const id = "vols"
 	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sleep", Args: []string{"3600"}, Resources: runtime.Resources{MemoryBytes: 256 << 20, DiskBytes: 64 << 20}, VolumeMounts: []runtime.VolumeMount{
 		{Volume: "mem", Path: "/mem"}, {Volume: "mem", Path: "/mem2"},
@@ -25,7 +39,7 @@ func TestScratchVolumes(t *testing.T) {
 	})
 	c := agentClient(e.b, id)
 	fill := func(dir string) string {
-		return "dd if=/dev/zero of=" + dir + "/fill bs=1M count=128 2>&1 | grep -o 'No space left on device' | head -1; rm -f " + dir + "/fill"
+		return "dd if=/dev/zero of=" + dir + "/fill bs=1M count=128 2>&1 | grep -q -E '" + fullErrors + "' && echo full; rm -f " + dir + "/fill"
 	}
 	for _, tc := range []struct {
 		name string
@@ -34,11 +48,11 @@ func TestScratchVolumes(t *testing.T) {
 	}{
 		{"memory volume is a tmpfs", "stat -f -c %T /mem", "tmpfs"},
 		{"one volume at two paths shares its content", "echo shared > /mem/x && cat /mem2/x", "shared"},
-		{"memory volume size", fill("/mem"), "No space left on device"},
-		{"sized disk volume has a filesystem of its own", "stat -f -c %T /data; ls -A /data | wc -l", "ext2/ext3\n0"},
-		{"sized disk volume size", fill("/data"), "No space left on device"},
+		{"memory volume size", fill("/mem"), "full"},
+		{"sized disk volume has a filesystem of its own", "stat -f -c %t /data; ls -A /data | wc -l", volumeFS(e.b) + "\n0"},
+		{"sized disk volume size", fill("/data"), "full"},
 		{"volumes belong to the sandbox's root", "stat -c %u:%g /mem /data /scratch /ro", "0:0\n0:0\n0:0\n0:0"},
-		{"unsized volume shares the sandbox's disk limit", fill("/scratch"), "No space left on device"},
+		{"unsized volume is limited to the sandbox's disk limit", fill("/scratch"), "full"},
 		{"sub_path and read-only", "mkdir -p /scratch/a/b && echo in > /scratch/a/b/f && cat /ro/f && (echo x > /ro/g) 2>&1 | grep -o 'Read-only file system'", "in\nRead-only file system"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -69,12 +83,24 @@ func TestScratchVolumesGVisor(t *testing.T) {
 		{"uname -r | grep -o gvisor", "gvisor"},
 		{"echo shared > /mem/x && cat /mem2/x", "shared"},
 		{"(echo x > /mem2/y) 2>&1 | grep -o 'Read-only file system'", "Read-only file system"},
-		{"dd if=/dev/zero of=/data/fill bs=1M count=128 2>&1 | grep -o 'No space left on device' | head -1", "No space left on device"},
+		{"dd if=/dev/zero of=/data/fill bs=1M count=128 2>&1 | grep -q -E '" + fullErrors + "' && echo full", "full"},
 	} {
 		if out, errOut, _ := execIn(t, c, "sh", "-c", tc.cmd); strings.TrimSpace(out) != tc.want {
 			t.Errorf("%s: %q (stderr %q), want %q", tc.cmd, out, errOut, tc.want)
 		}
 	}
+}
+
+// fullErrors are what a write to a full volume fails with: ENOSPC on a filesystem of
+// its own (tmpfs, ext4 without the volume pool), EDQUOT at a pool volume's qgroup limit.
+const fullErrors = "No space left on device|Disk quota exceeded"
+
+// volumeFS is what `stat -f -c %t` shows for a sized disk volume of b's.
+func volumeFS(b *Backend) string {
+	if b.vols.available() {
+		return "9123683e" // BTRFS_SUPER_MAGIC
+	}
+	return "ef53" // EXT4_SUPER_MAGIC
 }
 
 func TestScratchVolumesRejected(t *testing.T) {

@@ -79,6 +79,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) runtime.Backend, opts Optio
 		{"Recover", testRecover},
 		{"Errors", testErrors},
 		{"StartupProbe", testStartupProbe},
+		{"Snapshot", testSnapshot},
 	}
 	if opts.SecondImage != "" {
 		tests = append(tests, groupTests...)
