@@ -171,6 +171,8 @@ func (s *server) stop() []string {
 			_ = s.proc.Process.Kill()
 			<-s.exited
 		}
+		// What a stopped server leaves (its volume pool is mounted while it runs).
+		left = stacktest.Leftovers(s.dataDir)
 	}
 	stacktest.ForceClean(s.dir)
 	if m, err := network.New(network.Config{Bridge: s.bridge, Subnet: s.subnet, Table: "sandboxd_" + s.bridge,
