@@ -1,11 +1,16 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,7 +24,10 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/blob/s3/s3test"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -439,5 +447,204 @@ func TestFSSOnS3RunnerRestartMidUpload(t *testing.T) {
 	e.wantReady(t, again)
 	if ups := e.incompleteUploads(t); len(ups) != 0 {
 		t.Errorf("multipart uploads left after the second snapshot: %q", ups)
+	}
+}
+
+// runnerProc is a `sandboxd runner` process the test can kill.
+type runnerProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *lockedWriter
+}
+
+// startRunnerProc starts bin with args and waits until it listens.
+func startRunnerProc(t *testing.T, bin string, args ...string) *runnerProc {
+	t.Helper()
+	p := &runnerProc{cmd: exec.Command(bin, args...), exited: make(chan struct{}), out: &lockedWriter{w: new(bytes.Buffer)}}
+	p.cmd.Env = append(os.Environ(), "SANDBOXD_AGENT="+env.AgentBin)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(p.out.String(), "runner r1 listening on") {
+		select {
+		case <-p.exited:
+			t.Fatalf("runner exited early:\n%s", p.out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.stop(syscall.SIGKILL)
+			t.Fatalf("runner not listening after 60 s:\n%s", p.out.String())
+		}
+	}
+	return p
+}
+
+// stop sends sig (SIGTERM: a clean stop; SIGKILL: a crash) and waits for the exit.
+func (p *runnerProc) stop(sig syscall.Signal) {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(60 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// TestFSSOnS3RunnerKilledMidUpload: a `sandboxd runner` process is killed (SIGKILL, no
+// chance to clean up) while it uploads a snapshot to SeaweedFS, and started again on the
+// same data dir. The snapshot ends FAILED with the reason; the next runner removes what
+// the dead one left (the multipart upload in the bucket, the volume capture in its
+// volume pool), re-adopts the source sandbox, and a new snapshot of it succeeds; at the
+// end nothing is left mounted.
+func TestFSSOnS3RunnerKilledMidUpload(t *testing.T) {
+	e := newFSSS3(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sandboxd")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/sandboxd/sandboxd/cmd/sandboxd").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for name, v := range map[string]string{"ak": e.srv.AccessKey, "sk": e.srv.SecretKey} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pkiDir, dataDir := filepath.Join(dir, "pki"), filepath.Join(dir, "runner")
+	sc := env.StackConfigN(dataDir, 1) // its own bridge, subnet and cgroup parent
+	addr := freeAddr(t)
+	args := []string{"runner", "--data-dir", dataDir, "--pki-dir", pkiDir, "--listen", addr, "--runner-id", "r1",
+		"--insecure-registry", env.Registry, "--bridge", sc.Bridge, "--subnet", sc.Subnet.String(),
+		"--cgroup-parent", sc.CgroupParent, "--no-egress",
+		"--blob-s3-endpoint", e.srv.Endpoint, "--blob-s3-bucket", e.bucket, "--blob-s3-path-style", "--blob-s3-insecure",
+		"--blob-s3-access-key-file", filepath.Join(dir, "ak"), "--blob-s3-secret-key-file", filepath.Join(dir, "sk")}
+	proc := startRunnerProc(t, bin, args...)
+	t.Cleanup(func() {
+		if proc != nil {
+			proc.stop(syscall.SIGTERM)
+			if t.Failed() {
+				t.Logf("runner output:\n%s", proc.out.String())
+			}
+		}
+		// What a stopped runner leaves (the volume pool is mounted while it runs).
+		if left := stacktest.Leftovers(dataDir); len(left) > 0 {
+			t.Errorf("left behind after the runner stopped: %q", left)
+		}
+		stacktest.ForceClean(dataDir)
+		if nw, err := network.New(network.Config{Bridge: sc.Bridge, Subnet: sc.Subnet, Table: sc.NetTable,
+			StateDir: filepath.Join(dataDir, "network"), Nameservers: []string{}}); err == nil {
+			if err := nw.Cleanup(); err != nil {
+				t.Errorf("network cleanup: %v", err)
+			}
+		}
+		parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + sc.CgroupParent)
+		for _, p := range parents {
+			_ = os.Remove(p)
+		}
+	})
+
+	ca, err := pki.LoadOrCreateCA(pkiDir, "sandboxd platform CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientTLS, err := runnerapi.ClientTLSConfig(ca, "gw-test", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: "r1", Addr: addr, TLS: clientTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	gwy, err := gateway.New(gateway.Config{
+		Auth: e.keys, Runners: []runner.Handle{rc},
+		Index: e.st.Sandboxes(), Orgs: e.st.Orgs(), Snapshots: e.st.Snapshots(),
+		Blobs: e.blobs, SnapshotBucket: e.bucket,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(gwy.Handler())
+	srv.EnableHTTP2 = true
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	g := gwClients(srv.URL, e.keyA, e.keyB)
+	t.Cleanup(func() {
+		// Before the runner stops: its sandboxes are deleted and gone.
+		ctx := context.Background()
+		list, err := g.sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+		if err != nil {
+			t.Errorf("list: %v", err)
+			return
+		}
+		for _, sb := range list.Msg.Sandboxes {
+			if _, err := g.sandboxes.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: sb.SandboxId})); err != nil {
+				t.Errorf("delete %s: %v", sb.SandboxId, err)
+				continue
+			}
+			g.waitState(t, sb.SandboxId, sandboxv1.State_STATE_TERMINATED)
+		}
+	})
+
+	src := g.create(t, scratchSpec("work", "1Gi", ""), "")
+	g.waitState(t, src.SandboxId, sandboxv1.State_STATE_RUNNING)
+	g.sh(t, src.SandboxId, `dd if=/dev/urandom of=/data/big bs=1M count=384 2>/dev/null && printf small > /data/small && sync`)
+	id := g.snapshot(t, src.SandboxId, "work", "").GetFileSystemSnapshotId()
+	key := e.objectKey(t, id)
+	deadline := time.Now().Add(30 * time.Second)
+	parts := 0
+	for parts < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the upload did not get 2 parts into the bucket within 30 s (uploads %q)", e.incompleteUploads(t))
+		}
+		time.Sleep(20 * time.Millisecond)
+		parts = e.uploadedParts(t)
+	}
+	proc.stop(syscall.SIGKILL) // a crash: no cleanup at all
+	if len(e.incompleteUploads(t)) == 0 {
+		t.Fatal("no multipart upload left by the killed runner: the upload was not cut off mid-way")
+	}
+	if caps, _ := os.ReadDir(filepath.Join(dataDir, "sandboxes", ".volumes", "mnt", "captures")); len(caps) != 1 {
+		t.Errorf("the killed runner left %d volume captures, want 1 (the test's premise)", len(caps))
+	}
+	t.Logf("runner killed with %d parts uploaded", parts)
+
+	proc = startRunnerProc(t, bin, args...)
+	got := g.waitSnapshot(t, id, 30*time.Second)
+	if got.GetState() != sandboxv1.SnapshotState_SNAPSHOT_STATE_FAILED ||
+		!strings.HasPrefix(got.GetStateReason(), apierr.FSSCreateFailed+": ") || !strings.Contains(got.GetStateReason(), "runner restarted during the upload") {
+		t.Errorf("snapshot after the runner was killed mid-upload: %s (%q), want FAILED with %s: the runner restarted during the upload",
+			got.GetState(), got.GetStateReason(), apierr.FSSCreateFailed)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		_, statErr := e.blobs.Stat(context.Background(), key)
+		objs, ups := e.objects(t), e.incompleteUploads(t)
+		if errors.Is(statErr, blob.ErrNotFound) && len(objs) == 0 && len(ups) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the restart: Stat %s: %v; objects %q; multipart uploads %q; want none", key, statErr, objs, ups)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if caps, err := os.ReadDir(filepath.Join(dataDir, "sandboxes", ".volumes", "mnt", "captures")); err != nil || len(caps) != 0 {
+		t.Errorf("volume captures after the restart: %d (%v), want none", len(caps), err)
+	}
+	g.waitState(t, src.SandboxId, sandboxv1.State_STATE_RUNNING)
+	if out := g.sh(t, src.SandboxId, `cat /data/small; stat -c ' %s' /data/big`); out != "small 402653184\n" {
+		t.Errorf("source volume after the restart: %q", out)
+	}
+	g.sh(t, src.SandboxId, `rm /data/big`)
+	again := g.waitSnapshot(t, g.snapshot(t, src.SandboxId, "work", "").GetFileSystemSnapshotId(), time.Minute)
+	e.wantReady(t, again)
+	fork := g.create(t, scratchSpec("work", "1Gi", again.GetFileSystemSnapshotId()), "")
+	g.waitState(t, fork.SandboxId, sandboxv1.State_STATE_RUNNING)
+	if out := g.sh(t, fork.SandboxId, `cat /data/small; test -e /data/big || echo " no big"`); out != "small no big\n" {
+		t.Errorf("restored from the snapshot after the restart: %q", out)
 	}
 }
