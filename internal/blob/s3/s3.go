@@ -4,8 +4,9 @@
 // The sha256 of an object's content is recorded as its user metadata (x-amz-meta-sha256)
 // and checked on Get. S3 takes metadata before the content, and Put streams content of
 // unknown length (multipart, one PartSize buffer at a time), so the hash is known only at
-// the end: Put uploads to a staging key under ".staging/" (a key ValidateKey never
-// accepts, so no caller's key collides and List never shows it), then copies it server-side
+// the end: Put uploads to a staging key under ".staging/<digest of the key>/" (a key
+// ValidateKey never accepts, so no caller's key collides and List never shows it; Delete
+// of the key removes what a killed Put left there), then copies it server-side
 // to the key with the metadata (one request up to 5 GiB, multipart copy above) and
 // deletes the staging object. The copy is atomic: a reader sees the old object or the new
 // one, never a part, and never one without its sha256.
@@ -14,6 +15,7 @@ package s3
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
@@ -191,9 +193,10 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64) (b
 	}
 	var rnd [12]byte
 	_, _ = rand.Read(rnd[:])
-	staging := stagingPrefix + hex.EncodeToString(rnd[:])
-	// Best effort: a failed or cancelled Put leaves no staging object (a crash can; a
-	// lifecycle rule on .staging/ or a sweep cleans those).
+	staging := stagingOf(key) + hex.EncodeToString(rnd[:])
+	// Best effort: a failed or cancelled Put leaves no staging object (minio-go aborts
+	// its multipart upload). A killed process can leave both: Delete of the key removes
+	// them.
 	defer func() {
 		_ = s.c.RemoveObject(context.WithoutCancel(ctx), s.bucket, staging, minio.RemoveObjectOptions{})
 	}()
@@ -265,9 +268,52 @@ func (s *Store) Stat(ctx context.Context, key string) (blob.Info, error) {
 	return info(key, oi)
 }
 
-// Delete implements blob.Store. S3 deletes a missing key without complaint, so Stat first
-// (a Delete racing another Delete may both succeed).
+// stagingOf is the prefix of key's staging objects (a digest of the key: keys may be
+// longer than a staging name should be), so that Delete finds what a killed Put left.
+func stagingOf(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return stagingPrefix + hex.EncodeToString(sum[:16]) + "/"
+}
+
+// removeStaged aborts the multipart uploads of key's staging objects and removes the
+// staged ones: what a Put of key left when its process was killed mid-upload (the
+// runner deletes the key of an upload a restart interrupted). A Put of key still running
+// fails: the Delete wins.
+func (s *Store) removeStaged(ctx context.Context, key string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	prefix := stagingOf(key)
+	core := minio.Core{Client: s.c}
+	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, prefix, true) {
+		if u.Err != nil {
+			return fmt.Errorf("s3: delete %s: list staged uploads: %w", key, u.Err)
+		}
+		err := core.AbortMultipartUpload(ctx, s.bucket, u.Key, u.UploadID)
+		if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
+			return fmt.Errorf("s3: delete %s: abort staged upload: %w", key, err)
+		}
+	}
+	for oi := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if oi.Err != nil {
+			return fmt.Errorf("s3: delete %s: list staged objects: %w", key, oi.Err)
+		}
+		if err := s.c.RemoveObject(ctx, s.bucket, oi.Key, minio.RemoveObjectOptions{}); err != nil {
+			return fmt.Errorf("s3: delete %s: remove staged object: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// Delete implements blob.Store: the object and whatever a killed Put of key left
+// staged. S3 deletes a missing key without complaint, so Stat first (a Delete racing
+// another Delete may both succeed).
 func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := blob.ValidateKey(key); err != nil {
+		return err
+	}
+	if err := s.removeStaged(ctx, key); err != nil {
+		return err
+	}
 	if _, err := s.Stat(ctx, key); err != nil && !errors.Is(err, blob.ErrCorrupt) {
 		return err
 	}

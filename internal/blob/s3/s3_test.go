@@ -22,6 +22,7 @@ func TestS3(t *testing.T) {
 	t.Run("Conformance", func(t *testing.T) { testConformance(t, srv) })
 	t.Run("NoStagingLeft", func(t *testing.T) { testNoStagingLeft(t, srv) })
 	t.Run("NewMissingBucket", func(t *testing.T) { testNewMissingBucket(t, srv) })
+	t.Run("DeleteRemovesWhatAKilledPutLeft", func(t *testing.T) { testDeleteKilledPut(t, srv) })
 }
 
 func testConformance(t *testing.T, srv *s3test.Server) {
@@ -96,5 +97,76 @@ func testNewMissingBucket(t *testing.T, srv *s3test.Server) {
 	cfg.Bucket = "no-such-bucket"
 	if _, err := s3.New(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("New with a missing bucket: %v", err)
+	}
+}
+
+// testDeleteKilledPut: a Put whose process was killed leaves a multipart upload (or, past
+// it, a staged object) under the key's staging prefix; Delete of the key removes both,
+// reports the key itself missing, and leaves other keys' staging alone.
+func testDeleteKilledPut(t *testing.T, srv *s3test.Server) {
+	ctx := context.Background()
+	cfg := srv.Bucket(t)
+	s, err := s3.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core := minio.Core{Client: srv.Client}
+	part := bytes.Repeat([]byte("x"), 5<<20)
+	killedUpload := func(key string) {
+		t.Helper()
+		obj := s3.StagingOf(key) + "killed"
+		id, err := core.NewMultipartUpload(ctx, cfg.Bucket, obj, minio.PutObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := core.PutObjectPart(ctx, cfg.Bucket, obj, id, 1, bytes.NewReader(part), int64(len(part)), minio.PutObjectPartOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killedUpload("fss/o/a.tar.zst")
+	killedUpload("fss/o/b.tar.zst")
+	if _, err := srv.Client.PutObject(ctx, cfg.Bucket, s3.StagingOf("fss/o/a.tar.zst")+"staged", strings.NewReader("abc"), 3, minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	staged := func(key string) (uploads, objects int) {
+		t.Helper()
+		for u := range srv.Client.ListIncompleteUploads(ctx, cfg.Bucket, s3.StagingOf(key), true) {
+			if u.Err != nil {
+				t.Fatal(u.Err)
+			}
+			uploads++
+		}
+		for oi := range srv.Client.ListObjects(ctx, cfg.Bucket, minio.ListObjectsOptions{Prefix: s3.StagingOf(key), Recursive: true}) {
+			if oi.Err != nil {
+				t.Fatal(oi.Err)
+			}
+			objects++
+		}
+		return uploads, objects
+	}
+	if u, o := staged("fss/o/a.tar.zst"); u != 1 || o != 1 {
+		t.Fatalf("before Delete: %d uploads, %d staged objects; want 1 and 1", u, o)
+	}
+	if err := s.Delete(ctx, "fss/o/a.tar.zst"); !errors.Is(err, blob.ErrNotFound) {
+		t.Errorf("Delete of a key only a killed Put left: %v, want ErrNotFound", err)
+	}
+	if u, o := staged("fss/o/a.tar.zst"); u != 0 || o != 0 {
+		t.Errorf("after Delete: %d uploads, %d staged objects of the key left", u, o)
+	}
+	if u, _ := staged("fss/o/b.tar.zst"); u != 1 {
+		t.Errorf("another key's staged upload: %d, want 1 (untouched)", u)
+	}
+	// A key stored and deleted: the plain case still works.
+	if _, err := s.Put(ctx, "fss/o/b.tar.zst", strings.NewReader("abc"), 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "fss/o/b.tar.zst"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Stat(ctx, "fss/o/b.tar.zst"); !errors.Is(err, blob.ErrNotFound) {
+		t.Errorf("Stat after Delete: %v", err)
+	}
+	if u, o := staged("fss/o/b.tar.zst"); u != 0 || o != 0 {
+		t.Errorf("after Delete of b: %d uploads, %d staged objects left", u, o)
 	}
 }

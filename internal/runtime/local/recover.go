@@ -30,11 +30,13 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		states[class] = st
 	}
 	// Mount the volume pool an earlier run left (after a host restart, say): its sandboxes'
-	// volumes are there.
+	// volumes are there; the captures and extractions it had in flight when it died are
+	// removed.
 	if b.vols.imageExists() {
 		if release, err := b.vols.acquire(); err != nil {
 			b.log.Warn("recover: mount the volume pool", "err", err)
 		} else {
+			b.vols.sweepStale(b.log)
 			release()
 		}
 	}

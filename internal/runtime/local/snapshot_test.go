@@ -380,6 +380,55 @@ func TestVolumePoolRecover(t *testing.T) {
 	checkNoLeaks(t, e.state, "")
 }
 
+// TestVolumePoolRecoverSweepsStale: a runner killed while it archived a capture or
+// extracted a restore leaves that subvolume in the pool (nothing of the dead process
+// closes it). The next backend's Recover removes both, so the pool keeps no stale copy of
+// a volume and unmounts once its last sandbox is gone.
+func TestVolumePoolRecoverSweepsStale(t *testing.T) {
+	e := volPoolEnv(t)
+	e.create(volSpec("crashed", "", []runtime.Volume{{Name: "data", SizeBytes: 32 << 20}}, "echo x > /data/f; exec sleep 3600"))
+	waitFor(t, func() bool { return sh(t, e.b, "crashed", "cat /data/f 2>/dev/null || true") == "x" })
+	// The runner dies mid-upload: the capture is neither written out nor closed.
+	if _, err := e.b.CaptureVolume(context.Background(), "crashed", "data"); err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := e.b.vols.openDir(poolTmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = subvolCreate(tmp, "extracting") // and mid-restore
+	tmp.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{poolCaptures, poolTmp} {
+		if ents, _ := os.ReadDir(filepath.Join(e.b.vols.mnt(), d)); len(ents) != 1 {
+			t.Fatalf("%s holds %d entries before the restart, want 1", d, len(ents))
+		}
+	}
+
+	b2 := e.backend()
+	if _, err := b2.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{poolCaptures, poolTmp} {
+		if ents, err := os.ReadDir(filepath.Join(b2.vols.mnt(), d)); err != nil || len(ents) != 0 {
+			t.Errorf("%s after Recover: %d entries (%v), want none", d, len(ents), err)
+		}
+	}
+	// The sandbox's volume survived the sweep.
+	if got := sh(t, b2, "crashed", "cat /data/f"); got != "x" {
+		t.Errorf("volume after Recover: %q", got)
+	}
+	if err := b2.Destroy(context.Background(), "crashed"); err != nil {
+		t.Fatal(err)
+	}
+	if b2.vols.mounted() {
+		t.Error("volume pool still mounted with nothing in it")
+	}
+	checkNoLeaks(t, e.state, "")
+}
+
 // TestNoVolumePool: without the pool (a host without btrfs) volumes work, and snapshots
 // are refused as not implemented.
 func TestNoVolumePool(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -167,6 +168,32 @@ func (p *volPool) close() error {
 		return nil
 	}
 	return p.unmountLocked()
+}
+
+// sweepStale removes what an earlier process left in captures/ and tmp/: a capture it
+// was archiving or an extraction it was making when it was killed (a closing backend
+// removes its own). Recover calls it with the pool held, before this process makes any.
+func (p *volPool) sweepStale(log *slog.Logger) {
+	for _, d := range []string{poolCaptures, poolTmp} {
+		dir, err := p.openDir(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			log.Warn("volume pool: open stale entries", "dir", d, "err", err)
+			continue
+		}
+		names, err := dir.Readdirnames(-1)
+		if err != nil {
+			log.Warn("volume pool: list stale entries", "dir", d, "err", err)
+		}
+		for _, name := range names {
+			if err := subvolDestroy(dir, name); err != nil {
+				log.Warn("volume pool: remove what an earlier run left", "dir", d, "name", name, "err", err)
+			}
+		}
+		dir.Close()
+	}
 }
 
 // emptyLocked says whether nothing lives in the mounted pool (in dirs, default all).
