@@ -642,9 +642,27 @@ func TestFSSOnS3RunnerKilledMidUpload(t *testing.T) {
 	g.sh(t, src.SandboxId, `rm /data/big`)
 	again := g.waitSnapshot(t, g.snapshot(t, src.SandboxId, "work", "").GetFileSystemSnapshotId(), time.Minute)
 	e.wantReady(t, again)
-	fork := g.create(t, scratchSpec("work", "1Gi", again.GetFileSystemSnapshotId()), "")
+	fork := g.createRetrying(t, scratchSpec("work", "1Gi", again.GetFileSystemSnapshotId()))
 	g.waitState(t, fork.SandboxId, sandboxv1.State_STATE_RUNNING)
 	if out := g.sh(t, fork.SandboxId, `cat /data/small; test -e /data/big || echo " no big"`); out != "small no big\n" {
 		t.Errorf("restored from the snapshot after the restart: %q", out)
+	}
+}
+
+// createRetrying creates like the official clients do after a runner restart: the gateway
+// places only on runners its periodic probe saw up, so until that probe has run again a
+// create is UNAVAILABLE (CWSANDBOX_RUNNER_UNAVAILABLE), which the clients retry.
+func (g *gw) createRetrying(t *testing.T, sp *sandboxv1.SandboxSpec) *sandboxv1.Sandbox {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := g.sandboxes.CreateSandbox(context.Background(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))
+		if err == nil {
+			return res.Msg
+		}
+		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
+			t.Fatalf("create: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
