@@ -1,0 +1,244 @@
+package kubernetes
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func snapBackend(t *testing.T, cacheBytes int64) *Backend {
+	t.Helper()
+	return &Backend{
+		cfg:       Config{SnapshotCacheDir: filepath.Join(t.TempDir(), "cache"), SnapshotCacheBytes: cacheBytes},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{},
+		snaps:     snapCache{limits: map[string]runtime.ArchiveLimits{}, inUse: map[string]int{}},
+	}
+}
+
+func digestOfBytes(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// failingReader returns its content and then err (a digest mismatch as blob.Store.Get
+// reports it).
+type failingReader struct {
+	r   io.Reader
+	err error
+}
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		return n, f.err
+	}
+	return n, err
+}
+
+// PrepareSnapshot downloads once per digest (concurrent calls share it), keeps nothing
+// of a failed download, and evicts the least recently used entries past the cache's
+// size, never one a Create is restoring from.
+func TestPrepareSnapshotCache(t *testing.T) {
+	b := snapBackend(t, 250)
+	ctx := context.Background()
+	content := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i)}, 100) }
+
+	var opens atomic.Int32
+	release := make(chan struct{})
+	d0 := digestOfBytes(content(0))
+	var wg sync.WaitGroup
+	errs := make([]error, 5)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = b.PrepareSnapshot(ctx, d0, runtime.ArchiveLimits{MaxBytes: 7}, func(context.Context) (io.ReadCloser, error) {
+				opens.Add(1)
+				<-release
+				return io.NopCloser(bytes.NewReader(content(0))), nil
+			})
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := opens.Load(); n != 1 {
+		t.Errorf("%d downloads of one digest, want 1", n)
+	}
+	if got, err := os.ReadFile(b.cachePath(d0)); err != nil || !bytes.Equal(got, content(0)) {
+		t.Errorf("cached %q %v", got, err)
+	}
+	// Cached: open is not called again.
+	if err := b.PrepareSnapshot(ctx, d0, runtime.ArchiveLimits{MaxBytes: 7}, func(context.Context) (io.ReadCloser, error) {
+		t.Error("open called for a cached digest")
+		return nil, errors.New("no")
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A mismatching download leaves nothing.
+	bad := digestOfBytes([]byte("other"))
+	err := b.PrepareSnapshot(ctx, bad, runtime.ArchiveLimits{}, func(context.Context) (io.ReadCloser, error) {
+		return io.NopCloser(&failingReader{r: strings.NewReader("xx"), err: errors.New("digest mismatch")}), nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Errorf("mismatch: %v", err)
+	}
+	des, _ := os.ReadDir(b.cfg.SnapshotCacheDir)
+	if len(des) != 1 {
+		t.Errorf("cache holds %d entries after a failed download, want 1", len(des))
+	}
+	if err := b.PrepareSnapshot(ctx, "../../etc", runtime.ArchiveLimits{}, nil); !errors.Is(err, runtime.ErrInvalidSpec) {
+		t.Errorf("bad digest: %v", err)
+	}
+
+	// d0 is in use by a Create: adding two more (300 bytes > 250) evicts d1, the least
+	// recently used of the others, not d0.
+	spec := &runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/data"}}},
+		Volumes: []runtime.Volume{{Name: "v", RestoreDigest: d0}}}
+	plan, rel, err := b.planRestores(spec)
+	if err != nil || len(plan) != 1 || plan[0].container != "" || plan[0].path != "/data" || plan[0].limits.MaxBytes != 7 {
+		t.Fatalf("plan %+v, %v", plan, err)
+	}
+	old := time.Now().Add(-time.Hour)
+	_ = os.Chtimes(b.cachePath(d0), old, old)
+	prep := func(i int) string {
+		d := digestOfBytes(content(i))
+		if err := b.PrepareSnapshot(ctx, d, runtime.ArchiveLimits{}, func(context.Context) (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(content(i))), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d1 := prep(1)
+	_ = os.Chtimes(b.cachePath(d1), old.Add(time.Minute), old.Add(time.Minute))
+	d2 := prep(2)
+	if got := b.CachedSnapshots(10); strings.Join(got, ",") != d2+","+d0 {
+		t.Errorf("cached %v, want d2 then d0 (d1 evicted)", got)
+	}
+	rel()
+	d3 := prep(3)
+	if got := b.CachedSnapshots(10); strings.Join(got, ",") != d3+","+d2 {
+		t.Errorf("cached %v, want d3, d2 (d0 evicted once released)", got)
+	}
+	if got := b.CachedSnapshots(1); len(got) != 1 || got[0] != d3 {
+		t.Errorf("cached(1) %v", got)
+	}
+	// An archive larger than the whole cache is refused.
+	big := bytes.Repeat([]byte("z"), 300)
+	if err := b.PrepareSnapshot(ctx, digestOfBytes(big), runtime.ArchiveLimits{}, func(context.Context) (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(big)), nil
+	}); err == nil {
+		t.Error("an archive larger than the cache was taken")
+	}
+}
+
+// Restores are refused before anything is made when no container mounts the volume's
+// root writable, an init container mounts it, or its archive is not prepared; a
+// sidecar's mount is used when the primary has none.
+func TestPlanRestores(t *testing.T) {
+	b := snapBackend(t, 0)
+	d := digestOfBytes([]byte("x"))
+	if err := os.MkdirAll(b.cfg.SnapshotCacheDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.cachePath(d), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vols := []runtime.Volume{{Name: "v", RestoreDigest: d, SizeBytes: 5}}
+	for name, tc := range map[string]struct {
+		spec runtime.Spec
+		want string
+	}{
+		"sub-path":  {runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d", SubPath: "s"}}}, Volumes: vols}, "sub-path"},
+		"read-only": {runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d", ReadOnly: true}}}, Volumes: vols}, "read-only"},
+		"unmounted": {runtime.Spec{Volumes: vols}, "no container mounts it"},
+		"init": {runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d"}}}, Volumes: vols,
+			InitContainers: []runtime.Container{{Name: "setup", VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d"}}}}}, "init container setup"},
+		"not prepared": {runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d"}}},
+			Volumes: []runtime.Volume{{Name: "v", RestoreDigest: digestOfBytes([]byte("y"))}}}, "not prepared"},
+	} {
+		_, rel, err := b.planRestores(&tc.spec)
+		rel()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	spec := runtime.Spec{Container: runtime.Container{Name: "app", VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/ro", ReadOnly: true}}},
+		Sidecars: []runtime.Container{{Name: "web", VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/rw"}}}}, Volumes: vols}
+	plan, rel, err := b.planRestores(&spec)
+	defer rel()
+	if err != nil || len(plan) != 1 || plan[0].container != "web" || plan[0].path != "/rw" || plan[0].limits.MaxBytes != 5 {
+		t.Errorf("plan %+v, %v; want web's /rw, at most the volume's 5 bytes", plan, err)
+	}
+	if _, _, err := (&Backend{}).planRestores(&spec); !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("without a cache dir: %v", err)
+	}
+}
+
+// CaptureVolume: an unknown volume is ErrVolumeNotFound, one mounted only by sub-path
+// cannot be captured, an ended sandbox has nothing left; a capture holds Stop until it
+// is closed.
+func TestCaptureVolumeHold(t *testing.T) {
+	b := snapBackend(t, 0)
+	spec := runtime.Spec{ID: "x", Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d", ReadOnly: true}, {Volume: "s", Path: "/s", SubPath: "a"}}},
+		Volumes: []runtime.Volume{{Name: "v"}, {Name: "s"}}}
+	s := &sandbox{id: "x", spec: spec, changed: make(chan struct{}), done: make(chan struct{})}
+	b.sandboxes["x"] = s
+	ctx := context.Background()
+	if _, err := b.CaptureVolume(ctx, "x", "nope"); !errors.Is(err, runtime.ErrVolumeNotFound) {
+		t.Errorf("unknown volume: %v", err)
+	}
+	if _, err := b.CaptureVolume(ctx, "x", "s"); !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("sub-path volume: %v", err)
+	}
+	if _, err := b.CaptureVolume(ctx, "y", "v"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("unknown sandbox: %v", err)
+	}
+	c, err := b.CaptureVolume(ctx, "x", "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pause() != 0 {
+		t.Errorf("pause %s", c.Pause())
+	}
+	waited := make(chan struct{})
+	go func() { b.waitCaptures(ctx, s); close(waited) }()
+	select {
+	case <-waited:
+		t.Fatal("waitCaptures returned with a capture open")
+	case <-time.After(100 * time.Millisecond):
+	}
+	_ = c.Close()
+	_ = c.Close()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("waitCaptures still waiting after Close")
+	}
+	close(s.done)
+	if _, err := b.CaptureVolume(ctx, "x", "v"); err == nil || !strings.Contains(err.Error(), "ended") {
+		t.Errorf("ended sandbox: %v", err)
+	}
+}
