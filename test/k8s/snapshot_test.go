@@ -159,10 +159,10 @@ func TestVolumeSnapshot(t *testing.T) {
 	// Only a read-only mount: refused.
 	ro := volumeSpec("")
 	ro.VolumeMounts[0].ReadOnly = true
-	if _, err := r.Create(ctx, runner.CreateRequest{Spec: ro, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job, key)}}); err == nil {
-		t.Error("a restore into a read-only mount was accepted")
-	} else {
+	if rs, err := r.Create(ctx, runner.CreateRequest{Spec: ro, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job, key)}}); err != nil {
 		t.Logf("read-only restore refused: %v", err)
+	} else if end := terminal(t, r, rs.ID); end.State != runner.StateFailed || !strings.Contains(end.Message, "read-only") {
+		t.Errorf("restore into a read-only mount: %s (%s: %s), want FAILED naming the read-only mount", end.State, end.Reason, end.Message)
 	}
 	for _, id := range []string{src.ID, mem.ID} {
 		if _, err := r.Delete(id, time.Second); err != nil {

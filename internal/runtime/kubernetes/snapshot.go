@@ -155,7 +155,7 @@ func (c *capture) WriteArchive(ctx context.Context, w io.Writer) (runtime.Archiv
 	if err != nil {
 		return runtime.ArchiveStats{}, fmt.Errorf("archive %s in %s: %w", c.path, c.s.id, err)
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 	var stats *agentv1.ArchiveStats
 	for st.Receive() {
 		m := st.Msg()
