@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,8 +17,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
 func snapBackend(t *testing.T, cacheBytes int64) *Backend {
@@ -240,5 +247,128 @@ func TestCaptureVolumeHold(t *testing.T) {
 	close(s.done)
 	if _, err := b.CaptureVolume(ctx, "x", "v"); err == nil || !strings.Contains(err.Error(), "ended") {
 		t.Errorf("ended sandbox: %v", err)
+	}
+}
+
+// TestSnapshotThroughAgent: a capture and a restore go through a real agent (in
+// standby, as a restoring Pod's is) behind a real gate: the capture's archive, cached by
+// PrepareSnapshot, fills an empty mount with the content, and an archive over the
+// restore's limits is refused as too large.
+func TestSnapshotThroughAgent(t *testing.T) {
+	dir := t.TempDir()
+	client, clientPEM, _, err := selfSigned("sandboxd-runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"tls.crt": serverPEM, "tls.key": serverKeyPEM, "client.crt": clientPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ident := agent.NewIdentity("x")
+	raw, err := net.Listen("unix", filepath.Join(dir, "primary.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aln, err := agent.WithIdentity(raw, ident)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	agentDone := make(chan struct{})
+	go func() {
+		defer close(agentDone)
+		_, _ = agent.Run(ctx, agent.Options{Config: &agentconfig.Config{Standby: true, WorkingDir: dir}, StateDir: filepath.Join(dir, "run"), Listener: aln})
+	}()
+	defer func() { cancel(); <-agentDone }()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	go func() {
+		_ = gate.Serve(ctx, gate.ServeOptions{
+			Listen: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
+			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), DialTimeout: time.Second,
+		})
+	}()
+	b := snapBackend(t, 0)
+	b.cfg.StartTimeout = 30 * time.Second
+	b.cfg.Dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		for i := 0; ; i++ {
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil || i > 50 {
+				return c, err
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	for _, d := range []string{filepath.Join(src, "sub"), dst} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "sub", "f.txt"), []byte("snapshot content"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	spec := runtime.Spec{ID: "x", Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: src}}},
+		Volumes: []runtime.Volume{{Name: "v"}}}
+	s := &sandbox{id: "x", spec: spec, client: client, server: server.Certificate[0], ident: ident,
+		pod: &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}}, changed: make(chan struct{}), done: make(chan struct{})}
+	b.sandboxes["x"] = s
+
+	c, err := b.CaptureVolume(ctx, "x", "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var archive bytes.Buffer
+	stats, err := c.WriteArchive(ctx, &archive)
+	_ = c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Bytes != int64(len("snapshot content")) || stats.Files < 2 {
+		t.Errorf("stats %+v", stats)
+	}
+	digest := digestOfBytes(archive.Bytes())
+	open := func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(archive.Bytes())), nil }
+	if err := b.PrepareSnapshot(ctx, digest, runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 100}, open); err != nil {
+		t.Fatal(err)
+	}
+
+	// The restored spec mounts the volume at dst.
+	s.spec = runtime.Spec{ID: "x", Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: dst}}},
+		Volumes: []runtime.Volume{{Name: "v", RestoreDigest: digest}}}
+	plan, rel, err := b.planRestores(&s.spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rel()
+	if err := b.runRestores(ctx, s, plan); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dst, "sub", "f.txt")); err != nil || string(got) != "snapshot content" {
+		t.Errorf("restored %q, %v", got, err)
+	}
+
+	// Over its limits: refused as too large, nothing left.
+	dst2 := filepath.Join(dir, "dst2")
+	if err := os.MkdirAll(dst2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	plan[0].path, plan[0].limits = dst2, runtime.ArchiveLimits{MaxBytes: 3}
+	if err := b.runRestores(ctx, s, plan); !errors.Is(err, fsarchive.ErrTooLarge) {
+		t.Errorf("restore over its limits: %v", err)
+	}
+	if des, _ := os.ReadDir(dst2); len(des) != 0 {
+		t.Errorf("left %v", des)
 	}
 }
