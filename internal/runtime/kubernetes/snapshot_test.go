@@ -339,7 +339,9 @@ func TestSnapshotThroughAgent(t *testing.T) {
 		t.Errorf("stats %+v", stats)
 	}
 	digest := digestOfBytes(archive.Bytes())
-	open := func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(archive.Bytes())), nil }
+	open := func(context.Context) (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(archive.Bytes())), nil
+	}
 	if err := b.PrepareSnapshot(ctx, digest, runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 100}, open); err != nil {
 		t.Fatal(err)
 	}
