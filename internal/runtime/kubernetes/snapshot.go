@@ -61,6 +61,8 @@ const (
 	// captureHold bounds how long Stop and Destroy wait for open captures.
 	captureHold = 10 * time.Minute
 	cacheSuffix = ".tar.zst"
+	// maxArchiveMessage bounds one ArchivePath message read from the agent.
+	maxArchiveMessage = 4 << 20
 	// extractChunk is the size of ExtractPath's messages.
 	extractChunk = 256 << 10
 )
@@ -150,7 +152,10 @@ type capture struct {
 func (c *capture) Pause() time.Duration { return 0 }
 
 func (c *capture) WriteArchive(ctx context.Context, w io.Writer) (runtime.ArchiveStats, error) {
-	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return c.b.DialAgent(ctx, c.s.id, c.container) })
+	// The agent sends the archive in chunks of 256 KiB: a larger message is refused, not
+	// buffered (what comes from the sandbox is bounded).
+	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return c.b.DialAgent(ctx, c.s.id, c.container) },
+		connect.WithReadMaxBytes(maxArchiveMessage))
 	st, err := cl.ArchivePath(ctx, connect.NewRequest(&agentv1.ArchivePathRequest{Path: c.path}))
 	if err != nil {
 		return runtime.ArchiveStats{}, fmt.Errorf("archive %s in %s: %w", c.path, c.s.id, err)
