@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/blob/dir"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -156,6 +158,35 @@ func TestVolumeSnapshot(t *testing.T) {
 		t.Errorf("memory volume restored: %q, want %q (stderr %q)", got, want, res.Stderr)
 	}
 
+	// A group: the primary mounts the volume read-only, the sidecar writable; the restore
+	// goes through the sidecar's agent while both are held, and the sidecar's command
+	// finds the content as it starts.
+	grp := volumeSpec("")
+	grp.Container.Name = "app"
+	grp.VolumeMounts[0].ReadOnly = true
+	grp.Sidecars = []runtime.Container{{Name: "side", Image: busybox, Command: "sh", Args: []string{"-c", "cat /w/later > /tmp/first; exec sleep 3600"},
+		VolumeMounts: []runtime.VolumeMount{{Volume: "work", Path: "/w"}}}}
+	g, err := r.Create(ctx, runner.CreateRequest{Spec: grp, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job2, key2)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb := waitState(t, r, g.ID, 2*time.Minute, running); sb.State != runner.StateRunning {
+		t.Fatalf("restored group: %s (%s: %s)", sb.State, sb.Reason, sb.Message)
+	}
+	actx, acancel := context.WithTimeout(ctx, 30*time.Second)
+	defer acancel()
+	side, err := r.Agent(actx, g.ID, "side")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sres, err := side.Exec(actx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat", "/tmp/first", "/w/dir/sub/f.txt"}}))
+	if err != nil || string(sres.Msg.Stdout) != "after\nhello\n" {
+		t.Errorf("sidecar's restored volume: %v %v", sres, err)
+	}
+	if res := exec(t, r, g.ID, "cat", "/work/later"); string(res.Stdout) != "after\n" {
+		t.Errorf("primary's read-only view: %q %q", res.Stdout, res.Stderr)
+	}
+
 	// Only a read-only mount: refused.
 	ro := volumeSpec("")
 	ro.VolumeMounts[0].ReadOnly = true
@@ -164,7 +195,7 @@ func TestVolumeSnapshot(t *testing.T) {
 	} else if end := terminal(t, r, rs.ID); end.State != runner.StateFailed || !strings.Contains(end.Message, "read-only") {
 		t.Errorf("restore into a read-only mount: %s (%s: %s), want FAILED naming the read-only mount", end.State, end.Reason, end.Message)
 	}
-	for _, id := range []string{src.ID, mem.ID} {
+	for _, id := range []string{src.ID, mem.ID, g.ID} {
 		if _, err := r.Delete(id, time.Second); err != nil {
 			t.Error(err)
 		}
