@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/dir"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -24,12 +25,19 @@ import (
 // restores file-system snapshots.
 func snapshotStack(t testing.TB) *stack.KubernetesStack {
 	t.Helper()
-	c := needCluster(t)
-	runnerID := randomID("test-")
+	needCluster(t)
 	store, err := dir.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return snapshotStackWith(t, store)
+}
+
+// snapshotStackWith is snapshotStack over store.
+func snapshotStackWith(t testing.TB, store blob.Store) *stack.KubernetesStack {
+	t.Helper()
+	c := needCluster(t)
+	runnerID := randomID("test-")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, err := stack.NewKubernetes(ctx, stack.KubernetesConfig{
