@@ -629,6 +629,12 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 			cancel()
 		}
+		if rec.Alive && pod.Status.PodIP != "" && restoresVolumes(&s.spec) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
+			// A Create restoring volumes cut short by the restart: its main command was
+			// never started (the agent still holds it): vanished, as above.
+			ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's volumes were being restored when the runner stopped", At: time.Now().UTC()}
+			rec.Alive, rec.Exit = false, &ex
+		}
 		if rec.Alive {
 			b.startLogs(s)
 			b.watchAgents(s)

@@ -514,3 +514,22 @@ func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.A
 	}
 	return nil, err
 }
+
+// restoresVolumes reports whether spec fills a volume from a snapshot.
+func restoresVolumes(spec *runtime.Spec) bool {
+	for _, v := range spec.Volumes {
+		if v.RestoreDigest != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// heldInStandby reports whether s's primary agent (at ip) answers still in standby.
+func (b *Backend) heldInStandby(ctx context.Context, s *sandbox, ip string) bool {
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
+	st, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	return err == nil && st.Msg.GetState() == agentv1.MainState_MAIN_STATE_STANDBY
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -17,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -325,6 +328,10 @@ func TestSnapshotThroughAgent(t *testing.T) {
 		pod: &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}}, changed: make(chan struct{}), done: make(chan struct{})}
 	b.sandboxes["x"] = s
 
+	// The agent is held: Recover takes such a sandbox's Create as cut short.
+	if !b.heldInStandby(ctx, s, "10.0.0.1") {
+		t.Error("an agent in standby is not seen as held")
+	}
 	c, err := b.CaptureVolume(ctx, "x", "v")
 	if err != nil {
 		t.Fatal(err)
@@ -372,5 +379,14 @@ func TestSnapshotThroughAgent(t *testing.T) {
 	}
 	if des, _ := os.ReadDir(dst2); len(des) != 0 {
 		t.Errorf("left %v", des)
+	}
+
+	// Once started, it is not held any more.
+	startCfg, _ := json.Marshal(agentconfig.Config{Argv: []string{"sleep", "30"}, Env: []string{"PATH=/usr/bin:/bin"}})
+	if _, err := b.agentClient("x", "").Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: startCfg})); err != nil {
+		t.Fatal(err)
+	}
+	if b.heldInStandby(ctx, s, "10.0.0.1") {
+		t.Error("a started agent is seen as held")
 	}
 }
