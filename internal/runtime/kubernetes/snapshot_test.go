@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -253,11 +255,11 @@ func TestCaptureVolumeHold(t *testing.T) {
 	}
 }
 
-// TestSnapshotThroughAgent: a capture and a restore go through a real agent (in
-// standby, as a restoring Pod's is) behind a real gate: the capture's archive, cached by
-// PrepareSnapshot, fills an empty mount with the content, and an archive over the
-// restore's limits is refused as too large.
-func TestSnapshotThroughAgent(t *testing.T) {
+// behindGate serves an agent of sandbox "x" (serve, on a listener proving its
+// identity) behind a real gate, and returns a backend that reaches it, the sandbox
+// (single-container, volume "v" mounted at mount) and a scratch directory.
+func behindGate(t *testing.T, ctx context.Context, mount string, serve func(ln net.Listener, dir string)) (*Backend, *sandbox, string) {
+	t.Helper()
 	dir := t.TempDir()
 	client, clientPEM, _, err := selfSigned("sandboxd-runner")
 	if err != nil {
@@ -281,14 +283,7 @@ func TestSnapshotThroughAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	agentDone := make(chan struct{})
-	go func() {
-		defer close(agentDone)
-		_, _ = agent.Run(ctx, agent.Options{Config: &agentconfig.Config{Standby: true, WorkingDir: dir}, StateDir: filepath.Join(dir, "run"), Listener: aln})
-	}()
-	defer func() { cancel(); <-agentDone }()
+	serve(aln, dir)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +308,31 @@ func TestSnapshotThroughAgent(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	spec := runtime.Spec{ID: "x", Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: mount}}},
+		Volumes: []runtime.Volume{{Name: "v"}}}
+	s := &sandbox{id: "x", spec: spec, client: client, server: server.Certificate[0], ident: ident,
+		pod: &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}}, changed: make(chan struct{}), done: make(chan struct{})}
+	b.sandboxes["x"] = s
+	return b, s, dir
+}
+
+// TestSnapshotThroughAgent: a capture and a restore go through a real agent (in
+// standby, as a restoring Pod's is) behind a real gate: the capture's archive, cached by
+// PrepareSnapshot, fills an empty mount with the content, and an archive over the
+// restore's limits is refused as too large.
+func TestSnapshotThroughAgent(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	agentDone := make(chan struct{})
+	src := filepath.Join(t.TempDir(), "src")
+	b, s, dir := behindGate(t, ctx, src, func(ln net.Listener, dir string) {
+		go func() {
+			defer close(agentDone)
+			_, _ = agent.Run(ctx, agent.Options{Config: &agentconfig.Config{Standby: true, WorkingDir: dir}, StateDir: filepath.Join(dir, "run"), Listener: ln})
+		}()
+	})
+	defer func() { cancel(); <-agentDone }()
+	dst := filepath.Join(dir, "dst")
 	for _, d := range []string{filepath.Join(src, "sub"), dst} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -322,12 +341,6 @@ func TestSnapshotThroughAgent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "sub", "f.txt"), []byte("snapshot content"), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	spec := runtime.Spec{ID: "x", Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: src}}},
-		Volumes: []runtime.Volume{{Name: "v"}}}
-	s := &sandbox{id: "x", spec: spec, client: client, server: server.Certificate[0], ident: ident,
-		pod: &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}}, changed: make(chan struct{}), done: make(chan struct{})}
-	b.sandboxes["x"] = s
-
 	// The agent is held: Recover takes such a sandbox's Create as cut short.
 	if !b.heldInStandby(ctx, s, "10.0.0.1") {
 		t.Error("an agent in standby is not seen as held")
@@ -388,5 +401,66 @@ func TestSnapshotThroughAgent(t *testing.T) {
 	}
 	if b.heldInStandby(ctx, s, "10.0.0.1") {
 		t.Error("a started agent is seen as held")
+	}
+}
+
+// hostileAgent answers ArchivePath as a compromised agent might.
+type hostileAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	mode string
+}
+
+func (h hostileAgent) ArchivePath(_ context.Context, _ *connect.Request[agentv1.ArchivePathRequest], st *connect.ServerStream[agentv1.ArchivePathResponse]) error {
+	switch h.mode {
+	case "huge":
+		return st.Send(&agentv1.ArchivePathResponse{Data: make([]byte, 8<<20)})
+	case "no-stats":
+		return st.Send(&agentv1.ArchivePathResponse{Data: []byte("partial")})
+	case "after-stats":
+		_ = st.Send(&agentv1.ArchivePathResponse{Stats: &agentv1.ArchiveStats{Files: 1}})
+		return st.Send(&agentv1.ArchivePathResponse{Data: []byte("more")})
+	default: // negative statistics
+		_ = st.Send(&agentv1.ArchivePathResponse{Data: []byte("x")})
+		return st.Send(&agentv1.ArchivePathResponse{Stats: &agentv1.ArchiveStats{Files: -5, Bytes: -1 << 40, Skipped: -1}})
+	}
+}
+
+// TestCaptureHostileAgent: what the sandbox's agent sends is bounded and checked: a
+// message over 4 MiB is refused (not buffered), a stream without the final statistics
+// or with data after them fails, negative statistics are clamped to zero.
+func TestCaptureHostileAgent(t *testing.T) {
+	for _, mode := range []string{"huge", "no-stats", "after-stats", "negative"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b, _, _ := behindGate(t, ctx, "/data", func(ln net.Listener, _ string) {
+				mux := http.NewServeMux()
+				mux.Handle(agentv1connect.NewAgentServiceHandler(hostileAgent{mode: mode}))
+				srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
+				srv.Protocols.SetUnencryptedHTTP2(true)
+				go func() { _ = srv.Serve(ln) }()
+				t.Cleanup(func() { _ = srv.Close() })
+			})
+			c, err := b.CaptureVolume(ctx, "x", "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var buf bytes.Buffer
+			stats, err := c.WriteArchive(ctx, &buf)
+			switch mode {
+			case "negative":
+				if err != nil || stats != (runtime.ArchiveStats{}) || buf.String() != "x" {
+					t.Errorf("stats %+v, %q, %v", stats, buf.String(), err)
+				}
+			default:
+				if err == nil {
+					t.Errorf("accepted (%d bytes)", buf.Len())
+				}
+				if buf.Len() > 16 {
+					t.Errorf("%d bytes written", buf.Len())
+				}
+			}
+		})
 	}
 }
