@@ -535,6 +535,12 @@ func (r *Runner) DeleteWithSnapshots(id string, grace time.Duration, targets []S
 			pending = append(pending, pendingCapture{t})
 		}
 	}
+	if lc, ok := r.backend.(runtime.LiveCapturer); ok && lc.CapturesLive() && len(pending) > 0 {
+		// This backend captures only a running sandbox: now, before the stop (the
+		// backend keeps the sandbox until the captures are closed).
+		r.captureNow(id, pending, jobs)
+		pending = nil
+	}
 	r.mu.Lock()
 	if e.sb.State.Terminal() || e.capturesTaken {
 		// Ended meanwhile: the reserved jobs cannot be captured.
@@ -580,6 +586,29 @@ func (r *Runner) recordFailed(id string, t SnapshotTarget, reason, msg string) S
 		j.jobs[t.SnapshotID] = rec
 	}
 	return rec.copyJob()
+}
+
+// captureNow captures a delete's pending targets at once (runtime.LiveCapturer) and
+// starts their uploads; jobs (in the delete's order) get each one's state.
+func (r *Runner) captureNow(id string, pending []pendingCapture, jobs []SnapshotJob) {
+	vc, _ := r.snapshotSupport()
+	for _, p := range pending {
+		var job SnapshotJob
+		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Minute)
+		c, err := vc.CaptureVolume(ctx, id, p.t.Volume)
+		cancel()
+		if err != nil {
+			r.log.Warn("capture a volume", "sandbox", id, "volume", p.t.Volume, "err", err)
+			job = r.failJob(p.t.SnapshotID, apierr.FSSCreateFailed, "capturing the volume failed: "+shownCause(err))
+		} else {
+			job = r.startUpload(p.t, c)
+		}
+		for i := range jobs {
+			if jobs[i].SnapshotID == p.t.SnapshotID {
+				jobs[i] = job
+			}
+		}
+	}
 }
 
 // takeCaptures captures the volumes a delete asked for, once the sandbox's containers

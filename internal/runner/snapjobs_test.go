@@ -744,3 +744,36 @@ func TestSnapshotJobsPruned(t *testing.T) {
 		t.Errorf("job dir holds %v, want only recent.json", names)
 	}
 }
+
+// liveSnapBackend captures only running sandboxes (runtime.LiveCapturer), as the
+// Kubernetes backend does.
+type liveSnapBackend struct{ *snapBackend }
+
+func (liveSnapBackend) CapturesLive() bool { return true }
+
+// TestDeleteWithSnapshotsLive: on a backend that captures only a running sandbox, a
+// delete's volumes are captured before the stop, and the uploads complete.
+func TestDeleteWithSnapshotsLive(t *testing.T) {
+	ctx := context.Background()
+	sbe, store := newSnapBackend(t), openStore(t)
+	be := liveSnapBackend{sbe}
+	r := snapRunner(t, be, t.TempDir(), store, nil)
+	defer r.Close()
+	sb := runningWithVolume(t, r, sbe)
+	_, jobs, err := r.DeleteWithSnapshots(sb.ID, time.Second, []SnapshotTarget{
+		{Volume: "data", SnapshotID: "l-data", BlobKey: "fss/o/l-data.tar.zst"},
+		{Volume: "nope", SnapshotID: "l-nope", BlobKey: "fss/o/l-nope.tar.zst"},
+	})
+	if err != nil || len(jobs) != 2 || jobs[0].State != SnapshotCreating || jobs[1].State != SnapshotFailed {
+		t.Fatalf("jobs %+v, %v", jobs, err)
+	}
+	if end, err := r.WaitTerminal(ctx, sb.ID); err != nil || end.State != StateTerminated {
+		t.Fatalf("ended %+v, %v", end, err)
+	}
+	if ev := sbe.Events(); !slices.Equal(ev, []string{"capture:data", "stop", "destroy"}) {
+		t.Fatalf("events %v, want the capture before the stop", ev)
+	}
+	if j := waitJob(t, r, "l-data"); j.State != SnapshotReady {
+		t.Fatalf("job %+v", j)
+	}
+}

@@ -619,3 +619,37 @@ func TestRunnerapiRelayContainer(t *testing.T) {
 		t.Errorf("mapped back: %v (%T)", back, back)
 	}
 }
+
+// The relay refuses the runner-only calls: starting a main command, and the archives of
+// a volume (ArchivePath, ExtractPath), through the client and on the wire.
+func TestRunnerapiRunnerOnlyCalls(t *testing.T) {
+	r := startRunner(t, &fakeRunner{})
+	r.fake.agentClient = serveAgent(t, &fakeAgent{cancelled: make(chan struct{})})
+	c := r.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	a, err := c.Agent(ctx, "abc", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ArchivePath(ctx, connect.NewRequest(&agentv1.ArchivePathRequest{Path: "/data"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("archive through the client: %v", err)
+	}
+	st := a.ExtractPath(ctx)
+	_ = st.Send(&agentv1.ExtractPathRequest{Path: "/data"})
+	if _, err := st.CloseAndReceive(); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("extract through the client: %v", err)
+	}
+	raw := agentv1connect.NewAgentServiceClient(c.hc, "https://"+r.addr, connect.WithGRPC(),
+		connect.WithInterceptors(sandboxHeader{runnerID: "r1"}))
+	as, err := raw.ArchivePath(sandboxAgent{id: "abc"}.ctx(ctx), connect.NewRequest(&agentv1.ArchivePathRequest{Path: "/data"}))
+	if err == nil {
+		for as.Receive() {
+			t.Error("the relay sent archive data")
+		}
+		err = as.Err()
+	}
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("archive on the wire: %v", err)
+	}
+}

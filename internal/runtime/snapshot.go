@@ -27,6 +27,15 @@ type VolumeCapturer interface {
 	CaptureVolume(ctx context.Context, id, volume string) (VolumeCapture, error)
 }
 
+// LiveCapturer is implemented by VolumeCapturers that capture only a running sandbox
+// (the Kubernetes backend: an emptyDir goes with the Pod's end, and the archive is read
+// through the sandbox's agent). The runner captures a delete's volumes before it stops
+// such a sandbox, not after, and the backend keeps the sandbox until the captures are
+// closed.
+type LiveCapturer interface {
+	CapturesLive() bool
+}
+
 // VolumeCapture is a captured volume, held until Close.
 type VolumeCapture interface {
 	// Pause is how long the sandbox's workload was paused (frozen) for the capture.

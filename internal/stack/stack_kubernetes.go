@@ -94,6 +94,10 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		// Next to the runner's archive: the runner renames a copy into it.
 		bc.LogDir = filepath.Join(cfg.DataDir, "runner", "k8s-logs")
 	}
+	if bc.SnapshotCacheDir == "" {
+		// The archives volumes are restored from (used only with a blob store).
+		bc.SnapshotCacheDir = filepath.Join(cfg.DataDir, "runner", "k8s-snapshots")
+	}
 	backend, err := kubernetes.New(ctx, bc)
 	if err != nil {
 		return nil, fmt.Errorf("stack: %w", err)

@@ -96,6 +96,13 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	// Restored volumes are checked before anything is made; their archives stay cached
+	// until the Create is done.
+	plan, release, err := b.planRestores(spec)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	defer release()
 	persisted := *spec
 	persisted.PullCredentials = nil
 	persisted.RuntimeClass = class
@@ -146,6 +153,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		gate.ClientCertFile: clientPEM,
 		secretClientKey:     clientKeyPEM,
 	}
+	var startCfg []byte // the main command's config, when held for restores
 	if grp != nil {
 		maps.Copy(data, grp.secret)
 		s.ident = grp.idents[spec.ContainerName()]
@@ -163,7 +171,17 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		for _, f := range spec.Files {
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
-		cfgJSON, err := json.Marshal(&acfg)
+		inPod := acfg
+		if len(plan) > 0 {
+			// Held in standby until the restored volumes are filled (snapshot.go).
+			start := acfg
+			start.Identity = nil
+			if startCfg, err = json.Marshal(&start); err != nil {
+				return runtime.Info{}, err
+			}
+			inPod = agentconfig.Config{Standby: true, Hostname: acfg.Hostname, Identity: acfg.Identity}
+		}
+		cfgJSON, err := json.Marshal(&inPod)
 		if err != nil {
 			return runtime.Info{}, err
 		}
@@ -232,6 +250,10 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 
 	if grp != nil {
 		b.watchAgents(s)
+		// The held containers start once the restored volumes are filled.
+		if err := b.runRestores(ctx, s, plan); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 		// The containers wait held; they start in the spec's order (init containers:
 		// the kubelet's, in order). A *startseq.Failure names the container.
 		if err := startseq.Run(ctx, spec, groupOps{b: b, s: s}); err != nil {
@@ -241,6 +263,16 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	info, err := b.waitRunning(ctx, s)
 	if err != nil {
 		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if startCfg != nil {
+		// The agent answers in standby: fill the volumes, then start the main command.
+		if err := b.runRestores(ctx, s, plan); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		if _, err := b.agentClient(s.id, "").Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: startCfg})); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: start the main command after the restore: %w", spec.ID, err)
+		}
+		info = b.info(s)
 	}
 	if p := spec.StartupProbe; grp == nil && p != nil {
 		// As in a group (startseq.Run): Create returns, and the sandbox runs, once the

@@ -129,6 +129,11 @@ type Config struct {
 	// OpenReserved are reserved ranges (reserved.V4 and V6) the operator opens to explicit
 	// cidr egress rules; every other reserved range is excepted from every rule.
 	OpenReserved []netip.Prefix
+	// SnapshotCacheDir holds the snapshot archives volumes are restored from (see
+	// snapshot.go); "" = the backend takes no snapshots (Support.NoSnapshots).
+	SnapshotCacheDir string
+	// SnapshotCacheBytes bounds SnapshotCacheDir; default 10 GiB.
+	SnapshotCacheBytes int64
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
@@ -146,6 +151,8 @@ type Backend struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+
+	snaps snapCache
 }
 
 var _ runtime.Backend = (*Backend)(nil)
@@ -179,6 +186,11 @@ type sandbox struct {
 	changed  chan struct{} // closed and replaced on every change
 	done     chan struct{} // closed once exit is set
 	exit     runtime.Exit
+
+	// captures counts the open volume captures (snapshot.go), capturesIdle is closed
+	// when it falls to 0; guarded by Backend.mu.
+	captures     int
+	capturesIdle chan struct{}
 
 	// logsDone: each log copy's channel, closed when it ends, by container ("" = the
 	// primary); nil without copies.
@@ -229,7 +241,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy, LabelRunner: cfg.RunnerID})
-	b := &Backend{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{}}
+	b := &Backend{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
+		snaps: snapCache{limits: map[string]runtime.ArchiveLimits{}, inUse: map[string]int{}}}
+	b.cleanCache()
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
@@ -429,6 +443,8 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 		return nil
 	default:
 	}
+	// A capture reads the volume through the agent: the Pod stays until it is done.
+	b.waitCaptures(ctx, s)
 	secs := int64((grace + time.Second - 1) / time.Second)
 	// 0 would remove the Pod object at once, before the kubelet reports how it ended.
 	secs = max(secs, 1)
@@ -484,6 +500,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if s == nil {
 		s = &sandbox{id: id}
 	}
+	b.waitCaptures(ctx, s)
 	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops
 	// its containers before the object goes (grace 0 would leave that for later).
 	grace := int64(1)
@@ -611,6 +628,12 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 				rec.Alive, rec.Exit = true, nil
 			}
 			cancel()
+		}
+		if rec.Alive && pod.Status.PodIP != "" && restoresVolumes(&s.spec) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
+			// A Create restoring volumes cut short by the restart: its main command was
+			// never started (the agent still holds it): vanished, as above.
+			ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's volumes were being restored when the runner stopped", At: time.Now().UTC()}
+			rec.Alive, rec.Exit = false, &ex
 		}
 		if rec.Alive {
 			b.startLogs(s)

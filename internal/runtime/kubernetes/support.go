@@ -8,9 +8,10 @@ import "github.com/sandboxd/sandboxd/internal/runtime"
 // ipBlocks, tenants by label (organization, caller hash). (Sandbox networks are refused
 // by the gateway on every runner.) Container-engine sandboxes are not done here: Docker
 // Engine in a Pod needs a runtime class that hosts it safely (gVisor), which this backend
-// does not yet set up, so it runs none and Create refuses them.
+// does not yet set up, so it runs none and Create refuses them. File-system snapshots
+// need a snapshot cache directory (snapshot.go).
 func (b *Backend) Support() runtime.Support {
-	return runtime.Support{NoDNSEgress: true, NoContainerEngine: true}
+	return runtime.Support{NoDNSEgress: true, NoContainerEngine: true, NoSnapshots: b.cfg.SnapshotCacheDir == ""}
 }
 
 // The optional backend interfaces the Kubernetes backend implements (EgressReserver is

@@ -142,6 +142,274 @@ func (MainState) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
 }
 
+type ArchivePathRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"` // absolute, a directory
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchivePathRequest) Reset() {
+	*x = ArchivePathRequest{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchivePathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchivePathRequest) ProtoMessage() {}
+
+func (x *ArchivePathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchivePathRequest.ProtoReflect.Descriptor instead.
+func (*ArchivePathRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ArchivePathRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ArchivePathResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`   // the next bytes of the archive
+	Stats         *ArchiveStats          `protobuf:"bytes,2,opt,name=stats,proto3" json:"stats,omitempty"` // in the last message only, with no data
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchivePathResponse) Reset() {
+	*x = ArchivePathResponse{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchivePathResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchivePathResponse) ProtoMessage() {}
+
+func (x *ArchivePathResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchivePathResponse.ProtoReflect.Descriptor instead.
+func (*ArchivePathResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ArchivePathResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ArchivePathResponse) GetStats() *ArchiveStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+type ArchiveStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Files         int64                  `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`     // entries
+	Bytes         int64                  `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`     // sum of regular files' sizes
+	Skipped       int64                  `protobuf:"varint,3,opt,name=skipped,proto3" json:"skipped,omitempty"` // left out by Write (devices, fifos, sockets, vanished entries)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveStats) Reset() {
+	*x = ArchiveStats{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveStats) ProtoMessage() {}
+
+func (x *ArchiveStats) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveStats.ProtoReflect.Descriptor instead.
+func (*ArchiveStats) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ArchiveStats) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+type ExtractPathRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`                          // first message only: absolute, an empty directory
+	MaxBytes      int64                  `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"` // first message only: sum of regular files' sizes; 0 = no limit
+	MaxFiles      int64                  `protobuf:"varint,3,opt,name=max_files,json=maxFiles,proto3" json:"max_files,omitempty"` // first message only: entries; 0 = no limit
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`                          // the next bytes of the archive (any message)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtractPathRequest) Reset() {
+	*x = ExtractPathRequest{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtractPathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtractPathRequest) ProtoMessage() {}
+
+func (x *ExtractPathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtractPathRequest.ProtoReflect.Descriptor instead.
+func (*ExtractPathRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ExtractPathRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ExtractPathRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *ExtractPathRequest) GetMaxFiles() int64 {
+	if x != nil {
+		return x.MaxFiles
+	}
+	return 0
+}
+
+func (x *ExtractPathRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ExtractPathResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stats         *ArchiveStats          `protobuf:"bytes,1,opt,name=stats,proto3" json:"stats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtractPathResponse) Reset() {
+	*x = ExtractPathResponse{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtractPathResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtractPathResponse) ProtoMessage() {}
+
+func (x *ExtractPathResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtractPathResponse.ProtoReflect.Descriptor instead.
+func (*ExtractPathResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ExtractPathResponse) GetStats() *ArchiveStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
 type StartRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Config        []byte                 `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"` // agentconfig.Config, JSON
@@ -151,7 +419,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +431,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +444,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StartRequest) GetConfig() []byte {
@@ -194,7 +462,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -206,7 +474,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -219,7 +487,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 type ExecRequest struct {
@@ -236,7 +504,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +516,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,7 +529,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecRequest) GetCommand() []string {
@@ -321,7 +589,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -333,7 +601,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -346,7 +614,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecResponse) GetStdout() []byte {
@@ -413,7 +681,7 @@ type StreamExecRequest struct {
 
 func (x *StreamExecRequest) Reset() {
 	*x = StreamExecRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +693,7 @@ func (x *StreamExecRequest) String() string {
 func (*StreamExecRequest) ProtoMessage() {}
 
 func (x *StreamExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +706,7 @@ func (x *StreamExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecRequest.ProtoReflect.Descriptor instead.
 func (*StreamExecRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StreamExecRequest) GetMessage() isStreamExecRequest_Message {
@@ -526,7 +794,7 @@ type StreamExecInit struct {
 
 func (x *StreamExecInit) Reset() {
 	*x = StreamExecInit{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +806,7 @@ func (x *StreamExecInit) String() string {
 func (*StreamExecInit) ProtoMessage() {}
 
 func (x *StreamExecInit) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +819,7 @@ func (x *StreamExecInit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecInit.ProtoReflect.Descriptor instead.
 func (*StreamExecInit) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StreamExecInit) GetCommand() []string {
@@ -606,7 +874,7 @@ type Resize struct {
 
 func (x *Resize) Reset() {
 	*x = Resize{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +886,7 @@ func (x *Resize) String() string {
 func (*Resize) ProtoMessage() {}
 
 func (x *Resize) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +899,7 @@ func (x *Resize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resize.ProtoReflect.Descriptor instead.
 func (*Resize) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Resize) GetWidth() uint32 {
@@ -656,7 +924,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +936,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +949,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type StreamExecResponse struct {
@@ -699,7 +967,7 @@ type StreamExecResponse struct {
 
 func (x *StreamExecResponse) Reset() {
 	*x = StreamExecResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +979,7 @@ func (x *StreamExecResponse) String() string {
 func (*StreamExecResponse) ProtoMessage() {}
 
 func (x *StreamExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +992,7 @@ func (x *StreamExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecResponse.ProtoReflect.Descriptor instead.
 func (*StreamExecResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StreamExecResponse) GetMessage() isStreamExecResponse_Message {
@@ -808,7 +1076,7 @@ type Ready struct {
 
 func (x *Ready) Reset() {
 	*x = Ready{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +1088,7 @@ func (x *Ready) String() string {
 func (*Ready) ProtoMessage() {}
 
 func (x *Ready) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +1101,7 @@ func (x *Ready) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ready.ProtoReflect.Descriptor instead.
 func (*Ready) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Ready) GetTime() *timestamppb.Timestamp {
@@ -860,7 +1128,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1140,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1153,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Output) GetStream() Stream {
@@ -912,7 +1180,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1192,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1205,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Exit) GetExitCode() int32 {
@@ -964,7 +1232,7 @@ type StreamError struct {
 
 func (x *StreamError) Reset() {
 	*x = StreamError{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1244,7 @@ func (x *StreamError) String() string {
 func (*StreamError) ProtoMessage() {}
 
 func (x *StreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1257,7 @@ func (x *StreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
 func (*StreamError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StreamError) GetCode() string {
@@ -1016,7 +1284,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1296,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1309,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1067,7 +1335,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1347,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1360,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -1113,7 +1381,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1393,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1406,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteFileRequest) GetPath() string {
@@ -1170,7 +1438,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1450,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1463,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type LogsRequest struct {
@@ -1211,7 +1479,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1491,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1504,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LogsRequest) GetFollow() bool {
@@ -1287,7 +1555,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1567,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1580,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LogsResponse) GetData() []byte {
@@ -1358,7 +1626,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1638,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1651,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 type WatchRequest struct {
@@ -1394,7 +1662,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1674,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1687,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 type StatusResponse struct {
@@ -1438,7 +1706,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1718,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1731,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatusResponse) GetState() MainState {
@@ -1526,7 +1794,23 @@ var File_sandboxd_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dsandboxd/agent/v1/agent.proto\x12\x11sandboxd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n" +
+	"\x1dsandboxd/agent/v1/agent.proto\x12\x11sandboxd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"(\n" +
+	"\x12ArchivePathRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"`\n" +
+	"\x13ArchivePathResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x125\n" +
+	"\x05stats\x18\x02 \x01(\v2\x1f.sandboxd.agent.v1.ArchiveStatsR\x05stats\"T\n" +
+	"\fArchiveStats\x12\x14\n" +
+	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\askipped\x18\x03 \x01(\x03R\askipped\"v\n" +
+	"\x12ExtractPathRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\x12\x1b\n" +
+	"\tmax_files\x18\x03 \x01(\x03R\bmaxFiles\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"L\n" +
+	"\x13ExtractPathResponse\x125\n" +
+	"\x05stats\x18\x01 \x01(\v2\x1f.sandboxd.agent.v1.ArchiveStatsR\x05stats\"&\n" +
 	"\fStartRequest\x12\x16\n" +
 	"\x06config\x18\x01 \x01(\fR\x06config\"\x0f\n" +
 	"\rStartResponse\"\xb0\x02\n" +
@@ -1642,7 +1926,7 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x14MAIN_STATE_COMPLETED\x10\x04\x12\x15\n" +
 	"\x11MAIN_STATE_FAILED\x10\x05\x12\x16\n" +
 	"\x12MAIN_STATE_STOPPED\x10\x06\x12\x16\n" +
-	"\x12MAIN_STATE_STANDBY\x10\a2\x98\x05\n" +
+	"\x12MAIN_STATE_STANDBY\x10\a2\xd8\x06\n" +
 	"\fAgentService\x12G\n" +
 	"\x04Exec\x12\x1e.sandboxd.agent.v1.ExecRequest\x1a\x1f.sandboxd.agent.v1.ExecResponse\x12]\n" +
 	"\n" +
@@ -1652,7 +1936,9 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Logs\x12\x1e.sandboxd.agent.v1.LogsRequest\x1a\x1f.sandboxd.agent.v1.LogsResponse0\x01\x12M\n" +
 	"\x06Status\x12 .sandboxd.agent.v1.StatusRequest\x1a!.sandboxd.agent.v1.StatusResponse\x12M\n" +
 	"\x05Watch\x12\x1f.sandboxd.agent.v1.WatchRequest\x1a!.sandboxd.agent.v1.StatusResponse0\x01\x12J\n" +
-	"\x05Start\x12\x1f.sandboxd.agent.v1.StartRequest\x1a .sandboxd.agent.v1.StartResponseB<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
+	"\x05Start\x12\x1f.sandboxd.agent.v1.StartRequest\x1a .sandboxd.agent.v1.StartResponse\x12^\n" +
+	"\vArchivePath\x12%.sandboxd.agent.v1.ArchivePathRequest\x1a&.sandboxd.agent.v1.ArchivePathResponse0\x01\x12^\n" +
+	"\vExtractPath\x12%.sandboxd.agent.v1.ExtractPathRequest\x1a&.sandboxd.agent.v1.ExtractPathResponse(\x01B<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_sandboxd_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1667,78 +1953,89 @@ func file_sandboxd_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_sandboxd_agent_v1_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: sandboxd.agent.v1.Stream
 	(MainState)(0),                // 1: sandboxd.agent.v1.MainState
-	(*StartRequest)(nil),          // 2: sandboxd.agent.v1.StartRequest
-	(*StartResponse)(nil),         // 3: sandboxd.agent.v1.StartResponse
-	(*ExecRequest)(nil),           // 4: sandboxd.agent.v1.ExecRequest
-	(*ExecResponse)(nil),          // 5: sandboxd.agent.v1.ExecResponse
-	(*StreamExecRequest)(nil),     // 6: sandboxd.agent.v1.StreamExecRequest
-	(*StreamExecInit)(nil),        // 7: sandboxd.agent.v1.StreamExecInit
-	(*Resize)(nil),                // 8: sandboxd.agent.v1.Resize
-	(*CloseStdin)(nil),            // 9: sandboxd.agent.v1.CloseStdin
-	(*StreamExecResponse)(nil),    // 10: sandboxd.agent.v1.StreamExecResponse
-	(*Ready)(nil),                 // 11: sandboxd.agent.v1.Ready
-	(*Output)(nil),                // 12: sandboxd.agent.v1.Output
-	(*Exit)(nil),                  // 13: sandboxd.agent.v1.Exit
-	(*StreamError)(nil),           // 14: sandboxd.agent.v1.StreamError
-	(*ReadFileRequest)(nil),       // 15: sandboxd.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 16: sandboxd.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 17: sandboxd.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 18: sandboxd.agent.v1.WriteFileResponse
-	(*LogsRequest)(nil),           // 19: sandboxd.agent.v1.LogsRequest
-	(*LogsResponse)(nil),          // 20: sandboxd.agent.v1.LogsResponse
-	(*StatusRequest)(nil),         // 21: sandboxd.agent.v1.StatusRequest
-	(*WatchRequest)(nil),          // 22: sandboxd.agent.v1.WatchRequest
-	(*StatusResponse)(nil),        // 23: sandboxd.agent.v1.StatusResponse
-	nil,                           // 24: sandboxd.agent.v1.ExecRequest.EnvEntry
-	nil,                           // 25: sandboxd.agent.v1.StreamExecInit.EnvEntry
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*ArchivePathRequest)(nil),    // 2: sandboxd.agent.v1.ArchivePathRequest
+	(*ArchivePathResponse)(nil),   // 3: sandboxd.agent.v1.ArchivePathResponse
+	(*ArchiveStats)(nil),          // 4: sandboxd.agent.v1.ArchiveStats
+	(*ExtractPathRequest)(nil),    // 5: sandboxd.agent.v1.ExtractPathRequest
+	(*ExtractPathResponse)(nil),   // 6: sandboxd.agent.v1.ExtractPathResponse
+	(*StartRequest)(nil),          // 7: sandboxd.agent.v1.StartRequest
+	(*StartResponse)(nil),         // 8: sandboxd.agent.v1.StartResponse
+	(*ExecRequest)(nil),           // 9: sandboxd.agent.v1.ExecRequest
+	(*ExecResponse)(nil),          // 10: sandboxd.agent.v1.ExecResponse
+	(*StreamExecRequest)(nil),     // 11: sandboxd.agent.v1.StreamExecRequest
+	(*StreamExecInit)(nil),        // 12: sandboxd.agent.v1.StreamExecInit
+	(*Resize)(nil),                // 13: sandboxd.agent.v1.Resize
+	(*CloseStdin)(nil),            // 14: sandboxd.agent.v1.CloseStdin
+	(*StreamExecResponse)(nil),    // 15: sandboxd.agent.v1.StreamExecResponse
+	(*Ready)(nil),                 // 16: sandboxd.agent.v1.Ready
+	(*Output)(nil),                // 17: sandboxd.agent.v1.Output
+	(*Exit)(nil),                  // 18: sandboxd.agent.v1.Exit
+	(*StreamError)(nil),           // 19: sandboxd.agent.v1.StreamError
+	(*ReadFileRequest)(nil),       // 20: sandboxd.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 21: sandboxd.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 22: sandboxd.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 23: sandboxd.agent.v1.WriteFileResponse
+	(*LogsRequest)(nil),           // 24: sandboxd.agent.v1.LogsRequest
+	(*LogsResponse)(nil),          // 25: sandboxd.agent.v1.LogsResponse
+	(*StatusRequest)(nil),         // 26: sandboxd.agent.v1.StatusRequest
+	(*WatchRequest)(nil),          // 27: sandboxd.agent.v1.WatchRequest
+	(*StatusResponse)(nil),        // 28: sandboxd.agent.v1.StatusResponse
+	nil,                           // 29: sandboxd.agent.v1.ExecRequest.EnvEntry
+	nil,                           // 30: sandboxd.agent.v1.StreamExecInit.EnvEntry
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
 }
 var file_sandboxd_agent_v1_agent_proto_depIdxs = []int32{
-	24, // 0: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
-	26, // 1: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	7,  // 2: sandboxd.agent.v1.StreamExecRequest.init:type_name -> sandboxd.agent.v1.StreamExecInit
-	8,  // 3: sandboxd.agent.v1.StreamExecRequest.resize:type_name -> sandboxd.agent.v1.Resize
-	9,  // 4: sandboxd.agent.v1.StreamExecRequest.close:type_name -> sandboxd.agent.v1.CloseStdin
-	25, // 5: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
-	11, // 6: sandboxd.agent.v1.StreamExecResponse.ready:type_name -> sandboxd.agent.v1.Ready
-	12, // 7: sandboxd.agent.v1.StreamExecResponse.output:type_name -> sandboxd.agent.v1.Output
-	13, // 8: sandboxd.agent.v1.StreamExecResponse.exit:type_name -> sandboxd.agent.v1.Exit
-	14, // 9: sandboxd.agent.v1.StreamExecResponse.error:type_name -> sandboxd.agent.v1.StreamError
-	27, // 10: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
-	0,  // 11: sandboxd.agent.v1.Output.stream:type_name -> sandboxd.agent.v1.Stream
-	27, // 12: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
-	27, // 13: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	27, // 14: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
-	0,  // 15: sandboxd.agent.v1.LogsResponse.stream:type_name -> sandboxd.agent.v1.Stream
-	1,  // 16: sandboxd.agent.v1.StatusResponse.state:type_name -> sandboxd.agent.v1.MainState
-	27, // 17: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	27, // 18: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
-	4,  // 19: sandboxd.agent.v1.AgentService.Exec:input_type -> sandboxd.agent.v1.ExecRequest
-	6,  // 20: sandboxd.agent.v1.AgentService.StreamExec:input_type -> sandboxd.agent.v1.StreamExecRequest
-	15, // 21: sandboxd.agent.v1.AgentService.ReadFile:input_type -> sandboxd.agent.v1.ReadFileRequest
-	17, // 22: sandboxd.agent.v1.AgentService.WriteFile:input_type -> sandboxd.agent.v1.WriteFileRequest
-	19, // 23: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
-	21, // 24: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
-	22, // 25: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
-	2,  // 26: sandboxd.agent.v1.AgentService.Start:input_type -> sandboxd.agent.v1.StartRequest
-	5,  // 27: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
-	10, // 28: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
-	16, // 29: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
-	18, // 30: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
-	20, // 31: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
-	23, // 32: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
-	23, // 33: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
-	3,  // 34: sandboxd.agent.v1.AgentService.Start:output_type -> sandboxd.agent.v1.StartResponse
-	27, // [27:35] is the sub-list for method output_type
-	19, // [19:27] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	4,  // 0: sandboxd.agent.v1.ArchivePathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
+	4,  // 1: sandboxd.agent.v1.ExtractPathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
+	29, // 2: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
+	31, // 3: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	12, // 4: sandboxd.agent.v1.StreamExecRequest.init:type_name -> sandboxd.agent.v1.StreamExecInit
+	13, // 5: sandboxd.agent.v1.StreamExecRequest.resize:type_name -> sandboxd.agent.v1.Resize
+	14, // 6: sandboxd.agent.v1.StreamExecRequest.close:type_name -> sandboxd.agent.v1.CloseStdin
+	30, // 7: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
+	16, // 8: sandboxd.agent.v1.StreamExecResponse.ready:type_name -> sandboxd.agent.v1.Ready
+	17, // 9: sandboxd.agent.v1.StreamExecResponse.output:type_name -> sandboxd.agent.v1.Output
+	18, // 10: sandboxd.agent.v1.StreamExecResponse.exit:type_name -> sandboxd.agent.v1.Exit
+	19, // 11: sandboxd.agent.v1.StreamExecResponse.error:type_name -> sandboxd.agent.v1.StreamError
+	32, // 12: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
+	0,  // 13: sandboxd.agent.v1.Output.stream:type_name -> sandboxd.agent.v1.Stream
+	32, // 14: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
+	32, // 15: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	32, // 16: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	0,  // 17: sandboxd.agent.v1.LogsResponse.stream:type_name -> sandboxd.agent.v1.Stream
+	1,  // 18: sandboxd.agent.v1.StatusResponse.state:type_name -> sandboxd.agent.v1.MainState
+	32, // 19: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	32, // 20: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
+	9,  // 21: sandboxd.agent.v1.AgentService.Exec:input_type -> sandboxd.agent.v1.ExecRequest
+	11, // 22: sandboxd.agent.v1.AgentService.StreamExec:input_type -> sandboxd.agent.v1.StreamExecRequest
+	20, // 23: sandboxd.agent.v1.AgentService.ReadFile:input_type -> sandboxd.agent.v1.ReadFileRequest
+	22, // 24: sandboxd.agent.v1.AgentService.WriteFile:input_type -> sandboxd.agent.v1.WriteFileRequest
+	24, // 25: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
+	26, // 26: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
+	27, // 27: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
+	7,  // 28: sandboxd.agent.v1.AgentService.Start:input_type -> sandboxd.agent.v1.StartRequest
+	2,  // 29: sandboxd.agent.v1.AgentService.ArchivePath:input_type -> sandboxd.agent.v1.ArchivePathRequest
+	5,  // 30: sandboxd.agent.v1.AgentService.ExtractPath:input_type -> sandboxd.agent.v1.ExtractPathRequest
+	10, // 31: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
+	15, // 32: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
+	21, // 33: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
+	23, // 34: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
+	25, // 35: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
+	28, // 36: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
+	28, // 37: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
+	8,  // 38: sandboxd.agent.v1.AgentService.Start:output_type -> sandboxd.agent.v1.StartResponse
+	3,  // 39: sandboxd.agent.v1.AgentService.ArchivePath:output_type -> sandboxd.agent.v1.ArchivePathResponse
+	6,  // 40: sandboxd.agent.v1.AgentService.ExtractPath:output_type -> sandboxd.agent.v1.ExtractPathResponse
+	31, // [31:41] is the sub-list for method output_type
+	21, // [21:31] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_agent_v1_agent_proto_init() }
@@ -1746,26 +2043,26 @@ func file_sandboxd_agent_v1_agent_proto_init() {
 	if File_sandboxd_agent_v1_agent_proto != nil {
 		return
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
+	file_sandboxd_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*StreamExecRequest_Init)(nil),
 		(*StreamExecRequest_Stdin)(nil),
 		(*StreamExecRequest_Resize)(nil),
 		(*StreamExecRequest_Close)(nil),
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
+	file_sandboxd_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*StreamExecResponse_Ready)(nil),
 		(*StreamExecResponse_Output)(nil),
 		(*StreamExecResponse_Exit)(nil),
 		(*StreamExecResponse_Error)(nil),
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[21].OneofWrappers = []any{}
+	file_sandboxd_agent_v1_agent_proto_msgTypes[26].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_agent_v1_agent_proto_rawDesc), len(file_sandboxd_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   24,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -55,6 +55,12 @@ const (
 	AgentServiceWatchProcedure = "/sandboxd.agent.v1.AgentService/Watch"
 	// AgentServiceStartProcedure is the fully-qualified name of the AgentService's Start RPC.
 	AgentServiceStartProcedure = "/sandboxd.agent.v1.AgentService/Start"
+	// AgentServiceArchivePathProcedure is the fully-qualified name of the AgentService's ArchivePath
+	// RPC.
+	AgentServiceArchivePathProcedure = "/sandboxd.agent.v1.AgentService/ArchivePath"
+	// AgentServiceExtractPathProcedure is the fully-qualified name of the AgentService's ExtractPath
+	// RPC.
+	AgentServiceExtractPathProcedure = "/sandboxd.agent.v1.AgentService/ExtractPath"
 )
 
 // AgentServiceClient is a client for the sandboxd.agent.v1.AgentService service.
@@ -76,6 +82,18 @@ type AgentServiceClient interface {
 	// sandbox): config is an agentconfig.Config as JSON, run exactly as if the agent had
 	// read it from its config file. Only once; FAILED_PRECONDITION otherwise.
 	Start(context.Context, *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error)
+	// ArchivePath streams the directory tree at path (absolute, in the container: a
+	// scratch volume's mount) as an internal/fsarchive archive (owners as the container
+	// sees them), live: a crash-consistent copy. The runner's file-system snapshots of
+	// Kubernetes scratch volumes; never relayed to users (runnerapi refuses it). The
+	// archive is sandbox-made content: the runner bounds its size and only ever unpacks it
+	// with fsarchive.Extract.
+	ArchivePath(context.Context, *connect.Request[v1.ArchivePathRequest]) (*connect.ServerStreamForClient[v1.ArchivePathResponse], error)
+	// ExtractPath unpacks an fsarchive archive into the empty directory at path (the
+	// first message names it, with limits; later ones carry the archive's bytes). Works in
+	// standby, so a restored volume is filled before the main command starts. Runner-only,
+	// as ArchivePath.
+	ExtractPath(context.Context) *connect.ClientStreamForClient[v1.ExtractPathRequest, v1.ExtractPathResponse]
 }
 
 // NewAgentServiceClient constructs a client for the sandboxd.agent.v1.AgentService service. By
@@ -137,19 +155,33 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Start")),
 			connect.WithClientOptions(opts...),
 		),
+		archivePath: connect.NewClient[v1.ArchivePathRequest, v1.ArchivePathResponse](
+			httpClient,
+			baseURL+AgentServiceArchivePathProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ArchivePath")),
+			connect.WithClientOptions(opts...),
+		),
+		extractPath: connect.NewClient[v1.ExtractPathRequest, v1.ExtractPathResponse](
+			httpClient,
+			baseURL+AgentServiceExtractPathProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ExtractPath")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // agentServiceClient implements AgentServiceClient.
 type agentServiceClient struct {
-	exec       *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	streamExec *connect.Client[v1.StreamExecRequest, v1.StreamExecResponse]
-	readFile   *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile  *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	logs       *connect.Client[v1.LogsRequest, v1.LogsResponse]
-	status     *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	watch      *connect.Client[v1.WatchRequest, v1.StatusResponse]
-	start      *connect.Client[v1.StartRequest, v1.StartResponse]
+	exec        *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	streamExec  *connect.Client[v1.StreamExecRequest, v1.StreamExecResponse]
+	readFile    *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile   *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	logs        *connect.Client[v1.LogsRequest, v1.LogsResponse]
+	status      *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	watch       *connect.Client[v1.WatchRequest, v1.StatusResponse]
+	start       *connect.Client[v1.StartRequest, v1.StartResponse]
+	archivePath *connect.Client[v1.ArchivePathRequest, v1.ArchivePathResponse]
+	extractPath *connect.Client[v1.ExtractPathRequest, v1.ExtractPathResponse]
 }
 
 // Exec calls sandboxd.agent.v1.AgentService.Exec.
@@ -192,6 +224,16 @@ func (c *agentServiceClient) Start(ctx context.Context, req *connect.Request[v1.
 	return c.start.CallUnary(ctx, req)
 }
 
+// ArchivePath calls sandboxd.agent.v1.AgentService.ArchivePath.
+func (c *agentServiceClient) ArchivePath(ctx context.Context, req *connect.Request[v1.ArchivePathRequest]) (*connect.ServerStreamForClient[v1.ArchivePathResponse], error) {
+	return c.archivePath.CallServerStream(ctx, req)
+}
+
+// ExtractPath calls sandboxd.agent.v1.AgentService.ExtractPath.
+func (c *agentServiceClient) ExtractPath(ctx context.Context) *connect.ClientStreamForClient[v1.ExtractPathRequest, v1.ExtractPathResponse] {
+	return c.extractPath.CallClientStream(ctx)
+}
+
 // AgentServiceHandler is an implementation of the sandboxd.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Exec runs a command to completion and returns its output, capped.
@@ -211,6 +253,18 @@ type AgentServiceHandler interface {
 	// sandbox): config is an agentconfig.Config as JSON, run exactly as if the agent had
 	// read it from its config file. Only once; FAILED_PRECONDITION otherwise.
 	Start(context.Context, *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error)
+	// ArchivePath streams the directory tree at path (absolute, in the container: a
+	// scratch volume's mount) as an internal/fsarchive archive (owners as the container
+	// sees them), live: a crash-consistent copy. The runner's file-system snapshots of
+	// Kubernetes scratch volumes; never relayed to users (runnerapi refuses it). The
+	// archive is sandbox-made content: the runner bounds its size and only ever unpacks it
+	// with fsarchive.Extract.
+	ArchivePath(context.Context, *connect.Request[v1.ArchivePathRequest], *connect.ServerStream[v1.ArchivePathResponse]) error
+	// ExtractPath unpacks an fsarchive archive into the empty directory at path (the
+	// first message names it, with limits; later ones carry the archive's bytes). Works in
+	// standby, so a restored volume is filled before the main command starts. Runner-only,
+	// as ArchivePath.
+	ExtractPath(context.Context, *connect.ClientStream[v1.ExtractPathRequest]) (*connect.Response[v1.ExtractPathResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -268,6 +322,18 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Start")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceArchivePathHandler := connect.NewServerStreamHandler(
+		AgentServiceArchivePathProcedure,
+		svc.ArchivePath,
+		connect.WithSchema(agentServiceMethods.ByName("ArchivePath")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceExtractPathHandler := connect.NewClientStreamHandler(
+		AgentServiceExtractPathProcedure,
+		svc.ExtractPath,
+		connect.WithSchema(agentServiceMethods.ByName("ExtractPath")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceExecProcedure:
@@ -286,6 +352,10 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceWatchHandler.ServeHTTP(w, r)
 		case AgentServiceStartProcedure:
 			agentServiceStartHandler.ServeHTTP(w, r)
+		case AgentServiceArchivePathProcedure:
+			agentServiceArchivePathHandler.ServeHTTP(w, r)
+		case AgentServiceExtractPathProcedure:
+			agentServiceExtractPathHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -325,4 +395,12 @@ func (UnimplementedAgentServiceHandler) Watch(context.Context, *connect.Request[
 
 func (UnimplementedAgentServiceHandler) Start(context.Context, *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.Start is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ArchivePath(context.Context, *connect.Request[v1.ArchivePathRequest], *connect.ServerStream[v1.ArchivePathResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.ArchivePath is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ExtractPath(context.Context, *connect.ClientStream[v1.ExtractPathRequest]) (*connect.Response[v1.ExtractPathResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.ExtractPath is not implemented"))
 }

@@ -1,0 +1,535 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sync/singleflight"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// File-system snapshots of scratch volumes (runtime.VolumeCapturer, runtime.SnapshotCache).
+//
+// A scratch volume is an emptyDir on the node, out of the runner's reach: both ways go
+// through the agent of a container that mounts the volume's root (the primary first),
+// over the pinned gate channel.
+//
+// Capture: the agent archives the mounted directory (AgentService.ArchivePath,
+// fsarchive.Write, owners as the container sees them) while the workload runs: nothing
+// is frozen (Pause is 0), so the archive is crash-consistent per file, like a tarball
+// of an emptyDir, not a point-in-time image of the whole volume. The archive is made
+// by a process inside the sandbox: the runner bounds its size (SnapshotTarget's
+// maximum) and it is only ever unpacked by fsarchive.Extract, inside a sandbox. The
+// statistics the agent reports are the sandbox's word (negative ones are clamped). The
+// stream runs when the runner writes the archive (WriteArchive), so a capture holds the
+// Pod: Stop and Destroy wait for open captures (at most captureHold) before they delete
+// it, and the runner captures a delete's volumes before it stops the sandbox
+// (runtime.LiveCapturer).
+//
+// Restore: PrepareSnapshot downloads the archive once per digest (concurrent calls
+// share it) into Config.SnapshotCacheDir/<digest>.tar.zst, bounded by
+// Config.SnapshotCacheBytes (least recently used entries beyond it go, except those a
+// Create is restoring from). A Pod restoring a volume starts its agents in standby
+// (agentconfig.Config.Standby, the mechanism of multi-container Pods): once the agent
+// of the container mounting the volume answers, the runner streams the cached archive
+// to it (AgentService.ExtractPath: fsarchive.Extract into the empty mount, within the
+// limits PrepareSnapshot was given) and only then starts the main commands, so the
+// volume is filled before any of the sandbox's own code runs. Init containers run
+// before that (the kubelet starts them): a restored volume mounted by one is refused.
+
+var digestRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+const (
+	// defaultSnapshotCacheBytes is Config.SnapshotCacheBytes's default.
+	defaultSnapshotCacheBytes = 10 << 30
+	// captureHold bounds how long Stop and Destroy wait for open captures.
+	captureHold = 10 * time.Minute
+	cacheSuffix = ".tar.zst"
+	// maxArchiveMessage bounds one ArchivePath message read from the agent.
+	maxArchiveMessage = 4 << 20
+	// extractChunk is the size of ExtractPath's messages.
+	extractChunk = 256 << 10
+)
+
+var (
+	_ runtime.VolumeCapturer = (*Backend)(nil)
+	_ runtime.SnapshotCache  = (*Backend)(nil)
+	_ runtime.LiveCapturer   = (*Backend)(nil)
+)
+
+// CapturesLive implements runtime.LiveCapturer: an emptyDir goes with the Pod, and the
+// archive is read through the agent, so a capture needs the sandbox running.
+func (b *Backend) CapturesLive() bool { return true }
+
+// volumeMount finds where volume can be reached: the first container (primary, then
+// sidecars) mounting its root, writable when writable is set. The name is the
+// container's runtime name ("" for the primary).
+func volumeMount(spec *runtime.Spec, volume string, writable bool) (container, path string, err error) {
+	found := false
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Name == volume {
+			found = true
+		}
+	}
+	if !found {
+		return "", "", fmt.Errorf("%w: %q", runtime.ErrVolumeNotFound, volume)
+	}
+	var why []string
+	for _, c := range spec.Containers() {
+		for _, m := range c.VolumeMounts {
+			switch {
+			case m.Volume != volume:
+			case m.SubPath != "":
+				why = append(why, fmt.Sprintf("container %s mounts only its sub-path %q", c.ContainerName(), m.SubPath))
+			case writable && m.ReadOnly:
+				why = append(why, fmt.Sprintf("container %s mounts it read-only", c.ContainerName()))
+			default:
+				name := c.ContainerName()
+				if c == &spec.Container {
+					name = ""
+				}
+				return name, m.Path, nil
+			}
+		}
+	}
+	if len(why) == 0 {
+		why = append(why, "no container mounts it")
+	}
+	return "", "", fmt.Errorf("volume %q: no container mounts its root%s (%s)", volume, map[bool]string{true: " writable", false: ""}[writable], strings.Join(why, "; "))
+}
+
+// CaptureVolume implements runtime.VolumeCapturer.
+func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime.VolumeCapture, error) {
+	s, err := b.get(id)
+	if err != nil {
+		return nil, err
+	}
+	container, path, err := volumeMount(&s.spec, volume, false)
+	if err != nil {
+		if errors.Is(err, runtime.ErrVolumeNotFound) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %w", errdefs.ErrNotImplemented, err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-s.done:
+		return nil, fmt.Errorf("capture volume %q of %s: the sandbox has ended, and its emptyDirs with its Pod", volume, id)
+	default:
+	}
+	if s.captures == 0 {
+		s.capturesIdle = make(chan struct{})
+	}
+	s.captures++
+	return &capture{b: b, s: s, container: container, path: path}, nil
+}
+
+// capture is an open capture of a volume: the archive is read when it is written.
+type capture struct {
+	b               *Backend
+	s               *sandbox
+	container, path string
+	once            sync.Once
+}
+
+func (c *capture) Pause() time.Duration { return 0 }
+
+func (c *capture) WriteArchive(ctx context.Context, w io.Writer) (runtime.ArchiveStats, error) {
+	// The agent sends the archive in chunks of 256 KiB: a larger message is refused, not
+	// buffered (what comes from the sandbox is bounded).
+	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return c.b.DialAgent(ctx, c.s.id, c.container) },
+		connect.WithReadMaxBytes(maxArchiveMessage))
+	st, err := cl.ArchivePath(ctx, connect.NewRequest(&agentv1.ArchivePathRequest{Path: c.path}))
+	if err != nil {
+		return runtime.ArchiveStats{}, fmt.Errorf("archive %s in %s: %w", c.path, c.s.id, err)
+	}
+	defer func() { _ = st.Close() }()
+	var stats *agentv1.ArchiveStats
+	for st.Receive() {
+		m := st.Msg()
+		if stats != nil {
+			return runtime.ArchiveStats{}, fmt.Errorf("archive %s in %s: the agent sent data after its statistics", c.path, c.s.id)
+		}
+		if d := m.GetData(); len(d) > 0 {
+			if _, err := w.Write(d); err != nil {
+				return runtime.ArchiveStats{}, err
+			}
+		}
+		stats = m.GetStats()
+	}
+	if err := st.Err(); err != nil {
+		return runtime.ArchiveStats{}, fmt.Errorf("archive %s in %s: %w", c.path, c.s.id, err)
+	}
+	if stats == nil {
+		return runtime.ArchiveStats{}, fmt.Errorf("archive %s in %s: the stream ended without the archive's statistics", c.path, c.s.id)
+	}
+	return runtime.ArchiveStats{Files: max(stats.GetFiles(), 0), Bytes: max(stats.GetBytes(), 0), Skipped: max(stats.GetSkipped(), 0)}, nil
+}
+
+func (c *capture) Close() error {
+	c.once.Do(func() {
+		c.b.mu.Lock()
+		defer c.b.mu.Unlock()
+		if c.s.captures--; c.s.captures == 0 {
+			close(c.s.capturesIdle)
+		}
+	})
+	return nil
+}
+
+// waitCaptures waits (at most captureHold) until s's open captures are closed.
+func (b *Backend) waitCaptures(ctx context.Context, s *sandbox) {
+	b.mu.Lock()
+	done := s.capturesIdle
+	n := s.captures
+	b.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-time.After(captureHold):
+		b.log.Warn("open captures still hold the sandbox: stopping it anyway", "sandbox", s.id)
+	}
+}
+
+// snapCache is the bookkeeping of Config.SnapshotCacheDir.
+type snapCache struct {
+	flight singleflight.Group
+
+	mu     sync.Mutex
+	limits map[string]runtime.ArchiveLimits // the last PrepareSnapshot's, by digest
+	inUse  map[string]int                   // digest -> Creates restoring from it now
+}
+
+func (b *Backend) cachePath(digest string) string {
+	return filepath.Join(b.cfg.SnapshotCacheDir, digest+cacheSuffix)
+}
+
+// PrepareSnapshot implements runtime.SnapshotCache.
+func (b *Backend) PrepareSnapshot(ctx context.Context, digest string, limits runtime.ArchiveLimits, open func(context.Context) (io.ReadCloser, error)) error {
+	if b.cfg.SnapshotCacheDir == "" {
+		return fmt.Errorf("%w: the kubernetes backend has no snapshot cache directory", errdefs.ErrNotImplemented)
+	}
+	if !digestRE.MatchString(digest) {
+		return fmt.Errorf("%w: snapshot digest %q is not a hex sha256", runtime.ErrInvalidSpec, digest)
+	}
+	c := &b.snaps
+	c.mu.Lock()
+	c.limits[digest] = limits
+	c.mu.Unlock()
+	now := time.Now()
+	if err := os.Chtimes(b.cachePath(digest), now, now); err == nil {
+		return nil
+	}
+	ch := c.flight.DoChan(digest, func() (any, error) {
+		// The download is shared: it runs to its end whichever caller goes away.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Hour)
+		defer cancel()
+		return nil, b.download(dctx, digest, open)
+	})
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *Backend) download(ctx context.Context, digest string, open func(context.Context) (io.ReadCloser, error)) error {
+	final := b.cachePath(digest)
+	if _, err := os.Stat(final); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(b.cfg.SnapshotCacheDir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(b.cfg.SnapshotCacheDir, ".dl-*")
+	if err != nil {
+		return err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	rc, err := open(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", digest, err)
+	}
+	defer rc.Close()
+	limit := b.cacheBytes()
+	n, err := io.Copy(tmp, io.LimitReader(rc, limit+1))
+	if err != nil {
+		return fmt.Errorf("snapshot %s: download: %w", digest, err)
+	}
+	if n > limit {
+		return fmt.Errorf("snapshot %s: the archive is larger than the snapshot cache (%d bytes)", digest, limit)
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), final); err != nil {
+		return err
+	}
+	keep = true
+	b.evict(digest)
+	return nil
+}
+
+func (b *Backend) cacheBytes() int64 {
+	if b.cfg.SnapshotCacheBytes > 0 {
+		return b.cfg.SnapshotCacheBytes
+	}
+	return defaultSnapshotCacheBytes
+}
+
+type cacheEntry struct {
+	digest string
+	size   int64
+	used   time.Time
+}
+
+// cacheEntries lists the cache, most recently used first.
+func (b *Backend) cacheEntries() []cacheEntry {
+	des, err := os.ReadDir(b.cfg.SnapshotCacheDir)
+	if err != nil {
+		return nil
+	}
+	var out []cacheEntry
+	for _, de := range des {
+		d, ok := strings.CutSuffix(de.Name(), cacheSuffix)
+		if !ok || !digestRE.MatchString(d) || !de.Type().IsRegular() {
+			continue
+		}
+		fi, err := de.Info()
+		if err != nil {
+			continue
+		}
+		out = append(out, cacheEntry{digest: d, size: fi.Size(), used: fi.ModTime()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].used.After(out[j].used) })
+	return out
+}
+
+// evict removes the least recently used entries beyond the cache's size, except keep
+// and those in use.
+func (b *Backend) evict(keep string) {
+	c := &b.snaps
+	entries := b.cacheEntries()
+	var total int64
+	for _, e := range entries {
+		total += e.size
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(entries) - 1; i >= 0 && total > b.cacheBytes(); i-- {
+		e := entries[i]
+		if e.digest == keep || c.inUse[e.digest] > 0 {
+			continue
+		}
+		if err := os.Remove(b.cachePath(e.digest)); err == nil || errors.Is(err, os.ErrNotExist) {
+			total -= e.size
+			delete(c.limits, e.digest)
+		}
+	}
+}
+
+// CachedSnapshots implements runtime.SnapshotCache.
+func (b *Backend) CachedSnapshots(limit int) []string {
+	if b.cfg.SnapshotCacheDir == "" || limit <= 0 {
+		return nil
+	}
+	var out []string
+	for _, e := range b.cacheEntries() {
+		if len(out) == limit {
+			break
+		}
+		out = append(out, e.digest)
+	}
+	return out
+}
+
+// cleanCache removes downloads a previous process left unfinished.
+func (b *Backend) cleanCache() {
+	if b.cfg.SnapshotCacheDir == "" {
+		return
+	}
+	des, _ := os.ReadDir(b.cfg.SnapshotCacheDir)
+	for _, de := range des {
+		if strings.HasPrefix(de.Name(), ".dl-") {
+			os.Remove(filepath.Join(b.cfg.SnapshotCacheDir, de.Name()))
+		}
+	}
+}
+
+// restore is one volume a Create fills from a snapshot.
+type restore struct {
+	volume, digest  string
+	container, path string
+	limits          runtime.ArchiveLimits
+}
+
+// planRestores checks spec's restored volumes before anything is made: each has its
+// archive cached and a container mounting its root writable, and no init container
+// (which runs before the restore) mounts it. The archives are marked in use until
+// release.
+func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func(), err error) {
+	release = func() {}
+	for _, v := range spec.Volumes {
+		if v.RestoreDigest == "" {
+			continue
+		}
+		if b.cfg.SnapshotCacheDir == "" {
+			return nil, release, fmt.Errorf("%w: volume %q: this kubernetes backend restores no snapshots (no cache directory)", errdefs.ErrNotImplemented, v.Name)
+		}
+		if !digestRE.MatchString(v.RestoreDigest) {
+			return nil, release, fmt.Errorf("%w: volume %q: restore digest is not a hex sha256", runtime.ErrInvalidSpec, v.Name)
+		}
+		for _, ic := range spec.InitContainers {
+			for _, m := range ic.VolumeMounts {
+				if m.Volume == v.Name {
+					return nil, release, fmt.Errorf("%w: volume %q is restored from a snapshot, but init container %s mounts it: init containers run before the restore on Kubernetes", runtime.ErrInvalidSpec, v.Name, ic.ContainerName())
+				}
+			}
+		}
+		container, path, err := volumeMount(spec, v.Name, true)
+		if err != nil {
+			return nil, release, fmt.Errorf("%w: restore from a snapshot: %w", runtime.ErrInvalidSpec, err)
+		}
+		if _, err := os.Stat(b.cachePath(v.RestoreDigest)); err != nil {
+			return nil, release, fmt.Errorf("volume %q: snapshot %s is not prepared on this runner: %w", v.Name, v.RestoreDigest, err)
+		}
+		b.snaps.mu.Lock()
+		limits := b.snaps.limits[v.RestoreDigest]
+		b.snaps.mu.Unlock()
+		// The volume's own size bounds what it can take (the emptyDir's sizeLimit).
+		if v.SizeBytes > 0 && (limits.MaxBytes == 0 || limits.MaxBytes > v.SizeBytes) {
+			limits.MaxBytes = v.SizeBytes
+		}
+		plan = append(plan, restore{volume: v.Name, digest: v.RestoreDigest, container: container, path: path, limits: limits})
+	}
+	if len(plan) == 0 {
+		return nil, release, nil
+	}
+	c := &b.snaps
+	c.mu.Lock()
+	for _, r := range plan {
+		c.inUse[r.digest]++
+	}
+	c.mu.Unlock()
+	var once sync.Once
+	return plan, func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			for _, r := range plan {
+				if c.inUse[r.digest]--; c.inUse[r.digest] <= 0 {
+					delete(c.inUse, r.digest)
+				}
+			}
+		})
+	}, nil
+}
+
+// runRestores fills the planned volumes through the agents (held in standby), each once
+// its container's agent answers.
+func (b *Backend) runRestores(ctx context.Context, s *sandbox, plan []restore) error {
+	for _, r := range plan {
+		if err := b.waitAgent(ctx, s, r.container); err != nil {
+			return fmt.Errorf("restore volume %q: %w", r.volume, err)
+		}
+		start := time.Now()
+		stats, err := b.extract(ctx, s.id, r)
+		if err != nil {
+			return fmt.Errorf("restore volume %q from snapshot %s: %w", r.volume, r.digest, err)
+		}
+		b.log.Debug("volume restored", "sandbox", s.id, "volume", r.volume, "files", stats.GetFiles(), "bytes", stats.GetBytes(), "took", time.Since(start))
+	}
+	return nil
+}
+
+func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.ArchiveStats, error) {
+	f, err := os.Open(b.cachePath(r.digest))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, id, r.container) })
+	st := cl.ExtractPath(ctx)
+	send := func() error {
+		if err := st.Send(&agentv1.ExtractPathRequest{Path: r.path, MaxBytes: r.limits.MaxBytes, MaxFiles: r.limits.MaxFiles}); err != nil {
+			return err
+		}
+		buf := make([]byte, extractChunk)
+		for {
+			n, err := f.Read(buf)
+			if n > 0 {
+				if err := st.Send(&agentv1.ExtractPathRequest{Data: buf[:n]}); err != nil {
+					return err
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read the cached archive: %w", err)
+			}
+		}
+	}
+	serr := send()
+	res, err := st.CloseAndReceive()
+	switch {
+	case err == nil && serr != nil && !errors.Is(serr, io.EOF):
+		return nil, serr
+	case err == nil:
+		return res.Msg.GetStats(), nil
+	case connect.CodeOf(err) == connect.CodeResourceExhausted:
+		return nil, fmt.Errorf("%w: %w", fsarchive.ErrTooLarge, err)
+	case connect.CodeOf(err) == connect.CodeInvalidArgument:
+		return nil, fmt.Errorf("%w: %w", fsarchive.ErrInvalid, err)
+	}
+	return nil, err
+}
+
+// restoresVolumes reports whether spec fills a volume from a snapshot.
+func restoresVolumes(spec *runtime.Spec) bool {
+	for _, v := range spec.Volumes {
+		if v.RestoreDigest != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// heldInStandby reports whether s's primary agent (at ip) answers still in standby.
+func (b *Backend) heldInStandby(ctx context.Context, s *sandbox, ip string) bool {
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
+	st, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	return err == nil && st.Msg.GetState() == agentv1.MainState_MAIN_STATE_STANDBY
+}

@@ -1,0 +1,321 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	corev1 "k8s.io/api/core/v1"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/dir"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/stack"
+)
+
+// snapshotStack is setup with a blob store (a directory): a runner that takes and
+// restores file-system snapshots.
+func snapshotStack(t testing.TB) *stack.KubernetesStack {
+	t.Helper()
+	needCluster(t)
+	store, err := dir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snapshotStackWith(t, store)
+}
+
+// snapshotStackWith is snapshotStack over store.
+func snapshotStackWith(t testing.TB, store blob.Store) *stack.KubernetesStack {
+	t.Helper()
+	c := needCluster(t)
+	runnerID := randomID("test-")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := stack.NewKubernetes(ctx, stack.KubernetesConfig{
+		Kubeconfig: c.kubeconfig,
+		DataDir:    t.TempDir(),
+		Backend: &kubernetes.Config{
+			Namespace: c.namespace, RunnerID: runnerID, AgentImage: c.agentImage,
+			ImagePullPolicy: corev1.PullNever, ImageConfig: localImageConfig,
+			TerminationGrace: 5 * time.Second,
+		},
+		Blobs: store,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		deleteRunnerObjects(s.Client, c.namespace, runnerID)
+	})
+	return s
+}
+
+func waitSnapshot(t *testing.T, r *runner.Runner, id string) runner.SnapshotJob {
+	t.Helper()
+	end := time.Now().Add(2 * time.Minute)
+	for {
+		j := r.GetSnapshotJob(id)
+		if j.State != runner.SnapshotCreating {
+			if j.State != runner.SnapshotReady {
+				t.Fatalf("snapshot %s: %+v", id, j)
+			}
+			return j
+		}
+		if time.Now().After(end) {
+			t.Fatalf("snapshot %s still CREATING", id)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func sourceOf(j runner.SnapshotJob, key string) runner.SnapshotSource {
+	return runner.SnapshotSource{SnapshotID: j.SnapshotID, BlobKey: key, Digest: j.Digest, SizeBytes: j.SizeBytes, ContentBytes: j.ContentBytes}
+}
+
+func volumeSpec(medium string) runtime.Spec {
+	return runtime.Spec{
+		Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"},
+			VolumeMounts: []runtime.VolumeMount{{Volume: "work", Path: "/work"}}},
+		Volumes: []runtime.Volume{{Name: "work", SizeBytes: 64 << 20, Medium: medium}},
+	}
+}
+
+// TestVolumeSnapshot: a scratch volume (an emptyDir) written through exec is
+// snapshotted through the agent while the sandbox runs, and a new sandbox restoring it
+// finds the content (files, a directory, a symlink, modes) before its first command;
+// a delete's snapshot is taken before the Pod goes and restores into a memory volume;
+// a restore a container cannot take (the volume mounted read-only only) is refused.
+func TestVolumeSnapshot(t *testing.T) {
+	s := snapshotStack(t)
+	r := s.Runner
+	ctx := context.Background()
+	if r.Support().NoSnapshots {
+		t.Fatal("the kubernetes runner with a blob store reports no snapshots")
+	}
+
+	src, err := r.Create(ctx, runner.CreateRequest{Spec: volumeSpec("")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, r, src.ID, 2*time.Minute, running)
+	res := exec(t, r, src.ID, "sh", "-c", `set -e; mkdir -p /work/dir/sub; echo hello > /work/dir/sub/f.txt; printf 'x%.0s' $(seq 1 5000) > /work/big; chmod 0750 /work/dir; ln -s /etc/hostname /work/link; echo ok`)
+	if strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Fatalf("write: %q %q", res.Stdout, res.Stderr)
+	}
+	start := time.Now()
+	key := "fss/org/snap1.tar.zst"
+	job, err := r.SnapshotVolume(ctx, src.ID, runner.SnapshotTarget{Volume: "work", SnapshotID: "snap1", BlobKey: key, MaxSizeBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.Pause != 0 {
+		t.Errorf("pause %s: nothing is frozen on Kubernetes", job.Pause)
+	}
+	job = waitSnapshot(t, r, "snap1")
+	t.Logf("snapshot READY in %s: %d bytes archived, %d of content", time.Since(start).Round(time.Millisecond), job.SizeBytes, job.ContentBytes)
+	if job.ContentBytes != 6+5000 {
+		t.Errorf("content bytes %d, want %d", job.ContentBytes, 6+5000)
+	}
+
+	// Restore: the main command sees the content at once (it reads it as it starts).
+	spec := volumeSpec("")
+	spec.Command, spec.Args = "sh", []string{"-c", "cat /work/dir/sub/f.txt > /tmp/first; exec sleep 3600"}
+	start = time.Now()
+	dst, err := r.Create(ctx, runner.CreateRequest{Spec: spec, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job, key)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := waitState(t, r, dst.ID, 2*time.Minute, running)
+	if sb.State != runner.StateRunning {
+		t.Fatalf("restored sandbox: %s (%s: %s)", sb.State, sb.Reason, sb.Message)
+	}
+	t.Logf("create from snapshot -> RUNNING %s", time.Since(start).Round(time.Millisecond))
+	res = exec(t, r, dst.ID, "sh", "-c", `cat /tmp/first; wc -c < /work/big; stat -c %a /work/dir; readlink /work/link`)
+	if got, want := string(res.Stdout), "hello\n5000\n750\n/etc/hostname\n"; got != want {
+		t.Errorf("restored volume: %q, want %q (stderr %q)", got, want, res.Stderr)
+	}
+	if got := r.CachedSnapshots(); len(got) != 1 || got[0] != job.Digest {
+		t.Errorf("cached snapshots %v, want [%s]", got, job.Digest)
+	}
+
+	// Snapshot on delete: taken while the Pod still runs, then the sandbox goes.
+	exec(t, r, dst.ID, "sh", "-c", "echo after > /work/later")
+	key2 := "fss/org/snap2.tar.zst"
+	_, jobs, err := r.DeleteWithSnapshots(dst.ID, time.Second, []runner.SnapshotTarget{{Volume: "work", SnapshotID: "snap2", BlobKey: key2}})
+	if err != nil || len(jobs) != 1 || jobs[0].State == runner.SnapshotFailed {
+		t.Fatalf("delete with snapshot: %+v %v", jobs, err)
+	}
+	terminal(t, r, dst.ID)
+	job2 := waitSnapshot(t, r, "snap2")
+
+	// Into a memory volume.
+	mem, err := r.Create(ctx, runner.CreateRequest{Spec: volumeSpec(runtime.MediumMemory), Restores: map[string]runner.SnapshotSource{"work": sourceOf(job2, key2)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, r, mem.ID, 2*time.Minute, running)
+	res = exec(t, r, mem.ID, "sh", "-c", `cat /work/later /work/dir/sub/f.txt; grep -c tmpfs /proc/mounts >/dev/null && grep ' /work ' /proc/mounts | cut -d' ' -f3`)
+	if got, want := string(res.Stdout), "after\nhello\ntmpfs\n"; got != want {
+		t.Errorf("memory volume restored: %q, want %q (stderr %q)", got, want, res.Stderr)
+	}
+
+	// A group: the primary mounts the volume read-only, the sidecar writable; the restore
+	// goes through the sidecar's agent while both are held, and the sidecar's command
+	// finds the content as it starts.
+	grp := volumeSpec("")
+	grp.Container.Name = "app"
+	grp.VolumeMounts[0].ReadOnly = true
+	grp.Sidecars = []runtime.Container{{Name: "side", Image: busybox, Command: "sh", Args: []string{"-c", "cat /w/later > /tmp/first; exec sleep 3600"},
+		VolumeMounts: []runtime.VolumeMount{{Volume: "work", Path: "/w"}}}}
+	g, err := r.Create(ctx, runner.CreateRequest{Spec: grp, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job2, key2)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb := waitState(t, r, g.ID, 2*time.Minute, running); sb.State != runner.StateRunning {
+		t.Fatalf("restored group: %s (%s: %s)", sb.State, sb.Reason, sb.Message)
+	}
+	actx, acancel := context.WithTimeout(ctx, 30*time.Second)
+	defer acancel()
+	side, err := r.Agent(actx, g.ID, "side")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sres, err := side.Exec(actx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat", "/tmp/first", "/w/dir/sub/f.txt"}}))
+	if err != nil || string(sres.Msg.Stdout) != "after\nhello\n" {
+		t.Errorf("sidecar's restored volume: %v %v", sres, err)
+	}
+	if res := exec(t, r, g.ID, "cat", "/work/later"); string(res.Stdout) != "after\n" {
+		t.Errorf("primary's read-only view: %q %q", res.Stdout, res.Stderr)
+	}
+
+	// Only a read-only mount: refused.
+	ro := volumeSpec("")
+	ro.VolumeMounts[0].ReadOnly = true
+	if rs, err := r.Create(ctx, runner.CreateRequest{Spec: ro, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job, key)}}); err != nil {
+		t.Logf("read-only restore refused: %v", err)
+	} else if end := terminal(t, r, rs.ID); end.State != runner.StateFailed || !strings.Contains(end.Message, "read-only") {
+		t.Errorf("restore into a read-only mount: %s (%s: %s), want FAILED naming the read-only mount", end.State, end.Reason, end.Message)
+	}
+	for _, id := range []string{src.ID, mem.ID, g.ID} {
+		if _, err := r.Delete(id, time.Second); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// BenchmarkVolumeSnapshot: on the Kubernetes backend, a snapshot of a volume holding
+// $SANDBOXD_BENCH_MIB MiB of incompressible data (default 100): CREATING → READY through
+// the agent (a dir blob store), the archive's size; then create → first exec of a
+// sandbox restoring it (the first download, then cached) against one without a restore.
+//
+//	go test -run '^$' -bench VolumeSnapshot -benchtime 1x ./test/k8s/
+func BenchmarkVolumeSnapshot(b *testing.B) {
+	mib := 100
+	if v, err := strconv.Atoi(os.Getenv("SANDBOXD_BENCH_MIB")); err == nil && v > 0 {
+		mib = v
+	}
+	s := snapshotStack(b)
+	r := s.Runner
+	ctx := context.Background()
+	for range b.N {
+		spec := volumeSpec("")
+		spec.Volumes[0].SizeBytes = int64(mib+64) << 20
+		src, err := r.Create(ctx, runner.CreateRequest{Spec: spec})
+		if err != nil {
+			b.Fatal(err)
+		}
+		waitStateB(b, r, src.ID)
+		execB(b, r, src.ID, "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /work/data", mib<<20))
+		id := randomID("bench-snap-")
+		key := "fss/org/" + id + ".tar.zst"
+		start := time.Now()
+		if _, err := r.SnapshotVolume(ctx, src.ID, runner.SnapshotTarget{Volume: "work", SnapshotID: id, BlobKey: key}); err != nil {
+			b.Fatal(err)
+		}
+		var job runner.SnapshotJob
+		for job = r.GetSnapshotJob(id); job.State == runner.SnapshotCreating; job = r.GetSnapshotJob(id) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		ready := time.Since(start)
+		if job.State != runner.SnapshotReady {
+			b.Fatalf("snapshot: %+v", job)
+		}
+		first := func(restore bool) time.Duration {
+			req := runner.CreateRequest{Spec: spec}
+			if restore {
+				req.Restores = map[string]runner.SnapshotSource{"work": sourceOf(job, key)}
+			}
+			start := time.Now()
+			sb, err := r.Create(ctx, req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			waitStateB(b, r, sb.ID)
+			execB(b, r, sb.ID, "true")
+			d := time.Since(start)
+			if restore {
+				if out := execB(b, r, sb.ID, "sh", "-c", "wc -c < /work/data"); strings.TrimSpace(string(out.Stdout)) != strconv.Itoa(mib<<20) {
+					b.Errorf("restored %q", out.Stdout)
+				}
+			}
+			_, _ = r.Delete(sb.ID, time.Second)
+			return d
+		}
+		plain := first(false)
+		uncached := first(true)
+		cached := first(true)
+		_, _ = r.Delete(src.ID, time.Second)
+		b.ReportMetric(ms(ready), "snapshot-ready-ms")
+		b.ReportMetric(ms(plain), "create-first-exec-ms")
+		b.ReportMetric(ms(uncached), "restore-first-exec-ms")
+		b.ReportMetric(ms(cached), "restore-cached-first-exec-ms")
+		fmt.Printf("kubernetes volume snapshot of %d MiB: READY in %.0f ms (archive %d bytes, pause %s); create -> first exec: plain %.0f ms, restoring %.0f ms (download), %.0f ms (cached)\n",
+			mib, ms(ready), job.SizeBytes, job.Pause, ms(plain), ms(uncached), ms(cached))
+	}
+}
+
+func waitStateB(b *testing.B, r *runner.Runner, id string) {
+	b.Helper()
+	end := time.Now().Add(2 * time.Minute)
+	for {
+		sb, err := r.Get(id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if sb.State == runner.StateRunning {
+			return
+		}
+		if sb.State.Terminal() || time.Now().After(end) {
+			b.Fatalf("sandbox %s: %s (%s: %s)", id, sb.State, sb.Reason, sb.Message)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func execB(b *testing.B, r *runner.Runner, id string, argv ...string) *agentv1.ExecResponse {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := r.Agent(ctx, id, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: argv}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res.Msg.ExitCode != 0 {
+		b.Fatalf("exec %v: exit %d: %s", argv, res.Msg.ExitCode, res.Msg.Stderr)
+	}
+	return res.Msg
+}
