@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"regexp"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -14,6 +12,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -206,10 +205,7 @@ func (s *Server) fssBucketConfigProto(c store.FSSBucketConfig) *sandboxv1.FileSy
 	}
 }
 
-var (
-	s3BucketRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$`)
-	s3RegionRE = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
-)
+var s3RegionRE = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
 
 // fssBucketViolations checks an organization's own bucket and region: S3's bucket naming
 // rules, not the platform's bucket, and no region without a bucket.
@@ -233,22 +229,7 @@ func fssBucketViolations(c store.FSSBucketConfig, platform string) []apierr.Viol
 }
 
 // s3BucketNameProblem says what breaks S3's bucket naming rules in name ("" if nothing).
-func s3BucketNameProblem(name string) string {
-	switch {
-	case !s3BucketRE.MatchString(name):
-		return "must be 3 to 63 of [a-z0-9.-], starting and ending with a letter or digit"
-	case strings.Contains(name, ".."), strings.Contains(name, ".-"), strings.Contains(name, "-."):
-		return "must not have adjacent periods, or a period next to a hyphen"
-	case strings.HasPrefix(name, "xn--"), strings.HasPrefix(name, "sthree-"):
-		return "must not start with xn-- or sthree-"
-	case strings.HasSuffix(name, "-s3alias"), strings.HasSuffix(name, "--ol-s3"):
-		return "must not end with -s3alias or --ol-s3"
-	}
-	if _, err := netip.ParseAddr(name); err == nil {
-		return "must not be an IP address"
-	}
-	return ""
-}
+func s3BucketNameProblem(name string) string { return s3.BucketNameProblem(name) }
 
 // snapshotBucketFor is the bucket org's new snapshots go to (their object_bucket): its
 // own bucket, or the platform's. The core calls it at CreateFileSystemSnapshot and for
