@@ -78,7 +78,7 @@ type Runner struct {
 
 	snaps         *snapJobs
 	buckets       *blobconfig.Buckets // Blobs and the stores of other buckets
-	restoreFlight flights // PrepareSnapshot calls in flight, by digest
+	restoreFlight flights             // PrepareSnapshot calls in flight, by digest
 }
 
 // entry is the runner's live record of one sandbox. sb and the stop fields are guarded by
