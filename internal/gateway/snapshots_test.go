@@ -35,12 +35,12 @@ type snapRunner struct {
 	// refuse is SnapshotVolume's (and DeleteWithSnapshots') error when set.
 	refuse error
 
-	smu      sync.Mutex
-	jobs     map[string]runner.SnapshotJob
-	keys     map[string]string // snapshot ID → blob key
-	bkts     map[string]string // snapshot ID → SnapshotTarget.Bucket
+	smu  sync.Mutex
+	jobs map[string]runner.SnapshotJob
+	keys map[string]string // snapshot ID → blob key
+	bkts map[string]string // snapshot ID → SnapshotTarget.Bucket
 	// buckets are the stores of other buckets than the platform's (finish puts there).
-	buckets map[string]blob.Store
+	buckets  map[string]blob.Store
 	targets  []runner.SnapshotTarget
 	restores []map[string]runner.SnapshotSource
 	deletes  int
