@@ -207,6 +207,10 @@ func (s *Store) wrap(op, key string, err error) error {
 	if notFound(err) {
 		return fmt.Errorf("%w: %s", blob.ErrNotFound, key)
 	}
+	var er minio.ErrorResponse
+	if errors.As(err, &er) && er.Code == minio.NoSuchBucket {
+		return fmt.Errorf("s3: %s %s: bucket %s: %w", op, key, s.bucket, ErrNoSuchBucket)
+	}
 	return fmt.Errorf("s3: %s %s: %w", op, key, err)
 }
 
@@ -310,7 +314,7 @@ func (s *Store) removeStaged(ctx context.Context, key string) error {
 	core := minio.Core{Client: s.c}
 	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, prefix, true) {
 		if u.Err != nil {
-			return fmt.Errorf("s3: delete %s: list staged uploads: %w", key, u.Err)
+			return s.wrap("delete", key, fmt.Errorf("list staged uploads: %w", u.Err))
 		}
 		err := core.AbortMultipartUpload(ctx, s.bucket, u.Key, u.UploadID)
 		if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
@@ -319,7 +323,7 @@ func (s *Store) removeStaged(ctx context.Context, key string) error {
 	}
 	for oi := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
 		if oi.Err != nil {
-			return fmt.Errorf("s3: delete %s: list staged objects: %w", key, oi.Err)
+			return s.wrap("delete", key, fmt.Errorf("list staged objects: %w", oi.Err))
 		}
 		if err := s.c.RemoveObject(ctx, s.bucket, oi.Key, minio.RemoveObjectOptions{}); err != nil {
 			return fmt.Errorf("s3: delete %s: remove staged object: %w", key, err)
