@@ -710,21 +710,7 @@ func TestFSSOnS3RunnerKilledMidUpload(t *testing.T) {
 	g.sh(t, src.SandboxId, `rm /data/big`)
 	again := g.waitSnapshot(t, g.snapshot(t, src.SandboxId, "work", "").GetFileSystemSnapshotId(), time.Minute)
 	e.wantReady(t, again)
-	// A capacity probe of the gateway that fell between the kill and the restart marked
-	// the runner disconnected until the next probe (at most DefaultViewInterval later):
-	// until then a create is UNAVAILABLE.
-	var fork *sandboxv1.Sandbox
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		res, err := g.sandboxes.CreateSandbox(context.Background(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: scratchSpec("work", "1Gi", again.GetFileSystemSnapshotId())}}))
-		if err == nil {
-			fork = res.Msg
-			break
-		}
-		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
-			t.Fatalf("create: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	fork := g.create(t, scratchSpec("work", "1Gi", again.GetFileSystemSnapshotId()), "")
 	g.waitState(t, fork.SandboxId, sandboxv1.State_STATE_RUNNING)
 	if out := g.sh(t, fork.SandboxId, `cat /data/small; test -e /data/big || echo " no big"`); out != "small no big\n" {
 		t.Errorf("restored from the snapshot after the restart: %q", out)
