@@ -118,21 +118,21 @@ func (b blobFlags) config(defaultDir string) (cfg blobconfig.Config, ok bool, er
 	return cfg, true, nil
 }
 
-// open opens the store the flags choose (config); nil, "" without one.
-func (b blobFlags) open(ctx context.Context, defaultDir string) (store blob.Store, bucket string, closeStore func(), err error) {
+// open opens the store the flags choose (config); nil and the zero Config without one.
+func (b blobFlags) open(ctx context.Context, defaultDir string) (store blob.Store, cfg blobconfig.Config, closeStore func(), err error) {
 	cfg, ok, err := b.config(defaultDir)
 	if err != nil || !ok {
-		return nil, "", func() {}, err
+		return nil, blobconfig.Config{}, func() {}, err
 	}
 	st, err := cfg.Open(ctx)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("blob store: %w", err)
+		return nil, blobconfig.Config{}, nil, fmt.Errorf("blob store: %w", err)
 	}
 	closeStore = func() {}
 	if c, ok := st.(io.Closer); ok {
 		closeStore = func() { _ = c.Close() }
 	}
-	return st, cfg.Bucket(), closeStore, nil
+	return st, cfg, closeStore, nil
 }
 
 // readKeyFile is a credential file's content without surrounding white space, at most
@@ -161,5 +161,6 @@ func readKeyFile(file string) (string, error) {
 // take them.
 type blobStore struct {
 	store                 blob.Store
+	cfg                   blobconfig.Config
 	perSandbox, perRunner int
 }

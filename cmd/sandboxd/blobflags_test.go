@@ -65,9 +65,9 @@ func TestBlobFlagsConfig(t *testing.T) {
 	if _, ok, err := (blobFlags{}).config(""); ok || err != nil {
 		t.Fatalf("no flags, no default: ok %v, err %v", ok, err)
 	}
-	st, bucket, closeStore, err := (blobFlags{}).open(context.Background(), filepath.Join(dir, "blobs"))
-	if err != nil || st == nil || bucket != "local" {
-		t.Fatalf("dev's default: %v, %q, %v", st, bucket, err)
+	st, cfg, closeStore, err := (blobFlags{}).open(context.Background(), filepath.Join(dir, "blobs"))
+	if err != nil || st == nil || cfg.Bucket() != "local" || cfg.Dir != filepath.Join(dir, "blobs") {
+		t.Fatalf("dev's default: %v, %+v, %v", st, cfg, err)
 	}
 	closeStore()
 	if fi, err := os.Stat(filepath.Join(dir, "blobs")); err != nil || !fi.IsDir() {

@@ -78,14 +78,14 @@ func (c devConfig) run() error {
 
 	// One blob store, opened once, shared by the gateway and the runner (a dir root is
 	// opened by one process): DATA-DIR/blobs unless --blob-* says otherwise.
-	blobs, bucket, closeBlobs, err := c.blob.open(ctx, filepath.Join(c.dataDir, "blobs"))
+	blobs, blobCfg, closeBlobs, err := c.blob.open(ctx, filepath.Join(c.dataDir, "blobs"))
 	if err != nil {
 		return err
 	}
 	defer closeBlobs()
 	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute},
 		Bridge: c.bridge, CgroupParent: c.cgroupParent,
-		Blobs: blobs, SnapshotsPerSandbox: c.blob.snapshotsPerSandbox, SnapshotsPerRunner: c.blob.snapshotsPerRunner}
+		Blobs: blobs, BlobConfig: blobCfg, SnapshotsPerSandbox: c.blob.snapshotsPerSandbox, SnapshotsPerRunner: c.blob.snapshotsPerRunner}
 	if err := c.hard.apply(&cfg); err != nil {
 		return err
 	}
@@ -130,8 +130,8 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
-	if bc, ok, _ := c.blob.config(filepath.Join(c.dataDir, "blobs")); ok && bc.S3 != nil {
-		fssOpts.ProbeBucket = bc.BucketProber()
+	if blobCfg.S3 != nil {
+		fssOpts.ProbeBucket = blobCfg.BucketProber()
 	}
 	gw, err := gateway.New(gateway.Config{
 		FSS:           fssOpts,
@@ -147,7 +147,8 @@ func (c devConfig) run() error {
 		ReconcileInterval: gateway.DefaultReconcileInterval,
 		Logger:            logger,
 		Blobs:             blobs,
-		SnapshotBucket:    bucket,
+		BlobConfig:        blobCfg,
+		SnapshotBucket:    blobCfg.Bucket(),
 	})
 	if err != nil {
 		return err

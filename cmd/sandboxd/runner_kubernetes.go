@@ -146,6 +146,6 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
 		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes, OpenReserved: k.openReserved,
-		Blobs: k.blobs.store, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
+		Blobs: k.blobs.store, BlobConfig: k.blobs.cfg, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
 	})
 }

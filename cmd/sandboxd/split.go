@@ -85,12 +85,12 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 		return err
 	}
 	runnerID := creds.runnerID
-	blobs, _, closeBlobs, err := c.blob.open(ctx, "")
+	blobs, blobCfg, closeBlobs, err := c.blob.open(ctx, "")
 	if err != nil {
 		return err
 	}
 	defer closeBlobs()
-	c.blobStore = blobStore{store: blobs, perSandbox: c.blob.snapshotsPerSandbox, perRunner: c.blob.snapshotsPerRunner}
+	c.blobStore = blobStore{store: blobs, cfg: blobCfg, perSandbox: c.blob.snapshotsPerSandbox, perRunner: c.blob.snapshotsPerRunner}
 	rn, kst, dialMark, closeBackend, err := c.startBackend(ctx, runnerID, logger)
 	if err != nil {
 		return err
@@ -276,7 +276,7 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 		return kst.Runner, kst, 0, kst.Close, nil
 	}
 	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, InsecureRegistries: c.insecure, Bridge: c.bridge, CgroupParent: c.cgroupParent, NoEgress: c.noEgress,
-		Blobs: c.blobStore.store, SnapshotsPerSandbox: c.blobStore.perSandbox, SnapshotsPerRunner: c.blobStore.perRunner}
+		Blobs: c.blobStore.store, BlobConfig: c.blobStore.cfg, SnapshotsPerSandbox: c.blobStore.perSandbox, SnapshotsPerRunner: c.blobStore.perRunner}
 	c.mirrors.apply(&cfg)
 	if err := c.hard.apply(&cfg); err != nil {
 		return nil, nil, 0, nil, err
@@ -368,7 +368,7 @@ func (c gatewayConfig) run() error {
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	blobs, bucket, closeBlobs, err := c.blob.open(ctx, "")
+	blobs, blobCfg, closeBlobs, err := c.blob.open(ctx, "")
 	if err != nil {
 		return err
 	}
@@ -405,8 +405,8 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
-	if bc, ok, _ := c.blob.config(""); ok && bc.S3 != nil {
-		fssOpts.ProbeBucket = bc.BucketProber()
+	if blobCfg.S3 != nil {
+		fssOpts.ProbeBucket = blobCfg.BucketProber()
 	}
 	gw, err := gateway.New(gateway.Config{
 		FSS:       fssOpts,
@@ -414,7 +414,7 @@ func (c gatewayConfig) run() error {
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
-		Blobs: blobs, SnapshotBucket: bucket,
+		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
 	})
 	if err != nil {
 		return err

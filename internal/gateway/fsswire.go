@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/placement"
@@ -25,15 +24,6 @@ func (s *Server) wireSnapshots(ctx context.Context, cfg Config) {
 	}
 	usage := UsageFunc(s.snaps.SnapshotUsage)
 	s.hooks.admit = func(ctx context.Context, org, sandboxID string, n int, onDelete bool) (int64, error) {
-		// Runners write to the platform store only: an organization's own bucket is
-		// stored and checked (SettingsService) but snapshots cannot go there yet.
-		if b, err := s.snapshotBucketFor(ctx, org); err != nil {
-			return 0, err
-		} else if b != s.snapBucket {
-			return 0, apierr.New(apierr.FSSBucketUnavailable,
-				fmt.Sprintf("the organization's snapshot bucket is %q; this deployment's runners write snapshots to the platform bucket %q only (clear the bucket config to use it)", b, s.snapBucket),
-				map[string]string{"bucket": b})
-		}
 		if onDelete {
 			return checkSnapshotOnDeleteAdmission(ctx, usage, org, n, s.fss.Limits)
 		}

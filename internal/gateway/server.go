@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/relay"
@@ -82,6 +83,10 @@ type Config struct {
 	Snapshots      SnapshotStore
 	Blobs          blob.Store
 	SnapshotBucket string
+	// BlobConfig is what Blobs was opened from (optional): with an S3 store, snapshots in
+	// an organization's own bucket are checked and deleted there, reached with the same
+	// endpoint and credentials (blobconfig.Buckets).
+	BlobConfig blobconfig.Config
 	// FSS configures snapshot limits, the snapshot garbage collector and the
 	// organizations' snapshot buckets (settings_fss.go).
 	FSS    FSSOptions
@@ -125,6 +130,9 @@ type Server struct {
 	snaps      SnapshotStore
 	blobs      blob.Store
 	snapBucket string
+	// openBucket opens the store of a bucket other than the platform's (an
+	// organization's own; blobconfig.Buckets.Store).
+	openBucket func(ctx context.Context, bucket string) (blob.Store, error)
 	hooks      snapshotHooks
 	gone       unreachable
 }
@@ -151,7 +159,8 @@ func New(cfg Config) (*Server, error) {
 		cfg.FSS.PlatformBucket = "local" // a directory store's (blobconfig.Config.Bucket)
 	}
 	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
-		shareTokens: newShareTokens(cfg.ShareTokenKey), snaps: cfg.Snapshots, blobs: cfg.Blobs, snapBucket: cfg.SnapshotBucket}
+		shareTokens: newShareTokens(cfg.ShareTokenKey), snaps: cfg.Snapshots, blobs: cfg.Blobs, snapBucket: cfg.SnapshotBucket,
+		openBucket: blobconfig.NewBuckets(cfg.BlobConfig, cfg.Blobs, 0).Store}
 	if cfg.Index != nil {
 		if cfg.Orgs == nil {
 			return nil, errors.New("gateway: an Index needs Orgs to load it")

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"regexp"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -14,6 +12,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -26,8 +25,10 @@ import (
 // set) and the bucket exists and can be listed with them; a bucket is one organization's
 // (no organization writes into another's). Snapshots already taken stay where they are
 // (FileSystemSnapshot.object_bucket); restoring one from a bucket that is no longer the
-// organization's and cannot be reached fails CWSANDBOX_FSS_BUCKET_MISMATCH
-// (checkRestoreBucket).
+// organization's fails CWSANDBOX_FSS_BUCKET_MISMATCH (checkRestoreBucket). Runners write
+// and read an own bucket's archives with their S3 store's endpoint and credentials
+// (SnapshotTarget.Bucket, SnapshotSource.Bucket); the gateway checks and deletes them
+// likewise (blobconfig.Buckets).
 
 // FSSOptions configures the file-system snapshot parts around the snapshot RPCs: limits,
 // the garbage collector, and the organizations' bucket settings.
@@ -206,10 +207,7 @@ func (s *Server) fssBucketConfigProto(c store.FSSBucketConfig) *sandboxv1.FileSy
 	}
 }
 
-var (
-	s3BucketRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$`)
-	s3RegionRE = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
-)
+var s3RegionRE = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
 
 // fssBucketViolations checks an organization's own bucket and region: S3's bucket naming
 // rules, not the platform's bucket, and no region without a bucket.
@@ -233,22 +231,7 @@ func fssBucketViolations(c store.FSSBucketConfig, platform string) []apierr.Viol
 }
 
 // s3BucketNameProblem says what breaks S3's bucket naming rules in name ("" if nothing).
-func s3BucketNameProblem(name string) string {
-	switch {
-	case !s3BucketRE.MatchString(name):
-		return "must be 3 to 63 of [a-z0-9.-], starting and ending with a letter or digit"
-	case strings.Contains(name, ".."), strings.Contains(name, ".-"), strings.Contains(name, "-."):
-		return "must not have adjacent periods, or a period next to a hyphen"
-	case strings.HasPrefix(name, "xn--"), strings.HasPrefix(name, "sthree-"):
-		return "must not start with xn-- or sthree-"
-	case strings.HasSuffix(name, "-s3alias"), strings.HasSuffix(name, "--ol-s3"):
-		return "must not end with -s3alias or --ol-s3"
-	}
-	if _, err := netip.ParseAddr(name); err == nil {
-		return "must not be an IP address"
-	}
-	return ""
-}
+func s3BucketNameProblem(name string) string { return s3.BucketNameProblem(name) }
 
 // snapshotBucketFor is the bucket org's new snapshots go to (their object_bucket): its
 // own bucket, or the platform's. The core calls it at CreateFileSystemSnapshot and for
@@ -265,11 +248,13 @@ func (s *Server) snapshotBucketFor(ctx context.Context, org string) (string, err
 }
 
 // checkRestoreBucket checks that a snapshot of org stored in objectBucket can be restored:
-// the platform's bucket and org's current bucket can; another bucket (org's own before it
-// changed its config) only while it is still reachable with the platform store's
-// credentials. Otherwise FAILED_PRECONDITION CWSANDBOX_FSS_BUCKET_MISMATCH, metadata
-// object_bucket and current_bucket (the official client's SnapshotBucketMismatchError:
-// set the config back to that bucket to restore it).
+// one in the platform's bucket or in org's current bucket can; one in another bucket
+// (org's own before it changed its config) cannot, even while that bucket is reachable:
+// FAILED_PRECONDITION CWSANDBOX_FSS_BUCKET_MISMATCH, metadata object_bucket and
+// current_bucket. That is the official client's SnapshotBucketMismatchError, "reversible
+// by reverting the org's snapshot bucket configuration to the one the snapshot was
+// written to": an organization that stops naming a bucket withdraws it from the
+// platform, whose credentials may still reach it.
 func (s *Server) checkRestoreBucket(ctx context.Context, org, objectBucket string) error {
 	if objectBucket == "" || objectBucket == s.fss.PlatformBucket {
 		return nil
@@ -281,15 +266,7 @@ func (s *Server) checkRestoreBucket(ctx context.Context, org, objectBucket strin
 	if objectBucket == current {
 		return nil
 	}
-	if s.fss.ProbeBucket != nil {
-		pctx, cancel := context.WithTimeout(ctx, bucketProbeTimeout)
-		err := s.fss.ProbeBucket(pctx, objectBucket, "")
-		cancel()
-		if err == nil {
-			return nil
-		}
-	}
 	return apierr.New(apierr.FSSBucketMismatch,
-		fmt.Sprintf("the snapshot is in bucket %s, not the organization's snapshot bucket %s, and that bucket cannot be read: set the snapshot bucket config back to %s to restore it", objectBucket, current, objectBucket),
+		fmt.Sprintf("the snapshot is in bucket %s, not the organization's snapshot bucket %s: set the snapshot bucket config back to %s to restore it", objectBucket, current, objectBucket),
 		map[string]string{"object_bucket": objectBucket, "current_bucket": current})
 }

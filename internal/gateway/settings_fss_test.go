@@ -214,31 +214,37 @@ func TestFSSBucketConfigRefusals(t *testing.T) {
 }
 
 // TestCheckRestoreBucket: the platform's bucket and the organization's current one
-// restore; an old own bucket restores while it is reachable, else
-// CWSANDBOX_FSS_BUCKET_MISMATCH.
+// restore; an old own bucket does not (even reachable): CWSANDBOX_FSS_BUCKET_MISMATCH.
 func TestCheckRestoreBucket(t *testing.T) {
 	p := &fakeProber{ok: map[string]bool{"acme-fss": true, "acme-old": true}}
 	s, st := settingsServer(t, p)
 	ctx := asRole("acme", auth.RoleUser)
-	for _, b := range []string{"", "platform-fss", "acme-old"} {
+	for _, b := range []string{"", "platform-fss"} {
 		if err := s.checkRestoreBucket(ctx, "acme", b); err != nil {
 			t.Errorf("%q: %v", b, err)
 		}
 	}
+	err := s.checkRestoreBucket(ctx, "acme", "acme-old")
+	wantBucketReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
+	if md := apierr.Info(err).GetMetadata(); md["object_bucket"] != "acme-old" || md["current_bucket"] != "platform-fss" {
+		t.Errorf("metadata = %v", md)
+	}
 	if _, err := st.FSSBucketConfigs().Put(ctx, store.FSSBucketConfig{Org: "acme", Bucket: "acme-fss"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.checkRestoreBucket(ctx, "acme", "acme-fss"); err != nil {
-		t.Errorf("current bucket: %v", err)
+	for _, b := range []string{"acme-fss", "platform-fss"} {
+		if err := s.checkRestoreBucket(ctx, "acme", b); err != nil {
+			t.Errorf("%q with an own bucket: %v", b, err)
+		}
 	}
-	err := s.checkRestoreBucket(ctx, "acme", "acme-gone")
+	err = s.checkRestoreBucket(ctx, "acme", "acme-old")
 	wantBucketReason(t, err, connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
-	if md := apierr.Info(err).GetMetadata(); md["object_bucket"] != "acme-gone" || md["current_bucket"] != "acme-fss" {
+	if md := apierr.Info(err).GetMetadata(); md["object_bucket"] != "acme-old" || md["current_bucket"] != "acme-fss" {
 		t.Errorf("metadata = %v", md)
 	}
-	// Without a prober (not S3) only the platform's and the current bucket restore.
-	s.fss.ProbeBucket = nil
-	wantBucketReason(t, s.checkRestoreBucket(ctx, "acme", "acme-old"), connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
+	if len(p.asked) != 0 {
+		t.Errorf("restore checks probed buckets: %v", p.asked)
+	}
 }
 
 // TestSettingsServiceServesBucketConfig: the gateway's handler serves both RPCs (not the

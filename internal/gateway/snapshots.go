@@ -16,6 +16,8 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -94,6 +96,30 @@ func (s *Server) snapshotsOff() error {
 		return apierr.Newf(apierr.FSSNotSupported, "file-system snapshots are not enabled on this sandboxd: the gateway has no snapshot index or blob store")
 	}
 	return nil
+}
+
+// storeFor is the store of a snapshot's object_bucket: the platform's ("" too), or an
+// organization's own, reached with the platform store's endpoint and credentials.
+func (s *Server) storeFor(ctx context.Context, bucket string) (blob.Store, error) {
+	if bucket == "" || bucket == s.snapBucket {
+		return s.blobs, nil
+	}
+	return s.openBucket(ctx, bucket)
+}
+
+// runnerBucket is a snapshot's object_bucket as a runner is told it
+// (SnapshotTarget.Bucket, SnapshotSource.Bucket): "" for the platform's.
+func (s *Server) runnerBucket(bucket string) string {
+	if bucket == s.snapBucket {
+		return ""
+	}
+	return bucket
+}
+
+// bucketGone: err says a bucket does not exist, or cannot exist for this deployment (its
+// blob store is not S3).
+func bucketGone(err error) bool {
+	return errors.Is(err, s3.ErrNoSuchBucket) || errors.Is(err, blobconfig.ErrNoOtherBucket)
 }
 
 // newSnapshotID names a snapshot as sandboxes are named.
@@ -280,9 +306,13 @@ func (s *Server) CreateFileSystemSnapshot(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return nil, err
 	}
+	bucket, err := s.snapshotBucketFor(ctx, org)
+	if err != nil {
+		return nil, err
+	}
 	id := newSnapshotID()
 	x, created, err := s.snaps.Create(ctx, store.Snapshot{ID: id, Org: org, State: store.SnapshotCreating,
-		SourceSandboxID: rec.id, SourceVolumeName: vol, Trigger: store.TriggerManual, ObjectBucket: s.snapBucket,
+		SourceSandboxID: rec.id, SourceVolumeName: vol, Trigger: store.TriggerManual, ObjectBucket: bucket,
 		ObjectKey: snapshotKey(org, id), RunnerID: r.ID(), RequestID: m.GetRequestId()})
 	if err != nil {
 		return nil, storeUnavailable(err)
@@ -290,7 +320,7 @@ func (s *Server) CreateFileSystemSnapshot(ctx context.Context, req *connect.Requ
 	if !created { // the same request_id, meanwhile on another replica
 		return replay(x)
 	}
-	job, err := sh.SnapshotVolume(ctx, rec.id, runner.SnapshotTarget{Volume: vol, SnapshotID: x.ID, BlobKey: x.ObjectKey, MaxSizeBytes: maxSize})
+	job, err := sh.SnapshotVolume(ctx, rec.id, runner.SnapshotTarget{Volume: vol, SnapshotID: x.ID, BlobKey: x.ObjectKey, MaxSizeBytes: maxSize, Bucket: s.runnerBucket(x.ObjectBucket)})
 	if err != nil {
 		aerr := runner.APIError(rec.id, err, runner.SpecField)
 		switch code := connect.CodeOf(aerr); {
@@ -366,11 +396,15 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 	}
 	switch job.State {
 	case runner.SnapshotReady:
-		info, err := s.blobs.Stat(ctx, x.ObjectKey)
+		var info blob.Info
+		st, err := s.storeFor(ctx, x.ObjectBucket)
+		if err == nil {
+			info, err = st.Stat(ctx, x.ObjectKey)
+		}
 		switch {
-		case errors.Is(err, blob.ErrNotFound):
+		case errors.Is(err, blob.ErrNotFound), bucketGone(err):
 			return s.complete(ctx, x, store.SnapshotCompletion{State: store.SnapshotFailed, Reason: apierr.FSSCreateFailed,
-				StateReason: "the runner reported the archive uploaded, but the blob store has no object " + x.ObjectKey, Pause: job.Pause})
+				StateReason: "the runner reported the archive uploaded, but bucket " + x.ObjectBucket + " has no object " + x.ObjectKey, Pause: job.Pause})
 		case err != nil:
 			s.log.Warn("snapshot: stat archive", "snapshot", x.ID, "key", x.ObjectKey, "err", err)
 			return x
@@ -521,8 +555,17 @@ func (s *Server) DeleteFileSystemSnapshot(ctx context.Context, req *connect.Requ
 // for the reconciler; it reports whether x is gone.
 func (s *Server) finishDelete(ctx context.Context, x store.Snapshot) bool {
 	ctx = context.WithoutCancel(ctx)
-	if err := s.blobs.Delete(ctx, x.ObjectKey); err != nil && !errors.Is(err, blob.ErrNotFound) {
-		s.log.Warn("snapshot: delete archive (the reconciler retries)", "snapshot", x.ID, "key", x.ObjectKey, "err", err)
+	st, err := s.storeFor(ctx, x.ObjectBucket)
+	if err == nil {
+		err = st.Delete(ctx, x.ObjectKey)
+	}
+	switch {
+	case bucketGone(err):
+		// Its bucket is gone (or cannot be reached by this deployment at all): so is
+		// the archive, as far as anyone here can tell.
+		s.log.Warn("snapshot: its bucket is gone, deleting the row only", "snapshot", x.ID, "bucket", x.ObjectBucket, "err", err)
+	case err != nil && !errors.Is(err, blob.ErrNotFound):
+		s.log.Warn("snapshot: delete archive (the reconciler retries)", "snapshot", x.ID, "bucket", x.ObjectBucket, "key", x.ObjectKey, "err", err)
 		return false
 	}
 	if err := s.snaps.Delete(ctx, x.Org, x.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -607,19 +650,23 @@ func (s *Server) snapshotOnDelete(ctx context.Context, m *sandboxv1.DeleteSandbo
 	if err != nil {
 		return nil, err
 	}
+	bucket, err := s.snapshotBucketFor(ctx, org)
+	if err != nil {
+		return nil, err
+	}
 	targets := make([]runner.SnapshotTarget, len(names))
 	for i, n := range names {
 		if rows[i].ID == "" {
 			id := newSnapshotID()
 			x, _, err := s.snaps.Create(ctx, store.Snapshot{ID: id, Org: org, State: store.SnapshotCreating,
-				SourceSandboxID: rec.id, SourceVolumeName: n, Trigger: store.TriggerOnDelete, ObjectBucket: s.snapBucket,
+				SourceSandboxID: rec.id, SourceVolumeName: n, Trigger: store.TriggerOnDelete, ObjectBucket: bucket,
 				ObjectKey: snapshotKey(org, id), RunnerID: r.ID(), RequestID: volRequestID(n)})
 			if err != nil {
 				return nil, storeUnavailable(err)
 			}
 			rows[i] = x
 		}
-		targets[i] = runner.SnapshotTarget{Volume: n, SnapshotID: rows[i].ID, BlobKey: rows[i].ObjectKey, MaxSizeBytes: maxSize}
+		targets[i] = runner.SnapshotTarget{Volume: n, SnapshotID: rows[i].ID, BlobKey: rows[i].ObjectKey, MaxSizeBytes: maxSize, Bucket: s.runnerBucket(rows[i].ObjectBucket)}
 	}
 	sb, jobs, err := sh.DeleteWithSnapshots(ctx, rec.id, grace, targets)
 	if err != nil {
@@ -690,12 +737,15 @@ func (s *Server) restorer(ctx context.Context, org string) spec.Restorer {
 				fmt.Sprintf("file-system snapshot %s is %s: only a READY snapshot is restored", id, x.State), meta),
 				vs("snapshot is "+x.State+", not READY"))
 		}
-		if x.ObjectBucket != s.snapBucket {
-			return runner.SnapshotSource{}, apierr.WithViolations(apierr.New(apierr.FSSBucketMismatch,
-				fmt.Sprintf("file-system snapshot %s lives in bucket %q, snapshots are in %q now", id, x.ObjectBucket, s.snapBucket), meta),
-				vs("snapshot is in another bucket"))
+		if err := s.checkRestoreBucket(ctx, org, x.ObjectBucket); err != nil {
+			var ce *connect.Error
+			if apierr.Reason(err) == apierr.FSSBucketMismatch && errors.As(err, &ce) {
+				err = apierr.WithViolations(ce, vs("snapshot is in bucket "+x.ObjectBucket+", not the organization's snapshot bucket"))
+			}
+			return runner.SnapshotSource{}, err
 		}
-		src := runner.SnapshotSource{SnapshotID: x.ID, BlobKey: x.ObjectKey, Digest: x.Digest, SizeBytes: x.SizeBytes, ContentBytes: x.ContentBytes}
+		src := runner.SnapshotSource{SnapshotID: x.ID, BlobKey: x.ObjectKey, Digest: x.Digest, SizeBytes: x.SizeBytes, ContentBytes: x.ContentBytes,
+			Bucket: s.runnerBucket(x.ObjectBucket)}
 		seen[id] = src
 		return src, nil
 	}

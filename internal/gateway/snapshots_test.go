@@ -35,9 +35,12 @@ type snapRunner struct {
 	// refuse is SnapshotVolume's (and DeleteWithSnapshots') error when set.
 	refuse error
 
-	smu      sync.Mutex
-	jobs     map[string]runner.SnapshotJob
-	keys     map[string]string // snapshot ID → blob key
+	smu  sync.Mutex
+	jobs map[string]runner.SnapshotJob
+	keys map[string]string // snapshot ID → blob key
+	bkts map[string]string // snapshot ID → SnapshotTarget.Bucket
+	// buckets are the stores of other buckets than the platform's (finish puts there).
+	buckets  map[string]blob.Store
 	targets  []runner.SnapshotTarget
 	restores []map[string]runner.SnapshotSource
 	deletes  int
@@ -46,7 +49,8 @@ type snapRunner struct {
 var _ runner.SnapshotHandle = (*snapRunner)(nil)
 
 func newSnapRunner(id string, blobs blob.Store) *snapRunner {
-	return &snapRunner{acceptingRunner: acceptingRunner{id: id}, blobs: blobs, jobs: map[string]runner.SnapshotJob{}, keys: map[string]string{}}
+	return &snapRunner{acceptingRunner: acceptingRunner{id: id}, blobs: blobs, jobs: map[string]runner.SnapshotJob{}, keys: map[string]string{},
+		bkts: map[string]string{}, buckets: map[string]blob.Store{}}
 }
 
 func (r *snapRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
@@ -114,7 +118,7 @@ func (r *snapRunner) start(id string, t runner.SnapshotTarget) runner.SnapshotJo
 		return j
 	}
 	j := runner.SnapshotJob{SnapshotID: t.SnapshotID, SandboxID: id, Volume: t.Volume, State: runner.SnapshotCreating}
-	r.jobs[t.SnapshotID], r.keys[t.SnapshotID] = j, t.BlobKey
+	r.jobs[t.SnapshotID], r.keys[t.SnapshotID], r.bkts[t.SnapshotID] = j, t.BlobKey, t.Bucket
 	return j
 }
 
@@ -149,12 +153,15 @@ func (r *snapRunner) DeleteWithSnapshots(ctx context.Context, id string, grace t
 func (r *snapRunner) finish(t *testing.T, id string, content []byte, contentBytes int64) {
 	t.Helper()
 	r.smu.Lock()
-	key := r.keys[id]
-	r.smu.Unlock()
-	if key == "" {
-		t.Fatalf("runner %s has no job %s", r.id, id)
+	key, st := r.keys[id], r.blobs
+	if b := r.bkts[id]; b != "" {
+		st = r.buckets[b]
 	}
-	if _, err := r.blobs.Put(context.Background(), key, bytes.NewReader(content), int64(len(content))); err != nil {
+	r.smu.Unlock()
+	if key == "" || st == nil {
+		t.Fatalf("runner %s has no job %s (or no store of its bucket)", r.id, id)
+	}
+	if _, err := st.Put(context.Background(), key, bytes.NewReader(content), int64(len(content))); err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(content)

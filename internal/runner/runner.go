@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
@@ -48,6 +49,11 @@ type Config struct {
 	// Blobs is where file-system snapshots go and are restored from; nil: the runner
 	// takes and restores none (Support.NoSnapshots).
 	Blobs blob.Store
+	// BlobConfig is what Blobs was opened from (optional): with an S3 store, a snapshot
+	// naming another bucket (an organization's own) is written to and read from that
+	// bucket on the same endpoint with the same credentials. Without it (or with a
+	// directory store) such a snapshot is refused CWSANDBOX_FSS_BUCKET_UNAVAILABLE.
+	BlobConfig blobconfig.Config
 	// SnapshotsPerSandbox and SnapshotsPerRunner bound the snapshots in flight (captured,
 	// not yet uploaded) of one sandbox and of the whole runner; defaults
 	// DefaultSnapshotsPerSandbox and DefaultSnapshotsPerRunner.
@@ -71,7 +77,8 @@ type Runner struct {
 	wg        sync.WaitGroup
 
 	snaps         *snapJobs
-	restoreFlight flights // PrepareSnapshot calls in flight, by digest
+	buckets       *blobconfig.Buckets // Blobs and the stores of other buckets
+	restoreFlight flights             // PrepareSnapshot calls in flight, by digest
 }
 
 // entry is the runner's live record of one sandbox. sb and the stop fields are guarded by
@@ -142,7 +149,8 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}, changed: make(chan struct{}), snaps: snaps}
+	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}, changed: make(chan struct{}), snaps: snaps,
+		buckets: blobconfig.NewBuckets(cfg.BlobConfig, cfg.Blobs, 0)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.deleteOrphans(orphans)
 	r.recoverEnded()

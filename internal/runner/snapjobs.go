@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"connectrpc.com/connect"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -62,6 +65,8 @@ var errSizeExceeded = errors.New("snapshot archive exceeds its maximum size")
 type jobRecord struct {
 	Job     SnapshotJob `json:"job"`
 	BlobKey string      `json:"blob_key"`
+	// Bucket holds BlobKey ("" for the runner's own store).
+	Bucket string `json:"bucket,omitempty"`
 	// Updated is when the job last changed (a finished job is forgotten
 	// SnapshotJobRetention after).
 	Updated time.Time `json:"updated"`
@@ -136,7 +141,7 @@ func (j *snapJobs) inflightLocked(sandbox string) (perSandbox, total int) {
 // its upload with that runner and becomes FAILED (its partial object, if any, is
 // deleted in the background by the caller: returned in orphans); finished jobs past
 // their retention are forgotten.
-func openSnapJobs(dir string) (*snapJobs, []string, error) {
+func openSnapJobs(dir string) (*snapJobs, []orphan, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("runner: create snapshot job dir: %w", err)
 	}
@@ -145,7 +150,7 @@ func openSnapJobs(dir string) (*snapJobs, []string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("runner: read snapshot jobs: %w", err)
 	}
-	var orphans []string
+	var orphans []orphan
 	for _, ent := range ents {
 		id, ok := strings.CutSuffix(ent.Name(), ".json")
 		if !ok || !ent.Type().IsRegular() || !snapshotIDPattern.MatchString(id) {
@@ -169,8 +174,8 @@ func openSnapJobs(dir string) (*snapJobs, []string, error) {
 			if err := j.saveLocked(&rec); err != nil {
 				return nil, nil, fmt.Errorf("runner: record snapshot job: %w", err)
 			}
-			if blob.ValidateKey(rec.BlobKey) == nil {
-				orphans = append(orphans, rec.BlobKey)
+			if blob.ValidateKey(rec.BlobKey) == nil && (rec.Bucket == "" || s3.BucketNameProblem(rec.Bucket) == "") {
+				orphans = append(orphans, orphan{bucket: rec.Bucket, key: rec.BlobKey})
 			}
 		}
 	}
@@ -178,23 +183,51 @@ func openSnapJobs(dir string) (*snapJobs, []string, error) {
 	return j, orphans, nil
 }
 
-// deleteOrphans removes the objects of uploads an earlier runner did not finish.
-func (r *Runner) deleteOrphans(keys []string) {
-	if len(keys) == 0 || r.cfg.Blobs == nil {
+// orphan is the object of an upload an earlier runner did not finish.
+type orphan struct{ bucket, key string }
+
+// deleteOrphans removes the objects of uploads an earlier runner did not finish, each in
+// its bucket.
+func (r *Runner) deleteOrphans(orphans []orphan) {
+	if len(orphans) == 0 || r.cfg.Blobs == nil {
 		return
 	}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		for _, k := range keys {
+		for _, o := range orphans {
 			ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
-			err := r.cfg.Blobs.Delete(ctx, k)
+			st, err := r.buckets.Store(ctx, o.bucket)
+			if err == nil {
+				err = st.Delete(ctx, o.key)
+			}
 			cancel()
 			if err != nil && !errors.Is(err, blob.ErrNotFound) {
-				r.log.Warn("delete the object of an interrupted snapshot upload", "key", k, "err", err)
+				r.log.Warn("delete the object of an interrupted snapshot upload", "bucket", o.bucket, "key", o.key, "err", err)
 			}
 		}
 	}()
+}
+
+// storeFor is the store of bucket ("" for the runner's own): another bucket is opened on
+// the runner's S3 endpoint with its credentials (once, then kept). Errors are API errors
+// CWSANDBOX_FSS_BUCKET_UNAVAILABLE.
+func (r *Runner) storeFor(ctx context.Context, bucket string) (blob.Store, error) {
+	st, err := r.buckets.Store(ctx, bucket)
+	if err == nil {
+		return st, nil
+	}
+	meta := map[string]string{"bucket": textclip.Clip(bucket, 64)}
+	if errors.Is(err, blobconfig.ErrNoOtherBucket) {
+		return nil, apierr.New(apierr.FSSBucketUnavailable,
+			fmt.Sprintf("bucket %s cannot be used: this runner's blob store is not S3, it has no other bucket", textclip.Clip(bucket, 64)), meta)
+	}
+	r.log.Warn("open a snapshot bucket", "bucket", bucket, "err", err)
+	why := "an error on the runner (see its log)"
+	if errors.Is(err, s3.ErrNoSuchBucket) {
+		why = "it does not exist"
+	}
+	return nil, apierr.New(apierr.FSSBucketUnavailable, fmt.Sprintf("bucket %s cannot be used: %s", textclip.Clip(bucket, 64), why), meta)
 }
 
 // snapshotSupport is why the runner takes no snapshots ("" when it does).
@@ -226,6 +259,11 @@ func validateTarget(vs *violations, prefix string, t SnapshotTarget) {
 	}
 	if t.MaxSizeBytes < 0 {
 		vs.add(prefix+"max_size_bytes", "must not be negative, got %d", t.MaxSizeBytes)
+	}
+	if t.Bucket != "" {
+		if why := s3.BucketNameProblem(t.Bucket); why != "" {
+			vs.add(prefix+"bucket", "%s", why)
+		}
 	}
 }
 
@@ -280,6 +318,9 @@ func (r *Runner) SnapshotVolume(ctx context.Context, id string, t SnapshotTarget
 	case !hasVolume(spec, t.Volume):
 		return SnapshotJob{}, volumeNotSnapshottable(id, t.Volume)
 	}
+	if _, err := r.storeFor(ctx, t.Bucket); err != nil {
+		return SnapshotJob{}, err
+	}
 	rec, existing, err := r.reserveJob(id, t, false)
 	if err != nil || existing {
 		return rec, err
@@ -327,7 +368,7 @@ func (r *Runner) reserveJob(id string, t SnapshotTarget, deleteTarget bool) (Sna
 			"the runner keeps as many snapshot jobs as it may: retry later", meta), time.Minute)
 	}
 	rec := &jobRecord{Job: SnapshotJob{SnapshotID: t.SnapshotID, SandboxID: id, Volume: t.Volume, State: SnapshotCreating},
-		BlobKey: t.BlobKey, deleteTarget: deleteTarget}
+		BlobKey: t.BlobKey, Bucket: t.Bucket, deleteTarget: deleteTarget}
 	if err := j.saveLocked(rec); err != nil {
 		return SnapshotJob{}, false, fmt.Errorf("record snapshot job: %w", err)
 	}
@@ -403,6 +444,13 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // job READY or FAILED.
 func (r *Runner) upload(t SnapshotTarget, c runtime.VolumeCapture) {
 	ctx := r.ctx
+	store, err := r.storeFor(ctx, t.Bucket)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.failJob(t.SnapshotID, apierr.FSSBucketUnavailable, apiMessage(err))
+		}
+		return
+	}
 	pr, pw := io.Pipe()
 	cw := &countingWriter{w: pw, h: sha256.New(), max: t.MaxSizeBytes}
 	var (
@@ -419,7 +467,7 @@ func (r *Runner) upload(t SnapshotTarget, c runtime.VolumeCapture) {
 			_ = pw.CloseWithError(archErr)
 		}
 	}()
-	info, putErr := r.cfg.Blobs.Put(ctx, t.BlobKey, pr, -1)
+	info, putErr := store.Put(ctx, t.BlobKey, pr, -1)
 	_ = pr.CloseWithError(errors.New("upload ended")) // unblocks the writer when Put gave up early
 	<-written
 	if ctx.Err() != nil {
@@ -443,7 +491,7 @@ func (r *Runner) upload(t SnapshotTarget, c runtime.VolumeCapture) {
 	}
 	if reason != "" {
 		dctx, cancel := context.WithTimeout(ctx, time.Minute)
-		if err := r.cfg.Blobs.Delete(dctx, t.BlobKey); err != nil && !errors.Is(err, blob.ErrNotFound) {
+		if err := store.Delete(dctx, t.BlobKey); err != nil && !errors.Is(err, blob.ErrNotFound) {
 			r.log.Warn("delete the object of a failed snapshot", "snapshot", t.SnapshotID, "err", err)
 		}
 		cancel()
@@ -524,6 +572,10 @@ func (r *Runner) DeleteWithSnapshots(id string, grace time.Duration, targets []S
 			refuse(apierr.FSSCreateFailed, fmt.Sprintf("sandbox %s has already ended: its volumes are gone", id))
 			continue
 		}
+		if _, err := r.storeFor(r.ctx, t.Bucket); err != nil {
+			refuse(apierr.FSSBucketUnavailable, apiMessage(err))
+			continue
+		}
 		job, existing, err := r.reserveJob(id, t, true)
 		switch {
 		case err != nil:
@@ -578,7 +630,7 @@ func (r *Runner) recordFailed(id string, t SnapshotTarget, reason, msg string) S
 		return rec.copyJob()
 	}
 	rec := &jobRecord{Job: SnapshotJob{SnapshotID: t.SnapshotID, SandboxID: id, Volume: t.Volume, State: SnapshotFailed,
-		Reason: reason, Message: textclip.Clip(msg, 512), CompleteTime: time.Now()}, BlobKey: t.BlobKey}
+		Reason: reason, Message: textclip.Clip(msg, 512), CompleteTime: time.Now()}, BlobKey: t.BlobKey, Bucket: t.Bucket}
 	if len(j.jobs) < maxSnapshotJobs {
 		if err := j.saveLocked(rec); err != nil {
 			r.log.Warn("record snapshot job", "snapshot", t.SnapshotID, "err", err)
@@ -677,6 +729,8 @@ func validateRestores(req *CreateRequest) error {
 			vs.add(field, "snapshot %s: its digest %q is no hex sha256", textclip.Clip(src.SnapshotID, 64), textclip.Clip(src.Digest, 80))
 		case blob.ValidateKey(src.BlobKey) != nil:
 			vs.add(field, "snapshot %s: %v", textclip.Clip(src.SnapshotID, 64), blob.ValidateKey(src.BlobKey))
+		case src.Bucket != "" && s3.BucketNameProblem(src.Bucket) != "":
+			vs.add(field, "snapshot %s: bucket %q %s", textclip.Clip(src.SnapshotID, 64), textclip.Clip(src.Bucket, 64), s3.BucketNameProblem(src.Bucket))
 		case src.SizeBytes <= 0 || src.ContentBytes < 0:
 			vs.add(field, "snapshot %s: archive size %d and content size %d: want positive and not negative", textclip.Clip(src.SnapshotID, 64), src.SizeBytes, src.ContentBytes)
 		default:
@@ -720,7 +774,11 @@ func (r *Runner) prepareRestores(ctx context.Context, e *entry) error {
 		limits := runtime.ArchiveLimits{MaxBytes: max(src.ContentBytes, v.SizeBytes), MaxFiles: maxRestoreFiles}
 		prepare := func() error {
 			return sc.PrepareSnapshot(ctx, src.Digest, limits, func(ctx context.Context) (io.ReadCloser, error) {
-				rc, err := r.cfg.Blobs.Get(ctx, src.BlobKey)
+				store, err := r.storeFor(ctx, src.Bucket)
+				if err != nil {
+					return nil, err
+				}
+				rc, err := store.Get(ctx, src.BlobKey)
 				if err != nil {
 					return nil, err
 				}
@@ -745,6 +803,8 @@ func (r *Runner) prepareRestores(ctx context.Context, e *entry) error {
 // addresses that the full text may hold.
 func shownCause(err error) string {
 	switch {
+	case apierr.Reason(err) == apierr.FSSBucketUnavailable: // storeFor's: names the bucket only
+		return apiMessage(err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return "interrupted (" + err.Error() + ")"
 	case errors.Is(err, blob.ErrCorrupt):
@@ -759,6 +819,15 @@ func shownCause(err error) string {
 		return "not supported by this runner's backend"
 	}
 	return "an error on the runner (see its log)"
+}
+
+// apiMessage is the message of an API error without its code's prefix.
+func apiMessage(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
 }
 
 // flights runs one call per key at a time; callers of a key in flight wait for it and

@@ -21,6 +21,11 @@ type SnapshotTarget struct {
 	BlobKey    string
 	// MaxSizeBytes bounds the archive; 0 = no limit. Larger fails CWSANDBOX_FSS_SIZE_EXCEEDED.
 	MaxSizeBytes int64
+	// Bucket is where the archive goes: "" for the runner's own blob store; another
+	// bucket is reached on the runner's S3 endpoint with its credentials (an
+	// organization's own snapshot bucket). A runner without an S3 store fails it
+	// CWSANDBOX_FSS_BUCKET_UNAVAILABLE.
+	Bucket string
 }
 
 // SnapshotSource is a READY snapshot a volume is restored from.
@@ -30,6 +35,7 @@ type SnapshotSource struct {
 	Digest       string // hex sha256 of the archive
 	SizeBytes    int64  // of the archive
 	ContentBytes int64  // sum of its files' sizes
+	Bucket       string // holding the archive: as SnapshotTarget.Bucket
 }
 
 // SnapshotJobState is where a snapshot job is.

@@ -278,20 +278,20 @@ func createFromProto(p *runnerv1.CreateRequest) runner.CreateRequest {
 
 func sourceToProto(s runner.SnapshotSource) *runnerv1.SnapshotSource {
 	return &runnerv1.SnapshotSource{SnapshotId: s.SnapshotID, BlobKey: s.BlobKey, Digest: s.Digest,
-		SizeBytes: s.SizeBytes, ContentBytes: s.ContentBytes}
+		SizeBytes: s.SizeBytes, ContentBytes: s.ContentBytes, Bucket: s.Bucket}
 }
 
 func sourceFromProto(p *runnerv1.SnapshotSource) runner.SnapshotSource {
 	return runner.SnapshotSource{SnapshotID: p.GetSnapshotId(), BlobKey: p.GetBlobKey(), Digest: p.GetDigest(),
-		SizeBytes: p.GetSizeBytes(), ContentBytes: p.GetContentBytes()}
+		SizeBytes: p.GetSizeBytes(), ContentBytes: p.GetContentBytes(), Bucket: p.GetBucket()}
 }
 
 func targetToProto(t runner.SnapshotTarget) *runnerv1.SnapshotTarget {
-	return &runnerv1.SnapshotTarget{Volume: t.Volume, SnapshotId: t.SnapshotID, BlobKey: t.BlobKey, MaxSizeBytes: t.MaxSizeBytes}
+	return &runnerv1.SnapshotTarget{Volume: t.Volume, SnapshotId: t.SnapshotID, BlobKey: t.BlobKey, MaxSizeBytes: t.MaxSizeBytes, Bucket: t.Bucket}
 }
 
 func targetFromProto(p *runnerv1.SnapshotTarget) runner.SnapshotTarget {
-	return runner.SnapshotTarget{Volume: p.GetVolume(), SnapshotID: p.GetSnapshotId(), BlobKey: p.GetBlobKey(), MaxSizeBytes: p.GetMaxSizeBytes()}
+	return runner.SnapshotTarget{Volume: p.GetVolume(), SnapshotID: p.GetSnapshotId(), BlobKey: p.GetBlobKey(), MaxSizeBytes: p.GetMaxSizeBytes(), Bucket: p.GetBucket()}
 }
 
 func targetsToProto(ts []runner.SnapshotTarget) []*runnerv1.SnapshotTarget {

@@ -32,7 +32,7 @@ func TestRunnerapiSnapshotRPCs(t *testing.T) {
 	r := startRunner(t, fake)
 	c := r.client(t)
 	ctx := context.Background()
-	tgt := runner.SnapshotTarget{Volume: "data", SnapshotID: "fss-1", BlobKey: "fss/o/fss-1.tar.zst", MaxSizeBytes: 1 << 30}
+	tgt := runner.SnapshotTarget{Volume: "data", SnapshotID: "fss-1", BlobKey: "fss/o/fss-1.tar.zst", MaxSizeBytes: 1 << 30, Bucket: "acme-fss"}
 
 	job, err := c.SnapshotVolume(ctx, "sb1", tgt)
 	want := fake.job
@@ -84,7 +84,7 @@ func TestRunnerapiCreateRestores(t *testing.T) {
 	fake := &fakeRunner{sb: runner.Sandbox{ID: "abc"}}
 	r := startRunner(t, fake)
 	c := r.client(t)
-	src := runner.SnapshotSource{SnapshotID: "fss-1", BlobKey: "fss/o/fss-1.tar.zst", Digest: strings.Repeat("cd", 32), SizeBytes: 10, ContentBytes: 20}
+	src := runner.SnapshotSource{SnapshotID: "fss-1", BlobKey: "fss/o/fss-1.tar.zst", Digest: strings.Repeat("cd", 32), SizeBytes: 10, ContentBytes: 20, Bucket: "acme-fss"}
 	req := runner.CreateRequest{Spec: runtime.Spec{
 		Container: runtime.Container{Image: "img"},
 		Volumes:   []runtime.Volume{{Name: "data"}, {Name: "scratch"}},

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -60,8 +61,10 @@ type Config struct {
 	// NoUserNS runs runc sandboxes without user namespaces (local.Config.NoUserNS).
 	NoUserNS bool
 	Logger   *slog.Logger
-	// Blobs and the snapshot limits: see runner.Config (nil: no file-system snapshots).
+	// Blobs, BlobConfig and the snapshot limits: see runner.Config (nil: no file-system
+	// snapshots).
 	Blobs                                   blob.Store
+	BlobConfig                              blobconfig.Config
 	SnapshotsPerSandbox, SnapshotsPerRunner int
 }
 
@@ -166,6 +169,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		ExpiryGrace: cfg.ExpiryGrace,
 		Logger:      cfg.Logger,
 		Blobs:       cfg.Blobs,
+		BlobConfig:  cfg.BlobConfig,
 
 		SnapshotsPerSandbox: cfg.SnapshotsPerSandbox,
 		SnapshotsPerRunner:  cfg.SnapshotsPerRunner,

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
@@ -39,8 +40,10 @@ type KubernetesConfig struct {
 	Retention    time.Duration
 	ExpiryGrace  time.Duration
 	Logger       *slog.Logger
-	// Blobs and the snapshot limits: see runner.Config (nil: no file-system snapshots).
+	// Blobs, BlobConfig and the snapshot limits: see runner.Config (nil: no file-system
+	// snapshots).
 	Blobs                                   blob.Store
+	BlobConfig                              blobconfig.Config
 	SnapshotsPerSandbox, SnapshotsPerRunner int
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
@@ -109,6 +112,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		ExpiryGrace: cfg.ExpiryGrace,
 		Logger:      cfg.Logger,
 		Blobs:       cfg.Blobs,
+		BlobConfig:  cfg.BlobConfig,
 
 		SnapshotsPerSandbox: cfg.SnapshotsPerSandbox,
 		SnapshotsPerRunner:  cfg.SnapshotsPerRunner,

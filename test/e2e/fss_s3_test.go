@@ -18,11 +18,14 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/blob/s3/s3test"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -42,6 +45,7 @@ import (
 // organizations org-a and org-b, and the data dir of the stacks the test starts.
 type fssS3 struct {
 	srv        *s3test.Server
+	cfg        s3.Config // of the platform bucket
 	bucket     string
 	blobs      *s3.Store
 	st         store.Store
@@ -58,7 +62,7 @@ func newFSSS3(t *testing.T) *fssS3 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &fssS3{srv: srv, bucket: cfg.Bucket, blobs: blobs, dir: t.TempDir()}
+	e := &fssS3{srv: srv, cfg: cfg, bucket: cfg.Bucket, blobs: blobs, dir: t.TempDir()}
 	e.st, e.keys, e.keyA = indexStore(t)
 	if _, err := e.st.Orgs().Create(context.Background(), store.Org{ID: "org-b"}); err != nil {
 		t.Fatal(err)
@@ -74,7 +78,7 @@ func newFSSS3(t *testing.T) *fssS3 {
 func (e *fssS3) stack(t *testing.T) *stack.Stack {
 	t.Helper()
 	cfg := env.StackConfig(e.dir)
-	cfg.Blobs = e.blobs
+	cfg.Blobs, cfg.BlobConfig = e.blobs, blobconfig.Config{S3: &e.cfg}
 	s, err := stack.NewLocal(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
@@ -109,7 +113,8 @@ func (e *fssS3) gateway(t *testing.T, s *stack.Stack) *gw {
 	g, err := gateway.New(gateway.Config{
 		Auth: e.keys, Runners: []runner.Handle{runner.NewLocal("local", s.Runner)},
 		Index: e.st.Sandboxes(), Orgs: e.st.Orgs(), Snapshots: e.st.Snapshots(),
-		Blobs: e.blobs, SnapshotBucket: e.bucket,
+		Blobs: e.blobs, SnapshotBucket: e.bucket, BlobConfig: blobconfig.Config{S3: &e.cfg},
+		FSS: gateway.FSSOptions{BucketConfigs: e.st.FSSBucketConfigs(), ProbeBucket: blobconfig.Config{S3: &e.cfg}.BucketProber()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -359,6 +364,69 @@ func TestFSSOnS3(t *testing.T) {
 	}
 	if ups := e.incompleteUploads(t); len(ups) != 0 {
 		t.Errorf("multipart uploads left in the bucket: %q", ups)
+	}
+
+	// Bring your own bucket: an administrator names the organization's own bucket (on the
+	// platform's S3 endpoint, reached with its credentials); a new snapshot lands there,
+	// not in the platform bucket, and restores from there.
+	ownCfg := e.srv.Bucket(t)
+	own, err := s3.New(ctx, ownCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminKey, _, err := e.keys.Create("org-a", auth.RoleAdmin, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := sandboxv1connect.NewSettingsServiceClient(http.DefaultClient, g.url, connect.WithInterceptors(connecttest.Bearer(adminKey)))
+	setBucket := func(name string) {
+		t.Helper()
+		res, err := settings.UpdateFileSystemSnapshotBucketConfig(ctx, connect.NewRequest(&sandboxv1.UpdateFileSystemSnapshotBucketConfigRequest{
+			FileSystemSnapshotBucketConfig: &sandboxv1.FileSystemSnapshotBucketConfig{BucketName: name}}))
+		if err != nil {
+			t.Fatalf("set the snapshot bucket to %q: %v", name, err)
+		}
+		if want := map[bool]string{true: e.bucket, false: name}[name == ""]; res.Msg.GetEffectiveBucketName() != want {
+			t.Fatalf("effective bucket %q, want %q", res.Msg.GetEffectiveBucketName(), want)
+		}
+	}
+	setBucket(ownCfg.Bucket)
+	ownSnap := g.waitSnapshot(t, g.snapshot(t, third.SandboxId, "work", "").GetFileSystemSnapshotId(), time.Minute)
+	ownID := ownSnap.GetFileSystemSnapshotId()
+	ownKey := e.objectKey(t, ownID)
+	if ownSnap.GetState() != sandboxv1.SnapshotState_SNAPSHOT_STATE_READY || ownSnap.GetObjectBucket() != ownCfg.Bucket {
+		t.Fatalf("snapshot with an own bucket: %s (%s) in %q, want READY in %q", ownSnap.GetState(), ownSnap.GetStateReason(), ownSnap.GetObjectBucket(), ownCfg.Bucket)
+	}
+	if info, err := own.Stat(ctx, ownKey); err != nil || info.Size != ownSnap.GetSizeBytes() {
+		t.Errorf("object %s in the own bucket: %+v, %v; want %d bytes", ownKey, info, err, ownSnap.GetSizeBytes())
+	}
+	if _, err := e.blobs.Stat(ctx, ownKey); !errors.Is(err, blob.ErrNotFound) {
+		t.Errorf("the own bucket's snapshot is in the platform bucket too: %v", err)
+	}
+	fromOwn := g.create(t, scratchSpec("work", "256Mi", ownID), "")
+	g.waitState(t, fromOwn.SandboxId, sandboxv1.State_STATE_RUNNING)
+	if got := g.sh(t, fromOwn.SandboxId, `cat /data/a.txt`); got != "changed" {
+		t.Errorf("restored from the own bucket: %q", got)
+	}
+	// Cleared (back to the platform's bucket): the own bucket's snapshot does not restore,
+	// CWSANDBOX_FSS_BUCKET_MISMATCH (the official client's SnapshotBucketMismatchError,
+	// reversible by setting the bucket back), though the platform could still read it.
+	setBucket("")
+	_, err = g.sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: scratchSpec("work", "256Mi", ownID)}}))
+	wantCode(t, "restore from the bucket no longer the organization's", err, connect.CodeFailedPrecondition, apierr.FSSBucketMismatch)
+	if md := apierr.Info(err).GetMetadata(); md["object_bucket"] != ownCfg.Bucket || md["current_bucket"] != e.bucket {
+		t.Errorf("BUCKET_MISMATCH metadata %v", md)
+	}
+	setBucket(ownCfg.Bucket)
+	back := g.create(t, scratchSpec("work", "256Mi", ownID), "")
+	g.waitState(t, back.SandboxId, sandboxv1.State_STATE_RUNNING)
+	// Deleted (whatever the config says): the object leaves the own bucket.
+	setBucket("")
+	if _, err := g.sandboxes.DeleteFileSystemSnapshot(ctx, connect.NewRequest(&sandboxv1.DeleteFileSystemSnapshotRequest{FileSystemSnapshotId: ownID})); err != nil {
+		t.Fatalf("delete the own bucket's snapshot: %v", err)
+	}
+	if _, err := own.Stat(ctx, ownKey); !errors.Is(err, blob.ErrNotFound) {
+		t.Errorf("object %s in the own bucket after the delete: %v, want not found", ownKey, err)
 	}
 }
 

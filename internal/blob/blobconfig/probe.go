@@ -3,6 +3,7 @@ package blobconfig
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
 )
@@ -31,12 +32,18 @@ func (c Config) BucketProber() func(ctx context.Context, bucket, region string) 
 	}
 }
 
+// ErrNoOtherBucket: the store (a directory store, or none) has no bucket but its own.
+var ErrNoOtherBucket = errors.New("blob store: a directory store has no other bucket")
+
 // WithBucket is c for another bucket of the same S3 endpoint and credentials (an
 // organization's own snapshot bucket; region "" keeps c's), validated. A directory store
 // has no other bucket: an error.
 func (c Config) WithBucket(bucket, region string) (Config, error) {
 	if c.S3 == nil {
-		return Config{}, errors.New("blob store: a directory store has no other bucket")
+		return Config{}, ErrNoOtherBucket
+	}
+	if why := s3.BucketNameProblem(bucket); why != "" {
+		return Config{}, fmt.Errorf("blob store: bucket %q: %s", bucket, why)
 	}
 	s := *c.S3
 	s.Bucket = bucket

@@ -25,6 +25,7 @@ import (
 	"iter"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
@@ -75,6 +76,29 @@ var (
 	bucketRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$`)
 	regionRE = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
 )
+
+// ErrNoSuchBucket: New found no bucket of the configured name.
+var ErrNoSuchBucket = errors.New("bucket does not exist")
+
+// BucketNameProblem says what breaks S3's bucket naming rules in name ("" if nothing):
+// stricter than Validate's check, for bucket names a caller chose (an organization's
+// own snapshot bucket).
+func BucketNameProblem(name string) string {
+	switch {
+	case !bucketRE.MatchString(name):
+		return "must be 3 to 63 of [a-z0-9.-], starting and ending with a letter or digit"
+	case strings.Contains(name, ".."), strings.Contains(name, ".-"), strings.Contains(name, "-."):
+		return "must not have adjacent periods, or a period next to a hyphen"
+	case strings.HasPrefix(name, "xn--"), strings.HasPrefix(name, "sthree-"):
+		return "must not start with xn-- or sthree-"
+	case strings.HasSuffix(name, "-s3alias"), strings.HasSuffix(name, "--ol-s3"):
+		return "must not end with -s3alias or --ol-s3"
+	}
+	if _, err := netip.ParseAddr(name); err == nil {
+		return "must not be an IP address"
+	}
+	return ""
+}
 
 // Validate reports the first thing wrong with c, naming the field.
 func (c Config) Validate() error {
@@ -165,7 +189,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("s3: bucket %s at %s: %w", cfg.Bucket, cfg.Endpoint, err)
 	}
 	if !ok {
-		return nil, fmt.Errorf("s3: bucket %s at %s does not exist", cfg.Bucket, cfg.Endpoint)
+		return nil, fmt.Errorf("s3: bucket %s at %s: %w", cfg.Bucket, cfg.Endpoint, ErrNoSuchBucket)
 	}
 	ps := uint64(cfg.PartSize)
 	if ps == 0 {
@@ -182,6 +206,10 @@ func notFound(err error) bool {
 func (s *Store) wrap(op, key string, err error) error {
 	if notFound(err) {
 		return fmt.Errorf("%w: %s", blob.ErrNotFound, key)
+	}
+	var er minio.ErrorResponse
+	if errors.As(err, &er) && er.Code == minio.NoSuchBucket {
+		return fmt.Errorf("s3: %s %s: bucket %s: %w", op, key, s.bucket, ErrNoSuchBucket)
 	}
 	return fmt.Errorf("s3: %s %s: %w", op, key, err)
 }
@@ -286,7 +314,7 @@ func (s *Store) removeStaged(ctx context.Context, key string) error {
 	core := minio.Core{Client: s.c}
 	for u := range s.c.ListIncompleteUploads(ctx, s.bucket, prefix, true) {
 		if u.Err != nil {
-			return fmt.Errorf("s3: delete %s: list staged uploads: %w", key, u.Err)
+			return s.wrap("delete", key, fmt.Errorf("list staged uploads: %w", u.Err))
 		}
 		err := core.AbortMultipartUpload(ctx, s.bucket, u.Key, u.UploadID)
 		if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
@@ -295,7 +323,7 @@ func (s *Store) removeStaged(ctx context.Context, key string) error {
 	}
 	for oi := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
 		if oi.Err != nil {
-			return fmt.Errorf("s3: delete %s: list staged objects: %w", key, oi.Err)
+			return s.wrap("delete", key, fmt.Errorf("list staged objects: %w", oi.Err))
 		}
 		if err := s.c.RemoveObject(ctx, s.bucket, oi.Key, minio.RemoveObjectOptions{}); err != nil {
 			return fmt.Errorf("s3: delete %s: remove staged object: %w", key, err)

@@ -95,8 +95,22 @@ func testNoStagingLeft(t *testing.T, srv *s3test.Server) {
 func testNewMissingBucket(t *testing.T, srv *s3test.Server) {
 	cfg := srv.Bucket(t)
 	cfg.Bucket = "no-such-bucket"
-	if _, err := s3.New(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "does not exist") {
+	if _, err := s3.New(context.Background(), cfg); !errors.Is(err, s3.ErrNoSuchBucket) || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("New with a missing bucket: %v", err)
+	}
+	// A bucket removed after New: Delete says so (ErrNoSuchBucket; SeaweedFS creates a
+	// bucket a Put names, so Put is not checked here).
+	ctx := context.Background()
+	cfg = srv.Bucket(t)
+	st, err := s3.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client.RemoveBucket(ctx, cfg.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, "fss/o/x.tar.zst"); !errors.Is(err, s3.ErrNoSuchBucket) {
+		t.Errorf("Delete in a removed bucket: %v", err)
 	}
 }
 

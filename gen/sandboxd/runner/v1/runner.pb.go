@@ -1321,12 +1321,16 @@ func (x *Volume) GetRestore() *SnapshotSource {
 
 // SnapshotSource is a READY file-system snapshot a volume is restored from.
 type SnapshotSource struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
-	BlobKey       string                 `protobuf:"bytes,2,opt,name=blob_key,json=blobKey,proto3" json:"blob_key,omitempty"`                 // its archive in the blob store
-	Digest        string                 `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`                                  // hex sha256 of the archive (checked on download)
-	SizeBytes     int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`          // the archive's size
-	ContentBytes  int64                  `protobuf:"varint,5,opt,name=content_bytes,json=contentBytes,proto3" json:"content_bytes,omitempty"` // sum of its files' sizes (what the volume must hold)
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId   string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	BlobKey      string                 `protobuf:"bytes,2,opt,name=blob_key,json=blobKey,proto3" json:"blob_key,omitempty"`                 // its archive in the blob store
+	Digest       string                 `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`                                  // hex sha256 of the archive (checked on download)
+	SizeBytes    int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`          // the archive's size
+	ContentBytes int64                  `protobuf:"varint,5,opt,name=content_bytes,json=contentBytes,proto3" json:"content_bytes,omitempty"` // sum of its files' sizes (what the volume must hold)
+	// bucket holding the archive; "" = the runner's own blob store. Another bucket is
+	// reached on the runner's S3 endpoint with its credentials (an organization's own
+	// snapshot bucket); a runner without an S3 store refuses it CWSANDBOX_FSS_BUCKET_UNAVAILABLE.
+	Bucket        string `protobuf:"bytes,6,opt,name=bucket,proto3" json:"bucket,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1396,6 +1400,13 @@ func (x *SnapshotSource) GetContentBytes() int64 {
 	return 0
 }
 
+func (x *SnapshotSource) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
 // SnapshotTarget names a snapshot to take of a scratch volume.
 type SnapshotTarget struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1403,6 +1414,7 @@ type SnapshotTarget struct {
 	SnapshotId    string                 `protobuf:"bytes,2,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
 	BlobKey       string                 `protobuf:"bytes,3,opt,name=blob_key,json=blobKey,proto3" json:"blob_key,omitempty"`                   // where the archive goes
 	MaxSizeBytes  int64                  `protobuf:"varint,4,opt,name=max_size_bytes,json=maxSizeBytes,proto3" json:"max_size_bytes,omitempty"` // of the archive; 0 = no limit. Larger fails CWSANDBOX_FSS_SIZE_EXCEEDED.
+	Bucket        string                 `protobuf:"bytes,5,opt,name=bucket,proto3" json:"bucket,omitempty"`                                    // where the archive goes: as SnapshotSource.bucket
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1463,6 +1475,13 @@ func (x *SnapshotTarget) GetMaxSizeBytes() int64 {
 		return x.MaxSizeBytes
 	}
 	return 0
+}
+
+func (x *SnapshotTarget) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
 }
 
 type SnapshotVolumeRequest struct {
@@ -3090,7 +3109,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x16\n" +
 	"\x06medium\x18\x03 \x01(\tR\x06medium\x12<\n" +
-	"\arestore\x18\x04 \x01(\v2\".sandboxd.runner.v1.SnapshotSourceR\arestore\"\xa8\x01\n" +
+	"\arestore\x18\x04 \x01(\v2\".sandboxd.runner.v1.SnapshotSourceR\arestore\"\xc0\x01\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x19\n" +
@@ -3098,13 +3117,15 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12#\n" +
-	"\rcontent_bytes\x18\x05 \x01(\x03R\fcontentBytes\"\x8a\x01\n" +
+	"\rcontent_bytes\x18\x05 \x01(\x03R\fcontentBytes\x12\x16\n" +
+	"\x06bucket\x18\x06 \x01(\tR\x06bucket\"\xa2\x01\n" +
 	"\x0eSnapshotTarget\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x1f\n" +
 	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
 	"snapshotId\x12\x19\n" +
 	"\bblob_key\x18\x03 \x01(\tR\ablobKey\x12$\n" +
-	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"r\n" +
+	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\x12\x16\n" +
+	"\x06bucket\x18\x05 \x01(\tR\x06bucket\"r\n" +
 	"\x15SnapshotVolumeRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12:\n" +
