@@ -228,6 +228,11 @@ func (l *Local) Delete(_ context.Context, id string, grace time.Duration) (Sandb
 	return l.R.Delete(id, grace)
 }
 
+// UpdateLifetime implements LifetimeHandle.
+func (l *Local) UpdateLifetime(ctx context.Context, id string, lifetime time.Duration) (Sandbox, error) {
+	return l.R.UpdateLifetime(ctx, id, lifetime)
+}
+
 func (l *Local) SnapshotVolume(ctx context.Context, sandboxID string, t SnapshotTarget) (SnapshotJob, error) {
 	return l.R.SnapshotVolume(ctx, sandboxID, t)
 }

@@ -140,7 +140,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.SnapshotsPerRunner <= 0 {
 		cfg.SnapshotsPerRunner = DefaultSnapshotsPerRunner
 	}
-	for _, d := range []string{"logs", containerLogs, "ended"} {
+	for _, d := range []string{"logs", containerLogs, "ended", lifetimesDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("runner: create data dir: %w", err)
 		}
@@ -904,6 +904,7 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	if err := r.recordEnded(e.snapshot()); err != nil {
 		r.log.Warn("record ended sandbox", "sandbox", id, "err", err)
 	}
+	_ = os.Remove(r.lifetimePath(id)) // the ended record keeps the lifetime now
 	if !r.closed {
 		e.forget = time.AfterFunc(r.cfg.Retention, func() { r.forget(id, e) })
 	}
@@ -1070,7 +1071,7 @@ func (r *Runner) recoverEnded() {
 func (r *Runner) removeStrayLogs() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, dir := range []string{filepath.Join(r.cfg.DataDir, "logs"), filepath.Join(r.cfg.DataDir, containerLogs)} {
+	for _, dir := range []string{filepath.Join(r.cfg.DataDir, "logs"), filepath.Join(r.cfg.DataDir, containerLogs), filepath.Join(r.cfg.DataDir, lifetimesDir)} {
 		ents, _ := os.ReadDir(dir)
 		for _, ent := range ents {
 			if _, ok := r.sandboxes[ent.Name()]; !ok {
@@ -1084,6 +1085,7 @@ func (r *Runner) forgetFiles(id string) {
 	_ = os.RemoveAll(r.archiveDir(id, "", true))
 	_ = os.RemoveAll(filepath.Join(r.cfg.DataDir, containerLogs, id))
 	_ = os.Remove(r.endedPath(id))
+	_ = os.Remove(r.lifetimePath(id))
 }
 
 // archiveLogs moves the agents' log files out of the sandbox, every container's, before
@@ -1236,6 +1238,9 @@ func (r *Runner) recover(ctx context.Context) error {
 			}
 		}
 		lifetime, _ := time.ParseDuration(rec.Spec.Meta[runtime.MetaLifetime])
+		if d, ok := r.persistedLifetime(id); ok {
+			lifetime = d // changed by UpdateLifetime after the create
+		}
 		if lifetime <= 0 {
 			lifetime = DefaultLifetime
 		}
