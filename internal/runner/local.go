@@ -142,7 +142,10 @@ type Local struct {
 	admit              sync.Mutex // one capacity check and create at a time
 }
 
-var _ SnapshotHandle = (*Local)(nil)
+var (
+	_ SnapshotHandle = (*Local)(nil)
+	_ LifetimeHandle = (*Local)(nil)
+)
 
 // NewLocal wraps r.
 func NewLocal(id string, r *Runner) *Local {

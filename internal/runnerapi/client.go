@@ -44,7 +44,10 @@ type Client struct {
 	agents    agentv1connect.AgentServiceClient
 }
 
-var _ runner.SnapshotHandle = (*Client)(nil)
+var (
+	_ runner.SnapshotHandle = (*Client)(nil)
+	_ runner.LifetimeHandle = (*Client)(nil)
+)
 
 // NewClient returns a client of the runner at cfg.Addr. It connects on first use.
 func NewClient(cfg ClientConfig) (*Client, error) {
@@ -154,6 +157,15 @@ func (c *Client) GetSnapshotJob(ctx context.Context, snapshotID string) (runner.
 		return runner.SnapshotJob{}, fromStatus(ctx, c.id, err)
 	}
 	return jobFromProto(res.Msg), nil
+}
+
+// UpdateLifetime implements runner.LifetimeHandle.
+func (c *Client) UpdateLifetime(ctx context.Context, id string, lifetime time.Duration) (runner.Sandbox, error) {
+	res, err := c.runner.UpdateLifetime(ctx, connect.NewRequest(&runnerv1.UpdateLifetimeRequest{Id: id, Lifetime: durationpb.New(lifetime)}))
+	if err != nil {
+		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
 }
 
 func (c *Client) Capacity(ctx context.Context) (runner.Capacity, error) {

@@ -41,6 +41,17 @@ type fakeRunner struct {
 	targets      []runner.SnapshotTarget
 	job          runner.SnapshotJob
 	plainDeletes int
+	lifetime     time.Duration // asked of UpdateLifetime
+}
+
+// UpdateLifetime records the lifetime and answers f.sb with it.
+func (f *fakeRunner) UpdateLifetime(_ context.Context, _ string, d time.Duration) (runner.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lifetime = d
+	sb := f.sb
+	sb.Lifetime, sb.Deadline = d, sb.CreatedAt.Add(d)
+	return sb, f.err
 }
 
 func (f *fakeRunner) Create(_ context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
@@ -344,6 +355,10 @@ func TestRunnerapiCreateGetCapacity(t *testing.T) {
 		cap.GPUs != 2 || cap.UsedGPUs != 1 || cap.MaxSandboxes != 50 || cap.DataPlaneURI != "https://runner-1.example.test:9443" || !cap.NoDNSEgress || cap.NoShareTokens ||
 		cap.CPUOvercommit != 2.5 || cap.Defaults != runner.DefaultResources {
 		t.Errorf("capacity: %+v %v", cap, err)
+	}
+	sb, err = c.UpdateLifetime(ctx, "abc", 90*time.Minute)
+	if err != nil || fake.lifetime != 90*time.Minute || sb.Lifetime != 90*time.Minute || !sb.Deadline.Equal(time.Unix(5, 0).Add(90*time.Minute)) {
+		t.Errorf("update lifetime: runner got %s, answered %s %s, %v", fake.lifetime, sb.Lifetime, sb.Deadline, err)
 	}
 }
 

@@ -45,6 +45,7 @@ type backend interface {
 	DeleteWithSnapshots(id string, grace time.Duration, targets []runner.SnapshotTarget) (runner.Sandbox, []runner.SnapshotJob, error)
 	SnapshotVolume(ctx context.Context, id string, t runner.SnapshotTarget) (runner.SnapshotJob, error)
 	GetSnapshotJob(snapshotID string) runner.SnapshotJob
+	UpdateLifetime(ctx context.Context, id string, lifetime time.Duration) (runner.Sandbox, error)
 	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
 	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
@@ -184,6 +185,15 @@ func (s *Server) SnapshotVolume(ctx context.Context, req *connect.Request[runner
 
 func (s *Server) GetSnapshotJob(_ context.Context, req *connect.Request[runnerv1.GetSnapshotJobRequest]) (*connect.Response[runnerv1.SnapshotJob], error) {
 	return connect.NewResponse(jobToProto(s.r.GetSnapshotJob(req.Msg.GetSnapshotId()))), nil
+}
+
+// UpdateLifetime sets a sandbox's lifetime (runner.Runner.UpdateLifetime).
+func (s *Server) UpdateLifetime(ctx context.Context, req *connect.Request[runnerv1.UpdateLifetimeRequest]) (*connect.Response[runnerv1.UpdateLifetimeResponse], error) {
+	sb, err := s.r.UpdateLifetime(ctx, req.Msg.GetId(), req.Msg.GetLifetime().AsDuration())
+	if err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.UpdateLifetimeResponse{Sandbox: sandboxToProto(sb)}), nil
 }
 
 func (s *Server) Capacity(ctx context.Context, _ *connect.Request[runnerv1.CapacityRequest]) (*connect.Response[runnerv1.CapacityResponse], error) {

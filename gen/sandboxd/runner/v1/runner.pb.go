@@ -2464,6 +2464,102 @@ func (x *GetRequest) GetId() string {
 	return ""
 }
 
+type UpdateLifetimeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Lifetime      *durationpb.Duration   `protobuf:"bytes,2,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateLifetimeRequest) Reset() {
+	*x = UpdateLifetimeRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateLifetimeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateLifetimeRequest) ProtoMessage() {}
+
+func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
+func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *UpdateLifetimeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateLifetimeRequest) GetLifetime() *durationpb.Duration {
+	if x != nil {
+		return x.Lifetime
+	}
+	return nil
+}
+
+type UpdateLifetimeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateLifetimeResponse) Reset() {
+	*x = UpdateLifetimeResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateLifetimeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateLifetimeResponse) ProtoMessage() {}
+
+func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
+func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type GetResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -2473,7 +2569,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2581,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2594,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -2516,7 +2612,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2624,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2637,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 type ListResponse struct {
@@ -2553,7 +2649,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2565,7 +2661,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2578,7 +2674,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2601,7 +2697,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2709,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2722,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2661,7 +2757,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +2769,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +2782,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -2711,7 +2807,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +2819,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +2832,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
 }
 
 type CapacityResponse struct {
@@ -2788,7 +2884,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2800,7 +2896,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2813,7 +2909,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -3223,7 +3319,12 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"D\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"^\n" +
+	"\x15UpdateLifetimeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x125\n" +
+	"\blifetime\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\blifetime\"O\n" +
+	"\x16UpdateLifetimeResponse\x125\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"D\n" +
 	"\vGetResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\r\n" +
 	"\vListRequest\"I\n" +
@@ -3276,7 +3377,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fSTATE_FAILED\x10\x04\x12\x15\n" +
 	"\x11STATE_TERMINATING\x10\x05\x12\x14\n" +
 	"\x10STATE_TERMINATED\x10\x06\x12\x11\n" +
-	"\rSTATE_PENDING\x10\a2\xd7\x04\n" +
+	"\rSTATE_PENDING\x10\a2\xc0\x05\n" +
 	"\rRunnerService\x12O\n" +
 	"\x06Create\x12!.sandboxd.runner.v1.CreateRequest\x1a\".sandboxd.runner.v1.CreateResponse\x12F\n" +
 	"\x03Get\x12\x1e.sandboxd.runner.v1.GetRequest\x1a\x1f.sandboxd.runner.v1.GetResponse\x12I\n" +
@@ -3284,7 +3385,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x06Delete\x12!.sandboxd.runner.v1.DeleteRequest\x1a\".sandboxd.runner.v1.DeleteResponse\x12U\n" +
 	"\bCapacity\x12#.sandboxd.runner.v1.CapacityRequest\x1a$.sandboxd.runner.v1.CapacityResponse\x12\\\n" +
 	"\x0eSnapshotVolume\x12).sandboxd.runner.v1.SnapshotVolumeRequest\x1a\x1f.sandboxd.runner.v1.SnapshotJob\x12\\\n" +
-	"\x0eGetSnapshotJob\x12).sandboxd.runner.v1.GetSnapshotJobRequest\x1a\x1f.sandboxd.runner.v1.SnapshotJobB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
+	"\x0eGetSnapshotJob\x12).sandboxd.runner.v1.GetSnapshotJobRequest\x1a\x1f.sandboxd.runner.v1.SnapshotJob\x12g\n" +
+	"\x0eUpdateLifetime\x12).sandboxd.runner.v1.UpdateLifetimeRequest\x1a*.sandboxd.runner.v1.UpdateLifetimeResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_sandboxd_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -3299,58 +3401,60 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
-	(SnapshotJobState)(0),         // 0: sandboxd.runner.v1.SnapshotJobState
-	(State)(0),                    // 1: sandboxd.runner.v1.State
-	(*Spec)(nil),                  // 2: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                // 3: sandboxd.runner.v1.Engine
-	(*Container)(nil),             // 4: sandboxd.runner.v1.Container
-	(*Probe)(nil),                 // 5: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),            // 6: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),       // 7: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),           // 8: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),            // 9: sandboxd.runner.v1.Toleration
-	(*Network)(nil),               // 10: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),           // 11: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),             // 12: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                // 13: sandboxd.runner.v1.Volume
-	(*SnapshotSource)(nil),        // 14: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),        // 15: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil), // 16: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil), // 17: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),           // 18: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),           // 19: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),              // 20: sandboxd.runner.v1.Security
-	(*Service)(nil),               // 21: sandboxd.runner.v1.Service
-	(*Credentials)(nil),           // 22: sandboxd.runner.v1.Credentials
-	(*File)(nil),                  // 23: sandboxd.runner.v1.File
-	(*Resources)(nil),             // 24: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),               // 25: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),         // 26: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),        // 27: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),            // 28: sandboxd.runner.v1.GetRequest
-	(*GetResponse)(nil),           // 29: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),           // 30: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),          // 31: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),         // 32: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 33: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),       // 34: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),      // 35: sandboxd.runner.v1.CapacityResponse
-	nil,                           // 36: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                           // 37: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                           // 38: sandboxd.runner.v1.Container.EnvEntry
-	nil,                           // 39: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                           // 40: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	(*durationpb.Duration)(nil),   // 41: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
+	(SnapshotJobState)(0),          // 0: sandboxd.runner.v1.SnapshotJobState
+	(State)(0),                     // 1: sandboxd.runner.v1.State
+	(*Spec)(nil),                   // 2: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                 // 3: sandboxd.runner.v1.Engine
+	(*Container)(nil),              // 4: sandboxd.runner.v1.Container
+	(*Probe)(nil),                  // 5: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),             // 6: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),        // 7: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),            // 8: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),             // 9: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                // 10: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),            // 11: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),              // 12: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                 // 13: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),         // 14: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),         // 15: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),  // 16: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),  // 17: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),            // 18: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),            // 19: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),               // 20: sandboxd.runner.v1.Security
+	(*Service)(nil),                // 21: sandboxd.runner.v1.Service
+	(*Credentials)(nil),            // 22: sandboxd.runner.v1.Credentials
+	(*File)(nil),                   // 23: sandboxd.runner.v1.File
+	(*Resources)(nil),              // 24: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                // 25: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),          // 26: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),         // 27: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),             // 28: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),  // 29: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil), // 30: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),            // 31: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),            // 32: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),           // 33: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),          // 34: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),         // 35: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),        // 36: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),       // 37: sandboxd.runner.v1.CapacityResponse
+	nil,                            // 38: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                            // 39: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                            // 40: sandboxd.runner.v1.Container.EnvEntry
+	nil,                            // 41: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                            // 42: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	22, // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	36, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	38, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
 	23, // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
 	24, // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	37, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	39, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
 	21, // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
 	10, // 6: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
 	20, // 7: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
@@ -3363,65 +3467,69 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	4,  // 14: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
 	3,  // 15: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
 	22, // 16: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	38, // 17: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	40, // 17: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
 	23, // 18: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
 	24, // 19: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
 	19, // 20: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
 	20, // 21: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
 	5,  // 22: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
 	6,  // 23: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	41, // 24: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	41, // 25: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	41, // 26: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	39, // 27: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	43, // 24: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	43, // 25: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	43, // 26: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	41, // 27: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
 	9,  // 28: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	40, // 29: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	42, // 29: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
 	11, // 30: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
 	11, // 31: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
 	12, // 32: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
 	14, // 33: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
 	15, // 34: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
 	0,  // 35: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	41, // 36: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	42, // 37: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	43, // 36: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	44, // 37: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
 	2,  // 38: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
 	1,  // 39: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	42, // 40: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	42, // 41: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	42, // 42: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	41, // 43: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	42, // 44: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	44, // 40: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	44, // 41: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	44, // 42: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	43, // 43: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	44, // 44: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
 	7,  // 45: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
 	2,  // 46: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	41, // 47: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	43, // 47: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
 	25, // 48: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	25, // 49: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	25, // 50: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	41, // 51: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	15, // 52: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	25, // 53: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	18, // 54: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	42, // 55: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	24, // 56: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	26, // 57: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	28, // 58: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	30, // 59: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	32, // 60: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	34, // 61: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	16, // 62: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	17, // 63: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	27, // 64: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	29, // 65: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	31, // 66: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	33, // 67: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	35, // 68: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	18, // 69: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	18, // 70: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	64, // [64:71] is the sub-list for method output_type
-	57, // [57:64] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	43, // 49: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	25, // 50: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	25, // 51: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	25, // 52: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	43, // 53: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	15, // 54: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	25, // 55: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	18, // 56: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	44, // 57: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	24, // 58: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	26, // 59: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	28, // 60: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	32, // 61: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	34, // 62: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	36, // 63: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	16, // 64: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	17, // 65: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	29, // 66: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	27, // 67: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	31, // 68: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	33, // 69: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	35, // 70: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	37, // 71: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	18, // 72: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	18, // 73: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	30, // 74: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	67, // [67:75] is the sub-list for method output_type
+	59, // [59:67] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -3439,7 +3547,7 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   39,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

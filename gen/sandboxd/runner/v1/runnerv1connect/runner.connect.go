@@ -66,6 +66,9 @@ const (
 	// RunnerServiceGetSnapshotJobProcedure is the fully-qualified name of the RunnerService's
 	// GetSnapshotJob RPC.
 	RunnerServiceGetSnapshotJobProcedure = "/sandboxd.runner.v1.RunnerService/GetSnapshotJob"
+	// RunnerServiceUpdateLifetimeProcedure is the fully-qualified name of the RunnerService's
+	// UpdateLifetime RPC.
+	RunnerServiceUpdateLifetimeProcedure = "/sandboxd.runner.v1.RunnerService/UpdateLifetime"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -92,6 +95,11 @@ type RunnerServiceClient interface {
 	// GetSnapshotJob reports a snapshot job of this runner; a job it does not know (lost
 	// with a restart before it finished, or never started) is FAILED with a reason.
 	GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error)
+	// UpdateLifetime sets a running sandbox's lifetime (counted from its creation),
+	// re-arms its expiry and persists it across runner restarts. A deadline already past
+	// stops the sandbox as its expiry does. Errors: NOT_FOUND, FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING, INVALID_ARGUMENT (lifetime not in (0, 30 days]).
+	UpdateLifetime(context.Context, *connect.Request[v1.UpdateLifetimeRequest]) (*connect.Response[v1.UpdateLifetimeResponse], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -147,6 +155,12 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("GetSnapshotJob")),
 			connect.WithClientOptions(opts...),
 		),
+		updateLifetime: connect.NewClient[v1.UpdateLifetimeRequest, v1.UpdateLifetimeResponse](
+			httpClient,
+			baseURL+RunnerServiceUpdateLifetimeProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("UpdateLifetime")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -159,6 +173,7 @@ type runnerServiceClient struct {
 	capacity       *connect.Client[v1.CapacityRequest, v1.CapacityResponse]
 	snapshotVolume *connect.Client[v1.SnapshotVolumeRequest, v1.SnapshotJob]
 	getSnapshotJob *connect.Client[v1.GetSnapshotJobRequest, v1.SnapshotJob]
+	updateLifetime *connect.Client[v1.UpdateLifetimeRequest, v1.UpdateLifetimeResponse]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -196,6 +211,11 @@ func (c *runnerServiceClient) GetSnapshotJob(ctx context.Context, req *connect.R
 	return c.getSnapshotJob.CallUnary(ctx, req)
 }
 
+// UpdateLifetime calls sandboxd.runner.v1.RunnerService.UpdateLifetime.
+func (c *runnerServiceClient) UpdateLifetime(ctx context.Context, req *connect.Request[v1.UpdateLifetimeRequest]) (*connect.Response[v1.UpdateLifetimeResponse], error) {
+	return c.updateLifetime.CallUnary(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -220,6 +240,11 @@ type RunnerServiceHandler interface {
 	// GetSnapshotJob reports a snapshot job of this runner; a job it does not know (lost
 	// with a restart before it finished, or never started) is FAILED with a reason.
 	GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error)
+	// UpdateLifetime sets a running sandbox's lifetime (counted from its creation),
+	// re-arms its expiry and persists it across runner restarts. A deadline already past
+	// stops the sandbox as its expiry does. Errors: NOT_FOUND, FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING, INVALID_ARGUMENT (lifetime not in (0, 30 days]).
+	UpdateLifetime(context.Context, *connect.Request[v1.UpdateLifetimeRequest]) (*connect.Response[v1.UpdateLifetimeResponse], error)
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -271,6 +296,12 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("GetSnapshotJob")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServiceUpdateLifetimeHandler := connect.NewUnaryHandler(
+		RunnerServiceUpdateLifetimeProcedure,
+		svc.UpdateLifetime,
+		connect.WithSchema(runnerServiceMethods.ByName("UpdateLifetime")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -287,6 +318,8 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceSnapshotVolumeHandler.ServeHTTP(w, r)
 		case RunnerServiceGetSnapshotJobProcedure:
 			runnerServiceGetSnapshotJobHandler.ServeHTTP(w, r)
+		case RunnerServiceUpdateLifetimeProcedure:
+			runnerServiceUpdateLifetimeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -322,4 +355,8 @@ func (UnimplementedRunnerServiceHandler) SnapshotVolume(context.Context, *connec
 
 func (UnimplementedRunnerServiceHandler) GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.GetSnapshotJob is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) UpdateLifetime(context.Context, *connect.Request[v1.UpdateLifetimeRequest]) (*connect.Response[v1.UpdateLifetimeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.UpdateLifetime is not implemented"))
 }
