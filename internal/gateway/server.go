@@ -25,6 +25,8 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -198,6 +200,7 @@ func Services() []protoreflect.ServiceDescriptor {
 		sandboxv1.File_coreweave_sandbox_v1_sandbox_template_proto.Services().ByName("SandboxTemplateService"),
 		sandboxv1.File_coreweave_sandbox_v1_volume_proto.Services().ByName("VolumeService"),
 		sandboxv1.File_coreweave_sandbox_v1_settings_proto.Services().ByName("SettingsService"),
+		statev1.File_sandboxd_sandbox_v1_state_proto.Services().ByName("SandboxStateService"),
 	}
 }
 
@@ -220,6 +223,7 @@ func (s *Server) Handler() http.Handler {
 		vanguard.NewService(sandboxv1connect.NewSandboxTemplateServiceHandler(s, opts...)),
 		vanguard.NewService(sandboxv1connect.NewVolumeServiceHandler(s, opts...)),
 		vanguard.NewService(sandboxv1connect.NewSettingsServiceHandler(s, opts...)),
+		vanguard.NewService(statev1connect.NewSandboxStateServiceHandler(s, opts...)),
 	)
 	if err != nil {
 		// The services and their annotations are compiled in: this is a programming error.
