@@ -635,6 +635,44 @@ func (a *app) deleteCommand() *cobra.Command {
 	return cmd
 }
 
+func (a *app) lifetimeCommand() *cobra.Command {
+	var extend, set time.Duration
+	cmd := &cobra.Command{
+		Use:   "lifetime ID (--extend DURATION | --set DURATION)",
+		Short: "Extend or shorten a running sandbox's lifetime",
+		Long: `lifetime changes a running sandbox's lifetime within its runner policy's maximum:
+--extend adds to it (a negative duration shortens it), --set makes the total lifetime,
+counted from the sandbox's creation, DURATION. A lifetime already over stops the sandbox
+as its end does. It prints the new lifetime and deadline.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ext, st := cmd.Flags().Changed("extend"), cmd.Flags().Changed("set")
+			if ext == st {
+				return errors.New("give exactly one of --extend DURATION or --set DURATION")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var lt sandbox.Lifetime
+			if ext {
+				lt, err = c.ExtendLifetime(cmd.Context(), args[0], extend)
+			} else {
+				lt, err = c.SetLifetime(cmd.Context(), args[0], set)
+			}
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s lifetime %s, until %s\n", args[0], lt.Max, lt.Deadline.UTC().Format(time.RFC3339))
+			return err
+		},
+	}
+	cmd.Flags().DurationVar(&extend, "extend", 0, "add this to the lifetime (negative: shorten)")
+	cmd.Flags().DurationVar(&set, "set", 0, "make the total lifetime, from the sandbox's creation, this")
+	cmd.MarkFlagsMutuallyExclusive("extend", "set")
+	return cmd
+}
+
 func (a *app) purgeCommand() *cobra.Command {
 	var opts sandbox.PurgeOptions
 	cmd := &cobra.Command{

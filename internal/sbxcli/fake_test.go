@@ -20,6 +20,8 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 )
 
 // execFunc plays a command in a fake sandbox: it writes the command's output and
@@ -49,6 +51,8 @@ type fakeAPI struct {
 	// snaps is the snapshot index (snapshots_test.go); deleteReqs every DeleteSandbox.
 	snaps      fakeSnaps
 	deleteReqs []*sandboxv1.DeleteSandboxRequest
+	// lifetimeReqs every UpdateSandboxLifetime (lifetime_test.go).
+	lifetimeReqs []*statev1.UpdateSandboxLifetimeRequest
 }
 
 func newFake(t *testing.T) *fakeAPI {
@@ -56,6 +60,7 @@ func newFake(t *testing.T) *fakeAPI {
 	f := &fakeAPI{sandboxes: map[string]*sandboxv1.Sandbox{}, exec: hostExec}
 	mux := http.NewServeMux()
 	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(f))
+	mux.Handle(statev1connect.NewSandboxStateServiceHandler(&fakeState{f: f}))
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)

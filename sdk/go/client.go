@@ -46,6 +46,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 )
 
 // Environment variables read by FromEnv (and New for empty arguments).
@@ -85,6 +86,7 @@ const (
 type Client struct {
 	baseURL string
 	svc     sandboxv1connect.SandboxServiceClient
+	state   statev1connect.SandboxStateServiceClient
 	http    *http.Client
 	direct  *direct
 }
@@ -157,6 +159,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 		cfg.dataPlane = DataPlaneAuto
 	}
 	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
+		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
 		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 
