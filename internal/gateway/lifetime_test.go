@@ -2,10 +2,12 @@ package gateway
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,6 +128,20 @@ func TestUpdateSandboxLifetime(t *testing.T) {
 		t.Errorf("set 1800: %v %v", res, err)
 	}
 
+	// REST, per the google.api.http annotation.
+	hreq, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/sandboxes/"+id+":updateLifetime", strings.NewReader(`{"extendBySeconds": 60}`))
+	hreq.Header.Set("Content-Type", "application/json")
+	withKey(hreq.Header, acme)
+	hres, err := http.DefaultClient.Do(hreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(hres.Body)
+	hres.Body.Close()
+	if hres.StatusCode != http.StatusOK || !strings.Contains(string(body), `"maxLifetimeSeconds":"1860"`) {
+		t.Errorf("REST: %d %s", hres.StatusCode, body)
+	}
+
 	_, err = update(acme, &statev1.UpdateSandboxLifetimeRequest{SandboxId: id})
 	wantErr("no change", err, connect.CodeInvalidArgument, apierr.InvalidRequest, "max_lifetime_seconds")
 	_, err = update(acme, &statev1.UpdateSandboxLifetimeRequest{SandboxId: id, Change: &statev1.UpdateSandboxLifetimeRequest_MaxLifetimeSeconds{MaxLifetimeSeconds: 7201}})
@@ -134,7 +150,7 @@ func TestUpdateSandboxLifetime(t *testing.T) {
 	wantErr("zero", err, connect.CodeInvalidArgument, apierr.InvalidRequest, "max_lifetime_seconds")
 	_, err = update(acme, &statev1.UpdateSandboxLifetimeRequest{SandboxId: id, Change: &statev1.UpdateSandboxLifetimeRequest_ExtendBySeconds{ExtendBySeconds: 6000}})
 	wantErr("extended above the policy", err, connect.CodeInvalidArgument, apierr.InvalidRequest, "extend_by_seconds")
-	_, err = update(acme, &statev1.UpdateSandboxLifetimeRequest{SandboxId: id, Change: &statev1.UpdateSandboxLifetimeRequest_ExtendBySeconds{ExtendBySeconds: -1800}})
+	_, err = update(acme, &statev1.UpdateSandboxLifetimeRequest{SandboxId: id, Change: &statev1.UpdateSandboxLifetimeRequest_ExtendBySeconds{ExtendBySeconds: -1860}})
 	wantErr("shortened to 0", err, connect.CodeInvalidArgument, apierr.InvalidRequest, "extend_by_seconds")
 	_, err = update(acme, &statev1.UpdateSandboxLifetimeRequest{SandboxId: id, Change: &statev1.UpdateSandboxLifetimeRequest_ExtendBySeconds{ExtendBySeconds: -1 << 62}})
 	wantErr("huge", err, connect.CodeInvalidArgument, apierr.InvalidRequest, "extend_by_seconds")
