@@ -366,6 +366,10 @@ type Recovered struct {
 	Info  Info
 	Alive bool  // the container is still running and its agent reachable
 	Exit  *Exit // set when !Alive
+	// Paused: the sandbox was paused (see Pauser) and still is; Alive is false and Exit
+	// nil. Released says it is checkpointed (its processes ended) rather than frozen.
+	Paused   bool
+	Released bool
 }
 
 // Backend runs sandboxes.

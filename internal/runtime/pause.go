@@ -1,0 +1,91 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Pause, resume and fork (sandboxd.sandbox.v1.SandboxStateService).
+//
+// A sandbox is paused one of two ways:
+//   - frozen: every process of the sandbox is frozen in place (the cgroup freezer). Instant
+//     and available for every runtime class of the local backend; memory stays allocated
+//     and is still counted against the runner's capacity.
+//   - checkpointed (Released): the sandbox's whole state — processes, memory, its root
+//     filesystem's writes and its scratch volumes — is saved on the host and its
+//     processes end, so its CPU and memory are free. Only runtime classes whose
+//     PauseSupport says Checkpoint (gVisor: runsc checkpoint/restore).
+//
+// Resume continues a paused sandbox under the same ID, address and endpoints; its
+// processes continue where they were (a checkpointed sandbox's open TCP connections to
+// the outside are reset). Fork makes new sandboxes from a checkpoint of a running or
+// paused one: each a copy of its memory, processes and files, with its own ID, network
+// namespace and address; scratch volumes and the writable layer are copy-on-write clones
+// where the backend can (btrfs), never shared.
+//
+// While a sandbox is paused its backend's Wait does not return; Stop and Destroy work
+// as for a running sandbox (a checkpointed sandbox's Stop discards the checkpoint and
+// Wait then returns an Exit with Reason "Stopped"). DialAgent on a paused sandbox is
+// ErrPaused. Recover reports a checkpointed sandbox with Recovered.Paused set, a
+// frozen one as it finds it (still frozen, Paused set, Released false).
+
+// Errors of pausing.
+var (
+	// ErrPaused: the sandbox is paused (DialAgent, exec, files); resume it first.
+	ErrPaused = errors.New("sandbox is paused")
+	// ErrNotPaused: Resume of a sandbox that is not paused.
+	ErrNotPaused = errors.New("sandbox is not paused")
+	// ErrAlreadyPaused: Pause of a paused sandbox.
+	ErrAlreadyPaused = errors.New("sandbox is already paused")
+	// ErrCheckpointLost: a checkpointed sandbox's checkpoint is unusable (incomplete,
+	// removed, corrupt); it cannot be resumed and is to be ended with this reason.
+	ErrCheckpointLost = errors.New("the sandbox's checkpoint is lost")
+)
+
+// PauseSupport says how sandboxes of one runtime class can be paused on a backend.
+type PauseSupport struct {
+	Freeze     bool // a cgroup freeze (memory kept and counted)
+	Checkpoint bool // a full checkpoint: pause releasing resources, and fork
+	// Why says, when Checkpoint is false, what is missing, for refusals ("runc needs
+	// CRIU, and `criu check` fails on this host: use the gvisor runtime class").
+	Why string
+}
+
+// Pauser is implemented by backends that can pause sandboxes.
+type Pauser interface {
+	// PauseSupport reports what the backend can do for sandboxes of runtime class
+	// ("" = its default class).
+	PauseSupport(class string) PauseSupport
+	// Pause pauses running sandbox id, checkpointing it when release is set (which
+	// PauseSupport must allow, else errdefs.ErrNotImplemented), freezing it otherwise.
+	// Pausing a paused sandbox is ErrAlreadyPaused. On an error
+	// the sandbox is left running as it was (a checkpoint that fails half way is
+	// discarded and the sandbox continues).
+	Pause(ctx context.Context, id string, release bool) (PauseInfo, error)
+	// Resume continues paused sandbox id (ErrNotPaused if it is not) (same ID, same address where it is free,
+	// otherwise Info says the new one). It returns once the sandbox's agent answers.
+	// On an error a checkpointed sandbox stays paused with its checkpoint intact, so
+	// Resume can be tried again; ErrCheckpointLost says it cannot be.
+	Resume(ctx context.Context, id string) (Info, error)
+}
+
+// Forker is implemented by backends that fork sandboxes (PauseSupport.Checkpoint).
+type Forker interface {
+	// Fork creates each of specs (complete specs: a new ID and Meta each, the source's
+	// containers, volumes and runtime class) as a copy of sandbox src, running or
+	// paused: its memory and processes from a checkpoint, its root filesystem's writes
+	// and scratch volumes copied (copy-on-write where possible). A running source is
+	// paused for the checkpoint only (checkpoint, leave running). It returns one Info
+	// or one error per spec, in order; a fork that failed leaves nothing behind.
+	Fork(ctx context.Context, src string, specs []*Spec) ([]Info, []error)
+}
+
+// PauseInfo describes a pause.
+type PauseInfo struct {
+	Released bool          // checkpointed: processes ended, CPU and memory released
+	Took     time.Duration // how long the pause took
+	// CheckpointBytes is the checkpoint's size on disk (memory image and saved file
+	// state); 0 for a freeze.
+	CheckpointBytes int64
+}
