@@ -68,6 +68,10 @@ const (
 	// (a registered volume).
 	VolumeNotSnapshottable  = "CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
+	// CheckpointNotSupported (sandboxd's own, issue 21): the sandbox's runtime class
+	// cannot be checkpointed on its runner (a pause releasing resources, a fork); the
+	// message names the runtime class that can.
+	CheckpointNotSupported  = "CWSANDBOX_CHECKPOINT_NOT_SUPPORTED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// HTTPSShareTokenNotSupported: no runner that may take the sandbox can check the
 	// share token of an HTTPS SHARE_TOKEN endpoint (FAILED_PRECONDITION).
@@ -192,6 +196,7 @@ var table = []reasonCode{
 	{FSSBackendThrottled, connect.CodeUnavailable, "the snapshot backend is busy; retry"},
 	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots are in flight as allowed (per sandbox or runner); retry"},
 	{VolumeNotSnapshottable, connect.CodeInvalidArgument, "the volume named for a snapshot is not a scratch volume of the sandbox"},
+	{CheckpointNotSupported, connect.CodeFailedPrecondition, "the sandbox's runtime class cannot be checkpointed here (pause releasing resources, fork); the message names one that can"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{HTTPSShareTokenNotSupported, connect.CodeFailedPrecondition, "no runner that may take the sandbox can check an HTTPS share token"},

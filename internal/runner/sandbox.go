@@ -30,6 +30,7 @@ var stateNames = map[State]string{
 	StateTerminating: "TERMINATING",
 	StateTerminated:  "TERMINATED",
 	StatePending:     "PENDING",
+	StatePaused:      "PAUSED",
 }
 
 func (s State) String() string {
@@ -78,6 +79,9 @@ type Sandbox struct {
 	IP           string
 	RuntimeClass string
 	ImageDigest  string
+
+	// Pause says how a PAUSED sandbox is paused; nil otherwise.
+	Pause *PauseStatus
 
 	// Containers are the sandbox's containers as its backend last reported them (init
 	// containers first, then the primary and the sidecars); nil for a single-container

@@ -25,4 +25,16 @@ const (
 	// keep its deadline.
 	MetaCreatedAt = "sandboxd.created_at"
 	MetaLifetime  = "sandboxd.lifetime"
+	// MetaPauseLifetime is "held" when the sandbox's lifetime does not count while it is
+	// paused ("" or absent: it counts), MetaAutoResume "false" when exec, files and
+	// endpoint traffic must not resume a paused sandbox by default ("" or absent: they
+	// do), and MetaIdlePause a time.Duration string: pause the sandbox after that long
+	// without exec, files or endpoint traffic ("" or absent: never). Written by the
+	// gateway from the runner policy's pause settings (policy.PauseSettings) at create;
+	// read by the runner.
+	MetaPauseLifetime = "sandboxd.pause.lifetime"
+	MetaAutoResume    = "sandboxd.pause.auto_resume"
+	MetaIdlePause     = "sandboxd.pause.idle"
+	// MetaForkedFrom is the sandbox a fork was made from. Written by the runner.
+	MetaForkedFrom = "sandboxd.forked_from"
 )

@@ -19,6 +19,10 @@ var metaKeys = map[string]string{
 	MetaGatewayPolicyRevision: "sandboxd.gateway_policy_revision",
 	MetaCreatedAt:             "sandboxd.created_at",
 	MetaLifetime:              "sandboxd.lifetime",
+	MetaPauseLifetime:         "sandboxd.pause.lifetime",
+	MetaAutoResume:            "sandboxd.pause.auto_resume",
+	MetaIdlePause:             "sandboxd.pause.idle",
+	MetaForkedFrom:            "sandboxd.forked_from",
 }
 
 func TestMetaKeysStable(t *testing.T) {
@@ -27,8 +31,8 @@ func TestMetaKeysStable(t *testing.T) {
 			t.Errorf("a Meta key changed to %q; persisted sandboxes carry %q", got, want)
 		}
 	}
-	if len(metaKeys) != 6 {
-		t.Errorf("%d Meta keys, want 6 distinct ones", len(metaKeys))
+	if len(metaKeys) != 10 {
+		t.Errorf("%d Meta keys, want 10 distinct ones", len(metaKeys))
 	}
 }
 

@@ -23,6 +23,520 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PauseSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// unset: checkpoint where the runtime class can, else freeze; true: checkpoint or
+	// refuse; false: freeze.
+	ReleaseResources *bool `protobuf:"varint,2,opt,name=release_resources,json=releaseResources,proto3,oneof" json:"release_resources,omitempty"`
+	// unset: the runner policy's setting (default on).
+	AutoResume    *bool `protobuf:"varint,3,opt,name=auto_resume,json=autoResume,proto3,oneof" json:"auto_resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxRequest) Reset() {
+	*x = PauseSandboxRequest{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxRequest) ProtoMessage() {}
+
+func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
+func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PauseSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *PauseSandboxRequest) GetReleaseResources() bool {
+	if x != nil && x.ReleaseResources != nil {
+		return *x.ReleaseResources
+	}
+	return false
+}
+
+func (x *PauseSandboxRequest) GetAutoResume() bool {
+	if x != nil && x.AutoResume != nil {
+		return *x.AutoResume
+	}
+	return false
+}
+
+type PauseSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        *PauseStatus           `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxResponse) Reset() {
+	*x = PauseSandboxResponse{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxResponse) ProtoMessage() {}
+
+func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
+func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PauseSandboxResponse) GetStatus() *PauseStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// PauseStatus says how a sandbox is paused.
+type PauseStatus struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// true: checkpointed (CPU and memory released); false: frozen (memory kept and
+	// counted).
+	ResourcesReleased bool `protobuf:"varint,2,opt,name=resources_released,json=resourcesReleased,proto3" json:"resources_released,omitempty"`
+	AutoResume        bool `protobuf:"varint,3,opt,name=auto_resume,json=autoResume,proto3" json:"auto_resume,omitempty"`
+	// true: the lifetime does not count while paused.
+	LifetimeHeld bool                   `protobuf:"varint,4,opt,name=lifetime_held,json=lifetimeHeld,proto3" json:"lifetime_held,omitempty"`
+	PausedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=paused_at,json=pausedAt,proto3" json:"paused_at,omitempty"`
+	// The checkpoint's size on the runner's disk; 0 when frozen.
+	CheckpointBytes int64 `protobuf:"varint,6,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PauseStatus) Reset() {
+	*x = PauseStatus{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseStatus) ProtoMessage() {}
+
+func (x *PauseStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
+func (*PauseStatus) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PauseStatus) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *PauseStatus) GetResourcesReleased() bool {
+	if x != nil {
+		return x.ResourcesReleased
+	}
+	return false
+}
+
+func (x *PauseStatus) GetAutoResume() bool {
+	if x != nil {
+		return x.AutoResume
+	}
+	return false
+}
+
+func (x *PauseStatus) GetLifetimeHeld() bool {
+	if x != nil {
+		return x.LifetimeHeld
+	}
+	return false
+}
+
+func (x *PauseStatus) GetPausedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PausedAt
+	}
+	return nil
+}
+
+func (x *PauseStatus) GetCheckpointBytes() int64 {
+	if x != nil {
+		return x.CheckpointBytes
+	}
+	return 0
+}
+
+type ResumeSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxRequest) Reset() {
+	*x = ResumeSandboxRequest{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxRequest) ProtoMessage() {}
+
+func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ResumeSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type ResumeSandboxResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// When the sandbox's lifetime now ends (moved on by the time paused when held).
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxResponse) Reset() {
+	*x = ResumeSandboxResponse{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxResponse) ProtoMessage() {}
+
+func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ResumeSandboxResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResumeSandboxResponse) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+type ForkSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// How many forks, 1..100; 0 means 1.
+	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// Idempotency key (as CreateSandbox's).
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxRequest) Reset() {
+	*x = ForkSandboxRequest{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxRequest) ProtoMessage() {}
+
+func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ForkSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type ForkSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forks         []*Fork                `protobuf:"bytes,1,rep,name=forks,proto3" json:"forks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxResponse) Reset() {
+	*x = ForkSandboxResponse{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxResponse) ProtoMessage() {}
+
+func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ForkSandboxResponse) GetForks() []*Fork {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
+// Fork is one fork: its sandbox ID, or the error that one fork met.
+type Fork struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Set when this fork failed (sandbox_id is then the ID it would have had).
+	Error         *ForkError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fork) Reset() {
+	*x = Fork{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fork) ProtoMessage() {}
+
+func (x *Fork) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fork.ProtoReflect.Descriptor instead.
+func (*Fork) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Fork) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Fork) GetError() *ForkError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// ForkError is the error one fork met, as the API would have answered it.
+type ForkError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          string                 `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`     // the gRPC code's name, e.g. "UNAVAILABLE"
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"` // the ErrorInfo reason, e.g. "CWSANDBOX_SANDBOX_NOT_RUNNING"
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkError) Reset() {
+	*x = ForkError{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkError) ProtoMessage() {}
+
+func (x *ForkError) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
+func (*ForkError) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ForkError) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *ForkError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ForkError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type UpdateSandboxLifetimeRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -39,7 +553,7 @@ type UpdateSandboxLifetimeRequest struct {
 
 func (x *UpdateSandboxLifetimeRequest) Reset() {
 	*x = UpdateSandboxLifetimeRequest{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -51,7 +565,7 @@ func (x *UpdateSandboxLifetimeRequest) String() string {
 func (*UpdateSandboxLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -64,7 +578,7 @@ func (x *UpdateSandboxLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpdateSandboxLifetimeRequest) GetSandboxId() string {
@@ -129,7 +643,7 @@ type UpdateSandboxLifetimeResponse struct {
 
 func (x *UpdateSandboxLifetimeResponse) Reset() {
 	*x = UpdateSandboxLifetimeResponse{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -141,7 +655,7 @@ func (x *UpdateSandboxLifetimeResponse) String() string {
 func (*UpdateSandboxLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateSandboxLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -154,7 +668,7 @@ func (x *UpdateSandboxLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateSandboxLifetimeResponse) GetDeadline() *timestamppb.Timestamp {
@@ -175,7 +689,49 @@ var File_sandboxd_sandbox_v1_state_proto protoreflect.FileDescriptor
 
 const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/sandbox/v1/state.proto\x12\x13sandboxd.sandbox.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n" +
+	"\x1fsandboxd/sandbox/v1/state.proto\x12\x13sandboxd.sandbox.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x01\n" +
+	"\x13PauseSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x120\n" +
+	"\x11release_resources\x18\x02 \x01(\bH\x00R\x10releaseResources\x88\x01\x01\x12$\n" +
+	"\vauto_resume\x18\x03 \x01(\bH\x01R\n" +
+	"autoResume\x88\x01\x01B\x14\n" +
+	"\x12_release_resourcesB\x0e\n" +
+	"\f_auto_resume\"P\n" +
+	"\x14PauseSandboxResponse\x128\n" +
+	"\x06status\x18\x01 \x01(\v2 .sandboxd.sandbox.v1.PauseStatusR\x06status\"\x85\x02\n" +
+	"\vPauseStatus\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12-\n" +
+	"\x12resources_released\x18\x02 \x01(\bR\x11resourcesReleased\x12\x1f\n" +
+	"\vauto_resume\x18\x03 \x01(\bR\n" +
+	"autoResume\x12#\n" +
+	"\rlifetime_held\x18\x04 \x01(\bR\flifetimeHeld\x127\n" +
+	"\tpaused_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12)\n" +
+	"\x10checkpoint_bytes\x18\x06 \x01(\x03R\x0fcheckpointBytes\"5\n" +
+	"\x14ResumeSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"n\n" +
+	"\x15ResumeSandboxResponse\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x126\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"h\n" +
+	"\x12ForkSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"F\n" +
+	"\x13ForkSandboxResponse\x12/\n" +
+	"\x05forks\x18\x01 \x03(\v2\x19.sandboxd.sandbox.v1.ForkR\x05forks\"[\n" +
+	"\x04Fork\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
+	"\x05error\x18\x02 \x01(\v2\x1e.sandboxd.sandbox.v1.ForkErrorR\x05error\"Q\n" +
+	"\tForkError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\tR\x04code\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xa9\x01\n" +
 	"\x1cUpdateSandboxLifetimeRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x122\n" +
@@ -184,9 +740,12 @@ const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"\x06change\"\x89\x01\n" +
 	"\x1dUpdateSandboxLifetimeResponse\x126\n" +
 	"\bdeadline\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x120\n" +
-	"\x14max_lifetime_seconds\x18\x02 \x01(\x03R\x12maxLifetimeSeconds2\xcc\x01\n" +
+	"\x14max_lifetime_seconds\x18\x02 \x01(\x03R\x12maxLifetimeSeconds2\x85\x05\n" +
 	"\x13SandboxStateService\x12\xb4\x01\n" +
-	"\x15UpdateSandboxLifetime\x121.sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest\x1a2.sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse\"4\x82\xd3\xe4\x93\x02.:\x01*\")/v1/sandboxes/{sandbox_id}:updateLifetimeB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1;statev1b\x06proto3"
+	"\x15UpdateSandboxLifetime\x121.sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest\x1a2.sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse\"4\x82\xd3\xe4\x93\x02.:\x01*\")/v1/sandboxes/{sandbox_id}:updateLifetime\x12\x90\x01\n" +
+	"\fPauseSandbox\x12(.sandboxd.sandbox.v1.PauseSandboxRequest\x1a).sandboxd.sandbox.v1.PauseSandboxResponse\"+\x82\xd3\xe4\x93\x02%:\x01*\" /v1/sandboxes/{sandbox_id}:pause\x12\x94\x01\n" +
+	"\rResumeSandbox\x12).sandboxd.sandbox.v1.ResumeSandboxRequest\x1a*.sandboxd.sandbox.v1.ResumeSandboxResponse\",\x82\xd3\xe4\x93\x02&:\x01*\"!/v1/sandboxes/{sandbox_id}:resume\x12\x8c\x01\n" +
+	"\vForkSandbox\x12'.sandboxd.sandbox.v1.ForkSandboxRequest\x1a(.sandboxd.sandbox.v1.ForkSandboxResponse\"*\x82\xd3\xe4\x93\x02$:\x01*\"\x1f/v1/sandboxes/{sandbox_id}:forkB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1;statev1b\x06proto3"
 
 var (
 	file_sandboxd_sandbox_v1_state_proto_rawDescOnce sync.Once
@@ -200,21 +759,41 @@ func file_sandboxd_sandbox_v1_state_proto_rawDescGZIP() []byte {
 	return file_sandboxd_sandbox_v1_state_proto_rawDescData
 }
 
-var file_sandboxd_sandbox_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_sandboxd_sandbox_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_sandboxd_sandbox_v1_state_proto_goTypes = []any{
-	(*UpdateSandboxLifetimeRequest)(nil),  // 0: sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
-	(*UpdateSandboxLifetimeResponse)(nil), // 1: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
-	(*timestamppb.Timestamp)(nil),         // 2: google.protobuf.Timestamp
+	(*PauseSandboxRequest)(nil),           // 0: sandboxd.sandbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),          // 1: sandboxd.sandbox.v1.PauseSandboxResponse
+	(*PauseStatus)(nil),                   // 2: sandboxd.sandbox.v1.PauseStatus
+	(*ResumeSandboxRequest)(nil),          // 3: sandboxd.sandbox.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),         // 4: sandboxd.sandbox.v1.ResumeSandboxResponse
+	(*ForkSandboxRequest)(nil),            // 5: sandboxd.sandbox.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),           // 6: sandboxd.sandbox.v1.ForkSandboxResponse
+	(*Fork)(nil),                          // 7: sandboxd.sandbox.v1.Fork
+	(*ForkError)(nil),                     // 8: sandboxd.sandbox.v1.ForkError
+	(*UpdateSandboxLifetimeRequest)(nil),  // 9: sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
+	(*UpdateSandboxLifetimeResponse)(nil), // 10: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
+	(*timestamppb.Timestamp)(nil),         // 11: google.protobuf.Timestamp
 }
 var file_sandboxd_sandbox_v1_state_proto_depIdxs = []int32{
-	2, // 0: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse.deadline:type_name -> google.protobuf.Timestamp
-	0, // 1: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:input_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
-	1, // 2: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:output_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
-	2, // [2:3] is the sub-list for method output_type
-	1, // [1:2] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2,  // 0: sandboxd.sandbox.v1.PauseSandboxResponse.status:type_name -> sandboxd.sandbox.v1.PauseStatus
+	11, // 1: sandboxd.sandbox.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	11, // 2: sandboxd.sandbox.v1.ResumeSandboxResponse.deadline:type_name -> google.protobuf.Timestamp
+	7,  // 3: sandboxd.sandbox.v1.ForkSandboxResponse.forks:type_name -> sandboxd.sandbox.v1.Fork
+	8,  // 4: sandboxd.sandbox.v1.Fork.error:type_name -> sandboxd.sandbox.v1.ForkError
+	11, // 5: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse.deadline:type_name -> google.protobuf.Timestamp
+	9,  // 6: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:input_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
+	0,  // 7: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:input_type -> sandboxd.sandbox.v1.PauseSandboxRequest
+	3,  // 8: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:input_type -> sandboxd.sandbox.v1.ResumeSandboxRequest
+	5,  // 9: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:input_type -> sandboxd.sandbox.v1.ForkSandboxRequest
+	10, // 10: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:output_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
+	1,  // 11: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:output_type -> sandboxd.sandbox.v1.PauseSandboxResponse
+	4,  // 12: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:output_type -> sandboxd.sandbox.v1.ResumeSandboxResponse
+	6,  // 13: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:output_type -> sandboxd.sandbox.v1.ForkSandboxResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_sandbox_v1_state_proto_init() }
@@ -222,7 +801,8 @@ func file_sandboxd_sandbox_v1_state_proto_init() {
 	if File_sandboxd_sandbox_v1_state_proto != nil {
 		return
 	}
-	file_sandboxd_sandbox_v1_state_proto_msgTypes[0].OneofWrappers = []any{
+	file_sandboxd_sandbox_v1_state_proto_msgTypes[0].OneofWrappers = []any{}
+	file_sandboxd_sandbox_v1_state_proto_msgTypes[9].OneofWrappers = []any{
 		(*UpdateSandboxLifetimeRequest_MaxLifetimeSeconds)(nil),
 		(*UpdateSandboxLifetimeRequest_ExtendBySeconds)(nil),
 	}
@@ -232,7 +812,7 @@ func file_sandboxd_sandbox_v1_state_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_sandbox_v1_state_proto_rawDesc), len(file_sandboxd_sandbox_v1_state_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

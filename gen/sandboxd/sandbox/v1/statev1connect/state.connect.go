@@ -36,6 +36,15 @@ const (
 	// SandboxStateServiceUpdateSandboxLifetimeProcedure is the fully-qualified name of the
 	// SandboxStateService's UpdateSandboxLifetime RPC.
 	SandboxStateServiceUpdateSandboxLifetimeProcedure = "/sandboxd.sandbox.v1.SandboxStateService/UpdateSandboxLifetime"
+	// SandboxStateServicePauseSandboxProcedure is the fully-qualified name of the SandboxStateService's
+	// PauseSandbox RPC.
+	SandboxStateServicePauseSandboxProcedure = "/sandboxd.sandbox.v1.SandboxStateService/PauseSandbox"
+	// SandboxStateServiceResumeSandboxProcedure is the fully-qualified name of the
+	// SandboxStateService's ResumeSandbox RPC.
+	SandboxStateServiceResumeSandboxProcedure = "/sandboxd.sandbox.v1.SandboxStateService/ResumeSandbox"
+	// SandboxStateServiceForkSandboxProcedure is the fully-qualified name of the SandboxStateService's
+	// ForkSandbox RPC.
+	SandboxStateServiceForkSandboxProcedure = "/sandboxd.sandbox.v1.SandboxStateService/ForkSandbox"
 )
 
 // SandboxStateServiceClient is a client for the sandboxd.sandbox.v1.SandboxStateService service.
@@ -49,6 +58,33 @@ type SandboxStateServiceClient interface {
 	// NOT_FOUND CWSANDBOX_SANDBOX_NOT_FOUND, FAILED_PRECONDITION
 	// CWSANDBOX_SANDBOX_NOT_RUNNING (terminating or ended).
 	UpdateSandboxLifetime(context.Context, *connect.Request[v1.UpdateSandboxLifetimeRequest]) (*connect.Response[v1.UpdateSandboxLifetimeResponse], error)
+	// PauseSandbox pauses a RUNNING sandbox: PAUSED in GetSandbox and ListSandboxes.
+	// release_resources unset: the sandbox is checkpointed where its runtime class can
+	// (gvisor: memory, processes and files saved on the runner, processes ended, CPU and
+	// memory released and no longer counted against the runner), else frozen in place
+	// (runc: a cgroup freeze, instant; memory kept and still counted). true: checkpoint or
+	// refuse with FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED naming the
+	// runtime class that can; false: freeze. While paused, exec, file calls and endpoint
+	// traffic resume the sandbox first unless auto-resume is off (the request's
+	// auto_resume, else the runner policy's pause settings; default on), in which case
+	// they answer FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING. Whether the lifetime
+	// counts while paused is the runner policy's setting (default: it counts).
+	// Errors: NOT_FOUND CWSANDBOX_SANDBOX_NOT_FOUND, FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING (not RUNNING, already PAUSED included).
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	// ResumeSandbox continues a PAUSED sandbox under the same ID, address and endpoints;
+	// its processes continue where they were (a checkpointed sandbox's open TCP
+	// connections to the outside are reset). Resuming a RUNNING sandbox returns it as it
+	// is. Errors: NOT_FOUND, FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING (ended).
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// ForkSandbox makes count (1..100) new sandboxes from a RUNNING or PAUSED one: each
+	// a copy of its memory, processes and files with its own ID, address and endpoints,
+	// on the source's runner (a running source pauses only for its checkpoint). Needs a
+	// runtime class that can checkpoint (gvisor): else FAILED_PRECONDITION
+	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED. request_id makes it idempotent (a repeated
+	// request returns the same forks). Each fork is created in the caller's organization
+	// with the source's spec; the ones that failed are listed with their error.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 }
 
 // NewSandboxStateServiceClient constructs a client for the sandboxd.sandbox.v1.SandboxStateService
@@ -68,17 +104,53 @@ func NewSandboxStateServiceClient(httpClient connect.HTTPClient, baseURL string,
 			connect.WithSchema(sandboxStateServiceMethods.ByName("UpdateSandboxLifetime")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseSandbox: connect.NewClient[v1.PauseSandboxRequest, v1.PauseSandboxResponse](
+			httpClient,
+			baseURL+SandboxStateServicePauseSandboxProcedure,
+			connect.WithSchema(sandboxStateServiceMethods.ByName("PauseSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeSandbox: connect.NewClient[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse](
+			httpClient,
+			baseURL+SandboxStateServiceResumeSandboxProcedure,
+			connect.WithSchema(sandboxStateServiceMethods.ByName("ResumeSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		forkSandbox: connect.NewClient[v1.ForkSandboxRequest, v1.ForkSandboxResponse](
+			httpClient,
+			baseURL+SandboxStateServiceForkSandboxProcedure,
+			connect.WithSchema(sandboxStateServiceMethods.ByName("ForkSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sandboxStateServiceClient implements SandboxStateServiceClient.
 type sandboxStateServiceClient struct {
 	updateSandboxLifetime *connect.Client[v1.UpdateSandboxLifetimeRequest, v1.UpdateSandboxLifetimeResponse]
+	pauseSandbox          *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
+	resumeSandbox         *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
+	forkSandbox           *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 }
 
 // UpdateSandboxLifetime calls sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime.
 func (c *sandboxStateServiceClient) UpdateSandboxLifetime(ctx context.Context, req *connect.Request[v1.UpdateSandboxLifetimeRequest]) (*connect.Response[v1.UpdateSandboxLifetimeResponse], error) {
 	return c.updateSandboxLifetime.CallUnary(ctx, req)
+}
+
+// PauseSandbox calls sandboxd.sandbox.v1.SandboxStateService.PauseSandbox.
+func (c *sandboxStateServiceClient) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return c.pauseSandbox.CallUnary(ctx, req)
+}
+
+// ResumeSandbox calls sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox.
+func (c *sandboxStateServiceClient) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return c.resumeSandbox.CallUnary(ctx, req)
+}
+
+// ForkSandbox calls sandboxd.sandbox.v1.SandboxStateService.ForkSandbox.
+func (c *sandboxStateServiceClient) ForkSandbox(ctx context.Context, req *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return c.forkSandbox.CallUnary(ctx, req)
 }
 
 // SandboxStateServiceHandler is an implementation of the sandboxd.sandbox.v1.SandboxStateService
@@ -93,6 +165,33 @@ type SandboxStateServiceHandler interface {
 	// NOT_FOUND CWSANDBOX_SANDBOX_NOT_FOUND, FAILED_PRECONDITION
 	// CWSANDBOX_SANDBOX_NOT_RUNNING (terminating or ended).
 	UpdateSandboxLifetime(context.Context, *connect.Request[v1.UpdateSandboxLifetimeRequest]) (*connect.Response[v1.UpdateSandboxLifetimeResponse], error)
+	// PauseSandbox pauses a RUNNING sandbox: PAUSED in GetSandbox and ListSandboxes.
+	// release_resources unset: the sandbox is checkpointed where its runtime class can
+	// (gvisor: memory, processes and files saved on the runner, processes ended, CPU and
+	// memory released and no longer counted against the runner), else frozen in place
+	// (runc: a cgroup freeze, instant; memory kept and still counted). true: checkpoint or
+	// refuse with FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED naming the
+	// runtime class that can; false: freeze. While paused, exec, file calls and endpoint
+	// traffic resume the sandbox first unless auto-resume is off (the request's
+	// auto_resume, else the runner policy's pause settings; default on), in which case
+	// they answer FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING. Whether the lifetime
+	// counts while paused is the runner policy's setting (default: it counts).
+	// Errors: NOT_FOUND CWSANDBOX_SANDBOX_NOT_FOUND, FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING (not RUNNING, already PAUSED included).
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	// ResumeSandbox continues a PAUSED sandbox under the same ID, address and endpoints;
+	// its processes continue where they were (a checkpointed sandbox's open TCP
+	// connections to the outside are reset). Resuming a RUNNING sandbox returns it as it
+	// is. Errors: NOT_FOUND, FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING (ended).
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// ForkSandbox makes count (1..100) new sandboxes from a RUNNING or PAUSED one: each
+	// a copy of its memory, processes and files with its own ID, address and endpoints,
+	// on the source's runner (a running source pauses only for its checkpoint). Needs a
+	// runtime class that can checkpoint (gvisor): else FAILED_PRECONDITION
+	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED. request_id makes it idempotent (a repeated
+	// request returns the same forks). Each fork is created in the caller's organization
+	// with the source's spec; the ones that failed are listed with their error.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 }
 
 // NewSandboxStateServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -108,10 +207,34 @@ func NewSandboxStateServiceHandler(svc SandboxStateServiceHandler, opts ...conne
 		connect.WithSchema(sandboxStateServiceMethods.ByName("UpdateSandboxLifetime")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxStateServicePauseSandboxHandler := connect.NewUnaryHandler(
+		SandboxStateServicePauseSandboxProcedure,
+		svc.PauseSandbox,
+		connect.WithSchema(sandboxStateServiceMethods.ByName("PauseSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxStateServiceResumeSandboxHandler := connect.NewUnaryHandler(
+		SandboxStateServiceResumeSandboxProcedure,
+		svc.ResumeSandbox,
+		connect.WithSchema(sandboxStateServiceMethods.ByName("ResumeSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxStateServiceForkSandboxHandler := connect.NewUnaryHandler(
+		SandboxStateServiceForkSandboxProcedure,
+		svc.ForkSandbox,
+		connect.WithSchema(sandboxStateServiceMethods.ByName("ForkSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.sandbox.v1.SandboxStateService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxStateServiceUpdateSandboxLifetimeProcedure:
 			sandboxStateServiceUpdateSandboxLifetimeHandler.ServeHTTP(w, r)
+		case SandboxStateServicePauseSandboxProcedure:
+			sandboxStateServicePauseSandboxHandler.ServeHTTP(w, r)
+		case SandboxStateServiceResumeSandboxProcedure:
+			sandboxStateServiceResumeSandboxHandler.ServeHTTP(w, r)
+		case SandboxStateServiceForkSandboxProcedure:
+			sandboxStateServiceForkSandboxHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -123,4 +246,16 @@ type UnimplementedSandboxStateServiceHandler struct{}
 
 func (UnimplementedSandboxStateServiceHandler) UpdateSandboxLifetime(context.Context, *connect.Request[v1.UpdateSandboxLifetimeRequest]) (*connect.Response[v1.UpdateSandboxLifetimeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime is not implemented"))
+}
+
+func (UnimplementedSandboxStateServiceHandler) PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.sandbox.v1.SandboxStateService.PauseSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxStateServiceHandler) ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxStateServiceHandler) ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.sandbox.v1.SandboxStateService.ForkSandbox is not implemented"))
 }
