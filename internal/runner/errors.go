@@ -128,6 +128,8 @@ func APIError(id string, err error, fieldPrefix string) error {
 		return apierr.New(apierr.SandboxNotRunning, cnr.Error(), map[string]string{"sandbox_id": id, "container": cnr.Container})
 	case errors.Is(err, runtime.ErrNotFound):
 		return apierr.New(apierr.SandboxNotFound, err.Error(), idMeta(id))
+	case errors.Is(err, ErrCannotCheckpoint):
+		return apierr.New(apierr.CheckpointNotSupported, err.Error(), idMeta(id))
 	case errors.Is(err, ErrNotRunning):
 		return apierr.New(apierr.SandboxNotRunning, err.Error(), idMeta(id))
 	case errors.Is(err, ErrAlreadyExists):

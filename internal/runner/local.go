@@ -49,6 +49,12 @@ type Capacity struct {
 	UsedMilliCPU, UsedMemoryBytes int64
 	UsedGPUs                      int64
 	Running                       int
+	// Paused counts the paused sandboxes: a frozen one is also in Running and Used*
+	// (its memory is kept), a checkpointed one only here (its CPU and memory released).
+	Paused int
+	// CheckpointClasses are the runtime classes whose sandboxes the runner can
+	// checkpoint (PauseSandbox releasing resources, ForkSandbox); none: it forks none.
+	CheckpointClasses []string
 	// Defaults are the runner's default requests and limits (runtime.Resources' request
 	// and limit fields) for sandboxes that ask for none; zero fields: none.
 	Defaults runtime.Resources
@@ -145,12 +151,49 @@ type Local struct {
 var (
 	_ SnapshotHandle = (*Local)(nil)
 	_ LifetimeHandle = (*Local)(nil)
+	_ PauseHandle    = (*Local)(nil)
 )
 
 // NewLocal wraps r.
 func NewLocal(id string, r *Runner) *Local {
-	return &Local{RunnerID: id, GroupID: "default", R: r, MaxSandboxes: DefaultMaxSandboxes,
+	l := &Local{RunnerID: id, GroupID: "default", R: r, MaxSandboxes: DefaultMaxSandboxes,
 		CPUOvercommit: DefaultCPUOvercommit, Defaults: DefaultResources, connectedAt: time.Now()}
+	r.admitResume = l.admitResume
+	return l
+}
+
+// admitResume checks that the runner has room for checkpointed sandbox sb to run again,
+// as Create does for a new one: RESOURCE_EXHAUSTED CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED
+// when it has none now.
+func (l *Local) admitResume(ctx context.Context, sb Sandbox) error {
+	spec := withDefaults(sb.Spec, l.Defaults)
+	need := requested(spec.TotalResources())
+	l.admit.Lock()
+	defer l.admit.Unlock()
+	c, err := l.Capacity(ctx)
+	if err != nil {
+		return err
+	}
+	if why := c.Room(c.Used(), c.Running).Misfit(need, placement.Resources{}, 0); why != "" {
+		return apierr.WithRetry(apierr.New(apierr.RunnerCapacityExhausted,
+			fmt.Sprintf("runner %s has no room to resume sandbox %s: %s", l.RunnerID, sb.ID, why), map[string]string{"runner_id": l.RunnerID, "sandbox_id": sb.ID}), placement.RetryAfter)
+	}
+	return nil
+}
+
+// Pause implements PauseHandle.
+func (l *Local) Pause(ctx context.Context, id string, opts PauseOptions) (Sandbox, error) {
+	return l.R.Pause(ctx, id, opts)
+}
+
+// Resume implements PauseHandle.
+func (l *Local) Resume(ctx context.Context, id string) (Sandbox, error) {
+	return l.R.Resume(ctx, id)
+}
+
+// Fork implements PauseHandle.
+func (l *Local) Fork(ctx context.Context, id string, targets []ForkTarget) ([]ForkResult, error) {
+	return l.R.Fork(ctx, id, targets)
 }
 
 func (l *Local) ID() string    { return l.RunnerID }
@@ -278,6 +321,7 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 		DataPlaneURI: l.DataPlaneURI,
 		Support:      l.support(),
 	}
+	c.CheckpointClasses = l.R.CheckpointClasses(c.RuntimeClasses)
 	if !c.NoSnapshots {
 		c.CachedSnapshots = l.R.CachedSnapshots()
 	}
@@ -296,6 +340,12 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 	for _, sb := range l.R.List() {
 		if sb.State.Terminal() {
 			continue
+		}
+		if sb.State == StatePaused {
+			c.Paused++
+			if sb.Pause != nil && sb.Pause.Released {
+				continue // its CPU and memory are released
+			}
 		}
 		c.Running++
 		spec := withDefaults(sb.Spec, l.Defaults)

@@ -79,6 +79,10 @@ type Runner struct {
 	snaps         *snapJobs
 	buckets       *blobconfig.Buckets // Blobs and the stores of other buckets
 	restoreFlight flights             // PrepareSnapshot calls in flight, by digest
+
+	// admitResume, when set (NewLocal), checks that the runner has room for a
+	// checkpointed sandbox before it is resumed (its CPU and memory were released).
+	admitResume func(ctx context.Context, sb Sandbox) error
 }
 
 // entry is the runner's live record of one sandbox. sb and the stop fields are guarded by
@@ -118,6 +122,18 @@ type entry struct {
 	// capturesTaken once finish took them (no later target can be captured).
 	captures      []pendingCapture
 	capturesTaken bool
+
+	// op serializes what changes the sandbox's run state in the backend: Pause, Resume,
+	// Fork (of it as the source) and the stop a delete or expiry asks for.
+	op sync.Mutex
+	// pausing is set while a Pause is under way (the agent's Watch may end with it);
+	// rewatch is closed and replaced when the agent is to be watched again (a resume, a
+	// pause that failed). Guarded by Runner.mu.
+	pausing bool
+	rewatch chan struct{}
+	// lastActive is when the sandbox last served exec, files or endpoint traffic (idle
+	// pause). Guarded by Runner.mu.
+	lastActive time.Time
 }
 
 // New starts a runner and re-adopts the sandboxes its backend still has.
@@ -140,7 +156,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.SnapshotsPerRunner <= 0 {
 		cfg.SnapshotsPerRunner = DefaultSnapshotsPerRunner
 	}
-	for _, d := range []string{"logs", containerLogs, "ended", lifetimesDir} {
+	for _, d := range []string{"logs", containerLogs, "ended", lifetimesDir, pausedDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("runner: create data dir: %w", err)
 		}
@@ -356,10 +372,21 @@ func (r *Runner) Agent(ctx context.Context, id, container string) (agentv1connec
 		}
 		name, primary, init, err := e.container(container)
 		st, ch, client := e.sb.State, e.changed, e.client
+		autoResume := e.sb.Pause != nil && e.sb.Pause.AutoResume
+		if err == nil {
+			e.lastActive = time.Now()
+		}
 		r.mu.Unlock()
 		switch {
 		case err != nil:
 			return nil, err
+		case st == StatePaused && !autoResume:
+			return nil, fmt.Errorf("%w: %s", ErrPaused, id)
+		case st == StatePaused:
+			if _, err := r.Resume(ctx, id); err != nil {
+				return nil, err
+			}
+			continue
 		case st == StateRunning && client != nil && primary:
 			return client, nil
 		case st == StateRunning && client != nil:
@@ -626,6 +653,35 @@ func (r *Runner) Logs(ctx context.Context, id, container string, req *agentv1.Lo
 			}
 			return err
 		}
+		if st == StatePaused {
+			// Its agent is paused with it: the log is read where the agent left it, as an
+			// exited container's (a follow ends at its end), without resuming the sandbox.
+			lo, ok := r.backend.(runtime.ContainerLogOpener)
+			if !ok {
+				return fmt.Errorf("%w: %s (this runner reads no log of a paused sandbox)", ErrPaused, id)
+			}
+			from := name
+			if primary {
+				from = ""
+			}
+			open := func() (*logstore.Reader, error) {
+				lr, err := lo.OpenContainerLog(id, from)
+				if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errors.ErrUnsupported) {
+					r.log.Warn("log of a paused sandbox not read (replaced by the sandbox?)", "sandbox", id, "container", name, "err", err)
+					return nil, errLogReplaced
+				}
+				return lr, err
+			}
+			err := agent.ReadLogsFrom(ctx, open, nil, rest(), pass)
+			if errors.Is(err, errors.ErrUnsupported) && sendErr == nil {
+				return fmt.Errorf("%w: %s (its log is not kept where the runner reads it)", ErrPaused, id)
+			}
+			if errors.Is(err, errLogReplaced) && sendErr == nil {
+				return apierr.New(apierr.FileNotRegular, fmt.Sprintf("the log of container %q of sandbox %s cannot be read: the container replaced its log directory, which is not followed", name, id),
+					map[string]string{"sandbox_id": id, "container": name})
+			}
+			return err
+		}
 		if client == nil || st == StateCreating || st == StatePending {
 			select {
 			case <-changed:
@@ -676,10 +732,12 @@ func (r *Runner) Close() {
 
 func newEntry(sb Sandbox) *entry {
 	return &entry{
-		sb:      sb,
-		changed: make(chan struct{}),
-		stopCh:  make(chan struct{}),
-		done:    make(chan struct{}),
+		sb:         sb,
+		changed:    make(chan struct{}),
+		stopCh:     make(chan struct{}),
+		done:       make(chan struct{}),
+		rewatch:    make(chan struct{}),
+		lastActive: time.Now(),
 	}
 }
 
@@ -689,6 +747,10 @@ func (e *entry) snapshot() Sandbox {
 	if e.sb.ExitCode != nil {
 		c := *e.sb.ExitCode
 		s.ExitCode = &c
+	}
+	if e.sb.Pause != nil {
+		p := *e.sb.Pause
+		s.Pause = &p
 	}
 	return s
 }
@@ -714,10 +776,13 @@ func (r *Runner) requestStopLocked(e *entry, reason string, grace time.Duration)
 
 func (r *Runner) armExpiry(e *entry) {
 	id := e.sb.ID
+	if lifetimeHeld(e) {
+		return // armed again at resume, with the deadline moved on
+	}
 	e.expiry = time.AfterFunc(time.Until(e.sb.Deadline), func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if !e.sb.State.Terminal() && !r.closed {
+		if !e.sb.State.Terminal() && !r.closed && !lifetimeHeld(e) {
 			r.log.Info("sandbox lifetime exceeded", "sandbox", id, "lifetime", e.sb.Lifetime)
 			r.requestStopLocked(e, ReasonLifetimeExceeded, r.cfg.ExpiryGrace)
 			if e.sb.State != StateTerminating {
@@ -768,18 +833,20 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 		defer close(stopped)
 		select {
 		case <-e.stopCh:
+			e.op.Lock() // after a pause, resume or fork under way (Stop ends a paused sandbox too)
 			r.mu.Lock()
 			grace := e.stopGrace
 			r.mu.Unlock()
 			if err := r.backend.Stop(context.Background(), id, grace); err != nil {
 				r.log.Warn("stop sandbox", "sandbox", id, "err", err)
 			}
+			e.op.Unlock()
 		case <-e.done:
 		case <-r.ctx.Done():
 		}
 	}()
 
-	r.watch(e, client)
+	r.follow(e, client)
 	exit, err := r.backend.Wait(r.ctx, id)
 	if r.ctx.Err() != nil {
 		// Closed: the sandbox is left as it is, for the next runner to re-adopt.
@@ -791,6 +858,39 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 	}
 	r.finish(e, exit, true)
 	<-stopped
+}
+
+// follow watches the agent until the sandbox's processes end: again after each resume of
+// a sandbox whose agent went away with a pause (a checkpoint ends every process; the
+// backend's Wait goes on blocking meanwhile), until a stop is asked for.
+func (r *Runner) follow(e *entry, client agentv1connect.AgentServiceClient) {
+	for {
+		r.mu.Lock()
+		rewatch := e.rewatch
+		r.mu.Unlock()
+		r.watch(e, client)
+		r.mu.Lock()
+		paused := e.pausing || e.sb.State == StatePaused
+		r.mu.Unlock()
+		select {
+		case <-rewatch: // resumed (or a pause failed) since the watch began: watch again
+			paused = true
+		default:
+		}
+		if !paused {
+			return
+		}
+		select {
+		case <-rewatch:
+			r.mu.Lock()
+			client = e.client
+			r.mu.Unlock()
+		case <-e.stopCh:
+			return
+		case <-r.ctx.Done():
+			return
+		}
+	}
 }
 
 // watch follows the agent's status stream until the agent exits, so RUNNING and restart
@@ -869,6 +969,9 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	switch {
 	case e.stopReason == ReasonDeleted:
 		sb.State, sb.Reason, sb.Message = StateTerminated, ReasonDeleted, "deleted"
+	case e.stopReason == ReasonCheckpointLost:
+		sb.State, sb.Reason, sb.ExitCode = StateFailed, ReasonCheckpointLost, nil
+		sb.Message = "the sandbox's checkpoint is lost: it cannot be resumed"
 	case e.stopReason == ReasonLifetimeExceeded:
 		// As the target system does: a sandbox that ran until its lifetime ends COMPLETED,
 		// one that never started FAILED; either way with no exit code, since the main
@@ -898,6 +1001,7 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 		e.expiry.Stop()
 	}
 	e.client, e.agents = nil, nil
+	sb.Pause = nil
 	r.notifyLocked(e)
 	close(e.done)
 	r.log.Info("sandbox ended", "sandbox", id, "state", sb.State, "reason", sb.Reason, "message", sb.Message)
@@ -905,6 +1009,7 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 		r.log.Warn("record ended sandbox", "sandbox", id, "err", err)
 	}
 	_ = os.Remove(r.lifetimePath(id)) // the ended record keeps the lifetime now
+	_ = os.Remove(r.pausedPath(id))
 	if !r.closed {
 		e.forget = time.AfterFunc(r.cfg.Retention, func() { r.forget(id, e) })
 	}
@@ -1071,7 +1176,7 @@ func (r *Runner) recoverEnded() {
 func (r *Runner) removeStrayLogs() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, dir := range []string{filepath.Join(r.cfg.DataDir, "logs"), filepath.Join(r.cfg.DataDir, containerLogs), filepath.Join(r.cfg.DataDir, lifetimesDir)} {
+	for _, dir := range []string{filepath.Join(r.cfg.DataDir, "logs"), filepath.Join(r.cfg.DataDir, containerLogs), filepath.Join(r.cfg.DataDir, lifetimesDir), filepath.Join(r.cfg.DataDir, pausedDir)} {
 		ents, _ := os.ReadDir(dir)
 		for _, ent := range ents {
 			if _, ok := r.sandboxes[ent.Name()]; !ok {
@@ -1086,6 +1191,7 @@ func (r *Runner) forgetFiles(id string) {
 	_ = os.RemoveAll(filepath.Join(r.cfg.DataDir, containerLogs, id))
 	_ = os.Remove(r.endedPath(id))
 	_ = os.Remove(r.lifetimePath(id))
+	_ = os.Remove(r.pausedPath(id))
 }
 
 // archiveLogs moves the agents' log files out of the sandbox, every container's, before
@@ -1215,7 +1321,8 @@ func (r *Runner) recover(ctx context.Context) error {
 		r.mu.Lock()
 		ended := r.sandboxes[id]
 		r.mu.Unlock()
-		if ended != nil && !rec.Alive {
+		live := rec.Alive || rec.Paused
+		if ended != nil && !live {
 			// Recorded as ended by an earlier runner whose teardown did not complete: keep
 			// the record, finish the teardown.
 			r.wg.Add(1)
@@ -1256,17 +1363,22 @@ func (r *Runner) recover(ctx context.Context) error {
 			RuntimeClass: rec.Info.RuntimeClass,
 			ImageDigest:  rec.Info.ImageDigest,
 		})
+		if rec.Paused {
+			e.sb.State, e.sb.Pause = StatePaused, r.recoveredPause(rec)
+		} else {
+			_ = os.Remove(r.pausedPath(id)) // not paused, whatever an earlier runner noted
+		}
 		r.mu.Lock()
 		if ended != nil && ended.forget != nil {
 			ended.forget.Stop() // recorded as ended, yet alive: follow what runs
 		}
 		r.sandboxes[rec.Spec.ID] = e
 		r.wg.Add(1)
-		if rec.Alive {
+		if live {
 			r.armExpiry(e)
 		}
 		r.mu.Unlock()
-		if rec.Alive {
+		if live {
 			r.log.Info("re-adopted sandbox", "sandbox", rec.Spec.ID)
 			go func() {
 				defer r.wg.Done()

@@ -56,6 +56,10 @@ const (
 	ReasonDeleted          = "Deleted"
 	ReasonCompleted        = "Completed"
 	ReasonBackendError     = "BackendError"
+	// ReasonForkFailed: a fork (ForkTarget) that the backend could not make.
+	ReasonForkFailed = "ForkFailed"
+	// ReasonCheckpointLost: a paused sandbox whose checkpoint is unusable, ended.
+	ReasonCheckpointLost = "CheckpointLost"
 )
 
 // Sandbox is a snapshot of what the runner knows about one sandbox.

@@ -104,6 +104,7 @@ const (
 	State_STATE_TERMINATING State = 5
 	State_STATE_TERMINATED  State = 6
 	State_STATE_PENDING     State = 7
+	State_STATE_PAUSED      State = 8
 )
 
 // Enum value maps for State.
@@ -117,6 +118,7 @@ var (
 		5: "STATE_TERMINATING",
 		6: "STATE_TERMINATED",
 		7: "STATE_PENDING",
+		8: "STATE_PAUSED",
 	}
 	State_value = map[string]int32{
 		"STATE_UNSPECIFIED": 0,
@@ -127,6 +129,7 @@ var (
 		"STATE_TERMINATING": 5,
 		"STATE_TERMINATED":  6,
 		"STATE_PENDING":     7,
+		"STATE_PAUSED":      8,
 	}
 )
 
@@ -155,6 +158,554 @@ func (x State) Number() protoreflect.EnumNumber {
 // Deprecated: Use State.Descriptor instead.
 func (State) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+type PauseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Release       *bool                  `protobuf:"varint,2,opt,name=release,proto3,oneof" json:"release,omitempty"`
+	AutoResume    bool                   `protobuf:"varint,3,opt,name=auto_resume,json=autoResume,proto3" json:"auto_resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PauseRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PauseRequest) GetRelease() bool {
+	if x != nil && x.Release != nil {
+		return *x.Release
+	}
+	return false
+}
+
+func (x *PauseRequest) GetAutoResume() bool {
+	if x != nil {
+		return x.AutoResume
+	}
+	return false
+}
+
+type PauseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseResponse) Reset() {
+	*x = PauseResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseResponse) ProtoMessage() {}
+
+func (x *PauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
+func (*PauseResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PauseResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ResumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ResumeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+// ForkTarget is one sandbox a Fork makes (runner.ForkTarget).
+type ForkTarget struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Meta           map[string]string      `protobuf:"bytes,2,rep,name=meta,proto3" json:"meta,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // replaces the source's
+	ShareTokenHash string                 `protobuf:"bytes,3,opt,name=share_token_hash,json=shareTokenHash,proto3" json:"share_token_hash,omitempty"`
+	Lifetime       *durationpb.Duration   `protobuf:"bytes,4,opt,name=lifetime,proto3" json:"lifetime,omitempty"` // unset or 0 = the source's
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ForkTarget) Reset() {
+	*x = ForkTarget{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkTarget) ProtoMessage() {}
+
+func (x *ForkTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkTarget.ProtoReflect.Descriptor instead.
+func (*ForkTarget) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ForkTarget) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ForkTarget) GetMeta() map[string]string {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *ForkTarget) GetShareTokenHash() string {
+	if x != nil {
+		return x.ShareTokenHash
+	}
+	return ""
+}
+
+func (x *ForkTarget) GetLifetime() *durationpb.Duration {
+	if x != nil {
+		return x.Lifetime
+	}
+	return nil
+}
+
+type ForkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // the source
+	Targets       []*ForkTarget          `protobuf:"bytes,2,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ForkRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetTargets() []*ForkTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+// ForkResult is one target's outcome: its sandbox, or its error.
+type ForkResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Error         *ForkError             `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"` // set when this fork failed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResult) Reset() {
+	*x = ForkResult{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResult) ProtoMessage() {}
+
+func (x *ForkResult) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
+func (*ForkResult) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ForkResult) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ForkResult) GetError() *ForkError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// ForkError is the API error one fork met.
+type ForkError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          string                 `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`     // the gRPC code's name, e.g. "unavailable" (connect.Code.String)
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"` // the ErrorInfo reason, e.g. CWSANDBOX_SANDBOX_NOT_RUNNING; "" when none
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkError) Reset() {
+	*x = ForkError{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkError) ProtoMessage() {}
+
+func (x *ForkError) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
+func (*ForkError) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ForkError) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *ForkError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ForkError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*ForkResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"` // one per target, in order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ForkResponse) GetResults() []*ForkResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// PauseStatus is how a PAUSED sandbox is paused (runner.PauseStatus).
+type PauseStatus struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Released        bool                   `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"` // checkpointed: CPU and memory released; false: frozen
+	AutoResume      bool                   `protobuf:"varint,2,opt,name=auto_resume,json=autoResume,proto3" json:"auto_resume,omitempty"`
+	LifetimeHeld    bool                   `protobuf:"varint,3,opt,name=lifetime_held,json=lifetimeHeld,proto3" json:"lifetime_held,omitempty"` // the lifetime does not count while paused
+	PausedAt        *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=paused_at,json=pausedAt,proto3" json:"paused_at,omitempty"`
+	CheckpointBytes int64                  `protobuf:"varint,5,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PauseStatus) Reset() {
+	*x = PauseStatus{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseStatus) ProtoMessage() {}
+
+func (x *PauseStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
+func (*PauseStatus) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PauseStatus) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+func (x *PauseStatus) GetAutoResume() bool {
+	if x != nil {
+		return x.AutoResume
+	}
+	return false
+}
+
+func (x *PauseStatus) GetLifetimeHeld() bool {
+	if x != nil {
+		return x.LifetimeHeld
+	}
+	return false
+}
+
+func (x *PauseStatus) GetPausedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PausedAt
+	}
+	return nil
+}
+
+func (x *PauseStatus) GetCheckpointBytes() int64 {
+	if x != nil {
+		return x.CheckpointBytes
+	}
+	return 0
 }
 
 // Spec is a sandbox as the runner's backend runs it (runtime.Spec): a group of
@@ -212,7 +763,7 @@ type Spec struct {
 
 func (x *Spec) Reset() {
 	*x = Spec{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +775,7 @@ func (x *Spec) String() string {
 func (*Spec) ProtoMessage() {}
 
 func (x *Spec) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +788,7 @@ func (x *Spec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spec.ProtoReflect.Descriptor instead.
 func (*Spec) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Spec) GetId() string {
@@ -441,7 +992,7 @@ type Engine struct {
 
 func (x *Engine) Reset() {
 	*x = Engine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +1004,7 @@ func (x *Engine) String() string {
 func (*Engine) ProtoMessage() {}
 
 func (x *Engine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +1017,7 @@ func (x *Engine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Engine.ProtoReflect.Descriptor instead.
 func (*Engine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Engine) GetCompose() []byte {
@@ -515,7 +1066,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +1078,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +1091,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Container) GetName() string {
@@ -662,7 +1213,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +1225,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +1238,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Probe) GetExec() []string {
@@ -736,7 +1287,7 @@ type Dependency struct {
 
 func (x *Dependency) Reset() {
 	*x = Dependency{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -748,7 +1299,7 @@ func (x *Dependency) String() string {
 func (*Dependency) ProtoMessage() {}
 
 func (x *Dependency) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -761,7 +1312,7 @@ func (x *Dependency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
 func (*Dependency) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Dependency) GetContainer() string {
@@ -795,7 +1346,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +1358,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +1371,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -888,7 +1439,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1451,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1464,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -971,7 +1522,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1534,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1547,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Toleration) GetKey() string {
@@ -1048,7 +1599,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1611,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1624,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -1120,7 +1671,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1683,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1696,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -1201,7 +1752,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1764,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1777,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -1263,7 +1814,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1826,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1839,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Volume) GetName() string {
@@ -1337,7 +1888,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1900,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1913,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -1421,7 +1972,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1984,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1997,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -1494,7 +2045,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +2057,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +2070,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -1545,7 +2096,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +2108,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +2121,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -1600,7 +2151,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +2163,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +2176,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -1717,7 +2268,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +2280,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +2293,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -1790,7 +2341,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2353,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2366,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -1889,7 +2440,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2452,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2465,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Service) GetPort() int32 {
@@ -1969,7 +2520,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2532,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2545,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -2022,7 +2573,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2585,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2598,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *File) GetPath() string {
@@ -2087,7 +2638,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2650,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2663,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -2170,14 +2721,16 @@ type Sandbox struct {
 	ImageDigest  string                 `protobuf:"bytes,16,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
 	// Its containers (init containers first, then the primary and the sidecars); empty
 	// for a single-container sandbox, whose state is the sandbox's own.
-	Containers    []*ContainerStatus `protobuf:"bytes,17,rep,name=containers,proto3" json:"containers,omitempty"`
+	Containers []*ContainerStatus `protobuf:"bytes,17,rep,name=containers,proto3" json:"containers,omitempty"`
+	// Set while PAUSED: how it is paused.
+	Pause         *PauseStatus `protobuf:"bytes,18,opt,name=pause,proto3" json:"pause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2742,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2755,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Sandbox) GetId() string {
@@ -2324,6 +2877,13 @@ func (x *Sandbox) GetContainers() []*ContainerStatus {
 	return nil
 }
 
+func (x *Sandbox) GetPause() *PauseStatus {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
 type CreateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Spec          *Spec                  `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -2334,7 +2894,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2906,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2919,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -2385,7 +2945,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2957,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2970,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -2429,7 +2989,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +3001,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +3014,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetRequest) GetId() string {
@@ -2474,7 +3034,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2486,7 +3046,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2499,7 +3059,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -2525,7 +3085,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2537,7 +3097,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2550,7 +3110,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -2569,7 +3129,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +3141,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +3154,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -2612,7 +3172,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2624,7 +3184,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2637,7 +3197,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
 }
 
 type ListResponse struct {
@@ -2649,7 +3209,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +3221,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +3234,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2697,7 +3257,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +3269,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +3282,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -2757,7 +3317,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2769,7 +3329,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2782,7 +3342,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -2807,7 +3367,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +3379,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +3392,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 type CapacityResponse struct {
@@ -2878,13 +3438,20 @@ type CapacityResponse struct {
 	// Digests of snapshot archives it has cached, most recently used first (at most 256):
 	// placement prefers a runner that has a restored snapshot.
 	CachedSnapshots []string `protobuf:"bytes,23,rep,name=cached_snapshots,json=cachedSnapshots,proto3" json:"cached_snapshots,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Paused sandboxes: frozen ones also count in running and used_*, checkpointed ones
+	// (their CPU and memory released) only here.
+	Paused int32 `protobuf:"varint,24,opt,name=paused,proto3" json:"paused,omitempty"`
+	// Runtime classes whose sandboxes this runner can checkpoint (a pause releasing
+	// resources, a fork); empty: none (an older runner, which does not say, is taken to
+	// checkpoint none).
+	CheckpointClasses []string `protobuf:"bytes,25,rep,name=checkpoint_classes,json=checkpointClasses,proto3" json:"checkpoint_classes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2896,7 +3463,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2909,7 +3476,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -3073,11 +3640,67 @@ func (x *CapacityResponse) GetCachedSnapshots() []string {
 	return nil
 }
 
+func (x *CapacityResponse) GetPaused() int32 {
+	if x != nil {
+		return x.Paused
+	}
+	return 0
+}
+
+func (x *CapacityResponse) GetCheckpointClasses() []string {
+	if x != nil {
+		return x.CheckpointClasses
+	}
+	return nil
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n" +
+	"\fPauseRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\arelease\x18\x02 \x01(\bH\x00R\arelease\x88\x01\x01\x12\x1f\n" +
+	"\vauto_resume\x18\x03 \x01(\bR\n" +
+	"autoResumeB\n" +
+	"\n" +
+	"\b_release\"F\n" +
+	"\rPauseResponse\x125\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\x1f\n" +
+	"\rResumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"G\n" +
+	"\x0eResumeResponse\x125\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\xf4\x01\n" +
+	"\n" +
+	"ForkTarget\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
+	"\x04meta\x18\x02 \x03(\v2(.sandboxd.runner.v1.ForkTarget.MetaEntryR\x04meta\x12(\n" +
+	"\x10share_token_hash\x18\x03 \x01(\tR\x0eshareTokenHash\x125\n" +
+	"\blifetime\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\blifetime\x1a7\n" +
+	"\tMetaEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
+	"\vForkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
+	"\atargets\x18\x02 \x03(\v2\x1e.sandboxd.runner.v1.ForkTargetR\atargets\"x\n" +
+	"\n" +
+	"ForkResult\x125\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x123\n" +
+	"\x05error\x18\x02 \x01(\v2\x1d.sandboxd.runner.v1.ForkErrorR\x05error\"Q\n" +
+	"\tForkError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\tR\x04code\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"H\n" +
+	"\fForkResponse\x128\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.sandboxd.runner.v1.ForkResultR\aresults\"\xd3\x01\n" +
+	"\vPauseStatus\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\x12\x1f\n" +
+	"\vauto_resume\x18\x02 \x01(\bR\n" +
+	"autoResume\x12#\n" +
+	"\rlifetime_held\x18\x03 \x01(\bR\flifetimeHeld\x127\n" +
+	"\tpaused_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12)\n" +
+	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xe2\n" +
 	"\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -3286,7 +3909,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12*\n" +
 	"\x11request_milli_cpu\x18\x04 \x01(\x03R\x0frequestMilliCpu\x120\n" +
-	"\x14request_memory_bytes\x18\x05 \x01(\x03R\x12requestMemoryBytes\"\xcc\x05\n" +
+	"\x14request_memory_bytes\x18\x05 \x01(\x03R\x12requestMemoryBytes\"\x83\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.sandboxd.runner.v1.SpecR\x04spec\x12/\n" +
@@ -3309,7 +3932,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fimage_digest\x18\x10 \x01(\tR\vimageDigest\x12C\n" +
 	"\n" +
 	"containers\x18\x11 \x03(\v2#.sandboxd.runner.v1.ContainerStatusR\n" +
-	"containersB\f\n" +
+	"containers\x125\n" +
+	"\x05pause\x18\x12 \x01(\v2\x1f.sandboxd.runner.v1.PauseStatusR\x05pauseB\f\n" +
 	"\n" +
 	"_exit_code\"t\n" +
 	"\rCreateRequest\x12,\n" +
@@ -3337,7 +3961,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\x8d\a\n" +
+	"\x0fCapacityRequest\"\xd4\a\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -3363,12 +3987,14 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x14engine_runtime_class\x18\x14 \x01(\tR\x12engineRuntimeClass\x12-\n" +
 	"\x12engine_unavailable\x18\x15 \x01(\tR\x11engineUnavailable\x12\x1c\n" +
 	"\tsnapshots\x18\x16 \x01(\bR\tsnapshots\x12)\n" +
-	"\x10cached_snapshots\x18\x17 \x03(\tR\x0fcachedSnapshots*\x94\x01\n" +
+	"\x10cached_snapshots\x18\x17 \x03(\tR\x0fcachedSnapshots\x12\x16\n" +
+	"\x06paused\x18\x18 \x01(\x05R\x06paused\x12-\n" +
+	"\x12checkpoint_classes\x18\x19 \x03(\tR\x11checkpointClasses*\x94\x01\n" +
 	"\x10SnapshotJobState\x12\"\n" +
 	"\x1eSNAPSHOT_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bSNAPSHOT_JOB_STATE_CREATING\x10\x01\x12\x1c\n" +
 	"\x18SNAPSHOT_JOB_STATE_READY\x10\x02\x12\x1d\n" +
-	"\x19SNAPSHOT_JOB_STATE_FAILED\x10\x03*\xac\x01\n" +
+	"\x19SNAPSHOT_JOB_STATE_FAILED\x10\x03*\xbe\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATE_CREATING\x10\x01\x12\x11\n" +
@@ -3377,7 +4003,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fSTATE_FAILED\x10\x04\x12\x15\n" +
 	"\x11STATE_TERMINATING\x10\x05\x12\x14\n" +
 	"\x10STATE_TERMINATED\x10\x06\x12\x11\n" +
-	"\rSTATE_PENDING\x10\a2\xc0\x05\n" +
+	"\rSTATE_PENDING\x10\a\x12\x10\n" +
+	"\fSTATE_PAUSED\x10\b2\xaa\a\n" +
 	"\rRunnerService\x12O\n" +
 	"\x06Create\x12!.sandboxd.runner.v1.CreateRequest\x1a\".sandboxd.runner.v1.CreateResponse\x12F\n" +
 	"\x03Get\x12\x1e.sandboxd.runner.v1.GetRequest\x1a\x1f.sandboxd.runner.v1.GetResponse\x12I\n" +
@@ -3386,7 +4013,10 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\bCapacity\x12#.sandboxd.runner.v1.CapacityRequest\x1a$.sandboxd.runner.v1.CapacityResponse\x12\\\n" +
 	"\x0eSnapshotVolume\x12).sandboxd.runner.v1.SnapshotVolumeRequest\x1a\x1f.sandboxd.runner.v1.SnapshotJob\x12\\\n" +
 	"\x0eGetSnapshotJob\x12).sandboxd.runner.v1.GetSnapshotJobRequest\x1a\x1f.sandboxd.runner.v1.SnapshotJob\x12g\n" +
-	"\x0eUpdateLifetime\x12).sandboxd.runner.v1.UpdateLifetimeRequest\x1a*.sandboxd.runner.v1.UpdateLifetimeResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
+	"\x0eUpdateLifetime\x12).sandboxd.runner.v1.UpdateLifetimeRequest\x1a*.sandboxd.runner.v1.UpdateLifetimeResponse\x12L\n" +
+	"\x05Pause\x12 .sandboxd.runner.v1.PauseRequest\x1a!.sandboxd.runner.v1.PauseResponse\x12O\n" +
+	"\x06Resume\x12!.sandboxd.runner.v1.ResumeRequest\x1a\".sandboxd.runner.v1.ResumeResponse\x12I\n" +
+	"\x04Fork\x12\x1f.sandboxd.runner.v1.ForkRequest\x1a .sandboxd.runner.v1.ForkResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_sandboxd_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -3401,135 +4031,162 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),          // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                     // 1: sandboxd.runner.v1.State
-	(*Spec)(nil),                   // 2: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                 // 3: sandboxd.runner.v1.Engine
-	(*Container)(nil),              // 4: sandboxd.runner.v1.Container
-	(*Probe)(nil),                  // 5: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),             // 6: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),        // 7: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),            // 8: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),             // 9: sandboxd.runner.v1.Toleration
-	(*Network)(nil),                // 10: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),            // 11: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),              // 12: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                 // 13: sandboxd.runner.v1.Volume
-	(*SnapshotSource)(nil),         // 14: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),         // 15: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),  // 16: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),  // 17: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),            // 18: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),            // 19: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),               // 20: sandboxd.runner.v1.Security
-	(*Service)(nil),                // 21: sandboxd.runner.v1.Service
-	(*Credentials)(nil),            // 22: sandboxd.runner.v1.Credentials
-	(*File)(nil),                   // 23: sandboxd.runner.v1.File
-	(*Resources)(nil),              // 24: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                // 25: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),          // 26: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),         // 27: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),             // 28: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),  // 29: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil), // 30: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),            // 31: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),            // 32: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),           // 33: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),          // 34: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),         // 35: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),        // 36: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),       // 37: sandboxd.runner.v1.CapacityResponse
-	nil,                            // 38: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                            // 39: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                            // 40: sandboxd.runner.v1.Container.EnvEntry
-	nil,                            // 41: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                            // 42: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
+	(*PauseRequest)(nil),           // 2: sandboxd.runner.v1.PauseRequest
+	(*PauseResponse)(nil),          // 3: sandboxd.runner.v1.PauseResponse
+	(*ResumeRequest)(nil),          // 4: sandboxd.runner.v1.ResumeRequest
+	(*ResumeResponse)(nil),         // 5: sandboxd.runner.v1.ResumeResponse
+	(*ForkTarget)(nil),             // 6: sandboxd.runner.v1.ForkTarget
+	(*ForkRequest)(nil),            // 7: sandboxd.runner.v1.ForkRequest
+	(*ForkResult)(nil),             // 8: sandboxd.runner.v1.ForkResult
+	(*ForkError)(nil),              // 9: sandboxd.runner.v1.ForkError
+	(*ForkResponse)(nil),           // 10: sandboxd.runner.v1.ForkResponse
+	(*PauseStatus)(nil),            // 11: sandboxd.runner.v1.PauseStatus
+	(*Spec)(nil),                   // 12: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                 // 13: sandboxd.runner.v1.Engine
+	(*Container)(nil),              // 14: sandboxd.runner.v1.Container
+	(*Probe)(nil),                  // 15: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),             // 16: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),        // 17: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),            // 18: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),             // 19: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                // 20: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),            // 21: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),              // 22: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                 // 23: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),         // 24: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),         // 25: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),  // 26: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),  // 27: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),            // 28: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),            // 29: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),               // 30: sandboxd.runner.v1.Security
+	(*Service)(nil),                // 31: sandboxd.runner.v1.Service
+	(*Credentials)(nil),            // 32: sandboxd.runner.v1.Credentials
+	(*File)(nil),                   // 33: sandboxd.runner.v1.File
+	(*Resources)(nil),              // 34: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                // 35: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),          // 36: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),         // 37: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),             // 38: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),  // 39: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil), // 40: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),            // 41: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),            // 42: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),           // 43: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),          // 44: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),         // 45: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),        // 46: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),       // 47: sandboxd.runner.v1.CapacityResponse
+	nil,                            // 48: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                            // 49: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                            // 50: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                            // 51: sandboxd.runner.v1.Container.EnvEntry
+	nil,                            // 52: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                            // 53: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	(*durationpb.Duration)(nil),    // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 55: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	22, // 0: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	38, // 1: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	23, // 2: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	24, // 3: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	39, // 4: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	21, // 5: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	10, // 6: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	20, // 7: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	13, // 8: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	19, // 9: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	8,  // 10: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	5,  // 11: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	6,  // 12: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	4,  // 13: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	4,  // 14: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	3,  // 15: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	22, // 16: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	40, // 17: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	23, // 18: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	24, // 19: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	19, // 20: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	20, // 21: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	5,  // 22: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	6,  // 23: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	43, // 24: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	43, // 25: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	43, // 26: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	41, // 27: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	9,  // 28: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	42, // 29: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	11, // 30: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	11, // 31: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	12, // 32: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	14, // 33: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	15, // 34: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,  // 35: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	43, // 36: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	44, // 37: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	2,  // 38: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,  // 39: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	44, // 40: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	44, // 41: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	44, // 42: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	43, // 43: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	44, // 44: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	7,  // 45: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	2,  // 46: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	43, // 47: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	25, // 48: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	43, // 49: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	25, // 50: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	25, // 51: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	25, // 52: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	43, // 53: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	15, // 54: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	25, // 55: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	18, // 56: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	44, // 57: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	24, // 58: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	26, // 59: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	28, // 60: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	32, // 61: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	34, // 62: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	36, // 63: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	16, // 64: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	17, // 65: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	29, // 66: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	27, // 67: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	31, // 68: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	33, // 69: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	35, // 70: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	37, // 71: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	18, // 72: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	18, // 73: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	30, // 74: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	67, // [67:75] is the sub-list for method output_type
-	59, // [59:67] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	35, // 0: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	35, // 1: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	48, // 2: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	54, // 3: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	6,  // 4: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	35, // 5: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	9,  // 6: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	8,  // 7: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	55, // 8: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	32, // 9: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	49, // 10: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	33, // 11: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	34, // 12: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	50, // 13: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	31, // 14: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	20, // 15: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	30, // 16: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	23, // 17: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	29, // 18: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	18, // 19: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	15, // 20: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	16, // 21: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	14, // 22: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	14, // 23: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	13, // 24: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	32, // 25: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	51, // 26: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	33, // 27: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	34, // 28: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	29, // 29: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	30, // 30: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	15, // 31: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	16, // 32: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	54, // 33: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	54, // 34: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	54, // 35: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	52, // 36: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	19, // 37: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	53, // 38: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	21, // 39: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	21, // 40: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	22, // 41: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	24, // 42: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	25, // 43: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,  // 44: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	54, // 45: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	55, // 46: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	12, // 47: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,  // 48: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	55, // 49: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	55, // 50: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	55, // 51: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	54, // 52: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	55, // 53: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	17, // 54: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	11, // 55: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	12, // 56: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	54, // 57: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	35, // 58: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	54, // 59: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	35, // 60: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	35, // 61: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	35, // 62: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	54, // 63: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	25, // 64: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	35, // 65: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	28, // 66: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	55, // 67: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	34, // 68: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	36, // 69: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	38, // 70: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	42, // 71: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	44, // 72: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	46, // 73: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	26, // 74: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	27, // 75: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	39, // 76: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	2,  // 77: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	4,  // 78: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	7,  // 79: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	37, // 80: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	41, // 81: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	43, // 82: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	45, // 83: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	47, // 84: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	28, // 85: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	28, // 86: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	40, // 87: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	3,  // 88: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	5,  // 89: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	10, // 90: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	80, // [80:91] is the sub-list for method output_type
+	69, // [69:80] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -3537,17 +4194,18 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	if File_sandboxd_runner_v1_runner_proto != nil {
 		return
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[5].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[7].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[18].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[23].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[0].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[15].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[17].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[28].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -69,6 +69,12 @@ const (
 	// RunnerServiceUpdateLifetimeProcedure is the fully-qualified name of the RunnerService's
 	// UpdateLifetime RPC.
 	RunnerServiceUpdateLifetimeProcedure = "/sandboxd.runner.v1.RunnerService/UpdateLifetime"
+	// RunnerServicePauseProcedure is the fully-qualified name of the RunnerService's Pause RPC.
+	RunnerServicePauseProcedure = "/sandboxd.runner.v1.RunnerService/Pause"
+	// RunnerServiceResumeProcedure is the fully-qualified name of the RunnerService's Resume RPC.
+	RunnerServiceResumeProcedure = "/sandboxd.runner.v1.RunnerService/Resume"
+	// RunnerServiceForkProcedure is the fully-qualified name of the RunnerService's Fork RPC.
+	RunnerServiceForkProcedure = "/sandboxd.runner.v1.RunnerService/Fork"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -100,6 +106,24 @@ type RunnerServiceClient interface {
 	// stops the sandbox as its expiry does. Errors: NOT_FOUND, FAILED_PRECONDITION
 	// CWSANDBOX_SANDBOX_NOT_RUNNING, INVALID_ARGUMENT (lifetime not in (0, 30 days]).
 	UpdateLifetime(context.Context, *connect.Request[v1.UpdateLifetimeRequest]) (*connect.Response[v1.UpdateLifetimeResponse], error)
+	// Pause pauses a RUNNING sandbox and returns it PAUSED (runner.PauseHandle): release
+	// unset checkpoints where the runtime class can, else freezes; true checkpoints or
+	// refuses FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED; false freezes.
+	// Errors: NOT_FOUND, FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING (not RUNNING,
+	// already PAUSED included), FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED.
+	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// Resume continues a PAUSED sandbox and returns it RUNNING once its agent answers; a
+	// RUNNING one is returned as it is. Errors: NOT_FOUND, FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING (ended or ending), RESOURCE_EXHAUSTED
+	// CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED (a checkpointed sandbox the runner has no room
+	// for now).
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// Fork makes one sandbox per target from a RUNNING or PAUSED sandbox; each result is
+	// the new sandbox (RUNNING) or that fork's error. Errors of the whole call: NOT_FOUND,
+	// FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING, FAILED_PRECONDITION
+	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED, INVALID_ARGUMENT (targets: 1..100, valid unique
+	// IDs the runner does not have).
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -161,6 +185,24 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("UpdateLifetime")),
 			connect.WithClientOptions(opts...),
 		),
+		pause: connect.NewClient[v1.PauseRequest, v1.PauseResponse](
+			httpClient,
+			baseURL+RunnerServicePauseProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("Pause")),
+			connect.WithClientOptions(opts...),
+		),
+		resume: connect.NewClient[v1.ResumeRequest, v1.ResumeResponse](
+			httpClient,
+			baseURL+RunnerServiceResumeProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("Resume")),
+			connect.WithClientOptions(opts...),
+		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+RunnerServiceForkProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("Fork")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -174,6 +216,9 @@ type runnerServiceClient struct {
 	snapshotVolume *connect.Client[v1.SnapshotVolumeRequest, v1.SnapshotJob]
 	getSnapshotJob *connect.Client[v1.GetSnapshotJobRequest, v1.SnapshotJob]
 	updateLifetime *connect.Client[v1.UpdateLifetimeRequest, v1.UpdateLifetimeResponse]
+	pause          *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	resume         *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	fork           *connect.Client[v1.ForkRequest, v1.ForkResponse]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -216,6 +261,21 @@ func (c *runnerServiceClient) UpdateLifetime(ctx context.Context, req *connect.R
 	return c.updateLifetime.CallUnary(ctx, req)
 }
 
+// Pause calls sandboxd.runner.v1.RunnerService.Pause.
+func (c *runnerServiceClient) Pause(ctx context.Context, req *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
+	return c.pause.CallUnary(ctx, req)
+}
+
+// Resume calls sandboxd.runner.v1.RunnerService.Resume.
+func (c *runnerServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return c.resume.CallUnary(ctx, req)
+}
+
+// Fork calls sandboxd.runner.v1.RunnerService.Fork.
+func (c *runnerServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -245,6 +305,24 @@ type RunnerServiceHandler interface {
 	// stops the sandbox as its expiry does. Errors: NOT_FOUND, FAILED_PRECONDITION
 	// CWSANDBOX_SANDBOX_NOT_RUNNING, INVALID_ARGUMENT (lifetime not in (0, 30 days]).
 	UpdateLifetime(context.Context, *connect.Request[v1.UpdateLifetimeRequest]) (*connect.Response[v1.UpdateLifetimeResponse], error)
+	// Pause pauses a RUNNING sandbox and returns it PAUSED (runner.PauseHandle): release
+	// unset checkpoints where the runtime class can, else freezes; true checkpoints or
+	// refuses FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED; false freezes.
+	// Errors: NOT_FOUND, FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING (not RUNNING,
+	// already PAUSED included), FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED.
+	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// Resume continues a PAUSED sandbox and returns it RUNNING once its agent answers; a
+	// RUNNING one is returned as it is. Errors: NOT_FOUND, FAILED_PRECONDITION
+	// CWSANDBOX_SANDBOX_NOT_RUNNING (ended or ending), RESOURCE_EXHAUSTED
+	// CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED (a checkpointed sandbox the runner has no room
+	// for now).
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// Fork makes one sandbox per target from a RUNNING or PAUSED sandbox; each result is
+	// the new sandbox (RUNNING) or that fork's error. Errors of the whole call: NOT_FOUND,
+	// FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING, FAILED_PRECONDITION
+	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED, INVALID_ARGUMENT (targets: 1..100, valid unique
+	// IDs the runner does not have).
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -302,6 +380,24 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("UpdateLifetime")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServicePauseHandler := connect.NewUnaryHandler(
+		RunnerServicePauseProcedure,
+		svc.Pause,
+		connect.WithSchema(runnerServiceMethods.ByName("Pause")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerServiceResumeHandler := connect.NewUnaryHandler(
+		RunnerServiceResumeProcedure,
+		svc.Resume,
+		connect.WithSchema(runnerServiceMethods.ByName("Resume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerServiceForkHandler := connect.NewUnaryHandler(
+		RunnerServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(runnerServiceMethods.ByName("Fork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -320,6 +416,12 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceGetSnapshotJobHandler.ServeHTTP(w, r)
 		case RunnerServiceUpdateLifetimeProcedure:
 			runnerServiceUpdateLifetimeHandler.ServeHTTP(w, r)
+		case RunnerServicePauseProcedure:
+			runnerServicePauseHandler.ServeHTTP(w, r)
+		case RunnerServiceResumeProcedure:
+			runnerServiceResumeHandler.ServeHTTP(w, r)
+		case RunnerServiceForkProcedure:
+			runnerServiceForkHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -359,4 +461,16 @@ func (UnimplementedRunnerServiceHandler) GetSnapshotJob(context.Context, *connec
 
 func (UnimplementedRunnerServiceHandler) UpdateLifetime(context.Context, *connect.Request[v1.UpdateLifetimeRequest]) (*connect.Response[v1.UpdateLifetimeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.UpdateLifetime is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Pause is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Resume is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Fork is not implemented"))
 }

@@ -1,0 +1,428 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// pausedDir (in DataDir) holds one file per paused sandbox: its PauseStatus as JSON, so
+// a restarted runner re-adopts it PAUSED as it was paused. The backend is the truth of
+// whether it is paused (runtime.Recovered.Paused); the file keeps what only the runner
+// knows (auto-resume, when it was paused).
+const pausedDir = "paused"
+
+// MaxForks bounds the targets of one Fork.
+const MaxForks = 100
+
+func (r *Runner) pausedPath(id string) string {
+	return filepath.Join(r.cfg.DataDir, pausedDir, id)
+}
+
+// lifetimeHeld: e is paused and its lifetime does not count meanwhile. Called with
+// Runner.mu held.
+func lifetimeHeld(e *entry) bool {
+	return e.sb.State == StatePaused && e.sb.Pause != nil && e.sb.Pause.LifetimeHeld
+}
+
+// metaLifetimeHeld: the sandbox's lifetime does not count while it is paused.
+func metaLifetimeHeld(meta map[string]string) bool {
+	return meta[runtime.MetaPauseLifetime] == "held"
+}
+
+// metaAutoResume: exec, files and endpoint traffic resume the sandbox by default.
+func metaAutoResume(meta map[string]string) bool {
+	return meta[runtime.MetaAutoResume] != "false"
+}
+
+// recoveredPause is how a sandbox the backend recovered paused is paused: from the file
+// the earlier runner wrote, with the backend's word on whether it is checkpointed; from
+// the spec's Meta when there is no (readable) file.
+func (r *Runner) recoveredPause(rec runtime.Recovered) *PauseStatus {
+	ps := PauseStatus{AutoResume: metaAutoResume(rec.Spec.Meta), PausedAt: time.Now()}
+	if b, err := os.ReadFile(r.pausedPath(rec.Spec.ID)); err == nil && len(b) < 4096 {
+		var saved PauseStatus
+		if json.Unmarshal(b, &saved) == nil && !saved.PausedAt.IsZero() {
+			ps = saved
+		}
+	}
+	ps.Released = rec.Released
+	ps.LifetimeHeld = metaLifetimeHeld(rec.Spec.Meta)
+	return &ps
+}
+
+// pauseClass is the runtime class PauseSupport is asked about for e's sandbox. Called
+// with Runner.mu held.
+func pauseClass(sb *Sandbox) string {
+	if sb.RuntimeClass != "" {
+		return sb.RuntimeClass
+	}
+	return sb.Spec.RuntimeClass
+}
+
+// pauseSupport is what the backend can do for runtime class class, and why it cannot
+// pause at all ("" when it can).
+func (r *Runner) pauseSupport(class string) (runtime.PauseSupport, runtime.Pauser, string) {
+	p, ok := r.backend.(runtime.Pauser)
+	if !ok {
+		return runtime.PauseSupport{Why: "this runner's backend cannot pause sandboxes"}, nil, "this runner's backend cannot pause sandboxes"
+	}
+	return p.PauseSupport(class), p, ""
+}
+
+// CheckpointClasses are those of classes whose sandboxes the backend can checkpoint.
+func (r *Runner) CheckpointClasses(classes []string) []string {
+	var out []string
+	for _, c := range classes {
+		if s, p, _ := r.pauseSupport(c); p != nil && s.Checkpoint {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func cannotCheckpoint(class string, s runtime.PauseSupport) error {
+	why := s.Why
+	if why == "" {
+		why = "the backend cannot checkpoint it"
+	}
+	return fmt.Errorf("%w sandboxes of runtime class %q: %s", ErrCannotCheckpoint, class, why)
+}
+
+// lookup is the entry of sandbox id.
+func (r *Runner) lookup(id string) (*entry, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	return e, nil
+}
+
+// Pause implements PauseHandle for the runner.
+func (r *Runner) Pause(ctx context.Context, id string, opts PauseOptions) (Sandbox, error) {
+	e, err := r.lookup(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	r.mu.Lock()
+	st, stop, class := e.sb.State, stopRequested(e), pauseClass(&e.sb)
+	r.mu.Unlock()
+	switch {
+	case st == StatePaused && !stop:
+		return Sandbox{}, fmt.Errorf("%w: %s", ErrAlreadyPaused, id)
+	case st != StateRunning || stop:
+		return Sandbox{}, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, st)
+	}
+	sup, p, why := r.pauseSupport(class)
+	if p == nil {
+		return Sandbox{}, fmt.Errorf("%w: %s", ErrCannotCheckpoint, why)
+	}
+	var release bool
+	switch {
+	case opts.Release == nil:
+		release = sup.Checkpoint
+		if !release && !sup.Freeze {
+			return Sandbox{}, fmt.Errorf("%w: sandboxes of runtime class %q can be neither checkpointed nor frozen here: %s", ErrCannotCheckpoint, class, sup.Why)
+		}
+	case *opts.Release:
+		if !sup.Checkpoint {
+			return Sandbox{}, cannotCheckpoint(class, sup)
+		}
+		release = true
+	default:
+		if !sup.Freeze {
+			return Sandbox{}, fmt.Errorf("%w: sandboxes of runtime class %q cannot be frozen here (pause them releasing resources)", ErrCannotCheckpoint, class)
+		}
+	}
+
+	r.mu.Lock()
+	e.pausing = true
+	r.mu.Unlock()
+	info, err := p.Pause(ctx, id, release)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e.pausing = false
+	if err != nil {
+		r.rewatchLocked(e) // it runs on as it was: its agent is watched again
+		if errors.Is(err, runtime.ErrAlreadyPaused) {
+			return Sandbox{}, fmt.Errorf("%w: %s", ErrAlreadyPaused, id)
+		}
+		return Sandbox{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	if stopRequested(e) || e.sb.State != StateRunning {
+		// A delete or an expiry came meanwhile: the stop under way ends it paused.
+		return Sandbox{}, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, e.sb.State)
+	}
+	ps := &PauseStatus{Released: info.Released, AutoResume: opts.AutoResume, LifetimeHeld: metaLifetimeHeld(e.sb.Spec.Meta),
+		PausedAt: time.Now(), CheckpointBytes: info.CheckpointBytes}
+	e.sb.State, e.sb.Pause = StatePaused, ps
+	if ps.LifetimeHeld && e.expiry != nil {
+		e.expiry.Stop()
+	}
+	if b, err := json.Marshal(ps); err == nil {
+		if err := writeFileAtomic(r.pausedPath(id), b); err != nil {
+			r.log.Warn("persist pause status (a restarted runner takes it from the spec)", "sandbox", id, "err", err)
+		}
+	}
+	r.log.Info("sandbox paused", "sandbox", id, "released", info.Released, "took", info.Took, "checkpoint_bytes", info.CheckpointBytes)
+	r.notifyLocked(e)
+	return e.snapshot(), nil
+}
+
+// rewatchLocked has the agent of e watched again (follow). Called with Runner.mu held.
+func (r *Runner) rewatchLocked(e *entry) {
+	close(e.rewatch)
+	e.rewatch = make(chan struct{})
+}
+
+// Resume implements PauseHandle for the runner. Concurrent resumes of one sandbox share
+// the first one's work: the others find it RUNNING.
+func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
+	e, err := r.lookup(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	r.mu.Lock()
+	st, stop := e.sb.State, stopRequested(e)
+	sb := e.snapshot()
+	r.mu.Unlock()
+	switch {
+	case st == StateRunning && !stop:
+		return sb, nil
+	case st != StatePaused || stop:
+		return Sandbox{}, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, st)
+	}
+	p, ok := r.backend.(runtime.Pauser)
+	if !ok {
+		return Sandbox{}, fmt.Errorf("%w: this runner's backend cannot resume sandboxes", ErrCannotCheckpoint)
+	}
+	if sb.Pause != nil && sb.Pause.Released && r.admitResume != nil {
+		if err := r.admitResume(ctx, sb); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	info, err := p.Resume(ctx, id)
+	if err != nil {
+		if errors.Is(err, runtime.ErrCheckpointLost) {
+			r.mu.Lock()
+			r.log.Warn("paused sandbox cannot be resumed: ending it", "sandbox", id, "err", err)
+			r.requestStopLocked(e, ReasonCheckpointLost, 0)
+			e.sb.State = StateTerminating
+			r.notifyLocked(e)
+			r.mu.Unlock()
+			return Sandbox{}, fmt.Errorf("%w: %s cannot be resumed: %v", ErrNotRunning, id, err)
+		}
+		if errors.Is(err, runtime.ErrNotPaused) {
+			// The backend says it runs (a runner that lost track): take its word.
+			err = nil
+		} else {
+			return Sandbox{}, fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if stopRequested(e) || e.sb.State != StatePaused {
+		return Sandbox{}, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, e.sb.State)
+	}
+	ps := e.sb.Pause
+	e.sb.State, e.sb.Pause = StateRunning, nil
+	if info.IP != "" {
+		e.sb.IP = info.IP
+	}
+	if ps != nil && ps.LifetimeHeld {
+		// The lifetime did not count while paused: it is longer by that time.
+		paused := max(time.Since(ps.PausedAt), 0)
+		e.sb.Lifetime += paused
+		e.sb.Deadline = e.sb.CreatedAt.Add(e.sb.Lifetime)
+		if err := writeFileAtomic(r.lifetimePath(id), []byte(e.sb.Lifetime.String())); err != nil {
+			r.log.Warn("persist lifetime", "sandbox", id, "err", err)
+		}
+		if e.expiry != nil {
+			e.expiry.Stop()
+		}
+		r.armExpiry(e)
+	}
+	if ps == nil || ps.Released {
+		// Its processes were restored: connections to its agents start afresh.
+		e.client = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") })
+		e.agents = nil
+	}
+	e.lastActive = time.Now()
+	_ = os.Remove(r.pausedPath(id))
+	r.rewatchLocked(e)
+	r.log.Info("sandbox resumed", "sandbox", id)
+	r.notifyLocked(e)
+	return e.snapshot(), nil
+}
+
+// Fork implements PauseHandle for the runner.
+func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]ForkResult, error) {
+	if err := r.validateForks(targets); err != nil {
+		return nil, err
+	}
+	e, err := r.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	e.op.Lock() // the source keeps its state through the fork
+	defer e.op.Unlock()
+	r.mu.Lock()
+	st, stop, class := e.sb.State, stopRequested(e), pauseClass(&e.sb)
+	src := e.snapshot()
+	r.mu.Unlock()
+	if stop || st != StateRunning && st != StatePaused {
+		return nil, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, st)
+	}
+	sup, _, why := r.pauseSupport(class)
+	fk, ok := r.backend.(runtime.Forker)
+	switch {
+	case why != "":
+		return nil, fmt.Errorf("%w: %s", ErrCannotCheckpoint, why)
+	case !sup.Checkpoint:
+		return nil, cannotCheckpoint(class, sup)
+	case !ok:
+		return nil, fmt.Errorf("%w: this runner's backend cannot fork sandboxes", ErrCannotCheckpoint)
+	}
+
+	now := time.Now()
+	specs := make([]*runtime.Spec, len(targets))
+	entries := make([]*entry, len(targets))
+	for i, t := range targets {
+		spec := cloneSpec(src.Spec)
+		spec.ID = t.ID
+		spec.ShareTokenHash = t.ShareTokenHash
+		lifetime := t.Lifetime
+		if lifetime <= 0 {
+			lifetime = src.Lifetime
+		}
+		spec.Meta = maps.Clone(t.Meta)
+		if spec.Meta == nil {
+			spec.Meta = map[string]string{}
+		}
+		spec.Meta[runtime.MetaForkedFrom] = id
+		spec.Meta[runtime.MetaCreatedAt] = now.UTC().Format(time.RFC3339Nano)
+		spec.Meta[runtime.MetaLifetime] = lifetime.String()
+		specs[i] = &spec
+		entries[i] = newEntry(Sandbox{ID: t.ID, Spec: cloneSpec(spec), State: StateCreating, CreatedAt: now,
+			Lifetime: lifetime, Deadline: now.Add(lifetime), RuntimeClass: src.RuntimeClass, ImageDigest: src.ImageDigest})
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, errors.New("runner: shutting down")
+	}
+	for _, t := range targets {
+		if _, ok := r.sandboxes[t.ID]; ok {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("%w: %s", ErrAlreadyExists, t.ID)
+		}
+	}
+	for _, fe := range entries {
+		r.sandboxes[fe.sb.ID] = fe
+		r.notifyLocked(fe)
+	}
+	r.mu.Unlock()
+
+	infos, errs := fk.Fork(context.WithoutCancel(ctx), id, specs)
+	out := make([]ForkResult, len(targets))
+	for i, fe := range entries {
+		var ferr error
+		switch {
+		case i < len(errs) && errs[i] != nil:
+			ferr = errs[i]
+		case i >= len(infos):
+			ferr = errors.New("the backend reported no outcome of this fork")
+		}
+		if ferr != nil {
+			r.log.Warn("fork failed", "sandbox", id, "fork", fe.sb.ID, "err", ferr)
+			r.finish(fe, runtime.Exit{Reason: ReasonForkFailed, Message: "fork of " + id + " failed: " + ferr.Error(), At: time.Now()}, false)
+			out[i] = ForkResult{Sandbox: r.snapshotOf(fe), Err: fmt.Errorf("fork %s of %s: %w", fe.sb.ID, id, ferr)}
+			continue
+		}
+		info := infos[i]
+		r.mu.Lock()
+		if info.IP != "" {
+			fe.sb.IP = info.IP
+		}
+		if info.RuntimeClass != "" {
+			fe.sb.RuntimeClass = info.RuntimeClass
+		}
+		if info.ImageDigest != "" {
+			fe.sb.ImageDigest = info.ImageDigest
+		}
+		fe.startedAt = info.StartedAt
+		if fe.startedAt.IsZero() {
+			fe.startedAt = time.Now()
+		}
+		if fe.sb.State == StateCreating {
+			fe.sb.State, fe.sb.StartedAt = StateRunning, fe.startedAt
+		}
+		start := !r.closed
+		if start {
+			r.armExpiry(fe)
+			r.wg.Add(1)
+		}
+		r.notifyLocked(fe)
+		snap := fe.snapshot()
+		r.mu.Unlock()
+		if start {
+			go func() {
+				defer r.wg.Done()
+				r.lifecycle(context.Background(), fe, false)
+			}()
+		}
+		r.log.Info("sandbox forked", "sandbox", id, "fork", fe.sb.ID)
+		out[i] = ForkResult{Sandbox: snap}
+	}
+	return out, nil
+}
+
+func (r *Runner) snapshotOf(e *entry) Sandbox {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return e.snapshot()
+}
+
+// validateForks checks a Fork's targets: 1..MaxForks, each a valid ID no other target
+// and no sandbox of the runner has.
+func (r *Runner) validateForks(targets []ForkTarget) error {
+	var vs violations
+	if len(targets) == 0 || len(targets) > MaxForks {
+		vs.add("targets", "must be 1 to %d forks, got %d", MaxForks, len(targets))
+		return vs.err()
+	}
+	seen := map[string]bool{}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, t := range targets {
+		field := fmt.Sprintf("targets[%d].id", i)
+		switch {
+		case !idPattern.MatchString(t.ID):
+			vs.add(field, "must be a valid sandbox ID (a DNS label of lower-case letters, digits and '-')")
+		case seen[t.ID]:
+			vs.add(field, "%s is another target's too", t.ID)
+		case r.sandboxes[t.ID] != nil:
+			vs.add(field, "sandbox %s exists", t.ID)
+		}
+		seen[t.ID] = true
+		if t.Lifetime < 0 || t.Lifetime > MaxLifetime {
+			vs.add(fmt.Sprintf("targets[%d].lifetime", i), "must be between 0 (the source's) and 30 days")
+		}
+	}
+	return vs.err()
+}
