@@ -130,6 +130,13 @@ func APIError(id string, err error, fieldPrefix string) error {
 		return apierr.New(apierr.SandboxNotFound, err.Error(), idMeta(id))
 	case errors.Is(err, ErrCannotCheckpoint):
 		return apierr.New(apierr.CheckpointNotSupported, err.Error(), idMeta(id))
+	case errors.Is(err, ErrPaused), errors.Is(err, ErrAlreadyPaused):
+		md := idMeta(id)
+		if md == nil {
+			md = map[string]string{}
+		}
+		md["state"] = StatePaused.String()
+		return apierr.New(apierr.SandboxNotRunning, err.Error(), md)
 	case errors.Is(err, ErrNotRunning):
 		return apierr.New(apierr.SandboxNotRunning, err.Error(), idMeta(id))
 	case errors.Is(err, ErrAlreadyExists):

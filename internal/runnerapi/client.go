@@ -47,6 +47,7 @@ type Client struct {
 var (
 	_ runner.SnapshotHandle = (*Client)(nil)
 	_ runner.LifetimeHandle = (*Client)(nil)
+	_ runner.PauseHandle    = (*Client)(nil)
 )
 
 // NewClient returns a client of the runner at cfg.Addr. It connects on first use.
@@ -166,6 +167,47 @@ func (c *Client) UpdateLifetime(ctx context.Context, id string, lifetime time.Du
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+// Pause implements runner.PauseHandle.
+func (c *Client) Pause(ctx context.Context, id string, opts runner.PauseOptions) (runner.Sandbox, error) {
+	res, err := c.runner.Pause(ctx, connect.NewRequest(&runnerv1.PauseRequest{Id: id, Release: opts.Release, AutoResume: opts.AutoResume}))
+	if err != nil {
+		err = fromStatus(ctx, c.id, err)
+		if re := (*remoteError)(nil); errors.As(err, &re) && re.sentinel == runner.ErrPaused {
+			re.sentinel = runner.ErrAlreadyPaused // what a paused sandbox's Pause is
+		}
+		return runner.Sandbox{}, err
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+// Resume implements runner.PauseHandle.
+func (c *Client) Resume(ctx context.Context, id string) (runner.Sandbox, error) {
+	res, err := c.runner.Resume(ctx, connect.NewRequest(&runnerv1.ResumeRequest{Id: id}))
+	if err != nil {
+		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+// Fork implements runner.PauseHandle.
+func (c *Client) Fork(ctx context.Context, id string, targets []runner.ForkTarget) ([]runner.ForkResult, error) {
+	res, err := c.runner.Fork(ctx, connect.NewRequest(&runnerv1.ForkRequest{Id: id, Targets: forkTargetsToProto(targets)}))
+	if err != nil {
+		return nil, fromStatus(ctx, c.id, err)
+	}
+	if len(res.Msg.GetResults()) != len(targets) {
+		return nil, fmt.Errorf("runner %s answered %d forks for %d targets", c.id, len(res.Msg.GetResults()), len(targets))
+	}
+	out := make([]runner.ForkResult, len(targets))
+	for i, r := range res.Msg.GetResults() {
+		out[i].Sandbox = sandboxFromProto(r.GetSandbox())
+		if r.GetError() != nil {
+			out[i].Err = forkErrorFromProto(targets[i].ID, r.GetError())
+		}
+	}
+	return out, nil
 }
 
 func (c *Client) Capacity(ctx context.Context) (runner.Capacity, error) {

@@ -384,7 +384,24 @@ func sandboxToProto(sb runner.Sandbox) *runnerv1.Sandbox {
 		Ip:           sb.IP,
 		RuntimeClass: sb.RuntimeClass,
 		ImageDigest:  sb.ImageDigest,
+		Pause:        pauseToProto(sb.Pause),
 	}
+}
+
+func pauseToProto(ps *runner.PauseStatus) *runnerv1.PauseStatus {
+	if ps == nil {
+		return nil
+	}
+	return &runnerv1.PauseStatus{Released: ps.Released, AutoResume: ps.AutoResume, LifetimeHeld: ps.LifetimeHeld,
+		PausedAt: timeToProto(ps.PausedAt), CheckpointBytes: ps.CheckpointBytes}
+}
+
+func pauseFromProto(p *runnerv1.PauseStatus) *runner.PauseStatus {
+	if p == nil {
+		return nil
+	}
+	return &runner.PauseStatus{Released: p.GetReleased(), AutoResume: p.GetAutoResume(), LifetimeHeld: p.GetLifetimeHeld(),
+		PausedAt: timeFromProto(p.GetPausedAt()), CheckpointBytes: p.GetCheckpointBytes()}
 }
 
 func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
@@ -410,6 +427,12 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 		sb.ExitCode = &c
 	}
 	sb.Containers = containerStatusesFromProto(p.GetContainers())
+	if sb.State == runner.StatePaused {
+		sb.Pause = pauseFromProto(p.GetPause())
+		if sb.Pause == nil {
+			sb.Pause = &runner.PauseStatus{} // PAUSED always says how
+		}
+	}
 	return sb
 }
 
@@ -480,6 +503,8 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		EngineUnavailable:  c.EngineUnavailable,
 		Snapshots:          !c.NoSnapshots,
 		CachedSnapshots:    c.CachedSnapshots,
+		Paused:             int32(c.Paused),
+		CheckpointClasses:  c.CheckpointClasses,
 	}
 }
 
@@ -509,7 +534,31 @@ func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
 		EngineRuntimeClass: p.GetEngineRuntimeClass(),
 		EngineUnavailable:  p.GetEngineUnavailable(),
 		CachedSnapshots:    cachedFromProto(p.GetCachedSnapshots()),
+		Paused:             int(p.GetPaused()),
+		CheckpointClasses:  p.GetCheckpointClasses()[:min(len(p.GetCheckpointClasses()), maxCheckpointClasses)],
 	}
+}
+
+// maxCheckpointClasses bounds the checkpoint classes taken from a runner's answer.
+const maxCheckpointClasses = 64
+
+func forkTargetsToProto(ts []runner.ForkTarget) []*runnerv1.ForkTarget {
+	out := make([]*runnerv1.ForkTarget, len(ts))
+	for i, t := range ts {
+		out[i] = &runnerv1.ForkTarget{Id: t.ID, Meta: t.Meta, ShareTokenHash: t.ShareTokenHash}
+		if t.Lifetime != 0 {
+			out[i].Lifetime = durationpb.New(t.Lifetime)
+		}
+	}
+	return out
+}
+
+func forkTargetsFromProto(ps []*runnerv1.ForkTarget) []runner.ForkTarget {
+	out := make([]runner.ForkTarget, len(ps))
+	for i, p := range ps {
+		out[i] = runner.ForkTarget{ID: p.GetId(), Meta: p.GetMeta(), ShareTokenHash: p.GetShareTokenHash(), Lifetime: p.GetLifetime().AsDuration()}
+	}
+	return out
 }
 
 // cachedFromProto is at most runner.MaxCachedSnapshotsReported of a runner's cached

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -55,8 +56,12 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 		return &remoteError{&runner.ContainerNotFoundError{Sandbox: md["sandbox_id"], Container: md["container"]}, ce}
 	case reason == apierr.SandboxNotFound:
 		return &remoteError{runtime.ErrNotFound, ce}
+	case reason == apierr.SandboxNotRunning && apierr.Info(err).GetMetadata()["state"] == runner.StatePaused.String():
+		return &remoteError{runner.ErrPaused, ce}
 	case reason == apierr.SandboxNotRunning:
 		return &remoteError{runner.ErrNotRunning, ce}
+	case reason == apierr.CheckpointNotSupported:
+		return &remoteError{runner.ErrCannotCheckpoint, ce}
 	case code == connect.CodeAlreadyExists:
 		return &remoteError{runner.ErrAlreadyExists, ce}
 	case code == connect.CodeCanceled:
@@ -79,4 +84,38 @@ func transportError(runnerID string, err error) error {
 	return apierr.WithRetry(apierr.New(apierr.RunnerUnavailable,
 		fmt.Sprintf("runner %s is unreachable: %v", runnerID, err), map[string]string{"runner_id": runnerID}),
 		5*time.Second)
+}
+
+// forkErrorToProto is one fork's error on the wire, as the API would answer it.
+func forkErrorToProto(id string, err error) *runnerv1.ForkError {
+	ce := toStatus(id, err).(*connect.Error)
+	return &runnerv1.ForkError{Code: ce.Code().String(), Reason: apierr.Reason(ce), Message: ce.Message()}
+}
+
+// forkErrorFromProto is one fork's error as *runner.Runner returns it (errors.Is its
+// sentinel, errors.As the *connect.Error with its reason).
+func forkErrorFromProto(id string, p *runnerv1.ForkError) error {
+	var code connect.Code
+	if err := code.UnmarshalText([]byte(p.GetCode())); err != nil || code == 0 {
+		code = connect.CodeUnknown
+	}
+	msg := p.GetMessage()
+	if msg == "" {
+		msg = "the fork failed"
+	}
+	var ce *connect.Error
+	if r := p.GetReason(); r != "" && apierr.Known(r) {
+		ce = apierr.New(r, msg, map[string]string{"sandbox_id": id})
+	} else {
+		ce = connect.NewError(code, errors.New(msg))
+	}
+	switch apierr.Reason(ce) {
+	case apierr.SandboxNotRunning:
+		return &remoteError{runner.ErrNotRunning, ce}
+	case apierr.SandboxNotFound:
+		return &remoteError{runtime.ErrNotFound, ce}
+	case apierr.CheckpointNotSupported:
+		return &remoteError{runner.ErrCannotCheckpoint, ce}
+	}
+	return ce
 }

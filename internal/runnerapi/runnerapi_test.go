@@ -42,6 +42,10 @@ type fakeRunner struct {
 	job          runner.SnapshotJob
 	plainDeletes int
 	lifetime     time.Duration // asked of UpdateLifetime
+	// Pause, Resume and Fork: what they were asked, and Fork's results.
+	pauseOpts   runner.PauseOptions
+	forkTargets []runner.ForkTarget
+	forkResults []runner.ForkResult
 }
 
 // UpdateLifetime records the lifetime and answers f.sb with it.

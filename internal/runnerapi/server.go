@@ -46,6 +46,9 @@ type backend interface {
 	SnapshotVolume(ctx context.Context, id string, t runner.SnapshotTarget) (runner.SnapshotJob, error)
 	GetSnapshotJob(snapshotID string) runner.SnapshotJob
 	UpdateLifetime(ctx context.Context, id string, lifetime time.Duration) (runner.Sandbox, error)
+	Pause(ctx context.Context, id string, opts runner.PauseOptions) (runner.Sandbox, error)
+	Resume(ctx context.Context, id string) (runner.Sandbox, error)
+	Fork(ctx context.Context, id string, targets []runner.ForkTarget) ([]runner.ForkResult, error)
 	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
 	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
@@ -194,6 +197,40 @@ func (s *Server) UpdateLifetime(ctx context.Context, req *connect.Request[runner
 		return nil, toStatus(req.Msg.GetId(), err)
 	}
 	return connect.NewResponse(&runnerv1.UpdateLifetimeResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+// Pause pauses a running sandbox (runner.Runner.Pause).
+func (s *Server) Pause(ctx context.Context, req *connect.Request[runnerv1.PauseRequest]) (*connect.Response[runnerv1.PauseResponse], error) {
+	sb, err := s.r.Pause(ctx, req.Msg.GetId(), runner.PauseOptions{Release: req.Msg.Release, AutoResume: req.Msg.GetAutoResume()})
+	if err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.PauseResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+// Resume continues a paused sandbox (runner.Runner.Resume).
+func (s *Server) Resume(ctx context.Context, req *connect.Request[runnerv1.ResumeRequest]) (*connect.Response[runnerv1.ResumeResponse], error) {
+	sb, err := s.r.Resume(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.ResumeResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+// Fork forks a sandbox (runner.Runner.Fork): one result per target, in order.
+func (s *Server) Fork(ctx context.Context, req *connect.Request[runnerv1.ForkRequest]) (*connect.Response[runnerv1.ForkResponse], error) {
+	results, err := s.r.Fork(ctx, req.Msg.GetId(), forkTargetsFromProto(req.Msg.GetTargets()))
+	if err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	out := &runnerv1.ForkResponse{Results: make([]*runnerv1.ForkResult, len(results))}
+	for i, res := range results {
+		out.Results[i] = &runnerv1.ForkResult{Sandbox: sandboxToProto(res.Sandbox)}
+		if res.Err != nil {
+			out.Results[i].Error = forkErrorToProto(res.Sandbox.ID, res.Err)
+		}
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (s *Server) Capacity(ctx context.Context, _ *connect.Request[runnerv1.CapacityRequest]) (*connect.Response[runnerv1.CapacityResponse], error) {
