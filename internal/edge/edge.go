@@ -46,6 +46,12 @@ type Config struct {
 	// local network's host mark, without which its guard refuses host connections into
 	// the sandbox bridge (network.Manager.HostMark). 0: unmarked (Kubernetes runners).
 	DialMark uint32
+	// Wake, when set, is called for every request and passthrough connection the edge
+	// admitted, before it connects to the sandbox: the runner counts the sandbox busy
+	// until done is called (at the request's or connection's end) and resumes a paused
+	// sandbox first. An error: the sandbox cannot serve it now (503, or the connection
+	// is closed). See runner.Runner.Wake.
+	Wake func(ctx context.Context, sandboxID string) (done func(), err error)
 }
 
 const (

@@ -431,6 +431,12 @@ func (h *h1conn) serve(req *http.Request) bool {
 	if !ok {
 		return h.answer(req, &h.local)
 	}
+	rt, done, err := h.e.wake(req.Context(), rt)
+	if err != nil {
+		http.Error(&h.local, unavailableMsg, http.StatusServiceUnavailable)
+		return h.answer(req, &h.local)
+	}
+	defer done()
 	if req.ContentLength > 0 {
 		// A body is bounded as its header is: each read must bring something within
 		// HandshakeTimeout, or the request (and its sandbox connection) is given up.

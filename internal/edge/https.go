@@ -27,6 +27,12 @@ func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	rt, done, err := e.wake(r.Context(), rt)
+	if err != nil {
+		http.Error(w, unavailableMsg, http.StatusServiceUnavailable)
+		return
+	}
+	defer done()
 	// (Not for an upgrade: its connection is hijacked with the read deadline as set.)
 	if r.Body != nil && r.Body != http.NoBody && !upgrading(r) {
 		b := &checkedBody{r: r.Body, req: r, rc: http.NewResponseController(w), idle: e.cfg.HandshakeTimeout}
@@ -243,4 +249,29 @@ func hostOnly(h string) string {
 		return h[:i]
 	}
 	return h
+}
+
+// unavailableMsg answers a request to a sandbox that cannot serve it now (Config.Wake).
+const unavailableMsg = "the sandbox is paused and does not resume by itself, or could not be resumed"
+
+// wakeTimeout bounds the wait for a paused sandbox to resume.
+const wakeTimeout = time.Minute
+
+// wake readies rt's sandbox for one request or connection (Config.Wake): the route to
+// use (re-read: a resumed sandbox's address can change) and what to call at its end.
+func (e *Edge) wake(ctx context.Context, rt Route) (Route, func(), error) {
+	if e.cfg.Wake == nil {
+		return rt, func() {}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, wakeTimeout)
+	defer cancel()
+	done, err := e.cfg.Wake(ctx, rt.SandboxID)
+	if err != nil {
+		e.log.Info("sandbox not woken for a request", "sandbox", rt.SandboxID, "port", rt.Port, "err", err)
+		return rt, nil, err
+	}
+	if fresh, ok := e.cfg.Routes.Lookup(rt.SandboxID, rt.Port); ok && fresh.Kind == rt.Kind {
+		rt.Backend = fresh.Backend
+	}
+	return rt, done, nil
 }

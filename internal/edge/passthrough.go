@@ -11,6 +11,11 @@ import (
 // so the payload does not pass through user space.
 func (e *Edge) passthrough(c *conn, hello []byte, r Route) {
 	defer func() { _ = c.Close() }()
+	r, done, err := e.wake(context.Background(), r)
+	if err != nil {
+		return
+	}
+	defer done()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.DialTimeout)
 	b, err := e.dialer.DialContext(ctx, "tcp", r.Backend.String())
 	cancel()

@@ -9,8 +9,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -111,6 +116,15 @@ func (r *Runner) lookup(id string) (*entry, error) {
 
 // Pause implements PauseHandle for the runner.
 func (r *Runner) Pause(ctx context.Context, id string, opts PauseOptions) (Sandbox, error) {
+	return r.pause(ctx, id, opts, 0)
+}
+
+// errNotIdle: an idle pause found the sandbox busy.
+var errNotIdle = errors.New("the sandbox is not idle")
+
+// pause is Pause; with idle > 0 only while the sandbox has had no activity for that long
+// (else errNotIdle), checked as the pause begins.
+func (r *Runner) pause(ctx context.Context, id string, opts PauseOptions, idle time.Duration) (Sandbox, error) {
 	e, err := r.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
@@ -149,6 +163,10 @@ func (r *Runner) Pause(ctx context.Context, id string, opts PauseOptions) (Sandb
 	}
 
 	r.mu.Lock()
+	if idle > 0 && (e.active > 0 || time.Since(e.lastActive) < idle) {
+		r.mu.Unlock()
+		return Sandbox{}, errNotIdle
+	}
 	e.pausing = true
 	r.mu.Unlock()
 	info, err := p.Pause(ctx, id, release)
@@ -157,6 +175,7 @@ func (r *Runner) Pause(ctx context.Context, id string, opts PauseOptions) (Sandb
 	e.pausing = false
 	if err != nil {
 		r.rewatchLocked(e) // it runs on as it was: its agent is watched again
+		r.notifyLocked(e)  // for Agent calls that wait for the pause
 		if errors.Is(err, runtime.ErrAlreadyPaused) {
 			return Sandbox{}, fmt.Errorf("%w: %s", ErrAlreadyPaused, id)
 		}
@@ -425,4 +444,151 @@ func (r *Runner) validateForks(targets []ForkTarget) error {
 		}
 	}
 	return vs.err()
+}
+
+// Activity and idle pause (runtime.MetaIdlePause): a sandbox is busy while a call
+// through an agent client Runner.Agent returned is under way, and while an endpoint
+// request or connection the edge admitted (Wake) lasts; it is idle once it has been
+// neither for its idle time. Streams end with their context (relayed calls, the data
+// plane's, the edge's requests: each ends with its handler).
+
+// idlePauseOf is the idle time after which the sandbox is paused; 0: never.
+func idlePauseOf(meta map[string]string) time.Duration {
+	d, err := time.ParseDuration(meta[runtime.MetaIdlePause])
+	if err != nil || d <= 0 {
+		return 0
+	}
+	return d
+}
+
+// busy marks e busy until the func it returns is called (once).
+func (r *Runner) busy(e *entry) func() {
+	r.mu.Lock()
+	e.active++
+	e.lastActive = time.Now()
+	r.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			e.active--
+			e.lastActive = time.Now()
+			r.mu.Unlock()
+		})
+	}
+}
+
+// tracked is a of e's sandbox, counting its calls as activity when the sandbox pauses
+// when idle.
+func (r *Runner) tracked(e *entry, a agentv1connect.AgentServiceClient) agentv1connect.AgentServiceClient {
+	if idlePauseOf(e.sb.Spec.Meta) <= 0 {
+		return a
+	}
+	return &activeAgent{AgentServiceClient: a, busy: func() func() { return r.busy(e) }}
+}
+
+// activeAgent counts every call of its client as activity: unary calls until they
+// return, streams until their context ends.
+type activeAgent struct {
+	agentv1connect.AgentServiceClient
+	busy func() func()
+}
+
+func (a *activeAgent) stream(ctx context.Context) {
+	done := a.busy()
+	context.AfterFunc(ctx, done)
+}
+
+func (a *activeAgent) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
+	defer a.busy()()
+	return a.AgentServiceClient.Exec(ctx, req)
+}
+
+func (a *activeAgent) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	defer a.busy()()
+	return a.AgentServiceClient.ReadFile(ctx, req)
+}
+
+func (a *activeAgent) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	defer a.busy()()
+	return a.AgentServiceClient.WriteFile(ctx, req)
+}
+
+func (a *activeAgent) StreamExec(ctx context.Context) *connect.BidiStreamForClient[agentv1.StreamExecRequest, agentv1.StreamExecResponse] {
+	a.stream(ctx)
+	return a.AgentServiceClient.StreamExec(ctx)
+}
+
+func (a *activeAgent) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest]) (*connect.ServerStreamForClient[agentv1.LogsResponse], error) {
+	a.stream(ctx)
+	return a.AgentServiceClient.Logs(ctx, req)
+}
+
+// Wake is what the edge calls before it connects to a port of sandbox id for a request
+// or connection it admitted: the sandbox is busy until done is called, and a paused one
+// is resumed first when it resumes by itself (ErrPaused when it does not).
+func (r *Runner) Wake(ctx context.Context, id string) (done func(), err error) {
+	e, err := r.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	done = r.busy(e)
+	r.mu.Lock()
+	st, auto := e.sb.State, e.sb.Pause != nil && e.sb.Pause.AutoResume
+	r.mu.Unlock()
+	if st == StatePaused {
+		if !auto {
+			done()
+			return nil, fmt.Errorf("%w: %s", ErrPaused, id)
+		}
+		if _, err := r.Resume(ctx, id); err != nil {
+			done()
+			return nil, err
+		}
+	}
+	return done, nil
+}
+
+// idlePauses pauses (checkpointing where it can) each running sandbox with an idle time
+// that has been idle that long, every Config.IdleCheck, until the runner closes.
+func (r *Runner) idlePauses() {
+	if _, ok := r.backend.(runtime.Pauser); !ok {
+		return
+	}
+	t := time.NewTicker(r.cfg.IdleCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-r.ctx.Done():
+			return
+		}
+		r.mu.Lock()
+		for id, e := range r.sandboxes {
+			idle := idlePauseOf(e.sb.Spec.Meta)
+			if idle <= 0 || e.sb.State != StateRunning || e.pausing || e.idlePausing || e.active > 0 || time.Since(e.lastActive) < idle || stopRequested(e) {
+				continue
+			}
+			e.idlePausing = true
+			opts := PauseOptions{AutoResume: metaAutoResume(e.sb.Spec.Meta)}
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				_, err := r.pause(r.ctx, id, opts, idle)
+				r.mu.Lock()
+				e.idlePausing = false
+				if err != nil && !errors.Is(err, errNotIdle) {
+					e.lastActive = time.Now() // try again after another idle time
+				}
+				r.mu.Unlock()
+				switch {
+				case err == nil:
+					r.log.Info("sandbox paused when idle", "sandbox", id, "idle", idle)
+				case !errors.Is(err, errNotIdle) && !errors.Is(err, ErrNotRunning):
+					r.log.Warn("idle pause", "sandbox", id, "err", err)
+				}
+			}()
+		}
+		r.mu.Unlock()
+	}
 }

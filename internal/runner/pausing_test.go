@@ -158,7 +158,7 @@ func pauseLocal(t *testing.T, be runtime.Backend, dataDir string) *Local {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	r, err := New(context.Background(), Config{Backend: be, DataDir: dataDir, ExpiryGrace: 10 * time.Millisecond, Logger: testLogger()})
+	r, err := New(context.Background(), Config{Backend: be, DataDir: dataDir, ExpiryGrace: 10 * time.Millisecond, IdleCheck: 20 * time.Millisecond, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -670,4 +670,84 @@ func testLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.DiscardHandler)
+}
+
+// TestIdlePause: a sandbox with an idle time is paused (checkpointed) once it has had no
+// exec, files or endpoint traffic for that long, not while a call or an endpoint
+// request lasts; exec resumes it (auto-resume by default), and with auto-resume off it
+// answers ErrPaused.
+func TestIdlePause(t *testing.T) {
+	be := newPauseFake(checkpointing)
+	l := pauseLocal(t, be, "")
+	ctx := context.Background()
+	sb := runningSandbox(t, l, map[string]string{runtime.MetaIdlePause: "300ms"}, time.Hour)
+	plain := runningSandbox(t, l, nil, time.Hour)
+
+	done, err := l.R.Wake(ctx, sb.ID) // an endpoint request that lasts
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if got, _ := l.Get(ctx, sb.ID); got.State != StateRunning {
+		t.Fatalf("busy with a request: %s, want RUNNING", got.State)
+	}
+	done()
+	got := awaitState(t, l.R, sb.ID, StatePaused)
+	if !got.Pause.Released || !got.Pause.AutoResume {
+		t.Errorf("idle pause: %+v", got.Pause)
+	}
+	if err := exec(ctx, l.R, sb.ID); err != nil {
+		t.Fatalf("exec after the idle pause: %v", err)
+	}
+	if got, _ := l.Get(ctx, sb.ID); got.State != StateRunning {
+		t.Errorf("after exec: %s, want RUNNING", got.State)
+	}
+	if got, _ := l.Get(ctx, plain.ID); got.State != StateRunning {
+		t.Errorf("sandbox without an idle time: %s", got.State)
+	}
+
+	// A stream keeps it busy until its context ends.
+	sctx, cancel := context.WithCancel(ctx)
+	a, err := l.R.Agent(sctx, sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.StreamExec(sctx)
+	time.Sleep(600 * time.Millisecond)
+	if got, _ := l.Get(ctx, sb.ID); got.State != StateRunning {
+		t.Fatalf("busy with a stream: %s, want RUNNING", got.State)
+	}
+	cancel()
+	awaitState(t, l.R, sb.ID, StatePaused)
+
+	off := runningSandbox(t, l, map[string]string{runtime.MetaIdlePause: "100ms", runtime.MetaAutoResume: "false"}, time.Hour)
+	awaitState(t, l.R, off.ID, StatePaused)
+	if err := exec(ctx, l.R, off.ID); !errors.Is(err, ErrPaused) {
+		t.Errorf("exec with auto-resume off: %v, want ErrPaused", err)
+	}
+	if _, err := l.R.Wake(ctx, off.ID); !errors.Is(err, ErrPaused) {
+		t.Errorf("endpoint traffic with auto-resume off: %v, want ErrPaused", err)
+	}
+}
+
+// TestWakeResumes: endpoint traffic to a paused sandbox with auto-resume resumes it.
+func TestWakeResumes(t *testing.T) {
+	be := newPauseFake(checkpointing)
+	l := pauseLocal(t, be, "")
+	ctx := context.Background()
+	sb := runningSandbox(t, l, nil, time.Hour)
+	if _, err := l.Pause(ctx, sb.ID, PauseOptions{AutoResume: true}); err != nil {
+		t.Fatal(err)
+	}
+	done, err := l.R.Wake(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done()
+	if got, _ := l.Get(ctx, sb.ID); got.State != StateRunning {
+		t.Errorf("after endpoint traffic: %s, want RUNNING", got.State)
+	}
+	if _, err := l.R.Wake(ctx, "nope"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("unknown sandbox: %v", err)
+	}
 }

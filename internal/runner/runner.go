@@ -58,6 +58,9 @@ type Config struct {
 	// not yet uploaded) of one sandbox and of the whole runner; defaults
 	// DefaultSnapshotsPerSandbox and DefaultSnapshotsPerRunner.
 	SnapshotsPerSandbox, SnapshotsPerRunner int
+	// IdleCheck is how often the runner looks for sandboxes to pause when idle
+	// (runtime.MetaIdlePause); default 5 s.
+	IdleCheck time.Duration
 }
 
 // Runner owns the sandboxes of one backend.
@@ -131,9 +134,12 @@ type entry struct {
 	// pause that failed). Guarded by Runner.mu.
 	pausing bool
 	rewatch chan struct{}
-	// lastActive is when the sandbox last served exec, files or endpoint traffic (idle
-	// pause). Guarded by Runner.mu.
-	lastActive time.Time
+	// lastActive is when the sandbox last served exec, files or endpoint traffic, active
+	// how many such calls are under way, idlePausing that an idle pause is (idle pause).
+	// Guarded by Runner.mu.
+	lastActive  time.Time
+	active      int
+	idlePausing bool
 }
 
 // New starts a runner and re-adopts the sandboxes its backend still has.
@@ -156,6 +162,9 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.SnapshotsPerRunner <= 0 {
 		cfg.SnapshotsPerRunner = DefaultSnapshotsPerRunner
 	}
+	if cfg.IdleCheck <= 0 {
+		cfg.IdleCheck = 5 * time.Second
+	}
 	for _, d := range []string{"logs", containerLogs, "ended", lifetimesDir, pausedDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("runner: create data dir: %w", err)
@@ -175,6 +184,11 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 		return nil, err
 	}
 	r.removeStrayLogs()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.idlePauses()
+	}()
 	return r, nil
 }
 
@@ -373,6 +387,7 @@ func (r *Runner) Agent(ctx context.Context, id, container string) (agentv1connec
 		name, primary, init, err := e.container(container)
 		st, ch, client := e.sb.State, e.changed, e.client
 		autoResume := e.sb.Pause != nil && e.sb.Pause.AutoResume
+		pausing := e.pausing
 		if err == nil {
 			e.lastActive = time.Now()
 		}
@@ -387,10 +402,16 @@ func (r *Runner) Agent(ctx context.Context, id, container string) (agentv1connec
 				return nil, err
 			}
 			continue
+		case pausing:
+			// A pause is under way: it is PAUSED (and resumed) or RUNNING again shortly.
 		case st == StateRunning && client != nil && primary:
-			return client, nil
+			return r.tracked(e, client), nil
 		case st == StateRunning && client != nil:
-			return r.containerAgent(e, name, init)
+			a, err := r.containerAgent(e, name, init)
+			if err != nil {
+				return nil, err
+			}
+			return r.tracked(e, a), nil
 		case st == StateTerminating || st.Terminal():
 			return nil, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, st)
 		}

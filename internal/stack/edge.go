@@ -73,7 +73,8 @@ func StartEdge(r *runner.Runner, cfg EdgeConfig) (*Edge, error) {
 	}
 	var table edge.Table
 	e, err := edge.New(edge.Config{RunnerID: cfg.RunnerID, BaseDomain: cfg.BaseDomain, Routes: &table,
-		GetCertificate: cert, Authorize: cfg.Authorize, KeyActive: cfg.KeyActive, SessionKey: sessionKey, DialMark: cfg.DialMark, Logger: cfg.Logger})
+		GetCertificate: cert, Authorize: cfg.Authorize, KeyActive: cfg.KeyActive, SessionKey: sessionKey, DialMark: cfg.DialMark, Logger: cfg.Logger,
+		Wake: r.Wake})
 	if err != nil {
 		return nil, err
 	}
@@ -138,9 +139,10 @@ func syncRoutes(ctx context.Context, r *runner.Runner, t *edge.Table, log *slog.
 	}
 }
 
-// routesOf is what the edge publishes of sb: its endpoints while it runs.
+// routesOf is what the edge publishes of sb: its endpoints while it runs or is paused (a
+// request resumes it first, or is answered 503: runner.Runner.Wake).
 func routesOf(sb runner.Sandbox) []edge.Route {
-	if sb.State != runner.StateRunning {
+	if sb.State != runner.StateRunning && sb.State != runner.StatePaused {
 		return nil
 	}
 	ip, err := netip.ParseAddr(sb.IP)

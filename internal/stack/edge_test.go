@@ -71,3 +71,16 @@ func TestRoutesOfShareTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutesOfPaused: a paused sandbox keeps its endpoints published (a request wakes it
+// through runner.Runner.Wake), an ending or ended one has none.
+func TestRoutesOfPaused(t *testing.T) {
+	sb := runner.Sandbox{ID: "abcdefghijklmn23", IP: "10.88.0.2", Spec: runtime.Spec{
+		Services: []runtime.Service{{Port: 8080, Endpoint: runtime.EndpointHTTPS}}}}
+	for st, want := range map[runner.State]int{runner.StateRunning: 1, runner.StatePaused: 1, runner.StateTerminating: 0, runner.StateCompleted: 0, runner.StateCreating: 0} {
+		sb.State = st
+		if got := len(routesOf(sb)); got != want {
+			t.Errorf("%s: %d routes, want %d", st, got, want)
+		}
+	}
+}

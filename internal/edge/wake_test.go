@@ -1,0 +1,75 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+)
+
+// TestWakeBeforeEachRequest: every admitted request asks Config.Wake first and ends its
+// busy time when it is served (HTTP/2 and the HTTP/1.1 fast path alike); a sandbox that
+// cannot be woken gets 503 and nothing reaches it; a request that fails admission wakes
+// nothing.
+func TestWakeBeforeEachRequest(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		woken    []string
+		open     int
+		refuse   bool
+		backends int
+	)
+	te := startEdge(t, func(c *Config) {
+		c.Wake = func(_ context.Context, id string) (func(), error) {
+			mu.Lock()
+			defer mu.Unlock()
+			woken = append(woken, id)
+			if refuse {
+				return nil, errors.New("paused")
+			}
+			open++
+			return func() {
+				mu.Lock()
+				open--
+				mu.Unlock()
+			}, nil
+		}
+	})
+	url := te.httpRoute(t, sbxA, 8080, AuthOpen, 0, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		backends++
+		busy := open
+		mu.Unlock()
+		if busy != 1 {
+			t.Errorf("the sandbox served a request while %d requests were busy, want 1", busy)
+		}
+	}))
+	tokenURL := te.httpRoute(t, sbxB, 8080, AuthToken, 0, http.NotFoundHandler())
+	for _, proto := range []string{"h2", "http/1.1"} {
+		res, _ := get(t, te.client(proto), url) //nolint:bodyclose // get reads and closes the body
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("%s: %s", proto, res.Status)
+		}
+	}
+	mu.Lock()
+	if len(woken) != 2 || open != 0 {
+		t.Errorf("woken %v, busy %d after the requests", woken, open)
+	}
+	refuse = true
+	mu.Unlock()
+	for _, proto := range []string{"h2", "http/1.1"} {
+		if res, _ := get(t, te.client(proto), url); res.StatusCode != http.StatusServiceUnavailable { //nolint:bodyclose // get reads and closes the body
+			t.Errorf("%s to a sandbox that cannot be woken: %s, want 503", proto, res.Status)
+		}
+	}
+	if res, _ := get(t, te.client("h2"), tokenURL); res.StatusCode != http.StatusUnauthorized { //nolint:bodyclose // get reads and closes the body
+		t.Errorf("unauthorized: %s", res.Status)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if backends != 2 || len(woken) != 4 {
+		t.Errorf("backend requests %d, wakes %v; want 2 and 4 (none for the refused token)", backends, woken)
+	}
+}
+
