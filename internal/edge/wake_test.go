@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestWakeBeforeEachRequest: every admitted request asks Config.Wake first and ends its
@@ -52,6 +53,16 @@ func TestWakeBeforeEachRequest(t *testing.T) {
 			t.Errorf("%s: %s", proto, res.Status)
 		}
 	}
+	// done is called as each request's handler returns, which may be just after its
+	// client had the answer.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		busy := open
+		mu.Unlock()
+		if busy == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	mu.Lock()
 	if len(woken) != 2 || open != 0 {
 		t.Errorf("woken %v, busy %d after the requests", woken, open)
@@ -72,4 +83,3 @@ func TestWakeBeforeEachRequest(t *testing.T) {
 		t.Errorf("backend requests %d, wakes %v; want 2 and 4 (none for the refused token)", backends, woken)
 	}
 }
-

@@ -244,14 +244,12 @@ func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
 			e.sb.State = StateTerminating
 			r.notifyLocked(e)
 			r.mu.Unlock()
-			return Sandbox{}, fmt.Errorf("%w: %s cannot be resumed: %v", ErrNotRunning, id, err)
+			return Sandbox{}, fmt.Errorf("%w: %s cannot be resumed: %w", ErrNotRunning, id, err)
 		}
-		if errors.Is(err, runtime.ErrNotPaused) {
-			// The backend says it runs (a runner that lost track): take its word.
-			err = nil
-		} else {
+		if !errors.Is(err, runtime.ErrNotPaused) {
 			return Sandbox{}, fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
+		// The backend says it runs (a runner that lost track): take its word.
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -174,7 +174,7 @@ func (c *Client) Pause(ctx context.Context, id string, opts runner.PauseOptions)
 	res, err := c.runner.Pause(ctx, connect.NewRequest(&runnerv1.PauseRequest{Id: id, Release: opts.Release, AutoResume: opts.AutoResume}))
 	if err != nil {
 		err = fromStatus(ctx, c.id, err)
-		if re := (*remoteError)(nil); errors.As(err, &re) && re.sentinel == runner.ErrPaused {
+		if re := (*remoteError)(nil); errors.As(err, &re) && errors.Is(re.sentinel, runner.ErrPaused) {
 			re.sentinel = runner.ErrAlreadyPaused // what a paused sandbox's Pause is
 		}
 		return runner.Sandbox{}, err

@@ -88,7 +88,10 @@ func transportError(runnerID string, err error) error {
 
 // forkErrorToProto is one fork's error on the wire, as the API would answer it.
 func forkErrorToProto(id string, err error) *runnerv1.ForkError {
-	ce := toStatus(id, err).(*connect.Error)
+	var ce *connect.Error
+	if !errors.As(toStatus(id, err), &ce) {
+		ce = connect.NewError(connect.CodeInternal, err)
+	}
 	return &runnerv1.ForkError{Code: ce.Code().String(), Reason: apierr.Reason(ce), Message: ce.Message()}
 }
 

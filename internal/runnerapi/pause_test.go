@@ -96,7 +96,6 @@ func TestRunnerapiPauseResumeFork(t *testing.T) {
 	}
 }
 
-
 // TestRunnerapiPauseErrors: the pause errors map to their API reasons on the wire and
 // back to the runner's sentinels at the client.
 func TestRunnerapiPauseErrors(t *testing.T) {
@@ -124,14 +123,14 @@ func TestRunnerapiPauseErrors(t *testing.T) {
 			fake.err = tc.err
 			fake.mu.Unlock()
 			want := tc.is
-			if want == runner.ErrPaused {
+			if errors.Is(want, runner.ErrPaused) {
 				want = runner.ErrAlreadyPaused // a Pause of a paused sandbox
 			}
 			_, err := c.Pause(ctx, "abc", runner.PauseOptions{})
 			if !errors.Is(err, want) || apierr.Reason(err) != tc.reason {
 				t.Errorf("pause: %v, want errors.Is %v", err, want)
 			}
-			if _, err := c.Fork(ctx, "abc", []runner.ForkTarget{{ID: "f"}}); !errors.Is(err, tc.is) && !(tc.is == runner.ErrAlreadyPaused && errors.Is(err, runner.ErrPaused)) {
+			if _, err := c.Fork(ctx, "abc", []runner.ForkTarget{{ID: "f"}}); !errors.Is(err, tc.is) && !(errors.Is(tc.is, runner.ErrAlreadyPaused) && errors.Is(err, runner.ErrPaused)) {
 				t.Errorf("fork: %v, want errors.Is %v", err, tc.is)
 			}
 		})
