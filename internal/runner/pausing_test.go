@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
@@ -749,5 +751,45 @@ func TestWakeResumes(t *testing.T) {
 	}
 	if _, err := l.R.Wake(ctx, "nope"); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("unknown sandbox: %v", err)
+	}
+}
+
+// logPauseFake is a pauseFake that keeps the primary's log under root/primary, opened
+// as the local backend opens a log its agent left (runtime.ContainerLogOpener).
+type logPauseFake struct {
+	*pauseFake
+	root string
+}
+
+func (b *logPauseFake) OpenContainerLog(_, container string) (*logstore.Reader, error) {
+	if container != "" {
+		return nil, fmt.Errorf("%w: no log of %q", errors.ErrUnsupported, container)
+	}
+	return logstore.OpenReaderBeneath(b.root, "primary", "main")
+}
+
+// TestPausedLogsReadWhereTheAgentLeftThem: the log of a paused sandbox is read from
+// what its agent wrote, without resuming it.
+func TestPausedLogsReadWhereTheAgentLeftThem(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "primary"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeLog(t, filepath.Join(root, "primary"), "before the pause\n")
+	be := &logPauseFake{pauseFake: newPauseFake(checkpointing), root: root}
+	l := pauseLocal(t, be, "")
+	ctx := context.Background()
+	sb := runningSandbox(t, l, nil, time.Hour)
+	if _, err := l.Pause(ctx, sb.ID, PauseOptions{AutoResume: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readAll(t, l.R, sb.ID, ""); err != nil || got != "before the pause\n" {
+		t.Errorf("log of a paused sandbox: %q %v", got, err)
+	}
+	if got, _ := l.Get(ctx, sb.ID); got.State != StatePaused {
+		t.Errorf("after logs: %s, want PAUSED", got.State)
+	}
+	if _, resumes, _ := be.counts(); resumes != 0 {
+		t.Errorf("backend resumes %d", resumes)
 	}
 }
