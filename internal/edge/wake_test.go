@@ -83,3 +83,53 @@ func TestWakeBeforeEachRequest(t *testing.T) {
 		t.Errorf("backend requests %d, wakes %v; want 2 and 4 (none for the refused token)", backends, woken)
 	}
 }
+
+// TestWakeBeforePassthrough: a passthrough connection wakes its sandbox first and stays
+// busy until it closes; one that cannot be woken is closed with nothing sent on.
+func TestWakeBeforePassthrough(t *testing.T) {
+	var (
+		mu          sync.Mutex
+		refuse      bool
+		open, wakes int
+		closedWakes = make(chan struct{}, 4)
+	)
+	te := startEdge(t, func(c *Config) {
+		c.Wake = func(context.Context, string) (func(), error) {
+			mu.Lock()
+			defer mu.Unlock()
+			wakes++
+			if refuse {
+				return nil, errors.New("paused")
+			}
+			open++
+			return func() {
+				mu.Lock()
+				open--
+				mu.Unlock()
+				closedWakes <- struct{}{}
+			}, nil
+		}
+	})
+	host := Host(5432, sbxB, testRunner, testDomain)
+	w := startWorkload(t, host)
+	te.rm.add(Route{SandboxID: sbxB, Port: 5432, Kind: KindPassthrough, Backend: addrPort(t, w.addr)})
+	c, err := te.dialTLS(host, w.ca.Pool())
+	if err != nil {
+		t.Fatalf("handshake through the edge: %v", err)
+	}
+	mu.Lock()
+	if wakes != 1 || open != 1 {
+		t.Errorf("during the connection: %d wakes, %d busy", wakes, open)
+	}
+	refuse = true
+	mu.Unlock()
+	c.Close()
+	select {
+	case <-closedWakes:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection's end did not end its busy time")
+	}
+	if _, err := te.dialTLS(host, w.ca.Pool()); err == nil {
+		t.Error("handshake with a sandbox that cannot be woken")
+	}
+}

@@ -8,8 +8,8 @@ import (
 )
 
 // Errors of pausing (APIError maps them: ErrPaused and ErrAlreadyPaused are
-// FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING, ErrCannotCheckpoint
-// FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING... see the table in errors.go).
+// FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING with metadata state PAUSED,
+// ErrCannotCheckpoint FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED).
 var (
 	// ErrPaused: the sandbox is paused and does not resume by itself (AutoResume off).
 	// An ErrNotRunning.
