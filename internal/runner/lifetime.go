@@ -79,8 +79,13 @@ func (r *Runner) persistedLifetime(id string) (time.Duration, bool) {
 		return 0, false
 	}
 	d, err := time.ParseDuration(strings.TrimSpace(string(b)))
-	if err != nil || d <= 0 || d > MaxLifetime {
+	// Beyond MaxLifetime when a held lifetime moved on by the time paused (Resume).
+	if err != nil || d <= 0 || d > maxPersistedLifetime {
 		return 0, false
 	}
 	return d, true
 }
+
+// maxPersistedLifetime bounds a lifetime read back: MaxLifetime plus what time paused
+// added to a held lifetime.
+const maxPersistedLifetime = 10 * 365 * 24 * time.Hour

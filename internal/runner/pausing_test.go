@@ -793,3 +793,33 @@ func TestPausedLogsReadWhereTheAgentLeftThem(t *testing.T) {
 		t.Errorf("backend resumes %d", resumes)
 	}
 }
+
+// TestHeldLifetimeAcrossRestart: a paused sandbox whose lifetime is held outlives its
+// deadline across a runner restart, and its resume moves the deadline on by the whole
+// time paused, the runner's downtime included.
+func TestHeldLifetimeAcrossRestart(t *testing.T) {
+	be := newPauseFake(checkpointing)
+	t.Cleanup(be.Close)
+	dir := t.TempDir()
+	l := pauseLocal(t, be, dir)
+	ctx := context.Background()
+	sb := runningSandbox(t, l, map[string]string{runtime.MetaPauseLifetime: "held"}, 300*time.Millisecond)
+	if _, err := l.Pause(ctx, sb.ID, PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l.R.Close()
+	time.Sleep(400 * time.Millisecond) // the runner is down past the deadline
+	l2 := pauseLocal(t, be, dir)
+	time.Sleep(100 * time.Millisecond)
+	got, _ := l2.Get(ctx, sb.ID)
+	if got.State != StatePaused || got.Pause == nil || !got.Pause.LifetimeHeld {
+		t.Fatalf("re-adopted: %s %+v, want PAUSED with the lifetime held", got.State, got.Pause)
+	}
+	res, err := l2.Resume(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Lifetime < 800*time.Millisecond || time.Until(res.Deadline) <= 0 {
+		t.Errorf("resumed: lifetime %s, deadline in %s", res.Lifetime, time.Until(res.Deadline))
+	}
+}
