@@ -214,7 +214,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 			sb.ID = t.ID
 		}
 		s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
-		f := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: rec.spec, createdAt: sb.CreatedAt, last: sb,
+		f := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: proto.CloneOf(rec.spec), createdAt: sb.CreatedAt, last: sb,
 			policyRevision: policyRevision, fileDigest: digest}
 		if f.createdAt.IsZero() {
 			f.createdAt = time.Now()

@@ -238,7 +238,7 @@ func Validate(p *Policy) []apierr.Violation {
 	}
 
 	validatePod(b.Pod, add)
-	maxLifetime := int32(MaxLifetimeSeconds)
+	maxLifetime := MaxLifetimeSeconds
 	if c.Lifetime != nil && c.Lifetime.MaxSeconds > 0 && c.Lifetime.MaxSeconds < maxLifetime {
 		maxLifetime = c.Lifetime.MaxSeconds
 	}
