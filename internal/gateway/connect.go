@@ -39,7 +39,7 @@ const maxCSRBytes = 16 << 10
 //
 // The CSR is DER (what the official client sends) or PEM; its key must be ECDSA P-256.
 // A gateway without a data-plane CA answers UNIMPLEMENTED; a sandbox that is not running
-// or whose runner serves no data plane answers FAILED_PRECONDITION. Clients in AUTO mode
+// (nor paused) or whose runner serves no data plane answers FAILED_PRECONDITION. Clients in AUTO mode
 // then use the gateway's data RPCs.
 func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandboxv1.ConnectSandboxRequest]) (*connect.Response[sandboxv1.SandboxConnection], error) {
 	m := req.Msg
@@ -66,7 +66,9 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 	// Logs outlive the sandbox (its runner keeps them for the retention window), so a
 	// certificate for logs alone is issued for an ending or ended sandbox too.
 	logsOnly := slices.Equal(perms, []sandboxv1.SandboxDataPermission{sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_STREAM_LOGS})
-	if sb := s.current(ctx, rec, r); sb.State != runner.StateRunning && !(logsOnly && (sb.State.Terminal() || sb.State == runner.StateTerminating)) {
+	// A PAUSED sandbox is reached too: its runner resumes it on the first call (auto-resume)
+	// or answers CWSANDBOX_SANDBOX_NOT_RUNNING itself.
+	if sb := s.current(ctx, rec, r); sb.State != runner.StateRunning && sb.State != runner.StatePaused && !(logsOnly && (sb.State.Terminal() || sb.State == runner.StateTerminating)) {
 		return nil, apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s is %s: only a running sandbox can be reached directly (an ended one for its logs alone)", rec.id, sb.State),
 			map[string]string{"sandbox_id": rec.id, "state": sb.State.String()})

@@ -64,13 +64,14 @@ func csrDER(t *testing.T, key any) []byte {
 func TestConnectSandbox(t *testing.T) {
 	r := &stateRunner{scriptedRunner: scriptedRunner{id: "r1"}, states: map[string]runner.State{
 		"run": runner.StateRunning, "starting": runner.StateCreating, "done": runner.StateTerminated, "foreign": runner.StateRunning,
+		"paused": runner.StatePaused,
 	}}
 	r.set(runner.Capacity{DataPlaneURI: "https://127.0.0.1:8444"}, nil)
 	iss := &recordingIssuer{}
 	s := &Server{runners: []runner.Handle{r}, log: slog.New(slog.DiscardHandler), index: newIndex(nil, slog.New(slog.DiscardHandler)), dataPlane: iss}
 	s.views = newRunnerViews(s, time.Second)
 	bg := context.Background()
-	for id, org := range map[string]string{"run": "acme", "starting": "acme", "done": "acme", "foreign": "other"} {
+	for id, org := range map[string]string{"run": "acme", "starting": "acme", "done": "acme", "foreign": "other", "paused": "acme"} {
 		spec := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "main"}}}
 		if err := s.index.put(bg, &record{id: id, org: org, runnerID: "r1", spec: spec, createdAt: time.Now()}, ""); err != nil {
 			t.Fatal(err)
@@ -110,6 +111,12 @@ func TestConnectSandbox(t *testing.T) {
 		if iss.org != "acme" || iss.id != "run" || iss.container != "main" {
 			t.Fatalf("%s: issued for %+v", name, iss)
 		}
+	}
+
+	// A paused sandbox is reached directly too: its runner resumes it (or answers
+	// NOT_RUNNING) on the first call.
+	if got, err := call(&sandboxv1.ConnectSandboxRequest{SandboxId: "paused", CsrDer: good, RequestedPermissions: exec}); err != nil || iss.id != "paused" {
+		t.Errorf("a paused sandbox: %v %v", got, err)
 	}
 
 	// Logs outlive the sandbox: a certificate for logs alone is issued for an ended one.

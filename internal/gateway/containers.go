@@ -88,6 +88,9 @@ func containerStatuses(sp *sandboxv1.SandboxSpec, sb runner.Sandbox, state sandb
 		row := &sandboxv1.ContainerStatus{Name: name, State: state}
 		if r, ok := reported[name]; ok {
 			row.State, row.RestartCount = containerState(r), int32(r.Restarts)
+			if state == sandboxv1.State_STATE_PAUSED && row.State == sandboxv1.State_STATE_RUNNING {
+				row.State = state // its processes are paused with the sandbox
+			}
 			if r.ExitCode != nil {
 				row.ExitCode = *r.ExitCode
 			}

@@ -72,7 +72,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			return nil, policy.Result{}, runner.Sandbox{}, err
 		}
 		s.nameSandbox(&cr)
-		cr.Spec.Meta = map[string]string{runtime.MetaOrg: org, runtime.MetaCaller: caller, runtime.MetaPolicyRevision: c.Result.PolicyRevision}
+		cr.Spec.Meta = c.Result.SetMeta(map[string]string{runtime.MetaOrg: org, runtime.MetaCaller: caller, runtime.MetaPolicyRevision: c.Result.PolicyRevision})
 		// The policy's Pod settings travel with the spec (also over the runner wire); a
 		// remote runner that checks its own policy (runnerapi.Server.WithPolicy) replaces
 		// them with its policy's rather than adding to them.

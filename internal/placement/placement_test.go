@@ -343,3 +343,46 @@ func BenchmarkPlace(b *testing.B) {
 		})
 	}
 }
+
+// TestClaimN: n sandboxes at once (a fork) are held only when all fit: CPU, memory and
+// the sandbox count, given earlier reservations; a refusal holds nothing and says why.
+func TestClaimN(t *testing.T) {
+	var rs Reservations
+	r := used(rn("r1", nil), 1000, 2*gi, 7) // 3 CPUs, 6 GiB, 3 sandboxes free
+	cands, err := Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{r}, Platform: policy.DefaultPlatform(), Reservations: &rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cands[0]
+	if _, why := rs.ClaimN(c, 4); !strings.Contains(why, "needs 4 CPU, 3 free") {
+		t.Errorf("4 forks of 1 CPU with 3 free: %q", why)
+	}
+	if res, n := rs.Held("r1"); n != 0 || res != (Resources{}) {
+		t.Errorf("a refused claim holds %+v (%d)", res, n)
+	}
+	release, why := rs.ClaimN(c, 3)
+	if why != "" {
+		t.Fatalf("3 forks with room for 3: %s", why)
+	}
+	if res, n := rs.Held("r1"); n != 3 || res != (Resources{MilliCPU: 3000, MemoryBytes: 3 * gi}) {
+		t.Errorf("held %+v (%d), want 3 CPU, 3 GiB, 3 sandboxes", res, n)
+	}
+	if _, why := rs.ClaimN(c, 1); why == "" {
+		t.Error("a fourth sandbox fitted on a full runner")
+	}
+	release()
+	release()
+	if res, n := rs.Held("r1"); n != 0 || res != (Resources{}) {
+		t.Errorf("held %+v (%d) after release", res, n)
+	}
+	// The sandbox count alone: room for 3 more sandboxes.
+	small, _ := Place(Request{Spec: spec("10m", "1Mi"), Runners: []Runner{r}, Platform: policy.DefaultPlatform()})
+	if _, why := rs.ClaimN(small[0], 4); !strings.Contains(why, "maximum of 10 sandboxes") {
+		t.Errorf("4 small forks with room for 3 sandboxes: %q", why)
+	}
+	if rel, why := rs.ClaimN(small[0], 3); why != "" {
+		t.Errorf("3 small forks: %s", why)
+	} else {
+		rel()
+	}
+}

@@ -71,3 +71,28 @@ func (rs *Reservations) releaser(runnerID string, need Resources) func() {
 		})
 	}
 }
+
+// ClaimN reserves n sandboxes of c's need each on its runner (a fork of n sandboxes) if
+// all of them fit there given its room when c was placed and the reservations made
+// since; otherwise nothing is held and why says what is missing.
+func (rs *Reservations) ClaimN(c Candidate, n int) (release func(), why string) {
+	if n < 1 {
+		n = 1
+	}
+	total := Resources{c.Need.MilliCPU * int64(n), c.Need.MemoryBytes * int64(n), c.Need.GPUs * int64(n)}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	h := rs.byRunner[c.RunnerID]
+	if why := c.room.Misfit(total, h.res, h.n+n-1); why != "" {
+		return func() {}, why
+	}
+	rs.addLocked(c.RunnerID, total, n)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			rs.addLocked(c.RunnerID, Resources{}.sub(total), -n)
+		})
+	}, ""
+}

@@ -24,6 +24,9 @@ func ResolveEngine(p *Policy, revision string, spec *sandboxv1.SandboxSpec, engi
 	if p != nil && !p.Base.Pod.IsZero() {
 		res.Pod = p.Base.Pod
 	}
+	if p != nil {
+		res.meta = pauseMeta(p.Base.Pause)
+	}
 	return res
 }
 

@@ -2,10 +2,12 @@ package policy
 
 import (
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // FuzzResolve drives Resolve with a random policy document and a spec built from a few
@@ -29,6 +31,8 @@ func FuzzResolve(f *testing.F) {
 			120, "500m", "", "python", "", 1, 1, 2, "x/y", "10.1.0.0/16", false},
 		{`{"constraints": {"images": {"allowed_registries": ["docker.io"], "allowed_repositories": ["library/**"], "require_digest": true}, "services": {"max_services": 0}, "annotations": {"max_count": 0, "denied_prefixes": ["x/"]}}}`,
 			-1, "1x", "-1Mi", "UPPER/Case:tag", "runc", -3, 3, 3, "x/z", "not-a-cidr", false},
+		{`{"base": {"pause": {"lifetime": "HELD", "auto_resume": false, "idle_pause_seconds": 60}}, "constraints": {"lifetime": {"max_seconds": 120}}}`,
+			0, "", "", "python", "", 0, 0, 0, "", "", false},
 		{`{"base": {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}}, "constraints": {"network": {"allowed_egress": [{"cidr": "192.168.0.0/16", "except": ["192.168.1.0/24"]}]}}}`,
 			0, "", "1.5Gi", "localhost:5000/x", "", 0, 0, 0, "", "192.168.0.0/16", false},
 	} {
@@ -39,7 +43,9 @@ func FuzzResolve(f *testing.F) {
 		if err != nil {
 			return
 		}
-		_ = Validate(p)
+		if len(Validate(p)) == 0 {
+			checkPauseMeta(t, p)
+		}
 		s := &sandboxv1.SandboxSpec{
 			MaxLifetimeSeconds: lifetime,
 			RuntimeClass:       rc,
@@ -88,4 +94,29 @@ func FuzzResolve(f *testing.F) {
 			t.Fatalf("resolution not idempotent:\n%v\n%v", got, again)
 		}
 	})
+}
+
+// checkPauseMeta: a valid policy's pause settings resolve to Meta values the runner can
+// read (the ones documented on runtime.MetaPauseLifetime, MetaAutoResume, MetaIdlePause).
+func checkPauseMeta(t *testing.T, p *Policy) {
+	t.Helper()
+	for k, v := range pauseMeta(p.Base.Pause) {
+		switch k {
+		case runtime.MetaPauseLifetime:
+			if v != "held" {
+				t.Fatalf("%s = %q", k, v)
+			}
+		case runtime.MetaAutoResume:
+			if v != "false" {
+				t.Fatalf("%s = %q", k, v)
+			}
+		case runtime.MetaIdlePause:
+			d, err := time.ParseDuration(v)
+			if err != nil || d < MinIdlePauseSeconds*time.Second || d > time.Duration(MaxLifetimeSeconds)*time.Second {
+				t.Fatalf("%s = %q (%v) in a valid policy", k, v, err)
+			}
+		default:
+			t.Fatalf("unexpected Meta key %s", k)
+		}
+	}
 }

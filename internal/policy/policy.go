@@ -60,6 +60,9 @@ type Base struct {
 	// service account, image pull secrets, Pod annotations) for runners on the
 	// Kubernetes backend; other backends ignore them.
 	Pod *runtime.PodSettings `json:"pod,omitempty"`
+	// Pause holds the settings of pausing sandboxes (PauseSettings): whether the
+	// lifetime counts while paused, auto-resume, idle pause.
+	Pause *PauseSettings `json:"pause,omitempty"`
 }
 
 // ResourceDefaults are per-container default requests and limits.

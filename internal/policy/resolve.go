@@ -97,7 +97,31 @@ type Result struct {
 	// Pod is the policy's Kubernetes Pod settings (base.pod) for the backend; nil when
 	// the policy has none. The public spec has no place for them.
 	Pod *runtime.PodSettings
+	// meta: see Meta.
+	meta map[string]string
 }
+
+// Meta is what the policy adds to the sandbox's runtime.Spec.Meta (the pause settings
+// of base.pause: runtime.MetaPauseLifetime, MetaAutoResume, MetaIdlePause, only those
+// that differ from the defaults); nil when nothing.
+func (r Result) Meta() map[string]string { return maps.Clone(r.meta) }
+
+// SetMeta writes the policy's part of a spec's Meta (Meta) into m, replacing what
+// another resolution wrote there (a runner that checks its own policy replaces the
+// gateway's), and returns m (a new map when m is nil).
+func (r Result) SetMeta(m map[string]string) map[string]string {
+	if m == nil {
+		m = map[string]string{}
+	}
+	for _, k := range policyMetaKeys {
+		delete(m, k)
+	}
+	maps.Copy(m, r.meta)
+	return m
+}
+
+// policyMetaKeys are the Meta keys a resolution writes.
+var policyMetaKeys = []string{runtime.MetaPauseLifetime, runtime.MetaAutoResume, runtime.MetaIdlePause}
 
 // OK reports whether the spec was accepted.
 func (r Result) OK() bool { return len(r.Violations) == 0 }

@@ -238,6 +238,11 @@ func Validate(p *Policy) []apierr.Violation {
 	}
 
 	validatePod(b.Pod, add)
+	maxLifetime := MaxLifetimeSeconds
+	if c.Lifetime != nil && c.Lifetime.MaxSeconds > 0 && c.Lifetime.MaxSeconds < maxLifetime {
+		maxLifetime = c.Lifetime.MaxSeconds
+	}
+	validatePause(b.Pause, maxLifetime, add)
 
 	// instance types
 	if it := c.InstanceTypes; it != nil {

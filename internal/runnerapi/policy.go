@@ -62,6 +62,8 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 		req.Spec.Meta[runtime.MetaGatewayPolicyRevision] = g
 	}
 	req.Spec.Meta[runtime.MetaPolicyRevision] = res.PolicyRevision
+	// And its pause settings (base.pause), replacing the gateway's.
+	req.Spec.Meta = res.SetMeta(req.Spec.Meta)
 	// The runner's own policy decides the Pod settings (Kubernetes backend): they replace
 	// what the gateway resolved, never add to it (no toleration or pull secret twice).
 	req.Spec.Pod = res.Pod

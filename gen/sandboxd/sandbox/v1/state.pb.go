@@ -427,9 +427,13 @@ type Fork struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Set when this fork failed (sandbox_id is then the ID it would have had).
-	Error         *ForkError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Error *ForkError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The fork's own endpoint share token when the source has HTTPS SHARE_TOKEN endpoints
+	// (as CreateSandbox's Sandbox.endpoint_share_token: only this response carries it; a
+	// repeated request with the same request_id returns it again).
+	EndpointShareToken string `protobuf:"bytes,3,opt,name=endpoint_share_token,json=endpointShareToken,proto3" json:"endpoint_share_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Fork) Reset() {
@@ -474,6 +478,13 @@ func (x *Fork) GetError() *ForkError {
 		return x.Error
 	}
 	return nil
+}
+
+func (x *Fork) GetEndpointShareToken() string {
+	if x != nil {
+		return x.EndpointShareToken
+	}
+	return ""
 }
 
 // ForkError is the error one fork met, as the API would have answered it.
@@ -723,11 +734,12 @@ const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\"F\n" +
 	"\x13ForkSandboxResponse\x12/\n" +
-	"\x05forks\x18\x01 \x03(\v2\x19.sandboxd.sandbox.v1.ForkR\x05forks\"[\n" +
+	"\x05forks\x18\x01 \x03(\v2\x19.sandboxd.sandbox.v1.ForkR\x05forks\"\x8d\x01\n" +
 	"\x04Fork\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
-	"\x05error\x18\x02 \x01(\v2\x1e.sandboxd.sandbox.v1.ForkErrorR\x05error\"Q\n" +
+	"\x05error\x18\x02 \x01(\v2\x1e.sandboxd.sandbox.v1.ForkErrorR\x05error\x120\n" +
+	"\x14endpoint_share_token\x18\x03 \x01(\tR\x12endpointShareToken\"Q\n" +
 	"\tForkError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
