@@ -138,9 +138,9 @@ def runtime_classes(client):
     _set_policy(client, {})
 
 
-def _start(new_sandbox, runtime_class: str) -> Sandbox:
+def _start(run, runtime_class: str) -> Sandbox:
     try:
-        sb = new_sandbox("python3", "-c", WORKLOAD, container_image=PYTHON, runtime_class=runtime_class, tags=["pause"])
+        sb = run("python3", "-c", WORKLOAD, container_image=PYTHON, runtime_class=runtime_class)
         sb.wait(timeout=START_TIMEOUT)
     except CWSandboxError as e:
         if runtime_class == "gvisor" and ("gvisor" in str(e) or "runtime class" in str(e).lower()):
@@ -166,17 +166,31 @@ def _status(sandbox_id: str):
     return Sandbox.from_id(sandbox_id).result().get_status()
 
 
-def _delete(ids) -> None:
-    for i in ids:
+@pytest.fixture
+def run(session_tag):
+    """Sandbox.run with the session tag and "pause"; every sandbox made (and every ID added to
+    ``run.also``, e.g. forks) is stopped at test end and waited for until it ended, so that no
+    teardown is still under way when the suite stops the server (a delete cut short by the
+    server's exit left a sandbox's mounts behind)."""
+    made: list[str] = []
+
+    def start(*args, tags=(), **kw):
+        sb = Sandbox.run(*args, tags=[session_tag, "pause", *tags], **kw)
+        made.append(sb.sandbox_id)
+        return sb
+
+    start.also = made
+    yield start
+    for sid in made:
         try:
-            Sandbox.delete(i, missing_ok=True).result(timeout=60)
-        except Exception:  # noqa: BLE001 - the session sweep retries
+            Sandbox.from_id(sid).result(timeout=60).stop().result(timeout=120)
+        except Exception:  # noqa: BLE001 - already gone, or the session sweep retries
             pass
 
 
 @pytest.mark.timeout(300)
-def test_gvisor_pause_resume_keeps_memory_files_and_socket(state_api, new_sandbox):
-    sb = _start(new_sandbox, "gvisor")
+def test_gvisor_pause_resume_keeps_memory_files_and_socket(state_api, run):
+    sb = _start(run, "gvisor")
     time.sleep(2)
     before = _state(sb)
     assert before["count"] >= 10, before
@@ -209,8 +223,8 @@ def test_gvisor_pause_resume_keeps_memory_files_and_socket(state_api, new_sandbo
 
 
 @pytest.mark.timeout(300)
-def test_gvisor_files_survive_two_resume_cycles(state_api, new_sandbox):
-    sb = _start(new_sandbox, "gvisor")
+def test_gvisor_files_survive_two_resume_cycles(state_api, run):
+    sb = _start(run, "gvisor")
     for i in range(2):
         sb.exec(["sh", "-c", f"echo cycle{i} >> /tmp/cycles"]).result(timeout=60)
         sandboxd_ext.pause(sb)
@@ -220,8 +234,8 @@ def test_gvisor_files_survive_two_resume_cycles(state_api, new_sandbox):
 
 
 @pytest.mark.timeout(300)
-def test_gvisor_exec_resumes_an_auto_resume_sandbox(state_api, new_sandbox):
-    sb = _start(new_sandbox, "gvisor")
+def test_gvisor_exec_resumes_an_auto_resume_sandbox(state_api, run):
+    sb = _start(run, "gvisor")
     before = _state(sb)
     st = sandboxd_ext.pause(sb, auto_resume=True)
     assert st.auto_resume
@@ -232,8 +246,8 @@ def test_gvisor_exec_resumes_an_auto_resume_sandbox(state_api, new_sandbox):
 
 
 @pytest.mark.timeout(300)
-def test_gvisor_exec_on_paused_without_auto_resume_is_not_running(state_api, new_sandbox):
-    sb = _start(new_sandbox, "gvisor")
+def test_gvisor_exec_on_paused_without_auto_resume_is_not_running(state_api, run):
+    sb = _start(run, "gvisor")
     before = _state(sb)
     st = sandboxd_ext.pause(sb, auto_resume=False)
     assert not st.auto_resume
@@ -246,37 +260,35 @@ def test_gvisor_exec_on_paused_without_auto_resume_is_not_running(state_api, new
 
 
 @pytest.mark.timeout(420)
-def test_gvisor_fork_three_continue_independently(fork_api, new_sandbox):
-    sb = _start(new_sandbox, "gvisor")
+def test_gvisor_fork_three_continue_independently(fork_api, run):
+    sb = _start(run, "gvisor")
     _state(sb, "/set/source")
     time.sleep(1)
     at_fork = _state(sb)
     ids = sandboxd_ext.fork(sb, count=3, request_id=f"conformance-{uuid.uuid4().hex}")
-    try:
-        assert len(ids) == 3 and len(set(ids)) == 3 and sb.sandbox_id not in ids, ids
-        forks = [Sandbox.from_id(i).result() for i in ids]
-        for f in forks:
-            f.wait(timeout=START_TIMEOUT)
-        # Each fork is the source's process (same token, counter from the fork point), and
-        # each continues on its own: its own value, its own address.
-        for i, f in enumerate(forks):
-            s = _state(f, f"/set/fork{i}")
-            assert s["token"] == at_fork["token"] and s["count"] >= at_fork["count"], (at_fork, s)
-        states = [_state(f) for f in forks]
-        assert [s["value"] for s in states] == ["fork0", "fork1", "fork2"], states
-        src = _state(sb)
-        assert src["value"] == "source" and src["count"] >= at_fork["count"], src
-        ips = {s["ip"] for s in states} | {src["ip"]}
-        assert len(ips) == 4, f"forks share an address: {states} {src}"
-        for f in forks:
-            assert f.get_status() == SandboxStatus.RUNNING
-    finally:
-        _delete(ids)
+    run.also.extend(ids)
+    assert len(ids) == 3 and len(set(ids)) == 3 and sb.sandbox_id not in ids, ids
+    forks = [Sandbox.from_id(i).result() for i in ids]
+    for f in forks:
+        f.wait(timeout=START_TIMEOUT)
+    # Each fork is the source's process (same token, counter from the fork point), and
+    # each continues on its own: its own value, its own address.
+    for i, f in enumerate(forks):
+        s = _state(f, f"/set/fork{i}")
+        assert s["token"] == at_fork["token"] and s["count"] >= at_fork["count"], (at_fork, s)
+    states = [_state(f) for f in forks]
+    assert [s["value"] for s in states] == ["fork0", "fork1", "fork2"], states
+    src = _state(sb)
+    assert src["value"] == "source" and src["count"] >= at_fork["count"], src
+    ips = {s["ip"] for s in states} | {src["ip"]}
+    assert len(ips) == 4, f"forks share an address: {states} {src}"
+    for f in forks:
+        assert f.get_status() == SandboxStatus.RUNNING
 
 
 @pytest.mark.timeout(300)
-def test_runc_pause_freezes_and_refuses_a_release(state_api, new_sandbox):
-    sb = _start(new_sandbox, "runc")
+def test_runc_pause_freezes_and_refuses_a_release(state_api, run):
+    sb = _start(run, "runc")
     time.sleep(1)
     before = _state(sb)
     with pytest.raises(sandboxd_ext.CheckpointNotSupportedError) as ei:
@@ -298,16 +310,16 @@ def test_runc_pause_freezes_and_refuses_a_release(state_api, new_sandbox):
 
 
 @pytest.mark.timeout(300)
-def test_runc_fork_is_refused(fork_api, new_sandbox):
-    sb = _start(new_sandbox, "runc")
+def test_runc_fork_is_refused(fork_api, run):
+    sb = _start(run, "runc")
     with pytest.raises(sandboxd_ext.CheckpointNotSupportedError) as ei:
         sandboxd_ext.fork(sb, count=2)
     assert "gvisor" in str(ei.value)
     assert _status(sb.sandbox_id) == SandboxStatus.RUNNING
 
 
-def test_unknown_and_other_organization_sandboxes_are_not_found(state_api, other_org_key, new_sandbox):
-    sb = new_sandbox(container_image="busybox", tags=["pause"])
+def test_unknown_and_other_organization_sandboxes_are_not_found(state_api, other_org_key, run):
+    sb = run(container_image="busybox")
     sb.wait(timeout=START_TIMEOUT)
     for call in (sandboxd_ext.pause, sandboxd_ext.resume):
         with pytest.raises(sandboxd_ext.SandboxNotFound):
@@ -315,9 +327,9 @@ def test_unknown_and_other_organization_sandboxes_are_not_found(state_api, other
     assert _status(sb.sandbox_id) == SandboxStatus.RUNNING
 
 
-def test_update_lifetime_through_the_helper(new_sandbox, other_org_key):
+def test_update_lifetime_through_the_helper(run, other_org_key):
     """UpdateSandboxLifetime over REST with the official client's credentials (served today)."""
-    sb = new_sandbox(container_image="busybox", tags=["pause"], max_lifetime_seconds=600)
+    sb = run(container_image="busybox", max_lifetime_seconds=600)
     sb.wait(timeout=START_TIMEOUT)
     lt = sandboxd_ext.update_lifetime(sb, extend_by=60)
     assert lt.max_lifetime_seconds == 660 and lt.deadline is not None, lt
