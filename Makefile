@@ -9,7 +9,7 @@ VERSION   ?= $(shell bash scripts/version.sh)
 LDFLAGS   := -X github.com/sandboxd/sandboxd/internal/version.version=$(VERSION)
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps pydeps images runsc pebble seaweedfs test conformance test-short bench bench-smoke demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
+.PHONY: all build agent generate deps pydeps images runsc pebble seaweedfs test conformance pysdk-test test-short bench bench-smoke demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
 
 all: build
 
@@ -59,6 +59,7 @@ seaweedfs:
 test: deps pydeps build images runsc pebble seaweedfs
 	$(GO) test -count=1 -timeout 30m ./...
 	$(MAKE) bench-smoke
+	$(MAKE) pysdk-test
 	$(MAKE) conformance
 	$(MAKE) k8s-test
 
@@ -70,6 +71,11 @@ pydeps:
 # The official cwsandbox client (pinned) against a `sandboxd dev` the suite starts.
 conformance: build pydeps
 	SANDBOXD_CONFORMANCE_REQUIRED=1 python3 -m pytest -q test/conformance
+
+# The Python helper module sdk/python (sandboxd_ext) against a local HTTP server; no
+# sandboxd needed, nothing installed (pytest's pythonpath finds it in the tree).
+pysdk-test: pydeps
+	python3 -m pytest -q sdk/python
 
 test-short:
 	$(GO) test -short -count=1 ./...

@@ -419,6 +419,9 @@ func (a *app) getCommand() *cobra.Command {
 			}
 			row("ID", in.ID)
 			row("State", in.State.String())
+			if in.State == sandbox.StatePaused {
+				row("Resume", "sbx resume "+in.ID+" (exec, files and endpoint traffic resume it too unless paused with --no-auto-resume)")
+			}
 			row("Reason", in.Reason)
 			if in.ExitCode != nil {
 				row("Exit code", fmt.Sprint(*in.ExitCode))

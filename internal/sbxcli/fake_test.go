@@ -53,6 +53,9 @@ type fakeAPI struct {
 	deleteReqs []*sandboxv1.DeleteSandboxRequest
 	// lifetimeReqs every UpdateSandboxLifetime (lifetime_test.go).
 	lifetimeReqs []*statev1.UpdateSandboxLifetimeRequest
+	// pauseReqs and forkReqs every PauseSandbox and ForkSandbox (pause_test.go).
+	pauseReqs []*statev1.PauseSandboxRequest
+	forkReqs  []*statev1.ForkSandboxRequest
 }
 
 func newFake(t *testing.T) *fakeAPI {

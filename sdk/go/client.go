@@ -29,6 +29,21 @@
 //	sb, err := c.Create(ctx, sandbox.Spec{Volumes: []sandbox.ScratchVolume{{Name: "work", MountPath: "/work"}}})
 //	snap, err := sb.Snapshot(ctx, "work")
 //	fork, err := c.Create(ctx, sandbox.Spec{Volumes: []sandbox.ScratchVolume{{Name: "work", MountPath: "/work", RestoreFrom: snap.ID}}})
+//
+// sandboxd's own SandboxStateService (beside the wire protocol, same credentials)
+// pauses, resumes and forks running sandboxes and changes their lifetime. A paused
+// sandbox is StatePaused: not terminal, and Wait returns at once for it as for a running
+// one (exec, files and endpoint traffic resume it first unless auto-resume is off, in
+// which case they fail with ErrNotRunning). Under the gvisor runtime class a pause
+// checkpoints the sandbox and releases its CPU and memory; under runc it freezes it
+// (memory kept and counted), and a release or a fork fails with
+// ErrCheckpointNotSupported:
+//
+//	st, err := sb.Pause(ctx, sandbox.PauseOptions{})        // st.ResourcesReleased: checkpointed
+//	_, err = sb.Resume(ctx)                                  // same ID, address, endpoints; processes continue
+//	forks, err := sb.Fork(ctx, 3, sandbox.ForkOptions{})    // 3 copies, each its own ID and address
+//	var partial *sandbox.PartialForkError                   // some forks failed: errors.As(err, &partial)
+//	lt, err := sb.ExtendLifetime(ctx, time.Hour)
 package sandbox
 
 import (

@@ -29,6 +29,9 @@ const (
 	ReasonFilePermissionDenied = "CWSANDBOX_FILE_PERMISSION_DENIED"
 	ReasonFileTooLarge         = "CWSANDBOX_FILE_TOO_LARGE"
 	ReasonFileIOFailed         = "CWSANDBOX_FILE_IO_FAILED"
+	// ReasonCheckpointNotSupported (sandboxd's own): the sandbox's runtime class cannot
+	// be checkpointed on its runner.
+	ReasonCheckpointNotSupported = "CWSANDBOX_CHECKPOINT_NOT_SUPPORTED"
 	// File-system snapshot reasons (the official client maps the same ones).
 	ReasonSnapshotNotFound          = "CWSANDBOX_FSS_NOT_FOUND"
 	ReasonSnapshotNotReady          = "CWSANDBOX_FSS_NOT_READY"
@@ -66,6 +69,11 @@ var (
 	ErrFileTooLarge      = errors.New("file too large")
 	ErrSandboxFailed     = errors.New("sandbox failed")
 	ErrSandboxTerminated = errors.New("sandbox terminated")
+	// ErrCheckpointNotSupported: the sandbox's runtime class cannot be checkpointed on
+	// its runner (a pause releasing resources, a fork); the message names the class
+	// that can. (An error with this reason is not ErrNotRunning, though it is
+	// FAILED_PRECONDITION too.)
+	ErrCheckpointNotSupported = errors.New("checkpoint not supported")
 
 	// Snapshot errors: an *Error matches the one its CWSANDBOX_FSS_* reason names (a
 	// snapshot's NOT_FOUND is not ErrNotFound, which is about sandboxes).
@@ -156,6 +164,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == connect.CodeUnimplemented || e.Reason == ReasonNotImplemented
 	case ErrFileNotFound:
 		return e.Reason == ReasonFileNotFound
+	case ErrCheckpointNotSupported:
+		return e.Reason == ReasonCheckpointNotSupported
 	case ErrFileTooLarge:
 		return e.Reason == ReasonFileTooLarge
 	case ErrSnapshotNotFound:

@@ -108,6 +108,8 @@ def _remove_network(bridge: str, cgroup_parent: str) -> None:
     """Remove the server's own bridge, nftables table and (empty) cgroup parent once it has
     stopped: it leaves them for a next start, which there is not."""
     subprocess.run(["nft", "delete", "table", "inet", f"sandboxd_{bridge}"], capture_output=True)
+    # The bridge's anti-spoofing table (internal/runtime/local/network/antispoof.go).
+    subprocess.run(["nft", "delete", "table", "bridge", f"sandboxd_{bridge}"], capture_output=True)
     subprocess.run(["ip", "link", "del", bridge], capture_output=True)
     for d in pathlib.Path("/sys/fs/cgroup").glob(f"*/{cgroup_parent}"):
         try:
