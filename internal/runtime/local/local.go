@@ -188,6 +188,14 @@ type sandbox struct {
 	held        *agentconfig.Config
 	volumeRoots map[string]string
 
+	// Pausing (pause.go). opMu serializes Pause, Resume, Fork's checkpoint and Stop of a
+	// paused sandbox; paused (under Backend.mu) is set while it is paused; ck (under
+	// Backend.mu) while it is being or has been checkpointed: its watcher then waits for
+	// what follows the sentry's end instead of recording an exit.
+	opMu   sync.Mutex
+	paused *pauseMarker
+	ck     *ckWait
+
 	ready  chan struct{} // closed when Create has finished (at once for loaded sandboxes)
 	failed bool          // Create failed and undid everything; set before ready closes
 	done   chan struct{} // closed when exit is set
@@ -1087,6 +1095,9 @@ func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn
 		}
 	} else {
 		ident = b.identityOf(id)
+	}
+	if b.isPaused(id) {
+		return nil, fmt.Errorf("dial agent of %s: %w", id, runtime.ErrPaused)
 	}
 	c, err := dialVerified(ctx, dir, ident)
 	if errors.Is(err, agent.ErrIdentity) {
