@@ -511,6 +511,13 @@ func (b *Backend) stopPaused(s *sandbox) bool {
 // is checkpointed.
 func (b *Backend) loadPaused(s *sandbox) bool {
 	_ = os.RemoveAll(filepath.Join(s.dir, dirCheckpointTmp))
+	if ents, err := os.ReadDir(s.dir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "fork-") { // a fork's checkpoint (fork.go)
+				_ = os.RemoveAll(filepath.Join(s.dir, e.Name()))
+			}
+		}
+	}
 	var m pauseMarker
 	hasMarker := readJSON(filepath.Join(s.dir, filePaused), &m) == nil
 	if fi, err := os.Lstat(filepath.Join(s.dir, dirCheckpoint)); err == nil && fi.IsDir() {
@@ -585,8 +592,6 @@ func syncDir(dir string) {
 		f.Close()
 	}
 }
-
-// Fork implements runtime.Forker (fork.go).
 // isPaused reports whether sandbox id is paused (tracked, or per its marker).
 func (b *Backend) isPaused(id string) bool {
 	b.mu.Lock()

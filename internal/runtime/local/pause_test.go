@@ -235,3 +235,99 @@ func TestPauseCheckpoint(t *testing.T) {
 	}
 	checkNoLeaks(t, e.state, id)
 }
+
+// TestFork forks a running gVisor sandbox three times, then a checkpointed one: each
+// fork continues the source's counter from memory on its own, has its own address, the
+// source's root filesystem and volume files, and its writes are its own. Destroy leaves
+// nothing.
+func TestFork(t *testing.T) {
+	e := volPoolEnv(t)
+	if e.b.runtimes[GVisorClass] == nil {
+		t.Skip("runsc not found")
+	}
+	e.withNetwork(t, 7)
+	ctx := context.Background()
+	const src = "fk-src"
+	sp := volSpec(src, GVisorClass, []runtime.Volume{{Name: "data", SizeBytes: 64 << 20}}, counterLoop)
+	sp.Image = "busybox"
+	srcInfo := e.create(sp)
+	sh(t, e.b, src, "echo r > /rootfile; echo v > /data/f")
+	c0 := waitCount(t, e.b, src, 5)
+	specs := make([]*runtime.Spec, 3)
+	for i := range specs {
+		f := sp.Clone()
+		f.ID = "fk-" + strconv.Itoa(i)
+		specs[i] = &f
+	}
+	start := time.Now()
+	infos, errs := e.b.Fork(ctx, src, specs)
+	t.Logf("fork x3 of a running sandbox: %v", time.Since(start))
+	ips := map[string]bool{srcInfo.IP: true}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		if ips[infos[i].IP] || infos[i].IP == "" {
+			t.Errorf("fork %d: IP %q not distinct", i, infos[i].IP)
+		}
+		ips[infos[i].IP] = true
+	}
+	for i := range specs {
+		id := specs[i].ID
+		if n := count(t, e.b, id); n < c0 {
+			t.Errorf("fork %s: counter %d, source had %d", id, n, c0)
+		}
+		if out := sh(t, e.b, id, "cat /rootfile /data/f; hostname"); out != "r\nv\n"+id {
+			t.Errorf("fork %s: files and hostname = %q", id, out)
+		}
+		if out := sh(t, e.b, id, "ip -4 addr"); !strings.Contains(out, infos[i].IP+"/") {
+			t.Errorf("fork %s: addresses %q, want %s", id, out, infos[i].IP)
+		}
+		sh(t, e.b, id, "echo "+id+" > /rootfile; echo "+id+" > /data/f")
+	}
+	// The source ran on; each fork's writes are its own.
+	waitCount(t, e.b, src, c0+3)
+	if out := sh(t, e.b, src, "cat /rootfile /data/f"); out != "r\nv" {
+		t.Errorf("source's files after the forks wrote = %q", out)
+	}
+	for i := range specs {
+		id := specs[i].ID
+		if out := sh(t, e.b, id, "cat /rootfile /data/f"); out != id+"\n"+id {
+			t.Errorf("fork %s files = %q", id, out)
+		}
+		waitCount(t, e.b, id, c0+3)
+	}
+
+	// A checkpointed source is forked from its checkpoint and stays paused.
+	if _, err := e.b.Pause(ctx, src, true); err != nil {
+		t.Fatal(err)
+	}
+	f := sp.Clone()
+	f.ID = "fk-p"
+	infos, errs = e.b.Fork(ctx, src, []*runtime.Spec{&f})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if out := sh(t, e.b, "fk-p", "cat /rootfile /data/f"); out != "r\nv" {
+		t.Errorf("fork of the paused source: files %q", out)
+	}
+	if !e.b.isPaused(src) {
+		t.Error("the paused source is no longer paused after a fork")
+	}
+	if _, err := e.b.Resume(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	// A fork that fails leaves nothing: a spec whose ID exists.
+	bad := sp.Clone()
+	bad.ID = "fk-0"
+	if _, errs := e.b.Fork(ctx, src, []*runtime.Spec{&bad}); errs[0] == nil {
+		t.Error("fork onto an existing ID succeeded")
+	}
+	for _, id := range []string{"fk-0", "fk-1", "fk-2", "fk-p", src} {
+		if err := e.b.Destroy(ctx, id); err != nil {
+			t.Errorf("destroy %s: %v", id, err)
+		}
+		checkNoLeaks(t, e.state, id)
+	}
+	_ = infos
+}
