@@ -592,6 +592,7 @@ func syncDir(dir string) {
 		f.Close()
 	}
 }
+
 // isPaused reports whether sandbox id is paused (tracked, or per its marker).
 func (b *Backend) isPaused(id string) bool {
 	b.mu.Lock()
