@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -64,6 +65,7 @@ var (
 // pauseMarker is paused.json.
 type pauseMarker struct {
 	Released bool      `json:"released"`
+	Resuming bool      `json:"resuming,omitempty"` // a restore is under way
 	At       time.Time `json:"at"`
 	Bytes    int64     `json:"checkpoint_bytes,omitempty"`
 }
@@ -230,14 +232,17 @@ func (b *Backend) checkpoint(ctx context.Context, s *sandbox) (int64, error) {
 		return 0, b.abandonCheckpoint(s, ck, err)
 	}
 	syncDir(s.dir)
+	failpoint.Hit("local.pause.renamed")
 	size := dirBytes(final)
 	m := &pauseMarker{Released: true, At: time.Now().UTC(), Bytes: size}
 	if err := writeJSONAtomic(filepath.Join(s.dir, filePaused), m); err != nil {
 		b.log.Warn("pause: write marker (the checkpoint itself says the sandbox is paused)", "sandbox", s.id, "err", err)
 	}
 	b.setPaused(s, m)
+	failpoint.Hit("local.pause.marked")
 	// The sentry ends; its watcher waits for Resume or Stop (ck).
 	b.endCheckpointed(ctx, s)
+	failpoint.Hit("local.pause.ended")
 	return size, nil
 }
 
@@ -255,18 +260,22 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		_ = os.RemoveAll(dir)
 		return "", err
 	}
+	failpoint.Hit("local.pause.tmp")
 	if err := b.suspendAgent(ctx, s); err != nil {
 		b.resumeAgent(ctx, s)
 		return fail(err)
 	}
+	failpoint.Hit("local.pause.suspended")
 	if _, err := s.rt.run(ctx, "pause", s.cid); err != nil {
 		b.resumeAgent(ctx, s)
 		return fail(err)
 	}
+	failpoint.Hit("local.pause.paused")
 	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
 		b.continueAfterSave(ctx, s, "")
 		return fail(err)
 	}
+	failpoint.Hit("local.pause.saved")
 	return dir, nil
 }
 
@@ -388,8 +397,16 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 	if fi, err := os.Lstat(image); err != nil || !fi.IsDir() {
 		return runtime.ErrCheckpointLost
 	}
+	resuming := *b.pausedOf(s)
+	resuming.Resuming = true
+	if err := writeJSONAtomic(filepath.Join(s.dir, filePaused), &resuming); err != nil {
+		return err
+	}
+	failpoint.Hit("local.resume.marked")
 	pr, err := b.restoreSentry(ctx, s, image)
 	if err != nil {
+		resuming.Resuming = false
+		_ = writeJSONAtomic(filepath.Join(s.dir, filePaused), &resuming)
 		return err
 	}
 	b.mu.Lock()
@@ -400,11 +417,14 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 	if ck != nil {
 		ck.next <- ckNext{proc: pr}
 	}
-	if err := os.Remove(filepath.Join(s.dir, filePaused)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		b.log.Warn("resume: remove marker", "sandbox", s.id, "err", err)
-	}
+	// The checkpoint first: a crash in between leaves the marker saying a resume was
+	// under way, which loadPaused reads with the restored sentry alive as running.
 	if err := os.RemoveAll(image); err != nil {
 		b.log.Warn("resume: remove checkpoint", "sandbox", s.id, "err", err)
+	}
+	failpoint.Hit("local.resume.removed")
+	if err := os.Remove(filepath.Join(s.dir, filePaused)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		b.log.Warn("resume: remove marker", "sandbox", s.id, "err", err)
 	}
 	return nil
 }
@@ -454,21 +474,26 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	}
 	old := s.proc
 	s.proc = pr
+	oldInfo := s.info
+	s.info.Pid, s.info.PidStart = pid, pr.start
+	if err := writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info); err != nil {
+		b.log.Warn("restore: write info", "sandbox", s.id, "err", err)
+	}
+	failpoint.Hit("local.resume.restored")
 	b.resumeAgent(ctx, s)
 	if err := b.waitAgent(ctx, s); err != nil {
 		_ = pr.signal(unix.SIGKILL)
 		_ = pr.wait(context.WithoutCancel(ctx))
 		pr.close()
 		s.proc = old
+		s.info = oldInfo
+		_ = writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info)
 		return undo(err)
 	}
 	if old != nil {
 		old.close()
 	}
-	s.info.Pid, s.info.PidStart = pid, pr.start
-	if err := writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info); err != nil {
-		b.log.Warn("restore: write info", "sandbox", s.id, "err", err)
-	}
+	failpoint.Hit("local.resume.agent")
 	return pr, nil
 }
 
@@ -505,44 +530,97 @@ func (b *Backend) stopPaused(s *sandbox) bool {
 	return true
 }
 
-// loadPaused sets up sandbox s, being loaded from its dir, as paused if it is: a complete
-// checkpoint and no live sentry is a checkpointed sandbox (s.proc is then nil); a
-// frozen one keeps its marker. A half-written checkpoint is removed. It reports whether s
-// is checkpointed.
+// loadPaused sets up sandbox s, being loaded from its dir (info.json read), as what a
+// pause, resume or fork that a crash may have cut short left. It reports whether s is
+// checkpointed (its watcher is then to wait, s.proc nil):
+//
+//   - a half-written checkpoint (checkpoint.tmp, a fork's fork-*) is removed; a sentry
+//     still there had its kernel paused and its agent suspended for it: both continue.
+//   - a complete checkpoint and no live sentry: checkpointed. A live sentry is either
+//     the one checkpointed (a crash before it was ended: it is ended now) or, when the
+//     marker says a resume was under way, the restored one (running: the checkpoint is
+//     removed and its agent told to listen).
+//   - a marker of a checkpoint that is not there: lost; the sandbox is reported gone.
+//   - a frozen sandbox's marker: it stays frozen.
 func (b *Backend) loadPaused(s *sandbox) bool {
-	_ = os.RemoveAll(filepath.Join(s.dir, dirCheckpointTmp))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	interrupted := false
 	if ents, err := os.ReadDir(s.dir); err == nil {
 		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), "fork-") { // a fork's checkpoint (fork.go)
-				_ = os.RemoveAll(filepath.Join(s.dir, e.Name()))
+			if n := e.Name(); n == dirCheckpointTmp || strings.HasPrefix(n, "fork-") { // fork.go
+				_ = os.RemoveAll(filepath.Join(s.dir, n))
+				interrupted = true
 			}
 		}
 	}
 	var m pauseMarker
 	hasMarker := readJSON(filepath.Join(s.dir, filePaused), &m) == nil
-	if fi, err := os.Lstat(filepath.Join(s.dir, dirCheckpoint)); err == nil && fi.IsDir() {
-		if _, err := os.Stat(filepath.Join(s.dir, fileExit)); err == nil {
-			return false // ended (Stop while paused, before the checkpoint was removed)
+	ended := false
+	if _, err := os.Stat(filepath.Join(s.dir, fileExit)); err == nil {
+		ended = true
+	}
+	var alive *proc
+	if s.info.Pid > 0 {
+		alive, _ = openProc(s.info.Pid, s.info.PidStart)
+		if alive != nil && alive.exited() {
+			alive.close()
+			alive = nil
 		}
-		if !hasMarker || !m.Released {
-			m = pauseMarker{Released: true, At: fi.ModTime().UTC(), Bytes: dirBytes(filepath.Join(s.dir, dirCheckpoint))}
+	}
+	if alive != nil {
+		defer alive.close()
+	}
+	image := filepath.Join(s.dir, dirCheckpoint)
+	fi, err := os.Lstat(image)
+	complete := err == nil && fi.IsDir()
+	switch {
+	case ended:
+		if complete || hasMarker {
+			_ = os.RemoveAll(image)
+			_ = os.Remove(filepath.Join(s.dir, filePaused))
+		}
+		return false
+	case alive != nil && hasMarker && m.Resuming:
+		// Restored: running.
+		b.resumeAgent(ctx, s)
+		_ = os.Remove(filepath.Join(s.dir, filePaused))
+		_ = os.RemoveAll(image)
+		return false
+	case complete:
+		if alive != nil {
+			_ = alive.signal(unix.SIGKILL)
+			wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+			_ = alive.wait(wctx)
+			wcancel()
+		}
+		if _, err := s.rt.run(ctx, "delete", "--force", s.cid); err != nil && !notExist(err) {
+			b.log.Warn("recover: delete the checkpointed container", "sandbox", s.id, "err", err)
+		}
+		_ = b.removeCgroups(s.cgroupRel())
+		if !hasMarker || !m.Released || m.Resuming {
+			m = pauseMarker{Released: true, At: fi.ModTime().UTC(), Bytes: dirBytes(image)}
 			_ = writeJSONAtomic(filepath.Join(s.dir, filePaused), &m)
 		}
 		s.paused = &m
 		s.ck = &ckWait{next: make(chan ckNext, 1)}
 		return true
-	}
-	if hasMarker && m.Released {
+	case hasMarker && m.Released:
 		// Paused without a checkpoint: lost. The sandbox is reported as it is (gone).
 		_ = os.Remove(filepath.Join(s.dir, filePaused))
-		ex := runtime.Exit{Reason: "CheckpointLost", Message: runtime.ErrCheckpointLost.Error(), At: time.Now().UTC()}
-		if _, err := os.Stat(filepath.Join(s.dir, fileExit)); err != nil {
+		if alive == nil {
+			ex := runtime.Exit{Reason: "CheckpointLost", Message: runtime.ErrCheckpointLost.Error(), At: time.Now().UTC()}
 			_ = writeJSONAtomic(filepath.Join(s.dir, fileExit), &ex)
 		}
 		return false
-	}
-	if hasMarker {
-		s.paused = &m // frozen: Recover checks the sandbox is still there
+	case interrupted && alive != nil:
+		// A checkpoint cut short: the sandbox continues.
+		if _, err := s.rt.run(ctx, "resume", s.cid); err != nil {
+			b.log.Debug("recover: resume after an interrupted checkpoint", "sandbox", s.id, "err", err)
+		}
+		b.resumeAgent(ctx, s)
+	case hasMarker:
+		s.paused = &m // frozen
 	}
 	return false
 }
