@@ -584,6 +584,7 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 	case alive != nil && hasMarker && m.Resuming:
 		// Restored: running.
 		b.resumeAgent(ctx, s)
+		b.awaitAgent(ctx, s)
 		_ = os.Remove(filepath.Join(s.dir, filePaused))
 		_ = os.RemoveAll(image)
 		return false
@@ -619,10 +620,30 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 			b.log.Debug("recover: resume after an interrupted checkpoint", "sandbox", s.id, "err", err)
 		}
 		b.resumeAgent(ctx, s)
+		b.awaitAgent(ctx, s)
 	case hasMarker:
 		s.paused = &m // frozen
 	}
 	return false
+}
+
+// awaitAgent waits (a while) until the agent of s, told to listen again, answers.
+func (b *Backend) awaitAgent(ctx context.Context, s *sandbox) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		c, err := dialVerified(ctx, s.dir, s.ident)
+		if err == nil {
+			_ = c.Close()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			b.log.Warn("recover: the agent does not answer after an interrupted pause", "sandbox", s.id, "err", err)
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // thawCgroup thaws the cgroup rel (below the cgroup root), v1 freezer or v2.
