@@ -162,11 +162,11 @@ func (b *Backend) forkSource(ctx context.Context, s *sandbox) (*forkParams, func
 		return fp, nothing, nil
 	}
 	if m != nil { // frozen: thawed for the checkpoint, frozen again after
-		if err := thawCgroup(b.freezeCgroup(s)); err != nil {
+		if err := b.thaw(ctx, s); err != nil {
 			return nil, nil, err
 		}
 		defer func() {
-			if _, err := freezeCgroup(b.freezeCgroup(s)); err != nil {
+			if err := b.freeze(ctx, s); err != nil {
 				b.log.Warn("fork: freeze the source again", "sandbox", s.id, "err", err)
 			}
 		}()

@@ -314,7 +314,7 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	if err := waitReady(ctx, s); err != nil {
 		return err
 	}
-	if b.stopPaused(s) {
+	if b.stopPaused(ctx, s) {
 		return nil // checkpointed: Wait says "stopped while paused"
 	}
 	select {
@@ -405,7 +405,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if s.failed {
 		return nil // a failed Create, undone already
 	}
-	b.stopPaused(s) // thawed, or the checkpoint's end recorded
+	b.stopPaused(ctx, s) // thawed, or the checkpoint's end recorded
 	if err := b.killMembers(ctx, s); err != nil {
 		return err
 	}

@@ -172,12 +172,12 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	default:
 	}
 	if !release {
-		if _, err := freezeCgroup(b.freezeCgroup(s)); err != nil {
+		if err := b.freeze(ctx, s); err != nil {
 			return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, err)
 		}
 		m := &pauseMarker{At: time.Now().UTC()}
 		if err := writeJSONAtomic(filepath.Join(s.dir, filePaused), m); err != nil {
-			_ = thawCgroup(b.freezeCgroup(s))
+			_ = b.thaw(ctx, s)
 			return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, err)
 		}
 		b.setPaused(s, m)
@@ -365,7 +365,7 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 		return runtime.Info{}, fmt.Errorf("resume %s: %w", id, runtime.ErrNotPaused)
 	}
 	if !m.Released {
-		if err := thawCgroup(b.freezeCgroup(s)); err != nil {
+		if err := b.thaw(ctx, s); err != nil {
 			return runtime.Info{}, fmt.Errorf("resume %s: %w", id, err)
 		}
 		if err := os.Remove(filepath.Join(s.dir, filePaused)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -433,6 +433,7 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 // waits for its agent; s.proc and info.json then describe the restored sentry. On an
 // error nothing of the restored sentry is left.
 func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (*proc, error) {
+	t := time.Now()
 	if len(s.info.CPUs) > 0 {
 		if err := ensureCpusetParents(b.cfg.CgroupParent); err != nil {
 			return nil, err
@@ -452,6 +453,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 			return nil, fmt.Errorf("the sandbox's network: %w", err)
 		}
 	}
+	b.step("resume: network", &t)
 	pidFile := filepath.Join(s.dir, filePid)
 	_ = os.Remove(pidFile)
 	undo := func(err error) (*proc, error) {
@@ -464,6 +466,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	if err := b.bootRuntime(s.rt).restore(ctx, s.cid, b.bundle(s), image, pidFile, out); err != nil {
 		return undo(err)
 	}
+	b.step("resume: runsc restore", &t)
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return undo(err)
@@ -481,6 +484,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	}
 	failpoint.Hit("local.resume.restored")
 	b.resumeAgent(ctx, s)
+	b.step("resume: agent signalled", &t)
 	if err := b.waitAgent(ctx, s); err != nil {
 		_ = pr.signal(unix.SIGKILL)
 		_ = pr.wait(context.WithoutCancel(ctx))
@@ -494,6 +498,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		old.close()
 	}
 	failpoint.Hit("local.resume.agent")
+	b.step("resume: agent answers", &t)
 	return pr, nil
 }
 
@@ -501,7 +506,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 // processes then stop as a running sandbox's do); a checkpointed one's checkpoint is
 // removed and its Wait returns "stopped while paused". It reports whether s was
 // checkpointed (and is now ended).
-func (b *Backend) stopPaused(s *sandbox) bool {
+func (b *Backend) stopPaused(ctx context.Context, s *sandbox) bool {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	m := b.pausedOf(s)
@@ -509,7 +514,7 @@ func (b *Backend) stopPaused(s *sandbox) bool {
 		return false
 	}
 	if !m.Released {
-		if err := thawCgroup(b.freezeCgroup(s)); err != nil {
+		if err := b.thaw(ctx, s); err != nil {
 			b.log.Warn("stop: thaw", "sandbox", s.id, "err", err)
 		}
 		_ = os.Remove(filepath.Join(s.dir, filePaused))
@@ -644,6 +649,30 @@ func (b *Backend) awaitAgent(ctx context.Context, s *sandbox) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// freeze freezes sandbox s in place: its cgroup (a group's, holding its containers')
+// with the cgroup freezer; a gVisor sandbox with `runsc pause`, which stops every task
+// of its kernel (the sentry itself must go on answering runsc: `runsc list` and
+// `runsc state` hang on a frozen sentry, and a restarted backend runs them).
+func (b *Backend) freeze(ctx context.Context, s *sandbox) error {
+	if s.rt.gvisor {
+		_, err := s.rt.run(ctx, "pause", s.cid)
+		return err
+	}
+	_, err := freezeCgroup(b.freezeCgroup(s))
+	return err
+}
+
+// thaw undoes freeze.
+func (b *Backend) thaw(ctx context.Context, s *sandbox) error {
+	if s.rt.gvisor {
+		if _, err := s.rt.run(ctx, "resume", s.cid); err != nil && !strings.Contains(err.Error(), "not paused") && !strings.Contains(err.Error(), "running") {
+			return err
+		}
+		return nil
+	}
+	return thawCgroup(b.freezeCgroup(s))
 }
 
 // thawCgroup thaws the cgroup rel (below the cgroup root), v1 freezer or v2.

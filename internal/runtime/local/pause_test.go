@@ -39,16 +39,30 @@ func waitCount(t testing.TB, b *Backend, id string, min int) int {
 // are errors, and it continues after Resume. A checkpoint is refused naming the class
 // that can.
 func TestPauseFreeze(t *testing.T) {
-	e := newEnv(t)
-	const id = "frz-1"
-	e.create(runtime.Spec{ID: id, Container: runtime.Container{Command: "sh", Args: []string{"-c", counterLoop}}})
-	ctx := context.Background()
-	sup := e.b.PauseSupport("")
-	if !sup.Freeze || sup.Checkpoint || !strings.Contains(sup.Why, "gvisor") || !strings.Contains(sup.Why, "criu") {
-		t.Errorf("PauseSupport(runc) = %+v", sup)
+	for _, class := range []string{"runc", GVisorClass} {
+		t.Run(class, func(t *testing.T) { testPauseFreeze(t, class) })
 	}
-	if _, err := e.b.Pause(ctx, id, true); !errors.Is(err, errdefs.ErrNotImplemented) {
-		t.Errorf("checkpoint under runc: %v, want ErrNotImplemented", err)
+}
+
+func testPauseFreeze(t *testing.T, class string) {
+	e := newEnv(t)
+	if e.b.runtimes[class] == nil {
+		t.Skip("runsc not found")
+	}
+	const id = "frz-1"
+	e.create(runtime.Spec{ID: id, RuntimeClass: class, Container: runtime.Container{Command: "sh", Args: []string{"-c", counterLoop}}})
+	ctx := context.Background()
+	if class == "runc" {
+		sup := e.b.PauseSupport("")
+		if !sup.Freeze || sup.Checkpoint || !strings.Contains(sup.Why, "gvisor") || !strings.Contains(sup.Why, "criu") {
+			t.Errorf("PauseSupport(runc) = %+v", sup)
+		}
+		if _, err := e.b.Pause(ctx, id, true); !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Errorf("checkpoint under runc: %v, want ErrNotImplemented", err)
+		}
+		if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{{ID: "frz-f"}}); !errors.Is(errs[0], errdefs.ErrNotImplemented) {
+			t.Errorf("fork under runc: %v, want ErrNotImplemented", errs[0])
+		}
 	}
 	if _, err := e.b.Resume(ctx, id); !errors.Is(err, runtime.ErrNotPaused) {
 		t.Errorf("resume of a running sandbox: %v", err)
