@@ -25,7 +25,7 @@ func readdAddress(a *Attachment) error {
 	if err != nil {
 		return fmt.Errorf("network namespace %s: %w", a.NetNSPath, err)
 	}
-	defer ns.Close()
+	defer func() { _ = ns.Close() }()
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("netlink in netns: %w", err)

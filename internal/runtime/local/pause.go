@@ -472,8 +472,11 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		return undo(err)
 	}
 	pr, err := openProc(pid, 0)
-	if err != nil || pr == nil {
-		return undo(fmt.Errorf("the restored sandbox is gone: %v: %s", err, tailOf(filepath.Join(s.dir, fileAgentOut), 1024)))
+	if err != nil {
+		return undo(fmt.Errorf("the restored sandbox: %w", err))
+	}
+	if pr == nil {
+		return undo(fmt.Errorf("the restored sandbox is gone: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024)))
 	}
 	old := s.proc
 	s.proc = pr
