@@ -62,6 +62,10 @@ var (
 	_ runtime.Forker = (*Backend)(nil)
 )
 
+// testImageDirHook, set by tests, runs on a checkpoint's image dir before runsc writes
+// it (to make the write fail).
+var testImageDirHook func(dir string) error
+
 // pauseMarker is paused.json.
 type pauseMarker struct {
 	Released bool      `json:"released"`
@@ -260,20 +264,29 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		_ = os.RemoveAll(dir)
 		return "", err
 	}
+	if testImageDirHook != nil {
+		if err := testImageDirHook(dir); err != nil {
+			return fail(err)
+		}
+	}
 	failpoint.Hit("local.pause.tmp")
 	if err := b.suspendAgent(ctx, s); err != nil {
 		b.resumeAgent(ctx, s)
+		b.awaitAgent(ctx, s)
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.suspended")
 	if _, err := s.rt.run(ctx, "pause", s.cid); err != nil {
 		b.resumeAgent(ctx, s)
+		b.awaitAgent(ctx, s)
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.paused")
 	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
+		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
 		b.continueAfterSave(ctx, s, "")
-		return fail(err)
+		// The details (host paths, a goroutine dump) are for the log only.
+		return fail(errors.New("runsc could not checkpoint the sandbox (the runner's log has the details)"))
 	}
 	failpoint.Hit("local.pause.saved")
 	return dir, nil
@@ -289,6 +302,7 @@ func (b *Backend) continueAfterSave(ctx context.Context, s *sandbox, image strin
 		b.log.Warn("checkpoint: resume the sandbox", "sandbox", s.id, "err", err)
 	}
 	b.resumeAgent(ctx, s)
+	b.awaitAgent(ctx, s)
 }
 
 func (b *Backend) abandonCheckpoint(s *sandbox, ck *ckWait, err error) error {
@@ -647,7 +661,7 @@ func (b *Backend) awaitAgent(ctx context.Context, s *sandbox) {
 		}
 		select {
 		case <-ctx.Done():
-			b.log.Warn("recover: the agent does not answer after an interrupted pause", "sandbox", s.id, "err", err)
+			b.log.Warn("the agent does not answer after an interrupted checkpoint", "sandbox", s.id, "err", err)
 			return
 		case <-time.After(5 * time.Millisecond):
 		}

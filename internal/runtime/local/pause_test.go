@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -344,4 +346,55 @@ func TestFork(t *testing.T) {
 		checkNoLeaks(t, e.state, id)
 	}
 	_ = infos
+}
+
+// TestPauseCheckpointFails: a checkpoint that fails half way (runsc finds its image
+// dir full: a 256 KiB tmpfs) is discarded and leaves the sandbox running as it was: its
+// counter goes on, its agent answers, nothing of the checkpoint is left, it is not
+// paused, and a later checkpoint works.
+func TestPauseCheckpointFails(t *testing.T) {
+	e := gvisorEnv(t)
+	ctx := context.Background()
+	const id = "ckf-1"
+	e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sh", Args: []string{"-c", counterLoop}}})
+	var mounted []string
+	testImageDirHook = func(dir string) error {
+		mounted = append(mounted, dir)
+		return unix.Mount("tmpfs", dir, "tmpfs", 0, "size=256k")
+	}
+	t.Cleanup(func() {
+		testImageDirHook = nil
+		for _, d := range mounted {
+			_ = unix.Unmount(d, unix.MNT_DETACH)
+			_ = os.Remove(d)
+		}
+	})
+	c1 := waitCount(t, e.b, id, 2)
+	if _, err := e.b.Pause(ctx, id, true); err == nil {
+		t.Fatal("a checkpoint into a full dir succeeded")
+	} else {
+		t.Logf("pause: %v", err)
+	}
+	testImageDirHook = nil
+	waitCount(t, e.b, id, c1+3)
+	if e.b.isPaused(id) {
+		t.Error("paused after a failed checkpoint")
+	}
+	for _, d := range mounted {
+		_ = unix.Unmount(d, unix.MNT_DETACH)
+		_ = os.Remove(d)
+	}
+	ents, _ := os.ReadDir(e.b.dir(id))
+	for _, ent := range ents {
+		if strings.HasPrefix(ent.Name(), dirCheckpoint) || ent.Name() == filePaused {
+			t.Errorf("left after a failed checkpoint: %s", ent.Name())
+		}
+	}
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.b.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, e.b, id, c1+5)
 }
