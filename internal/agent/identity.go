@@ -110,8 +110,35 @@ func VerifyIdentity(ctx context.Context, c net.Conn, want *agentconfig.Identity)
 // connection's own first Read or Write (so one slow peer never holds up Accept).
 type identityListener struct {
 	net.Listener
+	mu     sync.RWMutex // id and secret change when a fork is restored (relisten.go)
 	id     *agentconfig.Identity
 	secret []byte
+}
+
+func parseIdentity(id *agentconfig.Identity) ([]byte, error) {
+	secret, err := hex.DecodeString(id.Secret)
+	if err != nil || len(secret) == 0 || len(id.ID) == 0 || len(id.ID) > 255 {
+		return nil, errors.New("agent: identity: need an ID of 1-255 bytes and a hex secret")
+	}
+	return secret, nil
+}
+
+// setIdentity replaces the identity new connections prove.
+func (l *identityListener) setIdentity(id *agentconfig.Identity) error {
+	secret, err := parseIdentity(id)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.id, l.secret = id, secret
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *identityListener) current() (string, []byte) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.id.ID, l.secret
 }
 
 // WithIdentity wraps ln so that its connections start with the identity handshake. With
@@ -120,11 +147,15 @@ func WithIdentity(ln net.Listener, id *agentconfig.Identity) (net.Listener, erro
 	if id == nil {
 		return ln, nil
 	}
-	secret, err := hex.DecodeString(id.Secret)
-	if err != nil || len(secret) == 0 || len(id.ID) == 0 || len(id.ID) > 255 {
-		return nil, errors.New("agent: identity: need an ID of 1-255 bytes and a hex secret")
+	secret, err := parseIdentity(id)
+	if err != nil {
+		return nil, err
 	}
-	return &identityListener{Listener: ln, id: id, secret: secret}, nil
+	il := &identityListener{Listener: ln, id: id, secret: secret}
+	if rl, ok := ln.(*relistener); ok {
+		rl.idl = il
+	}
+	return il, nil
 }
 
 func (l *identityListener) Accept() (net.Conn, error) {
@@ -154,12 +185,12 @@ func (c *identityConn) handshake() error {
 			c.err = errors.New("identity handshake: not a sandboxd backend")
 			return
 		}
-		id := c.l.id.ID
+		id, secret := c.l.current()
 		out := make([]byte, 0, len(identityMagic)+1+len(id)+macLen)
 		out = append(out, identityMagic...)
 		out = append(out, byte(len(id)))
 		out = append(out, id...)
-		out = append(out, identityMAC(c.l.secret, hello[len(identityMagic):], id)...)
+		out = append(out, identityMAC(secret, hello[len(identityMagic):], id)...)
 		if _, err := c.Conn.Write(out); err != nil {
 			c.err = fmt.Errorf("identity handshake: %w", err)
 			return

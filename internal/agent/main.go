@@ -29,7 +29,16 @@ func Main(o MainOptions) int {
 		log.Error("load config", "err", err)
 		return 1
 	}
-	ln, err := listen(o.ListenFD, cfg.Listen)
+	var rl *relistener
+	var ln net.Listener
+	if a, ok := strings.CutPrefix(cfg.Listen, "unix:"); ok && o.ListenFD < 0 && a != "" {
+		// Listening itself (gVisor): suspended for checkpoints (relisten.go).
+		if rl, err = newRelistener(a, o.StateDir, o.ConfigPath); err == nil {
+			ln = rl
+		}
+	} else {
+		ln, err = listen(o.ListenFD, cfg.Listen)
+	}
 	if err != nil {
 		log.Error("listen", "err", err)
 		return 1
@@ -37,6 +46,9 @@ func Main(o MainOptions) int {
 	if ln, err = WithIdentity(ln, cfg.Identity); err != nil {
 		log.Error("listen", "err", err)
 		return 1
+	}
+	if rl != nil {
+		rl.handleSignals(log.Warn)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

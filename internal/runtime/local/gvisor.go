@@ -100,7 +100,8 @@ func (b *Backend) bootRuntime(rt *ociRuntime) *ociRuntime {
 
 // gvisorByID are the runsc commands run (ociRuntime.run) that name a container: its id
 // is their first argument that is not a flag.
-var gvisorByID = map[string]bool{"kill": true, "delete": true, "wait": true, "state": true}
+var gvisorByID = map[string]bool{"kill": true, "delete": true, "wait": true, "state": true,
+	"pause": true, "resume": true, "checkpoint": true} // (checkpoint's flags: --image-path=DIR, one argument)
 
 // runscIDSuffix ends every container id runsc knows (see above).
 const runscIDSuffix = "+"

@@ -27,10 +27,33 @@ const cgroupRoot = "/sys/fs/cgroup"
 // watch is one goroutine per sandbox parked in the netpoller on the init's pidfd: it
 // records the Exit before anything can remove the cgroup or the status file.
 func (b *Backend) watch(s *sandbox, lost string) {
-	if s.proc != nil {
-		_ = s.proc.wait(context.Background())
-	}
 	var ex runtime.Exit
+	for {
+		if s.proc != nil {
+			_ = s.proc.wait(context.Background())
+		}
+		b.mu.Lock()
+		ck := s.ck
+		b.mu.Unlock()
+		if ck == nil {
+			break
+		}
+		// Checkpointed (pause.go): the sentry's end is no exit. Wait for what follows.
+		next := <-ck.next
+		if next.stopped {
+			ex = runtime.Exit{Reason: "Stopped", Message: "stopped while paused", At: time.Now().UTC()}
+			if err := writeJSONAtomic(filepath.Join(s.dir, fileExit), &ex); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				b.log.Warn("record exit", "sandbox", s.id, "err", err)
+			}
+			s.exit = ex
+			close(s.done)
+			return
+		}
+		if next.proc == nil {
+			break // the checkpoint failed and took the sandbox with it: an exit
+		}
+		// Resumed: s.proc is the restored sentry.
+	}
 	if err := readJSON(filepath.Join(s.dir, fileExit), &ex); err != nil {
 		ex = b.computeExit(s, lost)
 		if err := writeJSONAtomic(filepath.Join(s.dir, fileExit), &ex); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -235,6 +258,9 @@ func (b *Backend) load(id string, states map[string]containerState) (*sandbox, e
 			return nil, err
 		}
 	}
+	if b.loadPaused(s) {
+		return s, nil // checkpointed: no sentry (pause.go)
+	}
 	if states != nil {
 		if st, ok := states[s.cid]; !ok || st.Status == "stopped" || st.Pid != s.info.Pid {
 			return s, nil
@@ -287,6 +313,9 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	}
 	if err := waitReady(ctx, s); err != nil {
 		return err
+	}
+	if b.stopPaused(ctx, s) {
+		return nil // checkpointed: Wait says "stopped while paused"
 	}
 	select {
 	case <-s.done:
@@ -376,6 +405,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if s.failed {
 		return nil // a failed Create, undone already
 	}
+	b.stopPaused(ctx, s) // thawed, or the checkpoint's end recorded
 	if err := b.killMembers(ctx, s); err != nil {
 		return err
 	}

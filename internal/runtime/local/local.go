@@ -40,6 +40,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -187,6 +188,16 @@ type sandbox struct {
 	// standby); volumeRoots are a group primary's volumes by name, for its members.
 	held        *agentconfig.Config
 	volumeRoots map[string]string
+
+	// Pausing (pause.go). opMu serializes Pause, Resume, Fork's checkpoint and Stop of a
+	// paused sandbox; paused (under Backend.mu) is set while it is paused; ck (under
+	// Backend.mu) while it is being or has been checkpointed: its watcher then waits for
+	// what follows the sentry's end instead of recording an exit.
+	opMu   sync.Mutex
+	paused *pauseMarker
+	ck     *ckWait
+	// fork, while a fork is created (fork.go): what of its source it starts from.
+	fork *forkParams
 
 	ready  chan struct{} // closed when Create has finished (at once for loaded sandboxes)
 	failed bool          // Create failed and undid everything; set before ready closes
@@ -364,7 +375,13 @@ func (b *Backend) step(name string, t *time.Time) {
 }
 
 // Create implements runtime.Backend.
-func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.Info, err error) {
+func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (runtime.Info, error) {
+	return b.create(ctx, spec, nil)
+}
+
+// create is Create, or with fork set the creation of a fork (fork.go): the same steps,
+// but restored from fork's checkpoint, with fork's volumes.
+func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkParams) (info runtime.Info, err error) {
 	t := time.Now()
 	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		return runtime.Info{}, err
@@ -414,6 +431,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	// A pooled container was started with the default runtime configuration; only the
 	// user commands run as can still change.
 	poolable := spec.PullCredentials == nil && !rt.gvisor && !spec.Multi() && b.poolServes(spec)
+	if fork != nil && (!rt.gvisor || spec.Multi() || spec.Engine != nil) {
+		return runtime.Info{}, fmt.Errorf("%w: a fork is a single-container gVisor sandbox", errdefs.ErrNotImplemented)
+	}
 	id := spec.ID
 	dir := b.dir(id)
 	// The sandbox dir is the claim on the id; everything else happens inside it (or, for
@@ -428,7 +448,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 	persisted := *spec
 	persisted.PullCredentials = nil
 	persisted.RuntimeClass = class
-	s := &sandbox{id: id, cid: id, dir: dir, rt: rt, spec: persisted, ready: make(chan struct{}), done: make(chan struct{})}
+	s := &sandbox{id: id, cid: id, dir: dir, rt: rt, spec: persisted, ready: make(chan struct{}), done: make(chan struct{}), fork: fork}
 	// Registered at once, so Wait, Stop and Destroy during Create find it (and wait).
 	b.mu.Lock()
 	b.sandboxes[id] = s
@@ -488,7 +508,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (info runtime.
 			return runtime.Info{}, err
 		}
 	}
-	if p := spec.StartupProbe; p != nil {
+	if p := spec.StartupProbe; p != nil && fork == nil { // a fork continues its source's state
 		// As in a group (startseq.Run): Create returns, and the sandbox runs, once the
 		// probe has passed; a *startseq.Failure names the container.
 		if err := startseq.Probe(ctx, &groupOps{b: b, s: s}, spec.ContainerName(), p); err != nil {
@@ -651,12 +671,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	} else if s.join != nil {
 		// A group's primary makes the group's volumes, for its members too.
 		var roots map[string]string
-		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids)
+		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids, s.fork)
 		s.volumeRoots = roots
 		s.join.setVolumes(roots, err)
 	} else {
 		var roots map[string]string
-		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids)
+		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids, s.fork)
 		s.volumeRoots = roots
 	}
 	if err != nil {
@@ -816,7 +836,15 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 	}
 	pidFile := filepath.Join(dir, filePid)
-	if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
+	if s.fork != nil {
+		// A fork (fork.go): the source's checkpoint, restored into this sandbox.
+		if err := copyRunDir(ctx, s.fork.run, filepath.Join(shown, dirRun)); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if err := b.bootRuntime(rt).restore(ctx, cid, bundle, s.fork.image, pidFile, out); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	} else if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step("runtime", t)
@@ -842,6 +870,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	s.proc = gvisorProc(s, pr) // in a gVisor group the pid is the sentry's
 	if rt.gvisor {
+		if s.fork != nil {
+			b.resumeAgent(ctx, s) // restored suspended (pause.go); it re-reads its identity
+		}
 		if err := b.waitAgent(ctx, s); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
@@ -1087,6 +1118,9 @@ func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn
 		}
 	} else {
 		ident = b.identityOf(id)
+	}
+	if b.isPaused(id) {
+		return nil, fmt.Errorf("dial agent of %s: %w", id, runtime.ErrPaused)
 	}
 	c, err := dialVerified(ctx, dir, ident)
 	if errors.Is(err, agent.ErrIdentity) {

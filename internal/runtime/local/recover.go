@@ -103,6 +103,17 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			return nil, err
 		}
 		r := runtime.Recovered{Spec: s.spec, Info: s.info.toInfo(id)}
+		if m := b.pausedOf(s); m != nil && (m.Released || (s.proc != nil && !s.proc.exited())) {
+			// Paused (pause.go): checkpointed, or still frozen.
+			r.Paused, r.Released = true, m.Released
+			if b.cfg.Network != nil && !m.Released {
+				if err := b.applyRules(s, s.cid); err != nil {
+					b.log.Warn("recover: network rules", "sandbox", id, "err", err)
+				}
+			}
+			out = append(out, r)
+			continue
+		}
 		if s.proc != nil && !s.proc.exited() {
 			r.Alive = true
 			if b.cfg.Network != nil {

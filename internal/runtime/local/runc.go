@@ -73,6 +73,18 @@ func (r *ociRuntime) start(ctx context.Context, id, bundle, pidFile string, extr
 	return nil
 }
 
+// restore starts container id detached from the checkpoint in image (runsc restore),
+// like start.
+func (r *ociRuntime) restore(ctx context.Context, id, bundle, image, pidFile string, out *os.File) error {
+	cmd := r.command(ctx, "restore", "--detach", "--image-path="+image, "--pid-file", pidFile, "--bundle", bundle, r.runscID(id))
+	cmd.Stdout = out
+	cmd.Stderr = out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s restore %s: %w: %s", r.class, id, err, tailOf(out.Name(), 1024))
+	}
+	return nil
+}
+
 // kill sends sig (a name like TERM or KILL) to the container's init through the CLI.
 func (r *ociRuntime) kill(ctx context.Context, id, sig string) error {
 	_, err := r.run(ctx, "kill", id, sig)

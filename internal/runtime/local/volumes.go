@@ -15,6 +15,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 
@@ -48,7 +49,8 @@ const dirVolumes = "vol"
 // setupVolumes makes spec's volumes for sandbox id in dir and returns the OCI mounts of
 // its volume mounts. disk is the sandbox's disk limit (0: none). Disk volumes are
 // subvolumes of the volume pool (volpool.go) when it is available, else made as below.
-func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, ids *idRange) ([]specs.Mount, map[string]string, error) {
+// A fork's (fork != nil) are writable snapshots of its source's (fork.go).
+func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, ids *idRange, fork *forkParams) ([]specs.Mount, map[string]string, error) {
 	if len(spec.Volumes) == 0 {
 		return nil, nil, nil
 	}
@@ -111,6 +113,13 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 					return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
 				}
 			}
+		case usePool && fork != nil:
+			var err error
+			if root, err = b.forkVolume(id, i, fork, cmp(v.SizeBytes, disk)); err != nil {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			}
+		case fork != nil:
+			return nil, nil, fmt.Errorf("volume %q: %w: forks copy disk volumes of the btrfs volume pool only", v.Name, errdefs.ErrNotImplemented)
 		case usePool:
 			var err error
 			if root, err = b.poolVolume(id, i, v, cmp(v.SizeBytes, disk), ids); err != nil {

@@ -1,0 +1,209 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+)
+
+// Checkpoints under gVisor. runsc cannot save a socket bound on the host (the agent's
+// listener, which the gofer made with --host-uds=create: "Cannot save endpoint with
+// bound host socket"), nor the host-backed connections accepted on it. So before the
+// backend checkpoints a sandbox it sends the agent (PID 1) SuspendSignal: the agent
+// closes its listener and every connection it accepted, then creates SuspendedFile in
+// its state dir, which the backend waits for. After a restore (or a checkpoint that
+// failed and left the sandbox running) the backend sends ResumeSignal: the agent
+// re-reads its identity from its config file (a fork is restored with a new one: its
+// own sandbox ID and secret), listens again and removes SuspendedFile; the backend waits
+// until a dial is answered with the identity it expects.
+//
+// The sandbox's own root can send these signals too; all it gets is its agent's
+// channel closed for at most suspendMax, after which the agent listens again by itself.
+const (
+	SuspendSignal = syscall.SIGUSR1
+	ResumeSignal  = syscall.SIGUSR2
+	SuspendedFile = "suspended"
+)
+
+// suspendMax bounds how long the agent stays without a listener without ResumeSignal.
+var suspendMax = 60 * time.Second
+
+// relistener is a net.Listener on a unix path that can be closed and opened again
+// (suspend, resume) without its Accept returning: http.Server never sees the gap.
+type relistener struct {
+	addr     string // unix socket path
+	stateDir string
+	config   string // agent config path (the identity is re-read on resume)
+	idl      *identityListener
+
+	mu     sync.Mutex
+	cur    net.Listener // nil while suspended
+	conns  map[*trackedConn]struct{}
+	wake   chan struct{} // closed (and replaced) when cur changes or on Close
+	closed bool
+	timer  *time.Timer
+}
+
+func newRelistener(addr, stateDir, config string) (*relistener, error) {
+	ln, err := listenUnixPath(addr)
+	if err != nil {
+		return nil, err
+	}
+	return &relistener{addr: addr, stateDir: stateDir, config: config, cur: ln, conns: map[*trackedConn]struct{}{}, wake: make(chan struct{})}, nil
+}
+
+func listenUnixPath(p string) (net.Listener, error) {
+	_ = os.Remove(p)
+	return net.Listen("unix", p)
+}
+
+func (l *relistener) Accept() (net.Conn, error) {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, net.ErrClosed
+		}
+		ln, wake := l.cur, l.wake
+		l.mu.Unlock()
+		if ln == nil {
+			<-wake
+			continue
+		}
+		c, err := ln.Accept()
+		if err != nil {
+			l.mu.Lock()
+			swapped := l.cur != ln && !l.closed
+			l.mu.Unlock()
+			if swapped {
+				continue
+			}
+			return nil, err
+		}
+		tc := &trackedConn{Conn: c, l: l}
+		l.mu.Lock()
+		if l.cur != ln { // suspended meanwhile
+			l.mu.Unlock()
+			c.Close()
+			continue
+		}
+		l.conns[tc] = struct{}{}
+		l.mu.Unlock()
+		return tc, nil
+	}
+}
+
+func (l *relistener) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	close(l.wake)
+	l.wake = make(chan struct{})
+	if l.cur != nil {
+		return l.cur.Close()
+	}
+	return nil
+}
+
+func (l *relistener) Addr() net.Addr {
+	return &net.UnixAddr{Name: l.addr, Net: "unix"}
+}
+
+// suspend closes the listener and every accepted connection, then creates
+// SuspendedFile.
+func (l *relistener) suspend() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return net.ErrClosed
+	}
+	if l.cur != nil {
+		_ = l.cur.Close()
+		l.cur = nil
+	}
+	for c := range l.conns {
+		_ = c.Conn.Close()
+	}
+	clear(l.conns)
+	_ = os.Remove(l.addr)
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.timer = time.AfterFunc(suspendMax, func() { _ = l.resume() })
+	f, err := os.Create(filepath.Join(l.stateDir, SuspendedFile))
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// resume re-reads the identity and listens again (a no-op when listening).
+func (l *relistener) resume() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.cur != nil {
+		return nil
+	}
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	if l.idl != nil {
+		if cfg, err := agentconfig.Load(l.config); err == nil && cfg.Identity != nil {
+			if err := l.idl.setIdentity(cfg.Identity); err != nil {
+				return err
+			}
+		}
+	}
+	ln, err := listenUnixPath(l.addr)
+	if err != nil {
+		return fmt.Errorf("listen again: %w", err)
+	}
+	l.cur = ln
+	close(l.wake)
+	l.wake = make(chan struct{})
+	_ = os.Remove(filepath.Join(l.stateDir, SuspendedFile))
+	return nil
+}
+
+// handleSignals suspends and resumes l on SuspendSignal and ResumeSignal.
+func (l *relistener) handleSignals(log func(msg string, args ...any)) {
+	ch := make(chan os.Signal, 4)
+	signal.Notify(ch, SuspendSignal, ResumeSignal)
+	go func() {
+		for sig := range ch {
+			var err error
+			if sig == SuspendSignal {
+				err = l.suspend()
+			} else {
+				err = l.resume()
+			}
+			if err != nil && !errors.Is(err, net.ErrClosed) {
+				log("checkpoint signal", "signal", sig.String(), "err", err)
+			}
+		}
+	}()
+}
+
+type trackedConn struct {
+	net.Conn
+	l    *relistener
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+	})
+	return c.Conn.Close()
+}

@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+)
+
+// TestRelistener: suspend closes the listener and the connections it accepted (and
+// says so with SuspendedFile) without Accept returning; resume listens again with the
+// identity the config file has now (a restored fork's), and Accept goes on serving.
+func TestRelistener(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	cfgPath := filepath.Join(dir, "config.json")
+	writeCfg := func(id agentconfig.Identity) {
+		b, _ := json.Marshal(agentconfig.Config{Argv: []string{"true"}, Identity: &id})
+		if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeCfg(identSecrets["a"])
+	rl, err := newRelistener(sock, dir, cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := identSecrets["a"]
+	ln, err := WithIdentity(rl, &a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+			go func() { _, _ = io.Copy(io.Discard, c) }() // reads run the handshake
+		}
+	}()
+	dial := func(want string) (net.Conn, error) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return nil, err
+		}
+		id := identSecrets[want]
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := VerifyIdentity(ctx, c, &id); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	c1, err := dial("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-accepted
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, SuspendedFile)); err != nil {
+		t.Errorf("no %s after suspend: %v", SuspendedFile, err)
+	}
+	// The accepted connection is closed; no new one gets through.
+	_ = c1.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c1.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("read on a connection accepted before suspend: %v, want it closed", err)
+	}
+	if c, err := dial("a"); err == nil {
+		c.Close()
+		t.Fatal("dial while suspended succeeded")
+	}
+	// A fork's new identity, then resume.
+	writeCfg(identSecrets["b"])
+	if err := rl.resume(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, SuspendedFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left after resume: %v", SuspendedFile, err)
+	}
+	if c, err := dial("a"); err == nil {
+		c.Close()
+		t.Error("the old identity still answers after resume")
+	}
+	c2, err := dial("b")
+	if err != nil {
+		t.Fatalf("dial after resume: %v", err)
+	}
+	c2.Close()
+	// Suspended without resume: it listens again by itself after suspendMax.
+	old := suspendMax
+	suspendMax = 100 * time.Millisecond
+	defer func() { suspendMax = old }()
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := dial("b")
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not listening again after suspendMax: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

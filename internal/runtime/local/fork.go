@@ -1,0 +1,270 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Fork (runtime.Forker), gVisor single-container sandboxes. The source's state is taken
+// once for all its forks:
+//
+//   - a running source is checkpointed as Pause does, into <its dir>/fork-<random>,
+//     and while its kernel is still paused its disk volumes are snapshotted read-only
+//     into the volume pool (tmp/<random>/<index>), so memory and files are of the same
+//     instant; then it continues (`runsc resume`, its agent listens again): it is paused
+//     for the checkpoint only. A frozen source is thawed for this and frozen again.
+//   - a checkpointed source's checkpoint and volumes are used as they are (nothing of
+//     it runs).
+//
+// Each fork is then made as Create makes a sandbox (its own dir, bundle, overlay root,
+// network namespace and address, etc files, agent config with its own identity) but
+// its disk volumes are writable btrfs snapshots of the source's (copy-on-write) and it
+// is started with `runsc restore` from the source's checkpoint instead of `runsc run`.
+// runsc reconfigures the restored network stack from the new namespace (its address),
+// gives the restored processes the new container ID and hostname, and the agent,
+// restored suspended, re-reads its identity from its new config file and listens again
+// (agent/relisten.go). The root filesystem's writes are in runsc's overlay, whose memory
+// file the checkpoint holds: each fork gets its own copy. A fork that fails is undone
+// as a failed Create is. Up to forkParallel forks are restored at once.
+//
+// Not forked (refused): memory-medium volumes and disk volumes outside the btrfs pool
+// (they would need a full copy), groups, Docker Engine sandboxes.
+
+// forkParallel bounds the forks restored concurrently.
+const forkParallel = 4
+
+// forkParams is what a fork starts from.
+type forkParams struct {
+	image string // the source's checkpoint image dir
+	vols  string // pool-relative dir holding the source's volumes by index ("" if none)
+	// run is a copy of the source's agent state dir (logs, status) as of the checkpoint:
+	// runsc's restore finds again every host file the sandbox's kernel knew (the agent's
+	// open log files among them), so each fork starts with a copy.
+	run string
+}
+
+// copyRunDir copies the agent state dir src (sandbox-written: copied as it is, links
+// not followed, copy-on-write where the filesystem can) into dst, which exists.
+func copyRunDir(ctx context.Context, src, dst string) error {
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", "--no-dereference", src+"/.", dst+"/").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("copy the agent's state: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	_ = os.Remove(filepath.Join(dst, agentSocket))
+	return nil
+}
+
+// Fork implements runtime.Forker.
+func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) ([]runtime.Info, []error) {
+	infos := make([]runtime.Info, len(specs))
+	errs := make([]error, len(specs))
+	failAll := func(err error) ([]runtime.Info, []error) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return infos, errs
+	}
+	if len(specs) == 0 {
+		return infos, errs
+	}
+	s, err := b.running(ctx, src)
+	if err != nil {
+		return failAll(fmt.Errorf("fork %s: %w", src, err))
+	}
+	if why := b.forkUnsupported(s); why != "" {
+		return failAll(fmt.Errorf("fork %s: %w: %s", src, errdefs.ErrNotImplemented, why))
+	}
+	for i, sp := range specs {
+		switch {
+		case sp == nil:
+			errs[i] = fmt.Errorf("%w: fork %d: no spec", runtime.ErrInvalidSpec, i)
+		case sp.RuntimeClass != "" && sp.RuntimeClass != s.rt.class:
+			errs[i] = fmt.Errorf("%w: fork %s: runtime class %q, the source's is %q", runtime.ErrInvalidSpec, sp.ID, sp.RuntimeClass, s.rt.class)
+		case len(sp.Volumes) != len(s.spec.Volumes):
+			errs[i] = fmt.Errorf("%w: fork %s: %d volumes, the source has %d", runtime.ErrInvalidSpec, sp.ID, len(sp.Volumes), len(s.spec.Volumes))
+		}
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	fp, cleanup, err := b.forkSource(ctx, s)
+	if err != nil {
+		return failAll(fmt.Errorf("fork %s: %w", src, err))
+	}
+	defer cleanup()
+	sem := make(chan struct{}, forkParallel)
+	var wg sync.WaitGroup
+	for i, sp := range specs {
+		if errs[i] != nil {
+			continue
+		}
+		sp := sp.Clone()
+		sp.RuntimeClass = s.rt.class
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			infos[i], errs[i] = b.create(ctx, &sp, fp)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("fork %s of %s: %w", sp.ID, src, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	return infos, errs
+}
+
+// forkUnsupported says why sandbox s cannot be forked ("" if it can).
+func (b *Backend) forkUnsupported(s *sandbox) string {
+	if why := b.checkpointUnsupported(s); why != "" {
+		return why
+	}
+	for _, v := range s.spec.Volumes {
+		if v.Medium == runtime.MediumMemory {
+			return fmt.Sprintf("volume %q is memory-backed: forks copy disk volumes only", v.Name)
+		}
+	}
+	if hasDiskVolume(&s.spec) && !b.vols.available() {
+		return "forks of sandboxes with volumes need the btrfs volume pool"
+	}
+	return ""
+}
+
+// forkSource takes what forks of s start from (s.opMu held); cleanup removes what it
+// made for them.
+func (b *Backend) forkSource(ctx context.Context, s *sandbox) (*forkParams, func(), error) {
+	nothing := func() {}
+	m := b.pausedOf(s)
+	if m != nil && m.Released {
+		fp := &forkParams{image: filepath.Join(s.dir, dirCheckpoint), run: filepath.Join(shownDir(s.dir), dirRun)}
+		if hasDiskVolume(&s.spec) {
+			fp.vols = filepath.Join(poolSandboxes, s.id)
+			release, err := b.vols.acquire()
+			if err != nil {
+				return nil, nil, err
+			}
+			return fp, release, nil
+		}
+		return fp, nothing, nil
+	}
+	if m != nil { // frozen: thawed for the checkpoint, frozen again after
+		if err := b.thaw(ctx, s); err != nil {
+			return nil, nil, err
+		}
+		defer func() {
+			if err := b.freeze(ctx, s); err != nil {
+				b.log.Warn("fork: freeze the source again", "sandbox", s.id, "err", err)
+			}
+		}()
+	}
+	image, err := b.saveImage(ctx, s, filepath.Join(s.dir, "fork-"+randomName()))
+	if err != nil {
+		return nil, nil, err
+	}
+	fp := &forkParams{image: image, run: image + "-run"}
+	var cleanups []func()
+	cleanup := func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	cleanups = append(cleanups, func() { _ = os.RemoveAll(image); _ = os.RemoveAll(fp.run) })
+	err = os.Mkdir(fp.run, 0o700)
+	if err == nil {
+		err = copyRunDir(ctx, filepath.Join(shownDir(s.dir), dirRun), fp.run)
+	}
+	if err != nil {
+		b.continueAfterSave(ctx, s, "")
+		cleanup()
+		return nil, nil, err
+	}
+	if hasDiskVolume(&s.spec) {
+		// The kernel is paused: the volumes are as the memory image knows them.
+		vols, release, err := b.snapshotVolumes(s)
+		if err != nil {
+			b.continueAfterSave(ctx, s, "")
+			cleanup()
+			return nil, nil, err
+		}
+		fp.vols = vols
+		cleanups = append(cleanups, release)
+	}
+	b.continueAfterSave(ctx, s, "")
+	return fp, cleanup, nil
+}
+
+// snapshotVolumes snapshots the disk volumes of s read-only into the pool's
+// tmp/<random>/<index> and returns that dir (pool-relative) and what removes it.
+func (b *Backend) snapshotVolumes(s *sandbox) (string, func(), error) {
+	release, err := b.vols.acquire()
+	if err != nil {
+		return "", nil, err
+	}
+	tmp, err := b.vols.openDir(poolTmp)
+	if err != nil {
+		release()
+		return "", nil, err
+	}
+	defer tmp.Close()
+	name := randomName()
+	if err := subvolCreate(tmp, name); err != nil {
+		release()
+		return "", nil, err
+	}
+	rel := filepath.Join(poolTmp, name)
+	remove := func() {
+		if t, err := b.vols.openDir(poolTmp); err == nil {
+			if err := subvolDestroy(t, name); err != nil {
+				b.log.Warn("fork: remove volume snapshots", "err", err)
+			}
+			t.Close()
+		}
+		release()
+	}
+	parent, err := b.vols.openDir(rel)
+	if err != nil {
+		remove()
+		return "", nil, err
+	}
+	defer parent.Close()
+	for i, v := range s.spec.Volumes {
+		if v.Medium == runtime.MediumMemory {
+			continue
+		}
+		src, err := b.vols.openDir(filepath.Join(poolSandboxes, s.id, strconv.Itoa(i)))
+		if err == nil {
+			err = subvolSnapshot(src, parent, strconv.Itoa(i), true)
+			src.Close()
+		}
+		if err != nil {
+			remove()
+			return "", nil, fmt.Errorf("volume %q: %w", v.Name, err)
+		}
+	}
+	return rel, remove, nil
+}
+
+// forkVolume makes fork id's disk volume number index, a writable snapshot of the
+// source's (fork.vols/<index>), limited to limit bytes. The pool is held by the caller.
+func (b *Backend) forkVolume(id string, index int, fork *forkParams, limit int64) (string, error) {
+	src, err := b.vols.openDir(filepath.Join(fork.vols, strconv.Itoa(index)))
+	if err != nil {
+		return "", fmt.Errorf("the source's volume: %w", err)
+	}
+	defer src.Close()
+	return b.vols.createVolume(id, index, limit, src)
+}

@@ -1,0 +1,99 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// BenchmarkPauseResume: a checkpoint pause (resources released) and a resume of an idle
+// gVisor sandbox on the bridge, and of one with 256 MiB resident (a tmpfs file in the
+// sentry's memory): p50/p99 of each and the checkpoint's size on disk.
+func BenchmarkPauseResume(b *testing.B) {
+	for _, mib := range []int{0, 256} {
+		b.Run(fmt.Sprintf("resident-%dMiB", mib), func(b *testing.B) {
+			e := gvisorEnv(b)
+			e.withNetwork(b, 8)
+			ctx := context.Background()
+			const id = "bpr"
+			e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sleep", Args: []string{"100000"},
+				Resources: runtime.Resources{MemoryBytes: 1 << 30}}})
+			if mib > 0 {
+				sh(b, e.b, id, "dd if=/dev/urandom of=/tmp/fill bs=1M count="+strconv.Itoa(mib)+" 2>/dev/null")
+			}
+			var pauses, resumes []time.Duration
+			var size int64
+			steps := map[string]time.Duration{}
+			e.b.trace = func(step string, d time.Duration) { steps[step] += d }
+			b.ResetTimer()
+			for range b.N {
+				pi, err := e.b.Pause(ctx, id, true)
+				if err != nil {
+					b.Fatal(err)
+				}
+				pauses = append(pauses, pi.Took)
+				size = pi.CheckpointBytes
+				start := time.Now()
+				if _, err := e.b.Resume(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+				resumes = append(resumes, time.Since(start))
+			}
+			b.StopTimer()
+			percentiles(b, pauses, "pause-")
+			percentiles(b, resumes, "resume-")
+			b.ReportMetric(float64(size), "checkpoint-bytes")
+			for k, d := range steps {
+				b.Logf("%s: %v per op", k, d/time.Duration(b.N))
+			}
+		})
+	}
+}
+
+// BenchmarkFork: forks ×1 and ×10 of a running idle gVisor sandbox on the bridge with
+// a scratch volume (wall time of the Fork call; the forks are destroyed untimed).
+func BenchmarkFork(b *testing.B) {
+	for _, n := range []int{1, 10} {
+		b.Run(fmt.Sprintf("x%d", n), func(b *testing.B) {
+			e := volPoolEnv(b)
+			if e.b.runtimes[GVisorClass] == nil {
+				b.Skip("runsc not found")
+			}
+			e.withNetwork(b, 9)
+			ctx := context.Background()
+			const src = "bfs"
+			sp := volSpec(src, GVisorClass, []runtime.Volume{{Name: "data", SizeBytes: 64 << 20}}, "sleep 100000")
+			sp.Image = "busybox"
+			e.create(sp)
+			var walls []time.Duration
+			b.ResetTimer()
+			for it := range b.N {
+				specs := make([]*runtime.Spec, n)
+				for i := range specs {
+					f := sp.Clone()
+					f.ID = "bf-" + strconv.Itoa(it) + "-" + strconv.Itoa(i)
+					specs[i] = &f
+				}
+				start := time.Now()
+				_, errs := e.b.Fork(ctx, src, specs)
+				walls = append(walls, time.Since(start))
+				b.StopTimer()
+				for i, err := range errs {
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := e.b.Destroy(ctx, specs[i].ID); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+			}
+			b.StopTimer()
+			percentiles(b, walls, "fork-")
+		})
+	}
+}
