@@ -268,6 +268,9 @@ func TestFork(t *testing.T) {
 	sp.Image = "busybox"
 	srcInfo := e.create(sp)
 	sh(t, e.b, src, "echo r > /rootfile; echo v > /data/f")
+	// The agent's state dir is copied into each fork: what the sandbox plants there is
+	// copied as it is, never followed on the host.
+	sh(t, e.b, src, "ln -s /etc/shadow /.sandboxd/run/evil; ln -s / /.sandboxd/run/root")
 	c0 := waitCount(t, e.b, src, 5)
 	specs := make([]*runtime.Spec, 3)
 	for i := range specs {
@@ -300,6 +303,11 @@ func TestFork(t *testing.T) {
 			t.Errorf("fork %s: addresses %q, want %s", id, out, infos[i].IP)
 		}
 		sh(t, e.b, id, "echo "+id+" > /rootfile; echo "+id+" > /data/f")
+		for _, n := range []string{"evil", "root"} {
+			if fi, err := os.Lstat(filepath.Join(shownDir(e.b.dir(id)), dirRun, n)); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Errorf("fork %s: run/%s on the host: %v, %v: want the symlink as planted", id, n, fi, err)
+			}
+		}
 	}
 	// The source ran on; each fork's writes are its own.
 	waitCount(t, e.b, src, c0+3)
