@@ -406,3 +406,67 @@ func TestPauseCheckpointFails(t *testing.T) {
 	}
 	waitCount(t, e.b, id, c1+5)
 }
+
+// TestPauseFreezeGroup freezes a group (runc: the group's cgroup; gVisor: its one
+// sentry): both containers stop counting, every container's agent is refused with
+// ErrPaused, a checkpoint of the group is refused, Resume continues both and Stop ends it.
+func TestPauseFreezeGroup(t *testing.T) {
+	for _, class := range []string{"runc", GVisorClass} {
+		t.Run(class, func(t *testing.T) {
+			e := newEnv(t)
+			if e.b.runtimes[class] == nil {
+				t.Skip("runsc not found")
+			}
+			ctx := context.Background()
+			const id = "frzg"
+			sp := runtime.Spec{ID: id, RuntimeClass: class,
+				Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
+				Sidecars:  []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}}
+			e.create(sp)
+			side := func() int {
+				out, _, _ := execIn(t, agentClientOf(e.b, id, "side"), "sh", "-c", "cat /tmp/cnt 2>/dev/null || echo 0")
+				n, _ := strconv.Atoi(strings.TrimSpace(out))
+				return n
+			}
+			waitCount(t, e.b, id, 2)
+			waitFor(t, func() bool { return side() >= 2 })
+			a1, s1 := count(t, e.b, id), side()
+			if _, err := e.b.Pause(ctx, id, false); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.b.Pause(ctx, id, false); !errors.Is(err, runtime.ErrAlreadyPaused) {
+				t.Errorf("second pause: %v", err)
+			}
+			for _, name := range []string{"", "side"} {
+				if _, err := e.b.DialAgent(ctx, id, name); !errors.Is(err, runtime.ErrPaused) {
+					t.Errorf("dial %q while paused: %v", name, err)
+				}
+			}
+			time.Sleep(700 * time.Millisecond)
+			if _, err := e.b.Resume(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if a2, s2 := count(t, e.b, id), side(); a2-a1 > 3 || s2-s1 > 3 {
+				t.Errorf("counters went %d->%d and %d->%d across 0.7 s frozen", a1, a2, s1, s2)
+			}
+			waitCount(t, e.b, id, a1+4)
+			waitFor(t, func() bool { return side() >= s1+4 })
+			if class == GVisorClass {
+				if _, err := e.b.Pause(ctx, id, true); !errors.Is(err, errdefs.ErrNotImplemented) {
+					t.Errorf("checkpoint of a gVisor group: %v, want ErrNotImplemented", err)
+				}
+			}
+			if _, err := e.b.Pause(ctx, id, false); err != nil {
+				t.Fatal(err)
+			}
+			sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if err := e.b.Stop(sctx, id, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.b.Wait(sctx, id); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
