@@ -470,3 +470,37 @@ func TestPauseFreezeGroup(t *testing.T) {
 		})
 	}
 }
+
+// TestPauseForkDiskLimit: a gVisor sandbox with a disk limit (its writable layer on a
+// disk image of its own, disk.go) is checkpointed, resumed and forked like one without.
+func TestPauseForkDiskLimit(t *testing.T) {
+	e := newEnvWith(t, func(c *Config) { c.DiskBytes = 128 << 20 })
+	if e.b.runtimes[GVisorClass] == nil {
+		t.Skip("runsc not found")
+	}
+	ctx := context.Background()
+	const id = "pdl"
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}
+	e.create(sp)
+	sh(t, e.b, id, "echo r > /rootfile")
+	c1 := waitCount(t, e.b, id, 2)
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.b.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	f := sp.Clone()
+	f.ID = "pdl-f"
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&f}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	for _, x := range []string{id, f.ID} {
+		if n := waitCount(t, e.b, x, c1+2); n < c1 {
+			t.Errorf("%s: counter %d", x, n)
+		}
+		if out := sh(t, e.b, x, "cat /rootfile"); out != "r" {
+			t.Errorf("%s: /rootfile = %q", x, out)
+		}
+	}
+}
