@@ -29,13 +29,19 @@ const cgroupRoot = "/sys/fs/cgroup"
 func (b *Backend) watch(s *sandbox, lost string) {
 	var ex runtime.Exit
 	for {
-		if s.proc != nil {
-			_ = s.proc.wait(context.Background())
+		b.mu.Lock()
+		p := s.proc
+		b.mu.Unlock()
+		if p != nil {
+			_ = p.wait(context.Background())
 		}
 		b.mu.Lock()
-		ck := s.ck
+		ck, cur := s.ck, s.proc
 		b.mu.Unlock()
 		if ck == nil {
+			if cur != p && cur != nil {
+				continue // resumed before this watcher looked (pause.go)
+			}
 			break
 		}
 		// Checkpointed (pause.go): the sentry's end is no exit. Wait for what follows.

@@ -14,6 +14,10 @@
 // sandboxes without a network work under both. gvisor.go has the details and the other
 // differences (no OCI seccomp profile, SIGTERM via `runsc kill`, runc-only warm pool).
 //
+// Pause, resume and fork (runtime.Pauser, runtime.Forker): a freeze for every class, a
+// checkpoint (resources released) and forks for single-container gVisor sandboxes with
+// `runsc checkpoint`/`runsc restore`; see pause.go and fork.go.
+//
 // Everything about a sandbox lives in <StateDir>/<id>/ (see the file names below) and in
 // the OCI runtime's state under <StateDir>/.oci/<runtime class>/, so a new Backend on the
 // same StateDir recovers what an earlier one started.

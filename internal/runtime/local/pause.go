@@ -492,8 +492,10 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	if pr == nil {
 		return undo(fmt.Errorf("the restored sandbox is gone: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024)))
 	}
+	b.mu.Lock() // the watcher reads it under the lock (lifecycle.go)
 	old := s.proc
 	s.proc = pr
+	b.mu.Unlock()
 	oldInfo := s.info
 	s.info.Pid, s.info.PidStart = pid, pr.start
 	if err := writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info); err != nil {
@@ -506,7 +508,9 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		_ = pr.signal(unix.SIGKILL)
 		_ = pr.wait(context.WithoutCancel(ctx))
 		pr.close()
+		b.mu.Lock()
 		s.proc = old
+		b.mu.Unlock()
 		s.info = oldInfo
 		_ = writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info)
 		return undo(err)

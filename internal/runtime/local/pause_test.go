@@ -268,6 +268,9 @@ func TestFork(t *testing.T) {
 	sp.Image = "busybox"
 	srcInfo := e.create(sp)
 	sh(t, e.b, src, "echo r > /rootfile; echo v > /data/f")
+	// The agent's state dir is copied into each fork: what the sandbox plants there is
+	// copied as it is, never followed on the host.
+	sh(t, e.b, src, "ln -s /etc/shadow /.sandboxd/run/evil; ln -s / /.sandboxd/run/root")
 	c0 := waitCount(t, e.b, src, 5)
 	specs := make([]*runtime.Spec, 3)
 	for i := range specs {
@@ -300,6 +303,11 @@ func TestFork(t *testing.T) {
 			t.Errorf("fork %s: addresses %q, want %s", id, out, infos[i].IP)
 		}
 		sh(t, e.b, id, "echo "+id+" > /rootfile; echo "+id+" > /data/f")
+		for _, n := range []string{"evil", "root"} {
+			if fi, err := os.Lstat(filepath.Join(shownDir(e.b.dir(id)), dirRun, n)); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Errorf("fork %s: run/%s on the host: %v, %v: want the symlink as planted", id, n, fi, err)
+			}
+		}
 	}
 	// The source ran on; each fork's writes are its own.
 	waitCount(t, e.b, src, c0+3)
@@ -397,4 +405,102 @@ func TestPauseCheckpointFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCount(t, e.b, id, c1+5)
+}
+
+// TestPauseFreezeGroup freezes a group (runc: the group's cgroup; gVisor: its one
+// sentry): both containers stop counting, every container's agent is refused with
+// ErrPaused, a checkpoint of the group is refused, Resume continues both and Stop ends it.
+func TestPauseFreezeGroup(t *testing.T) {
+	for _, class := range []string{"runc", GVisorClass} {
+		t.Run(class, func(t *testing.T) {
+			e := newEnv(t)
+			if e.b.runtimes[class] == nil {
+				t.Skip("runsc not found")
+			}
+			ctx := context.Background()
+			const id = "frzg"
+			sp := runtime.Spec{ID: id, RuntimeClass: class,
+				Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
+				Sidecars:  []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}}
+			e.create(sp)
+			side := func() int {
+				out, _, _ := execIn(t, agentClientOf(e.b, id, "side"), "sh", "-c", "cat /tmp/cnt 2>/dev/null || echo 0")
+				n, _ := strconv.Atoi(strings.TrimSpace(out))
+				return n
+			}
+			waitCount(t, e.b, id, 2)
+			waitFor(t, func() bool { return side() >= 2 })
+			a1, s1 := count(t, e.b, id), side()
+			if _, err := e.b.Pause(ctx, id, false); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.b.Pause(ctx, id, false); !errors.Is(err, runtime.ErrAlreadyPaused) {
+				t.Errorf("second pause: %v", err)
+			}
+			for _, name := range []string{"", "side"} {
+				if _, err := e.b.DialAgent(ctx, id, name); !errors.Is(err, runtime.ErrPaused) {
+					t.Errorf("dial %q while paused: %v", name, err)
+				}
+			}
+			time.Sleep(700 * time.Millisecond)
+			if _, err := e.b.Resume(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if a2, s2 := count(t, e.b, id), side(); a2-a1 > 3 || s2-s1 > 3 {
+				t.Errorf("counters went %d->%d and %d->%d across 0.7 s frozen", a1, a2, s1, s2)
+			}
+			waitCount(t, e.b, id, a1+4)
+			waitFor(t, func() bool { return side() >= s1+4 })
+			if class == GVisorClass {
+				if _, err := e.b.Pause(ctx, id, true); !errors.Is(err, errdefs.ErrNotImplemented) {
+					t.Errorf("checkpoint of a gVisor group: %v, want ErrNotImplemented", err)
+				}
+			}
+			if _, err := e.b.Pause(ctx, id, false); err != nil {
+				t.Fatal(err)
+			}
+			sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if err := e.b.Stop(sctx, id, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.b.Wait(sctx, id); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestPauseForkDiskLimit: a gVisor sandbox with a disk limit (its writable layer on a
+// disk image of its own, disk.go) is checkpointed, resumed and forked like one without.
+func TestPauseForkDiskLimit(t *testing.T) {
+	e := newEnvWith(t, func(c *Config) { c.DiskBytes = 128 << 20 })
+	if e.b.runtimes[GVisorClass] == nil {
+		t.Skip("runsc not found")
+	}
+	ctx := context.Background()
+	const id = "pdl"
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}
+	e.create(sp)
+	sh(t, e.b, id, "echo r > /rootfile")
+	c1 := waitCount(t, e.b, id, 2)
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.b.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	f := sp.Clone()
+	f.ID = "pdl-f"
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&f}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	for _, x := range []string{id, f.ID} {
+		if n := waitCount(t, e.b, x, c1+2); n < c1 {
+			t.Errorf("%s: counter %d", x, n)
+		}
+		if out := sh(t, e.b, x, "cat /rootfile"); out != "r" {
+			t.Errorf("%s: /rootfile = %q", x, out)
+		}
+	}
 }

@@ -106,7 +106,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		if m := b.pausedOf(s); m != nil && (m.Released || (s.proc != nil && !s.proc.exited())) {
 			// Paused (pause.go): checkpointed, or still frozen.
 			r.Paused, r.Released = true, m.Released
-			if b.cfg.Network != nil && !m.Released {
+			if b.cfg.Network != nil { // its namespace and address stay while paused
 				if err := b.applyRules(s, s.cid); err != nil {
 					b.log.Warn("recover: network rules", "sandbox", id, "err", err)
 				}
