@@ -327,7 +327,7 @@ func checkHostClean(t *testing.T, c crashCase, id string, anyAlive bool, when st
 	if id != "" {
 		under = filepath.Join(c.State, id)
 	}
-	for _, l := range loopBackings(under) {
+	for _, l := range lingeringLoops(under) {
 		sub.Errorf("leaked loop device %s", l)
 	}
 	if !c.Network {

@@ -7,11 +7,28 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // loopBackings lists the loop devices whose backing file is under dir.
+// lingeringLoops is loopBackings(dir) once the devices have had time to detach: Destroy
+// detaches a loop device with LOOP_CLR_FD, which on a device another process has open
+// at that moment (anything on the host that scans block devices) only sets autoclear,
+// so the kernel detaches it at that process's close. A device still attached after a
+// few seconds is a leak.
+func lingeringLoops(dir string) []string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l := loopBackings(dir)
+		if len(l) == 0 || time.Now().After(deadline) {
+			return l
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func loopBackings(dir string) []string {
 	var out []string
 	for _, f := range mustGlob("/sys/block/loop*/loop/backing_file") {
@@ -83,7 +100,7 @@ func TestDiskLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkNoLeaks(t, e.state, id)
-			if l := loopBackings(e.state); len(l) > 0 {
+			if l := lingeringLoops(e.state); len(l) > 0 {
 				t.Errorf("loop devices left attached: %v", l)
 			}
 		})

@@ -66,7 +66,7 @@ func scratchVolumes(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, id)
-	if l := loopBackings(e.state); len(l) > 0 {
+	if l := lingeringLoops(e.state); len(l) > 0 {
 		t.Errorf("loop devices left attached: %v", l)
 	}
 }
