@@ -576,7 +576,19 @@ func BenchmarkPauseResumeFork(b *testing.B) {
 	for range fewer {
 		forkMany = append(forkMany, s.fork(b, idle, forkN, 0))
 	}
-	runnerIdle := s.runnerPauses(idle)
+	runnerIdle := s.runnerPauses(idle) // those of the rounds above only
+	// Forks of the paused source start from its checkpoint: no checkpoint in the fork.
+	var forkPaused []time.Duration
+	release := true
+	if _, err := s.c.Pause(context.Background(), idle, sandbox.PauseOptions{ReleaseResources: &release}); err != nil {
+		b.Fatal(err)
+	}
+	for range reps {
+		forkPaused = append(forkPaused, s.fork(b, idle, 1, 0))
+	}
+	if _, err := s.c.Resume(context.Background(), idle); err != nil {
+		b.Fatal(err)
+	}
 
 	// The sandbox holding resident bytes.
 	big, _ := s.python(b, resident, memory)
@@ -605,6 +617,7 @@ func BenchmarkPauseResumeFork(b *testing.B) {
 	add("idle: resume (API returns)", p5099(resumes), fmt.Sprintf("p50 ≤ 150 ms: %s", verdict(ms(pct(resumes, 50)) <= 150)))
 	add("idle: resume → first exec answered", p5099(resumeExecs), "")
 	add("idle: fork ×1 → answers exec", p5099(fork1), fmt.Sprintf("p50 ≤ 250 ms: %s", verdict(ms(pct(fork1, 50)) <= 250)))
+	add("idle: fork ×1 of the paused source", p5099(forkPaused), "")
 	target := ""
 	if forkN == 10 {
 		target = fmt.Sprintf("≤ 1500 ms: %s", verdict(ms(pct(forkMany, 50)) <= 1500))
@@ -639,6 +652,7 @@ func BenchmarkPauseResumeFork(b *testing.B) {
 	b.ReportMetric(ms(pct(resumeExecs, 50)), "idle-resume-exec-p50-ms")
 	b.ReportMetric(ms(pct(fork1, 50)), "idle-fork1-p50-ms")
 	b.ReportMetric(ms(pct(fork1, 99)), "idle-fork1-p99-ms")
+	b.ReportMetric(ms(pct(forkPaused, 50)), "idle-fork1-paused-p50-ms")
 	b.ReportMetric(ms(pct(forkMany, 50)), fmt.Sprintf("idle-fork%d-wall-ms", forkN))
 	b.ReportMetric(float64(ckBytes), "idle-checkpoint-bytes")
 	b.ReportMetric(perGiB, "pause-ms-per-GiB")
