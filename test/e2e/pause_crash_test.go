@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // crashRig is a split deployment: a gateway in the test and a `sandboxd runner` process
@@ -40,6 +41,8 @@ type crashRig struct {
 	proc    *runnerProc
 	g       *gw
 	state   statev1connect.SandboxStateServiceClient
+	gwy     *gateway.Server
+	rc      *runnerapi.Client
 }
 
 func startCrashRig(t *testing.T) *crashRig {
@@ -101,15 +104,17 @@ func startCrashRig(t *testing.T) *crashRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(rc.Close)
-	keys, err := auth.OpenKeyring(filepath.Join(dir, "keys.json"))
-	if err != nil {
+	// A store-backed index, as in production: its reconciler deletes sandboxes no gateway
+	// recorded (a fork the runner made whole but never reported); the test runs it.
+	st, keys, keyA := indexStore(t)
+	if _, err := st.Orgs().Create(context.Background(), store.Org{ID: "org-b"}); err != nil {
 		t.Fatal(err)
 	}
-	keyA, _, _ := keys.Create("org-a", auth.RoleUser, "")
 	keyB, _, _ := keys.Create("org-b", auth.RoleUser, "")
 	pol := &policies{}
 	pol.set(`{` + gvisorPolicy + `}`)
-	gwy, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{rc}, Policies: pol})
+	gwy, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{rc}, Policies: pol,
+		Index: st.Sandboxes(), Orgs: st.Orgs(), OrphanGrace: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,6 +126,7 @@ func startCrashRig(t *testing.T) *crashRig {
 	srv.Start()
 	t.Cleanup(srv.Close)
 	r.g = gwClients(srv.URL, keyA, keyB)
+	r.gwy, r.rc = gwy, rc
 	r.state = statev1connect.NewSandboxStateServiceClient(h2cClient(), srv.URL, connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(keyA)))
 	return r
 }
@@ -341,7 +347,7 @@ func TestPauseRunnerKilled(t *testing.T) {
 	}
 
 	// Fork: the source's image being saved, then each fork being made.
-	for _, point := range []string{"local.pause.saved", "local.create.network", "local.create.started"} {
+	for _, point := range []string{"local.pause.saved", "local.create.network", "local.create.started", "local.create.info"} {
 		t.Run("fork "+point, func(t *testing.T) {
 			source(t)
 			r.restart(t, point)
@@ -399,6 +405,34 @@ func TestPauseRunnerKilled(t *testing.T) {
 				}
 			}
 			t.Logf("fork %s: %d forks listed after the crash", point, forks)
+			// What the runner has that no gateway recorded (a fork made whole, never
+			// reported) the reconciler deletes; then the runner has only known sandboxes.
+			unknown := func() []string {
+				sbs, err := r.rc.List(ctx)
+				if err != nil {
+					t.Fatalf("runner list: %v", err)
+				}
+				var out []string
+				for _, sb := range sbs {
+					if !known[sb.ID] && !sb.State.Terminal() {
+						out = append(out, sb.ID+" "+sb.State.String())
+					}
+				}
+				return out
+			}
+			if u := unknown(); len(u) > 0 {
+				t.Logf("fork %s: sandboxes on the runner no gateway recorded: %q", point, u)
+				if n := r.gwy.Reconcile(ctx); n != len(u) {
+					t.Errorf("reconcile deleted %d sandboxes, want the %d unrecorded", n, len(u))
+				}
+				deadline := time.Now().Add(30 * time.Second)
+				for len(unknown()) > 0 && time.Now().Before(deadline) {
+					time.Sleep(100 * time.Millisecond)
+				}
+				if u := unknown(); len(u) > 0 {
+					t.Errorf("after reconcile: %q", u)
+				}
+			}
 		})
 	}
 
