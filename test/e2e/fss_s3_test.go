@@ -528,8 +528,14 @@ type runnerProc struct {
 // startRunnerProc starts bin with args and waits until it listens.
 func startRunnerProc(t *testing.T, bin string, args ...string) *runnerProc {
 	t.Helper()
+	return startRunnerProcEnv(t, bin, nil, args...)
+}
+
+// startRunnerProcEnv is startRunnerProc with extraEnv in the process's environment.
+func startRunnerProcEnv(t *testing.T, bin string, extraEnv []string, args ...string) *runnerProc {
+	t.Helper()
 	p := &runnerProc{cmd: exec.Command(bin, args...), exited: make(chan struct{}), out: &lockedWriter{w: new(bytes.Buffer)}}
-	p.cmd.Env = append(os.Environ(), "SANDBOXD_AGENT="+env.AgentBin)
+	p.cmd.Env = append(append(os.Environ(), "SANDBOXD_AGENT="+env.AgentBin), extraEnv...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
