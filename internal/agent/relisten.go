@@ -25,13 +25,24 @@ import (
 // own sandbox ID and secret), listens again and removes SuspendedFile; the backend waits
 // until a dial is answered with the identity it expects.
 //
+// A suspended agent also looks for ResumeFile in its state dir every resumePoll and
+// resumes as on ResumeSignal when it is there (and removes it). The backend creates it
+// before `runsc restore` (and before it lets a paused kernel continue): the restored
+// agent then listens again at once, without the signal's round trip through the runsc
+// CLI (~10 ms on the resume path). While the kernel is paused or checkpointed nothing
+// polls; the poll runs only in the few milliseconds between suspend and pause.
+//
 // The sandbox's own root can send these signals too; all it gets is its agent's
 // channel closed for at most suspendMax, after which the agent listens again by itself.
 const (
 	SuspendSignal = syscall.SIGUSR1
 	ResumeSignal  = syscall.SIGUSR2
 	SuspendedFile = "suspended"
+	ResumeFile    = "resume"
 )
+
+// resumePoll is how often a suspended agent looks for ResumeFile.
+var resumePoll = 2 * time.Millisecond
 
 // suspendMax bounds how long the agent stays without a listener without ResumeSignal.
 var suspendMax = 60 * time.Second
@@ -134,10 +145,12 @@ func (l *relistener) suspend() error {
 	}
 	clear(l.conns)
 	_ = os.Remove(l.addr)
+	_ = os.Remove(filepath.Join(l.stateDir, ResumeFile)) // a stale one
 	if l.timer != nil {
 		l.timer.Stop()
 	}
 	l.timer = time.AfterFunc(suspendMax, func() { _ = l.resume() })
+	go l.pollResume(l.wake)
 	f, err := os.Create(filepath.Join(l.stateDir, SuspendedFile))
 	if err != nil {
 		return err
@@ -170,8 +183,28 @@ func (l *relistener) resume() error {
 	l.cur = ln
 	close(l.wake)
 	l.wake = make(chan struct{})
+	_ = os.Remove(filepath.Join(l.stateDir, ResumeFile))
 	_ = os.Remove(filepath.Join(l.stateDir, SuspendedFile))
 	return nil
+}
+
+// pollResume resumes l when ResumeFile appears, for as long as l is suspended (wake,
+// the channel of the suspension, is closed when it ends).
+func (l *relistener) pollResume(wake chan struct{}) {
+	flag := filepath.Join(l.stateDir, ResumeFile)
+	t := time.NewTicker(resumePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-wake:
+			return
+		case <-t.C:
+		}
+		if _, err := os.Lstat(flag); err == nil {
+			_ = l.resume()
+			return
+		}
+	}
 }
 
 // handleSignals suspends and resumes l on SuspendSignal and ResumeSignal.

@@ -101,6 +101,47 @@ func TestRelistener(t *testing.T) {
 		t.Fatalf("dial after resume: %v", err)
 	}
 	c2.Close()
+	// ResumeFile (the backend's way after a restore) resumes it too, and is removed; a
+	// stale one from before the suspend does not.
+	if err := os.WriteFile(filepath.Join(dir, ResumeFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * resumePoll)
+	if c, err := dial("b"); err == nil {
+		c.Close()
+		t.Fatal("a ResumeFile from before the suspend resumed the agent")
+	}
+	writeCfg(identSecrets["a"])
+	if err := os.WriteFile(filepath.Join(dir, ResumeFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitDeadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := dial("a")
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(waitDeadline) {
+			t.Fatalf("not listening again after %s appeared: %v", ResumeFile, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, f := range []string{ResumeFile, SuspendedFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left after the file resume: %v", f, err)
+		}
+	}
+	writeCfg(identSecrets["b"])
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.resume(); err != nil {
+		t.Fatal(err)
+	}
 	// Suspended without resume: it listens again by itself after suspendMax.
 	old := suspendMax
 	suspendMax = 100 * time.Millisecond
