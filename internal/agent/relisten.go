@@ -55,6 +55,12 @@ type relistener struct {
 	config   string // agent config path (the identity is re-read on resume)
 	idl      *identityListener
 
+	// inflight counts Accept calls on a listener and Read/Write calls on accepted
+	// connections: Close of a Go socket closes its descriptor only once the calls in
+	// flight on it have returned, and runsc cannot save a sandbox whose host-backed
+	// socket is still open, so suspend waits for them (Add under mu, Done without it).
+	inflight sync.WaitGroup
+
 	mu     sync.Mutex
 	cur    net.Listener // nil while suspended
 	conns  map[*trackedConn]struct{}
@@ -84,12 +90,16 @@ func (l *relistener) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 		ln, wake := l.cur, l.wake
+		if ln != nil {
+			l.inflight.Add(1)
+		}
 		l.mu.Unlock()
 		if ln == nil {
 			<-wake
 			continue
 		}
 		c, err := ln.Accept()
+		l.inflight.Done()
 		if err != nil {
 			l.mu.Lock()
 			swapped := l.cur != ln && !l.closed
@@ -100,6 +110,8 @@ func (l *relistener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		tc := &trackedConn{Conn: c, l: l}
+		// (conns and inflight: a Read or Write counted from here on is awaited by a
+		// suspend, which closes the connection first)
 		l.mu.Lock()
 		if l.cur != ln { // suspended meanwhile
 			l.mu.Unlock()
@@ -144,13 +156,15 @@ func (l *relistener) suspend() error {
 		_ = c.Conn.Close()
 	}
 	clear(l.conns)
+	l.awaitClosed()
 	_ = os.Remove(l.addr)
 	_ = os.Remove(filepath.Join(l.stateDir, ResumeFile)) // a stale one
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	l.timer = time.AfterFunc(suspendMax, func() { _ = l.resume() })
-	go l.pollResume(l.wake)
+	wake := l.wake // this suspension's: closed when it ends
+	l.timer = time.AfterFunc(suspendMax, func() { _ = l.resumeOf(wake) })
+	go l.pollResume(wake)
 	f, err := os.Create(filepath.Join(l.stateDir, SuspendedFile))
 	if err != nil {
 		return err
@@ -158,11 +172,31 @@ func (l *relistener) suspend() error {
 	return f.Close()
 }
 
+// awaitClosed waits (a while, l.mu held) until the calls in flight on the closed
+// listener and connections have returned: their descriptors are then closed.
+func (l *relistener) awaitClosed() {
+	done := make(chan struct{})
+	go func() { l.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(suspendDrain):
+	}
+}
+
+// suspendDrain bounds awaitClosed.
+const suspendDrain = 2 * time.Second
+
 // resume re-reads the identity and listens again (a no-op when listening).
 func (l *relistener) resume() error {
+	return l.resumeOf(nil)
+}
+
+// resumeOf is resume, for the suspension whose wake channel is wake only (nil: any):
+// a poll or timer of an ended suspension must not end a later one.
+func (l *relistener) resumeOf(wake chan struct{}) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || l.cur != nil {
+	if l.closed || l.cur != nil || (wake != nil && wake != l.wake) {
 		return nil
 	}
 	if l.timer != nil {
@@ -201,7 +235,7 @@ func (l *relistener) pollResume(wake chan struct{}) {
 		case <-t.C:
 		}
 		if _, err := os.Lstat(flag); err == nil {
-			_ = l.resume()
+			_ = l.resumeOf(wake)
 			return
 		}
 	}
@@ -230,6 +264,34 @@ type trackedConn struct {
 	net.Conn
 	l    *relistener
 	once sync.Once
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	if !c.enter() {
+		return 0, net.ErrClosed
+	}
+	defer c.l.inflight.Done()
+	return c.Conn.Read(p)
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	if !c.enter() {
+		return 0, net.ErrClosed
+	}
+	defer c.l.inflight.Done()
+	return c.Conn.Write(p)
+}
+
+// enter counts a call on c in flight unless c was closed by a suspend (no longer
+// tracked).
+func (c *trackedConn) enter() bool {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	if _, ok := c.l.conns[c]; !ok {
+		return false
+	}
+	c.l.inflight.Add(1)
+	return true
 }
 
 func (c *trackedConn) Close() error {

@@ -162,3 +162,61 @@ func TestRelistener(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// socketFDs counts this process's open socket descriptors.
+func socketFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && len(l) > 7 && l[:7] == "socket:" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRelistenerSuspendClosesDescriptors: when suspend returns, the descriptors of the
+// listener (an Accept in flight on it) and of an accepted connection (a Read in flight
+// on it) are closed, not merely marked closed: runsc refuses to checkpoint a sandbox
+// with a host-backed socket still open.
+func TestRelistenerSuspendClosesDescriptors(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := rl.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	client, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	<-accepted
+	time.Sleep(20 * time.Millisecond) // the Read and the next Accept are in flight
+	before := socketFDs(t)            // listener, accepted conn, client
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	if after := socketFDs(t); after > before-2 {
+		t.Errorf("%d socket descriptors open after suspend, %d before: the listener's and the connection's are not both closed", after, before)
+	}
+	if err := rl.resume(); err != nil {
+		t.Fatal(err)
+	}
+}
