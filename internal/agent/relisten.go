@@ -25,6 +25,8 @@ import (
 // own sandbox ID and secret), listens again and removes SuspendedFile; the backend waits
 // until a dial is answered with the identity it expects.
 //
+// ResumeSignal resumes only while ResumeFile is there (see handleSignals).
+//
 // A suspended agent also looks for ResumeFile in its state dir every resumePoll and
 // resumes as on ResumeSignal when it is there (and removes it). The backend creates it
 // before `runsc restore` (and before it lets a paused kernel continue): the restored
@@ -250,7 +252,10 @@ func (l *relistener) handleSignals(log func(msg string, args ...any)) {
 			var err error
 			if sig == SuspendSignal {
 				err = l.suspend()
-			} else {
+			} else if _, serr := os.Lstat(filepath.Join(l.stateDir, ResumeFile)); serr == nil {
+				// Only with ResumeFile there: Go delivers pending signals by number, so
+				// a ResumeSignal sent before a SuspendSignal can arrive after it; the
+				// host removes ResumeFile before it suspends, so a late one is ignored.
 				err = l.resume()
 			}
 			if err != nil && !errors.Is(err, net.ErrClosed) {

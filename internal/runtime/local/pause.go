@@ -391,8 +391,10 @@ func (b *Backend) waitRestoredAgent(ctx context.Context, s *sandbox) error {
 	return b.waitAgent(ctx, s)
 }
 
-// resumeAgent tells the agent of gVisor sandbox s to listen again.
+// resumeAgent tells the agent of gVisor sandbox s to listen again (agent.ResumeFile,
+// which the signal needs too, and agent.ResumeSignal).
 func (b *Backend) resumeAgent(ctx context.Context, s *sandbox) {
+	markResume(filepath.Join(shownDir(s.dir), dirRun))
 	if _, err := s.rt.run(ctx, "kill", s.cid, "USR2"); err != nil {
 		b.log.Warn("resume the agent", "sandbox", s.id, "err", err)
 	}
