@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,5 +220,56 @@ func TestRelistenerSuspendClosesDescriptors(t *testing.T) {
 	}
 	if err := rl.resume(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRelistenerLateResumeSignal: ResumeSignal without ResumeFile (one sent before the
+// suspend that arrives after it) leaves the agent suspended; with it, it resumes.
+func TestRelistenerLateResumeSignal(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	rl.handleSignals(t.Logf)
+	defer signal.Reset(SuspendSignal, ResumeSignal)
+	listening := func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}
+	waitState := func(want bool) bool {
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if listening() == want {
+				return true
+			}
+		}
+		return false
+	}
+	if err := syscall.Kill(os.Getpid(), SuspendSignal); err != nil {
+		t.Fatal(err)
+	}
+	if !waitState(false) {
+		t.Fatal("still listening after SuspendSignal")
+	}
+	if err := syscall.Kill(os.Getpid(), ResumeSignal); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if listening() {
+		t.Fatal("a ResumeSignal without ResumeFile resumed the agent")
+	}
+	if err := os.WriteFile(filepath.Join(dir, ResumeFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), ResumeSignal); err != nil {
+		t.Fatal(err)
+	}
+	if !waitState(true) {
+		t.Fatal("not listening after ResumeFile and ResumeSignal")
 	}
 }
