@@ -25,13 +25,26 @@ import (
 // own sandbox ID and secret), listens again and removes SuspendedFile; the backend waits
 // until a dial is answered with the identity it expects.
 //
+// ResumeSignal resumes only while ResumeFile is there (see handleSignals).
+//
+// A suspended agent also looks for ResumeFile in its state dir every resumePoll and
+// resumes as on ResumeSignal when it is there (and removes it). The backend creates it
+// before `runsc restore` (and before it lets a paused kernel continue): the restored
+// agent then listens again at once, without the signal's round trip through the runsc
+// CLI (~10 ms on the resume path). While the kernel is paused or checkpointed nothing
+// polls; the poll runs only in the few milliseconds between suspend and pause.
+//
 // The sandbox's own root can send these signals too; all it gets is its agent's
 // channel closed for at most suspendMax, after which the agent listens again by itself.
 const (
 	SuspendSignal = syscall.SIGUSR1
 	ResumeSignal  = syscall.SIGUSR2
 	SuspendedFile = "suspended"
+	ResumeFile    = "resume"
 )
+
+// resumePoll is how often a suspended agent looks for ResumeFile.
+var resumePoll = 2 * time.Millisecond
 
 // suspendMax bounds how long the agent stays without a listener without ResumeSignal.
 var suspendMax = 60 * time.Second
@@ -43,6 +56,12 @@ type relistener struct {
 	stateDir string
 	config   string // agent config path (the identity is re-read on resume)
 	idl      *identityListener
+
+	// inflight counts Accept calls on a listener and Read/Write calls on accepted
+	// connections: Close of a Go socket closes its descriptor only once the calls in
+	// flight on it have returned, and runsc cannot save a sandbox whose host-backed
+	// socket is still open, so suspend waits for them (Add under mu, Done without it).
+	inflight sync.WaitGroup
 
 	mu     sync.Mutex
 	cur    net.Listener // nil while suspended
@@ -73,12 +92,16 @@ func (l *relistener) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 		ln, wake := l.cur, l.wake
+		if ln != nil {
+			l.inflight.Add(1)
+		}
 		l.mu.Unlock()
 		if ln == nil {
 			<-wake
 			continue
 		}
 		c, err := ln.Accept()
+		l.inflight.Done()
 		if err != nil {
 			l.mu.Lock()
 			swapped := l.cur != ln && !l.closed
@@ -89,6 +112,8 @@ func (l *relistener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		tc := &trackedConn{Conn: c, l: l}
+		// (conns and inflight: a Read or Write counted from here on is awaited by a
+		// suspend, which closes the connection first)
 		l.mu.Lock()
 		if l.cur != ln { // suspended meanwhile
 			l.mu.Unlock()
@@ -133,11 +158,15 @@ func (l *relistener) suspend() error {
 		_ = c.Conn.Close()
 	}
 	clear(l.conns)
+	l.awaitClosed()
 	_ = os.Remove(l.addr)
+	_ = os.Remove(filepath.Join(l.stateDir, ResumeFile)) // a stale one
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	l.timer = time.AfterFunc(suspendMax, func() { _ = l.resume() })
+	wake := l.wake // this suspension's: closed when it ends
+	l.timer = time.AfterFunc(suspendMax, func() { _ = l.resumeOf(wake) })
+	go l.pollResume(wake)
 	f, err := os.Create(filepath.Join(l.stateDir, SuspendedFile))
 	if err != nil {
 		return err
@@ -145,11 +174,31 @@ func (l *relistener) suspend() error {
 	return f.Close()
 }
 
+// awaitClosed waits (a while, l.mu held) until the calls in flight on the closed
+// listener and connections have returned: their descriptors are then closed.
+func (l *relistener) awaitClosed() {
+	done := make(chan struct{})
+	go func() { l.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(suspendDrain):
+	}
+}
+
+// suspendDrain bounds awaitClosed.
+const suspendDrain = 2 * time.Second
+
 // resume re-reads the identity and listens again (a no-op when listening).
 func (l *relistener) resume() error {
+	return l.resumeOf(nil)
+}
+
+// resumeOf is resume, for the suspension whose wake channel is wake only (nil: any):
+// a poll or timer of an ended suspension must not end a later one.
+func (l *relistener) resumeOf(wake chan struct{}) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || l.cur != nil {
+	if l.closed || l.cur != nil || (wake != nil && wake != l.wake) {
 		return nil
 	}
 	if l.timer != nil {
@@ -170,8 +219,28 @@ func (l *relistener) resume() error {
 	l.cur = ln
 	close(l.wake)
 	l.wake = make(chan struct{})
+	_ = os.Remove(filepath.Join(l.stateDir, ResumeFile))
 	_ = os.Remove(filepath.Join(l.stateDir, SuspendedFile))
 	return nil
+}
+
+// pollResume resumes l when ResumeFile appears, for as long as l is suspended (wake,
+// the channel of the suspension, is closed when it ends).
+func (l *relistener) pollResume(wake chan struct{}) {
+	flag := filepath.Join(l.stateDir, ResumeFile)
+	t := time.NewTicker(resumePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-wake:
+			return
+		case <-t.C:
+		}
+		if _, err := os.Lstat(flag); err == nil {
+			_ = l.resumeOf(wake)
+			return
+		}
+	}
 }
 
 // handleSignals suspends and resumes l on SuspendSignal and ResumeSignal.
@@ -183,7 +252,10 @@ func (l *relistener) handleSignals(log func(msg string, args ...any)) {
 			var err error
 			if sig == SuspendSignal {
 				err = l.suspend()
-			} else {
+			} else if _, serr := os.Lstat(filepath.Join(l.stateDir, ResumeFile)); serr == nil {
+				// Only with ResumeFile there: Go delivers pending signals by number, so
+				// a ResumeSignal sent before a SuspendSignal can arrive after it; the
+				// host removes ResumeFile before it suspends, so a late one is ignored.
 				err = l.resume()
 			}
 			if err != nil && !errors.Is(err, net.ErrClosed) {
@@ -197,6 +269,34 @@ type trackedConn struct {
 	net.Conn
 	l    *relistener
 	once sync.Once
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	if !c.enter() {
+		return 0, net.ErrClosed
+	}
+	defer c.l.inflight.Done()
+	return c.Conn.Read(p)
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	if !c.enter() {
+		return 0, net.ErrClosed
+	}
+	defer c.l.inflight.Done()
+	return c.Conn.Write(p)
+}
+
+// enter counts a call on c in flight unless c was closed by a suspend (no longer
+// tracked).
+func (c *trackedConn) enter() bool {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	if _, ok := c.l.conns[c]; !ok {
+		return false
+	}
+	c.l.inflight.Add(1)
+	return true
 }
 
 func (c *trackedConn) Close() error {

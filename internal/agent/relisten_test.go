@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,6 +103,47 @@ func TestRelistener(t *testing.T) {
 		t.Fatalf("dial after resume: %v", err)
 	}
 	c2.Close()
+	// ResumeFile (the backend's way after a restore) resumes it too, and is removed; a
+	// stale one from before the suspend does not.
+	if err := os.WriteFile(filepath.Join(dir, ResumeFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * resumePoll)
+	if c, err := dial("b"); err == nil {
+		c.Close()
+		t.Fatal("a ResumeFile from before the suspend resumed the agent")
+	}
+	writeCfg(identSecrets["a"])
+	if err := os.WriteFile(filepath.Join(dir, ResumeFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitDeadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := dial("a")
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(waitDeadline) {
+			t.Fatalf("not listening again after %s appeared: %v", ResumeFile, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, f := range []string{ResumeFile, SuspendedFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left after the file resume: %v", f, err)
+		}
+	}
+	writeCfg(identSecrets["b"])
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.resume(); err != nil {
+		t.Fatal(err)
+	}
 	// Suspended without resume: it listens again by itself after suspendMax.
 	old := suspendMax
 	suspendMax = 100 * time.Millisecond
@@ -119,5 +162,114 @@ func TestRelistener(t *testing.T) {
 			t.Fatalf("not listening again after suspendMax: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// socketFDs counts this process's open socket descriptors.
+func socketFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && len(l) > 7 && l[:7] == "socket:" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRelistenerSuspendClosesDescriptors: when suspend returns, the descriptors of the
+// listener (an Accept in flight on it) and of an accepted connection (a Read in flight
+// on it) are closed, not merely marked closed: runsc refuses to checkpoint a sandbox
+// with a host-backed socket still open.
+func TestRelistenerSuspendClosesDescriptors(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := rl.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	client, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	<-accepted
+	time.Sleep(20 * time.Millisecond) // the Read and the next Accept are in flight
+	before := socketFDs(t)            // listener, accepted conn, client
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	if after := socketFDs(t); after > before-2 {
+		t.Errorf("%d socket descriptors open after suspend, %d before: the listener's and the connection's are not both closed", after, before)
+	}
+	if err := rl.resume(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRelistenerLateResumeSignal: ResumeSignal without ResumeFile (one sent before the
+// suspend that arrives after it) leaves the agent suspended; with it, it resumes.
+func TestRelistenerLateResumeSignal(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	rl.handleSignals(t.Logf)
+	defer signal.Reset(SuspendSignal, ResumeSignal)
+	listening := func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}
+	waitState := func(want bool) bool {
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if listening() == want {
+				return true
+			}
+		}
+		return false
+	}
+	if err := syscall.Kill(os.Getpid(), SuspendSignal); err != nil {
+		t.Fatal(err)
+	}
+	if !waitState(false) {
+		t.Fatal("still listening after SuspendSignal")
+	}
+	if err := syscall.Kill(os.Getpid(), ResumeSignal); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if listening() {
+		t.Fatal("a ResumeSignal without ResumeFile resumed the agent")
+	}
+	if err := os.WriteFile(filepath.Join(dir, ResumeFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), ResumeSignal); err != nil {
+		t.Fatal(err)
+	}
+	if !waitState(true) {
+		t.Fatal("not listening after ResumeFile and ResumeSignal")
 	}
 }

@@ -20,8 +20,9 @@ import (
 //   - a running source is checkpointed as Pause does, into <its dir>/fork-<random>,
 //     and while its kernel is still paused its disk volumes are snapshotted read-only
 //     into the volume pool (tmp/<random>/<index>), so memory and files are of the same
-//     instant; then it continues (`runsc resume`, its agent listens again): it is paused
-//     for the checkpoint only. A frozen source is thawed for this and frozen again.
+//     instant; then it continues (`runsc resume`, its agent listens again) while its
+//     forks are made: it is paused for the checkpoint only. A frozen source is thawed
+//     for this and frozen again.
 //   - a checkpointed source's checkpoint and volumes are used as they are (nothing of
 //     it runs).
 //
@@ -95,11 +96,17 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 	}
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
-	fp, cleanup, err := b.forkSource(ctx, s)
+	fp, cleanup, cont, err := b.forkSource(ctx, s)
 	if err != nil {
 		return failAll(fmt.Errorf("fork %s: %w", src, err))
 	}
 	defer cleanup()
+	if cont != nil {
+		// The source continues while its forks are made (all they need of it is taken).
+		contDone := make(chan struct{})
+		go func() { defer close(contDone); cont() }()
+		defer func() { <-contDone }()
+	}
 	sem := make(chan struct{}, forkParallel)
 	var wg sync.WaitGroup
 	for i, sp := range specs {
@@ -145,8 +152,10 @@ func (b *Backend) forkUnsupported(s *sandbox) string {
 }
 
 // forkSource takes what forks of s start from (s.opMu held); cleanup removes what it
-// made for them.
-func (b *Backend) forkSource(ctx context.Context, s *sandbox) (*forkParams, func(), error) {
+// made for them. cont, when not nil, lets a running source continue (its kernel was
+// paused for the checkpoint): the caller runs it, concurrently with the forks, before
+// it releases s.opMu.
+func (b *Backend) forkSource(ctx context.Context, s *sandbox) (fp *forkParams, cleanup func(), cont func(), err error) {
 	nothing := func() {}
 	m := b.pausedOf(s)
 	if m != nil && m.Released {
@@ -155,22 +164,37 @@ func (b *Backend) forkSource(ctx context.Context, s *sandbox) (*forkParams, func
 			fp.vols = filepath.Join(poolSandboxes, s.id)
 			release, err := b.vols.acquire()
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
-			return fp, release, nil
+			return fp, release, nil, nil
 		}
-		return fp, nothing, nil
+		return fp, nothing, nil, nil
 	}
+	// What follows the checkpoint is not cut short by the caller's context: the source
+	// must not stay paused.
+	cctx := context.WithoutCancel(ctx)
+	refreeze := func() {}
 	if m != nil { // frozen: thawed for the checkpoint, frozen again after
 		if err := b.thaw(ctx, s); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		defer func() {
-			if err := b.freeze(ctx, s); err != nil {
+		refreeze = func() {
+			if err := b.freeze(cctx, s); err != nil {
 				b.log.Warn("fork: freeze the source again", "sandbox", s.id, "err", err)
 			}
-		}()
+		}
 	}
+	fp, cleanup, err = b.forkCheckpoint(ctx, s)
+	if err != nil {
+		refreeze() // saveImage let it continue
+		return nil, nil, nil, err
+	}
+	return fp, cleanup, func() { b.continueAfterSave(cctx, s, ""); refreeze() }, nil
+}
+
+// forkCheckpoint checkpoints running sandbox s for forks and snapshots its volumes,
+// leaving its kernel paused; on an error it runs on.
+func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, func(), error) {
 	image, err := b.saveImage(ctx, s, filepath.Join(s.dir, "fork-"+randomName()))
 	if err != nil {
 		return nil, nil, err
@@ -203,7 +227,6 @@ func (b *Backend) forkSource(ctx context.Context, s *sandbox) (*forkParams, func
 		fp.vols = vols
 		cleanups = append(cleanups, release)
 	}
-	b.continueAfterSave(ctx, s, "")
 	return fp, cleanup, nil
 }
 

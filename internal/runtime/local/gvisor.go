@@ -224,6 +224,11 @@ const agentWaitTimeout = 30 * time.Second
 // waitAgent waits until the agent of s (started by runsc, listening on its own) accepts
 // a connection on its socket, or the sandbox has ended after its agent ran; it fails
 // when the sandbox ends without its agent having run.
+// agentPollMax caps the interval of waitAgent's dials: a refused dial of a unix
+// socket costs microseconds, and every millisecond between the agent listening and
+// the dial is on the start, resume and fork paths.
+const agentPollMax = 2 * time.Millisecond
+
 func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, agentWaitTimeout)
 	defer cancel()
@@ -254,7 +259,7 @@ func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
 			return ctx.Err()
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, 10*time.Millisecond)
+		pause = min(2*pause, agentPollMax)
 	}
 }
 

@@ -845,6 +845,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if err := copyRunDir(ctx, s.fork.run, filepath.Join(shown, dirRun)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
+		markResume(filepath.Join(shown, dirRun)) // restored suspended (pause.go); it re-reads its identity
 		if err := b.bootRuntime(rt).restore(ctx, cid, bundle, s.fork.image, pidFile, out); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
@@ -874,10 +875,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	s.proc = gvisorProc(s, pr) // in a gVisor group the pid is the sentry's
 	if rt.gvisor {
+		wait := b.waitAgent
 		if s.fork != nil {
-			b.resumeAgent(ctx, s) // restored suspended (pause.go); it re-reads its identity
+			wait = b.waitRestoredAgent
 		}
-		if err := b.waitAgent(ctx, s); err != nil {
+		if err := wait(ctx, s); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		b.step("agent", t)

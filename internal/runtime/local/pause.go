@@ -39,9 +39,11 @@ import (
 //     the sandbox running as it was. The network namespace, the root filesystem's dirs
 //     and the volumes stay. The root filesystem's writes live in runsc's overlay, whose
 //     memory file the checkpoint holds.
-//     Resume is `runsc restore` from it with the same bundle (same network namespace, so
-//     the same address), the agent told to listen again (agent.ResumeSignal), and the
-//     checkpoint removed once the agent answers.
+//     Resume is `runsc restore --background` from it with the same bundle (same network
+//     namespace, so the same address; runc.go: restoreBackground), the agent told to
+//     listen again (agent.ResumeFile, made before the restore; agent.ResumeSignal if it
+//     does not answer within resumeFallback), and the checkpoint removed once the agent
+//     answers (the sentry reads the pages still loading from its own descriptor).
 //
 // A checkpointed sandbox has no process: its watcher (lifecycle.go) does not record the
 // sentry's end as an exit but waits for Resume (a new sentry to watch) or Stop ("stopped
@@ -282,7 +284,14 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.paused")
-	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
+	_, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid)
+	if err != nil && strings.Contains(err.Error(), "bound host socket") {
+		// The agent's socket was still open (seen under load, cause not found yet):
+		// the kernel runs again, the agent is suspended again, and the save retried once.
+		b.log.Warn("checkpoint: a host socket still open, retrying", "sandbox", s.id, "err", err)
+		err = b.resaveImage(ctx, s, dir)
+	}
+	if err != nil {
 		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
 		b.continueAfterSave(ctx, s, "")
 		// The details (host paths, a goroutine dump) are for the log only.
@@ -292,16 +301,39 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 	return dir, nil
 }
 
+// resaveImage retries saveImage's checkpoint into dir (emptied) once the paused kernel
+// of s has run again and its agent has suspended again; the kernel is paused after.
+func (b *Backend) resaveImage(ctx context.Context, s *sandbox, dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if _, err := s.rt.run(ctx, "resume", s.cid); err != nil {
+		return err
+	}
+	if err := b.suspendAgent(ctx, s); err != nil {
+		_, _ = s.rt.run(ctx, "pause", s.cid) // continueAfterSave resumes it
+		return err
+	}
+	if _, err := s.rt.run(ctx, "pause", s.cid); err != nil {
+		return err
+	}
+	_, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid)
+	return err
+}
+
 // continueAfterSave resumes the paused kernel and the suspended agent of s after
 // saveImage (removing image unless "").
 func (b *Backend) continueAfterSave(ctx context.Context, s *sandbox, image string) {
 	if image != "" {
 		_ = os.RemoveAll(image)
 	}
+	markResume(filepath.Join(shownDir(s.dir), dirRun))
 	if _, err := s.rt.run(ctx, "resume", s.cid); err != nil {
 		b.log.Warn("checkpoint: resume the sandbox", "sandbox", s.id, "err", err)
 	}
-	b.resumeAgent(ctx, s)
 	b.awaitAgent(ctx, s)
 }
 
@@ -337,6 +369,7 @@ func (b *Backend) endCheckpointed(ctx context.Context, s *sandbox) {
 func (b *Backend) suspendAgent(ctx context.Context, s *sandbox) error {
 	flag := filepath.Join(shownDir(s.dir), dirRun, agent.SuspendedFile)
 	_ = os.Remove(flag)
+	_ = os.Remove(filepath.Join(shownDir(s.dir), dirRun, agent.ResumeFile))
 	if _, err := s.rt.run(ctx, "kill", s.cid, "USR1"); err != nil {
 		return fmt.Errorf("suspend the agent: %w", err)
 	}
@@ -356,8 +389,42 @@ func (b *Backend) suspendAgent(ctx context.Context, s *sandbox) error {
 	}
 }
 
-// resumeAgent tells the agent of gVisor sandbox s to listen again.
+// resumeFallback is how long a restored agent is given to find agent.ResumeFile before
+// it is sent agent.ResumeSignal (an agent of a checkpoint made before it polled).
+const resumeFallback = 250 * time.Millisecond
+
+// markResume creates agent.ResumeFile in the agent state dir run (the host's side of
+// it): a suspended agent that finds it listens again (agent/relisten.go). It is made
+// before `runsc restore` and before a paused kernel continues, so the agent resumes
+// without a signal sent through the runsc CLI.
+func markResume(run string) {
+	// O_EXCL|O_NOFOLLOW: the dir is sandbox-writable; an existing entry (a stale file,
+	// or anything the sandbox put there) is removed first, never followed.
+	p := filepath.Join(run, agent.ResumeFile)
+	_ = os.Remove(p)
+	if f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o644); err == nil {
+		_ = f.Close()
+	}
+}
+
+// waitRestoredAgent waits for the agent of s, restored suspended with agent.ResumeFile
+// in place, to answer; one that does not within resumeFallback is sent
+// agent.ResumeSignal.
+func (b *Backend) waitRestoredAgent(ctx context.Context, s *sandbox) error {
+	wctx, cancel := context.WithTimeout(ctx, resumeFallback)
+	err := b.waitAgent(wctx, s)
+	cancel()
+	if err == nil || ctx.Err() != nil || errors.Is(err, agent.ErrIdentity) || (s.proc != nil && s.proc.exited()) {
+		return err
+	}
+	b.resumeAgent(ctx, s)
+	return b.waitAgent(ctx, s)
+}
+
+// resumeAgent tells the agent of gVisor sandbox s to listen again (agent.ResumeFile,
+// which the signal needs too, and agent.ResumeSignal).
 func (b *Backend) resumeAgent(ctx context.Context, s *sandbox) {
+	markResume(filepath.Join(shownDir(s.dir), dirRun))
 	if _, err := s.rt.run(ctx, "kill", s.cid, "USR2"); err != nil {
 		b.log.Warn("resume the agent", "sandbox", s.id, "err", err)
 	}
@@ -477,6 +544,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		_ = b.removeCgroups(s.cgroupRel())
 		return nil, err
 	}
+	markResume(filepath.Join(shownDir(s.dir), dirRun))
 	if err := b.bootRuntime(s.rt).restore(ctx, s.cid, b.bundle(s), image, pidFile, out); err != nil {
 		return undo(err)
 	}
@@ -502,9 +570,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		b.log.Warn("restore: write info", "sandbox", s.id, "err", err)
 	}
 	failpoint.Hit("local.resume.restored")
-	b.resumeAgent(ctx, s)
-	b.step("resume: agent signalled", &t)
-	if err := b.waitAgent(ctx, s); err != nil {
+	if err := b.waitRestoredAgent(ctx, s); err != nil {
 		_ = pr.signal(unix.SIGKILL)
 		_ = pr.wait(context.WithoutCancel(ctx))
 		pr.close()
@@ -657,11 +723,16 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 func (b *Backend) awaitAgent(ctx context.Context, s *sandbox) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	fallback := time.Now().Add(resumeFallback)
 	for {
 		c, err := dialVerified(ctx, s.dir, s.ident)
 		if err == nil {
 			_ = c.Close()
 			return
+		}
+		if !fallback.IsZero() && time.Now().After(fallback) {
+			b.resumeAgent(ctx, s) // an agent that does not poll for agent.ResumeFile
+			fallback = time.Time{}
 		}
 		select {
 		case <-ctx.Done():

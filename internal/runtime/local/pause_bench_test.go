@@ -3,7 +3,9 @@ package local
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,8 +29,7 @@ func BenchmarkPauseResume(b *testing.B) {
 			}
 			var pauses, resumes []time.Duration
 			var size int64
-			steps := map[string]time.Duration{}
-			e.b.trace = func(step string, d time.Duration) { steps[step] += d }
+			steps := traceSteps(e.b)
 			b.ResetTimer()
 			for range b.N {
 				pi, err := e.b.Pause(ctx, id, true)
@@ -47,9 +48,7 @@ func BenchmarkPauseResume(b *testing.B) {
 			percentiles(b, pauses, "pause-")
 			percentiles(b, resumes, "resume-")
 			b.ReportMetric(float64(size), "checkpoint-bytes")
-			for k, d := range steps {
-				b.Logf("%s: %v per op", k, d/time.Duration(b.N))
-			}
+			steps.log(b, b.N, "op")
 		})
 	}
 }
@@ -70,6 +69,7 @@ func BenchmarkFork(b *testing.B) {
 			sp.Image = "busybox"
 			e.create(sp)
 			var walls []time.Duration
+			steps := traceSteps(e.b)
 			b.ResetTimer()
 			for it := range b.N {
 				specs := make([]*runtime.Spec, n)
@@ -94,6 +94,36 @@ func BenchmarkFork(b *testing.B) {
 			}
 			b.StopTimer()
 			percentiles(b, walls, "fork-")
+			steps.log(b, b.N*n, "fork (concurrent forks overlap)")
 		})
+	}
+}
+
+// stepTimes sums the backend's traced steps (b.trace), from concurrent calls too.
+type stepTimes struct {
+	mu sync.Mutex
+	d  map[string]time.Duration
+}
+
+func traceSteps(b *Backend) *stepTimes {
+	st := &stepTimes{d: map[string]time.Duration{}}
+	b.trace = func(step string, d time.Duration) {
+		st.mu.Lock()
+		st.d[step] += d
+		st.mu.Unlock()
+	}
+	return st
+}
+
+func (st *stepTimes) log(b *testing.B, n int, per string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	keys := make([]string, 0, len(st.d))
+	for k := range st.d {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.Logf("%s: %v per %s", k, st.d[k]/time.Duration(max(n, 1)), per)
 	}
 }

@@ -504,3 +504,85 @@ func TestPauseForkDiskLimit(t *testing.T) {
 		}
 	}
 }
+
+// checkpointFDs lists the descriptors of process pid open on a checkpoint image's files
+// (pages.img etc. in a dir named checkpoint; the sentry sees paths from its own root,
+// and "(deleted)" follows a removed one).
+func checkpointFDs(pid int) []string {
+	ents, _ := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	var held []string
+	for _, e := range ents {
+		l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + e.Name())
+		if err != nil {
+			continue
+		}
+		name := strings.TrimSuffix(l, " (deleted)")
+		if filepath.Base(filepath.Dir(name)) == dirCheckpoint && strings.HasSuffix(name, ".img") {
+			held = append(held, l)
+		}
+	}
+	return held
+}
+
+// TestPauseBackgroundRestore: a resume restores with `runsc restore --background` (the
+// sandbox runs while its memory image loads). The sandbox's 128 MiB of memory are intact
+// after a resume and after a pause taken at once after a resume (while pages may still
+// load); the checkpoint's name is gone when Resume returns and, once the load has ended
+// (`runsc wait --restore`), no descriptor of the sentry holds its data (its space is
+// free). Destroy at once after a resume leaves nothing behind.
+func TestPauseBackgroundRestore(t *testing.T) {
+	if !restoreBackground {
+		t.Fatal("restores are not in the background")
+	}
+	e := gvisorEnv(t)
+	e.withNetwork(t, 7)
+	ctx := context.Background()
+	const id = "bgr-1"
+	e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sleep", Args: []string{"100000"},
+		Resources: runtime.Resources{MemoryBytes: 1 << 30}}})
+	sh(t, e.b, id, "dd if=/dev/urandom of=/tmp/fill bs=1M count=128 2>/dev/null")
+	want := sh(t, e.b, id, "md5sum /tmp/fill")
+	dir := e.b.dir(id)
+	image := filepath.Join(dir, dirCheckpoint)
+	pauseResume := func() {
+		t.Helper()
+		if _, err := e.b.Pause(ctx, id, true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.b.Resume(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(image); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("checkpoint still there after Resume: %v", err)
+		}
+	}
+	pauseResume()
+	pauseResume() // the second pause at once after a resume
+	if got := sh(t, e.b, id, "md5sum /tmp/fill"); got != want {
+		t.Errorf("memory after two background restores: %q, want %q", got, want)
+	}
+	s, err := e.b.get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rt.run(ctx, "wait", "--restore", s.cid); err != nil {
+		t.Fatalf("runsc wait --restore: %v", err)
+	}
+	if held := checkpointFDs(s.info.Pid); len(held) > 0 {
+		t.Errorf("the sentry holds the checkpoint after its load ended: %v", held)
+	}
+	// Destroy while the image may still be loading.
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.b.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sandbox dir left after Destroy: %v", err)
+	}
+	checkNoLeaks(t, e.state, id)
+}

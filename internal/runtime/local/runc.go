@@ -73,10 +73,24 @@ func (r *ociRuntime) start(ctx context.Context, id, bundle, pidFile string, extr
 	return nil
 }
 
+// restoreBackground: `runsc restore --background` returns once the kernel's state is
+// loaded and lets the restored sandbox run while the memory image's pages load (a page
+// touched first waits for its load). The checkpoints are uncompressed, which it needs.
+// runsc opens the image's files before it returns and hands them to the sentry, which
+// reads the pages from its own descriptor: the image's names may go (the checkpoint
+// dir is removed as before) and its space is freed when the sentry closes the pages
+// file, after the load (`runsc wait --restore` returns then) or when it dies. A
+// checkpoint taken meanwhile waits for the load (gVisor's MemoryFile.SaveTo).
+var restoreBackground = true
+
 // restore starts container id detached from the checkpoint in image (runsc restore),
 // like start.
 func (r *ociRuntime) restore(ctx context.Context, id, bundle, image, pidFile string, out *os.File) error {
-	cmd := r.command(ctx, "restore", "--detach", "--image-path="+image, "--pid-file", pidFile, "--bundle", bundle, r.runscID(id))
+	args := []string{"restore", "--detach", "--image-path=" + image, "--pid-file", pidFile, "--bundle", bundle}
+	if restoreBackground {
+		args = append(args, "--background")
+	}
+	cmd := r.command(ctx, append(args, r.runscID(id))...)
 	cmd.Stdout = out
 	cmd.Stderr = out
 	if err := cmd.Run(); err != nil {
