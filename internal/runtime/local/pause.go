@@ -287,6 +287,13 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
 		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
 		b.continueAfterSave(ctx, s, "")
+		if strings.Contains(err.Error(), "bound host socket") {
+			// Not the agent's (it has closed its listener and says so before the save;
+			// a resume of an earlier suspension cannot reopen it: agent/relisten.go):
+			// a process of the sandbox holds a unix socket bound on a host-backed path.
+			// Retrying would not help.
+			return fail(errors.New("runsc could not checkpoint the sandbox: a unix socket bound on a host-backed path (a volume, for one) is open in it"))
+		}
 		// The details (host paths, a goroutine dump) are for the log only.
 		return fail(errors.New("runsc could not checkpoint the sandbox (the runner's log has the details)"))
 	}
