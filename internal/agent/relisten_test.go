@@ -273,3 +273,56 @@ func TestRelistenerLateResumeSignal(t *testing.T) {
 		t.Fatal("not listening after ResumeFile and ResumeSignal")
 	}
 }
+
+// TestRelistenerEndedSuspension: a resume bound to a suspension that has ended (its
+// ResumeFile poll or suspendMax timer, delayed under load past the resume and the next
+// suspend) leaves the next suspension alone: the agent stays without a listener until
+// that suspension's own resume. Before, such a late poll listened again between the
+// host's "suspended" and its `runsc checkpoint` ("Cannot save endpoint with bound host
+// socket").
+func TestRelistenerEndedSuspension(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	listening := func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	rl.mu.Lock()
+	first := rl.wake
+	rl.mu.Unlock()
+	if err := rl.resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.resumeOf(first); err != nil {
+		t.Fatal(err)
+	}
+	if listening() {
+		t.Fatal("a resume of the ended suspension listened again during the next one")
+	}
+	if _, err := os.Stat(filepath.Join(dir, SuspendedFile)); err != nil {
+		t.Errorf("%s gone during the suspension: %v", SuspendedFile, err)
+	}
+	rl.mu.Lock()
+	second := rl.wake
+	rl.mu.Unlock()
+	if err := rl.resumeOf(second); err != nil {
+		t.Fatal(err)
+	}
+	if !listening() {
+		t.Fatal("the suspension's own resume did not listen again")
+	}
+}

@@ -284,44 +284,21 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.paused")
-	_, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid)
-	if err != nil && strings.Contains(err.Error(), "bound host socket") {
-		// The agent's socket was still open (seen under load, cause not found yet):
-		// the kernel runs again, the agent is suspended again, and the save retried once.
-		b.log.Warn("checkpoint: a host socket still open, retrying", "sandbox", s.id, "err", err)
-		err = b.resaveImage(ctx, s, dir)
-	}
-	if err != nil {
+	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
 		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
 		b.continueAfterSave(ctx, s, "")
+		if strings.Contains(err.Error(), "bound host socket") {
+			// Not the agent's (it has closed its listener and says so before the save;
+			// a resume of an earlier suspension cannot reopen it: agent/relisten.go):
+			// a process of the sandbox holds a unix socket bound on a host-backed path.
+			// Retrying would not help.
+			return fail(errors.New("runsc could not checkpoint the sandbox: a unix socket bound on a host-backed path (a volume, for one) is open in it"))
+		}
 		// The details (host paths, a goroutine dump) are for the log only.
 		return fail(errors.New("runsc could not checkpoint the sandbox (the runner's log has the details)"))
 	}
 	failpoint.Hit("local.pause.saved")
 	return dir, nil
-}
-
-// resaveImage retries saveImage's checkpoint into dir (emptied) once the paused kernel
-// of s has run again and its agent has suspended again; the kernel is paused after.
-func (b *Backend) resaveImage(ctx context.Context, s *sandbox, dir string) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return err
-	}
-	if _, err := s.rt.run(ctx, "resume", s.cid); err != nil {
-		return err
-	}
-	if err := b.suspendAgent(ctx, s); err != nil {
-		_, _ = s.rt.run(ctx, "pause", s.cid) // continueAfterSave resumes it
-		return err
-	}
-	if _, err := s.rt.run(ctx, "pause", s.cid); err != nil {
-		return err
-	}
-	_, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid)
-	return err
 }
 
 // continueAfterSave resumes the paused kernel and the suspended agent of s after
