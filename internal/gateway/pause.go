@@ -52,7 +52,7 @@ func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[statev1.
 	}
 	got, err := ph.Pause(ctx, rec.id, opts)
 	if err != nil {
-		return nil, pauseAPIError(rec.id, r, err)
+		return nil, runner.APIError(rec.id, err, "")
 	}
 	s.index.setLast(ctx, rec, got)
 	s.views.poke() // a checkpointed sandbox's CPU and memory are free again
@@ -78,7 +78,7 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[statev1
 	}
 	got, err := ph.Resume(ctx, rec.id)
 	if err != nil {
-		return nil, pauseAPIError(rec.id, r, err)
+		return nil, runner.APIError(rec.id, err, "")
 	}
 	s.index.setLast(ctx, rec, got)
 	s.views.poke()
@@ -95,17 +95,6 @@ func pauseHandle(r runner.Handle, what string) (runner.PauseHandle, error) {
 			map[string]string{"runner_id": r.ID()})
 	}
 	return ph, nil
-}
-
-// pauseAPIError is runner.APIError for the errors of pausing, resuming and forking:
-// runner.ErrCannotCheckpoint is FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED
-// (its message names the runtime class that can).
-func pauseAPIError(id string, r runner.Handle, err error) error {
-	if errors.Is(err, runner.ErrCannotCheckpoint) {
-		return apierr.New(apierr.CheckpointNotSupported, fmt.Sprintf("sandbox %s on runner %s: %v", id, r.ID(), err),
-			map[string]string{"sandbox_id": id, "runner_id": r.ID()})
-	}
-	return runner.APIError(id, err, "")
 }
 
 // ForkSandbox implements sandboxd.sandbox.v1.SandboxStateService: count new sandboxes
@@ -193,7 +182,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	}
 	results, err := ph.Fork(ctx, rec.id, targets)
 	if err != nil {
-		return nil, pauseAPIError(rec.id, r, err)
+		return nil, runner.APIError(rec.id, err, "")
 	}
 	s.views.poke()
 	policyRevision, _ := strconv.ParseInt(c.Result.PolicyRevision, 10, 64)
@@ -206,7 +195,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		}
 		res := results[j]
 		if res.Err != nil {
-			out[k] = forkFailed(t.ID, pauseAPIError(t.ID, r, res.Err))
+			out[k] = forkFailed(t.ID, runner.APIError(t.ID, res.Err, ""))
 			continue
 		}
 		sb := res.Sandbox
