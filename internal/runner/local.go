@@ -55,6 +55,11 @@ type Capacity struct {
 	// CheckpointClasses are the runtime classes whose sandboxes the runner can
 	// checkpoint (PauseSandbox releasing resources, ForkSandbox); none: it forks none.
 	CheckpointClasses []string
+	// CheckpointPlatforms maps each class of CheckpointClasses whose checkpoints the
+	// runner moves through the blob store (PortHandle) to the platform they need
+	// (runtime.CheckpointPorter.CheckpointPlatform); a checkpoint moves only between
+	// runners with the same platform for its class.
+	CheckpointPlatforms map[string]string
 	// Defaults are the runner's default requests and limits (runtime.Resources' request
 	// and limit fields) for sandboxes that ask for none; zero fields: none.
 	Defaults runtime.Resources

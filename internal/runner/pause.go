@@ -101,3 +101,57 @@ type ForkResult struct {
 	Sandbox Sandbox
 	Err     error
 }
+
+// ReasonMoved: a paused sandbox that moved to another runner (PortHandle.Moved): it runs
+// there under the same ID; this runner forgot it.
+const ReasonMoved = "Moved"
+
+// PortHandle is implemented by PauseHandles whose runner moves checkpoints through the
+// blob store (the local Handle and runnerapi.Client): the gateway resumes a checkpointed
+// sandbox on another runner when its own has no room (or is not allowed), and places
+// forks on other runners, with them. Both runners share the platform's blob store.
+//
+//   - ExportCheckpoint writes the checkpoint of RUNNING or PAUSED sandbox id (a running or
+//     frozen one pauses for the checkpoint only; a checkpointed one is read as it is and
+//     stays PAUSED) to the runner's blob store under checkpoints/<id>/<export>/: its
+//     parts (runtime.CheckpointPorter), then manifest.json (platform, class, each part's
+//     size and sha256, the source's spec): a checkpoint is complete once its manifest
+//     is. Errors: runtime.ErrNotFound, ErrNotRunning, ErrCannotCheckpoint (no blob
+//     store, or the class cannot be exported: says why).
+//   - ImportFork makes req.Targets from an exported checkpoint, as Fork does from a local
+//     source: each target is checked against this runner's policy and capacity as a
+//     Create is; the checkpoint's platform must be this runner's for the class
+//     (ErrCannotCheckpoint naming both otherwise). With req.Move its one target has the
+//     source's ID and keeps what the source had (creation time, lifetime, deadline —
+//     moved on by the time paused when the lifetime is held —, Meta, share token): the
+//     sandbox now runs here, RUNNING.
+//   - DeleteCheckpoint removes an export's objects (idempotent: a missing one is no error).
+//   - Moved ends PAUSED sandbox id that runs on runner to now: its checkpoint and state
+//     are removed without resuming it, and it is forgotten (it ends TERMINATED with
+//     ReasonMoved, and List no longer shows it).
+type PortHandle interface {
+	PauseHandle
+	ExportCheckpoint(ctx context.Context, id string) (CheckpointRef, Sandbox, error)
+	ImportFork(ctx context.Context, req ImportRequest) ([]ForkResult, error)
+	DeleteCheckpoint(ctx context.Context, key string) error
+	Moved(ctx context.Context, id, to string) error
+}
+
+// CheckpointRef is an exported checkpoint in the blob store.
+type CheckpointRef struct {
+	Key      string // its manifest's key: checkpoints/<sandbox>/<export>/manifest.json
+	Platform string // runtime.CheckpointExport.Platform
+	Bytes    int64  // the parts' stored (compressed) bytes
+}
+
+// ImportRequest is one ImportFork.
+type ImportRequest struct {
+	Ref CheckpointRef
+	// Source is the exported sandbox as its runner reported it at the export (its Spec,
+	// without pull credentials, is what every target is made of; CreatedAt, Lifetime,
+	// Deadline and Pause are what a move keeps).
+	Source  Sandbox
+	Targets []ForkTarget
+	// Move: Targets is one target with Source's ID; see PortHandle.
+	Move bool
+}

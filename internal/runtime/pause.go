@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"io"
 	"time"
 )
 
@@ -88,4 +89,48 @@ type PauseInfo struct {
 	// CheckpointBytes is the checkpoint's size on disk (memory image and saved file
 	// state); 0 for a freeze.
 	CheckpointBytes int64
+}
+
+// CheckpointPorter is implemented by Forkers whose checkpoints can move to another host:
+// a sandbox paused on one runner resumes on another, or is forked there, through the
+// blob store. An exported checkpoint is a list of parts, each an internal/fsarchive
+// stream (a zstd-compressed tar): what the part names mean is the backend's (the local
+// backend: "image", the memory image; "run", the agent's state dir; "volume-<index>",
+// each disk volume of the spec). A checkpoint is restored only by a backend whose
+// CheckpointPlatform for its class is the very same string; the spec of every sandbox
+// made from it is the exported sandbox's, image pinned to its digest.
+type CheckpointPorter interface {
+	// CheckpointPlatform names what restoring a checkpoint of runtime class ("" = the
+	// default class) needs, exactly: the class's kind, the checkpointer's version and the
+	// architecture (e.g. "gvisor runsc-<version> linux/amd64"); "" when this backend
+	// exports no checkpoints of class.
+	CheckpointPlatform(class string) string
+	// ExportCheckpoint takes sandbox id's state as Fork does (a checkpointed sandbox's
+	// checkpoint as it is; a running or frozen one checkpointed, paused for the
+	// checkpoint and its volumes' snapshots only, then continuing as it was) and writes
+	// it through put, one part after another (put reads its reader to the end or fails).
+	// Nothing of the sandbox changes; what it made for the export is removed before it
+	// returns. Errors: ErrNotFound, errdefs.ErrNotImplemented (cannot be exported: says
+	// why), put's errors.
+	ExportCheckpoint(ctx context.Context, id string, put func(ctx context.Context, part string, r io.Reader) error) (CheckpointExport, error)
+	// ForkFromCheckpoint is Fork with an exported checkpoint as the source: open reads one
+	// of cp's parts (a reader that fails rather than return io.EOF on content that does
+	// not match what was exported: blob.Store.Get). Each part is read once, before any
+	// sandbox is made, and bounded while it is unpacked (limits derived from the specs:
+	// it is sandbox-made content). specs are complete (a new ID and Meta each; the
+	// exported sandbox's containers, volumes and runtime class). A move (resume on another
+	// runner) is a ForkFromCheckpoint of one spec with the source's ID. It returns one
+	// Info or one error per spec, in order; errors of the whole call are every spec's
+	// (a platform mismatch: errdefs.ErrNotImplemented naming both platforms).
+	ForkFromCheckpoint(ctx context.Context, cp CheckpointExport, open func(ctx context.Context, part string) (io.ReadCloser, error), specs []*Spec) ([]Info, []error)
+}
+
+// CheckpointExport describes an exported checkpoint.
+type CheckpointExport struct {
+	Platform string   // CheckpointPlatform of the sandbox's class where it was exported
+	Class    string   // the sandbox's runtime class
+	Parts    []string // part names, in the order written (and read)
+	// Bytes is the parts' content before compression (ArchiveStats.Bytes summed).
+	Bytes int64
+	Took  time.Duration // how long the source was paused for it (0: it was checkpointed)
 }

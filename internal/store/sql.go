@@ -744,9 +744,10 @@ func (sb sandboxes) UpdateStatus(ctx context.Context, org, id string, u SandboxS
 		return Sandbox{}, err
 	}
 	x, err := scanSandbox(sb.s.d.queryRow(ctx, `UPDATE sandboxes SET state = $3,
-		status = COALESCE($4, status), ended_at = COALESCE(ended_at, $5), updated_at = $6
+		status = COALESCE($4, status), ended_at = COALESCE(ended_at, $5), updated_at = $6,
+		runner_id = COALESCE(NULLIF($7, ''), runner_id)
 		WHERE org_id = $1 AND id = $2 RETURNING `+sandboxCols,
-		org, id, u.State, jsonArg(u.Status), timeArg(u.EndedAt), now()))
+		org, id, u.State, jsonArg(u.Status), timeArg(u.EndedAt), now(), u.RunnerID))
 	if err != nil && !sb.s.d.isNoRows(err) {
 		return Sandbox{}, sb.s.writeErr("sandbox", "update", err)
 	}

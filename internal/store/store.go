@@ -403,6 +403,9 @@ type SandboxStatusUpdate struct {
 	State   string
 	Status  json.RawMessage // nil leaves the stored status
 	EndedAt *time.Time      // nil leaves EndedAt as it is (a terminal record stays terminal)
+	// RunnerID, when set, is the runner the sandbox now runs on (it moved: ResumeSandbox
+	// on another runner); "" leaves it.
+	RunnerID string
 }
 
 // SandboxFilter narrows Sandboxes.List. Empty fields do not filter.

@@ -220,8 +220,15 @@ func (x *PauseStatus) GetCheckpointBytes() int64 {
 }
 
 type ResumeSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Runners it may resume on (empty: any). A checkpointed sandbox resumes on its own
+	// runner when that runner is listed (or none is) and has room; otherwise it moves,
+	// through the blob store, to a listed runner that can restore its checkpoint (same
+	// runtime class, runsc version and architecture), whose policy accepts it and that
+	// has room. A moved sandbox keeps its ID, files, memory and processes; its address
+	// and endpoint host names are its new runner's.
+	RunnerIds     []string `protobuf:"bytes,2,rep,name=runner_ids,json=runnerIds,proto3" json:"runner_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,11 +270,22 @@ func (x *ResumeSandboxRequest) GetSandboxId() string {
 	return ""
 }
 
+func (x *ResumeSandboxRequest) GetRunnerIds() []string {
+	if x != nil {
+		return x.RunnerIds
+	}
+	return nil
+}
+
 type ResumeSandboxResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// When the sandbox's lifetime now ends (moved on by the time paused when held).
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// The runner it runs on now.
+	RunnerId string `protobuf:"bytes,3,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	// Set when it moved to runner_id from this runner.
+	MovedFrom     string `protobuf:"bytes,4,opt,name=moved_from,json=movedFrom,proto3" json:"moved_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -316,13 +334,32 @@ func (x *ResumeSandboxResponse) GetDeadline() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ResumeSandboxResponse) GetRunnerId() string {
+	if x != nil {
+		return x.RunnerId
+	}
+	return ""
+}
+
+func (x *ResumeSandboxResponse) GetMovedFrom() string {
+	if x != nil {
+		return x.MovedFrom
+	}
+	return ""
+}
+
 type ForkSandboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// How many forks, 1..100; 0 means 1.
 	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	// Idempotency key (as CreateSandbox's).
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Runners the forks may be placed on (empty: any). Forks go to the source's runner
+	// when it is allowed and has room for them; otherwise the source's checkpoint is
+	// exported to the blob store and the forks are made on other allowed runners that can
+	// restore it (same runtime class, runsc version and architecture).
+	RunnerIds     []string `protobuf:"bytes,4,rep,name=runner_ids,json=runnerIds,proto3" json:"runner_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +413,13 @@ func (x *ForkSandboxRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *ForkSandboxRequest) GetRunnerIds() []string {
+	if x != nil {
+		return x.RunnerIds
+	}
+	return nil
 }
 
 type ForkSandboxResponse struct {
@@ -432,8 +476,10 @@ type Fork struct {
 	// (as CreateSandbox's Sandbox.endpoint_share_token: only this response carries it; a
 	// repeated request with the same request_id returns it again).
 	EndpointShareToken string `protobuf:"bytes,3,opt,name=endpoint_share_token,json=endpointShareToken,proto3" json:"endpoint_share_token,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The runner the fork runs on.
+	RunnerId      string `protobuf:"bytes,4,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Fork) Reset() {
@@ -483,6 +529,13 @@ func (x *Fork) GetError() *ForkError {
 func (x *Fork) GetEndpointShareToken() string {
 	if x != nil {
 		return x.EndpointShareToken
+	}
+	return ""
+}
+
+func (x *Fork) GetRunnerId() string {
+	if x != nil {
+		return x.RunnerId
 	}
 	return ""
 }
@@ -719,27 +772,35 @@ const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"autoResume\x12#\n" +
 	"\rlifetime_held\x18\x04 \x01(\bR\flifetimeHeld\x127\n" +
 	"\tpaused_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12)\n" +
-	"\x10checkpoint_bytes\x18\x06 \x01(\x03R\x0fcheckpointBytes\"5\n" +
+	"\x10checkpoint_bytes\x18\x06 \x01(\x03R\x0fcheckpointBytes\"T\n" +
 	"\x14ResumeSandboxRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"n\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"runner_ids\x18\x02 \x03(\tR\trunnerIds\"\xaa\x01\n" +
 	"\x15ResumeSandboxResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x126\n" +
-	"\bdeadline\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"h\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x1b\n" +
+	"\trunner_id\x18\x03 \x01(\tR\brunnerId\x12\x1d\n" +
+	"\n" +
+	"moved_from\x18\x04 \x01(\tR\tmovedFrom\"\x87\x01\n" +
 	"\x12ForkSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"F\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"runner_ids\x18\x04 \x03(\tR\trunnerIds\"F\n" +
 	"\x13ForkSandboxResponse\x12/\n" +
-	"\x05forks\x18\x01 \x03(\v2\x19.sandboxd.sandbox.v1.ForkR\x05forks\"\x8d\x01\n" +
+	"\x05forks\x18\x01 \x03(\v2\x19.sandboxd.sandbox.v1.ForkR\x05forks\"\xaa\x01\n" +
 	"\x04Fork\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
 	"\x05error\x18\x02 \x01(\v2\x1e.sandboxd.sandbox.v1.ForkErrorR\x05error\x120\n" +
-	"\x14endpoint_share_token\x18\x03 \x01(\tR\x12endpointShareToken\"Q\n" +
+	"\x14endpoint_share_token\x18\x03 \x01(\tR\x12endpointShareToken\x12\x1b\n" +
+	"\trunner_id\x18\x04 \x01(\tR\brunnerId\"Q\n" +
 	"\tForkError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +

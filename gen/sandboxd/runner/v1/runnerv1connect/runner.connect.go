@@ -75,6 +75,17 @@ const (
 	RunnerServiceResumeProcedure = "/sandboxd.runner.v1.RunnerService/Resume"
 	// RunnerServiceForkProcedure is the fully-qualified name of the RunnerService's Fork RPC.
 	RunnerServiceForkProcedure = "/sandboxd.runner.v1.RunnerService/Fork"
+	// RunnerServiceExportCheckpointProcedure is the fully-qualified name of the RunnerService's
+	// ExportCheckpoint RPC.
+	RunnerServiceExportCheckpointProcedure = "/sandboxd.runner.v1.RunnerService/ExportCheckpoint"
+	// RunnerServiceImportForkProcedure is the fully-qualified name of the RunnerService's ImportFork
+	// RPC.
+	RunnerServiceImportForkProcedure = "/sandboxd.runner.v1.RunnerService/ImportFork"
+	// RunnerServiceDeleteCheckpointProcedure is the fully-qualified name of the RunnerService's
+	// DeleteCheckpoint RPC.
+	RunnerServiceDeleteCheckpointProcedure = "/sandboxd.runner.v1.RunnerService/DeleteCheckpoint"
+	// RunnerServiceMovedProcedure is the fully-qualified name of the RunnerService's Moved RPC.
+	RunnerServiceMovedProcedure = "/sandboxd.runner.v1.RunnerService/Moved"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -124,6 +135,24 @@ type RunnerServiceClient interface {
 	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED, INVALID_ARGUMENT (targets: 1..100, valid unique
 	// IDs the runner does not have).
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// ExportCheckpoint writes a RUNNING or PAUSED sandbox's checkpoint to the runner's blob
+	// store (a running or frozen one pauses for the checkpoint only) and returns where:
+	// parts under checkpoints/<id>/<export>/, the manifest written last. Errors: NOT_FOUND,
+	// FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING, FAILED_PRECONDITION
+	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED (no blob store, or the class cannot be exported).
+	ExportCheckpoint(context.Context, *connect.Request[v1.ExportCheckpointRequest]) (*connect.Response[v1.ExportCheckpointResponse], error)
+	// ImportFork makes one sandbox per target from an exported checkpoint (of another
+	// runner): as Fork, its source read from the blob store. With move, its one target has
+	// the source's ID and the sandbox moves here (resume elsewhere). Errors of the whole
+	// call: FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED (the checkpoint's
+	// platform is not this runner's for the class, no blob store), INVALID_ARGUMENT (the
+	// spec against this runner's policy, targets), NOT_FOUND (no such checkpoint).
+	ImportFork(context.Context, *connect.Request[v1.ImportForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// DeleteCheckpoint removes an exported checkpoint's objects (idempotent).
+	DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error)
+	// Moved ends a PAUSED sandbox that now runs on another runner: its checkpoint and
+	// state are removed and it is forgotten (reason Moved), without resuming it.
+	Moved(context.Context, *connect.Request[v1.MovedRequest]) (*connect.Response[v1.MovedResponse], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -203,22 +232,50 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("Fork")),
 			connect.WithClientOptions(opts...),
 		),
+		exportCheckpoint: connect.NewClient[v1.ExportCheckpointRequest, v1.ExportCheckpointResponse](
+			httpClient,
+			baseURL+RunnerServiceExportCheckpointProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("ExportCheckpoint")),
+			connect.WithClientOptions(opts...),
+		),
+		importFork: connect.NewClient[v1.ImportForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+RunnerServiceImportForkProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("ImportFork")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteCheckpoint: connect.NewClient[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse](
+			httpClient,
+			baseURL+RunnerServiceDeleteCheckpointProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("DeleteCheckpoint")),
+			connect.WithClientOptions(opts...),
+		),
+		moved: connect.NewClient[v1.MovedRequest, v1.MovedResponse](
+			httpClient,
+			baseURL+RunnerServiceMovedProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("Moved")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // runnerServiceClient implements RunnerServiceClient.
 type runnerServiceClient struct {
-	create         *connect.Client[v1.CreateRequest, v1.CreateResponse]
-	get            *connect.Client[v1.GetRequest, v1.GetResponse]
-	list           *connect.Client[v1.ListRequest, v1.ListResponse]
-	delete         *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
-	capacity       *connect.Client[v1.CapacityRequest, v1.CapacityResponse]
-	snapshotVolume *connect.Client[v1.SnapshotVolumeRequest, v1.SnapshotJob]
-	getSnapshotJob *connect.Client[v1.GetSnapshotJobRequest, v1.SnapshotJob]
-	updateLifetime *connect.Client[v1.UpdateLifetimeRequest, v1.UpdateLifetimeResponse]
-	pause          *connect.Client[v1.PauseRequest, v1.PauseResponse]
-	resume         *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
-	fork           *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	create           *connect.Client[v1.CreateRequest, v1.CreateResponse]
+	get              *connect.Client[v1.GetRequest, v1.GetResponse]
+	list             *connect.Client[v1.ListRequest, v1.ListResponse]
+	delete           *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	capacity         *connect.Client[v1.CapacityRequest, v1.CapacityResponse]
+	snapshotVolume   *connect.Client[v1.SnapshotVolumeRequest, v1.SnapshotJob]
+	getSnapshotJob   *connect.Client[v1.GetSnapshotJobRequest, v1.SnapshotJob]
+	updateLifetime   *connect.Client[v1.UpdateLifetimeRequest, v1.UpdateLifetimeResponse]
+	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	exportCheckpoint *connect.Client[v1.ExportCheckpointRequest, v1.ExportCheckpointResponse]
+	importFork       *connect.Client[v1.ImportForkRequest, v1.ForkResponse]
+	deleteCheckpoint *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
+	moved            *connect.Client[v1.MovedRequest, v1.MovedResponse]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -276,6 +333,26 @@ func (c *runnerServiceClient) Fork(ctx context.Context, req *connect.Request[v1.
 	return c.fork.CallUnary(ctx, req)
 }
 
+// ExportCheckpoint calls sandboxd.runner.v1.RunnerService.ExportCheckpoint.
+func (c *runnerServiceClient) ExportCheckpoint(ctx context.Context, req *connect.Request[v1.ExportCheckpointRequest]) (*connect.Response[v1.ExportCheckpointResponse], error) {
+	return c.exportCheckpoint.CallUnary(ctx, req)
+}
+
+// ImportFork calls sandboxd.runner.v1.RunnerService.ImportFork.
+func (c *runnerServiceClient) ImportFork(ctx context.Context, req *connect.Request[v1.ImportForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.importFork.CallUnary(ctx, req)
+}
+
+// DeleteCheckpoint calls sandboxd.runner.v1.RunnerService.DeleteCheckpoint.
+func (c *runnerServiceClient) DeleteCheckpoint(ctx context.Context, req *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error) {
+	return c.deleteCheckpoint.CallUnary(ctx, req)
+}
+
+// Moved calls sandboxd.runner.v1.RunnerService.Moved.
+func (c *runnerServiceClient) Moved(ctx context.Context, req *connect.Request[v1.MovedRequest]) (*connect.Response[v1.MovedResponse], error) {
+	return c.moved.CallUnary(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -323,6 +400,24 @@ type RunnerServiceHandler interface {
 	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED, INVALID_ARGUMENT (targets: 1..100, valid unique
 	// IDs the runner does not have).
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// ExportCheckpoint writes a RUNNING or PAUSED sandbox's checkpoint to the runner's blob
+	// store (a running or frozen one pauses for the checkpoint only) and returns where:
+	// parts under checkpoints/<id>/<export>/, the manifest written last. Errors: NOT_FOUND,
+	// FAILED_PRECONDITION CWSANDBOX_SANDBOX_NOT_RUNNING, FAILED_PRECONDITION
+	// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED (no blob store, or the class cannot be exported).
+	ExportCheckpoint(context.Context, *connect.Request[v1.ExportCheckpointRequest]) (*connect.Response[v1.ExportCheckpointResponse], error)
+	// ImportFork makes one sandbox per target from an exported checkpoint (of another
+	// runner): as Fork, its source read from the blob store. With move, its one target has
+	// the source's ID and the sandbox moves here (resume elsewhere). Errors of the whole
+	// call: FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED (the checkpoint's
+	// platform is not this runner's for the class, no blob store), INVALID_ARGUMENT (the
+	// spec against this runner's policy, targets), NOT_FOUND (no such checkpoint).
+	ImportFork(context.Context, *connect.Request[v1.ImportForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// DeleteCheckpoint removes an exported checkpoint's objects (idempotent).
+	DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error)
+	// Moved ends a PAUSED sandbox that now runs on another runner: its checkpoint and
+	// state are removed and it is forgotten (reason Moved), without resuming it.
+	Moved(context.Context, *connect.Request[v1.MovedRequest]) (*connect.Response[v1.MovedResponse], error)
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -398,6 +493,30 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("Fork")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServiceExportCheckpointHandler := connect.NewUnaryHandler(
+		RunnerServiceExportCheckpointProcedure,
+		svc.ExportCheckpoint,
+		connect.WithSchema(runnerServiceMethods.ByName("ExportCheckpoint")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerServiceImportForkHandler := connect.NewUnaryHandler(
+		RunnerServiceImportForkProcedure,
+		svc.ImportFork,
+		connect.WithSchema(runnerServiceMethods.ByName("ImportFork")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerServiceDeleteCheckpointHandler := connect.NewUnaryHandler(
+		RunnerServiceDeleteCheckpointProcedure,
+		svc.DeleteCheckpoint,
+		connect.WithSchema(runnerServiceMethods.ByName("DeleteCheckpoint")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerServiceMovedHandler := connect.NewUnaryHandler(
+		RunnerServiceMovedProcedure,
+		svc.Moved,
+		connect.WithSchema(runnerServiceMethods.ByName("Moved")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -422,6 +541,14 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceResumeHandler.ServeHTTP(w, r)
 		case RunnerServiceForkProcedure:
 			runnerServiceForkHandler.ServeHTTP(w, r)
+		case RunnerServiceExportCheckpointProcedure:
+			runnerServiceExportCheckpointHandler.ServeHTTP(w, r)
+		case RunnerServiceImportForkProcedure:
+			runnerServiceImportForkHandler.ServeHTTP(w, r)
+		case RunnerServiceDeleteCheckpointProcedure:
+			runnerServiceDeleteCheckpointHandler.ServeHTTP(w, r)
+		case RunnerServiceMovedProcedure:
+			runnerServiceMovedHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -473,4 +600,20 @@ func (UnimplementedRunnerServiceHandler) Resume(context.Context, *connect.Reques
 
 func (UnimplementedRunnerServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Fork is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) ExportCheckpoint(context.Context, *connect.Request[v1.ExportCheckpointRequest]) (*connect.Response[v1.ExportCheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.ExportCheckpoint is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) ImportFork(context.Context, *connect.Request[v1.ImportForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.ImportFork is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.DeleteCheckpoint is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) Moved(context.Context, *connect.Request[v1.MovedRequest]) (*connect.Response[v1.MovedResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Moved is not implemented"))
 }
