@@ -71,21 +71,54 @@ func (c *Client) Pause(ctx context.Context, id string, opts PauseOptions) (Pause
 
 // Resume continues the paused sandbox id under the same ID, address and endpoints and
 // returns when its lifetime now ends. A running sandbox is left as it is; an ended one
-// is ErrNotRunning. Transient failures are retried (resuming twice is harmless).
+// is ErrNotRunning. Transient failures are retried (resuming twice is harmless). It may
+// resume on another runner when its own has no room (see ResumeWith).
 func (c *Client) Resume(ctx context.Context, id string) (deadline time.Time, err error) {
-	err = retry(ctx, retryBudget, func(ctx context.Context) error {
+	res, err := c.ResumeWith(ctx, id, ResumeOptions{})
+	return res.Deadline, err
+}
+
+// ResumeOptions tune ResumeWith.
+type ResumeOptions struct {
+	// RunnerIDs are the runners the sandbox may resume on (empty: any). A checkpointed
+	// sandbox resumes on its own runner when that is listed (or none is) and has room;
+	// otherwise it moves, through the blob store, to a listed runner able to restore its
+	// checkpoint (same runtime class, runsc version and architecture). A frozen sandbox
+	// (runc) cannot move.
+	RunnerIDs []string
+}
+
+// ResumeResult is what ResumeWith did.
+type ResumeResult struct {
+	ID string
+	// Deadline is when the sandbox's lifetime now ends (zero: unknown).
+	Deadline time.Time
+	// RunnerID is the runner it runs on now ("" from a server that does not say).
+	RunnerID string
+	// MovedFrom is the runner it ran on before, when it moved to RunnerID; "" when it
+	// resumed where it was. A moved sandbox keeps its ID, files, memory and processes;
+	// its address and endpoint host names are its new runner's.
+	MovedFrom string
+}
+
+// ResumeWith is Resume with options, returning where the sandbox runs now.
+func (c *Client) ResumeWith(ctx context.Context, id string, opts ResumeOptions) (ResumeResult, error) {
+	out := ResumeResult{ID: id}
+	req := &statev1.ResumeSandboxRequest{SandboxId: id, RunnerIds: opts.RunnerIDs}
+	err := retry(ctx, retryBudget, func(ctx context.Context) error {
 		cctx, cancel := withTimeout(ctx, createTimeout)
 		defer cancel()
-		res, err := c.state.ResumeSandbox(cctx, connect.NewRequest(&statev1.ResumeSandboxRequest{SandboxId: id}))
+		res, err := c.state.ResumeSandbox(cctx, connect.NewRequest(req))
 		if err != nil {
 			return fromRPC(err)
 		}
 		if t := res.Msg.GetDeadline(); t != nil {
-			deadline = t.AsTime()
+			out.Deadline = t.AsTime()
 		}
+		out.RunnerID, out.MovedFrom = res.Msg.GetRunnerId(), res.Msg.GetMovedFrom()
 		return nil
 	})
-	return deadline, err
+	return out, err
 }
 
 // ForkOptions tune Fork.
@@ -93,6 +126,11 @@ type ForkOptions struct {
 	// RequestID makes the fork idempotent: a repeated request with the same ID returns
 	// the same forks. Empty: Fork makes one, so that its own retries are safe.
 	RequestID string
+	// RunnerIDs are the runners the forks may be placed on (empty: any). Forks go to the
+	// source's runner when it is allowed and has room; otherwise the source's checkpoint
+	// is exported to the blob store and the forks are made on other allowed runners able
+	// to restore it. Each fork's Info().RunnerID says where it runs.
+	RunnerIDs []string
 }
 
 // ForkError is one fork that failed: the ID it would have had and the API error it met
@@ -143,7 +181,7 @@ func (c *Client) Fork(ctx context.Context, id string, n int, opts ForkOptions) (
 	if n < 1 || n > MaxForks {
 		return nil, fmt.Errorf("%w: fork count %d: want 1..%d", ErrInvalidArgument, n, MaxForks)
 	}
-	req := &statev1.ForkSandboxRequest{SandboxId: id, Count: int32(n), RequestId: opts.RequestID}
+	req := &statev1.ForkSandboxRequest{SandboxId: id, Count: int32(n), RequestId: opts.RequestID, RunnerIds: opts.RunnerIDs}
 	if req.RequestId == "" {
 		req.RequestId = newUUID()
 	}
@@ -172,7 +210,7 @@ func (c *Client) Fork(ctx context.Context, id string, n int, opts ForkOptions) (
 			failed = append(failed, &ForkError{Err: &Error{Code: connect.CodeInternal, Message: "the server returned a fork without an ID"}})
 			continue
 		}
-		out = append(out, c.Sandbox(f.GetSandboxId()))
+		out = append(out, c.forkHandle(f))
 	}
 	if len(out)+len(failed) != n {
 		failed = append(failed, &ForkError{Err: &Error{Code: connect.CodeInternal,
@@ -182,6 +220,17 @@ func (c *Client) Fork(ctx context.Context, id string, n int, opts ForkOptions) (
 		return out, &PartialForkError{Failed: failed}
 	}
 	return out, nil
+}
+
+// forkHandle is the handle of a fork made: it knows its ID, its runner (Info().RunnerID)
+// and its endpoint share token, until Refresh or Wait.
+func (c *Client) forkHandle(f *statev1.Fork) *Sandbox {
+	sb := c.Sandbox(f.GetSandboxId())
+	sb.shareToken = f.GetEndpointShareToken()
+	if r := f.GetRunnerId(); r != "" {
+		sb.proto = &sandboxv1.Sandbox{SandboxId: f.GetSandboxId(), Status: &sandboxv1.SandboxStatus{RunnerId: r}}
+	}
+	return sb
 }
 
 // forkAPIError is one fork's error as an *Error: its gRPC code by name.
@@ -215,11 +264,18 @@ func (s *Sandbox) Pause(ctx context.Context, opts PauseOptions) (PauseStatus, er
 // Resume resumes the paused sandbox (see Client.Resume); its state is StateRunning
 // afterwards.
 func (s *Sandbox) Resume(ctx context.Context) (time.Time, error) {
-	deadline, err := s.c.Resume(ctx, s.id)
+	res, err := s.ResumeWith(ctx, ResumeOptions{})
+	return res.Deadline, err
+}
+
+// ResumeWith resumes the paused sandbox (see Client.ResumeWith); its state is
+// StateRunning afterwards, on the runner it now runs on.
+func (s *Sandbox) ResumeWith(ctx context.Context, opts ResumeOptions) (ResumeResult, error) {
+	res, err := s.c.ResumeWith(ctx, s.id, opts)
 	if err == nil {
-		s.setState(StateRunning)
+		s.setRunning(res.RunnerID)
 	}
-	return deadline, err
+	return res, err
 }
 
 // Fork makes n copies of the sandbox (see Client.Fork).
@@ -237,9 +293,16 @@ func (s *Sandbox) ExtendLifetime(ctx context.Context, by time.Duration) (Lifetim
 	return s.c.ExtendLifetime(ctx, s.id, by)
 }
 
-// setState records a state change the caller caused, on a copy of the last status (a
-// message Proto returned earlier is not changed under its reader).
-func (s *Sandbox) setState(st State) {
+// setRunning records a resume: StateRunning, on runner (when known).
+func (s *Sandbox) setRunning(runner string) { s.setStatus(StateRunning, runner) }
+
+// setState records a state change the caller caused (see setStatus).
+func (s *Sandbox) setState(st State) { s.setStatus(st, "") }
+
+// setStatus records a state change the caller caused, and the runner when not "", on a
+// copy of the last status (a message Proto returned earlier is not changed under its
+// reader).
+func (s *Sandbox) setStatus(st State, runner string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p, _ := proto.Clone(s.proto).(*sandboxv1.Sandbox)
@@ -250,5 +313,8 @@ func (s *Sandbox) setState(st State) {
 		p.Status = &sandboxv1.SandboxStatus{}
 	}
 	p.Status.State = sandboxv1.State(st)
+	if runner != "" {
+		p.Status.RunnerId = runner
+	}
 	s.proto = p
 }

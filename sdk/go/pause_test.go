@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,10 @@ type stateServer struct {
 	runc    map[string]bool
 	pauses  []*statev1.PauseSandboxRequest
 	resumes []string
+	// resumeReqs are the ResumeSandbox requests; every sandbox runs on "r1" until a
+	// resume with runner_ids not listing r1 moves it to the first one listed.
+	resumeReqs []*statev1.ResumeSandboxRequest
+	runners    map[string]string
 	forks   []*statev1.ForkSandboxRequest
 	auth    []string
 	// forkErrs are returned by the next ForkSandbox calls, in order; failFork makes the
@@ -83,6 +88,7 @@ func (s *stateServer) ResumeSandbox(_ context.Context, req *connect.Request[stat
 	defer s.mu.Unlock()
 	id := req.Msg.GetSandboxId()
 	s.resumes = append(s.resumes, id)
+	s.resumeReqs = append(s.resumeReqs, proto.Clone(req.Msg).(*statev1.ResumeSandboxRequest))
 	st, ok := s.states[id]
 	switch {
 	case !ok:
@@ -91,7 +97,20 @@ func (s *stateServer) ResumeSandbox(_ context.Context, req *connect.Request[stat
 		return nil, apiError(connect.CodeFailedPrecondition, ReasonSandboxNotRunning, nil)
 	}
 	s.states[id] = sandboxv1.State_STATE_RUNNING
-	return connect.NewResponse(&statev1.ResumeSandboxResponse{SandboxId: id, Deadline: timestamppb.New(time.Date(2026, 1, 2, 4, 0, 0, 0, time.UTC))}), nil
+	res := &statev1.ResumeSandboxResponse{SandboxId: id, Deadline: timestamppb.New(time.Date(2026, 1, 2, 4, 0, 0, 0, time.UTC)), RunnerId: s.runnerOf(id)}
+	if ids := req.Msg.GetRunnerIds(); len(ids) > 0 && !slices.Contains(ids, res.RunnerId) {
+		res.MovedFrom, res.RunnerId = res.RunnerId, ids[0]
+		s.runners[id] = ids[0]
+	}
+	return connect.NewResponse(res), nil
+}
+
+// runnerOf is the runner sandbox id runs on (r1 unless moved).
+func (s *stateServer) runnerOf(id string) string {
+	if r, ok := s.runners[id]; ok {
+		return r
+	}
+	return "r1"
 }
 
 func (s *stateServer) ForkSandbox(_ context.Context, req *connect.Request[statev1.ForkSandboxRequest]) (*connect.Response[statev1.ForkSandboxResponse], error) {
@@ -116,7 +135,10 @@ func (s *stateServer) ForkSandbox(_ context.Context, req *connect.Request[statev
 	var out []*statev1.Fork
 	for i := range int(max(req.Msg.GetCount(), 1)) {
 		s.next++
-		f := &statev1.Fork{SandboxId: fmt.Sprintf("fork-%d", s.next)}
+		f := &statev1.Fork{SandboxId: fmt.Sprintf("fork-%d", s.next), RunnerId: s.runnerOf(id), EndpointShareToken: fmt.Sprintf("tok-%d", s.next)}
+		if ids := req.Msg.GetRunnerIds(); len(ids) > 0 {
+			f.RunnerId = ids[i%len(ids)]
+		}
 		if i == s.failFork {
 			f.Error = &statev1.ForkError{Code: "UNAVAILABLE", Reason: ReasonRunnerUnavailable, Message: "runner gone"}
 		} else {
@@ -130,7 +152,8 @@ func (s *stateServer) ForkSandbox(_ context.Context, req *connect.Request[statev
 
 func newStateServer(t *testing.T) (*stateServer, *Client) {
 	t.Helper()
-	s := &stateServer{states: map[string]sandboxv1.State{}, runc: map[string]bool{}, byRequest: map[string][]*statev1.Fork{}, failFork: -1}
+	s := &stateServer{states: map[string]sandboxv1.State{}, runc: map[string]bool{}, byRequest: map[string][]*statev1.Fork{}, failFork: -1,
+		runners: map[string]string{}}
 	mux := http.NewServeMux()
 	mux.Handle(statev1connect.NewSandboxStateServiceHandler(s))
 	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(s))
@@ -225,8 +248,11 @@ func TestSDKFork(t *testing.T) {
 	if err != nil || len(forks) != 3 || forks[0].ID() != "fork-1" || forks[2].ID() != "fork-3" {
 		t.Fatalf("fork ×3: %v %v", forks, err)
 	}
-	if r := srv.forks[0]; r.GetCount() != 3 || r.GetRequestId() != "r-1" || r.GetSandboxId() != "sb-1" {
+	if r := srv.forks[0]; r.GetCount() != 3 || r.GetRequestId() != "r-1" || r.GetSandboxId() != "sb-1" || len(r.GetRunnerIds()) != 0 {
 		t.Errorf("fork request %v", r)
+	}
+	if in := forks[1].Info(); in.RunnerID != "r1" || in.ID != "fork-2" || forks[1].ShareToken() != "tok-2" {
+		t.Errorf("fork handle: %+v, token %q", in, forks[1].ShareToken())
 	}
 	// The same request ID: the same forks.
 	again, err := c.Fork(ctx, "sb-1", 3, ForkOptions{RequestID: "r-1"})
@@ -271,6 +297,54 @@ func TestSDKFork(t *testing.T) {
 	}
 	if len(srv.forks) != calls {
 		t.Error("a bad fork count reached the server")
+	}
+}
+
+func TestSDKResumeAndForkOnRunners(t *testing.T) {
+	srv, c := newStateServer(t)
+	ctx := context.Background()
+	srv.states["sb-1"] = sandboxv1.State_STATE_PAUSED
+
+	// Resume where it is: its runner, not moved; no runner_ids sent.
+	sb := c.Sandbox("sb-1")
+	res, err := sb.ResumeWith(ctx, ResumeOptions{})
+	if err != nil || res.ID != "sb-1" || res.RunnerID != "r1" || res.MovedFrom != "" || res.Deadline.IsZero() {
+		t.Fatalf("resume: %+v %v", res, err)
+	}
+	if r := srv.resumeReqs[0]; len(r.GetRunnerIds()) != 0 {
+		t.Errorf("runner_ids sent without RunnerIDs: %v", r)
+	}
+	if in := sb.Info(); in.State != StateRunning || in.RunnerID != "r1" {
+		t.Errorf("handle after resume: %+v", in)
+	}
+
+	// Resume elsewhere: runner_ids sent, the new runner and where from returned, and
+	// the handle knows its new runner.
+	srv.states["sb-1"] = sandboxv1.State_STATE_PAUSED
+	res, err = sb.ResumeWith(ctx, ResumeOptions{RunnerIDs: []string{"r2", "r3"}})
+	if err != nil || res.RunnerID != "r2" || res.MovedFrom != "r1" {
+		t.Fatalf("resume on r2: %+v %v", res, err)
+	}
+	if r := srv.resumeReqs[1]; !slices.Equal(r.GetRunnerIds(), []string{"r2", "r3"}) || r.GetSandboxId() != "sb-1" {
+		t.Errorf("resume request %v", r)
+	}
+	if in := sb.Info(); in.State != StateRunning || in.RunnerID != "r2" {
+		t.Errorf("handle after the move: %+v", in)
+	}
+	if _, err := c.ResumeWith(ctx, "nope", ResumeOptions{RunnerIDs: []string{"r2"}}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("resume of an unknown sandbox: %v", err)
+	}
+
+	// Fork onto other runners: runner_ids sent, each fork's runner on its handle.
+	forks, err := c.Fork(ctx, "sb-1", 2, ForkOptions{RunnerIDs: []string{"r3", "r4"}})
+	if err != nil || len(forks) != 2 {
+		t.Fatalf("fork on r3, r4: %v %v", forks, err)
+	}
+	if r := srv.forks[0]; !slices.Equal(r.GetRunnerIds(), []string{"r3", "r4"}) || r.GetCount() != 2 {
+		t.Errorf("fork request %v", r)
+	}
+	if forks[0].Info().RunnerID != "r3" || forks[1].Info().RunnerID != "r4" {
+		t.Errorf("fork runners %q, %q", forks[0].Info().RunnerID, forks[1].Info().RunnerID)
 	}
 }
 
