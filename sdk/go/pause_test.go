@@ -37,8 +37,8 @@ type stateServer struct {
 	// resume with runner_ids not listing r1 moves it to the first one listed.
 	resumeReqs []*statev1.ResumeSandboxRequest
 	runners    map[string]string
-	forks   []*statev1.ForkSandboxRequest
-	auth    []string
+	forks      []*statev1.ForkSandboxRequest
+	auth       []string
 	// forkErrs are returned by the next ForkSandbox calls, in order; failFork makes the
 	// fork with this index (0-based) fail with UNAVAILABLE.
 	forkErrs []error
