@@ -56,6 +56,8 @@ type fakeAPI struct {
 	// pauseReqs and forkReqs every PauseSandbox and ForkSandbox (pause_test.go).
 	pauseReqs []*statev1.PauseSandboxRequest
 	forkReqs  []*statev1.ForkSandboxRequest
+	// resumeReqs every ResumeSandbox (pause_test.go).
+	resumeReqs []*statev1.ResumeSandboxRequest
 }
 
 func newFake(t *testing.T) *fakeAPI {

@@ -85,55 +85,81 @@ func pauseJSON(ps sandbox.PauseStatus) map[string]any {
 }
 
 func (a *app) resumeCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "resume ID",
+	var runners []string
+	cmd := &cobra.Command{
+		Use:   "resume ID [--runner R]...",
 		Short: "Resume a paused sandbox",
-		Long: `resume continues a paused sandbox under the same ID, address and endpoints; its
-processes continue where they were (a checkpointed sandbox's open TCP connections to the
-outside are reset). A running sandbox is left as it is. It prints when the sandbox's
-lifetime now ends.`,
+		Long: `resume continues a paused sandbox under the same ID; its processes continue where
+they were (a checkpointed sandbox's open TCP connections to the outside are reset). A
+running sandbox is left as it is. It prints the runner it runs on and when its lifetime
+now ends.
+
+A checkpointed sandbox resumes on its own runner when that is allowed (--runner, repeated:
+the runners it may resume on; none: any) and has room; otherwise it moves, through the
+blob store, to an allowed runner able to restore its checkpoint, keeping its ID, files,
+memory and processes, with that runner's address and endpoint host names ("moved from").
+A frozen sandbox (runc) cannot move.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			deadline, err := c.Resume(cmd.Context(), args[0])
+			res, err := c.ResumeWith(cmd.Context(), args[0], sandbox.ResumeOptions{RunnerIDs: runners})
 			if err != nil {
 				return err
 			}
 			if a.json() {
 				m := map[string]any{"sandboxId": args[0]}
-				if !deadline.IsZero() {
-					m["deadline"] = deadline.UTC().Format(time.RFC3339Nano)
+				if !res.Deadline.IsZero() {
+					m["deadline"] = res.Deadline.UTC().Format(time.RFC3339Nano)
+				}
+				if res.RunnerID != "" {
+					m["runnerId"] = res.RunnerID
+				}
+				if res.MovedFrom != "" {
+					m["movedFrom"] = res.MovedFrom
 				}
 				return a.printJSON(m)
 			}
-			until := ""
-			if !deadline.IsZero() {
-				until = ", until " + deadline.UTC().Format(time.RFC3339)
+			where := ""
+			if res.RunnerID != "" {
+				where = " on " + res.RunnerID
 			}
-			_, err = fmt.Fprintf(a.stdout, "%s running%s\n", args[0], until)
+			if res.MovedFrom != "" {
+				where += " (moved from " + res.MovedFrom + ")"
+			}
+			until := ""
+			if !res.Deadline.IsZero() {
+				until = ", until " + res.Deadline.UTC().Format(time.RFC3339)
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s running%s%s\n", args[0], where, until)
 			return err
 		},
 	}
+	cmd.Flags().StringArrayVar(&runners, "runner", nil, "a runner it may resume on (repeat; none: any)")
+	return cmd
 }
 
 func (a *app) forkCommand() *cobra.Command {
 	var (
 		n         int
 		requestID string
+		runners   []string
 	)
 	cmd := &cobra.Command{
-		Use:   "fork ID [-n N] [--request-id R]",
+		Use:   "fork ID [-n N] [--request-id R] [--runner R]...",
 		Short: "Make N copies of a running or paused sandbox",
 		Long: fmt.Sprintf(`fork makes N (1..%d) new sandboxes from a running or paused one, each a copy of its
-memory, processes and files with its own ID, address and endpoints, on the source's
-runner; the source keeps running after a short pause. It needs a runtime class that can
-be checkpointed (gvisor): others are refused with CWSANDBOX_CHECKPOINT_NOT_SUPPORTED.
+memory, processes and files with its own ID, address and endpoints; the source keeps
+running after a short pause. It needs a runtime class that can be checkpointed (gvisor):
+others are refused with CWSANDBOX_CHECKPOINT_NOT_SUPPORTED. The forks go to the source's
+runner when it is allowed (--runner, repeated: the runners they may go to; none: any) and
+has room; otherwise the source's checkpoint goes through the blob store to other allowed
+runners able to restore it.
 
-It prints the new sandboxes' IDs, one per line. When some forks failed, it prints the
-others, then each failure on stderr, and exits 1. --request-id makes the fork
+It prints the new sandboxes' IDs, one per line, each with its runner ("ID on RUNNER").
+When some forks failed, it prints the others, then each failure on stderr, and exits 1. --request-id makes the fork
 idempotent: the same request again returns the same forks.`, sandbox.MaxForks),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -144,7 +170,7 @@ idempotent: the same request again returns the same forks.`, sandbox.MaxForks),
 			if err != nil {
 				return err
 			}
-			forks, err := c.Fork(cmd.Context(), args[0], n, sandbox.ForkOptions{RequestID: requestID})
+			forks, err := c.Fork(cmd.Context(), args[0], n, sandbox.ForkOptions{RequestID: requestID, RunnerIDs: runners})
 			var partial *sandbox.PartialForkError
 			if err != nil && !errors.As(err, &partial) {
 				return err
@@ -152,7 +178,11 @@ idempotent: the same request again returns the same forks.`, sandbox.MaxForks),
 			if a.json() {
 				items := []map[string]any{}
 				for _, sb := range forks {
-					items = append(items, map[string]any{"sandboxId": sb.ID()})
+					item := map[string]any{"sandboxId": sb.ID()}
+					if r := sb.Info().RunnerID; r != "" {
+						item["runnerId"] = r
+					}
+					items = append(items, item)
 				}
 				if partial != nil {
 					for _, f := range partial.Failed {
@@ -165,7 +195,11 @@ idempotent: the same request again returns the same forks.`, sandbox.MaxForks),
 				}
 			} else {
 				for _, sb := range forks {
-					if _, werr := fmt.Fprintln(a.stdout, sb.ID()); werr != nil {
+					line := sb.ID()
+					if r := sb.Info().RunnerID; r != "" {
+						line += " on " + r
+					}
+					if _, werr := fmt.Fprintln(a.stdout, line); werr != nil {
 						return werr
 					}
 				}
@@ -181,5 +215,6 @@ idempotent: the same request again returns the same forks.`, sandbox.MaxForks),
 	}
 	cmd.Flags().IntVarP(&n, "count", "n", 1, fmt.Sprintf("how many forks (1..%d)", sandbox.MaxForks))
 	cmd.Flags().StringVar(&requestID, "request-id", "", "idempotency key: the same request again returns the same forks")
+	cmd.Flags().StringArrayVar(&runners, "runner", nil, "a runner the forks may go to (repeat; none: any)")
 	return cmd
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,8 +61,15 @@ func (s *fakeState) ResumeSandbox(_ context.Context, req *connect.Request[statev
 	if !ok {
 		return nil, apierr.Newf(apierr.SandboxNotFound, "sandbox %q not found", req.Msg.GetSandboxId())
 	}
+	s.f.resumeReqs = append(s.f.resumeReqs, proto.Clone(req.Msg).(*statev1.ResumeSandboxRequest))
 	sb.Status.State = sandboxv1.State_STATE_RUNNING
-	return connect.NewResponse(&statev1.ResumeSandboxResponse{SandboxId: sb.GetSandboxId(), Deadline: timestamppb.New(fakeCreated.Add(10 * time.Minute))}), nil
+	res := &statev1.ResumeSandboxResponse{SandboxId: sb.GetSandboxId(), Deadline: timestamppb.New(fakeCreated.Add(10 * time.Minute)), RunnerId: sb.GetStatus().GetRunnerId()}
+	// Not allowed where it is: it moves to the first runner listed.
+	if ids := req.Msg.GetRunnerIds(); len(ids) > 0 && !slices.Contains(ids, res.RunnerId) {
+		res.MovedFrom, res.RunnerId = res.RunnerId, ids[0]
+		sb.Status.RunnerId = ids[0]
+	}
+	return connect.NewResponse(res), nil
 }
 
 func (s *fakeState) ForkSandbox(_ context.Context, req *connect.Request[statev1.ForkSandboxRequest]) (*connect.Response[statev1.ForkSandboxResponse], error) {
@@ -82,8 +90,12 @@ func (s *fakeState) ForkSandbox(_ context.Context, req *connect.Request[statev1.
 			res.Forks = append(res.Forks, &statev1.Fork{SandboxId: id, Error: &statev1.ForkError{Code: "UNAVAILABLE", Reason: apierr.RunnerUnavailable, Message: "the runner went away"}})
 			continue
 		}
-		s.f.add(id)
-		res.Forks = append(res.Forks, &statev1.Fork{SandboxId: id})
+		runner := sb.GetStatus().GetRunnerId()
+		if ids := req.Msg.GetRunnerIds(); len(ids) > 0 {
+			runner = ids[i%len(ids)]
+		}
+		s.f.add(id).Status.RunnerId = runner
+		res.Forks = append(res.Forks, &statev1.Fork{SandboxId: id, RunnerId: runner})
 	}
 	return connect.NewResponse(res), nil
 }
@@ -108,7 +120,7 @@ func TestSbxPauseResume(t *testing.T) {
 	if _, errs, code := f.sbx("", "pause", "sbx-1"); code == 0 || !strings.Contains(errs, "CWSANDBOX_SANDBOX_NOT_RUNNING") {
 		t.Errorf("second pause: %d %q", code, errs)
 	}
-	if out, errs, code := f.sbx("", "resume", "sbx-1"); code != 0 || out != "sbx-1 running, until 2026-01-02T03:10:00Z\n" {
+	if out, errs, code := f.sbx("", "resume", "sbx-1"); code != 0 || out != "sbx-1 running on local, until 2026-01-02T03:10:00Z\n" {
 		t.Errorf("resume: %d %q %q", code, out, errs)
 	}
 	if out, _, _ := f.sbx("", "get", "sbx-1"); !regexp.MustCompile(`State:\s+running\n`).MatchString(out) || strings.Contains(out, "sbx resume") {
@@ -158,20 +170,20 @@ func TestSbxFork(t *testing.T) {
 	f := newFake(t)
 	f.add("sbx-1")
 	out, errs, code := f.sbx("", "fork", "sbx-1", "-n", "3", "--request-id", "r-1")
-	if code != 0 || out != "sbx-1-fork-1\nsbx-1-fork-2\nsbx-1-fork-3\n" {
+	if code != 0 || out != "sbx-1-fork-1 on local\nsbx-1-fork-2 on local\nsbx-1-fork-3 on local\n" {
 		t.Errorf("fork -n 3: %d %q %q", code, out, errs)
 	}
-	if r := f.forkReqs[0]; r.GetCount() != 3 || r.GetRequestId() != "r-1" {
+	if r := f.forkReqs[0]; r.GetCount() != 3 || r.GetRequestId() != "r-1" || len(r.GetRunnerIds()) != 0 {
 		t.Errorf("fork request %v", r)
 	}
-	if out, _, code := f.sbx("", "fork", "sbx-1"); code != 0 || out != "sbx-1-fork-1\n" || f.forkReqs[1].GetCount() != 1 || f.forkReqs[1].GetRequestId() == "" {
+	if out, _, code := f.sbx("", "fork", "sbx-1"); code != 0 || out != "sbx-1-fork-1 on local\n" || f.forkReqs[1].GetCount() != 1 || f.forkReqs[1].GetRequestId() == "" {
 		t.Errorf("fork: %d %q, request %v", code, out, f.forkReqs[1])
 	}
 
 	// One of three fails: the others on stdout, the failure on stderr, exit 1.
 	f.add("sbx-flaky", "flaky")
 	out, errs, code = f.sbx("", "fork", "sbx-flaky", "-n", "3")
-	if code != 1 || out != "sbx-flaky-fork-1\nsbx-flaky-fork-3\n" || !strings.Contains(errs, "fork sbx-flaky-fork-2: the runner went away") || !strings.Contains(errs, "1 of 3 forks failed") {
+	if code != 1 || out != "sbx-flaky-fork-1 on local\nsbx-flaky-fork-3 on local\n" || !strings.Contains(errs, "fork sbx-flaky-fork-2: the runner went away") || !strings.Contains(errs, "1 of 3 forks failed") {
 		t.Errorf("partial fork: %d %q %q", code, out, errs)
 	}
 	out, _, code = f.sbx("", "-o", "json", "fork", "sbx-flaky", "-n", "2")
@@ -198,5 +210,59 @@ func TestSbxFork(t *testing.T) {
 	}
 	if len(f.forkReqs) != n {
 		t.Error("a bad fork count reached the API")
+	}
+}
+
+func TestSbxResumeAndForkOnRunners(t *testing.T) {
+	f := newFake(t)
+	f.add("sbx-1")
+	// Resume on another runner: the runners are sent, the move is shown.
+	if _, _, code := f.sbx("", "pause", "sbx-1"); code != 0 {
+		t.Fatal("pause failed")
+	}
+	out, errs, code := f.sbx("", "resume", "sbx-1", "--runner", "r2", "--runner", "r3")
+	if code != 0 || out != "sbx-1 running on r2 (moved from local), until 2026-01-02T03:10:00Z\n" {
+		t.Errorf("resume --runner: %d %q %q", code, out, errs)
+	}
+	if r := f.resumeReqs[len(f.resumeReqs)-1]; !slices.Equal(r.GetRunnerIds(), []string{"r2", "r3"}) {
+		t.Errorf("resume request %v", r)
+	}
+	// Where it is: not moved; as JSON.
+	if _, _, code := f.sbx("", "pause", "sbx-1"); code != 0 {
+		t.Fatal("pause failed")
+	}
+	out, _, code = f.sbx("", "-o", "json", "resume", "sbx-1", "--runner", "r2")
+	var got map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || got["runnerId"] != "r2" || got["movedFrom"] != nil || got["sandboxId"] != "sbx-1" {
+		t.Errorf("resume -o json: %d %q", code, out)
+	}
+	if _, _, code := f.sbx("", "pause", "sbx-1"); code != 0 {
+		t.Fatal("pause failed")
+	}
+	out, _, code = f.sbx("", "-o", "json", "resume", "sbx-1", "--runner", "r4")
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || got["runnerId"] != "r4" || got["movedFrom"] != "r2" {
+		t.Errorf("resume -o json, moved: %d %q", code, out)
+	}
+	if r := f.resumeReqs[len(f.resumeReqs)-1]; !slices.Equal(r.GetRunnerIds(), []string{"r4"}) {
+		t.Errorf("resume request %v", r)
+	}
+
+	// Fork onto other runners: each fork's runner shown.
+	out, errs, code = f.sbx("", "fork", "sbx-1", "-n", "2", "--runner", "r5", "--runner", "r6")
+	if code != 0 || out != "sbx-1-fork-1 on r5\nsbx-1-fork-2 on r6\n" {
+		t.Errorf("fork --runner: %d %q %q", code, out, errs)
+	}
+	if r := f.forkReqs[len(f.forkReqs)-1]; !slices.Equal(r.GetRunnerIds(), []string{"r5", "r6"}) || r.GetCount() != 2 {
+		t.Errorf("fork request %v", r)
+	}
+	out, _, code = f.sbx("", "-o", "json", "fork", "sbx-1", "--runner", "r7")
+	var forks struct {
+		Forks []struct {
+			SandboxID string `json:"sandboxId"`
+			RunnerID  string `json:"runnerId"`
+		}
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &forks) != nil || len(forks.Forks) != 1 || forks.Forks[0].RunnerID != "r7" {
+		t.Errorf("fork -o json --runner: %d %q", code, out)
 	}
 }
