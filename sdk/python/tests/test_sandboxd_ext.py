@@ -157,6 +157,44 @@ def test_fork_partial_failure(fake):
     assert ei.value.sandbox_ids == ["f-1"] and len(ei.value.failures) == 2
 
 
+def test_resume_on_runners(fake):
+    fake.routes["/v1/sandboxes/sb-1:resume"] = (200, {"sandboxId": "sb-1", "deadline": "2026-01-02T04:00:00Z",
+                                                      "runnerId": "r2", "movedFrom": "r1"})
+    res = ext.resume(FakeSandbox("sb-1"), runner_ids=["r2", "r3"])
+    assert res == ext.ResumeResult("sb-1", datetime(2026, 1, 2, 4, tzinfo=timezone.utc), runner_id="r2", moved_from="r1")
+    assert fake.last["body"] == {"runnerIds": ["r2", "r3"]}
+    # In place: the runner, no move (protojson leaves the empty moved_from out).
+    fake.routes["/v1/sandboxes/sb-1:resume"] = (200, {"sandboxId": "sb-1", "runnerId": "r1"})
+    res = ext.resume("sb-1")
+    assert res.runner_id == "r1" and res.moved_from == ""
+    assert fake.last["body"] == {}
+    n = len(fake.requests)
+    for bad, exc in (("r2", TypeError), ([""], ValueError), ([3], ValueError)):
+        with pytest.raises(exc):
+            ext.resume("sb-1", runner_ids=bad)
+    assert len(fake.requests) == n
+
+
+def test_fork_on_runners(fake):
+    fake.routes["/v1/sandboxes/sb-1:fork"] = (200, {"forks": [{"sandboxId": "f-1", "runnerId": "r2"},
+                                                              {"sandboxId": "f-2", "runnerId": "r3"}]})
+    assert ext.fork_placed("sb-1", count=2, runner_ids=("r2", "r3")) == [ext.ForkedSandbox("f-1", "r2"), ext.ForkedSandbox("f-2", "r3")]
+    assert fake.last["body"] == {"count": 2, "runnerIds": ["r2", "r3"]}
+    assert ext.fork("sb-1", count=2, runner_ids=["r2"]) == ["f-1", "f-2"]
+    assert fake.last["body"] == {"count": 2, "runnerIds": ["r2"]}
+    fake.routes["/v1/sandboxes/sb-1:fork"] = (200, {"forks": [
+        {"sandboxId": "f-1", "runnerId": "r2"},
+        {"sandboxId": "f-2", "error": {"code": "RESOURCE_EXHAUSTED", "reason": "CWSANDBOX_RESOURCE_EXHAUSTED", "message": "full"}},
+    ]})
+    with pytest.raises(ext.PartialForkError) as ei:
+        ext.fork_placed("sb-1", count=2, runner_ids=["r2"])
+    assert ei.value.sandbox_ids == ["f-1"] and ei.value.forks == [ext.ForkedSandbox("f-1", "r2")]
+    n = len(fake.requests)
+    with pytest.raises(TypeError):
+        ext.fork("sb-1", runner_ids="r2")
+    assert len(fake.requests) == n
+
+
 @pytest.mark.parametrize("count", [0, -1, 101, True, 1.5, "2"])
 def test_fork_bad_count_sends_nothing(fake, count):
     with pytest.raises(ValueError):

@@ -16,6 +16,8 @@ are used when it is importable).
     status = sandboxd_ext.pause(sb)          # or pause("sandbox-id")
     sandboxd_ext.resume(sb)
     ids = sandboxd_ext.fork(sb, count=3)     # the new sandboxes' IDs
+    sandboxd_ext.fork_placed(sb, runner_ids=["r2"])  # forks on r2: IDs and runners
+    res = sandboxd_ext.resume(sb, runner_ids=["r2"])  # res.runner_id, res.moved_from
     sandboxd_ext.update_lifetime(sb, extend_by=3600)
 
 Every function takes a sandbox ID or any object with a ``sandbox_id`` attribute (an official
@@ -40,6 +42,7 @@ __all__ = [
     "AuthenticationError",
     "CheckpointNotSupportedError",
     "ForkFailure",
+    "ForkedSandbox",
     "InvalidRequestError",
     "Lifetime",
     "PartialForkError",
@@ -52,6 +55,7 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "fork",
+    "fork_placed",
     "fork_sandboxes",
     "pause",
     "resume",
@@ -165,14 +169,25 @@ class ForkFailure:
     message: str
 
 
-class PartialForkError(SandboxdError):
-    """Some forks failed. ``sandbox_ids`` are the forks made, ``failures`` the others."""
+@dataclass(frozen=True)
+class ForkedSandbox:
+    """One fork made: its ID and the runner it runs on ("" from a server that does not say)."""
 
-    def __init__(self, sandbox_ids: list[str], failures: list[ForkFailure]) -> None:
+    sandbox_id: str
+    runner_id: str = ""
+
+
+class PartialForkError(SandboxdError):
+    """Some forks failed. ``sandbox_ids`` are the forks made (``forks``: with their runners),
+    ``failures`` the others."""
+
+    def __init__(self, sandbox_ids: list[str], failures: list[ForkFailure],
+                 forks: list[ForkedSandbox] | None = None) -> None:
         detail = "; ".join(f"{f.sandbox_id or 'fork'}: {f.message} ({f.reason or f.code})" for f in failures)
         super().__init__(f"{len(failures)} fork(s) failed: {detail}", code="PARTIAL")
         self.sandbox_ids = list(sandbox_ids)
         self.failures = list(failures)
+        self.forks = list(forks) if forks is not None else [ForkedSandbox(i) for i in sandbox_ids]
 
     def __str__(self) -> str:
         return self.message
@@ -311,6 +326,10 @@ class ResumeResult:
     sandbox_id: str
     #: when the sandbox's lifetime now ends.
     deadline: datetime | None
+    #: the runner it runs on now ("" from a server that does not say).
+    runner_id: str = ""
+    #: the runner it ran on before, when it moved to ``runner_id``; "" when it resumed in place.
+    moved_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -329,6 +348,18 @@ def _sandbox_id(sandbox: Any) -> str:
     if not isinstance(sid, str) or not sid:
         raise ValueError(f"want a sandbox ID or an object with a sandbox_id, got {sandbox!r}")
     return sid
+
+
+def _runner_ids(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(f"runner_ids must be a list of runner IDs, got {type(v).__name__}")
+    out = list(v)
+    for r in out:
+        if not isinstance(r, str) or not r:
+            raise ValueError(f"runner_ids must be non-empty strings, got {r!r}")
+    return out
 
 
 def _seconds(name: str, v: Any) -> int:
@@ -428,22 +459,36 @@ class StateClient:
             checkpoint_bytes=_int(st.get("checkpointBytes", 0)),
         )
 
-    def resume(self, sandbox: Any) -> ResumeResult:
+    def resume(self, sandbox: Any, runner_ids: list[str] | None = None) -> ResumeResult:
         """Resume a paused sandbox; see the module's :func:`resume`."""
         sid = _sandbox_id(sandbox)
-        out = self._call(sid, "resume", {})
-        return ResumeResult(sandbox_id=str(out.get("sandboxId") or sid), deadline=_timestamp(out.get("deadline")))
+        body: dict[str, Any] = {}
+        runners = _runner_ids(runner_ids)
+        if runners:
+            body["runnerIds"] = runners
+        out = self._call(sid, "resume", body)
+        return ResumeResult(sandbox_id=str(out.get("sandboxId") or sid), deadline=_timestamp(out.get("deadline")),
+                            runner_id=str(out.get("runnerId") or ""), moved_from=str(out.get("movedFrom") or ""))
 
-    def fork(self, sandbox: Any, count: int = 1, request_id: str | None = None) -> list[str]:
+    def fork(self, sandbox: Any, count: int = 1, request_id: str | None = None,
+             runner_ids: list[str] | None = None) -> list[str]:
         """Fork a sandbox COUNT times; see the module's :func:`fork`."""
+        return [f.sandbox_id for f in self.fork_placed(sandbox, count, request_id, runner_ids)]
+
+    def fork_placed(self, sandbox: Any, count: int = 1, request_id: str | None = None,
+                    runner_ids: list[str] | None = None) -> list[ForkedSandbox]:
+        """:meth:`fork`, returning each fork's ID and runner."""
         sid = _sandbox_id(sandbox)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_FORKS:
             raise ValueError(f"count must be an int in 1..{MAX_FORKS}, got {count!r}")
         body: dict[str, Any] = {"count": count}
         if request_id:
             body["requestId"] = str(request_id)
+        runners = _runner_ids(runner_ids)
+        if runners:
+            body["runnerIds"] = runners
         forks = self._call(sid, "fork", body).get("forks") or []
-        made: list[str] = []
+        made: list[ForkedSandbox] = []
         failed: list[ForkFailure] = []
         for f in forks:
             if not isinstance(f, dict):
@@ -453,22 +498,23 @@ class StateClient:
                 failed.append(ForkFailure(str(f.get("sandboxId", "")), str(err.get("code", "UNKNOWN")),
                                           str(err.get("reason", "")), str(err.get("message", ""))))
             elif f.get("sandboxId"):
-                made.append(str(f["sandboxId"]))
+                made.append(ForkedSandbox(str(f["sandboxId"]), str(f.get("runnerId") or "")))
             else:
                 failed.append(ForkFailure("", "INTERNAL", "", "the server returned a fork without an ID"))
         if len(made) + len(failed) != count:
             failed.append(ForkFailure("", "INTERNAL", "", f"asked for {count} forks, the server answered {len(made) + len(failed)}"))
         if failed:
-            raise PartialForkError(made, failed)
+            raise PartialForkError([f.sandbox_id for f in made], failed, made)
         return made
 
-    def fork_sandboxes(self, sandbox: Any, count: int = 1, request_id: str | None = None) -> list[Any]:
+    def fork_sandboxes(self, sandbox: Any, count: int = 1, request_id: str | None = None,
+                       runner_ids: list[str] | None = None) -> list[Any]:
         """:meth:`fork`, then the official client's ``Sandbox`` of each fork (``Sandbox.from_id``)."""
         try:
             from cwsandbox import Sandbox
         except ImportError as e:  # pragma: no cover
             raise RuntimeError("fork_sandboxes needs the official cwsandbox client") from e
-        ids = self.fork(sandbox, count=count, request_id=request_id)
+        ids = self.fork(sandbox, count=count, request_id=request_id, runner_ids=runner_ids)
         kw: dict[str, Any] = {"base_url": self._resolved_url}
         if self.api_key:
             from cwsandbox import AuthHeaders
@@ -518,24 +564,38 @@ def pause(sandbox: Any, release_resources: bool | None = None, auto_resume: bool
     return StateClient(**client).pause(sandbox, release_resources=release_resources, auto_resume=auto_resume)
 
 
-def resume(sandbox: Any, **client: Any) -> ResumeResult:
-    """Resume a PAUSED sandbox under the same ID, address and endpoints (a RUNNING one is left
-    as it is); its processes continue where they were."""
-    return StateClient(**client).resume(sandbox)
+def resume(sandbox: Any, runner_ids: list[str] | None = None, **client: Any) -> ResumeResult:
+    """Resume a PAUSED sandbox under the same ID (a RUNNING one is left as it is); its processes
+    continue where they were. A checkpointed sandbox resumes on its own runner when that is in
+    ``runner_ids`` (or none are given) and has room; otherwise it moves, through the blob store,
+    to a listed runner able to restore it, keeping its ID, files, memory and processes, with that
+    runner's address and endpoint host names: ``runner_id`` says where it runs, ``moved_from``
+    where it ran before a move. A frozen (runc) sandbox cannot move."""
+    return StateClient(**client).resume(sandbox, runner_ids=runner_ids)
 
 
-def fork(sandbox: Any, count: int = 1, request_id: str | None = None, **client: Any) -> list[str]:
+def fork(sandbox: Any, count: int = 1, request_id: str | None = None, runner_ids: list[str] | None = None,
+         **client: Any) -> list[str]:
     """Make COUNT (1..100) copies of a RUNNING or PAUSED sandbox, each with its own ID, address and
     endpoints; returns their IDs. A runtime class that cannot checkpoint raises
     :class:`CheckpointNotSupportedError`; when only some forks failed, :class:`PartialForkError`
     carries the IDs made (``sandbox_ids``) and the ``failures``. ``request_id`` makes it
-    idempotent (the same request again returns the same forks)."""
-    return StateClient(**client).fork(sandbox, count=count, request_id=request_id)
+    idempotent (the same request again returns the same forks). ``runner_ids``: the runners the
+    forks may go to (None: any); the source's when allowed with room, else others, through the
+    blob store. :func:`fork_placed` returns each fork's runner too."""
+    return StateClient(**client).fork(sandbox, count=count, request_id=request_id, runner_ids=runner_ids)
 
 
-def fork_sandboxes(sandbox: Any, count: int = 1, request_id: str | None = None, **client: Any) -> list[Any]:
+def fork_placed(sandbox: Any, count: int = 1, request_id: str | None = None, runner_ids: list[str] | None = None,
+                **client: Any) -> list[ForkedSandbox]:
+    """:func:`fork`, returning each fork's ID and the runner it runs on."""
+    return StateClient(**client).fork_placed(sandbox, count=count, request_id=request_id, runner_ids=runner_ids)
+
+
+def fork_sandboxes(sandbox: Any, count: int = 1, request_id: str | None = None, runner_ids: list[str] | None = None,
+                   **client: Any) -> list[Any]:
     """:func:`fork`, returning the official client's ``Sandbox`` objects."""
-    return StateClient(**client).fork_sandboxes(sandbox, count=count, request_id=request_id)
+    return StateClient(**client).fork_sandboxes(sandbox, count=count, request_id=request_id, runner_ids=runner_ids)
 
 
 def update_lifetime(sandbox: Any, *, extend_by: int | timedelta | None = None,
