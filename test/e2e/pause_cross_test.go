@@ -192,13 +192,15 @@ func (c *crossEnv) counter(t *testing.T, id, r string) counterState {
 	}
 }
 
-// counterOn creates a counter sandbox (1 CPU) pinned to runner r and waits for its server.
+// counterOn creates a counter sandbox (1 CPU) pinned to runner r and waits for its
+// server; it is deleted when the (sub)test ends.
 func (c *crossEnv) counterOn(t *testing.T, r string) (string, counterState) {
 	t.Helper()
 	sp := counterSpec()
 	sp.Containers[0].Resources = &sandboxv1.Resources{Cpu: "1", Memory: "256Mi"}
 	sp.RunnerIds = []string{r}
 	sb := c.g.create(t, sp, "")
+	t.Cleanup(func() { c.del(t, sb.SandboxId) })
 	if got := sb.GetStatus().GetRunnerId(); got != r {
 		t.Fatalf("counter sandbox pinned to %s placed on %q", r, got)
 	}
@@ -206,13 +208,15 @@ func (c *crossEnv) counterOn(t *testing.T, r string) (string, counterState) {
 	return sb.SandboxId, c.counter(t, sb.SandboxId, r)
 }
 
-// sleeperOn creates a sleeper requesting cpu, pinned to runner r, and waits until it runs.
+// sleeperOn creates a sleeper requesting cpu, pinned to runner r, and waits until it
+// runs; it is deleted when the (sub)test ends.
 func (c *crossEnv) sleeperOn(t *testing.T, r, cpu string) string {
 	t.Helper()
 	sp := sleeperSpec()
 	sp.Containers[0].Resources = &sandboxv1.Resources{Cpu: cpu, Memory: "64Mi"}
 	sp.RunnerIds = []string{r}
 	id := c.g.create(t, sp, "").SandboxId
+	t.Cleanup(func() { c.del(t, id) })
 	c.g.waitState(t, id, sandboxv1.State_STATE_RUNNING)
 	return id
 }
@@ -329,6 +333,8 @@ func TestPauseCross(t *testing.T) {
 
 	t.Run("fork onto another runner", func(t *testing.T) {
 		src, _ := c.counterOn(t, "r1")
+		var ids []string // the forks
+		t.Cleanup(func() { c.del(t, ids...) })
 		c.g.sh(t, src, "echo source > /tmp/v && echo written-before > /tmp/note")
 		before := c.counter(t, src, "r1")
 
@@ -342,17 +348,22 @@ func TestPauseCross(t *testing.T) {
 		if len(forks) != 3 {
 			t.Fatalf("%d forks, want 3", len(forks))
 		}
+		for i, f := range forks {
+			if f.GetError() != nil {
+				t.Errorf("fork %d: %v", i, f.GetError())
+			} else {
+				ids = append(ids, f.GetSandboxId())
+			}
+		}
+		if len(ids) != len(forks) {
+			t.FailNow()
+		}
 		ips := map[string]string{}
 		if sb, err := c.s1.Runner.Get(src); err == nil {
 			ips[sb.IP] = src
 		}
-		var ids []string
-		for i, f := range forks {
-			if f.GetError() != nil {
-				t.Fatalf("fork %d: %v", i, f.GetError())
-			}
+		for _, f := range forks {
 			id := f.GetSandboxId()
-			ids = append(ids, id)
 			if f.GetRunnerId() != "r2" {
 				t.Errorf("fork %s: runner_id %q, want r2", id, f.GetRunnerId())
 			}
@@ -367,7 +378,6 @@ func TestPauseCross(t *testing.T) {
 			}
 			ips[sb.IP] = id
 		}
-		t.Cleanup(func() { c.del(t, append(ids, src)...) })
 		// Each continues the source's server and files, then on its own.
 		for i, id := range ids {
 			if got := c.g.sh(t, id, "cat /tmp/note"); got != "written-before\n" {
@@ -396,7 +406,6 @@ func TestPauseCross(t *testing.T) {
 
 	t.Run("resume on another runner", func(t *testing.T) {
 		id, first := c.counterOn(t, "r1")
-		t.Cleanup(func() { c.del(t, id) })
 		c.g.sh(t, id, "echo kept > /tmp/v && echo before-move > /tmp/note")
 		c.pause(t, id)
 		if st := c.status(t, id); st.GetState() != sandboxv1.State_STATE_PAUSED || st.GetRunnerId() != "r1" {
@@ -447,8 +456,7 @@ func TestPauseCross(t *testing.T) {
 		id, first := c.counterOn(t, "r1")
 		c.pause(t, id)
 		// r1 fills while it is paused: 3.5 of its 4 CPUs; the sandbox needs 1.
-		filler := c.sleeperOn(t, "r1", "3500m")
-		t.Cleanup(func() { c.del(t, id, filler) })
+		c.sleeperOn(t, "r1", "3500m")
 		res, err := c.resume(id)
 		if err != nil {
 			t.Fatalf("resume with r1 full: %v", err)
@@ -483,9 +491,8 @@ func TestPauseCross(t *testing.T) {
 		// No runner has room: the error names each runner's reason.
 		id, _ := c.counterOn(t, "r1")
 		c.pause(t, id)
-		full1 := c.sleeperOn(t, "r1", "3500m")
+		c.sleeperOn(t, "r1", "3500m")
 		full2 := c.sleeperOn(t, "r2", "7500m")
-		t.Cleanup(func() { c.del(t, frozen, id, full1, full2) })
 		_, err = c.resume(id)
 		msg := ""
 		if err != nil {
