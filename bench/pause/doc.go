@@ -27,4 +27,12 @@
 // instead of ×10) so that the flow is exercised in well under two minutes. Needs root
 // and runsc (`make runsc`); without either the benchmarks skip. The policy of the dev
 // server's runner is set to allow the gvisor class (the dev default allows no pin).
+//
+// BenchmarkPauseCross (cross_test.go) measures the same idle sandbox across two runners:
+// resume on its own runner (the floor, same run), resume on the other runner (its
+// checkpoint exported to the blob store and imported there), and fork ×1 onto the other
+// runner; p50 and p99. Two runners do not fit `sandboxd dev`: it runs two stacks in its
+// own process behind an in-process gateway, both with one SeaweedFS bucket as their blob
+// store, so the gateway's and runners' CPU is the benchmark process's. It skips without
+// SeaweedFS (`make seaweedfs`; SANDBOXD_REQUIRE_S3=1 makes that a failure).
 package pausebench

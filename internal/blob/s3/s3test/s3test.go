@@ -59,7 +59,7 @@ func Bin() (string, error) {
 	return b, nil
 }
 
-func skipOrFail(t *testing.T, why string) {
+func skipOrFail(t testing.TB, why string) {
 	t.Helper()
 	if os.Getenv(RequireEnv) == "1" {
 		t.Fatalf("%s (%s=1 requires the S3 server)", why, RequireEnv)
@@ -69,7 +69,7 @@ func skipOrFail(t *testing.T, why string) {
 
 // freePorts returns n distinct free loopback ports (free when asked; the server binds
 // them a moment later).
-func freePorts(t *testing.T, n int) []int {
+func freePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ls []net.Listener
 	var ports []int
@@ -89,7 +89,7 @@ func freePorts(t *testing.T, n int) []int {
 
 // Start runs a SeaweedFS server (master, volume, filer, S3 gateway in one process) for
 // the test and waits until its S3 API answers.
-func Start(t *testing.T) *Server {
+func Start(t testing.TB) *Server {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("-short runs the unit tier: no S3 server")
@@ -182,7 +182,7 @@ func (s *Server) probe(ctx context.Context) error {
 }
 
 // Bucket makes a fresh bucket and returns a Config for it.
-func (s *Server) Bucket(t *testing.T) s3.Config {
+func (s *Server) Bucket(t testing.TB) s3.Config {
 	t.Helper()
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
