@@ -165,7 +165,10 @@ func (x *crossSetup) waitExec(ctx context.Context, id string) error {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("sandbox %s: the workload is not ready: %v", id, err)
+			if err == nil {
+				err = fmt.Errorf("it says %q", res.Msg.GetStdout())
+			}
+			return fmt.Errorf("sandbox %s: the workload is not ready: %w", id, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
