@@ -1,0 +1,179 @@
+package runnerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// What the fake runner was asked of the checkpoint RPCs.
+type portCalls struct {
+	importReq runner.ImportRequest
+	deleted   string
+	movedID   string
+	movedTo   string
+}
+
+var (
+	fakePortsMu sync.Mutex
+	fakePorts   = map[*fakeRunner]*portCalls{}
+)
+
+func (f *fakeRunner) calls() *portCalls {
+	fakePortsMu.Lock()
+	defer fakePortsMu.Unlock()
+	if fakePorts[f] == nil {
+		fakePorts[f] = &portCalls{}
+	}
+	return fakePorts[f]
+}
+
+func (f *fakeRunner) ExportCheckpoint(_ context.Context, id string) (runner.CheckpointRef, runner.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := f.sb
+	return runner.CheckpointRef{Key: "checkpoints/" + id + "/e1/manifest.json", Platform: "gvisor runsc-1 linux/amd64", Bytes: 12345}, sb, f.err
+}
+
+func (f *fakeRunner) ImportFork(_ context.Context, req runner.ImportRequest) ([]runner.ForkResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls().importReq = req
+	return f.forkResults, f.err
+}
+
+func (f *fakeRunner) DeleteCheckpoint(_ context.Context, key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls().deleted = key
+	return f.err
+}
+
+func (f *fakeRunner) Moved(_ context.Context, id, to string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls().movedID, f.calls().movedTo = id, to
+	return f.err
+}
+
+// TestRunnerapiCheckpointPorting: ExportCheckpoint, ImportFork, DeleteCheckpoint and
+// Moved carry their arguments and answers both ways, and their errors map back to the
+// runner's sentinels.
+func TestRunnerapiCheckpointPorting(t *testing.T) {
+	created := time.Unix(10, 0).UTC()
+	fake := &fakeRunner{sb: runner.Sandbox{ID: "abc", State: runner.StatePaused, CreatedAt: created, Lifetime: time.Hour, Deadline: created.Add(time.Hour),
+		Spec: runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox"}, Meta: map[string]string{"k": "v"}},
+		Pause: &runner.PauseStatus{Released: true, LifetimeHeld: true, PausedAt: time.Unix(20, 0).UTC()}}}
+	r := startRunner(t, fake)
+	c := r.client(t)
+	ctx := context.Background()
+
+	ref, src, err := c.ExportCheckpoint(ctx, "abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref != (runner.CheckpointRef{Key: "checkpoints/abc/e1/manifest.json", Platform: "gvisor runsc-1 linux/amd64", Bytes: 12345}) ||
+		src.ID != "abc" || src.State != runner.StatePaused || !src.Pause.LifetimeHeld || !src.Deadline.Equal(created.Add(time.Hour)) {
+		t.Fatalf("export: %+v %+v", ref, src)
+	}
+
+	fake.forkResults = []runner.ForkResult{{Sandbox: runner.Sandbox{ID: "abc", State: runner.StateRunning, CreatedAt: created}}}
+	res, err := c.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: src, Move: true, Targets: []runner.ForkTarget{{ID: "abc"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fake.calls().importReq
+	if got.Ref != ref || !got.Move || len(got.Targets) != 1 || got.Targets[0].ID != "abc" || got.Source.ID != "abc" ||
+		got.Source.Spec.Image != "busybox" || got.Source.Spec.Meta["k"] != "v" || got.Source.Pause == nil ||
+		!got.Source.Pause.PausedAt.Equal(time.Unix(20, 0)) || got.Source.Lifetime != time.Hour {
+		t.Fatalf("import request on the runner: %+v", got)
+	}
+	if len(res) != 1 || res[0].Err != nil || res[0].Sandbox.State != runner.StateRunning || !res[0].Sandbox.CreatedAt.Equal(created) {
+		t.Fatalf("import results: %+v", res)
+	}
+	fake.forkResults = []runner.ForkResult{
+		{Sandbox: runner.Sandbox{ID: "f1", State: runner.StateRunning}},
+		{Sandbox: runner.Sandbox{ID: "f2", State: runner.StateFailed, Reason: runner.ReasonForkFailed}, Err: errors.New("part run: sha256 mismatch")},
+	}
+	res, err = c.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: src, Targets: []runner.ForkTarget{{ID: "f1", Meta: map[string]string{"o": "1"}, Lifetime: time.Minute}, {ID: "f2"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fake.calls().importReq; got.Move || len(got.Targets) != 2 || got.Targets[0].Meta["o"] != "1" || got.Targets[0].Lifetime != time.Minute {
+		t.Fatalf("fork import request on the runner: %+v", got)
+	}
+	if len(res) != 2 || res[0].Err != nil || res[1].Err == nil || !strings.Contains(res[1].Err.Error(), "sha256") {
+		t.Fatalf("fork import results: %+v", res)
+	}
+
+	if err := c.DeleteCheckpoint(ctx, ref.Key); err != nil || fake.calls().deleted != ref.Key {
+		t.Fatalf("delete: %v, runner got %q", err, fake.calls().deleted)
+	}
+	if err := c.Moved(ctx, "abc", "r2"); err != nil || fake.calls().movedID != "abc" || fake.calls().movedTo != "r2" {
+		t.Fatalf("moved: %v, runner got %q %q", err, fake.calls().movedID, fake.calls().movedTo)
+	}
+
+	for _, tc := range []struct {
+		err    error
+		reason string
+		is     error
+	}{
+		{fmt.Errorf("%w: the checkpoint was made on platform \"a\"; this runner restores on \"b\"", runner.ErrCannotCheckpoint), apierr.CheckpointNotSupported, runner.ErrCannotCheckpoint},
+		{fmt.Errorf("%w: no checkpoint x", runtime.ErrNotFound), apierr.SandboxNotFound, runtime.ErrNotFound},
+		{fmt.Errorf("%w: abc is RUNNING", runner.ErrNotRunning), apierr.SandboxNotRunning, runner.ErrNotRunning},
+	} {
+		fake.mu.Lock()
+		fake.err = tc.err
+		fake.mu.Unlock()
+		_, _, err1 := c.ExportCheckpoint(ctx, "abc")
+		_, err2 := c.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: src, Targets: []runner.ForkTarget{{ID: "f"}}})
+		err3 := c.DeleteCheckpoint(ctx, ref.Key)
+		err4 := c.Moved(ctx, "abc", "r2")
+		for i, err := range []error{err1, err2, err3, err4} {
+			if !errors.Is(err, tc.is) || apierr.Reason(err) != tc.reason {
+				t.Errorf("call %d with %v: %v (%s)", i, tc.err, err, apierr.Reason(err))
+			}
+		}
+	}
+	fake.mu.Lock()
+	fake.err = &runner.ValidationError{Violations: []apierr.Violation{{Field: "targets", Description: "a move has one target"}}}
+	fake.mu.Unlock()
+	var verr *runner.ValidationError
+	if _, err := c.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: src, Targets: []runner.ForkTarget{{ID: "f"}}}); !errors.As(err, &verr) || connect.CodeOf(runner.APIError("f", err, "")) != connect.CodeInvalidArgument {
+		t.Errorf("invalid import: %v", err)
+	}
+}
+
+// TestCapacityCheckpointPlatforms: the platforms travel, bounded in count and length.
+func TestCapacityCheckpointPlatforms(t *testing.T) {
+	got := capacityFromProto(capacityToProto(runner.Capacity{CheckpointClasses: []string{"gvisor"}, CheckpointPlatforms: map[string]string{"gvisor": "gvisor runsc-1 linux/amd64"}}))
+	if len(got.CheckpointPlatforms) != 1 || got.CheckpointPlatforms["gvisor"] != "gvisor runsc-1 linux/amd64" {
+		t.Fatalf("round trip: %v", got.CheckpointPlatforms)
+	}
+	many := map[string]string{"long": strings.Repeat("x", maxPlatformLen+1), "empty": "", strings.Repeat("c", maxClassNameLen+1): "p"}
+	for i := range 100 {
+		many[fmt.Sprintf("class-%03d", i)] = "p"
+	}
+	got = capacityFromProto(capacityToProto(runner.Capacity{CheckpointPlatforms: many}))
+	if len(got.CheckpointPlatforms) != maxCheckpointClasses || got.CheckpointPlatforms["class-000"] != "p" {
+		t.Fatalf("bounded: %d entries", len(got.CheckpointPlatforms))
+	}
+	for k, v := range got.CheckpointPlatforms {
+		if v == "" || len(v) > maxPlatformLen || len(k) > maxClassNameLen {
+			t.Fatalf("kept %q: %q", k, v)
+		}
+	}
+	if got := capacityFromProto(capacityToProto(runner.Capacity{})); got.CheckpointPlatforms != nil {
+		t.Fatalf("none: %v", got.CheckpointPlatforms)
+	}
+}
