@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -175,5 +176,36 @@ func TestCapacityCheckpointPlatforms(t *testing.T) {
 	}
 	if got := capacityFromProto(capacityToProto(runner.Capacity{})); got.CheckpointPlatforms != nil {
 		t.Fatalf("none: %v", got.CheckpointPlatforms)
+	}
+}
+
+// TestImportForkAgainstTheRunnersPolicy: an import is checked against the runner's own
+// policy as a create is: refused whole when the source's spec breaks it, and a fork's
+// Meta takes the runner's policy revision.
+func TestImportForkAgainstTheRunnersPolicy(t *testing.T) {
+	fake := &fakeRunner{forkResults: []runner.ForkResult{{Sandbox: runner.Sandbox{ID: "f1", State: runner.StateRunning}}}}
+	src := runner.Sandbox{ID: "abc", State: runner.StatePaused, Lifetime: time.Hour,
+		Spec: runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Resources: runtime.Resources{RequestMilliCPU: 2000, MilliCPU: 2000}}}}
+	req := func(move bool) *connect.Request[runnerv1.ImportForkRequest] {
+		return connect.NewRequest(&runnerv1.ImportForkRequest{Ref: &runnerv1.CheckpointRef{Key: "checkpoints/abc/e/manifest.json", Platform: "p"},
+			Source: sandboxToProto(src), Targets: forkTargetsToProto([]runner.ForkTarget{{ID: "f1", Meta: map[string]string{"k": "v"}}}), Move: move})
+	}
+	strict := newServer(fake, nil, nil).WithPolicy("r1", staticPolicy(`{"constraints": {"resources": {"max_cpu": "1"}}}`))
+	for _, move := range []bool{false, true} {
+		_, err := strict.ImportFork(context.Background(), req(move))
+		if apierr.Reason(err) == "" || connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "policy") {
+			t.Fatalf("move %v: a spec the runner's policy refuses: %v", move, err)
+		}
+	}
+	if fake.calls().importReq.Ref.Key != "" {
+		t.Fatal("the runner was asked to import what its policy refuses")
+	}
+	lax := newServer(fake, nil, nil).WithPolicy("r1", staticPolicy(`{}`))
+	if _, err := lax.ImportFork(context.Background(), req(false)); err != nil {
+		t.Fatal(err)
+	}
+	got := fake.calls().importReq.Targets[0].Meta
+	if got["k"] != "v" || got[runtime.MetaPolicyRevision] != "7" {
+		t.Fatalf("fork meta after the runner's policy: %v", got)
 	}
 }
