@@ -73,7 +73,7 @@ func (f *fakeRunner) Moved(_ context.Context, id, to string) error {
 func TestRunnerapiCheckpointPorting(t *testing.T) {
 	created := time.Unix(10, 0).UTC()
 	fake := &fakeRunner{sb: runner.Sandbox{ID: "abc", State: runner.StatePaused, CreatedAt: created, Lifetime: time.Hour, Deadline: created.Add(time.Hour),
-		Spec: runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox"}, Meta: map[string]string{"k": "v"}},
+		Spec:  runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox"}, Meta: map[string]string{"k": "v"}},
 		Pause: &runner.PauseStatus{Released: true, LifetimeHeld: true, PausedAt: time.Unix(20, 0).UTC()}}}
 	r := startRunner(t, fake)
 	c := r.client(t)
