@@ -110,11 +110,6 @@ func (r *Runner) CheckpointPlatforms(classes []string) map[string]string {
 	return out
 }
 
-// manifestKey is the key of manifest.json of export export of sandbox id.
-func manifestKey(id, export string) string {
-	return checkpointsPrefix + id + "/" + export + "/" + manifestName
-}
-
 // parseManifestKey checks that key is checkpoints/<sandbox>/<export>/manifest.json and
 // returns the sandbox and the export's prefix.
 func parseManifestKey(key string) (id, prefix string, err error) {
