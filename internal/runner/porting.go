@@ -424,15 +424,6 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 		specs[i] = &spec
 		entries[i] = newEntry(sb)
 	}
-	if req.Move {
-		// The lifetime the backend's spec records is the create's; a restarted runner
-		// takes this one (as after UpdateLifetime).
-		if d, err := time.ParseDuration(m.Spec.Meta[runtime.MetaLifetime]); err != nil || d != entries[0].sb.Lifetime {
-			if err := writeFileAtomic(r.lifetimePath(req.Source.ID), []byte(entries[0].sb.Lifetime.String())); err != nil {
-				return nil, fmt.Errorf("runner: persist lifetime: %w", err)
-			}
-		}
-	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -450,6 +441,15 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 	}
 	r.mu.Unlock()
 	done()
+	if req.Move {
+		// The lifetime the backend's spec records is the create's; a restarted runner
+		// takes this one (as after UpdateLifetime).
+		if d, err := time.ParseDuration(m.Spec.Meta[runtime.MetaLifetime]); err != nil || d != entries[0].sb.Lifetime {
+			if err := writeFileAtomic(r.lifetimePath(req.Source.ID), []byte(entries[0].sb.Lifetime.String())); err != nil {
+				r.log.Warn("persist lifetime (a restarted runner takes the create's)", "sandbox", req.Source.ID, "err", err)
+			}
+		}
+	}
 	failpoint.Hit("runner.import.created")
 
 	_, prefix, _ := parseManifestKey(req.Ref.Key)

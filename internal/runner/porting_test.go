@@ -389,7 +389,8 @@ func TestMoveKeepsWhatTheSourceHad(t *testing.T) {
 	beA := newPortFake("p1")
 	dirA := t.TempDir()
 	a := portLocal(t, "r1", beA, dirA, store)
-	b := portLocal(t, "r2", newPortFake("p1"), "", store)
+	beB, dirB := newPortFake("p1"), t.TempDir()
+	b := portLocal(t, "r2", beB, dirB, store)
 	held := runningSandbox(t, a, map[string]string{runtime.MetaPauseLifetime: "held", "k": "v"}, time.Hour)
 	counted := runningSandbox(t, a, nil, time.Hour)
 	release := true
@@ -422,6 +423,7 @@ func TestMoveKeepsWhatTheSourceHad(t *testing.T) {
 	if got.Spec.Meta["k"] != "v" || got.Spec.Meta["ignored"] != "" || got.Spec.Meta[runtime.MetaForkedFrom] != "" {
 		t.Fatalf("moved meta: %v", got.Spec.Meta)
 	}
+	movedHeld := got
 	src, got = move(counted.ID)
 	if !got.CreatedAt.Equal(src.CreatedAt) || got.Lifetime != src.Lifetime || !got.Deadline.Equal(src.Deadline) {
 		t.Fatalf("counted lifetime: source %s %s %s, moved %s %s %s", src.CreatedAt, src.Lifetime, src.Deadline, got.CreatedAt, got.Lifetime, got.Deadline)
@@ -461,6 +463,15 @@ func TestMoveKeepsWhatTheSourceHad(t *testing.T) {
 	}
 	if _, err := a2.R.Get(running.ID); err != nil {
 		t.Fatalf("the other sandbox after a restart: %v", err)
+	}
+
+	// The runner it moved to keeps what it had across its own restart.
+	b.R.Close()
+	b2 := portLocal(t, "r2", beB, dirB, store)
+	again, err := b2.R.Get(held.ID)
+	if err != nil || again.State != StateRunning || !again.CreatedAt.Equal(movedHeld.CreatedAt) || again.Lifetime != movedHeld.Lifetime {
+		t.Fatalf("moved sandbox after its runner's restart: %v %s created %s lifetime %s, want created %s lifetime %s",
+			err, again.State, again.CreatedAt, again.Lifetime, movedHeld.CreatedAt, movedHeld.Lifetime)
 	}
 }
 
