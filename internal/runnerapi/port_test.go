@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -13,8 +15,11 @@ import (
 
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/blob/dir"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
 // What the fake runner was asked of the checkpoint RPCs.
@@ -207,5 +212,141 @@ func TestImportForkAgainstTheRunnersPolicy(t *testing.T) {
 	got := fake.calls().importReq.Targets[0].Meta
 	if got["k"] != "v" || got[runtime.MetaPolicyRevision] != "7" {
 		t.Fatalf("fork meta after the runner's policy: %v", got)
+	}
+}
+
+// portBackend is a runtimetest.Fake that "pauses" (its sandboxes go on as they were) and
+// moves checkpoints through the blob store on platform: one part, "image".
+type portBackend struct {
+	*runtimetest.Fake
+	platform string
+}
+
+func (b *portBackend) PauseSupport(string) runtime.PauseSupport {
+	return runtime.PauseSupport{Freeze: true, Checkpoint: true}
+}
+
+func (b *portBackend) Pause(_ context.Context, _ string, release bool) (runtime.PauseInfo, error) {
+	return runtime.PauseInfo{Released: release}, nil
+}
+
+func (b *portBackend) Resume(_ context.Context, id string) (runtime.Info, error) {
+	return runtime.Info{ID: id}, nil
+}
+
+func (b *portBackend) Fork(_ context.Context, _ string, specs []*runtime.Spec) ([]runtime.Info, []error) {
+	infos := make([]runtime.Info, len(specs))
+	for i, s := range specs {
+		infos[i] = runtime.Info{ID: s.ID, StartedAt: time.Now()}
+		b.Put(runtime.Recovered{Spec: *s, Info: infos[i], Alive: true})
+	}
+	return infos, make([]error, len(specs))
+}
+
+func (b *portBackend) CheckpointPlatform(string) string { return b.platform }
+
+func (b *portBackend) ExportCheckpoint(ctx context.Context, id string, put func(context.Context, string, io.Reader) error) (runtime.CheckpointExport, error) {
+	if err := put(ctx, "image", strings.NewReader("memory of "+id)); err != nil {
+		return runtime.CheckpointExport{}, err
+	}
+	return runtime.CheckpointExport{Platform: b.platform, Parts: []string{"image"}}, nil
+}
+
+func (b *portBackend) ForkFromCheckpoint(ctx context.Context, cp runtime.CheckpointExport, open func(context.Context, string) (io.ReadCloser, error), specs []*runtime.Spec) ([]runtime.Info, []error) {
+	for _, p := range cp.Parts {
+		rc, err := open(ctx, p)
+		if err == nil {
+			_, err = io.Copy(io.Discard, rc)
+			_ = rc.Close()
+		}
+		if err != nil {
+			errs := make([]error, len(specs))
+			for i := range errs {
+				errs[i] = err
+			}
+			return nil, errs
+		}
+	}
+	return b.Fork(ctx, "", specs)
+}
+
+// TestRunnerapiMoveBetweenRunners: a paused sandbox moves from one runner to another over
+// RunnerService (export, import as a move, Moved), both sharing a blob store; a runner
+// of another platform refuses the checkpoint with CWSANDBOX_CHECKPOINT_NOT_SUPPORTED.
+func TestRunnerapiMoveBetweenRunners(t *testing.T) {
+	ctx := context.Background()
+	store, err := dir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(id, platform string) *Client {
+		be := &portBackend{Fake: runtimetest.NewFake(), platform: platform}
+		t.Cleanup(be.Close)
+		rn, err := runner.New(ctx, runner.Config{Backend: be, DataDir: t.TempDir(), Blobs: store, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rn.Close)
+		l := runner.NewLocal(id, rn)
+		l.MilliCPU, l.MemoryBytes = 2000, 8<<30
+		return serveLocal(t, ca, l)
+	}
+	a, b, other := serve("r1", "p1"), serve("r2", "p1"), serve("r3", "p2")
+	running := func(c *Client, id string) runner.Sandbox {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if got, _ := c.Get(ctx, id); got.State == runner.StateRunning {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not running", id)
+			}
+		}
+	}
+	sb, err := a.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running(a, sb.ID)
+	if _, err := a.Pause(ctx, sb.ID, runner.PauseOptions{Release: ptrTo(true)}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := b.Capacity(ctx); err != nil || len(c.CheckpointPlatforms) == 0 || c.CheckpointPlatforms[c.RuntimeClasses[0]] != "p1" {
+		t.Fatalf("capacity: %v %v", c.CheckpointPlatforms, err)
+	}
+	ref, src, err := a.ExportCheckpoint(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = other.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: src, Move: true, Targets: []runner.ForkTarget{{ID: sb.ID}}})
+	if !errors.Is(err, runner.ErrCannotCheckpoint) || apierr.Reason(err) != apierr.CheckpointNotSupported || !strings.Contains(err.Error(), "p2") {
+		t.Fatalf("import on another platform: %v", err)
+	}
+	res, err := b.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: src, Move: true, Targets: []runner.ForkTarget{{ID: sb.ID}}})
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("move: %v %+v", err, res)
+	}
+	moved := running(b, sb.ID)
+	if !moved.CreatedAt.Equal(src.CreatedAt) || !moved.Deadline.Equal(src.Deadline) {
+		t.Fatalf("moved: created %s deadline %s, source %s %s", moved.CreatedAt, moved.Deadline, src.CreatedAt, src.Deadline)
+	}
+	if err := a.Moved(ctx, sb.ID, "r2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Get(ctx, sb.ID); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("source runner after Moved: %v", err)
+	}
+	if err := a.Moved(ctx, sb.ID, "r2"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("Moved again: %v", err)
+	}
+	if err := b.DeleteCheckpoint(ctx, ref.Key); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range store.List(ctx, "checkpoints/") {
+		t.Fatalf("left in the store: %v", err)
 	}
 }
