@@ -31,6 +31,8 @@ type portFake struct {
 
 	pmu  sync.Mutex
 	read map[string]string // part → content read by the last ForkFromCheckpoint
+	// onImport, when set, runs first in ForkFromCheckpoint (a test stops it there).
+	onImport func(specs []*runtime.Spec)
 }
 
 var _ runtime.CheckpointPorter = (*portFake)(nil)
@@ -64,6 +66,9 @@ func (f *portFake) ForkFromCheckpoint(ctx context.Context, cp runtime.Checkpoint
 			errs[i] = err
 		}
 		return nil, errs
+	}
+	if f.onImport != nil {
+		f.onImport(specs)
 	}
 	if cp.Platform != f.platform {
 		return fail(fmt.Errorf("platform %q, not %q", cp.Platform, f.platform))
@@ -526,5 +531,39 @@ func TestDeleteCheckpointRemovesEveryObject(t *testing.T) {
 	}
 	if err := a.DeleteCheckpoint(ctx, ref.Key); err != nil {
 		t.Fatalf("deleted again: %v", err)
+	}
+}
+
+// An import the runner's crash interrupted (its entries made, the backend's work under
+// way) leaves no sandbox CREATING for ever: the restarted runner knows none it did not
+// persist (the gateway reports such a sandbox FAILED, reason Lost), and one the backend
+// had begun to make but that does not run ends FAILED (Vanished).
+func TestImportInterruptedByACrash(t *testing.T) {
+	ctx := context.Background()
+	store := blobStore(t)
+	a := portLocal(t, "r1", newPortFake("p1"), "", store)
+	sb := runningSandbox(t, a, nil, time.Hour)
+	ref, src, err := a.ExportCheckpoint(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beB, dirB := newPortFake("p1"), t.TempDir()
+	beB.onImport = func(specs []*runtime.Spec) {
+		beB.Put(runtime.Recovered{Spec: *specs[1], Alive: false}) // begun, not running
+		<-make(chan struct{})                                     // the crash: it never goes on
+	}
+	b := portLocal(t, "r2", beB, dirB, store)
+	go func() {
+		_, _ = b.ImportFork(ctx, ImportRequest{Ref: ref, Source: src, Targets: []ForkTarget{{ID: "t-none"}, {ID: "t-begun"}}})
+	}()
+	awaitState(t, b.R, "t-none", StateCreating)
+	b.R.Close()
+
+	b2 := portLocal(t, "r2", beB, dirB, store)
+	if _, err := b2.R.Get("t-none"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("an import target the backend never made: %v", err)
+	}
+	if got := awaitState(t, b2.R, "t-begun", StateFailed); got.Reason == "" {
+		t.Fatalf("an import target the backend had begun: %s without a reason", got.State)
 	}
 }
