@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -280,34 +281,18 @@ func badManifest(key, format string, args ...any) error {
 	return fmt.Errorf("%w: checkpoint manifest %s is invalid: %s", ErrCannotCheckpoint, key, fmt.Sprintf(format, args...))
 }
 
-// sameSandbox checks that the manifest is of sandbox src as the caller described it:
-// same ID, containers (names, images), volumes, runtime class and image digest.
+// sameSandbox checks that the manifest is of sandbox src as the caller described it
+// (as its runner reported it at the export): same ID, the very same spec (its file
+// contents and pull credentials aside, which neither carries), runtime class and image
+// digest. The manifest's spec is what the backend is given: it must be the one the
+// caller (and this runner's policy) checked, not another one written to the store.
 func sameSandbox(m *checkpointManifest, src *Sandbox) error {
 	var diff []string
 	if m.SandboxID != src.ID {
 		diff = append(diff, fmt.Sprintf("sandbox %s, not %s", m.SandboxID, src.ID))
 	}
-	mc, sc := m.Spec.AllContainers(), src.Spec.AllContainers()
-	if len(mc) != len(sc) {
-		diff = append(diff, fmt.Sprintf("%d containers, not %d", len(mc), len(sc)))
-	} else {
-		for i := range mc {
-			if mc[i].ContainerName() != sc[i].ContainerName() || mc[i].Image != sc[i].Image {
-				diff = append(diff, fmt.Sprintf("container %d is %s (%s)", i, mc[i].ContainerName(), mc[i].Image))
-			}
-		}
-	}
-	if len(m.Spec.Volumes) != len(src.Spec.Volumes) {
-		diff = append(diff, fmt.Sprintf("%d volumes, not %d", len(m.Spec.Volumes), len(src.Spec.Volumes)))
-	} else {
-		for i, v := range m.Spec.Volumes {
-			if w := src.Spec.Volumes[i]; v.Name != w.Name || v.Medium != w.Medium || v.SizeBytes != w.SizeBytes {
-				diff = append(diff, fmt.Sprintf("volume %d is %s", i, v.Name))
-			}
-		}
-	}
-	if m.Spec.RuntimeClass != src.Spec.RuntimeClass {
-		diff = append(diff, fmt.Sprintf("runtime class %q, not %q", m.Spec.RuntimeClass, src.Spec.RuntimeClass))
+	if fields := specDiff(m.Spec, src.Spec); len(fields) > 0 {
+		diff = append(diff, "spec fields differ: "+strings.Join(fields, ", "))
 	}
 	if c := pauseClass(src); c != "" && c != m.Class {
 		diff = append(diff, fmt.Sprintf("checkpoint of class %q, not %q", m.Class, c))
@@ -321,6 +306,36 @@ func sameSandbox(m *checkpointManifest, src *Sandbox) error {
 	var vs violations
 	vs.add("source", "the checkpoint is not of this sandbox: %s", strings.Join(diff, "; "))
 	return vs.err()
+}
+
+// specDiff names the (JSON) fields in which a and b differ, file contents and pull
+// credentials aside; none when they are the same spec.
+func specDiff(a, b runtime.Spec) []string {
+	fields := func(s runtime.Spec) map[string]json.RawMessage {
+		s = cloneSpec(s)
+		for _, c := range s.AllContainers() {
+			c.Files = withoutContents(c.Files)
+		}
+		var out map[string]json.RawMessage
+		if raw, err := json.Marshal(s); err == nil {
+			_ = json.Unmarshal(raw, &out)
+		}
+		return out
+	}
+	fa, fb := fields(a), fields(b)
+	var diff []string
+	for k, v := range fa {
+		if w, ok := fb[k]; !ok || !bytes.Equal(v, w) {
+			diff = append(diff, k)
+		}
+	}
+	for k := range fb {
+		if _, ok := fa[k]; !ok {
+			diff = append(diff, k)
+		}
+	}
+	slices.Sort(diff)
+	return diff
 }
 
 // ImportFork implements PortHandle for the runner.

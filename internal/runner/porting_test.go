@@ -374,6 +374,28 @@ func TestImportForkRefusesTamperedCheckpoints(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
+	// A spec of its own in the manifest (what the backend would be given): refused.
+	for name, change := range map[string]func(m map[string]any){
+		"env": func(m map[string]any) { m["spec"].(map[string]any)["env"] = map[string]any{"LD_PRELOAD": "/evil.so"} },
+		"network": func(m map[string]any) {
+			m["spec"].(map[string]any)["network"] = map[string]any{"egress": []any{map[string]any{"any": true}}}
+		},
+		"meta": func(m map[string]any) {
+			m["spec"].(map[string]any)["meta"] = map[string]any{runtime.MetaOrg: "another-org"}
+		},
+	} {
+		ref, src, err := a.ExportCheckpoint(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := manifestOf(ref)
+		change(m)
+		putManifest(ref, m)
+		var verr *ValidationError
+		if _, err := importOne(ref, src); !errors.As(err, &verr) || !strings.Contains(err.Error(), "not of this sandbox") {
+			t.Fatalf("manifest with another %s: %v", name, err)
+		}
+	}
 	// Too big a manifest.
 	ref, src, err = a.ExportCheckpoint(ctx, sb.ID)
 	if err != nil {

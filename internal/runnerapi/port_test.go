@@ -307,7 +307,16 @@ func TestRunnerapiMoveBetweenRunners(t *testing.T) {
 			}
 		}
 	}
-	sb, err := a.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}, Lifetime: time.Hour})
+	// A spec with much in it: what crossed the wire twice must still be the manifest's.
+	spec := runtime.Spec{
+		Container: runtime.Container{Name: "main", Image: "busybox", Command: "sh", Args: []string{"-c", "sleep 1d"}, Env: map[string]string{"A": "1"},
+			WorkingDir: "/w", Files: []runtime.File{{Path: "/etc/x", Content: []byte("x"), Mode: 0o600}},
+			VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/data"}}},
+		Sidecars: []runtime.Container{{Name: "side", Image: "alpine", Env: map[string]string{"B": "2"}}},
+		Volumes:  []runtime.Volume{{Name: "data", SizeBytes: 1 << 20}},
+		Meta:     map[string]string{runtime.MetaOrg: "org1"},
+	}
+	sb, err := a.Create(ctx, runner.CreateRequest{Spec: spec, Lifetime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
