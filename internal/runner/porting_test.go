@@ -589,3 +589,25 @@ func TestImportInterruptedByACrash(t *testing.T) {
 		t.Fatalf("an import target the backend had begun: %s without a reason", got.State)
 	}
 }
+
+// A move whose lifetime ran out meanwhile ends as an expiry does.
+func TestMovePastItsLifetimeEnds(t *testing.T) {
+	ctx := context.Background()
+	store := blobStore(t)
+	a := portLocal(t, "r1", newPortFake("p1"), "", store)
+	b := portLocal(t, "r2", newPortFake("p1"), "", store)
+	sb := runningSandbox(t, a, nil, time.Hour)
+	ref, src, err := a.ExportCheckpoint(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.CreatedAt, src.Lifetime = time.Now().Add(-2*time.Hour), time.Hour
+	src.Deadline = src.CreatedAt.Add(src.Lifetime)
+	res, err := b.ImportFork(ctx, ImportRequest{Ref: ref, Source: src, Move: true, Targets: []ForkTarget{{ID: sb.ID}}})
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("move: %v %+v", err, res)
+	}
+	if got := awaitState(t, b.R, sb.ID, StateCompleted); got.Reason != ReasonLifetimeExceeded {
+		t.Fatalf("moved past its lifetime: %s %s", got.State, got.Reason)
+	}
+}
