@@ -190,8 +190,8 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 	if cp.Platform != "" {
 		platform = cp.Platform
 	}
-	if cp.Class != "" {
-		class = cp.Class
+	if class == "" {
+		class = cp.Class // the runner's name of it (its Capacity's) otherwise
 	}
 	m := checkpointManifest{Version: checkpointVersion, Platform: platform, Class: class, SandboxID: id,
 		Spec: cloneSpec(src.Spec), ImageDigest: src.ImageDigest, Parts: parts, Bytes: cp.Bytes, Created: time.Now().UTC()}
