@@ -994,6 +994,9 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	case e.stopReason == ReasonMoved:
 		sb.State, sb.Reason, sb.ExitCode = StateTerminated, ReasonMoved, nil
 		sb.Message = "moved to runner " + e.movedTo
+		if e.movedTo == "" {
+			sb.Message = "moved to another runner"
+		}
 	case e.stopReason == ReasonCheckpointLost:
 		sb.State, sb.Reason, sb.ExitCode = StateFailed, ReasonCheckpointLost, nil
 		sb.Message = "the sandbox's checkpoint is lost: it cannot be resumed"
