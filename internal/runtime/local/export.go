@@ -216,6 +216,11 @@ func (b *Backend) ExportCheckpoint(ctx context.Context, id string, put func(ctx 
 		ex.Parts = append(ex.Parts, p.name)
 		ex.Bytes += st.Bytes
 		if p.name == partImage {
+			if st.Skipped > 0 {
+				// runsc writes regular files only; a restore without what was left out
+				// would not be the sandbox.
+				return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: part %s: %d entries of the checkpoint image are not regular files or directories", id, p.name, st.Skipped)
+			}
 			failpoint.Hit("local.export.image")
 		}
 	}
