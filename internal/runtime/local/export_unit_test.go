@@ -13,11 +13,11 @@ func TestPinnedDigest(t *testing.T) {
 	for ref, want := range map[string]string{
 		"busybox@sha256:b0b0":                     "sha256:b0b0",
 		"reg.example/a/b:tag@sha256:0123456789ab": "sha256:0123456789ab",
-		"busybox":                                 "",
-		"busybox:1.36":                            "",
-		"busybox@":                                "",
-		"busybox@sha256:":                         "",
-		"busybox@sha512:abcd":                     "",
+		"busybox":             "",
+		"busybox:1.36":        "",
+		"busybox@":            "",
+		"busybox@sha256:":     "",
+		"busybox@sha512:abcd": "",
 	} {
 		got, ok := pinnedDigest(ref)
 		if got != want || ok != (want != "") {
