@@ -466,3 +466,57 @@ func TestCheckpointPlatform(t *testing.T) {
 		t.Errorf("export of an unknown sandbox: %v", err)
 	}
 }
+
+// TestExportFrozenAndRefused: a frozen sandbox is exported as Fork takes it (thawed for
+// the checkpoint, frozen again after); sandboxes whose checkpoints cannot move are
+// refused with ErrNotImplemented saying why (runc, a memory volume), before put is
+// called; Recover removes the staging dirs a crashed import left.
+func TestExportFrozenAndRefused(t *testing.T) {
+	e := exportEnv(t)
+	ctx := context.Background()
+	store := newCkStore(t)
+	const id = "exf"
+	e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sh", Args: []string{"-c", counterLoop}}})
+	c1 := waitCount(t, e.b, id, 2)
+	if _, err := e.b.Pause(ctx, id, false); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := e.b.ExportCheckpoint(ctx, id, store.put("f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.Took <= 0 || !slices.Equal(ex.Parts, []string{"image", "run"}) {
+		t.Errorf("export of a frozen sandbox: %+v", ex)
+	}
+	if !e.b.isPaused(id) {
+		t.Error("the frozen sandbox is not paused after the export")
+	}
+	if _, err := e.b.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, e.b, id, c1+2)
+
+	noPut := func(context.Context, string, io.Reader) error {
+		t.Error("put called for a refused export")
+		return nil
+	}
+	e.create(runtime.Spec{ID: "exr", Container: runtime.Container{Command: "sleep", Args: []string{"1000"}}})
+	if _, err := e.b.ExportCheckpoint(ctx, "exr", noPut); !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("export of a runc sandbox: %v", err)
+	}
+	e.create(volSpec("exm", GVisorClass, []runtime.Volume{{Name: "m", Medium: runtime.MediumMemory}}, "sleep 1000"))
+	if _, err := e.b.ExportCheckpoint(ctx, "exm", noPut); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "memory") {
+		t.Errorf("export of a sandbox with a memory volume: %v", err)
+	}
+
+	left := filepath.Join(e.state, dirImports, "deadbeef")
+	if err := os.MkdirAll(filepath.Join(left, "image"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.backend().Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Recover left a staging dir: %v", err)
+	}
+}
