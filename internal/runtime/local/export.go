@@ -64,8 +64,8 @@ import (
 // Import (ForkFromCheckpoint) reads every part once, before any sandbox is made, into a
 // staging dir of its own (<StateDir>/.imports/<random>, 0700: image/ and run/) and the
 // volumes into fresh subvolumes of the volume pool (tmp/<random>/<index>), each bounded
-// (fsarchive limits: the image by the memory the sandbox may use plus 1 GiB, the agent's
-// state by 1 GiB, a volume by its size): the parts are sandbox-made. Each spec is then
+// (fsarchive limits, importLimits: the image by the memory the sandbox may use plus
+// what its root filesystem may hold, the agent's state likewise, a volume by its size): the parts are sandbox-made. Each spec is then
 // made as a fork is (b.create with forkParams), up to forkParallel at once; the staging
 // dir and subvolumes are removed at the end whatever happens (and by Recover after a
 // crash). The spec's image must be pinned to a digest (image@sha256:...), the image the
@@ -78,8 +78,8 @@ const (
 	partVolume   = "volume-"
 	dirImports   = ".imports" // in StateDir; not a sandbox id (ids cannot start with a dot)
 	importRunMax = 1 << 30
-	// importSlack is what the image may hold beyond the sandbox's memory (its state file,
-	// the root filesystem's overlay writes not in memory).
+	// importSlack is what the image may hold beyond the sandbox's memory at least (its
+	// state file, the root filesystem's writes: see importLimits).
 	importSlack     = 1 << 30
 	importMaxFiles  = 1 << 16 // image and run
 	importVolFiles  = 1 << 20 // a volume
@@ -423,8 +423,12 @@ func sameSet(a, b []string) bool {
 }
 
 // importLimits are the bounds of the parts of a checkpoint restored as specs (those
-// without an error).
-func (b *Backend) importLimits(specs []*runtime.Spec, errs []error) (image runtime.ArchiveLimits, vols map[string]runtime.ArchiveLimits) {
+// without an error): the image holds the sandbox's memory and its root filesystem's
+// writes (runsc's overlay: not counted in its memory), bounded by its disk limit, or
+// without one by what the state dir's filesystem has free (as the sandbox's own writes
+// were); the agent's state (its logs) likewise, at least importRunMax; a volume by its
+// size (or the disk limit, or the pool's free space when it has neither).
+func (b *Backend) importLimits(specs []*runtime.Spec, errs []error) (image, run runtime.ArchiveLimits, vols map[string]runtime.ArchiveLimits) {
 	var mem int64
 	var first *runtime.Spec
 	for i, sp := range specs {
@@ -440,20 +444,25 @@ func (b *Backend) importLimits(specs []*runtime.Spec, errs []error) (image runti
 		}
 		mem = max(mem, m)
 	}
-	image = runtime.ArchiveLimits{MaxBytes: mem + importSlack, MaxFiles: importMaxFiles}
-	vols = map[string]runtime.ArchiveLimits{}
 	disk := b.diskBytes(first.Resources)
+	writes := disk
+	if writes <= 0 {
+		writes = freeBytes(b.cfg.StateDir)
+	}
+	image = runtime.ArchiveLimits{MaxBytes: mem + max(importSlack, writes), MaxFiles: importMaxFiles}
+	run = runtime.ArchiveLimits{MaxBytes: max(importRunMax, writes), MaxFiles: importMaxFiles}
+	vols = map[string]runtime.ArchiveLimits{}
 	for i, v := range first.Volumes {
 		if v.Medium == runtime.MediumMemory {
 			continue
 		}
 		limit := cmp(v.SizeBytes, disk)
 		if limit <= 0 {
-			limit = b.poolFree()
+			limit = freeBytes(b.vols.mnt())
 		}
 		vols[partVolume+strconv.Itoa(i)] = runtime.ArchiveLimits{MaxBytes: limit, MaxFiles: importVolFiles}
 	}
-	return image, vols
+	return image, run, vols
 }
 
 // hostMemory is the host's RAM in bytes.
@@ -465,13 +474,13 @@ func hostMemory() int64 {
 	return int64(si.Totalram) * int64(si.Unit)
 }
 
-// poolFree is what the volume pool's filesystem has free (held by the caller).
-func (b *Backend) poolFree() int64 {
+// freeBytes is what the filesystem of path has free (1 byte when unknown: nothing fits).
+func freeBytes(path string) int64 {
 	var st unix.Statfs_t
-	if err := unix.Statfs(b.vols.mnt(), &st); err != nil {
-		return 0
+	if err := unix.Statfs(path, &st); err != nil {
+		return 1
 	}
-	return int64(st.Bavail) * st.Bsize
+	return max(int64(st.Bavail)*st.Bsize, 1)
 }
 
 // stageImport reads every part of cp into a staging dir and fresh pool subvolumes and
@@ -502,7 +511,7 @@ func (b *Backend) stageImport(ctx context.Context, cp runtime.CheckpointExport, 
 		}
 	})
 	fp := &forkParams{image: filepath.Join(stage, partImage), run: filepath.Join(stage, partRun)}
-	imageLimits, volLimits := b.importLimits(specs, errs)
+	imageLimits, runLimits, volLimits := b.importLimits(specs, errs)
 	var pool *os.File // tmp/<name> in the pool, holding the volumes by index
 	if len(volLimits) > 0 {
 		release, err := b.vols.acquire()
@@ -533,7 +542,7 @@ func (b *Backend) stageImport(ctx context.Context, cp runtime.CheckpointExport, 
 		}
 		defer pool.Close()
 		// Limits are computed with the pool mounted (an unsized volume: its free space).
-		_, volLimits = b.importLimits(specs, errs)
+		_, _, volLimits = b.importLimits(specs, errs)
 	}
 	for _, part := range cp.Parts {
 		var root *os.File
@@ -551,7 +560,7 @@ func (b *Backend) stageImport(ctx context.Context, cp runtime.CheckpointExport, 
 			root = os.NewFile(uintptr(fd), dir)
 			limits = imageLimits
 			if part == partRun {
-				limits = runtime.ArchiveLimits{MaxBytes: importRunMax, MaxFiles: importMaxFiles}
+				limits = runLimits
 			}
 		default:
 			l, ok := volLimits[part]

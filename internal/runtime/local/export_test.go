@@ -209,7 +209,8 @@ func TestExportForkFromCheckpoint(t *testing.T) {
 	if !errors.Is(errs[0], blob.ErrCorrupt) {
 		t.Errorf("a tampered part: %v, want blob.ErrCorrupt", errs[0])
 	}
-	// An image part over its limit (the spec's memory + 1 GiB): a pages file of more.
+	// An image part over its limit (the memory and the disk the sandbox may use): a pages
+	// file of a PiB.
 	big := newCkStore(t)
 	for _, p := range ex.Parts[1:] {
 		rc, err := store.s.Get(ctx, "ck/"+p)
@@ -222,7 +223,7 @@ func TestExportForkFromCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := big.s.Put(ctx, "ck/image", bytes.NewReader(hugeFileArchive(t, "pages.img", sp.Resources.MemoryBytes+importSlack+1)), -1); err != nil {
+	if _, err := big.s.Put(ctx, "ck/image", bytes.NewReader(hugeFileArchive(t, "pages.img", 1<<50)), -1); err != nil {
 		t.Fatal(err)
 	}
 	_, errs = e.b.ForkFromCheckpoint(ctx, ex, big.open("ck"), []*runtime.Spec{fork("ex-bad")})

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,5 +74,34 @@ func TestRunscBuild(t *testing.T) {
 	}
 	if _, err := runscBuild(filepath.Join(dir, "nope")); err == nil {
 		t.Error("runscBuild of a missing binary succeeded")
+	}
+}
+
+// TestImportLimits: the image is bounded by the sandbox's memory (the host's without a
+// limit) plus its disk limit (at least 1 GiB; the state dir's free space without one),
+// the agent's state by the disk limit (at least 1 GiB), a volume by its size or the disk
+// limit.
+func TestImportLimits(t *testing.T) {
+	b := &Backend{cfg: Config{StateDir: t.TempDir()}}
+	sp := &runtime.Spec{Container: runtime.Container{Resources: runtime.Resources{MemoryBytes: 256 << 20, DiskBytes: 4 << 30}},
+		Volumes: []runtime.Volume{{Name: "a", SizeBytes: 64 << 20}, {Name: "b"}}}
+	image, run, vols := b.importLimits([]*runtime.Spec{sp}, []error{nil})
+	if image.MaxBytes != 256<<20+4<<30 || run.MaxBytes != 4<<30 || image.MaxFiles == 0 || run.MaxFiles == 0 {
+		t.Errorf("image %+v, run %+v", image, run)
+	}
+	if vols["volume-0"].MaxBytes != 64<<20 || vols["volume-1"].MaxBytes != 4<<30 || len(vols) != 2 {
+		t.Errorf("volumes %+v", vols)
+	}
+	small := sp.Clone()
+	small.Resources = runtime.Resources{MemoryBytes: 128 << 20, DiskBytes: 256 << 20}
+	small.Volumes = nil
+	image, run, vols = b.importLimits([]*runtime.Spec{&small, sp}, []error{nil, errors.New("refused")})
+	if image.MaxBytes != 128<<20+1<<30 || run.MaxBytes != 1<<30 || len(vols) != 0 {
+		t.Errorf("small: image %+v, run %+v, volumes %+v", image, run, vols)
+	}
+	unlimited := runtime.Spec{}
+	image, run, _ = b.importLimits([]*runtime.Spec{&unlimited}, []error{nil})
+	if free := freeBytes(b.cfg.StateDir); image.MaxBytes != hostMemory()+max(1<<30, free) || run.MaxBytes != max(1<<30, free) {
+		t.Errorf("unlimited: image %+v, run %+v (host memory %d, free %d)", image, run, hostMemory(), free)
 	}
 }
