@@ -521,3 +521,42 @@ func TestExportFrozenAndRefused(t *testing.T) {
 		t.Errorf("Recover left a staging dir: %v", err)
 	}
 }
+
+// TestExportDiskLimit: a gVisor sandbox with a disk limit (its writable layer and agent
+// state on a disk image of its own, disk.go) is exported and forked from the export like
+// one without.
+func TestExportDiskLimit(t *testing.T) {
+	e := newEnvWith(t, func(c *Config) {
+		c.DiskBytes = 128 << 20
+		c.Images = pinnedImages{c.Images}
+	})
+	if e.b.runtimes[GVisorClass] == nil {
+		t.Skip("runsc not found")
+	}
+	ctx := context.Background()
+	store := newCkStore(t)
+	const id = "exd"
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}
+	e.create(sp)
+	sh(t, e.b, id, "echo r > /rootfile")
+	c1 := waitCount(t, e.b, id, 2)
+	ex, err := e.b.ExportCheckpoint(ctx, id, store.put("d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := sp.Clone()
+	f.ID = "exd-f"
+	f.Image = "busybox@sha256:b0b0"
+	if _, errs := e.b.ForkFromCheckpoint(ctx, ex, store.open("d"), []*runtime.Spec{&f}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	checkNoImportLeft(t, e)
+	for _, x := range []string{id, f.ID} {
+		if n := waitCount(t, e.b, x, c1+2); n < c1 {
+			t.Errorf("%s: counter %d", x, n)
+		}
+		if out := sh(t, e.b, x, "cat /rootfile"); out != "r" {
+			t.Errorf("%s: /rootfile = %q", x, out)
+		}
+	}
+}
