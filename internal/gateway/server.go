@@ -119,6 +119,8 @@ type Server struct {
 	log         *slog.Logger
 	// reserved holds the resources of creates in flight until their runner answers.
 	reserved placement.Reservations
+	// sandboxOps serializes resumes and forks of one sandbox (a resume may move it).
+	sandboxOps sandboxLocks
 	views    *runnerViews
 	stop     context.CancelFunc
 	// dataPlane: see Config.DataPlane.
@@ -272,9 +274,10 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 	if !ok {
 		return nil, nil, runner.NotFoundError(id)
 	}
-	r := s.runnerByID(rec.runnerID)
+	rid := s.index.runnerOf(rec)
+	r := s.runnerByID(rid)
 	if r == nil {
-		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rec.runnerID, id), 5*time.Second)
+		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rid, id), 5*time.Second)
 	}
 	return rec, r, nil
 }
@@ -288,6 +291,12 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 // reason Lost, so clients stop waiting for it.
 func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runner.Sandbox {
 	sb, err := r.Get(ctx, rec.id)
+	if (errors.Is(err, runtime.ErrNotFound) || (err == nil && sb.Reason == runner.ReasonMoved)) && s.index.refresh(ctx, rec) {
+		// It moved to another runner (another gateway replica resumed it there).
+		if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil && nr != r {
+			return s.current(ctx, rec, nr)
+		}
+	}
 	if err == nil {
 		s.index.setLast(ctx, rec, sb)
 		return sb
@@ -342,7 +351,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		if rec.fileDigest != a.fileDigest {
 			return nil, requestIDConflict()
 		}
-		if r := s.runnerByID(rec.runnerID); r != nil {
+		if r := s.runnerByID(s.index.runnerOf(rec)); r != nil {
 			return s.created(rec, s.current(ctx, rec, r), r), nil
 		}
 	}
@@ -393,7 +402,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 				if first.fileDigest != a.fileDigest {
 					return nil, requestIDConflict()
 				}
-				if fr := s.runnerByID(first.runnerID); fr != nil {
+				if fr := s.runnerByID(s.index.runnerOf(first)); fr != nil {
 					return s.created(first, s.current(ctx, first, fr), fr), nil
 				}
 			}
@@ -461,10 +470,10 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 		if !hasAll(rec.spec.GetTags(), m.GetTags()) {
 			continue
 		}
-		if len(m.GetRunnerIds()) > 0 && !slices.Contains(m.GetRunnerIds(), rec.runnerID) {
+		if len(m.GetRunnerIds()) > 0 && !slices.Contains(m.GetRunnerIds(), s.index.runnerOf(rec)) {
 			continue
 		}
-		r := s.runnerByID(rec.runnerID)
+		r := s.runnerByID(s.index.runnerOf(rec))
 		if r == nil {
 			continue
 		}
@@ -557,7 +566,7 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 		if !m.GetPurgeAll() && !hasAll(rec.spec.GetTags(), m.GetTags()) {
 			continue
 		}
-		r := s.runnerByID(rec.runnerID)
+		r := s.runnerByID(s.index.runnerOf(rec))
 		if r == nil {
 			out.RetryableFailedSandboxIds = append(out.RetryableFailedSandboxIds, rec.id)
 			continue
