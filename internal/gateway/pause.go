@@ -120,6 +120,7 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[statev1
 		if errors.As(ownErr, &ce) {
 			msg = ce.Message()
 		}
+		msg = strings.TrimPrefix(msg, fmt.Sprintf("runner %s has no room to resume sandbox %s: ", r.ID(), rec.id))
 		own = portRefusal{runner: r.ID(), why: "its runner has no room to resume it: " + msg, kind: refusedRoom}
 	} else {
 		own = portRefusal{runner: r.ID(), why: "its runner, not allowed by runner_ids"}

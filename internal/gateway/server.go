@@ -121,8 +121,8 @@ type Server struct {
 	reserved placement.Reservations
 	// sandboxOps serializes resumes and forks of one sandbox (a resume may move it).
 	sandboxOps sandboxLocks
-	views    *runnerViews
-	stop     context.CancelFunc
+	views      *runnerViews
+	stop       context.CancelFunc
 	// dataPlane: see Config.DataPlane.
 	dataPlane   DataPlaneIssuer
 	shareTokens shareTokens
