@@ -86,11 +86,13 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[statev1
 		return nil, err
 	}
 	defer unlock()
-	// Looked up again under the lock: a concurrent resume may have moved it.
+	// Looked up again under the lock: a concurrent resume may have moved it (this
+	// gateway's, or another replica's).
 	rec, r, err := s.lookup(ctx, rec.id)
 	if err != nil {
 		return nil, err
 	}
+	r = s.followMove(ctx, rec, r)
 	ph, err := pauseHandle(r, "resume sandboxes")
 	if err != nil {
 		return nil, err
@@ -247,6 +249,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	if err != nil {
 		return nil, err
 	}
+	r = s.followMove(ctx, rec, r)
 	ph, err := pauseHandle(r, "fork sandboxes")
 	if err != nil {
 		return nil, err

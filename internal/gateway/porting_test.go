@@ -17,6 +17,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -601,5 +602,50 @@ func TestReconcileStaleMovedCopy(t *testing.T) {
 	age(r2, other, time.Hour, time.Hour)
 	if n := e.s.Reconcile(ctx); n != 1 || !slices.Equal(r2.deleted, []string{other}) || len(r1.deleted) != 0 {
 		t.Errorf("reconcile deleted %d (r1 %v, r2 %v), want the copy on r2 only", n, r1.deleted, r2.deleted)
+	}
+}
+
+// TestMoveSeenByAnotherReplica: a gateway replica that cached the sandbox on its old
+// runner follows the move another replica made (the store names the new runner): Get,
+// exec and resume go to the new runner.
+func TestMoveSeenByAnotherReplica(t *testing.T) {
+	plat := "gvisor runsc-1 linux/amd64"
+	r1, r2 := newPortRunner("r1", plat), newPortRunner("r2", plat)
+	e := newPauseEnv(t, "", r1, r2)
+	ids := []string{e.createOn(t, r1), e.createOn(t, r1)}
+	for _, id := range ids {
+		e.pause(t, id, true)
+	}
+	s2, err := New(Config{Auth: e.keys, Runners: []runner.Handle{r1, r2}, Index: e.st.Sandboxes(), Orgs: e.st.Orgs(), Logger: e.s.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s2.Close)
+	ctx := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: e.acmeKeyID, Org: "acme", Role: auth.RoleUser})
+	get := func(id string) *sandboxv1.SandboxStatus {
+		t.Helper()
+		res, err := s2.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetStatus()
+	}
+	for _, id := range ids {
+		if st := get(id); st.GetRunnerId() != "r1" || st.GetState() != sandboxv1.State_STATE_PAUSED {
+			t.Fatalf("replica before the move: %v", st)
+		}
+	}
+	r1.full = true
+	for _, id := range ids {
+		if res, err := e.resume(t, id); err != nil || res.GetRunnerId() != "r2" {
+			t.Fatalf("move: %v %v", res, err)
+		}
+	}
+	if st := get(ids[0]); st.GetRunnerId() != "r2" || st.GetState() != sandboxv1.State_STATE_RUNNING {
+		t.Errorf("replica's Get after the move: %v", st)
+	}
+	res, err := s2.ResumeSandbox(ctx, connect.NewRequest(&statev1.ResumeSandboxRequest{SandboxId: ids[1]}))
+	if err != nil || res.Msg.GetRunnerId() != "r2" || res.Msg.GetMovedFrom() != "" {
+		t.Errorf("replica's resume after the move: %v %v", res, err)
 	}
 }

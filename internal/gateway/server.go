@@ -291,11 +291,11 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 // reason Lost, so clients stop waiting for it.
 func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runner.Sandbox {
 	sb, err := r.Get(ctx, rec.id)
-	if (errors.Is(err, runtime.ErrNotFound) || (err == nil && sb.Reason == runner.ReasonMoved)) && s.index.refresh(ctx, rec) {
-		// It moved to another runner (another gateway replica resumed it there).
-		if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil && nr != r {
-			return s.current(ctx, rec, nr)
-		}
+	if err == nil && sb.Reason == runner.ReasonMoved {
+		err = runtime.ErrNotFound // as a runner that forgot it
+	}
+	if nr := s.movedAway(ctx, rec, r, err); nr != nil {
+		return s.current(ctx, rec, nr)
 	}
 	if err == nil {
 		s.index.setLast(ctx, rec, sb)
@@ -312,6 +312,33 @@ func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runn
 	s.log.Warn("sandbox lost by its runner", "sandbox", rec.id, "runner", r.ID(), "was", last.State)
 	s.index.setLast(ctx, rec, lost)
 	return lost
+}
+
+// movedAway is the runner sandbox rec runs on now when its runner r answered err as a
+// runner that no longer has it (not found, or not running) and the store names another
+// (another gateway replica moved it there: ResumeSandbox); nil otherwise.
+func (s *Server) movedAway(ctx context.Context, rec *record, r runner.Handle, err error) runner.Handle {
+	if err == nil || !(errors.Is(err, runtime.ErrNotFound) || errors.Is(err, runner.ErrNotRunning)) || !s.index.refresh(ctx, rec) {
+		return nil
+	}
+	if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil && nr.ID() != r.ID() {
+		s.log.Info("sandbox moved to another runner", "sandbox", rec.id, "from", r.ID(), "to", nr.ID())
+		return nr
+	}
+	return nil
+}
+
+// followMove is the runner sandbox rec runs on: r, or the one it moved to when r no
+// longer has it (movedAway).
+func (s *Server) followMove(ctx context.Context, rec *record, r runner.Handle) runner.Handle {
+	sb, err := r.Get(ctx, rec.id)
+	if err == nil && sb.Reason == runner.ReasonMoved {
+		err = runtime.ErrNotFound
+	}
+	if nr := s.movedAway(ctx, rec, r, err); nr != nil {
+		return nr
+	}
+	return r
 }
 
 // ReasonLost: the sandbox's runner answered but no longer knows it.
@@ -430,7 +457,11 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(s.toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
+	sb := s.current(ctx, rec, r)
+	if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil {
+		r = nr // it moved
+	}
+	return connect.NewResponse(s.toProto(rec.id, rec.spec, sb, r)), nil
 }
 
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
@@ -597,6 +628,9 @@ func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, cont
 		return nil, err
 	}
 	a, err := r.Agent(ctx, rec.id, name)
+	if nr := s.movedAway(ctx, rec, r, err); nr != nil {
+		a, err = nr.Agent(ctx, rec.id, name)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))
