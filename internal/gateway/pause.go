@@ -142,6 +142,9 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[statev1
 	if err != nil {
 		return nil, err
 	}
+	if to.ID() == r.ID() {
+		return resumed(got, r, "") // resumed there meanwhile: the move was abandoned
+	}
 	return resumed(got, to, r.ID())
 }
 

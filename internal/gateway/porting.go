@@ -291,16 +291,44 @@ func (s *Server) moveTo(ctx context.Context, rec *record, from runner.PortHandle
 	if sb.ID == "" {
 		sb.ID = rec.id
 	}
+	// The copy on t is dropped when the move is abandoned.
+	dropCopy := func() {
+		if _, derr := t.h.Delete(bg, rec.id, 0); derr != nil {
+			s.log.Warn("delete the copy of an abandoned move", "sandbox", rec.id, "runner", t.h.ID(), "err", derr)
+		}
+	}
+	// Traffic that reached the old runner meanwhile may have resumed the sandbox there
+	// (auto-resume): then it runs there, newer than the copy.
+	if now, gerr := from.Get(ctx, rec.id); gerr == nil && now.State != runner.StatePaused {
+		dropCopy()
+		dropExport()
+		if now.State == runner.StateRunning {
+			s.log.Info("sandbox resumed on its runner during its move: the move is abandoned", "sandbox", rec.id, "runner", from.ID())
+			return now, from, nil
+		}
+		return runner.Sandbox{}, nil, apierr.New(apierr.SandboxNotRunning,
+			fmt.Sprintf("sandbox %s became %s on runner %s during its move", rec.id, now.State, from.ID()), map[string]string{"sandbox_id": rec.id})
+	}
 	if err := s.index.moved(ctx, rec, t.h.ID(), sb); err != nil {
 		// Not recorded: the API would not reach it there. The source stays as it was.
-		if _, derr := t.h.Delete(bg, rec.id, 0); derr != nil {
-			s.log.Warn("delete an unrecorded moved sandbox", "sandbox", rec.id, "runner", t.h.ID(), "err", derr)
-		}
+		dropCopy()
 		dropExport()
 		return runner.Sandbox{}, nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	s.views.confirmed(t.c.Index, t.c.Need)
 	if err := from.Moved(bg, rec.id, t.h.ID()); err != nil {
+		if apierr.Reason(runner.APIError(rec.id, err, "")) == apierr.SandboxNotRunning {
+			// It was resumed on the old runner after all (auto-resume): that copy is the
+			// newer one; the move is undone.
+			if now, gerr := from.Get(bg, rec.id); gerr == nil && now.State == runner.StateRunning {
+				if uerr := s.index.moved(bg, rec, from.ID(), now); uerr == nil {
+					dropCopy()
+					dropExport()
+					s.log.Warn("sandbox resumed on its runner during its move: the move is undone", "sandbox", rec.id, "runner", from.ID())
+					return now, from, nil
+				}
+			}
+		}
 		// Its paused copy stays on from until the reconciler deletes it.
 		s.log.Warn("tell the old runner the sandbox moved", "sandbox", rec.id, "runner", from.ID(), "err", err)
 	}

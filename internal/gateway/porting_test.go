@@ -39,6 +39,8 @@ type portRunner struct {
 	// first).
 	importGate, importing chan struct{}
 	importOnce            sync.Once
+	// onImport runs at each ImportFork (before it makes anything).
+	onImport func()
 
 	exports  map[string]bool // live exported checkpoints by key
 	exported []string        // sandboxes exported
@@ -125,6 +127,9 @@ func (r *portRunner) ImportFork(_ context.Context, req runner.ImportRequest) ([]
 	if r.importGate != nil {
 		r.importOnce.Do(func() { close(r.importing) })
 		<-r.importGate
+	}
+	if r.onImport != nil {
+		r.onImport()
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -647,5 +652,28 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 	res, err := s2.ResumeSandbox(ctx, connect.NewRequest(&statev1.ResumeSandboxRequest{SandboxId: ids[1]}))
 	if err != nil || res.Msg.GetRunnerId() != "r2" || res.Msg.GetMovedFrom() != "" {
 		t.Errorf("replica's resume after the move: %v %v", res, err)
+	}
+}
+
+// TestMoveAbandonedWhenResumedMeanwhile: traffic that auto-resumed the sandbox on its old
+// runner while its checkpoint was being imported elsewhere wins: the copy is deleted,
+// the export too, and the sandbox stays on its runner, which the answer names.
+func TestMoveAbandonedWhenResumedMeanwhile(t *testing.T) {
+	plat := "gvisor runsc-1 linux/amd64"
+	r1, r2 := newPortRunner("r1", plat), newPortRunner("r2", plat)
+	e := newPauseEnv(t, "", r1, r2)
+	id := e.createOn(t, r1)
+	e.pause(t, id, true)
+	r1.full = true
+	r2.onImport = func() { r1.setState(id, runner.StateRunning) }
+	res, err := e.resume(t, id)
+	if err != nil || res.GetRunnerId() != "r1" || res.GetMovedFrom() != "" {
+		t.Fatalf("resume: %v %v, want it on r1", res, err)
+	}
+	if len(r2.imports) != 1 || !slices.Equal(r2.deleted, []string{id}) || r1.liveExports() != 0 || len(r1.moved) != 0 {
+		t.Errorf("imports %d, r2 deleted %v, live exports %d, moved %v", len(r2.imports), r2.deleted, r1.liveExports(), r1.moved)
+	}
+	if got := e.storedRunner(t, id); got != "r1" || e.get(t, id).GetStatus().GetRunnerId() != "r1" {
+		t.Errorf("index names %q", got)
 	}
 }
