@@ -385,6 +385,7 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 	for i, t := range req.Targets {
 		spec := cloneSpec(m.Spec)
 		spec.ID = t.ID
+		spec.Image = pinImage(spec.Image, m.ImageDigest)
 		sb := Sandbox{ID: t.ID, State: StateCreating, RuntimeClass: m.Class, ImageDigest: m.ImageDigest}
 		if req.Move {
 			// It is the source, now here: what it had it keeps.
@@ -623,4 +624,18 @@ func (r *Runner) movedAway() map[string]bool {
 		r.forgetFiles(id)
 	}
 	return out
+}
+
+// pinImage is image pinned to digest (image@digest, any earlier pin replaced): a
+// checkpoint is restored only onto the very files it was taken on, never onto what a
+// tag names now. An empty digest leaves image as it is (the backend refuses an unpinned
+// image when it needs one).
+func pinImage(image, digest string) string {
+	if digest == "" {
+		return image
+	}
+	if i := strings.LastIndexByte(image, '@'); i >= 0 {
+		image = image[:i]
+	}
+	return image + "@" + digest
 }

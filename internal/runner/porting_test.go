@@ -219,7 +219,7 @@ func TestImportForkOnAnotherRunner(t *testing.T) {
 			t.Fatalf("fork %d: %v", i, r.Err)
 		}
 		got := awaitState(t, b.R, r.Sandbox.ID, StateRunning)
-		if got.Spec.Meta[runtime.MetaForkedFrom] != sb.ID || got.Spec.Image != "busybox" || got.Spec.Meta[runtime.MetaOrg] != "org1" {
+		if got.Spec.Meta[runtime.MetaForkedFrom] != sb.ID || got.Spec.Image != "busybox@sha256:fake" || got.Spec.Meta[runtime.MetaOrg] != "org1" {
 			t.Fatalf("fork %d: %+v", i, got)
 		}
 	}
