@@ -214,6 +214,9 @@ func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
 	if err != nil {
 		return Sandbox{}, err
 	}
+	if err := r.waitHolds(ctx, e); err != nil { // it may be moving elsewhere
+		return Sandbox{}, err
+	}
 	e.op.Lock()
 	defer e.op.Unlock()
 	r.mu.Lock()

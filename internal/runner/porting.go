@@ -215,6 +215,9 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 		return CheckpointRef{}, Sandbox{}, fmt.Errorf("export checkpoint of %s: manifest: %w", id, err)
 	}
 	ref := CheckpointRef{Key: prefix + manifestName, Platform: platform, Bytes: stored}
+	if src.State == StatePaused && src.Pause != nil && src.Pause.Released {
+		r.hold(e, ref.Key)
+	}
 	r.log.Info("checkpoint exported", "sandbox", id, "key", ref.Key, "platform", platform, "parts", len(parts),
 		"stored_bytes", stored, "bytes", cp.Bytes, "took", cp.Took)
 	return ref, r.snapshotOf(e), nil
@@ -513,10 +516,11 @@ func (r *Runner) DeleteCheckpoint(ctx context.Context, key string) error {
 	if r.cfg.Blobs == nil {
 		return fmt.Errorf("%w: this runner has no blob store", ErrCannotCheckpoint)
 	}
-	_, prefix, err := parseManifestKey(key)
+	id, prefix, err := parseManifestKey(key)
 	if err != nil {
 		return err
 	}
+	defer r.unhold(id, key) // also when the objects are gone already
 	if err := r.cfg.Blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
 		return fmt.Errorf("delete checkpoint %s: %w", key, err)
 	}
@@ -638,4 +642,74 @@ func pinImage(image, digest string) string {
 		image = image[:i]
 	}
 	return image + "@" + digest
+}
+
+// Holds. Exporting a checkpointed sandbox's checkpoint may be the first step of its move
+// to another runner (ResumeSandbox elsewhere): from then until the gateway has either
+// told this runner it moved (Moved) or given up (DeleteCheckpoint of the export), an
+// auto-resume here — endpoint traffic to its old host name, a call the gateway routed
+// before the move — would make a second running copy. So Resume waits while the export
+// is held, and then finds it moved (TERMINATING, forgotten: the caller follows the
+// gateway to the new runner) or still paused (resumed here as usual). A hold lapses
+// after maxHold, should the gateway never come back. Forks from a checkpointed source
+// hold it too (until their export is deleted): its auto-resume waits for their imports.
+
+// maxHold bounds how long an export holds its sandbox paused.
+const maxHold = 5 * time.Minute
+
+// hold marks e's export key held.
+func (r *Runner) hold(e *entry, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.holds == nil {
+		e.holds = map[string]time.Time{}
+	}
+	e.holds[key] = time.Now().Add(maxHold)
+}
+
+// unhold ends the hold of sandbox id's export key, if any, and wakes its waiters.
+func (r *Runner) unhold(id, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.sandboxes[id]
+	if e == nil || e.holds[key].IsZero() {
+		return
+	}
+	delete(e.holds, key)
+	r.notifyLocked(e)
+}
+
+// waitHolds waits until no export holds e (lapsed ones are dropped).
+func (r *Runner) waitHolds(ctx context.Context, e *entry) error {
+	for {
+		r.mu.Lock()
+		if e.sb.State != StatePaused { // moved (Moved) or ended: Resume says so
+			r.mu.Unlock()
+			return nil
+		}
+		now, until := time.Now(), time.Time{}
+		for k, t := range e.holds {
+			if !now.Before(t) {
+				delete(e.holds, k)
+				continue
+			}
+			if t.After(until) {
+				until = t
+			}
+		}
+		ch := e.changed
+		r.mu.Unlock()
+		if until.IsZero() {
+			return nil
+		}
+		timer := time.NewTimer(time.Until(until))
+		select {
+		case <-ch:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("sandbox %s is being moved to another runner: %w", e.sb.ID, ctx.Err())
+		}
+		timer.Stop()
+	}
 }

@@ -611,3 +611,84 @@ func TestMovePastItsLifetimeEnds(t *testing.T) {
 		t.Fatalf("moved past its lifetime: %s %s", got.State, got.Reason)
 	}
 }
+
+// TestExportHoldsAutoResume: an export of a checkpointed sandbox holds it paused — an
+// auto-resume (here: Resume, which Agent and Wake call) waits — until the export is
+// deleted (then it resumes here) or the sandbox moved (then it is no longer here).
+func TestExportHoldsAutoResume(t *testing.T) {
+	ctx := context.Background()
+	store := blobStore(t)
+	a := portLocal(t, "r1", newPortFake("p1"), t.TempDir(), store)
+	release := true
+	resumeAsync := func(id string) chan error {
+		done := make(chan error, 1)
+		go func() { _, err := a.R.Resume(ctx, id); done <- err }()
+		return done
+	}
+	blocked := func(done chan error) {
+		t.Helper()
+		select {
+		case err := <-done:
+			t.Fatalf("resume during a held export returned: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+
+	// Given up (DeleteCheckpoint): the waiting resume resumes it here.
+	sb := runningSandbox(t, a, nil, time.Hour)
+	if _, err := a.Pause(ctx, sb.ID, PauseOptions{Release: &release, AutoResume: true}); err != nil {
+		t.Fatal(err)
+	}
+	ref, _, err := a.ExportCheckpoint(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := resumeAsync(sb.ID)
+	blocked(done)
+	if got, _ := a.R.Get(sb.ID); got.State != StatePaused {
+		t.Fatalf("during the hold: %s", got.State)
+	}
+	if err := a.DeleteCheckpoint(ctx, ref.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("resume after the export was deleted: %v", err)
+	}
+	if got, _ := a.R.Get(sb.ID); got.State != StateRunning {
+		t.Fatalf("after the hold: %s", got.State)
+	}
+
+	// Moved: the waiting resume finds it gone, never running here.
+	sb2 := runningSandbox(t, a, nil, time.Hour)
+	if _, err := a.Pause(ctx, sb2.ID, PauseOptions{Release: &release, AutoResume: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.ExportCheckpoint(ctx, sb2.ID); err != nil {
+		t.Fatal(err)
+	}
+	done = resumeAsync(sb2.ID)
+	blocked(done)
+	if err := a.Moved(ctx, sb2.ID, "r2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrNotRunning) && !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("resume of a sandbox that moved away: %v", err)
+	}
+
+	// A running source's export (a fork) holds nothing.
+	sb3 := runningSandbox(t, a, nil, time.Hour)
+	if _, _, err := a.ExportCheckpoint(ctx, sb3.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Pause(ctx, sb3.ID, PauseOptions{Release: &release, AutoResume: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-resumeAsync(sb3.ID):
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("resume of a sandbox whose running state was exported: held")
+	}
+}

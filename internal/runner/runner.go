@@ -135,6 +135,10 @@ type entry struct {
 	// pause that failed). Guarded by Runner.mu.
 	pausing bool
 	rewatch chan struct{}
+	// holds are the exports of a checkpointed sandbox's checkpoint that may be moving it
+	// to another runner (manifest key → when the hold lapses): Resume waits while one
+	// is held (porting.go). Guarded by Runner.mu.
+	holds map[string]time.Time
 	// lastActive is when the sandbox last served exec, files or endpoint traffic, active
 	// how many such calls are under way, idlePausing that an idle pause is (idle pause).
 	// Guarded by Runner.mu.
