@@ -149,7 +149,7 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 func (s *Server) liveSandboxes(ctx context.Context, recs []*record, r runner.Handle) int {
 	n := 0
 	for _, rec := range recs {
-		if rec.runnerID != r.ID() {
+		if s.index.runnerOf(rec) != r.ID() {
 			continue
 		}
 		if st := s.index.lastOf(rec).State; st.Terminal() || st == runner.StateTerminating {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -128,6 +129,52 @@ func (x *index) setLast(ctx context.Context, r *record, sb runner.Sandbox) {
 			x.log.Warn("record sandbox status", "sandbox", r.id, "err", err)
 		}
 	}
+}
+
+// runnerOf is the runner r runs on now (it changes when the sandbox moves).
+func (x *index) runnerOf(r *record) string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return r.runnerID
+}
+
+// moved records that r now runs on runner to, as sb: in the store first (its runner_id
+// and status), then in memory, so every call from now on goes to to. Nothing changes
+// when the store refuses.
+func (x *index) moved(ctx context.Context, r *record, to string, sb runner.Sandbox) error {
+	if x.st != nil {
+		u, err := statusUpdate(r, sb)
+		if err != nil {
+			return err
+		}
+		u.RunnerID = to
+		if _, err := x.st.UpdateStatus(ctx, r.org, r.id, u); err != nil {
+			return fmt.Errorf("record sandbox %s on runner %s: %w", r.id, to, err)
+		}
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	r.runnerID, r.last = to, sb
+	return nil
+}
+
+// refresh re-reads r's runner from the store (another gateway replica may have moved
+// the sandbox) and reports whether it changed.
+func (x *index) refresh(ctx context.Context, r *record) bool {
+	if x.st == nil {
+		return false
+	}
+	s, err := x.st.Get(ctx, r.org, r.id)
+	if err != nil || s.RunnerID == "" {
+		return false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if s.RunnerID == r.runnerID {
+		return false
+	}
+	r.runnerID = s.RunnerID
+	return true
 }
 
 func (x *index) lastOf(r *record) runner.Sandbox {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,24 +67,112 @@ func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[statev1.
 }
 
 // ResumeSandbox implements sandboxd.sandbox.v1.SandboxStateService: it resumes the
-// caller's PAUSED sandbox on its runner (a RUNNING one is returned as it is).
+// caller's PAUSED sandbox on its runner (a RUNNING one is returned as it is). A
+// checkpointed sandbox (paused releasing its resources) whose runner has no room for it,
+// or is not among runner_ids, moves to another runner that can take its checkpoint
+// (moveSandbox); a frozen one never moves.
 func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[statev1.ResumeSandboxRequest]) (*connect.Response[statev1.ResumeSandboxResponse], error) {
-	rec, r, err := s.lookup(ctx, req.Msg.GetSandboxId())
+	m := req.Msg
+	ids := m.GetRunnerIds()
+	if vs := runnerIDViolations("runner_ids", ids); len(vs) > 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid runner_ids: "+apierr.Describe(vs), vs)
+	}
+	rec, _, err := s.lookup(ctx, m.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := s.sandboxOps.lock(ctx, rec.id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	// Looked up again under the lock: a concurrent resume may have moved it (this
+	// gateway's, or another replica's).
+	rec, r, err := s.lookup(ctx, rec.id)
+	if err != nil {
+		return nil, err
+	}
+	r = s.followMove(ctx, rec, r)
 	ph, err := pauseHandle(r, "resume sandboxes")
 	if err != nil {
 		return nil, err
 	}
-	got, err := ph.Resume(ctx, rec.id)
+	resumed := func(got runner.Sandbox, on runner.Handle, from string) (*connect.Response[statev1.ResumeSandboxResponse], error) {
+		s.index.setLast(ctx, rec, got)
+		s.views.poke()
+		s.log.Info("sandbox resumed", "sandbox", rec.id, "org", rec.org, "runner", on.ID(), "moved_from", from)
+		return connect.NewResponse(&statev1.ResumeSandboxResponse{SandboxId: rec.id, Deadline: ts(got.Deadline), RunnerId: on.ID(), MovedFrom: from}), nil
+	}
+	var (
+		own     portRefusal
+		ownErr  error // the own runner's refusal
+		allowed = len(ids) == 0 || slices.Contains(ids, r.ID())
+	)
+	if allowed {
+		got, err := ph.Resume(ctx, rec.id)
+		if err == nil {
+			return resumed(got, r, "")
+		}
+		ownErr = runner.APIError(rec.id, err, "")
+		if connect.CodeOf(ownErr) != connect.CodeResourceExhausted {
+			return nil, ownErr
+		}
+		msg := ownErr.Error()
+		var ce *connect.Error
+		if errors.As(ownErr, &ce) {
+			msg = ce.Message()
+		}
+		msg = strings.TrimPrefix(msg, fmt.Sprintf("runner %s has no room to resume sandbox %s: ", r.ID(), rec.id))
+		own = portRefusal{runner: r.ID(), why: "its runner has no room to resume it: " + msg, kind: refusedRoom}
+	} else {
+		own = portRefusal{runner: r.ID(), why: "its runner, not allowed by runner_ids"}
+	}
+	src, err := r.Get(ctx, rec.id)
 	if err != nil {
 		return nil, runner.APIError(rec.id, err, "")
 	}
-	s.index.setLast(ctx, rec, got)
-	s.views.poke()
-	s.log.Info("sandbox resumed", "sandbox", rec.id, "org", rec.org, "runner", r.ID())
-	return connect.NewResponse(&statev1.ResumeSandboxResponse{SandboxId: rec.id, Deadline: ts(got.Deadline)}), nil
+	s.index.setLast(ctx, rec, src)
+	if src.State != runner.StatePaused || src.Pause == nil || !src.Pause.Released {
+		if ownErr != nil {
+			return nil, ownErr
+		}
+		return nil, cannotMove(rec.id, r.ID(), ids, src)
+	}
+	got, to, err := s.moveSandbox(ctx, rec, r, src, ids, own)
+	if err != nil {
+		return nil, err
+	}
+	if to.ID() == r.ID() {
+		return resumed(got, r, "") // resumed there meanwhile: the move was abandoned
+	}
+	return resumed(got, to, r.ID())
+}
+
+// cannotMove is the refusal to resume sandbox id (src) of runner from elsewhere than on
+// from (runner_ids excludes it): only a checkpointed sandbox moves.
+func cannotMove(id, from string, ids []string, src runner.Sandbox) error {
+	md := map[string]string{"sandbox_id": id, "runner_id": from, "state": src.State.String()}
+	switch {
+	case src.State == runner.StatePaused:
+		return apierr.New(apierr.CheckpointNotSupported, fmt.Sprintf(
+			"sandbox %s is paused frozen on runner %s (its memory kept there, not checkpointed): a frozen sandbox never moves to another runner, and runner_ids %v excludes %s; resume it without runner_ids, or pause it releasing resources",
+			id, from, ids, from), md)
+	case src.State == runner.StateRunning:
+		return apierr.New(apierr.CheckpointNotSupported, fmt.Sprintf(
+			"sandbox %s runs on runner %s, which runner_ids %v excludes: only a sandbox paused releasing its resources moves to another runner",
+			id, from, ids), md)
+	}
+	return apierr.New(apierr.SandboxNotRunning, fmt.Sprintf("sandbox %s is %s: only a PAUSED sandbox is resumed", id, src.State), md)
+}
+
+// runnerIDViolations are runner_ids' violations (placement.RunnerIDViolations) under
+// field, as a request other than a create names it.
+func runnerIDViolations(field string, ids []string) []apierr.Violation {
+	vs := placement.RunnerIDViolations(ids)
+	for i := range vs {
+		vs[i].Field = field + strings.TrimPrefix(vs[i].Field, "sandbox.spec.runner_ids")
+	}
+	return vs
 }
 
 // pauseHandle is r as a runner.PauseHandle, or the refusal naming r.
@@ -98,16 +187,21 @@ func pauseHandle(r runner.Handle, what string) (runner.PauseHandle, error) {
 }
 
 // ForkSandbox implements sandboxd.sandbox.v1.SandboxStateService: count new sandboxes
-// from the caller's RUNNING or PAUSED sandbox, on its runner, each with an ID the
-// gateway chooses, recorded in the index like a created sandbox (organization, caller,
-// a share token of its own when the source has HTTPS SHARE_TOKEN endpoints).
+// from the caller's RUNNING or PAUSED sandbox, each with an ID the gateway chooses,
+// recorded in the index like a created sandbox (organization, caller, a share token of
+// its own when the source has HTTPS SHARE_TOKEN endpoints).
 //
-// The source's runner must accept the source's spec under its current policy and have
-// room for all count forks now (else the errors of a create's placement: RESOURCE_
-// EXHAUSTED CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED with RetryInfo, …). request_id makes it
-// idempotent: the forks of a request are recorded under it, a repeated request returns
-// them and makes again only those that failed; the same request_id with another source,
-// another count or another RPC is CWSANDBOX_REQUEST_ID_CONFLICT.
+// Forks go to the source's runner when runner_ids allows it, its current policy accepts
+// the source's spec and it has room for all count forks now. Otherwise the source's
+// checkpoint is exported to the blob store once and the forks the source's runner has
+// no room for are made on other allowed runners that can take it (placeForks), each
+// recorded with its runner. When they do not all find room, none is made (the errors of
+// refusedError: RESOURCE_EXHAUSTED CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED with RetryInfo,
+// …; with only the source's runner to consider, its placement's error as a create's).
+// request_id makes it idempotent: the forks of a request are recorded under it, a
+// repeated request returns them and makes again only those that failed; the same
+// request_id with another source, another count or another RPC is CWSANDBOX_REQUEST_ID_
+// CONFLICT.
 func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.ForkSandboxRequest]) (*connect.Response[statev1.ForkSandboxResponse], error) {
 	m := req.Msg
 	p := principal(ctx)
@@ -120,15 +214,12 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		vs = append(vs, apierr.Violation{Field: "count", Description: fmt.Sprintf("must be within 1..%d (0 means 1), got %d", MaxForks, count)})
 	}
 	vs = append(vs, requestIDViolations("request_id", m.GetRequestId())...)
+	vs = append(vs, runnerIDViolations("runner_ids", m.GetRunnerIds())...)
 	if len(vs) > 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid ForkSandbox request: "+apierr.Describe(vs), vs)
 	}
 	count = max(count, 1)
-	rec, r, err := s.lookup(ctx, m.GetSandboxId())
-	if err != nil {
-		return nil, err
-	}
-	ph, err := pauseHandle(r, "fork sandboxes")
+	rec, _, err := s.lookup(ctx, m.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -152,6 +243,20 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		return connect.NewResponse(&statev1.ForkSandboxResponse{Forks: out}), nil
 	}
 
+	unlock, err := s.sandboxOps.lock(ctx, rec.id) // not moved meanwhile
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	rec, r, err := s.lookup(ctx, rec.id)
+	if err != nil {
+		return nil, err
+	}
+	r = s.followMove(ctx, rec, r)
+	ph, err := pauseHandle(r, "fork sandboxes")
+	if err != nil {
+		return nil, err
+	}
 	src, err := r.Get(ctx, rec.id)
 	if err != nil {
 		return nil, runner.APIError(rec.id, err, "")
@@ -162,37 +267,34 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 			fmt.Sprintf("sandbox %s is %s: only a RUNNING or PAUSED sandbox is forked", rec.id, src.State),
 			map[string]string{"sandbox_id": rec.id, "state": src.State.String()})
 	}
-	c, err := s.placeFork(ctx, rec, r, src)
+	groups, release, err := s.placeForks(ctx, rec, r, src, m.GetRunnerIds(), len(todo))
 	if err != nil {
 		return nil, err
 	}
-	release, why := s.reserved.ClaimN(c, len(todo))
-	if why != "" {
-		return nil, placement.CapacityExhausted([]string{fmt.Sprintf("%s: %d forks: %s", r.ID(), len(todo), why)})
-	}
 	defer release()
 
+	// The targets, in todo's order, group after group.
 	targets := make([]runner.ForkTarget, len(todo))
-	for j := range todo {
-		t := runner.ForkTarget{ID: runner.NewID(), Meta: forkMeta(src.Spec.Meta, p.Org, p.KeyID, c.Result.PolicyRevision)}
-		if runner.NeedsShareTokens(src.Spec) {
-			t.ShareTokenHash = edge.ShareTokenHash(s.shareTokens.token(t.ID))
+	groupOf := make([]int, len(todo))
+	j := 0
+	for g := range groups {
+		for range groups[g].n {
+			t := runner.ForkTarget{ID: runner.NewID(), Meta: forkMeta(src.Spec.Meta, p.Org, p.KeyID, groups[g].c.Result.PolicyRevision)}
+			if runner.NeedsShareTokens(src.Spec) {
+				t.ShareTokenHash = edge.ShareTokenHash(s.shareTokens.token(t.ID))
+			}
+			targets[j], groupOf[j] = t, g
+			j++
 		}
-		targets[j] = t
 	}
-	results, err := ph.Fork(ctx, rec.id, targets)
+	results, err := s.runForks(ctx, rec, ph, src, groups, targets)
 	if err != nil {
-		return nil, runner.APIError(rec.id, err, "")
+		return nil, err
 	}
 	s.views.poke()
-	policyRevision, _ := strconv.ParseInt(c.Result.PolicyRevision, 10, 64)
 	made := 0
 	for j, k := range todo {
-		t := targets[j]
-		if j >= len(results) {
-			out[k] = forkFailed(t.ID, connect.NewError(connect.CodeInternal, fmt.Errorf("runner %s returned no result for this fork", r.ID())))
-			continue
-		}
+		t, g := targets[j], groups[groupOf[j]]
 		res := results[j]
 		if res.Err != nil {
 			out[k] = forkFailed(t.ID, runner.APIError(t.ID, res.Err, ""))
@@ -202,18 +304,23 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		if sb.ID == "" {
 			sb.ID = t.ID
 		}
-		s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
-		f := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: proto.CloneOf(rec.spec), createdAt: sb.CreatedAt, last: sb,
+		s.views.confirmed(g.c.Index, g.c.Need) // counted until the runner's usage shows it
+		policyRevision, _ := strconv.ParseInt(g.c.Result.PolicyRevision, 10, 64)
+		f := &record{id: sb.ID, org: p.Org, runnerID: g.h.ID(), spec: proto.CloneOf(rec.spec), createdAt: sb.CreatedAt, last: sb,
 			policyRevision: policyRevision, fileDigest: digest}
 		if f.createdAt.IsZero() {
 			f.createdAt = time.Now()
 		}
-		out[k] = s.recordFork(ctx, f, r, forkRequestKey(m.GetRequestId(), k), digest)
+		out[k] = s.recordFork(ctx, f, g.h, forkRequestKey(m.GetRequestId(), k), digest)
 		if out[k].GetError() == nil {
 			made++
 		}
 	}
-	s.log.Info("sandbox forked", "sandbox", rec.id, "org", p.Org, "runner", r.ID(), "asked", len(todo), "made", made)
+	runners := make([]string, len(groups))
+	for g := range groups {
+		runners[g] = fmt.Sprintf("%s=%d", groups[g].h.ID(), groups[g].n)
+	}
+	s.log.Info("sandbox forked", "sandbox", rec.id, "org", p.Org, "runner", r.ID(), "asked", len(todo), "made", made, "on", strings.Join(runners, ","))
 	return connect.NewResponse(&statev1.ForkSandboxResponse{Forks: out}), nil
 }
 
@@ -242,7 +349,7 @@ func (s *Server) placeFork(ctx context.Context, rec *record, r runner.Handle, sr
 func (s *Server) recordFork(ctx context.Context, f *record, r runner.Handle, key, digest string) *statev1.Fork {
 	err := s.index.put(ctx, f, key)
 	if err == nil {
-		return &statev1.Fork{SandboxId: f.id, EndpointShareToken: s.forkShareToken(f.id, f.last)}
+		return &statev1.Fork{SandboxId: f.id, EndpointShareToken: s.forkShareToken(f.id, f.last), RunnerId: f.runnerID}
 	}
 	_, _ = r.Delete(context.WithoutCancel(ctx), f.id, 0)
 	var dup *store.AlreadyExistsError
@@ -258,8 +365,8 @@ func (s *Server) recordFork(ctx context.Context, f *record, r runner.Handle, key
 
 // forkReplayed is the answer for a fork recorded by an earlier request.
 func (s *Server) forkReplayed(ctx context.Context, f *record) *statev1.Fork {
-	out := &statev1.Fork{SandboxId: f.id}
-	if r := s.runnerByID(f.runnerID); r != nil {
+	out := &statev1.Fork{SandboxId: f.id, RunnerId: s.index.runnerOf(f)}
+	if r := s.runnerByID(out.RunnerId); r != nil {
 		out.EndpointShareToken = s.forkShareToken(f.id, s.current(ctx, f, r))
 	}
 	return out

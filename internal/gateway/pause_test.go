@@ -179,6 +179,8 @@ type pauseEnv struct {
 	acmeKeyID   string
 	sc          sandboxv1connect.SandboxServiceClient
 	pc          statev1connect.SandboxStateServiceClient
+	st          store.Store
+	keys        *auth.Keyring
 }
 
 func newPauseEnv(t *testing.T, policyDoc string, runners ...runner.Handle) *pauseEnv {
@@ -194,7 +196,7 @@ func newPauseEnv(t *testing.T, policyDoc string, runners ...runner.Handle) *paus
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &pauseEnv{}
+	e := &pauseEnv{st: st, keys: keys}
 	for _, org := range []string{"acme", "other"} {
 		if _, err := st.Orgs().Create(ctx, store.Org{ID: org, Name: org}); err != nil {
 			t.Fatal(err)

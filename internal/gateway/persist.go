@@ -153,11 +153,21 @@ func (x *index) persistStatus(ctx context.Context, r *record, sb runner.Sandbox)
 	if x.st == nil {
 		return nil
 	}
+	u, err := statusUpdate(r, sb)
+	if err != nil {
+		return err
+	}
+	_, err = x.st.UpdateStatus(ctx, r.org, r.id, u)
+	return err
+}
+
+// statusUpdate is the store's update of r to status sb.
+func statusUpdate(r *record, sb runner.Sandbox) (store.SandboxStatusUpdate, error) {
 	last := toLast(sb)
 	last.FileDigest = r.fileDigest
 	status, err := json.Marshal(last)
 	if err != nil {
-		return err
+		return store.SandboxStatusUpdate{}, err
 	}
 	u := store.SandboxStatusUpdate{State: sb.State.String(), Status: status}
 	if sb.State.Terminal() {
@@ -167,8 +177,7 @@ func (x *index) persistStatus(ctx context.Context, r *record, sb runner.Sandbox)
 		}
 		u.EndedAt = &end
 	}
-	_, err = x.st.UpdateStatus(ctx, r.org, r.id, u)
-	return err
+	return u, nil
 }
 
 // changed reports whether b differs from a in what the store keeps.

@@ -22,7 +22,8 @@ type sandboxLister interface {
 // Reconcile compares each runner's sandboxes with the index and deletes live ones no
 // gateway knows (created by a gateway that crashed before recording them, or left behind
 // by a lost index) once they are older than the grace period, so nothing runs unaccounted
-// for. It returns how many it deleted. It only runs with a store-backed index: an index in
+// for; and the stale copies of sandboxes that moved to another runner (on a runner the
+// record no longer names, there longer than the grace period since they started). It returns how many it deleted. It only runs with a store-backed index: an index in
 // memory forgets everything on restart, and would take every sandbox for an orphan.
 func (s *Server) Reconcile(ctx context.Context) int {
 	if s.index.st == nil || s.orphanGrace < 0 {
@@ -43,11 +44,22 @@ func (s *Server) Reconcile(ctx context.Context) int {
 			if sb.State.Terminal() || sb.State == runner.StateTerminating || time.Since(sb.CreatedAt) < s.orphanGrace {
 				continue
 			}
-			if _, known := s.index.get(ctx, sb.Spec.Meta[runtime.MetaOrg], sb.ID); known {
-				continue
+			if rec, known := s.index.get(ctx, sb.Spec.Meta[runtime.MetaOrg], sb.ID); known {
+				// A sandbox that moved to another runner (ResumeSandbox elsewhere) whose old
+				// runner was not told (Moved failed): its copy here is deleted. Its age here
+				// counts from its start on this runner, not its creation (which a move
+				// keeps): a copy just moved here, before its record names this runner, is
+				// no stale one.
+				on := s.index.runnerOf(rec)
+				if on == "" || on == r.ID() || sb.StartedAt.IsZero() || time.Since(sb.StartedAt) < s.orphanGrace {
+					continue
+				}
+				s.log.Warn("reconcile: deleting the stale copy of a sandbox that moved to another runner", "sandbox", sb.ID,
+					"runner", r.ID(), "now_on", on, "org", rec.org, "started", time.Since(sb.StartedAt).Round(time.Second))
+			} else {
+				s.log.Warn("reconcile: deleting a sandbox no gateway knows", "sandbox", sb.ID, "runner", r.ID(),
+					"org", sb.Spec.Meta[runtime.MetaOrg], "age", time.Since(sb.CreatedAt).Round(time.Second))
 			}
-			s.log.Warn("reconcile: deleting a sandbox no gateway knows", "sandbox", sb.ID, "runner", r.ID(),
-				"org", sb.Spec.Meta[runtime.MetaOrg], "age", time.Since(sb.CreatedAt).Round(time.Second))
 			if _, err := r.Delete(ctx, sb.ID, 0); err != nil {
 				s.log.Warn("reconcile: delete", "sandbox", sb.ID, "err", err)
 				continue

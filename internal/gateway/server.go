@@ -119,8 +119,10 @@ type Server struct {
 	log         *slog.Logger
 	// reserved holds the resources of creates in flight until their runner answers.
 	reserved placement.Reservations
-	views    *runnerViews
-	stop     context.CancelFunc
+	// sandboxOps serializes resumes and forks of one sandbox (a resume may move it).
+	sandboxOps sandboxLocks
+	views      *runnerViews
+	stop       context.CancelFunc
 	// dataPlane: see Config.DataPlane.
 	dataPlane   DataPlaneIssuer
 	shareTokens shareTokens
@@ -272,9 +274,10 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 	if !ok {
 		return nil, nil, runner.NotFoundError(id)
 	}
-	r := s.runnerByID(rec.runnerID)
+	rid := s.index.runnerOf(rec)
+	r := s.runnerByID(rid)
 	if r == nil {
-		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rec.runnerID, id), 5*time.Second)
+		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rid, id), 5*time.Second)
 	}
 	return rec, r, nil
 }
@@ -288,6 +291,12 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 // reason Lost, so clients stop waiting for it.
 func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runner.Sandbox {
 	sb, err := r.Get(ctx, rec.id)
+	if err == nil && sb.Reason == runner.ReasonMoved {
+		err = runtime.ErrNotFound // as a runner that forgot it
+	}
+	if nr := s.movedAway(ctx, rec, r, err); nr != nil {
+		return s.current(ctx, rec, nr)
+	}
 	if err == nil {
 		s.index.setLast(ctx, rec, sb)
 		return sb
@@ -303,6 +312,33 @@ func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runn
 	s.log.Warn("sandbox lost by its runner", "sandbox", rec.id, "runner", r.ID(), "was", last.State)
 	s.index.setLast(ctx, rec, lost)
 	return lost
+}
+
+// movedAway is the runner sandbox rec runs on now when its runner r answered err as a
+// runner that no longer has it (not found, or not running) and the store names another
+// (another gateway replica moved it there: ResumeSandbox); nil otherwise.
+func (s *Server) movedAway(ctx context.Context, rec *record, r runner.Handle, err error) runner.Handle {
+	if err == nil || !(errors.Is(err, runtime.ErrNotFound) || errors.Is(err, runner.ErrNotRunning)) || !s.index.refresh(ctx, rec) {
+		return nil
+	}
+	if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil && nr.ID() != r.ID() {
+		s.log.Info("sandbox moved to another runner", "sandbox", rec.id, "from", r.ID(), "to", nr.ID())
+		return nr
+	}
+	return nil
+}
+
+// followMove is the runner sandbox rec runs on: r, or the one it moved to when r no
+// longer has it (movedAway).
+func (s *Server) followMove(ctx context.Context, rec *record, r runner.Handle) runner.Handle {
+	sb, err := r.Get(ctx, rec.id)
+	if err == nil && sb.Reason == runner.ReasonMoved {
+		err = runtime.ErrNotFound
+	}
+	if nr := s.movedAway(ctx, rec, r, err); nr != nil {
+		return nr
+	}
+	return r
 }
 
 // ReasonLost: the sandbox's runner answered but no longer knows it.
@@ -342,7 +378,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		if rec.fileDigest != a.fileDigest {
 			return nil, requestIDConflict()
 		}
-		if r := s.runnerByID(rec.runnerID); r != nil {
+		if r := s.runnerByID(s.index.runnerOf(rec)); r != nil {
 			return s.created(rec, s.current(ctx, rec, r), r), nil
 		}
 	}
@@ -393,7 +429,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 				if first.fileDigest != a.fileDigest {
 					return nil, requestIDConflict()
 				}
-				if fr := s.runnerByID(first.runnerID); fr != nil {
+				if fr := s.runnerByID(s.index.runnerOf(first)); fr != nil {
 					return s.created(first, s.current(ctx, first, fr), fr), nil
 				}
 			}
@@ -421,7 +457,11 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(s.toProto(rec.id, rec.spec, s.current(ctx, rec, r), r)), nil
+	sb := s.current(ctx, rec, r)
+	if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil {
+		r = nr // it moved
+	}
+	return connect.NewResponse(s.toProto(rec.id, rec.spec, sb, r)), nil
 }
 
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
@@ -461,10 +501,10 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 		if !hasAll(rec.spec.GetTags(), m.GetTags()) {
 			continue
 		}
-		if len(m.GetRunnerIds()) > 0 && !slices.Contains(m.GetRunnerIds(), rec.runnerID) {
+		if len(m.GetRunnerIds()) > 0 && !slices.Contains(m.GetRunnerIds(), s.index.runnerOf(rec)) {
 			continue
 		}
-		r := s.runnerByID(rec.runnerID)
+		r := s.runnerByID(s.index.runnerOf(rec))
 		if r == nil {
 			continue
 		}
@@ -557,7 +597,7 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 		if !m.GetPurgeAll() && !hasAll(rec.spec.GetTags(), m.GetTags()) {
 			continue
 		}
-		r := s.runnerByID(rec.runnerID)
+		r := s.runnerByID(s.index.runnerOf(rec))
 		if r == nil {
 			out.RetryableFailedSandboxIds = append(out.RetryableFailedSandboxIds, rec.id)
 			continue
@@ -588,6 +628,9 @@ func (s *Server) agentOf(ctx context.Context, rec *record, r runner.Handle, cont
 		return nil, err
 	}
 	a, err := r.Agent(ctx, rec.id, name)
+	if nr := s.movedAway(ctx, rec, r, err); nr != nil {
+		a, err = nr.Agent(ctx, rec.id, name)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s did not start in time: %w", id, ctx.Err()))

@@ -157,6 +157,7 @@ var (
 	_ SnapshotHandle = (*Local)(nil)
 	_ LifetimeHandle = (*Local)(nil)
 	_ PauseHandle    = (*Local)(nil)
+	_ PortHandle     = (*Local)(nil)
 )
 
 // NewLocal wraps r.
@@ -199,6 +200,63 @@ func (l *Local) Resume(ctx context.Context, id string) (Sandbox, error) {
 // Fork implements PauseHandle.
 func (l *Local) Fork(ctx context.Context, id string, targets []ForkTarget) ([]ForkResult, error) {
 	return l.R.Fork(ctx, id, targets)
+}
+
+// ExportCheckpoint implements PortHandle.
+func (l *Local) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef, Sandbox, error) {
+	return l.R.ExportCheckpoint(ctx, id)
+}
+
+// ImportFork implements PortHandle: the runner must have room for every target (their
+// requests, as Create's), else RESOURCE_EXHAUSTED CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED
+// (FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER when they never fit).
+func (l *Local) ImportFork(ctx context.Context, req ImportRequest) ([]ForkResult, error) {
+	spec := req.Source.Spec
+	if l.support().NoShareTokens && NeedsShareTokens(spec) {
+		return nil, shareTokensUnsupported(l.RunnerID)
+	}
+	if spec.Engine != nil {
+		if why := l.engineUnavailable(); why != "" {
+			return nil, apierr.New(apierr.NoSuitableRunner,
+				fmt.Sprintf("runner %s runs no container-engine sandboxes (control CONTROL_CONTAINER_ENGINE): %s", l.RunnerID, why),
+				map[string]string{"runner_id": l.RunnerID})
+		}
+	}
+	withDef := withDefaults(spec, l.Defaults)
+	one := requested(withDef.TotalResources())
+	n := int64(max(len(req.Targets), 1))
+	need := placement.Resources{MilliCPU: one.MilliCPU * n, MemoryBytes: one.MemoryBytes * n, GPUs: one.GPUs * n}
+	l.admit.Lock()
+	unlock := sync.OnceFunc(l.admit.Unlock)
+	defer unlock()
+	c, err := l.Capacity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	room := c.Room(c.Used(), c.Running)
+	if never := room.Never(one); len(never) > 0 {
+		vs := make([]apierr.Violation, len(never))
+		for i, sf := range never {
+			vs[i] = sf.Violation(l.RunnerID, placement.RequestField(nil, sf.Quantity))
+		}
+		return nil, placement.NoSuitableRunner([]string{l.RunnerID}, vs)
+	}
+	if why := room.Misfit(need, placement.Resources{}, int(n)-1); why != "" {
+		return nil, apierr.WithRetry(apierr.New(apierr.RunnerCapacityExhausted,
+			fmt.Sprintf("runner %s has no room for %d sandboxes from checkpoint %s: %s", l.RunnerID, n, req.Ref.Key, why),
+			map[string]string{"runner_id": l.RunnerID, "sandbox_id": req.Source.ID}), placement.RetryAfter)
+	}
+	return l.R.importFork(ctx, req, unlock)
+}
+
+// DeleteCheckpoint implements PortHandle.
+func (l *Local) DeleteCheckpoint(ctx context.Context, key string) error {
+	return l.R.DeleteCheckpoint(ctx, key)
+}
+
+// Moved implements PortHandle.
+func (l *Local) Moved(ctx context.Context, id, to string) error {
+	return l.R.Moved(ctx, id, to)
 }
 
 func (l *Local) ID() string    { return l.RunnerID }
@@ -327,6 +385,7 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 		Support:      l.support(),
 	}
 	c.CheckpointClasses = l.R.CheckpointClasses(c.RuntimeClasses)
+	c.CheckpointPlatforms = l.R.CheckpointPlatforms(c.CheckpointClasses)
 	if !c.NoSnapshots {
 		c.CachedSnapshots = l.R.CachedSnapshots()
 	}

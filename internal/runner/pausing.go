@@ -214,6 +214,9 @@ func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
 	if err != nil {
 		return Sandbox{}, err
 	}
+	if err := r.waitHolds(ctx, e); err != nil { // it may be moving elsewhere
+		return Sandbox{}, err
+	}
 	e.op.Lock()
 	defer e.op.Unlock()
 	r.mu.Lock()
@@ -356,19 +359,26 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 	r.mu.Unlock()
 
 	infos, errs := fk.Fork(context.WithoutCancel(ctx), id, specs)
-	out := make([]ForkResult, len(targets))
+	return r.startForks(id, "fork", entries, infos, errs), nil
+}
+
+// startForks completes entries (registered, CREATING) with the backend's outcome of each
+// (what: "fork" or "move", for messages): a failed one ends FAILED (ReasonForkFailed), a
+// made one runs (RUNNING, its expiry armed, followed).
+func (r *Runner) startForks(id, what string, entries []*entry, infos []runtime.Info, errs []error) []ForkResult {
+	out := make([]ForkResult, len(entries))
 	for i, fe := range entries {
 		var ferr error
 		switch {
 		case i < len(errs) && errs[i] != nil:
 			ferr = errs[i]
 		case i >= len(infos):
-			ferr = errors.New("the backend reported no outcome of this fork")
+			ferr = errors.New("the backend reported no outcome of this " + what)
 		}
 		if ferr != nil {
-			r.log.Warn("fork failed", "sandbox", id, "fork", fe.sb.ID, "err", ferr)
-			r.finish(fe, runtime.Exit{Reason: ReasonForkFailed, Message: "fork of " + id + " failed: " + ferr.Error(), At: time.Now()}, false)
-			out[i] = ForkResult{Sandbox: r.snapshotOf(fe), Err: fmt.Errorf("fork %s of %s: %w", fe.sb.ID, id, ferr)}
+			r.log.Warn(what+" failed", "sandbox", id, "fork", fe.sb.ID, "err", ferr)
+			r.finish(fe, runtime.Exit{Reason: ReasonForkFailed, Message: what + " of " + id + " failed: " + ferr.Error(), At: time.Now()}, false)
+			out[i] = ForkResult{Sandbox: r.snapshotOf(fe), Err: fmt.Errorf("%s %s of %s: %w", what, fe.sb.ID, id, ferr)}
 			continue
 		}
 		info := infos[i]
@@ -403,10 +413,10 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 				r.lifecycle(context.Background(), fe, false)
 			}()
 		}
-		r.log.Info("sandbox forked", "sandbox", id, "fork", fe.sb.ID)
+		r.log.Info("sandbox forked", "sandbox", id, "fork", fe.sb.ID, "as", what)
 		out[i] = ForkResult{Sandbox: snap}
 	}
-	return out, nil
+	return out
 }
 
 func (r *Runner) snapshotOf(e *entry) Sandbox {

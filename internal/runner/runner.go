@@ -104,6 +104,7 @@ type entry struct {
 	stopCh       chan struct{} // closed once a stop is requested
 	stopReason   string
 	stopGrace    time.Duration
+	movedTo      string // the runner it moved to (stopReason ReasonMoved)
 
 	done   chan struct{}                     // closed once the sandbox is terminal and its resources are gone
 	client agentv1connect.AgentServiceClient // the primary's agent, set while the sandbox runs
@@ -134,6 +135,10 @@ type entry struct {
 	// pause that failed). Guarded by Runner.mu.
 	pausing bool
 	rewatch chan struct{}
+	// holds are the exports of a checkpointed sandbox's checkpoint that may be moving it
+	// to another runner (manifest key → when the hold lapses): Resume waits while one
+	// is held (porting.go). Guarded by Runner.mu.
+	holds map[string]time.Time
 	// lastActive is when the sandbox last served exec, files or endpoint traffic, active
 	// how many such calls are under way, idlePausing that an idle pause is (idle pause).
 	// Guarded by Runner.mu.
@@ -165,7 +170,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.IdleCheck <= 0 {
 		cfg.IdleCheck = 5 * time.Second
 	}
-	for _, d := range []string{"logs", containerLogs, "ended", lifetimesDir, pausedDir} {
+	for _, d := range []string{"logs", containerLogs, "ended", lifetimesDir, pausedDir, movedDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("runner: create data dir: %w", err)
 		}
@@ -990,6 +995,12 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	switch {
 	case e.stopReason == ReasonDeleted:
 		sb.State, sb.Reason, sb.Message = StateTerminated, ReasonDeleted, "deleted"
+	case e.stopReason == ReasonMoved:
+		sb.State, sb.Reason, sb.ExitCode = StateTerminated, ReasonMoved, nil
+		sb.Message = "moved to runner " + e.movedTo
+		if e.movedTo == "" {
+			sb.Message = "moved to another runner"
+		}
 	case e.stopReason == ReasonCheckpointLost:
 		sb.State, sb.Reason, sb.ExitCode = StateFailed, ReasonCheckpointLost, nil
 		sb.Message = "the sandbox's checkpoint is lost: it cannot be resumed"
@@ -1337,8 +1348,20 @@ func (r *Runner) recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("runner: recover sandboxes: %w", err)
 	}
+	moved := r.movedAway()
 	for _, rec := range found {
 		id := rec.Spec.ID
+		if moved[id] {
+			// It moved to another runner before this one could forget it: it runs there.
+			delete(moved, id)
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				r.destroy(id)
+				_ = os.Remove(r.movedPath(id))
+			}()
+			continue
+		}
 		r.mu.Lock()
 		ended := r.sandboxes[id]
 		r.mu.Unlock()
@@ -1415,6 +1438,9 @@ func (r *Runner) recover(ctx context.Context) error {
 			defer r.wg.Done()
 			r.finish(e, exit, true)
 		}()
+	}
+	for id := range moved {
+		_ = os.Remove(r.movedPath(id)) // gone from the backend too
 	}
 	return nil
 }

@@ -48,6 +48,7 @@ var (
 	_ runner.SnapshotHandle = (*Client)(nil)
 	_ runner.LifetimeHandle = (*Client)(nil)
 	_ runner.PauseHandle    = (*Client)(nil)
+	_ runner.PortHandle     = (*Client)(nil)
 )
 
 // NewClient returns a client of the runner at cfg.Addr. It connects on first use.
@@ -197,17 +198,53 @@ func (c *Client) Fork(ctx context.Context, id string, targets []runner.ForkTarge
 	if err != nil {
 		return nil, fromStatus(ctx, c.id, err)
 	}
-	if len(res.Msg.GetResults()) != len(targets) {
-		return nil, fmt.Errorf("runner %s answered %d forks for %d targets", c.id, len(res.Msg.GetResults()), len(targets))
+	return c.forkResults(res.Msg, targets)
+}
+
+// forkResults is a Fork's or ImportFork's answer, one result per target.
+func (c *Client) forkResults(res *runnerv1.ForkResponse, targets []runner.ForkTarget) ([]runner.ForkResult, error) {
+	if len(res.GetResults()) != len(targets) {
+		return nil, fmt.Errorf("runner %s answered %d forks for %d targets", c.id, len(res.GetResults()), len(targets))
 	}
 	out := make([]runner.ForkResult, len(targets))
-	for i, r := range res.Msg.GetResults() {
+	for i, r := range res.GetResults() {
 		out[i].Sandbox = sandboxFromProto(r.GetSandbox())
 		if r.GetError() != nil {
 			out[i].Err = forkErrorFromProto(targets[i].ID, r.GetError())
 		}
 	}
 	return out, nil
+}
+
+// ExportCheckpoint implements runner.PortHandle.
+func (c *Client) ExportCheckpoint(ctx context.Context, id string) (runner.CheckpointRef, runner.Sandbox, error) {
+	res, err := c.runner.ExportCheckpoint(ctx, connect.NewRequest(&runnerv1.ExportCheckpointRequest{Id: id}))
+	if err != nil {
+		return runner.CheckpointRef{}, runner.Sandbox{}, fromStatus(ctx, c.id, err)
+	}
+	return refFromProto(res.Msg.GetRef()), sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+// ImportFork implements runner.PortHandle.
+func (c *Client) ImportFork(ctx context.Context, req runner.ImportRequest) ([]runner.ForkResult, error) {
+	res, err := c.runner.ImportFork(ctx, connect.NewRequest(&runnerv1.ImportForkRequest{Ref: refToProto(req.Ref),
+		Source: sandboxToProto(req.Source), Targets: forkTargetsToProto(req.Targets), Move: req.Move}))
+	if err != nil {
+		return nil, fromStatus(ctx, c.id, err)
+	}
+	return c.forkResults(res.Msg, req.Targets)
+}
+
+// DeleteCheckpoint implements runner.PortHandle.
+func (c *Client) DeleteCheckpoint(ctx context.Context, key string) error {
+	_, err := c.runner.DeleteCheckpoint(ctx, connect.NewRequest(&runnerv1.DeleteCheckpointRequest{Key: key}))
+	return fromStatus(ctx, c.id, err)
+}
+
+// Moved implements runner.PortHandle.
+func (c *Client) Moved(ctx context.Context, id, to string) error {
+	_, err := c.runner.Moved(ctx, connect.NewRequest(&runnerv1.MovedRequest{Id: id, ToRunner: to}))
+	return fromStatus(ctx, c.id, err)
 }
 
 func (c *Client) Capacity(ctx context.Context) (runner.Capacity, error) {

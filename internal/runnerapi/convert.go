@@ -2,6 +2,8 @@ package runnerapi
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -498,13 +500,14 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		CpuOvercommit:    c.CPUOvercommit,
 		DefaultResources: resourcesToProto(c.Defaults),
 		// No engine image says the runner runs no container-engine sandbox.
-		EngineImage:        engineImageToProto(c),
-		EngineRuntimeClass: c.EngineRuntimeClass,
-		EngineUnavailable:  c.EngineUnavailable,
-		Snapshots:          !c.NoSnapshots,
-		CachedSnapshots:    c.CachedSnapshots,
-		Paused:             int32(c.Paused),
-		CheckpointClasses:  c.CheckpointClasses,
+		EngineImage:         engineImageToProto(c),
+		EngineRuntimeClass:  c.EngineRuntimeClass,
+		EngineUnavailable:   c.EngineUnavailable,
+		Snapshots:           !c.NoSnapshots,
+		CachedSnapshots:     c.CachedSnapshots,
+		Paused:              int32(c.Paused),
+		CheckpointClasses:   c.CheckpointClasses,
+		CheckpointPlatforms: c.CheckpointPlatforms,
 	}
 }
 
@@ -526,21 +529,56 @@ func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
 		MaxSandboxes:   int(p.GetMaxSandboxes()),
 		RuntimeClasses: p.GetRuntimeClasses(),
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
-		DataPlaneURI:       p.GetDataPlaneUri(),
-		Support:            supportFromProto(p),
-		CPUOvercommit:      p.GetCpuOvercommit(),
-		Defaults:           resourcesFromProto(p.GetDefaultResources()),
-		EngineImage:        p.GetEngineImage(),
-		EngineRuntimeClass: p.GetEngineRuntimeClass(),
-		EngineUnavailable:  p.GetEngineUnavailable(),
-		CachedSnapshots:    cachedFromProto(p.GetCachedSnapshots()),
-		Paused:             int(p.GetPaused()),
-		CheckpointClasses:  p.GetCheckpointClasses()[:min(len(p.GetCheckpointClasses()), maxCheckpointClasses)],
+		DataPlaneURI:        p.GetDataPlaneUri(),
+		Support:             supportFromProto(p),
+		CPUOvercommit:       p.GetCpuOvercommit(),
+		Defaults:            resourcesFromProto(p.GetDefaultResources()),
+		EngineImage:         p.GetEngineImage(),
+		EngineRuntimeClass:  p.GetEngineRuntimeClass(),
+		EngineUnavailable:   p.GetEngineUnavailable(),
+		CachedSnapshots:     cachedFromProto(p.GetCachedSnapshots()),
+		Paused:              int(p.GetPaused()),
+		CheckpointClasses:   p.GetCheckpointClasses()[:min(len(p.GetCheckpointClasses()), maxCheckpointClasses)],
+		CheckpointPlatforms: platformsFromProto(p.GetCheckpointPlatforms()),
 	}
 }
 
-// maxCheckpointClasses bounds the checkpoint classes taken from a runner's answer.
+// maxCheckpointClasses bounds the checkpoint classes (and their platforms) taken from a
+// runner's answer.
 const maxCheckpointClasses = 64
+
+// Bounds of one checkpoint platform entry taken from a runner's answer.
+const (
+	maxClassNameLen = 253
+	maxPlatformLen  = 256
+)
+
+// platformsFromProto is at most maxCheckpointClasses of a runner's checkpoint platforms
+// (the first by class name), without an entry whose class or platform is empty or too
+// long.
+func platformsFromProto(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if len(out) == maxCheckpointClasses {
+			break
+		}
+		if v := m[k]; len(k) <= maxClassNameLen && v != "" && len(v) <= maxPlatformLen {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func refToProto(r runner.CheckpointRef) *runnerv1.CheckpointRef {
+	return &runnerv1.CheckpointRef{Key: r.Key, Platform: r.Platform, Bytes: r.Bytes}
+}
+
+func refFromProto(p *runnerv1.CheckpointRef) runner.CheckpointRef {
+	return runner.CheckpointRef{Key: p.GetKey(), Platform: p.GetPlatform(), Bytes: p.GetBytes()}
+}
 
 func forkTargetsToProto(ts []runner.ForkTarget) []*runnerv1.ForkTarget {
 	out := make([]*runnerv1.ForkTarget, len(ts))

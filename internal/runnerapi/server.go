@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"time"
 
@@ -49,6 +50,10 @@ type backend interface {
 	Pause(ctx context.Context, id string, opts runner.PauseOptions) (runner.Sandbox, error)
 	Resume(ctx context.Context, id string) (runner.Sandbox, error)
 	Fork(ctx context.Context, id string, targets []runner.ForkTarget) ([]runner.ForkResult, error)
+	ExportCheckpoint(ctx context.Context, id string) (runner.CheckpointRef, runner.Sandbox, error)
+	ImportFork(ctx context.Context, req runner.ImportRequest) ([]runner.ForkResult, error)
+	DeleteCheckpoint(ctx context.Context, key string) error
+	Moved(ctx context.Context, id, to string) error
 	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
 	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
 }
@@ -88,6 +93,10 @@ type admitting struct {
 
 func (a admitting) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
 	return a.l.Create(ctx, req)
+}
+
+func (a admitting) ImportFork(ctx context.Context, req runner.ImportRequest) ([]runner.ForkResult, error) {
+	return a.l.ImportFork(ctx, req)
 }
 
 func newServer(r backend, capacity func(context.Context) (runner.Capacity, error), logger *slog.Logger) *Server {
@@ -223,6 +232,10 @@ func (s *Server) Fork(ctx context.Context, req *connect.Request[runnerv1.ForkReq
 	if err != nil {
 		return nil, toStatus(req.Msg.GetId(), err)
 	}
+	return connect.NewResponse(forkResponse(results)), nil
+}
+
+func forkResponse(results []runner.ForkResult) *runnerv1.ForkResponse {
 	out := &runnerv1.ForkResponse{Results: make([]*runnerv1.ForkResult, len(results))}
 	for i, res := range results {
 		out.Results[i] = &runnerv1.ForkResult{Sandbox: sandboxToProto(res.Sandbox)}
@@ -230,7 +243,68 @@ func (s *Server) Fork(ctx context.Context, req *connect.Request[runnerv1.ForkReq
 			out.Results[i].Error = forkErrorToProto(res.Sandbox.ID, res.Err)
 		}
 	}
-	return connect.NewResponse(out), nil
+	return out
+}
+
+// ExportCheckpoint writes a sandbox's checkpoint to the blob store
+// (runner.Runner.ExportCheckpoint).
+func (s *Server) ExportCheckpoint(ctx context.Context, req *connect.Request[runnerv1.ExportCheckpointRequest]) (*connect.Response[runnerv1.ExportCheckpointResponse], error) {
+	ref, sb, err := s.r.ExportCheckpoint(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.ExportCheckpointResponse{Ref: refToProto(ref), Sandbox: sandboxToProto(sb)}), nil
+}
+
+// ImportFork makes sandboxes from an exported checkpoint (runner.Runner.ImportFork),
+// each checked against the runner's own policy as a Create is (WithPolicy): a fork's
+// Meta takes the runner's policy revision and pause settings; a move keeps its own.
+func (s *Server) ImportFork(ctx context.Context, req *connect.Request[runnerv1.ImportForkRequest]) (*connect.Response[runnerv1.ForkResponse], error) {
+	ir := runner.ImportRequest{Ref: refFromProto(req.Msg.GetRef()), Source: sandboxFromProto(req.Msg.GetSource()),
+		Targets: forkTargetsFromProto(req.Msg.GetTargets()), Move: req.Msg.GetMove()}
+	id := ir.Source.ID
+	if len(ir.Targets) <= runner.MaxForks { // more: the runner refuses them
+		for i, t := range ir.Targets {
+			cr := runner.CreateRequest{Spec: ir.Source.Spec, Lifetime: t.Lifetime}
+			cr.Spec.ID = t.ID
+			if cr.Lifetime <= 0 || ir.Move {
+				cr.Lifetime = min(ir.Source.Lifetime, runner.MaxLifetime)
+			}
+			if !ir.Move {
+				cr.Spec.Meta = maps.Clone(t.Meta)
+			} else {
+				cr.Spec.Meta = maps.Clone(cr.Spec.Meta)
+			}
+			if err := s.admit(ctx, &cr); err != nil {
+				return nil, err
+			}
+			if !ir.Move {
+				ir.Targets[i].Meta = cr.Spec.Meta
+			}
+		}
+	}
+	results, err := s.r.ImportFork(ctx, ir)
+	if err != nil {
+		return nil, toStatus(id, err)
+	}
+	return connect.NewResponse(forkResponse(results)), nil
+}
+
+// DeleteCheckpoint removes an exported checkpoint (runner.Runner.DeleteCheckpoint).
+func (s *Server) DeleteCheckpoint(ctx context.Context, req *connect.Request[runnerv1.DeleteCheckpointRequest]) (*connect.Response[runnerv1.DeleteCheckpointResponse], error) {
+	if err := s.r.DeleteCheckpoint(ctx, req.Msg.GetKey()); err != nil {
+		return nil, toStatus("", err)
+	}
+	return connect.NewResponse(&runnerv1.DeleteCheckpointResponse{}), nil
+}
+
+// Moved ends and forgets a paused sandbox that moved to another runner
+// (runner.Runner.Moved).
+func (s *Server) Moved(ctx context.Context, req *connect.Request[runnerv1.MovedRequest]) (*connect.Response[runnerv1.MovedResponse], error) {
+	if err := s.r.Moved(ctx, req.Msg.GetId(), req.Msg.GetToRunner()); err != nil {
+		return nil, toStatus(req.Msg.GetId(), err)
+	}
+	return connect.NewResponse(&runnerv1.MovedResponse{}), nil
 }
 
 func (s *Server) Capacity(ctx context.Context, _ *connect.Request[runnerv1.CapacityRequest]) (*connect.Response[runnerv1.CapacityResponse], error) {

@@ -93,6 +93,41 @@ func TestSandboxesCRUDAndScoping(t *testing.T) {
 	})
 }
 
+// TestSandboxUpdateStatusRunnerID: a sandbox that moved to another runner (ResumeSandbox
+// elsewhere) has its runner_id changed by UpdateStatus; an update without RunnerID
+// leaves it, and another organization cannot move it.
+func TestSandboxUpdateStatusRunnerID(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		sb := s.Sandboxes()
+		if _, err := sb.Create(ctx, store.Sandbox{ID: "sb1", Org: "o1", RunnerID: "r1", RequestID: "req-1", State: "PAUSED",
+			CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := sb.UpdateStatus(ctx, "o2", "sb1", store.SandboxStatusUpdate{State: "RUNNING", RunnerID: "r9"})
+		wantErr(t, err, store.ErrNotFound)
+		up, err := sb.UpdateStatus(ctx, "o1", "sb1", store.SandboxStatusUpdate{State: "RUNNING", Status: json.RawMessage(`{"ip":"10.0.0.3"}`), RunnerID: "r2"})
+		if err != nil || up.RunnerID != "r2" || up.State != "RUNNING" {
+			t.Fatalf("move = %+v, %v", up, err)
+		}
+		for _, get := range []func() (store.Sandbox, error){
+			func() (store.Sandbox, error) { return sb.Get(ctx, "o1", "sb1") },
+			func() (store.Sandbox, error) { return sb.GetByRequestID(ctx, "o1", "req-1") },
+		} {
+			if got, err := get(); err != nil || got.RunnerID != "r2" {
+				t.Fatalf("after the move = %+v, %v", got, err)
+			}
+		}
+		if l, _, err := sb.List(ctx, "o1", store.SandboxFilter{}, store.Page{}); err != nil || len(l) != 1 || l[0].RunnerID != "r2" {
+			t.Fatalf("list after the move = %+v, %v", l, err)
+		}
+		up, err = sb.UpdateStatus(ctx, "o1", "sb1", store.SandboxStatusUpdate{State: "PAUSED"})
+		if err != nil || up.RunnerID != "r2" || string(up.Status) != `{"ip":"10.0.0.3"}` {
+			t.Fatalf("an update without RunnerID = %+v, %v, want runner r2 kept", up, err)
+		}
+	})
+}
+
 func TestSandboxListFiltersAndPagination(t *testing.T) {
 	eachStore(t, func(t *testing.T, s store.Store) {
 		ctx := t.Context()

@@ -51,6 +51,9 @@ type forkParams struct {
 	// runsc's restore finds again every host file the sandbox's kernel knew (the agent's
 	// open log files among them), so each fork starts with a copy.
 	run string
+	// digest is the image digest the checkpoint was taken on: the fork's image must be
+	// the same (its root filesystem's lower layers), else the restore is refused.
+	digest string
 }
 
 // copyRunDir copies the agent state dir src (sandbox-written: copied as it is, links
@@ -159,7 +162,7 @@ func (b *Backend) forkSource(ctx context.Context, s *sandbox) (fp *forkParams, c
 	nothing := func() {}
 	m := b.pausedOf(s)
 	if m != nil && m.Released {
-		fp := &forkParams{image: filepath.Join(s.dir, dirCheckpoint), run: filepath.Join(shownDir(s.dir), dirRun)}
+		fp := &forkParams{image: filepath.Join(s.dir, dirCheckpoint), run: filepath.Join(shownDir(s.dir), dirRun), digest: s.info.ImageDigest}
 		if hasDiskVolume(&s.spec) {
 			fp.vols = filepath.Join(poolSandboxes, s.id)
 			release, err := b.vols.acquire()
@@ -199,7 +202,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 	if err != nil {
 		return nil, nil, err
 	}
-	fp := &forkParams{image: image, run: image + "-run"}
+	fp := &forkParams{image: image, run: image + "-run", digest: s.info.ImageDigest}
 	var cleanups []func()
 	cleanup := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {

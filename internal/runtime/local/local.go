@@ -694,6 +694,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		return nil, nil, b.mapPullError(s.spec.Image, pullErr)
 	}
 	b.step("pull", t)
+	if s.fork != nil && s.fork.digest != "" && img.Digest != s.fork.digest {
+		// The checkpoint's root filesystem is this image's layers and its writes: on
+		// other layers the restored sandbox's files would be corrupt.
+		return nil, nil, fmt.Errorf("%w: sandbox %s: image %s is at digest %s, not at %s, the image the checkpoint was taken on", runtime.ErrInvalidSpec, id, s.spec.Image, img.Digest, s.fork.digest)
+	}
 	engineDir := ""
 	if s.spec.Engine != nil && s.join == nil {
 		if err := b.writeEngineDir(ctx, dir, s.spec.Engine); err != nil {

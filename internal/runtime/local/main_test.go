@@ -307,6 +307,13 @@ func checkNoLeaks(t testing.TB, state, id string) {
 			}
 			continue
 		}
+		if e.Name() == dirImports {
+			sub, _ := os.ReadDir(filepath.Join(state, dirImports))
+			for _, s := range sub {
+				t.Errorf("leaked checkpoint import staging dir %s", s.Name())
+			}
+			continue
+		}
 		if e.Name() == diskTemplatesDir || e.Name() == dirVolumePool {
 			continue // kept for the next sandbox, like the image cache (mounts: see above)
 		}

@@ -40,6 +40,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			release()
 		}
 	}
+	b.sweepImports() // checkpoint imports cut short (export.go)
 	var out []runtime.Recovered
 	for _, e := range ents {
 		id := e.Name()
