@@ -215,7 +215,22 @@ func (c *crossEnv) sleeperOn(t *testing.T, r, cpu string) string {
 	sp := sleeperSpec()
 	sp.Containers[0].Resources = &sandboxv1.Resources{Cpu: cpu, Memory: "64Mi"}
 	sp.RunnerIds = []string{r}
-	id := c.g.create(t, sp, "").SandboxId
+	// Retried as clients do (RESOURCE_EXHAUSTED with RetryInfo): the gateway's view of
+	// the runner is at most a probe interval old, and may not know yet that a pause
+	// released a sandbox's CPU.
+	deadline := time.Now().Add(10 * time.Second)
+	var id string
+	for {
+		res, err := c.g.sandboxes.CreateSandbox(context.Background(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))
+		if err == nil {
+			id = res.Msg.SandboxId
+			break
+		}
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || time.Now().After(deadline) {
+			t.Fatalf("create a sleeper of %s CPU on %s: %v", cpu, r, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	t.Cleanup(func() { c.del(t, id) })
 	c.g.waitState(t, id, sandboxv1.State_STATE_RUNNING)
 	return id
