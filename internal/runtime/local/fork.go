@@ -143,6 +143,9 @@ func (b *Backend) forkUnsupported(s *sandbox) string {
 	if why := b.checkpointUnsupported(s); why != "" {
 		return why
 	}
+	if s.spec.Multi() {
+		return "forks of multi-container gVisor sandboxes are not implemented (pause and resume of them are)"
+	}
 	for _, v := range s.spec.Volumes {
 		if v.Medium == runtime.MediumMemory {
 			return fmt.Sprintf("volume %q is memory-backed: forks copy disk volumes only", v.Name)

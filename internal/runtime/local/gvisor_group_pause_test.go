@@ -1,0 +1,172 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// TestPauseCheckpointGVisorGroup checkpoints a two-container gVisor group (one sentry)
+// and resumes it, twice: both containers' counters continue from memory, each
+// container's agent answers again, the shared volume and each root filesystem keep
+// their files, and nothing of the sentry (cgroups, runsc state) is left while it is
+// checkpointed. A restarted backend finds it checkpointed and resumes it; Stop while
+// checkpointed ends every container; a fork (and so an export) of a group is refused.
+func TestPauseCheckpointGVisorGroup(t *testing.T) {
+	e := gvisorEnv(t)
+	ctx := context.Background()
+	const id = "ckgrp"
+	vm := []runtime.VolumeMount{{Volume: "shared", Path: "/data"}}
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass, Volumes: []runtime.Volume{{Name: "shared"}},
+		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}, VolumeMounts: vm},
+		Sidecars:  []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}, VolumeMounts: vm}}}
+	e.create(sp)
+	side := func(b *Backend) int {
+		t.Helper()
+		out, _, _ := execIn(t, agentClientOf(b, id, "side"), "sh", "-c", "cat /tmp/cnt 2>/dev/null || echo 0")
+		n, err := strconv.Atoi(strings.TrimSpace(out))
+		if err != nil {
+			t.Fatalf("side's counter: %q", out)
+		}
+		return n
+	}
+	shSide := func(b *Backend, cmd string) string {
+		t.Helper()
+		out, errOut, c := execIn(t, agentClientOf(b, id, "side"), "sh", "-c", cmd)
+		if c != 0 {
+			t.Fatalf("side: %s: exit %d: %s", cmd, c, errOut)
+		}
+		return strings.TrimSpace(out)
+	}
+	sh(t, e.b, id, "echo a1 > /rootfile; echo shared > /data/f")
+	shSide(e.b, "echo s1 > /rootfile")
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{{ID: "ckgrp-f"}}); len(errs) != 1 || !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), "multi-container") {
+		t.Errorf("fork of a gVisor group: %v, want refused (multi-container)", errs)
+	}
+	for cycle := 1; cycle <= 2; cycle++ {
+		a1 := waitCount(t, e.b, id, 3*cycle)
+		waitFor(t, func() bool { return side(e.b) >= 3*cycle })
+		s1 := side(e.b)
+		start := time.Now()
+		pi, err := e.b.Pause(ctx, id, true)
+		if err != nil {
+			t.Fatalf("cycle %d: pause: %v", cycle, err)
+		}
+		t.Logf("cycle %d: pause %v (took %v), checkpoint %d bytes", cycle, time.Since(start), pi.Took, pi.CheckpointBytes)
+		if !pi.Released || pi.CheckpointBytes <= 0 {
+			t.Errorf("pause info %+v", pi)
+		}
+		if got := mustGlob("/sys/fs/cgroup/*/" + testCgroupParent + "/" + id); len(got) > 0 {
+			t.Errorf("cgroups left while checkpointed: %v", got)
+		}
+		if list, err := e.b.runtimes[GVisorClass].list(ctx); err != nil || len(list) != 0 {
+			t.Errorf("runsc still knows containers while checkpointed: %v, %v", list, err)
+		}
+		for _, name := range []string{"", "side"} {
+			if _, err := e.b.DialAgent(ctx, id, name); !errors.Is(err, runtime.ErrPaused) {
+				t.Errorf("dial %q while checkpointed: %v", name, err)
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		if ex, err := e.b.Wait(wctx, id); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("wait while checkpointed = %+v, %v", ex, err)
+		}
+		cancel()
+		start = time.Now()
+		if _, err := e.b.Resume(ctx, id); err != nil {
+			t.Fatalf("cycle %d: resume: %v", cycle, err)
+		}
+		t.Logf("cycle %d: resume %v", cycle, time.Since(start))
+		a2, s2 := count(t, e.b, id), side(e.b)
+		if a2 < a1 || a2 > a1+10 || s2 < s1 || s2 > s1+10 {
+			t.Errorf("cycle %d: counters %d, %d before, %d, %d after resume: not continued", cycle, a1, s1, a2, s2)
+		}
+		waitCount(t, e.b, id, a2+2)
+		waitFor(t, func() bool { return side(e.b) >= s2+2 })
+		if out := sh(t, e.b, id, "cat /rootfile /data/f"); out != "a1\nshared" {
+			t.Errorf("cycle %d: app's files = %q", cycle, out)
+		}
+		if out := shSide(e.b, "cat /rootfile /data/f"); out != "s1\nshared" {
+			t.Errorf("cycle %d: side's files = %q", cycle, out)
+		}
+		if _, err := os.Stat(filepath.Join(e.b.dir(id), dirCheckpoint)); err == nil {
+			t.Error("checkpoint left after resume")
+		}
+		sts, err := e.b.ContainerStatuses(ctx, id)
+		if err != nil || len(sts) != 2 {
+			t.Errorf("statuses after resume: %+v, %v", sts, err)
+		}
+	}
+
+	// A restarted backend finds it checkpointed, and resumes it.
+	a1 := count(t, e.b, id)
+	s1 := side(e.b)
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	b2 := e.backend()
+	rs, err := b2.Recover(ctx)
+	if err != nil || len(rs) != 1 || !rs[0].Paused || !rs[0].Released || rs[0].Alive || rs[0].Exit != nil {
+		t.Fatalf("recover = %+v, %v", rs, err)
+	}
+	if _, err := b2.DialAgent(ctx, id, "side"); !errors.Is(err, runtime.ErrPaused) {
+		t.Errorf("dial side while checkpointed (restarted backend): %v", err)
+	}
+	if _, err := b2.Resume(ctx, id); err != nil {
+		t.Fatalf("resume in a restarted backend: %v", err)
+	}
+	if a2, s2 := count(t, b2, id), side(b2); a2 < a1 || s2 < s1 {
+		t.Errorf("counters %d, %d after resume in a restarted backend, were %d, %d", a2, s2, a1, s1)
+	}
+	waitFor(t, func() bool { return side(b2) >= s1+2 })
+
+	// Stop while checkpointed: every container ends.
+	if _, err := b2.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := b2.Stop(sctx, id, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := b2.Wait(sctx, id)
+	if err != nil || ex.Reason != "Stopped" || ex.Message != "stopped while paused" {
+		t.Errorf("wait after stop while paused = %+v, %v", ex, err)
+	}
+	if err := b2.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, id)
+}
+
+// TestPauseCheckpointGVisorGroupEnded: a gVisor group with a container that has ended
+// (a completed init container) is not checkpointed, with a message naming it and why;
+// it runs on.
+func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
+	e := gvisorEnv(t)
+	ctx := context.Background()
+	const id = "ckgrp-init"
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass,
+		Container:      runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
+		InitContainers: []runtime.Container{{Name: "init", Image: "busybox", Command: "true"}}}
+	e.create(sp)
+	waitCount(t, e.b, id, 2)
+	_, err := e.b.Pause(ctx, id, true)
+	if !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), `container "init" of the group has ended`) {
+		t.Fatalf("checkpoint of a group with an ended init container: %v", err)
+	}
+	c := count(t, e.b, id)
+	waitCount(t, e.b, id, c+2)
+	if err := e.b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, id)
+}
