@@ -25,46 +25,120 @@ import (
 //     for the restored sentry (Resume) or "stopped while paused" (Stop).
 //   - The group's volumes are the primary's (group.go): they stay in place as for a
 //     single container, once for the whole group.
-//   - Only a group whose containers all run is checkpointed: a container that has ended
-//     (a completed init container, a sidecar that gave up) is still counted by runsc's
-//     save (its init process is kept until runsc deletes the container), and a restore
-//     would have to register it again, which its ended state does not allow. Such a
-//     group is refused (checkpointGroupUnsupported); freeze works for it.
+//   - A container that has ended (a completed init container, a sidecar that gave up)
+//     would still be counted by runsc's save (its init process is kept until runsc
+//     deletes the container), and a restore would have to register it again, which an
+//     ended container cannot be. So it is deleted in runsc before the save
+//     (dropEndedMembers); its exit and its agent's last status stay in its dir, so it
+//     is reported as it was. The members the checkpoint holds are listed in it
+//     (fileCkMembers, written before the checkpoint is committed); the restore
+//     registers those. A member that ends between that deletion and the save (the
+//     kernel is paused first) makes the checkpoint fail, the group running on.
 //   - Forks of a group, and so exports (export.go), are refused (forkUnsupported).
 
-// containersOf returns s and its members (a group's containers, the primary first).
+// fileCkMembers, in a group's checkpoint, lists the members it holds.
+const fileCkMembers = "sandboxd-members.json"
+
+// memberEnded reports whether member m has ended (its exit recorded).
+func memberEnded(m *sandbox) bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// containersOf returns s and its members that have not ended (a group's running
+// containers, the primary first).
 func containersOf(s *sandbox) []*sandbox {
-	return append([]*sandbox{s}, s.members...)
+	out := []*sandbox{s}
+	for _, m := range s.members {
+		if !memberEnded(m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// ckMembers returns the members of checkpointed group s that its checkpoint holds
+// (their watchers wait for the restore).
+func (b *Backend) ckMembers(s *sandbox) []*sandbox {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*sandbox
+	for _, m := range s.members {
+		if m.ck != nil {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // checkpointGroupUnsupported says why gVisor group s cannot be checkpointed ("" if it
-// can): every container must be running.
+// can).
 func checkpointGroupUnsupported(s *sandbox) string {
 	if len(s.members) == 0 {
 		return "the group's containers are not known (its creation did not finish)"
 	}
-	for _, m := range s.members {
-		ended := m.proc == nil || m.proc.exited()
-		select {
-		case <-m.done:
-			ended = true
-		default:
-		}
-		if ended {
-			return fmt.Sprintf("container %q of the group has ended: a checkpoint of a multi-container gVisor sandbox needs every container running (runsc's restore must register each container its save counted); pause without release (freeze) works", m.name)
-		}
-	}
 	return ""
 }
 
-// setGroupCk sets (ck non-nil) or clears the checkpoint waits of s's members.
+// dropEndedMembers deletes the ended members of group s in runsc (see above), so that
+// its save counts only the running containers.
+func (b *Backend) dropEndedMembers(ctx context.Context, s *sandbox) error {
+	for _, m := range s.members {
+		if !memberEnded(m) {
+			continue
+		}
+		if _, err := s.rt.run(ctx, "delete", "--force", m.cid); err != nil && !notExist(err) {
+			b.log.Warn("checkpoint: delete an ended container", "sandbox", s.id, "container", m.name, "err", err)
+			return fmt.Errorf("container %q has ended and runsc could not delete it before the checkpoint", m.name)
+		}
+	}
+	return nil
+}
+
+// checkMembersRunning reports an error if a member of s that the checkpoint is to hold
+// is no longer running in runsc (its kernel paused: nothing changes from here on).
+func (b *Backend) checkMembersRunning(ctx context.Context, s *sandbox) error {
+	for _, m := range b.ckMembers(s) {
+		st, err := s.rt.state(ctx, m.cid)
+		if err == nil && st.Status != "running" && st.Status != "paused" {
+			err = fmt.Errorf("it is %s", st.Status)
+		}
+		if err != nil {
+			b.log.Warn("checkpoint: a container is not running", "sandbox", s.id, "container", m.name, "err", err)
+			return fmt.Errorf("container %q ended during the checkpoint: try again", m.name)
+		}
+	}
+	return nil
+}
+
+// writeCkMembers lists the members image (a checkpoint of group s, not yet committed)
+// holds.
+func (b *Backend) writeCkMembers(s *sandbox, image string) error {
+	if len(s.members) == 0 {
+		return nil
+	}
+	names := []string{}
+	for _, m := range b.ckMembers(s) {
+		names = append(names, m.name)
+	}
+	return writeJSONAtomic(filepath.Join(image, fileCkMembers), names)
+}
+
+// setGroupCk sets (ck non-nil) the checkpoint waits of s's running members, or clears
+// those of all its members.
 func (b *Backend) setGroupCk(s *sandbox, set bool) []*ckWait {
 	var cks []*ckWait
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, m := range s.members {
 		if set {
-			m.ck = &ckWait{next: make(chan ckNext, 1)}
+			if !memberEnded(m) {
+				m.ck = &ckWait{next: make(chan ckNext, 1)}
+			}
 		} else if m.ck != nil {
 			cks = append(cks, m.ck)
 			m.ck = nil
@@ -73,14 +147,13 @@ func (b *Backend) setGroupCk(s *sandbox, set bool) []*ckWait {
 	return cks
 }
 
-// endGroupCk tells the members' watchers what followed a checkpoint that did not take
-// (the sentry gone with it: their exits; or it runs on: nothing) and clears their waits.
+// endGroupCk clears the checkpoint waits of s's members after a checkpoint that did
+// not take. Each watcher is told to carry on as without one: a member whose container
+// ended meanwhile (or with the sentry) then records its exit; one still running is
+// watched as before (the message stays unread).
 func (b *Backend) endGroupCk(s *sandbox) {
-	gone := s.proc == nil || s.proc.exited()
 	for _, ck := range b.setGroupCk(s, false) {
-		if gone {
-			ck.next <- ckNext{}
-		}
+		ck.next <- ckNext{}
 	}
 }
 
@@ -116,7 +189,7 @@ func (b *Backend) deleteGroupContainers(ctx context.Context, s *sandbox) {
 // image (`runsc restore` of each subcontainer, in the group's order); the last one
 // starts the kernel's restore.
 func (b *Backend) restoreMembers(ctx context.Context, s *sandbox, image string) error {
-	for _, m := range s.members {
+	for _, m := range b.ckMembers(s) {
 		if err := func() error {
 			out, err := os.OpenFile(filepath.Join(m.dir, fileAgentOut), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 			if err != nil {
@@ -139,9 +212,9 @@ func (b *Backend) restoreMembers(ctx context.Context, s *sandbox, image string) 
 
 // attachRestoredMembers gives each member of group s its proc on the restored sentry
 // (pid) and records it in its info.json; it returns the members' old procs.
-func (b *Backend) attachRestoredMembers(s *sandbox, pid int) ([]*proc, error) {
-	news := make([]*proc, len(s.members))
-	for i := range s.members {
+func (b *Backend) attachRestoredMembers(s *sandbox, members []*sandbox, pid int) ([]*proc, error) {
+	news := make([]*proc, len(members))
+	for i := range members {
 		pr, err := openProc(pid, 0)
 		if err != nil || pr == nil {
 			for _, p := range news[:i] {
@@ -152,15 +225,15 @@ func (b *Backend) attachRestoredMembers(s *sandbox, pid int) ([]*proc, error) {
 			}
 			return nil, err
 		}
-		news[i] = gvisorProc(s.members[i], pr)
+		news[i] = gvisorProc(members[i], pr)
 	}
-	olds := make([]*proc, len(s.members))
+	olds := make([]*proc, len(members))
 	b.mu.Lock()
-	for i, m := range s.members {
+	for i, m := range members {
 		olds[i], m.proc = m.proc, news[i]
 	}
 	b.mu.Unlock()
-	for i, m := range s.members {
+	for i, m := range members {
 		m.info.Pid, m.info.PidStart = pid, news[i].start
 		if err := writeJSONAtomic(filepath.Join(m.dir, fileInfo), &m.info); err != nil {
 			b.log.Warn("restore: write info", "sandbox", s.id, "container", m.name, "err", err)
@@ -181,14 +254,33 @@ func (b *Backend) handRestoredMembers(s *sandbox) {
 	}
 }
 
-// loadGroupCk sets up the members of checkpointed group s being loaded (no sentry):
-// their watchers wait, as the primary's, for Resume or Stop.
-func (b *Backend) loadGroupCk(s *sandbox) {
+// loadGroupCk sets up the members of checkpointed group s being loaded (no sentry)
+// from its checkpoint image: those it holds wait, as the primary, for Resume or Stop;
+// the others had ended before it was taken (their exits are recorded).
+func (b *Backend) loadGroupCk(s *sandbox, image string) {
+	if len(s.members) == 0 {
+		return
+	}
+	var names []string
+	held := map[string]bool{}
+	if err := readJSON(filepath.Join(image, fileCkMembers), &names); err == nil {
+		for _, n := range names {
+			held[n] = true
+		}
+	} else {
+		for _, m := range s.members { // every member without a recorded exit
+			if _, err := os.Stat(filepath.Join(m.dir, fileExit)); err != nil {
+				held[m.name] = true
+			}
+		}
+	}
 	for _, m := range s.members {
 		if m.proc != nil {
 			m.proc.close()
 			m.proc = nil
 		}
-		m.ck = &ckWait{next: make(chan ckNext, 1)}
+		if held[m.name] {
+			m.ck = &ckWait{next: make(chan ckNext, 1)}
+		}
 	}
 }

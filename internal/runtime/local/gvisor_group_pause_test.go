@@ -147,25 +147,74 @@ func TestPauseCheckpointGVisorGroup(t *testing.T) {
 	checkNoLeaks(t, e.state, id)
 }
 
-// TestPauseCheckpointGVisorGroupEnded: a gVisor group with a container that has ended
-// (a completed init container) is not checkpointed, with a message naming it and why;
-// it runs on.
+// TestPauseCheckpointGVisorGroupEnded: a gVisor group whose init container has
+// completed is checkpointed and resumed: the init container (deleted in runsc before the
+// save) stays reported exited with its exit code 0, the app and the sidecar continue
+// from memory; a restarted backend resumes it too.
 func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	e := gvisorEnv(t)
 	ctx := context.Background()
 	const id = "ckgrp-init"
 	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass,
 		Container:      runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
-		InitContainers: []runtime.Container{{Name: "init", Image: "busybox", Command: "true"}}}
+		InitContainers: []runtime.Container{{Name: "init", Image: "busybox", Command: "true"}},
+		Sidecars:       []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}}
 	e.create(sp)
-	waitCount(t, e.b, id, 2)
-	_, err := e.b.Pause(ctx, id, true)
-	if !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), `container "init" of the group has ended`) {
-		t.Fatalf("checkpoint of a group with an ended init container: %v", err)
+	side := func(b *Backend) int {
+		t.Helper()
+		out, _, _ := execIn(t, agentClientOf(b, id, "side"), "sh", "-c", "cat /tmp/cnt 2>/dev/null || echo 0")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n
 	}
-	c := count(t, e.b, id)
-	waitCount(t, e.b, id, c+2)
-	if err := e.b.Destroy(ctx, id); err != nil {
+	checkStatuses := func(b *Backend, when string) {
+		t.Helper()
+		sts, err := b.ContainerStatuses(ctx, id)
+		if err != nil {
+			t.Fatalf("%s: statuses: %v", when, err)
+		}
+		got := map[string]string{}
+		for _, st := range sts {
+			got[st.Name] = st.State
+			if st.Name == "init" && (st.ExitCode == nil || *st.ExitCode != 0) {
+				t.Errorf("%s: init's exit code %v, want 0", when, st.ExitCode)
+			}
+		}
+		if got["init"] != runtime.ContainerExited || got["app"] != runtime.ContainerRunning || got["side"] != runtime.ContainerRunning {
+			t.Errorf("%s: statuses %v", when, got)
+		}
+	}
+	waitCount(t, e.b, id, 2)
+	waitFor(t, func() bool { return side(e.b) >= 2 })
+	checkStatuses(e.b, "before")
+	a1, s1 := count(t, e.b, id), side(e.b)
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatalf("checkpoint of a group with a completed init container: %v", err)
+	}
+	if _, err := e.b.Resume(ctx, id); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if a2, s2 := count(t, e.b, id), side(e.b); a2 < a1 || a2 > a1+10 || s2 < s1 || s2 > s1+10 {
+		t.Errorf("counters %d, %d before, %d, %d after resume: not continued", a1, s1, a2, s2)
+	}
+	checkStatuses(e.b, "after resume")
+	a1 = waitCount(t, e.b, id, a1+2)
+
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	b2 := e.backend()
+	if rs, err := b2.Recover(ctx); err != nil || len(rs) != 1 || !rs[0].Paused || !rs[0].Released {
+		t.Fatalf("recover = %+v, %v", rs, err)
+	}
+	if _, err := b2.Resume(ctx, id); err != nil {
+		t.Fatalf("resume in a restarted backend: %v", err)
+	}
+	if a2 := count(t, b2, id); a2 < a1 {
+		t.Errorf("counter %d after resume in a restarted backend, was %d", a2, a1)
+	}
+	waitFor(t, func() bool { return side(b2) >= s1+4 })
+	checkStatuses(b2, "after resume in a restarted backend")
+	if err := b2.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, id)

@@ -230,6 +230,10 @@ func (b *Backend) checkpoint(ctx context.Context, s *sandbox) (int64, error) {
 		b.endGroupCk(s)
 		return 0, err
 	}
+	if err := b.writeCkMembers(s, tmp); err != nil {
+		b.continueAfterSave(ctx, s, tmp)
+		return 0, b.abandonCheckpoint(s, ck, err)
+	}
 	// The commit point: a complete checkpoint under its final name.
 	final := filepath.Join(s.dir, dirCheckpoint)
 	if err := os.RemoveAll(final); err != nil {
@@ -275,6 +279,9 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		}
 	}
 	failpoint.Hit("local.pause.tmp")
+	if err := b.dropEndedMembers(ctx, s); err != nil {
+		return fail(err)
+	}
 	// Every container's agent (a group's: each has its own channel).
 	resumeAll := func() {
 		for _, c := range containersOf(s) {
@@ -299,6 +306,10 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.paused")
+	if err := b.checkMembersRunning(ctx, s); err != nil {
+		b.continueAfterSave(ctx, s, "")
+		return fail(err)
+	}
 	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
 		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
 		b.continueAfterSave(ctx, s, "")
@@ -589,8 +600,9 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	}
 	pr := gvisorProc(s, raw)
 	var oldMembers []*proc
-	if len(s.members) > 0 {
-		if oldMembers, err = b.attachRestoredMembers(s, pid); err != nil {
+	members := b.ckMembers(s)
+	if len(members) > 0 {
+		if oldMembers, err = b.attachRestoredMembers(s, members, pid); err != nil {
 			_ = pr.signal(unix.SIGKILL)
 			_ = pr.wait(context.WithoutCancel(ctx))
 			pr.close()
@@ -608,7 +620,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	}
 	failpoint.Hit("local.resume.restored")
 	err = b.waitRestoredAgent(ctx, s)
-	for _, m := range s.members {
+	for _, m := range members {
 		if err != nil {
 			break
 		}
@@ -622,7 +634,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		pr.close()
 		b.mu.Lock()
 		s.proc = old
-		for i, m := range s.members {
+		for i, m := range members {
 			m.proc.close()
 			m.proc = oldMembers[i]
 		}
@@ -750,7 +762,7 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 			b.log.Warn("recover: delete the checkpointed container", "sandbox", s.id, "err", err)
 		}
 		b.removeSandboxCgroups(s)
-		b.loadGroupCk(s)
+		b.loadGroupCk(s, image)
 		if !hasMarker || !m.Released || m.Resuming {
 			m = pauseMarker{Released: true, At: fi.ModTime().UTC(), Bytes: dirBytes(image)}
 			_ = writeJSONAtomic(filepath.Join(s.dir, filePaused), &m)
