@@ -284,3 +284,23 @@ func (b *Backend) loadGroupCk(s *sandbox, image string) {
 		}
 	}
 }
+
+// groupRestored reports whether the members of group s (being loaded) that its
+// checkpoint image holds all run (loadMembers found them in runsc, on the recorded
+// sentry); true for a single container.
+func groupRestored(s *sandbox, image string) bool {
+	if len(s.members) == 0 {
+		return true
+	}
+	var names []string
+	if err := readJSON(filepath.Join(image, fileCkMembers), &names); err != nil {
+		return false
+	}
+	for _, n := range names {
+		m := s.container(n)
+		if m == nil || m == s || m.proc == nil || m.proc.exited() {
+			return false
+		}
+	}
+	return true
+}

@@ -583,6 +583,9 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		return undo(err)
 	}
 	// A group's members, then (runsc restores the kernel once the last has come).
+	if len(s.members) > 0 {
+		failpoint.Hit("local.resume.root")
+	}
 	if err := b.restoreMembers(ctx, s, image); err != nil {
 		return undo(err)
 	}
@@ -734,6 +737,10 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 	image := filepath.Join(s.dir, dirCheckpoint)
 	fi, err := os.Lstat(image)
 	complete := err == nil && fi.IsDir()
+	// A group's restore is done once its members run in the sentry (restoreSentry
+	// records the primary's new sentry after theirs): a sentry that does not run them
+	// all is one cut short, which the complete checkpoint replaces.
+	restored := alive != nil && hasMarker && m.Resuming && (!complete || groupRestored(s, image))
 	switch {
 	case ended:
 		if complete || hasMarker {
@@ -741,7 +748,7 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 			_ = os.Remove(filepath.Join(s.dir, filePaused))
 		}
 		return false
-	case alive != nil && hasMarker && m.Resuming:
+	case restored:
 		// Restored: running.
 		for _, c := range containersOf(s) {
 			b.resumeAgent(ctx, c)
