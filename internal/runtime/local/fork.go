@@ -38,7 +38,8 @@ import (
 // as a failed Create is. Up to forkParallel forks are restored at once.
 //
 // Not forked (refused): memory-medium volumes and disk volumes outside the btrfs pool
-// (they would need a full copy), groups, Docker Engine sandboxes.
+// (they would need a full copy), groups (runsc cannot: gvisor_group_pause.go), Docker
+// Engine sandboxes.
 
 // forkParallel bounds the forks restored concurrently.
 const forkParallel = 4
@@ -144,7 +145,7 @@ func (b *Backend) forkUnsupported(s *sandbox) string {
 		return why
 	}
 	if s.spec.Multi() {
-		return "forks of multi-container gVisor sandboxes are not implemented (pause and resume of them are)"
+		return errForkGroup // gvisor_group_pause.go
 	}
 	for _, v := range s.spec.Volumes {
 		if v.Medium == runtime.MediumMemory {

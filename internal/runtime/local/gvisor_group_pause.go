@@ -34,7 +34,21 @@ import (
 //     (fileCkMembers, written before the checkpoint is committed); the restore
 //     registers those. A member that ends between that deletion and the save (the
 //     kernel is paused first) makes the checkpoint fail, the group running on.
-//   - Forks of a group, and so exports (export.go), are refused (forkUnsupported).
+//   - Forks of a group, and so exports (export.go, whose import is a fork), are refused
+//     (errForkGroup): runsc's restore validates each container's spec against the one
+//     in the checkpoint (runsc/specutils/restore.go), and among the annotations it
+//     compares is dev.gvisor.spec.cgroup-parent, which for a group's root container
+//     names the sentry's cgroup, the source sandbox's own (<CgroupParent>/<id>). A fork
+//     (another id) is refused by runsc: `"Annotations" does not match across checkpoint
+//     restore for container: "app", checkpoint map[...cgroup-parent:/<parent>/<source>]
+//     restore map[...cgroup-parent:/<parent>/<fork>]`. Dropping the annotation would put
+//     the sentry in the root container's own cgroup with the members' cgroups under it,
+//     which cgroup v2 forbids for cgroups with controllers (see gvisor_group.go).
+
+// errForkGroup is why a group is not forked (see above).
+const errForkGroup = "forks of multi-container gVisor sandboxes are not possible with this runsc: " +
+	"its restore requires each container's dev.gvisor.spec.cgroup-parent annotation to match the checkpoint's, " +
+	"and a group's names the source sandbox's own cgroup (pause and resume of groups work)"
 
 // fileCkMembers, in a group's checkpoint, lists the members it holds.
 const fileCkMembers = "sandboxd-members.json"

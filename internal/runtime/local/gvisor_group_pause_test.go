@@ -19,7 +19,7 @@ import (
 // container's agent answers again, the shared volume and each root filesystem keep
 // their files, and nothing of the sentry (cgroups, runsc state) is left while it is
 // checkpointed. A restarted backend finds it checkpointed and resumes it; Stop while
-// checkpointed ends every container; a fork (and so an export) of a group is refused.
+// checkpointed ends every container; a fork as a single container, and an export, are refused.
 func TestPauseCheckpointGVisorGroup(t *testing.T) {
 	e := gvisorEnv(t)
 	ctx := context.Background()
@@ -48,8 +48,13 @@ func TestPauseCheckpointGVisorGroup(t *testing.T) {
 	}
 	sh(t, e.b, id, "echo a1 > /rootfile; echo shared > /data/f")
 	shSide(e.b, "echo s1 > /rootfile")
-	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{{ID: "ckgrp-f"}}); len(errs) != 1 || !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), "multi-container") {
-		t.Errorf("fork of a gVisor group: %v, want refused (multi-container)", errs)
+	fs := sp.Clone()
+	fs.ID = "ckgrp-f"
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&fs}); len(errs) != 1 || !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), "cgroup-parent annotation") {
+		t.Errorf("fork of a gVisor group: %v, want refused (runsc's cgroup-parent annotation)", errs)
+	}
+	if _, err := e.b.ExportCheckpoint(ctx, id, nil); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "cgroup-parent annotation") {
+		t.Errorf("export of a gVisor group: %v, want refused (runsc's cgroup-parent annotation)", err)
 	}
 	for cycle := 1; cycle <= 2; cycle++ {
 		a1 := waitCount(t, e.b, id, 3*cycle)
