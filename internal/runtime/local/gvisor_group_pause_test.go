@@ -155,7 +155,8 @@ func TestPauseCheckpointGVisorGroup(t *testing.T) {
 // TestPauseCheckpointGVisorGroupEnded: a gVisor group whose init container has
 // completed is checkpointed and resumed: the init container (deleted in runsc before the
 // save) stays reported exited with its exit code 0, the app and the sidecar continue
-// from memory; a restarted backend resumes it too.
+// from memory; a restarted backend resumes it too; Destroy while checkpointed leaves
+// nothing.
 func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	e := gvisorEnv(t)
 	ctx := context.Background()
@@ -219,6 +220,10 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	}
 	waitFor(t, func() bool { return side(b2) >= s1+4 })
 	checkStatuses(b2, "after resume in a restarted backend")
+	// Destroy while checkpointed: every container's Wait returns, nothing is left.
+	if _, err := b2.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
 	if err := b2.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
 	}
