@@ -229,3 +229,35 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	}
 	checkNoLeaks(t, e.state, id)
 }
+
+// BenchmarkPauseResumeGVisorGroup: a checkpoint pause and a resume of an idle
+// two-container gVisor group on the bridge (p50/p99 of each, the checkpoint's size).
+func BenchmarkPauseResumeGVisorGroup(b *testing.B) {
+	e := gvisorEnv(b)
+	e.withNetwork(b, 13)
+	ctx := context.Background()
+	const id = "bprg"
+	e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass,
+		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sleep", Args: []string{"100000"}},
+		Sidecars:  []runtime.Container{{Name: "side", Image: "busybox", Command: "sleep", Args: []string{"100000"}}}})
+	var pauses, resumes []time.Duration
+	var size int64
+	b.ResetTimer()
+	for range b.N {
+		pi, err := e.b.Pause(ctx, id, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pauses = append(pauses, pi.Took)
+		size = pi.CheckpointBytes
+		start := time.Now()
+		if _, err := e.b.Resume(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		resumes = append(resumes, time.Since(start))
+	}
+	b.StopTimer()
+	percentiles(b, pauses, "pause-")
+	percentiles(b, resumes, "resume-")
+	b.ReportMetric(float64(size), "checkpoint-bytes")
+}
