@@ -299,7 +299,7 @@ func importParts(spec *runtime.Spec) []string {
 // it can), as forkUnsupported does for a local source.
 func (b *Backend) importUnsupported(spec *runtime.Spec) string {
 	if spec.Multi() {
-		return "checkpoints of multi-container gVisor sandboxes are not implemented yet"
+		return errForkGroup
 	}
 	if spec.Engine != nil {
 		return "checkpoints of sandboxes running a Docker Engine are not implemented"

@@ -38,7 +38,8 @@ import (
 // as a failed Create is. Up to forkParallel forks are restored at once.
 //
 // Not forked (refused): memory-medium volumes and disk volumes outside the btrfs pool
-// (they would need a full copy), groups, Docker Engine sandboxes.
+// (they would need a full copy), groups (runsc cannot: gvisor_group_pause.go), Docker
+// Engine sandboxes.
 
 // forkParallel bounds the forks restored concurrently.
 const forkParallel = 4
@@ -142,6 +143,9 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 func (b *Backend) forkUnsupported(s *sandbox) string {
 	if why := b.checkpointUnsupported(s); why != "" {
 		return why
+	}
+	if s.spec.Multi() {
+		return errForkGroup // gvisor_group_pause.go
 	}
 	for _, v := range s.spec.Volumes {
 		if v.Medium == runtime.MediumMemory {

@@ -27,7 +27,8 @@ import (
 //     containers') is frozen with the cgroup freezer, as a volume capture does
 //     (snapshot.go). Memory stays allocated and counted. paused.json in the sandbox's dir
 //     says so, so a restarted backend reports it paused and Resume thaws it.
-//   - Checkpoint, gVisor (single-container sandboxes): the agent is told to close its
+//   - Checkpoint, gVisor (single containers, and groups whose containers all run: the
+//     group's one sentry holds them all; gvisor_group_pause.go): the agent is told to close its
 //     channel (agent.SuspendSignal: runsc cannot save the socket the gofer bound on the
 //     host nor the connections on it), the sentry is paused (`runsc pause`: nothing in
 //     the sandbox runs from here on, so nothing writes its volumes after the memory
@@ -201,11 +202,11 @@ func (b *Backend) checkpointUnsupported(s *sandbox) string {
 	if !s.rt.gvisor {
 		return b.PauseSupport(s.rt.class).Why
 	}
-	if s.spec.Multi() {
-		return "checkpoints of multi-container gVisor sandboxes are not implemented yet"
-	}
 	if s.spec.Engine != nil {
 		return "checkpoints of sandboxes running a Docker Engine are not implemented"
+	}
+	if s.spec.Multi() {
+		return checkpointGroupUnsupported(s) // gvisor_group_pause.go
 	}
 	return ""
 }
@@ -217,6 +218,7 @@ func (b *Backend) checkpoint(ctx context.Context, s *sandbox) (int64, error) {
 	b.mu.Lock()
 	s.ck = ck
 	b.mu.Unlock()
+	b.setGroupCk(s, true) // a group's members wait through it too
 	tmp, err := b.saveImage(ctx, s, filepath.Join(s.dir, dirCheckpointTmp))
 	if err != nil {
 		b.mu.Lock()
@@ -225,7 +227,12 @@ func (b *Backend) checkpoint(ctx context.Context, s *sandbox) (int64, error) {
 		if s.proc == nil || s.proc.exited() {
 			ck.next <- ckNext{} // the sandbox did not survive: its watcher records the exit
 		}
+		b.endGroupCk(s)
 		return 0, err
+	}
+	if err := b.writeCkMembers(s, tmp); err != nil {
+		b.continueAfterSave(ctx, s, tmp)
+		return 0, b.abandonCheckpoint(s, ck, err)
 	}
 	// The commit point: a complete checkpoint under its final name.
 	final := filepath.Join(s.dir, dirCheckpoint)
@@ -272,18 +279,37 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		}
 	}
 	failpoint.Hit("local.pause.tmp")
-	if err := b.suspendAgent(ctx, s); err != nil {
-		b.resumeAgent(ctx, s)
-		b.awaitAgent(ctx, s)
+	if err := b.dropEndedMembers(ctx, s); err != nil {
 		return fail(err)
+	}
+	// Every container's agent (a group's: each has its own channel).
+	resumeAll := func() {
+		for _, c := range containersOf(s) {
+			b.resumeAgent(ctx, c)
+		}
+		for _, c := range containersOf(s) {
+			b.awaitAgent(ctx, c)
+		}
+	}
+	for _, c := range containersOf(s) {
+		if err := b.suspendAgent(ctx, c); err != nil {
+			resumeAll()
+			if c.member {
+				err = fmt.Errorf("container %q: %w", c.name, err)
+			}
+			return fail(err)
+		}
 	}
 	failpoint.Hit("local.pause.suspended")
 	if _, err := s.rt.run(ctx, "pause", s.cid); err != nil {
-		b.resumeAgent(ctx, s)
-		b.awaitAgent(ctx, s)
+		resumeAll()
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.paused")
+	if err := b.checkMembersRunning(ctx, s); err != nil {
+		b.continueAfterSave(ctx, s, "")
+		return fail(err)
+	}
 	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
 		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
 		b.continueAfterSave(ctx, s, "")
@@ -307,11 +333,15 @@ func (b *Backend) continueAfterSave(ctx context.Context, s *sandbox, image strin
 	if image != "" {
 		_ = os.RemoveAll(image)
 	}
-	markResume(filepath.Join(shownDir(s.dir), dirRun))
+	for _, c := range containersOf(s) {
+		markResume(filepath.Join(shownDir(c.dir), dirRun))
+	}
 	if _, err := s.rt.run(ctx, "resume", s.cid); err != nil {
 		b.log.Warn("checkpoint: resume the sandbox", "sandbox", s.id, "err", err)
 	}
-	b.awaitAgent(ctx, s)
+	for _, c := range containersOf(s) {
+		b.awaitAgent(ctx, c)
+	}
 }
 
 func (b *Backend) abandonCheckpoint(s *sandbox, ck *ckWait, err error) error {
@@ -321,6 +351,7 @@ func (b *Backend) abandonCheckpoint(s *sandbox, ck *ckWait, err error) error {
 	if s.proc == nil || s.proc.exited() {
 		ck.next <- ckNext{}
 	}
+	b.endGroupCk(s)
 	return err
 }
 
@@ -333,11 +364,23 @@ func (b *Backend) endCheckpointed(ctx context.Context, s *sandbox) {
 		_ = s.proc.wait(wctx)
 		cancel()
 	}
+	b.deleteGroupContainers(ctx, s)
 	if _, err := s.rt.run(ctx, "delete", "--force", s.cid); err != nil && !notExist(err) {
 		b.log.Warn("pause: delete the checkpointed container", "sandbox", s.id, "err", err)
 	}
+	b.removeSandboxCgroups(s)
+}
+
+// removeSandboxCgroups removes the cgroups of sandbox s (its sentry's: a group's
+// is the sandbox's own, around its containers').
+func (b *Backend) removeSandboxCgroups(s *sandbox) {
 	if err := b.removeCgroups(s.cgroupRel()); err != nil {
 		b.log.Warn("pause: remove cgroups", "sandbox", s.id, "err", err)
+	}
+	if len(s.members) > 0 {
+		if err := b.removeCgroups(s.id); err != nil {
+			b.log.Warn("pause: remove cgroups", "sandbox", s.id, "err", err)
+		}
 	}
 }
 
@@ -475,6 +518,7 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 	if ck != nil {
 		ck.next <- ckNext{proc: pr}
 	}
+	b.handRestoredMembers(s)
 	// The checkpoint first: a crash in between leaves the marker saying a resume was
 	// under way, which loadPaused reads with the restored sentry alive as running.
 	if err := os.RemoveAll(image); err != nil {
@@ -515,14 +559,34 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	pidFile := filepath.Join(s.dir, filePid)
 	_ = os.Remove(pidFile)
 	undo := func(err error) (*proc, error) {
-		if _, derr := s.rt.run(context.WithoutCancel(ctx), "delete", "--force", s.cid); derr != nil && !notExist(derr) {
+		uctx := context.WithoutCancel(ctx)
+		if len(s.members) > 0 { // the sentry first: a half-restored group's members wait in it
+			if pid, perr := readPid(pidFile); perr == nil {
+				if p, _ := openProc(pid, 0); p != nil {
+					_ = p.signal(unix.SIGKILL)
+					wctx, cancel := context.WithTimeout(uctx, 10*time.Second)
+					_ = p.wait(wctx)
+					cancel()
+					p.close()
+				}
+			}
+		}
+		b.deleteGroupContainers(uctx, s)
+		if _, derr := s.rt.run(uctx, "delete", "--force", s.cid); derr != nil && !notExist(derr) {
 			b.log.Warn("restore: undo", "sandbox", s.id, "err", derr)
 		}
-		_ = b.removeCgroups(s.cgroupRel())
+		b.removeSandboxCgroups(s)
 		return nil, err
 	}
 	markResume(filepath.Join(shownDir(s.dir), dirRun))
 	if err := b.bootRuntime(s.rt).restore(ctx, s.cid, b.bundle(s), image, pidFile, out); err != nil {
+		return undo(err)
+	}
+	// A group's members, then (runsc restores the kernel once the last has come).
+	if len(s.members) > 0 {
+		failpoint.Hit("local.resume.root")
+	}
+	if err := b.restoreMembers(ctx, s, image); err != nil {
 		return undo(err)
 	}
 	b.step("resume: runsc restore", &t)
@@ -530,12 +594,23 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	if err != nil {
 		return undo(err)
 	}
-	pr, err := openProc(pid, 0)
+	raw, err := openProc(pid, 0)
 	if err != nil {
 		return undo(fmt.Errorf("the restored sandbox: %w", err))
 	}
-	if pr == nil {
+	if raw == nil {
 		return undo(fmt.Errorf("the restored sandbox is gone: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024)))
+	}
+	pr := gvisorProc(s, raw)
+	var oldMembers []*proc
+	members := b.ckMembers(s)
+	if len(members) > 0 {
+		if oldMembers, err = b.attachRestoredMembers(s, members, pid); err != nil {
+			_ = pr.signal(unix.SIGKILL)
+			_ = pr.wait(context.WithoutCancel(ctx))
+			pr.close()
+			return undo(err)
+		}
 	}
 	b.mu.Lock() // the watcher reads it under the lock (lifecycle.go)
 	old := s.proc
@@ -547,12 +622,25 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		b.log.Warn("restore: write info", "sandbox", s.id, "err", err)
 	}
 	failpoint.Hit("local.resume.restored")
-	if err := b.waitRestoredAgent(ctx, s); err != nil {
+	err = b.waitRestoredAgent(ctx, s)
+	for _, m := range members {
+		if err != nil {
+			break
+		}
+		if err = b.waitRestoredAgent(ctx, m); err != nil {
+			err = fmt.Errorf("container %q: %w", m.name, err)
+		}
+	}
+	if err != nil {
 		_ = pr.signal(unix.SIGKILL)
 		_ = pr.wait(context.WithoutCancel(ctx))
 		pr.close()
 		b.mu.Lock()
 		s.proc = old
+		for i, m := range members {
+			m.proc.close()
+			m.proc = oldMembers[i]
+		}
 		b.mu.Unlock()
 		s.info = oldInfo
 		_ = writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info)
@@ -560,6 +648,11 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	}
 	if old != nil {
 		old.close()
+	}
+	for _, p := range oldMembers {
+		if p != nil {
+			p.close()
+		}
 	}
 	failpoint.Hit("local.resume.agent")
 	b.step("resume: agent answers", &t)
@@ -586,6 +679,7 @@ func (b *Backend) stopPaused(ctx context.Context, s *sandbox) bool {
 		return false
 	}
 	_ = os.RemoveAll(filepath.Join(s.dir, dirCheckpoint))
+	b.stopGroupCk(s) // a group's members end first (the primary's end does not stop them)
 	b.mu.Lock()
 	ck := s.ck
 	s.ck = nil
@@ -643,6 +737,10 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 	image := filepath.Join(s.dir, dirCheckpoint)
 	fi, err := os.Lstat(image)
 	complete := err == nil && fi.IsDir()
+	// A group's restore is done once its members run in the sentry (restoreSentry
+	// records the primary's new sentry after theirs): a sentry that does not run them
+	// all is one cut short, which the complete checkpoint replaces.
+	restored := alive != nil && hasMarker && m.Resuming && (!complete || groupRestored(s, image))
 	switch {
 	case ended:
 		if complete || hasMarker {
@@ -650,10 +748,12 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 			_ = os.Remove(filepath.Join(s.dir, filePaused))
 		}
 		return false
-	case alive != nil && hasMarker && m.Resuming:
+	case restored:
 		// Restored: running.
-		b.resumeAgent(ctx, s)
-		b.awaitAgent(ctx, s)
+		for _, c := range containersOf(s) {
+			b.resumeAgent(ctx, c)
+			b.awaitAgent(ctx, c)
+		}
 		_ = os.Remove(filepath.Join(s.dir, filePaused))
 		_ = os.RemoveAll(image)
 		return false
@@ -664,10 +764,12 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 			_ = alive.wait(wctx)
 			wcancel()
 		}
+		b.deleteGroupContainers(ctx, s)
 		if _, err := s.rt.run(ctx, "delete", "--force", s.cid); err != nil && !notExist(err) {
 			b.log.Warn("recover: delete the checkpointed container", "sandbox", s.id, "err", err)
 		}
-		_ = b.removeCgroups(s.cgroupRel())
+		b.removeSandboxCgroups(s)
+		b.loadGroupCk(s, image)
 		if !hasMarker || !m.Released || m.Resuming {
 			m = pauseMarker{Released: true, At: fi.ModTime().UTC(), Bytes: dirBytes(image)}
 			_ = writeJSONAtomic(filepath.Join(s.dir, filePaused), &m)
@@ -688,8 +790,10 @@ func (b *Backend) loadPaused(s *sandbox) bool {
 		if _, err := s.rt.run(ctx, "resume", s.cid); err != nil {
 			b.log.Debug("recover: resume after an interrupted checkpoint", "sandbox", s.id, "err", err)
 		}
-		b.resumeAgent(ctx, s)
-		b.awaitAgent(ctx, s)
+		for _, c := range containersOf(s) {
+			b.resumeAgent(ctx, c)
+			b.awaitAgent(ctx, c)
+		}
 	case hasMarker:
 		s.paused = &m // frozen
 	}

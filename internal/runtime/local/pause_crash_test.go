@@ -23,6 +23,7 @@ type pauseCrash struct {
 	Op     string // create, pause, resume, check
 	State  string
 	Points string
+	Group  bool // a gVisor group: app and a sidecar "side", both counting
 }
 
 const pauseCrashEnv = "SBXL_PAUSE_CRASH"
@@ -59,6 +60,11 @@ func TestPauseCrashHelper(t *testing.T) {
 	case "create":
 		sp := volSpec(pauseCrashID, GVisorClass, []runtime.Volume{{Name: "data", SizeBytes: 32 << 20}}, counterLoop)
 		sp.Image = "busybox"
+		if c.Group {
+			sp.Name = "app"
+			sp.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop},
+				VolumeMounts: sp.VolumeMounts}}
+		}
 		_, err = b.Create(ctx, &sp)
 		if err == nil {
 			sh(t, b, pauseCrashID, "echo r > /rootfile; echo v > /data/f")
@@ -94,6 +100,17 @@ func TestPauseCrashHelper(t *testing.T) {
 		if out := sh(t, b, pauseCrashID, "cat /rootfile /data/f"); out != "r\nv" {
 			fail("files %q", out)
 		}
+		if c.Group {
+			side := func() string {
+				out, _, _ := execIn(t, agentClientOf(b, pauseCrashID, "side"), "sh", "-c", "cat /tmp/cnt; cat /data/f")
+				return out
+			}
+			s1 := side()
+			time.Sleep(300 * time.Millisecond)
+			if s2 := side(); s2 == s1 || !strings.HasSuffix(s2, "\nv\n") {
+				fail("side: %q then %q: not running on with the volume", s1, s2)
+			}
+		}
 	}
 	if err != nil {
 		fail("%s: %v", c.Op, err)
@@ -124,12 +141,18 @@ func runPauseCrash(t *testing.T, c pauseCrash, point string) (killed bool, out s
 // a resume of a gVisor sandbox; a restarted runner then finds it either paused with a
 // usable checkpoint (and resumes it) or running with its agent answering, never paused
 // without a checkpoint, and its processes go on counting with their files intact.
-func TestPauseCrash(t *testing.T) {
+func TestPauseCrash(t *testing.T) { testPauseCrash(t, false) }
+
+// TestPauseCrashGroup is TestPauseCrash for a two-container gVisor group: both
+// containers run on with their state.
+func TestPauseCrashGroup(t *testing.T) { testPauseCrash(t, true) }
+
+func testPauseCrash(t *testing.T, group bool) {
 	e := newEnv(t) // cleans up and checks for leaks at the end
 	if e.b.runtimes[GVisorClass] == nil {
 		t.Skip("runsc not found")
 	}
-	c := pauseCrash{State: e.state, Points: filepath.Join(t.TempDir(), "points")}
+	c := pauseCrash{State: e.state, Points: filepath.Join(t.TempDir(), "points"), Group: group}
 	run := func(op, point string) bool {
 		c.Op = op
 		killed, out := runPauseCrash(t, c, point)

@@ -451,11 +451,6 @@ func TestPauseFreezeGroup(t *testing.T) {
 			}
 			waitCount(t, e.b, id, a1+4)
 			waitFor(t, func() bool { return side() >= s1+4 })
-			if class == GVisorClass {
-				if _, err := e.b.Pause(ctx, id, true); !errors.Is(err, errdefs.ErrNotImplemented) {
-					t.Errorf("checkpoint of a gVisor group: %v, want ErrNotImplemented", err)
-				}
-			}
 			if _, err := e.b.Pause(ctx, id, false); err != nil {
 				t.Fatal(err)
 			}
