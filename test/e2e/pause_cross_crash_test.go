@@ -451,7 +451,9 @@ func TestPauseCrossCrash(t *testing.T) {
 				t.Errorf("runner %s: left after every sandbox was deleted: %q", r.id, left)
 			}
 		}
-		t.Logf("bucket at the end: %q", x.noManifests(t, "the end"))
+		if objs := x.checkpointObjects(t); len(objs) > 0 {
+			t.Errorf("left in the bucket at the end: %q", objs)
+		}
 	})
 	if _, err := x.exec(src, "echo v"+src[:4]+" > /tmp/v"); err != nil {
 		t.Fatal(err)
@@ -583,6 +585,15 @@ func TestPauseCrossCrash(t *testing.T) {
 			x.r1.start(t, "")
 			x.wantOn(t, "r1 restarted", src, "r1", sandboxv1.State_STATE_PAUSED)
 			x.noManifests(t, point)
+			// The restarted r1 removes what the killed export left (its sandbox's
+			// parts without a manifest).
+			deadline := time.Now().Add(30 * time.Second)
+			for len(x.checkpointObjects(t)) > len(before) && time.Now().Before(deadline) {
+				time.Sleep(200 * time.Millisecond)
+			}
+			if objs := x.checkpointObjects(t); len(objs) > len(before) {
+				t.Errorf("left in the bucket after r1 restarted: %q (before the move: %q)", objs, before)
+			}
 			res, err := x.resume(t, src)
 			if err != nil {
 				t.Fatalf("sandbox PAUSED without a usable checkpoint: resume: %v", err)
