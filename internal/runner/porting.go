@@ -28,7 +28,8 @@ import (
 // An export is checkpoints/<sandbox>/<export>/<part>... then manifest.json, written last:
 // a checkpoint is complete once its manifest is. An export a crash interrupted leaves
 // parts without a manifest: nothing reads them (ImportFork starts from a manifest), and
-// DeleteCheckpoint of the would-be manifest key removes them. An import a crash
+// DeleteCheckpoint of the would-be manifest key removes them, as does the runner when it
+// starts again (sweepExports: its own sandboxes' exports). An import a crash
 // interrupted leaves nothing the runner persisted: its entries lived in memory only, so a
 // restarted runner knows them no more (the gateway marks such a sandbox FAILED, reason
 // Lost), or, when the backend had begun to make one, re-adopts what the backend recovers
