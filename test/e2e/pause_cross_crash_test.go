@@ -398,16 +398,16 @@ func (x *xcrashRig) wantOn(t *testing.T, what, id, on string, state sandboxv1.St
 		live := r.live(t, id)
 		switch {
 		case r.id == on && (len(live) != 1 || live[0].State != want):
-			t.Errorf("%s: runner %s lists %s as %v, want one %s", what, r.id, id, states(live), want)
+			t.Errorf("%s: runner %s lists %s as %v, want one %s", what, r.id, id, xcrashStates(live), want)
 		case r.id == on && want == runner.StatePaused && (live[0].Pause == nil || !live[0].Pause.Released):
 			t.Errorf("%s: runner %s has %s paused without a checkpoint: %+v", what, r.id, id, live[0].Pause)
 		case r.id != on && len(live) > 0:
-			t.Errorf("%s: runner %s lists %s as %v too (a second copy)", what, r.id, id, states(live))
+			t.Errorf("%s: runner %s lists %s as %v too (a second copy)", what, r.id, id, xcrashStates(live))
 		}
 	}
 }
 
-func states(sbs []runner.Sandbox) []string {
+func xcrashStates(sbs []runner.Sandbox) []string {
 	out := []string{}
 	for _, sb := range sbs {
 		out = append(out, sb.State.String())
@@ -439,7 +439,7 @@ func TestPauseCrossCrash(t *testing.T) {
 				time.Sleep(200 * time.Millisecond)
 			}
 			if live := r.live(t, src); len(live) > 0 {
-				t.Errorf("runner %s: %s still %v after its delete", r.id, src, states(live))
+				t.Errorf("runner %s: %s still %v after its delete", r.id, src, xcrashStates(live))
 			}
 		}
 		deadline = time.Now().Add(30 * time.Second)
@@ -580,7 +580,7 @@ func TestPauseCrossCrash(t *testing.T) {
 			}
 			t.Logf("left in the bucket by the killed export: %q", parts)
 			if live := x.r2.live(t, src); len(live) > 0 {
-				t.Errorf("r2 has %s (%v) although the export never finished", src, states(live))
+				t.Errorf("r2 has %s (%v) although the export never finished", src, xcrashStates(live))
 			}
 			x.r1.start(t, "")
 			x.wantOn(t, "r1 restarted", src, "r1", sandboxv1.State_STATE_PAUSED)
@@ -626,7 +626,7 @@ func TestPauseCrossCrash(t *testing.T) {
 			}
 			x.r2.start(t, "")
 			if live := x.r2.live(t, src); len(live) > 0 {
-				t.Errorf("r2 restarted has %s: %v", src, states(live))
+				t.Errorf("r2 restarted has %s: %v", src, xcrashStates(live))
 			}
 			if left := x.r2.leftovers(); len(left) > 0 {
 				t.Errorf("r2 restarted: left of the cut-short import: %q", left)
