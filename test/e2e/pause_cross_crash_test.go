@@ -161,15 +161,15 @@ func (x *xcrashRunner) live(t *testing.T, id string) []runner.Sandbox {
 	return out
 }
 
-// leftovers is what the runner's data dir holds of sandboxes other than keep: sandbox
-// dirs, checkpoint import staging dirs, mounts (the network's netns dir itself aside),
-// netns and network records, cgroups, loop devices.
-func (x *xcrashRunner) leftovers(keep ...string) []string {
+// leftovers is what the runner's data dir holds of sandboxes: sandbox dirs, checkpoint
+// import staging dirs, mounts (the network's netns dir itself aside), netns and network
+// records, the runner's records (lifetimes, pauses, moves), loop devices.
+func (x *xcrashRunner) leftovers() []string {
 	var out []string
 	sandboxes := filepath.Join(x.dataDir, "sandboxes")
 	ents, _ := os.ReadDir(sandboxes)
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), ".") && !slices.Contains(keep, e.Name()) {
+		if !strings.HasPrefix(e.Name(), ".") {
 			out = append(out, "sandbox dir "+e.Name())
 		}
 	}
@@ -179,25 +179,20 @@ func (x *xcrashRunner) leftovers(keep ...string) []string {
 	}
 	netnsDir := filepath.Join(x.dataDir, "network", "netns")
 	for _, mp := range stacktest.MountsUnder(x.dataDir) {
-		if mp == netnsDir || slices.ContainsFunc(keep, func(id string) bool { return strings.Contains(mp, id) }) {
-			continue
+		if mp != netnsDir {
+			out = append(out, "mount "+mp)
 		}
-		out = append(out, "mount "+mp)
 	}
 	for _, dir := range []string{netnsDir, filepath.Join(x.dataDir, "network", "sandboxes")} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
-			if !slices.ContainsFunc(keep, func(id string) bool { return strings.Contains(e.Name(), id) }) {
-				out = append(out, "network "+filepath.Base(dir)+" "+e.Name())
-			}
+			out = append(out, "network "+filepath.Base(dir)+" "+e.Name())
 		}
 	}
 	for _, d := range []string{"lifetimes", "paused", "moved"} { // the runner's records
 		ents, _ := os.ReadDir(filepath.Join(x.dataDir, "runner", d))
 		for _, e := range ents {
-			if !slices.Contains(keep, e.Name()) {
-				out = append(out, "runner record "+d+"/"+e.Name())
-			}
+			out = append(out, "runner record "+d+"/"+e.Name())
 		}
 	}
 	for _, l := range stacktest.LoopsUnder(x.dataDir) {
@@ -206,12 +201,12 @@ func (x *xcrashRunner) leftovers(keep ...string) []string {
 	return out
 }
 
-// xcrashCgroups are the cgroups under parent other than keep's.
-func xcrashCgroups(parent string, keep ...string) []string {
+// xcrashCgroups are the cgroups under parent.
+func xcrashCgroups(parent string) []string {
 	var out []string
 	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent + "/*")
 	for _, c := range cgroups {
-		if fi, err := os.Stat(c); err == nil && fi.IsDir() && !slices.Contains(keep, filepath.Base(c)) {
+		if fi, err := os.Stat(c); err == nil && fi.IsDir() {
 			out = append(out, c)
 		}
 	}
@@ -461,6 +456,12 @@ func TestPauseCrossCrash(t *testing.T) {
 	cur, err := x.counter(t, src)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The leak checks see a running sandbox (else they could not fail).
+	if left := x.r1.leftovers(); len(left) < 3 || len(xcrashCgroups(x.r1.cgroups)) == 0 {
+		t.Errorf("with a sandbox running on r1 the leak checks see only %q, cgroups %q", left, xcrashCgroups(x.r1.cgroups))
+	} else {
+		t.Logf("a running sandbox on r1: %q", left)
 	}
 	// next checks that the server of src continues where it was (its memory intact).
 	next := func(t *testing.T, what string) {
