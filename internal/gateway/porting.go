@@ -118,6 +118,11 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 	class := s.checkpointClass(ctx, from, src)
 	srcPlatform := s.views.checkpointPlatform(ctx, from.ID(), class)
 	if srcPlatform == "" {
+		if _, ok := s.views.capacityOf(ctx, from.ID()); !ok {
+			// Its platform is not known while it is not connected (a runner just
+			// restarted, not probed again yet): not a refusal for ever.
+			return nil, []portRefusal{{runner: from.ID(), why: "unavailable: not connected, its checkpoint platform is not known", kind: refusedDown}}
+		}
 		return nil, []portRefusal{{runner: from.ID(), why: fmt.Sprintf("exports no checkpoints of runtime class %q to the blob store", class)}}
 	}
 	views := s.views.snapshot(ctx)

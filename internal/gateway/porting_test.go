@@ -41,6 +41,8 @@ type portRunner struct {
 	importOnce            sync.Once
 	// onImport runs at each ImportFork (before it makes anything).
 	onImport func()
+	// capacityErr fails Capacity (the gateway's view: not connected).
+	capacityErr error
 
 	exports  map[string]bool // live exported checkpoints by key
 	exported []string        // sandboxes exported
@@ -67,6 +69,12 @@ func (r *portRunner) Create(ctx context.Context, req runner.CreateRequest) (runn
 }
 
 func (r *portRunner) Capacity(ctx context.Context) (runner.Capacity, error) {
+	r.mu.Lock()
+	cerr := r.capacityErr
+	r.mu.Unlock()
+	if cerr != nil {
+		return runner.Capacity{}, cerr
+	}
 	c, err := r.pauseRunner.Capacity(ctx)
 	c.EdgeDomain = r.id + ".sandboxd.test"
 	c.CheckpointClasses = []string{"gvisor"}
@@ -384,6 +392,35 @@ func TestResumeMoveRefusals(t *testing.T) {
 	_, err = e.resume(t, id)
 	if err == nil || !strings.Contains(err.Error(), "r4: its policy rejects it: ") || !strings.Contains(err.Error(), "250m") {
 		t.Errorf("policy refusal: %v", err)
+	}
+}
+
+// TestResumeMoveSourceNotConnected: while the gateway's view of the source's runner is
+// not connected (just restarted, not probed again), its checkpoint platform is not
+// known: a move is refused UNAVAILABLE with RetryInfo, not as never possible.
+func TestResumeMoveSourceNotConnected(t *testing.T) {
+	plat := "gvisor runsc-1 linux/amd64"
+	r1, r2 := newPortRunner("r1", plat), newPortRunner("r2", plat)
+	e := newPauseEnv(t, "", r1, r2)
+	id := e.createOn(t, r1)
+	e.pause(t, id, true)
+	r1.mu.Lock()
+	r1.capacityErr = connect.NewError(connect.CodeUnavailable, errors.New("connection refused"))
+	r1.mu.Unlock()
+	_, err := e.resume(t, id, "r2")
+	wantAPIError(t, "source not connected", err, connect.CodeUnavailable, apierr.RunnerUnavailable, "")
+	if apierr.RetryInfo(err) == nil || err != nil && !strings.Contains(err.Error(), "r1: unavailable: not connected") {
+		t.Errorf("refusal %v (retry %v): want r1 named unavailable, with RetryInfo", err, apierr.RetryInfo(err))
+	}
+	if len(r1.exported) != 0 || len(r2.imports) != 0 {
+		t.Errorf("exported %v, imports %d: want none", r1.exported, len(r2.imports))
+	}
+	r1.mu.Lock()
+	r1.capacityErr = nil
+	r1.mu.Unlock()
+	res, err := e.resume(t, id, "r2")
+	if err != nil || res.GetRunnerId() != "r2" || res.GetMovedFrom() != "r1" {
+		t.Errorf("once r1 is connected again: %v %v, want moved to r2", res, err)
 	}
 }
 

@@ -28,7 +28,8 @@ import (
 // An export is checkpoints/<sandbox>/<export>/<part>... then manifest.json, written last:
 // a checkpoint is complete once its manifest is. An export a crash interrupted leaves
 // parts without a manifest: nothing reads them (ImportFork starts from a manifest), and
-// DeleteCheckpoint of the would-be manifest key removes them. An import a crash
+// DeleteCheckpoint of the would-be manifest key removes them, as does the runner when it
+// starts again (sweepExports: its own sandboxes' exports). An import a crash
 // interrupted leaves nothing the runner persisted: its entries lived in memory only, so a
 // restarted runner knows them no more (the gateway marks such a sandbox FAILED, reason
 // Lost), or, when the backend had begun to make one, re-adopts what the backend recovers
@@ -144,6 +145,14 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 		return CheckpointRef{}, Sandbox{}, err
 	}
 	prefix := checkpointsPrefix + id + "/" + NewID() + "/"
+	r.mu.Lock()
+	r.exporting[prefix] = true
+	r.mu.Unlock()
+	defer func() { // after its manifest is written, or its parts removed
+		r.mu.Lock()
+		delete(r.exporting, prefix)
+		r.mu.Unlock()
+	}()
 	var parts []checkpointPart
 	var put []string // keys written, for the cleanup
 	cleanup := func() {
@@ -221,6 +230,82 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 	r.log.Info("checkpoint exported", "sandbox", id, "key", ref.Key, "platform", platform, "parts", len(parts),
 		"stored_bytes", stored, "bytes", cp.Bytes, "took", cp.Took)
 	return ref, r.snapshotOf(e), nil
+}
+
+// maxSweptObjects bounds the objects sweepExports lists under one sandbox.
+const maxSweptObjects = 16 * maxCheckpointParts
+
+// sweepExports removes what exports of this runner's sandboxes that an earlier process
+// did not finish (it was killed) left in the blob store: parts without a manifest, which
+// nothing reads and nobody else knows. Only the runner a sandbox is on exports it, so
+// such parts written before this process started are garbage; an export of this
+// process (exporting), or one whose manifest is there by the time of the delete, is
+// left alone.
+func (r *Runner) sweepExports() {
+	if r.cfg.Blobs == nil {
+		return
+	}
+	r.mu.Lock()
+	var ids []string
+	for id, e := range r.sandboxes {
+		if !e.sb.State.Terminal() {
+			ids = append(ids, id)
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(ids)
+	for _, id := range ids {
+		if r.ctx.Err() != nil {
+			return
+		}
+		type export struct {
+			keys     []string
+			manifest bool
+			recent   bool
+		}
+		exports := map[string]*export{}
+		n := 0
+		for info, err := range r.cfg.Blobs.List(r.ctx, checkpointsPrefix+id+"/") {
+			if err != nil {
+				r.log.Warn("sweep unfinished checkpoint exports: list", "sandbox", id, "err", err)
+				break
+			}
+			rest := strings.TrimPrefix(info.Key, checkpointsPrefix+id+"/")
+			exp, name, ok := strings.Cut(rest, "/")
+			if !ok || !idPattern.MatchString(exp) {
+				continue
+			}
+			prefix := checkpointsPrefix + id + "/" + exp + "/"
+			x := exports[prefix]
+			if x == nil {
+				x = &export{}
+				exports[prefix] = x
+			}
+			x.keys = append(x.keys, info.Key)
+			x.manifest = x.manifest || name == manifestName
+			x.recent = x.recent || !info.ModTime.IsZero() && !info.ModTime.Before(r.started)
+			if n++; n >= maxSweptObjects {
+				break // the rest with the next start
+			}
+		}
+		for prefix, x := range exports {
+			r.mu.Lock()
+			mine := r.exporting[prefix]
+			r.mu.Unlock()
+			if x.manifest || x.recent || mine {
+				continue
+			}
+			if _, err := r.cfg.Blobs.Stat(r.ctx, prefix+manifestName); !errors.Is(err, blob.ErrNotFound) {
+				continue // completed meanwhile, or the store cannot say
+			}
+			for _, k := range x.keys {
+				if err := r.cfg.Blobs.Delete(r.ctx, k); err != nil && !errors.Is(err, blob.ErrNotFound) {
+					r.log.Warn("sweep unfinished checkpoint exports: delete", "key", k, "err", err)
+				}
+			}
+			r.log.Info("unfinished checkpoint export removed", "sandbox", id, "prefix", prefix, "objects", len(x.keys))
+		}
+	}
 }
 
 // readManifest reads and checks the manifest at key (from its prefix's sandbox).

@@ -692,3 +692,42 @@ func TestExportHoldsAutoResume(t *testing.T) {
 		t.Fatal("resume of a sandbox whose running state was exported: held")
 	}
 }
+
+// An export an earlier process did not finish (killed before the manifest) leaves parts
+// nothing reads: the restarted runner removes them for its sandboxes, and leaves
+// complete exports, other sandboxes' objects and its own exports alone.
+func TestUnfinishedExportsSwept(t *testing.T) {
+	ctx := context.Background()
+	store := blobStore(t)
+	be, dataDir := newPortFake("p1"), t.TempDir()
+	a := portLocal(t, "r1", be, dataDir, store)
+	sb := runningSandbox(t, a, nil, time.Hour)
+	complete, _, err := a.ExportCheckpoint(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string) {
+		t.Helper()
+		if _, err := store.Put(ctx, key, strings.NewReader("part"), 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cut := checkpointsPrefix + sb.ID + "/" + NewID() + "/"
+	put(cut + "image")
+	put(cut + "run")
+	other := checkpointsPrefix + "someone-else/" + NewID() + "/image"
+	put(other)
+	a.R.Close()
+
+	a2 := portLocal(t, "r1", be, dataDir, store)
+	eventually(t, "the unfinished export removed", func() bool { return len(keysUnder(t, store, cut)) == 0 })
+	if keys := keysUnder(t, store, prefixOf(complete.Key)); len(keys) != 3 {
+		t.Errorf("a complete export after the sweep: %v", keys)
+	}
+	if keys := keysUnder(t, store, other); len(keys) != 1 {
+		t.Errorf("another sandbox's object after the sweep: %v", keys)
+	}
+	if _, _, err := a2.ExportCheckpoint(ctx, sb.ID); err != nil {
+		t.Fatalf("export after the sweep: %v", err)
+	}
+}

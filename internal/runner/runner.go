@@ -86,6 +86,11 @@ type Runner struct {
 	// admitResume, when set (NewLocal), checks that the runner has room for a
 	// checkpointed sandbox before it is resumed (its CPU and memory were released).
 	admitResume func(ctx context.Context, sb Sandbox) error
+
+	// exporting are the prefixes of this process's exports in progress (under mu);
+	// started is when it started (sweepExports).
+	exporting map[string]bool
+	started   time.Time
 }
 
 // entry is the runner's live record of one sandbox. sb and the stop fields are guarded by
@@ -182,6 +187,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	r := &Runner{cfg: cfg, backend: cfg.Backend, log: cfg.Logger, sandboxes: map[string]*entry{}, changed: make(chan struct{}), snaps: snaps,
 		buckets: blobconfig.NewBuckets(cfg.BlobConfig, cfg.Blobs, 0)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.started, r.exporting = time.Now(), map[string]bool{}
 	r.deleteOrphans(orphans)
 	r.recoverEnded()
 	if err := r.recover(ctx); err != nil {
@@ -189,10 +195,14 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 		return nil, err
 	}
 	r.removeStrayLogs()
-	r.wg.Add(1)
+	r.wg.Add(2)
 	go func() {
 		defer r.wg.Done()
 		r.idlePauses()
+	}()
+	go func() {
+		defer r.wg.Done()
+		r.sweepExports()
 	}()
 	return r, nil
 }
