@@ -232,25 +232,40 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 	return ref, r.snapshotOf(e), nil
 }
 
+// exportSweeps runs sweepExports at the start and every Config.ExportSweep.
+func (r *Runner) exportSweeps() {
+	t := time.NewTicker(r.cfg.ExportSweep)
+	defer t.Stop()
+	for {
+		r.sweepExports()
+		select {
+		case <-t.C:
+		case <-r.ctx.Done():
+			return
+		}
+	}
+}
+
 // maxSweptObjects bounds the objects sweepExports lists under one sandbox.
 const maxSweptObjects = 16 * maxCheckpointParts
 
 // sweepExports removes what exports of this runner's sandboxes that an earlier process
 // did not finish (it was killed) left in the blob store: parts without a manifest, which
-// nothing reads and nobody else knows. Only the runner a sandbox is on exports it, so
-// such parts written before this process started are garbage; an export of this
-// process (exporting), or one whose manifest is there by the time of the delete, is
-// left alone.
+// nothing reads and nobody else knows. It also removes complete exports older than
+// Config.ExportMaxAge (of sandboxes here, running or ended but not yet forgotten): an
+// export serves one move or fork, which deletes it; an old one was left by a gateway
+// that died before it could. Only the runner a sandbox is on exports it, so manifest-less
+// parts written before this process started are garbage; an export of this process
+// (exporting), or one whose manifest is there by the time of the delete, is left alone
+// unless it is that old.
 func (r *Runner) sweepExports() {
 	if r.cfg.Blobs == nil {
 		return
 	}
 	r.mu.Lock()
 	var ids []string
-	for id, e := range r.sandboxes {
-		if !e.sb.State.Terminal() {
-			ids = append(ids, id)
-		}
+	for id := range r.sandboxes { // running or ended, not yet forgotten
+		ids = append(ids, id)
 	}
 	r.mu.Unlock()
 	slices.Sort(ids)
@@ -262,6 +277,8 @@ func (r *Runner) sweepExports() {
 			keys     []string
 			manifest bool
 			recent   bool
+			newest   time.Time // of its objects; zero when the store does not say
+			unknown  bool      // an object without a time
 		}
 		exports := map[string]*export{}
 		n := 0
@@ -284,6 +301,10 @@ func (r *Runner) sweepExports() {
 			x.keys = append(x.keys, info.Key)
 			x.manifest = x.manifest || name == manifestName
 			x.recent = x.recent || !info.ModTime.IsZero() && !info.ModTime.Before(r.started)
+			x.unknown = x.unknown || info.ModTime.IsZero()
+			if info.ModTime.After(x.newest) {
+				x.newest = info.ModTime
+			}
 			if n++; n >= maxSweptObjects {
 				break // the rest with the next start
 			}
@@ -292,18 +313,27 @@ func (r *Runner) sweepExports() {
 			r.mu.Lock()
 			mine := r.exporting[prefix]
 			r.mu.Unlock()
-			if x.manifest || x.recent || mine {
+			stale := x.manifest && !x.unknown && time.Since(x.newest) > r.cfg.ExportMaxAge
+			switch {
+			case mine:
 				continue
+			case stale: // complete, and left by a move or fork that never deleted it
+			case x.manifest || x.recent:
+				continue
+			default:
+				if _, err := r.cfg.Blobs.Stat(r.ctx, prefix+manifestName); !errors.Is(err, blob.ErrNotFound) {
+					continue // completed meanwhile, or the store cannot say
+				}
 			}
-			if _, err := r.cfg.Blobs.Stat(r.ctx, prefix+manifestName); !errors.Is(err, blob.ErrNotFound) {
-				continue // completed meanwhile, or the store cannot say
+			if stale {
+				r.unhold(id, prefix+manifestName)
 			}
 			for _, k := range x.keys {
 				if err := r.cfg.Blobs.Delete(r.ctx, k); err != nil && !errors.Is(err, blob.ErrNotFound) {
 					r.log.Warn("sweep unfinished checkpoint exports: delete", "key", k, "err", err)
 				}
 			}
-			r.log.Info("unfinished checkpoint export removed", "sandbox", id, "prefix", prefix, "objects", len(x.keys))
+			r.log.Info("unfinished or stale checkpoint export removed", "sandbox", id, "prefix", prefix, "objects", len(x.keys), "complete", x.manifest)
 		}
 	}
 }

@@ -731,3 +731,50 @@ func TestUnfinishedExportsSwept(t *testing.T) {
 		t.Fatalf("export after the sweep: %v", err)
 	}
 }
+
+// TestStaleExportsSwept: a complete export older than ExportMaxAge (a gateway died
+// between the export and its delete) is removed by the runner's periodic sweep, and its
+// hold lapses with it; a younger one stays.
+func TestStaleExportsSwept(t *testing.T) {
+	ctx := context.Background()
+	store := blobStore(t)
+	r, err := New(context.Background(), Config{Backend: newPortFake("p1"), DataDir: t.TempDir(), Blobs: store, ExpiryGrace: 10 * time.Millisecond,
+		Logger: testLogger(), ExportMaxAge: time.Second, ExportSweep: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	a := NewLocal("r1", r)
+	a.MilliCPU, a.MemoryBytes = 2000, 8<<30
+	sb := runningSandbox(t, a, nil, time.Hour)
+	release := true
+	if _, err := a.Pause(ctx, sb.ID, PauseOptions{Release: &release, AutoResume: true}); err != nil {
+		t.Fatal(err)
+	}
+	old, _, err := a.ExportCheckpoint(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(keysUnder(t, store, prefixOf(old.Key))); n == 0 {
+		t.Fatal("export wrote nothing")
+	}
+	eventually(t, "the stale export removed", func() bool { return len(keysUnder(t, store, prefixOf(old.Key))) == 0 })
+	// Its hold went with it: a resume does not wait for it.
+	done := make(chan error, 1)
+	go func() { _, err := a.R.Resume(ctx, sb.ID); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("resume held by a swept export")
+	}
+	fresh, _, err := a.ExportCheckpoint(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(keysUnder(t, store, prefixOf(fresh.Key))); n == 0 {
+		t.Fatal("a fresh export swept at once")
+	}
+}

@@ -61,7 +61,15 @@ type Config struct {
 	// IdleCheck is how often the runner looks for sandboxes to pause when idle
 	// (runtime.MetaIdlePause); default 5 s.
 	IdleCheck time.Duration
+	// ExportMaxAge is how old a complete checkpoint export of one of its sandboxes
+	// (ExportCheckpoint) gets before the runner deletes it (DefaultExportMaxAge); an
+	// export lives for one move or fork, which deletes it, so one this old was left by a
+	// gateway that died in between. ExportSweep is how often it looks (default 30 min).
+	ExportMaxAge, ExportSweep time.Duration
 }
+
+// DefaultExportMaxAge: see Config.ExportMaxAge.
+const DefaultExportMaxAge = time.Hour
 
 // Runner owns the sandboxes of one backend.
 type Runner struct {
@@ -175,6 +183,12 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.IdleCheck <= 0 {
 		cfg.IdleCheck = 5 * time.Second
 	}
+	if cfg.ExportMaxAge <= 0 {
+		cfg.ExportMaxAge = DefaultExportMaxAge
+	}
+	if cfg.ExportSweep <= 0 {
+		cfg.ExportSweep = 30 * time.Minute
+	}
 	for _, d := range []string{"logs", containerLogs, "ended", lifetimesDir, pausedDir, movedDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("runner: create data dir: %w", err)
@@ -202,7 +216,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	}()
 	go func() {
 		defer r.wg.Done()
-		r.sweepExports()
+		r.exportSweeps()
 	}()
 	return r, nil
 }
