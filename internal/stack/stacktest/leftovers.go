@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,10 +32,26 @@ func Leftovers(dataDir string) []string {
 			out = append(out, "mount "+mp)
 		}
 	}
-	for _, l := range LoopsUnder(dataDir) {
+	for _, l := range LingeringLoops(dataDir) {
 		out = append(out, "loop device "+l)
 	}
 	return out
+}
+
+// LingeringLoops is LoopsUnder(dir) once the devices have had time to detach: an
+// unmount or LOOP_CLR_FD of a loop device another process has open at that moment
+// (anything on the host that scans block devices) only sets autoclear, and the kernel
+// detaches it at that process's close. A device still attached after a few seconds is
+// a leak.
+func LingeringLoops(dir string) []string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l := LoopsUnder(dir)
+		if len(l) == 0 || time.Now().After(deadline) {
+			return l
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // ForceClean unmounts (lazily, deepest first) everything below dataDir and detaches the
