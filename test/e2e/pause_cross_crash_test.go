@@ -195,7 +195,7 @@ func (x *xcrashRunner) leftovers() []string {
 			out = append(out, "runner record "+d+"/"+e.Name())
 		}
 	}
-	for _, l := range stacktest.LoopsUnder(x.dataDir) {
+	for _, l := range stacktest.LingeringLoops(x.dataDir) {
 		out = append(out, "loop device "+l)
 	}
 	return out
