@@ -63,12 +63,18 @@ type relistener struct {
 	// socket is still open, so suspend waits for them (Add under mu, Done without it).
 	inflight sync.WaitGroup
 
-	mu     sync.Mutex
-	cur    net.Listener // nil while suspended
-	conns  map[*trackedConn]struct{}
-	wake   chan struct{} // closed (and replaced) when cur changes or on Close
-	closed bool
-	timer  *time.Timer
+	mu  sync.Mutex
+	cur net.Listener // nil while suspended
+	// suspending is set while a suspend waits (without mu) for the calls in flight:
+	// nothing resumes then.
+	conns      map[*trackedConn]struct{}
+	wake       chan struct{} // closed (and replaced) when cur changes or on Close
+	closed     bool
+	suspending bool
+	// afterAccept, set by tests before Accept is called, runs between a connection's
+	// accept and its tracking.
+	afterAccept func()
+	timer       *time.Timer
 }
 
 func newRelistener(addr, stateDir, config string) (*relistener, error) {
@@ -101,8 +107,8 @@ func (l *relistener) Accept() (net.Conn, error) {
 			continue
 		}
 		c, err := ln.Accept()
-		l.inflight.Done()
 		if err != nil {
+			l.inflight.Done()
 			l.mu.Lock()
 			swapped := l.cur != ln && !l.closed
 			l.mu.Unlock()
@@ -111,17 +117,23 @@ func (l *relistener) Accept() (net.Conn, error) {
 			}
 			return nil, err
 		}
+		if l.afterAccept != nil {
+			l.afterAccept()
+		}
+		// The accepted connection stays counted in flight until it is tracked (a suspend
+		// from then on closes it) or closed here: a suspend that came in between waits
+		// for this, so it never reports suspended with this host socket still open.
 		tc := &trackedConn{Conn: c, l: l}
-		// (conns and inflight: a Read or Write counted from here on is awaited by a
-		// suspend, which closes the connection first)
 		l.mu.Lock()
 		if l.cur != ln { // suspended meanwhile
 			l.mu.Unlock()
 			c.Close()
+			l.inflight.Done()
 			continue
 		}
 		l.conns[tc] = struct{}{}
 		l.mu.Unlock()
+		l.inflight.Done()
 		return tc, nil
 	}
 }
@@ -146,8 +158,8 @@ func (l *relistener) Addr() net.Addr {
 // SuspendedFile.
 func (l *relistener) suspend() error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return net.ErrClosed
 	}
 	if l.cur != nil {
@@ -158,7 +170,16 @@ func (l *relistener) suspend() error {
 		_ = c.Conn.Close()
 	}
 	clear(l.conns)
+	l.suspending = true
+	l.mu.Unlock()
+	// Without mu: an Accept that got a connection just before needs it to close that.
 	l.awaitClosed()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.suspending = false
+	if l.closed {
+		return net.ErrClosed
+	}
 	_ = os.Remove(l.addr)
 	_ = os.Remove(filepath.Join(l.stateDir, ResumeFile)) // a stale one
 	if l.timer != nil {
@@ -174,8 +195,8 @@ func (l *relistener) suspend() error {
 	return f.Close()
 }
 
-// awaitClosed waits (a while, l.mu held) until the calls in flight on the closed
-// listener and connections have returned: their descriptors are then closed.
+// awaitClosed waits (a while) until the calls in flight on the closed listener and
+// connections have returned: their descriptors are then closed.
 func (l *relistener) awaitClosed() {
 	done := make(chan struct{})
 	go func() { l.inflight.Wait(); close(done) }()
@@ -198,7 +219,7 @@ func (l *relistener) resume() error {
 func (l *relistener) resumeOf(wake chan struct{}) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || l.cur != nil || (wake != nil && wake != l.wake) {
+	if l.closed || l.cur != nil || l.suspending || (wake != nil && wake != l.wake) {
 		return nil
 	}
 	if l.timer != nil {

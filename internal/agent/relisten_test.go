@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -324,5 +325,49 @@ func TestRelistenerEndedSuspension(t *testing.T) {
 	}
 	if !listening() {
 		t.Fatal("the suspension's own resume did not listen again")
+	}
+}
+
+// TestRelistenerSuspendDuringAccept: a connection accepted just before a suspend (not
+// yet tracked) is closed before the suspend returns — the host checkpoints right after,
+// and runsc cannot save a host-backed socket still open.
+func TestRelistenerSuspendDuringAccept(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	inGap := make(chan struct{})
+	var once sync.Once
+	rl.afterAccept = func() {
+		once.Do(func() {
+			close(inGap)
+			time.Sleep(200 * time.Millisecond) // the suspend runs meanwhile
+		})
+	}
+	go func() {
+		for {
+			c, err := rl.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	client, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	<-inGap
+	if err := rl.suspend(); err != nil {
+		t.Fatal(err)
+	}
+	// The agent's end is closed by now: the client reads EOF at once.
+	_ = client.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := client.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("the connection accepted during the suspend is still open when it returns: read %d, %v", n, err)
 	}
 }
