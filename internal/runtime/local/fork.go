@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -108,7 +109,12 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 	if cont != nil {
 		// The source continues while its forks are made (all they need of it is taken).
 		contDone := make(chan struct{})
-		go func() { defer close(contDone); cont() }()
+		go func() {
+			defer close(contDone)
+			t := time.Now()
+			cont()
+			b.step("fork source: continues (concurrent)", &t)
+		}()
 		defer func() { <-contDone }()
 	}
 	sem := make(chan struct{}, forkParallel)
@@ -214,6 +220,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 		}
 	}
 	cleanups = append(cleanups, func() { _ = os.RemoveAll(image); _ = os.RemoveAll(fp.run) })
+	t := time.Now()
 	err = os.Mkdir(fp.run, 0o700)
 	if err == nil {
 		err = copyRunDir(ctx, filepath.Join(shownDir(s.dir), dirRun), fp.run)
@@ -234,6 +241,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 		fp.vols = vols
 		cleanups = append(cleanups, release)
 	}
+	b.step("fork source: run dir, volume snapshots", &t)
 	return fp, cleanup, nil
 }
 

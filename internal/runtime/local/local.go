@@ -851,7 +851,15 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		markResume(filepath.Join(shown, dirRun)) // restored suspended (pause.go); it re-reads its identity
-		if err := b.bootRuntime(rt).restore(ctx, cid, bundle, s.fork.image, pidFile, out); err != nil {
+		b.step("fork: run dir", t)
+		rbundle, limits, err := restoreBundle(bundle, filepath.Join(dir, restoreBundleDir)) // restorecpu.go
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if err := b.bootRuntime(rt).restore(ctx, cid, rbundle, s.fork.image, pidFile, out); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if err := applyCPULimits(limits); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	} else if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {

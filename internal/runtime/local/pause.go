@@ -279,6 +279,7 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		}
 	}
 	failpoint.Hit("local.pause.tmp")
+	t := time.Now()
 	if err := b.dropEndedMembers(ctx, s); err != nil {
 		return fail(err)
 	}
@@ -301,11 +302,13 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		}
 	}
 	failpoint.Hit("local.pause.suspended")
+	b.step("save: suspend agent", &t)
 	if _, err := s.rt.run(ctx, "pause", s.cid); err != nil {
 		resumeAll()
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.paused")
+	b.step("save: runsc pause", &t)
 	if err := b.checkMembersRunning(ctx, s); err != nil {
 		b.continueAfterSave(ctx, s, "")
 		return fail(err)
@@ -324,6 +327,7 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		return fail(errors.New("runsc could not checkpoint the sandbox (the runner's log has the details)"))
 	}
 	failpoint.Hit("local.pause.saved")
+	b.step("save: runsc checkpoint", &t)
 	return dir, nil
 }
 
@@ -498,13 +502,16 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 	if fi, err := os.Lstat(image); err != nil || !fi.IsDir() {
 		return runtime.ErrCheckpointLost
 	}
+	t := time.Now()
 	resuming := *b.pausedOf(s)
 	resuming.Resuming = true
 	if err := writeJSONAtomic(filepath.Join(s.dir, filePaused), &resuming); err != nil {
 		return err
 	}
 	failpoint.Hit("local.resume.marked")
+	b.step("resume: marker", &t)
 	pr, err := b.restoreSentry(ctx, s, image)
+	t = time.Now()
 	if err != nil {
 		resuming.Resuming = false
 		_ = writeJSONAtomic(filepath.Join(s.dir, filePaused), &resuming)
@@ -528,6 +535,7 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 	if err := os.Remove(filepath.Join(s.dir, filePaused)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		b.log.Warn("resume: remove marker", "sandbox", s.id, "err", err)
 	}
+	b.step("resume: cleanup", &t)
 	return nil
 }
 
@@ -579,7 +587,17 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		return nil, err
 	}
 	markResume(filepath.Join(shownDir(s.dir), dirRun))
-	if err := b.bootRuntime(s.rt).restore(ctx, s.cid, b.bundle(s), image, pidFile, out); err != nil {
+	// A group's sentry is restored with its limits: its members' restores follow.
+	bundle, limits := b.bundle(s), (*cpuLimits)(nil)
+	if len(s.members) == 0 {
+		if bundle, limits, err = restoreBundle(bundle, filepath.Join(s.dir, restoreBundleDir)); err != nil {
+			return undo(err)
+		}
+	}
+	if err := b.bootRuntime(s.rt).restore(ctx, s.cid, bundle, image, pidFile, out); err != nil {
+		return undo(err)
+	}
+	if err := applyCPULimits(limits); err != nil { // restorecpu.go
 		return undo(err)
 	}
 	// A group's members, then (runsc restores the kernel once the last has come).
@@ -622,6 +640,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		b.log.Warn("restore: write info", "sandbox", s.id, "err", err)
 	}
 	failpoint.Hit("local.resume.restored")
+	b.step("resume: info", &t)
 	err = b.waitRestoredAgent(ctx, s)
 	for _, m := range members {
 		if err != nil {

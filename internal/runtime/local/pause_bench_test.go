@@ -13,17 +13,26 @@ import (
 )
 
 // BenchmarkPauseResume: a checkpoint pause (resources released) and a resume of an idle
-// gVisor sandbox on the bridge, and of one with 256 MiB resident (a tmpfs file in the
-// sentry's memory): p50/p99 of each and the checkpoint's size on disk.
+// gVisor sandbox on the bridge, without a CPU limit and with the API's default 1000m
+// (a cpuset of one CPU and a quota here), and of one with 256 MiB resident (a tmpfs file
+// in the sentry's memory): p50/p99 of each and the checkpoint's size on disk.
 func BenchmarkPauseResume(b *testing.B) {
-	for _, mib := range []int{0, 256} {
-		b.Run(fmt.Sprintf("resident-%dMiB", mib), func(b *testing.B) {
+	for _, c := range []struct {
+		mib   int
+		milli int64
+	}{{0, 0}, {0, 1000}, {256, 0}} {
+		mib := c.mib
+		name := fmt.Sprintf("resident-%dMiB", mib)
+		if c.milli > 0 {
+			name += fmt.Sprintf("-cpu%dm", c.milli)
+		}
+		b.Run(name, func(b *testing.B) {
 			e := gvisorEnv(b)
 			e.withNetwork(b, 8)
 			ctx := context.Background()
 			const id = "bpr"
 			e.create(runtime.Spec{ID: id, RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sleep", Args: []string{"100000"},
-				Resources: runtime.Resources{MemoryBytes: 1 << 30}}})
+				Resources: runtime.Resources{MemoryBytes: 1 << 30, MilliCPU: c.milli}}})
 			if mib > 0 {
 				sh(b, e.b, id, "dd if=/dev/urandom of=/tmp/fill bs=1M count="+strconv.Itoa(mib)+" 2>/dev/null")
 			}
@@ -53,11 +62,20 @@ func BenchmarkPauseResume(b *testing.B) {
 	}
 }
 
-// BenchmarkFork: forks ×1 and ×10 of a running idle gVisor sandbox on the bridge with
-// a scratch volume (wall time of the Fork call; the forks are destroyed untimed).
+// BenchmarkFork: forks ×1 (also with the API's default CPU limit, 1000m) and ×10 of a
+// running idle gVisor sandbox on the bridge with a scratch volume (wall time of the Fork
+// call; the forks are destroyed untimed).
 func BenchmarkFork(b *testing.B) {
-	for _, n := range []int{1, 10} {
-		b.Run(fmt.Sprintf("x%d", n), func(b *testing.B) {
+	for _, c := range []struct {
+		n     int
+		milli int64
+	}{{1, 0}, {1, 1000}, {10, 0}} {
+		n := c.n
+		name := fmt.Sprintf("x%d", n)
+		if c.milli > 0 {
+			name += fmt.Sprintf("-cpu%dm", c.milli)
+		}
+		b.Run(name, func(b *testing.B) {
 			e := volPoolEnv(b)
 			if e.b.runtimes[GVisorClass] == nil {
 				b.Skip("runsc not found")
@@ -67,6 +85,7 @@ func BenchmarkFork(b *testing.B) {
 			const src = "bfs"
 			sp := volSpec(src, GVisorClass, []runtime.Volume{{Name: "data", SizeBytes: 64 << 20}}, "sleep 100000")
 			sp.Image = "busybox"
+			sp.Container.Resources.MilliCPU = c.milli
 			e.create(sp)
 			var walls []time.Duration
 			steps := traceSteps(e.b)
