@@ -341,22 +341,9 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 		entries[i] = newEntry(Sandbox{ID: t.ID, Spec: cloneSpec(spec), State: StateCreating, CreatedAt: now,
 			Lifetime: lifetime, Deadline: now.Add(lifetime), RuntimeClass: src.RuntimeClass, ImageDigest: src.ImageDigest})
 	}
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil, errors.New("runner: shutting down")
+	if err := r.addForks(entries); err != nil {
+		return nil, err
 	}
-	for _, t := range targets {
-		if _, ok := r.sandboxes[t.ID]; ok {
-			r.mu.Unlock()
-			return nil, fmt.Errorf("%w: %s", ErrAlreadyExists, t.ID)
-		}
-	}
-	for _, fe := range entries {
-		r.sandboxes[fe.sb.ID] = fe
-		r.notifyLocked(fe)
-	}
-	r.mu.Unlock()
 
 	infos, errs := fk.Fork(context.WithoutCancel(ctx), id, specs)
 	return r.startForks(id, "fork", entries, infos, errs), nil
@@ -417,6 +404,26 @@ func (r *Runner) startForks(id, what string, entries []*entry, infos []runtime.I
 		out[i] = ForkResult{Sandbox: snap}
 	}
 	return out
+}
+
+// addForks adds the entries of forks about to be made (CREATING), unless the runner is
+// closing or has one of their IDs.
+func (r *Runner) addForks(entries []*entry) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errors.New("runner: shutting down")
+	}
+	for _, fe := range entries {
+		if _, ok := r.sandboxes[fe.sb.ID]; ok {
+			return fmt.Errorf("%w: %s", ErrAlreadyExists, fe.sb.ID)
+		}
+	}
+	for _, fe := range entries {
+		r.sandboxes[fe.sb.ID] = fe
+		r.notifyLocked(fe)
+	}
+	return nil
 }
 
 func (r *Runner) snapshotOf(e *entry) Sandbox {

@@ -558,22 +558,9 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 		specs[i] = &spec
 		entries[i] = newEntry(sb)
 	}
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil, errors.New("runner: shutting down")
+	if err := r.addForks(entries); err != nil {
+		return nil, err
 	}
-	for _, t := range req.Targets {
-		if _, ok := r.sandboxes[t.ID]; ok {
-			r.mu.Unlock()
-			return nil, fmt.Errorf("%w: %s", ErrAlreadyExists, t.ID)
-		}
-	}
-	for _, fe := range entries {
-		r.sandboxes[fe.sb.ID] = fe
-		r.notifyLocked(fe)
-	}
-	r.mu.Unlock()
 	done()
 	if req.Move {
 		// The lifetime the backend's spec records is the create's; a restarted runner

@@ -848,7 +848,9 @@ func (r *Runner) armExpiry(e *entry) {
 func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 	id := e.sb.ID
 	if create {
+		r.mu.Lock() // a Delete may be changing its state meanwhile
 		spec := e.snapshot().Spec
+		r.mu.Unlock()
 		for i, c := range spec.AllContainers() {
 			if i < len(e.creds) {
 				c.PullCredentials = e.creds[i]

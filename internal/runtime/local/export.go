@@ -387,31 +387,7 @@ func (b *Backend) ForkFromCheckpoint(ctx context.Context, cp runtime.CheckpointE
 	defer cleanup()
 	failpoint.Hit("local.import.staged")
 	fp.digest = digest
-	sem := make(chan struct{}, forkParallel)
-	var wg sync.WaitGroup
-	for i, sp := range specs {
-		if errs[i] != nil {
-			continue
-		}
-		sp := sp.Clone()
-		sp.RuntimeClass = class
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				errs[i] = ctx.Err()
-				return
-			}
-			defer func() { <-sem }()
-			infos[i], errs[i] = b.create(ctx, &sp, fp)
-			if errs[i] != nil {
-				errs[i] = fmt.Errorf("fork %s from checkpoint: %w", sp.ID, errs[i])
-			}
-		}()
-	}
-	wg.Wait()
+	b.makeForks(ctx, specs, class, fp, "from checkpoint", infos, errs)
 	return infos, errs
 }
 

@@ -117,6 +117,13 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 		}()
 		defer func() { <-contDone }()
 	}
+	b.makeForks(ctx, specs, s.rt.class, fp, "of "+src, infos, errs)
+	return infos, errs
+}
+
+// makeForks makes each of specs whose errs entry is nil (as class, from fp), up to
+// forkParallel at once, into infos and errs; what says where from in errors.
+func (b *Backend) makeForks(ctx context.Context, specs []*runtime.Spec, class string, fp *forkParams, what string, infos []runtime.Info, errs []error) {
 	sem := make(chan struct{}, forkParallel)
 	var wg sync.WaitGroup
 	for i, sp := range specs {
@@ -124,7 +131,7 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 			continue
 		}
 		sp := sp.Clone()
-		sp.RuntimeClass = s.rt.class
+		sp.RuntimeClass = class
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -137,12 +144,11 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 			defer func() { <-sem }()
 			infos[i], errs[i] = b.create(ctx, &sp, fp)
 			if errs[i] != nil {
-				errs[i] = fmt.Errorf("fork %s of %s: %w", sp.ID, src, errs[i])
+				errs[i] = fmt.Errorf("fork %s %s: %w", sp.ID, what, errs[i])
 			}
 		}()
 	}
 	wg.Wait()
-	return infos, errs
 }
 
 // forkUnsupported says why sandbox s cannot be forked ("" if it can).
