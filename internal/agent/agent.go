@@ -94,9 +94,13 @@ type Agent struct {
 
 	// Standby (pooled) agents: cfg, workDir and user are set once, by Start, before
 	// started is set and startCh closed; handlers that use them check started first.
-	started   atomic.Bool
-	startMu   sync.Mutex
-	startCh   chan struct{}
+	started atomic.Bool
+	startMu sync.Mutex
+	startCh chan struct{}
+	// filesDone is closed once supervise has written Config.Files (or failed to): exec
+	// and file calls wait for it, so a call right after the agent answers never misses
+	// a file of the spec.
+	filesDone chan struct{}
 	startDone bool // Start was called, or the agent stopped before it
 	// standbyBase is the standby config's Env and WorkingDir: what the Start config is
 	// completed with (its Env merged onto them, its empty WorkingDir defaulted), for a
@@ -283,6 +287,7 @@ func newAgent(opts Options) (*Agent, error) {
 		done:        make(chan struct{}),
 		execs:       make(map[*proc]struct{}),
 		startCh:     make(chan struct{}),
+		filesDone:   make(chan struct{}),
 	}
 	if opts.Config.Standby {
 		a.cfg = &agentconfig.Config{Standby: true}
@@ -455,7 +460,12 @@ func (a *Agent) supervise(ctx context.Context) int {
 		})
 		return 1
 	}
-	if err := a.writeConfigFiles(); err != nil {
+	if f := testBeforeFiles.Load(); f != nil {
+		(*f)()
+	}
+	err := a.writeConfigFiles()
+	close(a.filesDone)
+	if err != nil {
 		return fail(ReasonStartError, err.Error())
 	}
 	if a.workDirErr != nil {
@@ -583,6 +593,9 @@ func (a *Agent) startMain() (*proc, <-chan struct{}, error) {
 	}()
 	return p, outDone, nil
 }
+
+// testBeforeFiles, set by tests, runs in supervise before Config.Files are written.
+var testBeforeFiles atomic.Pointer[func()]
 
 // writeConfigFiles writes Config.Files before the main command first starts.
 func (a *Agent) writeConfigFiles() error {

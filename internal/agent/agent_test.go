@@ -568,3 +568,25 @@ func procChildren(t *testing.T, match func(comm, state string) bool) []string {
 	}
 	return out
 }
+
+// TestExecWaitsForSpecFiles: the agent answers before it has written the spec's files
+// (they are written as the main command first starts); an exec or a file read that
+// comes in between waits for them rather than miss them.
+func TestExecWaitsForSpecFiles(t *testing.T) {
+	dir := t.TempDir()
+	slow := func() { time.Sleep(300 * time.Millisecond) }
+	testBeforeFiles.Store(&slow)
+	defer testBeforeFiles.Store(nil)
+	h := startAgent(t, &agentconfig.Config{Argv: []string{"sh", "-c", "exec sleep 60"}, WorkingDir: dir,
+		Files: []agentconfig.File{{Path: "spec.txt", Content: []byte("from the spec")}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := h.client.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"cat", "spec.txt"}}))
+	if err != nil || string(res.Msg.GetStdout()) != "from the spec" {
+		t.Fatalf("exec right after start: %v, %v; want the spec's file", res, err)
+	}
+	rf, err := h.client.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: filepath.Join(dir, "spec.txt")}))
+	if err != nil || string(rf.Msg.GetContent()) != "from the spec" {
+		t.Fatalf("read: %v, %v", rf, err)
+	}
+}

@@ -76,7 +76,7 @@ func (c *capBuf) write(b []byte) {
 }
 
 func (s *service) Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
-	if err := s.requireStarted(); err != nil {
+	if err := s.requireFiles(ctx); err != nil {
 		return nil, err
 	}
 	m := req.Msg
@@ -284,7 +284,7 @@ type output struct {
 }
 
 func (s *service) StreamExec(ctx context.Context, st *connect.BidiStream[agentv1.StreamExecRequest, agentv1.StreamExecResponse]) error {
-	if err := s.requireStarted(); err != nil {
+	if err := s.requireFiles(ctx); err != nil {
 		return err
 	}
 	first, err := st.Receive()
@@ -451,7 +451,7 @@ func (s *service) StreamExec(ctx context.Context, st *connect.BidiStream[agentv1
 }
 
 func (s *service) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
-	if err := s.requireStarted(); err != nil {
+	if err := s.requireFiles(ctx); err != nil {
 		return nil, err
 	}
 	b, err := s.a.readFile(req.Msg.Path, req.Msg.MaxBytes)
@@ -462,7 +462,7 @@ func (s *service) ReadFile(ctx context.Context, req *connect.Request[agentv1.Rea
 }
 
 func (s *service) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
-	if err := s.requireStarted(); err != nil {
+	if err := s.requireFiles(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.a.writeFile(req.Msg.Path, req.Msg.Content, req.Msg.Mode); err != nil {
@@ -507,6 +507,20 @@ func (s *service) requireStarted() error {
 		return connect.NewError(connect.CodeFailedPrecondition, errNotStarted)
 	}
 	return nil
+}
+
+// requireFiles is requireStarted, then waits until the spec's files are written (they
+// are written as the main command first starts, while the agent already answers).
+func (s *service) requireFiles(ctx context.Context) error {
+	if err := s.requireStarted(); err != nil {
+		return err
+	}
+	select {
+	case <-s.a.filesDone:
+		return nil
+	case <-ctx.Done():
+		return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("waiting for the sandbox's files: %w", ctx.Err()))
+	}
 }
 
 func (s *service) Start(ctx context.Context, req *connect.Request[agentv1.StartRequest]) (*connect.Response[agentv1.StartResponse], error) {
