@@ -122,7 +122,11 @@ func Start(t testing.TB) *Server {
 		"-s3.port.iceberg=0", "-s3.port.lance=0", "-iam.port="+strconv.Itoa(p[8]),
 		"-s3.localSocket="+filepath.Join(dir, "s3.sock"),
 		"-s3.config="+filepath.Join(dir, "s3.json"),
-		"-master.volumeSizeLimitMB=256", "-volume.max=0",
+		// A fixed volume count: "-volume.max=0" sizes it by the disk's free space
+		// (free / volumeSizeLimit), and every bucket grows 7 volumes, so on a machine
+		// with a few GB free the third bucket found no writable volume (CI, stop 34).
+		// Volumes are sparse (no preallocation), so a large count costs nothing.
+		"-master.volumeSizeLimitMB=64", "-volume.max=400",
 	)
 	cmd.Dir = dir
 	logf, err := os.Create(filepath.Join(dir, "weed.log"))
