@@ -14,7 +14,9 @@ import (
 // same numbers, kinds and cardinalities (presence aside: runtime_class_selection is a
 // proto3 optional in the partial form only; its encoding is the same).
 func TestPartialSpecMatchesSpec(t *testing.T) {
-	pairs := []struct{ partial, full protoreflect.MessageDescriptor }{
+	pairs := []struct {
+		partial, full protoreflect.MessageDescriptor
+	}{
 		{(&sandboxv1.PartialSandboxSpec{}).ProtoReflect().Descriptor(), (&sandboxv1.SandboxSpec{}).ProtoReflect().Descriptor()},
 		{(&sandboxv1.PartialContainer{}).ProtoReflect().Descriptor(), (&sandboxv1.Container{}).ProtoReflect().Descriptor()},
 	}
