@@ -93,6 +93,9 @@ var pgUnique = map[string][2]string{
 	"fss_bucket_configs_bucket_name_key": {"fss_bucket_configs", "bucket_name"},
 	"snapshots_pkey":                     {"snapshots", KeyID},
 	"snapshots_request_id_key":           {"snapshots", KeyRequestID},
+	"templates_pkey":                     {"templates", KeyID},
+	"templates_display_name_key":         {"templates", KeyDisplayName},
+	"templates_request_id_key":           {"templates", KeyRequestID},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

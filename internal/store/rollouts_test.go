@@ -266,6 +266,9 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `DROP TABLE rollout_halts`)
 		rawExec(t, dsn, `DELETE FROM schema_migrations WHERE version >= 8`)
 		rawExec(t, dsn, `DROP TABLE snapshots`) // of 0009, applied again (0010 is IF NOT EXISTS)
+		rawExec(t, dsn, `DROP TABLE templates`) // of 0011, applied again
+		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN source_template_id`)
+		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN source_template_revision`)
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)

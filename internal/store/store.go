@@ -33,6 +33,7 @@ type Store interface {
 	Installs() Installs
 	FSSBucketConfigs() FSSBucketConfigs
 	Snapshots() Snapshots
+	Templates() Templates
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
@@ -396,6 +397,10 @@ type Sandbox struct {
 	Status         json.RawMessage // last status seen; nil when none
 	UpdatedAt      time.Time
 	EndedAt        *time.Time // set once terminal
+	// SourceTemplateID and SourceTemplateRevision name the template the sandbox was
+	// created from ("" and 0: none).
+	SourceTemplateID       string
+	SourceTemplateRevision int64
 }
 
 // SandboxStatusUpdate is a new state and last status for a sandbox.
