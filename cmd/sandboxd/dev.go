@@ -143,6 +143,7 @@ func (c devConfig) run() error {
 		Index:         st.Sandboxes(),
 		Orgs:          st.Orgs(),
 		Snapshots:     st.Snapshots(),
+		Templates:     st.Templates(),
 		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
 		ReconcileInterval: gateway.DefaultReconcileInterval,
 		Logger:            logger,

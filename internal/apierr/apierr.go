@@ -86,6 +86,9 @@ const (
 	// RequestIDConflict: the request_id already created a sandbox from a different
 	// request (CreateSandboxFromFile: other file bytes or options).
 	RequestIDConflict = "CWSANDBOX_REQUEST_ID_CONFLICT"
+	// Sandbox templates (issue 22).
+	TemplateNotFound      = "CWSANDBOX_TEMPLATE_NOT_FOUND"
+	TemplateLimitExceeded = "CWSANDBOX_TEMPLATE_LIMIT_EXCEEDED"
 )
 
 // Reasons of the control plane's own API (runners, registration, API keys).
@@ -203,8 +206,10 @@ var table = []reasonCode{
 	{ServerBusy, connect.CodeResourceExhausted, "the server buffers as many request bytes as it may; retry"},
 	{RouteNotFound, connect.CodeNotFound, "no REST route has the request's path (HTTP 404)"},
 	{BackendUnavailable, connect.CodeUnavailable, "a store the call needs (the API keys) cannot answer now; retry"},
-	{RequestIDConflict, connect.CodeInvalidArgument, "the request_id already created a sandbox from a different request (another file's bytes, other options)"},
-	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version"},
+	{RequestIDConflict, connect.CodeInvalidArgument, "the request_id already created a sandbox (or template) from a different request (another file's bytes, other options, another template)"},
+	{TemplateNotFound, connect.CodeNotFound, "no such sandbox template visible to the caller (by ID or display name; deleted ones only with show_deleted)"},
+	{TemplateLimitExceeded, connect.CodeResourceExhausted, "the organization has as many templates as it may (metadata limit)"},
+	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version, or a template of that display name"},
 	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
 	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},
 	{NoUpdateAvailable, connect.CodeFailedPrecondition, "there is nothing to apply"},

@@ -63,10 +63,11 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 }
 
 // toProto is the public form of a sandbox of runner r, with its services' addresses.
-func (s *Server) toProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
-	p := sandboxProto(id, sp, sb, r)
+func (s *Server) toProto(rec *record, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
+	p := sandboxProto(rec.id, rec.spec, sb, r)
+	p.SourceTemplateId, p.SourceTemplateRevision = rec.sourceTemplateID, rec.sourceTemplateRevision
 	domain, port := s.views.edgeOf(r.ID())
-	p.Status.Services = spec.ServiceStatuses(id, sp, sb, r.ID(), domain, port)
+	p.Status.Services = spec.ServiceStatuses(rec.id, rec.spec, sb, r.ID(), domain, port)
 	return p
 }
 

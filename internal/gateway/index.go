@@ -22,10 +22,14 @@ type record struct {
 	createdAt         time.Time
 	last              runner.Sandbox
 	policyRevision    int64
-	// fileDigest identifies the CreateSandboxFromFile request that created the sandbox
-	// (fileRequestDigest); "" for CreateSandbox. A request_id replayed with another
-	// request is a conflict.
-	fileDigest string
+	// requestDigest identifies the request that created the sandbox when its RPC is not
+	// CreateSandbox (fileRequestDigest, templateRequestDigest, forkDigest); "" for
+	// CreateSandbox. A request_id replayed with another request is a conflict.
+	requestDigest string
+	// sourceTemplateID and sourceTemplateRevision name the template the sandbox was
+	// created from ("" and 0: none).
+	sourceTemplateID       string
+	sourceTemplateRevision int64
 }
 
 // index maps sandboxes to their organization and runner, and deduplicates creates. It

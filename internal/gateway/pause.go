@@ -231,7 +231,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	var todo []int
 	for k := range count {
 		if f, ok := s.index.byRequestID(ctx, p.Org, forkRequestKey(m.GetRequestId(), k)); ok {
-			if f.fileDigest != digest {
+			if f.requestDigest != digest {
 				return nil, requestIDConflict()
 			}
 			out[k] = s.forkReplayed(ctx, f)
@@ -307,7 +307,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		s.views.confirmed(g.c.Index, g.c.Need) // counted until the runner's usage shows it
 		policyRevision, _ := strconv.ParseInt(g.c.Result.PolicyRevision, 10, 64)
 		f := &record{id: sb.ID, org: p.Org, runnerID: g.h.ID(), spec: proto.CloneOf(rec.spec), createdAt: sb.CreatedAt, last: sb,
-			policyRevision: policyRevision, fileDigest: digest}
+			policyRevision: policyRevision, requestDigest: digest}
 		if f.createdAt.IsZero() {
 			f.createdAt = time.Now()
 		}
@@ -355,7 +355,7 @@ func (s *Server) recordFork(ctx context.Context, f *record, r runner.Handle, key
 	var dup *store.AlreadyExistsError
 	if errors.As(err, &dup) && dup.Key == store.KeyRequestID {
 		// The same request on another gateway replica recorded this fork meanwhile.
-		if first, ok := s.index.byRequestID(ctx, f.org, key); ok && first.fileDigest == digest {
+		if first, ok := s.index.byRequestID(ctx, f.org, key); ok && first.requestDigest == digest {
 			return s.forkReplayed(ctx, first)
 		}
 		return forkFailed(f.id, requestIDConflict())
@@ -410,7 +410,7 @@ func forkMeta(src map[string]string, org, caller, policyRevision string) map[str
 	return m
 }
 
-// forkDigest identifies a ForkSandbox request in its forks' records (record.fileDigest):
+// forkDigest identifies a ForkSandbox request in its forks' records (record.requestDigest):
 // a request_id repeated with another source or count is a conflict.
 func forkDigest(source string, count int) string {
 	return fmt.Sprintf("fork:%s:%d", source, count)

@@ -42,8 +42,8 @@ type lastStatus struct {
 	IP           string    `json:"ip,omitempty"`
 	RuntimeClass string    `json:"runtime_class,omitempty"`
 	ImageDigest  string    `json:"image_digest,omitempty"`
-	// FileDigest is the record's fileDigest (kept here: it is the gateway's own).
-	FileDigest string `json:"file_digest,omitempty"`
+	// RequestDigest is the record's requestDigest (kept here: it is the gateway's own).
+	RequestDigest string `json:"file_digest,omitempty"` // the name predates templates
 }
 
 func toLast(sb runner.Sandbox) lastStatus {
@@ -69,7 +69,7 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 		return store.Sandbox{}, fmt.Errorf("encode spec: %w", err)
 	}
 	last := toLast(r.last)
-	last.FileDigest = r.fileDigest
+	last.RequestDigest = r.requestDigest
 	status, err := json.Marshal(last)
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("encode status: %w", err)
@@ -77,6 +77,7 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 	return store.Sandbox{
 		ID: r.id, Org: r.org, RunnerID: r.runnerID, RequestID: requestID, Spec: spec, Tags: r.spec.GetTags(),
 		CreatedAt: r.createdAt, State: r.last.State.String(), PolicyRevision: r.policyRevision, Status: status,
+		SourceTemplateID: r.sourceTemplateID, SourceTemplateRevision: r.sourceTemplateRevision,
 	}, nil
 }
 
@@ -93,7 +94,7 @@ func fromStore(s store.Sandbox) (*record, error) {
 		}
 	}
 	return &record{id: s.ID, org: s.Org, runnerID: s.RunnerID, spec: spec, createdAt: s.CreatedAt, last: last.sandbox(s.ID), policyRevision: s.PolicyRevision,
-		fileDigest: last.FileDigest}, nil
+		requestDigest: last.RequestDigest, sourceTemplateID: s.SourceTemplateID, sourceTemplateRevision: s.SourceTemplateRevision}, nil
 }
 
 // load fills the index with every organization's records from st.
@@ -164,7 +165,7 @@ func (x *index) persistStatus(ctx context.Context, r *record, sb runner.Sandbox)
 // statusUpdate is the store's update of r to status sb.
 func statusUpdate(r *record, sb runner.Sandbox) (store.SandboxStatusUpdate, error) {
 	last := toLast(sb)
-	last.FileDigest = r.fileDigest
+	last.RequestDigest = r.requestDigest
 	status, err := json.Marshal(last)
 	if err != nil {
 		return store.SandboxStatusUpdate{}, err

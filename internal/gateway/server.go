@@ -91,17 +91,19 @@ type Config struct {
 	BlobConfig blobconfig.Config
 	// FSS configures snapshot limits, the snapshot garbage collector and the
 	// organizations' snapshot buckets (settings_fss.go).
-	FSS    FSSOptions
-	Logger *slog.Logger
+	FSS FSSOptions
+	// Templates keeps the organizations' sandbox templates (templates.go); nil: the
+	// template RPCs and CreateSandboxFromTemplate answer CWSANDBOX_NOT_IMPLEMENTED.
+	Templates store.Templates
+	Logger    *slog.Logger
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
 // does not build yet are the embedded generated stubs, which answer UNIMPLEMENTED (with
-// reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of
-// SandboxTemplateService, VolumeService and SettingsService but its file-system snapshot
-// bucket config (settings_fss.go), and SandboxService's CreateSandboxFromTemplate and
-// GetSandboxBuildLogs. Building one is defining its method
-// on Server.
+// reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of VolumeService and
+// SettingsService but its file-system snapshot bucket config (settings_fss.go), and
+// SandboxService's GetSandboxBuildLogs. Building one is defining its method on Server
+// (SandboxTemplateService and CreateSandboxFromTemplate: templates.go).
 type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
 	sandboxv1connect.UnimplementedDiscoveryServiceHandler
@@ -139,6 +141,8 @@ type Server struct {
 	openBucket func(ctx context.Context, bucket string) (blob.Store, error)
 	hooks      snapshotHooks
 	gone       unreachable
+	// templates: see Config.Templates.
+	templates store.Templates
 }
 
 // New returns a Server.
@@ -164,7 +168,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
 		shareTokens: newShareTokens(cfg.ShareTokenKey), snaps: cfg.Snapshots, blobs: cfg.Blobs, snapBucket: cfg.SnapshotBucket,
-		openBucket: blobconfig.NewBuckets(cfg.BlobConfig, cfg.Blobs, 0).Store}
+		openBucket: blobconfig.NewBuckets(cfg.BlobConfig, cfg.Blobs, 0).Store, templates: cfg.Templates}
 	if cfg.Index != nil {
 		if cfg.Orgs == nil {
 			return nil, errors.New("gateway: an Index needs Orgs to load it")
@@ -356,8 +360,13 @@ func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandbox
 type createArgs struct {
 	spec      *sandboxv1.SandboxSpec
 	requestID string
-	// fileDigest identifies a CreateSandboxFromFile request (record.fileDigest).
-	fileDigest string
+	// requestDigest identifies a request of another RPC than CreateSandbox
+	// (record.requestDigest).
+	requestDigest string
+	// sourceTemplateID and sourceTemplateRevision: the template of a
+	// CreateSandboxFromTemplate (record).
+	sourceTemplateID       string
+	sourceTemplateRevision int64
 	// adjust adds to the runtime spec converted from the resolved spec what the public
 	// wire cannot carry (a Compose file's depends_on, tmpfs and host aliases).
 	adjust func(*runtime.Spec) error
@@ -375,7 +384,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
 	}
 	if rec, ok := s.index.byRequestID(ctx, p.Org, a.requestID); ok {
-		if rec.fileDigest != a.fileDigest {
+		if rec.requestDigest != a.requestDigest {
 			return nil, requestIDConflict()
 		}
 		if r := s.runnerByID(s.index.runnerOf(rec)); r != nil {
@@ -417,7 +426,8 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		recorded = proto.CloneOf(recorded)
 		recorded.Containers[0].Name = runtime.EngineContainerName
 	}
-	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: recorded, createdAt: sb.CreatedAt, last: sb, fileDigest: a.fileDigest}
+	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: recorded, createdAt: sb.CreatedAt, last: sb, requestDigest: a.requestDigest,
+		sourceTemplateID: a.sourceTemplateID, sourceTemplateRevision: a.sourceTemplateRevision}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, a.requestID); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.
@@ -426,7 +436,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		if errors.As(err, &dup) && dup.Key == store.KeyRequestID {
 			// Another gateway replica created this request's sandbox meanwhile: that one counts.
 			if first, ok := s.index.byRequestID(ctx, p.Org, a.requestID); ok {
-				if first.fileDigest != a.fileDigest {
+				if first.requestDigest != a.requestDigest {
 					return nil, requestIDConflict()
 				}
 				if fr := s.runnerByID(s.index.runnerOf(first)); fr != nil {
@@ -449,7 +459,7 @@ func requestIDConflict() error {
 // created is the create response for rec as sb: the only answer that carries the
 // sandbox's share token.
 func (s *Server) created(rec *record, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
-	return s.withShareToken(s.toProto(rec.id, rec.spec, sb, r), sb)
+	return s.withShareToken(s.toProto(rec, sb, r), sb)
 }
 
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
@@ -461,7 +471,7 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.
 	if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil {
 		r = nr // it moved
 	}
-	return connect.NewResponse(s.toProto(rec.id, rec.spec, sb, r)), nil
+	return connect.NewResponse(s.toProto(rec, sb, r)), nil
 }
 
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
@@ -519,7 +529,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Sandboxes[size-1].GetSandboxId()))
 			break
 		}
-		out.Sandboxes = append(out.Sandboxes, s.toProto(rec.id, rec.spec, sb, r))
+		out.Sandboxes = append(out.Sandboxes, s.toProto(rec, sb, r))
 	}
 	if skipping {
 		// The token names no sandbox of this organization: garbage (or a sandbox forgotten
@@ -580,7 +590,7 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 	}
 	s.index.setLast(ctx, rec, sb)
 	s.views.poke() // its capacity is free again soon
-	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: s.toProto(rec.id, rec.spec, sb, r)}), nil
+	return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{Sandbox: s.toProto(rec, sb, r)}), nil
 }
 
 func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandboxv1.PurgeSandboxesRequest]) (*connect.Response[sandboxv1.PurgeSandboxesResponse], error) {

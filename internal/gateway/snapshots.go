@@ -636,7 +636,7 @@ func (s *Server) snapshotOnDelete(ctx context.Context, m *sandboxv1.DeleteSandbo
 	}
 	if have > 0 && have == len(names) {
 		sb := s.current(ctx, rec, r)
-		return deleteResponse(s.toProto(rec.id, rec.spec, sb, r), rows), nil
+		return deleteResponse(s.toProto(rec, sb, r), rows), nil
 	}
 	sh, err := s.snapshotHandle(ctx, r)
 	if err != nil {
@@ -695,7 +695,7 @@ func (s *Server) snapshotOnDelete(ctx context.Context, m *sandboxv1.DeleteSandbo
 	s.index.setLast(ctx, rec, sb)
 	s.views.poke()
 	s.log.Info("sandbox deleted with snapshots", "sandbox", rec.id, "org", org, "volumes", names)
-	return deleteResponse(s.toProto(rec.id, rec.spec, sb, r), rows), nil
+	return deleteResponse(s.toProto(rec, sb, r), rows), nil
 }
 
 func deleteResponse(sb *sandboxv1.Sandbox, rows []store.Snapshot) *sandboxv1.DeleteSandboxResponse {
