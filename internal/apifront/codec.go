@@ -46,7 +46,11 @@ func StrictJSON() []vanguard.TranscoderOption {
 type strictJSON struct{ *vanguard.JSONCodec }
 
 func (j strictJSON) Unmarshal(b []byte, msg proto.Message) error {
-	return invalidJSON(j.JSONCodec.Unmarshal(b, msg), b, msg.ProtoReflect().Descriptor(), "")
+	if err := invalidJSON(j.JSONCodec.Unmarshal(b, msg), b, msg.ProtoReflect().Descriptor(), ""); err != nil {
+		return err
+	}
+	markSetEmpty(b, msg)
+	return nil
 }
 
 func (j strictJSON) UnmarshalField(b []byte, msg proto.Message, field protoreflect.FieldDescriptor) error {

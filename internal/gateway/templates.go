@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -23,6 +24,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/spec"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -159,10 +161,11 @@ func (s *Server) checkTemplateFields(ctx context.Context, t *sandboxv1.SandboxTe
 	if vs := displayNameViolations("sandbox_template.display_name", t.GetDisplayName()); vs != nil {
 		return nil, nil, apierr.Invalid(apierr.InvalidRequest, "invalid display_name: "+apierr.Describe(vs), vs)
 	}
-	p := t.GetSpec()
+	p := discardUnknown(t.GetSpec())
 	if p == nil {
 		p = &sandboxv1.PartialSandboxSpec{}
 	}
+	t.Spec = p
 	if err := s.checkTemplateSpec(ctx, "sandbox_template.spec", p); err != nil {
 		return nil, nil, err
 	}
@@ -181,6 +184,23 @@ func (s *Server) checkTemplateFields(ctx context.Context, t *sandboxv1.SandboxTe
 		}
 	}
 	return specBytes, attachments, nil
+}
+
+// discardUnknown is p without unknown fields at any depth (binary clients may send
+// fields this server does not know yet: ignored, never stored).
+func discardUnknown(p *sandboxv1.PartialSandboxSpec) *sandboxv1.PartialSandboxSpec {
+	if p == nil {
+		return nil
+	}
+	b, err := proto.Marshal(p)
+	if err != nil {
+		return p
+	}
+	out := &sandboxv1.PartialSandboxSpec{}
+	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, out); err != nil {
+		return p
+	}
+	return out
 }
 
 // templateProto is the wire form of a stored template.
@@ -473,13 +493,24 @@ func (s *Server) CreateSandboxFromTemplate(ctx context.Context, req *connect.Req
 	if n := proto.Size(m.GetOverrides()); n > MaxTemplateSpecBytes {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "overrides too large", []apierr.Violation{{Field: "overrides", Description: fmt.Sprintf("is %d bytes serialized, at most %d allowed", n, MaxTemplateSpecBytes)}})
 	}
-	resolved, err := spec.FromTemplate(tmpl, m.GetOverrides())
+	// Set-but-empty lists and maps (JSON only: apifront.TakeCleared) clear the template's;
+	// other unknown fields are ignored, as everywhere on binary protobuf.
+	over := proto.CloneOf(m.GetOverrides())
+	cleared := apifront.TakeCleared(over)
+	over = discardUnknown(over)
+	resolved, err := spec.FromTemplate(tmpl, over, cleared...)
 	if err != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid overrides", []apierr.Violation{{Field: "overrides", Description: err.Error()}})
 	}
 	// The request's identity for request_id replays: the template (by ID, whichever way
 	// it was named), the overrides and the display name.
-	d := digest("from-template", &sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: t.ID, Overrides: m.GetOverrides(), DisplayName: m.GetDisplayName()})
+	names := make([]string, len(cleared))
+	for i, n := range cleared {
+		names[i] = string(n)
+	}
+	slices.Sort(names)
+	d := digest("from-template", &sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: t.ID, Overrides: over, DisplayName: m.GetDisplayName(),
+		RequestId: strings.Join(names, ",")}) // the cleared fields ride in RequestId, which the digest otherwise leaves out
 	out, err := s.create(ctx, createArgs{spec: resolved, requestID: m.GetRequestId(), requestDigest: d,
 		sourceTemplateID: t.ID, sourceTemplateRevision: t.Revision})
 	if err != nil {

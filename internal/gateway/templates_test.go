@@ -2,7 +2,10 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -447,4 +450,79 @@ func TestTemplatesWithoutStore(t *testing.T) {
 	wantTmplErr(t, err, connect.CodeUnimplemented, apierr.NotImplemented, "")
 	_, err = s.CreateSandboxFromTemplate(tmplUser(testOrg), connect.NewRequest(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: "py"}))
 	wantTmplErr(t, err, connect.CodeUnimplemented, apierr.NotImplemented, "")
+}
+
+// TestTemplatesOverREST: the REST routes of the proto annotations serve the template RPCs,
+// and JSON can say set-but-empty: `"tags": []` in overrides clears the template's tags,
+// where a missing key keeps them.
+func TestTemplatesOverREST(t *testing.T) {
+	dir := t.TempDir()
+	keys, err := auth.OpenKeyring(filepath.Join(dir, "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminKey, _, err := keys.Create(testOrg, auth.RoleAdmin, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	userKey, _, err := keys.Create(testOrg, auth.RoleUser, "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newTemplateGateway(t, dir, &acceptingRunner{id: "r1"})
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	call := func(method, path, key, body string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var out map[string]any
+		_ = json.NewDecoder(res.Body).Decode(&out)
+		return res.StatusCode, out
+	}
+	body := `{"displayName": "py", "spec": {"containers": [{"name": "main", "image": "python:3.11"}], "tags": ["a", "b"], "annotations": {"k": "v"}}}`
+	if code, out := call("POST", "/v1/sandboxTemplates", userKey, body); code != http.StatusForbidden {
+		t.Fatalf("user create: %d %v", code, out)
+	}
+	code, tmpl := call("POST", "/v1/sandboxTemplates", adminKey, body)
+	if code != http.StatusOK || tmpl["sandboxTemplateId"] == "" {
+		t.Fatalf("create: %d %v", code, tmpl)
+	}
+	if code, out := call("GET", "/v1/sandboxTemplates/py", userKey, ""); code != http.StatusOK || out["sandboxTemplateId"] != tmpl["sandboxTemplateId"] {
+		t.Fatalf("get by name: %d %v", code, out)
+	}
+	if code, out := call("PATCH", "/v1/sandboxTemplates/py?updateMask=spec.maxLifetimeSeconds", adminKey, `{"spec": {"maxLifetimeSeconds": 90}}`); code != http.StatusOK || out["revision"] != "2" {
+		t.Fatalf("patch: %d %v", code, out)
+	}
+	if code, out := call("GET", "/v1/sandboxTemplates?pageSize=1", userKey, ""); code != http.StatusOK || len(out["sandboxTemplates"].([]any)) != 1 {
+		t.Fatalf("list: %d %v", code, out)
+	}
+	specOf := func(out map[string]any) map[string]any {
+		sp, _ := out["spec"].(map[string]any)
+		return sp
+	}
+	code, sb := call("POST", "/v1/sandboxes:createFromTemplate", userKey, `{"templateId": "py", "overrides": {"tags": [], "annotations": {}}}`)
+	if code != http.StatusOK || fmt.Sprint(specOf(sb)["tags"]) != "[]" || fmt.Sprint(specOf(sb)["annotations"]) != "map[]" || sb["sourceTemplateId"] != tmpl["sandboxTemplateId"] ||
+		specOf(sb)["maxLifetimeSeconds"] != float64(90) {
+		t.Fatalf("set-but-empty: %d %v", code, sb)
+	}
+	code, sb = call("POST", "/v1/sandboxes:createFromTemplate", userKey, `{"templateId": "py", "overrides": {"maxLifetimeSeconds": 0}}`)
+	if code != http.StatusOK || fmt.Sprint(specOf(sb)["tags"]) != "[a b]" || fmt.Sprint(specOf(sb)["annotations"]) != "map[k:v]" {
+		t.Fatalf("absent: %d %v", code, sb)
+	}
+	if code, out := call("DELETE", "/v1/sandboxTemplates/py", adminKey, ""); code != http.StatusOK {
+		t.Fatalf("delete: %d %v", code, out)
+	}
+	if code, out := call("GET", "/v1/sandboxTemplates/py", userKey, ""); code != http.StatusNotFound {
+		t.Fatalf("get deleted: %d %v", code, out)
+	}
 }
