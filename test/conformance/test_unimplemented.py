@@ -1,7 +1,7 @@
 """RPCs sandboxd does not build yet, through the official ``cwsandbox`` client (issue 16 §5).
 
 Every RPC of the client's services answers with a gRPC status: those not built yet (volumes,
-templates, settings; file-system snapshots are test_snapshots.py's) are UNIMPLEMENTED with the AIP-193 reason
+settings; file-system snapshots are test_snapshots.py's, templates test_templates.py's) are UNIMPLEMENTED with the AIP-193 reason
 CWSANDBOX_NOT_IMPLEMENTED, which the client puts on the exception it raises (``.reason``),
 instead of the raw HTTP 404 an unknown service got. The same for every protocol and REST is
 cmd/sandboxd's TestNotBuiltRPCsAnswerUnimplemented.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 cwsandbox = pytest.importorskip("cwsandbox")
-from cwsandbox import Sandbox, Volume  # noqa: E402
+from cwsandbox import Volume  # noqa: E402
 from cwsandbox.exceptions import CWSandboxError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("client")
@@ -22,7 +22,6 @@ NOT_IMPLEMENTED = "CWSANDBOX_NOT_IMPLEMENTED"
 CALLS = {
     "Volume.list": lambda: Volume.list().result(timeout=30),
     "Volume.get": lambda: Volume.get("vol-nope").result(timeout=30),
-    "Sandbox.run_from_template": lambda: Sandbox.run_from_template("tmpl-nope"),
 }
 
 
