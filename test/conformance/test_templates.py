@@ -83,8 +83,8 @@ def _get(sandboxd, stubs, sandbox_id: str) -> sandbox_pb2.Sandbox:
     return sb_stub.GetSandbox(sandbox_pb2.GetSandboxRequest(sandbox_id=sandbox_id), metadata=_md(sandboxd.admin_key), timeout=30)
 
 
-def _run(template_id: str, **kw) -> Sandbox:
-    sb = Sandbox.run_from_template(template_id, **kw)
+def _run(template_id: str, *args: str, **kw) -> Sandbox:
+    sb = Sandbox.run_from_template(template_id, *args, **kw)
     sb.wait()
     return sb
 
@@ -129,7 +129,7 @@ def test_overrides_replace_on_presence(sandboxd, stubs, template, session_tag):
     finally:
         sb.stop().result()
     # container_image replaces the whole container list: nothing of the template's container stays.
-    sb = _run(t.sandbox_template_id, container_image="python:3.11", command="sleep", args=["3600"], tags=[session_tag])
+    sb = _run(t.sandbox_template_id, "3600", container_image="python:3.11", command="sleep", tags=[session_tag])
     try:
         got = _get(sandboxd, stubs, sb.sandbox_id)
         assert len(got.spec.containers) == 1
