@@ -484,6 +484,9 @@ func (s *Server) CreateSandboxFromTemplate(ctx context.Context, req *connect.Req
 	}
 	t, err := s.resolveTemplate(ctx, "template_id", m.GetTemplateId(), false)
 	if err != nil {
+		if out, ok := s.replayFromTemplate(ctx, m, err); ok {
+			return connect.NewResponse(out), nil
+		}
 		return nil, err
 	}
 	tmpl := &sandboxv1.PartialSandboxSpec{}
@@ -502,19 +505,49 @@ func (s *Server) CreateSandboxFromTemplate(ctx context.Context, req *connect.Req
 	if err != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid overrides", []apierr.Violation{{Field: "overrides", Description: err.Error()}})
 	}
-	// The request's identity for request_id replays: the template (by ID, whichever way
-	// it was named), the overrides and the display name.
-	names := make([]string, len(cleared))
-	for i, n := range cleared {
-		names[i] = string(n)
-	}
-	slices.Sort(names)
-	d := digest("from-template", &sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: t.ID, Overrides: over, DisplayName: m.GetDisplayName(),
-		RequestId: strings.Join(names, ",")}) // the cleared fields ride in RequestId, which the digest otherwise leaves out
+	d := fromTemplateDigest(t.ID, over, cleared, m.GetDisplayName())
 	out, err := s.create(ctx, createArgs{spec: resolved, requestID: m.GetRequestId(), requestDigest: d,
 		sourceTemplateID: t.ID, sourceTemplateRevision: t.Revision})
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(out), nil
+}
+
+// fromTemplateDigest is a CreateSandboxFromTemplate request's identity for request_id
+// replays: the template (by ID, whichever way it was named), the overrides (unknown
+// fields dropped) with the fields they clear, and the display name.
+func fromTemplateDigest(templateID string, over *sandboxv1.PartialSandboxSpec, cleared []protoreflect.Name, displayName string) string {
+	names := make([]string, len(cleared))
+	for i, n := range cleared {
+		names[i] = string(n)
+	}
+	slices.Sort(names)
+	// The cleared fields ride in RequestId, which the digest otherwise leaves out.
+	return digest("from-template", &sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: templateID, Overrides: over, DisplayName: displayName,
+		RequestId: strings.Join(names, ",")})
+}
+
+// replayFromTemplate answers a repeated request_id whose template is gone (deleted since
+// the first create, which stands): when the request names the template by ID and is the
+// same request, the first sandbox.
+func (s *Server) replayFromTemplate(ctx context.Context, m *sandboxv1.CreateSandboxFromTemplateRequest, resolveErr error) (*sandboxv1.Sandbox, bool) {
+	id := strings.ToLower(m.GetTemplateId())
+	if m.GetRequestId() == "" || connect.CodeOf(resolveErr) != connect.CodeNotFound || !uuidShape.MatchString(id) {
+		return nil, false
+	}
+	rec, ok := s.index.byRequestID(ctx, principal(ctx).Org, m.GetRequestId())
+	if !ok || rec.sourceTemplateID != id {
+		return nil, false
+	}
+	over := proto.CloneOf(m.GetOverrides())
+	cleared := apifront.TakeCleared(over)
+	if rec.requestDigest != fromTemplateDigest(id, discardUnknown(over), cleared, m.GetDisplayName()) {
+		return nil, false
+	}
+	r := s.runnerByID(s.index.runnerOf(rec))
+	if r == nil {
+		return nil, false
+	}
+	return s.created(rec, s.current(ctx, rec, r), r), true
 }

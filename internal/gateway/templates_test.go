@@ -9,12 +9,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -409,6 +412,13 @@ func TestCreateSandboxFromTemplate(t *testing.T) {
 	}
 	_, err = fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: tp.GetSandboxTemplateId()})
 	wantTmplErr(t, err, connect.CodeNotFound, apierr.TemplateNotFound, "")
+	// A request_id replayed after the delete is still the first sandbox (named by ID).
+	rep, err = fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: tp.GetSandboxTemplateId(), Overrides: over, RequestId: "q1"})
+	if err != nil || rep.GetSandboxId() != sb2.GetSandboxId() {
+		t.Fatalf("repeat after delete = %v, %v", rep, err)
+	}
+	_, err = fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: tp.GetSandboxTemplateId(), RequestId: "q1"})
+	wantTmplErr(t, err, connect.CodeNotFound, apierr.TemplateNotFound, "")
 	_, err = fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{})
 	wantTmplErr(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest, "template_id")
 
@@ -519,10 +529,45 @@ func TestTemplatesOverREST(t *testing.T) {
 	if code != http.StatusOK || fmt.Sprint(specOf(sb)["tags"]) != "[a b]" || fmt.Sprint(specOf(sb)["annotations"]) != "map[k:v]" {
 		t.Fatalf("absent: %d %v", code, sb)
 	}
+	// Connect's JSON goes through the same codec.
+	c := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL, connect.WithProtoJSON())
+	creq := connect.NewRequest(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: "py"})
+	creq.Header().Set("Authorization", "Bearer "+userKey)
+	cres, err := c.CreateSandboxFromTemplate(t.Context(), creq)
+	if err != nil || len(cres.Msg.GetSpec().GetTags()) != 2 {
+		t.Fatalf("connect json: %v, %v", cres, err)
+	}
 	if code, out := call("DELETE", "/v1/sandboxTemplates/py", adminKey, ""); code != http.StatusOK {
 		t.Fatalf("delete: %d %v", code, out)
 	}
 	if code, out := call("GET", "/v1/sandboxTemplates/py", userKey, ""); code != http.StatusNotFound {
 		t.Fatalf("get deleted: %d %v", code, out)
 	}
+}
+
+// FuzzDisplayName: a name displayNameViolations accepts is valid UTF-8, 1..128 printable
+// characters, trimmed, and never UUID-shaped (so lookups by ID or name never meet).
+func FuzzDisplayName(f *testing.F) {
+	for _, s := range []string{"py", " x", "0f8fad5b-d9cb-469f-a165-70867728950e", "a\x00", "\xff", strings.Repeat("é", 129)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		vs := displayNameViolations("f", name)
+		if vs != nil {
+			if len(vs) != 1 || vs[0].Field != "f" {
+				t.Fatalf("violations %v", vs)
+			}
+			return
+		}
+		n := 0
+		for _, r := range name {
+			if !unicode.IsPrint(r) {
+				t.Fatalf("accepted %q with %U", name, r)
+			}
+			n++
+		}
+		if !utf8.ValidString(name) || n == 0 || n > MaxTemplateNameRunes || strings.TrimSpace(name) != name || uuidShape.MatchString(name) {
+			t.Fatalf("accepted %q", name)
+		}
+	})
 }
