@@ -443,14 +443,14 @@ func TestCreateSandboxFromTemplate(t *testing.T) {
 	if n != 3 {
 		t.Fatalf("%d listed sandboxes name the template, want 3", n)
 	}
-	// And a replayed request_id after the restart is still the first sandbox.
-	res, err := s2.CreateSandboxFromTemplate(user, connect.NewRequest(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: "bare", Overrides: over, RequestId: "q9"}))
-	if err != nil {
-		t.Fatal(err)
+	// And a replayed request_id after the restart is still the first sandbox; another
+	// request with it still a conflict.
+	res, err := s2.CreateSandboxFromTemplate(user, connect.NewRequest(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: tp.GetSandboxTemplateId(), Overrides: over, RequestId: "q1"}))
+	if err != nil || res.Msg.GetSandboxId() != sb2.GetSandboxId() || res.Msg.GetSourceTemplateId() != tp.GetSandboxTemplateId() {
+		t.Fatalf("replay after restart = %v, %v", res, err)
 	}
-	if res.Msg.GetSourceTemplateId() == "" {
-		t.Fatal("no source template")
-	}
+	_, err = s2.CreateSandboxFromTemplate(user, connect.NewRequest(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: "bare", Overrides: over, RequestId: "q1"}))
+	wantTmplErr(t, err, connect.CodeInvalidArgument, apierr.RequestIDConflict, "request_id")
 }
 
 // TestTemplatesWithoutStore: a gateway without a template store refuses clearly.
