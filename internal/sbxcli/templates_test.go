@@ -437,3 +437,25 @@ func FuzzParseTemplateSpec(f *testing.F) {
 		}
 	})
 }
+
+// TestSbxTemplateExamples: the documented example templates parse strictly.
+func TestSbxTemplateExamples(t *testing.T) {
+	files, err := filepath.Glob("../../examples/templates/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples: %v", err)
+	}
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec, _, err := parseTemplateSpec(p, b)
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+			continue
+		}
+		if len(spec.GetContainers()) == 0 || spec.GetContainers()[0].GetImage() == "" {
+			t.Errorf("%s: no container with an image: %v", p, spec)
+		}
+	}
+}
