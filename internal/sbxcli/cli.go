@@ -140,7 +140,10 @@ in CWSANDBOX_API_KEY; --base-url and --api-key override them.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if a.output != "text" && a.output != "json" {
+			switch {
+			case a.output == "yaml" && cmd.Annotations[yamlOutput] == "":
+				return fmt.Errorf("-o yaml is for %s only; here -o must be text or json", "sbx template get")
+			case a.output != "text" && a.output != "json" && a.output != "yaml":
 				return fmt.Errorf("-o must be text or json, not %q", a.output)
 			}
 			a.ran = true
@@ -156,11 +159,11 @@ in CWSANDBOX_API_KEY; --base-url and --api-key override them.`,
 	pf.StringVar(&a.baseURL, "base-url", "", "API endpoint, e.g. http://127.0.0.1:8080 (default $"+sandbox.EnvBaseURL+", which sandboxd dev prints)")
 	pf.StringVar(&a.apiKey, "api-key", "", "API key (default $"+sandbox.EnvAPIKey+")")
 	pf.StringVar(&a.caFile, "ca-file", "", "extra PEM CA certificates to trust for https:// endpoints")
-	pf.StringVarP(&a.output, "output", "o", "text", "output format: text or json")
+	pf.StringVarP(&a.output, "output", "o", "text", "output format: text or json (sbx template get: also yaml)")
 	pf.StringVar(&a.dataPlane, "data-plane", "auto", "how exec, logs and files reach a sandbox: auto (direct to its runner when it answers within 1 s, else the gateway), direct or gateway")
 	root.AddCommand(a.runCommand(), a.lsCommand(), a.getCommand(), a.execCommand(), a.shCommand(),
 		a.logsCommand(), a.filesCommand(), a.cpCommand(), a.composeCommand(), a.stopCommand(), a.deleteCommand(), a.pauseCommand(), a.resumeCommand(), a.forkCommand(), a.lifetimeCommand(), a.purgeCommand(),
-		a.snapshotCommand(), a.adminCommand())
+		a.snapshotCommand(), a.templateCommand(), a.adminCommand())
 	root.InitDefaultCompletionCmd()
 	if c, _, err := root.Find([]string{"completion"}); err == nil && c != root {
 		c.Long += completionHelp

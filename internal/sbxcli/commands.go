@@ -30,9 +30,10 @@ func (a *app) runCommand() *cobra.Command {
 		lifetime        time.Duration
 		mainCmd         string
 		restores        []string
+		template        string
 	)
 	cmd := &cobra.Command{
-		Use:   "run IMAGE [-- CMD...] | run --container name=N,image=I[,…]… [-- CMD...]",
+		Use:   "run IMAGE [-- CMD...] | run --container name=N,image=I[,…]… [-- CMD...] | run --template NAME [IMAGE] [-- CMD...]",
 		Short: "Create a sandbox, wait for it, and run CMD in it",
 		Long: `run creates a sandbox from IMAGE and waits until it runs. With CMD it runs the command
 in the sandbox, streaming its output, and exits with its exit code (127 when it is not
@@ -48,8 +49,20 @@ runs CMD; a container without command= runs its image's entrypoint.
 
   sbx run --container name=app,image=busybox,command=sleep,arg=infinity \
           --container name=web,image=python:3.11,command=python3,arg=-m,arg=http.server,arg=8080 \
-          -- sh -c 'until wget -qO- http://localhost:8080/; do sleep 1; done'`,
+          -- sh -c 'until wget -qO- http://localhost:8080/; do sleep 1; done'
+
+With --template NAME (a template's name or ID, see sbx template) the sandbox starts from
+the template and only the flags you give change it: IMAGE (optional; CMD then follows
+--), --main, --env (added to the template's variables), --workdir, --cpu and --memory
+change a copy of the template's primary container (its other containers are kept);
+--tag, --runner, --lifetime, --publish and --egress/--deny-egress replace the template's.
+
+  sbx run --template py -e DEBUG=1 -- python3 -c 'print(42)'`,
 		Args: func(cmd *cobra.Command, args []string) error {
+			if template != "" {
+				_, _, err := templateArgs(cmd, args)
+				return err
+			}
 			if len(spec.Containers) == 0 {
 				return cobra.MinimumNArgs(1)(cmd, args)
 			}
@@ -65,6 +78,9 @@ runs CMD; a container without command= runs its image's entrypoint.
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if template != "" {
+				return a.runTemplate(cmd, template, args, spec, env, lifetime, mainCmd, rm, interactive)
+			}
 			argv, image := args, primaryImage(spec.Containers)
 			if len(spec.Containers) == 0 {
 				argv, image = args[1:], args[0]
@@ -107,27 +123,7 @@ runs CMD; a container without command= runs its image's entrypoint.
 			if err := a.waitWithProgress(ctx, sb, image); err != nil {
 				return err
 			}
-			if len(argv) == 0 {
-				if a.json() {
-					a.printShareToken(sb)
-					return a.printJSON(sb.Proto())
-				}
-				if _, err := fmt.Fprintln(a.stdout, sb.ID()); err != nil {
-					return err
-				}
-				a.printEndpoints(a.stderr, sb.Info())
-				a.printShareToken(sb)
-				return nil
-			}
-			if len(spec.Publish) > 0 {
-				a.printEndpoints(a.stderr, sb.Info())
-				a.printShareToken(sb)
-			}
-			opts := sandbox.ExecOptions{Stdout: a.stdout, Stderr: a.stderr}
-			if interactive {
-				opts.Stdin = a.stdin
-			}
-			return a.execResult(sb.Exec(ctx, argv, opts))
+			return a.afterCreate(ctx, sb, argv, len(spec.Publish) > 0, interactive)
 		},
 	}
 	f := cmd.Flags()
@@ -147,8 +143,97 @@ runs CMD; a container without command= runs its image's entrypoint.
 	f.Var(containerFlag{&spec.Containers}, "container", containerHelp)
 	f.Var(volumeFlag{&spec.Volumes}, "volume", "a scratch volume NAME mounted at PATH (in the primary container), of at most SIZE (e.g. 1Gi; default: the platform's); repeatable. It can be snapshotted (sbx snapshot create)")
 	f.StringArrayVar(&restores, "restore", nil, "VOLUME=SNAPSHOT: start the --volume VOLUME with the snapshot's content (repeatable)")
+	f.StringVar(&template, "template", "", "start from this template (name or ID); the flags given override its values")
 	cmd.MarkFlagsMutuallyExclusive("egress", "deny-egress")
+	for _, other := range []string{"container", "volume", "restore"} {
+		cmd.MarkFlagsMutuallyExclusive("template", other)
+	}
 	return cmd
+}
+
+// afterCreate is the end of run once the sandbox runs: without argv print its ID (and
+// endpoints), else run argv in it.
+func (a *app) afterCreate(ctx context.Context, sb *sandbox.Sandbox, argv []string, published, interactive bool) error {
+	if len(argv) == 0 {
+		if a.json() {
+			a.printShareToken(sb)
+			return a.printJSON(sb.Proto())
+		}
+		if _, err := fmt.Fprintln(a.stdout, sb.ID()); err != nil {
+			return err
+		}
+		a.printEndpoints(a.stderr, sb.Info())
+		a.printShareToken(sb)
+		return nil
+	}
+	if published {
+		a.printEndpoints(a.stderr, sb.Info())
+		a.printShareToken(sb)
+	}
+	opts := sandbox.ExecOptions{Stdout: a.stdout, Stderr: a.stderr}
+	if interactive {
+		opts.Stdin = a.stdin
+	}
+	return a.execResult(sb.Exec(ctx, argv, opts))
+}
+
+// templateArgs splits run --template's arguments into the optional IMAGE override and
+// CMD, which must follow --.
+func templateArgs(cmd *cobra.Command, args []string) (image string, argv []string, err error) {
+	switch dash := cmd.ArgsLenAtDash(); {
+	case dash == -1 && len(args) > 1:
+		return "", nil, errors.New("with --template, CMD follows -- (sbx run --template NAME [IMAGE] -- CMD...)")
+	case dash == -1 && len(args) == 1:
+		return args[0], nil, nil
+	case dash > 1:
+		return "", nil, fmt.Errorf("with --template, at most one argument (IMAGE) comes before --, got %q", args[:dash])
+	case dash == 1:
+		return args[0], args[1:], nil
+	}
+	return "", args, nil
+}
+
+// runTemplate is run --template: the flags given become the overrides.
+func (a *app) runTemplate(cmd *cobra.Command, template string, args []string, spec sandbox.Spec, env []string, lifetime time.Duration, mainCmd string, rm, interactive bool) error {
+	ctx := cmd.Context()
+	image, argv, err := templateArgs(cmd, args)
+	if err != nil {
+		return err
+	}
+	if rm && len(argv) == 0 {
+		return errors.New("--rm needs a command to run (sbx run --template NAME --rm -- CMD...)")
+	}
+	o := sandbox.Overrides{Image: image, WorkingDir: spec.WorkingDir, CPU: spec.CPU, Memory: spec.Memory, Lifetime: lifetime,
+		Tags: spec.Tags, RunnerIDs: spec.RunnerIDs, Publish: spec.Publish, Egress: spec.Egress, DenyEgress: spec.DenyEgress}
+	if mainCmd != "" {
+		o.Command, o.Args = "/bin/sh", []string{"-c", mainCmd}
+	}
+	if o.Env, err = parseEnv(env); err != nil {
+		return err
+	}
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	sb, err := c.RunTemplate(ctx, template, o, sandbox.FromTemplateOptions{})
+	if err != nil {
+		return err
+	}
+	if rm {
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := sb.Stop(dctx, 0); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+				_, _ = fmt.Fprintln(a.stderr, FormatError(fmt.Errorf("delete %s: %w", sb.ID(), err)))
+			}
+		}()
+	} else {
+		defer a.keepsRunning(sb)
+	}
+	if err := a.waitWithProgress(ctx, sb, sb.Info().Image); err != nil {
+		return err
+	}
+	return a.afterCreate(ctx, sb, argv, len(spec.Publish) > 0, interactive)
 }
 
 // containerKey is --container's key for a single-container flag of run.
@@ -427,6 +512,9 @@ func (a *app) getCommand() *cobra.Command {
 				row("Exit code", fmt.Sprint(*in.ExitCode))
 			}
 			row("Image", in.Image)
+			if in.SourceTemplateID != "" {
+				row("Template", fmt.Sprintf("%s (revision %d)", in.SourceTemplateID, in.SourceTemplateRevision))
+			}
 			row("Runner", in.RunnerID)
 			row("Tags", strings.Join(in.Tags, ","))
 			now := time.Now()

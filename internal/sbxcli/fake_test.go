@@ -58,6 +58,9 @@ type fakeAPI struct {
 	forkReqs  []*statev1.ForkSandboxRequest
 	// resumeReqs every ResumeSandbox (pause_test.go).
 	resumeReqs []*statev1.ResumeSandboxRequest
+	// tmpl is the template service; fromTmpl every CreateSandboxFromTemplate (templates_test.go).
+	tmpl     fakeTemplates
+	fromTmpl []*sandboxv1.CreateSandboxFromTemplateRequest
 }
 
 func newFake(t *testing.T) *fakeAPI {
@@ -66,6 +69,7 @@ func newFake(t *testing.T) *fakeAPI {
 	mux := http.NewServeMux()
 	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(f))
 	mux.Handle(statev1connect.NewSandboxStateServiceHandler(&fakeState{f: f}))
+	mux.Handle(sandboxv1connect.NewSandboxTemplateServiceHandler(&f.tmpl))
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)

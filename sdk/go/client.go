@@ -44,6 +44,14 @@
 //	forks, err := sb.Fork(ctx, 3, sandbox.ForkOptions{})    // 3 copies, each its own ID and address
 //	var partial *sandbox.PartialForkError                   // some forks failed: errors.As(err, &partial)
 //	lt, err := sb.ExtendLifetime(ctx, time.Hour)
+//
+// Templates are organization-scoped partial specs (SandboxTemplateService) that
+// sandboxes start from; overrides replace the fields they set (CreateFromTemplate with a
+// wire PartialSandboxSpec, or RunTemplate with Go Overrides):
+//
+//	tm, err := c.CreateTemplate(ctx, "py", &sandboxv1.PartialSandboxSpec{Containers: []*sandboxv1.PartialContainer{{Name: "main", Image: "python:3.11"}}})
+//	sb, err := c.RunTemplate(ctx, "py", sandbox.Overrides{Env: map[string]string{"DEBUG": "1"}}, sandbox.FromTemplateOptions{})
+//	sb.Info().SourceTemplateID // tm.ID
 package sandbox
 
 import (
@@ -102,6 +110,7 @@ type Client struct {
 	baseURL string
 	svc     sandboxv1connect.SandboxServiceClient
 	state   statev1connect.SandboxStateServiceClient
+	tmpl    sandboxv1connect.SandboxTemplateServiceClient
 	http    *http.Client
 	direct  *direct
 }
@@ -175,6 +184,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	}
 	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
 		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
+		tmpl:   sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
 		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 

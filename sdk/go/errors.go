@@ -49,6 +49,12 @@ const (
 	ReasonSnapshotCanceled          = "CWSANDBOX_FSS_CANCELED"
 	ReasonSnapshotBackendThrottled  = "CWSANDBOX_FSS_BACKEND_THROTTLED"
 	ReasonSnapshotInflightLimit     = "CWSANDBOX_FSS_INFLIGHT_LIMIT"
+	// ReasonEtagMismatch: an update named a revision (or etag) that is not the current
+	// one (ABORTED); read again and retry.
+	ReasonEtagMismatch = "CWSANDBOX_ETAG_MISMATCH"
+	// ReasonAlreadyExists: the name is taken (ALREADY_EXISTS), e.g. a template's
+	// display name in the organization.
+	ReasonAlreadyExists = "CWSANDBOX_ALREADY_EXISTS"
 	// ReasonStartFailed is the in-band exec stream code of a command that could not
 	// start (not found, not executable); Exec returns it with the shell's exit code.
 	ReasonStartFailed = "START_FAILED"
@@ -89,6 +95,15 @@ var (
 	// ErrSnapshotFailed is a snapshot or restore that failed for good: a *SnapshotError
 	// (FAILED state), or an *Error with one of the internal FSS reasons.
 	ErrSnapshotFailed = errors.New("snapshot failed")
+
+	// ErrTemplateNotFound: a template call (or CreateFromTemplate) named a template the
+	// organization does not have (or has deleted). It is not ErrNotFound, which is about
+	// sandboxes.
+	ErrTemplateNotFound = errors.New("template not found")
+	// ErrRevisionMismatch: an update's expected revision (etag) is not the current one.
+	ErrRevisionMismatch = errors.New("revision mismatch")
+	// ErrAlreadyExists: the name is taken.
+	ErrAlreadyExists = errors.New("already exists")
 )
 
 // snapshotFailedReasons are the terminal FSS reasons without a sentinel of their own.
@@ -118,6 +133,9 @@ type Error struct {
 	// Domain of the ErrorInfo the reason came from.
 	Domain string
 	err    error
+	// template: the error answers a template call, whose NOT_FOUND is about the
+	// template (ErrTemplateNotFound), not a sandbox.
+	template bool
 }
 
 func (e *Error) Error() string {
@@ -147,7 +165,13 @@ func (e *Error) Is(target error) bool {
 	other := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_") || strings.HasPrefix(e.Reason, "CWSANDBOX_FSS_")
 	switch target {
 	case ErrNotFound:
-		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !other)
+		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !other && !e.template)
+	case ErrTemplateNotFound:
+		return e.template && e.Code == connect.CodeNotFound && e.Reason != ReasonSandboxNotFound
+	case ErrRevisionMismatch:
+		return e.Reason == ReasonEtagMismatch
+	case ErrAlreadyExists:
+		return e.Code == connect.CodeAlreadyExists || e.Reason == ReasonAlreadyExists
 	case ErrUnauthenticated:
 		return e.Code == connect.CodeUnauthenticated || e.Code == connect.CodePermissionDenied
 	case ErrInvalidArgument:

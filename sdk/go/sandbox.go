@@ -261,6 +261,10 @@ type Info struct {
 	// Containers are the sandbox's containers, the spec's order, with their status once
 	// the server reports it (a single-container sandbox has one).
 	Containers []ContainerInfo
+	// SourceTemplateID and SourceTemplateRevision name the template (and its revision)
+	// the sandbox was made from (CreateFromTemplate); "" and 0 otherwise.
+	SourceTemplateID       string
+	SourceTemplateRevision int64
 }
 
 // ID is the sandbox's ID.
@@ -283,7 +287,8 @@ func (s *Sandbox) Info() Info {
 	in := Info{
 		ID: s.id, State: State(st.GetState()), Reason: st.GetStateReason(), RunnerID: st.GetRunnerId(),
 		Tags: p.GetSpec().GetTags(), Lifetime: time.Duration(st.GetEffectiveMaxLifetimeSeconds()) * time.Second,
-		Egress: egressFromProto(st.GetEffectiveEgress()),
+		Egress:           egressFromProto(st.GetEffectiveEgress()),
+		SourceTemplateID: p.GetSourceTemplateId(), SourceTemplateRevision: p.GetSourceTemplateRevision(),
 	}
 	if cs := p.GetSpec().GetContainers(); len(cs) > 0 {
 		in.Image = cs[primaryIndex(cs, (*sandboxv1.Container).GetPrimary)].GetImage()
