@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -128,8 +129,14 @@ func New(ctx context.Context, cfg Config) (r *Registry, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// Distribution logs every request through logrus at info: keep warnings and errors.
-	quietLogrus.Do(func() { logrus.SetLevel(logrus.WarnLevel) })
+	// Distribution logs through logrus: every request at info, every answered error (a
+	// 404 on each HEAD of a push) at error. Its warnings and errors go to our log, the
+	// answered errors at debug.
+	quietLogrus.Do(func() {
+		logrus.SetLevel(logrus.ErrorLevel)
+		logrus.SetOutput(io.Discard)
+		logrus.AddHook(slogHook{cfg.Logger})
+	})
 
 	conf := &configuration.Configuration{}
 	conf.Storage = configuration.Storage{typ: params,
@@ -192,6 +199,24 @@ func storageParams(cfg Config) (string, map[string]any, error) {
 		}, nil
 	}
 	return "", nil, errors.New("registry: storage: one of dir or s3 is required")
+}
+
+// slogHook forwards logrus entries to an slog logger.
+type slogHook struct{ log *slog.Logger }
+
+func (slogHook) Levels() []logrus.Level { return logrus.AllLevels }
+
+func (h slogHook) Fire(e *logrus.Entry) error {
+	level := slog.LevelWarn
+	if e.Message == "response completed with error" {
+		level = slog.LevelDebug // the client's error, answered
+	}
+	args := make([]any, 0, 2*len(e.Data))
+	for k, v := range e.Data {
+		args = append(args, k, v)
+	}
+	h.log.Log(context.Background(), level, "registry: "+e.Message, args...)
+	return nil
 }
 
 func derive(key []byte, purpose string) string {
