@@ -93,6 +93,10 @@ type Config struct {
 	// organizations' snapshot buckets (settings_fss.go).
 	FSS    FSSOptions
 	Logger *slog.Logger
+	// RegistryCredentials, when set, gives pull credentials (minted per create, for org)
+	// for an image of the platform registry, ok false for any other image
+	// (registry.Registry.PullCredentials; registrycreds.go).
+	RegistryCredentials func(org, image string) (username, password string, ok bool)
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -139,6 +143,8 @@ type Server struct {
 	openBucket func(ctx context.Context, bucket string) (blob.Store, error)
 	hooks      snapshotHooks
 	gone       unreachable
+	// registryCreds: see Config.RegistryCredentials.
+	registryCreds func(org, image string) (username, password string, ok bool)
 }
 
 // New returns a Server.
@@ -173,6 +179,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	s.registryCreds = cfg.RegistryCredentials
 	s.orphanGrace = cfg.OrphanGrace
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
