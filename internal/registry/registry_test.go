@@ -190,7 +190,8 @@ func TestOrganizationsAreIsolated(t *testing.T) {
 	}
 }
 
-func do(t *testing.T, f *fixture, method, path, authz string) *http.Response {
+// do sends a bodiless request and returns the response with its body closed.
+func do(t *testing.T, f *fixture, method, path, authz string) reply {
 	t.Helper()
 	req, err := http.NewRequest(method, f.srv.URL+path, nil)
 	if err != nil {
@@ -204,7 +205,12 @@ func do(t *testing.T, f *fixture, method, path, authz string) *http.Response {
 		t.Fatal(err)
 	}
 	_ = resp.Body.Close()
-	return resp
+	return reply{StatusCode: resp.StatusCode, Header: resp.Header}
+}
+
+type reply struct {
+	StatusCode int
+	Header     http.Header
 }
 
 func TestAuthentication(t *testing.T) {

@@ -71,7 +71,7 @@ func TestRegistry(t *testing.T) {
 
 	// Another organization's sandbox of the image: the runner pulls with org-b's token,
 	// which does not read org-a's repository.
-	code, body, idB := d.create(t, d.KeyB, ref, nil)
+	code, _, idB := d.create(t, d.KeyB, ref, nil)
 	if code == http.StatusOK {
 		if st, body := d.wait(t, d.KeyB, idB); st == "STATE_RUNNING" {
 			t.Fatalf("org-b ran org-a's registry image: %s", body)
