@@ -267,6 +267,7 @@ type gatewayConfig struct {
 	verbose                                 bool
 	blob                                    blobFlags
 	fss                                     fssFlags
+	registry                                registryFlags
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
@@ -283,10 +284,14 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
 	c.fss.register(fs)
+	c.registry.register(fs, false)
 }
 
 func (c gatewayConfig) validate() error {
 	if err := c.blob.validate(); err != nil {
+		return err
+	}
+	if err := c.registry.validate(); err != nil {
 		return err
 	}
 	if _, err := c.runnerAddrs(); err != nil {

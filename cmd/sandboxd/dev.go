@@ -87,7 +87,7 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
-	reg, err := c.registry.open(ctx, c.dataDir, regHost, blobCfg, keys, logger)
+	reg, err := c.registry.open(ctx, c.dataDir, c.dataDir, regHost, blobCfg, keys, logger)
 	if err != nil {
 		return err
 	}
@@ -162,12 +162,13 @@ func (c devConfig) run() error {
 		Orgs:          st.Orgs(),
 		Snapshots:     st.Snapshots(),
 		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
-		ReconcileInterval:   gateway.DefaultReconcileInterval,
-		Logger:              logger,
-		Blobs:               blobs,
-		BlobConfig:          blobCfg,
-		SnapshotBucket:      blobCfg.Bucket(),
-		RegistryCredentials: regCreds,
+		ReconcileInterval: gateway.DefaultReconcileInterval,
+		Logger:            logger,
+		Blobs:             blobs,
+		BlobConfig:        blobCfg,
+		SnapshotBucket:    blobCfg.Bucket(),
+
+		RegistryCredentials: regCreds, // pull tokens for images of the platform registry
 	})
 	if err != nil {
 		return err

@@ -59,12 +59,12 @@ func (r registryFlags) hostFor(listen string) (string, error) {
 }
 
 // open opens the registry (nil when disabled) on the blob store's S3 bucket, or under
-// dataDir/registry with a directory blob store.
-func (r registryFlags) open(ctx context.Context, dataDir, host string, blobCfg blobconfig.Config, keys auth.Authenticator, log *slog.Logger) (*registry.Registry, error) {
+// dataDir/registry without one; its key is keyDir's registryKeyFile (replicas share it).
+func (r registryFlags) open(ctx context.Context, dataDir, keyDir, host string, blobCfg blobconfig.Config, keys auth.Authenticator, log *slog.Logger) (*registry.Registry, error) {
 	if !r.enabled {
 		return nil, nil
 	}
-	key, err := pki.LoadOrCreateSecret(filepath.Join(dataDir, registryKeyFile))
+	key, err := pki.LoadOrCreateSecret(filepath.Join(keyDir, registryKeyFile))
 	if err != nil {
 		return nil, err
 	}
