@@ -21,6 +21,8 @@ func (d *Dev) regRequest(t *testing.T, method, path, authz string) (int, string)
 	if authz != "" {
 		req.Header.Set("Authorization", authz)
 	}
+	// Distribution answers a manifest only in a media type the client accepts.
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
