@@ -30,7 +30,7 @@ type registryFlags struct {
 func (r *registryFlags) register(fs *flag.FlagSet, enabled bool) {
 	fs.BoolVar(&r.enabled, "registry", enabled, "serve the platform's OCI registry at /v2/ of the API port (storage: the blob store's S3 bucket, or DATA-DIR/registry)")
 	fs.StringVar(&r.host, "registry-host", "", "host[:port] images name the registry by (default: the --listen address, 127.0.0.1 for an unspecified host)")
-	fs.Int64Var(&r.maxUpload, "registry-max-upload-bytes", registry.DefaultMaxUploadBytes, "largest request body of a blob upload")
+	fs.Int64Var(&r.maxUpload, "registry-max-upload-bytes", registry.DefaultMaxUploadBytes, "largest blob a push may upload (in one request or in chunks)")
 }
 
 func (r registryFlags) validate() error {

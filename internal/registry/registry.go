@@ -23,7 +23,9 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -60,7 +62,7 @@ var orgRE = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*$`)
 
 // Defaults.
 const (
-	DefaultMaxUploadBytes = 4 << 30 // one request body of a blob upload
+	DefaultMaxUploadBytes = 4 << 30 // one blob
 	DefaultPullTokenTTL   = 15 * time.Minute
 	maxKeyBytes           = 256 // API keys are 85 bytes
 	// S3Prefix is where the registry's objects live in an S3 bucket shared with other
@@ -79,7 +81,8 @@ type Config struct {
 	// TokenKey signs platform tokens and upload state (at least 32 bytes; replicas serving
 	// one storage share it).
 	TokenKey []byte
-	// MaxUploadBytes bounds one request body of a blob upload (0: DefaultMaxUploadBytes).
+	// MaxUploadBytes bounds a blob (0: DefaultMaxUploadBytes), whether uploaded in one
+	// request or in chunks.
 	// Manifests are bounded by Distribution (4 MiB).
 	MaxUploadBytes int64
 	// Host is host[:port] image references name this registry by ("" : PullCredentials
@@ -101,6 +104,8 @@ type Registry struct {
 	// gcMu: writes hold it shared for their request, GC exclusively, so a sweep never
 	// deletes the blobs of a push in flight (in this process; see GC).
 	gcMu sync.RWMutex
+	// uploadSecret signs Distribution's upload state (configuration http.secret).
+	uploadSecret string
 }
 
 var quietLogrus sync.Once
@@ -144,7 +149,8 @@ func New(ctx context.Context, cfg Config) (r *Registry, err error) {
 		// reach it, and a presigned URL would bypass the organization check).
 		"redirect": configuration.Parameters{"disable": true},
 	}
-	conf.HTTP.Secret = derive(cfg.TokenKey, "upload-state")
+	uploadSecret := derive(cfg.TokenKey, "upload-state")
+	conf.HTTP.Secret = uploadSecret
 	conf.HTTP.RelativeURLs = true
 	conf.Log.AccessLog.Disabled = true
 	defer func() {
@@ -164,7 +170,7 @@ func New(ctx context.Context, cfg Config) (r *Registry, err error) {
 		_ = app.Shutdown()
 		return nil, fmt.Errorf("registry: %w", err)
 	}
-	return &Registry{cfg: cfg, app: app, router: v2.Router(), tokens: tokens{key: cfg.TokenKey, now: cfg.now}, driver: driver, ns: ns}, nil
+	return &Registry{cfg: cfg, app: app, router: v2.Router(), tokens: tokens{key: cfg.TokenKey, now: cfg.now}, driver: driver, ns: ns, uploadSecret: uploadSecret}, nil
 }
 
 func storageParams(cfg Config) (string, map[string]any, error) {
@@ -340,15 +346,49 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			serveError(w, errcode.ErrorCodeDenied.WithMessage("this credential may only pull (push needs an SANDBOX_ADMIN key or a push token)"))
 			return
 		}
-		if req.ContentLength > r.cfg.MaxUploadBytes {
-			serveError(w, errcode.ErrorCodeSizeInvalid.WithMessage(fmt.Sprintf("request body over the %d byte limit", r.cfg.MaxUploadBytes)))
+		// A blob is bounded as a whole: a chunk may bring what the upload (its signed
+		// state says how far it is) has left of MaxUploadBytes.
+		room := r.cfg.MaxUploadBytes
+		if m.Route.GetName() == v2.RouteNameBlobUploadChunk {
+			if off, ok := r.uploadOffset(req.URL.Query().Get("_state"), m.Vars["name"]); ok {
+				room -= off
+			}
+		}
+		if room <= 0 || req.ContentLength > room {
+			serveError(w, errcode.ErrorCodeSizeInvalid.WithMessage(fmt.Sprintf("a blob is limited to %d bytes", r.cfg.MaxUploadBytes)))
 			return
 		}
-		req.Body = http.MaxBytesReader(w, req.Body, r.cfg.MaxUploadBytes)
+		req.Body = http.MaxBytesReader(w, req.Body, room)
 		r.gcMu.RLock()
 		defer r.gcMu.RUnlock()
 	}
 	r.app.ServeHTTP(w, req)
+}
+
+// uploadOffset is how many bytes the upload of state (Distribution's "_state" query
+// parameter, signed with our upload-state secret) has received; ok false when it is not
+// a valid state of repository name (Distribution then refuses the request itself).
+func (r *Registry) uploadOffset(state, name string) (int64, bool) {
+	if state == "" || len(state) > 4096 {
+		return 0, false
+	}
+	b, err := base64.URLEncoding.DecodeString(state)
+	if err != nil || len(b) < sha256.Size {
+		return 0, false
+	}
+	m := hmac.New(sha256.New, []byte(r.uploadSecret))
+	m.Write(b[sha256.Size:])
+	if !hmac.Equal(m.Sum(nil), b[:sha256.Size]) {
+		return 0, false
+	}
+	var st struct {
+		Name   string
+		Offset int64
+	}
+	if json.Unmarshal(b[sha256.Size:], &st) != nil || st.Name != name || st.Offset < 0 {
+		return 0, false
+	}
+	return st.Offset, true
 }
 
 // inOrg reports whether repository name is one of id's organization's.

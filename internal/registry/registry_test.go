@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -365,4 +366,42 @@ func FuzzTokenCheck(f *testing.F) {
 			t.Fatalf("accepted %q as %+v", s, c)
 		}
 	})
+}
+
+// TestChunkedUploadLimit: a blob sent in chunks, each under the limit, is bounded as a
+// whole.
+func TestChunkedUploadLimit(t *testing.T) {
+	f := newFixture(t, Config{MaxUploadBytes: 4096})
+	send := func(method, loc string, body []byte) *http.Response {
+		t.Helper()
+		u := loc
+		if strings.HasPrefix(loc, "/") {
+			u = f.srv.URL + loc
+		}
+		req, _ := http.NewRequest(method, u, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+adminA)
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp
+	}
+	resp := send("POST", "/v2/org-a/chunks/blobs/uploads/", nil)
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("start upload: %d", resp.StatusCode)
+	}
+	chunk := bytes.Repeat([]byte("x"), 3000)
+	resp = send("PATCH", resp.Header.Get("Location"), chunk)
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("first chunk: %d", resp.StatusCode)
+	}
+	loc := resp.Header.Get("Location")
+	if resp := send("PATCH", loc, chunk); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("second chunk over the blob limit: %d, want 400 SIZE_INVALID", resp.StatusCode)
+	}
+	if resp := send("PATCH", loc, chunk[:1000]); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("a chunk within the limit: %d", resp.StatusCode)
+	}
 }
