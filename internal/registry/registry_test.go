@@ -372,7 +372,7 @@ func FuzzTokenCheck(f *testing.F) {
 // whole.
 func TestChunkedUploadLimit(t *testing.T) {
 	f := newFixture(t, Config{MaxUploadBytes: 4096})
-	send := func(method, loc string, body []byte) *http.Response {
+	send := func(method, loc string, body []byte) reply {
 		t.Helper()
 		u := loc
 		if strings.HasPrefix(loc, "/") {
@@ -386,7 +386,7 @@ func TestChunkedUploadLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = resp.Body.Close()
-		return resp
+		return reply{StatusCode: resp.StatusCode, Header: resp.Header}
 	}
 	resp := send("POST", "/v2/org-a/chunks/blobs/uploads/", nil)
 	if resp.StatusCode != http.StatusAccepted {
