@@ -3,6 +3,9 @@ package registry
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -261,8 +264,8 @@ func TestPullOnlyCredentialsCannotPush(t *testing.T) {
 func TestUploadSizeLimit(t *testing.T) {
 	f := newFixture(t, Config{MaxUploadBytes: 4096})
 	img, _ := random.Image(64<<10, 1)
-	if err := remote.Write(f.ref(t, "org-a/big:v1"), img, basic(adminA)); err == nil {
-		t.Fatal("a 64 KiB layer pushed with a 4 KiB limit")
+	if err := remote.Write(f.ref(t, "org-a/big:v1"), img, basic(adminA)); status(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "SIZE_INVALID") {
+		t.Fatalf("a 64 KiB layer pushed with a 4 KiB limit: %v, want 400 SIZE_INVALID", err)
 	}
 	push(t, f, "org-a/small:v1", basic(adminA)) // 1 KiB layers
 }
@@ -404,4 +407,33 @@ func TestChunkedUploadLimit(t *testing.T) {
 	if resp := send("PATCH", loc, chunk[:1000]); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("a chunk within the limit: %d", resp.StatusCode)
 	}
+}
+
+// FuzzUploadOffset: the upload state of a request is trusted only when signed with the
+// registry's secret for that repository.
+func FuzzUploadOffset(f *testing.F) {
+	r := &Registry{uploadSecret: "s3cret"}
+	sign := func(secret, payload string) string {
+		m := hmac.New(sha256.New, []byte(secret))
+		m.Write([]byte(payload))
+		return base64.URLEncoding.EncodeToString(append(m.Sum(nil), payload...))
+	}
+	good := sign("s3cret", `{"Name":"org-a/x","UUID":"u","Offset":42}`)
+	if off, ok := r.uploadOffset(good, "org-a/x"); !ok || off != 42 {
+		f.Fatalf("a signed state: %d %v", off, ok)
+	}
+	if _, ok := r.uploadOffset(good, "org-b/x"); ok {
+		f.Fatal("a state of another repository accepted")
+	}
+	if _, ok := r.uploadOffset(sign("other", `{"Name":"org-a/x","Offset":0}`), "org-a/x"); ok {
+		f.Fatal("a state signed with another secret accepted")
+	}
+	f.Add(good)
+	f.Add("")
+	f.Add("AAAA")
+	f.Fuzz(func(t *testing.T, s string) {
+		if off, ok := r.uploadOffset(s, "org-a/x"); ok && (s != good || off != 42) {
+			t.Fatalf("accepted %q at %d", s, off)
+		}
+	})
 }
