@@ -99,6 +99,7 @@ type devConfig struct {
 	capacity                            capacityFlags
 	blob                                blobFlags
 	fss                                 fssFlags
+	registry                            registryFlags
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
 	// dev` (test suites of other checkouts) share no bridge, DNS address, nftables table
 	// or cgroup parent on one host.
@@ -128,10 +129,14 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	c.blob.register(fs, "default DATA-DIR/blobs")
 	c.blob.registerRunner(fs)
 	c.fss.register(fs)
+	c.registry.register(fs, true)
 }
 
 func (c devConfig) validate() error {
 	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
+		return err
+	}
+	if err := c.registry.validate(); err != nil {
 		return err
 	}
 	if err := c.blob.validate(); err != nil {
@@ -262,6 +267,7 @@ type gatewayConfig struct {
 	verbose                                 bool
 	blob                                    blobFlags
 	fss                                     fssFlags
+	registry                                registryFlags
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
@@ -278,10 +284,14 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
 	c.fss.register(fs)
+	c.registry.register(fs, false)
 }
 
 func (c gatewayConfig) validate() error {
 	if err := c.blob.validate(); err != nil {
+		return err
+	}
+	if err := c.registry.validate(); err != nil {
 		return err
 	}
 	if _, err := c.runnerAddrs(); err != nil {

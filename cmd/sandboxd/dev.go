@@ -83,6 +83,19 @@ func (c devConfig) run() error {
 		return err
 	}
 	defer closeBlobs()
+	regHost, err := c.registry.hostFor(c.listen)
+	if err != nil {
+		return err
+	}
+	reg, err := c.registry.open(ctx, c.dataDir, c.dataDir, regHost, blobCfg, keys, logger)
+	if err != nil {
+		return err
+	}
+	var regCreds func(org, image string) (string, string, bool)
+	if reg != nil {
+		defer reg.Close()
+		regCreds = reg.PullCredentials
+	}
 	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute},
 		Bridge: c.bridge, CgroupParent: c.cgroupParent,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotsPerSandbox: c.blob.snapshotsPerSandbox, SnapshotsPerRunner: c.blob.snapshotsPerRunner}
@@ -96,6 +109,11 @@ func (c devConfig) run() error {
 		if cfg.Subnet, err = netip.ParsePrefix(c.subnet); err != nil {
 			return fmt.Errorf("--subnet: %w", err)
 		}
+	}
+	if reg != nil {
+		// The API port is plain HTTP (h2c) in dev: the runner pulls the registry's images
+		// over it, with the tokens the gateway mints.
+		cfg.InsecureRegistries = append(cfg.InsecureRegistries, regHost)
 	}
 	if c.testImageMirror {
 		stopRegistry, engine, err := mirrorTestImages(ctx, &cfg, logger)
@@ -150,6 +168,8 @@ func (c devConfig) run() error {
 		Blobs:             blobs,
 		BlobConfig:        blobCfg,
 		SnapshotBucket:    blobCfg.Bucket(),
+
+		RegistryCredentials: regCreds, // pull tokens for images of the platform registry
 	})
 	if err != nil {
 		return err
@@ -177,6 +197,7 @@ func (c devConfig) run() error {
 		return err
 	}
 	srv := newAPIServer(controlplane.Route(cp.Handler(), gw.Handler()), keys, logger)
+	srv.Handler = withRegistry(srv.Handler, reg)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(c.dataDir, adminKeyFile))
 	return serveUntilDone(ctx, srv, ln, logger, "shutting down; sandboxes keep running and are re-adopted on the next start")

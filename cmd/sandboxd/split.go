@@ -408,6 +408,22 @@ func (c gatewayConfig) run() error {
 	if blobCfg.S3 != nil {
 		fssOpts.ProbeBucket = blobCfg.BucketProber()
 	}
+	// The registry's key is shared like the share-token key; its storage is the shared
+	// S3 bucket (a directory serves one replica only). Runners reach the API port over
+	// plain HTTP: give them --insecure-registry with the registry host.
+	regHost, err := c.registry.hostFor(c.listen)
+	if err != nil {
+		return err
+	}
+	reg, err := c.registry.open(ctx, c.dataDir, pkiDir, regHost, blobCfg, keys, logger)
+	if err != nil {
+		return err
+	}
+	var regCreds func(org, image string) (string, string, bool)
+	if reg != nil {
+		defer reg.Close()
+		regCreds = reg.PullCredentials
+	}
 	gw, err := gateway.New(gateway.Config{
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
@@ -415,6 +431,7 @@ func (c gatewayConfig) run() error {
 		Index: st.Sandboxes(), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
+		RegistryCredentials: regCreds,
 	})
 	if err != nil {
 		return err
@@ -444,6 +461,7 @@ func (c gatewayConfig) run() error {
 		return err
 	}
 	srv := newAPIServer(controlplane.Route(admin, gw.Handler()), keys, logger)
+	srv.Handler = withRegistry(srv.Handler, reg)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(c.dataDir, adminKeyFile))
 	return serveUntilDone(ctx, srv, ln, logger, "")

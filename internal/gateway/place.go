@@ -71,6 +71,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			release()
 			return nil, policy.Result{}, runner.Sandbox{}, err
 		}
+		s.addRegistryCredentials(&cr.Spec, org)
 		s.nameSandbox(&cr)
 		cr.Spec.Meta = c.Result.SetMeta(map[string]string{runtime.MetaOrg: org, runtime.MetaCaller: caller, runtime.MetaPolicyRevision: c.Result.PolicyRevision})
 		// The policy's Pod settings travel with the spec (also over the runner wire); a

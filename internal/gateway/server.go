@@ -96,6 +96,10 @@ type Config struct {
 	// template RPCs and CreateSandboxFromTemplate answer CWSANDBOX_NOT_IMPLEMENTED.
 	Templates store.Templates
 	Logger    *slog.Logger
+	// RegistryCredentials, when set, gives pull credentials (minted per create, for org)
+	// for an image of the platform registry, ok false for any other image
+	// (registry.Registry.PullCredentials; registrycreds.go).
+	RegistryCredentials func(org, image string) (username, password string, ok bool)
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -143,6 +147,8 @@ type Server struct {
 	gone       unreachable
 	// templates: see Config.Templates.
 	templates store.Templates
+	// registryCreds: see Config.RegistryCredentials.
+	registryCreds func(org, image string) (username, password string, ok bool)
 }
 
 // New returns a Server.
@@ -177,6 +183,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	s.registryCreds = cfg.RegistryCredentials
 	s.orphanGrace = cfg.OrphanGrace
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
