@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,8 +128,9 @@ func TestBuildInGVisor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m := e.withNetwork(t, buildTestNetwork)
 	b, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
-		Images: &buildImages{builder: rootfs, store: store}, Runtimes: e.b.cfg.Runtimes})
+		Images: &buildImages{builder: rootfs, store: store}, Runtimes: e.b.cfg.Runtimes, Network: e.b.cfg.Network})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +160,8 @@ func TestBuildInGVisor(t *testing.T) {
 			Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 2 << 30, Pids: 1024},
 			// No Security: the default capabilities are enough (see the top of the file).
 		},
+		// The widest egress there is: even "any" never reaches the host or a sandbox.
+		Network: &runtime.Network{Egress: []runtime.EgressRule{{Any: true}}},
 	}); err != nil {
 		t.Fatalf("create the builder sandbox: %v", err)
 	}
@@ -227,7 +231,8 @@ func TestBuildInGVisor(t *testing.T) {
 	// The built image runs as a sandbox and shows every instruction.
 	start = time.Now()
 	if _, err := b.Create(ctx, &runtime.Spec{ID: "run-1", RuntimeClass: GVisorClass,
-		Container: runtime.Container{Image: host + "/built:1"}}); err != nil {
+		Container: runtime.Container{Image: host + "/built:1", Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/app"}},
+		Network:   &runtime.Network{Ingress: []runtime.IngressRule{{Any: true}}}}); err != nil {
 		t.Fatalf("create a sandbox from the built image: %v", err)
 	}
 	t.Logf("sandbox from the built image: pull + create %v", time.Since(start))
@@ -242,6 +247,58 @@ func TestBuildInGVisor(t *testing.T) {
 		if out, stderr, code := execIn(t, rc, "sh", "-c", check.script); out != check.want || code != 0 {
 			t.Errorf("%s in the built image: %q (%d %s), want %q", check.script, out, code, stderr, check.want)
 		}
+	}
+
+	// A RUN reaches neither another sandbox (run-1, whose httpd answers the host) nor the
+	// host: the build sandbox's network rules hold for its RUN steps.
+	peer, err := m.Lookup("run-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerAddr := net.JoinHostPort(peer.IP.String(), "8080")
+	peerURL := "http://" + peerAddr + "/hello.txt"
+	var body []byte
+	for i := 0; i < 50; i++ { // httpd may not listen yet right after create
+		if resp, err := markedClient(m).Get(peerURL); err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if string(body) != "hello-from-context\n" {
+		t.Fatalf("host -> %s: %q, want the built sandbox's httpd to answer", peerURL, body)
+	}
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = conn.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost-secret\n"))
+			conn.Close()
+		}
+	}()
+	hostAddr := net.JoinHostPort(m.Gateway().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	// nc, not wget: busybox-static's wget segfaults inside gVisor (even for 1.2.3.4).
+	for _, target := range []string{peerAddr, hostAddr} {
+		host, port, _ := net.SplitHostPort(target)
+		df := "FROM localhost/sandboxd/busybox:latest\nRUN printf 'GET /hello.txt HTTP/1.0\\r\\n\\r\\n' | nc -w 3 " + host + " " + port + "\n"
+		if _, stderr, code := execIn(t, c, "sh", "-c", "printf '%s' \"$1\" > /build/ctx/Dockerfile.net", "sh", df); code != 0 {
+			t.Fatalf("write Dockerfile.net: %s", stderr)
+		}
+		stdout, stderr, code, _ := build("Dockerfile.net", "")
+		out := stdout + stderr
+		if code == 0 || strings.Contains(out, "hello-from-context") || strings.Contains(out, "host-secret") ||
+			!strings.Contains(out, `STEP "RUN printf`) || !strings.Contains(out, "nc: timed out") {
+			t.Errorf("a RUN reaching %s: exit %d, want nc to time out and the step named\n%s", target, code, out)
+		}
+		t.Logf("RUN reaching %s: %s", target, finalLine(stderr))
 	}
 	if err := b.Destroy(ctx, "run-1"); err != nil {
 		t.Fatal(err)
@@ -266,6 +323,14 @@ func TestBuildInGVisor(t *testing.T) {
 	if !strings.Contains(stdout+stderr, "about to fail") || strings.Contains(stdout+stderr, "never\n") {
 		t.Errorf("failing build: output of the steps before and after the failure\n%s\n%s", stdout, stderr)
 	}
+}
+
+// buildTestNetwork is TestBuildInGVisor's test network (withNetwork's index).
+const buildTestNetwork = 21
+
+func finalLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
 
 // sendDir unpacks the host dir src into the builder at dst (created empty).
