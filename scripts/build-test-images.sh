@@ -6,10 +6,12 @@
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/engine.tar   (only when asked: debootstrap bookworm minbase +
 #       Debian's Docker Engine (docker.io), iptables, iproute2, the compose plugin of
 #       build-compose-plugin.sh and scripts/engine/cws-engine{,-up}; ~550 MB, ~1.5 min cold)
+#   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/builder.tar  (only when asked: debootstrap bookworm minbase +
+#       Debian's Buildah 1.28 (vfs storage, chroot isolation) for image builds inside gVisor, docs/builds.md)
 # internal/testimage turns them into OCI images (cached as <name>.oci/ next to each
 # tarball) and serves them from an in-process registry on loopback.
-# Usage: build-test-images.sh [busybox] [python] [redis] [engine]
-#   (default: busybox, python and redis; the engine image only when named: .ci/run builds
+# Usage: build-test-images.sh [busybox] [python] [redis] [engine] [builder]
+#   (default: busybox, python and redis; the engine and builder images only when named: .ci/run builds
 #   it in the background, `make test` does not wait for it)
 # Idempotent: an existing output is kept. Needs root (debootstrap, ownership).
 set -euo pipefail
@@ -127,6 +129,37 @@ build_engine() {
   build_debian engine "$ENGINE_PACKAGES" ENGINE_EXTRA
 }
 build_redis() { build_debian redis "$REDIS_PACKAGES"; }
+# The builder image: Buildah builds a Dockerfile inside a gVisor sandbox (docs/builds.md).
+# No runtime (crun/runc) and no fuse-overlayfs: RUN steps use --isolation=chroot and
+# layers the vfs driver, both of which work in gVisor's own kernel.
+build_builder() {
+  BUILDER_EXTRA() {
+    local root=$1
+    # storage.conf: vfs under /var/lib/containers (the sandbox's root file system, or a
+    # cache volume mounted there); containers.conf: chroot isolation, host network for RUN
+    # (the build sandbox's own network, under its egress rules), cgroups left alone.
+    mkdir -p "$root/etc/containers"
+    cat >"$root/etc/containers/storage.conf" <<'S'
+[storage]
+driver = "vfs"
+runroot = "/run/containers/storage"
+graphroot = "/var/lib/containers/storage"
+S
+    cat >"$root/etc/containers/containers.conf" <<'C'
+[containers]
+netns = "host"
+cgroups = "disabled"
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+C
+    cat >"$root/etc/containers/registries.conf" <<'R'
+unqualified-search-registries = []
+short-name-mode = "enforcing"
+R
+  }
+  build_debian builder "$BUILDER_PACKAGES" BUILDER_EXTRA
+}
 
 # The python image's packages: `python` as well as `python3`, like the python:3.11 image
 # the official client defaults to. Changing them (or the suite) rebuilds the image.
@@ -137,12 +170,17 @@ REDIS_PACKAGES=redis-server,redis-tools
 # The engine image's packages (Debian's Docker Engine, its containerd and runc come with
 # docker.io); its inputs also name the compose plugin's version and the entry scripts.
 ENGINE_PACKAGES=docker.io,iptables,iproute2,ca-certificates
+# The builder image's packages (its inputs also hash build_builder's config files).
+# netavark only because golang-github-containers-common depends on the virtual
+# container-network-stack, which debootstrap does not resolve (RUN uses the host netns).
+BUILDER_PACKAGES=buildah,netavark,ca-certificates
 HERE=$(cd "$(dirname "$0")" && pwd)
 inputs() {
   case "$1" in
     python) echo "$SUITE $PYTHON_PACKAGES" ;;
     redis) echo "$SUITE $REDIS_PACKAGES" ;;
     engine) echo "$SUITE $ENGINE_PACKAGES compose=${SANDBOXD_COMPOSE_VERSION:-v2.40.3} $(cat "$HERE/engine/cws-engine" "$HERE/engine/cws-engine-up" | sha256sum | cut -c1-16)" ;;
+    builder) echo "$SUITE $BUILDER_PACKAGES $(declare -f build_builder | sha256sum | cut -c1-16)" ;;
     *) echo "busybox" ;;
   esac
 }
@@ -153,12 +191,12 @@ cached() {
 }
 
 total=$(now)
-# Arguments name the images to build (busybox, python, redis, engine); none means the first three.
+# Arguments name the images to build (busybox, python, redis, engine, builder); none means the first three.
 [ "$#" -gt 0 ] || set -- busybox python redis
 for name in "$@"; do
   case "$name" in
-    busybox|python|redis|engine) ;;
-    *) log "unknown image $name (want busybox, python, redis or engine)"; exit 2 ;;
+    busybox|python|redis|engine|builder) ;;
+    *) log "unknown image $name (want busybox, python, redis, engine or builder)"; exit 2 ;;
   esac
   if cached "$name"; then log "$name.tar cached"; continue; fi
   "build_$name"

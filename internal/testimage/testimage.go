@@ -573,8 +573,15 @@ func engineImage(dir string, required bool, wait time.Duration) (v1.Image, error
 func EngineTar() (string, error) { return engineTar(Dir(), EngineImageRequired(), EngineImageWait) }
 
 func engineTar(dir string, required bool, wait time.Duration) (string, error) {
-	p := filepath.Join(dir, "engine.tar")
-	done := filepath.Join(dir, "engine.inputs") // written last by the build
+	return optionalTar(dir, "engine", "SANDBOXD_ENGINE_IMAGE", required, wait)
+}
+
+// optionalTar is <dir>/<name>.tar of an image built only when asked: ErrNoTestImages
+// while its .inputs file (written last by the build) is missing, unless required, when
+// it waits up to wait for a build under way and then fails (env names the variable).
+func optionalTar(dir, name, env string, required bool, wait time.Duration) (string, error) {
+	p := filepath.Join(dir, name+".tar")
+	done := filepath.Join(dir, name+".inputs") // written last by the build
 	if required {
 		deadline := time.Now().Add(wait)
 		for {
@@ -582,15 +589,24 @@ func engineTar(dir string, required bool, wait time.Duration) (string, error) {
 				break
 			}
 			if !time.Now().Before(deadline) {
-				return "", fmt.Errorf("engine test image %s not built within %v (SANDBOXD_ENGINE_IMAGE=1): see %s", p, wait, filepath.Join(filepath.Dir(dir), "build-engine-image.log"))
+				return "", fmt.Errorf("%s test image %s not built within %v (%s=1): see %s", name, p, wait, env, filepath.Join(filepath.Dir(dir), "build-"+name+"-image.log"))
 			}
 			time.Sleep(min(5*time.Second, wait))
 		}
 	}
 	if _, err := os.Stat(done); err != nil {
-		return "", fmt.Errorf("%w (%s: run %s engine)", ErrNoTestImages, p, Script)
+		return "", fmt.Errorf("%w (%s: run %s %s)", ErrNoTestImages, p, Script, name)
 	}
 	return p, nil
+}
+
+// BuilderTar is the builder image's rootfs tarball (builder.tar: Debian's Buildah, for
+// image builds inside gVisor, docs/builds.md), built only when asked
+// (`build-test-images.sh builder`): ErrNoTestImages while it is missing, unless
+// SANDBOXD_BUILDER_IMAGE=1 (CI builds it in the background), when it waits up to
+// EngineImageWait for the build and then fails.
+func BuilderTar() (string, error) {
+	return optionalTar(Dir(), "builder", "SANDBOXD_BUILDER_IMAGE", os.Getenv("SANDBOXD_BUILDER_IMAGE") == "1", EngineImageWait)
 }
 
 // EngineImageRequired reports SANDBOXD_ENGINE_IMAGE=1: tests needing the engine image

@@ -107,6 +107,28 @@ func TestEngineImageAbsent(t *testing.T) {
 	}
 }
 
+// TestBuilderTar: the builder image follows the engine image's rules under its own name
+// and variable: skip locally until builder.inputs exists, fail under
+// SANDBOXD_BUILDER_IMAGE=1 naming its build log.
+func TestBuilderTar(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := optionalTar(dir, "builder", "SANDBOXD_BUILDER_IMAGE", false, 0); !errors.Is(err, ErrNoTestImages) || !strings.Contains(err.Error(), Script+" builder") {
+		t.Errorf("local: %v, want ErrNoTestImages telling to build the builder image", err)
+	}
+	_, err := optionalTar(dir, "builder", "SANDBOXD_BUILDER_IMAGE", true, 10*time.Millisecond)
+	if err == nil || errors.Is(err, ErrNoTestImages) || !strings.Contains(err.Error(), "build-builder-image.log") || !strings.Contains(err.Error(), "SANDBOXD_BUILDER_IMAGE=1") {
+		t.Errorf("CI: %v, want a failure naming the variable and the build log", err)
+	}
+	for _, f := range []string{"builder.tar", "builder.inputs"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, err := optionalTar(dir, "builder", "SANDBOXD_BUILDER_IMAGE", true, 0); err != nil || p != filepath.Join(dir, "builder.tar") {
+		t.Errorf("built: %q, %v", p, err)
+	}
+}
+
 // TestEngineImageIfBuiltNeverWaits: with SANDBOXD_ENGINE_IMAGE=1 and no finished build,
 // EngineImageIfBuilt answers ErrNoTestImages at once (sandboxd dev must not hold its
 // start-up for it), where EngineTar would wait.
