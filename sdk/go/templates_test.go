@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -52,7 +53,7 @@ func (s *tmplServer) find(idOrName string, showDeleted bool) (*sandboxv1.Sandbox
 			return t, nil
 		}
 	}
-	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q not found", idOrName))
+	return nil, apiErrorMsg(connect.CodeNotFound, ReasonTemplateNotFound, fmt.Sprintf("sandbox template %q not found", idOrName))
 }
 
 func (s *tmplServer) CreateSandboxTemplate(_ context.Context, req *connect.Request[sandboxv1.CreateSandboxTemplateRequest]) (*connect.Response[sandboxv1.SandboxTemplate], error) {
@@ -354,5 +355,30 @@ func TestSDKTemplateEditPrimaryWithoutContainers(t *testing.T) {
 	cs = tm.EditPrimary(func(c *sandboxv1.PartialContainer) { c.WorkingDir = "/w" })
 	if cs[0].GetWorkingDir() != "/w" || cs[1].GetWorkingDir() != "" || tm.Spec.Containers[0].GetWorkingDir() != "" {
 		t.Fatalf("containers %v", cs)
+	}
+}
+
+// apiErrorMsg is apiError with message msg.
+func apiErrorMsg(code connect.Code, reason, msg string) error {
+	err := connect.NewError(code, errors.New(msg))
+	d, _ := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain})
+	err.AddDetail(d)
+	return err
+}
+
+// TestTemplateNotFoundByReason: ErrTemplateNotFound comes from the server's reason,
+// whatever call answered it; a NOT_FOUND without it is not about a template.
+func TestTemplateNotFoundByReason(t *testing.T) {
+	tmpl := fromRPC(apiErrorMsg(connect.CodeNotFound, ReasonTemplateNotFound, "sandbox template \"x\" not found"))
+	if !errors.Is(tmpl, ErrTemplateNotFound) || errors.Is(tmpl, ErrNotFound) {
+		t.Errorf("template reason: template %v, sandbox %v", errors.Is(tmpl, ErrTemplateNotFound), errors.Is(tmpl, ErrNotFound))
+	}
+	for _, err := range []error{
+		fromRPC(apiErrorMsg(connect.CodeNotFound, ReasonSandboxNotFound, "sandbox x not found")),
+		fromRPC(connect.NewError(connect.CodeNotFound, errors.New("not found"))),
+	} {
+		if errors.Is(err, ErrTemplateNotFound) || !errors.Is(err, ErrNotFound) {
+			t.Errorf("%v: template %v, sandbox %v", err, errors.Is(err, ErrTemplateNotFound), errors.Is(err, ErrNotFound))
+		}
 	}
 }
