@@ -48,7 +48,8 @@ func templateNotFound(id string) error {
 
 func (s *fakeTemplates) find(id string, deleted bool) (*sandboxv1.SandboxTemplate, error) {
 	for _, t := range s.tmpls {
-		if (t.GetSandboxTemplateId() == id || t.GetDisplayName() == id) && (deleted || !t.GetDeleted()) {
+		// Like the gateway: a deleted template by ID only (with show_deleted).
+		if (t.GetSandboxTemplateId() == id && (deleted || !t.GetDeleted())) || (t.GetDisplayName() == id && !t.GetDeleted()) {
 			return t, nil
 		}
 	}

@@ -93,7 +93,8 @@ func (c *Client) CreateTemplateProto(ctx context.Context, t *sandboxv1.SandboxTe
 }
 
 // GetTemplate returns the template nameOrID (its ID or display name); a deleted one
-// only with showDeleted. A missing one is ErrTemplateNotFound.
+// only with showDeleted and by ID (a name names a template that is not deleted). A
+// missing one is ErrTemplateNotFound.
 func (c *Client) GetTemplate(ctx context.Context, nameOrID string, showDeleted bool) (*Template, error) {
 	if nameOrID == "" {
 		return nil, errors.New("sandbox: GetTemplate needs a template ID or name")
