@@ -254,8 +254,20 @@ tags: [tmpl, base]
 			p.GetSourceTemplateId(), p.GetSourceTemplateRevision())
 	}
 
+	if out, errs, code := sbxAs(g.gw, g.keyA, "", "get", sbID); code != 0 || !strings.Contains(out, fmt.Sprintf("%s (revision 1)", id)) {
+		t.Errorf("get of a sandbox from a template: %q %q %d", out, errs, code)
+	}
+
+	// A spec field given empty clears the template's (tags: []), then another update.
+	if out, errs, code := sbxAs(g.gw, g.admin, "tags: []\n", "template", "update", "py", "-f", "-"); code != 0 || out != id+" py revision 2\n" {
+		t.Fatalf("template update tags: []: %q %q %d", out, errs, code)
+	}
+	if tm, err := user.GetTemplate(context.Background(), id, false); err != nil || len(tm.Spec.GetTags()) != 0 || len(tm.Spec.GetContainers()) != 1 {
+		t.Fatalf("after tags: []: %+v %v", tm, err)
+	}
+
 	// An update (spec fields named by the file), then run --template --tag with a command.
-	if out, errs, code := sbxAs(g.gw, g.admin, "tags: [v2]\n", "template", "update", "py", "-f", "-", "--revision", "1"); code != 0 || out != id+" py revision 2\n" {
+	if out, errs, code := sbxAs(g.gw, g.admin, "tags: [v2]\n", "template", "update", "py", "-f", "-", "--revision", "2"); code != 0 || out != id+" py revision 3\n" {
 		t.Fatalf("template update: %q %q %d", out, errs, code)
 	}
 	out, errs, code = sbxAs(g.gw, g.keyA, "", "run", "--template", "py", "--tag", "mine", "--rm", "--", "sh", "-c", "echo $FROM")
@@ -267,13 +279,13 @@ tags: [tmpl, base]
 		t.Fatalf("run --template ID --tag: %q %q %d", out, errs, code)
 	}
 	p, c = resolved(t, user, strings.TrimSpace(out))
-	if !slices.Equal(p.GetSpec().GetTags(), []string{"mine"}) || c.GetImage() != busybox() || p.GetSourceTemplateRevision() != 2 {
+	if !slices.Equal(p.GetSpec().GetTags(), []string{"mine"}) || c.GetImage() != busybox() || p.GetSourceTemplateRevision() != 3 {
 		t.Errorf("run --template --tag resolved to tags %v image %q revision %d", p.GetSpec().GetTags(), c.GetImage(), p.GetSourceTemplateRevision())
 	}
 
 	// A stale --revision.
 	_, errs, code = sbxAs(g.gw, g.admin, "tags: [v3]\n", "template", "update", "py", "-f", "-", "--revision", "1")
-	if code != 1 || errs != fmt.Sprintf("sbx: sandbox template %s is at revision 2, not 1: read it again (CWSANDBOX_ETAG_MISMATCH)\n", id) {
+	if code != 1 || errs != fmt.Sprintf("sbx: sandbox template %s is at revision 3, not 1: read it again (CWSANDBOX_ETAG_MISMATCH)\n", id) {
 		t.Errorf("stale --revision: %q %d", errs, code)
 	}
 
