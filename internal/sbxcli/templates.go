@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
@@ -149,6 +150,12 @@ func (a *app) templateCreateCommand() *cobra.Command {
 	return cmd
 }
 
+// isTemplateID: s has the shape of a template ID (a UUID; a name never has it).
+func isTemplateID(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil && len(s) == 36
+}
+
 // templateImage is the image of a template's primary container ("-" for none).
 func templateImage(t *sandbox.Template) string {
 	cs := t.Spec.GetContainers()
@@ -254,6 +261,9 @@ func (a *app) templateGetCommand() *cobra.Command {
 				return err
 			}
 			t, err := c.GetTemplate(cmd.Context(), args[0], deleted)
+			if deleted && !isTemplateID(args[0]) && errors.Is(err, sandbox.ErrTemplateNotFound) {
+				return fmt.Errorf("%w; a deleted template is found by its ID only (sbx template ls --deleted)", err)
+			}
 			if err != nil {
 				return err
 			}
@@ -303,7 +313,7 @@ func (a *app) templateGetCommand() *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&deleted, "deleted", false, "show the template also if it is deleted")
+	cmd.Flags().BoolVar(&deleted, "deleted", false, "show the template also if it is deleted (by ID: a name names a template not deleted)")
 	return cmd
 }
 

@@ -38,13 +38,18 @@ type fakeTemplates struct {
 	deletes []string
 }
 
+// templateNotFound is the gateway's answer for a missing template.
 func templateNotFound(id string) error {
-	return connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q not found", id))
+	err := connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox template %q not found", id))
+	d, _ := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: "CWSANDBOX_TEMPLATE_NOT_FOUND", Domain: "cwsandbox.com"})
+	err.AddDetail(d)
+	return err
 }
 
 func (s *fakeTemplates) find(id string, deleted bool) (*sandboxv1.SandboxTemplate, error) {
 	for _, t := range s.tmpls {
-		if (t.GetSandboxTemplateId() == id || t.GetDisplayName() == id) && (deleted || !t.GetDeleted()) {
+		// Like the gateway: a deleted template by ID only (with show_deleted).
+		if (t.GetSandboxTemplateId() == id && (deleted || !t.GetDeleted())) || (t.GetDisplayName() == id && !t.GetDeleted()) {
 			return t, nil
 		}
 	}
@@ -242,7 +247,7 @@ func TestSbxTemplateCreateGetLs(t *testing.T) {
 		t.Errorf("ls -o yaml: %d %q", code, errs)
 	}
 	_, errs, code = f.sbx("", "template", "get", "nope")
-	if code != 1 || errs != "sbx: template \"nope\" not found (NOT_FOUND)\n" {
+	if code != 1 || errs != "sbx: sandbox template \"nope\" not found (CWSANDBOX_TEMPLATE_NOT_FOUND)\n" {
 		t.Errorf("get of a missing template: %d %q", code, errs)
 	}
 
@@ -315,7 +320,7 @@ func TestSbxTemplateUpdateRm(t *testing.T) {
 		t.Fatalf("rm: %d %q", code, errs)
 	}
 	_, errs, code = f.sbx("", "template", "rm", "py2")
-	if code != 1 || errs != "sbx: delete py2: template \"py2\" not found (NOT_FOUND)\n" {
+	if code != 1 || errs != "sbx: delete py2: sandbox template \"py2\" not found (CWSANDBOX_TEMPLATE_NOT_FOUND)\n" {
 		t.Errorf("rm of a deleted template: %d %q", code, errs)
 	}
 	out, _, _ = f.sbx("", "template", "ls")
@@ -406,7 +411,7 @@ func TestSbxRunTemplate(t *testing.T) {
 	}
 	for _, args := range [][]string{{"--template", "nope"}, {"--template", "nope", "-e", "A=1"}} {
 		_, errs, code := f.sbx("", append([]string{"run"}, args...)...)
-		if code != 1 || errs != "sbx: template \"nope\" not found (NOT_FOUND)\n" {
+		if code != 1 || errs != "sbx: sandbox template \"nope\" not found (CWSANDBOX_TEMPLATE_NOT_FOUND)\n" {
 			t.Errorf("run %v: %d %q", args, code, errs)
 		}
 	}

@@ -52,6 +52,9 @@ const (
 	// ReasonEtagMismatch: an update named a revision (or etag) that is not the current
 	// one (ABORTED); read again and retry.
 	ReasonEtagMismatch = "CWSANDBOX_ETAG_MISMATCH"
+	// ReasonTemplateNotFound: the call named a sandbox template the organization does
+	// not have (or has deleted) (NOT_FOUND).
+	ReasonTemplateNotFound = "CWSANDBOX_TEMPLATE_NOT_FOUND"
 	// ReasonAlreadyExists: the name is taken (ALREADY_EXISTS), e.g. a template's
 	// display name in the organization.
 	ReasonAlreadyExists = "CWSANDBOX_ALREADY_EXISTS"
@@ -133,9 +136,6 @@ type Error struct {
 	// Domain of the ErrorInfo the reason came from.
 	Domain string
 	err    error
-	// template: the error answers a template call, whose NOT_FOUND is about the
-	// template (ErrTemplateNotFound), not a sandbox.
-	template bool
 }
 
 func (e *Error) Error() string {
@@ -162,12 +162,12 @@ func (e *Error) Unwrap() error { return e.err }
 
 // Is matches the sentinel errors of this package.
 func (e *Error) Is(target error) bool {
-	other := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_") || strings.HasPrefix(e.Reason, "CWSANDBOX_FSS_")
+	other := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_") || strings.HasPrefix(e.Reason, "CWSANDBOX_FSS_") || e.Reason == ReasonTemplateNotFound
 	switch target {
 	case ErrNotFound:
-		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !other && !e.template)
+		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !other)
 	case ErrTemplateNotFound:
-		return e.template && e.Code == connect.CodeNotFound && e.Reason != ReasonSandboxNotFound
+		return e.Reason == ReasonTemplateNotFound
 	case ErrRevisionMismatch:
 		return e.Reason == ReasonEtagMismatch
 	case ErrAlreadyExists:

@@ -65,16 +65,6 @@ func templateFromProto(p *sandboxv1.SandboxTemplate) *Template {
 	return t
 }
 
-// templateErr is fromRPC for template calls: their NOT_FOUND is ErrTemplateNotFound.
-func templateErr(err error) error {
-	err = fromRPC(err)
-	var e *Error
-	if errors.As(err, &e) {
-		e.template = true
-	}
-	return err
-}
-
 // CreateTemplate stores a new template named displayName (required, unique in the
 // organization: a taken name is ErrAlreadyExists). Transient failures are retried with
 // the same request ID, so a retry never makes a second template.
@@ -94,7 +84,7 @@ func (c *Client) CreateTemplateProto(ctx context.Context, t *sandboxv1.SandboxTe
 		defer cancel()
 		res, err := c.tmpl.CreateSandboxTemplate(cctx, connect.NewRequest(req))
 		if err != nil {
-			return templateErr(err)
+			return fromRPC(err)
 		}
 		out = templateFromProto(res.Msg)
 		return nil
@@ -103,7 +93,8 @@ func (c *Client) CreateTemplateProto(ctx context.Context, t *sandboxv1.SandboxTe
 }
 
 // GetTemplate returns the template nameOrID (its ID or display name); a deleted one
-// only with showDeleted. A missing one is ErrTemplateNotFound.
+// only with showDeleted and by ID (a name names a template that is not deleted). A
+// missing one is ErrTemplateNotFound.
 func (c *Client) GetTemplate(ctx context.Context, nameOrID string, showDeleted bool) (*Template, error) {
 	if nameOrID == "" {
 		return nil, errors.New("sandbox: GetTemplate needs a template ID or name")
@@ -116,7 +107,7 @@ func (c *Client) GetTemplate(ctx context.Context, nameOrID string, showDeleted b
 			SandboxTemplateId: nameOrID, ShowDeleted: showDeleted,
 		}))
 		if err != nil {
-			return templateErr(err)
+			return fromRPC(err)
 		}
 		out = templateFromProto(res.Msg)
 		return nil
@@ -141,7 +132,7 @@ func (c *Client) ListTemplates(ctx context.Context, opts TemplateListOptions) ([
 			res, err = c.tmpl.ListSandboxTemplates(ctx, connect.NewRequest(&sandboxv1.ListSandboxTemplatesRequest{
 				PageSize: opts.PageSize, PageToken: token, ShowDeleted: opts.ShowDeleted,
 			}))
-			return templateErr(err)
+			return fromRPC(err)
 		})
 		if err != nil {
 			return nil, "", err
@@ -227,7 +218,7 @@ func (c *Client) UpdateTemplate(ctx context.Context, nameOrID string, u Template
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: paths},
 	}))
 	if err != nil {
-		return nil, templateErr(err)
+		return nil, fromRPC(err)
 	}
 	return templateFromProto(res.Msg), nil
 }
@@ -245,7 +236,7 @@ func (c *Client) DeleteTemplate(ctx context.Context, nameOrID string) error {
 		cctx, cancel := withTimeout(ctx, deleteTimeout)
 		defer cancel()
 		_, err := c.tmpl.DeleteSandboxTemplate(cctx, connect.NewRequest(&sandboxv1.DeleteSandboxTemplateRequest{SandboxTemplateId: nameOrID}))
-		err = templateErr(err)
+		err = fromRPC(err)
 		if err != nil && attempts > 1 && errors.Is(err, ErrTemplateNotFound) {
 			return nil
 		}
@@ -272,10 +263,9 @@ func (c *Client) CreateFromTemplate(ctx context.Context, nameOrID string, overri
 	req := &sandboxv1.CreateSandboxFromTemplateRequest{
 		TemplateId: nameOrID, Overrides: overrides, RequestId: newUUID(), DisplayName: opts.DisplayName,
 	}
-	sb, err := c.createRetried(ctx, func(ctx context.Context) (*connect.Response[sandboxv1.Sandbox], error) {
+	return c.createRetried(ctx, func(ctx context.Context) (*connect.Response[sandboxv1.Sandbox], error) {
 		return c.svc.CreateSandboxFromTemplate(ctx, connect.NewRequest(req))
 	})
-	return sb, templateErr(err)
 }
 
 // EditPrimary returns a copy of the template's containers with edit applied to the
