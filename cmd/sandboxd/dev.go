@@ -83,7 +83,7 @@ func (c devConfig) run() error {
 		return err
 	}
 	defer closeBlobs()
-	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute},
+	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute, MaxTargeted: c.warmTargets},
 		Bridge: c.bridge, CgroupParent: c.cgroupParent,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotsPerSandbox: c.blob.snapshotsPerSandbox, SnapshotsPerRunner: c.blob.snapshotsPerRunner}
 	if err := c.hard.apply(&cfg); err != nil {

@@ -95,7 +95,10 @@ type Config struct {
 	// Templates keeps the organizations' sandbox templates (templates.go); nil: the
 	// template RPCs and CreateSandboxFromTemplate answer CWSANDBOX_NOT_IMPLEMENTED.
 	Templates store.Templates
-	Logger    *slog.Logger
+	// WarmInterval is how often the templates' warm pools are re-sent to the runners
+	// (warm.go); 0: DefaultWarmInterval.
+	WarmInterval time.Duration
+	Logger       *slog.Logger
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -143,6 +146,7 @@ type Server struct {
 	gone       unreachable
 	// templates: see Config.Templates.
 	templates store.Templates
+	warmPoke  chan struct{} // warm.go
 }
 
 // New returns a Server.
@@ -188,6 +192,13 @@ func New(cfg Config) (*Server, error) {
 		cfg.ViewInterval = DefaultViewInterval
 	}
 	go s.views.run(ctx, cfg.ViewInterval)
+	if s.templates != nil {
+		if cfg.WarmInterval <= 0 {
+			cfg.WarmInterval = DefaultWarmInterval
+		}
+		s.warmPoke = make(chan struct{}, 1)
+		go s.warmLoop(ctx, cfg.WarmInterval)
+	}
 	s.wireSnapshots(ctx, cfg)
 	if cfg.ReconcileInterval > 0 && (cfg.Index != nil || cfg.Snapshots != nil) {
 		go s.reconcileLoop(ctx, cfg.ReconcileInterval)
