@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -199,7 +200,11 @@ func (s *Server) syncWarm(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := wh.SetWarmPools(cctx, targets)
 		cancel()
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case connect.CodeOf(err) == connect.CodeUnimplemented: // a runner of an older release
+			s.log.Debug("warm pools: runner keeps none", "runner", s.runners[i].ID(), "err", err)
+		default:
 			s.log.Warn("warm pools: send to runner", "runner", s.runners[i].ID(), "targets", len(targets), "err", err)
 		}
 	}
