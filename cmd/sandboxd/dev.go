@@ -83,7 +83,7 @@ func (c devConfig) run() error {
 		return err
 	}
 	defer closeBlobs()
-	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute, MaxTargeted: c.warmTargets},
+	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute},
 		Bridge: c.bridge, CgroupParent: c.cgroupParent,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotsPerSandbox: c.blob.snapshotsPerSandbox, SnapshotsPerRunner: c.blob.snapshotsPerRunner}
 	if err := c.hard.apply(&cfg); err != nil {
@@ -92,6 +92,7 @@ func (c devConfig) run() error {
 	if c.bridge != "" {
 		cfg.NetTable = "sandboxd_" + c.bridge
 	}
+	cfg.Pool.MaxTargeted = c.warmTargets // templates' warm pools
 	if c.subnet != "" {
 		if cfg.Subnet, err = netip.ParsePrefix(c.subnet); err != nil {
 			return fmt.Errorf("--subnet: %w", err)

@@ -72,6 +72,9 @@ type Config struct {
 	// (default DefaultViewInterval); DisconnectAfter how long a runner whose probes time
 	// out stays placeable (default DefaultDisconnectAfter).
 	ViewInterval, DisconnectAfter time.Duration
+	// WarmInterval is how often the templates' warm pools are re-sent to the runners
+	// (warm.go); 0: DefaultWarmInterval.
+	WarmInterval time.Duration
 	// DataPlane signs the client certificates of the direct data path (ConnectSandbox);
 	// nil: ConnectSandbox is UNIMPLEMENTED and clients use the gateway's data RPCs.
 	DataPlane DataPlaneIssuer
@@ -95,10 +98,7 @@ type Config struct {
 	// Templates keeps the organizations' sandbox templates (templates.go); nil: the
 	// template RPCs and CreateSandboxFromTemplate answer CWSANDBOX_NOT_IMPLEMENTED.
 	Templates store.Templates
-	// WarmInterval is how often the templates' warm pools are re-sent to the runners
-	// (warm.go); 0: DefaultWarmInterval.
-	WarmInterval time.Duration
-	Logger       *slog.Logger
+	Logger    *slog.Logger
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -128,6 +128,7 @@ type Server struct {
 	sandboxOps sandboxLocks
 	views      *runnerViews
 	stop       context.CancelFunc
+	warmPoke   chan struct{} // warm.go
 	// dataPlane: see Config.DataPlane.
 	dataPlane   DataPlaneIssuer
 	shareTokens shareTokens
@@ -146,7 +147,6 @@ type Server struct {
 	gone       unreachable
 	// templates: see Config.Templates.
 	templates store.Templates
-	warmPoke  chan struct{} // warm.go
 }
 
 // New returns a Server.
