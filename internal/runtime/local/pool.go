@@ -388,20 +388,18 @@ func (p *pool) setTargets(targets map[poolKey]int) {
 // SetWarmPools implements runtime.WarmPooler: it replaces the warm targets. A target
 // is kept only when a Create of its spec would claim from the pool (runc class, no pull
 // credentials, one container, default security, no volumes, the default disk limit);
-// sizes are bounded by runtime.MaxWarmSize each and PoolConfig.MaxTargeted in total
-// (targets in Key order). Without a pool or with MaxTargeted 0 it keeps nothing.
+// sizes are bounded by runtime.MaxWarmSize each and PoolConfig.MaxTargeted in total,
+// shared fairly (allocateWarm). Without a pool or with MaxTargeted 0 it keeps nothing.
 func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) error {
 	if b.pool == nil {
 		return nil
 	}
-	ts := slices.Clone(targets)
-	slices.SortStableFunc(ts, func(a, c runtime.WarmTarget) int { return strings.Compare(a.Key, c.Key) })
-	left := b.pool.maxTargeted
-	want := map[poolKey]int{}
-	for i := range ts {
-		t := &ts[i]
-		n := min(max(t.Size, 0), runtime.MaxWarmSize, left)
-		if n == 0 {
+	var (
+		ok   []runtime.WarmTarget
+		keys []poolKey
+	)
+	for _, t := range targets {
+		if t.Size <= 0 {
 			continue
 		}
 		rt, class, err := b.runtimeFor(t.Spec.RuntimeClass)
@@ -409,11 +407,71 @@ func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) 
 			b.log.Debug("warm pool: target not poolable here", "target", t.Key, "image", t.Spec.Image, "class", t.Spec.RuntimeClass)
 			continue
 		}
-		want[poolKey{image: t.Spec.Image, class: class}] += n
-		left -= n
+		ok = append(ok, t)
+		keys = append(keys, poolKey{image: t.Spec.Image, class: class})
+	}
+	want := map[poolKey]int{}
+	for i, n := range allocateWarm(ok, b.pool.maxTargeted) {
+		if n > 0 {
+			want[keys[i]] += n
+		}
 	}
 	b.pool.setTargets(want)
 	return nil
+}
+
+// allocateWarm shares budget containers among targets (each at most its Size, at most
+// runtime.MaxWarmSize): one at a time, round robin over the organizations (a Key's part
+// before its first "/"), and within an organization over its targets, both in Key
+// order, so one organization's templates cannot take a runner's whole budget while
+// another's get none. It returns each target's share, by index.
+func allocateWarm(targets []runtime.WarmTarget, budget int) []int {
+	out := make([]int, len(targets))
+	type org struct {
+		name string
+		idx  []int // targets, in Key order
+		next int   // round-robin position in idx
+	}
+	byName := map[string]*org{}
+	var orgs []*org
+	order := make([]int, len(targets))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, c int) int { return strings.Compare(targets[a].Key, targets[c].Key) })
+	for _, i := range order {
+		name, _, _ := strings.Cut(targets[i].Key, "/")
+		o := byName[name]
+		if o == nil {
+			o = &org{name: name}
+			byName[name] = o
+			orgs = append(orgs, o)
+		}
+		o.idx = append(o.idx, i)
+	}
+	wants := func(i int) bool { return out[i] < min(max(targets[i].Size, 0), runtime.MaxWarmSize) }
+	for budget > 0 {
+		gave := false
+		for _, o := range orgs {
+			if budget == 0 {
+				break
+			}
+			for k := 0; k < len(o.idx); k++ { // its next target that wants more
+				i := o.idx[(o.next+k)%len(o.idx)]
+				if wants(i) {
+					out[i]++
+					budget--
+					gave = true
+					o.next = (o.next + k + 1) % len(o.idx)
+					break
+				}
+			}
+		}
+		if !gave {
+			break
+		}
+	}
+	return out
 }
 
 // drain destroys every ready container and waits for a running refill; with stop, the
