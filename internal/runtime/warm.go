@@ -18,7 +18,8 @@ type WarmPooler interface {
 // WarmTarget asks for Size pre-started sandboxes of Spec (a resolved runtime spec, as
 // Create's, without ID).
 type WarmTarget struct {
-	// Key names the target for logs and stats (e.g. "org/template-id").
+	// Key names the target: "<org>/<template id>". The part before the first "/" is
+	// the organization a backend shares its bound among fairly.
 	Key  string
 	Spec Spec
 	Size int
