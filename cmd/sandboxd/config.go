@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/rollout"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 )
 
 // Each subcommand has a configuration: bind declares its flags (names, defaults and help
@@ -90,7 +91,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 type devConfig struct {
 	dataDir, listen, runnerID, storeDSN string
 	testImageMirror                     bool
-	warmPool                            int
+	warmPool, warmTargets               int
 	edgeListen, baseDomain              string
 	dataPlaneListen                     string
 	dataPlaneTTL                        time.Duration
@@ -116,6 +117,7 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	fs.BoolVar(&c.testImageMirror, "test-image-mirror", true, "serve the test images (make images) as docker.io's python:3.11 and busybox from a loopback registry (dev only; false: Docker Hub)")
 	fs.IntVar(&c.warmPool, "warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
+	fs.IntVar(&c.warmTargets, "warm-pool-templates", local.DefaultMaxTargeted, "pre-started containers kept in total for templates' warm pools (sandboxd.warmPool; 0: none)")
 	fs.StringVar(&c.edgeListen, "edge-listen", "127.0.0.1:8443", "address of the edge that publishes sandbox endpoints (443 in production; empty: no edge)")
 	fs.StringVar(&c.baseDomain, "base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")
 	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
@@ -155,6 +157,7 @@ type runnerConfig struct {
 	mirrors                                      mirrorFlags
 	bridge, subnet, cgroupParent                 string
 	noEgress                                     bool
+	warmTargets                                  int
 	hostMark                                     uint
 	controlPlane, bootstrapToken, controlPlaneCA string
 	heartbeatInterval                            time.Duration
@@ -189,6 +192,7 @@ func (c *runnerConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
 	fs.StringVar(&c.cgroupParent, "cgroup-parent", "", "cgroup of the sandboxes (default sandboxd)")
 	fs.BoolVar(&c.noEgress, "no-egress", false, "sandboxes reach nothing beyond this host")
+	fs.IntVar(&c.warmTargets, "warm-pool-templates", local.DefaultMaxTargeted, "pre-started containers kept in total for templates' warm pools (sandboxd.warmPool; 0: none)")
 	fs.UintVar(&c.hostMark, "host-mark", 0, "socket mark that lets the edge's connections into the sandbox bridge; nothing else on the host gets in (default 0x5bd00000)")
 	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of the control plane (`sandboxd controlplane`): register with --bootstrap-token on first start, then heartbeat; without it the runner uses --pki-dir")
 	fs.StringVar(&c.bootstrapToken, "bootstrap-token", "", "one-time token from :createBootstrapToken (first start only; later starts use the credentials in DATA-DIR/identity)")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 )
 
 // validator is a subcommand's configuration that has checks.
@@ -140,12 +141,13 @@ func TestConfigDefaults(t *testing.T) {
 	var r runnerConfig
 	r.bind(flag.NewFlagSet("runner", flag.ContinueOnError))
 	if r.dataDir != defaultDataDir || r.runnerID != defaultRunnerID || r.backend != "local" || r.listen != "127.0.0.1:7443" ||
-		r.baseDomain != DefaultBaseDomain || r.heartbeatInterval != controlplane.DefaultHeartbeatInterval || r.kube.namespace != "sandboxd" {
+		r.baseDomain != DefaultBaseDomain || r.heartbeatInterval != controlplane.DefaultHeartbeatInterval || r.kube.namespace != "sandboxd" ||
+		r.warmTargets != local.DefaultMaxTargeted {
 		t.Errorf("runner defaults: %+v", r)
 	}
 	var d devConfig
 	d.bind(flag.NewFlagSet("dev", flag.ContinueOnError))
-	if !d.testImageMirror || d.warmPool != 4 || d.edgeListen != "127.0.0.1:8443" || d.dataPlaneListen != "127.0.0.1:8444" || d.edgeListenGiven {
+	if !d.testImageMirror || d.warmPool != 4 || d.warmTargets != local.DefaultMaxTargeted || d.edgeListen != "127.0.0.1:8443" || d.dataPlaneListen != "127.0.0.1:8444" || d.edgeListenGiven {
 		t.Errorf("dev defaults: %+v", d)
 	}
 }

@@ -105,6 +105,7 @@ func (c devConfig) run() error {
 	if c.bridge != "" {
 		cfg.NetTable = "sandboxd_" + c.bridge
 	}
+	cfg.Pool.MaxTargeted = c.warmTargets // templates' warm pools
 	if c.subnet != "" {
 		if cfg.Subnet, err = netip.ParsePrefix(c.subnet); err != nil {
 			return fmt.Errorf("--subnet: %w", err)

@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -276,6 +277,7 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 		return kst.Runner, kst, 0, kst.Close, nil
 	}
 	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, InsecureRegistries: c.insecure, Bridge: c.bridge, CgroupParent: c.cgroupParent, NoEgress: c.noEgress,
+		Pool:  local.PoolConfig{MaxTargeted: c.warmTargets}, // templates' warm pools only
 		Blobs: c.blobStore.store, BlobConfig: c.blobStore.cfg, SnapshotsPerSandbox: c.blobStore.perSandbox, SnapshotsPerRunner: c.blobStore.perRunner}
 	c.mirrors.apply(&cfg)
 	if err := c.hard.apply(&cfg); err != nil {

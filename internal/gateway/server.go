@@ -72,6 +72,9 @@ type Config struct {
 	// (default DefaultViewInterval); DisconnectAfter how long a runner whose probes time
 	// out stays placeable (default DefaultDisconnectAfter).
 	ViewInterval, DisconnectAfter time.Duration
+	// WarmInterval is how often the templates' warm pools are re-sent to the runners
+	// (warm.go); 0: DefaultWarmInterval.
+	WarmInterval time.Duration
 	// DataPlane signs the client certificates of the direct data path (ConnectSandbox);
 	// nil: ConnectSandbox is UNIMPLEMENTED and clients use the gateway's data RPCs.
 	DataPlane DataPlaneIssuer
@@ -129,6 +132,7 @@ type Server struct {
 	sandboxOps sandboxLocks
 	views      *runnerViews
 	stop       context.CancelFunc
+	warmPoke   chan struct{} // warm.go
 	// dataPlane: see Config.DataPlane.
 	dataPlane   DataPlaneIssuer
 	shareTokens shareTokens
@@ -195,6 +199,13 @@ func New(cfg Config) (*Server, error) {
 		cfg.ViewInterval = DefaultViewInterval
 	}
 	go s.views.run(ctx, cfg.ViewInterval)
+	if s.templates != nil {
+		if cfg.WarmInterval <= 0 {
+			cfg.WarmInterval = DefaultWarmInterval
+		}
+		s.warmPoke = make(chan struct{}, 1)
+		go s.warmLoop(ctx, cfg.WarmInterval)
+	}
 	s.wireSnapshots(ctx, cfg)
 	if cfg.ReconcileInterval > 0 && (cfg.Index != nil || cfg.Snapshots != nil) {
 		go s.reconcileLoop(ctx, cfg.ReconcileInterval)

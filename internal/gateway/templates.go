@@ -174,6 +174,9 @@ func (s *Server) checkTemplateFields(ctx context.Context, t *sandboxv1.SandboxTe
 		return nil, nil, connect.NewError(connect.CodeInternal, err)
 	}
 	if a := t.GetAttachments(); a != nil {
+		if _, vs := warmPoolSize("sandbox_template.attachments", a); len(vs) > 0 {
+			return nil, nil, apierr.Invalid(apierr.InvalidRequest, "invalid attachments: "+apierr.Describe(vs), vs)
+		}
 		attachments, err = protojson.Marshal(a)
 		if err != nil {
 			return nil, nil, apierr.Invalid(apierr.InvalidRequest, "invalid attachments", []apierr.Violation{{Field: "sandbox_template.attachments", Description: err.Error()}})
@@ -291,6 +294,7 @@ func (s *Server) CreateSandboxTemplate(ctx context.Context, req *connect.Request
 		return nil, s.templateWriteErr(err, in.GetDisplayName(), func() (*connect.Response[sandboxv1.SandboxTemplate], bool, error) { return replay() })
 	}
 	s.log.Info("sandbox template created", "template", t.ID, "org", p.Org, "name", t.DisplayName)
+	s.pokeWarm()
 	return templateResponse(t)
 }
 
@@ -444,6 +448,7 @@ func (s *Server) UpdateSandboxTemplate(ctx context.Context, req *connect.Request
 		return nil, s.templateWriteErr(err, next.DisplayName, nil)
 	}
 	s.log.Info("sandbox template updated", "template", t.ID, "org", t.Org, "revision", t.Revision)
+	s.pokeWarm()
 	return templateResponse(t)
 }
 
@@ -471,6 +476,7 @@ func (s *Server) DeleteSandboxTemplate(ctx context.Context, req *connect.Request
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	s.log.Info("sandbox template deleted", "template", cur.ID, "org", cur.Org)
+	s.pokeWarm()
 	return connect.NewResponse(&emptypb.Empty{}), nil
 }
 

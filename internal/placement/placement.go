@@ -502,3 +502,12 @@ func platformOf(p policy.Platform, r Runner) policy.Platform {
 	}
 	return p
 }
+
+// Resolve is runner r's resolution of spec as Place judges it (r's policy, runtime
+// classes, support and defaults on platform), without capacity or readiness: for what a
+// runner may be asked to keep ready (templates' warm pools).
+func Resolve(spec *sandboxv1.SandboxSpec, engine *runtime.Engine, r Runner, platform policy.Platform) policy.Result {
+	res := policy.ResolveEngine(r.Policy, r.PolicyRevision, spec, engine, platformOf(platform, r))
+	res.PolicyRevision = r.PolicyRevision
+	return res
+}

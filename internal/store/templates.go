@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -36,6 +37,10 @@ type Templates interface {
 	Update(ctx context.Context, org, id string, revision int64, u TemplateUpdate) (Template, error)
 	// Delete marks org's template id deleted; a deleted one is ErrNotFound.
 	Delete(ctx context.Context, org, id string) (Template, error)
+	// ListWithAttachment returns the templates of every organization that are not
+	// deleted and whose attachments mention key (a candidate filter: the caller parses
+	// them), at most limit (ErrLimitExceeded beyond), oldest first.
+	ListWithAttachment(ctx context.Context, key string, limit int) ([]Template, error)
 }
 
 // Template is a stored sandbox template.
@@ -249,4 +254,30 @@ func (tp templates) Delete(ctx context.Context, org, id string) (Template, error
 	t, err := scanTemplate(tp.s.d.queryRow(ctx, `UPDATE templates SET delete_time = $3, update_time = $3
 		WHERE org_id = $1 AND id = $2 AND delete_time IS NULL RETURNING `+templateCols, org, id, now()))
 	return t, tp.s.readErr("template", err)
+}
+
+func (tp templates) ListWithAttachment(ctx context.Context, key string, limit int) ([]Template, error) {
+	pat := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(key) + "%"
+	rs, err := tp.s.d.query(ctx, `SELECT `+templateCols+` FROM templates
+		WHERE delete_time IS NULL AND attachments IS NOT NULL AND CAST(attachments AS TEXT) LIKE $1 ESCAPE '\'
+		ORDER BY create_time, id LIMIT $2`, pat, limit+1)
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	defer rs.Close()
+	var out []Template
+	for rs.Next() {
+		t, err := scanTemplate(rs)
+		if err != nil {
+			return nil, fmt.Errorf("list templates: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	if len(out) > limit {
+		return out[:limit], fmt.Errorf("%w: more than %d templates mention %s", ErrLimitExceeded, limit, key)
+	}
+	return out, nil
 }

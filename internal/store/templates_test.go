@@ -137,3 +137,36 @@ func TestSandboxSourceTemplate(t *testing.T) {
 		}
 	})
 }
+
+func TestTemplatesWithAttachment(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		tp := s.Templates()
+		mk := func(id, org, att string) {
+			t.Helper()
+			var a []byte
+			if att != "" {
+				a = []byte(att)
+			}
+			if _, err := tp.Create(ctx, store.Template{ID: id, Org: org, DisplayName: id, Spec: []byte{}, Attachments: a}, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mk("w1", "acme", `{"sandboxd.warmPool":{"size":2}}`)
+		mk("w2", "globex", `{"sandboxd.warmPool":{"size":1}}`)
+		mk("n1", "acme", `{"other":"sandboxdXwarmPool"}`) // _ and . are no wildcards
+		mk("n2", "acme", "")
+		mk("w3", "acme", `{"sandboxd.warmPool":{"size":0}}`)
+		if _, err := tp.Delete(ctx, "acme", "w3"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := tp.ListWithAttachment(ctx, "sandboxd.warmPool", 10)
+		if err != nil || len(got) != 2 || got[0].ID != "w1" || got[1].ID != "w2" || got[1].Org != "globex" {
+			t.Fatalf("ListWithAttachment = %+v, %v", got, err)
+		}
+		got, err = tp.ListWithAttachment(ctx, "sandboxd.warmPool", 1)
+		if !errors.Is(err, store.ErrLimitExceeded) || len(got) != 1 {
+			t.Fatalf("over the limit: %d, %v", len(got), err)
+		}
+	})
+}

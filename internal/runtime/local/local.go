@@ -316,7 +316,7 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: root filesystems for user namespaces: %w (or disable user namespaces)", err)
 		}
 	}
-	if cfg.Pool.Size > 0 {
+	if cfg.Pool.Size > 0 || cfg.Pool.MaxTargeted > 0 {
 		b.pool = newPool(b, cfg.Pool)
 	}
 	return b, nil

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,13 @@ import (
 //
 // Refills run in one goroutine, one container at a time, and only while no Create is in
 // flight, so they never compete with real Creates for long.
+//
+// Warm targets (SetWarmPools, templates' sandboxd.warmPool): the runner names specs the
+// pool keeps at least a given number of containers ready for, before any Create of them
+// (the first pull of the image happens then). A targeted (image, class) is kept at
+// max(Size, target), is exempt from idle expiry while targeted, and counts against
+// PoolConfig.MaxTargeted for the whole backend; a target no longer sent returns to the
+// idle rules (its idle time counts from then).
 
 // PoolConfig configures the warm pool.
 type PoolConfig struct {
@@ -51,7 +59,13 @@ type PoolConfig struct {
 	// Idle is how long the containers of an (image, class) are kept after its last Create
 	// (default 10 min).
 	Idle time.Duration
+	// MaxTargeted bounds the containers kept for warm targets (SetWarmPools) in total;
+	// 0 disables warm targets (SetWarmPools then keeps nothing).
+	MaxTargeted int
 }
+
+// DefaultMaxTargeted is a runner's default PoolConfig.MaxTargeted.
+const DefaultMaxTargeted = 32
 
 // PoolStats counts the pool's work since the Backend was made.
 type PoolStats struct {
@@ -60,9 +74,14 @@ type PoolStats struct {
 	Misses  int // Creates that found no usable pooled container
 	Refills int // pooled containers started
 	Dropped int // pooled containers destroyed unclaimed (idle, stale, drained, broken)
+	// Targeted is how many ready containers the warm targets ask for now (after
+	// MaxTargeted).
+	Targeted int
 }
 
 const poolPrefix = "pool_"
+
+var _ runtime.WarmPooler = (*Backend)(nil)
 
 // isPoolID reports whether a dir name is a pooled container's.
 func isPoolID(name string) bool {
@@ -92,14 +111,16 @@ type poolSet struct {
 }
 
 type pool struct {
-	b    *Backend
-	size int
-	idle time.Duration
+	b           *Backend
+	size        int
+	idle        time.Duration
+	maxTargeted int
 
 	mu        sync.Mutex
 	sets      map[poolKey]*poolSet
-	creating  int           // real Creates in flight
-	refilling chan struct{} // non-nil while a refill runs; closed when it is done
+	targets   map[poolKey]int // warm targets: at least this many ready
+	creating  int             // real Creates in flight
+	refilling chan struct{}   // non-nil while a refill runs; closed when it is done
 	refillID  string
 	closed    bool
 	stats     PoolStats
@@ -115,8 +136,8 @@ func newPool(b *Backend, cfg PoolConfig) *pool {
 		cfg.Idle = 10 * time.Minute
 	}
 	p := &pool{
-		b: b, size: cfg.Size, idle: cfg.Idle,
-		sets: map[poolKey]*poolSet{},
+		b: b, size: cfg.Size, idle: cfg.Idle, maxTargeted: max(cfg.MaxTargeted, 0),
+		sets: map[poolKey]*poolSet{}, targets: map[poolKey]int{},
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
@@ -184,7 +205,7 @@ func (p *pool) take(key poolKey) *pooled {
 func (p *pool) giveBack(key poolKey, pc *pooled) {
 	p.mu.Lock()
 	set := p.sets[key]
-	if set != nil && !p.closed && len(set.ready) < p.size {
+	if set != nil && !p.closed && len(set.ready) < p.want(key) {
 		set.ready = append([]*pooled{pc}, set.ready...)
 		p.mu.Unlock()
 		return
@@ -257,7 +278,7 @@ func (p *pool) expire() {
 	var gone []*pooled
 	p.mu.Lock()
 	for k, set := range p.sets {
-		if now.Sub(set.lastUse) > p.idle {
+		if p.targets[k] == 0 && now.Sub(set.lastUse) > p.idle {
 			gone = append(gone, set.ready...)
 			delete(p.sets, k)
 		}
@@ -276,8 +297,13 @@ func (p *pool) next() (poolKey, bool) {
 		return poolKey{}, false
 	}
 	now := time.Now()
+	for k := range p.targets { // a drain removed its set
+		if p.sets[k] == nil {
+			p.sets[k] = &poolSet{lastUse: now}
+		}
+	}
 	for k, set := range p.sets {
-		if len(set.ready) < p.size && now.After(set.retryAt) && !set.pullFailed {
+		if len(set.ready) < p.want(k) && now.After(set.retryAt) && !set.pullFailed {
 			p.refilling = make(chan struct{})
 			p.refillID = poolPrefix + randomHex(6)
 			return k, true
@@ -294,7 +320,7 @@ func (p *pool) refill(key poolKey) {
 	pc, err := p.b.startPooled(context.Background(), cid, key)
 	p.mu.Lock()
 	set := p.sets[key]
-	keep := err == nil && set != nil && !p.closed && len(set.ready) < p.size
+	keep := err == nil && set != nil && !p.closed && len(set.ready) < p.want(key)
 	if err != nil {
 		if set != nil {
 			set.failures++
@@ -325,6 +351,127 @@ func (p *pool) refill(key poolKey) {
 		}
 	}
 	close(done)
+}
+
+// want is how many ready containers key's set is kept at. The caller holds p.mu.
+func (p *pool) want(key poolKey) int {
+	return max(p.size, p.targets[key])
+}
+
+// setTargets replaces the warm targets (sizes already bounded).
+func (p *pool) setTargets(targets map[poolKey]int) {
+	p.mu.Lock()
+	now := time.Now()
+	for k := range p.targets {
+		if targets[k] == 0 {
+			if set := p.sets[k]; set != nil {
+				set.lastUse = now // back to the idle rules, counted from now
+			}
+		}
+	}
+	for k, n := range targets {
+		set := p.sets[k]
+		if set == nil {
+			set = &poolSet{}
+			p.sets[k] = set
+		}
+		set.lastUse = now
+		if p.targets[k] < n {
+			set.pullFailed = false // a new (or larger) target tries the image again
+		}
+	}
+	p.targets = targets
+	p.mu.Unlock()
+	p.kick()
+}
+
+// SetWarmPools implements runtime.WarmPooler: it replaces the warm targets. A target
+// is kept only when a Create of its spec would claim from the pool (runc class, no pull
+// credentials, one container, default security, no volumes, the default disk limit);
+// sizes are bounded by runtime.MaxWarmSize each and PoolConfig.MaxTargeted in total,
+// shared fairly (allocateWarm). Without a pool or with MaxTargeted 0 it keeps nothing.
+func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) error {
+	if b.pool == nil {
+		return nil
+	}
+	var (
+		ok   []runtime.WarmTarget
+		keys []poolKey
+	)
+	for _, t := range targets {
+		if t.Size <= 0 {
+			continue
+		}
+		rt, class, err := b.runtimeFor(t.Spec.RuntimeClass)
+		if err != nil || rt.gvisor || t.Spec.PullCredentials != nil || t.Spec.Multi() || t.Spec.Image == "" || !b.poolServes(&t.Spec) {
+			b.log.Debug("warm pool: target not poolable here", "target", t.Key, "image", t.Spec.Image, "class", t.Spec.RuntimeClass)
+			continue
+		}
+		ok = append(ok, t)
+		keys = append(keys, poolKey{image: t.Spec.Image, class: class})
+	}
+	want := map[poolKey]int{}
+	for i, n := range allocateWarm(ok, b.pool.maxTargeted) {
+		if n > 0 {
+			want[keys[i]] += n
+		}
+	}
+	b.pool.setTargets(want)
+	return nil
+}
+
+// allocateWarm shares budget containers among targets (each at most its Size, at most
+// runtime.MaxWarmSize): one at a time, round robin over the organizations (a Key's part
+// before its first "/"), and within an organization over its targets, both in Key
+// order, so one organization's templates cannot take a runner's whole budget while
+// another's get none. It returns each target's share, by index.
+func allocateWarm(targets []runtime.WarmTarget, budget int) []int {
+	out := make([]int, len(targets))
+	type org struct {
+		name string
+		idx  []int // targets, in Key order
+		next int   // round-robin position in idx
+	}
+	byName := map[string]*org{}
+	var orgs []*org
+	order := make([]int, len(targets))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, c int) int { return strings.Compare(targets[a].Key, targets[c].Key) })
+	for _, i := range order {
+		name, _, _ := strings.Cut(targets[i].Key, "/")
+		o := byName[name]
+		if o == nil {
+			o = &org{name: name}
+			byName[name] = o
+			orgs = append(orgs, o)
+		}
+		o.idx = append(o.idx, i)
+	}
+	wants := func(i int) bool { return out[i] < min(max(targets[i].Size, 0), runtime.MaxWarmSize) }
+	for budget > 0 {
+		gave := false
+		for _, o := range orgs {
+			if budget == 0 {
+				break
+			}
+			for k := 0; k < len(o.idx); k++ { // its next target that wants more
+				i := o.idx[(o.next+k)%len(o.idx)]
+				if wants(i) {
+					out[i]++
+					budget--
+					gave = true
+					o.next = (o.next + k + 1) % len(o.idx)
+					break
+				}
+			}
+		}
+		if !gave {
+			break
+		}
+	}
+	return out
 }
 
 // drain destroys every ready container and waits for a running refill; with stop, the
@@ -411,6 +558,9 @@ func (b *Backend) PoolStats() PoolStats {
 	st := p.stats
 	for _, set := range p.sets {
 		st.Ready += len(set.ready)
+	}
+	for _, n := range p.targets {
+		st.Targeted += n
 	}
 	return st
 }

@@ -23,13 +23,18 @@ import (
 // empty) before newEnv's own cleanup checks for leaks.
 func poolEnv(t *testing.T, size int, idle time.Duration) *env {
 	t.Helper()
+	return poolEnvCfg(t, PoolConfig{Size: size, Idle: idle})
+}
+
+func poolEnvCfg(t *testing.T, cfg PoolConfig) *env {
+	t.Helper()
 	e := newEnv(t)
 	b, err := New(Config{
 		StateDir:     e.state,
 		AgentBinary:  agentBin,
 		CgroupParent: testCgroupParent,
 		Images:       testImages{layers: []string{busyboxDir}},
-		Pool:         PoolConfig{Size: size, Idle: idle},
+		Pool:         cfg,
 		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	})
 	if err != nil {

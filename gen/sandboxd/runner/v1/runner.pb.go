@@ -160,6 +160,155 @@ func (State) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
 }
 
+// WarmTarget asks for size pre-started sandboxes of spec (runtime.WarmTarget).
+type WarmTarget struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`   // e.g. "<org>/<template id>", for logs
+	Spec          *Spec                  `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"` // the resolved spec, as Create's (no id)
+	Size          int32                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmTarget) Reset() {
+	*x = WarmTarget{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmTarget) ProtoMessage() {}
+
+func (x *WarmTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmTarget.ProtoReflect.Descriptor instead.
+func (*WarmTarget) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WarmTarget) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *WarmTarget) GetSpec() *Spec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *WarmTarget) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type SetWarmPoolsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Targets       []*WarmTarget          `protobuf:"bytes,1,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWarmPoolsRequest) Reset() {
+	*x = SetWarmPoolsRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWarmPoolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWarmPoolsRequest) ProtoMessage() {}
+
+func (x *SetWarmPoolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWarmPoolsRequest.ProtoReflect.Descriptor instead.
+func (*SetWarmPoolsRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetWarmPoolsRequest) GetTargets() []*WarmTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+type SetWarmPoolsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Accepted      int32                  `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"` // targets passed to the backend (after the runner's policy)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWarmPoolsResponse) Reset() {
+	*x = SetWarmPoolsResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWarmPoolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWarmPoolsResponse) ProtoMessage() {}
+
+func (x *SetWarmPoolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWarmPoolsResponse.ProtoReflect.Descriptor instead.
+func (*SetWarmPoolsResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SetWarmPoolsResponse) GetAccepted() int32 {
+	if x != nil {
+		return x.Accepted
+	}
+	return 0
+}
+
 // CheckpointRef is an exported checkpoint in the blob store (runner.CheckpointRef).
 type CheckpointRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -172,7 +321,7 @@ type CheckpointRef struct {
 
 func (x *CheckpointRef) Reset() {
 	*x = CheckpointRef{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +333,7 @@ func (x *CheckpointRef) String() string {
 func (*CheckpointRef) ProtoMessage() {}
 
 func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +346,7 @@ func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRef.ProtoReflect.Descriptor instead.
 func (*CheckpointRef) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CheckpointRef) GetKey() string {
@@ -230,7 +379,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +391,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +404,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExportCheckpointRequest) GetId() string {
@@ -275,7 +424,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -287,7 +436,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -300,7 +449,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExportCheckpointResponse) GetRef() *CheckpointRef {
@@ -329,7 +478,7 @@ type ImportForkRequest struct {
 
 func (x *ImportForkRequest) Reset() {
 	*x = ImportForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +490,7 @@ func (x *ImportForkRequest) String() string {
 func (*ImportForkRequest) ProtoMessage() {}
 
 func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +503,7 @@ func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportForkRequest.ProtoReflect.Descriptor instead.
 func (*ImportForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ImportForkRequest) GetRef() *CheckpointRef {
@@ -394,7 +543,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +555,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +568,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteCheckpointRequest) GetKey() string {
@@ -437,7 +586,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +598,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +611,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
 }
 
 type MovedRequest struct {
@@ -475,7 +624,7 @@ type MovedRequest struct {
 
 func (x *MovedRequest) Reset() {
 	*x = MovedRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +636,7 @@ func (x *MovedRequest) String() string {
 func (*MovedRequest) ProtoMessage() {}
 
 func (x *MovedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +649,7 @@ func (x *MovedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedRequest.ProtoReflect.Descriptor instead.
 func (*MovedRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MovedRequest) GetId() string {
@@ -525,7 +674,7 @@ type MovedResponse struct {
 
 func (x *MovedResponse) Reset() {
 	*x = MovedResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +686,7 @@ func (x *MovedResponse) String() string {
 func (*MovedResponse) ProtoMessage() {}
 
 func (x *MovedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +699,7 @@ func (x *MovedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedResponse.ProtoReflect.Descriptor instead.
 func (*MovedResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
 }
 
 type PauseRequest struct {
@@ -564,7 +713,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +725,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +738,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -622,7 +771,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +783,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +796,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -666,7 +815,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +827,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +840,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -710,7 +859,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +871,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +884,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -758,7 +907,7 @@ type ForkTarget struct {
 
 func (x *ForkTarget) Reset() {
 	*x = ForkTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +919,7 @@ func (x *ForkTarget) String() string {
 func (*ForkTarget) ProtoMessage() {}
 
 func (x *ForkTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +932,7 @@ func (x *ForkTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkTarget.ProtoReflect.Descriptor instead.
 func (*ForkTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ForkTarget) GetId() string {
@@ -824,7 +973,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +985,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +998,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -877,7 +1026,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1038,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1051,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -931,7 +1080,7 @@ type ForkError struct {
 
 func (x *ForkError) Reset() {
 	*x = ForkError{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1092,7 @@ func (x *ForkError) String() string {
 func (*ForkError) ProtoMessage() {}
 
 func (x *ForkError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1105,7 @@ func (x *ForkError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
 func (*ForkError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ForkError) GetCode() string {
@@ -989,7 +1138,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1150,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1163,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForkResponse) GetResults() []*ForkResult {
@@ -1038,7 +1187,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1199,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1212,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PauseStatus) GetReleased() bool {
@@ -1156,7 +1305,7 @@ type Spec struct {
 
 func (x *Spec) Reset() {
 	*x = Spec{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1317,7 @@ func (x *Spec) String() string {
 func (*Spec) ProtoMessage() {}
 
 func (x *Spec) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1330,7 @@ func (x *Spec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spec.ProtoReflect.Descriptor instead.
 func (*Spec) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Spec) GetId() string {
@@ -1385,7 +1534,7 @@ type Engine struct {
 
 func (x *Engine) Reset() {
 	*x = Engine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1546,7 @@ func (x *Engine) String() string {
 func (*Engine) ProtoMessage() {}
 
 func (x *Engine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1559,7 @@ func (x *Engine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Engine.ProtoReflect.Descriptor instead.
 func (*Engine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Engine) GetCompose() []byte {
@@ -1459,7 +1608,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1620,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1633,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Container) GetName() string {
@@ -1606,7 +1755,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1767,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1780,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Probe) GetExec() []string {
@@ -1680,7 +1829,7 @@ type Dependency struct {
 
 func (x *Dependency) Reset() {
 	*x = Dependency{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1841,7 @@ func (x *Dependency) String() string {
 func (*Dependency) ProtoMessage() {}
 
 func (x *Dependency) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1854,7 @@ func (x *Dependency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
 func (*Dependency) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Dependency) GetContainer() string {
@@ -1739,7 +1888,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1900,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1913,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -1832,7 +1981,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +1993,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +2006,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -1915,7 +2064,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2076,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2089,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Toleration) GetKey() string {
@@ -1992,7 +2141,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2153,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2166,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -2064,7 +2213,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2225,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2238,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -2145,7 +2294,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2306,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2319,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -2207,7 +2356,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2368,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2381,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Volume) GetName() string {
@@ -2281,7 +2430,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2442,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2455,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -2365,7 +2514,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2526,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2539,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -2438,7 +2587,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2599,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2612,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -2489,7 +2638,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2501,7 +2650,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2514,7 +2663,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -2544,7 +2693,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2556,7 +2705,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2569,7 +2718,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -2661,7 +2810,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +2822,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +2835,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -2734,7 +2883,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2746,7 +2895,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2759,7 +2908,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -2833,7 +2982,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2845,7 +2994,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2858,7 +3007,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Service) GetPort() int32 {
@@ -2913,7 +3062,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2925,7 +3074,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2938,7 +3087,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -2966,7 +3115,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2978,7 +3127,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2991,7 +3140,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *File) GetPath() string {
@@ -3031,7 +3180,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3043,7 +3192,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3056,7 +3205,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -3123,7 +3272,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3284,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3297,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Sandbox) GetId() string {
@@ -3287,7 +3436,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3299,7 +3448,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3312,7 +3461,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -3338,7 +3487,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3350,7 +3499,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3363,7 +3512,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -3382,7 +3531,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3394,7 +3543,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3407,7 +3556,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetRequest) GetId() string {
@@ -3427,7 +3576,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3588,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3601,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -3478,7 +3627,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3490,7 +3639,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3503,7 +3652,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -3522,7 +3671,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +3683,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +3696,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -3565,7 +3714,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3577,7 +3726,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3590,7 +3739,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 type ListResponse struct {
@@ -3602,7 +3751,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3763,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3776,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -3650,7 +3799,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +3811,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +3824,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -3710,7 +3859,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3722,7 +3871,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3735,7 +3884,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -3760,7 +3909,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3772,7 +3921,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3785,7 +3934,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 type CapacityResponse struct {
@@ -3848,7 +3997,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3860,7 +4009,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3873,7 +4022,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -4062,7 +4211,16 @@ var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"S\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"`\n" +
+	"\n" +
+	"WarmTarget\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
+	"\x04spec\x18\x02 \x01(\v2\x18.sandboxd.runner.v1.SpecR\x04spec\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x05R\x04size\"O\n" +
+	"\x13SetWarmPoolsRequest\x128\n" +
+	"\atargets\x18\x01 \x03(\v2\x1e.sandboxd.runner.v1.WarmTargetR\atargets\"2\n" +
+	"\x14SetWarmPoolsResponse\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\x05R\baccepted\"S\n" +
 	"\rCheckpointRef\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bplatform\x18\x02 \x01(\tR\bplatform\x12\x14\n" +
@@ -4433,8 +4591,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x11STATE_TERMINATING\x10\x05\x12\x14\n" +
 	"\x10STATE_TERMINATED\x10\x06\x12\x11\n" +
 	"\rSTATE_PENDING\x10\a\x12\x10\n" +
-	"\fSTATE_PAUSED\x10\b2\xad\n" +
-	"\n" +
+	"\fSTATE_PAUSED\x10\b2\x90\v\n" +
 	"\rRunnerService\x12O\n" +
 	"\x06Create\x12!.sandboxd.runner.v1.CreateRequest\x1a\".sandboxd.runner.v1.CreateResponse\x12F\n" +
 	"\x03Get\x12\x1e.sandboxd.runner.v1.GetRequest\x1a\x1f.sandboxd.runner.v1.GetResponse\x12I\n" +
@@ -4451,7 +4608,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
 	"ImportFork\x12%.sandboxd.runner.v1.ImportForkRequest\x1a .sandboxd.runner.v1.ForkResponse\x12m\n" +
 	"\x10DeleteCheckpoint\x12+.sandboxd.runner.v1.DeleteCheckpointRequest\x1a,.sandboxd.runner.v1.DeleteCheckpointResponse\x12L\n" +
-	"\x05Moved\x12 .sandboxd.runner.v1.MovedRequest\x1a!.sandboxd.runner.v1.MovedResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
+	"\x05Moved\x12 .sandboxd.runner.v1.MovedRequest\x1a!.sandboxd.runner.v1.MovedResponse\x12a\n" +
+	"\fSetWarmPools\x12'.sandboxd.runner.v1.SetWarmPoolsRequest\x1a(.sandboxd.runner.v1.SetWarmPoolsResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_sandboxd_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -4466,185 +4624,192 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
-	(*CheckpointRef)(nil),            // 2: sandboxd.runner.v1.CheckpointRef
-	(*ExportCheckpointRequest)(nil),  // 3: sandboxd.runner.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil), // 4: sandboxd.runner.v1.ExportCheckpointResponse
-	(*ImportForkRequest)(nil),        // 5: sandboxd.runner.v1.ImportForkRequest
-	(*DeleteCheckpointRequest)(nil),  // 6: sandboxd.runner.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 7: sandboxd.runner.v1.DeleteCheckpointResponse
-	(*MovedRequest)(nil),             // 8: sandboxd.runner.v1.MovedRequest
-	(*MovedResponse)(nil),            // 9: sandboxd.runner.v1.MovedResponse
-	(*PauseRequest)(nil),             // 10: sandboxd.runner.v1.PauseRequest
-	(*PauseResponse)(nil),            // 11: sandboxd.runner.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 12: sandboxd.runner.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 13: sandboxd.runner.v1.ResumeResponse
-	(*ForkTarget)(nil),               // 14: sandboxd.runner.v1.ForkTarget
-	(*ForkRequest)(nil),              // 15: sandboxd.runner.v1.ForkRequest
-	(*ForkResult)(nil),               // 16: sandboxd.runner.v1.ForkResult
-	(*ForkError)(nil),                // 17: sandboxd.runner.v1.ForkError
-	(*ForkResponse)(nil),             // 18: sandboxd.runner.v1.ForkResponse
-	(*PauseStatus)(nil),              // 19: sandboxd.runner.v1.PauseStatus
-	(*Spec)(nil),                     // 20: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                   // 21: sandboxd.runner.v1.Engine
-	(*Container)(nil),                // 22: sandboxd.runner.v1.Container
-	(*Probe)(nil),                    // 23: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),               // 24: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),          // 25: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),              // 26: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),               // 27: sandboxd.runner.v1.Toleration
-	(*Network)(nil),                  // 28: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),              // 29: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),                // 30: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                   // 31: sandboxd.runner.v1.Volume
-	(*SnapshotSource)(nil),           // 32: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),           // 33: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),    // 34: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),    // 35: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),              // 36: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),              // 37: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),                 // 38: sandboxd.runner.v1.Security
-	(*Service)(nil),                  // 39: sandboxd.runner.v1.Service
-	(*Credentials)(nil),              // 40: sandboxd.runner.v1.Credentials
-	(*File)(nil),                     // 41: sandboxd.runner.v1.File
-	(*Resources)(nil),                // 42: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                  // 43: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),            // 44: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 45: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 46: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 47: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 48: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 49: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 50: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 51: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 52: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 53: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 54: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 55: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 56: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 57: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 58: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 59: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 60: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 61: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 62: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 63: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 64: google.protobuf.Timestamp
+	(*WarmTarget)(nil),               // 2: sandboxd.runner.v1.WarmTarget
+	(*SetWarmPoolsRequest)(nil),      // 3: sandboxd.runner.v1.SetWarmPoolsRequest
+	(*SetWarmPoolsResponse)(nil),     // 4: sandboxd.runner.v1.SetWarmPoolsResponse
+	(*CheckpointRef)(nil),            // 5: sandboxd.runner.v1.CheckpointRef
+	(*ExportCheckpointRequest)(nil),  // 6: sandboxd.runner.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil), // 7: sandboxd.runner.v1.ExportCheckpointResponse
+	(*ImportForkRequest)(nil),        // 8: sandboxd.runner.v1.ImportForkRequest
+	(*DeleteCheckpointRequest)(nil),  // 9: sandboxd.runner.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 10: sandboxd.runner.v1.DeleteCheckpointResponse
+	(*MovedRequest)(nil),             // 11: sandboxd.runner.v1.MovedRequest
+	(*MovedResponse)(nil),            // 12: sandboxd.runner.v1.MovedResponse
+	(*PauseRequest)(nil),             // 13: sandboxd.runner.v1.PauseRequest
+	(*PauseResponse)(nil),            // 14: sandboxd.runner.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 15: sandboxd.runner.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 16: sandboxd.runner.v1.ResumeResponse
+	(*ForkTarget)(nil),               // 17: sandboxd.runner.v1.ForkTarget
+	(*ForkRequest)(nil),              // 18: sandboxd.runner.v1.ForkRequest
+	(*ForkResult)(nil),               // 19: sandboxd.runner.v1.ForkResult
+	(*ForkError)(nil),                // 20: sandboxd.runner.v1.ForkError
+	(*ForkResponse)(nil),             // 21: sandboxd.runner.v1.ForkResponse
+	(*PauseStatus)(nil),              // 22: sandboxd.runner.v1.PauseStatus
+	(*Spec)(nil),                     // 23: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                   // 24: sandboxd.runner.v1.Engine
+	(*Container)(nil),                // 25: sandboxd.runner.v1.Container
+	(*Probe)(nil),                    // 26: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),               // 27: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),          // 28: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),              // 29: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),               // 30: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                  // 31: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),              // 32: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),                // 33: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                   // 34: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),           // 35: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),           // 36: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),    // 37: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),    // 38: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),              // 39: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),              // 40: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),                 // 41: sandboxd.runner.v1.Security
+	(*Service)(nil),                  // 42: sandboxd.runner.v1.Service
+	(*Credentials)(nil),              // 43: sandboxd.runner.v1.Credentials
+	(*File)(nil),                     // 44: sandboxd.runner.v1.File
+	(*Resources)(nil),                // 45: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                  // 46: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),            // 47: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 48: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 49: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 50: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 51: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 52: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 53: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 54: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 55: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 56: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 57: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 58: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 59: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 60: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 61: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 62: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 63: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 64: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 65: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 66: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 67: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	2,  // 0: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	43, // 1: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	2,  // 2: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	43, // 3: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
-	14, // 4: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	43, // 5: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	43, // 6: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	56, // 7: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	63, // 8: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
-	14, // 9: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	43, // 10: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	17, // 11: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
-	16, // 12: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	64, // 13: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	40, // 14: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	57, // 15: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	41, // 16: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	42, // 17: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	58, // 18: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	39, // 19: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	28, // 20: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	38, // 21: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	31, // 22: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	37, // 23: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	26, // 24: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	23, // 25: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	24, // 26: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	22, // 27: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	22, // 28: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	21, // 29: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	40, // 30: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	59, // 31: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	41, // 32: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	42, // 33: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	37, // 34: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	38, // 35: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	23, // 36: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	24, // 37: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	63, // 38: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	63, // 39: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	63, // 40: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	60, // 41: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	27, // 42: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	61, // 43: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	29, // 44: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	29, // 45: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	30, // 46: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	32, // 47: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	33, // 48: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,  // 49: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	63, // 50: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	64, // 51: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	20, // 52: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,  // 53: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	64, // 54: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	64, // 55: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	64, // 56: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	63, // 57: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	64, // 58: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	25, // 59: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	19, // 60: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	20, // 61: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	63, // 62: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	43, // 63: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	63, // 64: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	43, // 65: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	43, // 66: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	43, // 67: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	63, // 68: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	33, // 69: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	43, // 70: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	36, // 71: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	64, // 72: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	42, // 73: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	62, // 74: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	44, // 75: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	46, // 76: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	50, // 77: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	52, // 78: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	54, // 79: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	34, // 80: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	35, // 81: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	47, // 82: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	10, // 83: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	12, // 84: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	15, // 85: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	3,  // 86: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	5,  // 87: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	6,  // 88: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	8,  // 89: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	45, // 90: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	49, // 91: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	51, // 92: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	53, // 93: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	55, // 94: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	36, // 95: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	36, // 96: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	48, // 97: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	11, // 98: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	13, // 99: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	18, // 100: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	4,  // 101: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	18, // 102: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	7,  // 103: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	9,  // 104: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	90, // [90:105] is the sub-list for method output_type
-	75, // [75:90] is the sub-list for method input_type
-	75, // [75:75] is the sub-list for extension type_name
-	75, // [75:75] is the sub-list for extension extendee
-	0,  // [0:75] is the sub-list for field type_name
+	23, // 0: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
+	2,  // 1: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
+	5,  // 2: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	46, // 3: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	5,  // 4: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	46, // 5: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
+	17, // 6: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	46, // 7: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	46, // 8: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	59, // 9: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	66, // 10: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	17, // 11: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	46, // 12: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	20, // 13: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	19, // 14: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	67, // 15: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	43, // 16: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	60, // 17: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	44, // 18: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	45, // 19: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	61, // 20: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	42, // 21: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	31, // 22: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	41, // 23: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	34, // 24: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	40, // 25: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	29, // 26: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	26, // 27: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	27, // 28: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	25, // 29: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	25, // 30: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	24, // 31: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	43, // 32: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	62, // 33: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	44, // 34: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	45, // 35: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	40, // 36: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	41, // 37: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	26, // 38: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	27, // 39: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	66, // 40: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	66, // 41: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	66, // 42: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	63, // 43: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	30, // 44: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	64, // 45: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	32, // 46: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	32, // 47: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	33, // 48: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	35, // 49: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	36, // 50: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,  // 51: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	66, // 52: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	67, // 53: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	23, // 54: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,  // 55: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	67, // 56: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	67, // 57: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	67, // 58: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	66, // 59: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	67, // 60: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	28, // 61: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	22, // 62: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	23, // 63: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	66, // 64: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	46, // 65: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	66, // 66: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	46, // 67: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	46, // 68: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	46, // 69: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	66, // 70: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	36, // 71: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	46, // 72: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	39, // 73: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	67, // 74: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	45, // 75: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	65, // 76: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	47, // 77: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	49, // 78: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	53, // 79: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	55, // 80: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	57, // 81: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	37, // 82: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	38, // 83: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	50, // 84: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	13, // 85: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	15, // 86: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	18, // 87: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	6,  // 88: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	8,  // 89: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	9,  // 90: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	11, // 91: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	3,  // 92: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	48, // 93: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	52, // 94: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	54, // 95: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	56, // 96: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	58, // 97: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	39, // 98: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	39, // 99: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	51, // 100: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	14, // 101: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	16, // 102: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	21, // 103: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	7,  // 104: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	21, // 105: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	10, // 106: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	12, // 107: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	4,  // 108: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	93, // [93:109] is the sub-list for method output_type
+	77, // [77:93] is the sub-list for method input_type
+	77, // [77:77] is the sub-list for extension type_name
+	77, // [77:77] is the sub-list for extension extendee
+	0,  // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -4652,18 +4817,18 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	if File_sandboxd_runner_v1_runner_proto != nil {
 		return
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[8].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[23].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[25].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[36].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[41].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[11].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[26].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[28].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[39].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   61,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

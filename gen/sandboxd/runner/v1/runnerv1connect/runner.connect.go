@@ -86,6 +86,9 @@ const (
 	RunnerServiceDeleteCheckpointProcedure = "/sandboxd.runner.v1.RunnerService/DeleteCheckpoint"
 	// RunnerServiceMovedProcedure is the fully-qualified name of the RunnerService's Moved RPC.
 	RunnerServiceMovedProcedure = "/sandboxd.runner.v1.RunnerService/Moved"
+	// RunnerServiceSetWarmPoolsProcedure is the fully-qualified name of the RunnerService's
+	// SetWarmPools RPC.
+	RunnerServiceSetWarmPoolsProcedure = "/sandboxd.runner.v1.RunnerService/SetWarmPools"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -153,6 +156,11 @@ type RunnerServiceClient interface {
 	// Moved ends a PAUSED sandbox that now runs on another runner: its checkpoint and
 	// state are removed and it is forgotten (reason Moved), without resuming it.
 	Moved(context.Context, *connect.Request[v1.MovedRequest]) (*connect.Response[v1.MovedResponse], error)
+	// SetWarmPools replaces the whole set of warm targets (templates' sandboxd.warmPool):
+	// the runner keeps pre-started sandboxes for each target's spec where its backend can
+	// (runtime.WarmPooler; the Kubernetes backend keeps none). Idempotent; targets its own
+	// policy rejects are left out. Errors: INVALID_ARGUMENT (more than 1024 targets).
+	SetWarmPools(context.Context, *connect.Request[v1.SetWarmPoolsRequest]) (*connect.Response[v1.SetWarmPoolsResponse], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -256,6 +264,12 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("Moved")),
 			connect.WithClientOptions(opts...),
 		),
+		setWarmPools: connect.NewClient[v1.SetWarmPoolsRequest, v1.SetWarmPoolsResponse](
+			httpClient,
+			baseURL+RunnerServiceSetWarmPoolsProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("SetWarmPools")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -276,6 +290,7 @@ type runnerServiceClient struct {
 	importFork       *connect.Client[v1.ImportForkRequest, v1.ForkResponse]
 	deleteCheckpoint *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
 	moved            *connect.Client[v1.MovedRequest, v1.MovedResponse]
+	setWarmPools     *connect.Client[v1.SetWarmPoolsRequest, v1.SetWarmPoolsResponse]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -353,6 +368,11 @@ func (c *runnerServiceClient) Moved(ctx context.Context, req *connect.Request[v1
 	return c.moved.CallUnary(ctx, req)
 }
 
+// SetWarmPools calls sandboxd.runner.v1.RunnerService.SetWarmPools.
+func (c *runnerServiceClient) SetWarmPools(ctx context.Context, req *connect.Request[v1.SetWarmPoolsRequest]) (*connect.Response[v1.SetWarmPoolsResponse], error) {
+	return c.setWarmPools.CallUnary(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -418,6 +438,11 @@ type RunnerServiceHandler interface {
 	// Moved ends a PAUSED sandbox that now runs on another runner: its checkpoint and
 	// state are removed and it is forgotten (reason Moved), without resuming it.
 	Moved(context.Context, *connect.Request[v1.MovedRequest]) (*connect.Response[v1.MovedResponse], error)
+	// SetWarmPools replaces the whole set of warm targets (templates' sandboxd.warmPool):
+	// the runner keeps pre-started sandboxes for each target's spec where its backend can
+	// (runtime.WarmPooler; the Kubernetes backend keeps none). Idempotent; targets its own
+	// policy rejects are left out. Errors: INVALID_ARGUMENT (more than 1024 targets).
+	SetWarmPools(context.Context, *connect.Request[v1.SetWarmPoolsRequest]) (*connect.Response[v1.SetWarmPoolsResponse], error)
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -517,6 +542,12 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("Moved")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServiceSetWarmPoolsHandler := connect.NewUnaryHandler(
+		RunnerServiceSetWarmPoolsProcedure,
+		svc.SetWarmPools,
+		connect.WithSchema(runnerServiceMethods.ByName("SetWarmPools")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -549,6 +580,8 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceDeleteCheckpointHandler.ServeHTTP(w, r)
 		case RunnerServiceMovedProcedure:
 			runnerServiceMovedHandler.ServeHTTP(w, r)
+		case RunnerServiceSetWarmPoolsProcedure:
+			runnerServiceSetWarmPoolsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -616,4 +649,8 @@ func (UnimplementedRunnerServiceHandler) DeleteCheckpoint(context.Context, *conn
 
 func (UnimplementedRunnerServiceHandler) Moved(context.Context, *connect.Request[v1.MovedRequest]) (*connect.Response[v1.MovedResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Moved is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) SetWarmPools(context.Context, *connect.Request[v1.SetWarmPoolsRequest]) (*connect.Response[v1.SetWarmPoolsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.SetWarmPools is not implemented"))
 }
