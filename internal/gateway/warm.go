@@ -36,6 +36,11 @@ import (
 // accepts, sent whole in one SetWarmPools (runner.WarmHandle), after every template
 // write and every WarmInterval. Nothing of it is on the create path: a create from the
 // template claims from the runner's pool as any create of that image does.
+//
+// A target whose image is in the platform registry carries pull credentials minted for
+// the template's organization (as a create's: registrycreds.go), fresh at every send,
+// and its spec names the organization (runtime.MetaOrg): the runner's pool keeps such
+// containers for that organization only (local.poolKeyOf).
 
 // WarmPoolAttachment is the attachments key of a template's warm pool.
 const WarmPoolAttachment = "sandboxd.warmPool"
@@ -132,8 +137,9 @@ func warmTemplates(ts []store.Template) []warmTemplate {
 
 // warmDesired is, per runner (by index), the warm targets it is to keep: the templates
 // its policy accepts (placement.Resolve, no capacity), as runtime specs the way a create
-// sends them. A runner that is not ready gets nil (nothing is sent to it).
-func warmDesired(tmpls []warmTemplate, runners []placement.Runner, platform policy.Platform) [][]runtime.WarmTarget {
+// sends them (with the organization in Meta, and registry pull credentials from mint,
+// nil: none). A runner that is not ready gets nil (nothing is sent to it).
+func warmDesired(tmpls []warmTemplate, runners []placement.Runner, platform policy.Platform, mint registryCredsFunc) [][]runtime.WarmTarget {
 	out := make([][]runtime.WarmTarget, len(runners))
 	for i, r := range runners {
 		if !r.Ready {
@@ -149,6 +155,8 @@ func warmDesired(tmpls []warmTemplate, runners []placement.Runner, platform poli
 			if err != nil {
 				continue
 			}
+			addRegistryCredentials(mint, &cr.Spec, t.Org)
+			cr.Spec.Meta = map[string]string{runtime.MetaOrg: t.Org}
 			targets = append(targets, runtime.WarmTarget{Key: t.Org + "/" + t.ID, Spec: cr.Spec, Size: t.Size})
 		}
 		out[i] = targets
@@ -191,7 +199,7 @@ func (s *Server) syncWarm(ctx context.Context) {
 	if err != nil {
 		s.log.Warn("warm pools: too many templates with a warm pool; reconciling the oldest", "err", err)
 	}
-	desired := warmDesired(warmTemplates(ts), s.views.snapshot(ctx), policy.RunnerPlatform(nil))
+	desired := warmDesired(warmTemplates(ts), s.views.snapshot(ctx), policy.RunnerPlatform(nil), s.registryCreds)
 	for i, targets := range desired {
 		wh, ok := s.runners[i].(runner.WarmHandle)
 		if !ok || targets == nil {

@@ -131,7 +131,7 @@ func TestWarmDesired(t *testing.T) {
 		{ID: "docker-only", Ready: true, Policy: dockerOnly, PolicyRevision: "3"},
 		{ID: "down", Ready: false},
 	}
-	got := warmDesired(tmpls, runners, policy.RunnerPlatform(nil))
+	got := warmDesired(tmpls, runners, policy.RunnerPlatform(nil), nil)
 	keys := func(ts []runtime.WarmTarget) string {
 		var out []string
 		for _, t := range ts {
@@ -214,4 +214,42 @@ func TestWarmSyncOnTemplateWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("after delete", func(ts []runtime.WarmTarget) bool { return len(ts) == 0 })
+}
+
+// Targets of platform-registry images carry pull credentials minted for the template's
+// organization (fresh at each send), and every target names its organization.
+func TestWarmDesiredRegistryCredentials(t *testing.T) {
+	tmpls := warmTemplates([]store.Template{
+		storedTemplate(t, "built", "acme", "reg.example:8080/acme/app:v1", `{"sandboxd.warmPool": {"size": 1}}`, false),
+		storedTemplate(t, "pub", "globex", "python:3.11", `{"sandboxd.warmPool": {"size": 1}}`, false),
+	})
+	minted := 0
+	mint := func(org, image string) (string, string, bool) {
+		if !strings.HasPrefix(image, "reg.example:8080/") {
+			return "", "", false
+		}
+		minted++
+		return "sandboxd", fmt.Sprintf("tok-%s-%d", org, minted), true
+	}
+	runners := []placement.Runner{{ID: "open", Ready: true}}
+	got := warmDesired(tmpls, runners, policy.RunnerPlatform(nil), mint)[0]
+	if len(got) != 2 {
+		t.Fatalf("targets = %+v", got)
+	}
+	if c := got[0].Spec.PullCredentials; c == nil || c.Password != "tok-acme-1" {
+		t.Errorf("registry image target: credentials %+v, want acme's", c)
+	}
+	if o := got[0].Spec.Meta[runtime.MetaOrg]; o != "acme" {
+		t.Errorf("registry image target: org %q", o)
+	}
+	if c := got[1].Spec.PullCredentials; c != nil {
+		t.Errorf("public image target got credentials %+v", c)
+	}
+	if o := got[1].Spec.Meta[runtime.MetaOrg]; o != "globex" {
+		t.Errorf("public image target: org %q", o)
+	}
+	again := warmDesired(tmpls, runners, policy.RunnerPlatform(nil), mint)[0]
+	if c := again[0].Spec.PullCredentials; c == nil || c.Password == got[0].Spec.PullCredentials.Password {
+		t.Errorf("a resend reuses credentials %+v", c)
+	}
 }

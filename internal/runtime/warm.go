@@ -10,8 +10,10 @@ type WarmPooler interface {
 	// SetWarmPools replaces the whole set of warm targets (idempotent): for each target
 	// the backend keeps at least Size ready containers that a Create of Spec can claim,
 	// within its own bounds; targets no longer in the set return to the backend's
-	// normal rules. Targets it cannot pre-start (pull credentials, a runtime class or
-	// a spec shape its pool does not serve) are left out, not an error.
+	// normal rules. Targets it cannot pre-start (a runtime class or a spec shape its
+	// pool does not serve; pull credentials without Meta[MetaOrg]) are left out, not an
+	// error. Containers pulled with a target's credentials serve Creates of the same
+	// organization (MetaOrg) only.
 	SetWarmPools(ctx context.Context, targets []WarmTarget) error
 }
 

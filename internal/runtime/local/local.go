@@ -434,7 +434,8 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	}
 	// A pooled container was started with the default runtime configuration; only the
 	// user commands run as can still change.
-	poolable := spec.PullCredentials == nil && !rt.gvisor && !spec.Multi() && b.poolServes(spec)
+	key, keyed := poolKeyOf(spec, class)
+	poolable := keyed && !rt.gvisor && !spec.Multi() && b.poolServes(spec)
 	if fork != nil && (!rt.gvisor || spec.Multi() || spec.Engine != nil) {
 		return runtime.Info{}, fmt.Errorf("%w: a fork is a single-container gVisor sandbox", errdefs.ErrNotImplemented)
 	}
@@ -460,7 +461,7 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	if b.pool != nil {
 		// The warm pool is runc-only (see gvisor.go); a gVisor Create still counts as a
 		// Create in flight, so refills keep out of its way.
-		b.pool.createStarted(poolKey{image: spec.Image, class: class}, poolable)
+		b.pool.createStarted(key, poolable)
 		defer b.pool.createEnded()
 	}
 	defer func() {
@@ -490,8 +491,8 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 		return s.info.toInfo(id), nil
 	}
 	claimed := false
-	if b.pool != nil && !rt.gvisor && b.poolServes(spec) {
-		if claimed = b.claim(ctx, s, spec); claimed {
+	if b.pool != nil && poolable {
+		if claimed = b.claim(ctx, s, spec, key); claimed {
 			b.step("claim", &t)
 		}
 	}
@@ -507,7 +508,7 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 		if _, _, err := b.launch(ctx, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
 			var pe *pullError
 			if b.pool != nil && errors.As(err, &pe) {
-				b.pool.pullFailed(poolKey{image: spec.Image, class: class})
+				b.pool.pullFailed(key)
 			}
 			return runtime.Info{}, err
 		}

@@ -50,6 +50,16 @@ import (
 // max(Size, target), is exempt from idle expiry while targeted, and counts against
 // PoolConfig.MaxTargeted for the whole backend; a target no longer sent returns to the
 // idle rules (its idle time counts from then).
+//
+// Pull credentials (images of the platform registry, which the gateway mints per
+// organization): a target whose spec carries them is kept in a set of its own keyed by
+// the organization as well (Spec.Meta[runtime.MetaOrg]), refilled with the target's
+// credentials (the latest sent: the gateway resends fresh ones every WarmInterval; they
+// live in memory only). A Create that brings credentials claims only from the set of
+// its own organization, and the claim still pulls the image with the Create's
+// credentials and checks the digest (claim), so a claim never hands an organization a
+// container of an image it cannot pull itself. A set keyed by an organization is never
+// made by a Create (it would have no credentials to refill with), only by a target.
 
 // PoolConfig configures the warm pool.
 type PoolConfig struct {
@@ -92,6 +102,22 @@ func isPoolID(name string) bool {
 type poolKey struct {
 	image string // the reference as given
 	class string
+	// org is the organization the image is pulled for when pulled with credentials
+	// ("" without credentials: such containers serve every organization).
+	org string
+}
+
+// poolKeyOf is the pool key of spec (runtime class class), ok false when a pooled
+// container may not serve it: credentials without an organization to key them by.
+func poolKeyOf(spec *runtime.Spec, class string) (poolKey, bool) {
+	k := poolKey{image: spec.Image, class: class}
+	if spec.PullCredentials != nil {
+		k.org = spec.Meta[runtime.MetaOrg]
+		if k.org == "" {
+			return poolKey{}, false
+		}
+	}
+	return k, true
 }
 
 type pooled struct {
@@ -119,6 +145,7 @@ type pool struct {
 	mu        sync.Mutex
 	sets      map[poolKey]*poolSet
 	targets   map[poolKey]int // warm targets: at least this many ready
+	creds     map[poolKey]*runtime.Credentials // the targets' pull credentials (keys with an org)
 	creating  int             // real Creates in flight
 	refilling chan struct{}   // non-nil while a refill runs; closed when it is done
 	refillID  string
@@ -162,6 +189,9 @@ func (p *pool) createStarted(key poolKey, poolable bool) {
 		return
 	}
 	set := p.sets[key]
+	if set == nil && key.org != "" {
+		return // only a target (with its credentials) makes such a set
+	}
 	if set == nil {
 		set = &poolSet{}
 		p.sets[key] = set
@@ -303,6 +333,9 @@ func (p *pool) next() (poolKey, bool) {
 		}
 	}
 	for k, set := range p.sets {
+		if k.org != "" && p.creds[k] == nil {
+			continue // no credentials to pull with (its target is gone)
+		}
 		if len(set.ready) < p.want(k) && now.After(set.retryAt) && !set.pullFailed {
 			p.refilling = make(chan struct{})
 			p.refillID = poolPrefix + randomHex(6)
@@ -316,8 +349,9 @@ func (p *pool) next() (poolKey, bool) {
 func (p *pool) refill(key poolKey) {
 	p.mu.Lock()
 	cid := p.refillID
+	creds := p.creds[key]
 	p.mu.Unlock()
-	pc, err := p.b.startPooled(context.Background(), cid, key)
+	pc, err := p.b.startPooled(context.Background(), cid, key, creds)
 	p.mu.Lock()
 	set := p.sets[key]
 	keep := err == nil && set != nil && !p.closed && len(set.ready) < p.want(key)
@@ -358,9 +392,11 @@ func (p *pool) want(key poolKey) int {
 	return max(p.size, p.targets[key])
 }
 
-// setTargets replaces the warm targets (sizes already bounded).
-func (p *pool) setTargets(targets map[poolKey]int) {
+// setTargets replaces the warm targets (sizes already bounded) and their pull
+// credentials (for keys with an org).
+func (p *pool) setTargets(targets map[poolKey]int, creds map[poolKey]*runtime.Credentials) {
 	p.mu.Lock()
+	p.creds = creds
 	now := time.Now()
 	for k := range p.targets {
 		if targets[k] == 0 {
@@ -386,8 +422,9 @@ func (p *pool) setTargets(targets map[poolKey]int) {
 }
 
 // SetWarmPools implements runtime.WarmPooler: it replaces the warm targets. A target
-// is kept only when a Create of its spec would claim from the pool (runc class, no pull
-// credentials, one container, default security, no volumes, the default disk limit);
+// is kept only when a Create of its spec would claim from the pool (runc class, one
+// container, default security, no volumes, the default disk limit; pull credentials
+// only with the organization in Spec.Meta, which keys its set: poolKeyOf);
 // sizes are bounded by runtime.MaxWarmSize each and PoolConfig.MaxTargeted in total,
 // shared fairly (allocateWarm). Without a pool or with MaxTargeted 0 it keeps nothing.
 func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) error {
@@ -403,20 +440,26 @@ func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) 
 			continue
 		}
 		rt, class, err := b.runtimeFor(t.Spec.RuntimeClass)
-		if err != nil || rt.gvisor || t.Spec.PullCredentials != nil || t.Spec.Multi() || t.Spec.Image == "" || !b.poolServes(&t.Spec) {
+		key, keyed := poolKeyOf(&t.Spec, class)
+		if err != nil || !keyed || rt.gvisor || t.Spec.Multi() || t.Spec.Image == "" || !b.poolServes(&t.Spec) {
 			b.log.Debug("warm pool: target not poolable here", "target", t.Key, "image", t.Spec.Image, "class", t.Spec.RuntimeClass)
 			continue
 		}
 		ok = append(ok, t)
-		keys = append(keys, poolKey{image: t.Spec.Image, class: class})
+		keys = append(keys, key)
 	}
 	want := map[poolKey]int{}
+	creds := map[poolKey]*runtime.Credentials{}
 	for i, n := range allocateWarm(ok, b.pool.maxTargeted) {
 		if n > 0 {
 			want[keys[i]] += n
+			if c := ok[i].Spec.PullCredentials; c != nil {
+				cc := *c
+				creds[keys[i]] = &cc
+			}
 		}
 	}
-	b.pool.setTargets(want)
+	b.pool.setTargets(want, creds)
 	return nil
 }
 
@@ -597,8 +640,9 @@ func (b *Backend) destroyPooled(ctx context.Context, cid string) error {
 	return b.teardown(ctx, &sandbox{id: cid, cid: cid, dir: b.dir(cid), rt: rt})
 }
 
-// startPooled starts a standby container for key.
-func (b *Backend) startPooled(ctx context.Context, cid string, key poolKey) (pc *pooled, err error) {
+// startPooled starts a standby container for key, pulling its image with creds (nil:
+// the image store's own).
+func (b *Backend) startPooled(ctx context.Context, cid string, key poolKey, creds *runtime.Credentials) (pc *pooled, err error) {
 	rt, class, err := b.runtimeFor(key.class)
 	if err != nil {
 		return nil, err
@@ -622,7 +666,7 @@ func (b *Backend) startPooled(ctx context.Context, cid string, key poolKey) (pc 
 	}()
 	standby := func(*Image) (*agentconfig.Config, error) { return &agentconfig.Config{Standby: true}, nil }
 	var t time.Time
-	img, att, err := b.launch(ctx, s, nil, cid, runtime.Resources{}, standby, &t)
+	img, att, err := b.launch(ctx, s, creds, cid, runtime.Resources{}, standby, &t)
 	if err != nil {
 		return nil, err
 	}
@@ -632,8 +676,7 @@ func (b *Backend) startPooled(ctx context.Context, cid string, key poolKey) (pc 
 // claim tries to give s (registered, its dir made and empty) a pooled container. It
 // reports whether it did; on false nothing of s has changed and the caller creates it
 // cold.
-func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec) bool {
-	key := poolKey{image: spec.Image, class: s.rt.class}
+func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec, key poolKey) bool {
 	pc := b.pool.take(key)
 	if pc == nil {
 		return false
@@ -643,7 +686,9 @@ func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec) boo
 		return false
 	}
 	// The image must be the one a cold Create would run now (a tag may have moved), and
-	// the caller must be allowed to pull it: pull as a cold Create would.
+	// the caller must be allowed to pull it: pull as a cold Create would. (A cached
+	// digest-pinned reference is served without asking the registry: what keeps an
+	// organization from another's image there is the set's key, poolKey.org.)
 	img, err := b.cfg.Images.Pull(ctx, spec.Image, spec.PullCredentials)
 	if err != nil || img.Digest != pc.digest {
 		if err == nil {
