@@ -144,10 +144,10 @@ type pool struct {
 
 	mu        sync.Mutex
 	sets      map[poolKey]*poolSet
-	targets   map[poolKey]int // warm targets: at least this many ready
+	targets   map[poolKey]int                  // warm targets: at least this many ready
 	creds     map[poolKey]*runtime.Credentials // the targets' pull credentials (keys with an org)
-	creating  int             // real Creates in flight
-	refilling chan struct{}   // non-nil while a refill runs; closed when it is done
+	creating  int                              // real Creates in flight
+	refilling chan struct{}                    // non-nil while a refill runs; closed when it is done
 	refillID  string
 	closed    bool
 	stats     PoolStats
