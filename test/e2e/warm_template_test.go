@@ -88,7 +88,7 @@ func TestTemplateWarmPool(t *testing.T) {
 }
 
 // templateGateway is a gateway over s's runner with templates in a SQLite store.
-func templateGateway(t *testing.T, s *stack.Stack) *gateway.Server {
+func templateGateway(t *testing.T, s *stack.Stack, opts ...func(*gateway.Config)) *gateway.Server {
 	t.Helper()
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
@@ -103,8 +103,12 @@ func templateGateway(t *testing.T, s *stack.Stack) *gateway.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{runner.NewLocal("local", s.Runner)},
-		Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: st.Templates()})
+	gcfg := gateway.Config{Auth: keys, Runners: []runner.Handle{runner.NewLocal("local", s.Runner)},
+		Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: st.Templates()}
+	for _, o := range opts {
+		o(&gcfg)
+	}
+	g, err := gateway.New(gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
