@@ -104,13 +104,20 @@ func TestSetWarmPoolsClient(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	c := (&testRunner{addr: ln.Addr().String(), ca: ca}).client(t)
 	spec := runtime.Spec{Container: runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"inf"}}, RuntimeClass: "runc"}
-	if err := c.SetWarmPools(context.Background(), []runtime.WarmTarget{{Key: "a/b", Spec: spec, Size: 4}}); err != nil {
+	reg := runtime.Spec{Container: runtime.Container{Image: "reg.example/a/app:v1", Command: "sleep",
+		PullCredentials: &runtime.Credentials{Username: "sandboxd", Password: "tok"}}, Meta: map[string]string{runtime.MetaOrg: "a"}}
+	if err := c.SetWarmPools(context.Background(), []runtime.WarmTarget{{Key: "a/b", Spec: spec, Size: 4}, {Key: "a/reg", Spec: reg, Size: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	got := fake.last()
-	if len(got) != 1 || got[0].Key != "a/b" || got[0].Size != 4 || got[0].Spec.Image != "busybox" || got[0].Spec.RuntimeClass != "runc" ||
+	if len(got) != 2 || got[0].Key != "a/b" || got[0].Size != 4 || got[0].Spec.Image != "busybox" || got[0].Spec.RuntimeClass != "runc" ||
 		len(got[0].Spec.Args) != 1 {
 		t.Fatalf("runner got %+v", got)
+	}
+	// A registry image's target keeps its pull credentials and organization (the pool keys
+	// such containers by it).
+	if c := got[1].Spec.PullCredentials; c == nil || c.Password != "tok" || got[1].Spec.Meta[runtime.MetaOrg] != "a" {
+		t.Fatalf("registry target arrived as %+v", got[1].Spec)
 	}
 	// And a runner that keeps none answers UNIMPLEMENTED.
 	plain := startRunner(t, &fakeRunner{}).client(t)
