@@ -72,7 +72,8 @@ func TestTemplateWarmPoolRegistryImage(t *testing.T) {
 	}, Attachments: &structpb.Struct{Fields: map[string]*structpb.Value{
 		gateway.WarmPoolAttachment: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"size": structpb.NewNumberValue(1)}}),
 	}}}
-	if _, err := g.CreateSandboxTemplate(admin, connect.NewRequest(&sandboxv1.CreateSandboxTemplateRequest{SandboxTemplate: tmpl})); err != nil {
+	created, err := g.CreateSandboxTemplate(admin, connect.NewRequest(&sandboxv1.CreateSandboxTemplateRequest{SandboxTemplate: tmpl}))
+	if err != nil {
 		t.Fatal(err)
 	}
 	waitPoolReady(t, s, 1)
@@ -97,4 +98,16 @@ func TestTemplateWarmPoolRegistryImage(t *testing.T) {
 		t.Fatalf("exec in the claimed sandbox: %v %q", err, ex.Msg.GetStdout())
 	}
 	waitPoolReady(t, s, 1) // refilled with the resent token
+
+	// Untarget before the stack's leak check (a standing target refills after its drain).
+	if _, err := g.DeleteSandboxTemplate(admin, connect.NewRequest(&sandboxv1.DeleteSandboxTemplateRequest{SandboxTemplateId: created.Msg.GetSandboxTemplateId()})); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for st := s.Backend.PoolStats(); st.Ready > 0 || st.Targeted > 0; st = s.Backend.PoolStats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool after the template's delete: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
