@@ -238,7 +238,8 @@ func (s *Store) authFor(r name.Reference, creds *Credentials) authn.Authenticato
 
 // Pull resolves ref at its registry (or the first of its mirrors that has it) and
 // makes sure the image is unpacked locally. A digest-pinned ref that is cached is
-// served without any network access; a tag is re-resolved with a HEAD request.
+// served without any network access unless creds are given (then a HEAD request checks
+// the caller's access first); a tag is re-resolved with a HEAD request.
 // creds nil means Options.Auth, else anonymous.
 func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Image, error) {
 	r, err := s.ParseReference(ref)
@@ -256,7 +257,7 @@ func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Imag
 	return s.pulls.do(ctx, key, func(ctx context.Context) (*Image, error) {
 		s.gcMu.RLock()
 		defer s.gcMu.RUnlock()
-		img, err := s.pull(ctx, r, s.authFor(r, creds))
+		img, err := s.pull(ctx, r, s.authFor(r, creds), creds != nil)
 		if err == nil {
 			s.idxMu.Lock()
 			s.used[img.Digest] = time.Now()
@@ -324,9 +325,18 @@ func (s *Store) layerDir(diffID string) (string, error) {
 	return filepath.Join(s.root, "layers", "sha256", h.Hex), nil
 }
 
-func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authenticator) (*Image, error) {
+func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authenticator, explicit bool) (*Image, error) {
 	if d, ok := r.(name.Digest); ok {
 		if img := s.cached(r, d.DigestStr()); img != nil {
+			if explicit {
+				// Credentials of the caller's own (a private image, e.g. an organization's
+				// in the platform registry): the cache holds what another caller pulled, so
+				// this caller's access is checked at the registry first.
+				if _, err := remote.Head(r, remote.WithContext(ctx), remote.WithAuth(auth), remote.WithTransport(s.transport),
+					remote.WithUserAgent("sandboxd")); err != nil {
+					return nil, mapErr(r, err)
+				}
+			}
 			s.noteRef(img.Digest, r.Name(), "")
 			return img, nil
 		}

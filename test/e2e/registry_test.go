@@ -51,7 +51,8 @@ func TestRegistryImageRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := testimage.PushAuth(host, "org-a/bb:v1", imgs.Busybox, &image.Credentials{Username: "build", Password: push}); err != nil {
+	dig, err := testimage.PushAuth(host, "org-a/bb:v1", imgs.Busybox, &image.Credentials{Username: "build", Password: push})
+	if err != nil {
 		t.Fatal(err)
 	}
 
@@ -69,6 +70,17 @@ func TestRegistryImageRuns(t *testing.T) {
 	sb := g.create(t, spec(ref, "/bin/sh", "-c", `trap "exit 0" TERM; sleep infinity & wait`), "")
 	g.waitState(t, sb.GetSandboxId(), sandboxv1.State_STATE_RUNNING)
 
+	// org-b, by tag and by digest (the image is in the runner's cache now: a cached
+	// digest is served without the registry unless the caller's access is checked).
+	for _, ref := range []string{ref, host + "/org-a/bb@" + dig} {
+		orgBFails(t, g, ref)
+	}
+}
+
+// orgBFails checks that org-b's sandbox of org-a's registry image ref fails (pull
+// refused) rather than runs.
+func orgBFails(t *testing.T, g *gw, ref string) {
+	t.Helper()
 	other, err := g.other.CreateSandbox(context.Background(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec(ref, "/bin/true")}}))
 	if err == nil {
 		deadline := time.Now().Add(60 * time.Second)
