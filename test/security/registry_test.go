@@ -55,7 +55,8 @@ func TestRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := testimage.PushAuth(host, "org-a/bb:v1", imgs.Busybox, &image.Credentials{Username: "x", Password: adminA}); err != nil {
+	digest, err := testimage.PushAuth(host, "org-a/bb:v1", imgs.Busybox, &image.Credentials{Username: "x", Password: adminA})
+	if err != nil {
 		t.Fatalf("push with an admin key: %v", err)
 	}
 	ref := host + "/org-a/bb:v1"
@@ -77,6 +78,16 @@ func TestRegistry(t *testing.T) {
 	if code == http.StatusOK {
 		if st, body := d.wait(t, d.KeyB, idB); st == "STATE_RUNNING" {
 			t.Fatalf("org-b ran org-a's registry image: %s", body)
+		}
+	}
+
+	// The same by digest, now that org-a's sandbox left the image in the runner's cache:
+	// a cached digest is served only after the registry confirms the caller's access (an
+	// image pinned by digest skipped that check, and org-b's sandbox ran).
+	code, _, idB = d.create(t, d.KeyB, host+"/org-a/bb@"+digest, nil)
+	if code == http.StatusOK {
+		if st, body := d.wait(t, d.KeyB, idB); st == "STATE_RUNNING" {
+			t.Fatalf("org-b ran org-a's registry image by digest from the runner's cache: %s", body)
 		}
 	}
 
