@@ -141,6 +141,11 @@ type imageRecord struct {
 	Config       Config    `json:"config"`
 	Refs         []string  `json:"refs"`
 	PulledAt     time.Time `json:"pulledAt"`
+	// Private: pulled at least once with a caller's own credentials. A later pull of it
+	// by digest is served from the cache only after the registry confirms that caller's
+	// access (a HEAD request), with or without credentials of its own: another tenant
+	// must not run a private image because a runner happens to hold it.
+	Private bool `json:"private,omitempty"`
 }
 
 // Open opens (creating if needed) the store at opts.Root.
@@ -238,8 +243,9 @@ func (s *Store) authFor(r name.Reference, creds *Credentials) authn.Authenticato
 
 // Pull resolves ref at its registry (or the first of its mirrors that has it) and
 // makes sure the image is unpacked locally. A digest-pinned ref that is cached is
-// served without any network access unless creds are given (then a HEAD request checks
-// the caller's access first); a tag is re-resolved with a HEAD request.
+// served without any network access unless creds are given or it was ever pulled with
+// credentials (imageRecord.Private; then a HEAD request checks the caller's access
+// first); a tag is re-resolved with a HEAD request.
 // creds nil means Options.Auth, else anonymous.
 func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Image, error) {
 	r, err := s.ParseReference(ref)
@@ -261,6 +267,13 @@ func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Imag
 		if err == nil {
 			s.idxMu.Lock()
 			s.used[img.Digest] = time.Now()
+			if rec := s.idx.Images[img.Digest]; rec != nil && creds != nil && !rec.Private {
+				rec.Private = true
+				if err := s.saveIndex(); err != nil {
+					s.idxMu.Unlock()
+					return nil, err
+				}
+			}
 			s.idxMu.Unlock()
 		}
 		return img, err
@@ -328,10 +341,11 @@ func (s *Store) layerDir(diffID string) (string, error) {
 func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authenticator, explicit bool) (*Image, error) {
 	if d, ok := r.(name.Digest); ok {
 		if img := s.cached(r, d.DigestStr()); img != nil {
-			if explicit {
-				// Credentials of the caller's own (a private image, e.g. an organization's
-				// in the platform registry): the cache holds what another caller pulled, so
-				// this caller's access is checked at the registry first.
+			if explicit || s.private(img.Digest) {
+				// Credentials of the caller's own, or an image someone pulled with theirs
+				// (a private image, e.g. an organization's in the platform registry): the
+				// cache holds what another caller pulled, so this caller's access is checked
+				// at the registry first.
 				if _, err := remote.Head(r, remote.WithContext(ctx), remote.WithAuth(auth), remote.WithTransport(s.transport),
 					remote.WithUserAgent("sandboxd")); err != nil {
 					return nil, mapErr(r, err)
@@ -550,11 +564,21 @@ func (s *Store) saveIndex() error {
 	return writeFileAtomic(filepath.Join(s.root, "index.json"), b)
 }
 
+// private reports whether the image of digest was ever pulled with a caller's own
+// credentials (imageRecord.Private).
+func (s *Store) private(digest string) bool {
+	s.idxMu.Lock()
+	defer s.idxMu.Unlock()
+	rec := s.idx.Images[digest]
+	return rec != nil && rec.Private
+}
+
 func (s *Store) addImage(rec *imageRecord, ref, top string) error {
 	s.idxMu.Lock()
 	defer s.idxMu.Unlock()
 	if old := s.idx.Images[rec.Digest]; old != nil {
 		rec.Refs = old.Refs
+		rec.Private = rec.Private || old.Private
 	}
 	s.idx.Images[rec.Digest] = rec
 	s.idx.Resolved[rec.Digest] = rec.Digest

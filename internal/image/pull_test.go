@@ -584,3 +584,40 @@ func TestGCGrace(t *testing.T) {
 		})
 	}
 }
+
+// TestPullCachedPrivateDigest: an image pulled with a caller's own credentials is served
+// from the cache by digest only after the registry confirms the next caller's access:
+// anonymous and wrong credentials are refused although the runner holds the image, good
+// credentials and a public image's anonymous digest pull are served (a public image
+// needs no network once cached).
+func TestPullCachedPrivateDigest(t *testing.T) {
+	testenv.RequireRoot(t, "unpacking layers: chown, device nodes, xattrs")
+	ctx := context.Background()
+	good := image.Credentials{Username: "alice", Password: "s3cret"}
+	bad := image.Credentials{Username: "alice", Password: "nope"}
+	host := startRegistry(t, testimage.RegistryOptions{BasicAuth: &good})
+	digest, err := testimage.PushAuth(host, "x/app:a", smallImage(t, "a"), &good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	s := openStore(t, image.Options{Root: root})
+	if _, err := s.Pull(ctx, host+"/x/app:a", &good); err != nil {
+		t.Fatal(err)
+	}
+	byDigest := host + "/x/app@" + digest
+	if _, err := s.Pull(ctx, byDigest, nil); !errors.Is(err, image.ErrUnauthorized) {
+		t.Fatalf("anonymous pull of a cached private image by digest: err = %v, want ErrUnauthorized", err)
+	}
+	if _, err := s.Pull(ctx, byDigest, &bad); !errors.Is(err, image.ErrUnauthorized) {
+		t.Fatalf("wrong credentials, cached private image by digest: err = %v, want ErrUnauthorized", err)
+	}
+	if _, err := s.Pull(ctx, byDigest, &good); err != nil {
+		t.Fatalf("good credentials, cached private image by digest: %v", err)
+	}
+	// Reopened (a restarted runner): the mark is kept in the index.
+	s2 := openStore(t, image.Options{Root: root})
+	if _, err := s2.Pull(ctx, byDigest, nil); !errors.Is(err, image.ErrUnauthorized) {
+		t.Fatalf("after reopen, anonymous pull of a cached private image by digest: err = %v, want ErrUnauthorized", err)
+	}
+}
