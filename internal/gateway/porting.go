@@ -403,7 +403,7 @@ func (s *Server) placeForks(ctx context.Context, rec *record, r runner.Handle, s
 			kind, why := placementRefusal(r.ID(), err)
 			own = portRefusal{runner: r.ID(), why: "its runner: " + why, kind: kind}
 		} else {
-			k, release, why := s.claimUpTo(c, left)
+			k, release, why := s.reserved.ClaimUpTo(c, left)
 			if k > 0 {
 				groups = append(groups, forkGroup{h: r, c: c, n: k})
 				releases = append(releases, release)
@@ -431,7 +431,7 @@ func (s *Server) placeForks(ctx context.Context, rec *record, r runner.Handle, s
 		if left == 0 {
 			break
 		}
-		k, release, why := s.claimUpTo(t.c, left)
+		k, release, why := s.reserved.ClaimUpTo(t.c, left)
 		if k == 0 {
 			refused = append(refused, portRefusal{runner: t.c.RunnerID, why: "no room: " + why, kind: refusedRoom})
 			continue
@@ -447,21 +447,6 @@ func (s *Server) placeForks(ctx context.Context, rec *record, r runner.Handle, s
 		return nil, nil, refusedError(rec.id, fmt.Sprintf("place %d forks of sandbox %s (room for %d)", n, rec.id, n-left), refused)
 	}
 	return groups, releaseAll, nil
-}
-
-// claimUpTo claims room for as many of n sandboxes of c as fit on its runner (n down to
-// 1), and says why all n do not ("" when they do).
-func (s *Server) claimUpTo(c placement.Candidate, n int) (int, func(), string) {
-	release, why := s.reserved.ClaimN(c, n)
-	if why == "" {
-		return n, release, ""
-	}
-	for k := n - 1; k > 0; k-- {
-		if release, w := s.reserved.ClaimN(c, k); w == "" {
-			return k, release, why
-		}
-	}
-	return 0, func() {}, why
 }
 
 // runForks makes the forks of groups (targets, group after group): the source's runner's

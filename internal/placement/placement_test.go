@@ -344,6 +344,46 @@ func BenchmarkPlace(b *testing.B) {
 	}
 }
 
+// TestClaimUpTo: as many of n as fit are held in one step (CPU, then the sandbox count),
+// with why all n do not; none fitting holds nothing; the release gives back all k.
+func TestClaimUpTo(t *testing.T) {
+	var rs Reservations
+	r := used(rn("r1", nil), 1000, 2*gi, 7) // 3 CPUs, 6 GiB, 3 sandboxes free
+	cands, err := Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{r}, Platform: policy.DefaultPlatform(), Reservations: &rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cands[0]
+	for _, n := range []int{1, 2, 3} {
+		k, release, why := rs.ClaimUpTo(c, n)
+		if k != n || why != "" {
+			t.Errorf("ClaimUpTo(%d) with room for 3: %d, %q", n, k, why)
+		}
+		release()
+	}
+	k, release, why := rs.ClaimUpTo(c, 100)
+	if k != 3 || !strings.Contains(why, "needs 100 CPU, 3 free") {
+		t.Errorf("ClaimUpTo(100) with room for 3: %d, %q", k, why)
+	}
+	if res, n := rs.Held("r1"); n != 3 || res != (Resources{MilliCPU: 3000, MemoryBytes: 3 * gi}) {
+		t.Errorf("held %+v (%d), want 3 CPU, 3 GiB, 3 sandboxes", res, n)
+	}
+	if k, _, why := rs.ClaimUpTo(c, 5); k != 0 || why == "" {
+		t.Errorf("ClaimUpTo on a full runner: %d, %q", k, why)
+	}
+	release()
+	release()
+	if res, n := rs.Held("r1"); n != 0 || res != (Resources{}) {
+		t.Errorf("held %+v (%d) after release", res, n)
+	}
+	small, _ := Place(Request{Spec: spec("10m", "1Mi"), Runners: []Runner{r}, Platform: policy.DefaultPlatform()})
+	if k, rel, why := rs.ClaimUpTo(small[0], 50); k != 3 || !strings.Contains(why, "maximum of 10 sandboxes") {
+		t.Errorf("50 small forks with room for 3 sandboxes: %d, %q", k, why)
+	} else {
+		rel()
+	}
+}
+
 // TestClaimN: n sandboxes at once (a fork) are held only when all fit: CPU, memory and
 // the sandbox count, given earlier reservations; a refusal holds nothing and says why.
 func TestClaimN(t *testing.T) {

@@ -72,6 +72,50 @@ func (rs *Reservations) releaser(runnerID string, need Resources) func() {
 	}
 }
 
+// ClaimUpTo reserves as many of n sandboxes of c's need each (at least 1, at most n) as
+// fit on its runner, in one step, and returns how many, their release, and why all n do
+// not fit ("" when they do). It holds nothing (k 0) when not even one fits.
+func (rs *Reservations) ClaimUpTo(c Candidate, n int) (k int, release func(), why string) {
+	if n < 1 {
+		n = 1
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	h := rs.byRunner[c.RunnerID]
+	misfit := func(k int) string {
+		total := Resources{c.Need.MilliCPU * int64(k), c.Need.MemoryBytes * int64(k), c.Need.GPUs * int64(k)}
+		return c.room.Misfit(total, h.res, h.n+k-1)
+	}
+	why = misfit(n)
+	if why == "" {
+		k = n
+	} else {
+		// Room only shrinks as k grows: the largest k that fits, by bisection.
+		lo, hi := 0, n // misfit(lo) == "" (or lo 0), misfit(hi) != ""
+		for hi-lo > 1 {
+			if mid := (lo + hi) / 2; misfit(mid) == "" {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		k = lo
+	}
+	if k == 0 {
+		return 0, func() {}, why
+	}
+	total := Resources{c.Need.MilliCPU * int64(k), c.Need.MemoryBytes * int64(k), c.Need.GPUs * int64(k)}
+	rs.addLocked(c.RunnerID, total, k)
+	var once sync.Once
+	return k, func() {
+		once.Do(func() {
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			rs.addLocked(c.RunnerID, Resources{}.sub(total), -k)
+		})
+	}, why
+}
+
 // ClaimN reserves n sandboxes of c's need each on its runner (a fork of n sandboxes) if
 // all of them fit there given its room when c was placed and the reservations made
 // since; otherwise nothing is held and why says what is missing.
