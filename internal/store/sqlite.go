@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"modernc.org/sqlite"
@@ -65,6 +66,37 @@ func sqliteBusy(err error) bool {
 
 type sqliteDB struct {
 	db *sql.DB
+	// stmts caches prepared statements by query text: SQLite's parse and prepare of a
+	// statement (modernc.org/sqlite has no cache of its own) cost as much as running it
+	// (~0.1 ms each on the create path). The queries are the store's own constants;
+	// nstmts bounds the cache all the same (past maxCachedStmts, statements are prepared
+	// per call as before).
+	stmts  sync.Map // SQLite query -> *sql.Stmt
+	nstmts atomic.Int32
+}
+
+// maxCachedStmts bounds sqliteDB.stmts.
+const maxCachedStmts = 512
+
+// stmt is the cached prepared statement of SQLite query q, or nil (the cache is full, or
+// q does not prepare: the caller runs it unprepared and reports the error).
+func (d *sqliteDB) stmt(ctx context.Context, q string) *sql.Stmt {
+	if st, ok := d.stmts.Load(q); ok {
+		return st.(*sql.Stmt)
+	}
+	if d.nstmts.Load() >= maxCachedStmts {
+		return nil
+	}
+	st, err := d.db.PrepareContext(ctx, q)
+	if err != nil {
+		return nil
+	}
+	if prev, loaded := d.stmts.LoadOrStore(q, st); loaded {
+		_ = st.Close()
+		return prev.(*sql.Stmt)
+	}
+	d.nstmts.Add(1)
+	return st
 }
 
 // sqliteConn is what *sql.DB and *sql.Tx have in common.
@@ -74,7 +106,41 @@ type sqliteConn interface {
 	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
 }
 
-type sqliteQuerier struct{ c sqliteConn }
+// sqliteQuerier runs queries on d's pool, or in tx when not nil.
+type sqliteQuerier struct {
+	d  *sqliteDB
+	tx *sql.Tx
+}
+
+// conn is what runs q: its cached prepared statement (in tx when there is one), or
+// the pool or tx itself.
+func (s sqliteQuerier) conn(ctx context.Context, q string) sqliteConn {
+	st := s.d.stmt(ctx, q)
+	switch {
+	case st != nil && s.tx != nil:
+		return stmtConn{s.tx.StmtContext(ctx, st)}
+	case st != nil:
+		return stmtConn{st}
+	case s.tx != nil:
+		return s.tx
+	}
+	return s.d.db
+}
+
+// stmtConn runs a prepared statement as a sqliteConn (the query text is its own).
+type stmtConn struct{ st *sql.Stmt }
+
+func (c stmtConn) ExecContext(ctx context.Context, _ string, args ...any) (sql.Result, error) {
+	return c.st.ExecContext(ctx, args...)
+}
+
+func (c stmtConn) QueryContext(ctx context.Context, _ string, args ...any) (*sql.Rows, error) {
+	return c.st.QueryContext(ctx, args...)
+}
+
+func (c stmtConn) QueryRowContext(ctx context.Context, _ string, args ...any) *sql.Row {
+	return c.st.QueryRowContext(ctx, args...)
+}
 
 var (
 	placeholder = regexp.MustCompile(`\$(\d+)`)
@@ -105,7 +171,8 @@ func sqliteArgs(args []any) []any {
 }
 
 func (s sqliteQuerier) exec(ctx context.Context, q string, args ...any) (int64, error) {
-	res, err := s.c.ExecContext(ctx, sqliteQuery(q), sqliteArgs(args)...)
+	q = sqliteQuery(q)
+	res, err := s.conn(ctx, q).ExecContext(ctx, q, sqliteArgs(args)...)
 	if err != nil {
 		return 0, err
 	}
@@ -113,7 +180,8 @@ func (s sqliteQuerier) exec(ctx context.Context, q string, args ...any) (int64, 
 }
 
 func (s sqliteQuerier) query(ctx context.Context, q string, args ...any) (rows, error) {
-	r, err := s.c.QueryContext(ctx, sqliteQuery(q), sqliteArgs(args)...)
+	q = sqliteQuery(q)
+	r, err := s.conn(ctx, q).QueryContext(ctx, q, sqliteArgs(args)...)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +189,8 @@ func (s sqliteQuerier) query(ctx context.Context, q string, args ...any) (rows, 
 }
 
 func (s sqliteQuerier) queryRow(ctx context.Context, q string, args ...any) row {
-	return s.c.QueryRowContext(ctx, sqliteQuery(q), sqliteArgs(args)...)
+	q = sqliteQuery(q)
+	return s.conn(ctx, q).QueryRowContext(ctx, q, sqliteArgs(args)...)
 }
 
 type sqlRows struct{ *sql.Rows }
@@ -129,15 +198,15 @@ type sqlRows struct{ *sql.Rows }
 func (r sqlRows) Close() { _ = r.Rows.Close() }
 
 func (d *sqliteDB) exec(ctx context.Context, q string, args ...any) (int64, error) {
-	return sqliteQuerier{d.db}.exec(ctx, q, args...)
+	return sqliteQuerier{d: d}.exec(ctx, q, args...)
 }
 
 func (d *sqliteDB) query(ctx context.Context, q string, args ...any) (rows, error) {
-	return sqliteQuerier{d.db}.query(ctx, q, args...)
+	return sqliteQuerier{d: d}.query(ctx, q, args...)
 }
 
 func (d *sqliteDB) queryRow(ctx context.Context, q string, args ...any) row {
-	return sqliteQuerier{d.db}.queryRow(ctx, q, args...)
+	return sqliteQuerier{d: d}.queryRow(ctx, q, args...)
 }
 
 func (d *sqliteDB) tx(ctx context.Context, fn func(q querier) error) error {
@@ -145,7 +214,7 @@ func (d *sqliteDB) tx(ctx context.Context, fn func(q querier) error) error {
 	if err != nil {
 		return err
 	}
-	if err := fn(sqliteQuerier{tx}); err != nil {
+	if err := fn(sqliteQuerier{d: d, tx: tx}); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
@@ -194,4 +263,10 @@ func (d *sqliteDB) lockMigrations(context.Context, querier) error { return nil }
 
 func (d *sqliteDB) isNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }
 func (d *sqliteDB) name() string            { return "sqlite" }
-func (d *sqliteDB) close() error            { return d.db.Close() }
+func (d *sqliteDB) close() error {
+	d.stmts.Range(func(_, st any) bool {
+		_ = st.(*sql.Stmt).Close()
+		return true
+	})
+	return d.db.Close()
+}
