@@ -223,7 +223,7 @@ func Run(ctx context.Context, a Agent, in Input) (*Result, error) {
 	if emit == nil {
 		emit = func(Event) {}
 	}
-	if err := mkdirs(ctx, a, dirBase, dirCtx); err != nil {
+	if err := prepare(ctx, a); err != nil {
 		return nil, err
 	}
 	if err := sendBases(ctx, a, in.Bases, emit); err != nil {
@@ -244,13 +244,18 @@ func Run(ctx context.Context, a Agent, in Input) (*Result, error) {
 	return res, nil
 }
 
-func mkdirs(ctx context.Context, a Agent, dirs ...string) error {
-	resp, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: append([]string{"mkdir", "-p"}, dirs...), MaxOutputBytes: 4096}))
+// prepare empties /build (a builder may build more than once; its layer cache is
+// elsewhere) and makes the directories ExtractPath fills.
+func prepare(ctx context.Context, a Agent) error {
+	resp, err := a.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{
+		Command:        []string{"sh", "-c", `rm -rf /build && mkdir -p "$@"`, "prepare", dirBase, dirCtx},
+		MaxOutputBytes: 4096,
+	}))
 	if err != nil {
 		return fmt.Errorf("prepare the builder: %w", err)
 	}
 	if resp.Msg.ExitCode != 0 {
-		return fmt.Errorf("prepare the builder: mkdir: exit %d: %s", resp.Msg.ExitCode, Clip(string(resp.Msg.Stderr), 512))
+		return fmt.Errorf("prepare the builder: exit %d: %s", resp.Msg.ExitCode, Clip(string(resp.Msg.Stderr), 512))
 	}
 	return nil
 }
