@@ -30,7 +30,6 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
@@ -183,9 +182,12 @@ type Input struct {
 	// writes); the agent unpacks it inside the builder within ContextLimits.
 	Context       io.Reader
 	ContextLimits runtime.ArchiveLimits
-	// Bases are the images the Dockerfile's FROM lines name, pulled by the runner (with
-	// the caller's credentials), keyed by the name as the Dockerfile writes it.
-	Bases map[string]v1.Image
+	// Bases are the images the Dockerfile's FROM lines name, as the Dockerfile writes
+	// them; WriteBase writes one as a docker-archive tagged with that name (the runner's
+	// image store: its registry guard, the caller's credentials, its mirrors, a size
+	// bound; credentials never enter the builder).
+	Bases     []string
+	WriteBase func(ctx context.Context, ref string, w io.Writer) error
 	// OutDir is an empty host directory the OCI layout is unpacked into, within
 	// OutputLimits.
 	OutDir       string
@@ -226,7 +228,7 @@ func Run(ctx context.Context, a Agent, in Input) (*Result, error) {
 	if err := prepare(ctx, a); err != nil {
 		return nil, err
 	}
-	if err := sendBases(ctx, a, in.Bases, emit); err != nil {
+	if err := sendBases(ctx, a, in.Bases, in.WriteBase, emit); err != nil {
 		return nil, err
 	}
 	emit(Event{Stream: System, Line: "sending the build context"})
@@ -262,33 +264,27 @@ func prepare(ctx context.Context, a Agent) error {
 
 // sendBases writes each base image as a docker-archive (base-N.tar, its name in
 // base-N.ref) into a host temp dir and sends the dir to the builder.
-func sendBases(ctx context.Context, a Agent, bases map[string]v1.Image, emit func(Event)) error {
+func sendBases(ctx context.Context, a Agent, bases []string, write func(context.Context, string, io.Writer) error, emit func(Event)) error {
 	if len(bases) == 0 {
 		return nil
+	}
+	if write == nil {
+		return errors.New("base images named but no WriteBase")
 	}
 	tmp, err := os.MkdirTemp("", "sandboxd-build-base-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	names := make([]string, 0, len(bases))
-	for n := range bases {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for i, n := range names {
-		tag, err := name.NewTag(n)
-		if err != nil {
-			return fmt.Errorf("base image %q: %w", n, err)
-		}
+	for i, n := range bases {
+		emit(Event{Stream: System, Line: "base image " + n})
 		f := filepath.Join(tmp, "base-"+strconv.Itoa(i))
-		if err := tarball.WriteToFile(f+".tar", tag, bases[n]); err != nil {
+		if err := writeFile(ctx, f+".tar", n, write); err != nil {
 			return fmt.Errorf("base image %s: %w", n, err)
 		}
 		if err := os.WriteFile(f+".ref", []byte(n), 0o644); err != nil {
 			return err
 		}
-		emit(Event{Stream: System, Line: "base image " + n})
 	}
 	root, err := os.Open(tmp)
 	if err != nil {
@@ -305,6 +301,18 @@ func sendBases(ctx context.Context, a Agent, bases map[string]v1.Image, emit fun
 		return fmt.Errorf("hand in the base images: %w", err)
 	}
 	return nil
+}
+
+func writeFile(ctx context.Context, p, ref string, write func(context.Context, string, io.Writer) error) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := write(ctx, ref, f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // extract streams the archive r into the builder's empty directory dir.

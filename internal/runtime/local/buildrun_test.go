@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
@@ -87,13 +90,24 @@ func TestBuildRun(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	const busybox = "localhost/sandboxd/busybox:latest"
+	tag, err := name.NewTag(busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
 	build := func(o imagebuild.Options) (*imagebuild.Result, []imagebuild.Event, time.Duration) {
 		t.Helper()
 		var events []imagebuild.Event
 		start := time.Now()
 		res, err := imagebuild.Run(ctx, c, imagebuild.Input{Options: o,
 			Context: bytes.NewReader(archive.Bytes()), ContextLimits: runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 100},
-			Bases:  map[string]v1.Image{"localhost/sandboxd/busybox:latest": imgs.Busybox},
+			Bases: []string{busybox},
+			WriteBase: func(_ context.Context, ref string, w io.Writer) error {
+				if ref != busybox {
+					return fmt.Errorf("unexpected base %q", ref)
+				}
+				return tarball.Write(tag, imgs.Busybox, w)
+			},
 			OutDir: filepath.Join(t.TempDir(), "out"), OutputLimits: runtime.ArchiveLimits{MaxBytes: 256 << 20, MaxFiles: 1000},
 			Events: func(ev imagebuild.Event) { events = append(events, ev) },
 		})
