@@ -2,6 +2,8 @@ package imagebuild
 
 import (
 	"context"
+	"io"
+	"log"
 	"net/http/httptest"
 	"reflect"
 	"strings"
@@ -119,7 +121,7 @@ func TestLayoutImage(t *testing.T) {
 }
 
 func TestPush(t *testing.T) {
-	srv := httptest.NewServer(registry.New())
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
 	host := strings.TrimPrefix(srv.URL, "http://")
 	img, err := random.Image(512, 1)
