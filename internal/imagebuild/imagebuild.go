@@ -130,13 +130,16 @@ func checkRelPath(p string) error {
 	return nil
 }
 
+func (o Options) dockerfile() string {
+	if o.Dockerfile == "" {
+		return "Dockerfile"
+	}
+	return path.Clean(o.Dockerfile)
+}
+
 // argv is the builder command for o (checked).
 func (o Options) argv() []string {
-	df := o.Dockerfile
-	if df == "" {
-		df = "Dockerfile"
-	}
-	a := []string{"sh", "-c", script, "build", path.Clean(df)}
+	a := []string{"sh", "-c", script, "build", o.dockerfile()}
 	for _, k := range sortedKeys(o.BuildArgs) {
 		a = append(a, "--build-arg="+k+"="+o.BuildArgs[k])
 	}
@@ -182,11 +185,11 @@ type Input struct {
 	// writes); the agent unpacks it inside the builder within ContextLimits.
 	Context       io.Reader
 	ContextLimits runtime.ArchiveLimits
-	// Bases are the images the Dockerfile's FROM lines name, as the Dockerfile writes
-	// them; WriteBase writes one as a docker-archive tagged with that name (the runner's
-	// image store: its registry guard, the caller's credentials, its mirrors, a size
-	// bound; credentials never enter the builder).
-	Bases     []string
+	// WriteBase writes one of the Dockerfile's base images (Bases: read from the
+	// Dockerfile once the context is in the builder), named as the Dockerfile writes it,
+	// as a docker-archive tagged with that name: the runner's image store (the policy's
+	// image rules, its registry guard, the caller's credentials, its mirrors, a size
+	// bound). Credentials never enter the builder.
 	WriteBase func(ctx context.Context, ref string, w io.Writer) error
 	// OutDir is an empty host directory the OCI layout is unpacked into, within
 	// OutputLimits.
@@ -204,6 +207,7 @@ type Result struct {
 	Failed   *Step  // the failing step, when a step failed
 	Why      string // Buildah's reason for it ("exit status 7")
 	Image    v1.Image
+	Bases    []string // the base images handed in
 }
 
 // Agent is what Run needs of the builder's agent.
@@ -211,6 +215,7 @@ type Agent interface {
 	StreamExec(ctx context.Context) *connect.BidiStreamForClient[agentv1.StreamExecRequest, agentv1.StreamExecResponse]
 	ArchivePath(ctx context.Context, req *connect.Request[agentv1.ArchivePathRequest]) (*connect.ServerStreamForClient[agentv1.ArchivePathResponse], error)
 	ExtractPath(ctx context.Context) *connect.ClientStreamForClient[agentv1.ExtractPathRequest, agentv1.ExtractPathResponse]
+	ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error)
 	Exec(ctx context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error)
 }
 
@@ -228,16 +233,28 @@ func Run(ctx context.Context, a Agent, in Input) (*Result, error) {
 	if err := prepare(ctx, a); err != nil {
 		return nil, err
 	}
-	if err := sendBases(ctx, a, in.Bases, in.WriteBase, emit); err != nil {
-		return nil, err
-	}
 	emit(Event{Stream: System, Line: "sending the build context"})
 	if _, err := extract(ctx, a, dirCtx, in.Context, in.ContextLimits); err != nil {
 		return nil, fmt.Errorf("the build context: %w", err)
 	}
+	df, err := a.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: dirCtx + "/" + in.Options.dockerfile(), MaxBytes: MaxDockerfileBytes}))
+	if err != nil {
+		return nil, fmt.Errorf("the Dockerfile %s: %w", in.Options.dockerfile(), err)
+	}
+	bases, err := Bases(df.Msg.Content, in.BuildArgs)
+	if err != nil {
+		return nil, err
+	}
+	if err := sendBases(ctx, a, bases, in.WriteBase, emit); err != nil {
+		return nil, err
+	}
 	res, err := execBuild(ctx, a, in.Options.argv(), emit)
-	if err != nil || res.ExitCode != 0 {
-		return res, err
+	if err != nil {
+		return nil, err
+	}
+	res.Bases = bases
+	if res.ExitCode != 0 {
+		return res, nil
 	}
 	emit(Event{Stream: System, Line: "reading the built image"})
 	if res.Image, err = readLayout(ctx, a, in.OutDir, in.OutputLimits); err != nil {

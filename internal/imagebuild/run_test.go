@@ -33,6 +33,15 @@ type fakeBuilder struct {
 	extracts map[string]int64 // path -> bytes received
 	limits   map[string][2]int64
 	argv     []string
+	files    map[string]string // ReadFile answers
+}
+
+func (f *fakeBuilder) ReadFile(_ context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	c, ok := f.files[req.Msg.Path]
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New(req.Msg.Path))
+	}
+	return connect.NewResponse(&agentv1.ReadFileResponse{Content: []byte(c)}), nil
 }
 
 func (f *fakeBuilder) Exec(_ context.Context, req *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error) {
@@ -114,14 +123,13 @@ func TestRunFlow(t *testing.T) {
 	if err := lp.AppendImage(img); err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeBuilder{layout: dir, output: []string{"STEP 1/2: FROM base\nSTEP 2/", "2: RUN make\n--> Using cache 1234\nCOMMIT", " localhost/built:1\n"}}
+	f := &fakeBuilder{layout: dir, files: map[string]string{"/build/ctx/Dockerfile": "ARG V\nFROM base$V\nFROM other:1\nCOPY --from=base1 / /\n"}, output: []string{"STEP 1/2: FROM base\nSTEP 2/", "2: RUN make\n--> Using cache 1234\nCOMMIT", " localhost/built:1\n"}}
 	c := startFake(t, f)
 	var events []Event
 	var asked []string
 	res, err := Run(context.Background(), c, Input{
 		Options: Options{BuildArgs: map[string]string{"V": "1"}},
 		Context: strings.NewReader("context-bytes"), ContextLimits: runtime.ArchiveLimits{MaxBytes: 100, MaxFiles: 7},
-		Bases: []string{"base", "other:1"},
 		WriteBase: func(_ context.Context, ref string, w io.Writer) error {
 			asked = append(asked, ref)
 			_, err := w.Write([]byte("archive of " + ref))
@@ -139,7 +147,7 @@ func TestRunFlow(t *testing.T) {
 	if d, _ := res.Image.Digest(); d != mustDigest(t, img) {
 		t.Errorf("image %s, want the layout's %s", d, mustDigest(t, img))
 	}
-	if strings.Join(asked, ",") != "base,other:1" {
+	if strings.Join(asked, ",") != "base1,other:1" || strings.Join(res.Bases, ",") != "base1,other:1" {
 		t.Errorf("bases written: %v", asked)
 	}
 	if f.extracts[dirCtx] != int64(len("context-bytes")) || f.limits[dirCtx] != [2]int64{100, 7} {
@@ -171,9 +179,9 @@ func TestRunFlow(t *testing.T) {
 
 // A failing build is a Result naming the step, not an error, and reads no layout.
 func TestRunFailedStep(t *testing.T) {
-	f := &fakeBuilder{exit: 1, layout: "/nonexistent", output: []string{"STEP 1/2: FROM base\nSTEP 2/2: RUN false\nError: building at STEP \"RUN false\": exit status 1\n"}}
+	f := &fakeBuilder{exit: 1, layout: "/nonexistent", files: map[string]string{"/build/ctx/sub/Dockerfile": "FROM scratch\n"}, output: []string{"STEP 1/2: FROM base\nSTEP 2/2: RUN false\nError: building at STEP \"RUN false\": exit status 1\n"}}
 	c := startFake(t, f)
-	res, err := Run(context.Background(), c, Input{Context: strings.NewReader("x"), OutDir: t.TempDir() + "/out"})
+	res, err := Run(context.Background(), c, Input{Options: Options{Dockerfile: "./sub/Dockerfile"}, Context: strings.NewReader("x"), OutDir: t.TempDir() + "/out"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,11 +197,22 @@ func TestRunRefuses(t *testing.T) {
 	if _, err := Run(context.Background(), c, Input{Options: Options{Dockerfile: "../x"}}); err == nil || !strings.Contains(err.Error(), "dockerfile") {
 		t.Errorf("bad dockerfile: %v", err)
 	}
-	if _, err := Run(context.Background(), c, Input{Bases: []string{"x"}, Context: strings.NewReader("")}); err == nil || !strings.Contains(err.Error(), "WriteBase") {
-		t.Errorf("bases without WriteBase: %v", err)
-	}
 	if len(f.extracts) != 0 {
 		t.Errorf("something was handed in: %v", f.extracts)
+	}
+	f.files = map[string]string{"/build/ctx/Dockerfile": "FROM x\n"}
+	if _, err := Run(context.Background(), c, Input{Context: strings.NewReader("")}); err == nil || !strings.Contains(err.Error(), "WriteBase") {
+		t.Errorf("bases without WriteBase: %v", err)
+	}
+	if _, err := Run(context.Background(), c, Input{Options: Options{Dockerfile: "nope"}, Context: strings.NewReader("")}); err == nil || !strings.Contains(err.Error(), "the Dockerfile nope") {
+		t.Errorf("no Dockerfile: %v", err)
+	}
+	f.files = map[string]string{"/build/ctx/Dockerfile": "RUN x\n"}
+	if _, err := Run(context.Background(), c, Input{Context: strings.NewReader("")}); err == nil || !strings.Contains(err.Error(), "no FROM") {
+		t.Errorf("a Dockerfile without FROM: %v", err)
+	}
+	if f.argv != nil {
+		t.Errorf("a build ran: %q", f.argv)
 	}
 }
 
@@ -211,7 +230,7 @@ func TestRunOutputLimit(t *testing.T) {
 	if err := lp.AppendImage(img); err != nil {
 		t.Fatal(err)
 	}
-	c := startFake(t, &fakeBuilder{layout: dir})
+	c := startFake(t, &fakeBuilder{layout: dir, files: map[string]string{"/build/ctx/Dockerfile": "FROM scratch\n"}})
 	_, err = Run(context.Background(), c, Input{Context: strings.NewReader("x"), OutDir: t.TempDir() + "/out", OutputLimits: runtime.ArchiveLimits{MaxBytes: 16 << 10}})
 	if !errors.Is(err, fsarchive.ErrTooLarge) {
 		t.Errorf("an oversized layout: %v", err)

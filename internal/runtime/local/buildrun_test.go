@@ -101,7 +101,6 @@ func TestBuildRun(t *testing.T) {
 		start := time.Now()
 		res, err := imagebuild.Run(ctx, c, imagebuild.Input{Options: o,
 			Context: bytes.NewReader(archive.Bytes()), ContextLimits: runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 100},
-			Bases: []string{busybox},
 			WriteBase: func(_ context.Context, ref string, w io.Writer) error {
 				if ref != busybox {
 					return fmt.Errorf("unexpected base %q", ref)
@@ -127,6 +126,9 @@ func TestBuildRun(t *testing.T) {
 		if ev.Step != nil {
 			began = append(began, ev.Step.Number)
 		}
+	}
+	if strings.Join(res.Bases, ",") != busybox {
+		t.Errorf("bases %q, want %s", res.Bases, busybox)
 	}
 	if len(began) != buildSteps+1 || len(res.Steps) != buildSteps+1 || res.Steps[0].Total != buildSteps+1 ||
 		!strings.HasPrefix(res.Steps[3].Instruction, "COPY hello.txt") {
