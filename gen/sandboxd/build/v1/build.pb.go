@@ -146,10 +146,12 @@ type StartBuildRequest struct {
 	// The Dockerfile's path inside the context; default "Dockerfile". A relative path
 	// without ".." elements.
 	Dockerfile string `protobuf:"bytes,3,opt,name=dockerfile,proto3" json:"dockerfile,omitempty"`
-	// Required. The build context: a tar archive, plain or compressed with zstd or gzip
-	// (detected by its magic bytes), at most the gateway's configured bound (default
-	// 64 MiB as sent, 1 GiB and 100000 entries unpacked). Only regular files, directories
-	// and symlinks; no absolute paths or ".." elements.
+	// Required. The build context as an fsarchive archive (internal/fsarchive: a zstd
+	// stream of a PAX tar in canonical order, root "./" first, directories before their
+	// content, names sorted; `sbx template build` and the Go SDK write it from a
+	// directory), at most the gateway's configured bound (default 64 MiB as sent; 1 GiB
+	// and 100000 entries unpacked). No host unpacks it: the builder's agent does, inside
+	// the build sandbox, refusing paths that leave the root and enforcing the bounds.
 	Context []byte `protobuf:"bytes,4,opt,name=context,proto3" json:"context,omitempty"`
 	// Buildah --build-arg NAME=VALUE: at most 64, names [A-Za-z_][A-Za-z0-9_]*.
 	BuildArgs map[string]string `protobuf:"bytes,5,rep,name=build_args,json=buildArgs,proto3" json:"build_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
