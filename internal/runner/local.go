@@ -149,8 +149,12 @@ type Local struct {
 	// or when the backend cannot host an engine (its Support), the runner runs none.
 	EngineImage        string
 	EngineRuntimeClass string
-	connectedAt        time.Time
-	admit              sync.Mutex // one capacity check and create at a time
+	// BuilderImage is the image builders run (Buildah; docs/builds.md) and BuildImages
+	// writes their base images; without either the runner builds none (build.go).
+	BuilderImage string
+	BuildImages  BaseArchiver
+	connectedAt  time.Time
+	admit        sync.Mutex // one capacity check and create at a time
 }
 
 var (
