@@ -75,7 +75,7 @@ func TestBuildRun(t *testing.T) {
 	c := agentClient(b, "bldrun-1")
 
 	dir := t.TempDir()
-	for p, content := range map[string]string{"Dockerfile": buildDockerfile, "Dockerfile.fail": buildFailing, "hello.txt": "hello-from-context\n"} {
+	for p, content := range map[string]string{"Dockerfile": buildDockerfile, "Dockerfile.fail": buildFailing, "Dockerfile.short": "FROM busybox\nRUN echo short-name-base\n", "hello.txt": "hello-from-context\n"} {
 		if err := os.WriteFile(filepath.Join(dir, p), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -102,10 +102,17 @@ func TestBuildRun(t *testing.T) {
 		res, err := imagebuild.Run(ctx, c, imagebuild.Input{Options: o,
 			Context: bytes.NewReader(archive.Bytes()), ContextLimits: runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 100},
 			WriteBase: func(_ context.Context, ref string, w io.Writer) error {
-				if ref != busybox {
-					return fmt.Errorf("unexpected base %q", ref)
+				switch ref {
+				case busybox:
+					return tarball.Write(tag, imgs.Busybox, w)
+				case "busybox": // a short name, as the image store's WriteArchive tags it
+					short, err := name.NewTag(ref)
+					if err != nil {
+						return err
+					}
+					return tarball.Write(short, imgs.Busybox, w)
 				}
-				return tarball.Write(tag, imgs.Busybox, w)
+				return fmt.Errorf("unexpected base %q", ref)
 			},
 			OutDir: filepath.Join(t.TempDir(), "out"), OutputLimits: runtime.ArchiveLimits{MaxBytes: 256 << 20, MaxFiles: 1000},
 			Events: func(ev imagebuild.Event) { events = append(events, ev) },
@@ -153,6 +160,13 @@ func TestBuildRun(t *testing.T) {
 		t.Errorf("rebuild: exit %d, %d steps cached, want all %d\n%s", res.ExitCode, cached, buildSteps, eventText(events))
 	}
 	t.Logf("rebuild through imagebuild.Run (all cached): %v", took)
+
+	// A short base name (FROM busybox) resolves to the docker-archive handed in, with
+	// --pull=never and no unqualified search registries.
+	res, events, _ = build(imagebuild.Options{Dockerfile: "Dockerfile.short"})
+	if res.ExitCode != 0 || strings.Join(res.Bases, ",") != "busybox" {
+		t.Errorf("short base name: exit %d, bases %q\n%s", res.ExitCode, res.Bases, eventText(events))
+	}
 
 	res, events, _ = build(imagebuild.Options{Dockerfile: "Dockerfile.fail"})
 	if res.ExitCode == 0 || res.Failed == nil || res.Failed.Number != 3 || res.Failed.Instruction != "RUN echo about to fail && exit 7" {
