@@ -368,10 +368,12 @@ func extract(ctx context.Context, a Agent, dir string, r io.Reader, limits runti
 func execBuild(ctx context.Context, a Agent, argv []string, emit func(Event)) (*Result, error) {
 	stream := a.StreamExec(ctx)
 	defer func() { _ = stream.CloseResponse() }()
-	if err := stream.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{Command: argv}}}); err != nil {
+	// io.EOF from Send: the agent ended the stream (the build may already have exited);
+	// Receive returns what it sent and why.
+	if err := stream.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Init{Init: &agentv1.StreamExecInit{Command: argv}}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("start the build: %w", err)
 	}
-	if err := stream.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Close{Close: &agentv1.CloseStdin{}}}); err != nil {
+	if err := stream.Send(&agentv1.StreamExecRequest{Message: &agentv1.StreamExecRequest_Close{Close: &agentv1.CloseStdin{}}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("start the build: %w", err)
 	}
 	var steps Steps
