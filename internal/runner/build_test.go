@@ -46,7 +46,23 @@ func TestBuildRefusedWithTheReason(t *testing.T) {
 			if n := len(l.R.List()); n != 0 {
 				t.Errorf("%d sandboxes created", n)
 			}
+			c, err := l.Capacity(context.Background())
+			if err != nil || c.BuilderImage != "" || !strings.Contains(c.BuildUnavailable, tc.why) {
+				t.Errorf("capacity: builder image %q, why %q (%v), want none and %q", c.BuilderImage, c.BuildUnavailable, err, tc.why)
+			}
 		})
+	}
+}
+
+// A runner that can build says so in its capacity, with its builder image.
+func TestBuildCapacity(t *testing.T) {
+	f := runtimetest.NewFake()
+	t.Cleanup(f.Close)
+	l := engineRunner(t, f, "")
+	l.BuilderImage, l.BuildImages = "localhost/builder:1", noArchives{}
+	c, err := l.Capacity(context.Background())
+	if err != nil || c.BuilderImage != "localhost/builder:1" || c.BuildUnavailable != "" {
+		t.Errorf("capacity: builder image %q, why %q (%v)", c.BuilderImage, c.BuildUnavailable, err)
 	}
 }
 

@@ -106,3 +106,13 @@ func startBuilding(t *testing.T, b *buildingRunner) *testRunner {
 	t.Cleanup(func() { _ = srv.Close() })
 	return &testRunner{addr: ln.Addr().String(), ca: ca, fake: b.fakeRunner}
 }
+
+// The runner's build capacity crosses the wire.
+func TestRunnerapiBuildCapacity(t *testing.T) {
+	for _, c := range []runner.Capacity{{BuilderImage: "localhost/builder:1"}, {BuildUnavailable: "it has no builder image"}} {
+		got := capacityFromProto(capacityToProto(c))
+		if got.BuilderImage != c.BuilderImage || got.BuildUnavailable != c.BuildUnavailable {
+			t.Errorf("sent %q/%q, got %q/%q", c.BuilderImage, c.BuildUnavailable, got.BuilderImage, got.BuildUnavailable)
+		}
+	}
+}

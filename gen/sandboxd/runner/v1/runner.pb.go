@@ -4489,8 +4489,13 @@ type CapacityResponse struct {
 	// from the blob store: the platform a checkpoint needs (runsc version, architecture).
 	// A checkpoint moves only between runners with the same platform for its class.
 	CheckpointPlatforms map[string]string `protobuf:"bytes,26,rep,name=checkpoint_platforms,json=checkpointPlatforms,proto3" json:"checkpoint_platforms,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The runner runs image builds (RunnerService.Build) in this builder image under the
+	// gvisor runtime class; empty: it runs none (an older runner, which does not say, is
+	// taken not to), and build_unavailable says why (for messages).
+	BuilderImage     string `protobuf:"bytes,27,opt,name=builder_image,json=builderImage,proto3" json:"builder_image,omitempty"`
+	BuildUnavailable string `protobuf:"bytes,28,opt,name=build_unavailable,json=buildUnavailable,proto3" json:"build_unavailable,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -4703,6 +4708,20 @@ func (x *CapacityResponse) GetCheckpointPlatforms() map[string]string {
 		return x.CheckpointPlatforms
 	}
 	return nil
+}
+
+func (x *CapacityResponse) GetBuilderImage() string {
+	if x != nil {
+		return x.BuilderImage
+	}
+	return ""
+}
+
+func (x *CapacityResponse) GetBuildUnavailable() string {
+	if x != nil {
+		return x.BuildUnavailable
+	}
+	return ""
 }
 
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
@@ -5089,7 +5108,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\x8e\t\n" +
+	"\x0fCapacityRequest\"\xe0\t\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -5118,7 +5137,9 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10cached_snapshots\x18\x17 \x03(\tR\x0fcachedSnapshots\x12\x16\n" +
 	"\x06paused\x18\x18 \x01(\x05R\x06paused\x12-\n" +
 	"\x12checkpoint_classes\x18\x19 \x03(\tR\x11checkpointClasses\x12p\n" +
-	"\x14checkpoint_platforms\x18\x1a \x03(\v2=.sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntryR\x13checkpointPlatforms\x1aF\n" +
+	"\x14checkpoint_platforms\x18\x1a \x03(\v2=.sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntryR\x13checkpointPlatforms\x12#\n" +
+	"\rbuilder_image\x18\x1b \x01(\tR\fbuilderImage\x12+\n" +
+	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
