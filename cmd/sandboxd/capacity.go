@@ -23,6 +23,8 @@ type capacityFlags struct {
 	cpuRequest, memoryRequest, cpuLimit, memoryLimit string
 	// What container-engine sandboxes run with (none without an image).
 	engineImage, engineRuntimeClass string
+	// The image image builders run (none: the runner builds no images).
+	builderImage string
 
 	// What parse made of them.
 	milliCPU, memoryBytes int64
@@ -41,6 +43,7 @@ func (c *capacityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.memoryLimit, "default-memory-limit", quantity.FormatMemory(d.MemoryBytes), "memory limit of a sandbox that sets none (never below its request); a policy's base.resources wins")
 	fs.StringVar(&c.engineImage, "engine-image", "", "image holding Docker Engine that container-engine sandboxes (control CONTROL_CONTAINER_ENGINE) run; empty: this runner runs none")
 	fs.StringVar(&c.engineRuntimeClass, "engine-runtime-class", runner.DefaultEngineRuntimeClass, "runtime class container-engine sandboxes run under (one that hosts Docker Engine safely)")
+	fs.StringVar(&c.builderImage, "builder-image", "", "image holding Buildah that image builds run in, under the gvisor runtime class (docs/builds.md); empty: this runner builds no images")
 }
 
 // parse checks the flags (before anything starts).
@@ -78,6 +81,8 @@ func (c *capacityFlags) parse() error {
 		return fmt.Errorf("--default-memory-request %s is above --default-memory-limit %s", c.memoryRequest, c.memoryLimit)
 	case strings.ContainsFunc(c.engineImage, unicode.IsSpace) || len(c.engineImage) > 1024:
 		return fmt.Errorf("--engine-image %q: want an image reference (no spaces, at most 1024 bytes)", c.engineImage)
+	case strings.ContainsFunc(c.builderImage, unicode.IsSpace) || len(c.builderImage) > 1024:
+		return fmt.Errorf("--builder-image %q: want an image reference (no spaces, at most 1024 bytes)", c.builderImage)
 	case c.engineRuntimeClass == "":
 		return fmt.Errorf("--engine-runtime-class: want a runtime class (default %s)", runner.DefaultEngineRuntimeClass)
 	}
@@ -90,4 +95,5 @@ func (c *capacityFlags) apply(l *runner.Local) {
 	l.MilliCPU, l.MemoryBytes, l.MaxSandboxes = c.milliCPU, c.memoryBytes, c.maxSandboxes
 	l.CPUOvercommit, l.Defaults = c.overcommit, c.defaults
 	l.EngineImage, l.EngineRuntimeClass = c.engineImage, c.engineRuntimeClass
+	l.BuilderImage = c.builderImage
 }

@@ -31,16 +31,17 @@ func TestCapacityFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if l.Defaults != runner.DefaultResources || l.CPUOvercommit != runner.DefaultCPUOvercommit || l.MaxSandboxes != runner.DefaultMaxSandboxes || l.MilliCPU != 0 ||
-		l.EngineImage != "" || l.EngineRuntimeClass != runner.DefaultEngineRuntimeClass {
+		l.EngineImage != "" || l.EngineRuntimeClass != runner.DefaultEngineRuntimeClass || l.BuilderImage != "" {
 		t.Errorf("defaults: %+v", l)
 	}
 	l, err = parse("--cpu", "2", "--cpu-overcommit", "1.5", "--default-cpu-request", "250m", "--default-memory-limit", "2Gi",
-		"--engine-image", "localhost/engine:1", "--engine-runtime-class", "gvisor-engine")
+		"--engine-image", "localhost/engine:1", "--engine-runtime-class", "gvisor-engine", "--builder-image", "localhost/builder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := runtime.Resources{RequestMilliCPU: 250, RequestMemoryBytes: 128 << 20, MilliCPU: 1000, MemoryBytes: 2 << 30}
-	if l.MilliCPU != 2000 || l.CPUOvercommit != 1.5 || l.Defaults != want || l.EngineImage != "localhost/engine:1" || l.EngineRuntimeClass != "gvisor-engine" {
+	if l.MilliCPU != 2000 || l.CPUOvercommit != 1.5 || l.Defaults != want || l.EngineImage != "localhost/engine:1" || l.EngineRuntimeClass != "gvisor-engine" ||
+		l.BuilderImage != "localhost/builder:1" {
 		t.Errorf("set: %+v", l)
 	}
 	for _, bad := range [][]string{
@@ -50,6 +51,7 @@ func TestCapacityFlags(t *testing.T) {
 		{"--default-memory-request", "lots"},
 		{"--max-sandboxes", "0"},
 		{"--engine-image", "a b"},
+		{"--builder-image", "a b"},
 		{"--engine-runtime-class", ""},
 	} {
 		if _, err := parse(bad...); err == nil || !strings.Contains(err.Error(), bad[0]) && !strings.Contains(err.Error(), bad[len(bad)-2]) {

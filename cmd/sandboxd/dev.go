@@ -132,7 +132,7 @@ func (c devConfig) run() error {
 	}
 	defer stk.Close()
 
-	local, err := newLocalRunner(c.runnerID, stk.Runner, c.capacity)
+	local, err := newLocalRunner(c.runnerID, stk.Runner, c.capacity, stk.BaseArchiver())
 	if err != nil {
 		return err
 	}

@@ -18,13 +18,15 @@ import (
 // place on (the runner with its capacity), its edge and direct data plane, and what its
 // heartbeats report.
 
-// newLocalRunner is rn as runner id, admitting sandboxes by capacity (validated).
-func newLocalRunner(id string, rn *runner.Runner, capacity capacityFlags) (*runner.Local, error) {
+// newLocalRunner is rn as runner id, admitting sandboxes by capacity (validated);
+// builds hand base images in through images (nil: the backend cannot, no builds).
+func newLocalRunner(id string, rn *runner.Runner, capacity capacityFlags, images runner.BaseArchiver) (*runner.Local, error) {
 	if err := capacity.parse(); err != nil {
 		return nil, err
 	}
 	l := runner.NewLocal(id, rn)
 	capacity.apply(l)
+	l.BuildImages = images
 	return l, nil
 }
 

@@ -92,7 +92,7 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	}
 	defer closeBlobs()
 	c.blobStore = blobStore{store: blobs, cfg: blobCfg, perSandbox: c.blob.snapshotsPerSandbox, perRunner: c.blob.snapshotsPerRunner}
-	rn, kst, dialMark, closeBackend, err := c.startBackend(ctx, runnerID, logger)
+	rn, kst, archiver, dialMark, closeBackend, err := c.startBackend(ctx, runnerID, logger)
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	if err != nil {
 		return err
 	}
-	local, err := newLocalRunner(runnerID, rn, c.capacity)
+	local, err := newLocalRunner(runnerID, rn, c.capacity, archiver)
 	if err != nil {
 		return err
 	}
@@ -260,28 +260,29 @@ func (c runnerConfig) credentials(ctx context.Context, pkiDir string, logger *sl
 
 // startBackend starts the stack sandboxes run on (--backend) until closeBackend. kst is
 // the Kubernetes one, nil for local; dialMark lets the edge past the local network's
-// host guard (0: Kubernetes).
-func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger *slog.Logger) (rn *runner.Runner, kst *stack.KubernetesStack, dialMark uint32, closeBackend func(), err error) {
+// host guard (0: Kubernetes); archiver hands base images to image builds (nil:
+// Kubernetes, which builds none).
+func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger *slog.Logger) (rn *runner.Runner, kst *stack.KubernetesStack, archiver runner.BaseArchiver, dialMark uint32, closeBackend func(), err error) {
 	if c.backend == "kubernetes" {
 		kube := c.kube
 		if kube.diskBytes, err = c.hard.diskBytes(); err != nil {
-			return nil, nil, 0, nil, err
+			return nil, nil, nil, 0, nil, err
 		}
 		if kube.openReserved, err = c.hard.reservedOpen(); err != nil {
-			return nil, nil, 0, nil, err
+			return nil, nil, nil, 0, nil, err
 		}
 		kube.blobs = c.blobStore
 		if kst, err = kube.start(ctx, runnerID, c.dataDir, logger); err != nil {
-			return nil, nil, 0, nil, err
+			return nil, nil, nil, 0, nil, err
 		}
-		return kst.Runner, kst, 0, kst.Close, nil
+		return kst.Runner, kst, nil, 0, kst.Close, nil
 	}
 	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, InsecureRegistries: c.insecure, Bridge: c.bridge, CgroupParent: c.cgroupParent, NoEgress: c.noEgress,
 		Pool:  local.PoolConfig{MaxTargeted: c.warmTargets}, // templates' warm pools only
 		Blobs: c.blobStore.store, BlobConfig: c.blobStore.cfg, SnapshotsPerSandbox: c.blobStore.perSandbox, SnapshotsPerRunner: c.blobStore.perRunner}
 	c.mirrors.apply(&cfg)
 	if err := c.hard.apply(&cfg); err != nil {
-		return nil, nil, 0, nil, err
+		return nil, nil, nil, 0, nil, err
 	}
 	cfg.HostMark = uint32(c.hostMark) // validated: at most 32 bits
 	if c.bridge != "" {
@@ -289,14 +290,14 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 	}
 	if c.subnet != "" {
 		if cfg.Subnet, err = netip.ParsePrefix(c.subnet); err != nil {
-			return nil, nil, 0, nil, fmt.Errorf("--subnet: %w", err)
+			return nil, nil, nil, 0, nil, fmt.Errorf("--subnet: %w", err)
 		}
 	}
 	st, err := stack.NewLocal(ctx, cfg)
 	if err != nil {
-		return nil, nil, 0, nil, err
+		return nil, nil, nil, 0, nil, err
 	}
-	return st.Runner, nil, st.EdgeDialMark(), st.Close, nil
+	return st.Runner, nil, st.BaseArchiver(), st.EdgeDialMark(), st.Close, nil
 }
 
 // startHeartbeat heartbeats the control plane (with local's status) until ctx ends,

@@ -89,6 +89,11 @@ const (
 	// Sandbox templates (issue 22).
 	TemplateNotFound      = "CWSANDBOX_TEMPLATE_NOT_FOUND"
 	TemplateLimitExceeded = "CWSANDBOX_TEMPLATE_LIMIT_EXCEEDED"
+	// Image builds (issue 22, sandboxd.build.v1.BuildService).
+	BuildNotFound = "CWSANDBOX_BUILD_NOT_FOUND"
+	// BuildNotSupported: no runner can build (the gvisor class and a builder image), or
+	// the platform has no registry to push to; the message says which.
+	BuildNotSupported = "CWSANDBOX_BUILD_NOT_SUPPORTED"
 )
 
 // Reasons of the control plane's own API (runners, registration, API keys).
@@ -209,6 +214,8 @@ var table = []reasonCode{
 	{RequestIDConflict, connect.CodeInvalidArgument, "the request_id already created a sandbox (or template) from a different request (another file's bytes, other options, another template)"},
 	{TemplateNotFound, connect.CodeNotFound, "no such sandbox template visible to the caller (by ID or display name; deleted ones only with show_deleted)"},
 	{TemplateLimitExceeded, connect.CodeResourceExhausted, "the organization has as many templates as it may (metadata limit)"},
+	{BuildNotFound, connect.CodeNotFound, "no such image build in the caller's organization"},
+	{BuildNotSupported, connect.CodeFailedPrecondition, "no runner can build images (gvisor class and a builder image), or there is no platform registry; the message says which"},
 	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version, or a template of that display name"},
 	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
 	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},

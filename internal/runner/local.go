@@ -83,6 +83,9 @@ type Capacity struct {
 	// EngineUnavailable says why the runner runs no container-engine sandboxes ("" when
 	// it does); for messages.
 	EngineUnavailable string
+	// BuilderImage is the image the runner's image builds run in ("" when it runs none;
+	// BuildUnavailable then says why, for messages).
+	BuilderImage, BuildUnavailable string
 	// CachedSnapshots are the digests of snapshot archives the runner has cached, most
 	// recently used first (at most MaxCachedSnapshotsReported): placement prefers a runner
 	// that has the snapshot a sandbox restores.
@@ -149,8 +152,12 @@ type Local struct {
 	// or when the backend cannot host an engine (its Support), the runner runs none.
 	EngineImage        string
 	EngineRuntimeClass string
-	connectedAt        time.Time
-	admit              sync.Mutex // one capacity check and create at a time
+	// BuilderImage is the image builders run (Buildah; docs/builds.md) and BuildImages
+	// writes their base images; without either the runner builds none (build.go).
+	BuilderImage string
+	BuildImages  BaseArchiver
+	connectedAt  time.Time
+	admit        sync.Mutex // one capacity check and create at a time
 }
 
 var (
@@ -393,6 +400,11 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 		c.EngineImage, c.EngineRuntimeClass = l.EngineImage, l.engineRuntimeClass()
 	} else {
 		c.EngineUnavailable = l.engineUnavailable()
+	}
+	if why := l.buildUnavailable(); why == "" {
+		c.BuilderImage = l.BuilderImage
+	} else {
+		c.BuildUnavailable = why
 	}
 
 	if c.MilliCPU <= 0 {

@@ -508,6 +508,8 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		Paused:              int32(c.Paused),
 		CheckpointClasses:   c.CheckpointClasses,
 		CheckpointPlatforms: c.CheckpointPlatforms,
+		BuilderImage:        c.BuilderImage,
+		BuildUnavailable:    c.BuildUnavailable,
 	}
 }
 
@@ -540,6 +542,8 @@ func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
 		Paused:              int(p.GetPaused()),
 		CheckpointClasses:   p.GetCheckpointClasses()[:min(len(p.GetCheckpointClasses()), maxCheckpointClasses)],
 		CheckpointPlatforms: platformsFromProto(p.GetCheckpointPlatforms()),
+		BuilderImage:        p.GetBuilderImage(),
+		BuildUnavailable:    p.GetBuildUnavailable(),
 	}
 }
 

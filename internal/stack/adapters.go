@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/reserved"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
@@ -112,3 +113,7 @@ func (n netAdapter) ReservedEgress() reserved.Set { return n.m.ReservedEgress() 
 
 // The local backend asks its Network for the reserved ranges (local.Backend.ReservedEgress).
 var _ runtime.EgressReserver = netAdapter{}
+
+// BaseArchiver is the image store as runner.Local.BuildImages: base images of builds
+// written as docker-archives through the store's registry guard, credentials, mirrors.
+func (s *Stack) BaseArchiver() runner.BaseArchiver { return images{s.Images} }

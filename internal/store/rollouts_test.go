@@ -269,6 +269,8 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `DROP TABLE templates`) // of 0011, applied again
 		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN source_template_id`)
 		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN source_template_revision`)
+		rawExec(t, dsn, `DROP TABLE build_events`) // of 0012, applied again
+		rawExec(t, dsn, `DROP TABLE builds`)
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)

@@ -34,6 +34,7 @@ type Store interface {
 	FSSBucketConfigs() FSSBucketConfigs
 	Snapshots() Snapshots
 	Templates() Templates
+	Builds() Builds
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error

@@ -160,6 +160,504 @@ func (State) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
 }
 
+type BuildLine_Stream int32
+
+const (
+	BuildLine_STREAM_UNSPECIFIED BuildLine_Stream = 0
+	BuildLine_STREAM_STDOUT      BuildLine_Stream = 1
+	BuildLine_STREAM_STDERR      BuildLine_Stream = 2
+	BuildLine_STREAM_SYSTEM      BuildLine_Stream = 3
+)
+
+// Enum value maps for BuildLine_Stream.
+var (
+	BuildLine_Stream_name = map[int32]string{
+		0: "STREAM_UNSPECIFIED",
+		1: "STREAM_STDOUT",
+		2: "STREAM_STDERR",
+		3: "STREAM_SYSTEM",
+	}
+	BuildLine_Stream_value = map[string]int32{
+		"STREAM_UNSPECIFIED": 0,
+		"STREAM_STDOUT":      1,
+		"STREAM_STDERR":      2,
+		"STREAM_SYSTEM":      3,
+	}
+)
+
+func (x BuildLine_Stream) Enum() *BuildLine_Stream {
+	p := new(BuildLine_Stream)
+	*p = x
+	return p
+}
+
+func (x BuildLine_Stream) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BuildLine_Stream) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_runner_v1_runner_proto_enumTypes[2].Descriptor()
+}
+
+func (BuildLine_Stream) Type() protoreflect.EnumType {
+	return &file_sandboxd_runner_v1_runner_proto_enumTypes[2]
+}
+
+func (x BuildLine_Stream) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BuildLine_Stream.Descriptor instead.
+func (BuildLine_Stream) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3, 0}
+}
+
+type BuildRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Dockerfile  string                 `protobuf:"bytes,1,opt,name=dockerfile,proto3" json:"dockerfile,omitempty"` // relative to the context; "" = Dockerfile
+	BuildArgs   map[string]string      `protobuf:"bytes,2,rep,name=build_args,json=buildArgs,proto3" json:"build_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TargetStage string                 `protobuf:"bytes,3,opt,name=target_stage,json=targetStage,proto3" json:"target_stage,omitempty"`
+	NoCache     bool                   `protobuf:"varint,4,opt,name=no_cache,json=noCache,proto3" json:"no_cache,omitempty"`
+	// The context, an fsarchive archive (at most MaxMessageBytes with the rest), and its
+	// unpacked bounds (enforced by the builder's agent).
+	Context         []byte `protobuf:"bytes,5,opt,name=context,proto3" json:"context,omitempty"`
+	ContextMaxBytes int64  `protobuf:"varint,6,opt,name=context_max_bytes,json=contextMaxBytes,proto3" json:"context_max_bytes,omitempty"`
+	ContextMaxFiles int64  `protobuf:"varint,7,opt,name=context_max_files,json=contextMaxFiles,proto3" json:"context_max_files,omitempty"`
+	// Credentials the base images are pulled with (the platform registry's pull token).
+	BaseCredentials *Credentials `protobuf:"bytes,8,opt,name=base_credentials,json=baseCredentials,proto3" json:"base_credentials,omitempty"`
+	// The tag the built image is pushed to, with the push token the gateway minted.
+	Push            string               `protobuf:"bytes,9,opt,name=push,proto3" json:"push,omitempty"`
+	PushCredentials *Credentials         `protobuf:"bytes,10,opt,name=push_credentials,json=pushCredentials,proto3" json:"push_credentials,omitempty"`
+	Resources       *Resources           `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
+	Timeout         *durationpb.Duration `protobuf:"bytes,12,opt,name=timeout,proto3" json:"timeout,omitempty"` // 0 = the runner's default
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *BuildRequest) Reset() {
+	*x = BuildRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildRequest) ProtoMessage() {}
+
+func (x *BuildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildRequest.ProtoReflect.Descriptor instead.
+func (*BuildRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *BuildRequest) GetDockerfile() string {
+	if x != nil {
+		return x.Dockerfile
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetBuildArgs() map[string]string {
+	if x != nil {
+		return x.BuildArgs
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetTargetStage() string {
+	if x != nil {
+		return x.TargetStage
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetNoCache() bool {
+	if x != nil {
+		return x.NoCache
+	}
+	return false
+}
+
+func (x *BuildRequest) GetContext() []byte {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetContextMaxBytes() int64 {
+	if x != nil {
+		return x.ContextMaxBytes
+	}
+	return 0
+}
+
+func (x *BuildRequest) GetContextMaxFiles() int64 {
+	if x != nil {
+		return x.ContextMaxFiles
+	}
+	return 0
+}
+
+func (x *BuildRequest) GetBaseCredentials() *Credentials {
+	if x != nil {
+		return x.BaseCredentials
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetPush() string {
+	if x != nil {
+		return x.Push
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetPushCredentials() *Credentials {
+	if x != nil {
+		return x.PushCredentials
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+type BuildResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*BuildResponse_Step
+	//	*BuildResponse_Line
+	//	*BuildResponse_Result
+	Message       isBuildResponse_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildResponse) Reset() {
+	*x = BuildResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildResponse) ProtoMessage() {}
+
+func (x *BuildResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildResponse.ProtoReflect.Descriptor instead.
+func (*BuildResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BuildResponse) GetMessage() isBuildResponse_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *BuildResponse) GetStep() *BuildStep {
+	if x != nil {
+		if x, ok := x.Message.(*BuildResponse_Step); ok {
+			return x.Step
+		}
+	}
+	return nil
+}
+
+func (x *BuildResponse) GetLine() *BuildLine {
+	if x != nil {
+		if x, ok := x.Message.(*BuildResponse_Line); ok {
+			return x.Line
+		}
+	}
+	return nil
+}
+
+func (x *BuildResponse) GetResult() *BuildResult {
+	if x != nil {
+		if x, ok := x.Message.(*BuildResponse_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+type isBuildResponse_Message interface {
+	isBuildResponse_Message()
+}
+
+type BuildResponse_Step struct {
+	Step *BuildStep `protobuf:"bytes,1,opt,name=step,proto3,oneof"` // a step began
+}
+
+type BuildResponse_Line struct {
+	Line *BuildLine `protobuf:"bytes,2,opt,name=line,proto3,oneof"`
+}
+
+type BuildResponse_Result struct {
+	Result *BuildResult `protobuf:"bytes,3,opt,name=result,proto3,oneof"` // the last message
+}
+
+func (*BuildResponse_Step) isBuildResponse_Message() {}
+
+func (*BuildResponse_Line) isBuildResponse_Message() {}
+
+func (*BuildResponse_Result) isBuildResponse_Message() {}
+
+type BuildStep struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Number        int32                  `protobuf:"varint,1,opt,name=number,proto3" json:"number,omitempty"`
+	Total         int32                  `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	Instruction   string                 `protobuf:"bytes,3,opt,name=instruction,proto3" json:"instruction,omitempty"`
+	Cached        bool                   `protobuf:"varint,4,opt,name=cached,proto3" json:"cached,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildStep) Reset() {
+	*x = BuildStep{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildStep) ProtoMessage() {}
+
+func (x *BuildStep) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
+func (*BuildStep) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *BuildStep) GetNumber() int32 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
+}
+
+func (x *BuildStep) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *BuildStep) GetInstruction() string {
+	if x != nil {
+		return x.Instruction
+	}
+	return ""
+}
+
+func (x *BuildStep) GetCached() bool {
+	if x != nil {
+		return x.Cached
+	}
+	return false
+}
+
+type BuildLine struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        BuildLine_Stream       `protobuf:"varint,1,opt,name=stream,proto3,enum=sandboxd.runner.v1.BuildLine_Stream" json:"stream,omitempty"`
+	Step          int32                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Text          string                 `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildLine) Reset() {
+	*x = BuildLine{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildLine) ProtoMessage() {}
+
+func (x *BuildLine) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildLine.ProtoReflect.Descriptor instead.
+func (*BuildLine) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BuildLine) GetStream() BuildLine_Stream {
+	if x != nil {
+		return x.Stream
+	}
+	return BuildLine_STREAM_UNSPECIFIED
+}
+
+func (x *BuildLine) GetStep() int32 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *BuildLine) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+type BuildResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ExitCode      int32                  `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Steps         []*BuildStep           `protobuf:"bytes,2,rep,name=steps,proto3" json:"steps,omitempty"`
+	FailedStep    *BuildStep             `protobuf:"bytes,3,opt,name=failed_step,json=failedStep,proto3" json:"failed_step,omitempty"`    // set when Buildah named the failing step
+	Failure       string                 `protobuf:"bytes,4,opt,name=failure,proto3" json:"failure,omitempty"`                            // Buildah's reason ("exit status 7")
+	ImageDigest   string                 `protobuf:"bytes,5,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"` // the pushed manifest (exit_code 0)
+	Bases         []string               `protobuf:"bytes,6,rep,name=bases,proto3" json:"bases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildResult) Reset() {
+	*x = BuildResult{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildResult) ProtoMessage() {}
+
+func (x *BuildResult) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildResult.ProtoReflect.Descriptor instead.
+func (*BuildResult) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BuildResult) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *BuildResult) GetSteps() []*BuildStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *BuildResult) GetFailedStep() *BuildStep {
+	if x != nil {
+		return x.FailedStep
+	}
+	return nil
+}
+
+func (x *BuildResult) GetFailure() string {
+	if x != nil {
+		return x.Failure
+	}
+	return ""
+}
+
+func (x *BuildResult) GetImageDigest() string {
+	if x != nil {
+		return x.ImageDigest
+	}
+	return ""
+}
+
+func (x *BuildResult) GetBases() []string {
+	if x != nil {
+		return x.Bases
+	}
+	return nil
+}
+
 // WarmTarget asks for size pre-started sandboxes of spec (runtime.WarmTarget).
 type WarmTarget struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -172,7 +670,7 @@ type WarmTarget struct {
 
 func (x *WarmTarget) Reset() {
 	*x = WarmTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +682,7 @@ func (x *WarmTarget) String() string {
 func (*WarmTarget) ProtoMessage() {}
 
 func (x *WarmTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +695,7 @@ func (x *WarmTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTarget.ProtoReflect.Descriptor instead.
 func (*WarmTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WarmTarget) GetKey() string {
@@ -230,7 +728,7 @@ type SetWarmPoolsRequest struct {
 
 func (x *SetWarmPoolsRequest) Reset() {
 	*x = SetWarmPoolsRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +740,7 @@ func (x *SetWarmPoolsRequest) String() string {
 func (*SetWarmPoolsRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +753,7 @@ func (x *SetWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SetWarmPoolsRequest) GetTargets() []*WarmTarget {
@@ -274,7 +772,7 @@ type SetWarmPoolsResponse struct {
 
 func (x *SetWarmPoolsResponse) Reset() {
 	*x = SetWarmPoolsResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -286,7 +784,7 @@ func (x *SetWarmPoolsResponse) String() string {
 func (*SetWarmPoolsResponse) ProtoMessage() {}
 
 func (x *SetWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -299,7 +797,7 @@ func (x *SetWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SetWarmPoolsResponse) GetAccepted() int32 {
@@ -321,7 +819,7 @@ type CheckpointRef struct {
 
 func (x *CheckpointRef) Reset() {
 	*x = CheckpointRef{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -333,7 +831,7 @@ func (x *CheckpointRef) String() string {
 func (*CheckpointRef) ProtoMessage() {}
 
 func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -346,7 +844,7 @@ func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRef.ProtoReflect.Descriptor instead.
 func (*CheckpointRef) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckpointRef) GetKey() string {
@@ -379,7 +877,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +889,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +902,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExportCheckpointRequest) GetId() string {
@@ -424,7 +922,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +934,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +947,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExportCheckpointResponse) GetRef() *CheckpointRef {
@@ -478,7 +976,7 @@ type ImportForkRequest struct {
 
 func (x *ImportForkRequest) Reset() {
 	*x = ImportForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +988,7 @@ func (x *ImportForkRequest) String() string {
 func (*ImportForkRequest) ProtoMessage() {}
 
 func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +1001,7 @@ func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportForkRequest.ProtoReflect.Descriptor instead.
 func (*ImportForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ImportForkRequest) GetRef() *CheckpointRef {
@@ -543,7 +1041,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +1053,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +1066,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteCheckpointRequest) GetKey() string {
@@ -586,7 +1084,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -598,7 +1096,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -611,7 +1109,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 type MovedRequest struct {
@@ -624,7 +1122,7 @@ type MovedRequest struct {
 
 func (x *MovedRequest) Reset() {
 	*x = MovedRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +1134,7 @@ func (x *MovedRequest) String() string {
 func (*MovedRequest) ProtoMessage() {}
 
 func (x *MovedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +1147,7 @@ func (x *MovedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedRequest.ProtoReflect.Descriptor instead.
 func (*MovedRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MovedRequest) GetId() string {
@@ -674,7 +1172,7 @@ type MovedResponse struct {
 
 func (x *MovedResponse) Reset() {
 	*x = MovedResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +1184,7 @@ func (x *MovedResponse) String() string {
 func (*MovedResponse) ProtoMessage() {}
 
 func (x *MovedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +1197,7 @@ func (x *MovedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedResponse.ProtoReflect.Descriptor instead.
 func (*MovedResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 type PauseRequest struct {
@@ -713,7 +1211,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +1223,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +1236,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -771,7 +1269,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +1281,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +1294,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -815,7 +1313,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +1325,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +1338,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -859,7 +1357,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1369,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1382,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -907,7 +1405,7 @@ type ForkTarget struct {
 
 func (x *ForkTarget) Reset() {
 	*x = ForkTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1417,7 @@ func (x *ForkTarget) String() string {
 func (*ForkTarget) ProtoMessage() {}
 
 func (x *ForkTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1430,7 @@ func (x *ForkTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkTarget.ProtoReflect.Descriptor instead.
 func (*ForkTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ForkTarget) GetId() string {
@@ -973,7 +1471,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1483,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1496,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1026,7 +1524,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1536,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1549,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -1080,7 +1578,7 @@ type ForkError struct {
 
 func (x *ForkError) Reset() {
 	*x = ForkError{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1590,7 @@ func (x *ForkError) String() string {
 func (*ForkError) ProtoMessage() {}
 
 func (x *ForkError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1603,7 @@ func (x *ForkError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
 func (*ForkError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForkError) GetCode() string {
@@ -1138,7 +1636,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1648,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1661,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ForkResponse) GetResults() []*ForkResult {
@@ -1187,7 +1685,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1697,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1710,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseStatus) GetReleased() bool {
@@ -1305,7 +1803,7 @@ type Spec struct {
 
 func (x *Spec) Reset() {
 	*x = Spec{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1815,7 @@ func (x *Spec) String() string {
 func (*Spec) ProtoMessage() {}
 
 func (x *Spec) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1828,7 @@ func (x *Spec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spec.ProtoReflect.Descriptor instead.
 func (*Spec) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Spec) GetId() string {
@@ -1534,7 +2032,7 @@ type Engine struct {
 
 func (x *Engine) Reset() {
 	*x = Engine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +2044,7 @@ func (x *Engine) String() string {
 func (*Engine) ProtoMessage() {}
 
 func (x *Engine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +2057,7 @@ func (x *Engine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Engine.ProtoReflect.Descriptor instead.
 func (*Engine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Engine) GetCompose() []byte {
@@ -1608,7 +2106,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +2118,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +2131,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Container) GetName() string {
@@ -1755,7 +2253,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +2265,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +2278,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Probe) GetExec() []string {
@@ -1829,7 +2327,7 @@ type Dependency struct {
 
 func (x *Dependency) Reset() {
 	*x = Dependency{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +2339,7 @@ func (x *Dependency) String() string {
 func (*Dependency) ProtoMessage() {}
 
 func (x *Dependency) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +2352,7 @@ func (x *Dependency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
 func (*Dependency) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Dependency) GetContainer() string {
@@ -1888,7 +2386,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1900,7 +2398,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1913,7 +2411,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -1981,7 +2479,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2491,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2504,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -2064,7 +2562,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2574,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2587,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Toleration) GetKey() string {
@@ -2141,7 +2639,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2651,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2664,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -2213,7 +2711,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2225,7 +2723,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2238,7 +2736,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -2294,7 +2792,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2804,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2817,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -2356,7 +2854,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2866,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2879,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Volume) GetName() string {
@@ -2430,7 +2928,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2940,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2953,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -2514,7 +3012,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +3024,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +3037,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -2587,7 +3085,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +3097,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +3110,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -2638,7 +3136,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +3148,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +3161,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -2693,7 +3191,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +3203,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +3216,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -2810,7 +3308,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2822,7 +3320,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2835,7 +3333,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -2883,7 +3381,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +3393,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +3406,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -2982,7 +3480,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3492,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3505,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Service) GetPort() int32 {
@@ -3062,7 +3560,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3572,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3585,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -3115,7 +3613,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3127,7 +3625,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3140,7 +3638,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *File) GetPath() string {
@@ -3180,7 +3678,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3690,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3703,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -3272,7 +3770,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3782,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3795,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Sandbox) GetId() string {
@@ -3436,7 +3934,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3448,7 +3946,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3461,7 +3959,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -3487,7 +3985,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3499,7 +3997,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3512,7 +4010,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -3531,7 +4029,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3543,7 +4041,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3556,7 +4054,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GetRequest) GetId() string {
@@ -3576,7 +4074,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +4086,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +4099,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -3627,7 +4125,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3639,7 +4137,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3652,7 +4150,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -3671,7 +4169,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3683,7 +4181,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3696,7 +4194,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -3714,7 +4212,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3726,7 +4224,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3739,7 +4237,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 type ListResponse struct {
@@ -3751,7 +4249,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3763,7 +4261,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3776,7 +4274,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -3799,7 +4297,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +4309,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +4322,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -3859,7 +4357,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3871,7 +4369,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3884,7 +4382,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -3909,7 +4407,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3921,7 +4419,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3934,7 +4432,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
 }
 
 type CapacityResponse struct {
@@ -3991,13 +4489,18 @@ type CapacityResponse struct {
 	// from the blob store: the platform a checkpoint needs (runsc version, architecture).
 	// A checkpoint moves only between runners with the same platform for its class.
 	CheckpointPlatforms map[string]string `protobuf:"bytes,26,rep,name=checkpoint_platforms,json=checkpointPlatforms,proto3" json:"checkpoint_platforms,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The runner runs image builds (RunnerService.Build) in this builder image under the
+	// gvisor runtime class; empty: it runs none (an older runner, which does not say, is
+	// taken not to), and build_unavailable says why (for messages).
+	BuilderImage     string `protobuf:"bytes,27,opt,name=builder_image,json=builderImage,proto3" json:"builder_image,omitempty"`
+	BuildUnavailable string `protobuf:"bytes,28,opt,name=build_unavailable,json=buildUnavailable,proto3" json:"build_unavailable,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4009,7 +4512,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4022,7 +4525,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -4207,11 +4710,72 @@ func (x *CapacityResponse) GetCheckpointPlatforms() map[string]string {
 	return nil
 }
 
+func (x *CapacityResponse) GetBuilderImage() string {
+	if x != nil {
+		return x.BuilderImage
+	}
+	return ""
+}
+
+func (x *CapacityResponse) GetBuildUnavailable() string {
+	if x != nil {
+		return x.BuildUnavailable
+	}
+	return ""
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"`\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x05\n" +
+	"\fBuildRequest\x12\x1e\n" +
+	"\n" +
+	"dockerfile\x18\x01 \x01(\tR\n" +
+	"dockerfile\x12N\n" +
+	"\n" +
+	"build_args\x18\x02 \x03(\v2/.sandboxd.runner.v1.BuildRequest.BuildArgsEntryR\tbuildArgs\x12!\n" +
+	"\ftarget_stage\x18\x03 \x01(\tR\vtargetStage\x12\x19\n" +
+	"\bno_cache\x18\x04 \x01(\bR\anoCache\x12\x18\n" +
+	"\acontext\x18\x05 \x01(\fR\acontext\x12*\n" +
+	"\x11context_max_bytes\x18\x06 \x01(\x03R\x0fcontextMaxBytes\x12*\n" +
+	"\x11context_max_files\x18\a \x01(\x03R\x0fcontextMaxFiles\x12J\n" +
+	"\x10base_credentials\x18\b \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fbaseCredentials\x12\x12\n" +
+	"\x04push\x18\t \x01(\tR\x04push\x12J\n" +
+	"\x10push_credentials\x18\n" +
+	" \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fpushCredentials\x12;\n" +
+	"\tresources\x18\v \x01(\v2\x1d.sandboxd.runner.v1.ResourcesR\tresources\x123\n" +
+	"\atimeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a<\n" +
+	"\x0eBuildArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbf\x01\n" +
+	"\rBuildResponse\x123\n" +
+	"\x04step\x18\x01 \x01(\v2\x1d.sandboxd.runner.v1.BuildStepH\x00R\x04step\x123\n" +
+	"\x04line\x18\x02 \x01(\v2\x1d.sandboxd.runner.v1.BuildLineH\x00R\x04line\x129\n" +
+	"\x06result\x18\x03 \x01(\v2\x1f.sandboxd.runner.v1.BuildResultH\x00R\x06resultB\t\n" +
+	"\amessage\"s\n" +
+	"\tBuildStep\x12\x16\n" +
+	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\x05R\x05total\x12 \n" +
+	"\vinstruction\x18\x03 \x01(\tR\vinstruction\x12\x16\n" +
+	"\x06cached\x18\x04 \x01(\bR\x06cached\"\xcc\x01\n" +
+	"\tBuildLine\x12<\n" +
+	"\x06stream\x18\x01 \x01(\x0e2$.sandboxd.runner.v1.BuildLine.StreamR\x06stream\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\x05R\x04step\x12\x12\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\"Y\n" +
+	"\x06Stream\x12\x16\n" +
+	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
+	"\rSTREAM_STDERR\x10\x02\x12\x11\n" +
+	"\rSTREAM_SYSTEM\x10\x03\"\xf2\x01\n" +
+	"\vBuildResult\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x123\n" +
+	"\x05steps\x18\x02 \x03(\v2\x1d.sandboxd.runner.v1.BuildStepR\x05steps\x12>\n" +
+	"\vfailed_step\x18\x03 \x01(\v2\x1d.sandboxd.runner.v1.BuildStepR\n" +
+	"failedStep\x12\x18\n" +
+	"\afailure\x18\x04 \x01(\tR\afailure\x12!\n" +
+	"\fimage_digest\x18\x05 \x01(\tR\vimageDigest\x12\x14\n" +
+	"\x05bases\x18\x06 \x03(\tR\x05bases\"`\n" +
 	"\n" +
 	"WarmTarget\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
@@ -4544,7 +5108,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\x8e\t\n" +
+	"\x0fCapacityRequest\"\xe0\t\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -4573,7 +5137,9 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10cached_snapshots\x18\x17 \x03(\tR\x0fcachedSnapshots\x12\x16\n" +
 	"\x06paused\x18\x18 \x01(\x05R\x06paused\x12-\n" +
 	"\x12checkpoint_classes\x18\x19 \x03(\tR\x11checkpointClasses\x12p\n" +
-	"\x14checkpoint_platforms\x18\x1a \x03(\v2=.sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntryR\x13checkpointPlatforms\x1aF\n" +
+	"\x14checkpoint_platforms\x18\x1a \x03(\v2=.sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntryR\x13checkpointPlatforms\x12#\n" +
+	"\rbuilder_image\x18\x1b \x01(\tR\fbuilderImage\x12+\n" +
+	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
@@ -4591,7 +5157,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x11STATE_TERMINATING\x10\x05\x12\x14\n" +
 	"\x10STATE_TERMINATED\x10\x06\x12\x11\n" +
 	"\rSTATE_PENDING\x10\a\x12\x10\n" +
-	"\fSTATE_PAUSED\x10\b2\x90\v\n" +
+	"\fSTATE_PAUSED\x10\b2\xe0\v\n" +
 	"\rRunnerService\x12O\n" +
 	"\x06Create\x12!.sandboxd.runner.v1.CreateRequest\x1a\".sandboxd.runner.v1.CreateResponse\x12F\n" +
 	"\x03Get\x12\x1e.sandboxd.runner.v1.GetRequest\x1a\x1f.sandboxd.runner.v1.GetResponse\x12I\n" +
@@ -4609,7 +5175,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"ImportFork\x12%.sandboxd.runner.v1.ImportForkRequest\x1a .sandboxd.runner.v1.ForkResponse\x12m\n" +
 	"\x10DeleteCheckpoint\x12+.sandboxd.runner.v1.DeleteCheckpointRequest\x1a,.sandboxd.runner.v1.DeleteCheckpointResponse\x12L\n" +
 	"\x05Moved\x12 .sandboxd.runner.v1.MovedRequest\x1a!.sandboxd.runner.v1.MovedResponse\x12a\n" +
-	"\fSetWarmPools\x12'.sandboxd.runner.v1.SetWarmPoolsRequest\x1a(.sandboxd.runner.v1.SetWarmPoolsResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
+	"\fSetWarmPools\x12'.sandboxd.runner.v1.SetWarmPoolsRequest\x1a(.sandboxd.runner.v1.SetWarmPoolsResponse\x12N\n" +
+	"\x05Build\x12 .sandboxd.runner.v1.BuildRequest\x1a!.sandboxd.runner.v1.BuildResponse0\x01B>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_sandboxd_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -4623,193 +5190,213 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 	return file_sandboxd_runner_v1_runner_proto_rawDescData
 }
 
-var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
-	(*WarmTarget)(nil),               // 2: sandboxd.runner.v1.WarmTarget
-	(*SetWarmPoolsRequest)(nil),      // 3: sandboxd.runner.v1.SetWarmPoolsRequest
-	(*SetWarmPoolsResponse)(nil),     // 4: sandboxd.runner.v1.SetWarmPoolsResponse
-	(*CheckpointRef)(nil),            // 5: sandboxd.runner.v1.CheckpointRef
-	(*ExportCheckpointRequest)(nil),  // 6: sandboxd.runner.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil), // 7: sandboxd.runner.v1.ExportCheckpointResponse
-	(*ImportForkRequest)(nil),        // 8: sandboxd.runner.v1.ImportForkRequest
-	(*DeleteCheckpointRequest)(nil),  // 9: sandboxd.runner.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 10: sandboxd.runner.v1.DeleteCheckpointResponse
-	(*MovedRequest)(nil),             // 11: sandboxd.runner.v1.MovedRequest
-	(*MovedResponse)(nil),            // 12: sandboxd.runner.v1.MovedResponse
-	(*PauseRequest)(nil),             // 13: sandboxd.runner.v1.PauseRequest
-	(*PauseResponse)(nil),            // 14: sandboxd.runner.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 15: sandboxd.runner.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 16: sandboxd.runner.v1.ResumeResponse
-	(*ForkTarget)(nil),               // 17: sandboxd.runner.v1.ForkTarget
-	(*ForkRequest)(nil),              // 18: sandboxd.runner.v1.ForkRequest
-	(*ForkResult)(nil),               // 19: sandboxd.runner.v1.ForkResult
-	(*ForkError)(nil),                // 20: sandboxd.runner.v1.ForkError
-	(*ForkResponse)(nil),             // 21: sandboxd.runner.v1.ForkResponse
-	(*PauseStatus)(nil),              // 22: sandboxd.runner.v1.PauseStatus
-	(*Spec)(nil),                     // 23: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                   // 24: sandboxd.runner.v1.Engine
-	(*Container)(nil),                // 25: sandboxd.runner.v1.Container
-	(*Probe)(nil),                    // 26: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),               // 27: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),          // 28: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),              // 29: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),               // 30: sandboxd.runner.v1.Toleration
-	(*Network)(nil),                  // 31: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),              // 32: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),                // 33: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                   // 34: sandboxd.runner.v1.Volume
-	(*SnapshotSource)(nil),           // 35: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),           // 36: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),    // 37: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),    // 38: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),              // 39: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),              // 40: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),                 // 41: sandboxd.runner.v1.Security
-	(*Service)(nil),                  // 42: sandboxd.runner.v1.Service
-	(*Credentials)(nil),              // 43: sandboxd.runner.v1.Credentials
-	(*File)(nil),                     // 44: sandboxd.runner.v1.File
-	(*Resources)(nil),                // 45: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                  // 46: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),            // 47: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 48: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 49: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 50: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 51: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 52: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 53: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 54: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 55: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 56: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 57: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 58: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 59: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 60: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 61: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 62: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 63: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 64: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 65: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 66: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 67: google.protobuf.Timestamp
+	(BuildLine_Stream)(0),            // 2: sandboxd.runner.v1.BuildLine.Stream
+	(*BuildRequest)(nil),             // 3: sandboxd.runner.v1.BuildRequest
+	(*BuildResponse)(nil),            // 4: sandboxd.runner.v1.BuildResponse
+	(*BuildStep)(nil),                // 5: sandboxd.runner.v1.BuildStep
+	(*BuildLine)(nil),                // 6: sandboxd.runner.v1.BuildLine
+	(*BuildResult)(nil),              // 7: sandboxd.runner.v1.BuildResult
+	(*WarmTarget)(nil),               // 8: sandboxd.runner.v1.WarmTarget
+	(*SetWarmPoolsRequest)(nil),      // 9: sandboxd.runner.v1.SetWarmPoolsRequest
+	(*SetWarmPoolsResponse)(nil),     // 10: sandboxd.runner.v1.SetWarmPoolsResponse
+	(*CheckpointRef)(nil),            // 11: sandboxd.runner.v1.CheckpointRef
+	(*ExportCheckpointRequest)(nil),  // 12: sandboxd.runner.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil), // 13: sandboxd.runner.v1.ExportCheckpointResponse
+	(*ImportForkRequest)(nil),        // 14: sandboxd.runner.v1.ImportForkRequest
+	(*DeleteCheckpointRequest)(nil),  // 15: sandboxd.runner.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 16: sandboxd.runner.v1.DeleteCheckpointResponse
+	(*MovedRequest)(nil),             // 17: sandboxd.runner.v1.MovedRequest
+	(*MovedResponse)(nil),            // 18: sandboxd.runner.v1.MovedResponse
+	(*PauseRequest)(nil),             // 19: sandboxd.runner.v1.PauseRequest
+	(*PauseResponse)(nil),            // 20: sandboxd.runner.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 21: sandboxd.runner.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 22: sandboxd.runner.v1.ResumeResponse
+	(*ForkTarget)(nil),               // 23: sandboxd.runner.v1.ForkTarget
+	(*ForkRequest)(nil),              // 24: sandboxd.runner.v1.ForkRequest
+	(*ForkResult)(nil),               // 25: sandboxd.runner.v1.ForkResult
+	(*ForkError)(nil),                // 26: sandboxd.runner.v1.ForkError
+	(*ForkResponse)(nil),             // 27: sandboxd.runner.v1.ForkResponse
+	(*PauseStatus)(nil),              // 28: sandboxd.runner.v1.PauseStatus
+	(*Spec)(nil),                     // 29: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                   // 30: sandboxd.runner.v1.Engine
+	(*Container)(nil),                // 31: sandboxd.runner.v1.Container
+	(*Probe)(nil),                    // 32: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),               // 33: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),          // 34: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),              // 35: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),               // 36: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                  // 37: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),              // 38: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),                // 39: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                   // 40: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),           // 41: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),           // 42: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),    // 43: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),    // 44: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),              // 45: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),              // 46: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),                 // 47: sandboxd.runner.v1.Security
+	(*Service)(nil),                  // 48: sandboxd.runner.v1.Service
+	(*Credentials)(nil),              // 49: sandboxd.runner.v1.Credentials
+	(*File)(nil),                     // 50: sandboxd.runner.v1.File
+	(*Resources)(nil),                // 51: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                  // 52: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),            // 53: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 54: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 55: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 56: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 57: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 58: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 59: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 60: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 61: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 62: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 63: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 64: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 65: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	nil,                              // 66: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 67: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 68: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 69: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 70: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 71: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 72: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 73: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 74: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	23, // 0: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
-	2,  // 1: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
-	5,  // 2: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	46, // 3: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	5,  // 4: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	46, // 5: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
-	17, // 6: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	46, // 7: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	46, // 8: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	59, // 9: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	66, // 10: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
-	17, // 11: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	46, // 12: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	20, // 13: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
-	19, // 14: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	67, // 15: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	43, // 16: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	60, // 17: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	44, // 18: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	45, // 19: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	61, // 20: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	42, // 21: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	31, // 22: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	41, // 23: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	34, // 24: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	40, // 25: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	29, // 26: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	26, // 27: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	27, // 28: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	25, // 29: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	25, // 30: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	24, // 31: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	43, // 32: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	62, // 33: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	44, // 34: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	45, // 35: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	40, // 36: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	41, // 37: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	26, // 38: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	27, // 39: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	66, // 40: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	66, // 41: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	66, // 42: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	63, // 43: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	30, // 44: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	64, // 45: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	32, // 46: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	32, // 47: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	33, // 48: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	35, // 49: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	36, // 50: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,  // 51: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	66, // 52: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	67, // 53: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	23, // 54: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,  // 55: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	67, // 56: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	67, // 57: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	67, // 58: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	66, // 59: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	67, // 60: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	28, // 61: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	22, // 62: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	23, // 63: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	66, // 64: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	46, // 65: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	66, // 66: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	46, // 67: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	46, // 68: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	46, // 69: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	66, // 70: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	36, // 71: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	46, // 72: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	39, // 73: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	67, // 74: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	45, // 75: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	65, // 76: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	47, // 77: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	49, // 78: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	53, // 79: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	55, // 80: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	57, // 81: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	37, // 82: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	38, // 83: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	50, // 84: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	13, // 85: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	15, // 86: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	18, // 87: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	6,  // 88: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	8,  // 89: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	9,  // 90: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	11, // 91: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	3,  // 92: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	48, // 93: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	52, // 94: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	54, // 95: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	56, // 96: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	58, // 97: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	39, // 98: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	39, // 99: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	51, // 100: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	14, // 101: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	16, // 102: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	21, // 103: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	7,  // 104: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	21, // 105: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	10, // 106: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	12, // 107: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	4,  // 108: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	93, // [93:109] is the sub-list for method output_type
-	77, // [77:93] is the sub-list for method input_type
-	77, // [77:77] is the sub-list for extension type_name
-	77, // [77:77] is the sub-list for extension extendee
-	0,  // [0:77] is the sub-list for field type_name
+	65,  // 0: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	49,  // 1: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
+	49,  // 2: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
+	51,  // 3: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
+	73,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	5,   // 5: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
+	6,   // 6: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
+	7,   // 7: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
+	2,   // 8: sandboxd.runner.v1.BuildLine.stream:type_name -> sandboxd.runner.v1.BuildLine.Stream
+	5,   // 9: sandboxd.runner.v1.BuildResult.steps:type_name -> sandboxd.runner.v1.BuildStep
+	5,   // 10: sandboxd.runner.v1.BuildResult.failed_step:type_name -> sandboxd.runner.v1.BuildStep
+	29,  // 11: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
+	8,   // 12: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
+	11,  // 13: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	52,  // 14: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	11,  // 15: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	52,  // 16: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
+	23,  // 17: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	52,  // 18: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 19: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	66,  // 20: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	73,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	23,  // 22: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	52,  // 23: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	26,  // 24: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	25,  // 25: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	74,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	49,  // 27: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	67,  // 28: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	50,  // 29: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	51,  // 30: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	68,  // 31: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	48,  // 32: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	37,  // 33: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	47,  // 34: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	40,  // 35: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	46,  // 36: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	35,  // 37: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	32,  // 38: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	33,  // 39: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	31,  // 40: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	31,  // 41: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	30,  // 42: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	49,  // 43: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	69,  // 44: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	50,  // 45: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	51,  // 46: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	46,  // 47: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	47,  // 48: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	32,  // 49: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	33,  // 50: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	73,  // 51: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	73,  // 52: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	73,  // 53: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	70,  // 54: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	36,  // 55: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	71,  // 56: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	38,  // 57: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	38,  // 58: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	39,  // 59: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	41,  // 60: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	42,  // 61: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 62: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	73,  // 63: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	74,  // 64: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	29,  // 65: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 66: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	74,  // 67: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	74,  // 68: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	74,  // 69: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	73,  // 70: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	74,  // 71: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	34,  // 72: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	28,  // 73: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	29,  // 74: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	73,  // 75: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 76: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	73,  // 77: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 78: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 79: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 80: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	73,  // 81: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	42,  // 82: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	52,  // 83: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	45,  // 84: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	74,  // 85: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	51,  // 86: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	72,  // 87: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	53,  // 88: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	55,  // 89: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	59,  // 90: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	61,  // 91: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	63,  // 92: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	43,  // 93: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	44,  // 94: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	56,  // 95: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	19,  // 96: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	21,  // 97: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	24,  // 98: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	12,  // 99: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	14,  // 100: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	15,  // 101: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	17,  // 102: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	9,   // 103: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	3,   // 104: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	54,  // 105: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	58,  // 106: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	60,  // 107: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	62,  // 108: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	64,  // 109: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	45,  // 110: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	45,  // 111: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	57,  // 112: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	20,  // 113: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	22,  // 114: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	27,  // 115: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	13,  // 116: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	27,  // 117: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	16,  // 118: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	18,  // 119: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	10,  // 120: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	4,   // 121: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	105, // [105:122] is the sub-list for method output_type
+	88,  // [88:105] is the sub-list for method input_type
+	88,  // [88:88] is the sub-list for extension type_name
+	88,  // [88:88] is the sub-list for extension extendee
+	0,   // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -4817,18 +5404,23 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	if File_sandboxd_runner_v1_runner_proto != nil {
 		return
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[11].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[26].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[28].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[39].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[1].OneofWrappers = []any{
+		(*BuildResponse_Step)(nil),
+		(*BuildResponse_Line)(nil),
+		(*BuildResponse_Result)(nil),
+	}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[16].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[31].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[33].OneofWrappers = []any{}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[44].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[49].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   64,
+			NumEnums:      3,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

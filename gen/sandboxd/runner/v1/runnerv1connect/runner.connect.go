@@ -89,6 +89,8 @@ const (
 	// RunnerServiceSetWarmPoolsProcedure is the fully-qualified name of the RunnerService's
 	// SetWarmPools RPC.
 	RunnerServiceSetWarmPoolsProcedure = "/sandboxd.runner.v1.RunnerService/SetWarmPools"
+	// RunnerServiceBuildProcedure is the fully-qualified name of the RunnerService's Build RPC.
+	RunnerServiceBuildProcedure = "/sandboxd.runner.v1.RunnerService/Build"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -161,6 +163,13 @@ type RunnerServiceClient interface {
 	// (runtime.WarmPooler; the Kubernetes backend keeps none). Idempotent; targets its own
 	// policy rejects are left out. Errors: INVALID_ARGUMENT (more than 1024 targets).
 	SetWarmPools(context.Context, *connect.Request[v1.SetWarmPoolsRequest]) (*connect.Response[v1.SetWarmPoolsResponse], error)
+	// Build runs one image build in a builder sandbox of its own (docs/builds.md:
+	// Buildah in the gvisor class, base images handed in, the builder destroyed after)
+	// and streams its steps and output lines; the last message is the result (a build
+	// whose step failed is a result, not an error). Errors: FAILED_PRECONDITION
+	// CWSANDBOX_BUILD_NOT_SUPPORTED (no builder image, no gvisor class), INVALID_ARGUMENT
+	// CWSANDBOX_INVALID_REQUEST (with field violations).
+	Build(context.Context, *connect.Request[v1.BuildRequest]) (*connect.ServerStreamForClient[v1.BuildResponse], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -270,6 +279,12 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("SetWarmPools")),
 			connect.WithClientOptions(opts...),
 		),
+		build: connect.NewClient[v1.BuildRequest, v1.BuildResponse](
+			httpClient,
+			baseURL+RunnerServiceBuildProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("Build")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -291,6 +306,7 @@ type runnerServiceClient struct {
 	deleteCheckpoint *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
 	moved            *connect.Client[v1.MovedRequest, v1.MovedResponse]
 	setWarmPools     *connect.Client[v1.SetWarmPoolsRequest, v1.SetWarmPoolsResponse]
+	build            *connect.Client[v1.BuildRequest, v1.BuildResponse]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -373,6 +389,11 @@ func (c *runnerServiceClient) SetWarmPools(ctx context.Context, req *connect.Req
 	return c.setWarmPools.CallUnary(ctx, req)
 }
 
+// Build calls sandboxd.runner.v1.RunnerService.Build.
+func (c *runnerServiceClient) Build(ctx context.Context, req *connect.Request[v1.BuildRequest]) (*connect.ServerStreamForClient[v1.BuildResponse], error) {
+	return c.build.CallServerStream(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -443,6 +464,13 @@ type RunnerServiceHandler interface {
 	// (runtime.WarmPooler; the Kubernetes backend keeps none). Idempotent; targets its own
 	// policy rejects are left out. Errors: INVALID_ARGUMENT (more than 1024 targets).
 	SetWarmPools(context.Context, *connect.Request[v1.SetWarmPoolsRequest]) (*connect.Response[v1.SetWarmPoolsResponse], error)
+	// Build runs one image build in a builder sandbox of its own (docs/builds.md:
+	// Buildah in the gvisor class, base images handed in, the builder destroyed after)
+	// and streams its steps and output lines; the last message is the result (a build
+	// whose step failed is a result, not an error). Errors: FAILED_PRECONDITION
+	// CWSANDBOX_BUILD_NOT_SUPPORTED (no builder image, no gvisor class), INVALID_ARGUMENT
+	// CWSANDBOX_INVALID_REQUEST (with field violations).
+	Build(context.Context, *connect.Request[v1.BuildRequest], *connect.ServerStream[v1.BuildResponse]) error
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -548,6 +576,12 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("SetWarmPools")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServiceBuildHandler := connect.NewServerStreamHandler(
+		RunnerServiceBuildProcedure,
+		svc.Build,
+		connect.WithSchema(runnerServiceMethods.ByName("Build")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -582,6 +616,8 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceMovedHandler.ServeHTTP(w, r)
 		case RunnerServiceSetWarmPoolsProcedure:
 			runnerServiceSetWarmPoolsHandler.ServeHTTP(w, r)
+		case RunnerServiceBuildProcedure:
+			runnerServiceBuildHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -653,4 +689,8 @@ func (UnimplementedRunnerServiceHandler) Moved(context.Context, *connect.Request
 
 func (UnimplementedRunnerServiceHandler) SetWarmPools(context.Context, *connect.Request[v1.SetWarmPoolsRequest]) (*connect.Response[v1.SetWarmPoolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.SetWarmPools is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) Build(context.Context, *connect.Request[v1.BuildRequest], *connect.ServerStream[v1.BuildResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Build is not implemented"))
 }

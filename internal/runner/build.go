@@ -1,0 +1,153 @@
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/imagebuild"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// BuildRuntimeClass is the runtime class builders run under: gVisor. Buildah's chroot
+// isolation makes user and mount namespaces inside the builder, which under runc would
+// be the host kernel's (docs/builds.md), so no other class is accepted.
+const BuildRuntimeClass = "gvisor"
+
+// Bounds of one build on the runner.
+const (
+	DefaultBuildTimeout = 30 * time.Minute
+	MaxBuildTimeout     = 2 * time.Hour
+	// MaxBaseArchiveBytes bounds each base image's docker-archive on the host (they sit
+	// in a temp dir until handed in).
+	MaxBaseArchiveBytes = 4 << 30
+)
+
+// BaseArchiver writes an image as a docker-archive of at most limit bytes through the
+// runner's image store (its registry guard, credentials, mirrors): local.ImageArchiver's
+// shape, which the stack's image adapter implements.
+type BaseArchiver interface {
+	WriteArchive(ctx context.Context, ref string, creds *runtime.Credentials, w io.Writer, limit int64) error
+}
+
+// BuildRequest is one image build (sandboxd.build.v1.StartBuild, as the gateway placed
+// it on this runner).
+type BuildRequest struct {
+	imagebuild.Options
+	// Context is the build context, an fsarchive archive, and its unpacked bounds.
+	Context       io.Reader
+	ContextLimits runtime.ArchiveLimits
+	// BaseCredentials pull the base images (nil: the store's own auth); the platform
+	// registry's pull token for the organization's images.
+	BaseCredentials *runtime.Credentials
+	// Push is the tag the image goes to, with the push token the gateway minted.
+	Push                       string
+	PushUsername, PushPassword string
+	PushInsecure               bool
+	Resources                  runtime.Resources
+	Timeout                    time.Duration // 0 = DefaultBuildTimeout
+	// OutputLimits bound the OCI layout read back; zero = 4 GiB, 100000 entries.
+	OutputLimits runtime.ArchiveLimits
+}
+
+// BuildResult is a build's outcome: a failed build (ExitCode != 0) is a result, not an
+// error.
+type BuildResult struct {
+	*imagebuild.Result
+	Digest string // the pushed manifest's digest (succeeded builds)
+}
+
+// buildUnavailable is "" when the runner can build images, else why not.
+func (l *Local) buildUnavailable() string {
+	switch {
+	case l.BuilderImage == "":
+		return "it has no builder image (runner flag --builder-image)"
+	case !slices.Contains(l.Classes(), BuildRuntimeClass):
+		return fmt.Sprintf("it does not offer the runtime class %q builds run under (%v)", BuildRuntimeClass, l.Classes())
+	case l.BuildImages == nil:
+		return "its backend cannot hand base images to a builder"
+	}
+	return ""
+}
+
+// Build runs one image build in a builder sandbox of its own (the builder image, the
+// gvisor class, default capabilities, no network: base images are handed in), pushes
+// the result and destroys the builder, whatever happened. emit receives the build's
+// output as it goes.
+func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuild.Event)) (*BuildResult, error) {
+	if why := l.buildUnavailable(); why != "" {
+		return nil, apierr.New(apierr.BuildNotSupported, fmt.Sprintf("runner %s builds no images: %s", l.RunnerID, why),
+			map[string]string{"runner_id": l.RunnerID})
+	}
+	var vs []apierr.Violation
+	for _, v := range req.Options.Check() {
+		vs = append(vs, apierr.Violation{Field: v.Field, Description: v.Description})
+	}
+	switch {
+	case req.Timeout < 0 || req.Timeout > MaxBuildTimeout:
+		vs = append(vs, apierr.Violation{Field: "timeout_seconds", Description: fmt.Sprintf("%s: want (0, %s]", req.Timeout, MaxBuildTimeout)})
+	case req.Push == "":
+		vs = append(vs, apierr.Violation{Field: "push", Description: "is required"})
+	case req.Context == nil:
+		vs = append(vs, apierr.Violation{Field: "context", Description: "is required"})
+	}
+	if len(vs) > 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = DefaultBuildTimeout
+	}
+	out := req.OutputLimits
+	if out == (runtime.ArchiveLimits{}) {
+		out = runtime.ArchiveLimits{MaxBytes: 4 << 30, MaxFiles: 100000}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	id := "build-" + hex.EncodeToString(b[:])
+	if _, err := l.R.Create(ctx, CreateRequest{Lifetime: timeout + time.Minute, Spec: runtime.Spec{
+		ID: id, RuntimeClass: BuildRuntimeClass,
+		Container: runtime.Container{Image: l.BuilderImage, Command: "sleep", Args: []string{"infinity"}, Resources: req.Resources},
+		Network:   &runtime.Network{DenyEgress: true},
+	}}); err != nil {
+		return nil, fmt.Errorf("create the builder: %w", err)
+	}
+	defer func() { _, _ = l.R.Delete(id, 0) }()
+	agent, err := l.R.Agent(ctx, id, "")
+	if err != nil {
+		return nil, fmt.Errorf("the builder: %w", err)
+	}
+	tmp, err := os.MkdirTemp("", "sandboxd-build-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	res, err := imagebuild.Run(ctx, agent, imagebuild.Input{Options: req.Options,
+		Context: req.Context, ContextLimits: req.ContextLimits,
+		WriteBase: func(ctx context.Context, ref string, w io.Writer) error {
+			return l.BuildImages.WriteArchive(ctx, ref, req.BaseCredentials, w, MaxBaseArchiveBytes)
+		},
+		OutDir: filepath.Join(tmp, "out"), OutputLimits: out, Events: emit,
+	})
+	if err != nil {
+		return nil, err
+	}
+	br := &BuildResult{Result: res}
+	if res.ExitCode != 0 {
+		return br, nil
+	}
+	if br.Digest, err = imagebuild.Push(ctx, res.Image, req.Push, req.PushUsername, req.PushPassword, req.PushInsecure); err != nil {
+		return nil, err
+	}
+	return br, nil
+}

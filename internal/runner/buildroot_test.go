@@ -1,0 +1,144 @@
+package runner_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/imagebuild"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
+	"github.com/sandboxd/sandboxd/internal/testenv"
+	"github.com/sandboxd/sandboxd/internal/testimage"
+)
+
+// TestLocalBuild runs runner.Local.Build on a real stack (local backend, gVisor): the
+// builder image comes from a registry like any image, the base image is pulled by the
+// runner's image store and handed in, the result is pushed to the registry, and the
+// builder sandbox is gone afterwards.
+func TestLocalBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a real build")
+	}
+	builderTar, err := testimage.BuilderTar()
+	if errors.Is(err, testimage.ErrNoTestImages) {
+		t.Skip(err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	testenv.RequireRoot(t, "runsc, namespaces")
+	e, err := stacktest.Setup("bld")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	st, err := e.Stack(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		st.Close()
+		if err := st.Network.Cleanup(); err != nil { // the bridge, its rules, the netns mount
+			t.Errorf("network cleanup: %v", err)
+		}
+	}()
+	l := runner.NewLocal("r1", st.Runner)
+	if !strings.Contains(strings.Join(l.Classes(), ","), runner.BuildRuntimeClass) {
+		t.Skipf("no gvisor class on this machine (%v)", l.Classes())
+	}
+	bimg, err := testimage.Build(builderTar, image.Config{Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testimage.Push(e.Registry, "sandboxd/builder:1", bimg); err != nil {
+		t.Fatal(err)
+	}
+	l.BuilderImage, l.BuildImages = e.Registry+"/sandboxd/builder:1", st.BaseArchiver()
+
+	dir := t.TempDir()
+	for p, c := range map[string]string{
+		"Dockerfile": "FROM " + e.Busybox() + "\nCOPY hello.txt /hello.txt\nRUN cat /hello.txt\n",
+		"hello.txt":  "hello-from-local-build\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	var archive bytes.Buffer
+	if _, err := fsarchive.Write(context.Background(), root, &archive, fsarchive.IDMap{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var lines []string
+	start := time.Now()
+	res, err := l.Build(ctx, runner.BuildRequest{
+		Context: &archive, ContextLimits: runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 10},
+		Push:      e.Registry + "/org-1/built:1",
+		Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 2 << 30, Pids: 1024},
+		Timeout:   4 * time.Minute,
+	}, func(ev imagebuild.Event) {
+		if ev.Step == nil {
+			lines = append(lines, ev.Line)
+		}
+	})
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+	t.Logf("Local.Build (builder pulled and created, base handed in, 3 steps, pushed): %v", time.Since(start))
+	out := strings.Join(lines, "\n")
+	if res.ExitCode != 0 || len(res.Steps) != 3 || !strings.HasPrefix(res.Digest, "sha256:") || !strings.Contains(out, "hello-from-local-build") {
+		t.Errorf("result: exit %d, steps %+v, digest %q\n%s", res.ExitCode, res.Steps, res.Digest, out)
+	}
+	// The builder is destroyed: it ends and nothing of it stays running.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		live := 0
+		for _, sb := range st.Runner.List() {
+			if strings.HasPrefix(sb.Spec.ID, "build-") && !sb.State.Terminal() {
+				live++
+			}
+		}
+		if live == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d builders still live", live)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The pushed image runs as a sandbox.
+	sb, err := st.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{ID: "from-build",
+		Container: runtime.Container{Image: e.Registry + "/org-1/built@" + res.Digest, Command: "sleep", Args: []string{"60"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_, _ = st.Runner.Delete(sb.Spec.ID, 0)
+		_, _ = st.Runner.WaitTerminal(context.Background(), sb.Spec.ID)
+	}()
+	agent, err := st.Runner.Agent(ctx, sb.Spec.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := agent.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: "/hello.txt", MaxBytes: 1024}))
+	if err != nil || string(got.Msg.Content) != "hello-from-local-build\n" {
+		t.Errorf("/hello.txt in the built image: %v %v", got, err)
+	}
+}

@@ -1,0 +1,112 @@
+package store_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+func TestBuilds(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		bs := s.Builds()
+		a, err := bs.Create(ctx, store.Build{ID: "b1", Org: "acme", State: 1, Template: "py", Record: []byte{0x0a, 0x02, 'b', '1'}, RequestID: "r1", RequestDigest: "d1"})
+		if err != nil || a.CreateTime.IsZero() || !a.UpdateTime.Equal(a.CreateTime) {
+			t.Fatalf("create = %+v, %v", a, err)
+		}
+		got, err := bs.Get(ctx, "acme", "b1")
+		if err != nil || got.State != 1 || got.Template != "py" || string(got.Record) != "\x0a\x02b1" || got.RequestDigest != "d1" || !got.CreateTime.Equal(a.CreateTime) {
+			t.Fatalf("get = %+v, %v", got, err)
+		}
+		// Another organization's is not found, by ID or request_id.
+		_, err = bs.Get(ctx, "globex", "b1")
+		wantErr(t, err, store.ErrNotFound)
+		_, err = bs.GetByRequestID(ctx, "globex", "r1")
+		wantErr(t, err, store.ErrNotFound)
+		_, err = bs.GetByRequestID(ctx, "acme", "")
+		wantErr(t, err, store.ErrNotFound)
+		if g, err := bs.GetByRequestID(ctx, "acme", "r1"); err != nil || g.ID != "b1" {
+			t.Fatalf("by request = %+v, %v", g, err)
+		}
+		// A request_id starts one build per organization; the ID is unique.
+		var dup *store.AlreadyExistsError
+		if _, err := bs.Create(ctx, store.Build{ID: "b2", Org: "acme", Record: []byte{}, RequestID: "r1"}); !errors.As(err, &dup) {
+			t.Fatalf("repeated request_id: %v", err)
+		}
+		if _, err := bs.Create(ctx, store.Build{ID: "b1", Org: "globex", Record: []byte{}}); !errors.As(err, &dup) {
+			t.Fatalf("repeated id: %v", err)
+		}
+		if _, err := bs.Create(ctx, store.Build{ID: "b9", Org: "acme"}); !errors.Is(err, store.ErrInvalid) {
+			t.Fatalf("no record: %v", err)
+		}
+
+		// Update replaces state and record, in the build's organization only.
+		u, err := bs.Update(ctx, "acme", "b1", 3, []byte("done"))
+		if err != nil || u.State != 3 || string(u.Record) != "done" || u.UpdateTime.Before(u.CreateTime) {
+			t.Fatalf("update = %+v, %v", u, err)
+		}
+		_, err = bs.Update(ctx, "globex", "b1", 4, []byte("x"))
+		wantErr(t, err, store.ErrNotFound)
+
+		// List: oldest first, by template, in pages.
+		for i := 2; i <= 5; i++ {
+			tpl := ""
+			if i%2 == 0 {
+				tpl = "py"
+			}
+			if _, err := bs.Create(ctx, store.Build{ID: fmt.Sprintf("b%d", i), Org: "acme", Template: tpl, Record: []byte{}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ids []string
+		token := ""
+		for pages := 0; ; pages++ {
+			page, next, err := bs.List(ctx, "acme", "", store.Page{Size: 2, Token: token})
+			if err != nil || pages > 5 {
+				t.Fatalf("list: %v (%d pages)", err, pages)
+			}
+			for _, b := range page {
+				ids = append(ids, b.ID)
+			}
+			if next == "" {
+				break
+			}
+			token = next
+		}
+		if fmt.Sprint(ids) != "[b1 b2 b3 b4 b5]" {
+			t.Errorf("listed %v", ids)
+		}
+		py, _, err := bs.List(ctx, "acme", "py", store.Page{})
+		if err != nil || len(py) != 3 || py[0].ID != "b1" || py[1].ID != "b2" || py[2].ID != "b4" {
+			t.Errorf("template py: %+v, %v", py, err)
+		}
+		if other, _, err := bs.List(ctx, "globex", "", store.Page{}); err != nil || len(other) != 0 { // its b1 was refused
+			t.Errorf("globex: %+v, %v", other, err)
+		}
+		if _, _, err := bs.List(ctx, "acme", "", store.Page{Token: "not-ours"}); !errors.Is(err, store.ErrInvalid) {
+			t.Errorf("foreign token: %v", err)
+		}
+
+		// Events: numbered from 1, appended in order, read after a number.
+		if err := bs.AppendEvents(ctx, "b1", 1, [][]byte{[]byte("e1"), []byte("e2")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := bs.AppendEvents(ctx, "b1", 3, [][]byte{[]byte("e3")}); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, bs.AppendEvents(ctx, "b1", 3, [][]byte{[]byte("again")}), store.ErrConflict)
+		wantErr(t, bs.AppendEvents(ctx, "b1", 0, [][]byte{[]byte("zero")}), store.ErrInvalid)
+		evs, err := bs.Events(ctx, "b1", 1, 0)
+		if err != nil || len(evs) != 2 || evs[0].Seq != 2 || string(evs[0].Event) != "e2" || evs[1].Seq != 3 {
+			t.Errorf("events after 1: %+v, %v", evs, err)
+		}
+		if evs, err := bs.Events(ctx, "b1", 0, 1); err != nil || len(evs) != 1 || string(evs[0].Event) != "e1" {
+			t.Errorf("first event: %+v, %v", evs, err)
+		}
+		if evs, err := bs.Events(ctx, "b2", 0, 0); err != nil || len(evs) != 0 {
+			t.Errorf("events of b2: %+v, %v", evs, err)
+		}
+	})
+}
