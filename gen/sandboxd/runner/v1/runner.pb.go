@@ -230,8 +230,11 @@ type BuildRequest struct {
 	PushCredentials *Credentials         `protobuf:"bytes,10,opt,name=push_credentials,json=pushCredentials,proto3" json:"push_credentials,omitempty"`
 	Resources       *Resources           `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
 	Timeout         *durationpb.Duration `protobuf:"bytes,12,opt,name=timeout,proto3" json:"timeout,omitempty"` // 0 = the runner's default
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The organization the build is for: its layer cache is the organization's own (one
+	// cache per organization on a runner; builds of one organization share it in turn).
+	OrganizationId string `protobuf:"bytes,13,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *BuildRequest) Reset() {
@@ -346,6 +349,13 @@ func (x *BuildRequest) GetTimeout() *durationpb.Duration {
 		return x.Timeout
 	}
 	return nil
+}
+
+func (x *BuildRequest) GetOrganizationId() string {
+	if x != nil {
+		return x.OrganizationId
+	}
+	return ""
 }
 
 type BuildResponse struct {
@@ -4728,7 +4738,7 @@ var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x05\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x05\n" +
 	"\fBuildRequest\x12\x1e\n" +
 	"\n" +
 	"dockerfile\x18\x01 \x01(\tR\n" +
@@ -4745,7 +4755,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10push_credentials\x18\n" +
 	" \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fpushCredentials\x12;\n" +
 	"\tresources\x18\v \x01(\v2\x1d.sandboxd.runner.v1.ResourcesR\tresources\x123\n" +
-	"\atimeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a<\n" +
+	"\atimeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12'\n" +
+	"\x0forganization_id\x18\r \x01(\tR\x0eorganizationId\x1a<\n" +
 	"\x0eBuildArgsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbf\x01\n" +
