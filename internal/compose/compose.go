@@ -162,8 +162,8 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 		return Result{}, invalid(vs)
 	}
 	var unsupported []string
-	if len(req.GetBuildContexts()) > 0 || len(req.GetBuildContextObjects()) > 0 || len(req.GetBuilderSizes()) > 0 || req.GetDisplayName() != "" {
-		unsupported = append(unsupported, "image builds (build_contexts, build_context_objects, builder_sizes, display_name)")
+	if len(req.GetBuildContexts()) > 0 || len(req.GetBuildContextObjects()) > 0 || len(req.GetBuilderSizes()) > 0 {
+		unsupported = append(unsupported, "image builds (build_contexts, build_context_objects, builder_sizes)")
 	}
 	if len(req.GetImagePullCredentials()) > 0 {
 		unsupported = append(unsupported, "image pull credentials")

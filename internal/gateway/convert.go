@@ -66,6 +66,7 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 func (s *Server) toProto(rec *record, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
 	p := sandboxProto(rec.id, rec.spec, sb, r)
 	p.SourceTemplateId, p.SourceTemplateRevision = rec.sourceTemplateID, rec.sourceTemplateRevision
+	p.DisplayName = rec.displayName
 	domain, port := s.views.edgeOf(r.ID())
 	p.Status.Services = spec.ServiceStatuses(rec.id, rec.spec, sb, r.ID(), domain, port)
 	return p

@@ -25,7 +25,7 @@ func (s *Server) CreateSandboxFromFile(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
-	out, err := s.create(ctx, createArgs{spec: res.Spec, requestID: req.Msg.GetRequestId(), requestDigest: fileRequestDigest(req.Msg), adjust: res.Extra.Apply, engine: res.Extra.Engine})
+	out, err := s.create(ctx, createArgs{spec: res.Spec, requestID: req.Msg.GetRequestId(), requestDigest: fileRequestDigest(req.Msg), displayName: req.Msg.GetDisplayName(), displayNameField: "display_name", adjust: res.Extra.Apply, engine: res.Extra.Engine})
 	if err != nil {
 		return nil, err
 	}

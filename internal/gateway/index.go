@@ -30,6 +30,10 @@ type record struct {
 	// created from ("" and 0: none).
 	sourceTemplateID       string
 	sourceTemplateRevision int64
+	// displayName is the caller's name for the sandbox (Sandbox.display_name, the
+	// display_name of CreateSandboxFromTemplate and CreateSandboxFromFile); a fork
+	// carries its source's.
+	displayName string
 }
 
 // index maps sandboxes to their organization and runner, and deduplicates creates. It

@@ -307,7 +307,8 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		s.views.confirmed(g.c.Index, g.c.Need) // counted until the runner's usage shows it
 		policyRevision, _ := strconv.ParseInt(g.c.Result.PolicyRevision, 10, 64)
 		f := &record{id: sb.ID, org: p.Org, runnerID: g.h.ID(), spec: proto.CloneOf(rec.spec), createdAt: sb.CreatedAt, last: sb,
-			policyRevision: policyRevision, requestDigest: digest}
+			policyRevision: policyRevision, requestDigest: digest,
+			sourceTemplateID: rec.sourceTemplateID, sourceTemplateRevision: rec.sourceTemplateRevision, displayName: rec.displayName}
 		if f.createdAt.IsZero() {
 			f.createdAt = time.Now()
 		}

@@ -238,6 +238,7 @@ func (e *pauseEnv) create(t *testing.T, services ...*sandboxv1.Service) string {
 	t.Helper()
 	req := endpointSpec(services...)
 	req.Sandbox.Spec.Containers[0].Resources = &sandboxv1.Resources{Cpu: "500m", Memory: "256Mi"}
+	req.Sandbox.DisplayName = "acme's sandbox"
 	res, err := e.sc.CreateSandbox(t.Context(), withKey(e.acme, req))
 	if err != nil {
 		t.Fatal(err)
@@ -504,6 +505,10 @@ func TestForkSandbox(t *testing.T) {
 	}
 	if len(one.GetForks()) != 1 || one.GetForks()[0].GetError() != nil {
 		t.Fatalf("count 0: %v", one)
+	}
+	// A fork carries its source's display name (and template, TestCreateSandboxFromTemplate).
+	if got := e.get(t, one.GetForks()[0].GetSandboxId()).GetDisplayName(); got != "acme's sandbox" {
+		t.Errorf("the fork's display_name = %q, want its source's", got)
 	}
 
 	// Three, one of which fails on the runner.

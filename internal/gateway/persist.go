@@ -44,6 +44,8 @@ type lastStatus struct {
 	ImageDigest  string    `json:"image_digest,omitempty"`
 	// RequestDigest is the record's requestDigest (kept here: it is the gateway's own).
 	RequestDigest string `json:"file_digest,omitempty"` // the name predates templates
+	// DisplayName is the record's displayName (gateway-side too).
+	DisplayName string `json:"display_name,omitempty"`
 }
 
 func toLast(sb runner.Sandbox) lastStatus {
@@ -69,7 +71,7 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 		return store.Sandbox{}, fmt.Errorf("encode spec: %w", err)
 	}
 	last := toLast(r.last)
-	last.RequestDigest = r.requestDigest
+	last.RequestDigest, last.DisplayName = r.requestDigest, r.displayName
 	status, err := json.Marshal(last)
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("encode status: %w", err)
@@ -94,7 +96,8 @@ func fromStore(s store.Sandbox) (*record, error) {
 		}
 	}
 	return &record{id: s.ID, org: s.Org, runnerID: s.RunnerID, spec: spec, createdAt: s.CreatedAt, last: last.sandbox(s.ID), policyRevision: s.PolicyRevision,
-		requestDigest: last.RequestDigest, sourceTemplateID: s.SourceTemplateID, sourceTemplateRevision: s.SourceTemplateRevision}, nil
+		requestDigest: last.RequestDigest, sourceTemplateID: s.SourceTemplateID, sourceTemplateRevision: s.SourceTemplateRevision,
+		displayName: last.DisplayName}, nil
 }
 
 // load fills the index with every organization's records from st.
@@ -165,7 +168,7 @@ func (x *index) persistStatus(ctx context.Context, r *record, sb runner.Sandbox)
 // statusUpdate is the store's update of r to status sb.
 func statusUpdate(r *record, sb runner.Sandbox) (store.SandboxStatusUpdate, error) {
 	last := toLast(sb)
-	last.RequestDigest = r.requestDigest
+	last.RequestDigest, last.DisplayName = r.requestDigest, r.displayName
 	status, err := json.Marshal(last)
 	if err != nil {
 		return store.SandboxStatusUpdate{}, err

@@ -367,7 +367,7 @@ func (s *Server) followMove(ctx context.Context, rec *record, r runner.Handle) r
 const ReasonLost = "Lost"
 
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
-	out, err := s.create(ctx, createArgs{spec: req.Msg.GetSandbox().GetSpec(), requestID: req.Msg.GetRequestId()})
+	out, err := s.create(ctx, createArgs{spec: req.Msg.GetSandbox().GetSpec(), requestID: req.Msg.GetRequestId(), displayName: req.Msg.GetSandbox().GetDisplayName(), displayNameField: "sandbox.display_name"})
 	if err != nil {
 		return nil, err
 	}
@@ -385,6 +385,9 @@ type createArgs struct {
 	// CreateSandboxFromTemplate (record).
 	sourceTemplateID       string
 	sourceTemplateRevision int64
+	// displayName is the sandbox's display_name (checked by create), displayNameField
+	// its field path in the request.
+	displayName, displayNameField string
 	// adjust adds to the runtime spec converted from the resolved spec what the public
 	// wire cannot carry (a Compose file's depends_on, tmpfs and host aliases).
 	adjust func(*runtime.Spec) error
@@ -400,6 +403,9 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	p := principal(ctx)
 	if vs := requestIDViolations("request_id", a.requestID); vs != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid request_id: "+apierr.Describe(vs), vs)
+	}
+	if vs := sandboxDisplayNameViolations(a.displayNameField, a.displayName); vs != nil {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid display_name: "+apierr.Describe(vs), vs)
 	}
 	if rec, ok := s.index.byRequestID(ctx, p.Org, a.requestID); ok {
 		if rec.requestDigest != a.requestDigest {
@@ -445,7 +451,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		recorded.Containers[0].Name = runtime.EngineContainerName
 	}
 	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: recorded, createdAt: sb.CreatedAt, last: sb, requestDigest: a.requestDigest,
-		sourceTemplateID: a.sourceTemplateID, sourceTemplateRevision: a.sourceTemplateRevision}
+		sourceTemplateID: a.sourceTemplateID, sourceTemplateRevision: a.sourceTemplateRevision, displayName: a.displayName}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, a.requestID); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.

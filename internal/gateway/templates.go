@@ -117,6 +117,31 @@ func displayNameViolations(field, name string) []apierr.Violation {
 	return nil
 }
 
+// MaxSandboxDisplayNameRunes bounds a sandbox's display_name.
+const MaxSandboxDisplayNameRunes = 256
+
+// sandboxDisplayNameViolations checks a sandbox's display_name: optional, valid UTF-8,
+// printable, at most MaxSandboxDisplayNameRunes characters. Unlike a template's, it is
+// not unique and never names the sandbox in a lookup.
+func sandboxDisplayNameViolations(field, name string) []apierr.Violation {
+	if name == "" {
+		return nil
+	}
+	bad := func(d string) []apierr.Violation { return []apierr.Violation{{Field: field, Description: d}} }
+	switch {
+	case !utf8.ValidString(name):
+		return bad("must be valid UTF-8")
+	case utf8.RuneCountInString(name) > MaxSandboxDisplayNameRunes:
+		return bad(fmt.Sprintf("is %d characters, at most %d allowed", utf8.RuneCountInString(name), MaxSandboxDisplayNameRunes))
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return bad(fmt.Sprintf("must be printable, has %U", r))
+		}
+	}
+	return nil
+}
+
 // checkTemplateSpec checks a template's spec for shape with the create path's
 // validators, on every field it has: a template may leave out the containers (a create
 // from it must then bring them). It carries no authority, so no policy is asked here: the
@@ -513,7 +538,7 @@ func (s *Server) CreateSandboxFromTemplate(ctx context.Context, req *connect.Req
 	}
 	d := fromTemplateDigest(t.ID, over, cleared, m.GetDisplayName())
 	out, err := s.create(ctx, createArgs{spec: resolved, requestID: m.GetRequestId(), requestDigest: d,
-		sourceTemplateID: t.ID, sourceTemplateRevision: t.Revision})
+		sourceTemplateID: t.ID, sourceTemplateRevision: t.Revision, displayName: m.GetDisplayName(), displayNameField: "display_name"})
 	if err != nil {
 		return nil, err
 	}

@@ -353,11 +353,11 @@ func TestCreateSandboxFromTemplate(t *testing.T) {
 		return res.Msg, nil
 	}
 	// No overrides: the template's spec, by name; the sandbox names the template.
-	sb, err := fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: "py"})
+	sb, err := fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: "py", DisplayName: "from py"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.GetSourceTemplateId() != tp.GetSandboxTemplateId() || sb.GetSourceTemplateRevision() != 1 ||
+	if sb.GetSourceTemplateId() != tp.GetSandboxTemplateId() || sb.GetSourceTemplateRevision() != 1 || sb.GetDisplayName() != "from py" ||
 		sb.GetSpec().GetContainers()[0].GetImage() != "python:3.11" || sb.GetSpec().GetMaxLifetimeSeconds() != 600 {
 		t.Fatalf("from template = %v", sb)
 	}
@@ -421,6 +421,13 @@ func TestCreateSandboxFromTemplate(t *testing.T) {
 	wantTmplErr(t, err, connect.CodeNotFound, apierr.TemplateNotFound, "")
 	_, err = fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{})
 	wantTmplErr(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest, "template_id")
+	for _, bad := range []string{strings.Repeat("n", MaxSandboxDisplayNameRunes+1), "tab\there", "\xff"} {
+		_, err = fromTemplate(&sandboxv1.CreateSandboxFromTemplateRequest{TemplateId: "bare", Overrides: over, DisplayName: bad})
+		wantTmplErr(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest, "display_name")
+	}
+	_, err = s.CreateSandbox(user, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{DisplayName: "nul\x00", Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Image: "alpine"}}}}}))
+	wantTmplErr(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest, "sandbox.display_name")
 
 	// After a gateway restart: Get and List still name the template.
 	s.Close()
@@ -429,6 +436,9 @@ func TestCreateSandboxFromTemplate(t *testing.T) {
 	if err != nil || got.Msg.GetSourceTemplateId() != tp.GetSandboxTemplateId() || got.Msg.GetSourceTemplateRevision() != 1 ||
 		got.Msg.GetSpec().GetContainers()[0].GetImage() != "alpine" {
 		t.Fatalf("after restart = %v, %v", got, err)
+	}
+	if got, err := s2.GetSandbox(user, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.GetSandboxId()})); err != nil || got.Msg.GetDisplayName() != "from py" {
+		t.Fatalf("display_name after restart = %v, %v", got, err)
 	}
 	list, err := s2.ListSandboxes(user, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	if err != nil {
