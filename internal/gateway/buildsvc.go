@@ -44,7 +44,7 @@ const (
 	buildLogTail = 200
 	// buildFlushInterval is how often a running build's events are written to the store
 	// (followers see them then).
-	buildFlushInterval = 200 * time.Millisecond
+	buildFlushInterval   = 200 * time.Millisecond
 	defaultBuildPageSize = 50
 	maxBuildPageSize     = 500
 	defaultBuilderSize   = "medium"
@@ -911,15 +911,15 @@ type buildLog struct {
 	bs *buildService
 	lb *liveBuild
 
-	mu             sync.Mutex
-	next           int64
-	pending        []*buildv1.BuildLogEvent
-	lines, bytes   int
-	dropped        int
-	tail           []*buildv1.LogLine // ring once full
-	tailAt         int
-	closed         bool
-	flushMu        sync.Mutex
+	mu           sync.Mutex
+	next         int64
+	pending      []*buildv1.BuildLogEvent
+	lines, bytes int
+	dropped      int
+	tail         []*buildv1.LogLine // ring once full
+	tailAt       int
+	closed       bool
+	flushMu      sync.Mutex
 }
 
 func newBuildLog(bs *buildService, lb *liveBuild) *buildLog {
