@@ -666,8 +666,9 @@ func (bs *buildService) run(ctx context.Context, lb *liveBuild, i int) {
 		ContextLimits:   runtime.ArchiveLimits{MaxBytes: MaxBuildContextUnpackedBytes, MaxFiles: MaxBuildContextFiles},
 		BaseCredentials: &runtime.Credentials{Username: "sandboxd", Password: pull},
 		Push:            tag, PushUsername: "sandboxd", PushPassword: push, PushInsecure: bs.cfg.PushInsecure,
-		Resources: lb.resources,
-		Timeout:   timeout,
+		Resources:      lb.resources,
+		Timeout:        timeout,
+		OrganizationID: lb.org, // its layer cache is the organization's
 	}, log.event)
 	stop()
 	bs.mu.Lock()
