@@ -39,6 +39,9 @@ import (
 // created from the template sees every instruction; a second build of the same context
 // succeeds; a failing RUN names its step; another organization cannot see the build.
 func TestTemplateBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real builds")
+	}
 	builderTar, err := testimage.BuilderTar()
 	if errors.Is(err, testimage.ErrNoTestImages) {
 		t.Skip(err)
