@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -245,7 +246,9 @@ func (bs *buildService) StartBuild(ctx context.Context, req *connect.Request[bui
 	if len(vs) > 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)
 	}
-	d := digest("build", &buildv1.StartBuildRequest{Target: m.Target, Dockerfile: m.GetDockerfile(), Context: m.GetContext(), BuildArgs: m.GetBuildArgs(),
+	// The request's identity: its fields, the context by its hash (not copied).
+	ctxSum := sha256.Sum256(m.GetContext())
+	d := digest("build", &buildv1.StartBuildRequest{Target: m.Target, Dockerfile: m.GetDockerfile(), Context: ctxSum[:], BuildArgs: m.GetBuildArgs(),
 		TargetStage: m.GetTargetStage(), BuilderSize: m.GetBuilderSize(), TimeoutSeconds: m.GetTimeoutSeconds(), NoCache: m.GetNoCache()})
 	replay := func() (*connect.Response[buildv1.StartBuildResponse], bool, error) {
 		first, err := st.GetByRequestID(ctx, p.Org, m.GetRequestId())
