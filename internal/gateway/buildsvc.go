@@ -4,20 +4,26 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/google/uuid"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/apifront"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -380,7 +386,13 @@ func (bs *buildService) ListBuilds(ctx context.Context, req *connect.Request[bui
 // (woken by this gateway's writes, else polling the store each second) until the final
 // Build event.
 func (bs *buildService) StreamBuildLogs(ctx context.Context, req *connect.Request[buildv1.StreamBuildLogsRequest], stream *connect.ServerStream[buildv1.StreamBuildLogsResponse]) error {
-	m := req.Msg
+	return bs.streamLogs(ctx, req.Msg, func(ev *buildv1.BuildLogEvent) error {
+		return stream.Send(&buildv1.StreamBuildLogsResponse{Event: ev})
+	})
+}
+
+// streamLogs is StreamBuildLogs with send for the stream.
+func (bs *buildService) streamLogs(ctx context.Context, m *buildv1.StreamBuildLogsRequest, send func(*buildv1.BuildLogEvent) error) error {
 	if _, err := bs.get(ctx, m.GetBuildId()); err != nil {
 		return err
 	}
@@ -406,7 +418,7 @@ func (bs *buildService) StreamBuildLogs(ctx context.Context, req *connect.Reques
 				return connect.NewError(connect.CodeInternal, fmt.Errorf("build %s event %d: %w", id, e.Seq, err))
 			}
 			ev.Seq = e.Seq
-			if err := stream.Send(&buildv1.StreamBuildLogsResponse{Event: ev}); err != nil {
+			if err := send(ev); err != nil {
 				return err
 			}
 			after = e.Seq
@@ -1055,4 +1067,70 @@ func (l *buildLog) close(final *buildv1.Build) {
 	l.closed = true
 	l.mu.Unlock()
 	l.flush()
+}
+
+// buildLogsREST serves GET /v1/builds/{build_id}/logs (query after_seq, follow), which
+// the REST transcoder cannot (a server stream whose messages are not google.api.HttpBody):
+// the events as newline-delimited JSON (application/x-ndjson), one StreamBuildLogsResponse
+// a line, flushed as they come. An error before the first event is the usual AIP-193
+// answer; one after it is a last line {"error": google.rpc.Status}.
+func (s *Server) buildLogsREST(w http.ResponseWriter, r *http.Request) {
+	ctx, err := auth.Interceptor{Auth: s.auth}.Authorize(r.Context(), r.Header)
+	if err != nil {
+		apifront.WriteRESTError(w, err)
+		return
+	}
+	m := &buildv1.StreamBuildLogsRequest{BuildId: r.PathValue("build_id")}
+	q := r.URL.Query()
+	var vs []apierr.Violation
+	for _, k := range []string{"after_seq", "afterSeq"} {
+		if v := q.Get(k); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				vs = append(vs, apierr.Violation{Field: "after_seq", Description: "is not an integer"})
+			}
+			m.AfterSeq = n
+		}
+	}
+	if v := q.Get("follow"); v != "" {
+		f, err := strconv.ParseBool(v)
+		if err != nil {
+			vs = append(vs, apierr.Violation{Field: "follow", Description: "is not true or false"})
+		}
+		m.Follow = f
+	}
+	if len(vs) > 0 {
+		apifront.WriteRESTError(w, apierr.Invalid(apierr.InvalidRequest, "invalid request: "+apierr.Describe(vs), vs))
+		return
+	}
+	rc := http.NewResponseController(w)
+	started := false
+	err = s.builds.streamLogs(ctx, m, func(ev *buildv1.BuildLogEvent) error {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		b, err := protojson.Marshal(&buildv1.StreamBuildLogsResponse{Event: ev})
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(append(b, '\n')); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	switch {
+	case err == nil:
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+		}
+	case !started:
+		apifront.WriteRESTError(w, err)
+	default:
+		code := connect.CodeOf(err)
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"code": int(code), "message": err.Error()}})
+		_, _ = w.Write(append(b, '\n'))
+	}
 }

@@ -561,6 +561,32 @@ func TestBuildREST(t *testing.T) {
 	if code, out := call("GET", "/v1/builds/"+id, e.otherAdmin, ""); code != http.StatusNotFound {
 		t.Fatalf("another organization: %d %v", code, out)
 	}
+	// The log: newline-delimited JSON (the transcoder carries no such stream).
+	logs := func(key, query string) (int, string, []string) {
+		req, _ := http.NewRequest("GET", e.url+"/v1/builds/"+id+"/logs"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, res.Header.Get("Content-Type"), strings.Split(strings.TrimSpace(string(b)), "\n")
+	}
+	code, ct, lines := logs(e.user, "?follow=true")
+	if code != http.StatusOK || ct != "application/x-ndjson" || len(lines) < 4 || !strings.Contains(lines[0], `"seq":"1"`) ||
+		!strings.Contains(lines[len(lines)-1], "BUILD_STATE_SUCCEEDED") {
+		t.Fatalf("REST log: %d %s %q", code, ct, lines)
+	}
+	if code, _, after := logs(e.user, "?after_seq=2"); code != http.StatusOK || len(after) != len(lines)-2 || !strings.Contains(after[0], `"seq":"3"`) {
+		t.Fatalf("REST log after 2: %d %q", code, after)
+	}
+	if code, _, out := logs(e.otherAdmin, ""); code != http.StatusNotFound || !strings.Contains(out[0], apierr.BuildNotFound) {
+		t.Fatalf("REST log of another organization: %d %q", code, out)
+	}
+	if code, _, out := logs(e.user, "?after_seq=x"); code != http.StatusBadRequest {
+		t.Fatalf("REST log after_seq=x: %d %q", code, out)
+	}
 	if _, contexts := r.requests(); len(contexts) != 1 || string(contexts[0]) != "rest-context" {
 		t.Fatalf("context: %q", contexts)
 	}

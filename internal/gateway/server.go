@@ -265,6 +265,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", api)
+	mux.HandleFunc("GET /v1/builds/{build_id}/logs", s.buildLogsREST) // a stream REST transcoding cannot carry
 	mux.HandleFunc("GET /readyz", s.readyz)
 	return mux
 }
