@@ -72,6 +72,9 @@ type BuildServiceClient interface {
 	// far, then (follow) live ones until the build ends; the last event of a build that ended
 	// is its final Build. The log is kept after the build (bounded: lines over the limit are
 	// dropped but for the last 200, which follow one LogLine saying how many were dropped).
+	// Over REST the answer is newline-delimited JSON (application/x-ndjson), one
+	// StreamBuildLogsResponse a line; an error after the first line is a last line
+	// {"error": {"code", "message"}}.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
 	StreamBuildLogs(context.Context, *connect.Request[v1.StreamBuildLogsRequest]) (*connect.ServerStreamForClient[v1.StreamBuildLogsResponse], error)
 	// CancelBuild stops a QUEUED or RUNNING build (it ends CANCELLED, its builder sandbox
@@ -183,6 +186,9 @@ type BuildServiceHandler interface {
 	// far, then (follow) live ones until the build ends; the last event of a build that ended
 	// is its final Build. The log is kept after the build (bounded: lines over the limit are
 	// dropped but for the last 200, which follow one LogLine saying how many were dropped).
+	// Over REST the answer is newline-delimited JSON (application/x-ndjson), one
+	// StreamBuildLogsResponse a line; an error after the first line is a last line
+	// {"error": {"code", "message"}}.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
 	StreamBuildLogs(context.Context, *connect.Request[v1.StreamBuildLogsRequest], *connect.ServerStream[v1.StreamBuildLogsResponse]) error
 	// CancelBuild stops a QUEUED or RUNNING build (it ends CANCELLED, its builder sandbox
