@@ -112,7 +112,7 @@ func TestTemplateBuild(t *testing.T) {
 	}
 	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{l}, Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: st.Templates(),
 		RegistryCredentials: reg.PullCredentials,
-		Builds: gateway.BuildOptions{Store: st.Builds(), RegistryHost: host, MintPushToken: reg.MintPushToken, MintPullToken: reg.MintPullToken, PushInsecure: true}})
+		Builds:              gateway.BuildOptions{Store: st.Builds(), RegistryHost: host, MintPushToken: reg.MintPushToken, MintPullToken: reg.MintPullToken, PushInsecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
