@@ -144,6 +144,7 @@ USER nobody
 RUN id -u > /app/data/ran-as
 `,
 		"Dockerfile.fail": "FROM " + busybox() + "\nRUN echo fine\nRUN echo about to fail && exit 7\nRUN echo never\n",
+		"Dockerfile.slow": "FROM " + busybox() + "\nRUN echo started && sleep 600\n",
 		"hello.txt":       "hello-from-context\n",
 	} {
 		if err := os.WriteFile(filepath.Join(ctxDir, p), []byte(c), 0o644); err != nil {
@@ -270,6 +271,46 @@ RUN id -u > /app/data/ran-as
 	if got, err := templates.GetSandboxTemplate(ctx, withKey(userKey, &sandboxv1.GetSandboxTemplateRequest{SandboxTemplateId: "Built App"})); err != nil ||
 		got.Msg.GetRevision() != 3 {
 		t.Errorf("a failed build changed the template: %v, %v", got, err)
+	}
+
+	// A running build cancelled ends CANCELLED and its builder sandbox is destroyed.
+	slow, err := builds.StartBuild(ctx, withKey(adminKey, &buildv1.StartBuildRequest{Target: &buildv1.StartBuildRequest_Repository{Repository: "slow"},
+		Dockerfile: "Dockerfile.slow", Context: archive.Bytes()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowID := slow.Msg.GetBuild().GetBuildId()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		b, err := builds.GetBuild(ctx, withKey(userKey, &buildv1.GetBuildRequest{BuildId: slowID}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Msg.GetBuild().GetState() == buildv1.BuildState_BUILD_STATE_RUNNING && len(b.Msg.GetBuild().GetSteps()) == 2 {
+			break // in its RUN
+		}
+		if time.Now().After(deadline) || b.Msg.GetBuild().GetState() != buildv1.BuildState_BUILD_STATE_QUEUED && b.Msg.GetBuild().GetState() != buildv1.BuildState_BUILD_STATE_RUNNING {
+			t.Fatalf("slow build: %v", b.Msg.GetBuild())
+		}
+	}
+	cancelStart := time.Now()
+	cancelled, err := builds.CancelBuild(ctx, withKey(adminKey, &buildv1.CancelBuildRequest{BuildId: slowID}))
+	if err != nil || cancelled.Msg.GetBuild().GetState() != buildv1.BuildState_BUILD_STATE_CANCELLED {
+		t.Fatalf("cancel: %v, %v", cancelled, err)
+	}
+	t.Logf("CancelBuild of a running build answered CANCELLED in %v", time.Since(cancelStart))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		live := 0
+		for _, sb := range s.Runner.List() {
+			if strings.HasPrefix(sb.Spec.ID, "build-") && !sb.State.Terminal() {
+				live++
+			}
+		}
+		if live == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d builders live after the cancel", live)
+		}
 	}
 
 	// Another organization sees none of it.
