@@ -559,6 +559,12 @@ func (bs *buildService) stopAll() {
 // dispatch starts every queued build a runner can take now, fails those no runner can
 // ever build or that waited too long.
 func (bs *buildService) dispatch() {
+	bs.mu.Lock()
+	idle := len(bs.waiting) == 0
+	bs.mu.Unlock()
+	if idle {
+		return
+	}
 	views, loaded := bs.s.views.builders()
 	if !loaded {
 		return
