@@ -595,3 +595,63 @@ func TestBuildREST(t *testing.T) {
 		t.Fatalf("template: %v, %v", tp, err)
 	}
 }
+
+// TestBuildQueueBounds: an organization's builds beyond its bound are refused
+// CWSANDBOX_SERVER_BUSY with a retry delay; a build that finds no free runner within the
+// queue wait fails CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED naming why; a builder larger than
+// every runner fails at once CWSANDBOX_BUILD_NOT_SUPPORTED.
+func TestBuildQueueBounds(t *testing.T) {
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	r := &buildingRunner{acceptingRunner: acceptingRunner{id: "r1"}, builderImage: "b"}
+	r.build = func(ctx context.Context, req runner.BuildRequest, emit func(imagebuild.Event)) (*runner.BuildResult, error) {
+		select {
+		case <-block:
+		case <-ctx.Done():
+		}
+		return nil, errors.New("stopped")
+	}
+	e := newBuildEnv(t, t.TempDir(), func(o *BuildOptions) { o.MaxPerOrg, o.QueueWait = 2, 300*time.Millisecond }, r)
+	ctx := t.Context()
+	first, err := e.c.StartBuild(ctx, as(e.admin, buildReq("t", "1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitBuild(t, first.Msg.GetBuild().GetBuildId(), buildv1.BuildState_BUILD_STATE_RUNNING)
+	second, err := e.c.StartBuild(ctx, as(e.admin, buildReq("t", "2")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.c.StartBuild(ctx, as(e.admin, buildReq("t", "3")))
+	wantBuildErr(t, err, connect.CodeResourceExhausted, apierr.ServerBusy, "")
+	if apierr.RetryInfo(err) == nil {
+		t.Errorf("no retry delay: %v", err)
+	}
+	// The second waits for r1's one slot past the queue wait.
+	b := e.waitBuild(t, second.Msg.GetBuild().GetBuildId(), buildv1.BuildState_BUILD_STATE_FAILED)
+	if b.GetFailureReason() != apierr.RunnerCapacityExhausted || !strings.Contains(b.GetFailureMessage(), "runner r1: runs 1 builds, its maximum") {
+		t.Fatalf("queued past the wait: %v", b)
+	}
+	// Larger than any runner (4 CPUs, 8 GiB here; "large" asks 4 CPUs, 8 GiB: fits; a
+	// runner of 2 CPUs does not).
+	small := &buildingRunner{acceptingRunner: acceptingRunner{id: "tiny"}, builderImage: "b"}
+	small.build = r.build
+	e2 := newBuildEnv(t, t.TempDir(), nil, &tinyRunner{small})
+	res, err := e2.c.StartBuild(ctx, as(e2.admin, &buildv1.StartBuildRequest{Target: &buildv1.StartBuildRequest_Repository{Repository: "x"}, Context: []byte("c"), BuilderSize: "large"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = e2.waitBuild(t, res.Msg.GetBuild().GetBuildId(), buildv1.BuildState_BUILD_STATE_FAILED)
+	if b.GetFailureReason() != apierr.BuildNotSupported || !strings.Contains(b.GetFailureMessage(), "runner tiny: has less than the builder's large") {
+		t.Fatalf("builder larger than every runner: %v", b)
+	}
+}
+
+// tinyRunner is a building runner of 2 CPUs and 2 GiB.
+type tinyRunner struct{ *buildingRunner }
+
+func (r *tinyRunner) Capacity(ctx context.Context) (runner.Capacity, error) {
+	c, err := r.buildingRunner.Capacity(ctx)
+	c.MilliCPU, c.MemoryBytes = 2000, 2<<30
+	return c, err
+}
