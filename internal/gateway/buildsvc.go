@@ -151,6 +151,7 @@ type liveBuild struct {
 	changed   chan struct{} // closed when events were stored (then replaced)
 	cancel    context.CancelFunc
 	cancelled string // who cancelled it
+	finished  bool   // finish has begun (it runs once)
 	done      chan struct{}
 }
 
@@ -486,9 +487,11 @@ func (bs *buildService) CancelBuild(ctx context.Context, req *connect.Request[bu
 	if lb.cancelled == "" {
 		lb.cancelled = by
 	}
-	queued := lb.cancel == nil
-	if queued {
-		bs.unqueueLocked(lb)
+	queued := false
+	if lb.cancel == nil {
+		// Still queued, unless the dispatcher is failing it right now (then it ends as
+		// that says).
+		queued = bs.unqueueLocked(lb)
 	} else {
 		lb.cancel() // the runner's stream ends; the runner destroys the builder
 	}
@@ -512,13 +515,15 @@ func (bs *buildService) CancelBuild(ctx context.Context, req *connect.Request[bu
 	return connect.NewResponse(&buildv1.CancelBuildResponse{Build: out}), nil
 }
 
-func (bs *buildService) unqueueLocked(lb *liveBuild) {
+// unqueueLocked removes lb from the queue and reports whether it was there.
+func (bs *buildService) unqueueLocked(lb *liveBuild) bool {
 	for i, w := range bs.waiting {
 		if w == lb {
 			bs.waiting = append(bs.waiting[:i], bs.waiting[i+1:]...)
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // kick asks the dispatcher to look at the queue now.
@@ -818,6 +823,11 @@ func (bs *buildService) finish(lb *liveBuild, state buildv1.BuildState, res *run
 		log = newBuildLog(bs, lb)
 	}
 	bs.mu.Lock()
+	if lb.finished {
+		bs.mu.Unlock()
+		return
+	}
+	lb.finished = true
 	rec := lb.rec
 	rec.State = state
 	rec.EndTime = timestamppb.Now()
