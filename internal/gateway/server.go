@@ -25,6 +25,8 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -103,6 +105,9 @@ type Config struct {
 	// for an image of the platform registry, ok false for any other image
 	// (registry.Registry.PullCredentials; registrycreds.go).
 	RegistryCredentials func(org, image string) (username, password string, ok bool)
+	// Builds configures image builds (sandboxd.build.v1.BuildService, buildsvc.go); its
+	// zero value answers CWSANDBOX_NOT_IMPLEMENTED.
+	Builds BuildOptions
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -153,6 +158,8 @@ type Server struct {
 	templates store.Templates
 	// registryCreds: see Config.RegistryCredentials.
 	registryCreds func(org, image string) (username, password string, ok bool)
+	// builds serves BuildService (Config.Builds).
+	builds *buildService
 }
 
 // New returns a Server.
@@ -207,6 +214,7 @@ func New(cfg Config) (*Server, error) {
 		go s.warmLoop(ctx, cfg.WarmInterval)
 	}
 	s.wireSnapshots(ctx, cfg)
+	s.builds = newBuildService(s, cfg.Builds, ctx)
 	if cfg.ReconcileInterval > 0 && (cfg.Index != nil || cfg.Snapshots != nil) {
 		go s.reconcileLoop(ctx, cfg.ReconcileInterval)
 	}
@@ -225,6 +233,7 @@ func Services() []protoreflect.ServiceDescriptor {
 		sandboxv1.File_coreweave_sandbox_v1_volume_proto.Services().ByName("VolumeService"),
 		sandboxv1.File_coreweave_sandbox_v1_settings_proto.Services().ByName("SettingsService"),
 		statev1.File_sandboxd_sandbox_v1_state_proto.Services().ByName("SandboxStateService"),
+		buildv1.File_sandboxd_build_v1_build_proto.Services().ByName("BuildService"),
 	}
 }
 
@@ -248,6 +257,7 @@ func (s *Server) Handler() http.Handler {
 		vanguard.NewService(sandboxv1connect.NewVolumeServiceHandler(s, opts...)),
 		vanguard.NewService(sandboxv1connect.NewSettingsServiceHandler(s, opts...)),
 		vanguard.NewService(statev1connect.NewSandboxStateServiceHandler(s, opts...)),
+		vanguard.NewService(buildv1connect.NewBuildServiceHandler(s.builds, opts...)),
 	)
 	if err != nil {
 		// The services and their annotations are compiled in: this is a programming error.
@@ -255,6 +265,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", api)
+	mux.HandleFunc("GET /v1/builds/{build_id}/logs", s.buildLogsREST) // a stream REST transcoding cannot carry
 	mux.HandleFunc("GET /readyz", s.readyz)
 	return mux
 }

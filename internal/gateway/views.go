@@ -316,3 +316,45 @@ func (v *runnerViews) edgeOf(id string) (domain string, port int) {
 	}
 	return "", 0
 }
+
+// builderView is what build placement (buildsvc.go) needs of one runner.
+type builderView struct {
+	id string
+	// buildable: connected, reporting a builder image, and its handle carries builds;
+	// else unavailable says why, and mayBuild whether it may still (not heard from yet,
+	// or disconnected after reporting a builder image).
+	buildable, mayBuild bool
+	unavailable         string
+	room                placement.Room
+}
+
+// builders returns the runners as builds see them, and whether a probe has completed.
+func (v *runnerViews) builders() ([]builderView, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]builderView, len(v.views))
+	for i, w := range v.views {
+		r := v.s.runners[i]
+		b := builderView{id: r.ID()}
+		_, carries := r.(buildRunner)
+		switch {
+		case !carries:
+			b.unavailable = "its connection carries no builds"
+		case !w.connected && w.heardAt.IsZero():
+			b.unavailable, b.mayBuild = "not heard from yet", true
+		case !w.connected:
+			b.unavailable, b.mayBuild = "not connected: "+w.why, w.capacity.BuilderImage != ""
+		case w.capacity.BuilderImage == "":
+			b.unavailable = w.capacity.BuildUnavailable
+			if b.unavailable == "" {
+				b.unavailable = "it reports no builder image"
+			}
+		default:
+			b.buildable = true
+			used, n := w.usage()
+			b.room = w.capacity.Room(used, n)
+		}
+		out[i] = b
+	}
+	return out, v.loaded
+}

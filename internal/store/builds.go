@@ -20,7 +20,7 @@ type Builds interface {
 	// GetByRequestID returns the build the request requestID started.
 	GetByRequestID(ctx context.Context, org, requestID string) (Build, error)
 	// List pages through org's builds (only template's when template is not ""),
-	// oldest first. A token this store did not issue is ErrInvalid.
+	// newest first. A token this store did not issue is ErrInvalid.
 	List(ctx context.Context, org, template string, page Page) ([]Build, string, error)
 	// Update replaces org's build id's state and record.
 	Update(ctx context.Context, org, id string, state int32, record []byte) (Build, error)
@@ -29,6 +29,9 @@ type Builds interface {
 	AppendEvents(ctx context.Context, id string, first int64, events [][]byte) error
 	// Events returns build id's events after afterSeq, at most limit, in order.
 	Events(ctx context.Context, id string, afterSeq int64, limit int) ([]BuildEvent, error)
+	// InStates returns at most limit builds of any organization whose state is one of
+	// states (a gateway's start-up: the builds it left unfinished), oldest first.
+	InStates(ctx context.Context, states []int32, limit int) ([]Build, error)
 }
 
 // Build is a stored image build.
@@ -120,11 +123,11 @@ func (bs builds) List(ctx context.Context, org, template string, page Page) ([]B
 		}
 		args = append(args, at, id)
 		n := len(args)
-		where += fmt.Sprintf(" AND (create_time > $%d OR (create_time = $%d AND id > $%d))", n-1, n-1, n)
+		where += fmt.Sprintf(" AND (create_time < $%d OR (create_time = $%d AND id < $%d))", n-1, n-1, n)
 	}
 	size := pageSize(page.Size)
 	args = append(args, size+1)
-	rs, err := bs.s.d.query(ctx, fmt.Sprintf(`SELECT %s FROM builds WHERE %s ORDER BY create_time, id LIMIT $%d`,
+	rs, err := bs.s.d.query(ctx, fmt.Sprintf(`SELECT %s FROM builds WHERE %s ORDER BY create_time DESC, id DESC LIMIT $%d`,
 		buildCols, where, len(args)), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("list builds: %w", err)
@@ -202,6 +205,39 @@ func (bs builds) Events(ctx context.Context, id string, afterSeq int64, limit in
 			return nil, fmt.Errorf("build events: %w", err)
 		}
 		out = append(out, e)
+	}
+	return out, rs.Err()
+}
+
+func (bs builds) InStates(ctx context.Context, states []int32, limit int) ([]Build, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	if limit <= 0 || limit > 10000 {
+		limit = 10000
+	}
+	var args []any
+	in := ""
+	for i, st := range states {
+		if i > 0 {
+			in += ", "
+		}
+		args = append(args, st)
+		in += fmt.Sprintf("$%d", len(args))
+	}
+	args = append(args, limit)
+	rs, err := bs.s.d.query(ctx, fmt.Sprintf(`SELECT %s FROM builds WHERE state IN (%s) ORDER BY create_time, id LIMIT $%d`, buildCols, in, len(args)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("builds in states: %w", err)
+	}
+	defer rs.Close()
+	var out []Build
+	for rs.Next() {
+		b, err := scanBuild(rs)
+		if err != nil {
+			return nil, fmt.Errorf("builds in states: %w", err)
+		}
+		out = append(out, b)
 	}
 	return out, rs.Err()
 }

@@ -50,7 +50,7 @@ func TestBuilds(t *testing.T) {
 		_, err = bs.Update(ctx, "globex", "b1", 4, []byte("x"))
 		wantErr(t, err, store.ErrNotFound)
 
-		// List: oldest first, by template, in pages.
+		// List: newest first, by template, in pages.
 		for i := 2; i <= 5; i++ {
 			tpl := ""
 			if i%2 == 0 {
@@ -75,11 +75,11 @@ func TestBuilds(t *testing.T) {
 			}
 			token = next
 		}
-		if fmt.Sprint(ids) != "[b1 b2 b3 b4 b5]" {
+		if fmt.Sprint(ids) != "[b5 b4 b3 b2 b1]" {
 			t.Errorf("listed %v", ids)
 		}
 		py, _, err := bs.List(ctx, "acme", "py", store.Page{})
-		if err != nil || len(py) != 3 || py[0].ID != "b1" || py[1].ID != "b2" || py[2].ID != "b4" {
+		if err != nil || len(py) != 3 || py[0].ID != "b4" || py[1].ID != "b2" || py[2].ID != "b1" {
 			t.Errorf("template py: %+v, %v", py, err)
 		}
 		if other, _, err := bs.List(ctx, "globex", "", store.Page{}); err != nil || len(other) != 0 { // its b1 was refused
@@ -87,6 +87,17 @@ func TestBuilds(t *testing.T) {
 		}
 		if _, _, err := bs.List(ctx, "acme", "", store.Page{Token: "not-ours"}); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("foreign token: %v", err)
+		}
+
+		// InStates: every organization's, oldest first (b1 is 3 now, b2..b5 0).
+		if _, err := bs.Create(ctx, store.Build{ID: "g1", Org: "globex", State: 2, Record: []byte{}}); err != nil {
+			t.Fatal(err)
+		}
+		if in, err := bs.InStates(ctx, []int32{1, 2}, 0); err != nil || len(in) != 1 || in[0].ID != "g1" || in[0].Org != "globex" {
+			t.Errorf("in states 1, 2: %+v, %v", in, err)
+		}
+		if in, err := bs.InStates(ctx, []int32{0, 3}, 2); err != nil || len(in) != 2 || in[0].ID != "b1" || in[1].ID != "b2" {
+			t.Errorf("in states 0, 3 (2 at most): %+v, %v", in, err)
 		}
 
 		// Events: numbered from 1, appended in order, read after a number.

@@ -157,11 +157,11 @@ type StartBuildRequest struct {
 	BuildArgs map[string]string `protobuf:"bytes,5,rep,name=build_args,json=buildArgs,proto3" json:"build_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The build stage to stop at (Buildah --target); default the last stage.
 	TargetStage string `protobuf:"bytes,6,opt,name=target_stage,json=targetStage,proto3" json:"target_stage,omitempty"`
-	// The builder's size: one of the runner policy's builder sizes ("small", "medium",
-	// "large"); default the policy's default.
+	// The builder's size: "small" (1 CPU, 1 GiB), "medium" (2 CPUs, 2 GiB; the default) or
+	// "large" (4 CPUs, 8 GiB).
 	BuilderSize string `protobuf:"bytes,7,opt,name=builder_size,json=builderSize,proto3" json:"builder_size,omitempty"`
-	// The build's lifetime (the builder sandbox's): 0 = the policy's default; at most the
-	// policy's maximum.
+	// The build's lifetime (the builder sandbox's): 0 = the default, 30 minutes; at most
+	// 7200 (2 hours).
 	TimeoutSeconds int32 `protobuf:"varint,8,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	// Build without the organization's layer cache (the result still fills it).
 	NoCache bool `protobuf:"varint,9,opt,name=no_cache,json=noCache,proto3" json:"no_cache,omitempty"`
@@ -326,8 +326,10 @@ type Build struct {
 	Steps      []*BuildStep `protobuf:"bytes,9,rep,name=steps,proto3" json:"steps,omitempty"`
 	TotalSteps int32        `protobuf:"varint,10,opt,name=total_steps,json=totalSteps,proto3" json:"total_steps,omitempty"`
 	// FAILED: the failing step (its number and instruction, when a step failed), the
-	// reason (a CWSANDBOX_* reason or "BuildStepFailed", "BuildTimedOut", "PushFailed") and
-	// a message.
+	// reason (a CWSANDBOX_* reason, or "BuildStepFailed", "BuildTimedOut", "BuildFailed"
+	// (the builder or the push failed), "TemplateUpdateFailed" (pushed, but the template
+	// was not updated), "GatewayRestarted", "GatewayStopped") and a message. CANCELLED:
+	// failure_message says by which API key.
 	FailedStep     *BuildStep             `protobuf:"bytes,11,opt,name=failed_step,json=failedStep,proto3" json:"failed_step,omitempty"`
 	FailureReason  string                 `protobuf:"bytes,12,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
 	FailureMessage string                 `protobuf:"bytes,13,opt,name=failure_message,json=failureMessage,proto3" json:"failure_message,omitempty"`

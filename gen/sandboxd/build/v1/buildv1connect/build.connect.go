@@ -51,13 +51,17 @@ const (
 type BuildServiceClient interface {
 	// StartBuild queues a build and returns it QUEUED (or, for a repeated request_id, the
 	// build that request_id started). Needs SANDBOX_ADMIN (it writes a template or the
-	// organization's repository).
+	// organization's repository), whatever the target. A build no runner can take (none
+	// reports a builder image) ends FAILED with failure_reason CWSANDBOX_BUILD_NOT_SUPPORTED
+	// naming each runner's reason; one that finds no runner with room within the gateway's
+	// queue wait ends FAILED with CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED.
 	// Errors: INVALID_ARGUMENT CWSANDBOX_INVALID_REQUEST (with field violations: target,
-	// dockerfile, context, build_args, builder_size, timeout_seconds), FAILED_PRECONDITION
-	// CWSANDBOX_BUILD_NOT_SUPPORTED (no runner has the gvisor class and a builder image, or
-	// no platform registry), CWSANDBOX_REQUEST_ID_CONFLICT (request_id reused with another
-	// request), RESOURCE_EXHAUSTED CWSANDBOX_SERVER_BUSY (the context exceeds what the server
-	// buffers).
+	// template, dockerfile, context, build_args, builder_size, timeout_seconds, request_id),
+	// FAILED_PRECONDITION CWSANDBOX_BUILD_NOT_SUPPORTED (the gateway has no platform
+	// registry), CWSANDBOX_REQUEST_ID_CONFLICT (request_id reused with another request),
+	// PERMISSION_DENIED (not an admin key), RESOURCE_EXHAUSTED CWSANDBOX_SERVER_BUSY (the
+	// gateway has as many builds queued or running as it takes, in all or for the
+	// organization; or the context exceeds what the server buffers).
 	StartBuild(context.Context, *connect.Request[v1.StartBuildRequest]) (*connect.Response[v1.StartBuildResponse], error)
 	// GetBuild returns one build of the caller's organization.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
@@ -66,12 +70,15 @@ type BuildServiceClient interface {
 	ListBuilds(context.Context, *connect.Request[v1.ListBuildsRequest]) (*connect.Response[v1.ListBuildsResponse], error)
 	// StreamBuildLogs streams a build's log from event seq after_seq + 1: the events kept so
 	// far, then (follow) live ones until the build ends; the last event of a build that ended
-	// is its final Build. The log is kept after the build (bounded: the oldest lines of a log
-	// over the limit are dropped and one LogLine says how many).
+	// is its final Build. The log is kept after the build (bounded: lines over the limit are
+	// dropped but for the last 200, which follow one LogLine saying how many were dropped).
+	// Over REST the answer is newline-delimited JSON (application/x-ndjson), one
+	// StreamBuildLogsResponse a line; an error after the first line is a last line
+	// {"error": {"code", "message"}}.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
 	StreamBuildLogs(context.Context, *connect.Request[v1.StreamBuildLogsRequest]) (*connect.ServerStreamForClient[v1.StreamBuildLogsResponse], error)
 	// CancelBuild stops a QUEUED or RUNNING build (it ends CANCELLED, its builder sandbox
-	// destroyed); a build that ended is returned as it is.
+	// destroyed); a build that ended is returned as it is. Needs SANDBOX_ADMIN.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
 	CancelBuild(context.Context, *connect.Request[v1.CancelBuildRequest]) (*connect.Response[v1.CancelBuildResponse], error)
 }
@@ -158,13 +165,17 @@ func (c *buildServiceClient) CancelBuild(ctx context.Context, req *connect.Reque
 type BuildServiceHandler interface {
 	// StartBuild queues a build and returns it QUEUED (or, for a repeated request_id, the
 	// build that request_id started). Needs SANDBOX_ADMIN (it writes a template or the
-	// organization's repository).
+	// organization's repository), whatever the target. A build no runner can take (none
+	// reports a builder image) ends FAILED with failure_reason CWSANDBOX_BUILD_NOT_SUPPORTED
+	// naming each runner's reason; one that finds no runner with room within the gateway's
+	// queue wait ends FAILED with CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED.
 	// Errors: INVALID_ARGUMENT CWSANDBOX_INVALID_REQUEST (with field violations: target,
-	// dockerfile, context, build_args, builder_size, timeout_seconds), FAILED_PRECONDITION
-	// CWSANDBOX_BUILD_NOT_SUPPORTED (no runner has the gvisor class and a builder image, or
-	// no platform registry), CWSANDBOX_REQUEST_ID_CONFLICT (request_id reused with another
-	// request), RESOURCE_EXHAUSTED CWSANDBOX_SERVER_BUSY (the context exceeds what the server
-	// buffers).
+	// template, dockerfile, context, build_args, builder_size, timeout_seconds, request_id),
+	// FAILED_PRECONDITION CWSANDBOX_BUILD_NOT_SUPPORTED (the gateway has no platform
+	// registry), CWSANDBOX_REQUEST_ID_CONFLICT (request_id reused with another request),
+	// PERMISSION_DENIED (not an admin key), RESOURCE_EXHAUSTED CWSANDBOX_SERVER_BUSY (the
+	// gateway has as many builds queued or running as it takes, in all or for the
+	// organization; or the context exceeds what the server buffers).
 	StartBuild(context.Context, *connect.Request[v1.StartBuildRequest]) (*connect.Response[v1.StartBuildResponse], error)
 	// GetBuild returns one build of the caller's organization.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
@@ -173,12 +184,15 @@ type BuildServiceHandler interface {
 	ListBuilds(context.Context, *connect.Request[v1.ListBuildsRequest]) (*connect.Response[v1.ListBuildsResponse], error)
 	// StreamBuildLogs streams a build's log from event seq after_seq + 1: the events kept so
 	// far, then (follow) live ones until the build ends; the last event of a build that ended
-	// is its final Build. The log is kept after the build (bounded: the oldest lines of a log
-	// over the limit are dropped and one LogLine says how many).
+	// is its final Build. The log is kept after the build (bounded: lines over the limit are
+	// dropped but for the last 200, which follow one LogLine saying how many were dropped).
+	// Over REST the answer is newline-delimited JSON (application/x-ndjson), one
+	// StreamBuildLogsResponse a line; an error after the first line is a last line
+	// {"error": {"code", "message"}}.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
 	StreamBuildLogs(context.Context, *connect.Request[v1.StreamBuildLogsRequest], *connect.ServerStream[v1.StreamBuildLogsResponse]) error
 	// CancelBuild stops a QUEUED or RUNNING build (it ends CANCELLED, its builder sandbox
-	// destroyed); a build that ended is returned as it is.
+	// destroyed); a build that ended is returned as it is. Needs SANDBOX_ADMIN.
 	// Errors: NOT_FOUND CWSANDBOX_BUILD_NOT_FOUND.
 	CancelBuild(context.Context, *connect.Request[v1.CancelBuildRequest]) (*connect.Response[v1.CancelBuildResponse], error)
 }
