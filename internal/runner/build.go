@@ -28,6 +28,9 @@ const (
 	// MaxBaseArchiveBytes bounds each base image's docker-archive on the host (they sit
 	// in a temp dir until handed in).
 	MaxBaseArchiveBytes = 4 << 30
+	// MaxOrganizationIDBytes bounds BuildRequest.OrganizationID (it only ever names a
+	// cache through its hash, never as a path).
+	MaxOrganizationIDBytes = 256
 )
 
 // BaseArchiver writes an image as a docker-archive of at most limit bytes through the
@@ -41,6 +44,9 @@ type BaseArchiver interface {
 // it on this runner).
 type BuildRequest struct {
 	imagebuild.Options
+	// OrganizationID is the organization the build is for: its layer cache is that
+	// organization's (never another's). Required.
+	OrganizationID string
 	// Context is the build context, an fsarchive archive, and its unpacked bounds.
 	Context       io.Reader
 	ContextLimits runtime.ArchiveLimits
@@ -97,6 +103,8 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 		vs = append(vs, apierr.Violation{Field: "push", Description: "is required"})
 	case req.Context == nil:
 		vs = append(vs, apierr.Violation{Field: "context", Description: "is required"})
+	case req.OrganizationID == "" || len(req.OrganizationID) > MaxOrganizationIDBytes:
+		vs = append(vs, apierr.Violation{Field: "organization_id", Description: fmt.Sprintf("is required, at most %d bytes (the organization whose layer cache the build uses)", MaxOrganizationIDBytes)})
 	}
 	if len(vs) > 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)

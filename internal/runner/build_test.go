@@ -73,7 +73,7 @@ func TestBuildInvalid(t *testing.T) {
 	t.Cleanup(f.Close)
 	l := engineRunner(t, f, "")
 	l.BuilderImage, l.BuildImages = "localhost/builder:1", noArchives{}
-	ok := BuildRequest{Context: strings.NewReader("x"), Push: "reg/org/app:1"}
+	ok := BuildRequest{Context: strings.NewReader("x"), Push: "reg/org/app:1", OrganizationID: "org-1"}
 	for _, tc := range []struct {
 		field string
 		edit  func(*BuildRequest)
@@ -84,6 +84,8 @@ func TestBuildInvalid(t *testing.T) {
 		{"timeout_seconds", func(r *BuildRequest) { r.Timeout = -time.Second }},
 		{"push", func(r *BuildRequest) { r.Push = "" }},
 		{"context", func(r *BuildRequest) { r.Context = nil }},
+		{"organization_id", func(r *BuildRequest) { r.OrganizationID = "" }},
+		{"organization_id", func(r *BuildRequest) { r.OrganizationID = strings.Repeat("o", MaxOrganizationIDBytes+1) }},
 	} {
 		req := ok
 		tc.edit(&req)

@@ -90,7 +90,7 @@ func TestLocalBuild(t *testing.T) {
 	start := time.Now()
 	res, err := l.Build(ctx, runner.BuildRequest{
 		Context: &archive, ContextLimits: runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 10},
-		Push:      e.Registry + "/org-1/built:1",
+		Push: e.Registry + "/org-1/built:1", OrganizationID: "org-1",
 		Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 2 << 30, Pids: 1024},
 		Timeout:   4 * time.Minute,
 	}, func(ev imagebuild.Event) {

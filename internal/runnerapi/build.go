@@ -40,6 +40,7 @@ func (s *Server) Build(ctx context.Context, req *connect.Request[runnerv1.BuildR
 		Context: bytes.NewReader(m.GetContext()), ContextLimits: runtime.ArchiveLimits{MaxBytes: m.GetContextMaxBytes(), MaxFiles: m.GetContextMaxFiles()},
 		Push: m.GetPush(), PushUsername: m.GetPushCredentials().GetUsername(), PushPassword: m.GetPushCredentials().GetPassword(),
 		Resources: resourcesFromProto(m.GetResources()), Timeout: m.GetTimeout().AsDuration(),
+		OrganizationID: m.GetOrganizationId(),
 	}
 	if c := m.GetBaseCredentials(); c != nil {
 		br.BaseCredentials = &runtime.Credentials{Username: c.GetUsername(), Password: c.GetPassword()}
@@ -104,6 +105,7 @@ func (c *Client) Build(ctx context.Context, req runner.BuildRequest, emit func(i
 		Context: ctxBytes, ContextMaxBytes: req.ContextLimits.MaxBytes, ContextMaxFiles: req.ContextLimits.MaxFiles,
 		Push: req.Push, PushCredentials: &runnerv1.Credentials{Username: req.PushUsername, Password: req.PushPassword},
 		Resources: resourcesToProto(req.Resources), Timeout: durationpb.New(req.Timeout),
+		OrganizationId: req.OrganizationID,
 	}
 	if bc := req.BaseCredentials; bc != nil {
 		m.BaseCredentials = &runnerv1.Credentials{Username: bc.Username, Password: bc.Password}

@@ -52,6 +52,7 @@ func TestRunnerapiBuild(t *testing.T) {
 		BaseCredentials: &runtime.Credentials{Username: "pull", Password: "p1"},
 		Push:            "reg/org/app:1", PushUsername: "push", PushPassword: "p2",
 		Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 1 << 30}, Timeout: time.Minute,
+		OrganizationID: "org-1",
 	}
 	var got []imagebuild.Event
 	res, err := tr.client(t).Build(context.Background(), req, func(ev imagebuild.Event) { got = append(got, ev) })
@@ -61,7 +62,7 @@ func TestRunnerapiBuild(t *testing.T) {
 	g := b.got
 	if !reflect.DeepEqual(g.Options, req.Options) || b.ctx != "archive" || g.ContextLimits != req.ContextLimits ||
 		*g.BaseCredentials != *req.BaseCredentials || g.Push != req.Push || g.PushUsername != "push" || g.PushPassword != "p2" ||
-		g.Resources.MilliCPU != 2000 || g.Resources.MemoryBytes != 1<<30 || g.Timeout != time.Minute {
+		g.Resources.MilliCPU != 2000 || g.Resources.MemoryBytes != 1<<30 || g.Timeout != time.Minute || g.OrganizationID != "org-1" {
 		t.Errorf("the runner got %+v (context %q)", g, b.ctx)
 	}
 	if !reflect.DeepEqual(got, b.events) {
