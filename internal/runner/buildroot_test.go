@@ -75,36 +75,59 @@ func TestLocalBuild(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	root, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	var archive bytes.Buffer
-	if _, err := fsarchive.Write(context.Background(), root, &archive, fsarchive.IDMap{}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	var lines []string
-	start := time.Now()
-	res, err := l.Build(ctx, runner.BuildRequest{
-		Context: &archive, ContextLimits: runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 10},
-		Push: e.Registry + "/org-1/built:1", OrganizationID: "org-1",
-		Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 2 << 30, Pids: 1024},
-		Timeout:   4 * time.Minute,
-	}, func(ev imagebuild.Event) {
-		if ev.Step == nil {
-			lines = append(lines, ev.Line)
+	build := func(org string) (*runner.BuildResult, string) {
+		t.Helper()
+		root, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	if err != nil {
-		t.Fatalf("build: %v\n%s", err, strings.Join(lines, "\n"))
+		defer root.Close()
+		var archive bytes.Buffer
+		if _, err := fsarchive.Write(context.Background(), root, &archive, fsarchive.IDMap{}); err != nil {
+			t.Fatal(err)
+		}
+		var lines []string
+		start := time.Now()
+		res, err := l.Build(ctx, runner.BuildRequest{
+			Context: &archive, ContextLimits: runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 10},
+			Push: e.Registry + "/" + org + "/built:1", OrganizationID: org,
+			Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 2 << 30, Pids: 1024},
+			Timeout:   4 * time.Minute,
+		}, func(ev imagebuild.Event) {
+			if ev.Step == nil {
+				lines = append(lines, ev.Line)
+			}
+		})
+		if err != nil {
+			t.Fatalf("build for %s: %v\n%s", org, err, strings.Join(lines, "\n"))
+		}
+		t.Logf("Local.Build for %s (builder created, base handed in, 3 steps, pushed): %v", org, time.Since(start))
+		return res, strings.Join(lines, "\n")
 	}
-	t.Logf("Local.Build (builder pulled and created, base handed in, 3 steps, pushed): %v", time.Since(start))
-	out := strings.Join(lines, "\n")
-	if res.ExitCode != 0 || len(res.Steps) != 3 || !strings.HasPrefix(res.Digest, "sha256:") || !strings.Contains(out, "hello-from-local-build") {
+	cached := func(res *runner.BuildResult) (n int) {
+		for _, s := range res.Steps {
+			if s.Cached {
+				n++
+			}
+		}
+		return n
+	}
+	res, out := build("org-1")
+	if res.ExitCode != 0 || len(res.Steps) != 3 || !strings.HasPrefix(res.Digest, "sha256:") || !strings.Contains(out, "hello-from-local-build") || cached(res) != 0 {
 		t.Errorf("result: exit %d, steps %+v, digest %q\n%s", res.ExitCode, res.Steps, res.Digest, out)
+	}
+	// The layer cache is the organization's and outlives the builder: org-1's second
+	// build, in a new builder, takes every step after FROM from it; org-2's first takes
+	// none.
+	again, out := build("org-1")
+	if again.ExitCode != 0 || len(again.Steps) != 3 || cached(again) != 2 {
+		t.Errorf("org-1 rebuild: exit %d, steps %+v (%d cached, want 2)\n%s", again.ExitCode, again.Steps, cached(again), out)
+	}
+	other, out := build("org-2")
+	if other.ExitCode != 0 || len(other.Steps) != 3 || cached(other) != 0 {
+		t.Errorf("org-2's first build: exit %d, steps %+v (%d cached, want 0)\n%s", other.ExitCode, other.Steps, cached(other), out)
 	}
 	// The builder is destroyed: it ends and nothing of it stays running.
 	deadline := time.Now().Add(30 * time.Second)
