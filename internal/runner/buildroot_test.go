@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,7 +80,9 @@ func TestLocalBuild(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	build := func(org string) (*runner.BuildResult, string) {
+	var buildIn func(dir, org string) (*runner.BuildResult, string)
+	build := func(org string) (*runner.BuildResult, string) { return buildIn(dir, org) }
+	buildIn = func(dir, org string) (*runner.BuildResult, string) {
 		t.Helper()
 		root, err := os.Open(dir)
 		if err != nil {
@@ -103,7 +108,7 @@ func TestLocalBuild(t *testing.T) {
 		if err != nil {
 			t.Fatalf("build for %s: %v\n%s", org, err, strings.Join(lines, "\n"))
 		}
-		t.Logf("Local.Build for %s (builder created, base handed in, 3 steps, pushed): %v", org, time.Since(start))
+		t.Logf("Local.Build for %s (builder created, base handed in, steps run, pushed when it succeeded): %v, exit %d", org, time.Since(start), res.ExitCode)
 		return res, strings.Join(lines, "\n")
 	}
 	cached := func(res *runner.BuildResult) (n int) {
@@ -148,7 +153,7 @@ func TestLocalBuild(t *testing.T) {
 	}
 	// The pushed image runs as a sandbox.
 	sb, err := st.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{ID: "from-build",
-		Container: runtime.Container{Image: e.Registry + "/org-1/built@" + res.Digest, Command: "sleep", Args: []string{"60"}}}})
+		Container: runtime.Container{Image: e.Registry + "/org-1/built@" + res.Digest, Command: "httpd", Args: []string{"-f", "-p", "8080", "-h", "/"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,5 +168,58 @@ func TestLocalBuild(t *testing.T) {
 	got, err := agent.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: "/hello.txt", MaxBytes: 1024}))
 	if err != nil || string(got.Msg.Content) != "hello-from-local-build\n" {
 		t.Errorf("/hello.txt in the built image: %v %v", got, err)
+	}
+
+	// Builders' egress: even the widest rules (any) keep RUN steps away from other
+	// sandboxes (from-build's httpd, which answers inside it) and from the host (a
+	// listener at the bridge's address); the build fails naming the step.
+	secret := func(script string) string {
+		t.Helper()
+		var out string
+		for i := 0; i < 50; i++ { // httpd may not listen yet right after create
+			r, err := agent.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"sh", "-c", script}}))
+			if err == nil && r.Msg.ExitCode == 0 {
+				return string(r.Msg.Stdout)
+			}
+			out = fmt.Sprint(r, err)
+			time.Sleep(100 * time.Millisecond)
+		}
+		return out
+	}
+	get := "printf 'GET /hello.txt HTTP/1.0\\r\\n\\r\\n' | nc -w 3 "
+	if out := secret(get + "127.0.0.1 8080"); !strings.Contains(out, "hello-from-local-build") {
+		t.Fatalf("from-build's httpd does not answer inside it: %s", out)
+	}
+	peer, err := st.Runner.Get(sb.Spec.ID)
+	if err != nil || peer.IP == "" {
+		t.Fatalf("from-build's address: %q %v", peer.IP, err)
+	}
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = conn.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost-secret\n"))
+			conn.Close()
+		}
+	}()
+	l.BuildEgress = []runtime.EgressRule{{Any: true}}
+	for _, target := range []string{peer.IP + " 8080", st.Network.Gateway().String() + " " + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)} {
+		ndir := t.TempDir()
+		df := "FROM " + e.Busybox() + "\nRUN " + get + target + "\n"
+		if err := os.WriteFile(filepath.Join(ndir, "Dockerfile"), []byte(df), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		res, out := buildIn(ndir, "org-3")
+		if res.ExitCode == 0 || res.Failed == nil || !strings.HasPrefix(res.Failed.Instruction, "RUN printf") ||
+			!strings.Contains(out, "nc: timed out") || strings.Contains(out, "hello-from-local-build") || strings.Contains(out, "host-secret") {
+			t.Errorf("a RUN reaching %s: exit %d, failed step %+v, want a failure naming the RUN\n%s", target, res.ExitCode, res.Failed, out)
+		}
 	}
 }
