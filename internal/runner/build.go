@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -123,6 +126,15 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
+	var full atomic.Bool // the build hit the cache's quota
+	events := func(ev imagebuild.Event) {
+		if ev.Step == nil && strings.Contains(strings.ToLower(ev.Line), "disk quota exceeded") {
+			full.Store(true)
+		}
+		if emit != nil {
+			emit(ev)
+		}
+	}
 	say := func(line string) {
 		if emit != nil {
 			emit(imagebuild.Event{Stream: imagebuild.System, Line: line})
@@ -150,9 +162,23 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 		}
 		// Released after the builder is gone (deferred before its Delete, so run after).
 		defer unlock()
+		// A builder of the organization still live holds the lock no more: one left by
+		// an earlier runner process. Two builders must never share a cache (Buildah's
+		// storage locks are each sandbox's own), so it goes first.
+		l.endOrphanBuilders(name)
 		if err := l.evictBuildCaches(kv, name); err != nil {
 			say("layer caches: " + err.Error())
 		}
+		// A cache that filled its quota fails every build: the failing one empties it.
+		defer func() {
+			if full.Load() {
+				if err := kv.RemoveKept(name); err != nil {
+					say("layer cache full, not emptied: " + err.Error())
+				} else {
+					say("layer cache full (" + strconv.FormatInt(size, 10) + " bytes): emptied for the next build")
+				}
+			}
+		}()
 		spec.Volumes = []runtime.Volume{{Name: "layer-cache", SizeBytes: size, Keep: name}}
 		spec.VolumeMounts = []runtime.VolumeMount{{Volume: "layer-cache", Path: BuildCacheMount}}
 	}
@@ -180,7 +206,7 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 		WriteBase: func(ctx context.Context, ref string, w io.Writer) error {
 			return l.BuildImages.WriteArchive(ctx, ref, req.BaseCredentials, w, MaxBaseArchiveBytes)
 		},
-		OutDir: filepath.Join(tmp, "out"), OutputLimits: out, Events: emit,
+		OutDir: filepath.Join(tmp, "out"), OutputLimits: out, Events: events,
 	})
 	if err != nil {
 		return nil, err

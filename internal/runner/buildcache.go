@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -135,4 +136,20 @@ func (l *Local) evictBuildCaches(kv runtime.KeptVolumes, keep string) error {
 		excess--
 	}
 	return nil
+}
+
+// endOrphanBuilders deletes the live sandboxes that mount build cache name and waits
+// for their end. The caller holds the cache's lock, so they are no build's of this
+// process.
+func (l *Local) endOrphanBuilders(name string) {
+	for _, sb := range l.R.List() {
+		if sb.State.Terminal() || !slices.ContainsFunc(sb.Spec.Volumes, func(v runtime.Volume) bool { return v.Keep == name }) {
+			continue
+		}
+		if _, err := l.R.Delete(sb.Spec.ID, 0); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), builderTeardown)
+			_, _ = l.R.WaitTerminal(ctx, sb.Spec.ID)
+			cancel()
+		}
+	}
 }

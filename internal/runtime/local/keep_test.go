@@ -66,8 +66,19 @@ func TestKeptVolume(t *testing.T) {
 	}
 	p.unclaimKept("sbx2")
 	p.unclaimKept("sbx3")
+	// Sandbox-written content: a symlink to a host dir is removed, never followed.
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "host-file"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(a2, "escape")); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.b.RemoveKept("bc-a"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "host-file")); err != nil {
+		t.Errorf("removing a kept volume touched what a symlink in it points to: %v", err)
 	}
 	if _, err := os.Stat(a2); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("removed kept volume still there: %v", err)
