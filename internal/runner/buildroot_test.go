@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
@@ -134,6 +137,41 @@ func TestLocalBuild(t *testing.T) {
 	if other.ExitCode != 0 || len(other.Steps) != 3 || cached(other) != 0 {
 		t.Errorf("org-2's first build: exit %d, steps %+v (%d cached, want 0)\n%s", other.ExitCode, other.Steps, cached(other), out)
 	}
+	// A base image already in the cache is not loaded again, unless its tag moved on:
+	// then the new image is loaded and the steps after FROM are not taken from the cache.
+	busybox, err := remote.Image(mustRef(t, e.Busybox()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testimage.Push(e.Registry, "t/base:1", busybox); err != nil {
+		t.Fatal(err)
+	}
+	bdir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bdir, "Dockerfile"), []byte("FROM "+e.Registry+"/t/base:1\nRUN cat /marker 2>/dev/null || echo base-is-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		base, run string
+		cached    int
+	}{{"loaded", "base-is-1", 0}, {"in the layer cache", "", 1}, {"loaded", "base-is-2", 0}} {
+		if i == 2 {
+			layer, err := testimage.LayerFromFiles(map[string][]byte{"marker": []byte("base-is-2\n")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			moved, err := mutate.AppendLayers(busybox, layer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := testimage.Push(e.Registry, "t/base:1", moved); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, out := buildIn(bdir, "org-1")
+		if res.ExitCode != 0 || !strings.Contains(out, "/t/base:1: "+want.base) || !strings.Contains(out, want.run) || cached(res) != want.cached {
+			t.Errorf("base build %d: exit %d, %d cached (want %d), want the base %s and %q\n%s", i+1, res.ExitCode, cached(res), want.cached, want.base, want.run, out)
+		}
+	}
 	// The builder is destroyed: it ends and nothing of it stays running.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -222,4 +260,13 @@ func TestLocalBuild(t *testing.T) {
 			t.Errorf("a RUN reaching %s: exit %d, failed step %+v, want a failure naming the RUN\n%s", target, res.ExitCode, res.Failed, out)
 		}
 	}
+}
+
+func mustRef(t *testing.T, s string) name.Reference {
+	t.Helper()
+	r, err := name.ParseReference(s, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
