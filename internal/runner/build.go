@@ -182,7 +182,13 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 		spec.Volumes = []runtime.Volume{{Name: "layer-cache", SizeBytes: size, Keep: name}}
 		spec.VolumeMounts = []runtime.VolumeMount{{Volume: "layer-cache", Path: BuildCacheMount}}
 	}
-	if _, err := l.R.Create(ctx, CreateRequest{Lifetime: timeout + time.Minute, Spec: spec}); err != nil {
+	var keep map[string]string
+	for _, v := range spec.Volumes {
+		if v.Keep != "" {
+			keep = map[string]string{v.Name: v.Keep}
+		}
+	}
+	if _, err := l.R.create(ctx, CreateRequest{Lifetime: timeout + time.Minute, Spec: spec}, keep); err != nil {
 		return nil, fmt.Errorf("create the builder: %w", err)
 	}
 	defer func() {

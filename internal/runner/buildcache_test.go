@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
 // TestBuildCacheName: a cache's name is a hash of the organization ID, the same for the
@@ -112,5 +113,33 @@ func TestEvictBuildCaches(t *testing.T) {
 	l.BuildCaches = 0 // the default: nothing to evict here
 	if err := l.evictBuildCaches(f, "bc-this"); err != nil || len(f.removed) != 0 {
 		t.Errorf("default bound: removed %v (%v)", f.removed, err)
+	}
+}
+
+// TestCreateClearsKeep: a caller's spec cannot name a kept volume (another sandbox's,
+// an organization's layer cache): Create clears Volume.Keep; only the runner's own
+// builds set it, through Runner.create's keep.
+func TestCreateClearsKeep(t *testing.T) {
+	f := runtimetest.NewFake()
+	t.Cleanup(f.Close)
+	l := engineRunner(t, f, "")
+	spec := runtime.Spec{ID: "k1", Container: runtime.Container{Image: "busybox", Command: "sleep"},
+		Volumes: []runtime.Volume{{Name: "v", SizeBytes: 1 << 20, Keep: BuildCacheName("victim-org")}},
+	}
+	sb, err := l.R.Create(context.Background(), CreateRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := sb.Spec.Volumes[0].Keep; k != "" {
+		t.Errorf("a caller's Keep survived Create: %q", k)
+	}
+	spec.ID = "k2"
+	sb, err = l.R.create(context.Background(), CreateRequest{Spec: spec}, map[string]string{"v": "bc-own"})
+	if err != nil || sb.Spec.Volumes[0].Keep != "bc-own" {
+		t.Errorf("the runner's own keep: %+v %v", sb.Spec.Volumes, err)
+	}
+	spec.ID = "k3"
+	if _, err := l.R.create(context.Background(), CreateRequest{Spec: spec}, map[string]string{"w": "bc-own"}); !errors.Is(err, runtime.ErrInvalidSpec) {
+		t.Errorf("keep of no volume: %v", err)
 	}
 }
