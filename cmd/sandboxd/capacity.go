@@ -23,12 +23,18 @@ type capacityFlags struct {
 	cpuRequest, memoryRequest, cpuLimit, memoryLimit string
 	// What container-engine sandboxes run with (none without an image).
 	engineImage, engineRuntimeClass string
-	// The image image builders run (none: the runner builds no images).
-	builderImage string
+	// The image image builders run (none: the runner builds no images), their egress
+	// and their layer caches.
+	builderImage   string
+	buildEgress    listFlag
+	buildCacheSize string
+	buildCaches    int
 
 	// What parse made of them.
 	milliCPU, memoryBytes int64
 	defaults              runtime.Resources
+	buildEgressRules      []runtime.EgressRule
+	buildCacheBytes       int64
 }
 
 func (c *capacityFlags) register(fs *flag.FlagSet) {
@@ -44,6 +50,9 @@ func (c *capacityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.engineImage, "engine-image", "", "image holding Docker Engine that container-engine sandboxes (control CONTROL_CONTAINER_ENGINE) run; empty: this runner runs none")
 	fs.StringVar(&c.engineRuntimeClass, "engine-runtime-class", runner.DefaultEngineRuntimeClass, "runtime class container-engine sandboxes run under (one that hosts Docker Engine safely)")
 	fs.StringVar(&c.builderImage, "builder-image", "", "image holding Buildah that image builds run in, under the gvisor runtime class (docs/builds.md); empty: this runner builds no images")
+	fs.Var(&c.buildEgress, "build-egress", "where image builds' RUN steps may connect: any, cidr=PREFIX or dns=NAME, then ,port=P[-Q][/udp|/sctp] (repeatable; e.g. cidr=203.0.113.80/32,port=80 for an apt mirror); default none. The host's addresses, the sandbox subnet and the reserved ranges stay unreachable whatever it says")
+	fs.StringVar(&c.buildCacheSize, "build-cache-size", quantity.FormatMemory(runner.DefaultBuildCacheBytes), "quota of each organization's layer cache on this runner (a btrfs subvolume of the volume pool); 0: builds keep no cache")
+	fs.IntVar(&c.buildCaches, "build-caches", runner.DefaultBuildCaches, "most organizations' layer caches this runner keeps (the least recently used idle ones go first)")
 }
 
 // parse checks the flags (before anything starts).
@@ -85,6 +94,24 @@ func (c *capacityFlags) parse() error {
 		return fmt.Errorf("--builder-image %q: want an image reference (no spaces, at most 1024 bytes)", c.builderImage)
 	case c.engineRuntimeClass == "":
 		return fmt.Errorf("--engine-runtime-class: want a runtime class (default %s)", runner.DefaultEngineRuntimeClass)
+	case c.buildCaches < 1:
+		return fmt.Errorf("--build-caches %d: want at least 1", c.buildCaches)
+	case len(c.buildEgress) > runner.MaxNetworkRules:
+		return fmt.Errorf("--build-egress: at most %d rules, got %d", runner.MaxNetworkRules, len(c.buildEgress))
+	}
+	if c.buildCacheBytes, err = quantity.ParseMemory(c.buildCacheSize); err != nil || c.buildCacheBytes < 0 {
+		return fmt.Errorf("--build-cache-size %q: want a quantity such as 10Gi, or 0 for no cache", c.buildCacheSize)
+	}
+	if c.buildCacheBytes == 0 {
+		c.buildCacheBytes = -1 // runner.Local: negative is none
+	}
+	c.buildEgressRules = nil
+	for _, s := range c.buildEgress {
+		r, err := runner.ParseBuildEgress(s)
+		if err != nil {
+			return fmt.Errorf("--build-egress: %w", err)
+		}
+		c.buildEgressRules = append(c.buildEgressRules, r)
 	}
 	c.defaults = d
 	return nil
@@ -96,4 +123,5 @@ func (c *capacityFlags) apply(l *runner.Local) {
 	l.CPUOvercommit, l.Defaults = c.overcommit, c.defaults
 	l.EngineImage, l.EngineRuntimeClass = c.engineImage, c.engineRuntimeClass
 	l.BuilderImage = c.builderImage
+	l.BuildEgress, l.BuildCacheBytes, l.BuildCaches = c.buildEgressRules, c.buildCacheBytes, c.buildCaches
 }

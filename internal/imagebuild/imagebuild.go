@@ -45,15 +45,23 @@ const (
 )
 
 // script runs inside the builder: load each base image the host handed in (unless the
-// store, the layer cache, has it), build, write the result as an OCI layout. Its
-// arguments: the Dockerfile path, then Buildah's build options (never interpreted by
-// the shell).
+// store, the organization's layer cache, has that very image under its name: the image
+// ID Buildah reports is the config digest the archive's manifest.json names; a tag that
+// moved on is loaded again), build, write the result as an OCI layout. Its arguments:
+// the Dockerfile path, then Buildah's build options (never interpreted by the shell).
 const script = `set -e
 df=$1; shift
 for f in ` + dirBase + `/*.tar; do
   [ -e "$f" ] || continue
   ref=$(cat "${f%.tar}.ref")
-  [ -n "$(buildah images -q "$ref" 2>/dev/null)" ] || buildah pull -q "docker-archive:$f" >/dev/null
+  id=$(tar -xOf "$f" manifest.json 2>/dev/null | sed -n 's/.*"Config":"sha256:\([0-9a-f]\{64\}\)".*/\1/p' | head -n 1)
+  have=$(buildah images --no-trunc -q "$ref" 2>/dev/null | sed 's/^sha256://' | head -n 1)
+  if [ -n "$id" ] && [ "$have" = "$id" ]; then
+    echo "base image $ref: in the layer cache"
+  else
+    buildah pull -q "docker-archive:$f" >/dev/null
+    echo "base image $ref: loaded"
+  fi
 done
 buildah bud --layers --isolation=chroot --pull=never -f "` + dirCtx + `/$df" -t localhost/built:1 "$@" ` + dirCtx + `
 buildah push -q localhost/built:1 "oci:` + dirOut + `:latest" >/dev/null

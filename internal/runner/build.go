@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -31,6 +34,8 @@ const (
 	// MaxOrganizationIDBytes bounds BuildRequest.OrganizationID (it only ever names a
 	// cache through its hash, never as a path).
 	MaxOrganizationIDBytes = 256
+	// builderTeardown bounds the wait for a deleted builder's teardown.
+	builderTeardown = 2 * time.Minute
 )
 
 // BaseArchiver writes an image as a docker-archive of at most limit bytes through the
@@ -84,9 +89,10 @@ func (l *Local) buildUnavailable() string {
 }
 
 // Build runs one image build in a builder sandbox of its own (the builder image, the
-// gvisor class, default capabilities, no network: base images are handed in), pushes
-// the result and destroys the builder, whatever happened. emit receives the build's
-// output as it goes.
+// gvisor class, default capabilities, the runner's BuildEgress only: base images are
+// handed in; the organization's layer cache mounted at BuildCacheMount, one build of an
+// organization at a time), pushes the result and destroys the builder, whatever
+// happened. emit receives the build's output as it goes.
 func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuild.Event)) (*BuildResult, error) {
 	if why := l.buildUnavailable(); why != "" {
 		return nil, apierr.New(apierr.BuildNotSupported, fmt.Sprintf("runner %s builds no images: %s", l.RunnerID, why),
@@ -120,17 +126,78 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
+	var full atomic.Bool // the build hit the cache's quota
+	events := func(ev imagebuild.Event) {
+		if ev.Step == nil && strings.Contains(strings.ToLower(ev.Line), "disk quota exceeded") {
+			full.Store(true)
+		}
+		if emit != nil {
+			emit(ev)
+		}
+	}
+	say := func(line string) {
+		if emit != nil {
+			emit(imagebuild.Event{Stream: imagebuild.System, Line: line})
+		}
+	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	id := "build-" + hex.EncodeToString(b[:])
-	if _, err := l.R.Create(ctx, CreateRequest{Lifetime: timeout + time.Minute, Spec: runtime.Spec{
+	spec := runtime.Spec{
 		ID: id, RuntimeClass: BuildRuntimeClass,
 		Container: runtime.Container{Image: l.BuilderImage, Command: "sleep", Args: []string{"infinity"}, Resources: req.Resources},
 		Network:   &runtime.Network{DenyEgress: true},
-	}}); err != nil {
+	}
+	if len(l.BuildEgress) > 0 {
+		spec.Network = &runtime.Network{Egress: slices.Clone(l.BuildEgress)}
+	}
+	// The organization's layer cache, one build at a time (buildcache.go).
+	if kv, size, why := l.buildCache(); why != "" {
+		say("no layer cache: " + why)
+	} else {
+		name := BuildCacheName(req.OrganizationID)
+		unlock, err := l.buildLocks.lock(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("waiting for the organization's layer cache (another build of it runs on runner %s): %w", l.RunnerID, err)
+		}
+		// Released after the builder is gone (deferred before its Delete, so run after).
+		defer unlock()
+		// A builder of the organization still live holds the lock no more: one left by
+		// an earlier runner process. Two builders must never share a cache (Buildah's
+		// storage locks are each sandbox's own), so it goes first.
+		l.endOrphanBuilders(name)
+		if err := l.evictBuildCaches(kv, name); err != nil {
+			say("layer caches: " + err.Error())
+		}
+		// A cache that filled its quota fails every build: the failing one empties it.
+		defer func() {
+			if full.Load() {
+				if err := kv.RemoveKept(name); err != nil {
+					say("layer cache full, not emptied: " + err.Error())
+				} else {
+					say("layer cache full (" + strconv.FormatInt(size, 10) + " bytes): emptied for the next build")
+				}
+			}
+		}()
+		spec.Volumes = []runtime.Volume{{Name: "layer-cache", SizeBytes: size, Keep: name}}
+		spec.VolumeMounts = []runtime.VolumeMount{{Volume: "layer-cache", Path: BuildCacheMount}}
+	}
+	var keep map[string]string
+	for _, v := range spec.Volumes {
+		if v.Keep != "" {
+			keep = map[string]string{v.Name: v.Keep}
+		}
+	}
+	if _, err := l.R.create(ctx, CreateRequest{Lifetime: timeout + time.Minute, Spec: spec}, keep); err != nil {
 		return nil, fmt.Errorf("create the builder: %w", err)
 	}
-	defer func() { _, _ = l.R.Delete(id, 0) }()
+	defer func() {
+		// Gone before the cache's lock is let go: the next build claims the cache.
+		_, _ = l.R.Delete(id, 0)
+		wctx, cancel := context.WithTimeout(context.Background(), builderTeardown)
+		defer cancel()
+		_, _ = l.R.WaitTerminal(wctx, id)
+	}()
 	agent, err := l.R.Agent(ctx, id, "")
 	if err != nil {
 		return nil, fmt.Errorf("the builder: %w", err)
@@ -145,7 +212,7 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 		WriteBase: func(ctx context.Context, ref string, w io.Writer) error {
 			return l.BuildImages.WriteArchive(ctx, ref, req.BaseCredentials, w, MaxBaseArchiveBytes)
 		},
-		OutDir: filepath.Join(tmp, "out"), OutputLimits: out, Events: emit,
+		OutDir: filepath.Join(tmp, "out"), OutputLimits: out, Events: events,
 	})
 	if err != nil {
 		return nil, err

@@ -156,8 +156,18 @@ type Local struct {
 	// writes their base images; without either the runner builds none (build.go).
 	BuilderImage string
 	BuildImages  BaseArchiver
-	connectedAt  time.Time
-	admit        sync.Mutex // one capacity check and create at a time
+	// BuildEgress is where builders (their RUN steps) may connect: nothing when empty.
+	// The backend keeps the host's addresses, the sandbox subnet and the reserved ranges
+	// out of reach whatever it says (docs/builds.md, Network).
+	BuildEgress []runtime.EgressRule
+	// BuildCacheBytes is the quota of each organization's layer cache (0:
+	// DefaultBuildCacheBytes; negative: builds keep no cache) and BuildCaches how many
+	// organizations' caches the runner keeps (0: DefaultBuildCaches), buildcache.go.
+	BuildCacheBytes int64
+	BuildCaches     int
+	buildLocks      keyedLock
+	connectedAt     time.Time
+	admit           sync.Mutex // one capacity check and create at a time
 }
 
 var (

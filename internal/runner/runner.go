@@ -224,6 +224,12 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 // Create accepts a sandbox and starts it in the background; the snapshot it returns is in
 // CREATING. Validation problems come back as *ValidationError before anything starts.
 func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	return r.create(ctx, req, nil)
+}
+
+// create is Create with keep: kept volume names by volume name (runtime.Volume.Keep),
+// which only the runner's own image builds give (a caller's Keep is cleared).
+func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]string) (Sandbox, error) {
 	var creds []*runtime.Credentials
 	orig := req.Spec
 	for _, c := range orig.AllContainers() {
@@ -234,6 +240,9 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		return Sandbox{}, err
 	}
 	if err := validateRestores(&req); err != nil {
+		return Sandbox{}, err
+	}
+	if err := applyKeep(&req, keep); err != nil {
 		return Sandbox{}, err
 	}
 	if len(req.Restores) > 0 {

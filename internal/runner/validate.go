@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,6 +33,22 @@ type CreateRequest struct {
 	// downloads each (once per digest) before the backend creates the sandbox and sets
 	// the volume's RestoreDigest.
 	Restores map[string]SnapshotSource
+}
+
+// applyKeep clears the Keep of every volume of req's spec and sets those keep names
+// (kept volume name by volume name; only the runner's own image builds give any).
+func applyKeep(req *CreateRequest, keep map[string]string) error {
+	for i := range req.Spec.Volumes {
+		req.Spec.Volumes[i].Keep = ""
+	}
+	for vol, name := range keep {
+		i := slices.IndexFunc(req.Spec.Volumes, func(v runtime.Volume) bool { return v.Name == vol })
+		if i < 0 {
+			return fmt.Errorf("%w: kept volume %s: no volume %q", runtime.ErrInvalidSpec, name, vol)
+		}
+		req.Spec.Volumes[i].Keep = name
+	}
+	return nil
 }
 
 // validate checks a request's shape and fills defaults, reporting every problem at once.

@@ -18,6 +18,8 @@ var notOnTheWire = map[string]string{
 	"Spec.InitContainers[].Resources.DiskBytes": "as Spec.Container.Resources.DiskBytes",
 	"Spec.Volumes[].RestoreDigest": "the runner sets it itself from CreateRequest.Restores (Volume.restore on the wire) " +
 		"and clears a caller's: the backend restores from whatever archive it names",
+	"Spec.Volumes[].Keep": "only the runner's own image builds set it (Runner.create's keep, unexported); Create clears a caller's: " +
+		"a kept volume outlives its sandbox and is another sandbox's (an organization's layer cache)",
 }
 
 // notInSnapshots are the parts of a runtime.Spec that sandboxToProto leaves out of the

@@ -1,9 +1,12 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"path"
+	"regexp"
 	"strings"
+	"time"
 )
 
 // Volume media.
@@ -23,7 +26,39 @@ type Volume struct {
 	// with instead of empty; the runner has given it to the backend's SnapshotCache
 	// (PrepareSnapshot) before Create.
 	RestoreDigest string `json:"restore_digest,omitempty"`
+	// Keep, when set, makes the volume the backend's kept volume of that name instead of
+	// a fresh one: made empty the first time, not removed with the sandbox, found again by
+	// the next sandbox naming it (a build's layer cache, docs/builds.md). A disk volume
+	// with a size (its quota); one live sandbox at a time. Only the runner sets it, never
+	// a caller's spec (no API field converts to it). Names match KeepNamePattern.
+	Keep string `json:"keep,omitempty"`
 }
+
+// KeepNamePattern is what a Volume.Keep name looks like: a backend uses it as one path
+// element, so it is never a caller's string (the runner derives it from a hash).
+var KeepNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+
+// KeptVolume is a kept volume (Volume.Keep) as KeptVolumes lists it.
+type KeptVolume struct {
+	Name     string
+	LastUsed time.Time // when a sandbox last mounted it
+	InUse    bool      // a live sandbox of this backend mounts it
+}
+
+// KeptVolumes is implemented by backends that keep volumes past their sandbox
+// (Volume.Keep).
+type KeptVolumes interface {
+	// KeepUnavailable is "" when Volume.Keep works on this backend, else why not.
+	KeepUnavailable() string
+	// ListKept lists the kept volumes, least recently used first.
+	ListKept() ([]KeptVolume, error)
+	// RemoveKept deletes the kept volume name and its content; ErrKeptInUse while a
+	// sandbox uses it. A missing volume is not an error.
+	RemoveKept(name string) error
+}
+
+// ErrKeptInUse: a live sandbox mounts the kept volume.
+var ErrKeptInUse = errors.New("the kept volume is in use by a sandbox")
 
 // VolumeMount mounts a volume (or a sub-directory of it, made when missing) at Path.
 type VolumeMount struct {
@@ -47,6 +82,10 @@ func ValidateVolumes(vols []Volume, mounts []VolumeMount) error {
 			return fmt.Errorf("%w: volume %q: negative size", ErrInvalidSpec, v.Name)
 		case v.Medium != MediumDisk && v.Medium != MediumMemory:
 			return fmt.Errorf("%w: volume %q: unknown medium %q", ErrInvalidSpec, v.Name, v.Medium)
+		case v.Keep != "" && !KeepNamePattern.MatchString(v.Keep):
+			return fmt.Errorf("%w: volume %q: kept volume name %q does not match %s", ErrInvalidSpec, v.Name, v.Keep, KeepNamePattern)
+		case v.Keep != "" && (v.Medium != MediumDisk || v.SizeBytes == 0 || v.RestoreDigest != ""):
+			return fmt.Errorf("%w: volume %q: a kept volume is a disk volume with a size, restored from nothing", ErrInvalidSpec, v.Name)
 		}
 		names[v.Name] = true
 	}

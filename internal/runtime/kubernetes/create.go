@@ -30,6 +30,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
@@ -60,6 +61,11 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	if spec.Engine != nil {
 		return runtime.Info{}, fmt.Errorf("%w by the kubernetes backend yet", runtime.ErrEngineUnsupported)
+	}
+	for _, v := range spec.Volumes {
+		if v.Keep != "" {
+			return runtime.Info{}, fmt.Errorf("volume %q: %w: the kubernetes backend keeps no volumes past their sandbox", v.Name, errdefs.ErrNotImplemented)
+		}
 	}
 	class, rcName, err := b.runtimeClass(spec.RuntimeClass)
 	if err != nil {

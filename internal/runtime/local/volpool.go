@@ -72,8 +72,9 @@ type volPool struct {
 	dir string // <StateDir>/.volumes
 
 	mu       sync.Mutex
-	disabled error // set when the pool cannot be had: errNoPool, with the reason logged
-	busy     int   // operations holding the mount (acquire/release)
+	disabled error             // set when the pool cannot be had: errNoPool, with the reason logged
+	busy     int               // operations holding the mount (acquire/release)
+	kept     map[string]string // kept volume name → the sandbox mounting it (keep.go)
 }
 
 func (p *volPool) img() string { return filepath.Join(p.dir, filePoolImage) }
@@ -199,7 +200,7 @@ func (p *volPool) sweepStale(log *slog.Logger) {
 // emptyLocked says whether nothing lives in the mounted pool (in dirs, default all).
 func (p *volPool) emptyLocked(dirs ...string) bool {
 	if len(dirs) == 0 {
-		dirs = []string{poolSandboxes, poolCaptures, poolCache, poolTmp}
+		dirs = []string{poolSandboxes, poolCaptures, poolCache, poolTmp, poolKeep}
 	}
 	for _, d := range dirs {
 		ents, err := os.ReadDir(filepath.Join(p.mnt(), d))
@@ -239,7 +240,7 @@ func (p *volPool) mountLocked() error {
 		err = quotaEnable(root)
 		root.Close()
 	}
-	for _, d := range []string{poolSandboxes, poolCaptures, poolCache, poolCacheMeta, poolTmp} {
+	for _, d := range []string{poolSandboxes, poolCaptures, poolCache, poolCacheMeta, poolTmp, poolKeep, poolKeepMeta} {
 		if err == nil {
 			if err = os.Mkdir(filepath.Join(p.mnt(), d), 0o700); errors.Is(err, fs.ErrExist) {
 				err = nil
@@ -349,6 +350,7 @@ func (p *volPool) createVolume(id string, index int, limit int64, from *os.File)
 // sandbox may have volumes there (mayHave; volumes left by an earlier run, before
 // Recover mounted it), and does nothing when the pool was never made.
 func (p *volPool) removeSandbox(id string, mayHave bool) error {
+	p.unclaimKept(id) // its kept volumes stay, for the next sandbox
 	if p == nil || !p.imageExists() || (!mayHave && !p.mounted()) {
 		return nil
 	}

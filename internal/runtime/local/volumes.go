@@ -113,6 +113,16 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 					return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
 				}
 			}
+		case v.Keep != "" && (!usePool || ids != nil || fork != nil):
+			if !usePool {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, errKeptNoPool)
+			}
+			return nil, nil, fmt.Errorf("volume %q: %w: kept volumes are for sandboxes without a user namespace of their own (gvisor), never forks", v.Name, errdefs.ErrNotImplemented)
+		case v.Keep != "":
+			var err error
+			if root, err = b.vols.keptVolume(id, v.Keep, v.SizeBytes); err != nil {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			}
 		case usePool && fork != nil:
 			var err error
 			if root, err = b.forkVolume(id, i, fork, cmp(v.SizeBytes, disk)); err != nil {
