@@ -248,6 +248,20 @@ func (a *app) printJSON(v any) error {
 	return err
 }
 
+// printJSONList writes list as one JSON array of its items' messages (msg gives each
+// item's), so `-o json` of every ls command has the same shape.
+func printJSONList[T any](a *app, list []T, msg func(T) protoMessage) error {
+	items := make([]json.RawMessage, len(list))
+	for i, x := range list {
+		b, err := protojson.Marshal(msg(x))
+		if err != nil {
+			return err
+		}
+		items[i] = b
+	}
+	return a.printJSON(items)
+}
+
 // isTerminal reports whether v is a terminal (an *os.File on a tty).
 func isTerminal(v any) bool {
 	f, ok := v.(*os.File)

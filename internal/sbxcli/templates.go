@@ -187,13 +187,7 @@ func (a *app) templateLsCommand() *cobra.Command {
 				return err
 			}
 			if a.json() {
-				items := make([]json.RawMessage, len(list))
-				for i, t := range list {
-					if items[i], err = protojson.Marshal(t.Proto()); err != nil {
-						return err
-					}
-				}
-				return a.printJSON(items)
+				return printJSONList(a, list, func(t *sandbox.Template) protoMessage { return t.Proto() })
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			head := "ID\tNAME\tREVISION\tIMAGE\tUPDATED"
