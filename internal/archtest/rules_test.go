@@ -18,6 +18,7 @@ var testOnly = []string{
 	"internal/runtime/runtimetest",
 	"internal/stack/stacktest",
 	"internal/egress/egresstest",
+	"internal/buildfake",
 }
 
 // runnerSide is what runs in a runner process (beside the backends' own processes).

@@ -69,6 +69,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 )
 
@@ -111,6 +112,7 @@ type Client struct {
 	svc     sandboxv1connect.SandboxServiceClient
 	state   statev1connect.SandboxStateServiceClient
 	tmpl    sandboxv1connect.SandboxTemplateServiceClient
+	build   buildv1connect.BuildServiceClient
 	http    *http.Client
 	direct  *direct
 }
@@ -185,6 +187,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
 		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
 		tmpl:   sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
+		build:  buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
 		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 
