@@ -35,6 +35,9 @@ type Server struct {
 	PageSize int
 	// FailNext is returned by the next call (and cleared).
 	FailNext error
+	// Following, when set, gets the build ID each time a followed log stream has sent
+	// what there is and waits for more (sends that would block are dropped).
+	Following chan string
 
 	mu      sync.Mutex
 	builds  []*buildv1.Build // oldest first
@@ -295,6 +298,12 @@ func (s *Server) StreamBuildLogs(ctx context.Context, req *connect.Request[build
 		}
 		if done {
 			continue // send what came with the end, then stop
+		}
+		if s.Following != nil {
+			select {
+			case s.Following <- id:
+			default:
+			}
 		}
 		select {
 		case <-ctx.Done():

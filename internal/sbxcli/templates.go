@@ -50,7 +50,8 @@ or camelCase; unknown fields are errors), e.g.:
   max_lifetime_seconds: 3600
   tags: [py]`,
 	}
-	cmd.AddCommand(a.templateCreateCommand(), a.templateLsCommand(), a.templateGetCommand(), a.templateUpdateCommand(), a.templateRmCommand())
+	cmd.AddCommand(a.templateCreateCommand(), a.templateLsCommand(), a.templateGetCommand(), a.templateUpdateCommand(), a.templateRmCommand(),
+		a.templateBuildCommand())
 	return cmd
 }
 

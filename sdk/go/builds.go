@@ -340,10 +340,15 @@ type BuildEvent struct {
 	Line  *BuildLogLine
 	Step  *BuildStep
 	Build *Build
+
+	proto *buildv1.BuildLogEvent
 }
 
+// Proto returns the event message received.
+func (e BuildEvent) Proto() *buildv1.BuildLogEvent { return e.proto }
+
 func buildEventFromProto(p *buildv1.BuildLogEvent) BuildEvent {
-	e := BuildEvent{Seq: p.GetSeq()}
+	e := BuildEvent{Seq: p.GetSeq(), proto: p}
 	if t := p.GetTime(); t != nil {
 		e.Time = t.AsTime()
 	}
@@ -484,6 +489,8 @@ type BuildTemplateOptions struct {
 	BuildOptions
 	// Pack bounds the context (its Dockerfile is BuildOptions.Dockerfile).
 	Pack PackOptions
+	// OnPacked, when set, is called with the packed context before it is sent.
+	OnPacked func(*BuildContext)
 	// OnStart, when set, is called with the build once it is queued.
 	OnStart func(*Build)
 	// OnEvent, when set, is called for each log event (steps, lines, state changes).
@@ -513,6 +520,9 @@ func (c *Client) BuildTemplate(ctx context.Context, name, dir string, opts Build
 		return nil, err
 	}
 	opts.Dockerfile = pc.Dockerfile
+	if opts.OnPacked != nil {
+		opts.OnPacked(pc)
+	}
 	b, err := c.StartBuild(ctx, BuildTarget{Template: name}, pc.Archive, opts.BuildOptions)
 	if err != nil {
 		return nil, err
