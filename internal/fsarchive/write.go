@@ -33,10 +33,10 @@ type writer struct {
 	// pending are the headers of directories archived only if something below them is
 	// (SkipUnlessContent), outermost first; writeHeader writes them before its entry.
 	pending []*tar.Header
-	buf   []byte // file data
-	dents []byte // getdents
-	xlist []byte // flistxattr
-	xval  []byte // fgetxattr
+	buf     []byte // file data
+	dents   []byte // getdents
+	xlist   []byte // flistxattr
+	xval    []byte // fgetxattr
 }
 
 func write(ctx context.Context, root *os.File, w io.Writer, opts WriteOptions) (runtime.ArchiveStats, error) {
