@@ -313,7 +313,7 @@ func sendBases(ctx context.Context, a Agent, bases []string, write func(context.
 		_, err := fsarchive.Write(ctx, root, pw, fsarchive.IDMap{})
 		pw.CloseWithError(err)
 	}()
-	defer pr.Close()
+	defer func() { _ = pr.Close() }()
 	if _, err := extract(ctx, a, dirBase, pr, runtime.ArchiveLimits{}); err != nil {
 		return fmt.Errorf("hand in the base images: %w", err)
 	}
@@ -477,7 +477,7 @@ func readLayout(ctx context.Context, a Agent, dir string, limits runtime.Archive
 	if err != nil {
 		return nil, fmt.Errorf("read the built image: %w", err)
 	}
-	defer stream.Close()
+	defer func() { _ = stream.Close() }()
 	pr, pw := io.Pipe()
 	go func() {
 		for stream.Receive() {

@@ -112,7 +112,7 @@ func (c *Client) Build(ctx context.Context, req runner.BuildRequest, emit func(i
 	if err != nil {
 		return nil, fromStatus(ctx, c.id, err)
 	}
-	defer stream.Close()
+	defer func() { _ = stream.Close() }()
 	if emit == nil {
 		emit = func(imagebuild.Event) {}
 	}

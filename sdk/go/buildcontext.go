@@ -100,7 +100,7 @@ func cleanDockerfilePath(p string) (string, error) {
 	}
 	p = filepath.ToSlash(p)
 	if !filepath.IsLocal(filepath.FromSlash(p)) || strings.Contains(p, "\x00") {
-		return "", fmt.Errorf("sandbox: the Dockerfile path %q must be relative to the context directory, without ..", p)
+		return "", fmt.Errorf("sandbox: the Dockerfile path %q must be relative to the context directory and stay inside it", p)
 	}
 	return path.Clean(p), nil
 }
