@@ -13,12 +13,12 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
 // Server is the fake; its zero value is ready. Set the exported script fields before a
@@ -35,6 +35,9 @@ type Server struct {
 	PageSize int
 	// FailNext is returned by the next call (and cleared).
 	FailNext error
+	// BreakAfter, when > 0, makes the next log stream fail UNAVAILABLE after sending
+	// that many events (once; then cleared).
+	BreakAfter int
 	// Following, when set, gets the build ID each time a followed log stream has sent
 	// what there is and waits for more (sends that would block are dropped).
 	Following chan string
@@ -65,12 +68,10 @@ func Final(b *buildv1.Build) *buildv1.BuildLogEvent {
 	return &buildv1.BuildLogEvent{Event: &buildv1.BuildLogEvent_Build{Build: b}}
 }
 
-// NotFound is the gateway's answer for a missing build.
+// NotFound is the gateway's answer for a missing build (apierr's, as the gateway makes
+// it).
 func NotFound(id string) error {
-	err := connect.NewError(connect.CodeNotFound, fmt.Errorf("build %q not found", id))
-	d, _ := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: "CWSANDBOX_BUILD_NOT_FOUND", Domain: "cwsandbox.com"})
-	err.AddDetail(d)
-	return err
+	return apierr.Newf(apierr.BuildNotFound, "build %q not found", id)
 }
 
 func ended(s buildv1.BuildState) bool {
@@ -270,8 +271,11 @@ func (s *Server) StreamBuildLogs(ctx context.Context, req *connect.Request[build
 		s.mu.Unlock()
 		return err
 	}
+	breakAfter := s.BreakAfter
+	s.BreakAfter = 0
 	s.mu.Unlock()
 	after := req.Msg.GetAfterSeq()
+	sent := 0
 	for {
 		s.mu.Lock()
 		i, _ := s.find(id)
@@ -288,9 +292,13 @@ func (s *Server) StreamBuildLogs(ctx context.Context, req *connect.Request[build
 		wake := s.changed
 		s.mu.Unlock()
 		for _, e := range batch {
+			if breakAfter > 0 && sent == breakAfter {
+				return connect.NewError(connect.CodeUnavailable, fmt.Errorf("log stream of %s broke", id))
+			}
 			if err := st.Send(&buildv1.StreamBuildLogsResponse{Event: e}); err != nil {
 				return err
 			}
+			sent++
 			after = e.GetSeq()
 		}
 		if !req.Msg.GetFollow() || (done && len(batch) == 0) {

@@ -405,7 +405,10 @@ func (c *Client) BuildLogs(ctx context.Context, id string, opts BuildLogOptions,
 		if errors.As(err, &ferr) {
 			return last, ferr.err
 		}
-		if !opts.Follow || (last != nil && last.State.Done()) {
+		if last != nil && last.State.Done() {
+			return last, nil // the log's end: a break after it loses nothing
+		}
+		if !opts.Follow {
 			return last, err
 		}
 		if err != nil && !resumable(err) {

@@ -347,6 +347,35 @@ func TestSDKBuildCalls(t *testing.T) {
 	}
 }
 
+// TestSDKFollowBuildResumes: a followed log that breaks is reopened after the last
+// event seen (each event reported once); one that fails to open is retried.
+func TestSDKFollowBuildResumes(t *testing.T) {
+	srv, c := newBuildServer(t)
+	srv.Log = buildEvents()
+	b, err := c.StartBuild(context.Background(), BuildTarget{Template: "t"}, []byte("x"), BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.BreakAfter = 2
+	var seen []int64
+	final, err := c.FollowBuild(context.Background(), b.ID, 0, func(e BuildEvent) error { seen = append(seen, e.Seq); return nil })
+	if !errors.Is(err, ErrBuildFailed) || final.State != BuildFailed || !slices.Equal(seen, []int64{1, 2, 3, 4, 5}) {
+		t.Fatalf("seen %v, final %+v, err %v", seen, final, err)
+	}
+	if len(srv.LogReqs) != 2 || srv.LogReqs[1].GetAfterSeq() != 2 || !srv.LogReqs[1].GetFollow() {
+		t.Errorf("log requests %v", srv.LogReqs)
+	}
+	srv.FailNext = apiError(connect.CodeUnavailable, "", nil)
+	seen = nil
+	if _, err := c.FollowBuild(context.Background(), b.ID, 3, func(e BuildEvent) error { seen = append(seen, e.Seq); return nil }); !errors.Is(err, ErrBuildFailed) || !slices.Equal(seen, []int64{4, 5}) {
+		t.Errorf("after a failed open: seen %v, %v", seen, err)
+	}
+	srv.FailNext = apiError(connect.CodeInvalidArgument, ReasonInvalidRequest, nil)
+	if _, err := c.FollowBuild(context.Background(), b.ID, 0, nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a final error was retried: %v", err)
+	}
+}
+
 func TestSDKListBuildsPages(t *testing.T) {
 	srv, c := newBuildServer(t)
 	for i := range 5 {
