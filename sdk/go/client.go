@@ -52,6 +52,13 @@
 //	tm, err := c.CreateTemplate(ctx, "py", &sandboxv1.PartialSandboxSpec{Containers: []*sandboxv1.PartialContainer{{Name: "main", Image: "python:3.11"}}})
 //	sb, err := c.RunTemplate(ctx, "py", sandbox.Overrides{Env: map[string]string{"DEBUG": "1"}}, sandbox.FromTemplateOptions{})
 //	sb.Info().SourceTemplateID // tm.ID
+//
+// Image builds (sandboxd's own BuildService) make a template's image from a Dockerfile
+// and a directory, inside a builder sandbox; a failed build is a *BuildError naming the
+// failing step:
+//
+//	b, err := c.BuildTemplate(ctx, "py-tools", "./ctx", sandbox.BuildTemplateOptions{})
+//	b.Image // <registry>/<org>/py-tools@sha256:…
 package sandbox
 
 import (
