@@ -78,6 +78,16 @@ var rules = []rule{
 		},
 	},
 	{
+		name: "the Go SDK stays a client",
+		why: "sdk/go is imported by users' programs: it links the generated API and the archive " +
+			"format it writes (internal/fsarchive, Linux only, for build contexts), no server code",
+		from: []string{"sdk/go"},
+		forbid: []string{
+			"internal/gateway/...", "internal/store/...", "internal/runner/...", "internal/controlplane/...", "internal/agent/...",
+			"k8s.io/...", "sigs.k8s.io/...", "github.com/jackc/...", "modernc.org/...",
+		},
+	},
+	{
 		name:   "test helpers are reachable only from tests",
 		why:    "test images and environments must never serve or run in a server",
 		from:   []string{"..."},
