@@ -19,6 +19,7 @@ require (
 	github.com/miekg/dns v1.1.73
 	github.com/minio/minio-go/v7 v7.4.1
 	github.com/moby/buildkit v0.23.2
+	github.com/moby/patternmatcher v0.6.0
 	github.com/moby/profiles/seccomp v0.3.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/robfig/cron/v3 v3.0.1

@@ -18,6 +18,7 @@ var testOnly = []string{
 	"internal/runtime/runtimetest",
 	"internal/stack/stacktest",
 	"internal/egress/egresstest",
+	"internal/buildfake",
 }
 
 // runnerSide is what runs in a runner process (beside the backends' own processes).
@@ -74,6 +75,16 @@ var rules = []rule{
 			"gen/sandboxd/agent/v1", "gen/sandboxd/agent/v1/agentv1connect",
 			"connectrpc.com/connect/...", "github.com/creack/pty", "golang.org/x/sys/unix",
 			"google.golang.org/protobuf/...", "google.golang.org/genproto/googleapis/rpc/errdetails",
+		},
+	},
+	{
+		name: "the Go SDK stays a client",
+		why: "sdk/go is imported by users' programs: it links the generated API and the archive " +
+			"format it writes (internal/fsarchive, Linux only, for build contexts), no server code",
+		from: []string{"sdk/go"},
+		forbid: []string{
+			"internal/gateway/...", "internal/store/...", "internal/runner/...", "internal/controlplane/...", "internal/agent/...",
+			"k8s.io/...", "sigs.k8s.io/...", "github.com/jackc/...", "modernc.org/...",
 		},
 	},
 	{

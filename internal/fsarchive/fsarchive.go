@@ -111,7 +111,42 @@ func (m IDMap) toHost(id uint32) (host uint32, ok bool) {
 // counted in Skipped. It fails on a path longer than MaxPath, a file that shrinks while
 // it is read, or xattrs beyond the bounds above; w then holds a partial archive.
 func Write(ctx context.Context, root *os.File, w io.Writer, ids IDMap) (runtime.ArchiveStats, error) {
-	return write(ctx, root, w, ids)
+	return write(ctx, root, w, WriteOptions{IDs: ids})
+}
+
+// Decision is a WriteOptions.Filter's answer for one entry.
+type Decision int
+
+const (
+	// Keep archives the entry (a directory with its content, each asked for in turn).
+	Keep Decision = iota
+	// Skip leaves the entry out, a directory with its whole subtree (not read).
+	Skip
+	// SkipUnlessContent leaves a directory out unless an entry below it is kept (its
+	// content is asked for in turn; the directory is archived before the first kept one).
+	// For anything but a directory it is Skip.
+	SkipUnlessContent
+)
+
+// WriteOptions are WriteWith's. The zero value is Write's behaviour with IDMap{}.
+type WriteOptions struct {
+	IDs IDMap
+	// Filter, when set, decides for every entry below the root (path relative,
+	// "/"-separated, without a trailing slash; dir tells a directory, a symlink is never
+	// one) whether it is archived. Parents are asked before their content. An error
+	// stops the archive.
+	Filter func(path string, dir bool) (Decision, error)
+	// MaxEntries bounds the entries archived (the root included) and MaxBytes the bytes
+	// of regular files: WriteWith fails with an error wrapping ErrTooLarge rather than
+	// write more. 0 = no bound.
+	MaxEntries int64
+	MaxBytes   int64
+}
+
+// WriteWith is Write with a filter and bounds (e.g. a build context with its
+// .dockerignore applied). The archive is in the same format: Extract reads it.
+func WriteWith(ctx context.Context, root *os.File, w io.Writer, opts WriteOptions) (runtime.ArchiveStats, error) {
+	return write(ctx, root, w, opts)
 }
 
 // Extract unpacks the archive read from r into root (an open, empty directory),

@@ -28,14 +28,18 @@ type writer struct {
 	ctx   context.Context
 	tw    *tar.Writer
 	ids   IDMap
+	opts  WriteOptions
 	stats runtime.ArchiveStats
-	buf   []byte // file data
-	dents []byte // getdents
-	xlist []byte // flistxattr
-	xval  []byte // fgetxattr
+	// pending are the headers of directories archived only if something below them is
+	// (SkipUnlessContent), outermost first; writeHeader writes them before its entry.
+	pending []*tar.Header
+	buf     []byte // file data
+	dents   []byte // getdents
+	xlist   []byte // flistxattr
+	xval    []byte // fgetxattr
 }
 
-func write(ctx context.Context, root *os.File, w io.Writer, ids IDMap) (runtime.ArchiveStats, error) {
+func write(ctx context.Context, root *os.File, w io.Writer, opts WriteOptions) (runtime.ArchiveStats, error) {
 	fd, err := dupDir(root)
 	if err != nil {
 		return runtime.ArchiveStats{}, err
@@ -57,7 +61,8 @@ func write(ctx context.Context, root *os.File, w io.Writer, ids IDMap) (runtime.
 	wr := &writer{
 		ctx:   ctx,
 		tw:    tar.NewWriter(enc),
-		ids:   ids,
+		ids:   opts.IDs,
+		opts:  opts,
 		buf:   make([]byte, copyBufSize),
 		dents: make([]byte, 64<<10),
 		xlist: make([]byte, 64<<10), // XATTR_LIST_MAX
@@ -68,7 +73,7 @@ func write(ctx context.Context, root *os.File, w io.Writer, ids IDMap) (runtime.
 		abort()
 		return wr.stats, fmt.Errorf("fsarchive: root: %w", err)
 	}
-	if err := wr.dir(fd, "", &st); err != nil {
+	if err := wr.dir(fd, "", &st, false); err != nil {
 		abort()
 		return wr.stats, err
 	}
@@ -100,8 +105,8 @@ func (wr *writer) header(name string, typ byte, st *unix.Stat_t) *tar.Header {
 }
 
 // dir archives the directory open as fd (stat st) at name ("" for the root) and its
-// content, names sorted.
-func (wr *writer) dir(fd int, name string, st *unix.Stat_t) error {
+// content, names sorted; lazy: only if some of its content is archived.
+func (wr *writer) dir(fd int, name string, st *unix.Stat_t, lazy bool) error {
 	if err := wr.ctx.Err(); err != nil {
 		return err
 	}
@@ -113,7 +118,15 @@ func (wr *writer) dir(fd int, name string, st *unix.Stat_t) error {
 	if err := wr.xattrs(fd, name, hdr); err != nil {
 		return err
 	}
-	if err := wr.writeHeader(hdr); err != nil {
+	if lazy {
+		wr.pending = append(wr.pending, hdr)
+		defer func() {
+			// Nothing below it was archived: it stays out.
+			if n := len(wr.pending); n > 0 && wr.pending[n-1] == hdr {
+				wr.pending = wr.pending[:n-1]
+			}
+		}()
+	} else if err := wr.writeHeader(hdr); err != nil {
 		return err
 	}
 	names, err := wr.readNames(fd)
@@ -149,6 +162,22 @@ func (wr *writer) entry(dirfd int, n, child string) error {
 		}
 		return fmt.Errorf("fsarchive: %q: %w", child, err)
 	}
+	lazy := false
+	if wr.opts.Filter != nil {
+		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		d, err := wr.opts.Filter(child, isDir)
+		if err != nil {
+			return fmt.Errorf("fsarchive: %q: %w", child, err)
+		}
+		switch {
+		case d == Skip, d == SkipUnlessContent && !isDir:
+			return nil
+		case d == SkipUnlessContent:
+			lazy = true
+		case d != Keep:
+			return fmt.Errorf("fsarchive: %q: the filter's decision %d is none of Keep, Skip, SkipUnlessContent", child, d)
+		}
+	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
 		cfd, err := wr.open(dirfd, n, child, unix.O_DIRECTORY)
@@ -159,7 +188,7 @@ func (wr *writer) entry(dirfd int, n, child string) error {
 		if err := unix.Fstat(cfd, &st); err != nil {
 			return fmt.Errorf("fsarchive: %q: %w", child, err)
 		}
-		return wr.dir(cfd, child, &st)
+		return wr.dir(cfd, child, &st, lazy)
 	case unix.S_IFREG:
 		ffd, err := wr.open(dirfd, n, child, 0)
 		if err != nil || ffd < 0 {
@@ -203,6 +232,9 @@ func (wr *writer) open(dirfd int, n, child string, flags int) (int, error) {
 }
 
 func (wr *writer) file(fd int, name string, st *unix.Stat_t) error {
+	if wr.opts.MaxBytes > 0 && st.Size > wr.opts.MaxBytes-wr.stats.Bytes {
+		return fmt.Errorf("fsarchive: %q: the files exceed %d bytes: %w", name, wr.opts.MaxBytes, ErrTooLarge)
+	}
 	hdr := wr.header(name, tar.TypeReg, st)
 	hdr.Size = st.Size
 	if err := wr.xattrs(fd, name, hdr); err != nil {
@@ -295,6 +327,18 @@ func (wr *writer) xattrs(fd int, name string, hdr *tar.Header) error {
 }
 
 func (wr *writer) writeHeader(hdr *tar.Header) error {
+	if len(wr.pending) > 0 {
+		pending := wr.pending
+		wr.pending = nil
+		for _, p := range pending {
+			if err := wr.writeHeader(p); err != nil {
+				return err
+			}
+		}
+	}
+	if wr.opts.MaxEntries > 0 && wr.stats.Files >= wr.opts.MaxEntries {
+		return fmt.Errorf("fsarchive: %q: more than %d entries: %w", hdr.Name, wr.opts.MaxEntries, ErrTooLarge)
+	}
 	if err := wr.tw.WriteHeader(hdr); err != nil {
 		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
 	}

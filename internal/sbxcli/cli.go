@@ -163,7 +163,7 @@ in CWSANDBOX_API_KEY; --base-url and --api-key override them.`,
 	pf.StringVar(&a.dataPlane, "data-plane", "auto", "how exec, logs and files reach a sandbox: auto (direct to its runner when it answers within 1 s, else the gateway), direct or gateway")
 	root.AddCommand(a.runCommand(), a.lsCommand(), a.getCommand(), a.execCommand(), a.shCommand(),
 		a.logsCommand(), a.filesCommand(), a.cpCommand(), a.composeCommand(), a.stopCommand(), a.deleteCommand(), a.pauseCommand(), a.resumeCommand(), a.forkCommand(), a.lifetimeCommand(), a.purgeCommand(),
-		a.snapshotCommand(), a.templateCommand(), a.adminCommand())
+		a.snapshotCommand(), a.templateCommand(), a.buildCommand(), a.adminCommand())
 	root.InitDefaultCompletionCmd()
 	if c, _, err := root.Find([]string{"completion"}); err == nil && c != root {
 		c.Long += completionHelp
@@ -246,6 +246,20 @@ func (a *app) printJSON(v any) error {
 	}
 	_, err = fmt.Fprintf(a.stdout, "%s\n", b)
 	return err
+}
+
+// printJSONList writes list as one JSON array of its items' messages (msg gives each
+// item's), so `-o json` of every ls command has the same shape.
+func printJSONList[T any](a *app, list []T, msg func(T) protoMessage) error {
+	items := make([]json.RawMessage, len(list))
+	for i, x := range list {
+		b, err := protojson.Marshal(msg(x))
+		if err != nil {
+			return err
+		}
+		items[i] = b
+	}
+	return a.printJSON(items)
 }
 
 // isTerminal reports whether v is a terminal (an *os.File on a tty).

@@ -2,7 +2,6 @@ package sbxcli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
@@ -446,13 +444,7 @@ func (a *app) lsCommand() *cobra.Command {
 				return err
 			}
 			if a.json() {
-				items := make([]json.RawMessage, len(list))
-				for i, sb := range list {
-					if items[i], err = protojson.Marshal(sb.Proto()); err != nil {
-						return err
-					}
-				}
-				return a.printJSON(items)
+				return printJSONList(a, list, func(sb *sandbox.Sandbox) protoMessage { return sb.Proto() })
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			_, _ = fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tAGE\tTAGS")

@@ -20,8 +20,10 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
+	"github.com/sandboxd/sandboxd/internal/buildfake"
 )
 
 // execFunc plays a command in a fake sandbox: it writes the command's output and
@@ -61,6 +63,8 @@ type fakeAPI struct {
 	// tmpl is the template service; fromTmpl every CreateSandboxFromTemplate (templates_test.go).
 	tmpl     fakeTemplates
 	fromTmpl []*sandboxv1.CreateSandboxFromTemplateRequest
+	// builds is the build service (builds_test.go).
+	builds buildfake.Server
 }
 
 func newFake(t *testing.T) *fakeAPI {
@@ -70,6 +74,7 @@ func newFake(t *testing.T) *fakeAPI {
 	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(f))
 	mux.Handle(statev1connect.NewSandboxStateServiceHandler(&fakeState{f: f}))
 	mux.Handle(sandboxv1connect.NewSandboxTemplateServiceHandler(&f.tmpl))
+	mux.Handle(buildv1connect.NewBuildServiceHandler(&f.builds))
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)

@@ -85,13 +85,7 @@ func (a *app) snapshotLsCommand() *cobra.Command {
 				return err
 			}
 			if a.json() {
-				items := make([]json.RawMessage, len(list))
-				for i, s := range list {
-					if items[i], err = protojson.Marshal(s.Proto()); err != nil {
-						return err
-					}
-				}
-				return a.printJSON(items)
+				return printJSONList(a, list, func(s *sandbox.Snapshot) protoMessage { return s.Proto() })
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			_, _ = fmt.Fprintln(tw, "ID\tSTATE\tSIZE\tSANDBOX\tVOLUME\tTRIGGER\tAGE")

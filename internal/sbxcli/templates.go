@@ -50,7 +50,8 @@ or camelCase; unknown fields are errors), e.g.:
   max_lifetime_seconds: 3600
   tags: [py]`,
 	}
-	cmd.AddCommand(a.templateCreateCommand(), a.templateLsCommand(), a.templateGetCommand(), a.templateUpdateCommand(), a.templateRmCommand())
+	cmd.AddCommand(a.templateCreateCommand(), a.templateLsCommand(), a.templateGetCommand(), a.templateUpdateCommand(), a.templateRmCommand(),
+		a.templateBuildCommand())
 	return cmd
 }
 
@@ -187,13 +188,7 @@ func (a *app) templateLsCommand() *cobra.Command {
 				return err
 			}
 			if a.json() {
-				items := make([]json.RawMessage, len(list))
-				for i, t := range list {
-					if items[i], err = protojson.Marshal(t.Proto()); err != nil {
-						return err
-					}
-				}
-				return a.printJSON(items)
+				return printJSONList(a, list, func(t *sandbox.Template) protoMessage { return t.Proto() })
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			head := "ID\tNAME\tREVISION\tIMAGE\tUPDATED"

@@ -52,6 +52,13 @@
 //	tm, err := c.CreateTemplate(ctx, "py", &sandboxv1.PartialSandboxSpec{Containers: []*sandboxv1.PartialContainer{{Name: "main", Image: "python:3.11"}}})
 //	sb, err := c.RunTemplate(ctx, "py", sandbox.Overrides{Env: map[string]string{"DEBUG": "1"}}, sandbox.FromTemplateOptions{})
 //	sb.Info().SourceTemplateID // tm.ID
+//
+// Image builds (sandboxd's own BuildService) make a template's image from a Dockerfile
+// and a directory, inside a builder sandbox; a failed build is a *BuildError naming the
+// failing step:
+//
+//	b, err := c.BuildTemplate(ctx, "py-tools", "./ctx", sandbox.BuildTemplateOptions{})
+//	b.Image // <registry>/<org>/py-tools@sha256:…
 package sandbox
 
 import (
@@ -69,6 +76,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 )
 
@@ -111,6 +119,7 @@ type Client struct {
 	svc     sandboxv1connect.SandboxServiceClient
 	state   statev1connect.SandboxStateServiceClient
 	tmpl    sandboxv1connect.SandboxTemplateServiceClient
+	build   buildv1connect.BuildServiceClient
 	http    *http.Client
 	direct  *direct
 }
@@ -185,6 +194,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
 		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
 		tmpl:   sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
+		build:  buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
 		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 

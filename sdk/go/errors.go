@@ -58,6 +58,12 @@ const (
 	// ReasonAlreadyExists: the name is taken (ALREADY_EXISTS), e.g. a template's
 	// display name in the organization.
 	ReasonAlreadyExists = "CWSANDBOX_ALREADY_EXISTS"
+	// ReasonBuildNotFound: the call named a build the organization does not have
+	// (NOT_FOUND).
+	ReasonBuildNotFound = "CWSANDBOX_BUILD_NOT_FOUND"
+	// ReasonBuildNotSupported: no runner can build (none has the gvisor runtime class and
+	// a builder image) or there is no platform registry (FAILED_PRECONDITION).
+	ReasonBuildNotSupported = "CWSANDBOX_BUILD_NOT_SUPPORTED"
 	// ReasonStartFailed is the in-band exec stream code of a command that could not
 	// start (not found, not executable); Exec returns it with the shell's exit code.
 	ReasonStartFailed = "START_FAILED"
@@ -107,6 +113,16 @@ var (
 	ErrRevisionMismatch = errors.New("revision mismatch")
 	// ErrAlreadyExists: the name is taken.
 	ErrAlreadyExists = errors.New("already exists")
+
+	// ErrBuildNotFound: a build call named a build the organization does not have. It is
+	// not ErrNotFound, which is about sandboxes.
+	ErrBuildNotFound = errors.New("build not found")
+	// ErrBuildNotSupported: the platform cannot build images (no runner can).
+	ErrBuildNotSupported = errors.New("builds not supported")
+	// ErrBuildFailed and ErrBuildCancelled match a *BuildError: a build that ended FAILED
+	// or CANCELLED.
+	ErrBuildFailed    = errors.New("build failed")
+	ErrBuildCancelled = errors.New("build cancelled")
 )
 
 // snapshotFailedReasons are the terminal FSS reasons without a sentinel of their own.
@@ -162,12 +178,17 @@ func (e *Error) Unwrap() error { return e.err }
 
 // Is matches the sentinel errors of this package.
 func (e *Error) Is(target error) bool {
-	other := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_") || strings.HasPrefix(e.Reason, "CWSANDBOX_FSS_") || e.Reason == ReasonTemplateNotFound
+	other := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_") || strings.HasPrefix(e.Reason, "CWSANDBOX_FSS_") || e.Reason == ReasonTemplateNotFound ||
+		e.Reason == ReasonBuildNotFound
 	switch target {
 	case ErrNotFound:
 		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !other)
 	case ErrTemplateNotFound:
 		return e.Reason == ReasonTemplateNotFound
+	case ErrBuildNotFound:
+		return e.Reason == ReasonBuildNotFound
+	case ErrBuildNotSupported:
+		return e.Reason == ReasonBuildNotSupported
 	case ErrRevisionMismatch:
 		return e.Reason == ReasonEtagMismatch
 	case ErrAlreadyExists:
