@@ -427,6 +427,7 @@ func (c gatewayConfig) run() error {
 		defer reg.Close()
 		regCreds = reg.PullCredentials
 	}
+	c.registry.startGC(ctx, reg, st, logger)
 	gw, err := gateway.New(gateway.Config{
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
