@@ -272,6 +272,7 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 			return nil, nil, nil, 0, nil, err
 		}
 		kube.blobs = c.blobStore
+		kube.insecure = c.insecure
 		if kst, err = kube.start(ctx, runnerID, c.dataDir, logger); err != nil {
 			return nil, nil, nil, 0, nil, err
 		}
