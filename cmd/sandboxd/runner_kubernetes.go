@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
