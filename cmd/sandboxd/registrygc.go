@@ -66,7 +66,9 @@ func registryCmd(args []string, out io.Writer) error {
 // denyAll authenticates no API key: the registry is opened for its storage only.
 type denyAll struct{}
 
-func (denyAll) Authenticate(string) (auth.Principal, error) { return auth.Principal{}, auth.ErrInvalidKey }
+func (denyAll) Authenticate(string) (auth.Principal, error) {
+	return auth.Principal{}, auth.ErrInvalidKey
+}
 
 func (c registryGCConfig) run(ctx context.Context) (registry.GCResult, error) {
 	log := slog.New(slog.DiscardHandler)
