@@ -7,10 +7,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/distribution/reference"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -320,4 +322,28 @@ func TestReferences(t *testing.T) {
 
 func parseRef(f *fixture, ref string) (name.Reference, error) {
 	return name.ParseReference(f.host+"/"+ref, name.Insecure)
+}
+
+// FuzzReferencesScan: any text scans without panicking; a valid reference to a
+// repository whose name is the fuzzed text, alone or inside other text, is found and kept.
+func FuzzReferencesScan(f *testing.F) {
+	for _, s := range []string{"", "app", "a/b/c", "x.y-z__w", "Bad", "a//b", strings.Repeat("x/", 200),
+		"image: r.io/o/n\n", "PATH=/usr/local/sbin:/usr/bin"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		var rs References
+		rs.Scan(text)
+		ref := "h:1/org-a/" + text + ":v1"
+		if _, err := reference.ParseNormalizedNamed(ref); err != nil || len(ref) > maxRefLen {
+			return
+		}
+		var in References
+		if in.Scan("services:\n  x:\n    image: "+ref+"\n") == 0 {
+			t.Fatalf("%q not found in a Compose file", ref)
+		}
+		if !in.Keep("org-a", text, digest.FromString("x"), []string{"v1"}) {
+			t.Fatalf("%q not kept", ref)
+		}
+	})
 }
