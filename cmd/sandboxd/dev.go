@@ -96,6 +96,7 @@ func (c devConfig) run() error {
 		defer reg.Close()
 		regCreds = reg.PullCredentials
 	}
+	c.registry.startGC(ctx, reg, st, logger)
 	cfg := stack.Config{DataDir: c.dataDir, Logger: logger, Pool: local.PoolConfig{Size: c.warmPool, Idle: 10 * time.Minute},
 		Bridge: c.bridge, CgroupParent: c.cgroupParent,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotsPerSandbox: c.blob.snapshotsPerSandbox, SnapshotsPerRunner: c.blob.snapshotsPerRunner}

@@ -43,6 +43,8 @@ func main() {
 		err = gatewayCmd(os.Args[2:])
 	case "apikey":
 		err = apikey(os.Args[2:])
+	case "registry":
+		err = registryCmd(os.Args[2:], os.Stdout)
 	case "demo":
 		err = demo(os.Args[2:])
 	case "release":
@@ -76,6 +78,8 @@ commands:
   gateway   run the API and the control plane over runners elsewhere:
             gateway --data-dir D [--store DSN] --pki-dir P --listen ADDR --runner ID=ADDR… [--control-plane ADDR]
   apikey    create an API key: apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin]
+  registry  registry gc --data-dir D [--store DSN] [--blob-s3-* …]: delete the platform registry's images
+            no template and no live sandbox names now (what the gateways do every --registry-gc-interval)
   demo      start the single-host runtime and run a first sandbox
   release   signed release manifests: release keygen|manifest|sign|verify (see sandboxd release)
   version   print the version

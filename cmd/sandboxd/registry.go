@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
+	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/registry"
 )
@@ -25,17 +27,26 @@ type registryFlags struct {
 	enabled   bool
 	host      string
 	maxUpload int64
+	gc        gateway.RegistryGCConfig
 }
 
 func (r *registryFlags) register(fs *flag.FlagSet, enabled bool) {
 	fs.BoolVar(&r.enabled, "registry", enabled, "serve the platform's OCI registry at /v2/ of the API port (storage: the blob store's S3 bucket, or DATA-DIR/registry)")
 	fs.StringVar(&r.host, "registry-host", "", "host[:port] images name the registry by (default: the --listen address, 127.0.0.1 for an unspecified host)")
 	fs.Int64Var(&r.maxUpload, "registry-max-upload-bytes", registry.DefaultMaxUploadBytes, "largest blob a push may upload (in one request or in chunks)")
+	fs.DurationVar(&r.gc.Interval, "registry-gc-interval", gateway.DefaultRegistryGCInterval, "how often the registry's images that no template and no live sandbox names are deleted (0: never)")
+	fs.DurationVar(&r.gc.Grace, "registry-gc-grace", registry.DefaultGCGrace, "images, blobs and links written within this are never collected (a push in progress, a build about to name its image in its template); at least 1m")
 }
 
 func (r registryFlags) validate() error {
 	if r.maxUpload <= 0 {
 		return errors.New("--registry-max-upload-bytes must be positive")
+	}
+	if r.gc.Interval < 0 {
+		return errors.New("--registry-gc-interval must not be negative (0 turns collection off)")
+	}
+	if r.gc.Grace < time.Minute {
+		return errors.New("--registry-gc-grace must be at least 1m")
 	}
 	return nil
 }
@@ -80,6 +91,16 @@ func (r registryFlags) open(ctx context.Context, dataDir, keyDir, host string, b
 	}
 	log.Info("platform registry", "host", host, "storage", map[bool]string{true: "s3", false: cfg.Dir}[cfg.S3 != nil])
 	return reg, nil
+}
+
+// startGC runs the registry's garbage collector (registrygc.go of the gateway) until ctx
+// is done, with the references of st; nothing when reg is nil or collection is off. Every
+// gateway replica runs it: passes are safe concurrently (registry.GC).
+func (r registryFlags) startGC(ctx context.Context, reg *registry.Registry, st gateway.RegistryGCStore, log *slog.Logger) {
+	if reg == nil || r.gc.Interval == 0 {
+		return
+	}
+	go gateway.NewRegistryGC(reg, st, r.gc, log).Run(ctx)
 }
 
 // withRegistry serves reg at /v2/ and api everywhere else. The registry authenticates

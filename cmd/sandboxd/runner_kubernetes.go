@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,9 +30,12 @@ type kubernetesFlags struct {
 	diskBytes                                     int64          // from --disk
 	openReserved                                  []netip.Prefix // from --egress-allow-reserved
 	blobs                                         blobStore      // from --blob-*
+	platformRegistry                              string
+	insecure                                      []string // from --insecure-registry
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.platformRegistry, "platform-registry", "", "kubernetes backend: host[:port] of the platform's registry (the gateway's --registry-host): image configs are read from it although it may be on this runner's network (plain HTTP when --insecure-registry names it); the nodes pull its images with the sandbox's pull Secret, so they must reach it too")
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes backend: kubeconfig file (default: the in-cluster configuration)")
 	fs.StringVar(&k.namespace, "namespace", "sandboxd", "kubernetes backend: namespace of the sandbox Pods")
 	fs.StringVar(&k.agentImage, "agent-image", "", "kubernetes backend: image holding /sandbox-agent and /sandbox-gate (scripts/build-runner-image.sh builds one)")
@@ -120,6 +124,9 @@ func (k kubernetesFlags) validate() error {
 	default:
 		return fmt.Errorf("--image-pull-policy %q: want Always, IfNotPresent or Never", k.pullPolicy)
 	}
+	if r := k.platformRegistry; r != "" && (strings.ContainsAny(r, "/ @") || strings.Contains(r, "://")) {
+		return fmt.Errorf("--platform-registry %q: want host[:port]", r)
+	}
 	if _, err := cidrPeers("--runner-peer-cidrs", k.peerCIDRs); err != nil {
 		return err
 	}
@@ -147,5 +154,6 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
 		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes, OpenReserved: k.openReserved,
 		Blobs: k.blobs.store, BlobConfig: k.blobs.cfg, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
+		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
 	})
 }

@@ -50,3 +50,13 @@ func TestRunnerPeers(t *testing.T) {
 		})
 	}
 }
+
+func TestPlatformRegistryFlag(t *testing.T) {
+	for v, ok := range map[string]bool{"": true, "gw.example:8443": true, "10.0.0.5:8080": true,
+		"http://gw.example": false, "gw.example/org": false, "gw example": false} {
+		k := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent", platformRegistry: v}
+		if err := k.validate(); (err == nil) != ok {
+			t.Errorf("--platform-registry %q: %v, want ok %v", v, err, ok)
+		}
+	}
+}

@@ -272,6 +272,7 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 			return nil, nil, nil, 0, nil, err
 		}
 		kube.blobs = c.blobStore
+		kube.insecure = c.insecure
 		if kst, err = kube.start(ctx, runnerID, c.dataDir, logger); err != nil {
 			return nil, nil, nil, 0, nil, err
 		}
@@ -427,6 +428,7 @@ func (c gatewayConfig) run() error {
 		defer reg.Close()
 		regCreds = reg.PullCredentials
 	}
+	c.registry.startGC(ctx, reg, st, logger)
 	gw, err := gateway.New(gateway.Config{
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,

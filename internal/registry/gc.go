@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/distribution/distribution/v3"
 	"github.com/distribution/distribution/v3/registry/storage"
@@ -14,105 +15,322 @@ import (
 	v1 "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// Keep says whether the manifest dgst of repository "<org>/<repo>" is still needed
-// (a template references it). A kept image index keeps the manifests it lists.
-type Keep func(org, repo string, dgst digest.Digest) bool
+// Keep says whether the manifest dgst of repository "<org>/<repo>", which tags name (the
+// repository's tags whose current manifest it is), is still needed. A kept image index
+// keeps the manifests it lists. References.Keep is one.
+type Keep func(org, repo string, dgst digest.Digest, tags []string) bool
+
+// DefaultGCGrace is GCOptions.Grace's default.
+const DefaultGCGrace = time.Hour
+
+// GCOptions configures GC.
+type GCOptions struct {
+	// Keep keeps manifests (nil: only young ones are kept).
+	Keep Keep
+	// Grace: a manifest, blob or repository layer link written less than Grace ago is
+	// never deleted, whatever Keep says (0: DefaultGCGrace; at least a minute). It must
+	// outlast a push (its first blob to its manifest) and what follows it (a build
+	// pointing its template at the pushed digest).
+	Grace time.Duration
+}
 
 // GCResult counts what GC deleted.
 type GCResult struct {
 	Manifests int // manifests deleted (their tags removed with them)
+	Blobs     int // blobs deleted from storage (layers, configs, manifests' content)
+	Links     int // repository layer links deleted
 }
 
-// GC deletes every manifest keep does not keep (and the tags naming it), then sweeps the
-// blobs no remaining manifest references (Distribution's MarkAndSweep). Pushes through
-// this Registry wait while it runs; pushes through another replica sharing the storage
-// are not stopped: run GC from one place, when no build pushes (Distribution's rule:
-// garbage collection needs a registry that does not take writes).
-func (r *Registry) GC(ctx context.Context, keep Keep) (GCResult, error) {
-	if keep == nil {
-		return GCResult{}, errors.New("registry gc: nil keep")
+// Storage layout (Distribution's registry/storage/paths.go, stable since v2): what GC
+// reads the write time of.
+const storageRoot = "/docker/registry/v2"
+
+func linkPath(repo, kind string, d digest.Digest) string {
+	return storageRoot + "/repositories/" + repo + "/" + kind + "/" + d.Algorithm().String() + "/" + d.Encoded() + "/link"
+}
+
+func blobDataPath(d digest.Digest) string {
+	e := d.Encoded()
+	return storageRoot + "/blobs/" + d.Algorithm().String() + "/" + e[:2] + "/" + e + "/data"
+}
+
+// GC deletes every manifest opts.Keep does not keep and that is older than the grace (and
+// the tags naming it), then sweeps the blobs and repository layer links no remaining
+// manifest references, again only those older than the grace.
+//
+// Distribution's own garbage collection needs a registry that takes no writes: a push is
+// several requests (blobs, then the manifest), and a sweep between them deletes blobs
+// nothing references yet. Here pushes are not stopped; two things keep them whole:
+//   - the grace: a blob or link written in the last Grace, and a manifest pushed in it,
+//     stays, so a push in progress (and a build about to record its digest in a
+//     template) keeps all it wrote, whichever replica serves it;
+//   - a lock: writes through this Registry hold gcMu shared for their request and GC
+//     holds it exclusively, so no write of this process runs during a pass.
+//
+// What remains: a push that skips a blob because the repository already has it (HEAD)
+// while that blob's only manifest is old and unreferenced; if a pass deletes it between
+// that HEAD and the manifest's PUT, the PUT fails with MANIFEST_BLOB_UNKNOWN and the push
+// must be retried (no stored image is ever left incomplete). Passes on several replicas
+// at once are safe (a delete of what is gone is not an error).
+func (r *Registry) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
+	if opts.Grace == 0 {
+		opts.Grace = DefaultGCGrace
 	}
+	opts.Grace = max(opts.Grace, time.Minute)
 	r.gcMu.Lock()
 	defer r.gcMu.Unlock()
-	var res GCResult
-	var names []string
+	g := &gcPass{r: r, ctx: ctx, cutoff: r.cfg.now().Add(-opts.Grace), keep: opts.Keep, marked: map[digest.Digest]bool{}}
 	enum, ok := r.ns.(distribution.RepositoryEnumerator)
 	if !ok {
-		return res, errors.New("registry gc: storage cannot enumerate repositories")
+		return g.res, errors.New("registry gc: storage cannot enumerate repositories")
 	}
+	var names []string
 	err := enum.Enumerate(ctx, func(name string) error {
 		names = append(names, name)
 		return nil
 	})
 	if err != nil && !isNotFound(err) {
-		return res, fmt.Errorf("registry gc: list repositories: %w", err)
+		return g.res, fmt.Errorf("registry gc: list repositories: %w", err)
 	}
+	// Delete the manifests no one keeps, marking what the others reference.
 	for _, name := range names {
-		n, err := r.gcRepository(ctx, name, keep)
-		res.Manifests += n
-		if err != nil {
-			return res, fmt.Errorf("registry gc: %s: %w", name, err)
+		if err := g.repository(name); err != nil {
+			return g.res, fmt.Errorf("registry gc: %s: %w", name, err)
 		}
 	}
-	if err := storage.MarkAndSweep(ctx, r.driver, r.ns, storage.GCOpts{Quiet: true}); err != nil {
-		return res, fmt.Errorf("registry gc: sweep: %w", err)
+	// Sweep: layer links first (a young link keeps its blob), then the blobs.
+	for _, name := range names {
+		if err := g.sweepLinks(name); err != nil {
+			return g.res, fmt.Errorf("registry gc: %s: %w", name, err)
+		}
 	}
-	return res, nil
+	if err := g.sweepBlobs(); err != nil {
+		return g.res, fmt.Errorf("registry gc: sweep: %w", err)
+	}
+	return g.res, nil
 }
 
-func (r *Registry) gcRepository(ctx context.Context, name string, keep Keep) (int, error) {
+type gcPass struct {
+	r      *Registry
+	ctx    context.Context
+	cutoff time.Time
+	keep   Keep
+	// marked: every digest a remaining manifest references (itself included), or a
+	// young layer link names.
+	marked map[digest.Digest]bool
+	res    GCResult
+}
+
+// young reports whether the object at p was written after the cutoff; a missing one is
+// not young, and an error is returned as one (the caller keeps what it cannot tell).
+func (g *gcPass) young(p string) (bool, error) {
+	fi, err := g.r.driver.Stat(g.ctx, p)
+	if err != nil {
+		if isNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	return fi.ModTime().After(g.cutoff), nil
+}
+
+func (g *gcPass) repository(name string) error {
 	named, err := reference.WithName(name)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	repo, err := r.ns.Repository(ctx, named)
+	repo, err := g.r.ns.Repository(g.ctx, named)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	ms, err := repo.Manifests(ctx)
+	ms, err := repo.Manifests(g.ctx)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	me, ok := ms.(distribution.ManifestEnumerator)
 	if !ok {
-		return 0, errors.New("manifests cannot be enumerated")
+		return errors.New("manifests cannot be enumerated")
 	}
 	var all []digest.Digest
-	if err := me.Enumerate(ctx, func(d digest.Digest) error {
+	if err := me.Enumerate(g.ctx, func(d digest.Digest) error {
 		all = append(all, d)
 		return nil
 	}); err != nil && !isNotFound(err) {
-		return 0, err
+		return err
+	}
+	tagsOf, err := currentTags(g.ctx, repo)
+	if err != nil {
+		return err
 	}
 	org, rest, inOrg := strings.Cut(name, "/")
 	kept := map[digest.Digest]bool{}
 	for _, d := range all {
-		if inOrg && keep(org, rest, d) {
-			if err := markKept(ctx, ms, d, kept); err != nil {
-				return 0, err
+		young, err := g.young(linkPath(name, "_manifests/revisions", d))
+		if err != nil {
+			return err
+		}
+		if young || (inOrg && g.keep != nil && g.keep(org, rest, d, tagsOf[d])) {
+			if err := markKept(g.ctx, ms, d, kept); err != nil {
+				return err
 			}
 		}
 	}
-	deleted := 0
 	for _, d := range all {
 		if kept[d] {
 			continue
 		}
-		tags, err := repo.Tags(ctx).Lookup(ctx, v1.Descriptor{Digest: d})
-		if err != nil && !isNotFound(err) {
-			return deleted, err
-		}
-		for _, t := range tags {
-			if err := repo.Tags(ctx).Untag(ctx, t); err != nil && !isNotFound(err) {
-				return deleted, err
+		for _, t := range tagsOf[d] {
+			if err := repo.Tags(g.ctx).Untag(g.ctx, t); err != nil && !isNotFound(err) {
+				return err
 			}
 		}
-		if err := ms.Delete(ctx, d); err != nil && !isNotFound(err) {
-			return deleted, err
+		if err := ms.Delete(g.ctx, d); err != nil {
+			if isNotFound(err) {
+				continue // another pass was first
+			}
+			return err
 		}
-		deleted++
+		g.res.Manifests++
 	}
-	return deleted, nil
+	// Mark what the remaining manifests reference.
+	for d := range kept {
+		if err := g.mark(ms, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// currentTags maps each manifest of repo to the tags whose current manifest it is.
+func currentTags(ctx context.Context, repo distribution.Repository) (map[digest.Digest][]string, error) {
+	ts := repo.Tags(ctx)
+	tags, err := ts.All(ctx)
+	if err != nil {
+		var ru distribution.ErrRepositoryUnknown
+		if isNotFound(err) || errors.As(err, &ru) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	out := map[digest.Digest][]string{}
+	for _, t := range tags {
+		desc, err := ts.Get(ctx, t)
+		if err != nil {
+			if isNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		out[desc.Digest] = append(out[desc.Digest], t)
+	}
+	return out, nil
+}
+
+// mark marks manifest d and everything it references, recursively (an index's
+// manifests). A manifest that cannot be read fails the pass: sweeping without its
+// references would delete blobs it needs.
+func (g *gcPass) mark(ms distribution.ManifestService, d digest.Digest) error {
+	if g.marked[d] {
+		return nil
+	}
+	m, err := ms.Get(g.ctx, d)
+	if err != nil {
+		if isNotFound(err) {
+			return nil // deleted under us (a pass on another replica): nothing to keep
+		}
+		return fmt.Errorf("read manifest %s: %w", d, err)
+	}
+	g.marked[d] = true
+	for _, ref := range m.References() {
+		if g.marked[ref.Digest] {
+			continue
+		}
+		if ok, _ := ms.Exists(g.ctx, ref.Digest); ok {
+			if err := g.mark(ms, ref.Digest); err != nil {
+				return err
+			}
+			continue
+		}
+		g.marked[ref.Digest] = true
+	}
+	return nil
+}
+
+// sweepLinks deletes repository name's layer links that are neither marked nor young.
+func (g *gcPass) sweepLinks(name string) error {
+	named, err := reference.WithName(name)
+	if err != nil {
+		return err
+	}
+	repo, err := g.r.ns.Repository(g.ctx, named)
+	if err != nil {
+		return err
+	}
+	le, ok := repo.Blobs(g.ctx).(distribution.ManifestEnumerator)
+	if !ok {
+		return errors.New("layer links cannot be enumerated")
+	}
+	var links []digest.Digest
+	if err := le.Enumerate(g.ctx, func(d digest.Digest) error {
+		links = append(links, d)
+		return nil
+	}); err != nil && !isNotFound(err) {
+		return err
+	}
+	vac := storage.NewVacuum(g.ctx, g.r.driver)
+	for _, d := range links {
+		if g.marked[d] {
+			continue
+		}
+		young, err := g.young(linkPath(name, "_layers", d))
+		if err != nil {
+			return err
+		}
+		if young {
+			g.marked[d] = true // a push in progress may still reference it
+			continue
+		}
+		if err := vac.RemoveLayer(name, d); err != nil {
+			if isNotFound(err) {
+				continue
+			}
+			return err
+		}
+		g.res.Links++
+	}
+	return nil
+}
+
+// sweepBlobs deletes the blobs that are neither marked nor young.
+func (g *gcPass) sweepBlobs() error {
+	var blobs []digest.Digest
+	if err := g.r.ns.Blobs().Enumerate(g.ctx, func(d digest.Digest) error {
+		blobs = append(blobs, d)
+		return nil
+	}); err != nil && !isNotFound(err) {
+		return err
+	}
+	vac := storage.NewVacuum(g.ctx, g.r.driver)
+	for _, d := range blobs {
+		if g.marked[d] || d.Validate() != nil {
+			continue
+		}
+		young, err := g.young(blobDataPath(d))
+		if err != nil {
+			return err
+		}
+		if young {
+			continue
+		}
+		if err := vac.RemoveBlob(d.String()); err != nil {
+			if isNotFound(err) {
+				continue
+			}
+			return err
+		}
+		g.res.Blobs++
+	}
+	return nil
 }
 
 // markKept marks d and, for an index, the manifests it lists.
@@ -145,5 +363,6 @@ func isNotFound(err error) bool {
 	var pnf storagedriver.PathNotFoundError
 	var mu distribution.ErrManifestUnknownRevision
 	var tu distribution.ErrTagUnknown
-	return errors.As(err, &pnf) || errors.As(err, &mu) || errors.As(err, &tu)
+	var bu = distribution.ErrBlobUnknown
+	return errors.As(err, &pnf) || errors.As(err, &mu) || errors.As(err, &tu) || errors.Is(err, bu)
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 )
@@ -290,47 +289,6 @@ func TestBadNames(t *testing.T) {
 	}
 	if _, err := RepositoryName("org-a", "../x"); err == nil {
 		t.Error("a traversal accepted")
-	}
-}
-
-func TestGC(t *testing.T) {
-	f := newFixture(t, Config{})
-	kept := push(t, f, "org-a/app:kept", basic(adminA))
-	gone := push(t, f, "org-a/app:gone", basic(adminA))
-	kd, _ := kept.Digest()
-	gd, _ := gone.Digest()
-	res, err := f.reg.GC(context.Background(), func(org, repo string, d digest.Digest) bool {
-		return org == "org-a" && repo == "app" && d.String() == kd.String()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Manifests != 1 {
-		t.Errorf("deleted %d manifests, want 1", res.Manifests)
-	}
-	if _, err := remote.Image(f.ref(t, "org-a/app:kept"), basic(adminA)); err != nil {
-		t.Fatalf("kept image: %v", err)
-	}
-	if _, err := remote.Image(f.ref(t, "org-a/app:gone"), basic(adminA)); status(err) != http.StatusNotFound {
-		t.Fatalf("collected tag: %v, want 404", err)
-	}
-	if _, err := remote.Image(f.ref(t, "org-a/app@"+gd.String()), basic(adminA)); status(err) != http.StatusNotFound {
-		t.Fatalf("collected manifest: %v, want 404", err)
-	}
-	// Its layers are gone from storage; the kept image's remain.
-	layers, _ := gone.Layers()
-	for _, l := range layers {
-		ld, _ := l.Digest()
-		if blobOnDisk(t, f, ld.String()) {
-			t.Errorf("layer %s of the collected image still stored", ld)
-		}
-	}
-	kl, _ := kept.Layers()
-	for _, l := range kl {
-		ld, _ := l.Digest()
-		if !blobOnDisk(t, f, ld.String()) {
-			t.Errorf("layer %s of the kept image deleted", ld)
-		}
 	}
 }
 

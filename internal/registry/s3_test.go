@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/minio/minio-go/v7"
@@ -36,7 +37,8 @@ func TestS3Storage(t *testing.T) {
 		}
 		_ = rc.Close()
 	}
-	if _, err := f.reg.GC(context.Background(), func(_, _ string, d digest.Digest) bool { return d.String() == want.String() }); err != nil {
+	f.now = time.Now().Add(2 * DefaultGCGrace) // both pushes are old now
+	if _, err := f.reg.GC(context.Background(), GCOptions{Keep: func(_, _ string, d digest.Digest, _ []string) bool { return d.String() == want.String() }}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := remote.Image(f.ref(t, "org-a/app:v1"), basic(userA)); err != nil {

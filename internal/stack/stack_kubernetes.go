@@ -45,6 +45,9 @@ type KubernetesConfig struct {
 	Blobs                                   blob.Store
 	BlobConfig                              blobconfig.Config
 	SnapshotsPerSandbox, SnapshotsPerRunner int
+	// PlatformRegistry and PlatformRegistryHTTP: see kubernetes.Config.
+	PlatformRegistry     string
+	PlatformRegistryHTTP bool
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -83,6 +86,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		Namespace: cfg.Namespace, RunnerID: cfg.RunnerID, AgentImage: cfg.AgentImage,
 		ImagePullPolicy: cfg.ImagePullPolicy, RuntimeClasses: cfg.RuntimeClasses, Logger: cfg.Logger,
 		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers, DiskBytes: cfg.DiskBytes, OpenReserved: cfg.OpenReserved,
+		PlatformRegistry: cfg.PlatformRegistry, PlatformRegistryHTTP: cfg.PlatformRegistryHTTP,
 	}
 	if cfg.Backend != nil {
 		bc = *cfg.Backend

@@ -100,8 +100,16 @@ type Config struct {
 	// DefaultRuntimeClass is the class of specs that set none; default "runc".
 	DefaultRuntimeClass string
 	// ImageConfig resolves an image's entrypoint and cmd for specs without a command
-	// (the backend never sees the image). nil: RegistryImageConfig.
+	// (the backend never sees the image). nil: PlatformImageConfig(PlatformRegistry,
+	// PlatformRegistryHTTP).
 	ImageConfig func(ctx context.Context, ref string, creds *runtime.Credentials) (image.Config, error)
+	// PlatformRegistry is the host[:port] of the platform's registry (issue 22), whose
+	// images come with pull tokens of the sandbox's organization (they go into the
+	// sandbox's pull Secret like any credentials). Image configs are read from it even
+	// when it is on the runner's own network, which the registry guard refuses for any
+	// other registry; over plain HTTP when PlatformRegistryHTTP. "": none.
+	PlatformRegistry     string
+	PlatformRegistryHTTP bool
 	// StartTimeout bounds how long Create waits for the Pod to run (scheduling, pulls).
 	// Default 5 min.
 	StartTimeout time.Duration
@@ -222,7 +230,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		cfg.DefaultRuntimeClass = "runc"
 	}
 	if cfg.ImageConfig == nil {
-		cfg.ImageConfig = RegistryImageConfig
+		cfg.ImageConfig = PlatformImageConfig(cfg.PlatformRegistry, cfg.PlatformRegistryHTTP)
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = 5 * time.Minute

@@ -262,16 +262,40 @@ var registryGuard = image.NewGuard()
 // RegistryImageConfig reads an image's config (entrypoint, cmd, env, working dir, user)
 // from its registry: the manifest and the config blob, no layers.
 func RegistryImageConfig(ctx context.Context, ref string, creds *runtime.Credentials) (image.Config, error) {
+	return readImageConfig(ctx, ref, creds, "", false)
+}
+
+// PlatformImageConfig is RegistryImageConfig that also reads from the platform's registry
+// at host (host[:port], "" none), unguarded (the operator named it; a reference to
+// another organization's repository there is refused by the registry, as the token is
+// the sandbox's organization's), over plain HTTP when plainHTTP.
+func PlatformImageConfig(host string, plainHTTP bool) func(context.Context, string, *runtime.Credentials) (image.Config, error) {
+	return func(ctx context.Context, ref string, creds *runtime.Credentials) (image.Config, error) {
+		return readImageConfig(ctx, ref, creds, host, plainHTTP)
+	}
+}
+
+func readImageConfig(ctx context.Context, ref string, creds *runtime.Credentials, platform string, plainHTTP bool) (image.Config, error) {
 	r, err := name.ParseReference(ref)
 	if err != nil {
 		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrInvalidImageRef, err)
 	}
-	// The runner's own network is no place for a sandbox's image reference to probe
-	// (issue 15 §4): host-local registries are refused, by name and by address.
-	if err := registryGuard.Check(r); err != nil {
-		return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrInvalidImageRef, err)
+	tr := remote.DefaultTransport
+	if platform != "" && r.Context().RegistryStr() == platform {
+		if plainHTTP {
+			if r, err = name.ParseReference(ref, name.Insecure); err != nil {
+				return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrInvalidImageRef, err)
+			}
+		}
+	} else {
+		// The runner's own network is no place for a sandbox's image reference to probe
+		// (issue 15 §4): host-local registries are refused, by name and by address.
+		if err := registryGuard.Check(r); err != nil {
+			return image.Config{}, fmt.Errorf("%w: %w", runtime.ErrInvalidImageRef, err)
+		}
+		tr = registryGuard.Transport(remote.DefaultTransport)
 	}
-	opts := []remote.Option{remote.WithContext(ctx), remote.WithTransport(registryGuard.Transport(remote.DefaultTransport))}
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithTransport(tr)}
 	if creds != nil {
 		opts = append(opts, remote.WithAuth(&authn.Basic{Username: creds.Username, Password: creds.Password}))
 	} else {
