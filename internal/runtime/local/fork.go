@@ -113,7 +113,7 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 			defer close(contDone)
 			t := time.Now()
 			cont()
-			b.step("fork source: continues (concurrent)", &t)
+			b.step(ctx, "fork source: continues (concurrent)", &t)
 		}()
 		defer func() { <-contDone }()
 	}
@@ -247,7 +247,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 		fp.vols = vols
 		cleanups = append(cleanups, release)
 	}
-	b.step("fork source: run dir, volume snapshots", &t)
+	b.step(ctx, "fork source: run dir, volume snapshots", &t)
 	return fp, cleanup, nil
 }
 
