@@ -23,89 +23,132 @@ import (
 // and the runner log (internal/span): gateway steps, runner steps, and the local
 // backend's steps inside them (concurrent forks' steps are summed, as sum/count).
 //
-// Rounds: -benchtime Nx (N resumes and forks ×1, max(1, N/5) forks ×10).
+// Rounds: -benchtime Nx (N execs, resumes and forks ×1, max(1, N/5) forks ×10).
+//
+// A/B: with $SANDBOXD_BIN_B (and optionally $SANDBOXD_RUNSC_B) a second server runs that
+// binary (runsc) beside the first ($SANDBOXD_BIN, bin/sandboxd by default), every
+// measure's rounds alternate between the two, and B/A of each p50 is printed: on a
+// machine shared with other work, both see the same load.
 func BenchmarkPauseAPI(b *testing.B) {
 	if b.N == 1 && benchN() > 1 {
 		return
 	}
-	s := dev(b)
 	reps := b.N
 	fewer := max(1, b.N/5)
-	idle, _ := s.python(b, 0, "")
-	ctx := context.Background()
-	release := true
-	var resumes, resumeExecs, fork1Calls, fork1s, fork10s []time.Duration
-	for range reps {
-		if _, err := s.c.Pause(ctx, idle, sandbox.PauseOptions{ReleaseResources: &release}); err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		if _, err := s.c.Resume(ctx, idle); err != nil {
-			b.Fatal(err)
-		}
-		resumes = append(resumes, time.Since(t0))
-		if _, err := s.exec(ctx, idle, "true"); err != nil {
-			b.Fatal(err)
-		}
-		resumeExecs = append(resumeExecs, time.Since(t0))
-	}
-	for range reps {
-		call, all := s.forkTimed(b, idle, 1)
-		fork1Calls, fork1s = append(fork1Calls, call), append(fork1s, all)
-	}
 	forkN := 10
 	if b.N < 10 {
 		forkN = 3
 	}
-	for range fewer {
-		_, all := s.forkTimed(b, idle, forkN)
-		fork10s = append(fork10s, all)
+	runs := []*apiRun{{name: "A", s: dev(b)}}
+	if sb := devB(b); sb != nil {
+		runs = append(runs, &apiRun{name: "B", s: sb})
 	}
+	for _, r := range runs {
+		r.idle, _ = r.s.python(b, 0, "")
+	}
+	// Each measure's rounds alternate between the servers (A/B comparison).
+	each := func(n int, f func(r *apiRun)) {
+		for i := range n {
+			for j := range runs {
+				f(runs[(i+j)%len(runs)])
+			}
+		}
+	}
+	ctx := context.Background()
+	release := true
+	each(reps, func(r *apiRun) {
+		t0 := time.Now()
+		if _, err := r.s.exec(ctx, r.idle, "true"); err != nil {
+			b.Fatal(err)
+		}
+		r.execs = append(r.execs, time.Since(t0))
+	})
+	each(reps, func(r *apiRun) {
+		if _, err := r.s.c.Pause(ctx, r.idle, sandbox.PauseOptions{ReleaseResources: &release}); err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		if _, err := r.s.c.Resume(ctx, r.idle); err != nil {
+			b.Fatal(err)
+		}
+		r.resumes = append(r.resumes, time.Since(t0))
+		if _, err := r.s.exec(ctx, r.idle, "true"); err != nil {
+			b.Fatal(err)
+		}
+		r.resumeExecs = append(r.resumeExecs, time.Since(t0))
+	})
+	each(reps, func(r *apiRun) {
+		call, all := r.s.forkTimed(b, r.idle, 1)
+		r.fork1Calls, r.fork1s = append(r.fork1Calls, call), append(r.fork1s, all)
+	})
+	each(fewer, func(r *apiRun) {
+		_, all := r.s.forkTimed(b, r.idle, forkN)
+		r.forkNs = append(r.forkNs, all)
+	})
 	b.StopTimer()
 
-	lines := s.spanLines(idle)
+	var tb strings.Builder
+	for _, r := range runs {
+		r.report(&tb, b.N, forkN)
+	}
+	if len(runs) == 2 {
+		a, bb := runs[0], runs[1]
+		fmt.Fprintf(&tb, "A/B (rounds alternated in one run): B/A of p50: resume %.2f, resume → exec %.2f, fork ×1 → exec %.2f, fork ×%d %.2f\n",
+			ratio(bb.resumes, a.resumes), ratio(bb.resumeExecs, a.resumeExecs), ratio(bb.fork1s, a.fork1s), forkN, ratio(bb.forkNs, a.forkNs))
+	}
+	fmt.Print(tb.String())
+	r := runs[len(runs)-1]
+	b.ReportMetric(ms(pct(r.execs, 50)), "exec-p50-ms")
+	b.ReportMetric(ms(pct(r.resumes, 50)), "resume-p50-ms")
+	b.ReportMetric(ms(pct(r.resumes, 99)), "resume-p99-ms")
+	b.ReportMetric(ms(pct(r.fork1s, 50)), "fork1-p50-ms")
+	b.ReportMetric(ms(pct(r.fork1s, 99)), "fork1-p99-ms")
+	b.ReportMetric(ms(pct(r.forkNs, 50)), fmt.Sprintf("fork%d-wall-p50-ms", forkN))
+}
+
+func ratio(b, a []time.Duration) float64 { return ms(pct(b, 50)) / ms(pct(a, 50)) }
+
+// apiRun is BenchmarkPauseAPI's measures on one server.
+type apiRun struct {
+	name                                                    string
+	s                                                       *server
+	idle                                                    string
+	execs, resumes, resumeExecs, fork1Calls, fork1s, forkNs []time.Duration
+}
+
+// report prints r's table: each measure next to its floor (the runner's own time, from
+// its span lines), and the per-step breakdowns.
+func (r *apiRun) report(tb *strings.Builder, n, forkN int) {
+	lines := r.s.spanLines(r.idle)
 	runnerResume := lines.totals("sandbox resumed", false)
 	runnerFork := lines.totalsCount("sandbox fork steps", 1)
 	runnerForkN := lines.totalsCount("sandbox fork steps", forkN)
-
-	var tb strings.Builder
-	fmt.Fprintf(&tb, "pause API, idle %s, gvisor, -benchtime %dx (floor: the runner's own time, same run):\n", pyImage, b.N)
+	fmt.Fprintf(tb, "pause API [%s: %s], idle %s, gvisor, -benchtime %dx (floor: the runner's own time, same run):\n", r.name, r.s.bin, pyImage, n)
 	row := func(what string, d []time.Duration, floor []time.Duration, target string) {
-		fmt.Fprintf(&tb, "  %-38s %s", what, p5099(d))
+		fmt.Fprintf(tb, "  %-38s %s", what, p5099(d))
 		if len(floor) > 0 {
-			fmt.Fprintf(&tb, "   floor p50 %5.0f ms  ratio %.2fx", ms(pct(floor, 50)), ms(pct(d, 50))/ms(pct(floor, 50)))
+			fmt.Fprintf(tb, "   floor p50 %5.0f ms  ratio %.2fx", ms(pct(floor, 50)), ms(pct(d, 50))/ms(pct(floor, 50)))
 		}
-		fmt.Fprintf(&tb, "  %s\n", target)
+		fmt.Fprintf(tb, "  %s\n", target)
 	}
-	row("resume (API returns)", resumes, runnerResume, fmt.Sprintf("p50 ≤ 150 ms: %s", verdict(ms(pct(resumes, 50)) <= 150)))
-	row("resume → first exec answered", resumeExecs, runnerResume, "")
-	row("fork ×1 (API returns)", fork1Calls, runnerFork, "")
-	row("fork ×1 → answers exec", fork1s, runnerFork, fmt.Sprintf("p50 ≤ 250 ms: %s", verdict(ms(pct(fork1s, 50)) <= 250)))
+	row("exec on the running sandbox", r.execs, nil, "")
+	row("resume (API returns)", r.resumes, runnerResume, fmt.Sprintf("p50 ≤ 150 ms: %s", verdict(ms(pct(r.resumes, 50)) <= 150)))
+	row("resume → first exec answered", r.resumeExecs, runnerResume, "")
+	row("fork ×1 (API returns)", r.fork1Calls, runnerFork, "")
+	row("fork ×1 → answers exec", r.fork1s, runnerFork, fmt.Sprintf("p50 ≤ 250 ms: %s", verdict(ms(pct(r.fork1s, 50)) <= 250)))
 	target := ""
 	if forkN == 10 {
-		target = fmt.Sprintf("≤ 1500 ms: %s", verdict(ms(pct(fork10s, 50)) <= 1500))
+		target = fmt.Sprintf("≤ 1500 ms: %s", verdict(ms(pct(r.forkNs, 50)) <= 1500))
 	}
-	row(fmt.Sprintf("fork ×%d → all answer (wall)", forkN), fork10s, runnerForkN, target)
+	row(fmt.Sprintf("fork ×%d → all answer (wall)", forkN), r.forkNs, runnerForkN, target)
 	for _, c := range []struct {
 		what, msg string
 		count     int
 	}{{"resume", "sandbox resumed", 0}, {"fork ×1", "sandbox fork", 1}, {fmt.Sprintf("fork ×%d", forkN), "sandbox fork", forkN}} {
-		fmt.Fprintf(&tb, "  breakdown of %s (p50 per step over the rounds):\n", c.what)
+		fmt.Fprintf(tb, "  breakdown of %s (p50 per step over the rounds):\n", c.what)
 		for _, st := range lines.breakdown(c.msg, c.count) {
-			fmt.Fprintf(&tb, "    %-52s %s\n", st.name, st.value)
+			fmt.Fprintf(tb, "    %-52s %s\n", st.name, st.value)
 		}
-	}
-	fmt.Print(tb.String())
-	b.ReportMetric(ms(pct(resumes, 50)), "resume-p50-ms")
-	b.ReportMetric(ms(pct(resumes, 99)), "resume-p99-ms")
-	b.ReportMetric(ms(pct(fork1s, 50)), "fork1-p50-ms")
-	b.ReportMetric(ms(pct(fork1s, 99)), "fork1-p99-ms")
-	b.ReportMetric(ms(pct(fork10s, 50)), fmt.Sprintf("fork%d-wall-p50-ms", forkN))
-	if len(runnerResume) > 0 {
-		b.ReportMetric(ms(pct(runnerResume, 50)), "runner-resume-p50-ms")
-	}
-	if len(runnerFork) > 0 {
-		b.ReportMetric(ms(pct(runnerFork, 50)), "runner-fork1-p50-ms")
 	}
 }
 
