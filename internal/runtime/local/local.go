@@ -684,8 +684,13 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		s.volumeRoots = roots
 		s.join.setVolumes(roots, err)
 	} else {
+		if s.fork != nil && hasDiskVolume(&s.spec) {
+			err = s.fork.wait(ctx) // the source's volume snapshots
+		}
 		var roots map[string]string
-		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids, s.fork)
+		if err == nil {
+			vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids, s.fork)
+		}
 		s.volumeRoots = roots
 	}
 	if err != nil {
@@ -851,7 +856,12 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	pidFile := filepath.Join(dir, filePid)
 	if s.fork != nil {
-		// A fork (fork.go): the source's checkpoint, restored into this sandbox.
+		// A fork (fork.go): the source's checkpoint, restored into this sandbox; all
+		// above was made while the source was being checkpointed.
+		if err := s.fork.wait(ctx); err != nil {
+			return nil, nil, err
+		}
+		b.step(ctx, "fork: wait for the source's checkpoint", t)
 		if err := copyRunDir(ctx, s.fork.run, filepath.Join(shown, dirRun)); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
