@@ -320,6 +320,7 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Pool.Size > 0 || cfg.Pool.MaxTargeted > 0 {
 		b.pool = newPool(b, cfg.Pool)
 	}
+	b.logCgroupHint() // cgrouphint.go
 	return b, nil
 }
 
