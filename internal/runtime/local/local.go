@@ -857,8 +857,18 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	pidFile := filepath.Join(dir, filePid)
 	if s.fork != nil {
-		// A fork (fork.go): the source's checkpoint, restored into this sandbox; all
-		// above was made while the source was being checkpointed.
+		// A fork (fork.go): the source's checkpoint, restored into this sandbox. All
+		// above, and the sandbox itself (`runsc create`: its sentry and gofer, waiting
+		// for a start or a restore), is made while the source is checkpointed; then
+		// `runsc restore` loads the checkpoint into it.
+		rbundle, limits, err := restoreBundle(bundle, filepath.Join(dir, restoreBundleDir)) // restorecpu.go
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if err := b.bootRuntime(rt).create(ctx, cid, rbundle, pidFile, out); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step(ctx, "fork: runsc create", t)
 		if err := s.fork.wait(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -868,10 +878,6 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 		markResume(filepath.Join(shown, dirRun)) // restored suspended (pause.go); it re-reads its identity
 		b.step(ctx, "fork: run dir", t)
-		rbundle, limits, err := restoreBundle(bundle, filepath.Join(dir, restoreBundleDir)) // restorecpu.go
-		if err != nil {
-			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
-		}
 		if err := b.bootRuntime(rt).restore(ctx, cid, rbundle, s.fork.image, pidFile, out); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
