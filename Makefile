@@ -42,7 +42,7 @@ deps:
 images:
 	bash scripts/build-test-images.sh
 
-# gVisor's runsc (static, pinned) for the `gvisor` runtime class, cached under $(CACHE)/runsc/<version>/.
+# gVisor's runsc (static, pinned, precompiled seccomp programs) for the `gvisor` runtime class, cached under $(CACHE)/runsc/<version>+<seccomp revision>/.
 # ~1-3 min cold, instant when cached; tests of the gvisor class skip without it.
 runsc:
 	bash scripts/build-runsc.sh

@@ -28,6 +28,14 @@
 // and runsc (`make runsc`); without either the benchmarks skip. The policy of the dev
 // server's runner is set to allow the gvisor class (the dev default allows no pin).
 //
+// BenchmarkPauseAPI (api_test.go) is the API-level view of the idle sandbox with its
+// breakdown: resume, fork ×1 and fork ×10, each next to the runner's own time for the
+// same operation in the same run, and the p50 of every step the gateway, the runner and
+// the local backend log for it (internal/span: the "steps" field of their "sandbox
+// resumed" / "sandbox forked" / "sandbox fork steps" lines). With $SANDBOXD_BIN_B it
+// runs a second server of another binary (or runsc, $SANDBOXD_RUNSC_B) and alternates
+// the rounds between the two: an A/B comparison under the same load.
+//
 // BenchmarkPauseCross (cross_test.go) measures the same idle sandbox across two runners:
 // resume on its own runner (the floor, same run), resume on the other runner (its
 // checkpoint exported to the blob store and imported there), and fork ×1 onto the other

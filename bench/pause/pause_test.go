@@ -52,30 +52,57 @@ while True:
 // server is the package's `sandboxd dev`, started by the first benchmark that needs it
 // and stopped (its sandboxes deleted, its network removed) by TestMain.
 type server struct {
-	dir, dataDir, log    string
-	bridge, cgroupParent string
-	subnet               netip.Prefix
-	proc                 *exec.Cmd
-	exited               chan struct{} // closed once proc has been waited for
-	c                    *sandbox.Client
-	admin                *sandbox.Admin
+	bin, dir, dataDir, log string
+	bridge, cgroupParent   string
+	subnet                 netip.Prefix
+	proc                   *exec.Cmd
+	exited                 chan struct{} // closed once proc has been waited for
+	c                      *sandbox.Client
+	admin                  *sandbox.Admin
 }
 
 var (
 	setupOnce sync.Once
 	srv       *server
 	setupErr  error
+	// srvB is the A/B comparison's second server (devB), or nil.
+	setupBOnce sync.Once
+	srvB       *server
+	setupBErr  error
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if srv != nil {
-		if leaks := srv.stop(); len(leaks) > 0 {
+	for _, s := range []*server{srv, srvB} {
+		if s == nil {
+			continue
+		}
+		if leaks := s.stop(); len(leaks) > 0 {
 			fmt.Println("pause bench: left behind:\n  " + strings.Join(leaks, "\n  "))
 			code = 1
 		}
 	}
 	os.Exit(code)
+}
+
+// devB is the server of an A/B comparison, or nil without $SANDBOXD_BIN_B: a second
+// `sandboxd dev` of binary $SANDBOXD_BIN_B (and runsc $SANDBOXD_RUNSC_B, default the
+// same), beside dev's, on a bridge, subnet and cgroup parent of its own. BenchmarkPauseAPI
+// alternates its rounds between the two, so that both see the same load.
+func devB(b *testing.B) *server {
+	b.Helper()
+	bin := os.Getenv("SANDBOXD_BIN_B")
+	if bin == "" {
+		return nil
+	}
+	setupBOnce.Do(func() { srvB, setupBErr = startServer(bin, os.Getenv("SANDBOXD_RUNSC_B"), 1) })
+	if setupBErr != nil {
+		if srvB != nil {
+			b.Log(tail(srvB.log, 4000))
+		}
+		b.Fatal(setupBErr)
+	}
+	return srvB
 }
 
 func dev(b *testing.B) *server {
@@ -108,6 +135,12 @@ func start() (*server, error) {
 	if bin == "" {
 		bin, _ = filepath.Abs("../../bin/sandboxd")
 	}
+	return startServer(bin, "", 0)
+}
+
+// startServer starts `sandboxd dev` of bin (runsc: its runsc, "" the environment's);
+// index 1 is the A/B comparison's second server.
+func startServer(bin, runsc string, index int) (*server, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("%s: %w (run make build, or set SANDBOXD_BIN)", bin, err)
 	}
@@ -116,10 +149,10 @@ func start() (*server, error) {
 		return nil, err
 	}
 	pid := os.Getpid()
-	s := &server{dir: dir, dataDir: filepath.Join(dir, "data"), log: filepath.Join(dir, "sandboxd.log"),
-		bridge:       fmt.Sprintf("sbxpau%04x", pid&0xffff),
-		subnet:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + pid%50), byte(pid / 50 % 256), 0}), 24),
-		cgroupParent: fmt.Sprintf("sandboxd-pause-bench-%d", pid)}
+	s := &server{bin: bin, dir: dir, dataDir: filepath.Join(dir, "data"), log: filepath.Join(dir, "sandboxd.log"),
+		bridge:       fmt.Sprintf("sbxpau%d%04x", index, pid&0xffff),
+		subnet:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + pid%50), byte((pid/50 + index) % 256), 0}), 24),
+		cgroupParent: fmt.Sprintf("sandboxd-pause-bench-%d-%d", pid, index)}
 	logf, err := os.Create(s.log)
 	if err != nil {
 		return s, err
@@ -129,6 +162,9 @@ func start() (*server, error) {
 		"--data-plane-listen", freeAddr(), "--warm-pool", "0",
 		"--bridge", s.bridge, "--subnet", s.subnet.String(), "--cgroup-parent", s.cgroupParent)
 	s.proc.Stdout, s.proc.Stderr = logf, logf
+	if runsc != "" {
+		s.proc.Env = append(os.Environ(), "SANDBOXD_RUNSC="+runsc)
+	}
 	if err := s.proc.Start(); err != nil {
 		return s, err
 	}

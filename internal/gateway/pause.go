@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/span"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -77,6 +78,8 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[statev1
 	if vs := runnerIDViolations("runner_ids", ids); len(vs) > 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid runner_ids: "+apierr.Describe(vs), vs)
 	}
+	ctx, steps := span.New(ctx)
+	t := time.Now()
 	rec, _, err := s.lookup(ctx, m.GetSandboxId())
 	if err != nil {
 		return nil, err
@@ -97,10 +100,13 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *connect.Request[statev1
 	if err != nil {
 		return nil, err
 	}
+	span.Mark(ctx, "gateway: lookup, lock", &t)
 	resumed := func(got runner.Sandbox, on runner.Handle, from string) (*connect.Response[statev1.ResumeSandboxResponse], error) {
+		span.Mark(ctx, "gateway: runner resume", &t)
 		s.index.setLast(ctx, rec, got)
 		s.views.poke()
-		s.log.Info("sandbox resumed", "sandbox", rec.id, "org", rec.org, "runner", on.ID(), "moved_from", from)
+		span.Mark(ctx, "gateway: index", &t)
+		s.log.Info("sandbox resumed", "sandbox", rec.id, "org", rec.org, "runner", on.ID(), "moved_from", from, "steps", steps.String())
 		return connect.NewResponse(&statev1.ResumeSandboxResponse{SandboxId: rec.id, Deadline: ts(got.Deadline), RunnerId: on.ID(), MovedFrom: from}), nil
 	}
 	var (
@@ -219,6 +225,8 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid ForkSandbox request: "+apierr.Describe(vs), vs)
 	}
 	count = max(count, 1)
+	ctx, steps := span.New(ctx)
+	t := time.Now()
 	rec, _, err := s.lookup(ctx, m.GetSandboxId())
 	if err != nil {
 		return nil, err
@@ -261,7 +269,9 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	if err != nil {
 		return nil, runner.APIError(rec.id, err, "")
 	}
+	span.Mark(ctx, "gateway: lookup, lock, get source", &t)
 	s.index.setLast(ctx, rec, src)
+	span.Mark(ctx, "gateway: index source", &t)
 	if src.State != runner.StateRunning && src.State != runner.StatePaused {
 		return nil, apierr.New(apierr.SandboxNotRunning,
 			fmt.Sprintf("sandbox %s is %s: only a RUNNING or PAUSED sandbox is forked", rec.id, src.State),
@@ -272,6 +282,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		return nil, err
 	}
 	defer release()
+	span.Mark(ctx, "gateway: place", &t)
 
 	// The targets, in todo's order, group after group.
 	targets := make([]runner.ForkTarget, len(todo))
@@ -291,6 +302,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	if err != nil {
 		return nil, err
 	}
+	span.Mark(ctx, "gateway: runner fork", &t)
 	s.views.poke()
 	made := 0
 	for j, k := range todo {
@@ -321,7 +333,8 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	for g := range groups {
 		runners[g] = fmt.Sprintf("%s=%d", groups[g].h.ID(), groups[g].n)
 	}
-	s.log.Info("sandbox forked", "sandbox", rec.id, "org", p.Org, "runner", r.ID(), "asked", len(todo), "made", made, "on", strings.Join(runners, ","))
+	span.Mark(ctx, "gateway: record forks", &t)
+	s.log.Info("sandbox forked", "sandbox", rec.id, "org", p.Org, "runner", r.ID(), "asked", len(todo), "made", made, "on", strings.Join(runners, ","), "steps", steps.String())
 	return connect.NewResponse(&statev1.ForkSandboxResponse{Forks: out}), nil
 }
 

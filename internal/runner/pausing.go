@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/span"
 )
 
 // pausedDir (in DataDir) holds one file per paused sandbox: its PauseStatus as JSON, so
@@ -210,6 +211,8 @@ func (r *Runner) rewatchLocked(e *entry) {
 // Resume implements PauseHandle for the runner. Concurrent resumes of one sandbox share
 // the first one's work: the others find it RUNNING.
 func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
+	ctx, rec := span.New(ctx)
+	t := time.Now()
 	e, err := r.lookup(id)
 	if err != nil {
 		return Sandbox{}, err
@@ -219,6 +222,7 @@ func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
 	}
 	e.op.Lock()
 	defer e.op.Unlock()
+	span.Mark(ctx, "runner: lock", &t)
 	r.mu.Lock()
 	st, stop := e.sb.State, stopRequested(e)
 	sb := e.snapshot()
@@ -237,8 +241,10 @@ func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
 		if err := r.admitResume(ctx, sb); err != nil {
 			return Sandbox{}, err
 		}
+		span.Mark(ctx, "runner: admit", &t)
 	}
 	info, err := p.Resume(ctx, id)
+	span.Mark(ctx, "runner: backend", &t)
 	if err != nil {
 		if errors.Is(err, runtime.ErrCheckpointLost) {
 			r.mu.Lock()
@@ -285,13 +291,15 @@ func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
 	e.lastActive = time.Now()
 	_ = os.Remove(r.pausedPath(id))
 	r.rewatchLocked(e)
-	r.log.Info("sandbox resumed", "sandbox", id)
+	span.Mark(ctx, "runner: state", &t)
+	r.log.Info("sandbox resumed", "sandbox", id, "steps", rec.String())
 	r.notifyLocked(e)
 	return e.snapshot(), nil
 }
 
 // Fork implements PauseHandle for the runner.
 func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]ForkResult, error) {
+	ctx, rec := span.New(ctx)
 	if err := r.validateForks(targets); err != nil {
 		return nil, err
 	}
@@ -345,8 +353,13 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 		return nil, err
 	}
 
+	t := time.Now()
 	infos, errs := fk.Fork(context.WithoutCancel(ctx), id, specs)
-	return r.startForks(id, "fork", entries, infos, errs), nil
+	span.Mark(ctx, "runner: backend fork", &t)
+	out := r.startForks(id, "fork", entries, infos, errs)
+	span.Mark(ctx, "runner: start forks", &t)
+	r.log.Info("sandbox fork steps", "sandbox", id, "count", len(targets), "steps", rec.String())
+	return out, nil
 }
 
 // startForks completes entries (registered, CREATING) with the backend's outcome of each

@@ -31,7 +31,7 @@ import (
 func needRunsc(t *testing.T) {
 	t.Helper()
 	if local.FindRunsc() == "" {
-		t.Skipf("gvisor runtime class: runsc not built (run `make runsc`, or set $SANDBOXD_RUNSC to a static runsc); looked in ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/%s/ and $PATH", local.RunscVersion)
+		t.Skipf("gvisor runtime class: runsc not built (run `make runsc`, or set $SANDBOXD_RUNSC to a static runsc); looked in ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/%s/ and $PATH", local.RunscBuild)
 	}
 }
 

@@ -56,6 +56,25 @@ type forkParams struct {
 	// digest is the image digest the checkpoint was taken on: the fork's image must be
 	// the same (its root filesystem's lower layers), else the restore is refused.
 	digest string
+	// ready, when not nil, is closed once image, vols and run are set, or err (the
+	// source's checkpoint failed): the forks of a running source are made while it is
+	// checkpointed, and wait for it (wait) only where they need it.
+	ready chan struct{}
+	err   error
+}
+
+// wait waits until fp's image, vols and run are set; it returns the error of the
+// source's checkpoint if that failed.
+func (fp *forkParams) wait(ctx context.Context) error {
+	if fp.ready == nil {
+		return nil
+	}
+	select {
+	case <-fp.ready:
+		return fp.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // copyRunDir copies the agent state dir src (sandbox-written: copied as it is, links
@@ -101,6 +120,9 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 	}
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
+	if m := b.pausedOf(s); m == nil || !m.Released {
+		return b.forkRunning(ctx, s, specs, infos, errs)
+	}
 	fp, cleanup, cont, err := b.forkSource(ctx, s)
 	if err != nil {
 		return failAll(fmt.Errorf("fork %s: %w", src, err))
@@ -113,11 +135,51 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 			defer close(contDone)
 			t := time.Now()
 			cont()
-			b.step("fork source: continues (concurrent)", &t)
+			b.step(ctx, "fork source: continues (concurrent)", &t)
 		}()
 		defer func() { <-contDone }()
 	}
 	b.makeForks(ctx, specs, s.rt.class, fp, "of "+src, infos, errs)
+	return infos, errs
+}
+
+// forkRunning is Fork of running (or frozen) sandbox s (opMu held): its forks are made
+// (dirs, disk, network namespace and address, overlay, bundle) while s is checkpointed,
+// and wait for its checkpoint only to restore from it (and for its volume snapshots to
+// make theirs). A failed checkpoint fails every fork (each undone as a failed Create)
+// with its error, and s runs on as before.
+func (b *Backend) forkRunning(ctx context.Context, s *sandbox, specs []*runtime.Spec, infos []runtime.Info, errs []error) ([]runtime.Info, []error) {
+	pending := &forkParams{digest: s.info.ImageDigest, ready: make(chan struct{})}
+	made := make(chan struct{})
+	go func() {
+		defer close(made)
+		b.makeForks(ctx, specs, s.rt.class, pending, "of "+s.id, infos, errs)
+	}()
+	fp, cleanup, cont, err := b.forkSource(ctx, s)
+	if err != nil {
+		pending.err = err
+		close(pending.ready)
+		<-made
+		for i := range errs {
+			errs[i] = fmt.Errorf("fork %s: %w", s.id, err)
+		}
+		return infos, errs
+	}
+	defer cleanup() // after the forks (made)
+	pending.image, pending.vols, pending.run = fp.image, fp.vols, fp.run
+	close(pending.ready)
+	if cont != nil {
+		// The source continues while its forks are restored (all they need of it is taken).
+		contDone := make(chan struct{})
+		go func() {
+			defer close(contDone)
+			t := time.Now()
+			cont()
+			b.step(ctx, "fork source: continues (concurrent)", &t)
+		}()
+		defer func() { <-contDone }()
+	}
+	<-made
 	return infos, errs
 }
 
@@ -247,7 +309,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 		fp.vols = vols
 		cleanups = append(cleanups, release)
 	}
-	b.step("fork source: run dir, volume snapshots", &t)
+	b.step(ctx, "fork source: run dir, volume snapshots", &t)
 	return fp, cleanup, nil
 }
 

@@ -155,7 +155,7 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		return err
 	}
 	failpoint.Hit("local.group.primary")
-	b.step("members", t)
+	b.step(ctx, "members", t)
 	failpoint.Hit("local.group.members")
 	if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err) // a *startseq.Failure names the container
@@ -165,7 +165,7 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		return err
 	}
 	failpoint.Hit("local.group.info")
-	b.step("started", t)
+	b.step(ctx, "started", t)
 	return nil
 }
 

@@ -57,6 +57,11 @@ import (
 // RunscVersion is the gVisor version scripts/build-runsc.sh builds (keep them equal).
 const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 
+// RunscBuild names the build of RunscVersion that scripts/build-runsc.sh makes: with
+// precompiled seccomp programs (its SECCOMP revision; keep them equal), so the sentry
+// does not compile its filter at every start.
+const RunscBuild = RunscVersion + "+seccomp1"
+
 // GVisorClass is the runtime class name of gVisor.
 const GVisorClass = "gvisor"
 
@@ -166,8 +171,10 @@ func isGVisor(class, binary string) bool {
 var agentListenAddr = "unix:" + path.Join(agentconfig.StateDir, agentSocket)
 
 // FindRunsc returns the runsc binary to use for the gvisor class, or "": $SANDBOXD_RUNSC,
-// else the pinned build in ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/<RunscVersion>/,
-// else runsc on $PATH.
+// else the pinned build in ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/<RunscBuild>/,
+// else a plain build of the pinned version in .../runsc/<RunscVersion>/ (made by an
+// earlier build script: the same runsc, without precompiled seccomp programs), else runsc
+// on $PATH.
 func FindRunsc() string {
 	if p := os.Getenv("SANDBOXD_RUNSC"); p != "" {
 		if abs, err := filepath.Abs(p); err == nil && isExecutable(abs) {
@@ -179,8 +186,10 @@ func FindRunsc() string {
 	if cache == "" {
 		cache = "/var/cache/sandboxd"
 	}
-	if p := filepath.Join(cache, "runsc", RunscVersion, "runsc"); isExecutable(p) {
-		return p
+	for _, build := range []string{RunscBuild, RunscVersion} {
+		if p := filepath.Join(cache, "runsc", build, "runsc"); isExecutable(p) {
+			return p
+		}
 	}
 	if p, err := exec.LookPath("runsc"); err == nil {
 		if abs, err := filepath.Abs(p); err == nil {

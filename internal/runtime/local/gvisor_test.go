@@ -23,7 +23,7 @@ func gvisorEnv(t testing.TB) *env {
 	t.Helper()
 	e := newEnv(t)
 	if e.b.runtimes[GVisorClass] == nil {
-		t.Skipf("runsc not found ($SANDBOXD_RUNSC, ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/%s/runsc or $PATH): run `make runsc`", RunscVersion)
+		t.Skipf("runsc not found ($SANDBOXD_RUNSC, ${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/%s/runsc or $PATH): run `make runsc`", RunscBuild)
 	}
 	return e
 }
@@ -265,6 +265,9 @@ func TestRunscVersionMatchesScript(t *testing.T) {
 	}
 	if !strings.Contains(string(b), `VERSION="${SANDBOXD_RUNSC_VERSION:-`+RunscVersion+`}"`) {
 		t.Errorf("scripts/build-runsc.sh does not build RunscVersion %s", RunscVersion)
+	}
+	if !strings.Contains(string(b), "\nSECCOMP="+strings.TrimPrefix(RunscBuild, RunscVersion+"+")+"\n") {
+		t.Errorf("scripts/build-runsc.sh does not build RunscBuild %s", RunscBuild)
 	}
 }
 

@@ -50,6 +50,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
+	"github.com/sandboxd/sandboxd/internal/span"
 )
 
 // Files and dirs in a sandbox's dir.
@@ -319,6 +320,7 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Pool.Size > 0 || cfg.Pool.MaxTargeted > 0 {
 		b.pool = newPool(b, cfg.Pool)
 	}
+	b.logCgroupHint() // cgrouphint.go
 	return b, nil
 }
 
@@ -370,12 +372,15 @@ func (b *Backend) runtimeFor(class string) (*ociRuntime, string, error) {
 	return rt, class, nil
 }
 
-func (b *Backend) step(name string, t *time.Time) {
+// step ends step name begun at *t (which it sets to now): in b.trace (tests) and in
+// ctx's span record (logged by the runner).
+func (b *Backend) step(ctx context.Context, name string, t *time.Time) {
+	now := time.Now()
 	if b.trace != nil {
-		now := time.Now()
 		b.trace(name, now.Sub(*t))
-		*t = now
 	}
+	span.From(ctx).Add(name, now.Sub(*t))
+	*t = now
 }
 
 // Create implements runtime.Backend.
@@ -493,7 +498,7 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	claimed := false
 	if b.pool != nil && poolable {
 		if claimed = b.claim(ctx, s, spec, key); claimed {
-			b.step("claim", &t)
+			b.step(ctx, "claim", &t)
 		}
 	}
 	if !claimed {
@@ -525,7 +530,7 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 		if err := b.engineUp(ctx, id); err != nil {
 			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		b.step("engine", &t)
+		b.step(ctx, "engine", &t)
 	}
 	return s.info.toInfo(id), nil
 }
@@ -611,7 +616,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if upper, work, err = b.disks.setupDisk(dir, disk); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: disk limit: %w", id, err)
 		}
-		b.step("disk", t)
+		b.step(ctx, "disk", t)
 		failpoint.Hit("local.create.disk")
 		if err := os.Mkdir(filepath.Join(dir, dirShown), 0o711); err != nil {
 			return nil, nil, fmt.Errorf("create sandbox %s: %w", id, err)
@@ -680,21 +685,26 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		s.volumeRoots = roots
 		s.join.setVolumes(roots, err)
 	} else {
+		if s.fork != nil && hasDiskVolume(&s.spec) {
+			err = s.fork.wait(ctx) // the source's volume snapshots
+		}
 		var roots map[string]string
-		vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids, s.fork)
+		if err == nil {
+			vols, roots, err = b.setupVolumes(id, dir, &s.spec, disk, ids, s.fork)
+		}
 		s.volumeRoots = roots
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	failpoint.Hit("local.create.volumes")
-	b.step("dirs", t)
+	b.step(ctx, "dirs", t)
 
 	<-pulled
 	if pullErr != nil {
 		return nil, nil, b.mapPullError(s.spec.Image, pullErr)
 	}
-	b.step("pull", t)
+	b.step(ctx, "pull", t)
 	if s.fork != nil && s.fork.digest != "" && img.Digest != s.fork.digest {
 		// The checkpoint's root filesystem is this image's layers and its writes: on
 		// other layers the restored sandbox's files would be corrupt.
@@ -706,7 +716,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		engineDir = filepath.Join(dir, dirEngine)
-		b.step("engine images", t)
+		b.step(ctx, "engine images", t)
 	}
 	if s.join != nil {
 		if err := s.join.wait(ctx); err != nil {
@@ -723,7 +733,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, err
 		}
 		failpoint.Hit("local.create.rules")
-		b.step("network", t)
+		b.step(ctx, "network", t)
 	}
 
 	acfg, err := acfgFor(img)
@@ -741,7 +751,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids, s.join.idmapUserNS()); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	b.step("overlay", t)
+	b.step(ctx, "overlay", t)
 	failpoint.Hit("local.create.overlay")
 
 	etc := filepath.Join(shown, dirEtc)
@@ -814,7 +824,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err := writeJSON(filepath.Join(bundle, "config.json"), oci); err != nil {
 		return nil, nil, err
 	}
-	b.step("bundle", t)
+	b.step(ctx, "bundle", t)
 
 	// The agent's listening socket is made here so connections queue in its backlog
 	// before the agent runs: Create can return as soon as the runtime has started it.
@@ -837,7 +847,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		return nil, nil, err
 	}
 	defer out.Close()
-	b.step("socket", t)
+	b.step(ctx, "socket", t)
 	failpoint.Hit("local.create.socket")
 
 	if rt.gvisor && len(cpus) > 0 {
@@ -847,16 +857,27 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	pidFile := filepath.Join(dir, filePid)
 	if s.fork != nil {
-		// A fork (fork.go): the source's checkpoint, restored into this sandbox.
-		if err := copyRunDir(ctx, s.fork.run, filepath.Join(shown, dirRun)); err != nil {
-			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
-		}
-		markResume(filepath.Join(shown, dirRun)) // restored suspended (pause.go); it re-reads its identity
-		b.step("fork: run dir", t)
+		// A fork (fork.go): the source's checkpoint, restored into this sandbox. All
+		// above, and the sandbox itself (`runsc create`: its sentry and gofer, waiting
+		// for a start or a restore), is made while the source is checkpointed; then
+		// `runsc restore` loads the checkpoint into it.
 		rbundle, limits, err := restoreBundle(bundle, filepath.Join(dir, restoreBundleDir)) // restorecpu.go
 		if err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
+		if err := b.bootRuntime(rt).create(ctx, cid, rbundle, pidFile, out); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step(ctx, "fork: runsc create", t)
+		if err := s.fork.wait(ctx); err != nil {
+			return nil, nil, err
+		}
+		b.step(ctx, "fork: wait for the source's checkpoint", t)
+		if err := copyRunDir(ctx, s.fork.run, filepath.Join(shown, dirRun)); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		markResume(filepath.Join(shown, dirRun)) // restored suspended (pause.go); it re-reads its identity
+		b.step(ctx, "fork: run dir", t)
 		if err := b.bootRuntime(rt).restore(ctx, cid, rbundle, s.fork.image, pidFile, out); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
@@ -866,7 +887,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	} else if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	b.step("runtime", t)
+	b.step(ctx, "runtime", t)
 	failpoint.Hit("local.create.started")
 
 	pid, err := readPid(pidFile)
@@ -896,20 +917,20 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if err := wait(ctx, s); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		b.step("agent", t)
+		b.step(ctx, "agent", t)
 	}
 	failpoint.Hit("local.create.proc")
 	if s.held != nil && !s.member {
 		// A group's primary: info.json, which makes a restarted backend adopt the sandbox
 		// as live, waits until its start sequence has finished (createGroup).
-		b.step("finish", t)
+		b.step(ctx, "finish", t)
 		return img, att, nil
 	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &s.info); err != nil {
 		return nil, nil, err // teardown kills the container and closes the pidfd
 	}
 	failpoint.Hit("local.create.info")
-	b.step("finish", t)
+	b.step(ctx, "finish", t)
 	return img, att, nil
 }
 

@@ -302,13 +302,13 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		}
 	}
 	failpoint.Hit("local.pause.suspended")
-	b.step("save: suspend agent", &t)
+	b.step(ctx, "save: suspend agent", &t)
 	if _, err := s.rt.run(ctx, "pause", s.cid); err != nil {
 		resumeAll()
 		return fail(err)
 	}
 	failpoint.Hit("local.pause.paused")
-	b.step("save: runsc pause", &t)
+	b.step(ctx, "save: runsc pause", &t)
 	if err := b.checkMembersRunning(ctx, s); err != nil {
 		b.continueAfterSave(ctx, s, "")
 		return fail(err)
@@ -327,7 +327,7 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		return fail(errors.New("runsc could not checkpoint the sandbox (the runner's log has the details)"))
 	}
 	failpoint.Hit("local.pause.saved")
-	b.step("save: runsc checkpoint", &t)
+	b.step(ctx, "save: runsc checkpoint", &t)
 	return dir, nil
 }
 
@@ -509,7 +509,7 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 		return err
 	}
 	failpoint.Hit("local.resume.marked")
-	b.step("resume: marker", &t)
+	b.step(ctx, "resume: marker", &t)
 	pr, err := b.restoreSentry(ctx, s, image)
 	t = time.Now()
 	if err != nil {
@@ -535,7 +535,7 @@ func (b *Backend) restore(ctx context.Context, s *sandbox) error {
 	if err := os.Remove(filepath.Join(s.dir, filePaused)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		b.log.Warn("resume: remove marker", "sandbox", s.id, "err", err)
 	}
-	b.step("resume: cleanup", &t)
+	b.step(ctx, "resume: cleanup", &t)
 	return nil
 }
 
@@ -563,7 +563,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 			return nil, fmt.Errorf("the sandbox's network: %w", err)
 		}
 	}
-	b.step("resume: network", &t)
+	b.step(ctx, "resume: network", &t)
 	pidFile := filepath.Join(s.dir, filePid)
 	_ = os.Remove(pidFile)
 	undo := func(err error) (*proc, error) {
@@ -607,7 +607,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 	if err := b.restoreMembers(ctx, s, image); err != nil {
 		return undo(err)
 	}
-	b.step("resume: runsc restore", &t)
+	b.step(ctx, "resume: runsc restore", &t)
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return undo(err)
@@ -640,7 +640,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		b.log.Warn("restore: write info", "sandbox", s.id, "err", err)
 	}
 	failpoint.Hit("local.resume.restored")
-	b.step("resume: info", &t)
+	b.step(ctx, "resume: info", &t)
 	err = b.waitRestoredAgent(ctx, s)
 	for _, m := range members {
 		if err != nil {
@@ -674,7 +674,7 @@ func (b *Backend) restoreSentry(ctx context.Context, s *sandbox, image string) (
 		}
 	}
 	failpoint.Hit("local.resume.agent")
-	b.step("resume: agent answers", &t)
+	b.step(ctx, "resume: agent answers", &t)
 	return pr, nil
 }
 

@@ -383,6 +383,21 @@ func TestPauseCheckpointFails(t *testing.T) {
 	} else {
 		t.Logf("pause: %v", err)
 	}
+	// A fork's checkpoint fails the same way: its forks, made while it is taken, all fail
+	// with its error and are undone; the source runs on.
+	forks := []*runtime.Spec{
+		{ID: "ckf-f1", RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sh", Args: []string{"-c", counterLoop}}},
+		{ID: "ckf-f2", RuntimeClass: GVisorClass, Container: runtime.Container{Command: "sh", Args: []string{"-c", counterLoop}}},
+	}
+	_, errs := e.b.Fork(ctx, id, forks)
+	for i, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "fork "+id+": runsc could not checkpoint") {
+			t.Errorf("fork %d of a failed checkpoint: %v", i, err)
+		}
+		if _, serr := os.Stat(e.b.dir(forks[i].ID)); !os.IsNotExist(serr) {
+			t.Errorf("fork %s of a failed checkpoint left its dir (%v)", forks[i].ID, serr)
+		}
+	}
 	testImageDirHook = nil
 	waitCount(t, e.b, id, c1+3)
 	if e.b.isPaused(id) {

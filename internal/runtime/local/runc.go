@@ -73,6 +73,19 @@ func (r *ociRuntime) start(ctx context.Context, id, bundle, pidFile string, extr
 	return nil
 }
 
+// create creates container id detached (`runsc create`: a gVisor sandbox's sentry and
+// gofer run, and wait for a start or, as a fork's does, a restore into it); stdio goes
+// to the file out.
+func (r *ociRuntime) create(ctx context.Context, id, bundle, pidFile string, out *os.File) error {
+	cmd := r.command(ctx, "create", "--pid-file", pidFile, "--bundle", bundle, r.runscID(id))
+	cmd.Stdout = out
+	cmd.Stderr = out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s create %s: %w: %s", r.class, id, err, tailOf(out.Name(), 1024))
+	}
+	return nil
+}
+
 // restoreBackground: `runsc restore --background` returns once the kernel's state is
 // loaded and lets the restored sandbox run while the memory image's pages load (a page
 // touched first waits for its load). The checkpoints are uncompressed, which it needs.
@@ -84,7 +97,8 @@ func (r *ociRuntime) start(ctx context.Context, id, bundle, pidFile string, extr
 var restoreBackground = true
 
 // restore starts container id detached from the checkpoint in image (runsc restore),
-// like start.
+// like start; a container made by create is restored into (runsc then only loads the
+// image into its sandbox).
 func (r *ociRuntime) restore(ctx context.Context, id, bundle, image, pidFile string, out *os.File) error {
 	args := []string{"restore", "--detach", "--image-path=" + image, "--pid-file", pidFile, "--bundle", bundle}
 	if restoreBackground {
