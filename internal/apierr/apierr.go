@@ -360,6 +360,18 @@ func Invalid(reason, msg string, vs []Violation) *connect.Error {
 	return WithViolations(New(reason, msg, nil), vs)
 }
 
+// PageSize is a list request's page_size as a page size: 0 is def, above max is max, and
+// a negative size is INVALID_ARGUMENT CWSANDBOX_INVALID_REQUEST naming page_size.
+func PageSize(got int32, def, max int) (int, error) {
+	switch {
+	case got < 0:
+		return 0, Invalid(InvalidRequest, "page_size must not be negative", []Violation{{Field: "page_size", Description: "must not be negative"}})
+	case got == 0:
+		return def, nil
+	}
+	return min(int(got), max), nil
+}
+
 // WithViolations adds a BadRequest listing vs (nothing when vs is empty). Fields and
 // descriptions may quote what a caller sent: they are made valid UTF-8 as in New.
 func WithViolations(err *connect.Error, vs []Violation) *connect.Error {

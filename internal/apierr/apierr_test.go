@@ -3,6 +3,7 @@ package apierr
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,5 +53,21 @@ func TestWithRetry(t *testing.T) {
 	}
 	if ri := RetryInfo(New(FileIOFailed, "no retry", nil)); ri != nil {
 		t.Errorf("RetryInfo of an error without one: %v", ri)
+	}
+}
+
+func TestPageSize(t *testing.T) {
+	for _, c := range []struct {
+		got       int32
+		want      int
+		wantError bool
+	}{{0, 10, false}, {1, 1, false}, {50, 50, false}, {51, 50, false}, {-1, 0, true}} {
+		n, err := PageSize(c.got, 10, 50)
+		if (err != nil) != c.wantError || n != c.want {
+			t.Errorf("PageSize(%d) = %d, %v; want %d (error %v)", c.got, n, err, c.want, c.wantError)
+		}
+		if err != nil && (connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "page_size")) {
+			t.Errorf("PageSize(%d) error = %v", c.got, err)
+		}
 	}
 }

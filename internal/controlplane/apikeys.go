@@ -40,14 +40,9 @@ func (s *Service) CreateApiKey(ctx context.Context, req *connect.Request[control
 }
 
 func (s *Service) ListApiKeys(ctx context.Context, req *connect.Request[controlplanev1.ListApiKeysRequest]) (*connect.Response[controlplanev1.ListApiKeysResponse], error) {
-	size := int(req.Msg.GetPageSize())
-	switch {
-	case size < 0:
-		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
-	case size == 0:
-		size = store.DefaultPageSize
-	case size > store.MaxPageSize:
-		size = store.MaxPageSize
+	size, err := apierr.PageSize(req.Msg.GetPageSize(), store.DefaultPageSize, store.MaxPageSize)
+	if err != nil {
+		return nil, err
 	}
 	start := 0
 	if t := req.Msg.GetPageToken(); t != "" {

@@ -319,10 +319,11 @@ func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[con
 }
 
 func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[controlplanev1.ListManagedRunnersRequest]) (*connect.Response[controlplanev1.ListManagedRunnersResponse], error) {
-	if req.Msg.GetPageSize() < 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
+	size, err := apierr.PageSize(req.Msg.GetPageSize(), store.DefaultPageSize, store.MaxPageSize)
+	if err != nil {
+		return nil, err
 	}
-	rs, next, err := s.st.Runners().List(ctx, principal(ctx).Org, store.Page{Size: int(req.Msg.GetPageSize()), Token: req.Msg.GetPageToken()})
+	rs, next, err := s.st.Runners().List(ctx, principal(ctx).Org, store.Page{Size: size, Token: req.Msg.GetPageToken()})
 	if errors.Is(err, store.ErrInvalid) {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid page_token", []apierr.Violation{{Field: "page_token", Description: "is not a token this list returned"}})
 	}

@@ -350,14 +350,10 @@ func (bs *buildService) ListBuilds(ctx context.Context, req *connect.Request[bui
 		return nil, err
 	}
 	m := req.Msg
-	if m.GetPageSize() < 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
+	size, err := apierr.PageSize(m.GetPageSize(), defaultBuildPageSize, maxBuildPageSize)
+	if err != nil {
+		return nil, err
 	}
-	size := int(m.GetPageSize())
-	if size == 0 {
-		size = defaultBuildPageSize
-	}
-	size = min(size, maxBuildPageSize)
 	org := principal(ctx).Org
 	list, next, err := st.List(ctx, org, m.GetTemplate(), store.Page{Size: size, Token: m.GetPageToken()})
 	switch {

@@ -511,17 +511,13 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.
 
 func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
 	m := req.Msg
-	if m.GetPageSize() < 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
+	size, err := apierr.PageSize(m.GetPageSize(), defaultPageSize, maxPageSize)
+	if err != nil {
+		return nil, err
 	}
 	if len(m.GetVolumeIds()) > 0 {
 		return nil, apierr.Newf(apierr.NotImplemented, "volumes are not supported by this sandboxd yet")
 	}
-	size := int(m.GetPageSize())
-	if size == 0 {
-		size = defaultPageSize
-	}
-	size = min(size, maxPageSize)
 	after := ""
 	if t := m.GetPageToken(); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)

@@ -493,14 +493,10 @@ func (s *Server) ListFileSystemSnapshots(ctx context.Context, req *connect.Reque
 		return nil, err
 	}
 	m := req.Msg
-	if m.GetPageSize() < 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
+	size, err := apierr.PageSize(m.GetPageSize(), defaultPageSize, maxPageSize)
+	if err != nil {
+		return nil, err
 	}
-	size := int(m.GetPageSize())
-	if size == 0 {
-		size = defaultPageSize
-	}
-	size = min(size, maxPageSize)
 	if len(m.GetSourceSandboxId()) > MaxRequestIDBytes {
 		vs := []apierr.Violation{{Field: "source_sandbox_id", Description: fmt.Sprintf("is %d bytes, no sandbox ID is longer than %d", len(m.GetSourceSandboxId()), MaxRequestIDBytes)}}
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid source_sandbox_id: "+apierr.Describe(vs), vs)

@@ -359,14 +359,10 @@ func (s *Server) ListSandboxTemplates(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	m := req.Msg
-	if m.GetPageSize() < 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "page_size must not be negative", []apierr.Violation{{Field: "page_size", Description: "must not be negative"}})
+	size, err := apierr.PageSize(m.GetPageSize(), defaultTemplatePageSize, maxPageSize)
+	if err != nil {
+		return nil, err
 	}
-	size := int(m.GetPageSize())
-	if size == 0 {
-		size = defaultTemplatePageSize
-	}
-	size = min(size, maxPageSize)
 	list, next, err := st.List(ctx, principal(ctx).Org, m.GetShowDeleted(), store.Page{Size: size, Token: m.GetPageToken()})
 	switch {
 	case errors.Is(err, store.ErrInvalid):
