@@ -188,7 +188,13 @@ func (a *app) buildResult(b *sandbox.Build, err error, progress io.Writer) error
 		return err
 	}
 	if b.State == sandbox.BuildSucceeded {
-		msg := fmt.Sprintf("Build %s succeeded in %s: %s", b.ID, buildDuration(b), b.Image)
+		cached := 0
+		for _, st := range b.Steps {
+			if st.Cached {
+				cached++
+			}
+		}
+		msg := fmt.Sprintf("Build %s succeeded in %s (%d of %d steps from the layer cache): %s", b.ID, buildDuration(b), cached, len(b.Steps), b.Image)
 		if b.TemplateID != "" {
 			msg += fmt.Sprintf(" (template %s revision %d)", dash(b.Template), b.TemplateRevision)
 		}
@@ -205,10 +211,12 @@ func buildDuration(b *sandbox.Build) string {
 }
 
 // buildProgress prints build log events: a line per step ("Step 3/7: RUN … (cached)")
-// and the output lines as they are.
+// and the output lines as they are, but for the builder's own header of the step just
+// printed ("STEP 3/7: RUN …", which gives the total when the build did not yet).
 type buildProgress struct {
 	w     io.Writer
 	total int32
+	step  *sandbox.BuildStep // the last step printed
 }
 
 func (p *buildProgress) event(e sandbox.BuildEvent) error {
@@ -218,6 +226,7 @@ func (p *buildProgress) event(e sandbox.BuildEvent) error {
 			p.total = e.Build.TotalSteps
 		}
 	case e.Step != nil:
+		p.step = e.Step
 		n := strconv.Itoa(int(e.Step.Number))
 		if p.total > 0 {
 			n += "/" + strconv.Itoa(int(p.total))
@@ -229,6 +238,17 @@ func (p *buildProgress) event(e sandbox.BuildEvent) error {
 		_, err := fmt.Fprintln(p.w, line)
 		return err
 	case e.Line != nil:
+		if p.step != nil {
+			var n, total int32
+			if k, _ := fmt.Sscanf(e.Line.Text, "STEP %d/%d:", &n, &total); k == 2 && n == p.step.Number &&
+				strings.HasSuffix(e.Line.Text, ": "+p.step.Instruction) {
+				p.step = nil
+				if p.total == 0 {
+					p.total = total
+				}
+				return nil
+			}
+		}
 		_, err := fmt.Fprintln(p.w, e.Line.Text)
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	"github.com/sandboxd/sandboxd/internal/buildfake"
+	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
 
 // contextDir is a build context with a Dockerfile, a .dockerignore and a symlink.
@@ -146,7 +147,7 @@ func TestSbxTemplateBuild(t *testing.T) {
 		t.Errorf("dockerfile %q", f.builds.Starts[1].GetDockerfile())
 	}
 	out, _, code = f.sbx("", "template", "build", ".", "--name", "py")
-	if code != 0 || !strings.Contains(out, "succeeded in 0s: reg.example/org/py@sha256:abc (template py revision 2)") {
+	if code != 0 || !strings.Contains(out, "succeeded in 0s (0 of 0 steps from the layer cache): reg.example/org/py@sha256:abc (template py revision 2)") {
 		t.Errorf("text success: %d %q", code, out)
 	}
 
@@ -264,5 +265,27 @@ func TestSbxBuildCommands(t *testing.T) {
 	var got map[string]any
 	if err := json.Unmarshal([]byte(out), &got); err != nil || code != 0 || got["state"] != "BUILD_STATE_CANCELLED" {
 		t.Errorf("cancel json: %d %q", code, out)
+	}
+}
+
+// TestBuildProgressStepHeader: the builder's own header of the step just printed is not
+// printed again, and gives the total; other lines are printed as they are.
+func TestBuildProgressStepHeader(t *testing.T) {
+	var b strings.Builder
+	p := &buildProgress{w: &b}
+	for _, e := range []sandbox.BuildEvent{
+		{Step: &sandbox.BuildStep{Number: 1, Instruction: "FROM busybox"}},
+		{Line: &sandbox.BuildLogLine{Text: "STEP 1/2: FROM busybox"}},
+		{Step: &sandbox.BuildStep{Number: 2, Instruction: "RUN echo hi"}},
+		{Line: &sandbox.BuildLogLine{Text: "STEP 2/2: RUN echo other"}},
+		{Line: &sandbox.BuildLogLine{Text: "hi"}},
+	} {
+		if err := p.event(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "Step 1: FROM busybox\nStep 2/2: RUN echo hi\nSTEP 2/2: RUN echo other\nhi\n"
+	if b.String() != want {
+		t.Errorf("progress = %q, want %q", b.String(), want)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -131,7 +132,11 @@ func TestTemplateBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(g.Close)
-	api := httptest.NewServer(g.Handler())
+	api := httptest.NewUnstartedServer(g.Handler())
+	api.Config.Protocols = new(http.Protocols) // sbx speaks HTTP/2 without TLS (h2c)
+	api.Config.Protocols.SetHTTP1(true)
+	api.Config.Protocols.SetUnencryptedHTTP2(true)
+	api.Start()
 	t.Cleanup(api.Close)
 	builds := buildv1connect.NewBuildServiceClient(api.Client(), api.URL)
 	templates := sandboxv1connect.NewSandboxTemplateServiceClient(api.Client(), api.URL)
@@ -357,17 +362,17 @@ RUN id -u > /app/data/ran-as
 		return out.String(), errb.String(), code
 	}
 	out, errOut, code := sbx(adminKey, "template", "build", "-f", filepath.Join(ctxDir, "Dockerfile"), ctxDir, "--name", "Built App")
-	if code != 0 || !strings.Contains(out, "Step 2") || !strings.Contains(out+errOut, "@sha256:") {
+	if code != 0 || !strings.Contains(out, "Step 2/7: ENV GREETING=hello-from-build") || !strings.Contains(out+errOut, "@sha256:") {
 		t.Errorf("sbx template build: exit %d\n%s\n%s", code, out, errOut)
 	}
-	if !strings.Contains(out, "(cached)") {
+	if !strings.Contains(out, "(6 of 7 steps from the layer cache)") {
 		t.Errorf("sbx template build of an unchanged context shows no cached step:\n%s", out)
 	}
 	out, errOut, code = sbx(adminKey, "template", "build", "-f", filepath.Join(ctxDir, "Dockerfile.fail"), ctxDir, "--name", "Built App")
 	if code != 1 || !strings.Contains(out+errOut, "step 3") {
 		t.Errorf("sbx template build of a failing Dockerfile: exit %d\n%s\n%s", code, out, errOut)
 	}
-	if out, errOut, code := sbx(userKey, "build", "ls", "--template", "Built App"); code != 0 || strings.Count(out, "SUCCEEDED") != 3 {
+	if out, errOut, code := sbx(userKey, "build", "ls", "--template", "Built App"); code != 0 || strings.Count(out, "succeeded") != 3 {
 		t.Errorf("sbx build ls: exit %d\n%s\n%s", code, out, errOut)
 	}
 }
