@@ -221,7 +221,7 @@ func procedure(md protoreflect.MethodDescriptor) string {
 }
 
 // notBuilt are the RPCs sandboxd does not build yet: every one of these services (but
-// SettingsService's snapshot bucket config), and this of SandboxService.
+// SettingsService's snapshot bucket config).
 func notBuilt() []protoreflect.MethodDescriptor {
 	var out []protoreflect.MethodDescriptor
 	for _, sd := range apiServices() {
@@ -234,11 +234,6 @@ func notBuilt() []protoreflect.MethodDescriptor {
 				if n := ms.Get(i).Name(); n != "GetFileSystemSnapshotBucketConfig" && n != "UpdateFileSystemSnapshotBucketConfig" {
 					out = append(out, ms.Get(i))
 				}
-			}
-		}
-		if sd.Name() == "SandboxService" {
-			for _, n := range []protoreflect.Name{"GetSandboxBuildLogs"} {
-				out = append(out, ms.ByName(n))
 			}
 		}
 	}
