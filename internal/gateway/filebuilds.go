@@ -118,7 +118,11 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 			if msg == "" {
 				msg = strings.TrimPrefix(rec.GetState().String(), "BUILD_STATE_")
 			}
-			return nil, apierr.New(apierr.BuildFailed, fmt.Sprintf("the image of service %q was not built (build %s): %s", svc, rec.GetBuildId(), msg),
+			reason := apierr.BuildFailed
+			if r := rec.GetFailureReason(); strings.HasPrefix(r, "CWSANDBOX_") {
+				reason = r // the platform's (no runner builds, no room): its own code
+			}
+			return nil, apierr.New(reason, fmt.Sprintf("the image of service %q was not built (build %s): %s", svc, rec.GetBuildId(), msg),
 				map[string]string{"service": svc, "build_id": rec.GetBuildId(), "failure_reason": rec.GetFailureReason()})
 		}
 		images[svc] = rec.GetImage()
