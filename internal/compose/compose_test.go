@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -397,6 +398,8 @@ func TestNoServerEnvironment(t *testing.T) {
 func FuzzConvert(f *testing.F) {
 	f.Add([]byte(threeServices), "app")
 	f.Add([]byte("services: {a: {image: x}}"), "")
+	f.Add([]byte("services: {a: {build: {dockerfile_inline: \"FROM x\\nRUN y\", args: {A: '1'}, target: t}}, b: {image: y}}"), "a")
+	f.Add([]byte("services: {a: {build: .}}"), "")
 	for _, tc := range refused {
 		f.Add([]byte(tc.file), "a")
 	}
@@ -416,8 +419,14 @@ func FuzzConvert(f *testing.F) {
 			t.Fatalf("accepted without a container or primary: %+v", res)
 		}
 		for _, c := range res.Spec.GetContainers() {
-			if !dnsLabel.MatchString(c.GetName()) || c.GetImage() == "" {
-				t.Fatalf("accepted container %q image %q", c.GetName(), c.GetImage())
+			b, built := res.Builds[c.GetName()]
+			if !dnsLabel.MatchString(c.GetName()) || (c.GetImage() == "") != built || built && strings.TrimSpace(b.Dockerfile) == "" {
+				t.Fatalf("accepted container %q image %q build %+v", c.GetName(), c.GetImage(), b)
+			}
+		}
+		for name := range res.Builds {
+			if !slices.ContainsFunc(res.Spec.GetContainers(), func(c *sandboxv1.Container) bool { return c.GetName() == name }) {
+				t.Fatalf("a build of %q, which has no container", name)
 			}
 		}
 	})
