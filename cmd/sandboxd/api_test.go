@@ -560,3 +560,21 @@ func TestOpenAPIDocument(t *testing.T) {
 		t.Errorf("only %d routes: the annotations were not read", len(served))
 	}
 }
+
+// TestBuildLogURLIsPublicButSigned: GetSandboxBuildLogs's path takes no API key on the
+// API port (the URL is its own authority), and a URL not signed by this gateway is 403
+// naming nothing.
+func TestBuildLogURLIsPublicButSigned(t *testing.T) {
+	base, _ := apiPort(t)
+	for _, q := range []string{"", "?org=org-1&build=b&expires=9999999999&token=AAAA", "?org=org-1&build=b&expires=1&token="} {
+		res, err := http.Get(base + gateway.BuildLogPath + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		if res.StatusCode != http.StatusForbidden || !strings.Contains(string(b), "invalid or expired") {
+			t.Errorf("%s: %d %q, want 403", q, res.StatusCode, b)
+		}
+	}
+}
