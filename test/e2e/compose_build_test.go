@@ -42,7 +42,7 @@ services:
     command: ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"]
 `)}
 	}
-	ok := file("FROM " + busybox() + "\nARG WORD\nRUN echo \"$WORD\" > /built.txt\n")
+	ok := file("FROM " + busybox() + "\nARG WORD\nRUN echo \"$$WORD\" > /built.txt\n")
 
 	start := time.Now()
 	sb, err := sandboxes.CreateSandboxFromFile(ctx, withKey(p.userKey, ok))
