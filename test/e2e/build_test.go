@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -385,7 +386,12 @@ func newBuildPlatform(t *testing.T, org string) *buildPlatform {
 		t.Fatal(err)
 	}
 	t.Cleanup(g.Close)
-	api := httptest.NewServer(g.Handler())
+	// HTTP/1.1 and h2c, like sandboxd's API port: sbx speaks HTTP/2 with prior knowledge.
+	api := httptest.NewUnstartedServer(g.Handler())
+	api.Config.Protocols = new(http.Protocols)
+	api.Config.Protocols.SetHTTP1(true)
+	api.Config.Protocols.SetUnencryptedHTTP2(true)
+	api.Start()
 	t.Cleanup(api.Close)
 	return &buildPlatform{host: host, adminKey: adminKey, userKey: userKey, otherKey: otherKey, s: s, api: api}
 }
