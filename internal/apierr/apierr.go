@@ -94,6 +94,9 @@ const (
 	// BuildNotSupported: no runner can build (the gvisor class and a builder image), or
 	// the platform has no registry to push to; the message says which.
 	BuildNotSupported = "CWSANDBOX_BUILD_NOT_SUPPORTED"
+	// BuildFailed: a Compose service's image build failed, so the sandbox was not
+	// created; the message names the service and the failing step.
+	BuildFailed = "CWSANDBOX_BUILD_FAILED"
 )
 
 // Reasons of the control plane's own API (runners, registration, API keys).
@@ -216,6 +219,7 @@ var table = []reasonCode{
 	{TemplateLimitExceeded, connect.CodeResourceExhausted, "the organization has as many templates as it may (metadata limit)"},
 	{BuildNotFound, connect.CodeNotFound, "no such image build in the caller's organization"},
 	{BuildNotSupported, connect.CodeFailedPrecondition, "no runner can build images (gvisor class and a builder image), or there is no platform registry; the message says which"},
+	{BuildFailed, connect.CodeFailedPrecondition, "a Compose service's image build failed (CreateSandboxFromFile): metadata service, build_id, failure_reason; the message names the failing step"},
 	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version, or a template of that display name"},
 	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
 	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},

@@ -14,8 +14,9 @@
 // Every key the file sets is translated or refused with a field violation naming it
 // (services.<name>.<key>); none is silently ignored. The one key not acted on is a
 // service's `build` when the service also names an `image`: as the official client
-// documents, the image runs and the build section is skipped (a service with `build`
-// and no image is NOT_IMPLEMENTED until images can be built).
+// documents, the image runs and the build section is skipped. A service with `build`
+// and no image is a Build (Result.Builds: its Dockerfile inline, an empty context) that
+// the gateway builds before it creates the sandbox.
 package compose
 
 import (
@@ -61,6 +62,9 @@ type Result struct {
 	// Extra is what the public wire cannot carry; the gateway applies it to the runtime
 	// spec converted from Spec (after the policy resolved Spec).
 	Extra Extra
+	// Builds are the services to build (by service name): each one's container in Spec
+	// has no image; the gateway builds it and sets the image it pushed.
+	Builds map[string]Build
 }
 
 // Extra is the part of a translated file that has no field on the public wire.
@@ -162,8 +166,11 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 		return Result{}, invalid(vs)
 	}
 	var unsupported []string
-	if len(req.GetBuildContexts()) > 0 || len(req.GetBuildContextObjects()) > 0 || len(req.GetBuilderSizes()) > 0 {
-		unsupported = append(unsupported, "image builds (build_contexts, build_context_objects, builder_sizes)")
+	if len(req.GetBuildContexts()) > 0 {
+		unsupported = append(unsupported, "build contexts as tar bytes (build_contexts; write the Dockerfile inline: build: {dockerfile_inline: ...})")
+	}
+	if len(req.GetBuildContextObjects()) > 0 {
+		unsupported = append(unsupported, "build contexts in object storage (build_context_objects)")
 	}
 	if len(req.GetImagePullCredentials()) > 0 {
 		unsupported = append(unsupported, "image pull credentials")
@@ -184,12 +191,24 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 		return Result{}, invalid([]apierr.Violation{{Field: "contents", Description: clipErr(err)}})
 	}
 
-	t := translator{req: req, project: project, builds: builds, add: add}
+	t := translator{req: req, project: project, builds: builds, add: add, toBuild: map[string]Build{}}
 	var res Result
 	if req.GetControl() == sandboxv1.Control_CONTROL_CONTAINER_ENGINE {
 		res = t.translateEngine()
 	} else {
 		res = t.translate()
+	}
+	for _, k := range sortedNames(req.GetBuilderSizes()) {
+		b, ok := t.toBuild[k]
+		if !ok {
+			add("builder_sizes["+clipKey(k)+"]", "service %q has nothing to build (no build: without an image)", clipKey(k))
+			continue
+		}
+		b.BuilderSize = req.GetBuilderSizes()[k]
+		t.toBuild[k] = b
+	}
+	if len(t.toBuild) > 0 {
+		res.Builds = t.toBuild
 	}
 	if len(vs) > 0 {
 		return Result{}, invalid(vs)
@@ -252,9 +271,10 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 type translator struct {
 	req     *sandboxv1.CreateSandboxFromFileRequest
 	project *types.Project
-	builds  map[string]bool
+	builds  map[string]any // the build sections as written
 	add     func(field, format string, args ...any)
 	unbuilt []string
+	toBuild map[string]Build
 	ports   map[int32]string // port -> the service that declares it
 }
 
@@ -369,8 +389,8 @@ func (t *translator) service(f, name string, svc types.ServiceConfig) (*sandboxv
 		c.Image = o
 	}
 	if strings.TrimSpace(c.Image) == "" {
-		if t.builds[name] {
-			t.unbuilt = append(t.unbuilt, name)
+		if t.hasBuild(name) {
+			t.build(f+".build", name, svc.Build)
 		} else {
 			t.add(f+".image", "is required (or set image_overrides[%s])", name)
 		}

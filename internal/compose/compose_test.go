@@ -3,6 +3,8 @@ package compose
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -288,9 +290,32 @@ func TestRequestChecks(t *testing.T) {
 			r.PrimaryService = "a"
 			return r
 		}, connect.CodeInvalidArgument, "primary_service"},
-		{"build", func() *sandboxv1.CreateSandboxFromFileRequest {
+		{"build without bytes", func() *sandboxv1.CreateSandboxFromFileRequest {
 			r := req("services: {a: {build: ., command: [x]}, b: {image: y}}")
 			r.PrimaryService = "b"
+			return r
+		}, connect.CodeInvalidArgument, "build_contexts[a]"},
+		{"build key", func() *sandboxv1.CreateSandboxFromFileRequest {
+			return req("services: {a: {build: {dockerfile_inline: 'FROM x', network: host}}}")
+		}, connect.CodeInvalidArgument, "services.a.build.network"},
+		{"build arg without a value", func() *sandboxv1.CreateSandboxFromFileRequest {
+			return req("services: {a: {build: {dockerfile_inline: 'FROM x', args: [V]}}}")
+		}, connect.CodeInvalidArgument, "services.a.build.args.V"},
+		{"builder size of an image", func() *sandboxv1.CreateSandboxFromFileRequest {
+			r := req("services: {a: {build: {dockerfile_inline: 'FROM x'}}, b: {image: y}}")
+			r.PrimaryService = "a"
+			r.BuilderSizes = map[string]string{"b": "small"}
+			return r
+		}, connect.CodeInvalidArgument, "builder_sizes[b]"},
+		{"build engine", func() *sandboxv1.CreateSandboxFromFileRequest {
+			r := req("services: {a: {build: {dockerfile_inline: 'FROM x'}}}")
+			r.Control = sandboxv1.Control_CONTROL_CONTAINER_ENGINE
+			return r
+		}, connect.CodeUnimplemented, ""},
+		{"build context objects", func() *sandboxv1.CreateSandboxFromFileRequest {
+			r := req(two)
+			r.PrimaryService = "a"
+			r.BuildContextObjects = map[string]*sandboxv1.BuildContextObject{"a": {}}
 			return r
 		}, connect.CodeUnimplemented, ""},
 		{"build contexts", func() *sandboxv1.CreateSandboxFromFileRequest {
@@ -315,6 +340,27 @@ func TestRequestChecks(t *testing.T) {
 			}
 			t.Fatalf("violations %v, want one on %s", apierr.Violations(err), tc.field)
 		})
+	}
+}
+
+// A service with build: {dockerfile_inline} and no image is a Build (its container has
+// no image yet); builder_sizes and the args travel with it.
+func TestBuildInline(t *testing.T) {
+	r := req("services: {app: {build: {dockerfile_inline: \"FROM x\\nRUN touch /y\\n\", args: {A: '1'}, target: t1}, command: [sleep, '1']}, db: {image: reg/db:1}}")
+	r.PrimaryService = "app"
+	r.BuilderSizes = map[string]string{"app": "medium"}
+	res, err := Convert(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Build{"app": {Dockerfile: "FROM x\nRUN touch /y\n", Args: map[string]string{"A": "1"}, Target: "t1", BuilderSize: "medium"}}
+	if !reflect.DeepEqual(res.Builds, want) {
+		t.Errorf("builds %+v, want %+v", res.Builds, want)
+	}
+	for _, c := range res.Spec.GetContainers() {
+		if c.GetName() == "app" && c.GetImage() != "" || c.GetName() == "db" && c.GetImage() != "reg/db:1" {
+			t.Errorf("container %s image %q", c.GetName(), c.GetImage())
+		}
 	}
 }
 
@@ -352,6 +398,8 @@ func TestNoServerEnvironment(t *testing.T) {
 func FuzzConvert(f *testing.F) {
 	f.Add([]byte(threeServices), "app")
 	f.Add([]byte("services: {a: {image: x}}"), "")
+	f.Add([]byte("services: {a: {build: {dockerfile_inline: \"FROM x\\nRUN y\", args: {A: '1'}, target: t}}, b: {image: y}}"), "a")
+	f.Add([]byte("services: {a: {build: .}}"), "")
 	for _, tc := range refused {
 		f.Add([]byte(tc.file), "a")
 	}
@@ -371,8 +419,14 @@ func FuzzConvert(f *testing.F) {
 			t.Fatalf("accepted without a container or primary: %+v", res)
 		}
 		for _, c := range res.Spec.GetContainers() {
-			if !dnsLabel.MatchString(c.GetName()) || c.GetImage() == "" {
-				t.Fatalf("accepted container %q image %q", c.GetName(), c.GetImage())
+			b, built := res.Builds[c.GetName()]
+			if !dnsLabel.MatchString(c.GetName()) || (c.GetImage() == "") != built || built && strings.TrimSpace(b.Dockerfile) == "" {
+				t.Fatalf("accepted container %q image %q build %+v", c.GetName(), c.GetImage(), b)
+			}
+		}
+		for name := range res.Builds {
+			if !slices.ContainsFunc(res.Spec.GetContainers(), func(c *sandboxv1.Container) bool { return c.GetName() == name }) {
+				t.Fatalf("a build of %q, which has no container", name)
 			}
 		}
 	})

@@ -62,7 +62,7 @@ func (t *translator) translateEngine() Result {
 			img = o
 		}
 		switch {
-		case strings.TrimSpace(img) == "" && t.builds[name]:
+		case strings.TrimSpace(img) == "" && t.hasBuild(name):
 			t.unbuilt = append(t.unbuilt, name)
 		case strings.TrimSpace(img) == "":
 			t.add(f+".image", "is required (or set image_overrides[%s])", name)

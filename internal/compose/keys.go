@@ -43,9 +43,9 @@ func set(keys ...string) map[string]bool {
 // not translate, and the shapes that would make compose-go read the server's files or
 // environment (env_file, extends, include, a variable-less environment entry, host bind
 // mounts). It runs before compose-go sees the file, so nothing refused here is ever
-// loaded. builds lists the services that have a build section.
-func checkKeys(contents []byte) (vs []violation, builds map[string]bool, err error) {
-	builds = map[string]bool{}
+// loaded. builds holds the build section of each service that has one, as written.
+func checkKeys(contents []byte) (vs []violation, builds map[string]any, err error) {
+	builds = map[string]any{}
 	dec := yaml.NewDecoder(bytes.NewReader(contents))
 	for {
 		var doc any
@@ -87,8 +87,8 @@ func checkKeys(contents []byte) (vs []violation, builds map[string]bool, err err
 				continue // compose-go's schema reports it
 			}
 			vs = append(vs, checkService("services."+name, svc)...)
-			if _, ok := svc["build"]; ok {
-				builds[name] = true
+			if b, ok := svc["build"]; ok {
+				builds[name] = b
 			}
 		}
 	}

@@ -219,18 +219,39 @@ func (bs *buildService) get(ctx context.Context, id string) (*buildv1.Build, err
 }
 
 func (bs *buildService) StartBuild(ctx context.Context, req *connect.Request[buildv1.StartBuildRequest]) (*connect.Response[buildv1.StartBuildResponse], error) {
-	st, err := bs.store()
-	if err != nil {
+	if _, err := bs.store(); err != nil {
 		return nil, err
 	}
 	if err := requireAdmin(ctx, "StartBuild"); err != nil {
 		return nil, err
 	}
-	if bs.cfg.RegistryHost == "" || bs.cfg.MintPushToken == nil || bs.cfg.MintPullToken == nil {
-		return nil, apierr.New(apierr.BuildNotSupported, "this gateway has no platform registry to push built images to (sandboxd --registry)", nil)
+	rec, err := bs.start(ctx, req.Msg)
+	if err != nil {
+		return nil, err
 	}
+	return connect.NewResponse(&buildv1.StartBuildResponse{Build: rec}), nil
+}
+
+// canBuild is nil when this gateway can queue builds (a store and a platform registry).
+func (bs *buildService) canBuild() error {
+	if _, err := bs.store(); err != nil {
+		return err
+	}
+	if bs.cfg.RegistryHost == "" || bs.cfg.MintPushToken == nil || bs.cfg.MintPullToken == nil {
+		return apierr.New(apierr.BuildNotSupported, "this gateway has no platform registry to push built images to (sandboxd --registry)", nil)
+	}
+	return nil
+}
+
+// start checks m and queues it as a build of the caller's organization (StartBuild's,
+// and the builds of a Compose file's services: fromfile.go); a request_id already used
+// by an equal request answers that build as it is now.
+func (bs *buildService) start(ctx context.Context, m *buildv1.StartBuildRequest) (*buildv1.Build, error) {
+	if err := bs.canBuild(); err != nil {
+		return nil, err
+	}
+	st := bs.st
 	p := principal(ctx)
-	m := req.Msg
 	target, err := checkStartBuild(p.Org, m, bs.cfg.MaxContextBytes)
 	var vs []apierr.Violation
 	if err != nil {
@@ -257,7 +278,7 @@ func (bs *buildService) StartBuild(ctx context.Context, req *connect.Request[bui
 	ctxSum := sha256.Sum256(m.GetContext())
 	d := digest("build", &buildv1.StartBuildRequest{Target: m.Target, Dockerfile: m.GetDockerfile(), Context: ctxSum[:], BuildArgs: m.GetBuildArgs(),
 		TargetStage: m.GetTargetStage(), BuilderSize: m.GetBuilderSize(), TimeoutSeconds: m.GetTimeoutSeconds(), NoCache: m.GetNoCache()})
-	replay := func() (*connect.Response[buildv1.StartBuildResponse], bool, error) {
+	replay := func() (*buildv1.Build, bool, error) {
 		first, err := st.GetByRequestID(ctx, p.Org, m.GetRequestId())
 		if err != nil {
 			return nil, false, nil
@@ -270,7 +291,7 @@ func (bs *buildService) StartBuild(ctx context.Context, req *connect.Request[bui
 		if err != nil {
 			return nil, true, err
 		}
-		return connect.NewResponse(&buildv1.StartBuildResponse{Build: rec}), true, nil
+		return rec, true, nil
 	}
 	if m.GetRequestId() != "" {
 		if out, ok, err := replay(); ok {
@@ -333,7 +354,7 @@ func (bs *buildService) StartBuild(ctx context.Context, req *connect.Request[bui
 	bs.mu.Unlock()
 	bs.s.log.Info("build queued", "build", rec.BuildId, "org", p.Org, "repository", target.Repository, "template", target.Template, "context_bytes", len(m.GetContext()))
 	bs.kick()
-	return connect.NewResponse(&buildv1.StartBuildResponse{Build: out}), nil
+	return out, nil
 }
 
 func (bs *buildService) GetBuild(ctx context.Context, req *connect.Request[buildv1.GetBuildRequest]) (*connect.Response[buildv1.GetBuildResponse], error) {

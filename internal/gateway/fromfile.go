@@ -25,7 +25,16 @@ func (s *Server) CreateSandboxFromFile(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
-	out, err := s.create(ctx, createArgs{spec: res.Spec, requestID: req.Msg.GetRequestId(), requestDigest: fileRequestDigest(req.Msg), displayName: req.Msg.GetDisplayName(), displayNameField: "display_name", adjust: res.Extra.Apply, engine: res.Extra.Engine})
+	var builds map[string]string
+	if len(res.Builds) > 0 {
+		// Built before the create's request_id is looked at: a replay finds the same
+		// builds done (their request_ids are their inputs') and creates nothing new.
+		if builds, err = s.composeBuilds(ctx, res); err != nil {
+			return nil, err
+		}
+	}
+	out, err := s.create(ctx, createArgs{spec: res.Spec, requestID: req.Msg.GetRequestId(), requestDigest: fileRequestDigest(req.Msg), displayName: req.Msg.GetDisplayName(),
+		displayNameField: "display_name", adjust: res.Extra.Apply, engine: res.Extra.Engine, builds: builds})
 	if err != nil {
 		return nil, err
 	}

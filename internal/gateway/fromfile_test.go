@@ -116,7 +116,8 @@ func TestCreateFromFileRefusals(t *testing.T) {
 		field  string
 	}{
 		{"refused key", fileRequest("services: {a: {image: x, privileged: true}}", ""), apierr.InvalidRequest, "services.a.privileged"},
-		{"build", fileRequest("services: {a: {build: .}}", ""), apierr.NotImplemented, ""},
+		{"build from a context", fileRequest("services: {a: {build: .}}", ""), apierr.InvalidRequest, "build_contexts[a]"},
+		{"build without builds", fileRequest("services: {a: {build: {dockerfile_inline: 'FROM x'}}}", ""), apierr.NotImplemented, ""},
 		{"engine", engine, apierr.NoSuitableRunner, ""},
 		{"bad request_id", fileRequest(oneService, strings.Repeat("x", MaxRequestIDBytes+1)), apierr.InvalidRequest, "request_id"},
 	} {

@@ -34,6 +34,9 @@ type record struct {
 	// display_name of CreateSandboxFromTemplate and CreateSandboxFromFile); a fork
 	// carries its source's.
 	displayName string
+	// builds are the image builds of a CreateSandboxFromFile's services (service ->
+	// build ID; GetSandboxBuildLogs); a fork carries its source's.
+	builds map[string]string
 }
 
 // index maps sandboxes to their organization and runner, and deduplicates creates. It

@@ -320,7 +320,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		policyRevision, _ := strconv.ParseInt(g.c.Result.PolicyRevision, 10, 64)
 		f := &record{id: sb.ID, org: p.Org, runnerID: g.h.ID(), spec: proto.CloneOf(rec.spec), createdAt: sb.CreatedAt, last: sb,
 			policyRevision: policyRevision, requestDigest: digest,
-			sourceTemplateID: rec.sourceTemplateID, sourceTemplateRevision: rec.sourceTemplateRevision, displayName: rec.displayName}
+			sourceTemplateID: rec.sourceTemplateID, sourceTemplateRevision: rec.sourceTemplateRevision, displayName: rec.displayName, builds: rec.builds}
 		if f.createdAt.IsZero() {
 			f.createdAt = time.Now()
 		}

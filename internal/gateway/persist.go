@@ -46,6 +46,8 @@ type lastStatus struct {
 	RequestDigest string `json:"file_digest,omitempty"` // the name predates templates
 	// DisplayName is the record's displayName (gateway-side too).
 	DisplayName string `json:"display_name,omitempty"`
+	// Builds is the record's builds (service -> build ID; gateway-side too).
+	Builds map[string]string `json:"builds,omitempty"`
 }
 
 func toLast(sb runner.Sandbox) lastStatus {
@@ -71,7 +73,7 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 		return store.Sandbox{}, fmt.Errorf("encode spec: %w", err)
 	}
 	last := toLast(r.last)
-	last.RequestDigest, last.DisplayName = r.requestDigest, r.displayName
+	last.RequestDigest, last.DisplayName, last.Builds = r.requestDigest, r.displayName, r.builds
 	status, err := json.Marshal(last)
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("encode status: %w", err)
@@ -97,7 +99,7 @@ func fromStore(s store.Sandbox) (*record, error) {
 	}
 	return &record{id: s.ID, org: s.Org, runnerID: s.RunnerID, spec: spec, createdAt: s.CreatedAt, last: last.sandbox(s.ID), policyRevision: s.PolicyRevision,
 		requestDigest: last.RequestDigest, sourceTemplateID: s.SourceTemplateID, sourceTemplateRevision: s.SourceTemplateRevision,
-		displayName: last.DisplayName}, nil
+		displayName: last.DisplayName, builds: last.Builds}, nil
 }
 
 // load fills the index with every organization's records from st.
@@ -168,7 +170,7 @@ func (x *index) persistStatus(ctx context.Context, r *record, sb runner.Sandbox)
 // statusUpdate is the store's update of r to status sb.
 func statusUpdate(r *record, sb runner.Sandbox) (store.SandboxStatusUpdate, error) {
 	last := toLast(sb)
-	last.RequestDigest, last.DisplayName = r.requestDigest, r.displayName
+	last.RequestDigest, last.DisplayName, last.Builds = r.requestDigest, r.displayName, r.builds
 	status, err := json.Marshal(last)
 	if err != nil {
 		return store.SandboxStatusUpdate{}, err

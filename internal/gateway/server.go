@@ -113,8 +113,8 @@ type Config struct {
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
 // does not build yet are the embedded generated stubs, which answer UNIMPLEMENTED (with
 // reason CWSANDBOX_NOT_IMPLEMENTED: apifront.NotImplemented): all of VolumeService and
-// SettingsService but its file-system snapshot bucket config (settings_fss.go), and
-// SandboxService's GetSandboxBuildLogs. Building one is defining its method on Server
+// SettingsService but its file-system snapshot bucket config (settings_fss.go).
+// Building one is defining its method on Server
 // (SandboxTemplateService and CreateSandboxFromTemplate: templates.go).
 type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
@@ -264,8 +264,9 @@ func (s *Server) Handler() http.Handler {
 		panic(fmt.Sprintf("gateway: %v", err))
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", api)
+	mux.Handle("/", withOrigin(api))
 	mux.HandleFunc("GET /v1/builds/{build_id}/logs", s.buildLogsREST) // a stream REST transcoding cannot carry
+	mux.HandleFunc("GET "+BuildLogPath, s.buildLogText)               // GetSandboxBuildLogs's URLs
 	mux.HandleFunc("GET /readyz", s.readyz)
 	return mux
 }
@@ -406,6 +407,8 @@ type createArgs struct {
 	// container takes each runner's engine image, and only runners that run engines
 	// (and whose policies allow it and its images) are candidates.
 	engine *runtime.Engine
+	// builds are the image builds of a Compose file's services (record.builds).
+	builds map[string]string
 }
 
 // create is the one create path: request_id dedupe, the spec's shape, placement (the
@@ -462,7 +465,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		recorded.Containers[0].Name = runtime.EngineContainerName
 	}
 	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: recorded, createdAt: sb.CreatedAt, last: sb, requestDigest: a.requestDigest,
-		sourceTemplateID: a.sourceTemplateID, sourceTemplateRevision: a.sourceTemplateRevision, displayName: a.displayName}
+		sourceTemplateID: a.sourceTemplateID, sourceTemplateRevision: a.sourceTemplateRevision, displayName: a.displayName, builds: a.builds}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, a.requestID); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running.

@@ -4,8 +4,9 @@ The three-service file: ``redis`` (the Debian redis test image, served as ``redi
 ``sandboxd dev``'s docker.io mirror) with a ``redis-cli ping`` healthcheck; ``api`` (python)
 answering ``/healthz`` 200 only once it reaches redis by its service name; ``app``, the primary,
 depending on both being healthy. RUNNING means the chain passed; exec in the primary then reaches
-both services by name. Refusals: a leftover ``build:`` is the client's NOT_IMPLEMENTED error, a
-refused key an invalid argument naming it, a replayed request_id with other bytes a conflict.
+both services by name. Refusals: a ``build:`` whose Dockerfile is in its context (the client sends no
+context) names ``build_contexts[app]``, an inline one without a builder is
+CWSANDBOX_BUILD_NOT_SUPPORTED, a refused key an invalid argument naming it, a replayed request_id with other bytes a conflict.
 Container-engine control runs ``docker compose`` inside when the engine test image is built
 (``scripts/build-test-images.sh engine``; CI sets SANDBOXD_ENGINE_IMAGE=1), else is a clear refusal.
 
@@ -156,10 +157,22 @@ def test_request_id_replayed_with_other_bytes_conflicts(from_file):
 
 
 @pytest.mark.timeout(60)
-def test_build_is_not_implemented(from_file):
-    with pytest.raises(CWSandboxError) as exc:
+def test_build_needs_an_inline_dockerfile(from_file):
+    # run_from_file sends no build context: a Dockerfile in the context cannot be built.
+    with pytest.raises(CWSandboxValidationError) as exc:
         from_file(b"services:\n  app:\n    build: .\n", primary_service="app")
-    assert exc.value.reason == "CWSANDBOX_NOT_IMPLEMENTED", f"{type(exc.value).__name__}: {exc.value}"
+    fields = [v.field for v in exc.value.field_violations]
+    assert "build_contexts[app]" in fields, f"{exc.value}: {fields}"
+
+
+@pytest.mark.timeout(120)
+def test_build_without_a_builder_is_refused(from_file):
+    # `sandboxd dev` here runs no builder (no --builder-image): the build is refused, naming
+    # the service; no sandbox is created. (The build itself: test/e2e TestComposeBuild.)
+    with pytest.raises(CWSandboxError) as exc:
+        from_file(b"services:\n  app:\n    build:\n      dockerfile_inline: 'FROM busybox'\n", primary_service="app")
+    assert exc.value.reason == "CWSANDBOX_BUILD_NOT_SUPPORTED", f"{type(exc.value).__name__}: {exc.value}"
+    assert 'service "app"' in str(exc.value), str(exc.value)
 
 
 @pytest.mark.timeout(60)

@@ -45,99 +45,9 @@ func TestTemplateBuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real builds")
 	}
-	builderTar, err := testimage.BuilderTar()
-	if errors.Is(err, testimage.ErrNoTestImages) {
-		t.Skip(err)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	keys, err := auth.OpenKeyring(filepath.Join(dir, "keys.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const org = "build-org"
-	adminKey, _, err := keys.Create(org, auth.RoleAdmin, "admin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	userKey, _, err := keys.Create(org, auth.RoleUser, "user")
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherKey, _, err := keys.Create("other-org", auth.RoleAdmin, "other")
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The platform registry on loopback (plain HTTP), authenticated by the same keys.
-	regSrv := httptest.NewUnstartedServer(nil)
-	regSrv.Start()
-	host := strings.TrimPrefix(regSrv.URL, "http://")
-	reg, err := registry.New(context.Background(), registry.Config{Dir: filepath.Join(dir, "registry"), Auth: keys,
-		TokenKey: []byte(strings.Repeat("b", 32)), Host: host})
-	if err != nil {
-		t.Fatal(err)
-	}
-	regSrv.Config.Handler = reg
-	t.Cleanup(func() { regSrv.Close(); reg.Close() })
-
-	cfg := env.StackConfig(filepath.Join(dir, "stack"))
-	cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
-	s, err := stack.NewLocal(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	t.Cleanup(func() { finish(t, s, cfg.DataDir) })
-	var kept runtime.KeptVolumes = s.Backend
-	t.Cleanup(func() { // before finish: the organizations' layer caches outlive their builders
-		list, err := kept.ListKept()
-		if err != nil {
-			t.Errorf("list the kept volumes: %v", err)
-		}
-		for _, v := range list {
-			if err := kept.RemoveKept(v.Name); err != nil {
-				t.Errorf("remove the kept volume %s: %v", v.Name, err)
-			}
-		}
-	})
-	l := runner.NewLocal("local", s.Runner)
-	if !slices.Contains(l.Classes(), runner.BuildRuntimeClass) {
-		t.Skipf("no gvisor class on this machine (%v)", l.Classes())
-	}
-	bimg, err := testimage.Build(builderTar, image.Config{Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testimage.Push(env.Registry, "sandboxd/builder:1", bimg); err != nil {
-		t.Fatal(err)
-	}
-	l.BuilderImage, l.BuildImages = env.Registry+"/sandboxd/builder:1", s.BaseArchiver()
-
-	st, err := store.Open(context.Background(), filepath.Join(dir, "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	for _, o := range []string{org, "other-org"} {
-		if _, err := st.Orgs().Create(context.Background(), store.Org{ID: o, Name: o}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{l}, Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: st.Templates(),
-		RegistryCredentials: reg.PullCredentials,
-		Builds:              gateway.BuildOptions{Store: st.Builds(), RegistryHost: host, MintPushToken: reg.MintPushToken, MintPullToken: reg.MintPullToken, PushInsecure: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Close)
-	api := httptest.NewUnstartedServer(g.Handler())
-	api.Config.Protocols = new(http.Protocols) // sbx speaks HTTP/2 without TLS (h2c)
-	api.Config.Protocols.SetHTTP1(true)
-	api.Config.Protocols.SetUnencryptedHTTP2(true)
-	api.Start()
-	t.Cleanup(api.Close)
+	p := newBuildPlatform(t, org)
+	host, adminKey, userKey, otherKey, s, api := p.host, p.adminKey, p.userKey, p.otherKey, p.s, p.api
 	builds := buildv1connect.NewBuildServiceClient(api.Client(), api.URL)
 	templates := sandboxv1connect.NewSandboxTemplateServiceClient(api.Client(), api.URL)
 	sandboxes := sandboxv1connect.NewSandboxServiceClient(api.Client(), api.URL)
@@ -375,6 +285,115 @@ RUN id -u > /app/data/ran-as
 	if out, errOut, code := sbx(userKey, "build", "ls", "--template", "Built App"); code != 0 || strings.Count(out, "succeeded") != 3 {
 		t.Errorf("sbx build ls: exit %d\n%s\n%s", code, out, errOut)
 	}
+}
+
+// buildPlatform is a whole platform that builds: a local stack whose runner has a gVisor
+// builder, the platform registry on loopback, a gateway with BuildService and templates
+// on a SQLite store, its API on api; keys of org (admin, user) and of another organization.
+type buildPlatform struct {
+	host                        string // the registry's
+	adminKey, userKey, otherKey string
+	s                           *stack.Stack
+	api                         *httptest.Server
+}
+
+// newBuildPlatform skips the test where builds cannot run (no test images, no gvisor).
+func newBuildPlatform(t *testing.T, org string) *buildPlatform {
+	t.Helper()
+	builderTar, err := testimage.BuilderTar()
+	if errors.Is(err, testimage.ErrNoTestImages) {
+		t.Skip(err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	keys, err := auth.OpenKeyring(filepath.Join(dir, "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminKey, _, err := keys.Create(org, auth.RoleAdmin, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	userKey, _, err := keys.Create(org, auth.RoleUser, "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherKey, _, err := keys.Create("other-org", auth.RoleAdmin, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The platform registry on loopback (plain HTTP), authenticated by the same keys.
+	regSrv := httptest.NewUnstartedServer(nil)
+	regSrv.Start()
+	host := strings.TrimPrefix(regSrv.URL, "http://")
+	reg, err := registry.New(context.Background(), registry.Config{Dir: filepath.Join(dir, "registry"), Auth: keys,
+		TokenKey: []byte(strings.Repeat("b", 32)), Host: host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	regSrv.Config.Handler = reg
+	t.Cleanup(func() { regSrv.Close(); reg.Close() })
+
+	cfg := env.StackConfig(filepath.Join(dir, "stack"))
+	cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
+	s, err := stack.NewLocal(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	t.Cleanup(func() { finish(t, s, cfg.DataDir) })
+	var kept runtime.KeptVolumes = s.Backend
+	t.Cleanup(func() { // before finish: the organizations' layer caches outlive their builders
+		list, err := kept.ListKept()
+		if err != nil {
+			t.Errorf("list the kept volumes: %v", err)
+		}
+		for _, v := range list {
+			if err := kept.RemoveKept(v.Name); err != nil {
+				t.Errorf("remove the kept volume %s: %v", v.Name, err)
+			}
+		}
+	})
+	l := runner.NewLocal("local", s.Runner)
+	if !slices.Contains(l.Classes(), runner.BuildRuntimeClass) {
+		t.Skipf("no gvisor class on this machine (%v)", l.Classes())
+	}
+	bimg, err := testimage.Build(builderTar, image.Config{Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testimage.Push(env.Registry, "sandboxd/builder:1", bimg); err != nil {
+		t.Fatal(err)
+	}
+	l.BuilderImage, l.BuildImages = env.Registry+"/sandboxd/builder:1", s.BaseArchiver()
+
+	st, err := store.Open(context.Background(), filepath.Join(dir, "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	for _, o := range []string{org, "other-org"} {
+		if _, err := st.Orgs().Create(context.Background(), store.Org{ID: o, Name: o}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{l}, Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: st.Templates(),
+		RegistryCredentials: reg.PullCredentials,
+		Builds:              gateway.BuildOptions{Store: st.Builds(), RegistryHost: host, MintPushToken: reg.MintPushToken, MintPullToken: reg.MintPullToken, PushInsecure: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	// HTTP/1.1 and h2c, like sandboxd's API port: sbx speaks HTTP/2 with prior knowledge.
+	api := httptest.NewUnstartedServer(g.Handler())
+	api.Config.Protocols = new(http.Protocols)
+	api.Config.Protocols.SetHTTP1(true)
+	api.Config.Protocols.SetUnencryptedHTTP2(true)
+	api.Start()
+	t.Cleanup(api.Close)
+	return &buildPlatform{host: host, adminKey: adminKey, userKey: userKey, otherKey: otherKey, s: s, api: api}
 }
 
 func withKey[T any](key string, m *T) *connect.Request[T] {

@@ -1,0 +1,193 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/compose"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
+	"github.com/sandboxd/sandboxd/internal/imagebuild"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// A Compose service with build: and no image is built before the sandbox is created:
+// one build per service through the BuildService's queue (start, its placement on a
+// runner with a builder, its push to the platform registry, its log), into the
+// organization's repository compose-<service>:<digest of the build's inputs> (the
+// Dockerfile, the context, the args, the target). The build's request_id is derived from
+// the same inputs (and the builder size), so a second create with an unchanged service
+// answers the build already done (or waits for the one still running) instead of
+// building again; a failed or cancelled one is built afresh. The container then runs
+// the pushed image by digest. Any user of the organization may build this way (StartBuild
+// itself needs SANDBOX_ADMIN): the build is part of the create the user may make.
+
+// composeBuildRequestPrefix starts the request_id of a Compose service's build.
+const composeBuildRequestPrefix = "compose-build-"
+
+// composeBuildRequest is the build of service b: its StartBuildRequest (with its
+// request_id) and nil, or the violations of its builder size.
+func composeBuildRequest(service string, b compose.Build) (*buildv1.StartBuildRequest, []apierr.Violation) {
+	size := b.BuilderSize
+	if _, ok := builderSizes[size]; size != "" && !ok {
+		return nil, []apierr.Violation{{Field: "builder_sizes[" + imagebuild.Clip(service, 64) + "]",
+			Description: fmt.Sprintf("%q: want small, medium or large (default %s)", imagebuild.Clip(size, 64), defaultBuilderSize)}}
+	}
+	var ctxBuf bytes.Buffer
+	if err := fsarchive.WriteFiles(&ctxBuf, map[string][]byte{"Dockerfile": []byte(b.Dockerfile)}); err != nil {
+		// One fixed, valid name: cannot fail.
+		return nil, []apierr.Violation{{Field: "services." + service + ".build", Description: err.Error()}}
+	}
+	ctxSum := sha256.Sum256(ctxBuf.Bytes())
+	inputs := sha256.Sum256([]byte(digest("compose-build-inputs", &buildv1.StartBuildRequest{Dockerfile: "Dockerfile", Context: ctxSum[:],
+		BuildArgs: b.Args, TargetStage: b.Target})))
+	tag := hex.EncodeToString(inputs[:])[:32]
+	m := &buildv1.StartBuildRequest{
+		Target:     &buildv1.StartBuildRequest_Repository{Repository: "compose-" + templateRepository(service) + ":" + tag},
+		Dockerfile: "Dockerfile", Context: ctxBuf.Bytes(), BuildArgs: b.Args, TargetStage: b.Target, BuilderSize: size,
+	}
+	full := sha256.Sum256([]byte(digest("compose-build", &buildv1.StartBuildRequest{Target: m.Target, Dockerfile: m.Dockerfile, Context: ctxSum[:],
+		BuildArgs: m.BuildArgs, TargetStage: m.TargetStage, BuilderSize: m.BuilderSize})))
+	m.RequestId = composeBuildRequestPrefix + hex.EncodeToString(full[:])
+	return m, nil
+}
+
+// composeBuilds builds res.Builds, sets each built service's image in res.Spec to the
+// image pushed (by digest), and answers the builds by service. A build that fails fails
+// the create: FAILED_PRECONDITION naming the service and the failing step (the build
+// stays listed, with its log); nothing else is left behind.
+func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[string]string, error) {
+	if err := s.builds.canBuild(); err != nil {
+		return nil, withService(err, "building the image of a Compose service with build:")
+	}
+	services := slices.Sorted(func(yield func(string) bool) {
+		for n := range res.Builds {
+			if !yield(n) {
+				return
+			}
+		}
+	})
+	reqs := map[string]*buildv1.StartBuildRequest{}
+	var vs []apierr.Violation
+	for _, svc := range services {
+		m, bad := composeBuildRequest(svc, res.Builds[svc])
+		vs = append(vs, bad...)
+		reqs[svc] = m
+	}
+	if len(vs) > 0 {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)
+	}
+	ids := map[string]string{}
+	for _, svc := range services {
+		rec, err := s.builds.start(ctx, reqs[svc])
+		if err == nil && (rec.GetState() == buildv1.BuildState_BUILD_STATE_FAILED || rec.GetState() == buildv1.BuildState_BUILD_STATE_CANCELLED) {
+			// An earlier build of the same inputs failed: build again (its request_id
+			// stays with the failed one).
+			again := proto.CloneOf(reqs[svc])
+			again.RequestId = ""
+			rec, err = s.builds.start(ctx, again)
+		}
+		if err != nil {
+			return nil, withService(err, fmt.Sprintf("service %q: start its build", svc))
+		}
+		ids[svc] = rec.GetBuildId()
+	}
+	images := map[string]string{}
+	for _, svc := range services {
+		rec, err := s.builds.wait(ctx, ids[svc])
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, connect.NewError(connect.CodeDeadlineExceeded,
+					fmt.Errorf("service %q: build %s did not end before the request did; it goes on: send the request again (same file) to use it", svc, ids[svc]))
+			}
+			return nil, withService(err, fmt.Sprintf("service %q: build %s", svc, ids[svc]))
+		}
+		if rec.GetState() != buildv1.BuildState_BUILD_STATE_SUCCEEDED {
+			msg := rec.GetFailureMessage()
+			if msg == "" {
+				msg = strings.TrimPrefix(rec.GetState().String(), "BUILD_STATE_")
+			}
+			reason := apierr.BuildFailed
+			if r := rec.GetFailureReason(); strings.HasPrefix(r, "CWSANDBOX_") {
+				reason = r // the platform's (no runner builds, no room): its own code
+			}
+			return nil, apierr.New(reason, fmt.Sprintf("the image of service %q was not built (build %s): %s", svc, rec.GetBuildId(), msg),
+				map[string]string{"service": svc, "build_id": rec.GetBuildId(), "failure_reason": rec.GetFailureReason()})
+		}
+		images[svc] = rec.GetImage()
+	}
+	for _, c := range res.Spec.GetContainers() {
+		if img, ok := images[c.GetName()]; ok {
+			c.Image = img
+			delete(images, c.GetName())
+		}
+	}
+	if len(images) > 0 {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("compose: the spec has no container for the built service(s) %v", images))
+	}
+	return ids, nil
+}
+
+// withService prefixes err's message with what, keeping its code and details.
+func withService(err error, what string) error {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		out := connect.NewError(ce.Code(), fmt.Errorf("%s: %s", what, ce.Message()))
+		for _, d := range ce.Details() {
+			out.AddDetail(d)
+		}
+		return out
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// wait waits for build id of the caller's organization to end (woken by this gateway's
+// finish, else reading the store each second) and answers its final record; ctx's end
+// ends the wait, not the build.
+func (bs *buildService) wait(ctx context.Context, id string) (*buildv1.Build, error) {
+	org := principal(ctx).Org
+	for {
+		var done chan struct{}
+		bs.mu.Lock()
+		if lb, ok := bs.live[id]; ok && lb.org == org {
+			done = lb.done
+		}
+		bs.mu.Unlock()
+		if done == nil {
+			b, err := bs.st.Get(ctx, org, id)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				return nil, buildNotFound(id)
+			case err != nil:
+				return nil, connect.NewError(connect.CodeUnavailable, err)
+			}
+			rec, err := decodeBuild(b)
+			if err != nil {
+				return nil, err
+			}
+			if terminalBuild(rec.GetState()) {
+				return rec, nil
+			}
+		}
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-done: // nil blocks: the timer polls
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
