@@ -87,6 +87,24 @@ type PoolStats struct {
 	// Targeted is how many ready containers the warm targets ask for now (after
 	// MaxTargeted).
 	Targeted int
+	// ClaimTime is the time the Creates served from the pool spent in each step of the
+	// claim, summed over Claims (for benchmarks' breakdowns).
+	ClaimTime ClaimTimes
+}
+
+// ClaimTimes are the steps of a claim: the image check (Pull), limits, hostname, etc
+// files and records (Setup), the sandbox's network rules (Rules), the agent's Start
+// (Start) and the config file and the rename into place (Finish).
+type ClaimTimes struct {
+	Pull, Setup, Rules, Start, Finish time.Duration
+}
+
+func (c *ClaimTimes) add(d ClaimTimes) {
+	c.Pull += d.Pull
+	c.Setup += d.Setup
+	c.Rules += d.Rules
+	c.Start += d.Start
+	c.Finish += d.Finish
 }
 
 const poolPrefix = "pool_"
@@ -689,7 +707,10 @@ func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec, key
 	// the caller must be allowed to pull it: pull as a cold Create would. (A cached
 	// digest-pinned reference is served without asking the registry: what keeps an
 	// organization from another's image there is the set's key, poolKey.org.)
+	var ct ClaimTimes
+	t0 := time.Now()
 	img, err := b.cfg.Images.Pull(ctx, spec.Image, spec.PullCredentials)
+	ct.Pull = time.Since(t0)
 	if err != nil || img.Digest != pc.digest {
 		if err == nil {
 			b.pool.drop(pc) // stale
@@ -705,7 +726,7 @@ func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec, key
 		b.pool.miss()
 		return false
 	}
-	if err := b.configurePooled(ctx, pc, s, acfg); err != nil {
+	if err := b.configurePooled(ctx, pc, s, acfg, &ct); err != nil {
 		b.log.Warn("warm pool: claim failed, creating cold", "sandbox", s.id, "container", pc.s.cid, "err", err)
 		b.pool.drop(pc)
 		b.pool.miss()
@@ -717,7 +738,7 @@ func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec, key
 	s.info = pc.s.info
 	s.ident = pc.s.ident
 	b.mu.Unlock()
-	b.pool.claimed()
+	b.pool.claimed(ct)
 	return true
 }
 
@@ -727,9 +748,10 @@ func (p *pool) miss() {
 	p.mu.Unlock()
 }
 
-func (p *pool) claimed() {
+func (p *pool) claimed(ct ClaimTimes) {
 	p.mu.Lock()
 	p.stats.Claims++
+	p.stats.ClaimTime.add(ct)
 	p.mu.Unlock()
 	p.kick()
 }
@@ -737,7 +759,12 @@ func (p *pool) claimed() {
 // configurePooled turns pooled container pc into sandbox s: limits, hostname, etc files,
 // spec and info (with the container id), the agent's Start, and finally the rename of
 // pc's dir over s's. On error pc is to be destroyed.
-func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, acfg *agentconfig.Config) error {
+func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, acfg *agentconfig.Config, ct *ClaimTimes) error {
+	t := time.Now()
+	step := func(d *time.Duration) {
+		now := time.Now()
+		*d, t = now.Sub(t), now
+	}
 	dir := pc.s.dir
 	cpus := b.placeCPUs(s, s.spec.Resources.MilliCPU)
 	if err := b.applyResources(pc.s.cid, s.spec.Resources, cpus); err != nil {
@@ -785,14 +812,17 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 		return err
 	}
 	failpoint.Hit("local.claim.info")
+	step(&ct.Setup)
 	// The sandbox's rules hold before its command starts.
 	if err := b.applyRules(s, pc.s.cid); err != nil {
 		return err
 	}
+	step(&ct.Rules)
 	failpoint.Hit("local.claim.rules")
 	if err := startAgent(ctx, dir, pc.s.ident, cfgJSON); err != nil {
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}
+	step(&ct.Start)
 	failpoint.Hit("local.claim.started")
 	// What /.sandboxd/config.json shows inside (bind-mounted: rewritten in place). Only
 	// now: `runc run` returns before the agent has read it, and Start has answered.
@@ -805,6 +835,7 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 		return fmt.Errorf("rename %s over %s: %w", dir, s.dir, err)
 	}
 	failpoint.Hit("local.claim.renamed")
+	step(&ct.Finish)
 	pc.s.info = info
 	return nil
 }

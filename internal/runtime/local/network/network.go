@@ -575,6 +575,7 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.h.Close()
 	m.mu.Unlock()
+	m.pol.closeConn()
 	m.StopServices()
 	return nil
 }

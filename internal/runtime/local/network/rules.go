@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/google/nftables"
 	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -94,6 +95,11 @@ type policyState struct {
 	orgs    map[string]uint32
 	callers map[string]uint32
 	members map[netip.Addr]*member
+	// nl is the netlink socket of setElements (nftnl.go), opened on first use and
+	// kept: closing one costs milliseconds. nil after Close (closed).
+	nl      *nftables.Conn
+	closed  bool
+	batches int // netlink transactions made (tests)
 }
 
 // SetRules applies r to sandbox id (which must have been Setup) in one nftables
@@ -167,7 +173,10 @@ func (m *Manager) change(ip netip.Addr, mem *member) error {
 	var b strings.Builder
 	m.memberScript(&b, old, mem)
 	var err error
-	if b.Len() > 0 { // nothing to change (no organization, no rules): no nft run
+	switch {
+	case m.overNetlink(old) && m.overNetlink(mem): // in-process, see nftnl.go
+		err = m.setElements(old, mem)
+	case b.Len() > 0: // nothing to change (no organization, no rules): no nft run
 		err = runNft(b.String())
 	}
 	if err == nil {
