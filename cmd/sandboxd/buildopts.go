@@ -10,7 +10,7 @@ import (
 // reg at host (nil: StartBuild answers CWSANDBOX_BUILD_NOT_SUPPORTED); insecure: the
 // registry speaks plain HTTP to in-process runners.
 func buildOptions(st store.Store, reg *registry.Registry, host string, insecure bool) gateway.BuildOptions {
-	o := gateway.BuildOptions{Store: st.Builds()}
+	o := gateway.BuildOptions{Store: st.Builds(), Settings: st.BuildStorageConfigs()}
 	if reg != nil {
 		o.RegistryHost, o.MintPushToken, o.MintPullToken, o.PushInsecure = host, reg.MintPushToken, reg.MintPullToken, insecure
 	}

@@ -99,6 +99,10 @@ type BuildOptions struct {
 	// DefaultMaxBuildContextBytes); MaxLogLines and MaxLogBytes a build's log lines.
 	MaxContextBytes          int
 	MaxLogLines, MaxLogBytes int
+	// Settings keeps the organizations' build storage settings
+	// (SettingsService.Get/UpdateBuildStorageConfig, settings_builds.go); nil: every
+	// organization has the defaults and updates are UNIMPLEMENTED.
+	Settings store.BuildStorageConfigs
 }
 
 func (o BuildOptions) withDefaults() BuildOptions {
@@ -232,26 +236,27 @@ func (bs *buildService) StartBuild(ctx context.Context, req *connect.Request[bui
 	return connect.NewResponse(&buildv1.StartBuildResponse{Build: rec}), nil
 }
 
-// canBuild is nil when this gateway can queue builds (a store and a platform registry).
-func (bs *buildService) canBuild() error {
+// canBuild is nil when this gateway can queue builds of org (a store, a platform
+// registry, and org's build storage config does not disable builds).
+func (bs *buildService) canBuild(ctx context.Context, org string) error {
 	if _, err := bs.store(); err != nil {
 		return err
 	}
 	if bs.cfg.RegistryHost == "" || bs.cfg.MintPushToken == nil || bs.cfg.MintPullToken == nil {
 		return apierr.New(apierr.BuildNotSupported, "this gateway has no platform registry to push built images to (sandboxd --registry)", nil)
 	}
-	return nil
+	return bs.s.buildsEnabled(ctx, org)
 }
 
 // start checks m and queues it as a build of the caller's organization (StartBuild's,
 // and the builds of a Compose file's services: fromfile.go); a request_id already used
 // by an equal request answers that build as it is now.
 func (bs *buildService) start(ctx context.Context, m *buildv1.StartBuildRequest) (*buildv1.Build, error) {
-	if err := bs.canBuild(); err != nil {
+	p := principal(ctx)
+	if err := bs.canBuild(ctx, p.Org); err != nil {
 		return nil, err
 	}
 	st := bs.st
-	p := principal(ctx)
 	target, err := checkStartBuild(p.Org, m, bs.cfg.MaxContextBytes)
 	var vs []apierr.Violation
 	if err != nil {

@@ -113,7 +113,7 @@ func newBuildEnv(t *testing.T, dir string, opts func(*BuildOptions), runners ...
 			t.Fatal(err)
 		}
 	}
-	bo := BuildOptions{Store: st.Builds(), RegistryHost: "reg.test:5000",
+	bo := BuildOptions{Store: st.Builds(), Settings: st.BuildStorageConfigs(), RegistryHost: "reg.test:5000",
 		MintPushToken: func(org string, _ time.Duration) (string, error) { return "push-" + org, nil },
 		MintPullToken: func(org string, _ time.Duration) (string, error) { return "pull-" + org, nil }}
 	if opts != nil {

@@ -68,7 +68,7 @@ func composeBuildRequest(service string, b compose.Build) (*buildv1.StartBuildRe
 // the create: FAILED_PRECONDITION naming the service and the failing step (the build
 // stays listed, with its log); nothing else is left behind.
 func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[string]string, error) {
-	if err := s.builds.canBuild(); err != nil {
+	if err := s.builds.canBuild(ctx, principal(ctx).Org); err != nil {
 		return nil, withService(err, "building the image of a Compose service with build:")
 	}
 	services := slices.Sorted(func(yield func(string) bool) {

@@ -35,6 +35,7 @@ type Store interface {
 	Snapshots() Snapshots
 	Templates() Templates
 	Builds() Builds
+	BuildStorageConfigs() BuildStorageConfigs
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
