@@ -101,6 +101,7 @@ type devConfig struct {
 	blob                                blobFlags
 	fss                                 fssFlags
 	registry                            registryFlags
+	builds                              buildFlags
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
 	// dev` (test suites of other checkouts) share no bridge, DNS address, nftables table
 	// or cgroup parent on one host.
@@ -132,10 +133,14 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	c.blob.registerRunner(fs)
 	c.fss.register(fs)
 	c.registry.register(fs, true)
+	c.builds.register(fs)
 }
 
 func (c devConfig) validate() error {
 	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
+		return err
+	}
+	if err := c.builds.validate(); err != nil {
 		return err
 	}
 	if err := c.registry.validate(); err != nil {
@@ -272,6 +277,7 @@ type gatewayConfig struct {
 	blob                                    blobFlags
 	fss                                     fssFlags
 	registry                                registryFlags
+	builds                                  buildFlags
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
@@ -289,10 +295,14 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
 	c.fss.register(fs)
 	c.registry.register(fs, false)
+	c.builds.register(fs)
 }
 
 func (c gatewayConfig) validate() error {
 	if err := c.blob.validate(); err != nil {
+		return err
+	}
+	if err := c.builds.validate(); err != nil {
 		return err
 	}
 	if err := c.registry.validate(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -93,6 +94,10 @@ func TestDevConfigValidate(t *testing.T) {
 		{args: []string{"--default-cpu-request", "2", "--default-cpu-limit", "1"}, err: "--default-cpu-request"},
 		{args: []string{"--disk", "10Gb"}, err: "--disk"},
 		{args: []string{"--egress-allow-reserved", "203.0.113.0/24"}, err: "--egress-allow-reserved"},
+		{args: []string{"--build-retention", "0", "--build-keep", "0"}},
+		{args: []string{"--build-retention", "-1h"}, err: "--build-retention"},
+		{args: []string{"--build-retention", "5m"}, err: "--build-retention"},
+		{args: []string{"--build-keep", "-1"}, err: "--build-keep"},
 	})
 }
 
@@ -105,6 +110,8 @@ func TestGatewayConfigValidate(t *testing.T) {
 		{args: []string{"--runner", "=10.0.0.1:7443"}, err: "--runner"},
 		{args: []string{"--runner", "r1="}, err: "--runner"},
 		{args: []string{"--runner", "r1=10.0.0.1:7443", "--control-plane", "cp.example"}, err: "--control-plane"},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--build-retention", "168h", "--build-keep", "10"}},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--build-keep", "-2"}, err: "--build-keep"},
 	})
 }
 
@@ -149,6 +156,11 @@ func TestConfigDefaults(t *testing.T) {
 	d.bind(flag.NewFlagSet("dev", flag.ContinueOnError))
 	if !d.testImageMirror || d.warmPool != 4 || d.warmTargets != local.DefaultMaxTargeted || d.edgeListen != "127.0.0.1:8443" || d.dataPlaneListen != "127.0.0.1:8444" || d.edgeListenGiven {
 		t.Errorf("dev defaults: %+v", d)
+	}
+	var g gatewayConfig
+	g.bind(flag.NewFlagSet("gateway", flag.ContinueOnError))
+	if d.builds.retention != 30*24*time.Hour || d.builds.keep != 1000 || g.builds != d.builds {
+		t.Errorf("build retention defaults: dev %+v, gateway %+v", d.builds, g.builds)
 	}
 }
 

@@ -439,7 +439,7 @@ func (c gatewayConfig) run() error {
 		RegistryCredentials: regCreds,
 		// Remote runners push over HTTPS unless the registry host is loopback or private
 		// (the runner wire does not carry PushInsecure yet).
-		Builds: buildOptions(st, reg, regHost, false),
+		Builds: buildOptions(st, reg, regHost, false, c.builds),
 	})
 	if err != nil {
 		return err

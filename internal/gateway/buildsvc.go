@@ -103,6 +103,15 @@ type BuildOptions struct {
 	// (SettingsService.Get/UpdateBuildStorageConfig, settings_builds.go); nil: every
 	// organization has the defaults and updates are UNIMPLEMENTED.
 	Settings store.BuildStorageConfigs
+	// Retention: ended builds (SUCCEEDED, FAILED, CANCELLED) last updated longer ago than
+	// this are deleted with their logs (0: kept forever). Keep: at most this many ended
+	// builds per organization, the oldest beyond deleted (0: no bound). A sweep runs at
+	// start and every SweepInterval (0: DefaultBuildSweepInterval; negative: none) when
+	// either is set; Now is its clock (nil: time.Now).
+	Retention     time.Duration
+	Keep          int
+	SweepInterval time.Duration
+	Now           func() time.Time
 }
 
 func (o BuildOptions) withDefaults() BuildOptions {
@@ -119,6 +128,12 @@ func (o BuildOptions) withDefaults() BuildOptions {
 	def(&o.MaxLogBytes, DefaultMaxBuildLogBytes)
 	if o.QueueWait <= 0 {
 		o.QueueWait = DefaultBuildQueueWait
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = DefaultBuildSweepInterval
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	return o
 }
@@ -165,6 +180,7 @@ func newBuildService(s *Server, cfg BuildOptions, ctx context.Context) *buildSer
 	if bs.st != nil {
 		bs.failUnfinished(ctx)
 		go bs.dispatchLoop(ctx)
+		go bs.sweepLoop(ctx)
 	}
 	return bs
 }

@@ -32,6 +32,12 @@ type Builds interface {
 	// InStates returns at most limit builds of any organization whose state is one of
 	// states (a gateway's start-up: the builds it left unfinished), oldest first.
 	InStates(ctx context.Context, states []int32, limit int) ([]Build, error)
+	// DeleteEnded deletes at most limit builds whose state is one of ended, with their
+	// events: first those last updated before before (zero: none by age), then, of each
+	// organization, those beyond its newest keep of them by create time (keep 0: no
+	// bound). It returns how many it deleted (fewer than limit: nothing else is due).
+	// A build in any other state is never deleted.
+	DeleteEnded(ctx context.Context, ended []int32, before time.Time, keep, limit int) (int, error)
 }
 
 // Build is a stored image build.
@@ -240,4 +246,87 @@ func (bs builds) InStates(ctx context.Context, states []int32, limit int) ([]Bui
 		out = append(out, b)
 	}
 	return out, rs.Err()
+}
+
+// inList is "$first, $first+1, …" for states, appended to args.
+func inList(args []any, states []int32) ([]any, string) {
+	in := ""
+	for i, st := range states {
+		if i > 0 {
+			in += ", "
+		}
+		args = append(args, st)
+		in += fmt.Sprintf("$%d", len(args))
+	}
+	return args, in
+}
+
+func (bs builds) DeleteEnded(ctx context.Context, ended []int32, before time.Time, keep, limit int) (int, error) {
+	if len(ended) == 0 || limit <= 0 {
+		return 0, nil
+	}
+	if keep < 0 {
+		return 0, invalid("builds: keep %d", keep)
+	}
+	// del deletes the builds the subquery (over args) selects, events first.
+	del := func(sub string, args []any) (int, error) {
+		var n int64
+		err := bs.s.d.tx(ctx, func(q querier) error {
+			if _, err := q.exec(ctx, `DELETE FROM build_events WHERE build_id IN (`+sub+`)`, args...); err != nil {
+				return err
+			}
+			var err error
+			n, err = q.exec(ctx, `DELETE FROM builds WHERE id IN (`+sub+`)`, args...)
+			return err
+		})
+		if err != nil {
+			return 0, fmt.Errorf("delete ended builds: %w", err)
+		}
+		return int(n), nil
+	}
+	total := 0
+	if !before.IsZero() {
+		args, in := inList(nil, ended)
+		args = append(args, utc(before), limit)
+		n, err := del(fmt.Sprintf(`SELECT id FROM builds WHERE state IN (%s) AND update_time < $%d ORDER BY update_time, id LIMIT $%d`, in, len(args)-1, len(args)), args)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	if keep == 0 || total >= limit {
+		return total, nil
+	}
+	args, in := inList(nil, ended)
+	args = append(args, keep)
+	rs, err := bs.s.d.query(ctx, fmt.Sprintf(`SELECT org_id FROM builds WHERE state IN (%s) GROUP BY org_id HAVING COUNT(*) > $%d ORDER BY org_id`, in, len(args)), args...)
+	if err != nil {
+		return total, fmt.Errorf("organizations over their build bound: %w", err)
+	}
+	var orgs []string
+	for rs.Next() {
+		var org string
+		if err := rs.Scan(&org); err != nil {
+			rs.Close()
+			return total, fmt.Errorf("organizations over their build bound: %w", err)
+		}
+		orgs = append(orgs, org)
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return total, fmt.Errorf("organizations over their build bound: %w", err)
+	}
+	for _, org := range orgs {
+		if total >= limit {
+			break
+		}
+		args, in := inList([]any{org}, ended)
+		args = append(args, limit-total, keep)
+		n, err := del(fmt.Sprintf(`SELECT id FROM builds WHERE org_id = $1 AND state IN (%s) ORDER BY create_time DESC, id DESC LIMIT $%d OFFSET $%d`, in, len(args)-1, len(args)), args)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
 }

@@ -3,7 +3,9 @@ package store_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -118,6 +120,107 @@ func TestBuilds(t *testing.T) {
 		}
 		if evs, err := bs.Events(ctx, "b2", 0, 0); err != nil || len(evs) != 0 {
 			t.Errorf("events of b2: %+v, %v", evs, err)
+		}
+	})
+}
+
+// TestBuildsDeleteEnded: builds in an ended state last updated before the cut-off go, then
+// each organization's ended builds beyond its newest keep (by create time), in batches of
+// limit, with their events; queued and running builds never, whatever their age.
+func TestBuildsDeleteEnded(t *testing.T) {
+	const queued, running, succeeded, failed, cancelled = 1, 2, 3, 4, 5
+	ended := []int32{succeeded, failed, cancelled}
+	eachBackend(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn)
+		defer s.Close()
+		ctx := t.Context()
+		bs := s.Builds()
+		base := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)
+		// setTimes gives build id create and update times day days after base.
+		setTimes := func(id string, day int) {
+			at := base.AddDate(0, 0, day)
+			if strings.HasPrefix(dsn, "postgres://") {
+				rawExec(t, dsn, fmt.Sprintf(`UPDATE builds SET create_time = '%s', update_time = '%s' WHERE id = '%s'`, at.Format(time.RFC3339), at.Format(time.RFC3339), id))
+			} else {
+				rawExec(t, dsn, fmt.Sprintf(`UPDATE builds SET create_time = %d, update_time = %d WHERE id = '%s'`, at.UnixMicro(), at.UnixMicro(), id))
+			}
+		}
+		mk := func(id, org string, state int32, day int) {
+			t.Helper()
+			if _, err := bs.Create(ctx, store.Build{ID: id, Org: org, State: state, Record: []byte{}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := bs.AppendEvents(ctx, id, 1, [][]byte{[]byte("e1"), []byte("e2")}); err != nil {
+				t.Fatal(err)
+			}
+			setTimes(id, day)
+		}
+		// acme: old ended (days 0-2), old queued/running (days 0, 1), newer ended (days 10-14).
+		mk("old-ok", "acme", succeeded, 0)
+		mk("old-fail", "acme", failed, 1)
+		mk("old-cancel", "acme", cancelled, 2)
+		mk("old-queued", "acme", queued, 0)
+		mk("old-running", "acme", running, 1)
+		for i := 10; i < 15; i++ {
+			mk(fmt.Sprintf("acme-%d", i), "acme", succeeded, i)
+		}
+		// globex: three newer ended builds.
+		for i := 10; i < 13; i++ {
+			mk(fmt.Sprintf("globex-%d", i), "globex", failed, i)
+		}
+		left := func(org string) []string {
+			t.Helper()
+			list, _, err := bs.List(ctx, org, "", store.Page{Size: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, b := range list {
+				ids = append(ids, b.ID)
+			}
+			return ids
+		}
+
+		// Nothing is due: a cut-off before everything, no count bound.
+		if n, err := bs.DeleteEnded(ctx, ended, base, 0, 100); err != nil || n != 0 {
+			t.Fatalf("nothing due: %d, %v", n, err)
+		}
+		// By age, in batches of 2: the three old ended builds of acme (day < 5).
+		n, err := bs.DeleteEnded(ctx, ended, base.AddDate(0, 0, 5), 0, 2)
+		if err != nil || n != 2 {
+			t.Fatalf("first batch: %d, %v", n, err)
+		}
+		if n, err := bs.DeleteEnded(ctx, ended, base.AddDate(0, 0, 5), 0, 2); err != nil || n != 1 {
+			t.Fatalf("second batch: %d, %v", n, err)
+		}
+		if got := fmt.Sprint(left("acme")); got != "[acme-14 acme-13 acme-12 acme-11 acme-10 old-running old-queued]" {
+			t.Fatalf("acme after the age cut: %s", got)
+		}
+		for _, id := range []string{"old-ok", "old-fail", "old-cancel"} {
+			if evs, err := bs.Events(ctx, id, 0, 10); err != nil || len(evs) != 0 {
+				t.Fatalf("events of deleted %s: %v, %v", id, evs, err)
+			}
+		}
+		// By count: acme keeps its newest 2 ended (the queued and running builds do not
+		// count and stay); globex (3) keeps 2.
+		if n, err := bs.DeleteEnded(ctx, ended, time.Time{}, 2, 100); err != nil || n != 4 {
+			t.Fatalf("count bound: %d, %v", n, err)
+		}
+		if got := fmt.Sprint(left("acme")); got != "[acme-14 acme-13 old-running old-queued]" {
+			t.Fatalf("acme after the count bound: %s", got)
+		}
+		if got := fmt.Sprint(left("globex")); got != "[globex-12 globex-11]" {
+			t.Fatalf("globex after the count bound: %s", got)
+		}
+		if evs, err := bs.Events(ctx, "acme-14", 0, 10); err != nil || len(evs) != 2 {
+			t.Fatalf("events of a kept build: %v, %v", evs, err)
+		}
+		// Whatever the cut-off and bound, queued and running builds stay.
+		if _, err := bs.DeleteEnded(ctx, ended, base.AddDate(1, 0, 0), 1, 100); err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(left("acme")); got != "[old-running old-queued]" {
+			t.Fatalf("acme at the end: %s", got)
 		}
 	})
 }

@@ -1,0 +1,67 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
+)
+
+// Build retention (docs/builds.md, "Retention"): builds and their log events are deleted
+// once ended and older than BuildOptions.Retention, and beyond BuildOptions.Keep ended
+// builds per organization (the oldest first). Queued and running builds are never
+// deleted. Every gateway replica on a store may sweep: deleting is idempotent.
+
+const (
+	// DefaultBuildRetention and DefaultBuildKeep are sandboxd's flag defaults
+	// (--build-retention, --build-keep).
+	DefaultBuildRetention = 30 * 24 * time.Hour
+	DefaultBuildKeep      = 1000
+	// DefaultBuildSweepInterval is BuildOptions.SweepInterval's default.
+	DefaultBuildSweepInterval = 10 * time.Minute
+	// buildSweepBatch is how many builds one store call deletes.
+	buildSweepBatch = 500
+)
+
+var endedBuildStates = []int32{int32(buildv1.BuildState_BUILD_STATE_SUCCEEDED), int32(buildv1.BuildState_BUILD_STATE_FAILED), int32(buildv1.BuildState_BUILD_STATE_CANCELLED)}
+
+// sweepLoop sweeps at start and every SweepInterval until ctx is done (nothing when
+// neither Retention nor Keep is set, or SweepInterval is negative).
+func (bs *buildService) sweepLoop(ctx context.Context) {
+	if (bs.cfg.Retention <= 0 && bs.cfg.Keep <= 0) || bs.cfg.SweepInterval < 0 {
+		return
+	}
+	t := time.NewTicker(bs.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		n, err := bs.sweep(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			bs.s.log.Warn("build retention: sweep failed", "err", err, "deleted", n)
+		case n > 0:
+			bs.s.log.Info("build retention: deleted ended builds", "builds", n, "retention", bs.cfg.Retention, "keep", bs.cfg.Keep)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sweep deletes the ended builds that are due, in batches, and says how many.
+func (bs *buildService) sweep(ctx context.Context) (int, error) {
+	var before time.Time
+	if bs.cfg.Retention > 0 {
+		before = bs.cfg.Now().Add(-bs.cfg.Retention)
+	}
+	keep := max(bs.cfg.Keep, 0)
+	total := 0
+	for {
+		n, err := bs.st.DeleteEnded(ctx, endedBuildStates, before, keep, buildSweepBatch)
+		total += n
+		if err != nil || n < buildSweepBatch {
+			return total, err
+		}
+	}
+}
