@@ -1,6 +1,7 @@
 package compose
 
 import (
+	"path"
 	"strings"
 
 	"github.com/compose-spec/compose-go/v2/types"
@@ -12,10 +13,16 @@ var buildKeys = set("context", "dockerfile", "dockerfile_inline", "args", "targe
 // Build is a service to build: the gateway builds its image (an image build in a builder
 // sandbox, pushed to the platform registry) before it creates the sandbox.
 type Build struct {
-	// Dockerfile is the Dockerfile's text (build.dockerfile_inline). The build context
-	// is empty: CreateSandboxFromFile's build_contexts (tar bytes) are not taken yet, and
-	// the official client's run_from_file sends none.
-	Dockerfile string
+	// Dockerfile is the Dockerfile's text (build.dockerfile_inline), or "" when the
+	// Dockerfile is in the context at DockerfilePath (build.dockerfile, default
+	// "Dockerfile": a clean path relative to the context).
+	Dockerfile     string
+	DockerfilePath string
+	// Context is build_contexts[service] as sent: a tar archive (plain or gzip) of the
+	// service's context directory, which the gateway checks and converts
+	// (fsarchive.ReadTar). nil: no context was sent; only an inline Dockerfile builds
+	// then, with an empty context.
+	Context []byte
 	// Args are build.args (--build-arg), Target build.target (--target).
 	Args   map[string]string
 	Target string
@@ -34,7 +41,7 @@ func (t *translator) build(f, name string, b *types.BuildConfig) {
 	raw, _ := asMap(t.builds[name])
 	for _, k := range sortedKeys(raw) {
 		if !buildKeys[k] && !strings.HasPrefix(k, "x-") {
-			t.add(f+"."+clipKey(k), "is not supported by sandboxd's builds (a build takes context, dockerfile_inline, args and target)")
+			t.add(f+"."+clipKey(k), "is not supported by sandboxd's builds (a build takes context, dockerfile, dockerfile_inline, args and target)")
 		}
 	}
 	// An arg without a value would take the server's environment (compose-go drops it
@@ -57,20 +64,36 @@ func (t *translator) build(f, name string, b *types.BuildConfig) {
 		t.add(f, "is empty: write build: {dockerfile_inline: ...}")
 		return
 	}
-	if strings.TrimSpace(b.DockerfileInline) == "" {
-		ctx := b.Context
-		if ctx == "" {
-			ctx = "."
-		}
-		t.add("build_contexts["+clipKey(name)+"]", "service %q builds from context %q with a Dockerfile there, and this sandboxd takes no build context bytes "+
-			"(the official client's run_from_file sends none): write the Dockerfile inline in the file (build: {dockerfile_inline: ...}), "+
-			"which builds with an empty context, or set image: or image_overrides[%s]", clipKey(name), clipKey(ctx), clipKey(name))
+	if remoteContext(b.Context) {
+		t.add(f+".context", "%q is a remote context, which sandboxd does not fetch: send the directory as a tar in build_contexts[%s]", clipKey(b.Context), clipKey(name))
 		return
 	}
-	if b.Dockerfile != "" && b.Dockerfile != "Dockerfile" {
+	tarBytes, hasTar := t.req.GetBuildContexts()[name]
+	out := Build{Dockerfile: b.DockerfileInline, Target: b.Target, Context: tarBytes}
+	if strings.TrimSpace(b.DockerfileInline) == "" {
+		if !hasTar {
+			ctx := b.Context
+			if ctx == "" {
+				ctx = "."
+			}
+			t.add("build_contexts["+clipKey(name)+"]", "service %q builds from context %q with a Dockerfile there: send that directory as a tar archive "+
+				"(plain or gzip) in build_contexts[%s] (the official client's run_from_file sends none), write the Dockerfile "+
+				"inline (build: {dockerfile_inline: ...}), which builds with an empty context, or set image: or image_overrides[%s]",
+				clipKey(name), clipKey(ctx), clipKey(name), clipKey(name))
+			return
+		}
+		df := b.Dockerfile
+		if df == "" {
+			df = "Dockerfile"
+		}
+		if why := contextPath(df); why != "" {
+			t.add(f+".dockerfile", "%q: %s", clipKey(df), why)
+			return
+		}
+		out.DockerfilePath = path.Clean(df)
+	} else if b.Dockerfile != "" && b.Dockerfile != "Dockerfile" {
 		t.add(f+".dockerfile", "is set with dockerfile_inline: set one of them")
 	}
-	out := Build{Dockerfile: b.DockerfileInline, Target: b.Target}
 	if len(b.Args) > 0 {
 		out.Args = map[string]string{}
 		for k, v := range b.Args {
@@ -82,4 +105,30 @@ func (t *translator) build(f, name string, b *types.BuildConfig) {
 		}
 	}
 	t.toBuild[name] = out
+}
+
+// remoteContext tells a context Compose would fetch (a Git repository, a URL) from a
+// directory.
+func remoteContext(ctx string) bool {
+	return strings.Contains(ctx, "://") || strings.HasPrefix(ctx, "git@") || strings.HasPrefix(ctx, "github.com/")
+}
+
+// contextPath is why p is not a path inside the context ("" when it is).
+func contextPath(p string) string {
+	switch {
+	case len(p) > 1024:
+		return "longer than 1024 bytes"
+	case strings.ContainsRune(p, 0):
+		return "a NUL byte"
+	case path.IsAbs(p):
+		return "an absolute path: write the Dockerfile's path relative to the context (it is looked up in build_contexts)"
+	case path.Clean(p) == ".":
+		return "names the context itself"
+	}
+	for el := range strings.SplitSeq(p, "/") {
+		if el == ".." {
+			return `a ".." element: the Dockerfile must be inside the context`
+		}
+	}
+	return ""
 }

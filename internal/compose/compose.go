@@ -15,8 +15,9 @@
 // (services.<name>.<key>); none is silently ignored. The one key not acted on is a
 // service's `build` when the service also names an `image`: as the official client
 // documents, the image runs and the build section is skipped. A service with `build`
-// and no image is a Build (Result.Builds: its Dockerfile inline, an empty context) that
-// the gateway builds before it creates the sandbox.
+// and no image is a Build (Result.Builds: its Dockerfile inline or in its context, the
+// context's tar as sent in build_contexts) that the gateway builds before it creates the
+// sandbox.
 package compose
 
 import (
@@ -166,9 +167,6 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 		return Result{}, invalid(vs)
 	}
 	var unsupported []string
-	if len(req.GetBuildContexts()) > 0 {
-		unsupported = append(unsupported, "build contexts as tar bytes (build_contexts; write the Dockerfile inline: build: {dockerfile_inline: ...})")
-	}
 	if len(req.GetBuildContextObjects()) > 0 {
 		unsupported = append(unsupported, "build contexts in object storage (build_context_objects)")
 	}
@@ -206,6 +204,11 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 		}
 		b.BuilderSize = req.GetBuilderSizes()[k]
 		t.toBuild[k] = b
+	}
+	for _, k := range sortedNames(req.GetBuildContexts()) {
+		if _, ok := t.toBuild[k]; !ok && !slices.Contains(t.unbuilt, k) {
+			add("build_contexts["+clipKey(k)+"]", "service %q has nothing to build (no service of that name with build: and no image)", clipKey(k))
+		}
 	}
 	if len(t.toBuild) > 0 {
 		res.Builds = t.toBuild

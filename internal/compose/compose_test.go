@@ -318,12 +318,35 @@ func TestRequestChecks(t *testing.T) {
 			r.BuildContextObjects = map[string]*sandboxv1.BuildContextObject{"a": {}}
 			return r
 		}, connect.CodeUnimplemented, ""},
-		{"build contexts", func() *sandboxv1.CreateSandboxFromFileRequest {
+		{"build context of an image", func() *sandboxv1.CreateSandboxFromFileRequest {
 			r := req(two)
 			r.PrimaryService = "a"
 			r.BuildContexts = map[string][]byte{"a": []byte("tar")}
 			return r
-		}, connect.CodeUnimplemented, ""},
+		}, connect.CodeInvalidArgument, "build_contexts[a]"},
+		{"build context of no service", func() *sandboxv1.CreateSandboxFromFileRequest {
+			r := req("services: {a: {build: .}}")
+			r.BuildContexts = map[string][]byte{"a": []byte("tar"), "nope": []byte("tar")}
+			return r
+		}, connect.CodeInvalidArgument, "build_contexts[nope]"},
+		{"remote context", func() *sandboxv1.CreateSandboxFromFileRequest {
+			r := req("services: {a: {build: 'https://github.com/x/y.git'}}")
+			r.BuildContexts = map[string][]byte{"a": []byte("tar")}
+			return r
+		}, connect.CodeInvalidArgument, "services.a.build.context"},
+		{"git context", func() *sandboxv1.CreateSandboxFromFileRequest {
+			return req("services: {a: {build: {context: 'git@github.com:x/y.git', dockerfile_inline: 'FROM x'}}}")
+		}, connect.CodeInvalidArgument, "services.a.build.context"},
+		{"dockerfile outside the context", func() *sandboxv1.CreateSandboxFromFileRequest {
+			r := req("services: {a: {build: {context: ., dockerfile: ../Dockerfile}}}")
+			r.BuildContexts = map[string][]byte{"a": []byte("tar")}
+			return r
+		}, connect.CodeInvalidArgument, "services.a.build.dockerfile"},
+		{"absolute dockerfile", func() *sandboxv1.CreateSandboxFromFileRequest {
+			r := req("services: {a: {build: {context: ., dockerfile: /etc/Dockerfile}}}")
+			r.BuildContexts = map[string][]byte{"a": []byte("tar")}
+			return r
+		}, connect.CodeInvalidArgument, "services.a.build.dockerfile"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Convert(context.Background(), tc.r())
@@ -360,6 +383,30 @@ func TestBuildInline(t *testing.T) {
 	for _, c := range res.Spec.GetContainers() {
 		if c.GetName() == "app" && c.GetImage() != "" || c.GetName() == "db" && c.GetImage() != "reg/db:1" {
 			t.Errorf("container %s image %q", c.GetName(), c.GetImage())
+		}
+	}
+}
+
+// A service whose Dockerfile is in its context takes build_contexts[service] (the
+// bytes as sent: the gateway converts them) and the Dockerfile's path; an inline
+// Dockerfile takes the context too.
+func TestBuildContext(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want Build
+	}{
+		{"services: {a: {build: .}}", Build{DockerfilePath: "Dockerfile", Context: []byte("tar")}},
+		{"services: {a: {build: {context: ./app, dockerfile: d/./Dockerfile.x, target: t}}}", Build{DockerfilePath: "d/Dockerfile.x", Target: "t", Context: []byte("tar")}},
+		{"services: {a: {build: {dockerfile_inline: 'FROM x'}}}", Build{Dockerfile: "FROM x", Context: []byte("tar")}},
+	} {
+		r := req(tc.file)
+		r.BuildContexts = map[string][]byte{"a": []byte("tar")}
+		res, err := Convert(context.Background(), r)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.file, err)
+		}
+		if !reflect.DeepEqual(res.Builds["a"], tc.want) {
+			t.Errorf("%s: build %+v, want %+v", tc.file, res.Builds["a"], tc.want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -37,30 +38,92 @@ import (
 const composeBuildRequestPrefix = "compose-build-"
 
 // composeBuildRequest is the build of service b: its StartBuildRequest (with its
-// request_id) and nil, or the violations of its builder size.
-func composeBuildRequest(service string, b compose.Build) (*buildv1.StartBuildRequest, []apierr.Violation) {
+// request_id) and nil, or the violations of its builder size and its context
+// (maxContext: the bound of a build's context, as sent and as converted).
+func composeBuildRequest(service string, b compose.Build, maxContext int) (*buildv1.StartBuildRequest, []apierr.Violation) {
 	size := b.BuilderSize
 	if _, ok := builderSizes[size]; size != "" && !ok {
 		return nil, []apierr.Violation{{Field: "builder_sizes[" + imagebuild.Clip(service, 64) + "]",
 			Description: fmt.Sprintf("%q: want small, medium or large (default %s)", imagebuild.Clip(size, 64), defaultBuilderSize)}}
 	}
-	var ctxBuf bytes.Buffer
-	if err := fsarchive.WriteFiles(&ctxBuf, map[string][]byte{"Dockerfile": []byte(b.Dockerfile)}); err != nil {
-		// One fixed, valid name: cannot fail.
-		return nil, []apierr.Violation{{Field: "services." + service + ".build", Description: err.Error()}}
+	ctxArchive, dockerfile, bad := composeContext(service, b, maxContext)
+	if bad != nil {
+		return nil, bad
 	}
-	ctxSum := sha256.Sum256(ctxBuf.Bytes())
-	inputs := sha256.Sum256([]byte(digest("compose-build-inputs", &buildv1.StartBuildRequest{Dockerfile: "Dockerfile", Context: ctxSum[:],
+	// The context's digest is part of the inputs: a changed context builds again, an
+	// unchanged one reuses the build.
+	ctxSum := sha256.Sum256(ctxArchive)
+	inputs := sha256.Sum256([]byte(digest("compose-build-inputs", &buildv1.StartBuildRequest{Dockerfile: dockerfile, Context: ctxSum[:],
 		BuildArgs: b.Args, TargetStage: b.Target})))
 	tag := hex.EncodeToString(inputs[:])[:32]
 	m := &buildv1.StartBuildRequest{
 		Target:     &buildv1.StartBuildRequest_Repository{Repository: "compose-" + templateRepository(service) + ":" + tag},
-		Dockerfile: "Dockerfile", Context: ctxBuf.Bytes(), BuildArgs: b.Args, TargetStage: b.Target, BuilderSize: size,
+		Dockerfile: dockerfile, Context: ctxArchive, BuildArgs: b.Args, TargetStage: b.Target, BuilderSize: size,
 	}
 	full := sha256.Sum256([]byte(digest("compose-build", &buildv1.StartBuildRequest{Target: m.Target, Dockerfile: m.Dockerfile, Context: ctxSum[:],
 		BuildArgs: m.BuildArgs, TargetStage: m.TargetStage, BuilderSize: m.BuilderSize})))
 	m.RequestId = composeBuildRequestPrefix + hex.EncodeToString(full[:])
 	return m, nil
+}
+
+// inlineDockerfileName is the name an inline Dockerfile takes in a context sent in
+// build_contexts (then "-1", "-2", ... while the context has that name).
+const inlineDockerfileName = ".sandboxd-inline.Dockerfile"
+
+// composeContext is the build context of service b as an fsarchive archive and the
+// Dockerfile's path in it, or the violations of build_contexts[service]. Without a
+// context sent, the context holds only the inline Dockerfile. A context sent is a tar
+// (plain or gzip), converted in memory within maxContext (fsarchive.ReadTar); its
+// Dockerfile is b.DockerfilePath, a regular file in it, or the inline one, added under
+// a name the context does not use.
+func composeContext(service string, b compose.Build, maxContext int) ([]byte, string, []apierr.Violation) {
+	field := "build_contexts[" + imagebuild.Clip(service, 64) + "]"
+	bad := func(format string, args ...any) []apierr.Violation {
+		return []apierr.Violation{{Field: field, Description: fmt.Sprintf(format, args...)}}
+	}
+	if b.Context == nil {
+		var buf bytes.Buffer
+		if err := fsarchive.WriteFiles(&buf, map[string][]byte{"Dockerfile": []byte(b.Dockerfile)}); err != nil {
+			// One fixed, valid name: cannot fail.
+			return nil, "", []apierr.Violation{{Field: "services." + service + ".build", Description: err.Error()}}
+		}
+		return buf.Bytes(), "Dockerfile", nil
+	}
+	if n := len(b.Context); n > maxContext {
+		return nil, "", bad("%d bytes, at most %d", n, maxContext)
+	}
+	tree, err := fsarchive.ReadTar(bytes.NewReader(b.Context), fsarchive.TarLimits{MaxBytes: int64(maxContext), MaxEntries: MaxBuildContextFiles - 1})
+	if err != nil {
+		return nil, "", bad("a tar archive (plain or gzip) of the service's context: %v", err)
+	}
+	dockerfile := b.DockerfilePath
+	if b.Dockerfile != "" {
+		dockerfile = inlineDockerfileName
+		for i := 1; tree.Lookup(dockerfile) != 0; i++ {
+			dockerfile = fmt.Sprintf("%s-%d", inlineDockerfileName, i)
+		}
+		if err := tree.AddFile(dockerfile, []byte(b.Dockerfile)); err != nil {
+			return nil, "", bad("adding the inline Dockerfile: %v", err)
+		}
+	} else {
+		switch tree.Lookup(dockerfile) {
+		case tar.TypeReg:
+		case 0:
+			return nil, "", bad("has no %q (the service's build.dockerfile, default Dockerfile)", imagebuild.Clip(dockerfile, 256))
+		case tar.TypeDir:
+			return nil, "", bad("%q (the service's build.dockerfile) is a directory", imagebuild.Clip(dockerfile, 256))
+		default:
+			return nil, "", bad("%q (the service's build.dockerfile) is a symlink: the Dockerfile must be a regular file", imagebuild.Clip(dockerfile, 256))
+		}
+	}
+	out, err := tree.Archive()
+	if err != nil {
+		return nil, "", bad("%v", err)
+	}
+	if n := len(out); n > maxContext {
+		return nil, "", bad("converted, %d bytes, at most %d", n, maxContext)
+	}
+	return out, dockerfile, nil
 }
 
 // composeBuilds builds res.Builds, sets each built service's image in res.Spec to the
@@ -81,7 +144,7 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 	reqs := map[string]*buildv1.StartBuildRequest{}
 	var vs []apierr.Violation
 	for _, svc := range services {
-		m, bad := composeBuildRequest(svc, res.Builds[svc])
+		m, bad := composeBuildRequest(svc, res.Builds[svc], s.builds.cfg.MaxContextBytes)
 		vs = append(vs, bad...)
 		reqs[svc] = m
 	}
