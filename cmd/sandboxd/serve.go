@@ -43,6 +43,7 @@ func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logge
 		// The annotations are compiled in: a programming error.
 		panic(err)
 	}
+	routes = append(routes, gateway.ExtraRoutes()...)
 	mux := http.NewServeMux()
 	mux.Handle("/", handler)
 	mux.Handle("GET "+openapi.Path, openapi.Handler())

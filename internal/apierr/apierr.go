@@ -91,6 +91,9 @@ const (
 	TemplateLimitExceeded = "CWSANDBOX_TEMPLATE_LIMIT_EXCEEDED"
 	// Image builds (issue 22, sandboxd.build.v1.BuildService).
 	BuildNotFound = "CWSANDBOX_BUILD_NOT_FOUND"
+	// BuildContextNotFound: a build_context_objects entry names no object of the caller's
+	// organization (another organization's is not found alike).
+	BuildContextNotFound = "CWSANDBOX_BUILD_CONTEXT_NOT_FOUND"
 	// BuildNotSupported: no runner can build (the gvisor class and a builder image), or
 	// the platform has no registry to push to; the message says which.
 	BuildNotSupported = "CWSANDBOX_BUILD_NOT_SUPPORTED"
@@ -218,6 +221,7 @@ var table = []reasonCode{
 	{TemplateNotFound, connect.CodeNotFound, "no such sandbox template visible to the caller (by ID or display name; deleted ones only with show_deleted)"},
 	{TemplateLimitExceeded, connect.CodeResourceExhausted, "the organization has as many templates as it may (metadata limit)"},
 	{BuildNotFound, connect.CodeNotFound, "no such image build in the caller's organization"},
+	{BuildContextNotFound, connect.CodeNotFound, "no such build context object of the caller's organization (bucket, key, version_id)"},
 	{BuildNotSupported, connect.CodeFailedPrecondition, "no runner can build images (gvisor class and a builder image), or there is no platform registry; the message says which"},
 	{BuildFailed, connect.CodeFailedPrecondition, "a Compose service's image build failed (CreateSandboxFromFile): metadata service, build_id, failure_reason; the message names the failing step"},
 	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version, or a template of that display name"},

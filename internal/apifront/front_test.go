@@ -445,3 +445,33 @@ func TestRESTInvalidUTF8(t *testing.T) {
 		t.Errorf("UTF-8 query refused: %v", err)
 	}
 }
+
+// TestRawRoute: a RawRoute takes its body as bytes behind authentication (never read
+// before), takes no query parameter, and its path is not "no route".
+func TestRawRoute(t *testing.T) {
+	var got []byte
+	f := New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got, _ = io.ReadAll(r.Body) }),
+		Config{Auth: keys{"good": {Org: "o"}}, Routes: []Route{RawRoute(http.MethodPut, "/v1/things/{name}")}})
+	do := func(path, key string, body io.Reader) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("PUT", path, body)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		rec := httptest.NewRecorder()
+		f.ServeHTTP(rec, req)
+		return rec
+	}
+	trapBody := &trap{}
+	if rec := do("/v1/things/x", "", trapBody); rec.Code != http.StatusUnauthorized || trapBody.reads.Load() != 0 {
+		t.Fatalf("no key: %d, %d reads", rec.Code, trapBody.reads.Load())
+	}
+	if rec := do("/v1/things/x", "good", strings.NewReader("\x00raw bytes")); rec.Code != http.StatusOK || string(got) != "\x00raw bytes" {
+		t.Fatalf("put: %d %q", rec.Code, got)
+	}
+	if rec := do("/v1/things/x?mode=1", "good", strings.NewReader("x")); rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "mode") {
+		t.Fatalf("query parameter: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do("/v1/things/x/y", "good", strings.NewReader("x")); rec.Code != http.StatusNotFound {
+		t.Fatalf("another path: %d %s", rec.Code, rec.Body)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genproto/googleapis/api/annotations"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/textclip"
@@ -306,4 +307,16 @@ func paramNames(rt *Route) string {
 		return "none"
 	}
 	return strings.Join(names, ", ")
+}
+
+// RawRoute is a REST route served by a plain handler rather than a service method: its
+// body is taken whole (as bytes, not JSON) and it takes no query parameter.
+func RawRoute(method, template string) Route {
+	rt, err := parseRule(&annotations.HttpRule{Pattern: &annotations.HttpRule_Custom{Custom: &annotations.CustomHttpPattern{Kind: method, Path: template}}, Body: "*"})
+	if err != nil {
+		// The templates are compiled in: a programming error.
+		panic(fmt.Sprintf("apifront: route %s %s: %v", method, template, err))
+	}
+	rt.input = (&emptypb.Empty{}).ProtoReflect().Descriptor()
+	return rt
 }

@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
+	"github.com/sandboxd/sandboxd/internal/blob"
 )
 
 // Build retention (docs/builds.md, "Retention"): builds and their log events are deleted
@@ -41,6 +43,11 @@ func (bs *buildService) sweepLoop(ctx context.Context) {
 		case n > 0:
 			bs.s.log.Info("build retention: deleted ended builds", "builds", n, "retention", bs.cfg.Retention, "keep", bs.cfg.Keep)
 		}
+		if n, err := bs.sweepContexts(ctx); err != nil && ctx.Err() == nil {
+			bs.s.log.Warn("build retention: build context sweep failed", "err", err, "deleted", n)
+		} else if n > 0 {
+			bs.s.log.Info("build retention: deleted build contexts", "objects", n, "retention", bs.cfg.Retention)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -64,4 +71,38 @@ func (bs *buildService) sweep(ctx context.Context) (int, error) {
 			return total, err
 		}
 	}
+}
+
+// maxContextSweep bounds the objects one context sweep looks at.
+const maxContextSweep = 10000
+
+// sweepContexts deletes the uploaded build contexts (PUT /v1/buildContexts) last written
+// more than Retention ago (none when Retention is 0 or there is no blob store).
+func (bs *buildService) sweepContexts(ctx context.Context) (int, error) {
+	blobs := bs.s.blobs
+	if blobs == nil || bs.cfg.Retention <= 0 {
+		return 0, nil
+	}
+	before := bs.cfg.Now().Add(-bs.cfg.Retention)
+	var old []string
+	seen := 0
+	for info, err := range blobs.List(ctx, buildContextPrefix) {
+		if err != nil {
+			return 0, err
+		}
+		if seen++; seen > maxContextSweep {
+			break
+		}
+		if info.ModTime.Before(before) {
+			old = append(old, info.Key)
+		}
+	}
+	n := 0
+	for _, key := range old {
+		if err := blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

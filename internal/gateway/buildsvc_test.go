@@ -93,6 +93,16 @@ const testDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef01234
 // its API on an HTTP server.
 func newBuildEnv(t *testing.T, dir string, opts func(*BuildOptions), runners ...runner.Handle) *buildEnv {
 	t.Helper()
+	return newBuildEnvConfig(t, dir, func(c *Config) {
+		if opts != nil {
+			opts(&c.Builds)
+		}
+	}, runners...)
+}
+
+// newBuildEnvConfig is newBuildEnv with the gateway's whole Config to change.
+func newBuildEnvConfig(t *testing.T, dir string, opts func(*Config), runners ...runner.Handle) *buildEnv {
+	t.Helper()
 	ctx := t.Context()
 	st, err := store.Open(ctx, filepath.Join(dir, "sandboxd.db"))
 	if err != nil {
@@ -116,11 +126,12 @@ func newBuildEnv(t *testing.T, dir string, opts func(*BuildOptions), runners ...
 	bo := BuildOptions{Store: st.Builds(), Settings: st.BuildStorageConfigs(), RegistryHost: "reg.test:5000",
 		MintPushToken: func(org string, _ time.Duration) (string, error) { return "push-" + org, nil },
 		MintPullToken: func(org string, _ time.Duration) (string, error) { return "pull-" + org, nil }}
+	cfg := Config{Auth: keys, Runners: runners, Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: st.Templates(), Logger: quietLog(),
+		ViewInterval: 50 * time.Millisecond, Builds: bo}
 	if opts != nil {
-		opts(&bo)
+		opts(&cfg)
 	}
-	e.s, err = New(Config{Auth: keys, Runners: runners, Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: st.Templates(), Logger: quietLog(),
-		ViewInterval: 50 * time.Millisecond, Builds: bo})
+	e.s, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,10 @@ import (
 // A request_id names one request: replaying it with other bytes (whitespace included) or
 // other options is CWSANDBOX_REQUEST_ID_CONFLICT, as the official client documents.
 func (s *Server) CreateSandboxFromFile(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxFromFileRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
+	digest := fileRequestDigest(req.Msg) // build_context_objects by reference, as sent
+	if err := s.resolveBuildContextObjects(ctx, req.Msg); err != nil {
+		return nil, err
+	}
 	res, err := compose.Convert(ctx, req.Msg)
 	if err != nil {
 		return nil, err
@@ -33,7 +37,7 @@ func (s *Server) CreateSandboxFromFile(ctx context.Context, req *connect.Request
 			return nil, err
 		}
 	}
-	out, err := s.create(ctx, createArgs{spec: res.Spec, requestID: req.Msg.GetRequestId(), requestDigest: fileRequestDigest(req.Msg), displayName: req.Msg.GetDisplayName(),
+	out, err := s.create(ctx, createArgs{spec: res.Spec, requestID: req.Msg.GetRequestId(), requestDigest: digest, displayName: req.Msg.GetDisplayName(),
 		displayNameField: "display_name", adjust: res.Extra.Apply, engine: res.Extra.Engine, builds: builds})
 	if err != nil {
 		return nil, err

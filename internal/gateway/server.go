@@ -268,6 +268,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/builds/{build_id}/logs", s.buildLogsREST) // a stream REST transcoding cannot carry
 	mux.HandleFunc("GET "+BuildLogPath, s.buildLogText)               // GetSandboxBuildLogs's URLs
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("PUT "+BuildContextsPath+"{name}", s.putBuildContext) // raw bytes, streamed to the blob store
 	return mux
 }
 

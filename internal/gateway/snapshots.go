@@ -128,12 +128,17 @@ func newSnapshotID() string { return runner.NewID() }
 // snapshotKey is the blob key of a snapshot's archive: fss/<organization>/<id>.tar.zst. An
 // organization ID that is not a valid key component is replaced by a digest of it.
 func snapshotKey(org, id string) string {
-	comp := org
+	return "fss/" + orgKeyComponent(org) + "/" + id + ".tar.zst"
+}
+
+// orgKeyComponent is org as one blob key component: itself, or a digest of it when it is
+// not a valid one.
+func orgKeyComponent(org string) string {
 	if strings.Contains(org, "/") || blob.ValidateKey(org) != nil {
 		sum := sha256.Sum256([]byte(org))
-		comp = "org-" + hex.EncodeToString(sum[:16])
+		return "org-" + hex.EncodeToString(sum[:16])
 	}
-	return "fss/" + comp + "/" + id + ".tar.zst"
+	return org
 }
 
 func snapshotNotFound(id string) error {
