@@ -300,7 +300,6 @@ func TestBuildContextObjectsWithoutBlobStore(t *testing.T) {
 	wantTmplErr(t, err, connect.CodeFailedPrecondition, apierr.BuildNotSupported, "")
 }
 
-
 // TestBuildContextRetention: the sweep deletes uploaded contexts older than the retention
 // (a fake clock), and none without one.
 func TestBuildContextRetention(t *testing.T) {
