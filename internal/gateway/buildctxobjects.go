@@ -263,10 +263,8 @@ func (s *Server) readBuildContextObject(ctx context.Context, org, svc string, o 
 			fmt.Sprintf("%s: no build context object %s in bucket %s%s", f, textclip.Clip(o.GetKey(), 200), textclip.Clip(o.GetBucket(), 64), why),
 			map[string]string{"service": textclip.Clip(svc, 64), "bucket": textclip.Clip(o.GetBucket(), 64), "key": textclip.Clip(o.GetKey(), 200)})
 	}
-	prefix := buildContextPrefix + orgKeyComponent(org) + "/"
 	key := o.GetKey()
-	rest, under := strings.CutPrefix(key, prefix)
-	if o.GetBucket() != s.buildBucket() || !under || !buildContextNameRE.MatchString(rest) || blob.ValidateKey(key) != nil {
+	if o.GetBucket() != s.buildBucket() || !ownBuildContextKey(org, key) {
 		return nil, notFound("") // never read: not the organization's
 	}
 	unavailable := func(err error) error {
@@ -311,4 +309,11 @@ func (s *Server) readBuildContextObject(ctx context.Context, org, svc string, o 
 		}
 	}
 	return data, nil
+}
+
+// ownBuildContextKey: key is a build context of org (build-contexts/<org>/<name>, one
+// valid name, a valid blob key).
+func ownBuildContextKey(org, key string) bool {
+	rest, under := strings.CutPrefix(key, buildContextPrefix+orgKeyComponent(org)+"/")
+	return under && buildContextNameRE.MatchString(rest) && blob.ValidateKey(key) == nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -333,4 +334,27 @@ func TestBuildContextRetention(t *testing.T) {
 	if _, err := d.Stat(ctx, "fss/other/x.tar.zst"); err != nil {
 		t.Fatalf("an object outside build-contexts/: %v", err)
 	}
+}
+
+// FuzzOwnBuildContextKey: a key accepted as org's is exactly buildContextKey(org, name) of
+// a name PUT accepts: never another organization's, never with a ".." or a nested path.
+func FuzzOwnBuildContextKey(f *testing.F) {
+	for _, seed := range [][2]string{{"org-a", "build-contexts/org-a/app"}, {"org-a", "build-contexts/org-b/app"}, {"org-a", "build-contexts/org-a/../org-b/x"},
+		{"org-a", "build-contexts/org-a/a/b"}, {"a/b", "build-contexts/a/b/c"}, {"org-a", "build-contexts/org-a/.x"}, {"org-a", "build-contexts/org-a/a..b"}, {"", "build-contexts//x"}} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, org, key string) {
+		if !ownBuildContextKey(org, key) {
+			return
+		}
+		name := key[strings.LastIndexByte(key, '/')+1:]
+		if key != buildContextKey(org, name) || !buildContextNameRE.MatchString(name) || slices.Contains(strings.Split(key, "/"), "..") || blob.ValidateKey(key) != nil {
+			t.Fatalf("accepted %q for %q", key, org)
+		}
+		for _, other := range []string{org + "x", "x" + org} {
+			if orgKeyComponent(other) != orgKeyComponent(org) && ownBuildContextKey(other, key) {
+				t.Fatalf("%q is both %q's and %q's", key, org, other)
+			}
+		}
+	})
 }
