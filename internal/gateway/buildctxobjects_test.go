@@ -23,6 +23,8 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/dir"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
+	"github.com/sandboxd/sandboxd/internal/blob/s3/s3test"
 )
 
 // readLog is a blob store that records the keys read (Stat and Get).
@@ -357,4 +359,46 @@ func FuzzOwnBuildContextKey(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBuildContextObjectsS3: the same through an S3 blob store (SeaweedFS): the upload is
+// streamed there, its bucket is effective_bucket_name, and a create builds from it;
+// another organization's key is not found.
+func TestBuildContextObjectsS3(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts SeaweedFS")
+	}
+	ctx := t.Context()
+	srv := s3test.Start(t)
+	cfg := srv.Bucket(t)
+	st, err := s3.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &buildingRunner{acceptingRunner: acceptingRunner{id: "r1"}, builderImage: "localhost/builder:1", build: okBuild(testDigest)}
+	e := newBuildEnvConfig(t, t.TempDir(), func(c *Config) { c.Blobs, c.SnapshotBucket = st, cfg.Bucket }, r)
+	tarBytes := contextTarOf(t, true, ctxFile{name: "Dockerfile", data: "FROM busybox\nCOPY f /f\n"}, ctxFile{name: "f", data: "s3"})
+	code, out := putContext(t, e, e.user, "ctx", "", tarBytes, true)
+	if code != http.StatusOK || out["bucket"] != cfg.Bucket {
+		t.Fatalf("put: %d %v", code, out)
+	}
+	settings := sandboxv1connect.NewSettingsServiceClient(http.DefaultClient, e.url)
+	if bsc, err := settings.GetBuildStorageConfig(ctx, as(e.user, &sandboxv1.GetBuildStorageConfigRequest{})); err != nil || bsc.Msg.GetEffectiveBucketName() != cfg.Bucket {
+		t.Fatalf("effective bucket: %v, %v", bsc, err)
+	}
+	sc := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, e.url)
+	m := fileReq("services: {app: {build: ., command: [sleep, inf]}}")
+	m.BuildContextObjects = map[string]*sandboxv1.BuildContextObject{"app": objOf(out)}
+	if _, err := sc.CreateSandboxFromFile(ctx, as(e.user, m)); err != nil {
+		t.Fatal(err)
+	}
+	_, contexts := r.requests()
+	if len(contexts) != 1 {
+		t.Fatalf("%d builds", len(contexts))
+	}
+	if b, _ := os.ReadFile(filepath.Join(extractContext(t, contexts[0]), "f")); string(b) != "s3" {
+		t.Fatalf("f in the build's context: %q", b)
+	}
+	_, err = sc.CreateSandboxFromFile(ctx, as(e.otherAdmin, m))
+	wantTmplErr(t, err, connect.CodeNotFound, apierr.BuildContextNotFound, "")
 }
