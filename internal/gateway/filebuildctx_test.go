@@ -193,3 +193,13 @@ func TestComposeBuildContextRefusals(t *testing.T) {
 		})
 	}
 }
+
+// A bad context is INVALID_ARGUMENT even where nothing builds (the request is checked
+// before the gateway says it cannot build).
+func TestComposeBuildContextCheckedWithoutBuilds(t *testing.T) {
+	s := newTemplateGateway(t, t.TempDir(), &acceptingRunner{id: "r1"})
+	m := fileReq("services: {app: {build: .}}")
+	m.BuildContexts = map[string][]byte{"app": contextTarOf(t, false, ctxFile{name: "Dockerfile", data: "FROM x"}, ctxFile{name: "../x", data: "x"})}
+	_, err := s.CreateSandboxFromFile(tmplUser(testOrg), connect.NewRequest(m))
+	wantBuildErr(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest, "build_contexts[app]")
+}

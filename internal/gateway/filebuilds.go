@@ -131,9 +131,6 @@ func composeContext(service string, b compose.Build, maxContext int) ([]byte, st
 // the create: FAILED_PRECONDITION naming the service and the failing step (the build
 // stays listed, with its log); nothing else is left behind.
 func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[string]string, error) {
-	if err := s.builds.canBuild(ctx, principal(ctx).Org); err != nil {
-		return nil, withService(err, "building the image of a Compose service with build:")
-	}
 	services := slices.Sorted(func(yield func(string) bool) {
 		for n := range res.Builds {
 			if !yield(n) {
@@ -150,6 +147,10 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 	}
 	if len(vs) > 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)
+	}
+	// The request is checked first: a bad context is INVALID_ARGUMENT wherever it is sent.
+	if err := s.builds.canBuild(ctx, principal(ctx).Org); err != nil {
+		return nil, withService(err, "building the image of a Compose service with build:")
 	}
 	ids := map[string]string{}
 	for _, svc := range services {
