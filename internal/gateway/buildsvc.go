@@ -85,8 +85,8 @@ type BuildOptions struct {
 	// (registry.Registry's). Without them StartBuild answers CWSANDBOX_BUILD_NOT_SUPPORTED.
 	RegistryHost                 string
 	MintPushToken, MintPullToken func(org string, ttl time.Duration) (string, error)
-	// PushInsecure: the registry speaks plain HTTP (passed to the runner's push; the
-	// runner wire does not carry it yet, so only in-process runners use it).
+	// PushInsecure: the registry may speak plain HTTP (passed to the runner's push,
+	// in-process or over the runner wire).
 	PushInsecure bool
 	// PerRunner is how many builds run at once on one runner (default
 	// DefaultBuildsPerRunner); MaxQueued and MaxPerOrg bound the builds queued or running
@@ -704,11 +704,13 @@ func (bs *buildService) run(ctx context.Context, lb *liveBuild, i int) {
 	rctx, cancel := context.WithTimeout(ctx, timeout+2*time.Minute)
 	defer cancel()
 	res, err := br.Build(rctx, runner.BuildRequest{
-		Options:         imagebuild.Options{Dockerfile: m.GetDockerfile(), BuildArgs: m.GetBuildArgs(), Target: m.GetTargetStage(), NoCache: m.GetNoCache()},
-		Context:         bytes.NewReader(m.GetContext()),
-		ContextLimits:   runtime.ArchiveLimits{MaxBytes: MaxBuildContextUnpackedBytes, MaxFiles: MaxBuildContextFiles},
-		BaseCredentials: &runtime.Credentials{Username: "sandboxd", Password: pull},
-		Push:            tag, PushUsername: "sandboxd", PushPassword: push, PushInsecure: bs.cfg.PushInsecure,
+		Options:       imagebuild.Options{Dockerfile: m.GetDockerfile(), BuildArgs: m.GetBuildArgs(), Target: m.GetTargetStage(), NoCache: m.GetNoCache()},
+		Context:       bytes.NewReader(m.GetContext()),
+		ContextLimits: runtime.ArchiveLimits{MaxBytes: MaxBuildContextUnpackedBytes, MaxFiles: MaxBuildContextFiles},
+		// The pull token is for the platform registry's bases only (runner.BuildRequest).
+		BaseCredentials:         &runtime.Credentials{Username: "sandboxd", Password: pull},
+		BaseCredentialsRegistry: bs.cfg.RegistryHost,
+		Push:                    tag, PushUsername: "sandboxd", PushPassword: push, PushInsecure: bs.cfg.PushInsecure,
 		Resources:      lb.resources,
 		Timeout:        timeout,
 		OrganizationID: lb.org, // its layer cache is the organization's

@@ -267,7 +267,7 @@ func TestBuildService(t *testing.T) {
 	}
 	rq := reqs[0]
 	if rq.Push != "reg.test:5000/org-a/my-py:latest" || rq.PushUsername == "" || rq.PushPassword != "push-org-a" || rq.BaseCredentials == nil ||
-		rq.BaseCredentials.Password != "pull-org-a" || rq.BuildArgs["V"] != "1" || rq.Resources.MilliCPU != 2000 || rq.Timeout != runner.DefaultBuildTimeout ||
+		rq.BaseCredentials.Password != "pull-org-a" || rq.BaseCredentialsRegistry != "reg.test:5000" || rq.BuildArgs["V"] != "1" || rq.Resources.MilliCPU != 2000 || rq.Timeout != runner.DefaultBuildTimeout ||
 		rq.ContextLimits.MaxBytes != MaxBuildContextUnpackedBytes || rq.OrganizationID != testOrg {
 		t.Errorf("runner request: %+v", rq)
 	}
