@@ -172,7 +172,7 @@ func (c devConfig) run() error {
 		SnapshotBucket:    blobCfg.Bucket(),
 
 		RegistryCredentials: regCreds, // pull tokens for images of the platform registry
-		Builds:              buildOptions(st, reg, regHost, true),
+		Builds:              buildOptions(st, reg, regHost),
 	})
 	if err != nil {
 		return err
