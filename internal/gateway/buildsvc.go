@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
 	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -591,6 +592,17 @@ func (bs *buildService) dispatch() {
 	if !loaded {
 		return
 	}
+	// Each buildable runner's policy, read now like a create's placement reads it: a
+	// builder whose size breaks the policy's resource limits is not placed there.
+	pols := make([]*policy.Policy, len(views))
+	polErrs := make([]error, len(views))
+	pctx, cancel := context.WithTimeout(bs.ctx, 10*time.Second)
+	for i, v := range views {
+		if v.buildable {
+			pols[i], _, polErrs[i] = bs.s.views.policyOf(pctx, i, v.id)
+		}
+	}
+	cancel()
 	type failure struct {
 		lb          *liveBuild
 		reason, msg string
@@ -607,12 +619,23 @@ func (bs *buildService) dispatch() {
 		var why []string
 		possible := false
 		for i, v := range views {
+			var misfit []policy.Violation
+			if v.buildable && polErrs[i] == nil {
+				misfit = pols[i].ResourcesMisfit("builder_size", lb.resources.MilliCPU, lb.resources.MemoryBytes)
+			}
 			switch {
 			case !v.buildable:
 				why = append(why, fmt.Sprintf("runner %s: %s", v.id, v.unavailable))
 				if v.mayBuild {
 					possible = true
 				}
+				continue
+			case polErrs[i] != nil:
+				why = append(why, fmt.Sprintf("runner %s: %v", v.id, polErrs[i]))
+				possible = true // the store may answer again
+				continue
+			case len(misfit) > 0:
+				why = append(why, fmt.Sprintf("runner %s: its policy does not allow the builder %s: %s", v.id, builderSizeOf(lb), policyMisfits(misfit)))
 				continue
 			case len(v.room.Never(need)) > 0:
 				why = append(why, fmt.Sprintf("runner %s: has less than the builder's %s (%d milli-CPU, %d MiB)", v.id, builderSizeOf(lb), need.MilliCPU, need.MemoryBytes>>20))
@@ -650,6 +673,15 @@ func (bs *buildService) dispatch() {
 }
 
 func builderSizeOf(lb *liveBuild) string { return lb.rec.GetBuilderSize() }
+
+// policyMisfits is vs as one sentence, each naming its constraint and limit.
+func policyMisfits(vs []policy.Violation) string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = v.ToAPI().Description
+	}
+	return strings.Join(out, "; ")
+}
 
 // startLocked marks lb RUNNING on runner i and runs it; bs.mu is held.
 func (bs *buildService) startLocked(lb *liveBuild, i int, runnerID string, need placement.Resources) {
