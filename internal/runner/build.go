@@ -220,7 +220,7 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 	res, err := imagebuild.Run(ctx, agent, imagebuild.Input{Options: req.Options,
 		Context: req.Context, ContextLimits: req.ContextLimits,
 		WriteBase: l.writeBase(&req),
-		OutDir: filepath.Join(tmp, "out"), OutputLimits: out, Events: events,
+		OutDir:    filepath.Join(tmp, "out"), OutputLimits: out, Events: events,
 	})
 	if err != nil {
 		return nil, err
