@@ -172,7 +172,7 @@ func (c devConfig) run() error {
 		SnapshotBucket:    blobCfg.Bucket(),
 
 		RegistryCredentials: regCreds, // pull tokens for images of the platform registry
-		Builds:              buildOptions(st, reg, regHost, true, c.builds),
+		Builds:              buildOptions(st, reg, regHost, c.builds),
 	})
 	if err != nil {
 		return err

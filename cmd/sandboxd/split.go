@@ -437,9 +437,7 @@ func (c gatewayConfig) run() error {
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
 		RegistryCredentials: regCreds,
-		// Remote runners push over HTTPS unless the registry host is loopback or private
-		// (the runner wire does not carry PushInsecure yet).
-		Builds: buildOptions(st, reg, regHost, false, c.builds),
+		Builds:              buildOptions(st, reg, regHost, c.builds),
 	})
 	if err != nil {
 		return err

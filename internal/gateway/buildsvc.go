@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
 	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -85,8 +86,8 @@ type BuildOptions struct {
 	// (registry.Registry's). Without them StartBuild answers CWSANDBOX_BUILD_NOT_SUPPORTED.
 	RegistryHost                 string
 	MintPushToken, MintPullToken func(org string, ttl time.Duration) (string, error)
-	// PushInsecure: the registry speaks plain HTTP (passed to the runner's push; the
-	// runner wire does not carry it yet, so only in-process runners use it).
+	// PushInsecure: the registry may speak plain HTTP (passed to the runner's push,
+	// in-process or over the runner wire).
 	PushInsecure bool
 	// PerRunner is how many builds run at once on one runner (default
 	// DefaultBuildsPerRunner); MaxQueued and MaxPerOrg bound the builds queued or running
@@ -612,6 +613,17 @@ func (bs *buildService) dispatch() {
 	if !loaded {
 		return
 	}
+	// Each buildable runner's policy, read now like a create's placement reads it: a
+	// builder whose size breaks the policy's resource limits is not placed there.
+	pols := make([]*policy.Policy, len(views))
+	polErrs := make([]error, len(views))
+	pctx, cancel := context.WithTimeout(bs.ctx, 10*time.Second)
+	for i, v := range views {
+		if v.buildable {
+			pols[i], _, polErrs[i] = bs.s.views.policyOf(pctx, i, v.id)
+		}
+	}
+	cancel()
 	type failure struct {
 		lb          *liveBuild
 		reason, msg string
@@ -628,12 +640,23 @@ func (bs *buildService) dispatch() {
 		var why []string
 		possible := false
 		for i, v := range views {
+			var misfit []policy.Violation
+			if v.buildable && polErrs[i] == nil {
+				misfit = pols[i].ResourcesMisfit("builder_size", lb.resources.MilliCPU, lb.resources.MemoryBytes)
+			}
 			switch {
 			case !v.buildable:
 				why = append(why, fmt.Sprintf("runner %s: %s", v.id, v.unavailable))
 				if v.mayBuild {
 					possible = true
 				}
+				continue
+			case polErrs[i] != nil:
+				why = append(why, fmt.Sprintf("runner %s: %v", v.id, polErrs[i]))
+				possible = true // the store may answer again
+				continue
+			case len(misfit) > 0:
+				why = append(why, fmt.Sprintf("runner %s: its policy does not allow the builder %s: %s", v.id, builderSizeOf(lb), policyMisfits(misfit)))
 				continue
 			case len(v.room.Never(need)) > 0:
 				why = append(why, fmt.Sprintf("runner %s: has less than the builder's %s (%d milli-CPU, %d MiB)", v.id, builderSizeOf(lb), need.MilliCPU, need.MemoryBytes>>20))
@@ -671,6 +694,15 @@ func (bs *buildService) dispatch() {
 }
 
 func builderSizeOf(lb *liveBuild) string { return lb.rec.GetBuilderSize() }
+
+// policyMisfits is vs as one sentence, each naming its constraint and limit.
+func policyMisfits(vs []policy.Violation) string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = v.ToAPI().Description
+	}
+	return strings.Join(out, "; ")
+}
 
 // startLocked marks lb RUNNING on runner i and runs it; bs.mu is held.
 func (bs *buildService) startLocked(lb *liveBuild, i int, runnerID string, need placement.Resources) {
@@ -725,11 +757,13 @@ func (bs *buildService) run(ctx context.Context, lb *liveBuild, i int) {
 	rctx, cancel := context.WithTimeout(ctx, timeout+2*time.Minute)
 	defer cancel()
 	res, err := br.Build(rctx, runner.BuildRequest{
-		Options:         imagebuild.Options{Dockerfile: m.GetDockerfile(), BuildArgs: m.GetBuildArgs(), Target: m.GetTargetStage(), NoCache: m.GetNoCache()},
-		Context:         bytes.NewReader(m.GetContext()),
-		ContextLimits:   runtime.ArchiveLimits{MaxBytes: MaxBuildContextUnpackedBytes, MaxFiles: MaxBuildContextFiles},
-		BaseCredentials: &runtime.Credentials{Username: "sandboxd", Password: pull},
-		Push:            tag, PushUsername: "sandboxd", PushPassword: push, PushInsecure: bs.cfg.PushInsecure,
+		Options:       imagebuild.Options{Dockerfile: m.GetDockerfile(), BuildArgs: m.GetBuildArgs(), Target: m.GetTargetStage(), NoCache: m.GetNoCache()},
+		Context:       bytes.NewReader(m.GetContext()),
+		ContextLimits: runtime.ArchiveLimits{MaxBytes: MaxBuildContextUnpackedBytes, MaxFiles: MaxBuildContextFiles},
+		// The pull token is for the platform registry's bases only (runner.BuildRequest).
+		BaseCredentials:         &runtime.Credentials{Username: "sandboxd", Password: pull},
+		BaseCredentialsRegistry: bs.cfg.RegistryHost,
+		Push:                    tag, PushUsername: "sandboxd", PushPassword: push, PushInsecure: bs.cfg.PushInsecure,
 		Resources:      lb.resources,
 		Timeout:        timeout,
 		OrganizationID: lb.org, // its layer cache is the organization's

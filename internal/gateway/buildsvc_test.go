@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -93,7 +94,14 @@ const testDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef01234
 // its API on an HTTP server.
 func newBuildEnv(t *testing.T, dir string, opts func(*BuildOptions), runners ...runner.Handle) *buildEnv {
 	t.Helper()
+	return newBuildEnvPolicies(t, dir, opts, nil, runners...)
+}
+
+// newBuildEnvPolicies is newBuildEnv with the runners' policies from pols (nil: none).
+func newBuildEnvPolicies(t *testing.T, dir string, opts func(*BuildOptions), pols policy.Source, runners ...runner.Handle) *buildEnv {
+	t.Helper()
 	return newBuildEnvConfig(t, dir, func(c *Config) {
+		c.Policies = pols
 		if opts != nil {
 			opts(&c.Builds)
 		}
@@ -278,7 +286,7 @@ func TestBuildService(t *testing.T) {
 	}
 	rq := reqs[0]
 	if rq.Push != "reg.test:5000/org-a/my-py:latest" || rq.PushUsername == "" || rq.PushPassword != "push-org-a" || rq.BaseCredentials == nil ||
-		rq.BaseCredentials.Password != "pull-org-a" || rq.BuildArgs["V"] != "1" || rq.Resources.MilliCPU != 2000 || rq.Timeout != runner.DefaultBuildTimeout ||
+		rq.BaseCredentials.Password != "pull-org-a" || rq.BaseCredentialsRegistry != "reg.test:5000" || rq.BuildArgs["V"] != "1" || rq.Resources.MilliCPU != 2000 || rq.Timeout != runner.DefaultBuildTimeout ||
 		rq.ContextLimits.MaxBytes != MaxBuildContextUnpackedBytes || rq.OrganizationID != testOrg {
 		t.Errorf("runner request: %+v", rq)
 	}
@@ -665,4 +673,52 @@ func (r *tinyRunner) Capacity(ctx context.Context) (runner.Capacity, error) {
 	c, err := r.buildingRunner.Capacity(ctx)
 	c.MilliCPU, c.MemoryBytes = 2000, 2<<30
 	return c, err
+}
+
+// TestBuildPlacementPolicy: a runner whose policy's resource limits cannot hold the
+// requested builder size is skipped (the build runs on one whose policy can); when no
+// runner's can, the build fails at once CWSANDBOX_BUILD_NOT_SUPPORTED naming each
+// runner's constraint and limit.
+func TestBuildPlacementPolicy(t *testing.T) {
+	ctx := t.Context()
+	tight := &buildingRunner{acceptingRunner: acceptingRunner{id: "tight"}, builderImage: "b", build: okBuild(testDigest)}
+	roomy := &buildingRunner{acceptingRunner: acceptingRunner{id: "roomy"}, builderImage: "b", build: okBuild(testDigest)}
+	pols := policyByRunner(func(id string) string {
+		switch id {
+		case "tight":
+			return `{"constraints": {"resources": {"max_cpu": "1", "total_memory": "1Gi"}}}`
+		case "roomy":
+			return `{"constraints": {"resources": {"max_cpu": "2", "max_memory": "2Gi"}}}`
+		}
+		return ""
+	})
+	e := newBuildEnvPolicies(t, t.TempDir(), nil, pols, tight, roomy)
+	res, err := e.c.StartBuild(ctx, as(e.admin, &buildv1.StartBuildRequest{Target: &buildv1.StartBuildRequest_Repository{Repository: "x"}, Context: []byte("c")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.waitBuild(t, res.Msg.GetBuild().GetBuildId(), buildv1.BuildState_BUILD_STATE_SUCCEEDED)
+	if b.GetRunnerId() != "roomy" {
+		t.Errorf("a medium builder ran on %q, want roomy (tight's policy allows 1 CPU)", b.GetRunnerId())
+	}
+	if reqs, _ := tight.requests(); len(reqs) != 0 {
+		t.Errorf("tight got %d builds", len(reqs))
+	}
+	// large (4 CPUs, 8 GiB): no runner's policy holds it.
+	res, err = e.c.StartBuild(ctx, as(e.admin, &buildv1.StartBuildRequest{Target: &buildv1.StartBuildRequest_Repository{Repository: "x"}, Context: []byte("c"), BuilderSize: "large"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = e.waitBuild(t, res.Msg.GetBuild().GetBuildId(), buildv1.BuildState_BUILD_STATE_FAILED)
+	msg := b.GetFailureMessage()
+	for _, want := range []string{"runner tight: its policy does not allow the builder large", "constraint constraints.resources.max_cpu, limit 1]",
+		"constraint constraints.resources.total_memory, limit 1Gi]", "runner roomy: its policy does not allow the builder large",
+		"constraint constraints.resources.max_cpu, limit 2]", "constraint constraints.resources.max_memory, limit 2Gi]"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("failure message lacks %q: %s", want, msg)
+		}
+	}
+	if b.GetFailureReason() != apierr.BuildNotSupported {
+		t.Errorf("failure reason %q", b.GetFailureReason())
+	}
 }

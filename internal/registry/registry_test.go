@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -312,6 +313,14 @@ func TestPullCredentials(t *testing.T) {
 	}
 	if _, _, ok := f.reg.PullCredentials("org-a", fmt.Sprintf("%s.evil.example/org-a/app", f.host)); ok {
 		t.Fatal("credentials for a look-alike host")
+	}
+	// The same host on another port, or named otherwise, is another registry.
+	h, port, _ := strings.Cut(f.host, ":")
+	n, _ := strconv.Atoi(port)
+	for _, other := range []string{h + ":" + strconv.Itoa(n%65535+1) + "/org-a/app", "localhost:" + port + "/org-a/app", h + "/org-a/app", "evil.example/" + f.host + "/org-a/app"} {
+		if _, _, ok := f.reg.PullCredentials("org-a", other); ok {
+			t.Errorf("credentials for %s (the registry is %s)", other, f.host)
+		}
 	}
 }
 

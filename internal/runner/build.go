@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/distribution/reference"
+
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -55,9 +57,15 @@ type BuildRequest struct {
 	// Context is the build context, an fsarchive archive, and its unpacked bounds.
 	Context       io.Reader
 	ContextLimits runtime.ArchiveLimits
-	// BaseCredentials pull the base images (nil: the store's own auth); the platform
-	// registry's pull token for the organization's images.
+	// BaseCredentials pull the base images of BaseCredentialsRegistry (the platform
+	// registry's pull token for the organization's images); every other base image is
+	// pulled with nil (the store's own auth: its configured credentials, its mirrors), so
+	// a Dockerfile's FROM naming another registry never receives them (baseCredentials).
 	BaseCredentials *runtime.Credentials
+	// BaseCredentialsRegistry is the host[:port] BaseCredentials are for, as
+	// distribution/reference names a reference's domain (the port counts). Required with
+	// BaseCredentials.
+	BaseCredentialsRegistry string
 	// Push is the tag the image goes to, with the push token the gateway minted.
 	Push                       string
 	PushUsername, PushPassword string
@@ -111,6 +119,8 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 		vs = append(vs, apierr.Violation{Field: "context", Description: "is required"})
 	case req.OrganizationID == "" || len(req.OrganizationID) > MaxOrganizationIDBytes:
 		vs = append(vs, apierr.Violation{Field: "organization_id", Description: fmt.Sprintf("is required, at most %d bytes (the organization whose layer cache the build uses)", MaxOrganizationIDBytes)})
+	case req.BaseCredentials != nil && req.BaseCredentialsRegistry == "":
+		vs = append(vs, apierr.Violation{Field: "base_credentials_registry", Description: "is required with base_credentials (the registry host they are for)"})
 	}
 	if len(vs) > 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)
@@ -209,10 +219,8 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 	defer os.RemoveAll(tmp)
 	res, err := imagebuild.Run(ctx, agent, imagebuild.Input{Options: req.Options,
 		Context: req.Context, ContextLimits: req.ContextLimits,
-		WriteBase: func(ctx context.Context, ref string, w io.Writer) error {
-			return l.BuildImages.WriteArchive(ctx, ref, req.BaseCredentials, w, MaxBaseArchiveBytes)
-		},
-		OutDir: filepath.Join(tmp, "out"), OutputLimits: out, Events: events,
+		WriteBase: l.writeBase(&req),
+		OutDir:    filepath.Join(tmp, "out"), OutputLimits: out, Events: events,
 	})
 	if err != nil {
 		return nil, err
@@ -225,4 +233,29 @@ func (l *Local) Build(ctx context.Context, req BuildRequest, emit func(imagebuil
 		return nil, err
 	}
 	return br, nil
+}
+
+// writeBase is the build's imagebuild.Input.WriteBase: the runner's image store writes
+// each base image, with req's credentials for the platform registry's bases only.
+func (l *Local) writeBase(req *BuildRequest) func(ctx context.Context, ref string, w io.Writer) error {
+	return func(ctx context.Context, ref string, w io.Writer) error {
+		return l.BuildImages.WriteArchive(ctx, ref, req.baseCredentials(ref), w, MaxBaseArchiveBytes)
+	}
+}
+
+// baseCredentials are the credentials the base image ref (as the Dockerfile names it)
+// is pulled with: BaseCredentials when ref's registry domain, normalized by
+// distribution/reference (docker.io when it names none), is BaseCredentialsRegistry,
+// port included; nil for any other registry or a reference that does not parse (the
+// store refuses it anyway). A Dockerfile is untrusted: the organization's pull token
+// goes to the platform registry only.
+func (req *BuildRequest) baseCredentials(ref string) *runtime.Credentials {
+	if req.BaseCredentials == nil || req.BaseCredentialsRegistry == "" {
+		return nil
+	}
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil || reference.Domain(named) != req.BaseCredentialsRegistry {
+		return nil
+	}
+	return req.BaseCredentials
 }

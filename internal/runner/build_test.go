@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -86,6 +88,7 @@ func TestBuildInvalid(t *testing.T) {
 		{"context", func(r *BuildRequest) { r.Context = nil }},
 		{"organization_id", func(r *BuildRequest) { r.OrganizationID = "" }},
 		{"organization_id", func(r *BuildRequest) { r.OrganizationID = strings.Repeat("o", MaxOrganizationIDBytes+1) }},
+		{"base_credentials_registry", func(r *BuildRequest) { r.BaseCredentials = &runtime.Credentials{Password: "t"} }},
 	} {
 		req := ok
 		tc.edit(&req)
@@ -98,4 +101,74 @@ func TestBuildInvalid(t *testing.T) {
 	if n := len(l.R.List()); n != 0 {
 		t.Errorf("%d sandboxes created", n)
 	}
+}
+
+// credsArchiver records the credentials each base image was asked for with.
+type credsArchiver map[string]*runtime.Credentials
+
+func (c credsArchiver) WriteArchive(_ context.Context, ref string, creds *runtime.Credentials, _ io.Writer, _ int64) error {
+	c[ref] = creds
+	return nil
+}
+
+// TestBuildBaseCredentialsBound: the organization's pull token reaches the image store
+// for base images of the platform registry only (its host, port included, as
+// distribution/reference normalizes a reference); a FROM naming any other registry (a
+// look-alike host, another port, Docker Hub, a userinfo trick, garbage) is pulled with
+// nil credentials, the store's own auth.
+func TestBuildBaseCredentialsBound(t *testing.T) {
+	token := &runtime.Credentials{Username: "sandboxd", Password: "org-pull-token"}
+	for _, tc := range []struct {
+		host string
+		ref  string
+		want bool
+	}{
+		{"reg.test:5000", "reg.test:5000/org-a/app:1", true},
+		{"reg.test:5000", "reg.test:5000/org-a/app@sha256:" + strings.Repeat("a", 64), true},
+		{"reg.test:5000", "reg.test:5000/org-b/app:1", true}, // the registry checks the org
+		{"reg.test:5000", "attacker.example:5000/x", false},
+		{"reg.test:5000", "reg.test:5001/org-a/app:1", false},
+		{"reg.test:5000", "reg.test/org-a/app:1", false},
+		{"reg.test:5000", "reg.test:5000.evil.example/org-a/app", false},
+		{"reg.test:5000", "evil.example/reg.test:5000/org-a/app", false},
+		{"reg.test:5000", "busybox", false},
+		{"reg.test:5000", "docker.io/library/busybox:1", false},
+		{"reg.test:5000", "user@reg.test:5000/x", false},
+		{"reg.test:5000", "REG.TEST:5000/org-a/app", false},
+		{"reg.test:5000", "", false},
+		{"reg.test:5000", "reg.test:5000/../x", false},
+		{"127.0.0.1:7443", "127.0.0.1:7443/org-a/app:1", true},
+		{"127.0.0.1:7443", "localhost:7443/org-a/app:1", false},
+		{"127.0.0.1:7443", "127.0.0.1:7444/org-a/app:1", false},
+		{"[::1]:7443", "[::1]:7443/org-a/app:1", true},
+		{"", "reg.test:5000/org-a/app:1", false}, // no host: never
+	} {
+		a := credsArchiver{}
+		l := &Local{BuildImages: a}
+		req := &BuildRequest{BaseCredentials: token, BaseCredentialsRegistry: tc.host}
+		if err := l.writeBase(req)(context.Background(), tc.ref, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		if got := a[tc.ref]; (got != nil) != tc.want || (got != nil && *got != *token) {
+			t.Errorf("FROM %q with credentials for %q: the store got %v, want the token: %v", tc.ref, tc.host, got, tc.want)
+		}
+	}
+}
+
+// FuzzBuildBaseCredentials: whatever a Dockerfile names, the token goes only to a
+// reference whose registry is the platform's, as the image store parses it too.
+func FuzzBuildBaseCredentials(f *testing.F) {
+	for _, s := range []string{"reg.test:5000/a/b:1", "busybox", "reg.test:5000.x/a", "a/reg.test:5000/b", "user@reg.test:5000/x", "reg.test:5000/A"} {
+		f.Add(s)
+	}
+	req := &BuildRequest{BaseCredentials: &runtime.Credentials{Password: "t"}, BaseCredentialsRegistry: "reg.test:5000"}
+	f.Fuzz(func(t *testing.T, ref string) {
+		if req.baseCredentials(ref) == nil {
+			return
+		}
+		r, err := name.ParseReference(ref)
+		if err != nil || r.Context().RegistryStr() != "reg.test:5000" {
+			t.Fatalf("credentials for %q (the store reads registry %v, %v)", ref, r, err)
+		}
+	})
 }

@@ -39,6 +39,7 @@ func (s *Server) Build(ctx context.Context, req *connect.Request[runnerv1.BuildR
 		Options: imagebuild.Options{Dockerfile: m.GetDockerfile(), BuildArgs: m.GetBuildArgs(), Target: m.GetTargetStage(), NoCache: m.GetNoCache()},
 		Context: bytes.NewReader(m.GetContext()), ContextLimits: runtime.ArchiveLimits{MaxBytes: m.GetContextMaxBytes(), MaxFiles: m.GetContextMaxFiles()},
 		Push: m.GetPush(), PushUsername: m.GetPushCredentials().GetUsername(), PushPassword: m.GetPushCredentials().GetPassword(),
+		PushInsecure: m.GetPushInsecure(), BaseCredentialsRegistry: m.GetBaseCredentialsRegistry(),
 		Resources: resourcesFromProto(m.GetResources()), Timeout: m.GetTimeout().AsDuration(),
 		OrganizationID: m.GetOrganizationId(),
 	}
@@ -104,6 +105,7 @@ func (c *Client) Build(ctx context.Context, req runner.BuildRequest, emit func(i
 		Dockerfile: req.Dockerfile, BuildArgs: req.BuildArgs, TargetStage: req.Target, NoCache: req.NoCache,
 		Context: ctxBytes, ContextMaxBytes: req.ContextLimits.MaxBytes, ContextMaxFiles: req.ContextLimits.MaxFiles,
 		Push: req.Push, PushCredentials: &runnerv1.Credentials{Username: req.PushUsername, Password: req.PushPassword},
+		PushInsecure: req.PushInsecure, BaseCredentialsRegistry: req.BaseCredentialsRegistry,
 		Resources: resourcesToProto(req.Resources), Timeout: durationpb.New(req.Timeout),
 		OrganizationId: req.OrganizationID,
 	}

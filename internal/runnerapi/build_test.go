@@ -49,8 +49,8 @@ func TestRunnerapiBuild(t *testing.T) {
 	req := runner.BuildRequest{
 		Options: imagebuild.Options{Dockerfile: "sub/Dockerfile", BuildArgs: map[string]string{"A": "1"}, Target: "final", NoCache: true},
 		Context: strings.NewReader("archive"), ContextLimits: runtime.ArchiveLimits{MaxBytes: 10, MaxFiles: 2},
-		BaseCredentials: &runtime.Credentials{Username: "pull", Password: "p1"},
-		Push:            "reg/org/app:1", PushUsername: "push", PushPassword: "p2",
+		BaseCredentials: &runtime.Credentials{Username: "pull", Password: "p1"}, BaseCredentialsRegistry: "reg.test:5000",
+		Push: "reg/org/app:1", PushUsername: "push", PushPassword: "p2", PushInsecure: true,
 		Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 1 << 30}, Timeout: time.Minute,
 		OrganizationID: "org-1",
 	}
@@ -61,7 +61,7 @@ func TestRunnerapiBuild(t *testing.T) {
 	}
 	g := b.got
 	if !reflect.DeepEqual(g.Options, req.Options) || b.ctx != "archive" || g.ContextLimits != req.ContextLimits ||
-		*g.BaseCredentials != *req.BaseCredentials || g.Push != req.Push || g.PushUsername != "push" || g.PushPassword != "p2" ||
+		*g.BaseCredentials != *req.BaseCredentials || g.BaseCredentialsRegistry != "reg.test:5000" || !g.PushInsecure || g.Push != req.Push || g.PushUsername != "push" || g.PushPassword != "p2" ||
 		g.Resources.MilliCPU != 2000 || g.Resources.MemoryBytes != 1<<30 || g.Timeout != time.Minute || g.OrganizationID != "org-1" {
 		t.Errorf("the runner got %+v (context %q)", g, b.ctx)
 	}
@@ -70,6 +70,17 @@ func TestRunnerapiBuild(t *testing.T) {
 	}
 	if !reflect.DeepEqual(res.Result, b.res.Result) || res.Digest != "" {
 		t.Errorf("result %+v, want %+v", res.Result, b.res.Result)
+	}
+
+	// The zero values cross as zero: no credentials, no registry for them, a secure push.
+	plain := req
+	plain.Context = strings.NewReader("archive")
+	plain.BaseCredentials, plain.BaseCredentialsRegistry, plain.PushInsecure = nil, "", false
+	if _, err := tr.client(t).Build(context.Background(), plain, nil); err != nil {
+		t.Fatal(err)
+	}
+	if g := b.got; g.BaseCredentials != nil || g.BaseCredentialsRegistry != "" || g.PushInsecure {
+		t.Errorf("the runner got credentials %v for %q, push insecure %v; want none", g.BaseCredentials, g.BaseCredentialsRegistry, g.PushInsecure)
 	}
 
 	b.err = apierr.New(apierr.BuildNotSupported, "runner r1 builds no images: no builder image", nil)

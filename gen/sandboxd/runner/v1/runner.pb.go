@@ -223,13 +223,19 @@ type BuildRequest struct {
 	Context         []byte `protobuf:"bytes,5,opt,name=context,proto3" json:"context,omitempty"`
 	ContextMaxBytes int64  `protobuf:"varint,6,opt,name=context_max_bytes,json=contextMaxBytes,proto3" json:"context_max_bytes,omitempty"`
 	ContextMaxFiles int64  `protobuf:"varint,7,opt,name=context_max_files,json=contextMaxFiles,proto3" json:"context_max_files,omitempty"`
-	// Credentials the base images are pulled with (the platform registry's pull token).
+	// Credentials the base images of base_credentials_registry are pulled with (the
+	// platform registry's pull token). They are bound to that registry: a base image whose
+	// reference names any other registry is pulled without them. Required with them.
 	BaseCredentials *Credentials `protobuf:"bytes,8,opt,name=base_credentials,json=baseCredentials,proto3" json:"base_credentials,omitempty"`
+	// host[:port] of the registry base_credentials are for (the platform registry's).
+	BaseCredentialsRegistry string `protobuf:"bytes,14,opt,name=base_credentials_registry,json=baseCredentialsRegistry,proto3" json:"base_credentials_registry,omitempty"`
 	// The tag the built image is pushed to, with the push token the gateway minted.
-	Push            string               `protobuf:"bytes,9,opt,name=push,proto3" json:"push,omitempty"`
-	PushCredentials *Credentials         `protobuf:"bytes,10,opt,name=push_credentials,json=pushCredentials,proto3" json:"push_credentials,omitempty"`
-	Resources       *Resources           `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
-	Timeout         *durationpb.Duration `protobuf:"bytes,12,opt,name=timeout,proto3" json:"timeout,omitempty"` // 0 = the runner's default
+	Push            string       `protobuf:"bytes,9,opt,name=push,proto3" json:"push,omitempty"`
+	PushCredentials *Credentials `protobuf:"bytes,10,opt,name=push_credentials,json=pushCredentials,proto3" json:"push_credentials,omitempty"`
+	// The push's registry may speak plain HTTP (HTTPS preferred, plain HTTP accepted).
+	PushInsecure bool                 `protobuf:"varint,15,opt,name=push_insecure,json=pushInsecure,proto3" json:"push_insecure,omitempty"`
+	Resources    *Resources           `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
+	Timeout      *durationpb.Duration `protobuf:"bytes,12,opt,name=timeout,proto3" json:"timeout,omitempty"` // 0 = the runner's default
 	// The organization the build is for: its layer cache is the organization's own (one
 	// cache per organization on a runner; builds of one organization share it in turn).
 	OrganizationId string `protobuf:"bytes,13,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
@@ -323,6 +329,13 @@ func (x *BuildRequest) GetBaseCredentials() *Credentials {
 	return nil
 }
 
+func (x *BuildRequest) GetBaseCredentialsRegistry() string {
+	if x != nil {
+		return x.BaseCredentialsRegistry
+	}
+	return ""
+}
+
 func (x *BuildRequest) GetPush() string {
 	if x != nil {
 		return x.Push
@@ -335,6 +348,13 @@ func (x *BuildRequest) GetPushCredentials() *Credentials {
 		return x.PushCredentials
 	}
 	return nil
+}
+
+func (x *BuildRequest) GetPushInsecure() bool {
+	if x != nil {
+		return x.PushInsecure
+	}
+	return false
 }
 
 func (x *BuildRequest) GetResources() *Resources {
@@ -4738,7 +4758,7 @@ var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x05\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x06\n" +
 	"\fBuildRequest\x12\x1e\n" +
 	"\n" +
 	"dockerfile\x18\x01 \x01(\tR\n" +
@@ -4750,10 +4770,12 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\acontext\x18\x05 \x01(\fR\acontext\x12*\n" +
 	"\x11context_max_bytes\x18\x06 \x01(\x03R\x0fcontextMaxBytes\x12*\n" +
 	"\x11context_max_files\x18\a \x01(\x03R\x0fcontextMaxFiles\x12J\n" +
-	"\x10base_credentials\x18\b \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fbaseCredentials\x12\x12\n" +
+	"\x10base_credentials\x18\b \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fbaseCredentials\x12:\n" +
+	"\x19base_credentials_registry\x18\x0e \x01(\tR\x17baseCredentialsRegistry\x12\x12\n" +
 	"\x04push\x18\t \x01(\tR\x04push\x12J\n" +
 	"\x10push_credentials\x18\n" +
-	" \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fpushCredentials\x12;\n" +
+	" \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x0fpushCredentials\x12#\n" +
+	"\rpush_insecure\x18\x0f \x01(\bR\fpushInsecure\x12;\n" +
 	"\tresources\x18\v \x01(\v2\x1d.sandboxd.runner.v1.ResourcesR\tresources\x123\n" +
 	"\atimeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12'\n" +
 	"\x0forganization_id\x18\r \x01(\tR\x0eorganizationId\x1a<\n" +
