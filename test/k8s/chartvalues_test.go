@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"errors"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -37,7 +38,8 @@ func runnerArgs(t *testing.T, helm string, args ...string) ([]string, error) {
 		"--show-only", "templates/deployment.yaml"}, args...)...)
 	out, err := cmd.Output()
 	if err != nil {
-		if ee, ok := err.(*osexec.ExitError); ok {
+		var ee *osexec.ExitError
+		if errors.As(err, &ee) {
 			return nil, &chartError{string(ee.Stderr)}
 		}
 		t.Fatalf("helm template: %v", err)
