@@ -9,7 +9,10 @@
 # The test images (busybox, python), the pause image, the agent image (sandbox-agent +
 # sandbox-gate) and the runner image (static sandboxd; scripts/build-runner-image.sh) are
 # imported into containerd's k8s.io namespace; Pods must use imagePullPolicy: Never (no
-# registry is reachable).
+# registry is reachable). containerd's CRI reads per-registry hosts.toml files from
+# $DATA/containerd/certs.d (config_path): a test that serves a registry on the node's
+# loopback over plain HTTP (TestPlatformRegistryPull) writes certs.d/HOST:PORT/hosts.toml
+# with `server = "http://HOST:PORT"` for its lifetime; nothing else is configured there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
