@@ -13,6 +13,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -198,7 +199,10 @@ func TestChartRunner(t *testing.T) {
 		"--set", "persistence.storageClass="+class,
 		// A short lease (should a Pod die without releasing it); frequent heartbeats: the
 		// update reaches the runner soon.
-		"--set", "leaderElection.leaseDuration=4s", "--set", "extraArgs={--heartbeat-interval=300ms}")
+		"--set", "leaderElection.leaseDuration=4s", "--set", "extraArgs={--heartbeat-interval=300ms}",
+		// The platform registry's values: the real runner binary accepts the flags they
+		// become (no sandbox here names an image of it: TestPlatformRegistryPull pulls).
+		"--set", "platformRegistry.host=registry.invalid:5000", "--set", "platformRegistry.plainHTTP=true")
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
@@ -236,6 +240,9 @@ func TestChartRunner(t *testing.T) {
 	}
 	pod := runnerPod(runnerImage, "")
 	t.Logf("runner Pod %s Ready %s after helm install", pod.Name, time.Since(start).Round(time.Millisecond))
+	if args := pod.Spec.Containers[0].Args; !slices.Contains(args, "--platform-registry=registry.invalid:5000") || !slices.Contains(args, "--insecure-registry=registry.invalid:5000") {
+		t.Errorf("runner args %q lack the platform registry's flags", args)
+	}
 
 	// Registered (the runner ID is the one the token was made for) and heartbeating.
 	beats := map[string]bool{}

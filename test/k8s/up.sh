@@ -9,7 +9,10 @@
 # The test images (busybox, python), the pause image, the agent image (sandbox-agent +
 # sandbox-gate) and the runner image (static sandboxd; scripts/build-runner-image.sh) are
 # imported into containerd's k8s.io namespace; Pods must use imagePullPolicy: Never (no
-# registry is reachable).
+# registry is reachable). containerd's CRI reads per-registry hosts.toml files from
+# $DATA/containerd/certs.d (config_path): a test that serves a registry on the node's
+# loopback over plain HTTP (TestPlatformRegistryPull) writes certs.d/HOST:PORT/hosts.toml
+# with `server = "http://HOST:PORT"` for its lifetime; nothing else is configured there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -86,7 +89,7 @@ done
 BIN=$(bash test/k8s/build.sh)
 log "binaries in $BIN"
 
-mkdir -p "$DATA"/{run,log,pki,etcd,containerd/root,containerd/state,cni/net.d,cni/ipam,kubelet,pods,images,bin}
+mkdir -p "$DATA"/{run,log,pki,etcd,containerd/root,containerd/state,containerd/certs.d,cni/net.d,cni/ipam,kubelet,pods,images,bin}
 IP=$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for(i=1;i<NF;i++) if($i=="src"){print $(i+1); exit}}')
 [ -n "$IP" ] || IP=$(hostname -I | awk '{print $1}')
 [ -d /var/lib/kubelet ] || touch "$DATA/run/created-var-lib-kubelet"
@@ -122,6 +125,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$DATA/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$DATA/containerd/certs.d"
 TOML
 cat >"$DATA/cni/net.d/10-sandboxd.conflist" <<JSON
 {

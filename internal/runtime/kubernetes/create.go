@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-containerregistry/pkg/name"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -397,7 +398,7 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 					TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				},
 				{
-					Name: containerMain, Image: spec.Image, ImagePullPolicy: b.cfg.ImagePullPolicy,
+					Name: containerMain, Image: spec.Image, ImagePullPolicy: b.pullPolicy(spec, &spec.Container),
 					Command:         []string{gate.GatePath, "exec-agent"},
 					WorkingDir:      spec.WorkingDir,
 					Resources:       res,
@@ -441,6 +442,44 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 	}
 	applyPodSettings(pod, spec.Pod)
 	return pod
+}
+
+// pullPolicy is the image pull policy of a sandbox container: Always when its image
+// comes with pull credentials (a private image: every image of the platform registry, whose
+// pull token the gateway adds, or one the caller brings credentials for), the configured
+// policy otherwise. The kubelet runs an image its node already holds under IfNotPresent
+// (and Never) without asking the registry — so a sandbox of another organization, naming
+// by digest an image that one organization's sandbox pulled onto that node, would run it
+// (Kubernetes checks pull Secrets against cached images only with the alpha feature
+// KubeletEnsureSecretPulledImages, KEP-2535, not in v1.32). Under Always the kubelet
+// resolves the reference at the registry with this Pod's pull Secret first: another
+// organization's token is refused there (the registry answers NAME_UNKNOWN), and layers
+// the node already has are not downloaded again. This is the Kubernetes counterpart of the
+// local backend's private image cache (docs/api.md "A runner's image cache is not an
+// access path").
+// A container without credentials of its own whose image is in a registry that another
+// container of the spec has credentials for is pulled with those too (the Pod's one pull
+// Secret): Always as well.
+func (b *Backend) pullPolicy(spec *runtime.Spec, c *runtime.Container) corev1.PullPolicy {
+	if c.PullCredentials != nil {
+		return corev1.PullAlways
+	}
+	reg := registryOf(c.Image)
+	for _, o := range spec.AllContainers() {
+		if o.PullCredentials != nil && reg != "" && registryOf(o.Image) == reg {
+			return corev1.PullAlways
+		}
+	}
+	return b.cfg.ImagePullPolicy
+}
+
+// registryOf is the registry host of image ("" when it does not parse).
+func registryOf(image string) string {
+	ref, err := name.ParseReference(image)
+	if err != nil {
+		return ""
+	}
+	return ref.Context().RegistryStr()
 }
 
 // applyPodSettings applies the policy's pod fragment. The service account changes the

@@ -261,7 +261,7 @@ func (b *Backend) podForGroup(spec *runtime.Spec, g *group, rcName string, lbls 
 		extra, mounts := containerMounts(m, index)
 		vols = append(vols, extra...)
 		c := corev1.Container{
-			Name: m.pod, Image: m.c.Image, ImagePullPolicy: b.cfg.ImagePullPolicy,
+			Name: m.pod, Image: m.c.Image, ImagePullPolicy: b.pullPolicy(spec, m.c),
 			Command:         []string{gate.GatePath, "exec-agent"},
 			WorkingDir:      m.c.WorkingDir,
 			SecurityContext: g.sc[m.name],

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log"
@@ -17,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -92,5 +94,73 @@ func TestPlatformImageConfig(t *testing.T) {
 	}
 	if sec.Type != corev1.SecretTypeDockerConfigJson || sec.Name != pullSecretName("s1") {
 		t.Errorf("secret %s of type %s", sec.Name, sec.Type)
+	}
+}
+
+// TestPullPolicyPrivateImages: a container whose image comes with pull credentials (every
+// image of the platform registry) is pulled Always, whatever the configured policy, so the
+// kubelet asks the registry with this Pod's Secret before running an image its node holds
+// from another organization's sandbox; so is one without credentials of its own in a
+// registry the Pod's Secret has credentials for. Other images keep the configured policy;
+// the agent image too. In a single-container Pod and in a group.
+func TestPullPolicyPrivateImages(t *testing.T) {
+	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", ImagePullPolicy: corev1.PullIfNotPresent, TerminationGrace: 10e9,
+		ImageConfig: func(context.Context, string, *runtime.Credentials) (image.Config, error) { return image.Config{}, nil }}}
+	creds := &runtime.Credentials{Username: "sandboxd", Password: "sbxreg.tok"}
+	const private = "reg.example:5000/org-a/app@sha256:0123456789012345678901234567890123456789012345678901234567890123"
+
+	single := func(c runtime.Container) *corev1.Pod {
+		c.Command = "true"
+		spec := &runtime.Spec{ID: "s1", Container: c}
+		return b.podFor(spec, "", b.labels(spec), pullSecretName(spec.ID), nil)
+	}
+	for _, c := range []struct {
+		ctr       runtime.Container
+		main, gte corev1.PullPolicy
+	}{
+		{runtime.Container{Image: private, PullCredentials: creds}, corev1.PullAlways, corev1.PullIfNotPresent},
+		{runtime.Container{Image: private}, corev1.PullIfNotPresent, corev1.PullIfNotPresent},
+		{runtime.Container{Image: "busybox"}, corev1.PullIfNotPresent, corev1.PullIfNotPresent},
+	} {
+		pod := single(c.ctr)
+		if got := pod.Spec.Containers[1].ImagePullPolicy; got != c.main {
+			t.Errorf("%s (credentials %v): main %s, want %s", c.ctr.Image, c.ctr.PullCredentials != nil, got, c.main)
+		}
+		if got := pod.Spec.Containers[0].ImagePullPolicy; got != c.gte {
+			t.Errorf("%s: gate %s, want %s", c.ctr.Image, got, c.gte)
+		}
+	}
+
+	spec := &runtime.Spec{ID: "g1",
+		Container: runtime.Container{Name: "app", Image: private, Command: "true", PullCredentials: creds},
+		Sidecars: []runtime.Container{
+			{Name: "same", Image: "reg.example:5000/org-a/db:1", Command: "true"},
+			{Name: "pub", Image: "busybox", Command: "true"},
+		},
+		InitContainers: []runtime.Container{{Name: "mig", Image: "reg.example:5000/org-a/mig:1", Command: "true", PullCredentials: creds}},
+	}
+	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.prepareGroup(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := b.podForGroup(spec, g, "", b.labels(spec), pullSecretName(spec.ID))
+	want := map[string]corev1.PullPolicy{"sandbox": corev1.PullAlways, "same": corev1.PullAlways, "pub": corev1.PullIfNotPresent,
+		"mig": corev1.PullAlways, containerGate: corev1.PullIfNotPresent, containerInstall: corev1.PullIfNotPresent}
+	seen := 0
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		for n, p := range want {
+			if c.Name == n || strings.HasSuffix(c.Name, "-"+n) {
+				seen++
+				if c.ImagePullPolicy != p {
+					t.Errorf("group container %s (%s): %s, want %s", c.Name, c.Image, c.ImagePullPolicy, p)
+				}
+			}
+		}
+	}
+	if seen < len(want) {
+		t.Errorf("matched %d of %d containers in %v", seen, len(want), pod.Spec.Containers)
 	}
 }
