@@ -157,7 +157,13 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 	failpoint.Hit("local.group.primary")
 	b.step(ctx, "members", t)
 	failpoint.Hit("local.group.members")
-	if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
+	if s.fork != nil {
+		// A fork (gvisor_group_pause.go): its containers continue the source's, started.
+		if err := b.finishGroupFork(ctx, s); err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step(ctx, "fork: agents", t)
+	} else if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err) // a *startseq.Failure names the container
 	}
 	failpoint.Hit("local.group.started")
