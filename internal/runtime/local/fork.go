@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,6 +131,9 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 				errs[i] = fmt.Errorf("%w: fork %s: %s", runtime.ErrInvalidSpec, sp.ID, why)
 			}
 		}
+	}
+	if !slices.ContainsFunc(errs, func(e error) bool { return e == nil }) {
+		return infos, errs // nothing to fork: the source is not checkpointed for nothing
 	}
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
