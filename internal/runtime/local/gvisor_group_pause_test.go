@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -187,6 +188,13 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	waitCount(t, e.b, id, 2)
 	waitFor(t, func() bool { return side(e.b) >= 2 })
 	checkStatuses(e.b, "before")
+	// A fork needs every container running (gvisor_group_pause.go): refused, the group
+	// untouched.
+	f := sp.Clone()
+	f.ID = "ckgrp-init-f"
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "init" has ended`) {
+		t.Errorf("fork of a group whose init container completed: %v, want refused", errs[0])
+	}
 	a1, s1 := count(t, e.b, id), side(e.b)
 	if _, err := e.b.Pause(ctx, id, true); err != nil {
 		t.Fatalf("checkpoint of a group with a completed init container: %v", err)
@@ -206,6 +214,9 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	b2 := e.backend()
 	if rs, err := b2.Recover(ctx); err != nil || len(rs) != 1 || !rs[0].Paused || !rs[0].Released {
 		t.Fatalf("recover = %+v, %v", rs, err)
+	}
+	if _, errs := b2.Fork(ctx, id, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "init" had ended`) {
+		t.Errorf("fork of the checkpointed group whose init container completed: %v, want refused", errs[0])
 	}
 	if _, err := b2.Resume(ctx, id); err != nil {
 		t.Fatalf("resume in a restarted backend: %v", err)
@@ -296,9 +307,18 @@ func TestForkGVisorGroup(t *testing.T) {
 	if e.b.runtimes[GVisorClass] == nil {
 		t.Skip("runsc not found")
 	}
-	e.withNetwork(t, 15)
+	nm := e.withNetwork(t, 15)
 	ctx := context.Background()
 	const src = "gfk-src"
+	netGone := func(id string) {
+		t.Helper()
+		if a, err := nm.Lookup(id); err == nil {
+			t.Errorf("%s: network namespace left after destroy: %+v", id, a)
+		}
+		if ids, err := nm.List(); err != nil || slices.Contains(ids, id) {
+			t.Errorf("%s: network state left after destroy: %v, %v", id, ids, err)
+		}
+	}
 	vm := []runtime.VolumeMount{{Volume: "shared", Path: "/data"}}
 	sp := runtime.Spec{ID: src, RuntimeClass: GVisorClass, Volumes: []runtime.Volume{{Name: "shared", SizeBytes: 64 << 20}},
 		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}, VolumeMounts: vm,
@@ -404,6 +424,7 @@ func TestForkGVisorGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, specs[0].ID)
+	netGone(specs[0].ID)
 	for _, id := range []string{src, specs[1].ID} {
 		a, sd := count(t, e.b, id), groupCounter(t, e.b, id, "side")
 		waitCount(t, e.b, id, a+2)
@@ -438,6 +459,7 @@ func TestForkGVisorGroup(t *testing.T) {
 			t.Errorf("destroy %s: %v", id, err)
 		}
 		checkNoLeaks(t, e.state, id)
+		netGone(id)
 	}
 }
 
