@@ -347,7 +347,12 @@ func TestForkGVisorGroup(t *testing.T) {
 	for i := range specs {
 		f := sp.Clone()
 		f.ID = "gfk-" + strconv.Itoa(i)
+		f.Sidecars[0].Resources.MemoryBytes = 192 << 20 // the forks' group total: 448 MiB, the source's 384
 		specs[i] = &f
+	}
+	memLimit := func(id string) string {
+		lim, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", testCgroupParent, id, "memory.limit_in_bytes"))
+		return strings.TrimSpace(string(lim))
 	}
 	start := time.Now()
 	infos, errs := e.b.Fork(ctx, src, specs)
@@ -393,12 +398,20 @@ func TestForkGVisorGroup(t *testing.T) {
 		if pid == srcPid || !strings.Contains(cgroupProcs("memory", id), " "+strconv.Itoa(pid)+" ") {
 			t.Errorf("fork %s: sentry %d not in its own memory cgroup (procs %q; the source's sentry is %d)", id, pid, cgroupProcs("memory", id), srcPid)
 		}
-		if lim, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", testCgroupParent, id, "memory.limit_in_bytes")); strings.TrimSpace(string(lim)) != strconv.Itoa(384<<20) {
-			t.Errorf("fork %s: memory limit %q, want the group's total %d", id, strings.TrimSpace(string(lim)), 384<<20)
+		if got := memLimit(id); got != strconv.Itoa(448<<20) {
+			t.Errorf("fork %s: memory limit %q, want the fork's group total %d", id, got, 448<<20)
+		}
+		for _, ctl := range []string{"cpu", "pids"} {
+			if !strings.Contains(cgroupProcs(ctl, id), " "+strconv.Itoa(pid)+" ") {
+				t.Errorf("fork %s: sentry %d not in its own %s cgroup (procs %q)", id, pid, ctl, cgroupProcs(ctl, id))
+			}
+		}
+		if strings.Contains(cgroupProcs("memory", src), " "+strconv.Itoa(pid)+" ") {
+			t.Errorf("fork %s: sentry %d in the source's cgroup", id, pid)
 		}
 	}
-	if !strings.Contains(cgroupProcs("memory", src), " "+strconv.Itoa(srcPid)+" ") {
-		t.Errorf("the source's sentry %d left its cgroup (procs %q)", srcPid, cgroupProcs("memory", src))
+	if !strings.Contains(cgroupProcs("memory", src), " "+strconv.Itoa(srcPid)+" ") || memLimit(src) != strconv.Itoa(384<<20) {
+		t.Errorf("the source's cgroup changed: procs %q (its sentry is %d), memory limit %q (want %d)", cgroupProcs("memory", src), srcPid, memLimit(src), 384<<20)
 	}
 	// Each container of each fork, and the source, count on their own.
 	for _, id := range []string{src, specs[0].ID, specs[1].ID} {
