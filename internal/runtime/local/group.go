@@ -152,6 +152,10 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		launch = b.launchGVisorGroup // gvisor_group.go
 	}
 	if err := launch(ctx, s, spec, members, host, held, t); err != nil {
+		if s.fork != nil {
+			// A fork's sentry, restored half (its members wait in it), ends first.
+			killSentry(ctx, filepath.Join(s.dir, filePid))
+		}
 		return err
 	}
 	failpoint.Hit("local.group.primary")

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -342,6 +344,32 @@ func TestForkGVisorGroup(t *testing.T) {
 		t.Errorf("a refused fork left its dir: %v", err)
 	}
 
+	// A fork that fails half way (its sidecar, after the sentry's restore: an image at
+	// another digest than the checkpoint's) is undone; the source runs on.
+	srcS, err := e.b.get(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := srcS.members[0].info.ImageDigest
+	srcS.members[0].info.ImageDigest = "sha256:0ther"
+	half := sp.Clone()
+	half.ID = "gfk-half"
+	if _, errs := e.b.Fork(ctx, src, []*runtime.Spec{&half}); errs[0] == nil || !strings.Contains(errs[0].Error(), "not at sha256:0ther") {
+		t.Errorf("fork whose sidecar's image is at another digest: %v", errs[0])
+	}
+	srcS.members[0].info.ImageDigest = digest
+	checkNoLeaks(t, e.state, half.ID)
+	netGone(half.ID)
+	if list, err := e.b.runtimes[GVisorClass].list(ctx); err != nil {
+		t.Error(err)
+	} else {
+		for cid := range list {
+			if strings.HasPrefix(cid, half.ID) {
+				t.Errorf("runsc still knows %s of the undone fork", cid)
+			}
+		}
+	}
+
 	a0, s0 := count(t, e.b, src), groupCounter(t, e.b, src, "side")
 	specs := make([]*runtime.Spec, 2)
 	for i := range specs {
@@ -442,6 +470,21 @@ func TestForkGVisorGroup(t *testing.T) {
 		a, sd := count(t, e.b, id), groupCounter(t, e.b, id, "side")
 		waitCount(t, e.b, id, a+2)
 		waitFor(t, func() bool { return groupCounter(t, e.b, id, "side") >= sd+2 })
+	}
+
+	// So does a fork's sentry killed (SIGKILL): the fork ends, the source runs on.
+	if err := unix.Kill(sentry(specs[1].ID), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	if ex, err := e.b.Wait(wctx, specs[1].ID); err != nil {
+		t.Errorf("wait for the killed fork: %+v, %v", ex, err)
+	}
+	cancel()
+	a1 := count(t, e.b, src)
+	waitCount(t, e.b, src, a1+2)
+	if out := shIn(t, e.b, src, "side", "cat /rootfile /data/f"); out != "s\nv" {
+		t.Errorf("source's side after a fork was killed: files %q", out)
 	}
 
 	// A checkpointed group is forked from its checkpoint and stays paused.
