@@ -363,7 +363,7 @@ func (b *Backend) launchGVisorGroup(ctx context.Context, s *sandbox, spec *runti
 			}
 			m.join, m.fork = join, s.fork
 			defer func() { m.join = nil }()
-			var mt time.Time
+			mt := time.Now() // the member's own steps (a zero start would trace nonsense)
 			if _, _, err := b.launch(ctx, m, c.PullCredentials, host, c.Resources, held(c, m), &mt); err != nil {
 				errs[i] = containerErr(m.name, err)
 				return
