@@ -170,7 +170,11 @@ func (b *Backend) ExportCheckpoint(ctx context.Context, id string, put func(ctx 
 	if err != nil {
 		return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: %w", id, err)
 	}
-	if why := b.forkUnsupported(s); why != "" {
+	why := b.forkUnsupported(s)
+	if why == "" && s.spec.Multi() {
+		why = errExportGroup // gvisor_group_pause.go
+	}
+	if why != "" {
 		return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: %w: %s", id, errdefs.ErrNotImplemented, why)
 	}
 	platform := b.CheckpointPlatform(s.rt.class)
@@ -299,7 +303,7 @@ func importParts(spec *runtime.Spec) []string {
 // it can), as forkUnsupported does for a local source.
 func (b *Backend) importUnsupported(spec *runtime.Spec) string {
 	if spec.Multi() {
-		return errForkGroup
+		return errExportGroup // gvisor_group_pause.go
 	}
 	if spec.Engine != nil {
 		return "checkpoints of sandboxes running a Docker Engine are not implemented"

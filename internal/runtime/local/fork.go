@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,9 +39,13 @@ import (
 // file the checkpoint holds: each fork gets its own copy. A fork that fails is undone
 // as a failed Create is. Up to forkParallel forks are restored at once.
 //
+// A group (gvisor_group_pause.go) is forked as a whole: one checkpoint of its sentry,
+// each fork a group of its own (its containers' own dirs, agents and cgroups, the
+// group's volumes snapshotted once).
+//
 // Not forked (refused): memory-medium volumes and disk volumes outside the btrfs pool
-// (they would need a full copy), groups (runsc cannot: gvisor_group_pause.go), Docker
-// Engine sandboxes.
+// (they would need a full copy), groups with a container that has ended
+// (gvisor_group_pause.go), Docker Engine sandboxes.
 
 // forkParallel bounds the forks restored concurrently.
 const forkParallel = 4
@@ -56,6 +61,11 @@ type forkParams struct {
 	// digest is the image digest the checkpoint was taken on: the fork's image must be
 	// the same (its root filesystem's lower layers), else the restore is refused.
 	digest string
+	// members, for a group (gvisor_group_pause.go), are its other containers' agent state
+	// dirs (as run) by container name; memberDigests their image digests (as digest),
+	// known before the checkpoint.
+	members       map[string]string
+	memberDigests map[string]string
 	// ready, when not nil, is closed once image, vols and run are set, or err (the
 	// source's checkpoint failed): the forks of a running source are made while it is
 	// checkpointed, and wait for it (wait) only where they need it.
@@ -116,7 +126,14 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 			errs[i] = fmt.Errorf("%w: fork %s: runtime class %q, the source's is %q", runtime.ErrInvalidSpec, sp.ID, sp.RuntimeClass, s.rt.class)
 		case len(sp.Volumes) != len(s.spec.Volumes):
 			errs[i] = fmt.Errorf("%w: fork %s: %d volumes, the source has %d", runtime.ErrInvalidSpec, sp.ID, len(sp.Volumes), len(s.spec.Volumes))
+		case s.spec.Multi() || sp.Multi():
+			if why := groupForkMismatch(&s.spec, sp); why != "" { // gvisor_group_pause.go
+				errs[i] = fmt.Errorf("%w: fork %s: %s", runtime.ErrInvalidSpec, sp.ID, why)
+			}
 		}
+	}
+	if !slices.ContainsFunc(errs, func(e error) bool { return e == nil }) {
+		return infos, errs // nothing to fork: the source is not checkpointed for nothing
 	}
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -149,7 +166,7 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 // make theirs). A failed checkpoint fails every fork (each undone as a failed Create)
 // with its error, and s runs on as before.
 func (b *Backend) forkRunning(ctx context.Context, s *sandbox, specs []*runtime.Spec, infos []runtime.Info, errs []error) ([]runtime.Info, []error) {
-	pending := &forkParams{digest: s.info.ImageDigest, ready: make(chan struct{})}
+	pending := &forkParams{digest: s.info.ImageDigest, memberDigests: memberDigests(s), ready: make(chan struct{})}
 	made := make(chan struct{})
 	go func() {
 		defer close(made)
@@ -166,7 +183,7 @@ func (b *Backend) forkRunning(ctx context.Context, s *sandbox, specs []*runtime.
 		return infos, errs
 	}
 	defer cleanup() // after the forks (made)
-	pending.image, pending.vols, pending.run = fp.image, fp.vols, fp.run
+	pending.image, pending.vols, pending.run, pending.members = fp.image, fp.vols, fp.run, fp.members
 	close(pending.ready)
 	if cont != nil {
 		// The source continues while its forks are restored (all they need of it is taken).
@@ -219,7 +236,9 @@ func (b *Backend) forkUnsupported(s *sandbox) string {
 		return why
 	}
 	if s.spec.Multi() {
-		return errForkGroup // gvisor_group_pause.go
+		if why := b.groupForkUnsupported(s); why != "" { // gvisor_group_pause.go
+			return why
+		}
 	}
 	for _, v := range s.spec.Volumes {
 		if v.Medium == runtime.MediumMemory {
@@ -240,7 +259,14 @@ func (b *Backend) forkSource(ctx context.Context, s *sandbox) (fp *forkParams, c
 	nothing := func() {}
 	m := b.pausedOf(s)
 	if m != nil && m.Released {
-		fp := &forkParams{image: filepath.Join(s.dir, dirCheckpoint), run: filepath.Join(shownDir(s.dir), dirRun), digest: s.info.ImageDigest}
+		fp := &forkParams{image: filepath.Join(s.dir, dirCheckpoint), run: filepath.Join(shownDir(s.dir), dirRun), digest: s.info.ImageDigest,
+			memberDigests: memberDigests(s)}
+		if len(s.members) > 0 {
+			var err error
+			if fp.members, err = checkpointedMemberRuns(s, fp.image); err != nil {
+				return nil, nil, nil, err
+			}
+		}
 		if hasDiskVolume(&s.spec) {
 			fp.vols = filepath.Join(poolSandboxes, s.id)
 			release, err := b.vols.acquire()
@@ -280,7 +306,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 	if err != nil {
 		return nil, nil, err
 	}
-	fp := &forkParams{image: image, run: image + "-run", digest: s.info.ImageDigest}
+	fp := &forkParams{image: image, run: image + "-run", digest: s.info.ImageDigest, memberDigests: memberDigests(s)}
 	var cleanups []func()
 	cleanup := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
@@ -292,6 +318,9 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 	err = os.Mkdir(fp.run, 0o700)
 	if err == nil {
 		err = copyRunDir(ctx, filepath.Join(shownDir(s.dir), dirRun), fp.run)
+	}
+	if err == nil && len(s.members) > 0 {
+		fp.members, err = b.copyMemberRuns(ctx, s, image, &cleanups) // gvisor_group_pause.go
 	}
 	if err != nil {
 		b.continueAfterSave(ctx, s, "")

@@ -152,12 +152,22 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 		launch = b.launchGVisorGroup // gvisor_group.go
 	}
 	if err := launch(ctx, s, spec, members, host, held, t); err != nil {
+		if s.fork != nil {
+			// A fork's sentry, restored half (its members wait in it), ends first.
+			killSentry(ctx, filepath.Join(s.dir, filePid))
+		}
 		return err
 	}
 	failpoint.Hit("local.group.primary")
 	b.step(ctx, "members", t)
 	failpoint.Hit("local.group.members")
-	if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
+	if s.fork != nil {
+		// A fork (gvisor_group_pause.go): its containers continue the source's, started.
+		if err := b.finishGroupFork(ctx, s); err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step(ctx, "fork: agents", t)
+	} else if err := startseq.Run(ctx, spec, &groupOps{b: b, s: s}); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err) // a *startseq.Failure names the container
 	}
 	failpoint.Hit("local.group.started")

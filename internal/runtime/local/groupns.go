@@ -190,6 +190,8 @@ type joinParams struct {
 	volReady chan struct{} // closed when the primary's volumes are made (or failed)
 	volErr   error
 	volumes  map[string]string // the group's volume roots by name
+
+	forkMu sync.Mutex // a fork's members' restores, one at a time (gvisor_group_pause.go)
 }
 
 func newJoinParams(ids *idRange) *joinParams {

@@ -361,14 +361,16 @@ func (b *Backend) launchGVisorGroup(ctx context.Context, s *sandbox, spec *runti
 				errs[i] = containerErr(m.name, err)
 				return
 			}
-			m.join = join
+			m.join, m.fork = join, s.fork
 			defer func() { m.join = nil }()
-			var mt time.Time
+			mt := time.Now() // the member's own steps (a zero start would trace nonsense)
 			if _, _, err := b.launch(ctx, m, c.PullCredentials, host, c.Resources, held(c, m), &mt); err != nil {
 				errs[i] = containerErr(m.name, err)
 				return
 			}
-			go b.watch(m, "Killed")
+			if s.fork == nil { // a fork's members are watched once restored (finishGroupFork)
+				go b.watch(m, "Killed")
+			}
 		})
 	}
 	wg.Wait()

@@ -5,6 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Checkpoints of multi-container gVisor sandboxes (pause.go drives them; this is what a
@@ -34,21 +42,54 @@ import (
 //     (fileCkMembers, written before the checkpoint is committed); the restore
 //     registers those. A member that ends between that deletion and the save (the
 //     kernel is paused first) makes the checkpoint fail, the group running on.
-//   - Forks of a group, and so exports (export.go, whose import is a fork), are refused
-//     (errForkGroup): runsc's restore validates each container's spec against the one
-//     in the checkpoint (runsc/specutils/restore.go), and among the annotations it
-//     compares is dev.gvisor.spec.cgroup-parent, which for a group's root container
-//     names the sentry's cgroup, the source sandbox's own (<CgroupParent>/<id>). A fork
-//     (another id) is refused by runsc: `"Annotations" does not match across checkpoint
-//     restore for container: "app", checkpoint map[...cgroup-parent:/<parent>/<source>]
-//     restore map[...cgroup-parent:/<parent>/<fork>]`. Dropping the annotation would put
-//     the sentry in the root container's own cgroup with the members' cgroups under it,
-//     which cgroup v2 forbids for cgroups with controllers (see gvisor_group.go).
+//   - Forks of a group (fork.go): the sentry is checkpointed once (saveImage, the source
+//     continuing after it), with a copy of every container's agent state dir
+//     (copyMemberRuns), and each fork is made as a group is created (createGroup:
+//     every container its own dir, bundle, overlay root, agent identity and cgroup;
+//     the group's volumes made once by the primary, as writable snapshots of the
+//     source's), but `runsc restore` of its root container (the sentry, into the fork's
+//     own cgroup) then of each member takes the place of `runsc run` and the start
+//     sequence (restoreGroupFork, finishGroupFork): the containers continue where the
+//     source's were. A group with a container that has ended is not forked (its
+//     checkpoint would hold fewer containers than the fork's spec names).
+//   - runsc's restore validates each container's spec against the one in the
+//     checkpoint (runsc/specutils/restore.go, validateSpecs), annotations included,
+//     and a group's root carries dev.gvisor.spec.cgroup-parent, the sentry's cgroup:
+//     the source sandbox's own (<CgroupParent>/<id>), which a fork (another id) cannot
+//     have. So a fork's restores run with --restore-spec-validation=warning
+//     (restoreSpecValidation; runsc then logs the difference and goes on), and only a
+//     fork's: a resume of the group itself is validated as before. This is safe
+//     because of what that annotation and the validation are:
+//       - The annotation is read by the host-side runsc only, where it starts the
+//         sandbox (runsc/container/container.go, setupCgroupForRoot, for create, run
+//         and restore alike): the sentry and gofer go into the cgroup it names, with
+//         the restore spec's resources (the fork's group total), the containers'
+//         cgroups (<id>/<name>) empty below it. The sentry never reads it (it is
+//         compared by the validation only), so a fork's sentry runs in the fork's
+//         cgroup under the fork's limits, and the source's cgroup is not touched.
+//       - The validation is a consistency check of the caller's specs against the
+//         checkpoint's, not an isolation boundary: what confines the restored sandbox
+//         (the sentry's seccomp filter, namespaces, cgroup, gofer mounts, the network
+//         namespace) is set up by the host runsc from the restore spec, which is ours;
+//         the restored processes' own state (credentials, capabilities, argv, env) is
+//         the checkpoint's, whatever the spec says. Its other checks are kept by our
+//         own (groupForkMismatch, on every fork spec before anything is made): the
+//         fork's containers are the source's (names and order, images, pinned by the
+//         digests the checkpoint was taken on, commands, working dirs, security
+//         settings, volume mounts, tmpfs) and its volumes the source's, so its OCI
+//         specs are generated from the same inputs by the same code, and differ from
+//         the source's where runsc lets them (ids, hostname, cgroups paths, mount
+//         sources, namespace paths, environment, resources) and in that annotation.
+//   - Exports of groups (export.go, whose import is a fork on another runner) are not
+//     implemented (errExportGroup): the bundle format carries one container's agent
+//     state and one image digest.
 
-// errForkGroup is why a group is not forked (see above).
-const errForkGroup = "forks of multi-container gVisor sandboxes are not possible with this runsc: " +
-	"its restore requires each container's dev.gvisor.spec.cgroup-parent annotation to match the checkpoint's, " +
-	"and a group's names the source sandbox's own cgroup (pause and resume of groups work)"
+// restoreSpecValidation is the runsc flag a fork of a group is restored with (see above).
+const restoreSpecValidation = "--restore-spec-validation=warning"
+
+// errExportGroup is why a group is not exported (see above).
+const errExportGroup = "exports of multi-container gVisor sandboxes are not implemented " +
+	"(a checkpoint bundle carries one container's agent state and image digest): fork it on its runner instead"
 
 // fileCkMembers, in a group's checkpoint, lists the members it holds.
 const fileCkMembers = "sandboxd-members.json"
@@ -317,4 +358,211 @@ func groupRestored(s *sandbox, image string) bool {
 		}
 	}
 	return true
+}
+
+// groupForkUnsupported says why group s cannot be forked ("" if it can).
+func (b *Backend) groupForkUnsupported(s *sandbox) string {
+	if m := b.pausedOf(s); m != nil && m.Released {
+		if _, err := checkpointedMemberRuns(s, filepath.Join(s.dir, dirCheckpoint)); err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+	for _, m := range s.members {
+		if memberEnded(m) {
+			return fmt.Sprintf("container %q has ended: forks of a group whose containers do not all run are not implemented", m.name)
+		}
+	}
+	return ""
+}
+
+// groupForkMismatch says how fork spec f differs from group spec src in what its
+// containers' OCI specs are made of ("" if it does not): runsc's restore validation,
+// which a fork of a group runs without, would have refused it (see above).
+func groupForkMismatch(src, f *runtime.Spec) string {
+	a, b := src.AllContainers(), f.AllContainers()
+	if len(a) != len(b) {
+		return fmt.Sprintf("%d containers, the source has %d", len(b), len(a))
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		_, xInit := src.Find(x.ContainerName())
+		_, yInit := f.Find(y.ContainerName())
+		switch {
+		case x.ContainerName() != y.ContainerName() || xInit != yInit:
+			return fmt.Sprintf("container %d is %q, the source's is %q", i, y.ContainerName(), x.ContainerName())
+		case x.Image != y.Image:
+			return fmt.Sprintf("container %q: image %q, the source's is %q", y.ContainerName(), y.Image, x.Image)
+		case x.Command != y.Command || !slices.Equal(x.Args, y.Args) || x.WorkingDir != y.WorkingDir:
+			return fmt.Sprintf("container %q: command, arguments or working dir not the source's", y.ContainerName())
+		case !reflect.DeepEqual(x.Security, y.Security):
+			return fmt.Sprintf("container %q: security settings not the source's", y.ContainerName())
+		case !reflect.DeepEqual(x.VolumeMounts, y.VolumeMounts) || !slices.Equal(x.Tmpfs, y.Tmpfs):
+			return fmt.Sprintf("container %q: volume mounts or tmpfs not the source's", y.ContainerName())
+		}
+	}
+	if !reflect.DeepEqual(src.Volumes, f.Volumes) || !slices.Equal(src.HostAliases, f.HostAliases) {
+		return "volumes or host aliases not the source's"
+	}
+	return ""
+}
+
+// memberDigests are the image digests of group s's members by name (nil for a single
+// container).
+func memberDigests(s *sandbox) map[string]string {
+	if len(s.members) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for _, m := range s.members {
+		out[m.name] = m.info.ImageDigest
+	}
+	return out
+}
+
+// checkpointedMemberRuns returns the agent state dirs of checkpointed group s's members
+// by name, as forks of its checkpoint image start from them; an error if the checkpoint
+// does not hold every member.
+func checkpointedMemberRuns(s *sandbox, image string) (map[string]string, error) {
+	var names []string
+	if err := readJSON(filepath.Join(image, fileCkMembers), &names); err != nil {
+		return nil, fmt.Errorf("the group's checkpoint does not list its containers: %w", err)
+	}
+	held := map[string]bool{}
+	for _, n := range names {
+		held[n] = true
+	}
+	out := map[string]string{}
+	for _, m := range s.members {
+		if !held[m.name] {
+			return nil, fmt.Errorf("container %q had ended before the group was paused: forks of a group whose containers do not all run are not implemented", m.name)
+		}
+		out[m.name] = filepath.Join(shownDir(m.dir), dirRun)
+	}
+	return out, nil
+}
+
+// copyMemberRuns copies the agent state dirs of running group s's members (its kernel
+// paused after the checkpoint into image) next to image, for its forks; cleanups gets
+// what removes them. A member that ended before the save (and was dropped from it)
+// fails the fork.
+func (b *Backend) copyMemberRuns(ctx context.Context, s *sandbox, image string, cleanups *[]func()) (map[string]string, error) {
+	out := map[string]string{}
+	for _, m := range s.members {
+		if memberEnded(m) {
+			return nil, fmt.Errorf("container %q ended during the fork's checkpoint: try again", m.name)
+		}
+		run := image + "-run." + m.name
+		if err := os.Mkdir(run, 0o700); err != nil {
+			return nil, err
+		}
+		*cleanups = append(*cleanups, func() { _ = os.RemoveAll(run) })
+		if err := copyRunDir(ctx, filepath.Join(shownDir(m.dir), dirRun), run); err != nil {
+			return nil, fmt.Errorf("container %q: %w", m.name, err)
+		}
+		out[m.name] = run
+	}
+	return out, nil
+}
+
+// forkDigest is the image digest container s of a fork must have ("": any).
+func (s *sandbox) forkDigest() string {
+	if s.member {
+		return s.fork.memberDigests[s.name]
+	}
+	return s.fork.digest
+}
+
+// forkRun is the agent state dir container s of a fork starts from (after fork.wait).
+func (s *sandbox) forkRun() string {
+	if s.member {
+		return s.fork.members[s.name]
+	}
+	return s.fork.run
+}
+
+// restoreGroupFork is the runtime step of container s of a fork of a group (launch,
+// with its bundle, pid file and agent state dir run): its agent's state is the
+// source's container's, and `runsc restore` registers it with the fork's sentry, the
+// root container first (it starts the sentry: launchGVisorGroup launches it before the
+// members), then each member, one at a time (mu); the last one restores the kernel.
+// The containers' procs and agents follow once all are restored (finishGroupFork).
+func (b *Backend) restoreGroupFork(ctx context.Context, s *sandbox, bundle, pidFile, run string, out *os.File, mu *sync.Mutex) error {
+	if err := s.fork.wait(ctx); err != nil {
+		return err
+	}
+	if err := copyRunDir(ctx, s.forkRun(), run); err != nil {
+		return err
+	}
+	markResume(run) // restored suspended (pause.go); it re-reads its identity
+	rt := *b.bootRuntime(s.rt)
+	rt.extra = append(slices.Clone(rt.extra), restoreSpecValidation)
+	if !s.member {
+		return rt.restore(ctx, s.cid, bundle, s.fork.image, pidFile, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	cmd := rt.command(ctx, "restore", "--detach", "--image-path="+s.fork.image, "--bundle", bundle, rt.runscID(s.cid))
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s restore of container %q: %w: %s", rt.class, s.name, err, tailOf(out.Name(), 1024))
+	}
+	return nil
+}
+
+// finishGroupFork gives the containers of fork s (every one restored) their procs on the
+// restored sentry, starts the members' watchers and waits for every agent. On an error
+// the caller tears s down; the sentry is killed first (its members wait in it).
+func (b *Backend) finishGroupFork(ctx context.Context, s *sandbox) (err error) {
+	pidFile := filepath.Join(s.dir, filePid)
+	defer func() {
+		if err != nil {
+			killSentry(ctx, pidFile)
+		}
+	}()
+	pid, err := readPid(pidFile)
+	if err != nil {
+		return err
+	}
+	raw, err := openProc(pid, 0)
+	if err != nil {
+		return fmt.Errorf("the restored sandbox: %w", err)
+	}
+	if raw == nil {
+		return fmt.Errorf("the restored sandbox is gone: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024))
+	}
+	b.mu.Lock()
+	s.proc = gvisorProc(s, raw)
+	b.mu.Unlock()
+	s.info.Pid, s.info.PidStart = pid, raw.start
+	if _, err := b.attachRestoredMembers(s, s.members, pid); err != nil {
+		return err
+	}
+	for _, m := range s.members {
+		go b.watch(m, "Killed")
+	}
+	if err := b.waitRestoredAgent(ctx, s); err != nil {
+		return err
+	}
+	for _, m := range s.members {
+		if err := b.waitRestoredAgent(ctx, m); err != nil {
+			return fmt.Errorf("container %q: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+// killSentry SIGKILLs the sentry named by pidFile, if any, and waits (bounded) for it.
+func killSentry(ctx context.Context, pidFile string) {
+	pid, err := readPid(pidFile)
+	if err != nil {
+		return
+	}
+	if p, _ := openProc(pid, 0); p != nil {
+		_ = p.signal(unix.SIGKILL)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		_ = p.wait(wctx)
+		cancel()
+		p.close()
+	}
 }

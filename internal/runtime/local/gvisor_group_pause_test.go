@@ -5,10 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -19,7 +22,7 @@ import (
 // container's agent answers again, the shared volume and each root filesystem keep
 // their files, and nothing of the sentry (cgroups, runsc state) is left while it is
 // checkpointed. A restarted backend finds it checkpointed and resumes it; Stop while
-// checkpointed ends every container; a fork as a single container, and an export, are refused.
+// checkpointed ends every container; an export is refused.
 func TestPauseCheckpointGVisorGroup(t *testing.T) {
 	e := gvisorEnv(t)
 	ctx := context.Background()
@@ -48,13 +51,8 @@ func TestPauseCheckpointGVisorGroup(t *testing.T) {
 	}
 	sh(t, e.b, id, "echo a1 > /rootfile; echo shared > /data/f")
 	shSide(e.b, "echo s1 > /rootfile")
-	fs := sp.Clone()
-	fs.ID = "ckgrp-f"
-	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&fs}); len(errs) != 1 || !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), "cgroup-parent annotation") {
-		t.Errorf("fork of a gVisor group: %v, want refused (runsc's cgroup-parent annotation)", errs)
-	}
-	if _, err := e.b.ExportCheckpoint(ctx, id, nil); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "cgroup-parent annotation") {
-		t.Errorf("export of a gVisor group: %v, want refused (runsc's cgroup-parent annotation)", err)
+	if _, err := e.b.ExportCheckpoint(ctx, id, nil); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), errExportGroup) {
+		t.Errorf("export of a gVisor group: %v, want refused (%s)", err, errExportGroup)
 	}
 	for cycle := 1; cycle <= 2; cycle++ {
 		a1 := waitCount(t, e.b, id, 3*cycle)
@@ -192,6 +190,13 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	waitCount(t, e.b, id, 2)
 	waitFor(t, func() bool { return side(e.b) >= 2 })
 	checkStatuses(e.b, "before")
+	// A fork needs every container running (gvisor_group_pause.go): refused, the group
+	// untouched.
+	f := sp.Clone()
+	f.ID = "ckgrp-init-f"
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "init" has ended`) {
+		t.Errorf("fork of a group whose init container completed: %v, want refused", errs[0])
+	}
 	a1, s1 := count(t, e.b, id), side(e.b)
 	if _, err := e.b.Pause(ctx, id, true); err != nil {
 		t.Fatalf("checkpoint of a group with a completed init container: %v", err)
@@ -211,6 +216,9 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	b2 := e.backend()
 	if rs, err := b2.Recover(ctx); err != nil || len(rs) != 1 || !rs[0].Paused || !rs[0].Released {
 		t.Fatalf("recover = %+v, %v", rs, err)
+	}
+	if _, errs := b2.Fork(ctx, id, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "init" had ended`) {
+		t.Errorf("fork of the checkpointed group whose init container completed: %v, want refused", errs[0])
 	}
 	if _, err := b2.Resume(ctx, id); err != nil {
 		t.Fatalf("resume in a restarted backend: %v", err)
@@ -260,4 +268,347 @@ func BenchmarkPauseResumeGVisorGroup(b *testing.B) {
 	percentiles(b, pauses, "pause-")
 	percentiles(b, resumes, "resume-")
 	b.ReportMetric(float64(size), "checkpoint-bytes")
+}
+
+// groupCounter reads the counter (counterLoop) of container name of sandbox id.
+func groupCounter(t testing.TB, b *Backend, id, name string) int {
+	t.Helper()
+	out, _, _ := execIn(t, agentClientOf(b, id, name), "sh", "-c", "cat /tmp/cnt 2>/dev/null || echo 0")
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("%s/%s: counter %q", id, name, out)
+	}
+	return n
+}
+
+// shIn runs cmd in container name of sandbox id and returns its output (trimmed).
+func shIn(t testing.TB, b *Backend, id, name, cmd string) string {
+	t.Helper()
+	out, errOut, c := execIn(t, agentClientOf(b, id, name), "sh", "-c", cmd)
+	if c != 0 {
+		t.Fatalf("%s/%s: %s: exit %d: %s", id, name, cmd, c, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// cgroupProcs is the pids in cgroup rel (below the test's parent) of controller ctl.
+func cgroupProcs(ctl, rel string) string {
+	raw, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", ctl, testCgroupParent, rel, "cgroup.procs"))
+	return " " + strings.Join(strings.Fields(string(raw)), " ") + " "
+}
+
+// TestForkGVisorGroup forks a running two-container gVisor group (one sentry, a shared
+// disk volume) twice, then the group checkpointed: every fork's app and sidecar continue
+// their counters from the source's memory on their own, each fork has its own address
+// and hostname, the source's root filesystems and volume files, and its writes are its
+// own; each fork's sentry runs in the fork's own cgroup under the fork's limits, the
+// source's sentry in its own; the source runs on, and killing a fork leaves it intact. A
+// fork whose spec is not the source's is refused. Destroy leaves nothing.
+func TestForkGVisorGroup(t *testing.T) {
+	e := volPoolEnv(t)
+	if e.b.runtimes[GVisorClass] == nil {
+		t.Skip("runsc not found")
+	}
+	nm := e.withNetwork(t, 15)
+	ctx := context.Background()
+	const src = "gfk-src"
+	netGone := func(id string) {
+		t.Helper()
+		if a, err := nm.Lookup(id); err == nil {
+			t.Errorf("%s: network namespace left after destroy: %+v", id, a)
+		}
+		if ids, err := nm.List(); err != nil || slices.Contains(ids, id) {
+			t.Errorf("%s: network state left after destroy: %v, %v", id, ids, err)
+		}
+	}
+	vm := []runtime.VolumeMount{{Volume: "shared", Path: "/data"}}
+	sp := runtime.Spec{ID: src, RuntimeClass: GVisorClass, Volumes: []runtime.Volume{{Name: "shared", SizeBytes: 64 << 20}},
+		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}, VolumeMounts: vm,
+			Resources: runtime.Resources{MemoryBytes: 256 << 20}},
+		Sidecars: []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}, VolumeMounts: vm,
+			Resources: runtime.Resources{MemoryBytes: 128 << 20}}}}
+	srcInfo := e.create(sp)
+	shIn(t, e.b, src, "app", "echo a > /rootfile; echo v > /data/f")
+	shIn(t, e.b, src, "side", "echo s > /rootfile")
+	waitCount(t, e.b, src, 5)
+	waitFor(t, func() bool { return groupCounter(t, e.b, src, "side") >= 5 })
+
+	// A fork whose containers are not the source's is refused before anything is made.
+	bad := sp.Clone()
+	bad.ID = "gfk-bad"
+	bad.Sidecars[0].Args = []string{"-c", "sleep 1000"}
+	if _, errs := e.b.Fork(ctx, src, []*runtime.Spec{&bad}); !errors.Is(errs[0], runtime.ErrInvalidSpec) || !strings.Contains(errs[0].Error(), `container "side"`) {
+		t.Errorf("fork with another sidecar command: %v, want refused", errs[0])
+	}
+	if _, err := os.Stat(e.b.dir(bad.ID)); !os.IsNotExist(err) {
+		t.Errorf("a refused fork left its dir: %v", err)
+	}
+
+	// A fork that fails half way (its sidecar, after the sentry's restore: an image at
+	// another digest than the checkpoint's) is undone; the source runs on.
+	srcS, err := e.b.get(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := srcS.members[0].info.ImageDigest
+	srcS.members[0].info.ImageDigest = "sha256:0ther"
+	half := sp.Clone()
+	half.ID = "gfk-half"
+	if _, errs := e.b.Fork(ctx, src, []*runtime.Spec{&half}); errs[0] == nil || !strings.Contains(errs[0].Error(), "not at sha256:0ther") {
+		t.Errorf("fork whose sidecar's image is at another digest: %v", errs[0])
+	}
+	srcS.members[0].info.ImageDigest = digest
+	checkNoLeaks(t, e.state, half.ID)
+	netGone(half.ID)
+	if list, err := e.b.runtimes[GVisorClass].list(ctx); err != nil {
+		t.Error(err)
+	} else {
+		for cid := range list {
+			if strings.HasPrefix(cid, half.ID) {
+				t.Errorf("runsc still knows %s of the undone fork", cid)
+			}
+		}
+	}
+
+	a0, s0 := count(t, e.b, src), groupCounter(t, e.b, src, "side")
+	specs := make([]*runtime.Spec, 2)
+	for i := range specs {
+		f := sp.Clone()
+		f.ID = "gfk-" + strconv.Itoa(i)
+		f.Sidecars[0].Resources.MemoryBytes = 192 << 20 // the forks' group total: 448 MiB, the source's 384
+		specs[i] = &f
+	}
+	memLimit := func(id string) string {
+		lim, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", testCgroupParent, id, "memory.limit_in_bytes"))
+		return strings.TrimSpace(string(lim))
+	}
+	start := time.Now()
+	infos, errs := e.b.Fork(ctx, src, specs)
+	t.Logf("fork x2 of a running two-container group: %v", time.Since(start))
+	ips := map[string]bool{srcInfo.IP: true}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		if ips[infos[i].IP] || infos[i].IP == "" {
+			t.Errorf("fork %d: IP %q not distinct", i, infos[i].IP)
+		}
+		ips[infos[i].IP] = true
+	}
+	sentry := func(id string) int {
+		t.Helper()
+		s, err := e.b.get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.info.Pid
+	}
+	srcPid := sentry(src)
+	for i, f := range specs {
+		id := f.ID
+		if a, sd := count(t, e.b, id), groupCounter(t, e.b, id, "side"); a < a0 || sd < s0 {
+			t.Errorf("fork %s: counters app %d side %d, the source had %d %d before the fork", id, a, sd, a0, s0)
+		}
+		for _, c := range []string{"app", "side"} {
+			if out := shIn(t, e.b, id, c, "hostname; cat /data/f; ip -4 addr"); !strings.HasPrefix(out, id+"\nv\n") || !strings.Contains(out, infos[i].IP+"/") {
+				t.Errorf("fork %s/%s: hostname, volume, addresses = %q (want %s, v, %s)", id, c, out, id, infos[i].IP)
+			}
+		}
+		if out := shIn(t, e.b, id, "app", "cat /rootfile"); out != "a" {
+			t.Errorf("fork %s: app's root file %q", id, out)
+		}
+		if out := shIn(t, e.b, id, "side", "cat /rootfile"); out != "s" {
+			t.Errorf("fork %s: side's root file %q", id, out)
+		}
+		shIn(t, e.b, id, "app", "echo "+id+" > /rootfile; echo "+id+" > /data/f")
+		// The fork's sentry is in the fork's own cgroup, with the fork's group total.
+		pid := sentry(id)
+		if pid == srcPid || !strings.Contains(cgroupProcs("memory", id), " "+strconv.Itoa(pid)+" ") {
+			t.Errorf("fork %s: sentry %d not in its own memory cgroup (procs %q; the source's sentry is %d)", id, pid, cgroupProcs("memory", id), srcPid)
+		}
+		if got := memLimit(id); got != strconv.Itoa(448<<20) {
+			t.Errorf("fork %s: memory limit %q, want the fork's group total %d", id, got, 448<<20)
+		}
+		for _, ctl := range []string{"cpu", "pids"} {
+			if !strings.Contains(cgroupProcs(ctl, id), " "+strconv.Itoa(pid)+" ") {
+				t.Errorf("fork %s: sentry %d not in its own %s cgroup (procs %q)", id, pid, ctl, cgroupProcs(ctl, id))
+			}
+		}
+		if strings.Contains(cgroupProcs("memory", src), " "+strconv.Itoa(pid)+" ") {
+			t.Errorf("fork %s: sentry %d in the source's cgroup", id, pid)
+		}
+	}
+	if !strings.Contains(cgroupProcs("memory", src), " "+strconv.Itoa(srcPid)+" ") || memLimit(src) != strconv.Itoa(384<<20) {
+		t.Errorf("the source's cgroup changed: procs %q (its sentry is %d), memory limit %q (want %d)", cgroupProcs("memory", src), srcPid, memLimit(src), 384<<20)
+	}
+	// Each container of each fork, and the source, count on their own.
+	for _, id := range []string{src, specs[0].ID, specs[1].ID} {
+		a, sd := count(t, e.b, id), groupCounter(t, e.b, id, "side")
+		waitCount(t, e.b, id, a+3)
+		waitFor(t, func() bool { return groupCounter(t, e.b, id, "side") >= sd+3 })
+	}
+	if out := shIn(t, e.b, src, "side", "cat /data/f"); out != "v" {
+		t.Errorf("the source's volume after the forks wrote: %q", out)
+	}
+	for _, f := range specs {
+		if out := shIn(t, e.b, f.ID, "side", "cat /data/f"); out != f.ID {
+			t.Errorf("fork %s: side sees %q in the shared volume, want the fork's app's write", f.ID, out)
+		}
+	}
+	sts, err := e.b.ContainerStatuses(ctx, specs[0].ID)
+	if err != nil || len(sts) != 2 || sts[0].State != runtime.ContainerRunning || sts[1].State != runtime.ContainerRunning {
+		t.Errorf("fork's statuses: %+v, %v", sts, err)
+	}
+
+	// Killing a fork leaves the source (and the other fork) as they were.
+	if err := e.b.Destroy(ctx, specs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, specs[0].ID)
+	netGone(specs[0].ID)
+	for _, id := range []string{src, specs[1].ID} {
+		a, sd := count(t, e.b, id), groupCounter(t, e.b, id, "side")
+		waitCount(t, e.b, id, a+2)
+		waitFor(t, func() bool { return groupCounter(t, e.b, id, "side") >= sd+2 })
+	}
+
+	// So does a fork's sentry killed (SIGKILL): the fork ends, the source runs on.
+	if err := unix.Kill(sentry(specs[1].ID), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	if ex, err := e.b.Wait(wctx, specs[1].ID); err != nil {
+		t.Errorf("wait for the killed fork: %+v, %v", ex, err)
+	}
+	cancel()
+	a1 := count(t, e.b, src)
+	waitCount(t, e.b, src, a1+2)
+	if out := shIn(t, e.b, src, "side", "cat /rootfile /data/f"); out != "s\nv" {
+		t.Errorf("source's side after a fork was killed: files %q", out)
+	}
+
+	// A checkpointed group is forked from its checkpoint and stays paused.
+	if _, err := e.b.Pause(ctx, src, true); err != nil {
+		t.Fatal(err)
+	}
+	fp := sp.Clone()
+	fp.ID = "gfk-p"
+	start = time.Now()
+	if _, errs := e.b.Fork(ctx, src, []*runtime.Spec{&fp}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	t.Logf("fork x1 of a checkpointed two-container group: %v", time.Since(start))
+	waitFor(t, func() bool { return groupCounter(t, e.b, fp.ID, "side") >= s0+2 })
+	if out := shIn(t, e.b, fp.ID, "side", "cat /rootfile /data/f"); out != "s\nv" {
+		t.Errorf("fork of the paused group: side's files %q", out)
+	}
+	if !e.b.isPaused(src) {
+		t.Error("the paused source is no longer paused after a fork")
+	}
+	if _, err := e.b.Resume(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	a := count(t, e.b, src)
+	waitCount(t, e.b, src, a+2)
+	for _, id := range []string{specs[1].ID, fp.ID, src} {
+		if err := e.b.Destroy(ctx, id); err != nil {
+			t.Errorf("destroy %s: %v", id, err)
+		}
+		checkNoLeaks(t, e.state, id)
+		netGone(id)
+	}
+}
+
+// BenchmarkForkGVisorGroup: fork ×1 of a running idle two-container gVisor group on the
+// bridge with a shared scratch volume, and of a single-container sandbox alike in the
+// same run for reference (wall time of the Fork call; the forks are destroyed untimed).
+func BenchmarkForkGVisorGroup(b *testing.B) {
+	for _, group := range []bool{true, false} {
+		name := "single"
+		if group {
+			name = "group"
+		}
+		b.Run(name, func(b *testing.B) {
+			e := volPoolEnv(b)
+			if e.b.runtimes[GVisorClass] == nil {
+				b.Skip("runsc not found")
+			}
+			e.withNetwork(b, 16)
+			ctx := context.Background()
+			const src = "bgfs"
+			vm := []runtime.VolumeMount{{Volume: "data", Path: "/data"}}
+			sp := runtime.Spec{ID: src, RuntimeClass: GVisorClass, Volumes: []runtime.Volume{{Name: "data", SizeBytes: 64 << 20}},
+				Container: runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"100000"}, VolumeMounts: vm}}
+			if group {
+				sp.Container.Name = "app"
+				sp.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sleep", Args: []string{"100000"}, VolumeMounts: vm}}
+			}
+			e.create(sp)
+			var walls []time.Duration
+			steps := traceSteps(e.b)
+			b.ResetTimer()
+			for it := range b.N {
+				f := sp.Clone()
+				f.ID = "bgf-" + strconv.Itoa(it)
+				start := time.Now()
+				_, errs := e.b.Fork(ctx, src, []*runtime.Spec{&f})
+				walls = append(walls, time.Since(start))
+				b.StopTimer()
+				if errs[0] != nil {
+					b.Fatal(errs[0])
+				}
+				if err := e.b.Destroy(ctx, f.ID); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.StopTimer()
+			percentiles(b, walls, "fork-")
+			steps.log(b, b.N, "fork")
+			if err := e.b.Destroy(ctx, src); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestGroupForkMismatch: a fork of a group is restored without runsc's spec validation
+// (gvisor_group_pause.go), so its spec must be the source's in all that the containers'
+// OCI specs are made of; what runsc lets change (id, environment, resources, metadata)
+// may.
+func TestGroupForkMismatch(t *testing.T) {
+	vm := []runtime.VolumeMount{{Volume: "v", Path: "/data"}}
+	src := runtime.Spec{ID: "src", Volumes: []runtime.Volume{{Name: "v"}},
+		Container:      runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", "x"}, VolumeMounts: vm},
+		InitContainers: []runtime.Container{{Name: "init", Image: "busybox", Command: "true"}},
+		Sidecars:       []runtime.Container{{Name: "side", Image: "alpine", Command: "sleep", Args: []string{"9"}}}}
+	same := src.Clone()
+	same.ID = "fork"
+	same.Env = map[string]string{"A": "b"}
+	same.Sidecars[0].Resources.MemoryBytes = 1 << 30
+	same.Meta = map[string]string{"k": "v"}
+	if why := groupForkMismatch(&src, &same); why != "" {
+		t.Errorf("a fork differing only where runsc allows: %s", why)
+	}
+	for name, mod := range map[string]func(*runtime.Spec){
+		"no sidecar":         func(s *runtime.Spec) { s.Sidecars = nil },
+		"renamed":            func(s *runtime.Spec) { s.Sidecars[0].Name = "other" },
+		"init as sidecar":    func(s *runtime.Spec) { s.Sidecars = append(s.InitContainers, s.Sidecars...); s.InitContainers = nil },
+		"image":              func(s *runtime.Spec) { s.Sidecars[0].Image = "busybox" },
+		"args":               func(s *runtime.Spec) { s.Container.Args = []string{"-c", "y"} },
+		"working dir":        func(s *runtime.Spec) { s.InitContainers[0].WorkingDir = "/tmp" },
+		"security":           func(s *runtime.Spec) { s.Sidecars[0].Security = &runtime.Security{} },
+		"volume mounts":      func(s *runtime.Spec) { s.Container.VolumeMounts = nil },
+		"tmpfs":              func(s *runtime.Spec) { s.Sidecars[0].Tmpfs = []string{"/tmp"} },
+		"volumes":            func(s *runtime.Spec) { s.Volumes[0].SizeBytes = 1 << 20 },
+		"host aliases":       func(s *runtime.Spec) { s.HostAliases = []string{"db"} },
+		"single container":   func(s *runtime.Spec) { s.InitContainers, s.Sidecars = nil, nil },
+		"swapped containers": func(s *runtime.Spec) { s.Container, s.Sidecars[0] = s.Sidecars[0], s.Container },
+	} {
+		f := src.Clone()
+		mod(&f)
+		if why := groupForkMismatch(&src, &f); why == "" {
+			t.Errorf("%s: accepted", name)
+		}
+	}
 }

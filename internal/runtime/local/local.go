@@ -441,8 +441,8 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	// user commands run as can still change.
 	key, keyed := poolKeyOf(spec, class)
 	poolable := keyed && !rt.gvisor && !spec.Multi() && b.poolServes(spec)
-	if fork != nil && (!rt.gvisor || spec.Multi() || spec.Engine != nil) {
-		return runtime.Info{}, fmt.Errorf("%w: a fork is a single-container gVisor sandbox", errdefs.ErrNotImplemented)
+	if fork != nil && (!rt.gvisor || spec.Engine != nil) {
+		return runtime.Info{}, fmt.Errorf("%w: a fork is a gVisor sandbox without a Docker Engine", errdefs.ErrNotImplemented)
 	}
 	id := spec.ID
 	dir := b.dir(id)
@@ -705,10 +705,10 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		return nil, nil, b.mapPullError(s.spec.Image, pullErr)
 	}
 	b.step(ctx, "pull", t)
-	if s.fork != nil && s.fork.digest != "" && img.Digest != s.fork.digest {
+	if s.fork != nil && s.forkDigest() != "" && img.Digest != s.forkDigest() {
 		// The checkpoint's root filesystem is this image's layers and its writes: on
 		// other layers the restored sandbox's files would be corrupt.
-		return nil, nil, fmt.Errorf("%w: sandbox %s: image %s is at digest %s, not at %s, the image the checkpoint was taken on", runtime.ErrInvalidSpec, id, s.spec.Image, img.Digest, s.fork.digest)
+		return nil, nil, fmt.Errorf("%w: sandbox %s: image %s is at digest %s, not at %s, the image the checkpoint was taken on", runtime.ErrInvalidSpec, id, s.spec.Image, img.Digest, s.forkDigest())
 	}
 	engineDir := ""
 	if s.spec.Engine != nil && s.join == nil {
@@ -856,6 +856,26 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 	}
 	pidFile := filepath.Join(dir, filePid)
+	if s.fork != nil && s.inGVisorGroup() {
+		// A container of a fork of a group (gvisor_group_pause.go): restored into the
+		// fork's sentry; its proc and agent follow once every container is (createGroup).
+		var mu *sync.Mutex
+		if s.join != nil {
+			mu = &s.join.forkMu
+		}
+		if err := b.restoreGroupFork(ctx, s, bundle, pidFile, filepath.Join(shown, dirRun), out, mu); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step(ctx, "fork: runsc restore", t)
+		s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Agent: s.ident, CPUs: cpus, Cgroup: s.cgroup}
+		if cid != id {
+			s.info.ContainerID = cid
+		}
+		if att != nil && att.IP.IsValid() {
+			s.info.IP = att.IP.String()
+		}
+		return img, att, nil
+	}
 	if s.fork != nil {
 		// A fork (fork.go): the source's checkpoint, restored into this sandbox. All
 		// above, and the sandbox itself (`runsc create`: its sentry and gofer, waiting
