@@ -118,13 +118,16 @@ func (c devConfig) run() error {
 		cfg.InsecureRegistries = append(cfg.InsecureRegistries, regHost)
 	}
 	if c.testImageMirror {
-		stopRegistry, engine, err := mirrorTestImages(ctx, &cfg, logger)
+		stopRegistry, mirrored, err := mirrorTestImages(ctx, &cfg, logger)
 		if err != nil {
 			return err
 		}
 		defer stopRegistry()
 		if c.capacity.engineImage == "" {
-			c.capacity.engineImage = engine
+			c.capacity.engineImage = mirrored.engine
+		}
+		if c.capacity.builderImage == "" {
+			c.capacity.builderImage = mirrored.builder
 		}
 	}
 	stk, err := stack.NewLocal(ctx, cfg)
@@ -350,15 +353,18 @@ func newControlPlane(st store.Store, a auth.Authenticator, log *slog.Logger, liv
 // of runner, gateway or controlplane reaches it. When the engine test image is built
 // (`scripts/build-test-images.sh engine`; never waited for: a build under way leaves
 // this dev without engines) it is served too, as docker.io/sandboxd/engine:test, and
-// engine is that reference: dev's default --engine-image.
-func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) (stop func(), engine string, err error) {
+// engine is that reference: dev's default --engine-image. The builder test image
+// (`scripts/build-test-images.sh builder`) likewise, as docker.io/sandboxd/builder:test:
+// dev's default --builder-image, so dev builds images (templates, Compose build:) when
+// it is built and the gvisor class is there.
+func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) (stop func(), mirrored mirroredImages, err error) {
 	host, stop, err := testimage.ServeDockerHub(ctx, "")
 	switch {
 	case errors.Is(err, testimage.ErrNoTestImages):
 		log.Warn("no test images to mirror; docker.io images are pulled from Docker Hub", "hint", "make images")
-		return func() {}, "", nil
+		return func() {}, mirroredImages{}, nil
 	case err != nil:
-		return nil, "", err
+		return nil, mirroredImages{}, err
 	}
 	cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
 	cfg.Mirrors = map[string][]image.Mirror{"docker.io": {{Host: host, Insecure: true}}}
@@ -368,17 +374,34 @@ func mirrorTestImages(ctx context.Context, cfg *stack.Config, log *slog.Logger) 
 		log.Info("no engine test image: this runner runs no container-engine sandboxes", "hint", "scripts/build-test-images.sh engine")
 	case err != nil:
 		stop()
-		return nil, "", err
+		return nil, mirroredImages{}, err
 	default:
 		if _, err := testimage.Push(host, testimage.Engine, img); err != nil {
 			stop()
-			return nil, "", fmt.Errorf("engine test image: %w", err)
+			return nil, mirroredImages{}, fmt.Errorf("engine test image: %w", err)
 		}
-		engine = "docker.io/" + testimage.Engine
-		log.Info("engine test image mirrored: the runner runs container-engine sandboxes", "engine_image", engine)
+		mirrored.engine = "docker.io/" + testimage.Engine
+		log.Info("engine test image mirrored: the runner runs container-engine sandboxes", "engine_image", mirrored.engine)
 	}
-	return stop, engine, nil
+	switch img, err := testimage.BuilderImageIfBuilt(); {
+	case errors.Is(err, testimage.ErrNoTestImages):
+		log.Info("no builder test image: this runner builds no images", "hint", "scripts/build-test-images.sh builder")
+	case err != nil:
+		stop()
+		return nil, mirroredImages{}, err
+	default:
+		if _, err := testimage.Push(host, testimage.Builder, img); err != nil {
+			stop()
+			return nil, mirroredImages{}, fmt.Errorf("builder test image: %w", err)
+		}
+		mirrored.builder = "docker.io/" + testimage.Builder
+		log.Info("builder test image mirrored: the runner builds images", "builder_image", mirrored.builder)
+	}
+	return stop, mirrored, nil
 }
+
+// mirroredImages are the optional test images mirrorTestImages served ("" when not built).
+type mirroredImages struct{ engine, builder string }
 
 // apikey manages API keys in the store: `sandboxd apikey create --org ORG [--role user]`.
 // The organization is created when missing.

@@ -609,6 +609,21 @@ func BuilderTar() (string, error) {
 	return optionalTar(Dir(), "builder", "SANDBOXD_BUILDER_IMAGE", os.Getenv("SANDBOXD_BUILDER_IMAGE") == "1", EngineImageWait)
 }
 
+// Builder is the reference `sandboxd dev` serves the builder test image as (under
+// docker.io, through its test-image mirror).
+const Builder = "sandboxd/builder:test"
+
+// BuilderImageIfBuilt is the builder image (BuilderTar's rootfs, Buildah's environment)
+// when its build has finished, else ErrNoTestImages, whatever SANDBOXD_BUILDER_IMAGE says
+// (`sandboxd dev` must not hold its start-up for a build under way).
+func BuilderImageIfBuilt() (v1.Image, error) {
+	p, err := optionalTar(Dir(), "builder", "SANDBOXD_BUILDER_IMAGE", false, 0)
+	if err != nil {
+		return nil, err
+	}
+	return Build(p, image.Config{Env: []string{DefaultPath, "LANG=C.UTF-8"}})
+}
+
 // EngineImageRequired reports SANDBOXD_ENGINE_IMAGE=1: tests needing the engine image
 // fail without it instead of skipping.
 func EngineImageRequired() bool { return os.Getenv("SANDBOXD_ENGINE_IMAGE") == "1" }
