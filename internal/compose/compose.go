@@ -206,7 +206,7 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 		t.toBuild[k] = b
 	}
 	for _, k := range sortedNames(req.GetBuildContexts()) {
-		if _, ok := t.toBuild[k]; !ok && !slices.Contains(t.unbuilt, k) {
+		if _, ok := t.toBuild[k]; !ok {
 			add("build_contexts["+clipKey(k)+"]", "service %q has nothing to build (no service of that name with build: and no image)", clipKey(k))
 		}
 	}
@@ -215,11 +215,6 @@ func Convert(ctx context.Context, req *sandboxv1.CreateSandboxFromFileRequest) (
 	}
 	if len(vs) > 0 {
 		return Result{}, invalid(vs)
-	}
-	if len(t.unbuilt) > 0 {
-		return Result{}, apierr.Newf(apierr.NotImplemented,
-			"building images is not supported by this sandboxd yet: service(s) %s have build: and no image (set image: in the file or image_overrides)",
-			strings.Join(t.unbuilt, ", "))
 	}
 	if len(unsupported) > 0 {
 		return Result{}, apierr.Newf(apierr.NotImplemented, "not supported by this sandboxd yet: %s", strings.Join(unsupported, ", "))
@@ -276,7 +271,6 @@ type translator struct {
 	project *types.Project
 	builds  map[string]any // the build sections as written
 	add     func(field, format string, args ...any)
-	unbuilt []string
 	toBuild map[string]Build
 	ports   map[int32]string // port -> the service that declares it
 }

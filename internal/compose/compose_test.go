@@ -307,11 +307,6 @@ func TestRequestChecks(t *testing.T) {
 			r.BuilderSizes = map[string]string{"b": "small"}
 			return r
 		}, connect.CodeInvalidArgument, "builder_sizes[b]"},
-		{"build engine", func() *sandboxv1.CreateSandboxFromFileRequest {
-			r := req("services: {a: {build: {dockerfile_inline: 'FROM x'}}}")
-			r.Control = sandboxv1.Control_CONTROL_CONTAINER_ENGINE
-			return r
-		}, connect.CodeUnimplemented, ""},
 		{"build context objects", func() *sandboxv1.CreateSandboxFromFileRequest {
 			r := req(two)
 			r.PrimaryService = "a"

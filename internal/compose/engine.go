@@ -60,10 +60,16 @@ func (t *translator) translateEngine() Result {
 		img := svc.Image
 		if o, ok := req.GetImageOverrides()[name]; ok {
 			img = o
+			// The image replaces what the file would build (the gateway's built image,
+			// handed in like any other): the engine builds nothing.
+			svc.Build = nil
 		}
 		switch {
 		case strings.TrimSpace(img) == "" && t.hasBuild(name):
-			t.unbuilt = append(t.unbuilt, name)
+			// Built by the platform's builder before the create (like under platform
+			// control); the gateway then translates the file again with the built image
+			// as this service's image_overrides entry.
+			t.build(f+".build", name, svc.Build)
 		case strings.TrimSpace(img) == "":
 			t.add(f+".image", "is required (or set image_overrides[%s])", name)
 		case strings.Contains(img, "@"):

@@ -162,8 +162,41 @@ func TestEngineRefusals(t *testing.T) {
 		t.Errorf("an empty override: %v", err)
 	}
 	r = engineReq("services: {a: {build: ., command: [x]}}")
-	if _, err := Convert(context.Background(), r); connect.CodeOf(err) != connect.CodeUnimplemented {
-		t.Errorf("a service to build: %v, want UNIMPLEMENTED", err)
+	if _, err := Convert(context.Background(), r); !hasViolation(err, "build_contexts[a]") {
+		t.Errorf("a service to build from a context not sent: %v, want a violation on build_contexts[a]", err)
+	}
+}
+
+// TestEngineBuild: under container-engine control a service with build: and no image is
+// built like under platform control (Result.Builds); translated again with the built
+// image as its image_overrides entry, the engine's file names that image, builds
+// nothing, and the image is among those the runner hands in.
+func TestEngineBuild(t *testing.T) {
+	const file = "services: {app: {build: {dockerfile_inline: 'FROM busybox', args: {A: b}}, command: [sleep, '9']}, db: {image: 'redis:7'}}"
+	res, err := Convert(context.Background(), engineReq(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := res.Builds["app"]
+	if len(res.Builds) != 1 || !ok || b.Dockerfile != "FROM busybox" || b.Args["A"] != "b" {
+		t.Fatalf("builds %+v, want app's", res.Builds)
+	}
+	r := engineReq(file)
+	r.ImageOverrides = map[string]string{"app": "reg.test:5000/org/compose-app:abc"}
+	res, err = Convert(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Builds) != 0 {
+		t.Errorf("builds %+v once the image is set, want none", res.Builds)
+	}
+	e := res.Extra.Engine
+	if e == nil || !slices.Contains(e.Images, "reg.test:5000/org/compose-app:abc") || !slices.Contains(e.Images, "redis:7") {
+		t.Fatalf("engine %+v, want both images handed in", e)
+	}
+	if strings.Contains(string(e.Compose), "dockerfile_inline") || strings.Contains(string(e.Compose), "build:") ||
+		!strings.Contains(string(e.Compose), "reg.test:5000/org/compose-app:abc") {
+		t.Errorf("the engine's file builds or lacks the image:\n%s", e.Compose)
 	}
 }
 

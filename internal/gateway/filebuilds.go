@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/compose"
@@ -130,7 +131,7 @@ func composeContext(service string, b compose.Build, maxContext int) ([]byte, st
 // image pushed (by digest), and answers the builds by service. A build that fails fails
 // the create: FAILED_PRECONDITION naming the service and the failing step (the build
 // stays listed, with its log); nothing else is left behind.
-func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[string]string, error) {
+func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (builtImages, error) {
 	services := slices.Sorted(func(yield func(string) bool) {
 		for n := range res.Builds {
 			if !yield(n) {
@@ -146,11 +147,11 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 		reqs[svc] = m
 	}
 	if len(vs) > 0 {
-		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)
+		return builtImages{}, apierr.Invalid(apierr.InvalidRequest, "invalid build: "+apierr.Describe(vs), vs)
 	}
 	// The request is checked first: a bad context is INVALID_ARGUMENT wherever it is sent.
 	if err := s.builds.canBuild(ctx, principal(ctx).Org); err != nil {
-		return nil, withService(err, "building the image of a Compose service with build:")
+		return builtImages{}, withService(err, "building the image of a Compose service with build:")
 	}
 	ids := map[string]string{}
 	for _, svc := range services {
@@ -163,7 +164,7 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 			rec, err = s.builds.start(ctx, again)
 		}
 		if err != nil {
-			return nil, withService(err, fmt.Sprintf("service %q: start its build", svc))
+			return builtImages{}, withService(err, fmt.Sprintf("service %q: start its build", svc))
 		}
 		ids[svc] = rec.GetBuildId()
 	}
@@ -172,10 +173,10 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 		rec, err := s.builds.wait(ctx, ids[svc])
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, connect.NewError(connect.CodeDeadlineExceeded,
+				return builtImages{}, connect.NewError(connect.CodeDeadlineExceeded,
 					fmt.Errorf("service %q: build %s did not end before the request did; it goes on: send the request again (same file) to use it", svc, ids[svc]))
 			}
-			return nil, withService(err, fmt.Sprintf("service %q: build %s", svc, ids[svc]))
+			return builtImages{}, withService(err, fmt.Sprintf("service %q: build %s", svc, ids[svc]))
 		}
 		if rec.GetState() != buildv1.BuildState_BUILD_STATE_SUCCEEDED {
 			msg := rec.GetFailureMessage()
@@ -186,10 +187,25 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 			if r := rec.GetFailureReason(); strings.HasPrefix(r, "CWSANDBOX_") {
 				reason = r // the platform's (no runner builds, no room): its own code
 			}
-			return nil, apierr.New(reason, fmt.Sprintf("the image of service %q was not built (build %s): %s", svc, rec.GetBuildId(), msg),
+			return builtImages{}, apierr.New(reason, fmt.Sprintf("the image of service %q was not built (build %s): %s", svc, rec.GetBuildId(), msg),
 				map[string]string{"service": svc, "build_id": rec.GetBuildId(), "failure_reason": rec.GetFailureReason()})
 		}
 		images[svc] = rec.GetImage()
+		if res.Extra.Engine != nil {
+			// The engine is handed its images by name and tag (a docker-archive keeps no
+			// registry digest): the build's own tag, which names its inputs.
+			repo, _, _ := strings.Cut(rec.GetImage(), "@")
+			_, tag, _ := strings.Cut(reqs[svc].GetRepository(), ":")
+			if repo == "" || tag == "" {
+				return builtImages{}, connect.NewError(connect.CodeInternal, fmt.Errorf("compose: build %s of service %q: no tag for image %q", rec.GetBuildId(), svc, rec.GetImage()))
+			}
+			images[svc] = repo + ":" + tag
+		}
+	}
+	if res.Extra.Engine != nil {
+		// Container-engine control: the caller translates the file again with these
+		// images as image_overrides (engineBuilt).
+		return builtImages{ids: ids, engine: images}, nil
 	}
 	for _, c := range res.Spec.GetContainers() {
 		if img, ok := images[c.GetName()]; ok {
@@ -198,9 +214,33 @@ func (s *Server) composeBuilds(ctx context.Context, res compose.Result) (map[str
 		}
 	}
 	if len(images) > 0 {
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("compose: the spec has no container for the built service(s) %v", images))
+		return builtImages{}, connect.NewError(connect.CodeInternal, fmt.Errorf("compose: the spec has no container for the built service(s) %v", images))
 	}
-	return ids, nil
+	return builtImages{ids: ids}, nil
+}
+
+// builtImages are a Compose file's builds: their IDs by service and, under container-engine
+// control, the images built by service (by tag), for engineBuilt.
+type builtImages struct {
+	ids    map[string]string
+	engine map[string]string
+}
+
+// engineBuilt is req for a second translation once its services' images are built
+// (container-engine control): each built service's image is its image_overrides entry,
+// and what built it (its context, its builder size) is dropped from the request.
+func engineBuilt(req *sandboxv1.CreateSandboxFromFileRequest, images map[string]string) *sandboxv1.CreateSandboxFromFileRequest {
+	out := proto.CloneOf(req)
+	if out.ImageOverrides == nil {
+		out.ImageOverrides = map[string]string{}
+	}
+	for svc, img := range images {
+		out.ImageOverrides[svc] = img
+		delete(out.BuildContexts, svc)
+		delete(out.BuildContextObjects, svc)
+		delete(out.BuilderSizes, svc)
+	}
+	return out
 }
 
 // withService prefixes err's message with what, keeping its code and details.

@@ -33,8 +33,17 @@ func (s *Server) CreateSandboxFromFile(ctx context.Context, req *connect.Request
 	if len(res.Builds) > 0 {
 		// Built before the create's request_id is looked at: a replay finds the same
 		// builds done (their request_ids are their inputs') and creates nothing new.
-		if builds, err = s.composeBuilds(ctx, res); err != nil {
+		built, err := s.composeBuilds(ctx, res)
+		if err != nil {
 			return nil, err
+		}
+		builds = built.ids
+		if built.engine != nil {
+			// Container-engine control: the file again, its built services naming their
+			// images (the engine is handed them by the runner like any other).
+			if res, err = compose.Convert(ctx, engineBuilt(req.Msg, built.engine)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	out, err := s.create(ctx, createArgs{spec: res.Spec, requestID: req.Msg.GetRequestId(), requestDigest: digest, displayName: req.Msg.GetDisplayName(),

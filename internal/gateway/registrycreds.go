@@ -30,6 +30,19 @@ func addRegistryCredentials(mint registryCredsFunc, sp *runtime.Spec, org string
 			c.PullCredentials = &runtime.Credentials{Username: u, Password: p}
 		}
 	}
+	if e := sp.Engine; e != nil {
+		for _, img := range e.Images {
+			if e.PullCredentials[img] != nil {
+				continue
+			}
+			if u, p, ok := mint(org, img); ok {
+				if e.PullCredentials == nil {
+					e.PullCredentials = map[string]*runtime.Credentials{}
+				}
+				e.PullCredentials[img] = &runtime.Credentials{Username: u, Password: p}
+			}
+		}
+	}
 	add(&sp.Container)
 	for i := range sp.Sidecars {
 		add(&sp.Sidecars[i])

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -32,4 +33,31 @@ func TestAddRegistryCredentials(t *testing.T) {
 		t.Errorf("init container: %+v", c)
 	}
 	(&Server{}).addRegistryCredentials(&sp, "org-a") // no registry: nothing to do
+
+	// A container-engine sandbox: each of the engine's images of the platform registry
+	// (a Compose build's) gets the organization's token, for that image only.
+	eng := runtime.Spec{Engine: &runtime.Engine{Images: []string{"reg.example:8080/org-a/compose-app:abc", "redis:7"}}}
+	s.addRegistryCredentials(&eng, "org-a")
+	if c := eng.Engine.PullCredentials["reg.example:8080/org-a/compose-app:abc"]; c == nil || c.Password != "token-of-org-a" {
+		t.Errorf("engine image of the platform registry: %+v", eng.Engine.PullCredentials)
+	}
+	if _, ok := eng.Engine.PullCredentials["redis:7"]; ok || len(eng.Engine.PullCredentials) != 1 {
+		t.Errorf("engine credentials %+v: only the platform registry's image gets them", eng.Engine.PullCredentials)
+	}
+}
+
+func TestEngineBuilt(t *testing.T) {
+	req := &sandboxv1.CreateSandboxFromFileRequest{ImageOverrides: map[string]string{"db": "redis:7"},
+		BuildContexts: map[string][]byte{"app": []byte("tar"), "other": []byte("x")}, BuilderSizes: map[string]string{"app": "small"},
+		BuildContextObjects: map[string]*sandboxv1.BuildContextObject{"app": {Key: "k"}}}
+	out := engineBuilt(req, map[string]string{"app": "reg.example:8080/org-a/compose-app:abc"})
+	if out.ImageOverrides["app"] != "reg.example:8080/org-a/compose-app:abc" || out.ImageOverrides["db"] != "redis:7" {
+		t.Errorf("overrides %v", out.ImageOverrides)
+	}
+	if _, ok := out.BuildContexts["app"]; ok || len(out.BuilderSizes) != 0 || len(out.BuildContextObjects) != 0 || len(out.BuildContexts) != 1 {
+		t.Errorf("what built app is still sent: %v %v %v", out.BuildContexts, out.BuilderSizes, out.BuildContextObjects)
+	}
+	if _, ok := req.ImageOverrides["app"]; ok || len(req.BuildContexts) != 2 {
+		t.Error("the caller's request changed")
+	}
 }

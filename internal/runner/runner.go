@@ -1514,6 +1514,9 @@ func cloneSpec(s runtime.Spec) runtime.Spec {
 	for _, ct := range c.AllContainers() {
 		ct.PullCredentials = nil
 	}
+	if c.Engine != nil {
+		c.Engine.PullCredentials = nil // c's own copy
+	}
 	return c
 }
 

@@ -53,6 +53,15 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 	p.Pod = podToProto(s.Pod)
 	if e := s.Engine; e != nil {
 		p.Engine = &runnerv1.Engine{Compose: e.Compose, Project: e.Project, Images: e.Images}
+		for img, cr := range e.PullCredentials {
+			if cr == nil {
+				continue
+			}
+			if p.Engine.PullCredentials == nil {
+				p.Engine.PullCredentials = map[string]*runnerv1.Credentials{}
+			}
+			p.Engine.PullCredentials[img] = &runnerv1.Credentials{Username: cr.Username, Password: cr.Password}
+		}
 	}
 	return p
 }
@@ -248,6 +257,12 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 	s.Pod = podFromProto(p.GetPod())
 	if e := p.GetEngine(); e != nil {
 		s.Engine = &runtime.Engine{Compose: e.GetCompose(), Project: e.GetProject(), Images: e.GetImages()}
+		for img, cr := range e.GetPullCredentials() {
+			if s.Engine.PullCredentials == nil {
+				s.Engine.PullCredentials = map[string]*runtime.Credentials{}
+			}
+			s.Engine.PullCredentials[img] = &runtime.Credentials{Username: cr.GetUsername(), Password: cr.GetPassword()}
+		}
 	}
 	return s
 }
@@ -455,6 +470,11 @@ func withoutCredentials(s runtime.Spec) runtime.Spec {
 		return out
 	}
 	s.Sidecars, s.InitContainers = strip(s.Sidecars), strip(s.InitContainers)
+	if s.Engine != nil && s.Engine.PullCredentials != nil {
+		e := *s.Engine
+		e.PullCredentials = nil
+		s.Engine = &e
+	}
 	return s
 }
 

@@ -28,6 +28,7 @@ var notInSnapshots = map[string]string{
 	"Container.PullCredentials":        "a secret for one pull: never sent back once the sandbox exists",
 	"Sidecars[].PullCredentials":       "as Container.PullCredentials",
 	"InitContainers[].PullCredentials": "as Container.PullCredentials",
+	"Engine.PullCredentials":           "as Container.PullCredentials",
 }
 
 // TestSpecWireRoundTrip, in the manner of Tailscale's ipn/prefs_test.go: a create request

@@ -97,6 +97,16 @@ func (e *Engine) Clone() *Engine {
 	c := *e
 	c.Compose = slices.Clone(e.Compose)
 	c.Images = slices.Clone(e.Images)
+	if e.PullCredentials != nil {
+		c.PullCredentials = make(map[string]*Credentials, len(e.PullCredentials))
+		for k, v := range e.PullCredentials {
+			if v != nil {
+				cr := *v
+				v = &cr
+			}
+			c.PullCredentials[k] = v
+		}
+	}
 	return &c
 }
 

@@ -96,6 +96,9 @@ type Engine struct {
 	// pulls them with its credentials and hands them to the engine before `docker
 	// compose up`, so the services run the images the policy allowed.
 	Images []string `json:"images,omitempty"`
+	// PullCredentials, by image of Images, pull that image only (the platform registry's
+	// pull token for an image a Compose build made); never persisted.
+	PullCredentials map[string]*Credentials `json:"-"`
 }
 
 // Container is one container of a sandbox.

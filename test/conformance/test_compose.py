@@ -278,6 +278,40 @@ def test_container_engine_runs_compose_inside(from_file):
     assert res.returncode == 0 and "hello-from-web" in res.stdout, (res.stdout, res.stderr)
 
 
+ENGINE_BUILD_FILE = b"""
+services:
+  web:
+    build:
+      dockerfile_inline: |
+        FROM busybox
+        RUN mkdir -p /www && echo built-for-the-engine > /www/index.html
+    command: ["httpd", "-f", "-p", "80", "-h", "/www"]
+  client:
+    image: busybox
+    command: ["sleep", "3600"]
+    depends_on: [web]
+"""
+
+
+@pytest.mark.timeout(500)
+def test_container_engine_runs_a_built_service(from_file):
+    """Engine mode with ``build:``: the platform's builder builds the service's image (a gVisor
+    builder, pushed to the platform registry); the runner pulls it with the organization's
+    token and hands it to the engine, which runs it by name and tag (it builds nothing)."""
+    if not _engine_expected() or not _builder_expected():
+        pytest.skip("needs the engine and builder test images: scripts/build-test-images.sh engine builder")
+    sb = from_file(ENGINE_BUILD_FILE, control="container_engine")
+    sb.wait(timeout=240)
+    assert sb.status == SandboxStatus.RUNNING
+    res = sb.exec(
+        ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do docker exec sandbox-client-1 sh -c 'printf \"GET / HTTP/1.0\\r\\n\\r\\n\" | nc -w 2 web 80' "
+         "| grep built-for-the-engine && exit 0; sleep 1; done; exit 1"]
+    ).result(timeout=120)
+    assert res.returncode == 0 and "built-for-the-engine" in res.stdout, (res.stdout, res.stderr)
+    res = sb.exec(["sh", "-c", "docker image ls --format '{{.Repository}}:{{.Tag}}' | grep compose-web"]).result(timeout=60)
+    assert res.returncode == 0 and "/compose-web:" in res.stdout, (res.stdout, res.stderr)
+
+
 @pytest.mark.timeout(60)
 def test_container_engine_control_is_refused(from_file):
     """Without an engine image ``sandboxd dev``'s runner runs no engine: a clear refusal."""

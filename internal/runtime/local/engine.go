@@ -111,7 +111,7 @@ func (b *Backend) writeEngineDir(ctx context.Context, dir string, e *runtime.Eng
 		if err != nil {
 			return err
 		}
-		err = ar.WriteArchive(ctx, ref, nil, f, left)
+		err = ar.WriteArchive(ctx, ref, e.PullCredentials[ref], f, left)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

@@ -169,8 +169,11 @@ type sandbox struct {
 	dir  string
 	rt   *ociRuntime
 	spec runtime.Spec
-	info persistedInfo
-	proc *proc // nil once known to be gone
+	// engineCreds are spec.Engine's pull credentials (kept out of spec), for the engine
+	// images' pull at create only.
+	engineCreds map[string]*runtime.Credentials
+	info        persistedInfo
+	proc        *proc // nil once known to be gone
 	// ident is what the sandbox's agent must prove on every connection (identity.go in
 	// internal/agent; set under Backend.mu); nil for sandboxes made before agents had one.
 	ident *agentconfig.Identity
@@ -457,8 +460,14 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	failpoint.Hit("local.create.dir")
 	persisted := *spec
 	persisted.PullCredentials = nil
+	var engineCreds map[string]*runtime.Credentials
+	if e := persisted.Engine; e != nil && e.PullCredentials != nil {
+		ec := *e
+		engineCreds, ec.PullCredentials = e.PullCredentials, nil
+		persisted.Engine = &ec
+	}
 	persisted.RuntimeClass = class
-	s := &sandbox{id: id, cid: id, dir: dir, rt: rt, spec: persisted, ready: make(chan struct{}), done: make(chan struct{}), fork: fork}
+	s := &sandbox{id: id, cid: id, dir: dir, rt: rt, spec: persisted, engineCreds: engineCreds, ready: make(chan struct{}), done: make(chan struct{}), fork: fork}
 	// Registered at once, so Wait, Stop and Destroy during Create find it (and wait).
 	b.mu.Lock()
 	b.sandboxes[id] = s
@@ -712,7 +721,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	engineDir := ""
 	if s.spec.Engine != nil && s.join == nil {
-		if err := b.writeEngineDir(ctx, dir, s.spec.Engine); err != nil {
+		e := *s.spec.Engine
+		e.PullCredentials, s.engineCreds = s.engineCreds, nil
+		if err := b.writeEngineDir(ctx, dir, &e); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		engineDir = filepath.Join(dir, dirEngine)
