@@ -135,8 +135,49 @@ func (b *credsBackend) Create(ctx context.Context, spec *runtime.Spec) (runtime.
 			b.got[c.ContainerName()] = c.PullCredentials.Username + ":" + c.PullCredentials.Password
 		}
 	}
+	if spec.Engine != nil {
+		for img, c := range spec.Engine.PullCredentials {
+			b.got["engine "+img] = c.Username + ":" + c.Password
+		}
+	}
 	b.mu.Unlock()
 	return b.Fake.Create(ctx, spec)
+}
+
+// TestEnginePullCredentialsNeverKept: a container-engine sandbox's per-image pull
+// credentials reach the backend's Create, and no snapshot carries them.
+func TestEnginePullCredentialsNeverKept(t *testing.T) {
+	be := &credsBackend{Fake: runtimetest.NewFake(), got: map[string]string{}}
+	t.Cleanup(be.Close)
+	r, err := New(context.Background(), Config{Backend: be, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	spec := runtime.Spec{Container: runtime.Container{Name: runtime.EngineContainerName, Image: "engine:1"},
+		Engine: &runtime.Engine{Compose: []byte("services: {}"), Project: "sandbox", Images: []string{"reg.test/org/app:t", "busybox"},
+			PullCredentials: map[string]*runtime.Credentials{"reg.test/org/app:t": {Username: "u", Password: "tok"}}}}
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the backend's create", func() bool {
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		return be.got["engine reg.test/org/app:t"] == "u:tok"
+	})
+	g, err := r.Get(sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append([]Sandbox{sb, g}, r.List()...) {
+		if s.Spec.Engine == nil || s.Spec.Engine.PullCredentials != nil {
+			t.Errorf("snapshot of %s: engine %+v keeps its credentials (or lost the engine)", s.ID, s.Spec.Engine)
+		}
+	}
+	if spec.Engine.PullCredentials == nil {
+		t.Error("Create cleared its caller's credentials")
+	}
 }
 
 // TestGroupPullCredentialsNeverKept: every container's pull credentials reach the

@@ -110,6 +110,8 @@ type entry struct {
 	// creds are the pull credentials of each container, in runtime.Spec.AllContainers
 	// order: used for the pull only, never kept in sb.Spec or snapshots.
 	creds []*runtime.Credentials
+	// engineCreds are the engine's pull credentials by image (runtime.Engine), likewise.
+	engineCreds map[string]*runtime.Credentials
 	// startedAt is when the backend started the container: the StartedAt reported once
 	// the agent says the main command runs, and the one a restarted runner recovers.
 	startedAt    time.Time
@@ -235,6 +237,10 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	for _, c := range orig.AllContainers() {
 		creds = append(creds, c.PullCredentials)
 	}
+	var engineCreds map[string]*runtime.Credentials
+	if orig.Engine != nil {
+		engineCreds = orig.Engine.PullCredentials
+	}
 	req.Spec = cloneSpec(req.Spec)
 	if err := validate(&req); err != nil {
 		return Sandbox{}, err
@@ -286,7 +292,7 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 		Lifetime:  req.Lifetime,
 		Deadline:  now.Add(req.Lifetime),
 	})
-	e.creds = creds
+	e.creds, e.engineCreds = creds, engineCreds
 	if len(req.Restores) > 0 {
 		e.restores = maps.Clone(req.Restores)
 	}
@@ -864,6 +870,10 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			if i < len(e.creds) {
 				c.PullCredentials = e.creds[i]
 			}
+		}
+		if spec.Engine != nil && e.engineCreds != nil {
+			spec.Engine = spec.Engine.Clone()
+			spec.Engine.PullCredentials = e.engineCreds
 		}
 		if err := r.prepareRestores(ctx, e); err != nil {
 			reason := apierr.FSSRestoreFailed
