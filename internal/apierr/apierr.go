@@ -94,6 +94,9 @@ const (
 	// BuildContextNotFound: a build_context_objects entry names no object of the caller's
 	// organization (another organization's is not found alike).
 	BuildContextNotFound = "CWSANDBOX_BUILD_CONTEXT_NOT_FOUND"
+	// BuildContextLimitExceeded: the organization holds as many uploaded build contexts
+	// (count or bytes) as it may.
+	BuildContextLimitExceeded = "CWSANDBOX_BUILD_CONTEXT_LIMIT_EXCEEDED"
 	// BuildNotSupported: no runner can build (the gvisor class and a builder image), or
 	// the platform has no registry to push to; the message says which.
 	BuildNotSupported = "CWSANDBOX_BUILD_NOT_SUPPORTED"
@@ -222,6 +225,7 @@ var table = []reasonCode{
 	{TemplateLimitExceeded, connect.CodeResourceExhausted, "the organization has as many templates as it may (metadata limit)"},
 	{BuildNotFound, connect.CodeNotFound, "no such image build in the caller's organization"},
 	{BuildContextNotFound, connect.CodeNotFound, "no such build context object of the caller's organization (bucket, key, version_id)"},
+	{BuildContextLimitExceeded, connect.CodeResourceExhausted, "the organization holds as many uploaded build contexts (count or bytes) as it may; delete none needed or wait for retention (metadata limit, current)"},
 	{BuildNotSupported, connect.CodeFailedPrecondition, "no runner can build images (gvisor class and a builder image), or there is no platform registry; the message says which"},
 	{BuildFailed, connect.CodeFailedPrecondition, "a Compose service's image build failed (CreateSandboxFromFile): metadata service, build_id, failure_reason; the message names the failing step"},
 	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version, or a template of that display name"},

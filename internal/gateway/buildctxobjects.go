@@ -46,6 +46,17 @@ const (
 	buildContextLocation = "platform"
 	// maxBuildContextObjects bounds build_context_objects' entries.
 	maxBuildContextObjects = 32
+	// maxBuildContextsPerOrg and maxBuildContextBytesPerOrg bound what one organization
+	// keeps uploaded (until --build-retention sweeps it): a PUT of a new name beyond the
+	// count, or one that would take the organization's total beyond the bytes, is
+	// RESOURCE_EXHAUSTED CWSANDBOX_BUILD_CONTEXT_LIMIT_EXCEEDED. Replacing a name counts
+	// only the difference. Concurrent uploads are checked one by one, not together, so
+	// a burst may pass the bounds by what is in flight at once.
+)
+
+var (
+	maxBuildContextsPerOrg           = 256
+	maxBuildContextBytesPerOrg int64 = 2 << 30 // tests lower both
 )
 
 var (
@@ -131,6 +142,9 @@ func (s *Server) storeBuildContext(ctx context.Context, name string, q url.Value
 		return nil, err
 	}
 	key := buildContextKey(org, name)
+	if err := s.buildContextRoom(ctx, org, key, n, max); err != nil {
+		return nil, err
+	}
 	lr := &maxReader{r: body, left: max}
 	info, err := s.blobs.Put(ctx, key, lr, n)
 	switch {
@@ -152,6 +166,34 @@ func (s *Server) storeBuildContext(ctx context.Context, name string, q url.Value
 	}
 	s.log.Info("build context stored", "org", org, "key", key, "bytes", info.Size)
 	return &sandboxv1.BuildContextObject{Location: buildContextLocation, Bucket: s.buildBucket(), Key: key, VersionId: "sha256:" + info.SHA256}, nil
+}
+
+// buildContextRoom is nil when org may store one more context at key (n bytes, -1
+// unknown: counted as max), else why not.
+func (s *Server) buildContextRoom(ctx context.Context, org, key string, n, max int64) error {
+	if n < 0 {
+		n = max
+	}
+	count, total := 0, int64(0)
+	for info, err := range s.blobs.List(ctx, buildContextPrefix+orgKeyComponent(org)+"/") {
+		if err != nil {
+			return apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "the organization's build contexts cannot be counted now: %s", textclip.Clip(err.Error(), 300)), 5*time.Second)
+		}
+		if info.Key == key {
+			continue // replaced: only the new bytes count
+		}
+		count++
+		total += info.Size
+	}
+	switch {
+	case count >= maxBuildContextsPerOrg:
+		return apierr.New(apierr.BuildContextLimitExceeded, fmt.Sprintf("the organization holds %d build contexts; at most %d (replace one by its name, or wait for the build retention to remove old ones)", count, maxBuildContextsPerOrg),
+			map[string]string{"limit": strconv.Itoa(maxBuildContextsPerOrg), "current": strconv.Itoa(count)})
+	case total+n > maxBuildContextBytesPerOrg:
+		return apierr.New(apierr.BuildContextLimitExceeded, fmt.Sprintf("the organization's build contexts take %d bytes; with this one (%d) more than %d", total, n, maxBuildContextBytesPerOrg),
+			map[string]string{"limit": strconv.FormatInt(maxBuildContextBytesPerOrg, 10), "current": strconv.FormatInt(total, 10)})
+	}
+	return nil
 }
 
 // maxReader reads at most left bytes of r; one more is an error (over).

@@ -402,3 +402,38 @@ func TestBuildContextObjectsS3(t *testing.T) {
 	_, err = sc.CreateSandboxFromFile(ctx, as(e.otherAdmin, m))
 	wantTmplErr(t, err, connect.CodeNotFound, apierr.BuildContextNotFound, "")
 }
+
+// TestBuildContextUploadLimits: an organization keeps at most maxBuildContextsPerOrg
+// uploaded contexts and maxBuildContextBytesPerOrg bytes of them; replacing a name counts
+// only its new bytes; a refused upload stores nothing.
+func TestBuildContextUploadLimits(t *testing.T) {
+	oldN, oldB := maxBuildContextsPerOrg, maxBuildContextBytesPerOrg
+	maxBuildContextsPerOrg, maxBuildContextBytesPerOrg = 3, 100
+	t.Cleanup(func() { maxBuildContextsPerOrg, maxBuildContextBytesPerOrg = oldN, oldB })
+	r := &buildingRunner{acceptingRunner: acceptingRunner{id: "r1"}, builderImage: "localhost/builder:1", build: okBuild(testDigest)}
+	e, blobs := ctxObjEnv(t, 4096, r)
+	ten := bytes.Repeat([]byte("x"), 10)
+	for _, n := range []string{"a", "b", "c"} {
+		if code, out := putContext(t, e, e.user, n, "", ten, false); code != http.StatusOK {
+			t.Fatalf("%s: %d %v", n, code, out)
+		}
+	}
+	code, out := putContext(t, e, e.user, "d", "", ten, false)
+	if code != http.StatusTooManyRequests || out["code"] != float64(connect.CodeResourceExhausted) || !strings.Contains(out["message"].(string), "at most 3") {
+		t.Fatalf("a fourth context: %d %v", code, out)
+	}
+	if _, err := blobs.Stat(t.Context(), buildContextKey(testOrg, "d")); err == nil {
+		t.Fatal("the refused context was stored")
+	}
+	if code, out := putContext(t, e, e.user, "a", "", bytes.Repeat([]byte("y"), 20), false); code != http.StatusOK {
+		t.Fatalf("replacing a: %d %v", code, out)
+	}
+	maxBuildContextsPerOrg = 10
+	// b and c take 20 bytes, a 20: 60 more would make 100, 61 more 101.
+	if code, out := putContext(t, e, e.user, "d", "", bytes.Repeat([]byte("z"), 61), false); code != http.StatusTooManyRequests || !strings.Contains(out["message"].(string), "more than 100") {
+		t.Fatalf("over the bytes: %d %v", code, out)
+	}
+	if code, out := putContext(t, e, e.user, "d", "", bytes.Repeat([]byte("z"), 60), false); code != http.StatusOK {
+		t.Fatalf("at the bytes bound: %d %v", code, out)
+	}
+}
