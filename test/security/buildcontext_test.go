@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -95,5 +96,47 @@ func TestBuildContextTraversal(t *testing.T) {
 	}
 	if code, b := d.rest(t, admin, "GET", "/v1/builds", nil); code != http.StatusOK || strings.Contains(string(b), "buildId") {
 		t.Errorf("the organization's builds after refused contexts: %d %s", code, b)
+	}
+}
+
+// TestBuildContextUploadFlood (issue 22): one organization's key cannot fill the blob store
+// with build contexts: past 256 uploaded contexts a new name is RESOURCE_EXHAUSTED
+// CWSANDBOX_BUILD_CONTEXT_LIMIT_EXCEEDED and nothing is stored, while replacing one of its
+// own still works and another organization is not affected.
+func TestBuildContextUploadFlood(t *testing.T) {
+	d := needDev(t)
+	org := fmt.Sprintf("org-ctxflood-%d", os.Getpid())
+	user, err := d.NewKey(org, "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := d.NewKey(org+"-b", "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key, name string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPut, d.API+"/v1/buildContexts/"+name, bytes.NewReader([]byte("not even a tar")))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	for i := range 256 {
+		if code, body := put(user, fmt.Sprintf("ctx-%d", i)); code != http.StatusOK {
+			t.Fatalf("upload %d: %d %.300s", i, code, body)
+		}
+	}
+	if code, body := put(user, "one-more"); code != http.StatusTooManyRequests || !strings.Contains(body, "CWSANDBOX_BUILD_CONTEXT_LIMIT_EXCEEDED") {
+		t.Fatalf("the 257th context: %d %.300s", code, body)
+	}
+	if code, body := put(user, "ctx-0"); code != http.StatusOK {
+		t.Fatalf("replacing one: %d %.300s", code, body)
+	}
+	if code, body := put(other, "one-more"); code != http.StatusOK {
+		t.Fatalf("another organization: %d %.300s", code, body)
 	}
 }
