@@ -240,8 +240,16 @@ func (d *Dev) purgeAndCheck() []string {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+	// The runner keeps each organization's image build cache (a kept volume in its volume
+	// pool) after the builder is gone, by design, so the pool stays mounted while one
+	// exists (the backend's Close unmounts it: volPool.close).
+	pool := filepath.Join(d.DataDir, "sandboxes", ".volumes")
+	kept, _ := os.ReadDir(filepath.Join(pool, "mnt", "keep"))
 	for _, l := range stacktest.Leftovers(d.DataDir) {
-		if !strings.HasPrefix(l, "sandbox dir ") { // those were waited for above
+		switch {
+		case strings.HasPrefix(l, "sandbox dir "): // those were waited for above
+		case len(kept) > 0 && (l == "mount "+filepath.Join(pool, "mnt") || strings.HasSuffix(l, "("+filepath.Join(pool, "pool.img")+")")):
+		default:
 			left = append(left, l)
 		}
 	}
