@@ -118,8 +118,8 @@ func TestWarmDesired(t *testing.T) {
 		storedTemplate(t, "zero", "acme", "python:3.11", `{"sandboxd.warmPool": {"size": 0}}`, false),
 		storedTemplate(t, "none", "acme", "python:3.11", `{"k": 1}`, false),
 		storedTemplate(t, "bad", "acme", "python:3.11", `{"sandboxd.warmPool": {"size": 99}}`, false), // stored before validation: no pool
-		storedTemplate(t, "plain", "globex", "ghcr.io/x/plain", "", false),                              // no attachments: pre-pull only
-		storedTemplate(t, "gone2", "globex", "ghcr.io/x/gone", "", true),                                // deleted: dropped
+		storedTemplate(t, "plain", "globex", "ghcr.io/x/plain", "", false),                            // no attachments: pre-pull only
+		storedTemplate(t, "gone2", "globex", "ghcr.io/x/gone", "", true),                              // deleted: dropped
 	})
 	var names []string
 	for _, w := range tmpls {
