@@ -10,7 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
 // recordingImages is an image store that records pulls ("ref|password") and fails the
@@ -201,5 +207,92 @@ func TestPrepullClose(t *testing.T) {
 	p.set([]prepullWant{{ref: "y"}})
 	if p.pulls != 0 {
 		t.Fatalf("a cancelled pull counted: %d", p.pulls)
+	}
+}
+
+// storeImages pulls through a real image store (credentials passed on).
+type storeImages struct{ store *image.Store }
+
+func (si storeImages) Pull(ctx context.Context, ref string, creds *runtime.Credentials) (*Image, error) {
+	var c *image.Credentials
+	if creds != nil {
+		c = &image.Credentials{Username: creds.Username, Password: creds.Password}
+	}
+	img, err := si.store.Pull(ctx, ref, c)
+	if err != nil {
+		return nil, err
+	}
+	return &Image{Ref: img.Ref, Digest: img.Digest, Layers: img.Layers}, nil
+}
+
+// A template without a warm pool (a Size 0 target) has its image in the runner's image
+// store, pulled from a registry, without any Create; no container is started for it.
+func TestPrepullIntoImageStore(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	host, stop, err := testimage.StartRegistry(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	ref := host + "/acme/plain:1"
+	img, err := random.Image(1024, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img, remote.WithContext(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	store, err := image.Open(image.Options{Root: t.TempDir(), Insecure: []string{"127.0.0.1:*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+		Images: storeImages{store}, Pool: PoolConfig{Size: 0, MaxTargeted: 4},
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.b = b
+	t.Cleanup(func() {
+		if err := b.Close(context.Background()); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	if _, err := store.Lookup(ref); err == nil {
+		t.Fatal("image in the store before the pre-pull")
+	}
+	spec := runtime.Spec{Container: runtime.Container{Image: ref, Command: "sleep", Args: []string{"inf"}}}
+	if err := b.SetWarmPools(ctx, []runtime.WarmTarget{{Key: "acme/plain", Spec: spec, Size: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got, err := store.Lookup(ref)
+		if err == nil {
+			want, _ := img.Digest()
+			if got.Digest != want.String() || len(got.Layers) != 2 {
+				t.Fatalf("pre-pulled %+v, want digest %s with 2 layers", got, want)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("image not pre-pulled: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := b.PoolStats(); st.Refills != 0 || st.Targeted != 0 {
+		t.Fatalf("a container was started for a template without a warm pool: %+v", st)
+	}
+	if d := poolDirs(e.state); len(d) > 0 {
+		t.Fatalf("pooled containers: %v", d)
+	}
+	if got := b.PrepulledImages(); len(got) != 1 {
+		t.Fatalf("PrepulledImages = %q", got)
 	}
 }
