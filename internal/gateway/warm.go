@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -41,6 +42,12 @@ import (
 // the template's organization (as a create's: registrycreds.go), fresh at every send,
 // and its spec names the organization (runtime.MetaOrg): the runner's pool keeps such
 // containers for that organization only (local.poolKeyOf).
+//
+// Image pre-pull: the set sent holds every live template (of all organizations) the
+// runner's policy accepts, those without a warm pool as targets of Size 0, so a runner
+// pulls the images of every template it may place before any create of it
+// (local.prepuller). The templates are at most maxWarmTemplates, oldest first; beyond
+// that, those with a warm pool are kept first.
 
 // WarmPoolAttachment is the attachments key of a template's warm pool.
 const WarmPoolAttachment = "sandboxd.warmPool"
@@ -48,7 +55,8 @@ const WarmPoolAttachment = "sandboxd.warmPool"
 // DefaultWarmInterval is how often the gateway re-sends the warm sets (runners restart).
 const DefaultWarmInterval = 30 * time.Second
 
-// maxWarmTemplates bounds the templates with a warm pool the gateway reconciles.
+// maxWarmTemplates bounds the templates the gateway reconciles (a runner takes at most
+// runnerapi.MaxWarmTargets in one call: the same number).
 const maxWarmTemplates = 1024
 
 // warmPoolSize checks the sandboxd.* keys of a template's attachments and returns the
@@ -97,30 +105,32 @@ func warmPoolSize(field string, a *structpb.Struct) (int, []apierr.Violation) {
 	return size, vs
 }
 
-// warmTemplate is a template with a warm pool, its spec resolved as a create from it
-// without overrides.
+// warmTemplate is a live template, its spec resolved as a create from it without
+// overrides, and its warm pool's size (0: none; its images are pre-pulled only).
 type warmTemplate struct {
 	ID, Org string
 	Spec    *sandboxv1.SandboxSpec
 	Size    int
 }
 
-// warmTemplates turns stored templates into warm templates: deleted ones, ones without
-// a warm pool (or size 0) and ones whose spec is no sandbox by itself (no image) are
-// left out.
+// warmTemplates turns stored templates into warm templates: deleted ones and ones whose
+// spec is no sandbox by itself (no image) are left out; ones without a valid warm pool
+// (none, size 0, or attachments stored before they were checked) get Size 0.
 func warmTemplates(ts []store.Template) []warmTemplate {
 	var out []warmTemplate
 	for _, t := range ts {
-		if t.DeleteTime != nil || len(t.Attachments) == 0 {
+		if t.DeleteTime != nil {
 			continue
 		}
-		a := &structpb.Struct{}
-		if err := protojson.Unmarshal(t.Attachments, a); err != nil {
-			continue
-		}
-		size, vs := warmPoolSize("attachments", a)
-		if size == 0 || len(vs) > 0 {
-			continue
+		size := 0
+		if len(t.Attachments) > 0 {
+			a := &structpb.Struct{}
+			if err := protojson.Unmarshal(t.Attachments, a); err == nil {
+				n, vs := warmPoolSize("attachments", a)
+				if len(vs) == 0 {
+					size = n
+				}
+			}
 		}
 		p := &sandboxv1.PartialSandboxSpec{}
 		if err := proto.Unmarshal(t.Spec, p); err != nil {
@@ -187,17 +197,55 @@ func (s *Server) warmLoop(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// liveTemplates lists the templates to reconcile: every live one, at most
+// maxWarmTemplates; beyond that the oldest with a warm pool first, then the oldest
+// others, all in creation order.
+func (s *Server) liveTemplates(ctx context.Context) ([]store.Template, error) {
+	ts, err := s.templates.ListLive(ctx, maxWarmTemplates)
+	if !errors.Is(err, store.ErrLimitExceeded) {
+		return ts, err
+	}
+	s.log.Warn("warm pools: more live templates than a runner is sent; pre-pulling the oldest", "limit", maxWarmTemplates)
+	warm, werr := s.templates.ListWithAttachment(ctx, WarmPoolAttachment, maxWarmTemplates)
+	if werr != nil && !errors.Is(werr, store.ErrLimitExceeded) {
+		return ts, nil // the oldest live ones still
+	}
+	return mergeTemplates(warm, ts, maxWarmTemplates), nil
+}
+
+// mergeTemplates is first, then as many of rest (not in first) as fit in limit, in
+// creation order.
+func mergeTemplates(first, rest []store.Template, limit int) []store.Template {
+	out := slices.Clone(first[:min(len(first), limit)])
+	seen := map[string]bool{}
+	for _, t := range out {
+		seen[t.Org+"/"+t.ID] = true
+	}
+	for _, t := range rest {
+		if len(out) >= limit {
+			break
+		}
+		if !seen[t.Org+"/"+t.ID] {
+			out = append(out, t)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b store.Template) int {
+		if c := a.CreateTime.Compare(b.CreateTime); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
+}
+
 // syncWarm sends every ready runner that keeps warm pools its desired set.
 func (s *Server) syncWarm(ctx context.Context) {
-	ts, err := s.templates.ListWithAttachment(ctx, WarmPoolAttachment, maxWarmTemplates)
-	if err != nil && len(ts) == 0 {
+	ts, err := s.liveTemplates(ctx)
+	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("warm pools: list templates", "err", err)
 		}
 		return
-	}
-	if err != nil {
-		s.log.Warn("warm pools: too many templates with a warm pool; reconciling the oldest", "err", err)
 	}
 	desired := warmDesired(warmTemplates(ts), s.views.snapshot(ctx), policy.RunnerPlatform(nil), s.registryCreds)
 	for i, targets := range desired {

@@ -117,10 +117,16 @@ func TestWarmDesired(t *testing.T) {
 		storedTemplate(t, "gone", "acme", "python:3.11", `{"sandboxd.warmPool": {"size": 3}}`, true), // deleted: dropped
 		storedTemplate(t, "zero", "acme", "python:3.11", `{"sandboxd.warmPool": {"size": 0}}`, false),
 		storedTemplate(t, "none", "acme", "python:3.11", `{"k": 1}`, false),
-		storedTemplate(t, "bad", "acme", "python:3.11", `{"sandboxd.warmPool": {"size": 99}}`, false), // stored before validation: ignored
+		storedTemplate(t, "bad", "acme", "python:3.11", `{"sandboxd.warmPool": {"size": 99}}`, false), // stored before validation: no pool
+		storedTemplate(t, "plain", "globex", "ghcr.io/x/plain", "", false),                            // no attachments: pre-pull only
+		storedTemplate(t, "gone2", "globex", "ghcr.io/x/gone", "", true),                              // deleted: dropped
 	})
-	if len(tmpls) != 2 || tmpls[0].ID != "py" || tmpls[1].ID != "bb" {
-		t.Fatalf("warm templates = %+v", tmpls)
+	var names []string
+	for _, w := range tmpls {
+		names = append(names, fmt.Sprintf("%s:%d", w.ID, w.Size))
+	}
+	if n := strings.Join(names, ","); n != "py:2,bb:1,zero:0,none:0,bad:0,plain:0" {
+		t.Fatalf("warm templates = %s", n)
 	}
 	dockerOnly, err := policy.Parse([]byte(`{"constraints": {"images": {"allowed_registries": ["docker.io"]}}}`))
 	if err != nil {
@@ -139,10 +145,11 @@ func TestWarmDesired(t *testing.T) {
 		}
 		return strings.Join(out, ",")
 	}
-	if k := keys(got[0]); k != "acme/py:python:3.11:2,globex/bb:ghcr.io/x/busybox:1" {
+	// Templates without a warm pool are sent with Size 0 (their images are pre-pulled).
+	if k := keys(got[0]); k != "acme/py:python:3.11:2,globex/bb:ghcr.io/x/busybox:1,acme/zero:python:3.11:0,acme/none:python:3.11:0,acme/bad:python:3.11:0,globex/plain:ghcr.io/x/plain:0" {
 		t.Errorf("open runner: %s", k)
 	}
-	if k := keys(got[1]); k != "acme/py:python:3.11:2" { // its policy rejects ghcr.io
+	if k := keys(got[1]); k != "acme/py:python:3.11:2,acme/zero:python:3.11:0,acme/none:python:3.11:0,acme/bad:python:3.11:0" { // its policy rejects ghcr.io
 		t.Errorf("docker-only runner: %s", k)
 	}
 	if got[2] != nil {
@@ -214,6 +221,42 @@ func TestWarmSyncOnTemplateWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("after delete", func(ts []runtime.WarmTarget) bool { return len(ts) == 0 })
+
+	// A template without a warm pool is sent with Size 0 (pre-pull), until deleted.
+	plain, err := createTemplate(admin, s, pyTemplate("plain"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor("after a create without a pool", func(ts []runtime.WarmTarget) bool {
+		return len(ts) == 1 && ts[0].Size == 0 && ts[0].Spec.Image == "python:3.11" && ts[0].Key == testOrg+"/"+plain.GetSandboxTemplateId()
+	})
+	if err := deleteTemplate(admin, s, plain.GetSandboxTemplateId()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("after its delete", func(ts []runtime.WarmTarget) bool { return len(ts) == 0 })
+}
+
+// Beyond the bound, templates with a warm pool are kept first, the rest fill up, all in
+// creation order.
+func TestMergeTemplates(t *testing.T) {
+	at := func(id string, sec int) store.Template {
+		return store.Template{ID: id, Org: "o", CreateTime: time.Unix(int64(sec), 0)}
+	}
+	warm := []store.Template{at("w5", 5), at("w9", 9)}
+	live := []store.Template{at("a1", 1), at("b2", 2), at("w5", 5), at("c6", 6)}
+	ids := func(ts []store.Template) string {
+		var out []string
+		for _, t := range ts {
+			out = append(out, t.ID)
+		}
+		return strings.Join(out, ",")
+	}
+	if got := ids(mergeTemplates(warm, live, 4)); got != "a1,b2,w5,w9" {
+		t.Errorf("merge = %s", got)
+	}
+	if got := ids(mergeTemplates(warm, live, 1)); got != "w5" {
+		t.Errorf("merge bounded = %s", got)
+	}
 }
 
 // Targets of platform-registry images carry pull credentials minted for the template's

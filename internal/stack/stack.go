@@ -210,8 +210,9 @@ func (s *Stack) EdgeDialMark() uint32 { return s.Network.HostMark() }
 // GC removes cached images that no live sandbox uses. Images of sandboxes still being
 // created are spared by the store's grace period.
 func (s *Stack) GC(ctx context.Context) (images, layers int, err error) {
-	// Warm-pool containers have their image mounted too.
-	inUse := s.Backend.PoolImages()
+	// Warm-pool containers have their image mounted too; pre-pulled images of the
+	// templates the runner may place are kept (at most local.Config.MaxPrepull).
+	inUse := append(s.Backend.PoolImages(), s.Backend.PrepulledImages()...)
 	for _, sb := range s.Runner.List() {
 		if !sb.State.Terminal() && sb.ImageDigest != "" {
 			inUse = append(inUse, sb.ImageDigest)

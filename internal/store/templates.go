@@ -41,6 +41,9 @@ type Templates interface {
 	// deleted and whose attachments mention key (a candidate filter: the caller parses
 	// them), at most limit (ErrLimitExceeded beyond), oldest first.
 	ListWithAttachment(ctx context.Context, key string, limit int) ([]Template, error)
+	// ListLive returns the templates of every organization that are not deleted, at
+	// most limit (ErrLimitExceeded beyond, with the oldest limit), oldest first.
+	ListLive(ctx context.Context, limit int) ([]Template, error)
 }
 
 // Template is a stored sandbox template.
@@ -258,9 +261,21 @@ func (tp templates) Delete(ctx context.Context, org, id string) (Template, error
 
 func (tp templates) ListWithAttachment(ctx context.Context, key string, limit int) ([]Template, error) {
 	pat := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(key) + "%"
+	return tp.listAll(ctx, `attachments IS NOT NULL AND CAST(attachments AS TEXT) LIKE $2 ESCAPE '\'`, limit,
+		fmt.Sprintf("more than %d templates mention %s", limit, key), pat)
+}
+
+func (tp templates) ListLive(ctx context.Context, limit int) ([]Template, error) {
+	return tp.listAll(ctx, "1 = 1", limit, fmt.Sprintf("more than %d templates", limit))
+}
+
+// listAll lists the templates of every organization that are not deleted and match
+// cond (its parameters from $2 on: args), oldest first, at most limit (ErrLimitExceeded
+// with over beyond).
+func (tp templates) listAll(ctx context.Context, cond string, limit int, over string, args ...any) ([]Template, error) {
 	rs, err := tp.s.d.query(ctx, `SELECT `+templateCols+` FROM templates
-		WHERE delete_time IS NULL AND attachments IS NOT NULL AND CAST(attachments AS TEXT) LIKE $1 ESCAPE '\'
-		ORDER BY create_time, id LIMIT $2`, pat, limit+1)
+		WHERE delete_time IS NULL AND `+cond+`
+		ORDER BY create_time, id LIMIT $1`, append([]any{limit + 1}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
@@ -277,7 +292,7 @@ func (tp templates) ListWithAttachment(ctx context.Context, key string, limit in
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
 	if len(out) > limit {
-		return out[:limit], fmt.Errorf("%w: more than %d templates mention %s", ErrLimitExceeded, limit, key)
+		return out[:limit], fmt.Errorf("%w: %s", ErrLimitExceeded, over)
 	}
 	return out, nil
 }

@@ -3,6 +3,7 @@ package store_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -167,6 +168,19 @@ func TestTemplatesWithAttachment(t *testing.T) {
 		got, err = tp.ListWithAttachment(ctx, "sandboxd.warmPool", 1)
 		if !errors.Is(err, store.ErrLimitExceeded) || len(got) != 1 {
 			t.Fatalf("over the limit: %d, %v", len(got), err)
+		}
+		// Every live template of every organization, oldest first (w3 is deleted).
+		got, err = tp.ListLive(ctx, 10)
+		var ids []string
+		for _, g := range got {
+			ids = append(ids, g.Org+"/"+g.ID)
+		}
+		if err != nil || strings.Join(ids, ",") != "acme/w1,globex/w2,acme/n1,acme/n2" {
+			t.Fatalf("ListLive = %v, %v", ids, err)
+		}
+		got, err = tp.ListLive(ctx, 3)
+		if !errors.Is(err, store.ErrLimitExceeded) || len(got) != 3 || got[2].ID != "n1" {
+			t.Fatalf("ListLive over the limit: %d, %v", len(got), err)
 		}
 	})
 }

@@ -101,6 +101,9 @@ type Config struct {
 	// Pool keeps pre-started containers for images recently created (see pool.go).
 	// The zero value disables it.
 	Pool PoolConfig
+	// MaxPrepull bounds the images pre-pulled for warm targets (prepull.go); 0 means
+	// DefaultMaxPrepull, negative disables pre-pull.
+	MaxPrepull int
 	// DiskBytes is the default size limit of a sandbox's writable layer (see disk.go);
 	// 0 means none. A spec's Resources.DiskBytes overrides it.
 	DiskBytes int64
@@ -127,7 +130,8 @@ type Backend struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 
-	pool *pool // nil: no warm pool
+	pool    *pool      // nil: no warm pool
+	prepull *prepuller // nil: no image pre-pull (Config.MaxPrepull < 0)
 
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
 
@@ -322,6 +326,13 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.Pool.Size > 0 || cfg.Pool.MaxTargeted > 0 {
 		b.pool = newPool(b, cfg.Pool)
+	}
+	if cfg.MaxPrepull >= 0 {
+		n := cfg.MaxPrepull
+		if n == 0 {
+			n = DefaultMaxPrepull
+		}
+		b.prepull = newPrepuller(cfg.Images.Pull, cfg.Logger, n)
 	}
 	b.logCgroupHint() // cgrouphint.go
 	return b, nil

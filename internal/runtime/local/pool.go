@@ -445,15 +445,32 @@ func (p *pool) setTargets(targets map[poolKey]int, creds map[poolKey]*runtime.Cr
 // only with the organization in Spec.Meta, which keys its set: poolKeyOf);
 // sizes are bounded by runtime.MaxWarmSize each and PoolConfig.MaxTargeted in total,
 // shared fairly (allocateWarm). Without a pool or with MaxTargeted 0 it keeps nothing.
+// The images of every target the pool keeps no container of (Size 0, not poolable,
+// beyond the bound) are pre-pulled (prepull.go).
 func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) error {
-	if b.pool == nil {
-		return nil
+	pooled := map[int]bool{} // targets (by index) the pool keeps containers of
+	if b.pool != nil {
+		b.setPoolTargets(targets, pooled)
 	}
+	if b.prepull != nil {
+		want, dropped := prepullWants(targets, pooled, b.prepull.max)
+		if dropped > 0 {
+			b.log.Warn("image pre-pull: more images than the bound; pre-pulling the first", "max", b.prepull.max, "left_out", dropped)
+		}
+		b.prepull.set(want)
+	}
+	return nil
+}
+
+// setPoolTargets hands the poolable targets to the pool, noting in pooled the indexes
+// of those it keeps containers of.
+func (b *Backend) setPoolTargets(targets []runtime.WarmTarget, pooled map[int]bool) {
 	var (
 		ok   []runtime.WarmTarget
 		keys []poolKey
+		idx  []int
 	)
-	for _, t := range targets {
+	for i, t := range targets {
 		if t.Size <= 0 {
 			continue
 		}
@@ -465,11 +482,13 @@ func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) 
 		}
 		ok = append(ok, t)
 		keys = append(keys, key)
+		idx = append(idx, i)
 	}
 	want := map[poolKey]int{}
 	creds := map[poolKey]*runtime.Credentials{}
 	for i, n := range allocateWarm(ok, b.pool.maxTargeted) {
 		if n > 0 {
+			pooled[idx[i]] = true
 			want[keys[i]] += n
 			if c := ok[i].Spec.PullCredentials; c != nil {
 				cc := *c
@@ -478,7 +497,6 @@ func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) 
 		}
 	}
 	b.pool.setTargets(want, creds)
-	return nil
 }
 
 // allocateWarm shares budget containers among targets (each at most its Size, at most
@@ -602,6 +620,9 @@ func (b *Backend) DrainPool(ctx context.Context) error {
 // to recover.
 func (b *Backend) Close(ctx context.Context) error {
 	var err error
+	if b.prepull != nil {
+		b.prepull.close()
+	}
 	if b.pool != nil {
 		err = b.pool.drain(ctx, true)
 	}

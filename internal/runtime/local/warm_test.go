@@ -125,8 +125,9 @@ func TestPoolWarmTargetCredentialsPerOrg(t *testing.T) {
 	imgs := &regImages{testImages: testImages{layers: []string{busyboxDir}}}
 	b, err := New(Config{
 		StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: imgs,
-		Pool:   PoolConfig{Size: 0, Idle: time.Minute, MaxTargeted: 4},
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Pool:       PoolConfig{Size: 0, Idle: time.Minute, MaxTargeted: 4},
+		MaxPrepull: -1, // the pulls counted here are the pool's (prepull_test.go)
+		Logger:     slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
