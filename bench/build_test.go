@@ -24,11 +24,11 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/gateway"
-	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/registry"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
@@ -47,7 +47,7 @@ var builderResources = runtime.Resources{MilliCPU: 2000, RequestMilliCPU: 2000, 
 // shows what part of a rebuild is the fixed sandbox cost. Target (issue 22): a rebuild
 // with a full cache hit ≤ 3 s.
 func BenchmarkTemplateRebuild(b *testing.B) {
-	builderTar, err := testimage.BuilderTar()
+	_, err := testimage.BuilderTar()
 	if errors.Is(err, testimage.ErrNoTestImages) {
 		b.Skip(err)
 	} else if err != nil {
@@ -80,30 +80,15 @@ func BenchmarkTemplateRebuild(b *testing.B) {
 	s := newStackWith(b, 0, func(cfg *stack.Config) {
 		cfg.InsecureRegistries = append(cfg.InsecureRegistries, host)
 	})
-	var kept runtime.KeptVolumes = s.Backend
-	b.Cleanup(func() { // before the stack's cleanup: the organization's layer cache outlives its builders
-		list, err := kept.ListKept()
-		if err != nil {
-			b.Errorf("list the kept volumes: %v", err)
-		}
-		for _, v := range list {
-			if err := kept.RemoveKept(v.Name); err != nil {
-				b.Errorf("remove the kept volume %s: %v", v.Name, err)
-			}
-		}
-	})
+	b.Cleanup(func() { stacktest.RemoveKept(b, s.Backend) }) // before the stack's cleanup: the organization's layer cache outlives its builders
 	l := runner.NewLocal("local", s.Runner)
 	if !slices.Contains(l.Classes(), runner.BuildRuntimeClass) {
 		b.Skipf("no gvisor class on this machine (%v)", l.Classes())
 	}
-	bimg, err := testimage.Build(builderTar, image.Config{Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}})
-	if err != nil {
+	if l.BuilderImage, err = testimage.PushBuilder(env.Registry); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := testimage.Push(env.Registry, "sandboxd/builder:1", bimg); err != nil {
-		b.Fatal(err)
-	}
-	l.BuilderImage, l.BuildImages = env.Registry+"/sandboxd/builder:1", s.BaseArchiver()
+	l.BuildImages = s.BaseArchiver()
 
 	st, err := store.Open(ctx, filepath.Join(dir, "sandboxd.db"))
 	if err != nil {

@@ -20,7 +20,6 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
-	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/imagebuild"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -37,7 +36,7 @@ func TestLocalBuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a real build")
 	}
-	builderTar, err := testimage.BuilderTar()
+	_, err := testimage.BuilderTar()
 	if errors.Is(err, testimage.ErrNoTestImages) {
 		t.Skip(err)
 	} else if err != nil {
@@ -63,14 +62,10 @@ func TestLocalBuild(t *testing.T) {
 	if !strings.Contains(strings.Join(l.Classes(), ","), runner.BuildRuntimeClass) {
 		t.Skipf("no gvisor class on this machine (%v)", l.Classes())
 	}
-	bimg, err := testimage.Build(builderTar, image.Config{Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}})
-	if err != nil {
+	if l.BuilderImage, err = testimage.PushBuilder(e.Registry); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := testimage.Push(e.Registry, "sandboxd/builder:1", bimg); err != nil {
-		t.Fatal(err)
-	}
-	l.BuilderImage, l.BuildImages = e.Registry+"/sandboxd/builder:1", st.BaseArchiver()
+	l.BuildImages = st.BaseArchiver()
 
 	dir := t.TempDir()
 	for p, c := range map[string]string{

@@ -621,7 +621,34 @@ func BuilderImageIfBuilt() (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Build(p, image.Config{Env: []string{DefaultPath, "LANG=C.UTF-8"}})
+	return builderImage(p)
+}
+
+// BuilderImage is the builder image as tests use it: BuilderTar's rootfs (with its
+// ErrNoTestImages and its wait under SANDBOXD_BUILDER_IMAGE=1) and Buildah's environment.
+func BuilderImage() (v1.Image, error) {
+	p, err := BuilderTar()
+	if err != nil {
+		return nil, err
+	}
+	return builderImage(p)
+}
+
+// PushBuilder pushes BuilderImage to the test registry host as sandboxd/builder:1 and
+// returns its reference, what runner.Local.BuilderImage takes.
+func PushBuilder(host string) (string, error) {
+	img, err := BuilderImage()
+	if err != nil {
+		return "", err
+	}
+	if _, err := Push(host, "sandboxd/builder:1", img); err != nil {
+		return "", err
+	}
+	return host + "/sandboxd/builder:1", nil
+}
+
+func builderImage(rootfsTar string) (v1.Image, error) {
+	return Build(rootfsTar, image.Config{Env: []string{DefaultPath, "LANG=C.UTF-8"}})
 }
 
 // EngineImageRequired reports SANDBOXD_ENGINE_IMAGE=1: tests needing the engine image

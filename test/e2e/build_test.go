@@ -25,12 +25,11 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/gateway"
-	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/registry"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sbxcli"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
@@ -300,7 +299,7 @@ type buildPlatform struct {
 // newBuildPlatform skips the test where builds cannot run (no test images, no gvisor).
 func newBuildPlatform(t *testing.T, org string) *buildPlatform {
 	t.Helper()
-	builderTar, err := testimage.BuilderTar()
+	_, err := testimage.BuilderTar()
 	if errors.Is(err, testimage.ErrNoTestImages) {
 		t.Skip(err)
 	} else if err != nil {
@@ -344,30 +343,15 @@ func newBuildPlatform(t *testing.T, org string) *buildPlatform {
 	}
 	t.Cleanup(s.Close)
 	t.Cleanup(func() { finish(t, s, cfg.DataDir) })
-	var kept runtime.KeptVolumes = s.Backend
-	t.Cleanup(func() { // before finish: the organizations' layer caches outlive their builders
-		list, err := kept.ListKept()
-		if err != nil {
-			t.Errorf("list the kept volumes: %v", err)
-		}
-		for _, v := range list {
-			if err := kept.RemoveKept(v.Name); err != nil {
-				t.Errorf("remove the kept volume %s: %v", v.Name, err)
-			}
-		}
-	})
+	t.Cleanup(func() { stacktest.RemoveKept(t, s.Backend) }) // before finish: the organizations' layer caches outlive their builders
 	l := runner.NewLocal("local", s.Runner)
 	if !slices.Contains(l.Classes(), runner.BuildRuntimeClass) {
 		t.Skipf("no gvisor class on this machine (%v)", l.Classes())
 	}
-	bimg, err := testimage.Build(builderTar, image.Config{Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}})
-	if err != nil {
+	if l.BuilderImage, err = testimage.PushBuilder(env.Registry); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := testimage.Push(env.Registry, "sandboxd/builder:1", bimg); err != nil {
-		t.Fatal(err)
-	}
-	l.BuilderImage, l.BuildImages = env.Registry+"/sandboxd/builder:1", s.BaseArchiver()
+	l.BuildImages = s.BaseArchiver()
 
 	st, err := store.Open(context.Background(), filepath.Join(dir, "sandboxd.db"))
 	if err != nil {

@@ -69,7 +69,7 @@ func TestBuildBaseCredentialsStayHome(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a real build")
 	}
-	builderTar, err := testimage.BuilderTar()
+	_, err := testimage.BuilderTar()
 	if errors.Is(err, testimage.ErrNoTestImages) {
 		t.Skip(err)
 	} else if err != nil {
@@ -129,14 +129,10 @@ func TestBuildBaseCredentialsStayHome(t *testing.T) {
 	if !slices.Contains(l.Classes(), runner.BuildRuntimeClass) {
 		t.Skipf("no gvisor class on this machine (%v)", l.Classes())
 	}
-	bimg, err := testimage.Build(builderTar, image.Config{Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}})
-	if err != nil {
+	if l.BuilderImage, err = testimage.PushBuilder(e.Registry); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := testimage.Push(e.Registry, "sandboxd/builder:1", bimg); err != nil {
-		t.Fatal(err)
-	}
-	l.BuilderImage, l.BuildImages, l.BuildCacheBytes = e.Registry+"/sandboxd/builder:1", st.BaseArchiver(), -1
+	l.BuildImages, l.BuildCacheBytes = st.BaseArchiver(), -1
 
 	build := func(from string) (*runner.BuildResult, string, error) {
 		t.Helper()

@@ -5,11 +5,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 )
 
@@ -83,4 +85,20 @@ func LoopsUnder(dir string) []string {
 		out = append(out, l.Dev+" ("+l.File+")")
 	}
 	return out
+}
+
+// RemoveKept removes every kept volume of kept (the organizations' build layer caches
+// outlive their builders by design): register it with Cleanup so that it runs before the
+// stack's own cleanup and its leftover checks.
+func RemoveKept(tb testing.TB, kept runtime.KeptVolumes) {
+	tb.Helper()
+	list, err := kept.ListKept()
+	if err != nil {
+		tb.Errorf("list the kept volumes: %v", err)
+	}
+	for _, v := range list {
+		if err := kept.RemoveKept(v.Name); err != nil {
+			tb.Errorf("remove the kept volume %s: %v", v.Name, err)
+		}
+	}
 }
