@@ -56,6 +56,16 @@ func (r *quotaRunner) Delete(_ context.Context, id string, _ time.Duration) (run
 	return sb, nil
 }
 
+func (r *quotaRunner) List(context.Context) ([]runner.Sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []runner.Sandbox
+	for _, sb := range r.got {
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
 func (r *quotaRunner) Capacity(context.Context) (runner.Capacity, error) {
 	return runner.Capacity{MilliCPU: 1000_000, MemoryBytes: 1 << 40}, nil
 }
@@ -379,4 +389,28 @@ func quotaPostgres(t *testing.T) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// TestQuotaReconcileFreesEndedSlots: a sandbox that ended on its runner unobserved is
+// recorded ended by the reconciler, and stops counting against the quota.
+func TestQuotaReconcileFreesEndedSlots(t *testing.T) {
+	r := &quotaRunner{acceptingRunner: acceptingRunner{id: "r1"}}
+	gws, st := quotaGateways(t, filepath.Join(t.TempDir(), "q.db"), 1, r, store.QuotaLimits{})
+	ctx := asOrg(t.Context())
+	sb, err := gws[0].CreateSandbox(ctx, connect.NewRequest(smallSpec("250m", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := st.Quotas().Usage(t.Context(), testOrg, time.Now()); u.Sandboxes != 1 || u.MilliCPU != 250 {
+		t.Fatalf("usage = %+v", u)
+	}
+	r.mu.Lock()
+	x := r.got[sb.Msg.GetSandboxId()]
+	x.State, x.EndedAt = runner.StateCompleted, time.Now()
+	r.got[x.ID] = x
+	r.mu.Unlock()
+	gws[0].Reconcile(t.Context())
+	if u, _ := st.Quotas().Usage(t.Context(), testOrg, time.Now()); u.Sandboxes != 0 || u.MilliCPU != 0 {
+		t.Fatalf("usage after the reconciler = %+v", u)
+	}
 }
