@@ -100,6 +100,7 @@ type devConfig struct {
 	capacity                            capacityFlags
 	blob                                blobFlags
 	fss                                 fssFlags
+	quota                               quotaFlags
 	registry                            registryFlags
 	builds                              buildFlags
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
@@ -132,6 +133,7 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	c.blob.register(fs, "default DATA-DIR/blobs")
 	c.blob.registerRunner(fs)
 	c.fss.register(fs)
+	c.quota.register(fs)
 	c.registry.register(fs, true)
 	c.builds.register(fs)
 }
@@ -150,6 +152,9 @@ func (c devConfig) validate() error {
 		return err
 	}
 	if _, err := c.fss.options(nil); err != nil {
+		return err
+	}
+	if _, err := c.quota.options(nil, ""); err != nil {
 		return err
 	}
 	return c.hard.validate()
@@ -276,6 +281,7 @@ type gatewayConfig struct {
 	verbose                                 bool
 	blob                                    blobFlags
 	fss                                     fssFlags
+	quota                                   quotaFlags
 	registry                                registryFlags
 	builds                                  buildFlags
 }
@@ -294,6 +300,7 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
 	c.fss.register(fs)
+	c.quota.register(fs)
 	c.registry.register(fs, false)
 	c.builds.register(fs)
 }
@@ -312,6 +319,9 @@ func (c gatewayConfig) validate() error {
 		return err
 	}
 	if _, err := c.fss.options(nil); err != nil {
+		return err
+	}
+	if _, err := c.quota.options(nil, ""); err != nil {
 		return err
 	}
 	if c.controlPlane != "" {

@@ -156,7 +156,12 @@ func (c devConfig) run() error {
 	if blobCfg.S3 != nil {
 		fssOpts.ProbeBucket = blobCfg.BucketProber()
 	}
+	quotaOpts, err := c.quota.options(st, defaultOrg)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
+		Quota:         quotaOpts,
 		FSS:           fssOpts,
 		DataPlane:     dpIssuer,
 		ShareTokenKey: shareKey,

@@ -429,7 +429,12 @@ func (c gatewayConfig) run() error {
 		regCreds = reg.PullCredentials
 	}
 	c.registry.startGC(ctx, reg, st, logger)
+	quotaOpts, err := c.quota.options(st, defaultOrg)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
+		Quota:     quotaOpts,
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),

@@ -73,6 +73,10 @@ const (
 	// message names the runtime class that can.
 	CheckpointNotSupported  = "CWSANDBOX_CHECKPOINT_NOT_SUPPORTED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
+	// QuotaExceeded (sandboxd's own, issue 23): the organization's quota (sandboxes, CPU
+	// or memory of its live sandboxes) has no room for the create (RESOURCE_EXHAUSTED,
+	// which the official client maps to SandboxResourceExhaustedError).
+	QuotaExceeded = "CWSANDBOX_QUOTA_EXCEEDED"
 	// HTTPSShareTokenNotSupported: no runner that may take the sandbox can check the
 	// share token of an HTTPS SHARE_TOKEN endpoint (FAILED_PRECONDITION).
 	HTTPSShareTokenNotSupported = "CWSANDBOX_HTTPS_SHARE_TOKEN_NOT_SUPPORTED"
@@ -216,6 +220,7 @@ var table = []reasonCode{
 	{CheckpointNotSupported, connect.CodeFailedPrecondition, "the sandbox's runtime class cannot be checkpointed here (pause releasing resources, fork); the message names one that can"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
+	{QuotaExceeded, connect.CodeResourceExhausted, "the organization's quota has no room for the create: metadata quota (sandboxes, cpu_millicores, memory_bytes), limit, current, requested"},
 	{HTTPSShareTokenNotSupported, connect.CodeFailedPrecondition, "no runner that may take the sandbox can check an HTTPS share token"},
 	{ServerBusy, connect.CodeResourceExhausted, "the server buffers as many request bytes as it may; retry"},
 	{RouteNotFound, connect.CodeNotFound, "no REST route has the request's path (HTTP 404)"},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -37,6 +38,11 @@ type record struct {
 	// builds are the image builds of a CreateSandboxFromFile's services (service ->
 	// build ID; GetSandboxBuildLogs); a fork carries its source's.
 	builds map[string]string
+	// need is what the sandbox holds against its organization's quota (quota.go);
+	// reservation, while it is being recorded, the quota reservation it takes its share
+	// of (store.Sandbox.ReservationID; "" none).
+	need        placement.Resources
+	reservation string
 }
 
 // index maps sandboxes to their organization and runner, and deduplicates creates. It

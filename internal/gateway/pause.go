@@ -282,6 +282,18 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		return nil, err
 	}
 	defer release()
+	// The organization's quota, for every fork at once (N forks take N sandboxes): the
+	// forks recorded take their share, what is left (forks that failed) is released.
+	var need placement.Resources
+	for _, g := range groups {
+		need.MilliCPU += g.c.Need.MilliCPU * int64(g.n)
+		need.MemoryBytes += g.c.Need.MemoryBytes * int64(g.n)
+	}
+	reservation, err := s.reserveQuotaTotal(ctx, p.Org, int64(len(todo)), need)
+	if err != nil {
+		return nil, err
+	}
+	defer s.releaseQuota(ctx, p.Org, reservation)
 	span.Mark(ctx, "gateway: place", &t)
 
 	// The targets, in todo's order, group after group.
@@ -320,7 +332,8 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 		policyRevision, _ := strconv.ParseInt(g.c.Result.PolicyRevision, 10, 64)
 		f := &record{id: sb.ID, org: p.Org, runnerID: g.h.ID(), spec: proto.CloneOf(rec.spec), createdAt: sb.CreatedAt, last: sb,
 			policyRevision: policyRevision, requestDigest: digest,
-			sourceTemplateID: rec.sourceTemplateID, sourceTemplateRevision: rec.sourceTemplateRevision, displayName: rec.displayName, builds: rec.builds}
+			sourceTemplateID: rec.sourceTemplateID, sourceTemplateRevision: rec.sourceTemplateRevision, displayName: rec.displayName, builds: rec.builds,
+			need: g.c.Need, reservation: reservation}
 		if f.createdAt.IsZero() {
 			f.createdAt = time.Now()
 		}

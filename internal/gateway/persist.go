@@ -82,6 +82,7 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 		ID: r.id, Org: r.org, RunnerID: r.runnerID, RequestID: requestID, Spec: spec, Tags: r.spec.GetTags(),
 		CreatedAt: r.createdAt, State: r.last.State.String(), PolicyRevision: r.policyRevision, Status: status,
 		SourceTemplateID: r.sourceTemplateID, SourceTemplateRevision: r.sourceTemplateRevision,
+		MilliCPU: r.need.MilliCPU, MemoryBytes: r.need.MemoryBytes, ReservationID: r.reservation,
 	}, nil
 }
 
@@ -99,7 +100,7 @@ func fromStore(s store.Sandbox) (*record, error) {
 	}
 	return &record{id: s.ID, org: s.Org, runnerID: s.RunnerID, spec: spec, createdAt: s.CreatedAt, last: last.sandbox(s.ID), policyRevision: s.PolicyRevision,
 		requestDigest: last.RequestDigest, sourceTemplateID: s.SourceTemplateID, sourceTemplateRevision: s.SourceTemplateRevision,
-		displayName: last.DisplayName, builds: last.Builds}, nil
+		displayName: last.DisplayName, builds: last.Builds, need: needOf(s)}, nil
 }
 
 // load fills the index with every organization's records from st.

@@ -44,12 +44,22 @@ func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec
 	return cands, nil
 }
 
+// quotaHold is what a created sandbox holds of its organization's quota: need, taken
+// from reservation id (quota.go; "" none) when the sandbox is recorded.
+type quotaHold struct {
+	id   string
+	need placement.Resources
+}
+
 // createOn creates the sandbox on the first candidate that takes it: capacity is
 // reserved while the runner's Create is in flight, and a runner that rejects the sandbox
 // (its policy changed, it filled up, it went away) passes it to the next candidate.
 // adjust, when not nil, adds to each runtime spec what the public wire cannot carry.
-// restore looks up the snapshots the spec's volumes restore (Server.restorer).
-func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error, restore spec.Restorer) (runner.Handle, policy.Result, runner.Sandbox, error) {
+// restore looks up the snapshots the spec's volumes restore (Server.restorer). The
+// organization's quota is reserved for the candidate's need before its runner is asked
+// (released when the runner fails it); the caller records the sandbox with the hold, or
+// releases it.
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error, restore spec.Restorer) (runner.Handle, policy.Result, runner.Sandbox, quotaHold, error) {
 	var (
 		last error
 		full []string
@@ -69,7 +79,12 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		}
 		if err != nil {
 			release()
-			return nil, policy.Result{}, runner.Sandbox{}, err
+			return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, err
+		}
+		held := quotaHold{need: c.Need}
+		if held.id, err = s.reserveQuotaTotal(ctx, org, 1, c.Need); err != nil {
+			release()
+			return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, err
 		}
 		s.addRegistryCredentials(&cr.Spec, org)
 		s.nameSandbox(&cr)
@@ -86,18 +101,19 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		}
 		release()
 		if err == nil {
-			return r, c.Result, sb, nil
+			return r, c.Result, sb, held, nil
 		}
+		s.releaseQuota(ctx, org, held.id)
 		last = runner.APIError("", err, runner.SpecField)
 		if ctx.Err() != nil || !rejectedByRunner(err) || k == len(cands)-1 {
-			return nil, policy.Result{}, runner.Sandbox{}, last
+			return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, last
 		}
 		s.log.Info("runner rejected a placement; trying the next candidate", "runner", c.RunnerID, "err", err)
 	}
 	if last != nil {
-		return nil, policy.Result{}, runner.Sandbox{}, last
+		return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, last
 	}
-	return nil, policy.Result{}, runner.Sandbox{}, placement.CapacityExhausted(full)
+	return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, placement.CapacityExhausted(full)
 }
 
 // rejectedByRunner reports whether a runner's Create error means "not here" rather than

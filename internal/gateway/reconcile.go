@@ -41,7 +41,15 @@ func (s *Server) Reconcile(ctx context.Context) int {
 			continue
 		}
 		for _, sb := range sbs {
-			if sb.State.Terminal() || sb.State == runner.StateTerminating || time.Since(sb.CreatedAt) < s.orphanGrace {
+			if sb.State.Terminal() {
+				// Ended unobserved: recorded ended, so it stops counting against its
+				// organization's quota (quota.go) without waiting for someone to look.
+				if rec, known := s.index.get(ctx, sb.Spec.Meta[runtime.MetaOrg], sb.ID); known && s.index.runnerOf(rec) == r.ID() && !s.index.lastOf(rec).State.Terminal() {
+					s.index.setLast(ctx, rec, sb)
+				}
+				continue
+			}
+			if sb.State == runner.StateTerminating || time.Since(sb.CreatedAt) < s.orphanGrace {
 				continue
 			}
 			if rec, known := s.index.get(ctx, sb.Spec.Meta[runtime.MetaOrg], sb.ID); known {

@@ -27,6 +27,8 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
+	quotav1 "github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1/quotav1connect"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
@@ -108,6 +110,8 @@ type Config struct {
 	// Builds configures image builds (sandboxd.build.v1.BuildService, buildsvc.go); its
 	// zero value answers CWSANDBOX_NOT_IMPLEMENTED.
 	Builds BuildOptions
+	// Quota enforces per-organization quotas (quota.go); its zero value enforces none.
+	Quota QuotaOptions
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -160,6 +164,9 @@ type Server struct {
 	registryCreds func(org, image string) (username, password string, ok bool)
 	// builds serves BuildService (Config.Builds).
 	builds *buildService
+	// quota: Config.Quota (ReservationTTL defaulted); orgs: Config.Orgs.
+	quota QuotaOptions
+	orgs  OrgLister
 }
 
 // New returns a Server.
@@ -180,6 +187,15 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	cfg.FSS.Limits = cfg.FSS.Limits.WithDefaults()
+	if err := cfg.Quota.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if cfg.Quota.Store != nil && cfg.Index == nil {
+		return nil, errors.New("gateway: quotas need a store-backed Index to count sandboxes")
+	}
+	if cfg.Quota.ReservationTTL == 0 {
+		cfg.Quota.ReservationTTL = DefaultQuotaReservationTTL
+	}
 	if cfg.FSS.PlatformBucket == "" {
 		cfg.FSS.PlatformBucket = "local" // a directory store's (blobconfig.Config.Bucket)
 	}
@@ -195,6 +211,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.registryCreds = cfg.RegistryCredentials
+	s.quota, s.orgs = cfg.Quota, cfg.Orgs
 	s.orphanGrace = cfg.OrphanGrace
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
@@ -234,6 +251,7 @@ func Services() []protoreflect.ServiceDescriptor {
 		sandboxv1.File_coreweave_sandbox_v1_settings_proto.Services().ByName("SettingsService"),
 		statev1.File_sandboxd_sandbox_v1_state_proto.Services().ByName("SandboxStateService"),
 		buildv1.File_sandboxd_build_v1_build_proto.Services().ByName("BuildService"),
+		quotav1.File_sandboxd_quota_v1_quota_proto.Services().ByName("QuotaService"),
 	}
 }
 
@@ -258,6 +276,7 @@ func (s *Server) Handler() http.Handler {
 		vanguard.NewService(sandboxv1connect.NewSettingsServiceHandler(s, opts...)),
 		vanguard.NewService(statev1connect.NewSandboxStateServiceHandler(s, opts...)),
 		vanguard.NewService(buildv1connect.NewBuildServiceHandler(s.builds, opts...)),
+		vanguard.NewService(quotav1connect.NewQuotaServiceHandler(s, opts...)),
 	)
 	if err != nil {
 		// The services and their annotations are compiled in: this is a programming error.
@@ -454,7 +473,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		return nil, err
 	}
 	cands = s.preferForRestores(ctx, cands, cr.Restores)
-	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore)
+	r, res, sb, held, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore)
 	if err != nil {
 		return nil, err
 	}
@@ -466,11 +485,14 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		recorded.Containers[0].Name = runtime.EngineContainerName
 	}
 	rec := &record{id: sb.ID, org: p.Org, runnerID: r.ID(), spec: recorded, createdAt: sb.CreatedAt, last: sb, requestDigest: a.requestDigest,
-		sourceTemplateID: a.sourceTemplateID, sourceTemplateRevision: a.sourceTemplateRevision, displayName: a.displayName, builds: a.builds}
+		sourceTemplateID: a.sourceTemplateID, sourceTemplateRevision: a.sourceTemplateRevision, displayName: a.displayName, builds: a.builds,
+		need: held.need, reservation: held.id}
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, a.requestID); err != nil {
-		// Not recorded, so not reachable through the API: do not leave it running.
+		// Not recorded, so not reachable through the API: do not leave it running, nor
+		// holding its quota.
 		_, _ = r.Delete(context.WithoutCancel(ctx), sb.ID, 0)
+		s.releaseQuota(ctx, p.Org, held.id)
 		var dup *store.AlreadyExistsError
 		if errors.As(err, &dup) && dup.Key == store.KeyRequestID {
 			// Another gateway replica created this request's sandbox meanwhile: that one counts.

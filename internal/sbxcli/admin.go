@@ -39,6 +39,7 @@ func (a *app) adminCommand() *cobra.Command {
 	keys.AddCommand(a.keyCreateCommand(), a.keyListCommand(), a.keyRevokeCommand())
 	adm.AddCommand(runner, keys, a.releaseCommand())
 	adm.AddCommand(a.clusterCommand())
+	adm.AddCommand(a.quotaAdminCommand())
 	return adm
 }
 

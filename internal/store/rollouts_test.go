@@ -271,6 +271,12 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN source_template_revision`)
 		rawExec(t, dsn, `DROP TABLE build_events`) // of 0012, applied again
 		rawExec(t, dsn, `DROP TABLE builds`)
+		rawExec(t, dsn, `DROP TABLE org_quotas`) // of 0015, applied again
+		rawExec(t, dsn, `DROP TABLE quota_reservations`)
+		rawExec(t, dsn, `DROP TABLE quota_locks`)
+		rawExec(t, dsn, `DROP INDEX sandboxes_org_live`)
+		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN cpu_millis`)
+		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN memory_bytes`)
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)

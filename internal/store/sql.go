@@ -558,7 +558,7 @@ func (tk tokens) Consume(ctx context.Context, hash string) (BootstrapToken, erro
 type sandboxes struct{ s *sqlStore }
 
 const sandboxCols = `id, org_id, runner_id, request_id, spec, tags, created_at, state, policy_revision,
-	status, updated_at, ended_at, source_template_id, source_template_revision`
+	status, updated_at, ended_at, source_template_id, source_template_revision, cpu_millis, memory_bytes`
 
 func scanSandbox(r row) (Sandbox, error) {
 	var x Sandbox
@@ -566,7 +566,7 @@ func scanSandbox(r row) (Sandbox, error) {
 	var spec, tags, status dbJSON
 	var created, updated, ended dbTime
 	err := r.Scan(&x.ID, &x.Org, &x.RunnerID, &requestID, &spec, &tags, &created, &x.State,
-		&x.PolicyRevision, &status, &updated, &ended, &x.SourceTemplateID, &x.SourceTemplateRevision)
+		&x.PolicyRevision, &status, &updated, &ended, &x.SourceTemplateID, &x.SourceTemplateRevision, &x.MilliCPU, &x.MemoryBytes)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -619,10 +619,14 @@ func (sb sandboxes) Create(ctx context.Context, x Sandbox) (Sandbox, error) {
 	}
 	err := sb.s.d.tx(ctx, func(q querier) error {
 		if _, err := q.exec(ctx, `INSERT INTO sandboxes (id, org_id, runner_id, request_id, spec, tags, created_at,
-			state, policy_revision, status, updated_at, ended_at, source_template_id, source_template_revision)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+			state, policy_revision, status, updated_at, ended_at, source_template_id, source_template_revision, cpu_millis, memory_bytes)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
 			x.ID, x.Org, x.RunnerID, requestID, string(x.Spec), string(tagsJSON), x.CreatedAt, x.State,
-			x.PolicyRevision, jsonArg(x.Status), x.UpdatedAt, timeArg(x.EndedAt), x.SourceTemplateID, x.SourceTemplateRevision); err != nil {
+			x.PolicyRevision, jsonArg(x.Status), x.UpdatedAt, timeArg(x.EndedAt), x.SourceTemplateID, x.SourceTemplateRevision,
+			x.MilliCPU, x.MemoryBytes); err != nil {
+			return err
+		}
+		if err := consumeReservation(ctx, q, x); err != nil {
 			return err
 		}
 		for _, t := range tags {

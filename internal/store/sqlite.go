@@ -114,8 +114,18 @@ type sqliteQuerier struct {
 
 // conn is what runs q: its cached prepared statement (in tx when there is one), or
 // the pool or tx itself.
+//
+// In a transaction a statement not cached yet runs unprepared: preparing it takes a
+// connection of the pool, and when every other connection waits in BEGIN IMMEDIATE for
+// the write lock this transaction holds, none frees up until the busy timeout (a
+// deadlock of ten seconds, then SQLITE_BUSY). It is prepared outside a transaction.
 func (s sqliteQuerier) conn(ctx context.Context, q string) sqliteConn {
-	st := s.d.stmt(ctx, q)
+	var st *sql.Stmt
+	if s.tx == nil {
+		st = s.d.stmt(ctx, q)
+	} else if c, ok := s.d.stmts.Load(q); ok {
+		st = c.(*sql.Stmt)
+	}
 	switch {
 	case st != nil && s.tx != nil:
 		return stmtConn{s.tx.StmtContext(ctx, st)}

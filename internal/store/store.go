@@ -36,6 +36,7 @@ type Store interface {
 	Templates() Templates
 	Builds() Builds
 	BuildStorageConfigs() BuildStorageConfigs
+	Quotas() Quotas
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error
@@ -403,6 +404,13 @@ type Sandbox struct {
 	// created from ("" and 0: none).
 	SourceTemplateID       string
 	SourceTemplateRevision int64
+	// MilliCPU and MemoryBytes are what the sandbox holds against its organization's
+	// quota while it has not ended (Quotas).
+	MilliCPU, MemoryBytes int64
+	// ReservationID, on Create, names the quota reservation this sandbox was admitted
+	// by: the record takes its share of it in the same transaction (Quotas.Reserve).
+	// Not stored.
+	ReservationID string
 }
 
 // SandboxStatusUpdate is a new state and last status for a sandbox.

@@ -8,6 +8,7 @@ import (
 
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1/quotav1connect"
 )
 
 // Admin is a client for sandboxd's control plane (sandboxd.controlplane.v1): managed
@@ -24,6 +25,10 @@ type Admin struct {
 	Rollouts controlplanev1connect.RolloutServiceClient
 	// Clusters needs a key of the platform organization.
 	Clusters controlplanev1connect.ClusterServiceClient
+	// Quotas are the organizations' quotas (sandboxd.quota.v1, served by the gateway):
+	// SetQuota needs an admin key of the platform organization; GetQuota and
+	// GetQuotaUsage read the key's own organization (the platform's admins: any).
+	Quotas quotav1connect.QuotaServiceClient
 }
 
 // NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
@@ -50,6 +55,7 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		Releases: controlplanev1connect.NewReleaseServiceClient(c.http, c.baseURL, copts...),
 		Rollouts: controlplanev1connect.NewRolloutServiceClient(c.http, c.baseURL, copts...),
 		Clusters: controlplanev1connect.NewClusterServiceClient(c.http, c.baseURL, copts...),
+		Quotas:   quotav1connect.NewQuotaServiceClient(c.http, c.baseURL, copts...),
 	}, nil
 }
 

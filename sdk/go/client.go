@@ -77,6 +77,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1/quotav1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
 )
 
@@ -120,6 +121,7 @@ type Client struct {
 	state   statev1connect.SandboxStateServiceClient
 	tmpl    sandboxv1connect.SandboxTemplateServiceClient
 	build   buildv1connect.BuildServiceClient
+	quota   quotav1connect.QuotaServiceClient
 	http    *http.Client
 	direct  *direct
 }
@@ -195,6 +197,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
 		tmpl:   sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
 		build:  buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
+		quota:  quotav1connect.NewQuotaServiceClient(hc, u.String(), copts...),
 		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 
