@@ -82,6 +82,7 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 		ID: r.id, Org: r.org, RunnerID: r.runnerID, RequestID: requestID, Spec: spec, Tags: r.spec.GetTags(),
 		CreatedAt: r.createdAt, State: r.last.State.String(), PolicyRevision: r.policyRevision, Status: status,
 		SourceTemplateID: r.sourceTemplateID, SourceTemplateRevision: r.sourceTemplateRevision,
+		VolumeIDs: registeredVolumeIDs(r.spec),
 	}, nil
 }
 
