@@ -62,7 +62,9 @@ func TestVolumeAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := planter.Msg.GetSandboxId()
-	t.Cleanup(func() { _, _ = sbx.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: pid})) })
+	t.Cleanup(func() {
+		_, _ = sbx.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: pid}))
+	})
 	if out, err := execOut(ctx, sbx, pid, "sh", "-c", "ln -s / /data/root && ln -s /etc /data/etc && mkdir -p /data/d && ln -s ../root /data/d/up && echo ok"); err != nil || !strings.Contains(out, "ok") {
 		t.Fatalf("plant: %q %v", out, err)
 	}
@@ -72,7 +74,9 @@ func TestVolumeAttacks(t *testing.T) {
 			continue // refused outright: fine
 		}
 		id := res.Msg.GetSandboxId()
-		t.Cleanup(func() { _, _ = sbx.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})) })
+		t.Cleanup(func() {
+			_, _ = sbx.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
+		})
 		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 			got, err := sbx.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
 			if err != nil {
