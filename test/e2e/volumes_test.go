@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -75,6 +74,12 @@ func TestRegisteredVolumes(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = vc.DeleteVolume(context.Background(), connect.NewRequest(&sandboxv1.DeleteVolumeRequest{VolumeId: "data", Force: true, AllowMissing: true}))
 	})
+	if out, errOut, code := sbxAs(g, g.keyA, "", "volume", "ls"); code != 0 || !strings.Contains(out, "data") || !strings.Contains(out, "READY") {
+		t.Fatalf("sbx volume ls: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := sbxAs(g, g.keyA, "", "volume", "get", "data"); code != 0 || !strings.Contains(out, "10Gi") {
+		t.Fatalf("sbx volume get: %d %s %s", code, out, errOut)
+	}
 	// Another organization does not see it, nor can it mount it.
 	if _, err := other.GetVolume(ctx, connect.NewRequest(&sandboxv1.GetVolumeRequest{VolumeId: "data"})); apierr.Reason(err) != apierr.VolumeNotFound {
 		t.Fatalf("other org get = %v", err)
@@ -171,13 +176,10 @@ func TestRegisteredVolumes(t *testing.T) {
 	}
 	del(b)
 	del(c)
-	imgs, _ := filepath.Glob("/var/lib/sandboxd*/.volumes/*/volume.img")
-	_ = imgs
-	if _, err := vc.DeleteVolume(ctx, connect.NewRequest(&sandboxv1.DeleteVolumeRequest{VolumeId: "data"})); err != nil {
-		t.Fatalf("delete: %v", err)
+	if out, errOut, code := sbxAs(g, admin, "", "volume", "rm", "data"); code != 0 {
+		t.Fatalf("sbx volume rm: %d %s %s", code, out, errOut)
 	}
 	if _, err := user.GetVolume(ctx, connect.NewRequest(&sandboxv1.GetVolumeRequest{VolumeId: "data"})); apierr.Reason(err) != apierr.VolumeNotFound {
 		t.Fatalf("get after delete = %v", err)
 	}
-	_ = os.Stat
 }
