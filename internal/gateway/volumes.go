@@ -428,7 +428,8 @@ func (s *Server) DeleteVolume(ctx context.Context, req *connect.Request[sandboxv
 		rctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
 		err := h.DeleteVolume(rctx, storeVolume(v).registered(), m.GetForce())
 		cancel()
-		if err != nil && !errors.Is(err, errVolumeTypeUnsupported(err)) {
+		// A runner that holds no volumes has nothing to delete.
+		if err != nil && apierr.Reason(err) != apierr.VolumeTypeNotSupported {
 			// Still there: back to what it was, so a retry sees it.
 			ready, reason := "ERROR", "delete failed: "+err.Error()
 			_, _ = st.Update(context.WithoutCancel(ctx), org, id, store.VolumeUpdate{State: &ready, StateReason: &reason})
@@ -442,17 +443,6 @@ func (s *Server) DeleteVolume(ctx context.Context, req *connect.Request[sandboxv
 	s.log.Info("volume deleted", "volume", id, "org", org, "force", m.GetForce())
 	return connect.NewResponse(out), nil
 }
-
-// errVolumeTypeUnsupported returns err when it says the runner holds no registered volumes
-// (nothing to delete there), else a sentinel nothing matches.
-func errVolumeTypeUnsupported(err error) error {
-	if apierr.Reason(err) == apierr.VolumeTypeNotSupported {
-		return err
-	}
-	return errNever
-}
-
-var errNever = errors.New("never")
 
 // ValidateVolume checks the volume again on its runner and returns the outcome.
 func (s *Server) ValidateVolume(ctx context.Context, req *connect.Request[sandboxv1.ValidateVolumeRequest]) (*connect.Response[sandboxv1.Volume], error) {
