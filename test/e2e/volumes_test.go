@@ -56,6 +56,9 @@ func TestRegisteredVolumes(t *testing.T) {
 	if s := created.Msg.GetStatus(); s.GetState() != sandboxv1.VolumeState_VOLUME_STATE_VALIDATING || s.GetLocality() != sandboxv1.VolumeLocality_VOLUME_LOCALITY_CLUSTER_LOCAL {
 		t.Fatalf("created = %v", created.Msg)
 	}
+	t.Cleanup(func() {
+		_, _ = vc.DeleteVolume(context.Background(), connect.NewRequest(&sandboxv1.DeleteVolumeRequest{VolumeId: "data", Force: true, AllowMissing: true}))
+	})
 	var vol *sandboxv1.Volume
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		got, err := user.GetVolume(ctx, connect.NewRequest(&sandboxv1.GetVolumeRequest{VolumeId: "data"}))
@@ -71,9 +74,6 @@ func TestRegisteredVolumes(t *testing.T) {
 	if vol.GetStatus().GetState() != sandboxv1.VolumeState_VOLUME_STATE_READY || vol.GetStatus().GetCapacity() != "10Gi" {
 		t.Fatalf("volume = %v", vol)
 	}
-	t.Cleanup(func() {
-		_, _ = vc.DeleteVolume(context.Background(), connect.NewRequest(&sandboxv1.DeleteVolumeRequest{VolumeId: "data", Force: true, AllowMissing: true}))
-	})
 	if out, errOut, code := sbxAs(g, g.keyA, "", "volume", "ls"); code != 0 || !strings.Contains(out, "data") || !strings.Contains(out, "READY") {
 		t.Fatalf("sbx volume ls: %d %s %s", code, out, errOut)
 	}

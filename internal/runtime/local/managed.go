@@ -98,11 +98,17 @@ func (b *Backend) EnsureManaged(name string, size int64) (int64, error) {
 			return 0, err
 		}
 	}
+	// Usable: the filesystem answers. The capacity is the image's size (what was asked
+	// for; ext4's own metadata takes a little of it).
 	var st unix.Statfs_t
 	if err := unix.Statfs(mnt, &st); err != nil {
 		return 0, fmt.Errorf("managed volume %s: %w", name, err)
 	}
-	return int64(st.Blocks) * st.Bsize, nil
+	fi, err := os.Stat(img)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
 }
 
 // mountManagedLocked mounts dir's image on dir/mnt unless it is mounted there already, and

@@ -89,7 +89,7 @@ func TestManagedVolumeImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.RemoveManaged(name) })
-	if n < 50<<20 || n > 64<<20 {
+	if n != 64<<20 {
 		t.Fatalf("capacity %d", n)
 	}
 	root, err := b.managedRoot(name)
