@@ -190,7 +190,7 @@ func TestVolumeService(t *testing.T) {
 	// Sandboxes: placement follows the volume; READY only; pinned elsewhere refused.
 	mount := func(id string, runnerIDs ...string) *sandboxv1.SandboxSpec {
 		return &sandboxv1.SandboxSpec{RunnerIds: runnerIDs,
-			Volumes: []*sandboxv1.SandboxVolume{{Name: "v", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: id}}},
+			Volumes:    []*sandboxv1.SandboxVolume{{Name: "v", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: id}}},
 			Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox", VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/data", SubPath: "x"}}}}}
 	}
 	sbx := func(sp *sandboxv1.SandboxSpec) (*sandboxv1.Sandbox, error) {

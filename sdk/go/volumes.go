@@ -35,7 +35,7 @@ func (c *Client) CreateVolume(ctx context.Context, id string, src VolumeSource, 
 		src.Namespace = "default"
 	}
 	req := &sandboxv1.CreateVolumeRequest{RequestId: uuid.NewString(), Volume: &sandboxv1.Volume{VolumeId: id, Spec: &sandboxv1.VolumeSpec{
-		Source: &sandboxv1.VolumeSpec_Pvc{Pvc: &sandboxv1.PvcVolumeSource{RunnerId: src.RunnerID, Namespace: src.Namespace, ClaimName: src.ClaimName, SubPath: src.SubPath}},
+		Source:   &sandboxv1.VolumeSpec_Pvc{Pvc: &sandboxv1.PvcVolumeSource{RunnerId: src.RunnerID, Namespace: src.Namespace, ClaimName: src.ClaimName, SubPath: src.SubPath}},
 		ReadOnly: readOnly, Description: description}}}
 	var out *sandboxv1.Volume
 	err := retry(ctx, retryBudget, func(ctx context.Context) error {
