@@ -28,7 +28,7 @@ START_TIMEOUT = 60
 
 def test_volume_lifecycle(sandboxd, new_sandbox, other_org_key):
     admin = _auth(sandboxd.admin_key)
-    runner_id = list_runners().result(timeout=30)[0].runner_id
+    runner_id = list_runners()[0].runner_id
     vid = f"conf-{uuid.uuid4().hex[:10]}"
     claim = f"claim-{uuid.uuid4().hex[:10]}"
     vol = Volume.create(vid, pvc=PvcVolumeSource(runner_id=runner_id, namespace="default", claim_name=claim),
