@@ -123,7 +123,7 @@ func (b *Backend) mountManagedLocked(dir string) (string, error) {
 	} else if mounted {
 		return mnt, nil
 	}
-	if err := mountLoop(filepath.Join(dir, fileManagedImage), mnt); err != nil {
+	if err := mountLoopFSWith(filepath.Join(dir, fileManagedImage), mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable", true); err != nil {
 		return "", fmt.Errorf("managed volume: %w", err)
 	}
 	return mnt, nil
