@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
@@ -120,6 +121,10 @@ func TestManagedVolumeImage(t *testing.T) {
 	}
 	if mps, _ := mountinfo.Under(filepath.Join(state, dirManaged)); len(mps) != 1 {
 		t.Fatalf("mounts: %v", mps)
+	}
+	for _, l := range LoopDevicesUnder(state) {
+		dio, _ := os.ReadFile(filepath.Join("/sys/block", filepath.Base(l.Dev), "loop", "dio"))
+		t.Logf("%s backs %s: direct I/O %s (0 where the state dir's filesystem cannot)", l.Dev, l.File, strings.TrimSpace(string(dio)))
 	}
 	// Size-limited: a write past the size fails.
 	if err := os.WriteFile(filepath.Join(root, "big"), make([]byte, 80<<20), 0o644); err == nil {
