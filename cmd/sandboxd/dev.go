@@ -172,6 +172,7 @@ func (c devConfig) run() error {
 		Orgs:          st.Orgs(),
 		Snapshots:     st.Snapshots(),
 		Templates:     st.Templates(),
+		Volumes:       st.Volumes(),
 		// Sandboxes no gateway knows (a crash between runner and store) are deleted.
 		ReconcileInterval: gateway.DefaultReconcileInterval,
 		Logger:            logger,

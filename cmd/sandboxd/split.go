@@ -438,7 +438,7 @@ func (c gatewayConfig) run() error {
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
-		Index: st.Sandboxes(), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Logger: logger,
+		Index: st.Sandboxes(), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Volumes: st.Volumes(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
 		RegistryCredentials: regCreds,

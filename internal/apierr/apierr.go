@@ -68,6 +68,13 @@ const (
 	// (a registered volume).
 	VolumeNotSnapshottable  = "CWSANDBOX_VOLUME_NOT_SNAPSHOTTABLE"
 	ResourceCeilingExceeded = "CWSANDBOX_RESOURCE_CEILING_EXCEEDED"
+	// Registered volumes (VolumeService, issue 23): the reasons the official client maps.
+	VolumeNotFound          = "CWSANDBOX_VOLUME_NOT_FOUND"
+	VolumeNotReady          = "CWSANDBOX_VOLUME_NOT_READY"
+	VolumePlacementConflict = "CWSANDBOX_VOLUME_PLACEMENT_CONFLICT"
+	VolumeTypeNotSupported  = "CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED"
+	VolumeRunnerIneligible  = "CWSANDBOX_VOLUME_RUNNER_INELIGIBLE"
+	VolumeInUse             = "CWSANDBOX_VOLUME_IN_USE"
 	// CheckpointNotSupported (sandboxd's own, issue 21): the sandbox's runtime class
 	// cannot be checkpointed on its runner (a pause releasing resources, a fork); the
 	// message names the runtime class that can.
@@ -217,6 +224,12 @@ var table = []reasonCode{
 	{FSSBackendThrottled, connect.CodeUnavailable, "the snapshot backend is busy; retry"},
 	{FSSInflightLimit, connect.CodeUnavailable, "as many snapshots are in flight as allowed (per sandbox or runner); retry"},
 	{VolumeNotSnapshottable, connect.CodeInvalidArgument, "the volume named for a snapshot is not a scratch volume of the sandbox"},
+	{VolumeNotFound, connect.CodeNotFound, "no such registered volume visible to the caller (metadata volume_id)"},
+	{VolumeNotReady, connect.CodeFailedPrecondition, "the registered volume a sandbox mounts is not READY (VALIDATING, ERROR or DELETING)"},
+	{VolumePlacementConflict, connect.CodeFailedPrecondition, "the sandbox mounts a CLUSTER_LOCAL volume of a runner its runner_ids exclude, or volumes of two runners"},
+	{VolumeTypeNotSupported, connect.CodeFailedPrecondition, "the volume's runner cannot hold registered volumes of this kind (e.g. PVCs on Kubernetes runners, for now)"},
+	{VolumeRunnerIneligible, connect.CodeFailedPrecondition, "the volume's runner_id names no runner of the organization, or its namespace is not the runner's"},
+	{VolumeInUse, connect.CodeFailedPrecondition, "live sandboxes mount the volume (metadata sandbox_ids); delete them first or force"},
 	{CheckpointNotSupported, connect.CodeFailedPrecondition, "the sandbox's runtime class cannot be checkpointed here (pause releasing resources, fork); the message names one that can"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},

@@ -14,8 +14,13 @@ import (
 // toCreateRequest converts a wire spec (spec.Convert), reporting the problems of its
 // runner_ids (placement's to check) with the spec's own, and looking up the snapshots its
 // volumes restore with restore (nil: restores are NOT_IMPLEMENTED).
-func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer) (runner.CreateRequest, error) {
-	return spec.Convert(s, spec.Options{Extra: placement.RunnerIDViolations(s.GetRunnerIds()), Restore: restore})
+// reg resolves its registered volumes (none: registered volumes are NOT_IMPLEMENTED).
+func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer, reg ...spec.RegisteredResolver) (runner.CreateRequest, error) {
+	o := spec.Options{Extra: placement.RunnerIDViolations(s.GetRunnerIds()), Restore: restore}
+	if len(reg) > 0 {
+		o.Registered = reg[0]
+	}
+	return spec.Convert(s, o)
 }
 
 // toProto renders a sandbox for the wire. sp is the spec as the caller sent it.
@@ -55,6 +60,7 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 	st.EffectiveResources, st.EffectiveResourceRequirements = spec.EffectiveTotal(sp)
 	st.ContainerStatuses = containerStatuses(sp, sb, st.State)
 	sp = withPrimaryMarked(sp)
+	st.AttachedVolumeIds = registeredVolumeIDs(sp)
 	out := &sandboxv1.Sandbox{SandboxId: id, Spec: sp, Status: st}
 	if sb.Spec.Engine != nil {
 		out.Control = sandboxv1.Control_CONTROL_CONTAINER_ENGINE

@@ -83,6 +83,7 @@ func storeRecord(r *record, requestID string) (store.Sandbox, error) {
 		CreatedAt: r.createdAt, State: r.last.State.String(), PolicyRevision: r.policyRevision, Status: status,
 		SourceTemplateID: r.sourceTemplateID, SourceTemplateRevision: r.sourceTemplateRevision,
 		MilliCPU: r.need.MilliCPU, MemoryBytes: r.need.MemoryBytes, ReservationID: r.reservation,
+		VolumeIDs: registeredVolumeIDs(r.spec),
 	}, nil
 }
 

@@ -71,7 +71,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			continue
 		}
 		r := s.runners[c.Index]
-		cr, err := toCreateRequest(c.Result.Spec, restore)
+		cr, err := toCreateRequest(c.Result.Spec, restore, s.registeredResolver(ctx, org))
 		if err == nil && adjust != nil {
 			if err = adjust(&cr.Spec); err != nil {
 				err = connect.NewError(connect.CodeInternal, err)

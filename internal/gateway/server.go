@@ -102,7 +102,10 @@ type Config struct {
 	// Templates keeps the organizations' sandbox templates (templates.go); nil: the
 	// template RPCs and CreateSandboxFromTemplate answer CWSANDBOX_NOT_IMPLEMENTED.
 	Templates store.Templates
-	Logger    *slog.Logger
+	// Volumes keeps the organizations' registered volumes (volumes.go); nil: VolumeService
+	// and sandboxes mounting a volume_id answer CWSANDBOX_NOT_IMPLEMENTED.
+	Volumes store.Volumes
+	Logger  *slog.Logger
 	// RegistryCredentials, when set, gives pull credentials (minted per create, for org)
 	// for an image of the platform registry, ok false for any other image
 	// (registry.Registry.PullCredentials; registrycreds.go).
@@ -124,7 +127,6 @@ type Server struct {
 	sandboxv1connect.UnimplementedSandboxServiceHandler
 	sandboxv1connect.UnimplementedDiscoveryServiceHandler
 	sandboxv1connect.UnimplementedSandboxTemplateServiceHandler
-	sandboxv1connect.UnimplementedVolumeServiceHandler
 	sandboxv1connect.UnimplementedSettingsServiceHandler
 
 	auth     Authenticator
@@ -160,6 +162,8 @@ type Server struct {
 	gone       unreachable
 	// templates: see Config.Templates.
 	templates store.Templates
+	// volumes: see Config.Volumes.
+	volumes store.Volumes
 	// registryCreds: see Config.RegistryCredentials.
 	registryCreds func(org, image string) (username, password string, ok bool)
 	// builds serves BuildService (Config.Builds).
@@ -212,6 +216,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.registryCreds = cfg.RegistryCredentials
 	s.quota, s.orgs = cfg.Quota, cfg.Orgs
+	s.volumes = cfg.Volumes
 	s.orphanGrace = cfg.OrphanGrace
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
@@ -459,7 +464,11 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		shape.Containers[0].Image = runtime.EngineContainerName
 	}
 	restore := s.restorer(ctx, p.Org)
-	cr, err := toCreateRequest(shape, restore)
+	asked, err := s.pinToVolumes(ctx, p.Org, asked)
+	if err != nil {
+		return nil, err
+	}
+	cr, err := toCreateRequest(shape, restore, s.registeredResolver(ctx, p.Org))
 	if err != nil {
 		return nil, err
 	}
@@ -541,9 +550,6 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 	if err != nil {
 		return nil, err
 	}
-	if len(m.GetVolumeIds()) > 0 {
-		return nil, apierr.Newf(apierr.NotImplemented, "volumes are not supported by this sandboxd yet")
-	}
 	after := ""
 	if t := m.GetPageToken(); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)
@@ -566,6 +572,9 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 			continue
 		}
 		if !hasAll(rec.spec.GetTags(), m.GetTags()) {
+			continue
+		}
+		if len(m.GetVolumeIds()) > 0 && !hasAny(registeredVolumeIDs(rec.spec), m.GetVolumeIds()) {
 			continue
 		}
 		if len(m.GetRunnerIds()) > 0 && !slices.Contains(m.GetRunnerIds(), s.index.runnerOf(rec)) {

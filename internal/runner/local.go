@@ -271,6 +271,16 @@ func (l *Local) DeleteCheckpoint(ctx context.Context, key string) error {
 	return l.R.DeleteCheckpoint(ctx, key)
 }
 
+// EnsureVolume implements VolumeHandle.
+func (l *Local) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, error) {
+	return l.R.EnsureVolume(ctx, v)
+}
+
+// DeleteVolume implements VolumeHandle.
+func (l *Local) DeleteVolume(ctx context.Context, v RegisteredVolume, force bool) error {
+	return l.R.DeleteVolume(ctx, v, force)
+}
+
 // Moved implements PortHandle.
 func (l *Local) Moved(ctx context.Context, id, to string) error {
 	return l.R.Moved(ctx, id, to)

@@ -241,6 +241,29 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, key string) error {
 	return fromStatus(ctx, c.id, err)
 }
 
+// EnsureVolume implements runner.VolumeHandle.
+func (c *Client) EnsureVolume(ctx context.Context, v runner.RegisteredVolume) (int64, error) {
+	resp, err := c.runner.EnsureVolume(ctx, connect.NewRequest(&runnerv1.EnsureVolumeRequest{Volume: registeredToProto(v)}))
+	if err != nil {
+		return 0, fromStatus(ctx, c.id, err)
+	}
+	return resp.Msg.GetCapacityBytes(), nil
+}
+
+// DeleteVolume implements runner.VolumeHandle.
+func (c *Client) DeleteVolume(ctx context.Context, v runner.RegisteredVolume, force bool) error {
+	_, err := c.runner.DeleteVolume(ctx, connect.NewRequest(&runnerv1.DeleteVolumeRequest{Volume: registeredToProto(v), Force: force}))
+	return fromStatus(ctx, c.id, err)
+}
+
+func registeredToProto(v runner.RegisteredVolume) *runnerv1.RegisteredVolume {
+	return &runnerv1.RegisteredVolume{OrganizationId: v.Org, ClaimName: v.ClaimName, Namespace: v.Namespace, SizeBytes: v.SizeBytes}
+}
+
+func registeredFromProto(p *runnerv1.RegisteredVolume) runner.RegisteredVolume {
+	return runner.RegisteredVolume{Org: p.GetOrganizationId(), ClaimName: p.GetClaimName(), Namespace: p.GetNamespace(), SizeBytes: p.GetSizeBytes()}
+}
+
 // Moved implements runner.PortHandle.
 func (c *Client) Moved(ctx context.Context, id, to string) error {
 	_, err := c.runner.Moved(ctx, connect.NewRequest(&runnerv1.MovedRequest{Id: id, ToRunner: to}))

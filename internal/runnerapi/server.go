@@ -53,6 +53,8 @@ type backend interface {
 	ExportCheckpoint(ctx context.Context, id string) (runner.CheckpointRef, runner.Sandbox, error)
 	ImportFork(ctx context.Context, req runner.ImportRequest) ([]runner.ForkResult, error)
 	DeleteCheckpoint(ctx context.Context, key string) error
+	EnsureVolume(ctx context.Context, v runner.RegisteredVolume) (int64, error)
+	DeleteVolume(ctx context.Context, v runner.RegisteredVolume, force bool) error
 	Moved(ctx context.Context, id, to string) error
 	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
 	Logs(ctx context.Context, id, container string, req *agentv1.LogsRequest, send func(*agentv1.LogsResponse) error) error
@@ -288,6 +290,23 @@ func (s *Server) ImportFork(ctx context.Context, req *connect.Request[runnerv1.I
 		return nil, toStatus(id, err)
 	}
 	return connect.NewResponse(forkResponse(results)), nil
+}
+
+// EnsureVolume makes and checks a registered volume (runner.Runner.EnsureVolume).
+func (s *Server) EnsureVolume(ctx context.Context, req *connect.Request[runnerv1.EnsureVolumeRequest]) (*connect.Response[runnerv1.EnsureVolumeResponse], error) {
+	n, err := s.r.EnsureVolume(ctx, registeredFromProto(req.Msg.GetVolume()))
+	if err != nil {
+		return nil, toStatus("", err)
+	}
+	return connect.NewResponse(&runnerv1.EnsureVolumeResponse{CapacityBytes: n}), nil
+}
+
+// DeleteVolume removes a registered volume (runner.Runner.DeleteVolume).
+func (s *Server) DeleteVolume(ctx context.Context, req *connect.Request[runnerv1.DeleteVolumeRequest]) (*connect.Response[runnerv1.DeleteVolumeResponse], error) {
+	if err := s.r.DeleteVolume(ctx, registeredFromProto(req.Msg.GetVolume()), req.Msg.GetForce()); err != nil {
+		return nil, toStatus("", err)
+	}
+	return connect.NewResponse(&runnerv1.DeleteVolumeResponse{}), nil
 }
 
 // DeleteCheckpoint removes an exported checkpoint (runner.Runner.DeleteCheckpoint).

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"path"
@@ -32,6 +34,34 @@ type Volume struct {
 	// with a size (its quota); one live sandbox at a time. Only the runner sets it, never
 	// a caller's spec (no API field converts to it). Names match KeepNamePattern.
 	Keep string `json:"keep,omitempty"`
+	// Managed, when set, makes the volume the backend's managed volume of that name (a
+	// registered CLUSTER_LOCAL volume, docs/volumes.md): made by ManagedVolumes.EnsureManaged
+	// before, never by Create, shared by every live sandbox that names it (concurrent
+	// read-write mounts see one directory), kept past them until RemoveManaged. Never
+	// snapshotted. The runner derives the name (ManagedVolumeName), never from a caller's
+	// string alone. Names match KeepNamePattern.
+	Managed string `json:"managed,omitempty"`
+}
+
+// ManagedVolumes is implemented by backends that hold registered volumes of their own
+// (Volume.Managed).
+type ManagedVolumes interface {
+	// ManagedUnavailable is "" when managed volumes work on this backend, else why not.
+	ManagedUnavailable() string
+	// EnsureManaged makes managed volume name of sizeBytes when missing (a larger or
+	// smaller size of an existing one is ignored), checks that it is usable and returns
+	// its capacity in bytes. Idempotent.
+	EnsureManaged(name string, sizeBytes int64) (int64, error)
+	// RemoveManaged deletes managed volume name and its content. A missing one is no
+	// error. Sandboxes still mounting it keep their view of it until they end.
+	RemoveManaged(name string) error
+}
+
+// ManagedVolumeName is the backend name of the registered volume of organization org
+// whose claim is claim: distinct per (organization, claim), never the caller's string.
+func ManagedVolumeName(org, claim string) string {
+	h := sha256.Sum256([]byte(org + "\x00" + claim))
+	return "rv-" + hex.EncodeToString(h[:20])
 }
 
 // KeepNamePattern is what a Volume.Keep name looks like: a backend uses it as one path
@@ -84,6 +114,10 @@ func ValidateVolumes(vols []Volume, mounts []VolumeMount) error {
 			return fmt.Errorf("%w: volume %q: unknown medium %q", ErrInvalidSpec, v.Name, v.Medium)
 		case v.Keep != "" && !KeepNamePattern.MatchString(v.Keep):
 			return fmt.Errorf("%w: volume %q: kept volume name %q does not match %s", ErrInvalidSpec, v.Name, v.Keep, KeepNamePattern)
+		case v.Managed != "" && !KeepNamePattern.MatchString(v.Managed):
+			return fmt.Errorf("%w: volume %q: managed volume name %q does not match %s", ErrInvalidSpec, v.Name, v.Managed, KeepNamePattern)
+		case v.Managed != "" && (v.Keep != "" || v.Medium != MediumDisk || v.RestoreDigest != ""):
+			return fmt.Errorf("%w: volume %q: a managed volume is a disk volume, neither kept nor restored", ErrInvalidSpec, v.Name)
 		case v.Keep != "" && (v.Medium != MediumDisk || v.SizeBytes == 0 || v.RestoreDigest != ""):
 			return fmt.Errorf("%w: volume %q: a kept volume is a disk volume with a size, restored from nothing", ErrInvalidSpec, v.Name)
 		}

@@ -33,7 +33,22 @@ type Options struct {
 	// once the spec is otherwise valid; the request's Restores carry them by volume
 	// name. nil: restores are NOT_IMPLEMENTED.
 	Restore Restorer
+	// Registered resolves the registered volumes the spec mounts (volume_id), once the
+	// spec is otherwise valid. nil: registered volumes are NOT_IMPLEMENTED.
+	Registered RegisteredResolver
 }
+
+// RegisteredVolume is what a registered volume (volume_id) is on its runner.
+type RegisteredVolume struct {
+	Managed  string // runtime.Volume.Managed
+	SubPath  string // the volume-level root inside it ("" = its root)
+	ReadOnly bool   // every mount of it is read-only
+}
+
+// RegisteredResolver looks up registered volume volumeID at field
+// (sandbox.spec.volumes[i].volume_id): the volume, or the API error that refuses the
+// create (CWSANDBOX_VOLUME_NOT_FOUND, CWSANDBOX_VOLUME_NOT_READY, …).
+type RegisteredResolver func(field, volumeID string) (RegisteredVolume, error)
 
 // Convert is ToCreateRequest with Options.
 func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, error) {
@@ -62,7 +77,7 @@ func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, erro
 	vs = append(vs, tagViolations("sandbox.spec.tags", spec.GetTags())...)
 	vs = append(vs, annotationViolations("sandbox.spec.annotations", spec.GetAnnotations())...)
 	var req runner.CreateRequest
-	vols, volNames, volVs, volUnsupported, restores := scratchVolumes(spec, o.Restore != nil)
+	vols, volNames, volVs, volUnsupported, restores := scratchVolumes(spec, o.Restore != nil, o.Registered != nil)
 	req.Spec.Volumes = vols
 	vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
 	pi := primaryIndex(cs)
@@ -135,6 +150,9 @@ func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, erro
 		return req, err
 	}
 	req.Restores = srcs
+	if err := resolveRegistered(spec, &req.Spec, o.Registered); err != nil {
+		return req, err
+	}
 	return req, nil
 }
 

@@ -2,6 +2,8 @@ package spec
 
 import (
 	"fmt"
+	"path"
+	"regexp"
 	"strings"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
@@ -27,7 +29,7 @@ type restoreRef struct {
 // their names (which the containers' mounts must name) and the restores they ask for.
 // Scratch volumes are supported; persistent volumes (volume_id) are reported as
 // unsupported, and so are snapshot restores unless restores is set.
-func scratchVolumes(spec *sandboxv1.SandboxSpec, restores bool) ([]runtime.Volume, map[string]bool, []apierr.Violation, []string, []restoreRef) {
+func scratchVolumes(spec *sandboxv1.SandboxSpec, restores, registered bool) ([]runtime.Volume, map[string]bool, []apierr.Violation, []string, []restoreRef) {
 	var (
 		vols        []runtime.Volume
 		vs          []apierr.Violation
@@ -47,8 +49,16 @@ func scratchVolumes(spec *sandboxv1.SandboxSpec, restores bool) ([]runtime.Volum
 			add(vf+".name", "%q is declared twice", v.GetName())
 		}
 		names[v.GetName()] = true
-		if v.GetVolumeId() != "" {
-			unsupported = append(unsupported, "persistent volumes (volume_id)")
+		if id := v.GetVolumeId(); id != "" {
+			switch {
+			case !registered:
+				unsupported = append(unsupported, "persistent volumes (volume_id)")
+			case len(id) > MaxVolumeIDBytes || !volumeIDPattern.MatchString(id):
+				add(vf+".volume_id", "must be a volume ID (a-z, 0-9, '-', '_', '.', at most %d), got %q", MaxVolumeIDBytes, id)
+			default:
+				// Managed is filled in by resolveRegistered once the spec is valid.
+				vols = append(vols, runtime.Volume{Name: v.GetName()})
+			}
 			continue
 		}
 		rv := runtime.Volume{Name: v.GetName()}
@@ -80,6 +90,62 @@ func scratchVolumes(spec *sandboxv1.SandboxSpec, restores bool) ([]runtime.Volum
 		vols = append(vols, rv)
 	}
 	return vols, names, vs, unsupported, refs
+}
+
+// MaxVolumeIDBytes bounds a registered volume's ID.
+const MaxVolumeIDBytes = 63
+
+// volumeIDPattern is what a registered volume's ID looks like (the caller chooses it).
+var volumeIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$`)
+
+// ValidVolumeID says whether id is a well-formed registered volume ID.
+func ValidVolumeID(id string) bool {
+	return len(id) <= MaxVolumeIDBytes && volumeIDPattern.MatchString(id)
+}
+
+// resolveRegistered fills in the registered volumes of out (converted from spec):
+// each one's Managed name, and in every container's mounts of it the volume-level
+// sub_path (before the mount's own) and read_only.
+func resolveRegistered(spec *sandboxv1.SandboxSpec, out *runtime.Spec, resolve RegisteredResolver) error {
+	regs := map[string]RegisteredVolume{}
+	for i, v := range spec.GetVolumes() {
+		if v.GetVolumeId() == "" {
+			continue
+		}
+		rv, err := resolve(fmt.Sprintf("sandbox.spec.volumes[%d].volume_id", i), v.GetVolumeId())
+		if err != nil {
+			return err
+		}
+		regs[v.GetName()] = rv
+		for j := range out.Volumes {
+			if out.Volumes[j].Name == v.GetName() {
+				out.Volumes[j].Managed = rv.Managed
+			}
+		}
+	}
+	if len(regs) == 0 {
+		return nil
+	}
+	fix := func(ms []runtime.VolumeMount) {
+		for k := range ms {
+			rv, ok := regs[ms[k].Volume]
+			if !ok {
+				continue
+			}
+			if rv.SubPath != "" {
+				ms[k].SubPath = strings.TrimSuffix(path.Join(rv.SubPath, ms[k].SubPath), "/")
+			}
+			ms[k].ReadOnly = ms[k].ReadOnly || rv.ReadOnly
+		}
+	}
+	fix(out.Container.VolumeMounts)
+	for i := range out.Sidecars {
+		fix(out.Sidecars[i].VolumeMounts)
+	}
+	for i := range out.InitContainers {
+		fix(out.InitContainers[i].VolumeMounts)
+	}
+	return nil
 }
 
 // Restorer looks up the snapshot a scratch volume restores: snapshotID as the caller gave

@@ -96,6 +96,10 @@ var pgUnique = map[string][2]string{
 	"templates_pkey":                     {"templates", KeyID},
 	"templates_display_name_key":         {"templates", KeyDisplayName},
 	"templates_request_id_key":           {"templates", KeyRequestID},
+	"volumes_pkey":                       {"volumes", KeyID},
+	"volumes_request_id_key":             {"volumes", KeyRequestID},
+	"volumes_claim_key":                  {"volumes", KeyClaimName},
+	"sandbox_volumes_pkey":               {"sandbox_volumes", "volume_id"},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

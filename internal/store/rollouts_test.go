@@ -277,6 +277,8 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `DROP INDEX sandboxes_org_live`)
 		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN cpu_millis`)
 		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN memory_bytes`)
+		rawExec(t, dsn, `DROP TABLE sandbox_volumes`) // of 0016, applied again
+		rawExec(t, dsn, `DROP TABLE volumes`)
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)

@@ -634,6 +634,16 @@ func (sb sandboxes) Create(ctx context.Context, x Sandbox) (Sandbox, error) {
 				return err
 			}
 		}
+		seen := map[string]bool{}
+		for _, v := range x.VolumeIDs {
+			if seen[v] {
+				continue
+			}
+			seen[v] = true
+			if _, err := q.exec(ctx, `INSERT INTO sandbox_volumes (sandbox_id, volume_id) VALUES ($1, $2)`, x.ID, v); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -698,6 +708,13 @@ func (sb sandboxes) List(ctx context.Context, org string, f SandboxFilter, page 
 	}
 	if len(f.RunnerIDs) > 0 {
 		in("runner_id", f.RunnerIDs)
+	}
+	if len(f.VolumeIDs) > 0 {
+		ph := make([]string, len(f.VolumeIDs))
+		for i, v := range f.VolumeIDs {
+			ph[i] = arg(v)
+		}
+		fmt.Fprintf(&where, " AND EXISTS (SELECT 1 FROM sandbox_volumes v WHERE v.sandbox_id = sandboxes.id AND v.volume_id IN (%s))", strings.Join(ph, ", "))
 	}
 	for _, t := range f.Tags {
 		fmt.Fprintf(&where, " AND EXISTS (SELECT 1 FROM sandbox_tags t WHERE t.sandbox_id = sandboxes.id AND t.tag = %s)", arg(t))

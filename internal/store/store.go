@@ -34,6 +34,7 @@ type Store interface {
 	FSSBucketConfigs() FSSBucketConfigs
 	Snapshots() Snapshots
 	Templates() Templates
+	Volumes() Volumes
 	Builds() Builds
 	BuildStorageConfigs() BuildStorageConfigs
 	Quotas() Quotas
@@ -411,6 +412,10 @@ type Sandbox struct {
 	// by: the record takes its share of it in the same transaction (Quotas.Reserve).
 	// Not stored.
 	ReservationID string
+	// VolumeIDs are the registered volumes (volume_id) the sandbox mounts: written by
+	// Create (for the volume_ids filter and Volumes.Attached), not read back (the spec
+	// names them).
+	VolumeIDs []string
 }
 
 // SandboxStatusUpdate is a new state and last status for a sandbox.
@@ -428,6 +433,7 @@ type SandboxFilter struct {
 	Tags            []string // every tag must be present
 	States          []string // any of
 	RunnerIDs       []string // any of
+	VolumeIDs       []string // mounts any of
 	IncludeTerminal bool     // include records with EndedAt set
 	Descending      bool     // newest first (default oldest first)
 }

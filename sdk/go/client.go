@@ -120,6 +120,7 @@ type Client struct {
 	svc     sandboxv1connect.SandboxServiceClient
 	state   statev1connect.SandboxStateServiceClient
 	tmpl    sandboxv1connect.SandboxTemplateServiceClient
+	vols    sandboxv1connect.VolumeServiceClient
 	build   buildv1connect.BuildServiceClient
 	quota   quotav1connect.QuotaServiceClient
 	http    *http.Client
@@ -196,6 +197,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
 		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
 		tmpl:   sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
+		vols:   sandboxv1connect.NewVolumeServiceClient(hc, u.String(), copts...),
 		build:  buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
 		quota:  quotav1connect.NewQuotaServiceClient(hc, u.String(), copts...),
 		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil

@@ -55,6 +55,11 @@ const (
 	// ReasonTemplateNotFound: the call named a sandbox template the organization does
 	// not have (or has deleted) (NOT_FOUND).
 	ReasonTemplateNotFound = "CWSANDBOX_TEMPLATE_NOT_FOUND"
+	// ReasonVolumeNotFound: the call named a registered volume the organization does
+	// not have (NOT_FOUND).
+	ReasonVolumeNotFound = "CWSANDBOX_VOLUME_NOT_FOUND"
+	// ReasonVolumeInUse: a delete of a volume live sandboxes mount (FAILED_PRECONDITION).
+	ReasonVolumeInUse = "CWSANDBOX_VOLUME_IN_USE"
 	// ReasonAlreadyExists: the name is taken (ALREADY_EXISTS), e.g. a template's
 	// display name in the organization.
 	ReasonAlreadyExists = "CWSANDBOX_ALREADY_EXISTS"
@@ -109,6 +114,9 @@ var (
 	// organization does not have (or has deleted). It is not ErrNotFound, which is about
 	// sandboxes.
 	ErrTemplateNotFound = errors.New("template not found")
+	// ErrVolumeNotFound: a volume call named a registered volume the organization does
+	// not have. It is not ErrNotFound, which is about sandboxes.
+	ErrVolumeNotFound = errors.New("volume not found")
 	// ErrRevisionMismatch: an update's expected revision (etag) is not the current one.
 	ErrRevisionMismatch = errors.New("revision mismatch")
 	// ErrAlreadyExists: the name is taken.
@@ -179,12 +187,14 @@ func (e *Error) Unwrap() error { return e.err }
 // Is matches the sentinel errors of this package.
 func (e *Error) Is(target error) bool {
 	other := strings.HasPrefix(e.Reason, "CWSANDBOX_FILE_") || strings.HasPrefix(e.Reason, "CWSANDBOX_FSS_") || e.Reason == ReasonTemplateNotFound ||
-		e.Reason == ReasonBuildNotFound
+		e.Reason == ReasonBuildNotFound || strings.HasPrefix(e.Reason, "CWSANDBOX_VOLUME_")
 	switch target {
 	case ErrNotFound:
 		return e.Reason == ReasonSandboxNotFound || (e.Code == connect.CodeNotFound && !other)
 	case ErrTemplateNotFound:
 		return e.Reason == ReasonTemplateNotFound
+	case ErrVolumeNotFound:
+		return e.Reason == ReasonVolumeNotFound
 	case ErrBuildNotFound:
 		return e.Reason == ReasonBuildNotFound
 	case ErrBuildNotSupported:

@@ -136,8 +136,10 @@ type Backend struct {
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
 
 	disks *diskTemplates // formatted images for disk limits and volumes (disk.go)
-	vols  *volPool       // disk volumes' btrfs pool (volpool.go); nil with Config.NoVolumePool
-	snaps *snapCache     // snapshots ready for restores (snapshot.go)
+	// managedMu serializes making, mounting and removing managed volumes (managed.go).
+	managedMu sync.Mutex
+	vols      *volPool   // disk volumes' btrfs pool (volpool.go); nil with Config.NoVolumePool
+	snaps     *snapCache // snapshots ready for restores (snapshot.go)
 	// rootfsBase, when set, is where containers' root filesystems are mounted, as
 	// <rootfsBase>/<cid>, instead of in their bundles (see rootfsBase in userns.go).
 	rootfsBase string
@@ -696,7 +698,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		// agent is held), so nothing in them can be a symlink.
 		var roots map[string]string
 		if roots, err = s.join.waitVolumes(ctx); err == nil {
-			vols, err = volumeMounts(roots, s.spec.VolumeMounts, ids)
+			vols, err = volumeMounts(roots, s.spec.VolumeMounts, ids, filepath.Join(dir, dirVolumes))
 		}
 	} else if s.join != nil {
 		// A group's primary makes the group's volumes, for its members too.

@@ -72,7 +72,7 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 	var release func()
 	usePool := false
 	for _, v := range spec.Volumes {
-		if v.Medium == runtime.MediumMemory && v.RestoreDigest == "" {
+		if (v.Medium == runtime.MediumMemory && v.RestoreDigest == "") || v.Managed != "" {
 			continue
 		}
 		if !usePool && b.vols.available() {
@@ -94,6 +94,12 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 	for i, v := range spec.Volumes {
 		root := filepath.Join(base, strconv.Itoa(i))
 		switch {
+		case v.Managed != "":
+			// Shared by every sandbox naming it, forks included; never the sandbox's to own.
+			var err error
+			if root, err = b.managedRoot(v.Managed); err != nil {
+				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
+			}
 		case v.Medium == runtime.MediumMemory:
 			if err := os.Mkdir(root, 0o755); err != nil {
 				return nil, nil, err
@@ -160,7 +166,7 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 		roots[v.Name] = root
 		failpoint.Hit("local.volumes.volume")
 	}
-	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids)
+	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids, base)
 	return mounts, roots, err
 }
 
@@ -291,7 +297,10 @@ const nobodyID = 65534
 
 // volumeMounts are the bind mounts of one container's VolumeMounts of the volumes at
 // roots (by name): every container of a group that lists a volume gets the same dir.
-func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRange) ([]specs.Mount, error) {
+// A sub_path of a managed volume (whose content earlier sandboxes wrote) is resolved by
+// descriptor, never following a symlink, and bound on a dir of stage (the sandbox's
+// host-only volume dir, unmounted by teardownVolumes), which the container's mount names.
+func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRange, stage string) ([]specs.Mount, error) {
 	chown := func(p string) error {
 		if err := os.Chmod(p, 0o777); err != nil {
 			return err
@@ -302,10 +311,36 @@ func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRan
 		return chownToRoot(*ids, p)
 	}
 	var mounts []specs.Mount
-	for _, m := range vms {
+	for j, m := range vms {
 		src, ok := roots[m.Volume]
 		if !ok {
 			return nil, fmt.Errorf("%w: volume %q is not one of the sandbox's", runtime.ErrInvalidSpec, m.Volume)
+		}
+		if isManagedRoot(src) {
+			if m.SubPath != "" {
+				if err := os.MkdirAll(stage, 0o711); err != nil {
+					return nil, err
+				}
+				f, err := openBeneath(src, m.SubPath)
+				if err != nil {
+					return nil, fmt.Errorf("volume %q: %w", m.Volume, err)
+				}
+				target := filepath.Join(stage, "sub-"+strconv.Itoa(j)+"-"+strconv.Itoa(len(mounts)))
+				err = bindFD(f, target)
+				f.Close()
+				if err != nil {
+					return nil, fmt.Errorf("volume %q: %w", m.Volume, err)
+				}
+				src = target
+			}
+			mode := "rw"
+			if m.ReadOnly {
+				mode = "ro"
+			}
+			// Not rbind: nothing is mounted inside a managed volume the sandbox should see.
+			mounts = append(mounts, specs.Mount{Destination: m.Path, Type: "bind", Source: src,
+				Options: []string{"bind", mode, "nosuid", "nodev"}})
+			continue
 		}
 		// sub_path dirs are made one by one, each owned by the sandbox's root. The volume
 		// is new and empty: nothing in it can be a symlink yet.
@@ -331,6 +366,11 @@ func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRan
 	// Parents before children: a volume may be mounted inside another.
 	slices.SortStableFunc(mounts, func(a, b specs.Mount) int { return strings.Compare(a.Destination, b.Destination) })
 	return mounts, nil
+}
+
+// isManagedRoot says whether root is a managed volume's mount point (managed.go).
+func isManagedRoot(root string) bool {
+	return filepath.Base(root) == dirManagedMount && filepath.Base(filepath.Dir(filepath.Dir(root))) == dirManaged
 }
 
 // cmp returns a if set, else b.

@@ -209,7 +209,252 @@ func (x BuildLine_Stream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BuildLine_Stream.Descriptor instead.
 func (BuildLine_Stream) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3, 0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8, 0}
+}
+
+// RegisteredVolume names a registered volume of an organization on this runner.
+type RegisteredVolume struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	OrganizationId string                 `protobuf:"bytes,1,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
+	ClaimName      string                 `protobuf:"bytes,2,opt,name=claim_name,json=claimName,proto3" json:"claim_name,omitempty"`  // VolumeSpec.pvc.claim_name (a DNS-1123 label)
+	Namespace      string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`                   // VolumeSpec.pvc.namespace: "default" on a local runner
+	SizeBytes      int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"` // 0 = the runner's default (10 GiB on the local backend)
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RegisteredVolume) Reset() {
+	*x = RegisteredVolume{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisteredVolume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisteredVolume) ProtoMessage() {}
+
+func (x *RegisteredVolume) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisteredVolume.ProtoReflect.Descriptor instead.
+func (*RegisteredVolume) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RegisteredVolume) GetOrganizationId() string {
+	if x != nil {
+		return x.OrganizationId
+	}
+	return ""
+}
+
+func (x *RegisteredVolume) GetClaimName() string {
+	if x != nil {
+		return x.ClaimName
+	}
+	return ""
+}
+
+func (x *RegisteredVolume) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RegisteredVolume) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+type EnsureVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *RegisteredVolume      `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnsureVolumeRequest) Reset() {
+	*x = EnsureVolumeRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnsureVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnsureVolumeRequest) ProtoMessage() {}
+
+func (x *EnsureVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnsureVolumeRequest.ProtoReflect.Descriptor instead.
+func (*EnsureVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EnsureVolumeRequest) GetVolume() *RegisteredVolume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+type EnsureVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CapacityBytes int64                  `protobuf:"varint,1,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnsureVolumeResponse) Reset() {
+	*x = EnsureVolumeResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnsureVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnsureVolumeResponse) ProtoMessage() {}
+
+func (x *EnsureVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnsureVolumeResponse.ProtoReflect.Descriptor instead.
+func (*EnsureVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EnsureVolumeResponse) GetCapacityBytes() int64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+type DeleteVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *RegisteredVolume      `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Force         bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeRequest) Reset() {
+	*x = DeleteVolumeRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeRequest) ProtoMessage() {}
+
+func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DeleteVolumeRequest) GetVolume() *RegisteredVolume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+func (x *DeleteVolumeRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type DeleteVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeResponse) Reset() {
+	*x = DeleteVolumeResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeResponse) ProtoMessage() {}
+
+func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
 }
 
 type BuildRequest struct {
@@ -245,7 +490,7 @@ type BuildRequest struct {
 
 func (x *BuildRequest) Reset() {
 	*x = BuildRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +502,7 @@ func (x *BuildRequest) String() string {
 func (*BuildRequest) ProtoMessage() {}
 
 func (x *BuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,7 +515,7 @@ func (x *BuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildRequest.ProtoReflect.Descriptor instead.
 func (*BuildRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BuildRequest) GetDockerfile() string {
@@ -392,7 +637,7 @@ type BuildResponse struct {
 
 func (x *BuildResponse) Reset() {
 	*x = BuildResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +649,7 @@ func (x *BuildResponse) String() string {
 func (*BuildResponse) ProtoMessage() {}
 
 func (x *BuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +662,7 @@ func (x *BuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildResponse.ProtoReflect.Descriptor instead.
 func (*BuildResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BuildResponse) GetMessage() isBuildResponse_Message {
@@ -488,7 +733,7 @@ type BuildStep struct {
 
 func (x *BuildStep) Reset() {
 	*x = BuildStep{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +745,7 @@ func (x *BuildStep) String() string {
 func (*BuildStep) ProtoMessage() {}
 
 func (x *BuildStep) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +758,7 @@ func (x *BuildStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
 func (*BuildStep) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BuildStep) GetNumber() int32 {
@@ -555,7 +800,7 @@ type BuildLine struct {
 
 func (x *BuildLine) Reset() {
 	*x = BuildLine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -567,7 +812,7 @@ func (x *BuildLine) String() string {
 func (*BuildLine) ProtoMessage() {}
 
 func (x *BuildLine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -580,7 +825,7 @@ func (x *BuildLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLine.ProtoReflect.Descriptor instead.
 func (*BuildLine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BuildLine) GetStream() BuildLine_Stream {
@@ -618,7 +863,7 @@ type BuildResult struct {
 
 func (x *BuildResult) Reset() {
 	*x = BuildResult{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +875,7 @@ func (x *BuildResult) String() string {
 func (*BuildResult) ProtoMessage() {}
 
 func (x *BuildResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +888,7 @@ func (x *BuildResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildResult.ProtoReflect.Descriptor instead.
 func (*BuildResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BuildResult) GetExitCode() int32 {
@@ -700,7 +945,7 @@ type WarmTarget struct {
 
 func (x *WarmTarget) Reset() {
 	*x = WarmTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +957,7 @@ func (x *WarmTarget) String() string {
 func (*WarmTarget) ProtoMessage() {}
 
 func (x *WarmTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +970,7 @@ func (x *WarmTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTarget.ProtoReflect.Descriptor instead.
 func (*WarmTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WarmTarget) GetKey() string {
@@ -758,7 +1003,7 @@ type SetWarmPoolsRequest struct {
 
 func (x *SetWarmPoolsRequest) Reset() {
 	*x = SetWarmPoolsRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +1015,7 @@ func (x *SetWarmPoolsRequest) String() string {
 func (*SetWarmPoolsRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +1028,7 @@ func (x *SetWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetWarmPoolsRequest) GetTargets() []*WarmTarget {
@@ -802,7 +1047,7 @@ type SetWarmPoolsResponse struct {
 
 func (x *SetWarmPoolsResponse) Reset() {
 	*x = SetWarmPoolsResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +1059,7 @@ func (x *SetWarmPoolsResponse) String() string {
 func (*SetWarmPoolsResponse) ProtoMessage() {}
 
 func (x *SetWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1072,7 @@ func (x *SetWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetWarmPoolsResponse) GetAccepted() int32 {
@@ -849,7 +1094,7 @@ type CheckpointRef struct {
 
 func (x *CheckpointRef) Reset() {
 	*x = CheckpointRef{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +1106,7 @@ func (x *CheckpointRef) String() string {
 func (*CheckpointRef) ProtoMessage() {}
 
 func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1119,7 @@ func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRef.ProtoReflect.Descriptor instead.
 func (*CheckpointRef) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckpointRef) GetKey() string {
@@ -907,7 +1152,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1164,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1177,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExportCheckpointRequest) GetId() string {
@@ -952,7 +1197,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +1209,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +1222,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExportCheckpointResponse) GetRef() *CheckpointRef {
@@ -1006,7 +1251,7 @@ type ImportForkRequest struct {
 
 func (x *ImportForkRequest) Reset() {
 	*x = ImportForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1263,7 @@ func (x *ImportForkRequest) String() string {
 func (*ImportForkRequest) ProtoMessage() {}
 
 func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1276,7 @@ func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportForkRequest.ProtoReflect.Descriptor instead.
 func (*ImportForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ImportForkRequest) GetRef() *CheckpointRef {
@@ -1071,7 +1316,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1328,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1341,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteCheckpointRequest) GetKey() string {
@@ -1114,7 +1359,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1371,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1384,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 type MovedRequest struct {
@@ -1152,7 +1397,7 @@ type MovedRequest struct {
 
 func (x *MovedRequest) Reset() {
 	*x = MovedRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1409,7 @@ func (x *MovedRequest) String() string {
 func (*MovedRequest) ProtoMessage() {}
 
 func (x *MovedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1422,7 @@ func (x *MovedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedRequest.ProtoReflect.Descriptor instead.
 func (*MovedRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MovedRequest) GetId() string {
@@ -1202,7 +1447,7 @@ type MovedResponse struct {
 
 func (x *MovedResponse) Reset() {
 	*x = MovedResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1459,7 @@ func (x *MovedResponse) String() string {
 func (*MovedResponse) ProtoMessage() {}
 
 func (x *MovedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1472,7 @@ func (x *MovedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedResponse.ProtoReflect.Descriptor instead.
 func (*MovedResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 type PauseRequest struct {
@@ -1241,7 +1486,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1498,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1511,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1299,7 +1544,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1556,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1569,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1343,7 +1588,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1600,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1613,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1387,7 +1632,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1644,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1657,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1435,7 +1680,7 @@ type ForkTarget struct {
 
 func (x *ForkTarget) Reset() {
 	*x = ForkTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1692,7 @@ func (x *ForkTarget) String() string {
 func (*ForkTarget) ProtoMessage() {}
 
 func (x *ForkTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1705,7 @@ func (x *ForkTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkTarget.ProtoReflect.Descriptor instead.
 func (*ForkTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ForkTarget) GetId() string {
@@ -1501,7 +1746,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1758,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1771,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1554,7 +1799,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1811,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1824,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -1608,7 +1853,7 @@ type ForkError struct {
 
 func (x *ForkError) Reset() {
 	*x = ForkError{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1865,7 @@ func (x *ForkError) String() string {
 func (*ForkError) ProtoMessage() {}
 
 func (x *ForkError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1878,7 @@ func (x *ForkError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
 func (*ForkError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForkError) GetCode() string {
@@ -1666,7 +1911,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1923,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1936,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForkResponse) GetResults() []*ForkResult {
@@ -1715,7 +1960,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1972,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1985,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PauseStatus) GetReleased() bool {
@@ -1833,7 +2078,7 @@ type Spec struct {
 
 func (x *Spec) Reset() {
 	*x = Spec{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +2090,7 @@ func (x *Spec) String() string {
 func (*Spec) ProtoMessage() {}
 
 func (x *Spec) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +2103,7 @@ func (x *Spec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spec.ProtoReflect.Descriptor instead.
 func (*Spec) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Spec) GetId() string {
@@ -2064,7 +2309,7 @@ type Engine struct {
 
 func (x *Engine) Reset() {
 	*x = Engine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2321,7 @@ func (x *Engine) String() string {
 func (*Engine) ProtoMessage() {}
 
 func (x *Engine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2334,7 @@ func (x *Engine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Engine.ProtoReflect.Descriptor instead.
 func (*Engine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Engine) GetCompose() []byte {
@@ -2145,7 +2390,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2402,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2415,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Container) GetName() string {
@@ -2292,7 +2537,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2304,7 +2549,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2317,7 +2562,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Probe) GetExec() []string {
@@ -2366,7 +2611,7 @@ type Dependency struct {
 
 func (x *Dependency) Reset() {
 	*x = Dependency{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2623,7 @@ func (x *Dependency) String() string {
 func (*Dependency) ProtoMessage() {}
 
 func (x *Dependency) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2636,7 @@ func (x *Dependency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
 func (*Dependency) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Dependency) GetContainer() string {
@@ -2425,7 +2670,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2682,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2695,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -2518,7 +2763,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2775,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2788,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -2601,7 +2846,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2858,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2871,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Toleration) GetKey() string {
@@ -2678,7 +2923,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2935,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2948,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -2750,7 +2995,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2762,7 +3007,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2775,7 +3020,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -2831,7 +3076,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +3088,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +3101,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -2886,14 +3131,17 @@ type Volume struct {
 	SizeBytes int64                  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"` // 0: no limit of its own
 	Medium    string                 `protobuf:"bytes,3,opt,name=medium,proto3" json:"medium,omitempty"`                         // "" (disk) or "memory"
 	// Set: the volume starts with this snapshot's content instead of empty.
-	Restore       *SnapshotSource `protobuf:"bytes,4,opt,name=restore,proto3" json:"restore,omitempty"`
+	Restore *SnapshotSource `protobuf:"bytes,4,opt,name=restore,proto3" json:"restore,omitempty"`
+	// Set: the backend's managed volume of this name (runtime.Volume.Managed, a registered
+	// volume made by EnsureVolume), shared with every sandbox naming it; never snapshotted.
+	Managed       string `protobuf:"bytes,5,opt,name=managed,proto3" json:"managed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2905,7 +3153,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2918,7 +3166,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Volume) GetName() string {
@@ -2949,6 +3197,13 @@ func (x *Volume) GetRestore() *SnapshotSource {
 	return nil
 }
 
+func (x *Volume) GetManaged() string {
+	if x != nil {
+		return x.Managed
+	}
+	return ""
+}
+
 // SnapshotSource is a READY file-system snapshot a volume is restored from.
 type SnapshotSource struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -2967,7 +3222,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2979,7 +3234,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2992,7 +3247,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -3051,7 +3306,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3318,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3331,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -3124,7 +3379,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3391,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3404,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -3175,7 +3430,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3442,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3455,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -3230,7 +3485,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +3497,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3510,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -3347,7 +3602,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3359,7 +3614,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3372,7 +3627,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -3420,7 +3675,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3687,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3700,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -3519,7 +3774,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3531,7 +3786,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3544,7 +3799,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Service) GetPort() int32 {
@@ -3599,7 +3854,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3611,7 +3866,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3624,7 +3879,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -3652,7 +3907,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +3919,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +3932,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *File) GetPath() string {
@@ -3717,7 +3972,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3729,7 +3984,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3742,7 +3997,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -3809,7 +4064,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3821,7 +4076,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3834,7 +4089,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Sandbox) GetId() string {
@@ -3973,7 +4228,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3985,7 +4240,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3998,7 +4253,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -4024,7 +4279,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4036,7 +4291,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4049,7 +4304,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -4068,7 +4323,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4335,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4348,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GetRequest) GetId() string {
@@ -4113,7 +4368,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4125,7 +4380,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4138,7 +4393,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -4164,7 +4419,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4176,7 +4431,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4189,7 +4444,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -4208,7 +4463,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4220,7 +4475,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4233,7 +4488,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -4251,7 +4506,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4263,7 +4518,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4276,7 +4531,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
 }
 
 type ListResponse struct {
@@ -4288,7 +4543,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4300,7 +4555,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4313,7 +4568,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -4336,7 +4591,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4348,7 +4603,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4361,7 +4616,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -4396,7 +4651,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4408,7 +4663,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4421,7 +4676,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -4446,7 +4701,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4458,7 +4713,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4471,7 +4726,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
 }
 
 type CapacityResponse struct {
@@ -4539,7 +4794,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4551,7 +4806,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4564,7 +4819,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -4767,7 +5022,22 @@ var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x06\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n" +
+	"\x10RegisteredVolume\x12'\n" +
+	"\x0forganization_id\x18\x01 \x01(\tR\x0eorganizationId\x12\x1d\n" +
+	"\n" +
+	"claim_name\x18\x02 \x01(\tR\tclaimName\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\"S\n" +
+	"\x13EnsureVolumeRequest\x12<\n" +
+	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\"=\n" +
+	"\x14EnsureVolumeResponse\x12%\n" +
+	"\x0ecapacity_bytes\x18\x01 \x01(\x03R\rcapacityBytes\"i\n" +
+	"\x13DeleteVolumeRequest\x12<\n" +
+	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x16\n" +
+	"\x14DeleteVolumeResponse\"\x94\x06\n" +
 	"\fBuildRequest\x12\x1e\n" +
 	"\n" +
 	"dockerfile\x18\x01 \x01(\tR\n" +
@@ -5015,13 +5285,14 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\tPortRange\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x19\n" +
-	"\bend_port\x18\x03 \x01(\x05R\aendPort\"\x91\x01\n" +
+	"\bend_port\x18\x03 \x01(\x05R\aendPort\"\xab\x01\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x16\n" +
 	"\x06medium\x18\x03 \x01(\tR\x06medium\x12<\n" +
-	"\arestore\x18\x04 \x01(\v2\".sandboxd.runner.v1.SnapshotSourceR\arestore\"\xc0\x01\n" +
+	"\arestore\x18\x04 \x01(\v2\".sandboxd.runner.v1.SnapshotSourceR\arestore\x12\x18\n" +
+	"\amanaged\x18\x05 \x01(\tR\amanaged\"\xc0\x01\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x19\n" +
@@ -5203,7 +5474,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x11STATE_TERMINATING\x10\x05\x12\x14\n" +
 	"\x10STATE_TERMINATED\x10\x06\x12\x11\n" +
 	"\rSTATE_PENDING\x10\a\x12\x10\n" +
-	"\fSTATE_PAUSED\x10\b2\xe0\v\n" +
+	"\fSTATE_PAUSED\x10\b2\xa6\r\n" +
 	"\rRunnerService\x12O\n" +
 	"\x06Create\x12!.sandboxd.runner.v1.CreateRequest\x1a\".sandboxd.runner.v1.CreateResponse\x12F\n" +
 	"\x03Get\x12\x1e.sandboxd.runner.v1.GetRequest\x1a\x1f.sandboxd.runner.v1.GetResponse\x12I\n" +
@@ -5222,7 +5493,9 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10DeleteCheckpoint\x12+.sandboxd.runner.v1.DeleteCheckpointRequest\x1a,.sandboxd.runner.v1.DeleteCheckpointResponse\x12L\n" +
 	"\x05Moved\x12 .sandboxd.runner.v1.MovedRequest\x1a!.sandboxd.runner.v1.MovedResponse\x12a\n" +
 	"\fSetWarmPools\x12'.sandboxd.runner.v1.SetWarmPoolsRequest\x1a(.sandboxd.runner.v1.SetWarmPoolsResponse\x12N\n" +
-	"\x05Build\x12 .sandboxd.runner.v1.BuildRequest\x1a!.sandboxd.runner.v1.BuildResponse0\x01B>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
+	"\x05Build\x12 .sandboxd.runner.v1.BuildRequest\x1a!.sandboxd.runner.v1.BuildResponse0\x01\x12a\n" +
+	"\fEnsureVolume\x12'.sandboxd.runner.v1.EnsureVolumeRequest\x1a(.sandboxd.runner.v1.EnsureVolumeResponse\x12a\n" +
+	"\fDeleteVolume\x12'.sandboxd.runner.v1.DeleteVolumeRequest\x1a(.sandboxd.runner.v1.DeleteVolumeResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_sandboxd_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -5237,215 +5510,226 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
 	(BuildLine_Stream)(0),            // 2: sandboxd.runner.v1.BuildLine.Stream
-	(*BuildRequest)(nil),             // 3: sandboxd.runner.v1.BuildRequest
-	(*BuildResponse)(nil),            // 4: sandboxd.runner.v1.BuildResponse
-	(*BuildStep)(nil),                // 5: sandboxd.runner.v1.BuildStep
-	(*BuildLine)(nil),                // 6: sandboxd.runner.v1.BuildLine
-	(*BuildResult)(nil),              // 7: sandboxd.runner.v1.BuildResult
-	(*WarmTarget)(nil),               // 8: sandboxd.runner.v1.WarmTarget
-	(*SetWarmPoolsRequest)(nil),      // 9: sandboxd.runner.v1.SetWarmPoolsRequest
-	(*SetWarmPoolsResponse)(nil),     // 10: sandboxd.runner.v1.SetWarmPoolsResponse
-	(*CheckpointRef)(nil),            // 11: sandboxd.runner.v1.CheckpointRef
-	(*ExportCheckpointRequest)(nil),  // 12: sandboxd.runner.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil), // 13: sandboxd.runner.v1.ExportCheckpointResponse
-	(*ImportForkRequest)(nil),        // 14: sandboxd.runner.v1.ImportForkRequest
-	(*DeleteCheckpointRequest)(nil),  // 15: sandboxd.runner.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 16: sandboxd.runner.v1.DeleteCheckpointResponse
-	(*MovedRequest)(nil),             // 17: sandboxd.runner.v1.MovedRequest
-	(*MovedResponse)(nil),            // 18: sandboxd.runner.v1.MovedResponse
-	(*PauseRequest)(nil),             // 19: sandboxd.runner.v1.PauseRequest
-	(*PauseResponse)(nil),            // 20: sandboxd.runner.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 21: sandboxd.runner.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 22: sandboxd.runner.v1.ResumeResponse
-	(*ForkTarget)(nil),               // 23: sandboxd.runner.v1.ForkTarget
-	(*ForkRequest)(nil),              // 24: sandboxd.runner.v1.ForkRequest
-	(*ForkResult)(nil),               // 25: sandboxd.runner.v1.ForkResult
-	(*ForkError)(nil),                // 26: sandboxd.runner.v1.ForkError
-	(*ForkResponse)(nil),             // 27: sandboxd.runner.v1.ForkResponse
-	(*PauseStatus)(nil),              // 28: sandboxd.runner.v1.PauseStatus
-	(*Spec)(nil),                     // 29: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                   // 30: sandboxd.runner.v1.Engine
-	(*Container)(nil),                // 31: sandboxd.runner.v1.Container
-	(*Probe)(nil),                    // 32: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),               // 33: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),          // 34: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),              // 35: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),               // 36: sandboxd.runner.v1.Toleration
-	(*Network)(nil),                  // 37: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),              // 38: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),                // 39: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                   // 40: sandboxd.runner.v1.Volume
-	(*SnapshotSource)(nil),           // 41: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),           // 42: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),    // 43: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),    // 44: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),              // 45: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),              // 46: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),                 // 47: sandboxd.runner.v1.Security
-	(*Service)(nil),                  // 48: sandboxd.runner.v1.Service
-	(*Credentials)(nil),              // 49: sandboxd.runner.v1.Credentials
-	(*File)(nil),                     // 50: sandboxd.runner.v1.File
-	(*Resources)(nil),                // 51: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                  // 52: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),            // 53: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 54: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 55: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 56: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 57: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 58: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 59: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 60: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 61: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 62: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 63: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 64: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 65: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	nil,                              // 66: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 67: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 68: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 69: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 70: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 71: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 72: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 73: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 74: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 75: google.protobuf.Timestamp
+	(*RegisteredVolume)(nil),         // 3: sandboxd.runner.v1.RegisteredVolume
+	(*EnsureVolumeRequest)(nil),      // 4: sandboxd.runner.v1.EnsureVolumeRequest
+	(*EnsureVolumeResponse)(nil),     // 5: sandboxd.runner.v1.EnsureVolumeResponse
+	(*DeleteVolumeRequest)(nil),      // 6: sandboxd.runner.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),     // 7: sandboxd.runner.v1.DeleteVolumeResponse
+	(*BuildRequest)(nil),             // 8: sandboxd.runner.v1.BuildRequest
+	(*BuildResponse)(nil),            // 9: sandboxd.runner.v1.BuildResponse
+	(*BuildStep)(nil),                // 10: sandboxd.runner.v1.BuildStep
+	(*BuildLine)(nil),                // 11: sandboxd.runner.v1.BuildLine
+	(*BuildResult)(nil),              // 12: sandboxd.runner.v1.BuildResult
+	(*WarmTarget)(nil),               // 13: sandboxd.runner.v1.WarmTarget
+	(*SetWarmPoolsRequest)(nil),      // 14: sandboxd.runner.v1.SetWarmPoolsRequest
+	(*SetWarmPoolsResponse)(nil),     // 15: sandboxd.runner.v1.SetWarmPoolsResponse
+	(*CheckpointRef)(nil),            // 16: sandboxd.runner.v1.CheckpointRef
+	(*ExportCheckpointRequest)(nil),  // 17: sandboxd.runner.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil), // 18: sandboxd.runner.v1.ExportCheckpointResponse
+	(*ImportForkRequest)(nil),        // 19: sandboxd.runner.v1.ImportForkRequest
+	(*DeleteCheckpointRequest)(nil),  // 20: sandboxd.runner.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 21: sandboxd.runner.v1.DeleteCheckpointResponse
+	(*MovedRequest)(nil),             // 22: sandboxd.runner.v1.MovedRequest
+	(*MovedResponse)(nil),            // 23: sandboxd.runner.v1.MovedResponse
+	(*PauseRequest)(nil),             // 24: sandboxd.runner.v1.PauseRequest
+	(*PauseResponse)(nil),            // 25: sandboxd.runner.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 26: sandboxd.runner.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 27: sandboxd.runner.v1.ResumeResponse
+	(*ForkTarget)(nil),               // 28: sandboxd.runner.v1.ForkTarget
+	(*ForkRequest)(nil),              // 29: sandboxd.runner.v1.ForkRequest
+	(*ForkResult)(nil),               // 30: sandboxd.runner.v1.ForkResult
+	(*ForkError)(nil),                // 31: sandboxd.runner.v1.ForkError
+	(*ForkResponse)(nil),             // 32: sandboxd.runner.v1.ForkResponse
+	(*PauseStatus)(nil),              // 33: sandboxd.runner.v1.PauseStatus
+	(*Spec)(nil),                     // 34: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                   // 35: sandboxd.runner.v1.Engine
+	(*Container)(nil),                // 36: sandboxd.runner.v1.Container
+	(*Probe)(nil),                    // 37: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),               // 38: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),          // 39: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),              // 40: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),               // 41: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                  // 42: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),              // 43: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),                // 44: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                   // 45: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),           // 46: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),           // 47: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),    // 48: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),    // 49: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),              // 50: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),              // 51: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),                 // 52: sandboxd.runner.v1.Security
+	(*Service)(nil),                  // 53: sandboxd.runner.v1.Service
+	(*Credentials)(nil),              // 54: sandboxd.runner.v1.Credentials
+	(*File)(nil),                     // 55: sandboxd.runner.v1.File
+	(*Resources)(nil),                // 56: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                  // 57: sandboxd.runner.v1.Sandbox
+	(*CreateRequest)(nil),            // 58: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 59: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 60: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 61: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 62: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 63: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 64: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 65: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 66: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 67: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 68: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 69: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 70: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	nil,                              // 71: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 72: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 73: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 74: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 75: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 76: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 77: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 78: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 79: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 80: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	65,  // 0: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	49,  // 1: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
-	49,  // 2: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
-	51,  // 3: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	74,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
-	5,   // 5: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
-	6,   // 6: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
-	7,   // 7: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
-	2,   // 8: sandboxd.runner.v1.BuildLine.stream:type_name -> sandboxd.runner.v1.BuildLine.Stream
-	5,   // 9: sandboxd.runner.v1.BuildResult.steps:type_name -> sandboxd.runner.v1.BuildStep
-	5,   // 10: sandboxd.runner.v1.BuildResult.failed_step:type_name -> sandboxd.runner.v1.BuildStep
-	29,  // 11: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
-	8,   // 12: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
-	11,  // 13: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	52,  // 14: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	11,  // 15: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	52,  // 16: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
-	23,  // 17: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	52,  // 18: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 19: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	66,  // 20: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	74,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
-	23,  // 22: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	52,  // 23: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	26,  // 24: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
-	25,  // 25: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	75,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	49,  // 27: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	67,  // 28: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	50,  // 29: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	51,  // 30: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	68,  // 31: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	48,  // 32: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	37,  // 33: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	47,  // 34: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	40,  // 35: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	46,  // 36: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	35,  // 37: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	32,  // 38: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	33,  // 39: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	31,  // 40: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	31,  // 41: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	30,  // 42: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	69,  // 43: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	49,  // 44: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	70,  // 45: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	50,  // 46: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	51,  // 47: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	46,  // 48: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	47,  // 49: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	32,  // 50: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	33,  // 51: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	74,  // 52: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	74,  // 53: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	74,  // 54: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	71,  // 55: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	36,  // 56: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	72,  // 57: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	38,  // 58: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	38,  // 59: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	39,  // 60: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	41,  // 61: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	42,  // 62: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 63: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	74,  // 64: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	75,  // 65: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	29,  // 66: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 67: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	75,  // 68: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	75,  // 69: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	75,  // 70: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	74,  // 71: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	75,  // 72: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	34,  // 73: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	28,  // 74: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	29,  // 75: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	74,  // 76: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 77: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	74,  // 78: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 79: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 80: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 81: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	74,  // 82: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	42,  // 83: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	52,  // 84: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	45,  // 85: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	75,  // 86: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	51,  // 87: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	73,  // 88: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	49,  // 89: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	53,  // 90: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	55,  // 91: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	59,  // 92: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	61,  // 93: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	63,  // 94: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	43,  // 95: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	44,  // 96: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	56,  // 97: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	19,  // 98: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	21,  // 99: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	24,  // 100: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	12,  // 101: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	14,  // 102: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	15,  // 103: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	17,  // 104: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	9,   // 105: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	3,   // 106: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	54,  // 107: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	58,  // 108: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	60,  // 109: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	62,  // 110: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	64,  // 111: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	45,  // 112: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	45,  // 113: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	57,  // 114: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	20,  // 115: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	22,  // 116: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	27,  // 117: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	13,  // 118: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	27,  // 119: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	16,  // 120: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	18,  // 121: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	10,  // 122: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	4,   // 123: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	107, // [107:124] is the sub-list for method output_type
-	90,  // [90:107] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	3,   // 0: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
+	3,   // 1: sandboxd.runner.v1.DeleteVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
+	70,  // 2: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	54,  // 3: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
+	54,  // 4: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
+	56,  // 5: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
+	79,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	10,  // 7: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
+	11,  // 8: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
+	12,  // 9: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
+	2,   // 10: sandboxd.runner.v1.BuildLine.stream:type_name -> sandboxd.runner.v1.BuildLine.Stream
+	10,  // 11: sandboxd.runner.v1.BuildResult.steps:type_name -> sandboxd.runner.v1.BuildStep
+	10,  // 12: sandboxd.runner.v1.BuildResult.failed_step:type_name -> sandboxd.runner.v1.BuildStep
+	34,  // 13: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
+	13,  // 14: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
+	16,  // 15: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	57,  // 16: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	16,  // 17: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	57,  // 18: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
+	28,  // 19: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	57,  // 20: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	57,  // 21: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	71,  // 22: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	79,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	28,  // 24: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	57,  // 25: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	31,  // 26: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	30,  // 27: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	80,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	54,  // 29: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	72,  // 30: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	55,  // 31: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	56,  // 32: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	73,  // 33: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	53,  // 34: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	42,  // 35: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	52,  // 36: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	45,  // 37: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	51,  // 38: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	40,  // 39: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	37,  // 40: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	38,  // 41: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	36,  // 42: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	36,  // 43: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	35,  // 44: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	74,  // 45: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	54,  // 46: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	75,  // 47: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	55,  // 48: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	56,  // 49: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	51,  // 50: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	52,  // 51: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	37,  // 52: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	38,  // 53: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	79,  // 54: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	79,  // 55: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	79,  // 56: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	76,  // 57: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	41,  // 58: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	77,  // 59: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	43,  // 60: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	43,  // 61: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	44,  // 62: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	46,  // 63: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	47,  // 64: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 65: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	79,  // 66: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	80,  // 67: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	34,  // 68: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 69: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	80,  // 70: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	80,  // 71: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	80,  // 72: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	79,  // 73: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	80,  // 74: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	39,  // 75: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	33,  // 76: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	34,  // 77: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	79,  // 78: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	57,  // 79: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	79,  // 80: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	57,  // 81: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	57,  // 82: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	57,  // 83: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	79,  // 84: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	47,  // 85: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	57,  // 86: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	50,  // 87: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	80,  // 88: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	56,  // 89: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	78,  // 90: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	54,  // 91: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	58,  // 92: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	60,  // 93: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	64,  // 94: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	66,  // 95: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	68,  // 96: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	48,  // 97: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	49,  // 98: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	61,  // 99: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	24,  // 100: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	26,  // 101: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	29,  // 102: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	17,  // 103: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	19,  // 104: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	20,  // 105: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	22,  // 106: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	14,  // 107: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	8,   // 108: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	4,   // 109: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	6,   // 110: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	59,  // 111: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	63,  // 112: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	65,  // 113: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	67,  // 114: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	69,  // 115: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	50,  // 116: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	50,  // 117: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	62,  // 118: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	25,  // 119: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	27,  // 120: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	32,  // 121: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	18,  // 122: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	32,  // 123: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	21,  // 124: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	23,  // 125: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	15,  // 126: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	9,   // 127: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	5,   // 128: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	7,   // 129: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	111, // [111:130] is the sub-list for method output_type
+	92,  // [92:111] is the sub-list for method input_type
+	92,  // [92:92] is the sub-list for extension type_name
+	92,  // [92:92] is the sub-list for extension extendee
+	0,   // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -5453,23 +5737,23 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	if File_sandboxd_runner_v1_runner_proto != nil {
 		return
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[1].OneofWrappers = []any{
+	file_sandboxd_runner_v1_runner_proto_msgTypes[6].OneofWrappers = []any{
 		(*BuildResponse_Step)(nil),
 		(*BuildResponse_Line)(nil),
 		(*BuildResponse_Result)(nil),
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[16].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[31].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[33].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[44].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[21].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[36].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[38].OneofWrappers = []any{}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[49].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[54].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   71,
+			NumMessages:   76,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

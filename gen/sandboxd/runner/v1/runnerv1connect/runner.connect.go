@@ -91,6 +91,12 @@ const (
 	RunnerServiceSetWarmPoolsProcedure = "/sandboxd.runner.v1.RunnerService/SetWarmPools"
 	// RunnerServiceBuildProcedure is the fully-qualified name of the RunnerService's Build RPC.
 	RunnerServiceBuildProcedure = "/sandboxd.runner.v1.RunnerService/Build"
+	// RunnerServiceEnsureVolumeProcedure is the fully-qualified name of the RunnerService's
+	// EnsureVolume RPC.
+	RunnerServiceEnsureVolumeProcedure = "/sandboxd.runner.v1.RunnerService/EnsureVolume"
+	// RunnerServiceDeleteVolumeProcedure is the fully-qualified name of the RunnerService's
+	// DeleteVolume RPC.
+	RunnerServiceDeleteVolumeProcedure = "/sandboxd.runner.v1.RunnerService/DeleteVolume"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -170,6 +176,17 @@ type RunnerServiceClient interface {
 	// CWSANDBOX_BUILD_NOT_SUPPORTED (no builder image, no gvisor class), INVALID_ARGUMENT
 	// CWSANDBOX_INVALID_REQUEST (with field violations).
 	Build(context.Context, *connect.Request[v1.BuildRequest]) (*connect.ServerStreamForClient[v1.BuildResponse], error)
+	// EnsureVolume makes a registered (CLUSTER_LOCAL) volume the runner's backend holds,
+	// when missing, checks that it is usable and returns its capacity (idempotent). The
+	// backend name is derived from (organization_id, claim_name). Errors:
+	// FAILED_PRECONDITION CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED (the backend holds none, e.g.
+	// Kubernetes for now), FAILED_PRECONDITION CWSANDBOX_VOLUME_RUNNER_INELIGIBLE (namespace
+	// is not the runner's), INVALID_ARGUMENT (size).
+	EnsureVolume(context.Context, *connect.Request[v1.EnsureVolumeRequest]) (*connect.Response[v1.EnsureVolumeResponse], error)
+	// DeleteVolume removes a registered volume and its content (a missing one is no error).
+	// Errors: FAILED_PRECONDITION CWSANDBOX_VOLUME_IN_USE while live sandboxes of the runner
+	// mount it, unless force.
+	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -285,6 +302,18 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("Build")),
 			connect.WithClientOptions(opts...),
 		),
+		ensureVolume: connect.NewClient[v1.EnsureVolumeRequest, v1.EnsureVolumeResponse](
+			httpClient,
+			baseURL+RunnerServiceEnsureVolumeProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("EnsureVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteVolume: connect.NewClient[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse](
+			httpClient,
+			baseURL+RunnerServiceDeleteVolumeProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("DeleteVolume")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -307,6 +336,8 @@ type runnerServiceClient struct {
 	moved            *connect.Client[v1.MovedRequest, v1.MovedResponse]
 	setWarmPools     *connect.Client[v1.SetWarmPoolsRequest, v1.SetWarmPoolsResponse]
 	build            *connect.Client[v1.BuildRequest, v1.BuildResponse]
+	ensureVolume     *connect.Client[v1.EnsureVolumeRequest, v1.EnsureVolumeResponse]
+	deleteVolume     *connect.Client[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -394,6 +425,16 @@ func (c *runnerServiceClient) Build(ctx context.Context, req *connect.Request[v1
 	return c.build.CallServerStream(ctx, req)
 }
 
+// EnsureVolume calls sandboxd.runner.v1.RunnerService.EnsureVolume.
+func (c *runnerServiceClient) EnsureVolume(ctx context.Context, req *connect.Request[v1.EnsureVolumeRequest]) (*connect.Response[v1.EnsureVolumeResponse], error) {
+	return c.ensureVolume.CallUnary(ctx, req)
+}
+
+// DeleteVolume calls sandboxd.runner.v1.RunnerService.DeleteVolume.
+func (c *runnerServiceClient) DeleteVolume(ctx context.Context, req *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
+	return c.deleteVolume.CallUnary(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -471,6 +512,17 @@ type RunnerServiceHandler interface {
 	// CWSANDBOX_BUILD_NOT_SUPPORTED (no builder image, no gvisor class), INVALID_ARGUMENT
 	// CWSANDBOX_INVALID_REQUEST (with field violations).
 	Build(context.Context, *connect.Request[v1.BuildRequest], *connect.ServerStream[v1.BuildResponse]) error
+	// EnsureVolume makes a registered (CLUSTER_LOCAL) volume the runner's backend holds,
+	// when missing, checks that it is usable and returns its capacity (idempotent). The
+	// backend name is derived from (organization_id, claim_name). Errors:
+	// FAILED_PRECONDITION CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED (the backend holds none, e.g.
+	// Kubernetes for now), FAILED_PRECONDITION CWSANDBOX_VOLUME_RUNNER_INELIGIBLE (namespace
+	// is not the runner's), INVALID_ARGUMENT (size).
+	EnsureVolume(context.Context, *connect.Request[v1.EnsureVolumeRequest]) (*connect.Response[v1.EnsureVolumeResponse], error)
+	// DeleteVolume removes a registered volume and its content (a missing one is no error).
+	// Errors: FAILED_PRECONDITION CWSANDBOX_VOLUME_IN_USE while live sandboxes of the runner
+	// mount it, unless force.
+	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -582,6 +634,18 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("Build")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServiceEnsureVolumeHandler := connect.NewUnaryHandler(
+		RunnerServiceEnsureVolumeProcedure,
+		svc.EnsureVolume,
+		connect.WithSchema(runnerServiceMethods.ByName("EnsureVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	runnerServiceDeleteVolumeHandler := connect.NewUnaryHandler(
+		RunnerServiceDeleteVolumeProcedure,
+		svc.DeleteVolume,
+		connect.WithSchema(runnerServiceMethods.ByName("DeleteVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -618,6 +682,10 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceSetWarmPoolsHandler.ServeHTTP(w, r)
 		case RunnerServiceBuildProcedure:
 			runnerServiceBuildHandler.ServeHTTP(w, r)
+		case RunnerServiceEnsureVolumeProcedure:
+			runnerServiceEnsureVolumeHandler.ServeHTTP(w, r)
+		case RunnerServiceDeleteVolumeProcedure:
+			runnerServiceDeleteVolumeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -693,4 +761,12 @@ func (UnimplementedRunnerServiceHandler) SetWarmPools(context.Context, *connect.
 
 func (UnimplementedRunnerServiceHandler) Build(context.Context, *connect.Request[v1.BuildRequest], *connect.ServerStream[v1.BuildResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.Build is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) EnsureVolume(context.Context, *connect.Request[v1.EnsureVolumeRequest]) (*connect.Response[v1.EnsureVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.EnsureVolume is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.DeleteVolume is not implemented"))
 }

@@ -1,0 +1,536 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/spec"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Registered volumes (VolumeService; docs/volumes.md). This slice builds CLUSTER_LOCAL
+// volumes whose runner's backend holds them (runner.VolumeHandle: the local backend's
+// managed ext4 images); VolumeSpec.pvc names them: runner_id the runner, namespace
+// "default", claim_name the volume on the runner (one per organization and runner),
+// sub_path a root inside it. Create stores the volume VALIDATING and has the runner make
+// and check it in the background (READY, or ERROR with state_reason); a sandbox mounting
+// it is placed on its runner only. Writes need an admin key; any key of the organization
+// reads. Another organization's volume is CWSANDBOX_VOLUME_NOT_FOUND.
+
+const (
+	// maxVolumesPerOrg bounds an organization's registered volumes.
+	maxVolumesPerOrg = 1000
+	// maxVolumeDescriptionBytes bounds spec.description.
+	maxVolumeDescriptionBytes = 1024
+	// maxVolumeSubPathBytes bounds pvc.sub_path.
+	maxVolumeSubPathBytes = 1024
+	// volumeRunnerTimeout bounds one call to the volume's runner.
+	volumeRunnerTimeout = 2 * time.Minute
+	// attachedShown is how many attached sandboxes a refused delete names.
+	attachedShown = 10
+)
+
+func (s *Server) volumesStore() (store.Volumes, error) {
+	if s.volumes == nil {
+		return nil, apierr.Newf(apierr.NotImplemented, "registered volumes need the gateway's store")
+	}
+	return s.volumes, nil
+}
+
+func volumeNotFound(id string) error {
+	return apierr.New(apierr.VolumeNotFound, fmt.Sprintf("volume %q not found", id), map[string]string{"volume_id": id})
+}
+
+func volumeStoreErr(id string, err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return volumeNotFound(id)
+	}
+	return connect.NewError(connect.CodeUnavailable, err)
+}
+
+// registeredVolumeIDs are the registered volumes sp mounts, in order, once each.
+func registeredVolumeIDs(sp *sandboxv1.SandboxSpec) []string {
+	var out []string
+	for _, v := range sp.GetVolumes() {
+		if id := v.GetVolumeId(); id != "" && !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func hasAny(have, want []string) bool {
+	for _, w := range want {
+		if slices.Contains(have, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// attached returns org's sandboxes that have not ended and mount volume id (index order).
+func (s *Server) attached(ctx context.Context, org, id string) []string {
+	var out []string
+	for _, rec := range s.index.list(ctx, org, false) {
+		if !slices.Contains(registeredVolumeIDs(rec.spec), id) {
+			continue
+		}
+		if s.index.lastOf(rec).State.Terminal() {
+			continue
+		}
+		out = append(out, rec.id)
+	}
+	return out
+}
+
+func (s *Server) volumeProto(ctx context.Context, v store.Volume) *sandboxv1.Volume {
+	st := &sandboxv1.VolumeStatus{
+		State:                volumeState(v.State),
+		StateReason:          v.StateReason,
+		Locality:             sandboxv1.VolumeLocality_VOLUME_LOCALITY_CLUSTER_LOCAL,
+		CreateTime:           timestamppb.New(v.CreateTime),
+		UpdateTime:           timestamppb.New(v.UpdateTime),
+		AccessModes:          []string{"ReadWriteMany"},
+		AttachedSandboxCount: int32(len(s.attached(ctx, v.Org, v.ID))),
+	}
+	if v.ReadOnly {
+		st.AccessModes = []string{"ReadOnlyMany"}
+	}
+	if v.LastValidated != nil {
+		st.LastValidatedTime = timestamppb.New(*v.LastValidated)
+	}
+	if v.CapacityBytes > 0 {
+		st.Capacity = quantityOf(v.CapacityBytes)
+	}
+	return &sandboxv1.Volume{VolumeId: v.ID, Status: st, Spec: &sandboxv1.VolumeSpec{
+		Source:      &sandboxv1.VolumeSpec_Pvc{Pvc: &sandboxv1.PvcVolumeSource{RunnerId: v.RunnerID, Namespace: v.Namespace, ClaimName: v.ClaimName, SubPath: v.SubPath}},
+		ReadOnly:    v.ReadOnly,
+		Description: v.Description,
+	}}
+}
+
+// quantityOf renders n bytes as a Kubernetes quantity ("10Gi"), exact.
+func quantityOf(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		shift  uint
+	}{{"Ti", 40}, {"Gi", 30}, {"Mi", 20}, {"Ki", 10}} {
+		if n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func volumeState(s string) sandboxv1.VolumeState {
+	return sandboxv1.VolumeState(sandboxv1.VolumeState_value["VOLUME_STATE_"+s])
+}
+
+func volumeStateName(st sandboxv1.VolumeState) string {
+	return strings.TrimPrefix(st.String(), "VOLUME_STATE_")
+}
+
+func (v storeVolume) registered() runner.RegisteredVolume {
+	return runner.RegisteredVolume{Org: v.Org, ClaimName: v.ClaimName, Namespace: v.Namespace}
+}
+
+type storeVolume store.Volume
+
+// volumeViolations checks a CreateVolume's volume.
+func volumeViolations(v *sandboxv1.Volume) []apierr.Violation {
+	var vs []apierr.Violation
+	add := func(field, format string, args ...any) {
+		vs = append(vs, apierr.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+	if v == nil {
+		add("volume", "is required")
+		return vs
+	}
+	if !spec.ValidVolumeID(v.GetVolumeId()) {
+		add("volume.volume_id", "must be 1-%d of a-z, 0-9, '-', '_', '.', starting and ending alphanumeric, got %q", spec.MaxVolumeIDBytes, v.GetVolumeId())
+	}
+	if len(v.GetSpec().GetDescription()) > maxVolumeDescriptionBytes {
+		add("volume.spec.description", "is %d bytes, at most %d", len(v.GetSpec().GetDescription()), maxVolumeDescriptionBytes)
+	}
+	pvc := v.GetSpec().GetPvc()
+	if pvc == nil {
+		add("volume.spec.pvc", "is required (the only volume source)")
+		return vs
+	}
+	if pvc.GetRunnerId() == "" {
+		add("volume.spec.pvc.runner_id", "is required")
+	}
+	if pvc.GetNamespace() == "" {
+		add("volume.spec.pvc.namespace", "is required (%q on local runners)", runner.VolumeNamespace)
+	}
+	if !runner.ClaimNamePattern.MatchString(pvc.GetClaimName()) {
+		add("volume.spec.pvc.claim_name", "must be a DNS-1123 label (a-z, 0-9, '-', at most 63), got %q", pvc.GetClaimName())
+	}
+	if sp := pvc.GetSubPath(); len(sp) > maxVolumeSubPathBytes {
+		add("volume.spec.pvc.sub_path", "is %d bytes, at most %d", len(sp), maxVolumeSubPathBytes)
+	} else if err := runtime.CheckSubPath(sp); err != nil {
+		add("volume.spec.pvc.sub_path", "%v", err)
+	}
+	return vs
+}
+
+// CreateVolume registers a volume VALIDATING and has its runner make and check it.
+func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv1.CreateVolumeRequest]) (*connect.Response[sandboxv1.Volume], error) {
+	st, err := s.volumesStore()
+	if err != nil {
+		return nil, err
+	}
+	if err := requireAdmin(ctx, "CreateVolume"); err != nil {
+		return nil, err
+	}
+	p := principal(ctx)
+	m := req.Msg
+	vs := volumeViolations(m.GetVolume())
+	vs = append(vs, requestIDViolations("request_id", m.GetRequestId())...)
+	if vs != nil {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid volume: "+apierr.Describe(vs), vs)
+	}
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m.GetVolume())
+	sum := sha256.Sum256(b)
+	digest := hex.EncodeToString(sum[:])
+	if m.GetRequestId() != "" {
+		if first, err := st.GetByRequestID(ctx, p.Org, m.GetRequestId()); err == nil {
+			if first.RequestDigest != digest {
+				rv := []apierr.Violation{{Field: "request_id", Description: "already created a volume from a different request"}}
+				return nil, apierr.Invalid(apierr.RequestIDConflict, "request_id conflict: "+apierr.Describe(rv), rv)
+			}
+			return connect.NewResponse(s.volumeProto(ctx, first)), nil
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return nil, connect.NewError(connect.CodeUnavailable, err)
+		}
+	}
+	pvc := m.GetVolume().GetSpec().GetPvc()
+	if s.runnerByID(pvc.GetRunnerId()) == nil {
+		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.runner_id: no runner %q of this gateway", pvc.GetRunnerId()),
+			map[string]string{"runner_id": pvc.GetRunnerId()})
+	}
+	if pvc.GetNamespace() != runner.VolumeNamespace {
+		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: registered volumes of runner %s are in namespace %q",
+			pvc.GetNamespace(), pvc.GetRunnerId(), runner.VolumeNamespace), map[string]string{"runner_id": pvc.GetRunnerId()})
+	}
+	v, err := st.Create(ctx, store.Volume{Org: p.Org, ID: m.GetVolume().GetVolumeId(), RunnerID: pvc.GetRunnerId(), Namespace: pvc.GetNamespace(),
+		ClaimName: pvc.GetClaimName(), SubPath: strings.TrimSuffix(pvc.GetSubPath(), "/"), ReadOnly: m.GetVolume().GetSpec().GetReadOnly(),
+		Description: m.GetVolume().GetSpec().GetDescription(), State: "VALIDATING", RequestID: m.GetRequestId(), RequestDigest: digest}, maxVolumesPerOrg)
+	var dup *store.AlreadyExistsError
+	switch {
+	case errors.Is(err, store.ErrLimitExceeded):
+		return nil, apierr.Newf(apierr.InvalidRequest, "the organization has %d volumes, at most %d: delete some first", maxVolumesPerOrg, maxVolumesPerOrg)
+	case errors.As(err, &dup) && dup.Key == store.KeyClaimName:
+		return nil, apierr.New(apierr.AlreadyExists, fmt.Sprintf("another volume of the organization already names claim %q of runner %s", pvc.GetClaimName(), pvc.GetRunnerId()), nil)
+	case errors.As(err, &dup) && dup.Key == store.KeyRequestID:
+		// Another replica created this request's volume meanwhile.
+		if first, gerr := st.GetByRequestID(ctx, p.Org, m.GetRequestId()); gerr == nil && first.RequestDigest == digest {
+			return connect.NewResponse(s.volumeProto(ctx, first)), nil
+		}
+		rv := []apierr.Violation{{Field: "request_id", Description: "already created a volume from a different request"}}
+		return nil, apierr.Invalid(apierr.RequestIDConflict, "request_id conflict: "+apierr.Describe(rv), rv)
+	case errors.As(err, &dup):
+		return nil, apierr.New(apierr.AlreadyExists, fmt.Sprintf("volume %q already exists", m.GetVolume().GetVolumeId()), map[string]string{"volume_id": m.GetVolume().GetVolumeId()})
+	case err != nil:
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	s.log.Info("volume created", "volume", v.ID, "org", v.Org, "runner", v.RunnerID)
+	out := s.volumeProto(ctx, v)
+	go s.validateVolume(context.WithoutCancel(ctx), v)
+	return connect.NewResponse(out), nil
+}
+
+// validateVolume has v's runner make and check it and records the outcome: READY with
+// its capacity, or ERROR with the reason.
+func (s *Server) validateVolume(ctx context.Context, v store.Volume) store.Volume {
+	ctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
+	defer cancel()
+	state, reason := "READY", ""
+	var capacity int64
+	r := s.runnerByID(v.RunnerID)
+	h, ok := r.(runner.VolumeHandle)
+	switch {
+	case r == nil:
+		state, reason = "ERROR", fmt.Sprintf("runner %s is not known to this gateway", v.RunnerID)
+	case !ok:
+		state, reason = "ERROR", fmt.Sprintf("runner %s holds no registered volumes", v.RunnerID)
+	default:
+		n, err := h.EnsureVolume(ctx, storeVolume(v).registered())
+		if err != nil {
+			state, reason = "ERROR", err.Error()
+		}
+		capacity = n
+	}
+	now := time.Now()
+	u := store.VolumeUpdate{State: &state, StateReason: &reason, LastValidated: &now}
+	if capacity > 0 {
+		u.CapacityBytes = &capacity
+	}
+	nv, err := s.volumes.Update(ctx, v.Org, v.ID, u)
+	if err != nil {
+		s.log.Warn("volume validation not recorded", "volume", v.ID, "org", v.Org, "err", err)
+		return v
+	}
+	s.log.Info("volume validated", "volume", v.ID, "org", v.Org, "state", state, "reason", reason)
+	return nv
+}
+
+// GetVolume returns one of the organization's volumes.
+func (s *Server) GetVolume(ctx context.Context, req *connect.Request[sandboxv1.GetVolumeRequest]) (*connect.Response[sandboxv1.Volume], error) {
+	st, err := s.volumesStore()
+	if err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetVolumeId()
+	if id == "" {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "volume_id is required", []apierr.Violation{{Field: "volume_id", Description: "is required"}})
+	}
+	v, err := st.Get(ctx, principal(ctx).Org, id)
+	if err != nil {
+		return nil, volumeStoreErr(id, err)
+	}
+	return connect.NewResponse(s.volumeProto(ctx, v)), nil
+}
+
+// ListVolumes pages through the organization's volumes.
+func (s *Server) ListVolumes(ctx context.Context, req *connect.Request[sandboxv1.ListVolumesRequest]) (*connect.Response[sandboxv1.ListVolumesResponse], error) {
+	st, err := s.volumesStore()
+	if err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	size, err := apierr.PageSize(m.GetPageSize(), defaultPageSize, maxPageSize)
+	if err != nil {
+		return nil, err
+	}
+	var f store.VolumeFilter
+	for i, x := range m.GetStates() {
+		if x == sandboxv1.VolumeState_VOLUME_STATE_UNSPECIFIED || sandboxv1.VolumeState_name[int32(x)] == "" {
+			vs := []apierr.Violation{{Field: fmt.Sprintf("states[%d]", i), Description: fmt.Sprintf("unknown volume state %v", x)}}
+			return nil, apierr.Invalid(apierr.InvalidRequest, "invalid states: "+apierr.Describe(vs), vs)
+		}
+		f.States = append(f.States, volumeStateName(x))
+	}
+	f.RunnerIDs = m.GetRunnerIds()
+	if len(f.States) > 16 || len(f.RunnerIDs) > 100 {
+		return nil, apierr.Newf(apierr.InvalidRequest, "at most 16 states and 100 runner_ids")
+	}
+	vols, next, err := st.List(ctx, principal(ctx).Org, f, store.Page{Size: size, Token: m.GetPageToken()})
+	if errors.Is(err, store.ErrInvalid) {
+		return nil, badPageToken()
+	}
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	out := &sandboxv1.ListVolumesResponse{NextPageToken: next}
+	for _, v := range vols {
+		out.Volumes = append(out.Volumes, s.volumeProto(ctx, v))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// UpdateVolume changes spec.description (the one updatable field).
+func (s *Server) UpdateVolume(ctx context.Context, req *connect.Request[sandboxv1.UpdateVolumeRequest]) (*connect.Response[sandboxv1.Volume], error) {
+	st, err := s.volumesStore()
+	if err != nil {
+		return nil, err
+	}
+	if err := requireAdmin(ctx, "UpdateVolume"); err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	id := m.GetVolumeId()
+	var vs []apierr.Violation
+	if id == "" {
+		vs = append(vs, apierr.Violation{Field: "volume_id", Description: "is required"})
+	}
+	if m.GetVolume() == nil {
+		vs = append(vs, apierr.Violation{Field: "volume", Description: "is required"})
+	}
+	if b := m.GetVolume().GetVolumeId(); b != "" && b != id {
+		vs = append(vs, apierr.Violation{Field: "volume.volume_id", Description: fmt.Sprintf("is %q, not the volume_id %q being updated", b, id)})
+	}
+	paths := m.GetUpdateMask().GetPaths()
+	if len(paths) == 0 {
+		paths = []string{"spec.description"}
+	}
+	for i, p := range paths {
+		if p != "spec.description" {
+			vs = append(vs, apierr.Violation{Field: fmt.Sprintf("update_mask.paths[%d]", i), Description: fmt.Sprintf("%q cannot be updated: only spec.description can", p)})
+		}
+	}
+	desc := m.GetVolume().GetSpec().GetDescription()
+	if len(desc) > maxVolumeDescriptionBytes {
+		vs = append(vs, apierr.Violation{Field: "volume.spec.description", Description: fmt.Sprintf("is %d bytes, at most %d", len(desc), maxVolumeDescriptionBytes)})
+	}
+	if vs != nil {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid update: "+apierr.Describe(vs), vs)
+	}
+	v, err := st.Update(ctx, principal(ctx).Org, id, store.VolumeUpdate{Description: &desc})
+	if err != nil {
+		return nil, volumeStoreErr(id, err)
+	}
+	return connect.NewResponse(s.volumeProto(ctx, v)), nil
+}
+
+// DeleteVolume removes a volume and its data on its runner; refused while live sandboxes
+// mount it unless force.
+func (s *Server) DeleteVolume(ctx context.Context, req *connect.Request[sandboxv1.DeleteVolumeRequest]) (*connect.Response[sandboxv1.Volume], error) {
+	st, err := s.volumesStore()
+	if err != nil {
+		return nil, err
+	}
+	if err := requireAdmin(ctx, "DeleteVolume"); err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	id := m.GetVolumeId()
+	if id == "" {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "volume_id is required", []apierr.Violation{{Field: "volume_id", Description: "is required"}})
+	}
+	org := principal(ctx).Org
+	v, err := st.Get(ctx, org, id)
+	if errors.Is(err, store.ErrNotFound) && m.GetAllowMissing() {
+		return connect.NewResponse(&sandboxv1.Volume{VolumeId: id}), nil
+	}
+	if err != nil {
+		return nil, volumeStoreErr(id, err)
+	}
+	if users := s.attached(ctx, org, id); len(users) > 0 && !m.GetForce() {
+		shown := users
+		if len(shown) > attachedShown {
+			shown = shown[:attachedShown]
+		}
+		return nil, apierr.New(apierr.VolumeInUse, fmt.Sprintf("volume %q is mounted by %d live sandboxes (%s): delete them first, or force",
+			id, len(users), strings.Join(shown, ", ")), map[string]string{"volume_id": id, "sandbox_ids": strings.Join(shown, ",")})
+	}
+	deleting := "DELETING"
+	empty := ""
+	if nv, err := st.Update(ctx, org, id, store.VolumeUpdate{State: &deleting, StateReason: &empty}); err == nil {
+		v = nv
+	}
+	if h, ok := s.runnerByID(v.RunnerID).(runner.VolumeHandle); ok {
+		rctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
+		err := h.DeleteVolume(rctx, storeVolume(v).registered(), m.GetForce())
+		cancel()
+		// A runner that holds no volumes has nothing to delete.
+		if err != nil && apierr.Reason(err) != apierr.VolumeTypeNotSupported {
+			// Still there: back to what it was, so a retry sees it.
+			ready, reason := "ERROR", "delete failed: "+err.Error()
+			_, _ = st.Update(context.WithoutCancel(ctx), org, id, store.VolumeUpdate{State: &ready, StateReason: &reason})
+			return nil, err
+		}
+	}
+	out := s.volumeProto(ctx, v)
+	if _, err := st.Delete(ctx, org, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	s.log.Info("volume deleted", "volume", id, "org", org, "force", m.GetForce())
+	return connect.NewResponse(out), nil
+}
+
+// ValidateVolume checks the volume again on its runner and returns the outcome.
+func (s *Server) ValidateVolume(ctx context.Context, req *connect.Request[sandboxv1.ValidateVolumeRequest]) (*connect.Response[sandboxv1.Volume], error) {
+	st, err := s.volumesStore()
+	if err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetVolumeId()
+	if id == "" {
+		return nil, apierr.Invalid(apierr.InvalidRequest, "volume_id is required", []apierr.Violation{{Field: "volume_id", Description: "is required"}})
+	}
+	v, err := st.Get(ctx, principal(ctx).Org, id)
+	if err != nil {
+		return nil, volumeStoreErr(id, err)
+	}
+	if v.State == "DELETING" {
+		return nil, apierr.New(apierr.VolumeNotReady, fmt.Sprintf("volume %q is being deleted", id), map[string]string{"volume_id": id})
+	}
+	v = s.validateVolume(ctx, v)
+	return connect.NewResponse(s.volumeProto(ctx, v)), nil
+}
+
+// registeredResolver resolves org's registered volumes for spec.Convert: READY ones only.
+func (s *Server) registeredResolver(ctx context.Context, org string) spec.RegisteredResolver {
+	if s.volumes == nil {
+		return nil
+	}
+	return func(field, id string) (spec.RegisteredVolume, error) {
+		v, err := s.readyVolume(ctx, org, field, id)
+		if err != nil {
+			return spec.RegisteredVolume{}, err
+		}
+		return spec.RegisteredVolume{Managed: storeVolume(v).registered().ManagedName(), SubPath: v.SubPath, ReadOnly: v.ReadOnly}, nil
+	}
+}
+
+func (s *Server) readyVolume(ctx context.Context, org, field, id string) (store.Volume, error) {
+	v, err := s.volumes.Get(ctx, org, id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			vs := []apierr.Violation{{Field: field, Description: fmt.Sprintf("no volume %q", id)}}
+			return v, apierr.WithViolations(apierr.New(apierr.VolumeNotFound, fmt.Sprintf("%s: volume %q not found", field, id), map[string]string{"volume_id": id}), vs)
+		}
+		return v, connect.NewError(connect.CodeUnavailable, err)
+	}
+	if v.State != "READY" {
+		why := v.State
+		if v.StateReason != "" {
+			why += ": " + v.StateReason
+		}
+		return v, apierr.New(apierr.VolumeNotReady, fmt.Sprintf("%s: volume %q is not READY (%s)", field, id, why), map[string]string{"volume_id": id})
+	}
+	return v, nil
+}
+
+// pinToVolumes returns sp pinned (runner_ids) to the runner of the CLUSTER_LOCAL volumes
+// it mounts: they must be READY, all of one runner, and that runner one of sp's
+// runner_ids when it names any (CWSANDBOX_VOLUME_PLACEMENT_CONFLICT naming the volume).
+func (s *Server) pinToVolumes(ctx context.Context, org string, sp *sandboxv1.SandboxSpec) (*sandboxv1.SandboxSpec, error) {
+	ids := registeredVolumeIDs(sp)
+	if len(ids) == 0 || s.volumes == nil {
+		return sp, nil // without a store, conversion says NOT_IMPLEMENTED
+	}
+	runnerID, first := "", ""
+	for i, v := range sp.GetVolumes() {
+		if v.GetVolumeId() == "" {
+			continue
+		}
+		if !spec.ValidVolumeID(v.GetVolumeId()) {
+			return sp, nil // conversion names the field
+		}
+		vol, err := s.readyVolume(ctx, org, fmt.Sprintf("sandbox.spec.volumes[%d].volume_id", i), v.GetVolumeId())
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case runnerID == "":
+			runnerID, first = vol.RunnerID, vol.ID
+		case runnerID != vol.RunnerID:
+			return nil, apierr.New(apierr.VolumePlacementConflict, fmt.Sprintf("volumes %q (runner %s) and %q (runner %s) are CLUSTER_LOCAL to different runners: no runner can mount both",
+				first, runnerID, vol.ID, vol.RunnerID), map[string]string{"volume_id": vol.ID})
+		}
+	}
+	if want := sp.GetRunnerIds(); len(want) > 0 && !slices.Contains(want, runnerID) {
+		return nil, apierr.New(apierr.VolumePlacementConflict, fmt.Sprintf("volume %q is CLUSTER_LOCAL to runner %s, which sandbox.spec.runner_ids (%s) excludes",
+			first, runnerID, strings.Join(want, ", ")), map[string]string{"volume_id": first, "runner_id": runnerID})
+	}
+	out := proto.CloneOf(sp)
+	out.RunnerIds = []string{runnerID}
+	return out, nil
+}

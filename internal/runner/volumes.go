@@ -1,0 +1,119 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Registered volumes (VolumeService; docs/volumes.md): a CLUSTER_LOCAL volume lives on
+// one runner, whose backend holds it (runtime.ManagedVolumes). The gateway asks the
+// runner to make and check it (EnsureVolume) and to remove it (DeleteVolume); a sandbox
+// mounts it through a runtime.Volume whose Managed is ManagedName.
+
+// RegisteredVolume names a registered volume of an organization on a runner.
+type RegisteredVolume struct {
+	Org       string
+	ClaimName string
+	Namespace string
+	SizeBytes int64 // 0: the backend's default
+}
+
+// VolumeHandle is implemented by Handles whose runner holds registered volumes (Local,
+// runnerapi.Client).
+type VolumeHandle interface {
+	// EnsureVolume makes v when missing, checks it and returns its capacity in bytes.
+	EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, error)
+	// DeleteVolume removes v and its content; a missing one is no error. Without force,
+	// a volume live sandboxes of the runner mount is refused (CWSANDBOX_VOLUME_IN_USE).
+	DeleteVolume(ctx context.Context, v RegisteredVolume, force bool) error
+}
+
+// ClaimNamePattern is what a registered volume's claim_name looks like (a DNS-1123 label).
+var ClaimNamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// VolumeNamespace is the one namespace a local runner's registered volumes are in.
+const VolumeNamespace = "default"
+
+// ManagedName is the backend name of v (runtime.ManagedVolumeName).
+func (v RegisteredVolume) ManagedName() string { return runtime.ManagedVolumeName(v.Org, v.ClaimName) }
+
+func (v RegisteredVolume) check() error {
+	switch {
+	case v.Org == "":
+		return apierr.Newf(apierr.InvalidRequest, "registered volume: organization_id is required")
+	case !ClaimNamePattern.MatchString(v.ClaimName):
+		return apierr.Newf(apierr.InvalidRequest, "registered volume: claim_name %q must be a DNS-1123 label (a-z, 0-9, '-', at most 63)", v.ClaimName)
+	case v.Namespace != VolumeNamespace:
+		return apierr.Newf(apierr.VolumeRunnerIneligible, "registered volume: namespace %q: volumes of this runner are in namespace %q", v.Namespace, VolumeNamespace)
+	case v.SizeBytes < 0:
+		return apierr.Newf(apierr.InvalidRequest, "registered volume: negative size")
+	}
+	return nil
+}
+
+func (r *Runner) managedVolumes() (runtime.ManagedVolumes, error) {
+	mv, ok := r.backend.(runtime.ManagedVolumes)
+	if !ok {
+		return nil, apierr.Newf(apierr.VolumeTypeNotSupported, "this runner's backend holds no registered volumes (PVC volumes on Kubernetes runners are not built yet)")
+	}
+	if why := mv.ManagedUnavailable(); why != "" {
+		return nil, apierr.Newf(apierr.VolumeTypeNotSupported, "this runner holds no registered volumes: %s", why)
+	}
+	return mv, nil
+}
+
+// EnsureVolume implements VolumeHandle.
+func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, error) {
+	if err := v.check(); err != nil {
+		return 0, err
+	}
+	mv, err := r.managedVolumes()
+	if err != nil {
+		return 0, err
+	}
+	n, err := mv.EnsureManaged(v.ManagedName(), v.SizeBytes)
+	if errors.Is(err, runtime.ErrInvalidSpec) {
+		return 0, apierr.Newf(apierr.InvalidRequest, "registered volume %s: %v", v.ClaimName, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("registered volume %s: %w", v.ClaimName, err)
+	}
+	return n, nil
+}
+
+// DeleteVolume implements VolumeHandle.
+func (r *Runner) DeleteVolume(ctx context.Context, v RegisteredVolume, force bool) error {
+	if err := v.check(); err != nil {
+		return err
+	}
+	mv, err := r.managedVolumes()
+	if err != nil {
+		return err
+	}
+	name := v.ManagedName()
+	if !force {
+		var users []string
+		for _, sb := range r.List() {
+			if sb.State.Terminal() {
+				continue
+			}
+			for _, vol := range sb.Spec.Volumes {
+				if vol.Managed == name {
+					users = append(users, sb.ID)
+					break
+				}
+			}
+		}
+		if len(users) > 0 {
+			return apierr.New(apierr.VolumeInUse, fmt.Sprintf("registered volume %s is mounted by live sandboxes: %s", v.ClaimName, strings.Join(users, ", ")),
+				map[string]string{"sandbox_ids": strings.Join(users, ",")})
+		}
+	}
+	return mv.RemoveManaged(name)
+}

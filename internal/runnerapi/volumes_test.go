@@ -1,0 +1,46 @@
+package runnerapi
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// fakeRunner's registered volumes: EnsureVolume answers 1 GiB for claim "ok" and
+// CWSANDBOX_VOLUME_IN_USE on a delete of "busy" without force.
+func (f *fakeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume) (int64, error) {
+	if v.ClaimName != "ok" || v.Org != "acme" || v.Namespace != "default" {
+		return 0, apierr.Newf(apierr.VolumeTypeNotSupported, "no %+v", v)
+	}
+	return 1 << 30, nil
+}
+
+func (f *fakeRunner) DeleteVolume(_ context.Context, v runner.RegisteredVolume, force bool) error {
+	if v.ClaimName == "busy" && !force {
+		return apierr.Newf(apierr.VolumeInUse, "busy")
+	}
+	return nil
+}
+
+// TestVolumeRPCs: EnsureVolume and DeleteVolume cross the wire with their fields and
+// their errors' reasons.
+func TestVolumeRPCs(t *testing.T) {
+	tr := startRunner(t, &fakeRunner{})
+	c := tr.client(t)
+	ctx := context.Background()
+	n, err := c.EnsureVolume(ctx, runner.RegisteredVolume{Org: "acme", ClaimName: "ok", Namespace: "default"})
+	if err != nil || n != 1<<30 {
+		t.Fatalf("ensure = %d, %v", n, err)
+	}
+	if _, err := c.EnsureVolume(ctx, runner.RegisteredVolume{Org: "acme", ClaimName: "nope", Namespace: "default"}); apierr.Reason(err) != apierr.VolumeTypeNotSupported {
+		t.Fatalf("ensure unsupported = %v", err)
+	}
+	if err := c.DeleteVolume(ctx, runner.RegisteredVolume{Org: "acme", ClaimName: "busy", Namespace: "default"}, false); apierr.Reason(err) != apierr.VolumeInUse {
+		t.Fatalf("delete busy = %v", err)
+	}
+	if err := c.DeleteVolume(ctx, runner.RegisteredVolume{Org: "acme", ClaimName: "busy", Namespace: "default"}, true); err != nil {
+		t.Fatalf("delete forced = %v", err)
+	}
+}

@@ -1,0 +1,235 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Managed volumes (runtime.Volume.Managed; registered CLUSTER_LOCAL volumes,
+// docs/volumes.md): one sparse ext4 image per volume, made like a sized scratch volume's
+// (disk.go: no journal, no reserved blocks), in <StateDir>/.volumes/<name>/volume.img and
+// loop-mounted once on the host at <StateDir>/.volumes/<name>/mnt (again after a host
+// reboot, by the first EnsureManaged or sandbox that needs it). Every sandbox that mounts
+// the volume gets a bind mount of that one directory (or of a sub_path dir in it, resolved
+// without following symlinks: the content is sandbox-written), so concurrent read-write
+// mounts share it. The image outlives sandboxes and runner restarts; RemoveManaged
+// unmounts it (lazily, when sandboxes still hold it) and deletes it.
+
+const (
+	dirManaged       = ".volumes" // in StateDir; not a sandbox id (ids cannot start with a dot)
+	fileManagedImage = "volume.img"
+	dirManagedMount  = "mnt"
+	// DefaultManagedVolumeBytes is a managed volume's size when none is asked for.
+	DefaultManagedVolumeBytes = 10 << 30
+	// MaxManagedVolumeBytes bounds one managed volume's size (the image is sparse: the host
+	// disk holds only what is written).
+	MaxManagedVolumeBytes = 16 << 40
+)
+
+var _ runtime.ManagedVolumes = (*Backend)(nil)
+
+// ManagedUnavailable implements runtime.ManagedVolumes: managed volumes need loop devices.
+func (b *Backend) ManagedUnavailable() string {
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		return "the local backend keeps managed volumes in loop-mounted images, and this host has no /dev/loop-control"
+	}
+	return ""
+}
+
+func (b *Backend) managedDir(name string) (string, error) {
+	if !runtime.KeepNamePattern.MatchString(name) {
+		return "", fmt.Errorf("%w: managed volume name %q does not match %s", runtime.ErrInvalidSpec, name, runtime.KeepNamePattern)
+	}
+	return filepath.Join(b.cfg.StateDir, dirManaged, name), nil
+}
+
+// EnsureManaged implements runtime.ManagedVolumes.
+func (b *Backend) EnsureManaged(name string, size int64) (int64, error) {
+	dir, err := b.managedDir(name)
+	if err != nil {
+		return 0, err
+	}
+	if size == 0 {
+		size = DefaultManagedVolumeBytes
+	}
+	if size < minDiskBytes || size > MaxManagedVolumeBytes {
+		return 0, fmt.Errorf("%w: managed volume size %d bytes is not in [%d, %d]", runtime.ErrInvalidSpec, size, minDiskBytes, int64(MaxManagedVolumeBytes))
+	}
+	b.managedMu.Lock()
+	defer b.managedMu.Unlock()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, err
+	}
+	img := filepath.Join(dir, fileManagedImage)
+	fresh := false
+	if _, err := os.Lstat(img); errors.Is(err, fs.ErrNotExist) {
+		tmpl, err := b.disks.get(size)
+		if err != nil {
+			return 0, err
+		}
+		tmp := img + ".tmp"
+		_ = os.Remove(tmp)
+		if err := copySparse(tmpl, tmp, size); err != nil {
+			return 0, fmt.Errorf("managed volume image: %w", err)
+		}
+		if err := os.Rename(tmp, img); err != nil {
+			return 0, err
+		}
+		fresh = true
+	} else if err != nil {
+		return 0, err
+	}
+	mnt, err := b.mountManagedLocked(dir)
+	if err != nil {
+		return 0, err
+	}
+	if fresh {
+		// Like an emptyDir: empty, and writable by every user of every sandbox.
+		_ = os.Remove(filepath.Join(mnt, "lost+found"))
+		if err := os.Chmod(mnt, 0o777); err != nil {
+			return 0, err
+		}
+	}
+	// Usable: the filesystem answers. The capacity is the image's size (what was asked
+	// for; ext4's own metadata takes a little of it).
+	var st unix.Statfs_t
+	if err := unix.Statfs(mnt, &st); err != nil {
+		return 0, fmt.Errorf("managed volume %s: %w", name, err)
+	}
+	fi, err := os.Stat(img)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// mountManagedLocked mounts dir's image on dir/mnt unless it is mounted there already, and
+// returns dir/mnt. b.managedMu is held.
+func (b *Backend) mountManagedLocked(dir string) (string, error) {
+	mnt := filepath.Join(dir, dirManagedMount)
+	if err := os.Mkdir(mnt, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	if mounted, err := isMountPoint(mnt); err != nil {
+		return "", err
+	} else if mounted {
+		return mnt, nil
+	}
+	if err := mountLoopFSWith(filepath.Join(dir, fileManagedImage), mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable", true); err != nil {
+		return "", fmt.Errorf("managed volume: %w", err)
+	}
+	return mnt, nil
+}
+
+// managedRoot returns the host directory of managed volume name, mounting its image when
+// needed; a volume EnsureManaged never made is an error (a sandbox never creates one).
+func (b *Backend) managedRoot(name string) (string, error) {
+	dir, err := b.managedDir(name)
+	if err != nil {
+		return "", err
+	}
+	b.managedMu.Lock()
+	defer b.managedMu.Unlock()
+	if _, err := os.Lstat(filepath.Join(dir, fileManagedImage)); err != nil {
+		return "", fmt.Errorf("%w: managed volume %s does not exist on this runner (deleted?)", runtime.ErrInvalidSpec, name)
+	}
+	return b.mountManagedLocked(dir)
+}
+
+// RemoveManaged implements runtime.ManagedVolumes.
+func (b *Backend) RemoveManaged(name string) error {
+	dir, err := b.managedDir(name)
+	if err != nil {
+		return err
+	}
+	b.managedMu.Lock()
+	defer b.managedMu.Unlock()
+	if err := unmountAll(filepath.Join(dir, dirManagedMount)); err != nil {
+		return err
+	}
+	if mounted, err := isMountPoint(filepath.Join(dir, dirManagedMount)); err == nil && mounted {
+		return fmt.Errorf("managed volume %s: still mounted", name)
+	}
+	return os.RemoveAll(dir)
+}
+
+// isMountPoint says whether p (a directory, not a symlink) is a mount point: on another
+// device than its parent, or the same mount bound again (the mount IDs differ).
+func isMountPoint(p string) (bool, error) {
+	var a, b unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &a); err != nil {
+		return false, err
+	}
+	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(p), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &b); err != nil {
+		return false, err
+	}
+	if a.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return a.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+	}
+	return a.Mnt_id != b.Mnt_id || a.Dev_major != b.Dev_major || a.Dev_minor != b.Dev_minor, nil
+}
+
+// openBeneath opens the directory sub (clean, relative, "" for root itself) below root
+// without following any symlink or leaving root (openat2 RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV), making each missing
+// component (mode 0777, like an emptyDir's sub_path dirs). The tree below root is
+// sandbox-written: a symlink or a file anywhere on the way is an error, never followed.
+func openBeneath(root, sub string) (*os.File, error) {
+	how := unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV}
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0) // the host's path
+	if err != nil {
+		return nil, fmt.Errorf("open volume root: %w", err)
+	}
+	for _, part := range strings.Split(sub, "/") {
+		if part == "" || part == "." {
+			continue
+		}
+		if part == ".." || strings.ContainsRune(part, 0) {
+			unix.Close(fd)
+			return nil, fmt.Errorf("sub_path component %q", part)
+		}
+		made := false
+		if err := unix.Mkdirat(fd, part, 0o777); err == nil {
+			made = true
+		} else if !errors.Is(err, unix.EEXIST) {
+			unix.Close(fd)
+			return nil, fmt.Errorf("sub_path %q: make %q: %w", sub, part, err)
+		}
+		next, err := unix.Openat2(fd, part, &how)
+		unix.Close(fd)
+		if err != nil {
+			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOTDIR) {
+				return nil, fmt.Errorf("%w: sub_path %q: %q is a symlink, not a directory, or leaves the volume", runtime.ErrInvalidSpec, sub, part)
+			}
+			return nil, fmt.Errorf("sub_path %q: open %q: %w", sub, part, err)
+		}
+		fd = next
+		if made {
+			// By descriptor: the name may be a symlink by now.
+			_ = unix.Fchmod(fd, 0o777)
+		}
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(root, sub)), nil
+}
+
+// bindFD bind-mounts the directory f holds on target (an empty dir the host owns): the
+// kernel follows the descriptor, no path is resolved again.
+func bindFD(f *os.File, target string) error {
+	if err := os.Mkdir(target, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	src := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", f.Name(), target, err)
+	}
+	return nil
+}

@@ -1,0 +1,262 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ---- registered volumes ----
+
+// Volumes are the organizations' registered volumes (VolumeService). The ID is the
+// caller's, unique within its organization; a volume of another organization is
+// ErrNotFound, exactly like a missing one. Deletion is a hard delete.
+type Volumes interface {
+	// Create inserts v (Org, ID, RunnerID, Namespace, ClaimName and State required)
+	// unless the organization already has maxActive volumes (ErrLimitExceeded; <= 0: no
+	// limit). *AlreadyExistsError with key KeyID (the ID is taken), KeyRequestID or
+	// KeyClaimName (another volume of the organization names the runner's claim).
+	Create(ctx context.Context, v Volume, maxActive int) (Volume, error)
+	Get(ctx context.Context, org, id string) (Volume, error)
+	// GetByRequestID returns the volume the request requestID created.
+	GetByRequestID(ctx context.Context, org, requestID string) (Volume, error)
+	// List pages through org's volumes, oldest first, filtered by f.
+	List(ctx context.Context, org string, f VolumeFilter, page Page) ([]Volume, string, error)
+	// Update applies u to org's volume id (ErrNotFound when missing).
+	Update(ctx context.Context, org, id string, u VolumeUpdate) (Volume, error)
+	// Delete removes org's volume id and returns it as it was.
+	Delete(ctx context.Context, org, id string) (Volume, error)
+	// Attached returns the IDs of org's sandboxes that have not ended and mount volume
+	// id, oldest first, at most limit, and how many there are in all.
+	Attached(ctx context.Context, org, id string, limit int) ([]string, int, error)
+}
+
+// Volume is a stored registered volume.
+type Volume struct {
+	Org         string
+	ID          string
+	RunnerID    string
+	Namespace   string
+	ClaimName   string
+	SubPath     string
+	ReadOnly    bool
+	Description string
+	State       string // VOLUME_STATE_* without the prefix: VALIDATING, READY, ERROR, DELETING
+	StateReason string
+	// CapacityBytes is the size of the runner's storage; 0 until known.
+	CapacityBytes int64
+	CreateTime    time.Time // set by the store
+	UpdateTime    time.Time // set by the store
+	LastValidated *time.Time
+	RequestID     string // "" when the create had none
+	// RequestDigest identifies the create request; opaque to the store.
+	RequestDigest string
+}
+
+// VolumeFilter narrows Volumes.List. Empty fields do not filter.
+type VolumeFilter struct {
+	States    []string // any of
+	RunnerIDs []string // any of
+}
+
+// VolumeUpdate holds the fields of a volume to change; nil leaves one as it is.
+type VolumeUpdate struct {
+	Description   *string
+	State         *string
+	StateReason   *string // with State
+	CapacityBytes *int64
+	LastValidated *time.Time
+}
+
+// KeyClaimName is the key of a runner claim another volume of the organization names.
+const KeyClaimName = "claim_name"
+
+type volumes struct{ s *sqlStore }
+
+func (s *sqlStore) Volumes() Volumes { return volumes{s} }
+
+const volumeCols = `org_id, id, runner_id, namespace, claim_name, sub_path, read_only, description, state,
+	state_reason, capacity_bytes, create_time, update_time, last_validated, request_id, request_digest`
+
+func scanVolume(r row) (Volume, error) {
+	var v Volume
+	var requestID sql.NullString
+	var created, updated, validated dbTime
+	if err := r.Scan(&v.Org, &v.ID, &v.RunnerID, &v.Namespace, &v.ClaimName, &v.SubPath, &v.ReadOnly, &v.Description,
+		&v.State, &v.StateReason, &v.CapacityBytes, &created, &updated, &validated, &requestID, &v.RequestDigest); err != nil {
+		return Volume{}, err
+	}
+	v.RequestID = requestID.String
+	v.CreateTime, v.UpdateTime, v.LastValidated = created.t, updated.t, validated.ptr()
+	return v, nil
+}
+
+func (vs volumes) Create(ctx context.Context, v Volume, maxActive int) (Volume, error) {
+	if err := required("org", v.Org, "id", v.ID, "runner_id", v.RunnerID, "namespace", v.Namespace,
+		"claim_name", v.ClaimName, "state", v.State); err != nil {
+		return Volume{}, err
+	}
+	v.CreateTime = now()
+	v.UpdateTime = v.CreateTime
+	var requestID any
+	if v.RequestID != "" {
+		requestID = v.RequestID
+	}
+	err := vs.s.d.tx(ctx, func(q querier) error {
+		if maxActive > 0 {
+			var n int64
+			if err := q.queryRow(ctx, `SELECT count(*) FROM volumes WHERE org_id = $1`, v.Org).Scan(&n); err != nil {
+				return err
+			}
+			if n >= int64(maxActive) {
+				return fmt.Errorf("%w: organization %s has %d volumes, at most %d", ErrLimitExceeded, v.Org, n, maxActive)
+			}
+		}
+		_, err := q.exec(ctx, `INSERT INTO volumes (`+volumeCols+`)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
+			v.Org, v.ID, v.RunnerID, v.Namespace, v.ClaimName, v.SubPath, v.ReadOnly, v.Description, v.State,
+			v.StateReason, v.CapacityBytes, v.CreateTime, v.UpdateTime, timeArg(v.LastValidated), requestID, v.RequestDigest)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, ErrLimitExceeded) {
+			return Volume{}, err
+		}
+		return Volume{}, vs.s.writeErr("volume", "create", err)
+	}
+	return v, nil
+}
+
+func (vs volumes) Get(ctx context.Context, org, id string) (Volume, error) {
+	v, err := scanVolume(vs.s.d.queryRow(ctx, `SELECT `+volumeCols+` FROM volumes WHERE org_id = $1 AND id = $2`, org, id))
+	return v, vs.s.readErr("volume", err)
+}
+
+func (vs volumes) GetByRequestID(ctx context.Context, org, requestID string) (Volume, error) {
+	if requestID == "" {
+		return Volume{}, fmt.Errorf("volume: %w", ErrNotFound)
+	}
+	v, err := scanVolume(vs.s.d.queryRow(ctx,
+		`SELECT `+volumeCols+` FROM volumes WHERE org_id = $1 AND request_id = $2`, org, requestID))
+	return v, vs.s.readErr("volume", err)
+}
+
+func (vs volumes) List(ctx context.Context, org string, f VolumeFilter, page Page) ([]Volume, string, error) {
+	var where strings.Builder
+	args := []any{org}
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	in := func(col string, vals []string) {
+		ph := make([]string, len(vals))
+		for i, v := range vals {
+			ph[i] = arg(v)
+		}
+		fmt.Fprintf(&where, " AND %s IN (%s)", col, strings.Join(ph, ", "))
+	}
+	where.WriteString("org_id = $1")
+	if len(f.States) > 0 {
+		in("state", f.States)
+	}
+	if len(f.RunnerIDs) > 0 {
+		in("runner_id", f.RunnerIDs)
+	}
+	if page.Token != "" {
+		at, id, err := decodeSandboxCursor(page.Token) // the same (time, id) form
+		if err != nil {
+			return nil, "", err
+		}
+		a, b := arg(at), arg(id)
+		fmt.Fprintf(&where, " AND (create_time > %s OR (create_time = %s AND id > %s))", a, a, b)
+	}
+	size := pageSize(page.Size)
+	rs, err := vs.s.d.query(ctx, fmt.Sprintf(`SELECT %s FROM volumes WHERE %s ORDER BY create_time, id LIMIT %s`,
+		volumeCols, where.String(), arg(size+1)), args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("list volumes: %w", err)
+	}
+	defer rs.Close()
+	var out []Volume
+	for rs.Next() {
+		v, err := scanVolume(rs)
+		if err != nil {
+			return nil, "", fmt.Errorf("list volumes: %w", err)
+		}
+		out = append(out, v)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, "", fmt.Errorf("list volumes: %w", err)
+	}
+	next := ""
+	if len(out) > size {
+		out = out[:size]
+		last := out[size-1]
+		next = base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(last.CreateTime.UnixMicro(), 10) + ":" + last.ID))
+	}
+	return out, next, nil
+}
+
+func (vs volumes) Update(ctx context.Context, org, id string, u VolumeUpdate) (Volume, error) {
+	var desc, state, reason, capacity any
+	if u.Description != nil {
+		desc = *u.Description
+	}
+	if u.State != nil {
+		state = *u.State
+		r := ""
+		if u.StateReason != nil {
+			r = *u.StateReason
+		}
+		reason = r
+	}
+	if u.CapacityBytes != nil {
+		capacity = *u.CapacityBytes
+	}
+	v, err := scanVolume(vs.s.d.queryRow(ctx, `UPDATE volumes SET
+		description = COALESCE($3, description),
+		state = COALESCE($4, state),
+		state_reason = COALESCE($5, state_reason),
+		capacity_bytes = COALESCE($6, capacity_bytes),
+		last_validated = COALESCE($7, last_validated),
+		update_time = $8
+		WHERE org_id = $1 AND id = $2 RETURNING `+volumeCols,
+		org, id, desc, state, reason, capacity, timeArg(u.LastValidated), now()))
+	return v, vs.s.readErr("volume", err)
+}
+
+func (vs volumes) Delete(ctx context.Context, org, id string) (Volume, error) {
+	v, err := scanVolume(vs.s.d.queryRow(ctx, `DELETE FROM volumes WHERE org_id = $1 AND id = $2 RETURNING `+volumeCols, org, id))
+	return v, vs.s.readErr("volume", err)
+}
+
+func (vs volumes) Attached(ctx context.Context, org, id string, limit int) ([]string, int, error) {
+	var n int
+	if err := vs.s.d.queryRow(ctx, `SELECT count(*) FROM sandbox_volumes v JOIN sandboxes s ON s.id = v.sandbox_id
+		WHERE s.org_id = $1 AND v.volume_id = $2 AND s.ended_at IS NULL`, org, id).Scan(&n); err != nil {
+		return nil, 0, fmt.Errorf("volume attachments: %w", err)
+	}
+	if n == 0 || limit <= 0 {
+		return nil, n, nil
+	}
+	rs, err := vs.s.d.query(ctx, `SELECT s.id FROM sandbox_volumes v JOIN sandboxes s ON s.id = v.sandbox_id
+		WHERE s.org_id = $1 AND v.volume_id = $2 AND s.ended_at IS NULL ORDER BY s.created_at, s.id LIMIT $3`, org, id, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("volume attachments: %w", err)
+	}
+	defer rs.Close()
+	var ids []string
+	for rs.Next() {
+		var s string
+		if err := rs.Scan(&s); err != nil {
+			return nil, 0, fmt.Errorf("volume attachments: %w", err)
+		}
+		ids = append(ids, s)
+	}
+	return ids, n, rs.Err()
+}

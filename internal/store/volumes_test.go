@@ -1,0 +1,135 @@
+package store_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+func TestVolumes(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		vs := s.Volumes()
+		v := store.Volume{Org: "acme", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c1", SubPath: "a/b",
+			ReadOnly: true, Description: "d", State: "VALIDATING", RequestID: "q1", RequestDigest: "dg"}
+		a, err := vs.Create(ctx, v, 0)
+		if err != nil || a.CreateTime.IsZero() {
+			t.Fatalf("create = %+v, %v", a, err)
+		}
+		got, err := vs.Get(ctx, "acme", "data")
+		if err != nil || got.ClaimName != "c1" || got.SubPath != "a/b" || !got.ReadOnly || got.Description != "d" ||
+			got.State != "VALIDATING" || got.RequestDigest != "dg" || got.LastValidated != nil {
+			t.Fatalf("get = %+v, %v", got, err)
+		}
+		// Another organization sees nothing, and may use the same id and claim.
+		_, err = vs.Get(ctx, "globex", "data")
+		wantErr(t, err, store.ErrNotFound)
+		_, err = vs.GetByRequestID(ctx, "globex", "q1")
+		wantErr(t, err, store.ErrNotFound)
+		if g, err := vs.GetByRequestID(ctx, "acme", "q1"); err != nil || g.ID != "data" {
+			t.Fatalf("by request = %+v, %v", g, err)
+		}
+		if _, err := vs.Create(ctx, store.Volume{Org: "globex", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c1", State: "READY"}, 0); err != nil {
+			t.Fatal(err)
+		}
+		var dup *store.AlreadyExistsError
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c2", State: "READY"}, 0)
+		if !errors.As(err, &dup) || dup.Key != store.KeyID {
+			t.Fatalf("duplicate id: %v", err)
+		}
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c1", State: "READY"}, 0)
+		if !errors.As(err, &dup) || dup.Key != store.KeyClaimName {
+			t.Fatalf("duplicate claim: %v", err)
+		}
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c3", State: "READY", RequestID: "q1"}, 0)
+		if !errors.As(err, &dup) || dup.Key != store.KeyRequestID {
+			t.Fatalf("duplicate request: %v", err)
+		}
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c3", State: "READY"}, 1)
+		wantErr(t, err, store.ErrLimitExceeded)
+		// Update: state with its reason, capacity, validation time, description.
+		st, reason, capb, now := "ERROR", "broken", int64(10<<30), time.Now()
+		u, err := vs.Update(ctx, "acme", "data", store.VolumeUpdate{State: &st, StateReason: &reason, CapacityBytes: &capb, LastValidated: &now})
+		if err != nil || u.State != "ERROR" || u.StateReason != "broken" || u.CapacityBytes != capb || u.LastValidated == nil || u.Description != "d" {
+			t.Fatalf("update = %+v, %v", u, err)
+		}
+		st, desc := "READY", "new"
+		u, err = vs.Update(ctx, "acme", "data", store.VolumeUpdate{State: &st, Description: &desc})
+		if err != nil || u.State != "READY" || u.StateReason != "" || u.Description != "new" || u.CapacityBytes != capb {
+			t.Fatalf("update = %+v, %v", u, err)
+		}
+		_, err = vs.Update(ctx, "globex", "nope", store.VolumeUpdate{Description: &desc})
+		wantErr(t, err, store.ErrNotFound)
+		// List: filters and pages.
+		for i := range 3 {
+			if _, err := vs.Create(ctx, store.Volume{Org: "acme", ID: fmt.Sprintf("v%d", i), RunnerID: "r2", Namespace: "default",
+				ClaimName: fmt.Sprintf("k%d", i), State: "VALIDATING"}, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ids []string
+		tok := ""
+		for {
+			page, next, err := vs.List(ctx, "acme", store.VolumeFilter{}, store.Page{Size: 2, Token: tok})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range page {
+				ids = append(ids, p.ID)
+			}
+			if next == "" {
+				break
+			}
+			tok = next
+		}
+		if fmt.Sprint(ids) != "[data v0 v1 v2]" {
+			t.Fatalf("list = %v", ids)
+		}
+		page, _, err := vs.List(ctx, "acme", store.VolumeFilter{States: []string{"READY"}}, store.Page{})
+		if err != nil || len(page) != 1 || page[0].ID != "data" {
+			t.Fatalf("by state = %+v, %v", page, err)
+		}
+		page, _, err = vs.List(ctx, "acme", store.VolumeFilter{RunnerIDs: []string{"r2"}}, store.Page{})
+		if err != nil || len(page) != 3 {
+			t.Fatalf("by runner = %+v, %v", page, err)
+		}
+		// Attachments follow the sandbox index: live sandboxes only, of the organization.
+		sb := s.Sandboxes()
+		for _, id := range []string{"s1", "s2"} {
+			if _, err := sb.Create(ctx, store.Sandbox{ID: id, Org: "acme", RunnerID: "r1", State: "RUNNING", VolumeIDs: []string{"data", "data", "v0"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := sb.Create(ctx, store.Sandbox{ID: "s3", Org: "acme", RunnerID: "r1", State: "RUNNING"}); err != nil {
+			t.Fatal(err)
+		}
+		ended := time.Now()
+		if _, err := sb.UpdateStatus(ctx, "acme", "s2", store.SandboxStatusUpdate{State: "COMPLETED", EndedAt: &ended}); err != nil {
+			t.Fatal(err)
+		}
+		att, n, err := vs.Attached(ctx, "acme", "data", 10)
+		if err != nil || n != 1 || fmt.Sprint(att) != "[s1]" {
+			t.Fatalf("attached = %v %d %v", att, n, err)
+		}
+		if _, n, err := vs.Attached(ctx, "globex", "data", 10); err != nil || n != 0 {
+			t.Fatalf("other org attached = %d %v", n, err)
+		}
+		list, _, err := sb.List(ctx, "acme", store.SandboxFilter{VolumeIDs: []string{"v0", "zzz"}, IncludeTerminal: true}, store.Page{})
+		if err != nil || len(list) != 2 {
+			t.Fatalf("by volume = %+v, %v", list, err)
+		}
+		// Delete returns it; then it is gone and its id free.
+		d, err := vs.Delete(ctx, "acme", "data")
+		if err != nil || d.ID != "data" {
+			t.Fatalf("delete = %+v, %v", d, err)
+		}
+		_, err = vs.Delete(ctx, "acme", "data")
+		wantErr(t, err, store.ErrNotFound)
+		if g, err := vs.Get(ctx, "globex", "data"); err != nil || g.Org != "globex" {
+			t.Fatalf("other org's = %+v, %v", g, err)
+		}
+	})
+}
