@@ -3802,7 +3802,10 @@ type Sandbox struct {
 	// for a single-container sandbox, whose state is the sandbox's own.
 	Containers []*ContainerStatus `protobuf:"bytes,17,rep,name=containers,proto3" json:"containers,omitempty"`
 	// Set while PAUSED: how it is paused.
-	Pause         *PauseStatus `protobuf:"bytes,18,opt,name=pause,proto3" json:"pause,omitempty"`
+	Pause *PauseStatus `protobuf:"bytes,18,opt,name=pause,proto3" json:"pause,omitempty"`
+	// What the sandbox uses now (RUNNING only, when the backend can tell): read from its
+	// cgroup when the runner answered.
+	Usage         *ResourceUsage `protobuf:"bytes,19,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3963,6 +3966,86 @@ func (x *Sandbox) GetPause() *PauseStatus {
 	return nil
 }
 
+func (x *Sandbox) GetUsage() *ResourceUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// ResourceUsage is a running sandbox's use of CPU and memory, from its cgroup.
+type ResourceUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CPU in millicores, averaged over the runner's last sampling window (or since the
+	// sandbox started, at the first read).
+	CpuMillicores int64 `protobuf:"varint,1,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
+	// Total CPU time used since the sandbox started, in microseconds.
+	CpuUsageUsec int64 `protobuf:"varint,2,opt,name=cpu_usage_usec,json=cpuUsageUsec,proto3" json:"cpu_usage_usec,omitempty"`
+	// Memory charged to the sandbox now, and the most it was charged (0: unknown).
+	MemoryBytes     int64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryPeakBytes int64 `protobuf:"varint,4,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3" json:"memory_peak_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ResourceUsage) Reset() {
+	*x = ResourceUsage{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceUsage) ProtoMessage() {}
+
+func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
+func (*ResourceUsage) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ResourceUsage) GetCpuMillicores() int64 {
+	if x != nil {
+		return x.CpuMillicores
+	}
+	return 0
+}
+
+func (x *ResourceUsage) GetCpuUsageUsec() int64 {
+	if x != nil {
+		return x.CpuUsageUsec
+	}
+	return 0
+}
+
+func (x *ResourceUsage) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *ResourceUsage) GetMemoryPeakBytes() int64 {
+	if x != nil {
+		return x.MemoryPeakBytes
+	}
+	return 0
+}
+
 type CreateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Spec          *Spec                  `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -3973,7 +4056,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3985,7 +4068,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3998,7 +4081,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -4024,7 +4107,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4036,7 +4119,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4049,7 +4132,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -4068,7 +4151,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4163,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4176,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetRequest) GetId() string {
@@ -4113,7 +4196,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4125,7 +4208,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4138,7 +4221,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -4164,7 +4247,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4176,7 +4259,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4189,7 +4272,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -4208,7 +4291,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4220,7 +4303,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4233,7 +4316,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -4251,7 +4334,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4263,7 +4346,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4276,7 +4359,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
 }
 
 type ListResponse struct {
@@ -4288,7 +4371,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4300,7 +4383,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4313,7 +4396,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -4336,7 +4419,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4348,7 +4431,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4361,7 +4444,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -4396,7 +4479,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4408,7 +4491,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4421,7 +4504,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -4446,7 +4529,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4458,7 +4541,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4471,7 +4554,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
 }
 
 type CapacityResponse struct {
@@ -4539,7 +4622,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4551,7 +4634,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4564,7 +4647,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -5102,7 +5185,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12*\n" +
 	"\x11request_milli_cpu\x18\x04 \x01(\x03R\x0frequestMilliCpu\x120\n" +
-	"\x14request_memory_bytes\x18\x05 \x01(\x03R\x12requestMemoryBytes\"\x83\x06\n" +
+	"\x14request_memory_bytes\x18\x05 \x01(\x03R\x12requestMemoryBytes\"\xbc\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.sandboxd.runner.v1.SpecR\x04spec\x12/\n" +
@@ -5126,9 +5209,15 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
 	"containers\x18\x11 \x03(\v2#.sandboxd.runner.v1.ContainerStatusR\n" +
 	"containers\x125\n" +
-	"\x05pause\x18\x12 \x01(\v2\x1f.sandboxd.runner.v1.PauseStatusR\x05pauseB\f\n" +
+	"\x05pause\x18\x12 \x01(\v2\x1f.sandboxd.runner.v1.PauseStatusR\x05pause\x127\n" +
+	"\x05usage\x18\x13 \x01(\v2!.sandboxd.runner.v1.ResourceUsageR\x05usageB\f\n" +
 	"\n" +
-	"_exit_code\"t\n" +
+	"_exit_code\"\xab\x01\n" +
+	"\rResourceUsage\x12%\n" +
+	"\x0ecpu_millicores\x18\x01 \x01(\x03R\rcpuMillicores\x12$\n" +
+	"\x0ecpu_usage_usec\x18\x02 \x01(\x03R\fcpuUsageUsec\x12!\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x03R\vmemoryBytes\x12*\n" +
+	"\x11memory_peak_bytes\x18\x04 \x01(\x03R\x0fmemoryPeakBytes\"t\n" +
 	"\rCreateRequest\x12,\n" +
 	"\x04spec\x18\x01 \x01(\v2\x18.sandboxd.runner.v1.SpecR\x04spec\x125\n" +
 	"\blifetime\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\blifetime\"G\n" +
@@ -5237,7 +5326,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -5292,36 +5381,37 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(*File)(nil),                     // 50: sandboxd.runner.v1.File
 	(*Resources)(nil),                // 51: sandboxd.runner.v1.Resources
 	(*Sandbox)(nil),                  // 52: sandboxd.runner.v1.Sandbox
-	(*CreateRequest)(nil),            // 53: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 54: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 55: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 56: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 57: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 58: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 59: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 60: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 61: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 62: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 63: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 64: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 65: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	nil,                              // 66: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 67: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 68: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 69: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 70: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 71: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 72: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 73: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 74: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 75: google.protobuf.Timestamp
+	(*ResourceUsage)(nil),            // 53: sandboxd.runner.v1.ResourceUsage
+	(*CreateRequest)(nil),            // 54: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 55: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 56: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 57: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 58: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 59: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 60: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 61: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 62: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 63: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 64: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 65: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 66: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	nil,                              // 67: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 68: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 69: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 70: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 71: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 72: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 73: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 74: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 75: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 76: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	65,  // 0: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	66,  // 0: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
 	49,  // 1: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
 	49,  // 2: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
 	51,  // 3: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	74,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	75,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	5,   // 5: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	6,   // 6: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	7,   // 7: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -5337,18 +5427,18 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	23,  // 17: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
 	52,  // 18: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	52,  // 19: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	66,  // 20: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	74,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	67,  // 20: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	75,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
 	23,  // 22: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
 	52,  // 23: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	26,  // 24: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
 	25,  // 25: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	75,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	76,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
 	49,  // 27: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	67,  // 28: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	68,  // 28: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
 	50,  // 29: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
 	51,  // 30: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	68,  // 31: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	69,  // 31: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
 	48,  // 32: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
 	37,  // 33: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
 	47,  // 34: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
@@ -5360,92 +5450,93 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	31,  // 40: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
 	31,  // 41: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
 	30,  // 42: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	69,  // 43: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	70,  // 43: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
 	49,  // 44: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	70,  // 45: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	71,  // 45: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
 	50,  // 46: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
 	51,  // 47: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
 	46,  // 48: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
 	47,  // 49: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
 	32,  // 50: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
 	33,  // 51: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	74,  // 52: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	74,  // 53: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	74,  // 54: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	71,  // 55: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	75,  // 52: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	75,  // 53: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	75,  // 54: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	72,  // 55: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
 	36,  // 56: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	72,  // 57: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	73,  // 57: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
 	38,  // 58: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
 	38,  // 59: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
 	39,  // 60: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
 	41,  // 61: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
 	42,  // 62: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
 	0,   // 63: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	74,  // 64: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	75,  // 65: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	75,  // 64: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	76,  // 65: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
 	29,  // 66: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
 	1,   // 67: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	75,  // 68: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	75,  // 69: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	75,  // 70: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	74,  // 71: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	75,  // 72: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	76,  // 68: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	76,  // 69: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	76,  // 70: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	75,  // 71: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	76,  // 72: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
 	34,  // 73: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
 	28,  // 74: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	29,  // 75: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	74,  // 76: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 77: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	74,  // 78: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 79: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 80: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 81: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	74,  // 82: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	42,  // 83: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	52,  // 84: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	45,  // 85: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	75,  // 86: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	51,  // 87: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	73,  // 88: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	49,  // 89: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	53,  // 90: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	55,  // 91: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	59,  // 92: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	61,  // 93: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	63,  // 94: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	43,  // 95: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	44,  // 96: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	56,  // 97: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	19,  // 98: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	21,  // 99: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	24,  // 100: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	12,  // 101: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	14,  // 102: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	15,  // 103: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	17,  // 104: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	9,   // 105: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	3,   // 106: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	54,  // 107: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	58,  // 108: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	60,  // 109: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	62,  // 110: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	64,  // 111: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	45,  // 112: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	45,  // 113: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	57,  // 114: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	20,  // 115: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	22,  // 116: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	27,  // 117: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	13,  // 118: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	27,  // 119: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	16,  // 120: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	18,  // 121: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	10,  // 122: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	4,   // 123: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	107, // [107:124] is the sub-list for method output_type
-	90,  // [90:107] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	53,  // 75: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	29,  // 76: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	75,  // 77: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 78: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	75,  // 79: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 80: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 81: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 82: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	75,  // 83: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	42,  // 84: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	52,  // 85: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	45,  // 86: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	76,  // 87: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	51,  // 88: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	74,  // 89: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	49,  // 90: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	54,  // 91: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	56,  // 92: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	60,  // 93: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	62,  // 94: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	64,  // 95: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	43,  // 96: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	44,  // 97: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	57,  // 98: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	19,  // 99: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	21,  // 100: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	24,  // 101: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	12,  // 102: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	14,  // 103: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	15,  // 104: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	17,  // 105: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	9,   // 106: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	3,   // 107: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	55,  // 108: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	59,  // 109: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	61,  // 110: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	63,  // 111: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	65,  // 112: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	45,  // 113: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	45,  // 114: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	58,  // 115: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	20,  // 116: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	22,  // 117: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	27,  // 118: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	13,  // 119: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	27,  // 120: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	16,  // 121: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	18,  // 122: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	10,  // 123: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	4,   // 124: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	108, // [108:125] is the sub-list for method output_type
+	91,  // [91:108] is the sub-list for method input_type
+	91,  // [91:91] is the sub-list for extension type_name
+	91,  // [91:91] is the sub-list for extension extendee
+	0,   // [0:91] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -5469,7 +5560,7 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   71,
+			NumMessages:   72,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
