@@ -129,6 +129,9 @@ func ParseTrustedProxies(s string) ([]netip.Prefix, error) {
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
 		if p.Addr().Is4In6() {
+			if p.Bits() < 96 {
+				return nil, &net.ParseError{Type: "CIDR or IP address (write IPv4 prefixes in IPv4 form)", Text: f}
+			}
 			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 		}
 		out = append(out, p.Masked())

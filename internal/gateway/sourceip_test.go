@@ -61,10 +61,13 @@ func TestSourceAddr(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []string{"10.0.0.0/33", "host.example", "fe80::1%eth0"} {
+	for _, bad := range []string{"10.0.0.0/33", "host.example", "fe80::1%eth0", "::ffff:0.0.0.0/80"} {
 		if _, err := ParseTrustedProxies(bad); err == nil {
 			t.Errorf("--trusted-proxies %q accepted", bad)
 		}
+	}
+	if ps, err := ParseTrustedProxies("::ffff:10.0.0.0/104, 192.0.2.7"); err != nil || len(ps) != 2 || ps[0] != netip.MustParsePrefix("10.0.0.0/8") || ps[1] != netip.MustParsePrefix("192.0.2.7/32") {
+		t.Errorf("--trusted-proxies forms: %v %v", ps, err)
 	}
 	if ps, err := ParseTrustedProxies(""); err != nil || len(ps) != 0 {
 		t.Errorf("empty --trusted-proxies: %v %v", ps, err)
@@ -260,4 +263,35 @@ func TestSourceIPAllowlist(t *testing.T) {
 	if err := ops["get"](refused[1].c, id); err != nil {
 		t.Errorf("get without an allowlist: %v", err)
 	}
+}
+
+// FuzzSourceAddr: sourceAddr never panics; a peer outside the trusted proxies is always
+// the caller whatever the header says; otherwise the caller is unknown, the peer, or an
+// address the header holds — never one of the trusted proxies unless every hop is one.
+func FuzzSourceAddr(f *testing.F) {
+	f.Add("10.1.2.3:4000", "198.51.100.1, 10.9.9.9")
+	f.Add("203.0.113.5:1", "10.0.0.1")
+	f.Add("10.0.0.1:1", "[2001:db8::1]:80,junk")
+	f.Add("[::ffff:10.0.0.1]:1", "::ffff:1.2.3.4")
+	trusted, _ := ParseTrustedProxies("10.0.0.0/8")
+	f.Fuzz(func(t *testing.T, remote, xff string) {
+		got := sourceAddr(remote, []string{xff}, trusted)
+		peer := parseHop(remote)
+		if !peer.IsValid() || !trusted[0].Contains(peer) {
+			if got != peer {
+				t.Fatalf("untrusted peer %q: caller %v", remote, got)
+			}
+			return
+		}
+		if !got.IsValid() || got == peer {
+			return
+		}
+		found := false
+		for h := range strings.SplitSeq(xff, ",") {
+			found = found || parseHop(strings.TrimSpace(h)) == got
+		}
+		if !found {
+			t.Fatalf("caller %v is neither the peer nor in %q", got, xff)
+		}
+	})
 }
