@@ -34,11 +34,11 @@ func TestResourceUsage(t *testing.T) {
 		}
 		u = res.Msg.GetStatus().GetResourceUsage()
 		t.Logf("resource_usage %v", u)
-		if u.GetCpuMillicores() >= 300 && u.GetMemoryMb() >= 40 {
+		if u.GetCpuMillicores() >= 100 && u.GetMemoryMb() >= 40 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("busy sandbox: resource_usage %v, want ≥ 300m CPU and ≥ 40 MiB", u)
+			t.Fatalf("busy sandbox: resource_usage %v, want ≥ 100m CPU and ≥ 40 MiB", u)
 		}
 	}
 	if u.GetCpuMillicores() > 1500 { // limited to 1 CPU by default
