@@ -95,6 +95,7 @@ type devConfig struct {
 	edgeListen, baseDomain              string
 	dataPlaneListen                     string
 	dataPlaneTTL                        time.Duration
+	trustedProxies                      string
 	verbose                             bool
 	hard                                hardeningFlags
 	capacity                            capacityFlags
@@ -124,6 +125,7 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.baseDomain, "base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")
 	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues")
+	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", trustedProxiesHelp)
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	fs.StringVar(&c.bridge, "bridge", "", "sandbox bridge (default sbx0; another one also gets its own nftables table)")
 	fs.StringVar(&c.subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
@@ -139,6 +141,9 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 }
 
 func (c devConfig) validate() error {
+	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
 		return err
 	}
@@ -271,6 +276,9 @@ func (c runnerConfig) validate() error {
 	return nil
 }
 
+// trustedProxiesHelp documents --trusted-proxies (gateway and dev).
+const trustedProxiesHelp = "comma-separated CIDRs or addresses of reverse proxies in front of the API whose X-Forwarded-For names the caller, for runners' source-IP allowlists (the right-most address outside these is the caller); default none: the TCP peer is the caller"
+
 // gatewayConfig configures `sandboxd gateway`.
 type gatewayConfig struct {
 	dataDir, storeDSN, pkiDir, listen, name string
@@ -278,6 +286,7 @@ type gatewayConfig struct {
 	reconcileInterval, orphanGrace          time.Duration
 	controlPlane                            string
 	dataPlaneTTL                            time.Duration
+	trustedProxies                          string
 	verbose                                 bool
 	blob                                    blobFlags
 	fss                                     fssFlags
@@ -297,6 +306,7 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.orphanGrace, "orphan-grace", gateway.DefaultOrphanGrace, "age at which a sandbox that no gateway recorded (its create was interrupted) is deleted")
 	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
+	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", trustedProxiesHelp)
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
 	c.fss.register(fs)
@@ -306,6 +316,9 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 }
 
 func (c gatewayConfig) validate() error {
+	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	if err := c.blob.validate(); err != nil {
 		return err
 	}

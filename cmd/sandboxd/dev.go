@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -140,7 +141,8 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
-	dpIssuer, stopListeners, err := c.startListeners(local, ca, keys, stk.EdgeDialMark(), logger)
+	policies := controlplane.NewPolicySource(st, defaultOrg)
+	dpIssuer, stopListeners, err := c.startListeners(local, ca, keys, policies, stk.EdgeDialMark(), logger)
 	if err != nil {
 		return err
 	}
@@ -160,6 +162,10 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
+	trusted, err := gateway.ParseTrustedProxies(c.trustedProxies)
+	if err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	gw, err := gateway.New(gateway.Config{
 		Quota:         quotaOpts,
 		FSS:           fssOpts,
@@ -167,7 +173,7 @@ func (c devConfig) run() error {
 		ShareTokenKey: shareKey,
 		Auth:          keys,
 		Runners:       []runner.Handle{local},
-		Policies:      controlplane.NewPolicySource(st, defaultOrg),
+		Policies:      policies,
 		Index:         st.Sandboxes(),
 		Orgs:          st.Orgs(),
 		Snapshots:     st.Snapshots(),
@@ -182,6 +188,7 @@ func (c devConfig) run() error {
 
 		RegistryCredentials: regCreds, // pull tokens for images of the platform registry
 		Builds:              buildOptions(st, reg, regHost, c.builds),
+		TrustedProxies:      trusted,
 	})
 	if err != nil {
 		return err
@@ -219,7 +226,7 @@ func (c devConfig) run() error {
 // flags are empty) until stop, and returns the issuer of data-plane client certificates
 // (nil without a data plane). A listener whose flag was not given is left out, with a
 // warning, when its default address is taken.
-func (c devConfig) startListeners(local *runner.Local, ca *pki.CA, keys *auth.StoreAuthenticator, dialMark uint32, logger *slog.Logger) (dpIssuer gateway.DataPlaneIssuer, stop func(), err error) {
+func (c devConfig) startListeners(local *runner.Local, ca *pki.CA, keys *auth.StoreAuthenticator, policies policy.Source, dialMark uint32, logger *slog.Logger) (dpIssuer gateway.DataPlaneIssuer, stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for _, s := range slices.Backward(stops) {
@@ -246,7 +253,7 @@ func (c devConfig) startListeners(local *runner.Local, ca *pki.CA, keys *auth.St
 			stop()
 			return nil, nil, err
 		}
-		l, err := startDataPlane(local, dataplane.ListenConfig{Listen: c.dataPlaneListen, CA: dpCA, Logger: logger})
+		l, err := startDataPlane(local, dataplane.ListenConfig{Listen: c.dataPlaneListen, CA: dpCA, Logger: logger, Policies: policies, RunnerID: c.runnerID})
 		switch {
 		case err == nil:
 			stops = append(stops, l.Close)

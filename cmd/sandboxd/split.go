@@ -116,6 +116,9 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	if c.dataPlaneListen != "" {
 		dc := dataplane.ListenConfig{Listen: c.dataPlaneListen, Host: c.dataPlaneHost, Logger: logger}
 		if creds.ident != nil {
+			// Its policy's source-IP allowlist applies to direct calls too (an
+			// unregistered runner has no policy: only the gateway checks).
+			dc.Policies, dc.RunnerID = creds.cache, runnerID
 			// Registered: the control plane holds the data-plane CA and signs for us.
 			if dc.Issue, dc.ClientCAs, err = enroll.DataPlaneCredentials(ctx, creds.ident); err != nil {
 				return fmt.Errorf("--data-plane-listen: %w", err)
@@ -433,6 +436,10 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
+	trusted, err := gateway.ParseTrustedProxies(c.trustedProxies)
+	if err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	gw, err := gateway.New(gateway.Config{
 		Quota:     quotaOpts,
 		FSS:       fssOpts,
@@ -443,6 +450,7 @@ func (c gatewayConfig) run() error {
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
 		RegistryCredentials: regCreds,
 		Builds:              buildOptions(st, reg, regHost, c.builds),
+		TrustedProxies:      trusted,
 	})
 	if err != nil {
 		return err

@@ -23,13 +23,17 @@ const Domain = "cwsandbox.com"
 // call site names the reason and never pairs it with another code. docs/api.md lists the
 // table (TestDocsTable keeps it true).
 const (
-	InvalidRequest    = "CWSANDBOX_INVALID_REQUEST"
-	InvalidPath       = "CWSANDBOX_INVALID_PATH"
-	Unauthenticated   = "CWSANDBOX_UNAUTHENTICATED"
-	PermissionDenied  = "CWSANDBOX_PERMISSION_DENIED"
-	NotImplemented    = "CWSANDBOX_NOT_IMPLEMENTED"
-	SandboxNotFound   = "CWSANDBOX_SANDBOX_NOT_FOUND"
-	SandboxNotRunning = "CWSANDBOX_SANDBOX_NOT_RUNNING"
+	InvalidRequest   = "CWSANDBOX_INVALID_REQUEST"
+	InvalidPath      = "CWSANDBOX_INVALID_PATH"
+	Unauthenticated  = "CWSANDBOX_UNAUTHENTICATED"
+	PermissionDenied = "CWSANDBOX_PERMISSION_DENIED"
+	// SourceIPNotAllowed: the runner's policy (control_plane_access.source_ip_allowlist)
+	// does not allow Sandbox API calls from the caller's address (PERMISSION_DENIED;
+	// metadata source_ip names the address seen, runner_id the runner).
+	SourceIPNotAllowed = "CWSANDBOX_SOURCE_IP_NOT_ALLOWED"
+	NotImplemented     = "CWSANDBOX_NOT_IMPLEMENTED"
+	SandboxNotFound    = "CWSANDBOX_SANDBOX_NOT_FOUND"
+	SandboxNotRunning  = "CWSANDBOX_SANDBOX_NOT_RUNNING"
 	// ContainerNotFound: the sandbox has no container of the name a data call gave
 	// (NOT_FOUND; metadata "container" names it, since the official client rewrites the
 	// message of a NOT_FOUND).
@@ -191,6 +195,7 @@ var table = []reasonCode{
 	{InvalidPath, connect.CodeInvalidArgument, "a file path is empty, too long, or has a NUL byte or a \"..\" element"},
 	{Unauthenticated, connect.CodeUnauthenticated, "no API key, or one that is not valid"},
 	{PermissionDenied, connect.CodePermissionDenied, "the key may not make this call"},
+	{SourceIPNotAllowed, connect.CodePermissionDenied, "the runner's policy (control_plane_access.source_ip_allowlist) does not allow calls from the caller's address; metadata source_ip names it"},
 	{NotImplemented, connect.CodeUnimplemented, "sandboxd does not build this RPC or feature (yet)"},
 	{SandboxNotFound, connect.CodeNotFound, "no such sandbox visible to the caller"},
 	{SandboxNotRunning, connect.CodeFailedPrecondition, "the sandbox is not running (yet or any more)"},

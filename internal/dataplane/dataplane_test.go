@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -28,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -105,7 +107,10 @@ type fixture struct {
 	issuer *Issuer
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, nil) }
+
+// newFixtureWith is newFixture with the runner's policy from pols (nil: none).
+func newFixtureWith(t *testing.T, pols policy.Source) *fixture {
 	t.Helper()
 	agentSrv := httptest.NewServer(func() http.Handler {
 		_, h := agentv1connect.NewAgentServiceHandler(echoAgent{})
@@ -119,7 +124,7 @@ func newFixture(t *testing.T) *fixture {
 	sbs := &fakeSandboxes{sbs: map[string]runner.Sandbox{}, agent: agentv1connect.NewAgentServiceClient(agentSrv.Client(), agentSrv.URL)}
 	sbs.set("sb1", "acme", runner.StateRunning)
 	sbs.set("sb2", "acme", runner.StateRunning)
-	l, uri, err := Start(ListenConfig{Listen: "127.0.0.1:0", CA: ca, Sandboxes: sbs, Logger: slog.New(slog.DiscardHandler)})
+	l, uri, err := Start(ListenConfig{Listen: "127.0.0.1:0", CA: ca, Sandboxes: sbs, Logger: slog.New(slog.DiscardHandler), Policies: pols, RunnerID: "r1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,9 +157,18 @@ func (f *fixture) client(is *Issuer, org, id string, perms ...sandboxv1.SandboxD
 }
 
 func (f *fixture) clientWith(cert *tls.Certificate) sandboxv1connect.SandboxDataPlaneServiceClient {
+	return f.clientFrom(cert, "")
+}
+
+// clientFrom is clientWith connecting from the local address src ("" = any).
+func (f *fixture) clientFrom(cert *tls.Certificate, src string) sandboxv1connect.SandboxDataPlaneServiceClient {
 	cfg := pki.ClientTLSConfig(cert, f.ca.Pool(), "127.0.0.1")
 	cfg.NextProtos = []string{"h2"}
 	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+	if src != "" {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+		tr.DialContext = d.DialContext
+	}
 	f.t.Cleanup(tr.CloseIdleConnections)
 	return sandboxv1connect.NewSandboxDataPlaneServiceClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}, f.uri, connect.WithGRPC())
 }

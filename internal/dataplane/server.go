@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -48,6 +50,13 @@ type Config struct {
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	Sandboxes      Sandboxes
 	Logger         *slog.Logger
+	// Policies, when set, gives the runner's policy (RunnerID's; typically the cache of
+	// what the control plane sent): a call from a TCP peer outside its
+	// control_plane_access.source_ip_allowlist is refused like the gateway refuses it
+	// (PERMISSION_DENIED CWSANDBOX_SOURCE_IP_NOT_ALLOWED). Clients reach the data plane
+	// directly, so the peer is the caller; X-Forwarded-For is never read here.
+	Policies policy.Source
+	RunnerID string
 }
 
 // Server serves SandboxDataPlaneService for the sandboxes of one runner.
@@ -98,6 +107,9 @@ func (s *Server) TLSConfig() *tls.Config {
 
 type peerKey struct{}
 
+// remoteKey holds the TCP peer's address (netip.Addr) in a call's context.
+type remoteKey struct{}
+
 // Handler serves the data-plane service (gRPC, Connect, gRPC-Web) to verified TLS peers.
 func (s *Server) Handler() http.Handler {
 	path, h := sandboxv1connect.NewSandboxDataPlaneServiceHandler(relay.Relay{Src: source{s}},
@@ -113,7 +125,12 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "a client certificate is required", http.StatusUnauthorized)
 			return
 		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, r.TLS.VerifiedChains[0][0])))
+		ctx := context.WithValue(r.Context(), peerKey{}, r.TLS.VerifiedChains[0][0])
+		var remote netip.Addr // invalid (unknown) unless the peer parses
+		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+			remote = ap.Addr().Unmap()
+		}
+		h.ServeHTTP(w, r.WithContext(context.WithValue(ctx, remoteKey{}, remote)))
 	}))
 	return mux
 }
@@ -235,6 +252,9 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 	if errors.Is(err, runtime.ErrNotFound) || err == nil && sb.Spec.Meta[runtime.MetaOrg] != id.Org {
 		return runner.Sandbox{}, runner.NotFoundError(sandboxID)
 	}
+	if err == nil {
+		err = src.checkSource(ctx)
+	}
 	if err != nil {
 		return runner.Sandbox{}, runner.APIError(sandboxID, err, runner.SpecField)
 	}
@@ -244,6 +264,34 @@ func (src source) authorize(ctx context.Context, perm sandboxv1.SandboxDataPermi
 		return runner.Sandbox{}, runner.APIError(sandboxID, &runner.ContainerNotFoundError{Sandbox: sandboxID, Container: container}, runner.SpecField)
 	}
 	return sb, nil
+}
+
+// checkSource refuses a caller outside the runner's source-IP allowlist (Config.Policies;
+// none: every caller); a policy that cannot be read or parsed refuses the call.
+func (src source) checkSource(ctx context.Context) error {
+	s := src.s
+	if s.cfg.Policies == nil {
+		return nil
+	}
+	doc, _, err := s.cfg.Policies.Policy(ctx, s.cfg.RunnerID)
+	if err != nil {
+		return apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s cannot read its policy: %v", s.cfg.RunnerID, err), 0)
+	}
+	p := &policy.Policy{}
+	if len(doc) > 0 {
+		if p, err = policy.Parse(doc); err != nil {
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.cfg.RunnerID, err))
+		}
+	}
+	addr, _ := ctx.Value(remoteKey{}).(netip.Addr)
+	if policy.SourceAllowed(p, addr) {
+		return nil
+	}
+	a := policy.AddrString(addr)
+	s.cfg.Logger.Info("direct data-plane call refused by the source-IP allowlist", "runner", s.cfg.RunnerID, "source_ip", a)
+	return apierr.New(apierr.SourceIPNotAllowed,
+		fmt.Sprintf("calls from %s are not allowed on the sandboxes of runner %s (its policy's %s)", a, s.cfg.RunnerID, policy.ConstraintSourceIPAllowlist),
+		map[string]string{"source_ip": a, "runner_id": s.cfg.RunnerID})
 }
 
 // ServerCertTTL is the lifetime of a listener's certificate; it is renewed at half-life.
@@ -262,6 +310,9 @@ type ListenConfig struct {
 	ClientCAs *x509.CertPool
 	Sandboxes Sandboxes
 	Logger    *slog.Logger
+	// Policies and RunnerID: see Config.
+	Policies policy.Source
+	RunnerID string
 }
 
 // Start serves the data plane on cfg.Listen with a certificate from cfg.CA and returns the
@@ -293,7 +344,7 @@ func Start(cfg ListenConfig) (*Listener, string, error) {
 	if _, err := getCert(); err != nil {
 		return nil, "", fmt.Errorf("data-plane certificate: %w", err)
 	}
-	s, err := New(Config{ClientCAs: clientCAs, Sandboxes: cfg.Sandboxes, Logger: cfg.Logger,
+	s, err := New(Config{ClientCAs: clientCAs, Sandboxes: cfg.Sandboxes, Logger: cfg.Logger, Policies: cfg.Policies, RunnerID: cfg.RunnerID,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return getCert() }})
 	if err != nil {
 		return nil, "", err

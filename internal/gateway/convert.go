@@ -58,6 +58,12 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 	}
 	// A group's: the sum of its containers, what the policy's ceilings apply to.
 	st.EffectiveResources, st.EffectiveResourceRequirements = spec.EffectiveTotal(sp)
+	if u := sb.Usage; u != nil && sb.State == runner.StateRunning {
+		// Read from the sandbox's cgroup when its runner answered (GetSandbox); memory in
+		// MiB, rounded up so that a sandbox using any shows it; GPUs are what it holds.
+		st.ResourceUsage = &sandboxv1.ResourceUsage{CpuMillicores: u.CPUMillicores,
+			MemoryMb: (u.MemoryBytes + 1<<20 - 1) >> 20, GpuCount: st.GetEffectiveResources().GetGpu().GetCount()}
+	}
 	st.ContainerStatuses = containerStatuses(sp, sb, st.State)
 	sp = withPrimaryMarked(sp)
 	st.AttachedVolumeIds = registeredVolumeIDs(sp)

@@ -137,6 +137,7 @@ func (x *index) put(ctx context.Context, r *record, requestID string) error {
 }
 
 func (x *index) setLast(ctx context.Context, r *record, sb runner.Sandbox) {
+	sb.Usage = nil // a moment's reading: never kept, never shown as the last state
 	x.mu.Lock()
 	dirty := changed(r.last, sb)
 	r.last = sb

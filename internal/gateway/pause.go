@@ -358,12 +358,15 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 func (s *Server) placeFork(ctx context.Context, rec *record, r runner.Handle, src runner.Sandbox) (placement.Candidate, error) {
 	sp := proto.CloneOf(rec.spec)
 	sp.RunnerIds = []string{r.ID()}
+	addr, public := callerOf(ctx)
 	cands, err := placement.Place(placement.Request{
 		Spec:         sp,
 		Engine:       src.Spec.Engine,
 		Runners:      s.views.snapshot(ctx),
 		Platform:     policy.RunnerPlatform(nil),
 		Reservations: &s.reserved,
+		CheckSource:  public,
+		Source:       addr,
 	})
 	if err != nil {
 		return placement.Candidate{}, err

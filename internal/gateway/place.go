@@ -30,12 +30,15 @@ func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine 
 // first among those that accept the sandbox (placement.PreferCached).
 func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests []string) ([]placement.Candidate, error) {
 	runners := s.views.snapshot(ctx)
+	addr, public := callerOf(ctx)
 	cands, err := placement.Place(placement.Request{
 		Spec:         spec,
 		Engine:       engine,
 		Runners:      runners,
 		Platform:     policy.RunnerPlatform(nil),
 		Reservations: &s.reserved,
+		CheckSource:  public,
+		Source:       addr,
 	})
 	if err != nil {
 		return nil, err

@@ -126,6 +126,7 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		return nil, []portRefusal{{runner: from.ID(), why: fmt.Sprintf("exports no checkpoints of runtime class %q to the blob store", class)}}
 	}
 	views := s.views.snapshot(ctx)
+	addr, public := callerOf(ctx)
 	var (
 		out     []portTarget
 		refused []portRefusal
@@ -165,7 +166,7 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		sp := proto.CloneOf(rec.spec)
 		sp.RunnerIds = []string{id}
 		cands, err := placement.Place(placement.Request{Spec: sp, Engine: src.Spec.Engine, Runners: views,
-			Platform: policy.RunnerPlatform(nil), Reservations: &s.reserved})
+			Platform: policy.RunnerPlatform(nil), Reservations: &s.reserved, CheckSource: public, Source: addr})
 		if err != nil {
 			kind, why := placementRefusal(id, err)
 			refuse(kind, "%s", why)

@@ -83,6 +83,9 @@ func (s *Server) GetSandboxBuildLogs(ctx context.Context, req *connect.Request[s
 	if !ok {
 		return nil, runner.NotFoundError(m.GetSandboxId())
 	}
+	if err := s.checkSource(ctx, s.index.runnerOf(rec)); err != nil {
+		return nil, err
+	}
 	id, ok := rec.builds[m.GetService()]
 	if !ok {
 		built := slices.Sorted(func(yield func(string) bool) {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -115,6 +116,10 @@ type Config struct {
 	Builds BuildOptions
 	// Quota enforces per-organization quotas (quota.go); its zero value enforces none.
 	Quota QuotaOptions
+	// TrustedProxies are the peers whose X-Forwarded-For names the caller, for the
+	// runners' source-IP allowlists (sourceip.go); none by default: the TCP peer is the
+	// caller.
+	TrustedProxies []netip.Prefix
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -171,6 +176,8 @@ type Server struct {
 	// quota: Config.Quota (ReservationTTL defaulted); orgs: Config.Orgs.
 	quota QuotaOptions
 	orgs  OrgLister
+	// trustedProxies: see Config.TrustedProxies.
+	trustedProxies []netip.Prefix
 }
 
 // New returns a Server.
@@ -217,6 +224,7 @@ func New(cfg Config) (*Server, error) {
 	s.registryCreds = cfg.RegistryCredentials
 	s.quota, s.orgs = cfg.Quota, cfg.Orgs
 	s.volumes = cfg.Volumes
+	s.trustedProxies = slices.Clone(cfg.TrustedProxies)
 	s.orphanGrace = cfg.OrphanGrace
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
@@ -288,8 +296,8 @@ func (s *Server) Handler() http.Handler {
 		panic(fmt.Sprintf("gateway: %v", err))
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", withOrigin(api))
-	mux.HandleFunc("GET /v1/builds/{build_id}/logs", s.buildLogsREST) // a stream REST transcoding cannot carry
+	mux.Handle("/", withCaller(s.trustedProxies, withOrigin(api)))
+	mux.HandleFunc("GET /v1/builds/{build_id}/logs", s.buildLogsREST) // a stream REST transcoding cannot carry (no sandbox)
 	mux.HandleFunc("GET "+BuildLogPath, s.buildLogText)               // GetSandboxBuildLogs's URLs
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("PUT "+BuildContextsPath+"{name}", s.putBuildContext) // raw bytes, streamed to the blob store
@@ -337,6 +345,10 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 	r := s.runnerByID(rid)
 	if r == nil {
 		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rid, id), 5*time.Second)
+	}
+	// Every operation on an existing sandbox: its runner's allowlist, as it is now.
+	if err := s.checkSource(ctx, rid); err != nil {
+		return nil, nil, err
 	}
 	return rec, r, nil
 }

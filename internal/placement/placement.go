@@ -20,6 +20,7 @@ package placement
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -117,6 +118,11 @@ type Request struct {
 	Default Resources
 	// Rand breaks ties; nil uses the global source.
 	Rand *rand.Rand
+	// CheckSource: the request is a caller's (from Source; invalid = unknown), and a
+	// runner whose policy's control_plane_access.source_ip_allowlist excludes it is no
+	// candidate. False for the platform's own placements.
+	CheckSource bool
+	Source      netip.Addr
 }
 
 // Candidate is a runner that accepts the sandbox and has room for it.
@@ -151,6 +157,10 @@ type Candidate struct {
 //   - the sandbox requests more than the whole capacity of every runner whose policy
 //     accepts it: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER, no RetryInfo, with a
 //     violation per runner naming the request and the runner's capacity;
+//   - every runner considered refuses the caller's address (Request.CheckSource):
+//     PERMISSION_DENIED CWSANDBOX_SOURCE_IP_NOT_ALLOWED naming it; when only some do, their
+//     violations (field runner[ID].control_plane_access.source_ip_allowlist) are among
+//     the others';
 //   - every runner considered is down: UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE with
 //     RetryInfo.
 func Place(req Request) ([]Candidate, error) {
@@ -179,6 +189,8 @@ func Place(req Request) ([]Candidate, error) {
 		full     []string           // "r1: needs …, free …"
 		rejected []apierr.Violation // prefixed
 		single   policy.Result      // the one rejection when one runner is considered
+		// bySource: runners rejected by their source-IP allowlists.
+		bySource int
 		// shareOnly: every rejection is only a runner that cannot check share tokens.
 		shareOnly = true
 		resolved  = map[resolution]policy.Result{}
@@ -192,6 +204,12 @@ func Place(req Request) ([]Candidate, error) {
 				why = "not connected"
 			}
 			rejected = append(rejected, apierr.Violation{Field: "runner[" + r.ID + "]", Description: "runner is unavailable: " + why})
+			continue
+		}
+		if req.CheckSource && !policy.SourceAllowed(r.Policy, req.Source) {
+			bySource++
+			shareOnly = false
+			rejected = append(rejected, policy.SourceViolation(r.ID, req.Source))
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
@@ -247,6 +265,8 @@ func Place(req Request) ([]Candidate, error) {
 	switch {
 	case len(full) > 0:
 		return nil, CapacityExhausted(full)
+	case bySource > 0 && bySource == len(considered):
+		return nil, SourceNotAllowed(considered, req)
 	case len(down) == 0 && shareOnly:
 		return nil, apierr.WithViolations(apierr.New(apierr.HTTPSShareTokenNotSupported,
 			"no runner here can check endpoint share tokens (HTTPS SHARE_TOKEN endpoints): use auth OPEN: "+apierr.Describe(rejected),
@@ -277,6 +297,22 @@ func NoSuitableRunner(runnerIDs []string, vs []apierr.Violation) *connect.Error 
 	return apierr.WithViolations(apierr.New(apierr.NoSuitableRunner,
 		fmt.Sprintf("no runner can take this sandbox: %s", apierr.Describe(vs)),
 		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}), vs)
+}
+
+// SourceNotAllowed is the error when every runner considered refuses the caller's
+// address: PERMISSION_DENIED CWSANDBOX_SOURCE_IP_NOT_ALLOWED naming the address, with a
+// violation per runner.
+func SourceNotAllowed(considered []int, req Request) *connect.Error {
+	ids := make([]string, len(considered))
+	vs := make([]apierr.Violation, len(considered))
+	for k, i := range considered {
+		ids[k] = req.Runners[i].ID
+		vs[k] = policy.SourceViolation(ids[k], req.Source)
+	}
+	a := policy.AddrString(req.Source)
+	return apierr.WithViolations(apierr.New(apierr.SourceIPNotAllowed,
+		fmt.Sprintf("no runner here allows Sandbox API calls from %s (%s of runner %s)", a, policy.ConstraintSourceIPAllowlist, strings.Join(ids, ", ")),
+		map[string]string{"source_ip": a, "runner_ids": strings.Join(ids, ",")}), vs)
 }
 
 // onlyShareTokens reports whether vs are all a runner's lack of share-token support.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -35,6 +36,10 @@ func FuzzResolve(f *testing.F) {
 			0, "", "", "python", "", 0, 0, 0, "", "", false},
 		{`{"base": {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}}, "constraints": {"network": {"allowed_egress": [{"cidr": "192.168.0.0/16", "except": ["192.168.1.0/24"]}]}}}`,
 			0, "", "1.5Gi", "localhost:5000/x", "", 0, 0, 0, "", "192.168.0.0/16", false},
+		{`{"control_plane_access": {"source_ip_allowlist": ["127.0.0.1", "10.0.0.0/8", "2001:db8::/32"]}}`,
+			0, "", "", "python", "", 0, 0, 0, "", "10.1.2.3", false},
+		{`{"control_plane_access": {"source_ip_allowlist": ["10.0.0.1/8", "::ffff:1.2.3.4", "fe80::1%lo", ""]}}`,
+			0, "", "", "python", "", 0, 0, 0, "", "::ffff:10.1.2.3", false},
 	} {
 		f.Add(seed.policy, seed.lifetime, seed.cpu, seed.mem, seed.image, seed.rc, seed.gpu, seed.services, seed.vis, seed.annotation, seed.egressCIDR, seed.privileged)
 	}
@@ -43,9 +48,11 @@ func FuzzResolve(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(Validate(p)) == 0 {
+		valid := len(Validate(p)) == 0
+		if valid {
 			checkPauseMeta(t, p)
 		}
+		checkSourceAllowed(t, p, valid, egressCIDR)
 		s := &sandboxv1.SandboxSpec{
 			MaxLifetimeSeconds: lifetime,
 			RuntimeClass:       rc,
@@ -118,5 +125,40 @@ func checkPauseMeta(t *testing.T, p *Policy) {
 		default:
 			t.Fatalf("unexpected Meta key %s", k)
 		}
+	}
+}
+
+// checkSourceAllowed: SourceAllowed never panics; without an allowlist it allows every
+// caller, and in a valid policy an address is allowed exactly when an entry, parsed as
+// netip parses it, contains it (addr is any string; one that is no address is the
+// unknown caller, allowed only without an allowlist).
+func checkSourceAllowed(t *testing.T, p *Policy, valid bool, addr string) {
+	t.Helper()
+	a, _ := netip.ParseAddr(addr)
+	got := SourceAllowed(p, a)
+	list := p.ControlPlaneAccess.SourceIPAllowlist
+	if list == nil {
+		if !got {
+			t.Fatalf("no allowlist, but %q refused", addr)
+		}
+		return
+	}
+	if !a.IsValid() && got {
+		t.Fatalf("unknown caller %q allowed by an allowlist", addr)
+	}
+	if !valid || !a.IsValid() {
+		return
+	}
+	want := false
+	for _, e := range list {
+		pr, err := netip.ParsePrefix(e)
+		if err != nil {
+			ad := netip.MustParseAddr(e) // valid: an entry is a prefix or an address
+			pr = netip.PrefixFrom(ad, ad.BitLen())
+		}
+		want = want || pr.Contains(a.Unmap().WithZone(""))
+	}
+	if got != want {
+		t.Fatalf("%q against %v: allowed %v, want %v", addr, list, got, want)
 	}
 }

@@ -34,6 +34,10 @@ type Policy struct {
 	Base Base `json:"base,omitzero"`
 	// Constraints are the limits checked on the resolved spec.
 	Constraints Constraints `json:"constraints,omitzero"`
+	// ControlPlaneAccess limits who may call the Sandbox API for the runner's sandboxes
+	// (by source address); it is independent of base and constraints, which shape what a
+	// sandbox may be. See sourceip.go.
+	ControlPlaneAccess ControlPlaneAccess `json:"control_plane_access,omitzero"`
 }
 
 // Base holds the defaults and attachments of a policy.

@@ -238,6 +238,7 @@ func Validate(p *Policy) []apierr.Violation {
 	}
 
 	validatePod(b.Pod, add)
+	validateControlPlaneAccess(p.ControlPlaneAccess, add)
 	maxLifetime := MaxLifetimeSeconds
 	if c.Lifetime != nil && c.Lifetime.MaxSeconds > 0 && c.Lifetime.MaxSeconds < maxLifetime {
 		maxLifetime = c.Lifetime.MaxSeconds

@@ -132,8 +132,13 @@ type entry struct {
 	statusBusy  bool
 	statusAgain bool // an ask under way began before a change: ask again after it
 	statusFinal bool
-	expiry      *time.Timer
-	forget      *time.Timer
+	// usageAt and usageUsec are the previous CPU sample (Runner.usage), usageRate the
+	// rate last computed; guarded by Runner.mu.
+	usageAt   time.Time
+	usageUsec int64
+	usageRate int64
+	expiry    *time.Timer
+	forget    *time.Timer
 
 	// restores are the snapshots the sandbox's volumes start from (by volume name).
 	restores map[string]SnapshotSource
@@ -343,6 +348,7 @@ func (r *Runner) Get(id string) (Sandbox, error) {
 			r.update(e, func(s *Sandbox) { s.OOMKills = max(s.OOMKills, n) })
 			sb.OOMKills = n
 		}
+		sb.Usage = r.usage(e, id, sb.StartedAt)
 	}
 	return sb, nil
 }

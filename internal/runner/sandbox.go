@@ -91,4 +91,16 @@ type Sandbox struct {
 	// containers first, then the primary and the sidecars); nil for a single-container
 	// sandbox, whose state is the sandbox's own.
 	Containers []runtime.ContainerStatus
+
+	// Usage is what the sandbox uses now: set by Get for a RUNNING sandbox whose backend
+	// can tell (runtime.UsageReader), nil otherwise.
+	Usage *Usage
+}
+
+// Usage is a running sandbox's use of CPU and memory.
+type Usage struct {
+	// CPUMillicores is the CPU used, averaged over the window since the previous sample
+	// (at least usageWindow) or, at the first, since the sandbox started.
+	CPUMillicores int64
+	runtime.Usage
 }

@@ -402,7 +402,24 @@ func sandboxToProto(sb runner.Sandbox) *runnerv1.Sandbox {
 		RuntimeClass: sb.RuntimeClass,
 		ImageDigest:  sb.ImageDigest,
 		Pause:        pauseToProto(sb.Pause),
+		Usage:        usageToProto(sb.Usage),
 	}
+}
+
+func usageToProto(u *runner.Usage) *runnerv1.ResourceUsage {
+	if u == nil {
+		return nil
+	}
+	return &runnerv1.ResourceUsage{CpuMillicores: u.CPUMillicores, CpuUsageUsec: u.CPUUsec, MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes}
+}
+
+func usageFromProto(p *runnerv1.ResourceUsage) *runner.Usage {
+	if p == nil {
+		return nil
+	}
+	u := &runner.Usage{CPUMillicores: p.GetCpuMillicores()}
+	u.CPUUsec, u.MemoryBytes, u.MemoryPeakBytes = p.GetCpuUsageUsec(), p.GetMemoryBytes(), p.GetMemoryPeakBytes()
+	return u
 }
 
 func pauseToProto(ps *runner.PauseStatus) *runnerv1.PauseStatus {
@@ -438,6 +455,7 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 		IP:           p.GetIp(),
 		RuntimeClass: p.GetRuntimeClass(),
 		ImageDigest:  p.GetImageDigest(),
+		Usage:        usageFromProto(p.GetUsage()),
 	}
 	if p.ExitCode != nil {
 		c := p.GetExitCode()

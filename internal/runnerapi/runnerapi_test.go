@@ -286,6 +286,13 @@ func TestRunnerapiConversionRoundTrip(t *testing.T) {
 	if running.ExitCode != nil || !running.EndedAt.IsZero() || !running.StartedAt.IsZero() {
 		t.Errorf("absent exit code and times came back as %v %v %v", running.ExitCode, running.StartedAt, running.EndedAt)
 	}
+	if running.Usage != nil {
+		t.Errorf("absent usage came back as %+v", running.Usage)
+	}
+	u := &runner.Usage{CPUMillicores: 250, Usage: runtime.Usage{CPUUsec: 12345, MemoryBytes: 3 << 20, MemoryPeakBytes: 5 << 20}}
+	if back := sandboxFromProto(sandboxToProto(runner.Sandbox{ID: "x", State: runner.StateRunning, Usage: u})); back.Usage == nil || *back.Usage != *u {
+		t.Errorf("usage came back as %+v, want %+v", back.Usage, u)
+	}
 	req := runner.CreateRequest{Spec: sb.Spec, Lifetime: time.Hour}
 	req.Spec.PullCredentials = &runtime.Credentials{Username: "u", Password: "p"}
 	got := createFromProto(createToProto(req))

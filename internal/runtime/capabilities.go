@@ -110,6 +110,21 @@ type OOMCounter interface {
 	OOMKills(id string) (int, error)
 }
 
+// Usage is what a sandbox uses as its cgroup counts it: CPU time since it started, and
+// memory charged now and at most (0: unknown).
+type Usage struct {
+	CPUUsec         int64
+	MemoryBytes     int64
+	MemoryPeakBytes int64
+}
+
+// UsageReader is implemented by backends that can read a running sandbox's resource
+// usage cheaply (a few cgroup files); the runner reports it in GetSandbox's
+// status.resource_usage. ErrNotFound when it cannot tell.
+type UsageReader interface {
+	Usage(id string) (Usage, error)
+}
+
 // RuntimeClassLister is implemented by backends that know which runtime classes they
 // run, the default first: what the runner offers unless configured otherwise.
 type RuntimeClassLister interface {

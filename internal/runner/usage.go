@@ -1,0 +1,49 @@
+package runner
+
+import (
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// usageWindow is the shortest window a CPU rate is computed over: reads closer together
+// than this answer the rate of the last window.
+const usageWindow = time.Second
+
+// usage reads sandbox id's resource usage from the backend (nil when it cannot tell)
+// and turns its CPU time into a rate: over the window since the previous sample of e
+// once that is at least usageWindow old, else the last rate; at the first sample, the
+// average since started.
+func (r *Runner) usage(e *entry, id string, started time.Time) *Usage {
+	b, ok := r.backend.(runtime.UsageReader)
+	if !ok {
+		return nil
+	}
+	u, err := b.Usage(id)
+	if err != nil {
+		return nil
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case e.usageAt.IsZero() || u.CPUUsec < e.usageUsec:
+		// The first sample (or the counter went back: a restored sandbox's new cgroup).
+		if el := now.Sub(started); !started.IsZero() && el > 0 {
+			e.usageRate = rate(u.CPUUsec, el)
+		}
+		e.usageAt, e.usageUsec = now, u.CPUUsec
+	case now.Sub(e.usageAt) >= usageWindow:
+		e.usageRate = rate(u.CPUUsec-e.usageUsec, now.Sub(e.usageAt))
+		e.usageAt, e.usageUsec = now, u.CPUUsec
+	}
+	return &Usage{CPUMillicores: e.usageRate, Usage: u}
+}
+
+// rate is usec of CPU time over wall time el in millicores.
+func rate(usec int64, el time.Duration) int64 {
+	if el.Microseconds() <= 0 || usec <= 0 {
+		return 0
+	}
+	return int64(float64(usec) * 1000 / float64(el.Microseconds()))
+}

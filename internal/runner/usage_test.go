@@ -1,0 +1,49 @@
+package runner
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// usageFake is a backend that only reads usage.
+type usageFake struct {
+	runtime.Backend
+	u   runtime.Usage
+	err error
+}
+
+func (f *usageFake) Usage(string) (runtime.Usage, error) { return f.u, f.err }
+
+// TestUsageRate: the first read averages since the start; reads within usageWindow
+// answer the last rate; a later one the rate over the window since the previous sample;
+// a backend that cannot tell gives nil.
+func TestUsageRate(t *testing.T) {
+	f := &usageFake{u: runtime.Usage{CPUUsec: 2_000_000, MemoryBytes: 64 << 20}}
+	r := &Runner{backend: f}
+	e := &entry{}
+	u := r.usage(e, "x", time.Now().Add(-4*time.Second)) // 2 s of CPU in 4 s
+	if u == nil || u.CPUMillicores < 450 || u.CPUMillicores > 500 || u.MemoryBytes != 64<<20 {
+		t.Fatalf("first read %+v, want ≈ 500m", u)
+	}
+	f.u.CPUUsec += 1_000_000
+	if u := r.usage(e, "x", time.Time{}); u.CPUMillicores != e.usageRate || u.CPUUsec != 3_000_000 {
+		t.Fatalf("read within the window: %+v", u)
+	}
+	e.usageAt = e.usageAt.Add(-2 * time.Second) // the previous sample 2 s ago: 1 s of CPU since
+	if u := r.usage(e, "x", time.Time{}); u.CPUMillicores < 450 || u.CPUMillicores > 510 {
+		t.Fatalf("rate over the window: %+v, want ≈ 500m", u)
+	}
+	f.u.CPUUsec = 10 // the counter went back (a restored sandbox's new cgroup)
+	if u := r.usage(e, "x", time.Time{}); u.CPUMillicores < 0 {
+		t.Fatalf("after a reset: %+v", u)
+	}
+	f.err = runtime.ErrNotFound
+	if u := r.usage(e, "x", time.Time{}); u != nil {
+		t.Fatalf("a backend that cannot tell: %+v", u)
+	}
+	if u := (&Runner{backend: struct{ runtime.Backend }{}}).usage(&entry{}, "x", time.Now()); u != nil {
+		t.Fatalf("a backend without usage: %+v", u)
+	}
+}
