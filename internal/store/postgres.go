@@ -96,6 +96,8 @@ var pgUnique = map[string][2]string{
 	"templates_pkey":                     {"templates", KeyID},
 	"templates_display_name_key":         {"templates", KeyDisplayName},
 	"templates_request_id_key":           {"templates", KeyRequestID},
+	"secret_stores_pkey":                 {"secret_stores", KeyName},
+	"secret_stores_request_id_key":       {"secret_stores", KeyRequestID},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

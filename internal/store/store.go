@@ -36,6 +36,7 @@ type Store interface {
 	Templates() Templates
 	Builds() Builds
 	BuildStorageConfigs() BuildStorageConfigs
+	SecretStores() SecretStores
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error

@@ -2139,8 +2139,13 @@ type Container struct {
 	RestartLimit    int32             `protobuf:"varint,13,opt,name=restart_limit,json=restartLimit,proto3" json:"restart_limit,omitempty"` // 0 = the default
 	StartupProbe    *Probe            `protobuf:"bytes,14,opt,name=startup_probe,json=startupProbe,proto3" json:"startup_probe,omitempty"`
 	DependsOn       []*Dependency     `protobuf:"bytes,15,rep,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Environment variables whose values come from the organization's secret stores
+	// (Container.secret_stores, resolved by the gateway at create): set in the container's
+	// environment like env (and over it), but never stored by the runner (state dir,
+	// sandbox spec), never returned (GetSandbox, status) and never logged.
+	SecretEnv     map[string]string `protobuf:"bytes,16,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Container) Reset() {
@@ -2274,6 +2279,13 @@ func (x *Container) GetStartupProbe() *Probe {
 func (x *Container) GetDependsOn() []*Dependency {
 	if x != nil {
 		return x.DependsOn
+	}
+	return nil
+}
+
+func (x *Container) GetSecretEnv() map[string]string {
+	if x != nil {
+		return x.SecretEnv
 	}
 	return nil
 }
@@ -4935,7 +4947,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10pull_credentials\x18\x04 \x03(\v2/.sandboxd.runner.v1.Engine.PullCredentialsEntryR\x0fpullCredentials\x1ac\n" +
 	"\x14PullCredentialsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\x05value\x18\x02 \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x05value:\x028\x01\"\xe9\x05\n" +
+	"\x05value\x18\x02 \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x05value:\x028\x01\"\xf4\x06\n" +
 	"\tContainer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -4954,8 +4966,13 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\rrestart_limit\x18\r \x01(\x05R\frestartLimit\x12>\n" +
 	"\rstartup_probe\x18\x0e \x01(\v2\x19.sandboxd.runner.v1.ProbeR\fstartupProbe\x12=\n" +
 	"\n" +
-	"depends_on\x18\x0f \x03(\v2\x1e.sandboxd.runner.v1.DependencyR\tdependsOn\x1a6\n" +
+	"depends_on\x18\x0f \x03(\v2\x1e.sandboxd.runner.v1.DependencyR\tdependsOn\x12K\n" +
+	"\n" +
+	"secret_env\x18\x10 \x03(\v2,.sandboxd.runner.v1.Container.SecretEnvEntryR\tsecretEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eSecretEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
 	"\x05Probe\x12\x12\n" +
@@ -5237,7 +5254,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -5310,18 +5327,19 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	nil,                              // 68: sandboxd.runner.v1.Spec.MetaEntry
 	nil,                              // 69: sandboxd.runner.v1.Engine.PullCredentialsEntry
 	nil,                              // 70: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 71: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 72: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 73: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 74: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 75: google.protobuf.Timestamp
+	nil,                              // 71: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 72: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 73: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 74: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 75: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 76: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	65,  // 0: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
 	49,  // 1: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
 	49,  // 2: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
 	51,  // 3: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	74,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	75,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	5,   // 5: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	6,   // 6: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	7,   // 7: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -5338,12 +5356,12 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	52,  // 18: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	52,  // 19: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	66,  // 20: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	74,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	75,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
 	23,  // 22: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
 	52,  // 23: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	26,  // 24: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
 	25,  // 25: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	75,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	76,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
 	49,  // 27: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
 	67,  // 28: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
 	50,  // 29: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
@@ -5369,83 +5387,84 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	47,  // 49: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
 	32,  // 50: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
 	33,  // 51: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	74,  // 52: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	74,  // 53: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	74,  // 54: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	71,  // 55: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	36,  // 56: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	72,  // 57: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	38,  // 58: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	38,  // 59: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	39,  // 60: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	41,  // 61: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	42,  // 62: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 63: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	74,  // 64: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	75,  // 65: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	29,  // 66: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 67: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	75,  // 68: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	75,  // 69: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	75,  // 70: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	74,  // 71: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	75,  // 72: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	34,  // 73: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	28,  // 74: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	29,  // 75: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	74,  // 76: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 77: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	74,  // 78: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 79: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 80: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 81: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	74,  // 82: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	42,  // 83: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	52,  // 84: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	45,  // 85: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	75,  // 86: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	51,  // 87: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	73,  // 88: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	49,  // 89: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	53,  // 90: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	55,  // 91: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	59,  // 92: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	61,  // 93: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	63,  // 94: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	43,  // 95: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	44,  // 96: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	56,  // 97: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	19,  // 98: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	21,  // 99: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	24,  // 100: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	12,  // 101: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	14,  // 102: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	15,  // 103: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	17,  // 104: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	9,   // 105: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	3,   // 106: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	54,  // 107: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	58,  // 108: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	60,  // 109: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	62,  // 110: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	64,  // 111: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	45,  // 112: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	45,  // 113: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	57,  // 114: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	20,  // 115: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	22,  // 116: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	27,  // 117: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	13,  // 118: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	27,  // 119: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	16,  // 120: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	18,  // 121: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	10,  // 122: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	4,   // 123: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	107, // [107:124] is the sub-list for method output_type
-	90,  // [90:107] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	71,  // 52: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	75,  // 53: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	75,  // 54: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	75,  // 55: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	72,  // 56: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	36,  // 57: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	73,  // 58: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	38,  // 59: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	38,  // 60: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	39,  // 61: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	41,  // 62: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	42,  // 63: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 64: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	75,  // 65: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	76,  // 66: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	29,  // 67: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 68: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	76,  // 69: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	76,  // 70: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	76,  // 71: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	75,  // 72: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	76,  // 73: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	34,  // 74: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	28,  // 75: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	29,  // 76: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	75,  // 77: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 78: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	75,  // 79: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 80: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 81: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 82: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	75,  // 83: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	42,  // 84: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	52,  // 85: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	45,  // 86: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	76,  // 87: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	51,  // 88: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	74,  // 89: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	49,  // 90: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	53,  // 91: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	55,  // 92: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	59,  // 93: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	61,  // 94: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	63,  // 95: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	43,  // 96: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	44,  // 97: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	56,  // 98: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	19,  // 99: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	21,  // 100: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	24,  // 101: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	12,  // 102: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	14,  // 103: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	15,  // 104: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	17,  // 105: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	9,   // 106: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	3,   // 107: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	54,  // 108: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	58,  // 109: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	60,  // 110: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	62,  // 111: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	64,  // 112: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	45,  // 113: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	45,  // 114: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	57,  // 115: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	20,  // 116: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	22,  // 117: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	27,  // 118: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	13,  // 119: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	27,  // 120: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	16,  // 121: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	18,  // 122: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	10,  // 123: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	4,   // 124: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	108, // [108:125] is the sub-list for method output_type
+	91,  // [91:108] is the sub-list for method input_type
+	91,  // [91:91] is the sub-list for extension type_name
+	91,  // [91:91] is the sub-list for extension extendee
+	0,   // [0:91] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -5469,7 +5488,7 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   71,
+			NumMessages:   72,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
