@@ -115,6 +115,11 @@ type Container struct {
 	Command    string            `json:"command,omitempty"`
 	Args       []string          `json:"args,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
+	// SecretEnv are environment variables whose values come from secret stores (set
+	// over Env). Like PullCredentials they are never persisted (json "-"), never sent
+	// back and never logged: a backend hands them to the container's process only
+	// (docs/secrets.md).
+	SecretEnv  map[string]string `json:"-"`
 	WorkingDir string            `json:"working_dir,omitempty"`
 	Files      []File            `json:"files,omitempty"`
 	// Resources are this container's limits and requests; the sandbox's are the sum over

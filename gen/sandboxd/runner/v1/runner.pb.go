@@ -1826,7 +1826,9 @@ type Spec struct {
 	// Names that resolve to 127.0.0.1 in every container (Compose service names).
 	HostAliases []string `protobuf:"bytes,31,rep,name=host_aliases,json=hostAliases,proto3" json:"host_aliases,omitempty"`
 	// Set for a container-engine sandbox (runtime.Engine): the Compose file its engine runs.
-	Engine        *Engine `protobuf:"bytes,32,opt,name=engine,proto3" json:"engine,omitempty"`
+	Engine *Engine `protobuf:"bytes,32,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The primary container's Container.secret_env: never stored, returned or logged.
+	SecretEnv     map[string]string `protobuf:"bytes,33,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2046,6 +2048,13 @@ func (x *Spec) GetHostAliases() []string {
 func (x *Spec) GetEngine() *Engine {
 	if x != nil {
 		return x.Engine
+	}
+	return nil
+}
+
+func (x *Spec) GetSecretEnv() map[string]string {
+	if x != nil {
+		return x.SecretEnv
 	}
 	return nil
 }
@@ -4901,8 +4910,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"autoResume\x12#\n" +
 	"\rlifetime_held\x18\x03 \x01(\bR\flifetimeHeld\x127\n" +
 	"\tpaused_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12)\n" +
-	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xe2\n" +
-	"\n" +
+	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xe8\v\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -4933,11 +4941,16 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\bsidecars\x18\x1d \x03(\v2\x1d.sandboxd.runner.v1.ContainerR\bsidecars\x12F\n" +
 	"\x0finit_containers\x18\x1e \x03(\v2\x1d.sandboxd.runner.v1.ContainerR\x0einitContainers\x12!\n" +
 	"\fhost_aliases\x18\x1f \x03(\tR\vhostAliases\x122\n" +
-	"\x06engine\x18  \x01(\v2\x1a.sandboxd.runner.v1.EngineR\x06engine\x1a6\n" +
+	"\x06engine\x18  \x01(\v2\x1a.sandboxd.runner.v1.EngineR\x06engine\x12F\n" +
+	"\n" +
+	"secret_env\x18! \x03(\v2'.sandboxd.runner.v1.Spec.SecretEnvEntryR\tsecretEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eSecretEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x02\n" +
 	"\x06Engine\x12\x18\n" +
@@ -5254,7 +5267,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -5325,21 +5338,22 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	nil,                              // 66: sandboxd.runner.v1.ForkTarget.MetaEntry
 	nil,                              // 67: sandboxd.runner.v1.Spec.EnvEntry
 	nil,                              // 68: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 69: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 70: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 71: sandboxd.runner.v1.Container.SecretEnvEntry
-	nil,                              // 72: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 73: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 74: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 75: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 76: google.protobuf.Timestamp
+	nil,                              // 69: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 70: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 71: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 72: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 73: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 74: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 75: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 76: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 77: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	65,  // 0: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
 	49,  // 1: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
 	49,  // 2: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
 	51,  // 3: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	75,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	76,  // 4: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	5,   // 5: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	6,   // 6: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	7,   // 7: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -5356,12 +5370,12 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	52,  // 18: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	52,  // 19: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	66,  // 20: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	75,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	76,  // 21: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
 	23,  // 22: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
 	52,  // 23: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	26,  // 24: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
 	25,  // 25: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	76,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	77,  // 26: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
 	49,  // 27: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
 	67,  // 28: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
 	50,  // 29: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
@@ -5378,93 +5392,94 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	31,  // 40: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
 	31,  // 41: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
 	30,  // 42: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	69,  // 43: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	49,  // 44: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	70,  // 45: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	50,  // 46: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	51,  // 47: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	46,  // 48: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	47,  // 49: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	32,  // 50: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	33,  // 51: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	71,  // 52: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
-	75,  // 53: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	75,  // 54: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	75,  // 55: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	72,  // 56: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	36,  // 57: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	73,  // 58: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	38,  // 59: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	38,  // 60: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	39,  // 61: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	41,  // 62: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	42,  // 63: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 64: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	75,  // 65: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	76,  // 66: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	29,  // 67: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 68: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	76,  // 69: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	76,  // 70: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	76,  // 71: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	75,  // 72: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	76,  // 73: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	34,  // 74: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	28,  // 75: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	29,  // 76: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	75,  // 77: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 78: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	75,  // 79: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	52,  // 80: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 81: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	52,  // 82: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	75,  // 83: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	42,  // 84: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	52,  // 85: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	45,  // 86: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	76,  // 87: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	51,  // 88: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	74,  // 89: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	49,  // 90: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	53,  // 91: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	55,  // 92: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	59,  // 93: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	61,  // 94: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	63,  // 95: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	43,  // 96: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	44,  // 97: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	56,  // 98: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	19,  // 99: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	21,  // 100: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	24,  // 101: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	12,  // 102: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	14,  // 103: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	15,  // 104: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	17,  // 105: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	9,   // 106: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	3,   // 107: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	54,  // 108: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	58,  // 109: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	60,  // 110: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	62,  // 111: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	64,  // 112: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	45,  // 113: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	45,  // 114: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	57,  // 115: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	20,  // 116: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	22,  // 117: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	27,  // 118: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	13,  // 119: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	27,  // 120: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	16,  // 121: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	18,  // 122: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	10,  // 123: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	4,   // 124: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	108, // [108:125] is the sub-list for method output_type
-	91,  // [91:108] is the sub-list for method input_type
-	91,  // [91:91] is the sub-list for extension type_name
-	91,  // [91:91] is the sub-list for extension extendee
-	0,   // [0:91] is the sub-list for field type_name
+	69,  // 43: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	70,  // 44: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	49,  // 45: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	71,  // 46: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	50,  // 47: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	51,  // 48: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	46,  // 49: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	47,  // 50: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	32,  // 51: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	33,  // 52: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	72,  // 53: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	76,  // 54: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	76,  // 55: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	76,  // 56: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	73,  // 57: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	36,  // 58: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	74,  // 59: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	38,  // 60: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	38,  // 61: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	39,  // 62: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	41,  // 63: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	42,  // 64: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 65: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	76,  // 66: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	77,  // 67: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	29,  // 68: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 69: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	77,  // 70: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	77,  // 71: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	77,  // 72: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	76,  // 73: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	77,  // 74: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	34,  // 75: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	28,  // 76: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	29,  // 77: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	76,  // 78: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 79: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	76,  // 80: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	52,  // 81: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 82: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	52,  // 83: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	76,  // 84: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	42,  // 85: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	52,  // 86: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	45,  // 87: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	77,  // 88: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	51,  // 89: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	75,  // 90: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	49,  // 91: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	53,  // 92: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	55,  // 93: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	59,  // 94: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	61,  // 95: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	63,  // 96: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	43,  // 97: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	44,  // 98: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	56,  // 99: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	19,  // 100: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	21,  // 101: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	24,  // 102: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	12,  // 103: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	14,  // 104: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	15,  // 105: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	17,  // 106: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	9,   // 107: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	3,   // 108: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	54,  // 109: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	58,  // 110: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	60,  // 111: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	62,  // 112: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	64,  // 113: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	45,  // 114: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	45,  // 115: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	57,  // 116: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	20,  // 117: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	22,  // 118: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	27,  // 119: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	13,  // 120: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	27,  // 121: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	16,  // 122: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	18,  // 123: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	10,  // 124: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	4,   // 125: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	109, // [109:126] is the sub-list for method output_type
+	92,  // [92:109] is the sub-list for method input_type
+	92,  // [92:92] is the sub-list for extension type_name
+	92,  // [92:92] is the sub-list for extension extendee
+	0,   // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -5488,7 +5503,7 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   72,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
