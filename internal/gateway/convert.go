@@ -13,9 +13,14 @@ import (
 
 // toCreateRequest converts a wire spec (spec.Convert), reporting the problems of its
 // runner_ids (placement's to check) with the spec's own, and looking up the snapshots its
-// volumes restore with restore (nil: restores are NOT_IMPLEMENTED).
-func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer) (runner.CreateRequest, error) {
-	return spec.Convert(s, spec.Options{Extra: placement.RunnerIDViolations(s.GetRunnerIds()), Restore: restore})
+// volumes restore with restore (nil: restores are NOT_IMPLEMENTED) and the secrets its
+// containers reference with secrets (nil: secret references are NOT_IMPLEMENTED).
+func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer, secrets ...spec.SecretResolver) (runner.CreateRequest, error) {
+	o := spec.Options{Extra: placement.RunnerIDViolations(s.GetRunnerIds()), Restore: restore}
+	if len(secrets) > 0 {
+		o.Secrets = secrets[0]
+	}
+	return spec.Convert(s, o)
 }
 
 // toProto renders a sandbox for the wire. sp is the spec as the caller sent it.

@@ -49,7 +49,7 @@ func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec
 // (its policy changed, it filled up, it went away) passes it to the next candidate.
 // adjust, when not nil, adds to each runtime spec what the public wire cannot carry.
 // restore looks up the snapshots the spec's volumes restore (Server.restorer).
-func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error, restore spec.Restorer) (runner.Handle, policy.Result, runner.Sandbox, error) {
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error, restore spec.Restorer, secrets spec.SecretResolver) (runner.Handle, policy.Result, runner.Sandbox, error) {
 	var (
 		last error
 		full []string
@@ -61,7 +61,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			continue
 		}
 		r := s.runners[c.Index]
-		cr, err := toCreateRequest(c.Result.Spec, restore)
+		cr, err := toCreateRequest(c.Result.Spec, restore, secrets)
 		if err == nil && adjust != nil {
 			if err = adjust(&cr.Spec); err != nil {
 				err = connect.NewError(connect.CodeInternal, err)

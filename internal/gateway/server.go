@@ -29,6 +29,8 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
+	settingsv1 "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -108,6 +110,9 @@ type Config struct {
 	// Builds configures image builds (sandboxd.build.v1.BuildService, buildsvc.go); its
 	// zero value answers CWSANDBOX_NOT_IMPLEMENTED.
 	Builds BuildOptions
+	// Secrets configures the built-in secret stores (secrets.go); its zero value answers
+	// CWSANDBOX_NOT_IMPLEMENTED.
+	Secrets SecretOptions
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -160,6 +165,8 @@ type Server struct {
 	registryCreds func(org, image string) (username, password string, ok bool)
 	// builds serves BuildService (Config.Builds).
 	builds *buildService
+	// secrets: see Config.Secrets (with defaults).
+	secrets SecretOptions
 }
 
 // New returns a Server.
@@ -195,6 +202,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.registryCreds = cfg.RegistryCredentials
+	s.secrets = cfg.Secrets.withDefaults()
 	s.orphanGrace = cfg.OrphanGrace
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
@@ -234,6 +242,7 @@ func Services() []protoreflect.ServiceDescriptor {
 		sandboxv1.File_coreweave_sandbox_v1_settings_proto.Services().ByName("SettingsService"),
 		statev1.File_sandboxd_sandbox_v1_state_proto.Services().ByName("SandboxStateService"),
 		buildv1.File_sandboxd_build_v1_build_proto.Services().ByName("BuildService"),
+		settingsv1.File_sandboxd_settings_v1_secrets_proto.Services().ByName("SecretService"),
 	}
 }
 
@@ -258,6 +267,7 @@ func (s *Server) Handler() http.Handler {
 		vanguard.NewService(sandboxv1connect.NewSettingsServiceHandler(s, opts...)),
 		vanguard.NewService(statev1connect.NewSandboxStateServiceHandler(s, opts...)),
 		vanguard.NewService(buildv1connect.NewBuildServiceHandler(s.builds, opts...)),
+		vanguard.NewService(settingsv1connect.NewSecretServiceHandler(secretService{s}, opts...)),
 	)
 	if err != nil {
 		// The services and their annotations are compiled in: this is a programming error.
@@ -439,8 +449,8 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		shape = proto.CloneOf(asked)
 		shape.Containers[0].Image = runtime.EngineContainerName
 	}
-	restore := s.restorer(ctx, p.Org)
-	cr, err := toCreateRequest(shape, restore)
+	restore, secrets := s.restorer(ctx, p.Org), s.secretResolver(ctx, p.Org)
+	cr, err := toCreateRequest(shape, restore, secrets)
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +464,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		return nil, err
 	}
 	cands = s.preferForRestores(ctx, cands, cr.Restores)
-	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore)
+	r, res, sb, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore, secrets)
 	if err != nil {
 		return nil, err
 	}
