@@ -78,6 +78,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
 )
 
 // Environment variables read by FromEnv (and New for empty arguments).
@@ -120,6 +121,8 @@ type Client struct {
 	state   statev1connect.SandboxStateServiceClient
 	tmpl    sandboxv1connect.SandboxTemplateServiceClient
 	build   buildv1connect.BuildServiceClient
+	setting sandboxv1connect.SettingsServiceClient
+	secret  settingsv1connect.SecretServiceClient
 	http    *http.Client
 	direct  *direct
 }
@@ -192,10 +195,12 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 		cfg.dataPlane = DataPlaneAuto
 	}
 	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
-		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
-		tmpl:   sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
-		build:  buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
-		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
+		state:   statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
+		tmpl:    sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
+		build:   buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
+		setting: sandboxv1connect.NewSettingsServiceClient(hc, u.String(), copts...),
+		secret:  settingsv1connect.NewSecretServiceClient(hc, u.String(), copts...),
+		direct:  &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 
 // BaseURL is the endpoint the client talks to.
