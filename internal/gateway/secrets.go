@@ -127,21 +127,22 @@ func (s *Server) CreateSecretStore(ctx context.Context, req *connect.Request[san
 		return nil, err
 	}
 	ss := s.secrets.Store
-	replay := func() (*connect.Response[sandboxv1.SecretStore], error, bool) {
+	// replay answers a repeated request_id (done: there was one).
+	replay := func() (resp *connect.Response[sandboxv1.SecretStore], done bool, err error) {
 		got, err := ss.GetByRequestID(ctx, org, rid)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			return nil, nil, false
+			return nil, false, nil
 		case err != nil:
-			return nil, secretsUnavailable("the secret stores", err), true
+			return nil, true, secretsUnavailable("the secret stores", err)
 		case got.Name != in.GetName() || got.ProviderType != int32(in.GetProviderType()):
 			vs := []apierr.Violation{{Field: "request_id", Description: fmt.Sprintf("already created secret store %q from a different request", got.Name)}}
-			return nil, apierr.Invalid(apierr.RequestIDConflict, "request_id conflict: "+apierr.Describe(vs), vs), true
+			return nil, true, apierr.Invalid(apierr.RequestIDConflict, "request_id conflict: "+apierr.Describe(vs), vs)
 		}
-		return connect.NewResponse(secretStoreProto(got)), nil, true
+		return connect.NewResponse(secretStoreProto(got)), true, nil
 	}
 	if rid != "" {
-		if resp, err, done := replay(); done {
+		if resp, done, err := replay(); done {
 			return resp, err
 		}
 	}
@@ -152,7 +153,7 @@ func (s *Server) CreateSecretStore(ctx context.Context, req *connect.Request[san
 		return nil, apierr.New(apierr.SecretLimitExceeded, fmt.Sprintf("the organization has %d secret stores, the most it may have; delete one first", s.secrets.MaxStores),
 			map[string]string{"limit": fmt.Sprint(s.secrets.MaxStores)})
 	case errors.As(err, &dup) && dup.Key == store.KeyRequestID:
-		if resp, err, done := replay(); done {
+		if resp, done, err := replay(); done {
 			return resp, err
 		}
 		return nil, secretsUnavailable("the secret stores", err)
@@ -441,7 +442,7 @@ func storeNameField(field string) string {
 
 func (s *Server) resolveSecret(ctx context.Context, org, field string, ref spec.SecretRef, stores map[string]bool) (string, error) {
 	ss := s.secrets.Store
-	if known, ok := stores[ref.Store]; !ok {
+	if _, ok := stores[ref.Store]; !ok {
 		_, err := ss.Get(ctx, org, ref.Store)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
@@ -451,8 +452,6 @@ func (s *Server) resolveSecret(ctx context.Context, org, field string, ref spec.
 		default:
 			stores[ref.Store] = true
 		}
-	} else if !known {
-		stores[ref.Store] = false
 	}
 	if !stores[ref.Store] {
 		vs := []apierr.Violation{{Field: storeNameField(field), Description: fmt.Sprintf("secret store %q is not provisioned in this organization", ref.Store)}}

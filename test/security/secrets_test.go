@@ -81,7 +81,7 @@ func TestSecretStoresScopedAndWriteOnly(t *testing.T) {
 	want("org-b delete store", err, connect.CodeNotFound, apierr.SecretStoreNotFound)
 	// ... and cannot use it in a sandbox.
 	use := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox", Command: "/bin/sh",
-		Args: []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`},
+		Args:         []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`},
 		SecretStores: []*sandboxv1.SecretStoreReference{{StoreName: "vault", Secrets: []*sandboxv1.SecretMapping{{Path: "api", Field: "token", EnvVar: "TOKEN"}}}}}}}
 	_, err = sandboxv1connect.NewSandboxServiceClient(hc, d.API, opts(d.KeyB)...).CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: use}}))
 	want("org-b uses org-a's store", err, connect.CodeFailedPrecondition, apierr.SecretStoreNotProvisioned)
@@ -98,7 +98,9 @@ func TestSecretStoresScopedAndWriteOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := created.Msg.GetSandboxId()
-	t.Cleanup(func() { _, _ = sbc.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})) })
+	t.Cleanup(func() {
+		_, _ = sbc.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
+	})
 	var env string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		ex, err := sbc.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"env"}}))
