@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,13 +52,28 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// grepTree reports the regular files under root (not following symlinks, each read up
-// to 64 MiB) that contain any of needles.
+// grepTree reports the regular files under root that contain any of needles: every
+// file of root's file system (each read up to 64 MiB; symlinks not followed), not the
+// file systems mounted inside it (running containers' root file systems, /proc).
 func grepTree(t *testing.T, root string, needles ...string) []string {
 	t.Helper()
+	var rootDev uint64
+	if st, err := os.Stat(root); err == nil {
+		rootDev = st.Sys().(*syscall.Stat_t).Dev
+	}
 	var hits []string
+	files := 0
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() {
+			if st, err := os.Lstat(p); err == nil && st.Sys().(*syscall.Stat_t).Dev != rootDev {
+				return filepath.SkipDir // another file system mounted here
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
 			return nil
 		}
 		f, err := os.Open(p)
@@ -64,15 +81,18 @@ func grepTree(t *testing.T, root string, needles ...string) []string {
 			return nil
 		}
 		defer f.Close()
-		b := make([]byte, 64<<20)
-		n, _ := f.Read(b)
+		b, _ := io.ReadAll(io.LimitReader(f, 64<<20))
+		files++
 		for _, nd := range needles {
-			if bytes.Contains(b[:n], []byte(nd)) {
+			if bytes.Contains(b, []byte(nd)) {
 				hits = append(hits, p)
 			}
 		}
 		return nil
 	})
+	if files == 0 {
+		t.Fatalf("no files under %s", root)
+	}
 	return hits
 }
 
