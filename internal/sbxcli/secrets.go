@@ -24,8 +24,8 @@ func (a *app) secretCommand() *cobra.Command {
 		Short:   "Manage your organization's secret stores and their secrets",
 		Long: `A secret store holds secrets (path, field → value), encrypted at rest. Values are
 write-only: no command or API call shows one. A sandbox takes a secret as an environment
-variable (Container.secret_stores, sbx run --secret) or as the credentials of its image's
-pull (image_pull_credentials). Writes need an admin API key.`,
+variable (Container.secret_stores in the spec) or as the credentials of its image's pull
+(image_pull_credentials); see docs/secrets.md. Writes need an admin API key.`,
 	}
 	store := &cobra.Command{Use: "store", Short: "Create, list and delete secret stores"}
 	store.AddCommand(a.secretStoreCreateCommand(), a.secretStoreLsCommand(), a.secretStoreRmCommand())
