@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
@@ -211,6 +212,28 @@ func TestSecretsFromStore(t *testing.T) {
 	}
 	if b, _ := protojson.Marshal(list.Msg); strings.Contains(string(b), value) {
 		t.Fatal("ListSandboxes returns the value")
+	}
+
+	// A group: the sidecar's secret is the sidecar's only (the primary does not get it);
+	// its agent starts held and gets the secret with Start (local backend's group path).
+	grp := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{
+		{Name: "main", Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`}, Primary: proto.Bool(true)},
+		{Name: "side", Image: busybox(), Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`},
+			SecretStores: []*sandboxv1.SecretStoreReference{{StoreName: "prod", Secrets: []*sandboxv1.SecretMapping{{Path: "db/main", Field: "password", EnvVar: "SIDE_SECRET"}}}}},
+	}}
+	gsb := g.create(t, grp, "")
+	g.waitState(t, gsb.GetSandboxId(), sandboxv1.State_STATE_RUNNING)
+	for _, c := range []struct {
+		name string
+		want bool
+	}{{"side", true}, {"main", false}} {
+		ex, err := g.sandboxes.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: gsb.GetSandboxId(), Container: c.name, Command: []string{"env"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(ex.Msg.GetStdout()), "SIDE_SECRET="+value+"\n"); got != c.want {
+			t.Fatalf("container %s: secret in env %v, want %v:\n%s", c.name, got, c.want, ex.Msg.GetStdout())
+		}
 	}
 
 	// Pull credentials from the store: the private image runs with them and not without.
