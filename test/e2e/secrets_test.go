@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/registry"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -264,5 +265,38 @@ func TestSecretsFromStore(t *testing.T) {
 	_, err = g.sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: bad}}))
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("unknown store: %v", err)
+	}
+}
+
+// TestSecretEnvWarmPoolAndRestart: a sandbox served from the warm pool gets its secret
+// environment with the claim's Start (the config file shows none), and keeps it across a
+// runner restart (re-adoption leaves the agent, which holds it in memory, running); the
+// data dir never holds the value.
+func TestSecretEnvWarmPoolAndRestart(t *testing.T) {
+	const value = "e2e-pool-secret-5d1e77"
+	dir := t.TempDir()
+	s := poolStack(t, dir, 1, time.Minute)
+	prime := create(t, s, runner.CreateRequest{Spec: sleeper(busybox())})
+	waitState(t, s, prime.ID, runner.StateRunning, 30*time.Second)
+	spec := sleeper(busybox())
+	spec.SecretEnv = map[string]string{"POOL_SECRET": value}
+	sb := createClaimed(t, s, spec)
+	waitState(t, s, sb.ID, runner.StateRunning, 30*time.Second)
+	if out := string(execIn(t, agentOf(t, s, sb.ID), "env").GetStdout()); !strings.Contains(out, "POOL_SECRET="+value+"\n") {
+		t.Fatalf("claimed sandbox's env lacks the secret:\n%s", out)
+	}
+	if hits := grepTree(t, dir, value); len(hits) > 0 {
+		t.Fatalf("the value at rest in %v", hits)
+	}
+	// The runner restarts and re-adopts the sandbox: the environment is still there.
+	s.Close()
+	s2 := newStack(t, dir)
+	t.Cleanup(func() { finish(t, s2, dir) })
+	waitState(t, s2, sb.ID, runner.StateRunning, 30*time.Second)
+	if out := string(execIn(t, agentOf(t, s2, sb.ID), "env").GetStdout()); !strings.Contains(out, "POOL_SECRET="+value+"\n") {
+		t.Fatalf("after the runner restart the env lacks the secret:\n%s", out)
+	}
+	if hits := grepTree(t, dir, value); len(hits) > 0 {
+		t.Fatalf("the value at rest in %v after the restart", hits)
 	}
 }
