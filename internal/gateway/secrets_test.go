@@ -3,6 +3,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -391,4 +394,54 @@ func TestSecretsAtCreate(t *testing.T) {
 	_, err = createSecretSandbox(bare, user, &sandboxv1.Container{Image: "busybox", SecretStores: ref("prod", "db/main", "password", "X")})
 	wantSecretErr(t, "off", err, connect.CodeUnimplemented, apierr.NotImplemented)
 	_ = errors.New
+}
+
+// TestSecretsREST: the REST routes of the secret stores and secrets (docs/secrets.md),
+// with an admin key; no response carries the value.
+func TestSecretsREST(t *testing.T) {
+	s, _, _ := secretsServer(t, SecretOptions{})
+	key, _, err := s.auth.(*auth.Keyring).Create("acme", auth.RoleAdmin, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	call := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if strings.Contains(string(b), secretValue) {
+			t.Fatalf("%s %s answers the value: %s", method, path, b)
+		}
+		return res.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		method, path, body string
+		want               int
+		has                string
+	}{
+		{"POST", "/v1/settings/secretStores?request_id=r1", `{"name":"prod"}`, 200, `"name":"prod"`},
+		{"GET", "/v1/settings/secretStores/prod", "", 200, `"name":"prod"`},
+		{"POST", "/v1/settings/secretStores/prod/secrets", `{"path":"db/main","field":"password","value":"` + secretValue + `"}`, 200, `"path":"db/main"`},
+		{"GET", "/v1/settings/secretStores/prod/secrets", "", 200, `"field":"password"`},
+		{"POST", "/v1/settings/secretStores/prod/secrets", `{"path":"x","value":"v","bogus":1}`, 400, ""},
+		{"DELETE", "/v1/settings/secretStores/prod/secrets?path=db/main&field=password", "", 200, ""},
+		{"DELETE", "/v1/settings/secretStores/prod/secrets?path=db/main&field=password", "", 404, apierr.SecretNotFound},
+		{"POST", "/v1/settings/secretStores/nope/secrets", `{"path":"x","value":"v"}`, 400, apierr.SecretStoreNotProvisioned},
+		{"GET", "/v1/settings/secretStores", "", 200, `"prod"`},
+		{"DELETE", "/v1/settings/secretStores/prod", "", 200, ""},
+		{"GET", "/v1/settings/secretStores/prod", "", 404, apierr.SecretStoreNotFound},
+	} {
+		code, body := call(c.method, c.path, c.body)
+		if code != c.want || !strings.Contains(body, c.has) {
+			t.Errorf("%s %s: %d %s, want %d with %q", c.method, c.path, code, body, c.want, c.has)
+		}
+	}
 }
