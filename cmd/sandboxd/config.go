@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/secretbox"
 )
 
 // Each subcommand has a configuration: bind declares its flags (names, defaults and help
@@ -104,6 +105,8 @@ type devConfig struct {
 	quota                               quotaFlags
 	registry                            registryFlags
 	builds                              buildFlags
+	// secretKeyFile: the secret stores' key ring (default DATA-DIR/secret-store.key).
+	secretKeyFile string
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
 	// dev` (test suites of other checkouts) share no bridge, DNS address, nftables table
 	// or cgroup parent on one host.
@@ -114,6 +117,7 @@ type devConfig struct {
 }
 
 func (c *devConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.secretKeyFile, "secret-key-file", "", "key ring the built-in secret stores seal values with (made 0600 when missing); default DATA-DIR/"+secretbox.DefaultFile)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
 	fs.StringVar(&c.runnerID, "runner-id", defaultRunnerID, "ID of the local runner")
@@ -293,9 +297,12 @@ type gatewayConfig struct {
 	quota                                   quotaFlags
 	registry                                registryFlags
 	builds                                  buildFlags
+	// secretKeyFile: the secret stores' key ring (default PKI-DIR/secret-store.key).
+	secretKeyFile string
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.secretKeyFile, "secret-key-file", "", "key ring the built-in secret stores seal values with (\"<id> <base64 AES-256 key>\" lines, the last seals; made 0600 when missing; KMS-style: a mounted file); default PKI-DIR/"+secretbox.DefaultFile+", shared by replicas")
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key)")
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA shared with the runners; default DATA-DIR/pki")
@@ -382,12 +389,16 @@ type controlPlaneConfig struct {
 	install         controlplane.InstallConfig
 	installArgs     listFlag
 	installTimeouts struct{ apply, heartbeat time.Duration }
+	// secretKeyFile: the secret stores' key ring, made here at first start so that
+	// gateways sharing the PKI dir find it (default PKI-DIR/secret-store.key).
+	secretKeyFile string
 }
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key, pki/)")
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA; default DATA-DIR/pki")
+	fs.StringVar(&c.secretKeyFile, "secret-key-file", "", "key ring of the built-in secret stores, made 0600 when missing for the gateways that share the PKI dir; default PKI-DIR/"+secretbox.DefaultFile)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8443", "address of the TLS listener (admin API and runner registration)")
 	fs.Var(&c.hosts, "host", "extra DNS name or IP in the listener's certificate (repeatable)")
 	fs.DurationVar(&c.heartbeatInterval, "heartbeat-interval", controlplane.DefaultHeartbeatInterval, "how often runners heartbeat")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/rollout"
+	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -61,6 +63,11 @@ func (c controlPlaneConfig) run() error {
 	// Registered clusters' credentials are sealed with a key kept next to the CA's.
 	clusterKey, err := pki.LoadOrCreateSecret(filepath.Join(pkiDir, controlplane.ClusterKeyFile))
 	if err != nil {
+		return err
+	}
+	// The secret stores' key ring lives next to the CA too: gateways that share the PKI
+	// dir seal and open secrets with it (docs/secrets.md).
+	if _, err := secretbox.LoadOrCreate(cmp.Or(c.secretKeyFile, filepath.Join(pkiDir, secretbox.DefaultFile))); err != nil {
 		return err
 	}
 	cp, err := controlplane.New(controlplane.Config{

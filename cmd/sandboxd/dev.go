@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/testimage"
@@ -147,6 +149,10 @@ func (c devConfig) run() error {
 		return err
 	}
 	defer stopListeners()
+	secretKeys, err := secretbox.LoadOrCreate(cmp.Or(c.secretKeyFile, filepath.Join(c.dataDir, secretbox.DefaultFile)))
+	if err != nil {
+		return err
+	}
 	shareKey, err := pki.LoadOrCreateSecret(filepath.Join(c.dataDir, shareTokenKeyFile))
 	if err != nil {
 		return err
@@ -189,6 +195,7 @@ func (c devConfig) run() error {
 		RegistryCredentials: regCreds, // pull tokens for images of the platform registry
 		Builds:              buildOptions(st, reg, regHost, c.builds),
 		TrustedProxies:      trusted,
+		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
 	})
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -408,6 +410,12 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
+	// Replicas given the same key file (by default the one in --pki-dir) open each
+	// other's secrets.
+	secretKeys, err := secretbox.LoadOrCreate(cmp.Or(c.secretKeyFile, filepath.Join(pkiDir, secretbox.DefaultFile)))
+	if err != nil {
+		return err
+	}
 	fssOpts, err := c.fss.options(st)
 	if err != nil {
 		return err
@@ -451,6 +459,7 @@ func (c gatewayConfig) run() error {
 		RegistryCredentials: regCreds,
 		Builds:              buildOptions(st, reg, regHost, c.builds),
 		TrustedProxies:      trusted,
+		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
 	})
 	if err != nil {
 		return err

@@ -118,6 +118,20 @@ const (
 	// BuildFailed: a Compose service's image build failed, so the sandbox was not
 	// created; the message names the service and the failing step.
 	BuildFailed = "CWSANDBOX_BUILD_FAILED"
+	// Secret stores (issue 23 point 2, docs/secrets.md). SecretStoreNotProvisioned is the
+	// target's: a container references a store the organization does not have (also
+	// PutSecret into one). SecretNotProvisioned: the store has no secret at a referenced
+	// path and field (or its value is no pull credential).
+	SecretStoreNotProvisioned = "CWSANDBOX_SECRET_STORE_NOT_PROVISIONED"
+	SecretNotProvisioned      = "CWSANDBOX_SECRET_NOT_PROVISIONED"
+	SecretStoreNotFound       = "CWSANDBOX_SECRET_STORE_NOT_FOUND"
+	SecretNotFound            = "CWSANDBOX_SECRET_NOT_FOUND"
+	// SecretLimitExceeded: the organization has as many secret stores, or the store as
+	// many secrets, as it may (metadata limit).
+	SecretLimitExceeded = "CWSANDBOX_SECRET_LIMIT_EXCEEDED"
+	// SecretStoreProviderUnsupported: a secret store of a provider sandboxd does not
+	// build (WANDB).
+	SecretStoreProviderUnsupported = "CWSANDBOX_SECRET_STORE_PROVIDER_UNSUPPORTED"
 )
 
 // Reasons of the control plane's own API (runners, registration, API keys).
@@ -251,6 +265,12 @@ var table = []reasonCode{
 	{BuildContextLimitExceeded, connect.CodeResourceExhausted, "the organization holds as many uploaded build contexts (count or bytes) as it may; delete none needed or wait for retention (metadata limit, current)"},
 	{BuildNotSupported, connect.CodeFailedPrecondition, "no runner can build images (gvisor class and a builder image), or there is no platform registry; the message says which"},
 	{BuildFailed, connect.CodeFailedPrecondition, "a Compose service's image build failed (CreateSandboxFromFile): metadata service, build_id, failure_reason; the message names the failing step"},
+	{SecretStoreNotProvisioned, connect.CodeFailedPrecondition, "a container (or PutSecret) names a secret store the organization does not have; BadRequest names the field"},
+	{SecretNotProvisioned, connect.CodeFailedPrecondition, "the secret store has no secret at a referenced path and field, or its value is no pull credential; BadRequest names each"},
+	{SecretStoreNotFound, connect.CodeNotFound, "no such secret store in the caller's organization"},
+	{SecretNotFound, connect.CodeNotFound, "no such secret (path, field) in the store"},
+	{SecretLimitExceeded, connect.CodeResourceExhausted, "the organization has as many secret stores, or the store as many secrets, as it may (metadata limit)"},
+	{SecretStoreProviderUnsupported, connect.CodeFailedPrecondition, "the secret store's provider_type is not built by sandboxd (WANDB); use UNSPECIFIED or SANDBOXD"},
 	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version, or a template of that display name"},
 	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
 	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},

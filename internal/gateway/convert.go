@@ -13,13 +13,11 @@ import (
 
 // toCreateRequest converts a wire spec (spec.Convert), reporting the problems of its
 // runner_ids (placement's to check) with the spec's own, and looking up the snapshots its
-// volumes restore with restore (nil: restores are NOT_IMPLEMENTED).
-// reg resolves its registered volumes (none: registered volumes are NOT_IMPLEMENTED).
-func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer, reg ...spec.RegisteredResolver) (runner.CreateRequest, error) {
-	o := spec.Options{Extra: placement.RunnerIDViolations(s.GetRunnerIds()), Restore: restore}
-	if len(reg) > 0 {
-		o.Registered = reg[0]
-	}
+// volumes restore with restore (nil: restores are NOT_IMPLEMENTED), the secrets its
+// containers reference with secrets (nil: secret references are NOT_IMPLEMENTED) and its
+// registered volumes with reg (nil: registered volumes are NOT_IMPLEMENTED).
+func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer, secrets spec.SecretResolver, reg spec.RegisteredResolver) (runner.CreateRequest, error) {
+	o := spec.Options{Extra: placement.RunnerIDViolations(s.GetRunnerIds()), Restore: restore, Secrets: secrets, Registered: reg}
 	return spec.Convert(s, o)
 }
 

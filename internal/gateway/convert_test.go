@@ -18,7 +18,7 @@ func TestCreateRequestChecksRunnerIDs(t *testing.T) {
 	_, err := toCreateRequest(&sandboxv1.SandboxSpec{
 		Containers: []*sandboxv1.Container{{Image: "busybox"}},
 		Tags:       []string{"bad tag"}, RunnerIds: []string{" "}, InstanceType: "gpu-large",
-	}, nil)
+	}, nil, nil, nil)
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("code %v, want INVALID_ARGUMENT (%v)", connect.CodeOf(err), err)
 	}

@@ -62,7 +62,7 @@ type quotaHold struct {
 // organization's quota is reserved for the candidate's need before its runner is asked
 // (released when the runner fails it); the caller records the sandbox with the hold, or
 // releases it.
-func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error, restore spec.Restorer) (runner.Handle, policy.Result, runner.Sandbox, quotaHold, error) {
+func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org, caller string, adjust func(*runtime.Spec) error, restore spec.Restorer, secrets spec.SecretResolver) (runner.Handle, policy.Result, runner.Sandbox, quotaHold, error) {
 	var (
 		last error
 		full []string
@@ -74,7 +74,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			continue
 		}
 		r := s.runners[c.Index]
-		cr, err := toCreateRequest(c.Result.Spec, restore, s.registeredResolver(ctx, org))
+		cr, err := toCreateRequest(c.Result.Spec, restore, secrets, s.registeredResolver(ctx, org))
 		if err == nil && adjust != nil {
 			if err = adjust(&cr.Spec); err != nil {
 				err = connect.NewError(connect.CodeInternal, err)

@@ -45,7 +45,7 @@ func TestSecurityContextPolicy(t *testing.T) {
 				if !res.OK() {
 					t.Fatalf("rejected: %+v", res.Violations)
 				}
-				if _, err := toCreateRequest(res.Spec, nil); err != nil {
+				if _, err := toCreateRequest(res.Spec, nil, nil, nil); err != nil {
 					t.Fatal(err)
 				}
 				return

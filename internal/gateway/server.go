@@ -32,6 +32,8 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1/quotav1connect"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
+	settingsv1 "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -120,6 +122,9 @@ type Config struct {
 	// runners' source-IP allowlists (sourceip.go); none by default: the TCP peer is the
 	// caller.
 	TrustedProxies []netip.Prefix
+	// Secrets configures the built-in secret stores (secrets.go); its zero value answers
+	// CWSANDBOX_NOT_IMPLEMENTED.
+	Secrets SecretOptions
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -178,6 +183,8 @@ type Server struct {
 	orgs  OrgLister
 	// trustedProxies: see Config.TrustedProxies.
 	trustedProxies []netip.Prefix
+	// secrets: see Config.Secrets (with defaults).
+	secrets SecretOptions
 }
 
 // New returns a Server.
@@ -225,6 +232,7 @@ func New(cfg Config) (*Server, error) {
 	s.quota, s.orgs = cfg.Quota, cfg.Orgs
 	s.volumes = cfg.Volumes
 	s.trustedProxies = slices.Clone(cfg.TrustedProxies)
+	s.secrets = cfg.Secrets.withDefaults()
 	s.orphanGrace = cfg.OrphanGrace
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
@@ -265,6 +273,7 @@ func Services() []protoreflect.ServiceDescriptor {
 		statev1.File_sandboxd_sandbox_v1_state_proto.Services().ByName("SandboxStateService"),
 		buildv1.File_sandboxd_build_v1_build_proto.Services().ByName("BuildService"),
 		quotav1.File_sandboxd_quota_v1_quota_proto.Services().ByName("QuotaService"),
+		settingsv1.File_sandboxd_settings_v1_secrets_proto.Services().ByName("SecretService"),
 	}
 }
 
@@ -290,6 +299,7 @@ func (s *Server) Handler() http.Handler {
 		vanguard.NewService(statev1connect.NewSandboxStateServiceHandler(s, opts...)),
 		vanguard.NewService(buildv1connect.NewBuildServiceHandler(s.builds, opts...)),
 		vanguard.NewService(quotav1connect.NewQuotaServiceHandler(s, opts...)),
+		vanguard.NewService(settingsv1connect.NewSecretServiceHandler(secretService{s}, opts...)),
 	)
 	if err != nil {
 		// The services and their annotations are compiled in: this is a programming error.
@@ -475,12 +485,12 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		shape = proto.CloneOf(asked)
 		shape.Containers[0].Image = runtime.EngineContainerName
 	}
-	restore := s.restorer(ctx, p.Org)
+	restore, secrets := s.restorer(ctx, p.Org), s.secretResolver(ctx, p.Org)
 	asked, err := s.pinToVolumes(ctx, p.Org, asked)
 	if err != nil {
 		return nil, err
 	}
-	cr, err := toCreateRequest(shape, restore, s.registeredResolver(ctx, p.Org))
+	cr, err := toCreateRequest(shape, restore, secrets, s.registeredResolver(ctx, p.Org))
 	if err != nil {
 		return nil, err
 	}
@@ -494,7 +504,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		return nil, err
 	}
 	cands = s.preferForRestores(ctx, cands, cr.Restores)
-	r, res, sb, held, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore)
+	r, res, sb, held, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore, secrets)
 	if err != nil {
 		return nil, err
 	}

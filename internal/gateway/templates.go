@@ -158,7 +158,7 @@ func (s *Server) checkTemplateSpec(ctx context.Context, field string, p *sandbox
 	if placeholder {
 		full.Containers = []*sandboxv1.Container{{Image: "busybox"}}
 	}
-	_, err = toCreateRequest(full, s.restorer(ctx, principal(ctx).Org))
+	_, err = toCreateRequest(full, s.restorer(ctx, principal(ctx).Org), s.shapeOnlySecrets(), nil)
 	if err == nil {
 		return nil
 	}

@@ -161,7 +161,7 @@ func warmDesired(tmpls []warmTemplate, runners []placement.Runner, platform poli
 			if !res.OK() {
 				continue
 			}
-			cr, err := toCreateRequest(res.Spec, nil)
+			cr, err := toCreateRequest(res.Spec, nil, nil, nil)
 			if err != nil {
 				continue
 			}

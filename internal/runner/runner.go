@@ -112,6 +112,10 @@ type entry struct {
 	creds []*runtime.Credentials
 	// engineCreds are the engine's pull credentials by image (runtime.Engine), likewise.
 	engineCreds map[string]*runtime.Credentials
+	// secretEnv is each container's runtime.Container.SecretEnv, in AllContainers order:
+	// handed to the backend's Create and dropped once it returns, never kept in sb.Spec,
+	// the state dir or snapshots, never logged.
+	secretEnv []map[string]string
 	// startedAt is when the backend started the container: the StartedAt reported once
 	// the agent says the main command runs, and the one a restarted runner recovers.
 	startedAt    time.Time
@@ -238,9 +242,14 @@ func (r *Runner) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 // which only the runner's own image builds give (a caller's Keep is cleared).
 func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]string) (Sandbox, error) {
 	var creds []*runtime.Credentials
+	var secretEnv []map[string]string
 	orig := req.Spec
 	for _, c := range orig.AllContainers() {
 		creds = append(creds, c.PullCredentials)
+		secretEnv = append(secretEnv, c.SecretEnv)
+	}
+	if err := validateSecretEnv(orig.AllContainers()); err != nil {
+		return Sandbox{}, err
 	}
 	var engineCreds map[string]*runtime.Credentials
 	if orig.Engine != nil {
@@ -298,6 +307,9 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 		Deadline:  now.Add(req.Lifetime),
 	})
 	e.creds, e.engineCreds = creds, engineCreds
+	if slices.ContainsFunc(secretEnv, func(m map[string]string) bool { return len(m) > 0 }) {
+		e.secretEnv = secretEnv
+	}
 	if len(req.Restores) > 0 {
 		e.restores = maps.Clone(req.Restores)
 	}
@@ -876,6 +888,9 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			if i < len(e.creds) {
 				c.PullCredentials = e.creds[i]
 			}
+			if i < len(e.secretEnv) {
+				c.SecretEnv = e.secretEnv[i]
+			}
 		}
 		if spec.Engine != nil && e.engineCreds != nil {
 			spec.Engine = spec.Engine.Clone()
@@ -890,6 +905,9 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			return
 		}
 		info, err := r.backend.Create(ctx, &spec)
+		r.mu.Lock()
+		e.secretEnv = nil // the backend has handed them to the containers
+		r.mu.Unlock()
 		if err != nil {
 			r.finish(e, runtime.Exit{Reason: createFailureReason(err), Message: err.Error(), At: time.Now()}, false)
 			return
@@ -1528,7 +1546,7 @@ func NewID() string {
 func cloneSpec(s runtime.Spec) runtime.Spec {
 	c := s.Clone()
 	for _, ct := range c.AllContainers() {
-		ct.PullCredentials = nil
+		ct.PullCredentials, ct.SecretEnv = nil, nil
 	}
 	if c.Engine != nil {
 		c.Engine.PullCredentials = nil // c's own copy

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"fmt"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -224,4 +225,33 @@ func checkPath(p string) error {
 		return fmt.Errorf("must name a file, got %q", p)
 	}
 	return nil
+}
+
+// validateSecretEnv checks the secret environment of a sandbox's containers (before
+// cloneSpec drops it): at most runtime.MaxSecretEnvVars in all, each container's as
+// runtime.CheckEnv says, alone and together with its plain environment. Violations name
+// variables, never values.
+func validateSecretEnv(cs []*runtime.Container) error {
+	var vs violations
+	n := 0
+	for i, c := range cs {
+		if len(c.SecretEnv) == 0 {
+			continue
+		}
+		n += len(c.SecretEnv)
+		field := fmt.Sprintf("spec.containers[%d].secret_stores", i)
+		runtime.CheckEnv(field, c.SecretEnv, vs.add)
+		all := maps.Clone(c.Env)
+		if all == nil {
+			all = map[string]string{}
+		}
+		maps.Copy(all, c.SecretEnv)
+		if len(vs) == 0 {
+			runtime.CheckEnv(field, all, vs.add)
+		}
+	}
+	if n > runtime.MaxSecretEnvVars {
+		vs.add("spec.containers.secret_stores", "%d secrets in all, at most %d per sandbox", n, runtime.MaxSecretEnvVars)
+	}
+	return vs.err()
 }

@@ -24,6 +24,7 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		Command:         c.Command,
 		Args:            c.Args,
 		Env:             c.Env,
+		SecretEnv:       c.SecretEnv,
 		WorkingDir:      c.WorkingDir,
 		Files:           c.Files,
 		Resources:       c.Resources,
@@ -75,6 +76,7 @@ func containerToProto(c runtime.Container) *runnerv1.Container {
 		Command:      c.Command,
 		Args:         c.Args,
 		Env:          c.Env,
+		SecretEnv:    c.SecretEnv,
 		WorkingDir:   c.WorkingDir,
 		Resources:    resourcesToProto(c.Resources),
 		Tmpfs:        c.Tmpfs,
@@ -102,6 +104,7 @@ func containerFromProto(p *runnerv1.Container) runtime.Container {
 		Command:      p.GetCommand(),
 		Args:         p.GetArgs(),
 		Env:          p.GetEnv(),
+		SecretEnv:    p.GetSecretEnv(),
 		WorkingDir:   p.GetWorkingDir(),
 		Resources:    resourcesFromProto(p.GetResources()),
 		Tmpfs:        p.GetTmpfs(),
@@ -233,7 +236,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 		ID: p.GetId(),
 		Container: containerFromProto(&runnerv1.Container{
 			Name: p.GetName(), Image: p.GetImage(), PullCredentials: p.GetPullCredentials(), Command: p.GetCommand(),
-			Args: p.GetArgs(), Env: p.GetEnv(), WorkingDir: p.GetWorkingDir(), Files: p.GetFiles(), Resources: p.GetResources(),
+			Args: p.GetArgs(), Env: p.GetEnv(), SecretEnv: p.GetSecretEnv(), WorkingDir: p.GetWorkingDir(), Files: p.GetFiles(), Resources: p.GetResources(),
 			VolumeMounts: p.GetVolumeMounts(), Tmpfs: p.GetTmpfs(), Security: p.GetSecurity(), RestartLimit: p.GetRestartLimit(),
 			StartupProbe: p.GetStartupProbe(), DependsOn: p.GetDependsOn(),
 		}),
@@ -471,18 +474,19 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 	return sb
 }
 
-// withoutCredentials is s without the pull credentials of any of its containers: they
-// are for one pull, never sent back once the sandbox exists. The slices it changes are
+// withoutCredentials is s without the pull credentials and secret environment of any of
+// its containers: they are for one pull (one start), never sent back once the sandbox
+// exists. The slices it changes are
 // copies (s's are the caller's).
 func withoutCredentials(s runtime.Spec) runtime.Spec {
-	s.PullCredentials = nil
+	s.PullCredentials, s.SecretEnv = nil, nil
 	strip := func(cs []runtime.Container) []runtime.Container {
 		if cs == nil {
 			return nil
 		}
 		out := make([]runtime.Container, len(cs))
 		for i, c := range cs {
-			c.PullCredentials = nil
+			c.PullCredentials, c.SecretEnv = nil, nil
 			out[i] = c
 		}
 		return out

@@ -28,6 +28,9 @@ var notInSnapshots = map[string]string{
 	"Container.PullCredentials":        "a secret for one pull: never sent back once the sandbox exists",
 	"Sidecars[].PullCredentials":       "as Container.PullCredentials",
 	"InitContainers[].PullCredentials": "as Container.PullCredentials",
+	"Container.SecretEnv":              "secret values for one start: never sent back (docs/secrets.md)",
+	"Sidecars[].SecretEnv":             "as Container.SecretEnv",
+	"InitContainers[].SecretEnv":       "as Container.SecretEnv",
 	"Engine.PullCredentials":           "as Container.PullCredentials",
 }
 

@@ -33,6 +33,7 @@ func (c Container) Clone() Container {
 	}
 	out.Args = slices.Clone(c.Args)
 	out.Env = maps.Clone(c.Env)
+	out.SecretEnv = maps.Clone(c.SecretEnv)
 	out.Files = slices.Clone(c.Files)
 	out.VolumeMounts = slices.Clone(c.VolumeMounts)
 	out.Tmpfs = slices.Clone(c.Tmpfs)

@@ -18,17 +18,20 @@ import (
 // its terminating NUL) and argv plus envp together well under ARG_MAX (a quarter of the
 // default 8 MiB stack: 2 MiB), leaving room for the image's own environment.
 const (
-	MaxArgs       = 4096        // entries of args (create) or command (exec), command included
-	MaxArgBytes   = 128<<10 - 1 // one argument: MAX_ARG_STRLEN less its NUL
-	MaxArgsBytes  = 512 << 10   // all arguments together
-	MaxEnvVars    = 1024        // environment variables
-	MaxEnvKeyLen  = 256         // bytes of one variable's name
-	MaxEnvBytes   = 128<<10 - 2 // one variable: len(KEY)+len(VALUE), plus "=" and NUL, fits MAX_ARG_STRLEN
-	MaxEnvsBytes  = 512 << 10   // all variables together (names and values)
-	MaxFiles      = 256         // file mounts of a container
-	MaxFilePath   = 1024        // bytes of a file mount's path (PATH_MAX is 4096)
-	MaxFileBytes  = 32 << 20    // content of one file mount (the unary file cap)
-	MaxFilesBytes = 64 << 20    // content of all file mounts together
+	MaxArgs      = 4096        // entries of args (create) or command (exec), command included
+	MaxArgBytes  = 128<<10 - 1 // one argument: MAX_ARG_STRLEN less its NUL
+	MaxArgsBytes = 512 << 10   // all arguments together
+	MaxEnvVars   = 1024        // environment variables
+	MaxEnvKeyLen = 256         // bytes of one variable's name
+	MaxEnvBytes  = 128<<10 - 2 // one variable: len(KEY)+len(VALUE), plus "=" and NUL, fits MAX_ARG_STRLEN
+	MaxEnvsBytes = 512 << 10   // all variables together (names and values)
+	// MaxSecretEnvVars bounds the secret environment variables of a sandbox, over all
+	// its containers (Container.SecretEnv; the target's "≤ 50 secrets" per sandbox).
+	MaxSecretEnvVars = 50
+	MaxFiles         = 256      // file mounts of a container
+	MaxFilePath      = 1024     // bytes of a file mount's path (PATH_MAX is 4096)
+	MaxFileBytes     = 32 << 20 // content of one file mount (the unary file cap)
+	MaxFilesBytes    = 64 << 20 // content of all file mounts together
 )
 
 // AgentDir is the directory the platform mounts for the sandbox's agent (its binary,

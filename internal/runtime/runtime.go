@@ -112,9 +112,14 @@ type Container struct {
 	// Command is a single executable (the wire protocol's Container.command); empty means
 	// the image's entrypoint. Args replace the image's cmd when Command is set, or when
 	// non-empty.
-	Command    string            `json:"command,omitempty"`
-	Args       []string          `json:"args,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
+	Command string            `json:"command,omitempty"`
+	Args    []string          `json:"args,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	// SecretEnv are environment variables whose values come from secret stores (set
+	// over Env). Like PullCredentials they are never persisted (json "-"), never sent
+	// back and never logged: a backend hands them to the container's process only
+	// (docs/secrets.md).
+	SecretEnv  map[string]string `json:"-"`
 	WorkingDir string            `json:"working_dir,omitempty"`
 	Files      []File            `json:"files,omitempty"`
 	// Resources are this container's limits and requests; the sandbox's are the sum over

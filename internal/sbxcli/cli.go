@@ -163,7 +163,7 @@ in CWSANDBOX_API_KEY; --base-url and --api-key override them.`,
 	pf.StringVar(&a.dataPlane, "data-plane", "auto", "how exec, logs and files reach a sandbox: auto (direct to its runner when it answers within 1 s, else the gateway), direct or gateway")
 	root.AddCommand(a.runCommand(), a.lsCommand(), a.getCommand(), a.execCommand(), a.shCommand(),
 		a.logsCommand(), a.filesCommand(), a.cpCommand(), a.composeCommand(), a.stopCommand(), a.deleteCommand(), a.pauseCommand(), a.resumeCommand(), a.forkCommand(), a.lifetimeCommand(), a.purgeCommand(),
-		a.snapshotCommand(), a.templateCommand(), a.volumeCommand(), a.buildCommand(), a.quotaCommand(), a.adminCommand())
+		a.snapshotCommand(), a.templateCommand(), a.volumeCommand(), a.buildCommand(), a.secretCommand(), a.quotaCommand(), a.adminCommand())
 	root.InitDefaultCompletionCmd()
 	if c, _, err := root.Find([]string{"completion"}); err == nil && c != root {
 		c.Long += completionHelp

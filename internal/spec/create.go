@@ -36,6 +36,10 @@ type Options struct {
 	// Registered resolves the registered volumes the spec mounts (volume_id), once the
 	// spec is otherwise valid. nil: registered volumes are NOT_IMPLEMENTED.
 	Registered RegisteredResolver
+	// Secrets resolves the secrets containers reference (secret_stores,
+	// image_pull_credentials; secrets.go) into the runtime spec's SecretEnv and
+	// PullCredentials, once the spec is otherwise valid. nil: they are NOT_IMPLEMENTED.
+	Secrets SecretResolver
 }
 
 // RegisteredVolume is what a registered volume (volume_id) is on its runner.
@@ -81,17 +85,31 @@ func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, erro
 	req.Spec.Volumes = vols
 	vs, unsupported = append(vs, volVs...), append(unsupported, volUnsupported...)
 	pi := primaryIndex(cs)
+	fields := make([]string, len(cs))
+	secrets := 0
 	for i, c := range cs {
-		rc, cvs, cunsupported := toContainer(c, fmt.Sprintf("sandbox.spec.containers[%d]", i), volNames)
+		fields[i] = fmt.Sprintf("sandbox.spec.containers[%d]", i)
+		rc, cvs, cunsupported := toContainer(c, fields[i], volNames)
 		vs, notApplied = append(vs, cvs...), append(notApplied, cunsupported...)
 		for _, u := range cunsupported {
 			unsupported = append(unsupported, u.Description)
+		}
+		if len(c.GetSecretStores()) > 0 || c.GetImagePullCredentials() != nil {
+			if o.Secrets == nil {
+				notSupportedSecrets(c, fields[i], &unsupported, &notApplied)
+			} else {
+				uses, _, svs := containerSecrets(c, fields[i])
+				vs, secrets = append(vs, svs...), secrets+len(uses)
+			}
 		}
 		if i == pi {
 			req.Spec.Container = rc
 		} else {
 			req.Spec.Sidecars = append(req.Spec.Sidecars, rc)
 		}
+	}
+	if secrets > runtime.MaxSecretEnvVars {
+		add("sandbox.spec.containers", "reference %d secrets (secret_stores) in all, at most %d per sandbox", secrets, runtime.MaxSecretEnvVars)
 	}
 	req.Lifetime = time.Duration(spec.GetMaxLifetimeSeconds()) * time.Second
 	switch limit := int32(runner.MaxLifetime / time.Second); {
@@ -153,7 +171,43 @@ func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, erro
 	if err := resolveRegistered(spec, &req.Spec, o.Registered); err != nil {
 		return req, err
 	}
+	if o.Secrets != nil && secrets+countPulls(cs) > 0 {
+		outs := make([]*runtime.Container, len(cs))
+		for i, k := 0, 0; i < len(cs); i++ {
+			if i == pi {
+				outs[i] = &req.Spec.Container
+			} else {
+				outs[i] = &req.Spec.Sidecars[k]
+				k++
+			}
+		}
+		if err := resolveSecrets(cs, fields, outs, o.Secrets); err != nil {
+			return req, err
+		}
+	}
 	return req, nil
+}
+
+// notSupportedSecrets records c's secret references as not supported (no resolver).
+func notSupportedSecrets(c *sandboxv1.Container, f string, unsupported *[]string, notApplied *[]apierr.Violation) {
+	if len(c.GetSecretStores()) > 0 {
+		*unsupported = append(*unsupported, "secret stores")
+		*notApplied = append(*notApplied, apierr.Violation{Field: f + ".secret_stores", Description: "secret stores"})
+	}
+	if c.GetImagePullCredentials() != nil {
+		*unsupported = append(*unsupported, "image pull credentials from secret stores")
+		*notApplied = append(*notApplied, apierr.Violation{Field: f + ".image_pull_credentials", Description: "image pull credentials from secret stores"})
+	}
+}
+
+func countPulls(cs []*sandboxv1.Container) int {
+	n := 0
+	for _, c := range cs {
+		if c.GetImagePullCredentials() != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // Primary returns the primary container: the one marked primary, else the first.
@@ -237,15 +291,9 @@ func toContainer(c *sandboxv1.Container, f string, volumes map[string]bool) (run
 		out.Resources.RequestMilliCPU, out.Resources.RequestMemoryBytes = parseResources(res, f+".resource_requirements.requests", add)
 	}
 	out.VolumeMounts, vs = volumeMounts(c, f, volumes, vs)
-	if len(c.GetSecretStores()) > 0 {
-		unsupported = append(unsupported, apierr.Violation{Field: f + ".secret_stores", Description: "secret stores"})
-	}
 	sec, secVs := securityContext(c.GetSecurityContext(), f+".security_context")
 	out.Security, vs = sec, append(vs, secVs...)
 	out.StartupProbe, vs = toProbe(c.GetStartupProbe(), f+".startup_probe", vs)
-	if c.GetImagePullCredentials() != nil {
-		unsupported = append(unsupported, apierr.Violation{Field: f + ".image_pull_credentials", Description: "image pull credentials from secret stores"})
-	}
 	return out, vs, unsupported
 }
 

@@ -18,6 +18,7 @@ import (
 var notForPolicy = map[string]string{
 	"Spec.ID":                                   "assigned by the gateway after the policy check; no wire field",
 	"Spec.Container.PullCredentials":            "a pull secret, never part of a spec a policy sees (the public field names a secret store)",
+	"Spec.Container.SecretEnv":                  "secret values resolved at create, never part of a spec a policy sees (the public field names a secret store)",
 	"Spec.Container.Files":                      "file contents are not constrained by any policy",
 	"Spec.Container.Resources.Pids":             "the runner's own limit (its defaults), not a public field",
 	"Spec.Container.Resources.DiskBytes":        "the backend's own limit, not a public field",
@@ -28,6 +29,7 @@ var notForPolicy = map[string]string{
 	"Spec.Container.Tmpfs":                      "no public wire field (Compose's tmpfs sets it); an empty private tmpfs is not constrained by any policy, like a scratch volume",
 	"Spec.Container.DependsOn":                  "no public wire field (Compose's depends_on sets it); start order is not constrained by any policy",
 	"Spec.Sidecars[].PullCredentials":           "a pull secret, never part of a spec a policy sees (the public field names a secret store)",
+	"Spec.Sidecars[].SecretEnv":                 "secret values resolved at create, never part of a spec a policy sees (the public field names a secret store)",
 	"Spec.Sidecars[].Files":                     "file contents are not constrained by any policy",
 	"Spec.Sidecars[].Resources.Pids":            "the runner's own limit (its defaults), not a public field",
 	"Spec.Sidecars[].Resources.DiskBytes":       "the backend's own limit, not a public field",
@@ -36,6 +38,7 @@ var notForPolicy = map[string]string{
 	"Spec.Sidecars[].Tmpfs":                     "no public wire field (Compose's tmpfs sets it); an empty private tmpfs is not constrained by any policy, like a scratch volume",
 	"Spec.Sidecars[].DependsOn":                 "no public wire field (Compose's depends_on sets it); start order is not constrained by any policy",
 	"Spec.InitContainers[].PullCredentials":     "a pull secret, never part of a spec a policy sees (the public field names a secret store)",
+	"Spec.InitContainers[].SecretEnv":           "secret values resolved at create, never part of a spec a policy sees (the public field names a secret store)",
 	"Spec.InitContainers[].Files":               "file contents are not constrained by any policy",
 	"Spec.InitContainers[].Resources.Pids":      "the runner's own limit (its defaults), not a public field",
 	"Spec.InitContainers[].Resources.DiskBytes": "the backend's own limit, not a public field",

@@ -100,6 +100,8 @@ var pgUnique = map[string][2]string{
 	"volumes_request_id_key":             {"volumes", KeyRequestID},
 	"volumes_claim_key":                  {"volumes", KeyClaimName},
 	"sandbox_volumes_pkey":               {"sandbox_volumes", "volume_id"},
+	"secret_stores_pkey":                 {"secret_stores", KeyName},
+	"secret_stores_request_id_key":       {"secret_stores", KeyRequestID},
 }
 
 func (d *pgDB) uniqueViolation(err error) (string, string, bool) {

@@ -38,6 +38,7 @@ type Store interface {
 	Builds() Builds
 	BuildStorageConfigs() BuildStorageConfigs
 	Quotas() Quotas
+	SecretStores() SecretStores
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error

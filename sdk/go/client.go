@@ -79,6 +79,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1/quotav1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
 )
 
 // Environment variables read by FromEnv (and New for empty arguments).
@@ -123,6 +124,8 @@ type Client struct {
 	vols    sandboxv1connect.VolumeServiceClient
 	build   buildv1connect.BuildServiceClient
 	quota   quotav1connect.QuotaServiceClient
+	setting sandboxv1connect.SettingsServiceClient
+	secret  settingsv1connect.SecretServiceClient
 	http    *http.Client
 	direct  *direct
 }
@@ -195,12 +198,14 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 		cfg.dataPlane = DataPlaneAuto
 	}
 	return &Client{baseURL: u.String(), http: hc, svc: sandboxv1connect.NewSandboxServiceClient(hc, u.String(), copts...),
-		state:  statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
-		tmpl:   sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
-		vols:   sandboxv1connect.NewVolumeServiceClient(hc, u.String(), copts...),
-		build:  buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
-		quota:  quotav1connect.NewQuotaServiceClient(hc, u.String(), copts...),
-		direct: &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
+		state:   statev1connect.NewSandboxStateServiceClient(hc, u.String(), copts...),
+		tmpl:    sandboxv1connect.NewSandboxTemplateServiceClient(hc, u.String(), copts...),
+		vols:    sandboxv1connect.NewVolumeServiceClient(hc, u.String(), copts...),
+		build:   buildv1connect.NewBuildServiceClient(hc, u.String(), copts...),
+		quota:   quotav1connect.NewQuotaServiceClient(hc, u.String(), copts...),
+		setting: sandboxv1connect.NewSettingsServiceClient(hc, u.String(), copts...),
+		secret:  settingsv1connect.NewSecretServiceClient(hc, u.String(), copts...),
+		direct:  &direct{mode: cfg.dataPlane, conns: map[directKey]*directConn{}, retryAt: map[string]time.Time{}}}, nil
 }
 
 // BaseURL is the endpoint the client talks to.

@@ -63,6 +63,13 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if spec.Engine != nil {
 		return runtime.Info{}, fmt.Errorf("%w by the kubernetes backend yet", runtime.ErrEngineUnsupported)
 	}
+	for _, c := range spec.AllContainers() {
+		if len(c.SecretEnv) > 0 {
+			// A Pod's env is stored by the API server: secrets from the built-in store
+			// would land there. The Kubernetes Secrets provider is not built yet.
+			return runtime.Info{}, fmt.Errorf("container %q: %w: secrets from a secret store on the kubernetes backend", c.ContainerName(), errdefs.ErrNotImplemented)
+		}
+	}
 	for _, v := range spec.Volumes {
 		if v.Keep != "" {
 			return runtime.Info{}, fmt.Errorf("volume %q: %w: the kubernetes backend keeps no volumes past their sandbox", v.Name, errdefs.ErrNotImplemented)

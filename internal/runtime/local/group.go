@@ -142,7 +142,7 @@ func (b *Backend) createGroup(ctx context.Context, s *sandbox, spec *runtime.Spe
 				return nil, fmt.Errorf("container %q: %w", c.ContainerName(), err)
 			}
 			cfg.HoldExit = cs.holdsExit() // gvisor_group.go
-			cs.held = cfg
+			cs.held, cs.secretEnv = cfg, c.SecretEnv
 			return &agentconfig.Config{Standby: true, Hostname: cfg.Hostname}, nil
 		}
 	}
@@ -280,14 +280,38 @@ func (g *groupOps) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	cfgJSON, err := json.Marshal(c.held) // as the pool's Start: the identity was set at creation
+	return g.b.startHeld(ctx, c)
+}
+
+// startHeld sends held container c its config (c.held, with c.secretEnv over its
+// environment) through the agent's channel, then writes what /.sandboxd/config.json shows
+// inside: the config without the secret environment, which is in no file (docs/secrets.md).
+func (b *Backend) startHeld(ctx context.Context, c *sandbox) error {
+	startJSON, shownJSON, err := startConfigs(c.held, c.secretEnv)
 	if err != nil {
 		return err
 	}
-	if err := startAgent(ctx, c.dir, c.ident, cfgJSON); err != nil {
+	// As the pool's Start: the identity was set at creation.
+	if err := startAgent(ctx, c.dir, c.ident, startJSON); err != nil {
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(c.dir, fileAgentOut), 512))
 	}
-	return writeInPlace(filepath.Join(shownDir(c.dir), fileAgentConfig), cfgJSON)
+	b.mu.Lock()
+	c.secretEnv = nil // the agent has them; this process keeps no copy
+	b.mu.Unlock()
+	return writeInPlace(filepath.Join(shownDir(c.dir), fileAgentConfig), shownJSON)
+}
+
+// startConfigs are the agent config cfg as Start sends it (secretEnv merged over its
+// environment) and as the config file shows it (without secretEnv).
+func startConfigs(cfg *agentconfig.Config, secretEnv map[string]string) (start, shown []byte, err error) {
+	shown, err = json.Marshal(cfg)
+	if err != nil || len(secretEnv) == 0 {
+		return shown, shown, err
+	}
+	withSecrets := *cfg
+	withSecrets.Env = agentconfig.MergeEnv(cfg.Env, secretEnv)
+	start, err = json.Marshal(&withSecrets)
+	return start, shown, err
 }
 
 // Exec runs argv in container name through its agent (probes).

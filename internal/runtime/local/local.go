@@ -202,6 +202,9 @@ type sandbox struct {
 	// standby); volumeRoots are a group primary's volumes by name, for its members.
 	held        *agentconfig.Config
 	volumeRoots map[string]string
+	// secretEnv is the container's runtime.Container.SecretEnv until Start has sent it
+	// (with held) to the agent: memory only, never in a file of the data dir.
+	secretEnv map[string]string
 
 	// Pausing (pause.go). opMu serializes Pause, Resume, Fork's checkpoint and Stop of a
 	// paused sandbox; paused (under Backend.mu) is set while it is paused; ck (under
@@ -472,7 +475,10 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	}
 	failpoint.Hit("local.create.dir")
 	persisted := *spec
-	persisted.PullCredentials = nil
+	// Neither the pull credentials nor the secret environment stay past the start: the
+	// record (spec.json, memory) has none (docs/secrets.md).
+	persisted.PullCredentials, persisted.SecretEnv = nil, nil
+	persisted.Sidecars, persisted.InitContainers = withoutSecretEnv(spec.Sidecars), withoutSecretEnv(spec.InitContainers)
 	var engineCreds map[string]*runtime.Credentials
 	if e := persisted.Engine; e != nil && e.PullCredentials != nil {
 		ec := *e
@@ -532,12 +538,35 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 			}
 			return agentConfig(spec, img)
 		}
+		if len(spec.Container.SecretEnv) > 0 {
+			// Secret environment (docs/secrets.md): never in the agent config file. The
+			// agent starts held, like a group's containers, and Start hands it the config
+			// with the secrets over its channel (startHeld).
+			real := acfg
+			acfg = func(img *Image) (*agentconfig.Config, error) {
+				cfg, err := real(img)
+				if err != nil {
+					return nil, err
+				}
+				s.held, s.secretEnv = cfg, spec.Container.SecretEnv
+				return &agentconfig.Config{Standby: true, Hostname: cfg.Hostname}, nil
+			}
+		}
 		if _, _, err := b.launch(ctx, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
 			var pe *pullError
 			if b.pool != nil && errors.As(err, &pe) {
 				b.pool.pullFailed(key)
 			}
 			return runtime.Info{}, err
+		}
+		if s.held != nil {
+			if err := b.startHeld(ctx, s); err != nil {
+				return runtime.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+			}
+			if err := writeJSONAtomic(filepath.Join(s.dir, fileInfo), &s.info); err != nil {
+				return runtime.Info{}, err
+			}
+			b.step(ctx, "start", &t)
 		}
 	}
 	if p := spec.StartupProbe; p != nil && fork == nil { // a fork continues its source's state
@@ -1219,4 +1248,17 @@ func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn
 		return nil, fmt.Errorf("dial agent of %s: %w", id, err)
 	}
 	return c, nil
+}
+
+// withoutSecretEnv is a copy of cs without their secret environment (nil stays nil).
+func withoutSecretEnv(cs []runtime.Container) []runtime.Container {
+	if cs == nil {
+		return nil
+	}
+	out := make([]runtime.Container, len(cs))
+	for i, c := range cs {
+		c.SecretEnv = nil
+		out[i] = c
+	}
+	return out
 }

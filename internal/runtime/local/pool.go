@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -747,7 +746,7 @@ func (b *Backend) claim(ctx context.Context, s *sandbox, spec *runtime.Spec, key
 		b.pool.miss()
 		return false
 	}
-	if err := b.configurePooled(ctx, pc, s, acfg, &ct); err != nil {
+	if err := b.configurePooled(ctx, pc, s, acfg, spec.SecretEnv, &ct); err != nil {
 		b.log.Warn("warm pool: claim failed, creating cold", "sandbox", s.id, "container", pc.s.cid, "err", err)
 		b.pool.drop(pc)
 		b.pool.miss()
@@ -780,7 +779,7 @@ func (p *pool) claimed(ct ClaimTimes) {
 // configurePooled turns pooled container pc into sandbox s: limits, hostname, etc files,
 // spec and info (with the container id), the agent's Start, and finally the rename of
 // pc's dir over s's. On error pc is to be destroyed.
-func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, acfg *agentconfig.Config, ct *ClaimTimes) error {
+func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, acfg *agentconfig.Config, secretEnv map[string]string, ct *ClaimTimes) error {
 	t := time.Now()
 	step := func(d *time.Duration) {
 		now := time.Now()
@@ -818,7 +817,8 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 		}
 	}
 	_ = os.RemoveAll(tmp)
-	cfgJSON, err := json.Marshal(acfg)
+	// Start gets the secret environment too; the config file never does (docs/secrets.md).
+	startJSON, cfgJSON, err := startConfigs(acfg, secretEnv)
 	if err != nil {
 		return err
 	}
@@ -840,7 +840,7 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	}
 	step(&ct.Rules)
 	failpoint.Hit("local.claim.rules")
-	if err := startAgent(ctx, dir, pc.s.ident, cfgJSON); err != nil {
+	if err := startAgent(ctx, dir, pc.s.ident, startJSON); err != nil {
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}
 	step(&ct.Start)

@@ -2071,7 +2071,9 @@ type Spec struct {
 	// Names that resolve to 127.0.0.1 in every container (Compose service names).
 	HostAliases []string `protobuf:"bytes,31,rep,name=host_aliases,json=hostAliases,proto3" json:"host_aliases,omitempty"`
 	// Set for a container-engine sandbox (runtime.Engine): the Compose file its engine runs.
-	Engine        *Engine `protobuf:"bytes,32,opt,name=engine,proto3" json:"engine,omitempty"`
+	Engine *Engine `protobuf:"bytes,32,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The primary container's Container.secret_env: never stored, returned or logged.
+	SecretEnv     map[string]string `protobuf:"bytes,33,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2295,6 +2297,13 @@ func (x *Spec) GetEngine() *Engine {
 	return nil
 }
 
+func (x *Spec) GetSecretEnv() map[string]string {
+	if x != nil {
+		return x.SecretEnv
+	}
+	return nil
+}
+
 // Engine is what a container-engine sandbox runs under Docker Engine (runtime.Engine).
 type Engine struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -2384,8 +2393,13 @@ type Container struct {
 	RestartLimit    int32             `protobuf:"varint,13,opt,name=restart_limit,json=restartLimit,proto3" json:"restart_limit,omitempty"` // 0 = the default
 	StartupProbe    *Probe            `protobuf:"bytes,14,opt,name=startup_probe,json=startupProbe,proto3" json:"startup_probe,omitempty"`
 	DependsOn       []*Dependency     `protobuf:"bytes,15,rep,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Environment variables whose values come from the organization's secret stores
+	// (Container.secret_stores, resolved by the gateway at create): set in the container's
+	// environment like env (and over it), but never stored by the runner (state dir,
+	// sandbox spec), never returned (GetSandbox, status) and never logged.
+	SecretEnv     map[string]string `protobuf:"bytes,16,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Container) Reset() {
@@ -2519,6 +2533,13 @@ func (x *Container) GetStartupProbe() *Probe {
 func (x *Container) GetDependsOn() []*Dependency {
 	if x != nil {
 		return x.DependsOn
+	}
+	return nil
+}
+
+func (x *Container) GetSecretEnv() map[string]string {
+	if x != nil {
+		return x.SecretEnv
 	}
 	return nil
 }
@@ -5242,8 +5263,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"autoResume\x12#\n" +
 	"\rlifetime_held\x18\x03 \x01(\bR\flifetimeHeld\x127\n" +
 	"\tpaused_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12)\n" +
-	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xe2\n" +
-	"\n" +
+	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xe8\v\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -5274,11 +5294,16 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\bsidecars\x18\x1d \x03(\v2\x1d.sandboxd.runner.v1.ContainerR\bsidecars\x12F\n" +
 	"\x0finit_containers\x18\x1e \x03(\v2\x1d.sandboxd.runner.v1.ContainerR\x0einitContainers\x12!\n" +
 	"\fhost_aliases\x18\x1f \x03(\tR\vhostAliases\x122\n" +
-	"\x06engine\x18  \x01(\v2\x1a.sandboxd.runner.v1.EngineR\x06engine\x1a6\n" +
+	"\x06engine\x18  \x01(\v2\x1a.sandboxd.runner.v1.EngineR\x06engine\x12F\n" +
+	"\n" +
+	"secret_env\x18! \x03(\v2'.sandboxd.runner.v1.Spec.SecretEnvEntryR\tsecretEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eSecretEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x02\n" +
 	"\x06Engine\x12\x18\n" +
@@ -5288,7 +5313,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10pull_credentials\x18\x04 \x03(\v2/.sandboxd.runner.v1.Engine.PullCredentialsEntryR\x0fpullCredentials\x1ac\n" +
 	"\x14PullCredentialsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\x05value\x18\x02 \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x05value:\x028\x01\"\xe9\x05\n" +
+	"\x05value\x18\x02 \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x05value:\x028\x01\"\xf4\x06\n" +
 	"\tContainer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -5307,8 +5332,13 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\rrestart_limit\x18\r \x01(\x05R\frestartLimit\x12>\n" +
 	"\rstartup_probe\x18\x0e \x01(\v2\x19.sandboxd.runner.v1.ProbeR\fstartupProbe\x12=\n" +
 	"\n" +
-	"depends_on\x18\x0f \x03(\v2\x1e.sandboxd.runner.v1.DependencyR\tdependsOn\x1a6\n" +
+	"depends_on\x18\x0f \x03(\v2\x1e.sandboxd.runner.v1.DependencyR\tdependsOn\x12K\n" +
+	"\n" +
+	"secret_env\x18\x10 \x03(\v2,.sandboxd.runner.v1.Container.SecretEnvEntryR\tsecretEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eSecretEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
 	"\x05Probe\x12\x12\n" +
@@ -5599,7 +5629,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -5676,13 +5706,15 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	nil,                              // 72: sandboxd.runner.v1.ForkTarget.MetaEntry
 	nil,                              // 73: sandboxd.runner.v1.Spec.EnvEntry
 	nil,                              // 74: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 75: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 76: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 77: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 78: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 79: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 80: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 81: google.protobuf.Timestamp
+	nil,                              // 75: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 76: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 77: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 78: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 79: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 80: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 81: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 82: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 83: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	3,   // 0: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
@@ -5691,7 +5723,7 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	54,  // 3: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
 	54,  // 4: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
 	56,  // 5: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	80,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	82,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	10,  // 7: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	11,  // 8: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	12,  // 9: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -5708,12 +5740,12 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	57,  // 20: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	57,  // 21: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	72,  // 22: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	80,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	82,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
 	28,  // 24: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
 	57,  // 25: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	31,  // 26: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
 	30,  // 27: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	81,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	83,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
 	54,  // 29: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
 	73,  // 30: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
 	55,  // 31: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
@@ -5730,97 +5762,99 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	36,  // 42: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
 	36,  // 43: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
 	35,  // 44: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	75,  // 45: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	54,  // 46: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	76,  // 47: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	55,  // 48: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	56,  // 49: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	51,  // 50: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	52,  // 51: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	37,  // 52: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	38,  // 53: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	80,  // 54: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	80,  // 55: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	80,  // 56: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	77,  // 57: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	41,  // 58: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	78,  // 59: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	43,  // 60: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	43,  // 61: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	44,  // 62: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	46,  // 63: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	47,  // 64: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 65: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	80,  // 66: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	81,  // 67: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	34,  // 68: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 69: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	81,  // 70: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	81,  // 71: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	81,  // 72: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	80,  // 73: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	81,  // 74: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	39,  // 75: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	33,  // 76: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	58,  // 77: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
-	34,  // 78: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	80,  // 79: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	57,  // 80: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	80,  // 81: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	57,  // 82: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 83: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 84: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	80,  // 85: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	47,  // 86: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	57,  // 87: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	50,  // 88: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	81,  // 89: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	56,  // 90: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	79,  // 91: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	54,  // 92: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	59,  // 93: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	61,  // 94: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	65,  // 95: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	67,  // 96: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	69,  // 97: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	48,  // 98: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	49,  // 99: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	62,  // 100: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	24,  // 101: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	26,  // 102: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	29,  // 103: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	17,  // 104: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	19,  // 105: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	20,  // 106: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	22,  // 107: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	14,  // 108: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	8,   // 109: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	4,   // 110: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
-	6,   // 111: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
-	60,  // 112: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	64,  // 113: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	66,  // 114: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	68,  // 115: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	70,  // 116: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	50,  // 117: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	50,  // 118: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	63,  // 119: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	25,  // 120: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	27,  // 121: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	32,  // 122: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	18,  // 123: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	32,  // 124: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	21,  // 125: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	23,  // 126: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	15,  // 127: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	9,   // 128: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	5,   // 129: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
-	7,   // 130: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
-	112, // [112:131] is the sub-list for method output_type
-	93,  // [93:112] is the sub-list for method input_type
-	93,  // [93:93] is the sub-list for extension type_name
-	93,  // [93:93] is the sub-list for extension extendee
-	0,   // [0:93] is the sub-list for field type_name
+	75,  // 45: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	76,  // 46: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	54,  // 47: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	77,  // 48: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	55,  // 49: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	56,  // 50: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	51,  // 51: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	52,  // 52: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	37,  // 53: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	38,  // 54: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	78,  // 55: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	82,  // 56: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	82,  // 57: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	82,  // 58: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	79,  // 59: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	41,  // 60: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	80,  // 61: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	43,  // 62: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	43,  // 63: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	44,  // 64: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	46,  // 65: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	47,  // 66: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 67: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	82,  // 68: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	83,  // 69: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	34,  // 70: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 71: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	83,  // 72: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	83,  // 73: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	83,  // 74: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	82,  // 75: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	83,  // 76: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	39,  // 77: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	33,  // 78: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	58,  // 79: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	34,  // 80: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	82,  // 81: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	57,  // 82: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	82,  // 83: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	57,  // 84: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	57,  // 85: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	57,  // 86: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	82,  // 87: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	47,  // 88: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	57,  // 89: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	50,  // 90: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	83,  // 91: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	56,  // 92: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	81,  // 93: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	54,  // 94: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	59,  // 95: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	61,  // 96: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	65,  // 97: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	67,  // 98: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	69,  // 99: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	48,  // 100: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	49,  // 101: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	62,  // 102: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	24,  // 103: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	26,  // 104: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	29,  // 105: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	17,  // 106: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	19,  // 107: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	20,  // 108: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	22,  // 109: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	14,  // 110: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	8,   // 111: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	4,   // 112: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	6,   // 113: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	60,  // 114: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	64,  // 115: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	66,  // 116: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	68,  // 117: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	70,  // 118: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	50,  // 119: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	50,  // 120: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	63,  // 121: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	25,  // 122: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	27,  // 123: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	32,  // 124: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	18,  // 125: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	32,  // 126: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	21,  // 127: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	23,  // 128: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	15,  // 129: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	9,   // 130: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	5,   // 131: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	7,   // 132: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	114, // [114:133] is the sub-list for method output_type
+	95,  // [95:114] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -5844,7 +5878,7 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   77,
+			NumMessages:   79,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
