@@ -78,9 +78,9 @@ func (a *app) secretStoreLsCommand() *cobra.Command {
 				return printJSONList(a, sts, func(s *sandboxv1.SecretStore) protoMessage { return s })
 			}
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tPROVIDER\tCREATED")
+			_, _ = fmt.Fprintln(w, "NAME\tPROVIDER\tCREATED")
 			for _, s := range sts {
-				fmt.Fprintf(w, "%s\t%s\t%s\n", s.GetName(), strings.TrimPrefix(s.GetProviderType().String(), "SECRET_STORE_PROVIDER_TYPE_"),
+				_, _ = fmt.Fprintf(w, "%s\t%s\t%s\n", s.GetName(), strings.TrimPrefix(s.GetProviderType().String(), "SECRET_STORE_PROVIDER_TYPE_"),
 					s.GetCreateTime().AsTime().Format(time.RFC3339))
 			}
 			return w.Flush()
@@ -160,9 +160,9 @@ func (a *app) secretLsCommand() *cobra.Command {
 				return printJSONList(a, xs, func(x *settingsv1.Secret) protoMessage { return x })
 			}
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "PATH\tFIELD\tUPDATED")
+			_, _ = fmt.Fprintln(w, "PATH\tFIELD\tUPDATED")
 			for _, x := range xs {
-				fmt.Fprintf(w, "%s\t%s\t%s\n", x.GetPath(), x.GetField(), x.GetUpdateTime().AsTime().Format(time.RFC3339))
+				_, _ = fmt.Fprintf(w, "%s\t%s\t%s\n", x.GetPath(), x.GetField(), x.GetUpdateTime().AsTime().Format(time.RFC3339))
 			}
 			return w.Flush()
 		},

@@ -78,7 +78,7 @@ func cgroupUsage(rel string) (runtime.Usage, error) {
 		ns, err = readCgroupInt(filepath.Join(cgroupRoot, "cpu,cpuacct"), rel, "cpuacct.usage")
 	}
 	if err != nil {
-		return runtime.Usage{}, fmt.Errorf("%w: no CPU accounting for cgroup %s: %v", runtime.ErrNotFound, rel, err)
+		return runtime.Usage{}, fmt.Errorf("%w: no CPU accounting for cgroup %s: %w", runtime.ErrNotFound, rel, err)
 	}
 	u.CPUUsec = ns / 1000
 	mem := filepath.Join(cgroupRoot, "memory")
