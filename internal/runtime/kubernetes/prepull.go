@@ -202,6 +202,9 @@ type prepuller struct {
 	state   map[string]map[string]*prepullState // by want key, by node
 	started bool
 	closed  bool
+	// orgsDirty: a new set came with tokens: the organizations' Secrets are refreshed
+	// with them at the next step.
+	orgsDirty bool
 
 	nodes     []corev1.Node // last listed
 	nodesAt   time.Time
@@ -256,6 +259,7 @@ func (p *prepuller) set(want []*prepullWant) {
 	for _, w := range want {
 		if w.orgTok != nil {
 			delete(before, w.org)
+			p.orgsDirty = true
 		}
 		delete(ownBefore, w.key)
 	}
@@ -347,8 +351,43 @@ func (p *prepuller) step() {
 	if wants && time.Since(p.nodesAt) >= p.nodeEvery {
 		p.listNodes(ctx)
 	}
+	p.refreshOrgSecrets(ctx)
 	p.reap(ctx)
 	p.start(ctx)
+}
+
+// refreshOrgSecrets writes the newest tokens of the wanted images' organizations into
+// their Secrets (after each set: every warm-target send, 30 s), so an organization with
+// templates has a fresh token in its Secret between creates (ensureOrgSecret writes at
+// most once per orgTokenRefresh).
+func (p *prepuller) refreshOrgSecrets(ctx context.Context) {
+	p.mu.Lock()
+	if !p.orgsDirty {
+		p.mu.Unlock()
+		return
+	}
+	p.orgsDirty = false
+	newest := map[string]orgPull{}
+	var orgs []string
+	for _, w := range p.want {
+		if w.orgTok == nil {
+			continue
+		}
+		cur, ok := newest[w.org]
+		if !ok {
+			orgs = append(orgs, w.org)
+		}
+		if !ok || w.orgTok.expiry.After(cur.expiry) {
+			newest[w.org] = *w.orgTok
+		}
+	}
+	p.mu.Unlock()
+	for _, org := range orgs {
+		tok := newest[org]
+		if _, err := p.b.ensureOrgSecret(ctx, &tok); err != nil && ctx.Err() == nil {
+			p.log.Warn("refresh the pull secret of an organization", "org", org, "err", err)
+		}
+	}
 }
 
 func (p *prepuller) listNodes(ctx context.Context) {

@@ -300,3 +300,24 @@ func TestPrepullDisabled(t *testing.T) {
 }
 
 var _ runtime.WarmPooler = (*Backend)(nil)
+
+// TestPrepullRefreshesOrgSecret: every warm-target send refreshes the organizations'
+// Secrets with the newest token it carries (no Pod needed: no nodes here).
+func TestPrepullRefreshesOrgSecret(t *testing.T) {
+	b, cs := newFakeBackend(t, Config{})
+	fastPrepull(b)
+	priv := testRegistry + "/org-a/app:1"
+	holds := func(creds *runtime.Credentials) bool {
+		sec, err := cs.CoreV1().Secrets("sbx").Get(context.Background(), OrgPullSecretName("r1", "org-a"), metav1.GetOptions{})
+		return err == nil && strings.Contains(string(sec.Data[corev1.DockerConfigJsonKey]), creds.Password)
+	}
+	exp := time.Now().Add(15 * time.Minute)
+	for i, c := range []*runtime.Credentials{testCreds("org-a", exp), testCreds("org-a", exp.Add(2*time.Minute))} {
+		ta := target("t1", "org-a", nil, priv)
+		ta.Spec.Container.PullCredentials = c
+		if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{ta}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, fmt.Sprintf("token %d in org-a's secret", i), func() bool { return holds(c) })
+	}
+}
