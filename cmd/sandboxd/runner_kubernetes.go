@@ -32,10 +32,13 @@ type kubernetesFlags struct {
 	blobs                                         blobStore      // from --blob-*
 	platformRegistry                              string
 	insecure                                      []string // from --insecure-registry
+	prepullImages, prepullInFlight                int
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.platformRegistry, "platform-registry", "", "kubernetes backend: host[:port] of the platform's registry (the gateway's --registry-host): image configs are read from it although it may be on this runner's network (plain HTTP when --insecure-registry names it); the nodes pull its images with the sandbox's pull Secret, so they must reach it too")
+	fs.IntVar(&k.prepullImages, "prepull-images", 64, "kubernetes backend: at most this many images of the templates the runner may place are pre-pulled onto every node their sandboxes may run on (0: no pre-pull; needs `list` on nodes)")
+	fs.IntVar(&k.prepullInFlight, "prepull-in-flight", 4, "kubernetes backend: at most this many pre-pull Pods at once")
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes backend: kubeconfig file (default: the in-cluster configuration)")
 	fs.StringVar(&k.namespace, "namespace", "sandboxd", "kubernetes backend: namespace of the sandbox Pods")
 	fs.StringVar(&k.agentImage, "agent-image", "", "kubernetes backend: image holding /sandbox-agent and /sandbox-gate (scripts/build-runner-image.sh builds one)")
@@ -135,6 +138,12 @@ func (k kubernetesFlags) validate() error {
 			return fmt.Errorf("--runner-peer-pods: %w", err)
 		}
 	}
+	if k.prepullImages < 0 || k.prepullImages > 1024 {
+		return fmt.Errorf("--prepull-images %d: want 0..1024", k.prepullImages)
+	}
+	if k.prepullInFlight < 0 || k.prepullInFlight > 64 {
+		return fmt.Errorf("--prepull-in-flight %d: want 1..64 (0: the default, 4)", k.prepullInFlight)
+	}
 	_, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
 	return err
 }
@@ -155,5 +164,15 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes, OpenReserved: k.openReserved,
 		Blobs: k.blobs.store, BlobConfig: k.blobs.cfg, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
+		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight,
 	})
+}
+
+// prepullBound turns --prepull-images into kubernetes.Config.MaxPrepull (0 there is the
+// default, negative none).
+func prepullBound(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

@@ -167,6 +167,9 @@ func warmDesired(tmpls []warmTemplate, runners []placement.Runner, platform poli
 			}
 			addRegistryCredentials(mint, &cr.Spec, t.Org)
 			cr.Spec.Meta = map[string]string{runtime.MetaOrg: t.Org}
+			// The policy's Pod settings (node selector, tolerations, pull secrets), as a
+			// create's: the Kubernetes backend pre-pulls onto the nodes they allow.
+			cr.Spec.Pod = res.Pod
 			targets = append(targets, runtime.WarmTarget{Key: t.Org + "/" + t.ID, Spec: cr.Spec, Size: t.Size})
 		}
 		out[i] = targets

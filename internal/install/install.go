@@ -173,6 +173,9 @@ func Args(v Values) []string {
 	if v.BaseDomain != "" {
 		args = append(args, "--base-domain="+v.BaseDomain)
 	}
+	// No image pre-pull: it needs `list` on nodes (a ClusterRole, the chart's with
+	// prepull.images > 0), and an install applies namespaced objects only.
+	args = append(args, "--prepull-images=0", "--prepull-in-flight=4")
 	return append(args, v.ExtraArgs...)
 }
 
@@ -277,7 +280,7 @@ func Objects(v Values) []runtime.Object {
 		&rbacv1.Role{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"}, ObjectMeta: meta(v, name+"-sandboxes", true),
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "delete"}},
-				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "delete", "patch"}},
+				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "create", "update", "delete", "patch"}},
 				{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "create", "update", "patch", "delete"}},
 				events,
 			}},

@@ -17,7 +17,8 @@ type WarmHandle interface {
 var _ WarmHandle = (*Local)(nil)
 
 // SetWarmPools hands the warm targets to the backend when it keeps warm pools
-// (runtime.WarmPooler); a backend without them (Kubernetes) keeps nothing. The specs
+// (runtime.WarmPooler: the local backend; the Kubernetes backend pre-pulls their images
+// onto its nodes); another backend keeps nothing. The specs
 // are completed with defaults as Create completes a spec, so a Create of the same spec
 // matches what was pre-started.
 func (r *Runner) SetWarmPools(ctx context.Context, targets []runtime.WarmTarget) error {

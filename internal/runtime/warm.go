@@ -4,8 +4,9 @@ import "context"
 
 // WarmPooler is an optional interface of a Backend: it keeps sandboxes pre-started for
 // the specs it is given (templates' warm pools, issue 22), so a Create of such a spec is
-// a claim, not a start. The local backend implements it (runc only); others do not, and
-// the runner then does nothing with warm targets.
+// a claim, not a start. The local backend implements it (runc only); the Kubernetes
+// backend implements it to pre-pull the targets' images onto its nodes only (no pool);
+// for other backends the runner does nothing with warm targets.
 type WarmPooler interface {
 	// SetWarmPools replaces the whole set of warm targets (idempotent): for each target
 	// the backend keeps at least Size ready containers that a Create of Spec can claim,

@@ -48,6 +48,8 @@ type KubernetesConfig struct {
 	// PlatformRegistry and PlatformRegistryHTTP: see kubernetes.Config.
 	PlatformRegistry     string
 	PlatformRegistryHTTP bool
+	// MaxPrepull and PrepullInFlight: see kubernetes.Config.
+	MaxPrepull, PrepullInFlight int
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -87,6 +89,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		ImagePullPolicy: cfg.ImagePullPolicy, RuntimeClasses: cfg.RuntimeClasses, Logger: cfg.Logger,
 		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers, DiskBytes: cfg.DiskBytes, OpenReserved: cfg.OpenReserved,
 		PlatformRegistry: cfg.PlatformRegistry, PlatformRegistryHTTP: cfg.PlatformRegistryHTTP,
+		MaxPrepull: cfg.MaxPrepull, PrepullInFlight: cfg.PrepullInFlight,
 	}
 	if cfg.Backend != nil {
 		bc = *cfg.Backend

@@ -89,6 +89,12 @@ func TestRunnerDeployment(t *testing.T) {
 	}
 	admin := k8s.NewForConfigOrDie(rc)
 	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	// The pre-pull's ClusterRole (list nodes) and its binding are cluster-wide.
+	nodesRole := "sandboxd-runner-" + ns + "-nodes"
+	t.Cleanup(func() {
+		_ = admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), nodesRole, metav1.DeleteOptions{})
+		_ = admin.RbacV1().ClusterRoles().Delete(context.Background(), nodesRole, metav1.DeleteOptions{})
+	})
 	kubectl(t, c, helmTemplate(t, helm, ns, "--set", "namespace.create=true",
 		"--show-only", "templates/namespace.yaml", "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"),
 		"apply", "-f", "-")
@@ -110,6 +116,16 @@ func TestRunnerDeployment(t *testing.T) {
 	asRunner := *rc
 	asRunner.Impersonate.UserName = "system:serviceaccount:" + ns + ":sandboxd-runner"
 	client := k8s.NewForConfigOrDie(&asRunner)
+	// Image pre-pull lists the nodes (the chart's ClusterRole).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("list nodes as the runner: %v", err)
+		}
+	}
 
 	lease, err := stack.AcquireLease(ctx, stack.LeaseConfig{Client: client, Namespace: ns, Name: "sandboxd-runner", Identity: "pod-1", LeaseDuration: 3 * time.Second})
 	if err != nil {

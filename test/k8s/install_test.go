@@ -416,6 +416,7 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 		"--set", "agentImage.repository="+agentRepo, "--set", "agentImage.tag="+agentTag, "--set", "sandboxImagePullPolicy=Never",
 		"--set", "controlPlane.address="+string(sec.Data["address"]), "--set", "controlPlane.bootstrapToken="+string(sec.Data["bootstrap-token"]),
 		"--set-file", "controlPlane.caPEM="+caFile, "--set", "persistence.storageClass="+class,
+		"--set", "prepull.images=0", // the install pre-pulls nothing (no ClusterRole)
 		"--set", "extraArgs={--heartbeat-interval=300ms}")
 	chart := map[string]*unstructured.Unstructured{}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)

@@ -217,8 +217,19 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		}
 		return runtime.Info{}, fmt.Errorf("create sandbox %s: secret: %w", spec.ID, err)
 	}
-	pullSecret := ""
-	ps, err := dockerConfigSecret(spec)
+	// The organization's platform registry token goes into its Secret (orgsecret.go),
+	// any other credentials into the sandbox's own.
+	var pullSecrets []string
+	orgPull, rest := b.splitPullCreds(spec)
+	if orgPull != nil {
+		n, err := b.ensureOrgSecret(ctx, orgPull)
+		if err != nil {
+			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		}
+		pullSecrets = append(pullSecrets, n)
+	}
+	ownPull := ""
+	ps, err := dockerConfigSecret(rest)
 	if err != nil {
 		return runtime.Info{}, err
 	}
@@ -227,7 +238,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
 			return runtime.Info{}, fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
 		}
-		pullSecret = ps.Name
+		ownPull = ps.Name
+		pullSecrets = append(pullSecrets, ownPull)
 	}
 	// The policy exists before the Pod, so the Pod never runs unconfined.
 	if np != nil {
@@ -237,9 +249,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	var pod *corev1.Pod
 	if grp != nil {
-		pod = b.podForGroup(spec, grp, rcName, lbls, pullSecret)
+		pod = b.podForGroup(spec, grp, rcName, lbls, pullSecrets)
 	} else {
-		pod = b.podFor(spec, rcName, lbls, pullSecret, sc)
+		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
@@ -260,7 +272,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.mu.Unlock()
 	// The Secrets go with the Pod (garbage collector), also when the runner is gone.
-	go b.adoptSecrets(context.WithoutCancel(ctx), created, pullSecret, np != nil)
+	go b.adoptSecrets(context.WithoutCancel(ctx), created, ownPull, np != nil)
 
 	if grp != nil {
 		b.watchAgents(s)
@@ -363,7 +375,7 @@ func (b *Backend) argv(ctx context.Context, spec *runtime.Spec) ([]string, error
 	return argv, nil
 }
 
-func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]string, pullSecret string, sc *corev1.SecurityContext) *corev1.Pod {
+func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]string, pullSecrets []string, sc *corev1.SecurityContext) *corev1.Pod {
 	grace := int64(b.cfg.TerminationGrace / time.Second)
 	no := false
 	mounts := func(ms ...corev1.VolumeMount) []corev1.VolumeMount { return ms }
@@ -444,8 +456,8 @@ func (b *Backend) podFor(spec *runtime.Spec, rcName string, lbls map[string]stri
 	if rcName != "" {
 		pod.Spec.RuntimeClassName = &rcName
 	}
-	if pullSecret != "" {
-		pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: pullSecret}}
+	for _, n := range pullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: n})
 	}
 	applyPodSettings(pod, spec.Pod)
 	return pod

@@ -142,6 +142,12 @@ type Config struct {
 	SnapshotCacheDir string
 	// SnapshotCacheBytes bounds SnapshotCacheDir; default 10 GiB.
 	SnapshotCacheBytes int64
+	// MaxPrepull bounds the template images pre-pulled onto the nodes (prepull.go); 0
+	// means DefaultMaxPrepull, negative disables pre-pull.
+	MaxPrepull int
+	// PrepullInFlight bounds the pre-pull Pods that exist at once; 0 means
+	// DefaultPrepullInFlight.
+	PrepullInFlight int
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
@@ -161,6 +167,12 @@ type Backend struct {
 	sandboxes map[string]*sandbox
 
 	snaps snapCache
+
+	// orgMu orders the writes and deletes of the organizations' pull Secrets
+	// (orgsecret.go).
+	orgMu sync.Mutex
+	// prepull keeps template images on the nodes (prepull.go); nil: disabled.
+	prepull *prepuller
 }
 
 var _ runtime.Backend = (*Backend)(nil)
@@ -275,12 +287,18 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		b.cancel()
 		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
 	}
+	if cfg.MaxPrepull >= 0 {
+		b.prepull = newPrepuller(b)
+	}
 	return b, nil
 }
 
 // Close stops watching and copying logs. Sandboxes keep running.
 func (b *Backend) Close() {
 	b.cancel()
+	if b.prepull != nil {
+		b.prepull.close()
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	select {
@@ -564,6 +582,10 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		}
 	}
 	b.mu.Unlock()
+	// The organization's pull Secret goes with its last sandbox.
+	if org := s.spec.Meta[runtime.MetaOrg]; org != "" {
+		b.gcOrgSecret(ctx, org)
+	}
 	return nil
 }
 
@@ -651,6 +673,12 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 		}
 		out = append(out, rec)
+	}
+	// What an earlier process left: Secrets of organizations without sandboxes, pre-pull
+	// Pods (the next warm targets start them again).
+	b.sweepOrgSecrets(ctx)
+	if b.prepull != nil {
+		b.prepull.cleanup(ctx)
 	}
 	return out, nil
 }

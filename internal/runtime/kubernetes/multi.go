@@ -224,8 +224,8 @@ func resourcesFor(r runtime.Resources, disk int64) corev1.ResourceRequirements {
 }
 
 // podForGroup is the Pod of a multi-container spec (see the top of this file).
-func (b *Backend) podForGroup(spec *runtime.Spec, g *group, rcName string, lbls map[string]string, pullSecret string) *corev1.Pod {
-	pod := b.podFor(spec, rcName, lbls, pullSecret, g.sc[spec.ContainerName()])
+func (b *Backend) podForGroup(spec *runtime.Spec, g *group, rcName string, lbls map[string]string, pullSecrets []string) *corev1.Pod {
+	pod := b.podFor(spec, rcName, lbls, pullSecrets, g.sc[spec.ContainerName()])
 	// podFor's single config volume and the primary's volume mounts are rebuilt per
 	// container below.
 	vols := pod.Spec.Volumes[:0]

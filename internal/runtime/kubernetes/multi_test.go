@@ -59,7 +59,7 @@ func TestPodForGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod := b.podForGroup(spec, g, "", b.labels(spec), "")
+	pod := b.podForGroup(spec, g, "", b.labels(spec), nil)
 
 	var inits, ctrs []string
 	for _, c := range pod.Spec.InitContainers {

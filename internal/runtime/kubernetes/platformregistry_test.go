@@ -112,7 +112,7 @@ func TestPullPolicyPrivateImages(t *testing.T) {
 	single := func(c runtime.Container) *corev1.Pod {
 		c.Command = "true"
 		spec := &runtime.Spec{ID: "s1", Container: c}
-		return b.podFor(spec, "", b.labels(spec), pullSecretName(spec.ID), nil)
+		return b.podFor(spec, "", b.labels(spec), []string{pullSecretName(spec.ID)}, nil)
 	}
 	for _, c := range []struct {
 		ctr       runtime.Container
@@ -146,7 +146,7 @@ func TestPullPolicyPrivateImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod := b.podForGroup(spec, g, "", b.labels(spec), pullSecretName(spec.ID))
+	pod := b.podForGroup(spec, g, "", b.labels(spec), []string{pullSecretName(spec.ID)})
 	want := map[string]corev1.PullPolicy{"sandbox": corev1.PullAlways, "same": corev1.PullAlways, "pub": corev1.PullIfNotPresent,
 		"mig": corev1.PullAlways, containerGate: corev1.PullIfNotPresent, containerInstall: corev1.PullIfNotPresent}
 	seen := 0

@@ -137,7 +137,7 @@ func TestPodForSecurityAndVolumes(t *testing.T) {
 	spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Security: &runtime.Security{RunAsUser: &u, ReadOnlyRootFS: true, CapDrop: []string{"ALL"}}, VolumeMounts: []runtime.VolumeMount{{Volume: "d", Path: "/data"}}},
 		Volumes: []runtime.Volume{{Name: "d", SizeBytes: 1 << 20}}}
 	sc, _ := securityFor(spec.Security, "")
-	pod := b.podFor(spec, "", b.labels(spec), "", sc)
+	pod := b.podFor(spec, "", b.labels(spec), nil, sc)
 	gate, main := pod.Spec.Containers[0], pod.Spec.Containers[1]
 	if describeSC(gate.SecurityContext) != restrictedGate || len(gate.VolumeMounts) != 3 {
 		t.Errorf("gate: context %v, mounts %v", gate.SecurityContext, gate.VolumeMounts)
@@ -175,7 +175,7 @@ func TestContainerContexts(t *testing.T) {
 	} {
 		spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Security: sec}}
 		sc, _ := securityFor(sec, "")
-		pod := b.podFor(spec, "", b.labels(spec), "", sc)
+		pod := b.podFor(spec, "", b.labels(spec), nil, sc)
 		if len(pod.Spec.InitContainers) != 0 || len(pod.Spec.Containers) != 2 {
 			t.Fatalf("%+v: init containers %d, containers %d", sec, len(pod.Spec.InitContainers), len(pod.Spec.Containers))
 		}

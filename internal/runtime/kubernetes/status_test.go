@@ -100,7 +100,7 @@ func TestPodFor(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", ImagePullPolicy: corev1.PullNever, TerminationGrace: 10e9}}
 	spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", WorkingDir: "/w", Env: map[string]string{"SECRET": "x"}, Resources: runtime.Resources{MilliCPU: 250, MemoryBytes: 64 << 20}},
 		Meta: map[string]string{runtime.MetaOrg: "org-9"}}
-	pod := b.podFor(spec, "gvisor", b.labels(spec), "", nil)
+	pod := b.podFor(spec, "gvisor", b.labels(spec), nil, nil)
 	if pod.Name != "sbx-abc" || pod.Labels[LabelOrg] != "org-9" || pod.Labels[LabelRunner] != "r1" || pod.Labels[LabelSandbox] != "abc" {
 		t.Errorf("meta: %s %v", pod.Name, pod.Labels)
 	}
@@ -132,13 +132,13 @@ func TestPodForRequests(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1"}}
 	spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Resources: runtime.Resources{
 		RequestMilliCPU: 100, MilliCPU: 1000, RequestMemoryBytes: 128 << 20, MemoryBytes: 1 << 30}}}
-	r := b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1].Resources
+	r := b.podFor(spec, "", b.labels(spec), nil, nil).Spec.Containers[1].Resources
 	if r.Requests.Cpu().MilliValue() != 100 || r.Limits.Cpu().MilliValue() != 1000 ||
 		r.Requests.Memory().Value() != 128<<20 || r.Limits.Memory().Value() != 1<<30 {
 		t.Errorf("requests %v, limits %v; want 100m/128Mi requested, 1/1Gi limits", r.Requests, r.Limits)
 	}
 	spec.Resources = runtime.Resources{MilliCPU: 500}
-	r = b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1].Resources
+	r = b.podFor(spec, "", b.labels(spec), nil, nil).Spec.Containers[1].Resources
 	if r.Requests.Cpu().MilliValue() != 500 {
 		t.Errorf("a lone limit's request %v, want the limit", r.Requests)
 	}
@@ -158,7 +158,7 @@ func TestPodForDiskLimit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", DiskBytes: tc.def}}
 			spec := &runtime.Spec{ID: "abc", Container: runtime.Container{Image: "busybox", Resources: runtime.Resources{DiskBytes: tc.specDisk}}}
-			main := b.podFor(spec, "", b.labels(spec), "", nil).Spec.Containers[1]
+			main := b.podFor(spec, "", b.labels(spec), nil, nil).Spec.Containers[1]
 			got, ok := main.Resources.Limits[corev1.ResourceEphemeralStorage]
 			switch {
 			case tc.want == 0 && ok:

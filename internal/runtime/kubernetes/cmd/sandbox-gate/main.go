@@ -4,6 +4,7 @@
 //	sandbox-gate install          copy /sandbox-agent and /sandbox-gate into the bin emptyDir
 //	sandbox-gate exec-agent       complete the agent config and exec sandbox-agent (PID 1)
 //	sandbox-gate serve            mTLS front of the agent's unix socket (sidecar)
+//	sandbox-gate noop             exit 0 (the image container of a pre-pull Pod: its image is pulled)
 package main
 
 import (
@@ -21,7 +22,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: sandbox-gate install|exec-agent|serve")
+		fmt.Fprintln(os.Stderr, "usage: sandbox-gate install|exec-agent|serve|noop")
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "sandbox-gate")
@@ -31,6 +32,8 @@ func main() {
 		err = gate.Install("/", gate.BinDir, "sandbox-agent", "sandbox-gate")
 	case "exec-agent":
 		err = gate.ExecAgent()
+	case "noop":
+		return
 	case "serve":
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
