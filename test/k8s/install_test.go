@@ -416,7 +416,7 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 		"--set", "agentImage.repository="+agentRepo, "--set", "agentImage.tag="+agentTag, "--set", "sandboxImagePullPolicy=Never",
 		"--set", "controlPlane.address="+string(sec.Data["address"]), "--set", "controlPlane.bootstrapToken="+string(sec.Data["bootstrap-token"]),
 		"--set-file", "controlPlane.caPEM="+caFile, "--set", "persistence.storageClass="+class,
-		"--set", "prepull.images=0", // the install pre-pulls nothing (no ClusterRole)
+		// prepull.* at the chart's defaults: the install pre-pulls (64 images, 4 in flight) with its ClusterRole.
 		"--set", "extraArgs={--heartbeat-interval=300ms}")
 	chart := map[string]*unstructured.Unstructured{}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
@@ -482,6 +482,24 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 			t.Fatal(err)
 		}
 		same("RoleBinding "+name, []any{gb.RoleRef, gb.Subjects}, []any{wb.RoleRef, wb.Subjects})
+	}
+	nodes := install.NodesRoleName(ns)
+	var wcr rbacv1.ClusterRole
+	typed("ClusterRole/"+nodes, &wcr)
+	gcr, err := admin.RbacV1().ClusterRoles().Get(ctx, nodes, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("ClusterRole "+nodes+" rules", gcr.Rules, wcr.Rules)
+	var wcrb rbacv1.ClusterRoleBinding
+	typed("ClusterRoleBinding/"+nodes, &wcrb)
+	gcrb, err := admin.RbacV1().ClusterRoleBindings().Get(ctx, nodes, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("ClusterRoleBinding "+nodes, []any{gcrb.RoleRef, gcrb.Subjects}, []any{wcrb.RoleRef, wcrb.Subjects})
+	if !install.Owned(gcr.Labels, "platform", gcrb.Labels[install.RunnerLabel]) || !install.Owned(gcrb.Labels, "platform", gcr.Labels[install.RunnerLabel]) {
+		t.Errorf("cluster RBAC labels %v %v", gcr.Labels, gcrb.Labels)
 	}
 	var ws corev1.Service
 	typed("Service/"+install.ReleaseName, &ws)
