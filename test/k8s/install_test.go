@@ -125,7 +125,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 //     runner's install is FAILED with CWSANDBOX_INSTALL_FORBIDDEN and a hint on namespaces.
 //   - A namespace of a runner's name that the control plane did not create for it (no
 //     labels): the install is FAILED with CWSANDBOX_INSTALL_CONFLICT, applies nothing into
-//     it, and deleting the runner leaves the namespace alone.
+//     it, and deleting the runner leaves the namespace alone. The same for a ClusterRole of a
+//     runner's image pre-pull name (nothing created, the ClusterRole left as it was).
+//   - The installed runner gets the chart's pre-pull ClusterRole and ClusterRoleBinding
+//     (`list` on nodes), named after its namespace, and they go with the uninstall.
 //   - Deleting the installed runner uninstalls it: its namespace, and everything labelled
 //     for it, are gone from the cluster.
 func TestInstalledRunner(t *testing.T) {
@@ -317,6 +320,45 @@ func TestInstalledRunner(t *testing.T) {
 		t.Fatalf("the foreign namespace after the runner's delete: %v %v", got.GetDeletionTimestamp(), err)
 	}
 	if _, err := cp.clusters.DeleteCluster(ctx, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: foreignCluster})); err != nil {
+		t.Fatal(err)
+	}
+
+	// A ClusterRole of a runner's pre-pull name that someone else made: the install is
+	// refused before creating anything, the ClusterRole is left as it was, and deleting the
+	// runner leaves it too.
+	crRunner := randomID("foreigncr-")
+	crName := install.NodesRoleName(install.Namespace("platform", crRunner))
+	foreignRules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get"}}}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: crName},
+		Rules: foreignRules}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.RbacV1().ClusterRoles().Delete(context.Background(), crName, metav1.DeleteOptions{}) })
+	crCluster := "foreigncr-" + runnerID
+	if _, err := cp.clusters.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: crCluster, Server: server, Token: rc.BearerToken, CaPem: caPEM}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.runners.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+		RunnerId: crRunner, ClusterId: crCluster, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
+		t.Fatal(err)
+	}
+	fst = waitInstallStatus(t, ctx, cp, crRunner, nil, "", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED)
+	if ie := fst.GetInstallError(); ie.GetReason() != apierr.InstallConflict ||
+		!strings.Contains(strings.Join(ie.GetHints(), "\n"), "ClusterRole "+crName+" exists and was not created by this control plane") {
+		t.Fatalf("install over a foreign ClusterRole: %v", ie)
+	}
+	if _, err := admin.CoreV1().Namespaces().Get(ctx, install.Namespace("platform", crRunner), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the refused install's namespace: %v, want none", err)
+	}
+	if _, err := cp.runners.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: crRunner})); err != nil {
+		t.Fatalf("delete the runner of the refused install: %v", err)
+	}
+	if got, err := admin.RbacV1().ClusterRoles().Get(ctx, crName, metav1.GetOptions{}); err != nil || len(got.Labels) != 0 ||
+		!reflect.DeepEqual(got.Rules, foreignRules) {
+		t.Fatalf("the foreign ClusterRole after the refused install and delete: %+v %v", got, err)
+	}
+	if _, err := cp.clusters.DeleteCluster(ctx, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: crCluster})); err != nil {
 		t.Fatal(err)
 	}
 
