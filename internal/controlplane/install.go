@@ -43,6 +43,9 @@ type InstallConfig struct {
 	BaseDomain string
 	// ExtraArgs are appended to the runner's arguments.
 	ExtraArgs []string
+	// PrepullImages is the runners' --prepull-images (install.Values); nil the chart's
+	// default (64), 0 none (and no ClusterRole).
+	PrepullImages *int
 	// ApplyTimeout bounds applying the objects; default 2 minutes.
 	ApplyTimeout time.Duration
 	// HeartbeatTimeout bounds the wait for the first heartbeat after applying; default 10 minutes.
@@ -279,7 +282,7 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		Org: rec.Org, RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: cfg.RunnerImage, AgentImage: cfg.AgentImage,
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
-		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs,
+		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs, PrepullImages: cfg.PrepullImages,
 	}
 	if err := install.Apply(actx, t, v); err != nil {
 		d := install.Diagnose(err)
