@@ -420,9 +420,10 @@ func (e *ForeignObjectError) Error() string {
 		OrgLabel, e.Labels[OrgLabel], ManagedBy, e.RunnerID, OrgHash(e.Org))
 }
 
-// Apply installs v's runner into t: it refuses (ForeignObjectError) if a cluster-scoped
-// object of the runner's names (NodesRoleName) exists and is not the runner's (Owned), and
-// (ForeignNamespaceError) if its namespace is not; it creates the namespace and the
+// Apply installs v's runner into t: it refuses (ForeignNamespaceError) if its namespace
+// exists and is not the runner's (Owned), and (ForeignObjectError) if a cluster-scoped
+// object of the runner's names (NodesRoleName) is not; both checks come before anything is
+// created. It creates the namespace and the
 // cluster-scoped objects that are missing, then applies every object. Objects are applied
 // with force only inside the runner's own namespace and onto cluster-scoped objects it has
 // checked are the runner's. With pre-pull off it deletes the runner's own ClusterRole and
