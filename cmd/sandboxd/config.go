@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/install"
 	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
@@ -388,6 +389,7 @@ type controlPlaneConfig struct {
 	// Runners installed into registered clusters (issue 18).
 	install         controlplane.InstallConfig
 	installArgs     listFlag
+	installPrepull  int
 	installTimeouts struct{ apply, heartbeat time.Duration }
 	// secretKeyFile: the secret stores' key ring, made here at first start so that
 	// gateways sharing the PKI dir find it (default PKI-DIR/secret-store.key).
@@ -418,6 +420,7 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.install.StorageClass, "install-storage-class", "", "storage class of installed runners' data volumes (default: the cluster's)")
 	fs.StringVar(&c.install.BaseDomain, "install-base-domain", "", "base domain of installed runners' edges (default: the runner's)")
 	fs.Var(&c.installArgs, "install-runner-arg", "extra argument of installed runners (repeatable)")
+	fs.IntVar(&c.installPrepull, "install-prepull-images", install.DefaultPrepullImages, "images installed runners pre-pull onto their cluster's nodes (their --prepull-images); 0: none, and no ClusterRole (list on nodes) is installed")
 	fs.DurationVar(&c.installTimeouts.apply, "install-apply-timeout", 2*time.Minute, "how long an install may take to apply a runner's objects")
 	fs.DurationVar(&c.installTimeouts.heartbeat, "install-heartbeat-timeout", 10*time.Minute, "how long an installed runner has to heartbeat before its install is FAILED")
 }
@@ -456,6 +459,9 @@ func (c controlPlaneConfig) validate() error {
 			return fmt.Errorf("--%s: want Always, IfNotPresent or Never (got %q)", p.flag, p.v)
 		}
 	}
+	if c.installPrepull < 0 {
+		return fmt.Errorf("--install-prepull-images must be 0 or more (got %d)", c.installPrepull)
+	}
 	if c.installTimeouts.apply <= 0 || c.installTimeouts.heartbeat <= 0 {
 		return errors.New("--install-apply-timeout and --install-heartbeat-timeout must be positive")
 	}
@@ -472,6 +478,8 @@ func (c controlPlaneConfig) rolloutConfig() rollout.Config {
 func (c controlPlaneConfig) installConfig() controlplane.InstallConfig {
 	ic := c.install
 	ic.ExtraArgs = c.installArgs
+	n := c.installPrepull
+	ic.PrepullImages = &n
 	ic.ApplyTimeout, ic.HeartbeatTimeout = c.installTimeouts.apply, c.installTimeouts.heartbeat
 	return ic
 }

@@ -120,6 +120,8 @@ func TestControlPlaneConfigValidate(t *testing.T) {
 		{args: nil},
 		{args: []string{"--listen", ":8443", "--host", "cp.example"}},
 		{args: []string{"--listen", "cp.example"}, err: "--listen"},
+		{args: []string{"--install-prepull-images", "0"}},
+		{args: []string{"--install-prepull-images", "-1"}, err: "--install-prepull-images"},
 	})
 }
 

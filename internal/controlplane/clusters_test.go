@@ -220,6 +220,8 @@ type fakeTarget struct {
 	deleted    []string
 	deleteErr  error
 	namespaces map[string]map[string]string // name -> labels
+	objects    map[string]map[string]string // cluster-scoped Kind/name -> labels
+	objDeleted []string                     // cluster-scoped Kind/name
 }
 
 func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
@@ -233,6 +235,9 @@ func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
 	if kind == "Namespace" {
 		f.setNamespace(m.GetName(), m.GetLabels())
 	}
+	if kind == "ClusterRole" || kind == "ClusterRoleBinding" {
+		f.setObject(kind+"/"+m.GetName(), m.GetLabels())
+	}
 	f.applied = append(f.applied, kind+"/"+m.GetName())
 	return nil
 }
@@ -242,6 +247,46 @@ func (f *fakeTarget) setNamespace(name string, labels map[string]string) {
 		f.namespaces = map[string]map[string]string{}
 	}
 	f.namespaces[name] = maps.Clone(labels)
+}
+
+func (f *fakeTarget) setObject(key string, labels map[string]string) {
+	if f.objects == nil {
+		f.objects = map[string]map[string]string{}
+	}
+	f.objects[key] = maps.Clone(labels)
+}
+
+func (f *fakeTarget) GetObject(_ context.Context, kind, name string) (*install.NamespaceInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.objects[kind+"/"+name]
+	if !ok {
+		return nil, nil
+	}
+	return &install.NamespaceInfo{Labels: maps.Clone(l), UID: types.UID("uid-" + kind + "/" + name)}, nil
+}
+
+func (f *fakeTarget) CreateObject(_ context.Context, obj runtime.Object) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, _ := meta.Accessor(obj)
+	key := obj.GetObjectKind().GroupVersionKind().Kind + "/" + m.GetName()
+	if _, ok := f.objects[key]; ok {
+		return apierrors.NewAlreadyExists(schema.GroupResource{Resource: "clusterroles"}, m.GetName())
+	}
+	f.setObject(key, m.GetLabels())
+	return nil
+}
+
+func (f *fakeTarget) DeleteObject(_ context.Context, kind, name string, _ types.UID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deleteErr != nil {
+		return &install.ApplyError{Kind: kind, Name: name, Err: f.deleteErr, Delete: true}
+	}
+	f.objDeleted = append(f.objDeleted, kind+"/"+name)
+	delete(f.objects, kind+"/"+name)
+	return nil
 }
 
 func (f *fakeTarget) CreateNamespace(_ context.Context, ns *corev1.Namespace) error {
@@ -475,7 +520,7 @@ func TestInstallLifecycle(t *testing.T) {
 		t.Fatalf("created: %v", st)
 	}
 	// Applied in order, then it waits for the heartbeat.
-	want := []string{"Namespace/" + ns1, "ServiceAccount/sandboxd-runner", "Secret/sandboxd-runner", "PersistentVolumeClaim/sandboxd-runner",
+	want := []string{"Namespace/" + ns1, "ClusterRole/" + install.NodesRoleName(ns1), "ClusterRoleBinding/" + install.NodesRoleName(ns1), "ServiceAccount/sandboxd-runner", "Secret/sandboxd-runner", "PersistentVolumeClaim/sandboxd-runner",
 		"Role/sandboxd-runner-sandboxes", "RoleBinding/sandboxd-runner-sandboxes", "Role/sandboxd-runner-self", "RoleBinding/sandboxd-runner-self",
 		"Service/sandboxd-runner", "Deployment/sandboxd-runner"}
 	deadline := time.Now().Add(10 * time.Second)
@@ -595,7 +640,7 @@ func TestResumeInstalls(t *testing.T) {
 		b.target.mu.Lock()
 		n := len(b.target.applied)
 		b.target.mu.Unlock()
-		if n == 10 {
+		if n == 12 {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -43,6 +43,9 @@ type InstallConfig struct {
 	BaseDomain string
 	// ExtraArgs are appended to the runner's arguments.
 	ExtraArgs []string
+	// PrepullImages is the runners' --prepull-images (install.Values); nil the chart's
+	// default (64), 0 none (and no ClusterRole).
+	PrepullImages *int
 	// ApplyTimeout bounds applying the objects; default 2 minutes.
 	ApplyTimeout time.Duration
 	// HeartbeatTimeout bounds the wait for the first heartbeat after applying; default 10 minutes.
@@ -279,7 +282,7 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		Org: rec.Org, RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: cfg.RunnerImage, AgentImage: cfg.AgentImage,
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
-		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs,
+		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs, PrepullImages: cfg.PrepullImages,
 	}
 	if err := install.Apply(actx, t, v); err != nil {
 		d := install.Diagnose(err)
@@ -290,13 +293,14 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 }
 
 // uninstall removes what the control plane installed for r: its namespace, with
-// everything in it (the chart installs nothing cluster-scoped besides the namespace).
-// The namespace's deletion finishes in the cluster after this returns. A namespace that
-// does not carry the runner's labels (install.Owned) is never deleted: if the install
-// failed on exactly that (it found the namespace someone else's and created nothing),
-// there is nothing to remove and the uninstall succeeds; otherwise it fails
-// (UninstallFailed: the runner stays unless deleted with force), so the change of
-// labels is noticed rather than the namespace silently left or wrongly deleted.
+// everything in it, and its cluster-scoped image pre-pull ClusterRole and
+// ClusterRoleBinding (install.NodesRoleName). The namespace's deletion finishes in the
+// cluster after this returns. A namespace or cluster-scoped object that does not carry the
+// runner's labels (install.Owned) is never deleted: if the install failed on exactly that
+// (it found it someone else's and applied nothing over it), the uninstall succeeds once the
+// runner's own objects are gone; otherwise it fails (UninstallFailed: the runner stays
+// unless deleted with force), so the change of labels is noticed rather than the object
+// silently left or wrongly deleted.
 func (s *Service) uninstall(ctx context.Context, in store.Install) error {
 	s.inst.stop(in.Org, in.RunnerID)
 	ctx, cancel := context.WithTimeout(ctx, s.inst.cfg.ApplyTimeout)
@@ -312,9 +316,19 @@ func (s *Service) uninstall(ctx context.Context, in store.Install) error {
 			"org", in.Org, "runner", in.RunnerID, "cluster", in.ClusterID, "namespace", in.Namespace)
 		return nil
 	}
+	var fo *install.ForeignObjectError
+	if errors.As(err, &fo) && in.State == store.InstallFailed && strings.HasPrefix(in.Message, install.ForeignObjectPrefix) {
+		s.log.Warn("runner uninstall: a cluster-scoped object of its name is not this control plane's; left alone (the install did not apply over it)",
+			"org", in.Org, "runner", in.RunnerID, "cluster", in.ClusterID, "kind", fo.Kind, "name", fo.Name)
+		return nil
+	}
 	if errors.As(err, &fe) {
 		s.log.Warn("runner uninstall refused: its namespace does not carry the runner's labels", "org", in.Org, "runner", in.RunnerID,
 			"cluster", in.ClusterID, "namespace", in.Namespace, "err", err)
+	}
+	if errors.As(err, &fo) {
+		s.log.Warn("runner uninstall: a cluster-scoped object of its name does not carry the runner's labels; left alone", "org", in.Org,
+			"runner", in.RunnerID, "cluster", in.ClusterID, "kind", fo.Kind, "name", fo.Name, "err", err)
 	}
 	if err != nil && in.State == store.InstallFailed &&
 		(strings.HasPrefix(in.Message, namespaceApplyFailed) || strings.HasPrefix(in.Message, namespaceGetFailed)) {
@@ -322,8 +336,19 @@ func (s *Service) uninstall(ctx context.Context, in store.Install) error {
 		// a credential that could not create the namespace cannot delete it either.
 		return nil
 	}
+	if err != nil && in.State == store.InstallFailed && strings.HasPrefix(in.Message, clusterObjectGetFailed) &&
+		strings.HasPrefix(err.Error(), clusterObjectGetFailed) {
+		// The install failed reading its ClusterRole (or Binding) to check whose it is,
+		// before creating anything; Remove has deleted the namespace (if any) before it
+		// failed the same way, so nothing of the runner is left that the credential can see.
+		return nil
+	}
 	return err
 }
+
+// clusterObjectGetFailed starts the message of an install that could not read its
+// cluster-scoped ClusterRole or ClusterRoleBinding (checked before anything is created).
+const clusterObjectGetFailed = "get ClusterRole"
 
 // namespaceApplyFailed starts the message of an install that failed applying its namespace
 // (install.ApplyError's text): it created nothing.

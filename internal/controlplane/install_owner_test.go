@@ -96,6 +96,65 @@ func TestInstallRefusesForeignNamespace(t *testing.T) {
 	}
 }
 
+// A ClusterRole (or ClusterRoleBinding) of the runner's image pre-pull name that is not
+// the runner's: the install is refused before creating anything and the object left as it
+// was; the runner's delete then succeeds and still leaves it. An installed runner's
+// uninstall deletes its own ClusterRole and ClusterRoleBinding with the namespace.
+func TestInstallRefusesForeignClusterRole(t *testing.T) {
+	for _, kind := range []string{"ClusterRole", "ClusterRoleBinding"} {
+		t.Run(kind, func(t *testing.T) {
+			b := newClusterBed(t, installCfg, false)
+			b.add(t, "c1", "")
+			ns := install.Namespace("plat", "r1")
+			name := install.NodesRoleName(ns)
+			foreign := map[string]string{install.ManagedByLabel: install.ManagedBy, install.RunnerLabel: "r1", install.OrgLabel: install.OrgHash("tenant")}
+			b.target.mu.Lock()
+			b.target.setObject(kind+"/"+name, foreign)
+			b.target.mu.Unlock()
+			b.createRunner(t, b.platform, "r1", "c1")
+			st := b.waitInstall(t, b.platform, "r1", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED)
+			e := st.GetInstallError()
+			if e.GetReason() != apierr.InstallConflict || !strings.Contains(strings.Join(e.GetHints(), " "), kind+" "+name+" exists and was not created by this control plane") {
+				t.Fatalf("install error %v", e)
+			}
+			b.svc.WaitInstalls()
+			b.target.mu.Lock()
+			applied, nss := slices.Clone(b.target.applied), len(b.target.namespaces)
+			b.target.mu.Unlock()
+			if len(applied) != 0 || nss != 0 {
+				t.Fatalf("applied %v, namespaces %d", applied, nss)
+			}
+			if _, err := b.svc.DeleteManagedRunner(b.platform, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1"})); err != nil {
+				t.Fatal(err)
+			}
+			b.target.mu.Lock()
+			defer b.target.mu.Unlock()
+			if !maps.Equal(b.target.objects[kind+"/"+name], foreign) || len(b.target.objDeleted) != 0 {
+				t.Fatalf("foreign %s changed or deleted: %v %v", kind, b.target.objects, b.target.objDeleted)
+			}
+		})
+	}
+	t.Run("uninstall", func(t *testing.T) {
+		b := newClusterBed(t, installCfg, false)
+		b.add(t, "c1", "")
+		name := install.NodesRoleName(install.Namespace("plat", "r1"))
+		b.createRunner(t, b.platform, "r1", "c1")
+		if err := b.st.Runners().RecordHeartbeat(t.Context(), "plat", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
+			t.Fatal(err)
+		}
+		b.waitInstall(t, b.platform, "r1", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED)
+		b.svc.WaitInstalls()
+		if _, err := b.svc.DeleteManagedRunner(b.platform, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: "r1"})); err != nil {
+			t.Fatal(err)
+		}
+		b.target.mu.Lock()
+		defer b.target.mu.Unlock()
+		if !slices.Equal(b.target.objDeleted, []string{"ClusterRoleBinding/" + name, "ClusterRole/" + name}) || len(b.target.objects) != 0 {
+			t.Fatalf("deleted %v, left %v", b.target.objDeleted, b.target.objects)
+		}
+	})
+}
+
 // An installed runner whose namespace no longer carries its labels: the uninstall refuses
 // to delete it (UninstallFailed, the runner stays); force forgets the runner and still
 // leaves the namespace.

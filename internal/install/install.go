@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -87,6 +88,33 @@ type Values struct {
 	ExtraArgs []string
 	// Version is the app.kubernetes.io/version label (the chart's appVersion).
 	Version string
+	// PrepullImages is the chart's prepull.images: at most this many template images the
+	// runner pre-pulls onto the nodes; nil the chart's default (DefaultPrepullImages); 0 no
+	// pre-pull, and then no ClusterRole (the runner needs `list` on nodes only for it).
+	PrepullImages *int
+	// PrepullInFlight is the chart's prepull.inFlight; 0 its default (DefaultPrepullInFlight).
+	PrepullInFlight int
+}
+
+// The chart's prepull defaults (values.yaml).
+const (
+	DefaultPrepullImages   = 64
+	DefaultPrepullInFlight = 4
+)
+
+func (v Values) prepullImages() int {
+	if v.PrepullImages == nil {
+		return DefaultPrepullImages
+	}
+	return max(*v.PrepullImages, 0)
+}
+
+// NodesRoleName is the name of the ClusterRole (and ClusterRoleBinding) that lets the
+// runner installed into namespace ns list the cluster's nodes (image pre-pull): the chart's
+// "<fullname>-<release namespace>-nodes". Cluster-scoped objects share one name space per
+// cluster; ns (Namespace) is distinct per organization and runner, so this name is too.
+func NodesRoleName(ns string) string {
+	return ReleaseName + "-" + ns + "-nodes"
 }
 
 // Namespace is the namespace org's runner runnerID is installed into:
@@ -173,9 +201,12 @@ func Args(v Values) []string {
 	if v.BaseDomain != "" {
 		args = append(args, "--base-domain="+v.BaseDomain)
 	}
-	// No image pre-pull: it needs `list` on nodes (a ClusterRole, the chart's with
-	// prepull.images > 0), and an install applies namespaced objects only.
-	args = append(args, "--prepull-images=0", "--prepull-in-flight=4")
+	// Image pre-pull needs `list` on nodes: Objects adds the ClusterRole while it is on.
+	inFlight := v.PrepullInFlight
+	if inFlight <= 0 {
+		inFlight = DefaultPrepullInFlight
+	}
+	args = append(args, fmt.Sprintf("--prepull-images=%d", v.prepullImages()), fmt.Sprintf("--prepull-in-flight=%d", inFlight))
 	return append(args, v.ExtraArgs...)
 }
 
@@ -186,7 +217,9 @@ func orDefault(p corev1.PullPolicy) corev1.PullPolicy {
 	return p
 }
 
-// Objects are the runner's objects in apply order: the namespace first, the Deployment last.
+// Objects are the runner's objects in apply order: the namespace first, then (while
+// pre-pull is on) the cluster-scoped ClusterRole and ClusterRoleBinding that let the runner
+// list nodes (NodesRoleName), the Deployment last.
 func Objects(v Values) []runtime.Object {
 	name := ReleaseName
 	secretData := map[string]string{"address": v.ControlPlane, "bootstrap-token": v.BootstrapToken}
@@ -271,8 +304,20 @@ func Objects(v Values) []runtime.Object {
 			},
 		},
 	}
-	return []runtime.Object{
+	objs := []runtime.Object{
 		&corev1.Namespace{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, ObjectMeta: meta(v, v.Namespace, false)},
+	}
+	if v.prepullImages() > 0 {
+		// The chart's rbac.yaml with prepull.images > 0: read-only, nodes only.
+		nodes := NodesRoleName(v.Namespace)
+		objs = append(objs,
+			&rbacv1.ClusterRole{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"}, ObjectMeta: meta(v, nodes, false),
+				Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}}}},
+			&rbacv1.ClusterRoleBinding{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"}, ObjectMeta: meta(v, nodes, false),
+				RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: nodes}, Subjects: sa},
+		)
+	}
+	return append(objs,
 		&corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(v, name, true)},
 		&corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: meta(v, name, true),
 			Type: corev1.SecretTypeOpaque, StringData: secretData},
@@ -301,8 +346,12 @@ func Objects(v Values) []runtime.Object {
 				{Name: "edge", Port: 443, TargetPort: intstr.FromString("edge")},
 			}}},
 		deploy,
-	}
+	)
 }
+
+// clusterScoped lists the cluster-scoped kinds besides Namespace that Objects may make:
+// they are created (never adopted) and deleted only when Owned, like the namespace.
+var clusterScoped = []string{"ClusterRole", "ClusterRoleBinding"}
 
 // Target is where objects are applied: a cluster (NewTarget), or a fake in tests that
 // inject failures.
@@ -321,6 +370,12 @@ type Target interface {
 	// precondition makes sure it is the one whose labels were checked. A missing one is no
 	// error.
 	DeleteNamespace(ctx context.Context, name string, uid types.UID) error
+	// GetObject, CreateObject and DeleteObject do the same for the other cluster-scoped
+	// kinds an install makes (ClusterRole, ClusterRoleBinding): a plain create, so that an
+	// object someone else made is never adopted; a delete with the UID precondition.
+	GetObject(ctx context.Context, kind, name string) (*NamespaceInfo, error)
+	CreateObject(ctx context.Context, obj runtime.Object) error
+	DeleteObject(ctx context.Context, kind, name string, uid types.UID) error
 }
 
 // NamespaceInfo is what the control plane checks of an existing namespace.
@@ -347,15 +402,66 @@ func (e *ForeignNamespaceError) Error() string {
 		OrgLabel, e.Labels[OrgLabel], ManagedBy, e.RunnerID, OrgHash(e.Org))
 }
 
-// Apply installs v's runner into t: it creates the namespace if there is none, refuses
-// (ForeignNamespaceError) if the one there is not the runner's (Owned), then applies every
-// object. Objects are applied with force only inside the runner's own namespace.
+// ForeignObjectError: a cluster-scoped object of the name the runner's ClusterRole or
+// ClusterRoleBinding has (NodesRoleName) exists but does not carry the runner's labels
+// (Owned), so it is someone else's: the control plane neither applies over it nor deletes it.
+type ForeignObjectError struct {
+	Kind, Name, Org, RunnerID string
+	Labels                    map[string]string
+	Delete                    bool // found when uninstalling
+}
+
+// ForeignObjectPrefix starts every ForeignObjectError's text.
+const ForeignObjectPrefix = "foreign cluster-scoped object: "
+
+func (e *ForeignObjectError) Error() string {
+	return fmt.Sprintf("%s%s %s exists and was not created by this control plane for runner %s (labels %s=%q %s=%q %s=%q; want %s, %s, %s)",
+		ForeignObjectPrefix, e.Kind, e.Name, e.RunnerID, ManagedByLabel, e.Labels[ManagedByLabel], RunnerLabel, e.Labels[RunnerLabel],
+		OrgLabel, e.Labels[OrgLabel], ManagedBy, e.RunnerID, OrgHash(e.Org))
+}
+
+// Apply installs v's runner into t: it refuses (ForeignNamespaceError) if its namespace
+// exists and is not the runner's (Owned), and (ForeignObjectError) if a cluster-scoped
+// object of the runner's names (NodesRoleName) is not; both checks come before anything is
+// created. It creates the namespace and the
+// cluster-scoped objects that are missing, then applies every object. Objects are applied
+// with force only inside the runner's own namespace and onto cluster-scoped objects it has
+// checked are the runner's. With pre-pull off it deletes the runner's own ClusterRole and
+// ClusterRoleBinding left from an install with it on (as `helm upgrade` would), and leaves
+// foreign ones of those names alone.
 func Apply(ctx context.Context, t Target, v Values) error {
 	objs := Objects(v)
 	ns := objs[0].(*corev1.Namespace)
 	info, err := t.GetNamespace(ctx, v.Namespace)
 	if err != nil {
 		return err
+	}
+	if info != nil && !Owned(info.Labels, v.Org, v.RunnerID) {
+		return &ForeignNamespaceError{Namespace: v.Namespace, Org: v.Org, RunnerID: v.RunnerID, Labels: info.Labels}
+	}
+	// The cluster-scoped objects are checked before anything is created: a foreign one
+	// refuses the install with nothing of it in the cluster. With pre-pull off, a foreign
+	// one is no conflict: it is left alone.
+	nodes := NodesRoleName(v.Namespace)
+	wanted := map[string]bool{}
+	for _, obj := range objs[1:] {
+		if kind := obj.GetObjectKind().GroupVersionKind().Kind; slices.Contains(clusterScoped, kind) {
+			wanted[kind] = true
+		}
+	}
+	existing := map[string]*NamespaceInfo{}
+	for _, kind := range clusterScoped {
+		oi, err := t.GetObject(ctx, kind, nodes)
+		if err != nil {
+			return err
+		}
+		if oi != nil && !Owned(oi.Labels, v.Org, v.RunnerID) {
+			if wanted[kind] {
+				return &ForeignObjectError{Kind: kind, Name: nodes, Org: v.Org, RunnerID: v.RunnerID, Labels: oi.Labels}
+			}
+			oi = nil // not the runner's: never deleted
+		}
+		existing[kind] = oi
 	}
 	if info == nil {
 		cerr := t.CreateNamespace(ctx, ns)
@@ -374,6 +480,42 @@ func Apply(ctx context.Context, t Target, v Values) error {
 	if info != nil && !Owned(info.Labels, v.Org, v.RunnerID) {
 		return &ForeignNamespaceError{Namespace: v.Namespace, Org: v.Org, RunnerID: v.RunnerID, Labels: info.Labels}
 	}
+	for _, obj := range objs[1:] {
+		u, err := Unstructured(obj)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(clusterScoped, u.GetKind()) {
+			continue
+		}
+		if existing[u.GetKind()] != nil {
+			continue
+		}
+		cerr := t.CreateObject(ctx, obj)
+		if cerr == nil {
+			continue
+		}
+		if !apierrors.IsAlreadyExists(cerr) {
+			return cerr
+		}
+		got, err := t.GetObject(ctx, u.GetKind(), u.GetName()) // made meanwhile: by whom?
+		if err != nil {
+			return err
+		}
+		if got == nil {
+			return cerr
+		}
+		if !Owned(got.Labels, v.Org, v.RunnerID) {
+			return &ForeignObjectError{Kind: u.GetKind(), Name: u.GetName(), Org: v.Org, RunnerID: v.RunnerID, Labels: got.Labels}
+		}
+	}
+	for _, kind := range clusterScoped {
+		if info := existing[kind]; info != nil && !wanted[kind] { // the runner's own (checked above)
+			if err := t.DeleteObject(ctx, kind, nodes, info.UID); err != nil {
+				return err
+			}
+		}
+	}
 	for _, obj := range objs {
 		if err := t.Apply(ctx, obj); err != nil {
 			return err
@@ -382,18 +524,44 @@ func Apply(ctx context.Context, t Target, v Values) error {
 	return nil
 }
 
-// Remove deletes org's runner runnerID's namespace ns, with everything in it, if it is the
-// runner's (Owned); a namespace that is not is left alone (ForeignNamespaceError with
-// Delete). A missing namespace is no error.
+// Remove deletes org's runner runnerID's namespace ns, with everything in it, and its
+// ClusterRoleBinding and ClusterRole (NodesRoleName(ns)), each only if it is the runner's
+// (Owned). A namespace that is not is left alone, and so is everything else
+// (ForeignNamespaceError with Delete); a cluster-scoped object that is not is left alone
+// after the runner's own objects are deleted (ForeignObjectError with Delete). Missing
+// objects are no error.
 func Remove(ctx context.Context, t Target, org, runnerID, ns string) error {
 	info, err := t.GetNamespace(ctx, ns)
-	if err != nil || info == nil {
+	if err != nil {
 		return err
 	}
-	if !Owned(info.Labels, org, runnerID) {
+	if info != nil && !Owned(info.Labels, org, runnerID) {
 		return &ForeignNamespaceError{Namespace: ns, Org: org, RunnerID: runnerID, Labels: info.Labels, Delete: true}
 	}
-	return t.DeleteNamespace(ctx, ns, info.UID)
+	if info != nil {
+		if err := t.DeleteNamespace(ctx, ns, info.UID); err != nil {
+			return err
+		}
+	}
+	var foreign error
+	name := NodesRoleName(ns)
+	for _, kind := range []string{"ClusterRoleBinding", "ClusterRole"} {
+		info, err := t.GetObject(ctx, kind, name)
+		switch {
+		case err != nil:
+			return err
+		case info == nil:
+		case !Owned(info.Labels, org, runnerID):
+			if foreign == nil {
+				foreign = &ForeignObjectError{Kind: kind, Name: name, Org: org, RunnerID: runnerID, Labels: info.Labels, Delete: true}
+			}
+		default:
+			if err := t.DeleteObject(ctx, kind, name, info.UID); err != nil {
+				return err
+			}
+		}
+	}
+	return foreign
 }
 
 // resources maps each kind Objects makes to its resource.
@@ -405,6 +573,8 @@ var resources = map[string]schema.GroupVersionResource{
 	"Service":               {Version: "v1", Resource: "services"},
 	"Role":                  {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
 	"RoleBinding":           {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
+	"ClusterRole":           {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"},
+	"ClusterRoleBinding":    {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"},
 	"Deployment":            {Group: "apps", Version: "v1", Resource: "deployments"},
 }
 
@@ -488,6 +658,48 @@ func (c cluster) DeleteNamespace(ctx context.Context, name string, uid types.UID
 	return nil
 }
 
+func (c cluster) GetObject(ctx context.Context, kind, name string) (*NamespaceInfo, error) {
+	gvr, ok := resources[kind]
+	if !ok {
+		return nil, fmt.Errorf("install: no resource for kind %s", kind)
+	}
+	u, err := c.dyn.Resource(gvr).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return &NamespaceInfo{Labels: u.GetLabels(), UID: u.GetUID()}, nil
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	}
+	return nil, &ApplyError{Kind: kind, Name: name, Err: err, Get: true}
+}
+
+func (c cluster) CreateObject(ctx context.Context, obj runtime.Object) error {
+	u, err := Unstructured(obj)
+	if err != nil {
+		return err
+	}
+	gvr, ok := resources[u.GetKind()]
+	if !ok {
+		return fmt.Errorf("install: no resource for kind %s", u.GetKind())
+	}
+	if _, err := c.dyn.Resource(gvr).Create(ctx, u, metav1.CreateOptions{FieldManager: FieldManager}); err != nil {
+		return &ApplyError{Kind: u.GetKind(), Name: u.GetName(), Err: err}
+	}
+	return nil
+}
+
+func (c cluster) DeleteObject(ctx context.Context, kind, name string, uid types.UID) error {
+	gvr, ok := resources[kind]
+	if !ok {
+		return fmt.Errorf("install: no resource for kind %s", kind)
+	}
+	err := c.dyn.Resource(gvr).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return &ApplyError{Kind: kind, Name: name, Err: err, Delete: true}
+	}
+	return nil
+}
+
 // ApplyError is a failed apply (or delete) of one object.
 type ApplyError struct {
 	Kind, Name, Namespace string
@@ -528,6 +740,14 @@ func Diagnose(err error) Diagnosis {
 		return Diagnosis{Reason: apierr.InstallConflict, Hints: []string{fmt.Sprintf(
 			"namespace %s exists and was not created by this control plane for this runner: remove it (after checking whose it is), or delete the runner and create it with another runner_id", fe.Namespace)}}
 	}
+	if fo := (*ForeignObjectError)(nil); errors.As(err, &fo) {
+		if fo.Delete {
+			return Diagnosis{Reason: apierr.InstallConflict, Hints: []string{fmt.Sprintf(
+				"%s %s exists and was not created by this control plane for runner %s, so it was not deleted (the runner's own objects were): if it is the runner's, delete it yourself; then delete the runner with force", fo.Kind, fo.Name, fo.RunnerID)}}
+		}
+		return Diagnosis{Reason: apierr.InstallConflict, Hints: []string{fmt.Sprintf(
+			"%s %s exists and was not created by this control plane for this runner, so the install stopped before applying anything over it: remove it (after checking whose it is), or delete the runner and create it with another runner_id", fo.Kind, fo.Name)}}
+	}
 	var ae *ApplyError
 	kind, ns, op := "objects", "", "create"
 	if errors.As(err, &ae) {
@@ -550,9 +770,9 @@ func Diagnose(err error) Diagnosis {
 			scope = "cluster-wide"
 		}
 		h := []string{
-			fmt.Sprintf("the cluster credential lacks RBAC to %s %s (%s): grant its user a ClusterRole with get, create, patch and delete on %s (and on every kind the runner chart installs: namespaces, serviceaccounts, secrets, persistentvolumeclaims, services, deployments, roles, rolebindings), or register the cluster with a credential that has them",
+			fmt.Sprintf("the cluster credential lacks RBAC to %s %s (%s): grant its user a ClusterRole with get, create, patch and delete on %s (and on every kind the runner chart installs: namespaces, serviceaccounts, secrets, persistentvolumeclaims, services, deployments, roles, rolebindings, clusterroles, clusterrolebindings), or register the cluster with a credential that has them",
 				op, resource, scope, resource),
-			"a Role may only grant what its creator holds: the credential also needs the runner's own rules (pods, secrets, networkpolicies, events, leases, deployments) to create its Roles",
+			"a Role may only grant what its creator holds: the credential also needs the runner's own rules (pods, secrets, networkpolicies, events, leases, deployments; and list on nodes, for the image pre-pull ClusterRole) to create its Roles and ClusterRole",
 		}
 		return Diagnosis{Reason: apierr.InstallForbidden, Hints: h}
 	case apierrors.IsUnauthorized(err):

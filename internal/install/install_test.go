@@ -75,7 +75,8 @@ func TestObjects(t *testing.T) {
 		if _, ok := u.Object["status"]; ok {
 			t.Fatalf("%s carries a status", u.GetKind())
 		}
-		if u.GetKind() != "Namespace" && u.GetNamespace() != "sandboxd-r1" {
+		clusterScoped := u.GetKind() == "Namespace" || u.GetKind() == "ClusterRole" || u.GetKind() == "ClusterRoleBinding"
+		if clusterScoped != (u.GetNamespace() == "") || !clusterScoped && u.GetNamespace() != "sandboxd-r1" {
 			t.Fatalf("%s in %q", u.GetKind(), u.GetNamespace())
 		}
 		switch x := o.(type) {

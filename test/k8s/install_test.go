@@ -125,7 +125,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 //     runner's install is FAILED with CWSANDBOX_INSTALL_FORBIDDEN and a hint on namespaces.
 //   - A namespace of a runner's name that the control plane did not create for it (no
 //     labels): the install is FAILED with CWSANDBOX_INSTALL_CONFLICT, applies nothing into
-//     it, and deleting the runner leaves the namespace alone.
+//     it, and deleting the runner leaves the namespace alone. The same for a ClusterRole of a
+//     runner's image pre-pull name (nothing created, the ClusterRole left as it was).
+//   - The installed runner gets the chart's pre-pull ClusterRole and ClusterRoleBinding
+//     (`list` on nodes), named after its namespace, and they go with the uninstall.
 //   - Deleting the installed runner uninstalls it: its namespace, and everything labelled
 //     for it, are gone from the cluster.
 func TestInstalledRunner(t *testing.T) {
@@ -320,6 +323,45 @@ func TestInstalledRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A ClusterRole of a runner's pre-pull name that someone else made: the install is
+	// refused before creating anything, the ClusterRole is left as it was, and deleting the
+	// runner leaves it too.
+	crRunner := randomID("foreigncr-")
+	crName := install.NodesRoleName(install.Namespace("platform", crRunner))
+	foreignRules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get"}}}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: crName},
+		Rules: foreignRules}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.RbacV1().ClusterRoles().Delete(context.Background(), crName, metav1.DeleteOptions{}) })
+	crCluster := "foreigncr-" + runnerID
+	if _, err := cp.clusters.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: crCluster, Server: server, Token: rc.BearerToken, CaPem: caPEM}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.runners.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+		RunnerId: crRunner, ClusterId: crCluster, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
+		t.Fatal(err)
+	}
+	fst = waitInstallStatus(t, ctx, cp, crRunner, nil, "", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED)
+	if ie := fst.GetInstallError(); ie.GetReason() != apierr.InstallConflict ||
+		!strings.Contains(strings.Join(ie.GetHints(), "\n"), "ClusterRole "+crName+" exists and was not created by this control plane") {
+		t.Fatalf("install over a foreign ClusterRole: %v", ie)
+	}
+	if _, err := admin.CoreV1().Namespaces().Get(ctx, install.Namespace("platform", crRunner), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the refused install's namespace: %v, want none", err)
+	}
+	if _, err := cp.runners.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: crRunner})); err != nil {
+		t.Fatalf("delete the runner of the refused install: %v", err)
+	}
+	if got, err := admin.RbacV1().ClusterRoles().Get(ctx, crName, metav1.GetOptions{}); err != nil || len(got.Labels) != 0 ||
+		!reflect.DeepEqual(got.Rules, foreignRules) {
+		t.Fatalf("the foreign ClusterRole after the refused install and delete: %+v %v", got, err)
+	}
+	if _, err := cp.clusters.DeleteCluster(ctx, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: crCluster})); err != nil {
+		t.Fatal(err)
+	}
+
 	// The cluster goes once no runner names it.
 	if _, err := cp.clusters.DeleteCluster(ctx, connect.NewRequest(&controlplanev1.DeleteClusterRequest{ClusterId: weak})); err != nil {
 		t.Fatal(err)
@@ -416,7 +458,7 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 		"--set", "agentImage.repository="+agentRepo, "--set", "agentImage.tag="+agentTag, "--set", "sandboxImagePullPolicy=Never",
 		"--set", "controlPlane.address="+string(sec.Data["address"]), "--set", "controlPlane.bootstrapToken="+string(sec.Data["bootstrap-token"]),
 		"--set-file", "controlPlane.caPEM="+caFile, "--set", "persistence.storageClass="+class,
-		"--set", "prepull.images=0", // the install pre-pulls nothing (no ClusterRole)
+		// prepull.* at the chart's defaults: the install pre-pulls (64 images, 4 in flight) with its ClusterRole.
 		"--set", "extraArgs={--heartbeat-interval=300ms}")
 	chart := map[string]*unstructured.Unstructured{}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
@@ -482,6 +524,24 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 			t.Fatal(err)
 		}
 		same("RoleBinding "+name, []any{gb.RoleRef, gb.Subjects}, []any{wb.RoleRef, wb.Subjects})
+	}
+	nodes := install.NodesRoleName(ns)
+	var wcr rbacv1.ClusterRole
+	typed("ClusterRole/"+nodes, &wcr)
+	gcr, err := admin.RbacV1().ClusterRoles().Get(ctx, nodes, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("ClusterRole "+nodes+" rules", gcr.Rules, wcr.Rules)
+	var wcrb rbacv1.ClusterRoleBinding
+	typed("ClusterRoleBinding/"+nodes, &wcrb)
+	gcrb, err := admin.RbacV1().ClusterRoleBindings().Get(ctx, nodes, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("ClusterRoleBinding "+nodes, []any{gcrb.RoleRef, gcrb.Subjects}, []any{wcrb.RoleRef, wcrb.Subjects})
+	if !install.Owned(gcr.Labels, "platform", gcrb.Labels[install.RunnerLabel]) || !install.Owned(gcrb.Labels, "platform", gcr.Labels[install.RunnerLabel]) {
+		t.Errorf("cluster RBAC labels %v %v", gcr.Labels, gcrb.Labels)
 	}
 	var ws corev1.Service
 	typed("Service/"+install.ReleaseName, &ws)

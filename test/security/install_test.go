@@ -43,6 +43,7 @@ type oneCluster struct {
 	labels  map[string]map[string]string // namespace -> labels
 	secrets map[string]string            // namespace -> the runner id of the Secret applied there
 	deleted []string
+	objects map[string]map[string]string // cluster-scoped Kind/name -> labels
 }
 
 func (c *oneCluster) Apply(_ context.Context, obj runtime.Object) error {
@@ -90,6 +91,40 @@ func (c *oneCluster) DeleteNamespace(_ context.Context, name string, uid types.U
 	delete(c.labels, name)
 	delete(c.secrets, name)
 	c.deleted = append(c.deleted, name)
+	return nil
+}
+
+// The image pre-pull ClusterRole and ClusterRoleBinding: kept apart from namespaces
+// (install's own tests check their ownership rule); each name is made once.
+func (c *oneCluster) GetObject(_ context.Context, kind, name string) (*install.NamespaceInfo, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.objects[kind+"/"+name]
+	if !ok {
+		return nil, nil
+	}
+	return &install.NamespaceInfo{Labels: maps.Clone(l), UID: types.UID("uid-" + kind + "/" + name)}, nil
+}
+
+func (c *oneCluster) CreateObject(_ context.Context, obj runtime.Object) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m, _ := meta.Accessor(obj)
+	key := obj.GetObjectKind().GroupVersionKind().Kind + "/" + m.GetName()
+	if _, ok := c.objects[key]; ok {
+		return apierrors.NewAlreadyExists(schema.GroupResource{Resource: "clusterroles"}, m.GetName())
+	}
+	if c.objects == nil {
+		c.objects = map[string]map[string]string{}
+	}
+	c.objects[key] = maps.Clone(m.GetLabels())
+	return nil
+}
+
+func (c *oneCluster) DeleteObject(_ context.Context, kind, name string, _ types.UID) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.objects, kind+"/"+name)
 	return nil
 }
 
