@@ -172,7 +172,7 @@ func (b *Backend) ExportCheckpoint(ctx context.Context, id string, put func(ctx 
 	}
 	why := b.forkUnsupported(s)
 	if why == "" && s.spec.Multi() {
-		why = errExportGroup // gvisor_group_pause.go
+		why = groupExportUnsupported(&s.spec) // gvisor_group_export.go
 	}
 	if why != "" {
 		return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: %w: %s", id, errdefs.ErrNotImplemented, why)
@@ -207,6 +207,14 @@ func (b *Backend) ExportCheckpoint(ctx context.Context, id string, put func(ctx 
 		ex.Took = time.Since(start)
 	}
 	parts := []exportPart{{name: partImage, dir: fp.image}, {name: partRun, dir: fp.run}}
+	if s.spec.Multi() {
+		gparts, gcleanup, err := b.groupExportParts(s, fp) // gvisor_group_export.go
+		if err != nil {
+			return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: %w", id, err)
+		}
+		defer gcleanup()
+		parts = append(parts, gparts...)
+	}
 	for i, v := range s.spec.Volumes {
 		if v.Medium != runtime.MediumMemory {
 			parts = append(parts, exportPart{name: partVolume + strconv.Itoa(i), dir: filepath.Join(fp.vols, strconv.Itoa(i)), pool: true, ids: ids})
@@ -290,7 +298,7 @@ func pinnedDigest(ref string) (string, bool) {
 
 // importParts is the parts a checkpoint of spec has, in the order they are written.
 func importParts(spec *runtime.Spec) []string {
-	parts := []string{partImage, partRun}
+	parts := append([]string{partImage, partRun}, groupParts(spec)...)
 	for i, v := range spec.Volumes {
 		if v.Medium != runtime.MediumMemory {
 			parts = append(parts, partVolume+strconv.Itoa(i))
@@ -303,7 +311,9 @@ func importParts(spec *runtime.Spec) []string {
 // it can), as forkUnsupported does for a local source.
 func (b *Backend) importUnsupported(spec *runtime.Spec) string {
 	if spec.Multi() {
-		return errExportGroup // gvisor_group_pause.go
+		if why := groupExportUnsupported(spec); why != "" { // gvisor_group_export.go
+			return why
+		}
 	}
 	if spec.Engine != nil {
 		return "checkpoints of sandboxes running a Docker Engine are not implemented"
@@ -379,6 +389,10 @@ func (b *Backend) ForkFromCheckpoint(ctx context.Context, cp runtime.CheckpointE
 			errs[i] = fmt.Errorf("%w: fork %s: image %q, the checkpoint's is %q", runtime.ErrInvalidSpec, sp.ID, sp.Image, ref.Image)
 		case !slices.Equal(importParts(sp), want) || len(sp.Volumes) != len(ref.Volumes):
 			errs[i] = fmt.Errorf("%w: fork %s: volumes not the checkpoint's", runtime.ErrInvalidSpec, sp.ID)
+		case ref.Multi() || sp.Multi():
+			if why := groupForkMismatch(ref, sp); why != "" { // gvisor_group_pause.go
+				errs[i] = fmt.Errorf("%w: fork %s: %s", runtime.ErrInvalidSpec, sp.ID, why)
+			}
 		}
 	}
 	if !slices.ContainsFunc(errs, func(e error) bool { return e == nil }) {
@@ -391,6 +405,11 @@ func (b *Backend) ForkFromCheckpoint(ctx context.Context, cp runtime.CheckpointE
 	defer cleanup()
 	failpoint.Hit("local.import.staged")
 	fp.digest = digest
+	if ref.Multi() {
+		if err := readGroupExport(filepath.Dir(fp.image), ref, fp); err != nil { // gvisor_group_export.go
+			return failAll(fmt.Errorf("fork from checkpoint: %w", err))
+		}
+	}
 	b.makeForks(ctx, specs, class, fp, "from checkpoint", infos, errs)
 	return infos, errs
 }
@@ -527,8 +546,9 @@ func (b *Backend) stageImport(ctx context.Context, cp runtime.CheckpointExport, 
 	for _, part := range cp.Parts {
 		var root *os.File
 		var limits runtime.ArchiveLimits
+		grp, _ := isGroupPart(part) // gvisor_group_export.go
 		switch {
-		case part == partImage || part == partRun:
+		case part == partImage || part == partRun || grp:
 			dir := filepath.Join(stage, part)
 			if err := os.Mkdir(dir, 0o700); err != nil {
 				return nil, nil, err
@@ -541,6 +561,8 @@ func (b *Backend) stageImport(ctx context.Context, cp runtime.CheckpointExport, 
 			limits = imageLimits
 			if part == partRun {
 				limits = runLimits
+			} else if grp {
+				limits = groupPartLimits(part, runLimits)
 			}
 		default:
 			l, ok := volLimits[part]

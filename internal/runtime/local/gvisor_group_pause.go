@@ -80,16 +80,13 @@ import (
 //         specs are generated from the same inputs by the same code, and differ from
 //         the source's where runsc lets them (ids, hostname, cgroups paths, mount
 //         sources, namespace paths, environment, resources) and in that annotation.
-//   - Exports of groups (export.go, whose import is a fork on another runner) are not
-//     implemented (errExportGroup): the bundle format carries one container's agent
-//     state and one image digest.
+//   - Exports of groups (export.go, whose import is a fork or a move on another runner):
+//     the bundle carries each member's agent state dir and the members' names and image
+//     digests besides the sentry's image and the group's volumes
+//     (gvisor_group_export.go); the import makes the group as a local fork is made.
 
 // restoreSpecValidation is the runsc flag a fork of a group is restored with (see above).
 const restoreSpecValidation = "--restore-spec-validation=warning"
-
-// errExportGroup is why a group is not exported (see above).
-const errExportGroup = "exports of multi-container gVisor sandboxes are not implemented " +
-	"(a checkpoint bundle carries one container's agent state and image digest): fork it on its runner instead"
 
 // fileCkMembers, in a group's checkpoint, lists the members it holds.
 const fileCkMembers = "sandboxd-members.json"

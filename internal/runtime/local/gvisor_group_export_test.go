@@ -1,0 +1,215 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// TestExportGroupMove moves a checkpointed two-container gVisor group (a shared disk
+// volume) through an export, as a move to another runner does: exported as it is (it
+// stays paused), destroyed, and made again from the export under the same ID: both
+// containers continue their counters from memory, keep their root filesystems' and the
+// volume's files, and have a (new) address. Then the moved group, running, is exported
+// again and forked from the export (a cross-runner fork): the fork's containers continue
+// on their own, with their own address. Spec mismatches and a tampered group.json are
+// refused, leaving nothing; Destroy leaves nothing.
+func TestExportGroupMove(t *testing.T) {
+	e := exportEnv(t)
+	e.withNetwork(t, 16)
+	ctx := context.Background()
+	store := newCkStore(t)
+	const id = "gmv-1"
+	vm := []runtime.VolumeMount{{Volume: "shared", Path: "/data"}}
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass, Volumes: []runtime.Volume{{Name: "shared", SizeBytes: 64 << 20}},
+		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}, VolumeMounts: vm,
+			Resources: runtime.Resources{MemoryBytes: 256 << 20}},
+		Sidecars: []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}, VolumeMounts: vm,
+			Resources: runtime.Resources{MemoryBytes: 128 << 20}}}}
+	info0 := e.create(sp)
+	shIn(t, e.b, id, "app", "echo a > /rootfile; echo v > /data/f")
+	shIn(t, e.b, id, "side", "echo s > /rootfile")
+	a1 := waitCount(t, e.b, id, 3)
+	waitFor(t, func() bool { return groupCounter(t, e.b, id, "side") >= 3 })
+	s1 := groupCounter(t, e.b, id, "side")
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ex, err := e.b.ExportCheckpoint(ctx, id, store.put("gmv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("export of a checkpointed group: %v, %d bytes of content, parts %v", time.Since(start), ex.Bytes, ex.Parts)
+	if want := []string{"image", "run", "group", "member-0", "volume-0"}; !slices.Equal(ex.Parts, want) {
+		t.Errorf("parts %v, want %v", ex.Parts, want)
+	}
+	if ex.Took != 0 || !e.b.isPaused(id) {
+		t.Errorf("the export of a checkpointed group paused it for %v / left it not paused", ex.Took)
+	}
+	if ents, _ := filepath.Glob(filepath.Join(e.b.dir(id), "export-group-*")); len(ents) > 0 {
+		t.Errorf("the export's group dir left: %v", ents)
+	}
+	if err := e.b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, id)
+
+	pinned := func(fid string) *runtime.Spec {
+		f := sp.Clone()
+		f.ID = fid
+		f.Image = "busybox@sha256:b0b0"
+		return &f
+	}
+	// Refusals before anything is made: a sidecar that is not the checkpoint's, parts
+	// without the member's.
+	bad := pinned("gmv-bad")
+	bad.Sidecars[0].Args = []string{"-c", "sleep 1000"}
+	ref := pinned("gmv-ref")
+	_, errs0 := e.b.ForkFromCheckpoint(ctx, ex, store.open("gmv"), []*runtime.Spec{ref, bad})
+	if !errors.Is(errs0[1], runtime.ErrInvalidSpec) || !strings.Contains(errs0[1].Error(), `container "side"`) {
+		t.Errorf("a fork whose sidecar is not the checkpoint's: %v, want refused", errs0[1])
+	}
+	if errs0[0] != nil {
+		t.Errorf("the other fork of that call: %v", errs0[0])
+	} else if err := e.b.Destroy(ctx, ref.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, bad.ID)
+	checkNoLeaks(t, e.state, ref.ID)
+	noMember := ex
+	noMember.Parts = []string{"image", "run", "group", "volume-0"}
+	if _, errs := e.b.ForkFromCheckpoint(ctx, noMember, store.open("gmv"), []*runtime.Spec{pinned("gmv-bad")}); !errors.Is(errs[0], runtime.ErrInvalidSpec) {
+		t.Errorf("parts without the member's: %v, want refused", errs[0])
+	}
+	checkNoImportLeft(t, e)
+
+	// The move.
+	start = time.Now()
+	infos, errs := e.b.ForkFromCheckpoint(ctx, ex, store.open("gmv"), []*runtime.Spec{pinned(id)})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	movedIP := infos[0].IP
+	t.Logf("move of a two-container group (import and restore): %v", time.Since(start))
+	checkNoImportLeft(t, e)
+	if infos[0].ID != id || infos[0].IP == "" {
+		t.Errorf("moved group's info %+v (before: %+v)", infos[0], info0)
+	}
+	a2, s2 := count(t, e.b, id), groupCounter(t, e.b, id, "side")
+	if a2 < a1 || a2 > a1+10 || s2 < s1 || s2 > s1+10 {
+		t.Errorf("counters app %d side %d after the move, %d %d before: not continued", a2, s2, a1, s1)
+	}
+	waitCount(t, e.b, id, a2+2)
+	waitFor(t, func() bool { return groupCounter(t, e.b, id, "side") >= s2+2 })
+	for c, want := range map[string]string{"app": "a", "side": "s"} {
+		if out := shIn(t, e.b, id, c, "cat /rootfile /data/f; hostname; ip -4 addr"); !strings.HasPrefix(out, want+"\nv\n"+id+"\n") || !strings.Contains(out, infos[0].IP+"/") {
+			t.Errorf("%s after the move: files, hostname, address = %q", c, out)
+		}
+	}
+	if sts, err := e.b.ContainerStatuses(ctx, id); err != nil || len(sts) != 2 {
+		t.Errorf("statuses after the move: %+v, %v", sts, err)
+	}
+
+	// A fork from an export of the running (moved) group.
+	start = time.Now()
+	ex2, err := e.b.ExportCheckpoint(ctx, id, store.put("gfk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("export of a running group: %v (paused %v), %d bytes", time.Since(start), ex2.Took, ex2.Bytes)
+	a3, s3 := count(t, e.b, id), groupCounter(t, e.b, id, "side")
+	const fid = "gmv-fork"
+	start = time.Now()
+	infos, errs = e.b.ForkFromCheckpoint(ctx, ex2, store.open("gfk"), []*runtime.Spec{pinned(fid)})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	t.Logf("fork of a two-container group from an export: %v", time.Since(start))
+	if infos[0].IP == "" || infos[0].IP == movedIP {
+		t.Errorf("fork's IP %q", infos[0].IP)
+	}
+	fa, fs := count(t, e.b, fid), groupCounter(t, e.b, fid, "side")
+	if fa < a2 || fs < s2 || fa > a3+10 || fs > s3+10 {
+		t.Errorf("fork's counters app %d side %d; the source had %d %d at the export", fa, fs, a3, s3)
+	}
+	shIn(t, e.b, fid, "side", "echo forked > /data/f")
+	waitFor(t, func() bool { return groupCounter(t, e.b, fid, "side") >= fs+2 })
+	if out := shIn(t, e.b, id, "app", "cat /data/f"); out != "v" {
+		t.Errorf("the fork's volume write reached the source: %q", out)
+	}
+	if out := shIn(t, e.b, fid, "app", "cat /data/f; cat /rootfile; hostname"); out != "forked\na\n"+fid {
+		t.Errorf("fork's app: %q", out)
+	}
+	for _, x := range []string{fid, id} {
+		if err := e.b.Destroy(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, e.state, x)
+	}
+	checkNoImportLeft(t, e)
+}
+
+// TestReadGroupExport: group.json of an import is read without following a link,
+// bounded, strict, and must name the spec's sidecars in order, each with a sha256
+// digest.
+func TestReadGroupExport(t *testing.T) {
+	spec := &runtime.Spec{Container: runtime.Container{Name: "app"}, Sidecars: []runtime.Container{{Name: "a"}, {Name: "b"}}}
+	write := func(t *testing.T, body string) string {
+		stage := t.TempDir()
+		if err := os.Mkdir(filepath.Join(stage, partGroup), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(stage, partGroup, fileGroupExport), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return stage
+	}
+	good := `{"members":[{"name":"a","digest":"sha256:0a0a"},{"name":"b","digest":"sha256:0b0b"}]}`
+	fp := &forkParams{}
+	stage := write(t, good)
+	if err := readGroupExport(stage, spec, fp); err != nil {
+		t.Fatal(err)
+	}
+	if fp.members["b"] != filepath.Join(stage, "member-1") || fp.memberDigests["a"] != "sha256:0a0a" {
+		t.Errorf("members %v, digests %v", fp.members, fp.memberDigests)
+	}
+	for what, body := range map[string]string{
+		"unknown field":    `{"members":[],"x":1}`,
+		"too few":          `{"members":[{"name":"a","digest":"sha256:0a0a"}]}`,
+		"another order":    `{"members":[{"name":"b","digest":"sha256:0a0a"},{"name":"a","digest":"sha256:0b0b"}]}`,
+		"bad digest":       `{"members":[{"name":"a","digest":"../../x"},{"name":"b","digest":"sha256:0b0b"}]}`,
+		"trailing data":    good + `{}`,
+		"larger than 64K":  `{"members":[` + strings.Repeat(" ", maxGroupJSON) + `]}`,
+		"not json":         `nope`,
+		"no digest at all": `{"members":[{"name":"a"},{"name":"b"}]}`,
+	} {
+		if err := readGroupExport(write(t, body), spec, &forkParams{}); err == nil {
+			t.Errorf("%s: accepted", what)
+		} else {
+			t.Logf("%s: %v", what, err)
+		}
+	}
+	// A link in place of group.json (to a file the host reads) is not followed.
+	stage = t.TempDir()
+	target := filepath.Join(t.TempDir(), "host.json")
+	if err := os.WriteFile(target, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(stage, partGroup), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(stage, partGroup, fileGroupExport)); err != nil {
+		t.Fatal(err)
+	}
+	if err := readGroupExport(stage, spec, &forkParams{}); err == nil {
+		t.Error("a symlinked group.json was followed")
+	}
+}
