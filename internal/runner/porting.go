@@ -144,6 +144,7 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 	if err != nil {
 		return CheckpointRef{}, Sandbox{}, err
 	}
+	start := time.Now()
 	prefix := checkpointsPrefix + id + "/" + NewID() + "/"
 	r.mu.Lock()
 	r.exporting[prefix] = true
@@ -228,7 +229,7 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 		r.hold(e, ref.Key)
 	}
 	r.log.Info("checkpoint exported", "sandbox", id, "key", ref.Key, "platform", platform, "parts", len(parts),
-		"stored_bytes", stored, "bytes", cp.Bytes, "took", cp.Took)
+		"stored_bytes", stored, "bytes", cp.Bytes, "took", cp.Took, "elapsed", time.Since(start))
 	return ref, r.snapshotOf(e), nil
 }
 
@@ -464,6 +465,7 @@ func (r *Runner) ImportFork(ctx context.Context, req ImportRequest) ([]ForkResul
 // importFork is ImportFork; registered is called once, when the new sandboxes count in
 // List (or the call failed before): the end of Local's admission.
 func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered func()) ([]ForkResult, error) {
+	start := time.Now()
 	var once sync.Once
 	done := func() { once.Do(registered) }
 	defer done()
@@ -608,7 +610,7 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 		// The source stays where it was: nothing of it is left here.
 		r.forget(req.Source.ID, entries[0])
 	}
-	r.log.Info("checkpoint imported", "sandbox", m.SandboxID, "key", req.Ref.Key, "move", req.Move, "targets", len(req.Targets))
+	r.log.Info("checkpoint imported", "sandbox", m.SandboxID, "key", req.Ref.Key, "move", req.Move, "targets", len(req.Targets), "elapsed", time.Since(start))
 	return out, nil
 }
 
