@@ -427,13 +427,17 @@ func sameSandbox(m *checkpointManifest, src *Sandbox) error {
 	return vs.err()
 }
 
-// specDiff names the (JSON) fields in which a and b differ, file contents and pull
-// credentials aside; none when they are the same spec.
+// specDiff names the (JSON) fields in which a and b differ, file contents, pull
+// credentials and disk limits aside; none when they are the same spec. A disk limit
+// (Resources.DiskBytes) is the runner's own setting (its --disk), which no wire field
+// carries: a runner restarted since the create reports the one its backend recorded,
+// the gateway's copy of the spec has none.
 func specDiff(a, b runtime.Spec) []string {
 	fields := func(s runtime.Spec) map[string]json.RawMessage {
 		s = cloneSpec(s)
 		for _, c := range s.AllContainers() {
 			c.Files = withoutContents(c.Files)
+			c.Resources.DiskBytes = 0
 		}
 		var out map[string]json.RawMessage
 		if raw, err := json.Marshal(s); err == nil {

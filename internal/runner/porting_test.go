@@ -778,3 +778,27 @@ func TestStaleExportsSwept(t *testing.T) {
 		t.Fatal("a fresh export swept at once")
 	}
 }
+
+// TestSpecDiffIgnoresDiskLimits: a group's spec as a restarted runner reports it (the
+// disk limit its backend recorded, on every container) is the same sandbox as the
+// gateway's copy (no wire field carries a disk limit); any other difference, a
+// sidecar's included, is named.
+func TestSpecDiffIgnoresDiskLimits(t *testing.T) {
+	res := runtime.Resources{MilliCPU: 500, MemoryBytes: 128 << 20}
+	a := runtime.Spec{ID: "g", Container: runtime.Container{Name: "main", Image: "img", Resources: res},
+		Sidecars: []runtime.Container{{Name: "side", Image: "img", Resources: res}}}
+	b := cloneSpec(a)
+	for _, c := range b.AllContainers() {
+		c.Resources.DiskBytes = 5 << 30
+	}
+	if d := specDiff(a, b); len(d) != 0 {
+		t.Errorf("specs differing in disk limits only: %v", d)
+	}
+	b.Sidecars[0].Resources.MemoryBytes = 256 << 20
+	if d := specDiff(a, b); !slices.Equal(d, []string{"sidecars"}) {
+		t.Errorf("a sidecar's memory differs: %v, want [sidecars]", d)
+	}
+	if a.Sidecars[0].Resources.DiskBytes != 0 || b.Resources.DiskBytes != 5<<30 {
+		t.Error("specDiff changed its arguments")
+	}
+}

@@ -25,9 +25,10 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// Checkpoints that move to another host (runtime.CheckpointPorter), gVisor
-// single-container sandboxes: the state Fork starts from (fork.go), written out as a
-// bundle of parts, and forks made from such a bundle on another backend (or on this one).
+// Checkpoints that move to another host (runtime.CheckpointPorter), gVisor sandboxes
+// (single containers, and groups: gvisor_group_export.go): the state Fork starts from
+// (fork.go), written out as a bundle of parts, and forks made from such a bundle on
+// another backend (or on this one).
 //
 // # Bundle format
 //
@@ -43,6 +44,8 @@ import (
 //	run             the agent's state dir as of the checkpoint (its logs and status: the
 //	                restored kernel finds these host files again). Sockets in it are left
 //	                out (the agent's own is made again). Owners as on the host.
+//	group,          a multi-container group's only: group.json (its sidecars' names and
+//	member-<k>      image digests) and sidecar k's agent state dir (gvisor_group_export.go).
 //	volume-<index>  each disk volume of the spec (index into Spec.Volumes), from the
 //	                read-only btrfs snapshot taken with the memory image (or the volumes of
 //	                a checkpointed source as they are). Owners as the sandbox sees them
