@@ -292,7 +292,7 @@ func (b *Backend) startHeld(ctx context.Context, c *sandbox) error {
 		return err
 	}
 	// As the pool's Start: the identity was set at creation.
-	if err := startAgent(ctx, c.dir, c.ident, startJSON); err != nil {
+	if err := startAgent(ctx, nil, c.dir, c.ident, startJSON); err != nil {
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(c.dir, fileAgentOut), 512))
 	}
 	b.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/failpoint"
@@ -141,6 +143,18 @@ type pooled struct {
 	s      *sandbox // id == cid == dir name
 	digest string
 	att    *Attachment
+	// agent is a client of the standby agent whose connection startPooled opened (and
+	// verified) with a Status call: the container is ready only once its agent answers,
+	// and the claim's Start then needs no dial or handshake.
+	agent *http.Client
+}
+
+// destroy tears the unclaimed container down.
+func (pc *pooled) destroy(ctx context.Context, b *Backend) error {
+	if pc.agent != nil {
+		pc.agent.CloseIdleConnections()
+	}
+	return b.teardown(ctx, pc.s)
 }
 
 type poolSet struct {
@@ -273,7 +287,7 @@ func (p *pool) drop(pc *pooled) {
 			p.dropping--
 			p.mu.Unlock()
 		}()
-		if err := p.b.teardown(context.Background(), pc.s); err != nil {
+		if err := pc.destroy(context.Background(), p.b); err != nil {
 			p.b.log.Warn("destroy pooled container", "container", pc.s.cid, "err", err)
 		}
 	}()
@@ -397,7 +411,7 @@ func (p *pool) refill(key poolKey) {
 		p.mu.Lock()
 		p.stats.Dropped++
 		p.mu.Unlock()
-		if err := p.b.teardown(context.Background(), pc.s); err != nil {
+		if err := pc.destroy(context.Background(), p.b); err != nil {
 			p.b.log.Warn("destroy pooled container", "container", pc.s.cid, "err", err)
 		}
 	}
@@ -570,7 +584,7 @@ func (p *pool) drain(ctx context.Context, stop bool) error {
 	p.mu.Unlock()
 	var errs []error
 	for _, pc := range gone {
-		if err := p.b.teardown(ctx, pc.s); err != nil {
+		if err := pc.destroy(ctx, p.b); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -708,7 +722,14 @@ func (b *Backend) startPooled(ctx context.Context, cid string, key poolKey, cred
 	if err != nil {
 		return nil, err
 	}
-	return &pooled{s: s, digest: img.Digest, att: att}, nil
+	hc := agent.NewHTTPClient(func(ctx context.Context) (net.Conn, error) { return dialVerified(ctx, dir, s.ident) })
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := agentv1connect.NewAgentServiceClient(hc, "http://sandbox-agent", connect.WithGRPC()).Status(sctx, connect.NewRequest(&agentv1.StatusRequest{})); err != nil {
+		hc.CloseIdleConnections()
+		return nil, fmt.Errorf("standby agent: %w", err)
+	}
+	return &pooled{s: s, digest: img.Digest, att: att, agent: hc}, nil
 }
 
 // claim tries to give s (registered, its dir made and empty) a pooled container. It
@@ -786,37 +807,9 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 		*d, t = now.Sub(t), now
 	}
 	dir := pc.s.dir
+	shown := shownDir(dir)
 	cpus := b.placeCPUs(s, s.spec.Resources.MilliCPU)
-	if err := b.applyResources(pc.s.cid, s.spec.Resources, cpus); err != nil {
-		return fmt.Errorf("resources: %w", err)
-	}
-	// A pooled container has every limit file mounted: they become the sandbox's.
-	files, err := limitFiles(cpus, s.spec.Resources.MemoryBytes, true)
-	if err == nil {
-		err = rewriteLimitFiles(filepath.Join(shownDir(dir), dirLimits), files)
-	}
-	if err != nil {
-		return fmt.Errorf("limit files: %w", err)
-	}
 	host := runtime.Hostname(s.id)
-	if err := setHostname(pc.s.info.Pid, host); err != nil {
-		return fmt.Errorf("hostname: %w", err)
-	}
-	// hosts and hostname are bind-mounted files: rewrite them in place (same inode).
-	tmp := filepath.Join(dir, "etc.claim")
-	if err := b.writeEtcFiles(tmp, host, pc.att); err != nil {
-		return fmt.Errorf("etc files: %w", err)
-	}
-	for _, name := range []string{"hosts", "hostname"} {
-		data, err := os.ReadFile(filepath.Join(tmp, name))
-		if err == nil {
-			err = writeInPlace(filepath.Join(shownDir(dir), dirEtc, name), data)
-		}
-		if err != nil {
-			return fmt.Errorf("etc files: %w", err)
-		}
-	}
-	_ = os.RemoveAll(tmp)
 	// Start gets the secret environment too; the config file never does (docs/secrets.md).
 	startJSON, cfgJSON, err := startConfigs(acfg, secretEnv)
 	if err != nil {
@@ -826,28 +819,81 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 	info.StartedAt = time.Now().UTC()
 	info.ContainerID = pc.s.cid
 	info.CPUs = cpus
-	if err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec); err != nil {
+	// What must hold before the command starts touches disjoint things (the cgroup and
+	// the limit files; the UTS namespace and the etc files; the network rules): done at
+	// once. The spec and info records are needed only by the rename that ends the claim
+	// (a crash before it leaves a pooled container, which Recover removes).
+	var g errgroup.Group
+	g.Go(func() error {
+		if err := b.applyResources(pc.s.cid, s.spec.Resources, cpus); err != nil {
+			return fmt.Errorf("resources: %w", err)
+		}
+		// A pooled container has every limit file mounted: they become the sandbox's.
+		files, err := limitFiles(cpus, s.spec.Resources.MemoryBytes, true)
+		if err == nil {
+			err = rewriteLimitFiles(filepath.Join(shown, dirLimits), files)
+		}
+		if err != nil {
+			return fmt.Errorf("limit files: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := setHostname(pc.s.info.Pid, host); err != nil {
+			return fmt.Errorf("hostname: %w", err)
+		}
+		// hosts and hostname are bind-mounted files: rewrite them in place (same inode).
+		tmp := filepath.Join(dir, "etc.claim")
+		defer os.RemoveAll(tmp)
+		if err := b.writeEtcFiles(tmp, host, pc.att); err != nil {
+			return fmt.Errorf("etc files: %w", err)
+		}
+		for _, name := range []string{"hosts", "hostname"} {
+			data, err := os.ReadFile(filepath.Join(tmp, name))
+			if err == nil {
+				err = writeInPlace(filepath.Join(shown, dirEtc, name), data)
+			}
+			if err != nil {
+				return fmt.Errorf("etc files: %w", err)
+			}
+		}
+		return nil
+	})
+	var rules time.Duration
+	g.Go(func() error {
+		t0 := time.Now()
+		err := b.applyRules(s, pc.s.cid)
+		rules = time.Since(t0)
+		return err
+	})
+	records := make(chan error, 1)
+	go func() {
+		err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec)
+		if err == nil {
+			err = writeJSONAtomic(filepath.Join(dir, fileInfo), &info)
+		}
+		records <- err
+	}()
+	if err := g.Wait(); err != nil {
+		<-records
 		return err
 	}
-	if err := writeJSONAtomic(filepath.Join(dir, fileInfo), &info); err != nil {
-		return err
-	}
-	failpoint.Hit("local.claim.info")
 	step(&ct.Setup)
-	// The sandbox's rules hold before its command starts.
-	if err := b.applyRules(s, pc.s.cid); err != nil {
-		return err
-	}
-	step(&ct.Rules)
+	ct.Rules = rules // within Setup: the steps overlap
 	failpoint.Hit("local.claim.rules")
-	if err := startAgent(ctx, dir, pc.s.ident, startJSON); err != nil {
+	if err := startAgent(ctx, pc.agent, dir, pc.s.ident, startJSON); err != nil {
+		<-records
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}
 	step(&ct.Start)
 	failpoint.Hit("local.claim.started")
+	if err := <-records; err != nil {
+		return err
+	}
+	failpoint.Hit("local.claim.info")
 	// What /.sandboxd/config.json shows inside (bind-mounted: rewritten in place). Only
 	// now: `runc run` returns before the agent has read it, and Start has answered.
-	if err := writeInPlace(filepath.Join(shownDir(dir), fileAgentConfig), cfgJSON); err != nil {
+	if err := writeInPlace(filepath.Join(shown, fileAgentConfig), cfgJSON); err != nil {
 		return err
 	}
 	// The sandbox's dir is empty (Create's claim on the id): rename(2) replaces it
@@ -862,12 +908,15 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 }
 
 // startAgent sends Start to the standby agent of the container in dir (identity ident).
-func startAgent(ctx context.Context, dir string, ident *agentconfig.Identity, cfg []byte) error {
+// hc (nil: a new one) is a client of that agent, closed when Start has answered.
+func startAgent(ctx context.Context, hc *http.Client, dir string, ident *agentconfig.Identity, cfg []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	hc := agent.NewHTTPClient(func(ctx context.Context) (net.Conn, error) {
-		return dialVerified(ctx, dir, ident)
-	})
+	if hc == nil {
+		hc = agent.NewHTTPClient(func(ctx context.Context) (net.Conn, error) {
+			return dialVerified(ctx, dir, ident)
+		})
+	}
 	defer hc.CloseIdleConnections()
 	c := agentv1connect.NewAgentServiceClient(hc, "http://sandbox-agent", connect.WithGRPC())
 	_, err := c.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: cfg}))

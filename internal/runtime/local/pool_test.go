@@ -284,7 +284,7 @@ func TestPoolStandbyAgent(t *testing.T) {
 	if err := readJSON(filepath.Join(e.state, dirs[0], fileInfo), &pi); err != nil || pi.Agent == nil {
 		t.Fatalf("pooled container's info %+v: %v", pi, err)
 	}
-	if err := startAgent(ctx, filepath.Join(e.state, dirs[0]), pi.Agent, []byte(`{"standby":true}`)); connect.CodeOf(err) != connect.CodeInvalidArgument {
+	if err := startAgent(ctx, nil, filepath.Join(e.state, dirs[0]), pi.Agent, []byte(`{"standby":true}`)); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Errorf("Start with a standby config: %v", err)
 	}
 	st, err := readStatus(filepath.Join(e.state, dirs[0]))
@@ -296,7 +296,7 @@ func TestPoolStandbyAgent(t *testing.T) {
 	if e.b.PoolStats().Claims != 1 {
 		t.Fatalf("not claimed: %+v", e.b.PoolStats())
 	}
-	err = startAgent(context.Background(), filepath.Join(e.state, "standby-claimed"), pi.Agent, []byte(`{"argv":["true"]}`))
+	err = startAgent(context.Background(), nil, filepath.Join(e.state, "standby-claimed"), pi.Agent, []byte(`{"argv":["true"]}`))
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Errorf("second Start: %v", err)
 	}
