@@ -1,0 +1,210 @@
+package k8s
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+)
+
+// TestPVCVolume: the test cluster has no dynamic provisioner, so the test makes a
+// StorageClass without one and a hostPath PersistentVolume of it that the claim binds
+// (a real cluster's class provisions volumes itself).
+func TestPVCVolume(t *testing.T) {
+	c, s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	class := randomID("sbx-test-")
+	immediate := storagev1.VolumeBindingImmediate
+	if _, err := s.Client.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: "kubernetes.io/no-provisioner", VolumeBindingMode: &immediate,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "pv")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(dir, 0o777)
+	hostPathType := corev1.HostPathDirectory
+	if _, err := s.Client.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: class},
+		Spec: corev1.PersistentVolumeSpec{
+			StorageClassName:              class,
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: &hostPathType}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = s.Client.CoreV1().PersistentVolumes().Delete(ctx, class, metav1.DeleteOptions{})
+		_ = s.Client.StorageV1().StorageClasses().Delete(ctx, class, metav1.DeleteOptions{})
+	})
+	org := "org-" + class
+	claim := randomID("vol-")
+	vol := runner.RegisteredVolume{Org: org, ClaimName: claim, Namespace: c.namespace, SizeBytes: 1 << 30,
+		StorageClass: class, AllowedStorageClasses: []string{class}}
+	t.Cleanup(func() {
+		_ = s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Delete(context.Background(), claim, metav1.DeleteOptions{})
+	})
+
+	// A foreign namespace is refused with a field violation.
+	foreign := vol
+	foreign.Namespace = "default"
+	if _, err := s.Runner.EnsureVolume(ctx, foreign); apierr.Reason(err) != apierr.VolumeRunnerIneligible {
+		t.Fatalf("foreign namespace: %v, want %s", err, apierr.VolumeRunnerIneligible)
+	} else if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != "volume.spec.pvc.namespace" {
+		t.Errorf("foreign namespace violations: %+v", vs)
+	}
+	t0 := time.Now()
+	n, err := s.Runner.EnsureVolume(ctx, vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("claim %s made and bound to the static volume in %s", claim, time.Since(t0).Round(time.Millisecond))
+	if n != 1<<30 {
+		t.Errorf("capacity %d, want 1Gi from the bound claim", n)
+	}
+	pvc, err := s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, claim, metav1.GetOptions{})
+	if err != nil || pvc.Status.Phase != corev1.ClaimBound || pvc.Labels[kubernetes.LabelVolumeOrg] != runtime.OrgHash(org) {
+		t.Fatalf("claim: %v %+v", err, pvc)
+	}
+	// Another organization cannot take it.
+	other := vol
+	other.Org = "another-org"
+	if _, err := s.Runner.EnsureVolume(ctx, other); apierr.Reason(err) != apierr.VolumeRunnerIneligible {
+		t.Errorf("another organization adopting the claim: %v", err)
+	}
+
+	run := func(script string, readOnly bool, sub string) string {
+		t.Helper()
+		sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
+			Container: runtime.Container{Image: busybox, Command: "sh", Args: []string{"-c", script + "; exec sleep 3600"},
+				VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/data", ReadOnly: readOnly, SubPath: sub}}},
+			Volumes: []runtime.Volume{{Name: "data", Managed: vol.ManagedName()}},
+			Meta:    map[string]string{runtime.MetaOrg: org},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, s.Runner, sb.ID, 2*time.Minute, running)
+		if got, _ := s.Runner.Get(sb.ID); got.State != runner.StateRunning {
+			t.Fatalf("sandbox %s: %s %s %s", sb.ID, got.State, got.Reason, got.Message)
+		}
+		return sb.ID
+	}
+	first := run("true", false, "")
+	if res := exec(t, s.Runner, first, "sh", "-c", "mkdir -p /data/sub && echo persisted > /data/sub/file && cat /data/sub/file"); res.ExitCode != 0 || !strings.Contains(string(res.Stdout), "persisted") {
+		t.Fatalf("write: %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if _, err := s.Runner.Delete(first, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	terminal(t, s.Runner, first)
+	second := run("true", true, "sub")
+	if res := exec(t, s.Runner, second, "cat", "/data/file"); res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout)) != "persisted" {
+		t.Fatalf("read in the next sandbox (sub_path, read-only): %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res := exec(t, s.Runner, second, "sh", "-c", "echo x > /data/other"); res.ExitCode == 0 {
+		t.Errorf("read-only mount written")
+	}
+	// Deleting the volume while a sandbox mounts it is refused; then it deletes the claim.
+	if err := s.Runner.DeleteVolume(ctx, vol, false); apierr.Reason(err) != apierr.VolumeInUse {
+		t.Errorf("delete in use: %v", err)
+	}
+	if _, err := s.Runner.Delete(second, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	terminal(t, s.Runner, second)
+	if err := s.Runner.DeleteVolume(ctx, vol, false); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().Add(time.Minute)
+	for {
+		_, err := s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, claim, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("claim still there after DeleteVolume: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestKubernetesSecretStore(t *testing.T) {
+	c, s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	org := randomID("org-")
+	granted, plain := randomID("granted-"), randomID("plain-")
+	for name, lbls := range map[string]map[string]string{
+		granted: {kubernetes.LabelSecretStoreOrg: runtime.OrgHash(org), kubernetes.LabelSecretStore: "kube"},
+		plain:   nil,
+	} {
+		if _, err := s.Client.CoreV1().Secrets(c.namespace).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls}, Data: map[string][]byte{"token": []byte("value-of-" + name)},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = s.Client.CoreV1().Secrets(c.namespace).Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
+	}
+	spec := func(secret string) runtime.Spec {
+		return runtime.Spec{
+			Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"},
+				SecretRefs: []runtime.SecretRef{{EnvVar: "TOKEN", Store: "kube", Secret: secret, Key: "token"}}},
+			Meta: map[string]string{runtime.MetaOrg: org},
+		}
+	}
+	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: spec(granted)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, s.Runner, sb.ID, 2*time.Minute, running)
+	if res := exec(t, s.Runner, sb.ID, "sh", "-c", "echo $TOKEN"); strings.TrimSpace(string(res.Stdout)) != "value-of-"+granted {
+		t.Errorf("TOKEN = %q, want the granted Secret's value", res.Stdout)
+	}
+	// The Pod holds the reference, not the value.
+	pod, err := s.Client.CoreV1().Pods(c.namespace).Get(ctx, "sbx-"+sb.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ct := range pod.Spec.Containers {
+		for _, e := range ct.Env {
+			if strings.Contains(e.Value, "value-of-") {
+				t.Errorf("the Pod spec holds the value: %+v", e)
+			}
+		}
+	}
+	// Not granted, missing, and a key it lacks: the same refusal before anything is made.
+	var msgs []string
+	for _, name := range []string{plain, "no-such-secret"} {
+		_, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: spec(name)})
+		if apierr.Reason(err) != apierr.SecretNotProvisioned {
+			t.Fatalf("%s: %v, want %s", name, err, apierr.SecretNotProvisioned)
+		}
+		msgs = append(msgs, strings.ReplaceAll(err.Error(), name, "X"))
+	}
+	if msgs[0] != msgs[1] {
+		t.Errorf("not granted and missing differ: %q vs %q", msgs[0], msgs[1])
+	}
+}
