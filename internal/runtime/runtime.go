@@ -126,7 +126,7 @@ type Container struct {
 	// (ErrSecretRefsUnsupported).
 	SecretRefs []SecretRef `json:"secret_refs,omitempty"`
 	WorkingDir string      `json:"working_dir,omitempty"`
-	Files      []File            `json:"files,omitempty"`
+	Files      []File      `json:"files,omitempty"`
 	// Resources are this container's limits and requests; the sandbox's are the sum over
 	// its containers (Spec.TotalResources).
 	Resources Resources `json:"resources"`

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
 // TestPVCVolume: the test cluster has no dynamic provisioner, so the test makes a
@@ -207,4 +208,102 @@ func TestKubernetesSecretStore(t *testing.T) {
 	if msgs[0] != msgs[1] {
 		t.Errorf("not granted and missing differ: %q vs %q", msgs[0], msgs[1])
 	}
+}
+
+// TestSecurityKubernetesSecretsAndClaims (attack): a tenant names the runner's own
+// Secrets and claims, another organization's, and a Secret granted to another store of
+// its own organization. Every one is refused before a Pod exists, with the same answer
+// as a Secret that does not exist; the claims are left as they were.
+func TestSecurityKubernetesSecretsAndClaims(t *testing.T) {
+	c, s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	victim, attacker := randomID("victim-"), randomID("attacker-")
+	// A live sandbox of the victim: its agent-key Secret sbx-<id> is in the namespace.
+	vsb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
+		Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"}}, Meta: map[string]string{runtime.MetaOrg: victim}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, s.Runner, vsb.ID, 2*time.Minute, running)
+	victimSecret := randomID("victim-secret-")
+	otherStore := randomID("other-store-")
+	for name, lbls := range map[string]map[string]string{
+		victimSecret: {kubernetes.LabelSecretStoreOrg: runtime.OrgHash(victim), kubernetes.LabelSecretStore: "kube"},
+		otherStore:   {kubernetes.LabelSecretStoreOrg: runtime.OrgHash(attacker), kubernetes.LabelSecretStore: "other"},
+	} {
+		if _, err := s.Client.CoreV1().Secrets(c.namespace).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls}, Data: map[string][]byte{"token": []byte("stolen")},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = s.Client.CoreV1().Secrets(c.namespace).Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
+	}
+	before := podCount(t, s, c)
+	for _, target := range []struct{ secret, key string }{
+		{"sbx-" + vsb.ID, "client.key"}, // the victim sandbox's agent client key
+		{victimSecret, "token"},         // granted to the victim's store "kube"
+		{otherStore, "token"},           // the attacker's own org, but another store
+		{"default-token", "token"},      // a name that does not exist
+	} {
+		_, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
+			Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"},
+				SecretRefs: []runtime.SecretRef{{EnvVar: "LOOT", Store: "kube", Secret: target.secret, Key: target.key}}},
+			Meta: map[string]string{runtime.MetaOrg: attacker}}})
+		if apierr.Reason(err) != apierr.SecretNotProvisioned {
+			t.Errorf("secret %s: %v, want %s", target.secret, err, apierr.SecretNotProvisioned)
+		}
+	}
+	if after := podCount(t, s, c); after != before {
+		t.Errorf("pods %d → %d: a refused create made a Pod", before, after)
+	}
+	// Claims: the attacker cannot adopt a claim the runner's namespace holds for anyone
+	// else (one without a grant; one made for the victim's volume).
+	plain := randomID("plain-claim-")
+	if _, err := s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: plain},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Delete(context.Background(), plain, metav1.DeleteOptions{})
+	})
+	vol := runner.RegisteredVolume{Org: attacker, ClaimName: plain, Namespace: c.namespace}
+	if _, err := s.Runner.EnsureVolume(ctx, vol); apierr.Reason(err) != apierr.VolumeRunnerIneligible {
+		t.Errorf("adopting an ungranted claim: %v", err)
+	}
+	if err := s.Runner.DeleteVolume(ctx, vol, true); err != nil {
+		t.Errorf("delete: %v", err)
+	}
+	pvc, err := s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, plain, metav1.GetOptions{})
+	if err != nil || len(pvc.Labels) != 0 || pvc.DeletionTimestamp != nil {
+		t.Errorf("the claim was touched: %v %+v", err, pvc)
+	}
+	// A sandbox naming another organization's registered volume by its managed name finds
+	// no claim: the create fails and no Pod mounts it.
+	victimVol := runner.RegisteredVolume{Org: victim, ClaimName: plain, Namespace: c.namespace}
+	sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
+		Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"},
+			VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/v"}}},
+		Volumes: []runtime.Volume{{Name: "v", Managed: victimVol.ManagedName()}},
+		Meta:    map[string]string{runtime.MetaOrg: attacker}}})
+	if err == nil {
+		if got := terminal(t, s.Runner, sb.ID); got.State != runner.StateFailed || !strings.Contains(got.Message, "no claim") {
+			t.Errorf("mounting another organization's volume: %s %s %s", got.State, got.Reason, got.Message)
+		}
+	}
+}
+
+// podCount counts the sandbox Pods in the namespace.
+func podCount(t *testing.T, s *stack.KubernetesStack, c cluster) int {
+	t.Helper()
+	l, err := s.Client.CoreV1().Pods(c.namespace).List(context.Background(), metav1.ListOptions{LabelSelector: kubernetes.LabelManagedBy + "=" + kubernetes.ManagedBy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(l.Items)
 }
