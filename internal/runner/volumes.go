@@ -61,6 +61,15 @@ func (v RegisteredVolume) check() error {
 	return nil
 }
 
+// VolumeNamespace is the namespace of the runner's registered volumes: its backend's claim
+// namespace (Kubernetes), else VolumeNamespace.
+func (r *Runner) VolumeNamespace() string {
+	if cv, ok := r.backend.(runtime.ClaimVolumes); ok {
+		return cv.ClaimNamespace()
+	}
+	return VolumeNamespace
+}
+
 // checkNamespace refuses a volume outside ns, the runner's one namespace.
 func (v RegisteredVolume) checkNamespace(ns string) error {
 	if v.Namespace == ns {

@@ -4981,8 +4981,11 @@ type CapacityResponse struct {
 	// taken not to), and build_unavailable says why (for messages).
 	BuilderImage     string `protobuf:"bytes,27,opt,name=builder_image,json=builderImage,proto3" json:"builder_image,omitempty"`
 	BuildUnavailable string `protobuf:"bytes,28,opt,name=build_unavailable,json=buildUnavailable,proto3" json:"build_unavailable,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The namespace its registered volumes are in: "default" on a local runner, its Pods'
+	// namespace on a Kubernetes runner; empty (an older runner): "default".
+	VolumeNamespace string `protobuf:"bytes,29,opt,name=volume_namespace,json=volumeNamespace,proto3" json:"volume_namespace,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -5207,6 +5210,13 @@ func (x *CapacityResponse) GetBuilderImage() string {
 func (x *CapacityResponse) GetBuildUnavailable() string {
 	if x != nil {
 		return x.BuildUnavailable
+	}
+	return ""
+}
+
+func (x *CapacityResponse) GetVolumeNamespace() string {
+	if x != nil {
+		return x.VolumeNamespace
 	}
 	return ""
 }
@@ -5642,7 +5652,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\xe0\t\n" +
+	"\x0fCapacityRequest\"\x8b\n" +
+	"\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -5673,7 +5684,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x12checkpoint_classes\x18\x19 \x03(\tR\x11checkpointClasses\x12p\n" +
 	"\x14checkpoint_platforms\x18\x1a \x03(\v2=.sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntryR\x13checkpointPlatforms\x12#\n" +
 	"\rbuilder_image\x18\x1b \x01(\tR\fbuilderImage\x12+\n" +
-	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x1aF\n" +
+	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x12)\n" +
+	"\x10volume_namespace\x18\x1d \x01(\tR\x0fvolumeNamespace\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
