@@ -2,11 +2,15 @@ package k8s
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -14,20 +18,25 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// TestPVCVolume: the test cluster has no dynamic provisioner, so the test makes a
-// StorageClass without one and a hostPath PersistentVolume of it that the claim binds
-// (a real cluster's class provisions volumes itself).
-func TestPVCVolume(t *testing.T) {
-	c, s, _ := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+// staticVolume makes a StorageClass without a provisioner and one hostPath
+// PersistentVolume of it, which a claim of the class binds (the test cluster has no
+// dynamic provisioner; a real cluster's class provisions volumes itself). Both are
+// removed at cleanup. It returns the class.
+func staticVolume(t *testing.T, s *stack.KubernetesStack, ctx context.Context, size string) string {
+	t.Helper()
 	class := randomID("sbx-test-")
 	immediate := storagev1.VolumeBindingImmediate
 	if _, err := s.Client.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
@@ -45,7 +54,7 @@ func TestPVCVolume(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: class},
 		Spec: corev1.PersistentVolumeSpec{
 			StorageClassName:              class,
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)},
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: &hostPathType}},
@@ -58,6 +67,17 @@ func TestPVCVolume(t *testing.T) {
 		_ = s.Client.CoreV1().PersistentVolumes().Delete(ctx, class, metav1.DeleteOptions{})
 		_ = s.Client.StorageV1().StorageClasses().Delete(ctx, class, metav1.DeleteOptions{})
 	})
+	return class
+}
+
+// TestPVCVolume: the test cluster has no dynamic provisioner, so the test makes a
+// StorageClass without one and a hostPath PersistentVolume of it that the claim binds
+// (a real cluster's class provisions volumes itself).
+func TestPVCVolume(t *testing.T) {
+	c, s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	class := staticVolume(t, s, ctx, "1Gi")
 	org := "org-" + class
 	claim := randomID("vol-")
 	vol := runner.RegisteredVolume{Org: org, ClaimName: claim, Namespace: c.namespace, SizeBytes: 1 << 30,
@@ -306,4 +326,140 @@ func podCount(t *testing.T, s *stack.KubernetesStack, c cluster) int {
 		t.Fatal(err)
 	}
 	return len(l.Items)
+}
+
+// TestPVCVolumeThroughGateway: VolumeService and CreateSandbox through a gateway that
+// reaches the Kubernetes runner over the runner wire, the runner checking its own policy
+// (base.volume_storage_class, constraints.volumes.allowed_storage_classes): a volume in
+// another namespace is refused at once with a field violation; one in the runner's
+// namespace goes READY with the bound claim's capacity (10 GiB, the default size); a sandbox mounting it gets the
+// claim as a Pod volume; deleting the volume deletes the claim.
+func TestPVCVolumeThroughGateway(t *testing.T) {
+	c, s, runnerID := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	// The gateway sends no size: the runner's default, 10 GiB (hostPath does not hold to it).
+	class := staticVolume(t, s, ctx, "10Gi")
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg, err := runnerapi.ServerTLSConfig(ca, runnerID, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := `{"base": {"volume_storage_class": "` + class + `"}, "constraints": {"volumes": {"allowed_storage_classes": ["` + class + `"]}}}`
+	srv := runnerapi.NewServer(runnerID, s.Runner, nil).WithPolicy(runnerID, policyMap{runnerID: doc}).HTTPServer(scfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	ccfg, err := runnerapi.ClientTLSConfig(ca, "gw1", runnerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: runnerID, Addr: ln.Addr().String(), TLS: ccfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	org := randomID("org-")
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: org, Name: org}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gateway.New(gateway.Config{Auth: keys, Runners: []runner.Handle{rc}, Index: st.Sandboxes(), Orgs: st.Orgs(), Volumes: st.Volumes(),
+		Policies: policyMap{runnerID: doc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	admin := auth.WithPrincipal(ctx, auth.Principal{KeyID: "admin", Org: org, Role: auth.RoleAdmin})
+	claim := randomID("gwvol-")
+	t.Cleanup(func() {
+		_ = s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Delete(context.Background(), claim, metav1.DeleteOptions{})
+	})
+	volume := func(ns string) *sandboxv1.Volume {
+		return &sandboxv1.Volume{VolumeId: "data", Spec: &sandboxv1.VolumeSpec{Source: &sandboxv1.VolumeSpec_Pvc{Pvc: &sandboxv1.PvcVolumeSource{
+			RunnerId: runnerID, Namespace: ns, ClaimName: claim}}}}
+	}
+	_, err = g.CreateVolume(admin, connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: volume("default")}))
+	if vs := apierr.Violations(err); apierr.Reason(err) != apierr.VolumeRunnerIneligible || len(vs) != 1 || vs[0].Field != "volume.spec.pvc.namespace" {
+		t.Fatalf("namespace default: %v %+v", err, vs)
+	}
+	if _, err := g.CreateVolume(admin, connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: volume(c.namespace)})); err != nil {
+		t.Fatal(err)
+	}
+	var v *sandboxv1.Volume
+	for end := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		res, err := g.GetVolume(admin, connect.NewRequest(&sandboxv1.GetVolumeRequest{VolumeId: "data"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v = res.Msg; v.GetStatus().GetState() != sandboxv1.VolumeState_VOLUME_STATE_VALIDATING || time.Now().After(end) {
+			break
+		}
+	}
+	if v.GetStatus().GetState() != sandboxv1.VolumeState_VOLUME_STATE_READY || v.GetStatus().GetCapacity() != "10Gi" {
+		t.Fatalf("volume: %v", v.GetStatus())
+	}
+	pvc, err := s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, claim, metav1.GetOptions{})
+	if err != nil || pvc.Spec.StorageClassName == nil || *pvc.Spec.StorageClassName != class {
+		t.Fatalf("claim of the policy's class: %v %+v", err, pvc)
+	}
+	res, err := g.CreateSandbox(admin, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "sleep", Args: []string{"3600"},
+			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/data"}}}},
+		Volumes: []*sandboxv1.SandboxVolume{{Name: "v", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "data"}}},
+	}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Msg.GetSandboxId()
+	waitState(t, s.Runner, id, 2*time.Minute, running)
+	pod, err := s.Client.CoreV1().Pods(c.namespace).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(pod.Spec.Volumes, func(pv corev1.Volume) bool {
+		return pv.PersistentVolumeClaim != nil && pv.PersistentVolumeClaim.ClaimName == claim
+	}) {
+		t.Errorf("pod volumes %+v: no claim %s", pod.Spec.Volumes, claim)
+	}
+	if r := exec(t, s.Runner, id, "sh", "-c", "echo hi > /data/f && cat /data/f"); strings.TrimSpace(string(r.Stdout)) != "hi" {
+		t.Errorf("write to the claim: %q %q", r.Stdout, r.Stderr)
+	}
+	if _, err := g.DeleteSandbox(admin, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})); err != nil {
+		t.Fatal(err)
+	}
+	terminal(t, s.Runner, id)
+	// Refused (CWSANDBOX_VOLUME_IN_USE) until the gateway has seen the sandbox end.
+	for end := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		_, _ = g.GetSandbox(admin, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+		_, err := g.DeleteVolume(admin, connect.NewRequest(&sandboxv1.DeleteVolumeRequest{VolumeId: "data"}))
+		if err == nil {
+			break
+		}
+		if apierr.Reason(err) != apierr.VolumeInUse || time.Now().After(end) {
+			t.Fatal(err)
+		}
+	}
+	for end := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if _, err := s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, claim, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("claim still there after DeleteVolume")
+		}
+	}
 }
