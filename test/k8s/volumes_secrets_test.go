@@ -263,10 +263,11 @@ func TestSecurityKubernetesSecretsAndClaims(t *testing.T) {
 	}
 	before := podCount(t, s, c)
 	for _, target := range []struct{ secret, key string }{
-		{"sbx-" + vsb.ID, "client.key"}, // the victim sandbox's agent client key
-		{victimSecret, "token"},         // granted to the victim's store "kube"
-		{otherStore, "token"},           // the attacker's own org, but another store
-		{"default-token", "token"},      // a name that does not exist
+		{"sbx-" + vsb.ID, "client.key"},       // the victim sandbox's agent client key
+		{victimSecret, "token"},               // granted to the victim's store "kube"
+		{otherStore, "token"},                 // the attacker's own org, but another store
+		{"default-token", "token"},            // a name that does not exist
+		{"sbx-" + vsb.ID + "/x", "spec.json"}, // a path no Secret name can be
 	} {
 		_, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
 			Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"},

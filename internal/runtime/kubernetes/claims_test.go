@@ -201,7 +201,7 @@ func TestSecretRefs(t *testing.T) {
 	if err := b.CheckSecretRefs(ctx, spec("granted", "token")); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range [][2]string{{"granted", "nokey"}, {"runner-own", "token"}, {"other-store", "token"}, {"other-org", "token"}, {"missing", "token"}, {"Bad_Name", "token"}} {
+	for _, c := range [][2]string{{"granted", "nokey"}, {"runner-own", "token"}, {"other-store", "token"}, {"other-org", "token"}, {"missing", "token"}, {"Bad_Name", "token"}, {"a/b", "token"}, {"granted", "../x"}, {"", "token"}} {
 		err := b.CheckSecretRefs(ctx, spec(c[0], c[1]))
 		if !errors.Is(err, runtime.ErrSecretRefNotGranted) {
 			t.Errorf("%v: %v, want not granted", c, err)

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -49,7 +50,9 @@ func (b *Backend) CheckSecretRefs(ctx context.Context, spec *runtime.Spec) error
 
 func (b *Backend) checkSecretRef(ctx context.Context, org string, r runtime.SecretRef) error {
 	notGranted := fmt.Errorf("%w: store %q, path %q, field %q", runtime.ErrSecretRefNotGranted, r.Store, r.Secret, r.Key)
-	if org == "" || r.Secret == "" || r.Key == "" {
+	// Names no Secret can have (a path with '/', which client-go would refuse) are the
+	// same answer as a missing Secret.
+	if org == "" || len(validation.IsDNS1123Subdomain(r.Secret)) > 0 || len(validation.IsConfigMapKey(r.Key)) > 0 {
 		return notGranted
 	}
 	sec, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Get(ctx, r.Secret, metav1.GetOptions{})
