@@ -113,6 +113,13 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 				caps.MaxGpuCount = *g
 			}
 		}
+		// Registered volumes' storage classes: what the runner's policy allows, else its
+		// default class (the cluster's own classes are not asked for).
+		if class, allowed := p.VolumeStorageClasses(); allowed != nil {
+			caps.AvailableStorageClasses = allowed
+		} else if class != "" {
+			caps.AvailableStorageClasses = []string{class}
+		}
 		if sc := p.Constraints.Security; sc != nil && sc.PrivilegedAllowed != nil {
 			// The platform's word is final: a policy cannot allow what no runner runs.
 			caps.SupportsPrivileged = *sc.PrivilegedAllowed && policy.RunnerPlatform(nil).PrivilegedAllowed

@@ -78,7 +78,8 @@ func invalidField(field, desc string) error {
 // builtinProvider reports whether t is the built-in provider, or the error refusing it.
 func builtinProvider(field string, t sandboxv1.SecretStoreProviderType) error {
 	switch t {
-	case sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_UNSPECIFIED, sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_SANDBOXD:
+	case sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_UNSPECIFIED, sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_SANDBOXD,
+		sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_KUBERNETES:
 		return nil
 	case sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_WANDB:
 		vs := []apierr.Violation{{Field: field, Description: "WANDB secret stores are not built by sandboxd; use SECRET_STORE_PROVIDER_TYPE_UNSPECIFIED or SECRET_STORE_PROVIDER_TYPE_SANDBOXD (the built-in store)"}}
@@ -330,6 +331,10 @@ func (x secretService) PutSecret(ctx context.Context, req *connect.Request[setti
 		return nil, invalidField("value", "must be UTF-8")
 	}
 	org := principal(ctx).Org
+	if st, err := s.secrets.Store.Get(ctx, org, m.GetStoreName()); err == nil && kubernetesStore(st.ProviderType) {
+		vs := []apierr.Violation{{Field: "store_name", Description: fmt.Sprintf("secret store %q is a KUBERNETES store: its values are Kubernetes Secrets in the runner's namespace, made there (docs/secrets.md), never sent to sandboxd", m.GetStoreName())}}
+		return nil, apierr.WithViolations(apierr.New(apierr.SecretStoreProviderUnsupported, apierr.Describe(vs), map[string]string{"store_name": m.GetStoreName()}), vs)
+	}
 	kid, ct := s.secrets.Keys.Seal([]byte(v), secretbox.AD(org, m.GetStoreName(), m.GetPath(), m.GetField()))
 	out, err := s.secrets.Store.PutSecret(ctx, store.Secret{Org: org, Store: m.GetStoreName(), Path: m.GetPath(), Field: m.GetField(), KeyID: kid, Ciphertext: ct},
 		s.secrets.MaxSecretsPerStore)
@@ -413,7 +418,7 @@ func (s *Server) secretResolver(ctx context.Context, org string) spec.SecretReso
 		err error
 	}
 	seen := map[spec.SecretRef]result{}
-	stores := map[string]bool{}
+	stores := map[string]int32{}
 	total := 0
 	return func(field string, ref spec.SecretRef) (string, error) {
 		if r, ok := seen[ref]; ok {
@@ -440,20 +445,37 @@ func storeNameField(field string) string {
 	return field + ".store_name"
 }
 
-func (s *Server) resolveSecret(ctx context.Context, org, field string, ref spec.SecretRef, stores map[string]bool) (string, error) {
+// kubernetesStore reports whether a store's provider is KUBERNETES (its secrets are
+// Kubernetes Secrets the runner's Pod takes by reference).
+func kubernetesStore(pt int32) bool {
+	return pt == int32(sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_KUBERNETES)
+}
+
+// missingStore marks a store the organization does not have in resolveSecret's memo.
+const missingStore = -1
+
+func (s *Server) resolveSecret(ctx context.Context, org, field string, ref spec.SecretRef, stores map[string]int32) (string, error) {
 	ss := s.secrets.Store
 	if _, ok := stores[ref.Store]; !ok {
-		_, err := ss.Get(ctx, org, ref.Store)
+		st, err := ss.Get(ctx, org, ref.Store)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			stores[ref.Store] = false
+			stores[ref.Store] = missingStore
 		case err != nil:
 			return "", secretsUnavailable("the secret stores", err)
 		default:
-			stores[ref.Store] = true
+			stores[ref.Store] = st.ProviderType
 		}
 	}
-	if !stores[ref.Store] {
+	if kubernetesStore(stores[ref.Store]) {
+		// Resolved by the runner: a Secret of its namespace that grants this store.
+		if ref.Field == "" {
+			vs := []apierr.Violation{{Field: field, Description: fmt.Sprintf("secret store %q is a KUBERNETES store: field must name a key of the Secret %q", ref.Store, ref.Path)}}
+			return "", apierr.WithViolations(apierr.New(apierr.SecretNotProvisioned, apierr.Describe(vs), map[string]string{"store_name": ref.Store, "path": ref.Path}), vs)
+		}
+		return "", spec.ErrByReference
+	}
+	if stores[ref.Store] == missingStore {
 		vs := []apierr.Violation{{Field: storeNameField(field), Description: fmt.Sprintf("secret store %q is not provisioned in this organization", ref.Store)}}
 		return "", apierr.WithViolations(apierr.New(apierr.SecretStoreNotProvisioned, apierr.Describe(vs), map[string]string{"store_name": ref.Store}), vs)
 	}

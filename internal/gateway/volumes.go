@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -176,7 +177,7 @@ func volumeViolations(v *sandboxv1.Volume) []apierr.Violation {
 		add("volume.spec.pvc.runner_id", "is required")
 	}
 	if pvc.GetNamespace() == "" {
-		add("volume.spec.pvc.namespace", "is required (%q on local runners)", runner.VolumeNamespace)
+		add("volume.spec.pvc.namespace", "is required (%q on local runners, the runner's namespace on Kubernetes runners)", runner.VolumeNamespace)
 	}
 	if !runner.ClaimNamePattern.MatchString(pvc.GetClaimName()) {
 		add("volume.spec.pvc.claim_name", "must be a DNS-1123 label (a-z, 0-9, '-', at most 63), got %q", pvc.GetClaimName())
@@ -224,9 +225,15 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.runner_id: no runner %q of this gateway", pvc.GetRunnerId()),
 			map[string]string{"runner_id": pvc.GetRunnerId()})
 	}
-	if pvc.GetNamespace() != runner.VolumeNamespace {
-		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: registered volumes of runner %s are in namespace %q",
-			pvc.GetNamespace(), pvc.GetRunnerId(), runner.VolumeNamespace), map[string]string{"runner_id": pvc.GetRunnerId()})
+	// The runner's namespace (Capacity says it; "default" for an older runner). A runner
+	// that does not answer now checks it itself when it validates the volume.
+	cctx, cancel := context.WithTimeout(ctx, viewTimeout)
+	c, cerr := s.runnerByID(pvc.GetRunnerId()).Capacity(cctx)
+	cancel()
+	if ns := cmp.Or(c.VolumeNamespace, runner.VolumeNamespace); cerr == nil && pvc.GetNamespace() != ns {
+		vs := []apierr.Violation{{Field: "volume.spec.pvc.namespace", Description: fmt.Sprintf("must be %q, the namespace of runner %s's volumes", ns, pvc.GetRunnerId())}}
+		return nil, apierr.WithViolations(apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: registered volumes of runner %s are in namespace %q",
+			pvc.GetNamespace(), pvc.GetRunnerId(), ns), map[string]string{"runner_id": pvc.GetRunnerId()}), vs)
 	}
 	v, err := st.Create(ctx, store.Volume{Org: p.Org, ID: m.GetVolume().GetVolumeId(), RunnerID: pvc.GetRunnerId(), Namespace: pvc.GetNamespace(),
 		ClaimName: pvc.GetClaimName(), SubPath: strings.TrimSuffix(pvc.GetSubPath(), "/"), ReadOnly: m.GetVolume().GetSpec().GetReadOnly(),

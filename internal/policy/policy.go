@@ -67,6 +67,10 @@ type Base struct {
 	// Pause holds the settings of pausing sandboxes (PauseSettings): whether the
 	// lifetime counts while paused, auto-resume, idle pause.
 	Pause *PauseSettings `json:"pause,omitempty"`
+	// VolumeStorageClass is the storage class of the claims a Kubernetes runner makes for
+	// registered volumes (docs/volumes.md); absent: the cluster's default class. Must be in
+	// constraints.volumes.allowed_storage_classes when that is set.
+	VolumeStorageClass string `json:"volume_storage_class,omitempty"`
 }
 
 // ResourceDefaults are per-container default requests and limits.
@@ -143,6 +147,7 @@ type Constraints struct {
 	Security      *SecurityConstraints     `json:"security,omitempty"`
 	Annotations   *AnnotationConstraints   `json:"annotations,omitempty"`
 	InstanceTypes *InstanceTypeConstraints `json:"instance_types,omitempty"`
+	Volumes       *VolumeConstraints       `json:"volumes,omitempty"`
 }
 
 // LifetimeConstraints bound max_lifetime_seconds.

@@ -244,6 +244,7 @@ func Validate(p *Policy) []apierr.Violation {
 		maxLifetime = c.Lifetime.MaxSeconds
 	}
 	validatePause(b.Pause, maxLifetime, add)
+	validateVolumes(p, add)
 
 	// instance types
 	if it := c.InstanceTypes; it != nil {

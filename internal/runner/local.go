@@ -86,6 +86,9 @@ type Capacity struct {
 	// BuilderImage is the image the runner's image builds run in ("" when it runs none;
 	// BuildUnavailable then says why, for messages).
 	BuilderImage, BuildUnavailable string
+	// VolumeNamespace is the namespace the runner's registered volumes are in
+	// (Runner.VolumeNamespace); "" (an older runner): VolumeNamespace.
+	VolumeNamespace string
 	// CachedSnapshots are the digests of snapshot archives the runner has cached, most
 	// recently used first (at most MaxCachedSnapshotsReported): placement prefers a runner
 	// that has the snapshot a sandbox restores.
@@ -408,8 +411,9 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 		Architectures:  []string{goruntime.GOARCH},
 		RuntimeClasses: l.Classes(),
 		EdgeDomain:     l.EdgeDomain, EdgePort: l.EdgePort,
-		DataPlaneURI: l.DataPlaneURI,
-		Support:      l.support(),
+		DataPlaneURI:    l.DataPlaneURI,
+		Support:         l.support(),
+		VolumeNamespace: l.R.VolumeNamespace(),
 	}
 	c.CheckpointClasses = l.R.CheckpointClasses(c.RuntimeClasses)
 	c.CheckpointPlatforms = l.R.CheckpointPlatforms(c.CheckpointClasses)

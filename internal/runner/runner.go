@@ -251,6 +251,9 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if err := validateSecretEnv(orig.AllContainers()); err != nil {
 		return Sandbox{}, err
 	}
+	if err := r.checkSecretRefs(ctx, &orig); err != nil {
+		return Sandbox{}, err
+	}
 	var engineCreds map[string]*runtime.Credentials
 	if orig.Engine != nil {
 		engineCreds = orig.Engine.PullCredentials

@@ -235,6 +235,7 @@ func validateSecretEnv(cs []*runtime.Container) error {
 	var vs violations
 	n := 0
 	for i, c := range cs {
+		n += len(c.SecretRefs)
 		if len(c.SecretEnv) == 0 {
 			continue
 		}

@@ -22,6 +22,12 @@ type RegisteredVolume struct {
 	ClaimName string
 	Namespace string
 	SizeBytes int64 // 0: the backend's default
+	// StorageClass and AllowedStorageClasses come from the runner's policy
+	// (base.volume_storage_class, constraints.volumes.allowed_storage_classes; the
+	// runnerapi server fills them): for backends whose volumes are claims
+	// (runtime.ClaimVolumes). AllowedStorageClasses nil: any class.
+	StorageClass          string
+	AllowedStorageClasses []string
 }
 
 // VolumeHandle is implemented by Handles whose runner holds registered volumes (Local,
@@ -49,18 +55,53 @@ func (v RegisteredVolume) check() error {
 		return apierr.Newf(apierr.InvalidRequest, "registered volume: organization_id is required")
 	case !ClaimNamePattern.MatchString(v.ClaimName):
 		return apierr.Newf(apierr.InvalidRequest, "registered volume: claim_name %q must be a DNS-1123 label (a-z, 0-9, '-', at most 63)", v.ClaimName)
-	case v.Namespace != VolumeNamespace:
-		return apierr.Newf(apierr.VolumeRunnerIneligible, "registered volume: namespace %q: volumes of this runner are in namespace %q", v.Namespace, VolumeNamespace)
 	case v.SizeBytes < 0:
 		return apierr.Newf(apierr.InvalidRequest, "registered volume: negative size")
 	}
 	return nil
 }
 
+// VolumeNamespace is the namespace of the runner's registered volumes: its backend's claim
+// namespace (Kubernetes), else VolumeNamespace.
+func (r *Runner) VolumeNamespace() string {
+	if cv, ok := r.backend.(runtime.ClaimVolumes); ok {
+		return cv.ClaimNamespace()
+	}
+	return VolumeNamespace
+}
+
+// checkNamespace refuses a volume outside ns, the runner's one namespace.
+func (v RegisteredVolume) checkNamespace(ns string) error {
+	if v.Namespace == ns {
+		return nil
+	}
+	return apierr.WithViolations(apierr.Newf(apierr.VolumeRunnerIneligible, "registered volume: namespace %q: volumes of this runner are in namespace %q", v.Namespace, ns),
+		[]apierr.Violation{{Field: "volume.spec.pvc.namespace", Description: fmt.Sprintf("must be %q, the runner's namespace", ns)}})
+}
+
+func (v RegisteredVolume) claim() runtime.Claim {
+	return runtime.Claim{Org: v.Org, Name: v.ClaimName, Managed: v.ManagedName(), SizeBytes: v.SizeBytes,
+		StorageClass: v.StorageClass, AllowedStorageClasses: v.AllowedStorageClasses}
+}
+
+// claimErr maps a ClaimVolumes error to the API's.
+func claimErr(v RegisteredVolume, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, runtime.ErrClaimIneligible):
+		return apierr.WithViolations(apierr.Newf(apierr.VolumeRunnerIneligible, "registered volume %s: %v", v.ClaimName, err),
+			[]apierr.Violation{{Field: "volume.spec.pvc.claim_name", Description: err.Error()}})
+	case errors.Is(err, runtime.ErrInvalidSpec):
+		return apierr.Newf(apierr.InvalidRequest, "registered volume %s: %v", v.ClaimName, err)
+	}
+	return fmt.Errorf("registered volume %s: %w", v.ClaimName, err)
+}
+
 func (r *Runner) managedVolumes() (runtime.ManagedVolumes, error) {
 	mv, ok := r.backend.(runtime.ManagedVolumes)
 	if !ok {
-		return nil, apierr.Newf(apierr.VolumeTypeNotSupported, "this runner's backend holds no registered volumes (PVC volumes on Kubernetes runners are not built yet)")
+		return nil, apierr.Newf(apierr.VolumeTypeNotSupported, "this runner's backend holds no registered volumes")
 	}
 	if why := mv.ManagedUnavailable(); why != "" {
 		return nil, apierr.Newf(apierr.VolumeTypeNotSupported, "this runner holds no registered volumes: %s", why)
@@ -71,6 +112,16 @@ func (r *Runner) managedVolumes() (runtime.ManagedVolumes, error) {
 // EnsureVolume implements VolumeHandle.
 func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, error) {
 	if err := v.check(); err != nil {
+		return 0, err
+	}
+	if cv, ok := r.backend.(runtime.ClaimVolumes); ok {
+		if err := v.checkNamespace(cv.ClaimNamespace()); err != nil {
+			return 0, err
+		}
+		n, err := cv.EnsureClaim(ctx, v.claim())
+		return n, claimErr(v, err)
+	}
+	if err := v.checkNamespace(VolumeNamespace); err != nil {
 		return 0, err
 	}
 	mv, err := r.managedVolumes()
@@ -92,9 +143,20 @@ func (r *Runner) DeleteVolume(ctx context.Context, v RegisteredVolume, force boo
 	if err := v.check(); err != nil {
 		return err
 	}
-	mv, err := r.managedVolumes()
-	if err != nil {
-		return err
+	cv, isClaim := r.backend.(runtime.ClaimVolumes)
+	var mv runtime.ManagedVolumes
+	if isClaim {
+		if err := v.checkNamespace(cv.ClaimNamespace()); err != nil {
+			return err
+		}
+	} else {
+		if err := v.checkNamespace(VolumeNamespace); err != nil {
+			return err
+		}
+		var err error
+		if mv, err = r.managedVolumes(); err != nil {
+			return err
+		}
 	}
 	name := v.ManagedName()
 	if !force {
@@ -114,6 +176,9 @@ func (r *Runner) DeleteVolume(ctx context.Context, v RegisteredVolume, force boo
 			return apierr.New(apierr.VolumeInUse, fmt.Sprintf("registered volume %s is mounted by live sandboxes: %s", v.ClaimName, strings.Join(users, ", ")),
 				map[string]string{"sandbox_ids": strings.Join(users, ",")})
 		}
+	}
+	if isClaim {
+		return claimErr(v, cv.RemoveClaim(ctx, v.claim()))
 	}
 	return mv.RemoveManaged(name)
 }

@@ -25,6 +25,7 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		Args:            c.Args,
 		Env:             c.Env,
 		SecretEnv:       c.SecretEnv,
+		SecretRefs:      c.SecretRefs,
 		WorkingDir:      c.WorkingDir,
 		Files:           c.Files,
 		Resources:       c.Resources,
@@ -77,6 +78,7 @@ func containerToProto(c runtime.Container) *runnerv1.Container {
 		Args:         c.Args,
 		Env:          c.Env,
 		SecretEnv:    c.SecretEnv,
+		SecretRefs:   secretRefsToProto(c.SecretRefs),
 		WorkingDir:   c.WorkingDir,
 		Resources:    resourcesToProto(c.Resources),
 		Tmpfs:        c.Tmpfs,
@@ -105,6 +107,7 @@ func containerFromProto(p *runnerv1.Container) runtime.Container {
 		Args:         p.GetArgs(),
 		Env:          p.GetEnv(),
 		SecretEnv:    p.GetSecretEnv(),
+		SecretRefs:   secretRefsFromProto(p.GetSecretRefs()),
 		WorkingDir:   p.GetWorkingDir(),
 		Resources:    resourcesFromProto(p.GetResources()),
 		Tmpfs:        p.GetTmpfs(),
@@ -236,7 +239,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 		ID: p.GetId(),
 		Container: containerFromProto(&runnerv1.Container{
 			Name: p.GetName(), Image: p.GetImage(), PullCredentials: p.GetPullCredentials(), Command: p.GetCommand(),
-			Args: p.GetArgs(), Env: p.GetEnv(), SecretEnv: p.GetSecretEnv(), WorkingDir: p.GetWorkingDir(), Files: p.GetFiles(), Resources: p.GetResources(),
+			Args: p.GetArgs(), Env: p.GetEnv(), SecretEnv: p.GetSecretEnv(), SecretRefs: p.GetSecretRefs(), WorkingDir: p.GetWorkingDir(), Files: p.GetFiles(), Resources: p.GetResources(),
 			VolumeMounts: p.GetVolumeMounts(), Tmpfs: p.GetTmpfs(), Security: p.GetSecurity(), RestartLimit: p.GetRestartLimit(),
 			StartupProbe: p.GetStartupProbe(), DependsOn: p.GetDependsOn(),
 		}),
@@ -537,6 +540,7 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		RuntimeClasses: c.RuntimeClasses,
 		EdgeDomain:     c.EdgeDomain, EdgePort: int32(c.EdgePort),
 		DataPlaneUri:     c.DataPlaneURI,
+		VolumeNamespace:  c.VolumeNamespace,
 		NoDnsEgress:      c.NoDNSEgress,
 		ShareTokens:      !c.NoShareTokens,
 		CpuOvercommit:    c.CPUOvercommit,
@@ -574,6 +578,7 @@ func capacityFromProto(p *runnerv1.CapacityResponse) runner.Capacity {
 		RuntimeClasses: p.GetRuntimeClasses(),
 		EdgeDomain:     p.GetEdgeDomain(), EdgePort: int(p.GetEdgePort()),
 		DataPlaneURI:        p.GetDataPlaneUri(),
+		VolumeNamespace:     p.GetVolumeNamespace(),
 		Support:             supportFromProto(p),
 		CPUOvercommit:       p.GetCpuOvercommit(),
 		Defaults:            resourcesFromProto(p.GetDefaultResources()),
@@ -681,4 +686,20 @@ func timeFromProto(t *timestamppb.Timestamp) time.Time {
 		return time.Time{}
 	}
 	return t.AsTime()
+}
+
+func secretRefsToProto(rs []runtime.SecretRef) []*runnerv1.SecretRef {
+	var out []*runnerv1.SecretRef
+	for _, r := range rs {
+		out = append(out, &runnerv1.SecretRef{EnvVar: r.EnvVar, Store: r.Store, Secret: r.Secret, Key: r.Key})
+	}
+	return out
+}
+
+func secretRefsFromProto(rs []*runnerv1.SecretRef) []runtime.SecretRef {
+	var out []runtime.SecretRef
+	for _, r := range rs {
+		out = append(out, runtime.SecretRef{EnvVar: r.GetEnvVar(), Store: r.GetStore(), Secret: r.GetSecret(), Key: r.GetKey()})
+	}
+	return out
 }

@@ -69,3 +69,26 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 	req.Spec.Pod = res.Pod
 	return nil
 }
+
+// volumeClasses fills v's storage classes from the runner's own policy
+// (base.volume_storage_class, constraints.volumes.allowed_storage_classes): the runner,
+// not the gateway, decides what its claims may be. Without a policy source: none.
+func (s *Server) volumeClasses(ctx context.Context, v *runner.RegisteredVolume) error {
+	if s.policies == nil {
+		return nil
+	}
+	doc, _, err := s.policies.Policy(ctx, s.runnerID)
+	if err != nil {
+		return apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable,
+			"runner %s cannot read its policy: %v", s.runnerID, err), 0)
+	}
+	if len(doc) == 0 {
+		return nil
+	}
+	p, err := policy.Parse(doc)
+	if err != nil {
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.runnerID, err))
+	}
+	v.StorageClass, v.AllowedStorageClasses = p.VolumeStorageClasses()
+	return nil
+}

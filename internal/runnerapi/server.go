@@ -294,7 +294,11 @@ func (s *Server) ImportFork(ctx context.Context, req *connect.Request[runnerv1.I
 
 // EnsureVolume makes and checks a registered volume (runner.Runner.EnsureVolume).
 func (s *Server) EnsureVolume(ctx context.Context, req *connect.Request[runnerv1.EnsureVolumeRequest]) (*connect.Response[runnerv1.EnsureVolumeResponse], error) {
-	n, err := s.r.EnsureVolume(ctx, registeredFromProto(req.Msg.GetVolume()))
+	v := registeredFromProto(req.Msg.GetVolume())
+	if err := s.volumeClasses(ctx, &v); err != nil {
+		return nil, err
+	}
+	n, err := s.r.EnsureVolume(ctx, v)
 	if err != nil {
 		return nil, toStatus("", err)
 	}

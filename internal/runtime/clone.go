@@ -34,6 +34,7 @@ func (c Container) Clone() Container {
 	out.Args = slices.Clone(c.Args)
 	out.Env = maps.Clone(c.Env)
 	out.SecretEnv = maps.Clone(c.SecretEnv)
+	out.SecretRefs = slices.Clone(c.SecretRefs)
 	out.Files = slices.Clone(c.Files)
 	out.VolumeMounts = slices.Clone(c.VolumeMounts)
 	out.Tmpfs = slices.Clone(c.Tmpfs)

@@ -119,9 +119,14 @@ type Container struct {
 	// over Env). Like PullCredentials they are never persisted (json "-"), never sent
 	// back and never logged: a backend hands them to the container's process only
 	// (docs/secrets.md).
-	SecretEnv  map[string]string `json:"-"`
-	WorkingDir string            `json:"working_dir,omitempty"`
-	Files      []File            `json:"files,omitempty"`
+	SecretEnv map[string]string `json:"-"`
+	// SecretRefs are environment variables taken from the runner's orchestrator's own
+	// secrets (a KUBERNETES secret store, docs/secrets.md): references only, the value
+	// never passes through sandboxd. Backends that cannot resolve them refuse the spec
+	// (ErrSecretRefsUnsupported).
+	SecretRefs []SecretRef `json:"secret_refs,omitempty"`
+	WorkingDir string      `json:"working_dir,omitempty"`
+	Files      []File      `json:"files,omitempty"`
 	// Resources are this container's limits and requests; the sandbox's are the sum over
 	// its containers (Spec.TotalResources).
 	Resources Resources `json:"resources"`

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -163,3 +164,43 @@ func CheckMountPath(p string) error {
 	}
 	return nil
 }
+
+// DefaultClaimBytes is the size of a claim a ClaimVolumes backend makes for a registered
+// volume that asks for none (Claim.SizeBytes 0): the one place of that default.
+const DefaultClaimBytes int64 = 10 << 30
+
+// Claim is a registered volume held as an orchestrator's claim (a Kubernetes
+// PersistentVolumeClaim named Name in the backend's namespace; docs/volumes.md).
+type Claim struct {
+	Org  string // the organization that registered the volume
+	Name string // the claim's name (VolumeSpec.pvc.claim_name, a DNS-1123 label)
+	// Managed is the registered volume's backend name (ManagedVolumeName): a sandbox's
+	// Volume.Managed finds the claim by it.
+	Managed string
+	// SizeBytes is the size of a claim the backend makes; 0: DefaultClaimBytes. An
+	// existing claim keeps its own.
+	SizeBytes int64
+	// StorageClass is the class of a claim the backend makes (the runner policy's
+	// base.volume_storage_class); "": the cluster's default class.
+	StorageClass string
+	// AllowedStorageClasses (the policy's constraints.volumes.allowed_storage_classes)
+	// bound the class of every claim, made or adopted; nil: any.
+	AllowedStorageClasses []string
+}
+
+// ClaimVolumes is implemented by backends whose registered volumes are claims in one
+// namespace (the Kubernetes backend). A sandbox mounts one by Volume.Managed.
+type ClaimVolumes interface {
+	// ClaimNamespace is the namespace the backend's claims live in.
+	ClaimNamespace() string
+	// EnsureClaim adopts the claim when it exists and may be used (ErrClaimIneligible
+	// otherwise), else makes it; it returns the claim's capacity in bytes.
+	EnsureClaim(ctx context.Context, c Claim) (int64, error)
+	// RemoveClaim deletes the claim when the backend made it, else only lets go of it.
+	// A missing one is no error.
+	RemoveClaim(ctx context.Context, c Claim) error
+}
+
+// ErrClaimIneligible: the named claim exists but this organization may not use it, or it
+// is not usable (its class, its phase). Errors wrap it with the reason.
+var ErrClaimIneligible = errors.New("the claim is not eligible")

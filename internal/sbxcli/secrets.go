@@ -34,17 +34,30 @@ variable (Container.secret_stores in the spec) or as the credentials of its imag
 }
 
 func (a *app) secretStoreCreateCommand() *cobra.Command {
-	var requestID string
+	var requestID, provider string
 	cmd := &cobra.Command{
 		Use:   "create NAME",
-		Short: "Create a secret store (the built-in provider)",
-		Args:  cobra.ExactArgs(1),
+		Short: "Create a secret store (the built-in provider, or --provider kubernetes)",
+		Long: `Create a secret store. --provider sandboxd (the default) is the built-in store:
+values set with "sbx secret set", kept encrypted by sandboxd. --provider kubernetes takes
+values from Kubernetes Secrets in the namespace of the Kubernetes runner a sandbox runs on:
+a reference's path names the Secret and its field a key. A Secret is used only when it
+carries the labels sandboxd.io/secret-store=NAME and sandboxd.io/secret-store-org=<the
+first 48 hex digits of the SHA-256 of your organization ID> (docs/secrets.md).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			pt, ok := map[string]sandboxv1.SecretStoreProviderType{
+				"sandboxd":   sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_SANDBOXD,
+				"kubernetes": sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_KUBERNETES,
+			}[strings.ToLower(provider)]
+			if !ok {
+				return fmt.Errorf("--provider %q: must be sandboxd or kubernetes", provider)
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			st, err := c.CreateSecretStore(cmd.Context(), args[0], requestID)
+			st, err := c.CreateSecretStoreOf(cmd.Context(), args[0], pt, requestID)
 			if err != nil {
 				return err
 			}
@@ -56,6 +69,7 @@ func (a *app) secretStoreCreateCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&requestID, "request-id", "", "makes a retried create return the same store")
+	cmd.Flags().StringVar(&provider, "provider", "sandboxd", "sandboxd (the built-in store) or kubernetes (Secrets in the Kubernetes runner's namespace)")
 	return cmd
 }
 

@@ -91,6 +91,13 @@ func TestSbxSecret(t *testing.T) {
 	if out, errs, code := sbx("", "secret", "store", "create", "prod"); code != 0 || out != "prod\n" {
 		t.Fatalf("store create: %q %q %d", out, errs, code)
 	}
+	// A KUBERNETES store (its values are Secrets in the runner's namespace).
+	if out, errs, code := sbx("", "-o", "json", "secret", "store", "create", "kube", "--provider", "kubernetes"); code != 0 || !strings.Contains(out, "SECRET_STORE_PROVIDER_TYPE_KUBERNETES") {
+		t.Fatalf("store create --provider kubernetes: %q %q %d", out, errs, code)
+	}
+	if _, errs, code := sbx("", "secret", "store", "create", "x", "--provider", "wandb"); code == 0 || !strings.Contains(errs, "sandboxd or kubernetes") {
+		t.Fatalf("store create --provider wandb: %q %d", errs, code)
+	}
 	// The value comes from stdin only, one trailing newline dropped.
 	if out, errs, code := sbx("hunter2\n", "secret", "set", "prod", "db/main", "password"); code != 0 || out != "" {
 		t.Fatalf("set: %q %q %d", out, errs, code)

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -30,6 +31,10 @@ type SecretRef struct {
 // CWSANDBOX_SECRET_NOT_PROVISIONED (field is the reference's request field, for the
 // violation); other errors are returned as they are.
 type SecretResolver func(field string, ref SecretRef) (string, error)
+
+// ErrByReference is what a SecretResolver returns for a secret the runner resolves (a
+// KUBERNETES store's): the container gets a runtime.SecretRef instead of a value.
+var ErrByReference = errors.New("resolved by the runner")
 
 // Shape rules of secret store names, secret paths and fields (the built-in store's; a
 // reference to a name outside them cannot exist).
@@ -207,6 +212,10 @@ func resolveSecrets(cs []*sandboxv1.Container, fields []string, outs []*runtime.
 		uses, pull, _ := containerSecrets(c, fields[i])
 		for _, u := range uses {
 			v, err := resolve(u.field, u.ref)
+			if errors.Is(err, ErrByReference) {
+				outs[i].SecretRefs = append(outs[i].SecretRefs, runtime.SecretRef{EnvVar: u.env, Store: u.ref.Store, Secret: u.ref.Path, Key: u.ref.Field})
+				continue
+			}
 			if err != nil {
 				note(err)
 				continue
@@ -244,6 +253,10 @@ func resolveSecrets(cs []*sandboxv1.Container, fields []string, outs []*runtime.
 // "password".
 func resolvePull(u secretUse, resolve SecretResolver) (string, string, error) {
 	v, err := resolve(u.field, u.ref)
+	if errors.Is(err, ErrByReference) {
+		vs := []apierr.Violation{{Field: u.field, Description: fmt.Sprintf("secret store %s is a KUBERNETES store: image pull credentials from one are not built (use a built-in store)", u.ref.Store)}}
+		return "", "", apierr.Invalid(apierr.InvalidRequest, apierr.Describe(vs), vs)
+	}
 	if err != nil {
 		if u.ref.Field != "" || apierr.Reason(err) != apierr.SecretNotProvisioned {
 			return "", "", err

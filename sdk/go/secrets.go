@@ -18,8 +18,14 @@ import (
 // CreateSecretStore creates a built-in secret store named name (SANDBOX_ADMIN);
 // requestID (optional) makes a retried create return the same store.
 func (c *Client) CreateSecretStore(ctx context.Context, name, requestID string) (*sandboxv1.SecretStore, error) {
+	return c.CreateSecretStoreOf(ctx, name, sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_SANDBOXD, requestID)
+}
+
+// CreateSecretStoreOf creates a secret store of provider (SANDBOXD, the built-in store, or
+// KUBERNETES: Secrets in a Kubernetes runner's namespace that grant the store, docs/secrets.md).
+func (c *Client) CreateSecretStoreOf(ctx context.Context, name string, provider sandboxv1.SecretStoreProviderType, requestID string) (*sandboxv1.SecretStore, error) {
 	res, err := c.setting.CreateSecretStore(ctx, connect.NewRequest(&sandboxv1.CreateSecretStoreRequest{
-		SecretStore: &sandboxv1.SecretStore{Name: name, ProviderType: sandboxv1.SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_SANDBOXD},
+		SecretStore: &sandboxv1.SecretStore{Name: name, ProviderType: provider},
 		RequestId:   requestID}))
 	if err != nil {
 		return nil, fromRPC(err)

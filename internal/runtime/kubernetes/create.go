@@ -66,9 +66,18 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	for _, c := range spec.AllContainers() {
 		if len(c.SecretEnv) > 0 {
 			// A Pod's env is stored by the API server: secrets from the built-in store
-			// would land there. The Kubernetes Secrets provider is not built yet.
-			return runtime.Info{}, fmt.Errorf("container %q: %w: secrets from a secret store on the kubernetes backend", c.ContainerName(), errdefs.ErrNotImplemented)
+			// would land there. A KUBERNETES store's (SecretRefs) are taken by reference.
+			return runtime.Info{}, fmt.Errorf("container %q: %w: secrets from the built-in secret store on the kubernetes backend (use a KUBERNETES store)", c.ContainerName(), errdefs.ErrNotImplemented)
 		}
+	}
+	// Checked before anything is made: a Secret that does not grant the organization's
+	// store refuses the spec.
+	if err := b.CheckSecretRefs(ctx, spec); err != nil {
+		return runtime.Info{}, err
+	}
+	claims, err := b.resolveClaims(ctx, spec)
+	if err != nil {
+		return runtime.Info{}, err
 	}
 	for _, v := range spec.Volumes {
 		if v.Keep != "" {
@@ -253,6 +262,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	} else {
 		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
+	applyClaims(pod, claims)
+	applySecretRefs(pod, spec)
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		switch {

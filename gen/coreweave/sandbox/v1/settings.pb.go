@@ -98,6 +98,12 @@ const (
 	// sandboxd.settings.v1.SecretService (docs/secrets.md). UNSPECIFIED means this provider
 	// too; WANDB is refused (FAILED_PRECONDITION).
 	SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_SANDBOXD SecretStoreProviderType = 100
+	// sandboxd extension (not in the target protocol): Kubernetes Secrets in the namespace
+	// of the Kubernetes runner a sandbox runs on. A reference's path names a Secret, its
+	// field a key; the Secret must grant the organization's store by labels, and the Pod
+	// takes the value by secretKeyRef, so it never passes through sandboxd
+	// (docs/secrets.md). Local runners refuse such references.
+	SecretStoreProviderType_SECRET_STORE_PROVIDER_TYPE_KUBERNETES SecretStoreProviderType = 101
 )
 
 // Enum value maps for SecretStoreProviderType.
@@ -106,11 +112,13 @@ var (
 		0:   "SECRET_STORE_PROVIDER_TYPE_UNSPECIFIED",
 		1:   "SECRET_STORE_PROVIDER_TYPE_WANDB",
 		100: "SECRET_STORE_PROVIDER_TYPE_SANDBOXD",
+		101: "SECRET_STORE_PROVIDER_TYPE_KUBERNETES",
 	}
 	SecretStoreProviderType_value = map[string]int32{
 		"SECRET_STORE_PROVIDER_TYPE_UNSPECIFIED": 0,
 		"SECRET_STORE_PROVIDER_TYPE_WANDB":       1,
 		"SECRET_STORE_PROVIDER_TYPE_SANDBOXD":    100,
+		"SECRET_STORE_PROVIDER_TYPE_KUBERNETES":  101,
 	}
 )
 
@@ -1320,11 +1328,12 @@ const file_coreweave_sandbox_v1_settings_proto_rawDesc = "" +
 	"\x1cFileSystemSnapshotBucketMode\x120\n" +
 	",FILE_SYSTEM_SNAPSHOT_BUCKET_MODE_UNSPECIFIED\x10\x00\x12/\n" +
 	"+FILE_SYSTEM_SNAPSHOT_BUCKET_MODE_CW_MANAGED\x10\x01\x123\n" +
-	"/FILE_SYSTEM_SNAPSHOT_BUCKET_MODE_BRING_YOUR_OWN\x10\x02*\x94\x01\n" +
+	"/FILE_SYSTEM_SNAPSHOT_BUCKET_MODE_BRING_YOUR_OWN\x10\x02*\xbf\x01\n" +
 	"\x17SecretStoreProviderType\x12*\n" +
 	"&SECRET_STORE_PROVIDER_TYPE_UNSPECIFIED\x10\x00\x12$\n" +
 	" SECRET_STORE_PROVIDER_TYPE_WANDB\x10\x01\x12'\n" +
-	"#SECRET_STORE_PROVIDER_TYPE_SANDBOXD\x10d*}\n" +
+	"#SECRET_STORE_PROVIDER_TYPE_SANDBOXD\x10d\x12)\n" +
+	"%SECRET_STORE_PROVIDER_TYPE_KUBERNETES\x10e*}\n" +
 	"\x10BuildStorageMode\x12\"\n" +
 	"\x1eBUILD_STORAGE_MODE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aBUILD_STORAGE_MODE_MANAGED\x10\x01\x12%\n" +

@@ -2073,7 +2073,9 @@ type Spec struct {
 	// Set for a container-engine sandbox (runtime.Engine): the Compose file its engine runs.
 	Engine *Engine `protobuf:"bytes,32,opt,name=engine,proto3" json:"engine,omitempty"`
 	// The primary container's Container.secret_env: never stored, returned or logged.
-	SecretEnv     map[string]string `protobuf:"bytes,33,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	SecretEnv map[string]string `protobuf:"bytes,33,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The primary container's Container.secret_refs.
+	SecretRefs    []*SecretRef `protobuf:"bytes,34,rep,name=secret_refs,json=secretRefs,proto3" json:"secret_refs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2304,6 +2306,13 @@ func (x *Spec) GetSecretEnv() map[string]string {
 	return nil
 }
 
+func (x *Spec) GetSecretRefs() []*SecretRef {
+	if x != nil {
+		return x.SecretRefs
+	}
+	return nil
+}
+
 // Engine is what a container-engine sandbox runs under Docker Engine (runtime.Engine).
 type Engine struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -2397,7 +2406,11 @@ type Container struct {
 	// (Container.secret_stores, resolved by the gateway at create): set in the container's
 	// environment like env (and over it), but never stored by the runner (state dir,
 	// sandbox spec), never returned (GetSandbox, status) and never logged.
-	SecretEnv     map[string]string `protobuf:"bytes,16,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	SecretEnv map[string]string `protobuf:"bytes,16,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Environment variables from a KUBERNETES secret store (runtime.SecretRef): references
+	// to Secrets in the runner's namespace, which the runner checks grant the organization's
+	// store and the Pod takes by secretKeyRef; the values never pass through sandboxd.
+	SecretRefs    []*SecretRef `protobuf:"bytes,17,rep,name=secret_refs,json=secretRefs,proto3" json:"secret_refs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2544,6 +2557,82 @@ func (x *Container) GetSecretEnv() map[string]string {
 	return nil
 }
 
+func (x *Container) GetSecretRefs() []*SecretRef {
+	if x != nil {
+		return x.SecretRefs
+	}
+	return nil
+}
+
+// SecretRef is an environment variable from a KUBERNETES secret store (runtime.SecretRef).
+type SecretRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	EnvVar        string                 `protobuf:"bytes,1,opt,name=env_var,json=envVar,proto3" json:"env_var,omitempty"`
+	Store         string                 `protobuf:"bytes,2,opt,name=store,proto3" json:"store,omitempty"`   // the organization's secret store
+	Secret        string                 `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"` // the reference's path: a Secret's name in the runner's namespace
+	Key           string                 `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`       // the reference's field: a key of the Secret
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretRef) Reset() {
+	*x = SecretRef{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretRef) ProtoMessage() {}
+
+func (x *SecretRef) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretRef.ProtoReflect.Descriptor instead.
+func (*SecretRef) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SecretRef) GetEnvVar() string {
+	if x != nil {
+		return x.EnvVar
+	}
+	return ""
+}
+
+func (x *SecretRef) GetStore() string {
+	if x != nil {
+		return x.Store
+	}
+	return ""
+}
+
+func (x *SecretRef) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+func (x *SecretRef) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
 // Probe is a startup probe: a command run in its container, exit 0 passes.
 type Probe struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -2558,7 +2647,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +2659,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +2672,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Probe) GetExec() []string {
@@ -2632,7 +2721,7 @@ type Dependency struct {
 
 func (x *Dependency) Reset() {
 	*x = Dependency{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2644,7 +2733,7 @@ func (x *Dependency) String() string {
 func (*Dependency) ProtoMessage() {}
 
 func (x *Dependency) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2657,7 +2746,7 @@ func (x *Dependency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
 func (*Dependency) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Dependency) GetContainer() string {
@@ -2691,7 +2780,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +2792,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +2805,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -2784,7 +2873,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +2885,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +2898,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -2867,7 +2956,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +2968,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +2981,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Toleration) GetKey() string {
@@ -2944,7 +3033,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3045,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3058,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -3016,7 +3105,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3117,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3130,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -3097,7 +3186,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3198,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3211,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -3162,7 +3251,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3174,7 +3263,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3187,7 +3276,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Volume) GetName() string {
@@ -3243,7 +3332,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3344,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3357,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -3327,7 +3416,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3428,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3441,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -3400,7 +3489,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3412,7 +3501,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3425,7 +3514,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -3451,7 +3540,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3463,7 +3552,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3476,7 +3565,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -3506,7 +3595,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +3607,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +3620,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -3623,7 +3712,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3724,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3737,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -3696,7 +3785,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3708,7 +3797,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3721,7 +3810,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -3795,7 +3884,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3807,7 +3896,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3820,7 +3909,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Service) GetPort() int32 {
@@ -3875,7 +3964,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3887,7 +3976,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3900,7 +3989,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -3928,7 +4017,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3940,7 +4029,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3953,7 +4042,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *File) GetPath() string {
@@ -3993,7 +4082,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4005,7 +4094,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4018,7 +4107,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -4088,7 +4177,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4100,7 +4189,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4113,7 +4202,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Sandbox) GetId() string {
@@ -4266,7 +4355,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4278,7 +4367,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4291,7 +4380,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ResourceUsage) GetCpuMillicores() int64 {
@@ -4332,7 +4421,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4344,7 +4433,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4357,7 +4446,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -4383,7 +4472,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4395,7 +4484,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4408,7 +4497,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -4427,7 +4516,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4439,7 +4528,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4452,7 +4541,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetRequest) GetId() string {
@@ -4472,7 +4561,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4484,7 +4573,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4497,7 +4586,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -4523,7 +4612,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4535,7 +4624,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4548,7 +4637,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -4567,7 +4656,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4579,7 +4668,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4592,7 +4681,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -4610,7 +4699,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4622,7 +4711,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4635,7 +4724,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
 }
 
 type ListResponse struct {
@@ -4647,7 +4736,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4659,7 +4748,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4672,7 +4761,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -4695,7 +4784,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4707,7 +4796,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4720,7 +4809,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -4755,7 +4844,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4767,7 +4856,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4780,7 +4869,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -4805,7 +4894,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4817,7 +4906,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4830,7 +4919,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
 }
 
 type CapacityResponse struct {
@@ -4892,13 +4981,16 @@ type CapacityResponse struct {
 	// taken not to), and build_unavailable says why (for messages).
 	BuilderImage     string `protobuf:"bytes,27,opt,name=builder_image,json=builderImage,proto3" json:"builder_image,omitempty"`
 	BuildUnavailable string `protobuf:"bytes,28,opt,name=build_unavailable,json=buildUnavailable,proto3" json:"build_unavailable,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The namespace its registered volumes are in: "default" on a local runner, its Pods'
+	// namespace on a Kubernetes runner; empty (an older runner): "default".
+	VolumeNamespace string `protobuf:"bytes,29,opt,name=volume_namespace,json=volumeNamespace,proto3" json:"volume_namespace,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4910,7 +5002,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4923,7 +5015,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -5122,6 +5214,13 @@ func (x *CapacityResponse) GetBuildUnavailable() string {
 	return ""
 }
 
+func (x *CapacityResponse) GetVolumeNamespace() string {
+	if x != nil {
+		return x.VolumeNamespace
+	}
+	return ""
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
@@ -5263,7 +5362,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"autoResume\x12#\n" +
 	"\rlifetime_held\x18\x03 \x01(\bR\flifetimeHeld\x127\n" +
 	"\tpaused_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12)\n" +
-	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xe8\v\n" +
+	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xa8\f\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -5296,7 +5395,9 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fhost_aliases\x18\x1f \x03(\tR\vhostAliases\x122\n" +
 	"\x06engine\x18  \x01(\v2\x1a.sandboxd.runner.v1.EngineR\x06engine\x12F\n" +
 	"\n" +
-	"secret_env\x18! \x03(\v2'.sandboxd.runner.v1.Spec.SecretEnvEntryR\tsecretEnv\x1a6\n" +
+	"secret_env\x18! \x03(\v2'.sandboxd.runner.v1.Spec.SecretEnvEntryR\tsecretEnv\x12>\n" +
+	"\vsecret_refs\x18\" \x03(\v2\x1d.sandboxd.runner.v1.SecretRefR\n" +
+	"secretRefs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
@@ -5313,7 +5414,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10pull_credentials\x18\x04 \x03(\v2/.sandboxd.runner.v1.Engine.PullCredentialsEntryR\x0fpullCredentials\x1ac\n" +
 	"\x14PullCredentialsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\x05value\x18\x02 \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x05value:\x028\x01\"\xf4\x06\n" +
+	"\x05value\x18\x02 \x01(\v2\x1f.sandboxd.runner.v1.CredentialsR\x05value:\x028\x01\"\xb4\a\n" +
 	"\tContainer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -5334,13 +5435,20 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
 	"depends_on\x18\x0f \x03(\v2\x1e.sandboxd.runner.v1.DependencyR\tdependsOn\x12K\n" +
 	"\n" +
-	"secret_env\x18\x10 \x03(\v2,.sandboxd.runner.v1.Container.SecretEnvEntryR\tsecretEnv\x1a6\n" +
+	"secret_env\x18\x10 \x03(\v2,.sandboxd.runner.v1.Container.SecretEnvEntryR\tsecretEnv\x12>\n" +
+	"\vsecret_refs\x18\x11 \x03(\v2\x1d.sandboxd.runner.v1.SecretRefR\n" +
+	"secretRefs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
 	"\x0eSecretEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
+	"\tSecretRef\x12\x17\n" +
+	"\aenv_var\x18\x01 \x01(\tR\x06envVar\x12\x14\n" +
+	"\x05store\x18\x02 \x01(\tR\x05store\x12\x16\n" +
+	"\x06secret\x18\x03 \x01(\tR\x06secret\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\"\xf0\x01\n" +
 	"\x05Probe\x12\x12\n" +
 	"\x04exec\x18\x01 \x03(\tR\x04exec\x12>\n" +
 	"\rinitial_delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\finitialDelay\x121\n" +
@@ -5544,7 +5652,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\xe0\t\n" +
+	"\x0fCapacityRequest\"\x8b\n" +
+	"\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -5575,7 +5684,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x12checkpoint_classes\x18\x19 \x03(\tR\x11checkpointClasses\x12p\n" +
 	"\x14checkpoint_platforms\x18\x1a \x03(\v2=.sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntryR\x13checkpointPlatforms\x12#\n" +
 	"\rbuilder_image\x18\x1b \x01(\tR\fbuilderImage\x12+\n" +
-	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x1aF\n" +
+	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x12)\n" +
+	"\x10volume_namespace\x18\x1d \x01(\tR\x0fvolumeNamespace\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
@@ -5629,7 +5739,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -5668,62 +5778,63 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(*Spec)(nil),                     // 34: sandboxd.runner.v1.Spec
 	(*Engine)(nil),                   // 35: sandboxd.runner.v1.Engine
 	(*Container)(nil),                // 36: sandboxd.runner.v1.Container
-	(*Probe)(nil),                    // 37: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),               // 38: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),          // 39: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),              // 40: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),               // 41: sandboxd.runner.v1.Toleration
-	(*Network)(nil),                  // 42: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),              // 43: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),                // 44: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                   // 45: sandboxd.runner.v1.Volume
-	(*SnapshotSource)(nil),           // 46: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),           // 47: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),    // 48: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),    // 49: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),              // 50: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),              // 51: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),                 // 52: sandboxd.runner.v1.Security
-	(*Service)(nil),                  // 53: sandboxd.runner.v1.Service
-	(*Credentials)(nil),              // 54: sandboxd.runner.v1.Credentials
-	(*File)(nil),                     // 55: sandboxd.runner.v1.File
-	(*Resources)(nil),                // 56: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                  // 57: sandboxd.runner.v1.Sandbox
-	(*ResourceUsage)(nil),            // 58: sandboxd.runner.v1.ResourceUsage
-	(*CreateRequest)(nil),            // 59: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 60: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 61: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 62: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 63: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 64: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 65: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 66: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 67: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 68: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 69: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 70: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 71: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	nil,                              // 72: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 73: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 74: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 75: sandboxd.runner.v1.Spec.SecretEnvEntry
-	nil,                              // 76: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 77: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 78: sandboxd.runner.v1.Container.SecretEnvEntry
-	nil,                              // 79: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 80: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 81: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 82: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 83: google.protobuf.Timestamp
+	(*SecretRef)(nil),                // 37: sandboxd.runner.v1.SecretRef
+	(*Probe)(nil),                    // 38: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),               // 39: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),          // 40: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),              // 41: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),               // 42: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                  // 43: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),              // 44: sandboxd.runner.v1.NetworkRule
+	(*PortRange)(nil),                // 45: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                   // 46: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),           // 47: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),           // 48: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),    // 49: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),    // 50: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),              // 51: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),              // 52: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),                 // 53: sandboxd.runner.v1.Security
+	(*Service)(nil),                  // 54: sandboxd.runner.v1.Service
+	(*Credentials)(nil),              // 55: sandboxd.runner.v1.Credentials
+	(*File)(nil),                     // 56: sandboxd.runner.v1.File
+	(*Resources)(nil),                // 57: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                  // 58: sandboxd.runner.v1.Sandbox
+	(*ResourceUsage)(nil),            // 59: sandboxd.runner.v1.ResourceUsage
+	(*CreateRequest)(nil),            // 60: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 61: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 62: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 63: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 64: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 65: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 66: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 67: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 68: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 69: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 70: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 71: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 72: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	nil,                              // 73: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 74: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 75: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 76: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 77: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 78: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 79: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 80: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 81: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 82: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 83: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 84: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	3,   // 0: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
 	3,   // 1: sandboxd.runner.v1.DeleteVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
-	71,  // 2: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	54,  // 3: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
-	54,  // 4: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
-	56,  // 5: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	82,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	72,  // 2: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	55,  // 3: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
+	55,  // 4: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
+	57,  // 5: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
+	83,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	10,  // 7: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	11,  // 8: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	12,  // 9: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -5733,128 +5844,130 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	34,  // 13: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
 	13,  // 14: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
 	16,  // 15: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	57,  // 16: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 16: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	16,  // 17: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	57,  // 18: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 18: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
 	28,  // 19: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	57,  // 20: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 21: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	72,  // 22: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	82,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	58,  // 20: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 21: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	73,  // 22: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	83,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
 	28,  // 24: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	57,  // 25: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 25: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	31,  // 26: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
 	30,  // 27: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	83,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	54,  // 29: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	73,  // 30: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	55,  // 31: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	56,  // 32: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	74,  // 33: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	53,  // 34: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	42,  // 35: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	52,  // 36: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	45,  // 37: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	51,  // 38: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	40,  // 39: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	37,  // 40: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	38,  // 41: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	84,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	55,  // 29: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	74,  // 30: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	56,  // 31: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	57,  // 32: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	75,  // 33: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	54,  // 34: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	43,  // 35: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	53,  // 36: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	46,  // 37: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	52,  // 38: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	41,  // 39: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	38,  // 40: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	39,  // 41: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
 	36,  // 42: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
 	36,  // 43: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
 	35,  // 44: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	75,  // 45: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
-	76,  // 46: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	54,  // 47: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	77,  // 48: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	55,  // 49: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	56,  // 50: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	51,  // 51: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	52,  // 52: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	37,  // 53: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	38,  // 54: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	78,  // 55: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
-	82,  // 56: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	82,  // 57: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	82,  // 58: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	79,  // 59: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	41,  // 60: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	80,  // 61: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	43,  // 62: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	43,  // 63: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	44,  // 64: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	46,  // 65: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	47,  // 66: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 67: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	82,  // 68: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	83,  // 69: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	34,  // 70: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 71: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	83,  // 72: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	83,  // 73: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	83,  // 74: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	82,  // 75: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	83,  // 76: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	39,  // 77: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	33,  // 78: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	58,  // 79: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
-	34,  // 80: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	82,  // 81: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	57,  // 82: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	82,  // 83: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	57,  // 84: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 85: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 86: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	82,  // 87: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	47,  // 88: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	57,  // 89: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	50,  // 90: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	83,  // 91: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	56,  // 92: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	81,  // 93: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	54,  // 94: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	59,  // 95: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	61,  // 96: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	65,  // 97: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	67,  // 98: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	69,  // 99: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	48,  // 100: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	49,  // 101: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	62,  // 102: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	24,  // 103: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	26,  // 104: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	29,  // 105: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	17,  // 106: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	19,  // 107: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	20,  // 108: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	22,  // 109: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	14,  // 110: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	8,   // 111: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	4,   // 112: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
-	6,   // 113: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
-	60,  // 114: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	64,  // 115: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	66,  // 116: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	68,  // 117: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	70,  // 118: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	50,  // 119: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	50,  // 120: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	63,  // 121: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	25,  // 122: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	27,  // 123: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	32,  // 124: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	18,  // 125: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	32,  // 126: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	21,  // 127: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	23,  // 128: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	15,  // 129: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	9,   // 130: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	5,   // 131: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
-	7,   // 132: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
-	114, // [114:133] is the sub-list for method output_type
-	95,  // [95:114] is the sub-list for method input_type
-	95,  // [95:95] is the sub-list for extension type_name
-	95,  // [95:95] is the sub-list for extension extendee
-	0,   // [0:95] is the sub-list for field type_name
+	76,  // 45: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	37,  // 46: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	77,  // 47: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	55,  // 48: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	78,  // 49: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	56,  // 50: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	57,  // 51: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	52,  // 52: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	53,  // 53: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	38,  // 54: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	39,  // 55: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	79,  // 56: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	37,  // 57: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	83,  // 58: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	83,  // 59: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	83,  // 60: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	80,  // 61: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	42,  // 62: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	81,  // 63: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	44,  // 64: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	44,  // 65: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	45,  // 66: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	47,  // 67: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	48,  // 68: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 69: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	83,  // 70: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	84,  // 71: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	34,  // 72: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 73: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	84,  // 74: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	84,  // 75: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	84,  // 76: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	83,  // 77: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	84,  // 78: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	40,  // 79: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	33,  // 80: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	59,  // 81: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	34,  // 82: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	83,  // 83: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	58,  // 84: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	83,  // 85: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	58,  // 86: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 87: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 88: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	83,  // 89: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	48,  // 90: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	58,  // 91: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	51,  // 92: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	84,  // 93: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	57,  // 94: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	82,  // 95: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	55,  // 96: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	60,  // 97: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	62,  // 98: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	66,  // 99: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	68,  // 100: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	70,  // 101: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	49,  // 102: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	50,  // 103: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	63,  // 104: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	24,  // 105: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	26,  // 106: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	29,  // 107: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	17,  // 108: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	19,  // 109: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	20,  // 110: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	22,  // 111: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	14,  // 112: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	8,   // 113: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	4,   // 114: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	6,   // 115: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	61,  // 116: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	65,  // 117: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	67,  // 118: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	69,  // 119: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	71,  // 120: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	51,  // 121: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	51,  // 122: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	64,  // 123: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	25,  // 124: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	27,  // 125: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	32,  // 126: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	18,  // 127: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	32,  // 128: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	21,  // 129: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	23,  // 130: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	15,  // 131: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	9,   // 132: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	5,   // 133: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	7,   // 134: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	116, // [116:135] is the sub-list for method output_type
+	97,  // [97:116] is the sub-list for method input_type
+	97,  // [97:97] is the sub-list for extension type_name
+	97,  // [97:97] is the sub-list for extension extendee
+	0,   // [0:97] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -5868,17 +5981,17 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 		(*BuildResponse_Result)(nil),
 	}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[21].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[36].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[38].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[49].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[54].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[37].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[39].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[50].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[55].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   79,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,220 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func storageClass(name string, def, late bool, mode string) *storagev1.StorageClass {
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{}}, Provisioner: "example.com/p"}
+	if def {
+		sc.Annotations[annotationDefaultClass] = "true"
+	}
+	if mode != "" {
+		sc.Annotations[AnnotationAccessMode] = mode
+	}
+	if late {
+		m := storagev1.VolumeBindingWaitForFirstConsumer
+		sc.VolumeBindingMode = &m
+	}
+	return sc
+}
+
+func existingClaim(name, class string, lbls map[string]string, phase corev1.PersistentVolumeClaimPhase, capacity string) *corev1.PersistentVolumeClaim {
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "sbx", Labels: lbls},
+		Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &class, Resources: corev1.VolumeResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
+		Status: corev1.PersistentVolumeClaimStatus{Phase: phase},
+	}
+	if capacity != "" {
+		pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(capacity)}
+	}
+	return pvc
+}
+
+func testClaim(org, name string) runtime.Claim {
+	return runtime.Claim{Org: org, Name: name, Managed: runtime.ManagedVolumeName(org, name)}
+}
+
+func TestEnsureClaimMakes(t *testing.T) {
+	claimBindWait = 100 * time.Millisecond
+	ctx := context.Background()
+	b, cs := newFakeBackend(t, Config{}, storageClass("std", true, true, ""), storageClass("rwo", false, true, "ReadWriteOnce"), storageClass("other", false, true, ""))
+	n, err := b.EnsureClaim(ctx, testClaim("org-a", "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != runtime.DefaultClaimBytes {
+		t.Errorf("capacity %d, want the requested %d (Pending, WaitForFirstConsumer)", n, runtime.DefaultClaimBytes)
+	}
+	pvc, err := cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *pvc.Spec.StorageClassName != "std" || pvc.Spec.AccessModes[0] != corev1.ReadWriteMany ||
+		pvc.Labels[LabelManagedBy] != ManagedBy || pvc.Labels[LabelVolumeOrg] != runtime.OrgHash("org-a") ||
+		pvc.Labels[LabelRegisteredVolume] != runtime.ManagedVolumeName("org-a", "data") {
+		t.Errorf("made claim: %+v %+v", pvc.Labels, pvc.Spec)
+	}
+	// Idempotent.
+	if _, err := b.EnsureClaim(ctx, testClaim("org-a", "data")); err != nil {
+		t.Fatal(err)
+	}
+	// The policy's class, a class that offers only ReadWriteOnce, a size.
+	c := testClaim("org-a", "small")
+	c.StorageClass, c.SizeBytes, c.AllowedStorageClasses = "rwo", 1<<30, []string{"rwo"}
+	if _, err := b.EnsureClaim(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	pvc, _ = cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "small", metav1.GetOptions{})
+	if *pvc.Spec.StorageClassName != "rwo" || pvc.Spec.AccessModes[0] != corev1.ReadWriteOnce || pvc.Spec.Resources.Requests.Storage().Value() != 1<<30 {
+		t.Errorf("small: %+v", pvc.Spec)
+	}
+	// The cluster default outside the allowed list: refused, nothing made.
+	c = testClaim("org-a", "refused")
+	c.AllowedStorageClasses = []string{"other"}
+	if _, err := b.EnsureClaim(ctx, c); !errors.Is(err, runtime.ErrClaimIneligible) || !strings.Contains(err.Error(), "std") {
+		t.Errorf("default class not allowed: %v", err)
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "refused", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("refused claim made: %v", err)
+	}
+	// Another organization may not take the claim org-a's volume made.
+	if _, err := b.EnsureClaim(ctx, testClaim("org-b", "data")); !errors.Is(err, runtime.ErrClaimIneligible) {
+		t.Errorf("org-b adopting org-a's claim: %v", err)
+	}
+	// Delete: gone.
+	if err := b.RemoveClaim(ctx, testClaim("org-b", "data")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "data", metav1.GetOptions{}); err != nil {
+		t.Errorf("org-b's RemoveClaim touched org-a's claim: %v", err)
+	}
+	if err := b.RemoveClaim(ctx, testClaim("org-a", "data")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "data", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("made claim not deleted: %v", err)
+	}
+}
+
+func TestEnsureClaimAdopts(t *testing.T) {
+	ctx := context.Background()
+	grant := map[string]string{LabelVolumeOrg: runtime.OrgHash("org-a")}
+	objs := []k8sruntime.Object{
+		storageClass("std", true, false, ""), storageClass("late", false, true, ""),
+		existingClaim("runner-data", "std", nil, corev1.ClaimBound, "5Gi"),
+		existingClaim("granted", "std", grant, corev1.ClaimBound, "5Gi"),
+		existingClaim("pending-late", "late", grant, corev1.ClaimPending, ""),
+		existingClaim("pending-now", "std", grant, corev1.ClaimPending, ""),
+		existingClaim("lost", "std", grant, corev1.ClaimLost, ""),
+	}
+	b, cs := newFakeBackend(t, Config{}, objs...)
+	for name, want := range map[string]string{
+		"runner-data":   "not granted",
+		"pending-now":   "Pending",
+		"lost":          "Lost",
+		"granted/org-b": "not granted",
+	} {
+		c := testClaim("org-a", name)
+		if n, o, ok := strings.Cut(name, "/"); ok {
+			c = testClaim(o, n)
+		}
+		if _, err := b.EnsureClaim(ctx, c); !errors.Is(err, runtime.ErrClaimIneligible) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want ineligible %q", name, err, want)
+		}
+	}
+	c := testClaim("org-a", "granted")
+	c.AllowedStorageClasses = []string{"late"}
+	if _, err := b.EnsureClaim(ctx, c); !errors.Is(err, runtime.ErrClaimIneligible) || !strings.Contains(err.Error(), "storage class") {
+		t.Errorf("class not allowed: %v", err)
+	}
+	n, err := b.EnsureClaim(ctx, testClaim("org-a", "granted"))
+	if err != nil || n != 5<<30 {
+		t.Fatalf("granted: %d %v", n, err)
+	}
+	if n, err := b.EnsureClaim(ctx, testClaim("org-a", "pending-late")); err != nil || n != 1<<30 {
+		t.Fatalf("pending, WaitForFirstConsumer: %d %v", n, err)
+	}
+	// A sandbox finds it by its managed name; the Pod volume becomes the claim.
+	spec := &runtime.Spec{ID: "s1", Meta: map[string]string{runtime.MetaOrg: "org-a"}, Volumes: []runtime.Volume{
+		{Name: "scratch"}, {Name: "data", Managed: runtime.ManagedVolumeName("org-a", "granted")}}}
+	claims, err := b.resolveClaims(ctx, spec)
+	if err != nil || claims[1] != "granted" || len(claims) != 1 {
+		t.Fatalf("resolve: %v %v", claims, err)
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Volumes: []corev1.Volume{{Name: "vol-0"}, {Name: "vol-1"}, {Name: "bin"}}}}
+	applyClaims(pod, claims)
+	if pvc := pod.Spec.Volumes[1].PersistentVolumeClaim; pvc == nil || pvc.ClaimName != "granted" || pod.Spec.Volumes[0].PersistentVolumeClaim != nil {
+		t.Errorf("pod volumes: %+v", pod.Spec.Volumes)
+	}
+	// Another organization's sandbox naming the same managed name finds nothing.
+	spec.Meta[runtime.MetaOrg] = "org-b"
+	if _, err := b.resolveClaims(ctx, spec); !errors.Is(err, runtime.ErrInvalidSpec) {
+		t.Errorf("org-b resolving: %v", err)
+	}
+	// Letting go of an adopted claim keeps it.
+	if err := b.RemoveClaim(ctx, testClaim("org-a", "granted")); err != nil {
+		t.Fatal(err)
+	}
+	pvc, err := cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "granted", metav1.GetOptions{})
+	if err != nil || pvc.Labels[LabelRegisteredVolume] != "" || pvc.Labels[LabelVolumeOrg] == "" {
+		t.Errorf("adopted claim after RemoveClaim: %v %v", pvc.Labels, err)
+	}
+	if err := b.RemoveClaim(ctx, testClaim("org-a", "runner-data")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "runner-data", metav1.GetOptions{}); err != nil {
+		t.Errorf("foreign claim touched: %v", err)
+	}
+}
+
+func TestSecretRefs(t *testing.T) {
+	ctx := context.Background()
+	secret := func(name string, lbls map[string]string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "sbx", Labels: lbls}, Data: map[string][]byte{"token": []byte("s3cret")}}
+	}
+	b, _ := newFakeBackend(t, Config{},
+		secret("granted", map[string]string{LabelSecretStoreOrg: runtime.OrgHash("org-a"), LabelSecretStore: "kube"}),
+		secret("runner-own", nil),
+		secret("other-store", map[string]string{LabelSecretStoreOrg: runtime.OrgHash("org-a"), LabelSecretStore: "other"}),
+		secret("other-org", map[string]string{LabelSecretStoreOrg: runtime.OrgHash("org-b"), LabelSecretStore: "kube"}),
+	)
+	spec := func(secretName, key string) *runtime.Spec {
+		s := &runtime.Spec{ID: "s1", Meta: map[string]string{runtime.MetaOrg: "org-a"}}
+		s.SecretRefs = []runtime.SecretRef{{EnvVar: "TOKEN", Store: "kube", Secret: secretName, Key: key}}
+		return s
+	}
+	if err := b.CheckSecretRefs(ctx, spec("granted", "token")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][2]string{{"granted", "nokey"}, {"runner-own", "token"}, {"other-store", "token"}, {"other-org", "token"}, {"missing", "token"}, {"Bad_Name", "token"}, {"a/b", "token"}, {"granted", "../x"}, {"", "token"}} {
+		err := b.CheckSecretRefs(ctx, spec(c[0], c[1]))
+		if !errors.Is(err, runtime.ErrSecretRefNotGranted) {
+			t.Errorf("%v: %v, want not granted", c, err)
+		}
+	}
+	s := spec("granted", "token")
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: containerGate}, {Name: containerMain}}}}
+	applySecretRefs(pod, s)
+	if len(pod.Spec.Containers[0].Env) != 0 {
+		t.Errorf("gate got env: %+v", pod.Spec.Containers[0].Env)
+	}
+	env := pod.Spec.Containers[1].Env
+	if len(env) != 1 || env[0].Name != "TOKEN" || env[0].Value != "" || env[0].ValueFrom.SecretKeyRef.Name != "granted" || env[0].ValueFrom.SecretKeyRef.Key != "token" {
+		t.Errorf("main env: %+v", env)
+	}
+}
