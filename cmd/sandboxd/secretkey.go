@@ -194,4 +194,3 @@ func keyStatus(ctx context.Context, path string, ss store.SecretStores, w io.Wri
 	}
 	return nil
 }
-

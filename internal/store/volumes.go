@@ -58,7 +58,7 @@ type Volume struct {
 	// CapacityBytes is the size of the runner's storage; 0 until known.
 	CapacityBytes int64
 	// SizeBytes is the size asked for (what max_volume_bytes counts); > 0.
-	SizeBytes int64
+	SizeBytes     int64
 	CreateTime    time.Time // set by the store
 	UpdateTime    time.Time // set by the store
 	LastValidated *time.Time

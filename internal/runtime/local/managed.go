@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -166,7 +167,7 @@ func (b *Backend) growManagedLocked(dir, mnt string, size int64) (string, error)
 		return mnt, nil
 	}
 	online := fmt.Sprintf("online resize2fs %s: %v: %s", dev, onlineErr, strings.TrimSpace(string(out)))
-	if n, err := mountsOfDevice(devNum); err != nil || n > 1 {
+	putBack := func() {
 		// Put the file back as it was (the filesystem does not reach past it), so its
 		// size keeps saying the capacity.
 		if fi.Size() < size && os.Truncate(img, fi.Size()) == nil {
@@ -175,14 +176,33 @@ func (b *Backend) growManagedLocked(dir, mnt string, size int64) (string, error)
 				f.Close()
 			}
 		}
+	}
+	busy := func(why string) error {
+		// Not the online attempt's output: it names host paths.
+		return fmt.Errorf("%w: the volume is mounted by sandboxes (%s) and cannot grow while they run on this runner (online resizing is not allowed here)", runtime.ErrManagedBusy, why)
+	}
+	// Offline, only when nothing but the runner's own mount holds the filesystem: no
+	// other mount of the device in any mount namespace (sandboxes bind it into theirs).
+	if n, err := mountsOfDeviceAnywhere(devNum); err != nil || n > 1 {
+		putBack()
 		if err != nil {
 			return mnt, err
 		}
-		return mnt, fmt.Errorf("%w: the volume is mounted by sandboxes and cannot grow while they run on this runner (%s)", runtime.ErrManagedBusy, online)
+		return mnt, busy(fmt.Sprintf("%d mounts of it", n))
 	}
-	// Offline: nothing but the runner's own mount holds it.
-	if err := unmountAll(mnt); err != nil {
-		return mnt, err
+	if err := unix.Unmount(mnt, unix.UMOUNT_NOFOLLOW); err != nil {
+		putBack()
+		return mnt, busy(fmt.Sprintf("unmount: %v", err))
+	}
+	// The mount held the loop device (autoclear): it detaches once no mount anywhere
+	// holds the filesystem. Still attached: someone does; mount that same device back
+	// (never a second loop device of one image) and refuse.
+	if !loopDetached(devNum, img, 3*time.Second) {
+		if err := unix.Mount(dev, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable"); err != nil {
+			return mnt, fmt.Errorf("mount %s back on %s: %w", dev, mnt, err)
+		}
+		putBack()
+		return mnt, busy("its loop device stayed attached")
 	}
 	if out, err := exec.Command("e2fsck", "-f", "-p", img).CombinedOutput(); err != nil {
 		// Exit 1: errors corrected; anything more is a failure.
@@ -200,18 +220,50 @@ func (b *Backend) growManagedLocked(dir, mnt string, size int64) (string, error)
 	return mnt2, merr
 }
 
-// mountsOfDevice counts the mounts (the runner's, and the sandboxes' binds) of device
-// "major:minor" in this mount namespace.
-func mountsOfDevice(dev string) (int, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+// loopDetached waits up to d for the loop device devNum to no longer be bound to img.
+func loopDetached(devNum, img string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+		bf, err := os.ReadFile("/sys/dev/block/" + devNum + "/loop/backing_file")
+		if err != nil || strings.TrimSuffix(strings.TrimSpace(string(bf)), " (deleted)") != img {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// mountsOfDeviceAnywhere counts the mounts of device "major:minor" in every mount
+// namespace of the host (each namespace once: /proc/<pid>/mountinfo of one process per
+// namespace), the runner's own included.
+func mountsOfDeviceAnywhere(dev string) (int, error) {
+	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, err
 	}
+	seen := map[string]bool{}
 	n := 0
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 2 && f[2] == dev {
-			n++
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
 		}
+		ns, err := os.Readlink("/proc/" + e.Name() + "/ns/mnt")
+		if err != nil || seen[ns] {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/mountinfo")
+		if err != nil {
+			continue // the process ended
+		}
+		seen[ns] = true
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[2] == dev {
+				n++
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return 0, errors.New("no mount namespace readable under /proc")
 	}
 	return n, nil
 }
