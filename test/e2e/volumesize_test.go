@@ -163,4 +163,30 @@ func TestRegisteredVolumeSizeAndGrow(t *testing.T) {
 		t.Fatalf("shrink = %v", err)
 	}
 	del(b)
+
+	// The CLI: sbx volume create --size, sbx volume grow, sbx quota.
+	if out, errOut, code := sbxAs(g, admin, "", "volume", "create", "cli-vol", "--runner", "local", "--size", "32Mi"); code != 0 || !strings.Contains(out, "32Mi") {
+		t.Fatalf("sbx volume create --size: %d %s %s", code, out, errOut)
+	}
+	t.Cleanup(func() {
+		_, _ = vc.DeleteVolume(context.Background(), connect.NewRequest(&sandboxv1.DeleteVolumeRequest{VolumeId: "cli-vol", Force: true, AllowMissing: true}))
+	})
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got, err := vc.GetVolume(ctx, connect.NewRequest(&sandboxv1.GetVolumeRequest{VolumeId: "cli-vol"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Msg.GetStatus().GetState() == sandboxv1.VolumeState_VOLUME_STATE_READY || time.Now().After(deadline) {
+			break
+		}
+	}
+	if out, errOut, code := sbxAs(g, admin, "", "volume", "grow", "cli-vol", "48Mi"); code != 0 || !strings.Contains(out, "48Mi") {
+		t.Fatalf("sbx volume grow: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := sbxAs(g, admin, "", "volume", "grow", "cli-vol", "1Gi"); code == 0 || !strings.Contains(errOut, "max_volume_bytes") {
+		t.Fatalf("sbx volume grow past the quota: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := sbxAs(g, admin, "", "quota"); code != 0 || !strings.Contains(strings.Join(strings.Fields(out), " "), "volume bytes 304Mi (2 volumes) 512Mi") {
+		t.Fatalf("sbx quota: %d %s %s", code, out, errOut)
+	}
 }
