@@ -1,5 +1,5 @@
 -- Per-volume sizes and storage quotas (issue 23 points 1 and 4). Keep in step with
--- ../sqlite/0018_volume_sizes.sql.
+-- ../sqlite/0021_volume_sizes.sql.
 -- size_bytes: the size a registered volume was created (or last grown) with, what the
 -- organization's max_volume_bytes counts; volumes made before took the runner's default
 -- (10 GiB on a local runner).
