@@ -45,6 +45,8 @@ func main() {
 		err = apikey(os.Args[2:])
 	case "registry":
 		err = registryCmd(os.Args[2:], os.Stdout)
+	case "secret-key":
+		err = secretKeyCmd(os.Args[2:], os.Stdout)
 	case "demo":
 		err = demo(os.Args[2:])
 	case "release":
@@ -80,6 +82,8 @@ commands:
   apikey    create an API key: apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin]
   registry  registry gc --data-dir D [--store DSN] [--blob-s3-* …]: delete the platform registry's images
             no template and no live sandbox names now (what the gateways do every --registry-gc-interval)
+  secret-key  secret-key status|rotate|reseal|prune [--secret-key-file F | --data-dir D | --pki-dir P] [--store DSN]:
+            rotate the built-in secret stores' key ring (a new key, every value re-encrypted under it)
   demo      start the single-host runtime and run a first sandbox
   release   signed release manifests: release keygen|manifest|sign|verify (see sandboxd release)
   version   print the version

@@ -32,9 +32,11 @@ import (
 // (auto-resume on exec, files or endpoint traffic) without asking the gateway, which
 // could then not refuse it. So ResumeSandbox takes no new share.
 //
-// Volume bytes are future work (issue 23 point 1): a volume's create would reserve its
-// size here the same way (a quota name "volume_bytes" in QuotaExceededError and in the
-// QuotaLimits fields the proto keeps for it).
+// Volume bytes (max_volume_bytes): a registered volume's row is its own reservation:
+// store.Volumes.Create and Resize check the organization's volume bytes and write the
+// row in one transaction under the same per-organization lock (volumes.go). Snapshot
+// limits (max_snapshots, max_snapshot_bytes) override the gateway's --fss-max-* flags per
+// organization (orgSnapshotLimits; enforced in fsslimits.go).
 
 // DefaultQuotaReservationTTL is how long a create in flight holds its reservation at
 // most: longer than any create or fork takes, short enough that a gateway that died mid
@@ -66,7 +68,8 @@ type QuotaOptions struct {
 
 // Validate reports the first thing wrong with o (pure).
 func (o QuotaOptions) Validate() error {
-	for name, v := range map[string]*int64{"max sandboxes": o.Defaults.MaxSandboxes, "max cpu": o.Defaults.MaxMilliCPU, "max memory": o.Defaults.MaxMemoryBytes} {
+	for name, v := range map[string]*int64{"max sandboxes": o.Defaults.MaxSandboxes, "max cpu": o.Defaults.MaxMilliCPU, "max memory": o.Defaults.MaxMemoryBytes,
+		"max volume bytes": o.Defaults.MaxVolumeBytes} {
 		if v != nil && *v < store.Unlimited {
 			return fmt.Errorf("default %s %d: -1 (unlimited) or more", name, *v)
 		}
@@ -87,6 +90,71 @@ func LimitsFromFlags(sandboxes, milliCPU, memoryBytes int64) store.QuotaLimits {
 		return &v
 	}
 	return store.QuotaLimits{MaxSandboxes: f(sandboxes), MaxMilliCPU: f(milliCPU), MaxMemoryBytes: f(memoryBytes)}
+}
+
+// quotaDefaults are the limits of an organization that sets none: the gateway's default
+// quota, and its --fss-max-* snapshot limits.
+func (s *Server) quotaDefaults() store.QuotaLimits {
+	d := s.quota.Defaults
+	fl := s.fss.Limits.WithDefaults()
+	if d.MaxSnapshots == nil {
+		n := int64(fl.MaxPerOrg)
+		d.MaxSnapshots = &n
+	}
+	if d.MaxSnapshotBytes == nil {
+		b := fl.MaxBytesPerOrg
+		d.MaxSnapshotBytes = &b
+	}
+	return d
+}
+
+// volumeQuota is the default limits Volumes.Create and Resize check against (nil: no
+// quota store, nothing checked).
+func (s *Server) volumeQuota() *store.QuotaLimits {
+	if s.quota.Store == nil {
+		return nil
+	}
+	d := s.quotaDefaults()
+	return &d
+}
+
+// orgSnapshotLimits are the snapshot limits of org: the gateway's (--fss-max-*) with
+// the organization's max_snapshots and max_snapshot_bytes over them (-1: unlimited), and
+// zero reports that a limit of 0 refuses every snapshot (which SnapshotLimits, where 0 is
+// the default, cannot say).
+func (s *Server) orgSnapshotLimits(ctx context.Context, org string) (l SnapshotLimits, zero string, err error) {
+	l = s.fss.Limits.WithDefaults()
+	if s.quota.Store == nil {
+		return l, "", nil
+	}
+	set, err := s.quota.Store.Get(ctx, org)
+	if errors.Is(err, store.ErrNotFound) {
+		return l, "", nil
+	}
+	if err != nil {
+		return l, "", apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "reading the organization's quota: %v", err), 5*time.Second)
+	}
+	if v := set.MaxSnapshots; v != nil {
+		switch {
+		case *v < 0:
+			l.MaxPerOrg = maxFSSMaxPerOrg * 1000
+		case *v == 0:
+			zero = "snapshots"
+		default:
+			l.MaxPerOrg = int(min(*v, maxFSSMaxPerOrg*1000))
+		}
+	}
+	if v := set.MaxSnapshotBytes; v != nil {
+		switch {
+		case *v < 0:
+			l.MaxBytesPerOrg = 1 << 62
+		case *v == 0:
+			zero = "bytes"
+		default:
+			l.MaxBytesPerOrg = *v
+		}
+	}
+	return l, zero, nil
 }
 
 func newReservationID() string {
@@ -125,10 +193,15 @@ func (s *Server) reserveQuotaTotal(ctx context.Context, org string, n int64, tot
 
 // quotaExceeded is the API error of a refusal.
 func quotaExceeded(qe *store.QuotaExceededError) error {
-	what := map[string]string{store.QuotaSandboxes: "sandboxes", store.QuotaMilliCPU: "millicores of CPU", store.QuotaMemoryBytes: "bytes of memory"}[qe.Quota]
-	return apierr.New(apierr.QuotaExceeded,
-		fmt.Sprintf("the organization's quota of %d %s is used up: %d in use (with creates in flight), this request needs %d; delete sandboxes or ask an admin for more",
-			qe.Limit, what, qe.Current, qe.Asked),
+	what := map[string]string{store.QuotaSandboxes: "sandboxes", store.QuotaMilliCPU: "millicores of CPU", store.QuotaMemoryBytes: "bytes of memory",
+		store.QuotaVolumeBytes: "bytes of registered volumes (max_volume_bytes)"}[qe.Quota]
+	msg := fmt.Sprintf("the organization's quota of %d %s is used up: %d in use (with creates in flight), this request needs %d; delete sandboxes or ask an admin for more",
+		qe.Limit, what, qe.Current, qe.Asked)
+	if qe.Quota == store.QuotaVolumeBytes {
+		msg = fmt.Sprintf("the organization's quota of %d %s is used up: its volumes take %d, this request needs %d more; delete volumes or ask an admin for more",
+			qe.Limit, what, qe.Current, qe.Asked)
+	}
+	return apierr.New(apierr.QuotaExceeded, msg,
 		map[string]string{"quota": qe.Quota, "limit": strconv.FormatInt(qe.Limit, 10), "current": strconv.FormatInt(qe.Current, 10),
 			"requested": strconv.FormatInt(qe.Asked, 10)})
 }

@@ -98,7 +98,8 @@ func (s *Server) SetQuota(ctx context.Context, req *connect.Request[quotav1.SetQ
 	for _, f := range []struct {
 		name string
 		v    *int64
-	}{{"limits.max_sandboxes", l.MaxSandboxes}, {"limits.max_cpu_millicores", l.MaxCpuMillicores}, {"limits.max_memory_bytes", l.MaxMemoryBytes}} {
+	}{{"limits.max_sandboxes", l.MaxSandboxes}, {"limits.max_cpu_millicores", l.MaxCpuMillicores}, {"limits.max_memory_bytes", l.MaxMemoryBytes},
+		{"limits.max_volume_bytes", l.MaxVolumeBytes}, {"limits.max_snapshots", l.MaxSnapshots}, {"limits.max_snapshot_bytes", l.MaxSnapshotBytes}} {
 		if f.v != nil && *f.v < store.Unlimited {
 			vs = append(vs, apierr.Violation{Field: f.name, Description: fmt.Sprintf("must be -1 (unlimited) or more, got %d", *f.v)})
 		}
@@ -117,12 +118,14 @@ func (s *Server) SetQuota(ctx context.Context, req *connect.Request[quotav1.SetQ
 		}
 	}
 	out, err := q.Put(ctx, store.Quota{Org: m.GetOrgId(), UpdatedBy: p.KeyID,
-		QuotaLimits: store.QuotaLimits{MaxSandboxes: l.MaxSandboxes, MaxMilliCPU: l.MaxCpuMillicores, MaxMemoryBytes: l.MaxMemoryBytes}})
+		QuotaLimits: store.QuotaLimits{MaxSandboxes: l.MaxSandboxes, MaxMilliCPU: l.MaxCpuMillicores, MaxMemoryBytes: l.MaxMemoryBytes,
+			MaxVolumeBytes: l.MaxVolumeBytes, MaxSnapshots: l.MaxSnapshots, MaxSnapshotBytes: l.MaxSnapshotBytes}})
 	if err != nil {
 		return nil, apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "set quota: %v", err), 5*time.Second)
 	}
 	s.log.Info("quota set", "org", out.Org, "by", p.KeyID, "max_sandboxes", fmtLimit(out.MaxSandboxes),
-		"max_cpu_millicores", fmtLimit(out.MaxMilliCPU), "max_memory_bytes", fmtLimit(out.MaxMemoryBytes))
+		"max_cpu_millicores", fmtLimit(out.MaxMilliCPU), "max_memory_bytes", fmtLimit(out.MaxMemoryBytes),
+		"max_volume_bytes", fmtLimit(out.MaxVolumeBytes), "max_snapshots", fmtLimit(out.MaxSnapshots), "max_snapshot_bytes", fmtLimit(out.MaxSnapshotBytes))
 	return connect.NewResponse(s.quotaProto(out)), nil
 }
 
@@ -144,22 +147,25 @@ func (s *Server) GetQuotaUsage(ctx context.Context, req *connect.Request[quotav1
 	if err != nil {
 		return nil, apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "read quota usage: %v", err), 5*time.Second)
 	}
-	out := &quotav1.QuotaUsage{OrgId: org, Effective: limitsProto(set.QuotaLimits.Over(s.quota.Defaults), true),
+	eff := set.QuotaLimits.Over(s.quotaDefaults())
+	out := &quotav1.QuotaUsage{OrgId: org, Effective: limitsProto(eff, true),
 		Sandboxes: u.Sandboxes, CpuMillicores: u.MilliCPU, MemoryBytes: u.MemoryBytes,
-		ReservedSandboxes: u.ReservedSandboxes, ReservedCpuMillicores: u.ReservedMilliCPU, ReservedMemoryBytes: u.ReservedMemoryBytes}
+		ReservedSandboxes: u.ReservedSandboxes, ReservedCpuMillicores: u.ReservedMilliCPU, ReservedMemoryBytes: u.ReservedMemoryBytes,
+		Volumes: u.Volumes, VolumeBytes: u.VolumeBytes}
 	if s.snaps != nil {
-		// The file-system snapshot quota (fsslimits.go): the gateway's, the same for all.
+		// The file-system snapshot quota (fsslimits.go): the organization's, else the
+		// gateway's --fss-max-* (-1: unlimited).
 		n, b, err := s.snaps.SnapshotUsage(ctx, org)
 		if err == nil {
 			out.Snapshots, out.SnapshotBytes = int64(n), b
 		}
-		out.MaxSnapshots, out.MaxSnapshotBytes = int64(s.fss.Limits.MaxPerOrg), s.fss.Limits.MaxBytesPerOrg
+		out.MaxSnapshots, out.MaxSnapshotBytes = *eff.MaxSnapshots, *eff.MaxSnapshotBytes
 	}
 	return connect.NewResponse(out), nil
 }
 
 func (s *Server) quotaProto(q store.Quota) *quotav1.Quota {
-	out := &quotav1.Quota{OrgId: q.Org, Limits: limitsProto(q.QuotaLimits, false), Effective: limitsProto(q.QuotaLimits.Over(s.quota.Defaults), true),
+	out := &quotav1.Quota{OrgId: q.Org, Limits: limitsProto(q.QuotaLimits, false), Effective: limitsProto(q.QuotaLimits.Over(s.quotaDefaults()), true),
 		UpdatedBy: q.UpdatedBy}
 	if !q.UpdatedAt.IsZero() {
 		out.UpdateTime = timestamppb.New(q.UpdatedAt)
@@ -176,7 +182,8 @@ func limitsProto(l store.QuotaLimits, effective bool) *quotav1.QuotaLimits {
 		x := *v
 		return &x
 	}
-	return &quotav1.QuotaLimits{MaxSandboxes: f(l.MaxSandboxes), MaxCpuMillicores: f(l.MaxMilliCPU), MaxMemoryBytes: f(l.MaxMemoryBytes)}
+	return &quotav1.QuotaLimits{MaxSandboxes: f(l.MaxSandboxes), MaxCpuMillicores: f(l.MaxMilliCPU), MaxMemoryBytes: f(l.MaxMemoryBytes),
+		MaxVolumeBytes: f(l.MaxVolumeBytes), MaxSnapshots: f(l.MaxSnapshots), MaxSnapshotBytes: f(l.MaxSnapshotBytes)}
 }
 
 func fmtLimit(v *int64) string {

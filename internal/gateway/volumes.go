@@ -18,6 +18,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/spec"
@@ -44,7 +45,35 @@ const (
 	volumeRunnerTimeout = 2 * time.Minute
 	// attachedShown is how many attached sandboxes a refused delete names.
 	attachedShown = 10
+	// DefaultVolumeBytes is a volume's size when spec.size is "" (the local backend's
+	// default, local.DefaultManagedVolumeBytes).
+	DefaultVolumeBytes int64 = 10 << 30
+	// MinVolumeBytes and MaxVolumeBytes bound spec.size (the sandboxd extension): the
+	// smallest ext4 image the local backend makes, and 1 TiB.
+	MinVolumeBytes int64 = 16 << 20
+	MaxVolumeBytes int64 = 1 << 40
 )
+
+// volumeSize parses spec.size (a Kubernetes quantity, a whole number of MiB within
+// [MinVolumeBytes, MaxVolumeBytes]); "" is DefaultVolumeBytes.
+func volumeSize(q string) (int64, error) {
+	if q == "" {
+		return DefaultVolumeBytes, nil
+	}
+	if len(q) > 32 {
+		return 0, fmt.Errorf("is %d bytes long: a quantity such as 10Gi", len(q))
+	}
+	n, err := quantity.ParseMemory(q)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%q is not a quantity: want e.g. 512Mi or 10Gi", q)
+	case n < MinVolumeBytes || n > MaxVolumeBytes:
+		return 0, fmt.Errorf("%q: must be %s to %s", q, quantityOf(MinVolumeBytes), quantityOf(MaxVolumeBytes))
+	case n%(1<<20) != 0:
+		return 0, fmt.Errorf("%q: must be a whole number of Mi", q)
+	}
+	return n, nil
+}
 
 func (s *Server) volumesStore() (store.Volumes, error) {
 	if s.volumes == nil {
@@ -118,11 +147,15 @@ func (s *Server) volumeProto(ctx context.Context, v store.Volume) *sandboxv1.Vol
 	if v.CapacityBytes > 0 {
 		st.Capacity = quantityOf(v.CapacityBytes)
 	}
-	return &sandboxv1.Volume{VolumeId: v.ID, Status: st, Spec: &sandboxv1.VolumeSpec{
+	out := &sandboxv1.Volume{VolumeId: v.ID, Status: st, Spec: &sandboxv1.VolumeSpec{
 		Source:      &sandboxv1.VolumeSpec_Pvc{Pvc: &sandboxv1.PvcVolumeSource{RunnerId: v.RunnerID, Namespace: v.Namespace, ClaimName: v.ClaimName, SubPath: v.SubPath}},
 		ReadOnly:    v.ReadOnly,
 		Description: v.Description,
 	}}
+	if v.SizeBytes > 0 {
+		out.Spec.Size = quantityOf(v.SizeBytes)
+	}
+	return out
 }
 
 // quantityOf renders n bytes as a Kubernetes quantity ("10Gi"), exact.
@@ -147,7 +180,7 @@ func volumeStateName(st sandboxv1.VolumeState) string {
 }
 
 func (v storeVolume) registered() runner.RegisteredVolume {
-	return runner.RegisteredVolume{Org: v.Org, ClaimName: v.ClaimName, Namespace: v.Namespace}
+	return runner.RegisteredVolume{Org: v.Org, ClaimName: v.ClaimName, Namespace: v.Namespace, SizeBytes: v.SizeBytes}
 }
 
 type storeVolume store.Volume
@@ -167,6 +200,9 @@ func volumeViolations(v *sandboxv1.Volume) []apierr.Violation {
 	}
 	if len(v.GetSpec().GetDescription()) > maxVolumeDescriptionBytes {
 		add("volume.spec.description", "is %d bytes, at most %d", len(v.GetSpec().GetDescription()), maxVolumeDescriptionBytes)
+	}
+	if _, err := volumeSize(v.GetSpec().GetSize()); err != nil {
+		add("volume.spec.size", "%v", err)
 	}
 	pvc := v.GetSpec().GetPvc()
 	if pvc == nil {
@@ -235,11 +271,16 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 		return nil, apierr.WithViolations(apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: registered volumes of runner %s are in namespace %q",
 			pvc.GetNamespace(), pvc.GetRunnerId(), ns), map[string]string{"runner_id": pvc.GetRunnerId()}), vs)
 	}
+	size, _ := volumeSize(m.GetVolume().GetSpec().GetSize()) // checked above
 	v, err := st.Create(ctx, store.Volume{Org: p.Org, ID: m.GetVolume().GetVolumeId(), RunnerID: pvc.GetRunnerId(), Namespace: pvc.GetNamespace(),
 		ClaimName: pvc.GetClaimName(), SubPath: strings.TrimSuffix(pvc.GetSubPath(), "/"), ReadOnly: m.GetVolume().GetSpec().GetReadOnly(),
-		Description: m.GetVolume().GetSpec().GetDescription(), State: "VALIDATING", RequestID: m.GetRequestId(), RequestDigest: digest}, maxVolumesPerOrg)
+		Description: m.GetVolume().GetSpec().GetDescription(), State: "VALIDATING", RequestID: m.GetRequestId(), RequestDigest: digest,
+		SizeBytes: size}, maxVolumesPerOrg, s.volumeQuota())
 	var dup *store.AlreadyExistsError
+	var qe *store.QuotaExceededError
 	switch {
+	case errors.As(err, &qe):
+		return nil, quotaExceeded(qe)
 	case errors.Is(err, store.ErrLimitExceeded):
 		return nil, apierr.Newf(apierr.InvalidRequest, "the organization has %d volumes, at most %d: delete some first", maxVolumesPerOrg, maxVolumesPerOrg)
 	case errors.As(err, &dup) && dup.Key == store.KeyClaimName:
@@ -256,7 +297,7 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 	case err != nil:
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
-	s.log.Info("volume created", "volume", v.ID, "org", v.Org, "runner", v.RunnerID)
+	s.log.Info("volume created", "volume", v.ID, "org", v.Org, "runner", v.RunnerID, "size_bytes", v.SizeBytes)
 	out := s.volumeProto(ctx, v)
 	go s.validateVolume(context.WithoutCancel(ctx), v)
 	return connect.NewResponse(out), nil
@@ -351,7 +392,9 @@ func (s *Server) ListVolumes(ctx context.Context, req *connect.Request[sandboxv1
 	return connect.NewResponse(out), nil
 }
 
-// UpdateVolume changes spec.description (the one updatable field).
+// UpdateVolume changes spec.description and grows spec.size (the sandboxd extension):
+// the growth is admitted against max_volume_bytes, then the runner grows the volume
+// (online); a runner that cannot puts the size back and the call fails.
 func (s *Server) UpdateVolume(ctx context.Context, req *connect.Request[sandboxv1.UpdateVolumeRequest]) (*connect.Response[sandboxv1.Volume], error) {
 	st, err := s.volumesStore()
 	if err != nil {
@@ -376,23 +419,102 @@ func (s *Server) UpdateVolume(ctx context.Context, req *connect.Request[sandboxv
 	if len(paths) == 0 {
 		paths = []string{"spec.description"}
 	}
+	setDesc, setSize := false, false
 	for i, p := range paths {
-		if p != "spec.description" {
-			vs = append(vs, apierr.Violation{Field: fmt.Sprintf("update_mask.paths[%d]", i), Description: fmt.Sprintf("%q cannot be updated: only spec.description can", p)})
+		switch p {
+		case "spec.description":
+			setDesc = true
+		case "spec.size":
+			setSize = true
+		default:
+			vs = append(vs, apierr.Violation{Field: fmt.Sprintf("update_mask.paths[%d]", i), Description: fmt.Sprintf("%q cannot be updated: only spec.description and spec.size can", p)})
 		}
 	}
 	desc := m.GetVolume().GetSpec().GetDescription()
 	if len(desc) > maxVolumeDescriptionBytes {
 		vs = append(vs, apierr.Violation{Field: "volume.spec.description", Description: fmt.Sprintf("is %d bytes, at most %d", len(desc), maxVolumeDescriptionBytes)})
 	}
+	var size int64
+	if setSize {
+		if m.GetVolume().GetSpec().GetSize() == "" {
+			vs = append(vs, apierr.Violation{Field: "volume.spec.size", Description: "is required with update_mask spec.size"})
+		} else if size, err = volumeSize(m.GetVolume().GetSpec().GetSize()); err != nil {
+			vs = append(vs, apierr.Violation{Field: "volume.spec.size", Description: err.Error()})
+		}
+	}
 	if vs != nil {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid update: "+apierr.Describe(vs), vs)
 	}
-	v, err := st.Update(ctx, principal(ctx).Org, id, store.VolumeUpdate{Description: &desc})
-	if err != nil {
-		return nil, volumeStoreErr(id, err)
+	org := principal(ctx).Org
+	var v store.Volume
+	if setSize {
+		if v, err = s.growVolume(ctx, st, org, id, size); err != nil {
+			return nil, err
+		}
+	}
+	if setDesc {
+		if v, err = st.Update(ctx, org, id, store.VolumeUpdate{Description: &desc}); err != nil {
+			return nil, volumeStoreErr(id, err)
+		}
 	}
 	return connect.NewResponse(s.volumeProto(ctx, v)), nil
+}
+
+// growVolume grows org's volume id to size: admitted against max_volume_bytes in the
+// store (Resize), then made on the runner; a runner that fails puts the size back. A
+// volume that is not READY is refused (CWSANDBOX_VOLUME_NOT_READY); size below the
+// current one is INVALID_ARGUMENT; the same size changes nothing.
+func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id string, size int64) (store.Volume, error) {
+	cur, err := st.Get(ctx, org, id)
+	if err != nil {
+		return cur, volumeStoreErr(id, err)
+	}
+	if cur.State != "READY" {
+		return cur, apierr.New(apierr.VolumeNotReady, fmt.Sprintf("volume %q is %s: only a READY volume grows", id, cur.State), map[string]string{"volume_id": id})
+	}
+	if size == cur.SizeBytes {
+		return cur, nil
+	}
+	before, after, err := st.Resize(ctx, org, id, size, s.volumeQuota())
+	var qe *store.QuotaExceededError
+	switch {
+	case errors.As(err, &qe):
+		return cur, quotaExceeded(qe)
+	case errors.Is(err, store.ErrInvalid):
+		vs := []apierr.Violation{{Field: "volume.spec.size", Description: fmt.Sprintf("a volume only grows: it is %s, %s is smaller", quantityOf(cur.SizeBytes), quantityOf(size))}}
+		return cur, apierr.Invalid(apierr.InvalidRequest, "invalid update: "+apierr.Describe(vs), vs)
+	case err != nil:
+		return cur, volumeStoreErr(id, err)
+	}
+	undo := func() {
+		old := before.SizeBytes
+		if _, err := st.Update(context.WithoutCancel(ctx), org, id, store.VolumeUpdate{SizeBytes: &old}); err != nil {
+			s.log.Warn("volume grow: size not put back", "volume", id, "org", org, "err", err)
+		}
+	}
+	h, ok := s.runnerByID(after.RunnerID).(runner.VolumeHandle)
+	if !ok {
+		undo()
+		return cur, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume %q: runner %s is not reachable from this gateway, or holds no volumes", id, after.RunnerID),
+			map[string]string{"volume_id": id, "runner_id": after.RunnerID})
+	}
+	rctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
+	n, err := h.EnsureVolume(rctx, storeVolume(after).registered())
+	cancel()
+	if err == nil && n < size {
+		err = apierr.Newf(apierr.InvalidRequest, "volume %q: the runner grew it to %d bytes only, not %d", id, n, size)
+	}
+	if err != nil {
+		undo()
+		s.log.Warn("volume grow failed", "volume", id, "org", org, "size_bytes", size, "err", err)
+		return cur, err
+	}
+	s.log.Info("volume grown", "volume", id, "org", org, "from_bytes", before.SizeBytes, "size_bytes", size)
+	out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n})
+	if err != nil {
+		return after, nil
+	}
+	return out, nil
 }
 
 // DeleteVolume removes a volume and its data on its runner; refused while live sandboxes

@@ -34,6 +34,12 @@ func (r *volumeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume
 	if v.ClaimName == "broken" {
 		return 0, apierr.Newf(apierr.VolumeTypeNotSupported, "broken on purpose")
 	}
+	if v.ClaimName == "nogrow" && v.SizeBytes > 256<<20 {
+		return 0, apierr.New(apierr.VolumeInUse, "cannot grow on purpose", nil)
+	}
+	if v.SizeBytes > 0 {
+		return v.SizeBytes, nil
+	}
 	return 10 << 30, nil
 }
 

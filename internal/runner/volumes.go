@@ -132,6 +132,9 @@ func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, e
 	if errors.Is(err, runtime.ErrInvalidSpec) {
 		return 0, apierr.Newf(apierr.InvalidRequest, "registered volume %s: %v", v.ClaimName, err)
 	}
+	if errors.Is(err, runtime.ErrManagedBusy) {
+		return 0, apierr.New(apierr.VolumeInUse, fmt.Sprintf("registered volume %s: %v", v.ClaimName, err), nil)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("registered volume %s: %w", v.ClaimName, err)
 	}

@@ -49,14 +49,19 @@ type Volume struct {
 type ManagedVolumes interface {
 	// ManagedUnavailable is "" when managed volumes work on this backend, else why not.
 	ManagedUnavailable() string
-	// EnsureManaged makes managed volume name of sizeBytes when missing (a larger or
-	// smaller size of an existing one is ignored), checks that it is usable and returns
-	// its capacity in bytes. Idempotent.
+	// EnsureManaged makes managed volume name of sizeBytes when missing, grows an
+	// existing smaller one to sizeBytes (a smaller size is ignored: volumes never
+	// shrink; a grow the backend cannot make now is ErrManagedBusy), checks that it is
+	// usable and returns its capacity in bytes. Idempotent.
 	EnsureManaged(name string, sizeBytes int64) (int64, error)
 	// RemoveManaged deletes managed volume name and its content. A missing one is no
 	// error. Sandboxes still mounting it keep their view of it until they end.
 	RemoveManaged(name string) error
 }
+
+// ErrManagedBusy: a managed volume cannot grow while sandboxes mount it (the backend
+// grows it only when none does).
+var ErrManagedBusy = errors.New("managed volume in use")
 
 // ManagedVolumeName is the backend name of the registered volume of organization org
 // whose claim is claim: distinct per (organization, claim), never the caller's string.

@@ -18,7 +18,7 @@ func (a *app) quotaCommand() *cobra.Command {
 	var org string
 	cmd := &cobra.Command{
 		Use:   "quota",
-		Short: "Show the organization's quota usage (sandboxes, CPU, memory, snapshots) against its limits",
+		Short: "Show the organization's quota usage (sandboxes, CPU, memory, volumes, snapshots) against its limits",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			adm, err := a.admin()
@@ -39,9 +39,10 @@ func (a *app) quotaCommand() *cobra.Command {
 			_, _ = fmt.Fprintf(tw, "sandboxes\t%d\t%s\t%d\n", u.GetSandboxes(), limitText(e.MaxSandboxes, func(v int64) string { return strconv.FormatInt(v, 10) }), u.GetReservedSandboxes())
 			_, _ = fmt.Fprintf(tw, "cpu\t%s\t%s\t%s\n", quantity.FormatCPU(u.GetCpuMillicores()), limitText(e.MaxCpuMillicores, quantity.FormatCPU), quantity.FormatCPU(u.GetReservedCpuMillicores()))
 			_, _ = fmt.Fprintf(tw, "memory\t%s\t%s\t%s\n", quantity.FormatMemory(u.GetMemoryBytes()), limitText(e.MaxMemoryBytes, quantity.FormatMemory), quantity.FormatMemory(u.GetReservedMemoryBytes()))
-			if u.GetMaxSnapshots() > 0 {
-				_, _ = fmt.Fprintf(tw, "snapshots\t%d\t%d\t-\n", u.GetSnapshots(), u.GetMaxSnapshots())
-				_, _ = fmt.Fprintf(tw, "snapshot bytes\t%s\t%s\t-\n", quantity.FormatMemory(u.GetSnapshotBytes()), quantity.FormatMemory(u.GetMaxSnapshotBytes()))
+			_, _ = fmt.Fprintf(tw, "volume bytes\t%s (%d volumes)\t%s\t-\n", quantity.FormatMemory(u.GetVolumeBytes()), u.GetVolumes(), limitText(e.MaxVolumeBytes, quantity.FormatMemory))
+			if u.GetMaxSnapshots() != 0 {
+				_, _ = fmt.Fprintf(tw, "snapshots\t%d\t%s\t-\n", u.GetSnapshots(), limitText(e.MaxSnapshots, func(v int64) string { return strconv.FormatInt(v, 10) }))
+				_, _ = fmt.Fprintf(tw, "snapshot bytes\t%s\t%s\t-\n", quantity.FormatMemory(u.GetSnapshotBytes()), limitText(e.MaxSnapshotBytes, quantity.FormatMemory))
 			}
 			return tw.Flush()
 		},
@@ -83,9 +84,9 @@ func (a *app) quotaGetCommand() *cobra.Command {
 }
 
 func (a *app) quotaSetCommand() *cobra.Command {
-	var org, sandboxes, cpu, memory string
+	var org, sandboxes, cpu, memory, volumeBytes, snapshots, snapshotBytes string
 	cmd := &cobra.Command{
-		Use:   "set --org ORG [--max-sandboxes N] [--max-cpu CPU] [--max-memory BYTES]",
+		Use:   "set --org ORG [--max-sandboxes N] [--max-cpu CPU] [--max-memory BYTES] [--max-volume-bytes BYTES] [--max-snapshots N] [--max-snapshot-bytes BYTES]",
 		Short: "Set an organization's limits; each value is a number, \"unlimited\", or \"default\" (the gateway's --default-max-*); a flag not given keeps its limit",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -112,6 +113,9 @@ func (a *app) quotaSetCommand() *cobra.Command {
 				{"max-sandboxes", sandboxes, &l.MaxSandboxes, func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }},
 				{"max-cpu", cpu, &l.MaxCpuMillicores, quantity.ParseCPU},
 				{"max-memory", memory, &l.MaxMemoryBytes, quantity.ParseMemory},
+				{"max-volume-bytes", volumeBytes, &l.MaxVolumeBytes, quantity.ParseMemory},
+				{"max-snapshots", snapshots, &l.MaxSnapshots, func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }},
+				{"max-snapshot-bytes", snapshotBytes, &l.MaxSnapshotBytes, quantity.ParseMemory},
 			} {
 				if !cmd.Flags().Changed(f.flag) {
 					continue
@@ -142,6 +146,9 @@ func (a *app) quotaSetCommand() *cobra.Command {
 	f.StringVar(&sandboxes, "max-sandboxes", "", "sandboxes that have not ended, at once")
 	f.StringVar(&cpu, "max-cpu", "", "CPU of its live sandboxes in all (e.g. 16 or 16000m)")
 	f.StringVar(&memory, "max-memory", "", "memory of its live sandboxes in all (e.g. 64Gi)")
+	f.StringVar(&volumeBytes, "max-volume-bytes", "", "sizes of its registered volumes in all (e.g. 500Gi)")
+	f.StringVar(&snapshots, "max-snapshots", "", "file-system snapshots it holds (default: the gateway's --fss-max-per-org)")
+	f.StringVar(&snapshotBytes, "max-snapshot-bytes", "", "bytes of its file-system snapshots (e.g. 1Ti; default: the gateway's --fss-max-bytes-per-org)")
 	return cmd
 }
 
@@ -163,6 +170,9 @@ func (a *app) printQuota(q *quotav1.Quota) error {
 	row("sandboxes", set.MaxSandboxes, eff.MaxSandboxes, func(v int64) string { return strconv.FormatInt(v, 10) })
 	row("cpu", set.MaxCpuMillicores, eff.MaxCpuMillicores, quantity.FormatCPU)
 	row("memory", set.MaxMemoryBytes, eff.MaxMemoryBytes, quantity.FormatMemory)
+	row("volume bytes", set.MaxVolumeBytes, eff.MaxVolumeBytes, quantity.FormatMemory)
+	row("snapshots", set.MaxSnapshots, eff.MaxSnapshots, func(v int64) string { return strconv.FormatInt(v, 10) })
+	row("snapshot bytes", set.MaxSnapshotBytes, eff.MaxSnapshotBytes, quantity.FormatMemory)
 	if q.GetUpdateTime() != nil {
 		_, _ = fmt.Fprintf(tw, "updated\t%s by %s\t\n", ts(q.GetUpdateTime()), q.GetUpdatedBy())
 	}

@@ -42,8 +42,10 @@ func (f *fakeQuotas) SetQuota(_ context.Context, req *connect.Request[quotav1.Se
 
 func (f *fakeQuotas) GetQuotaUsage(_ context.Context, req *connect.Request[quotav1.GetQuotaUsageRequest]) (*connect.Response[quotav1.QuotaUsage], error) {
 	four := int64(4)
+	vb, ns := int64(100<<30), int64(50)
 	return connect.NewResponse(&quotav1.QuotaUsage{OrgId: "acme", Sandboxes: 3, CpuMillicores: 1500, MemoryBytes: 1 << 30, ReservedSandboxes: 1,
-		Effective: &quotav1.QuotaLimits{MaxSandboxes: &four}}), nil
+		Volumes: 2, VolumeBytes: 20 << 30, Snapshots: 7, SnapshotBytes: 1 << 30, MaxSnapshots: 50, MaxSnapshotBytes: -1,
+		Effective: &quotav1.QuotaLimits{MaxSandboxes: &four, MaxVolumeBytes: &vb, MaxSnapshots: &ns}}), nil
 }
 
 func TestQuotaCommands(t *testing.T) {
@@ -86,8 +88,17 @@ func TestQuotaCommands(t *testing.T) {
 	if _, errOut, code := sbx("admin", "quota", "set", "--max-cpu", "1"); code == 0 || !strings.Contains(errOut, "--org") {
 		t.Fatalf("no --org: %d %s", code, errOut)
 	}
+	// Storage limits: volume bytes and per-organization snapshot limits.
+	if _, errOut, code := sbx("admin", "quota", "set", "--org", "acme", "--max-volume-bytes", "500Gi", "--max-snapshots", "20", "--max-snapshot-bytes", "unlimited"); code != 0 {
+		t.Fatalf("storage: %d %s", code, errOut)
+	}
+	if l := f.sets[2].GetLimits(); l.GetMaxVolumeBytes() != 500<<30 || l.GetMaxSnapshots() != 20 || l.GetMaxSnapshotBytes() != -1 || l.GetMaxSandboxes() != -1 {
+		t.Fatalf("storage sent %v", l)
+	}
 	out, _, code = sbx("quota")
-	if code != 0 || !strings.Contains(out, "acme") || !strings.Contains(strings.Join(strings.Fields(out), " "), "sandboxes 3 4 1") || !strings.Contains(out, "unlimited") {
+	flat := strings.Join(strings.Fields(out), " ")
+	if code != 0 || !strings.Contains(out, "acme") || !strings.Contains(flat, "sandboxes 3 4 1") || !strings.Contains(out, "unlimited") ||
+		!strings.Contains(flat, "volume bytes 20Gi (2 volumes) 100Gi") || !strings.Contains(flat, "snapshots 7 50") || !strings.Contains(flat, "snapshot bytes 1Gi unlimited") {
 		t.Fatalf("quota: %d %q", code, out)
 	}
 }

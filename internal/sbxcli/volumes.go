@@ -18,10 +18,10 @@ func (a *app) volumeCommand() *cobra.Command {
 		Short:   "Manage your organization's registered volumes",
 		Long: `A registered volume outlives sandboxes: sandboxes mount it by ID (a spec's
 volumes[].volume_id) and see one shared directory. On sandboxd a volume is CLUSTER_LOCAL: one
-runner holds it (an ext4 image of 10 GiB on a local runner) and sandboxes mounting it run
-there. Creating, updating and deleting volumes needs the SANDBOX_ADMIN role (docs/volumes.md).`,
+runner holds it (an ext4 image of --size, 10Gi by default, on a local runner) and sandboxes
+mounting it run there; its size counts against the organization's max_volume_bytes quota. Creating, updating and deleting volumes needs the SANDBOX_ADMIN role (docs/volumes.md).`,
 	}
-	cmd.AddCommand(a.volumeCreateCommand(), a.volumeLsCommand(), a.volumeGetCommand(), a.volumeRmCommand(), a.volumeValidateCommand())
+	cmd.AddCommand(a.volumeCreateCommand(), a.volumeLsCommand(), a.volumeGetCommand(), a.volumeRmCommand(), a.volumeValidateCommand(), a.volumeGrowCommand())
 	return cmd
 }
 
@@ -55,8 +55,28 @@ func (a *app) volumeCreateCommand() *cobra.Command {
 	f.StringVar(&src.SubPath, "sub-path", "", "a directory inside it that sandboxes see as its root")
 	f.BoolVar(&readOnly, "read-only", false, "every mount of it is read-only")
 	f.StringVar(&description, "description", "", "a description")
+	f.StringVar(&src.Size, "size", "", "its size, e.g. 512Mi or 20Gi (16Mi to 1Ti; default: the runner's, 10Gi)")
 	_ = cmd.MarkFlagRequired("runner")
 	return cmd
+}
+
+func (a *app) volumeGrowCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "grow ID SIZE",
+		Short: "Grow a READY volume to SIZE (e.g. 20Gi; never smaller), within the organization's max_volume_bytes",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.GrowVolume(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			return a.printVolume(v)
+		},
+	}
 }
 
 func (a *app) printVolume(v *sandboxv1.Volume) error {
@@ -74,6 +94,7 @@ func (a *app) printVolume(v *sandboxv1.Volume) error {
 		{"Claim", pvc.GetNamespace() + "/" + pvc.GetClaimName()},
 		{"Sub path", pvc.GetSubPath()},
 		{"Read only", yesNo(v.GetSpec().GetReadOnly())},
+		{"Size", v.GetSpec().GetSize()},
 		{"Capacity", st.GetCapacity()},
 		{"Attached", fmt.Sprint(st.GetAttachedSandboxCount())},
 		{"Description", v.GetSpec().GetDescription()},

@@ -27,6 +27,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 )
 
 // KeySize is the size of every key (AES-256).
@@ -40,10 +43,77 @@ const DefaultFile = "secret-store.key"
 
 var keyID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
-// Keyring seals with its current key and opens with any of its keys.
+// Keyring seals with its current key and opens with any of its keys. A ring Load read
+// from a file follows the file: it reads it again when it changed (checked at most every
+// reloadEvery before a Seal, and before an Open that names a key the ring lacks), so
+// gateways pick up a key `sandboxd secret-key rotate` added without a restart. A file
+// that no longer parses leaves the ring as it was.
 type Keyring struct {
+	mu      sync.RWMutex
 	current string
 	aeads   map[string]cipher.AEAD
+	ids     []string // in file order
+
+	path    string // "" for a ring not from a file
+	stamp   fileStamp
+	checked time.Time
+}
+
+// reloadEvery bounds how often a file-backed ring looks at its file.
+const reloadEvery = 2 * time.Second
+
+type fileStamp struct {
+	mod  time.Time
+	size int64
+	ino  uint64
+}
+
+func stampOf(fi os.FileInfo) fileStamp {
+	st := fileStamp{mod: fi.ModTime(), size: fi.Size()}
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+		st.ino = sys.Ino
+	}
+	return st
+}
+
+// refresh reads the file again when it changed; force skips the interval (still at
+// most every reloadEvery/4).
+func (r *Keyring) refresh(force bool) {
+	if r.path == "" {
+		return
+	}
+	r.mu.RLock()
+	wait := reloadEvery
+	if force {
+		wait = reloadEvery / 4
+	}
+	due := time.Since(r.checked) >= wait
+	r.mu.RUnlock()
+	if !due {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.checked) < wait {
+		return
+	}
+	r.checked = time.Now()
+	fi, err := os.Stat(r.path)
+	if err != nil || stampOf(fi) == r.stamp {
+		return
+	}
+	n, err := Load(r.path)
+	if err != nil {
+		return // keep what works
+	}
+	r.current, r.aeads, r.ids, r.stamp = n.current, n.aeads, n.ids, n.stamp
+}
+
+// IDs are the ring's key IDs, the current one last.
+func (r *Keyring) IDs() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return append([]string(nil), r.ids...)
 }
 
 // Key is one key of a ring.
@@ -78,12 +148,18 @@ func New(keys ...Key) (*Keyring, error) {
 		}
 		r.aeads[k.ID] = a
 		r.current = k.ID
+		r.ids = append(r.ids, k.ID)
 	}
 	return r, nil
 }
 
 // CurrentID is the ID of the key new values are sealed with.
-func (r *Keyring) CurrentID() string { return r.current }
+func (r *Keyring) CurrentID() string {
+	r.refresh(false)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.current
+}
 
 // AD is the associated data of a secret's value: its row.
 func AD(org, store, path, field string) []byte {
@@ -92,10 +168,13 @@ func AD(org, store, path, field string) []byte {
 
 // Seal encrypts plain with the current key: the key's ID and nonce || ciphertext.
 func (r *Keyring) Seal(plain, ad []byte) (string, []byte) {
-	a := r.aeads[r.current]
+	r.refresh(false)
+	r.mu.RLock()
+	id, a := r.current, r.aeads[r.current]
+	r.mu.RUnlock()
 	nonce := make([]byte, a.NonceSize())
 	_, _ = rand.Read(nonce) // never fails (crypto/rand)
-	return r.current, a.Seal(nonce, nonce, plain, ad)
+	return id, a.Seal(nonce, nonce, plain, ad)
 }
 
 // ErrUnknownKey: the ciphertext was sealed with a key the ring does not hold.
@@ -103,7 +182,15 @@ var ErrUnknownKey = errors.New("secretbox: sealed with a key this key file does 
 
 // Open decrypts what Seal made with key id for ad.
 func (r *Keyring) Open(id string, sealed, ad []byte) ([]byte, error) {
+	r.mu.RLock()
 	a, ok := r.aeads[id]
+	r.mu.RUnlock()
+	if !ok {
+		r.refresh(true) // a key another process added since
+		r.mu.RLock()
+		a, ok = r.aeads[id]
+		r.mu.RUnlock()
+	}
 	if !ok {
 		return nil, fmt.Errorf("%w (key ID %q)", ErrUnknownKey, id)
 	}
@@ -184,6 +271,7 @@ func Load(path string) (*Keyring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	r.path, r.stamp, r.checked = path, stampOf(st), time.Now()
 	return r, nil
 }
 
@@ -214,4 +302,91 @@ func LoadOrCreate(path string) (*Keyring, error) {
 		return nil, fmt.Errorf("secret key file: %w", err)
 	}
 	return Load(path)
+}
+
+// AddKey appends a fresh key to the key file at path (which must exist and load), making
+// it the current one, and returns it. The file is replaced atomically (a copy written
+// 0600 beside it, synced, renamed over it): an interrupted AddKey leaves the file as it
+// was or with the key added, never torn. Comments and older keys are kept.
+func AddKey(path string) (Key, error) {
+	if _, err := Load(path); err != nil {
+		return Key{}, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Key{}, fmt.Errorf("secret key file: %w", err)
+	}
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		b = append(b, '\n')
+	}
+	k := NewKey()
+	b = append(b, Line(k.ID, k.Key)...)
+	if _, err := Parse(b); err != nil {
+		return Key{}, err
+	}
+	return k, replaceFile(path, b)
+}
+
+// RemoveKeys rewrites the key file at path without the keys of ids (their lines only);
+// the current (last) key is never removed, nor a key ID the file does not hold.
+func RemoveKeys(path string, ids []string) error {
+	r, err := Load(path)
+	if err != nil {
+		return err
+	}
+	drop := map[string]bool{}
+	for _, id := range ids {
+		if id == r.CurrentID() {
+			return fmt.Errorf("secretbox: key %s is the current key: it is never removed", id)
+		}
+		if _, ok := r.aeads[id]; !ok {
+			return fmt.Errorf("secretbox: key %s is not in %s", id, path)
+		}
+		drop[id] = true
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("secret key file: %w", err)
+	}
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		id, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if drop[id] && !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		out.WriteString(line)
+	}
+	if _, err := Parse(out.Bytes()); err != nil {
+		return err
+	}
+	return replaceFile(path, out.Bytes())
+}
+
+// replaceFile writes b over path atomically, mode 0600.
+func replaceFile(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("secret key file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err == nil {
+		_, err = tmp.Write(b)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return fmt.Errorf("secret key file: %w", err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
 }

@@ -48,6 +48,19 @@ type QuotaLimits struct {
 	MaxSandboxes   *int64
 	MaxMilliCPU    *int64
 	MaxMemoryBytes *int64
+	// MaxVolumeBytes bounds the sum of the sizes of the organization's registered
+	// volumes (Volumes.Create and Volumes.Resize check it).
+	MaxVolumeBytes *int64
+	// MaxSnapshots and MaxSnapshotBytes bound its file-system snapshots (the gateway
+	// checks them; its --fss-max-* flags are the defaults).
+	MaxSnapshots     *int64
+	MaxSnapshotBytes *int64
+}
+
+// limitFields are l's limits by column (Put validates every one).
+func (l QuotaLimits) limitFields() map[string]*int64 {
+	return map[string]*int64{"max_sandboxes": l.MaxSandboxes, "max_cpu_millis": l.MaxMilliCPU, "max_memory_bytes": l.MaxMemoryBytes,
+		"max_volume_bytes": l.MaxVolumeBytes, "max_snapshots": l.MaxSnapshots, "max_snapshot_bytes": l.MaxSnapshotBytes}
 }
 
 // Over returns l with every unset limit taken from def.
@@ -61,10 +74,20 @@ func (l QuotaLimits) Over(def QuotaLimits) QuotaLimits {
 	if l.MaxMemoryBytes == nil {
 		l.MaxMemoryBytes = def.MaxMemoryBytes
 	}
+	if l.MaxVolumeBytes == nil {
+		l.MaxVolumeBytes = def.MaxVolumeBytes
+	}
+	if l.MaxSnapshots == nil {
+		l.MaxSnapshots = def.MaxSnapshots
+	}
+	if l.MaxSnapshotBytes == nil {
+		l.MaxSnapshotBytes = def.MaxSnapshotBytes
+	}
 	return l
 }
 
-// Bounded reports whether a limit of l bounds anything (is set and not Unlimited).
+// Bounded reports whether a sandbox limit of l (sandboxes, CPU, memory) bounds anything
+// (is set and not Unlimited): only those take reservations.
 func (l QuotaLimits) Bounded() bool {
 	for _, v := range []*int64{l.MaxSandboxes, l.MaxMilliCPU, l.MaxMemoryBytes} {
 		if v != nil && *v >= 0 {
@@ -98,6 +121,9 @@ type QuotaUsage struct {
 	Sandboxes, MilliCPU, MemoryBytes int64
 	// Reserved* are the reservations' part of the totals.
 	ReservedSandboxes, ReservedMilliCPU, ReservedMemoryBytes int64
+	// Volumes and VolumeBytes: the organization's registered volumes and the sum of their
+	// sizes (Volume.SizeBytes).
+	Volumes, VolumeBytes int64
 }
 
 // Quota names of QuotaExceededError.
@@ -105,6 +131,7 @@ const (
 	QuotaSandboxes   = "sandboxes"
 	QuotaMilliCPU    = "cpu_millicores"
 	QuotaMemoryBytes = "memory_bytes"
+	QuotaVolumeBytes = "volume_bytes"
 )
 
 // ErrQuotaExceeded: an organization's quota has no room for a reservation.
@@ -112,7 +139,7 @@ var ErrQuotaExceeded = errors.New("quota exceeded")
 
 // QuotaExceededError says which limit a reservation would pass.
 type QuotaExceededError struct {
-	Quota   string // QuotaSandboxes, QuotaMilliCPU, QuotaMemoryBytes
+	Quota   string // QuotaSandboxes, QuotaMilliCPU, QuotaMemoryBytes, QuotaVolumeBytes
 	Limit   int64
 	Current int64 // usage before the reservation (live and reserved)
 	Asked   int64
@@ -151,14 +178,16 @@ func (qs quotas) Get(ctx context.Context, org string) (Quota, error) {
 
 func getQuota(ctx context.Context, s *sqlStore, q querier, org string) (Quota, error) {
 	var out Quota
-	var ms, mc, mm sql.NullInt64
+	var ms, mc, mm, mv, mn, mb sql.NullInt64
 	var updated dbTime
-	err := q.queryRow(ctx, `SELECT org_id, max_sandboxes, max_cpu_millis, max_memory_bytes, updated_at, updated_by
-		FROM org_quotas WHERE org_id = $1`, org).Scan(&out.Org, &ms, &mc, &mm, &updated, &out.UpdatedBy)
+	err := q.queryRow(ctx, `SELECT org_id, max_sandboxes, max_cpu_millis, max_memory_bytes, max_volume_bytes, max_snapshots,
+		max_snapshot_bytes, updated_at, updated_by
+		FROM org_quotas WHERE org_id = $1`, org).Scan(&out.Org, &ms, &mc, &mm, &mv, &mn, &mb, &updated, &out.UpdatedBy)
 	if err != nil {
 		return Quota{}, s.readErr("quota", err)
 	}
 	out.MaxSandboxes, out.MaxMilliCPU, out.MaxMemoryBytes = nullInt(ms), nullInt(mc), nullInt(mm)
+	out.MaxVolumeBytes, out.MaxSnapshots, out.MaxSnapshotBytes = nullInt(mv), nullInt(mn), nullInt(mb)
 	out.UpdatedAt = updated.t
 	return out, nil
 }
@@ -167,17 +196,21 @@ func (qs quotas) Put(ctx context.Context, x Quota) (Quota, error) {
 	if err := required("org", x.Org); err != nil {
 		return Quota{}, err
 	}
-	for name, v := range map[string]*int64{"max_sandboxes": x.MaxSandboxes, "max_cpu_millis": x.MaxMilliCPU, "max_memory_bytes": x.MaxMemoryBytes} {
+	for name, v := range x.limitFields() {
 		if v != nil && *v < Unlimited {
 			return Quota{}, invalid("%s %d: -1 (unlimited) or more", name, *v)
 		}
 	}
 	x.UpdatedAt = now()
-	_, err := qs.s.d.exec(ctx, `INSERT INTO org_quotas (org_id, max_sandboxes, max_cpu_millis, max_memory_bytes, updated_at, updated_by)
-		VALUES ($1, $2, $3, $4, $5, $6)
+	_, err := qs.s.d.exec(ctx, `INSERT INTO org_quotas (org_id, max_sandboxes, max_cpu_millis, max_memory_bytes, updated_at, updated_by,
+			max_volume_bytes, max_snapshots, max_snapshot_bytes)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (org_id) DO UPDATE SET max_sandboxes = excluded.max_sandboxes, max_cpu_millis = excluded.max_cpu_millis,
-			max_memory_bytes = excluded.max_memory_bytes, updated_at = excluded.updated_at, updated_by = excluded.updated_by`,
-		x.Org, intArg(x.MaxSandboxes), intArg(x.MaxMilliCPU), intArg(x.MaxMemoryBytes), x.UpdatedAt, x.UpdatedBy)
+			max_memory_bytes = excluded.max_memory_bytes, updated_at = excluded.updated_at, updated_by = excluded.updated_by,
+			max_volume_bytes = excluded.max_volume_bytes, max_snapshots = excluded.max_snapshots,
+			max_snapshot_bytes = excluded.max_snapshot_bytes`,
+		x.Org, intArg(x.MaxSandboxes), intArg(x.MaxMilliCPU), intArg(x.MaxMemoryBytes), x.UpdatedAt, x.UpdatedBy,
+		intArg(x.MaxVolumeBytes), intArg(x.MaxSnapshots), intArg(x.MaxSnapshotBytes))
 	if err != nil {
 		return Quota{}, qs.s.writeErr("quota", "put", err)
 	}
@@ -204,12 +237,14 @@ const usageQuery = `SELECT
 	(SELECT CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) FROM sandboxes WHERE org_id = $1 AND ended_at IS NULL),
 	(SELECT CAST(COALESCE(SUM(sandboxes), 0) AS BIGINT) FROM quota_reservations WHERE org_id = $1 AND expires_at > $2),
 	(SELECT CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) FROM quota_reservations WHERE org_id = $1 AND expires_at > $2),
-	(SELECT CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) FROM quota_reservations WHERE org_id = $1 AND expires_at > $2)`
+	(SELECT CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) FROM quota_reservations WHERE org_id = $1 AND expires_at > $2),
+	(SELECT COUNT(*) FROM volumes WHERE org_id = $1),
+	(SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) FROM volumes WHERE org_id = $1)`
 
 func readUsage(ctx context.Context, q querier, org string, at time.Time) (QuotaUsage, error) {
 	var u QuotaUsage
 	var n, c, m, rn, rc, rm int64
-	if err := q.queryRow(ctx, usageQuery, org, utc(at)).Scan(&n, &c, &m, &rn, &rc, &rm); err != nil {
+	if err := q.queryRow(ctx, usageQuery, org, utc(at)).Scan(&n, &c, &m, &rn, &rc, &rm, &u.Volumes, &u.VolumeBytes); err != nil {
 		return QuotaUsage{}, fmt.Errorf("quota usage: %w", err)
 	}
 	u.ReservedSandboxes, u.ReservedMilliCPU, u.ReservedMemoryBytes = max(rn, 0), max(rc, 0), max(rm, 0)
@@ -242,11 +277,9 @@ func (qs quotas) Reserve(ctx context.Context, r QuotaReservation, defaults Quota
 		if !lim.Bounded() {
 			return nil // nothing to hold: no lock, no row
 		}
-		// The organization's lock row, locked until the end of the transaction (SQLite:
-		// the transaction holds the database's write lock already).
-		if _, err := q.exec(ctx, `INSERT INTO quota_locks (org_id, n) VALUES ($1, 1)
-			ON CONFLICT (org_id) DO UPDATE SET n = quota_locks.n + 1`, r.Org); err != nil {
-			return fmt.Errorf("lock quota: %w", err)
+		// The organization's lock row, locked until the end of the transaction.
+		if err := lockQuota(ctx, q, r.Org); err != nil {
+			return err
 		}
 		if _, err := q.exec(ctx, `DELETE FROM quota_reservations WHERE org_id = $1 AND expires_at <= $2`, r.Org, at); err != nil {
 			return fmt.Errorf("drop expired reservations: %w", err)
@@ -290,6 +323,47 @@ func (qs quotas) Release(ctx context.Context, org, id string) error {
 	}
 	if _, err := qs.s.d.exec(ctx, `DELETE FROM quota_reservations WHERE org_id = $1 AND id = $2`, org, id); err != nil {
 		return fmt.Errorf("release quota reservation: %w", err)
+	}
+	return nil
+}
+
+// lockQuota takes org's quota lock row until the end of the transaction q is in (SQLite:
+// the transaction holds the database's write lock already), so gateway replicas sharing
+// one database admit one at a time per organization.
+func lockQuota(ctx context.Context, q querier, org string) error {
+	if _, err := q.exec(ctx, `INSERT INTO quota_locks (org_id, n) VALUES ($1, 1)
+		ON CONFLICT (org_id) DO UPDATE SET n = quota_locks.n + 1`, org); err != nil {
+		return fmt.Errorf("lock quota: %w", err)
+	}
+	return nil
+}
+
+// checkVolumeBytes admits grow more bytes of org's registered volumes against its
+// max_volume_bytes (its quota's, else def's) inside transaction q, which it first locks
+// on org: the volumes' rows are their own reservations, so a create or resize committed
+// by another replica is counted once this one holds the lock. A limit passed is
+// *QuotaExceededError (QuotaVolumeBytes).
+func checkVolumeBytes(ctx context.Context, s *sqlStore, q querier, org string, grow int64, def *QuotaLimits) error {
+	if def == nil || grow <= 0 {
+		return nil
+	}
+	set, err := getQuota(ctx, s, q, org)
+	if err != nil && !isNotFound(err) {
+		return err
+	}
+	lim := set.QuotaLimits.Over(*def).MaxVolumeBytes
+	if lim == nil || *lim < 0 {
+		return nil
+	}
+	if err := lockQuota(ctx, q, org); err != nil {
+		return err
+	}
+	var n, used int64
+	if err := q.queryRow(ctx, `SELECT COUNT(*), CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) FROM volumes WHERE org_id = $1`, org).Scan(&n, &used); err != nil {
+		return fmt.Errorf("volume usage: %w", err)
+	}
+	if used+grow > *lim {
+		return &QuotaExceededError{Quota: QuotaVolumeBytes, Limit: *lim, Current: used, Asked: grow, Usage: QuotaUsage{Volumes: n, VolumeBytes: used}}
 	}
 	return nil
 }

@@ -43,6 +43,18 @@ type SecretStores interface {
 	ListSecrets(ctx context.Context, org, store string, page Page) ([]Secret, string, error)
 	// DeleteSecret removes one secret (ErrNotFound when missing).
 	DeleteSecret(ctx context.Context, org, store, path, field string) error
+
+	// Key rotation (sandboxd secret-key; docs/secrets.md), across organizations:
+	// KeyUsage counts the secrets sealed under each key ID.
+	KeyUsage(ctx context.Context) (map[string]int64, error)
+	// SealedNotUnder returns up to limit secrets (with ciphertexts) sealed under another
+	// key than keyID, in (org, store, path, field) order after the secret after (nil:
+	// from the first).
+	SealedNotUnder(ctx context.Context, keyID string, after *Secret, limit int) ([]Secret, error)
+	// Reseal replaces old's ciphertext and key ID by keyID and ciphertext only if the row
+	// still holds old's (compare and swap: a value put meanwhile is left as it is); it
+	// reports whether it did. The update time stays (the value is the same).
+	Reseal(ctx context.Context, old Secret, keyID string, ciphertext []byte) (bool, error)
 }
 
 // SecretStore is a stored secret store.
@@ -325,4 +337,65 @@ func (ss secretStores) DeleteSecret(ctx context.Context, org, store, path, field
 		return fmt.Errorf("secret: %w", ErrNotFound)
 	}
 	return nil
+}
+
+func (ss secretStores) KeyUsage(ctx context.Context) (map[string]int64, error) {
+	rs, err := ss.s.d.query(ctx, `SELECT key_id, COUNT(*) FROM secrets GROUP BY key_id`)
+	if err != nil {
+		return nil, fmt.Errorf("secret key usage: %w", err)
+	}
+	defer rs.Close()
+	out := map[string]int64{}
+	for rs.Next() {
+		var id string
+		var n int64
+		if err := rs.Scan(&id, &n); err != nil {
+			return nil, fmt.Errorf("secret key usage: %w", err)
+		}
+		out[id] = n
+	}
+	return out, rs.Err()
+}
+
+func (ss secretStores) SealedNotUnder(ctx context.Context, keyID string, after *Secret, limit int) ([]Secret, error) {
+	where, args := "key_id <> $1", []any{keyID}
+	if after != nil {
+		where += ` AND (org_id > $2 OR (org_id = $2 AND (store_name > $3 OR (store_name = $3 AND
+			(path > $4 OR (path = $4 AND field > $5))))))`
+		args = append(args, after.Org, after.Store, after.Path, after.Field)
+	}
+	args = append(args, pageSize(limit))
+	rs, err := ss.s.d.query(ctx, fmt.Sprintf(`SELECT org_id, store_name, path, field, key_id, ciphertext, create_time, update_time
+		FROM secrets WHERE %s ORDER BY org_id, store_name, path, field LIMIT $%d`, where, len(args)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sealed secrets: %w", err)
+	}
+	defer rs.Close()
+	var out []Secret
+	for rs.Next() {
+		var x Secret
+		var c, u dbTime
+		if err := rs.Scan(&x.Org, &x.Store, &x.Path, &x.Field, &x.KeyID, &x.Ciphertext, &c, &u); err != nil {
+			return nil, fmt.Errorf("list sealed secrets: %w", err)
+		}
+		x.CreateTime, x.UpdateTime = c.t, u.t
+		out = append(out, x)
+	}
+	return out, rs.Err()
+}
+
+func (ss secretStores) Reseal(ctx context.Context, old Secret, keyID string, ciphertext []byte) (bool, error) {
+	if err := required("key_id", keyID); err != nil {
+		return false, err
+	}
+	if len(ciphertext) > maxSecretCiphertext {
+		return false, invalid("ciphertext of %d bytes, at most %d", len(ciphertext), maxSecretCiphertext)
+	}
+	n, err := ss.s.d.exec(ctx, `UPDATE secrets SET key_id = $5, ciphertext = $6
+		WHERE org_id = $1 AND store_name = $2 AND path = $3 AND field = $4 AND key_id = $7 AND ciphertext = $8`,
+		old.Org, old.Store, old.Path, old.Field, keyID, ciphertext, old.KeyID, old.Ciphertext)
+	if err != nil {
+		return false, ss.s.writeErr("secret", "reseal", err)
+	}
+	return n == 1, nil
 }

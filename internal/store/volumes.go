@@ -19,9 +19,16 @@ import (
 type Volumes interface {
 	// Create inserts v (Org, ID, RunnerID, Namespace, ClaimName and State required)
 	// unless the organization already has maxActive volumes (ErrLimitExceeded; <= 0: no
-	// limit). *AlreadyExistsError with key KeyID (the ID is taken), KeyRequestID or
-	// KeyClaimName (another volume of the organization names the runner's claim).
-	Create(ctx context.Context, v Volume, maxActive int) (Volume, error)
+	// limit) or, with quota (the default limits; nil: no check), v.SizeBytes would take
+	// the organization's volumes past its max_volume_bytes (*QuotaExceededError, checked
+	// and inserted under the organization's quota lock). *AlreadyExistsError with key
+	// KeyID (the ID is taken), KeyRequestID or KeyClaimName (another volume of the
+	// organization names the runner's claim).
+	Create(ctx context.Context, v Volume, maxActive int, quota *QuotaLimits) (Volume, error)
+	// Resize sets org's volume id's SizeBytes to size, which may only grow it
+	// (ErrInvalid otherwise), admitting the growth against max_volume_bytes like Create.
+	// It returns the volume as it was before and after.
+	Resize(ctx context.Context, org, id string, size int64, quota *QuotaLimits) (before, after Volume, err error)
 	Get(ctx context.Context, org, id string) (Volume, error)
 	// GetByRequestID returns the volume the request requestID created.
 	GetByRequestID(ctx context.Context, org, requestID string) (Volume, error)
@@ -50,6 +57,8 @@ type Volume struct {
 	StateReason string
 	// CapacityBytes is the size of the runner's storage; 0 until known.
 	CapacityBytes int64
+	// SizeBytes is the size asked for (what max_volume_bytes counts); > 0.
+	SizeBytes     int64
 	CreateTime    time.Time // set by the store
 	UpdateTime    time.Time // set by the store
 	LastValidated *time.Time
@@ -71,6 +80,8 @@ type VolumeUpdate struct {
 	StateReason   *string // with State
 	CapacityBytes *int64
 	LastValidated *time.Time
+	// SizeBytes sets the size without a quota check (putting back a failed Resize).
+	SizeBytes *int64
 }
 
 // KeyClaimName is the key of a runner claim another volume of the organization names.
@@ -81,14 +92,14 @@ type volumes struct{ s *sqlStore }
 func (s *sqlStore) Volumes() Volumes { return volumes{s} }
 
 const volumeCols = `org_id, id, runner_id, namespace, claim_name, sub_path, read_only, description, state,
-	state_reason, capacity_bytes, create_time, update_time, last_validated, request_id, request_digest`
+	state_reason, capacity_bytes, create_time, update_time, last_validated, request_id, request_digest, size_bytes`
 
 func scanVolume(r row) (Volume, error) {
 	var v Volume
 	var requestID sql.NullString
 	var created, updated, validated dbTime
 	if err := r.Scan(&v.Org, &v.ID, &v.RunnerID, &v.Namespace, &v.ClaimName, &v.SubPath, &v.ReadOnly, &v.Description,
-		&v.State, &v.StateReason, &v.CapacityBytes, &created, &updated, &validated, &requestID, &v.RequestDigest); err != nil {
+		&v.State, &v.StateReason, &v.CapacityBytes, &created, &updated, &validated, &requestID, &v.RequestDigest, &v.SizeBytes); err != nil {
 		return Volume{}, err
 	}
 	v.RequestID = requestID.String
@@ -96,10 +107,13 @@ func scanVolume(r row) (Volume, error) {
 	return v, nil
 }
 
-func (vs volumes) Create(ctx context.Context, v Volume, maxActive int) (Volume, error) {
+func (vs volumes) Create(ctx context.Context, v Volume, maxActive int, quota *QuotaLimits) (Volume, error) {
 	if err := required("org", v.Org, "id", v.ID, "runner_id", v.RunnerID, "namespace", v.Namespace,
 		"claim_name", v.ClaimName, "state", v.State); err != nil {
 		return Volume{}, err
+	}
+	if v.SizeBytes <= 0 {
+		return Volume{}, invalid("volume size %d bytes", v.SizeBytes)
 	}
 	v.CreateTime = now()
 	v.UpdateTime = v.CreateTime
@@ -117,14 +131,17 @@ func (vs volumes) Create(ctx context.Context, v Volume, maxActive int) (Volume, 
 				return fmt.Errorf("%w: organization %s has %d volumes, at most %d", ErrLimitExceeded, v.Org, n, maxActive)
 			}
 		}
+		if err := checkVolumeBytes(ctx, vs.s, q, v.Org, v.SizeBytes, quota); err != nil {
+			return err
+		}
 		_, err := q.exec(ctx, `INSERT INTO volumes (`+volumeCols+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
 			v.Org, v.ID, v.RunnerID, v.Namespace, v.ClaimName, v.SubPath, v.ReadOnly, v.Description, v.State,
-			v.StateReason, v.CapacityBytes, v.CreateTime, v.UpdateTime, timeArg(v.LastValidated), requestID, v.RequestDigest)
+			v.StateReason, v.CapacityBytes, v.CreateTime, v.UpdateTime, timeArg(v.LastValidated), requestID, v.RequestDigest, v.SizeBytes)
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, ErrLimitExceeded) {
+		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, ErrQuotaExceeded) {
 			return Volume{}, err
 		}
 		return Volume{}, vs.s.writeErr("volume", "create", err)
@@ -203,7 +220,10 @@ func (vs volumes) List(ctx context.Context, org string, f VolumeFilter, page Pag
 }
 
 func (vs volumes) Update(ctx context.Context, org, id string, u VolumeUpdate) (Volume, error) {
-	var desc, state, reason, capacity any
+	var desc, state, reason, capacity, size any
+	if u.SizeBytes != nil {
+		size = *u.SizeBytes
+	}
 	if u.Description != nil {
 		desc = *u.Description
 	}
@@ -224,10 +244,43 @@ func (vs volumes) Update(ctx context.Context, org, id string, u VolumeUpdate) (V
 		state_reason = COALESCE($5, state_reason),
 		capacity_bytes = COALESCE($6, capacity_bytes),
 		last_validated = COALESCE($7, last_validated),
-		update_time = $8
+		update_time = $8,
+		size_bytes = COALESCE($9, size_bytes)
 		WHERE org_id = $1 AND id = $2 RETURNING `+volumeCols,
-		org, id, desc, state, reason, capacity, timeArg(u.LastValidated), now()))
+		org, id, desc, state, reason, capacity, timeArg(u.LastValidated), now(), size))
 	return v, vs.s.readErr("volume", err)
+}
+
+func (vs volumes) Resize(ctx context.Context, org, id string, size int64, quota *QuotaLimits) (Volume, Volume, error) {
+	var before, after Volume
+	err := vs.s.d.tx(ctx, func(q querier) error {
+		// Lock first (an admitted grow must see every other committed one), then read.
+		if quota != nil {
+			if err := lockQuota(ctx, q, org); err != nil {
+				return err
+			}
+		}
+		var err error
+		if before, err = scanVolume(q.queryRow(ctx, `SELECT `+volumeCols+` FROM volumes WHERE org_id = $1 AND id = $2`, org, id)); err != nil {
+			return err
+		}
+		if size < before.SizeBytes {
+			return invalid("volume %s is %d bytes: it can only grow, not to %d", id, before.SizeBytes, size)
+		}
+		if err := checkVolumeBytes(ctx, vs.s, q, org, size-before.SizeBytes, quota); err != nil {
+			return err
+		}
+		after, err = scanVolume(q.queryRow(ctx, `UPDATE volumes SET size_bytes = $3, update_time = $4
+			WHERE org_id = $1 AND id = $2 RETURNING `+volumeCols, org, id, size, now()))
+		return err
+	})
+	switch {
+	case err == nil:
+		return before, after, nil
+	case errors.Is(err, ErrQuotaExceeded), errors.Is(err, ErrInvalid):
+		return before, Volume{}, err
+	}
+	return Volume{}, Volume{}, vs.s.readErr("volume", err)
 }
 
 func (vs volumes) Delete(ctx context.Context, org, id string) (Volume, error) {

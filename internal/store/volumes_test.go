@@ -14,8 +14,8 @@ func TestVolumes(t *testing.T) {
 		ctx := t.Context()
 		vs := s.Volumes()
 		v := store.Volume{Org: "acme", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c1", SubPath: "a/b",
-			ReadOnly: true, Description: "d", State: "VALIDATING", RequestID: "q1", RequestDigest: "dg"}
-		a, err := vs.Create(ctx, v, 0)
+			ReadOnly: true, Description: "d", State: "VALIDATING", RequestID: "q1", RequestDigest: "dg", SizeBytes: 1 << 30}
+		a, err := vs.Create(ctx, v, 0, nil)
 		if err != nil || a.CreateTime.IsZero() {
 			t.Fatalf("create = %+v, %v", a, err)
 		}
@@ -32,23 +32,23 @@ func TestVolumes(t *testing.T) {
 		if g, err := vs.GetByRequestID(ctx, "acme", "q1"); err != nil || g.ID != "data" {
 			t.Fatalf("by request = %+v, %v", g, err)
 		}
-		if _, err := vs.Create(ctx, store.Volume{Org: "globex", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c1", State: "READY"}, 0); err != nil {
+		if _, err := vs.Create(ctx, store.Volume{Org: "globex", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c1", State: "READY", SizeBytes: 1 << 30}, 0, nil); err != nil {
 			t.Fatal(err)
 		}
 		var dup *store.AlreadyExistsError
-		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c2", State: "READY"}, 0)
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c2", State: "READY", SizeBytes: 1 << 30}, 0, nil)
 		if !errors.As(err, &dup) || dup.Key != store.KeyID {
 			t.Fatalf("duplicate id: %v", err)
 		}
-		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c1", State: "READY"}, 0)
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c1", State: "READY", SizeBytes: 1 << 30}, 0, nil)
 		if !errors.As(err, &dup) || dup.Key != store.KeyClaimName {
 			t.Fatalf("duplicate claim: %v", err)
 		}
-		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c3", State: "READY", RequestID: "q1"}, 0)
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c3", State: "READY", RequestID: "q1", SizeBytes: 1 << 30}, 0, nil)
 		if !errors.As(err, &dup) || dup.Key != store.KeyRequestID {
 			t.Fatalf("duplicate request: %v", err)
 		}
-		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c3", State: "READY"}, 1)
+		_, err = vs.Create(ctx, store.Volume{Org: "acme", ID: "other", RunnerID: "r1", Namespace: "default", ClaimName: "c3", State: "READY", SizeBytes: 1 << 30}, 1, nil)
 		wantErr(t, err, store.ErrLimitExceeded)
 		// Update: state with its reason, capacity, validation time, description.
 		st, reason, capb, now := "ERROR", "broken", int64(10<<30), time.Now()
@@ -66,7 +66,7 @@ func TestVolumes(t *testing.T) {
 		// List: filters and pages.
 		for i := range 3 {
 			if _, err := vs.Create(ctx, store.Volume{Org: "acme", ID: fmt.Sprintf("v%d", i), RunnerID: "r2", Namespace: "default",
-				ClaimName: fmt.Sprintf("k%d", i), State: "VALIDATING"}, 0); err != nil {
+				ClaimName: fmt.Sprintf("k%d", i), State: "VALIDATING", SizeBytes: 1 << 30}, 0, nil); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -23,6 +23,10 @@ type VolumeSource struct {
 	Namespace string // "" = "default"
 	ClaimName string
 	SubPath   string // a root inside the volume ("" = its root)
+	// Size is the volume's size, a quantity such as "10Gi" (16Mi to 1Ti; "" = the
+	// runner's default, 10Gi on a local runner): VolumeSpec.size, a sandboxd extension.
+	// It counts against the organization's max_volume_bytes quota.
+	Size string
 }
 
 // CreateVolume registers volume id (VALIDATING; poll GetVolume for READY or ERROR).
@@ -36,7 +40,7 @@ func (c *Client) CreateVolume(ctx context.Context, id string, src VolumeSource, 
 	}
 	req := &sandboxv1.CreateVolumeRequest{RequestId: uuid.NewString(), Volume: &sandboxv1.Volume{VolumeId: id, Spec: &sandboxv1.VolumeSpec{
 		Source:   &sandboxv1.VolumeSpec_Pvc{Pvc: &sandboxv1.PvcVolumeSource{RunnerId: src.RunnerID, Namespace: src.Namespace, ClaimName: src.ClaimName, SubPath: src.SubPath}},
-		ReadOnly: readOnly, Description: description}}}
+		ReadOnly: readOnly, Description: description, Size: src.Size}}}
 	var out *sandboxv1.Volume
 	err := retry(ctx, retryBudget, func(ctx context.Context) error {
 		res, err := c.vols.CreateVolume(ctx, connect.NewRequest(req))
@@ -86,6 +90,24 @@ func (c *Client) UpdateVolumeDescription(ctx context.Context, id, description st
 		res, err := c.vols.UpdateVolume(ctx, connect.NewRequest(&sandboxv1.UpdateVolumeRequest{VolumeId: id,
 			Volume:     &sandboxv1.Volume{VolumeId: id, Spec: &sandboxv1.VolumeSpec{Description: description}},
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"spec.description"}}}))
+		if err == nil {
+			out = res.Msg
+		}
+		return fromRPC(err)
+	})
+	return out, err
+}
+
+// GrowVolume grows volume id to size (a quantity such as "20Gi"; sandboxd extension,
+// update_mask spec.size): admitted against max_volume_bytes (ReasonQuotaExceeded), never
+// smaller than it is. A runner that cannot grow it while sandboxes mount it refuses
+// (ReasonVolumeInUse).
+func (c *Client) GrowVolume(ctx context.Context, id, size string) (*sandboxv1.Volume, error) {
+	var out *sandboxv1.Volume
+	err := retry(ctx, retryBudget, func(ctx context.Context) error {
+		res, err := c.vols.UpdateVolume(ctx, connect.NewRequest(&sandboxv1.UpdateVolumeRequest{VolumeId: id,
+			Volume:     &sandboxv1.Volume{VolumeId: id, Spec: &sandboxv1.VolumeSpec{Size: size}},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"spec.size"}}}))
 		if err == nil {
 			out = res.Msg
 		}

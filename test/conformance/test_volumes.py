@@ -80,3 +80,49 @@ def test_volume_lifecycle(sandboxd, new_sandbox, other_org_key):
         Volume.get(vid, auth=admin).result(timeout=30).delete(force=True, allow_missing=True, auth=admin).result(timeout=60)
     with pytest.raises(CWSandboxError):
         Volume.get(vid).result(timeout=30)
+
+
+def _rest(server, method: str, path: str, body: dict | None = None) -> dict:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(
+        server.base_url + path,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {server.admin_key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as res:
+        return json.loads(res.read() or b"{}")
+
+
+def test_volume_bytes_quota(sandboxd):
+    """max_volume_bytes (sandboxd.quota.v1, set over REST by the platform's admin): the
+    official client's Volume.create of a volume (10Gi, its default size) past it is refused
+    RESOURCE_EXHAUSTED CWSANDBOX_QUOTA_EXCEEDED naming volume_bytes; usage counts the
+    organization's volumes and their bytes."""
+    admin = _auth(sandboxd.admin_key)
+    runner_id = list_runners()[0].runner_id
+    usage = _rest(sandboxd, "GET", "/v1/quotaUsage")
+    org, used = usage["orgId"], int(usage.get("volumeBytes", 0))
+    limit = used + (5 << 30)
+    _rest(sandboxd, "PUT", f"/v1/quotas/{org}", {"limits": {"maxVolumeBytes": str(limit)}})
+    try:
+        vid = f"conf-q-{uuid.uuid4().hex[:8]}"
+        with pytest.raises(CWSandboxError) as caught:
+            # The client retries RESOURCE_EXHAUSTED on volume RPCs for its budget (30 s),
+            # then raises it.
+            Volume.create(vid, pvc=PvcVolumeSource(runner_id=runner_id, namespace="default", claim_name=vid),
+                          auth=admin).result(timeout=120)
+        err = caught.value
+        text = str(err)
+        assert "CWSANDBOX_QUOTA_EXCEEDED" in text or getattr(err, "reason", None) == "CWSANDBOX_QUOTA_EXCEEDED", text
+        meta = getattr(err, "metadata", None) or {}
+        if meta:
+            assert meta.get("quota") == "volume_bytes" and meta.get("limit") == str(limit), meta
+        assert vid not in [v.volume_id for v in Volume.list(auth=admin).result(timeout=30)]
+        after = _rest(sandboxd, "GET", "/v1/quotaUsage")
+        assert int(after.get("volumeBytes", 0)) == used, after
+        assert after["effective"]["maxVolumeBytes"] == str(limit), after
+    finally:
+        _rest(sandboxd, "PUT", f"/v1/quotas/{org}", {"limits": {}})

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -91,6 +94,13 @@ func (b *Backend) EnsureManaged(name string, size int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if !fresh {
+		// A larger size grows the volume; a smaller one changes nothing (volumes never
+		// shrink).
+		if mnt, err = b.growManagedLocked(dir, mnt, size); err != nil {
+			return 0, fmt.Errorf("managed volume %s: grow to %d bytes: %w", name, size, err)
+		}
+	}
 	if fresh {
 		// Like an emptyDir: empty, and writable by every user of every sandbox.
 		_ = os.Remove(filepath.Join(mnt, "lost+found"))
@@ -109,6 +119,181 @@ func (b *Backend) EnsureManaged(name string, size int64) (int64, error) {
 		return 0, err
 	}
 	return fi.Size(), nil
+}
+
+// growManagedLocked grows dir's image, mounted on mnt, to size bytes when it is smaller,
+// and returns where it is mounted then. Online first: the sparse file is extended, its
+// loop device told (LOOP_SET_CAPACITY) and the mounted ext4 resized (resize2fs on the
+// device; the kernel turns the filesystem meta_bg as needed: the images have no resize
+// inode). The kernel allows that only with CAP_SYS_RESOURCE; without it, a volume no
+// sandbox mounts is grown offline (unmounted, e2fsck -f, resize2fs on the image,
+// mounted again), and one that sandboxes mount is refused (grow it when they ended).
+// Idempotent and safe to retry: the filesystem's size, not the file's, says whether it
+// is done. b.managedMu is held.
+func (b *Backend) growManagedLocked(dir, mnt string, size int64) (string, error) {
+	img := filepath.Join(dir, fileManagedImage)
+	fi, err := os.Stat(img)
+	if err != nil {
+		return mnt, err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(mnt, &st); err != nil {
+		return mnt, err
+	}
+	// Big enough: ext4's metadata takes a little of the file (a few %).
+	if fi.Size() >= size && int64(st.Blocks)*st.Bsize >= size-size/16 {
+		return mnt, nil
+	}
+	dev, devNum, err := loopDeviceOf(mnt, img)
+	if err != nil {
+		return mnt, err
+	}
+	if fi.Size() < size {
+		if err := os.Truncate(img, size); err != nil {
+			return mnt, err
+		}
+	}
+	f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return mnt, err
+	}
+	err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_CAPACITY, 0)
+	f.Close()
+	if err != nil {
+		return mnt, fmt.Errorf("loop set capacity %s: %w", dev, err)
+	}
+	out, onlineErr := exec.Command("resize2fs", dev).CombinedOutput()
+	if onlineErr == nil {
+		return mnt, nil
+	}
+	online := fmt.Sprintf("online resize2fs %s: %v: %s", dev, onlineErr, strings.TrimSpace(string(out)))
+	putBack := func() {
+		// Put the file back as it was (the filesystem does not reach past it), so its
+		// size keeps saying the capacity.
+		if fi.Size() < size && os.Truncate(img, fi.Size()) == nil {
+			if f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0); err == nil {
+				_ = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_CAPACITY, 0)
+				f.Close()
+			}
+		}
+	}
+	busy := func(why string) error {
+		// Not the online attempt's output: it names host paths.
+		return fmt.Errorf("%w: the volume is mounted by sandboxes (%s) and cannot grow while they run on this runner (online resizing is not allowed here)", runtime.ErrManagedBusy, why)
+	}
+	// Offline, only when nothing but the runner's own mount holds the filesystem: no
+	// other mount of the device in any mount namespace (sandboxes bind it into theirs).
+	if n, err := mountsOfDeviceAnywhere(devNum); err != nil || n > 1 {
+		putBack()
+		if err != nil {
+			return mnt, err
+		}
+		return mnt, busy(fmt.Sprintf("%d mounts of it", n))
+	}
+	if err := unix.Unmount(mnt, unix.UMOUNT_NOFOLLOW); err != nil {
+		putBack()
+		return mnt, busy(fmt.Sprintf("unmount: %v", err))
+	}
+	// The mount held the loop device (autoclear): it detaches once no mount anywhere
+	// holds the filesystem. Still attached: someone does; mount that same device back
+	// (never a second loop device of one image) and refuse.
+	if !loopDetached(devNum, img, 3*time.Second) {
+		if err := unix.Mount(dev, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable"); err != nil {
+			return mnt, fmt.Errorf("mount %s back on %s: %w", dev, mnt, err)
+		}
+		putBack()
+		return mnt, busy("its loop device stayed attached")
+	}
+	if out, err := exec.Command("e2fsck", "-f", "-p", img).CombinedOutput(); err != nil {
+		// Exit 1: errors corrected; anything more is a failure.
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() > 1 {
+			_, _ = b.mountManagedLocked(dir)
+			return mnt, fmt.Errorf("e2fsck %s: %w: %s", img, err, strings.TrimSpace(string(out)))
+		}
+	}
+	out, err = exec.Command("resize2fs", img, strconv.FormatInt(size/1024, 10)+"K").CombinedOutput()
+	mnt2, merr := b.mountManagedLocked(dir)
+	if err != nil {
+		return mnt2, fmt.Errorf("resize2fs %s: %w: %s (after %s)", img, err, strings.TrimSpace(string(out)), online)
+	}
+	return mnt2, merr
+}
+
+// loopDetached waits up to d for the loop device devNum to no longer be bound to img.
+func loopDetached(devNum, img string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+		bf, err := os.ReadFile("/sys/dev/block/" + devNum + "/loop/backing_file")
+		if err != nil || strings.TrimSuffix(strings.TrimSpace(string(bf)), " (deleted)") != img {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// mountsOfDeviceAnywhere counts the mounts of device "major:minor" in every mount
+// namespace of the host (each namespace once: /proc/<pid>/mountinfo of one process per
+// namespace), the runner's own included.
+func mountsOfDeviceAnywhere(dev string) (int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	seen := map[string]bool{}
+	n := 0
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		ns, err := os.Readlink("/proc/" + e.Name() + "/ns/mnt")
+		if err != nil || seen[ns] {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/mountinfo")
+		if err != nil {
+			continue // the process ended
+		}
+		seen[ns] = true
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[2] == dev {
+				n++
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return 0, errors.New("no mount namespace readable under /proc")
+	}
+	return n, nil
+}
+
+// loopDeviceOf returns the loop device mounted on mnt (its path and "major:minor"),
+// checking that img backs it.
+func loopDeviceOf(mnt, img string) (string, string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); err != nil {
+		return "", "", err
+	}
+	num := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	sys := "/sys/dev/block/" + num
+	bf, err := os.ReadFile(filepath.Join(sys, "loop", "backing_file"))
+	if err != nil {
+		return "", "", fmt.Errorf("%s is not on a loop device: %w", mnt, err)
+	}
+	if strings.TrimSpace(string(bf)) != img {
+		return "", "", fmt.Errorf("%s is on a loop device of %q, not %s", mnt, strings.TrimSpace(string(bf)), img)
+	}
+	ue, err := os.ReadFile(filepath.Join(sys, "uevent"))
+	if err != nil {
+		return "", "", err
+	}
+	for _, l := range strings.Split(string(ue), "\n") {
+		if name, ok := strings.CutPrefix(l, "DEVNAME="); ok && strings.HasPrefix(name, "loop") && !strings.Contains(name, "/") {
+			return "/dev/" + name, num, nil
+		}
+	}
+	return "", "", fmt.Errorf("no device name for %s", sys)
 }
 
 // mountManagedLocked mounts dir's image on dir/mnt unless it is mounted there already, and

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/testenv"
@@ -129,6 +131,50 @@ func TestManagedVolumeImage(t *testing.T) {
 	// Size-limited: a write past the size fails.
 	if err := os.WriteFile(filepath.Join(root, "big"), make([]byte, 80<<20), 0o644); err == nil {
 		t.Fatal("wrote 80 MiB into a 64 MiB volume")
+	}
+	_ = os.Remove(filepath.Join(root, "big"))
+	// Growing, mounted: a smaller size changes nothing; a larger one grows the image and
+	// the filesystem online, content kept; the 80 MiB fit then.
+	if n, err := b.EnsureManaged(name, 32<<20); err != nil || n != 64<<20 {
+		t.Fatalf("shrink = %d, %v", n, err)
+	}
+	if n, err := b.EnsureManaged(name, 256<<20); err != nil || n != 256<<20 {
+		t.Fatalf("grow = %d, %v", n, err)
+	}
+	var sf unix.Statfs_t
+	if err := unix.Statfs(root, &sf); err != nil || int64(sf.Blocks)*sf.Bsize < 200<<20 {
+		t.Fatalf("filesystem after grow: %d blocks of %d, %v", sf.Blocks, sf.Bsize, err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "big"), make([]byte, 80<<20), 0o644); err != nil {
+		t.Fatalf("80 MiB into the grown volume: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(root, "f")); err != nil || string(got) != "kept" {
+		t.Fatalf("after grow: %q %v", got, err)
+	}
+	if n, err := b.EnsureManaged(name, 256<<20); err != nil || n != 256<<20 {
+		t.Fatalf("ensure again = %d, %v", n, err)
+	}
+	// While a sandbox holds it (a bind mount of its root): grown online where the
+	// runner may (CAP_SYS_RESOURCE), else refused ErrManagedBusy, unchanged.
+	held := t.TempDir()
+	if err := unix.Mount(root, held, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	n, err = b.EnsureManaged(name, 512<<20)
+	_ = unix.Unmount(held, unix.MNT_DETACH)
+	switch {
+	case err == nil && n == 512<<20:
+		t.Log("grown online")
+	case errors.Is(err, runtime.ErrManagedBusy):
+		t.Logf("grow refused while held: %v", err)
+		if n, err := b.EnsureManaged(name, 256<<20); err != nil || n != 256<<20 {
+			t.Fatalf("capacity after a refused grow = %d, %v", n, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(root, "f")); err != nil || string(got) != "kept" {
+			t.Fatalf("after refused grow: %q %v", got, err)
+		}
+	default:
+		t.Fatalf("grow while held = %d, %v", n, err)
 	}
 	if err := b.RemoveManaged(name); err != nil {
 		t.Fatal(err)

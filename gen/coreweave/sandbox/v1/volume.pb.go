@@ -213,9 +213,15 @@ type VolumeSpec struct {
 	// Types that are valid to be assigned to Source:
 	//
 	//	*VolumeSpec_Pvc
-	Source        isVolumeSpec_Source `protobuf_oneof:"source"`
-	ReadOnly      bool                `protobuf:"varint,2,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
-	Description   string              `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	Source      isVolumeSpec_Source `protobuf_oneof:"source"`
+	ReadOnly    bool                `protobuf:"varint,2,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	Description string              `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	// sandboxd extension (not in the target protocol; field 100 keeps clear of its
+	// numbers): the volume's size, a Kubernetes quantity ("10Gi", "512Mi"), 1Mi to 1Ti; ""
+	// takes the runner's default (10Gi on a local runner). It counts against the
+	// organization's max_volume_bytes quota (sandboxd.quota.v1) and may only grow
+	// (UpdateVolume with update_mask "spec.size"). status.capacity reports it.
+	Size          string `protobuf:"bytes,100,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +282,13 @@ func (x *VolumeSpec) GetReadOnly() bool {
 func (x *VolumeSpec) GetDescription() string {
 	if x != nil {
 		return x.Description
+	}
+	return ""
+}
+
+func (x *VolumeSpec) GetSize() string {
+	if x != nil {
+		return x.Size
 	}
 	return ""
 }
@@ -863,12 +876,13 @@ const file_coreweave_sandbox_v1_volume_proto_rawDesc = "" +
 	"\x06Volume\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x124\n" +
 	"\x04spec\x18\x02 \x01(\v2 .coreweave.sandbox.v1.VolumeSpecR\x04spec\x12:\n" +
-	"\x06status\x18\x03 \x01(\v2\".coreweave.sandbox.v1.VolumeStatusR\x06status\"\x90\x01\n" +
+	"\x06status\x18\x03 \x01(\v2\".coreweave.sandbox.v1.VolumeStatusR\x06status\"\xa4\x01\n" +
 	"\n" +
 	"VolumeSpec\x129\n" +
 	"\x03pvc\x18\x01 \x01(\v2%.coreweave.sandbox.v1.PvcVolumeSourceH\x00R\x03pvc\x12\x1b\n" +
 	"\tread_only\x18\x02 \x01(\bR\breadOnly\x12 \n" +
-	"\vdescription\x18\x03 \x01(\tR\vdescriptionB\b\n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x12\n" +
+	"\x04size\x18d \x01(\tR\x04sizeB\b\n" +
 	"\x06source\"\x86\x01\n" +
 	"\x0fPvcVolumeSource\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x1c\n" +

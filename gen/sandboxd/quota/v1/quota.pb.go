@@ -34,8 +34,17 @@ type QuotaLimits struct {
 	MaxCpuMillicores *int64 `protobuf:"varint,2,opt,name=max_cpu_millicores,json=maxCpuMillicores,proto3,oneof" json:"max_cpu_millicores,omitempty"`
 	// max_memory_bytes: the sum of their memory, in bytes.
 	MaxMemoryBytes *int64 `protobuf:"varint,3,opt,name=max_memory_bytes,json=maxMemoryBytes,proto3,oneof" json:"max_memory_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// max_volume_bytes: the sum of the sizes of the organization's registered volumes
+	// (every volume counts from its create until it is deleted, whatever its state).
+	MaxVolumeBytes *int64 `protobuf:"varint,10,opt,name=max_volume_bytes,json=maxVolumeBytes,proto3,oneof" json:"max_volume_bytes,omitempty"`
+	// max_snapshots: file-system snapshots the organization holds (default: the gateway's
+	// --fss-max-per-org).
+	MaxSnapshots *int64 `protobuf:"varint,11,opt,name=max_snapshots,json=maxSnapshots,proto3,oneof" json:"max_snapshots,omitempty"`
+	// max_snapshot_bytes: the bytes of their archives (default: the gateway's
+	// --fss-max-bytes-per-org).
+	MaxSnapshotBytes *int64 `protobuf:"varint,12,opt,name=max_snapshot_bytes,json=maxSnapshotBytes,proto3,oneof" json:"max_snapshot_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *QuotaLimits) Reset() {
@@ -85,6 +94,27 @@ func (x *QuotaLimits) GetMaxCpuMillicores() int64 {
 func (x *QuotaLimits) GetMaxMemoryBytes() int64 {
 	if x != nil && x.MaxMemoryBytes != nil {
 		return *x.MaxMemoryBytes
+	}
+	return 0
+}
+
+func (x *QuotaLimits) GetMaxVolumeBytes() int64 {
+	if x != nil && x.MaxVolumeBytes != nil {
+		return *x.MaxVolumeBytes
+	}
+	return 0
+}
+
+func (x *QuotaLimits) GetMaxSnapshots() int64 {
+	if x != nil && x.MaxSnapshots != nil {
+		return *x.MaxSnapshots
+	}
+	return 0
+}
+
+func (x *QuotaLimits) GetMaxSnapshotBytes() int64 {
+	if x != nil && x.MaxSnapshotBytes != nil {
+		return *x.MaxSnapshotBytes
 	}
 	return 0
 }
@@ -323,14 +353,19 @@ type QuotaUsage struct {
 	ReservedSandboxes     int64 `protobuf:"varint,6,opt,name=reserved_sandboxes,json=reservedSandboxes,proto3" json:"reserved_sandboxes,omitempty"`
 	ReservedCpuMillicores int64 `protobuf:"varint,7,opt,name=reserved_cpu_millicores,json=reservedCpuMillicores,proto3" json:"reserved_cpu_millicores,omitempty"`
 	ReservedMemoryBytes   int64 `protobuf:"varint,8,opt,name=reserved_memory_bytes,json=reservedMemoryBytes,proto3" json:"reserved_memory_bytes,omitempty"`
-	// File-system snapshots (the gateway's limits, the same for every organization):
-	// how many the organization holds and their bytes, and the limits.
+	// File-system snapshots: how many the organization holds and their bytes, and its
+	// effective limits (its quota's max_snapshots and max_snapshot_bytes, else the
+	// gateway's --fss-max-* flags; -1: unlimited).
 	Snapshots        int64 `protobuf:"varint,9,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	SnapshotBytes    int64 `protobuf:"varint,10,opt,name=snapshot_bytes,json=snapshotBytes,proto3" json:"snapshot_bytes,omitempty"`
 	MaxSnapshots     int64 `protobuf:"varint,11,opt,name=max_snapshots,json=maxSnapshots,proto3" json:"max_snapshots,omitempty"`
 	MaxSnapshotBytes int64 `protobuf:"varint,12,opt,name=max_snapshot_bytes,json=maxSnapshotBytes,proto3" json:"max_snapshot_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Registered volumes: how many the organization has and the sum of their sizes (what
+	// effective.max_volume_bytes bounds).
+	Volumes       int64 `protobuf:"varint,20,opt,name=volumes,proto3" json:"volumes,omitempty"`
+	VolumeBytes   int64 `protobuf:"varint,21,opt,name=volume_bytes,json=volumeBytes,proto3" json:"volume_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QuotaUsage) Reset() {
@@ -447,19 +482,39 @@ func (x *QuotaUsage) GetMaxSnapshotBytes() int64 {
 	return 0
 }
 
+func (x *QuotaUsage) GetVolumes() int64 {
+	if x != nil {
+		return x.Volumes
+	}
+	return 0
+}
+
+func (x *QuotaUsage) GetVolumeBytes() int64 {
+	if x != nil {
+		return x.VolumeBytes
+	}
+	return 0
+}
+
 var File_sandboxd_quota_v1_quota_proto protoreflect.FileDescriptor
 
 const file_sandboxd_quota_v1_quota_proto_rawDesc = "" +
 	"\n" +
-	"\x1dsandboxd/quota/v1/quota.proto\x12\x11sandboxd.quota.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n" +
+	"\x1dsandboxd/quota/v1/quota.proto\x12\x11sandboxd.quota.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x03\n" +
 	"\vQuotaLimits\x12(\n" +
 	"\rmax_sandboxes\x18\x01 \x01(\x03H\x00R\fmaxSandboxes\x88\x01\x01\x121\n" +
 	"\x12max_cpu_millicores\x18\x02 \x01(\x03H\x01R\x10maxCpuMillicores\x88\x01\x01\x12-\n" +
-	"\x10max_memory_bytes\x18\x03 \x01(\x03H\x02R\x0emaxMemoryBytes\x88\x01\x01B\x10\n" +
+	"\x10max_memory_bytes\x18\x03 \x01(\x03H\x02R\x0emaxMemoryBytes\x88\x01\x01\x12-\n" +
+	"\x10max_volume_bytes\x18\n" +
+	" \x01(\x03H\x03R\x0emaxVolumeBytes\x88\x01\x01\x12(\n" +
+	"\rmax_snapshots\x18\v \x01(\x03H\x04R\fmaxSnapshots\x88\x01\x01\x121\n" +
+	"\x12max_snapshot_bytes\x18\f \x01(\x03H\x05R\x10maxSnapshotBytes\x88\x01\x01B\x10\n" +
 	"\x0e_max_sandboxesB\x15\n" +
 	"\x13_max_cpu_millicoresB\x13\n" +
-	"\x11_max_memory_bytesJ\x04\b\n" +
-	"\x10\x14\"\xf0\x01\n" +
+	"\x11_max_memory_bytesB\x13\n" +
+	"\x11_max_volume_bytesB\x10\n" +
+	"\x0e_max_snapshotsB\x15\n" +
+	"\x13_max_snapshot_bytesJ\x04\b\r\x10\x14\"\xf0\x01\n" +
 	"\x05Quota\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x126\n" +
 	"\x06limits\x18\x02 \x01(\v2\x1e.sandboxd.quota.v1.QuotaLimitsR\x06limits\x12<\n" +
@@ -474,7 +529,7 @@ const file_sandboxd_quota_v1_quota_proto_rawDesc = "" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x126\n" +
 	"\x06limits\x18\x02 \x01(\v2\x1e.sandboxd.quota.v1.QuotaLimitsR\x06limits\"-\n" +
 	"\x14GetQuotaUsageRequest\x12\x15\n" +
-	"\x06org_id\x18\x01 \x01(\tR\x05orgId\"\x82\x04\n" +
+	"\x06org_id\x18\x01 \x01(\tR\x05orgId\"\xbf\x04\n" +
 	"\n" +
 	"QuotaUsage\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12<\n" +
@@ -489,7 +544,9 @@ const file_sandboxd_quota_v1_quota_proto_rawDesc = "" +
 	"\x0esnapshot_bytes\x18\n" +
 	" \x01(\x03R\rsnapshotBytes\x12#\n" +
 	"\rmax_snapshots\x18\v \x01(\x03R\fmaxSnapshots\x12,\n" +
-	"\x12max_snapshot_bytes\x18\f \x01(\x03R\x10maxSnapshotBytesJ\x04\b\x14\x10\x1e2\xd0\x02\n" +
+	"\x12max_snapshot_bytes\x18\f \x01(\x03R\x10maxSnapshotBytes\x12\x18\n" +
+	"\avolumes\x18\x14 \x01(\x03R\avolumes\x12!\n" +
+	"\fvolume_bytes\x18\x15 \x01(\x03R\vvolumeBytesJ\x04\b\x16\x10\x1e2\xd0\x02\n" +
 	"\fQuotaService\x12e\n" +
 	"\bGetQuota\x12\".sandboxd.quota.v1.GetQuotaRequest\x1a\x18.sandboxd.quota.v1.Quota\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/quotas/{org_id}\x12h\n" +
 	"\bSetQuota\x12\".sandboxd.quota.v1.SetQuotaRequest\x1a\x18.sandboxd.quota.v1.Quota\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\x1a\x13/v1/quotas/{org_id}\x12o\n" +

@@ -55,8 +55,8 @@ type QuotaServiceClient interface {
 	// INVALID_ARGUMENT CWSANDBOX_INVALID_REQUEST (a limit below -1, no org_id).
 	SetQuota(context.Context, *connect.Request[v1.SetQuotaRequest]) (*connect.Response[v1.Quota], error)
 	// GetQuotaUsage returns an organization's usage against its effective limits (""
-	// org_id: the caller's), and its file-system snapshot quota (the gateway's
-	// --fss-max-* limits and what the organization holds).
+	// org_id: the caller's): sandboxes, CPU, memory, registered volumes and their bytes,
+	// file-system snapshots and their bytes.
 	GetQuotaUsage(context.Context, *connect.Request[v1.GetQuotaUsageRequest]) (*connect.Response[v1.QuotaUsage], error)
 }
 
@@ -127,8 +127,8 @@ type QuotaServiceHandler interface {
 	// INVALID_ARGUMENT CWSANDBOX_INVALID_REQUEST (a limit below -1, no org_id).
 	SetQuota(context.Context, *connect.Request[v1.SetQuotaRequest]) (*connect.Response[v1.Quota], error)
 	// GetQuotaUsage returns an organization's usage against its effective limits (""
-	// org_id: the caller's), and its file-system snapshot quota (the gateway's
-	// --fss-max-* limits and what the organization holds).
+	// org_id: the caller's): sandboxes, CPU, memory, registered volumes and their bytes,
+	// file-system snapshots and their bytes.
 	GetQuotaUsage(context.Context, *connect.Request[v1.GetQuotaUsageRequest]) (*connect.Response[v1.QuotaUsage], error)
 }
 

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sandboxd/sandboxd/internal/pgtest"
+	"github.com/sandboxd/sandboxd/internal/secretbox"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// secretKeyDSNs are the stores the rotation test runs on: a SQLite file, and a fresh
+// PostgreSQL schema when PostgreSQL is available.
+func secretKeyDSNs(t *testing.T) map[string]string {
+	out := map[string]string{"sqlite": filepath.Join(t.TempDir(), "s.db")}
+	dsn := os.Getenv("SANDBOXD_TEST_POSTGRES_DSN")
+	if dsn == "" {
+		stop, d, err := pgtest.Start()
+		if err != nil {
+			if pgtest.Required() {
+				t.Fatalf("PostgreSQL required: %v", err)
+			}
+			t.Logf("no PostgreSQL (%v): SQLite only", err)
+			return out
+		}
+		t.Cleanup(stop)
+		dsn = d
+	}
+	c, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(t.Context())
+	schema := fmt.Sprintf("secretkey_%d_%d", os.Getpid(), time.Now().UnixNano())
+	if _, err := c.Exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	out["postgres"] = dsn + sep + "search_path=" + schema
+	return out
+}
+
+// TestSecretKeyRotation: rotate adds a key and re-encrypts every value under it (both
+// store backends); a gateway's ring loaded before picks the new key up from the file;
+// an interrupted rotation is finished by reseal; prune removes only keys no value uses;
+// a value whose key is gone is reported, never dropped.
+func TestSecretKeyRotation(t *testing.T) {
+	for name, dsn := range secretKeyDSNs(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			path := filepath.Join(t.TempDir(), secretbox.DefaultFile)
+			ring, err := secretbox.LoadOrCreate(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := ring.CurrentID()
+			st, err := store.Open(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			ss := st.SecretStores()
+			want := map[string]string{}
+			put := func(r *secretbox.Keyring, org, p, v string) {
+				t.Helper()
+				var dup *store.AlreadyExistsError
+				if _, err := ss.Create(ctx, store.SecretStore{Org: org, Name: "prod"}, 0); err != nil && !errors.As(err, &dup) {
+					t.Fatal(err)
+				}
+				kid, ct := r.Seal([]byte(v), secretbox.AD(org, "prod", p, ""))
+				if _, err := ss.PutSecret(ctx, store.Secret{Org: org, Store: "prod", Path: p, KeyID: kid, Ciphertext: ct}, 0); err != nil {
+					t.Fatal(err)
+				}
+				want[org+"/"+p] = v
+			}
+			for i := range 5 {
+				put(ring, "acme", fmt.Sprintf("db/%d", i), fmt.Sprintf("pw-%d", i))
+			}
+			put(ring, "globex", "api", "token")
+			check := func(r *secretbox.Keyring, wantKey string) {
+				t.Helper()
+				for k, v := range want {
+					org, p, _ := strings.Cut(k, "/")
+					x, err := ss.GetSecret(ctx, org, "prod", p, "")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if wantKey != "" && x.KeyID != wantKey {
+						t.Fatalf("%s sealed with %s, want %s", k, x.KeyID, wantKey)
+					}
+					got, err := r.Open(x.KeyID, x.Ciphertext, secretbox.AD(org, "prod", p, ""))
+					if err != nil || string(got) != v {
+						t.Fatalf("%s = %q, %v", k, got, err)
+					}
+				}
+			}
+			var out bytes.Buffer
+			if err := runSecretKey(ctx, "rotate", path, ss, &out); err != nil {
+				t.Fatal(err)
+			}
+			after, err := secretbox.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			second := after.CurrentID()
+			if second == first || len(after.IDs()) != 2 || !strings.Contains(out.String(), "resealed 6 values") {
+				t.Fatalf("rotate: %s %v\n%s", second, after.IDs(), out.String())
+			}
+			check(after, second)
+			// A gateway's ring from before the rotation reads the file again and opens
+			// the values (and seals with the new key).
+			time.Sleep(700 * time.Millisecond)
+			check(ring, second)
+			time.Sleep(1500 * time.Millisecond) // reloadEvery since the ring last looked
+			if kid, _ := ring.Seal([]byte("x"), nil); kid != second {
+				t.Fatalf("the old ring seals with %s, want %s", kid, second)
+			}
+			// Interrupted rotation: a key added, nothing resealed yet, and a value put
+			// meanwhile by a gateway still on the old key: reseal finishes it.
+			third, err := secretbox.AddKey(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			put(after, "acme", "late", "late-value") // sealed with `second`
+			out.Reset()
+			if err := runSecretKey(ctx, "reseal", path, ss, &out); err != nil {
+				t.Fatal(err)
+			}
+			now, _ := secretbox.Load(path)
+			check(now, third.ID)
+			// prune: the two old keys go, the current one stays; values still open.
+			out.Reset()
+			if err := runSecretKey(ctx, "prune", path, ss, &out); err != nil {
+				t.Fatal(err)
+			}
+			now, _ = secretbox.Load(path)
+			if ids := now.IDs(); len(ids) != 1 || ids[0] != third.ID || !strings.Contains(out.String(), first) {
+				t.Fatalf("prune: %v\n%s", ids, out.String())
+			}
+			check(now, third.ID)
+			out.Reset()
+			if err := runSecretKey(ctx, "prune", path, ss, &out); err != nil || !strings.Contains(out.String(), "no key to remove") {
+				t.Fatalf("prune again: %v %s", err, out.String())
+			}
+			if err := secretbox.RemoveKeys(path, []string{third.ID}); err == nil {
+				t.Fatal("removed the current key")
+			}
+			// A value sealed with a key the file lacks: reported, kept, not dropped.
+			lost := secretbox.NewKey()
+			lr, _ := secretbox.New(lost)
+			kid, ct := lr.Seal([]byte("gone"), secretbox.AD("acme", "prod", "lost", ""))
+			if _, err := ss.PutSecret(ctx, store.Secret{Org: "acme", Store: "prod", Path: "lost", KeyID: kid, Ciphertext: ct}, 0); err != nil {
+				t.Fatal(err)
+			}
+			out.Reset()
+			err = runSecretKey(ctx, "rotate", path, ss, &out)
+			if err == nil || !strings.Contains(err.Error(), "1 values do not open") || !strings.Contains(out.String(), "path lost") {
+				t.Fatalf("lost key: %v\n%s", err, out.String())
+			}
+			out.Reset()
+			if err := runSecretKey(ctx, "status", path, ss, &out); err != nil || !strings.Contains(out.String(), "NOT IN THE KEY FILE") {
+				t.Fatalf("status: %v\n%s", err, out.String())
+			}
+			if x, err := ss.GetSecret(ctx, "acme", "prod", "lost", ""); err != nil || x.KeyID != lost.ID {
+				t.Fatalf("lost value = %+v, %v", x, err)
+			}
+			// The file stays private.
+			if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Fatalf("key file mode %v, %v", fi.Mode(), err)
+			}
+		})
+	}
+}
+
+// TestSecretKeyCommandFlags: the command needs an existing key file and a known verb.
+func TestSecretKeyCommandFlags(t *testing.T) {
+	var out bytes.Buffer
+	if err := secretKeyCmd(nil, &out); err == nil || !strings.Contains(err.Error(), "usage") {
+		t.Fatalf("no verb: %v", err)
+	}
+	if err := secretKeyCmd([]string{"explode"}, &out); err == nil {
+		t.Fatal("unknown verb accepted")
+	}
+	dir := t.TempDir()
+	if err := secretKeyCmd([]string{"status", "--data-dir", dir}, &out); err == nil || !strings.Contains(err.Error(), "secret key file") {
+		t.Fatalf("missing key file: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, secretbox.DefaultFile)); err == nil {
+		t.Fatal("made a key file")
+	}
+	if _, err := secretbox.LoadOrCreate(filepath.Join(dir, secretbox.DefaultFile)); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := secretKeyCmd([]string{"rotate", "--data-dir", dir}, &out); err != nil || !strings.Contains(out.String(), "resealed 0 values") {
+		t.Fatalf("rotate on an empty store: %v %s", err, out.String())
+	}
+}
