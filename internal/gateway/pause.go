@@ -231,6 +231,9 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	if err != nil {
 		return nil, err
 	}
+	if err := s.refuseGlobalFork(ctx, rec); err != nil {
+		return nil, err
+	}
 	digest := forkDigest(rec.id, count)
 
 	// A repeated request: the forks recorded under its request_id are its answer; only
