@@ -263,6 +263,9 @@ func (r *Runner) commitGlobal(id string, v runtime.Volume) (GlobalManifest, erro
 		err = fmt.Errorf("upload: %w", putErr)
 	case info.Size != cw.n:
 		err = fmt.Errorf("upload: stored %d bytes of %d", info.Size, cw.n)
+	case v.SizeBytes > 0 && stats.Bytes > v.SizeBytes:
+		// Sparse files: a copy may hold more than fits its volume when unpacked.
+		err = fmt.Errorf("the volume's files hold %d bytes, more than its %d: they would not fit the next copy", stats.Bytes, v.SizeBytes)
 	}
 	if err != nil {
 		_ = r.cfg.Blobs.Delete(context.WithoutCancel(ctx), key)
