@@ -293,15 +293,17 @@ func globalRegistered(ctx context.Context, field string, v store.Volume) (spec.R
 	return rv, nil
 }
 
-// refuseGlobalFork refuses to fork a sandbox that mounts a GLOBAL volume: each fork
-// would be a second copy of it (a second writer, or a reader the lease knows nothing of).
-func (s *Server) refuseGlobalFork(ctx context.Context, rec *record) error {
+// refuseGlobal refuses to fork a sandbox that mounts a GLOBAL volume (each fork would
+// be a second copy of it: a second writer, or a reader the lease knows nothing of), or to
+// pause it releasing its resources (its copy would be committed at the checkpoint and
+// the resumed sandbox's writes after it lost).
+func (s *Server) refuseGlobal(ctx context.Context, rec *record, what string) error {
 	if s.volumes == nil {
 		return nil
 	}
 	for _, id := range registeredVolumeIDs(rec.spec) {
 		if v, err := s.volumes.Get(ctx, rec.org, id); err == nil && isGlobal(v) {
-			return apierr.New(apierr.VolumeTypeNotSupported, fmt.Sprintf("sandbox %s mounts GLOBAL volume %q, and a fork would be a second copy of it: GLOBAL volumes are not forked", rec.id, id),
+			return apierr.New(apierr.VolumeTypeNotSupported, fmt.Sprintf("sandbox %s mounts GLOBAL volume %q: %s", rec.id, id, what),
 				map[string]string{"volume_id": id})
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
@@ -126,6 +127,10 @@ func TestGlobalVolumes(t *testing.T) {
 	}
 	if h, _, _ := s.volumes.LeaseHolder(ctx, testOrg, "g"); h != w1.GetSandboxId() {
 		t.Fatalf("lease holder after a reader = %q", h)
+	}
+	// Neither is forked: a fork would be another copy the lease knows nothing of.
+	if _, err := s.ForkSandbox(user, connect.NewRequest(&statev1.ForkSandboxRequest{SandboxId: rd.GetSandboxId()})); apierr.Reason(err) != apierr.VolumeTypeNotSupported {
+		t.Fatalf("fork = %v", err)
 	}
 	// The writer ends, its runner having committed generation 1: the lease is free, and
 	// the next writer restores generation 1 and commits generation 2.

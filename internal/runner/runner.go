@@ -1045,9 +1045,12 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 		r.refreshContainers(e, true) // the last word on each container, before they go
 		r.mu.Lock()
 		spec := cloneSpec(e.sb.Spec)
+		moved := e.stopReason == ReasonMoved
 		r.mu.Unlock()
-		r.commitGlobals(id, spec) // a GLOBAL volume's writer: uploaded before it is reported ended
-		r.takeCaptures(e, true)   // a delete's snapshots: stopped, not yet destroyed
+		if !moved { // a moved sandbox goes on elsewhere and commits there
+			r.commitGlobals(id, spec) // a GLOBAL volume's writer: uploaded before it is reported ended
+		}
+		r.takeCaptures(e, true) // a delete's snapshots: stopped, not yet destroyed
 		r.archiveLogs(&spec)
 		r.destroy(id)
 	} else {
