@@ -79,6 +79,9 @@ const (
 	VolumeTypeNotSupported  = "CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED"
 	VolumeRunnerIneligible  = "CWSANDBOX_VOLUME_RUNNER_INELIGIBLE"
 	VolumeInUse             = "CWSANDBOX_VOLUME_IN_USE"
+	// VolumeBusy (sandboxd's own): another live sandbox holds the read-write mount of a
+	// GLOBAL volume (single writer; metadata volume_id, sandbox_id of the holder).
+	VolumeBusy = "CWSANDBOX_VOLUME_BUSY"
 	// CheckpointNotSupported (sandboxd's own, issue 21): the sandbox's runtime class
 	// cannot be checkpointed on its runner (a pause releasing resources, a fork); the
 	// message names the runtime class that can.
@@ -249,6 +252,7 @@ var table = []reasonCode{
 	{VolumeTypeNotSupported, connect.CodeFailedPrecondition, "the volume's runner cannot hold registered volumes (its backend holds none, or they are unavailable on its host)"},
 	{VolumeRunnerIneligible, connect.CodeFailedPrecondition, "the volume's runner_id names no runner of the organization, or its namespace is not the runner's"},
 	{VolumeInUse, connect.CodeFailedPrecondition, "live sandboxes mount the volume (metadata sandbox_ids); delete them first or force"},
+	{VolumeBusy, connect.CodeFailedPrecondition, "another live sandbox holds the one read-write mount of the GLOBAL volume (metadata volume_id, sandbox_id); mount it read-only, or retry once that sandbox ended"},
 	{CheckpointNotSupported, connect.CodeFailedPrecondition, "the sandbox's runtime class cannot be checkpointed here (pause releasing resources, fork); the message names one that can"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},

@@ -41,6 +41,11 @@ func (s *Server) PauseSandbox(ctx context.Context, req *connect.Request[statev1.
 	if err != nil {
 		return nil, err
 	}
+	if m.GetReleaseResources() {
+		if err := s.refuseGlobal(ctx, rec, "it can be paused, but not releasing its resources (its volume copy does not move with a checkpoint)"); err != nil {
+			return nil, err
+		}
+	}
 	opts := runner.PauseOptions{Release: m.ReleaseResources, AutoResume: true}
 	if m.AutoResume != nil {
 		opts.AutoResume = m.GetAutoResume()
@@ -229,6 +234,9 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	t := time.Now()
 	rec, _, err := s.lookup(ctx, m.GetSandboxId())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.refuseGlobal(ctx, rec, "a fork would be a second copy of it, and GLOBAL volumes are not forked"); err != nil {
 		return nil, err
 	}
 	digest := forkDigest(rec.id, count)

@@ -490,6 +490,17 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
+	globals, err := s.prepareGlobals(ctx, p.Org, asked)
+	if err != nil {
+		return nil, err
+	}
+	leasesKept := false
+	defer func() {
+		if !leasesKept {
+			globals.release(ctx)
+		}
+	}()
+	ctx = withGlobalPlans(ctx, globals)
 	cr, err := toCreateRequest(shape, restore, secrets, s.registeredResolver(ctx, p.Org))
 	if err != nil {
 		return nil, err
@@ -508,6 +519,9 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
+	// The sandbox holds its GLOBAL volumes' write leases from now on: they end with it.
+	globals.commit(context.WithoutCancel(ctx), sb.ID)
+	leasesKept = true
 	recorded := res.Spec
 	if a.engine != nil && len(recorded.GetContainers()) == 1 {
 		// The engine's container is named in the runtime spec only (the name is reserved

@@ -138,6 +138,11 @@ func (s *Server) volumeProto(ctx context.Context, v store.Volume) *sandboxv1.Vol
 		AccessModes:          []string{"ReadWriteMany"},
 		AttachedSandboxCount: int32(len(s.attached(ctx, v.Org, v.ID))),
 	}
+	if isGlobal(v) {
+		// One read-write mount at a time (the write lease), read-only ones anywhere.
+		st.Locality = sandboxv1.VolumeLocality_VOLUME_LOCALITY_GLOBAL
+		st.AccessModes = []string{"ReadWriteOncePod", "ReadOnlyMany"}
+	}
 	if v.ReadOnly {
 		st.AccessModes = []string{"ReadOnlyMany"}
 	}
@@ -257,7 +262,12 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 		}
 	}
 	pvc := m.GetVolume().GetSpec().GetPvc()
-	if s.runnerByID(pvc.GetRunnerId()) == nil {
+	if pvc.GetRunnerId() == globalRunnerID {
+		if pvc.GetNamespace() != runner.VolumeNamespace {
+			return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: GLOBAL volumes (runner_id %q) are in namespace %q",
+				pvc.GetNamespace(), globalRunnerID, runner.VolumeNamespace), map[string]string{"runner_id": globalRunnerID})
+		}
+	} else if s.runnerByID(pvc.GetRunnerId()) == nil {
 		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.runner_id: no runner %q of this gateway", pvc.GetRunnerId()),
 			map[string]string{"runner_id": pvc.GetRunnerId()})
 	}
@@ -313,6 +323,8 @@ func (s *Server) validateVolume(ctx context.Context, v store.Volume) store.Volum
 	r := s.runnerByID(v.RunnerID)
 	h, ok := r.(runner.VolumeHandle)
 	switch {
+	case isGlobal(v):
+		state, reason, capacity = s.validateGlobal(ctx, v)
 	case r == nil:
 		state, reason = "ERROR", fmt.Sprintf("runner %s is not known to this gateway", v.RunnerID)
 	case !ok:
@@ -553,7 +565,13 @@ func (s *Server) DeleteVolume(ctx context.Context, req *connect.Request[sandboxv
 	if nv, err := st.Update(ctx, org, id, store.VolumeUpdate{State: &deleting, StateReason: &empty}); err == nil {
 		v = nv
 	}
-	if h, ok := s.runnerByID(v.RunnerID).(runner.VolumeHandle); ok {
+	if isGlobal(v) {
+		if err := s.deleteGlobal(ctx, v); err != nil {
+			ready, reason := "ERROR", "delete failed: "+err.Error()
+			_, _ = st.Update(context.WithoutCancel(ctx), org, id, store.VolumeUpdate{State: &ready, StateReason: &reason})
+			return nil, err
+		}
+	} else if h, ok := s.runnerByID(v.RunnerID).(runner.VolumeHandle); ok {
 		rctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
 		err := h.DeleteVolume(rctx, storeVolume(v).registered(), m.GetForce())
 		cancel()
@@ -604,6 +622,9 @@ func (s *Server) registeredResolver(ctx context.Context, org string) spec.Regist
 		if err != nil {
 			return spec.RegisteredVolume{}, err
 		}
+		if isGlobal(v) {
+			return globalRegistered(ctx, field, v)
+		}
 		return spec.RegisteredVolume{Managed: storeVolume(v).registered().ManagedName(), SubPath: v.SubPath, ReadOnly: v.ReadOnly}, nil
 	}
 }
@@ -648,12 +669,17 @@ func (s *Server) pinToVolumes(ctx context.Context, org string, sp *sandboxv1.San
 			return nil, err
 		}
 		switch {
+		case isGlobal(vol):
+			continue // any runner mounts it
 		case runnerID == "":
 			runnerID, first = vol.RunnerID, vol.ID
 		case runnerID != vol.RunnerID:
 			return nil, apierr.New(apierr.VolumePlacementConflict, fmt.Sprintf("volumes %q (runner %s) and %q (runner %s) are CLUSTER_LOCAL to different runners: no runner can mount both",
 				first, runnerID, vol.ID, vol.RunnerID), map[string]string{"volume_id": vol.ID})
 		}
+	}
+	if runnerID == "" {
+		return sp, nil // GLOBAL volumes only
 	}
 	if want := sp.GetRunnerIds(); len(want) > 0 && !slices.Contains(want, runnerID) {
 		return nil, apierr.New(apierr.VolumePlacementConflict, fmt.Sprintf("volume %q is CLUSTER_LOCAL to runner %s, which sandbox.spec.runner_ids (%s) excludes",

@@ -265,6 +265,9 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if err := validateRestores(&req); err != nil {
 		return Sandbox{}, err
 	}
+	if err := r.checkGlobals(&req.Spec); err != nil {
+		return Sandbox{}, err
+	}
 	if err := applyKeep(&req, keep); err != nil {
 		return Sandbox{}, err
 	}
@@ -1043,10 +1046,14 @@ func (r *Runner) finish(e *entry, exit runtime.Exit, created bool) {
 	}
 	if created {
 		r.refreshContainers(e, true) // the last word on each container, before they go
-		r.takeCaptures(e, true)      // a delete's snapshots: stopped, not yet destroyed
 		r.mu.Lock()
 		spec := cloneSpec(e.sb.Spec)
+		moved := e.stopReason == ReasonMoved
 		r.mu.Unlock()
+		if !moved { // a moved sandbox goes on elsewhere and commits there
+			r.commitGlobals(id, spec) // a GLOBAL volume's writer: uploaded before it is reported ended
+		}
+		r.takeCaptures(e, true) // a delete's snapshots: stopped, not yet destroyed
 		r.archiveLogs(&spec)
 		r.destroy(id)
 	} else {

@@ -34,7 +34,11 @@ func securityFromProto(p *runnerv1.Security) *runtime.Security {
 func volumesToProto(vs []runtime.Volume, ms []runtime.VolumeMount) ([]*runnerv1.Volume, []*runnerv1.VolumeMount) {
 	var pv []*runnerv1.Volume
 	for _, v := range vs {
-		pv = append(pv, &runnerv1.Volume{Name: v.Name, SizeBytes: v.SizeBytes, Medium: v.Medium, Managed: v.Managed})
+		pvol := &runnerv1.Volume{Name: v.Name, SizeBytes: v.SizeBytes, Medium: v.Medium, Managed: v.Managed}
+		if g := v.Global; g != nil {
+			pvol.Global = &runnerv1.GlobalVolume{BlobPrefix: g.BlobPrefix, CommitGeneration: g.CommitGeneration, MaxSizeBytes: g.MaxSizeBytes}
+		}
+		pv = append(pv, pvol)
 	}
 	var pm []*runnerv1.VolumeMount
 	for _, m := range ms {
@@ -46,7 +50,11 @@ func volumesToProto(vs []runtime.Volume, ms []runtime.VolumeMount) ([]*runnerv1.
 func volumesFromProto(pv []*runnerv1.Volume, pm []*runnerv1.VolumeMount) ([]runtime.Volume, []runtime.VolumeMount) {
 	var vs []runtime.Volume
 	for _, v := range pv {
-		vs = append(vs, runtime.Volume{Name: v.GetName(), SizeBytes: v.GetSizeBytes(), Medium: v.GetMedium(), Managed: v.GetManaged()})
+		rv := runtime.Volume{Name: v.GetName(), SizeBytes: v.GetSizeBytes(), Medium: v.GetMedium(), Managed: v.GetManaged()}
+		if g := v.GetGlobal(); g != nil {
+			rv.Global = &runtime.GlobalVolume{BlobPrefix: g.GetBlobPrefix(), CommitGeneration: g.GetCommitGeneration(), MaxSizeBytes: g.GetMaxSizeBytes()}
+		}
+		vs = append(vs, rv)
 	}
 	var ms []runtime.VolumeMount
 	for _, m := range pm {

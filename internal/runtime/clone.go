@@ -16,6 +16,12 @@ func (s Spec) Clone() Spec {
 	c.InitContainers = cloneContainers(s.InitContainers)
 	c.HostAliases = slices.Clone(s.HostAliases)
 	c.Volumes = slices.Clone(s.Volumes)
+	for i := range c.Volumes {
+		if g := c.Volumes[i].Global; g != nil {
+			cg := *g
+			c.Volumes[i].Global = &cg
+		}
+	}
 	c.Services = slices.Clone(s.Services)
 	c.Network = s.Network.Clone()
 	c.Pod = s.Pod.Clone()

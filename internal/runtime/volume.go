@@ -42,6 +42,23 @@ type Volume struct {
 	// snapshotted. The runner derives the name (ManagedVolumeName), never from a caller's
 	// string alone. Names match KeepNamePattern.
 	Managed string `json:"managed,omitempty"`
+	// Global, when set, makes this sized disk scratch volume a sandbox's copy of a GLOBAL
+	// registered volume (docs/volumes.md): it starts with the volume's latest committed
+	// generation (a restore, RestoreDigest), and the runner, not the backend, uploads it
+	// as the next generation when the sandbox ends (Global.CommitGeneration > 0). To the
+	// backend it is a plain scratch volume. Only the gateway sets it.
+	Global *GlobalVolume `json:"global,omitempty"`
+}
+
+// GlobalVolume ties a scratch volume to a GLOBAL registered volume in the blob store.
+type GlobalVolume struct {
+	// BlobPrefix is where the volume's generations and manifest are (ends with "/").
+	BlobPrefix string `json:"blob_prefix"`
+	// CommitGeneration is the generation this sandbox's copy is uploaded as when it ends
+	// (it holds the volume's write lease); 0: a read-only copy, nothing is uploaded.
+	CommitGeneration int64 `json:"commit_generation,omitempty"`
+	// MaxSizeBytes bounds the uploaded archive (the volume's size).
+	MaxSizeBytes int64 `json:"max_size_bytes,omitempty"`
 }
 
 // ManagedVolumes is implemented by backends that hold registered volumes of their own
@@ -124,6 +141,9 @@ func ValidateVolumes(vols []Volume, mounts []VolumeMount) error {
 			return fmt.Errorf("%w: volume %q: managed volume name %q does not match %s", ErrInvalidSpec, v.Name, v.Managed, KeepNamePattern)
 		case v.Managed != "" && (v.Keep != "" || v.Medium != MediumDisk || v.RestoreDigest != ""):
 			return fmt.Errorf("%w: volume %q: a managed volume is a disk volume, neither kept nor restored", ErrInvalidSpec, v.Name)
+		case v.Global != nil && (v.Managed != "" || v.Keep != "" || v.Medium != MediumDisk || v.SizeBytes <= 0 ||
+			v.Global.BlobPrefix == "" || !strings.HasSuffix(v.Global.BlobPrefix, "/") || v.Global.CommitGeneration < 0 || v.Global.MaxSizeBytes < 0):
+			return fmt.Errorf("%w: volume %q: a GLOBAL volume's copy is a sized disk volume with a blob prefix, neither managed nor kept", ErrInvalidSpec, v.Name)
 		case v.Keep != "" && (v.Medium != MediumDisk || v.SizeBytes == 0 || v.RestoreDigest != ""):
 			return fmt.Errorf("%w: volume %q: a kept volume is a disk volume with a size, restored from nothing", ErrInvalidSpec, v.Name)
 		}

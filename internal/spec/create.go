@@ -44,9 +44,15 @@ type Options struct {
 
 // RegisteredVolume is what a registered volume (volume_id) is on its runner.
 type RegisteredVolume struct {
-	Managed  string // runtime.Volume.Managed
-	SubPath  string // the volume-level root inside it ("" = its root)
-	ReadOnly bool   // every mount of it is read-only
+	Managed string // runtime.Volume.Managed
+	// Global, for a GLOBAL volume: the mount is a scratch volume of SizeBytes tied to the
+	// volume's blob prefix (runtime.Volume.Global), restored from Restore when set (the
+	// volume's latest committed generation; nil for an empty one).
+	Global    *runtime.GlobalVolume
+	SizeBytes int64
+	Restore   *runner.SnapshotSource
+	SubPath   string // the volume-level root inside it ("" = its root)
+	ReadOnly  bool   // every mount of it is read-only
 }
 
 // RegisteredResolver looks up registered volume volumeID at field
@@ -168,7 +174,7 @@ func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, erro
 		return req, err
 	}
 	req.Restores = srcs
-	if err := resolveRegistered(spec, &req.Spec, o.Registered); err != nil {
+	if err := resolveRegistered(spec, &req, o.Registered); err != nil {
 		return req, err
 	}
 	if o.Secrets != nil && secrets+countPulls(cs) > 0 {

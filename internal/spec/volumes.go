@@ -106,7 +106,8 @@ func ValidVolumeID(id string) bool {
 // resolveRegistered fills in the registered volumes of out (converted from spec):
 // each one's Managed name, and in every container's mounts of it the volume-level
 // sub_path (before the mount's own) and read_only.
-func resolveRegistered(spec *sandboxv1.SandboxSpec, out *runtime.Spec, resolve RegisteredResolver) error {
+func resolveRegistered(spec *sandboxv1.SandboxSpec, req *runner.CreateRequest, resolve RegisteredResolver) error {
+	out := &req.Spec
 	regs := map[string]RegisteredVolume{}
 	for i, v := range spec.GetVolumes() {
 		if v.GetVolumeId() == "" {
@@ -118,8 +119,19 @@ func resolveRegistered(spec *sandboxv1.SandboxSpec, out *runtime.Spec, resolve R
 		}
 		regs[v.GetName()] = rv
 		for j := range out.Volumes {
-			if out.Volumes[j].Name == v.GetName() {
+			if out.Volumes[j].Name != v.GetName() {
+				continue
+			}
+			if rv.Global == nil {
 				out.Volumes[j].Managed = rv.Managed
+				continue
+			}
+			out.Volumes[j].Global, out.Volumes[j].SizeBytes = rv.Global, rv.SizeBytes
+			if rv.Restore != nil {
+				if req.Restores == nil {
+					req.Restores = map[string]runner.SnapshotSource{}
+				}
+				req.Restores[v.GetName()] = *rv.Restore
 			}
 		}
 	}

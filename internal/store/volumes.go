@@ -41,6 +41,19 @@ type Volumes interface {
 	// Attached returns the IDs of org's sandboxes that have not ended and mount volume
 	// id, oldest first, at most limit, and how many there are in all.
 	Attached(ctx context.Context, org, id string, limit int) ([]string, int, error)
+
+	// AcquireLease makes holder the holder of org's write lease of volume id (a GLOBAL
+	// volume's single writer) unless another holder has it and stale(that holder, since
+	// when) is false: then it returns that holder and takes nothing. Taking a stale
+	// lease over is a compare-and-swap, so two gateway replicas never both win it.
+	AcquireLease(ctx context.Context, org, id, holder string, stale func(holder string, since time.Time) bool) (string, error)
+	// MoveLease hands org's lease of id from holder from to holder to (a create's
+	// placeholder to its sandbox); ErrNotFound when from does not hold it.
+	MoveLease(ctx context.Context, org, id, from, to string) error
+	// ReleaseLease ends holder's lease of org's volume id; no error when holder does not hold it.
+	ReleaseLease(ctx context.Context, org, id, holder string) error
+	// LeaseHolder is who holds org's lease of id and since when ("" when nobody).
+	LeaseHolder(ctx context.Context, org, id string) (string, time.Time, error)
 }
 
 // Volume is a stored registered volume.
@@ -312,4 +325,74 @@ func (vs volumes) Attached(ctx context.Context, org, id string, limit int) ([]st
 		ids = append(ids, s)
 	}
 	return ids, n, rs.Err()
+}
+
+func (vs volumes) AcquireLease(ctx context.Context, org, id, holder string, stale func(string, time.Time) bool) (string, error) {
+	if err := required("org", org, "id", id, "holder", holder); err != nil {
+		return "", err
+	}
+	for range 4 {
+		n, err := vs.s.d.exec(ctx, `INSERT INTO volume_leases (org_id, volume_id, holder, since) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (org_id, volume_id) DO NOTHING`, org, id, holder, now())
+		if err != nil {
+			return "", fmt.Errorf("volume lease: %w", err)
+		}
+		if n == 1 {
+			return "", nil
+		}
+		cur, since, err := vs.LeaseHolder(ctx, org, id)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case cur == "":
+			continue // released meanwhile
+		case cur == holder:
+			return "", nil
+		case stale != nil && stale(cur, since):
+			n, err := vs.s.d.exec(ctx, `UPDATE volume_leases SET holder = $3, since = $4 WHERE org_id = $1 AND volume_id = $2 AND holder = $5`,
+				org, id, holder, now(), cur)
+			if err != nil {
+				return "", fmt.Errorf("volume lease: %w", err)
+			}
+			if n == 1 {
+				return "", nil
+			}
+			continue // another replica took it over first: look again
+		default:
+			return cur, nil
+		}
+	}
+	return "", fmt.Errorf("volume lease of %s: contended, try again", id)
+}
+
+func (vs volumes) MoveLease(ctx context.Context, org, id, from, to string) error {
+	n, err := vs.s.d.exec(ctx, `UPDATE volume_leases SET holder = $4 WHERE org_id = $1 AND volume_id = $2 AND holder = $3`, org, id, from, to)
+	if err != nil {
+		return fmt.Errorf("volume lease: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("volume lease of %s held by %s: %w", id, from, ErrNotFound)
+	}
+	return nil
+}
+
+func (vs volumes) ReleaseLease(ctx context.Context, org, id, holder string) error {
+	if _, err := vs.s.d.exec(ctx, `DELETE FROM volume_leases WHERE org_id = $1 AND volume_id = $2 AND holder = $3`, org, id, holder); err != nil {
+		return fmt.Errorf("volume lease: %w", err)
+	}
+	return nil
+}
+
+func (vs volumes) LeaseHolder(ctx context.Context, org, id string) (string, time.Time, error) {
+	var h string
+	var since dbTime
+	err := vs.s.d.queryRow(ctx, `SELECT holder, since FROM volume_leases WHERE org_id = $1 AND volume_id = $2`, org, id).Scan(&h, &since)
+	if vs.s.d.isNoRows(err) {
+		return "", time.Time{}, nil
+	}
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("volume lease: %w", err)
+	}
+	return h, since.t, nil
 }

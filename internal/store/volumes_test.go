@@ -133,3 +133,53 @@ func TestVolumes(t *testing.T) {
 		}
 	})
 }
+
+func TestVolumeLeases(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		vs := s.Volumes()
+		never := func(string, time.Time) bool { return false }
+		if h, err := vs.AcquireLease(ctx, "acme", "g", "create:1", never); err != nil || h != "" {
+			t.Fatalf("first acquire = %q, %v", h, err)
+		}
+		// Held: another asker gets the holder; the holder itself gets it again.
+		if h, err := vs.AcquireLease(ctx, "acme", "g", "create:2", never); err != nil || h != "create:1" {
+			t.Fatalf("second acquire = %q, %v", h, err)
+		}
+		if h, err := vs.AcquireLease(ctx, "acme", "g", "create:1", never); err != nil || h != "" {
+			t.Fatalf("re-acquire = %q, %v", h, err)
+		}
+		// Another organization's volume of the same ID is another lease.
+		if h, err := vs.AcquireLease(ctx, "globex", "g", "x", never); err != nil || h != "" {
+			t.Fatalf("other org = %q, %v", h, err)
+		}
+		if err := vs.MoveLease(ctx, "acme", "g", "create:1", "sb-1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := vs.MoveLease(ctx, "acme", "g", "create:1", "sb-2"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("move from a non-holder = %v", err)
+		}
+		if h, since, err := vs.LeaseHolder(ctx, "acme", "g"); err != nil || h != "sb-1" || since.IsZero() {
+			t.Fatalf("holder = %q %v %v", h, since, err)
+		}
+		// A stale holder is taken over; the check sees who and since when.
+		var asked string
+		h, err := vs.AcquireLease(ctx, "acme", "g", "create:3", func(h string, since time.Time) bool { asked = h; return !since.IsZero() })
+		if err != nil || h != "" || asked != "sb-1" {
+			t.Fatalf("take over = %q, %v (asked %q)", h, err, asked)
+		}
+		// Releasing by a non-holder does nothing; by the holder frees it.
+		if err := vs.ReleaseLease(ctx, "acme", "g", "sb-1"); err != nil {
+			t.Fatal(err)
+		}
+		if h, _, _ := vs.LeaseHolder(ctx, "acme", "g"); h != "create:3" {
+			t.Fatalf("holder after a stranger's release = %q", h)
+		}
+		if err := vs.ReleaseLease(ctx, "acme", "g", "create:3"); err != nil {
+			t.Fatal(err)
+		}
+		if h, _, err := vs.LeaseHolder(ctx, "acme", "g"); err != nil || h != "" {
+			t.Fatalf("holder after release = %q, %v", h, err)
+		}
+	})
+}

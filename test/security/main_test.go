@@ -243,12 +243,24 @@ func (d *Dev) purgeAndCheck() []string {
 	// The runner keeps each organization's image build cache (a kept volume in its volume
 	// pool) after the builder is gone, by design, so the pool stays mounted while one
 	// exists (the backend's Close unmounts it: volPool.close).
+	// Likewise the pool, once a sandbox used it (sized scratch volumes, GLOBAL volume
+	// copies, restores), stays mounted until the backend closes; what must be gone is
+	// every sandbox's volume and capture in it.
 	pool := filepath.Join(d.DataDir, "sandboxes", ".volumes")
 	kept, _ := os.ReadDir(filepath.Join(pool, "mnt", "keep"))
+	sbxVols, _ := os.ReadDir(filepath.Join(pool, "mnt", "sbx"))
+	captures, _ := os.ReadDir(filepath.Join(pool, "mnt", "captures"))
+	for _, e := range sbxVols {
+		left = append(left, "pool volume sbx/"+e.Name())
+	}
+	for _, e := range captures {
+		left = append(left, "pool capture captures/"+e.Name())
+	}
+	_, poolUsed := os.Stat(filepath.Join(pool, "mnt", "sbx"))
 	for _, l := range stacktest.Leftovers(d.DataDir) {
 		switch {
 		case strings.HasPrefix(l, "sandbox dir "): // those were waited for above
-		case len(kept) > 0 && (l == "mount "+filepath.Join(pool, "mnt") || strings.HasSuffix(l, "("+filepath.Join(pool, "pool.img")+")")):
+		case (len(kept) > 0 || poolUsed == nil) && (l == "mount "+filepath.Join(pool, "mnt") || strings.HasSuffix(l, "("+filepath.Join(pool, "pool.img")+")")):
 		default:
 			left = append(left, l)
 		}

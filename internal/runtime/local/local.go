@@ -724,10 +724,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	var err error
 	if s.join != nil && s.member {
 		// The group's volumes are the primary's: nothing of the sandbox runs yet (every
-		// agent is held), so nothing in them can be a symlink.
+		// agent is held), but a restored (or GLOBAL, or forked) one holds what a sandbox
+		// wrote before.
 		var roots map[string]string
 		if roots, err = s.join.waitVolumes(ctx); err == nil {
-			vols, err = volumeMounts(roots, s.spec.VolumeMounts, ids, filepath.Join(dir, dirVolumes))
+			vols, err = volumeMounts(roots, s.spec.VolumeMounts, ids, filepath.Join(dir, dirVolumes), sandboxWritten(&s.spec, s.fork != nil))
 		}
 	} else if s.join != nil {
 		// A group's primary makes the group's volumes, for its members too.

@@ -166,7 +166,7 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 		roots[v.Name] = root
 		failpoint.Hit("local.volumes.volume")
 	}
-	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids, base)
+	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids, base, sandboxWritten(spec, fork != nil))
 	return mounts, roots, err
 }
 
@@ -300,7 +300,12 @@ const nobodyID = 65534
 // A sub_path of a managed volume (whose content earlier sandboxes wrote) is resolved by
 // descriptor, never following a symlink, and bound on a dir of stage (the sandbox's
 // host-only volume dir, unmounted by teardownVolumes), which the container's mount names.
-func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRange, stage string) ([]specs.Mount, error) {
+//
+// So is a sub_path of a volume in written (sandboxWritten): one restored from a snapshot
+// archive, a GLOBAL volume's copy, or a fork's copy of its source's volume all start
+// with content a sandbox wrote, where a planted symlink (to /, /etc, "..") must never be
+// followed by the host (chmod, chown or bind it).
+func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRange, stage string, written map[string]bool) ([]specs.Mount, error) {
 	chown := func(p string) error {
 		if err := os.Chmod(p, 0o777); err != nil {
 			return err
@@ -316,7 +321,7 @@ func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRan
 		if !ok {
 			return nil, fmt.Errorf("%w: volume %q is not one of the sandbox's", runtime.ErrInvalidSpec, m.Volume)
 		}
-		if isManagedRoot(src) {
+		if managed := isManagedRoot(src); managed || written[m.Volume] {
 			if m.SubPath != "" {
 				if err := os.MkdirAll(stage, 0o711); err != nil {
 					return nil, err
@@ -338,8 +343,12 @@ func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRan
 				mode = "ro"
 			}
 			// Not rbind: nothing is mounted inside a managed volume the sandbox should see.
+			bind := "bind"
+			if !managed {
+				bind = "rbind"
+			}
 			mounts = append(mounts, specs.Mount{Destination: m.Path, Type: "bind", Source: src,
-				Options: []string{"bind", mode, "nosuid", "nodev"}})
+				Options: []string{bind, mode, "nosuid", "nodev"}})
 			continue
 		}
 		// sub_path dirs are made one by one, each owned by the sandbox's root. The volume
@@ -366,6 +375,18 @@ func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRan
 	// Parents before children: a volume may be mounted inside another.
 	slices.SortStableFunc(mounts, func(a, b specs.Mount) int { return strings.Compare(a.Destination, b.Destination) })
 	return mounts, nil
+}
+
+// sandboxWritten are spec's volumes whose content a sandbox wrote before this one starts:
+// restored from an archive, GLOBAL copies, or (forked) copies of the source's volumes.
+func sandboxWritten(spec *runtime.Spec, forked bool) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.RestoreDigest != "" || v.Global != nil || (forked && v.Medium != runtime.MediumMemory) {
+			out[v.Name] = true
+		}
+	}
+	return out
 }
 
 // isManagedRoot says whether root is a managed volume's mount point (managed.go).
