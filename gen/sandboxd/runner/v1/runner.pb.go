@@ -2073,9 +2073,12 @@ type Spec struct {
 	// Set for a container-engine sandbox (runtime.Engine): the Compose file its engine runs.
 	Engine *Engine `protobuf:"bytes,32,opt,name=engine,proto3" json:"engine,omitempty"`
 	// The primary container's Container.secret_env: never stored, returned or logged.
-	SecretEnv     map[string]string `protobuf:"bytes,33,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SecretEnv map[string]string `protobuf:"bytes,33,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The values of the network's egress secrets (NetworkRule.secret), by
+	// EgressSecret key (store/path or store/path#field): never stored, returned or logged.
+	EgressSecretValues map[string]string `protobuf:"bytes,34,rep,name=egress_secret_values,json=egressSecretValues,proto3" json:"egress_secret_values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Spec) Reset() {
@@ -2300,6 +2303,13 @@ func (x *Spec) GetEngine() *Engine {
 func (x *Spec) GetSecretEnv() map[string]string {
 	if x != nil {
 		return x.SecretEnv
+	}
+	return nil
+}
+
+func (x *Spec) GetEgressSecretValues() map[string]string {
+	if x != nil {
+		return x.EgressSecretValues
 	}
 	return nil
 }
@@ -3003,13 +3013,15 @@ func (x *Network) GetIngress() []*NetworkRule {
 // NetworkRule has exactly one destination (egress) or source (ingress): cidr,
 // dns_name (egress only), tenant or any.
 type NetworkRule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cidr          string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
-	Except        []string               `protobuf:"bytes,2,rep,name=except,proto3" json:"except,omitempty"`
-	DnsName       string                 `protobuf:"bytes,3,opt,name=dns_name,json=dnsName,proto3" json:"dns_name,omitempty"`
-	Tenant        string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"` // "same_org", "same_user" or "sandbox_network"
-	Any           bool                   `protobuf:"varint,5,opt,name=any,proto3" json:"any,omitempty"`
-	Ports         []*PortRange           `protobuf:"bytes,6,rep,name=ports,proto3" json:"ports,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Cidr    string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Except  []string               `protobuf:"bytes,2,rep,name=except,proto3" json:"except,omitempty"`
+	DnsName string                 `protobuf:"bytes,3,opt,name=dns_name,json=dnsName,proto3" json:"dns_name,omitempty"`
+	Tenant  string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"` // "same_org", "same_user" or "sandbox_network"
+	Any     bool                   `protobuf:"varint,5,opt,name=any,proto3" json:"any,omitempty"`
+	Ports   []*PortRange           `protobuf:"bytes,6,rep,name=ports,proto3" json:"ports,omitempty"`
+	// A secret the egress proxy puts into HTTPS requests to dns_name (runtime.EgressSecret).
+	Secret        *EgressSecret `protobuf:"bytes,7,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3086,6 +3098,90 @@ func (x *NetworkRule) GetPorts() []*PortRange {
 	return nil
 }
 
+func (x *NetworkRule) GetSecret() *EgressSecret {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+// EgressSecret names a secret (never its value) for a dns_name rule.
+type EgressSecret struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Store         string                 `protobuf:"bytes,1,opt,name=store,proto3" json:"store,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Field         string                 `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	Header        string                 `protobuf:"bytes,4,opt,name=header,proto3" json:"header,omitempty"`               // "" = Authorization
+	EnvVar        string                 `protobuf:"bytes,5,opt,name=env_var,json=envVar,proto3" json:"env_var,omitempty"` // the primary's variable holding the placeholder
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressSecret) Reset() {
+	*x = EgressSecret{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressSecret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressSecret) ProtoMessage() {}
+
+func (x *EgressSecret) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressSecret.ProtoReflect.Descriptor instead.
+func (*EgressSecret) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *EgressSecret) GetStore() string {
+	if x != nil {
+		return x.Store
+	}
+	return ""
+}
+
+func (x *EgressSecret) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *EgressSecret) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *EgressSecret) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *EgressSecret) GetEnvVar() string {
+	if x != nil {
+		return x.EnvVar
+	}
+	return ""
+}
+
 type PortRange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Protocol      string                 `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"` // "tcp", "udp", "sctp"; "" = tcp
@@ -3097,7 +3193,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3205,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3218,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -3162,7 +3258,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3174,7 +3270,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3187,7 +3283,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Volume) GetName() string {
@@ -3243,7 +3339,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3351,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3364,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -3327,7 +3423,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3435,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3448,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -3400,7 +3496,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3412,7 +3508,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3425,7 +3521,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -3451,7 +3547,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3463,7 +3559,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3476,7 +3572,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -3506,7 +3602,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +3614,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +3627,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -3623,7 +3719,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3731,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3744,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -3696,7 +3792,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3708,7 +3804,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3721,7 +3817,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -3795,7 +3891,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3807,7 +3903,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3820,7 +3916,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Service) GetPort() int32 {
@@ -3875,7 +3971,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3887,7 +3983,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3900,7 +3996,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -3928,7 +4024,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3940,7 +4036,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3953,7 +4049,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *File) GetPath() string {
@@ -3993,7 +4089,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4005,7 +4101,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4018,7 +4114,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -4088,7 +4184,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4100,7 +4196,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4113,7 +4209,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Sandbox) GetId() string {
@@ -4266,7 +4362,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4278,7 +4374,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4291,7 +4387,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ResourceUsage) GetCpuMillicores() int64 {
@@ -4332,7 +4428,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4344,7 +4440,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4357,7 +4453,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -4383,7 +4479,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4395,7 +4491,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4408,7 +4504,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -4427,7 +4523,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4439,7 +4535,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4452,7 +4548,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetRequest) GetId() string {
@@ -4472,7 +4568,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4484,7 +4580,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4497,7 +4593,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -4523,7 +4619,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4535,7 +4631,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4548,7 +4644,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -4567,7 +4663,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4579,7 +4675,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4592,7 +4688,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -4610,7 +4706,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4622,7 +4718,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4635,7 +4731,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
 }
 
 type ListResponse struct {
@@ -4647,7 +4743,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4659,7 +4755,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4672,7 +4768,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -4695,7 +4791,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4707,7 +4803,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4720,7 +4816,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -4755,7 +4851,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4767,7 +4863,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4780,7 +4876,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -4805,7 +4901,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4817,7 +4913,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4830,7 +4926,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
 }
 
 type CapacityResponse struct {
@@ -4898,7 +4994,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4910,7 +5006,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4923,7 +5019,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -5263,7 +5359,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"autoResume\x12#\n" +
 	"\rlifetime_held\x18\x03 \x01(\bR\flifetimeHeld\x127\n" +
 	"\tpaused_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12)\n" +
-	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\xe8\v\n" +
+	"\x10checkpoint_bytes\x18\x05 \x01(\x03R\x0fcheckpointBytes\"\x93\r\n" +
 	"\x04Spec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12J\n" +
@@ -5296,7 +5392,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fhost_aliases\x18\x1f \x03(\tR\vhostAliases\x122\n" +
 	"\x06engine\x18  \x01(\v2\x1a.sandboxd.runner.v1.EngineR\x06engine\x12F\n" +
 	"\n" +
-	"secret_env\x18! \x03(\v2'.sandboxd.runner.v1.Spec.SecretEnvEntryR\tsecretEnv\x1a6\n" +
+	"secret_env\x18! \x03(\v2'.sandboxd.runner.v1.Spec.SecretEnvEntryR\tsecretEnv\x12b\n" +
+	"\x14egress_secret_values\x18\" \x03(\v20.sandboxd.runner.v1.Spec.EgressSecretValuesEntryR\x12egressSecretValues\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
@@ -5304,6 +5401,9 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
 	"\x0eSecretEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aE\n" +
+	"\x17EgressSecretValuesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x02\n" +
 	"\x06Engine\x12\x18\n" +
@@ -5387,14 +5487,21 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"denyEgress\x127\n" +
 	"\x06egress\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.NetworkRuleR\x06egress\x12!\n" +
 	"\fdeny_ingress\x18\x03 \x01(\bR\vdenyIngress\x129\n" +
-	"\aingress\x18\x04 \x03(\v2\x1f.sandboxd.runner.v1.NetworkRuleR\aingress\"\xb3\x01\n" +
+	"\aingress\x18\x04 \x03(\v2\x1f.sandboxd.runner.v1.NetworkRuleR\aingress\"\xed\x01\n" +
 	"\vNetworkRule\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x16\n" +
 	"\x06except\x18\x02 \x03(\tR\x06except\x12\x19\n" +
 	"\bdns_name\x18\x03 \x01(\tR\adnsName\x12\x16\n" +
 	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03any\x18\x05 \x01(\bR\x03any\x123\n" +
-	"\x05ports\x18\x06 \x03(\v2\x1d.sandboxd.runner.v1.PortRangeR\x05ports\"V\n" +
+	"\x05ports\x18\x06 \x03(\v2\x1d.sandboxd.runner.v1.PortRangeR\x05ports\x128\n" +
+	"\x06secret\x18\a \x01(\v2 .sandboxd.runner.v1.EgressSecretR\x06secret\"\x7f\n" +
+	"\fEgressSecret\x12\x14\n" +
+	"\x05store\x18\x01 \x01(\tR\x05store\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
+	"\x06header\x18\x04 \x01(\tR\x06header\x12\x17\n" +
+	"\aenv_var\x18\x05 \x01(\tR\x06envVar\"V\n" +
 	"\tPortRange\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x19\n" +
@@ -5629,7 +5736,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -5675,55 +5782,57 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(*Toleration)(nil),               // 41: sandboxd.runner.v1.Toleration
 	(*Network)(nil),                  // 42: sandboxd.runner.v1.Network
 	(*NetworkRule)(nil),              // 43: sandboxd.runner.v1.NetworkRule
-	(*PortRange)(nil),                // 44: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                   // 45: sandboxd.runner.v1.Volume
-	(*SnapshotSource)(nil),           // 46: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),           // 47: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),    // 48: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),    // 49: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),              // 50: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),              // 51: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),                 // 52: sandboxd.runner.v1.Security
-	(*Service)(nil),                  // 53: sandboxd.runner.v1.Service
-	(*Credentials)(nil),              // 54: sandboxd.runner.v1.Credentials
-	(*File)(nil),                     // 55: sandboxd.runner.v1.File
-	(*Resources)(nil),                // 56: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                  // 57: sandboxd.runner.v1.Sandbox
-	(*ResourceUsage)(nil),            // 58: sandboxd.runner.v1.ResourceUsage
-	(*CreateRequest)(nil),            // 59: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 60: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 61: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 62: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 63: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 64: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 65: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 66: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 67: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 68: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 69: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 70: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 71: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	nil,                              // 72: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 73: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 74: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 75: sandboxd.runner.v1.Spec.SecretEnvEntry
-	nil,                              // 76: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 77: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 78: sandboxd.runner.v1.Container.SecretEnvEntry
-	nil,                              // 79: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 80: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 81: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 82: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 83: google.protobuf.Timestamp
+	(*EgressSecret)(nil),             // 44: sandboxd.runner.v1.EgressSecret
+	(*PortRange)(nil),                // 45: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                   // 46: sandboxd.runner.v1.Volume
+	(*SnapshotSource)(nil),           // 47: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),           // 48: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),    // 49: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),    // 50: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),              // 51: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),              // 52: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),                 // 53: sandboxd.runner.v1.Security
+	(*Service)(nil),                  // 54: sandboxd.runner.v1.Service
+	(*Credentials)(nil),              // 55: sandboxd.runner.v1.Credentials
+	(*File)(nil),                     // 56: sandboxd.runner.v1.File
+	(*Resources)(nil),                // 57: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                  // 58: sandboxd.runner.v1.Sandbox
+	(*ResourceUsage)(nil),            // 59: sandboxd.runner.v1.ResourceUsage
+	(*CreateRequest)(nil),            // 60: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 61: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 62: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 63: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 64: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 65: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 66: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 67: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 68: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 69: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 70: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 71: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 72: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	nil,                              // 73: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 74: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 75: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 76: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 77: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	nil,                              // 78: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 79: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 80: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 81: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 82: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 83: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*durationpb.Duration)(nil),      // 84: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 85: google.protobuf.Timestamp
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	3,   // 0: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
 	3,   // 1: sandboxd.runner.v1.DeleteVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
-	71,  // 2: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	54,  // 3: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
-	54,  // 4: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
-	56,  // 5: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	82,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	72,  // 2: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	55,  // 3: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
+	55,  // 4: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
+	57,  // 5: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
+	84,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	10,  // 7: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	11,  // 8: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	12,  // 9: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -5733,128 +5842,130 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	34,  // 13: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
 	13,  // 14: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
 	16,  // 15: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	57,  // 16: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 16: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	16,  // 17: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	57,  // 18: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 18: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
 	28,  // 19: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	57,  // 20: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 21: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	72,  // 22: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	82,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	58,  // 20: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 21: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	73,  // 22: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	84,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
 	28,  // 24: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	57,  // 25: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 25: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	31,  // 26: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
 	30,  // 27: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	83,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	54,  // 29: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	73,  // 30: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	55,  // 31: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	56,  // 32: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	74,  // 33: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	53,  // 34: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	85,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	55,  // 29: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	74,  // 30: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	56,  // 31: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	57,  // 32: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	75,  // 33: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	54,  // 34: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
 	42,  // 35: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	52,  // 36: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	45,  // 37: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	51,  // 38: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	53,  // 36: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	46,  // 37: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	52,  // 38: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
 	40,  // 39: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
 	37,  // 40: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
 	38,  // 41: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
 	36,  // 42: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
 	36,  // 43: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
 	35,  // 44: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	75,  // 45: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
-	76,  // 46: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	54,  // 47: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	77,  // 48: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	55,  // 49: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	56,  // 50: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	51,  // 51: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	52,  // 52: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	37,  // 53: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	38,  // 54: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	78,  // 55: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
-	82,  // 56: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	82,  // 57: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	82,  // 58: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	79,  // 59: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	41,  // 60: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	80,  // 61: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	43,  // 62: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	43,  // 63: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	44,  // 64: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	46,  // 65: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	47,  // 66: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 67: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	82,  // 68: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	83,  // 69: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	34,  // 70: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 71: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	83,  // 72: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	83,  // 73: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	83,  // 74: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	82,  // 75: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	83,  // 76: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	39,  // 77: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	33,  // 78: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	58,  // 79: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
-	34,  // 80: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	82,  // 81: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	57,  // 82: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	82,  // 83: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	57,  // 84: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 85: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	57,  // 86: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	82,  // 87: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	47,  // 88: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	57,  // 89: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	50,  // 90: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	83,  // 91: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	56,  // 92: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	81,  // 93: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	54,  // 94: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	59,  // 95: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	61,  // 96: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	65,  // 97: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	67,  // 98: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	69,  // 99: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	48,  // 100: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	49,  // 101: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	62,  // 102: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	24,  // 103: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	26,  // 104: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	29,  // 105: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	17,  // 106: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	19,  // 107: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	20,  // 108: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	22,  // 109: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	14,  // 110: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	8,   // 111: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	4,   // 112: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
-	6,   // 113: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
-	60,  // 114: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	64,  // 115: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	66,  // 116: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	68,  // 117: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	70,  // 118: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	50,  // 119: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	50,  // 120: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	63,  // 121: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	25,  // 122: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	27,  // 123: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	32,  // 124: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	18,  // 125: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	32,  // 126: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	21,  // 127: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	23,  // 128: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	15,  // 129: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	9,   // 130: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	5,   // 131: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
-	7,   // 132: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
-	114, // [114:133] is the sub-list for method output_type
-	95,  // [95:114] is the sub-list for method input_type
-	95,  // [95:95] is the sub-list for extension type_name
-	95,  // [95:95] is the sub-list for extension extendee
-	0,   // [0:95] is the sub-list for field type_name
+	76,  // 45: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	77,  // 46: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	78,  // 47: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	55,  // 48: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	79,  // 49: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	56,  // 50: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	57,  // 51: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	52,  // 52: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	53,  // 53: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	37,  // 54: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	38,  // 55: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	80,  // 56: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	84,  // 57: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	84,  // 58: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	84,  // 59: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	81,  // 60: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	41,  // 61: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	82,  // 62: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	43,  // 63: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	43,  // 64: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	45,  // 65: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	44,  // 66: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
+	47,  // 67: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	48,  // 68: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 69: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	84,  // 70: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	85,  // 71: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	34,  // 72: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 73: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	85,  // 74: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	85,  // 75: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	85,  // 76: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	84,  // 77: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	85,  // 78: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	39,  // 79: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	33,  // 80: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	59,  // 81: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	34,  // 82: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	84,  // 83: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	58,  // 84: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	84,  // 85: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	58,  // 86: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 87: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 88: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	84,  // 89: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	48,  // 90: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	58,  // 91: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	51,  // 92: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	85,  // 93: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	57,  // 94: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	83,  // 95: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	55,  // 96: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	60,  // 97: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	62,  // 98: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	66,  // 99: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	68,  // 100: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	70,  // 101: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	49,  // 102: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	50,  // 103: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	63,  // 104: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	24,  // 105: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	26,  // 106: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	29,  // 107: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	17,  // 108: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	19,  // 109: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	20,  // 110: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	22,  // 111: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	14,  // 112: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	8,   // 113: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	4,   // 114: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	6,   // 115: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	61,  // 116: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	65,  // 117: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	67,  // 118: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	69,  // 119: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	71,  // 120: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	51,  // 121: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	51,  // 122: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	64,  // 123: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	25,  // 124: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	27,  // 125: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	32,  // 126: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	18,  // 127: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	32,  // 128: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	21,  // 129: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	23,  // 130: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	15,  // 131: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	9,   // 132: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	5,   // 133: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	7,   // 134: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	116, // [116:135] is the sub-list for method output_type
+	97,  // [97:116] is the sub-list for method input_type
+	97,  // [97:97] is the sub-list for extension type_name
+	97,  // [97:97] is the sub-list for extension extendee
+	0,   // [0:97] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -5870,15 +5981,15 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	file_sandboxd_runner_v1_runner_proto_msgTypes[21].OneofWrappers = []any{}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[36].OneofWrappers = []any{}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[38].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[49].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[54].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[50].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[55].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   79,
+			NumMessages:   81,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
