@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -161,7 +162,12 @@ func TestEgressSecretInjection(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	t.Cleanup(func() { finish(t, s, cfg.DataDir) })
+	restarted := false // the restart below finishes the second stack instead
+	t.Cleanup(func() {
+		if !restarted {
+			finish(t, s, cfg.DataDir)
+		}
+	})
 
 	gwDir := filepath.Join(dir, "gateway")
 	st, err := store.Open(ctx, filepath.Join(gwDir, "sandboxd.db"))
@@ -315,5 +321,36 @@ func TestEgressSecretInjection(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), value) {
 		t.Error("the value is in the logs")
+	}
+
+	// A runner restart: the values and the CA key were in memory only. The re-adopted
+	// sandbox keeps its placeholder; its connections to the injection host are refused
+	// (never sent on with the placeholder), the other host still works.
+	s.Close()
+	s2, err := stack.NewLocal(context.Background(), cfg) // outlives the test body (cleanups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	t.Cleanup(s2.Close)
+	t.Cleanup(func() { finish(t, s2, cfg.DataDir) })
+	waitState(t, s2, id, runner.StateRunning, 30*time.Second)
+	after := execIn(t, agentOf(t, s2, id), "python3", "-c", `
+import os, urllib.request
+for name in ("api.inject.test", "other.inject.test"):
+    try:
+        req = urllib.request.Request("https://%s/echo" % name, headers={"Authorization": "Bearer " + os.environ["API_TOKEN"]})
+        print(name, "ok", urllib.request.urlopen(req, timeout=20).read().decode())
+    except Exception as e:
+        print(name, "fail", repr(e))
+`)
+	res := string(after.GetStdout())
+	t.Logf("after the restart:\n%s", res)
+	if !strings.Contains(res, "api.inject.test fail") || !strings.Contains(res, "other.inject.test ok") {
+		t.Errorf("after the restart:\n%s%s", res, after.GetStderr())
+	}
+	audit, _ = os.ReadFile(auditPath)
+	if !strings.Contains(string(audit), "no longer holds this sandbox's secrets") || strings.Contains(string(audit), value) {
+		t.Errorf("audit after the restart:\n%s", audit)
 	}
 }
