@@ -18,11 +18,15 @@ type hardeningFlags struct {
 	// openReserved are the reserved ranges (--egress-allow-reserved) explicit cidr egress
 	// rules may reach on this runner.
 	openReserved listFlag
+	// egressUpstreamCA and egressRoots: egress secret injection's trust (docs/secrets.md).
+	egressUpstreamCA, egressRoots string
 }
 
 func (h *hardeningFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.disk, "disk", "10Gi", "size limit of each sandbox's writable root filesystem layer, e.g. 10Gi (0: none); on Kubernetes its ephemeral-storage limit")
 	fs.BoolVar(&h.noUserNS, "no-userns", false, "local backend: run runc sandboxes without a user namespace of their own (root inside is then root on the host)")
+	fs.StringVar(&h.egressUpstreamCA, "egress-upstream-ca", "", "local backend: PEM file of the roots the egress proxy verifies the hosts it injects egress secrets for against (default: the system roots)")
+	fs.StringVar(&h.egressRoots, "egress-roots", "", "local backend: PEM bundle sandboxes with egress secrets trust besides their own CA (/etc/sandboxd-egress/bundle.pem; default: the host's system bundle)")
 	fs.Var(&h.openReserved, "egress-allow-reserved", "CIDR of a reserved range (private, CGNAT, link-local, …) that sandboxes' explicit cidr egress rules may reach on this runner, when their policy allows (repeatable; the sandbox subnet and the host's addresses cannot be opened; \"any\" never includes it)")
 }
 
@@ -58,6 +62,7 @@ func (h *hardeningFlags) apply(cfg *stack.Config) error {
 		return err
 	}
 	cfg.DiskBytes, cfg.NoUserNS = v, h.noUserNS
+	cfg.EgressUpstreamCAFile, cfg.EgressRootsFile = h.egressUpstreamCA, h.egressRoots
 	cfg.OpenReserved, err = h.reservedOpen()
 	return err
 }

@@ -53,6 +53,16 @@ type proxyEnv struct {
 
 func newProxyEnv(t testing.TB, mod func(*Proxy)) *proxyEnv {
 	t.Helper()
+	return newProxyEnvWith(t, func(e *proxyEnv) {
+		if mod != nil {
+			mod(e.proxy)
+		}
+	})
+}
+
+// newProxyEnvWith is newProxyEnv with mod given the whole environment (before Serve).
+func newProxyEnvWith(t testing.TB, mod func(*proxyEnv)) *proxyEnv {
+	t.Helper()
 	in := egresstest.New(t)
 	e := &proxyEnv{in: in, log: new(syncBuffer), serveErr: make(chan error, 1)}
 	realA, svcA, otherA, evilA, deadA := in.Addr(t), in.Addr(t), in.Addr(t), in.Addr(t), in.Addr(t)
@@ -88,7 +98,7 @@ func newProxyEnv(t testing.TB, mod func(*Proxy)) *proxyEnv {
 		HandshakeTimeout: 2 * time.Second,
 	}
 	if mod != nil {
-		mod(e.proxy)
+		mod(e)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,6 +52,14 @@ type Proxy struct {
 	Log  *slog.Logger // nil: slog.Default()
 	// HandshakeTimeout bounds reading the ClientHello; 0 = 10 s.
 	HandshakeTimeout time.Duration
+	// Secrets returns the secrets to inject into the requests of the sandbox at src (nil:
+	// none; inject.go). Connections to the hosts it names are intercepted (TLS terminated
+	// with the sandbox's CA); all others are spliced, never decrypted.
+	Secrets func(src netip.Addr) *SandboxSecrets
+	// UpstreamRoots verifies the hosts of intercepted connections (nil: the system roots).
+	UpstreamRoots *x509.CertPool
+	// Audit records every use of an injected secret (nil: none).
+	Audit *AuditLog
 	// MaxConnsPerSource caps one sandbox's connections at once, so that one cannot
 	// exhaust the host's file descriptors for all; 0 = 512. More are closed at once.
 	MaxConnsPerSource int
@@ -291,6 +300,12 @@ func (p *Proxy) handle(c net.Conn, src netip.Addr) {
 	p.mu.Lock()
 	ctx := p.ctx // set by admit
 	p.mu.Unlock()
+	if p.Secrets != nil {
+		if ss := p.Secrets(src); ss.intercepts(strings.ToLower(name)) {
+			p.intercept(ctx, c, hello, strings.ToLower(name), src, ss)
+			return
+		}
+	}
 	up, err := p.connect(ctx, name)
 	if err != nil {
 		p.log().Info("egress proxy: refused: "+err.Error(), "src", src, "sni", name)

@@ -147,6 +147,7 @@ func ValidateEgressRule(f string, r runtime.EgressRule, add func(field, format s
 			add(f+".ports", "%s", why)
 		}
 	}
+	ValidateEgressSecret(f, r, add)
 }
 
 // ValidateIngressRule checks one ingress rule at field f (….ingress[i]).
@@ -204,6 +205,11 @@ func supported(n *runtime.Network, can runtime.Support) error {
 	var vs violations
 	if n != nil && can.NoDNSEgress {
 		for i, r := range n.Egress {
+			if r.Secret != nil {
+				vs.add(fmt.Sprintf("spec.network.egress[%d].sandboxd_secret", i),
+					"this runner cannot inject egress secrets: its backend (Kubernetes) cannot terminate the sandbox's TLS to put a secret into its requests; use a local runner")
+				continue
+			}
 			if r.DNSName != "" {
 				vs.add(fmt.Sprintf("spec.network.egress[%d].https_hostname", i),
 					"this runner cannot enforce host-name rules (its backend filters by address only); use a cidr rule or a runner that can")

@@ -116,6 +116,9 @@ type entry struct {
 	// handed to the backend's Create and dropped once it returns, never kept in sb.Spec,
 	// the state dir or snapshots, never logged.
 	secretEnv []map[string]string
+	// egressSecretValues is runtime.Spec.EgressSecretValues, likewise: handed to the
+	// backend's Create (whose egress proxy keeps them in memory), then dropped.
+	egressSecretValues map[string]string
 	// startedAt is when the backend started the container: the StartedAt reported once
 	// the agent says the main command runs, and the one a restarted runner recovers.
 	startedAt    time.Time
@@ -254,6 +257,10 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if err := r.checkSecretRefs(ctx, &orig); err != nil {
 		return Sandbox{}, err
 	}
+	egressValues := orig.EgressSecretValues
+	if err := checkEgressSecrets(&orig); err != nil {
+		return Sandbox{}, err
+	}
 	var engineCreds map[string]*runtime.Credentials
 	if orig.Engine != nil {
 		engineCreds = orig.Engine.PullCredentials
@@ -315,6 +322,9 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	e.creds, e.engineCreds = creds, engineCreds
 	if slices.ContainsFunc(secretEnv, func(m map[string]string) bool { return len(m) > 0 }) {
 		e.secretEnv = secretEnv
+	}
+	if len(egressValues) > 0 {
+		e.egressSecretValues = egressValues
 	}
 	if len(req.Restores) > 0 {
 		e.restores = maps.Clone(req.Restores)
@@ -898,6 +908,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 				c.SecretEnv = e.secretEnv[i]
 			}
 		}
+		spec.EgressSecretValues = e.egressSecretValues
 		if spec.Engine != nil && e.engineCreds != nil {
 			spec.Engine = spec.Engine.Clone()
 			spec.Engine.PullCredentials = e.engineCreds
@@ -913,6 +924,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 		info, err := r.backend.Create(ctx, &spec)
 		r.mu.Lock()
 		e.secretEnv = nil // the backend has handed them to the containers
+		e.egressSecretValues = nil
 		r.mu.Unlock()
 		if err != nil {
 			r.finish(e, runtime.Exit{Reason: createFailureReason(err), Message: err.Error(), At: time.Now()}, false)
@@ -1561,6 +1573,7 @@ func cloneSpec(s runtime.Spec) runtime.Spec {
 	if c.Engine != nil {
 		c.Engine.PullCredentials = nil // c's own copy
 	}
+	c.EgressSecretValues = nil
 	return c
 }
 

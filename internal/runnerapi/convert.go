@@ -39,6 +39,7 @@ func specToProto(s runtime.Spec) *runnerv1.Spec {
 		Meta:            s.Meta,
 		HostAliases:     s.HostAliases,
 	}
+	p.EgressSecretValues = s.EgressSecretValues
 	p.Volumes, _ = volumesToProto(s.Volumes, nil)
 	for _, sc := range s.Sidecars {
 		p.Sidecars = append(p.Sidecars, containerToProto(sc))
@@ -193,7 +194,11 @@ func networkToProto(n *runtime.Network) *runnerv1.Network {
 	}
 	p := &runnerv1.Network{DenyEgress: n.DenyEgress, DenyIngress: n.DenyIngress}
 	for _, r := range n.Egress {
-		p.Egress = append(p.Egress, &runnerv1.NetworkRule{Cidr: r.CIDR, Except: r.Except, DnsName: r.DNSName, Tenant: r.Tenant, Any: r.Any, Ports: portsToProto(r.Ports)})
+		pr := &runnerv1.NetworkRule{Cidr: r.CIDR, Except: r.Except, DnsName: r.DNSName, Tenant: r.Tenant, Any: r.Any, Ports: portsToProto(r.Ports)}
+		if sec := r.Secret; sec != nil {
+			pr.Secret = &runnerv1.EgressSecret{Store: sec.Store, Path: sec.Path, Field: sec.Field, Header: sec.Header, EnvVar: sec.EnvVar}
+		}
+		p.Egress = append(p.Egress, pr)
 	}
 	for _, r := range n.Ingress {
 		p.Ingress = append(p.Ingress, &runnerv1.NetworkRule{Cidr: r.CIDR, Except: r.Except, Tenant: r.Tenant, Any: r.Any, Ports: portsToProto(r.Ports)})
@@ -210,7 +215,11 @@ func networkFromProto(p *runnerv1.Network) *runtime.Network {
 	}
 	n := &runtime.Network{DenyEgress: p.GetDenyEgress(), DenyIngress: p.GetDenyIngress()}
 	for _, r := range p.GetEgress() {
-		n.Egress = append(n.Egress, runtime.EgressRule{CIDR: r.GetCidr(), Except: r.GetExcept(), DNSName: r.GetDnsName(), Tenant: r.GetTenant(), Any: r.GetAny(), Ports: portsFromProto(r.GetPorts())})
+		er := runtime.EgressRule{CIDR: r.GetCidr(), Except: r.GetExcept(), DNSName: r.GetDnsName(), Tenant: r.GetTenant(), Any: r.GetAny(), Ports: portsFromProto(r.GetPorts())}
+		if sec := r.GetSecret(); sec != nil {
+			er.Secret = &runtime.EgressSecret{Store: sec.GetStore(), Path: sec.GetPath(), Field: sec.GetField(), Header: sec.GetHeader(), EnvVar: sec.GetEnvVar()}
+		}
+		n.Egress = append(n.Egress, er)
 	}
 	for _, r := range p.GetIngress() {
 		n.Ingress = append(n.Ingress, runtime.IngressRule{CIDR: r.GetCidr(), Except: r.GetExcept(), Tenant: r.GetTenant(), Any: r.GetAny(), Ports: portsFromProto(r.GetPorts())})
@@ -247,6 +256,7 @@ func specFromProto(p *runnerv1.Spec) runtime.Spec {
 		Meta:         p.GetMeta(),
 		HostAliases:  p.GetHostAliases(),
 	}
+	s.EgressSecretValues = p.GetEgressSecretValues()
 	s.Volumes, _ = volumesFromProto(p.GetVolumes(), nil)
 	for _, c := range p.GetSidecars() {
 		s.Sidecars = append(s.Sidecars, containerFromProto(c))
@@ -482,7 +492,7 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 // exists. The slices it changes are
 // copies (s's are the caller's).
 func withoutCredentials(s runtime.Spec) runtime.Spec {
-	s.PullCredentials, s.SecretEnv = nil, nil
+	s.PullCredentials, s.SecretEnv, s.EgressSecretValues = nil, nil, nil
 	strip := func(cs []runtime.Container) []runtime.Container {
 		if cs == nil {
 			return nil

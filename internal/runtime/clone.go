@@ -27,6 +27,7 @@ func (s Spec) Clone() Spec {
 	c.Pod = s.Pod.Clone()
 	c.Engine = s.Engine.Clone()
 	c.Meta = maps.Clone(s.Meta)
+	c.EgressSecretValues = maps.Clone(s.EgressSecretValues)
 	return c
 }
 
@@ -88,6 +89,10 @@ func (n *Network) Clone() *Network {
 	for i := range c.Egress {
 		c.Egress[i].Except = slices.Clone(c.Egress[i].Except)
 		c.Egress[i].Ports = slices.Clone(c.Egress[i].Ports)
+		if sec := c.Egress[i].Secret; sec != nil {
+			cs := *sec
+			c.Egress[i].Secret = &cs
+		}
 	}
 	c.Ingress = slices.Clone(n.Ingress)
 	for i := range c.Ingress {

@@ -43,6 +43,57 @@ type EgressRule struct {
 	Any bool `json:"any,omitempty"`
 	// Ports limits the rule; empty means every port and protocol.
 	Ports []PortRange `json:"ports,omitempty"`
+	// Secret, on a DNSName rule naming one exact host, is a secret the backend's egress
+	// proxy puts into the sandbox's HTTPS requests to that host in place of a placeholder
+	// (docs/secrets.md, "Secrets that never enter the sandbox"). Its value is never here:
+	// Spec.EgressSecretValues holds it, in memory only.
+	Secret *EgressSecret `json:"secret,omitempty"`
+}
+
+// EgressSecret attaches a secret of the organization's stores to a host-name rule.
+type EgressSecret struct {
+	Store string `json:"store"`
+	Path  string `json:"path"`
+	Field string `json:"field,omitempty"`
+	// Header is the request header that gets the value in place of the placeholder
+	// (DefaultEgressSecretHeader when empty).
+	Header string `json:"header,omitempty"`
+	// EnvVar is the variable of the primary container that holds the placeholder.
+	EnvVar string `json:"env_var"`
+}
+
+// DefaultEgressSecretHeader is the header an EgressSecret fills when it names none.
+const DefaultEgressSecretHeader = "Authorization"
+
+// Key names the secret (store/path or store/path#field): Spec.EgressSecretValues' key.
+func (e *EgressSecret) Key() string {
+	k := e.Store + "/" + e.Path
+	if e.Field != "" {
+		k += "#" + e.Field
+	}
+	return k
+}
+
+// HeaderName is Header or the default.
+func (e *EgressSecret) HeaderName() string {
+	if e.Header == "" {
+		return DefaultEgressSecretHeader
+	}
+	return e.Header
+}
+
+// EgressSecrets returns n's rules that carry a secret (nil n: none).
+func (n *Network) EgressSecrets() []EgressRule {
+	if n == nil {
+		return nil
+	}
+	var out []EgressRule
+	for _, e := range n.Egress {
+		if e.Secret != nil {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // IngressRule allows traffic from one source to the sandbox's CUSTOM services. Exactly

@@ -72,6 +72,10 @@ type Spec struct {
 	// whoever execs there). Its Image is the runner's engine image (the runner fills an
 	// empty one); nil for every other sandbox.
 	Engine *Engine `json:"engine,omitempty"`
+	// EgressSecretValues are the values of the Network's egress secrets
+	// (EgressSecret.Key() → value), resolved at create; like SecretEnv never persisted,
+	// returned or logged, and handed to the backend's egress proxy only.
+	EgressSecretValues map[string]string `json:"-"`
 	// Meta is the platform's immutable bookkeeping (organization, creation time,
 	// deadline; its keys are the Meta* constants); backends persist it and hand it back
 	// from Recover.

@@ -144,6 +144,19 @@ func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, erro
 		unsupported = append(unsupported, what)
 		notApplied = append(notApplied, apierr.Violation{Field: field, Description: what})
 	}
+	if len(network.EgressSecrets()) > 0 {
+		if o.Secrets == nil {
+			for i, r := range network.Egress {
+				if r.Secret != nil {
+					notSupported(fmt.Sprintf("%segress[%d].sandboxd_secret", networkField, i), "egress secrets")
+				}
+			}
+		} else {
+			runner.ValidateEgressSecrets(&req.Spec, false, func(field, format string, args ...any) {
+				add("sandbox."+field, format, args...)
+			})
+		}
+	}
 	if len(spec.GetNetworkIds()) > 0 {
 		notSupported("sandbox.spec.network_ids", "networks")
 	}
@@ -188,6 +201,11 @@ func Convert(spec *sandboxv1.SandboxSpec, o Options) (runner.CreateRequest, erro
 			}
 		}
 		if err := resolveSecrets(cs, fields, outs, o.Secrets); err != nil {
+			return req, err
+		}
+	}
+	if o.Secrets != nil && len(network.EgressSecrets()) > 0 {
+		if err := resolveEgressSecrets(&req.Spec, o.Secrets); err != nil {
 			return req, err
 		}
 	}

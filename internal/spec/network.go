@@ -68,6 +68,9 @@ func ToNetwork(n *sandboxv1.NetworkOptions) (*runtime.Network, []apierr.Violatio
 			unsupported = append(unsupported, "egress selector rules")
 			skip[i] = true
 		}
+		if sec := r.GetSandboxdSecret(); sec != nil {
+			rule.Secret = &runtime.EgressSecret{Store: sec.GetStoreName(), Path: sec.GetPath(), Field: sec.GetField(), Header: sec.GetHeader(), EnvVar: sec.GetEnvVar()}
+		}
 		out.Egress = append(out.Egress, rule)
 	}
 	emptyIn := map[int]bool{}
@@ -183,6 +186,9 @@ func EffectiveNetwork(n *runtime.Network) (egress []*sandboxv1.EgressRule, ingre
 			w.Destination = &sandboxv1.EgressRule_Tenant{Tenant: tenantToProto(r.Tenant)}
 		case r.Any:
 			w.Destination = &sandboxv1.EgressRule_Any{Any: true}
+		}
+		if sec := r.Secret; sec != nil {
+			w.SandboxdSecret = &sandboxv1.EgressSecretInjection{StoreName: sec.Store, Path: sec.Path, Field: sec.Field, Header: sec.Header, EnvVar: sec.EnvVar}
 		}
 		egress = append(egress, w)
 	}

@@ -37,6 +37,9 @@ func ForPolicy(req runner.CreateRequest) *sandboxv1.SandboxSpec {
 	}
 	if n := req.Spec.Network; n != nil {
 		egress, ingress := EffectiveNetwork(n)
+		for _, e := range egress {
+			e.SandboxdSecret = nil // no policy constrains which secrets a rule carries
+		}
 		// The rules arrive resolved, defaults included: empty lists are "none", which
 		// the resolution must not fill with defaults again, hence the deny flags.
 		deny := func(b bool) *bool { return &b }

@@ -20,6 +20,8 @@ var notForPolicy = map[string]string{
 	"Spec.Container.PullCredentials":            "a pull secret, never part of a spec a policy sees (the public field names a secret store)",
 	"Spec.Container.SecretEnv":                  "secret values resolved at create, never part of a spec a policy sees (the public field names a secret store)",
 	"Spec.Container.SecretRefs":                 "references to a KUBERNETES store's secrets, resolved at create like SecretEnv (the public field names a secret store)",
+	"Spec.Network.Egress[].Secret":              "no policy constrains the secrets of egress rules (ForPolicy leaves them out)",
+	"Spec.EgressSecretValues":                   "egress secret values resolved at create, never part of a spec a policy sees (the rule names the secret)",
 	"Spec.Container.Files":                      "file contents are not constrained by any policy",
 	"Spec.Container.Resources.Pids":             "the runner's own limit (its defaults), not a public field",
 	"Spec.Container.Resources.DiskBytes":        "the backend's own limit, not a public field",
@@ -102,7 +104,9 @@ func validForWire(req *runner.CreateRequest) {
 	anyDest.CIDR, anyDest.Except, anyDest.DNSName, anyDest.Tenant, anyDest.Any = "", nil, "", "", true
 	for _, r := range []*runtime.EgressRule{&cidr, &dns, &tenant, &anyDest} {
 		r.Except, r.Ports = slices.Clone(r.Except), slices.Clone(r.Ports)
+		r.Secret = nil
 	}
+	dns.Secret = &runtime.EgressSecret{Store: "prod", Path: "api/x", Field: "token", Header: "X-Api-Key", EnvVar: "EGRESS_TOKEN"}
 	n.Egress = []runtime.EgressRule{cidr, dns, tenant, anyDest}
 	in := n.Ingress[0]
 	in.Ports = ports(in.Ports)

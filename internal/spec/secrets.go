@@ -306,3 +306,58 @@ func ParsePullCredentials(v string) (user, pass string, err error) {
 	}
 	return user, pass, nil
 }
+
+// resolveEgressSecrets resolves the secrets of spec's egress rules into
+// spec.EgressSecretValues (docs/secrets.md, "Secrets that never enter the sandbox"). All
+// problems come back at once, as resolveSecrets does.
+func resolveEgressSecrets(spec *runtime.Spec, resolve SecretResolver) error {
+	var (
+		vs         []apierr.Violation
+		storeGone  bool
+		firstOther error
+	)
+	for i, r := range spec.Network.Egress {
+		sec := r.Secret
+		if sec == nil {
+			continue
+		}
+		if _, ok := spec.EgressSecretValues[sec.Key()]; ok {
+			continue
+		}
+		f := fmt.Sprintf("%segress[%d].sandboxd_secret", networkField, i)
+		v, err := resolve(f, SecretRef{Store: sec.Store, Path: sec.Path, Field: sec.Field})
+		switch apierr.Reason(err) {
+		case "":
+			if err != nil {
+				if firstOther == nil {
+					firstOther = err
+				}
+				continue
+			}
+			if spec.EgressSecretValues == nil {
+				spec.EgressSecretValues = map[string]string{}
+			}
+			spec.EgressSecretValues[sec.Key()] = v
+		case apierr.SecretStoreNotProvisioned:
+			storeGone = true
+			vs = append(vs, apierr.Violations(err)...)
+		case apierr.SecretNotProvisioned:
+			vs = append(vs, apierr.Violations(err)...)
+		default:
+			if firstOther == nil {
+				firstOther = err
+			}
+		}
+	}
+	if firstOther != nil {
+		return firstOther
+	}
+	if len(vs) == 0 {
+		return nil
+	}
+	reason := apierr.SecretNotProvisioned
+	if storeGone {
+		reason = apierr.SecretStoreNotProvisioned
+	}
+	return apierr.WithViolations(apierr.Newf(reason, "egress secrets cannot be resolved: %s", apierr.Describe(vs)), vs)
+}

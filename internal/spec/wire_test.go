@@ -44,6 +44,7 @@ var refused = map[string]connect.Code{
 	"object_storage_access":                connect.CodeUnimplemented,
 	"instance_type":                        connect.CodeUnimplemented,
 	"network.egress.selector":              connect.CodeUnimplemented,
+	"network.egress.sandboxd_secret":       connect.CodeUnimplemented,   // without a secret resolver
 	"network.egress.https_hostname_except": connect.CodeInvalidArgument, // policy-only
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"io"
 
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -86,6 +87,11 @@ func (n netAdapter) Lookup(id string) (*local.Attachment, error) {
 }
 
 func (n netAdapter) Teardown(id string) error { return n.m.Teardown(id) }
+
+// SetEgressSecrets hands the egress proxy a sandbox's secrets (local.EgressSecretsSetter).
+func (n netAdapter) SetEgressSecrets(id string, ss *egress.SandboxSecrets) error {
+	return n.m.SetEgressSecrets(id, ss)
+}
 
 func (n netAdapter) WriteEtcFiles(dir, hostname string, a *local.Attachment) error {
 	return network.WriteEtcFiles(dir, hostname, &network.Attachment{

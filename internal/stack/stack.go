@@ -43,6 +43,12 @@ type Config struct {
 	// EgressProxyPort is the gateway port of the SNI proxy enforcing dns_name egress
 	// rules; 0 = network.DefaultProxyPort.
 	EgressProxyPort int
+	// EgressUpstreamCAFile: PEM roots the egress proxy verifies the hosts it injects
+	// secrets for against ("": the system roots; network.Config.EgressUpstreamCAFile).
+	EgressUpstreamCAFile string
+	// EgressRootsFile: the host CA bundle sandboxes with egress secrets trust besides
+	// their own CA ("": the system bundle; local.Config.EgressRootsFile).
+	EgressRootsFile string
 	// HostMark is the socket mark the host's connections into the sandbox bridge need
 	// (the edge's carry it, see EdgeDialMark); 0 = network.DefaultHostMark. Nothing else
 	// on the host reaches a sandbox port.
@@ -135,7 +141,9 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Egress:      !cfg.NoEgress,
 		Nameservers: cfg.Nameservers,
 		ProxyPort:   cfg.EgressProxyPort,
-		HostMark:    cfg.HostMark,
+
+		EgressUpstreamCAFile: cfg.EgressUpstreamCAFile,
+		HostMark:             cfg.HostMark,
 
 		OpenReserved: cfg.OpenReserved,
 	})
@@ -157,6 +165,8 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Pool:         cfg.Pool,
 		DiskBytes:    cfg.DiskBytes,
 		NoUserNS:     cfg.NoUserNS,
+
+		EgressRootsFile: cfg.EgressRootsFile,
 	})
 	if err != nil {
 		_ = nw.Close()

@@ -18,8 +18,10 @@ package egresstest
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -299,7 +301,8 @@ type Server struct {
 func (s *Server) Conns() int64 { return s.conns.Load() }
 
 // ServeHTTPS starts an HTTPS server on addr port 443 with a certificate for names.
-// GET / answers "server=<addr> host=<Host>"; GET /zero?n=N answers N zero bytes.
+// GET / answers "server=<addr> host=<Host>"; GET /zero?n=N answers N zero bytes; /echo
+// answers (hashes of) the request's Authorization and X-Api-Key fields.
 func (in *Internet) ServeHTTPS(t testing.TB, addr netip.Addr, names ...string) *Server {
 	t.Helper()
 	cert, err := in.CA.IssueServer("egresstest "+addr.String(), names, nil, time.Hour)
@@ -334,6 +337,14 @@ func serverHandler(addr netip.Addr) http.Handler {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = fmt.Fprintf(w, "server=%s host=%s", addr, r.Host)
 	})
+	// /echo answers the request's method, Host, the SHA-256 of its Authorization and
+	// X-Api-Key fields (EchoHash: a client learns whether a secret arrived, never the
+	// secret) and its body's length (secret injection tests).
+	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		_, _ = fmt.Fprintf(w, "method=%s host=%s authorization=%s x-api-key=%s body=%d", r.Method, r.Host,
+			EchoHash(r.Header.Get("Authorization")), EchoHash(r.Header.Get("X-Api-Key")), n)
+	})
 	mux.HandleFunc("GET /zero", func(w http.ResponseWriter, r *http.Request) {
 		n, err := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 		if err != nil || n < 0 {
@@ -350,6 +361,12 @@ func serverHandler(addr netip.Addr) http.Handler {
 		}
 	})
 	return mux
+}
+
+// EchoHash is how /echo shows a header's value: the first 16 hex digits of its SHA-256.
+func EchoHash(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:8])
 }
 
 // ClientConfig is a TLS client configuration trusting the Internet's CA, for name.

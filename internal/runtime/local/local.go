@@ -44,6 +44,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -97,7 +98,10 @@ type Config struct {
 	// Network gives each sandbox a network namespace on the host bridge. nil: every
 	// sandbox gets a new, empty network namespace (loopback only).
 	Network Network
-	Logger  *slog.Logger
+	// EgressRootsFile is the host CA bundle a sandbox with egress secrets trusts besides
+	// its own CA (bundle.pem); "": the first of DefaultRootsFiles.
+	EgressRootsFile string
+	Logger          *slog.Logger
 	// Pool keeps pre-started containers for images recently created (see pool.go).
 	// The zero value disables it.
 	Pool PoolConfig
@@ -168,6 +172,10 @@ var (
 // sandbox is a container this Backend tracks.
 type sandbox struct {
 	id string
+	// egress and egressCADir: the sandbox's egress secrets and the host dir of its CA
+	// certificate (egresssecrets.go); nil and "" for a sandbox without.
+	egress      *egress.SandboxSecrets
+	egressCADir string
 	// cid is the container's own id: the OCI runtime's container id, the cgroup name and
 	// the network attachment id. It is id, except for a sandbox that claimed a pooled
 	// container (set under Backend.mu).
@@ -456,10 +464,18 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 			return runtime.Info{}, fmt.Errorf("%w: volume %q: disk volumes need at least %d bytes", runtime.ErrInvalidSpec, v.Name, minDiskBytes)
 		}
 	}
+	hasEgressSecrets := len(spec.Network.EgressSecrets()) > 0
+	if hasEgressSecrets {
+		if why := b.egressSecretsUnsupported(spec, fork); why != "" {
+			return runtime.Info{}, fmt.Errorf("%w: %s", runtime.ErrInvalidSpec, why)
+		}
+		sp := spec.Clone()
+		spec = &sp // prepareEgressSecrets changes it
+	}
 	// A pooled container was started with the default runtime configuration; only the
 	// user commands run as can still change.
 	key, keyed := poolKeyOf(spec, class)
-	poolable := keyed && !rt.gvisor && !spec.Multi() && b.poolServes(spec)
+	poolable := keyed && !rt.gvisor && !spec.Multi() && b.poolServes(spec) && !hasEgressSecrets
 	if fork != nil && (!rt.gvisor || spec.Engine != nil) {
 		return runtime.Info{}, fmt.Errorf("%w: a fork is a gVisor sandbox without a Docker Engine", errdefs.ErrNotImplemented)
 	}
@@ -477,7 +493,7 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	persisted := *spec
 	// Neither the pull credentials nor the secret environment stay past the start: the
 	// record (spec.json, memory) has none (docs/secrets.md).
-	persisted.PullCredentials, persisted.SecretEnv = nil, nil
+	persisted.PullCredentials, persisted.SecretEnv, persisted.EgressSecretValues = nil, nil, nil
 	persisted.Sidecars, persisted.InitContainers = withoutSecretEnv(spec.Sidecars), withoutSecretEnv(spec.InitContainers)
 	var engineCreds map[string]*runtime.Credentials
 	if e := persisted.Engine; e != nil && e.PullCredentials != nil {
@@ -517,6 +533,11 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 		close(s.ready)
 	}()
 
+	if hasEgressSecrets {
+		if err := b.prepareEgressSecrets(s, spec); err != nil {
+			return runtime.Info{}, err
+		}
+	}
 	if spec.Multi() {
 		if err := b.createGroup(ctx, s, spec, &t); err != nil {
 			return runtime.Info{}, err
@@ -786,6 +807,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if err := b.applyRules(s, cid); err != nil {
 			return nil, nil, err
 		}
+		if err := b.registerEgressSecrets(s, cid); err != nil {
+			return nil, nil, err
+		}
 		failpoint.Hit("local.create.rules")
 		b.step(ctx, "network", t)
 	}
@@ -824,7 +848,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		Agent: b.cfg.AgentBinary, Config: filepath.Join(shown, fileAgentConfig),
 		RunDir: filepath.Join(shown, dirRun), EtcDir: etc, Seccomp: b.seccomp, NoFile: b.noFile,
 		GVisor: rt.gvisor, IDs: ids, Security: s.spec.Security, Volumes: vols, NonRoot: nonRootUser(acfg.User),
-		Tmpfs: s.spec.Tmpfs, Engine: engineDir,
+		Tmpfs: s.spec.Tmpfs, Engine: engineDir, EgressCA: s.egressCADir,
 	}
 	if s.join != nil {
 		var userns string

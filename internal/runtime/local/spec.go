@@ -232,6 +232,9 @@ type specParams struct {
 	// mounted read-only at engineMount; the process then has every capability (inside
 	// gVisor), no_new_privs off and no cgroup mount (cws-engine makes its own).
 	Engine string
+	// EgressCA, when set, is the host dir of the sandbox's egress CA certificate, mounted
+	// read-only at EgressCAMount (egresssecrets.go).
+	EgressCA string
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -263,6 +266,11 @@ func ociSpec(p specParams) *specs.Spec {
 					Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
 			}
 		}
+	}
+
+	if p.EgressCA != "" {
+		mounts = append(mounts, specs.Mount{Destination: EgressCAMount, Type: "bind", Source: p.EgressCA,
+			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 
 	mounts = append(mounts, p.Limits...) // over /proc and /sys files

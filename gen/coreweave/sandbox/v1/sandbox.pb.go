@@ -1014,7 +1014,7 @@ func (x ExecStreamOutput_Stream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExecStreamOutput_Stream.Descriptor instead.
 func (ExecStreamOutput_Stream) EnumDescriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{53, 0}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{54, 0}
 }
 
 type Sandbox struct {
@@ -2796,8 +2796,14 @@ type EgressRule struct {
 	Destination         isEgressRule_Destination `protobuf_oneof:"destination"`
 	Ports               []*PortRange             `protobuf:"bytes,5,rep,name=ports,proto3" json:"ports,omitempty"`
 	HttpsHostnameExcept []string                 `protobuf:"bytes,7,rep,name=https_hostname_except,json=httpsHostnameExcept,proto3" json:"https_hostname_except,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// sandboxd extension (not in the target protocol): on an https_hostname rule naming
+	// one exact host, a secret of the organization's stores that the runner's egress proxy
+	// puts into the sandbox's HTTPS requests to that host, in place of a placeholder the
+	// sandbox gets in an environment variable; the value never enters the sandbox
+	// (docs/secrets.md). Local runners only.
+	SandboxdSecret *EgressSecretInjection `protobuf:"bytes,100,opt,name=sandboxd_secret,json=sandboxdSecret,proto3" json:"sandboxd_secret,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *EgressRule) Reset() {
@@ -2896,6 +2902,13 @@ func (x *EgressRule) GetHttpsHostnameExcept() []string {
 	return nil
 }
 
+func (x *EgressRule) GetSandboxdSecret() *EgressSecretInjection {
+	if x != nil {
+		return x.SandboxdSecret
+	}
+	return nil
+}
+
 type isEgressRule_Destination interface {
 	isEgressRule_Destination()
 }
@@ -2931,6 +2944,89 @@ func (*EgressRule_Any) isEgressRule_Destination() {}
 
 func (*EgressRule_Selector) isEgressRule_Destination() {}
 
+// sandboxd extension: a secret attached to an https_hostname egress rule.
+type EgressSecretInjection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: a secret store of the organization.
+	StoreName string `protobuf:"bytes,1,opt,name=store_name,json=storeName,proto3" json:"store_name,omitempty"`
+	// Required: the secret's path in the store.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The secret's field; empty: the path's default field.
+	Field string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	// The request header that gets the value in place of the placeholder; empty:
+	// Authorization.
+	Header string `protobuf:"bytes,4,opt,name=header,proto3" json:"header,omitempty"`
+	// Required: the primary container's environment variable that holds the placeholder.
+	EnvVar        string `protobuf:"bytes,5,opt,name=env_var,json=envVar,proto3" json:"env_var,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressSecretInjection) Reset() {
+	*x = EgressSecretInjection{}
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressSecretInjection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressSecretInjection) ProtoMessage() {}
+
+func (x *EgressSecretInjection) ProtoReflect() protoreflect.Message {
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressSecretInjection.ProtoReflect.Descriptor instead.
+func (*EgressSecretInjection) Descriptor() ([]byte, []int) {
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EgressSecretInjection) GetStoreName() string {
+	if x != nil {
+		return x.StoreName
+	}
+	return ""
+}
+
+func (x *EgressSecretInjection) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *EgressSecretInjection) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *EgressSecretInjection) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *EgressSecretInjection) GetEnvVar() string {
+	if x != nil {
+		return x.EnvVar
+	}
+	return ""
+}
+
 type IngressRule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Source:
@@ -2946,7 +3042,7 @@ type IngressRule struct {
 
 func (x *IngressRule) Reset() {
 	*x = IngressRule{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2958,7 +3054,7 @@ func (x *IngressRule) String() string {
 func (*IngressRule) ProtoMessage() {}
 
 func (x *IngressRule) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2971,7 +3067,7 @@ func (x *IngressRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngressRule.ProtoReflect.Descriptor instead.
 func (*IngressRule) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *IngressRule) GetSource() isIngressRule_Source {
@@ -3048,7 +3144,7 @@ type CidrBlock struct {
 
 func (x *CidrBlock) Reset() {
 	*x = CidrBlock{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3156,7 @@ func (x *CidrBlock) String() string {
 func (*CidrBlock) ProtoMessage() {}
 
 func (x *CidrBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3169,7 @@ func (x *CidrBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CidrBlock.ProtoReflect.Descriptor instead.
 func (*CidrBlock) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CidrBlock) GetCidr() string {
@@ -3101,7 +3197,7 @@ type SelectorBlock struct {
 
 func (x *SelectorBlock) Reset() {
 	*x = SelectorBlock{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3113,7 +3209,7 @@ func (x *SelectorBlock) String() string {
 func (*SelectorBlock) ProtoMessage() {}
 
 func (x *SelectorBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3126,7 +3222,7 @@ func (x *SelectorBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelectorBlock.ProtoReflect.Descriptor instead.
 func (*SelectorBlock) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SelectorBlock) GetPodLabels() map[string]string {
@@ -3156,7 +3252,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3168,7 +3264,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3181,7 +3277,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -3218,7 +3314,7 @@ type FileMount struct {
 
 func (x *FileMount) Reset() {
 	*x = FileMount{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3230,7 +3326,7 @@ func (x *FileMount) String() string {
 func (*FileMount) ProtoMessage() {}
 
 func (x *FileMount) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3243,7 +3339,7 @@ func (x *FileMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileMount.ProtoReflect.Descriptor instead.
 func (*FileMount) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FileMount) GetPath() string {
@@ -3277,7 +3373,7 @@ type SandboxVolume struct {
 
 func (x *SandboxVolume) Reset() {
 	*x = SandboxVolume{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3289,7 +3385,7 @@ func (x *SandboxVolume) String() string {
 func (*SandboxVolume) ProtoMessage() {}
 
 func (x *SandboxVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3302,7 +3398,7 @@ func (x *SandboxVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxVolume.ProtoReflect.Descriptor instead.
 func (*SandboxVolume) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SandboxVolume) GetName() string {
@@ -3364,7 +3460,7 @@ type ScratchVolume struct {
 
 func (x *ScratchVolume) Reset() {
 	*x = ScratchVolume{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3376,7 +3472,7 @@ func (x *ScratchVolume) String() string {
 func (*ScratchVolume) ProtoMessage() {}
 
 func (x *ScratchVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3389,7 +3485,7 @@ func (x *ScratchVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScratchVolume.ProtoReflect.Descriptor instead.
 func (*ScratchVolume) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ScratchVolume) GetSize() string {
@@ -3427,7 +3523,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3535,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3548,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -3495,7 +3591,7 @@ type SecretStoreReference struct {
 
 func (x *SecretStoreReference) Reset() {
 	*x = SecretStoreReference{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3507,7 +3603,7 @@ func (x *SecretStoreReference) String() string {
 func (*SecretStoreReference) ProtoMessage() {}
 
 func (x *SecretStoreReference) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3520,7 +3616,7 @@ func (x *SecretStoreReference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretStoreReference.ProtoReflect.Descriptor instead.
 func (*SecretStoreReference) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SecretStoreReference) GetStoreName() string {
@@ -3550,7 +3646,7 @@ type SecretMapping struct {
 
 func (x *SecretMapping) Reset() {
 	*x = SecretMapping{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3658,7 @@ func (x *SecretMapping) String() string {
 func (*SecretMapping) ProtoMessage() {}
 
 func (x *SecretMapping) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3671,7 @@ func (x *SecretMapping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretMapping.ProtoReflect.Descriptor instead.
 func (*SecretMapping) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SecretMapping) GetPath() string {
@@ -3611,7 +3707,7 @@ type ImagePullCredentials struct {
 
 func (x *ImagePullCredentials) Reset() {
 	*x = ImagePullCredentials{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3623,7 +3719,7 @@ func (x *ImagePullCredentials) String() string {
 func (*ImagePullCredentials) ProtoMessage() {}
 
 func (x *ImagePullCredentials) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3636,7 +3732,7 @@ func (x *ImagePullCredentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImagePullCredentials.ProtoReflect.Descriptor instead.
 func (*ImagePullCredentials) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ImagePullCredentials) GetRegistry() string {
@@ -3666,7 +3762,7 @@ type SecretSource struct {
 
 func (x *SecretSource) Reset() {
 	*x = SecretSource{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3678,7 +3774,7 @@ func (x *SecretSource) String() string {
 func (*SecretSource) ProtoMessage() {}
 
 func (x *SecretSource) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3691,7 +3787,7 @@ func (x *SecretSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretSource.ProtoReflect.Descriptor instead.
 func (*SecretSource) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SecretSource) GetStoreName() string {
@@ -3726,7 +3822,7 @@ type ObjectStorageAccess struct {
 
 func (x *ObjectStorageAccess) Reset() {
 	*x = ObjectStorageAccess{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +3834,7 @@ func (x *ObjectStorageAccess) String() string {
 func (*ObjectStorageAccess) ProtoMessage() {}
 
 func (x *ObjectStorageAccess) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +3847,7 @@ func (x *ObjectStorageAccess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectStorageAccess.ProtoReflect.Descriptor instead.
 func (*ObjectStorageAccess) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ObjectStorageAccess) GetBuckets() []string {
@@ -3787,7 +3883,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3799,7 +3895,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3812,7 +3908,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResourceUsage) GetCpuMillicores() int64 {
@@ -3848,7 +3944,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3860,7 +3956,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3873,7 +3969,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateSandboxRequest) GetSandbox() *Sandbox {
@@ -3903,7 +3999,7 @@ type CreateSandboxFromTemplateRequest struct {
 
 func (x *CreateSandboxFromTemplateRequest) Reset() {
 	*x = CreateSandboxFromTemplateRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3915,7 +4011,7 @@ func (x *CreateSandboxFromTemplateRequest) String() string {
 func (*CreateSandboxFromTemplateRequest) ProtoMessage() {}
 
 func (x *CreateSandboxFromTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3928,7 +4024,7 @@ func (x *CreateSandboxFromTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxFromTemplateRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxFromTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateSandboxFromTemplateRequest) GetTemplateId() string {
@@ -3989,7 +4085,7 @@ type CreateSandboxFromFileRequest struct {
 
 func (x *CreateSandboxFromFileRequest) Reset() {
 	*x = CreateSandboxFromFileRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4001,7 +4097,7 @@ func (x *CreateSandboxFromFileRequest) String() string {
 func (*CreateSandboxFromFileRequest) ProtoMessage() {}
 
 func (x *CreateSandboxFromFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4014,7 +4110,7 @@ func (x *CreateSandboxFromFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxFromFileRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxFromFileRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateSandboxFromFileRequest) GetType() SandboxFileType {
@@ -4170,7 +4266,7 @@ type BuildContextObject struct {
 
 func (x *BuildContextObject) Reset() {
 	*x = BuildContextObject{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4182,7 +4278,7 @@ func (x *BuildContextObject) String() string {
 func (*BuildContextObject) ProtoMessage() {}
 
 func (x *BuildContextObject) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4195,7 +4291,7 @@ func (x *BuildContextObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildContextObject.ProtoReflect.Descriptor instead.
 func (*BuildContextObject) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BuildContextObject) GetLocation() string {
@@ -4236,7 +4332,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4248,7 +4344,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4261,7 +4357,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -4283,7 +4379,7 @@ type GetSandboxBuildLogsRequest struct {
 
 func (x *GetSandboxBuildLogsRequest) Reset() {
 	*x = GetSandboxBuildLogsRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4295,7 +4391,7 @@ func (x *GetSandboxBuildLogsRequest) String() string {
 func (*GetSandboxBuildLogsRequest) ProtoMessage() {}
 
 func (x *GetSandboxBuildLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4308,7 +4404,7 @@ func (x *GetSandboxBuildLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxBuildLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxBuildLogsRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetSandboxBuildLogsRequest) GetSandboxId() string {
@@ -4335,7 +4431,7 @@ type GetSandboxBuildLogsResponse struct {
 
 func (x *GetSandboxBuildLogsResponse) Reset() {
 	*x = GetSandboxBuildLogsResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4347,7 +4443,7 @@ func (x *GetSandboxBuildLogsResponse) String() string {
 func (*GetSandboxBuildLogsResponse) ProtoMessage() {}
 
 func (x *GetSandboxBuildLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4360,7 +4456,7 @@ func (x *GetSandboxBuildLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxBuildLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxBuildLogsResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetSandboxBuildLogsResponse) GetUrl() string {
@@ -4397,7 +4493,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4409,7 +4505,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4422,7 +4518,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListSandboxesRequest) GetPageSize() int32 {
@@ -4491,7 +4587,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4503,7 +4599,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4516,7 +4612,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -4550,7 +4646,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4562,7 +4658,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4575,7 +4671,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteSandboxRequest) GetSandboxId() string {
@@ -4624,7 +4720,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4636,7 +4732,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4649,7 +4745,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteSandboxResponse) GetSandbox() *Sandbox {
@@ -4680,7 +4776,7 @@ type PurgeSandboxesRequest struct {
 
 func (x *PurgeSandboxesRequest) Reset() {
 	*x = PurgeSandboxesRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4692,7 +4788,7 @@ func (x *PurgeSandboxesRequest) String() string {
 func (*PurgeSandboxesRequest) ProtoMessage() {}
 
 func (x *PurgeSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4705,7 +4801,7 @@ func (x *PurgeSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*PurgeSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PurgeSandboxesRequest) GetTags() []string {
@@ -4747,7 +4843,7 @@ type PurgeSandboxesResponse struct {
 
 func (x *PurgeSandboxesResponse) Reset() {
 	*x = PurgeSandboxesResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[44]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4759,7 +4855,7 @@ func (x *PurgeSandboxesResponse) String() string {
 func (*PurgeSandboxesResponse) ProtoMessage() {}
 
 func (x *PurgeSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[44]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4772,7 +4868,7 @@ func (x *PurgeSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*PurgeSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *PurgeSandboxesResponse) GetPurgeCount() int32 {
@@ -4813,7 +4909,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[45]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4825,7 +4921,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[45]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4838,7 +4934,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -4892,7 +4988,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[46]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4904,7 +5000,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[46]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4917,7 +5013,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ExecResponse) GetStdout() []byte {
@@ -4984,7 +5080,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[47]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4996,7 +5092,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[47]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5009,7 +5105,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExecStreamRequest) GetMessage() isExecStreamRequest_Message {
@@ -5093,7 +5189,7 @@ type ExecStreamClose struct {
 
 func (x *ExecStreamClose) Reset() {
 	*x = ExecStreamClose{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[48]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5105,7 +5201,7 @@ func (x *ExecStreamClose) String() string {
 func (*ExecStreamClose) ProtoMessage() {}
 
 func (x *ExecStreamClose) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[48]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5118,7 +5214,7 @@ func (x *ExecStreamClose) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamClose.ProtoReflect.Descriptor instead.
 func (*ExecStreamClose) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 type ExecStreamInit struct {
@@ -5139,7 +5235,7 @@ type ExecStreamInit struct {
 
 func (x *ExecStreamInit) Reset() {
 	*x = ExecStreamInit{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[49]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5151,7 +5247,7 @@ func (x *ExecStreamInit) String() string {
 func (*ExecStreamInit) ProtoMessage() {}
 
 func (x *ExecStreamInit) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[49]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5164,7 +5260,7 @@ func (x *ExecStreamInit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamInit.ProtoReflect.Descriptor instead.
 func (*ExecStreamInit) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ExecStreamInit) GetSandboxId() string {
@@ -5228,7 +5324,7 @@ type ExecStreamResize struct {
 
 func (x *ExecStreamResize) Reset() {
 	*x = ExecStreamResize{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[50]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5240,7 +5336,7 @@ func (x *ExecStreamResize) String() string {
 func (*ExecStreamResize) ProtoMessage() {}
 
 func (x *ExecStreamResize) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[50]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5253,7 +5349,7 @@ func (x *ExecStreamResize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamResize.ProtoReflect.Descriptor instead.
 func (*ExecStreamResize) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ExecStreamResize) GetWidth() uint32 {
@@ -5285,7 +5381,7 @@ type ExecStreamResponse struct {
 
 func (x *ExecStreamResponse) Reset() {
 	*x = ExecStreamResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[51]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5297,7 +5393,7 @@ func (x *ExecStreamResponse) String() string {
 func (*ExecStreamResponse) ProtoMessage() {}
 
 func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[51]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5310,7 +5406,7 @@ func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamResponse.ProtoReflect.Descriptor instead.
 func (*ExecStreamResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ExecStreamResponse) GetMessage() isExecStreamResponse_Message {
@@ -5394,7 +5490,7 @@ type ExecStreamReady struct {
 
 func (x *ExecStreamReady) Reset() {
 	*x = ExecStreamReady{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[52]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5406,7 +5502,7 @@ func (x *ExecStreamReady) String() string {
 func (*ExecStreamReady) ProtoMessage() {}
 
 func (x *ExecStreamReady) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[52]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5419,7 +5515,7 @@ func (x *ExecStreamReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamReady.ProtoReflect.Descriptor instead.
 func (*ExecStreamReady) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ExecStreamReady) GetReadyTime() *timestamppb.Timestamp {
@@ -5439,7 +5535,7 @@ type ExecStreamOutput struct {
 
 func (x *ExecStreamOutput) Reset() {
 	*x = ExecStreamOutput{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[53]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5451,7 +5547,7 @@ func (x *ExecStreamOutput) String() string {
 func (*ExecStreamOutput) ProtoMessage() {}
 
 func (x *ExecStreamOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[53]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5464,7 +5560,7 @@ func (x *ExecStreamOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamOutput.ProtoReflect.Descriptor instead.
 func (*ExecStreamOutput) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ExecStreamOutput) GetStream() ExecStreamOutput_Stream {
@@ -5491,7 +5587,7 @@ type ExecStreamExit struct {
 
 func (x *ExecStreamExit) Reset() {
 	*x = ExecStreamExit{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[54]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5503,7 +5599,7 @@ func (x *ExecStreamExit) String() string {
 func (*ExecStreamExit) ProtoMessage() {}
 
 func (x *ExecStreamExit) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[54]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5516,7 +5612,7 @@ func (x *ExecStreamExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamExit.ProtoReflect.Descriptor instead.
 func (*ExecStreamExit) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ExecStreamExit) GetExitCode() int32 {
@@ -5544,7 +5640,7 @@ type ExecStreamError struct {
 
 func (x *ExecStreamError) Reset() {
 	*x = ExecStreamError{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[55]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5556,7 +5652,7 @@ func (x *ExecStreamError) String() string {
 func (*ExecStreamError) ProtoMessage() {}
 
 func (x *ExecStreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[55]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5569,7 +5665,7 @@ func (x *ExecStreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamError.ProtoReflect.Descriptor instead.
 func (*ExecStreamError) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ExecStreamError) GetMessage() string {
@@ -5606,7 +5702,7 @@ type StreamLogsRequest struct {
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[56]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5618,7 +5714,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[56]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5631,7 +5727,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StreamLogsRequest) GetSandboxId() string {
@@ -5706,7 +5802,7 @@ type LogEntry struct {
 
 func (x *LogEntry) Reset() {
 	*x = LogEntry{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[57]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5718,7 +5814,7 @@ func (x *LogEntry) String() string {
 func (*LogEntry) ProtoMessage() {}
 
 func (x *LogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[57]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5731,7 +5827,7 @@ func (x *LogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
 func (*LogEntry) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *LogEntry) GetData() []byte {
@@ -5780,7 +5876,7 @@ type LogStreamError struct {
 
 func (x *LogStreamError) Reset() {
 	*x = LogStreamError{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[58]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5792,7 +5888,7 @@ func (x *LogStreamError) String() string {
 func (*LogStreamError) ProtoMessage() {}
 
 func (x *LogStreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[58]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5805,7 +5901,7 @@ func (x *LogStreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogStreamError.ProtoReflect.Descriptor instead.
 func (*LogStreamError) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *LogStreamError) GetMessage() string {
@@ -5836,7 +5932,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[59]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5848,7 +5944,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[59]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5861,7 +5957,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -5900,7 +5996,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[60]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5912,7 +6008,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[60]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5925,7 +6021,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 type ReadFileRequest struct {
@@ -5941,7 +6037,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[61]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5953,7 +6049,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[61]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5966,7 +6062,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -5999,7 +6095,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[62]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6011,7 +6107,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[62]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6024,7 +6120,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -6055,7 +6151,7 @@ type FileSystemSnapshot struct {
 
 func (x *FileSystemSnapshot) Reset() {
 	*x = FileSystemSnapshot{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[63]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6067,7 +6163,7 @@ func (x *FileSystemSnapshot) String() string {
 func (*FileSystemSnapshot) ProtoMessage() {}
 
 func (x *FileSystemSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[63]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6080,7 +6176,7 @@ func (x *FileSystemSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileSystemSnapshot.ProtoReflect.Descriptor instead.
 func (*FileSystemSnapshot) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *FileSystemSnapshot) GetFileSystemSnapshotId() string {
@@ -6179,7 +6275,7 @@ type CreateFileSystemSnapshotRequest struct {
 
 func (x *CreateFileSystemSnapshotRequest) Reset() {
 	*x = CreateFileSystemSnapshotRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[64]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6191,7 +6287,7 @@ func (x *CreateFileSystemSnapshotRequest) String() string {
 func (*CreateFileSystemSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateFileSystemSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[64]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6204,7 +6300,7 @@ func (x *CreateFileSystemSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateFileSystemSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateFileSystemSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CreateFileSystemSnapshotRequest) GetSandboxId() string {
@@ -6238,7 +6334,7 @@ type GetFileSystemSnapshotRequest struct {
 
 func (x *GetFileSystemSnapshotRequest) Reset() {
 	*x = GetFileSystemSnapshotRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[65]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6250,7 +6346,7 @@ func (x *GetFileSystemSnapshotRequest) String() string {
 func (*GetFileSystemSnapshotRequest) ProtoMessage() {}
 
 func (x *GetFileSystemSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[65]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6263,7 +6359,7 @@ func (x *GetFileSystemSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileSystemSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetFileSystemSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetFileSystemSnapshotRequest) GetFileSystemSnapshotId() string {
@@ -6284,7 +6380,7 @@ type ListFileSystemSnapshotsRequest struct {
 
 func (x *ListFileSystemSnapshotsRequest) Reset() {
 	*x = ListFileSystemSnapshotsRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[66]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6296,7 +6392,7 @@ func (x *ListFileSystemSnapshotsRequest) String() string {
 func (*ListFileSystemSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListFileSystemSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[66]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6309,7 +6405,7 @@ func (x *ListFileSystemSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFileSystemSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListFileSystemSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListFileSystemSnapshotsRequest) GetPageSize() int32 {
@@ -6343,7 +6439,7 @@ type ListFileSystemSnapshotsResponse struct {
 
 func (x *ListFileSystemSnapshotsResponse) Reset() {
 	*x = ListFileSystemSnapshotsResponse{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[67]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6355,7 +6451,7 @@ func (x *ListFileSystemSnapshotsResponse) String() string {
 func (*ListFileSystemSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListFileSystemSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[67]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6368,7 +6464,7 @@ func (x *ListFileSystemSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFileSystemSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListFileSystemSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListFileSystemSnapshotsResponse) GetFileSystemSnapshots() []*FileSystemSnapshot {
@@ -6396,7 +6492,7 @@ type DeleteFileSystemSnapshotRequest struct {
 
 func (x *DeleteFileSystemSnapshotRequest) Reset() {
 	*x = DeleteFileSystemSnapshotRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[68]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6408,7 +6504,7 @@ func (x *DeleteFileSystemSnapshotRequest) String() string {
 func (*DeleteFileSystemSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteFileSystemSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[68]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6421,7 +6517,7 @@ func (x *DeleteFileSystemSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteFileSystemSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteFileSystemSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DeleteFileSystemSnapshotRequest) GetFileSystemSnapshotId() string {
@@ -6452,7 +6548,7 @@ type ConnectSandboxRequest struct {
 
 func (x *ConnectSandboxRequest) Reset() {
 	*x = ConnectSandboxRequest{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[69]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6464,7 +6560,7 @@ func (x *ConnectSandboxRequest) String() string {
 func (*ConnectSandboxRequest) ProtoMessage() {}
 
 func (x *ConnectSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[69]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6477,7 +6573,7 @@ func (x *ConnectSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ConnectSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ConnectSandboxRequest) GetSandboxId() string {
@@ -6518,7 +6614,7 @@ type SandboxConnection struct {
 
 func (x *SandboxConnection) Reset() {
 	*x = SandboxConnection{}
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[70]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6530,7 +6626,7 @@ func (x *SandboxConnection) String() string {
 func (*SandboxConnection) ProtoMessage() {}
 
 func (x *SandboxConnection) ProtoReflect() protoreflect.Message {
-	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[70]
+	mi := &file_coreweave_sandbox_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6543,7 +6639,7 @@ func (x *SandboxConnection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxConnection.ProtoReflect.Descriptor instead.
 func (*SandboxConnection) Descriptor() ([]byte, []int) {
-	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *SandboxConnection) GetEndpointUri() string {
@@ -6814,7 +6910,7 @@ const file_coreweave_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"dns_egress\x18\x05 \x01(\x0e2#.coreweave.sandbox.v1.DNSEgressModeR\tdnsEgressB\x0e\n" +
 	"\f_deny_egressB\x0f\n" +
-	"\r_deny_ingress\"\xfa\x02\n" +
+	"\r_deny_ingress\"\xd0\x03\n" +
 	"\n" +
 	"EgressRule\x125\n" +
 	"\x04cidr\x18\x01 \x01(\v2\x1f.coreweave.sandbox.v1.CidrBlockH\x00R\x04cidr\x12'\n" +
@@ -6823,8 +6919,16 @@ const file_coreweave_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x03any\x18\x04 \x01(\bH\x00R\x03any\x12A\n" +
 	"\bselector\x18\x06 \x01(\v2#.coreweave.sandbox.v1.SelectorBlockH\x00R\bselector\x125\n" +
 	"\x05ports\x18\x05 \x03(\v2\x1f.coreweave.sandbox.v1.PortRangeR\x05ports\x122\n" +
-	"\x15https_hostname_except\x18\a \x03(\tR\x13httpsHostnameExceptB\r\n" +
-	"\vdestination\"\xd6\x01\n" +
+	"\x15https_hostname_except\x18\a \x03(\tR\x13httpsHostnameExcept\x12T\n" +
+	"\x0fsandboxd_secret\x18d \x01(\v2+.coreweave.sandbox.v1.EgressSecretInjectionR\x0esandboxdSecretB\r\n" +
+	"\vdestination\"\x91\x01\n" +
+	"\x15EgressSecretInjection\x12\x1d\n" +
+	"\n" +
+	"store_name\x18\x01 \x01(\tR\tstoreName\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
+	"\x06header\x18\x04 \x01(\tR\x06header\x12\x17\n" +
+	"\aenv_var\x18\x05 \x01(\tR\x06envVar\"\xd6\x01\n" +
 	"\vIngressRule\x125\n" +
 	"\x04cidr\x18\x01 \x01(\v2\x1f.coreweave.sandbox.v1.CidrBlockH\x00R\x04cidr\x12;\n" +
 	"\x06tenant\x18\x02 \x01(\x0e2!.coreweave.sandbox.v1.TenantScopeH\x00R\x06tenant\x12\x12\n" +
@@ -7271,7 +7375,7 @@ func file_coreweave_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_coreweave_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 19)
-var file_coreweave_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_coreweave_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
 var file_coreweave_sandbox_v1_sandbox_proto_goTypes = []any{
 	(SandboxMode)(0),                         // 0: coreweave.sandbox.v1.SandboxMode
 	(State)(0),                               // 1: coreweave.sandbox.v1.State
@@ -7310,122 +7414,123 @@ var file_coreweave_sandbox_v1_sandbox_proto_goTypes = []any{
 	(*EndpointStatus)(nil),                   // 34: coreweave.sandbox.v1.EndpointStatus
 	(*NetworkOptions)(nil),                   // 35: coreweave.sandbox.v1.NetworkOptions
 	(*EgressRule)(nil),                       // 36: coreweave.sandbox.v1.EgressRule
-	(*IngressRule)(nil),                      // 37: coreweave.sandbox.v1.IngressRule
-	(*CidrBlock)(nil),                        // 38: coreweave.sandbox.v1.CidrBlock
-	(*SelectorBlock)(nil),                    // 39: coreweave.sandbox.v1.SelectorBlock
-	(*PortRange)(nil),                        // 40: coreweave.sandbox.v1.PortRange
-	(*FileMount)(nil),                        // 41: coreweave.sandbox.v1.FileMount
-	(*SandboxVolume)(nil),                    // 42: coreweave.sandbox.v1.SandboxVolume
-	(*ScratchVolume)(nil),                    // 43: coreweave.sandbox.v1.ScratchVolume
-	(*VolumeMount)(nil),                      // 44: coreweave.sandbox.v1.VolumeMount
-	(*SecretStoreReference)(nil),             // 45: coreweave.sandbox.v1.SecretStoreReference
-	(*SecretMapping)(nil),                    // 46: coreweave.sandbox.v1.SecretMapping
-	(*ImagePullCredentials)(nil),             // 47: coreweave.sandbox.v1.ImagePullCredentials
-	(*SecretSource)(nil),                     // 48: coreweave.sandbox.v1.SecretSource
-	(*ObjectStorageAccess)(nil),              // 49: coreweave.sandbox.v1.ObjectStorageAccess
-	(*ResourceUsage)(nil),                    // 50: coreweave.sandbox.v1.ResourceUsage
-	(*CreateSandboxRequest)(nil),             // 51: coreweave.sandbox.v1.CreateSandboxRequest
-	(*CreateSandboxFromTemplateRequest)(nil), // 52: coreweave.sandbox.v1.CreateSandboxFromTemplateRequest
-	(*CreateSandboxFromFileRequest)(nil),     // 53: coreweave.sandbox.v1.CreateSandboxFromFileRequest
-	(*BuildContextObject)(nil),               // 54: coreweave.sandbox.v1.BuildContextObject
-	(*GetSandboxRequest)(nil),                // 55: coreweave.sandbox.v1.GetSandboxRequest
-	(*GetSandboxBuildLogsRequest)(nil),       // 56: coreweave.sandbox.v1.GetSandboxBuildLogsRequest
-	(*GetSandboxBuildLogsResponse)(nil),      // 57: coreweave.sandbox.v1.GetSandboxBuildLogsResponse
-	(*ListSandboxesRequest)(nil),             // 58: coreweave.sandbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),            // 59: coreweave.sandbox.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),             // 60: coreweave.sandbox.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),            // 61: coreweave.sandbox.v1.DeleteSandboxResponse
-	(*PurgeSandboxesRequest)(nil),            // 62: coreweave.sandbox.v1.PurgeSandboxesRequest
-	(*PurgeSandboxesResponse)(nil),           // 63: coreweave.sandbox.v1.PurgeSandboxesResponse
-	(*ExecRequest)(nil),                      // 64: coreweave.sandbox.v1.ExecRequest
-	(*ExecResponse)(nil),                     // 65: coreweave.sandbox.v1.ExecResponse
-	(*ExecStreamRequest)(nil),                // 66: coreweave.sandbox.v1.ExecStreamRequest
-	(*ExecStreamClose)(nil),                  // 67: coreweave.sandbox.v1.ExecStreamClose
-	(*ExecStreamInit)(nil),                   // 68: coreweave.sandbox.v1.ExecStreamInit
-	(*ExecStreamResize)(nil),                 // 69: coreweave.sandbox.v1.ExecStreamResize
-	(*ExecStreamResponse)(nil),               // 70: coreweave.sandbox.v1.ExecStreamResponse
-	(*ExecStreamReady)(nil),                  // 71: coreweave.sandbox.v1.ExecStreamReady
-	(*ExecStreamOutput)(nil),                 // 72: coreweave.sandbox.v1.ExecStreamOutput
-	(*ExecStreamExit)(nil),                   // 73: coreweave.sandbox.v1.ExecStreamExit
-	(*ExecStreamError)(nil),                  // 74: coreweave.sandbox.v1.ExecStreamError
-	(*StreamLogsRequest)(nil),                // 75: coreweave.sandbox.v1.StreamLogsRequest
-	(*LogEntry)(nil),                         // 76: coreweave.sandbox.v1.LogEntry
-	(*LogStreamError)(nil),                   // 77: coreweave.sandbox.v1.LogStreamError
-	(*WriteFileRequest)(nil),                 // 78: coreweave.sandbox.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),                // 79: coreweave.sandbox.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),                  // 80: coreweave.sandbox.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),                 // 81: coreweave.sandbox.v1.ReadFileResponse
-	(*FileSystemSnapshot)(nil),               // 82: coreweave.sandbox.v1.FileSystemSnapshot
-	(*CreateFileSystemSnapshotRequest)(nil),  // 83: coreweave.sandbox.v1.CreateFileSystemSnapshotRequest
-	(*GetFileSystemSnapshotRequest)(nil),     // 84: coreweave.sandbox.v1.GetFileSystemSnapshotRequest
-	(*ListFileSystemSnapshotsRequest)(nil),   // 85: coreweave.sandbox.v1.ListFileSystemSnapshotsRequest
-	(*ListFileSystemSnapshotsResponse)(nil),  // 86: coreweave.sandbox.v1.ListFileSystemSnapshotsResponse
-	(*DeleteFileSystemSnapshotRequest)(nil),  // 87: coreweave.sandbox.v1.DeleteFileSystemSnapshotRequest
-	(*ConnectSandboxRequest)(nil),            // 88: coreweave.sandbox.v1.ConnectSandboxRequest
-	(*SandboxConnection)(nil),                // 89: coreweave.sandbox.v1.SandboxConnection
-	nil,                                      // 90: coreweave.sandbox.v1.SandboxSpec.AnnotationsEntry
-	nil,                                      // 91: coreweave.sandbox.v1.Container.EnvironmentVariablesEntry
-	nil,                                      // 92: coreweave.sandbox.v1.PartialContainer.EnvironmentVariablesEntry
-	nil,                                      // 93: coreweave.sandbox.v1.PartialSandboxSpec.AnnotationsEntry
-	nil,                                      // 94: coreweave.sandbox.v1.SelectorBlock.PodLabelsEntry
-	nil,                                      // 95: coreweave.sandbox.v1.SelectorBlock.NamespaceLabelsEntry
-	nil,                                      // 96: coreweave.sandbox.v1.CreateSandboxFromFileRequest.ImageOverridesEntry
-	nil,                                      // 97: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextsEntry
-	nil,                                      // 98: coreweave.sandbox.v1.CreateSandboxFromFileRequest.AnnotationsEntry
-	nil,                                      // 99: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextObjectsEntry
-	nil,                                      // 100: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuilderSizesEntry
-	nil,                                      // 101: coreweave.sandbox.v1.ExecRequest.EnvEntry
-	nil,                                      // 102: coreweave.sandbox.v1.ExecStreamInit.EnvEntry
-	(RuntimeClass)(0),                        // 103: coreweave.sandbox.v1.RuntimeClass
-	(*timestamppb.Timestamp)(nil),            // 104: google.protobuf.Timestamp
+	(*EgressSecretInjection)(nil),            // 37: coreweave.sandbox.v1.EgressSecretInjection
+	(*IngressRule)(nil),                      // 38: coreweave.sandbox.v1.IngressRule
+	(*CidrBlock)(nil),                        // 39: coreweave.sandbox.v1.CidrBlock
+	(*SelectorBlock)(nil),                    // 40: coreweave.sandbox.v1.SelectorBlock
+	(*PortRange)(nil),                        // 41: coreweave.sandbox.v1.PortRange
+	(*FileMount)(nil),                        // 42: coreweave.sandbox.v1.FileMount
+	(*SandboxVolume)(nil),                    // 43: coreweave.sandbox.v1.SandboxVolume
+	(*ScratchVolume)(nil),                    // 44: coreweave.sandbox.v1.ScratchVolume
+	(*VolumeMount)(nil),                      // 45: coreweave.sandbox.v1.VolumeMount
+	(*SecretStoreReference)(nil),             // 46: coreweave.sandbox.v1.SecretStoreReference
+	(*SecretMapping)(nil),                    // 47: coreweave.sandbox.v1.SecretMapping
+	(*ImagePullCredentials)(nil),             // 48: coreweave.sandbox.v1.ImagePullCredentials
+	(*SecretSource)(nil),                     // 49: coreweave.sandbox.v1.SecretSource
+	(*ObjectStorageAccess)(nil),              // 50: coreweave.sandbox.v1.ObjectStorageAccess
+	(*ResourceUsage)(nil),                    // 51: coreweave.sandbox.v1.ResourceUsage
+	(*CreateSandboxRequest)(nil),             // 52: coreweave.sandbox.v1.CreateSandboxRequest
+	(*CreateSandboxFromTemplateRequest)(nil), // 53: coreweave.sandbox.v1.CreateSandboxFromTemplateRequest
+	(*CreateSandboxFromFileRequest)(nil),     // 54: coreweave.sandbox.v1.CreateSandboxFromFileRequest
+	(*BuildContextObject)(nil),               // 55: coreweave.sandbox.v1.BuildContextObject
+	(*GetSandboxRequest)(nil),                // 56: coreweave.sandbox.v1.GetSandboxRequest
+	(*GetSandboxBuildLogsRequest)(nil),       // 57: coreweave.sandbox.v1.GetSandboxBuildLogsRequest
+	(*GetSandboxBuildLogsResponse)(nil),      // 58: coreweave.sandbox.v1.GetSandboxBuildLogsResponse
+	(*ListSandboxesRequest)(nil),             // 59: coreweave.sandbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),            // 60: coreweave.sandbox.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),             // 61: coreweave.sandbox.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),            // 62: coreweave.sandbox.v1.DeleteSandboxResponse
+	(*PurgeSandboxesRequest)(nil),            // 63: coreweave.sandbox.v1.PurgeSandboxesRequest
+	(*PurgeSandboxesResponse)(nil),           // 64: coreweave.sandbox.v1.PurgeSandboxesResponse
+	(*ExecRequest)(nil),                      // 65: coreweave.sandbox.v1.ExecRequest
+	(*ExecResponse)(nil),                     // 66: coreweave.sandbox.v1.ExecResponse
+	(*ExecStreamRequest)(nil),                // 67: coreweave.sandbox.v1.ExecStreamRequest
+	(*ExecStreamClose)(nil),                  // 68: coreweave.sandbox.v1.ExecStreamClose
+	(*ExecStreamInit)(nil),                   // 69: coreweave.sandbox.v1.ExecStreamInit
+	(*ExecStreamResize)(nil),                 // 70: coreweave.sandbox.v1.ExecStreamResize
+	(*ExecStreamResponse)(nil),               // 71: coreweave.sandbox.v1.ExecStreamResponse
+	(*ExecStreamReady)(nil),                  // 72: coreweave.sandbox.v1.ExecStreamReady
+	(*ExecStreamOutput)(nil),                 // 73: coreweave.sandbox.v1.ExecStreamOutput
+	(*ExecStreamExit)(nil),                   // 74: coreweave.sandbox.v1.ExecStreamExit
+	(*ExecStreamError)(nil),                  // 75: coreweave.sandbox.v1.ExecStreamError
+	(*StreamLogsRequest)(nil),                // 76: coreweave.sandbox.v1.StreamLogsRequest
+	(*LogEntry)(nil),                         // 77: coreweave.sandbox.v1.LogEntry
+	(*LogStreamError)(nil),                   // 78: coreweave.sandbox.v1.LogStreamError
+	(*WriteFileRequest)(nil),                 // 79: coreweave.sandbox.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),                // 80: coreweave.sandbox.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),                  // 81: coreweave.sandbox.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),                 // 82: coreweave.sandbox.v1.ReadFileResponse
+	(*FileSystemSnapshot)(nil),               // 83: coreweave.sandbox.v1.FileSystemSnapshot
+	(*CreateFileSystemSnapshotRequest)(nil),  // 84: coreweave.sandbox.v1.CreateFileSystemSnapshotRequest
+	(*GetFileSystemSnapshotRequest)(nil),     // 85: coreweave.sandbox.v1.GetFileSystemSnapshotRequest
+	(*ListFileSystemSnapshotsRequest)(nil),   // 86: coreweave.sandbox.v1.ListFileSystemSnapshotsRequest
+	(*ListFileSystemSnapshotsResponse)(nil),  // 87: coreweave.sandbox.v1.ListFileSystemSnapshotsResponse
+	(*DeleteFileSystemSnapshotRequest)(nil),  // 88: coreweave.sandbox.v1.DeleteFileSystemSnapshotRequest
+	(*ConnectSandboxRequest)(nil),            // 89: coreweave.sandbox.v1.ConnectSandboxRequest
+	(*SandboxConnection)(nil),                // 90: coreweave.sandbox.v1.SandboxConnection
+	nil,                                      // 91: coreweave.sandbox.v1.SandboxSpec.AnnotationsEntry
+	nil,                                      // 92: coreweave.sandbox.v1.Container.EnvironmentVariablesEntry
+	nil,                                      // 93: coreweave.sandbox.v1.PartialContainer.EnvironmentVariablesEntry
+	nil,                                      // 94: coreweave.sandbox.v1.PartialSandboxSpec.AnnotationsEntry
+	nil,                                      // 95: coreweave.sandbox.v1.SelectorBlock.PodLabelsEntry
+	nil,                                      // 96: coreweave.sandbox.v1.SelectorBlock.NamespaceLabelsEntry
+	nil,                                      // 97: coreweave.sandbox.v1.CreateSandboxFromFileRequest.ImageOverridesEntry
+	nil,                                      // 98: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextsEntry
+	nil,                                      // 99: coreweave.sandbox.v1.CreateSandboxFromFileRequest.AnnotationsEntry
+	nil,                                      // 100: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextObjectsEntry
+	nil,                                      // 101: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuilderSizesEntry
+	nil,                                      // 102: coreweave.sandbox.v1.ExecRequest.EnvEntry
+	nil,                                      // 103: coreweave.sandbox.v1.ExecStreamInit.EnvEntry
+	(RuntimeClass)(0),                        // 104: coreweave.sandbox.v1.RuntimeClass
+	(*timestamppb.Timestamp)(nil),            // 105: google.protobuf.Timestamp
 }
 var file_coreweave_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	20,  // 0: coreweave.sandbox.v1.Sandbox.spec:type_name -> coreweave.sandbox.v1.SandboxSpec
 	26,  // 1: coreweave.sandbox.v1.Sandbox.status:type_name -> coreweave.sandbox.v1.SandboxStatus
 	11,  // 2: coreweave.sandbox.v1.Sandbox.control:type_name -> coreweave.sandbox.v1.Control
 	23,  // 3: coreweave.sandbox.v1.SandboxSpec.containers:type_name -> coreweave.sandbox.v1.Container
-	42,  // 4: coreweave.sandbox.v1.SandboxSpec.volumes:type_name -> coreweave.sandbox.v1.SandboxVolume
+	43,  // 4: coreweave.sandbox.v1.SandboxSpec.volumes:type_name -> coreweave.sandbox.v1.SandboxVolume
 	31,  // 5: coreweave.sandbox.v1.SandboxSpec.services:type_name -> coreweave.sandbox.v1.Service
-	49,  // 6: coreweave.sandbox.v1.SandboxSpec.object_storage_access:type_name -> coreweave.sandbox.v1.ObjectStorageAccess
+	50,  // 6: coreweave.sandbox.v1.SandboxSpec.object_storage_access:type_name -> coreweave.sandbox.v1.ObjectStorageAccess
 	35,  // 7: coreweave.sandbox.v1.SandboxSpec.network:type_name -> coreweave.sandbox.v1.NetworkOptions
-	90,  // 8: coreweave.sandbox.v1.SandboxSpec.annotations:type_name -> coreweave.sandbox.v1.SandboxSpec.AnnotationsEntry
+	91,  // 8: coreweave.sandbox.v1.SandboxSpec.annotations:type_name -> coreweave.sandbox.v1.SandboxSpec.AnnotationsEntry
 	0,   // 9: coreweave.sandbox.v1.SandboxSpec.mode:type_name -> coreweave.sandbox.v1.SandboxMode
-	103, // 10: coreweave.sandbox.v1.SandboxSpec.runtime_class_selection:type_name -> coreweave.sandbox.v1.RuntimeClass
-	91,  // 11: coreweave.sandbox.v1.Container.environment_variables:type_name -> coreweave.sandbox.v1.Container.EnvironmentVariablesEntry
+	104, // 10: coreweave.sandbox.v1.SandboxSpec.runtime_class_selection:type_name -> coreweave.sandbox.v1.RuntimeClass
+	92,  // 11: coreweave.sandbox.v1.Container.environment_variables:type_name -> coreweave.sandbox.v1.Container.EnvironmentVariablesEntry
 	28,  // 12: coreweave.sandbox.v1.Container.resources:type_name -> coreweave.sandbox.v1.Resources
-	41,  // 13: coreweave.sandbox.v1.Container.files:type_name -> coreweave.sandbox.v1.FileMount
-	44,  // 14: coreweave.sandbox.v1.Container.volume_mounts:type_name -> coreweave.sandbox.v1.VolumeMount
-	45,  // 15: coreweave.sandbox.v1.Container.secret_stores:type_name -> coreweave.sandbox.v1.SecretStoreReference
+	42,  // 13: coreweave.sandbox.v1.Container.files:type_name -> coreweave.sandbox.v1.FileMount
+	45,  // 14: coreweave.sandbox.v1.Container.volume_mounts:type_name -> coreweave.sandbox.v1.VolumeMount
+	46,  // 15: coreweave.sandbox.v1.Container.secret_stores:type_name -> coreweave.sandbox.v1.SecretStoreReference
 	29,  // 16: coreweave.sandbox.v1.Container.resource_requirements:type_name -> coreweave.sandbox.v1.ResourceRequirements
 	21,  // 17: coreweave.sandbox.v1.Container.security_context:type_name -> coreweave.sandbox.v1.SecurityContext
-	47,  // 18: coreweave.sandbox.v1.Container.image_pull_credentials:type_name -> coreweave.sandbox.v1.ImagePullCredentials
+	48,  // 18: coreweave.sandbox.v1.Container.image_pull_credentials:type_name -> coreweave.sandbox.v1.ImagePullCredentials
 	22,  // 19: coreweave.sandbox.v1.Container.startup_probe:type_name -> coreweave.sandbox.v1.Probe
-	92,  // 20: coreweave.sandbox.v1.PartialContainer.environment_variables:type_name -> coreweave.sandbox.v1.PartialContainer.EnvironmentVariablesEntry
+	93,  // 20: coreweave.sandbox.v1.PartialContainer.environment_variables:type_name -> coreweave.sandbox.v1.PartialContainer.EnvironmentVariablesEntry
 	28,  // 21: coreweave.sandbox.v1.PartialContainer.resources:type_name -> coreweave.sandbox.v1.Resources
-	41,  // 22: coreweave.sandbox.v1.PartialContainer.files:type_name -> coreweave.sandbox.v1.FileMount
-	44,  // 23: coreweave.sandbox.v1.PartialContainer.volume_mounts:type_name -> coreweave.sandbox.v1.VolumeMount
-	45,  // 24: coreweave.sandbox.v1.PartialContainer.secret_stores:type_name -> coreweave.sandbox.v1.SecretStoreReference
+	42,  // 22: coreweave.sandbox.v1.PartialContainer.files:type_name -> coreweave.sandbox.v1.FileMount
+	45,  // 23: coreweave.sandbox.v1.PartialContainer.volume_mounts:type_name -> coreweave.sandbox.v1.VolumeMount
+	46,  // 24: coreweave.sandbox.v1.PartialContainer.secret_stores:type_name -> coreweave.sandbox.v1.SecretStoreReference
 	29,  // 25: coreweave.sandbox.v1.PartialContainer.resource_requirements:type_name -> coreweave.sandbox.v1.ResourceRequirements
 	21,  // 26: coreweave.sandbox.v1.PartialContainer.security_context:type_name -> coreweave.sandbox.v1.SecurityContext
-	47,  // 27: coreweave.sandbox.v1.PartialContainer.image_pull_credentials:type_name -> coreweave.sandbox.v1.ImagePullCredentials
+	48,  // 27: coreweave.sandbox.v1.PartialContainer.image_pull_credentials:type_name -> coreweave.sandbox.v1.ImagePullCredentials
 	22,  // 28: coreweave.sandbox.v1.PartialContainer.startup_probe:type_name -> coreweave.sandbox.v1.Probe
 	24,  // 29: coreweave.sandbox.v1.PartialSandboxSpec.containers:type_name -> coreweave.sandbox.v1.PartialContainer
-	42,  // 30: coreweave.sandbox.v1.PartialSandboxSpec.volumes:type_name -> coreweave.sandbox.v1.SandboxVolume
+	43,  // 30: coreweave.sandbox.v1.PartialSandboxSpec.volumes:type_name -> coreweave.sandbox.v1.SandboxVolume
 	31,  // 31: coreweave.sandbox.v1.PartialSandboxSpec.services:type_name -> coreweave.sandbox.v1.Service
-	49,  // 32: coreweave.sandbox.v1.PartialSandboxSpec.object_storage_access:type_name -> coreweave.sandbox.v1.ObjectStorageAccess
+	50,  // 32: coreweave.sandbox.v1.PartialSandboxSpec.object_storage_access:type_name -> coreweave.sandbox.v1.ObjectStorageAccess
 	35,  // 33: coreweave.sandbox.v1.PartialSandboxSpec.network:type_name -> coreweave.sandbox.v1.NetworkOptions
-	93,  // 34: coreweave.sandbox.v1.PartialSandboxSpec.annotations:type_name -> coreweave.sandbox.v1.PartialSandboxSpec.AnnotationsEntry
+	94,  // 34: coreweave.sandbox.v1.PartialSandboxSpec.annotations:type_name -> coreweave.sandbox.v1.PartialSandboxSpec.AnnotationsEntry
 	0,   // 35: coreweave.sandbox.v1.PartialSandboxSpec.mode:type_name -> coreweave.sandbox.v1.SandboxMode
-	103, // 36: coreweave.sandbox.v1.PartialSandboxSpec.runtime_class_selection:type_name -> coreweave.sandbox.v1.RuntimeClass
+	104, // 36: coreweave.sandbox.v1.PartialSandboxSpec.runtime_class_selection:type_name -> coreweave.sandbox.v1.RuntimeClass
 	1,   // 37: coreweave.sandbox.v1.SandboxStatus.state:type_name -> coreweave.sandbox.v1.State
-	104, // 38: coreweave.sandbox.v1.SandboxStatus.create_time:type_name -> google.protobuf.Timestamp
-	104, // 39: coreweave.sandbox.v1.SandboxStatus.start_time:type_name -> google.protobuf.Timestamp
-	104, // 40: coreweave.sandbox.v1.SandboxStatus.end_time:type_name -> google.protobuf.Timestamp
+	105, // 38: coreweave.sandbox.v1.SandboxStatus.create_time:type_name -> google.protobuf.Timestamp
+	105, // 39: coreweave.sandbox.v1.SandboxStatus.start_time:type_name -> google.protobuf.Timestamp
+	105, // 40: coreweave.sandbox.v1.SandboxStatus.end_time:type_name -> google.protobuf.Timestamp
 	33,  // 41: coreweave.sandbox.v1.SandboxStatus.services:type_name -> coreweave.sandbox.v1.ServiceStatus
-	50,  // 42: coreweave.sandbox.v1.SandboxStatus.resource_usage:type_name -> coreweave.sandbox.v1.ResourceUsage
+	51,  // 42: coreweave.sandbox.v1.SandboxStatus.resource_usage:type_name -> coreweave.sandbox.v1.ResourceUsage
 	28,  // 43: coreweave.sandbox.v1.SandboxStatus.effective_resources:type_name -> coreweave.sandbox.v1.Resources
 	27,  // 44: coreweave.sandbox.v1.SandboxStatus.container_statuses:type_name -> coreweave.sandbox.v1.ContainerStatus
-	37,  // 45: coreweave.sandbox.v1.SandboxStatus.effective_ingress:type_name -> coreweave.sandbox.v1.IngressRule
+	38,  // 45: coreweave.sandbox.v1.SandboxStatus.effective_ingress:type_name -> coreweave.sandbox.v1.IngressRule
 	36,  // 46: coreweave.sandbox.v1.SandboxStatus.effective_egress:type_name -> coreweave.sandbox.v1.EgressRule
 	29,  // 47: coreweave.sandbox.v1.SandboxStatus.effective_resource_requirements:type_name -> coreweave.sandbox.v1.ResourceRequirements
 	6,   // 48: coreweave.sandbox.v1.SandboxStatus.effective_dns_egress:type_name -> coreweave.sandbox.v1.DNSEgressMode
@@ -7443,110 +7548,111 @@ var file_coreweave_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	34,  // 60: coreweave.sandbox.v1.ServiceStatus.endpoint:type_name -> coreweave.sandbox.v1.EndpointStatus
 	3,   // 61: coreweave.sandbox.v1.EndpointStatus.kind:type_name -> coreweave.sandbox.v1.EndpointKind
 	4,   // 62: coreweave.sandbox.v1.EndpointStatus.auth:type_name -> coreweave.sandbox.v1.EndpointAuth
-	37,  // 63: coreweave.sandbox.v1.NetworkOptions.ingress:type_name -> coreweave.sandbox.v1.IngressRule
+	38,  // 63: coreweave.sandbox.v1.NetworkOptions.ingress:type_name -> coreweave.sandbox.v1.IngressRule
 	36,  // 64: coreweave.sandbox.v1.NetworkOptions.egress:type_name -> coreweave.sandbox.v1.EgressRule
 	6,   // 65: coreweave.sandbox.v1.NetworkOptions.dns_egress:type_name -> coreweave.sandbox.v1.DNSEgressMode
-	38,  // 66: coreweave.sandbox.v1.EgressRule.cidr:type_name -> coreweave.sandbox.v1.CidrBlock
+	39,  // 66: coreweave.sandbox.v1.EgressRule.cidr:type_name -> coreweave.sandbox.v1.CidrBlock
 	7,   // 67: coreweave.sandbox.v1.EgressRule.tenant:type_name -> coreweave.sandbox.v1.TenantScope
-	39,  // 68: coreweave.sandbox.v1.EgressRule.selector:type_name -> coreweave.sandbox.v1.SelectorBlock
-	40,  // 69: coreweave.sandbox.v1.EgressRule.ports:type_name -> coreweave.sandbox.v1.PortRange
-	38,  // 70: coreweave.sandbox.v1.IngressRule.cidr:type_name -> coreweave.sandbox.v1.CidrBlock
-	7,   // 71: coreweave.sandbox.v1.IngressRule.tenant:type_name -> coreweave.sandbox.v1.TenantScope
-	40,  // 72: coreweave.sandbox.v1.IngressRule.ports:type_name -> coreweave.sandbox.v1.PortRange
-	94,  // 73: coreweave.sandbox.v1.SelectorBlock.pod_labels:type_name -> coreweave.sandbox.v1.SelectorBlock.PodLabelsEntry
-	95,  // 74: coreweave.sandbox.v1.SelectorBlock.namespace_labels:type_name -> coreweave.sandbox.v1.SelectorBlock.NamespaceLabelsEntry
-	43,  // 75: coreweave.sandbox.v1.SandboxVolume.scratch:type_name -> coreweave.sandbox.v1.ScratchVolume
-	8,   // 76: coreweave.sandbox.v1.ScratchVolume.medium:type_name -> coreweave.sandbox.v1.StorageMedium
-	46,  // 77: coreweave.sandbox.v1.SecretStoreReference.secrets:type_name -> coreweave.sandbox.v1.SecretMapping
-	48,  // 78: coreweave.sandbox.v1.ImagePullCredentials.credentials:type_name -> coreweave.sandbox.v1.SecretSource
-	9,   // 79: coreweave.sandbox.v1.ObjectStorageAccess.permission:type_name -> coreweave.sandbox.v1.ObjectStoragePermission
-	19,  // 80: coreweave.sandbox.v1.CreateSandboxRequest.sandbox:type_name -> coreweave.sandbox.v1.Sandbox
-	25,  // 81: coreweave.sandbox.v1.CreateSandboxFromTemplateRequest.overrides:type_name -> coreweave.sandbox.v1.PartialSandboxSpec
-	10,  // 82: coreweave.sandbox.v1.CreateSandboxFromFileRequest.type:type_name -> coreweave.sandbox.v1.SandboxFileType
-	96,  // 83: coreweave.sandbox.v1.CreateSandboxFromFileRequest.image_overrides:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.ImageOverridesEntry
-	97,  // 84: coreweave.sandbox.v1.CreateSandboxFromFileRequest.build_contexts:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextsEntry
-	29,  // 85: coreweave.sandbox.v1.CreateSandboxFromFileRequest.default_resources:type_name -> coreweave.sandbox.v1.ResourceRequirements
-	0,   // 86: coreweave.sandbox.v1.CreateSandboxFromFileRequest.mode:type_name -> coreweave.sandbox.v1.SandboxMode
-	35,  // 87: coreweave.sandbox.v1.CreateSandboxFromFileRequest.network:type_name -> coreweave.sandbox.v1.NetworkOptions
-	49,  // 88: coreweave.sandbox.v1.CreateSandboxFromFileRequest.object_storage_access:type_name -> coreweave.sandbox.v1.ObjectStorageAccess
-	98,  // 89: coreweave.sandbox.v1.CreateSandboxFromFileRequest.annotations:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.AnnotationsEntry
-	99,  // 90: coreweave.sandbox.v1.CreateSandboxFromFileRequest.build_context_objects:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextObjectsEntry
-	100, // 91: coreweave.sandbox.v1.CreateSandboxFromFileRequest.builder_sizes:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuilderSizesEntry
-	11,  // 92: coreweave.sandbox.v1.CreateSandboxFromFileRequest.control:type_name -> coreweave.sandbox.v1.Control
-	47,  // 93: coreweave.sandbox.v1.CreateSandboxFromFileRequest.image_pull_credentials:type_name -> coreweave.sandbox.v1.ImagePullCredentials
-	104, // 94: coreweave.sandbox.v1.GetSandboxBuildLogsResponse.expire_time:type_name -> google.protobuf.Timestamp
-	1,   // 95: coreweave.sandbox.v1.ListSandboxesRequest.state:type_name -> coreweave.sandbox.v1.State
-	12,  // 96: coreweave.sandbox.v1.ListSandboxesRequest.sort_direction:type_name -> coreweave.sandbox.v1.SortDirection
-	19,  // 97: coreweave.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> coreweave.sandbox.v1.Sandbox
-	19,  // 98: coreweave.sandbox.v1.DeleteSandboxResponse.sandbox:type_name -> coreweave.sandbox.v1.Sandbox
-	101, // 99: coreweave.sandbox.v1.ExecRequest.env:type_name -> coreweave.sandbox.v1.ExecRequest.EnvEntry
-	68,  // 100: coreweave.sandbox.v1.ExecStreamRequest.init:type_name -> coreweave.sandbox.v1.ExecStreamInit
-	69,  // 101: coreweave.sandbox.v1.ExecStreamRequest.resize:type_name -> coreweave.sandbox.v1.ExecStreamResize
-	67,  // 102: coreweave.sandbox.v1.ExecStreamRequest.close:type_name -> coreweave.sandbox.v1.ExecStreamClose
-	102, // 103: coreweave.sandbox.v1.ExecStreamInit.env:type_name -> coreweave.sandbox.v1.ExecStreamInit.EnvEntry
-	71,  // 104: coreweave.sandbox.v1.ExecStreamResponse.ready:type_name -> coreweave.sandbox.v1.ExecStreamReady
-	72,  // 105: coreweave.sandbox.v1.ExecStreamResponse.output:type_name -> coreweave.sandbox.v1.ExecStreamOutput
-	73,  // 106: coreweave.sandbox.v1.ExecStreamResponse.exit:type_name -> coreweave.sandbox.v1.ExecStreamExit
-	74,  // 107: coreweave.sandbox.v1.ExecStreamResponse.error:type_name -> coreweave.sandbox.v1.ExecStreamError
-	104, // 108: coreweave.sandbox.v1.ExecStreamReady.ready_time:type_name -> google.protobuf.Timestamp
-	18,  // 109: coreweave.sandbox.v1.ExecStreamOutput.stream:type_name -> coreweave.sandbox.v1.ExecStreamOutput.Stream
-	104, // 110: coreweave.sandbox.v1.ExecStreamExit.completed_time:type_name -> google.protobuf.Timestamp
-	104, // 111: coreweave.sandbox.v1.StreamLogsRequest.since_time:type_name -> google.protobuf.Timestamp
-	104, // 112: coreweave.sandbox.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	77,  // 113: coreweave.sandbox.v1.LogEntry.error:type_name -> coreweave.sandbox.v1.LogStreamError
-	13,  // 114: coreweave.sandbox.v1.FileSystemSnapshot.state:type_name -> coreweave.sandbox.v1.SnapshotState
-	14,  // 115: coreweave.sandbox.v1.FileSystemSnapshot.trigger:type_name -> coreweave.sandbox.v1.SnapshotTrigger
-	104, // 116: coreweave.sandbox.v1.FileSystemSnapshot.create_time:type_name -> google.protobuf.Timestamp
-	104, // 117: coreweave.sandbox.v1.FileSystemSnapshot.complete_time:type_name -> google.protobuf.Timestamp
-	104, // 118: coreweave.sandbox.v1.FileSystemSnapshot.updated_at:type_name -> google.protobuf.Timestamp
-	82,  // 119: coreweave.sandbox.v1.ListFileSystemSnapshotsResponse.file_system_snapshots:type_name -> coreweave.sandbox.v1.FileSystemSnapshot
-	15,  // 120: coreweave.sandbox.v1.ConnectSandboxRequest.requested_permissions:type_name -> coreweave.sandbox.v1.SandboxDataPermission
-	104, // 121: coreweave.sandbox.v1.SandboxConnection.expires_at:type_name -> google.protobuf.Timestamp
-	16,  // 122: coreweave.sandbox.v1.SandboxConnection.transport:type_name -> coreweave.sandbox.v1.SandboxDataTransport
-	17,  // 123: coreweave.sandbox.v1.SandboxConnection.protocol:type_name -> coreweave.sandbox.v1.SandboxDataProtocol
-	15,  // 124: coreweave.sandbox.v1.SandboxConnection.granted_permissions:type_name -> coreweave.sandbox.v1.SandboxDataPermission
-	54,  // 125: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextObjectsEntry.value:type_name -> coreweave.sandbox.v1.BuildContextObject
-	51,  // 126: coreweave.sandbox.v1.SandboxService.CreateSandbox:input_type -> coreweave.sandbox.v1.CreateSandboxRequest
-	52,  // 127: coreweave.sandbox.v1.SandboxService.CreateSandboxFromTemplate:input_type -> coreweave.sandbox.v1.CreateSandboxFromTemplateRequest
-	53,  // 128: coreweave.sandbox.v1.SandboxService.CreateSandboxFromFile:input_type -> coreweave.sandbox.v1.CreateSandboxFromFileRequest
-	55,  // 129: coreweave.sandbox.v1.SandboxService.GetSandbox:input_type -> coreweave.sandbox.v1.GetSandboxRequest
-	56,  // 130: coreweave.sandbox.v1.SandboxService.GetSandboxBuildLogs:input_type -> coreweave.sandbox.v1.GetSandboxBuildLogsRequest
-	58,  // 131: coreweave.sandbox.v1.SandboxService.ListSandboxes:input_type -> coreweave.sandbox.v1.ListSandboxesRequest
-	60,  // 132: coreweave.sandbox.v1.SandboxService.DeleteSandbox:input_type -> coreweave.sandbox.v1.DeleteSandboxRequest
-	62,  // 133: coreweave.sandbox.v1.SandboxService.PurgeSandboxes:input_type -> coreweave.sandbox.v1.PurgeSandboxesRequest
-	88,  // 134: coreweave.sandbox.v1.SandboxService.ConnectSandbox:input_type -> coreweave.sandbox.v1.ConnectSandboxRequest
-	64,  // 135: coreweave.sandbox.v1.SandboxService.Exec:input_type -> coreweave.sandbox.v1.ExecRequest
-	66,  // 136: coreweave.sandbox.v1.SandboxService.StreamExec:input_type -> coreweave.sandbox.v1.ExecStreamRequest
-	75,  // 137: coreweave.sandbox.v1.SandboxService.StreamLogs:input_type -> coreweave.sandbox.v1.StreamLogsRequest
-	78,  // 138: coreweave.sandbox.v1.SandboxService.WriteFile:input_type -> coreweave.sandbox.v1.WriteFileRequest
-	80,  // 139: coreweave.sandbox.v1.SandboxService.ReadFile:input_type -> coreweave.sandbox.v1.ReadFileRequest
-	83,  // 140: coreweave.sandbox.v1.SandboxService.CreateFileSystemSnapshot:input_type -> coreweave.sandbox.v1.CreateFileSystemSnapshotRequest
-	84,  // 141: coreweave.sandbox.v1.SandboxService.GetFileSystemSnapshot:input_type -> coreweave.sandbox.v1.GetFileSystemSnapshotRequest
-	85,  // 142: coreweave.sandbox.v1.SandboxService.ListFileSystemSnapshots:input_type -> coreweave.sandbox.v1.ListFileSystemSnapshotsRequest
-	87,  // 143: coreweave.sandbox.v1.SandboxService.DeleteFileSystemSnapshot:input_type -> coreweave.sandbox.v1.DeleteFileSystemSnapshotRequest
-	19,  // 144: coreweave.sandbox.v1.SandboxService.CreateSandbox:output_type -> coreweave.sandbox.v1.Sandbox
-	19,  // 145: coreweave.sandbox.v1.SandboxService.CreateSandboxFromTemplate:output_type -> coreweave.sandbox.v1.Sandbox
-	19,  // 146: coreweave.sandbox.v1.SandboxService.CreateSandboxFromFile:output_type -> coreweave.sandbox.v1.Sandbox
-	19,  // 147: coreweave.sandbox.v1.SandboxService.GetSandbox:output_type -> coreweave.sandbox.v1.Sandbox
-	57,  // 148: coreweave.sandbox.v1.SandboxService.GetSandboxBuildLogs:output_type -> coreweave.sandbox.v1.GetSandboxBuildLogsResponse
-	59,  // 149: coreweave.sandbox.v1.SandboxService.ListSandboxes:output_type -> coreweave.sandbox.v1.ListSandboxesResponse
-	61,  // 150: coreweave.sandbox.v1.SandboxService.DeleteSandbox:output_type -> coreweave.sandbox.v1.DeleteSandboxResponse
-	63,  // 151: coreweave.sandbox.v1.SandboxService.PurgeSandboxes:output_type -> coreweave.sandbox.v1.PurgeSandboxesResponse
-	89,  // 152: coreweave.sandbox.v1.SandboxService.ConnectSandbox:output_type -> coreweave.sandbox.v1.SandboxConnection
-	65,  // 153: coreweave.sandbox.v1.SandboxService.Exec:output_type -> coreweave.sandbox.v1.ExecResponse
-	70,  // 154: coreweave.sandbox.v1.SandboxService.StreamExec:output_type -> coreweave.sandbox.v1.ExecStreamResponse
-	76,  // 155: coreweave.sandbox.v1.SandboxService.StreamLogs:output_type -> coreweave.sandbox.v1.LogEntry
-	79,  // 156: coreweave.sandbox.v1.SandboxService.WriteFile:output_type -> coreweave.sandbox.v1.WriteFileResponse
-	81,  // 157: coreweave.sandbox.v1.SandboxService.ReadFile:output_type -> coreweave.sandbox.v1.ReadFileResponse
-	82,  // 158: coreweave.sandbox.v1.SandboxService.CreateFileSystemSnapshot:output_type -> coreweave.sandbox.v1.FileSystemSnapshot
-	82,  // 159: coreweave.sandbox.v1.SandboxService.GetFileSystemSnapshot:output_type -> coreweave.sandbox.v1.FileSystemSnapshot
-	86,  // 160: coreweave.sandbox.v1.SandboxService.ListFileSystemSnapshots:output_type -> coreweave.sandbox.v1.ListFileSystemSnapshotsResponse
-	82,  // 161: coreweave.sandbox.v1.SandboxService.DeleteFileSystemSnapshot:output_type -> coreweave.sandbox.v1.FileSystemSnapshot
-	144, // [144:162] is the sub-list for method output_type
-	126, // [126:144] is the sub-list for method input_type
-	126, // [126:126] is the sub-list for extension type_name
-	126, // [126:126] is the sub-list for extension extendee
-	0,   // [0:126] is the sub-list for field type_name
+	40,  // 68: coreweave.sandbox.v1.EgressRule.selector:type_name -> coreweave.sandbox.v1.SelectorBlock
+	41,  // 69: coreweave.sandbox.v1.EgressRule.ports:type_name -> coreweave.sandbox.v1.PortRange
+	37,  // 70: coreweave.sandbox.v1.EgressRule.sandboxd_secret:type_name -> coreweave.sandbox.v1.EgressSecretInjection
+	39,  // 71: coreweave.sandbox.v1.IngressRule.cidr:type_name -> coreweave.sandbox.v1.CidrBlock
+	7,   // 72: coreweave.sandbox.v1.IngressRule.tenant:type_name -> coreweave.sandbox.v1.TenantScope
+	41,  // 73: coreweave.sandbox.v1.IngressRule.ports:type_name -> coreweave.sandbox.v1.PortRange
+	95,  // 74: coreweave.sandbox.v1.SelectorBlock.pod_labels:type_name -> coreweave.sandbox.v1.SelectorBlock.PodLabelsEntry
+	96,  // 75: coreweave.sandbox.v1.SelectorBlock.namespace_labels:type_name -> coreweave.sandbox.v1.SelectorBlock.NamespaceLabelsEntry
+	44,  // 76: coreweave.sandbox.v1.SandboxVolume.scratch:type_name -> coreweave.sandbox.v1.ScratchVolume
+	8,   // 77: coreweave.sandbox.v1.ScratchVolume.medium:type_name -> coreweave.sandbox.v1.StorageMedium
+	47,  // 78: coreweave.sandbox.v1.SecretStoreReference.secrets:type_name -> coreweave.sandbox.v1.SecretMapping
+	49,  // 79: coreweave.sandbox.v1.ImagePullCredentials.credentials:type_name -> coreweave.sandbox.v1.SecretSource
+	9,   // 80: coreweave.sandbox.v1.ObjectStorageAccess.permission:type_name -> coreweave.sandbox.v1.ObjectStoragePermission
+	19,  // 81: coreweave.sandbox.v1.CreateSandboxRequest.sandbox:type_name -> coreweave.sandbox.v1.Sandbox
+	25,  // 82: coreweave.sandbox.v1.CreateSandboxFromTemplateRequest.overrides:type_name -> coreweave.sandbox.v1.PartialSandboxSpec
+	10,  // 83: coreweave.sandbox.v1.CreateSandboxFromFileRequest.type:type_name -> coreweave.sandbox.v1.SandboxFileType
+	97,  // 84: coreweave.sandbox.v1.CreateSandboxFromFileRequest.image_overrides:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.ImageOverridesEntry
+	98,  // 85: coreweave.sandbox.v1.CreateSandboxFromFileRequest.build_contexts:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextsEntry
+	29,  // 86: coreweave.sandbox.v1.CreateSandboxFromFileRequest.default_resources:type_name -> coreweave.sandbox.v1.ResourceRequirements
+	0,   // 87: coreweave.sandbox.v1.CreateSandboxFromFileRequest.mode:type_name -> coreweave.sandbox.v1.SandboxMode
+	35,  // 88: coreweave.sandbox.v1.CreateSandboxFromFileRequest.network:type_name -> coreweave.sandbox.v1.NetworkOptions
+	50,  // 89: coreweave.sandbox.v1.CreateSandboxFromFileRequest.object_storage_access:type_name -> coreweave.sandbox.v1.ObjectStorageAccess
+	99,  // 90: coreweave.sandbox.v1.CreateSandboxFromFileRequest.annotations:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.AnnotationsEntry
+	100, // 91: coreweave.sandbox.v1.CreateSandboxFromFileRequest.build_context_objects:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextObjectsEntry
+	101, // 92: coreweave.sandbox.v1.CreateSandboxFromFileRequest.builder_sizes:type_name -> coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuilderSizesEntry
+	11,  // 93: coreweave.sandbox.v1.CreateSandboxFromFileRequest.control:type_name -> coreweave.sandbox.v1.Control
+	48,  // 94: coreweave.sandbox.v1.CreateSandboxFromFileRequest.image_pull_credentials:type_name -> coreweave.sandbox.v1.ImagePullCredentials
+	105, // 95: coreweave.sandbox.v1.GetSandboxBuildLogsResponse.expire_time:type_name -> google.protobuf.Timestamp
+	1,   // 96: coreweave.sandbox.v1.ListSandboxesRequest.state:type_name -> coreweave.sandbox.v1.State
+	12,  // 97: coreweave.sandbox.v1.ListSandboxesRequest.sort_direction:type_name -> coreweave.sandbox.v1.SortDirection
+	19,  // 98: coreweave.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> coreweave.sandbox.v1.Sandbox
+	19,  // 99: coreweave.sandbox.v1.DeleteSandboxResponse.sandbox:type_name -> coreweave.sandbox.v1.Sandbox
+	102, // 100: coreweave.sandbox.v1.ExecRequest.env:type_name -> coreweave.sandbox.v1.ExecRequest.EnvEntry
+	69,  // 101: coreweave.sandbox.v1.ExecStreamRequest.init:type_name -> coreweave.sandbox.v1.ExecStreamInit
+	70,  // 102: coreweave.sandbox.v1.ExecStreamRequest.resize:type_name -> coreweave.sandbox.v1.ExecStreamResize
+	68,  // 103: coreweave.sandbox.v1.ExecStreamRequest.close:type_name -> coreweave.sandbox.v1.ExecStreamClose
+	103, // 104: coreweave.sandbox.v1.ExecStreamInit.env:type_name -> coreweave.sandbox.v1.ExecStreamInit.EnvEntry
+	72,  // 105: coreweave.sandbox.v1.ExecStreamResponse.ready:type_name -> coreweave.sandbox.v1.ExecStreamReady
+	73,  // 106: coreweave.sandbox.v1.ExecStreamResponse.output:type_name -> coreweave.sandbox.v1.ExecStreamOutput
+	74,  // 107: coreweave.sandbox.v1.ExecStreamResponse.exit:type_name -> coreweave.sandbox.v1.ExecStreamExit
+	75,  // 108: coreweave.sandbox.v1.ExecStreamResponse.error:type_name -> coreweave.sandbox.v1.ExecStreamError
+	105, // 109: coreweave.sandbox.v1.ExecStreamReady.ready_time:type_name -> google.protobuf.Timestamp
+	18,  // 110: coreweave.sandbox.v1.ExecStreamOutput.stream:type_name -> coreweave.sandbox.v1.ExecStreamOutput.Stream
+	105, // 111: coreweave.sandbox.v1.ExecStreamExit.completed_time:type_name -> google.protobuf.Timestamp
+	105, // 112: coreweave.sandbox.v1.StreamLogsRequest.since_time:type_name -> google.protobuf.Timestamp
+	105, // 113: coreweave.sandbox.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	78,  // 114: coreweave.sandbox.v1.LogEntry.error:type_name -> coreweave.sandbox.v1.LogStreamError
+	13,  // 115: coreweave.sandbox.v1.FileSystemSnapshot.state:type_name -> coreweave.sandbox.v1.SnapshotState
+	14,  // 116: coreweave.sandbox.v1.FileSystemSnapshot.trigger:type_name -> coreweave.sandbox.v1.SnapshotTrigger
+	105, // 117: coreweave.sandbox.v1.FileSystemSnapshot.create_time:type_name -> google.protobuf.Timestamp
+	105, // 118: coreweave.sandbox.v1.FileSystemSnapshot.complete_time:type_name -> google.protobuf.Timestamp
+	105, // 119: coreweave.sandbox.v1.FileSystemSnapshot.updated_at:type_name -> google.protobuf.Timestamp
+	83,  // 120: coreweave.sandbox.v1.ListFileSystemSnapshotsResponse.file_system_snapshots:type_name -> coreweave.sandbox.v1.FileSystemSnapshot
+	15,  // 121: coreweave.sandbox.v1.ConnectSandboxRequest.requested_permissions:type_name -> coreweave.sandbox.v1.SandboxDataPermission
+	105, // 122: coreweave.sandbox.v1.SandboxConnection.expires_at:type_name -> google.protobuf.Timestamp
+	16,  // 123: coreweave.sandbox.v1.SandboxConnection.transport:type_name -> coreweave.sandbox.v1.SandboxDataTransport
+	17,  // 124: coreweave.sandbox.v1.SandboxConnection.protocol:type_name -> coreweave.sandbox.v1.SandboxDataProtocol
+	15,  // 125: coreweave.sandbox.v1.SandboxConnection.granted_permissions:type_name -> coreweave.sandbox.v1.SandboxDataPermission
+	55,  // 126: coreweave.sandbox.v1.CreateSandboxFromFileRequest.BuildContextObjectsEntry.value:type_name -> coreweave.sandbox.v1.BuildContextObject
+	52,  // 127: coreweave.sandbox.v1.SandboxService.CreateSandbox:input_type -> coreweave.sandbox.v1.CreateSandboxRequest
+	53,  // 128: coreweave.sandbox.v1.SandboxService.CreateSandboxFromTemplate:input_type -> coreweave.sandbox.v1.CreateSandboxFromTemplateRequest
+	54,  // 129: coreweave.sandbox.v1.SandboxService.CreateSandboxFromFile:input_type -> coreweave.sandbox.v1.CreateSandboxFromFileRequest
+	56,  // 130: coreweave.sandbox.v1.SandboxService.GetSandbox:input_type -> coreweave.sandbox.v1.GetSandboxRequest
+	57,  // 131: coreweave.sandbox.v1.SandboxService.GetSandboxBuildLogs:input_type -> coreweave.sandbox.v1.GetSandboxBuildLogsRequest
+	59,  // 132: coreweave.sandbox.v1.SandboxService.ListSandboxes:input_type -> coreweave.sandbox.v1.ListSandboxesRequest
+	61,  // 133: coreweave.sandbox.v1.SandboxService.DeleteSandbox:input_type -> coreweave.sandbox.v1.DeleteSandboxRequest
+	63,  // 134: coreweave.sandbox.v1.SandboxService.PurgeSandboxes:input_type -> coreweave.sandbox.v1.PurgeSandboxesRequest
+	89,  // 135: coreweave.sandbox.v1.SandboxService.ConnectSandbox:input_type -> coreweave.sandbox.v1.ConnectSandboxRequest
+	65,  // 136: coreweave.sandbox.v1.SandboxService.Exec:input_type -> coreweave.sandbox.v1.ExecRequest
+	67,  // 137: coreweave.sandbox.v1.SandboxService.StreamExec:input_type -> coreweave.sandbox.v1.ExecStreamRequest
+	76,  // 138: coreweave.sandbox.v1.SandboxService.StreamLogs:input_type -> coreweave.sandbox.v1.StreamLogsRequest
+	79,  // 139: coreweave.sandbox.v1.SandboxService.WriteFile:input_type -> coreweave.sandbox.v1.WriteFileRequest
+	81,  // 140: coreweave.sandbox.v1.SandboxService.ReadFile:input_type -> coreweave.sandbox.v1.ReadFileRequest
+	84,  // 141: coreweave.sandbox.v1.SandboxService.CreateFileSystemSnapshot:input_type -> coreweave.sandbox.v1.CreateFileSystemSnapshotRequest
+	85,  // 142: coreweave.sandbox.v1.SandboxService.GetFileSystemSnapshot:input_type -> coreweave.sandbox.v1.GetFileSystemSnapshotRequest
+	86,  // 143: coreweave.sandbox.v1.SandboxService.ListFileSystemSnapshots:input_type -> coreweave.sandbox.v1.ListFileSystemSnapshotsRequest
+	88,  // 144: coreweave.sandbox.v1.SandboxService.DeleteFileSystemSnapshot:input_type -> coreweave.sandbox.v1.DeleteFileSystemSnapshotRequest
+	19,  // 145: coreweave.sandbox.v1.SandboxService.CreateSandbox:output_type -> coreweave.sandbox.v1.Sandbox
+	19,  // 146: coreweave.sandbox.v1.SandboxService.CreateSandboxFromTemplate:output_type -> coreweave.sandbox.v1.Sandbox
+	19,  // 147: coreweave.sandbox.v1.SandboxService.CreateSandboxFromFile:output_type -> coreweave.sandbox.v1.Sandbox
+	19,  // 148: coreweave.sandbox.v1.SandboxService.GetSandbox:output_type -> coreweave.sandbox.v1.Sandbox
+	58,  // 149: coreweave.sandbox.v1.SandboxService.GetSandboxBuildLogs:output_type -> coreweave.sandbox.v1.GetSandboxBuildLogsResponse
+	60,  // 150: coreweave.sandbox.v1.SandboxService.ListSandboxes:output_type -> coreweave.sandbox.v1.ListSandboxesResponse
+	62,  // 151: coreweave.sandbox.v1.SandboxService.DeleteSandbox:output_type -> coreweave.sandbox.v1.DeleteSandboxResponse
+	64,  // 152: coreweave.sandbox.v1.SandboxService.PurgeSandboxes:output_type -> coreweave.sandbox.v1.PurgeSandboxesResponse
+	90,  // 153: coreweave.sandbox.v1.SandboxService.ConnectSandbox:output_type -> coreweave.sandbox.v1.SandboxConnection
+	66,  // 154: coreweave.sandbox.v1.SandboxService.Exec:output_type -> coreweave.sandbox.v1.ExecResponse
+	71,  // 155: coreweave.sandbox.v1.SandboxService.StreamExec:output_type -> coreweave.sandbox.v1.ExecStreamResponse
+	77,  // 156: coreweave.sandbox.v1.SandboxService.StreamLogs:output_type -> coreweave.sandbox.v1.LogEntry
+	80,  // 157: coreweave.sandbox.v1.SandboxService.WriteFile:output_type -> coreweave.sandbox.v1.WriteFileResponse
+	82,  // 158: coreweave.sandbox.v1.SandboxService.ReadFile:output_type -> coreweave.sandbox.v1.ReadFileResponse
+	83,  // 159: coreweave.sandbox.v1.SandboxService.CreateFileSystemSnapshot:output_type -> coreweave.sandbox.v1.FileSystemSnapshot
+	83,  // 160: coreweave.sandbox.v1.SandboxService.GetFileSystemSnapshot:output_type -> coreweave.sandbox.v1.FileSystemSnapshot
+	87,  // 161: coreweave.sandbox.v1.SandboxService.ListFileSystemSnapshots:output_type -> coreweave.sandbox.v1.ListFileSystemSnapshotsResponse
+	83,  // 162: coreweave.sandbox.v1.SandboxService.DeleteFileSystemSnapshot:output_type -> coreweave.sandbox.v1.FileSystemSnapshot
+	145, // [145:163] is the sub-list for method output_type
+	127, // [127:145] is the sub-list for method input_type
+	127, // [127:127] is the sub-list for extension type_name
+	127, // [127:127] is the sub-list for extension extendee
+	0,   // [0:127] is the sub-list for field type_name
 }
 
 func init() { file_coreweave_sandbox_v1_sandbox_proto_init() }
@@ -7572,22 +7678,22 @@ func file_coreweave_sandbox_v1_sandbox_proto_init() {
 		(*EgressRule_Any)(nil),
 		(*EgressRule_Selector)(nil),
 	}
-	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[18].OneofWrappers = []any{
+	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[19].OneofWrappers = []any{
 		(*IngressRule_Cidr)(nil),
 		(*IngressRule_Tenant)(nil),
 		(*IngressRule_Any)(nil),
 	}
-	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[23].OneofWrappers = []any{
+	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[24].OneofWrappers = []any{
 		(*SandboxVolume_Scratch)(nil),
 		(*SandboxVolume_VolumeId)(nil),
 	}
-	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[47].OneofWrappers = []any{
+	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[48].OneofWrappers = []any{
 		(*ExecStreamRequest_Init)(nil),
 		(*ExecStreamRequest_Stdin)(nil),
 		(*ExecStreamRequest_Resize)(nil),
 		(*ExecStreamRequest_Close)(nil),
 	}
-	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[51].OneofWrappers = []any{
+	file_coreweave_sandbox_v1_sandbox_proto_msgTypes[52].OneofWrappers = []any{
 		(*ExecStreamResponse_Ready)(nil),
 		(*ExecStreamResponse_Output)(nil),
 		(*ExecStreamResponse_Exit)(nil),
@@ -7599,7 +7705,7 @@ func file_coreweave_sandbox_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coreweave_sandbox_v1_sandbox_proto_rawDesc), len(file_coreweave_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      19,
-			NumMessages:   84,
+			NumMessages:   85,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

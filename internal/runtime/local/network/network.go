@@ -96,6 +96,10 @@ type Config struct {
 	// ProxyPort is the gateway port of the egress SNI proxy that dns_name grants send
 	// TCP 443 to. 0: no proxy, and rules with dns_name grants are refused.
 	ProxyPort int
+	// EgressUpstreamCAFile, when set, is a PEM file of the roots the egress proxy
+	// verifies the hosts it injects secrets for against, instead of the system roots
+	// (tests; a private CA).
+	EgressUpstreamCAFile string
 	// Egress enables outbound NAT (masquerade) for the subnet leaving through any
 	// interface other than the bridge. Without it, forwarded traffic from
 	// sandboxes is dropped.
@@ -139,6 +143,9 @@ type Manager struct {
 	nameservers []string
 
 	stateDir, netnsDir, ipsDir, recDir, rulesDir string
+
+	// secrets are the egress secrets by sandbox address (SetEgressSecrets), in memory only.
+	secrets sync.Map // netip.Addr -> *egress.SandboxSecrets
 
 	mu     sync.Mutex
 	h      *netlink.Handle // NETLINK_ROUTE socket in the host namespace
@@ -542,6 +549,7 @@ func (m *Manager) Teardown(id string) error {
 	if err := m.unpinPort(id); err != nil {
 		errs = append(errs, err)
 	}
+	m.forgetSecrets(ip)
 	// The address stays taken while rules for it may remain, so no new sandbox inherits them.
 	if err := m.clearRules(id, ip); err != nil {
 		errs = append(errs, err)

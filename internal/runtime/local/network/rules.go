@@ -84,12 +84,15 @@ type member struct {
 	ingress []string // chain i…, nil: none
 	dnat    []string // chain n…, nil: none
 	grants  []string // dns_name patterns, for the proxy
+	inject  []string // dns_name hosts with egress secrets, for the proxy
 }
 
 type policyState struct {
 	// grants are the dns_name patterns by sandbox address, read by the proxy for every
 	// connection without waiting for rule changes.
 	grants sync.Map // netip.Addr -> []string
+	// injectHosts are the hosts with egress secrets by sandbox address (Secrets).
+	injectHosts sync.Map // netip.Addr -> []string
 
 	mu      sync.Mutex // serializes rule changes: nft transactions of one table
 	orgs    map[string]uint32
@@ -196,6 +199,7 @@ func (p *policyState) set(ip netip.Addr, mem *member) {
 	if mem == nil {
 		delete(p.members, ip)
 		p.grants.Delete(ip)
+		p.injectHosts.Delete(ip)
 		return
 	}
 	p.members[ip] = mem
@@ -203,6 +207,11 @@ func (p *policyState) set(ip netip.Addr, mem *member) {
 		p.grants.Store(ip, mem.grants)
 	} else {
 		p.grants.Delete(ip)
+	}
+	if len(mem.inject) > 0 {
+		p.injectHosts.Store(ip, mem.inject)
+	} else {
+		p.injectHosts.Delete(ip)
 	}
 }
 
@@ -343,6 +352,9 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 				return nil, fmt.Errorf("egress[%d]: %w", i, err)
 			}
 			mem.grants = append(mem.grants, e.DNSName)
+			if e.Secret != nil {
+				mem.inject = append(mem.inject, e.DNSName)
+			}
 		default:
 			dst, err := m.egressMatch(e.Any, e.CIDR, e.Except)
 			if err != nil {

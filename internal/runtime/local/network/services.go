@@ -109,7 +109,12 @@ func (m *Manager) StartEgress(log *slog.Logger) error {
 	}
 	var proxy ProxyServer
 	if m.cfg.ProxyPort != 0 {
-		proxy = &egress.Proxy{Grants: m.Grants, Resolver: m.Resolver(), Forbidden: m.Forbidden, Log: log}
+		roots, err := m.upstreamRoots()
+		if err != nil {
+			return err
+		}
+		proxy = &egress.Proxy{Grants: m.Grants, Resolver: m.Resolver(), Forbidden: m.Forbidden, Log: log,
+			Secrets: m.Secrets, UpstreamRoots: roots, Audit: m.auditLog()}
 	}
 	return m.StartServices(&egress.DNS{Upstreams: ups, Log: log}, proxy)
 }

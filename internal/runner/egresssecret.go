@@ -1,0 +1,132 @@
+package runner
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
+)
+
+// Egress secrets (runtime.EgressSecret; docs/secrets.md "Secrets that never enter the
+// sandbox"): the shape rules shared by the gateway (internal/spec) and the runner.
+
+var (
+	egressSecretStore  = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$`)
+	egressSecretPath   = regexp.MustCompile(`^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$`)
+	egressSecretField  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+	egressSecretEnvVar = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,254}$`)
+)
+
+// egressSecretForbiddenHeaders are headers an egress secret may not fill: they frame
+// the request or route it, and a secret in them could redirect or split it.
+var egressSecretForbiddenHeaders = map[string]bool{
+	"host": true, "content-length": true, "transfer-encoding": true, "connection": true,
+	"upgrade": true, "te": true, "trailer": true, "keep-alive": true, "proxy-connection": true,
+	"expect": true,
+}
+
+// MaxEgressSecretHeader bounds an egress secret's header name.
+const MaxEgressSecretHeader = 64
+
+// ValidateEgressSecret checks the secret of an egress rule at field f (….egress[i]).
+func ValidateEgressSecret(f string, r runtime.EgressRule, add func(field, format string, args ...any)) {
+	s := r.Secret
+	if s == nil {
+		return
+	}
+	sf := f + ".sandboxd_secret"
+	switch {
+	case r.DNSName == "":
+		add(sf, "a secret can only be attached to an https_hostname rule")
+	case strings.HasPrefix(r.DNSName, "*."):
+		add(sf, "a secret needs an exact host name, not the wildcard %s: the proxy must know the one host it sends the secret to", textclip.Clip(r.DNSName, 64))
+	}
+	if !egressSecretStore.MatchString(s.Store) {
+		add(sf+".store_name", "%q must be 1-63 of a-z, 0-9, '-' and '_', starting and ending with a letter or digit", textclip.Clip(s.Store, 64))
+	}
+	if len(s.Path) > 256 || !egressSecretPath.MatchString(s.Path) || strings.Contains("/"+s.Path+"/", "/./") || strings.Contains("/"+s.Path+"/", "/../") {
+		add(sf+".path", "%q must be segments of A-Z, a-z, 0-9, '.', '_' and '-' joined by '/' (at most 256 bytes, no '.' or '..' segment)", textclip.Clip(s.Path, 64))
+	}
+	if s.Field != "" && !egressSecretField.MatchString(s.Field) {
+		add(sf+".field", "%q must be 1-128 of A-Z, a-z, 0-9, '.', '_' and '-' (or empty)", textclip.Clip(s.Field, 64))
+	}
+	if h := s.Header; h != "" {
+		switch {
+		case len(h) > MaxEgressSecretHeader || !isHeaderToken(h):
+			add(sf+".header", "%q must be an HTTP header name (letters, digits and !#$%%&'*+-.^_`|~, at most %d)", textclip.Clip(h, 64), MaxEgressSecretHeader)
+		case egressSecretForbiddenHeaders[strings.ToLower(h)]:
+			add(sf+".header", "%s frames or routes the request and cannot carry a secret", h)
+		}
+	}
+	if !egressSecretEnvVar.MatchString(s.EnvVar) {
+		add(sf+".env_var", "%q must be a variable name: a letter or '_', then letters, digits and '_'", textclip.Clip(s.EnvVar, 64))
+	}
+}
+
+// ValidateEgressSecrets checks what spans the rules and containers: one rule per
+// (host, header), each placeholder variable set once and by nothing else, and a value
+// for every secret (values: the runtime spec's EgressSecretValues).
+// Without values (the gateway, before resolving), only the shape across rules.
+func ValidateEgressSecrets(spec *runtime.Spec, values bool, add func(field, format string, args ...any)) {
+	if spec.Network == nil {
+		if values && len(spec.EgressSecretValues) > 0 {
+			add("spec.network", "egress secret values without egress secrets")
+		}
+		return
+	}
+	vars := map[string]string{}
+	hostHeader := map[string]string{}
+	n := 0
+	for i, r := range spec.Network.Egress {
+		s := r.Secret
+		if s == nil {
+			continue
+		}
+		n++
+		f := fmt.Sprintf("spec.network.egress[%d].sandboxd_secret", i)
+		if prev, ok := vars[s.EnvVar]; ok {
+			add(f+".env_var", "%s is already the placeholder variable of %s", s.EnvVar, prev)
+		}
+		vars[s.EnvVar] = f
+		if _, ok := spec.Env[s.EnvVar]; ok {
+			add(f+".env_var", "%s is also set by environment_variables", s.EnvVar)
+		}
+		if _, ok := spec.SecretEnv[s.EnvVar]; ok {
+			add(f+".env_var", "%s is also set by secret_stores", s.EnvVar)
+		}
+		k := r.DNSName + "\x00" + strings.ToLower(s.HeaderName())
+		if prev, ok := hostHeader[k]; ok {
+			add(f+".header", "%s of %s is already filled by %s", s.HeaderName(), r.DNSName, prev)
+		}
+		hostHeader[k] = f
+		if _, ok := spec.EgressSecretValues[s.Key()]; values && !ok {
+			add(f, "the value of secret %s was not resolved", s.Key())
+		}
+	}
+	if n > runtime.MaxSecretEnvVars {
+		add("spec.network.egress", "%d egress secrets, at most %d", n, runtime.MaxSecretEnvVars)
+	}
+}
+
+func isHeaderToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// checkEgressSecrets is validateEgressSecrets as a *ValidationError (nil: fine).
+func checkEgressSecrets(spec *runtime.Spec) error {
+	var vs violations
+	ValidateEgressSecrets(spec, true, vs.add)
+	return vs.err()
+}

@@ -1,0 +1,104 @@
+package runner
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func TestValidateEgressSecret(t *testing.T) {
+	good := runtime.EgressSecret{Store: "prod", Path: "api/x", Field: "token", EnvVar: "API_TOKEN"}
+	for name, tc := range map[string]struct {
+		rule  runtime.EgressRule
+		field string // "" = valid
+	}{
+		"ok":           {runtime.EgressRule{DNSName: "api.example.com", Secret: &good}, ""},
+		"named header": {runtime.EgressRule{DNSName: "api.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Header = "X-Api-Key" })}, ""},
+		"wildcard":     {runtime.EgressRule{DNSName: "*.example.com", Secret: &good}, ".sandboxd_secret"},
+		"cidr":         {runtime.EgressRule{CIDR: "203.0.113.0/24", Secret: &good}, ".sandboxd_secret"},
+		"host header":  {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Header = "host" })}, ".sandboxd_secret.header"},
+		"te header":    {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Header = "Transfer-Encoding" })}, ".sandboxd_secret.header"},
+		"bad header":   {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Header = "X Key" })}, ".sandboxd_secret.header"},
+		"long header":  {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Header = strings.Repeat("x", 65) })}, ".sandboxd_secret.header"},
+		"bad store":    {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Store = "Prod" })}, ".sandboxd_secret.store_name"},
+		"dotdot path":  {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Path = "a/../b" })}, ".sandboxd_secret.path"},
+		"empty path":   {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Path = "" })}, ".sandboxd_secret.path"},
+		"bad field":    {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.Field = "a b" })}, ".sandboxd_secret.field"},
+		"no env var":   {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.EnvVar = "" })}, ".sandboxd_secret.env_var"},
+		"bad env var":  {runtime.EgressRule{DNSName: "a.example.com", Secret: with(good, func(s *runtime.EgressSecret) { s.EnvVar = "1X" })}, ".sandboxd_secret.env_var"},
+	} {
+		var got []string
+		ValidateEgressRule("e", tc.rule, func(field, format string, args ...any) { got = append(got, field) })
+		switch {
+		case tc.field == "" && len(got) > 0:
+			t.Errorf("%s: refused %v", name, got)
+		case tc.field != "" && !containsString(got, "e"+tc.field):
+			t.Errorf("%s: violations %v, want e%s", name, got, tc.field)
+		}
+	}
+}
+
+func TestValidateEgressSecretsAcrossRules(t *testing.T) {
+	sec := func(env, header string) *runtime.EgressSecret {
+		return &runtime.EgressSecret{Store: "prod", Path: "api", EnvVar: env, Header: header}
+	}
+	spec := &runtime.Spec{
+		Container: runtime.Container{Env: map[string]string{"TAKEN": "x"}, SecretEnv: map[string]string{"SECRET": "y"}},
+		Network: &runtime.Network{Egress: []runtime.EgressRule{
+			{DNSName: "a.example.com", Secret: sec("A", "")},
+			{DNSName: "a.example.com", Secret: sec("B", "authorization")}, // same host and header
+			{DNSName: "b.example.com", Secret: sec("A", "")},              // same variable
+			{DNSName: "c.example.com", Secret: sec("TAKEN", "X-K")},
+			{DNSName: "d.example.com", Secret: sec("SECRET", "X-K")},
+		}},
+		EgressSecretValues: map[string]string{"prod/api": "v"},
+	}
+	var got []string
+	ValidateEgressSecrets(spec, true, func(field, format string, args ...any) { got = append(got, field) })
+	for _, want := range []string{
+		"spec.network.egress[1].sandboxd_secret.header", "spec.network.egress[2].sandboxd_secret.env_var",
+		"spec.network.egress[3].sandboxd_secret.env_var", "spec.network.egress[4].sandboxd_secret.env_var",
+	} {
+		if !containsString(got, want) {
+			t.Errorf("no violation on %s in %v", want, got)
+		}
+	}
+	if len(got) != 4 {
+		t.Errorf("violations %v", got)
+	}
+	// A value missing: refused by the runner (not by the gateway, which resolves later).
+	spec.EgressSecretValues = nil
+	got = nil
+	ValidateEgressSecrets(spec, true, func(field, format string, args ...any) { got = append(got, field) })
+	if !containsString(got, "spec.network.egress[0].sandboxd_secret") {
+		t.Errorf("missing value not refused: %v", got)
+	}
+	if err := checkEgressSecrets(&runtime.Spec{}); err != nil {
+		t.Errorf("no network: %v", err)
+	}
+}
+
+// TestEgressSecretsRefusedWithoutDNSEgress: a runner that cannot enforce host names
+// (Kubernetes) refuses egress secrets, saying so.
+func TestEgressSecretsRefusedWithoutDNSEgress(t *testing.T) {
+	n := &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "a.example.com", Secret: &runtime.EgressSecret{Store: "p", Path: "a", EnvVar: "A"}}}}
+	err := supported(n, runtime.Support{NoDNSEgress: true})
+	if err == nil || !strings.Contains(err.Error(), "cannot inject egress secrets") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func with(s runtime.EgressSecret, f func(*runtime.EgressSecret)) *runtime.EgressSecret {
+	f(&s)
+	return &s
+}
+
+func containsString(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

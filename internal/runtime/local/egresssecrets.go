@@ -1,0 +1,157 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/egress"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Egress secrets (docs/secrets.md, "Secrets that never enter the sandbox"): a sandbox
+// whose host-name rules carry secrets gets a CA of its own (egress.NewSandboxSecrets:
+// the key stays in the runner's memory), whose certificate is mounted read-only at
+// EgressCAMount, and placeholders in its primary's environment; the network's egress
+// proxy gets the values and the CA to terminate TLS to those hosts.
+
+const (
+	// EgressCAMount is where a sandbox with egress secrets finds its CA: ca.pem (the
+	// sandbox CA alone) and bundle.pem (the runner's public roots and the sandbox CA).
+	EgressCAMount = "/etc/sandboxd-egress"
+	dirEgressCA   = "egress-ca" // in the sandbox dir: what EgressCAMount shows
+	egressCATTL   = 31 * 24 * time.Hour
+)
+
+// DefaultRootsFiles are the host CA bundles tried, in order, for bundle.pem.
+var DefaultRootsFiles = []string{
+	"/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, Alpine
+	"/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL
+	"/etc/ssl/cert.pem",                  // Alpine, macOS-like layouts
+}
+
+// EgressSecretsSetter is what a Network offers to serve egress secrets (the stack's
+// adapter of *network.Manager): SetEgressSecrets hands the egress proxy a sandbox's
+// secrets by its attachment id; Teardown forgets them.
+type EgressSecretsSetter interface {
+	SetEgressSecrets(id string, ss *egress.SandboxSecrets) error
+}
+
+// errEgressSecretsUnsupported: why a sandbox with egress secrets cannot be made here.
+func (b *Backend) egressSecretsUnsupported(spec *runtime.Spec, fork *forkParams) string {
+	if _, ok := b.cfg.Network.(EgressSecretsSetter); !ok {
+		return "this runner has no egress proxy to inject egress secrets (no sandbox network)"
+	}
+	switch {
+	case fork != nil:
+		return "a fork cannot take egress secrets"
+	case spec.Multi():
+		return "egress secrets are supported for single-container sandboxes only"
+	case spec.Engine != nil:
+		return "a container-engine sandbox cannot take egress secrets"
+	}
+	return ""
+}
+
+// prepareEgressSecrets makes s's CA and placeholders for spec (which it changes: the
+// primary's secret environment gets the placeholders and the CA variables).
+func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec) error {
+	rules := spec.Network.EgressSecrets()
+	env := maps.Clone(spec.Container.SecretEnv)
+	if env == nil {
+		env = map[string]string{}
+	}
+	var injs []egress.Injection
+	for _, r := range rules {
+		sec := r.Secret
+		v, ok := spec.EgressSecretValues[sec.Key()]
+		if !ok {
+			return fmt.Errorf("%w: egress secret %s has no value", runtime.ErrInvalidSpec, sec.Key())
+		}
+		ph, err := egress.NewPlaceholder()
+		if err != nil {
+			return err
+		}
+		env[sec.EnvVar] = ph
+		injs = append(injs, egress.Injection{Host: r.DNSName, Header: sec.HeaderName(), Placeholder: ph, Value: v, Secret: sec.Key()})
+	}
+	ss, err := egress.NewSandboxSecrets(s.id, spec.Meta[runtime.MetaOrg], injs, egressCATTL)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: egress CA: %w", s.id, err)
+	}
+	dir := filepath.Join(s.dir, dirEgressCA)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	caPEM := ss.CACertPEM()
+	roots, err := b.egressRoots()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: egress CA bundle: %w", s.id, err)
+	}
+	bundle := append(append(roots, '\n'), caPEM...)
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), caPEM, 0o644); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bundle.pem"), bundle, 0o644); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	// Trust for the common TLS stacks, unless the caller set the variable itself:
+	// OpenSSL (Python's ssl, Ruby, …) reads SSL_CERT_FILE, curl CURL_CA_BUNDLE, Python
+	// requests REQUESTS_CA_BUNDLE, Node.js adds NODE_EXTRA_CA_CERTS to its own roots.
+	for k, v := range map[string]string{
+		"SSL_CERT_FILE":       EgressCAMount + "/bundle.pem",
+		"CURL_CA_BUNDLE":      EgressCAMount + "/bundle.pem",
+		"REQUESTS_CA_BUNDLE":  EgressCAMount + "/bundle.pem",
+		"NODE_EXTRA_CA_CERTS": EgressCAMount + "/ca.pem",
+	} {
+		if _, set := spec.Container.Env[k]; !set {
+			if _, set := env[k]; !set {
+				env[k] = v
+			}
+		}
+	}
+	spec.Container.SecretEnv = env
+	s.egress, s.egressCADir = ss, dir
+	return nil
+}
+
+// egressRoots is the host bundle bundle.pem starts with (Config.EgressRootsFile or the
+// first of DefaultRootsFiles; none: empty).
+func (b *Backend) egressRoots() ([]byte, error) {
+	files := DefaultRootsFiles
+	if b.cfg.EgressRootsFile != "" {
+		files = []string{b.cfg.EgressRootsFile}
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if errors.Is(err, os.ErrNotExist) && b.cfg.EgressRootsFile == "" {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(data) > 16<<20 {
+			return nil, fmt.Errorf("%s is larger than 16 MiB", f)
+		}
+		return data, nil
+	}
+	return nil, nil
+}
+
+// registerEgressSecrets hands s's secrets to the network's proxy (attachment cid).
+func (b *Backend) registerEgressSecrets(s *sandbox, cid string) error {
+	if s.egress == nil {
+		return nil
+	}
+	set, ok := b.cfg.Network.(EgressSecretsSetter)
+	if !ok {
+		return fmt.Errorf("sandbox %s: egress secrets: the network has no egress proxy", s.id)
+	}
+	if err := set.SetEgressSecrets(cid, s.egress); err != nil {
+		return fmt.Errorf("sandbox %s: egress secrets: %w", s.id, err)
+	}
+	return nil
+}
