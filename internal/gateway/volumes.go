@@ -267,19 +267,20 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 			return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: GLOBAL volumes (runner_id %q) are in namespace %q",
 				pvc.GetNamespace(), globalRunnerID, runner.VolumeNamespace), map[string]string{"runner_id": globalRunnerID})
 		}
-	} else if s.runnerByID(pvc.GetRunnerId()) == nil {
+	} else if h := s.runnerByID(pvc.GetRunnerId()); h == nil {
 		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.runner_id: no runner %q of this gateway", pvc.GetRunnerId()),
 			map[string]string{"runner_id": pvc.GetRunnerId()})
-	}
-	// The runner's namespace (Capacity says it; "default" for an older runner). A runner
-	// that does not answer now checks it itself when it validates the volume.
-	cctx, cancel := context.WithTimeout(ctx, viewTimeout)
-	c, cerr := s.runnerByID(pvc.GetRunnerId()).Capacity(cctx)
-	cancel()
-	if ns := cmp.Or(c.VolumeNamespace, runner.VolumeNamespace); cerr == nil && pvc.GetNamespace() != ns {
-		vs := []apierr.Violation{{Field: "volume.spec.pvc.namespace", Description: fmt.Sprintf("must be %q, the namespace of runner %s's volumes", ns, pvc.GetRunnerId())}}
-		return nil, apierr.WithViolations(apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: registered volumes of runner %s are in namespace %q",
-			pvc.GetNamespace(), pvc.GetRunnerId(), ns), map[string]string{"runner_id": pvc.GetRunnerId()}), vs)
+	} else {
+		// The runner's namespace (Capacity says it; "default" for an older runner). A
+		// runner that does not answer now checks it itself when it validates the volume.
+		cctx, cancel := context.WithTimeout(ctx, viewTimeout)
+		c, cerr := h.Capacity(cctx)
+		cancel()
+		if ns := cmp.Or(c.VolumeNamespace, runner.VolumeNamespace); cerr == nil && pvc.GetNamespace() != ns {
+			vs := []apierr.Violation{{Field: "volume.spec.pvc.namespace", Description: fmt.Sprintf("must be %q, the namespace of runner %s's volumes", ns, pvc.GetRunnerId())}}
+			return nil, apierr.WithViolations(apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: registered volumes of runner %s are in namespace %q",
+				pvc.GetNamespace(), pvc.GetRunnerId(), ns), map[string]string{"runner_id": pvc.GetRunnerId()}), vs)
+		}
 	}
 	size, _ := volumeSize(m.GetVolume().GetSpec().GetSize()) // checked above
 	v, err := st.Create(ctx, store.Volume{Org: p.Org, ID: m.GetVolume().GetVolumeId(), RunnerID: pvc.GetRunnerId(), Namespace: pvc.GetNamespace(),
