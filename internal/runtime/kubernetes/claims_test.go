@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -216,5 +218,39 @@ func TestSecretRefs(t *testing.T) {
 	env := pod.Spec.Containers[1].Env
 	if len(env) != 1 || env[0].Name != "TOKEN" || env[0].Value != "" || env[0].ValueFrom.SecretKeyRef.Name != "granted" || env[0].ValueFrom.SecretKeyRef.Key != "token" {
 		t.Errorf("main env: %+v", env)
+	}
+}
+
+// TestSecretRefsMulti: in a multi-container spec every container that names a store
+// (an init container too) gets its own references in its own Pod container, under its
+// Pod name (a reserved name is prefixed), and its agent config names the variables only.
+func TestSecretRefsMulti(t *testing.T) {
+	ref := func(env string) []runtime.SecretRef {
+		return []runtime.SecretRef{{EnvVar: env, Store: "kube", Secret: "granted", Key: "k"}}
+	}
+	s := &runtime.Spec{ID: "s1",
+		Container:      runtime.Container{Name: "app", SecretRefs: ref("A")},
+		Sidecars:       []runtime.Container{{Name: "gate", SecretRefs: ref("B")}, {Name: "plain"}},
+		InitContainers: []runtime.Container{{Name: "init", SecretRefs: ref("C")}},
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{
+		InitContainers: []corev1.Container{{Name: containerInstall}, {Name: "init"}},
+		Containers:     []corev1.Container{{Name: containerGate}, {Name: containerMain}, {Name: "c2-gate"}, {Name: "plain"}},
+	}}
+	applySecretRefs(pod, s)
+	got := map[string]string{}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		for _, e := range c.Env {
+			if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "granted" {
+				t.Errorf("%s: %+v", c.Name, e)
+			}
+			got[c.Name] += e.Name
+		}
+	}
+	if want := map[string]string{"init": "C", containerMain: "A", "c2-gate": "B"}; !maps.Equal(got, want) {
+		t.Errorf("env by Pod container %v, want %v", got, want)
+	}
+	if n := secretRefNames(&s.Sidecars[0]); !slices.Equal(n, []string{"B"}) {
+		t.Errorf("names %v", n)
 	}
 }

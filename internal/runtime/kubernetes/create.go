@@ -189,6 +189,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			Hostname:     runtime.Hostname(spec.ID),
 			User:         runAs,
 			Identity:     agent.NewIdentity(spec.ID),
+			// KUBERNETES-store secrets: the kubelet sets them; only names in files.
+			EnvFromProcess: secretRefNames(&spec.Container),
 		}
 		s.ident = acfg.Identity
 		for _, f := range spec.Files {
@@ -202,7 +204,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			if startCfg, err = json.Marshal(&start); err != nil {
 				return runtime.Info{}, err
 			}
-			inPod = agentconfig.Config{Standby: true, Hostname: acfg.Hostname, Identity: acfg.Identity}
+			inPod = agentconfig.Config{Standby: true, Hostname: acfg.Hostname, Identity: acfg.Identity, EnvFromProcess: acfg.EnvFromProcess}
 		}
 		cfgJSON, err := json.Marshal(&inPod)
 		if err != nil {
