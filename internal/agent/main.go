@@ -29,6 +29,8 @@ func Main(o MainOptions) int {
 		log.Error("load config", "err", err)
 		return 1
 	}
+	// Values kept out of the config file (secrets): from this process's environment.
+	cfg.TakeEnvFromProcess(os.LookupEnv)
 	var rl *relistener
 	var ln net.Listener
 	if a, ok := strings.CutPrefix(cfg.Listen, "unix:"); ok && o.ListenFD < 0 && a != "" {

@@ -59,6 +59,26 @@ type Config struct {
 	// agent.VerifyIdentity): the backend checks it reached this sandbox's agent and no
 	// other. Set at creation; a Start call cannot change it.
 	Identity *Identity `json:"identity,omitempty"`
+	// EnvFromProcess names variables the agent takes from its own process environment
+	// when it loads the config (TakeEnvFromProcess), overriding Env: values a backend
+	// must keep out of every file it writes, e.g. secrets the container runtime injects
+	// (the kubernetes backend's secretKeyRef variables). Only the names are in the file.
+	EnvFromProcess []string `json:"env_from_process,omitempty"`
+}
+
+// TakeEnvFromProcess sets, in c.Env, each EnvFromProcess variable that lookup finds
+// (the agent passes os.LookupEnv); one it does not find is left out.
+func (c *Config) TakeEnvFromProcess(lookup func(string) (string, bool)) {
+	if len(c.EnvFromProcess) == 0 {
+		return
+	}
+	overlay := make(map[string]string, len(c.EnvFromProcess))
+	for _, k := range c.EnvFromProcess {
+		if v, ok := lookup(k); ok {
+			overlay[k] = v
+		}
+	}
+	c.Env = MergeEnv(c.Env, overlay)
 }
 
 // Identity is an agent's sandbox (container) ID and the per-sandbox secret, hex, that

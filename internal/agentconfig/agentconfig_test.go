@@ -25,3 +25,16 @@ func TestMergeEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeEnvFromProcess: named variables come from the process environment, overriding
+// the file's; a name the process lacks is left out.
+func TestTakeEnvFromProcess(t *testing.T) {
+	c := &Config{Env: []string{"PATH=/bin", "TOKEN=stale"}, EnvFromProcess: []string{"TOKEN", "MISSING", "NEW"}}
+	c.TakeEnvFromProcess(func(k string) (string, bool) {
+		v, ok := map[string]string{"TOKEN": "s3cret", "NEW": "n"}[k]
+		return v, ok
+	})
+	if got := strings.Join(c.Env, " "); got != "PATH=/bin TOKEN=s3cret NEW=n" {
+		t.Errorf("env %q", got)
+	}
+}

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -263,9 +264,11 @@ func (b *Backend) RemoveClaim(ctx context.Context, c runtime.Claim) error {
 }
 
 // resolveClaims finds the claim of each of spec's registered volumes (Volume.Managed)
-// among the claims granted to the spec's organization: Pod volume index → claim name.
-func (b *Backend) resolveClaims(ctx context.Context, spec *runtime.Spec) (map[int]string, error) {
+// among the claims granted to the spec's organization: Pod volume index → claim name,
+// and the claims that one node at a time may mount (single: claim name → access mode).
+func (b *Backend) resolveClaims(ctx context.Context, spec *runtime.Spec) (map[int]string, map[string]corev1.PersistentVolumeAccessMode, error) {
 	var out map[int]string
+	var single map[string]corev1.PersistentVolumeAccessMode
 	for i, v := range spec.Volumes {
 		if v.Managed == "" {
 			continue
@@ -275,17 +278,112 @@ func (b *Backend) resolveClaims(ctx context.Context, spec *runtime.Spec) (map[in
 			LabelSelector: LabelRegisteredVolume + "=" + v.Managed + "," + LabelVolumeOrg + "=" + runtime.OrgHash(org),
 		})
 		if err != nil {
-			return nil, fmt.Errorf("volume %q: claims: %w", v.Name, err)
+			return nil, nil, fmt.Errorf("volume %q: claims: %w", v.Name, err)
 		}
 		if len(l.Items) != 1 {
-			return nil, fmt.Errorf("%w: volume %q: the registered volume has no claim on this runner (validate it again)", runtime.ErrInvalidSpec, v.Name)
+			return nil, nil, fmt.Errorf("%w: volume %q: the registered volume has no claim on this runner (validate it again)", runtime.ErrInvalidSpec, v.Name)
 		}
 		if out == nil {
 			out = map[int]string{}
 		}
 		out[i] = l.Items[0].Name
+		if m := singleNodeMode(l.Items[0].Spec.AccessModes); m != "" {
+			if single == nil {
+				single = map[string]corev1.PersistentVolumeAccessMode{}
+			}
+			single[l.Items[0].Name] = m
+		}
 	}
-	return out, nil
+	return out, single, nil
+}
+
+// singleNodeMode is ReadWriteOncePod or ReadWriteOnce when modes allow no more than one
+// node (one Pod) to mount the claim, else "".
+func singleNodeMode(modes []corev1.PersistentVolumeAccessMode) corev1.PersistentVolumeAccessMode {
+	var out corev1.PersistentVolumeAccessMode
+	for _, m := range modes {
+		switch m {
+		case corev1.ReadWriteMany, corev1.ReadOnlyMany:
+			return ""
+		case corev1.ReadWriteOnce:
+			out = m
+		case corev1.ReadWriteOncePod:
+			if out == "" {
+				out = m
+			}
+		}
+	}
+	return out
+}
+
+// claimNode is where a Pod mounting the single-node claims must run: the node of a live
+// sandbox Pod that mounts one of them ("" when none does). A ReadWriteOnce claim
+// mounted on two nodes (never by this backend) or a ReadWriteOncePod claim mounted at all
+// is ErrInvalidSpec and ErrClaimIneligible naming the claim and the sandbox that holds it. (Two creates at
+// once may both see it unmounted; the kubelet then refuses the second attach.)
+func (b *Backend) claimNode(ctx context.Context, id string, single map[string]corev1.PersistentVolumeAccessMode) (string, error) {
+	if len(single) == 0 {
+		return "", nil
+	}
+	l, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy})
+	if err != nil {
+		return "", fmt.Errorf("claims: list the Pods mounting them: %w", err)
+	}
+	node, nodeOf := "", ""
+	for i := range l.Items {
+		p := &l.Items[i]
+		if p.Labels[LabelSandbox] == id || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.PersistentVolumeClaim == nil {
+				continue
+			}
+			claim := v.PersistentVolumeClaim.ClaimName
+			m, ok := single[claim]
+			if !ok {
+				continue
+			}
+			holder := cmp.Or(p.Labels[LabelSandbox], p.Name)
+			if m == corev1.ReadWriteOncePod {
+				return "", fmt.Errorf("%w: %w: claim %q is ReadWriteOncePod and sandbox %s mounts it: one sandbox at a time", runtime.ErrInvalidSpec, runtime.ErrClaimIneligible, claim, holder)
+			}
+			switch {
+			case p.Spec.NodeName == "":
+				// Not scheduled yet: its node is not known; the scheduler places it.
+			case node == "":
+				node, nodeOf = p.Spec.NodeName, claim
+			case node != p.Spec.NodeName:
+				return "", fmt.Errorf("%w: %w: ReadWriteOnce claims %q and %q are mounted on different nodes (%s, %s): no node can mount both", runtime.ErrInvalidSpec, runtime.ErrClaimIneligible, nodeOf, claim, node, p.Spec.NodeName)
+			}
+		}
+	}
+	return node, nil
+}
+
+// pinToNode makes pod run on node only (required node affinity on the node's name, as a
+// DaemonSet's Pods have).
+func pinToNode(pod *corev1.Pod, node string) {
+	if node == "" {
+		return
+	}
+	if pod.Spec.Affinity == nil {
+		pod.Spec.Affinity = &corev1.Affinity{}
+	}
+	if pod.Spec.Affinity.NodeAffinity == nil {
+		pod.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := pod.Spec.Affinity.NodeAffinity
+	term := corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{term}}
+		return
+	}
+	// Terms are ORed: the node requirement goes into each.
+	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for i := range terms {
+		terms[i].MatchFields = append(terms[i].MatchFields, term.MatchFields...)
+	}
 }
 
 // applyClaims makes the Pod volumes of registered volumes (vol-<index>) claims.

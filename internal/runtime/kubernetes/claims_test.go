@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,7 +154,7 @@ func TestEnsureClaimAdopts(t *testing.T) {
 	// A sandbox finds it by its managed name; the Pod volume becomes the claim.
 	spec := &runtime.Spec{ID: "s1", Meta: map[string]string{runtime.MetaOrg: "org-a"}, Volumes: []runtime.Volume{
 		{Name: "scratch"}, {Name: "data", Managed: runtime.ManagedVolumeName("org-a", "granted")}}}
-	claims, err := b.resolveClaims(ctx, spec)
+	claims, _, err := b.resolveClaims(ctx, spec)
 	if err != nil || claims[1] != "granted" || len(claims) != 1 {
 		t.Fatalf("resolve: %v %v", claims, err)
 	}
@@ -163,7 +165,7 @@ func TestEnsureClaimAdopts(t *testing.T) {
 	}
 	// Another organization's sandbox naming the same managed name finds nothing.
 	spec.Meta[runtime.MetaOrg] = "org-b"
-	if _, err := b.resolveClaims(ctx, spec); !errors.Is(err, runtime.ErrInvalidSpec) {
+	if _, _, err := b.resolveClaims(ctx, spec); !errors.Is(err, runtime.ErrInvalidSpec) {
 		t.Errorf("org-b resolving: %v", err)
 	}
 	// Letting go of an adopted claim keeps it.
@@ -216,5 +218,102 @@ func TestSecretRefs(t *testing.T) {
 	env := pod.Spec.Containers[1].Env
 	if len(env) != 1 || env[0].Name != "TOKEN" || env[0].Value != "" || env[0].ValueFrom.SecretKeyRef.Name != "granted" || env[0].ValueFrom.SecretKeyRef.Key != "token" {
 		t.Errorf("main env: %+v", env)
+	}
+}
+
+// TestSecretRefsMulti: in a multi-container spec every container that names a store
+// (an init container too) gets its own references in its own Pod container, under its
+// Pod name (a reserved name is prefixed), and its agent config names the variables only.
+func TestSecretRefsMulti(t *testing.T) {
+	ref := func(env string) []runtime.SecretRef {
+		return []runtime.SecretRef{{EnvVar: env, Store: "kube", Secret: "granted", Key: "k"}}
+	}
+	s := &runtime.Spec{ID: "s1",
+		Container:      runtime.Container{Name: "app", SecretRefs: ref("A")},
+		Sidecars:       []runtime.Container{{Name: "gate", SecretRefs: ref("B")}, {Name: "plain"}},
+		InitContainers: []runtime.Container{{Name: "init", SecretRefs: ref("C")}},
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{
+		InitContainers: []corev1.Container{{Name: containerInstall}, {Name: "init"}},
+		Containers:     []corev1.Container{{Name: containerGate}, {Name: containerMain}, {Name: "c2-gate"}, {Name: "plain"}},
+	}}
+	applySecretRefs(pod, s)
+	got := map[string]string{}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		for _, e := range c.Env {
+			if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "granted" {
+				t.Errorf("%s: %+v", c.Name, e)
+			}
+			got[c.Name] += e.Name
+		}
+	}
+	if want := map[string]string{"init": "C", containerMain: "A", "c2-gate": "B"}; !maps.Equal(got, want) {
+		t.Errorf("env by Pod container %v, want %v", got, want)
+	}
+	if n := secretRefNames(&s.Sidecars[0]); !slices.Equal(n, []string{"B"}) {
+		t.Errorf("names %v", n)
+	}
+}
+
+// TestSingleNodeClaims: a Pod mounting a ReadWriteOnce claim that a live sandbox Pod
+// mounts goes to that Pod's node (required node affinity on the node's name); a
+// ReadWriteOncePod claim in use is refused naming the holder; a ReadWriteMany claim, an
+// ended holder and the sandbox's own Pod do not count.
+func TestSingleNodeClaims(t *testing.T) {
+	ctx := context.Background()
+	pod := func(name, sandbox, node string, phase corev1.PodPhase, claims ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "sbx", Labels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: sandbox}},
+			Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: phase}}
+		for _, c := range claims {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: c, VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: c}}})
+		}
+		return p
+	}
+	b, _ := newFakeBackend(t, Config{Namespace: "sbx"},
+		pod("sbx-a", "a", "node-a", corev1.PodRunning, "rwo", "rwx"),
+		pod("sbx-b", "b", "node-b", corev1.PodSucceeded, "rwo", "rwop"),
+		pod("sbx-c", "c", "node-c", corev1.PodRunning, "rwop"),
+		pod("sbx-d", "d", "node-d", corev1.PodRunning, "rwo2"),
+	)
+	for _, tc := range []struct {
+		modes []corev1.PersistentVolumeAccessMode
+		want  corev1.PersistentVolumeAccessMode
+	}{
+		{[]corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, corev1.ReadWriteOnce},
+		{[]corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}, corev1.ReadWriteOncePod},
+		{[]corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce, corev1.ReadWriteMany}, ""},
+		{[]corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany}, ""},
+	} {
+		if got := singleNodeMode(tc.modes); got != tc.want {
+			t.Errorf("singleNodeMode(%v) = %q, want %q", tc.modes, got, tc.want)
+		}
+	}
+	rwo, rwop := corev1.ReadWriteOnce, corev1.ReadWriteOncePod
+	if n, err := b.claimNode(ctx, "new", map[string]corev1.PersistentVolumeAccessMode{"rwo": rwo}); err != nil || n != "node-a" {
+		t.Errorf("rwo: %q, %v; want node-a", n, err)
+	}
+	if n, err := b.claimNode(ctx, "a", map[string]corev1.PersistentVolumeAccessMode{"rwo": rwo}); err != nil || n != "" {
+		t.Errorf("own Pod: %q, %v", n, err)
+	}
+	if n, err := b.claimNode(ctx, "new", map[string]corev1.PersistentVolumeAccessMode{"unused": rwo}); err != nil || n != "" {
+		t.Errorf("unmounted: %q, %v", n, err)
+	}
+	_, err := b.claimNode(ctx, "new", map[string]corev1.PersistentVolumeAccessMode{"rwop": rwop})
+	if !errors.Is(err, runtime.ErrClaimIneligible) || !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "sandbox c mounts it") {
+		t.Errorf("rwop in use: %v", err)
+	}
+	_, err = b.claimNode(ctx, "new", map[string]corev1.PersistentVolumeAccessMode{"rwo": rwo, "rwo2": rwo})
+	if !errors.Is(err, runtime.ErrClaimIneligible) || !strings.Contains(err.Error(), "different nodes") {
+		t.Errorf("two nodes: %v", err)
+	}
+	p := &corev1.Pod{}
+	pinToNode(p, "node-a")
+	terms := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchFields) != 1 || terms[0].MatchFields[0].Key != "metadata.name" || terms[0].MatchFields[0].Values[0] != "node-a" {
+		t.Errorf("affinity %+v", p.Spec.Affinity)
+	}
+	pinToNode(p, "")
+	if len(p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields) != 1 {
+		t.Error("an empty node changed the affinity")
 	}
 }

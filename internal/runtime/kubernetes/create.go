@@ -75,7 +75,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err := b.CheckSecretRefs(ctx, spec); err != nil {
 		return runtime.Info{}, err
 	}
-	claims, err := b.resolveClaims(ctx, spec)
+	claims, single, err := b.resolveClaims(ctx, spec)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	// A ReadWriteOnce claim already mounted: this Pod goes to the same node.
+	claimNode, err := b.claimNode(ctx, spec.ID, single)
 	if err != nil {
 		return runtime.Info{}, err
 	}
@@ -189,6 +194,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			Hostname:     runtime.Hostname(spec.ID),
 			User:         runAs,
 			Identity:     agent.NewIdentity(spec.ID),
+			// KUBERNETES-store secrets: the kubelet sets them; only names in files.
+			EnvFromProcess: secretRefNames(&spec.Container),
 		}
 		s.ident = acfg.Identity
 		for _, f := range spec.Files {
@@ -202,7 +209,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			if startCfg, err = json.Marshal(&start); err != nil {
 				return runtime.Info{}, err
 			}
-			inPod = agentconfig.Config{Standby: true, Hostname: acfg.Hostname, Identity: acfg.Identity}
+			inPod = agentconfig.Config{Standby: true, Hostname: acfg.Hostname, Identity: acfg.Identity, EnvFromProcess: acfg.EnvFromProcess}
 		}
 		cfgJSON, err := json.Marshal(&inPod)
 		if err != nil {
@@ -263,6 +270,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
 	applyClaims(pod, claims)
+	pinToNode(pod, claimNode)
 	applySecretRefs(pod, spec)
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {

@@ -159,6 +159,8 @@ func (b *Backend) prepareGroup(ctx context.Context, spec *runtime.Spec) (*group,
 			RestartLimit: c.RestartLimit,
 			Hostname:     runtime.Hostname(spec.ID),
 			User:         runAs,
+			// KUBERNETES-store secrets: the kubelet sets them; only names in files.
+			EnvFromProcess: secretRefNames(c),
 		}
 		for _, f := range c.Files {
 			full.Files = append(full.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
@@ -174,7 +176,7 @@ func (b *Backend) prepareGroup(ctx context.Context, spec *runtime.Spec) (*group,
 				return nil, err
 			}
 			g.start[m.name] = start
-			inPod = agentconfig.Config{Standby: true, Hostname: full.Hostname}
+			inPod = agentconfig.Config{Standby: true, Hostname: full.Hostname, EnvFromProcess: full.EnvFromProcess}
 		}
 		inPod.Identity = ident
 		b, err := json.Marshal(&inPod)

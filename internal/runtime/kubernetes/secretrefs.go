@@ -36,9 +36,6 @@ var _ runtime.SecretRefChecker = (*Backend)(nil)
 func (b *Backend) CheckSecretRefs(ctx context.Context, spec *runtime.Spec) error {
 	org := spec.Meta[runtime.MetaOrg]
 	for _, c := range spec.AllContainers() {
-		if len(c.SecretRefs) > 0 && spec.Multi() {
-			return fmt.Errorf("%w: container %q: secrets of a KUBERNETES secret store in a multi-container sandbox are not built yet", runtime.ErrInvalidSpec, c.ContainerName())
-		}
 		for _, r := range c.SecretRefs {
 			if err := b.checkSecretRef(ctx, org, r); err != nil {
 				return fmt.Errorf("container %q: %w", c.ContainerName(), err)
@@ -73,20 +70,47 @@ func (b *Backend) checkSecretRef(ctx context.Context, org string, r runtime.Secr
 	return nil
 }
 
-// applySecretRefs adds the primary's SecretRefs to the main container's env.
+// applySecretRefs adds each container's SecretRefs to its Pod container's env (a
+// multi-container spec: every container that names a store; otherwise the primary's).
 func applySecretRefs(pod *corev1.Pod, spec *runtime.Spec) {
-	if len(spec.SecretRefs) == 0 {
+	byPod := map[string]*runtime.Container{}
+	if spec.Multi() {
+		for _, m := range members(spec) {
+			if len(m.c.SecretRefs) > 0 {
+				byPod[m.pod] = m.c
+			}
+		}
+	} else if len(spec.SecretRefs) > 0 {
+		byPod[containerMain] = &spec.Container
+	}
+	if len(byPod) == 0 {
 		return
 	}
-	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
-		if c.Name != containerMain {
-			continue
-		}
-		for _, r := range spec.SecretRefs {
-			c.Env = append(c.Env, corev1.EnvVar{Name: r.EnvVar, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: r.Secret}, Key: r.Key,
-			}}})
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			c := &list[i]
+			rc := byPod[c.Name]
+			if rc == nil || c.Name == containerGate || c.Name == containerInstall {
+				continue
+			}
+			for _, r := range rc.SecretRefs {
+				c.Env = append(c.Env, corev1.EnvVar{Name: r.EnvVar, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+					LocalObjectReference: corev1.LocalObjectReference{Name: r.Secret}, Key: r.Key,
+				}}})
+			}
 		}
 	}
+}
+
+// secretRefNames are the variables of c's SecretRefs: the agent takes them from its
+// process environment (agentconfig.Config.EnvFromProcess), so no value is in a file.
+func secretRefNames(c *runtime.Container) []string {
+	if len(c.SecretRefs) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(c.SecretRefs))
+	for _, r := range c.SecretRefs {
+		out = append(out, r.EnvVar)
+	}
+	return out
 }

@@ -100,7 +100,9 @@ func Install(srcDir, dstDir string, names ...string) error {
 // CompleteConfig fills in what the backend cannot know: the process environment the
 // container started with (image env, then the spec's env on top) and, when the spec sets
 // none, the working dir. Variables the kubelet injects for the cluster (KUBERNETES_*) are
-// dropped unless the spec sets them.
+// dropped unless the spec sets them. Variables named in c.EnvFromProcess (secrets the
+// kubelet injects) stay out: the config is written to a file, and the agent takes them
+// from its own environment (agentconfig.Config.TakeEnvFromProcess).
 func CompleteConfig(c *agentconfig.Config, environ []string, cwd string) {
 	base := make([]string, 0, len(environ))
 	spec := map[string]string{}
@@ -108,8 +110,16 @@ func CompleteConfig(c *agentconfig.Config, environ []string, cwd string) {
 		k, v, _ := strings.Cut(kv, "=")
 		spec[k] = v
 	}
+	fromProcess := make(map[string]bool, len(c.EnvFromProcess))
+	for _, k := range c.EnvFromProcess {
+		fromProcess[k] = true
+		delete(spec, k)
+	}
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
+		if fromProcess[k] {
+			continue
+		}
 		if _, ok := spec[k]; !ok && (strings.HasPrefix(k, "KUBERNETES_") || k == "HOSTNAME") {
 			continue
 		}

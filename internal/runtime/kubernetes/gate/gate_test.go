@@ -275,3 +275,17 @@ func TestServeContainers(t *testing.T) {
 		}
 	}
 }
+
+// TestCompleteConfigEnvFromProcess: the variables the agent takes from its own
+// environment (secrets) are not written into the completed config, only their names.
+func TestCompleteConfigEnvFromProcess(t *testing.T) {
+	c := &agentconfig.Config{Argv: []string{"x"}, Env: []string{"A=spec"}, EnvFromProcess: []string{"TOKEN"}}
+	CompleteConfig(c, []string{"PATH=/bin", "TOKEN=s3cret", "A=image"}, "/")
+	if got := strings.Join(c.Env, " "); got != "PATH=/bin A=spec" {
+		t.Errorf("env %q", got)
+	}
+	b, err := jsonMarshal(c)
+	if err != nil || strings.Contains(string(b), "s3cret") || !strings.Contains(string(b), `"env_from_process":["TOKEN"]`) {
+		t.Errorf("written config %s, %v", b, err)
+	}
+}
