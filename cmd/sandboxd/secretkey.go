@@ -84,7 +84,7 @@ func runSecretKey(ctx context.Context, cmd, path string, ss store.SecretStores, 
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "added key %s to %s: it seals new values from now on (gateways read the file again within seconds)\n", k.ID, path)
+		_, _ = fmt.Fprintf(w, "added key %s to %s: it seals new values from now on (gateways read the file again within seconds)\n", k.ID, path)
 		fallthrough
 	case "reseal":
 		if err := reseal(ctx, path, ss, w); err != nil {
@@ -107,13 +107,13 @@ func runSecretKey(ctx context.Context, cmd, path string, ss store.SecretStores, 
 			}
 		}
 		if len(drop) == 0 {
-			fmt.Fprintln(w, "no key to remove: every old key still seals values (run reseal) or there is none")
+			_, _ = fmt.Fprintln(w, "no key to remove: every old key still seals values (run reseal) or there is none")
 			return keyStatus(ctx, path, ss, w)
 		}
 		if err := secretbox.RemoveKeys(path, drop); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "removed keys %s from %s\n", strings.Join(drop, ", "), path)
+		_, _ = fmt.Fprintf(w, "removed keys %s from %s\n", strings.Join(drop, ", "), path)
 		return keyStatus(ctx, path, ss, w)
 	}
 	return keyStatus(ctx, path, ss, w)
@@ -142,7 +142,7 @@ func reseal(ctx context.Context, path string, ss store.SecretStores, w io.Writer
 			plain, err := r.Open(x.KeyID, x.Ciphertext, secretbox.AD(x.Org, x.Store, x.Path, x.Field))
 			if err != nil {
 				failed++
-				fmt.Fprintf(w, "cannot open org %s store %s path %s field %q (key %s): %v\n", x.Org, x.Store, x.Path, x.Field, x.KeyID, err)
+				_, _ = fmt.Fprintf(w, "cannot open org %s store %s path %s field %q (key %s): %v\n", x.Org, x.Store, x.Path, x.Field, x.KeyID, err)
 				continue
 			}
 			kid, ct := r.Seal(plain, secretbox.AD(x.Org, x.Store, x.Path, x.Field))
@@ -162,7 +162,7 @@ func reseal(ctx context.Context, path string, ss store.SecretStores, w io.Writer
 		}
 		after = &page[len(page)-1]
 	}
-	fmt.Fprintf(w, "resealed %d values under key %s (%d changed meanwhile, left as they are)\n", moved, cur, skipped)
+	_, _ = fmt.Fprintf(w, "resealed %d values under key %s (%d changed meanwhile, left as they are)\n", moved, cur, skipped)
 	if failed > 0 {
 		return fmt.Errorf("%d values do not open with the keys of %s: they keep their key (put them again, or restore the key that sealed them)", failed, path)
 	}
@@ -178,7 +178,7 @@ func keyStatus(ctx context.Context, path string, ss store.SecretStores, w io.Wri
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "%s:\n", path)
+	_, _ = fmt.Fprintf(w, "%s:\n", path)
 	for _, id := range r.IDs() {
 		mark := ""
 		if id == r.CurrentID() {
@@ -186,11 +186,11 @@ func keyStatus(ctx context.Context, path string, ss store.SecretStores, w io.Wri
 		} else if use[id] == 0 {
 			mark = " (unused: prune removes it)"
 		}
-		fmt.Fprintf(w, "  %s  %d values%s\n", id, use[id], mark)
+		_, _ = fmt.Fprintf(w, "  %s  %d values%s\n", id, use[id], mark)
 		delete(use, id)
 	}
 	for id, n := range use {
-		fmt.Fprintf(w, "  %s  %d values: NOT IN THE KEY FILE (they do not open)\n", id, n)
+		_, _ = fmt.Fprintf(w, "  %s  %d values: NOT IN THE KEY FILE (they do not open)\n", id, n)
 	}
 	return nil
 }

@@ -222,11 +222,7 @@ func rewriteHead(head []byte, host string, injs []headInjection) (*headRewrite, 
 
 // hostMatches: a Host field naming host, with port 443 or none, case ignored.
 func hostMatches(field, host string) bool {
-	h := field
-	if strings.HasSuffix(h, ":443") {
-		h = h[:len(h)-4]
-	}
-	h = strings.TrimSuffix(h, ".")
+	h := strings.TrimSuffix(strings.TrimSuffix(field, ":443"), ".")
 	return h != "" && strings.EqualFold(h, host)
 }
 

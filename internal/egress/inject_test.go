@@ -202,9 +202,13 @@ func TestInjectRefusals(t *testing.T) {
 		t.Fatalf("first: %v %v", r1, err1)
 	}
 	_, _ = io.ReadAll(r1.Body)
+	_ = r1.Body.Close()
 	r2, err2 := http.ReadResponse(br, nil)
 	if err2 != nil || r2.StatusCode != 421 {
 		t.Errorf("second: %v %v", r2, err2)
+	}
+	if r2 != nil {
+		_ = r2.Body.Close()
 	}
 	audit, _ := os.ReadFile(ie.audit)
 	if !strings.Contains(string(audit), "refused: Host") || strings.Contains(string(audit), tValue) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -136,7 +137,14 @@ func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, e
 		return 0, apierr.New(apierr.VolumeInUse, fmt.Sprintf("registered volume %s: %v", v.ClaimName, err), nil)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("registered volume %s: %w", v.ClaimName, err)
+		// The backend's error names host paths and tools (mkfs, e2fsck, resize2fs): it
+		// stays in the runner's log; the caller learns what failed, not where.
+		r.log.Warn("registered volume", "org", v.Org, "claim", v.ClaimName, "err", err)
+		why := "see the runner's log"
+		if errors.Is(err, syscall.ENOSPC) {
+			why = "the runner's disk is full"
+		}
+		return 0, fmt.Errorf("registered volume %s: the runner could not make, check or grow it (%s)", v.ClaimName, why)
 	}
 	return n, nil
 }

@@ -369,7 +369,8 @@ func replaceFile(path string, b []byte) error {
 		return fmt.Errorf("secret key file: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err == nil {
+	err = tmp.Chmod(0o600)
+	if err == nil {
 		_, err = tmp.Write(b)
 	}
 	if err == nil {

@@ -875,14 +875,14 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 		records <- err
 	}()
 	if err := g.Wait(); err != nil {
-		<-records
+		_ = <-records // the claim fails anyway
 		return err
 	}
 	step(&ct.Setup)
 	ct.Rules = rules // within Setup: the steps overlap
 	failpoint.Hit("local.claim.rules")
 	if err := startAgent(ctx, pc.agent, dir, pc.s.ident, startJSON); err != nil {
-		<-records
+		_ = <-records // the claim fails anyway
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}
 	step(&ct.Start)
