@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/internal/connecttest"
+	"github.com/sandboxd/sandboxd/internal/metrics/promtest"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
+	"github.com/sandboxd/sandboxd/internal/testenv"
+)
+
+// TestMetricsScrapedByPrometheus starts `sandboxd dev` with a metrics listener, creates
+// a sandbox and runs an exec, checks the scrape with `promtool check metrics`, and has a
+// real Prometheus server (scripts/build-prometheus.sh) scrape the listener: it finds the
+// sandbox's cwsandbox_sandbox_info series with its placement, the create and the exec,
+// and the series goes once the sandbox is deleted. The API port serves no /metrics.
+func TestMetricsScrapedByPrometheus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts sandboxd dev and Prometheus")
+	}
+	testenv.RequireRoot(t, "sandboxd dev runs containers")
+	promtest.Need(t, "promtool")
+	promtest.Need(t, "prometheus")
+	dir := t.TempDir()
+	bin, data := filepath.Join(dir, "bin"), filepath.Join(dir, "data")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, "sandboxd"), "github.com/sandboxd/sandboxd/cmd/sandboxd")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build sandboxd: %v\n%s", err, out)
+	}
+	if _, err := testenv.Agent(bin); err != nil {
+		t.Fatal(err)
+	}
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	api, metricsAddr := free(), free()
+	pid := os.Getpid()
+	logPath := filepath.Join(dir, "sandboxd.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(bin, "sandboxd"), "dev", "--data-dir", data, "--listen", api,
+		"--metrics-listen", metricsAddr, "--edge-listen", "", "--data-plane-listen", "", "--warm-pool", "0",
+		"--bridge", fmt.Sprintf("sbxmet%04x", pid&0xffff),
+		"--subnet", fmt.Sprintf("10.%d.%d.0/24", 100+pid%50, pid/50%256),
+		"--cgroup-parent", fmt.Sprintf("sandboxd-metrics-%d", pid))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		stacktest.ForceClean(data)
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("sandboxd dev log (tail):\n%s", b[max(0, len(b)-4000):])
+		}
+	})
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get("http://" + api + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sandboxd dev not ready after 90 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	key, err := os.ReadFile(filepath.Join(data, "admin-api-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sandboxv1connect.NewSandboxServiceClient(&http.Client{}, "http://"+api, connect.WithInterceptors(connecttest.Bearer(strings.TrimSpace(string(key)))))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	spec := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox", Command: "sleep", Args: []string{"600"}}}}
+	res, err := c.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec}}))
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	id := res.Msg.GetSandboxId()
+	for {
+		st, err := c.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+		if err != nil {
+			t.Fatalf("get %s: %v", id, err)
+		}
+		if st.Msg.GetStatus().GetState() == sandboxv1.State_STATE_RUNNING {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("sandbox %s not running: %v", id, st.Msg.GetStatus())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"true"}})); err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+
+	// The API port has no /metrics.
+	if resp, err := http.Get("http://" + api + "/metrics"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Errorf("GET /metrics on the API port: %d, want none", resp.StatusCode)
+		}
+	}
+	// A scrape of the listener passes promtool.
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if out := promtest.CheckMetrics(t, scrape); out != "" {
+		t.Errorf("promtool check metrics:\n%s", out)
+	}
+
+	// A real Prometheus sees the sandbox, the create and the exec.
+	prom := promtest.Start(t, metricsAddr, time.Second)
+	prom.Await(t, "cwsandbox_sandbox_info", map[string]string{"sandbox_id": id, "organization": "default", "runner_id": "local", "state": "RUNNING"}, 60*time.Second)
+	prom.Await(t, "cwsandbox_sandbox_creates_total", map[string]string{"result": "ok"}, 30*time.Second)
+	prom.Await(t, "cwsandbox_sandboxes", map[string]string{"organization": "default", "state": "RUNNING"}, 30*time.Second)
+	prom.Await(t, `sum by (path) (cwsandbox_exec_duration_seconds_count) > 0`, map[string]string{"path": "gateway"}, 30*time.Second)
+	prom.Await(t, "cwsandbox_sandbox_time_to_running_seconds_count > 0", nil, 30*time.Second)
+	prom.Await(t, "cwsandbox_runner_heartbeat_age_seconds", map[string]string{"runner_id": "local"}, 30*time.Second)
+	prom.Await(t, "go_goroutines", nil, 30*time.Second)
+
+	// Deleted, the sandbox drops out (its series goes stale at the next scrape).
+	if _, err := c.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	prom.Await(t, "cwsandbox_sandbox_deletes_total", map[string]string{"result": "ok"}, 30*time.Second)
+	gone := time.Now().Add(60 * time.Second)
+	for {
+		s, err := prom.Query(ctx, fmt.Sprintf("cwsandbox_sandbox_info{sandbox_id=%q}", id))
+		if err == nil && len(s) == 0 {
+			break
+		}
+		if time.Now().After(gone) {
+			t.Fatalf("sandbox_info of the deleted sandbox still there: %v %v", s, err)
+		}
+		time.Sleep(time.Second)
+	}
+}
