@@ -38,6 +38,14 @@ func Bin(name string) (string, error) {
 	return b, nil
 }
 
+// Have reports whether the binaries are built, or required (RequireEnv=1: Need fails
+// then). A test can check what it can without them when not.
+func Have() bool {
+	_, e1 := Bin("promtool")
+	_, e2 := Bin("prometheus")
+	return e1 == nil && e2 == nil || os.Getenv(RequireEnv) == "1"
+}
+
 // Need returns name's path, or skips t (fails it with RequireEnv=1).
 func Need(t testing.TB, name string) string {
 	t.Helper()
