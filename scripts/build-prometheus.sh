@@ -8,7 +8,8 @@
 # (no rebuild); flock makes a second build wait and then find it. Built in place with the
 # module's own go.mod and go.sum (scripts/lib/go-build-module.sh): Prometheus' go.mod has
 # exclude directives, which `go install pkg@version` refuses.
-# Cold: promtool ~5 min, then the server ~2 min more on 2 busy cores (they share packages).
+# Cold: promtool took 35 min on 2 cores under a load of 15-28 (2026-12-04), the server
+# after it less (they share most packages); instant when cached.
 # Usage: build-prometheus.sh [promtool|prometheus|all]   (default all)
 # Environment: SANDBOXD_CACHE, SANDBOXD_PROMETHEUS_VERSION, GO.
 set -euo pipefail
