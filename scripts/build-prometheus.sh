@@ -9,7 +9,7 @@
 # module's own go.mod and go.sum (scripts/lib/go-build-module.sh): Prometheus' go.mod has
 # exclude directives, which `go install pkg@version` refuses.
 # Cold: promtool took 35 min on 2 cores under a load of 15-28 (2026-12-04), the server
-# after it less (they share most packages); instant when cached.
+# 3.3 min more after it (they share most packages); instant when cached.
 # Usage: build-prometheus.sh [promtool|prometheus|all]   (default all)
 # Environment: SANDBOXD_CACHE, SANDBOXD_PROMETHEUS_VERSION, GO.
 set -euo pipefail
