@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/metrics/promtest"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 )
@@ -67,11 +69,11 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
+	bridge, cgroupParent := fmt.Sprintf("sbxmet%04x", pid&0xffff), fmt.Sprintf("sandboxd-metrics-%d", pid)
+	subnet := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 100+pid%50, pid/50%256))
 	cmd := exec.Command(filepath.Join(bin, "sandboxd"), "dev", "--data-dir", data, "--listen", api,
 		"--metrics-listen", metricsAddr, "--edge-listen", "", "--data-plane-listen", "", "--warm-pool", "0",
-		"--bridge", fmt.Sprintf("sbxmet%04x", pid&0xffff),
-		"--subnet", fmt.Sprintf("10.%d.%d.0/24", 100+pid%50, pid/50%256),
-		"--cgroup-parent", fmt.Sprintf("sandboxd-metrics-%d", pid))
+		"--bridge", bridge, "--subnet", subnet.String(), "--cgroup-parent", cgroupParent)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -87,6 +89,17 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 			<-done
 		}
 		stacktest.ForceClean(data)
+		// The server's bridge, nftables table and cgroup parent (kept for a next start).
+		if m, err := network.New(network.Config{Bridge: bridge, Subnet: subnet, Table: "sandboxd_" + bridge,
+			StateDir: filepath.Join(data, "network")}); err == nil {
+			if err := m.Cleanup(); err != nil {
+				t.Logf("network cleanup: %v", err)
+			}
+		}
+		parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent)
+		for _, p := range parents {
+			_ = os.Remove(p) // rmdir: fails if a sandbox's cgroup is still inside
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			t.Logf("sandboxd dev log (tail):\n%s", b[max(0, len(b)-4000):])
