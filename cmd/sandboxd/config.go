@@ -91,6 +91,8 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 // devConfig configures `sandboxd dev`.
 type devConfig struct {
+	metrics metricsFlags // --metrics-listen
+
 	dataDir, listen, runnerID, storeDSN string
 	testImageMirror                     bool
 	warmPool, warmTargets               int
@@ -118,6 +120,7 @@ type devConfig struct {
 }
 
 func (c *devConfig) bind(fs *flag.FlagSet) {
+	c.metrics.bind(fs, defaultMetricsDev)
 	fs.StringVar(&c.secretKeyFile, "secret-key-file", "", "key ring the built-in secret stores seal values with (made 0600 when missing); default DATA-DIR/"+secretbox.DefaultFile)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
@@ -146,6 +149,9 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 }
 
 func (c devConfig) validate() error {
+	if err := c.metrics.validate(); err != nil {
+		return err
+	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
 	}
@@ -172,6 +178,8 @@ func (c devConfig) validate() error {
 
 // runnerConfig configures `sandboxd runner`.
 type runnerConfig struct {
+	metrics metricsFlags // --metrics-listen
+
 	dataDir, pkiDir, listen, runnerID            string
 	insecure                                     listFlag
 	mirrors                                      mirrorFlags
@@ -202,6 +210,7 @@ type runnerConfig struct {
 }
 
 func (c *runnerConfig) bind(fs *flag.FlagSet) {
+	c.metrics.bind(fs, defaultMetricsRunner)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
 	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA (ca.pem, ca-key.pem), shared with the gateways; default DATA-DIR/pki")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7443", "address gateways reach the runner at (gRPC over mTLS)")
@@ -237,6 +246,9 @@ func (c *runnerConfig) bind(fs *flag.FlagSet) {
 }
 
 func (c runnerConfig) validate() error {
+	if err := c.metrics.validate(); err != nil {
+		return err
+	}
 	if err := c.blob.validate(); err != nil {
 		return err
 	}
@@ -286,6 +298,8 @@ const trustedProxiesHelp = "comma-separated CIDRs or addresses of reverse proxie
 
 // gatewayConfig configures `sandboxd gateway`.
 type gatewayConfig struct {
+	metrics metricsFlags // --metrics-listen
+
 	dataDir, storeDSN, pkiDir, listen, name string
 	runners                                 listFlag
 	reconcileInterval, orphanGrace          time.Duration
@@ -303,6 +317,7 @@ type gatewayConfig struct {
 }
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
+	c.metrics.bind(fs, defaultMetricsGateway)
 	fs.StringVar(&c.secretKeyFile, "secret-key-file", "", "key ring the built-in secret stores seal values with (\"<id> <base64 AES-256 key>\" lines, the last seals; made 0600 when missing; KMS-style: a mounted file); default PKI-DIR/"+secretbox.DefaultFile+", shared by replicas")
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key)")
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
@@ -324,6 +339,9 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 }
 
 func (c gatewayConfig) validate() error {
+	if err := c.metrics.validate(); err != nil {
+		return err
+	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
 	}
@@ -374,6 +392,8 @@ func (c gatewayConfig) runnerAddrs() ([]runnerAddr, error) {
 
 // controlPlaneConfig configures `sandboxd controlplane`.
 type controlPlaneConfig struct {
+	metrics metricsFlags // --metrics-listen
+
 	dataDir, storeDSN, pkiDir, listen string
 	hosts                             listFlag
 	heartbeatInterval                 time.Duration
@@ -397,6 +417,7 @@ type controlPlaneConfig struct {
 }
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
+	c.metrics.bind(fs, defaultMetricsControlPlane)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key, pki/)")
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA; default DATA-DIR/pki")
@@ -426,6 +447,9 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 }
 
 func (c controlPlaneConfig) validate() error {
+	if err := c.metrics.validate(); err != nil {
+		return err
+	}
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}

@@ -56,6 +56,9 @@ func (c controlPlaneConfig) run() error {
 		return err
 	}
 	defer func() { _ = st.Close() }()
+	if err := c.metrics.startStore(ctx, st, false, true, logger); err != nil {
+		return err
+	}
 	dpCA, err := dataplane.LoadOrCreateCA(pkiDir)
 	if err != nil {
 		return err

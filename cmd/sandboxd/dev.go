@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -71,6 +72,9 @@ func (c devConfig) run() error {
 	}
 	st, err := openStoreWithAdmin(ctx, c.dataDir, c.storeDSN)
 	if err != nil {
+		return err
+	}
+	if err := c.metrics.startStore(ctx, st, true, true, logger); err != nil {
 		return err
 	}
 	defer func() { _ = st.Close() }()
@@ -180,7 +184,7 @@ func (c devConfig) run() error {
 		Auth:          keys,
 		Runners:       []runner.Handle{local},
 		Policies:      policies,
-		Index:         st.Sandboxes(),
+		Index:         metrics.Default.Index(st.Sandboxes()),
 		Orgs:          st.Orgs(),
 		Snapshots:     st.Snapshots(),
 		Templates:     st.Templates(),

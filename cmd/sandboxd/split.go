@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
@@ -75,6 +76,9 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	}()
 	ctx, cancel := su.serveCtx(sigCtx)
 	defer cancel()
+	if err := c.metrics.start(ctx, logger); err != nil {
+		return err
+	}
 	if c.backend == "kubernetes" {
 		// Before anything acts (registration, re-adoption, serving): one replica at a time.
 		release, err := holdLease(ctx, c.kube, logger)
@@ -376,6 +380,10 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
+	// Runner series here only without a control plane (it exports them otherwise).
+	if err := c.metrics.startStore(ctx, st, true, c.controlPlane == "", logger); err != nil {
+		return err
+	}
 	defer func() { _ = st.Close() }()
 	blobs, blobCfg, closeBlobs, err := c.blob.open(ctx, "")
 	if err != nil {
@@ -453,7 +461,7 @@ func (c gatewayConfig) run() error {
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
-		Index: st.Sandboxes(), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Volumes: st.Volumes(), Logger: logger,
+		Index: metrics.Default.Index(st.Sandboxes()), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Volumes: st.Volumes(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
 		RegistryCredentials: regCreds,

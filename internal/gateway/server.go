@@ -39,6 +39,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/relay"
@@ -281,7 +282,7 @@ func Services() []protoreflect.ServiceDescriptor {
 // annotations) and GET /readyz.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(auth.Interceptor{Auth: s.auth}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
+		connect.WithInterceptors(metrics.Default.Interceptor(metrics.PathGateway), auth.Interceptor{Auth: s.auth}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
 		connect.WithReadMaxBytes(relay.MaxMessageBytes),
 		connect.WithSendMaxBytes(relay.MaxMessageBytes),
 		// Responses are not compressed (gzip-compressed requests are still read): the

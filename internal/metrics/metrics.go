@@ -1,0 +1,214 @@
+// Package metrics owns sandboxd's Prometheus metrics: one registry per process (Default),
+// the metric names and their bounded labels, the listener that serves them
+// (--metrics-listen, never an API port), and the small hooks the rest of the code calls:
+// an API interceptor (creates, deletes, exec latency), a sandbox-index wrapper (time to
+// RUNNING) and a collector that reads the store's view of sandboxes and runners. See
+// docs/observability.md for the list.
+//
+// Cardinality is bounded: the only per-sandbox series are cwsandbox_sandbox_info's (at
+// most MaxInfoSeries), organization labels stop at MaxOrgs organizations, reasons are the
+// CWSANDBOX_* table's (internal/apierr) or "OTHER", states the runner's state names or
+// "UNKNOWN", and runtime classes are checked for shape.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+)
+
+// Namespace prefixes every sandboxd metric, as the target system's do.
+const Namespace = "cwsandbox"
+
+// Label values of the API metrics.
+const (
+	ResultOK     = "ok"
+	ReasonNone   = ""      // a success has no reason
+	ReasonOther  = "OTHER" // an error without a CWSANDBOX_* reason of the table
+	PathGateway  = "gateway"
+	PathDirect   = "direct"
+	maxPending   = 10000 // creates waiting for RUNNING that time_to_running remembers
+	pendingLimit = time.Hour
+)
+
+// Metrics is one process's registry and the metrics the hooks record.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	creates       *prometheus.CounterVec
+	deletes       *prometheus.CounterVec
+	timeToRunning prometheus.Histogram
+	execDuration  *prometheus.HistogramVec
+
+	mu      sync.Mutex
+	pending map[string]time.Time // sandbox id → when its create was recorded
+	now     func() time.Time
+	stale   atomic.Bool // a sandbox write since the store collectors' last read
+}
+
+// Default is the process's registry: cmd/sandboxd serves it on --metrics-listen.
+var Default = New()
+
+// New returns a registry with the Go runtime and process collectors and sandboxd's API
+// metrics registered.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry(), pending: map[string]time.Time{}, now: time.Now}
+	m.creates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "sandbox_creates_total",
+		Help: "CreateSandbox calls by result (ok or the gRPC code) and CWSANDBOX_* reason.",
+	}, []string{"result", "reason"})
+	m.deletes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "sandbox_deletes_total",
+		Help: "DeleteSandbox calls by result (ok or the gRPC code) and CWSANDBOX_* reason.",
+	}, []string{"result", "reason"})
+	m.timeToRunning = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "sandbox_time_to_running_seconds",
+		Help:    "Time from a sandbox's create to the gateway seeing it RUNNING.",
+		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
+	})
+	m.execDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "exec_duration_seconds",
+		Help:    "Unary Exec calls' duration by path (gateway or direct data plane) and result.",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+	}, []string{"path", "result"})
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.creates, m.deletes, m.timeToRunning, m.execDuration,
+	)
+	return m
+}
+
+// Registry is the registry (for tests and extra collectors).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Register adds a collector; registering one twice is not an error.
+func (m *Metrics) Register(c prometheus.Collector) error {
+	err := m.reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		return nil
+	}
+	return err
+}
+
+// Handler serves the registry in the Prometheus text (or OpenMetrics) format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, MaxRequestsInFlight: 4, Timeout: 20 * time.Second})
+}
+
+// Listen serves GET /metrics (and nothing else) on addr until ctx ends; addr "" serves
+// nothing. It returns the address it listens on ("" when disabled).
+func (m *Metrics) Listen(ctx context.Context, addr string, log *slog.Logger) (string, error) {
+	if addr == "" {
+		return "", nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && log != nil {
+			log.Warn("metrics listener stopped", "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if log != nil {
+		log.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")
+	}
+	return ln.Addr().String(), nil
+}
+
+// result and reason label an API call's outcome with bounded values.
+func result(err error) (string, string) {
+	if err == nil {
+		return ResultOK, ReasonNone
+	}
+	code := connect.CodeOf(err).String()
+	reason := apierr.Reason(err)
+	if !apierr.Known(reason) {
+		reason = ReasonOther
+	}
+	return code, reason
+}
+
+// ObserveCreate counts one create; a successful one starts the time-to-RUNNING clock of
+// sandboxID.
+func (m *Metrics) ObserveCreate(err error) {
+	res, reason := result(err)
+	m.creates.WithLabelValues(res, reason).Inc()
+}
+
+// ObserveDelete counts one delete.
+func (m *Metrics) ObserveDelete(err error) {
+	res, reason := result(err)
+	m.deletes.WithLabelValues(res, reason).Inc()
+}
+
+// ObserveExec records one unary exec's duration on path (PathGateway or PathDirect).
+func (m *Metrics) ObserveExec(path string, d time.Duration, err error) {
+	if path != PathDirect {
+		path = PathGateway
+	}
+	res, _ := result(err)
+	m.execDuration.WithLabelValues(path, res).Observe(d.Seconds())
+}
+
+// Created starts sandbox id's time-to-RUNNING clock at createdAt. At most maxPending
+// clocks run; the oldest beyond pendingLimit are dropped first.
+func (m *Metrics) Created(id string, createdAt time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.pending) >= maxPending {
+		cutoff := m.now().Add(-pendingLimit)
+		for k, t := range m.pending {
+			if t.Before(cutoff) {
+				delete(m.pending, k)
+			}
+		}
+		if len(m.pending) >= maxPending {
+			return
+		}
+	}
+	m.pending[id] = createdAt
+}
+
+// StateChanged stops sandbox id's clock: RUNNING observes the time since its create,
+// any ended state forgets it. A sandbox this process did not create is not observed (a
+// restarted gateway re-reading RUNNING sandboxes is no new start).
+func (m *Metrics) StateChanged(id, state string, ended bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.pending[id]
+	if !ok {
+		return
+	}
+	switch {
+	case strings.EqualFold(state, "RUNNING"):
+		m.timeToRunning.Observe(max(0, m.now().Sub(t).Seconds()))
+		delete(m.pending, id)
+	case ended:
+		delete(m.pending, id)
+	}
+}
