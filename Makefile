@@ -57,7 +57,7 @@ seaweedfs:
 	bash scripts/build-seaweedfs.sh >/dev/null
 
 # Prometheus (pinned, Apache-2.0): promtool checks the metrics (internal/metrics) and the
-# server scrapes a `sandboxd dev` (test/e2e); ~35 min cold on 2 busy cores, instant cached.
+# server scrapes a `sandboxd dev` (test/e2e); a long cold build (see the script), instant cached.
 prometheus:
 	bash scripts/build-prometheus.sh >/dev/null
 

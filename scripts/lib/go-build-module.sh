@@ -6,7 +6,8 @@
 # with its own go.mod and go.sum. CHECK is a command run with the built binary as its last
 # argument before it is installed by one rename (so an executable OUT is a whole one: no
 # lock needed to use it); flock makes a second build of the same OUT wait and then find it.
-# LOG prefixes messages; GO names the go command (default go).
+# LOG prefixes messages; GO names the go command (default go); GO_BUILD_TAGS, when set,
+# are the build's -tags.
 go_build_module() {
   local log=$1 mod=$2 version=$3 pkg=$4 out=$5 check=$6 ldflags="-s -w ${7:-}"
   local go=${GO:-go} dir t0 tmp src
@@ -30,7 +31,7 @@ go_build_module() {
   # The module cache is read-only; the build writes nothing there (-mod=readonly, the
   # module's own go.sum), its output goes to $tmp.
   (cd "$src" && CGO_ENABLED=0 GOFLAGS=-mod=readonly GOWORK=off \
-    "$go" build -trimpath -ldflags="$ldflags" -o "$tmp/bin" "$pkg")
+    "$go" build -trimpath ${GO_BUILD_TAGS:+-tags="$GO_BUILD_TAGS"} -ldflags="$ldflags" -o "$tmp/bin" "$pkg")
   $check "$tmp/bin"
   mv -f "$tmp/bin" "$out"
   echo "$log: built $out ($(du -h "$out" | cut -f1)) in $(( $(date +%s) - t0 ))s" >&2
