@@ -866,28 +866,27 @@ func (b *Backend) configurePooled(ctx context.Context, pc *pooled, s *sandbox, a
 		rules = time.Since(t0)
 		return err
 	})
-	records := make(chan error, 1)
-	go func() {
-		err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec)
-		if err == nil {
-			err = writeJSONAtomic(filepath.Join(dir, fileInfo), &info)
+	var records errgroup.Group
+	records.Go(func() error {
+		if err := writeJSONAtomic(filepath.Join(dir, fileSpec), &s.spec); err != nil {
+			return err
 		}
-		records <- err
-	}()
+		return writeJSONAtomic(filepath.Join(dir, fileInfo), &info)
+	})
 	if err := g.Wait(); err != nil {
-		_ = <-records // the claim fails anyway
+		_ = records.Wait() // the claim fails anyway
 		return err
 	}
 	step(&ct.Setup)
 	ct.Rules = rules // within Setup: the steps overlap
 	failpoint.Hit("local.claim.rules")
 	if err := startAgent(ctx, pc.agent, dir, pc.s.ident, startJSON); err != nil {
-		_ = <-records // the claim fails anyway
+		_ = records.Wait() // the claim fails anyway
 		return fmt.Errorf("start: %w (agent output: %s)", err, tailOf(filepath.Join(dir, fileAgentOut), 512))
 	}
 	step(&ct.Start)
 	failpoint.Hit("local.claim.started")
-	if err := <-records; err != nil {
+	if err := records.Wait(); err != nil {
 		return err
 	}
 	failpoint.Hit("local.claim.info")
