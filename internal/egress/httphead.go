@@ -292,7 +292,9 @@ func copyChunked(w io.Writer, br *bufio.Reader) error {
 		}
 		sz, _, _ := strings.Cut(line, ";")
 		sz = strings.TrimRight(sz, " \t")
-		if sz == "" || len(sz) > 15 {
+		// 1-15 hex digits and nothing else: strconv would take a sign ("+5"), which a
+		// strict upstream may read otherwise (a framing disagreement smuggles requests).
+		if sz == "" || len(sz) > 15 || strings.Trim(sz, "0123456789abcdefABCDEF") != "" {
 			return refuse(400, "malformed chunk size")
 		}
 		n, err := strconv.ParseInt(sz, 16, 64)

@@ -126,7 +126,7 @@ func TestCopyChunked(t *testing.T) {
 	if string(rest) != "NEXT" {
 		t.Errorf("rest %q", rest)
 	}
-	for _, bad := range []string{"zz\r\n", "5\r\nhelloXX", "-1\r\n", "5\nhello\r\n0\r\n\r\n", "0\r\n" + strings.Repeat("T: x\r\n", 5000)} {
+	for _, bad := range []string{"zz\r\n", "5\r\nhelloXX", "-1\r\n", "+5\r\nhello\r\n0\r\n\r\n", "+0\r\n\r\n", "0x5\r\nhello\r\n0\r\n\r\n", "5\nhello\r\n0\r\n\r\n", "0\r\n" + strings.Repeat("T: x\r\n", 5000)} {
 		if err := copyChunked(io.Discard, bufio.NewReader(strings.NewReader(bad))); err == nil {
 			t.Errorf("%q: accepted", bad[:min(len(bad), 20)])
 		}

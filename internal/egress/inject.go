@@ -335,10 +335,16 @@ func (p *Proxy) intercept(ctx context.Context, c net.Conn, hello []byte, host st
 			break
 		}
 	}
+	// The sandbox has closed its side (or a request was refused): the responses still
+	// coming get responseWait, so an upstream that keeps its side open does not pin the
+	// connection (two descriptors and a goroutine, counted per source) for ever.
 	select {
 	case <-respDone:
+	case <-time.After(responseWait):
 	case <-ctx.Done():
 	}
+	_ = up.Close()
+	_ = c.Close()
 }
 
 // answer sends the sandbox an HTTP error for a refused request, then closes.

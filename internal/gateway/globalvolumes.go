@@ -47,6 +47,15 @@ const (
 
 func isGlobal(v store.Volume) bool { return v.RunnerID == globalRunnerID }
 
+// globalSize is v's size: what each copy's scratch volume and its archive may hold, and
+// what its quota counts (spec.size; 10 GiB when unset).
+func globalSize(v store.Volume) int64 {
+	if v.SizeBytes > 0 {
+		return v.SizeBytes
+	}
+	return runner.DefaultGlobalVolumeBytes
+}
+
 // globalPrefix is where v's generations are in the blob store.
 func globalPrefix(v store.Volume) string { return runner.GlobalVolumePrefix(v.Org, v.ClaimName) }
 
@@ -76,7 +85,7 @@ func (s *Server) validateGlobal(ctx context.Context, v store.Volume) (state, rea
 			return "ERROR", fmt.Sprintf("generation %d's archive is %d bytes, its manifest says %d", m.Generation, info.Size, m.SizeBytes), 0
 		}
 	}
-	return "READY", "", runner.DefaultGlobalVolumeBytes
+	return "READY", "", globalSize(v)
 }
 
 // deleteGlobal removes v's content from the blob store and its lease.
@@ -281,7 +290,7 @@ func globalRegistered(ctx context.Context, field string, v store.Volume) (spec.R
 	if !ok {
 		return spec.RegisteredVolume{}, apierr.New(apierr.VolumeTypeNotSupported, fmt.Sprintf("%s: volume %q is GLOBAL, which this operation cannot mount", field, v.ID), map[string]string{"volume_id": v.ID})
 	}
-	size := int64(runner.DefaultGlobalVolumeBytes)
+	size := globalSize(v)
 	g := &runtime.GlobalVolume{BlobPrefix: globalPrefix(v), MaxSizeBytes: size}
 	if p.writer {
 		g.CommitGeneration = p.manifest.Generation + 1

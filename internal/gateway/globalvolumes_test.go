@@ -134,7 +134,7 @@ func TestGlobalVolumes(t *testing.T) {
 	}
 	// The writer ends, its runner having committed generation 1: the lease is free, and
 	// the next writer restores generation 1 and commits generation 2.
-	key := runner.GlobalArchiveKey(prefix, 1)
+	key := runner.GlobalArchiveKey(prefix, 1, w1.GetSandboxId())
 	info, err := blobs.Put(ctx, key, bytes.NewReader([]byte("archive")), 7)
 	if err != nil {
 		t.Fatal(err)

@@ -505,6 +505,16 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 			s.log.Warn("volume grow: size not put back", "volume", id, "org", org, "err", err)
 		}
 	}
+	if isGlobal(after) {
+		// Nothing to grow on a runner: the next copies are made at the new size (the
+		// copies mounted now keep theirs).
+		n := globalSize(after)
+		s.log.Info("volume grown", "volume", id, "org", org, "from_bytes", before.SizeBytes, "size_bytes", size)
+		if out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n}); err == nil {
+			return out, nil
+		}
+		return after, nil
+	}
 	h, ok := s.runnerByID(after.RunnerID).(runner.VolumeHandle)
 	if !ok {
 		undo()

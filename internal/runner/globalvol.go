@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -22,20 +23,25 @@ import (
 // store, as numbered generations under a prefix (GlobalVolumePrefix):
 //
 //	volumes/<org hash>/<claim>/manifest.json          the committed generation, written last
-//	volumes/<org hash>/<claim>/<generation>/volume.fsa its archive (fsarchive; none for an empty one)
+//	volumes/<org hash>/<claim>/<generation>/<writer>.fsa its archive (fsarchive; none for an empty one)
 //
 // A sandbox mounting the volume gets a sized scratch volume (runtime.Volume.Global)
 // restored from the manifest's archive. The sandbox holding the write lease has its copy
 // uploaded as the next generation when it ends: once its containers have stopped and
 // before it is destroyed and reported ended (commitGlobals), the runner archives the
-// copy, stores it, writes the manifest and deletes older generations. A failed or lost
-// upload (a runner crash) leaves the previous generation committed.
+// copy, stores it, writes the manifest and deletes generations older than the previous
+// one (a copy being restored from the previous one keeps it). A failed or lost upload (a
+// runner crash) leaves the previous generation committed. Each writer's archive has a key
+// of its own (its sandbox's ID): two writers racing for one generation (a lease taken
+// over from a holder its runner was cut off from) never write one object, so the
+// manifest, written last, always names an archive that matches it; one of the two
+// sessions' writes is lost then, never the volume.
 
 const (
 	// GlobalManifestName is the manifest's name under a GLOBAL volume's prefix.
 	GlobalManifestName = "manifest.json"
-	// GlobalArchiveName is a generation's archive under <prefix><generation>/.
-	GlobalArchiveName = "volume.fsa"
+	// GlobalArchiveSuffix ends a generation's archive, <prefix><generation>/<writer>.fsa.
+	GlobalArchiveSuffix = ".fsa"
 	// DefaultGlobalVolumeBytes is a GLOBAL volume's size (each copy's scratch volume and
 	// the bound of its archive), as local.DefaultManagedVolumeBytes for CLUSTER_LOCAL ones.
 	DefaultGlobalVolumeBytes = 10 << 30
@@ -65,9 +71,23 @@ func GlobalVolumePrefix(org, claim string) string {
 	return "volumes/" + hex.EncodeToString(sum[:16]) + "/" + claim + "/"
 }
 
-// GlobalArchiveKey is generation gen's archive under prefix.
-func GlobalArchiveKey(prefix string, gen int64) string {
-	return prefix + strconv.FormatInt(gen, 10) + "/" + GlobalArchiveName
+// GlobalArchiveKey is generation gen's archive under prefix as writer (a sandbox ID)
+// uploads it.
+func GlobalArchiveKey(prefix string, gen int64, writer string) string {
+	return prefix + strconv.FormatInt(gen, 10) + "/" + writer + GlobalArchiveSuffix
+}
+
+// archiveWriterPattern is the writer part of an archive's key: a sandbox ID's characters.
+var archiveWriterPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// isGenerationArchive says whether key is one of generation gen's archives under prefix.
+func isGenerationArchive(prefix string, gen int64, key string) bool {
+	rest, ok := strings.CutPrefix(key, prefix+strconv.FormatInt(gen, 10)+"/")
+	if !ok {
+		return false
+	}
+	writer, ok := strings.CutSuffix(rest, GlobalArchiveSuffix)
+	return ok && archiveWriterPattern.MatchString(writer)
 }
 
 // ReadGlobalManifest reads the committed generation under prefix (blob.ErrNotFound when
@@ -96,7 +116,7 @@ func ReadGlobalManifest(ctx context.Context, st blob.Store, prefix string) (Glob
 		return m, fmt.Errorf("the volume's manifest: negative generation %d", m.Generation)
 	case m.BlobKey == "" && (m.Digest != "" || m.SizeBytes != 0):
 		return m, errors.New("the volume's manifest: an archive digest without an archive")
-	case m.BlobKey != "" && m.BlobKey != GlobalArchiveKey(prefix, m.Generation):
+	case m.BlobKey != "" && !isGenerationArchive(prefix, m.Generation, m.BlobKey):
 		return m, fmt.Errorf("the volume's manifest names archive %q, not its generation's", m.BlobKey)
 	case m.BlobKey != "" && (!digestPattern.MatchString(m.Digest) || m.SizeBytes <= 0 || m.ContentBytes < 0):
 		return m, errors.New("the volume's manifest: bad archive digest or sizes")
@@ -144,7 +164,10 @@ func DeleteGlobalVolume(ctx context.Context, st blob.Store, prefix string) error
 	return nil
 }
 
-// pruneGlobalGenerations deletes the archives under prefix of generations other than keep.
+// pruneGlobalGenerations deletes the archives under prefix of generations before keep-1:
+// the committed one (keep) and the one before it stay (a copy restored from the previous
+// manifest may still be reading it); so do other archives of generation keep (one that
+// raced for it and lost, or won after this call's manifest: the next commits remove it).
 func pruneGlobalGenerations(ctx context.Context, st blob.Store, prefix string, keep int64) error {
 	var stale []string
 	for info, err := range st.List(ctx, prefix) {
@@ -156,7 +179,7 @@ func pruneGlobalGenerations(ctx context.Context, st blob.Store, prefix string, k
 		if !ok {
 			continue // the manifest
 		}
-		if n, err := strconv.ParseInt(gen, 10, 64); err == nil && n == keep {
+		if n, err := strconv.ParseInt(gen, 10, 64); err == nil && n >= keep-1 {
 			continue
 		}
 		stale = append(stale, info.Key)
@@ -230,7 +253,7 @@ func (r *Runner) commitGlobal(id string, v runtime.Volume) (GlobalManifest, erro
 		return GlobalManifest{}, fmt.Errorf("capture: %w", err)
 	}
 	defer func() { _ = c.Close() }()
-	key := GlobalArchiveKey(g.BlobPrefix, g.CommitGeneration)
+	key := GlobalArchiveKey(g.BlobPrefix, g.CommitGeneration, id)
 	limit := g.MaxSizeBytes
 	if limit <= 0 {
 		limit = v.SizeBytes

@@ -326,6 +326,10 @@ func resolveEgressSecrets(spec *runtime.Spec, resolve SecretResolver) error {
 		}
 		f := fmt.Sprintf("%segress[%d].sandboxd_secret", networkField, i)
 		v, err := resolve(f, SecretRef{Store: sec.Store, Path: sec.Path, Field: sec.Field})
+		if errors.Is(err, ErrByReference) {
+			vs = append(vs, apierr.Violation{Field: f, Description: fmt.Sprintf("secret store %s is a KUBERNETES store: the egress proxy injects values of built-in stores only", sec.Store)})
+			continue
+		}
 		switch apierr.Reason(err) {
 		case "":
 			if err != nil {

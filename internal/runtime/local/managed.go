@@ -314,8 +314,34 @@ func (b *Backend) mountManagedLocked(dir string) (string, error) {
 	return mnt, nil
 }
 
-// managedRoot returns the host directory of managed volume name, mounting its image when
+// bindManaged binds managed volume name's filesystem onto root (made here, a host-only
+// dir of the sandbox, which its container's mounts name), mounting its image when
 // needed; a volume EnsureManaged never made is an error (a sandbox never creates one).
+// Bound under managedMu, so that the sandbox holds the volume's filesystem from here on,
+// never the bare dir/mnt an offline grow unmounts for a while (a grow counts this
+// mount and refuses while it exists); teardownVolumes unmounts it.
+func (b *Backend) bindManaged(name, root string) error {
+	dir, err := b.managedDir(name)
+	if err != nil {
+		return err
+	}
+	b.managedMu.Lock()
+	defer b.managedMu.Unlock()
+	mnt, err := b.managedRootLocked(name, dir)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(root, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Mount(mnt, root, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("managed volume %s: bind: %w", name, err)
+	}
+	return nil
+}
+
+// managedRoot returns the host directory of managed volume name (dir/mnt), mounting its
+// image when needed. Sandboxes get a bind of it (bindManaged).
 func (b *Backend) managedRoot(name string) (string, error) {
 	dir, err := b.managedDir(name)
 	if err != nil {
@@ -323,6 +349,10 @@ func (b *Backend) managedRoot(name string) (string, error) {
 	}
 	b.managedMu.Lock()
 	defer b.managedMu.Unlock()
+	return b.managedRootLocked(name, dir)
+}
+
+func (b *Backend) managedRootLocked(name, dir string) (string, error) {
 	if _, err := os.Lstat(filepath.Join(dir, fileManagedImage)); err != nil {
 		return "", fmt.Errorf("%w: managed volume %s does not exist on this runner (deleted?)", runtime.ErrInvalidSpec, name)
 	}

@@ -154,11 +154,14 @@ func TestManagedVolumeImage(t *testing.T) {
 	if n, err := b.EnsureManaged(name, 256<<20); err != nil || n != 256<<20 {
 		t.Fatalf("ensure again = %d, %v", n, err)
 	}
-	// While a sandbox holds it (a bind mount of its root): grown online where the
-	// runner may (CAP_SYS_RESOURCE), else refused ErrManagedBusy, unchanged.
-	held := t.TempDir()
-	if err := unix.Mount(root, held, "", unix.MS_BIND, ""); err != nil {
+	// While a sandbox holds it (bindManaged, as a sandbox's setup binds it): grown online
+	// where the runner may (CAP_SYS_RESOURCE), else refused ErrManagedBusy, unchanged.
+	held := filepath.Join(t.TempDir(), "vol")
+	if err := b.bindManaged(name, held); err != nil {
 		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(held, "f")); err != nil || string(got) != "kept" {
+		t.Fatalf("through the sandbox's bind: %q %v", got, err)
 	}
 	n, err = b.EnsureManaged(name, 512<<20)
 	_ = unix.Unmount(held, unix.MNT_DETACH)

@@ -95,9 +95,9 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 		root := filepath.Join(base, strconv.Itoa(i))
 		switch {
 		case v.Managed != "":
-			// Shared by every sandbox naming it, forks included; never the sandbox's to own.
-			var err error
-			if root, err = b.managedRoot(v.Managed); err != nil {
+			// Shared by every sandbox naming it, forks included; never the sandbox's to own:
+			// root is a bind of it.
+			if err := b.bindManaged(v.Managed, root); err != nil {
 				return nil, nil, fmt.Errorf("volume %q: %w", v.Name, err)
 			}
 		case v.Medium == runtime.MediumMemory:
