@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -166,16 +167,18 @@ func TestGlobalVolumes(t *testing.T) {
 	if err != nil || m.Generation != 2 || m.SandboxID != w2 {
 		t.Fatalf("manifest = %+v, %v", m, err)
 	}
-	// Old generations are gone: one archive and the manifest.
-	n := 0
-	for _, err := range blobs.List(ctx, runner.GlobalVolumePrefix("org-a", "shared")) {
+	// The manifest, generation 2's archive (the one it names) and generation 1's, kept
+	// for copies still restoring from it; older ones go (generation 0 had none).
+	var objs []string
+	for info, err := range blobs.List(ctx, runner.GlobalVolumePrefix("org-a", "shared")) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n++
+		objs = append(objs, info.Key)
 	}
-	if n != 2 {
-		t.Fatalf("%d objects under the volume's prefix, want 2", n)
+	prefix := runner.GlobalVolumePrefix("org-a", "shared")
+	if len(objs) != 3 || !slices.Contains(objs, m.BlobKey) || !slices.Contains(objs, prefix+runner.GlobalManifestName) {
+		t.Fatalf("objects under the volume's prefix: %v, want the manifest and generations 1 and 2", objs)
 	}
 }
 
