@@ -749,7 +749,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		// wrote before.
 		var roots map[string]string
 		if roots, err = s.join.waitVolumes(ctx); err == nil {
-			vols, err = volumeMounts(roots, s.spec.VolumeMounts, ids, filepath.Join(dir, dirVolumes), sandboxWritten(&s.spec, s.fork != nil))
+			vols, err = volumeMounts(roots, s.spec.VolumeMounts, ids, filepath.Join(dir, dirVolumes), sandboxWritten(&s.spec, s.fork != nil), managedVolumes(&s.spec))
 		}
 	} else if s.join != nil {
 		// A group's primary makes the group's volumes, for its members too.

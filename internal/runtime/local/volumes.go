@@ -166,7 +166,7 @@ func (b *Backend) setupVolumes(id, dir string, spec *runtime.Spec, disk int64, i
 		roots[v.Name] = root
 		failpoint.Hit("local.volumes.volume")
 	}
-	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids, base, sandboxWritten(spec, fork != nil))
+	mounts, err := volumeMounts(roots, spec.VolumeMounts, ids, base, sandboxWritten(spec, fork != nil), managedVolumes(spec))
 	return mounts, roots, err
 }
 
@@ -305,7 +305,7 @@ const nobodyID = 65534
 // archive, a GLOBAL volume's copy, or a fork's copy of its source's volume all start
 // with content a sandbox wrote, where a planted symlink (to /, /etc, "..") must never be
 // followed by the host (chmod, chown or bind it).
-func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRange, stage string, written map[string]bool) ([]specs.Mount, error) {
+func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRange, stage string, written, managedVols map[string]bool) ([]specs.Mount, error) {
 	chown := func(p string) error {
 		if err := os.Chmod(p, 0o777); err != nil {
 			return err
@@ -321,7 +321,7 @@ func volumeMounts(roots map[string]string, vms []runtime.VolumeMount, ids *idRan
 		if !ok {
 			return nil, fmt.Errorf("%w: volume %q is not one of the sandbox's", runtime.ErrInvalidSpec, m.Volume)
 		}
-		if managed := isManagedRoot(src); managed || written[m.Volume] {
+		if managed := managedVols[m.Volume]; managed || written[m.Volume] {
 			if m.SubPath != "" {
 				if err := os.MkdirAll(stage, 0o711); err != nil {
 					return nil, err
@@ -389,9 +389,15 @@ func sandboxWritten(spec *runtime.Spec, forked bool) map[string]bool {
 	return out
 }
 
-// isManagedRoot says whether root is a managed volume's mount point (managed.go).
-func isManagedRoot(root string) bool {
-	return filepath.Base(root) == dirManagedMount && filepath.Base(filepath.Dir(filepath.Dir(root))) == dirManaged
+// managedVolumes are spec's managed (registered) volumes (managed.go).
+func managedVolumes(spec *runtime.Spec) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.Managed != "" {
+			out[v.Name] = true
+		}
+	}
+	return out
 }
 
 // cmp returns a if set, else b.
