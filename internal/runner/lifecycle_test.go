@@ -366,6 +366,10 @@ var (
 	running   = []step{create(0), await(StateRunning)}
 )
 
+// created waits until the backend's Create has returned (the runner has its IP): what
+// an OnCreate's agent reported is not reported after the row's own reports.
+var created = awaitSandbox("created by the backend", func(sb Sandbox) bool { return sb.IP != "" })
+
 func steps(groups ...[]step) []step { return slices.Concat(groups...) }
 
 // TestLifecycle drives the runner through each sequence of backend and agent events a
@@ -432,12 +436,12 @@ func TestLifecycle(t *testing.T) {
 			states: []State{StateCreating, StateRunning, StateFailed}, reason: ReasonOOMKilled, message: "memory", oomKills: 1,
 			calls: runtimetest.Calls{Create: 1, Wait: 1, Destroy: 1, Recover: 1}},
 		// The agent writes the spec's files while STARTING: not RUNNING before its main command runs.
-		{name: "agent starting is not running", fake: onCreate(idle), steps: []step{create(0),
+		{name: "agent starting is not running", fake: onCreate(idle), steps: []step{create(0), created,
 			report(agentv1.MainState_MAIN_STATE_STARTING, 1),
 			awaitSandbox("seen STARTING and still CREATING", func(sb Sandbox) bool { return sb.Restarts == 1 && sb.State == StateCreating }),
 			report(agentv1.MainState_MAIN_STATE_RUNNING, 1), await(StateRunning)},
 			states: []State{StateCreating, StateRunning}, restarts: 1, calls: runtimetest.Calls{Create: 1, Recover: 1}},
-		{name: "main command cannot start", fake: onCreate(idle), steps: []step{create(0),
+		{name: "main command cannot start", fake: onCreate(idle), steps: []step{create(0), created,
 			report(agentv1.MainState_MAIN_STATE_FAILED, 0, 127),
 			exit(runtime.Exit{ExitCode: ptr(int32(127)), Reason: "StartError", Message: "exec: no such file"})},
 			states: []State{StateCreating, StateFailed}, reason: ReasonStartError, message: "no such file", exit: ptr(int32(127)),
