@@ -45,7 +45,8 @@ import (
 //	                restored kernel finds these host files again). Sockets in it are left
 //	                out (the agent's own is made again). Owners as on the host.
 //	group,          a multi-container group's only: group.json (its sidecars' names and
-//	member-<k>      image digests) and sidecar k's agent state dir (gvisor_group_export.go).
+//	init-<k>,       image digests, its completed init containers' recorded exits), init
+//	member-<k>      container k's and sidecar k's agent state dirs (gvisor_group_export.go).
 //	volume-<index>  each disk volume of the spec (index into Spec.Volumes), from the
 //	                read-only btrfs snapshot taken with the memory image (or the volumes of
 //	                a checkpointed source as they are). Owners as the sandbox sees them
@@ -173,11 +174,7 @@ func (b *Backend) ExportCheckpoint(ctx context.Context, id string, put func(ctx 
 	if err != nil {
 		return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: %w", id, err)
 	}
-	why := b.forkUnsupported(s)
-	if why == "" && s.spec.Multi() {
-		why = groupExportUnsupported(&s.spec) // gvisor_group_export.go
-	}
-	if why != "" {
+	if why := b.forkUnsupported(s); why != "" {
 		return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: %w: %s", id, errdefs.ErrNotImplemented, why)
 	}
 	platform := b.CheckpointPlatform(s.rt.class)
@@ -313,11 +310,6 @@ func importParts(spec *runtime.Spec) []string {
 // importUnsupported says why a sandbox of spec cannot be made from a checkpoint ("" if
 // it can), as forkUnsupported does for a local source.
 func (b *Backend) importUnsupported(spec *runtime.Spec) string {
-	if spec.Multi() {
-		if why := groupExportUnsupported(spec); why != "" { // gvisor_group_export.go
-			return why
-		}
-	}
 	if spec.Engine != nil {
 		return "checkpoints of sandboxes running a Docker Engine are not implemented"
 	}

@@ -44,8 +44,9 @@ import (
 // group's volumes snapshotted once).
 //
 // Not forked (refused): memory-medium volumes and disk volumes outside the btrfs pool
-// (they would need a full copy), groups with a container that has ended
-// (gvisor_group_pause.go), Docker Engine sandboxes.
+// (they would need a full copy), groups with a sidecar that has ended
+// (gvisor_group_pause.go; completed init containers are recorded, not refused), Docker
+// Engine sandboxes.
 
 // forkParallel bounds the forks restored concurrently.
 const forkParallel = 4
@@ -66,6 +67,9 @@ type forkParams struct {
 	// known before the checkpoint.
 	members       map[string]string
 	memberDigests map[string]string
+	// completed, for a group, are its init containers (completed before the checkpoint,
+	// so not in it) by name: each fork records them as completed, never run again.
+	completed map[string]completedMember
 	// ready, when not nil, is closed once image, vols and run are set, or err (the
 	// source's checkpoint failed): the forks of a running source are made while it is
 	// checkpointed, and wait for it (wait) only where they need it.
@@ -183,7 +187,7 @@ func (b *Backend) forkRunning(ctx context.Context, s *sandbox, specs []*runtime.
 		return infos, errs
 	}
 	defer cleanup() // after the forks (made)
-	pending.image, pending.vols, pending.run, pending.members = fp.image, fp.vols, fp.run, fp.members
+	pending.image, pending.vols, pending.run, pending.members, pending.completed = fp.image, fp.vols, fp.run, fp.members, fp.completed
 	close(pending.ready)
 	if cont != nil {
 		// The source continues while its forks are restored (all they need of it is taken).
@@ -263,7 +267,7 @@ func (b *Backend) forkSource(ctx context.Context, s *sandbox) (fp *forkParams, c
 			memberDigests: memberDigests(s)}
 		if len(s.members) > 0 {
 			var err error
-			if fp.members, err = checkpointedMemberRuns(s, fp.image); err != nil {
+			if fp.members, fp.completed, err = checkpointedMemberRuns(s, fp.image); err != nil {
 				return nil, nil, nil, err
 			}
 		}
@@ -320,7 +324,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 		err = copyRunDir(ctx, filepath.Join(shownDir(s.dir), dirRun), fp.run)
 	}
 	if err == nil && len(s.members) > 0 {
-		fp.members, err = b.copyMemberRuns(ctx, s, image, &cleanups) // gvisor_group_pause.go
+		fp.members, fp.completed, err = b.copyMemberRuns(ctx, s, image, &cleanups) // gvisor_group_pause.go
 	}
 	if err != nil {
 		b.continueAfterSave(ctx, s, "")

@@ -355,10 +355,18 @@ func (b *Backend) launchGVisorGroup(ctx context.Context, s *sandbox, spec *runti
 	errs := make([]error, len(members))
 	var wg sync.WaitGroup
 	for i, m := range members {
-		c, _ := spec.Find(m.name)
+		c, init := spec.Find(m.name)
 		wg.Go(func() {
 			if err := os.Mkdir(m.dir, 0o700); err != nil {
 				errs[i] = containerErr(m.name, err)
+				return
+			}
+			if s.fork != nil && init {
+				// A fork's init container completed in the source, before its checkpoint
+				// (which does not hold it): recorded as completed, never run again.
+				if err := b.recordCompletedMember(ctx, s, m); err != nil { // gvisor_group_pause.go
+					errs[i] = containerErr(m.name, err)
+				}
 				return
 			}
 			m.join, m.fork = join, s.fork

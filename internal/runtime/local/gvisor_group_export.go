@@ -11,6 +11,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -23,33 +26,50 @@ import (
 // every container), so its image part is the group's as it is; its volumes are the
 // group's (the primary's, once); what a group adds is each member's agent state dir and
 // what the restore must know of the members, which the local fork takes from the source
-// sandbox (forkParams.members, memberDigests):
+// sandbox (forkParams.members, memberDigests, completed):
 //
-//	group          a dir holding group.json: the members, in the spec's order
+//	group          a dir holding group.json: the running members, in the spec's order
 //	               (its sidecars), each its container name and the image digest the
-//	               checkpoint was taken on ({"members":[{"name":..,"digest":..}]}).
-//	member-<k>     member k's agent state dir (as run is the primary's).
+//	               checkpoint was taken on, and the completed init containers, in the
+//	               spec's order, each its name and recorded exit
+//	               ({"members":[{"name":..,"digest":..}],
+//	               "completed":[{"name":..,"exitCode":0,"restarts":..,"reason":..,
+//	               "message":..,"finishedAt":..}]}).
+//	init-<k>       init container k's agent state dir (its logs and last status).
+//	member-<k>     sidecar k's agent state dir (as run is the primary's).
 //
-// Only groups whose containers all run are exported (a completed init container is an
-// ended member: refused, as a local fork of it is), so a group's members are its
-// sidecars. The import reads group.json from the staging dir (no link followed,
-// bounded), checks it against the spec (the same members, in order; a sha256 digest
-// each) and makes each fork as a local fork of a group is made (createGroup with
-// forkParams: `runsc restore` of the root container, then of each member), each
-// member's image checked to be at its digest (forkDigest). The checkpoint image's own
-// list of members (fileCkMembers) is runsc's to check: a restore of a checkpoint that
-// holds other containers than the spec names fails, and the fork is undone.
+// A running group's init containers have all completed (the start sequence runs them to
+// exit 0 before the others), so none is in the checkpoint: the import records each as
+// completed with the exit the source recorded (exit code 0, its reason, message, finish
+// time and restarts), never runs it, and restores the sentry with the running
+// containers only, as a local fork does (gvisor_group_pause.go). Groups with a sidecar
+// that has ended are not exported (forkUnsupported: a local fork of one is refused as
+// well). The import reads group.json from the staging dir (no link followed, bounded,
+// unknown fields refused), checks it against the spec (the same sidecars and init
+// containers, in order; a sha256 digest each sidecar; every completed exit bounded:
+// exit code 0, a short CamelCase reason, a bounded UTF-8 message, a finish time not in
+// the future) and makes each fork as a local fork of a group is made (createGroup with
+// forkParams: `runsc restore` of the root container, then of each running member),
+// each member's image checked to be at its digest (forkDigest). The checkpoint image's
+// own list of members (fileCkMembers) is runsc's to check: a restore of a checkpoint
+// that holds other containers than the spec's running ones fails, and the fork is undone.
 
 const (
 	partGroup       = "group"
 	partMember      = "member-"
+	partInit        = "init-"
 	fileGroupExport = "group.json"
 	maxGroupJSON    = 64 << 10
+	// bounds of a completed init container's recorded exit read back from an export
+	maxCompletedReason   = 64
+	maxCompletedMessage  = 1024
+	maxCompletedRestarts = 1 << 20
 )
 
 // groupExport is group.json of a group's export.
 type groupExport struct {
-	Members []groupExportMember `json:"members"`
+	Members   []groupExportMember    `json:"members"`
+	Completed []groupExportCompleted `json:"completed,omitempty"`
 }
 
 type groupExportMember struct {
@@ -57,17 +77,21 @@ type groupExportMember struct {
 	Digest string `json:"digest"`
 }
 
+// groupExportCompleted is a completed init container's recorded exit (runtime.Exit).
+type groupExportCompleted struct {
+	Name       string    `json:"name"`
+	ExitCode   *int32    `json:"exitCode"`
+	Restarts   int       `json:"restarts"`
+	Reason     string    `json:"reason"`
+	Message    string    `json:"message"`
+	FinishedAt time.Time `json:"finishedAt"`
+}
+
 // digestPattern: a digest is only compared (with the pulled image's), never used as a path
 var digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{1,64}$`)
 
-// groupExportUnsupported says why a group of spec cannot be exported or imported (""
-// if it can).
-func groupExportUnsupported(spec *runtime.Spec) string {
-	if len(spec.InitContainers) > 0 {
-		return "moves and cross-runner forks of groups with init containers are not implemented (a completed init container is not in the checkpoint)"
-	}
-	return ""
-}
+// reasonPattern: a recorded exit's reason is a short CamelCase word (runtime.Exit)
+var reasonPattern = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
 
 // groupParts are the parts a group's export adds (none for a single container).
 func groupParts(spec *runtime.Spec) []string {
@@ -75,6 +99,9 @@ func groupParts(spec *runtime.Spec) []string {
 		return nil
 	}
 	out := []string{partGroup}
+	for k := range spec.InitContainers {
+		out = append(out, partInit+strconv.Itoa(k))
+	}
 	for k := range spec.Sidecars {
 		out = append(out, partMember+strconv.Itoa(k))
 	}
@@ -82,13 +109,14 @@ func groupParts(spec *runtime.Spec) []string {
 }
 
 // groupExportParts writes group.json of group s into a new dir of s's and returns the
-// parts that hold it and fp's members' agent state dirs, and what removes that dir.
+// parts that hold it, fp's completed init containers' and members' agent state dirs,
+// and what removes that dir.
 func (b *Backend) groupExportParts(s *sandbox, fp *forkParams) ([]exportPart, func(), error) {
 	if len(s.members) == 0 {
 		return nil, func() {}, nil
 	}
-	if len(s.members) != len(s.spec.Sidecars) {
-		return nil, nil, fmt.Errorf("the group has %d containers besides its primary, its spec %d sidecars", len(s.members), len(s.spec.Sidecars))
+	if len(s.members) != len(s.spec.Sidecars)+len(s.spec.InitContainers) {
+		return nil, nil, fmt.Errorf("the group has %d containers besides its primary, its spec %d", len(s.members), len(s.spec.Sidecars)+len(s.spec.InitContainers))
 	}
 	dir, err := os.MkdirTemp(s.dir, "export-group-")
 	if err != nil {
@@ -97,14 +125,25 @@ func (b *Backend) groupExportParts(s *sandbox, fp *forkParams) ([]exportPart, fu
 	cleanup := func() { _ = os.RemoveAll(dir) }
 	var ge groupExport
 	parts := []exportPart{{name: partGroup, dir: dir}}
-	for k, sc := range s.spec.Sidecars {
-		m := s.members[k]
-		run := fp.members[m.name]
-		if m.name != sc.ContainerName() || run == "" {
+	for k, ic := range s.spec.InitContainers {
+		name := ic.ContainerName()
+		c, ok := fp.completed[name]
+		if !ok || c.run == "" {
 			cleanup()
-			return nil, nil, fmt.Errorf("container %q: its agent state is not in the checkpoint", sc.ContainerName())
+			return nil, nil, fmt.Errorf("init container %q: its completion is not recorded", name)
 		}
-		ge.Members = append(ge.Members, groupExportMember{Name: m.name, Digest: fp.memberDigests[m.name]})
+		ge.Completed = append(ge.Completed, groupExportCompleted{Name: name, ExitCode: c.exit.ExitCode, Restarts: c.exit.Restarts,
+			Reason: c.exit.Reason, Message: c.exit.Message, FinishedAt: c.exit.At.UTC()})
+		parts = append(parts, exportPart{name: partInit + strconv.Itoa(k), dir: c.run})
+	}
+	for k, sc := range s.spec.Sidecars {
+		name := sc.ContainerName()
+		run := fp.members[name]
+		if run == "" {
+			cleanup()
+			return nil, nil, fmt.Errorf("container %q: its agent state is not in the checkpoint", name)
+		}
+		ge.Members = append(ge.Members, groupExportMember{Name: name, Digest: fp.memberDigests[name]})
 		parts = append(parts, exportPart{name: partMember + strconv.Itoa(k), dir: run})
 	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileGroupExport), &ge); err != nil {
@@ -119,15 +158,17 @@ func isGroupPart(part string) (ok, meta bool) {
 	if part == partGroup {
 		return true, true
 	}
-	if rest, found := strings.CutPrefix(part, partMember); found {
-		k, err := strconv.Atoi(rest)
-		return err == nil && k >= 0 && strconv.Itoa(k) == rest, false
+	for _, prefix := range []string{partMember, partInit} {
+		if rest, found := strings.CutPrefix(part, prefix); found {
+			k, err := strconv.Atoi(rest)
+			return err == nil && k >= 0 && strconv.Itoa(k) == rest, false
+		}
 	}
 	return false, false
 }
 
-// groupPartLimits bounds group (group.json only) and a member's agent state (as the
-// primary's, run).
+// groupPartLimits bounds group (group.json only) and a member's or completed init
+// container's agent state (as the primary's, run).
 func groupPartLimits(part string, run runtime.ArchiveLimits) runtime.ArchiveLimits {
 	if part == partGroup {
 		return runtime.ArchiveLimits{MaxBytes: maxGroupJSON, MaxFiles: 4}
@@ -168,8 +209,12 @@ func readGroupExport(stage string, spec *runtime.Spec, fp *forkParams) error {
 	if len(ge.Members) != len(spec.Sidecars) {
 		return fmt.Errorf("%w: the checkpoint holds %d containers besides the primary, the spec has %d sidecars", runtime.ErrInvalidSpec, len(ge.Members), len(spec.Sidecars))
 	}
+	if len(ge.Completed) != len(spec.InitContainers) {
+		return fmt.Errorf("%w: the checkpoint records %d completed init containers, the spec has %d", runtime.ErrInvalidSpec, len(ge.Completed), len(spec.InitContainers))
+	}
 	fp.members = map[string]string{}
 	fp.memberDigests = map[string]string{}
+	fp.completed = map[string]completedMember{}
 	for k, m := range ge.Members {
 		want := spec.Sidecars[k].ContainerName()
 		switch {
@@ -181,5 +226,39 @@ func readGroupExport(stage string, spec *runtime.Spec, fp *forkParams) error {
 		fp.members[want] = filepath.Join(stage, partMember+strconv.Itoa(k))
 		fp.memberDigests[want] = m.Digest
 	}
+	for k, c := range ge.Completed {
+		want := spec.InitContainers[k].ContainerName()
+		if c.Name != want {
+			return fmt.Errorf("%w: the checkpoint's completed init container %d is %q, the spec's %q", runtime.ErrInvalidSpec, k, textclip.Clip(c.Name, 80), want)
+		}
+		if why := completedInvalid(&c, time.Now()); why != "" {
+			return fmt.Errorf("%w: the checkpoint's init container %q: %s", runtime.ErrInvalidSpec, want, why)
+		}
+		fp.completed[want] = completedMember{
+			exit: runtime.Exit{ExitCode: c.ExitCode, Restarts: c.Restarts, Reason: c.Reason, Message: c.Message, At: c.FinishedAt.UTC()},
+			run:  filepath.Join(stage, partInit+strconv.Itoa(k)),
+		}
+	}
 	return nil
+}
+
+// completedInvalid says what is wrong with a completed init container's exit read back
+// from an export ("" if nothing): the importing runner records it as it is, so every
+// field is bounded.
+func completedInvalid(c *groupExportCompleted, now time.Time) string {
+	switch {
+	case c.ExitCode == nil || *c.ExitCode != 0:
+		return "not completed with exit code 0"
+	case c.Restarts < 0 || c.Restarts > maxCompletedRestarts:
+		return fmt.Sprintf("restart count %d out of range [0, %d]", c.Restarts, maxCompletedRestarts)
+	case len(c.Reason) > maxCompletedReason || !reasonPattern.MatchString(c.Reason):
+		return fmt.Sprintf("reason %q is not a CamelCase word of at most %d characters", textclip.Clip(c.Reason, 80), maxCompletedReason)
+	case len(c.Message) > maxCompletedMessage:
+		return fmt.Sprintf("message longer than %d bytes", maxCompletedMessage)
+	case !utf8.ValidString(c.Message) || strings.ContainsFunc(c.Message, func(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }):
+		return "message is not printable UTF-8"
+	case c.FinishedAt.IsZero() || c.FinishedAt.Year() < 2000 || c.FinishedAt.After(now.Add(24*time.Hour)):
+		return fmt.Sprintf("finish time %s out of range", c.FinishedAt.UTC().Format(time.RFC3339))
+	}
+	return ""
 }

@@ -197,6 +197,45 @@ func TestReadGroupExport(t *testing.T) {
 			t.Logf("%s: %v", what, err)
 		}
 	}
+	// A group with an init container: its completion is recorded (exit code 0, bounded
+	// fields), in the spec's order, and nothing else is accepted.
+	initSpec := spec.Clone()
+	initSpec.InitContainers = []runtime.Container{{Name: "i1"}}
+	members := `"members":[{"name":"a","digest":"sha256:0a0a"},{"name":"b","digest":"sha256:0b0b"}]`
+	done := func(fields string) string { return `{` + members + `,"completed":[{"name":"i1",` + fields + `}]}` }
+	const okFields = `"exitCode":0,"restarts":0,"reason":"Completed","message":"","finishedAt":"2026-12-04T22:00:00Z"`
+	fp = &forkParams{}
+	stage = write(t, done(okFields))
+	if err := readGroupExport(stage, &initSpec, fp); err != nil {
+		t.Fatal(err)
+	}
+	if c := fp.completed["i1"]; c.run != filepath.Join(stage, "init-0") || c.exit.ExitCode == nil || *c.exit.ExitCode != 0 ||
+		c.exit.Reason != "Completed" || !c.exit.At.Equal(time.Date(2026, 12, 4, 22, 0, 0, 0, time.UTC)) {
+		t.Errorf("completed %+v", fp.completed)
+	}
+	future := time.Now().Add(72 * time.Hour).UTC().Format(time.RFC3339)
+	for what, body := range map[string]string{
+		"no completion":        `{` + members + `}`,
+		"two completions":      `{` + members + `,"completed":[{"name":"i1",` + okFields + `},{"name":"i2",` + okFields + `}]}`,
+		"another name":         `{` + members + `,"completed":[{"name":"../x",` + okFields + `}]}`,
+		"no exit code":         done(`"restarts":0,"reason":"Completed","message":"","finishedAt":"2026-12-04T22:00:00Z"`),
+		"exit code 1":          done(`"exitCode":1,"restarts":0,"reason":"Error","message":"","finishedAt":"2026-12-04T22:00:00Z"`),
+		"negative restarts":    done(`"exitCode":0,"restarts":-1,"reason":"Completed","message":"","finishedAt":"2026-12-04T22:00:00Z"`),
+		"huge restarts":        done(`"exitCode":0,"restarts":99999999999,"reason":"Completed","message":"","finishedAt":"2026-12-04T22:00:00Z"`),
+		"reason not a word":    done(`"exitCode":0,"restarts":0,"reason":"Completed\u001b[2J","message":"","finishedAt":"2026-12-04T22:00:00Z"`),
+		"long reason":          done(`"exitCode":0,"restarts":0,"reason":"C` + strings.Repeat("x", maxCompletedReason) + `","message":"","finishedAt":"2026-12-04T22:00:00Z"`),
+		"long message":         done(`"exitCode":0,"restarts":0,"reason":"Completed","message":"` + strings.Repeat("m", maxCompletedMessage+1) + `","finishedAt":"2026-12-04T22:00:00Z"`),
+		"control in message":   done(`"exitCode":0,"restarts":0,"reason":"Completed","message":"a\u0007b","finishedAt":"2026-12-04T22:00:00Z"`),
+		"no finish time":       done(`"exitCode":0,"restarts":0,"reason":"Completed","message":""`),
+		"finish in the future": done(`"exitCode":0,"restarts":0,"reason":"Completed","message":"","finishedAt":"` + future + `"`),
+		"unknown field":        done(okFields + `,"pid":1`),
+	} {
+		if err := readGroupExport(write(t, body), &initSpec, &forkParams{}); !errors.Is(err, runtime.ErrInvalidSpec) {
+			t.Errorf("%s: %v, want refused", what, err)
+		} else {
+			t.Logf("%s: %v", what, err)
+		}
+	}
 	// A link in place of group.json (to a file the host reads) is not followed.
 	stage = t.TempDir()
 	target := filepath.Join(t.TempDir(), "host.json")

@@ -50,8 +50,12 @@ import (
 //     source's), but `runsc restore` of its root container (the sentry, into the fork's
 //     own cgroup) then of each member takes the place of `runsc run` and the start
 //     sequence (restoreGroupFork, finishGroupFork): the containers continue where the
-//     source's were. A group with a container that has ended is not forked (its
-//     checkpoint would hold fewer containers than the fork's spec names).
+//     source's were. Completed init containers (every group's, once it runs) are not in
+//     the checkpoint: each fork records them as completed instead of launching them
+//     (recordCompletedMember: the source's exit, a copy of its agent state dir for its
+//     logs and last status, nothing run), and its sentry is restored with the running
+//     containers only, as the checkpoint holds them. A group with a sidecar that has
+//     ended is not forked (groupForkUnsupported).
 //   - runsc's restore validates each container's spec against the one in the
 //     checkpoint (runsc/specutils/restore.go, validateSpecs), annotations included,
 //     and a group's root carries dev.gvisor.spec.cgroup-parent, the sentry's cgroup:
@@ -82,8 +86,9 @@ import (
 //         sources, namespace paths, environment, resources) and in that annotation.
 //   - Exports of groups (export.go, whose import is a fork or a move on another runner):
 //     the bundle carries each member's agent state dir and the members' names and image
-//     digests besides the sentry's image and the group's volumes
-//     (gvisor_group_export.go); the import makes the group as a local fork is made.
+//     digests, and the completed init containers' agent state dirs and recorded exits,
+//     besides the sentry's image and the group's volumes (gvisor_group_export.go); the
+//     import makes the group as a local fork is made.
 
 // restoreSpecValidation is the runsc flag a fork of a group is restored with (see above).
 const restoreSpecValidation = "--restore-spec-validation=warning"
@@ -357,20 +362,82 @@ func groupRestored(s *sandbox, image string) bool {
 	return true
 }
 
-// groupForkUnsupported says why group s cannot be forked ("" if it can).
+// groupForkUnsupported says why group s cannot be forked ("" if it can). A completed
+// init container is no obstacle (each fork records it as completed); a sidecar that has
+// ended is: a fork would have to hold a sidecar that is neither in the checkpoint nor
+// able to run again (its agent gave up on it), which is not implemented.
 func (b *Backend) groupForkUnsupported(s *sandbox) string {
 	if m := b.pausedOf(s); m != nil && m.Released {
-		if _, err := checkpointedMemberRuns(s, filepath.Join(s.dir, dirCheckpoint)); err != nil {
+		if _, _, err := checkpointedMemberRuns(s, filepath.Join(s.dir, dirCheckpoint)); err != nil {
 			return err.Error()
 		}
 		return ""
 	}
 	for _, m := range s.members {
-		if memberEnded(m) {
-			return fmt.Sprintf("container %q has ended: forks of a group whose containers do not all run are not implemented", m.name)
+		if memberEnded(m) && !isInitMember(s, m) {
+			return fmt.Sprintf("container %q has ended: forks of a group with a sidecar that has ended are not implemented", m.name)
 		}
 	}
 	return ""
+}
+
+// isInitMember reports whether member m of group s is one of its init containers.
+func isInitMember(s *sandbox, m *sandbox) bool {
+	c, init := s.spec.Find(m.name)
+	return c != nil && init
+}
+
+// completedMember is a completed init container of a group a fork starts from: its
+// recorded exit and (when known) its agent state dir (its logs and last status).
+type completedMember struct {
+	exit runtime.Exit
+	run  string
+}
+
+// completedExit is the exit of a completed init container as a fork records it (a copy,
+// exit code 0 required: an init container that did not complete would not have let the
+// group start).
+func completedExit(name string, ex runtime.Exit) (runtime.Exit, error) {
+	if ex.ExitCode == nil || *ex.ExitCode != 0 {
+		return runtime.Exit{}, fmt.Errorf("init container %q did not complete (exit code %v)", name, ex.ExitCode)
+	}
+	code := int32(0)
+	ex.ExitCode = &code
+	return ex.WithDefaultReason(), nil
+}
+
+// recordCompletedMember records init container m of fork s as completed (as the
+// source's was, from s.fork.completed) instead of launching it: its dir holds its exit
+// and a copy of its agent state dir (its logs), nothing runs, and it ends at once.
+func (b *Backend) recordCompletedMember(ctx context.Context, s, m *sandbox) error {
+	if err := s.fork.wait(ctx); err != nil {
+		return err
+	}
+	c, ok := s.fork.completed[m.name]
+	if !ok {
+		return fmt.Errorf("init container: its completion is not recorded in the checkpoint")
+	}
+	ex, err := completedExit(m.name, c.exit)
+	if err != nil {
+		return err
+	}
+	if c.run != "" {
+		run := filepath.Join(m.dir, dirRun)
+		if err := os.Mkdir(run, 0o700); err != nil {
+			return err
+		}
+		if err := copyRunDir(ctx, c.run, run); err != nil {
+			return err
+		}
+	}
+	if err := writeJSONAtomic(filepath.Join(m.dir, fileExit), &ex); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	m.exit = ex
+	b.mu.Unlock()
+	close(m.done) // no watcher: it never runs in the fork (finishGroupFork skips it)
+	return nil
 }
 
 // groupForkMismatch says how fork spec f differs from group spec src in what its
@@ -418,48 +485,79 @@ func memberDigests(s *sandbox) map[string]string {
 }
 
 // checkpointedMemberRuns returns the agent state dirs of checkpointed group s's members
-// by name, as forks of its checkpoint image start from them; an error if the checkpoint
-// does not hold every member.
-func checkpointedMemberRuns(s *sandbox, image string) (map[string]string, error) {
+// by name, as forks of its checkpoint image start from them, and its completed init
+// containers (not in the checkpoint: their exits recorded in their dirs); an error if
+// the checkpoint lacks a sidecar.
+func checkpointedMemberRuns(s *sandbox, image string) (map[string]string, map[string]completedMember, error) {
 	var names []string
 	if err := readJSON(filepath.Join(image, fileCkMembers), &names); err != nil {
-		return nil, fmt.Errorf("the group's checkpoint does not list its containers: %w", err)
+		return nil, nil, fmt.Errorf("the group's checkpoint does not list its containers: %w", err)
 	}
 	held := map[string]bool{}
 	for _, n := range names {
 		held[n] = true
 	}
 	out := map[string]string{}
+	done := map[string]completedMember{}
 	for _, m := range s.members {
-		if !held[m.name] {
-			return nil, fmt.Errorf("container %q had ended before the group was paused: forks of a group whose containers do not all run are not implemented", m.name)
+		run := filepath.Join(shownDir(m.dir), dirRun)
+		if held[m.name] {
+			out[m.name] = run
+			continue
 		}
-		out[m.name] = filepath.Join(shownDir(m.dir), dirRun)
+		if !isInitMember(s, m) {
+			return nil, nil, fmt.Errorf("container %q had ended before the group was paused: forks of a group with a sidecar that has ended are not implemented", m.name)
+		}
+		var ex runtime.Exit
+		if err := readJSON(filepath.Join(m.dir, fileExit), &ex); err != nil {
+			return nil, nil, fmt.Errorf("init container %q: its exit is not recorded: %w", m.name, err)
+		}
+		ex, err := completedExit(m.name, ex)
+		if err != nil {
+			return nil, nil, err
+		}
+		done[m.name] = completedMember{exit: ex, run: run}
 	}
-	return out, nil
+	return out, done, nil
 }
 
 // copyMemberRuns copies the agent state dirs of running group s's members (its kernel
 // paused after the checkpoint into image) next to image, for its forks; cleanups gets
-// what removes them. A member that ended before the save (and was dropped from it)
-// fails the fork.
-func (b *Backend) copyMemberRuns(ctx context.Context, s *sandbox, image string, cleanups *[]func()) (map[string]string, error) {
+// what removes them. Completed init containers (dropped from the save) are returned
+// with their exits; a sidecar that ended before the save fails the fork.
+func (b *Backend) copyMemberRuns(ctx context.Context, s *sandbox, image string, cleanups *[]func()) (map[string]string, map[string]completedMember, error) {
 	out := map[string]string{}
+	done := map[string]completedMember{}
 	for _, m := range s.members {
-		if memberEnded(m) {
-			return nil, fmt.Errorf("container %q ended during the fork's checkpoint: try again", m.name)
+		ended := memberEnded(m)
+		var ex runtime.Exit
+		if ended {
+			if !isInitMember(s, m) {
+				return nil, nil, fmt.Errorf("container %q ended during the fork's checkpoint: try again", m.name)
+			}
+			b.mu.Lock()
+			ex = m.exit
+			b.mu.Unlock()
+			var err error
+			if ex, err = completedExit(m.name, ex); err != nil {
+				return nil, nil, err
+			}
 		}
 		run := image + "-run." + m.name
 		if err := os.Mkdir(run, 0o700); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		*cleanups = append(*cleanups, func() { _ = os.RemoveAll(run) })
 		if err := copyRunDir(ctx, filepath.Join(shownDir(m.dir), dirRun), run); err != nil {
-			return nil, fmt.Errorf("container %q: %w", m.name, err)
+			return nil, nil, fmt.Errorf("container %q: %w", m.name, err)
 		}
-		out[m.name] = run
+		if ended {
+			done[m.name] = completedMember{exit: ex, run: run}
+		} else {
+			out[m.name] = run
+		}
 	}
-	return out, nil
+	return out, done, nil
 }
 
 // forkDigest is the image digest container s of a fork must have ("": any).
@@ -532,16 +630,17 @@ func (b *Backend) finishGroupFork(ctx context.Context, s *sandbox) (err error) {
 	s.proc = gvisorProc(s, raw)
 	b.mu.Unlock()
 	s.info.Pid, s.info.PidStart = pid, raw.start
-	if _, err := b.attachRestoredMembers(s, s.members, pid); err != nil {
+	running := containersOf(s)[1:] // a completed init container is recorded, not restored
+	if _, err := b.attachRestoredMembers(s, running, pid); err != nil {
 		return err
 	}
-	for _, m := range s.members {
+	for _, m := range running {
 		go b.watch(m, "Killed")
 	}
 	if err := b.waitRestoredAgent(ctx, s); err != nil {
 		return err
 	}
-	for _, m := range s.members {
+	for _, m := range running {
 		if err := b.waitRestoredAgent(ctx, m); err != nil {
 			return fmt.Errorf("container %q: %w", m.name, err)
 		}

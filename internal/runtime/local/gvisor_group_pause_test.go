@@ -151,69 +151,86 @@ func TestPauseCheckpointGVisorGroup(t *testing.T) {
 // TestPauseCheckpointGVisorGroupEnded: a gVisor group whose init container has
 // completed is checkpointed and resumed: the init container (deleted in runsc before the
 // save) stays reported exited with its exit code 0, the app and the sidecar continue
-// from memory; a restarted backend resumes it too; Destroy while checkpointed leaves
-// nothing.
+// from memory; it is forked while running and while checkpointed (also by a restarted
+// backend): each fork runs, its init container recorded as completed with the source's
+// exit (code, reason, finish time: never run again) and log, its app and sidecar
+// continuing from the source's memory; Destroy while checkpointed leaves nothing.
 func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	e := gvisorEnv(t)
 	ctx := context.Background()
 	const id = "ckgrp-init"
 	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass,
 		Container:      runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
-		InitContainers: []runtime.Container{{Name: "init", Image: "busybox", Command: "true"}},
+		InitContainers: []runtime.Container{{Name: "init", Image: "busybox", Command: "sh", Args: []string{"-c", "echo init-done"}}},
 		Sidecars:       []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}}
 	e.create(sp)
-	side := func(b *Backend) int {
+	side := func(b *Backend, id string) int {
 		t.Helper()
 		out, _, _ := execIn(t, agentClientOf(b, id, "side"), "sh", "-c", "cat /tmp/cnt 2>/dev/null || echo 0")
 		n, _ := strconv.Atoi(strings.TrimSpace(out))
 		return n
 	}
-	checkStatuses := func(b *Backend, when string) {
-		t.Helper()
-		sts, err := b.ContainerStatuses(ctx, id)
-		if err != nil {
-			t.Fatalf("%s: statuses: %v", when, err)
-		}
-		got := map[string]string{}
-		for _, st := range sts {
-			got[st.Name] = st.State
-			if st.Name == "init" && (st.ExitCode == nil || *st.ExitCode != 0) {
-				t.Errorf("%s: init's exit code %v, want 0", when, st.ExitCode)
-			}
-		}
-		if got["init"] != runtime.ContainerExited || got["app"] != runtime.ContainerRunning || got["side"] != runtime.ContainerRunning {
-			t.Errorf("%s: statuses %v", when, got)
-		}
-	}
 	waitCount(t, e.b, id, 2)
-	waitFor(t, func() bool { return side(e.b) >= 2 })
-	checkStatuses(e.b, "before")
-	// A fork needs every container running (gvisor_group_pause.go): refused, the group
-	// untouched.
-	f := sp.Clone()
-	f.ID = "ckgrp-init-f"
-	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "init" has ended`) {
-		t.Errorf("fork of a group whose init container completed: %v, want refused", errs[0])
+	waitFor(t, func() bool { return side(e.b, id) >= 2 })
+	checkInitGroup(t, e.b, id, "before")
+	var srcInit runtime.Exit
+	if err := readJSON(filepath.Join(memberDir(e.b.dir(id), "init"), fileExit), &srcInit); err != nil {
+		t.Fatal(err)
 	}
-	// So is an export (a move or a fork on another runner), before anything is written.
-	if _, err := e.b.ExportCheckpoint(ctx, id, func(context.Context, string, io.Reader) error {
-		t.Error("put called for a refused export")
-		return nil
-	}); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), `container "init" has ended`) {
-		t.Errorf("export of a group whose init container completed: %v, want refused", err)
+	// fork forks id (its counters at least a1, s1) on b; the fork's counters continue
+	// from the source's memory: from a1, s1 on, and (a source running on) at most the
+	// source's when read after them, (a checkpointed source) at most what the time
+	// since a1, s1 were read allows.
+	fork := func(b *Backend, fid, when string, a1, s1 int) {
+		t.Helper()
+		since := time.Now()
+		f := sp.Clone()
+		f.ID = fid
+		start := time.Now()
+		if _, errs := b.Fork(ctx, id, []*runtime.Spec{&f}); errs[0] != nil {
+			t.Fatalf("%s: fork of a group whose init container completed: %v", when, errs[0])
+		}
+		t.Logf("%s: fork of a group with a completed init container: %v", when, time.Since(start))
+		checkInitGroup(t, b, fid, when+": fork")
+		var ex runtime.Exit
+		if err := readJSON(filepath.Join(memberDir(b.dir(fid), "init"), fileExit), &ex); err != nil || !ex.At.Equal(srcInit.At) || ex.Reason != srcInit.Reason {
+			t.Errorf("%s: fork's init exit %+v (%v), the source's %+v: not recorded as it was", when, ex, err, srcInit)
+		}
+		if out, _ := os.ReadFile(filepath.Join(b.LogDir(fid, "init"), "main.log")); strings.Count(string(out), "init-done") != 1 {
+			t.Errorf("%s: fork's init log %q, want the source's (one run)", when, out)
+		}
+		fa, fs := count(t, b, fid), side(b, fid)
+		most := int(time.Since(since)/(100*time.Millisecond)) + 20
+		ma, ms := a1+most, s1+most
+		if !b.isPaused(id) {
+			ma, ms = count(t, b, id)+10, side(b, id)+10
+		}
+		if fa < a1 || fa > ma || fs < s1 || fs > ms {
+			t.Errorf("%s: fork's counters %d, %d; want from %d, %d to %d, %d: not continued", when, fa, fs, a1, s1, ma, ms)
+		}
+		waitCount(t, b, fid, fa+2)
+		waitFor(t, func() bool { return side(b, fid) >= fs+2 })
+		if err := b.Destroy(ctx, fid); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, e.state, fid)
 	}
-	a1, s1 := count(t, e.b, id), side(e.b)
+	fork(e.b, "ckgrp-init-f", "running", count(t, e.b, id), side(e.b, id))
+	checkInitGroup(t, e.b, id, "after the fork")
+
+	a1, s1 := count(t, e.b, id), side(e.b, id)
 	if _, err := e.b.Pause(ctx, id, true); err != nil {
 		t.Fatalf("checkpoint of a group with a completed init container: %v", err)
 	}
 	if _, err := e.b.Resume(ctx, id); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	if a2, s2 := count(t, e.b, id), side(e.b); a2 < a1 || a2 > a1+10 || s2 < s1 || s2 > s1+10 {
+	if a2, s2 := count(t, e.b, id), side(e.b, id); a2 < a1 || a2 > a1+10 || s2 < s1 || s2 > s1+10 {
 		t.Errorf("counters %d, %d before, %d, %d after resume: not continued", a1, s1, a2, s2)
 	}
-	checkStatuses(e.b, "after resume")
+	checkInitGroup(t, e.b, id, "after resume")
 	a1 = waitCount(t, e.b, id, a1+2)
+	s1 = side(e.b, id)
 
 	if _, err := e.b.Pause(ctx, id, true); err != nil {
 		t.Fatal(err)
@@ -222,17 +239,15 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 	if rs, err := b2.Recover(ctx); err != nil || len(rs) != 1 || !rs[0].Paused || !rs[0].Released {
 		t.Fatalf("recover = %+v, %v", rs, err)
 	}
-	if _, errs := b2.Fork(ctx, id, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "init" had ended`) {
-		t.Errorf("fork of the checkpointed group whose init container completed: %v, want refused", errs[0])
-	}
+	fork(b2, "ckgrp-init-g", "checkpointed, restarted backend", a1, s1)
 	if _, err := b2.Resume(ctx, id); err != nil {
 		t.Fatalf("resume in a restarted backend: %v", err)
 	}
 	if a2 := count(t, b2, id); a2 < a1 {
 		t.Errorf("counter %d after resume in a restarted backend, was %d", a2, a1)
 	}
-	waitFor(t, func() bool { return side(b2) >= s1+4 })
-	checkStatuses(b2, "after resume in a restarted backend")
+	waitFor(t, func() bool { return side(b2, id) >= s1+4 })
+	checkInitGroup(t, b2, id, "after resume in a restarted backend")
 	// Destroy while checkpointed: every container's Wait returns, nothing is left.
 	if _, err := b2.Pause(ctx, id, true); err != nil {
 		t.Fatal(err)
@@ -241,6 +256,176 @@ func TestPauseCheckpointGVisorGroupEnded(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkNoLeaks(t, e.state, id)
+}
+
+// checkInitGroup checks the container statuses of group id (init, app, side): the init
+// container exited with code 0, the others running.
+func checkInitGroup(t *testing.T, b *Backend, id, when string) {
+	t.Helper()
+	sts, err := b.ContainerStatuses(context.Background(), id)
+	if err != nil {
+		t.Fatalf("%s: statuses: %v", when, err)
+	}
+	got := map[string]string{}
+	for _, st := range sts {
+		got[st.Name] = st.State
+		if st.Name == "init" && (st.ExitCode == nil || *st.ExitCode != 0) {
+			t.Errorf("%s: init's exit code %v, want 0", when, st.ExitCode)
+		}
+	}
+	if got["init"] != runtime.ContainerExited || got["app"] != runtime.ContainerRunning || got["side"] != runtime.ContainerRunning {
+		t.Errorf("%s: statuses %v", when, got)
+	}
+}
+
+// TestPauseExportGVisorGroupInit: a gVisor group whose init container has completed
+// moves and forks to another backend (another state dir: another runner) through an
+// export: a cross-runner fork of it running, then a move of it checkpointed. Each made
+// group runs with its init container recorded as completed (the source's exit and log,
+// never run again) and its app and sidecar continuing from memory. A group whose
+// sidecar has ended is still refused (fork and export): that sidecar is neither in the
+// checkpoint nor able to run again, and recording it is not implemented.
+func TestPauseExportGVisorGroupInit(t *testing.T) {
+	e := exportEnv(t)
+	e2 := exportEnv(t) // the other runner
+	ctx := context.Background()
+	store := newCkStore(t)
+	const id = "gxi-1"
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass,
+		Container:      runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
+		InitContainers: []runtime.Container{{Name: "init", Image: "busybox", Command: "sh", Args: []string{"-c", "echo init-done"}}},
+		Sidecars:       []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}}}}
+	e.create(sp)
+	waitCount(t, e.b, id, 2)
+	waitFor(t, func() bool { return groupCounter(t, e.b, id, "side") >= 2 })
+	var srcInit runtime.Exit
+	if err := readJSON(filepath.Join(memberDir(e.b.dir(id), "init"), fileExit), &srcInit); err != nil {
+		t.Fatal(err)
+	}
+	pinned := func(fid string) *runtime.Spec {
+		f := sp.Clone()
+		f.ID = fid
+		f.Image = "busybox@sha256:b0b0"
+		return &f
+	}
+	// check checks group fid on b made from id's export (its counters at least a1, s1
+	// then, read at since; upper, when not nil, reads the source's counters now).
+	check := func(b *Backend, fid, when string, a1, s1 int, since time.Time, upper func() (int, int)) {
+		t.Helper()
+		checkInitGroup(t, b, fid, when)
+		var ex runtime.Exit
+		if err := readJSON(filepath.Join(memberDir(b.dir(fid), "init"), fileExit), &ex); err != nil || !ex.At.Equal(srcInit.At) || ex.Reason != srcInit.Reason || ex.ExitCode == nil || *ex.ExitCode != 0 {
+			t.Errorf("%s: init exit %+v (%v), the source's %+v: not recorded as it was", when, ex, err, srcInit)
+		}
+		if out, _ := os.ReadFile(filepath.Join(b.LogDir(fid, "init"), "main.log")); strings.Count(string(out), "init-done") != 1 {
+			t.Errorf("%s: init log %q, want the source's (one run)", when, out)
+		}
+		fa, fs := count(t, b, fid), groupCounter(t, b, fid, "side")
+		most := int(time.Since(since)/(100*time.Millisecond)) + 20
+		ma, ms := a1+most, s1+most
+		if upper != nil {
+			ma, ms = upper()
+			ma, ms = ma+10, ms+10
+		}
+		if fa < a1 || fa > ma || fs < s1 || fs > ms {
+			t.Errorf("%s: counters %d, %d; want from %d, %d to %d, %d: not continued", when, fa, fs, a1, s1, ma, ms)
+		}
+		waitCount(t, b, fid, fa+2)
+		waitFor(t, func() bool { return groupCounter(t, b, fid, "side") >= fs+2 })
+	}
+
+	// A cross-runner fork of the running group.
+	a1, s1 := count(t, e.b, id), groupCounter(t, e.b, id, "side")
+	since := time.Now()
+	ex, err := e.b.ExportCheckpoint(ctx, id, store.put("gxf"))
+	if err != nil {
+		t.Fatalf("export of a running group with a completed init container: %v", err)
+	}
+	if want := []string{"image", "run", "group", "init-0", "member-0"}; !slices.Equal(ex.Parts, want) {
+		t.Errorf("parts %v, want %v", ex.Parts, want)
+	}
+	const fid = "gxi-fork"
+	start := time.Now()
+	if _, errs := e2.b.ForkFromCheckpoint(ctx, ex, store.open("gxf"), []*runtime.Spec{pinned(fid)}); errs[0] != nil {
+		t.Fatalf("fork on another backend: %v", errs[0])
+	}
+	t.Logf("cross-runner fork of a group with a completed init container (import, restore): %v", time.Since(start))
+	checkNoImportLeft(t, e2)
+	check(e2.b, fid, "cross-runner fork", a1, s1, since, func() (int, int) { return count(t, e.b, id), groupCounter(t, e.b, id, "side") })
+	checkInitGroup(t, e.b, id, "the source after the export")
+
+	// A move of the checkpointed group.
+	a1, s1 = count(t, e.b, id), groupCounter(t, e.b, id, "side")
+	since = time.Now()
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	ex, err = e.b.ExportCheckpoint(ctx, id, store.put("gxm"))
+	if err != nil {
+		t.Fatalf("export of a checkpointed group with a completed init container: %v", err)
+	}
+	if err := e.b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, id)
+	start = time.Now()
+	infos, errs := e2.b.ForkFromCheckpoint(ctx, ex, store.open("gxm"), []*runtime.Spec{pinned(id)})
+	if errs[0] != nil {
+		t.Fatalf("move to another backend: %v", errs[0])
+	}
+	t.Logf("move of a group with a completed init container (import, restore): %v", time.Since(start))
+	if infos[0].ID != id {
+		t.Errorf("moved group's info %+v", infos[0])
+	}
+	checkNoImportLeft(t, e2)
+	check(e2.b, id, "moved", a1, s1, since, nil)
+	// The moved group pauses and resumes there, also in a restarted backend, which
+	// finds the running fork as it was too.
+	if _, err := e2.b.Pause(ctx, id, true); err != nil {
+		t.Fatalf("pause of the moved group: %v", err)
+	}
+	b3 := e2.backend()
+	if rs, err := b3.Recover(ctx); err != nil || len(rs) != 2 {
+		t.Fatalf("recover = %+v, %v", rs, err)
+	}
+	if _, err := b3.Resume(ctx, id); err != nil {
+		t.Fatalf("resume of the moved group in a restarted backend: %v", err)
+	}
+	checkInitGroup(t, b3, id, "moved, resumed in a restarted backend")
+	checkInitGroup(t, b3, fid, "cross-runner fork, in a restarted backend")
+	for _, x := range []string{fid, id} {
+		if err := b3.Destroy(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, e2.state, x)
+	}
+
+	// A group whose sidecar has ended: refused, before anything is made or written.
+	const gid = "gxi-end"
+	ended := runtime.Spec{ID: gid, RuntimeClass: GVisorClass,
+		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
+		Sidecars:  []runtime.Container{{Name: "side", Image: "busybox", Command: "true"}}}
+	e.create(ended)
+	waitFor(t, func() bool { // its exit recorded (the watcher's), not only its agent's status
+		sb, err := e.b.get(ctx, gid)
+		return err == nil && sb.container("side") != nil && memberEnded(sb.container("side"))
+	})
+	f := ended.Clone()
+	f.ID = "gxi-end-f"
+	if _, errs := e.b.Fork(ctx, gid, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "side" has ended`) {
+		t.Errorf("fork of a group whose sidecar ended: %v, want refused", errs[0])
+	}
+	if _, err := e.b.ExportCheckpoint(ctx, gid, func(context.Context, string, io.Reader) error {
+		t.Error("put called for a refused export")
+		return nil
+	}); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), `container "side" has ended`) {
+		t.Errorf("export of a group whose sidecar ended: %v, want refused", err)
+	}
+	checkNoLeaks(t, e.state, f.ID)
+	if err := e.b.Destroy(ctx, gid); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, gid)
 }
 
 // BenchmarkPauseResumeGVisorGroup: a checkpoint pause and a resume of an idle
