@@ -1,6 +1,7 @@
 package local
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -282,7 +284,9 @@ func checkInitGroup(t *testing.T, b *Backend, id, when string) {
 // moves and forks to another backend (another state dir: another runner) through an
 // export: a cross-runner fork of it running, then a move of it checkpointed. Each made
 // group runs with its init container recorded as completed (the source's exit and log,
-// never run again) and its app and sidecar continuing from memory. A group whose
+// never run again) and its app and sidecar continuing from memory; the moved group
+// pauses and resumes there in a restarted backend. A tampered group.json in the store
+// (the init container's recorded exit) is refused, leaving nothing. A group whose
 // sidecar has ended is still refused (fork and export): that sidecar is neither in the
 // checkpoint nor able to run again, and recording it is not implemented.
 func TestPauseExportGVisorGroupInit(t *testing.T) {
@@ -355,6 +359,11 @@ func TestPauseExportGVisorGroupInit(t *testing.T) {
 	checkInitGroup(t, e.b, id, "the source after the export")
 
 	// A move of the checkpointed group.
+	sb, err := e.b.get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sideDigest := sb.container("side").info.ImageDigest
 	a1, s1 = count(t, e.b, id), groupCounter(t, e.b, id, "side")
 	since = time.Now()
 	if _, err := e.b.Pause(ctx, id, true); err != nil {
@@ -379,6 +388,31 @@ func TestPauseExportGVisorGroupInit(t *testing.T) {
 	}
 	checkNoImportLeft(t, e2)
 	check(e2.b, id, "moved", a1, s1, since, nil)
+	// group.json is the importing runner's untrusted input: a tampered record of the init
+	// container's exit (put in the store in place of the export's) is refused before
+	// any sandbox is made, leaving nothing.
+	members := `"members":[{"name":"side","digest":"` + sideDigest + `"}]`
+	for what, completed := range map[string]string{
+		"exit code 1":      `{"name":"init","exitCode":1,"restarts":0,"reason":"Error","message":"","finishedAt":"2026-12-04T22:00:00Z"}`,
+		"escape in reason": `{"name":"init","exitCode":0,"restarts":0,"reason":"Completed\u001b]0;x\u0007","message":"","finishedAt":"2026-12-04T22:00:00Z"}`,
+		"other container":  `{"name":"side","exitCode":0,"restarts":0,"reason":"Completed","message":"","finishedAt":"2026-12-04T22:00:00Z"}`,
+		"no record":        ``,
+	} {
+		var buf bytes.Buffer
+		if err := fsarchive.WriteFiles(&buf, map[string][]byte{fileGroupExport: []byte(`{` + members + `,"completed":[` + completed + `]}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.put("gxm")(ctx, partGroup, &buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, errs := e2.b.ForkFromCheckpoint(ctx, ex, store.open("gxm"), []*runtime.Spec{pinned("gxi-t")}); !errors.Is(errs[0], runtime.ErrInvalidSpec) {
+			t.Errorf("tampered group.json (%s): %v, want refused", what, errs[0])
+		} else {
+			t.Logf("tampered group.json (%s): %v", what, errs[0])
+		}
+		checkNoLeaks(t, e2.state, "gxi-t")
+		checkNoImportLeft(t, e2)
+	}
 	// The moved group pauses and resumes there, also in a restarted backend, which
 	// finds the running fork as it was too.
 	if _, err := e2.b.Pause(ctx, id, true); err != nil {
