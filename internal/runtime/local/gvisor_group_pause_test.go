@@ -427,7 +427,13 @@ func TestPauseExportGVisorGroupInit(t *testing.T) {
 	}
 	checkInitGroup(t, b3, id, "moved, resumed in a restarted backend")
 	checkInitGroup(t, b3, fid, "cross-runner fork, in a restarted backend")
-	for _, x := range []string{fid, id} {
+	// A fork of the moved group (its init container recorded, not run, on this runner).
+	const ffid = "gxi-ff"
+	if _, errs := b3.Fork(ctx, id, []*runtime.Spec{pinned(ffid)}); errs[0] != nil {
+		t.Fatalf("fork of the moved group: %v", errs[0])
+	}
+	check(b3, ffid, "fork of the moved group", 2, 2, time.Now(), func() (int, int) { return count(t, b3, id), groupCounter(t, b3, id, "side") })
+	for _, x := range []string{ffid, fid, id} {
 		if err := b3.Destroy(ctx, x); err != nil {
 			t.Fatal(err)
 		}
