@@ -146,6 +146,11 @@ func (s *Server) volumeProto(ctx context.Context, v store.Volume) *sandboxv1.Vol
 	if v.ReadOnly {
 		st.AccessModes = []string{"ReadOnlyMany"}
 	}
+	if modes := knownAccessModes(v.AccessModes); !isGlobal(v) && len(modes) > 0 && (!v.ReadOnly || singleNode(modes)) {
+		// What the runner reported of the claim (a Kubernetes runner's ReadWriteOnce or
+		// ReadWriteOncePod pins the sandboxes mounting it to one node, read-only or not).
+		st.AccessModes = modes
+	}
 	if v.LastValidated != nil {
 		st.LastValidatedTime = timestamppb.New(*v.LastValidated)
 	}
@@ -161,6 +166,26 @@ func (s *Server) volumeProto(ctx context.Context, v store.Volume) *sandboxv1.Vol
 		out.Spec.Size = quantityOf(v.SizeBytes)
 	}
 	return out
+}
+
+// accessModes are the Kubernetes access modes a runner may report of a volume's claim.
+var accessModes = []string{"ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany", "ReadOnlyMany"}
+
+// knownAccessModes keeps the modes of ms that are access modes, once each: what a runner
+// reports is not taken on trust.
+func knownAccessModes(ms []string) []string {
+	var out []string
+	for _, m := range ms {
+		if slices.Contains(accessModes, m) && !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// singleNode reports whether modes let one node at a time mount the claim.
+func singleNode(modes []string) bool {
+	return !slices.Contains(modes, "ReadWriteMany") && !slices.Contains(modes, "ReadOnlyMany")
 }
 
 // quantityOf renders n bytes as a Kubernetes quantity ("10Gi"), exact.
@@ -321,6 +346,7 @@ func (s *Server) validateVolume(ctx context.Context, v store.Volume) store.Volum
 	defer cancel()
 	state, reason := "READY", ""
 	var capacity int64
+	var modes []string
 	r := s.runnerByID(v.RunnerID)
 	h, ok := r.(runner.VolumeHandle)
 	switch {
@@ -331,16 +357,19 @@ func (s *Server) validateVolume(ctx context.Context, v store.Volume) store.Volum
 	case !ok:
 		state, reason = "ERROR", fmt.Sprintf("runner %s holds no registered volumes", v.RunnerID)
 	default:
-		n, err := h.EnsureVolume(ctx, storeVolume(v).registered())
+		vs, err := h.EnsureVolume(ctx, storeVolume(v).registered())
 		if err != nil {
 			state, reason = "ERROR", err.Error()
 		}
-		capacity = n
+		capacity, modes = vs.CapacityBytes, knownAccessModes(vs.AccessModes)
 	}
 	now := time.Now()
 	u := store.VolumeUpdate{State: &state, StateReason: &reason, LastValidated: &now}
 	if capacity > 0 {
 		u.CapacityBytes = &capacity
+	}
+	if state == "READY" && !isGlobal(v) {
+		u.AccessModes = &modes
 	}
 	nv, err := s.volumes.Update(ctx, v.Org, v.ID, u)
 	if err != nil {
@@ -522,8 +551,9 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 			map[string]string{"volume_id": id, "runner_id": after.RunnerID})
 	}
 	rctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
-	n, err := h.EnsureVolume(rctx, storeVolume(after).registered())
+	vs, err := h.EnsureVolume(rctx, storeVolume(after).registered())
 	cancel()
+	n, modes := vs.CapacityBytes, knownAccessModes(vs.AccessModes)
 	if err == nil && n < size {
 		err = apierr.Newf(apierr.InvalidRequest, "volume %q: the runner grew it to %d bytes only, not %d", id, n, size)
 	}
@@ -533,7 +563,7 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 		return cur, err
 	}
 	s.log.Info("volume grown", "volume", id, "org", org, "from_bytes", before.SizeBytes, "size_bytes", size)
-	out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n})
+	out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n, AccessModes: &modes})
 	if err != nil {
 		return after, nil
 	}

@@ -10,11 +10,11 @@ import (
 
 // fakeRunner's registered volumes: EnsureVolume answers 1 GiB for claim "ok" and
 // CWSANDBOX_VOLUME_IN_USE on a delete of "busy" without force.
-func (f *fakeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume) (int64, error) {
+func (f *fakeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume) (runner.VolumeState, error) {
 	if v.ClaimName != "ok" || v.Org != "acme" || v.Namespace != "default" {
-		return 0, apierr.Newf(apierr.VolumeTypeNotSupported, "no %+v", v)
+		return runner.VolumeState{}, apierr.Newf(apierr.VolumeTypeNotSupported, "no %+v", v)
 	}
-	return 1 << 30, nil
+	return runner.VolumeState{CapacityBytes: 1 << 30, AccessModes: []string{"ReadWriteOncePod"}}, nil
 }
 
 func (f *fakeRunner) DeleteVolume(_ context.Context, v runner.RegisteredVolume, force bool) error {
@@ -31,8 +31,8 @@ func TestVolumeRPCs(t *testing.T) {
 	c := tr.client(t)
 	ctx := context.Background()
 	n, err := c.EnsureVolume(ctx, runner.RegisteredVolume{Org: "acme", ClaimName: "ok", Namespace: "default"})
-	if err != nil || n != 1<<30 {
-		t.Fatalf("ensure = %d, %v", n, err)
+	if err != nil || n.CapacityBytes != 1<<30 || len(n.AccessModes) != 1 || n.AccessModes[0] != "ReadWriteOncePod" {
+		t.Fatalf("ensure = %+v, %v", n, err)
 	}
 	if _, err := c.EnsureVolume(ctx, runner.RegisteredVolume{Org: "acme", ClaimName: "nope", Namespace: "default"}); apierr.Reason(err) != apierr.VolumeTypeNotSupported {
 		t.Fatalf("ensure unsupported = %v", err)

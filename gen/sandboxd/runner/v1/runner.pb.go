@@ -328,6 +328,10 @@ func (x *EnsureVolumeRequest) GetVolume() *RegisteredVolume {
 type EnsureVolumeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CapacityBytes int64                  `protobuf:"varint,1,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// The access modes of the volume as the backend holds it: a Kubernetes claim's
+	// (ReadWriteMany, ReadWriteOnce, ReadWriteOncePod, ReadOnlyMany; RWO/RWOP pin the
+	// sandboxes mounting it to one node); empty on the local backend (ReadWriteMany).
+	AccessModes   []string `protobuf:"bytes,2,rep,name=access_modes,json=accessModes,proto3" json:"access_modes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -367,6 +371,13 @@ func (x *EnsureVolumeResponse) GetCapacityBytes() int64 {
 		return x.CapacityBytes
 	}
 	return 0
+}
+
+func (x *EnsureVolumeResponse) GetAccessModes() []string {
+	if x != nil {
+		return x.AccessModes
+	}
+	return nil
 }
 
 type DeleteVolumeRequest struct {
@@ -5405,9 +5416,10 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\"S\n" +
 	"\x13EnsureVolumeRequest\x12<\n" +
-	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\"=\n" +
+	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\"`\n" +
 	"\x14EnsureVolumeResponse\x12%\n" +
-	"\x0ecapacity_bytes\x18\x01 \x01(\x03R\rcapacityBytes\"i\n" +
+	"\x0ecapacity_bytes\x18\x01 \x01(\x03R\rcapacityBytes\x12!\n" +
+	"\faccess_modes\x18\x02 \x03(\tR\vaccessModes\"i\n" +
 	"\x13DeleteVolumeRequest\x12<\n" +
 	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x16\n" +
