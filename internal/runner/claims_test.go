@@ -106,3 +106,19 @@ func TestSecretRefsOnTheRunner(t *testing.T) {
 		t.Errorf("local runner: %v", err)
 	}
 }
+
+// TestSupportSecretRefs: a runner whose backend checks KUBERNETES secret references
+// (runtime.SecretRefChecker) says it reads them; any other says it does not, so the
+// gateway places such sandboxes elsewhere.
+func TestSupportSecretRefs(t *testing.T) {
+	f := &claimFake{Fake: runtimetest.NewFake()}
+	t.Cleanup(f.Close)
+	if engineRunner(t, f, "").R.Support().NoSecretRefs {
+		t.Error("a backend that checks secret references: NoSecretRefs")
+	}
+	plain := runtimetest.NewFake()
+	t.Cleanup(plain.Close)
+	if !engineRunner(t, plain, "").R.Support().NoSecretRefs {
+		t.Error("a backend that cannot read secret references: not NoSecretRefs")
+	}
+}

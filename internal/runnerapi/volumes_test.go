@@ -6,6 +6,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // fakeRunner's registered volumes: EnsureVolume answers 1 GiB for claim "ok" and
@@ -42,5 +43,19 @@ func TestVolumeRPCs(t *testing.T) {
 	}
 	if err := c.DeleteVolume(ctx, runner.RegisteredVolume{Org: "acme", ClaimName: "busy", Namespace: "default"}, true); err != nil {
 		t.Fatalf("delete forced = %v", err)
+	}
+}
+
+// TestCapacitySecretRefsOverTheWire: whether a runner reads KUBERNETES secret store
+// references reaches the gateway; an older runner that says nothing is taken not to.
+func TestCapacitySecretRefsOverTheWire(t *testing.T) {
+	if capacityFromProto(capacityToProto(runner.Capacity{})).NoSecretRefs {
+		t.Fatal("a runner that reads secret references lost it on the wire")
+	}
+	if !capacityFromProto(capacityToProto(runner.Capacity{Support: runtime.Support{NoSecretRefs: true}})).NoSecretRefs {
+		t.Fatal("a runner that reads none said it does on the wire")
+	}
+	if !capacityFromProto(nil).NoSecretRefs {
+		t.Fatal("a runner that says nothing reads secret references")
 	}
 }
