@@ -18,6 +18,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -73,6 +74,28 @@ func volumeSize(q string) (int64, error) {
 		return 0, fmt.Errorf("%q: must be a whole number of Mi", q)
 	}
 	return n, nil
+}
+
+// checkVolumePolicySize refuses a registered volume of size bytes on runner runnerID
+// when the runner's policy bounds its volumes below that (constraints.volumes.max_size):
+// INVALID_ARGUMENT CWSANDBOX_PLACEMENT_REJECTED naming the constraint, with a violation of
+// volume.spec.size. Volumes already larger keep their size; they only cannot grow.
+func (s *Server) checkVolumePolicySize(ctx context.Context, runnerID string, size int64) error {
+	i := slices.IndexFunc(s.runners, func(r runner.Handle) bool { return r.ID() == runnerID })
+	if i < 0 {
+		return nil // refused elsewhere (unknown runner)
+	}
+	p, _, err := s.views.policyOf(ctx, i, runnerID)
+	if err != nil {
+		return apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "the policy of runner %s cannot be read now: %v", runnerID, err), 5*time.Second)
+	}
+	limit := p.VolumeMaxSize()
+	if limit <= 0 || size <= limit {
+		return nil
+	}
+	vs := []apierr.Violation{{Field: "volume.spec.size", Description: fmt.Sprintf("%s is above %s, the largest volume runner %s's policy allows (%s)",
+		quantityOf(size), quantityOf(limit), runnerID, policy.ConstraintVolumeMaxSize)}}
+	return apierr.Invalid(apierr.PlacementRejected, fmt.Sprintf("runner %s's policy rejects this volume: %s", runnerID, apierr.Describe(vs)), vs)
 }
 
 func (s *Server) volumesStore() (store.Volumes, error) {
@@ -308,6 +331,11 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 		}
 	}
 	size, _ := volumeSize(m.GetVolume().GetSpec().GetSize()) // checked above
+	if pvc.GetRunnerId() != globalRunnerID {
+		if err := s.checkVolumePolicySize(ctx, pvc.GetRunnerId(), size); err != nil {
+			return nil, err
+		}
+	}
 	v, err := st.Create(ctx, store.Volume{Org: p.Org, ID: m.GetVolume().GetVolumeId(), RunnerID: pvc.GetRunnerId(), Namespace: pvc.GetNamespace(),
 		ClaimName: pvc.GetClaimName(), SubPath: strings.TrimSuffix(pvc.GetSubPath(), "/"), ReadOnly: m.GetVolume().GetSpec().GetReadOnly(),
 		Description: m.GetVolume().GetSpec().GetDescription(), State: "VALIDATING", RequestID: m.GetRequestId(), RequestDigest: digest,
@@ -516,6 +544,11 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 	}
 	if size == cur.SizeBytes {
 		return cur, nil
+	}
+	if size > cur.SizeBytes && !isGlobal(cur) {
+		if err := s.checkVolumePolicySize(ctx, cur.RunnerID, size); err != nil {
+			return cur, err
+		}
 	}
 	before, after, err := st.Resize(ctx, org, id, size, s.volumeQuota())
 	var qe *store.QuotaExceededError
