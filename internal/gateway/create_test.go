@@ -36,8 +36,10 @@ type acceptingRunner struct {
 	shareTokens bool
 	// engineImage: it runs container-engine sandboxes with it under gvisor ("": none).
 	engineImage string
-	mu          sync.Mutex
-	got         map[string]runner.Sandbox
+	// noSecretRefs: it reads no KUBERNETES secret store (a local runner's backend).
+	noSecretRefs bool
+	mu           sync.Mutex
+	got          map[string]runner.Sandbox
 }
 
 func (r *acceptingRunner) ID() string    { return r.id }
@@ -75,7 +77,7 @@ func (r *acceptingRunner) Logs(context.Context, string, string, *agentv1.LogsReq
 }
 func (r *acceptingRunner) Capacity(context.Context) (runner.Capacity, error) {
 	c := runner.Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30, EdgeDomain: "sandboxd.test", EdgePort: 8443,
-		Support: runtime.Support{NoShareTokens: !r.shareTokens, NoContainerEngine: r.engineImage == ""}}
+		Support: runtime.Support{NoShareTokens: !r.shareTokens, NoContainerEngine: r.engineImage == "", NoSecretRefs: r.noSecretRefs}}
 	if r.engineImage != "" {
 		c.RuntimeClasses = []string{"runc", "gvisor"}
 		c.EngineImage, c.EngineRuntimeClass = r.engineImage, "gvisor"

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
@@ -20,15 +21,35 @@ import (
 const viewTimeout = 2 * time.Second
 
 // place returns the runners that accept spec and have room for it, best first (see
-// package placement for the errors).
-func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine) ([]placement.Candidate, error) {
-	return s.placeRestoring(ctx, spec, engine, nil)
+// package placement for the errors). secretRefs are the fields of spec's references to
+// KUBERNETES secret stores (byReference): only runners that read them are candidates.
+func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, secretRefs []string) ([]placement.Candidate, error) {
+	return s.placeRestoring(ctx, spec, engine, nil, secretRefs)
+}
+
+// byReference wraps resolve to note the fields (store_name) of the references it
+// answers spec.ErrByReference for: a KUBERNETES secret store's, which the runner resolves.
+// nil resolve stays nil.
+func byReference(resolve spec.SecretResolver) (spec.SecretResolver, func() []string) {
+	var fields []string
+	if resolve == nil {
+		return nil, func() []string { return nil }
+	}
+	return func(field string, ref spec.SecretRef) (string, error) {
+		v, err := resolve(field, ref)
+		if errors.Is(err, spec.ErrByReference) {
+			if f := storeNameField(field); !slices.Contains(fields, f) {
+				fields = append(fields, f)
+			}
+		}
+		return v, err
+	}, func() []string { return fields }
 }
 
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256
 // of their archives (one per restored volume), and a runner that has them cached comes
 // first among those that accept the sandbox (placement.PreferCached).
-func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests []string) ([]placement.Candidate, error) {
+func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs []string) ([]placement.Candidate, error) {
 	runners := s.views.snapshot(ctx)
 	addr, public := callerOf(ctx)
 	cands, err := placement.Place(placement.Request{
@@ -39,6 +60,8 @@ func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec
 		Reservations: &s.reserved,
 		CheckSource:  public,
 		Source:       addr,
+		// One per secret_stores entry (or credentials) at most: bounded with the spec.
+		SecretRefFields: secretRefs,
 	})
 	if err != nil {
 		return nil, err

@@ -502,7 +502,10 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		}
 	}()
 	ctx = withGlobalPlans(ctx, globals)
-	cr, err := toCreateRequest(shape, restore, secrets, s.registeredResolver(ctx, p.Org))
+	// The shape's conversion notes the references a runner resolves (KUBERNETES secret
+	// stores): placement keeps them to runners that can.
+	shapeSecrets, secretRefs := byReference(secrets)
+	cr, err := toCreateRequest(shape, restore, shapeSecrets, s.registeredResolver(ctx, p.Org))
 	if err != nil {
 		return nil, err
 	}
@@ -511,7 +514,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 			return nil, connect.NewError(connect.CodeInternal, err)
 		}
 	}
-	cands, err := s.place(ctx, asked, a.engine)
+	cands, err := s.place(ctx, asked, a.engine, secretRefs())
 	if err != nil {
 		return nil, err
 	}

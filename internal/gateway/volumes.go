@@ -18,6 +18,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -73,6 +74,28 @@ func volumeSize(q string) (int64, error) {
 		return 0, fmt.Errorf("%q: must be a whole number of Mi", q)
 	}
 	return n, nil
+}
+
+// checkVolumePolicySize refuses a registered volume of size bytes on runner runnerID
+// when the runner's policy bounds its volumes below that (constraints.volumes.max_size):
+// INVALID_ARGUMENT CWSANDBOX_PLACEMENT_REJECTED naming the constraint, with a violation of
+// volume.spec.size. Volumes already larger keep their size; they only cannot grow.
+func (s *Server) checkVolumePolicySize(ctx context.Context, runnerID string, size int64) error {
+	i := slices.IndexFunc(s.runners, func(r runner.Handle) bool { return r.ID() == runnerID })
+	if i < 0 {
+		return nil // refused elsewhere (unknown runner)
+	}
+	p, _, err := s.views.policyOf(ctx, i, runnerID)
+	if err != nil {
+		return apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "the policy of runner %s cannot be read now: %v", runnerID, err), 5*time.Second)
+	}
+	limit := p.VolumeMaxSize()
+	if limit <= 0 || size <= limit {
+		return nil
+	}
+	vs := []apierr.Violation{{Field: "volume.spec.size", Description: fmt.Sprintf("%s is above %s, the largest volume runner %s's policy allows (%s)",
+		quantityOf(size), quantityOf(limit), runnerID, policy.ConstraintVolumeMaxSize)}}
+	return apierr.Invalid(apierr.PlacementRejected, fmt.Sprintf("runner %s's policy rejects this volume: %s", runnerID, apierr.Describe(vs)), vs)
 }
 
 func (s *Server) volumesStore() (store.Volumes, error) {
@@ -146,6 +169,11 @@ func (s *Server) volumeProto(ctx context.Context, v store.Volume) *sandboxv1.Vol
 	if v.ReadOnly {
 		st.AccessModes = []string{"ReadOnlyMany"}
 	}
+	if modes := knownAccessModes(v.AccessModes); !isGlobal(v) && len(modes) > 0 && (!v.ReadOnly || singleNode(modes)) {
+		// What the runner reported of the claim (a Kubernetes runner's ReadWriteOnce or
+		// ReadWriteOncePod pins the sandboxes mounting it to one node, read-only or not).
+		st.AccessModes = modes
+	}
 	if v.LastValidated != nil {
 		st.LastValidatedTime = timestamppb.New(*v.LastValidated)
 	}
@@ -161,6 +189,26 @@ func (s *Server) volumeProto(ctx context.Context, v store.Volume) *sandboxv1.Vol
 		out.Spec.Size = quantityOf(v.SizeBytes)
 	}
 	return out
+}
+
+// accessModes are the Kubernetes access modes a runner may report of a volume's claim.
+var accessModes = []string{"ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany", "ReadOnlyMany"}
+
+// knownAccessModes keeps the modes of ms that are access modes, once each: what a runner
+// reports is not taken on trust.
+func knownAccessModes(ms []string) []string {
+	var out []string
+	for _, m := range ms {
+		if slices.Contains(accessModes, m) && !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// singleNode reports whether modes let one node at a time mount the claim.
+func singleNode(modes []string) bool {
+	return !slices.Contains(modes, "ReadWriteMany") && !slices.Contains(modes, "ReadOnlyMany")
 }
 
 // quantityOf renders n bytes as a Kubernetes quantity ("10Gi"), exact.
@@ -283,6 +331,11 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 		}
 	}
 	size, _ := volumeSize(m.GetVolume().GetSpec().GetSize()) // checked above
+	if pvc.GetRunnerId() != globalRunnerID {
+		if err := s.checkVolumePolicySize(ctx, pvc.GetRunnerId(), size); err != nil {
+			return nil, err
+		}
+	}
 	v, err := st.Create(ctx, store.Volume{Org: p.Org, ID: m.GetVolume().GetVolumeId(), RunnerID: pvc.GetRunnerId(), Namespace: pvc.GetNamespace(),
 		ClaimName: pvc.GetClaimName(), SubPath: strings.TrimSuffix(pvc.GetSubPath(), "/"), ReadOnly: m.GetVolume().GetSpec().GetReadOnly(),
 		Description: m.GetVolume().GetSpec().GetDescription(), State: "VALIDATING", RequestID: m.GetRequestId(), RequestDigest: digest,
@@ -321,6 +374,7 @@ func (s *Server) validateVolume(ctx context.Context, v store.Volume) store.Volum
 	defer cancel()
 	state, reason := "READY", ""
 	var capacity int64
+	var modes []string
 	r := s.runnerByID(v.RunnerID)
 	h, ok := r.(runner.VolumeHandle)
 	switch {
@@ -331,16 +385,19 @@ func (s *Server) validateVolume(ctx context.Context, v store.Volume) store.Volum
 	case !ok:
 		state, reason = "ERROR", fmt.Sprintf("runner %s holds no registered volumes", v.RunnerID)
 	default:
-		n, err := h.EnsureVolume(ctx, storeVolume(v).registered())
+		vs, err := h.EnsureVolume(ctx, storeVolume(v).registered())
 		if err != nil {
 			state, reason = "ERROR", err.Error()
 		}
-		capacity = n
+		capacity, modes = vs.CapacityBytes, knownAccessModes(vs.AccessModes)
 	}
 	now := time.Now()
 	u := store.VolumeUpdate{State: &state, StateReason: &reason, LastValidated: &now}
 	if capacity > 0 {
 		u.CapacityBytes = &capacity
+	}
+	if state == "READY" && !isGlobal(v) {
+		u.AccessModes = &modes
 	}
 	nv, err := s.volumes.Update(ctx, v.Org, v.ID, u)
 	if err != nil {
@@ -488,6 +545,11 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 	if size == cur.SizeBytes {
 		return cur, nil
 	}
+	if size > cur.SizeBytes && !isGlobal(cur) {
+		if err := s.checkVolumePolicySize(ctx, cur.RunnerID, size); err != nil {
+			return cur, err
+		}
+	}
 	before, after, err := st.Resize(ctx, org, id, size, s.volumeQuota())
 	var qe *store.QuotaExceededError
 	switch {
@@ -522,8 +584,9 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 			map[string]string{"volume_id": id, "runner_id": after.RunnerID})
 	}
 	rctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
-	n, err := h.EnsureVolume(rctx, storeVolume(after).registered())
+	vs, err := h.EnsureVolume(rctx, storeVolume(after).registered())
 	cancel()
+	n, modes := vs.CapacityBytes, knownAccessModes(vs.AccessModes)
 	if err == nil && n < size {
 		err = apierr.Newf(apierr.InvalidRequest, "volume %q: the runner grew it to %d bytes only, not %d", id, n, size)
 	}
@@ -533,7 +596,7 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 		return cur, err
 	}
 	s.log.Info("volume grown", "volume", id, "org", org, "from_bytes", before.SizeBytes, "size_bytes", size)
-	out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n})
+	out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n, AccessModes: &modes})
 	if err != nil {
 		return after, nil
 	}

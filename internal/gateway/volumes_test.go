@@ -25,22 +25,26 @@ type volumeRunner struct {
 	vmu     sync.Mutex
 	ensured []runner.RegisteredVolume
 	deleted []string
+	// modes: the access modes EnsureVolume reports per claim name (a Kubernetes
+	// runner's); none: a local runner's.
+	modes map[string][]string
 }
 
-func (r *volumeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume) (int64, error) {
+func (r *volumeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume) (runner.VolumeState, error) {
 	r.vmu.Lock()
 	defer r.vmu.Unlock()
 	r.ensured = append(r.ensured, v)
 	if v.ClaimName == "broken" {
-		return 0, apierr.Newf(apierr.VolumeTypeNotSupported, "broken on purpose")
+		return runner.VolumeState{}, apierr.Newf(apierr.VolumeTypeNotSupported, "broken on purpose")
 	}
 	if v.ClaimName == "nogrow" && v.SizeBytes > 256<<20 {
-		return 0, apierr.New(apierr.VolumeInUse, "cannot grow on purpose", nil)
+		return runner.VolumeState{}, apierr.New(apierr.VolumeInUse, "cannot grow on purpose", nil)
 	}
+	out := runner.VolumeState{CapacityBytes: 10 << 30, AccessModes: r.modes[v.ClaimName]}
 	if v.SizeBytes > 0 {
-		return v.SizeBytes, nil
+		out.CapacityBytes = v.SizeBytes
 	}
-	return 10 << 30, nil
+	return out, nil
 }
 
 func (r *volumeRunner) DeleteVolume(_ context.Context, v runner.RegisteredVolume, force bool) error {

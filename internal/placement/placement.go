@@ -123,6 +123,29 @@ type Request struct {
 	// candidate. False for the platform's own placements.
 	CheckSource bool
 	Source      netip.Addr
+	// SecretRefFields are the fields of the spec's references to KUBERNETES secret
+	// stores (e.g. sandbox.spec.containers[0].secret_stores[0].store_name): the runner
+	// resolves them from Kubernetes Secrets, so only runners that can (no
+	// Support.NoSecretRefs: Kubernetes runners) are candidates.
+	SecretRefFields []string
+}
+
+// ConstraintSecretRefs: a sandbox that references a KUBERNETES secret store runs only on
+// a runner that reads Kubernetes Secrets (a Kubernetes runner).
+const ConstraintSecretRefs = "platform.secret_refs"
+
+// secretRefViolations are runner r's refusals of the spec's KUBERNETES secret store
+// references (none when it reads them or there are none).
+func secretRefViolations(r Runner, fields []string) []apierr.Violation {
+	if !r.NoSecretRefs {
+		return nil
+	}
+	vs := make([]apierr.Violation, len(fields))
+	for i, f := range fields {
+		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
+			Description: "references a KUBERNETES secret store, which only a Kubernetes runner reads (" + ConstraintSecretRefs + "); this runner's backend is not Kubernetes"}
+	}
+	return vs
 }
 
 // Candidate is a runner that accepts the sandbox and has room for it.
@@ -162,7 +185,10 @@ type Candidate struct {
 //     violations (field runner[ID].control_plane_access.source_ip_allowlist) are among
 //     the others';
 //   - every runner considered is down: UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE with
-//     RetryInfo.
+//     RetryInfo;
+//   - the spec references a KUBERNETES secret store (Request.SecretRefFields) and no
+//     runner considered reads them: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER
+//     with a violation per runner and field naming ConstraintSecretRefs.
 func Place(req Request) ([]Candidate, error) {
 	pins := req.Spec.GetRunnerIds()
 	if err := ValidateRunnerIDs(pins); err != nil {
@@ -210,6 +236,11 @@ func Place(req Request) ([]Candidate, error) {
 			bySource++
 			shareOnly = false
 			rejected = append(rejected, policy.SourceViolation(r.ID, req.Source))
+			continue
+		}
+		if vs := secretRefViolations(r, req.SecretRefFields); len(vs) > 0 {
+			shareOnly = false
+			rejected = append(rejected, vs...)
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+
+	"github.com/sandboxd/sandboxd/internal/quantity"
 )
 
 // VolumeConstraints bound registered volumes held as claims (Kubernetes runners'
@@ -12,6 +14,26 @@ type VolumeConstraints struct {
 	// AllowedStorageClasses lists the storage classes a claim the runner makes or adopts
 	// may have. Absent: any; [] allows none (no registered volumes on the runner).
 	AllowedStorageClasses []string `json:"allowed_storage_classes,omitzero"`
+	// MaxSize bounds the size of each registered volume made or grown on the runner
+	// (VolumeSpec.size), a memory quantity ("50Gi"); absent: the gateway's bounds only
+	// (16Mi to 1Ti). Volumes already larger keep their size.
+	MaxSize Quantity `json:"max_size,omitempty"`
+}
+
+// ConstraintVolumeMaxSize: a registered volume is larger than the runner's policy allows.
+const ConstraintVolumeMaxSize = "constraints.volumes.max_size"
+
+// VolumeMaxSize is the largest registered volume the policy allows on its runner, in
+// bytes; 0: no bound. A policy that does not validate has none.
+func (p *Policy) VolumeMaxSize() int64 {
+	if p == nil || p.Constraints.Volumes == nil || p.Constraints.Volumes.MaxSize == "" {
+		return 0
+	}
+	n, err := quantity.ParseMemory(string(p.Constraints.Volumes.MaxSize))
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
 }
 
 // storageClassName is a StorageClass name: a DNS-1123 subdomain.
@@ -31,6 +53,13 @@ func validateVolumes(p *Policy, add func(field, format string, args ...any)) {
 	vc := p.Constraints.Volumes
 	if vc == nil {
 		return
+	}
+	if q := vc.MaxSize; q != "" {
+		if n, err := quantity.ParseMemory(string(q)); err != nil {
+			add("policy.constraints.volumes.max_size", "%v", err)
+		} else if n <= 0 {
+			add("policy.constraints.volumes.max_size", "must be positive, got %q", q)
+		}
 	}
 	for i, s := range vc.AllowedStorageClasses {
 		if !validStorageClass(s) {

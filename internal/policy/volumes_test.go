@@ -46,3 +46,40 @@ func TestVolumeStorageClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestVolumeMaxSize: constraints.volumes.max_size is a memory quantity, positive; the
+// bound in bytes, 0 without one.
+func TestVolumeMaxSize(t *testing.T) {
+	p, err := Parse([]byte(`{"constraints": {"volumes": {"max_size": "50Gi"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vs := Validate(p); len(vs) != 0 {
+		t.Fatalf("valid policy: %v", vs)
+	}
+	if n := p.VolumeMaxSize(); n != 50<<30 {
+		t.Fatalf("max size %d", n)
+	}
+	if n := (&Policy{}).VolumeMaxSize(); n != 0 {
+		t.Fatalf("no bound: %d", n)
+	}
+	if n := (*Policy)(nil).VolumeMaxSize(); n != 0 {
+		t.Fatalf("nil policy: %d", n)
+	}
+	if _, err := Parse([]byte(`{"constraints": {"volumes": {"max_size_gb": 5}}}`)); err == nil {
+		t.Fatal("unknown field accepted")
+	}
+	for _, q := range []string{`"lots"`, `"0"`, `"-1Gi"`, `"1.5.5Gi"`} {
+		p, err := Parse([]byte(`{"constraints": {"volumes": {"max_size": ` + q + `}}}`))
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		vs := Validate(p)
+		if len(vs) != 1 || vs[0].Field != "policy.constraints.volumes.max_size" {
+			t.Errorf("%s: got %v, want one violation on policy.constraints.volumes.max_size", q, vs)
+		}
+		if p.VolumeMaxSize() != 0 {
+			t.Errorf("%s: an invalid bound counts", q)
+		}
+	}
+}

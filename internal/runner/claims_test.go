@@ -19,12 +19,12 @@ type claimFake struct {
 }
 
 func (f *claimFake) ClaimNamespace() string { return "sbx" }
-func (f *claimFake) EnsureClaim(_ context.Context, c runtime.Claim) (int64, error) {
+func (f *claimFake) EnsureClaim(_ context.Context, c runtime.Claim) (runtime.ClaimState, error) {
 	if c.Name == "foreign" {
-		return 0, fmt.Errorf("%w: not granted", runtime.ErrClaimIneligible)
+		return runtime.ClaimState{}, fmt.Errorf("%w: not granted", runtime.ErrClaimIneligible)
 	}
 	f.got = append(f.got, c)
-	return 5 << 30, nil
+	return runtime.ClaimState{CapacityBytes: 5 << 30, AccessModes: []string{"ReadWriteOnce"}}, nil
 }
 func (f *claimFake) RemoveClaim(_ context.Context, c runtime.Claim) error {
 	f.removed = append(f.removed, c)
@@ -50,8 +50,8 @@ func TestClaimVolumesOnTheRunner(t *testing.T) {
 	l := engineRunner(t, f, "")
 	ctx := context.Background()
 	v := RegisteredVolume{Org: "acme", ClaimName: "data", Namespace: "sbx", StorageClass: "fast", AllowedStorageClasses: []string{"fast"}}
-	if n, err := l.EnsureVolume(ctx, v); err != nil || n != 5<<30 {
-		t.Fatalf("ensure: %d %v", n, err)
+	if n, err := l.EnsureVolume(ctx, v); err != nil || n.CapacityBytes != 5<<30 || len(n.AccessModes) != 1 || n.AccessModes[0] != "ReadWriteOnce" {
+		t.Fatalf("ensure: %+v %v", n, err)
 	}
 	if c := f.got[0]; c.Managed != v.ManagedName() || c.StorageClass != "fast" || len(c.AllowedStorageClasses) != 1 || c.Org != "acme" {
 		t.Errorf("claim %+v", c)
@@ -104,5 +104,21 @@ func TestSecretRefsOnTheRunner(t *testing.T) {
 	lp := engineRunner(t, plain, "")
 	if _, err := lp.Create(ctx, CreateRequest{Spec: spec("ok")}); apierr.Reason(err) != apierr.SecretStoreProviderUnsupported {
 		t.Errorf("local runner: %v", err)
+	}
+}
+
+// TestSupportSecretRefs: a runner whose backend checks KUBERNETES secret references
+// (runtime.SecretRefChecker) says it reads them; any other says it does not, so the
+// gateway places such sandboxes elsewhere.
+func TestSupportSecretRefs(t *testing.T) {
+	f := &claimFake{Fake: runtimetest.NewFake()}
+	t.Cleanup(f.Close)
+	if engineRunner(t, f, "").R.Support().NoSecretRefs {
+		t.Error("a backend that checks secret references: NoSecretRefs")
+	}
+	plain := runtimetest.NewFake()
+	t.Cleanup(plain.Close)
+	if !engineRunner(t, plain, "").R.Support().NoSecretRefs {
+		t.Error("a backend that cannot read secret references: not NoSecretRefs")
 	}
 }

@@ -275,7 +275,7 @@ func (l *Local) DeleteCheckpoint(ctx context.Context, key string) error {
 }
 
 // EnsureVolume implements VolumeHandle.
-func (l *Local) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, error) {
+func (l *Local) EnsureVolume(ctx context.Context, v RegisteredVolume) (VolumeState, error) {
 	return l.R.EnsureVolume(ctx, v)
 }
 

@@ -1587,6 +1587,8 @@ func (r *Runner) Support() runtime.Support {
 	_, noCapture := r.snapshotSupport()
 	_, noRestore := r.restoreSupport()
 	s.NoSnapshots = s.NoSnapshots || noCapture != "" || noRestore != ""
+	_, refs := r.backend.(runtime.SecretRefChecker)
+	s.NoSecretRefs = !refs
 	return s
 }
 

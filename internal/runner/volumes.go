@@ -34,11 +34,21 @@ type RegisteredVolume struct {
 // VolumeHandle is implemented by Handles whose runner holds registered volumes (Local,
 // runnerapi.Client).
 type VolumeHandle interface {
-	// EnsureVolume makes v when missing, checks it and returns its capacity in bytes.
-	EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, error)
+	// EnsureVolume makes v when missing, checks it and returns its capacity and access
+	// modes.
+	EnsureVolume(ctx context.Context, v RegisteredVolume) (VolumeState, error)
 	// DeleteVolume removes v and its content; a missing one is no error. Without force,
 	// a volume live sandboxes of the runner mount is refused (CWSANDBOX_VOLUME_IN_USE).
 	DeleteVolume(ctx context.Context, v RegisteredVolume, force bool) error
+}
+
+// VolumeState is what EnsureVolume found of a registered volume.
+type VolumeState struct {
+	CapacityBytes int64
+	// AccessModes are the Kubernetes access modes of a claim (runtime.ClaimState); nil on
+	// backends whose volumes any number of the runner's sandboxes mount read-write
+	// (ReadWriteMany: the local backend).
+	AccessModes []string
 }
 
 // ClaimNamePattern is what a registered volume's claim_name looks like (a DNS-1123 label).
@@ -111,30 +121,33 @@ func (r *Runner) managedVolumes() (runtime.ManagedVolumes, error) {
 }
 
 // EnsureVolume implements VolumeHandle.
-func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, error) {
+func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (VolumeState, error) {
 	if err := v.check(); err != nil {
-		return 0, err
+		return VolumeState{}, err
 	}
 	if cv, ok := r.backend.(runtime.ClaimVolumes); ok {
 		if err := v.checkNamespace(cv.ClaimNamespace()); err != nil {
-			return 0, err
+			return VolumeState{}, err
 		}
-		n, err := cv.EnsureClaim(ctx, v.claim())
-		return n, claimErr(v, err)
+		cs, err := cv.EnsureClaim(ctx, v.claim())
+		if err != nil {
+			return VolumeState{}, claimErr(v, err)
+		}
+		return VolumeState{CapacityBytes: cs.CapacityBytes, AccessModes: cs.AccessModes}, nil
 	}
 	if err := v.checkNamespace(VolumeNamespace); err != nil {
-		return 0, err
+		return VolumeState{}, err
 	}
 	mv, err := r.managedVolumes()
 	if err != nil {
-		return 0, err
+		return VolumeState{}, err
 	}
 	n, err := mv.EnsureManaged(v.ManagedName(), v.SizeBytes)
 	if errors.Is(err, runtime.ErrInvalidSpec) {
-		return 0, apierr.Newf(apierr.InvalidRequest, "registered volume %s: %v", v.ClaimName, err)
+		return VolumeState{}, apierr.Newf(apierr.InvalidRequest, "registered volume %s: %v", v.ClaimName, err)
 	}
 	if errors.Is(err, runtime.ErrManagedBusy) {
-		return 0, apierr.New(apierr.VolumeInUse, fmt.Sprintf("registered volume %s: %v", v.ClaimName, err), nil)
+		return VolumeState{}, apierr.New(apierr.VolumeInUse, fmt.Sprintf("registered volume %s: %v", v.ClaimName, err), nil)
 	}
 	if err != nil {
 		// The backend's error names host paths and tools (mkfs, e2fsck, resize2fs): it
@@ -144,9 +157,9 @@ func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (int64, e
 		if errors.Is(err, syscall.ENOSPC) {
 			why = "the runner's disk is full"
 		}
-		return 0, fmt.Errorf("registered volume %s: the runner could not make, check or grow it (%s)", v.ClaimName, why)
+		return VolumeState{}, fmt.Errorf("registered volume %s: the runner could not make, check or grow it (%s)", v.ClaimName, why)
 	}
-	return n, nil
+	return VolumeState{CapacityBytes: n}, nil
 }
 
 // DeleteVolume implements VolumeHandle.

@@ -45,8 +45,8 @@ func TestRegisteredVolumesOnTheRunner(t *testing.T) {
 	l := engineRunner(t, f, "")
 	ctx := context.Background()
 	v := RegisteredVolume{Org: "acme", ClaimName: "data", Namespace: VolumeNamespace}
-	if n, err := l.EnsureVolume(ctx, v); err != nil || n != 10<<30 || f.made[v.ManagedName()] == 0 {
-		t.Fatalf("ensure = %d, %v (%v)", n, err, f.made)
+	if n, err := l.EnsureVolume(ctx, v); err != nil || n.CapacityBytes != 10<<30 || n.AccessModes != nil || f.made[v.ManagedName()] == 0 {
+		t.Fatalf("ensure = %+v, %v (%v)", n, err, f.made)
 	}
 	if (RegisteredVolume{Org: "other", ClaimName: "data"}).ManagedName() == v.ManagedName() {
 		t.Fatal("two organizations' claims share a backend name")

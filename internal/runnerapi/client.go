@@ -242,12 +242,12 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, key string) error {
 }
 
 // EnsureVolume implements runner.VolumeHandle.
-func (c *Client) EnsureVolume(ctx context.Context, v runner.RegisteredVolume) (int64, error) {
+func (c *Client) EnsureVolume(ctx context.Context, v runner.RegisteredVolume) (runner.VolumeState, error) {
 	resp, err := c.runner.EnsureVolume(ctx, connect.NewRequest(&runnerv1.EnsureVolumeRequest{Volume: registeredToProto(v)}))
 	if err != nil {
-		return 0, fromStatus(ctx, c.id, err)
+		return runner.VolumeState{}, fromStatus(ctx, c.id, err)
 	}
-	return resp.Msg.GetCapacityBytes(), nil
+	return runner.VolumeState{CapacityBytes: resp.Msg.GetCapacityBytes(), AccessModes: resp.Msg.GetAccessModes()}, nil
 }
 
 // DeleteVolume implements runner.VolumeHandle.

@@ -560,6 +560,7 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		EngineRuntimeClass:  c.EngineRuntimeClass,
 		EngineUnavailable:   c.EngineUnavailable,
 		Snapshots:           !c.NoSnapshots,
+		SecretRefs:          !c.NoSecretRefs,
 		CachedSnapshots:     c.CachedSnapshots,
 		Paused:              int32(c.Paused),
 		CheckpointClasses:   c.CheckpointClasses,
@@ -680,6 +681,8 @@ func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
 		NoContainerEngine: p.GetEngineImage() == "",
 		// An older runner, which does not say it takes snapshots, is taken not to.
 		NoSnapshots: !p.GetSnapshots(),
+		// Likewise KUBERNETES secret store references.
+		NoSecretRefs: !p.GetSecretRefs(),
 	}
 }
 

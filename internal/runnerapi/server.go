@@ -53,7 +53,7 @@ type backend interface {
 	ExportCheckpoint(ctx context.Context, id string) (runner.CheckpointRef, runner.Sandbox, error)
 	ImportFork(ctx context.Context, req runner.ImportRequest) ([]runner.ForkResult, error)
 	DeleteCheckpoint(ctx context.Context, key string) error
-	EnsureVolume(ctx context.Context, v runner.RegisteredVolume) (int64, error)
+	EnsureVolume(ctx context.Context, v runner.RegisteredVolume) (runner.VolumeState, error)
 	DeleteVolume(ctx context.Context, v runner.RegisteredVolume, force bool) error
 	Moved(ctx context.Context, id, to string) error
 	Agent(ctx context.Context, id, container string) (agentv1connect.AgentServiceClient, error)
@@ -298,11 +298,11 @@ func (s *Server) EnsureVolume(ctx context.Context, req *connect.Request[runnerv1
 	if err := s.volumeClasses(ctx, &v); err != nil {
 		return nil, err
 	}
-	n, err := s.r.EnsureVolume(ctx, v)
+	vs, err := s.r.EnsureVolume(ctx, v)
 	if err != nil {
 		return nil, toStatus("", err)
 	}
-	return connect.NewResponse(&runnerv1.EnsureVolumeResponse{CapacityBytes: n}), nil
+	return connect.NewResponse(&runnerv1.EnsureVolumeResponse{CapacityBytes: vs.CapacityBytes, AccessModes: vs.AccessModes}), nil
 }
 
 // DeleteVolume removes a registered volume (runner.Runner.DeleteVolume).

@@ -37,6 +37,11 @@ type Support struct {
 	// blob store, or its backend implements neither VolumeCapturer nor SnapshotCache).
 	// On the wire an older runner that does not say it can is taken to lack it.
 	NoSnapshots bool
+	// NoSecretRefs: the runner cannot resolve references to a KUBERNETES secret store's
+	// secrets (Container.SecretRefs): its backend is no SecretRefChecker (every backend
+	// but Kubernetes). Set by the runner; on the wire an older runner that does not say it
+	// can is taken to lack it.
+	NoSecretRefs bool
 }
 
 // Optional interfaces of a Backend. The runner asserts them when it runs; each backend

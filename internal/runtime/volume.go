@@ -213,14 +213,22 @@ type Claim struct {
 	AllowedStorageClasses []string
 }
 
+// ClaimState is what EnsureClaim found of a claim.
+type ClaimState struct {
+	CapacityBytes int64 // its bound volume's capacity, else what it requests
+	// AccessModes are the claim's (bound: its volume's), e.g. ["ReadWriteOnce"]: with
+	// ReadWriteOnce or ReadWriteOncePod the sandboxes mounting it share one node.
+	AccessModes []string
+}
+
 // ClaimVolumes is implemented by backends whose registered volumes are claims in one
 // namespace (the Kubernetes backend). A sandbox mounts one by Volume.Managed.
 type ClaimVolumes interface {
 	// ClaimNamespace is the namespace the backend's claims live in.
 	ClaimNamespace() string
 	// EnsureClaim adopts the claim when it exists and may be used (ErrClaimIneligible
-	// otherwise), else makes it; it returns the claim's capacity in bytes.
-	EnsureClaim(ctx context.Context, c Claim) (int64, error)
+	// otherwise), else makes it; it returns the claim's capacity and access modes.
+	EnsureClaim(ctx context.Context, c Claim) (ClaimState, error)
 	// RemoveClaim deletes the claim when the backend made it, else only lets go of it.
 	// A missing one is no error.
 	RemoveClaim(ctx context.Context, c Claim) error

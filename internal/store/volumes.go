@@ -71,7 +71,11 @@ type Volume struct {
 	// CapacityBytes is the size of the runner's storage; 0 until known.
 	CapacityBytes int64
 	// SizeBytes is the size asked for (what max_volume_bytes counts); > 0.
-	SizeBytes     int64
+	SizeBytes int64
+	// AccessModes are the Kubernetes access modes the runner reported for the volume's
+	// claim (e.g. ReadWriteOnce); nil until known, and on runners whose volumes are
+	// ReadWriteMany (local). Stored comma-separated.
+	AccessModes   []string
 	CreateTime    time.Time // set by the store
 	UpdateTime    time.Time // set by the store
 	LastValidated *time.Time
@@ -95,6 +99,8 @@ type VolumeUpdate struct {
 	LastValidated *time.Time
 	// SizeBytes sets the size without a quota check (putting back a failed Resize).
 	SizeBytes *int64
+	// AccessModes, when not nil, replaces the access modes (empty: unknown).
+	AccessModes *[]string
 }
 
 // KeyClaimName is the key of a runner claim another volume of the organization names.
@@ -105,15 +111,19 @@ type volumes struct{ s *sqlStore }
 func (s *sqlStore) Volumes() Volumes { return volumes{s} }
 
 const volumeCols = `org_id, id, runner_id, namespace, claim_name, sub_path, read_only, description, state,
-	state_reason, capacity_bytes, create_time, update_time, last_validated, request_id, request_digest, size_bytes`
+	state_reason, capacity_bytes, create_time, update_time, last_validated, request_id, request_digest, size_bytes, access_modes`
 
 func scanVolume(r row) (Volume, error) {
 	var v Volume
 	var requestID sql.NullString
 	var created, updated, validated dbTime
+	var modes string
 	if err := r.Scan(&v.Org, &v.ID, &v.RunnerID, &v.Namespace, &v.ClaimName, &v.SubPath, &v.ReadOnly, &v.Description,
-		&v.State, &v.StateReason, &v.CapacityBytes, &created, &updated, &validated, &requestID, &v.RequestDigest, &v.SizeBytes); err != nil {
+		&v.State, &v.StateReason, &v.CapacityBytes, &created, &updated, &validated, &requestID, &v.RequestDigest, &v.SizeBytes, &modes); err != nil {
 		return Volume{}, err
+	}
+	if modes != "" {
+		v.AccessModes = strings.Split(modes, ",")
 	}
 	v.RequestID = requestID.String
 	v.CreateTime, v.UpdateTime, v.LastValidated = created.t, updated.t, validated.ptr()
@@ -148,9 +158,9 @@ func (vs volumes) Create(ctx context.Context, v Volume, maxActive int, quota *Qu
 			return err
 		}
 		_, err := q.exec(ctx, `INSERT INTO volumes (`+volumeCols+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
 			v.Org, v.ID, v.RunnerID, v.Namespace, v.ClaimName, v.SubPath, v.ReadOnly, v.Description, v.State,
-			v.StateReason, v.CapacityBytes, v.CreateTime, v.UpdateTime, timeArg(v.LastValidated), requestID, v.RequestDigest, v.SizeBytes)
+			v.StateReason, v.CapacityBytes, v.CreateTime, v.UpdateTime, timeArg(v.LastValidated), requestID, v.RequestDigest, v.SizeBytes, strings.Join(v.AccessModes, ","))
 		return err
 	})
 	if err != nil {
@@ -233,7 +243,10 @@ func (vs volumes) List(ctx context.Context, org string, f VolumeFilter, page Pag
 }
 
 func (vs volumes) Update(ctx context.Context, org, id string, u VolumeUpdate) (Volume, error) {
-	var desc, state, reason, capacity, size any
+	var desc, state, reason, capacity, size, modes any
+	if u.AccessModes != nil {
+		modes = strings.Join(*u.AccessModes, ",")
+	}
 	if u.SizeBytes != nil {
 		size = *u.SizeBytes
 	}
@@ -258,9 +271,10 @@ func (vs volumes) Update(ctx context.Context, org, id string, u VolumeUpdate) (V
 		capacity_bytes = COALESCE($6, capacity_bytes),
 		last_validated = COALESCE($7, last_validated),
 		update_time = $8,
-		size_bytes = COALESCE($9, size_bytes)
+		size_bytes = COALESCE($9, size_bytes),
+		access_modes = COALESCE($10, access_modes)
 		WHERE org_id = $1 AND id = $2 RETURNING `+volumeCols,
-		org, id, desc, state, reason, capacity, timeArg(u.LastValidated), now(), size))
+		org, id, desc, state, reason, capacity, timeArg(u.LastValidated), now(), size, modes))
 	return v, vs.s.readErr("volume", err)
 }
 

@@ -3,6 +3,7 @@ package store_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,6 +61,24 @@ func TestVolumes(t *testing.T) {
 		u, err = vs.Update(ctx, "acme", "data", store.VolumeUpdate{State: &st, Description: &desc})
 		if err != nil || u.State != "READY" || u.StateReason != "" || u.Description != "new" || u.CapacityBytes != capb {
 			t.Fatalf("update = %+v, %v", u, err)
+		}
+		if u.AccessModes != nil {
+			t.Fatalf("access modes before any are reported: %q", u.AccessModes)
+		}
+		// Access modes: set, kept by other updates, cleared by an empty list.
+		modes := []string{"ReadWriteOnce", "ReadOnlyMany"}
+		if u, err = vs.Update(ctx, "acme", "data", store.VolumeUpdate{AccessModes: &modes}); err != nil || strings.Join(u.AccessModes, ",") != "ReadWriteOnce,ReadOnlyMany" {
+			t.Fatalf("access modes = %q, %v", u.AccessModes, err)
+		}
+		if u, err = vs.Get(ctx, "acme", "data"); err != nil || strings.Join(u.AccessModes, ",") != "ReadWriteOnce,ReadOnlyMany" {
+			t.Fatalf("get: access modes = %q, %v", u.AccessModes, err)
+		}
+		if u, err = vs.Update(ctx, "acme", "data", store.VolumeUpdate{Description: &desc}); err != nil || len(u.AccessModes) != 2 {
+			t.Fatalf("access modes lost by another update: %q, %v", u.AccessModes, err)
+		}
+		none := []string{}
+		if u, err = vs.Update(ctx, "acme", "data", store.VolumeUpdate{AccessModes: &none}); err != nil || u.AccessModes != nil {
+			t.Fatalf("cleared access modes = %q, %v", u.AccessModes, err)
 		}
 		_, err = vs.Update(ctx, "globex", "nope", store.VolumeUpdate{Description: &desc})
 		wantErr(t, err, store.ErrNotFound)

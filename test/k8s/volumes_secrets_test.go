@@ -100,8 +100,8 @@ func TestPVCVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("claim %s made and bound to the static volume in %s", claim, time.Since(t0).Round(time.Millisecond))
-	if n != 1<<30 {
-		t.Errorf("capacity %d, want 1Gi from the bound claim", n)
+	if n.CapacityBytes != 1<<30 {
+		t.Errorf("capacity %d, want 1Gi from the bound claim", n.CapacityBytes)
 	}
 	pvc, err := s.Client.CoreV1().PersistentVolumeClaims(c.namespace).Get(ctx, claim, metav1.GetOptions{})
 	if err != nil || pvc.Status.Phase != corev1.ClaimBound || pvc.Labels[kubernetes.LabelVolumeOrg] != runtime.OrgHash(org) {

@@ -60,9 +60,9 @@ func ineligible(format string, args ...any) error {
 }
 
 // EnsureClaim implements runtime.ClaimVolumes.
-func (b *Backend) EnsureClaim(ctx context.Context, c runtime.Claim) (int64, error) {
+func (b *Backend) EnsureClaim(ctx context.Context, c runtime.Claim) (runtime.ClaimState, error) {
 	if c.Org == "" || c.Name == "" || !runtime.KeepNamePattern.MatchString(c.Managed) {
-		return 0, fmt.Errorf("%w: claim %q: organization, name and managed name are required", runtime.ErrInvalidSpec, c.Name)
+		return runtime.ClaimState{}, fmt.Errorf("%w: claim %q: organization, name and managed name are required", runtime.ErrInvalidSpec, c.Name)
 	}
 	pvcs := b.cfg.Client.CoreV1().PersistentVolumeClaims(b.cfg.Namespace)
 	pvc, err := pvcs.Get(ctx, c.Name, metav1.GetOptions{})
@@ -75,23 +75,23 @@ func (b *Backend) EnsureClaim(ctx context.Context, c runtime.Claim) (int64, erro
 		}
 	}
 	if err != nil {
-		return 0, fmt.Errorf("claim %s: %w", c.Name, err)
+		return runtime.ClaimState{}, fmt.Errorf("claim %s: %w", c.Name, err)
 	}
 	ours := pvc.Labels[LabelManagedBy] == ManagedBy && pvc.Labels[LabelKind] == KindVolume
 	switch {
 	case pvc.Labels[LabelVolumeOrg] != runtime.OrgHash(c.Org):
-		return 0, ineligible("claim %q exists in namespace %q and is not granted to this organization (label %s=%s)", c.Name, b.cfg.Namespace, LabelVolumeOrg, runtime.OrgHash(c.Org))
+		return runtime.ClaimState{}, ineligible("claim %q exists in namespace %q and is not granted to this organization (label %s=%s)", c.Name, b.cfg.Namespace, LabelVolumeOrg, runtime.OrgHash(c.Org))
 	case ours && pvc.Labels[LabelRegisteredVolume] != c.Managed:
-		return 0, ineligible("claim %q holds another registered volume", c.Name)
+		return runtime.ClaimState{}, ineligible("claim %q holds another registered volume", c.Name)
 	case pvc.DeletionTimestamp != nil:
-		return 0, ineligible("claim %q is being deleted", c.Name)
+		return runtime.ClaimState{}, ineligible("claim %q is being deleted", c.Name)
 	}
 	class := ""
 	if pvc.Spec.StorageClassName != nil {
 		class = *pvc.Spec.StorageClassName
 	}
 	if c.AllowedStorageClasses != nil && !slices.Contains(c.AllowedStorageClasses, class) {
-		return 0, ineligible("claim %q has storage class %q, which the runner's policy does not allow (constraints.volumes.allowed_storage_classes: %s)", c.Name, class, strings.Join(c.AllowedStorageClasses, ", "))
+		return runtime.ClaimState{}, ineligible("claim %q has storage class %q, which the runner's policy does not allow (constraints.volumes.allowed_storage_classes: %s)", c.Name, class, strings.Join(c.AllowedStorageClasses, ", "))
 	}
 	if made && pvc.Status.Phase != corev1.ClaimBound {
 		pvc = b.waitBound(ctx, pvc, class)
@@ -102,18 +102,18 @@ func (b *Backend) EnsureClaim(ctx context.Context, c runtime.Claim) (int64, erro
 		if late, known := b.bindsLate(ctx, class); !known {
 			b.log.Warn("claim Pending and its storage class unreadable: taken as binding with its first Pod", "claim", c.Name, "class", class)
 		} else if !late {
-			return 0, ineligible("claim %q is Pending: no PersistentVolume binds it (its class %q binds at once; a cluster needs a provisioner for it or a matching volume)", c.Name, class)
+			return runtime.ClaimState{}, ineligible("claim %q is Pending: no PersistentVolume binds it (its class %q binds at once; a cluster needs a provisioner for it or a matching volume)", c.Name, class)
 		}
 	default:
-		return 0, ineligible("claim %q is %s", c.Name, pvc.Status.Phase)
+		return runtime.ClaimState{}, ineligible("claim %q is %s", c.Name, pvc.Status.Phase)
 	}
 	if pvc.Labels[LabelRegisteredVolume] != c.Managed {
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{LabelRegisteredVolume: c.Managed}}})
 		if pvc, err = pvcs.Patch(ctx, c.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			return 0, fmt.Errorf("claim %s: label it: %w", c.Name, err)
+			return runtime.ClaimState{}, fmt.Errorf("claim %s: label it: %w", c.Name, err)
 		}
 	}
-	return claimCapacity(pvc), nil
+	return runtime.ClaimState{CapacityBytes: claimCapacity(pvc), AccessModes: claimAccessModes(pvc)}, nil
 }
 
 // makeClaim makes the claim of c: class c.StorageClass or the cluster's default, within
@@ -233,6 +233,25 @@ func claimCapacity(pvc *corev1.PersistentVolumeClaim) int64 {
 	}
 	q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 	return q.Value()
+}
+
+// claimAccessModes are a claim's access modes: its bound volume's (Status), else what
+// it asks for (Spec), else ReadWriteOnce (Kubernetes' default for a claim naming none).
+func claimAccessModes(pvc *corev1.PersistentVolumeClaim) []string {
+	modes := pvc.Status.AccessModes
+	if len(modes) == 0 {
+		modes = pvc.Spec.AccessModes
+	}
+	if len(modes) == 0 {
+		return []string{string(corev1.ReadWriteOnce)}
+	}
+	out := make([]string, 0, len(modes))
+	for _, m := range modes {
+		if !slices.Contains(out, string(m)) {
+			out = append(out, string(m))
+		}
+	}
+	return out
 }
 
 // RemoveClaim implements runtime.ClaimVolumes: deletes a claim the backend made for c,

@@ -59,8 +59,11 @@ func TestEnsureClaimMakes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != runtime.DefaultClaimBytes {
-		t.Errorf("capacity %d, want the requested %d (Pending, WaitForFirstConsumer)", n, runtime.DefaultClaimBytes)
+	if n.CapacityBytes != runtime.DefaultClaimBytes {
+		t.Errorf("capacity %d, want the requested %d (Pending, WaitForFirstConsumer)", n.CapacityBytes, runtime.DefaultClaimBytes)
+	}
+	if !slices.Equal(n.AccessModes, []string{"ReadWriteMany"}) {
+		t.Errorf("access modes %q, want the made claim's ReadWriteMany", n.AccessModes)
 	}
 	pvc, err := cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "data", metav1.GetOptions{})
 	if err != nil {
@@ -78,8 +81,8 @@ func TestEnsureClaimMakes(t *testing.T) {
 	// The policy's class, a class that offers only ReadWriteOnce, a size.
 	c := testClaim("org-a", "small")
 	c.StorageClass, c.SizeBytes, c.AllowedStorageClasses = "rwo", 1<<30, []string{"rwo"}
-	if _, err := b.EnsureClaim(ctx, c); err != nil {
-		t.Fatal(err)
+	if st, err := b.EnsureClaim(ctx, c); err != nil || !slices.Equal(st.AccessModes, []string{"ReadWriteOnce"}) {
+		t.Fatalf("rwo class: %+v %v, want access modes [ReadWriteOnce]", st, err)
 	}
 	pvc, _ = cs.CoreV1().PersistentVolumeClaims("sbx").Get(ctx, "small", metav1.GetOptions{})
 	if *pvc.Spec.StorageClassName != "rwo" || pvc.Spec.AccessModes[0] != corev1.ReadWriteOnce || pvc.Spec.Resources.Requests.Storage().Value() != 1<<30 {
@@ -116,6 +119,9 @@ func TestEnsureClaimMakes(t *testing.T) {
 func TestEnsureClaimAdopts(t *testing.T) {
 	ctx := context.Background()
 	grant := map[string]string{LabelVolumeOrg: runtime.OrgHash("org-a")}
+	rwop := existingClaim("bound-rwop", "std", grant, corev1.ClaimBound, "2Gi")
+	rwop.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce, corev1.ReadWriteOncePod}
+	rwop.Status.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}
 	objs := []k8sruntime.Object{
 		storageClass("std", true, false, ""), storageClass("late", false, true, ""),
 		existingClaim("runner-data", "std", nil, corev1.ClaimBound, "5Gi"),
@@ -123,6 +129,7 @@ func TestEnsureClaimAdopts(t *testing.T) {
 		existingClaim("pending-late", "late", grant, corev1.ClaimPending, ""),
 		existingClaim("pending-now", "std", grant, corev1.ClaimPending, ""),
 		existingClaim("lost", "std", grant, corev1.ClaimLost, ""),
+		rwop,
 	}
 	b, cs := newFakeBackend(t, Config{}, objs...)
 	for name, want := range map[string]string{
@@ -145,11 +152,19 @@ func TestEnsureClaimAdopts(t *testing.T) {
 		t.Errorf("class not allowed: %v", err)
 	}
 	n, err := b.EnsureClaim(ctx, testClaim("org-a", "granted"))
-	if err != nil || n != 5<<30 {
-		t.Fatalf("granted: %d %v", n, err)
+	if err != nil || n.CapacityBytes != 5<<30 {
+		t.Fatalf("granted: %+v %v", n, err)
 	}
-	if n, err := b.EnsureClaim(ctx, testClaim("org-a", "pending-late")); err != nil || n != 1<<30 {
-		t.Fatalf("pending, WaitForFirstConsumer: %d %v", n, err)
+	// An adopted claim naming no access mode: Kubernetes' default, ReadWriteOnce.
+	if !slices.Equal(n.AccessModes, []string{"ReadWriteOnce"}) {
+		t.Errorf("granted: access modes %q, want [ReadWriteOnce]", n.AccessModes)
+	}
+	if n, err := b.EnsureClaim(ctx, testClaim("org-a", "pending-late")); err != nil || n.CapacityBytes != 1<<30 {
+		t.Fatalf("pending, WaitForFirstConsumer: %+v %v", n, err)
+	}
+	// A bound claim: its volume's modes (Status), not what it asked for.
+	if st, err := b.EnsureClaim(ctx, testClaim("org-a", "bound-rwop")); err != nil || !slices.Equal(st.AccessModes, []string{"ReadWriteOncePod"}) {
+		t.Fatalf("bound-rwop: %+v %v, want access modes [ReadWriteOncePod]", st, err)
 	}
 	// A sandbox finds it by its managed name; the Pod volume becomes the claim.
 	spec := &runtime.Spec{ID: "s1", Meta: map[string]string{runtime.MetaOrg: "org-a"}, Volumes: []runtime.Volume{

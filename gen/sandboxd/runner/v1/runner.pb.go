@@ -328,6 +328,10 @@ func (x *EnsureVolumeRequest) GetVolume() *RegisteredVolume {
 type EnsureVolumeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CapacityBytes int64                  `protobuf:"varint,1,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// The access modes of the volume as the backend holds it: a Kubernetes claim's
+	// (ReadWriteMany, ReadWriteOnce, ReadWriteOncePod, ReadOnlyMany; RWO/RWOP pin the
+	// sandboxes mounting it to one node); empty on the local backend (ReadWriteMany).
+	AccessModes   []string `protobuf:"bytes,2,rep,name=access_modes,json=accessModes,proto3" json:"access_modes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -367,6 +371,13 @@ func (x *EnsureVolumeResponse) GetCapacityBytes() int64 {
 		return x.CapacityBytes
 	}
 	return 0
+}
+
+func (x *EnsureVolumeResponse) GetAccessModes() []string {
+	if x != nil {
+		return x.AccessModes
+	}
+	return nil
 }
 
 type DeleteVolumeRequest struct {
@@ -5155,8 +5166,12 @@ type CapacityResponse struct {
 	// The namespace its registered volumes are in: "default" on a local runner, its Pods'
 	// namespace on a Kubernetes runner; empty (an older runner): "default".
 	VolumeNamespace string `protobuf:"bytes,29,opt,name=volume_namespace,json=volumeNamespace,proto3" json:"volume_namespace,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// It resolves references to a KUBERNETES secret store's secrets (its backend reads
+	// Kubernetes Secrets); an older runner, which does not say, is taken not to: placement
+	// sends a sandbox with such references only to runners that say so.
+	SecretRefs    bool `protobuf:"varint,30,opt,name=secret_refs,json=secretRefs,proto3" json:"secret_refs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -5392,6 +5407,13 @@ func (x *CapacityResponse) GetVolumeNamespace() string {
 	return ""
 }
 
+func (x *CapacityResponse) GetSecretRefs() bool {
+	if x != nil {
+		return x.SecretRefs
+	}
+	return false
+}
+
 var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
@@ -5405,9 +5427,10 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\"S\n" +
 	"\x13EnsureVolumeRequest\x12<\n" +
-	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\"=\n" +
+	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\"`\n" +
 	"\x14EnsureVolumeResponse\x12%\n" +
-	"\x0ecapacity_bytes\x18\x01 \x01(\x03R\rcapacityBytes\"i\n" +
+	"\x0ecapacity_bytes\x18\x01 \x01(\x03R\rcapacityBytes\x12!\n" +
+	"\faccess_modes\x18\x02 \x03(\tR\vaccessModes\"i\n" +
 	"\x13DeleteVolumeRequest\x12<\n" +
 	"\x06volume\x18\x01 \x01(\v2$.sandboxd.runner.v1.RegisteredVolumeR\x06volume\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x16\n" +
@@ -5840,7 +5863,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\x8b\n" +
+	"\x0fCapacityRequest\"\xac\n" +
 	"\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
@@ -5873,7 +5896,9 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x14checkpoint_platforms\x18\x1a \x03(\v2=.sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntryR\x13checkpointPlatforms\x12#\n" +
 	"\rbuilder_image\x18\x1b \x01(\tR\fbuilderImage\x12+\n" +
 	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x12)\n" +
-	"\x10volume_namespace\x18\x1d \x01(\tR\x0fvolumeNamespace\x1aF\n" +
+	"\x10volume_namespace\x18\x1d \x01(\tR\x0fvolumeNamespace\x12\x1f\n" +
+	"\vsecret_refs\x18\x1e \x01(\bR\n" +
+	"secretRefs\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
