@@ -6,11 +6,13 @@
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/engine.tar   (only when asked: debootstrap bookworm minbase +
 #       Debian's Docker Engine (docker.io), iptables, iproute2, the compose plugin of
 #       build-compose-plugin.sh and scripts/engine/cws-engine{,-up}; ~550 MB, ~1.5 min cold)
+#   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/clients.tar  (only when asked: debootstrap bookworm minbase +
+#       curl and Node.js: real HTTPS clients for the egress secret tests, docs/secrets.md)
 #   ${SANDBOXD_CACHE:-/var/cache/sandboxd}/images/builder.tar  (only when asked: debootstrap bookworm minbase +
 #       Debian's Buildah 1.28 (vfs storage, chroot isolation) for image builds inside gVisor, docs/builds.md)
 # internal/testimage turns them into OCI images (cached as <name>.oci/ next to each
 # tarball) and serves them from an in-process registry on loopback.
-# Usage: build-test-images.sh [busybox] [python] [redis] [engine] [builder]
+# Usage: build-test-images.sh [busybox] [python] [redis] [engine] [builder] [clients]
 #   (default: busybox, python and redis; the engine and builder images only when named: .ci/run builds
 #   it in the background, `make test` does not wait for it)
 # Idempotent: an existing output is kept. Needs root (debootstrap, ownership).
@@ -129,6 +131,7 @@ build_engine() {
   build_debian engine "$ENGINE_PACKAGES" ENGINE_EXTRA
 }
 build_redis() { build_debian redis "$REDIS_PACKAGES"; }
+build_clients() { build_debian clients "$CLIENTS_PACKAGES"; }
 # The builder image: Buildah builds a Dockerfile inside a gVisor sandbox (docs/builds.md).
 # No runtime (crun/runc) and no fuse-overlayfs: RUN steps use --isolation=chroot and
 # layers the vfs driver, both of which work in gVisor's own kernel.
@@ -167,6 +170,9 @@ PYTHON_PACKAGES=python3,python-is-python3
 # The redis image (Compose tests: a service with a redis-cli healthcheck): Debian's
 # redis-server and redis-tools, nothing pulled from Docker Hub.
 REDIS_PACKAGES=redis-server,redis-tools
+# The clients image (egress secret tests: curl and Node.js as real HTTPS clients, a
+# sidecar beside the python image's primary): Debian's curl and nodejs, nothing else.
+CLIENTS_PACKAGES=curl,nodejs,ca-certificates
 # The engine image's packages (Debian's Docker Engine, its containerd and runc come with
 # docker.io); its inputs also name the compose plugin's version and the entry scripts.
 ENGINE_PACKAGES=docker.io,iptables,iproute2,ca-certificates
@@ -179,6 +185,7 @@ inputs() {
   case "$1" in
     python) echo "$SUITE $PYTHON_PACKAGES" ;;
     redis) echo "$SUITE $REDIS_PACKAGES" ;;
+    clients) echo "$SUITE $CLIENTS_PACKAGES" ;;
     engine) echo "$SUITE $ENGINE_PACKAGES compose=${SANDBOXD_COMPOSE_VERSION:-v2.40.3} $(cat "$HERE/engine/cws-engine" "$HERE/engine/cws-engine-up" | sha256sum | cut -c1-16)" ;;
     builder) echo "$SUITE $BUILDER_PACKAGES $(declare -f build_builder | sha256sum | cut -c1-16)" ;;
     *) echo "busybox" ;;
@@ -191,12 +198,12 @@ cached() {
 }
 
 total=$(now)
-# Arguments name the images to build (busybox, python, redis, engine, builder); none means the first three.
+# Arguments name the images to build (busybox, python, redis, engine, builder, clients); none means the first three.
 [ "$#" -gt 0 ] || set -- busybox python redis
 for name in "$@"; do
   case "$name" in
-    busybox|python|redis|engine|builder) ;;
-    *) log "unknown image $name (want busybox, python, redis, engine or builder)"; exit 2 ;;
+    busybox|python|redis|engine|builder|clients) ;;
+    *) log "unknown image $name (want busybox, python, redis, engine, builder or clients)"; exit 2 ;;
   esac
   if cached "$name"; then log "$name.tar cached"; continue; fi
   "build_$name"

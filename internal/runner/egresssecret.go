@@ -90,11 +90,14 @@ func ValidateEgressSecrets(spec *runtime.Spec, values bool, add func(field, form
 			add(f+".env_var", "%s is already the placeholder variable of %s", s.EnvVar, prev)
 		}
 		vars[s.EnvVar] = f
-		if _, ok := spec.Env[s.EnvVar]; ok {
-			add(f+".env_var", "%s is also set by environment_variables", s.EnvVar)
-		}
-		if _, ok := spec.SecretEnv[s.EnvVar]; ok {
-			add(f+".env_var", "%s is also set by secret_stores", s.EnvVar)
+		// Every container (init containers and sidecars too) gets the placeholder.
+		for _, c := range spec.AllContainers() {
+			if _, ok := c.Env[s.EnvVar]; ok {
+				add(f+".env_var", "%s is also set by environment_variables of container %q", s.EnvVar, c.ContainerName())
+			}
+			if _, ok := c.SecretEnv[s.EnvVar]; ok {
+				add(f+".env_var", "%s is also set by secret_stores of container %q", s.EnvVar, c.ContainerName())
+			}
 		}
 		k := r.DNSName + "\x00" + strings.ToLower(s.HeaderName())
 		if prev, ok := hostHeader[k]; ok {

@@ -56,7 +56,20 @@ func TestValidateEgressSecretsAcrossRules(t *testing.T) {
 	}
 	var got []string
 	ValidateEgressSecrets(spec, true, func(field, format string, args ...any) { got = append(got, field) })
+	if len(got) != 4 {
+		t.Errorf("violations %v", got)
+	}
+	// Every container gets the placeholders: a sidecar's or an init container's own
+	// variable of that name is refused as the primary's is.
+	spec.Sidecars = []runtime.Container{{Name: "side", Env: map[string]string{"E": "x"}}}
+	spec.InitContainers = []runtime.Container{{Name: "init", SecretEnv: map[string]string{"F": "y"}}}
+	spec.Network.Egress = append(spec.Network.Egress,
+		runtime.EgressRule{DNSName: "e.example.com", Secret: sec("E", "")},
+		runtime.EgressRule{DNSName: "f.example.com", Secret: sec("F", "")})
+	got = nil
+	ValidateEgressSecrets(spec, true, func(field, format string, args ...any) { got = append(got, field) })
 	for _, want := range []string{
+		"spec.network.egress[5].sandboxd_secret.env_var", "spec.network.egress[6].sandboxd_secret.env_var",
 		"spec.network.egress[1].sandboxd_secret.header", "spec.network.egress[2].sandboxd_secret.env_var",
 		"spec.network.egress[3].sandboxd_secret.env_var", "spec.network.egress[4].sandboxd_secret.env_var",
 	} {
@@ -64,7 +77,7 @@ func TestValidateEgressSecretsAcrossRules(t *testing.T) {
 			t.Errorf("no violation on %s in %v", want, got)
 		}
 	}
-	if len(got) != 4 {
+	if len(got) != 6 {
 		t.Errorf("violations %v", got)
 	}
 	// A value missing: refused by the runner (not by the gateway, which resolves later).

@@ -58,7 +58,7 @@ type EgressSecret struct {
 	// Header is the request header that gets the value in place of the placeholder
 	// (DefaultEgressSecretHeader when empty).
 	Header string `json:"header,omitempty"`
-	// EnvVar is the variable of the primary container that holds the placeholder.
+	// EnvVar is the variable that holds the placeholder, in every container of the sandbox.
 	EnvVar string `json:"env_var"`
 }
 

@@ -52,6 +52,8 @@ const (
 	Python       = "sandboxd/python:3.11"
 	// Redis is Debian's redis-server and redis-tools (redis.tar): optional, see RedisImage.
 	Redis = "sandboxd/redis:7"
+	// Clients is Debian's curl and Node.js (clients.tar): optional, see ClientsImage.
+	Clients = "sandboxd/clients:test"
 	// BusyboxWorkDir is Busybox with WorkDir as its config's working dir; only the test
 	// cluster has it (test/k8s/imagetool).
 	BusyboxWorkDir = "sandboxd/busybox:workdir"
@@ -469,6 +471,29 @@ func RedisImage() (v1.Image, error) {
 		redisImg, redisErr = Build(p, image.Config{Cmd: []string{"redis-server"}, Env: []string{DefaultPath, "LANG=C.UTF-8"}})
 	})
 	return redisImg, redisErr
+}
+
+var (
+	clientsOnce sync.Once
+	clientsImg  v1.Image
+	clientsErr  error
+)
+
+// ClientsImage builds (or loads from cache) the clients image: Debian's curl and
+// Node.js, real HTTPS clients for the egress secret tests, built only when asked
+// (`build-test-images.sh clients`): ErrNoTestImages while it is missing, unless
+// SANDBOXD_CLIENTS_IMAGE=1 (CI builds it in the background), when it waits up to
+// EngineImageWait for the build and then fails.
+func ClientsImage() (v1.Image, error) {
+	clientsOnce.Do(func() {
+		p, err := optionalTar(Dir(), "clients", "SANDBOXD_CLIENTS_IMAGE", os.Getenv("SANDBOXD_CLIENTS_IMAGE") == "1", EngineImageWait)
+		if err != nil {
+			clientsErr = err
+			return
+		}
+		clientsImg, clientsErr = Build(p, image.Config{Cmd: []string{"/bin/sh"}, Env: []string{DefaultPath, "LANG=C.UTF-8"}})
+	})
+	return clientsImg, clientsErr
 }
 
 // Standard starts a registry with sandboxd/busybox:latest, sandboxd/python:3.11 and

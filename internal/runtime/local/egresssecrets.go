@@ -15,8 +15,10 @@ import (
 // Egress secrets (docs/secrets.md, "Secrets that never enter the sandbox"): a sandbox
 // whose host-name rules carry secrets gets a CA of its own (egress.NewSandboxSecrets:
 // the key stays in the runner's memory), whose certificate is mounted read-only at
-// EgressCAMount, and placeholders in its primary's environment; the network's egress
-// proxy gets the values and the CA to terminate TLS to those hosts.
+// EgressCAMount in every container, and placeholders in every container's environment
+// (a group's containers share one network attachment: the proxy knows them by its
+// address); the network's egress proxy gets the values and the CA to terminate TLS to
+// those hosts.
 
 const (
 	// EgressCAMount is where a sandbox with egress secrets finds its CA: ca.pem (the
@@ -48,22 +50,21 @@ func (b *Backend) egressSecretsUnsupported(spec *runtime.Spec, fork *forkParams)
 	switch {
 	case fork != nil:
 		return "a fork cannot take egress secrets"
-	case spec.Multi():
-		return "egress secrets are supported for single-container sandboxes only"
 	case spec.Engine != nil:
 		return "a container-engine sandbox cannot take egress secrets"
 	}
 	return ""
 }
 
-// prepareEgressSecrets makes s's CA and placeholders for spec (which it changes: the
-// primary's secret environment gets the placeholders and the CA variables).
+// prepareEgressSecrets makes s's CA and placeholders for spec (which it changes: every
+// container's secret environment, init containers and sidecars included, gets the
+// placeholders and the CA variables; the CA dir is mounted into each of them). The
+// containers of a sandbox share its network attachment, so the proxy serves them all by
+// the one source address; what differs per container is only what its environment and
+// mounts show, and no container is shown the value.
 func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec) error {
 	rules := spec.Network.EgressSecrets()
-	env := maps.Clone(spec.Container.SecretEnv)
-	if env == nil {
-		env = map[string]string{}
-	}
+	placeholders := map[string]string{}
 	var injs []egress.Injection
 	for _, r := range rules {
 		sec := r.Secret
@@ -75,7 +76,7 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec) error {
 		if err != nil {
 			return err
 		}
-		env[sec.EnvVar] = ph
+		placeholders[sec.EnvVar] = ph
 		injs = append(injs, egress.Injection{Host: r.DNSName, Header: sec.HeaderName(), Placeholder: ph, Value: v, Secret: sec.Key()})
 	}
 	ss, err := egress.NewSandboxSecrets(s.id, spec.Meta[runtime.MetaOrg], injs, egressCATTL)
@@ -98,24 +99,39 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec) error {
 	if err := os.WriteFile(filepath.Join(dir, "bundle.pem"), bundle, 0o644); err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
-	// Trust for the common TLS stacks, unless the caller set the variable itself:
-	// OpenSSL (Python's ssl, Ruby, …) reads SSL_CERT_FILE, curl CURL_CA_BUNDLE, Python
-	// requests REQUESTS_CA_BUNDLE, Node.js adds NODE_EXTRA_CA_CERTS to its own roots.
-	for k, v := range map[string]string{
-		"SSL_CERT_FILE":       EgressCAMount + "/bundle.pem",
-		"CURL_CA_BUNDLE":      EgressCAMount + "/bundle.pem",
-		"REQUESTS_CA_BUNDLE":  EgressCAMount + "/bundle.pem",
-		"NODE_EXTRA_CA_CERTS": EgressCAMount + "/ca.pem",
-	} {
-		if _, set := spec.Container.Env[k]; !set {
+	for _, c := range spec.AllContainers() {
+		c.SecretEnv = egressEnv(c, placeholders)
+	}
+	s.egress, s.egressCADir = ss, dir
+	return nil
+}
+
+// egressTrustEnv is what points the common TLS stacks at the sandbox's bundle: OpenSSL
+// (Python's ssl, Ruby, …) reads SSL_CERT_FILE, curl CURL_CA_BUNDLE, Python requests
+// REQUESTS_CA_BUNDLE, Node.js adds NODE_EXTRA_CA_CERTS to its own roots.
+var egressTrustEnv = map[string]string{
+	"SSL_CERT_FILE":       EgressCAMount + "/bundle.pem",
+	"CURL_CA_BUNDLE":      EgressCAMount + "/bundle.pem",
+	"REQUESTS_CA_BUNDLE":  EgressCAMount + "/bundle.pem",
+	"NODE_EXTRA_CA_CERTS": EgressCAMount + "/ca.pem",
+}
+
+// egressEnv is c's secret environment with the placeholders (variable: placeholder) and
+// the trust variables the container does not set itself.
+func egressEnv(c *runtime.Container, placeholders map[string]string) map[string]string {
+	env := maps.Clone(c.SecretEnv)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, placeholders)
+	for k, v := range egressTrustEnv {
+		if _, set := c.Env[k]; !set {
 			if _, set := env[k]; !set {
 				env[k] = v
 			}
 		}
 	}
-	spec.Container.SecretEnv = env
-	s.egress, s.egressCADir = ss, dir
-	return nil
+	return env
 }
 
 // egressRoots is the host bundle bundle.pem starts with (Config.EgressRootsFile or the

@@ -82,6 +82,7 @@ func newMember(s *sandbox, c *runtime.Container) *sandbox {
 		id: s.id, cid: memberCID(s.id, c.Name), dir: memberDir(s.dir, c.Name), rt: s.rt,
 		cgroup: s.id + "/" + c.Name, name: c.Name, member: true, spec: memberSpec(&s.spec, c),
 		ready: closedChan(), done: make(chan struct{}),
+		egressCADir: s.egressCADir, // the group's egress CA, mounted in every container
 	}
 }
 

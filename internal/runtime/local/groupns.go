@@ -255,8 +255,8 @@ func (j *joinParams) idmapUserNS() int {
 }
 
 // setupGroupNS sets up what group sandbox s's containers share (j.ids is set): its
-// network attachment (the primary's cid names it, so teardown finds it) with its rules
-// and, for a user namespace, the attachment's sysctls and sysfs (see mountNetNSSysfs),
+// network attachment (the primary's cid names it, so teardown finds it) with its rules and
+// egress secrets and, for a user namespace, the attachment's sysctls and sysfs (see mountNetNSSysfs),
 // then the group's namespaces.
 func (b *Backend) setupGroupNS(ctx context.Context, s *sandbox, j *joinParams, host string) error {
 	if b.cfg.Network != nil {
@@ -267,6 +267,9 @@ func (b *Backend) setupGroupNS(ctx context.Context, s *sandbox, j *joinParams, h
 		j.att = att
 		failpoint.Hit("local.create.network")
 		if err := b.applyRules(s, s.cid); err != nil {
+			return err
+		}
+		if err := b.registerEgressSecrets(s, s.cid); err != nil {
 			return err
 		}
 		failpoint.Hit("local.create.rules")

@@ -2956,7 +2956,8 @@ type EgressSecretInjection struct {
 	// The request header that gets the value in place of the placeholder; empty:
 	// Authorization.
 	Header string `protobuf:"bytes,4,opt,name=header,proto3" json:"header,omitempty"`
-	// Required: the primary container's environment variable that holds the placeholder.
+	// Required: the environment variable that holds the placeholder, in every container
+	// of the sandbox (the primary, sidecars and init containers).
 	EnvVar        string `protobuf:"bytes,5,opt,name=env_var,json=envVar,proto3" json:"env_var,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
