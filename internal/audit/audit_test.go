@@ -123,7 +123,10 @@ func TestRunPrunesByRetention(t *testing.T) {
 	r := NewRecorder(st.Audit(), Options{Logger: slog.New(slog.DiscardHandler)})
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { r.Run(rctx, Config{Retention: 24 * time.Hour, PruneInterval: 20 * time.Millisecond}); close(done) }()
+	go func() {
+		r.Run(rctx, Config{Retention: 24 * time.Hour, PruneInterval: 20 * time.Millisecond})
+		close(done)
+	}()
 	count := func() int {
 		es, _, err := st.Audit().List(ctx, store.AuditFilter{}, store.Page{})
 		if err != nil {
