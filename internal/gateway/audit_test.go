@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,5 +252,75 @@ func testAuditLog(t *testing.T, dsn string) {
 		t.Errorf("REST with a user key: %v %v", hres, err)
 	} else {
 		_ = hres.Body.Close()
+	}
+}
+
+// TestAuditLogREST: a call through REST transcoding is recorded once, like its gRPC form.
+func TestAuditLogREST(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: "acme", Name: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	be := runtimetest.NewFake()
+	t.Cleanup(be.Close)
+	rr, err := runner.New(context.Background(), runner.Config{Backend: be, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rr.Close)
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, p, err := keys.Create("acme", auth.RoleUser, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Auth: keys, Runners: []runner.Handle{runner.NewLocal("r1", rr)}, Index: st.Sandboxes(), Orgs: st.Orgs(),
+		Logger: slog.New(slog.DiscardHandler), Audit: AuditOptions{Store: st.Audit()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	do := func(method, path, body string) []byte {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: HTTP %d %s", method, path, res.StatusCode, b)
+		}
+		return b
+	}
+	var created struct {
+		SandboxID string `json:"sandboxId"`
+	}
+	if err := json.Unmarshal(do("POST", "/v1/sandboxes?requestId=rest-1", `{"spec":{"containers":[{"name":"main","image":"busybox"}]}}`), &created); err != nil || created.SandboxID == "" {
+		t.Fatalf("create: %v", err)
+	}
+	do("DELETE", "/v1/sandboxes/"+created.SandboxID, "")
+	es, _, err := st.Audit().List(ctx, store.AuditFilter{Org: "acme"}, store.Page{})
+	if err != nil || len(es) != 2 {
+		t.Fatalf("%d events, %v; want 2: %+v", len(es), err, es)
+	}
+	del, cr := es[0], es[1]
+	if cr.Kind != "sandbox.create" || cr.RequestID != "rest-1" || cr.TargetID != created.SandboxID || cr.KeyID != p.KeyID || cr.Code != "OK" {
+		t.Errorf("create: %+v", cr)
+	}
+	if del.Kind != "sandbox.delete" || del.TargetID != created.SandboxID || del.Code != "OK" {
+		t.Errorf("delete: %+v", del)
 	}
 }
