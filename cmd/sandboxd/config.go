@@ -407,6 +407,7 @@ type controlPlaneConfig struct {
 
 	dataDir, storeDSN, pkiDir, listen string
 	hosts                             listFlag
+	auditRetention                    time.Duration
 	heartbeatInterval                 time.Duration
 	baseDomain                        string
 	releaseKeys                       string
@@ -442,6 +443,7 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.rolloutTick, "rollout-tick", rollout.DefaultTick, "how often the automatic rollout moves runners to their channel's version")
 	fs.IntVar(&c.rolloutBatch, "rollout-batch", rollout.DefaultBatch, "how many runners of one runner group may update at once")
 	fs.DurationVar(&c.rolloutDeadline, "rollout-deadline", rollout.DefaultDeadline, "how long an updated runner has to report the new version and ready before it is rolled back and its channel's rollout halted")
+	fs.DurationVar(&c.auditRetention, "audit-retention", audit.DefaultRetention, auditRetentionHelp+"; the control plane records its admin writes into its store")
 	fs.BoolVar(&c.noRollout, "no-rollout", false, "do not run the automatic rollout here (ApplyAvailableUpdate still sets desired versions; nothing clears them or rolls back)")
 	fs.StringVar(&c.releaseDir, "release-dir", "", "directory of release binaries, DIR/VERSION/GOARCH/{sandboxd,sandbox-agent}, served to single-host runners that update themselves (empty: none)")
 	fs.StringVar(&c.install.RunnerImage, "install-runner-image", "", "runner image of the runners the control plane installs into registered clusters (repository:tag or @digest)")
@@ -463,6 +465,9 @@ func (c controlPlaneConfig) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
+	}
+	if err := (audit.Config{Retention: c.auditRetention}).Validate(); err != nil {
+		return fmt.Errorf("--audit-retention: %w", err)
 	}
 	if c.rolloutBatch < 1 {
 		return fmt.Errorf("--rollout-batch must be at least 1 (got %d)", c.rolloutBatch)

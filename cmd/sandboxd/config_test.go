@@ -127,6 +127,8 @@ func TestControlPlaneConfigValidate(t *testing.T) {
 		{args: []string{"--listen", "cp.example"}, err: "--listen"},
 		{args: []string{"--install-prepull-images", "0"}},
 		{args: []string{"--install-prepull-images", "-1"}, err: "--install-prepull-images"},
+		{args: []string{"--audit-retention", "8760h"}},
+		{args: []string{"--audit-retention", "59m"}, err: "--audit-retention"},
 	})
 }
 
