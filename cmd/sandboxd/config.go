@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/audit"
 	"log/slog"
 	"math"
 	"net"
@@ -100,6 +101,7 @@ type devConfig struct {
 	dataPlaneListen                     string
 	dataPlaneTTL                        time.Duration
 	trustedProxies                      string
+	auditRetention                      time.Duration
 	verbose                             bool
 	hard                                hardeningFlags
 	capacity                            capacityFlags
@@ -134,6 +136,7 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataPlaneListen, "data-plane-listen", "127.0.0.1:8444", "address of the direct mTLS data plane clients run exec, logs and files on (empty: gateway only)")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues")
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", trustedProxiesHelp)
+	fs.DurationVar(&c.auditRetention, "audit-retention", audit.DefaultRetention, auditRetentionHelp)
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	fs.StringVar(&c.bridge, "bridge", "", "sandbox bridge (default sbx0; another one also gets its own nftables table)")
 	fs.StringVar(&c.subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
@@ -154,6 +157,9 @@ func (c devConfig) validate() error {
 	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
+	if err := (audit.Config{Retention: c.auditRetention}).Validate(); err != nil {
+		return fmt.Errorf("--audit-retention: %w", err)
 	}
 	if err := c.capacity.parse(); err != nil { // c is a copy: parse's results are dropped
 		return err
@@ -306,6 +312,7 @@ type gatewayConfig struct {
 	controlPlane                            string
 	dataPlaneTTL                            time.Duration
 	trustedProxies                          string
+	auditRetention                          time.Duration
 	verbose                                 bool
 	blob                                    blobFlags
 	fss                                     fssFlags
@@ -330,6 +337,7 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", trustedProxiesHelp)
+	fs.DurationVar(&c.auditRetention, "audit-retention", audit.DefaultRetention, auditRetentionHelp)
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")
 	c.blob.register(fs, "shared with the runners (default: none, no snapshots)")
 	c.fss.register(fs)
@@ -344,6 +352,9 @@ func (c gatewayConfig) validate() error {
 	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
+	if err := (audit.Config{Retention: c.auditRetention}).Validate(); err != nil {
+		return fmt.Errorf("--audit-retention: %w", err)
 	}
 	if err := c.blob.validate(); err != nil {
 		return err
@@ -396,6 +407,7 @@ type controlPlaneConfig struct {
 
 	dataDir, storeDSN, pkiDir, listen string
 	hosts                             listFlag
+	auditRetention                    time.Duration
 	heartbeatInterval                 time.Duration
 	baseDomain                        string
 	releaseKeys                       string
@@ -431,6 +443,7 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.rolloutTick, "rollout-tick", rollout.DefaultTick, "how often the automatic rollout moves runners to their channel's version")
 	fs.IntVar(&c.rolloutBatch, "rollout-batch", rollout.DefaultBatch, "how many runners of one runner group may update at once")
 	fs.DurationVar(&c.rolloutDeadline, "rollout-deadline", rollout.DefaultDeadline, "how long an updated runner has to report the new version and ready before it is rolled back and its channel's rollout halted")
+	fs.DurationVar(&c.auditRetention, "audit-retention", audit.DefaultRetention, auditRetentionHelp+"; the control plane records its admin writes into its store")
 	fs.BoolVar(&c.noRollout, "no-rollout", false, "do not run the automatic rollout here (ApplyAvailableUpdate still sets desired versions; nothing clears them or rolls back)")
 	fs.StringVar(&c.releaseDir, "release-dir", "", "directory of release binaries, DIR/VERSION/GOARCH/{sandboxd,sandbox-agent}, served to single-host runners that update themselves (empty: none)")
 	fs.StringVar(&c.install.RunnerImage, "install-runner-image", "", "runner image of the runners the control plane installs into registered clusters (repository:tag or @digest)")
@@ -452,6 +465,9 @@ func (c controlPlaneConfig) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
+	}
+	if err := (audit.Config{Retention: c.auditRetention}).Validate(); err != nil {
+		return fmt.Errorf("--audit-retention: %w", err)
 	}
 	if c.rolloutBatch < 1 {
 		return fmt.Errorf("--rollout-batch must be at least 1 (got %d)", c.rolloutBatch)
@@ -549,3 +565,5 @@ func (c *demoConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.insecure, "insecure-registries", "", "comma-separated registries that may be reached over plain HTTP")
 	fs.BoolVar(&c.verbose, "v", false, "log runtime events")
 }
+
+const auditRetentionHelp = "how long the audit log keeps an event (at least 1h; pruned hourly)"

@@ -98,6 +98,9 @@ func TestDevConfigValidate(t *testing.T) {
 		{args: []string{"--build-retention", "-1h"}, err: "--build-retention"},
 		{args: []string{"--build-retention", "5m"}, err: "--build-retention"},
 		{args: []string{"--build-keep", "-1"}, err: "--build-keep"},
+		{args: []string{"--audit-retention", "720h"}},
+		{args: []string{"--audit-retention", "30m"}, err: "--audit-retention"},
+		{args: []string{"--audit-retention", "0"}, err: "--audit-retention"},
 	})
 }
 
@@ -112,6 +115,8 @@ func TestGatewayConfigValidate(t *testing.T) {
 		{args: []string{"--runner", "r1=10.0.0.1:7443", "--control-plane", "cp.example"}, err: "--control-plane"},
 		{args: []string{"--runner", "r1=10.0.0.1:7443", "--build-retention", "168h", "--build-keep", "10"}},
 		{args: []string{"--runner", "r1=10.0.0.1:7443", "--build-keep", "-2"}, err: "--build-keep"},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--audit-retention", "2160h"}},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--audit-retention", "-1h"}, err: "--audit-retention"},
 	})
 }
 
@@ -122,6 +127,8 @@ func TestControlPlaneConfigValidate(t *testing.T) {
 		{args: []string{"--listen", "cp.example"}, err: "--listen"},
 		{args: []string{"--install-prepull-images", "0"}},
 		{args: []string{"--install-prepull-images", "-1"}, err: "--install-prepull-images"},
+		{args: []string{"--audit-retention", "8760h"}},
+		{args: []string{"--audit-retention", "59m"}, err: "--audit-retention"},
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/audit"
 	"log/slog"
 	"net"
 	"net/http"
@@ -92,6 +93,9 @@ func (c controlPlaneConfig) run() error {
 		}
 		go ctl.Run(ctx)
 	}
+	// The audit log of the admin writes (docs/audit.md) is pruned here too: a control plane
+	// with a store of its own has no gateway to do it.
+	go audit.NewRecorder(st.Audit(), audit.Options{Logger: logger}).Run(ctx, audit.Config{Retention: c.auditRetention})
 	// Installs a previous run left INSTALLING go on (they are idempotent).
 	if err := cp.ResumeInstalls(ctx); err != nil {
 		return err

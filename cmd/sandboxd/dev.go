@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/audit"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -200,6 +201,7 @@ func (c devConfig) run() error {
 		Builds:              buildOptions(st, reg, regHost, c.builds),
 		TrustedProxies:      trusted,
 		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
+		Audit:               gateway.AuditOptions{Store: st.Audit(), Config: audit.Config{Retention: c.auditRetention}, PlatformOrg: defaultOrg},
 	})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/sandboxd/sandboxd/internal/audit"
 	"log/slog"
 	"net"
 	"net/http"
@@ -468,6 +469,7 @@ func (c gatewayConfig) run() error {
 		Builds:              buildOptions(st, reg, regHost, c.builds),
 		TrustedProxies:      trusted,
 		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
+		Audit:               gateway.AuditOptions{Store: st.Audit(), Config: audit.Config{Retention: c.auditRetention}, PlatformOrg: defaultOrg},
 	})
 	if err != nil {
 		return err

@@ -64,6 +64,14 @@ func WithVerified(ctx context.Context, p Principal) context.Context {
 	return context.WithValue(ctx, verifiedKey{}, p)
 }
 
+type seenKey struct{}
+
+// WithSeen returns ctx in which Authorize stores the principal it authenticated in *p,
+// even when the call is then refused for its role (the audit log records who asked).
+func WithSeen(ctx context.Context, p *Principal) context.Context {
+	return context.WithValue(ctx, seenKey{}, p)
+}
+
 // Authorize checks the headers of one call and returns ctx carrying the principal.
 func (i Interceptor) Authorize(ctx context.Context, h http.Header) (context.Context, error) {
 	p, ok := ctx.Value(verifiedKey{}).(Principal)
@@ -72,6 +80,9 @@ func (i Interceptor) Authorize(ctx context.Context, h http.Header) (context.Cont
 		if p, err = Check(i.Auth, h); err != nil {
 			return nil, err
 		}
+	}
+	if seen, ok := ctx.Value(seenKey{}).(*Principal); ok {
+		*seen = p
 	}
 	if i.Require != "" && p.Role != i.Require && p.Role != RoleAdmin {
 		return nil, apierr.Newf(apierr.PermissionDenied,

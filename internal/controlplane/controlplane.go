@@ -26,6 +26,7 @@ import (
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apifront"
+	"github.com/sandboxd/sandboxd/internal/audit"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/rollout"
@@ -130,6 +131,7 @@ type Service struct {
 	downloads downloadSlots
 	sealer    *Sealer
 	inst      *installer
+	audit     *audit.Recorder
 }
 
 // New returns a Service.
@@ -162,6 +164,9 @@ func New(cfg Config) (*Service, error) {
 		s.sealer = sl
 	}
 	s.inst = newInstaller(s, cfg.Install)
+	// Every admin write is recorded in the store's audit log (internal/audit); the
+	// gateway prunes it (--audit-retention).
+	s.audit = audit.NewRecorder(cfg.Store.Audit(), audit.Options{Logger: cfg.Logger})
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}
@@ -214,7 +219,7 @@ func AdminServices() []protoreflect.ServiceDescriptor {
 // google.api.http annotations), requiring an admin key on every call.
 func (s *Service) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(auth.Interceptor{Auth: s.auth, Require: auth.RoleAdmin}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
+		connect.WithInterceptors(s.audit.Interceptor(), auth.Interceptor{Auth: s.auth, Require: auth.RoleAdmin}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
 		connect.WithReadMaxBytes(4 << 20),
 	}
 	t, err := vanguard.NewTranscoder([]*vanguard.Service{

@@ -99,7 +99,7 @@ func (s *Server) TLSConfig() *tls.Config {
 				s.cfg.Logger.Warn("direct data-plane connection refused", "err", err)
 				return fmt.Errorf("dataplane: %w", err)
 			}
-			s.cfg.Logger.Info("direct data-plane client connected", "sandbox", id.SandboxID, "org", id.Org, "perms", id.Perms, "not_after", leaf.NotAfter)
+			s.cfg.Logger.Debug("direct data-plane client connected", "sandbox", id.SandboxID, "org", id.Org, "perms", id.Perms, "not_after", leaf.NotAfter)
 			return nil
 		},
 	}

@@ -90,7 +90,7 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("issue data-plane certificate: %w", err))
 	}
-	s.log.Info("direct data-plane certificate issued", "sandbox", rec.id, "org", rec.org, "runner", r.ID(), "perms", perms, "not_after", notAfter)
+	s.log.Debug("direct data-plane certificate issued", "sandbox", rec.id, "org", rec.org, "runner", r.ID(), "perms", perms, "not_after", notAfter)
 	return connect.NewResponse(&sandboxv1.SandboxConnection{
 		EndpointUri:               endpoint,
 		EndpointId:                r.ID(),

@@ -26,6 +26,8 @@ import (
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	auditv1 "github.com/sandboxd/sandboxd/gen/sandboxd/audit/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/audit/v1/auditv1connect"
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/build/v1/buildv1connect"
 	quotav1 "github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1"
@@ -36,6 +38,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/apifront"
+	"github.com/sandboxd/sandboxd/internal/audit"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
@@ -126,6 +129,19 @@ type Config struct {
 	// Secrets configures the built-in secret stores (secrets.go); its zero value answers
 	// CWSANDBOX_NOT_IMPLEMENTED.
 	Secrets SecretOptions
+	// Audit keeps the audit log (internal/audit, docs/audit.md); its zero value keeps
+	// none (AuditService answers CWSANDBOX_NOT_IMPLEMENTED).
+	Audit AuditOptions
+}
+
+// AuditOptions configure the audit log.
+type AuditOptions struct {
+	// Store holds the events (nil: no audit log).
+	Store store.Audit
+	// Config: retention (0: audit.DefaultRetention) and pruning.
+	Config audit.Config
+	// PlatformOrg is the organization whose admins read every organization's events.
+	PlatformOrg string
 }
 
 // Server implements the coreweave.sandbox.v1 services of Services. The RPCs sandboxd
@@ -186,6 +202,9 @@ type Server struct {
 	trustedProxies []netip.Prefix
 	// secrets: see Config.Secrets (with defaults).
 	secrets SecretOptions
+	// audit records audited calls (nil without Config.Audit.Store); auditSvc serves them.
+	audit    *audit.Recorder
+	auditSvc audit.Service
 }
 
 // New returns a Server.
@@ -235,6 +254,21 @@ func New(cfg Config) (*Server, error) {
 	s.trustedProxies = slices.Clone(cfg.TrustedProxies)
 	s.secrets = cfg.Secrets.withDefaults()
 	s.orphanGrace = cfg.OrphanGrace
+	if cfg.Audit.Config.Retention == 0 {
+		cfg.Audit.Config.Retention = audit.DefaultRetention
+	}
+	if err := cfg.Audit.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	s.auditSvc = audit.Service{Store: cfg.Audit.Store, PlatformOrg: cfg.Audit.PlatformOrg}
+	if cfg.Audit.Store != nil {
+		s.audit = audit.NewRecorder(cfg.Audit.Store, audit.Options{Logger: cfg.Logger, Source: func(ctx context.Context) string {
+			if a, ok := callerOf(ctx); ok && a.IsValid() {
+				return a.String()
+			}
+			return ""
+		}})
+	}
 	if s.orphanGrace == 0 {
 		s.orphanGrace = DefaultOrphanGrace
 	}
@@ -254,6 +288,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.wireSnapshots(ctx, cfg)
 	s.builds = newBuildService(s, cfg.Builds, ctx)
+	if s.audit != nil {
+		go s.audit.Run(ctx, cfg.Audit.Config)
+	}
 	if cfg.ReconcileInterval > 0 && (cfg.Index != nil || cfg.Snapshots != nil) {
 		go s.reconcileLoop(ctx, cfg.ReconcileInterval)
 	}
@@ -275,14 +312,20 @@ func Services() []protoreflect.ServiceDescriptor {
 		buildv1.File_sandboxd_build_v1_build_proto.Services().ByName("BuildService"),
 		quotav1.File_sandboxd_quota_v1_quota_proto.Services().ByName("QuotaService"),
 		settingsv1.File_sandboxd_settings_v1_secrets_proto.Services().ByName("SecretService"),
+		auditv1.File_sandboxd_audit_v1_audit_proto.Services().ByName("AuditService"),
 	}
 }
 
 // Handler serves Services (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
 // annotations) and GET /readyz.
 func (s *Server) Handler() http.Handler {
+	interceptors := []connect.Interceptor{metrics.Default.Interceptor(metrics.PathGateway)}
+	if s.audit != nil {
+		interceptors = append(interceptors, s.audit.Interceptor()) // outside auth: it records refusals too
+	}
+	interceptors = append(interceptors, auth.Interceptor{Auth: s.auth}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{})
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(metrics.Default.Interceptor(metrics.PathGateway), auth.Interceptor{Auth: s.auth}, apifront.NotImplemented{}, apifront.PathVars{}, apifront.Enums{}),
+		connect.WithInterceptors(interceptors...),
 		connect.WithReadMaxBytes(relay.MaxMessageBytes),
 		connect.WithSendMaxBytes(relay.MaxMessageBytes),
 		// Responses are not compressed (gzip-compressed requests are still read): the
@@ -301,6 +344,7 @@ func (s *Server) Handler() http.Handler {
 		vanguard.NewService(buildv1connect.NewBuildServiceHandler(s.builds, opts...)),
 		vanguard.NewService(quotav1connect.NewQuotaServiceHandler(s, opts...)),
 		vanguard.NewService(settingsv1connect.NewSecretServiceHandler(secretService{s}, opts...)),
+		vanguard.NewService(auditv1connect.NewAuditServiceHandler(s.auditSvc, opts...)),
 	)
 	if err != nil {
 		// The services and their annotations are compiled in: this is a programming error.

@@ -40,6 +40,7 @@ func (a *app) adminCommand() *cobra.Command {
 	adm.AddCommand(runner, keys, a.releaseCommand())
 	adm.AddCommand(a.clusterCommand())
 	adm.AddCommand(a.quotaAdminCommand())
+	adm.AddCommand(a.auditCommand())
 	return adm
 }
 

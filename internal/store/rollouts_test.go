@@ -279,6 +279,7 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN memory_bytes`)
 		rawExec(t, dsn, `DROP TABLE sandbox_volumes`) // of 0016, applied again
 		rawExec(t, dsn, `DROP TABLE volumes`)
+		rawExec(t, dsn, `DROP TABLE audit_events`) // of 0021, applied again
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)

@@ -39,6 +39,7 @@ type Store interface {
 	BuildStorageConfigs() BuildStorageConfigs
 	Quotas() Quotas
 	SecretStores() SecretStores
+	Audit() Audit
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error

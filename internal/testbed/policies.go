@@ -20,7 +20,8 @@ func Standard() []Runner {
 		{ID: "strict", Policy: `{"constraints": {"resources": {"max_cpu": "1", "max_memory": "512Mi", "max_gpu": 0},
 			"lifetime": {"max_seconds": 600}}}`, Args: []string{"--max-sandboxes", "20", "--cpu", "2", "--cpu-overcommit", "1", "--memory", "4Gi"}},
 		{ID: "open", Policy: `{"constraints": {"lifetime": {"max_seconds": 86400}}}`,
-			Args: []string{"--cpu", "16", "--memory", "32Gi", "--edge-listen", fmt.Sprintf(":%d", EdgePort)}, DataPlane: true},
+			// -v: its log shows its direct data-plane clients (DEBUG; test/multicluster checks).
+			Args: []string{"-v", "--cpu", "16", "--memory", "32Gi", "--edge-listen", fmt.Sprintf(":%d", EdgePort)}, DataPlane: true},
 		{ID: "small", Policy: `{"constraints": {"resources": {"max_memory": "1Gi"}}}`,
 			Args: []string{"--max-sandboxes", "2", "--cpu", "1", "--cpu-overcommit", "1", "--memory", "1Gi"}},
 	}

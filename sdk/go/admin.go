@@ -6,6 +6,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandboxd/sandboxd/gen/sandboxd/audit/v1/auditv1connect"
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1/quotav1connect"
@@ -29,6 +30,9 @@ type Admin struct {
 	// SetQuota needs an admin key of the platform organization; GetQuota and
 	// GetQuotaUsage read the key's own organization (the platform's admins: any).
 	Quotas quotav1connect.QuotaServiceClient
+	// Audit reads the audit log (sandboxd.audit.v1, served by the gateway): an admin
+	// key reads its organization's events; the platform organization's admins any.
+	Audit auditv1connect.AuditServiceClient
 }
 
 // NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
@@ -56,6 +60,7 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		Rollouts: controlplanev1connect.NewRolloutServiceClient(c.http, c.baseURL, copts...),
 		Clusters: controlplanev1connect.NewClusterServiceClient(c.http, c.baseURL, copts...),
 		Quotas:   quotav1connect.NewQuotaServiceClient(c.http, c.baseURL, copts...),
+		Audit:    auditv1connect.NewAuditServiceClient(c.http, c.baseURL, copts...),
 	}, nil
 }
 
