@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -203,9 +204,37 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			respMsg, _ := resp.Any().(proto.Message)
 			e.TargetID = first(respMsg, rule.Response)
 		}
+		// Caller-controlled text (a body's request_id, a target ID, an error message quoting
+		// the input) is stored printable only: an admin's terminal or log viewer never gets
+		// a control sequence or a forged line from it.
+		e.RequestID, e.TargetID, e.Message = Printable(e.RequestID), Printable(e.TargetID), Printable(e.Message)
 		i.r.write(ctx, e)
 		return resp, err
 	}
+}
+
+// Printable is s with invalid UTF-8 and every non-printable rune (control characters,
+// tabs and newlines, escape sequences, bidirectional overrides) escaped as \xNN or \uNNNN.
+func Printable(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, "\\x%02x", s[0])
+		case !unicode.IsPrint(r) && r < 0x100:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		case !unicode.IsPrint(r):
+			fmt.Fprintf(&b, "\\u%04x", r)
+		default:
+			b.WriteRune(r)
+		}
+		s = s[n:]
+	}
+	return b.String()
 }
 
 func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {

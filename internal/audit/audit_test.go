@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -231,6 +232,29 @@ func TestInterceptor(t *testing.T) {
 		t.Fatalf("refusal recorded as %+v", es)
 	}
 
+	// Caller-controlled text with control sequences (a body's request_id, a target ID)
+	// is stored escaped: no terminal escape, tab or newline reaches an admin's screen.
+	freq := connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: "sb\x1b]52;c;Zm9v\x07\n2026-01-01\tforged", RequestId: "r\x1b[2J\u202e"})
+	freq.Header().Set("Authorization", "Bearer user")
+	_, _ = admin.DeleteSandbox(t.Context(), freq)
+	es, _, _ = st.Audit().List(t.Context(), store.AuditFilter{Method: "DeleteSandbox"}, store.Page{Size: 10})
+	if len(es) != 2 {
+		t.Fatalf("%d DeleteSandbox events, want 2", len(es))
+	}
+	for _, e := range es {
+		for _, v := range []string{e.TargetID, e.RequestID, e.Message} {
+			if strings.ContainsFunc(v, func(r rune) bool { return !unicode.IsPrint(r) }) {
+				t.Errorf("stored with a non-printable rune: %q (%+v)", v, e)
+			}
+		}
+	}
+	if got := es[0].TargetID; got != `sb\x1b]52;c;Zm9v\x07\x0a2026-01-01\x09forged` {
+		t.Errorf("forged target stored as %q", got)
+	}
+	if got := es[0].RequestID; got != `r\x1b[2J\u202e` {
+		t.Errorf("forged request ID stored as %q", got)
+	}
+
 	// The store fails: the call does not.
 	fa := &failingAudit{}
 	c = serve(fa, "")
@@ -241,5 +265,21 @@ func TestInterceptor(t *testing.T) {
 	}
 	if fa.tries != 1 {
 		t.Fatalf("%d writes tried, want 1", fa.tries)
+	}
+}
+
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                         "",
+		"sb-1 é 日本":                "sb-1 é 日本",
+		"a\tb\nc\r":                `a\x09b\x0ac\x0d`,
+		"\x1b[31m":                 `\x1b[31m`,
+		"bidi\u202eevil":           `bidi\u202eevil`,
+		"bad\xffutf8":              `bad\xffutf8`,
+		"nul\x00 del\x7f c1\u0085": `nul\x00 del\x7f c1\x85`,
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

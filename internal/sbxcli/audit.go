@@ -2,9 +2,12 @@ package sbxcli
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -92,8 +95,8 @@ event the filters select).`,
 					if e.GetTargetId() != "" {
 						target += "/" + e.GetTargetId()
 					}
-					_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetTime().AsTime().Local().Format(time.RFC3339), e.GetOrgId(), e.GetKeyId(),
-						e.GetSourceAddress(), m, target, e.GetResult(), e.GetReason(), e.GetRequestId())
+					_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetTime().AsTime().Local().Format(time.RFC3339), cell(e.GetOrgId()), cell(e.GetKeyId()),
+						cell(e.GetSourceAddress()), cell(m), cell(target), cell(e.GetResult()), cell(e.GetReason()), cell(e.GetRequestId()))
 				}
 				req.PageToken = out.Msg.GetNextPageToken()
 				if req.PageToken == "" || (limit > 0 && n >= limit) {
@@ -133,4 +136,13 @@ func parseWhen(v string, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a duration (24h, 7d)", v)
 	}
 	return now.Add(-dur * mult), nil
+}
+
+// cell is s for a table cell: a value holding a non-printable rune (a control
+// sequence, a tab or newline that would forge cells or rows) is shown quoted and escaped.
+func cell(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return s
+	}
+	return strconv.QuoteToGraphic(s)
 }

@@ -106,3 +106,20 @@ func TestAdminAuditCommand(t *testing.T) {
 		t.Errorf("refused filter: %d %s", code, errOut)
 	}
 }
+
+// TestAuditCell: a value with a control sequence, tab or newline is shown quoted and
+// escaped, so it cannot forge cells or rows of `sbx admin audit` or drive the terminal.
+func TestAuditCell(t *testing.T) {
+	for in, want := range map[string]string{
+		"sb-1":            "sb-1",
+		"é 日本":            "é 日本",
+		"a\tb":            `"a\tb"`,
+		"x\x1b]52;c;Zm9v": `"x\x1b]52;c;Zm9v"`,
+		"r\nforged":       `"r\nforged"`,
+		"bidi\u202e":      `"bidi\u202e"`,
+	} {
+		if got := cell(in); got != want {
+			t.Errorf("cell(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 type auditPage struct {
@@ -17,6 +18,7 @@ type auditPage struct {
 		RequestID     string `json:"requestId"`
 		Method        string `json:"method"`
 		Result        string `json:"result"`
+		TargetID      string `json:"targetId"`
 	} `json:"events"`
 }
 
@@ -55,6 +57,14 @@ func TestAuditLogIsAdminsAndOwnOrgOnly(t *testing.T) {
 	}
 	_ = resp.Body.Close()
 
+	// org-a's admin deletes a sandbox whose ID carries a terminal escape sequence and
+	// a forged table row: recorded for org-a, escaped.
+	forged := "x\x1b]52;c;Zm9v\x07\n2026-01-01T00:00:00Z\torg-b"
+	fb, _ := json.Marshal(map[string]string{"sandboxId": forged, "requestId": "r\x1b[2J"})
+	if st, b := rest(t, d, "POST", "/coreweave.sandbox.v1.SandboxService/DeleteSandbox", "Bearer "+adminA, fb); st == http.StatusOK {
+		t.Fatalf("delete of a made-up sandbox: HTTP %d %s", st, b)
+	}
+
 	list := func(key, query string) (int, auditPage, []byte) {
 		st, b := rest(t, d, "GET", "/v1/auditEvents"+query, "Bearer "+key, nil)
 		var p auditPage
@@ -81,10 +91,18 @@ func TestAuditLogIsAdminsAndOwnOrgOnly(t *testing.T) {
 	if st != http.StatusOK {
 		t.Fatalf("org-a's admin reads its log: HTTP %d %s", st, b)
 	}
+	sawForged := false
 	for _, e := range p.Events {
 		if e.OrgID != "org-a" {
 			t.Errorf("org-a's admin sees an event of %s: %+v", e.OrgID, e)
 		}
+		if strings.ContainsFunc(e.TargetID+e.RequestID, func(r rune) bool { return !unicode.IsPrint(r) }) {
+			t.Errorf("an event holds a non-printable rune: %q %q", e.TargetID, e.RequestID)
+		}
+		sawForged = sawForged || strings.HasPrefix(e.TargetID, `x\x1b]52`)
+	}
+	if !sawForged {
+		t.Errorf("org-a's admin does not see its own DeleteSandbox of %q in %d events", forged, len(p.Events))
 	}
 	st, p, b = list(d.Admin, "?orgId=org-b&method=SetQuota&pageSize=10")
 	if st != http.StatusOK || len(p.Events) == 0 {
