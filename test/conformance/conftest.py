@@ -216,7 +216,8 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
     bridge = f"sbxcf{pid & 0xffff:04x}"
     subnet = f"10.{100 + pid % 50}.{pid // 50 % 256}.0/24"
     cgroup_parent = f"sandboxd-conformance-{pid}"
-    cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane, "--edge-listen", edge,
+    # -v: the direct data plane's connection lines (test_direct.py) are DEBUG (no INFO lines per exec).
+    cmd = [str(binary), "dev", "-v", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane, "--edge-listen", edge,
            "--bridge", bridge, "--subnet", subnet, "--cgroup-parent", cgroup_parent]
     ready_timeout = float(os.environ.get("SANDBOXD_READY_TIMEOUT", "60"))
 

@@ -2,8 +2,9 @@
 
 In AUTO mode (the default) the client asks ConnectSandbox for a certificate on its first data
 operation and then runs exec, files and logs against the runner's data plane. The server logs
-"direct data-plane client connected" with the sandbox ID when a client presents such a
-certificate, which is how these tests tell that the direct path, not the gateway, was used.
+"direct data-plane client connected" (at DEBUG: the suite runs it with -v) with the sandbox ID
+when a client presents such a certificate, which is how these tests tell that the direct path,
+not the gateway, was used.
 """
 
 from __future__ import annotations
