@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // DefaultRetention is how long events are kept unless configured (--audit-retention).
@@ -216,7 +217,7 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 // Printable is s with invalid UTF-8 and every non-printable rune (control characters,
 // tabs and newlines, escape sequences, bidirectional overrides) escaped as \xNN or \uNNNN.
 func Printable(s string) string {
-	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+	if textclip.AllPrintable(s) {
 		return s
 	}
 	var b strings.Builder

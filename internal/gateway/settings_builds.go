@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -232,7 +230,7 @@ func (s *Server) bscViolations(org string, in *sandboxv1.BuildStorageConfig, set
 		switch {
 		case len(b) > maxBillingReference:
 			add("billing_reference", fmt.Sprintf("is %d bytes, at most %d", len(b), maxBillingReference))
-		case !utf8.ValidString(b) || strings.IndexFunc(b, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		case !textclip.AllPrintable(b):
 			add("billing_reference", "must be printable UTF-8 text")
 		}
 	}

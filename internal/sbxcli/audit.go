@@ -6,8 +6,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -15,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "github.com/sandboxd/sandboxd/gen/sandboxd/audit/v1"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // auditPage is how many events one call asks for.
@@ -141,7 +140,7 @@ func parseWhen(v string, now time.Time) (time.Time, error) {
 // cell is s for a table cell: a value holding a non-printable rune (a control
 // sequence, a tab or newline that would forge cells or rows) is shown quoted and escaped.
 func cell(s string) string {
-	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+	if textclip.AllPrintable(s) {
 		return s
 	}
 	return strconv.QuoteToGraphic(s)

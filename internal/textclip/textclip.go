@@ -8,6 +8,7 @@ package textclip
 
 import (
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -63,4 +64,12 @@ func runeCut(s string, limit int) int {
 		limit--
 	}
 	return limit
+}
+
+// AllPrintable reports whether s is valid UTF-8 holding only printable runes
+// (unicode.IsPrint: no control characters, tabs, newlines, escape sequences or
+// bidirectional overrides). It is the one test of "safe to show as it is" for text a
+// caller or a sandbox controls.
+func AllPrintable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) })
 }

@@ -105,3 +105,22 @@ func FuzzClip(f *testing.F) {
 		}
 	})
 }
+
+func TestAllPrintable(t *testing.T) {
+	for s, want := range map[string]bool{
+		"":                 true,
+		"plain text 123":   true,
+		"naïve 東京 ✓":       true,
+		"tab\there":        false,
+		"new\nline":        false,
+		"esc\x1b[31m":      false,
+		"bidi\u202eevil":   false,
+		"bad utf8 \xff":    false,
+		"nul\x00":          false,
+		"zero width\u200b": false,
+	} {
+		if got := AllPrintable(s); got != want {
+			t.Errorf("AllPrintable(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
