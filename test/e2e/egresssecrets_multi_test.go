@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,18 +16,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
-	settingsv1 "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
-	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
-	"github.com/sandboxd/sandboxd/internal/secretbox"
-	"github.com/sandboxd/sandboxd/internal/stack"
-	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
 
@@ -81,62 +71,13 @@ func TestEgressSecretMultiContainer(t *testing.T) {
 	in.ServeHTTPS(t, otherIP, "other.inject.test")
 	nograntSrv := in.ServeHTTPS(t, nograntIP, "nogrant.inject.test")
 
-	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	caFile := filepath.Join(dir, "internet-ca.pem")
-	if err := os.WriteFile(caFile, in.CA.CertPEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	stackDir := filepath.Join(dir, "stack")
-	cfg := env.StackConfig(stackDir)
-	cfg.NoEgress = false
-	cfg.Nameservers = []string{in.DNS.String()}
-	cfg.EgressUpstreamCAFile = caFile
-	cfg.EgressRootsFile = caFile
-	cfg.Logger = logger
-	s, err := stack.NewLocal(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	t.Cleanup(func() { finish(t, s, cfg.DataDir) })
-
-	gwDir := filepath.Join(dir, "gateway")
-	st, err := store.Open(ctx, filepath.Join(gwDir, "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	ring, err := secretbox.LoadOrCreate(filepath.Join(gwDir, secretbox.DefaultFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var adminKey string
 	pol := &policies{}
 	pol.set(`{` + gvisorPolicy + `}`) // the gVisor group below pins its class
-	g := startGatewayOn(t, s, func(c *gateway.Config) {
-		c.Policies = pol
-		c.Logger = logger
-		c.Secrets = gateway.SecretOptions{Store: st.SecretStores(), Keys: ring}
-		adminKey, _, _ = c.Auth.(*auth.Keyring).Create("org-a", auth.RoleAdmin, "")
-	})
-	hc := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
-		p := new(http.Protocols)
-		p.SetUnencryptedHTTP2(true)
-		return p
-	}()}}
-	adminOpts := []connect.ClientOption{connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(adminKey))}
-	settings := sandboxv1connect.NewSettingsServiceClient(hc, g.url, adminOpts...)
-	secrets := settingsv1connect.NewSecretServiceClient(hc, g.url, adminOpts...)
-	if _, err := settings.CreateSecretStore(ctx, connect.NewRequest(&sandboxv1.CreateSecretStoreRequest{SecretStore: &sandboxv1.SecretStore{Name: "prod"}})); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := secrets.PutSecret(ctx, connect.NewRequest(&settingsv1.PutSecretRequest{StoreName: "prod", Path: "api", Field: "token", Value: value})); err != nil {
-		t.Fatal(err)
-	}
+	e := startEgressSecretEnv(ctx, t, in, value, func(c *gateway.Config) { c.Policies = pol })
+	dir, s, cfg, stackDir, g, logs := e.dir, e.s, e.cfg, e.stackDir, e.g, e.logs
+	t.Cleanup(func() { finish(t, s, cfg.DataDir) })
 
 	idle := []string{"-c", `trap "exit 0" TERM; sleep infinity & wait`}
 	sp := &sandboxv1.SandboxSpec{

@@ -126,6 +126,79 @@ except OSError as e:
 print(json.dumps(out))
 `
 
+// egressSecretEnv is a local stack with egress on, resolving names with in's DNS and
+// trusting in's CA (the proxy verifies upstreams against it, sandboxes trust it for
+// hosts without a secret), and a gateway on it whose org-a admin has created the
+// secret store "prod" holding value at api#token.
+type egressSecretEnv struct {
+	dir      string // holds the stack's and the gateway's data dirs
+	s        *stack.Stack
+	cfg      stack.Config
+	stackDir string
+	g        *gw
+	logs     *syncBuffer // the stack's and the gateway's log, at DEBUG
+}
+
+// startEgressSecretEnv starts an egressSecretEnv; configure, when set, adjusts the
+// gateway's configuration further. The stack closes with the test; finishing it (the
+// leak checks) is the caller's, which may restart it first.
+func startEgressSecretEnv(ctx context.Context, t *testing.T, in *egresstest.Internet, value string, configure func(*gateway.Config)) *egressSecretEnv {
+	t.Helper()
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "internet-ca.pem")
+	if err := os.WriteFile(caFile, in.CA.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := &egressSecretEnv{dir: dir, stackDir: filepath.Join(dir, "stack"), logs: &syncBuffer{}}
+	logger := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e.cfg = env.StackConfig(e.stackDir)
+	e.cfg.NoEgress = false
+	e.cfg.Nameservers = []string{in.DNS.String()}
+	e.cfg.EgressUpstreamCAFile = caFile // the proxy verifies api.inject.test against it
+	e.cfg.EgressRootsFile = caFile      // and the sandbox trusts it for other hosts
+	e.cfg.Logger = logger
+	var err error
+	if e.s, err = stack.NewLocal(ctx, e.cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.s.Close)
+
+	gwDir := filepath.Join(dir, "gateway")
+	st, err := store.Open(ctx, filepath.Join(gwDir, "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	ring, err := secretbox.LoadOrCreate(filepath.Join(gwDir, secretbox.DefaultFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var adminKey string
+	e.g = startGatewayOn(t, e.s, func(c *gateway.Config) {
+		c.Logger = logger
+		c.Secrets = gateway.SecretOptions{Store: st.SecretStores(), Keys: ring}
+		adminKey, _, _ = c.Auth.(*auth.Keyring).Create("org-a", auth.RoleAdmin, "")
+		if configure != nil {
+			configure(c)
+		}
+	})
+	hc := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
+		p := new(http.Protocols)
+		p.SetUnencryptedHTTP2(true)
+		return p
+	}()}}
+	adminOpts := []connect.ClientOption{connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(adminKey))}
+	settings := sandboxv1connect.NewSettingsServiceClient(hc, e.g.url, adminOpts...)
+	secrets := settingsv1connect.NewSecretServiceClient(hc, e.g.url, adminOpts...)
+	if _, err := settings.CreateSecretStore(ctx, connect.NewRequest(&sandboxv1.CreateSecretStoreRequest{SecretStore: &sandboxv1.SecretStore{Name: "prod"}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := secrets.PutSecret(ctx, connect.NewRequest(&settingsv1.PutSecretRequest{StoreName: "prod", Path: "api", Field: "token", Value: value})); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // TestEgressSecretInjection (docs/secrets.md, "Secrets that never enter the sandbox"):
 // a sandbox whose rule attaches a store secret to api.inject.test gets a placeholder;
 // the server there (in a network namespace of its own) sees the real value in
@@ -141,64 +214,16 @@ func TestEgressSecretInjection(t *testing.T) {
 	in.ServeHTTPS(t, apiIP, "api.inject.test")
 	otherSrv := in.ServeHTTPS(t, otherIP, "other.inject.test")
 
-	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	caFile := filepath.Join(dir, "internet-ca.pem")
-	if err := os.WriteFile(caFile, in.CA.CertPEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	stackDir := filepath.Join(dir, "stack")
-	cfg := env.StackConfig(stackDir)
-	cfg.NoEgress = false
-	cfg.Nameservers = []string{in.DNS.String()}
-	cfg.EgressUpstreamCAFile = caFile // the proxy verifies api.inject.test against it
-	cfg.EgressRootsFile = caFile      // and the sandbox trusts it for other.inject.test
-	cfg.Logger = logger
-	s, err := stack.NewLocal(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	e := startEgressSecretEnv(ctx, t, in, value, nil)
+	dir, s, cfg, stackDir, g, logs := e.dir, e.s, e.cfg, e.stackDir, e.g, e.logs
 	restarted := false // the restart below finishes the second stack instead
 	t.Cleanup(func() {
 		if !restarted {
 			finish(t, s, cfg.DataDir)
 		}
 	})
-
-	gwDir := filepath.Join(dir, "gateway")
-	st, err := store.Open(ctx, filepath.Join(gwDir, "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	ring, err := secretbox.LoadOrCreate(filepath.Join(gwDir, secretbox.DefaultFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var adminKey string
-	g := startGatewayOn(t, s, func(c *gateway.Config) {
-		c.Logger = logger
-		c.Secrets = gateway.SecretOptions{Store: st.SecretStores(), Keys: ring}
-		adminKey, _, _ = c.Auth.(*auth.Keyring).Create("org-a", auth.RoleAdmin, "")
-	})
-	hc := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
-		p := new(http.Protocols)
-		p.SetUnencryptedHTTP2(true)
-		return p
-	}()}}
-	adminOpts := []connect.ClientOption{connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(adminKey))}
-	settings := sandboxv1connect.NewSettingsServiceClient(hc, g.url, adminOpts...)
-	secrets := settingsv1connect.NewSecretServiceClient(hc, g.url, adminOpts...)
-	if _, err := settings.CreateSecretStore(ctx, connect.NewRequest(&sandboxv1.CreateSecretStoreRequest{SecretStore: &sandboxv1.SecretStore{Name: "prod"}})); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := secrets.PutSecret(ctx, connect.NewRequest(&settingsv1.PutSecretRequest{StoreName: "prod", Path: "api", Field: "token", Value: value})); err != nil {
-		t.Fatal(err)
-	}
 
 	sp := spec(env.Python(), "/bin/sh", "-c", `trap "exit 0" TERM; sleep infinity & wait`)
 	sp.Network = &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{
