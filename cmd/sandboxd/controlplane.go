@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/controlplane"
-	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
