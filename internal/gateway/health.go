@@ -41,8 +41,8 @@ type pendingTicket struct {
 }
 
 // newHealth returns the tracker of cfg, logging and counting its transitions.
-func (s *Server) newHealth(cfg health.Config) *health.Tracker {
-	t := health.New(cfg, nil, func(tr health.Transition) {
+func (s *Server) newHealth(cfg health.Config, now func() time.Time) *health.Tracker {
+	t := health.New(cfg, now, func(tr health.Transition) {
 		scope := metrics.HealthScopeRunner
 		if tr.Org != "" {
 			scope = metrics.HealthScopeOrganization

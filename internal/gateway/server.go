@@ -136,6 +136,8 @@ type Config struct {
 	// Health sets when runners whose creates keep failing are degraded and quarantined
 	// (internal/health, health.go); its zero value is the defaults.
 	Health health.Config
+	// healthClock is the health tracker's clock (tests; nil: time.Now).
+	healthClock func() time.Time
 }
 
 // AuditOptions configure the audit log.
@@ -260,7 +262,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.registryCreds = cfg.RegistryCredentials
-	s.health = s.newHealth(cfg.Health)
+	s.health = s.newHealth(cfg.Health, cfg.healthClock)
 	s.index.observe = s.observeHealth
 	s.quota, s.orgs = cfg.Quota, cfg.Orgs
 	s.volumes = cfg.Volumes
