@@ -241,7 +241,12 @@ func New(cfg Config, now func() time.Time, notify func(Transition)) *Tracker {
 }
 
 // Config is the tracker's configuration (defaults filled).
-func (t *Tracker) Config() Config { return t.cfg }
+func (t *Tracker) Config() Config {
+	if t == nil {
+		return Config{}.WithDefaults()
+	}
+	return t.cfg
+}
 
 func (t *Tracker) rec(runner string) *runnerRec {
 	r := t.runners[runner]
