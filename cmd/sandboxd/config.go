@@ -110,6 +110,7 @@ type devConfig struct {
 	quota                               quotaFlags
 	registry                            registryFlags
 	builds                              buildFlags
+	health                              healthFlags
 	// secretKeyFile: the secret stores' key ring (default DATA-DIR/secret-store.key).
 	secretKeyFile string
 	// bridge, subnet, cgroupParent: as the runner's flags, so that several `sandboxd
@@ -149,10 +150,14 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	c.quota.register(fs)
 	c.registry.register(fs, true)
 	c.builds.register(fs)
+	c.health.register(fs)
 }
 
 func (c devConfig) validate() error {
 	if err := c.metrics.validate(); err != nil {
+		return err
+	}
+	if err := c.health.validate(); err != nil {
 		return err
 	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
@@ -319,6 +324,7 @@ type gatewayConfig struct {
 	quota                                   quotaFlags
 	registry                                registryFlags
 	builds                                  buildFlags
+	health                                  healthFlags
 	// secretKeyFile: the secret stores' key ring (default PKI-DIR/secret-store.key).
 	secretKeyFile string
 }
@@ -344,10 +350,14 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	c.quota.register(fs)
 	c.registry.register(fs, false)
 	c.builds.register(fs)
+	c.health.register(fs)
 }
 
 func (c gatewayConfig) validate() error {
 	if err := c.metrics.validate(); err != nil {
+		return err
+	}
+	if err := c.health.validate(); err != nil {
 		return err
 	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/rollout"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
@@ -57,6 +58,7 @@ func (c controlPlaneConfig) run() error {
 		return err
 	}
 	defer func() { _ = st.Close() }()
+	metrics.Default.SetReady("store", storeReady(st))
 	if err := c.metrics.startStore(ctx, st, false, true, logger); err != nil {
 		return err
 	}

@@ -202,10 +202,13 @@ func (c devConfig) run() error {
 		TrustedProxies:      trusted,
 		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
 		Audit:               gateway.AuditOptions{Store: st.Audit(), Config: audit.Config{Retention: c.auditRetention}, PlatformOrg: defaultOrg},
+		Health:              c.health.cfg,
 	})
 	if err != nil {
 		return err
 	}
+	metrics.Default.SetReady("store", storeReady(st))
+	metrics.Default.SetReady("runners", gw.Ready)
 	go heartbeat(ctx, st, local, logger)
 	clusterKey, err := pki.LoadOrCreateSecret(filepath.Join(c.dataDir, controlplane.ClusterKeyFile))
 	if err != nil {

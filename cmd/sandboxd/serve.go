@@ -50,7 +50,7 @@ func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logge
 	reflector := newReflector(svcs)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
-	front := apifront.New(mux, apifront.Config{Auth: keys, Public: []string{"GET /readyz", "GET " + openapi.Path, "HEAD " + openapi.Path, "GET " + gateway.BuildLogPath},
+	front := apifront.New(mux, apifront.Config{Auth: keys, Public: []string{"GET /readyz", "GET /livez", "GET " + openapi.Path, "HEAD " + openapi.Path, "GET " + gateway.BuildLogPath},
 		MaxMessageBytes: relay.MaxMessageBytes, Routes: routes, ClientStreaming: apifront.ClientStreaming(svcs...), Logger: log})
 	srv := &http.Server{Handler: front, ReadHeaderTimeout: apiReadHeaderTimeout, Protocols: new(http.Protocols),
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}

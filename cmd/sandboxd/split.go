@@ -147,6 +147,11 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 		rs.WithPolicy(runnerID, creds.cache)
 	}
 	srv := rs.HTTPServer(creds.tls)
+	// Ready from here on: the backend is up, the sandboxes re-adopted, the API listening.
+	metrics.Default.SetReady("backend", func(ctx context.Context) error {
+		_, err := local.Capacity(ctx)
+		return err
+	})
 	fmt.Printf("runner %s listening on %s\n", runnerID, ln.Addr())
 	return serveUntilDone(ctx, srv, ln, logger, "shutting down; sandboxes keep running and are re-adopted on the next start")
 }
@@ -470,10 +475,13 @@ func (c gatewayConfig) run() error {
 		TrustedProxies:      trusted,
 		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
 		Audit:               gateway.AuditOptions{Store: st.Audit(), Config: audit.Config{Retention: c.auditRetention}, PlatformOrg: defaultOrg},
+		Health:              c.health.cfg,
 	})
 	if err != nil {
 		return err
 	}
+	metrics.Default.SetReady("store", storeReady(st))
+	metrics.Default.SetReady("runners", gw.Ready)
 	// Until runners register themselves, the gateway records the runners it is given (the
 	// runner ID doubles as cluster ID) and heartbeats what it sees of them.
 	var admin http.Handler

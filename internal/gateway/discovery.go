@@ -9,6 +9,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/health"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -125,13 +126,15 @@ func (s *Server) availableRunner(ctx context.Context, i int, view sandboxv1.Runn
 			caps.SupportsPrivileged = *sc.PrivilegedAllowed && policy.RunnerPlatform(nil).PrivilegedAllowed
 		}
 	}
+	hv := s.health.View(r.ID(), principal(ctx).Org)
 	ar := &sandboxv1.AvailableRunner{
 		RunnerId:       r.ID(),
 		RunnerGroupId:  r.Group(),
-		Healthy:        w.connected,
+		Healthy:        w.connected && hv.State != health.Quarantined,
 		ConnectedAt:    ts(c.ConnectedAt),
 		OrganizationId: principal(ctx).Org,
 		Capabilities:   caps,
+		Tags:           healthTags(hv),
 	}
 	if view == sandboxv1.RunnerView_RUNNER_VIEW_FULL && w.connected {
 		// What the runner still admits: its capacity (CPU overcommitted) less the requests
@@ -167,4 +170,21 @@ func (s *Server) liveSandboxes(ctx context.Context, recs []*record, r runner.Han
 		}
 	}
 	return n
+}
+
+// Discovery tags of runner health (a sandboxd extension of AvailableRunner.tags; the
+// official client reads tags as opaque strings): a runner that is not healthy for the
+// caller carries TagHealth+state and TagHealthReason+why. A quarantined runner is also
+// healthy=false.
+const (
+	TagHealth       = "sandboxd.health="
+	TagHealthReason = "sandboxd.health.reason="
+)
+
+// healthTags are the discovery tags of health view v (none when healthy).
+func healthTags(v health.View) []string {
+	if v.State == health.Healthy {
+		return nil
+	}
+	return []string{TagHealth + v.State.String(), TagHealthReason + v.Reason}
 }

@@ -54,6 +54,8 @@ type index struct {
 	byRequest map[string]string // org + "\x00" + request_id -> sandbox ID
 	st        IndexStore        // nil: memory only
 	log       *slog.Logger
+	// observe, when set, sees every status setLast records (runner health, health.go).
+	observe func(*record, runner.Sandbox)
 }
 
 func newIndex(st IndexStore, log *slog.Logger) *index {
@@ -142,6 +144,9 @@ func (x *index) setLast(ctx context.Context, r *record, sb runner.Sandbox) {
 	dirty := changed(r.last, sb)
 	r.last = sb
 	x.mu.Unlock()
+	if x.observe != nil {
+		x.observe(r, sb) // runner health: the outcome of a create (health.go)
+	}
 	if dirty {
 		if err := x.persistStatus(context.WithoutCancel(ctx), r, sb); err != nil {
 			x.log.Warn("record sandbox status", "sandbox", r.id, "err", err)

@@ -370,7 +370,7 @@ func (s *Server) placeFork(ctx context.Context, rec *record, r runner.Handle, sr
 	cands, err := placement.Place(placement.Request{
 		Spec:         sp,
 		Engine:       src.Spec.Engine,
-		Runners:      s.views.snapshot(ctx),
+		Runners:      s.placementRunners(ctx),
 		Platform:     policy.RunnerPlatform(nil),
 		Reservations: &s.reserved,
 		CheckSource:  public,

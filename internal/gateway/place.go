@@ -10,6 +10,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/health"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -50,7 +51,7 @@ func byReference(resolve spec.SecretResolver) (spec.SecretResolver, func() []str
 // of their archives (one per restored volume), and a runner that has them cached comes
 // first among those that accept the sandbox (placement.PreferCached).
 func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs []string) ([]placement.Candidate, error) {
-	runners := s.views.snapshot(ctx)
+	runners := s.placementRunners(ctx)
 	addr, public := callerOf(ctx)
 	cands, err := placement.Place(placement.Request{
 		Spec:         spec,
@@ -96,6 +97,12 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			full = append(full, c.RunnerID+": its room is taken by creates in flight")
 			continue
 		}
+		ticket, ok := s.health.Begin(c.RunnerID, org)
+		if !ok { // quarantined since placement, or another create probes it
+			release()
+			full = append(full, c.RunnerID+": "+s.health.View(c.RunnerID, org).Reason)
+			continue
+		}
 		r := s.runners[c.Index]
 		cr, err := toCreateRequest(c.Result.Spec, restore, secrets, s.registeredResolver(ctx, org))
 		if err == nil && adjust != nil {
@@ -105,11 +112,13 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		}
 		if err != nil {
 			release()
+			s.health.Report(ticket, health.Ignored, "")
 			return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, err
 		}
 		held := quotaHold{need: c.Need}
 		if held.id, err = s.reserveQuotaTotal(ctx, org, 1, c.Need); err != nil {
 			release()
+			s.health.Report(ticket, health.Ignored, "")
 			return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, err
 		}
 		s.addRegistryCredentials(&cr.Spec, org)
@@ -122,8 +131,12 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		sb, err := r.Create(ctx, cr)
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
-		} else if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
-			s.views.markDown(c.Index, err)
+			s.createAccepted(ticket, sb)
+		} else {
+			s.createFailed(ctx, ticket, err)
+			if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
+				s.views.markDown(c.Index, err)
+			}
 		}
 		release()
 		if err == nil {

@@ -125,7 +125,7 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		}
 		return nil, []portRefusal{{runner: from.ID(), why: fmt.Sprintf("exports no checkpoints of runtime class %q to the blob store", class)}}
 	}
-	views := s.views.snapshot(ctx)
+	views := s.placementRunners(ctx)
 	addr, public := callerOf(ctx)
 	var (
 		out     []portTarget

@@ -42,6 +42,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
+	"github.com/sandboxd/sandboxd/internal/health"
 	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
@@ -132,6 +133,11 @@ type Config struct {
 	// Audit keeps the audit log (internal/audit, docs/audit.md); its zero value keeps
 	// none (AuditService answers CWSANDBOX_NOT_IMPLEMENTED).
 	Audit AuditOptions
+	// Health sets when runners whose creates keep failing are degraded and quarantined
+	// (internal/health, health.go); its zero value is the defaults.
+	Health health.Config
+	// healthClock is the health tracker's clock (tests; nil: time.Now).
+	healthClock func() time.Time
 }
 
 // AuditOptions configure the audit log.
@@ -205,6 +211,10 @@ type Server struct {
 	// audit records audited calls (nil without Config.Audit.Store); auditSvc serves them.
 	audit    *audit.Recorder
 	auditSvc audit.Service
+	// health tracks the runners' failed creates (health.go); healthPending the accepted
+	// creates not judged yet.
+	health        *health.Tracker
+	healthPending healthPending
 }
 
 // New returns a Server.
@@ -228,6 +238,9 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Quota.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	if err := cfg.Health.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: runner health: %w", err)
+	}
 	if cfg.Quota.Store != nil && cfg.Index == nil {
 		return nil, errors.New("gateway: quotas need a store-backed Index to count sandboxes")
 	}
@@ -249,6 +262,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.registryCreds = cfg.RegistryCredentials
+	s.health = s.newHealth(cfg.Health, cfg.healthClock)
+	s.index.observe = s.observeHealth
 	s.quota, s.orgs = cfg.Quota, cfg.Orgs
 	s.volumes = cfg.Volumes
 	s.trustedProxies = slices.Clone(cfg.TrustedProxies)
@@ -317,7 +332,7 @@ func Services() []protoreflect.ServiceDescriptor {
 }
 
 // Handler serves Services (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
-// annotations) and GET /readyz.
+// annotations), GET /readyz and GET /livez.
 func (s *Server) Handler() http.Handler {
 	interceptors := []connect.Interceptor{metrics.Default.Interceptor(metrics.PathGateway)}
 	if s.audit != nil {
@@ -355,6 +370,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/builds/{build_id}/logs", s.buildLogsREST) // a stream REST transcoding cannot carry (no sandbox)
 	mux.HandleFunc("GET "+BuildLogPath, s.buildLogText)               // GetSandboxBuildLogs's URLs
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /livez", metrics.Livez)
 	mux.HandleFunc("PUT "+BuildContextsPath+"{name}", s.putBuildContext) // raw bytes, streamed to the blob store
 	return mux
 }
@@ -362,15 +378,26 @@ func (s *Server) Handler() http.Handler {
 // readyz is ready while at least one runner is connected: this gateway can place and
 // serve sandboxes then.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	if err := s.Ready(r.Context()); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = fmt.Fprintln(w, "ok")
+}
+
+// Ready is nil while at least one runner is connected: this gateway can place and serve
+// sandboxes then. A quarantined runner still counts (the gateway answers creates with
+// the quarantine's reason, and its cooldown ends without traffic).
+func (s *Server) Ready(ctx context.Context) error {
 	var down []string
-	for _, v := range s.views.snapshot(r.Context()) {
+	for _, v := range s.views.snapshot(ctx) {
 		if v.Ready {
-			_, _ = fmt.Fprintln(w, "ok")
-			return
+			return nil
 		}
 		down = append(down, v.ID+": "+v.NotReady)
 	}
-	http.Error(w, "no runner connected: "+strings.Join(down, "; "), http.StatusServiceUnavailable)
+	return errors.New("no runner connected: " + strings.Join(down, "; "))
 }
 
 func principal(ctx context.Context) auth.Principal {

@@ -53,6 +53,12 @@ type Metrics struct {
 	timeToRunning prometheus.Histogram
 	execDuration  *prometheus.HistogramVec
 
+	health            healthCollector
+	healthTransitions *prometheus.CounterVec
+
+	readyMu sync.Mutex
+	ready   []readiness // SetReady's checks, by name
+
 	mu      sync.Mutex
 	pending map[string]time.Time // sandbox id → when its create was recorded
 	now     func() time.Time
@@ -84,7 +90,12 @@ func New() *Metrics {
 		Help:    "Unary Exec calls' duration by path (gateway or direct data plane) and result.",
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
 	}, []string{"path", "result"})
+	m.healthTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "runner_health_transitions_total",
+		Help: "Changes of a runner's health state (internal/health) by scope (runner: for every organization; organization: one organization's own record), from and to state.",
+	}, []string{"runner_id", "scope", "from", "to"})
 	m.reg.MustRegister(
+		&m.health, m.healthTransitions,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.creates, m.deletes, m.timeToRunning, m.execDuration,
@@ -110,8 +121,8 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, MaxRequestsInFlight: 4, Timeout: 20 * time.Second})
 }
 
-// Listen serves GET /metrics (and nothing else) on addr until ctx ends; addr "" serves
-// nothing. It returns the address it listens on ("" when disabled).
+// Listen serves GET /metrics, GET /livez and GET /readyz (and nothing else) on addr
+// until ctx ends; addr "" serves nothing. It returns the address it listens on ("" when disabled).
 func (m *Metrics) Listen(ctx context.Context, addr string, log *slog.Logger) (string, error) {
 	if addr == "" {
 		return "", nil
@@ -122,6 +133,8 @@ func (m *Metrics) Listen(ctx context.Context, addr string, log *slog.Logger) (st
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
+	mux.HandleFunc("GET /livez", Livez)
+	mux.HandleFunc("GET /readyz", m.Readyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && log != nil {

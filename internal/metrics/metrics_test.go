@@ -143,7 +143,8 @@ cwsandbox_sandbox_deletes_total{reason="",result="ok"} 1
 	lint(t, m)
 }
 
-// TestListener: the listener serves GET /metrics and nothing else.
+// TestListener: the listener serves GET /metrics, /livez and /readyz (not ready before
+// a readiness check is set) and nothing else.
 func TestListener(t *testing.T) {
 	m := New()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -155,7 +156,7 @@ func TestListener(t *testing.T) {
 	for _, c := range []struct {
 		method, path string
 		want         int
-	}{{"GET", "/metrics", 200}, {"GET", "/", 404}, {"GET", "/v1/sandboxes", 404}, {"POST", "/metrics", 405}} {
+	}{{"GET", "/metrics", 200}, {"GET", "/livez", 200}, {"GET", "/readyz", 503}, {"GET", "/", 404}, {"GET", "/v1/sandboxes", 404}, {"POST", "/metrics", 405}} {
 		req, _ := http.NewRequest(c.method, "http://"+addr+c.path, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -165,6 +166,9 @@ func TestListener(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != c.want {
 			t.Errorf("%s %s: %d, want %d", c.method, c.path, resp.StatusCode, c.want)
+		}
+		if c.path != "/metrics" {
+			continue
 		}
 		if c.want == 200 && !strings.Contains(string(b), "go_goroutines") || c.want == 200 && !strings.Contains(string(b), "process_cpu_seconds_total") {
 			t.Errorf("GET /metrics lacks the Go runtime or process metrics")
@@ -208,6 +212,8 @@ func TestPromtoolCheck(t *testing.T) {
 	}
 	m.ObserveCreate(nil)
 	m.ObserveExec(PathGateway, time.Millisecond, nil)
+	m.RegisterRunnerHealth([]string{"r1"}, func() map[string]string { return map[string]string{"r1": "degraded"} })
+	m.RunnerHealthTransition("r1", HealthScopeRunner, "healthy", "degraded")
 	if out := promtest.CheckMetrics(t, []byte(gather(t, m))); out != "" {
 		t.Errorf("promtool check metrics:\n%s", out)
 	}

@@ -32,5 +32,10 @@ func PreferCached(cands []Candidate, runners []Runner, digests []string) {
 		}
 		hits[c.Index] = n
 	}
-	slices.SortStableFunc(cands, func(a, b Candidate) int { return hits[b.Index] - hits[a.Index] })
+	slices.SortStableFunc(cands, func(a, b Candidate) int {
+		if a.healthRank != b.healthRank {
+			return a.healthRank - b.healthRank // a cache never puts a degraded runner first
+		}
+		return hits[b.Index] - hits[a.Index]
+	})
 }

@@ -9,8 +9,11 @@
 // allocatable − the requests of its live sandboxes − outstanding reservations, CPU
 // overcommitted by the runner's factor, and a free sandbox slot). A request above a
 // runner's whole capacity never fits it, which is not the same as no room now.
-// Candidates are ordered by load after placement (the larger of CPU and memory
-// utilisation), least loaded first; ties are broken randomly.
+// Candidates are ordered by health (Runner.HealthRank: degraded runners last), then by
+// load after placement (the larger of CPU and memory utilisation), least loaded first;
+// ties are broken randomly. A quarantined runner (Runner.Quarantined) is no candidate:
+// when it is the only one that would accept the sandbox, the answer is
+// CWSANDBOX_NO_SUITABLE_RUNNER with a violation naming the quarantine.
 //
 // Its arithmetic (Room, Misfit, Never, NoSuitableRunner) is shared: a runner admits a
 // sandbox by the same rules (runner.Local.Create), so it lives below both the gateway
@@ -101,6 +104,11 @@ type Runner struct {
 	// CachedSnapshots are the digests of the snapshot archives the runner has cached
 	// (its capacity's): PreferCached puts it first for a sandbox that restores them.
 	CachedSnapshots []string
+	// HealthRank orders candidates before their load: 0 (healthy) first, then higher
+	// (degraded, probing; internal/health). Quarantined, when not empty, says why the
+	// runner takes no sandbox now (its creates kept failing): it is no candidate.
+	HealthRank  int
+	Quarantined string
 }
 
 // Request is one placement decision.
@@ -163,6 +171,8 @@ type Candidate struct {
 
 	// room is the runner's room before reservations; for Reservations.Claim.
 	room Room
+	// healthRank is the runner's Runner.HealthRank.
+	healthRank int
 }
 
 // Place returns the candidates, best first, or the error for the user:
@@ -268,12 +278,18 @@ func Place(req Request) ([]Candidate, error) {
 			}
 			continue
 		}
+		if r.Quarantined != "" {
+			shareOnly = false
+			rejected = append(rejected, apierr.Violation{Field: "runner[" + r.ID + "]", Description: "runner is " + r.Quarantined})
+			continue
+		}
 		reserved, n := req.Reservations.Held(r.ID)
 		if why := c.misfit(reserved, n); why != "" {
 			full = append(full, r.ID+": "+why)
 			continue
 		}
 		c.Load = load(r.Room, c.Need.add(reserved), n+1)
+		c.healthRank = r.HealthRank
 		cands = append(cands, c)
 	}
 	if len(cands) > 0 {
@@ -284,6 +300,8 @@ func Place(req Request) ([]Candidate, error) {
 		shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
 		slices.SortStableFunc(cands, func(a, b Candidate) int {
 			switch {
+			case a.healthRank != b.healthRank:
+				return a.healthRank - b.healthRank
 			case a.Load < b.Load:
 				return -1
 			case a.Load > b.Load:

@@ -426,3 +426,34 @@ func TestClaimN(t *testing.T) {
 		rel()
 	}
 }
+
+// Health: a degraded runner (HealthRank) comes after healthy ones whatever its load or
+// cache; a quarantined one is no candidate, and when it is the only one left the answer
+// is CWSANDBOX_NO_SUITABLE_RUNNER naming the quarantine.
+func TestPlaceHealth(t *testing.T) {
+	free := mustPolicy(t, `{}`)
+	degraded := rn("r1", free) // empty: least loaded
+	degraded.HealthRank = 1
+	degraded.CachedSnapshots = []string{"d1"}
+	busy := used(rn("r2", free), 3000, gi, 3)
+	cands, err := Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{degraded, busy}})
+	if err != nil || !slices.Equal(ids(cands), []string{"r2", "r1"}) {
+		t.Fatalf("degraded not last: %v %v", ids(cands), err)
+	}
+	PreferCached(cands, []Runner{degraded, busy}, []string{"d1"})
+	if !slices.Equal(ids(cands), []string{"r2", "r1"}) {
+		t.Fatalf("cache put a degraded runner first: %v", ids(cands))
+	}
+	q := rn("r1", free)
+	q.Quarantined = "quarantined until 2026-01-01T00:00:30Z: 6 failed creates in a row"
+	cands, err = Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{q, busy}})
+	if err != nil || !slices.Equal(ids(cands), []string{"r2"}) {
+		t.Fatalf("quarantined runner placed: %v %v", ids(cands), err)
+	}
+	for _, rs := range [][]Runner{{q}, {q, rn("r3", mustPolicy(t, `{"constraints": {"resources": {"max_cpu": "0.5"}}}`))}} {
+		_, err = Place(Request{Spec: spec("1", "1Gi"), Runners: rs})
+		if apierr.Reason(err) != apierr.NoSuitableRunner || connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "quarantined until") {
+			t.Fatalf("%d runners, all acceptable quarantined: %v", len(rs), err)
+		}
+	}
+}

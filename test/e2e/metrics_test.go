@@ -150,6 +150,22 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 		t.Fatalf("exec: %v", err)
 	}
 
+	// /livez and /readyz on the metrics listener and on the API port (sandboxd dev).
+	for _, u := range []string{"http://" + metricsAddr + "/livez", "http://" + metricsAddr + "/readyz", "http://" + api + "/livez", "http://" + api + "/readyz"} {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(b) != "ok\n" {
+			t.Errorf("%s: %d %q", u, resp.StatusCode, b)
+		}
+	}
+	// The runner's health series: healthy after a successful create.
+	if scrape := scrapeOnce(t, metricsAddr); !strings.Contains(scrape, `cwsandbox_runner_health{runner_id="local",state="healthy"} 1`) {
+		t.Errorf("scrape lacks the runner's health series")
+	}
 	// The API port has no /metrics.
 	if resp, err := http.Get("http://" + api + "/metrics"); err == nil {
 		resp.Body.Close()

@@ -282,20 +282,33 @@ func TestSplitProcesses(t *testing.T) {
 		}
 	})
 
-	runnerAddr := freeAddr(t)
+	runnerAddr, runnerMetrics := freeAddr(t), freeAddr(t)
 	startProcess(t, bin, "runner r1 listening on", []string{"SANDBOXD_AGENT=" + env.AgentBin},
 		"runner", "--data-dir", runnerDir, "--pki-dir", pkiDir, "--listen", runnerAddr, "--runner-id", "r1",
-		"--insecure-registry", env.Registry,
+		"--insecure-registry", env.Registry, "--metrics-listen", runnerMetrics,
 		"--bridge", bridge, "--subnet", subnet.String(), "--cgroup-parent", "sandboxd-split", "--no-egress")
-	gatewayAddr := freeAddr(t)
+	gatewayAddr, gatewayMetrics := freeAddr(t), freeAddr(t)
 	startProcess(t, bin, "CWSANDBOX_BASE_URL=", nil,
-		"gateway", "--data-dir", gatewayDir, "--pki-dir", pkiDir, "--listen", gatewayAddr, "--runner", "r1="+runnerAddr)
+		"gateway", "--data-dir", gatewayDir, "--pki-dir", pkiDir, "--listen", gatewayAddr, "--runner", "r1="+runnerAddr,
+		"--metrics-listen", gatewayMetrics)
+	cpMetrics := freeAddr(t)
+	startProcess(t, bin, "control plane listening on", nil,
+		"controlplane", "--data-dir", filepath.Join(dir, "controlplane"), "--listen", freeAddr(t), "--metrics-listen", cpMetrics, "--no-rollout")
 
-	res, err := http.Get("http://" + gatewayAddr + "/readyz")
-	if err != nil || res.StatusCode != http.StatusOK {
-		t.Fatalf("readyz: %v %v", res, err)
+	// /livez and /readyz on every process's metrics listener, and on the gateway's API port.
+	for _, base := range []string{"http://" + gatewayAddr, "http://" + gatewayMetrics, "http://" + runnerMetrics, "http://" + cpMetrics} {
+		for _, path := range []string{"/livez", "/readyz"} {
+			res, err := http.Get(base + path)
+			if err != nil {
+				t.Fatalf("%s%s: %v", base, path, err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != http.StatusOK || string(b) != "ok\n" {
+				t.Errorf("%s%s: %d %q", base, path, res.StatusCode, b)
+			}
+		}
 	}
-	res.Body.Close()
 	key, err := os.ReadFile(filepath.Join(gatewayDir, "admin-api-key"))
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,288 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/health"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// failingRunner is an acceptingRunner whose creates fail as a broken runtime's do while
+// failing is set: sync (the RPC answers INTERNAL) or async (accepted, then FAILED with
+// BackendError).
+type failingRunner struct {
+	acceptingRunner
+	mu      sync.Mutex
+	failing bool
+	async   bool
+	creates int
+}
+
+func (r *failingRunner) set(failing, async bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failing, r.async = failing, async
+}
+
+func (r *failingRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	r.mu.Lock()
+	r.creates++
+	failing, async := r.failing, r.async
+	r.mu.Unlock()
+	if failing && !async {
+		return runner.Sandbox{}, connect.NewError(connect.CodeInternal, errors.New("runc create: exec failed"))
+	}
+	sb, err := r.acceptingRunner.Create(ctx, req)
+	if err == nil && failing {
+		r.acceptingRunner.mu.Lock()
+		sb.State, sb.Reason, sb.Message = runner.StateFailed, runner.ReasonBackendError, "runc: container init failed"
+		r.acceptingRunner.got[sb.ID] = sb
+		r.acceptingRunner.mu.Unlock()
+		sb.State, sb.Reason, sb.Message = runner.StateCreating, "", "" // the RPC answers before the start fails
+	}
+	return sb, err
+}
+
+func (r *failingRunner) run(id string) {
+	r.acceptingRunner.mu.Lock()
+	defer r.acceptingRunner.mu.Unlock()
+	sb := r.acceptingRunner.got[id]
+	sb.State, sb.StartedAt = runner.StateRunning, time.Now()
+	r.acceptingRunner.got[id] = sb
+}
+
+func (r *failingRunner) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.creates
+}
+
+type stepClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *stepClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *stepClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func newHealthGateway(t *testing.T, clk *stepClock, cfg health.Config, runners ...runner.Handle) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(t.Context(), filepath.Join(dir, "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	for _, org := range []string{testOrg, "org-b"} {
+		if _, err := st.Orgs().Create(t.Context(), store.Org{ID: org, Name: org}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, err := auth.OpenKeyring(filepath.Join(dir, "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Auth: keys, Runners: runners, Index: st.Sandboxes(), Orgs: st.Orgs(), Health: cfg, healthClock: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func asOrgID(org string) context.Context {
+	return auth.WithPrincipal(context.Background(), auth.Principal{KeyID: "k-" + org, Org: org, Role: auth.RoleUser})
+}
+
+func createOnRunners(ctx context.Context, s *Server, pins ...string) (*sandboxv1.Sandbox, error) {
+	res, err := s.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Image: "busybox:latest"}}, RunnerIds: pins}}}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
+
+// TestRunnerHealthPlacement: a runner whose creates keep failing (INTERNAL from the
+// runtime) is placed after a healthy one once degraded, not at all once quarantined (a
+// create pinned to it is refused with CWSANDBOX_NO_SUITABLE_RUNNER naming the
+// quarantine, without asking it), and visible in discovery; after the cooldown one probe
+// create goes to it, and its sandbox reaching RUNNING heals it.
+func TestRunnerHealthPlacement(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	good := &acceptingRunner{id: "good"}
+	bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+	bad.set(true, false)
+	s := newHealthGateway(t, clk, health.Config{MinOrgs: 1}, good, bad)
+	ctx := asOrgID(testOrg)
+
+	for i := range 3 {
+		if _, err := createOnRunners(ctx, s, "bad"); connect.CodeOf(err) != connect.CodeInternal {
+			t.Fatalf("failing create %d: %v", i, err)
+		}
+	}
+	if v := s.health.Global("bad"); v.State != health.Degraded {
+		t.Fatalf("after 3 failures: %+v", v)
+	}
+	// Degraded: every unpinned create goes to the healthy runner, whatever the load.
+	before := bad.count()
+	for i := range 6 {
+		sb, err := createOnRunners(ctx, s)
+		if err != nil || runnerOfSandbox(s, sb) != "good" {
+			t.Fatalf("create %d on a degraded pair: %v %v", i, runnerOfSandbox(s, sb), err)
+		}
+	}
+	if bad.count() != before {
+		t.Fatal("the degraded runner was asked while a healthy one had room")
+	}
+	// Three more failures, now async (accepted, then FAILED for a runner-side reason,
+	// seen when the caller looks): quarantined.
+	bad.set(true, true)
+	for i := range 3 {
+		sb, err := createOnRunners(ctx, s, "bad")
+		if err != nil {
+			t.Fatalf("async failing create %d: %v", i, err)
+		}
+		if _, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.GetSandboxId()})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := s.health.Global("bad")
+	if v.State != health.Quarantined {
+		t.Fatalf("after 6 failures: %+v", v)
+	}
+	before = bad.count()
+	_, err := createOnRunners(ctx, s, "bad")
+	if apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), "quarantined until") {
+		t.Fatalf("create pinned to a quarantined runner: %v", err)
+	}
+	if bad.count() != before {
+		t.Fatal("a quarantined runner was asked")
+	}
+	if sb, err := createOnRunners(ctx, s); err != nil || runnerOfSandbox(s, sb) != "good" {
+		t.Fatalf("unpinned create while one runner is quarantined: %v %v", runnerOfSandbox(s, sb), err)
+	}
+	// Discovery: healthy=false with the state and reason as tags.
+	ar, err := s.GetAvailableRunner(ctx, connect.NewRequest(&sandboxv1.GetAvailableRunnerRequest{RunnerId: "bad", OrganizationId: testOrg}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ar.Msg.GetHealthy() || !slices.Contains(ar.Msg.GetTags(), TagHealth+"quarantined") ||
+		!slices.ContainsFunc(ar.Msg.GetTags(), func(s string) bool { return strings.HasPrefix(s, TagHealthReason+"quarantined until") }) {
+		t.Fatalf("discovery of the quarantined runner: healthy=%v tags=%v", ar.Msg.GetHealthy(), ar.Msg.GetTags())
+	}
+	list, err := s.ListAvailableRunners(ctx, connect.NewRequest(&sandboxv1.ListAvailableRunnersRequest{HealthyOnly: true}))
+	if err != nil || len(list.Msg.GetRunners()) != 1 || list.Msg.GetRunners()[0].GetRunnerId() != "good" {
+		t.Fatalf("healthy_only discovery: %v %v", list.Msg.GetRunners(), err)
+	}
+
+	// After the cooldown: one probe create; the runner is fixed, its sandbox runs.
+	clk.add(health.DefaultCooldown)
+	bad.set(false, false)
+	probe, err := createOnRunners(ctx, s, "bad")
+	if err != nil {
+		t.Fatalf("probe create: %v", err)
+	}
+	if _, err := createOnRunners(ctx, s, "bad"); apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), "probe") {
+		t.Fatalf("second create while the probe is out: %v", err)
+	}
+	bad.run(probe.GetSandboxId())
+	if _, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: probe.GetSandboxId()})); err != nil {
+		t.Fatal(err)
+	}
+	if v := s.health.Global("bad"); v.State != health.Healthy {
+		t.Fatalf("after a successful probe: %+v", v)
+	}
+	if _, err := createOnRunners(ctx, s, "bad"); err != nil {
+		t.Fatalf("create on the healed runner: %v", err)
+	}
+}
+
+// TestRunnerHealthCallerFaultsDoNotCount: creates the caller's input fails (policy,
+// image not found, the workload failing) leave the runner healthy; and with the default
+// MinOrgs one organization's failures degrade the runner for it alone.
+func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
+	for _, tc := range []struct {
+		sb   runner.Sandbox
+		want health.Outcome
+	}{
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "image not found: docker.io/library/nope"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "image pull unauthorized"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "registry unreachable: registry.invalid: DNS"}, health.Failure},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "invalid sandbox spec: bad mount"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "runc: exec format error"}, health.Failure},
+		{runner.Sandbox{State: runner.StateFailed, Reason: "InitContainerFailed", Message: "init container exited with code 1"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonRestartLimit}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonBackendError}, health.Failure},
+		{runner.Sandbox{State: runner.StateCompleted, StartedAt: time.Now()}, health.Success},
+	} {
+		if got, _, final := sandboxOutcome(tc.sb); got != tc.want || !final {
+			t.Errorf("%s %q: %v (final %v), want %v", tc.sb.Reason, tc.sb.Message, got, final, tc.want)
+		}
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		err  error
+		want health.Outcome
+	}{
+		{apierr.New(apierr.RunnerUnavailable, "gone", nil), health.Failure},
+		{connect.NewError(connect.CodeDeadlineExceeded, errors.New("slow")), health.Failure},
+		{apierr.Invalid(apierr.PlacementRejected, "policy", nil), health.Ignored},
+		{apierr.New(apierr.QuotaExceeded, "quota", nil), health.Ignored},
+		{connect.NewError(connect.CodeInvalidArgument, runtime.ErrInvalidImageRef), health.Ignored},
+		{connect.NewError(connect.CodeNotFound, runtime.ErrImageNotFound), health.Ignored},
+	} {
+		if got, _ := createOutcome(ctx, tc.err); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if got, _ := createOutcome(cancelled, apierr.New(apierr.RunnerUnavailable, "gone", nil)); got != health.Ignored {
+		t.Errorf("a cancelled caller's failure counted")
+	}
+
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+	bad.set(true, false)
+	s := newHealthGateway(t, clk, health.Config{}, bad)
+	for range 10 {
+		_, _ = createOnRunners(asOrgID("org-b"), s)
+	}
+	if _, err := createOnRunners(asOrgID("org-b"), s); apierr.Reason(err) != apierr.NoSuitableRunner {
+		t.Fatalf("org-b's own creates after its 10 failures: %v", err)
+	}
+	bad.set(false, false)
+	if _, err := createOnRunners(asOrgID(testOrg), s); err != nil {
+		t.Fatalf("org-a's create on the runner org-b failed on: %v", err)
+	}
+}
+
+func runnerOfSandbox(s *Server, sb *sandboxv1.Sandbox) string {
+	if sb == nil {
+		return ""
+	}
+	rec, ok := s.index.get(context.Background(), testOrg, sb.GetSandboxId())
+	if !ok {
+		return ""
+	}
+	return s.index.runnerOf(rec)
+}
