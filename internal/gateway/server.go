@@ -50,6 +50,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/spec"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // Limits of the public API (the message size and the data RPCs' are the relay's:
@@ -319,7 +320,7 @@ func Services() []protoreflect.ServiceDescriptor {
 // Handler serves Services (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
 // annotations) and GET /readyz.
 func (s *Server) Handler() http.Handler {
-	interceptors := []connect.Interceptor{metrics.Default.Interceptor(metrics.PathGateway)}
+	interceptors := []connect.Interceptor{tracing.PublicServer(), metrics.Default.Interceptor(metrics.PathGateway)}
 	if s.audit != nil {
 		interceptors = append(interceptors, s.audit.Interceptor()) // outside auth: it records refusals too
 	}
