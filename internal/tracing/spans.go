@@ -97,24 +97,24 @@ func spanName(procedure string) string { return strings.TrimPrefix(procedure, "/
 // each call is a new trace. A caller's traceparent is untrusted: it neither becomes the
 // parent (a caller could splice our spans into its trace, or force sampling) nor decides
 // sampling; when valid it is added as a link, so a caller's trace and ours can be joined.
-func PublicServer() connect.Interceptor { return interceptor{kind: public} }
+func PublicServer() connect.Interceptor { return interceptor{kind: kindPublic} }
 
 // Server traces the calls of an internal API whose callers are sandboxd processes
 // authenticated by mTLS (the runner API): a call continues the caller's trace.
-func Server() connect.Interceptor { return interceptor{kind: internal} }
+func Server() connect.Interceptor { return interceptor{kind: kindInternal} }
 
 // Client traces the calls a sandboxd process makes over an internal hop (gateway →
 // runner, runner → agent): a client span, and its context in the traceparent header.
 // Calls made outside any trace (background loops) are left alone, so they do not
 // each begin a trace.
-func Client() connect.Interceptor { return interceptor{kind: client} }
+func Client() connect.Interceptor { return interceptor{kind: kindClient} }
 
 type kind int
 
 const (
-	public kind = iota
-	internal
-	client
+	kindPublic kind = iota
+	kindInternal
+	kindClient
 )
 
 type interceptor struct{ kind kind }
@@ -123,7 +123,7 @@ type interceptor struct{ kind kind }
 func (i interceptor) serverStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(rpcAttrs(procedure)...)}
 	remote := propagator.Extract(context.Background(), propagation.HeaderCarrier(h))
-	if i.kind == public {
+	if i.kind == kindPublic {
 		opts = append(opts, trace.WithNewRoot())
 		if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("sandboxd.link", "caller")}}))
@@ -138,7 +138,7 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		proc := req.Spec().Procedure
 		if req.Spec().IsClient {
-			if i.kind != client || !inTrace(ctx) {
+			if i.kind != kindClient || !inTrace(ctx) {
 				return next(ctx, req)
 			}
 			ctx, sp := tracer().Start(ctx, spanName(proc), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(rpcAttrs(proc)...))
@@ -147,7 +147,7 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			End(sp, err)
 			return res, err
 		}
-		if i.kind == client {
+		if i.kind == kindClient {
 			return next(ctx, req)
 		}
 		ctx, sp := i.serverStart(ctx, proc, req.Header())
@@ -158,7 +158,7 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 }
 
 func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	if i.kind != client {
+	if i.kind != kindClient {
 		return next
 	}
 	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
@@ -214,7 +214,7 @@ func (s *streamClient) CloseResponse() error {
 }
 
 func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	if i.kind == client {
+	if i.kind == kindClient {
 		return next
 	}
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {

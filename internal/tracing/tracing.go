@@ -110,7 +110,7 @@ func (c Config) target() (*url.URL, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("otlp endpoint %q: %w", c.Endpoint, err)
 	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return nil, false, fmt.Errorf("otlp endpoint %q: want http://host:port, https://host:port or host:port", c.Endpoint)
 	}
 	return u, u.Scheme == "http", nil
