@@ -43,6 +43,15 @@ func (t *tracingFlags) bind(fs *flag.FlagSet, service string, getenv func(string
 }
 
 func (t tracingFlags) validate() error {
+	if r := t.cfg.SampleRatio; !(r >= 0 && r <= 1) {
+		return fmt.Errorf("--trace-sample-ratio %v: want 0 to 1", r)
+	}
+	if p := t.cfg.Protocol; p != tracing.ProtocolGRPC && p != tracing.ProtocolHTTP {
+		return fmt.Errorf("--otlp-protocol %q: want %s or %s", p, tracing.ProtocolGRPC, tracing.ProtocolHTTP)
+	}
+	if t.cfg.BatchTimeout < 0 {
+		return fmt.Errorf("--trace-batch-timeout %v: want ≥ 0", t.cfg.BatchTimeout)
+	}
 	if err := t.cfg.Validate(); err != nil {
 		return fmt.Errorf("--otlp-endpoint: %w", err)
 	}
