@@ -81,6 +81,9 @@ func TestTracingJaeger(t *testing.T) {
 			t.Errorf("%s's parent is %q (%s), want %s (%s)", child.Operation, child.Parent, p.Operation, parent.SpanID, parent.Operation)
 		}
 	}
+	for _, s := range create.Spans {
+		t.Logf("create trace %s: span %s %-45s kind=%v parent=%s links=%v", s.TraceID, s.SpanID, s.Operation, s.Tags["span.kind"], s.Parent, s.Links)
+	}
 	root := one(create, "coreweave.sandbox.v1.SandboxService/CreateSandbox", "server")
 	if root.Parent != "" || root.TraceID == callerTrace {
 		t.Errorf("the create continued the caller's trace: parent %q, trace %s", root.Parent, root.TraceID)
@@ -112,6 +115,9 @@ func TestTracingJaeger(t *testing.T) {
 	ex := j.Await(t, service, "coreweave.sandbox.v1.SandboxService/Exec", func(tr jaegertest.Trace) bool {
 		return len(tr.Named("sandboxd.agent.v1.AgentService/Exec")) == 3
 	}, 60*time.Second)
+	for _, s := range ex.Spans {
+		t.Logf("exec trace %s: span %s %-45s kind=%v parent=%s", s.TraceID, s.SpanID, s.Operation, s.Tags["span.kind"], s.Parent)
+	}
 	eroot := one(ex, "coreweave.sandbox.v1.SandboxService/Exec", "server")
 	var gwc, rsrv, agentc jaegertest.Span
 	for _, s := range ex.Named("sandboxd.agent.v1.AgentService/Exec") {
