@@ -9,7 +9,7 @@ VERSION   ?= $(shell bash scripts/version.sh)
 LDFLAGS   := -X github.com/sandboxd/sandboxd/internal/version.version=$(VERSION)
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps pydeps images runsc pebble seaweedfs prometheus test conformance pysdk-test test-short bench bench-smoke demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
+.PHONY: all build agent generate deps pydeps images runsc pebble seaweedfs prometheus jaeger test conformance pysdk-test test-short bench bench-smoke demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
 
 all: build
 
@@ -61,7 +61,13 @@ seaweedfs:
 prometheus:
 	bash scripts/build-prometheus.sh >/dev/null
 
-test: deps pydeps build images runsc pebble seaweedfs prometheus
+# Jaeger (pinned, Apache-2.0): the OTLP receiver and trace store of the tracing test
+# (test/e2e TestTracingJaeger) and the tracing overhead benchmark (bench/); ~5 min cold,
+# instant cached.
+jaeger:
+	bash scripts/build-jaeger.sh >/dev/null
+
+test: deps pydeps build images runsc pebble seaweedfs prometheus jaeger
 	$(GO) test -count=1 -timeout 30m ./...
 	$(MAKE) bench-smoke
 	$(MAKE) pysdk-test

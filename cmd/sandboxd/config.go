@@ -93,6 +93,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 // devConfig configures `sandboxd dev`.
 type devConfig struct {
 	metrics metricsFlags // --metrics-listen
+	trace   tracingFlags // --otlp-endpoint, --otlp-protocol, --trace-sample-ratio
 
 	dataDir, listen, runnerID, storeDSN string
 	testImageMirror                     bool
@@ -124,6 +125,7 @@ type devConfig struct {
 
 func (c *devConfig) bind(fs *flag.FlagSet) {
 	c.metrics.bind(fs, defaultMetricsDev)
+	c.trace.bind(fs, "sandboxd-dev", os.Getenv)
 	fs.StringVar(&c.secretKeyFile, "secret-key-file", "", "key ring the built-in secret stores seal values with (made 0600 when missing); default DATA-DIR/"+secretbox.DefaultFile)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address the API listens on (gRPC, Connect, gRPC-Web over h2c)")
@@ -160,6 +162,9 @@ func (c devConfig) validate() error {
 	if err := c.health.validate(); err != nil {
 		return err
 	}
+	if err := c.trace.validate(); err != nil {
+		return err
+	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
 	}
@@ -190,6 +195,7 @@ func (c devConfig) validate() error {
 // runnerConfig configures `sandboxd runner`.
 type runnerConfig struct {
 	metrics metricsFlags // --metrics-listen
+	trace   tracingFlags // --otlp-endpoint, --otlp-protocol, --trace-sample-ratio
 
 	dataDir, pkiDir, listen, runnerID            string
 	insecure                                     listFlag
@@ -222,6 +228,7 @@ type runnerConfig struct {
 
 func (c *runnerConfig) bind(fs *flag.FlagSet) {
 	c.metrics.bind(fs, defaultMetricsRunner)
+	c.trace.bind(fs, "sandboxd-runner", os.Getenv)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory")
 	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA (ca.pem, ca-key.pem), shared with the gateways; default DATA-DIR/pki")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7443", "address gateways reach the runner at (gRPC over mTLS)")
@@ -258,6 +265,9 @@ func (c *runnerConfig) bind(fs *flag.FlagSet) {
 
 func (c runnerConfig) validate() error {
 	if err := c.metrics.validate(); err != nil {
+		return err
+	}
+	if err := c.trace.validate(); err != nil {
 		return err
 	}
 	if err := c.blob.validate(); err != nil {
@@ -310,6 +320,7 @@ const trustedProxiesHelp = "comma-separated CIDRs or addresses of reverse proxie
 // gatewayConfig configures `sandboxd gateway`.
 type gatewayConfig struct {
 	metrics metricsFlags // --metrics-listen
+	trace   tracingFlags // --otlp-endpoint, --otlp-protocol, --trace-sample-ratio
 
 	dataDir, storeDSN, pkiDir, listen, name string
 	runners                                 listFlag
@@ -331,6 +342,7 @@ type gatewayConfig struct {
 
 func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	c.metrics.bind(fs, defaultMetricsGateway)
+	c.trace.bind(fs, "sandboxd-gateway", os.Getenv)
 	fs.StringVar(&c.secretKeyFile, "secret-key-file", "", "key ring the built-in secret stores seal values with (\"<id> <base64 AES-256 key>\" lines, the last seals; made 0600 when missing; KMS-style: a mounted file); default PKI-DIR/"+secretbox.DefaultFile+", shared by replicas")
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key)")
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
@@ -358,6 +370,9 @@ func (c gatewayConfig) validate() error {
 		return err
 	}
 	if err := c.health.validate(); err != nil {
+		return err
+	}
+	if err := c.trace.validate(); err != nil {
 		return err
 	}
 	if _, err := gateway.ParseTrustedProxies(c.trustedProxies); err != nil {
@@ -414,6 +429,7 @@ func (c gatewayConfig) runnerAddrs() ([]runnerAddr, error) {
 // controlPlaneConfig configures `sandboxd controlplane`.
 type controlPlaneConfig struct {
 	metrics metricsFlags // --metrics-listen
+	trace   tracingFlags // --otlp-endpoint, --otlp-protocol, --trace-sample-ratio
 
 	dataDir, storeDSN, pkiDir, listen string
 	hosts                             listFlag
@@ -440,6 +456,7 @@ type controlPlaneConfig struct {
 
 func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	c.metrics.bind(fs, defaultMetricsControlPlane)
+	c.trace.bind(fs, "sandboxd-controlplane", os.Getenv)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "state directory (the SQLite store, admin-api-key, pki/)")
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	fs.StringVar(&c.pkiDir, "pki-dir", "", "directory of the platform CA; default DATA-DIR/pki")
@@ -471,6 +488,9 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 
 func (c controlPlaneConfig) validate() error {
 	if err := c.metrics.validate(); err != nil {
+		return err
+	}
+	if err := c.trace.validate(); err != nil {
 		return err
 	}
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {

@@ -117,6 +117,10 @@ func TestGatewayConfigValidate(t *testing.T) {
 		{args: []string{"--runner", "r1=10.0.0.1:7443", "--build-keep", "-2"}, err: "--build-keep"},
 		{args: []string{"--runner", "r1=10.0.0.1:7443", "--audit-retention", "2160h"}},
 		{args: []string{"--runner", "r1=10.0.0.1:7443", "--audit-retention", "-1h"}, err: "--audit-retention"},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--otlp-endpoint", "http://127.0.0.1:4317", "--trace-sample-ratio", "0.1"}},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--otlp-endpoint", "collector"}, err: "--otlp-endpoint"},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--trace-sample-ratio", "1.5"}, err: "--trace-sample-ratio"},
+		{args: []string{"--runner", "r1=10.0.0.1:7443", "--otlp-protocol", "thrift"}, err: "--otlp-protocol"},
 	})
 }
 

@@ -62,6 +62,11 @@ func (c controlPlaneConfig) run() error {
 	if err := c.metrics.startStore(ctx, st, false, true, logger); err != nil {
 		return err
 	}
+	stopTracing, err := c.trace.start(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	dpCA, err := dataplane.LoadOrCreateCA(pkiDir)
 	if err != nil {
 		return err

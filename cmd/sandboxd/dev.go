@@ -78,6 +78,11 @@ func (c devConfig) run() error {
 	if err := c.metrics.startStore(ctx, st, true, true, logger); err != nil {
 		return err
 	}
+	stopTracing, err := c.trace.start(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	defer func() { _ = st.Close() }()
 	if err := registerRunner(ctx, st, c.runnerID, "local", "local", logger); err != nil {
 		return err

@@ -80,6 +80,11 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 	if err := c.metrics.start(ctx, logger); err != nil {
 		return err
 	}
+	stopTracing, err := c.trace.start(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	if c.backend == "kubernetes" {
 		// Before anything acts (registration, re-adoption, serving): one replica at a time.
 		release, err := holdLease(ctx, c.kube, logger)
@@ -390,6 +395,11 @@ func (c gatewayConfig) run() error {
 	if err := c.metrics.startStore(ctx, st, true, c.controlPlane == "", logger); err != nil {
 		return err
 	}
+	stopTracing, err := c.trace.start(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	defer func() { _ = st.Close() }()
 	blobs, blobCfg, closeBlobs, err := c.blob.open(ctx, "")
 	if err != nil {

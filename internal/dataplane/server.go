@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // Sandboxes is what the data plane needs of its runner (runner.Local).
@@ -118,7 +119,8 @@ func (s *Server) Handler() http.Handler {
 		// grpc-python and connect-go offer gzip on every call, and gzip at ~60 MB/s a core
 		// made a 32 MiB ReadFile slower direct than through the gateway. The link to a
 		// runner is faster than that, and file content is often incompressible.
-		connect.WithCompressMinBytes(math.MaxInt))
+		connect.WithCompressMinBytes(math.MaxInt),
+		connect.WithInterceptors(tracing.PublicServer()))
 	mux := http.NewServeMux()
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/spec"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // viewTimeout bounds how long a probe waits for one runner's capacity and policy.
@@ -50,7 +51,9 @@ func byReference(resolve spec.SecretResolver) (spec.SecretResolver, func() []str
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256
 // of their archives (one per restored volume), and a runner that has them cached comes
 // first among those that accept the sandbox (placement.PreferCached).
-func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs []string) ([]placement.Candidate, error) {
+func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs []string) (_ []placement.Candidate, err error) {
+	ctx, sp := tracing.Child(ctx, "gateway.place")
+	defer func() { tracing.End(sp, err) }()
 	runners := s.placementRunners(ctx)
 	addr, public := callerOf(ctx)
 	cands, err := placement.Place(placement.Request{

@@ -51,6 +51,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/spec"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // Limits of the public API (the message size and the data RPCs' are the relay's:
@@ -334,7 +335,7 @@ func Services() []protoreflect.ServiceDescriptor {
 // Handler serves Services (gRPC, gRPC-Web, Connect, and REST/JSON per the google.api.http
 // annotations), GET /readyz and GET /livez.
 func (s *Server) Handler() http.Handler {
-	interceptors := []connect.Interceptor{metrics.Default.Interceptor(metrics.PathGateway)}
+	interceptors := []connect.Interceptor{tracing.PublicServer(), metrics.Default.Interceptor(metrics.PathGateway)}
 	if s.audit != nil {
 		interceptors = append(interceptors, s.audit.Interceptor()) // outside auth: it records refusals too
 	}

@@ -285,7 +285,7 @@ func (r *Runner) Resume(ctx context.Context, id string) (Sandbox, error) {
 	}
 	if ps == nil || ps.Released {
 		// Its processes were restored: connections to its agents start afresh.
-		e.client = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") })
+		e.client = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") }, agentTracing)
 		e.agents = nil
 	}
 	e.lastActive = time.Now()

@@ -34,6 +34,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // Config configures a Runner.
@@ -549,7 +550,7 @@ func (r *Runner) agentLocked(e *entry, name string) agentv1connect.AgentServiceC
 		e.agents = map[string]agentv1connect.AgentServiceClient{}
 	}
 	id := e.sb.ID
-	a := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, name) })
+	a := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, name) }, agentTracing)
 	e.agents[name] = a
 	return a
 }
@@ -913,7 +914,10 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			spec.Engine = spec.Engine.Clone()
 			spec.Engine.PullCredentials = e.engineCreds
 		}
-		if err := r.prepareRestores(ctx, e); err != nil {
+		// The start continues the create's trace (ctx keeps the call's values).
+		sctx, sp := tracing.Child(ctx, "runner.start", tracing.KeySandboxID.String(id))
+		if err := r.prepareRestores(sctx, e); err != nil {
+			tracing.End(sp, err)
 			reason := apierr.FSSRestoreFailed
 			if ctx.Err() != nil {
 				reason = ReasonDeleted
@@ -921,7 +925,8 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			r.finish(e, runtime.Exit{Reason: reason, Message: apierr.FSSRestoreFailed + ": restore " + err.Error(), At: time.Now()}, false)
 			return
 		}
-		info, err := r.backend.Create(ctx, &spec)
+		info, err := r.backend.Create(sctx, &spec)
+		tracing.End(sp, err)
 		r.mu.Lock()
 		e.secretEnv = nil // the backend has handed them to the containers
 		e.egressSecretValues = nil
@@ -936,7 +941,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 		})
 		r.refreshContainersNow(e)
 	}
-	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") })
+	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") }, agentTracing)
 	r.mu.Lock()
 	e.client = client
 	r.mu.Unlock()

@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // ClientConfig configures a Client.
@@ -74,6 +75,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		connect.WithAcceptCompression("gzip", nil, nil),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
+		connect.WithInterceptors(tracing.Client()), // the trace goes on in the runner
 	}
 	c := &Client{id: cfg.ID, group: cfg.Group, hc: hc}
 	c.runner = runnerv1connect.NewRunnerServiceClient(hc, base, opts...)

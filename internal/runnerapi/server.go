@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // SandboxIDHeader names the sandbox whose agent a relayed AgentService call is for.
@@ -114,6 +115,7 @@ func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
+		connect.WithInterceptors(tracing.Server()), // gateways (mTLS) carry their trace over
 	}
 	mux := http.NewServeMux()
 	mux.Handle(runnerv1connect.NewRunnerServiceHandler(s, opts...))

@@ -52,6 +52,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 	"github.com/sandboxd/sandboxd/internal/span"
+	"github.com/sandboxd/sandboxd/internal/tracing"
 )
 
 // Files and dirs in a sandbox's dir.
@@ -407,6 +408,7 @@ func (b *Backend) step(ctx context.Context, name string, t *time.Time) {
 		b.trace(name, now.Sub(*t))
 	}
 	span.From(ctx).Add(name, now.Sub(*t))
+	tracing.Step(ctx, "local."+name, *t, now)
 	*t = now
 }
 
@@ -650,7 +652,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if b.cfg.Network != nil && s.join == nil {
 		netc = make(chan netResult, 1)
 		go func() {
-			a, err := b.cfg.Network.Setup(ctx, cid)
+			nctx, sp := tracing.Child(ctx, "network.setup")
+			a, err := b.cfg.Network.Setup(nctx, cid)
+			tracing.End(sp, err)
 			netc <- netResult{a, err}
 		}()
 	}
@@ -661,7 +665,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	)
 	go func() {
 		defer close(pulled)
-		img, pullErr = b.cfg.Images.Pull(ctx, s.spec.Image, creds)
+		pctx, sp := tracing.Child(ctx, "image.pull")
+		img, pullErr = b.cfg.Images.Pull(pctx, s.spec.Image, creds)
+		tracing.End(sp, pullErr)
 	}()
 	// Wait for both before returning, so the caller's teardown sees their results.
 	var att *Attachment

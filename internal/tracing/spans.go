@@ -1,0 +1,226 @@
+package tracing
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// instrumentation is the tracer's name (the instrumentation scope of every span).
+const instrumentation = "github.com/sandboxd/sandboxd"
+
+// Attribute keys sandboxd's spans use besides the rpc.* ones.
+const (
+	KeySandboxID = attribute.Key("sandboxd.sandbox_id")
+	KeyRunnerID  = attribute.Key("sandboxd.runner_id")
+	KeyCacheHit  = attribute.Key("sandboxd.cache_hit")
+)
+
+// propagator is W3C Trace Context: traceparent and tracestate headers. Baggage is not
+// carried (callers' baggage could hold anything).
+var propagator = propagation.TraceContext{}
+
+func tracer() trace.Tracer { return otel.GetTracerProvider().Tracer(instrumentation) }
+
+// Start starts span name as a child of ctx's span. Call it only where a trace should
+// begin or continue; End ends it.
+func Start(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	return tracer().Start(ctx, name, trace.WithAttributes(attrs...))
+}
+
+// Child starts span name only when ctx is in a trace; otherwise it returns ctx
+// and a no-op span. For steps (image pull, network set-up) that background work also
+// runs: they never begin a trace of their own.
+func Child(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if !inTrace(ctx) {
+		return ctx, trace.SpanFromContext(context.Background())
+	}
+	return Start(ctx, name, attrs...)
+}
+
+// inTrace reports whether ctx carries a trace to continue: a span context, sampled or
+// not (an unsampled one gives non-recording children), even of a span that has ended
+// (work a call left running, such as a sandbox's start after Create answered).
+func inTrace(ctx context.Context) bool { return trace.SpanContextFromContext(ctx).IsValid() }
+
+// End ends span with err as its status: the error's gRPC code, never its message.
+func End(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.SetStatus(codes.Error, codeOf(err))
+	}
+	span.End()
+}
+
+// Step records a step that ran from start to end as a child span of ctx's span, when
+// ctx is in a trace (the local backend's create steps).
+func Step(ctx context.Context, name string, start, end time.Time) {
+	if !inTrace(ctx) {
+		return
+	}
+	_, sp := tracer().Start(ctx, name, trace.WithTimestamp(start))
+	sp.End(trace.WithTimestamp(end))
+}
+
+func codeOf(err error) string {
+	if errors.Is(err, context.Canceled) {
+		return connect.CodeCanceled.String()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return connect.CodeDeadlineExceeded.String()
+	}
+	return connect.CodeOf(err).String()
+}
+
+// rpcAttrs are the rpc.* attributes of a procedure "/pkg.Service/Method".
+func rpcAttrs(procedure string) []attribute.KeyValue {
+	svc, method, _ := strings.Cut(strings.TrimPrefix(procedure, "/"), "/")
+	return []attribute.KeyValue{
+		attribute.String("rpc.system", "connect_rpc"),
+		attribute.String("rpc.service", svc),
+		attribute.String("rpc.method", method),
+	}
+}
+
+func spanName(procedure string) string { return strings.TrimPrefix(procedure, "/") }
+
+// PublicServer traces the calls of the public API (the gateway, the direct data plane):
+// each call is a new trace. A caller's traceparent is untrusted: it neither becomes the
+// parent (a caller could splice our spans into its trace, or force sampling) nor decides
+// sampling; when valid it is added as a link, so a caller's trace and ours can be joined.
+func PublicServer() connect.Interceptor { return interceptor{kind: kindPublic} }
+
+// Server traces the calls of an internal API whose callers are sandboxd processes
+// authenticated by mTLS (the runner API): a call continues the caller's trace.
+func Server() connect.Interceptor { return interceptor{kind: kindInternal} }
+
+// Client traces the calls a sandboxd process makes over an internal hop (gateway →
+// runner, runner → agent): a client span, and its context in the traceparent header.
+// Calls made outside any trace (background loops) are left alone, so they do not
+// each begin a trace.
+func Client() connect.Interceptor { return interceptor{kind: kindClient} }
+
+type kind int
+
+const (
+	kindPublic kind = iota
+	kindInternal
+	kindClient
+)
+
+type interceptor struct{ kind kind }
+
+// serverStart starts the server span of a call with header h.
+func (i interceptor) serverStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(rpcAttrs(procedure)...)}
+	remote := propagator.Extract(context.Background(), propagation.HeaderCarrier(h))
+	if i.kind == kindPublic {
+		opts = append(opts, trace.WithNewRoot())
+		if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("sandboxd.link", "caller")}}))
+		}
+	} else if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+	}
+	return tracer().Start(ctx, spanName(procedure), opts...)
+}
+
+func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		proc := req.Spec().Procedure
+		if req.Spec().IsClient {
+			if i.kind != kindClient || !inTrace(ctx) {
+				return next(ctx, req)
+			}
+			ctx, sp := tracer().Start(ctx, spanName(proc), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(rpcAttrs(proc)...))
+			propagator.Inject(ctx, propagation.HeaderCarrier(req.Header()))
+			res, err := next(ctx, req)
+			End(sp, err)
+			return res, err
+		}
+		if i.kind == kindClient {
+			return next(ctx, req)
+		}
+		ctx, sp := i.serverStart(ctx, proc, req.Header())
+		res, err := next(ctx, req)
+		End(sp, err)
+		return res, err
+	}
+}
+
+func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	if i.kind != kindClient {
+		return next
+	}
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		if !inTrace(ctx) {
+			return next(ctx, spec)
+		}
+		ctx, sp := tracer().Start(ctx, spanName(spec.Procedure), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(rpcAttrs(spec.Procedure)...))
+		conn := next(ctx, spec)
+		propagator.Inject(ctx, propagation.HeaderCarrier(conn.RequestHeader()))
+		// A stream's span ends with its context or when its response is done: at the
+		// first of CloseResponse and the context's end.
+		sc := &streamClient{StreamingClientConn: conn, span: sp}
+		sc.stop = context.AfterFunc(ctx, func() { sc.end(ctx.Err()) })
+		return sc
+	}
+}
+
+type streamClient struct {
+	connect.StreamingClientConn
+	span trace.Span
+	stop func() bool
+	done bool
+}
+
+func (s *streamClient) end(err error) {
+	if s.done {
+		return
+	}
+	s.done = true
+	End(s.span, err)
+}
+
+func (s *streamClient) Receive(m any) error {
+	err := s.StreamingClientConn.Receive(m)
+	if err != nil && !errors.Is(err, io.EOF) {
+		s.fail(err)
+	}
+	return err
+}
+
+func (s *streamClient) fail(err error) {
+	if s.span.IsRecording() {
+		s.span.SetStatus(codes.Error, codeOf(err))
+	}
+}
+
+func (s *streamClient) CloseResponse() error {
+	err := s.StreamingClientConn.CloseResponse()
+	if s.stop() {
+		s.end(nil)
+	}
+	return err
+}
+
+func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	if i.kind == kindClient {
+		return next
+	}
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		ctx, sp := i.serverStart(ctx, conn.Spec().Procedure, conn.RequestHeader())
+		err := next(ctx, conn)
+		End(sp, err)
+		return err
+	}
+}
