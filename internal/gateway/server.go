@@ -132,6 +132,9 @@ type Config struct {
 	// Audit keeps the audit log (internal/audit, docs/audit.md); its zero value keeps
 	// none (AuditService answers CWSANDBOX_NOT_IMPLEMENTED).
 	Audit AuditOptions
+	// StartWait bounds how a GetSandbox of a young starting sandbox waits for it to
+	// start (startwait.go); the zero value is the defaults.
+	StartWait StartWaitOptions
 }
 
 // AuditOptions configure the audit log.
@@ -205,6 +208,8 @@ type Server struct {
 	// audit records audited calls (nil without Config.Audit.Store); auditSvc serves them.
 	audit    *audit.Recorder
 	auditSvc audit.Service
+	// startWait: see Config.StartWait.
+	startWait *startWaiters
 }
 
 // New returns a Server.
@@ -226,6 +231,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.FSS.Limits = cfg.FSS.Limits.WithDefaults()
 	if err := cfg.Quota.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if err := cfg.StartWait.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if cfg.Quota.Store != nil && cfg.Index == nil {
@@ -254,6 +262,7 @@ func New(cfg Config) (*Server, error) {
 	s.trustedProxies = slices.Clone(cfg.TrustedProxies)
 	s.secrets = cfg.Secrets.withDefaults()
 	s.orphanGrace = cfg.OrphanGrace
+	s.startWait = newStartWaiters(cfg.StartWait)
 	if cfg.Audit.Config.Retention == 0 {
 		cfg.Audit.Config.Retention = audit.DefaultRetention
 	}
@@ -625,6 +634,7 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.
 	if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil {
 		r = nr // it moved
 	}
+	sb = s.awaitStart(ctx, principal(ctx).Org, rec, r, sb)
 	return connect.NewResponse(s.toProto(rec, sb, r)), nil
 }
 
