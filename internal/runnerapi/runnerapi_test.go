@@ -36,7 +36,7 @@ type fakeRunner struct {
 	got         runner.CreateRequest
 	agentClient agentv1connect.AgentServiceClient
 	awaited     time.Duration // the wait of the last AwaitStart
-	containers  []string // of the Agent and Logs calls: the container each named
+	containers  []string      // of the Agent and Logs calls: the container each named
 	// Snapshots: the targets asked of SnapshotVolume and DeleteWithSnapshots, the job
 	// they answer with, and the Delete calls without targets.
 	targets      []runner.SnapshotTarget
@@ -74,7 +74,7 @@ func (f *fakeRunner) AwaitStart(_ context.Context, _ string, wait time.Duration)
 	f.awaited = wait
 	return f.sb, f.err
 }
-func (f *fakeRunner) List() []runner.Sandbox             { return []runner.Sandbox{f.sb} }
+func (f *fakeRunner) List() []runner.Sandbox { return []runner.Sandbox{f.sb} }
 func (f *fakeRunner) Delete(string, time.Duration) (runner.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
