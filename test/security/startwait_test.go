@@ -34,11 +34,11 @@ func TestGetSandboxWaitersBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyA, _, err := keys.Create("attacker", auth.RoleUser, "org-a")
+	keyA, _, err := keys.Create("org-a", auth.RoleUser, "attacker")
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyB, _, err := keys.Create("other", auth.RoleUser, "org-b")
+	keyB, _, err := keys.Create("org-b", auth.RoleUser, "other")
 	if err != nil {
 		t.Fatal(err)
 	}
