@@ -139,6 +139,9 @@ type Config struct {
 	Health health.Config
 	// healthClock is the health tracker's clock (tests; nil: time.Now).
 	healthClock func() time.Time
+	// StartWait bounds how a GetSandbox of a young starting sandbox waits for it to
+	// start (startwait.go); the zero value is the defaults.
+	StartWait StartWaitOptions
 }
 
 // AuditOptions configure the audit log.
@@ -216,6 +219,8 @@ type Server struct {
 	// creates not judged yet.
 	health        *health.Tracker
 	healthPending healthPending
+	// startWait: see Config.StartWait.
+	startWait *startWaiters
 }
 
 // New returns a Server.
@@ -241,6 +246,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if err := cfg.Health.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: runner health: %w", err)
+	}
+	if err := cfg.StartWait.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if cfg.Quota.Store != nil && cfg.Index == nil {
 		return nil, errors.New("gateway: quotas need a store-backed Index to count sandboxes")
@@ -270,6 +278,7 @@ func New(cfg Config) (*Server, error) {
 	s.trustedProxies = slices.Clone(cfg.TrustedProxies)
 	s.secrets = cfg.Secrets.withDefaults()
 	s.orphanGrace = cfg.OrphanGrace
+	s.startWait = newStartWaiters(cfg.StartWait)
 	if cfg.Audit.Config.Retention == 0 {
 		cfg.Audit.Config.Retention = audit.DefaultRetention
 	}
@@ -653,6 +662,7 @@ func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.
 	if nr := s.runnerByID(s.index.runnerOf(rec)); nr != nil {
 		r = nr // it moved
 	}
+	sb = s.awaitStart(ctx, principal(ctx).Org, rec, r, sb)
 	return connect.NewResponse(s.toProto(rec, sb, r)), nil
 }
 

@@ -534,3 +534,8 @@ func LiveOf(sbs []Sandbox, org string) int {
 	}
 	return n
 }
+
+// AwaitStart implements AwaitHandle.
+func (l *Local) AwaitStart(ctx context.Context, id string, wait time.Duration) (Sandbox, error) {
+	return l.R.AwaitStart(ctx, id, wait)
+}

@@ -113,6 +113,16 @@ func (c *Client) Get(ctx context.Context, id string) (runner.Sandbox, error) {
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
 }
 
+// AwaitStart implements runner.AwaitHandle: the runner waits (runner.Runner.AwaitStart).
+// A runner that predates the field answers at once, as Get.
+func (c *Client) AwaitStart(ctx context.Context, id string, wait time.Duration) (runner.Sandbox, error) {
+	res, err := c.runner.Get(ctx, connect.NewRequest(&runnerv1.GetRequest{Id: id, AwaitStart: durationpb.New(wait)}))
+	if err != nil {
+		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
 // List returns every sandbox of the runner, oldest first.
 func (c *Client) List(ctx context.Context) ([]runner.Sandbox, error) {
 	res, err := c.runner.List(ctx, connect.NewRequest(&runnerv1.ListRequest{}))

@@ -35,7 +35,8 @@ type fakeRunner struct {
 	sb          runner.Sandbox
 	got         runner.CreateRequest
 	agentClient agentv1connect.AgentServiceClient
-	containers  []string // of the Agent and Logs calls: the container each named
+	awaited     time.Duration // the wait of the last AwaitStart
+	containers  []string      // of the Agent and Logs calls: the container each named
 	// Snapshots: the targets asked of SnapshotVolume and DeleteWithSnapshots, the job
 	// they answer with, and the Delete calls without targets.
 	targets      []runner.SnapshotTarget
@@ -65,7 +66,15 @@ func (f *fakeRunner) Create(_ context.Context, req runner.CreateRequest) (runner
 	return f.sb, f.err
 }
 func (f *fakeRunner) Get(string) (runner.Sandbox, error) { return f.sb, f.err }
-func (f *fakeRunner) List() []runner.Sandbox             { return []runner.Sandbox{f.sb} }
+
+// AwaitStart records the wait asked for and answers as Get.
+func (f *fakeRunner) AwaitStart(_ context.Context, _ string, wait time.Duration) (runner.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.awaited = wait
+	return f.sb, f.err
+}
+func (f *fakeRunner) List() []runner.Sandbox { return []runner.Sandbox{f.sb} }
 func (f *fakeRunner) Delete(string, time.Duration) (runner.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -356,6 +365,14 @@ func TestRunnerapiCreateGetCapacity(t *testing.T) {
 	}
 	if fake.got.Spec.PullCredentials == nil || fake.got.Spec.PullCredentials.Password != "p" || fake.got.Lifetime != time.Minute {
 		t.Errorf("runner got %+v", fake.got)
+	}
+	// AwaitStart carries its wait to the runner; a plain Get asks for none.
+	if sb, err := c.AwaitStart(ctx, "abc", 300*time.Millisecond); err != nil || sb.ID != "abc" || fake.awaited != 300*time.Millisecond {
+		t.Errorf("await start: %+v %v (runner got wait %v)", sb, err, fake.awaited)
+	}
+	fake.awaited = 0
+	if sb, err := c.Get(ctx, "abc"); err != nil || sb.ID != "abc" || fake.awaited != 0 {
+		t.Errorf("get: %+v %v (runner got wait %v)", sb, err, fake.awaited)
 	}
 	list, err := c.List(ctx)
 	if err != nil || len(list) != 1 || list[0].ID != "abc" {

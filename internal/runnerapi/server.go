@@ -42,6 +42,7 @@ const MaxMessageBytes = agent.MaxMessageBytes
 type backend interface {
 	Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error)
 	Get(id string) (runner.Sandbox, error)
+	AwaitStart(ctx context.Context, id string, wait time.Duration) (runner.Sandbox, error)
 	List() []runner.Sandbox
 	Delete(id string, grace time.Duration) (runner.Sandbox, error)
 	DeleteWithSnapshots(id string, grace time.Duration, targets []runner.SnapshotTarget) (runner.Sandbox, []runner.SnapshotJob, error)
@@ -150,8 +151,14 @@ func (s *Server) Create(ctx context.Context, req *connect.Request[runnerv1.Creat
 	return connect.NewResponse(&runnerv1.CreateResponse{Sandbox: sandboxToProto(sb)}), nil
 }
 
-func (s *Server) Get(_ context.Context, req *connect.Request[runnerv1.GetRequest]) (*connect.Response[runnerv1.GetResponse], error) {
-	sb, err := s.r.Get(req.Msg.GetId())
+func (s *Server) Get(ctx context.Context, req *connect.Request[runnerv1.GetRequest]) (*connect.Response[runnerv1.GetResponse], error) {
+	var sb runner.Sandbox
+	var err error
+	if w := req.Msg.GetAwaitStart(); w != nil && w.AsDuration() > 0 {
+		sb, err = s.r.AwaitStart(ctx, req.Msg.GetId(), w.AsDuration()) // capped by the runner
+	} else {
+		sb, err = s.r.Get(req.Msg.GetId())
+	}
 	if err != nil {
 		return nil, toStatus(req.Msg.GetId(), err)
 	}

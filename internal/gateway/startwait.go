@@ -1,0 +1,130 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// Defaults of StartWaitOptions.
+const (
+	// DefaultStartWait is how long a GetSandbox of a young starting sandbox waits for its
+	// state to change.
+	DefaultStartWait = 500 * time.Millisecond
+	// DefaultStartWaiters bounds the GetSandbox calls waiting at once on one gateway.
+	DefaultStartWaiters = 1024
+	// DefaultStartWaitersPerOrg bounds those of one organization.
+	DefaultStartWaitersPerOrg = 64
+	// startWaitYoung: only a sandbox created less than this long ago is waited for (an
+	// image pull of minutes is polled as before).
+	startWaitYoung = 30 * time.Second
+)
+
+// StartWaitOptions configure how a GetSandbox of a young sandbox that is still CREATING
+// or PENDING waits, bounded, for its state to change before answering, so that a
+// client's first status poll after a create sees RUNNING (docs/api.md, "GetSandbox of a
+// starting sandbox"). To a client the wait is latency: the answer is the one a later
+// poll would have given.
+type StartWaitOptions struct {
+	// Max is the longest one call waits (0: DefaultStartWait; negative: never wait;
+	// at most runner.MaxAwaitStart). A call also waits at most half of what is left of
+	// its deadline.
+	Max time.Duration
+	// MaxWaiters and MaxWaitersPerOrg bound the calls waiting at once on this gateway
+	// and per organization (0: the defaults); beyond them a call answers at once.
+	MaxWaiters, MaxWaitersPerOrg int
+}
+
+// Validate checks o without changing it.
+func (o StartWaitOptions) Validate() error {
+	if o.Max > runner.MaxAwaitStart {
+		return fmt.Errorf("start wait %v: at most %v", o.Max, runner.MaxAwaitStart)
+	}
+	if o.MaxWaiters < 0 || o.MaxWaitersPerOrg < 0 {
+		return fmt.Errorf("start waiters %d, per organization %d: must not be negative", o.MaxWaiters, o.MaxWaitersPerOrg)
+	}
+	return nil
+}
+
+func (o StartWaitOptions) withDefaults() StartWaitOptions {
+	if o.Max == 0 {
+		o.Max = DefaultStartWait
+	}
+	if o.MaxWaiters == 0 {
+		o.MaxWaiters = DefaultStartWaiters
+	}
+	if o.MaxWaitersPerOrg == 0 {
+		o.MaxWaitersPerOrg = DefaultStartWaitersPerOrg
+	}
+	return o
+}
+
+// startWaiters counts the GetSandbox calls waiting, in all and per organization.
+type startWaiters struct {
+	opts StartWaitOptions
+
+	mu     sync.Mutex
+	total  int
+	perOrg map[string]int
+}
+
+func newStartWaiters(o StartWaitOptions) *startWaiters {
+	return &startWaiters{opts: o.withDefaults(), perOrg: map[string]int{}}
+}
+
+// acquire takes a waiter's place for org; false when the gateway's or the
+// organization's places are all taken (the caller answers at once).
+func (w *startWaiters) acquire(org string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.total >= w.opts.MaxWaiters || w.perOrg[org] >= w.opts.MaxWaitersPerOrg {
+		return false
+	}
+	w.total++
+	w.perOrg[org]++
+	return true
+}
+
+func (w *startWaiters) release(org string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.total--
+	if w.perOrg[org]--; w.perOrg[org] <= 0 {
+		delete(w.perOrg, org)
+	}
+}
+
+// wait is how long a call with ctx may wait: Max, at most half of what is left of
+// ctx's deadline; 0: not at all.
+func (w *startWaiters) wait(ctx context.Context) time.Duration {
+	d := w.opts.Max
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return max(d, 0)
+}
+
+// awaitStart is sb (what rec's runner r answered just now) or, when sb is a young
+// sandbox still starting, what r answers once its state has changed or the bounded wait
+// (startWaiters.wait) is over. Beyond the waiter caps, or on a runner that cannot wait,
+// it is sb at once.
+func (s *Server) awaitStart(ctx context.Context, org string, rec *record, r runner.Handle, sb runner.Sandbox) runner.Sandbox {
+	if sb.State != runner.StateCreating && sb.State != runner.StatePending || time.Since(sb.CreatedAt) > startWaitYoung {
+		return sb
+	}
+	ah, ok := r.(runner.AwaitHandle)
+	wait := s.startWait.wait(ctx)
+	if !ok || wait <= 0 || !s.startWait.acquire(org) {
+		return sb
+	}
+	defer s.startWait.release(org)
+	got, err := ah.AwaitStart(ctx, rec.id, wait)
+	if err != nil || got.Reason == runner.ReasonMoved {
+		return sb // answered as before the wait; the next poll finds out
+	}
+	s.index.setLast(ctx, rec, got)
+	return got
+}
