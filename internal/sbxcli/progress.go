@@ -95,7 +95,7 @@ func (v *startView) endPhase(now time.Time) {
 		if d >= 100*time.Millisecond && p.BytesTotal > 0 {
 			line += fmt.Sprintf(" (%s/s)", mb(int64(float64(p.BytesTotal)/d.Seconds())))
 		}
-		v.println("sandbox " + v.id + ": " + line)
+		v.println("sbx: sandbox " + v.id + ": " + line)
 	}
 }
 
@@ -113,7 +113,7 @@ func (v *startView) tick() {
 		return
 	}
 	v.said = now
-	v.println("sandbox " + v.id + ": " + v.text(now) + " (" + secs(in) + ")")
+	v.println("sbx: sandbox " + v.id + ": " + v.text(now) + " (" + secs(in) + ")")
 }
 
 // finish clears the terminal line.

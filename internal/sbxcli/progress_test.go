@@ -51,8 +51,8 @@ func TestStartViewPlain(t *testing.T) {
 	c.add(5 * time.Second)
 	v.tick()
 	v.finish()
-	want := "sandbox sb-1: pulling image busybox: layers 1/2, 0.5/2.0 MB, 0.5 MB/s (2.5s)\n" +
-		"sandbox sb-1: pulled image busybox: 2 layers, 2.0 MB in 4.0s (0.5 MB/s)\n"
+	want := "sbx: sandbox sb-1: pulling image busybox: layers 1/2, 0.5/2.0 MB, 0.5 MB/s (2.5s)\n" +
+		"sbx: sandbox sb-1: pulled image busybox: 2 layers, 2.0 MB in 4.0s (0.5 MB/s)\n"
 	if buf.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
 	}
@@ -69,8 +69,8 @@ func TestStartViewPlainWaits(t *testing.T) {
 	v.update(sandbox.Progress{State: sandbox.StateCreating, Phase: sandbox.PhaseStartingCommand, WaitingFor: "waiting for the main command to start"})
 	c.add(2 * time.Second)
 	v.tick()
-	want := "sandbox sb-1: pulling image busybox and starting… (3.0s)\n" +
-		"sandbox sb-1: waiting for the main command to start (2.0s)\n"
+	want := "sbx: sandbox sb-1: pulling image busybox and starting… (3.0s)\n" +
+		"sbx: sandbox sb-1: waiting for the main command to start (2.0s)\n"
 	if buf.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
 	}
@@ -95,7 +95,7 @@ func TestStartViewTerminal(t *testing.T) {
 	for _, want := range []string{
 		"\r\033[K⠋ sandbox sb-1: pulling image busybox: layers 0/2, 0.0/2.0 MB 0.0s",
 		"sandbox sb-1: pulling image busybox: layers 1/2, 1.0/2.0 MB, 1.0 MB/s 1.0s",
-		"\r\033[Ksandbox sb-1: pulled image busybox: 2 layers, 2.0 MB in 2.0s (1.0 MB/s)\n",
+		"\r\033[Ksbx: sandbox sb-1: pulled image busybox: 2 layers, 2.0 MB in 2.0s (1.0 MB/s)\n",
 		"sandbox sb-1: starting container 2.0s",
 	} {
 		if !strings.Contains(out, want) {
@@ -144,7 +144,7 @@ func TestSbxRunShowsPull(t *testing.T) {
 		{State: "STATE_RUNNING", Phase: statev1.StartPhase_START_PHASE_RUNNING},
 	}
 	_, errs, code := f.sbx("", "run", "--rm", "busybox", "--", "true")
-	if code != 0 || !strings.HasPrefix(errs, "sandbox ") || !strings.Contains(errs, ": pulled image busybox: 3 layers, 3.0 MB in ") {
+	if code != 0 || !strings.HasPrefix(errs, "sbx: sandbox ") || !strings.Contains(errs, ": pulled image busybox: 3 layers, 3.0 MB in ") {
 		t.Errorf("run: %d stderr %q, want the pull's summary", code, errs)
 	}
 	if _, errs, code := f.sbx("", "run", "-q", "--rm", "busybox", "--", "true"); code != 0 || errs != "" {
