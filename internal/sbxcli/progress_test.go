@@ -112,8 +112,8 @@ func TestStartViewTerminal(t *testing.T) {
 
 // WatchSandboxProgress plays the fake's progress updates for any sandbox it has;
 // without updates it is not implemented, as on a server without the extension.
-func (p *fakeState) WatchSandboxProgress(_ context.Context, req *connect.Request[statev1.WatchSandboxProgressRequest], st *connect.ServerStream[statev1.WatchSandboxProgressResponse]) error {
-	f := p.f
+func (s *fakeState) WatchSandboxProgress(_ context.Context, req *connect.Request[statev1.WatchSandboxProgressRequest], st *connect.ServerStream[statev1.WatchSandboxProgressResponse]) error {
+	f := s.f
 	f.mu.Lock()
 	updates := f.progress
 	f.watches++
