@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 // Credentials are registry username/password (or token as password).
@@ -125,6 +126,9 @@ type Store struct {
 
 	pulls  flight[*Image]
 	layers flight[struct{}]
+
+	pwMu sync.Mutex            // guards pw
+	pw   map[string]*pullWatch // pull key -> who watches its progress (progress.go)
 }
 
 type indexFile struct {
@@ -260,7 +264,12 @@ func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Imag
 		h := sha256.Sum256([]byte(creds.Username + "\x00" + creds.Password))
 		key += "\x00" + hex.EncodeToString(h[:8])
 	}
+	if t := progress.From(ctx); t != nil {
+		s.watchPull(key, ref, t)
+		defer s.unwatchPull(key, t)
+	}
 	return s.pulls.do(ctx, key, func(ctx context.Context) (*Image, error) {
+		ctx = context.WithValue(ctx, pullKeyCtx{}, key)
 		s.gcMu.RLock()
 		defer s.gcMu.RUnlock()
 		img, err := s.pull(ctx, r, s.authFor(r, creds), creds != nil)
@@ -430,6 +439,17 @@ func (s *Store) pullFrom(ctx context.Context, r, src name.Reference, auth authn.
 		return nil, err
 	}
 
+	digests, sizes := make([]string, len(layers)), make([]int64, len(layers))
+	for i, l := range layers {
+		if d, err := l.Digest(); err == nil {
+			digests[i] = d.String()
+		}
+		if n, err := l.Size(); err == nil {
+			sizes[i] = n
+		}
+	}
+	pp := s.beginPull(ctx, digests, sizes)
+
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
 	dirs := make([]string, len(layers))
@@ -442,11 +462,12 @@ func (s *Store) pullFrom(ctx context.Context, r, src name.Reference, auth authn.
 		dirs[i] = dir
 		g.Go(func() error {
 			_, err := s.layers.do(gctx, diffID.String(), func(ctx context.Context) (struct{}, error) {
-				return struct{}{}, s.fetchLayer(ctx, l, diffID, dir)
+				return struct{}{}, s.fetchLayer(ctx, l, diffID, dir, func(n int64) { pp.Add(i, n) })
 			})
 			if err != nil {
 				return fmt.Errorf("layer %s: %w", diffID, mapErr(src, err))
 			}
+			pp.Complete(i)
 			return nil
 		})
 	}
@@ -497,8 +518,9 @@ func writeFileAtomic(p string, data []byte) error {
 	return nil
 }
 
-// fetchLayer downloads, verifies and unpacks one layer into dir (once).
-func (s *Store) fetchLayer(ctx context.Context, l v1.Layer, diffID v1.Hash, dir string) error {
+// fetchLayer downloads, verifies and unpacks one layer into dir (once), passing the
+// counts of compressed bytes read to count.
+func (s *Store) fetchLayer(ctx context.Context, l v1.Layer, diffID v1.Hash, dir string, count func(int64)) error {
 	if fi, err := os.Lstat(dir); err == nil && fi.IsDir() {
 		return nil
 	}
@@ -515,7 +537,7 @@ func (s *Store) fetchLayer(ctx context.Context, l v1.Layer, diffID v1.Hash, dir 
 		return err
 	}
 	defer rc.Close()
-	if err := unpackVerified(ctx, rc, diffID, tmp); err != nil {
+	if err := unpackVerified(ctx, countingReader{r: rc, add: count}, diffID, tmp); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/logstore"
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 	"github.com/sandboxd/sandboxd/internal/tracing"
@@ -122,7 +123,9 @@ type entry struct {
 	egressSecretValues map[string]string
 	// startedAt is when the backend started the container: the StartedAt reported once
 	// the agent says the main command runs, and the one a restarted runner recovers.
-	startedAt    time.Time
+	startedAt time.Time
+	// start is what its start is doing (WatchProgress); nil for a re-adopted sandbox.
+	start        *progress.Tracker
 	cancelCreate context.CancelFunc
 	stopCh       chan struct{} // closed once a stop is requested
 	stopReason   string
@@ -332,6 +335,8 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	}
 	createCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.cancelCreate = cancel
+	e.start = progress.NewTracker(progress.PhaseStartingContainer)
+	createCtx = progress.With(createCtx, e.start)
 
 	r.mu.Lock()
 	if r.closed {
@@ -916,6 +921,9 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 		}
 		// The start continues the create's trace (ctx keeps the call's values).
 		sctx, sp := tracing.Child(ctx, "runner.start", tracing.KeySandboxID.String(id))
+		if len(e.restores) > 0 {
+			e.start.SetPhase(progress.PhaseRestoringVolumes)
+		}
 		if err := r.prepareRestores(sctx, e); err != nil {
 			tracing.End(sp, err)
 			reason := apierr.FSSRestoreFailed
@@ -925,8 +933,10 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			r.finish(e, runtime.Exit{Reason: reason, Message: apierr.FSSRestoreFailed + ": restore " + err.Error(), At: time.Now()}, false)
 			return
 		}
+		e.start.SetPhase(progress.PhaseStartingContainer)
 		info, err := r.backend.Create(sctx, &spec)
 		tracing.End(sp, err)
+		e.start.SetPhase(progress.PhaseStartingCommand)
 		r.mu.Lock()
 		e.secretEnv = nil // the backend has handed them to the containers
 		e.egressSecretValues = nil

@@ -142,6 +142,14 @@ type testRunner struct {
 // startRunner serves fake as runner r1 over mTLS on loopback.
 func startRunner(t *testing.T, fake *fakeRunner) *testRunner {
 	t.Helper()
+	r := startRunnerBackend(t, fake)
+	r.fake = fake
+	return r
+}
+
+// startRunnerBackend serves b as runner r1 over mTLS on loopback.
+func startRunnerBackend(t *testing.T, fake backend) *testRunner {
+	t.Helper()
 	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +168,7 @@ func startRunner(t *testing.T, fake *fakeRunner) *testRunner {
 	}
 	go func() { _ = srv.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return &testRunner{addr: ln.Addr().String(), ca: ca, fake: fake}
+	return &testRunner{addr: ln.Addr().String(), ca: ca}
 }
 
 func (r *testRunner) client(t *testing.T) *Client {

@@ -29,6 +29,8 @@ type app struct {
 	baseURL, apiKey, caFile, output string
 	dataPlane                       string
 	exitCode                        int
+	// quiet: sbx run shows no start progress (--quiet).
+	quiet bool
 	// ran is set once the arguments passed cobra's checks: an error before that is a
 	// usage error and gets a hint.
 	ran bool

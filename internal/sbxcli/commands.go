@@ -126,6 +126,7 @@ change a copy of the template's primary container (its other containers are kept
 	}
 	f := cmd.Flags()
 	f.BoolVar(&rm, "rm", false, "delete the sandbox when the command ends")
+	f.BoolVarP(&a.quiet, "quiet", "q", false, "show no start progress on stderr (image pulls, what the start waits for)")
 	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin to the command")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringArrayVar(&spec.Tags, "tag", nil, "tag (repeatable)")
@@ -346,54 +347,18 @@ func endpointHost(addr string) string {
 	return addr
 }
 
-// waitWithProgress waits for sb to run, drawing a progress line on a terminal stderr.
-func (a *app) waitWithProgress(ctx context.Context, sb *sandbox.Sandbox, image string) error {
-	if !isTerminal(a.stderr) {
-		return sb.Wait(ctx)
-	}
-	start := time.Now()
-	state := sb.State()
-	stateCh := make(chan sandbox.State, 1)
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		frames := []rune("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-done:
-				_, _ = fmt.Fprint(a.stderr, "\r\033[K")
-				return
-			case state = <-stateCh:
-			case <-t.C:
-			}
-			_, _ = fmt.Fprintf(a.stderr, "\r\033[K%c %s %.1fs", frames[i%len(frames)], progressText(state, sb.ID(), image), time.Since(start).Seconds())
-		}
-	}()
-	err := sb.WaitProgress(ctx, func(in sandbox.Info) {
-		select {
-		case stateCh <- in.State:
-		default:
-		}
-	})
-	close(done)
-	<-finished
-	return err
-}
-
-func progressText(st sandbox.State, id, image string) string {
+// progressText is what a sandbox in state st does, as far as its state tells.
+func progressText(st sandbox.State, image string) string {
 	switch st {
 	case sandbox.StatePending:
-		return "sandbox " + id + ": waiting for a runner…"
+		return "waiting for a runner…"
 	case sandbox.StateCreating, sandbox.StateUnspecified:
 		if image == "" {
-			return "sandbox " + id + ": starting…"
+			return "starting…"
 		}
-		return "sandbox " + id + ": pulling image " + image + " and starting…"
+		return "pulling image " + image + " and starting…"
 	}
-	return "sandbox " + id + ": " + st.String() + "…"
+	return st.String() + "…"
 }
 
 func parseEnv(kvs []string) (map[string]string, error) {

@@ -65,6 +65,10 @@ type fakeAPI struct {
 	fromTmpl []*sandboxv1.CreateSandboxFromTemplateRequest
 	// builds is the build service (builds_test.go).
 	builds buildfake.Server
+	// progress is what WatchSandboxProgress plays (nil: not implemented), watches how
+	// often it was called (progress_test.go).
+	progress []*statev1.WatchSandboxProgressResponse
+	watches  int
 }
 
 func newFake(t *testing.T) *fakeAPI {

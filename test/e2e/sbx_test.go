@@ -260,7 +260,7 @@ func TestSbxCLI(t *testing.T) {
 	g := startGateway(t)
 	img := busybox()
 
-	out, errs, code := sbx(g, "", "run", "--rm", img, "--", "sh", "-c", "echo hi; echo oops >&2; exit 3")
+	out, errs, code := sbx(g, "", "run", "-q", "--rm", img, "--", "sh", "-c", "echo hi; echo oops >&2; exit 3")
 	if out != "hi\n" || errs != "oops\n" || code != 3 {
 		t.Errorf("run: stdout %q stderr %q exit %d, want hi/oops/3", out, errs, code)
 	}
@@ -391,7 +391,7 @@ func TestSbxCLIDayOne(t *testing.T) {
 	g := startGateway(t)
 	img := busybox()
 
-	out, errs, code := sbx(g, "", "run", "--tag", "dayone", "--cpu", "500m", "--memory", "256Mi", "--lifetime", "20m", img)
+	out, errs, code := sbx(g, "", "run", "-q", "--tag", "dayone", "--cpu", "500m", "--memory", "256Mi", "--lifetime", "20m", img)
 	id := strings.TrimSpace(out)
 	if code != 0 || id == "" {
 		t.Fatalf("run: %q %q %d", out, errs, code)

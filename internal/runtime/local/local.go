@@ -48,6 +48,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
@@ -663,6 +664,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		pullErr error
 		pulled  = make(chan struct{})
 	)
+	progress.From(ctx).SetPhase(progress.PhasePullingImage)
 	go func() {
 		defer close(pulled)
 		pctx, sp := tracing.Child(ctx, "image.pull")
@@ -780,6 +782,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	b.step(ctx, "dirs", t)
 
 	<-pulled
+	progress.From(ctx).SetPhase(progress.PhaseStartingContainer)
 	if pullErr != nil {
 		return nil, nil, b.mapPullError(s.spec.Image, pullErr)
 	}

@@ -40,6 +40,71 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// StartPhase is the step a sandbox's start is in (internal/progress.Phase).
+type StartPhase int32
+
+const (
+	StartPhase_START_PHASE_UNSPECIFIED        StartPhase = 0
+	StartPhase_START_PHASE_RESTORING_VOLUMES  StartPhase = 1
+	StartPhase_START_PHASE_PULLING_IMAGE      StartPhase = 2
+	StartPhase_START_PHASE_STARTING_CONTAINER StartPhase = 3
+	StartPhase_START_PHASE_STARTING_COMMAND   StartPhase = 4
+	StartPhase_START_PHASE_RUNNING            StartPhase = 5
+	StartPhase_START_PHASE_ENDED              StartPhase = 6
+	StartPhase_START_PHASE_WAITING_FOR_RUNNER StartPhase = 7
+)
+
+// Enum value maps for StartPhase.
+var (
+	StartPhase_name = map[int32]string{
+		0: "START_PHASE_UNSPECIFIED",
+		1: "START_PHASE_RESTORING_VOLUMES",
+		2: "START_PHASE_PULLING_IMAGE",
+		3: "START_PHASE_STARTING_CONTAINER",
+		4: "START_PHASE_STARTING_COMMAND",
+		5: "START_PHASE_RUNNING",
+		6: "START_PHASE_ENDED",
+		7: "START_PHASE_WAITING_FOR_RUNNER",
+	}
+	StartPhase_value = map[string]int32{
+		"START_PHASE_UNSPECIFIED":        0,
+		"START_PHASE_RESTORING_VOLUMES":  1,
+		"START_PHASE_PULLING_IMAGE":      2,
+		"START_PHASE_STARTING_CONTAINER": 3,
+		"START_PHASE_STARTING_COMMAND":   4,
+		"START_PHASE_RUNNING":            5,
+		"START_PHASE_ENDED":              6,
+		"START_PHASE_WAITING_FOR_RUNNER": 7,
+	}
+)
+
+func (x StartPhase) Enum() *StartPhase {
+	p := new(StartPhase)
+	*p = x
+	return p
+}
+
+func (x StartPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StartPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_runner_v1_runner_proto_enumTypes[0].Descriptor()
+}
+
+func (StartPhase) Type() protoreflect.EnumType {
+	return &file_sandboxd_runner_v1_runner_proto_enumTypes[0]
+}
+
+func (x StartPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StartPhase.Descriptor instead.
+func (StartPhase) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+}
+
 type SnapshotJobState int32
 
 const (
@@ -76,11 +141,11 @@ func (x SnapshotJobState) String() string {
 }
 
 func (SnapshotJobState) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_runner_v1_runner_proto_enumTypes[0].Descriptor()
+	return file_sandboxd_runner_v1_runner_proto_enumTypes[1].Descriptor()
 }
 
 func (SnapshotJobState) Type() protoreflect.EnumType {
-	return &file_sandboxd_runner_v1_runner_proto_enumTypes[0]
+	return &file_sandboxd_runner_v1_runner_proto_enumTypes[1]
 }
 
 func (x SnapshotJobState) Number() protoreflect.EnumNumber {
@@ -89,7 +154,7 @@ func (x SnapshotJobState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SnapshotJobState.Descriptor instead.
 func (SnapshotJobState) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
 }
 
 // State values match coreweave.sandbox.v1.State.
@@ -144,11 +209,11 @@ func (x State) String() string {
 }
 
 func (State) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_runner_v1_runner_proto_enumTypes[1].Descriptor()
+	return file_sandboxd_runner_v1_runner_proto_enumTypes[2].Descriptor()
 }
 
 func (State) Type() protoreflect.EnumType {
-	return &file_sandboxd_runner_v1_runner_proto_enumTypes[1]
+	return &file_sandboxd_runner_v1_runner_proto_enumTypes[2]
 }
 
 func (x State) Number() protoreflect.EnumNumber {
@@ -157,7 +222,7 @@ func (x State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use State.Descriptor instead.
 func (State) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
 }
 
 type BuildLine_Stream int32
@@ -196,11 +261,11 @@ func (x BuildLine_Stream) String() string {
 }
 
 func (BuildLine_Stream) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_runner_v1_runner_proto_enumTypes[2].Descriptor()
+	return file_sandboxd_runner_v1_runner_proto_enumTypes[3].Descriptor()
 }
 
 func (BuildLine_Stream) Type() protoreflect.EnumType {
-	return &file_sandboxd_runner_v1_runner_proto_enumTypes[2]
+	return &file_sandboxd_runner_v1_runner_proto_enumTypes[3]
 }
 
 func (x BuildLine_Stream) Number() protoreflect.EnumNumber {
@@ -209,7 +274,276 @@ func (x BuildLine_Stream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BuildLine_Stream.Descriptor instead.
 func (BuildLine_Stream) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8, 0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12, 0}
+}
+
+type WatchProgressRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchProgressRequest) Reset() {
+	*x = WatchProgressRequest{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchProgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchProgressRequest) ProtoMessage() {}
+
+func (x *WatchProgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchProgressRequest.ProtoReflect.Descriptor instead.
+func (*WatchProgressRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchProgressRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// WatchProgressResponse is what a sandbox's start is doing now.
+type WatchProgressResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State State                  `protobuf:"varint,1,opt,name=state,proto3,enum=sandboxd.runner.v1.State" json:"state,omitempty"`
+	Phase StartPhase             `protobuf:"varint,2,opt,name=phase,proto3,enum=sandboxd.runner.v1.StartPhase" json:"phase,omitempty"`
+	// When the phase began.
+	PhaseSince *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=phase_since,json=phaseSince,proto3" json:"phase_since,omitempty"`
+	// Its image pulls under way or done (at most 8).
+	Pulls         []*ImagePull `protobuf:"bytes,4,rep,name=pulls,proto3" json:"pulls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchProgressResponse) Reset() {
+	*x = WatchProgressResponse{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchProgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchProgressResponse) ProtoMessage() {}
+
+func (x *WatchProgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchProgressResponse.ProtoReflect.Descriptor instead.
+func (*WatchProgressResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchProgressResponse) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *WatchProgressResponse) GetPhase() StartPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return StartPhase_START_PHASE_UNSPECIFIED
+}
+
+func (x *WatchProgressResponse) GetPhaseSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PhaseSince
+	}
+	return nil
+}
+
+func (x *WatchProgressResponse) GetPulls() []*ImagePull {
+	if x != nil {
+		return x.Pulls
+	}
+	return nil
+}
+
+// ImagePull is one image pull's progress, in compressed bytes.
+type ImagePull struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Image       string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	LayersDone  int32                  `protobuf:"varint,2,opt,name=layers_done,json=layersDone,proto3" json:"layers_done,omitempty"`
+	LayersTotal int32                  `protobuf:"varint,3,opt,name=layers_total,json=layersTotal,proto3" json:"layers_total,omitempty"`
+	BytesDone   int64                  `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal  int64                  `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	// At most 16 layers, those not complete first, in image order.
+	Layers        []*LayerProgress `protobuf:"bytes,6,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImagePull) Reset() {
+	*x = ImagePull{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImagePull) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImagePull) ProtoMessage() {}
+
+func (x *ImagePull) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImagePull.ProtoReflect.Descriptor instead.
+func (*ImagePull) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ImagePull) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ImagePull) GetLayersDone() int32 {
+	if x != nil {
+		return x.LayersDone
+	}
+	return 0
+}
+
+func (x *ImagePull) GetLayersTotal() int32 {
+	if x != nil {
+		return x.LayersTotal
+	}
+	return 0
+}
+
+func (x *ImagePull) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *ImagePull) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *ImagePull) GetLayers() []*LayerProgress {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+type LayerProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"` // the first 12 hex digits
+	BytesDone     int64                  `protobuf:"varint,2,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal    int64                  `protobuf:"varint,3,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	Complete      bool                   `protobuf:"varint,4,opt,name=complete,proto3" json:"complete,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerProgress) Reset() {
+	*x = LayerProgress{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerProgress) ProtoMessage() {}
+
+func (x *LayerProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerProgress.ProtoReflect.Descriptor instead.
+func (*LayerProgress) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LayerProgress) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *LayerProgress) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *LayerProgress) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *LayerProgress) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
 }
 
 // RegisteredVolume names a registered volume of an organization on this runner.
@@ -225,7 +559,7 @@ type RegisteredVolume struct {
 
 func (x *RegisteredVolume) Reset() {
 	*x = RegisteredVolume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +571,7 @@ func (x *RegisteredVolume) String() string {
 func (*RegisteredVolume) ProtoMessage() {}
 
 func (x *RegisteredVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[0]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +584,7 @@ func (x *RegisteredVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredVolume.ProtoReflect.Descriptor instead.
 func (*RegisteredVolume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RegisteredVolume) GetOrganizationId() string {
@@ -290,7 +624,7 @@ type EnsureVolumeRequest struct {
 
 func (x *EnsureVolumeRequest) Reset() {
 	*x = EnsureVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -302,7 +636,7 @@ func (x *EnsureVolumeRequest) String() string {
 func (*EnsureVolumeRequest) ProtoMessage() {}
 
 func (x *EnsureVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[1]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -315,7 +649,7 @@ func (x *EnsureVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureVolumeRequest.ProtoReflect.Descriptor instead.
 func (*EnsureVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EnsureVolumeRequest) GetVolume() *RegisteredVolume {
@@ -338,7 +672,7 @@ type EnsureVolumeResponse struct {
 
 func (x *EnsureVolumeResponse) Reset() {
 	*x = EnsureVolumeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +684,7 @@ func (x *EnsureVolumeResponse) String() string {
 func (*EnsureVolumeResponse) ProtoMessage() {}
 
 func (x *EnsureVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[2]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +697,7 @@ func (x *EnsureVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureVolumeResponse.ProtoReflect.Descriptor instead.
 func (*EnsureVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EnsureVolumeResponse) GetCapacityBytes() int64 {
@@ -390,7 +724,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +736,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[3]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +749,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteVolumeRequest) GetVolume() *RegisteredVolume {
@@ -440,7 +774,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +786,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[4]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +799,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
 }
 
 type BuildRequest struct {
@@ -501,7 +835,7 @@ type BuildRequest struct {
 
 func (x *BuildRequest) Reset() {
 	*x = BuildRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +847,7 @@ func (x *BuildRequest) String() string {
 func (*BuildRequest) ProtoMessage() {}
 
 func (x *BuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[5]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +860,7 @@ func (x *BuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildRequest.ProtoReflect.Descriptor instead.
 func (*BuildRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BuildRequest) GetDockerfile() string {
@@ -648,7 +982,7 @@ type BuildResponse struct {
 
 func (x *BuildResponse) Reset() {
 	*x = BuildResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +994,7 @@ func (x *BuildResponse) String() string {
 func (*BuildResponse) ProtoMessage() {}
 
 func (x *BuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[6]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +1007,7 @@ func (x *BuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildResponse.ProtoReflect.Descriptor instead.
 func (*BuildResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BuildResponse) GetMessage() isBuildResponse_Message {
@@ -744,7 +1078,7 @@ type BuildStep struct {
 
 func (x *BuildStep) Reset() {
 	*x = BuildStep{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +1090,7 @@ func (x *BuildStep) String() string {
 func (*BuildStep) ProtoMessage() {}
 
 func (x *BuildStep) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[7]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +1103,7 @@ func (x *BuildStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
 func (*BuildStep) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BuildStep) GetNumber() int32 {
@@ -811,7 +1145,7 @@ type BuildLine struct {
 
 func (x *BuildLine) Reset() {
 	*x = BuildLine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +1157,7 @@ func (x *BuildLine) String() string {
 func (*BuildLine) ProtoMessage() {}
 
 func (x *BuildLine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[8]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +1170,7 @@ func (x *BuildLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLine.ProtoReflect.Descriptor instead.
 func (*BuildLine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BuildLine) GetStream() BuildLine_Stream {
@@ -874,7 +1208,7 @@ type BuildResult struct {
 
 func (x *BuildResult) Reset() {
 	*x = BuildResult{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +1220,7 @@ func (x *BuildResult) String() string {
 func (*BuildResult) ProtoMessage() {}
 
 func (x *BuildResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[9]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +1233,7 @@ func (x *BuildResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildResult.ProtoReflect.Descriptor instead.
 func (*BuildResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BuildResult) GetExitCode() int32 {
@@ -956,7 +1290,7 @@ type WarmTarget struct {
 
 func (x *WarmTarget) Reset() {
 	*x = WarmTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1302,7 @@ func (x *WarmTarget) String() string {
 func (*WarmTarget) ProtoMessage() {}
 
 func (x *WarmTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[10]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1315,7 @@ func (x *WarmTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTarget.ProtoReflect.Descriptor instead.
 func (*WarmTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WarmTarget) GetKey() string {
@@ -1014,7 +1348,7 @@ type SetWarmPoolsRequest struct {
 
 func (x *SetWarmPoolsRequest) Reset() {
 	*x = SetWarmPoolsRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1360,7 @@ func (x *SetWarmPoolsRequest) String() string {
 func (*SetWarmPoolsRequest) ProtoMessage() {}
 
 func (x *SetWarmPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[11]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1373,7 @@ func (x *SetWarmPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolsRequest.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetWarmPoolsRequest) GetTargets() []*WarmTarget {
@@ -1058,7 +1392,7 @@ type SetWarmPoolsResponse struct {
 
 func (x *SetWarmPoolsResponse) Reset() {
 	*x = SetWarmPoolsResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1404,7 @@ func (x *SetWarmPoolsResponse) String() string {
 func (*SetWarmPoolsResponse) ProtoMessage() {}
 
 func (x *SetWarmPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[12]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1417,7 @@ func (x *SetWarmPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWarmPoolsResponse.ProtoReflect.Descriptor instead.
 func (*SetWarmPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetWarmPoolsResponse) GetAccepted() int32 {
@@ -1105,7 +1439,7 @@ type CheckpointRef struct {
 
 func (x *CheckpointRef) Reset() {
 	*x = CheckpointRef{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1451,7 @@ func (x *CheckpointRef) String() string {
 func (*CheckpointRef) ProtoMessage() {}
 
 func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[13]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1464,7 @@ func (x *CheckpointRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRef.ProtoReflect.Descriptor instead.
 func (*CheckpointRef) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckpointRef) GetKey() string {
@@ -1163,7 +1497,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1509,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[14]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1522,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExportCheckpointRequest) GetId() string {
@@ -1208,7 +1542,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1554,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[15]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1567,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExportCheckpointResponse) GetRef() *CheckpointRef {
@@ -1262,7 +1596,7 @@ type ImportForkRequest struct {
 
 func (x *ImportForkRequest) Reset() {
 	*x = ImportForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1608,7 @@ func (x *ImportForkRequest) String() string {
 func (*ImportForkRequest) ProtoMessage() {}
 
 func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1621,7 @@ func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportForkRequest.ProtoReflect.Descriptor instead.
 func (*ImportForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ImportForkRequest) GetRef() *CheckpointRef {
@@ -1327,7 +1661,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1673,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1686,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteCheckpointRequest) GetKey() string {
@@ -1370,7 +1704,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1716,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1729,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 type MovedRequest struct {
@@ -1408,7 +1742,7 @@ type MovedRequest struct {
 
 func (x *MovedRequest) Reset() {
 	*x = MovedRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1754,7 @@ func (x *MovedRequest) String() string {
 func (*MovedRequest) ProtoMessage() {}
 
 func (x *MovedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1767,7 @@ func (x *MovedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedRequest.ProtoReflect.Descriptor instead.
 func (*MovedRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MovedRequest) GetId() string {
@@ -1458,7 +1792,7 @@ type MovedResponse struct {
 
 func (x *MovedResponse) Reset() {
 	*x = MovedResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1804,7 @@ func (x *MovedResponse) String() string {
 func (*MovedResponse) ProtoMessage() {}
 
 func (x *MovedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1817,7 @@ func (x *MovedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedResponse.ProtoReflect.Descriptor instead.
 func (*MovedResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 type PauseRequest struct {
@@ -1497,7 +1831,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1843,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1856,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1555,7 +1889,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1901,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1914,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1599,7 +1933,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1945,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1958,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1643,7 +1977,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1989,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +2002,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1691,7 +2025,7 @@ type ForkTarget struct {
 
 func (x *ForkTarget) Reset() {
 	*x = ForkTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +2037,7 @@ func (x *ForkTarget) String() string {
 func (*ForkTarget) ProtoMessage() {}
 
 func (x *ForkTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +2050,7 @@ func (x *ForkTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkTarget.ProtoReflect.Descriptor instead.
 func (*ForkTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForkTarget) GetId() string {
@@ -1757,7 +2091,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +2103,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +2116,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1810,7 +2144,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +2156,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +2169,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -1864,7 +2198,7 @@ type ForkError struct {
 
 func (x *ForkError) Reset() {
 	*x = ForkError{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +2210,7 @@ func (x *ForkError) String() string {
 func (*ForkError) ProtoMessage() {}
 
 func (x *ForkError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +2223,7 @@ func (x *ForkError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
 func (*ForkError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ForkError) GetCode() string {
@@ -1922,7 +2256,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2268,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2281,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForkResponse) GetResults() []*ForkResult {
@@ -1971,7 +2305,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2317,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2330,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PauseStatus) GetReleased() bool {
@@ -2096,7 +2430,7 @@ type Spec struct {
 
 func (x *Spec) Reset() {
 	*x = Spec{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2442,7 @@ func (x *Spec) String() string {
 func (*Spec) ProtoMessage() {}
 
 func (x *Spec) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2455,7 @@ func (x *Spec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spec.ProtoReflect.Descriptor instead.
 func (*Spec) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Spec) GetId() string {
@@ -2348,7 +2682,7 @@ type Engine struct {
 
 func (x *Engine) Reset() {
 	*x = Engine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2694,7 @@ func (x *Engine) String() string {
 func (*Engine) ProtoMessage() {}
 
 func (x *Engine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2707,7 @@ func (x *Engine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Engine.ProtoReflect.Descriptor instead.
 func (*Engine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Engine) GetCompose() []byte {
@@ -2438,7 +2772,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2784,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2797,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Container) GetName() string {
@@ -2598,7 +2932,7 @@ type SecretRef struct {
 
 func (x *SecretRef) Reset() {
 	*x = SecretRef{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2944,7 @@ func (x *SecretRef) String() string {
 func (*SecretRef) ProtoMessage() {}
 
 func (x *SecretRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2957,7 @@ func (x *SecretRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretRef.ProtoReflect.Descriptor instead.
 func (*SecretRef) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SecretRef) GetEnvVar() string {
@@ -2668,7 +3002,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +3014,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +3027,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Probe) GetExec() []string {
@@ -2742,7 +3076,7 @@ type Dependency struct {
 
 func (x *Dependency) Reset() {
 	*x = Dependency{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +3088,7 @@ func (x *Dependency) String() string {
 func (*Dependency) ProtoMessage() {}
 
 func (x *Dependency) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +3101,7 @@ func (x *Dependency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
 func (*Dependency) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Dependency) GetContainer() string {
@@ -2801,7 +3135,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +3147,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +3160,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -2894,7 +3228,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2906,7 +3240,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2919,7 +3253,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -2977,7 +3311,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3323,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3336,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Toleration) GetKey() string {
@@ -3054,7 +3388,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3400,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3413,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -3128,7 +3462,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3474,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3487,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -3219,7 +3553,7 @@ type EgressSecret struct {
 
 func (x *EgressSecret) Reset() {
 	*x = EgressSecret{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3231,7 +3565,7 @@ func (x *EgressSecret) String() string {
 func (*EgressSecret) ProtoMessage() {}
 
 func (x *EgressSecret) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3244,7 +3578,7 @@ func (x *EgressSecret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressSecret.ProtoReflect.Descriptor instead.
 func (*EgressSecret) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *EgressSecret) GetStore() string {
@@ -3293,7 +3627,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3305,7 +3639,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3318,7 +3652,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -3361,7 +3695,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3373,7 +3707,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3386,7 +3720,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Volume) GetName() string {
@@ -3447,7 +3781,7 @@ type GlobalVolume struct {
 
 func (x *GlobalVolume) Reset() {
 	*x = GlobalVolume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +3793,7 @@ func (x *GlobalVolume) String() string {
 func (*GlobalVolume) ProtoMessage() {}
 
 func (x *GlobalVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +3806,7 @@ func (x *GlobalVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GlobalVolume.ProtoReflect.Descriptor instead.
 func (*GlobalVolume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GlobalVolume) GetBlobPrefix() string {
@@ -3514,7 +3848,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3526,7 +3860,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3539,7 +3873,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -3598,7 +3932,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3610,7 +3944,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3623,7 +3957,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -3671,7 +4005,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3683,7 +4017,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3696,7 +4030,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -3722,7 +4056,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3734,7 +4068,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3747,7 +4081,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -3777,7 +4111,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3789,7 +4123,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3802,7 +4136,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -3894,7 +4228,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3906,7 +4240,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3919,7 +4253,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -3967,7 +4301,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3979,7 +4313,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3992,7 +4326,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -4066,7 +4400,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4078,7 +4412,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4091,7 +4425,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Service) GetPort() int32 {
@@ -4146,7 +4480,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4158,7 +4492,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4171,7 +4505,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -4199,7 +4533,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4211,7 +4545,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4224,7 +4558,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *File) GetPath() string {
@@ -4264,7 +4598,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4276,7 +4610,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4289,7 +4623,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -4359,7 +4693,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4371,7 +4705,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4384,7 +4718,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *Sandbox) GetId() string {
@@ -4537,7 +4871,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4549,7 +4883,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4562,7 +4896,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ResourceUsage) GetCpuMillicores() int64 {
@@ -4603,7 +4937,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4615,7 +4949,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4628,7 +4962,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -4654,7 +4988,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4666,7 +5000,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4679,7 +5013,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -4702,7 +5036,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4714,7 +5048,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4727,7 +5061,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetRequest) GetId() string {
@@ -4754,7 +5088,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4766,7 +5100,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4779,7 +5113,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -4805,7 +5139,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4817,7 +5151,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4830,7 +5164,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -4849,7 +5183,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4861,7 +5195,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4874,7 +5208,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -4892,7 +5226,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4904,7 +5238,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4917,7 +5251,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{69}
 }
 
 type ListResponse struct {
@@ -4929,7 +5263,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4941,7 +5275,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4954,7 +5288,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -4977,7 +5311,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4989,7 +5323,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5002,7 +5336,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -5037,7 +5371,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5049,7 +5383,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5062,7 +5396,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{68}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -5087,7 +5421,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5099,7 +5433,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5112,7 +5446,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{69}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{73}
 }
 
 type CapacityResponse struct {
@@ -5187,7 +5521,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5199,7 +5533,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5212,7 +5546,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{70}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -5429,7 +5763,32 @@ var File_sandboxd_runner_v1_runner_proto protoreflect.FileDescriptor
 
 const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n" +
+	"\x1fsandboxd/runner/v1/runner.proto\x12\x12sandboxd.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n" +
+	"\x14WatchProgressRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xf0\x01\n" +
+	"\x15WatchProgressResponse\x12/\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x19.sandboxd.runner.v1.StateR\x05state\x124\n" +
+	"\x05phase\x18\x02 \x01(\x0e2\x1e.sandboxd.runner.v1.StartPhaseR\x05phase\x12;\n" +
+	"\vphase_since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"phaseSince\x123\n" +
+	"\x05pulls\x18\x04 \x03(\v2\x1d.sandboxd.runner.v1.ImagePullR\x05pulls\"\xe0\x01\n" +
+	"\tImagePull\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x1f\n" +
+	"\vlayers_done\x18\x02 \x01(\x05R\n" +
+	"layersDone\x12!\n" +
+	"\flayers_total\x18\x03 \x01(\x05R\vlayersTotal\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x04 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x05 \x01(\x03R\n" +
+	"bytesTotal\x129\n" +
+	"\x06layers\x18\x06 \x03(\v2!.sandboxd.runner.v1.LayerProgressR\x06layers\"\x83\x01\n" +
+	"\rLayerProgress\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x02 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x03 \x01(\x03R\n" +
+	"bytesTotal\x12\x1a\n" +
+	"\bcomplete\x18\x04 \x01(\bR\bcomplete\"\x97\x01\n" +
 	"\x10RegisteredVolume\x12'\n" +
 	"\x0forganization_id\x18\x01 \x01(\tR\x0eorganizationId\x12\x1d\n" +
 	"\n" +
@@ -5914,7 +6273,17 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"secretRefs\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x85\x02\n" +
+	"\n" +
+	"StartPhase\x12\x1b\n" +
+	"\x17START_PHASE_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dSTART_PHASE_RESTORING_VOLUMES\x10\x01\x12\x1d\n" +
+	"\x19START_PHASE_PULLING_IMAGE\x10\x02\x12\"\n" +
+	"\x1eSTART_PHASE_STARTING_CONTAINER\x10\x03\x12 \n" +
+	"\x1cSTART_PHASE_STARTING_COMMAND\x10\x04\x12\x17\n" +
+	"\x13START_PHASE_RUNNING\x10\x05\x12\x15\n" +
+	"\x11START_PHASE_ENDED\x10\x06\x12\"\n" +
+	"\x1eSTART_PHASE_WAITING_FOR_RUNNER\x10\a*\x94\x01\n" +
 	"\x10SnapshotJobState\x12\"\n" +
 	"\x1eSNAPSHOT_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bSNAPSHOT_JOB_STATE_CREATING\x10\x01\x12\x1c\n" +
@@ -5929,7 +6298,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x11STATE_TERMINATING\x10\x05\x12\x14\n" +
 	"\x10STATE_TERMINATED\x10\x06\x12\x11\n" +
 	"\rSTATE_PENDING\x10\a\x12\x10\n" +
-	"\fSTATE_PAUSED\x10\b2\xa6\r\n" +
+	"\fSTATE_PAUSED\x10\b2\x8e\x0e\n" +
 	"\rRunnerService\x12O\n" +
 	"\x06Create\x12!.sandboxd.runner.v1.CreateRequest\x1a\".sandboxd.runner.v1.CreateResponse\x12F\n" +
 	"\x03Get\x12\x1e.sandboxd.runner.v1.GetRequest\x1a\x1f.sandboxd.runner.v1.GetResponse\x12I\n" +
@@ -5950,7 +6319,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\fSetWarmPools\x12'.sandboxd.runner.v1.SetWarmPoolsRequest\x1a(.sandboxd.runner.v1.SetWarmPoolsResponse\x12N\n" +
 	"\x05Build\x12 .sandboxd.runner.v1.BuildRequest\x1a!.sandboxd.runner.v1.BuildResponse0\x01\x12a\n" +
 	"\fEnsureVolume\x12'.sandboxd.runner.v1.EnsureVolumeRequest\x1a(.sandboxd.runner.v1.EnsureVolumeResponse\x12a\n" +
-	"\fDeleteVolume\x12'.sandboxd.runner.v1.DeleteVolumeRequest\x1a(.sandboxd.runner.v1.DeleteVolumeResponseB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
+	"\fDeleteVolume\x12'.sandboxd.runner.v1.DeleteVolumeRequest\x1a(.sandboxd.runner.v1.DeleteVolumeResponse\x12f\n" +
+	"\rWatchProgress\x12(.sandboxd.runner.v1.WatchProgressRequest\x1a).sandboxd.runner.v1.WatchProgressResponse0\x01B>Z<github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_sandboxd_runner_v1_runner_proto_rawDescOnce sync.Once
@@ -5964,243 +6334,255 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 	return file_sandboxd_runner_v1_runner_proto_rawDescData
 }
 
-var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
-	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
-	(State)(0),                       // 1: sandboxd.runner.v1.State
-	(BuildLine_Stream)(0),            // 2: sandboxd.runner.v1.BuildLine.Stream
-	(*RegisteredVolume)(nil),         // 3: sandboxd.runner.v1.RegisteredVolume
-	(*EnsureVolumeRequest)(nil),      // 4: sandboxd.runner.v1.EnsureVolumeRequest
-	(*EnsureVolumeResponse)(nil),     // 5: sandboxd.runner.v1.EnsureVolumeResponse
-	(*DeleteVolumeRequest)(nil),      // 6: sandboxd.runner.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),     // 7: sandboxd.runner.v1.DeleteVolumeResponse
-	(*BuildRequest)(nil),             // 8: sandboxd.runner.v1.BuildRequest
-	(*BuildResponse)(nil),            // 9: sandboxd.runner.v1.BuildResponse
-	(*BuildStep)(nil),                // 10: sandboxd.runner.v1.BuildStep
-	(*BuildLine)(nil),                // 11: sandboxd.runner.v1.BuildLine
-	(*BuildResult)(nil),              // 12: sandboxd.runner.v1.BuildResult
-	(*WarmTarget)(nil),               // 13: sandboxd.runner.v1.WarmTarget
-	(*SetWarmPoolsRequest)(nil),      // 14: sandboxd.runner.v1.SetWarmPoolsRequest
-	(*SetWarmPoolsResponse)(nil),     // 15: sandboxd.runner.v1.SetWarmPoolsResponse
-	(*CheckpointRef)(nil),            // 16: sandboxd.runner.v1.CheckpointRef
-	(*ExportCheckpointRequest)(nil),  // 17: sandboxd.runner.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil), // 18: sandboxd.runner.v1.ExportCheckpointResponse
-	(*ImportForkRequest)(nil),        // 19: sandboxd.runner.v1.ImportForkRequest
-	(*DeleteCheckpointRequest)(nil),  // 20: sandboxd.runner.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 21: sandboxd.runner.v1.DeleteCheckpointResponse
-	(*MovedRequest)(nil),             // 22: sandboxd.runner.v1.MovedRequest
-	(*MovedResponse)(nil),            // 23: sandboxd.runner.v1.MovedResponse
-	(*PauseRequest)(nil),             // 24: sandboxd.runner.v1.PauseRequest
-	(*PauseResponse)(nil),            // 25: sandboxd.runner.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 26: sandboxd.runner.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 27: sandboxd.runner.v1.ResumeResponse
-	(*ForkTarget)(nil),               // 28: sandboxd.runner.v1.ForkTarget
-	(*ForkRequest)(nil),              // 29: sandboxd.runner.v1.ForkRequest
-	(*ForkResult)(nil),               // 30: sandboxd.runner.v1.ForkResult
-	(*ForkError)(nil),                // 31: sandboxd.runner.v1.ForkError
-	(*ForkResponse)(nil),             // 32: sandboxd.runner.v1.ForkResponse
-	(*PauseStatus)(nil),              // 33: sandboxd.runner.v1.PauseStatus
-	(*Spec)(nil),                     // 34: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                   // 35: sandboxd.runner.v1.Engine
-	(*Container)(nil),                // 36: sandboxd.runner.v1.Container
-	(*SecretRef)(nil),                // 37: sandboxd.runner.v1.SecretRef
-	(*Probe)(nil),                    // 38: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),               // 39: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),          // 40: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),              // 41: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),               // 42: sandboxd.runner.v1.Toleration
-	(*Network)(nil),                  // 43: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),              // 44: sandboxd.runner.v1.NetworkRule
-	(*EgressSecret)(nil),             // 45: sandboxd.runner.v1.EgressSecret
-	(*PortRange)(nil),                // 46: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                   // 47: sandboxd.runner.v1.Volume
-	(*GlobalVolume)(nil),             // 48: sandboxd.runner.v1.GlobalVolume
-	(*SnapshotSource)(nil),           // 49: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),           // 50: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),    // 51: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),    // 52: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),              // 53: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),              // 54: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),                 // 55: sandboxd.runner.v1.Security
-	(*Service)(nil),                  // 56: sandboxd.runner.v1.Service
-	(*Credentials)(nil),              // 57: sandboxd.runner.v1.Credentials
-	(*File)(nil),                     // 58: sandboxd.runner.v1.File
-	(*Resources)(nil),                // 59: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                  // 60: sandboxd.runner.v1.Sandbox
-	(*ResourceUsage)(nil),            // 61: sandboxd.runner.v1.ResourceUsage
-	(*CreateRequest)(nil),            // 62: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 63: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 64: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 65: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 66: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 67: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 68: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 69: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 70: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 71: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 72: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 73: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 74: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	nil,                              // 75: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 76: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 77: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 78: sandboxd.runner.v1.Spec.SecretEnvEntry
-	nil,                              // 79: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	nil,                              // 80: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 81: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 82: sandboxd.runner.v1.Container.SecretEnvEntry
-	nil,                              // 83: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 84: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 85: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*durationpb.Duration)(nil),      // 86: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 87: google.protobuf.Timestamp
+	(StartPhase)(0),                  // 0: sandboxd.runner.v1.StartPhase
+	(SnapshotJobState)(0),            // 1: sandboxd.runner.v1.SnapshotJobState
+	(State)(0),                       // 2: sandboxd.runner.v1.State
+	(BuildLine_Stream)(0),            // 3: sandboxd.runner.v1.BuildLine.Stream
+	(*WatchProgressRequest)(nil),     // 4: sandboxd.runner.v1.WatchProgressRequest
+	(*WatchProgressResponse)(nil),    // 5: sandboxd.runner.v1.WatchProgressResponse
+	(*ImagePull)(nil),                // 6: sandboxd.runner.v1.ImagePull
+	(*LayerProgress)(nil),            // 7: sandboxd.runner.v1.LayerProgress
+	(*RegisteredVolume)(nil),         // 8: sandboxd.runner.v1.RegisteredVolume
+	(*EnsureVolumeRequest)(nil),      // 9: sandboxd.runner.v1.EnsureVolumeRequest
+	(*EnsureVolumeResponse)(nil),     // 10: sandboxd.runner.v1.EnsureVolumeResponse
+	(*DeleteVolumeRequest)(nil),      // 11: sandboxd.runner.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),     // 12: sandboxd.runner.v1.DeleteVolumeResponse
+	(*BuildRequest)(nil),             // 13: sandboxd.runner.v1.BuildRequest
+	(*BuildResponse)(nil),            // 14: sandboxd.runner.v1.BuildResponse
+	(*BuildStep)(nil),                // 15: sandboxd.runner.v1.BuildStep
+	(*BuildLine)(nil),                // 16: sandboxd.runner.v1.BuildLine
+	(*BuildResult)(nil),              // 17: sandboxd.runner.v1.BuildResult
+	(*WarmTarget)(nil),               // 18: sandboxd.runner.v1.WarmTarget
+	(*SetWarmPoolsRequest)(nil),      // 19: sandboxd.runner.v1.SetWarmPoolsRequest
+	(*SetWarmPoolsResponse)(nil),     // 20: sandboxd.runner.v1.SetWarmPoolsResponse
+	(*CheckpointRef)(nil),            // 21: sandboxd.runner.v1.CheckpointRef
+	(*ExportCheckpointRequest)(nil),  // 22: sandboxd.runner.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil), // 23: sandboxd.runner.v1.ExportCheckpointResponse
+	(*ImportForkRequest)(nil),        // 24: sandboxd.runner.v1.ImportForkRequest
+	(*DeleteCheckpointRequest)(nil),  // 25: sandboxd.runner.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 26: sandboxd.runner.v1.DeleteCheckpointResponse
+	(*MovedRequest)(nil),             // 27: sandboxd.runner.v1.MovedRequest
+	(*MovedResponse)(nil),            // 28: sandboxd.runner.v1.MovedResponse
+	(*PauseRequest)(nil),             // 29: sandboxd.runner.v1.PauseRequest
+	(*PauseResponse)(nil),            // 30: sandboxd.runner.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 31: sandboxd.runner.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 32: sandboxd.runner.v1.ResumeResponse
+	(*ForkTarget)(nil),               // 33: sandboxd.runner.v1.ForkTarget
+	(*ForkRequest)(nil),              // 34: sandboxd.runner.v1.ForkRequest
+	(*ForkResult)(nil),               // 35: sandboxd.runner.v1.ForkResult
+	(*ForkError)(nil),                // 36: sandboxd.runner.v1.ForkError
+	(*ForkResponse)(nil),             // 37: sandboxd.runner.v1.ForkResponse
+	(*PauseStatus)(nil),              // 38: sandboxd.runner.v1.PauseStatus
+	(*Spec)(nil),                     // 39: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                   // 40: sandboxd.runner.v1.Engine
+	(*Container)(nil),                // 41: sandboxd.runner.v1.Container
+	(*SecretRef)(nil),                // 42: sandboxd.runner.v1.SecretRef
+	(*Probe)(nil),                    // 43: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),               // 44: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),          // 45: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),              // 46: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),               // 47: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                  // 48: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),              // 49: sandboxd.runner.v1.NetworkRule
+	(*EgressSecret)(nil),             // 50: sandboxd.runner.v1.EgressSecret
+	(*PortRange)(nil),                // 51: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                   // 52: sandboxd.runner.v1.Volume
+	(*GlobalVolume)(nil),             // 53: sandboxd.runner.v1.GlobalVolume
+	(*SnapshotSource)(nil),           // 54: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),           // 55: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),    // 56: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),    // 57: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),              // 58: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),              // 59: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),                 // 60: sandboxd.runner.v1.Security
+	(*Service)(nil),                  // 61: sandboxd.runner.v1.Service
+	(*Credentials)(nil),              // 62: sandboxd.runner.v1.Credentials
+	(*File)(nil),                     // 63: sandboxd.runner.v1.File
+	(*Resources)(nil),                // 64: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                  // 65: sandboxd.runner.v1.Sandbox
+	(*ResourceUsage)(nil),            // 66: sandboxd.runner.v1.ResourceUsage
+	(*CreateRequest)(nil),            // 67: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 68: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 69: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 70: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 71: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 72: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 73: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 74: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 75: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 76: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 77: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 78: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 79: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	nil,                              // 80: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 81: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 82: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 83: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 84: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	nil,                              // 85: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 86: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 87: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 88: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 89: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 90: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*timestamppb.Timestamp)(nil),    // 91: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 92: google.protobuf.Duration
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
-	3,   // 0: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
-	3,   // 1: sandboxd.runner.v1.DeleteVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
-	74,  // 2: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	57,  // 3: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
-	57,  // 4: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
-	59,  // 5: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	86,  // 6: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
-	10,  // 7: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
-	11,  // 8: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
-	12,  // 9: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
-	2,   // 10: sandboxd.runner.v1.BuildLine.stream:type_name -> sandboxd.runner.v1.BuildLine.Stream
-	10,  // 11: sandboxd.runner.v1.BuildResult.steps:type_name -> sandboxd.runner.v1.BuildStep
-	10,  // 12: sandboxd.runner.v1.BuildResult.failed_step:type_name -> sandboxd.runner.v1.BuildStep
-	34,  // 13: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
-	13,  // 14: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
-	16,  // 15: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	60,  // 16: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	16,  // 17: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	60,  // 18: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
-	28,  // 19: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	60,  // 20: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	60,  // 21: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	75,  // 22: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	86,  // 23: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
-	28,  // 24: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	60,  // 25: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	31,  // 26: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
-	30,  // 27: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	87,  // 28: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	57,  // 29: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	76,  // 30: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	58,  // 31: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	59,  // 32: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	77,  // 33: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	56,  // 34: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	43,  // 35: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	55,  // 36: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	47,  // 37: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	54,  // 38: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	41,  // 39: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	38,  // 40: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	39,  // 41: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	36,  // 42: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	36,  // 43: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	35,  // 44: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	78,  // 45: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
-	37,  // 46: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	79,  // 47: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	80,  // 48: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	57,  // 49: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	81,  // 50: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	58,  // 51: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	59,  // 52: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	54,  // 53: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	55,  // 54: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	38,  // 55: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	39,  // 56: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	82,  // 57: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
-	37,  // 58: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	86,  // 59: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	86,  // 60: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	86,  // 61: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	83,  // 62: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	42,  // 63: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	84,  // 64: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	44,  // 65: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	44,  // 66: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	46,  // 67: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	45,  // 68: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
-	49,  // 69: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	48,  // 70: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
-	50,  // 71: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 72: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	86,  // 73: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	87,  // 74: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	34,  // 75: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 76: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	87,  // 77: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	87,  // 78: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	87,  // 79: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	86,  // 80: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	87,  // 81: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	40,  // 82: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	33,  // 83: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	61,  // 84: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
-	34,  // 85: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	86,  // 86: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	60,  // 87: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	86,  // 88: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
-	86,  // 89: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	60,  // 90: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	60,  // 91: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	60,  // 92: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	86,  // 93: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	50,  // 94: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	60,  // 95: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	53,  // 96: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	87,  // 97: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	59,  // 98: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	85,  // 99: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	57,  // 100: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	62,  // 101: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	64,  // 102: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	68,  // 103: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	70,  // 104: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	72,  // 105: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	51,  // 106: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	52,  // 107: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	65,  // 108: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	24,  // 109: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	26,  // 110: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	29,  // 111: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	17,  // 112: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	19,  // 113: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	20,  // 114: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	22,  // 115: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	14,  // 116: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	8,   // 117: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	4,   // 118: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
-	6,   // 119: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
-	63,  // 120: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	67,  // 121: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	69,  // 122: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	71,  // 123: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	73,  // 124: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	53,  // 125: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	53,  // 126: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	66,  // 127: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	25,  // 128: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	27,  // 129: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	32,  // 130: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	18,  // 131: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	32,  // 132: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	21,  // 133: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	23,  // 134: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	15,  // 135: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	9,   // 136: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	5,   // 137: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
-	7,   // 138: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
-	120, // [120:139] is the sub-list for method output_type
-	101, // [101:120] is the sub-list for method input_type
-	101, // [101:101] is the sub-list for extension type_name
-	101, // [101:101] is the sub-list for extension extendee
-	0,   // [0:101] is the sub-list for field type_name
+	2,   // 0: sandboxd.runner.v1.WatchProgressResponse.state:type_name -> sandboxd.runner.v1.State
+	0,   // 1: sandboxd.runner.v1.WatchProgressResponse.phase:type_name -> sandboxd.runner.v1.StartPhase
+	91,  // 2: sandboxd.runner.v1.WatchProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
+	6,   // 3: sandboxd.runner.v1.WatchProgressResponse.pulls:type_name -> sandboxd.runner.v1.ImagePull
+	7,   // 4: sandboxd.runner.v1.ImagePull.layers:type_name -> sandboxd.runner.v1.LayerProgress
+	8,   // 5: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
+	8,   // 6: sandboxd.runner.v1.DeleteVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
+	79,  // 7: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	62,  // 8: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
+	62,  // 9: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
+	64,  // 10: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
+	92,  // 11: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	15,  // 12: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
+	16,  // 13: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
+	17,  // 14: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
+	3,   // 15: sandboxd.runner.v1.BuildLine.stream:type_name -> sandboxd.runner.v1.BuildLine.Stream
+	15,  // 16: sandboxd.runner.v1.BuildResult.steps:type_name -> sandboxd.runner.v1.BuildStep
+	15,  // 17: sandboxd.runner.v1.BuildResult.failed_step:type_name -> sandboxd.runner.v1.BuildStep
+	39,  // 18: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
+	18,  // 19: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
+	21,  // 20: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	65,  // 21: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	21,  // 22: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	65,  // 23: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
+	33,  // 24: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	65,  // 25: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	65,  // 26: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	80,  // 27: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	92,  // 28: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	33,  // 29: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	65,  // 30: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	36,  // 31: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	35,  // 32: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	91,  // 33: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	62,  // 34: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	81,  // 35: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	63,  // 36: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	64,  // 37: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	82,  // 38: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	61,  // 39: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	48,  // 40: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	60,  // 41: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	52,  // 42: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	59,  // 43: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	46,  // 44: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	43,  // 45: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	44,  // 46: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	41,  // 47: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	41,  // 48: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	40,  // 49: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	83,  // 50: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	42,  // 51: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	84,  // 52: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	85,  // 53: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	62,  // 54: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	86,  // 55: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	63,  // 56: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	64,  // 57: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	59,  // 58: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	60,  // 59: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	43,  // 60: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	44,  // 61: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	87,  // 62: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	42,  // 63: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	92,  // 64: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	92,  // 65: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	92,  // 66: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	88,  // 67: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	47,  // 68: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	89,  // 69: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	49,  // 70: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	49,  // 71: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	51,  // 72: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	50,  // 73: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
+	54,  // 74: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	53,  // 75: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
+	55,  // 76: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	1,   // 77: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	92,  // 78: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	91,  // 79: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	39,  // 80: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	2,   // 81: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	91,  // 82: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	91,  // 83: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	91,  // 84: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	92,  // 85: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	91,  // 86: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	45,  // 87: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	38,  // 88: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	66,  // 89: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	39,  // 90: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	92,  // 91: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	65,  // 92: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	92,  // 93: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
+	92,  // 94: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	65,  // 95: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	65,  // 96: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	65,  // 97: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	92,  // 98: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	55,  // 99: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	65,  // 100: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 101: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	91,  // 102: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	64,  // 103: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	90,  // 104: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	62,  // 105: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	67,  // 106: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	69,  // 107: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	73,  // 108: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	75,  // 109: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	77,  // 110: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	56,  // 111: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	57,  // 112: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	70,  // 113: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	29,  // 114: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	31,  // 115: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	34,  // 116: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	22,  // 117: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	24,  // 118: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	25,  // 119: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	27,  // 120: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	19,  // 121: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	13,  // 122: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	9,   // 123: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	11,  // 124: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	4,   // 125: sandboxd.runner.v1.RunnerService.WatchProgress:input_type -> sandboxd.runner.v1.WatchProgressRequest
+	68,  // 126: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	72,  // 127: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	74,  // 128: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	76,  // 129: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	78,  // 130: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	58,  // 131: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	58,  // 132: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	71,  // 133: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	30,  // 134: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	32,  // 135: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	37,  // 136: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	23,  // 137: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	37,  // 138: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	26,  // 139: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	28,  // 140: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	20,  // 141: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	14,  // 142: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	10,  // 143: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	12,  // 144: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	5,   // 145: sandboxd.runner.v1.RunnerService.WatchProgress:output_type -> sandboxd.runner.v1.WatchProgressResponse
+	126, // [126:146] is the sub-list for method output_type
+	106, // [106:126] is the sub-list for method input_type
+	106, // [106:106] is the sub-list for extension type_name
+	106, // [106:106] is the sub-list for extension extendee
+	0,   // [0:106] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -6208,23 +6590,23 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 	if File_sandboxd_runner_v1_runner_proto != nil {
 		return
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[6].OneofWrappers = []any{
+	file_sandboxd_runner_v1_runner_proto_msgTypes[10].OneofWrappers = []any{
 		(*BuildResponse_Step)(nil),
 		(*BuildResponse_Line)(nil),
 		(*BuildResponse_Result)(nil),
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[21].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[37].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[39].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[52].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[57].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[25].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[41].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[43].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[56].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[61].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   83,
+			NumEnums:      4,
+			NumMessages:   87,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,369 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// StartPhase is the step a sandbox's start is in.
+type StartPhase int32
+
+const (
+	StartPhase_START_PHASE_UNSPECIFIED StartPhase = 0
+	// Fetching the volume snapshots it starts from.
+	StartPhase_START_PHASE_RESTORING_VOLUMES StartPhase = 1
+	// Fetching and unpacking its image's layers.
+	StartPhase_START_PHASE_PULLING_IMAGE StartPhase = 2
+	// Network, root file system, the container.
+	StartPhase_START_PHASE_STARTING_CONTAINER StartPhase = 3
+	// The container runs; its main command does not run yet.
+	StartPhase_START_PHASE_STARTING_COMMAND StartPhase = 4
+	// The sandbox runs (the last message).
+	StartPhase_START_PHASE_RUNNING StartPhase = 5
+	// The sandbox ended before it ran (the last message).
+	StartPhase_START_PHASE_ENDED StartPhase = 6
+	// Accepted; no runner has room for it yet (PENDING).
+	StartPhase_START_PHASE_WAITING_FOR_RUNNER StartPhase = 7
+)
+
+// Enum value maps for StartPhase.
+var (
+	StartPhase_name = map[int32]string{
+		0: "START_PHASE_UNSPECIFIED",
+		1: "START_PHASE_RESTORING_VOLUMES",
+		2: "START_PHASE_PULLING_IMAGE",
+		3: "START_PHASE_STARTING_CONTAINER",
+		4: "START_PHASE_STARTING_COMMAND",
+		5: "START_PHASE_RUNNING",
+		6: "START_PHASE_ENDED",
+		7: "START_PHASE_WAITING_FOR_RUNNER",
+	}
+	StartPhase_value = map[string]int32{
+		"START_PHASE_UNSPECIFIED":        0,
+		"START_PHASE_RESTORING_VOLUMES":  1,
+		"START_PHASE_PULLING_IMAGE":      2,
+		"START_PHASE_STARTING_CONTAINER": 3,
+		"START_PHASE_STARTING_COMMAND":   4,
+		"START_PHASE_RUNNING":            5,
+		"START_PHASE_ENDED":              6,
+		"START_PHASE_WAITING_FOR_RUNNER": 7,
+	}
+)
+
+func (x StartPhase) Enum() *StartPhase {
+	p := new(StartPhase)
+	*p = x
+	return p
+}
+
+func (x StartPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StartPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_sandbox_v1_state_proto_enumTypes[0].Descriptor()
+}
+
+func (StartPhase) Type() protoreflect.EnumType {
+	return &file_sandboxd_sandbox_v1_state_proto_enumTypes[0]
+}
+
+func (x StartPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StartPhase.Descriptor instead.
+func (StartPhase) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{0}
+}
+
+type WatchSandboxProgressRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchSandboxProgressRequest) Reset() {
+	*x = WatchSandboxProgressRequest{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchSandboxProgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchSandboxProgressRequest) ProtoMessage() {}
+
+func (x *WatchSandboxProgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchSandboxProgressRequest.ProtoReflect.Descriptor instead.
+func (*WatchSandboxProgressRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchSandboxProgressRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// WatchSandboxProgressResponse is one update of a sandbox's start.
+type WatchSandboxProgressResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The sandbox's state, as coreweave.sandbox.v1.SandboxStatus.state reports it
+	// (e.g. STATE_CREATING, STATE_RUNNING).
+	State string     `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Phase StartPhase `protobuf:"varint,3,opt,name=phase,proto3,enum=sandboxd.sandbox.v1.StartPhase" json:"phase,omitempty"`
+	// What the phase waits for, in words (e.g. "pulling image"); empty once started.
+	WaitingFor string `protobuf:"bytes,4,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	// When the phase began.
+	PhaseSince *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=phase_since,json=phaseSince,proto3" json:"phase_since,omitempty"`
+	// Its image pulls under way or done (at most 8); an image already cached is none.
+	Pulls         []*ImagePull `protobuf:"bytes,6,rep,name=pulls,proto3" json:"pulls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchSandboxProgressResponse) Reset() {
+	*x = WatchSandboxProgressResponse{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchSandboxProgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchSandboxProgressResponse) ProtoMessage() {}
+
+func (x *WatchSandboxProgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchSandboxProgressResponse.ProtoReflect.Descriptor instead.
+func (*WatchSandboxProgressResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchSandboxProgressResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WatchSandboxProgressResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *WatchSandboxProgressResponse) GetPhase() StartPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return StartPhase_START_PHASE_UNSPECIFIED
+}
+
+func (x *WatchSandboxProgressResponse) GetWaitingFor() string {
+	if x != nil {
+		return x.WaitingFor
+	}
+	return ""
+}
+
+func (x *WatchSandboxProgressResponse) GetPhaseSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PhaseSince
+	}
+	return nil
+}
+
+func (x *WatchSandboxProgressResponse) GetPulls() []*ImagePull {
+	if x != nil {
+		return x.Pulls
+	}
+	return nil
+}
+
+// ImagePull is one image pull's progress, in compressed bytes.
+type ImagePull struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image reference as the sandbox's spec gives it.
+	Image       string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	LayersDone  int32  `protobuf:"varint,2,opt,name=layers_done,json=layersDone,proto3" json:"layers_done,omitempty"`
+	LayersTotal int32  `protobuf:"varint,3,opt,name=layers_total,json=layersTotal,proto3" json:"layers_total,omitempty"`
+	BytesDone   int64  `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal  int64  `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	// At most 16 of its layers, those not complete first, in image order.
+	Layers        []*LayerProgress `protobuf:"bytes,6,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImagePull) Reset() {
+	*x = ImagePull{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImagePull) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImagePull) ProtoMessage() {}
+
+func (x *ImagePull) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImagePull.ProtoReflect.Descriptor instead.
+func (*ImagePull) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ImagePull) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ImagePull) GetLayersDone() int32 {
+	if x != nil {
+		return x.LayersDone
+	}
+	return 0
+}
+
+func (x *ImagePull) GetLayersTotal() int32 {
+	if x != nil {
+		return x.LayersTotal
+	}
+	return 0
+}
+
+func (x *ImagePull) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *ImagePull) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *ImagePull) GetLayers() []*LayerProgress {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+// LayerProgress is one layer's progress.
+type LayerProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first 12 hex digits of the layer's (compressed) digest.
+	Digest        string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	BytesDone     int64  `protobuf:"varint,2,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal    int64  `protobuf:"varint,3,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	Complete      bool   `protobuf:"varint,4,opt,name=complete,proto3" json:"complete,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerProgress) Reset() {
+	*x = LayerProgress{}
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerProgress) ProtoMessage() {}
+
+func (x *LayerProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerProgress.ProtoReflect.Descriptor instead.
+func (*LayerProgress) Descriptor() ([]byte, []int) {
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LayerProgress) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *LayerProgress) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *LayerProgress) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *LayerProgress) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
+}
+
 type PauseSandboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -37,7 +400,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +412,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[0]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +425,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -95,7 +458,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -107,7 +470,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[1]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -120,7 +483,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PauseSandboxResponse) GetStatus() *PauseStatus {
@@ -149,7 +512,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[2]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -161,7 +524,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[2]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -174,7 +537,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PauseStatus) GetSandboxId() string {
@@ -235,7 +598,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[3]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +610,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[3]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +623,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -292,7 +655,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[4]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +667,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[4]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +680,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResumeSandboxResponse) GetSandboxId() string {
@@ -366,7 +729,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[5]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +741,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[5]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +754,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -431,7 +794,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[6]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +806,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[6]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +819,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ForkSandboxResponse) GetForks() []*Fork {
@@ -484,7 +847,7 @@ type Fork struct {
 
 func (x *Fork) Reset() {
 	*x = Fork{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[7]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +859,7 @@ func (x *Fork) String() string {
 func (*Fork) ProtoMessage() {}
 
 func (x *Fork) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[7]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +872,7 @@ func (x *Fork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fork.ProtoReflect.Descriptor instead.
 func (*Fork) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Fork) GetSandboxId() string {
@@ -552,7 +915,7 @@ type ForkError struct {
 
 func (x *ForkError) Reset() {
 	*x = ForkError{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[8]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +927,7 @@ func (x *ForkError) String() string {
 func (*ForkError) ProtoMessage() {}
 
 func (x *ForkError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[8]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +940,7 @@ func (x *ForkError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
 func (*ForkError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ForkError) GetCode() string {
@@ -617,7 +980,7 @@ type UpdateSandboxLifetimeRequest struct {
 
 func (x *UpdateSandboxLifetimeRequest) Reset() {
 	*x = UpdateSandboxLifetimeRequest{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[9]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -629,7 +992,7 @@ func (x *UpdateSandboxLifetimeRequest) String() string {
 func (*UpdateSandboxLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[9]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -642,7 +1005,7 @@ func (x *UpdateSandboxLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateSandboxLifetimeRequest) GetSandboxId() string {
@@ -707,7 +1070,7 @@ type UpdateSandboxLifetimeResponse struct {
 
 func (x *UpdateSandboxLifetimeResponse) Reset() {
 	*x = UpdateSandboxLifetimeResponse{}
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[10]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +1082,7 @@ func (x *UpdateSandboxLifetimeResponse) String() string {
 func (*UpdateSandboxLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateSandboxLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[10]
+	mi := &file_sandboxd_sandbox_v1_state_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +1095,7 @@ func (x *UpdateSandboxLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_sandbox_v1_state_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UpdateSandboxLifetimeResponse) GetDeadline() *timestamppb.Timestamp {
@@ -753,7 +1116,37 @@ var File_sandboxd_sandbox_v1_state_proto protoreflect.FileDescriptor
 
 const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/sandbox/v1/state.proto\x12\x13sandboxd.sandbox.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x01\n" +
+	"\x1fsandboxd/sandbox/v1/state.proto\x12\x13sandboxd.sandbox.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"<\n" +
+	"\x1bWatchSandboxProgressRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x9e\x02\n" +
+	"\x1cWatchSandboxProgressResponse\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x125\n" +
+	"\x05phase\x18\x03 \x01(\x0e2\x1f.sandboxd.sandbox.v1.StartPhaseR\x05phase\x12\x1f\n" +
+	"\vwaiting_for\x18\x04 \x01(\tR\n" +
+	"waitingFor\x12;\n" +
+	"\vphase_since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"phaseSince\x124\n" +
+	"\x05pulls\x18\x06 \x03(\v2\x1e.sandboxd.sandbox.v1.ImagePullR\x05pulls\"\xe1\x01\n" +
+	"\tImagePull\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x1f\n" +
+	"\vlayers_done\x18\x02 \x01(\x05R\n" +
+	"layersDone\x12!\n" +
+	"\flayers_total\x18\x03 \x01(\x05R\vlayersTotal\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x04 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x05 \x01(\x03R\n" +
+	"bytesTotal\x12:\n" +
+	"\x06layers\x18\x06 \x03(\v2\".sandboxd.sandbox.v1.LayerProgressR\x06layers\"\x83\x01\n" +
+	"\rLayerProgress\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x02 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x03 \x01(\x03R\n" +
+	"bytesTotal\x12\x1a\n" +
+	"\bcomplete\x18\x04 \x01(\bR\bcomplete\"\xb2\x01\n" +
 	"\x13PauseSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x120\n" +
@@ -813,12 +1206,23 @@ const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"\x06change\"\x89\x01\n" +
 	"\x1dUpdateSandboxLifetimeResponse\x126\n" +
 	"\bdeadline\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x120\n" +
-	"\x14max_lifetime_seconds\x18\x02 \x01(\x03R\x12maxLifetimeSeconds2\x85\x05\n" +
+	"\x14max_lifetime_seconds\x18\x02 \x01(\x03R\x12maxLifetimeSeconds*\x85\x02\n" +
+	"\n" +
+	"StartPhase\x12\x1b\n" +
+	"\x17START_PHASE_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dSTART_PHASE_RESTORING_VOLUMES\x10\x01\x12\x1d\n" +
+	"\x19START_PHASE_PULLING_IMAGE\x10\x02\x12\"\n" +
+	"\x1eSTART_PHASE_STARTING_CONTAINER\x10\x03\x12 \n" +
+	"\x1cSTART_PHASE_STARTING_COMMAND\x10\x04\x12\x17\n" +
+	"\x13START_PHASE_RUNNING\x10\x05\x12\x15\n" +
+	"\x11START_PHASE_ENDED\x10\x06\x12\"\n" +
+	"\x1eSTART_PHASE_WAITING_FOR_RUNNER\x10\a2\x84\x06\n" +
 	"\x13SandboxStateService\x12\xb4\x01\n" +
 	"\x15UpdateSandboxLifetime\x121.sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest\x1a2.sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse\"4\x82\xd3\xe4\x93\x02.:\x01*\")/v1/sandboxes/{sandbox_id}:updateLifetime\x12\x90\x01\n" +
 	"\fPauseSandbox\x12(.sandboxd.sandbox.v1.PauseSandboxRequest\x1a).sandboxd.sandbox.v1.PauseSandboxResponse\"+\x82\xd3\xe4\x93\x02%:\x01*\" /v1/sandboxes/{sandbox_id}:pause\x12\x94\x01\n" +
 	"\rResumeSandbox\x12).sandboxd.sandbox.v1.ResumeSandboxRequest\x1a*.sandboxd.sandbox.v1.ResumeSandboxResponse\",\x82\xd3\xe4\x93\x02&:\x01*\"!/v1/sandboxes/{sandbox_id}:resume\x12\x8c\x01\n" +
-	"\vForkSandbox\x12'.sandboxd.sandbox.v1.ForkSandboxRequest\x1a(.sandboxd.sandbox.v1.ForkSandboxResponse\"*\x82\xd3\xe4\x93\x02$:\x01*\"\x1f/v1/sandboxes/{sandbox_id}:forkB>Z<github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1;statev1b\x06proto3"
+	"\vForkSandbox\x12'.sandboxd.sandbox.v1.ForkSandboxRequest\x1a(.sandboxd.sandbox.v1.ForkSandboxResponse\"*\x82\xd3\xe4\x93\x02$:\x01*\"\x1f/v1/sandboxes/{sandbox_id}:fork\x12}\n" +
+	"\x14WatchSandboxProgress\x120.sandboxd.sandbox.v1.WatchSandboxProgressRequest\x1a1.sandboxd.sandbox.v1.WatchSandboxProgressResponse0\x01B>Z<github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1;statev1b\x06proto3"
 
 var (
 	file_sandboxd_sandbox_v1_state_proto_rawDescOnce sync.Once
@@ -832,41 +1236,53 @@ func file_sandboxd_sandbox_v1_state_proto_rawDescGZIP() []byte {
 	return file_sandboxd_sandbox_v1_state_proto_rawDescData
 }
 
-var file_sandboxd_sandbox_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_sandboxd_sandbox_v1_state_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_sandboxd_sandbox_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_sandboxd_sandbox_v1_state_proto_goTypes = []any{
-	(*PauseSandboxRequest)(nil),           // 0: sandboxd.sandbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),          // 1: sandboxd.sandbox.v1.PauseSandboxResponse
-	(*PauseStatus)(nil),                   // 2: sandboxd.sandbox.v1.PauseStatus
-	(*ResumeSandboxRequest)(nil),          // 3: sandboxd.sandbox.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),         // 4: sandboxd.sandbox.v1.ResumeSandboxResponse
-	(*ForkSandboxRequest)(nil),            // 5: sandboxd.sandbox.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),           // 6: sandboxd.sandbox.v1.ForkSandboxResponse
-	(*Fork)(nil),                          // 7: sandboxd.sandbox.v1.Fork
-	(*ForkError)(nil),                     // 8: sandboxd.sandbox.v1.ForkError
-	(*UpdateSandboxLifetimeRequest)(nil),  // 9: sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
-	(*UpdateSandboxLifetimeResponse)(nil), // 10: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
-	(*timestamppb.Timestamp)(nil),         // 11: google.protobuf.Timestamp
+	(StartPhase)(0),                       // 0: sandboxd.sandbox.v1.StartPhase
+	(*WatchSandboxProgressRequest)(nil),   // 1: sandboxd.sandbox.v1.WatchSandboxProgressRequest
+	(*WatchSandboxProgressResponse)(nil),  // 2: sandboxd.sandbox.v1.WatchSandboxProgressResponse
+	(*ImagePull)(nil),                     // 3: sandboxd.sandbox.v1.ImagePull
+	(*LayerProgress)(nil),                 // 4: sandboxd.sandbox.v1.LayerProgress
+	(*PauseSandboxRequest)(nil),           // 5: sandboxd.sandbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),          // 6: sandboxd.sandbox.v1.PauseSandboxResponse
+	(*PauseStatus)(nil),                   // 7: sandboxd.sandbox.v1.PauseStatus
+	(*ResumeSandboxRequest)(nil),          // 8: sandboxd.sandbox.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),         // 9: sandboxd.sandbox.v1.ResumeSandboxResponse
+	(*ForkSandboxRequest)(nil),            // 10: sandboxd.sandbox.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),           // 11: sandboxd.sandbox.v1.ForkSandboxResponse
+	(*Fork)(nil),                          // 12: sandboxd.sandbox.v1.Fork
+	(*ForkError)(nil),                     // 13: sandboxd.sandbox.v1.ForkError
+	(*UpdateSandboxLifetimeRequest)(nil),  // 14: sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
+	(*UpdateSandboxLifetimeResponse)(nil), // 15: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
+	(*timestamppb.Timestamp)(nil),         // 16: google.protobuf.Timestamp
 }
 var file_sandboxd_sandbox_v1_state_proto_depIdxs = []int32{
-	2,  // 0: sandboxd.sandbox.v1.PauseSandboxResponse.status:type_name -> sandboxd.sandbox.v1.PauseStatus
-	11, // 1: sandboxd.sandbox.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	11, // 2: sandboxd.sandbox.v1.ResumeSandboxResponse.deadline:type_name -> google.protobuf.Timestamp
-	7,  // 3: sandboxd.sandbox.v1.ForkSandboxResponse.forks:type_name -> sandboxd.sandbox.v1.Fork
-	8,  // 4: sandboxd.sandbox.v1.Fork.error:type_name -> sandboxd.sandbox.v1.ForkError
-	11, // 5: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse.deadline:type_name -> google.protobuf.Timestamp
-	9,  // 6: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:input_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
-	0,  // 7: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:input_type -> sandboxd.sandbox.v1.PauseSandboxRequest
-	3,  // 8: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:input_type -> sandboxd.sandbox.v1.ResumeSandboxRequest
-	5,  // 9: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:input_type -> sandboxd.sandbox.v1.ForkSandboxRequest
-	10, // 10: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:output_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
-	1,  // 11: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:output_type -> sandboxd.sandbox.v1.PauseSandboxResponse
-	4,  // 12: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:output_type -> sandboxd.sandbox.v1.ResumeSandboxResponse
-	6,  // 13: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:output_type -> sandboxd.sandbox.v1.ForkSandboxResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	0,  // 0: sandboxd.sandbox.v1.WatchSandboxProgressResponse.phase:type_name -> sandboxd.sandbox.v1.StartPhase
+	16, // 1: sandboxd.sandbox.v1.WatchSandboxProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
+	3,  // 2: sandboxd.sandbox.v1.WatchSandboxProgressResponse.pulls:type_name -> sandboxd.sandbox.v1.ImagePull
+	4,  // 3: sandboxd.sandbox.v1.ImagePull.layers:type_name -> sandboxd.sandbox.v1.LayerProgress
+	7,  // 4: sandboxd.sandbox.v1.PauseSandboxResponse.status:type_name -> sandboxd.sandbox.v1.PauseStatus
+	16, // 5: sandboxd.sandbox.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	16, // 6: sandboxd.sandbox.v1.ResumeSandboxResponse.deadline:type_name -> google.protobuf.Timestamp
+	12, // 7: sandboxd.sandbox.v1.ForkSandboxResponse.forks:type_name -> sandboxd.sandbox.v1.Fork
+	13, // 8: sandboxd.sandbox.v1.Fork.error:type_name -> sandboxd.sandbox.v1.ForkError
+	16, // 9: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse.deadline:type_name -> google.protobuf.Timestamp
+	14, // 10: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:input_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
+	5,  // 11: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:input_type -> sandboxd.sandbox.v1.PauseSandboxRequest
+	8,  // 12: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:input_type -> sandboxd.sandbox.v1.ResumeSandboxRequest
+	10, // 13: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:input_type -> sandboxd.sandbox.v1.ForkSandboxRequest
+	1,  // 14: sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress:input_type -> sandboxd.sandbox.v1.WatchSandboxProgressRequest
+	15, // 15: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:output_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
+	6,  // 16: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:output_type -> sandboxd.sandbox.v1.PauseSandboxResponse
+	9,  // 17: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:output_type -> sandboxd.sandbox.v1.ResumeSandboxResponse
+	11, // 18: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:output_type -> sandboxd.sandbox.v1.ForkSandboxResponse
+	2,  // 19: sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress:output_type -> sandboxd.sandbox.v1.WatchSandboxProgressResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_sandbox_v1_state_proto_init() }
@@ -874,8 +1290,8 @@ func file_sandboxd_sandbox_v1_state_proto_init() {
 	if File_sandboxd_sandbox_v1_state_proto != nil {
 		return
 	}
-	file_sandboxd_sandbox_v1_state_proto_msgTypes[0].OneofWrappers = []any{}
-	file_sandboxd_sandbox_v1_state_proto_msgTypes[9].OneofWrappers = []any{
+	file_sandboxd_sandbox_v1_state_proto_msgTypes[4].OneofWrappers = []any{}
+	file_sandboxd_sandbox_v1_state_proto_msgTypes[13].OneofWrappers = []any{
 		(*UpdateSandboxLifetimeRequest_MaxLifetimeSeconds)(nil),
 		(*UpdateSandboxLifetimeRequest_ExtendBySeconds)(nil),
 	}
@@ -884,13 +1300,14 @@ func file_sandboxd_sandbox_v1_state_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_sandbox_v1_state_proto_rawDesc), len(file_sandboxd_sandbox_v1_state_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   11,
+			NumEnums:      1,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_sandboxd_sandbox_v1_state_proto_goTypes,
 		DependencyIndexes: file_sandboxd_sandbox_v1_state_proto_depIdxs,
+		EnumInfos:         file_sandboxd_sandbox_v1_state_proto_enumTypes,
 		MessageInfos:      file_sandboxd_sandbox_v1_state_proto_msgTypes,
 	}.Build()
 	File_sandboxd_sandbox_v1_state_proto = out.File

@@ -97,6 +97,9 @@ const (
 	// RunnerServiceDeleteVolumeProcedure is the fully-qualified name of the RunnerService's
 	// DeleteVolume RPC.
 	RunnerServiceDeleteVolumeProcedure = "/sandboxd.runner.v1.RunnerService/DeleteVolume"
+	// RunnerServiceWatchProgressProcedure is the fully-qualified name of the RunnerService's
+	// WatchProgress RPC.
+	RunnerServiceWatchProgressProcedure = "/sandboxd.runner.v1.RunnerService/WatchProgress"
 )
 
 // RunnerServiceClient is a client for the sandboxd.runner.v1.RunnerService service.
@@ -187,6 +190,10 @@ type RunnerServiceClient interface {
 	// Errors: FAILED_PRECONDITION CWSANDBOX_VOLUME_IN_USE while live sandboxes of the runner
 	// mount it, unless force.
 	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
+	// WatchProgress streams a sandbox's start: at once, then at each change (at most four
+	// messages a second), until the sandbox no longer starts (the last message has its
+	// new state) or 15 minutes have passed. Errors: NOT_FOUND.
+	WatchProgress(context.Context, *connect.Request[v1.WatchProgressRequest]) (*connect.ServerStreamForClient[v1.WatchProgressResponse], error)
 }
 
 // NewRunnerServiceClient constructs a client for the sandboxd.runner.v1.RunnerService service. By
@@ -314,6 +321,12 @@ func NewRunnerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(runnerServiceMethods.ByName("DeleteVolume")),
 			connect.WithClientOptions(opts...),
 		),
+		watchProgress: connect.NewClient[v1.WatchProgressRequest, v1.WatchProgressResponse](
+			httpClient,
+			baseURL+RunnerServiceWatchProgressProcedure,
+			connect.WithSchema(runnerServiceMethods.ByName("WatchProgress")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -338,6 +351,7 @@ type runnerServiceClient struct {
 	build            *connect.Client[v1.BuildRequest, v1.BuildResponse]
 	ensureVolume     *connect.Client[v1.EnsureVolumeRequest, v1.EnsureVolumeResponse]
 	deleteVolume     *connect.Client[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse]
+	watchProgress    *connect.Client[v1.WatchProgressRequest, v1.WatchProgressResponse]
 }
 
 // Create calls sandboxd.runner.v1.RunnerService.Create.
@@ -435,6 +449,11 @@ func (c *runnerServiceClient) DeleteVolume(ctx context.Context, req *connect.Req
 	return c.deleteVolume.CallUnary(ctx, req)
 }
 
+// WatchProgress calls sandboxd.runner.v1.RunnerService.WatchProgress.
+func (c *runnerServiceClient) WatchProgress(ctx context.Context, req *connect.Request[v1.WatchProgressRequest]) (*connect.ServerStreamForClient[v1.WatchProgressResponse], error) {
+	return c.watchProgress.CallServerStream(ctx, req)
+}
+
 // RunnerServiceHandler is an implementation of the sandboxd.runner.v1.RunnerService service.
 type RunnerServiceHandler interface {
 	// Create accepts a sandbox and starts it in the background; the sandbox it returns is
@@ -523,6 +542,10 @@ type RunnerServiceHandler interface {
 	// Errors: FAILED_PRECONDITION CWSANDBOX_VOLUME_IN_USE while live sandboxes of the runner
 	// mount it, unless force.
 	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
+	// WatchProgress streams a sandbox's start: at once, then at each change (at most four
+	// messages a second), until the sandbox no longer starts (the last message has its
+	// new state) or 15 minutes have passed. Errors: NOT_FOUND.
+	WatchProgress(context.Context, *connect.Request[v1.WatchProgressRequest], *connect.ServerStream[v1.WatchProgressResponse]) error
 }
 
 // NewRunnerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -646,6 +669,12 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(runnerServiceMethods.ByName("DeleteVolume")),
 		connect.WithHandlerOptions(opts...),
 	)
+	runnerServiceWatchProgressHandler := connect.NewServerStreamHandler(
+		RunnerServiceWatchProgressProcedure,
+		svc.WatchProgress,
+		connect.WithSchema(runnerServiceMethods.ByName("WatchProgress")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.runner.v1.RunnerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RunnerServiceCreateProcedure:
@@ -686,6 +715,8 @@ func NewRunnerServiceHandler(svc RunnerServiceHandler, opts ...connect.HandlerOp
 			runnerServiceEnsureVolumeHandler.ServeHTTP(w, r)
 		case RunnerServiceDeleteVolumeProcedure:
 			runnerServiceDeleteVolumeHandler.ServeHTTP(w, r)
+		case RunnerServiceWatchProgressProcedure:
+			runnerServiceWatchProgressHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -769,4 +800,8 @@ func (UnimplementedRunnerServiceHandler) EnsureVolume(context.Context, *connect.
 
 func (UnimplementedRunnerServiceHandler) DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.DeleteVolume is not implemented"))
+}
+
+func (UnimplementedRunnerServiceHandler) WatchProgress(context.Context, *connect.Request[v1.WatchProgressRequest], *connect.ServerStream[v1.WatchProgressResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.runner.v1.RunnerService.WatchProgress is not implemented"))
 }

@@ -45,6 +45,9 @@ const (
 	// SandboxStateServiceForkSandboxProcedure is the fully-qualified name of the SandboxStateService's
 	// ForkSandbox RPC.
 	SandboxStateServiceForkSandboxProcedure = "/sandboxd.sandbox.v1.SandboxStateService/ForkSandbox"
+	// SandboxStateServiceWatchSandboxProgressProcedure is the fully-qualified name of the
+	// SandboxStateService's WatchSandboxProgress RPC.
+	SandboxStateServiceWatchSandboxProgressProcedure = "/sandboxd.sandbox.v1.SandboxStateService/WatchSandboxProgress"
 )
 
 // SandboxStateServiceClient is a client for the sandboxd.sandbox.v1.SandboxStateService service.
@@ -85,6 +88,15 @@ type SandboxStateServiceClient interface {
 	// request returns the same forks). Each fork is created in the caller's organization
 	// with the source's spec; the ones that failed are listed with their error.
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
+	// WatchSandboxProgress streams what a sandbox's start is doing: its state, the phase it
+	// is in with what it waits for (e.g. "pulling image", "starting container") and its
+	// image pulls per layer (bytes done of total). The first message comes at once, then
+	// one per change, at most four a second; the stream ends after the message in which
+	// the sandbox no longer starts (RUNNING, or ended), or after 15 minutes (watch again).
+	// Over gRPC, gRPC-Web and Connect (no REST binding). Errors: NOT_FOUND
+	// CWSANDBOX_SANDBOX_NOT_FOUND (also another organization's sandbox), UNAVAILABLE
+	// CWSANDBOX_RUNNER_UNAVAILABLE.
+	WatchSandboxProgress(context.Context, *connect.Request[v1.WatchSandboxProgressRequest]) (*connect.ServerStreamForClient[v1.WatchSandboxProgressResponse], error)
 }
 
 // NewSandboxStateServiceClient constructs a client for the sandboxd.sandbox.v1.SandboxStateService
@@ -122,6 +134,12 @@ func NewSandboxStateServiceClient(httpClient connect.HTTPClient, baseURL string,
 			connect.WithSchema(sandboxStateServiceMethods.ByName("ForkSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		watchSandboxProgress: connect.NewClient[v1.WatchSandboxProgressRequest, v1.WatchSandboxProgressResponse](
+			httpClient,
+			baseURL+SandboxStateServiceWatchSandboxProgressProcedure,
+			connect.WithSchema(sandboxStateServiceMethods.ByName("WatchSandboxProgress")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -131,6 +149,7 @@ type sandboxStateServiceClient struct {
 	pauseSandbox          *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
 	resumeSandbox         *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
 	forkSandbox           *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
+	watchSandboxProgress  *connect.Client[v1.WatchSandboxProgressRequest, v1.WatchSandboxProgressResponse]
 }
 
 // UpdateSandboxLifetime calls sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime.
@@ -151,6 +170,11 @@ func (c *sandboxStateServiceClient) ResumeSandbox(ctx context.Context, req *conn
 // ForkSandbox calls sandboxd.sandbox.v1.SandboxStateService.ForkSandbox.
 func (c *sandboxStateServiceClient) ForkSandbox(ctx context.Context, req *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
 	return c.forkSandbox.CallUnary(ctx, req)
+}
+
+// WatchSandboxProgress calls sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress.
+func (c *sandboxStateServiceClient) WatchSandboxProgress(ctx context.Context, req *connect.Request[v1.WatchSandboxProgressRequest]) (*connect.ServerStreamForClient[v1.WatchSandboxProgressResponse], error) {
+	return c.watchSandboxProgress.CallServerStream(ctx, req)
 }
 
 // SandboxStateServiceHandler is an implementation of the sandboxd.sandbox.v1.SandboxStateService
@@ -192,6 +216,15 @@ type SandboxStateServiceHandler interface {
 	// request returns the same forks). Each fork is created in the caller's organization
 	// with the source's spec; the ones that failed are listed with their error.
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
+	// WatchSandboxProgress streams what a sandbox's start is doing: its state, the phase it
+	// is in with what it waits for (e.g. "pulling image", "starting container") and its
+	// image pulls per layer (bytes done of total). The first message comes at once, then
+	// one per change, at most four a second; the stream ends after the message in which
+	// the sandbox no longer starts (RUNNING, or ended), or after 15 minutes (watch again).
+	// Over gRPC, gRPC-Web and Connect (no REST binding). Errors: NOT_FOUND
+	// CWSANDBOX_SANDBOX_NOT_FOUND (also another organization's sandbox), UNAVAILABLE
+	// CWSANDBOX_RUNNER_UNAVAILABLE.
+	WatchSandboxProgress(context.Context, *connect.Request[v1.WatchSandboxProgressRequest], *connect.ServerStream[v1.WatchSandboxProgressResponse]) error
 }
 
 // NewSandboxStateServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -225,6 +258,12 @@ func NewSandboxStateServiceHandler(svc SandboxStateServiceHandler, opts ...conne
 		connect.WithSchema(sandboxStateServiceMethods.ByName("ForkSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxStateServiceWatchSandboxProgressHandler := connect.NewServerStreamHandler(
+		SandboxStateServiceWatchSandboxProgressProcedure,
+		svc.WatchSandboxProgress,
+		connect.WithSchema(sandboxStateServiceMethods.ByName("WatchSandboxProgress")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.sandbox.v1.SandboxStateService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxStateServiceUpdateSandboxLifetimeProcedure:
@@ -235,6 +274,8 @@ func NewSandboxStateServiceHandler(svc SandboxStateServiceHandler, opts ...conne
 			sandboxStateServiceResumeSandboxHandler.ServeHTTP(w, r)
 		case SandboxStateServiceForkSandboxProcedure:
 			sandboxStateServiceForkSandboxHandler.ServeHTTP(w, r)
+		case SandboxStateServiceWatchSandboxProgressProcedure:
+			sandboxStateServiceWatchSandboxProgressHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -258,4 +299,8 @@ func (UnimplementedSandboxStateServiceHandler) ResumeSandbox(context.Context, *c
 
 func (UnimplementedSandboxStateServiceHandler) ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.sandbox.v1.SandboxStateService.ForkSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxStateServiceHandler) WatchSandboxProgress(context.Context, *connect.Request[v1.WatchSandboxProgressRequest], *connect.ServerStream[v1.WatchSandboxProgressResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress is not implemented"))
 }

@@ -1,0 +1,73 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/progress"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// WatchSandboxProgress implements sandboxd.sandbox.v1.SandboxStateService: it relays the
+// start progress of the caller's sandbox from its runner (runner.ProgressHandle), which
+// bounds it (at most four messages a second, progress.MaxPulls pulls of
+// progress.MaxLayers layers). Another organization's sandbox is NOT_FOUND, as
+// everywhere; a runner that reports no progress, or no longer knows the sandbox, gives
+// one message from the sandbox's state.
+func (s *Server) WatchSandboxProgress(ctx context.Context, req *connect.Request[statev1.WatchSandboxProgressRequest], stream *connect.ServerStream[statev1.WatchSandboxProgressResponse]) error {
+	rec, r, err := s.lookup(ctx, req.Msg.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	sent := false
+	if ph, ok := r.(runner.ProgressHandle); ok {
+		err := ph.WatchProgress(ctx, rec.id, func(p runner.StartProgress) error {
+			sent = true
+			return stream.Send(progressToWire(rec.id, p))
+		})
+		switch {
+		case err == nil:
+			return nil
+		case sent || !errors.Is(err, runtime.ErrNotFound):
+			return runner.APIError(rec.id, err, "")
+		}
+	}
+	sb := s.current(ctx, rec, r)
+	return stream.Send(progressToWire(rec.id, runner.StartProgress{State: sb.State, Snapshot: progress.Snapshot{Phase: phaseOf(sb.State)}}))
+}
+
+// phaseOf is the phase a sandbox in state st is in, as far as its state tells.
+func phaseOf(st runner.State) progress.Phase {
+	switch st {
+	case runner.StatePending:
+		return progress.PhaseWaitingForRunner
+	case runner.StateCreating:
+		return progress.PhaseStartingContainer
+	case runner.StateRunning, runner.StatePaused:
+		return progress.PhaseRunning
+	}
+	return progress.PhaseEnded
+}
+
+func progressToWire(id string, p runner.StartProgress) *statev1.WatchSandboxProgressResponse {
+	m := &statev1.WatchSandboxProgressResponse{SandboxId: id, State: sandboxv1.State(p.State).String(),
+		Phase: statev1.StartPhase(p.Phase), WaitingFor: p.Phase.Waiting()}
+	if !p.Since.IsZero() {
+		m.PhaseSince = timestamppb.New(p.Since)
+	}
+	for _, pl := range p.Pulls {
+		ip := &statev1.ImagePull{Image: pl.Image, LayersDone: int32(pl.LayersDone), LayersTotal: int32(pl.LayersTotal),
+			BytesDone: pl.BytesDone, BytesTotal: pl.BytesTotal}
+		for _, l := range pl.Layers {
+			ip.Layers = append(ip.Layers, &statev1.LayerProgress{Digest: l.Digest, BytesDone: l.Done, BytesTotal: l.Total, Complete: l.Complete})
+		}
+		m.Pulls = append(m.Pulls, ip)
+	}
+	return m
+}
