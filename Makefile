@@ -91,7 +91,7 @@ pysdk-test: pydeps
 test-short:
 	$(GO) test -short -count=1 ./...
 
-bench: build images runsc pydeps
+bench: build images runsc pydeps jaeger
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
 
 # Every benchmark once, so that none rots unnoticed: those of bench/ and every Benchmark
@@ -99,7 +99,7 @@ bench: build images runsc pydeps
 # comparison measured briefly. Part of `make test`; its figures mean nothing (`make
 # bench` measures). test/k8s's runs in `make k8s-test`.
 BENCH_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^func Benchmark' bench internal)))
-bench-smoke: build images runsc pydeps
+bench-smoke: build images runsc pydeps jaeger
 	EDGE_BENCH_DURATION=200ms $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(addprefix ./,$(BENCH_PKGS))
 
 # Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.

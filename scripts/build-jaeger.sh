@@ -8,7 +8,8 @@
 # back from its query API. An existing binary is kept (no rebuild); flock makes a second build
 # wait and then find it. Built in place with the module's own go.mod and go.sum
 # (scripts/lib/go-build-module.sh), as Jaeger's go.mod pins its own dependency graph.
-# Cold: about 4.5 min on 2 cores (85 MB); instant when cached.
+# Cold: ~4.5 min on 2 cores idle, 31 min under a load of ~20 (2026-12-05; 81 MB); instant
+# when cached.
 # Environment: SANDBOXD_CACHE, SANDBOXD_JAEGER_VERSION, GO.
 set -euo pipefail
 VERSION="${SANDBOXD_JAEGER_VERSION:-v1.75.0}"

@@ -173,8 +173,9 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (shutdown func(conte
 		sdktrace.WithBatcher(exp, batch...),
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SampleRatio))),
-		// Bounds per span: the SDK's defaults, stated (no span of ours comes near them).
-		sdktrace.WithSpanLimits(sdktrace.SpanLimits{
+		// Bounds per span (every one given: a raw limit of 0 allows none). No span of ours
+		// comes near them.
+		sdktrace.WithRawSpanLimits(sdktrace.SpanLimits{
 			AttributeValueLengthLimit: 256, AttributeCountLimit: 32, EventCountLimit: 32,
 			LinkCountLimit: 4, AttributePerEventCountLimit: 8, AttributePerLinkCountLimit: 8,
 		}),

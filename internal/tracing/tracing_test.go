@@ -181,8 +181,8 @@ func TestOneTraceAcrossHops(t *testing.T) {
 			clients = append(clients, s)
 		}
 		for _, a := range s.Attributes() {
-			if strings.Contains(a.Value.Emit(), "secret") || strings.Contains(a.Value.Emit(), "echo") {
-				t.Errorf("span %s carries %s=%s", s.Name(), a.Key, a.Value.Emit())
+			if strings.Contains(a.Value.String(), "secret") || strings.Contains(a.Value.String(), "echo") {
+				t.Errorf("span %s carries %s=%s", s.Name(), a.Key, a.Value.String())
 			}
 		}
 	}
