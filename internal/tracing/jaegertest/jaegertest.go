@@ -15,7 +15,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,15 +42,51 @@ func Bin() (string, error) {
 	return b, nil
 }
 
-// Need returns the binary's path, or skips t (fails it with RequireEnv=1).
+// Need returns the binary's path, or skips t. With RequireEnv=1 an absent binary is
+// built first (scripts/build-jaeger.sh, which waits for a build under way — CI starts
+// one in the background — and then finds it cached), and a failed build fails t: so
+// `make test` need not wait for Jaeger before any test runs, only this one does.
 func Need(t testing.TB) string {
 	t.Helper()
 	b, err := Bin()
-	if err != nil {
-		if os.Getenv(RequireEnv) == "1" {
+	if err != nil && os.Getenv(RequireEnv) == "1" {
+		b, err = build()
+		if err != nil {
 			t.Fatalf("%v (%s=1 requires it)", err, RequireEnv)
 		}
+	}
+	if err != nil {
 		t.Skip(err)
+	}
+	return b
+}
+
+// buildMu makes the tests of one process wait for one build.
+var buildMu sync.Mutex
+
+// build runs scripts/build-jaeger.sh (found beside this source file) and returns Bin.
+func build() (string, error) {
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if b, err := Bin(); err == nil {
+		return b, nil
+	}
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("jaegertest: cannot find the repository's scripts")
+	}
+	script := filepath.Join(filepath.Dir(self), "..", "..", "..", "scripts", "build-jaeger.sh")
+	out, err := exec.Command("bash", script).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("jaegertest: %s: %w\n%s", script, err, tail(out, 2048))
+	}
+	return Bin()
+}
+
+// tail is the last n bytes of b.
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
 	}
 	return b
 }
