@@ -19,14 +19,18 @@ import (
 // bounds it (at most four messages a second, progress.MaxPulls pulls of
 // progress.MaxLayers layers). Another organization's sandbox is NOT_FOUND, as
 // everywhere; a runner that reports no progress, or no longer knows the sandbox, gives
-// one message from the sandbox's state.
+// one message from the sandbox's state. So does a watch beyond MaxProgressWatches on
+// this gateway or MaxProgressWatchesPerOrg of the caller's organization: each open watch
+// holds a stream to the runner, and a caller controls how many it opens.
 func (s *Server) WatchSandboxProgress(ctx context.Context, req *connect.Request[statev1.WatchSandboxProgressRequest], stream *connect.ServerStream[statev1.WatchSandboxProgressResponse]) error {
 	rec, r, err := s.lookup(ctx, req.Msg.GetSandboxId())
 	if err != nil {
 		return err
 	}
 	sent := false
-	if ph, ok := r.(runner.ProgressHandle); ok {
+	org := principal(ctx).Org
+	if ph, ok := r.(runner.ProgressHandle); ok && s.progressWatch.acquire(org) {
+		defer s.progressWatch.release(org)
 		err := ph.WatchProgress(ctx, rec.id, func(p runner.StartProgress) error {
 			sent = true
 			return stream.Send(progressToWire(rec.id, p))
@@ -41,6 +45,13 @@ func (s *Server) WatchSandboxProgress(ctx context.Context, req *connect.Request[
 	sb := s.current(ctx, rec, r)
 	return stream.Send(progressToWire(rec.id, runner.StartProgress{State: sb.State, Snapshot: progress.Snapshot{Phase: phaseOf(sb.State)}}))
 }
+
+// The bounds of the WatchSandboxProgress streams open at once, on a gateway and per
+// organization; a watch beyond them gets one message from the sandbox's state.
+const (
+	MaxProgressWatches       = 1024
+	MaxProgressWatchesPerOrg = 64
+)
 
 // phaseOf is the phase a sandbox in state st is in, as far as its state tells.
 func phaseOf(st runner.State) progress.Phase {

@@ -72,6 +72,9 @@ func TestWatchSandboxProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
+	// One open watch per organization (MaxProgressWatchesPerOrg, made small): a second
+	// watch of acme's gets the state alone and ends, holding nothing.
+	s.progressWatch = newStartWaiters(StartWaitOptions{MaxWaiters: 8, MaxWaitersPerOrg: 1})
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	sc := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL)
@@ -142,6 +145,17 @@ func TestWatchSandboxProgress(t *testing.T) {
 			if l := p.GetLayers()[1]; l.GetDigest() != "fedcba987654" || l.GetBytesDone() != 50 || l.GetBytesTotal() != 400 || l.GetComplete() {
 				t.Errorf("layer %v", l)
 			}
+			// The first watch holds acme's one place: a second one beyond the cap gets
+			// one message from the state, without the runner's progress, and ends.
+			st2 := watch(acme, id)
+			var got []*statev1.WatchSandboxProgressResponse
+			for st2.Receive() {
+				got = append(got, st2.Msg())
+			}
+			if st2.Err() != nil || len(got) != 1 || got[0].GetState() != "STATE_CREATING" || len(got[0].GetPulls()) != 0 {
+				t.Errorf("a watch beyond the organization's cap: %v, %v; want one CREATING message without pulls", got, st2.Err())
+			}
+			_ = st2.Close()
 			released = true
 			close(release)
 		}
@@ -153,6 +167,11 @@ func TestWatchSandboxProgress(t *testing.T) {
 		close(release)
 		t.Fatalf("no pull seen in %v", msgs)
 	}
+	s.progressWatch.mu.Lock()
+	if n := s.progressWatch.total; n != 0 {
+		t.Errorf("%d watches still counted after they ended", n)
+	}
+	s.progressWatch.mu.Unlock()
 	last := msgs[len(msgs)-1]
 	if last.GetState() != "STATE_RUNNING" || last.GetPhase() != statev1.StartPhase_START_PHASE_RUNNING || last.GetWaitingFor() != "" {
 		t.Errorf("last update %v, want RUNNING", last)

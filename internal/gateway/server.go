@@ -221,6 +221,8 @@ type Server struct {
 	healthPending healthPending
 	// startWait: see Config.StartWait.
 	startWait *startWaiters
+	// progressWatch bounds the WatchSandboxProgress streams open at once (progress.go).
+	progressWatch *startWaiters
 }
 
 // New returns a Server.
@@ -279,6 +281,7 @@ func New(cfg Config) (*Server, error) {
 	s.secrets = cfg.Secrets.withDefaults()
 	s.orphanGrace = cfg.OrphanGrace
 	s.startWait = newStartWaiters(cfg.StartWait)
+	s.progressWatch = newStartWaiters(StartWaitOptions{MaxWaiters: MaxProgressWatches, MaxWaitersPerOrg: MaxProgressWatchesPerOrg})
 	if cfg.Audit.Config.Retention == 0 {
 		cfg.Audit.Config.Retention = audit.DefaultRetention
 	}
