@@ -21,6 +21,9 @@ const (
 	// startWaitYoung: only a sandbox created less than this long ago is waited for (an
 	// image pull of minutes is polled as before).
 	startWaitYoung = 30 * time.Second
+	// startWaitSlack is how much longer than its wait an AwaitStart call to the runner may
+	// take (the round trip) before the gateway answers without it.
+	startWaitSlack = time.Second
 )
 
 // StartWaitOptions configure how a GetSandbox of a young sandbox that is still CREATING
@@ -121,7 +124,11 @@ func (s *Server) awaitStart(ctx context.Context, org string, rec *record, r runn
 		return sb
 	}
 	defer s.startWait.release(org)
-	got, err := ah.AwaitStart(ctx, rec.id, wait)
+	// The runner caps its wait, but an unreachable runner would hold the call (and its
+	// place) until the caller's deadline: the call is bounded here too.
+	actx, cancel := context.WithTimeout(ctx, wait+startWaitSlack)
+	defer cancel()
+	got, err := ah.AwaitStart(actx, rec.id, wait)
 	if err != nil || got.Reason == runner.ReasonMoved {
 		return sb // answered as before the wait; the next poll finds out
 	}

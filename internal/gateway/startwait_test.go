@@ -100,6 +100,8 @@ func TestGetSandboxWaitBounded(t *testing.T) {
 		res, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
 		if err != nil {
 			t.Error(err)
+			first <- sandboxv1.State_STATE_UNSPECIFIED
+			return
 		}
 		first <- res.Msg.GetStatus().GetState()
 	}()

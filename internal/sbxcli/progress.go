@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/textclip"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
 )
 
@@ -48,8 +50,16 @@ type startView struct {
 
 func newStartView(w io.Writer, tty bool, id, image string, now func() time.Time) *startView {
 	t := now()
-	return &startView{w: w, tty: tty, id: id, image: image, now: now, start: t, phaseStart: t, state: sandbox.StateCreating}
+	return &startView{w: w, tty: tty, id: shown(id), image: shown(image), now: now, start: t, phaseStart: t, state: sandbox.StateCreating}
 }
+
+// shown is text the server sent (an ID, an image name, what a phase waits for) as it
+// may reach the terminal: bounded, and quoted and escaped when it holds anything not
+// printable (a control sequence would otherwise drive the terminal).
+func shown(s string) string { return cell(textclip.Clip(s, maxShown)) }
+
+// maxShown bounds one server-sent string on the progress line.
+const maxShown = 256
 
 // setState takes a state from polling (a server without progress, or before its first
 // update).
@@ -64,6 +74,11 @@ func (v *startView) setState(st sandbox.State) {
 // update takes a progress update.
 func (v *startView) update(p sandbox.Progress) {
 	now := v.now()
+	p.WaitingFor = shown(p.WaitingFor)
+	p.Pulls = slices.Clone(p.Pulls)
+	for i := range p.Pulls {
+		p.Pulls[i].Image = shown(p.Pulls[i].Image)
+	}
 	v.known, v.state = true, p.State
 	if len(p.Pulls) > 0 {
 		v.pulls = p.Pulls // the last word on a pull comes with the next phase

@@ -162,3 +162,29 @@ func TestSbxRunShowsPull(t *testing.T) {
 		t.Errorf("-o json watched progress")
 	}
 }
+
+// TestStartViewEscapes: what the server sends (the sandbox ID, an image name, what a
+// phase waits for) reaches the terminal escaped, so a hostile server or image name
+// cannot drive it with control sequences.
+func TestStartViewEscapes(t *testing.T) {
+	var buf bytes.Buffer
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	evil := "img\x1b]0;owned\x07\x1b[2J"
+	v := newStartView(&buf, true, "sb-\x1b[31m1", evil, c.now)
+	v.update(sandbox.Progress{State: sandbox.StateCreating, Phase: sandbox.PhasePullingImage, WaitingFor: "pulling\x1b[1A",
+		Pulls: []sandbox.ImagePull{{Image: evil, LayersTotal: 1, BytesTotal: 10}}})
+	c.add(3 * time.Second)
+	v.update(sandbox.Progress{State: sandbox.StateCreating, Phase: sandbox.PhaseStartingContainer, WaitingFor: "starting\x1b[1A" + strings.Repeat("x", 10_000)})
+	v.tick()
+	v.finish()
+	out := strings.ReplaceAll(buf.String(), "\r\033[K", "") // the view's own line clearing
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Errorf("a control character reached the terminal: %q", out)
+	}
+	if !strings.Contains(out, `\x1b]0;owned\a`) {
+		t.Errorf("the image name is not shown escaped: %q", out)
+	}
+	if len(out) > 4096 {
+		t.Errorf("%d bytes written: a server string is not bounded", len(out))
+	}
+}

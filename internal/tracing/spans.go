@@ -126,6 +126,9 @@ func (i interceptor) serverStart(ctx context.Context, procedure string, h http.H
 	if i.kind == kindPublic {
 		opts = append(opts, trace.WithNewRoot())
 		if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+			// The link keeps the caller's trace and span IDs, not its tracestate: text a
+			// caller chose is not stored in the trace backend.
+			sc = sc.WithTraceState(trace.TraceState{})
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("sandboxd.link", "caller")}}))
 		}
 	} else if sc := trace.SpanContextFromContext(remote); sc.IsValid() {

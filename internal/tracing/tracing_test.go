@@ -162,6 +162,7 @@ func TestOneTraceAcrossHops(t *testing.T) {
 	gw, agent, _ := chain(t)
 	req := connect.NewRequest(&agentv1.ExecRequest{Command: []string{"echo", "secret-arg"}})
 	req.Header().Set("traceparent", callerParent)
+	req.Header().Set("tracestate", "vendor=caller-chosen-text")
 	if _, err := gw.Exec(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
@@ -197,6 +198,8 @@ func TestOneTraceAcrossHops(t *testing.T) {
 	}
 	if l := gs.Links(); len(l) != 1 || l[0].SpanContext.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
 		t.Errorf("links %v, want the caller's context", l)
+	} else if ts := l[0].SpanContext.TraceState().String(); ts != "" {
+		t.Errorf("the link keeps the caller's tracestate %q", ts)
 	}
 	for _, c := range []struct {
 		child, parent sdktrace.ReadOnlySpan

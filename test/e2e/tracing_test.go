@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,7 +42,11 @@ func TestTracingJaeger(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const callerTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
-	req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec(busybox(), "sleep", "600")}})
+	// Values a span must never carry: an environment variable's, a command's argument.
+	const envValue, argValue = "trace-env-value-5e1f9a", "trace-arg-value-77c2d0"
+	sp := spec(busybox(), "sh", "-c", "sleep 600 # "+argValue)
+	sp.Containers[0].EnvironmentVariables = map[string]string{"TRACE_TEST": envValue}
+	req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}})
 	req.Header().Set("traceparent", "00-"+callerTrace+"-00f067aa0ba902b7-01")
 	res, err := g.sandboxes.CreateSandbox(ctx, req)
 	if err != nil {
@@ -48,7 +54,7 @@ func TestTracingJaeger(t *testing.T) {
 	}
 	id := res.Msg.GetSandboxId()
 	g.waitState(t, id, sandboxv1.State_STATE_RUNNING)
-	if _, err := g.sandboxes.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"true"}})); err != nil {
+	if _, err := g.sandboxes.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"echo", argValue}})); err != nil {
 		t.Fatalf("exec: %v", err)
 	}
 
@@ -135,5 +141,14 @@ func TestTracingJaeger(t *testing.T) {
 	childOf(ex, agentc, rsrv)
 	if agentc.Tags["span.kind"] != "client" {
 		t.Errorf("the agent hop's span is %v, want a client span", agentc.Tags["span.kind"])
+	}
+	for _, tr := range []jaegertest.Trace{create, ex} {
+		for _, s := range tr.Spans {
+			for k, v := range s.Tags {
+				if str := fmt.Sprint(v); strings.Contains(str, envValue) || strings.Contains(str, argValue) {
+					t.Errorf("span %s carries %s=%q: an environment value or a command argument", s.Operation, k, str)
+				}
+			}
+		}
 	}
 }
