@@ -67,9 +67,10 @@ func (s *Store) beginPull(ctx context.Context, digests []string, sizes []int64) 
 	}
 	p := progress.NewPull(w.image)
 	p.SetLayers(digests, sizes)
+	prev := w.pull // a mirror that failed: this attempt replaces its progress
 	w.pull = p
 	for _, t := range w.trackers {
-		t.AddPull(p)
+		t.ReplacePull(prev, p)
 	}
 	return p
 }

@@ -223,6 +223,22 @@ func (t *Tracker) AddPull(p *Pull) {
 	}
 }
 
+// ReplacePull puts p where old was (a pull that failed over to another source starts
+// again: its bytes are counted anew), or adds p when old is not there.
+func (t *Tracker) ReplacePull(old, p *Pull) {
+	if t == nil || p == nil {
+		return
+	}
+	t.mu.Lock()
+	if i := slices.Index(t.pulls, old); old != nil && i >= 0 {
+		t.pulls[i] = p
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	t.AddPull(p)
+}
+
 // Changed is closed at the next phase change (byte counts are read, not signalled).
 func (t *Tracker) Changed() <-chan struct{} {
 	t.mu.Lock()
