@@ -13,7 +13,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Runner health (internal/health, docs/observability.md): every create this gateway
@@ -21,10 +20,11 @@ import (
 // placed last, then not at all for a cooldown. A create's RPC answer judges it when it
 // fails (the runner unreachable, timed out, an internal error); an accepted create is
 // judged when the gateway next sees the sandbox (index.setLast): RUNNING heals, FAILED
-// for a runner-side reason (BackendError, a StartError that is no invalid spec, an image
-// pull the registry did not answer) counts. The caller's own mistakes (policy, spec,
-// quota, an image not found or unauthorized, the workload's command failing) never
-// count.
+// with BackendError (the runner's runtime failed it) counts. Everything the caller or its
+// sandbox may have caused never counts: policy, spec, quota, start errors the agent
+// reports (working dir, user, command, exec format), image pulls (not found,
+// unauthorized, or a registry unreachable: possibly the caller's own), the workload's
+// command failing.
 
 // maxHealthPending bounds the accepted creates awaiting their outcome.
 const maxHealthPending = 10000
@@ -148,8 +148,10 @@ func (s *Server) observeHealth(rec *record, sb runner.Sandbox) {
 	}
 }
 
-// createOutcome classifies a create's RPC error: the runner gone, timed out or failing
-// internally counts; a refusal (policy, room) or the caller's input does not.
+// createOutcome classifies a create's RPC error: the runner gone (RUNNER_UNAVAILABLE,
+// BACKEND_UNAVAILABLE, a transport UNAVAILABLE), timed out while the caller still waited
+// (DEADLINE_EXCEEDED), or failing internally (INTERNAL, UNKNOWN, DATA_LOSS) counts; a
+// refusal (policy, room), the caller's input or a cancelled caller does not.
 func createOutcome(ctx context.Context, err error) (health.Outcome, string) {
 	if err == nil || ctx.Err() != nil {
 		return health.Ignored, ""
@@ -159,10 +161,13 @@ func createOutcome(ctx context.Context, err error) (health.Outcome, string) {
 	case apierr.RunnerUnavailable, apierr.BackendUnavailable:
 		return health.Failure, reason
 	}
-	if rejectedByRunner(err) {
+	code := connect.CodeOf(err)
+	// A bare UNAVAILABLE (no reason) is the transport's: the runner did not answer. A
+	// runner's own refusals carry a reason.
+	if rejectedByRunner(err) && (reason != "" || code != connect.CodeUnavailable) {
 		return health.Ignored, ""
 	}
-	switch code := connect.CodeOf(err); code {
+	switch code {
 	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeInternal, connect.CodeUnknown, connect.CodeDataLoss:
 		if apierr.Known(reason) {
 			return health.Failure, reason
@@ -173,29 +178,19 @@ func createOutcome(ctx context.Context, err error) (health.Outcome, string) {
 }
 
 // sandboxOutcome judges an accepted create by its sandbox's state: final once it ran
-// (success) or ended. A FAILED sandbox counts against its runner only for a runner-side
-// reason.
+// (success) or ended. A FAILED sandbox counts against its runner only when the runner
+// itself failed it (BackendError). A StartError comes from the agent inside the sandbox
+// (a missing working directory or user, a command not found, an exec format error) and
+// an image pull failure from the caller's image or registry (a registry outage is not
+// the runner's health): neither counts, so tenants cannot quarantine a shared runner with
+// bad specs or an unreachable registry of their own.
 func sandboxOutcome(sb runner.Sandbox) (o health.Outcome, kind string, final bool) {
 	switch {
 	case sb.State == runner.StateRunning || !sb.StartedAt.IsZero():
 		return health.Success, "", true
 	case sb.State == runner.StateFailed:
-		switch sb.Reason {
-		case runner.ReasonBackendError:
+		if sb.Reason == runner.ReasonBackendError {
 			return health.Failure, sb.Reason, true
-		case runner.ReasonStartError:
-			for _, callers := range []error{runtime.ErrInvalidSpec, runtime.ErrUnknownRuntime, runtime.ErrEngineUnsupported, runtime.ErrInvalidImageRef} {
-				if strings.Contains(sb.Message, callers.Error()) {
-					return health.Ignored, "", true
-				}
-			}
-			return health.Failure, sb.Reason, true
-		case runner.ReasonImagePullFailed:
-			// Not found, unauthorized and invalid references are the caller's; a registry
-			// that does not answer may be this runner's network.
-			if strings.Contains(sb.Message, runtime.ErrRegistry.Error()) {
-				return health.Failure, sb.Reason + " (registry unreachable)", true
-			}
 		}
 		return health.Ignored, "", true
 	case sb.State.Terminal() || sb.State == runner.StateTerminating:

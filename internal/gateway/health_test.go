@@ -30,6 +30,8 @@ type failingRunner struct {
 	failing bool
 	async   bool
 	creates int
+	// reason and message of async failures (default: BackendError).
+	reason, message string
 }
 
 func (r *failingRunner) set(failing, async bool) {
@@ -42,14 +44,18 @@ func (r *failingRunner) Create(ctx context.Context, req runner.CreateRequest) (r
 	r.mu.Lock()
 	r.creates++
 	failing, async := r.failing, r.async
+	reason, message := r.reason, r.message
 	r.mu.Unlock()
+	if reason == "" {
+		reason, message = runner.ReasonBackendError, "runc: container init failed"
+	}
 	if failing && !async {
 		return runner.Sandbox{}, connect.NewError(connect.CodeInternal, errors.New("runc create: exec failed"))
 	}
 	sb, err := r.acceptingRunner.Create(ctx, req)
 	if err == nil && failing {
 		r.acceptingRunner.mu.Lock()
-		sb.State, sb.Reason, sb.Message = runner.StateFailed, runner.ReasonBackendError, "runc: container init failed"
+		sb.State, sb.Reason, sb.Message = runner.StateFailed, reason, message
 		r.acceptingRunner.got[sb.ID] = sb
 		r.acceptingRunner.mu.Unlock()
 		sb.State, sb.Reason, sb.Message = runner.StateCreating, "", "" // the RPC answers before the start fails
@@ -226,9 +232,11 @@ func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
 	}{
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "image not found: docker.io/library/nope"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "image pull unauthorized"}, health.Ignored},
-		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "registry unreachable: registry.invalid: DNS"}, health.Failure},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "registry unreachable: registry.invalid: DNS"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "invalid sandbox spec: bad mount"}, health.Ignored},
-		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "runc: exec format error"}, health.Failure},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "runc: exec format error"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "chdir /nope: no such file or directory"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "exec: \"nope\": executable file not found in $PATH"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: "InitContainerFailed", Message: "init container exited with code 1"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonRestartLimit}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonBackendError}, health.Failure},
@@ -245,6 +253,11 @@ func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
 	}{
 		{apierr.New(apierr.RunnerUnavailable, "gone", nil), health.Failure},
 		{connect.NewError(connect.CodeDeadlineExceeded, errors.New("slow")), health.Failure},
+		{connect.NewError(connect.CodeUnavailable, errors.New("connection refused")), health.Failure},
+		{connect.NewError(connect.CodeInternal, errors.New("runc create")), health.Failure},
+		{connect.NewError(connect.CodeUnknown, errors.New("?")), health.Failure},
+		{connect.NewError(connect.CodeDataLoss, errors.New("torn")), health.Failure},
+		{apierr.New(apierr.BackendUnavailable, "backend down", nil), health.Failure},
 		{apierr.Invalid(apierr.PlacementRejected, "policy", nil), health.Ignored},
 		{apierr.New(apierr.QuotaExceeded, "quota", nil), health.Ignored},
 		{connect.NewError(connect.CodeInvalidArgument, runtime.ErrInvalidImageRef), health.Ignored},
@@ -273,6 +286,44 @@ func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
 	bad.set(false, false)
 	if _, err := createOnRunners(asOrgID(testOrg), s); err != nil {
 		t.Fatalf("org-a's create on the runner org-b failed on: %v", err)
+	}
+}
+
+// TestRunnerHealthCollusionDoesNotDegrade: two organizations making creates that fail
+// in their own sandbox (a working directory that does not exist, an image on a registry
+// that does not answer) far beyond the thresholds leave the shared runner healthy for
+// everyone, and for themselves.
+func TestRunnerHealthCollusionDoesNotDegrade(t *testing.T) {
+	for _, tc := range []struct{ reason, message string }{
+		{runner.ReasonStartError, "chdir /does/not/exist: no such file or directory"},
+		{runner.ReasonImagePullFailed, "registry unreachable: attacker.invalid: dial tcp: i/o timeout"},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+			shared := &failingRunner{acceptingRunner: acceptingRunner{id: "shared"}, reason: tc.reason, message: tc.message}
+			shared.set(true, true)
+			s := newHealthGateway(t, clk, health.Config{}, shared)
+			for _, org := range []string{testOrg, "org-b"} {
+				ctx := asOrgID(org)
+				for i := range 2 * health.DefaultQuarantineAfter {
+					sb, err := createOnRunners(ctx, s)
+					if err != nil {
+						t.Fatalf("%s create %d: %v", org, i, err)
+					}
+					if _, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.GetSandboxId()})); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if v := s.health.Global("shared"); v.State != health.Healthy {
+				t.Fatalf("the shared runner after two organizations' failing starts: %+v", v)
+			}
+			for _, org := range []string{testOrg, "org-b", "org-c"} {
+				if v := s.health.View("shared", org); v.State != health.Healthy {
+					t.Fatalf("%s's view: %+v", org, v)
+				}
+			}
+		})
 	}
 }
 

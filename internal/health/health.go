@@ -63,7 +63,7 @@ const (
 	Ignored Outcome = iota
 	// Success: the sandbox started on the runner.
 	Success
-	// Failure: the runner failed it (runtime start error, backend error, unreachable).
+	// Failure: the runner failed it (backend error, unreachable, internal error).
 	Failure
 )
 
