@@ -101,9 +101,18 @@ func (s *Server) createFailed(ctx context.Context, k health.Ticket, err error) {
 	s.health.Report(k, o, kind)
 }
 
+// ProbeJudgeFor bounds how long the gateway itself watches an accepted probe create
+// (judgeProbe): a probe still starting then frees the half-open slot unjudged.
+const ProbeJudgeFor = 60 * time.Second
+
+// probeJudgePoll is how often judgeProbe asks a runner that cannot await a start.
+const probeJudgePoll = time.Second
+
 // createAccepted judges an accepted create now when its sandbox already ran or failed,
-// else when the gateway next sees it (observeHealth).
-func (s *Server) createAccepted(k health.Ticket, sb runner.Sandbox) {
+// else when the gateway next sees it (observeHealth). A probe is also watched actively
+// (judgeProbe), so that it does not hold the runner's half-open slot, and keep the runner
+// quarantined for everyone, only because nobody asks about its sandbox here.
+func (s *Server) createAccepted(r runner.Handle, k health.Ticket, sb runner.Sandbox) {
 	if o, kind, final := sandboxOutcome(sb); final {
 		s.health.Report(k, o, kind)
 		return
@@ -115,7 +124,7 @@ func (s *Server) createAccepted(k health.Ticket, sb runner.Sandbox) {
 		p.m = map[string]pendingTicket{}
 	}
 	now := time.Now()
-	if len(p.m) >= maxHealthPending {
+	if len(p.m) >= maxHealthPending && !k.Probe() { // probes are few: one per runner and organization at most
 		cutoff := now.Add(-s.health.Config().ProbeTimeout)
 		for id, t := range p.m {
 			if t.at.Before(cutoff) {
@@ -123,10 +132,83 @@ func (s *Server) createAccepted(k health.Ticket, sb runner.Sandbox) {
 			}
 		}
 		if len(p.m) >= maxHealthPending {
-			return // not judged; a probe's slot times out
+			return // not judged
 		}
 	}
 	p.m[sb.ID] = pendingTicket{k: k, at: now}
+	if k.Probe() && s.bg.Err() == nil {
+		s.probeWatches.Add(1)
+		go func() {
+			defer s.probeWatches.Done()
+			s.judgeProbe(r, sb.ID)
+		}()
+	}
+}
+
+// claimPending takes id's pending ticket: whoever takes it judges the create, once.
+func (s *Server) claimPending(id string) (health.Ticket, bool) {
+	p := &s.healthPending
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.m[id]
+	if ok {
+		delete(p.m, id)
+	}
+	return t.k, ok
+}
+
+// pendingOf reports whether id's create still awaits judgement.
+func (s *Server) pendingOf(id string) bool {
+	p := &s.healthPending
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.m[id]
+	return ok
+}
+
+// judgeProbe watches an accepted probe create's sandbox on its runner until it runs
+// (success) or ends (judged as sandboxOutcome says), for at most probeJudgeFor; a probe
+// still starting then is released without judgement (Ignored: the next create probes).
+// It stops early when observeHealth judged the create first, and with the server.
+func (s *Server) judgeProbe(r runner.Handle, id string) {
+	ctx, cancel := context.WithTimeout(s.bg, s.probeJudgeFor)
+	defer cancel()
+	ah, await := r.(runner.AwaitHandle)
+	for s.pendingOf(id) {
+		var (
+			sb  runner.Sandbox
+			err error
+		)
+		if await {
+			sb, err = ah.AwaitStart(ctx, id, runner.MaxAwaitStart)
+		} else {
+			sb, err = r.Get(ctx, id)
+		}
+		if err == nil {
+			if o, kind, final := sandboxOutcome(sb); final {
+				if k, ok := s.claimPending(id); ok {
+					s.health.Report(k, o, kind)
+				}
+				return
+			}
+		}
+		if !await || err != nil || (sb.State != runner.StateCreating && sb.State != runner.StatePending) {
+			t := time.NewTimer(s.probeJudgeEvery)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+		if ctx.Err() != nil {
+			if s.bg.Err() == nil { // the bound, not the server's end
+				if k, ok := s.claimPending(id); ok {
+					s.health.Report(k, health.Ignored, "")
+				}
+			}
+			return
+		}
+	}
 }
 
 // observeHealth judges a pending create from its sandbox's state as the gateway sees it.

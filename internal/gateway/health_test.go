@@ -91,6 +91,12 @@ func (c *stepClock) add(d time.Duration) {
 
 func newHealthGateway(t *testing.T, clk *stepClock, cfg health.Config, runners ...runner.Handle) *Server {
 	t.Helper()
+	return newHealthGatewayWith(t, clk, cfg, nil, runners...)
+}
+
+// newHealthGatewayWith is newHealthGateway with mod applied to the gateway's Config.
+func newHealthGatewayWith(t *testing.T, clk *stepClock, cfg health.Config, mod func(*Config), runners ...runner.Handle) *Server {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(t.Context(), filepath.Join(dir, "sandboxd.db"))
 	if err != nil {
@@ -106,7 +112,11 @@ func newHealthGateway(t *testing.T, clk *stepClock, cfg health.Config, runners .
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Auth: keys, Runners: runners, Index: st.Sandboxes(), Orgs: st.Orgs(), Health: cfg, healthClock: clk.now})
+	gc := Config{Auth: keys, Runners: runners, Index: st.Sandboxes(), Orgs: st.Orgs(), Health: cfg, healthClock: clk.now}
+	if mod != nil {
+		mod(&gc)
+	}
+	s, err := New(gc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,6 +335,102 @@ func TestRunnerHealthCollusionDoesNotDegrade(t *testing.T) {
 			}
 		})
 	}
+}
+
+// quarantine fails creates on the runner "bad" until it is quarantined, then lets the
+// cooldown pass and makes it accept creates again.
+func quarantine(t *testing.T, s *Server, clk *stepClock, bad *failingRunner) {
+	t.Helper()
+	bad.set(true, false)
+	for range health.DefaultQuarantineAfter {
+		_, _ = createOnRunners(asOrgID(testOrg), s, "bad")
+	}
+	if v := s.health.Global("bad"); v.State != health.Quarantined {
+		t.Fatalf("after %d failures: %+v", health.DefaultQuarantineAfter, v)
+	}
+	clk.add(health.DefaultCooldown)
+	bad.set(false, false)
+}
+
+// awaitHealth waits (bounded) for the runner "bad" to reach want for everyone.
+func awaitHealth(t *testing.T, s *Server, want health.State) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.health.Global("bad").State != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("runner health %+v, want %s", s.health.Global("bad"), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunnerHealthProbeJudgedUnwatched: the probe create's sandbox is judged by the
+// gateway itself when nobody asks about it: its reaching RUNNING heals the runner; a
+// probe still starting after the bound frees the half-open slot (the runner is probing
+// again, not quarantined for the probe timeout); and Close ends the watch.
+func TestRunnerHealthProbeJudgedUnwatched(t *testing.T) {
+	t.Run("runs", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) { c.probeJudgeEvery = time.Millisecond }, bad)
+		quarantine(t, s, clk, bad)
+		probe, err := createOnRunners(asOrgID(testOrg), s, "bad")
+		if err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		if v := s.health.Global("bad"); v.State != health.Quarantined {
+			t.Fatalf("while the probe starts: %+v", v)
+		}
+		bad.run(probe.GetSandboxId()) // nobody calls GetSandbox
+		awaitHealth(t, s, health.Healthy)
+	})
+	t.Run("fails", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) { c.probeJudgeEvery = time.Millisecond }, bad)
+		quarantine(t, s, clk, bad)
+		bad.set(true, true) // accepted, then BackendError
+		if _, err := createOnRunners(asOrgID(testOrg), s, "bad"); err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for s.health.Global("bad").Until != clk.now().Add(2*health.DefaultCooldown) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after a failed unwatched probe: %+v, want quarantined for %s", s.health.Global("bad"), 2*health.DefaultCooldown)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	t.Run("still starting", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) {
+			c.probeJudgeEvery, c.probeJudgeFor = time.Millisecond, 20*time.Millisecond
+		}, bad)
+		quarantine(t, s, clk, bad)
+		if _, err := createOnRunners(asOrgID(testOrg), s, "bad"); err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		awaitHealth(t, s, health.Probing) // released unjudged: the next create probes
+		if _, err := createOnRunners(asOrgID(testOrg), s, "bad"); err != nil {
+			t.Fatalf("next probe create: %v", err)
+		}
+	})
+	t.Run("close", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) { c.probeJudgeEvery = time.Millisecond }, bad)
+		quarantine(t, s, clk, bad)
+		probe, err := createOnRunners(asOrgID(testOrg), s, "bad")
+		if err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		s.Close() // returns once the watch ended
+		bad.run(probe.GetSandboxId())
+		if !s.pendingOf(probe.GetSandboxId()) || s.health.Global("bad").State != health.Quarantined {
+			t.Fatal("the probe was judged after Close")
+		}
+	})
 }
 
 func runnerOfSandbox(s *Server, sb *sandboxv1.Sandbox) string {

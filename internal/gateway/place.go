@@ -134,7 +134,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		sb, err := r.Create(ctx, cr)
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
-			s.createAccepted(ticket, sb)
+			s.createAccepted(r, ticket, sb)
 		} else {
 			s.createFailed(ctx, ticket, err)
 			if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {

@@ -74,7 +74,7 @@ const (
 	DefaultCooldown        = 30 * time.Second
 	DefaultMaxCooldown     = 10 * time.Minute
 	DefaultMinOrgs         = 2
-	DefaultProbeTimeout    = 5 * time.Minute
+	DefaultProbeTimeout    = 90 * time.Second
 	// MaxOrgsPerRunner bounds the organizations tracked per runner: beyond it, the one
 	// with the fewest failures is forgotten.
 	MaxOrgsPerRunner = 256
@@ -94,7 +94,7 @@ type Config struct {
 	// for every organization (1: any organization's failures count for all).
 	MinOrgs int
 	// ProbeTimeout: a probe create whose outcome is not known after this long no longer
-	// holds the half-open slot.
+	// holds the half-open slot (the gateway watches a probe itself for at most 60 s first).
 	ProbeTimeout time.Duration
 	// Disabled turns health tracking off: every runner stays healthy.
 	Disabled bool
