@@ -84,10 +84,19 @@ func (s *Server) withHealth(runners []placement.Runner, org string) []placement.
 		case health.Degraded, health.Probing:
 			runners[i].HealthRank = int(v.State)
 		case health.Quarantined:
-			runners[i].Quarantined = v.Reason
+			runners[i].Quarantined, runners[i].QuarantineRetry = v.Reason, quarantineRetry(v)
 		}
 	}
 	return runners
+}
+
+// quarantineRetry is how long until v's quarantine may end (0: unknown, e.g. a probe
+// is out).
+func quarantineRetry(v health.View) time.Duration {
+	if v.Until.IsZero() {
+		return 0
+	}
+	return max(time.Until(v.Until), 0)
 }
 
 // placementRunners is the runners' placement view for the caller's organization.

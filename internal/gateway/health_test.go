@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/health"
+	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -139,8 +140,8 @@ func createOnRunners(ctx context.Context, s *Server, pins ...string) (*sandboxv1
 
 // TestRunnerHealthPlacement: a runner whose creates keep failing (INTERNAL from the
 // runtime) is placed after a healthy one once degraded, not at all once quarantined (a
-// create pinned to it is refused with CWSANDBOX_NO_SUITABLE_RUNNER naming the
-// quarantine, without asking it), and visible in discovery; after the cooldown one probe
+// create pinned to it is refused, retryably, with UNAVAILABLE
+// CWSANDBOX_RUNNER_UNAVAILABLE and RetryInfo naming the quarantine, without asking it), and visible in discovery; after the cooldown one probe
 // create goes to it, and its sandbox reaching RUNNING heals it.
 func TestRunnerHealthPlacement(t *testing.T) {
 	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -187,8 +188,11 @@ func TestRunnerHealthPlacement(t *testing.T) {
 	}
 	before = bad.count()
 	_, err := createOnRunners(ctx, s, "bad")
-	if apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), "quarantined until") {
+	if apierr.Reason(err) != apierr.RunnerUnavailable || connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "quarantined until") {
 		t.Fatalf("create pinned to a quarantined runner: %v", err)
+	}
+	if d := apierr.RetryInfo(err).GetRetryDelay().AsDuration(); d <= 0 {
+		t.Fatalf("create pinned to a quarantined runner: no RetryInfo: %v", err)
 	}
 	if bad.count() != before {
 		t.Fatal("a quarantined runner was asked")
@@ -217,8 +221,14 @@ func TestRunnerHealthPlacement(t *testing.T) {
 	if err != nil {
 		t.Fatalf("probe create: %v", err)
 	}
-	if _, err := createOnRunners(ctx, s, "bad"); apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), "probe") {
+	if _, err := createOnRunners(ctx, s, "bad"); apierr.Reason(err) != apierr.RunnerUnavailable || !strings.Contains(err.Error(), "probe") {
 		t.Fatalf("second create while the probe is out: %v", err)
+	}
+	// A create placed before the probe went out and refused by the tracker at its turn
+	// (createOn) gets the same retryable answer.
+	if _, _, _, _, err := s.createOn(ctx, []placement.Candidate{{Index: 1, RunnerID: "bad"}}, testOrg, "k", nil, nil, nil); apierr.Reason(err) != apierr.RunnerUnavailable ||
+		apierr.RetryInfo(err) == nil || !strings.Contains(err.Error(), "probe") {
+		t.Fatalf("createOn refused by the tracker: %v", err)
 	}
 	bad.run(probe.GetSandboxId())
 	if _, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: probe.GetSandboxId()})); err != nil {
@@ -290,7 +300,7 @@ func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
 	for range 10 {
 		_, _ = createOnRunners(asOrgID("org-b"), s)
 	}
-	if _, err := createOnRunners(asOrgID("org-b"), s); apierr.Reason(err) != apierr.NoSuitableRunner {
+	if _, err := createOnRunners(asOrgID("org-b"), s); apierr.Reason(err) != apierr.RunnerUnavailable || apierr.RetryInfo(err) == nil {
 		t.Fatalf("org-b's own creates after its 10 failures: %v", err)
 	}
 	bad.set(false, false)
