@@ -22,6 +22,7 @@ func (h *healthFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&h.cfg.Cooldown, "runner-quarantine-cooldown", health.DefaultCooldown, "first quarantine's cooldown; doubled at each quarantine until the runner heals")
 	fs.DurationVar(&h.cfg.MaxCooldown, "runner-quarantine-max-cooldown", health.DefaultMaxCooldown, "bound of the doubling quarantine cooldown")
 	fs.IntVar(&h.cfg.MinOrgs, "runner-health-min-orgs", health.DefaultMinOrgs, "organizations that must each see the failures before a runner is degraded or quarantined for everyone (fewer: only for those organizations)")
+	fs.DurationVar(&h.cfg.DecayAfter, "runner-health-decay", health.DefaultDecayAfter, "an organization's failure count on a runner is forgotten once its last counted failure is this old (a degraded runner heals; quarantines end by their probe)")
 	fs.BoolVar(&h.cfg.Disabled, "runner-health-disabled", false, "never degrade or quarantine runners")
 }
 

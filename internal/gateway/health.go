@@ -13,7 +13,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Runner health (internal/health, docs/observability.md): every create this gateway
@@ -21,10 +20,11 @@ import (
 // placed last, then not at all for a cooldown. A create's RPC answer judges it when it
 // fails (the runner unreachable, timed out, an internal error); an accepted create is
 // judged when the gateway next sees the sandbox (index.setLast): RUNNING heals, FAILED
-// for a runner-side reason (BackendError, a StartError that is no invalid spec, an image
-// pull the registry did not answer) counts. The caller's own mistakes (policy, spec,
-// quota, an image not found or unauthorized, the workload's command failing) never
-// count.
+// with BackendError (the runner's runtime failed it) counts. Everything the caller or its
+// sandbox may have caused never counts: policy, spec, quota, start errors the agent
+// reports (working dir, user, command, exec format), image pulls (not found,
+// unauthorized, or a registry unreachable: possibly the caller's own), the workload's
+// command failing.
 
 // maxHealthPending bounds the accepted creates awaiting their outcome.
 const maxHealthPending = 10000
@@ -84,10 +84,19 @@ func (s *Server) withHealth(runners []placement.Runner, org string) []placement.
 		case health.Degraded, health.Probing:
 			runners[i].HealthRank = int(v.State)
 		case health.Quarantined:
-			runners[i].Quarantined = v.Reason
+			runners[i].Quarantined, runners[i].QuarantineRetry = v.Reason, quarantineRetry(v)
 		}
 	}
 	return runners
+}
+
+// quarantineRetry is how long until v's quarantine may end (0: unknown, e.g. a probe
+// is out).
+func quarantineRetry(v health.View) time.Duration {
+	if v.Until.IsZero() {
+		return 0
+	}
+	return max(time.Until(v.Until), 0)
 }
 
 // placementRunners is the runners' placement view for the caller's organization.
@@ -101,9 +110,18 @@ func (s *Server) createFailed(ctx context.Context, k health.Ticket, err error) {
 	s.health.Report(k, o, kind)
 }
 
+// ProbeJudgeFor bounds how long the gateway itself watches an accepted probe create
+// (judgeProbe): a probe still starting then frees the half-open slot unjudged.
+const ProbeJudgeFor = 60 * time.Second
+
+// probeJudgePoll is how often judgeProbe asks a runner that cannot await a start.
+const probeJudgePoll = time.Second
+
 // createAccepted judges an accepted create now when its sandbox already ran or failed,
-// else when the gateway next sees it (observeHealth).
-func (s *Server) createAccepted(k health.Ticket, sb runner.Sandbox) {
+// else when the gateway next sees it (observeHealth). A probe is also watched actively
+// (judgeProbe), so that it does not hold the runner's half-open slot, and keep the runner
+// quarantined for everyone, only because nobody asks about its sandbox here.
+func (s *Server) createAccepted(r runner.Handle, k health.Ticket, sb runner.Sandbox) {
 	if o, kind, final := sandboxOutcome(sb); final {
 		s.health.Report(k, o, kind)
 		return
@@ -115,7 +133,7 @@ func (s *Server) createAccepted(k health.Ticket, sb runner.Sandbox) {
 		p.m = map[string]pendingTicket{}
 	}
 	now := time.Now()
-	if len(p.m) >= maxHealthPending {
+	if len(p.m) >= maxHealthPending && !k.Probe() { // probes are few: one per runner and organization at most
 		cutoff := now.Add(-s.health.Config().ProbeTimeout)
 		for id, t := range p.m {
 			if t.at.Before(cutoff) {
@@ -123,10 +141,83 @@ func (s *Server) createAccepted(k health.Ticket, sb runner.Sandbox) {
 			}
 		}
 		if len(p.m) >= maxHealthPending {
-			return // not judged; a probe's slot times out
+			return // not judged
 		}
 	}
 	p.m[sb.ID] = pendingTicket{k: k, at: now}
+	if k.Probe() && s.bg.Err() == nil {
+		s.probeWatches.Add(1)
+		go func() {
+			defer s.probeWatches.Done()
+			s.judgeProbe(r, sb.ID)
+		}()
+	}
+}
+
+// claimPending takes id's pending ticket: whoever takes it judges the create, once.
+func (s *Server) claimPending(id string) (health.Ticket, bool) {
+	p := &s.healthPending
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.m[id]
+	if ok {
+		delete(p.m, id)
+	}
+	return t.k, ok
+}
+
+// pendingOf reports whether id's create still awaits judgement.
+func (s *Server) pendingOf(id string) bool {
+	p := &s.healthPending
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.m[id]
+	return ok
+}
+
+// judgeProbe watches an accepted probe create's sandbox on its runner until it runs
+// (success) or ends (judged as sandboxOutcome says), for at most probeJudgeFor; a probe
+// still starting then is released without judgement (Ignored: the next create probes).
+// It stops early when observeHealth judged the create first, and with the server.
+func (s *Server) judgeProbe(r runner.Handle, id string) {
+	ctx, cancel := context.WithTimeout(s.bg, s.probeJudgeFor)
+	defer cancel()
+	ah, await := r.(runner.AwaitHandle)
+	for s.pendingOf(id) {
+		var (
+			sb  runner.Sandbox
+			err error
+		)
+		if await {
+			sb, err = ah.AwaitStart(ctx, id, runner.MaxAwaitStart)
+		} else {
+			sb, err = r.Get(ctx, id)
+		}
+		if err == nil {
+			if o, kind, final := sandboxOutcome(sb); final {
+				if k, ok := s.claimPending(id); ok {
+					s.health.Report(k, o, kind)
+				}
+				return
+			}
+		}
+		if !await || err != nil || (sb.State != runner.StateCreating && sb.State != runner.StatePending) {
+			t := time.NewTimer(s.probeJudgeEvery)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+		if ctx.Err() != nil {
+			if s.bg.Err() == nil { // the bound, not the server's end
+				if k, ok := s.claimPending(id); ok {
+					s.health.Report(k, health.Ignored, "")
+				}
+			}
+			return
+		}
+	}
 }
 
 // observeHealth judges a pending create from its sandbox's state as the gateway sees it.
@@ -148,8 +239,10 @@ func (s *Server) observeHealth(rec *record, sb runner.Sandbox) {
 	}
 }
 
-// createOutcome classifies a create's RPC error: the runner gone, timed out or failing
-// internally counts; a refusal (policy, room) or the caller's input does not.
+// createOutcome classifies a create's RPC error: the runner gone (RUNNER_UNAVAILABLE,
+// BACKEND_UNAVAILABLE, a transport UNAVAILABLE), timed out while the caller still waited
+// (DEADLINE_EXCEEDED), or failing internally (INTERNAL, UNKNOWN, DATA_LOSS) counts; a
+// refusal (policy, room), the caller's input or a cancelled caller does not.
 func createOutcome(ctx context.Context, err error) (health.Outcome, string) {
 	if err == nil || ctx.Err() != nil {
 		return health.Ignored, ""
@@ -159,10 +252,13 @@ func createOutcome(ctx context.Context, err error) (health.Outcome, string) {
 	case apierr.RunnerUnavailable, apierr.BackendUnavailable:
 		return health.Failure, reason
 	}
-	if rejectedByRunner(err) {
+	code := connect.CodeOf(err)
+	// A bare UNAVAILABLE (no reason) is the transport's: the runner did not answer. A
+	// runner's own refusals carry a reason.
+	if rejectedByRunner(err) && (reason != "" || code != connect.CodeUnavailable) {
 		return health.Ignored, ""
 	}
-	switch code := connect.CodeOf(err); code {
+	switch code {
 	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeInternal, connect.CodeUnknown, connect.CodeDataLoss:
 		if apierr.Known(reason) {
 			return health.Failure, reason
@@ -173,29 +269,19 @@ func createOutcome(ctx context.Context, err error) (health.Outcome, string) {
 }
 
 // sandboxOutcome judges an accepted create by its sandbox's state: final once it ran
-// (success) or ended. A FAILED sandbox counts against its runner only for a runner-side
-// reason.
+// (success) or ended. A FAILED sandbox counts against its runner only when the runner
+// itself failed it (BackendError). A StartError comes from the agent inside the sandbox
+// (a missing working directory or user, a command not found, an exec format error) and
+// an image pull failure from the caller's image or registry (a registry outage is not
+// the runner's health): neither counts, so tenants cannot quarantine a shared runner with
+// bad specs or an unreachable registry of their own.
 func sandboxOutcome(sb runner.Sandbox) (o health.Outcome, kind string, final bool) {
 	switch {
 	case sb.State == runner.StateRunning || !sb.StartedAt.IsZero():
 		return health.Success, "", true
 	case sb.State == runner.StateFailed:
-		switch sb.Reason {
-		case runner.ReasonBackendError:
+		if sb.Reason == runner.ReasonBackendError {
 			return health.Failure, sb.Reason, true
-		case runner.ReasonStartError:
-			for _, callers := range []error{runtime.ErrInvalidSpec, runtime.ErrUnknownRuntime, runtime.ErrEngineUnsupported, runtime.ErrInvalidImageRef} {
-				if strings.Contains(sb.Message, callers.Error()) {
-					return health.Ignored, "", true
-				}
-			}
-			return health.Failure, sb.Reason, true
-		case runner.ReasonImagePullFailed:
-			// Not found, unauthorized and invalid references are the caller's; a registry
-			// that does not answer may be this runner's network.
-			if strings.Contains(sb.Message, runtime.ErrRegistry.Error()) {
-				return health.Failure, sb.Reason + " (registry unreachable)", true
-			}
 		}
 		return health.Ignored, "", true
 	case sb.State.Terminal() || sb.State == runner.StateTerminating:

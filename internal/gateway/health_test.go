@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/health"
+	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -30,6 +31,8 @@ type failingRunner struct {
 	failing bool
 	async   bool
 	creates int
+	// reason and message of async failures (default: BackendError).
+	reason, message string
 }
 
 func (r *failingRunner) set(failing, async bool) {
@@ -42,14 +45,18 @@ func (r *failingRunner) Create(ctx context.Context, req runner.CreateRequest) (r
 	r.mu.Lock()
 	r.creates++
 	failing, async := r.failing, r.async
+	reason, message := r.reason, r.message
 	r.mu.Unlock()
+	if reason == "" {
+		reason, message = runner.ReasonBackendError, "runc: container init failed"
+	}
 	if failing && !async {
 		return runner.Sandbox{}, connect.NewError(connect.CodeInternal, errors.New("runc create: exec failed"))
 	}
 	sb, err := r.acceptingRunner.Create(ctx, req)
 	if err == nil && failing {
 		r.acceptingRunner.mu.Lock()
-		sb.State, sb.Reason, sb.Message = runner.StateFailed, runner.ReasonBackendError, "runc: container init failed"
+		sb.State, sb.Reason, sb.Message = runner.StateFailed, reason, message
 		r.acceptingRunner.got[sb.ID] = sb
 		r.acceptingRunner.mu.Unlock()
 		sb.State, sb.Reason, sb.Message = runner.StateCreating, "", "" // the RPC answers before the start fails
@@ -85,6 +92,12 @@ func (c *stepClock) add(d time.Duration) {
 
 func newHealthGateway(t *testing.T, clk *stepClock, cfg health.Config, runners ...runner.Handle) *Server {
 	t.Helper()
+	return newHealthGatewayWith(t, clk, cfg, nil, runners...)
+}
+
+// newHealthGatewayWith is newHealthGateway with mod applied to the gateway's Config.
+func newHealthGatewayWith(t *testing.T, clk *stepClock, cfg health.Config, mod func(*Config), runners ...runner.Handle) *Server {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(t.Context(), filepath.Join(dir, "sandboxd.db"))
 	if err != nil {
@@ -100,7 +113,11 @@ func newHealthGateway(t *testing.T, clk *stepClock, cfg health.Config, runners .
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Auth: keys, Runners: runners, Index: st.Sandboxes(), Orgs: st.Orgs(), Health: cfg, healthClock: clk.now})
+	gc := Config{Auth: keys, Runners: runners, Index: st.Sandboxes(), Orgs: st.Orgs(), Health: cfg, healthClock: clk.now}
+	if mod != nil {
+		mod(&gc)
+	}
+	s, err := New(gc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +140,8 @@ func createOnRunners(ctx context.Context, s *Server, pins ...string) (*sandboxv1
 
 // TestRunnerHealthPlacement: a runner whose creates keep failing (INTERNAL from the
 // runtime) is placed after a healthy one once degraded, not at all once quarantined (a
-// create pinned to it is refused with CWSANDBOX_NO_SUITABLE_RUNNER naming the
-// quarantine, without asking it), and visible in discovery; after the cooldown one probe
+// create pinned to it is refused, retryably, with UNAVAILABLE
+// CWSANDBOX_RUNNER_UNAVAILABLE and RetryInfo naming the quarantine, without asking it), and visible in discovery; after the cooldown one probe
 // create goes to it, and its sandbox reaching RUNNING heals it.
 func TestRunnerHealthPlacement(t *testing.T) {
 	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -171,8 +188,11 @@ func TestRunnerHealthPlacement(t *testing.T) {
 	}
 	before = bad.count()
 	_, err := createOnRunners(ctx, s, "bad")
-	if apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), "quarantined until") {
+	if apierr.Reason(err) != apierr.RunnerUnavailable || connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "quarantined until") {
 		t.Fatalf("create pinned to a quarantined runner: %v", err)
+	}
+	if d := apierr.RetryInfo(err).GetRetryDelay().AsDuration(); d <= 0 {
+		t.Fatalf("create pinned to a quarantined runner: no RetryInfo: %v", err)
 	}
 	if bad.count() != before {
 		t.Fatal("a quarantined runner was asked")
@@ -201,8 +221,14 @@ func TestRunnerHealthPlacement(t *testing.T) {
 	if err != nil {
 		t.Fatalf("probe create: %v", err)
 	}
-	if _, err := createOnRunners(ctx, s, "bad"); apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), "probe") {
+	if _, err := createOnRunners(ctx, s, "bad"); apierr.Reason(err) != apierr.RunnerUnavailable || !strings.Contains(err.Error(), "probe") {
 		t.Fatalf("second create while the probe is out: %v", err)
+	}
+	// A create placed before the probe went out and refused by the tracker at its turn
+	// (createOn) gets the same retryable answer.
+	if _, _, _, _, err := s.createOn(ctx, []placement.Candidate{{Index: 1, RunnerID: "bad"}}, testOrg, "k", nil, nil, nil); apierr.Reason(err) != apierr.RunnerUnavailable ||
+		apierr.RetryInfo(err) == nil || !strings.Contains(err.Error(), "probe") {
+		t.Fatalf("createOn refused by the tracker: %v", err)
 	}
 	bad.run(probe.GetSandboxId())
 	if _, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: probe.GetSandboxId()})); err != nil {
@@ -226,9 +252,11 @@ func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
 	}{
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "image not found: docker.io/library/nope"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "image pull unauthorized"}, health.Ignored},
-		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "registry unreachable: registry.invalid: DNS"}, health.Failure},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonImagePullFailed, Message: "registry unreachable: registry.invalid: DNS"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "invalid sandbox spec: bad mount"}, health.Ignored},
-		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "runc: exec format error"}, health.Failure},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "runc: exec format error"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "chdir /nope: no such file or directory"}, health.Ignored},
+		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonStartError, Message: "exec: \"nope\": executable file not found in $PATH"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: "InitContainerFailed", Message: "init container exited with code 1"}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonRestartLimit}, health.Ignored},
 		{runner.Sandbox{State: runner.StateFailed, Reason: runner.ReasonBackendError}, health.Failure},
@@ -245,6 +273,11 @@ func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
 	}{
 		{apierr.New(apierr.RunnerUnavailable, "gone", nil), health.Failure},
 		{connect.NewError(connect.CodeDeadlineExceeded, errors.New("slow")), health.Failure},
+		{connect.NewError(connect.CodeUnavailable, errors.New("connection refused")), health.Failure},
+		{connect.NewError(connect.CodeInternal, errors.New("runc create")), health.Failure},
+		{connect.NewError(connect.CodeUnknown, errors.New("?")), health.Failure},
+		{connect.NewError(connect.CodeDataLoss, errors.New("torn")), health.Failure},
+		{apierr.New(apierr.BackendUnavailable, "backend down", nil), health.Failure},
 		{apierr.Invalid(apierr.PlacementRejected, "policy", nil), health.Ignored},
 		{apierr.New(apierr.QuotaExceeded, "quota", nil), health.Ignored},
 		{connect.NewError(connect.CodeInvalidArgument, runtime.ErrInvalidImageRef), health.Ignored},
@@ -267,13 +300,147 @@ func TestRunnerHealthCallerFaultsDoNotCount(t *testing.T) {
 	for range 10 {
 		_, _ = createOnRunners(asOrgID("org-b"), s)
 	}
-	if _, err := createOnRunners(asOrgID("org-b"), s); apierr.Reason(err) != apierr.NoSuitableRunner {
+	if _, err := createOnRunners(asOrgID("org-b"), s); apierr.Reason(err) != apierr.RunnerUnavailable || apierr.RetryInfo(err) == nil {
 		t.Fatalf("org-b's own creates after its 10 failures: %v", err)
 	}
 	bad.set(false, false)
 	if _, err := createOnRunners(asOrgID(testOrg), s); err != nil {
 		t.Fatalf("org-a's create on the runner org-b failed on: %v", err)
 	}
+}
+
+// TestRunnerHealthCollusionDoesNotDegrade: two organizations making creates that fail
+// in their own sandbox (a working directory that does not exist, an image on a registry
+// that does not answer) far beyond the thresholds leave the shared runner healthy for
+// everyone, and for themselves.
+func TestRunnerHealthCollusionDoesNotDegrade(t *testing.T) {
+	for _, tc := range []struct{ reason, message string }{
+		{runner.ReasonStartError, "chdir /does/not/exist: no such file or directory"},
+		{runner.ReasonImagePullFailed, "registry unreachable: attacker.invalid: dial tcp: i/o timeout"},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+			shared := &failingRunner{acceptingRunner: acceptingRunner{id: "shared"}, reason: tc.reason, message: tc.message}
+			shared.set(true, true)
+			s := newHealthGateway(t, clk, health.Config{}, shared)
+			for _, org := range []string{testOrg, "org-b"} {
+				ctx := asOrgID(org)
+				for i := range 2 * health.DefaultQuarantineAfter {
+					sb, err := createOnRunners(ctx, s)
+					if err != nil {
+						t.Fatalf("%s create %d: %v", org, i, err)
+					}
+					if _, err := s.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.GetSandboxId()})); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if v := s.health.Global("shared"); v.State != health.Healthy {
+				t.Fatalf("the shared runner after two organizations' failing starts: %+v", v)
+			}
+			for _, org := range []string{testOrg, "org-b", "org-c"} {
+				if v := s.health.View("shared", org); v.State != health.Healthy {
+					t.Fatalf("%s's view: %+v", org, v)
+				}
+			}
+		})
+	}
+}
+
+// quarantine fails creates on the runner "bad" until it is quarantined, then lets the
+// cooldown pass and makes it accept creates again.
+func quarantine(t *testing.T, s *Server, clk *stepClock, bad *failingRunner) {
+	t.Helper()
+	bad.set(true, false)
+	for range health.DefaultQuarantineAfter {
+		_, _ = createOnRunners(asOrgID(testOrg), s, "bad")
+	}
+	if v := s.health.Global("bad"); v.State != health.Quarantined {
+		t.Fatalf("after %d failures: %+v", health.DefaultQuarantineAfter, v)
+	}
+	clk.add(health.DefaultCooldown)
+	bad.set(false, false)
+}
+
+// awaitHealth waits (bounded) for the runner "bad" to reach want for everyone.
+func awaitHealth(t *testing.T, s *Server, want health.State) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.health.Global("bad").State != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("runner health %+v, want %s", s.health.Global("bad"), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunnerHealthProbeJudgedUnwatched: the probe create's sandbox is judged by the
+// gateway itself when nobody asks about it: its reaching RUNNING heals the runner; a
+// probe still starting after the bound frees the half-open slot (the runner is probing
+// again, not quarantined for the probe timeout); and Close ends the watch.
+func TestRunnerHealthProbeJudgedUnwatched(t *testing.T) {
+	t.Run("runs", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) { c.probeJudgeEvery = time.Millisecond }, bad)
+		quarantine(t, s, clk, bad)
+		probe, err := createOnRunners(asOrgID(testOrg), s, "bad")
+		if err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		if v := s.health.Global("bad"); v.State != health.Quarantined {
+			t.Fatalf("while the probe starts: %+v", v)
+		}
+		bad.run(probe.GetSandboxId()) // nobody calls GetSandbox
+		awaitHealth(t, s, health.Healthy)
+	})
+	t.Run("fails", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) { c.probeJudgeEvery = time.Millisecond }, bad)
+		quarantine(t, s, clk, bad)
+		bad.set(true, true) // accepted, then BackendError
+		if _, err := createOnRunners(asOrgID(testOrg), s, "bad"); err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for s.health.Global("bad").Until != clk.now().Add(2*health.DefaultCooldown) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after a failed unwatched probe: %+v, want quarantined for %s", s.health.Global("bad"), 2*health.DefaultCooldown)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	t.Run("still starting", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) {
+			c.probeJudgeEvery, c.probeJudgeFor = time.Millisecond, 20*time.Millisecond
+		}, bad)
+		quarantine(t, s, clk, bad)
+		if _, err := createOnRunners(asOrgID(testOrg), s, "bad"); err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		awaitHealth(t, s, health.Probing) // released unjudged: the next create probes
+		if _, err := createOnRunners(asOrgID(testOrg), s, "bad"); err != nil {
+			t.Fatalf("next probe create: %v", err)
+		}
+	})
+	t.Run("close", func(t *testing.T) {
+		clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		bad := &failingRunner{acceptingRunner: acceptingRunner{id: "bad"}}
+		s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1}, func(c *Config) { c.probeJudgeEvery = time.Millisecond }, bad)
+		quarantine(t, s, clk, bad)
+		probe, err := createOnRunners(asOrgID(testOrg), s, "bad")
+		if err != nil {
+			t.Fatalf("probe create: %v", err)
+		}
+		s.Close() // returns once the watch ended
+		bad.run(probe.GetSandboxId())
+		if !s.pendingOf(probe.GetSandboxId()) || s.health.Global("bad").State != health.Quarantined {
+			t.Fatal("the probe was judged after Close")
+		}
+	})
 }
 
 func runnerOfSandbox(s *Server, sb *sandboxv1.Sandbox) string {

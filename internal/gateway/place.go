@@ -93,6 +93,11 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 	var (
 		last error
 		full []string
+		// quarantined: candidates the health tracker refused since placement (their
+		// violations); retry the earliest end of their quarantines.
+		quarantined []string
+		qviolations []apierr.Violation
+		retry       time.Duration
 	)
 	for k, c := range cands {
 		release, ok := s.reserved.Claim(c)
@@ -103,7 +108,12 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		ticket, ok := s.health.Begin(c.RunnerID, org)
 		if !ok { // quarantined since placement, or another create probes it
 			release()
-			full = append(full, c.RunnerID+": "+s.health.View(c.RunnerID, org).Reason)
+			v := s.health.View(c.RunnerID, org)
+			quarantined = append(quarantined, c.RunnerID)
+			qviolations = append(qviolations, apierr.Violation{Field: "runner[" + c.RunnerID + "]", Description: "runner is " + v.Reason})
+			if d := quarantineRetry(v); d > 0 && (retry == 0 || d < retry) {
+				retry = d
+			}
 			continue
 		}
 		r := s.runners[c.Index]
@@ -134,7 +144,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		sb, err := r.Create(ctx, cr)
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
-			s.createAccepted(ticket, sb)
+			s.createAccepted(r, ticket, sb)
 		} else {
 			s.createFailed(ctx, ticket, err)
 			if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
@@ -154,6 +164,12 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 	}
 	if last != nil {
 		return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, last
+	}
+	if len(full) == 0 && len(quarantined) > 0 { // answered as Place answers it
+		return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, placement.Quarantined(quarantined, qviolations, retry)
+	}
+	for i, v := range qviolations {
+		full = append(full, quarantined[i]+": "+v.Description)
 	}
 	return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, placement.CapacityExhausted(full)
 }

@@ -4,6 +4,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -139,6 +141,8 @@ type Config struct {
 	Health health.Config
 	// healthClock is the health tracker's clock (tests; nil: time.Now).
 	healthClock func() time.Time
+	// probeJudgeFor and probeJudgeEvery override ProbeJudgeFor and probeJudgePoll (tests).
+	probeJudgeFor, probeJudgeEvery time.Duration
 	// StartWait bounds how a GetSandbox of a young starting sandbox waits for it to
 	// start (startwait.go); the zero value is the defaults.
 	StartWait StartWaitOptions
@@ -219,6 +223,10 @@ type Server struct {
 	// creates not judged yet.
 	health        *health.Tracker
 	healthPending healthPending
+	// bg ends with the server (Close): the probe judges (health.go) stop with it.
+	bg                             context.Context
+	probeWatches                   sync.WaitGroup
+	probeJudgeFor, probeJudgeEvery time.Duration
 	// startWait: see Config.StartWait.
 	startWait *startWaiters
 	// progressWatch bounds the WatchSandboxProgress streams open at once (progress.go).
@@ -301,7 +309,8 @@ func New(cfg Config) (*Server, error) {
 		s.orphanGrace = DefaultOrphanGrace
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	s.stop = stop
+	s.stop, s.bg = stop, ctx
+	s.probeJudgeFor, s.probeJudgeEvery = cmp.Or(cfg.probeJudgeFor, ProbeJudgeFor), cmp.Or(cfg.probeJudgeEvery, probeJudgePoll)
 	s.views = newRunnerViews(s, cfg.DisconnectAfter)
 	if cfg.ViewInterval <= 0 {
 		cfg.ViewInterval = DefaultViewInterval
@@ -325,8 +334,12 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Close stops the server's background work (runner probes, reconciliation).
-func (s *Server) Close() { s.stop() }
+// Close stops the server's background work (runner probes, reconciliation) and waits for
+// the health probe watches to end.
+func (s *Server) Close() {
+	s.stop()
+	s.probeWatches.Wait()
+}
 
 // Services are the services Handler serves.
 func Services() []protoreflect.ServiceDescriptor {

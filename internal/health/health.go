@@ -63,7 +63,7 @@ const (
 	Ignored Outcome = iota
 	// Success: the sandbox started on the runner.
 	Success
-	// Failure: the runner failed it (runtime start error, backend error, unreachable).
+	// Failure: the runner failed it (backend error, unreachable, internal error).
 	Failure
 )
 
@@ -74,7 +74,8 @@ const (
 	DefaultCooldown        = 30 * time.Second
 	DefaultMaxCooldown     = 10 * time.Minute
 	DefaultMinOrgs         = 2
-	DefaultProbeTimeout    = 5 * time.Minute
+	DefaultProbeTimeout    = 90 * time.Second
+	DefaultDecayAfter      = 10 * time.Minute
 	// MaxOrgsPerRunner bounds the organizations tracked per runner: beyond it, the one
 	// with the fewest failures is forgotten.
 	MaxOrgsPerRunner = 256
@@ -94,8 +95,12 @@ type Config struct {
 	// for every organization (1: any organization's failures count for all).
 	MinOrgs int
 	// ProbeTimeout: a probe create whose outcome is not known after this long no longer
-	// holds the half-open slot.
+	// holds the half-open slot (the gateway watches a probe itself for at most 60 s first).
 	ProbeTimeout time.Duration
+	// DecayAfter: an organization's count on a runner whose last counted failure is this
+	// old or older is forgotten (reset to 0), so a degraded runner that stopped failing (or
+	// is no longer tried) becomes healthy again. Quarantines end by their probe instead.
+	DecayAfter time.Duration
 	// Disabled turns health tracking off: every runner stays healthy.
 	Disabled bool
 }
@@ -120,6 +125,9 @@ func (c Config) WithDefaults() Config {
 	if c.ProbeTimeout == 0 {
 		c.ProbeTimeout = DefaultProbeTimeout
 	}
+	if c.DecayAfter == 0 {
+		c.DecayAfter = DefaultDecayAfter
+	}
 	return c
 }
 
@@ -135,8 +143,8 @@ func (c Config) Validate() error {
 	} else if d.QuarantineAfter < d.DegradedAfter {
 		errs = append(errs, fmt.Errorf("quarantine-after %d is below degraded-after %d", d.QuarantineAfter, d.DegradedAfter))
 	}
-	if c.Cooldown < 0 || c.MaxCooldown < 0 || c.ProbeTimeout < 0 {
-		errs = append(errs, errors.New("cooldowns and the probe timeout must not be negative"))
+	if c.Cooldown < 0 || c.MaxCooldown < 0 || c.ProbeTimeout < 0 || c.DecayAfter < 0 {
+		errs = append(errs, errors.New("cooldowns, the probe timeout and the decay window must not be negative"))
 	} else if d.MaxCooldown < d.Cooldown {
 		errs = append(errs, fmt.Errorf("max cooldown %s is below the cooldown %s", d.MaxCooldown, d.Cooldown))
 	}
@@ -182,6 +190,7 @@ type breaker struct {
 	until  time.Time // end of the current cooldown
 	probe  time.Time // when the half-open probe was admitted (zero: none out)
 	last   string    // the last counted failure's kind
+	lastAt time.Time // when the last counted failure was reported
 	orgsIn int       // the runner's: organizations behind fails
 }
 
@@ -265,12 +274,15 @@ func (t *Tracker) View(runner, org string) View {
 		return View{}
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	now := t.now()
 	r := t.runners[runner]
 	if r == nil {
+		t.mu.Unlock()
 		return View{}
 	}
+	changed := t.decay(runner, r, now)
+	defer t.emit(changed)
+	defer t.mu.Unlock()
 	v := t.viewOf(&r.all, now, false)
 	if b := r.orgs[org]; b != nil {
 		if o := t.viewOf(b, now, true); o.State > v.State {
@@ -339,12 +351,15 @@ func (t *Tracker) Begin(runner, org string) (Ticket, bool) {
 		return k, true
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	now := t.now()
 	r := t.runners[runner]
 	if r == nil {
+		t.mu.Unlock()
 		return k, true
 	}
+	changed := t.decay(runner, r, now)
+	defer t.emit(changed)
+	defer t.mu.Unlock()
 	b := r.orgs[org]
 	if t.viewOf(&r.all, now, false).State == Quarantined || (b != nil && t.viewOf(b, now, true).State == Quarantined) {
 		return k, false
@@ -364,10 +379,10 @@ func (t *Tracker) Report(k Ticket, o Outcome, kind string) {
 	if t == nil || t.cfg.Disabled {
 		return
 	}
-	var changed []Transition
 	t.mu.Lock()
 	now := t.now()
 	r := t.rec(k.Runner)
+	changed := t.decay(k.Runner, r, now)
 	before := t.states(r, now)
 	if k.probeAll {
 		r.all.probe = time.Time{}
@@ -387,19 +402,30 @@ func (t *Tracker) Report(k Ticket, o Outcome, kind string) {
 			r.orgs[k.Org] = b
 		}
 		b.fails++
-		b.last = kind
+		b.last, b.lastAt = kind, now
 		b.fail(now, t.cfg, k.probeOrg)
 		r.all.fails, r.all.orgsIn = t.corroborated(r)
 		r.all.last = kind
 		r.all.fail(now, t.cfg, k.probeAll)
 	}
+	changed = append(changed, t.diff(k.Runner, r, before, now, "")...)
+	t.mu.Unlock()
+	t.emit(changed)
+}
+
+// diff lists the transitions of r since its states before; reason, when set, replaces
+// the states' own reasons.
+func (t *Tracker) diff(runner string, r *runnerRec, before map[string]State, now time.Time, reason string) []Transition {
+	var changed []Transition
 	after := t.states(r, now)
 	for key, to := range after {
 		if from := before[key]; from != to {
-			tr := Transition{Runner: k.Runner, Org: key, From: from, To: to}
-			if key == "" {
+			tr := Transition{Runner: runner, Org: key, From: from, To: to, Reason: reason}
+			switch b := r.orgs[key]; {
+			case reason != "":
+			case key == "":
 				tr.Reason = t.viewOf(&r.all, now, false).Reason
-			} else if b := r.orgs[key]; b != nil {
+			case b != nil:
 				tr.Reason = t.viewOf(b, now, true).Reason
 			}
 			changed = append(changed, tr)
@@ -407,24 +433,57 @@ func (t *Tracker) Report(k Ticket, o Outcome, kind string) {
 	}
 	for key, from := range before {
 		if _, ok := after[key]; !ok && from != Healthy {
-			changed = append(changed, Transition{Runner: k.Runner, Org: key, From: from, To: Healthy})
+			changed = append(changed, Transition{Runner: runner, Org: key, From: from, To: Healthy, Reason: reason})
 		}
 	}
-	t.mu.Unlock()
-	if t.notify != nil {
-		slices.SortFunc(changed, func(a, b Transition) int {
-			switch {
-			case a.Org < b.Org:
-				return -1
-			case a.Org > b.Org:
-				return 1
-			}
-			return 0
-		})
-		for _, tr := range changed {
-			t.notify(tr)
+	return changed
+}
+
+// emit notifies the transitions (outside the lock), in a stable order.
+func (t *Tracker) emit(changed []Transition) {
+	if t.notify == nil || len(changed) == 0 {
+		return
+	}
+	slices.SortFunc(changed, func(a, b Transition) int {
+		switch {
+		case a.Org < b.Org:
+			return -1
+		case a.Org > b.Org:
+			return 1
+		}
+		return 0
+	})
+	for _, tr := range changed {
+		t.notify(tr)
+	}
+}
+
+// decay forgets r's organization counts whose last counted failure is DecayAfter old or
+// older (not quarantined or probing ones: their probe ends them) and recomputes the
+// runner's count from the rest (unless the runner is quarantined or probing). It returns
+// the transitions this caused.
+func (t *Tracker) decay(runner string, r *runnerRec, now time.Time) []Transition {
+	cutoff := now.Add(-t.cfg.DecayAfter)
+	var stale []string
+	for org, b := range r.orgs {
+		if b.trips == 0 && !b.lastAt.After(cutoff) {
+			stale = append(stale, org)
 		}
 	}
+	if len(stale) == 0 {
+		return nil
+	}
+	before := t.states(r, now)
+	for _, org := range stale {
+		delete(r.orgs, org)
+	}
+	if r.all.trips == 0 {
+		r.all.fails, r.all.orgsIn = t.corroborated(r)
+		if r.all.fails == 0 {
+			r.all.last = ""
+		}
+	}
+	return t.diff(runner, r, before, now, "decayed: no counted failure for "+t.cfg.DecayAfter.String())
 }
 
 // states are r's states ("" the runner's, then its organizations').
@@ -484,10 +543,13 @@ func (t *Tracker) Runners() map[string]State {
 		return out
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	now := t.now()
+	var changed []Transition
 	for id, r := range t.runners {
+		changed = append(changed, t.decay(id, r, now)...)
 		out[id] = r.all.state(now, t.cfg)
 	}
+	t.mu.Unlock()
+	t.emit(changed)
 	return out
 }

@@ -237,3 +237,74 @@ func TestDisabled(t *testing.T) {
 		t.Fatal("nil tracker")
 	}
 }
+
+// A degraded runner whose failures stop becomes healthy again once its last counted
+// failure is older than DecayAfter; a failure within the window keeps the count; a
+// quarantine is not decayed (its probe ends it).
+func TestDecay(t *testing.T) {
+	clk := newClock()
+	var trs []Transition
+	tr := New(Config{MinOrgs: 1, DecayAfter: 10 * time.Minute}, clk.now, func(x Transition) { trs = append(trs, x) })
+	for range 3 {
+		fail(tr, "r1", "a")
+	}
+	if v := tr.Global("r1"); v.State != Degraded {
+		t.Fatalf("after 3 failures: %+v", v)
+	}
+	clk.add(9 * time.Minute)
+	fail(tr, "r1", "a") // within the window: counted on top
+	if v := tr.Global("r1"); v.State != Degraded || !strings.Contains(v.Reason, "4 failed creates") {
+		t.Fatalf("after a 4th failure within the window: %+v", v)
+	}
+	clk.add(9 * time.Minute) // 18 min after the first, 9 after the last
+	if v := tr.View("r1", "a"); v.State != Degraded {
+		t.Fatalf("9 min after the last failure: %+v", v)
+	}
+	trs = nil
+	clk.add(time.Minute)
+	if v := tr.View("r1", "a"); v.State != Healthy {
+		t.Fatalf("10 min after the last failure: %+v", v)
+	}
+	if got := tr.Runners()["r1"]; got != Healthy {
+		t.Fatalf("metrics view: %s", got)
+	}
+	if len(trs) != 2 || trs[0].To != Healthy || !strings.Contains(trs[0].Reason, "decayed") {
+		t.Fatalf("decay transitions: %+v", trs)
+	}
+	// Counting starts again from 0: two more failures do not degrade it.
+	fail(tr, "r1", "a")
+	fail(tr, "r1", "a")
+	if v := tr.Global("r1"); v.State != Healthy {
+		t.Fatalf("2 failures after the decay: %+v", v)
+	}
+
+	// A quarantine does not decay: it ends by its probe.
+	for range 6 {
+		fail(tr, "r2", "a")
+	}
+	clk.add(time.Hour)
+	if v := tr.Global("r2"); v.State != Probing {
+		t.Fatalf("an hour after a quarantine: %+v, want probing", v)
+	}
+
+	// Decay per organization: with MinOrgs 2, one organization's old failures decay and
+	// the runner is no longer degraded for everyone, though the other's are recent.
+	tr2 := New(Config{}, clk.now, nil)
+	for range 3 {
+		fail(tr2, "r3", "a")
+	}
+	clk.add(8 * time.Minute)
+	for range 3 {
+		fail(tr2, "r3", "b")
+	}
+	if v := tr2.Global("r3"); v.State != Degraded {
+		t.Fatalf("two organizations' failures: %+v", v)
+	}
+	clk.add(3 * time.Minute) // a's are 11 min old, b's 3
+	if v := tr2.Global("r3"); v.State != Healthy {
+		t.Fatalf("after a's failures decayed: %+v", v)
+	}
+	if v := tr2.View("r3", "b"); v.State != Degraded || !v.Own {
+		t.Fatalf("b's own view: %+v", v)
+	}
+}

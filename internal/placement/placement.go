@@ -106,9 +106,11 @@ type Runner struct {
 	CachedSnapshots []string
 	// HealthRank orders candidates before their load: 0 (healthy) first, then higher
 	// (degraded, probing; internal/health). Quarantined, when not empty, says why the
-	// runner takes no sandbox now (its creates kept failing): it is no candidate.
-	HealthRank  int
-	Quarantined string
+	// runner takes no sandbox now (its creates kept failing): it is no candidate;
+	// QuarantineRetry is how long until its quarantine may end (0: unknown).
+	HealthRank      int
+	Quarantined     string
+	QuarantineRetry time.Duration
 }
 
 // Request is one placement decision.
@@ -224,7 +226,11 @@ func Place(req Request) ([]Candidate, error) {
 		down     []string           // runner IDs
 		full     []string           // "r1: needs …, free …"
 		rejected []apierr.Violation // prefixed
-		single   policy.Result      // the one rejection when one runner is considered
+		// quarantined: runners that would take it but for their quarantine; retry: the
+		// earliest end of one.
+		quarantined []string
+		retry       time.Duration
+		single      policy.Result // the one rejection when one runner is considered
 		// bySource: runners rejected by their source-IP allowlists.
 		bySource int
 		// shareOnly: every rejection is only a runner that cannot check share tokens.
@@ -280,6 +286,8 @@ func Place(req Request) ([]Candidate, error) {
 		}
 		if r.Quarantined != "" {
 			shareOnly = false
+			quarantined = append(quarantined, r.ID)
+			retry = minRetry(retry, r.QuarantineRetry)
 			rejected = append(rejected, apierr.Violation{Field: "runner[" + r.ID + "]", Description: "runner is " + r.Quarantined})
 			continue
 		}
@@ -314,6 +322,8 @@ func Place(req Request) ([]Candidate, error) {
 	switch {
 	case len(full) > 0:
 		return nil, CapacityExhausted(full)
+	case len(quarantined) > 0: // the others never would; these will after the cooldown
+		return nil, Quarantined(quarantined, rejected, retry)
 	case bySource > 0 && bySource == len(considered):
 		return nil, SourceNotAllowed(considered, req)
 	case len(down) == 0 && shareOnly:
@@ -337,6 +347,31 @@ func Place(req Request) ([]Candidate, error) {
 		ids[k] = req.Runners[i].ID
 	}
 	return nil, NoSuitableRunner(ids, rejected)
+}
+
+// Quarantined is the error when the only runners that would take a sandbox (runnerIDs)
+// are quarantined by runner health (internal/health): UNAVAILABLE
+// CWSANDBOX_RUNNER_UNAVAILABLE, which clients retry, with RetryInfo until the earliest
+// cooldown ends (RetryAfter when unknown) and vs naming the quarantines (and why any other
+// runner would not take it).
+func Quarantined(runnerIDs []string, vs []apierr.Violation, retry time.Duration) *connect.Error {
+	if retry <= 0 {
+		retry = RetryAfter
+	}
+	return apierr.WithRetry(apierr.WithViolations(apierr.New(apierr.RunnerUnavailable,
+		fmt.Sprintf("no runner can take this sandbox now (retry after the quarantine): %s", apierr.Describe(vs)),
+		map[string]string{"runner_ids": strings.Join(runnerIDs, ",")}), vs), retry)
+}
+
+// minRetry is the shorter of two known (positive) delays.
+func minRetry(a, b time.Duration) time.Duration {
+	switch {
+	case b <= 0:
+		return a
+	case a <= 0:
+		return b
+	}
+	return min(a, b)
 }
 
 // NoSuitableRunner is the error for a sandbox none of runnerIDs can ever take (their

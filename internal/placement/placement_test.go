@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -450,10 +451,32 @@ func TestPlaceHealth(t *testing.T) {
 	if err != nil || !slices.Equal(ids(cands), []string{"r2"}) {
 		t.Fatalf("quarantined runner placed: %v %v", ids(cands), err)
 	}
-	for _, rs := range [][]Runner{{q}, {q, rn("r3", mustPolicy(t, `{"constraints": {"resources": {"max_cpu": "0.5"}}}`))}} {
+	// Only quarantined runners would take it: retryable (UNAVAILABLE RUNNER_UNAVAILABLE,
+	// as for down runners) with RetryInfo until the earliest cooldown ends, naming the
+	// quarantine in a violation.
+	q.QuarantineRetry = 20 * time.Second
+	q2 := rn("r4", free)
+	q2.Quarantined, q2.QuarantineRetry = "quarantined: a probe create is testing it", 0
+	for _, rs := range [][]Runner{{q}, {q, rn("r3", mustPolicy(t, `{"constraints": {"resources": {"max_cpu": "0.5"}}}`))}, {q2, q}} {
 		_, err = Place(Request{Spec: spec("1", "1Gi"), Runners: rs})
-		if apierr.Reason(err) != apierr.NoSuitableRunner || connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "quarantined until") {
+		if apierr.Reason(err) != apierr.RunnerUnavailable || connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "quarantined until") {
 			t.Fatalf("%d runners, all acceptable quarantined: %v", len(rs), err)
 		}
+		if d := apierr.RetryInfo(err).GetRetryDelay().AsDuration(); d != 20*time.Second {
+			t.Errorf("%d runners: retry %v, want 20s", len(rs), d)
+		}
+		if !slices.ContainsFunc(apierr.Violations(err), func(v apierr.Violation) bool {
+			return v.Field == "runner[r1]" && strings.Contains(v.Description, "quarantined until")
+		}) {
+			t.Errorf("%d runners: violations %v", len(rs), apierr.Violations(err))
+		}
+	}
+	// Unknown end (a probe is out): the default retry.
+	_, err = Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{q2}})
+	if apierr.Reason(err) != apierr.RunnerUnavailable {
+		t.Fatalf("probe out: %v", err)
+	}
+	if d := apierr.RetryInfo(err).GetRetryDelay().AsDuration(); d != RetryAfter {
+		t.Errorf("probe out: retry %v, want %s", d, RetryAfter)
 	}
 }

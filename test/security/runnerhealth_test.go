@@ -23,12 +23,11 @@ func runnerView(t *testing.T, d *Dev, key, org string) (bool, []string) {
 }
 
 // TestRunnerHealthOneTenantCannotQuarantine: a tenant whose creates fail in a way that
-// looks like the runner's fault (an image on a registry that does not answer: its DNS
-// name does not resolve) cannot degrade or quarantine the shared runner for another
-// tenant. Failures count per (runner, organization), and a runner changes for everyone
-// only when two organizations each fail there (internal/health): the attacker
-// quarantines the runner for itself only, and the victim still sees it healthy and
-// creates on it.
+// once looked like the runner's fault (an image on a registry that does not answer: its
+// DNS name does not resolve) cannot degrade or quarantine the shared runner, for another
+// tenant or even for itself: image pulls (like start errors the agent reports) are the
+// caller's, and only the runner's own failures count (internal/gateway sandboxOutcome).
+// Both tenants still see the runner healthy and create on it.
 func TestRunnerHealthOneTenantCannotQuarantine(t *testing.T) {
 	d := needDev(t)
 	attacker, err := d.NewKey("org-health-attacker", "user")
@@ -39,9 +38,6 @@ func TestRunnerHealthOneTenantCannotQuarantine(t *testing.T) {
 	for i := range failures {
 		code, body, id := d.create(t, attacker, "registry.invalid/attack/unreachable:latest", nil)
 		if code != http.StatusOK || id == "" {
-			if strings.Contains(string(body), "CWSANDBOX_NO_SUITABLE_RUNNER") && i >= 6 {
-				break // quarantined for the attacker already
-			}
 			t.Fatalf("attacker create %d: HTTP %d %s", i, code, body)
 		}
 		deadline := time.Now().Add(90 * time.Second)
@@ -62,17 +58,14 @@ func TestRunnerHealthOneTenantCannotQuarantine(t *testing.T) {
 		}
 	}
 
-	// The attacker sees the runner quarantined — for itself only.
+	// The attacker's failures did not count: it sees the runner healthy and creates on it.
 	healthy, tags := runnerView(t, d, attacker, "org-health-attacker")
-	if healthy || !strings.Contains(strings.Join(tags, " "), "sandboxd.health=quarantined") {
-		t.Errorf("attacker's view: healthy=%v tags=%v, want its own quarantine", healthy, tags)
-	}
-	if strings.Contains(strings.Join(tags, " "), "org-") {
-		t.Errorf("health tags name an organization: %v", tags)
+	if !healthy || strings.Contains(strings.Join(tags, " "), "sandboxd.health") {
+		t.Errorf("attacker's view: healthy=%v tags=%v, want healthy without health tags", healthy, tags)
 	}
 	code, body, _ := d.create(t, attacker, "busybox:latest", nil)
-	if code == http.StatusOK || !strings.Contains(string(body), "CWSANDBOX_NO_SUITABLE_RUNNER") || !strings.Contains(string(body), "quarantined") {
-		t.Errorf("attacker's create after its failures: HTTP %d %s, want NO_SUITABLE_RUNNER naming the quarantine", code, body)
+	if code != http.StatusOK {
+		t.Errorf("attacker's create after its failing pulls: HTTP %d %s", code, body)
 	}
 	// The victim sees a healthy runner, with no health tag, and creates on it.
 	healthy, tags = runnerView(t, d, d.KeyA, "org-a")
