@@ -55,8 +55,11 @@ func TestK8sOrgPullSecretIsolation(t *testing.T) {
 		return runtime.WarmTarget{Key: org + "/t", Spec: runtime.Spec{Meta: map[string]string{runtime.MetaOrg: org},
 			Container: runtime.Container{Image: image, PullCredentials: creds}}}
 	}
-	spoofed := target("org-a", host+"/org-a/app:1", tok("org-b"))
-	cross := target("org-b", host+"/org-a/app:2", tok("org-b"))
+	// One token per organization: a token made a second later differs (its expiry),
+	// and the last check compares the Secret with org-b's.
+	tokB := tok("org-b")
+	spoofed := target("org-a", host+"/org-a/app:1", tokB)
+	cross := target("org-b", host+"/org-a/app:2", tokB)
 	blocked := target("org-c", host+"/org-c/app:1", tok("org-c"))
 	if err := b.SetWarmPools(ctx, []runtime.WarmTarget{spoofed, cross, blocked}); err != nil {
 		t.Fatal(err)
@@ -97,7 +100,7 @@ func TestK8sOrgPullSecretIsolation(t *testing.T) {
 		t.Errorf("the foreign Secret at org-c's name was changed: %v %v", sec, err)
 	}
 	if sec, err := cs.CoreV1().Secrets("sbx").Get(ctx, orgB, metav1.GetOptions{}); err != nil ||
-		!strings.Contains(string(sec.Data[corev1.DockerConfigJsonKey]), tok("org-b").Password[:40]) {
-		t.Errorf("org-b's Secret: %v", err)
+		!strings.Contains(string(sec.Data[corev1.DockerConfigJsonKey]), tokB.Password) {
+		t.Errorf("org-b's Secret: %v (err %v), want org-b's token", sec, err)
 	}
 }
