@@ -181,6 +181,9 @@ func Args(v Values) []string {
 		"--namespace=" + v.Namespace,
 		"--agent-image=" + v.AgentImage,
 		"--image-pull-policy=" + string(orDefault(v.SandboxImagePullPolicy)),
+		// Metrics and the /livez and /readyz probes on the Pod IP, as the runner chart
+		// (metrics.port) has them.
+		"--metrics-listen=0.0.0.0:9467",
 		"--listen=0.0.0.0:7443",
 		"--data-dir=/var/lib/sandboxd",
 		"--control-plane=$(SANDBOXD_CONTROL_PLANE)",
