@@ -10,6 +10,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 var _ runner.ProgressHandle = (*Client)(nil)
@@ -84,7 +85,7 @@ func ProgressFromProto(m *runnerv1.WatchProgressResponse) runner.StartProgress {
 		if i == progress.MaxPulls {
 			break
 		}
-		ps := progress.PullSnapshot{Image: clip(ip.GetImage(), maxImageRef), LayersDone: int(ip.GetLayersDone()), LayersTotal: int(ip.GetLayersTotal()),
+		ps := progress.PullSnapshot{Image: textclip.Clip(ip.GetImage(), maxImageRef), LayersDone: int(ip.GetLayersDone()), LayersTotal: int(ip.GetLayersTotal()),
 			BytesDone: ip.GetBytesDone(), BytesTotal: ip.GetBytesTotal()}
 		for j, l := range ip.GetLayers() {
 			if j == progress.MaxLayers {
@@ -95,11 +96,4 @@ func ProgressFromProto(m *runnerv1.WatchProgressResponse) runner.StartProgress {
 		p.Pulls = append(p.Pulls, ps)
 	}
 	return p
-}
-
-func clip(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
