@@ -10,6 +10,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/progress"
+	"github.com/sandboxd/sandboxd/internal/progress/progresspb"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -68,17 +69,9 @@ func phaseOf(st runner.State) progress.Phase {
 
 func progressToWire(id string, p runner.StartProgress) *statev1.WatchSandboxProgressResponse {
 	m := &statev1.WatchSandboxProgressResponse{SandboxId: id, State: sandboxv1.State(p.State).String(),
-		Phase: statev1.StartPhase(p.Phase), WaitingFor: p.Phase.Waiting()}
+		Phase: progresspb.Phase(p.Phase), WaitingFor: p.Phase.Waiting(), Pulls: progresspb.Pulls(p.Pulls)}
 	if !p.Since.IsZero() {
 		m.PhaseSince = timestamppb.New(p.Since)
-	}
-	for _, pl := range p.Pulls {
-		ip := &statev1.ImagePull{Image: pl.Image, LayersDone: int32(pl.LayersDone), LayersTotal: int32(pl.LayersTotal),
-			BytesDone: pl.BytesDone, BytesTotal: pl.BytesTotal}
-		for _, l := range pl.Layers {
-			ip.Layers = append(ip.Layers, &statev1.LayerProgress{Digest: l.Digest, BytesDone: l.Done, BytesTotal: l.Total, Complete: l.Complete})
-		}
-		m.Pulls = append(m.Pulls, ip)
 	}
 	return m
 }

@@ -8,9 +8,8 @@ import (
 
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
-	"github.com/sandboxd/sandboxd/internal/progress"
+	"github.com/sandboxd/sandboxd/internal/progress/progresspb"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 var _ runner.ProgressHandle = (*Client)(nil)
@@ -55,45 +54,20 @@ func (c *Client) WatchProgress(ctx context.Context, id string, send func(runner.
 
 // ProgressToProto converts p (bounded by progress.Snapshot).
 func ProgressToProto(p runner.StartProgress) *runnerv1.WatchProgressResponse {
-	m := &runnerv1.WatchProgressResponse{State: runnerv1.State(p.State), Phase: runnerv1.StartPhase(p.Phase)}
+	m := &runnerv1.WatchProgressResponse{State: runnerv1.State(p.State), Phase: progresspb.Phase(p.Phase), Pulls: progresspb.Pulls(p.Pulls)}
 	if !p.Since.IsZero() {
 		m.PhaseSince = timestamppb.New(p.Since)
-	}
-	for _, pl := range p.Pulls {
-		ip := &runnerv1.ImagePull{Image: pl.Image, LayersDone: int32(pl.LayersDone), LayersTotal: int32(pl.LayersTotal),
-			BytesDone: pl.BytesDone, BytesTotal: pl.BytesTotal}
-		for _, l := range pl.Layers {
-			ip.Layers = append(ip.Layers, &runnerv1.LayerProgress{Digest: l.Digest, BytesDone: l.Done, BytesTotal: l.Total, Complete: l.Complete})
-		}
-		m.Pulls = append(m.Pulls, ip)
 	}
 	return m
 }
 
-// maxImageRef bounds an image reference taken from a runner's progress.
-const maxImageRef = 512
-
-// ProgressFromProto converts m, bounded as a runner's own would be (at most
-// progress.MaxPulls pulls of progress.MaxLayers layers, short digests, clipped names).
+// ProgressFromProto converts m, bounded as a runner's own would be (progresspb.PullsFrom).
 func ProgressFromProto(m *runnerv1.WatchProgressResponse) runner.StartProgress {
 	p := runner.StartProgress{State: runner.State(m.GetState())}
-	p.Phase = progress.Phase(m.GetPhase())
+	p.Phase = progresspb.PhaseFrom(m.GetPhase())
 	if t := m.GetPhaseSince(); t != nil {
 		p.Since = t.AsTime()
 	}
-	for i, ip := range m.GetPulls() {
-		if i == progress.MaxPulls {
-			break
-		}
-		ps := progress.PullSnapshot{Image: textclip.Clip(ip.GetImage(), maxImageRef), LayersDone: int(ip.GetLayersDone()), LayersTotal: int(ip.GetLayersTotal()),
-			BytesDone: ip.GetBytesDone(), BytesTotal: ip.GetBytesTotal()}
-		for j, l := range ip.GetLayers() {
-			if j == progress.MaxLayers {
-				break
-			}
-			ps.Layers = append(ps.Layers, progress.Layer{Digest: progress.ShortDigest(l.GetDigest()), Done: l.GetBytesDone(), Total: l.GetBytesTotal(), Complete: l.GetComplete()})
-		}
-		p.Pulls = append(p.Pulls, ps)
-	}
+	p.Pulls = progresspb.PullsFrom(m.GetPulls())
 	return p
 }

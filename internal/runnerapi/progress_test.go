@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/progress"
+	"github.com/sandboxd/sandboxd/internal/progress/progresspb"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -75,7 +76,7 @@ func TestProgressFromProtoBounded(t *testing.T) {
 		t.Fatalf("%d pulls", len(got.Pulls))
 	}
 	for _, ps := range got.Pulls {
-		if len(ps.Layers) != progress.MaxLayers || len(ps.Image) > maxImageRef || len(ps.Layers[0].Digest) != 12 {
+		if len(ps.Layers) != progress.MaxLayers || len(ps.Image) > progresspb.MaxImageRef || len(ps.Layers[0].Digest) != 12 {
 			t.Fatalf("unbounded pull: %d layers, image of %d bytes, digest %q", len(ps.Layers), len(ps.Image), ps.Layers[0].Digest)
 		}
 	}
