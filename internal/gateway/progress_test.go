@@ -74,7 +74,7 @@ func TestWatchSandboxProgress(t *testing.T) {
 	t.Cleanup(s.Close)
 	// One open watch per organization (MaxProgressWatchesPerOrg, made small): a second
 	// watch of acme's gets the state alone and ends, holding nothing.
-	s.progressWatch = newStartWaiters(StartWaitOptions{MaxWaiters: 8, MaxWaitersPerOrg: 1})
+	s.progressWatch = newOrgSlots(8, 1)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	sc := sandboxv1connect.NewSandboxServiceClient(http.DefaultClient, srv.URL)
@@ -167,11 +167,9 @@ func TestWatchSandboxProgress(t *testing.T) {
 		close(release)
 		t.Fatalf("no pull seen in %v", msgs)
 	}
-	s.progressWatch.mu.Lock()
-	if n := s.progressWatch.total; n != 0 {
+	if n := s.progressWatch.held(); n != 0 {
 		t.Errorf("%d watches still counted after they ended", n)
 	}
-	s.progressWatch.mu.Unlock()
 	last := msgs[len(msgs)-1]
 	if last.GetState() != "STATE_RUNNING" || last.GetPhase() != statev1.StartPhase_START_PHASE_RUNNING || last.GetWaitingFor() != "" {
 		t.Errorf("last update %v, want RUNNING", last)

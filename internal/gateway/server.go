@@ -227,10 +227,12 @@ type Server struct {
 	bg                             context.Context
 	probeWatches                   sync.WaitGroup
 	probeJudgeFor, probeJudgeEvery time.Duration
-	// startWait: see Config.StartWait.
-	startWait *startWaiters
+	// startWait (Config.StartWait with its defaults) and the places of the GetSandbox
+	// calls waiting at once (startwait.go).
+	startWait    StartWaitOptions
+	startWaiters *orgSlots
 	// progressWatch bounds the WatchSandboxProgress streams open at once (progress.go).
-	progressWatch *startWaiters
+	progressWatch *orgSlots
 }
 
 // New returns a Server.
@@ -288,8 +290,9 @@ func New(cfg Config) (*Server, error) {
 	s.trustedProxies = slices.Clone(cfg.TrustedProxies)
 	s.secrets = cfg.Secrets.withDefaults()
 	s.orphanGrace = cfg.OrphanGrace
-	s.startWait = newStartWaiters(cfg.StartWait)
-	s.progressWatch = newStartWaiters(StartWaitOptions{MaxWaiters: MaxProgressWatches, MaxWaitersPerOrg: MaxProgressWatchesPerOrg})
+	s.startWait = cfg.StartWait.withDefaults()
+	s.startWaiters = s.startWait.slots()
+	s.progressWatch = newOrgSlots(MaxProgressWatches, MaxProgressWatchesPerOrg)
 	if cfg.Audit.Config.Retention == 0 {
 		cfg.Audit.Config.Retention = audit.DefaultRetention
 	}

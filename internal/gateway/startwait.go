@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -65,45 +64,13 @@ func (o StartWaitOptions) withDefaults() StartWaitOptions {
 	return o
 }
 
-// startWaiters counts the GetSandbox calls waiting, in all and per organization.
-type startWaiters struct {
-	opts StartWaitOptions
-
-	mu     sync.Mutex
-	total  int
-	perOrg map[string]int
-}
-
-func newStartWaiters(o StartWaitOptions) *startWaiters {
-	return &startWaiters{opts: o.withDefaults(), perOrg: map[string]int{}}
-}
-
-// acquire takes a waiter's place for org; false when the gateway's or the
-// organization's places are all taken (the caller answers at once).
-func (w *startWaiters) acquire(org string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.total >= w.opts.MaxWaiters || w.perOrg[org] >= w.opts.MaxWaitersPerOrg {
-		return false
-	}
-	w.total++
-	w.perOrg[org]++
-	return true
-}
-
-func (w *startWaiters) release(org string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.total--
-	if w.perOrg[org]--; w.perOrg[org] <= 0 {
-		delete(w.perOrg, org)
-	}
-}
+// slots are the waiting places o allows.
+func (o StartWaitOptions) slots() *orgSlots { return newOrgSlots(o.MaxWaiters, o.MaxWaitersPerOrg) }
 
 // wait is how long a call with ctx may wait: Max, at most half of what is left of
 // ctx's deadline; 0: not at all.
-func (w *startWaiters) wait(ctx context.Context) time.Duration {
-	d := w.opts.Max
+func (o StartWaitOptions) wait(ctx context.Context) time.Duration {
+	d := o.Max
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl)/2)
 	}
@@ -112,7 +79,7 @@ func (w *startWaiters) wait(ctx context.Context) time.Duration {
 
 // awaitStart is sb (what rec's runner r answered just now) or, when sb is a young
 // sandbox still starting, what r answers once its state has changed or the bounded wait
-// (startWaiters.wait) is over. Beyond the waiter caps, or on a runner that cannot wait,
+// (StartWaitOptions.wait) is over. Beyond the waiter caps, or on a runner that cannot wait,
 // it is sb at once.
 func (s *Server) awaitStart(ctx context.Context, org string, rec *record, r runner.Handle, sb runner.Sandbox) runner.Sandbox {
 	if sb.State != runner.StateCreating && sb.State != runner.StatePending || time.Since(sb.CreatedAt) > startWaitYoung {
@@ -120,10 +87,10 @@ func (s *Server) awaitStart(ctx context.Context, org string, rec *record, r runn
 	}
 	ah, ok := r.(runner.AwaitHandle)
 	wait := s.startWait.wait(ctx)
-	if !ok || wait <= 0 || !s.startWait.acquire(org) {
+	if !ok || wait <= 0 || !s.startWaiters.acquire(org) {
 		return sb
 	}
-	defer s.startWait.release(org)
+	defer s.startWaiters.release(org)
 	// The runner caps its wait, but an unreachable runner would hold the call (and its
 	// place) until the caller's deadline: the call is bounded here too.
 	actx, cancel := context.WithTimeout(ctx, wait+startWaitSlack)

@@ -92,7 +92,7 @@ func TestGetSandboxWaitsForStart(t *testing.T) {
 func TestGetSandboxWaitBounded(t *testing.T) {
 	r := newAwaitingRunner()
 	s := newTestGateway(t, t.TempDir(), r)
-	s.startWait = newStartWaiters(StartWaitOptions{MaxWaitersPerOrg: 1})
+	s.startWaiters = newOrgSlots(DefaultStartWaiters, 1)
 	id := createOne(t, s)
 	ctx, cancel := context.WithCancel(asOrg(t.Context()))
 	first := make(chan sandboxv1.State, 1)
@@ -125,9 +125,9 @@ func TestGetSandboxWaitBounded(t *testing.T) {
 	}
 }
 
-// TestStartWaitersCaps: the gateway's and each organization's places.
-func TestStartWaitersCaps(t *testing.T) {
-	w := newStartWaiters(StartWaitOptions{MaxWaiters: 2, MaxWaitersPerOrg: 1})
+// TestOrgSlotsCaps: the gateway's and each organization's places.
+func TestOrgSlotsCaps(t *testing.T) {
+	w := (StartWaitOptions{MaxWaiters: 2, MaxWaitersPerOrg: 1}).withDefaults().slots()
 	if !w.acquire("a") || w.acquire("a") {
 		t.Fatal("organization a: want one place")
 	}
@@ -141,12 +141,21 @@ func TestStartWaitersCaps(t *testing.T) {
 	if !w.acquire("c") {
 		t.Fatal("organization c after a released: want a place")
 	}
-	if got := (StartWaitOptions{Max: -1}).withDefaults(); newStartWaiters(got).wait(context.Background()) != 0 {
+	w.release("b")
+	w.release("c")
+	if n := w.held(); n != 0 {
+		t.Errorf("%d places held after every release", n)
+	}
+}
+
+// TestStartWaitBounds: how long one call waits.
+func TestStartWaitBounds(t *testing.T) {
+	if (StartWaitOptions{Max: -1}).withDefaults().wait(context.Background()) != 0 {
 		t.Error("a negative Max waits")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if d := newStartWaiters(StartWaitOptions{}).wait(ctx); d > 50*time.Millisecond {
+	if d := (StartWaitOptions{}).withDefaults().wait(ctx); d > 50*time.Millisecond {
 		t.Errorf("wait under a 100ms deadline: %v, want at most half of it", d)
 	}
 	if err := (StartWaitOptions{Max: time.Minute}).Validate(); err == nil {
