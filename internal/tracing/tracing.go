@@ -11,6 +11,7 @@
 package tracing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -182,15 +183,8 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (shutdown func(conte
 	)
 	otel.SetErrorHandler(rateLimited(log))
 	otel.SetTracerProvider(tp)
-	log.Info("tracing on", "otlp_endpoint", u.Scheme+"://"+u.Host, "protocol", cmpOr(c.Protocol, ProtocolGRPC), "sample_ratio", c.SampleRatio)
+	log.Info("tracing on", "otlp_endpoint", u.Scheme+"://"+u.Host, "protocol", cmp.Or(c.Protocol, ProtocolGRPC), "sample_ratio", c.SampleRatio)
 	return tp.Shutdown, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // rateLimited logs the SDK's errors (an unreachable receiver) at most once a minute.
