@@ -9,7 +9,7 @@ VERSION   ?= $(shell bash scripts/version.sh)
 LDFLAGS   := -X github.com/sandboxd/sandboxd/internal/version.version=$(VERSION)
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps pydeps images runsc pebble seaweedfs prometheus jaeger test conformance pysdk-test test-short bench bench-smoke demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
+.PHONY: all build agent generate deps pydeps images runsc pebble seaweedfs prometheus jaeger test conformance pysdk-test test-short bench bench-smoke bench-sdk demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
 
 all: build
 
@@ -97,6 +97,12 @@ test-short:
 bench: build images runsc pydeps jaeger
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
 
+# API call -> first command through the official Python client and the Go SDK, sequential,
+# staggered and in bursts of 10/50/100, against a `sandboxd dev` it starts (bench/sdk/run.py;
+# BENCH_SDK_RUNS, BENCH_SDK_BURSTS, BENCH_SDK_STAGGER_MS).
+bench-sdk: build images pydeps
+	python3 bench/sdk/run.py
+
 # Every benchmark once, so that none rots unnoticed: those of bench/ and every Benchmark
 # func under internal/ (the packages are found, not listed), -benchtime 1x, the edge
 # comparison measured briefly. Part of `make test`; its figures mean nothing (`make
@@ -104,6 +110,7 @@ bench: build images runsc pydeps jaeger
 BENCH_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^func Benchmark' bench internal)))
 bench-smoke: build images runsc pydeps jaeger
 	EDGE_BENCH_DURATION=200ms $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(addprefix ./,$(BENCH_PKGS))
+	BENCH_SDK_SMOKE=1 python3 bench/sdk/run.py
 
 # Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.
 demo: deps build images

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -205,21 +206,52 @@ func mountLoopFSWith(img, mnt, fstype string, flags uintptr, data string, direct
 		return err
 	}
 	defer file.Close()
+	dev, lf, err := attachLoop(file, img, direct)
+	if err != nil {
+		return err
+	}
+	failpoint.Hit("local.disk.attached")
+	err = unix.Mount(dev, mnt, fstype, flags, data)
+	if err != nil {
+		// Nothing holds the device then: detach it ourselves.
+		_ = unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0)
+	}
+	// The mount holds the device; with autoclear it detaches at the last unmount.
+	lf.Close()
+	if err != nil {
+		return fmt.Errorf("mount %s (%s) on %s: %w", dev, img, mnt, err)
+	}
+	return nil
+}
+
+// loopMu serializes this process's loop attaches: LOOP_CTL_GET_FREE gives every caller
+// the same lowest free device, so concurrent attaches (a burst of creates) would all but
+// one lose each round to EBUSY.
+var loopMu sync.Mutex
+
+// maxLoopAttempts bounds the retries when another process takes the free device
+// between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
+const maxLoopAttempts = 50
+
+// attachLoop attaches file (the image img) to a free loop device with autoclear and
+// returns the device's path and an open file of it (the caller closes it).
+func attachLoop(file *os.File, img string, direct bool) (string, *os.File, error) {
+	loopMu.Lock()
+	defer loopMu.Unlock()
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("loop devices: %w", err)
+		return "", nil, fmt.Errorf("loop devices: %w", err)
 	}
 	defer ctl.Close()
-	// Another process may take the free device between GET_FREE and CONFIGURE: retry.
-	for attempt := 0; ; attempt++ {
+	for attempt := 1; ; attempt++ {
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
-			return fmt.Errorf("find a free loop device: %w", err)
+			return "", nil, fmt.Errorf("find a free loop device: %w", err)
 		}
 		dev := "/dev/loop" + strconv.Itoa(n)
 		lf, err := openLoopDevice(dev, n)
 		if err != nil {
-			return err
+			return "", nil, err
 		}
 		cfg := unix.LoopConfig{Fd: uint32(file.Fd())}
 		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
@@ -228,26 +260,15 @@ func mountLoopFSWith(img, mnt, fstype string, flags uintptr, data string, direct
 		}
 		copy(cfg.Info.File_name[:], img)
 		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
-		if errors.Is(err, unix.EBUSY) && attempt < 20 {
-			lf.Close()
-			continue
+		if err == nil {
+			return dev, lf, nil
 		}
-		if err != nil {
-			lf.Close()
-			return fmt.Errorf("attach %s to %s: %w", img, dev, err)
-		}
-		failpoint.Hit("local.disk.attached")
-		err = unix.Mount(dev, mnt, fstype, flags, data)
-		if err != nil {
-			// Nothing holds the device then: detach it ourselves.
-			_ = unix.IoctlSetInt(int(lf.Fd()), unix.LOOP_CLR_FD, 0)
-		}
-		// The mount holds the device; with autoclear it detaches at the last unmount.
 		lf.Close()
-		if err != nil {
-			return fmt.Errorf("mount %s (%s) on %s: %w", dev, img, mnt, err)
+		if !errors.Is(err, unix.EBUSY) || attempt == maxLoopAttempts {
+			return "", nil, fmt.Errorf("attach %s to %s (attempt %d): %w", img, dev, attempt, err)
 		}
-		return nil
+		// Another process (losetup, another runner) took it: let it finish.
+		time.Sleep(time.Duration(attempt) * 100 * time.Microsecond)
 	}
 }
 

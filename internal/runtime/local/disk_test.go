@@ -4,12 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // loopBackings lists the loop devices whose backing file is under dir.
@@ -114,4 +116,56 @@ func TestDiskLimitTooSmall(t *testing.T) {
 		t.Fatalf("Create = %v", err)
 	}
 	checkNoLeaks(t, e.state, "tiny")
+}
+
+// TestMountLoopConcurrent: many file systems attached at once (a burst of creates, each
+// with a disk limit) all get a loop device. Every caller asks the kernel for the same
+// lowest free device, so all but one lose each round; 20 rounds of retry were once all
+// the attach allowed, and the 21st of a burst of 50 failed with EBUSY.
+func TestMountLoopConcurrent(t *testing.T) {
+	testenv.RequireRoot(t, "loop devices, mounts")
+	dir := t.TempDir()
+	const n = 48
+	img := filepath.Join(dir, "template.img")
+	if err := mkfs(img, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, n)
+	mnts := make([]string, n)
+	for i := range n {
+		mnts[i] = filepath.Join(dir, "m"+strconv.Itoa(i))
+		if err := os.Mkdir(mnts[i], 0o700); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(i)+".img"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := make(chan struct{})
+	for i := range n {
+		go func() {
+			<-start
+			errs <- mountLoop(filepath.Join(dir, strconv.Itoa(i)+".img"), mnts[i])
+		}()
+	}
+	close(start)
+	var failed []error
+	for range n {
+		if err := <-errs; err != nil {
+			failed = append(failed, err)
+		}
+	}
+	for _, m := range mnts {
+		_ = syscall.Unmount(m, 0)
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d attaches failed; first: %v", len(failed), n, failed[0])
+	}
+	if l := lingeringLoops(dir); len(l) > 0 {
+		t.Errorf("loop devices left attached: %v", l)
+	}
 }
