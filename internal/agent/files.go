@@ -276,7 +276,7 @@ func (a *Agent) writeFileStream(path string, mode uint32, size int64, first []by
 				return err
 			}
 			var err error
-			if b, err = next(); err == io.EOF {
+			if b, err = next(); errors.Is(err, io.EOF) {
 				if got != size {
 					sizeErr = fmt.Errorf("%w: %d of %d", errShortStream, got, size)
 					return sizeErr

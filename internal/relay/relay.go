@@ -136,7 +136,7 @@ func readFileStream(ctx context.Context, a agentv1connect.AgentServiceClient, pa
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 	var buf []byte
 	for first := true; st.Receive(); first = false {
 		m := st.Msg()
