@@ -620,12 +620,21 @@ func (a *Agent) writeConfigFiles() error {
 
 // writeFileAtomic writes b to a temp file next to path and renames it into place.
 func writeFileAtomic(path string, b []byte, mode os.FileMode, owner *syscall.Credential) error {
+	return writeFileAtomicFunc(path, mode, owner, func(f *os.File) error {
+		_, err := f.Write(b)
+		return err
+	})
+}
+
+// writeFileAtomicFunc is writeFileAtomic with the content written by fill; an error of
+// fill is returned as it is and leaves path as it was.
+func writeFileAtomicFunc(path string, mode os.FileMode, owner *syscall.Credential, fill func(*os.File) error) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
 	tmp := f.Name()
-	_, err = f.Write(b)
+	err = fill(f)
 	if err == nil {
 		err = f.Chmod(mode)
 	}

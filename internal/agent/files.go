@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"connectrpc.com/connect"
@@ -100,13 +101,16 @@ func tooLarge(path string, size, limit int64) *connect.Error {
 		map[string]string{"filepath": path, "size_bytes": strconv.FormatInt(size, 10), "max_size_bytes": strconv.FormatInt(limit, 10)})
 }
 
-func (a *Agent) readFile(path string, maxBytes int64) ([]byte, error) {
+// openForRead opens path for reading a regular file: the file, its size when opened and
+// the byte limit of the read (the agent's and maxBytes, the smaller). A file over the
+// limit is CWSANDBOX_FILE_TOO_LARGE.
+func (a *Agent) openForRead(path string, maxBytes int64) (*os.File, int64, int64, error) {
 	p, err := a.resolvePath(path)
 	if err != nil {
-		return nil, invalidPath(path, err)
+		return nil, 0, 0, invalidPath(path, err)
 	}
 	if maxBytes < 0 {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("max_bytes must not be negative"))
+		return nil, 0, 0, connect.NewError(connect.CodeInvalidArgument, errors.New("max_bytes must not be negative"))
 	}
 	limit := int64(maxFileBytes)
 	if maxBytes > 0 && maxBytes < limit {
@@ -117,24 +121,36 @@ func (a *Agent) readFile(path string, maxBytes int64) ([]byte, error) {
 	// between is refused too. For regular files and directories the flag changes nothing.
 	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
-		return nil, fileError("read", path, err)
+		return nil, 0, 0, fileError("read", path, err)
 	}
-	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fileError("read", path, err)
+		f.Close()
+		return nil, 0, 0, fileError("read", path, err)
 	}
 	switch {
 	case fi.IsDir():
-		return nil, isDirError("read", path)
+		f.Close()
+		return nil, 0, 0, isDirError("read", path)
 	case !fi.Mode().IsRegular():
-		return nil, notRegular("read", path, fi.Mode())
+		f.Close()
+		return nil, 0, 0, notRegular("read", path, fi.Mode())
 	}
 	if fi.Size() > limit {
-		return nil, tooLarge(path, fi.Size(), limit)
+		f.Close()
+		return nil, 0, 0, tooLarge(path, fi.Size(), limit)
 	}
+	return f, fi.Size(), limit, nil
+}
+
+func (a *Agent) readFile(path string, maxBytes int64) ([]byte, error) {
+	f, size, limit, err := a.openForRead(path, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
 	// Size is a hint (procfs reports 0, a file may grow): read to EOF, bounded.
-	buf := make([]byte, 0, fi.Size()+1)
+	buf := make([]byte, 0, size+1)
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
@@ -153,26 +169,134 @@ func (a *Agent) readFile(path string, maxBytes int64) ([]byte, error) {
 	}
 }
 
-func (a *Agent) writeFile(path string, content []byte, mode uint32) error {
+// FileChunkBytes is the most content a message of ReadFileStream or WriteFileStream
+// carries.
+const FileChunkBytes = 1 << 20
+
+// chunkPool holds the FileChunkBytes buffers of ReadFileStream.
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, FileChunkBytes); return &b }}
+
+// readFileStream reads path as readFile does, in chunks of at most FileChunkBytes from
+// one pooled buffer: send gets each chunk (valid until it returns) and, with the first,
+// the file's size when opened; an empty file is one empty chunk.
+func (a *Agent) readFileStream(path string, maxBytes int64, send func(b []byte, size int64) error) error {
+	f, size, limit, err := a.openForRead(path, maxBytes)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	bp := chunkPool.Get().(*[]byte)
+	defer chunkPool.Put(bp)
+	buf := *bp
+	var total int64
+	first := true
+	for {
+		n, rerr := io.ReadFull(f, buf)
+		total += int64(n)
+		if total > limit {
+			return tooLarge(path, total, limit)
+		}
+		if rerr != nil && rerr != io.EOF && rerr != io.ErrUnexpectedEOF {
+			return fileError("read", path, rerr)
+		}
+		if n > 0 || first {
+			if err := send(buf[:n], size); err != nil {
+				return err
+			}
+			first, size = false, 0
+		}
+		if rerr != nil {
+			return nil
+		}
+	}
+}
+
+// writeTarget checks path for a write and makes its parent directories: the absolute
+// path to write.
+func (a *Agent) writeTarget(path string) (string, error) {
 	p, err := a.resolvePath(path)
 	if err != nil {
-		return invalidPath(path, err)
+		return "", invalidPath(path, err)
 	}
 	if runtime.Reserved(p) {
-		return invalidPath(path, fmt.Errorf("%s is reserved for the sandbox's agent", runtime.AgentDir))
-	}
-	m := os.FileMode(mode & 0o7777)
-	if m == 0 {
-		m = 0o644
+		return "", invalidPath(path, fmt.Errorf("%s is reserved for the sandbox's agent", runtime.AgentDir))
 	}
 	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
-		return isDirError("write", path)
+		return "", isDirError("write", path)
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fileError("write", path, err)
+		return "", fileError("write", path, err)
 	}
-	if err := writeFileAtomic(p, content, m, a.user.cred); err != nil {
+	return p, nil
+}
+
+func fileMode(mode uint32) os.FileMode {
+	if m := os.FileMode(mode & 0o7777); m != 0 {
+		return m
+	}
+	return 0o644
+}
+
+func (a *Agent) writeFile(path string, content []byte, mode uint32) error {
+	p, err := a.writeTarget(path)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(p, content, fileMode(mode), a.user.cred); err != nil {
 		return fileError("write", path, err)
 	}
 	return nil
+}
+
+// errShortStream: a WriteFileStream ended before its declared size.
+var errShortStream = errors.New("the stream ended before size bytes arrived")
+
+// writeFileStream writes size bytes to path as writeFile does: first, then what next
+// returns (io.EOF at the end of the stream), each chunk written as it arrives; more or
+// fewer than size bytes is INVALID_ARGUMENT and leaves the file as it was.
+func (a *Agent) writeFileStream(path string, mode uint32, size int64, first []byte, next func() ([]byte, error)) error {
+	if size < 0 || size > maxFileBytes {
+		return apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("size %d is out of range [0, %d]", size, maxFileBytes),
+			[]apierr.Violation{{Field: "size", Description: fmt.Sprintf("must be in [0, %d]", maxFileBytes)}})
+	}
+	p, err := a.writeTarget(path)
+	if err != nil {
+		return err
+	}
+	var sizeErr error
+	err = writeFileAtomicFunc(p, fileMode(mode), a.user.cred, func(f *os.File) error {
+		var got int64
+		for b := first; ; {
+			got += int64(len(b))
+			if got > size {
+				sizeErr = fmt.Errorf("more than the declared size of %d bytes", size)
+				return sizeErr
+			}
+			if _, err := f.Write(b); err != nil {
+				return err
+			}
+			var err error
+			if b, err = next(); errors.Is(err, io.EOF) {
+				if got != size {
+					sizeErr = fmt.Errorf("%w: %d of %d", errShortStream, got, size)
+					return sizeErr
+				}
+				return nil
+			} else if err != nil {
+				sizeErr = err // the caller's: passed through
+				return err
+			}
+		}
+	})
+	switch {
+	case err == nil:
+		return nil
+	case sizeErr != nil && errors.Is(err, sizeErr):
+		if ce := new(connect.Error); errors.As(err, &ce) {
+			return err
+		}
+		return apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("write %s: %v", path, err),
+			[]apierr.Violation{{Field: "content", Description: err.Error()}})
+	}
+	return fileError("write", path, err)
 }

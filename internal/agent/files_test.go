@@ -3,12 +3,15 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
@@ -53,6 +57,21 @@ func TestFilesRoundTrip(t *testing.T) {
 		}
 		if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
 			t.Errorf("mode %v", fi.Mode())
+		}
+		// The streamed calls, over what the unary ones wrote: the same bytes both ways.
+		back, size0, err := streamRead(ctx, h.client, &agentv1.ReadFileRequest{Path: path})
+		if err != nil || !bytes.Equal(back, data) || size0 != int64(size) {
+			t.Fatalf("stream read %d: %d bytes, size %d, %v", size, len(back), size0, err)
+		}
+		slices.Reverse(data)
+		if err := streamWrite(ctx, h.client, &agentv1.WriteFileRequest{Path: path, Content: data, Mode: 0o600}); err != nil {
+			t.Fatalf("stream write %d: %v", size, err)
+		}
+		if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("stream write %d: file has %d bytes, %v", size, len(got), err)
+		}
+		if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
+			t.Errorf("stream write: mode %v", fi.Mode())
 		}
 	}
 	// Relative paths resolve against the working dir; mode is applied.
@@ -135,22 +154,29 @@ func TestFileErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			var err error
-			if tc.read != nil {
-				_, err = h.client.ReadFile(ctx, connect.NewRequest(tc.read))
-			} else {
-				_, err = h.client.WriteFile(ctx, connect.NewRequest(tc.write))
-			}
-			if connect.CodeOf(err) != tc.code {
-				t.Fatalf("err = %v, want %v", err, tc.code)
-			}
-			info := errInfo(t, err)
-			if info.Reason != tc.reason || info.Domain != apierr.Domain || info.Metadata["filepath"] == "" && tc.name != "empty" {
-				t.Errorf("info = %v", info)
-			}
-			for k, v := range tc.meta {
-				if info.Metadata[k] != v {
-					t.Errorf("metadata %s = %q, want %q", k, info.Metadata[k], v)
+			for _, streamed := range []bool{false, true} {
+				var err error
+				switch {
+				case tc.read != nil && streamed:
+					_, _, err = streamRead(ctx, h.client, tc.read)
+				case tc.read != nil:
+					_, err = h.client.ReadFile(ctx, connect.NewRequest(tc.read))
+				case streamed:
+					err = streamWrite(ctx, h.client, tc.write)
+				default:
+					_, err = h.client.WriteFile(ctx, connect.NewRequest(tc.write))
+				}
+				if connect.CodeOf(err) != tc.code {
+					t.Fatalf("streamed %v: err = %v, want %v", streamed, err, tc.code)
+				}
+				info := errInfo(t, err)
+				if info.Reason != tc.reason || info.Domain != apierr.Domain || info.Metadata["filepath"] == "" && tc.name != "empty" {
+					t.Errorf("streamed %v: info = %v", streamed, info)
+				}
+				for k, v := range tc.meta {
+					if info.Metadata[k] != v {
+						t.Errorf("streamed %v: metadata %s = %q, want %q", streamed, k, info.Metadata[k], v)
+					}
 				}
 			}
 		})
@@ -233,4 +259,129 @@ func FuzzValidatePath(f *testing.F) {
 			t.Fatalf("%q has traversal", p)
 		}
 	})
+}
+
+// streamWrite writes req by WriteFileStream, in chunks of FileChunkBytes, the size
+// declared as len(req.Content).
+func streamWrite(ctx context.Context, c agentv1connect.AgentServiceClient, req *agentv1.WriteFileRequest) error {
+	return streamWriteSized(ctx, c, req, int64(len(req.Content)))
+}
+
+func streamWriteSized(ctx context.Context, c agentv1connect.AgentServiceClient, req *agentv1.WriteFileRequest, size int64) error {
+	st := c.WriteFileStream(ctx)
+	data := req.Content
+	n := min(len(data), FileChunkBytes)
+	err := st.Send(&agentv1.WriteFileChunk{Path: req.Path, Mode: req.Mode, Size: size, Content: data[:n]})
+	for data = data[n:]; err == nil && len(data) > 0; data = data[n:] {
+		n = min(len(data), FileChunkBytes)
+		err = st.Send(&agentv1.WriteFileChunk{Content: data[:n]})
+	}
+	if _, cerr := st.CloseAndReceive(); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// streamRead reads by ReadFileStream: the content and the size of the first message.
+func streamRead(ctx context.Context, c agentv1connect.AgentServiceClient, req *agentv1.ReadFileRequest) ([]byte, int64, error) {
+	st, err := c.ReadFileStream(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer st.Close()
+	var out []byte
+	var size int64
+	msgs := 0
+	for st.Receive() {
+		if msgs == 0 {
+			size = st.Msg().GetSize()
+		} else if st.Msg().GetSize() != 0 {
+			return nil, 0, fmt.Errorf("message %d has size %d", msgs, st.Msg().GetSize())
+		}
+		if len(st.Msg().GetContent()) > FileChunkBytes {
+			return nil, 0, fmt.Errorf("message %d has %d bytes", msgs, len(st.Msg().GetContent()))
+		}
+		out = append(out, st.Msg().GetContent()...)
+		msgs++
+	}
+	if err := st.Err(); err != nil {
+		return nil, 0, err
+	}
+	if msgs == 0 {
+		return nil, 0, errors.New("no message")
+	}
+	return out, size, nil
+}
+
+// TestWriteFileStreamSize: a stream of more or fewer bytes than its declared size, or a
+// size out of range, is INVALID_ARGUMENT and leaves the file as it was, with no temp
+// file; so does a stream the caller abandons.
+func TestWriteFileStreamSize(t *testing.T) {
+	h := startAgent(t, longMain())
+	ctx := context.Background()
+	path := filepath.Join(h.workDir, "f")
+	if err := os.WriteFile(path, []byte("before"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("x"), 3*FileChunkBytes+5)
+	for _, tc := range []struct {
+		name string
+		size int64
+	}{
+		{"short", int64(len(data)) + 1},
+		{"long", int64(len(data)) - 1},
+		{"long in the first chunk", 1},
+		{"negative", -1},
+		{"over the maximum", maxFileBytes + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := streamWriteSized(ctx, h.client, &agentv1.WriteFileRequest{Path: path, Content: data}, tc.size)
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || apierr.Reason(err) != apierr.InvalidRequest {
+				t.Fatalf("err = %v, want INVALID_ARGUMENT %s", err, apierr.InvalidRequest)
+			}
+			assertUntouched(t, path)
+		})
+	}
+	t.Run("no message", func(t *testing.T) {
+		st := h.client.WriteFileStream(ctx)
+		if _, err := st.CloseAndReceive(); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Fatalf("err = %v, want INVALID_ARGUMENT", err)
+		}
+	})
+	t.Run("abandoned", func(t *testing.T) {
+		cctx, cancel := context.WithCancel(ctx)
+		st := h.client.WriteFileStream(cctx)
+		if err := st.Send(&agentv1.WriteFileChunk{Path: path, Size: int64(len(data)), Content: data[:FileChunkBytes]}); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		_, _ = st.CloseAndReceive()
+		// The agent notices the reset stream; poll until its temp file is gone.
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) && tempFiles(h.workDir) > 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		assertUntouched(t, path)
+	})
+}
+
+func tempFiles(dir string) int {
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if strings.Contains(e.Name(), ".tmp-") {
+			n++
+		}
+	}
+	return n
+}
+
+func assertUntouched(t *testing.T, path string) {
+	t.Helper()
+	if b, err := os.ReadFile(path); err != nil || string(b) != "before" {
+		t.Errorf("file = %q, %v; want it untouched", b, err)
+	}
+	if n := tempFiles(filepath.Dir(path)); n > 0 {
+		t.Errorf("%d temp files left", n)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
 const (
@@ -466,6 +467,41 @@ func (s *service) WriteFile(ctx context.Context, req *connect.Request[agentv1.Wr
 		return nil, err
 	}
 	if err := s.a.writeFile(req.Msg.Path, req.Msg.Content, req.Msg.Mode); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil
+}
+
+func (s *service) ReadFileStream(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest], st *connect.ServerStream[agentv1.ReadFileChunk]) error {
+	if err := s.requireFiles(ctx); err != nil {
+		return err
+	}
+	return s.a.readFileStream(req.Msg.Path, req.Msg.MaxBytes, func(b []byte, size int64) error {
+		return st.Send(&agentv1.ReadFileChunk{Content: b, Size: size})
+	})
+}
+
+func (s *service) WriteFileStream(ctx context.Context, st *connect.ClientStream[agentv1.WriteFileChunk]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	if err := s.requireFiles(ctx); err != nil {
+		return nil, err
+	}
+	if !st.Receive() {
+		if err := st.Err(); err != nil {
+			return nil, err
+		}
+		return nil, apierr.Invalid(apierr.InvalidRequest, "the first message must name the path", []apierr.Violation{{Field: "path", Description: "is required"}})
+	}
+	first := st.Msg()
+	next := func() ([]byte, error) {
+		if !st.Receive() {
+			if err := st.Err(); err != nil {
+				return nil, err
+			}
+			return nil, io.EOF
+		}
+		return st.Msg().GetContent(), nil
+	}
+	if err := s.a.writeFileStream(first.GetPath(), first.GetMode(), first.GetSize(), first.GetContent(), next); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil

@@ -98,10 +98,65 @@ func (d Relay) WriteFile(ctx context.Context, req *connect.Request[sandboxv1.Wri
 	if err != nil {
 		return nil, err
 	}
-	if _, err := a.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: m.GetPath(), Content: m.GetContent()})); err != nil {
+	err = writeFileStream(ctx, a, m.GetPath(), m.GetContent())
+	if connect.CodeOf(err) == connect.CodeUnimplemented { // an agent or runner older than WriteFileStream
+		_, err = a.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: m.GetPath(), Content: m.GetContent()}))
+	}
+	if err != nil {
 		return nil, relayError(m.GetSandboxId(), err)
 	}
 	return connect.NewResponse(&sandboxv1.WriteFileResponse{}), nil
+}
+
+// fileChunkBytes is the most content a relayed WriteFileStream message carries.
+const fileChunkBytes = 1 << 20
+
+// writeFileStream sends content to the agent by WriteFileStream, in chunks that are
+// slices of content (no copy but the message's).
+func writeFileStream(ctx context.Context, a agentv1connect.AgentServiceClient, path string, content []byte) error {
+	st := a.WriteFileStream(ctx)
+	n := min(len(content), fileChunkBytes)
+	err := st.Send(&agentv1.WriteFileChunk{Path: path, Size: int64(len(content)), Content: content[:n]})
+	for off := n; err == nil && off < len(content); off += n {
+		n = min(len(content)-off, fileChunkBytes)
+		err = st.Send(&agentv1.WriteFileChunk{Content: content[off : off+n]})
+	}
+	// A send the agent refused fails with io.EOF; the agent's error is the response's.
+	if _, cerr := st.CloseAndReceive(); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// readFileStream reads path from the agent by ReadFileStream into one buffer of the
+// file's size, never more than MaxUnaryFileBytes whatever the agent (sandbox code)
+// sends.
+func readFileStream(ctx context.Context, a agentv1connect.AgentServiceClient, path string) ([]byte, error) {
+	st, err := a.ReadFileStream(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: path, MaxBytes: MaxUnaryFileBytes}))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = st.Close() }()
+	var buf []byte
+	for first := true; st.Receive(); first = false {
+		m := st.Msg()
+		if first {
+			buf = make([]byte, 0, min(max(m.GetSize(), 0), MaxUnaryFileBytes))
+		}
+		if len(buf)+len(m.GetContent()) > MaxUnaryFileBytes {
+			n := len(buf) + len(m.GetContent())
+			return nil, apierr.New(apierr.FileTooLarge, fmt.Sprintf("read %s: file is over the limit of %d bytes", path, MaxUnaryFileBytes),
+				map[string]string{"filepath": path, "size_bytes": fmt.Sprint(n), "max_size_bytes": fmt.Sprint(MaxUnaryFileBytes)})
+		}
+		buf = append(buf, m.GetContent()...)
+	}
+	if err := st.Err(); err != nil {
+		return nil, err
+	}
+	if buf == nil {
+		buf = []byte{}
+	}
+	return buf, nil
 }
 
 func (d Relay) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.ReadFileRequest]) (*connect.Response[sandboxv1.ReadFileResponse], error) {
@@ -110,11 +165,17 @@ func (d Relay) ReadFile(ctx context.Context, req *connect.Request[sandboxv1.Read
 	if err != nil {
 		return nil, err
 	}
-	res, err := a.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: m.GetPath(), MaxBytes: MaxUnaryFileBytes}))
+	content, err := readFileStream(ctx, a, m.GetPath())
+	if connect.CodeOf(err) == connect.CodeUnimplemented { // an agent or runner older than ReadFileStream
+		var res *connect.Response[agentv1.ReadFileResponse]
+		if res, err = a.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: m.GetPath(), MaxBytes: MaxUnaryFileBytes})); err == nil {
+			content = res.Msg.GetContent()
+		}
+	}
 	if err != nil {
 		return nil, relayError(m.GetSandboxId(), err)
 	}
-	return connect.NewResponse(&sandboxv1.ReadFileResponse{Content: res.Msg.GetContent()}), nil
+	return connect.NewResponse(&sandboxv1.ReadFileResponse{Content: content}), nil
 }
 
 // StreamExec relays an interactive command between the client and the sandbox's agent,

@@ -1,12 +1,15 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -193,5 +196,151 @@ func TestStreamExecEndsWithoutExit(t *testing.T) {
 	}
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.SandboxNotRunning {
 		t.Errorf("stream ended without exit: %v (reason %q), want FAILED_PRECONDITION %s", err, apierr.Reason(err), apierr.SandboxNotRunning)
+	}
+}
+
+// fileAgent keeps one file in memory. Its streamed calls answer UNIMPLEMENTED when old
+// is set (an agent older than them); lie makes ReadFileStream send chunks forever, after
+// a size hint of 1 TiB (sandbox code posing as the agent).
+type fileAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	old, lie bool
+
+	mu        sync.Mutex
+	content   []byte
+	unary     int // unary calls served
+	maxChunk  int // the largest streamed chunk received
+	streamedN int // streamed calls served
+}
+
+func (a *fileAgent) WriteFile(_ context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.unary++
+	a.content = req.Msg.GetContent()
+	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil
+}
+
+func (a *fileAgent) ReadFile(context.Context, *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.unary++
+	return connect.NewResponse(&agentv1.ReadFileResponse{Content: a.content}), nil
+}
+
+func (a *fileAgent) WriteFileStream(ctx context.Context, st *connect.ClientStream[agentv1.WriteFileChunk]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	if a.old {
+		return a.UnimplementedAgentServiceHandler.WriteFileStream(ctx, st)
+	}
+	var b []byte
+	var size int64
+	for first := true; st.Receive(); first = false {
+		if first {
+			size = st.Msg().GetSize()
+		}
+		a.mu.Lock()
+		a.maxChunk = max(a.maxChunk, len(st.Msg().GetContent()))
+		a.mu.Unlock()
+		b = append(b, st.Msg().GetContent()...)
+	}
+	if err := st.Err(); err != nil {
+		return nil, err
+	}
+	if int64(len(b)) != size {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("got %d bytes of %d", len(b), size))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.streamedN++
+	a.content = b
+	return connect.NewResponse(&agentv1.WriteFileResponse{}), nil
+}
+
+func (a *fileAgent) ReadFileStream(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest], st *connect.ServerStream[agentv1.ReadFileChunk]) error {
+	if a.old {
+		return a.UnimplementedAgentServiceHandler.ReadFileStream(ctx, req, st)
+	}
+	a.mu.Lock()
+	a.streamedN++
+	content := a.content
+	a.mu.Unlock()
+	if a.lie {
+		chunk := make([]byte, 1<<20)
+		for i := 0; ; i++ {
+			m := &agentv1.ReadFileChunk{Content: chunk}
+			if i == 0 {
+				m.Size = 1 << 40
+			}
+			if err := st.Send(m); err != nil {
+				return nil
+			}
+		}
+	}
+	if err := st.Send(&agentv1.ReadFileChunk{Size: int64(len(content)), Content: content[:min(len(content), 1000)]}); err != nil {
+		return err
+	}
+	for b := content[min(len(content), 1000):]; len(b) > 0; b = b[min(len(b), 1<<20):] {
+		if err := st.Send(&agentv1.ReadFileChunk{Content: b[:min(len(b), 1<<20)]}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func fileRelay(t *testing.T, a *fileAgent) sandboxv1connect.SandboxDataPlaneServiceClient {
+	t.Helper()
+	agentSrv := h2Server(t, func() (string, http.Handler) { return agentv1connect.NewAgentServiceHandler(a) })
+	src := &agentSource{agent: agentv1connect.NewAgentServiceClient(agentSrv.Client(), agentSrv.URL, connect.WithGRPC(),
+		connect.WithReadMaxBytes(MaxMessageBytes), connect.WithSendMaxBytes(MaxMessageBytes))}
+	relaySrv := h2Server(t, func() (string, http.Handler) {
+		return sandboxv1connect.NewSandboxDataPlaneServiceHandler(Relay{Src: src}, connect.WithReadMaxBytes(MaxMessageBytes), connect.WithSendMaxBytes(MaxMessageBytes))
+	})
+	return sandboxv1connect.NewSandboxDataPlaneServiceClient(relaySrv.Client(), relaySrv.URL, connect.WithGRPC(),
+		connect.WithReadMaxBytes(MaxMessageBytes), connect.WithSendMaxBytes(MaxMessageBytes))
+}
+
+// TestFilesStreamedToTheAgent: WriteFile and ReadFile reach the agent by its streamed
+// calls, in chunks of at most 1 MiB, and the bytes come back as they were sent; an empty
+// file too. An agent without them (older) is served by the unary calls.
+func TestFilesStreamedToTheAgent(t *testing.T) {
+	ctx := context.Background()
+	data := make([]byte, 5<<20+7)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, old := range []bool{false, true} {
+		a := &fileAgent{old: old}
+		c := fileRelay(t, a)
+		for _, content := range [][]byte{data, {}} {
+			if _, err := c.WriteFile(ctx, connect.NewRequest(&sandboxv1.WriteFileRequest{SandboxId: "sb", Path: "/f", Content: content})); err != nil {
+				t.Fatalf("old %v: write: %v", old, err)
+			}
+			res, err := c.ReadFile(ctx, connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: "sb", Path: "/f"}))
+			if err != nil {
+				t.Fatalf("old %v: read: %v", old, err)
+			}
+			if !bytes.Equal(res.Msg.GetContent(), content) {
+				t.Fatalf("old %v: read back %d bytes, want %d", old, len(res.Msg.GetContent()), len(content))
+			}
+		}
+		a.mu.Lock()
+		if old && (a.unary != 4 || a.streamedN != 0) || !old && (a.unary != 0 || a.streamedN != 4) {
+			t.Errorf("old %v: %d unary calls and %d streamed ones", old, a.unary, a.streamedN)
+		}
+		if a.maxChunk > fileChunkBytes {
+			t.Errorf("a chunk of %d bytes", a.maxChunk)
+		}
+		a.mu.Unlock()
+	}
+}
+
+// TestReadFileStreamBounded: an agent (sandbox code) that streams more than a unary read
+// may return, after a size hint of 1 TiB, is refused with FILE_TOO_LARGE once the bound
+// is passed; the hint is not trusted for the buffer.
+func TestReadFileStreamBounded(t *testing.T) {
+	c := fileRelay(t, &fileAgent{lie: true})
+	_, err := c.ReadFile(context.Background(), connect.NewRequest(&sandboxv1.ReadFileRequest{SandboxId: "sb", Path: "/f"}))
+	if apierr.Reason(err) != apierr.FileTooLarge {
+		t.Fatalf("err = %v, want %s", err, apierr.FileTooLarge)
 	}
 }

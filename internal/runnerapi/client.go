@@ -348,6 +348,14 @@ func (a sandboxAgent) WriteFile(ctx context.Context, req *connect.Request[agentv
 	return a.c.WriteFile(a.ctx(ctx), req)
 }
 
+func (a sandboxAgent) ReadFileStream(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.ServerStreamForClient[agentv1.ReadFileChunk], error) {
+	return a.c.ReadFileStream(a.ctx(ctx), req)
+}
+
+func (a sandboxAgent) WriteFileStream(ctx context.Context) *connect.ClientStreamForClient[agentv1.WriteFileChunk, agentv1.WriteFileResponse] {
+	return a.c.WriteFileStream(a.ctx(ctx))
+}
+
 func (a sandboxAgent) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest]) (*connect.ServerStreamForClient[agentv1.LogsResponse], error) {
 	return a.c.Logs(a.ctx(ctx), req)
 }

@@ -385,6 +385,33 @@ func (s *relay) WriteFile(ctx context.Context, req *connect.Request[agentv1.Writ
 	return unary(ctx, s, req, agentv1connect.AgentServiceClient.WriteFile)
 }
 
+func (s *relay) ReadFileStream(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest], stream *connect.ServerStream[agentv1.ReadFileChunk]) error {
+	return serverStream(ctx, s, req, stream, agentv1connect.AgentServiceClient.ReadFileStream)
+}
+
+// WriteFileStream relays the chunks of a file to the agent one message at a time.
+func (s *relay) WriteFileStream(ctx context.Context, in *connect.ClientStream[agentv1.WriteFileChunk]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	a, err := s.agent(ctx, in.RequestHeader())
+	if err != nil {
+		return nil, err
+	}
+	out := a.WriteFileStream(ctx)
+	var sendErr error
+	for sendErr == nil && in.Receive() {
+		sendErr = out.Send(in.Msg())
+	}
+	if err := in.Err(); err != nil {
+		// The caller went away: returning cancels ctx, which resets the agent's stream,
+		// so the agent keeps no file (a half-close would too: fewer bytes than size).
+		return nil, err
+	}
+	res, err := out.CloseAndReceive()
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res.Msg), nil
+}
+
 func (s *relay) Status(ctx context.Context, req *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
 	return unary(ctx, s, req, agentv1connect.AgentServiceClient.Status)
 }

@@ -1466,6 +1466,126 @@ func (*WriteFileResponse) Descriptor() ([]byte, []int) {
 	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
+type ReadFileChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Content       []byte                 `protobuf:"bytes,1,opt,name=content,proto3" json:"content,omitempty"`
+	Size          int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"` // first message only
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileChunk) Reset() {
+	*x = ReadFileChunk{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileChunk) ProtoMessage() {}
+
+func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
+func (*ReadFileChunk) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReadFileChunk) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+func (x *ReadFileChunk) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type WriteFileChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`  // first message only
+	Mode          uint32                 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"` // first message only; 0 = 0644
+	Size          int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"` // first message only
+	Content       []byte                 `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileChunk) Reset() {
+	*x = WriteFileChunk{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileChunk) ProtoMessage() {}
+
+func (x *WriteFileChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileChunk.ProtoReflect.Descriptor instead.
+func (*WriteFileChunk) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *WriteFileChunk) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WriteFileChunk) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *WriteFileChunk) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *WriteFileChunk) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
 type LogsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Follow        bool                   `protobuf:"varint,1,opt,name=follow,proto3" json:"follow,omitempty"`                        // keep streaming until the main command finally exits or the call ends
@@ -1479,7 +1599,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1611,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1624,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LogsRequest) GetFollow() bool {
@@ -1555,7 +1675,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1687,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1700,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LogsResponse) GetData() []byte {
@@ -1626,7 +1746,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1758,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1771,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 type WatchRequest struct {
@@ -1662,7 +1782,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1794,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1807,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 type StatusResponse struct {
@@ -1706,7 +1826,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1838,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1851,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatusResponse) GetState() MainState {
@@ -1883,7 +2003,15 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\"\x13\n" +
-	"\x11WriteFileResponse\"\xaf\x01\n" +
+	"\x11WriteFileResponse\"=\n" +
+	"\rReadFileChunk\x12\x18\n" +
+	"\acontent\x18\x01 \x01(\fR\acontent\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"f\n" +
+	"\x0eWriteFileChunk\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x18\n" +
+	"\acontent\x18\x04 \x01(\fR\acontent\"\xaf\x01\n" +
 	"\vLogsRequest\x12\x16\n" +
 	"\x06follow\x18\x01 \x01(\bR\x06follow\x12\x1d\n" +
 	"\n" +
@@ -1926,7 +2054,7 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x14MAIN_STATE_COMPLETED\x10\x04\x12\x15\n" +
 	"\x11MAIN_STATE_FAILED\x10\x05\x12\x16\n" +
 	"\x12MAIN_STATE_STOPPED\x10\x06\x12\x16\n" +
-	"\x12MAIN_STATE_STANDBY\x10\a2\xd8\x06\n" +
+	"\x12MAIN_STATE_STANDBY\x10\a2\x90\b\n" +
 	"\fAgentService\x12G\n" +
 	"\x04Exec\x12\x1e.sandboxd.agent.v1.ExecRequest\x1a\x1f.sandboxd.agent.v1.ExecResponse\x12]\n" +
 	"\n" +
@@ -1938,7 +2066,9 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x05Watch\x12\x1f.sandboxd.agent.v1.WatchRequest\x1a!.sandboxd.agent.v1.StatusResponse0\x01\x12J\n" +
 	"\x05Start\x12\x1f.sandboxd.agent.v1.StartRequest\x1a .sandboxd.agent.v1.StartResponse\x12^\n" +
 	"\vArchivePath\x12%.sandboxd.agent.v1.ArchivePathRequest\x1a&.sandboxd.agent.v1.ArchivePathResponse0\x01\x12^\n" +
-	"\vExtractPath\x12%.sandboxd.agent.v1.ExtractPathRequest\x1a&.sandboxd.agent.v1.ExtractPathResponse(\x01B<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
+	"\vExtractPath\x12%.sandboxd.agent.v1.ExtractPathRequest\x1a&.sandboxd.agent.v1.ExtractPathResponse(\x01\x12X\n" +
+	"\x0eReadFileStream\x12\".sandboxd.agent.v1.ReadFileRequest\x1a .sandboxd.agent.v1.ReadFileChunk0\x01\x12\\\n" +
+	"\x0fWriteFileStream\x12!.sandboxd.agent.v1.WriteFileChunk\x1a$.sandboxd.agent.v1.WriteFileResponse(\x01B<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_sandboxd_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1953,7 +2083,7 @@ func file_sandboxd_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_sandboxd_agent_v1_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: sandboxd.agent.v1.Stream
 	(MainState)(0),                // 1: sandboxd.agent.v1.MainState
@@ -1979,60 +2109,66 @@ var file_sandboxd_agent_v1_agent_proto_goTypes = []any{
 	(*ReadFileResponse)(nil),      // 21: sandboxd.agent.v1.ReadFileResponse
 	(*WriteFileRequest)(nil),      // 22: sandboxd.agent.v1.WriteFileRequest
 	(*WriteFileResponse)(nil),     // 23: sandboxd.agent.v1.WriteFileResponse
-	(*LogsRequest)(nil),           // 24: sandboxd.agent.v1.LogsRequest
-	(*LogsResponse)(nil),          // 25: sandboxd.agent.v1.LogsResponse
-	(*StatusRequest)(nil),         // 26: sandboxd.agent.v1.StatusRequest
-	(*WatchRequest)(nil),          // 27: sandboxd.agent.v1.WatchRequest
-	(*StatusResponse)(nil),        // 28: sandboxd.agent.v1.StatusResponse
-	nil,                           // 29: sandboxd.agent.v1.ExecRequest.EnvEntry
-	nil,                           // 30: sandboxd.agent.v1.StreamExecInit.EnvEntry
-	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*ReadFileChunk)(nil),         // 24: sandboxd.agent.v1.ReadFileChunk
+	(*WriteFileChunk)(nil),        // 25: sandboxd.agent.v1.WriteFileChunk
+	(*LogsRequest)(nil),           // 26: sandboxd.agent.v1.LogsRequest
+	(*LogsResponse)(nil),          // 27: sandboxd.agent.v1.LogsResponse
+	(*StatusRequest)(nil),         // 28: sandboxd.agent.v1.StatusRequest
+	(*WatchRequest)(nil),          // 29: sandboxd.agent.v1.WatchRequest
+	(*StatusResponse)(nil),        // 30: sandboxd.agent.v1.StatusResponse
+	nil,                           // 31: sandboxd.agent.v1.ExecRequest.EnvEntry
+	nil,                           // 32: sandboxd.agent.v1.StreamExecInit.EnvEntry
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
 }
 var file_sandboxd_agent_v1_agent_proto_depIdxs = []int32{
 	4,  // 0: sandboxd.agent.v1.ArchivePathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
 	4,  // 1: sandboxd.agent.v1.ExtractPathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
-	29, // 2: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
-	31, // 3: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	31, // 2: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
+	33, // 3: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	12, // 4: sandboxd.agent.v1.StreamExecRequest.init:type_name -> sandboxd.agent.v1.StreamExecInit
 	13, // 5: sandboxd.agent.v1.StreamExecRequest.resize:type_name -> sandboxd.agent.v1.Resize
 	14, // 6: sandboxd.agent.v1.StreamExecRequest.close:type_name -> sandboxd.agent.v1.CloseStdin
-	30, // 7: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
+	32, // 7: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
 	16, // 8: sandboxd.agent.v1.StreamExecResponse.ready:type_name -> sandboxd.agent.v1.Ready
 	17, // 9: sandboxd.agent.v1.StreamExecResponse.output:type_name -> sandboxd.agent.v1.Output
 	18, // 10: sandboxd.agent.v1.StreamExecResponse.exit:type_name -> sandboxd.agent.v1.Exit
 	19, // 11: sandboxd.agent.v1.StreamExecResponse.error:type_name -> sandboxd.agent.v1.StreamError
-	32, // 12: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
+	34, // 12: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
 	0,  // 13: sandboxd.agent.v1.Output.stream:type_name -> sandboxd.agent.v1.Stream
-	32, // 14: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
-	32, // 15: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	32, // 16: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	34, // 14: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
+	34, // 15: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	34, // 16: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
 	0,  // 17: sandboxd.agent.v1.LogsResponse.stream:type_name -> sandboxd.agent.v1.Stream
 	1,  // 18: sandboxd.agent.v1.StatusResponse.state:type_name -> sandboxd.agent.v1.MainState
-	32, // 19: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	32, // 20: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
+	34, // 19: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	34, // 20: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
 	9,  // 21: sandboxd.agent.v1.AgentService.Exec:input_type -> sandboxd.agent.v1.ExecRequest
 	11, // 22: sandboxd.agent.v1.AgentService.StreamExec:input_type -> sandboxd.agent.v1.StreamExecRequest
 	20, // 23: sandboxd.agent.v1.AgentService.ReadFile:input_type -> sandboxd.agent.v1.ReadFileRequest
 	22, // 24: sandboxd.agent.v1.AgentService.WriteFile:input_type -> sandboxd.agent.v1.WriteFileRequest
-	24, // 25: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
-	26, // 26: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
-	27, // 27: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
+	26, // 25: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
+	28, // 26: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
+	29, // 27: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
 	7,  // 28: sandboxd.agent.v1.AgentService.Start:input_type -> sandboxd.agent.v1.StartRequest
 	2,  // 29: sandboxd.agent.v1.AgentService.ArchivePath:input_type -> sandboxd.agent.v1.ArchivePathRequest
 	5,  // 30: sandboxd.agent.v1.AgentService.ExtractPath:input_type -> sandboxd.agent.v1.ExtractPathRequest
-	10, // 31: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
-	15, // 32: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
-	21, // 33: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
-	23, // 34: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
-	25, // 35: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
-	28, // 36: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
-	28, // 37: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
-	8,  // 38: sandboxd.agent.v1.AgentService.Start:output_type -> sandboxd.agent.v1.StartResponse
-	3,  // 39: sandboxd.agent.v1.AgentService.ArchivePath:output_type -> sandboxd.agent.v1.ArchivePathResponse
-	6,  // 40: sandboxd.agent.v1.AgentService.ExtractPath:output_type -> sandboxd.agent.v1.ExtractPathResponse
-	31, // [31:41] is the sub-list for method output_type
-	21, // [21:31] is the sub-list for method input_type
+	20, // 31: sandboxd.agent.v1.AgentService.ReadFileStream:input_type -> sandboxd.agent.v1.ReadFileRequest
+	25, // 32: sandboxd.agent.v1.AgentService.WriteFileStream:input_type -> sandboxd.agent.v1.WriteFileChunk
+	10, // 33: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
+	15, // 34: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
+	21, // 35: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
+	23, // 36: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
+	27, // 37: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
+	30, // 38: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
+	30, // 39: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
+	8,  // 40: sandboxd.agent.v1.AgentService.Start:output_type -> sandboxd.agent.v1.StartResponse
+	3,  // 41: sandboxd.agent.v1.AgentService.ArchivePath:output_type -> sandboxd.agent.v1.ArchivePathResponse
+	6,  // 42: sandboxd.agent.v1.AgentService.ExtractPath:output_type -> sandboxd.agent.v1.ExtractPathResponse
+	24, // 43: sandboxd.agent.v1.AgentService.ReadFileStream:output_type -> sandboxd.agent.v1.ReadFileChunk
+	23, // 44: sandboxd.agent.v1.AgentService.WriteFileStream:output_type -> sandboxd.agent.v1.WriteFileResponse
+	33, // [33:45] is the sub-list for method output_type
+	21, // [21:33] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -2055,14 +2191,14 @@ func file_sandboxd_agent_v1_agent_proto_init() {
 		(*StreamExecResponse_Exit)(nil),
 		(*StreamExecResponse_Error)(nil),
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[26].OneofWrappers = []any{}
+	file_sandboxd_agent_v1_agent_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_agent_v1_agent_proto_rawDesc), len(file_sandboxd_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -61,6 +61,12 @@ const (
 	// AgentServiceExtractPathProcedure is the fully-qualified name of the AgentService's ExtractPath
 	// RPC.
 	AgentServiceExtractPathProcedure = "/sandboxd.agent.v1.AgentService/ExtractPath"
+	// AgentServiceReadFileStreamProcedure is the fully-qualified name of the AgentService's
+	// ReadFileStream RPC.
+	AgentServiceReadFileStreamProcedure = "/sandboxd.agent.v1.AgentService/ReadFileStream"
+	// AgentServiceWriteFileStreamProcedure is the fully-qualified name of the AgentService's
+	// WriteFileStream RPC.
+	AgentServiceWriteFileStreamProcedure = "/sandboxd.agent.v1.AgentService/WriteFileStream"
 )
 
 // AgentServiceClient is a client for the sandboxd.agent.v1.AgentService service.
@@ -94,6 +100,17 @@ type AgentServiceClient interface {
 	// standby, so a restored volume is filled before the main command starts. Runner-only,
 	// as ArchivePath.
 	ExtractPath(context.Context) *connect.ClientStreamForClient[v1.ExtractPathRequest, v1.ExtractPathResponse]
+	// ReadFileStream is ReadFile in chunks of at most 1 MiB, so that no hop holds more of
+	// the file than a chunk: the first message carries size (the file's size when opened,
+	// a hint: the content is read to EOF, bounded by max_bytes) and may carry content.
+	// Agents older than it answer UNIMPLEMENTED: callers fall back to ReadFile.
+	ReadFileStream(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.ServerStreamForClient[v1.ReadFileChunk], error)
+	// WriteFileStream is WriteFile in chunks: the first message carries path, mode and
+	// size (exactly the bytes that follow, at most the largest message); every message
+	// may carry content (at most 1 MiB). The file is written next to path and renamed into
+	// place once size bytes have arrived, before the call returns. UNIMPLEMENTED from
+	// older agents, as ReadFileStream.
+	WriteFileStream(context.Context) *connect.ClientStreamForClient[v1.WriteFileChunk, v1.WriteFileResponse]
 }
 
 // NewAgentServiceClient constructs a client for the sandboxd.agent.v1.AgentService service. By
@@ -167,21 +184,35 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("ExtractPath")),
 			connect.WithClientOptions(opts...),
 		),
+		readFileStream: connect.NewClient[v1.ReadFileRequest, v1.ReadFileChunk](
+			httpClient,
+			baseURL+AgentServiceReadFileStreamProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ReadFileStream")),
+			connect.WithClientOptions(opts...),
+		),
+		writeFileStream: connect.NewClient[v1.WriteFileChunk, v1.WriteFileResponse](
+			httpClient,
+			baseURL+AgentServiceWriteFileStreamProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("WriteFileStream")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // agentServiceClient implements AgentServiceClient.
 type agentServiceClient struct {
-	exec        *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	streamExec  *connect.Client[v1.StreamExecRequest, v1.StreamExecResponse]
-	readFile    *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile   *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	logs        *connect.Client[v1.LogsRequest, v1.LogsResponse]
-	status      *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	watch       *connect.Client[v1.WatchRequest, v1.StatusResponse]
-	start       *connect.Client[v1.StartRequest, v1.StartResponse]
-	archivePath *connect.Client[v1.ArchivePathRequest, v1.ArchivePathResponse]
-	extractPath *connect.Client[v1.ExtractPathRequest, v1.ExtractPathResponse]
+	exec            *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	streamExec      *connect.Client[v1.StreamExecRequest, v1.StreamExecResponse]
+	readFile        *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile       *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	logs            *connect.Client[v1.LogsRequest, v1.LogsResponse]
+	status          *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	watch           *connect.Client[v1.WatchRequest, v1.StatusResponse]
+	start           *connect.Client[v1.StartRequest, v1.StartResponse]
+	archivePath     *connect.Client[v1.ArchivePathRequest, v1.ArchivePathResponse]
+	extractPath     *connect.Client[v1.ExtractPathRequest, v1.ExtractPathResponse]
+	readFileStream  *connect.Client[v1.ReadFileRequest, v1.ReadFileChunk]
+	writeFileStream *connect.Client[v1.WriteFileChunk, v1.WriteFileResponse]
 }
 
 // Exec calls sandboxd.agent.v1.AgentService.Exec.
@@ -234,6 +265,16 @@ func (c *agentServiceClient) ExtractPath(ctx context.Context) *connect.ClientStr
 	return c.extractPath.CallClientStream(ctx)
 }
 
+// ReadFileStream calls sandboxd.agent.v1.AgentService.ReadFileStream.
+func (c *agentServiceClient) ReadFileStream(ctx context.Context, req *connect.Request[v1.ReadFileRequest]) (*connect.ServerStreamForClient[v1.ReadFileChunk], error) {
+	return c.readFileStream.CallServerStream(ctx, req)
+}
+
+// WriteFileStream calls sandboxd.agent.v1.AgentService.WriteFileStream.
+func (c *agentServiceClient) WriteFileStream(ctx context.Context) *connect.ClientStreamForClient[v1.WriteFileChunk, v1.WriteFileResponse] {
+	return c.writeFileStream.CallClientStream(ctx)
+}
+
 // AgentServiceHandler is an implementation of the sandboxd.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Exec runs a command to completion and returns its output, capped.
@@ -265,6 +306,17 @@ type AgentServiceHandler interface {
 	// standby, so a restored volume is filled before the main command starts. Runner-only,
 	// as ArchivePath.
 	ExtractPath(context.Context, *connect.ClientStream[v1.ExtractPathRequest]) (*connect.Response[v1.ExtractPathResponse], error)
+	// ReadFileStream is ReadFile in chunks of at most 1 MiB, so that no hop holds more of
+	// the file than a chunk: the first message carries size (the file's size when opened,
+	// a hint: the content is read to EOF, bounded by max_bytes) and may carry content.
+	// Agents older than it answer UNIMPLEMENTED: callers fall back to ReadFile.
+	ReadFileStream(context.Context, *connect.Request[v1.ReadFileRequest], *connect.ServerStream[v1.ReadFileChunk]) error
+	// WriteFileStream is WriteFile in chunks: the first message carries path, mode and
+	// size (exactly the bytes that follow, at most the largest message); every message
+	// may carry content (at most 1 MiB). The file is written next to path and renamed into
+	// place once size bytes have arrived, before the call returns. UNIMPLEMENTED from
+	// older agents, as ReadFileStream.
+	WriteFileStream(context.Context, *connect.ClientStream[v1.WriteFileChunk]) (*connect.Response[v1.WriteFileResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -334,6 +386,18 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("ExtractPath")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceReadFileStreamHandler := connect.NewServerStreamHandler(
+		AgentServiceReadFileStreamProcedure,
+		svc.ReadFileStream,
+		connect.WithSchema(agentServiceMethods.ByName("ReadFileStream")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceWriteFileStreamHandler := connect.NewClientStreamHandler(
+		AgentServiceWriteFileStreamProcedure,
+		svc.WriteFileStream,
+		connect.WithSchema(agentServiceMethods.ByName("WriteFileStream")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceExecProcedure:
@@ -356,6 +420,10 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceArchivePathHandler.ServeHTTP(w, r)
 		case AgentServiceExtractPathProcedure:
 			agentServiceExtractPathHandler.ServeHTTP(w, r)
+		case AgentServiceReadFileStreamProcedure:
+			agentServiceReadFileStreamHandler.ServeHTTP(w, r)
+		case AgentServiceWriteFileStreamProcedure:
+			agentServiceWriteFileStreamHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -403,4 +471,12 @@ func (UnimplementedAgentServiceHandler) ArchivePath(context.Context, *connect.Re
 
 func (UnimplementedAgentServiceHandler) ExtractPath(context.Context, *connect.ClientStream[v1.ExtractPathRequest]) (*connect.Response[v1.ExtractPathResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.ExtractPath is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ReadFileStream(context.Context, *connect.Request[v1.ReadFileRequest], *connect.ServerStream[v1.ReadFileChunk]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.ReadFileStream is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) WriteFileStream(context.Context, *connect.ClientStream[v1.WriteFileChunk]) (*connect.Response[v1.WriteFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.WriteFileStream is not implemented"))
 }
