@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/coder/websocket"
@@ -149,12 +150,11 @@ func (c *Console) terminal(w http.ResponseWriter, r *http.Request, ss *session) 
 		c.termEnd(ctx, ws, err)
 		return
 	}
-	go func() { // browser → command
-		defer cancel()
+	go func() { // browser → command; the browser going away ends the command's stream
 		for {
 			typ, b, err := ws.Read(ctx)
 			if err != nil {
-				_ = stream.Send(&sandboxv1.ExecStreamRequest{Message: &sandboxv1.ExecStreamRequest_Close{Close: &sandboxv1.ExecStreamClose{}}})
+				cancel()
 				return
 			}
 			var m *sandboxv1.ExecStreamRequest
@@ -169,7 +169,7 @@ func (c *Console) terminal(w http.ResponseWriter, r *http.Request, ss *session) 
 				m = &sandboxv1.ExecStreamRequest{Message: &sandboxv1.ExecStreamRequest_Resize{Resize: &sandboxv1.ExecStreamResize{Width: ctl.Cols, Height: ctl.Rows}}}
 			}
 			if err := stream.Send(m); err != nil {
-				return
+				return // the stream ended: Receive below says why
 			}
 		}
 	}()
@@ -185,14 +185,10 @@ func (c *Console) terminal(w http.ResponseWriter, r *http.Request, ss *session) 
 				return
 			}
 		case *sandboxv1.ExecStreamResponse_Exit:
-			b, _ := json.Marshal(termControl{Type: "exit", Code: m.Exit.GetExitCode()})
-			_ = ws.Write(ctx, websocket.MessageText, b)
-			_ = ws.Close(websocket.StatusNormalClosure, "")
+			c.termSay(ctx, ws, termControl{Type: "exit", Code: m.Exit.GetExitCode()})
 			return
 		case *sandboxv1.ExecStreamResponse_Error:
-			b, _ := json.Marshal(termControl{Type: "error", Message: m.Error.GetMessage()})
-			_ = ws.Write(ctx, websocket.MessageText, b)
-			_ = ws.Close(websocket.StatusNormalClosure, "")
+			c.termSay(ctx, ws, termControl{Type: "error", Message: m.Error.GetMessage()})
 			return
 		}
 	}
@@ -205,7 +201,14 @@ func (c *Console) termEnd(ctx context.Context, ws *websocket.Conn, err error) {
 	if errors.As(err, &ce) {
 		msg = ce.Message()
 	}
-	b, _ := json.Marshal(termControl{Type: "error", Message: msg, Reason: apierr.Reason(err)})
+	c.termSay(ctx, ws, termControl{Type: "error", Message: msg, Reason: apierr.Reason(err)})
+}
+
+// termSay sends the browser the last control message and closes the socket.
+func (c *Console) termSay(ctx context.Context, ws *websocket.Conn, m termControl) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	b, _ := json.Marshal(m)
 	_ = ws.Write(ctx, websocket.MessageText, b)
 	_ = ws.Close(websocket.StatusNormalClosure, "")
 }
