@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 
@@ -278,10 +280,18 @@ func TestConsoleInChromium(t *testing.T) {
 	run("detail, logs and terminal", chromedp.Navigate(d.api+"/console/#/sandboxes/"+id),
 		waitJS(textHas(`[data-testid="logs"]`, "tick from the sandbox")),
 		waitJS(textHas(`[data-testid="term-status"]`, "connected")),
-		// The shell's prompt, then the command typed into the terminal.
+		// The shell's prompt (xterm.js renders only while the terminal is on screen), then
+		// the command typed into the terminal.
+		waitJS(`(document.querySelector('[data-testid="terminal"]').scrollIntoView(), true)`),
 		waitJS(`(document.querySelector(".xterm-rows")?.textContent || "").includes("#")`),
 		chromedp.Click(css(".xterm-screen")),
-		chromedp.KeyEvent("echo hello-console"+kb.Enter),
+		// The text as an input method inserts it (xterm.js takes synthesized printable key
+		// events for its own shortcuts), then the Enter key.
+		chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			_, err := cdp.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: "echo hello-console"})
+			return err
+		}),
+		chromedp.KeyEvent(kb.Enter),
 		// The command's echo and its output: twice.
 		waitJS(`(document.querySelector(".xterm-rows")?.textContent || "").split("hello-console").length >= 3`),
 		shot("sandbox"))
