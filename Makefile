@@ -18,10 +18,11 @@ build: agent
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sbx ./cmd/sbx
 
 # The web console's bundle (internal/console/web/dist, committed and embedded, so `build`
-# needs no Node): `make console` rebuilds it with the pinned npm packages (Node >= 18);
+# needs no Node): `make console` type-checks (tsc) and rebuilds it with the pinned npm
+# packages (Node >= 18);
 # `make console-check` fails when the committed bundle is not what the sources build.
 console:
-	cd internal/console/web && npm ci --no-audit --no-fund && npm run build
+	cd internal/console/web && npm ci --no-audit --no-fund && npm run typecheck && npm run build
 
 console-check: console
 	git diff --exit-code -- internal/console/web/dist
