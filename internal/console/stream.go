@@ -227,7 +227,7 @@ func (c *Console) logs(w http.ResponseWriter, r *http.Request, ss *session) {
 		apifront.WriteRESTError(w, err)
 		return
 	}
-	defer stream.Close()
+	defer func() { _ = stream.Close() }()
 	rc := http.NewResponseController(w)
 	started := false
 	start := func() {

@@ -85,7 +85,7 @@ func (s *consoleSession) terminal(t *testing.T, id, input, want string) (out str
 	for _, c := range s.c.Jar.Cookies(&url.URL{Scheme: "http", Host: u.Host, Path: "/console/"}) {
 		h.Add("Cookie", c.Name+"="+c.Value)
 	}
-	ws, res, err := websocket.Dial(ctx, "ws://"+u.Host+"/console/api/sandboxes/"+id+"/terminal", &websocket.DialOptions{HTTPHeader: h})
+	ws, res, err := websocket.Dial(ctx, "ws://"+u.Host+"/console/api/sandboxes/"+id+"/terminal", &websocket.DialOptions{HTTPHeader: h}) //nolint:bodyclose // the upgraded connection is ws
 	if err != nil {
 		code := 0
 		if res != nil {
@@ -172,7 +172,7 @@ func TestConsoleTenancy(t *testing.T) {
 		for _, c := range b.c.Jar.Cookies(&url.URL{Scheme: "http", Host: u.Host, Path: "/console/"}) {
 			h.Add("Cookie", c.Name+"="+c.Value)
 		}
-		ws, res, err := websocket.Dial(ctx, "ws://"+u.Host+"/console/api/sandboxes/"+idB+"/terminal", &websocket.DialOptions{HTTPHeader: h})
+		ws, res, err := websocket.Dial(ctx, "ws://"+u.Host+"/console/api/sandboxes/"+idB+"/terminal", &websocket.DialOptions{HTTPHeader: h}) //nolint:bodyclose // refused: coder/websocket closes the body of a failed handshake
 		cancel()
 		if err == nil {
 			ws.CloseNow()

@@ -53,6 +53,9 @@ export async function api<T = any>(method: string, path: string, body?: unknown)
   const res = await fetch("api/v1/" + path, {
     method, credentials: "same-origin", headers, body: body === undefined ? undefined : JSON.stringify(body),
   });
+  if (res.status === 401 && (await whoAmI().catch(() => null)) === null) {
+    location.reload(); // the session ended (expired, signed out elsewhere, key revoked): sign in again
+  }
   return (await check(res)).json();
 }
 
