@@ -295,6 +295,9 @@ func TestConsoleInChromium(t *testing.T) {
 		// The command's echo and its output: twice.
 		waitJS(`(document.querySelector(".xterm-rows")?.textContent || "").split("hello-console").length >= 3`),
 		shot("sandbox"))
+	// On a phone-sized screen nothing overflows the page sideways (tables scroll in place).
+	run("narrow screen", chromedp.EmulateViewport(390, 844), waitJS(`document.documentElement.scrollWidth <= window.innerWidth`),
+		shot("sandbox-narrow"), chromedp.ResetViewport())
 
 	// Org B sees none of it, and cannot reach it by its URL either.
 	run("org B", chromedp.Click(css(`header button`)), chromedp.WaitVisible(css("#apikey")),
