@@ -273,7 +273,12 @@ func TestConsoleInChromium(t *testing.T) {
 	t.Cleanup(func() { d.rest(t, keyA, "DELETE", "/v1/sandboxes/"+id, nil) })
 
 	run("the sandbox appears in the list, running", waitJS(textHas(`[data-testid="sandbox-list"]`, id)),
-		waitJS(textHas(`[data-testid="sandbox-list"]`, "running")), shot("sandboxes"))
+		waitJS(textHas(`[data-testid="sandbox-list"]`, "running")), shot("sandboxes"),
+		// The filters: by tag and by runner, each matching and not.
+		chromedp.Navigate(d.api+"/console/#/sandboxes?tag=console-test"), waitJS(textHas(`[data-testid="sandbox-list"]`, id)),
+		chromedp.Navigate(d.api+"/console/#/sandboxes?tag=other-tag"), waitJS(textHas("main", "No sandbox matches")),
+		chromedp.Navigate(d.api+"/console/#/sandboxes?runner=local"), waitJS(textHas(`[data-testid="sandbox-list"]`, id)),
+		chromedp.Navigate(d.api+"/console/#/sandboxes?runner=elsewhere"), waitJS(textHas("main", "No sandbox matches")))
 	run("overview", chromedp.Navigate(d.api+"/console/#/"), waitJS(textHas("main", "Runners")),
 		waitJS(`[...document.querySelectorAll(".cards a")].some(a => a.textContent.includes("running") && a.querySelector(".num").textContent === "1")`),
 		shot("overview"))

@@ -81,10 +81,11 @@ export const states = ["STATE_PENDING", "STATE_CREATING", "STATE_RUNNING", "STAT
 
 export const stateName = (s?: string) => (s || "STATE_UNSPECIFIED").replace("STATE_", "").toLowerCase();
 
-export async function listSandboxes(f: { state?: string; tag?: string; all?: boolean }): Promise<Sandbox[]> {
+export async function listSandboxes(f: { state?: string; tag?: string; runner?: string; all?: boolean }): Promise<Sandbox[]> {
   const q = new URLSearchParams({ pageSize: "200" });
   if (f.state) q.set("state", f.state);
   if (f.tag) q.append("tags", f.tag);
+  if (f.runner) q.append("runnerIds", f.runner);
   if (f.all || (f.state && ["STATE_TERMINATED", "STATE_COMPLETED", "STATE_FAILED"].includes(f.state))) q.set("showTerminated", "true");
   const r = await api<{ sandboxes?: Sandbox[] }>("GET", "sandboxes?" + q.toString());
   return r.sandboxes || [];

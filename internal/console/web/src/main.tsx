@@ -125,7 +125,8 @@ function Overview() {
 function SandboxList({ query }: { query: URLSearchParams }) {
   const [state, setState] = useState(query.get("state") || "");
   const [tag, setTag] = useState(query.get("tag") || "");
-  const [sbs, err] = useLoad(() => listSandboxes({ state, tag }), [state, tag]);
+  const [runner, setRunner] = useState(query.get("runner") || "");
+  const [sbs, err] = useLoad(() => listSandboxes({ state, tag, runner }), [state, tag, runner]);
   return (
     <main>
       <h2>Sandboxes</h2>
@@ -138,6 +139,9 @@ function SandboxList({ query }: { query: URLSearchParams }) {
         </label>
         <label>Tag{" "}
           <input value={tag} onChange={(e) => setTag((e.target as HTMLInputElement).value)} placeholder="e.g. team-a" />
+        </label>
+        <label>Runner{" "}
+          <input value={runner} onChange={(e) => setRunner((e.target as HTMLInputElement).value)} placeholder="runner ID" />
         </label>
       </form>
       <Err msg={err} />
