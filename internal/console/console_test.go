@@ -336,3 +336,22 @@ func TestSecurityHeaders(t *testing.T) {
 		t.Fatalf("bundle: %d, %d bytes", w.Code, w.Body.Len())
 	}
 }
+
+func TestSessionsPerKeyBounded(t *testing.T) {
+	c, _, _ := newTestConsole(t)
+	c.sessions.max = 100
+	var cks []*http.Cookie
+	for range MaxSessionsPerKey + 3 {
+		ck, _ := signIn(t, c)
+		cks = append(cks, ck)
+	}
+	if n := c.sessions.len(); n != MaxSessionsPerKey {
+		t.Fatalf("%d sessions of one key, bound is %d", n, MaxSessionsPerKey)
+	}
+	if w := do(c, "GET", "/console/api/session", "", nil, cks[2]); w.Code != 401 {
+		t.Fatal("the key's oldest sessions were kept")
+	}
+	if w := do(c, "GET", "/console/api/session", "", nil, cks[3]); w.Code != 200 {
+		t.Fatal("a session within the key's bound was dropped")
+	}
+}

@@ -24,8 +24,10 @@ type session struct {
 }
 
 // sessions is the bounded session table. It is keyed by the SHA-256 of the session ID,
-// so that neither the map nor its lookups hold or compare the secret itself. When full,
-// a new session evicts the expired ones, then the least recently used.
+// so that neither the map nor its lookups hold or compare the secret itself. One key
+// holds at most MaxSessionsPerKey sessions (its least recently used goes first), so that
+// one key cannot push everyone else's out; when the table is full, a new session evicts
+// the expired ones, then the least recently used.
 type sessions struct {
 	mu       sync.Mutex
 	byHash   map[[32]byte]*session
@@ -35,6 +37,9 @@ type sessions struct {
 	absolute time.Duration
 	now      func() time.Time
 }
+
+// MaxSessionsPerKey bounds the sessions of one API key.
+const MaxSessionsPerKey = 16
 
 func newSessions(max int, idle, absolute time.Duration, now func() time.Time) *sessions {
 	return &sessions{byHash: map[[32]byte]*session{}, lru: list.New(), max: max, idle: idle, absolute: absolute, now: now}
@@ -54,6 +59,15 @@ func (s *sessions) create(key string, who auth.Principal) (string, *session) {
 	ss := &session{key: key, who: who, csrf: randomToken(), created: now, seen: now, hash: sha256.Sum256([]byte(id))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var mine []*session // this key's, most recently used first
+	for e := s.lru.Front(); e != nil; e = e.Next() {
+		if o := e.Value.(*session); o.who.KeyID == who.KeyID {
+			mine = append(mine, o)
+		}
+	}
+	for i := len(mine) - 1; i >= MaxSessionsPerKey-1; i-- {
+		s.dropLocked(mine[i])
+	}
 	if len(s.byHash) >= s.max {
 		for e := s.lru.Back(); e != nil; {
 			prev := e.Prev()
