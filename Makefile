@@ -9,13 +9,23 @@ VERSION   ?= $(shell bash scripts/version.sh)
 LDFLAGS   := -X github.com/sandboxd/sandboxd/internal/version.version=$(VERSION)
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent generate deps pydeps images runsc pebble seaweedfs prometheus jaeger test conformance pysdk-test test-short bench bench-smoke bench-sdk demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
+.PHONY: all build agent console console-check generate deps pydeps images runsc pebble seaweedfs prometheus jaeger test conformance pysdk-test test-short bench bench-smoke bench-sdk demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
 
 all: build
 
 build: agent
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sandboxd ./cmd/sandboxd
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sbx ./cmd/sbx
+
+# The web console's bundle (internal/console/web/dist, committed and embedded, so `build`
+# needs no Node): `make console` type-checks (tsc) and rebuilds it with the pinned npm
+# packages (Node >= 18);
+# `make console-check` fails when the committed bundle is not what the sources build.
+console:
+	cd internal/console/web && npm ci --no-audit --no-fund && npm run typecheck && npm run build
+
+console-check: console
+	git diff --exit-code -- internal/console/web/dist
 
 # The agent runs inside arbitrary images, so it must be static. Go tests get theirs from
 # internal/testenv.Agent, with these flags; scripts that need the binary run this target

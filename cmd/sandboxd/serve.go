@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/console"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/openapi"
@@ -34,8 +35,9 @@ func apiServices() []protoreflect.ServiceDescriptor {
 // checked from the headers before any body is read; request bodies in flight are capped)
 // over HTTP/1.1 and HTTP/2 cleartext (h2c), as the official client's plaintext channel
 // needs, with gRPC server reflection and, without a key, the OpenAPI document at
-// openapi.Path. Headers must arrive within ReadHeaderTimeout, an authenticated unary body
-// within apifront.DefaultBodyReadTimeout; an unauthenticated body is never read.
+// openapi.Path, and the web console at console.Path (its own sessions). Headers must
+// arrive within ReadHeaderTimeout, an authenticated unary body within
+// apifront.DefaultBodyReadTimeout; an unauthenticated body is never read.
 func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logger) *http.Server {
 	svcs := apiServices()
 	routes, err := apifront.Routes(svcs...)
@@ -52,7 +54,14 @@ func newAPIServer(handler http.Handler, keys auth.Authenticator, log *slog.Logge
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	front := apifront.New(mux, apifront.Config{Auth: keys, Public: []string{"GET /readyz", "GET /livez", "GET " + openapi.Path, "HEAD " + openapi.Path, "GET " + gateway.BuildLogPath},
 		MaxMessageBytes: relay.MaxMessageBytes, Routes: routes, ClientStreaming: apifront.ClientStreaming(svcs...), Logger: log})
-	srv := &http.Server{Handler: front, ReadHeaderTimeout: apiReadHeaderTimeout, Protocols: new(http.Protocols),
+	// The web console (internal/console) sits beside the front, not behind it: it has
+	// sessions of its own, and makes every API call through the front with the session's key.
+	top := http.NewServeMux()
+	top.Handle("/", front)
+	con := console.New(console.Config{Auth: keys, API: front, Logger: log})
+	top.Handle("/console", con)
+	top.Handle(console.Path, con)
+	srv := &http.Server{Handler: top, ReadHeaderTimeout: apiReadHeaderTimeout, Protocols: new(http.Protocols),
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)

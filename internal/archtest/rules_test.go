@@ -50,13 +50,13 @@ var rules = []rule{
 		name:   "runner side never imports the gateway",
 		why:    "runner and gateway are separate processes; what both need lives below both",
 		from:   runnerSide,
-		forbid: []string{"internal/gateway/..."},
+		forbid: []string{"internal/gateway/...", "internal/console/..."},
 	},
 	{
 		name:   "what both sides share never imports the gateway",
 		why:    "the runner uses it too, and would link the gateway through it",
 		from:   shared,
-		forbid: []string{"internal/gateway/..."},
+		forbid: []string{"internal/gateway/...", "internal/console/..."},
 	},
 	{
 		name: "sandbox-agent pulls only what it needs",

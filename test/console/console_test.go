@@ -1,0 +1,331 @@
+// Package console tests the web console (internal/console) in a real headless Chromium
+// (Debian's chromium package, driven with chromedp) against a real `sandboxd dev`.
+// Without chromium the test skips, unless SANDBOXD_REQUIRE_CHROMIUM=1 (CI), where that is
+// an error. SANDBOXD_CONSOLE_SCREENSHOTS=<dir> saves screenshots of the main pages there
+// (docs/console/ holds the committed ones).
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
+	"github.com/sandboxd/sandboxd/internal/testenv"
+)
+
+// chromium finds the browser, or skips (fails under SANDBOXD_REQUIRE_CHROMIUM=1).
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, n := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(n); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("SANDBOXD_REQUIRE_CHROMIUM") == "1" {
+		t.Fatal("chromium is not installed (scripts/install-deps.sh --test) and SANDBOXD_REQUIRE_CHROMIUM=1")
+	}
+	t.Skip("chromium is not installed (scripts/install-deps.sh --test)")
+	return ""
+}
+
+type dev struct {
+	api, dataDir, bin string
+	admin             string
+}
+
+// startDev builds sandboxd and starts `sandboxd dev` on free loopback ports with a
+// bridge, subnet and cgroup parent of its own; it is stopped and cleaned at the end.
+func startDev(t *testing.T) *dev {
+	t.Helper()
+	dir := t.TempDir()
+	d := &dev{bin: filepath.Join(dir, "bin"), dataDir: filepath.Join(dir, "data")}
+	if err := os.MkdirAll(d.bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(d.bin, "sandboxd"), "github.com/sandboxd/sandboxd/cmd/sandboxd")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build sandboxd: %v\n%s", err, out)
+	}
+	if _, err := testenv.Agent(d.bin); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d.api = "http://" + addr
+	pid := os.Getpid()
+	bridge, cgroupParent := fmt.Sprintf("sbxcon%04x", pid&0xffff), fmt.Sprintf("sandboxd-console-%d", pid)
+	subnet := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 200+pid%50, pid/50%256))
+	logPath := filepath.Join(dir, "sandboxd.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(d.bin, "sandboxd"), "dev", "--data-dir", d.dataDir, "--listen", addr,
+		"--edge-listen", "", "--data-plane-listen", "", "--metrics-listen", "", "--warm-pool", "0",
+		"--bridge", bridge, "--subnet", subnet.String(), "--cgroup-parent", cgroupParent)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+		stacktest.ForceClean(d.dataDir)
+		if m, err := network.New(network.Config{Bridge: bridge, Subnet: subnet, Table: "sandboxd_" + bridge,
+			StateDir: filepath.Join(d.dataDir, "network")}); err == nil {
+			_ = m.Cleanup()
+		}
+		parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent)
+		for _, p := range parents {
+			_ = os.Remove(p)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("sandboxd dev log (tail):\n%s", b[max(0, len(b)-4000):])
+		}
+	})
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		res, err := http.Get(d.api + "/readyz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sandboxd dev not ready after 90 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	b, err := os.ReadFile(filepath.Join(d.dataDir, "admin-api-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.admin = strings.TrimSpace(string(b))
+	return d
+}
+
+func (d *dev) newKey(t *testing.T, org string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(d.bin, "sandboxd"), "apikey", "create", "--data-dir", d.dataDir, "--org", org, "--role", "user").Output()
+	if err != nil {
+		t.Fatalf("apikey create: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func (d *dev) rest(t *testing.T, key, method, path string, body any) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, d.api+path, r)
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+// waitJS polls the JavaScript expression cond until it is true.
+func waitJS(cond string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		for {
+			ok, err := chromedp.Evaluate[bool](cond)(ctx, t)
+			if err != nil {
+				return err
+			}
+			if ok {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for %s: %w", cond, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+}
+
+func textHas(sel, s string) string {
+	return fmt.Sprintf(`(document.querySelector(%q)?.textContent || "").includes(%q)`, sel, s)
+}
+
+type css = chromedp.CSS
+
+// TestConsoleInChromium signs in to the console with org A's key, sees a sandbox
+// appear, opens its terminal and runs a command, reads its live logs and stops it; a key
+// of org B sees none of it.
+func TestConsoleInChromium(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts sandboxd dev and Chromium")
+	}
+	browser := chromium(t)
+	testenv.RequireRoot(t, "sandboxd dev runs containers")
+	d := startDev(t)
+	keyA, keyB := d.newKey(t, "org-a"), d.newKey(t, "org-b")
+	shots := os.Getenv("SANDBOXD_CONSOLE_SCREENSHOTS")
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.WindowSize(1100, 760), chromedp.Flag("disable-dev-shm-usage", true))
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelA()
+	bctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	if err := chromedp.Do(bctx); err != nil { // starts the browser (with no timeout)
+		t.Fatal(err)
+	}
+	ctx, cancelT := context.WithTimeout(bctx, 3*time.Minute)
+	defer cancelT()
+	shot := func(name string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			if shots == "" {
+				return nil
+			}
+			b, err := chromedp.CaptureScreenshot()(ctx, t)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(shots, name+".png"), b, 0o644)
+		})
+	}
+	signIn := func(key string) chromedp.Action[chromedp.Void] {
+		return chromedp.Steps(
+			chromedp.Navigate(d.api+"/console/"),
+			chromedp.WaitVisible(css("#apikey")),
+			chromedp.SendKeys(css("#apikey"), key),
+			chromedp.Click(css(`button[type="submit"]`)),
+			chromedp.WaitVisible(css(`[data-testid="who"]`)),
+		)
+	}
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := chromedp.Do(sctx, actions...); err != nil {
+			dctx, cancel := context.WithTimeout(bctx, 10*time.Second)
+			defer cancel()
+			text, _ := chromedp.Run(dctx, chromedp.Evaluate[string](`document.body.innerText`))
+			term, _ := chromedp.Run(dctx, chromedp.Evaluate[string](`document.querySelector(".xterm-rows")?.innerText || "(no terminal)"`))
+			t.Fatalf("%s: %v\npage: %.3000s\nterminal: %s", what, err, text, term)
+		}
+	}
+
+	// A wrong key is refused on the sign-in page.
+	run("wrong key", chromedp.Navigate(d.api+"/console/"), chromedp.WaitVisible(css("#apikey")), shot("signin"),
+		chromedp.SendKeys(css("#apikey"), "sbx_nope_nope"), chromedp.Click(css(`button[type="submit"]`)),
+		chromedp.WaitVisible(css(`[role="alert"]`)))
+
+	run("sign in as org A", signIn(keyA), chromedp.Navigate(d.api+"/console/#/sandboxes"),
+		waitJS(textHas("main", "No sandbox matches")))
+
+	code, body := d.rest(t, keyA, "POST", "/v1/sandboxes", map[string]any{"spec": map[string]any{
+		"tags":       []string{"console-test"},
+		"containers": []any{map[string]any{"name": "main", "image": "busybox", "command": "/bin/sh", "args": []string{"-c", `trap "exit 0" TERM; while true; do echo "tick from the sandbox"; sleep 1; done`}}},
+	}})
+	if code != 200 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct {
+		SandboxID string `json:"sandboxId"`
+	}
+	_ = json.Unmarshal(body, &sb)
+	id := sb.SandboxID
+	t.Cleanup(func() { d.rest(t, keyA, "DELETE", "/v1/sandboxes/"+id, nil) })
+
+	run("the sandbox appears in the list, running", waitJS(textHas(`[data-testid="sandbox-list"]`, id)),
+		waitJS(textHas(`[data-testid="sandbox-list"]`, "running")), shot("sandboxes"),
+		// The filters: by tag and by runner, each matching and not.
+		chromedp.Navigate(d.api+"/console/#/sandboxes?tag=console-test"), waitJS(textHas(`[data-testid="sandbox-list"]`, id)),
+		chromedp.Navigate(d.api+"/console/#/sandboxes?tag=other-tag"), waitJS(textHas("main", "No sandbox matches")),
+		chromedp.Navigate(d.api+"/console/#/sandboxes?runner=local"), waitJS(textHas(`[data-testid="sandbox-list"]`, id)),
+		chromedp.Navigate(d.api+"/console/#/sandboxes?runner=elsewhere"), waitJS(textHas("main", "No sandbox matches")))
+	run("overview", chromedp.Navigate(d.api+"/console/#/"), waitJS(textHas("main", "Runners")),
+		waitJS(`[...document.querySelectorAll(".cards a")].some(a => a.textContent.includes("running") && a.querySelector(".num").textContent === "1")`),
+		shot("overview"))
+	run("detail, logs and terminal", chromedp.Navigate(d.api+"/console/#/sandboxes/"+id),
+		waitJS(textHas(`[data-testid="logs"]`, "tick from the sandbox")),
+		waitJS(textHas(`[data-testid="term-status"]`, "connected")),
+		// The shell's prompt (xterm.js renders only while the terminal is on screen), then
+		// the command typed into the terminal.
+		waitJS(`(document.querySelector('[data-testid="terminal"]').scrollIntoView(), true)`),
+		waitJS(`(document.querySelector(".xterm-rows")?.textContent || "").includes("#")`),
+		chromedp.Click(css(".xterm-screen")),
+		// The text as an input method inserts it (xterm.js takes synthesized printable key
+		// events for its own shortcuts), then the Enter key.
+		chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			_, err := cdp.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: "echo hello-console"})
+			return err
+		}),
+		chromedp.KeyEvent(kb.Enter),
+		// The command's echo and its output: twice.
+		waitJS(`(document.querySelector(".xterm-rows")?.textContent || "").split("hello-console").length >= 3`),
+		shot("sandbox"))
+	// On a phone-sized screen nothing overflows the page sideways (tables scroll in place).
+	run("narrow screen", chromedp.EmulateViewport(390, 844), waitJS(`document.documentElement.scrollWidth <= window.innerWidth`),
+		shot("sandbox-narrow"), chromedp.ResetViewport())
+
+	// Org B sees none of it, and cannot reach it by its URL either.
+	run("org B", chromedp.Click(css(`header button`)), chromedp.WaitVisible(css("#apikey")),
+		signIn(keyB), waitJS(textHas(`[data-testid="who"]`, "org-b")),
+		chromedp.Navigate(d.api+"/console/#/sandboxes?state=STATE_RUNNING"), waitJS(textHas("main", "No sandbox matches")),
+		chromedp.Navigate(d.api+"/console/#/sandboxes/"+id), waitJS(textHas(`[role="alert"]`, "not found")))
+	bodyB, err := chromedp.Run(ctx, chromedp.Text(css("body")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(bodyB, "tick from the sandbox") || strings.Contains(bodyB, "console-test") {
+		t.Fatalf("org B's page shows org A's sandbox: %s", bodyB)
+	}
+
+	// Org A stops it, with confirmation.
+	run("stop", chromedp.Click(css(`header button`)), chromedp.WaitVisible(css("#apikey")),
+		signIn(keyA), chromedp.Navigate(d.api+"/console/#/sandboxes/"+id),
+		chromedp.WaitVisible(css(`button.danger`)), chromedp.Click(css(`button.danger`)),
+		chromedp.WaitVisible(css(`[role="alertdialog"] button.danger`)),
+		chromedp.Click(css(`[role="alertdialog"] button.danger`)),
+		waitJS(`/terminat/.test(document.querySelector("h2 .badge")?.textContent || "")`))
+	code, body = d.rest(t, keyA, "GET", "/v1/sandboxes/"+id, nil)
+	if code == 200 && !bytes.Contains(body, []byte("STATE_TERMINAT")) {
+		t.Fatalf("after stop: %d %s", code, body)
+	}
+}

@@ -1,0 +1,207 @@
+package security
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/console"
+)
+
+// consoleSession is a browser signed in to the web console with a key.
+type consoleSession struct {
+	d    *Dev
+	c    *http.Client
+	csrf string
+}
+
+func (d *Dev) consoleSignIn(t *testing.T, key string) *consoleSession {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	s := &consoleSession{d: d, c: &http.Client{Jar: jar}}
+	code, body := s.do(t, "POST", "/console/api/session", `{"apiKey":"`+key+`"}`, nil)
+	if code != 200 {
+		t.Fatalf("console sign-in: %d %s", code, body)
+	}
+	if strings.Contains(string(body), key) {
+		t.Fatal("the console echoes the key")
+	}
+	var who console.Who
+	if err := json.Unmarshal(body, &who); err != nil {
+		t.Fatal(err)
+	}
+	s.csrf = who.CSRFToken
+	return s
+}
+
+func (s *consoleSession) do(t *testing.T, method, path, body string, hdr map[string]string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, s.d.API+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	res, err := s.c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	return res.StatusCode, b
+}
+
+func restReason(b []byte) string {
+	var st struct {
+		Details []struct {
+			Reason string `json:"reason"`
+		} `json:"details"`
+	}
+	_ = json.Unmarshal(b, &st)
+	for _, d := range st.Details {
+		if d.Reason != "" {
+			return d.Reason
+		}
+	}
+	return ""
+}
+
+// terminal opens the console's terminal on sandbox id, types input and returns what it
+// printed (up to the exit or error message, or want, or 20 s) and the control messages.
+func (s *consoleSession) terminal(t *testing.T, id, input, want string) (out string, ctl []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	u, _ := url.Parse(s.d.API)
+	h := http.Header{"Origin": {s.d.API}}
+	for _, c := range s.c.Jar.Cookies(&url.URL{Scheme: "http", Host: u.Host, Path: "/console/"}) {
+		h.Add("Cookie", c.Name+"="+c.Value)
+	}
+	ws, res, err := websocket.Dial(ctx, "ws://"+u.Host+"/console/api/sandboxes/"+id+"/terminal", &websocket.DialOptions{HTTPHeader: h}) //nolint:bodyclose // the upgraded connection is ws
+	if err != nil {
+		code := 0
+		if res != nil {
+			code = res.StatusCode
+		}
+		return "", []string{"dial: " + err.Error() + " " + http.StatusText(code)}
+	}
+	defer ws.CloseNow()
+	if input != "" {
+		if err := ws.Write(ctx, websocket.MessageBinary, []byte(input)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var b strings.Builder
+	for {
+		typ, m, err := ws.Read(ctx)
+		if err != nil {
+			return b.String(), ctl
+		}
+		if typ == websocket.MessageText {
+			ctl = append(ctl, string(m))
+			continue
+		}
+		b.Write(m)
+		if want != "" && strings.Contains(b.String(), want) {
+			return b.String(), ctl
+		}
+	}
+}
+
+// TestConsoleTenancy attacks the web console: a session of org A cannot see, delete,
+// read the logs of or open a terminal in org B's sandbox; writes need the CSRF token;
+// forged and signed-out sessions are refused; cross-origin terminals are refused.
+func TestConsoleTenancy(t *testing.T) {
+	d := needDev(t)
+	idB := runningSandbox(t, d.sandboxes(d.KeyB), "", nil)
+	a, b := d.consoleSignIn(t, d.KeyA), d.consoleSignIn(t, d.KeyB)
+
+	// B sees and uses its own sandbox through the console (the control).
+	if code, body := b.do(t, "GET", "/console/api/v1/sandboxes/"+idB, "", nil); code != 200 {
+		t.Fatalf("B gets its sandbox: %d %s", code, body)
+	}
+	if out, ctl := b.terminal(t, idB, "echo hello-$((40+2))\n", "hello-42"); !strings.Contains(out, "hello-42") {
+		t.Fatalf("B's terminal: output %q, control %v", out, ctl)
+	}
+
+	// A sees none of it.
+	if code, body := a.do(t, "GET", "/console/api/v1/sandboxes/"+idB, "", nil); code != 404 || restReason(body) != apierr.SandboxNotFound {
+		t.Fatalf("A gets B's sandbox: %d %s", code, body)
+	}
+	if code, body := a.do(t, "GET", "/console/api/v1/sandboxes", "", nil); code != 200 || strings.Contains(string(body), idB) {
+		t.Fatalf("A lists: %d %s", code, body)
+	}
+	if code, body := a.do(t, "GET", "/console/api/sandboxes/"+idB+"/logs?follow=0", "", nil); code != 404 || strings.Contains(string(body), "tick") {
+		t.Fatalf("A reads B's logs: %d %s", code, body)
+	}
+	if out, ctl := a.terminal(t, idB, "echo pwned\n", "pwned"); out != "" || len(ctl) != 1 || !strings.Contains(ctl[0], apierr.SandboxNotFound) {
+		t.Fatalf("A's terminal in B's sandbox: output %q, control %v", out, ctl)
+	}
+	if code, body := a.do(t, "DELETE", "/console/api/v1/sandboxes/"+idB, "", map[string]string{console.CSRFHeader: a.csrf}); code != 404 {
+		t.Fatalf("A deletes B's sandbox: %d %s", code, body)
+	}
+
+	// Writes need the session's own CSRF token, from this origin.
+	for name, hdr := range map[string]map[string]string{
+		"no token":      nil,
+		"A's token":     {console.CSRFHeader: a.csrf},
+		"cross origin":  {console.CSRFHeader: b.csrf, "Origin": "http://evil.example"},
+		"cross-site fe": {console.CSRFHeader: b.csrf, "Sec-Fetch-Site": "cross-site"},
+	} {
+		if code, body := b.do(t, "DELETE", "/console/api/v1/sandboxes/"+idB, "", hdr); code != 403 || restReason(body) != apierr.PermissionDenied {
+			t.Fatalf("B deletes %s: %d %s", name, code, body)
+		}
+	}
+	if code, body := b.do(t, "GET", "/console/api/v1/sandboxes/"+idB, "", nil); code != 200 || !strings.Contains(string(body), "STATE_RUNNING") {
+		t.Fatalf("B's sandbox after refused deletes: %d %s", code, body)
+	}
+
+	// A cross-origin WebSocket (a page elsewhere with B's cookie) is refused.
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		u, _ := url.Parse(d.API)
+		h := http.Header{"Origin": {"http://evil.example"}}
+		for _, c := range b.c.Jar.Cookies(&url.URL{Scheme: "http", Host: u.Host, Path: "/console/"}) {
+			h.Add("Cookie", c.Name+"="+c.Value)
+		}
+		ws, res, err := websocket.Dial(ctx, "ws://"+u.Host+"/console/api/sandboxes/"+idB+"/terminal", &websocket.DialOptions{HTTPHeader: h}) //nolint:bodyclose // refused: coder/websocket closes the body of a failed handshake
+		cancel()
+		if err == nil {
+			ws.CloseNow()
+			t.Fatal("a cross-origin terminal was accepted")
+		}
+		if res == nil || res.StatusCode != 403 {
+			t.Fatalf("cross-origin terminal: %v %v", res, err)
+		}
+	}
+
+	// Forged and signed-out sessions are refused.
+	jar, _ := cookiejar.New(nil)
+	u, _ := url.Parse(d.API + "/console/")
+	jar.SetCookies(u, []*http.Cookie{{Name: console.CookieName, Value: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", Path: "/console"}})
+	forged := &consoleSession{d: d, c: &http.Client{Jar: jar}}
+	if code, _ := forged.do(t, "GET", "/console/api/v1/sandboxes/"+idB, "", nil); code != 401 {
+		t.Fatalf("forged session: %d", code)
+	}
+	if code, _ := b.do(t, "DELETE", "/console/api/session", "", map[string]string{console.CSRFHeader: b.csrf}); code != 204 {
+		t.Fatalf("sign-out: %d", code)
+	}
+	// The jar dropped the cookie (Max-Age<0): replay the old one by hand.
+	b2 := d.consoleSignIn(t, d.KeyB)
+	old := b2.c.Jar.Cookies(u)
+	_, _ = b2.do(t, "DELETE", "/console/api/session", "", map[string]string{console.CSRFHeader: b2.csrf})
+	jar2, _ := cookiejar.New(nil)
+	jar2.SetCookies(u, old)
+	stale := &consoleSession{d: d, c: &http.Client{Jar: jar2}}
+	if code, _ := stale.do(t, "GET", "/console/api/v1/sandboxes/"+idB, "", nil); code != 401 {
+		t.Fatalf("signed-out session replayed: %d", code)
+	}
+}
