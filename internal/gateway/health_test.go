@@ -453,3 +453,95 @@ func runnerOfSandbox(s *Server, sb *sandboxv1.Sandbox) string {
 	}
 	return s.index.runnerOf(rec)
 }
+
+// stallingRunner is an acceptingRunner whose creates wait, once started (each start
+// sent on started), until release is closed (then they are accepted) or their context
+// ends (a hung runner: never released).
+type stallingRunner struct {
+	acceptingRunner
+	started chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	deleted []string
+}
+
+func (r *stallingRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	r.started <- struct{}{}
+	select {
+	case <-r.release:
+		return r.acceptingRunner.Create(ctx, req)
+	case <-ctx.Done():
+		return runner.Sandbox{}, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+}
+
+func (r *stallingRunner) Delete(ctx context.Context, id string, grace time.Duration) (runner.Sandbox, error) {
+	r.mu.Lock()
+	r.deleted = append(r.deleted, id)
+	r.mu.Unlock()
+	return r.acceptingRunner.Delete(ctx, id, grace)
+}
+
+func (r *stallingRunner) deletes() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.deleted)
+}
+
+// cancelledCreate makes a create pinned to runner "bad" whose caller goes away once the
+// runner got it; it returns the caller's error.
+func cancelledCreate(s *Server, r *stallingRunner) error {
+	ctx, cancel := context.WithCancel(asOrgID(testOrg))
+	go func() {
+		<-r.started
+		cancel()
+	}()
+	_, err := createOnRunners(ctx, s, "bad")
+	cancel()
+	return err
+}
+
+// TestRunnerHealthHungRunnerCounted: a runner that never answers a create fails it once
+// the attempt's own bound (CreateTimeout) passes, although each caller went away first:
+// the gateway keeps judging the attempt, and the runner ends quarantined.
+func TestRunnerHealthHungRunnerCounted(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	hung := &stallingRunner{acceptingRunner: acceptingRunner{id: "bad"}, started: make(chan struct{}), release: make(chan struct{})}
+	s := newHealthGateway(t, clk, health.Config{MinOrgs: 1, CreateTimeout: 20 * time.Millisecond}, hung)
+	for i := range health.DefaultQuarantineAfter {
+		if err := cancelledCreate(s, hung); connect.CodeOf(err) != connect.CodeCanceled {
+			t.Fatalf("create %d whose caller went away: %v", i, err)
+		}
+	}
+	awaitHealth(t, s, health.Quarantined)
+	if v := s.health.Global("bad"); !strings.Contains(v.Reason, "DEADLINE_EXCEEDED") {
+		t.Fatalf("quarantine reason: %+v", v)
+	}
+}
+
+// TestRunnerHealthCallerCancelNotCounted: callers that go away while a healthy (slow)
+// runner creates their sandbox, far beyond the thresholds, leave it healthy; each
+// sandbox accepted after its caller left is deleted on the runner.
+func TestRunnerHealthCallerCancelNotCounted(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	slow := &stallingRunner{acceptingRunner: acceptingRunner{id: "bad"}, started: make(chan struct{}), release: make(chan struct{})}
+	s := newHealthGateway(t, clk, health.Config{MinOrgs: 1}, slow)
+	n := 2 * health.DefaultQuarantineAfter
+	for i := range n {
+		if err := cancelledCreate(s, slow); connect.CodeOf(err) != connect.CodeCanceled {
+			t.Fatalf("create %d whose caller went away: %v", i, err)
+		}
+	}
+	close(slow.release) // the runner answers them all: accepted
+	deadline := time.Now().Add(30 * time.Second)
+	for slow.deletes() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d abandoned sandboxes deleted", slow.deletes(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.Close() // the attempts ended
+	if v := s.health.View("bad", testOrg); v.State != health.Healthy {
+		t.Fatalf("after %d cancelled callers: %+v", n, v)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -224,8 +225,12 @@ type Server struct {
 	health        *health.Tracker
 	healthPending healthPending
 	// bg ends with the server (Close): the probe judges (health.go) stop with it.
-	bg                             context.Context
-	probeWatches                   sync.WaitGroup
+	bg           context.Context
+	probeWatches sync.WaitGroup
+	// attempts are the create requests to runners in flight (runnerCreate); detached
+	// counts those whose callers went away.
+	attempts                       sync.WaitGroup
+	detached                       atomic.Int64
 	probeJudgeFor, probeJudgeEvery time.Duration
 	// startWait: see Config.StartWait.
 	startWait *startWaiters
@@ -335,10 +340,11 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Close stops the server's background work (runner probes, reconciliation) and waits for
-// the health probe watches to end.
+// the health probe watches and the create requests to runners to end.
 func (s *Server) Close() {
 	s.stop()
 	s.probeWatches.Wait()
+	s.attempts.Wait()
 }
 
 // Services are the services Handler serves.
