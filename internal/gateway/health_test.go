@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/health"
@@ -544,4 +545,68 @@ func TestRunnerHealthCallerCancelNotCounted(t *testing.T) {
 	if v := s.health.View("bad", testOrg); v.State != health.Healthy {
 		t.Fatalf("after %d cancelled callers: %+v", n, v)
 	}
+}
+
+// TestRunnerHealthForksAndMovesJudged: forks a runner fails internally and moves whose
+// import the target fails count against those runners as failed creates do (the
+// organization's own view degrades: the default MinOrgs needs two organizations for
+// everyone's); a fork the runner makes heals it; a fork refused for the caller's reason
+// (a source that cannot be forked) does not count.
+func TestRunnerHealthForksAndMovesJudged(t *testing.T) {
+	t.Run("fork", func(t *testing.T) {
+		r := newPauseRunner("r1")
+		r.maxSandboxes = 16
+		e := newPauseEnv(t, "", r)
+		id := e.create(t, publicService(8082, https, share, 0))
+		r.setState(id, runner.StateRunning)
+		fork := func(n int32) {
+			t.Helper()
+			if _, err := e.pc.ForkSandbox(t.Context(), withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, Count: n})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.forkErrs = map[int]error{0: runner.ErrNotRunning}
+		fork(1)
+		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
+			t.Fatalf("after a fork refused for its source: %+v", v)
+		}
+		internal := connect.NewError(connect.CodeInternal, errors.New("runsc restore: exec failed"))
+		r.forkErrs = map[int]error{0: internal, 1: internal, 2: internal}
+		fork(3)
+		if v := e.s.health.View("r1", "acme"); v.State != health.Degraded || !strings.Contains(v.Reason, "INTERNAL") {
+			t.Fatalf("after 3 forks failed internally: %+v", v)
+		}
+		r.forkErrs = nil
+		fork(1)
+		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
+			t.Fatalf("after a fork made: %+v", v)
+		}
+	})
+	t.Run("move", func(t *testing.T) {
+		plat := "gvisor runsc-1 linux/amd64"
+		r1, r2 := newPortRunner("r1", plat), newPortRunner("r2", plat)
+		r2.importErr = connect.NewError(connect.CodeInternal, errors.New("runsc restore: exec failed"))
+		e := newPauseEnv(t, "", r1, r2)
+		id := e.createOn(t, r1)
+		e.pause(t, id, true)
+		r1.full = true
+		for i := range health.DefaultDegradedAfter {
+			if _, err := e.resume(t, id); connect.CodeOf(err) != connect.CodeInternal {
+				t.Fatalf("move %d: %v", i, err)
+			}
+		}
+		if v := e.s.health.View("r2", "acme"); v.State != health.Degraded {
+			t.Fatalf("after %d failed imports: %+v", health.DefaultDegradedAfter, v)
+		}
+		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
+			t.Fatalf("the source runner: %+v", v)
+		}
+		r2.importErr = nil
+		if res, err := e.resume(t, id); err != nil || res.GetRunnerId() != "r2" {
+			t.Fatalf("move: %v %v", res, err)
+		}
+		if v := e.s.health.View("r2", "acme"); v.State != health.Healthy {
+			t.Fatalf("after a move made: %+v", v)
+		}
+	})
 }
