@@ -27,6 +27,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -134,6 +135,8 @@ type Options struct {
 	Source func(ctx context.Context) string
 	// Now is the clock (tests).
 	Now func() time.Time
+	// Metrics counts the writes that fail (nil: metrics.Default).
+	Metrics *metrics.Metrics
 }
 
 // Recorder records audited calls into a store.
@@ -142,11 +145,15 @@ type Recorder struct {
 	log *slog.Logger
 	src func(ctx context.Context) string
 	now func() time.Time
+	met *metrics.Metrics
 }
 
 // NewRecorder returns a Recorder writing to st.
 func NewRecorder(st store.Audit, o Options) *Recorder {
-	r := &Recorder{st: st, log: o.Logger, src: o.Source, now: o.Now}
+	r := &Recorder{st: st, log: o.Logger, src: o.Source, now: o.Now, met: o.Metrics}
+	if r.met == nil {
+		r.met = metrics.Default
+	}
 	if r.log == nil {
 		r.log = slog.Default()
 	}
@@ -259,12 +266,14 @@ func (r *Recorder) source(ctx context.Context, peer string) string {
 	return peer
 }
 
-// write stores e, detached from the call's cancellation; a failure is logged only.
+// write stores e, detached from the call's cancellation; a failure never fails the call:
+// it is logged (WARN) and counted (cwsandbox_audit_write_failures_total).
 func (r *Recorder) write(ctx context.Context, e store.AuditEvent) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	if _, err := r.st.Append(wctx, e); err != nil {
-		r.log.Error("audit: cannot record a call", "method", e.Method, "org", e.Org, "key", e.KeyID, "request_id", e.RequestID, "err", err)
+		r.met.AuditWriteFailed(err)
+		r.log.Warn("audit: cannot record a call", "method", e.Method, "org", e.Org, "key", e.KeyID, "request_id", e.RequestID, "err", err)
 	}
 }
 

@@ -1,8 +1,10 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -26,6 +28,7 @@ import (
 	_ "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -281,5 +284,48 @@ func TestPrintable(t *testing.T) {
 		if got := Printable(in); got != want {
 			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// errAudit fails every write with err.
+type errAudit struct {
+	store.Audit
+	err error
+}
+
+func (f errAudit) Append(context.Context, store.AuditEvent) (store.AuditEvent, error) {
+	return store.AuditEvent{}, f.err
+}
+
+// TestWriteFailureCountedAndLogged: an event the store cannot take is logged at WARN
+// (with the call's method and request ID, not its message) and counted by reason.
+func TestWriteFailureCountedAndLogged(t *testing.T) {
+	m := metrics.New()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e := store.AuditEvent{Org: "acme", KeyID: "ku", Method: "/x.Y/Z", RequestID: "r-1", Code: "OK"}
+	NewRecorder(errAudit{err: errors.New("disk full")}, Options{Logger: log, Metrics: m}).write(t.Context(), e)
+	NewRecorder(errAudit{err: fmt.Errorf("append: %w", context.DeadlineExceeded)}, Options{Logger: log, Metrics: m}).write(t.Context(), e)
+	NewRecorder(errAudit{err: errors.New("disk full")}, Options{Logger: log, Metrics: m}).write(t.Context(), e)
+	got := map[string]float64{}
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "cwsandbox_audit_write_failures_total" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			got[s.GetLabel()[0].GetValue()] = s.GetCounter().GetValue()
+		}
+	}
+	if got[metrics.AuditFailError] != 2 || got[metrics.AuditFailTimeout] != 1 || len(got) != 2 {
+		t.Fatalf("cwsandbox_audit_write_failures_total: %v", got)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], `msg="audit: cannot record a call"`) ||
+		!strings.Contains(lines[0], "request_id=r-1") || !strings.Contains(lines[0], `err="disk full"`) {
+		t.Fatalf("logs:\n%s", logs.String())
 	}
 }
