@@ -66,6 +66,15 @@ type Rule struct {
 	Response   []string
 }
 
+// OrgFields names, per procedure, the request fields that name the organization a call
+// acts on, for the calls a platform admin makes on another organization's objects
+// (Options.PlatformOrg); the first non-empty one counts.
+var OrgFields = map[string][]string{
+	quo + "SetQuota":                    {"org_id"},
+	cp + "RolloutService/ResumeRollout": {"organization_id"},
+	cp + "ClusterService/AddCluster":    {"cluster.organization_id"},
+}
+
 const (
 	sbx  = "/coreweave.sandbox.v1.SandboxService/"
 	tmpl = "/coreweave.sandbox.v1.SandboxTemplateService/"
@@ -137,6 +146,11 @@ type Options struct {
 	Now func() time.Time
 	// Metrics counts the writes that fail (nil: metrics.Default).
 	Metrics *metrics.Metrics
+	// PlatformOrg is the platform operator's organization: a call its keys make that
+	// succeeds on another organization's objects (Rule.Org names it) is recorded as that
+	// organization's event, with the caller's organization as its actor (ActorOrg), so
+	// that organization's admins see it ("": every event is the caller's organization's).
+	PlatformOrg string
 }
 
 // Recorder records audited calls into a store.
@@ -146,11 +160,13 @@ type Recorder struct {
 	src func(ctx context.Context) string
 	now func() time.Time
 	met *metrics.Metrics
+	// platform is Options.PlatformOrg.
+	platform string
 }
 
 // NewRecorder returns a Recorder writing to st.
 func NewRecorder(st store.Audit, o Options) *Recorder {
-	r := &Recorder{st: st, log: o.Logger, src: o.Source, now: o.Now, met: o.Metrics}
+	r := &Recorder{st: st, log: o.Logger, src: o.Source, now: o.Now, met: o.Metrics, platform: o.PlatformOrg}
 	if r.met == nil {
 		r.met = metrics.Default
 	}
@@ -216,6 +232,13 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		// the input) is stored printable only: an admin's terminal or log viewer never gets
 		// a control sequence or a forged line from it.
 		e.RequestID, e.TargetID, e.Message = Printable(e.RequestID), Printable(e.TargetID), Printable(e.Message)
+		// A platform admin's successful call on another organization's objects is that
+		// organization's event (its admins see it), made by the platform (ActorOrg; the
+		// platform's admins find it by it). A refused or failed one acted on nothing: it
+		// stays the caller's.
+		if org := Printable(first(reqMsg, OrgFields[req.Spec().Procedure])); err == nil && org != "" && org != who.Org && i.r.platform != "" && who.Org == i.r.platform {
+			e.Org, e.ActorOrg = org, who.Org
+		}
 		i.r.write(ctx, e)
 		return resp, err
 	}

@@ -303,7 +303,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.auditSvc = audit.Service{Store: cfg.Audit.Store, PlatformOrg: cfg.Audit.PlatformOrg}
 	if cfg.Audit.Store != nil {
-		s.audit = audit.NewRecorder(cfg.Audit.Store, audit.Options{Logger: cfg.Logger, Source: func(ctx context.Context) string {
+		s.audit = audit.NewRecorder(cfg.Audit.Store, audit.Options{Logger: cfg.Logger, PlatformOrg: cfg.Audit.PlatformOrg, Source: func(ctx context.Context) string {
 			if a, ok := callerOf(ctx); ok && a.IsValid() {
 				return a.String()
 			}
