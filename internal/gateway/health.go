@@ -190,7 +190,7 @@ func (s *Server) runnerCreate(ctx context.Context, r runner.Handle, k health.Tic
 		a.mu.Lock()
 		if !a.finished {
 			a.abandoned = true
-			if s.detached.Add(1) > maxDetachedCreates {
+			if s.detached.Add(1) > s.maxDetached {
 				cancel() // too many already: not judged (its cause is a cancel)
 			}
 			a.mu.Unlock()

@@ -464,9 +464,21 @@ type stallingRunner struct {
 	release chan struct{}
 	mu      sync.Mutex
 	deleted []string
+	ended   int // creates that returned
+}
+
+func (r *stallingRunner) endedCreates() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
 }
 
 func (r *stallingRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	defer func() {
+		r.mu.Lock()
+		r.ended++
+		r.mu.Unlock()
+	}()
 	r.started <- struct{}{}
 	select {
 	case <-r.release:
@@ -609,4 +621,33 @@ func TestRunnerHealthForksAndMovesJudged(t *testing.T) {
 			t.Fatalf("after a move made: %+v", v)
 		}
 	})
+}
+
+// TestRunnerHealthDetachedBounded: beyond the bound of abandoned creates followed at once,
+// a create whose caller goes away is cancelled with it, unjudged; the followed one ends
+// with the server, unjudged too.
+func TestRunnerHealthDetachedBounded(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	hung := &stallingRunner{acceptingRunner: acceptingRunner{id: "bad"}, started: make(chan struct{}), release: make(chan struct{})}
+	s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1, CreateTimeout: time.Hour}, func(c *Config) { c.maxDetached = 1 }, hung)
+	n := health.DefaultQuarantineAfter + 1
+	for i := range n {
+		if err := cancelledCreate(s, hung); connect.CodeOf(err) != connect.CodeCanceled {
+			t.Fatalf("create %d whose caller went away: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for hung.endedCreates() < n-1 { // all but the one followed were cancelled
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d creates beyond the bound ended", hung.endedCreates(), n-1)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.Close()
+	if hung.endedCreates() != n {
+		t.Fatalf("%d of %d creates ended after Close", hung.endedCreates(), n)
+	}
+	if v := s.health.View("bad", testOrg); v.State != health.Healthy {
+		t.Fatalf("after creates cancelled beyond the bound and at Close: %+v", v)
+	}
 }

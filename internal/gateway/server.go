@@ -144,6 +144,8 @@ type Config struct {
 	healthClock func() time.Time
 	// probeJudgeFor and probeJudgeEvery override ProbeJudgeFor and probeJudgePoll (tests).
 	probeJudgeFor, probeJudgeEvery time.Duration
+	// maxDetached overrides maxDetachedCreates (tests).
+	maxDetached int64
 	// StartWait bounds how a GetSandbox of a young starting sandbox waits for it to
 	// start (startwait.go); the zero value is the defaults.
 	StartWait StartWaitOptions
@@ -231,6 +233,7 @@ type Server struct {
 	// counts those whose callers went away.
 	attempts                       sync.WaitGroup
 	detached                       atomic.Int64
+	maxDetached                    int64
 	probeJudgeFor, probeJudgeEvery time.Duration
 	// startWait: see Config.StartWait.
 	startWait *startWaiters
@@ -316,6 +319,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop, s.bg = stop, ctx
 	s.probeJudgeFor, s.probeJudgeEvery = cmp.Or(cfg.probeJudgeFor, ProbeJudgeFor), cmp.Or(cfg.probeJudgeEvery, probeJudgePoll)
+	s.maxDetached = cmp.Or(cfg.maxDetached, maxDetachedCreates)
 	s.views = newRunnerViews(s, cfg.DisconnectAfter)
 	if cfg.ViewInterval <= 0 {
 		cfg.ViewInterval = DefaultViewInterval
