@@ -23,6 +23,7 @@ func (h *healthFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&h.cfg.MaxCooldown, "runner-quarantine-max-cooldown", health.DefaultMaxCooldown, "bound of the doubling quarantine cooldown")
 	fs.IntVar(&h.cfg.MinOrgs, "runner-health-min-orgs", health.DefaultMinOrgs, "organizations that must each see the failures before a runner is degraded or quarantined for everyone (fewer: only for those organizations)")
 	fs.DurationVar(&h.cfg.DecayAfter, "runner-health-decay", health.DefaultDecayAfter, "an organization's failure count on a runner is forgotten once its last counted failure is this old (a degraded runner heals; quarantines end by their probe)")
+	fs.DurationVar(&h.cfg.CreateTimeout, "runner-create-timeout", health.DefaultCreateTimeout, "bound of one create request to a runner, apart from the caller's deadline: a runner that has not answered by then failed the create (counted for its health, also when the caller gave up first)")
 	fs.BoolVar(&h.cfg.Disabled, "runner-health-disabled", false, "never degrade or quarantine runners")
 }
 

@@ -27,6 +27,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -63,6 +64,15 @@ type Rule struct {
 	TargetType string
 	Request    []string
 	Response   []string
+}
+
+// OrgFields names, per procedure, the request fields that name the organization a call
+// acts on, for the calls a platform admin makes on another organization's objects
+// (Options.PlatformOrg); the first non-empty one counts.
+var OrgFields = map[string][]string{
+	quo + "SetQuota":                    {"org_id"},
+	cp + "RolloutService/ResumeRollout": {"organization_id"},
+	cp + "ClusterService/AddCluster":    {"cluster.organization_id"},
 }
 
 const (
@@ -134,6 +144,13 @@ type Options struct {
 	Source func(ctx context.Context) string
 	// Now is the clock (tests).
 	Now func() time.Time
+	// Metrics counts the writes that fail (nil: metrics.Default).
+	Metrics *metrics.Metrics
+	// PlatformOrg is the platform operator's organization: a call its keys make that
+	// succeeds on another organization's objects (Rule.Org names it) is recorded as that
+	// organization's event, with the caller's organization as its actor (ActorOrg), so
+	// that organization's admins see it ("": every event is the caller's organization's).
+	PlatformOrg string
 }
 
 // Recorder records audited calls into a store.
@@ -142,11 +159,17 @@ type Recorder struct {
 	log *slog.Logger
 	src func(ctx context.Context) string
 	now func() time.Time
+	met *metrics.Metrics
+	// platform is Options.PlatformOrg.
+	platform string
 }
 
 // NewRecorder returns a Recorder writing to st.
 func NewRecorder(st store.Audit, o Options) *Recorder {
-	r := &Recorder{st: st, log: o.Logger, src: o.Source, now: o.Now}
+	r := &Recorder{st: st, log: o.Logger, src: o.Source, now: o.Now, met: o.Metrics, platform: o.PlatformOrg}
+	if r.met == nil {
+		r.met = metrics.Default
+	}
 	if r.log == nil {
 		r.log = slog.Default()
 	}
@@ -209,6 +232,13 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		// the input) is stored printable only: an admin's terminal or log viewer never gets
 		// a control sequence or a forged line from it.
 		e.RequestID, e.TargetID, e.Message = Printable(e.RequestID), Printable(e.TargetID), Printable(e.Message)
+		// A platform admin's successful call on another organization's objects is that
+		// organization's event (its admins see it), made by the platform (ActorOrg; the
+		// platform's admins find it by it). A refused or failed one acted on nothing: it
+		// stays the caller's.
+		if org := Printable(first(reqMsg, OrgFields[req.Spec().Procedure])); err == nil && org != "" && org != who.Org && i.r.platform != "" && who.Org == i.r.platform {
+			e.Org, e.ActorOrg = org, who.Org
+		}
 		i.r.write(ctx, e)
 		return resp, err
 	}
@@ -259,12 +289,14 @@ func (r *Recorder) source(ctx context.Context, peer string) string {
 	return peer
 }
 
-// write stores e, detached from the call's cancellation; a failure is logged only.
+// write stores e, detached from the call's cancellation; a failure never fails the call:
+// it is logged (WARN) and counted (cwsandbox_audit_write_failures_total).
 func (r *Recorder) write(ctx context.Context, e store.AuditEvent) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	if _, err := r.st.Append(wctx, e); err != nil {
-		r.log.Error("audit: cannot record a call", "method", e.Method, "org", e.Org, "key", e.KeyID, "request_id", e.RequestID, "err", err)
+		r.met.AuditWriteFailed(err)
+		r.log.Warn("audit: cannot record a call", "method", e.Method, "org", e.Org, "key", e.KeyID, "request_id", e.RequestID, "err", err)
 	}
 }
 

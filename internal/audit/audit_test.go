@@ -1,12 +1,15 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,13 +22,16 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	auditv1 "github.com/sandboxd/sandboxd/gen/sandboxd/audit/v1"
 	_ "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	_ "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
-	_ "github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1"
+	quotav1 "github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/quota/v1/quotav1connect"
 	_ "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	_ "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -33,6 +39,11 @@ import (
 // names a string or enum field of its request or response message, so a renamed field
 // cannot silently empty the log's targets.
 func TestRulesNameRealProcedures(t *testing.T) {
+	for proc := range OrgFields {
+		if _, ok := Rules[proc]; !ok {
+			t.Errorf("OrgFields names %s, which is not audited", proc)
+		}
+	}
 	for proc, r := range Rules {
 		svc, method, ok := strings.Cut(strings.TrimPrefix(proc, "/"), "/")
 		if !ok {
@@ -79,6 +90,7 @@ func TestRulesNameRealProcedures(t *testing.T) {
 		}
 		check(md.Input(), r.Request)
 		check(md.Output(), r.Response)
+		check(md.Input(), OrgFields[proc])
 	}
 }
 
@@ -281,5 +293,115 @@ func TestPrintable(t *testing.T) {
 		if got := Printable(in); got != want {
 			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// errAudit fails every write with err.
+type errAudit struct {
+	store.Audit
+	err error
+}
+
+func (f errAudit) Append(context.Context, store.AuditEvent) (store.AuditEvent, error) {
+	return store.AuditEvent{}, f.err
+}
+
+// TestWriteFailureCountedAndLogged: an event the store cannot take is logged at WARN
+// (with the call's method and request ID, not its message) and counted by reason.
+func TestWriteFailureCountedAndLogged(t *testing.T) {
+	m := metrics.New()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e := store.AuditEvent{Org: "acme", KeyID: "ku", Method: "/x.Y/Z", RequestID: "r-1", Code: "OK"}
+	NewRecorder(errAudit{err: errors.New("disk full")}, Options{Logger: log, Metrics: m}).write(t.Context(), e)
+	NewRecorder(errAudit{err: fmt.Errorf("append: %w", context.DeadlineExceeded)}, Options{Logger: log, Metrics: m}).write(t.Context(), e)
+	NewRecorder(errAudit{err: errors.New("disk full")}, Options{Logger: log, Metrics: m}).write(t.Context(), e)
+	got := map[string]float64{}
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "cwsandbox_audit_write_failures_total" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			got[s.GetLabel()[0].GetValue()] = s.GetCounter().GetValue()
+		}
+	}
+	if got[metrics.AuditFailError] != 2 || got[metrics.AuditFailTimeout] != 1 || len(got) != 2 {
+		t.Fatalf("cwsandbox_audit_write_failures_total: %v", got)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], `msg="audit: cannot record a call"`) ||
+		!strings.Contains(lines[0], "request_id=r-1") || !strings.Contains(lines[0], `err="disk full"`) {
+		t.Fatalf("logs:\n%s", logs.String())
+	}
+}
+
+type quotas struct {
+	quotav1connect.UnimplementedQuotaServiceHandler
+}
+
+func (quotas) SetQuota(_ context.Context, req *connect.Request[quotav1.SetQuotaRequest]) (*connect.Response[quotav1.Quota], error) {
+	if req.Msg.GetOrgId() == "nope" {
+		return nil, apierr.New(apierr.InvalidRequest, "no organization nope", nil)
+	}
+	return connect.NewResponse(&quotav1.Quota{}), nil
+}
+
+// TestPlatformAdminActsOnAnotherOrg: a platform admin's successful call on another
+// organization's objects is that organization's event, its actor the platform: that
+// organization's admins read it, the platform's admins still do (their own listing);
+// the same call by another organization's admin, or a failed one by the platform's,
+// stays the caller's.
+func TestPlatformAdminActsOnAnotherOrg(t *testing.T) {
+	st := openStore(t)
+	ks := keys{
+		"platform": {KeyID: "kp", Org: "platform", Role: auth.RoleAdmin},
+		"acme":     {KeyID: "ka", Org: "acme", Role: auth.RoleAdmin},
+	}
+	r := NewRecorder(st.Audit(), Options{Logger: slog.New(slog.DiscardHandler), PlatformOrg: "platform"})
+	mux := http.NewServeMux()
+	mux.Handle(quotav1connect.NewQuotaServiceHandler(quotas{}, connect.WithInterceptors(r.Interceptor(), auth.Interceptor{Auth: ks})))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c := quotav1connect.NewQuotaServiceClient(http.DefaultClient, srv.URL)
+	set := func(key, org string) {
+		t.Helper()
+		req := connect.NewRequest(&quotav1.SetQuotaRequest{OrgId: org})
+		req.Header().Set("Authorization", "Bearer "+key)
+		_, _ = c.SetQuota(t.Context(), req)
+	}
+	set("platform", "acme") // the platform on acme's quota: acme's event
+	set("acme", "other")    // not the platform: acme's own
+	set("platform", "nope") // failed: the platform's own
+	set("platform", "platform")
+
+	svc := Service{Store: st.Audit(), PlatformOrg: "platform"}
+	list := func(org string) []*auditv1.AuditEvent {
+		t.Helper()
+		ctx := auth.WithPrincipal(t.Context(), ks[org])
+		res, err := svc.ListAuditEvents(ctx, connect.NewRequest(&auditv1.ListAuditEventsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetEvents()
+	}
+	var acme []string
+	for _, e := range list("acme") {
+		acme = append(acme, e.GetOrgId()+"/"+e.GetActorOrgId()+"/"+e.GetKeyId()+"/"+e.GetTargetId())
+	}
+	slices.Sort(acme)
+	if want := []string{"acme//ka/other", "acme/platform/kp/acme"}; !slices.Equal(acme, want) {
+		t.Fatalf("acme's admins read %v, want %v", acme, want)
+	}
+	var platform []string
+	for _, e := range list("platform") {
+		platform = append(platform, e.GetOrgId()+"/"+e.GetActorOrgId()+"/"+e.GetTargetId()+"/"+e.GetResult())
+	}
+	slices.Sort(platform)
+	if want := []string{"acme/platform/acme/OK", "platform//nope/INVALID_ARGUMENT", "platform//platform/OK"}; !slices.Equal(platform, want) {
+		t.Fatalf("the platform's admins read %v, want %v", platform, want)
 	}
 }

@@ -118,5 +118,5 @@ func (s Service) ListAuditEvents(ctx context.Context, req *connect.Request[audit
 func ToProto(e store.AuditEvent) *auditv1.AuditEvent {
 	return &auditv1.AuditEvent{EventId: e.ID, Time: timestamppb.New(e.At), OrgId: e.Org, KeyId: e.KeyID, SourceAddress: e.Source,
 		RequestId: e.RequestID, Method: e.Method, Kind: e.Kind, TargetType: e.TargetType, TargetId: e.TargetID,
-		Result: e.Code, Reason: e.Reason, Message: e.Message}
+		Result: e.Code, Reason: e.Reason, Message: e.Message, ActorOrgId: e.ActorOrg}
 }

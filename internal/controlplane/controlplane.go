@@ -166,7 +166,7 @@ func New(cfg Config) (*Service, error) {
 	s.inst = newInstaller(s, cfg.Install)
 	// Every admin write is recorded in the store's audit log (internal/audit); the
 	// gateway prunes it (--audit-retention).
-	s.audit = audit.NewRecorder(cfg.Store.Audit(), audit.Options{Logger: cfg.Logger})
+	s.audit = audit.NewRecorder(cfg.Store.Audit(), audit.Options{Logger: cfg.Logger, PlatformOrg: cfg.PlatformOrg})
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
 	}

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -104,10 +106,117 @@ func (s *Server) placementRunners(ctx context.Context) []placement.Runner {
 	return s.withHealth(s.views.snapshot(ctx), principal(ctx).Org)
 }
 
-// createFailed judges a create whose RPC failed.
+// createFailed judges a create whose RPC failed; ctx is the attempt's (runnerCreate).
 func (s *Server) createFailed(ctx context.Context, k health.Ticket, err error) {
 	o, kind := createOutcome(ctx, err)
 	s.health.Report(k, o, kind)
+}
+
+// judgePlacement judges a sandbox placed on r for org other than by a create (a fork, a
+// move's import) by the rules of creates: its request's error as createOutcome says (ctx
+// is the request's), an accepted sandbox as createAccepted does. These placements are
+// not admitted one by one (health.Tracker.Begin: placement already left the quarantined
+// runners out), so they never hold a probe slot.
+func (s *Server) judgePlacement(ctx context.Context, r runner.Handle, org string, sb runner.Sandbox, err error) {
+	k := health.Ticket{Runner: r.ID(), Org: org}
+	if err != nil {
+		s.createFailed(ctx, k, err)
+		return
+	}
+	s.createAccepted(r, k, sb)
+}
+
+// maxDetachedCreates bounds the create attempts still judged after their callers went
+// away (runnerCreate); beyond it an abandoned attempt is cancelled with its caller, not
+// judged.
+const maxDetachedCreates = 256
+
+// detachedDeleteTimeout bounds the delete of a sandbox whose create answered after its
+// caller went away.
+const detachedDeleteTimeout = 30 * time.Second
+
+// errCreateTimedOut is the cause of an attempt's context that reached its own bound
+// (health.Config.CreateTimeout): the runner did not answer in time.
+var errCreateTimedOut = errors.New("the runner did not answer the create in time")
+
+// createAttempt is one create request to a runner: whoever of the caller and the attempt
+// sees the other's mark first owns the accepted sandbox.
+type createAttempt struct {
+	mu        sync.Mutex
+	done      chan struct{}
+	sb        runner.Sandbox
+	err       error
+	finished  bool // the runner answered
+	abandoned bool // the caller went away first
+}
+
+// runnerCreate asks r to create cr's sandbox, judged by the attempt's own bound
+// (health.Config.CreateTimeout), not by its caller's deadline: a runner that never
+// answers fails the create once the bound passes, also when the caller went away before
+// (at most maxDetachedCreates such attempts at once; they end with the server). A failed
+// attempt is judged here (createFailed); an accepted one is the caller's to judge, or,
+// when its caller went away, is deleted unjudged (the runner answered; its start says
+// nothing anyone waits for). A caller that goes away first gets its context's error.
+func (s *Server) runnerCreate(ctx context.Context, r runner.Handle, k health.Ticket, cr runner.CreateRequest) (runner.Sandbox, error) {
+	actx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.health.Config().CreateTimeout, errCreateTimedOut)
+	stop := context.AfterFunc(s.bg, cancel)
+	a := &createAttempt{done: make(chan struct{})}
+	s.attempts.Add(1)
+	go func() {
+		defer s.attempts.Done()
+		sb, err := r.Create(actx, cr)
+		if err != nil {
+			s.createFailed(actx, k, err)
+		}
+		stop()
+		cancel()
+		a.mu.Lock()
+		a.sb, a.err, a.finished = sb, err, true
+		abandoned := a.abandoned
+		a.mu.Unlock()
+		close(a.done)
+		if !abandoned {
+			return
+		}
+		s.detached.Add(-1)
+		if err == nil {
+			s.health.Report(k, health.Ignored, "")
+			s.dropAbandoned(r, cmp.Or(sb.ID, cr.Spec.ID))
+		}
+	}()
+	select {
+	case <-a.done:
+	case <-ctx.Done():
+		a.mu.Lock()
+		if !a.finished {
+			a.abandoned = true
+			if s.detached.Add(1) > s.maxDetached {
+				cancel() // too many already: not judged (its cause is a cancel)
+			}
+			a.mu.Unlock()
+			return runner.Sandbox{}, contextError(ctx)
+		}
+		a.mu.Unlock()
+	}
+	return a.sb, a.err
+}
+
+// dropAbandoned deletes sandbox id on r: its create answered after its caller went away,
+// so nobody records it (the reconciler would delete it after the orphan grace).
+func (s *Server) dropAbandoned(r runner.Handle, id string) {
+	ctx, cancel := context.WithTimeout(s.bg, detachedDeleteTimeout)
+	defer cancel()
+	if _, err := r.Delete(ctx, id, 0); err != nil && s.bg.Err() == nil {
+		s.log.Warn("delete a sandbox whose caller went away during its create", "sandbox", id, "runner", r.ID(), "err", err)
+	}
+}
+
+// contextError is a gone caller's error as an RPC answers it.
+func contextError(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+	return connect.NewError(connect.CodeCanceled, ctx.Err())
 }
 
 // ProbeJudgeFor bounds how long the gateway itself watches an accepted probe create
@@ -239,12 +348,21 @@ func (s *Server) observeHealth(rec *record, sb runner.Sandbox) {
 	}
 }
 
-// createOutcome classifies a create's RPC error: the runner gone (RUNNER_UNAVAILABLE,
-// BACKEND_UNAVAILABLE, a transport UNAVAILABLE), timed out while the caller still waited
-// (DEADLINE_EXCEEDED), or failing internally (INTERNAL, UNKNOWN, DATA_LOSS) counts; a
-// refusal (policy, room), the caller's input or a cancelled caller does not.
+// createOutcome classifies the error of a request placing a sandbox on a runner (a
+// create, a fork, a move's import): the runner gone (RUNNER_UNAVAILABLE,
+// BACKEND_UNAVAILABLE, a transport UNAVAILABLE), not answering within the attempt's own
+// bound (ctx's cause errCreateTimedOut: runnerCreate) or timed out while ctx still
+// waited (DEADLINE_EXCEEDED), or failing internally (INTERNAL, UNKNOWN, DATA_LOSS)
+// counts; a refusal (policy, room), the caller's input or a cancelled ctx (the caller's,
+// or the server's end) does not. ctx is the request's context.
 func createOutcome(ctx context.Context, err error) (health.Outcome, string) {
-	if err == nil || ctx.Err() != nil {
+	if err == nil {
+		return health.Ignored, ""
+	}
+	if errors.Is(context.Cause(ctx), errCreateTimedOut) {
+		return health.Failure, strings.ToUpper(connect.CodeDeadlineExceeded.String())
+	}
+	if ctx.Err() != nil {
 		return health.Ignored, ""
 	}
 	reason := apierr.Reason(err)

@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/health"
@@ -452,4 +453,201 @@ func runnerOfSandbox(s *Server, sb *sandboxv1.Sandbox) string {
 		return ""
 	}
 	return s.index.runnerOf(rec)
+}
+
+// stallingRunner is an acceptingRunner whose creates wait, once started (each start
+// sent on started), until release is closed (then they are accepted) or their context
+// ends (a hung runner: never released).
+type stallingRunner struct {
+	acceptingRunner
+	started chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	deleted []string
+	ended   int // creates that returned
+}
+
+func (r *stallingRunner) endedCreates() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
+}
+
+func (r *stallingRunner) Create(ctx context.Context, req runner.CreateRequest) (runner.Sandbox, error) {
+	defer func() {
+		r.mu.Lock()
+		r.ended++
+		r.mu.Unlock()
+	}()
+	r.started <- struct{}{}
+	select {
+	case <-r.release:
+		return r.acceptingRunner.Create(ctx, req)
+	case <-ctx.Done():
+		return runner.Sandbox{}, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+}
+
+func (r *stallingRunner) Delete(ctx context.Context, id string, grace time.Duration) (runner.Sandbox, error) {
+	r.mu.Lock()
+	r.deleted = append(r.deleted, id)
+	r.mu.Unlock()
+	return r.acceptingRunner.Delete(ctx, id, grace)
+}
+
+func (r *stallingRunner) deletes() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.deleted)
+}
+
+// cancelledCreate makes a create pinned to runner "bad" whose caller goes away once the
+// runner got it; it returns the caller's error.
+func cancelledCreate(s *Server, r *stallingRunner) error {
+	ctx, cancel := context.WithCancel(asOrgID(testOrg))
+	go func() {
+		<-r.started
+		cancel()
+	}()
+	_, err := createOnRunners(ctx, s, "bad")
+	cancel()
+	return err
+}
+
+// TestRunnerHealthHungRunnerCounted: a runner that never answers a create fails it once
+// the attempt's own bound (CreateTimeout) passes, although each caller went away first:
+// the gateway keeps judging the attempt, and the runner ends quarantined.
+func TestRunnerHealthHungRunnerCounted(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	hung := &stallingRunner{acceptingRunner: acceptingRunner{id: "bad"}, started: make(chan struct{}), release: make(chan struct{})}
+	s := newHealthGateway(t, clk, health.Config{MinOrgs: 1, CreateTimeout: 20 * time.Millisecond}, hung)
+	for i := range health.DefaultQuarantineAfter {
+		if err := cancelledCreate(s, hung); connect.CodeOf(err) != connect.CodeCanceled {
+			t.Fatalf("create %d whose caller went away: %v", i, err)
+		}
+	}
+	awaitHealth(t, s, health.Quarantined)
+	if v := s.health.Global("bad"); !strings.Contains(v.Reason, "DEADLINE_EXCEEDED") {
+		t.Fatalf("quarantine reason: %+v", v)
+	}
+}
+
+// TestRunnerHealthCallerCancelNotCounted: callers that go away while a healthy (slow)
+// runner creates their sandbox, far beyond the thresholds, leave it healthy; each
+// sandbox accepted after its caller left is deleted on the runner.
+func TestRunnerHealthCallerCancelNotCounted(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	slow := &stallingRunner{acceptingRunner: acceptingRunner{id: "bad"}, started: make(chan struct{}), release: make(chan struct{})}
+	s := newHealthGateway(t, clk, health.Config{MinOrgs: 1}, slow)
+	n := 2 * health.DefaultQuarantineAfter
+	for i := range n {
+		if err := cancelledCreate(s, slow); connect.CodeOf(err) != connect.CodeCanceled {
+			t.Fatalf("create %d whose caller went away: %v", i, err)
+		}
+	}
+	close(slow.release) // the runner answers them all: accepted
+	deadline := time.Now().Add(30 * time.Second)
+	for slow.deletes() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d abandoned sandboxes deleted", slow.deletes(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.Close() // the attempts ended
+	if v := s.health.View("bad", testOrg); v.State != health.Healthy {
+		t.Fatalf("after %d cancelled callers: %+v", n, v)
+	}
+}
+
+// TestRunnerHealthForksAndMovesJudged: forks a runner fails internally and moves whose
+// import the target fails count against those runners as failed creates do (the
+// organization's own view degrades: the default MinOrgs needs two organizations for
+// everyone's); a fork the runner makes heals it; a fork refused for the caller's reason
+// (a source that cannot be forked) does not count.
+func TestRunnerHealthForksAndMovesJudged(t *testing.T) {
+	t.Run("fork", func(t *testing.T) {
+		r := newPauseRunner("r1")
+		r.maxSandboxes = 16
+		e := newPauseEnv(t, "", r)
+		id := e.create(t, publicService(8082, https, share, 0))
+		r.setState(id, runner.StateRunning)
+		fork := func(n int32) {
+			t.Helper()
+			if _, err := e.pc.ForkSandbox(t.Context(), withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, Count: n})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.forkErrs = map[int]error{0: runner.ErrNotRunning}
+		fork(1)
+		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
+			t.Fatalf("after a fork refused for its source: %+v", v)
+		}
+		internal := connect.NewError(connect.CodeInternal, errors.New("runsc restore: exec failed"))
+		r.forkErrs = map[int]error{0: internal, 1: internal, 2: internal}
+		fork(3)
+		if v := e.s.health.View("r1", "acme"); v.State != health.Degraded || !strings.Contains(v.Reason, "INTERNAL") {
+			t.Fatalf("after 3 forks failed internally: %+v", v)
+		}
+		r.forkErrs = nil
+		fork(1)
+		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
+			t.Fatalf("after a fork made: %+v", v)
+		}
+	})
+	t.Run("move", func(t *testing.T) {
+		plat := "gvisor runsc-1 linux/amd64"
+		r1, r2 := newPortRunner("r1", plat), newPortRunner("r2", plat)
+		r2.importErr = connect.NewError(connect.CodeInternal, errors.New("runsc restore: exec failed"))
+		e := newPauseEnv(t, "", r1, r2)
+		id := e.createOn(t, r1)
+		e.pause(t, id, true)
+		r1.full = true
+		for i := range health.DefaultDegradedAfter {
+			if _, err := e.resume(t, id); connect.CodeOf(err) != connect.CodeInternal {
+				t.Fatalf("move %d: %v", i, err)
+			}
+		}
+		if v := e.s.health.View("r2", "acme"); v.State != health.Degraded {
+			t.Fatalf("after %d failed imports: %+v", health.DefaultDegradedAfter, v)
+		}
+		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
+			t.Fatalf("the source runner: %+v", v)
+		}
+		r2.importErr = nil
+		if res, err := e.resume(t, id); err != nil || res.GetRunnerId() != "r2" {
+			t.Fatalf("move: %v %v", res, err)
+		}
+		if v := e.s.health.View("r2", "acme"); v.State != health.Healthy {
+			t.Fatalf("after a move made: %+v", v)
+		}
+	})
+}
+
+// TestRunnerHealthDetachedBounded: beyond the bound of abandoned creates followed at once,
+// a create whose caller goes away is cancelled with it, unjudged; the followed one ends
+// with the server, unjudged too.
+func TestRunnerHealthDetachedBounded(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	hung := &stallingRunner{acceptingRunner: acceptingRunner{id: "bad"}, started: make(chan struct{}), release: make(chan struct{})}
+	s := newHealthGatewayWith(t, clk, health.Config{MinOrgs: 1, CreateTimeout: time.Hour}, func(c *Config) { c.maxDetached = 1 }, hung)
+	n := health.DefaultQuarantineAfter + 1
+	for i := range n {
+		if err := cancelledCreate(s, hung); connect.CodeOf(err) != connect.CodeCanceled {
+			t.Fatalf("create %d whose caller went away: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for hung.endedCreates() < n-1 { // all but the one followed were cancelled
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d creates beyond the bound ended", hung.endedCreates(), n-1)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.Close()
+	if hung.endedCreates() != n {
+		t.Fatalf("%d of %d creates ended after Close", hung.endedCreates(), n)
+	}
+	if v := s.health.View("bad", testOrg); v.State != health.Healthy {
+		t.Fatalf("after creates cancelled beyond the bound and at Close: %+v", v)
+	}
 }

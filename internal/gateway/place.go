@@ -141,12 +141,11 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		// remote runner that checks its own policy (runnerapi.Server.WithPolicy) replaces
 		// them with its policy's rather than adding to them.
 		cr.Spec.Pod = c.Result.Pod
-		sb, err := r.Create(ctx, cr)
+		sb, err := s.runnerCreate(ctx, r, ticket, cr) // judged there when it fails
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
 			s.createAccepted(r, ticket, sb)
 		} else {
-			s.createFailed(ctx, ticket, err)
 			if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
 				s.views.markDown(c.Index, err)
 			}

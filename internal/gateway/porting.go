@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -288,6 +289,12 @@ func (s *Server) moveTo(ctx context.Context, rec *record, from runner.PortHandle
 			err = results[0].Err
 		}
 	}
+	judged := runner.Sandbox{}
+	if err == nil {
+		judged = results[0].Sandbox
+		judged.ID = cmp.Or(judged.ID, rec.id)
+	}
+	s.judgePlacement(ctx, t.h, rec.org, judged, err) // the target's health
 	if err != nil {
 		dropExport()
 		s.log.Warn("sandbox move failed: it stays paused", "sandbox", rec.id, "from", from.ID(), "to", t.h.ID(), "err", err)
@@ -492,6 +499,7 @@ func (s *Server) runForks(ctx context.Context, rec *record, ph runner.PauseHandl
 		} else {
 			rs, err = g.port.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: exported, Targets: ts})
 		}
+		s.judgeForks(ctx, g.h, rec.org, ts, rs, err)
 		if err != nil {
 			if len(groups) == 1 {
 				return nil, runner.APIError(rec.id, err, "")
@@ -511,4 +519,18 @@ func (s *Server) runForks(ctx context.Context, rec *record, ph runner.PauseHandl
 		off += g.n
 	}
 	return results, nil
+}
+
+// judgeForks judges the forks ts made on r (rs, or the whole call's err) for its health,
+// each as a create.
+func (s *Server) judgeForks(ctx context.Context, r runner.Handle, org string, ts []runner.ForkTarget, rs []runner.ForkResult, err error) {
+	if err != nil {
+		s.judgePlacement(ctx, r, org, runner.Sandbox{}, err) // one request failed: counted once
+		return
+	}
+	for i, res := range rs[:min(len(rs), len(ts))] {
+		sb := res.Sandbox
+		sb.ID = cmp.Or(sb.ID, ts[i].ID)
+		s.judgePlacement(ctx, r, org, sb, res.Err)
+	}
 }

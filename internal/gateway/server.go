@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -143,6 +144,8 @@ type Config struct {
 	healthClock func() time.Time
 	// probeJudgeFor and probeJudgeEvery override ProbeJudgeFor and probeJudgePoll (tests).
 	probeJudgeFor, probeJudgeEvery time.Duration
+	// maxDetached overrides maxDetachedCreates (tests).
+	maxDetached int64
 	// StartWait bounds how a GetSandbox of a young starting sandbox waits for it to
 	// start (startwait.go); the zero value is the defaults.
 	StartWait StartWaitOptions
@@ -224,8 +227,13 @@ type Server struct {
 	health        *health.Tracker
 	healthPending healthPending
 	// bg ends with the server (Close): the probe judges (health.go) stop with it.
-	bg                             context.Context
-	probeWatches                   sync.WaitGroup
+	bg           context.Context
+	probeWatches sync.WaitGroup
+	// attempts are the create requests to runners in flight (runnerCreate); detached
+	// counts those whose callers went away.
+	attempts                       sync.WaitGroup
+	detached                       atomic.Int64
+	maxDetached                    int64
 	probeJudgeFor, probeJudgeEvery time.Duration
 	// startWait (Config.StartWait with its defaults) and the places of the GetSandbox
 	// calls waiting at once (startwait.go).
@@ -301,7 +309,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.auditSvc = audit.Service{Store: cfg.Audit.Store, PlatformOrg: cfg.Audit.PlatformOrg}
 	if cfg.Audit.Store != nil {
-		s.audit = audit.NewRecorder(cfg.Audit.Store, audit.Options{Logger: cfg.Logger, Source: func(ctx context.Context) string {
+		s.audit = audit.NewRecorder(cfg.Audit.Store, audit.Options{Logger: cfg.Logger, PlatformOrg: cfg.Audit.PlatformOrg, Source: func(ctx context.Context) string {
 			if a, ok := callerOf(ctx); ok && a.IsValid() {
 				return a.String()
 			}
@@ -314,6 +322,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop, s.bg = stop, ctx
 	s.probeJudgeFor, s.probeJudgeEvery = cmp.Or(cfg.probeJudgeFor, ProbeJudgeFor), cmp.Or(cfg.probeJudgeEvery, probeJudgePoll)
+	s.maxDetached = cmp.Or(cfg.maxDetached, maxDetachedCreates)
 	s.views = newRunnerViews(s, cfg.DisconnectAfter)
 	if cfg.ViewInterval <= 0 {
 		cfg.ViewInterval = DefaultViewInterval
@@ -338,10 +347,11 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Close stops the server's background work (runner probes, reconciliation) and waits for
-// the health probe watches to end.
+// the health probe watches and the create requests to runners to end.
 func (s *Server) Close() {
 	s.stop()
 	s.probeWatches.Wait()
+	s.attempts.Wait()
 }
 
 // Services are the services Handler serves.

@@ -76,6 +76,9 @@ const (
 	DefaultMinOrgs         = 2
 	DefaultProbeTimeout    = 90 * time.Second
 	DefaultDecayAfter      = 10 * time.Minute
+	DefaultCreateTimeout   = 90 * time.Second
+	// MaxCreateTimeout bounds CreateTimeout (a sanity bound).
+	MaxCreateTimeout = time.Hour
 	// MaxOrgsPerRunner bounds the organizations tracked per runner: beyond it, the one
 	// with the fewest failures is forgotten.
 	MaxOrgsPerRunner = 256
@@ -101,6 +104,10 @@ type Config struct {
 	// old or older is forgotten (reset to 0), so a degraded runner that stopped failing (or
 	// is no longer tried) becomes healthy again. Quarantines end by their probe instead.
 	DecayAfter time.Duration
+	// CreateTimeout bounds one create request to a runner, apart from its caller's
+	// deadline: a runner that has not answered by then failed the create (counted), also
+	// when the caller went away before (the placing process keeps judging the attempt).
+	CreateTimeout time.Duration
 	// Disabled turns health tracking off: every runner stays healthy.
 	Disabled bool
 }
@@ -128,6 +135,9 @@ func (c Config) WithDefaults() Config {
 	if c.DecayAfter == 0 {
 		c.DecayAfter = DefaultDecayAfter
 	}
+	if c.CreateTimeout == 0 {
+		c.CreateTimeout = DefaultCreateTimeout
+	}
 	return c
 }
 
@@ -147,6 +157,9 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("cooldowns, the probe timeout and the decay window must not be negative"))
 	} else if d.MaxCooldown < d.Cooldown {
 		errs = append(errs, fmt.Errorf("max cooldown %s is below the cooldown %s", d.MaxCooldown, d.Cooldown))
+	}
+	if c.CreateTimeout < 0 || c.CreateTimeout > MaxCreateTimeout {
+		errs = append(errs, fmt.Errorf("create timeout %s: want 0 (the default, %s) up to %s", c.CreateTimeout, DefaultCreateTimeout, MaxCreateTimeout))
 	}
 	if c.MinOrgs < 0 || c.MinOrgs > MaxOrgsPerRunner {
 		errs = append(errs, fmt.Errorf("min-orgs %d: want 1..%d", c.MinOrgs, MaxOrgsPerRunner))

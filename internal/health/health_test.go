@@ -21,15 +21,17 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("zero config: %v", err)
 	}
 	d := Config{}.WithDefaults()
-	if d.DegradedAfter != 3 || d.QuarantineAfter != 6 || d.Cooldown != 30*time.Second || d.MaxCooldown != 10*time.Minute || d.MinOrgs != 2 {
+	if d.DegradedAfter != 3 || d.QuarantineAfter != 6 || d.Cooldown != 30*time.Second || d.MaxCooldown != 10*time.Minute || d.MinOrgs != 2 || d.CreateTimeout != 90*time.Second {
 		t.Fatalf("defaults: %+v", d)
 	}
 	for name, c := range map[string]Config{
-		"negative":              {DegradedAfter: -1},
-		"quarantine<degraded":   {DegradedAfter: 5, QuarantineAfter: 4},
-		"max<cooldown":          {Cooldown: time.Minute, MaxCooldown: time.Second},
-		"negative cooldown":     {Cooldown: -time.Second},
-		"min orgs beyond bound": {MinOrgs: MaxOrgsPerRunner + 1},
+		"negative":                    {DegradedAfter: -1},
+		"quarantine<degraded":         {DegradedAfter: 5, QuarantineAfter: 4},
+		"max<cooldown":                {Cooldown: time.Minute, MaxCooldown: time.Second},
+		"negative cooldown":           {Cooldown: -time.Second},
+		"min orgs beyond bound":       {MinOrgs: MaxOrgsPerRunner + 1},
+		"negative create timeout":     {CreateTimeout: -time.Second},
+		"create timeout beyond bound": {CreateTimeout: MaxCreateTimeout + time.Second},
 	} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%s: %+v validated", name, c)

@@ -56,6 +56,8 @@ type Metrics struct {
 	health            healthCollector
 	healthTransitions *prometheus.CounterVec
 
+	auditWriteFailures *prometheus.CounterVec
+
 	readyMu sync.Mutex
 	ready   []readiness // SetReady's checks, by name
 
@@ -94,13 +96,35 @@ func New() *Metrics {
 		Namespace: Namespace, Name: "runner_health_transitions_total",
 		Help: "Changes of a runner's health state (internal/health) by scope (runner: for every organization; organization: one organization's own record), from and to state.",
 	}, []string{"runner_id", "scope", "from", "to"})
+	m.auditWriteFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "audit_write_failures_total",
+		Help: "Audit events that could not be stored (internal/audit) by reason: timeout (the store did not answer in time) or error.",
+	}, []string{"reason"})
+	for _, r := range []string{AuditFailTimeout, AuditFailError} {
+		m.auditWriteFailures.WithLabelValues(r) // present at 0
+	}
 	m.reg.MustRegister(
-		&m.health, m.healthTransitions,
+		&m.health, m.healthTransitions, m.auditWriteFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.creates, m.deletes, m.timeToRunning, m.execDuration,
 	)
 	return m
+}
+
+// Reasons of cwsandbox_audit_write_failures_total.
+const (
+	AuditFailTimeout = "timeout"
+	AuditFailError   = "error"
+)
+
+// AuditWriteFailed counts one audit event that could not be stored because of err.
+func (m *Metrics) AuditWriteFailed(err error) {
+	reason := AuditFailError
+	if errors.Is(err, context.DeadlineExceeded) {
+		reason = AuditFailTimeout
+	}
+	m.auditWriteFailures.WithLabelValues(reason).Inc()
 }
 
 // Registry is the registry (for tests and extra collectors).

@@ -2,6 +2,7 @@ package sbxcli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"sigs.k8s.io/yaml"
 
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/maintenance"
 	sandbox "github.com/sandboxd/sandboxd/sdk/go"
@@ -112,7 +114,7 @@ func (a *app) runnerCreateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.printRunner(out.Msg)
+			return a.printRunner(out.Msg, runnerHealth{})
 		},
 	}
 	f := cmd.Flags()
@@ -158,12 +160,23 @@ func (a *app) runnerGetCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.printRunner(r)
+			if a.json() {
+				return a.printJSON(r)
+			}
+			adm, err := a.admin()
+			if err != nil {
+				return err
+			}
+			h, ok := runnerHealths(cmd.Context(), adm)[r.GetRunnerId()]
+			if !ok {
+				h = runnerHealth{state: "unknown (the gateway does not place on it, or serves no discovery)"}
+			}
+			return a.printRunner(r, h)
 		},
 	}
 }
 
-func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
+func (a *app) printRunner(r *controlplanev1.ManagedRunner, h runnerHealth) error {
 	if a.json() {
 		return a.printJSON(r)
 	}
@@ -182,6 +195,8 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Release channel", r.GetReleaseChannel().String())
 	row("Connection", st.GetConnection().String())
 	row("Ready", fmt.Sprint(st.GetReady()))
+	row("Health", shown(h.state))
+	row("Health reason", shown(h.reason))
 	row("Last heartbeat", ts(st.GetLastHeartbeatTime()))
 	row("Install status", installStatus(st.GetInstallStatus()))
 	row("Install namespace", st.GetInstallNamespace())
@@ -220,6 +235,53 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner) error {
 	row("Created", ts(r.GetCreateTime()))
 	row("Updated", ts(r.GetUpdateTime()))
 	return tw.Flush()
+}
+
+// runnerHealth is a runner's health as the gateway shows the key's organization: the
+// worse of the runner's state for everyone and the organization's own record
+// (docs/observability.md).
+type runnerHealth struct{ state, reason string }
+
+// The discovery tags of runner health (gateway.TagHealth, gateway.TagHealthReason).
+const (
+	tagHealth       = "sandboxd.health="
+	tagHealthReason = "sandboxd.health.reason="
+)
+
+// maxDiscoveryPages bounds a listing of the gateway's runners.
+const maxDiscoveryPages = 100
+
+// runnerHealths reads the runners' health from the gateway's discovery
+// (ListAvailableRunners, its health tags; a runner without them is healthy); nil when
+// the endpoint serves no discovery (a control plane alone): health unknown. The strings
+// are the server's: print them through shown.
+func runnerHealths(ctx context.Context, adm *sandbox.Admin) map[string]runnerHealth {
+	var out map[string]runnerHealth
+	token := ""
+	for range maxDiscoveryPages {
+		res, err := adm.Discovery.ListAvailableRunners(ctx, connect.NewRequest(&sandboxv1.ListAvailableRunnersRequest{PageToken: token}))
+		if err != nil {
+			return out
+		}
+		if out == nil {
+			out = map[string]runnerHealth{}
+		}
+		for _, r := range res.Msg.GetRunners() {
+			h := runnerHealth{state: "healthy"}
+			for _, tag := range r.GetTags() {
+				if v, ok := strings.CutPrefix(tag, tagHealth); ok {
+					h.state = v
+				} else if v, ok := strings.CutPrefix(tag, tagHealthReason); ok {
+					h.reason = v
+				}
+			}
+			out[r.GetRunnerId()] = h
+		}
+		if token = res.Msg.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	return out
 }
 
 // installStatus is s without its RUNNER_INSTALL_STATUS_ prefix (SELF_MANAGED, …); "" when
@@ -306,17 +368,22 @@ func (a *app) runnerListCommand() *cobra.Command {
 			if a.json() {
 				return a.printJSON(&controlplanev1.ListManagedRunnersResponse{ManagedRunners: all})
 			}
+			healths := runnerHealths(cmd.Context(), adm)
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			_, _ = fmt.Fprintln(tw, "RUNNER\tCLUSTER\tZONE\tGROUP\tCHANNEL\tINSTALL\tCONNECTION\tVERSION\tTARGET\tROLLOUT\tPOLICY")
+			_, _ = fmt.Fprintln(tw, "RUNNER\tCLUSTER\tZONE\tGROUP\tCHANNEL\tINSTALL\tCONNECTION\tVERSION\tTARGET\tROLLOUT\tPOLICY\tHEALTH")
 			for _, r := range all {
 				policy := "-"
 				if r.GetPolicy() != nil {
 					policy = fmt.Sprintf("rev %d", r.GetPolicyRevision())
 				}
 				st := r.GetStatus()
-				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetRunnerId(), r.GetClusterId(), r.GetZone(),
+				health := "-"
+				if h, ok := healths[r.GetRunnerId()]; ok {
+					health = shown(h.state)
+				}
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetRunnerId(), r.GetClusterId(), r.GetZone(),
 					r.GetRunnerGroupId(), r.GetReleaseChannel(), orDash(installStatus(st.GetInstallStatus())), st.GetConnection(),
-					orDash(st.GetActiveRevision()), orDash(st.GetTargetRevision()), rollout(st), policy)
+					orDash(st.GetActiveRevision()), orDash(st.GetTargetRevision()), rollout(st), policy, health)
 			}
 			return tw.Flush()
 		},
@@ -362,7 +429,7 @@ func (a *app) runnerUpgradeCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.printRunner(out.Msg)
+			return a.printRunner(out.Msg, runnerHealth{})
 		},
 	}
 	cmd.Flags().StringVar(&etag, "etag", "", "apply only if the runner still has this etag")

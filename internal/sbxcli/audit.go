@@ -94,7 +94,13 @@ event the filters select).`,
 					if e.GetTargetId() != "" {
 						target += "/" + e.GetTargetId()
 					}
-					_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetTime().AsTime().Local().Format(time.RFC3339), cell(e.GetOrgId()), cell(e.GetKeyId()),
+					// A platform admin's call on this organization's objects: its key and
+					// organization (KEY@ACTOR_ORG).
+					key := cell(e.GetKeyId())
+					if e.GetActorOrgId() != "" {
+						key += "@" + cell(e.GetActorOrgId())
+					}
+					_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetTime().AsTime().Local().Format(time.RFC3339), cell(e.GetOrgId()), key,
 						cell(e.GetSourceAddress()), cell(m), cell(target), cell(e.GetResult()), cell(e.GetReason()), cell(e.GetRequestId()))
 				}
 				req.PageToken = out.Msg.GetNextPageToken()

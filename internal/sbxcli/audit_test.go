@@ -40,6 +40,10 @@ func (f *fakeAudit) ListAuditEvents(_ context.Context, req *connect.Request[audi
 		out.Events = append(out.Events, &auditv1.AuditEvent{EventId: string(rune('a' + i)), Time: timestamppb.New(time.Date(2026, 12, 4, 10, i, 0, 0, time.UTC)),
 			OrgId: "acme", KeyId: "k1", SourceAddress: "10.0.0.9", Method: "/coreweave.sandbox.v1.SandboxService/CreateSandbox",
 			TargetType: "sandbox", TargetId: "sb-" + string(rune('0'+i)), Result: "OK", RequestId: "r"})
+		if i == 4 { // a platform admin's call on acme's objects
+			e := out.Events[len(out.Events)-1]
+			e.KeyId, e.ActorOrgId = "kp", "platform\x1b[2J"
+		}
 		if i+1 < 5 {
 			out.NextPageToken = string(rune('0' + i + 1))
 		} else {
@@ -75,6 +79,9 @@ func TestAdminAuditCommand(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 6 || !strings.HasPrefix(lines[0], "TIME") || !strings.Contains(lines[1], "CreateSandbox") || !strings.Contains(lines[1], "sandbox/sb-0") {
 		t.Fatalf("table:\n%s", out)
+	}
+	if f := strings.Fields(lines[5]); len(f) < 3 || f[1] != "acme" || f[2] != `kp@"platform\x1b[2J"` {
+		t.Fatalf("a platform admin's event: %v", f)
 	}
 	r := f.reqs[0]
 	if r.GetMethod() != "CreateSandbox" || r.GetKeyId() != "k1" || r.GetResult() != "OK" || !r.GetStartTime().AsTime().Equal(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)) ||

@@ -26,6 +26,13 @@ func controlPlane(t *testing.T) (admin, user []string) {
 // controlPlaneStore is controlPlane that also returns its store (organization "o1").
 func controlPlaneStore(t *testing.T) (admin, user []string, st store.Store) {
 	t.Helper()
+	return controlPlaneStoreWith(t, nil)
+}
+
+// controlPlaneStoreWith is controlPlaneStore with more handlers (extra, when set, adds
+// them to the mux that serves the control plane at "/").
+func controlPlaneStoreWith(t *testing.T, extra func(*http.ServeMux)) (admin, user []string, st store.Store) {
+	t.Helper()
 	ctx := t.Context()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "cp.db"))
 	if err != nil {
@@ -53,7 +60,14 @@ func controlPlaneStore(t *testing.T) (admin, user []string, st store.Store) {
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Handler: svc.Handler(), Protocols: p}
+	h := svc.Handler()
+	if extra != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/", h)
+		extra(mux)
+		h = mux
+	}
+	srv := &http.Server{Handler: h, Protocols: p}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -246,7 +246,7 @@ only inside its policy; 'sbx admin runner upgrade' does not wait for it.`,
 			if err != nil {
 				return err
 			}
-			return a.printRunner(out.Msg)
+			return a.printRunner(out.Msg, runnerHealth{})
 		},
 	}
 	f := cmd.Flags()

@@ -35,9 +35,12 @@ const MaxAuditMessage = 1024
 
 // AuditEvent is one audited call.
 type AuditEvent struct {
-	ID        string
-	At        time.Time
-	Org       string // the caller's organization
+	ID string
+	At time.Time
+	// Org is the organization acted on: the caller's, or another one's when a platform
+	// admin acted on its objects (then ActorOrg is the caller's).
+	Org       string
+	ActorOrg  string // the caller's organization when it is not Org; "" otherwise
 	KeyID     string // the caller's API key
 	Source    string // the caller's address
 	RequestID string
@@ -51,7 +54,8 @@ type AuditEvent struct {
 }
 
 // AuditFilter selects events. Zero fields select everything; Org "" is every
-// organization (the caller scopes it).
+// organization (the caller scopes it); Org selects the events acted on that organization
+// and those its callers made on others (ActorOrg).
 type AuditFilter struct {
 	Org          string
 	Since, Until time.Time // Since inclusive, Until exclusive
@@ -64,13 +68,16 @@ type audit struct{ s *sqlStore }
 
 func (s *sqlStore) Audit() Audit { return audit{s} }
 
-const auditCols = `id, at, org_id, key_id, source, request_id, method, kind, target_type, target_id, code, reason, message`
+const auditCols = `id, at, org_id, key_id, source, request_id, method, kind, target_type, target_id, code, reason, message, actor_org`
 
 func (a audit) Append(ctx context.Context, e AuditEvent) (AuditEvent, error) {
 	if err := required("org", e.Org, "method", e.Method, "code", e.Code); err != nil {
 		return AuditEvent{}, err
 	}
-	for _, f := range []*string{&e.Org, &e.KeyID, &e.Source, &e.RequestID, &e.Method, &e.Kind, &e.TargetType, &e.TargetID, &e.Code, &e.Reason} {
+	if e.ActorOrg == e.Org {
+		e.ActorOrg = ""
+	}
+	for _, f := range []*string{&e.Org, &e.ActorOrg, &e.KeyID, &e.Source, &e.RequestID, &e.Method, &e.Kind, &e.TargetType, &e.TargetID, &e.Code, &e.Reason} {
 		*f = clip(*f, MaxAuditField)
 	}
 	e.Message = clip(e.Message, MaxAuditMessage)
@@ -81,8 +88,8 @@ func (a audit) Append(ctx context.Context, e AuditEvent) (AuditEvent, error) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	e.ID = hex.EncodeToString(b[:])
-	_, err := a.s.d.exec(ctx, `INSERT INTO audit_events (`+auditCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		e.ID, e.At, e.Org, e.KeyID, e.Source, e.RequestID, e.Method, e.Kind, e.TargetType, e.TargetID, e.Code, e.Reason, e.Message)
+	_, err := a.s.d.exec(ctx, `INSERT INTO audit_events (`+auditCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		e.ID, e.At, e.Org, e.KeyID, e.Source, e.RequestID, e.Method, e.Kind, e.TargetType, e.TargetID, e.Code, e.Reason, e.Message, e.ActorOrg)
 	if err != nil {
 		return AuditEvent{}, a.s.writeErr("audit event", "append", err)
 	}
@@ -101,7 +108,8 @@ func (a audit) List(ctx context.Context, f AuditFilter, page Page) ([]AuditEvent
 		return "$" + strconv.Itoa(len(args))
 	}
 	if f.Org != "" {
-		where = append(where, "org_id = "+arg(f.Org))
+		x := arg(f.Org)
+		where = append(where, "(org_id = "+x+" OR actor_org = "+x+")")
 	}
 	if !f.Since.IsZero() {
 		where = append(where, "at >= "+arg(utc(f.Since)))
@@ -147,7 +155,7 @@ func (a audit) List(ctx context.Context, f AuditFilter, page Page) ([]AuditEvent
 		var e AuditEvent
 		var at dbTime
 		if err := rs.Scan(&e.ID, &at, &e.Org, &e.KeyID, &e.Source, &e.RequestID, &e.Method, &e.Kind, &e.TargetType, &e.TargetID,
-			&e.Code, &e.Reason, &e.Message); err != nil {
+			&e.Code, &e.Reason, &e.Message, &e.ActorOrg); err != nil {
 			return nil, "", fmt.Errorf("list audit events: %w", err)
 		}
 		e.At = at.t

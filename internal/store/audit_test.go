@@ -111,3 +111,36 @@ func TestAuditAppendListPrune(t *testing.T) {
 		}
 	})
 }
+
+// TestAuditActorOrg: an event a platform admin made on another organization's objects is
+// that organization's (its listing finds it, with the actor's organization) and the
+// actor's organization's listing finds it too; nobody else's does.
+func TestAuditActorOrg(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		a := s.Audit()
+		if _, err := a.Append(ctx, store.AuditEvent{Org: "acme", ActorOrg: "platform", KeyID: "kp", Method: "/sandboxd.quota.v1.QuotaService/SetQuota", Code: "OK", At: time.Unix(1000, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Append(ctx, store.AuditEvent{Org: "platform", ActorOrg: "platform", KeyID: "kp", Method: "/x.Y/Z", Code: "OK", At: time.Unix(1001, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		list := func(org string) []store.AuditEvent {
+			t.Helper()
+			es, _, err := a.List(ctx, store.AuditFilter{Org: org}, store.Page{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return es
+		}
+		if es := list("acme"); len(es) != 1 || es[0].Org != "acme" || es[0].ActorOrg != "platform" || es[0].KeyID != "kp" {
+			t.Fatalf("acme's events: %+v", es)
+		}
+		if es := list("platform"); len(es) != 2 || es[1].Org != "acme" || es[0].ActorOrg != "" {
+			t.Fatalf("the platform's events: %+v", es)
+		}
+		if es := list("other"); len(es) != 0 {
+			t.Fatalf("another organization's events: %+v", es)
+		}
+	})
+}

@@ -280,6 +280,7 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `DROP TABLE sandbox_volumes`) // of 0016, applied again
 		rawExec(t, dsn, `DROP TABLE volumes`)
 		rawExec(t, dsn, `DROP TABLE audit_events`) // of 0021, applied again
+		rawExec(t, dsn, `DROP TABLE secret_keys`)  // of 0022, applied again (0023 alters audit_events: dropped above)
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)

@@ -6,6 +6,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/audit/v1/auditv1connect"
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
@@ -33,6 +34,9 @@ type Admin struct {
 	// Audit reads the audit log (sandboxd.audit.v1, served by the gateway): an admin
 	// key reads its organization's events; the platform organization's admins any.
 	Audit auditv1connect.AuditServiceClient
+	// Discovery lists the runners the gateway places on, with their health as the key's
+	// organization sees it (the tags sandboxd.health= and sandboxd.health.reason=).
+	Discovery sandboxv1connect.DiscoveryServiceClient
 }
 
 // NewAdmin returns an admin client for baseURL with apiKey; empty arguments default to
@@ -54,13 +58,14 @@ func NewAdmin(baseURL, apiKey string, opts ...Option) (*Admin, error) {
 		connect.WithInterceptors(headers{key: apiKey, ua: cfg.userAgent}, asError{}),
 	}
 	return &Admin{
-		Runners:  controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
-		APIKeys:  controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
-		Releases: controlplanev1connect.NewReleaseServiceClient(c.http, c.baseURL, copts...),
-		Rollouts: controlplanev1connect.NewRolloutServiceClient(c.http, c.baseURL, copts...),
-		Clusters: controlplanev1connect.NewClusterServiceClient(c.http, c.baseURL, copts...),
-		Quotas:   quotav1connect.NewQuotaServiceClient(c.http, c.baseURL, copts...),
-		Audit:    auditv1connect.NewAuditServiceClient(c.http, c.baseURL, copts...),
+		Runners:   controlplanev1connect.NewRunnerManagementServiceClient(c.http, c.baseURL, copts...),
+		APIKeys:   controlplanev1connect.NewApiKeyServiceClient(c.http, c.baseURL, copts...),
+		Releases:  controlplanev1connect.NewReleaseServiceClient(c.http, c.baseURL, copts...),
+		Rollouts:  controlplanev1connect.NewRolloutServiceClient(c.http, c.baseURL, copts...),
+		Clusters:  controlplanev1connect.NewClusterServiceClient(c.http, c.baseURL, copts...),
+		Quotas:    quotav1connect.NewQuotaServiceClient(c.http, c.baseURL, copts...),
+		Audit:     auditv1connect.NewAuditServiceClient(c.http, c.baseURL, copts...),
+		Discovery: sandboxv1connect.NewDiscoveryServiceClient(c.http, c.baseURL, copts...),
 	}, nil
 }
 

@@ -80,3 +80,51 @@ func TestRunnerHealthOneTenantCannotQuarantine(t *testing.T) {
 		t.Errorf("victim's sandbox: %s %s", state, body)
 	}
 }
+
+// TestRunnerHealthCancelledCreatesDoNotCount: a tenant whose creates give up at once
+// (a 1 ms deadline: the gateway answers DEADLINE_EXCEEDED while the runner still
+// creates, and keeps judging the runner's answer by its own bound) cannot degrade or
+// quarantine the shared runner, for itself or another tenant: the runner answered, so
+// nothing counts (the sandboxes it accepted after the caller left are deleted).
+func TestRunnerHealthCancelledCreatesDoNotCount(t *testing.T) {
+	d := needDev(t)
+	attacker, err := d.NewKey("org-health-canceller", "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"sandbox":{"spec":{"containers":[{"image":"busybox:latest","command":"sleep","args":["600"]}],"maxLifetimeSeconds":300}}}`
+	for i := range 8 { // beyond the default quarantine threshold (6)
+		req, _ := http.NewRequest("POST", d.API+"/coreweave.sandbox.v1.SandboxService/CreateSandbox", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+attacker)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Connect-Protocol-Version", "1")
+		req.Header.Set("Connect-Timeout-Ms", "1")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		var out struct {
+			SandboxID string `json:"sandboxId"`
+		}
+		_ = json.NewDecoder(res.Body).Decode(&out)
+		res.Body.Close()
+		if out.SandboxID != "" { // the runner was faster than the deadline: a sandbox
+			id := out.SandboxID
+			t.Cleanup(func() { d.rest(t, attacker, "DELETE", "/v1/sandboxes/"+id, nil) })
+		}
+	}
+	time.Sleep(time.Second) // the abandoned creates' answers arrive (judged in the background)
+	for _, v := range []struct{ key, org string }{{attacker, "org-health-canceller"}, {d.KeyA, "org-a"}} {
+		healthy, tags := runnerView(t, d, v.key, v.org)
+		if !healthy || strings.Contains(strings.Join(tags, " "), "sandboxd.health") {
+			t.Errorf("%s's view after cancelled creates: healthy=%v tags=%v, want healthy without health tags", v.org, healthy, tags)
+		}
+	}
+	code, b, id := d.create(t, d.KeyA, "busybox:latest", nil)
+	if code != http.StatusOK || id == "" {
+		t.Fatalf("victim's create: HTTP %d %s", code, b)
+	}
+	if state, b := d.wait(t, d.KeyA, id); state != "STATE_RUNNING" {
+		t.Errorf("victim's sandbox: %s %s", state, b)
+	}
+}

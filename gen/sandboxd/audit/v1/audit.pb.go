@@ -191,7 +191,9 @@ type AuditEvent struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	EventId string                 `protobuf:"bytes,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
 	Time    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
-	// org_id and key_id: the caller's organization and API key.
+	// org_id: the organization acted on: the caller's, or, when a platform admin acted on
+	// another organization's objects (its quota, rollout, cluster), that organization's
+	// (actor_org_id is then the caller's). key_id: the caller's API key.
 	OrgId string `protobuf:"bytes,3,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
 	KeyId string `protobuf:"bytes,4,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
 	// source_address: the caller's address (the gateway's trusted proxies honoured).
@@ -212,7 +214,10 @@ type AuditEvent struct {
 	// reason: the CWSANDBOX_* reason of its error (ErrorInfo), "" for OK.
 	Reason string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
 	// message: the error's message, "" for OK.
-	Message       string `protobuf:"bytes,13,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,13,opt,name=message,proto3" json:"message,omitempty"`
+	// actor_org_id: the caller's organization when it is not org_id (a platform admin
+	// acting on org_id's objects); "" otherwise.
+	ActorOrgId    string `protobuf:"bytes,14,opt,name=actor_org_id,json=actorOrgId,proto3" json:"actor_org_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -338,6 +343,13 @@ func (x *AuditEvent) GetMessage() string {
 	return ""
 }
 
+func (x *AuditEvent) GetActorOrgId() string {
+	if x != nil {
+		return x.ActorOrgId
+	}
+	return ""
+}
+
 var File_sandboxd_audit_v1_audit_proto protoreflect.FileDescriptor
 
 const file_sandboxd_audit_v1_audit_proto_rawDesc = "" +
@@ -356,7 +368,7 @@ const file_sandboxd_audit_v1_audit_proto_rawDesc = "" +
 	"page_token\x18\b \x01(\tR\tpageToken\"x\n" +
 	"\x17ListAuditEventsResponse\x125\n" +
 	"\x06events\x18\x01 \x03(\v2\x1d.sandboxd.audit.v1.AuditEventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xff\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa1\x03\n" +
 	"\n" +
 	"AuditEvent\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12.\n" +
@@ -374,7 +386,9 @@ const file_sandboxd_audit_v1_audit_proto_rawDesc = "" +
 	" \x01(\tR\btargetId\x12\x16\n" +
 	"\x06result\x18\v \x01(\tR\x06result\x12\x16\n" +
 	"\x06reason\x18\f \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\r \x01(\tR\amessage2\x92\x01\n" +
+	"\amessage\x18\r \x01(\tR\amessage\x12 \n" +
+	"\factor_org_id\x18\x0e \x01(\tR\n" +
+	"actorOrgId2\x92\x01\n" +
 	"\fAuditService\x12\x81\x01\n" +
 	"\x0fListAuditEvents\x12).sandboxd.audit.v1.ListAuditEventsRequest\x1a*.sandboxd.audit.v1.ListAuditEventsResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/auditEventsB<Z:github.com/sandboxd/sandboxd/gen/sandboxd/audit/v1;auditv1b\x06proto3"
 
