@@ -52,7 +52,7 @@ const (
 	// MinVolumeBytes and MaxVolumeBytes bound spec.size (the sandboxd extension): the
 	// smallest ext4 image the local backend makes, and 1 TiB.
 	MinVolumeBytes int64 = 16 << 20
-	MaxVolumeBytes = runner.MaxRegisteredVolumeBytes
+	MaxVolumeBytes       = runner.MaxRegisteredVolumeBytes
 )
 
 // volumeSize parses spec.size (a Kubernetes quantity, a whole number of MiB within
