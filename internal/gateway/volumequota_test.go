@@ -304,7 +304,9 @@ func TestVolumeGrowUndoCompareAndSet(t *testing.T) {
 		t.Fatalf("usage = %+v", u)
 	}
 	// Nothing concurrent: the failed grow's size is put back.
-	r.during = func(runner.RegisteredVolume) error { return apierr.New(apierr.VolumeInUse, "cannot grow on purpose", nil) }
+	r.during = func(runner.RegisteredVolume) error {
+		return apierr.New(apierr.VolumeInUse, "cannot grow on purpose", nil)
+	}
 	if err := grow("4Gi"); apierr.Reason(err) != apierr.VolumeInUse {
 		t.Fatalf("failed grow = %v", err)
 	}
