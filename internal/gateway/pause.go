@@ -375,6 +375,8 @@ func (s *Server) placeFork(ctx context.Context, rec *record, r runner.Handle, sr
 		Reservations: &s.reserved,
 		CheckSource:  public,
 		Source:       addr,
+		// A fork takes the source's KUBERNETES secret references, as a create does.
+		SecretRefFields: secretRefFieldsOf(rec, src),
 	})
 	if err != nil {
 		return placement.Candidate{}, err

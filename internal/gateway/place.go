@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -46,6 +47,32 @@ func byReference(resolve spec.SecretResolver) (spec.SecretResolver, func() []str
 		}
 		return v, err
 	}, func() []string { return fields }
+}
+
+// secretRefFieldsOf are the fields of rec's references to KUBERNETES secret stores, as a
+// create's placement gets them (byReference): for the placement of a fork or a move of
+// src, rec as its runner holds it, whose containers' SecretRefs name those stores (a
+// store's kind is the same wherever the spec names it). Bounded by the spec (at most
+// one per secret_stores entry).
+func secretRefFieldsOf(rec *record, src runner.Sandbox) []string {
+	stores := map[string]bool{}
+	for _, c := range src.Spec.AllContainers() {
+		for _, r := range c.SecretRefs {
+			stores[r.Store] = true
+		}
+	}
+	if len(stores) == 0 {
+		return nil
+	}
+	var fields []string
+	for i, c := range rec.spec.GetContainers() {
+		for j, st := range c.GetSecretStores() {
+			if stores[st.GetStoreName()] {
+				fields = append(fields, fmt.Sprintf("sandbox.spec.containers[%d].secret_stores[%d].store_name", i, j))
+			}
+		}
+	}
+	return fields
 }
 
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256

@@ -126,6 +126,7 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		return nil, []portRefusal{{runner: from.ID(), why: fmt.Sprintf("exports no checkpoints of runtime class %q to the blob store", class)}}
 	}
 	views := s.placementRunners(ctx)
+	refFields := secretRefFieldsOf(rec, src)
 	addr, public := callerOf(ctx)
 	var (
 		out     []portTarget
@@ -166,7 +167,8 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		sp := proto.CloneOf(rec.spec)
 		sp.RunnerIds = []string{id}
 		cands, err := placement.Place(placement.Request{Spec: sp, Engine: src.Spec.Engine, Runners: views,
-			Platform: policy.RunnerPlatform(nil), Reservations: &s.reserved, CheckSource: public, Source: addr})
+			Platform: policy.RunnerPlatform(nil), Reservations: &s.reserved, CheckSource: public, Source: addr,
+			SecretRefFields: refFields}) // as a create's: only runners that read them
 		if err != nil {
 			kind, why := placementRefusal(id, err)
 			refuse(kind, "%s", why)
