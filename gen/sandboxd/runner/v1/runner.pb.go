@@ -2019,8 +2019,11 @@ type ForkTarget struct {
 	Meta           map[string]string      `protobuf:"bytes,2,rep,name=meta,proto3" json:"meta,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // replaces the source's
 	ShareTokenHash string                 `protobuf:"bytes,3,opt,name=share_token_hash,json=shareTokenHash,proto3" json:"share_token_hash,omitempty"`
 	Lifetime       *durationpb.Duration   `protobuf:"bytes,4,opt,name=lifetime,proto3" json:"lifetime,omitempty"` // unset or 0 = the source's
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The values of the source's egress secrets for this sandbox, resolved again by the
+	// gateway (like Spec.egress_secret_values: never stored, returned or logged).
+	EgressSecretValues map[string]string `protobuf:"bytes,5,rep,name=egress_secret_values,json=egressSecretValues,proto3" json:"egress_secret_values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ForkTarget) Reset() {
@@ -2077,6 +2080,13 @@ func (x *ForkTarget) GetShareTokenHash() string {
 func (x *ForkTarget) GetLifetime() *durationpb.Duration {
 	if x != nil {
 		return x.Lifetime
+	}
+	return nil
+}
+
+func (x *ForkTarget) GetEgressSecretValues() map[string]string {
+	if x != nil {
+		return x.EgressSecretValues
 	}
 	return nil
 }
@@ -5897,14 +5907,18 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\rResumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"G\n" +
 	"\x0eResumeResponse\x125\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\xf4\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\xa5\x03\n" +
 	"\n" +
 	"ForkTarget\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
 	"\x04meta\x18\x02 \x03(\v2(.sandboxd.runner.v1.ForkTarget.MetaEntryR\x04meta\x12(\n" +
 	"\x10share_token_hash\x18\x03 \x01(\tR\x0eshareTokenHash\x125\n" +
-	"\blifetime\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\blifetime\x1a7\n" +
+	"\blifetime\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\blifetime\x12h\n" +
+	"\x14egress_secret_values\x18\x05 \x03(\v26.sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntryR\x12egressSecretValues\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aE\n" +
+	"\x17EgressSecretValuesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
 	"\vForkRequest\x12\x0e\n" +
@@ -6335,7 +6349,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(StartPhase)(0),                  // 0: sandboxd.runner.v1.StartPhase
 	(SnapshotJobState)(0),            // 1: sandboxd.runner.v1.SnapshotJobState
@@ -6418,23 +6432,24 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(*CapacityResponse)(nil),         // 78: sandboxd.runner.v1.CapacityResponse
 	nil,                              // 79: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
 	nil,                              // 80: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 81: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 82: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 83: sandboxd.runner.v1.Spec.SecretEnvEntry
-	nil,                              // 84: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	nil,                              // 85: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 86: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 87: sandboxd.runner.v1.Container.SecretEnvEntry
-	nil,                              // 88: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 89: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 90: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(*timestamppb.Timestamp)(nil),    // 91: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 92: google.protobuf.Duration
+	nil,                              // 81: sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
+	nil,                              // 82: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 83: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 84: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 85: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	nil,                              // 86: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 87: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 88: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 89: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 90: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 91: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(*timestamppb.Timestamp)(nil),    // 92: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 93: google.protobuf.Duration
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	2,   // 0: sandboxd.runner.v1.WatchProgressResponse.state:type_name -> sandboxd.runner.v1.State
 	0,   // 1: sandboxd.runner.v1.WatchProgressResponse.phase:type_name -> sandboxd.runner.v1.StartPhase
-	91,  // 2: sandboxd.runner.v1.WatchProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
+	92,  // 2: sandboxd.runner.v1.WatchProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
 	6,   // 3: sandboxd.runner.v1.WatchProgressResponse.pulls:type_name -> sandboxd.runner.v1.ImagePull
 	7,   // 4: sandboxd.runner.v1.ImagePull.layers:type_name -> sandboxd.runner.v1.LayerProgress
 	8,   // 5: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
@@ -6443,7 +6458,7 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	62,  // 8: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
 	62,  // 9: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
 	64,  // 10: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	92,  // 11: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	93,  // 11: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	15,  // 12: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	16,  // 13: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	17,  // 14: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -6460,129 +6475,130 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	65,  // 25: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	65,  // 26: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	80,  // 27: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	92,  // 28: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
-	33,  // 29: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	65,  // 30: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	36,  // 31: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
-	35,  // 32: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	91,  // 33: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	62,  // 34: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	81,  // 35: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	63,  // 36: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	64,  // 37: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	82,  // 38: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	61,  // 39: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	48,  // 40: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	60,  // 41: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	52,  // 42: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	59,  // 43: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	46,  // 44: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	43,  // 45: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	44,  // 46: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	41,  // 47: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	41,  // 48: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	40,  // 49: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	83,  // 50: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
-	42,  // 51: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	84,  // 52: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	85,  // 53: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	62,  // 54: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	86,  // 55: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	63,  // 56: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	64,  // 57: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	59,  // 58: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	60,  // 59: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	43,  // 60: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	44,  // 61: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	87,  // 62: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
-	42,  // 63: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	92,  // 64: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	92,  // 65: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	92,  // 66: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	88,  // 67: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	47,  // 68: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	89,  // 69: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	49,  // 70: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	49,  // 71: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	51,  // 72: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	50,  // 73: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
-	54,  // 74: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	53,  // 75: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
-	55,  // 76: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	1,   // 77: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	92,  // 78: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	91,  // 79: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	39,  // 80: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	2,   // 81: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	91,  // 82: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	91,  // 83: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	91,  // 84: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	92,  // 85: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	91,  // 86: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	45,  // 87: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	38,  // 88: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	66,  // 89: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
-	39,  // 90: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	92,  // 91: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	65,  // 92: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	92,  // 93: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
-	92,  // 94: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	65,  // 95: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	65,  // 96: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	65,  // 97: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	92,  // 98: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	55,  // 99: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	65,  // 100: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	58,  // 101: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	91,  // 102: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	64,  // 103: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	90,  // 104: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	62,  // 105: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	67,  // 106: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	69,  // 107: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	73,  // 108: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	75,  // 109: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	77,  // 110: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	56,  // 111: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	57,  // 112: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	70,  // 113: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	29,  // 114: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	31,  // 115: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	34,  // 116: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	22,  // 117: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	24,  // 118: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	25,  // 119: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	27,  // 120: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	19,  // 121: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	13,  // 122: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	9,   // 123: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
-	11,  // 124: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
-	4,   // 125: sandboxd.runner.v1.RunnerService.WatchProgress:input_type -> sandboxd.runner.v1.WatchProgressRequest
-	68,  // 126: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	72,  // 127: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	74,  // 128: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	76,  // 129: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	78,  // 130: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	58,  // 131: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	58,  // 132: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	71,  // 133: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	30,  // 134: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	32,  // 135: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	37,  // 136: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	23,  // 137: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	37,  // 138: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	26,  // 139: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	28,  // 140: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	20,  // 141: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	14,  // 142: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	10,  // 143: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
-	12,  // 144: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
-	5,   // 145: sandboxd.runner.v1.RunnerService.WatchProgress:output_type -> sandboxd.runner.v1.WatchProgressResponse
-	126, // [126:146] is the sub-list for method output_type
-	106, // [106:126] is the sub-list for method input_type
-	106, // [106:106] is the sub-list for extension type_name
-	106, // [106:106] is the sub-list for extension extendee
-	0,   // [0:106] is the sub-list for field type_name
+	93,  // 28: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	81,  // 29: sandboxd.runner.v1.ForkTarget.egress_secret_values:type_name -> sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
+	33,  // 30: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	65,  // 31: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	36,  // 32: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	35,  // 33: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	92,  // 34: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	62,  // 35: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	82,  // 36: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	63,  // 37: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	64,  // 38: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	83,  // 39: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	61,  // 40: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	48,  // 41: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	60,  // 42: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	52,  // 43: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	59,  // 44: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	46,  // 45: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	43,  // 46: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	44,  // 47: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	41,  // 48: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	41,  // 49: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	40,  // 50: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	84,  // 51: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	42,  // 52: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	85,  // 53: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	86,  // 54: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	62,  // 55: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	87,  // 56: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	63,  // 57: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	64,  // 58: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	59,  // 59: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	60,  // 60: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	43,  // 61: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	44,  // 62: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	88,  // 63: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	42,  // 64: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	93,  // 65: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	93,  // 66: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	93,  // 67: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	89,  // 68: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	47,  // 69: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	90,  // 70: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	49,  // 71: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	49,  // 72: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	51,  // 73: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	50,  // 74: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
+	54,  // 75: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	53,  // 76: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
+	55,  // 77: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	1,   // 78: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	93,  // 79: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	92,  // 80: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	39,  // 81: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	2,   // 82: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	92,  // 83: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	92,  // 84: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	92,  // 85: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	93,  // 86: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	92,  // 87: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	45,  // 88: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	38,  // 89: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	66,  // 90: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	39,  // 91: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	93,  // 92: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	65,  // 93: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	93,  // 94: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
+	93,  // 95: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	65,  // 96: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	65,  // 97: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	65,  // 98: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	93,  // 99: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	55,  // 100: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	65,  // 101: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	58,  // 102: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	92,  // 103: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	64,  // 104: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	91,  // 105: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	62,  // 106: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	67,  // 107: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	69,  // 108: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	73,  // 109: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	75,  // 110: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	77,  // 111: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	56,  // 112: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	57,  // 113: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	70,  // 114: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	29,  // 115: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	31,  // 116: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	34,  // 117: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	22,  // 118: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	24,  // 119: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	25,  // 120: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	27,  // 121: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	19,  // 122: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	13,  // 123: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	9,   // 124: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	11,  // 125: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	4,   // 126: sandboxd.runner.v1.RunnerService.WatchProgress:input_type -> sandboxd.runner.v1.WatchProgressRequest
+	68,  // 127: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	72,  // 128: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	74,  // 129: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	76,  // 130: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	78,  // 131: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	58,  // 132: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	58,  // 133: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	71,  // 134: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	30,  // 135: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	32,  // 136: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	37,  // 137: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	23,  // 138: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	37,  // 139: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	26,  // 140: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	28,  // 141: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	20,  // 142: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	14,  // 143: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	10,  // 144: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	12,  // 145: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	5,   // 146: sandboxd.runner.v1.RunnerService.WatchProgress:output_type -> sandboxd.runner.v1.WatchProgressResponse
+	127, // [127:147] is the sub-list for method output_type
+	107, // [107:127] is the sub-list for method input_type
+	107, // [107:107] is the sub-list for extension type_name
+	107, // [107:107] is the sub-list for extension extendee
+	0,   // [0:107] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -6606,7 +6622,7 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   87,
+			NumMessages:   88,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
