@@ -75,6 +75,35 @@ func secretRefFieldsOf(rec *record, src runner.Sandbox) []string {
 	return fields
 }
 
+// forkEgressSecretValues resolves, in org, the values of src's egress secrets (src as
+// its runner holds it: its rules keep the references), as a create resolves them: a fork
+// is given them fresh, never from its source. nil when it has none.
+func (s *Server) forkEgressSecretValues(ctx context.Context, org string, src runner.Sandbox) (map[string]string, error) {
+	if len(src.Spec.Network.EgressSecrets()) == 0 {
+		return nil, nil
+	}
+	resolve := s.secretResolver(ctx, org)
+	if resolve == nil {
+		return nil, apierr.Newf(apierr.NotImplemented, "sandbox %s has egress secrets, and this gateway has no secret stores to resolve them for its forks", src.ID)
+	}
+	sp := src.Spec.Clone()
+	sp.EgressSecretValues = nil
+	if err := spec.ResolveEgressSecrets(&sp, resolve); err != nil {
+		return nil, err
+	}
+	return sp.EgressSecretValues, nil
+}
+
+// egressSecretsStay is why src, which has egress secrets, is never made on another runner
+// than its own ("" when it has none): their CA key and placeholders are in its runner's
+// memory only (docs/secrets.md).
+func egressSecretsStay(src runner.Sandbox) string {
+	if len(src.Spec.Network.EgressSecrets()) == 0 {
+		return ""
+	}
+	return "it has egress secrets, whose CA key and placeholders live only in its runner's memory: it is forked on its own runner only, and does not move"
+}
+
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256
 // of their archives (one per restored volume), and a runner that has them cached comes
 // first among those that accept the sandbox (placement.PreferCached).

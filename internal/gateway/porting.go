@@ -144,6 +144,10 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 			refuse(refusedNever, "not allowed by runner_ids")
 			continue
 		}
+		if why := egressSecretsStay(src); why != "" {
+			refuse(refusedNever, "%s", why)
+			continue
+		}
 		ph, ok := h.(runner.PortHandle)
 		if !ok {
 			refuse(refusedNever, "cannot import checkpoints (its runner does not move them through the blob store)")
