@@ -123,9 +123,13 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec, from *egr
 	if err := os.WriteFile(filepath.Join(dir, "bundle.pem"), bundle, 0o644); err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
-	for _, c := range spec.AllContainers() {
-		c.SecretEnv = egressEnv(c, placeholders)
+	if from == nil {
+		for _, c := range spec.AllContainers() {
+			c.SecretEnv = egressEnv(c, placeholders)
+		}
 	}
+	// A fork's agents are restored with the source's configuration in memory (these
+	// placeholders and trust variables among it): nothing to hand them.
 	s.egress, s.egressCADir = ss, dir
 	return nil
 }

@@ -108,8 +108,12 @@ func TestPrepareForkEgressSecrets(t *testing.T) {
 	if err := b.prepareEgressSecrets(fork, &forkSpec, src.egress); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := forkSpec.Container.SecretEnv["API_TOKEN"], srcSpec.Container.SecretEnv["API_TOKEN"]; got != want || !strings.HasPrefix(got, "sbx-secret-") {
+	if got, want := fork.egress.Injections[0].Placeholder, srcSpec.Container.SecretEnv["API_TOKEN"]; got != want || !strings.HasPrefix(got, "sbx-secret-") {
 		t.Fatalf("fork placeholder %q, source's %q", got, want)
+	}
+	// Its agents are restored with the source's environment: nothing handed to them.
+	if forkSpec.Container.SecretEnv != nil {
+		t.Fatalf("fork secret env %v", forkSpec.Container.SecretEnv)
 	}
 	a, _ := os.ReadFile(filepath.Join(src.egressCADir, "ca.pem"))
 	c, _ := os.ReadFile(filepath.Join(fork.egressCADir, "ca.pem"))
