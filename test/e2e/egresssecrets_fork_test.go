@@ -13,10 +13,10 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	settingsv1 "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1/statev1connect"
+	settingsv1 "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1/settingsv1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
