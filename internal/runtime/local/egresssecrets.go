@@ -75,7 +75,7 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec, from *egr
 	if from != nil {
 		var err error
 		if ss, err = from.Fork(s.id, spec.Meta[runtime.MetaOrg], spec.EgressSecretValues); err != nil {
-			return fmt.Errorf("%w: sandbox %s: egress secrets of its source: %v", runtime.ErrInvalidSpec, s.id, err)
+			return fmt.Errorf("%w: sandbox %s: egress secrets of its source: %w", runtime.ErrInvalidSpec, s.id, err)
 		}
 		for _, r := range rules {
 			sec := r.Secret
