@@ -96,15 +96,19 @@ func runSecretKey(ctx context.Context, cmd, path string, ss store.SecretStores, 
 		if err != nil {
 			return err
 		}
-		use, err := ss.KeyUsage(ctx)
+		var old []string
+		for _, id := range r.IDs() {
+			if id != r.CurrentID() {
+				old = append(old, id)
+			}
+		}
+		// Retired in the store first, each checked unused in the same transaction: a
+		// gateway whose ring is older than the file, still sealing under one of them,
+		// either got its value counted (the key stays) or has it refused afterwards and
+		// seals it again under the current key. Only then out of the file.
+		drop, err := ss.RetireUnusedKeys(ctx, old)
 		if err != nil {
 			return err
-		}
-		var drop []string
-		for _, id := range r.IDs() {
-			if id != r.CurrentID() && use[id] == 0 {
-				drop = append(drop, id)
-			}
 		}
 		if len(drop) == 0 {
 			_, _ = fmt.Fprintln(w, "no key to remove: every old key still seals values (run reseal) or there is none")

@@ -208,3 +208,122 @@ func TestSecretKeyCommandFlags(t *testing.T) {
 		t.Fatalf("rotate on an empty store: %v %s", err, out.String())
 	}
 }
+
+// raceStore is a store.SecretStores whose prune-time calls (KeyUsage, which prune read
+// before, and RetireUnusedKeys) run then, once, race: a write landing between prune's
+// check of the store and its rewrite of the key file.
+type raceStore struct {
+	store.SecretStores
+	race func()
+}
+
+func (r *raceStore) KeyUsage(ctx context.Context) (map[string]int64, error) {
+	out, err := r.SecretStores.KeyUsage(ctx)
+	r.fire()
+	return out, err
+}
+
+func (r *raceStore) RetireUnusedKeys(ctx context.Context, ids []string) ([]string, error) {
+	out, err := r.SecretStores.RetireUnusedKeys(ctx, ids)
+	r.fire()
+	return out, err
+}
+
+func (r *raceStore) fire() {
+	if f := r.race; f != nil {
+		r.race = nil
+		f()
+	}
+}
+
+// TestSecretKeyPruneRace: a gateway whose ring is older than the key file (it still seals
+// under the previous key) writes a value right after prune checked the store and before
+// it rewrites the file. The write is refused (store.ErrKeyRetired) rather than left sealed
+// under a key the file then lacks; written again under the current key it opens, and every
+// stored value opens with the pruned file (both store backends). Deterministic: the write
+// runs inside prune's call to the store.
+func TestSecretKeyPruneRace(t *testing.T) {
+	for name, dsn := range secretKeyDSNs(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			path := filepath.Join(t.TempDir(), secretbox.DefaultFile)
+			ring, err := secretbox.LoadOrCreate(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The stale gateway: the first key only, never reading the file again.
+			stale, err := secretbox.Parse([]byte(mustRead(t, path)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := ring.CurrentID()
+			st, err := store.Open(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			ss := st.SecretStores()
+			if _, err := ss.Create(ctx, store.SecretStore{Org: "acme", Name: "prod"}, 0); err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			if err := runSecretKey(ctx, "rotate", path, ss, &out); err != nil { // a second key, nothing to reseal
+				t.Fatal(err)
+			}
+			var raceErr error
+			rs := &raceStore{SecretStores: ss, race: func() {
+				kid, ct := stale.Seal([]byte("late"), secretbox.AD("acme", "prod", "late", ""))
+				if kid != first {
+					t.Errorf("the stale ring sealed with %s, want %s", kid, first)
+				}
+				_, raceErr = ss.PutSecret(ctx, store.Secret{Org: "acme", Store: "prod", Path: "late", KeyID: kid, Ciphertext: ct}, 0)
+			}}
+			out.Reset()
+			if err := runSecretKey(ctx, "prune", path, rs, &out); err != nil {
+				t.Fatal(err)
+			}
+			if rs.race != nil {
+				t.Fatal("prune never asked the store")
+			}
+			pruned, err := secretbox.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ids := pruned.IDs(); len(ids) != 1 || ids[0] == first {
+				t.Fatalf("prune left %v", ids)
+			}
+			if !errors.Is(raceErr, store.ErrKeyRetired) {
+				t.Fatalf("a write under the pruned key during prune = %v, want ErrKeyRetired", raceErr)
+			}
+			// Under the current key it is taken, and every stored value opens.
+			kid, ct := pruned.Seal([]byte("late"), secretbox.AD("acme", "prod", "late", ""))
+			if _, err := ss.PutSecret(ctx, store.Secret{Org: "acme", Store: "prod", Path: "late", KeyID: kid, Ciphertext: ct}, 0); err != nil {
+				t.Fatal(err)
+			}
+			x, err := ss.GetSecret(ctx, "acme", "prod", "late", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, err := pruned.Open(x.KeyID, x.Ciphertext, secretbox.AD("acme", "prod", "late", "")); err != nil || string(v) != "late" {
+				t.Fatalf("late = %q, %v", v, err)
+			}
+			// A key still in use is not retired: writes under it still work.
+			use, _ := ss.KeyUsage(ctx)
+			if got, err := ss.RetireUnusedKeys(ctx, []string{kid}); err != nil || len(got) != 0 || use[kid] != 1 {
+				t.Fatalf("retire a key in use = %v, %v (%v)", got, err, use)
+			}
+			if _, err := ss.PutSecret(ctx, store.Secret{Org: "acme", Store: "prod", Path: "late", KeyID: kid, Ciphertext: ct}, 0); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -117,6 +117,28 @@ func NewSandboxSecrets(sandboxID, org string, injs []Injection, ttl time.Duratio
 	return s, nil
 }
 
+// Fork returns the secrets of sandboxID, a fork of s's sandbox (a copy of its memory, on
+// the same runner): the same CA (its restored processes may hold the certificate
+// already) and the same placeholders (they are in its memory), with values, freshly
+// resolved, by secret name (Injection.Secret). Every injection needs its value; a source
+// whose values are lost (a restarted runner) cannot be forked with them.
+func (s *SandboxSecrets) Fork(sandboxID, org string, values map[string]string) (*SandboxSecrets, error) {
+	if s.Lost || s.caKey == nil {
+		return nil, errors.New("the runner no longer holds the source's egress secrets (restarted): recreate the sandbox")
+	}
+	f := &SandboxSecrets{SandboxID: sandboxID, Org: org, Hosts: append([]string(nil), s.Hosts...),
+		ca: s.ca, caKey: s.caKey, caPEM: s.caPEM, leaves: map[string]*tls.Certificate{}}
+	for _, in := range s.Injections {
+		v, ok := values[in.Secret]
+		if !ok {
+			return nil, fmt.Errorf("egress secret %s has no value", in.Secret)
+		}
+		in.Value = v
+		f.Injections = append(f.Injections, in)
+	}
+	return f, nil
+}
+
 // LostSecrets is the record of a sandbox whose injections a restarted runner cannot
 // serve any more (hosts only).
 func LostSecrets(sandboxID, org string, hosts []string) *SandboxSecrets {

@@ -285,6 +285,12 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 			fmt.Sprintf("sandbox %s is %s: only a RUNNING or PAUSED sandbox is forked", rec.id, src.State),
 			map[string]string{"sandbox_id": rec.id, "state": src.State.String()})
 	}
+	// Egress secrets' values, resolved again for the forks (on the source's runner only:
+	// checkpointTargets).
+	egressValues, err := s.forkEgressSecretValues(ctx, p.Org, src)
+	if err != nil {
+		return nil, err
+	}
 	groups, release, err := s.placeForks(ctx, rec, r, src, m.GetRunnerIds(), len(todo))
 	if err != nil {
 		return nil, err
@@ -310,7 +316,8 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	j := 0
 	for g := range groups {
 		for range groups[g].n {
-			t := runner.ForkTarget{ID: runner.NewID(), Meta: forkMeta(src.Spec.Meta, p.Org, p.KeyID, groups[g].c.Result.PolicyRevision)}
+			t := runner.ForkTarget{ID: runner.NewID(), Meta: forkMeta(src.Spec.Meta, p.Org, p.KeyID, groups[g].c.Result.PolicyRevision),
+				EgressSecretValues: egressValues}
 			if runner.NeedsShareTokens(src.Spec) {
 				t.ShareTokenHash = edge.ShareTokenHash(s.shareTokens.token(t.ID))
 			}
@@ -375,6 +382,8 @@ func (s *Server) placeFork(ctx context.Context, rec *record, r runner.Handle, sr
 		Reservations: &s.reserved,
 		CheckSource:  public,
 		Source:       addr,
+		// A fork takes the source's KUBERNETES secret references, as a create does.
+		SecretRefFields: secretRefFieldsOf(rec, src),
 	})
 	if err != nil {
 		return placement.Candidate{}, err

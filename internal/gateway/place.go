@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -46,6 +47,61 @@ func byReference(resolve spec.SecretResolver) (spec.SecretResolver, func() []str
 		}
 		return v, err
 	}, func() []string { return fields }
+}
+
+// secretRefFieldsOf are the fields of rec's references to KUBERNETES secret stores, as a
+// create's placement gets them (byReference): for the placement of a fork or a move of
+// src, rec as its runner holds it, whose containers' SecretRefs name those stores (a
+// store's kind is the same wherever the spec names it). Bounded by the spec (at most
+// one per secret_stores entry).
+func secretRefFieldsOf(rec *record, src runner.Sandbox) []string {
+	stores := map[string]bool{}
+	for _, c := range src.Spec.AllContainers() {
+		for _, r := range c.SecretRefs {
+			stores[r.Store] = true
+		}
+	}
+	if len(stores) == 0 {
+		return nil
+	}
+	var fields []string
+	for i, c := range rec.spec.GetContainers() {
+		for j, st := range c.GetSecretStores() {
+			if stores[st.GetStoreName()] {
+				fields = append(fields, fmt.Sprintf("sandbox.spec.containers[%d].secret_stores[%d].store_name", i, j))
+			}
+		}
+	}
+	return fields
+}
+
+// forkEgressSecretValues resolves, in org, the values of src's egress secrets (src as
+// its runner holds it: its rules keep the references), as a create resolves them: a fork
+// is given them fresh, never from its source. nil when it has none.
+func (s *Server) forkEgressSecretValues(ctx context.Context, org string, src runner.Sandbox) (map[string]string, error) {
+	if len(src.Spec.Network.EgressSecrets()) == 0 {
+		return nil, nil
+	}
+	resolve := s.secretResolver(ctx, org)
+	if resolve == nil {
+		return nil, apierr.Newf(apierr.NotImplemented, "sandbox %s has egress secrets, and this gateway has no secret stores to resolve them for its forks", src.ID)
+	}
+	sp := src.Spec.Clone()
+	sp.EgressSecretValues = nil
+	if err := spec.ResolveEgressSecrets(&sp, resolve); err != nil {
+		return nil, err
+	}
+	return sp.EgressSecretValues, nil
+}
+
+// egressSecretsStay is why src, which has egress secrets, is never made on another runner
+// than its own ("" when it has none): their CA key and placeholders are in its runner's
+// memory only (docs/secrets.md).
+func egressSecretsStay(src runner.Sandbox) string {
+	if len(src.Spec.Network.EgressSecrets()) == 0 {
+		return ""
+	}
+	return "it has egress secrets, whose CA key and placeholders live only in its runner's memory: it is forked on its own runner only, and does not move"
 }
 
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256

@@ -127,6 +127,7 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		return nil, []portRefusal{{runner: from.ID(), why: fmt.Sprintf("exports no checkpoints of runtime class %q to the blob store", class)}}
 	}
 	views := s.placementRunners(ctx)
+	refFields := secretRefFieldsOf(rec, src)
 	addr, public := callerOf(ctx)
 	var (
 		out     []portTarget
@@ -142,6 +143,10 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		}
 		if len(allowed) > 0 && !slices.Contains(allowed, id) {
 			refuse(refusedNever, "not allowed by runner_ids")
+			continue
+		}
+		if why := egressSecretsStay(src); why != "" {
+			refuse(refusedNever, "%s", why)
 			continue
 		}
 		ph, ok := h.(runner.PortHandle)
@@ -167,7 +172,8 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		sp := proto.CloneOf(rec.spec)
 		sp.RunnerIds = []string{id}
 		cands, err := placement.Place(placement.Request{Spec: sp, Engine: src.Spec.Engine, Runners: views,
-			Platform: policy.RunnerPlatform(nil), Reservations: &s.reserved, CheckSource: public, Source: addr})
+			Platform: policy.RunnerPlatform(nil), Reservations: &s.reserved, CheckSource: public, Source: addr,
+			SecretRefFields: refFields}) // as a create's: only runners that read them
 		if err != nil {
 			kind, why := placementRefusal(id, err)
 			refuse(kind, "%s", why)

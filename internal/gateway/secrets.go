@@ -335,9 +335,18 @@ func (x secretService) PutSecret(ctx context.Context, req *connect.Request[setti
 		vs := []apierr.Violation{{Field: "store_name", Description: fmt.Sprintf("secret store %q is a KUBERNETES store: its values are Kubernetes Secrets in the runner's namespace, made there (docs/secrets.md), never sent to sandboxd", m.GetStoreName())}}
 		return nil, apierr.WithViolations(apierr.New(apierr.SecretStoreProviderUnsupported, apierr.Describe(vs), map[string]string{"store_name": m.GetStoreName()}), vs)
 	}
-	kid, ct := s.secrets.Keys.Seal([]byte(v), secretbox.AD(org, m.GetStoreName(), m.GetPath(), m.GetField()))
+	ad := secretbox.AD(org, m.GetStoreName(), m.GetPath(), m.GetField())
+	kid, ct := s.secrets.Keys.Seal([]byte(v), ad)
 	out, err := s.secrets.Store.PutSecret(ctx, store.Secret{Org: org, Store: m.GetStoreName(), Path: m.GetPath(), Field: m.GetField(), KeyID: kid, Ciphertext: ct},
 		s.secrets.MaxSecretsPerStore)
+	if errors.Is(err, store.ErrKeyRetired) {
+		// Sealed under a key `secret-key prune` retired: this ring is older than the key
+		// file. Read the file now and seal under its current key (once).
+		s.secrets.Keys.Reload()
+		kid, ct = s.secrets.Keys.Seal([]byte(v), ad)
+		out, err = s.secrets.Store.PutSecret(ctx, store.Secret{Org: org, Store: m.GetStoreName(), Path: m.GetPath(), Field: m.GetField(), KeyID: kid, Ciphertext: ct},
+			s.secrets.MaxSecretsPerStore)
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		vs := []apierr.Violation{{Field: "store_name", Description: fmt.Sprintf("secret store %q is not provisioned in this organization; create it first (CreateSecretStore)", m.GetStoreName())}}

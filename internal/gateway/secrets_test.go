@@ -445,3 +445,50 @@ func TestSecretsREST(t *testing.T) {
 		}
 	}
 }
+
+// TestPutSecretAfterPrune: a gateway whose ring has not read the key file since a
+// rotation seals under the old key; after prune retired that key in the store, the store
+// refuses the value (store.ErrKeyRetired) and the gateway reads the file again and seals
+// it under the current key: PutSecret succeeds, and the value opens with the file's ring.
+func TestPutSecretAfterPrune(t *testing.T) {
+	st := openFSSStore(t)
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), secretbox.DefaultFile)
+	ring, err := secretbox.LoadOrCreate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Auth: keys, Runners: []runner.Handle{&acceptingRunner{id: "r1"}}, Logger: quietLog(),
+		Secrets: SecretOptions{Store: st.SecretStores(), Keys: ring}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	mkStore(t, s, "acme", "prod")
+	old := ring.CurrentID()
+	k, err := secretbox.AddKey(path) // rotate: nothing to reseal
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.SecretStores().RetireUnusedKeys(t.Context(), []string{old}); err != nil || len(got) != 1 {
+		t.Fatalf("retire = %v, %v", got, err)
+	}
+	if err := secretbox.RemoveKeys(path, []string{old}); err != nil {
+		t.Fatal(err)
+	}
+	putSecret(t, s, "acme", "prod", "db", "pw", secretValue)
+	x, err := st.SecretStores().GetSecret(t.Context(), "acme", "prod", "db", "pw")
+	if err != nil || x.KeyID != k.ID {
+		t.Fatalf("stored under %q (%v), want the current key %s", x.KeyID, err, k.ID)
+	}
+	file, err := secretbox.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := file.Open(x.KeyID, x.Ciphertext, secretbox.AD("acme", "prod", "db", "pw")); err != nil || string(v) != secretValue {
+		t.Fatalf("open = %v", err)
+	}
+}

@@ -262,3 +262,55 @@ func TestSnapshotLimitsPerOrg(t *testing.T) {
 		t.Fatalf("set = %v, %v", q, err)
 	}
 }
+
+// TestVolumeGrowUndoCompareAndSet: a grow whose runner fails puts the size back only while
+// it is still the size that grow set. Deterministic: while the runner works on the grow to
+// 2Gi, another replica (the store directly) grows the volume to 3Gi, then the runner fails:
+// the volume stays 3Gi (an unconditional undo wrote 1Gi back over it), and the quota
+// counts 3Gi. Without a concurrent change, a failed grow still puts the size back.
+func TestVolumeGrowUndoCompareAndSet(t *testing.T) {
+	r := &volumeRunner{acceptingRunner: acceptingRunner{id: "r1"}}
+	gws, st := volumeQuotaGateways(t, filepath.Join(t.TempDir(), "v.db"), 1, r, store.QuotaLimits{})
+	s := gws[0]
+	admin := tmplAdmin(testOrg)
+	ctx := t.Context()
+	if _, err := s.CreateVolume(admin, connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: sizedVolume("data", "data", "1Gi")})); err != nil {
+		t.Fatal(err)
+	}
+	waitVolume(t, s, admin, "data")
+	grow := func(size string) error {
+		_, err := s.UpdateVolume(admin, connect.NewRequest(&sandboxv1.UpdateVolumeRequest{VolumeId: "data",
+			Volume: &sandboxv1.Volume{Spec: &sandboxv1.VolumeSpec{Size: size}}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"spec.size"}}}))
+		return err
+	}
+	raced := false
+	r.during = func(v runner.RegisteredVolume) error {
+		if v.SizeBytes != 2<<30 || raced {
+			return nil
+		}
+		raced = true
+		if _, _, err := st.Volumes().Resize(ctx, testOrg, "data", 3<<30, nil); err != nil {
+			t.Errorf("concurrent grow: %v", err)
+		}
+		return apierr.New(apierr.VolumeInUse, "cannot grow on purpose", nil)
+	}
+	if err := grow("2Gi"); apierr.Reason(err) != apierr.VolumeInUse || !raced {
+		t.Fatalf("failed grow = %v (raced %v)", err, raced)
+	}
+	if v, _ := st.Volumes().Get(ctx, testOrg, "data"); v.SizeBytes != 3<<30 {
+		t.Fatalf("size after the undo = %d, want the concurrent grow's %d", v.SizeBytes, int64(3<<30))
+	}
+	if u, _ := st.Quotas().Usage(ctx, testOrg, time.Now()); u.VolumeBytes != 3<<30 {
+		t.Fatalf("usage = %+v", u)
+	}
+	// Nothing concurrent: the failed grow's size is put back.
+	r.during = func(runner.RegisteredVolume) error {
+		return apierr.New(apierr.VolumeInUse, "cannot grow on purpose", nil)
+	}
+	if err := grow("4Gi"); apierr.Reason(err) != apierr.VolumeInUse {
+		t.Fatalf("failed grow = %v", err)
+	}
+	if v, _ := st.Volumes().Get(ctx, testOrg, "data"); v.SizeBytes != 3<<30 {
+		t.Fatalf("size after a failed grow = %d", v.SizeBytes)
+	}
+}

@@ -52,7 +52,7 @@ const (
 	// MinVolumeBytes and MaxVolumeBytes bound spec.size (the sandboxd extension): the
 	// smallest ext4 image the local backend makes, and 1 TiB.
 	MinVolumeBytes int64 = 16 << 20
-	MaxVolumeBytes int64 = 1 << 40
+	MaxVolumeBytes       = runner.MaxRegisteredVolumeBytes
 )
 
 // volumeSize parses spec.size (a Kubernetes quantity, a whole number of MiB within
@@ -561,9 +561,16 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 	case err != nil:
 		return cur, volumeStoreErr(id, err)
 	}
+	// undo puts the size back, compare-and-set: only while it is still the size this
+	// grow set (another grow, on another replica perhaps, may have changed it since:
+	// that one stands).
 	undo := func() {
-		old := before.SizeBytes
-		if _, err := st.Update(context.WithoutCancel(ctx), org, id, store.VolumeUpdate{SizeBytes: &old}); err != nil {
+		old, mine := before.SizeBytes, after.SizeBytes
+		_, err := st.Update(context.WithoutCancel(ctx), org, id, store.VolumeUpdate{SizeBytes: &old, IfSizeBytes: &mine})
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			s.log.Info("volume grow: size not put back, changed meanwhile", "volume", id, "org", org)
+		case err != nil:
 			s.log.Warn("volume grow: size not put back", "volume", id, "org", org, "err", err)
 		}
 	}
@@ -596,7 +603,10 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 		return cur, err
 	}
 	s.log.Info("volume grown", "volume", id, "org", org, "from_bytes", before.SizeBytes, "size_bytes", size)
-	out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n, AccessModes: &modes})
+	// The capacity this grow saw, unless another grow changed the size since (its
+	// capacity is the newer one).
+	mine := after.SizeBytes
+	out, err := st.Update(ctx, org, id, store.VolumeUpdate{CapacityBytes: &n, AccessModes: &modes, IfSizeBytes: &mine})
 	if err != nil {
 		return after, nil
 	}

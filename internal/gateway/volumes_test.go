@@ -28,9 +28,17 @@ type volumeRunner struct {
 	// modes: the access modes EnsureVolume reports per claim name (a Kubernetes
 	// runner's); none: a local runner's.
 	modes map[string][]string
+	// during, when set, runs at the start of each EnsureVolume (outside the lock): what
+	// happens elsewhere while the runner works; an error is the call's.
+	during func(v runner.RegisteredVolume) error
 }
 
 func (r *volumeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume) (runner.VolumeState, error) {
+	if r.during != nil {
+		if err := r.during(v); err != nil {
+			return runner.VolumeState{}, err
+		}
+	}
 	r.vmu.Lock()
 	defer r.vmu.Unlock()
 	r.ensured = append(r.ensured, v)

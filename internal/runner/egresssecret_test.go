@@ -1,8 +1,13 @@
 package runner
 
 import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -114,4 +119,63 @@ func containsString(ss []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestForkCarriesEgressSecretValues: a fork of a sandbox with egress secrets takes the
+// values its target brings (resolved again by the gateway) to the backend, as a create
+// does, and keeps them in no record (the fork's Get, the runner's files); a target
+// without them, or with too many, is refused before anything is made.
+func TestForkCarriesEgressSecretValues(t *testing.T) {
+	be := newPauseFake(checkpointing)
+	dataDir := t.TempDir()
+	l := pauseLocal(t, be, dataDir)
+	ctx := context.Background()
+	const value = "fork-egress-value-93af"
+	net := &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com",
+		Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}}}
+	sb, err := l.Create(ctx, CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}, Network: net,
+		EgressSecretValues: map[string]string{"prod/api#token": "create-value"}, Meta: map[string]string{runtime.MetaOrg: "org-a"}}, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := awaitState(t, l.R, sb.ID, StateRunning)
+	res, err := l.Fork(ctx, src.ID, []ForkTarget{{ID: "fork-s", EgressSecretValues: map[string]string{"prod/api#token": value}}})
+	if err != nil || len(res) != 1 || res[0].Err != nil {
+		t.Fatalf("fork = %+v, %v", res, err)
+	}
+	be.mu.Lock()
+	got := be.forkValues["fork-s"]
+	be.mu.Unlock()
+	if got["prod/api#token"] != value {
+		t.Fatalf("the backend got %v", got)
+	}
+	if f, _ := l.Get(ctx, "fork-s"); f.Spec.EgressSecretValues != nil || f.Spec.Network == nil || f.Spec.Network.Egress[0].Secret == nil {
+		t.Fatalf("the fork's record: values %v, network %+v", f.Spec.EgressSecretValues, f.Spec.Network)
+	}
+	if err := filepath.Walk(dataDir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || fi.IsDir() {
+			return err
+		}
+		if b, _ := os.ReadFile(p); strings.Contains(string(b), value) {
+			t.Errorf("%s holds the value", p)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Without the values: refused, naming the rule; nothing forked.
+	_, _, forks0 := be.counts()
+	if _, err := l.Fork(ctx, src.ID, []ForkTarget{{ID: "fork-n"}}); err == nil || !strings.Contains(err.Error(), "not resolved") {
+		t.Fatalf("fork without values = %v", err)
+	}
+	many := map[string]string{}
+	for i := range runtime.MaxSecretEnvVars + 1 {
+		many[fmt.Sprintf("prod/k%d", i)] = "v"
+	}
+	if _, err := l.Fork(ctx, src.ID, []ForkTarget{{ID: "fork-m", EgressSecretValues: many}}); err == nil || !strings.Contains(err.Error(), "egress_secret_values") {
+		t.Fatalf("fork with too many values = %v", err)
+	}
+	if _, _, n := be.counts(); n != forks0 {
+		t.Fatalf("refused forks reached the backend (%d forks, was %d)", n, forks0)
+	}
 }

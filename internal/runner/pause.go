@@ -94,6 +94,10 @@ type ForkTarget struct {
 	ShareTokenHash string
 	// Lifetime of the new sandbox, counted from the fork; 0 = the source's lifetime.
 	Lifetime time.Duration
+	// EgressSecretValues are the values of the source's egress secrets for the new
+	// sandbox (runtime.Spec.EgressSecretValues), resolved again by the caller as for a
+	// create: handed to the backend, never kept, returned or logged (docs/secrets.md).
+	EgressSecretValues map[string]string `json:"-"`
 }
 
 // ForkResult is the outcome of one ForkTarget.

@@ -345,6 +345,14 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 		spec.Meta[runtime.MetaForkedFrom] = id
 		spec.Meta[runtime.MetaCreatedAt] = now.UTC().Format(time.RFC3339Nano)
 		spec.Meta[runtime.MetaLifetime] = lifetime.String()
+		// The egress secrets' values, as a create's: checked here, kept by no record
+		// (cloneSpec drops them), handed to the backend only.
+		spec.EgressSecretValues = maps.Clone(t.EgressSecretValues)
+		if len(spec.EgressSecretValues) > 0 || len(spec.Network.EgressSecrets()) > 0 {
+			if err := checkEgressSecrets(&spec); err != nil {
+				return nil, err
+			}
+		}
 		specs[i] = &spec
 		entries[i] = newEntry(Sandbox{ID: t.ID, Spec: cloneSpec(spec), State: StateCreating, CreatedAt: now,
 			Lifetime: lifetime, Deadline: now.Add(lifetime), RuntimeClass: src.RuntimeClass, ImageDigest: src.ImageDigest})
@@ -470,9 +478,22 @@ func (r *Runner) validateForks(targets []ForkTarget) error {
 		if t.Lifetime < 0 || t.Lifetime > MaxLifetime {
 			vs.add(fmt.Sprintf("targets[%d].lifetime", i), "must be between 0 (the source's) and 30 days")
 		}
+		// Bounded whatever the caller sends (each one is matched to a rule later).
+		n := 0
+		for k, v := range t.EgressSecretValues {
+			n += len(k) + len(v)
+		}
+		if len(t.EgressSecretValues) > runtime.MaxSecretEnvVars || n > maxForkSecretBytes {
+			vs.add(fmt.Sprintf("targets[%d].egress_secret_values", i), "%d values of %d bytes in all: at most %d values and %d bytes",
+				len(t.EgressSecretValues), n, runtime.MaxSecretEnvVars, maxForkSecretBytes)
+		}
 	}
 	return vs.err()
 }
+
+// maxForkSecretBytes bounds a fork target's egress secret values (names and values), as
+// the gateway bounds a create's resolved secrets.
+const maxForkSecretBytes = 1 << 20
 
 // Activity and idle pause (runtime.MetaIdlePause): a sandbox is busy while a call
 // through an agent client Runner.Agent returned is under way, and while an endpoint

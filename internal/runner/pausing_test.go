@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -40,6 +41,8 @@ type pauseFake struct {
 	resumes  int
 	forks    int
 	forkFail map[string]error // fork target ID → its error
+	// forkValues are the egress secret values each fork's spec brought (by fork ID).
+	forkValues map[string]map[string]string
 	// onPause, when set, runs inside Pause before it pauses (a test blocks it there).
 	onPause func(id string)
 }
@@ -139,6 +142,14 @@ func (f *pauseFake) Fork(_ context.Context, src string, specs []*runtime.Spec) (
 		if err := f.forkFail[s.ID]; err != nil {
 			errs[i] = err
 			continue
+		}
+		if s.EgressSecretValues != nil {
+			f.mu.Lock()
+			if f.forkValues == nil {
+				f.forkValues = map[string]map[string]string{}
+			}
+			f.forkValues[s.ID] = maps.Clone(s.EgressSecretValues)
+			f.mu.Unlock()
 		}
 		infos[i] = runtime.Info{ID: s.ID, IP: fmt.Sprintf("192.0.2.%d", 10+i), RuntimeClass: "fake", StartedAt: time.Now()}
 		f.Put(runtime.Recovered{Spec: *s, Info: infos[i], Alive: true})

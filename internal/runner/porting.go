@@ -561,6 +561,7 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 			}
 		}
 		sb.Spec = cloneSpec(spec)
+		spec.EgressSecretValues = maps.Clone(t.EgressSecretValues) // for the backend only (it refuses them without the source's secrets)
 		specs[i] = &spec
 		entries[i] = newEntry(sb)
 	}

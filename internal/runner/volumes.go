@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -29,7 +30,16 @@ type RegisteredVolume struct {
 	// (runtime.ClaimVolumes). AllowedStorageClasses nil: any class.
 	StorageClass          string
 	AllowedStorageClasses []string
+	// MaxSizeBytes is the largest volume the runner's policy allows
+	// (constraints.volumes.max_size; the runnerapi server fills it, never the caller);
+	// 0: no policy bound (MaxRegisteredVolumeBytes still holds). A volume the backend
+	// already holds at SizeBytes or more keeps its size (it only cannot grow).
+	MaxSizeBytes int64
 }
+
+// MaxRegisteredVolumeBytes bounds a registered volume's size on every runner, whatever
+// the caller of the runner API says (the gateway bounds spec.size the same: 1 TiB).
+const MaxRegisteredVolumeBytes int64 = 1 << 40
 
 // VolumeHandle is implemented by Handles whose runner holds registered volumes (Local,
 // runnerapi.Client).
@@ -68,8 +78,23 @@ func (v RegisteredVolume) check() error {
 		return apierr.Newf(apierr.InvalidRequest, "registered volume: claim_name %q must be a DNS-1123 label (a-z, 0-9, '-', at most 63)", v.ClaimName)
 	case v.SizeBytes < 0:
 		return apierr.Newf(apierr.InvalidRequest, "registered volume: negative size")
+	case v.SizeBytes > MaxRegisteredVolumeBytes:
+		vs := []apierr.Violation{{Field: "volume.spec.size", Description: fmt.Sprintf("%d bytes is above %d, the largest volume a runner makes", v.SizeBytes, MaxRegisteredVolumeBytes)}}
+		return apierr.Invalid(apierr.InvalidRequest, fmt.Sprintf("registered volume %s: %s", v.ClaimName, apierr.Describe(vs)), vs)
 	}
 	return nil
+}
+
+// checkPolicySize refuses v when it is larger than the runner's policy allows
+// (v.MaxSizeBytes) and the backend does not already hold it that large (held: its size
+// now, 0 when missing or unknown).
+func (v RegisteredVolume) checkPolicySize(held int64) error {
+	if v.MaxSizeBytes <= 0 || v.SizeBytes <= v.MaxSizeBytes || (held > 0 && v.SizeBytes <= held) {
+		return nil
+	}
+	vs := []apierr.Violation{{Field: "volume.spec.size", Description: fmt.Sprintf("%d bytes is above %d, the largest volume this runner's policy allows (%s)",
+		v.SizeBytes, v.MaxSizeBytes, policy.ConstraintVolumeMaxSize)}}
+	return apierr.Invalid(apierr.PlacementRejected, fmt.Sprintf("registered volume %s: %s", v.ClaimName, apierr.Describe(vs)), vs)
 }
 
 // VolumeNamespace is the namespace of the runner's registered volumes: its backend's claim
@@ -129,6 +154,11 @@ func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (VolumeSt
 		if err := v.checkNamespace(cv.ClaimNamespace()); err != nil {
 			return VolumeState{}, err
 		}
+		// A claim's size now is not asked before: one larger than the policy allows is
+		// refused even when it exists (the gateway asks the size it recorded).
+		if err := v.checkPolicySize(0); err != nil {
+			return VolumeState{}, err
+		}
 		cs, err := cv.EnsureClaim(ctx, v.claim())
 		if err != nil {
 			return VolumeState{}, claimErr(v, err)
@@ -141,6 +171,18 @@ func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (VolumeSt
 	mv, err := r.managedVolumes()
 	if err != nil {
 		return VolumeState{}, err
+	}
+	if v.MaxSizeBytes > 0 && v.SizeBytes > v.MaxSizeBytes {
+		var held int64
+		if ms, ok := mv.(runtime.ManagedSizer); ok {
+			if held, err = ms.ManagedSize(v.ManagedName()); err != nil {
+				r.log.Warn("registered volume: size now", "org", v.Org, "claim", v.ClaimName, "err", err)
+				held = 0
+			}
+		}
+		if err := v.checkPolicySize(held); err != nil {
+			return VolumeState{}, err
+		}
 	}
 	n, err := mv.EnsureManaged(v.ManagedName(), v.SizeBytes)
 	if errors.Is(err, runtime.ErrInvalidSpec) {

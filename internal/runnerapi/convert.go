@@ -645,7 +645,7 @@ func refFromProto(p *runnerv1.CheckpointRef) runner.CheckpointRef {
 func forkTargetsToProto(ts []runner.ForkTarget) []*runnerv1.ForkTarget {
 	out := make([]*runnerv1.ForkTarget, len(ts))
 	for i, t := range ts {
-		out[i] = &runnerv1.ForkTarget{Id: t.ID, Meta: t.Meta, ShareTokenHash: t.ShareTokenHash}
+		out[i] = &runnerv1.ForkTarget{Id: t.ID, Meta: t.Meta, ShareTokenHash: t.ShareTokenHash, EgressSecretValues: t.EgressSecretValues}
 		if t.Lifetime != 0 {
 			out[i].Lifetime = durationpb.New(t.Lifetime)
 		}
@@ -656,7 +656,7 @@ func forkTargetsToProto(ts []runner.ForkTarget) []*runnerv1.ForkTarget {
 func forkTargetsFromProto(ps []*runnerv1.ForkTarget) []runner.ForkTarget {
 	out := make([]runner.ForkTarget, len(ps))
 	for i, p := range ps {
-		out[i] = runner.ForkTarget{ID: p.GetId(), Meta: p.GetMeta(), ShareTokenHash: p.GetShareTokenHash(), Lifetime: p.GetLifetime().AsDuration()}
+		out[i] = runner.ForkTarget{ID: p.GetId(), Meta: p.GetMeta(), ShareTokenHash: p.GetShareTokenHash(), Lifetime: p.GetLifetime().AsDuration(), EgressSecretValues: p.GetEgressSecretValues()}
 	}
 	return out
 }

@@ -77,12 +77,14 @@ func TestRunnerapiPauseResumeFork(t *testing.T) {
 		{Sandbox: runner.Sandbox{ID: "f2", State: runner.StateFailed, Reason: runner.ReasonForkFailed}, Err: errors.New("restore failed")},
 		{Sandbox: runner.Sandbox{ID: "f3", State: runner.StateFailed}, Err: fmt.Errorf("%w: f3 is gone", runner.ErrNotRunning)},
 	}
-	targets := []runner.ForkTarget{{ID: "f1", Meta: map[string]string{"k": "v"}, ShareTokenHash: "h", Lifetime: time.Minute}, {ID: "f2"}, {ID: "f3"}}
+	targets := []runner.ForkTarget{{ID: "f1", Meta: map[string]string{"k": "v"}, ShareTokenHash: "h", Lifetime: time.Minute,
+		EgressSecretValues: map[string]string{"prod/api#token": "v1"}}, {ID: "f2"}, {ID: "f3"}}
 	res, err := c.Fork(ctx, "abc", targets)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fake.forkTargets; len(got) != 3 || got[0].ID != "f1" || got[0].Meta["k"] != "v" || got[0].ShareTokenHash != "h" || got[0].Lifetime != time.Minute || got[1].Lifetime != 0 {
+	if got := fake.forkTargets; len(got) != 3 || got[0].ID != "f1" || got[0].Meta["k"] != "v" || got[0].ShareTokenHash != "h" || got[0].Lifetime != time.Minute || got[1].Lifetime != 0 ||
+		got[0].EgressSecretValues["prod/api#token"] != "v1" || got[1].EgressSecretValues != nil {
 		t.Errorf("fork targets on the runner: %+v", got)
 	}
 	if len(res) != 3 || res[0].Err != nil || res[0].Sandbox.State != runner.StateRunning || res[0].Sandbox.Spec.Meta[runtime.MetaForkedFrom] != "abc" {

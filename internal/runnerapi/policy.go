@@ -70,8 +70,8 @@ func (s *Server) admit(ctx context.Context, req *runner.CreateRequest) error {
 	return nil
 }
 
-// volumeClasses fills v's storage classes from the runner's own policy
-// (base.volume_storage_class, constraints.volumes.allowed_storage_classes): the runner,
+// volumeClasses fills v's storage classes and size bound from the runner's own policy
+// (base.volume_storage_class, constraints.volumes.allowed_storage_classes and max_size): the runner,
 // not the gateway, decides what its claims may be. Without a policy source: none.
 func (s *Server) volumeClasses(ctx context.Context, v *runner.RegisteredVolume) error {
 	if s.policies == nil {
@@ -90,5 +90,6 @@ func (s *Server) volumeClasses(ctx context.Context, v *runner.RegisteredVolume) 
 		return connect.NewError(connect.CodeInternal, fmt.Errorf("policy of runner %s: %w", s.runnerID, err))
 	}
 	v.StorageClass, v.AllowedStorageClasses = p.VolumeStorageClasses()
+	v.MaxSizeBytes = p.VolumeMaxSize()
 	return nil
 }

@@ -31,6 +31,7 @@ import (
 // fakeRunner answers with err when set, else with sb; its agent is agentClient.
 type fakeRunner struct {
 	mu          sync.Mutex
+	ensured     runner.RegisteredVolume // the last EnsureVolume's
 	err         error
 	sb          runner.Sandbox
 	got         runner.CreateRequest

@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"connectrpc.com/connect"
+
+	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -12,6 +15,9 @@ import (
 // fakeRunner's registered volumes: EnsureVolume answers 1 GiB for claim "ok" and
 // CWSANDBOX_VOLUME_IN_USE on a delete of "busy" without force.
 func (f *fakeRunner) EnsureVolume(_ context.Context, v runner.RegisteredVolume) (runner.VolumeState, error) {
+	f.mu.Lock()
+	f.ensured = v
+	f.mu.Unlock()
 	if v.ClaimName != "ok" || v.Org != "acme" || v.Namespace != "default" {
 		return runner.VolumeState{}, apierr.Newf(apierr.VolumeTypeNotSupported, "no %+v", v)
 	}
@@ -57,5 +63,34 @@ func TestCapacitySecretRefsOverTheWire(t *testing.T) {
 	}
 	if !capacityFromProto(nil).NoSecretRefs {
 		t.Fatal("a runner that says nothing reads secret references")
+	}
+}
+
+// TestVolumeSizeBoundFromTheRunnersPolicy: the runner API server fills a registered
+// volume's size bound from the runner's own policy (constraints.volumes.max_size), never
+// from its caller, so runner.Runner.EnsureVolume refuses a larger one whatever the
+// gateway checked; without a bound in the policy there is none.
+func TestVolumeSizeBoundFromTheRunnersPolicy(t *testing.T) {
+	fake := &fakeRunner{}
+	req := func() *connect.Request[runnerv1.EnsureVolumeRequest] {
+		return connect.NewRequest(&runnerv1.EnsureVolumeRequest{Volume: &runnerv1.RegisteredVolume{OrganizationId: "acme", ClaimName: "ok", Namespace: "default", SizeBytes: 2 << 30}})
+	}
+	bounded := newServer(fake, nil, nil).WithPolicy("r1", staticPolicy(`{"constraints": {"volumes": {"max_size": "1Gi"}}}`))
+	if _, err := bounded.EnsureVolume(context.Background(), req()); err != nil {
+		t.Fatal(err)
+	}
+	fake.mu.Lock()
+	got := fake.ensured
+	fake.mu.Unlock()
+	if got.MaxSizeBytes != 1<<30 || got.SizeBytes != 2<<30 {
+		t.Fatalf("the runner got %+v", got)
+	}
+	if _, err := newServer(fake, nil, nil).WithPolicy("r1", staticPolicy(`{}`)).EnsureVolume(context.Background(), req()); err != nil {
+		t.Fatal(err)
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if fake.ensured.MaxSizeBytes != 0 {
+		t.Fatalf("no bound in the policy, yet %d", fake.ensured.MaxSizeBytes)
 	}
 }

@@ -76,6 +76,13 @@ type ManagedVolumes interface {
 	RemoveManaged(name string) error
 }
 
+// ManagedSizer is implemented by ManagedVolumes backends that tell a managed volume's
+// size now (0 and no error when it does not exist): the runner lets a volume it already
+// holds keep a size its policy no longer allows (only growth past the bound is refused).
+type ManagedSizer interface {
+	ManagedSize(name string) (int64, error)
+}
+
 // ErrManagedBusy: a managed volume cannot grow while sandboxes mount it (the backend
 // grows it only when none does).
 var ErrManagedBusy = errors.New("managed volume in use")

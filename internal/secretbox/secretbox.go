@@ -76,17 +76,27 @@ func stampOf(fi os.FileInfo) fileStamp {
 	return st
 }
 
+// Reload reads a file-backed ring's file again now when it changed (a ring made by New
+// has none): after the store refused a value sealed under a key the file no longer has
+// as current (store.ErrKeyRetired).
+func (r *Keyring) Reload() { r.reload(0) }
+
 // refresh reads the file again when it changed; force skips the interval (still at
 // most every reloadEvery/4).
 func (r *Keyring) refresh(force bool) {
-	if r.path == "" {
-		return
-	}
-	r.mu.RLock()
 	wait := reloadEvery
 	if force {
 		wait = reloadEvery / 4
 	}
+	r.reload(wait)
+}
+
+// reload reads the file again when it changed and was last looked at wait ago or more.
+func (r *Keyring) reload(wait time.Duration) {
+	if r.path == "" {
+		return
+	}
+	r.mu.RLock()
 	due := time.Since(r.checked) >= wait
 	r.mu.RUnlock()
 	if !due {

@@ -307,6 +307,12 @@ func ParsePullCredentials(v string) (user, pass string, err error) {
 	return user, pass, nil
 }
 
+// ResolveEgressSecrets is resolveEgressSecrets for a sandbox made from another (a fork:
+// its values are resolved again, as at create).
+func ResolveEgressSecrets(spec *runtime.Spec, resolve SecretResolver) error {
+	return resolveEgressSecrets(spec, resolve)
+}
+
 // resolveEgressSecrets resolves the secrets of spec's egress rules into
 // spec.EgressSecretValues (docs/secrets.md, "Secrets that never enter the sandbox"). All
 // problems come back at once, as resolveSecrets does.

@@ -55,6 +55,30 @@ type SecretStores interface {
 	// still holds old's (compare and swap: a value put meanwhile is left as it is); it
 	// reports whether it did. The update time stays (the value is the same).
 	Reseal(ctx context.Context, old Secret, keyID string, ciphertext []byte) (bool, error)
+	// RetireUnusedKeys retires those of ids that no stored value is sealed under, and
+	// returns them: in one transaction per key that first takes the key's row (as every
+	// write of a value under it does), so a value being written under a key either is
+	// counted (the key stays) or is refused afterwards (ErrKeyRetired). prune removes
+	// only the keys it returns from the key file.
+	RetireUnusedKeys(ctx context.Context, ids []string) ([]string, error)
+}
+
+// ErrKeyRetired: a value sealed under a key that `sandboxd secret-key prune` retired (the
+// writer's key ring is older than the key file): seal it again under the current key.
+var ErrKeyRetired = errors.New("the secret key was retired (pruned from the key file)")
+
+// takeSecretKey takes keyID's row in transaction q (the lock that orders writes under a
+// key against its retirement) and refuses a retired key.
+func takeSecretKey(ctx context.Context, q querier, keyID string) error {
+	var retired bool
+	if err := q.queryRow(ctx, `INSERT INTO secret_keys (key_id, n) VALUES ($1, 1)
+		ON CONFLICT (key_id) DO UPDATE SET n = secret_keys.n + 1 RETURNING retired`, keyID).Scan(&retired); err != nil {
+		return fmt.Errorf("secret key %s: %w", keyID, err)
+	}
+	if retired {
+		return fmt.Errorf("%w: %s", ErrKeyRetired, keyID)
+	}
+	return nil
 }
 
 // SecretStore is a stored secret store.
@@ -226,6 +250,10 @@ func (ss secretStores) PutSecret(ctx context.Context, x Secret, maxSecrets int) 
 	}
 	at := now()
 	err := ss.s.d.tx(ctx, func(q querier) error {
+		// The key first: a prune retiring it either counts this value or refuses it.
+		if err := takeSecretKey(ctx, q, x.KeyID); err != nil {
+			return err
+		}
 		// The store row is read in the transaction: a concurrent Delete of the store
 		// either sees this secret or makes this put fail.
 		var one int
@@ -263,7 +291,7 @@ func (ss secretStores) PutSecret(ctx context.Context, x Secret, maxSecrets int) 
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, ErrNotFound) {
+		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrKeyRetired) {
 			return Secret{}, err
 		}
 		return Secret{}, ss.s.writeErr("secret", "put", err)
@@ -391,11 +419,57 @@ func (ss secretStores) Reseal(ctx context.Context, old Secret, keyID string, cip
 	if len(ciphertext) > maxSecretCiphertext {
 		return false, invalid("ciphertext of %d bytes, at most %d", len(ciphertext), maxSecretCiphertext)
 	}
-	n, err := ss.s.d.exec(ctx, `UPDATE secrets SET key_id = $5, ciphertext = $6
-		WHERE org_id = $1 AND store_name = $2 AND path = $3 AND field = $4 AND key_id = $7 AND ciphertext = $8`,
-		old.Org, old.Store, old.Path, old.Field, keyID, ciphertext, old.KeyID, old.Ciphertext)
+	var n int64
+	err := ss.s.d.tx(ctx, func(q querier) error {
+		if err := takeSecretKey(ctx, q, keyID); err != nil {
+			return err
+		}
+		var err error
+		n, err = q.exec(ctx, `UPDATE secrets SET key_id = $5, ciphertext = $6
+			WHERE org_id = $1 AND store_name = $2 AND path = $3 AND field = $4 AND key_id = $7 AND ciphertext = $8`,
+			old.Org, old.Store, old.Path, old.Field, keyID, ciphertext, old.KeyID, old.Ciphertext)
+		return err
+	})
+	if errors.Is(err, ErrKeyRetired) {
+		return false, err
+	}
 	if err != nil {
 		return false, ss.s.writeErr("secret", "reseal", err)
 	}
 	return n == 1, nil
+}
+
+func (ss secretStores) RetireUnusedKeys(ctx context.Context, ids []string) ([]string, error) {
+	var out []string
+	for _, id := range ids {
+		if id == "" {
+			continue
+		}
+		retired := false
+		err := ss.s.d.tx(ctx, func(q querier) error {
+			// The row first (waits for writes under the key in flight to commit), then
+			// the count, which sees them.
+			if _, err := q.exec(ctx, `INSERT INTO secret_keys (key_id, retired, n) VALUES ($1, TRUE, 1)
+				ON CONFLICT (key_id) DO UPDATE SET retired = TRUE, n = secret_keys.n + 1`, id); err != nil {
+				return err
+			}
+			var used int64
+			if err := q.queryRow(ctx, `SELECT COUNT(*) FROM secrets WHERE key_id = $1`, id).Scan(&used); err != nil {
+				return err
+			}
+			if used > 0 {
+				_, err := q.exec(ctx, `UPDATE secret_keys SET retired = FALSE WHERE key_id = $1`, id)
+				return err
+			}
+			retired = true
+			return nil
+		})
+		if err != nil {
+			return out, ss.s.writeErr("secret key", "retire", err)
+		}
+		if retired {
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }

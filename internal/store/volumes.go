@@ -101,6 +101,11 @@ type VolumeUpdate struct {
 	SizeBytes *int64
 	// AccessModes, when not nil, replaces the access modes (empty: unknown).
 	AccessModes *[]string
+	// IfSizeBytes, when not nil, makes the update a compare-and-set: it applies only while
+	// the volume's SizeBytes is this (else ErrConflict, nothing changed). Size is the
+	// volume's version for growing: it changes only by Resize (which only grows) and by
+	// the undo of a failed one.
+	IfSizeBytes *int64
 }
 
 // KeyClaimName is the key of a runner claim another volume of the organization names.
@@ -264,6 +269,11 @@ func (vs volumes) Update(ctx context.Context, org, id string, u VolumeUpdate) (V
 	if u.CapacityBytes != nil {
 		capacity = *u.CapacityBytes
 	}
+	where, args := "org_id = $1 AND id = $2", []any{org, id, desc, state, reason, capacity, timeArg(u.LastValidated), now(), size, modes}
+	if u.IfSizeBytes != nil {
+		where += " AND size_bytes = $11"
+		args = append(args, *u.IfSizeBytes)
+	}
 	v, err := scanVolume(vs.s.d.queryRow(ctx, `UPDATE volumes SET
 		description = COALESCE($3, description),
 		state = COALESCE($4, state),
@@ -273,8 +283,13 @@ func (vs volumes) Update(ctx context.Context, org, id string, u VolumeUpdate) (V
 		update_time = $8,
 		size_bytes = COALESCE($9, size_bytes),
 		access_modes = COALESCE($10, access_modes)
-		WHERE org_id = $1 AND id = $2 RETURNING `+volumeCols,
-		org, id, desc, state, reason, capacity, timeArg(u.LastValidated), now(), size, modes))
+		WHERE `+where+` RETURNING `+volumeCols, args...))
+	if err != nil && u.IfSizeBytes != nil && vs.s.d.isNoRows(err) {
+		// Missing, or its size changed: which one.
+		if _, gerr := vs.Get(ctx, org, id); gerr == nil {
+			return Volume{}, fmt.Errorf("volume %s: %w", id, ErrConflict)
+		}
+	}
 	return v, vs.s.readErr("volume", err)
 }
 

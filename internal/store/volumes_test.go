@@ -202,3 +202,32 @@ func TestVolumeLeases(t *testing.T) {
 		}
 	})
 }
+
+// TestVolumeUpdateIfSize: VolumeUpdate.IfSizeBytes makes an update a compare-and-set on
+// the size (both backends): applied while the size is the one given, else ErrConflict
+// and nothing changed; a missing volume is still ErrNotFound.
+func TestVolumeUpdateIfSize(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		vs := s.Volumes()
+		if _, err := vs.Create(ctx, store.Volume{Org: "acme", ID: "data", RunnerID: "r1", Namespace: "default", ClaimName: "c1", State: "READY", SizeBytes: 1 << 30}, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := vs.Resize(ctx, "acme", "data", 3<<30, nil); err != nil {
+			t.Fatal(err)
+		}
+		// A stale undo (it set 2Gi; another grow made it 3Gi since): refused.
+		old, stale := int64(1<<30), int64(2<<30)
+		_, err := vs.Update(ctx, "acme", "data", store.VolumeUpdate{SizeBytes: &old, IfSizeBytes: &stale})
+		wantErr(t, err, store.ErrConflict)
+		if g, _ := vs.Get(ctx, "acme", "data"); g.SizeBytes != 3<<30 {
+			t.Fatalf("size after a refused compare-and-set = %d", g.SizeBytes)
+		}
+		cur := int64(3 << 30)
+		if g, err := vs.Update(ctx, "acme", "data", store.VolumeUpdate{SizeBytes: &old, IfSizeBytes: &cur}); err != nil || g.SizeBytes != 1<<30 {
+			t.Fatalf("compare-and-set = %+v, %v", g, err)
+		}
+		_, err = vs.Update(ctx, "acme", "nope", store.VolumeUpdate{SizeBytes: &old, IfSizeBytes: &cur})
+		wantErr(t, err, store.ErrNotFound)
+	})
+}

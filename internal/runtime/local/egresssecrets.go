@@ -6,6 +6,8 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/egress"
@@ -48,8 +50,8 @@ func (b *Backend) egressSecretsUnsupported(spec *runtime.Spec, fork *forkParams)
 		return "this runner has no egress proxy to inject egress secrets (no sandbox network)"
 	}
 	switch {
-	case fork != nil:
-		return "a fork cannot take egress secrets"
+	case fork != nil && fork.egress == nil:
+		return "a fork made from another runner's checkpoint (or after this runner restarted) cannot take egress secrets: the sandbox's egress CA key and placeholders live only in its runner's memory"
 	case spec.Engine != nil:
 		return "a container-engine sandbox cannot take egress secrets"
 	}
@@ -62,26 +64,48 @@ func (b *Backend) egressSecretsUnsupported(spec *runtime.Spec, fork *forkParams)
 // containers of a sandbox share its network attachment, so the proxy serves them all by
 // the one source address; what differs per container is only what its environment and
 // mounts show, and no container is shown the value.
-func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec) error {
+//
+// A fork (from, the source's secrets, on this runner) keeps the source's CA and
+// placeholders (its restored processes hold them) with the values the fork's spec brings,
+// resolved again for it.
+func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec, from *egress.SandboxSecrets) error {
 	rules := spec.Network.EgressSecrets()
 	placeholders := map[string]string{}
-	var injs []egress.Injection
-	for _, r := range rules {
-		sec := r.Secret
-		v, ok := spec.EgressSecretValues[sec.Key()]
-		if !ok {
-			return fmt.Errorf("%w: egress secret %s has no value", runtime.ErrInvalidSpec, sec.Key())
+	var ss *egress.SandboxSecrets
+	if from != nil {
+		var err error
+		if ss, err = from.Fork(s.id, spec.Meta[runtime.MetaOrg], spec.EgressSecretValues); err != nil {
+			return fmt.Errorf("%w: sandbox %s: egress secrets of its source: %w", runtime.ErrInvalidSpec, s.id, err)
 		}
-		ph, err := egress.NewPlaceholder()
-		if err != nil {
-			return err
+		for _, r := range rules {
+			sec := r.Secret
+			i := slices.IndexFunc(ss.Injections, func(in egress.Injection) bool {
+				return in.Secret == sec.Key() && in.Host == r.DNSName && strings.EqualFold(in.Header, sec.HeaderName())
+			})
+			if i < 0 {
+				return fmt.Errorf("%w: sandbox %s: egress secret %s of %s is not its source's", runtime.ErrInvalidSpec, s.id, sec.Key(), r.DNSName)
+			}
+			placeholders[sec.EnvVar] = ss.Injections[i].Placeholder
 		}
-		placeholders[sec.EnvVar] = ph
-		injs = append(injs, egress.Injection{Host: r.DNSName, Header: sec.HeaderName(), Placeholder: ph, Value: v, Secret: sec.Key()})
-	}
-	ss, err := egress.NewSandboxSecrets(s.id, spec.Meta[runtime.MetaOrg], injs, egressCATTL)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: egress CA: %w", s.id, err)
+	} else {
+		var injs []egress.Injection
+		for _, r := range rules {
+			sec := r.Secret
+			v, ok := spec.EgressSecretValues[sec.Key()]
+			if !ok {
+				return fmt.Errorf("%w: egress secret %s has no value", runtime.ErrInvalidSpec, sec.Key())
+			}
+			ph, err := egress.NewPlaceholder()
+			if err != nil {
+				return err
+			}
+			placeholders[sec.EnvVar] = ph
+			injs = append(injs, egress.Injection{Host: r.DNSName, Header: sec.HeaderName(), Placeholder: ph, Value: v, Secret: sec.Key()})
+		}
+		var err error
+		if ss, err = egress.NewSandboxSecrets(s.id, spec.Meta[runtime.MetaOrg], injs, egressCATTL); err != nil {
+			return fmt.Errorf("sandbox %s: egress CA: %w", s.id, err)
+		}
 	}
 	dir := filepath.Join(s.dir, dirEgressCA)
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -99,9 +123,13 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec) error {
 	if err := os.WriteFile(filepath.Join(dir, "bundle.pem"), bundle, 0o644); err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
-	for _, c := range spec.AllContainers() {
-		c.SecretEnv = egressEnv(c, placeholders)
+	if from == nil {
+		for _, c := range spec.AllContainers() {
+			c.SecretEnv = egressEnv(c, placeholders)
+		}
 	}
+	// A fork's agents are restored with the source's configuration in memory (these
+	// placeholders and trust variables among it): nothing to hand them.
 	s.egress, s.egressCADir = ss, dir
 	return nil
 }

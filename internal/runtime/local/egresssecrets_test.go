@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -32,7 +33,7 @@ func TestPrepareEgressSecretsEveryContainer(t *testing.T) {
 	}
 	spec := orig.Clone()
 	s := &sandbox{id: "sbxunit", dir: t.TempDir()}
-	if err := b.prepareEgressSecrets(s, &spec); err != nil {
+	if err := b.prepareEgressSecrets(s, &spec, nil); err != nil {
 		t.Fatal(err)
 	}
 	ph := spec.Container.SecretEnv["API_TOKEN"]
@@ -78,3 +79,84 @@ func TestPrepareEgressSecretsEveryContainer(t *testing.T) {
 		t.Errorf("the caller's spec changed: %+v", orig)
 	}
 }
+
+// TestPrepareForkEgressSecrets: a fork on the same runner keeps its source's CA (the same
+// ca.pem) and placeholders (its restored processes hold them) with the values its own
+// spec brings (resolved again: a rotated value is the new one); the fork's proxy record is
+// its own (its sandbox ID); a value missing, a source whose values are lost, and a fork
+// without its source's secrets (another runner's checkpoint) are refused.
+func TestPrepareForkEgressSecrets(t *testing.T) {
+	rootsFile := filepath.Join(t.TempDir(), "roots.pem")
+	if err := os.WriteFile(rootsFile, []byte("# no roots\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{cfg: Config{EgressRootsFile: rootsFile}}
+	mk := func(id, value string) runtime.Spec {
+		return runtime.Spec{ID: id, Meta: map[string]string{runtime.MetaOrg: "org-a"},
+			Container: runtime.Container{Name: "main"},
+			Network: &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com",
+				Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}}},
+			EgressSecretValues: map[string]string{"prod/api#token": value}}
+	}
+	srcSpec := mk("src", "old-value")
+	src := &sandbox{id: "src", dir: t.TempDir()}
+	if err := b.prepareEgressSecrets(src, &srcSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	forkSpec := mk("fork1", "new-value")
+	fork := &sandbox{id: "fork1", dir: t.TempDir()}
+	if err := b.prepareEgressSecrets(fork, &forkSpec, src.egress); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fork.egress.Injections[0].Placeholder, srcSpec.Container.SecretEnv["API_TOKEN"]; got != want || !strings.HasPrefix(got, "sbx-secret-") {
+		t.Fatalf("fork placeholder %q, source's %q", got, want)
+	}
+	// Its agents are restored with the source's environment: nothing handed to them.
+	if forkSpec.Container.SecretEnv != nil {
+		t.Fatalf("fork secret env %v", forkSpec.Container.SecretEnv)
+	}
+	a, _ := os.ReadFile(filepath.Join(src.egressCADir, "ca.pem"))
+	c, _ := os.ReadFile(filepath.Join(fork.egressCADir, "ca.pem"))
+	if len(a) == 0 || string(a) != string(c) || fork.egressCADir == src.egressCADir {
+		t.Fatalf("fork CA dir %s (same CA: %v)", fork.egressCADir, string(a) == string(c))
+	}
+	if fork.egress.SandboxID != "fork1" || len(fork.egress.Injections) != 1 || fork.egress.Injections[0].Value != "new-value" ||
+		src.egress.Injections[0].Value != "old-value" {
+		t.Fatalf("fork secrets %+v, source's %+v", fork.egress, src.egress)
+	}
+	for name, tc := range map[string]struct {
+		spec runtime.Spec
+		from func() *sandbox
+	}{
+		"no value": {spec: func() runtime.Spec { sp := mk("f2", "x"); sp.EgressSecretValues = nil; return sp }(), from: func() *sandbox { return src }},
+		"another secret": {spec: func() runtime.Spec {
+			sp := mk("f3", "x")
+			sp.Network.Egress[0].Secret.Path = "other"
+			sp.EgressSecretValues = map[string]string{"prod/other#token": "x", "prod/api#token": "x"}
+			return sp
+		}(), from: func() *sandbox { return src }},
+	} {
+		sp := tc.spec
+		if err := b.prepareEgressSecrets(&sandbox{id: sp.ID, dir: t.TempDir()}, &sp, tc.from().egress); err == nil {
+			t.Errorf("%s: a fork was given egress secrets", name)
+		}
+	}
+	// The source's values lost (a restarted runner): refused.
+	lost := mk("f4", "x")
+	if err := b.prepareEgressSecrets(&sandbox{id: "f4", dir: t.TempDir()}, &lost, egress.LostSecrets("src", "org-a", []string{"api.example.com"})); err == nil || !strings.Contains(err.Error(), "restarted") {
+		t.Errorf("fork of a source with lost secrets = %v", err)
+	}
+	// Without its source's secrets (another runner's checkpoint): refused before anything.
+	if why := (&Backend{cfg: Config{Network: egressSetterNet{}}}).egressSecretsUnsupported(&forkSpec, &forkParams{}); !strings.Contains(why, "another runner") {
+		t.Errorf("fork without the source's secrets: %q", why)
+	}
+	if why := (&Backend{cfg: Config{Network: egressSetterNet{}}}).egressSecretsUnsupported(&forkSpec, &forkParams{egress: src.egress}); why != "" {
+		t.Errorf("fork with the source's secrets: %q", why)
+	}
+}
+
+// egressSetterNet is a Network with an egress proxy (EgressSecretsSetter), for checks
+// that make nothing.
+type egressSetterNet struct{ Network }
+
+func (egressSetterNet) SetEgressSecrets(string, *egress.SandboxSecrets) error { return nil }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -75,6 +76,9 @@ type forkParams struct {
 	// checkpointed, and wait for it (wait) only where they need it.
 	ready chan struct{}
 	err   error
+	// egress is the source's egress secrets (nil: none, or not held: a checkpoint of
+	// another runner, a restarted runner): a fork keeps its CA and placeholders.
+	egress *egress.SandboxSecrets
 }
 
 // wait waits until fp's image, vols and run are set; it returns the error of the
@@ -149,6 +153,7 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 		return failAll(fmt.Errorf("fork %s: %w", src, err))
 	}
 	defer cleanup()
+	fp.egress = s.egress
 	if cont != nil {
 		// The source continues while its forks are made (all they need of it is taken).
 		contDone := make(chan struct{})
@@ -170,7 +175,7 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 // make theirs). A failed checkpoint fails every fork (each undone as a failed Create)
 // with its error, and s runs on as before.
 func (b *Backend) forkRunning(ctx context.Context, s *sandbox, specs []*runtime.Spec, infos []runtime.Info, errs []error) ([]runtime.Info, []error) {
-	pending := &forkParams{digest: s.info.ImageDigest, memberDigests: memberDigests(s), ready: make(chan struct{})}
+	pending := &forkParams{digest: s.info.ImageDigest, memberDigests: memberDigests(s), ready: make(chan struct{}), egress: s.egress}
 	made := make(chan struct{})
 	go func() {
 		defer close(made)

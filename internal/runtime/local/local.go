@@ -537,7 +537,11 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 	}()
 
 	if hasEgressSecrets {
-		if err := b.prepareEgressSecrets(s, spec); err != nil {
+		var from *egress.SandboxSecrets
+		if fork != nil {
+			from = fork.egress
+		}
+		if err := b.prepareEgressSecrets(s, spec, from); err != nil {
 			return runtime.Info{}, err
 		}
 	}

@@ -54,6 +54,24 @@ func (b *Backend) managedDir(name string) (string, error) {
 	return filepath.Join(b.cfg.StateDir, dirManaged, name), nil
 }
 
+var _ runtime.ManagedSizer = (*Backend)(nil)
+
+// ManagedSize implements runtime.ManagedSizer: the size of name's image (0 when missing).
+func (b *Backend) ManagedSize(name string) (int64, error) {
+	dir, err := b.managedDir(name)
+	if err != nil {
+		return 0, err
+	}
+	fi, err := os.Stat(filepath.Join(dir, fileManagedImage))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
 // EnsureManaged implements runtime.ManagedVolumes.
 func (b *Backend) EnsureManaged(name string, size int64) (int64, error) {
 	dir, err := b.managedDir(name)

@@ -1803,8 +1803,11 @@ type ForkTarget struct {
 	Meta           map[string]string      `protobuf:"bytes,2,rep,name=meta,proto3" json:"meta,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // replaces the source's
 	ShareTokenHash string                 `protobuf:"bytes,3,opt,name=share_token_hash,json=shareTokenHash,proto3" json:"share_token_hash,omitempty"`
 	Lifetime       *durationpb.Duration   `protobuf:"bytes,4,opt,name=lifetime,proto3" json:"lifetime,omitempty"` // unset or 0 = the source's
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The values of the source's egress secrets for this sandbox, resolved again by the
+	// gateway (like Spec.egress_secret_values: never stored, returned or logged).
+	EgressSecretValues map[string]string `protobuf:"bytes,5,rep,name=egress_secret_values,json=egressSecretValues,proto3" json:"egress_secret_values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ForkTarget) Reset() {
@@ -1861,6 +1864,13 @@ func (x *ForkTarget) GetShareTokenHash() string {
 func (x *ForkTarget) GetLifetime() *durationpb.Duration {
 	if x != nil {
 		return x.Lifetime
+	}
+	return nil
+}
+
+func (x *ForkTarget) GetEgressSecretValues() map[string]string {
+	if x != nil {
+		return x.EgressSecretValues
 	}
 	return nil
 }
@@ -5664,14 +5674,18 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\rResumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"G\n" +
 	"\x0eResumeResponse\x125\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\xf4\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\"\xa5\x03\n" +
 	"\n" +
 	"ForkTarget\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
 	"\x04meta\x18\x02 \x03(\v2(.sandboxd.runner.v1.ForkTarget.MetaEntryR\x04meta\x12(\n" +
 	"\x10share_token_hash\x18\x03 \x01(\tR\x0eshareTokenHash\x125\n" +
-	"\blifetime\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\blifetime\x1a7\n" +
+	"\blifetime\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\blifetime\x12h\n" +
+	"\x14egress_secret_values\x18\x05 \x03(\v26.sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntryR\x12egressSecretValues\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aE\n" +
+	"\x17EgressSecretValuesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
 	"\vForkRequest\x12\x0e\n" +
@@ -6092,7 +6106,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -6172,33 +6186,34 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(*CapacityResponse)(nil),         // 75: sandboxd.runner.v1.CapacityResponse
 	nil,                              // 76: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
 	nil,                              // 77: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 78: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 79: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 80: sandboxd.runner.v1.Spec.SecretEnvEntry
-	nil,                              // 81: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	nil,                              // 82: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 83: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 84: sandboxd.runner.v1.Container.SecretEnvEntry
-	nil,                              // 85: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 86: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 87: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(v1.StartPhase)(0),               // 88: sandboxd.sandbox.v1.StartPhase
-	(*timestamppb.Timestamp)(nil),    // 89: google.protobuf.Timestamp
-	(*v1.ImagePull)(nil),             // 90: sandboxd.sandbox.v1.ImagePull
-	(*durationpb.Duration)(nil),      // 91: google.protobuf.Duration
+	nil,                              // 78: sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
+	nil,                              // 79: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 80: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 81: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 82: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	nil,                              // 83: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 84: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 85: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 86: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 87: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 88: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(v1.StartPhase)(0),               // 89: sandboxd.sandbox.v1.StartPhase
+	(*timestamppb.Timestamp)(nil),    // 90: google.protobuf.Timestamp
+	(*v1.ImagePull)(nil),             // 91: sandboxd.sandbox.v1.ImagePull
+	(*durationpb.Duration)(nil),      // 92: google.protobuf.Duration
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	1,   // 0: sandboxd.runner.v1.WatchProgressResponse.state:type_name -> sandboxd.runner.v1.State
-	88,  // 1: sandboxd.runner.v1.WatchProgressResponse.phase:type_name -> sandboxd.sandbox.v1.StartPhase
-	89,  // 2: sandboxd.runner.v1.WatchProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
-	90,  // 3: sandboxd.runner.v1.WatchProgressResponse.pulls:type_name -> sandboxd.sandbox.v1.ImagePull
+	89,  // 1: sandboxd.runner.v1.WatchProgressResponse.phase:type_name -> sandboxd.sandbox.v1.StartPhase
+	90,  // 2: sandboxd.runner.v1.WatchProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
+	91,  // 3: sandboxd.runner.v1.WatchProgressResponse.pulls:type_name -> sandboxd.sandbox.v1.ImagePull
 	5,   // 4: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
 	5,   // 5: sandboxd.runner.v1.DeleteVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
 	76,  // 6: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
 	59,  // 7: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
 	59,  // 8: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
 	61,  // 9: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	91,  // 10: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	92,  // 10: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	12,  // 11: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	13,  // 12: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	14,  // 13: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
@@ -6215,129 +6230,130 @@ var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	62,  // 24: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	62,  // 25: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
 	77,  // 26: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	91,  // 27: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
-	30,  // 28: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	62,  // 29: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	33,  // 30: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
-	32,  // 31: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	89,  // 32: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	59,  // 33: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	78,  // 34: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	60,  // 35: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	61,  // 36: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	79,  // 37: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	58,  // 38: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	45,  // 39: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	57,  // 40: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	49,  // 41: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	56,  // 42: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	43,  // 43: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	40,  // 44: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	41,  // 45: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	38,  // 46: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	38,  // 47: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	37,  // 48: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	80,  // 49: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
-	39,  // 50: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	81,  // 51: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	82,  // 52: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	59,  // 53: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	83,  // 54: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	60,  // 55: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	61,  // 56: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	56,  // 57: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	57,  // 58: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	40,  // 59: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	41,  // 60: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	84,  // 61: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
-	39,  // 62: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	91,  // 63: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	91,  // 64: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	91,  // 65: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	85,  // 66: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	44,  // 67: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	86,  // 68: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	46,  // 69: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	46,  // 70: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	48,  // 71: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	47,  // 72: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
-	51,  // 73: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	50,  // 74: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
-	52,  // 75: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 76: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	91,  // 77: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	89,  // 78: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	36,  // 79: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 80: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	89,  // 81: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	89,  // 82: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	89,  // 83: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	91,  // 84: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	89,  // 85: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	42,  // 86: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	35,  // 87: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	63,  // 88: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
-	36,  // 89: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	91,  // 90: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	62,  // 91: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	91,  // 92: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
-	91,  // 93: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	62,  // 94: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	62,  // 95: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	62,  // 96: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	91,  // 97: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	52,  // 98: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	62,  // 99: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	55,  // 100: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	89,  // 101: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	61,  // 102: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	87,  // 103: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	59,  // 104: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	64,  // 105: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	66,  // 106: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	70,  // 107: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	72,  // 108: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	74,  // 109: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	53,  // 110: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	54,  // 111: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	67,  // 112: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	26,  // 113: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	28,  // 114: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	31,  // 115: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	19,  // 116: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	21,  // 117: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	22,  // 118: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	24,  // 119: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	16,  // 120: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	10,  // 121: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	6,   // 122: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
-	8,   // 123: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
-	3,   // 124: sandboxd.runner.v1.RunnerService.WatchProgress:input_type -> sandboxd.runner.v1.WatchProgressRequest
-	65,  // 125: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	69,  // 126: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	71,  // 127: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	73,  // 128: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	75,  // 129: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	55,  // 130: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	55,  // 131: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	68,  // 132: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	27,  // 133: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	29,  // 134: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	34,  // 135: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	20,  // 136: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	34,  // 137: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	23,  // 138: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	25,  // 139: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	17,  // 140: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	11,  // 141: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	7,   // 142: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
-	9,   // 143: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
-	4,   // 144: sandboxd.runner.v1.RunnerService.WatchProgress:output_type -> sandboxd.runner.v1.WatchProgressResponse
-	125, // [125:145] is the sub-list for method output_type
-	105, // [105:125] is the sub-list for method input_type
-	105, // [105:105] is the sub-list for extension type_name
-	105, // [105:105] is the sub-list for extension extendee
-	0,   // [0:105] is the sub-list for field type_name
+	92,  // 27: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	78,  // 28: sandboxd.runner.v1.ForkTarget.egress_secret_values:type_name -> sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
+	30,  // 29: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	62,  // 30: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	33,  // 31: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	32,  // 32: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	90,  // 33: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	59,  // 34: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	79,  // 35: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	60,  // 36: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	61,  // 37: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	80,  // 38: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	58,  // 39: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	45,  // 40: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	57,  // 41: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	49,  // 42: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	56,  // 43: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	43,  // 44: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	40,  // 45: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	41,  // 46: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	38,  // 47: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	38,  // 48: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	37,  // 49: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	81,  // 50: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	39,  // 51: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	82,  // 52: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	83,  // 53: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	59,  // 54: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	84,  // 55: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	60,  // 56: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	61,  // 57: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	56,  // 58: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	57,  // 59: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	40,  // 60: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	41,  // 61: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	85,  // 62: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	39,  // 63: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	92,  // 64: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	92,  // 65: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	92,  // 66: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	86,  // 67: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	44,  // 68: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	87,  // 69: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	46,  // 70: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	46,  // 71: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	48,  // 72: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	47,  // 73: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
+	51,  // 74: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	50,  // 75: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
+	52,  // 76: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 77: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	92,  // 78: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	90,  // 79: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	36,  // 80: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 81: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	90,  // 82: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	90,  // 83: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	90,  // 84: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	92,  // 85: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	90,  // 86: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	42,  // 87: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	35,  // 88: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	63,  // 89: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	36,  // 90: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	92,  // 91: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	62,  // 92: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	92,  // 93: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
+	92,  // 94: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	62,  // 95: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	62,  // 96: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	62,  // 97: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	92,  // 98: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	52,  // 99: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	62,  // 100: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	55,  // 101: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	90,  // 102: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	61,  // 103: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	88,  // 104: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	59,  // 105: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	64,  // 106: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	66,  // 107: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	70,  // 108: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	72,  // 109: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	74,  // 110: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	53,  // 111: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	54,  // 112: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	67,  // 113: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	26,  // 114: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	28,  // 115: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	31,  // 116: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	19,  // 117: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	21,  // 118: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	22,  // 119: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	24,  // 120: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	16,  // 121: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	10,  // 122: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	6,   // 123: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	8,   // 124: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	3,   // 125: sandboxd.runner.v1.RunnerService.WatchProgress:input_type -> sandboxd.runner.v1.WatchProgressRequest
+	65,  // 126: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	69,  // 127: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	71,  // 128: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	73,  // 129: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	75,  // 130: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	55,  // 131: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	55,  // 132: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	68,  // 133: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	27,  // 134: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	29,  // 135: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	34,  // 136: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	20,  // 137: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	34,  // 138: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	23,  // 139: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	25,  // 140: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	17,  // 141: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	11,  // 142: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	7,   // 143: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	9,   // 144: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	4,   // 145: sandboxd.runner.v1.RunnerService.WatchProgress:output_type -> sandboxd.runner.v1.WatchProgressResponse
+	126, // [126:146] is the sub-list for method output_type
+	106, // [106:126] is the sub-list for method input_type
+	106, // [106:106] is the sub-list for extension type_name
+	106, // [106:106] is the sub-list for extension extendee
+	0,   // [0:106] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -6361,7 +6377,7 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   85,
+			NumMessages:   86,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

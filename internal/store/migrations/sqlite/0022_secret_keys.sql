@@ -3,7 +3,7 @@
 -- value under a key takes its row (an upsert: the lock that orders it against a prune);
 -- prune retires a key in the same way and checks in that transaction that no value uses
 -- it; a write under a retired key is refused. Keep in step with ../postgres/0022_secret_keys.sql.
-CREATE TABLE secret_keys (
+CREATE TABLE IF NOT EXISTS secret_keys (
     key_id  TEXT    NOT NULL PRIMARY KEY,
     retired INTEGER NOT NULL DEFAULT 0,
     n       INTEGER NOT NULL DEFAULT 0

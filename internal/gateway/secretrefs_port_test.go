@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
+	settingsv1 "github.com/sandboxd/sandboxd/gen/sandboxd/settings/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/secretbox"
+)
+
+// TestForkAndMoveKeepSecretRefConstraint: a sandbox whose containers reference a
+// KUBERNETES secret store forks and moves only to runners that read Kubernetes Secrets,
+// as its create was placed (placement.ConstraintSecretRefs): a move's targets leave out a
+// runner that cannot (refused naming the constraint and the reference's store_name
+// field), and a fork on a source runner that cannot is refused the same way, rather than
+// sent to a runner that then refuses it. A sandbox without such references is placed as
+// before.
+func TestForkAndMoveKeepSecretRefConstraint(t *testing.T) {
+	platform := "gvisor runsc-1 linux/amd64"
+	r1, local, kube := newPortRunner("r1", platform), newPortRunner("local", platform), newPortRunner("kube", platform)
+	local.noSecretRefs = true
+	e := newPauseEnv(t, "", r1, local, kube)
+	id := e.createOn(t, r1)
+	ctx := secretCtx("acme", auth.RoleUser)
+	e.s.views.probe(ctx)
+	rec, _, err := e.s.lookup(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := r1.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without references: every runner with the platform is a target.
+	targets, refused := e.s.checkpointTargets(ctx, rec, r1, src, nil)
+	if len(targets) != 2 || len(refused) != 0 {
+		t.Fatalf("plain: targets %d, refused %+v", len(targets), refused)
+	}
+
+	// The same sandbox with a KUBERNETES reference in its second secret_stores entry.
+	withRefs := *rec
+	withRefs.spec = proto.CloneOf(rec.spec)
+	withRefs.spec.Containers[0].SecretStores = []*sandboxv1.SecretStoreReference{
+		{StoreName: "prod", Secrets: []*sandboxv1.SecretMapping{{Path: "db", EnvVar: "A"}}},
+		{StoreName: "kube", Secrets: []*sandboxv1.SecretMapping{{Path: "db", Field: "pw", EnvVar: "B"}}},
+	}
+	src.Spec = src.Spec.Clone()
+	src.Spec.Container.SecretRefs = []runtime.SecretRef{{EnvVar: "B", Store: "kube", Secret: "db", Key: "pw"}}
+	field := "sandbox.spec.containers[0].secret_stores[1].store_name"
+	if got := secretRefFieldsOf(&withRefs, src); !slices.Equal(got, []string{field}) {
+		t.Fatalf("fields = %v", got)
+	}
+	targets, refused = e.s.checkpointTargets(ctx, &withRefs, r1, src, nil)
+	if len(targets) != 1 || targets[0].c.RunnerID != "kube" {
+		t.Fatalf("targets = %+v (refused %+v)", targets, refused)
+	}
+	if len(refused) != 1 || refused[0].runner != "local" || refused[0].kind != refusedNever ||
+		!strings.Contains(refused[0].why, placement.ConstraintSecretRefs) || !strings.Contains(refused[0].why, field) {
+		t.Fatalf("refused = %+v", refused)
+	}
+	// A fork on the runner that cannot read them: refused naming the constraint.
+	_, err = e.s.placeFork(ctx, &withRefs, local, src)
+	if apierr.Reason(err) != apierr.NoSuitableRunner || !strings.Contains(err.Error(), placement.ConstraintSecretRefs) {
+		t.Fatalf("fork on a runner without secret refs = %v", err)
+	}
+	if _, err := e.s.placeFork(ctx, &withRefs, kube, src); err != nil {
+		t.Fatalf("fork on the Kubernetes runner = %v", err)
+	}
+}
+
+// TestForkEgressSecrets: a fork of a sandbox with egress secrets is given their values,
+// resolved again in the organization (the value now, not the source's), in its runner's
+// ForkTarget; it is made on the source's runner only: a fork that runner_ids sends
+// elsewhere, and a move of the sandbox checkpointed, are refused naming the egress
+// secrets (FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED), never made without
+// them. A secret deleted since the create refuses the fork with its reason.
+func TestForkEgressSecrets(t *testing.T) {
+	platform := "gvisor runsc-1 linux/amd64"
+	r1, r2 := newPortRunner("r1", platform), newPortRunner("r2", platform)
+	e := newPauseEnv(t, "", r1, r2)
+	ring, err := secretbox.LoadOrCreate(filepath.Join(t.TempDir(), secretbox.DefaultFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s.secrets.Store, e.s.secrets.Keys = e.st.SecretStores(), ring
+	mkStore(t, e.s, "acme", "prod")
+	putSecret(t, e.s, "acme", "prod", "api", "token", "value-at-fork")
+	id := e.createOn(t, r1)
+	r1.mu.Lock()
+	sb := r1.got[id]
+	sb.Spec.Network = &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com",
+		Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}}}
+	r1.got[id] = sb
+	r1.mu.Unlock()
+	ctx := t.Context()
+	e.s.views.probe(ctx)
+	res, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id}))
+	if err != nil || len(res.Msg.GetForks()) != 1 || res.Msg.GetForks()[0].GetError() != nil {
+		t.Fatalf("fork = %v, %v", res, err)
+	}
+	r1.mu.Lock()
+	targets := r1.forks[len(r1.forks)-1]
+	r1.mu.Unlock()
+	if len(targets) != 1 || targets[0].EgressSecretValues["prod/api#token"] != "value-at-fork" {
+		t.Fatalf("fork targets %+v", targets)
+	}
+	// runner_ids elsewhere: refused, naming why.
+	_, err = e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, RunnerIds: []string{"r2"}}))
+	if apierr.Reason(err) != apierr.CheckpointNotSupported || !strings.Contains(err.Error(), "egress secrets") {
+		t.Fatalf("fork on another runner = %v", err)
+	}
+	// A move: refused the same way; the sandbox stays paused on r1.
+	e.pause(t, id, true)
+	_, err = e.resume(t, id, "r2")
+	if apierr.Reason(err) != apierr.CheckpointNotSupported || !strings.Contains(err.Error(), "egress secrets") {
+		t.Fatalf("move = %v", err)
+	}
+	r2.mu.Lock()
+	imports := len(r2.imports)
+	r2.mu.Unlock()
+	if imports != 0 || e.storedRunner(t, id) != "r1" {
+		t.Fatalf("imports on r2: %d, runner %s", imports, e.storedRunner(t, id))
+	}
+	// The secret gone: the fork is refused with its reason, nothing asked of the runner.
+	if _, err := (secretService{e.s}).DeleteSecret(secretCtx("acme", auth.RoleAdmin), connect.NewRequest(&settingsv1.DeleteSecretRequest{StoreName: "prod", Path: "api", Field: "token"})); err != nil {
+		t.Fatal(err)
+	}
+	r1.mu.Lock()
+	n := len(r1.forks)
+	r1.mu.Unlock()
+	_, err = e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id}))
+	if apierr.Reason(err) != apierr.SecretNotProvisioned {
+		t.Fatalf("fork after the secret was deleted = %v", err)
+	}
+	r1.mu.Lock()
+	defer r1.mu.Unlock()
+	if len(r1.forks) != n {
+		t.Fatal("the runner was asked to fork without the values")
+	}
+}
