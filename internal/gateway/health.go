@@ -127,9 +127,40 @@ func (s *Server) judgePlacement(ctx context.Context, r runner.Handle, org string
 }
 
 // maxDetachedCreates bounds the create attempts still judged after their callers went
-// away (runnerCreate); beyond it an abandoned attempt is cancelled with its caller, not
-// judged.
-const maxDetachedCreates = 256
+// away (runnerCreate), maxDetachedCreatesPerOrg those of one organization; beyond them
+// an abandoned attempt is cancelled with its caller, not judged.
+const (
+	maxDetachedCreates       = 256
+	maxDetachedCreatesPerOrg = 32
+)
+
+// abandonedError is the error of a create attempt whose caller went away while the
+// attempt still runs (runnerCreate): what the create holds for it (its room on the
+// runner, its quota reservation, its GLOBAL volume leases) is released only once settled
+// is closed, when the runner has answered (and an accepted sandbox is deleted) or the
+// attempt has ended: released earlier, a retry could take them while the abandoned
+// sandbox is still being made.
+type abandonedError struct {
+	err     error
+	settled <-chan struct{}
+}
+
+func (e *abandonedError) Error() string { return e.err.Error() }
+func (e *abandonedError) Unwrap() error { return e.err }
+
+// afterSettled runs release now or, when err is an abandoned create's, once its attempt
+// has settled.
+func afterSettled(err error, release func()) {
+	var ab *abandonedError
+	if !errors.As(err, &ab) {
+		release()
+		return
+	}
+	go func() {
+		<-ab.settled
+		release()
+	}()
+}
 
 // detachedDeleteTimeout bounds the delete of a sandbox whose create answered after its
 // caller went away.
@@ -148,22 +179,27 @@ type createAttempt struct {
 	err       error
 	finished  bool // the runner answered
 	abandoned bool // the caller went away first
+	slot      bool // it holds a place among the detached attempts (Server.detached)
 }
 
 // runnerCreate asks r to create cr's sandbox, judged by the attempt's own bound
 // (health.Config.CreateTimeout), not by its caller's deadline: a runner that never
 // answers fails the create once the bound passes, also when the caller went away before
-// (at most maxDetachedCreates such attempts at once; they end with the server). A failed
-// attempt is judged here (createFailed); an accepted one is the caller's to judge, or,
-// when its caller went away, is deleted unjudged (the runner answered; its start says
-// nothing anyone waits for). A caller that goes away first gets its context's error.
+// (at most maxDetachedCreates such attempts at once, maxDetachedCreatesPerOrg of one
+// organization; they end with the server). A failed attempt is judged here
+// (createFailed); an accepted one is the caller's to judge, or, when its caller went
+// away, is deleted unjudged (the runner answered; its start says nothing anyone waits
+// for). A caller that goes away first gets its context's error as an *abandonedError:
+// the caller releases what it holds for the create with afterSettled.
 func (s *Server) runnerCreate(ctx context.Context, r runner.Handle, k health.Ticket, cr runner.CreateRequest) (runner.Sandbox, error) {
 	actx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.health.Config().CreateTimeout, errCreateTimedOut)
 	stop := context.AfterFunc(s.bg, cancel)
 	a := &createAttempt{done: make(chan struct{})}
+	settled := make(chan struct{})
 	s.attempts.Add(1)
 	go func() {
 		defer s.attempts.Done()
+		defer close(settled)
 		sb, err := r.Create(actx, cr)
 		if err != nil {
 			s.createFailed(actx, k, err)
@@ -178,7 +214,9 @@ func (s *Server) runnerCreate(ctx context.Context, r runner.Handle, k health.Tic
 		if !abandoned {
 			return
 		}
-		s.detached.Add(-1)
+		if a.slot {
+			s.detached.release(k.Org)
+		}
 		if err == nil {
 			s.health.Report(k, health.Ignored, "")
 			s.dropAbandoned(r, cmp.Or(sb.ID, cr.Spec.ID))
@@ -190,11 +228,11 @@ func (s *Server) runnerCreate(ctx context.Context, r runner.Handle, k health.Tic
 		a.mu.Lock()
 		if !a.finished {
 			a.abandoned = true
-			if s.detached.Add(1) > s.maxDetached {
+			if a.slot = s.detached.acquire(k.Org); !a.slot {
 				cancel() // too many already: not judged (its cause is a cancel)
 			}
 			a.mu.Unlock()
-			return runner.Sandbox{}, contextError(ctx)
+			return runner.Sandbox{}, &abandonedError{err: contextError(ctx), settled: settled}
 		}
 		a.mu.Unlock()
 	}

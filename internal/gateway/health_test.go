@@ -651,3 +651,31 @@ func TestRunnerHealthDetachedBounded(t *testing.T) {
 		t.Fatalf("after creates cancelled beyond the bound and at Close: %+v", v)
 	}
 }
+
+// TestAbandonedCreateKeepsItsRoom: a create whose caller went away keeps its room on the
+// runner (and with it its quota reservation and GLOBAL leases, released the same way)
+// until the runner has answered and the sandbox is deleted: released at once, a retry
+// could take them while the abandoned sandbox is still being made.
+func TestAbandonedCreateKeepsItsRoom(t *testing.T) {
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	slow := &stallingRunner{acceptingRunner: acceptingRunner{id: "bad"}, started: make(chan struct{}), release: make(chan struct{})}
+	s := newHealthGateway(t, clk, health.Config{MinOrgs: 1}, slow)
+	if err := cancelledCreate(s, slow); connect.CodeOf(err) != connect.CodeCanceled {
+		t.Fatalf("create whose caller went away: %v", err)
+	}
+	if _, n := s.reserved.Held("bad"); n != 1 {
+		t.Fatalf("after the caller went away, %d creates hold room on the runner, want 1 (the attempt still runs)", n)
+	}
+	close(slow.release)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, n := s.reserved.Held("bad")
+		if n == 0 && slow.deletes() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the runner answered: %d holds, %d deletes; want 0 and 1", n, slow.deletes())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -201,16 +201,20 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
 			s.createAccepted(r, ticket, sb)
-		} else {
-			if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
-				s.views.markDown(c.Index, err)
-			}
-		}
-		release()
-		if err == nil {
+			release()
 			return r, c.Result, sb, held, nil
 		}
-		s.releaseQuota(ctx, org, held.id)
+		if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
+			s.views.markDown(c.Index, err)
+		}
+		// An abandoned attempt keeps its room and quota until the runner has answered.
+		afterSettled(err, func() {
+			release()
+			s.releaseQuota(context.WithoutCancel(ctx), org, held.id)
+		})
+		if ab := (*abandonedError)(nil); errors.As(err, &ab) {
+			return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, err // the caller's leases wait for it too
+		}
 		last = runner.APIError("", err, runner.SpecField)
 		if ctx.Err() != nil || !rejectedByRunner(err) || k == len(cands)-1 {
 			return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, last

@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -145,7 +144,7 @@ type Config struct {
 	// probeJudgeFor and probeJudgeEvery override ProbeJudgeFor and probeJudgePoll (tests).
 	probeJudgeFor, probeJudgeEvery time.Duration
 	// maxDetached overrides maxDetachedCreates (tests).
-	maxDetached int64
+	maxDetached int
 	// StartWait bounds how a GetSandbox of a young starting sandbox waits for it to
 	// start (startwait.go); the zero value is the defaults.
 	StartWait StartWaitOptions
@@ -230,10 +229,9 @@ type Server struct {
 	bg           context.Context
 	probeWatches sync.WaitGroup
 	// attempts are the create requests to runners in flight (runnerCreate); detached
-	// counts those whose callers went away.
+	// bounds those whose callers went away.
 	attempts                       sync.WaitGroup
-	detached                       atomic.Int64
-	maxDetached                    int64
+	detached                       *orgSlots
 	probeJudgeFor, probeJudgeEvery time.Duration
 	// startWait (Config.StartWait with its defaults) and the places of the GetSandbox
 	// calls waiting at once (startwait.go).
@@ -322,7 +320,8 @@ func New(cfg Config) (*Server, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop, s.bg = stop, ctx
 	s.probeJudgeFor, s.probeJudgeEvery = cmp.Or(cfg.probeJudgeFor, ProbeJudgeFor), cmp.Or(cfg.probeJudgeEvery, probeJudgePoll)
-	s.maxDetached = cmp.Or(cfg.maxDetached, maxDetachedCreates)
+	maxDetached := cmp.Or(cfg.maxDetached, maxDetachedCreates)
+	s.detached = newOrgSlots(maxDetached, min(maxDetached, maxDetachedCreatesPerOrg))
 	s.views = newRunnerViews(s, cfg.DisconnectAfter)
 	if cfg.ViewInterval <= 0 {
 		cfg.ViewInterval = DefaultViewInterval
@@ -606,9 +605,10 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 		return nil, err
 	}
 	leasesKept := false
+	var createErr error // createOn's: an abandoned create keeps its leases until it settles
 	defer func() {
 		if !leasesKept {
-			globals.release(ctx)
+			afterSettled(createErr, func() { globals.release(context.WithoutCancel(ctx)) })
 		}
 	}()
 	ctx = withGlobalPlans(ctx, globals)
@@ -631,6 +631,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	cands = s.preferForRestores(ctx, cands, cr.Restores)
 	r, res, sb, held, err := s.createOn(ctx, cands, p.Org, p.KeyID, a.adjust, restore, secrets)
 	if err != nil {
+		createErr = err
 		return nil, err
 	}
 	// The sandbox holds its GLOBAL volumes' write leases from now on: they end with it.
