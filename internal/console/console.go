@@ -231,8 +231,15 @@ func (c *Console) withSession(next func(http.ResponseWriter, *http.Request, *ses
 	return func(w http.ResponseWriter, r *http.Request) {
 		ids := sessionCookies(r)
 		if len(ids) > 1 {
-			// Another cookie of this name was planted beside ours (by a sibling host, or a
-			// longer Path): which is ours cannot be told, so neither is used.
+			// Another cookie of this name was planted beside ours (by a sibling host, with
+			// a longer Path): which is ours cannot be told, so none is used, and all their
+			// sessions end, or the planted one, left alone once the browser forgets ours,
+			// would be taken for the browser's.
+			for _, id := range ids {
+				if ss := c.sessions.get(id); ss != nil {
+					c.sessions.drop(ss)
+				}
+			}
 			expireCookie(w, r)
 			apifront.WriteRESTError(w, apierr.Newf(apierr.Unauthenticated, "more than one console session cookie: sign in again"))
 			return

@@ -200,32 +200,44 @@ func TestSessionCookieNamePerScheme(t *testing.T) {
 
 // TestDuplicateSessionCookiesRefused: a cookie planted beside the console's (by sandbox
 // JavaScript on a sibling subdomain, with a longer Path so the browser sends it first)
-// is never picked: a request with two session cookies is refused and the browser told to
-// forget its own.
+// is never picked: a request with two session cookies is refused, the browser told to
+// forget its own, and the sessions they name end (the planted one, left alone, would
+// otherwise be taken for the browser's).
 func TestDuplicateSessionCookiesRefused(t *testing.T) {
 	c, api, _ := newTestConsole(t)
-	victim, _ := signIn(t, c)
-	attacker, _ := signIn(t, c) // another valid session (in real life another key's)
-	secVictim, secAttacker := signInTLS(t, c), signInTLS(t, c)
+	c.sessions.max = 100
+	plain := func() *http.Cookie { ck, _ := signIn(t, c); return ck }
+	secure := func() *http.Cookie { return signInTLS(t, c) }
 	calls := api.calls
-	for name, tc := range map[string]struct {
-		url string
-		cks []*http.Cookie
+	for _, tc := range []struct {
+		name string
+		url  string
+		mk   func() *http.Cookie
+		same bool
 	}{
-		"http, attacker's first": {"http://example.test/console/api/v1/sandboxes", []*http.Cookie{attacker, victim}},
-		"http, victim's first":   {"http://example.test/console/api/v1/sandboxes", []*http.Cookie{victim, attacker}},
-		"http, session GET":      {"http://example.test/console/api/session", []*http.Cookie{attacker, victim}},
-		"https, attacker's first": {"https://example.test/console/api/v1/sandboxes",
-			[]*http.Cookie{secAttacker, secVictim}},
-		"http, same session twice": {"http://example.test/console/api/session", []*http.Cookie{victim, victim}},
+		{"http, API call", "http://example.test/console/api/v1/sandboxes", plain, false},
+		{"http, session GET", "http://example.test/console/api/session", plain, false},
+		{"http, terminal", "http://example.test/console/api/sandboxes/sb1/terminal", plain, false},
+		{"https, API call", "https://example.test/console/api/v1/sandboxes", secure, false},
+		{"http, same session twice", "http://example.test/console/api/session", plain, true},
 	} {
-		w := doScheme(c, "GET", tc.url, tc.cks...)
+		attacker, victim := tc.mk(), tc.mk()
+		if tc.same {
+			attacker = victim
+		}
+		w := doScheme(c, "GET", tc.url, attacker, victim)
 		if w.Code != 401 || reason(t, w) != apierr.Unauthenticated {
-			t.Fatalf("%s: %d %s", name, w.Code, w.Body)
+			t.Fatalf("%s: %d %s", tc.name, w.Code, w.Body)
 		}
 		cks := w.Result().Cookies()
-		if len(cks) != 1 || cks[0].Name != tc.cks[0].Name || cks[0].MaxAge >= 0 || cks[0].Value != "" || cks[0].Path != tc.cks[0].Path {
-			t.Fatalf("%s: no expiring Set-Cookie: %v", name, cks)
+		if len(cks) != 1 || cks[0].Name != victim.Name || cks[0].MaxAge >= 0 || cks[0].Value != "" || cks[0].Path != victim.Path {
+			t.Fatalf("%s: no expiring Set-Cookie: %v", tc.name, cks)
+		}
+		base := strings.Split(tc.url, "/console/")[0]
+		for who, ck := range map[string]*http.Cookie{"attacker's": attacker, "victim's": victim} {
+			if w := doScheme(c, "GET", base+"/console/api/session", ck); w.Code != 401 {
+				t.Fatalf("%s: the %s session lives on alone: %d", tc.name, who, w.Code)
+			}
 		}
 	}
 	if api.calls != calls {
