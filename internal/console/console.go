@@ -5,7 +5,9 @@
 // A browser signs in with an API key (POST /console/api/session). The key is checked by
 // the same authenticator as the API's, then kept server-side in a bounded session table
 // (idle and absolute expiry); the browser only holds a 256-bit session ID in an HttpOnly,
-// SameSite=Strict cookie scoped to /console (Secure over TLS). Every call the console
+// SameSite=Strict cookie: __Host-sbx_console (Secure, Path=/) over TLS, which no sibling
+// subdomain can set, sbx_console (Path=/console) over plain HTTP. A request with more than
+// one session cookie is refused, never one of them picked. Every call the console
 // makes then goes through the API port's own front (apifront) with the session's key as
 // its bearer key: /console/api/v1/... is the REST API itself, the terminal and log
 // streams are StreamExec and StreamLogs called in-process through that front. So the
