@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,7 +48,7 @@ func (t inproc) RoundTrip(req *http.Request) (*http.Response, error) {
 	// peer is a trusted proxy whose X-Forwarded-For names the caller.
 	sreq.Header.Del("X-Forwarded-For")
 	if len(t.xff) > 0 {
-		sreq.Header["X-Forwarded-For"] = t.xff
+		sreq.Header["X-Forwarded-For"] = slices.Clone(t.xff)
 	}
 	sreq.Host = req.URL.Host
 	pr, pw := io.Pipe()
