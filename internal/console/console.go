@@ -5,7 +5,9 @@
 // A browser signs in with an API key (POST /console/api/session). The key is checked by
 // the same authenticator as the API's, then kept server-side in a bounded session table
 // (idle and absolute expiry); the browser only holds a 256-bit session ID in an HttpOnly,
-// SameSite=Strict cookie scoped to /console (Secure over TLS). Every call the console
+// SameSite=Strict cookie: __Host-sbx_console (Secure, Path=/) over TLS, which no sibling
+// subdomain can set, sbx_console (Path=/console) over plain HTTP. A request with more than
+// one session cookie is refused, never one of them picked. Every call the console
 // makes then goes through the API port's own front (apifront) with the session's key as
 // its bearer key: /console/api/v1/... is the REST API itself, the terminal and log
 // streams are StreamExec and StreamLogs called in-process through that front. So the
@@ -25,6 +27,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -38,8 +41,18 @@ import (
 // Path is where the console is served.
 const Path = "/console/"
 
-// CookieName is the session cookie's name.
-const CookieName = "sbx_console"
+// CookieName is the session cookie's name over plain HTTP (loopback development), with
+// Path=/console. SecureCookieName is its name over TLS, with Path=/ and Secure and no
+// Domain: a browser accepts a __Host- cookie only so, set by this very host over HTTPS,
+// so sandbox JavaScript on an endpoint subdomain (PORT-SANDBOX.RUNNER.BASE-DOMAIN) cannot
+// plant one. A request's session is read from the name of its scheme only.
+const (
+	CookieName       = "sbx_console"
+	SecureCookieName = "__Host-sbx_console"
+)
+
+// SignInBodyTimeout bounds the time the sign-in body may take to arrive.
+const SignInBodyTimeout = 10 * time.Second
 
 // CSRFHeader carries the session's CSRF token on writes.
 const CSRFHeader = "X-CSRF-Token"
@@ -181,6 +194,36 @@ func crossOrigin(r *http.Request) bool {
 	return u.Scheme != want
 }
 
+// sessionCookies are the values of the request's session cookies of its scheme's name
+// (SecureCookieName over TLS, CookieName over plain HTTP), as many as it sent.
+func sessionCookies(r *http.Request) []string {
+	name := CookieName
+	if r.TLS != nil {
+		name = SecureCookieName
+	}
+	var ids []string
+	for _, ck := range r.CookiesNamed(name) {
+		ids = append(ids, ck.Value)
+	}
+	return ids
+}
+
+// sessionCookie is the session cookie holding id for a request of r's scheme.
+func sessionCookie(r *http.Request, id string) *http.Cookie {
+	ck := &http.Cookie{Name: CookieName, Value: id, Path: "/console", HttpOnly: true, SameSite: http.SameSiteStrictMode}
+	if r.TLS != nil {
+		ck.Name, ck.Path, ck.Secure = SecureCookieName, "/", true
+	}
+	return ck
+}
+
+// expireCookie tells the browser to forget its session cookie.
+func expireCookie(w http.ResponseWriter, r *http.Request) {
+	ck := sessionCookie(r, "")
+	ck.MaxAge = -1
+	http.SetCookie(w, ck)
+}
+
 func safeMethod(m string) bool { return m == http.MethodGet || m == http.MethodHead }
 
 // withSession runs next with the request's session, or refuses the request before
@@ -188,9 +231,24 @@ func safeMethod(m string) bool { return m == http.MethodGet || m == http.MethodH
 // or without the session's CSRF token (PERMISSION_DENIED).
 func (c *Console) withSession(next func(http.ResponseWriter, *http.Request, *session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		ids := sessionCookies(r)
+		if len(ids) > 1 {
+			// Another cookie of this name was planted beside ours (by a sibling host, with
+			// a longer Path): which is ours cannot be told, so none is used, and all their
+			// sessions end, or the planted one, left alone once the browser forgets ours,
+			// would be taken for the browser's.
+			for _, id := range ids {
+				if ss := c.sessions.get(id); ss != nil {
+					c.sessions.drop(ss)
+				}
+			}
+			expireCookie(w, r)
+			apifront.WriteRESTError(w, apierr.Newf(apierr.Unauthenticated, "more than one console session cookie: sign in again"))
+			return
+		}
 		var ss *session
-		if ck, err := r.Cookie(CookieName); err == nil {
-			ss = c.sessions.get(ck.Value)
+		if len(ids) == 1 {
+			ss = c.sessions.get(ids[0])
 		}
 		if ss == nil {
 			apifront.WriteRESTError(w, apierr.Newf(apierr.Unauthenticated, "not signed in to the console (or the session expired)"))
@@ -236,6 +294,12 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 			[]apierr.Violation{{Field: "body", Description: "over 4 KiB"}}))
 		return
 	}
+	// The body must arrive in time (a writer without deadlines, ErrNotSupported, has
+	// none to set); once read, the deadline goes, for the next request on the connection.
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(SignInBodyTimeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxSignInBytes))
 	dec.DisallowUnknownFields()
 	var in SignIn
@@ -247,6 +311,12 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
 			err = errors.New("trailing data after the JSON object")
 		}
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) && nerr.Timeout() {
+		apifront.WriteRESTError(w, apierr.Invalid(apierr.InvalidRequest, "the sign-in body did not arrive in time",
+			[]apierr.Violation{{Field: "body", Description: "must arrive within " + SignInBodyTimeout.String()}}))
+		return
 	}
 	var tooBig *http.MaxBytesError
 	switch {
@@ -270,15 +340,17 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		apifront.WriteRESTError(w, err)
 		return
 	}
-	// A session ID the browser held before (e.g. another key's) is replaced, not reused.
-	if ck, cerr := r.Cookie(CookieName); cerr == nil {
-		if old := c.sessions.get(ck.Value); old != nil {
-			c.sessions.drop(old)
+	// A session ID the browser held before (e.g. another key's, or one planted beside
+	// it) is never reused: every one it sent ends, and the new session replaces them.
+	for _, old := range sessionCookies(r) {
+		if ss := c.sessions.get(old); ss != nil {
+			c.sessions.drop(ss)
 		}
 	}
 	id, ss := c.sessions.create(in.APIKey, who)
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: "/console", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: int(c.sessions.absolute / time.Second)})
+	ck := sessionCookie(r, id)
+	ck.MaxAge = int(c.sessions.absolute / time.Second)
+	http.SetCookie(w, ck)
 	c.log.Info("console sign-in", "key_id", who.KeyID, "organization", who.Org)
 	c.writeWho(w, ss)
 }
@@ -306,17 +378,27 @@ func (c *Console) whoAmI(w http.ResponseWriter, r *http.Request, ss *session) {
 
 func (c *Console) signOut(w http.ResponseWriter, r *http.Request, ss *session) {
 	c.sessions.drop(ss)
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/console", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	expireCookie(w, r)
 	w.WriteHeader(http.StatusNoContent)
 }
 
 // proxy serves /console/api/v1/... as the API's /v1/... with the session's key: the
 // API port's front authenticates it and the API scopes the call to its organization.
 func (c *Console) proxy(w http.ResponseWriter, r *http.Request, ss *session) {
+	// The path stays as the browser encoded it: an ID holding %2F stays one segment.
+	esc := r.URL.EscapedPath()
+	if !strings.HasPrefix(esc, "/console/api/v1/") {
+		apifront.WriteRESTError(w, apierr.Newf(apierr.InvalidRequest, "no console route %s %s", r.Method, esc))
+		return
+	}
+	esc = strings.TrimPrefix(esc, "/console/api")
+	p, err := url.PathUnescape(esc)
+	if err != nil {
+		apifront.WriteRESTError(w, apierr.Newf(apierr.InvalidRequest, "invalid path %s", esc))
+		return
+	}
 	r2 := r.Clone(r.Context())
-	r2.URL.Path = strings.TrimPrefix(r.URL.Path, "/console/api")
-	r2.URL.RawPath = ""
+	r2.URL.Path, r2.URL.RawPath = p, esc
 	r2.RequestURI = r2.URL.RequestURI()
 	r2.Header = apiHeaders(r.Header, ss.key)
 	if r.Body != nil && r.Body != http.NoBody {

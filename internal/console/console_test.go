@@ -28,12 +28,14 @@ func (k keys) Authenticate(key string) (auth.Principal, error) {
 // recordAPI stands in for the API port: it records the Authorization and path it got.
 type recordAPI struct {
 	authz, path, cookie, body string
+	escaped, uri              string
 	calls                     int
 }
 
 func (a *recordAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.calls++
 	a.authz, a.path, a.cookie = r.Header.Get("Authorization"), r.URL.Path, r.Header.Get("Cookie")
+	a.escaped, a.uri = r.URL.EscapedPath(), r.RequestURI
 	b, _ := io.ReadAll(r.Body)
 	a.body = string(b)
 	w.Header().Set("Content-Type", "application/json")
@@ -134,12 +136,183 @@ func TestSignInCookieAndWho(t *testing.T) {
 		t.Fatalf("GET session: %d %s", g.Code, g.Body)
 	}
 
-	// Over TLS the cookie is Secure.
+	// Over TLS the cookie is a __Host- one: Secure, Path=/, no Domain.
 	r := httptest.NewRequest("POST", "https://example.test/console/api/session", strings.NewReader(`{"apiKey":"`+goodKey+`"}`))
 	tw := httptest.NewRecorder()
 	c.ServeHTTP(tw, r)
-	if ck := tw.Result().Cookies()[0]; !ck.Secure {
-		t.Fatalf("cookie over TLS not Secure: %+v", ck)
+	if ck := tw.Result().Cookies()[0]; ck.Name != SecureCookieName || !ck.Secure || ck.Path != "/" || ck.Domain != "" ||
+		!ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode {
+		t.Fatalf("cookie over TLS: %+v", ck)
+	}
+}
+
+// doScheme is do over TLS (https) or not, with the given Cookie header lines.
+func doScheme(c http.Handler, method, url string, cookies ...*http.Cookie) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, url, nil)
+	for _, ck := range cookies {
+		r.AddCookie(ck)
+	}
+	w := httptest.NewRecorder()
+	c.ServeHTTP(w, r)
+	return w
+}
+
+// signInTLS signs in over TLS and returns the session cookie.
+func signInTLS(t *testing.T, c http.Handler) *http.Cookie {
+	t.Helper()
+	r := httptest.NewRequest("POST", "https://example.test/console/api/session", strings.NewReader(`{"apiKey":"`+goodKey+`"}`))
+	w := httptest.NewRecorder()
+	c.ServeHTTP(w, r)
+	if w.Code != 200 || len(w.Result().Cookies()) != 1 {
+		t.Fatalf("sign-in over TLS: %d %v", w.Code, w.Result().Cookies())
+	}
+	return w.Result().Cookies()[0]
+}
+
+// TestSessionCookieNamePerScheme: over TLS only the __Host- cookie (which a sibling
+// subdomain or plain HTTP cannot set) names the session, over plain HTTP only sbx_console.
+func TestSessionCookieNamePerScheme(t *testing.T) {
+	c, api, _ := newTestConsole(t)
+	plain, _ := signIn(t, c)
+	secure := signInTLS(t, c)
+	if w := doScheme(c, "GET", "https://example.test/console/api/session", secure); w.Code != 200 {
+		t.Fatalf("__Host- cookie over TLS: %d %s", w.Code, w.Body)
+	}
+	if w := doScheme(c, "GET", "http://example.test/console/api/session", plain); w.Code != 200 {
+		t.Fatalf("plain cookie over HTTP: %d %s", w.Code, w.Body)
+	}
+	calls := api.calls
+	// A valid session under the other scheme's name is no session.
+	for name, w := range map[string]*httptest.ResponseRecorder{
+		"sbx_console over TLS": doScheme(c, "GET", "https://example.test/console/api/v1/sandboxes",
+			&http.Cookie{Name: CookieName, Value: plain.Value}),
+		"__Host- over HTTP": doScheme(c, "GET", "http://example.test/console/api/v1/sandboxes",
+			&http.Cookie{Name: SecureCookieName, Value: secure.Value}),
+	} {
+		if w.Code != 401 || reason(t, w) != apierr.Unauthenticated {
+			t.Fatalf("%s: %d %s", name, w.Code, w.Body)
+		}
+	}
+	if api.calls != calls {
+		t.Fatal("a session cookie of the other scheme's name reached the API")
+	}
+}
+
+// TestDuplicateSessionCookiesRefused: a cookie planted beside the console's (by sandbox
+// JavaScript on a sibling subdomain, with a longer Path so the browser sends it first)
+// is never picked: a request with two session cookies is refused, the browser told to
+// forget its own, and the sessions they name end (the planted one, left alone, would
+// otherwise be taken for the browser's).
+func TestDuplicateSessionCookiesRefused(t *testing.T) {
+	c, api, _ := newTestConsole(t)
+	c.sessions.max = 100
+	plain := func() *http.Cookie { ck, _ := signIn(t, c); return ck }
+	secure := func() *http.Cookie { return signInTLS(t, c) }
+	calls := api.calls
+	for _, tc := range []struct {
+		name string
+		url  string
+		mk   func() *http.Cookie
+		same bool
+	}{
+		{"http, API call", "http://example.test/console/api/v1/sandboxes", plain, false},
+		{"http, session GET", "http://example.test/console/api/session", plain, false},
+		{"http, terminal", "http://example.test/console/api/sandboxes/sb1/terminal", plain, false},
+		{"https, API call", "https://example.test/console/api/v1/sandboxes", secure, false},
+		{"http, same session twice", "http://example.test/console/api/session", plain, true},
+	} {
+		attacker, victim := tc.mk(), tc.mk()
+		if tc.same {
+			attacker = victim
+		}
+		w := doScheme(c, "GET", tc.url, attacker, victim)
+		if w.Code != 401 || reason(t, w) != apierr.Unauthenticated {
+			t.Fatalf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+		cks := w.Result().Cookies()
+		if len(cks) != 1 || cks[0].Name != victim.Name || cks[0].MaxAge >= 0 || cks[0].Value != "" || cks[0].Path != victim.Path {
+			t.Fatalf("%s: no expiring Set-Cookie: %v", tc.name, cks)
+		}
+		base := strings.Split(tc.url, "/console/")[0]
+		for who, ck := range map[string]*http.Cookie{"attacker's": attacker, "victim's": victim} {
+			if w := doScheme(c, "GET", base+"/console/api/session", ck); w.Code != 401 {
+				t.Fatalf("%s: the %s session lives on alone: %d", tc.name, who, w.Code)
+			}
+		}
+	}
+	if api.calls != calls {
+		t.Fatal("a request with two session cookies reached the API")
+	}
+}
+
+// TestSignInReplacesSessionCookies: signing in never keeps a session the browser sent
+// (its own old one or a planted one): they end, and a new ID is set.
+func TestSignInReplacesSessionCookies(t *testing.T) {
+	c, _, _ := newTestConsole(t)
+	old, _ := signIn(t, c)
+	planted, _ := signIn(t, c)
+	r := httptest.NewRequest("POST", "/console/api/session", strings.NewReader(`{"apiKey":"`+goodKey+`"}`))
+	r.AddCookie(planted)
+	r.AddCookie(old)
+	w := httptest.NewRecorder()
+	c.ServeHTTP(w, r)
+	cks := w.Result().Cookies()
+	if w.Code != 200 || len(cks) != 1 || cks[0].Value == old.Value || cks[0].Value == planted.Value {
+		t.Fatalf("sign-in with cookies: %d %v", w.Code, cks)
+	}
+	for _, ck := range []*http.Cookie{old, planted} {
+		if w := do(c, "GET", "/console/api/session", "", nil, ck); w.Code != 401 {
+			t.Fatalf("a session sent at sign-in lives on: %d", w.Code)
+		}
+	}
+	if w := do(c, "GET", "/console/api/session", "", nil, cks[0]); w.Code != 200 {
+		t.Fatalf("the new session: %d", w.Code)
+	}
+}
+
+// deadlineWriter is a ResponseWriter that can set read deadlines (as net/http's can),
+// recording them; deadlineBody records whether a deadline was set before each read.
+type deadlineWriter struct {
+	*httptest.ResponseRecorder
+	deadlines []time.Time
+}
+
+func (d *deadlineWriter) SetReadDeadline(t time.Time) error {
+	d.deadlines = append(d.deadlines, t)
+	return nil
+}
+
+type deadlineBody struct {
+	w        *deadlineWriter
+	r        io.Reader
+	unbound  bool
+	anyReads bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	b.anyReads = true
+	if n := len(b.w.deadlines); n == 0 || b.w.deadlines[n-1].IsZero() {
+		b.unbound = true
+	}
+	return b.r.Read(p)
+}
+
+// TestSignInBodyReadUnderDeadline: the sign-in body (read before any key is checked) is
+// read under a read deadline, which goes once it is read.
+func TestSignInBodyReadUnderDeadline(t *testing.T) {
+	c, _, _ := newTestConsole(t)
+	w := &deadlineWriter{ResponseRecorder: httptest.NewRecorder()}
+	body := &deadlineBody{w: w, r: strings.NewReader(`{"apiKey":"` + goodKey + `"}`)}
+	r := httptest.NewRequest("POST", "/console/api/session", body)
+	c.ServeHTTP(w, r)
+	if w.Code != 200 || !body.anyReads {
+		t.Fatalf("sign-in: %d %s", w.Code, w.Body)
+	}
+	if body.unbound {
+		t.Fatal("the sign-in body was read without a read deadline")
+	}
+	if n := len(w.deadlines); n != 2 || w.deadlines[0].IsZero() || !w.deadlines[1].IsZero() {
+		t.Fatalf("read deadlines %v: want one set, then cleared", w.deadlines)
 	}
 }
 
@@ -246,6 +419,12 @@ func TestProxyInjectsKeyAndNeedsCSRF(t *testing.T) {
 	}
 	if api.calls != calls {
 		t.Fatal("a refused write reached the API")
+	}
+	// An ID holding an encoded slash stays one path segment: the API gets the path as
+	// the browser encoded it, not another route.
+	w = do(c, "GET", "/console/api/v1/sandboxes/a%2Fb%2F..%2Fc", "", nil, ck)
+	if w.Code != 200 || api.escaped != "/v1/sandboxes/a%2Fb%2F..%2Fc" || api.path != "/v1/sandboxes/a/b/../c" || api.uri != "/v1/sandboxes/a%2Fb%2F..%2Fc" {
+		t.Fatalf("encoded slash: %d, API got escaped path %q path %q request URI %q", w.Code, api.escaped, api.path, api.uri)
 	}
 	w = do(c, "POST", "/console/api/v1/sandboxes/abc:exec", `{"command":["true"]}`,
 		map[string]string{CSRFHeader: csrf, "Origin": "http://example.com", "Sec-Fetch-Site": "same-origin"}, ck)

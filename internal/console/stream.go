@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,7 +32,8 @@ const maxIDBytes = 256
 // streams while the request body still does (a bidirectional Connect stream).
 type inproc struct {
 	h      http.Handler
-	remote string // the browser's address, as the API's caller
+	remote string   // the browser's address, as the API's caller
+	xff    []string // the browser request's X-Forwarded-For lines, as they came
 }
 
 func (t inproc) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -42,6 +44,12 @@ func (t inproc) RoundTrip(req *http.Request) (*http.Response, error) {
 	sreq.Proto, sreq.ProtoMajor, sreq.ProtoMinor = "HTTP/2.0", 2, 0
 	sreq.RequestURI = req.URL.RequestURI()
 	sreq.RemoteAddr = t.remote
+	// As the REST proxy does (apiHeaders): the API's front alone decides whether the
+	// peer is a trusted proxy whose X-Forwarded-For names the caller.
+	sreq.Header.Del("X-Forwarded-For")
+	if len(t.xff) > 0 {
+		sreq.Header["X-Forwarded-For"] = slices.Clone(t.xff)
+	}
 	sreq.Host = req.URL.Host
 	pr, pw := io.Pipe()
 	rw := &pipeResponse{header: http.Header{}, body: pw, ready: make(chan struct{})}
@@ -94,9 +102,11 @@ func (p *pipeResponse) Write(b []byte) (int, error) {
 func (p *pipeResponse) Flush() {}
 
 // sandboxClient calls the API in-process with the session's key, as the browser at
-// r.RemoteAddr (the API's own front authenticates and scopes every call).
+// r.RemoteAddr with r's X-Forwarded-For (the API's own front authenticates and scopes
+// every call, and judges its source address).
 func (c *Console) sandboxClient(r *http.Request) sandboxv1connect.SandboxServiceClient {
-	return sandboxv1connect.NewSandboxServiceClient(&http.Client{Transport: inproc{h: c.api, remote: r.RemoteAddr}},
+	xff := r.Header.Values("X-Forwarded-For")
+	return sandboxv1connect.NewSandboxServiceClient(&http.Client{Transport: inproc{h: c.api, remote: r.RemoteAddr, xff: xff}},
 		"http://console.invalid")
 }
 
@@ -151,10 +161,12 @@ func (c *Console) terminal(w http.ResponseWriter, r *http.Request, ss *session) 
 		return
 	}
 	go func() { // browser → command; the browser going away ends the command's stream
+		// However this ends (the browser gone, a bad message, the stream ended), the
+		// command's stream ends with it: the shell is not left running for nobody.
+		defer cancel()
 		for {
 			typ, b, err := ws.Read(ctx)
 			if err != nil {
-				cancel()
 				return
 			}
 			var m *sandboxv1.ExecStreamRequest
@@ -169,7 +181,10 @@ func (c *Console) terminal(w http.ResponseWriter, r *http.Request, ss *session) 
 				m = &sandboxv1.ExecStreamRequest{Message: &sandboxv1.ExecStreamRequest_Resize{Resize: &sandboxv1.ExecStreamResize{Width: ctl.Cols, Height: ctl.Rows}}}
 			}
 			if err := stream.Send(m); err != nil {
-				return // the stream ended: Receive below says why
+				// The stream ended: Receive below says why, and the handler's return
+				// cancels; cancelling first could hide that answer.
+				<-ctx.Done()
+				return
 			}
 		}
 	}()

@@ -28,6 +28,11 @@ type fakeExec struct {
 	authz   string
 	init    *sandboxv1.ExecStreamInit
 	resizes [][2]uint32
+	// ended gets one value when the context of a StreamExec of sb1 ends (if it has room).
+	ended chan struct{}
+	// xff and peer are the X-Forwarded-For lines and peer address of the last call.
+	xff  []string
+	peer string
 }
 
 func (f *fakeExec) StreamExec(ctx context.Context, s *connect.BidiStream[sandboxv1.ExecStreamRequest, sandboxv1.ExecStreamResponse]) error {
@@ -37,9 +42,19 @@ func (f *fakeExec) StreamExec(ctx context.Context, s *connect.BidiStream[sandbox
 	}
 	f.mu.Lock()
 	f.authz, f.init = s.RequestHeader().Get("Authorization"), m.GetInit()
+	f.xff, f.peer = s.RequestHeader().Values("X-Forwarded-For"), s.Peer().Addr
 	f.mu.Unlock()
 	if m.GetInit().GetSandboxId() != "sb1" {
 		return apierr.Newf(apierr.SandboxNotFound, "sandbox %s not found", m.GetInit().GetSandboxId())
+	}
+	if f.ended != nil {
+		go func() {
+			<-ctx.Done()
+			select {
+			case f.ended <- struct{}{}:
+			default:
+			}
+		}()
 	}
 	for {
 		m, err := s.Receive()
@@ -63,7 +78,7 @@ func (f *fakeExec) StreamExec(ctx context.Context, s *connect.BidiStream[sandbox
 
 func terminalServer(t *testing.T) (*httptest.Server, *fakeExec, *http.Cookie) {
 	t.Helper()
-	fake := &fakeExec{}
+	fake := &fakeExec{ended: make(chan struct{}, 1)}
 	mux := http.NewServeMux()
 	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(fake))
 	clk := &clock{t: time.Now()}
@@ -167,6 +182,9 @@ func TestTerminalRefusals(t *testing.T) {
 }
 
 func (f *fakeExec) StreamLogs(ctx context.Context, req *connect.Request[sandboxv1.StreamLogsRequest], s *connect.ServerStream[sandboxv1.LogEntry]) error {
+	f.mu.Lock()
+	f.xff, f.peer = req.Header().Values("X-Forwarded-For"), req.Peer().Addr
+	f.mu.Unlock()
 	if req.Msg.GetSandboxId() != "sb1" || req.Header().Get("Authorization") != "Bearer "+goodKey {
 		return apierr.Newf(apierr.SandboxNotFound, "sandbox %s not found", req.Msg.GetSandboxId())
 	}
@@ -198,4 +216,92 @@ func TestLogsStreamAsText(t *testing.T) {
 	if code, _, body := get("other"); code != 404 || !strings.Contains(body, apierr.SandboxNotFound) {
 		t.Fatalf("other sandbox's logs: %d %s", code, body)
 	}
+}
+
+// TestTerminalBadControlEndsExec: a bad control message closes the socket and ends the
+// command's stream too (its context), so no shell is left running for nobody.
+func TestTerminalBadControlEndsExec(t *testing.T) {
+	for name, msg := range map[string]struct {
+		typ websocket.MessageType
+		b   []byte
+	}{
+		"bad control": {websocket.MessageText, []byte(`{"type":"resize","cols":0,"rows":0}`)},
+		"not JSON":    {websocket.MessageText, []byte(`resize`)},
+		"too big":     {websocket.MessageBinary, make([]byte, MaxTerminalMessage+1)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv, fake, ck := terminalServer(t)
+			ws, _, err := dialTerminal(t, srv, ck, "sb1", srv.URL) //nolint:bodyclose // the upgraded connection is ws
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ws.CloseNow()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			// The shell is up (it echoes) before the bad message.
+			if err := ws.Write(ctx, websocket.MessageBinary, []byte("hi")); err != nil {
+				t.Fatal(err)
+			}
+			if _, b, err := ws.Read(ctx); err != nil || string(b) != "hi" {
+				t.Fatalf("echo: %q %v", b, err)
+			}
+			_ = ws.Write(ctx, msg.typ, msg.b)
+			var ce websocket.CloseError
+			if _, _, err := ws.Read(ctx); !errors.As(err, &ce) {
+				t.Fatalf("the socket goes on: %v", err)
+			}
+			// The browser keeps its side open: only the server may end the command.
+			select {
+			case <-fake.ended:
+			case <-ctx.Done():
+				t.Fatal("StreamExec's context was not cancelled after the socket closed")
+			}
+		})
+	}
+}
+
+// TestStreamsForwardXFF: the terminal and the log stream reach the API as the browser's
+// request did, X-Forwarded-For included (as the REST proxy's calls do), so the API's front
+// judges a caller behind a trusted proxy by its own address.
+func TestStreamsForwardXFF(t *testing.T) {
+	srv, fake, ck := terminalServer(t)
+	xff := []string{"203.0.113.7, 198.51.100.2", "192.0.2.9"}
+	check := func(what string) {
+		t.Helper()
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		if strings.Join(fake.xff, "|") != strings.Join(xff, "|") || !strings.HasPrefix(fake.peer, "127.0.0.1:") {
+			t.Fatalf("%s: the API got X-Forwarded-For %q from %q, want %q from the browser's address", what, fake.xff, fake.peer, xff)
+		}
+	}
+
+	req, _ := http.NewRequest("GET", srv.URL+"/console/api/sandboxes/sb1/logs", nil)
+	req.AddCookie(ck)
+	req.Header["X-Forwarded-For"] = xff
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	check("logs")
+
+	fake.mu.Lock()
+	fake.xff = nil
+	fake.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h := http.Header{"Cookie": {ck.Name + "=" + ck.Value}, "Origin": {srv.URL}, "X-Forwarded-For": xff}
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/console/api/sandboxes/sb1/terminal", &websocket.DialOptions{HTTPHeader: h}) //nolint:bodyclose // the upgraded connection is ws
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	if err := ws.Write(ctx, websocket.MessageBinary, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := ws.Read(ctx); err != nil || string(b) != "hi" {
+		t.Fatalf("echo: %q %v", b, err)
+	}
+	check("terminal")
 }

@@ -205,3 +205,49 @@ func TestConsoleTenancy(t *testing.T) {
 		t.Fatalf("signed-out session replayed: %d", code)
 	}
 }
+
+// TestConsolePlantedSessionCookie attacks the console's session cookie: sandbox
+// JavaScript on an endpoint subdomain plants the attacker's own console session in the
+// victim's browser, with a longer Path so the browser sends it before the victim's
+// (session fixation: the victim would then type into the attacker's sandboxes). A request
+// with two session cookies is refused, picks neither and ends both; over TLS the cookie is a
+// __Host- one, which a subdomain cannot set at all (internal/console tests that).
+func TestConsolePlantedSessionCookie(t *testing.T) {
+	d := needDev(t)
+	attacker := d.consoleSignIn(t, d.KeyA)
+	victim := d.consoleSignIn(t, d.KeyB)
+	u, _ := url.Parse(d.API + "/console/")
+	var planted *http.Cookie
+	for _, c := range attacker.c.Jar.Cookies(u) {
+		if c.Name == console.CookieName {
+			planted = &http.Cookie{Name: c.Name, Value: c.Value, Path: "/console/api/"}
+		}
+	}
+	if planted == nil {
+		t.Fatal("the attacker has no session cookie")
+	}
+	victim.c.Jar.SetCookies(u, []*http.Cookie{planted})
+	if n := len(victim.c.Jar.Cookies(&url.URL{Scheme: "http", Host: u.Host, Path: "/console/api/v1/sandboxes"})); n != 2 {
+		t.Fatalf("the victim's browser sends %d session cookies, want both", n)
+	}
+	for _, p := range []string{"/console/api/session", "/console/api/v1/sandboxes"} {
+		code, body := victim.do(t, "GET", p, "", nil)
+		if code != 401 || restReason(body) != apierr.Unauthenticated || strings.Contains(string(body), "org") {
+			t.Fatalf("GET %s with a planted session cookie: %d %s", p, code, body)
+		}
+	}
+	if out, ctl := victim.terminal(t, "sb-any", "", ""); out != "" || len(ctl) != 1 || !strings.Contains(ctl[0], "Unauthorized") {
+		t.Fatalf("terminal with a planted session cookie: output %q, control %v", out, ctl)
+	}
+	// The victim was told to forget its own cookie, and the planted session ended: left
+	// alone in the victim's browser it is no session at all (the requests above after the
+	// first carried it alone).
+	for _, c := range victim.c.Jar.Cookies(u) {
+		if c.Value != planted.Value {
+			t.Fatalf("the victim's browser keeps its session cookie after the refusal: %v", c)
+		}
+	}
+	if code, body := attacker.do(t, "GET", "/console/api/session", "", nil); code != 401 {
+		t.Fatalf("the planted session lives on: %d %s", code, body)
+	}
+}
