@@ -121,10 +121,16 @@ func NewSandboxSecrets(sandboxID, org string, injs []Injection, ttl time.Duratio
 // the same runner): the same CA (its restored processes may hold the certificate
 // already) and the same placeholders (they are in its memory), with values, freshly
 // resolved, by secret name (Injection.Secret). Every injection needs its value; a source
-// whose values are lost (a restarted runner) cannot be forked with them.
-func (s *SandboxSecrets) Fork(sandboxID, org string, values map[string]string) (*SandboxSecrets, error) {
+// whose values are lost (a restarted runner) cannot be forked with them. until is the end
+// of the fork's lifetime: the CA, its source's, must outlive it (ErrCAExpiresFirst: its
+// expiry counts from the source's create, and a CA with a later one would be another
+// certificate, which the restored processes do not trust).
+func (s *SandboxSecrets) Fork(sandboxID, org string, values map[string]string, until time.Time) (*SandboxSecrets, error) {
 	if s.Lost || s.caKey == nil {
 		return nil, errors.New("the runner no longer holds the source's egress secrets (restarted): recreate the sandbox")
+	}
+	if s.ca.NotAfter.Before(until) {
+		return nil, &CAExpiresFirstError{NotAfter: s.ca.NotAfter, Until: until}
 	}
 	f := &SandboxSecrets{SandboxID: sandboxID, Org: org, Hosts: append([]string(nil), s.Hosts...),
 		ca: s.ca, caKey: s.caKey, caPEM: s.caPEM, leaves: map[string]*tls.Certificate{}}
@@ -138,6 +144,23 @@ func (s *SandboxSecrets) Fork(sandboxID, org string, values map[string]string) (
 	}
 	return f, nil
 }
+
+// ErrCAExpiresFirst: a fork of a sandbox with egress secrets would outlive its source's
+// egress CA (CAExpiresFirstError says when each ends).
+var ErrCAExpiresFirst = errors.New("the source's egress CA expires before the fork's lifetime ends")
+
+// CAExpiresFirstError is ErrCAExpiresFirst with the CA's expiry and the fork's lifetime end.
+type CAExpiresFirstError struct {
+	NotAfter, Until time.Time
+}
+
+func (e *CAExpiresFirstError) Error() string {
+	return fmt.Sprintf("the source's egress CA, which a fork keeps (its restored processes trust it), expires at %s, before the fork's lifetime ends at %s: "+
+		"its intercepted HTTPS would fail from then on: recreate the sandbox instead (a new sandbox gets a CA of its own)",
+		e.NotAfter.UTC().Format(time.RFC3339), e.Until.UTC().Format(time.RFC3339))
+}
+
+func (e *CAExpiresFirstError) Unwrap() error { return ErrCAExpiresFirst }
 
 // LostSecrets is the record of a sandbox whose injections a restarted runner cannot
 // serve any more (hosts only).

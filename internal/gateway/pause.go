@@ -287,7 +287,7 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 	}
 	// Egress secrets' values, resolved again for the forks (on the source's runner only:
 	// checkpointTargets).
-	egressValues, err := s.forkEgressSecretValues(ctx, p.Org, src)
+	egressValues, err := s.forkEgressSecretValues(ctx, p.Org, rec, src)
 	if err != nil {
 		return nil, err
 	}

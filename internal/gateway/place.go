@@ -75,30 +75,51 @@ func secretRefFieldsOf(rec *record, src runner.Sandbox) []string {
 	return fields
 }
 
-// forkEgressSecretValues resolves, in org, the values of src's egress secrets (src as
-// its runner holds it: its rules keep the references), as a create resolves them: a fork
-// is given them fresh, never from its source. nil when it has none.
-func (s *Server) forkEgressSecretValues(ctx context.Context, org string, src runner.Sandbox) (map[string]string, error) {
-	if len(src.Spec.Network.EgressSecrets()) == 0 {
+// recordedNetwork is rec's network as the gateway recorded it at create (rec.spec: its
+// sandboxd_secret references as asked for), never as its runner reports it: a runner is
+// not trusted to name which of the organization's secrets a fork is given.
+func recordedNetwork(rec *record) *runtime.Network {
+	n, _, _ := spec.ToNetwork(rec.spec.GetNetwork())
+	return n
+}
+
+// forkEgressSecretValues resolves, in org, the values of the egress secrets of rec (as
+// recorded: recordedNetwork), as a create resolves them: a fork is given them
+// fresh, never from its source. nil when it has none. A source whose runner reports
+// egress secrets the record does not have is not forked (its runner would refuse the
+// fork without their values anyway; none is resolved for it).
+func (s *Server) forkEgressSecretValues(ctx context.Context, org string, rec *record, src runner.Sandbox) (map[string]string, error) {
+	n := recordedNetwork(rec)
+	rules := n.EgressSecrets()
+	recorded := map[string]bool{}
+	for _, r := range rules {
+		recorded[r.Secret.Key()] = true
+	}
+	for _, r := range src.Spec.Network.EgressSecrets() {
+		if !recorded[r.Secret.Key()] {
+			s.log.Warn("fork refused: the runner reports an egress secret the sandbox was not created with", "sandbox", rec.id, "runner", rec.runnerID, "secret", r.Secret.Key())
+			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("sandbox %s: its runner reports egress secrets it was not created with: not forked", rec.id))
+		}
+	}
+	if len(rules) == 0 {
 		return nil, nil
 	}
 	resolve := s.secretResolver(ctx, org)
 	if resolve == nil {
-		return nil, apierr.Newf(apierr.NotImplemented, "sandbox %s has egress secrets, and this gateway has no secret stores to resolve them for its forks", src.ID)
+		return nil, apierr.Newf(apierr.NotImplemented, "sandbox %s has egress secrets, and this gateway has no secret stores to resolve them for its forks", rec.id)
 	}
-	sp := src.Spec.Clone()
-	sp.EgressSecretValues = nil
+	sp := runtime.Spec{Network: n} // its violations name the recorded rules' fields
 	if err := spec.ResolveEgressSecrets(&sp, resolve); err != nil {
 		return nil, err
 	}
 	return sp.EgressSecretValues, nil
 }
 
-// egressSecretsStay is why src, which has egress secrets, is never made on another runner
-// than its own ("" when it has none): their CA key and placeholders are in its runner's
-// memory only (docs/secrets.md).
-func egressSecretsStay(src runner.Sandbox) string {
-	if len(src.Spec.Network.EgressSecrets()) == 0 {
+// egressSecretsStay is why rec, which has egress secrets (as recorded, or as src, its
+// runner's view, has them), is never made on another runner than its own ("" when it has
+// none): their CA key and placeholders are in its runner's memory only (docs/secrets.md).
+func egressSecretsStay(rec *record, src runner.Sandbox) string {
+	if len(recordedNetwork(rec).EgressSecrets()) == 0 && len(src.Spec.Network.EgressSecrets()) == 0 {
 		return ""
 	}
 	return "it has egress secrets, whose CA key and placeholders live only in its runner's memory: it is forked on its own runner only, and does not move"

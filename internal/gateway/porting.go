@@ -145,7 +145,7 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 			refuse(refusedNever, "not allowed by runner_ids")
 			continue
 		}
-		if why := egressSecretsStay(src); why != "" {
+		if why := egressSecretsStay(rec, src); why != "" {
 			refuse(refusedNever, "%s", why)
 			continue
 		}

@@ -97,12 +97,9 @@ func TestForkEgressSecrets(t *testing.T) {
 	mkStore(t, e.s, "acme", "prod")
 	putSecret(t, e.s, "acme", "prod", "api", "token", "value-at-fork")
 	id := e.createOn(t, r1)
-	r1.mu.Lock()
-	sb := r1.got[id]
-	sb.Spec.Network = &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com",
-		Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}}}
-	r1.got[id] = sb
-	r1.mu.Unlock()
+	apiRule := runtime.EgressRule{DNSName: "api.example.com",
+		Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}
+	setEgressSecrets(t, e, r1, id, []runtime.EgressRule{apiRule}, []runtime.EgressRule{apiRule})
 	ctx := t.Context()
 	e.s.views.probe(ctx)
 	res, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id}))
@@ -147,5 +144,103 @@ func TestForkEgressSecrets(t *testing.T) {
 	defer r1.mu.Unlock()
 	if len(r1.forks) != n {
 		t.Fatal("the runner was asked to fork without the values")
+	}
+}
+
+// setEgressSecrets gives sandbox id egress rules with secrets: recorded in the gateway's
+// record (as a create with them records them), reported by its runner r.
+func setEgressSecrets(t *testing.T, e *pauseEnv, r *portRunner, id string, recorded, reported []runtime.EgressRule) {
+	t.Helper()
+	rec, _, err := e.s.lookup(secretCtx("acme", auth.RoleUser), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := proto.CloneOf(rec.spec)
+	sp.Network = &sandboxv1.NetworkOptions{}
+	for _, rule := range recorded {
+		sec := rule.Secret
+		sp.Network.Egress = append(sp.Network.Egress, &sandboxv1.EgressRule{
+			Destination:    &sandboxv1.EgressRule_HttpsHostname{HttpsHostname: rule.DNSName},
+			SandboxdSecret: &sandboxv1.EgressSecretInjection{StoreName: sec.Store, Path: sec.Path, Field: sec.Field, Header: sec.Header, EnvVar: sec.EnvVar}})
+	}
+	e.s.index.mu.Lock()
+	rec.spec = sp
+	e.s.index.mu.Unlock()
+	r.mu.Lock()
+	sb := r.got[id]
+	sb.Spec.Network = &runtime.Network{Egress: reported}
+	r.got[id] = sb
+	r.mu.Unlock()
+}
+
+// TestForkEgressSecretsFromTheRecord: the secrets a fork is given are those of the
+// gateway's record of the sandbox (its create's sandboxd_secret references), never the
+// ones its runner reports: a (compromised) runner that reports an egress rule naming
+// another of the organization's secrets is never sent that secret's value (the fork is
+// refused, the runner not asked); a runner that hides the recorded rules does not get
+// the fork moved to another runner either.
+func TestForkEgressSecretsFromTheRecord(t *testing.T) {
+	platform := "gvisor runsc-1 linux/amd64"
+	r1, r2 := newPortRunner("r1", platform), newPortRunner("r2", platform)
+	e := newPauseEnv(t, "", r1, r2)
+	ring, err := secretbox.LoadOrCreate(filepath.Join(t.TempDir(), secretbox.DefaultFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s.secrets.Store, e.s.secrets.Keys = e.st.SecretStores(), ring
+	mkStore(t, e.s, "acme", "prod")
+	putSecret(t, e.s, "acme", "prod", "api", "token", "api-value")
+	putSecret(t, e.s, "acme", "prod", "admin", "key", "admin-value-never-sent")
+	id := e.createOn(t, r1)
+	ctx := t.Context()
+	e.s.views.probe(ctx)
+	apiRule := runtime.EgressRule{DNSName: "api.example.com",
+		Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}
+	extra := runtime.EgressRule{DNSName: "attacker.example.net",
+		Secret: &runtime.EgressSecret{Store: "prod", Path: "admin", Field: "key", EnvVar: "ADMIN"}}
+	forks := func() int {
+		r1.mu.Lock()
+		defer r1.mu.Unlock()
+		return len(r1.forks)
+	}
+	for name, reported := range map[string][]runtime.EgressRule{
+		"an extra rule":     {apiRule, extra},
+		"another rule only": {extra},
+	} {
+		setEgressSecrets(t, e, r1, id, []runtime.EgressRule{apiRule}, reported)
+		n := forks()
+		_, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id}))
+		if err == nil || !strings.Contains(err.Error(), "not created with") {
+			t.Fatalf("%s: fork = %v", name, err)
+		}
+		if forks() != n {
+			t.Fatalf("%s: the runner was asked to fork", name)
+		}
+	}
+	// The recorded rule alone: its value only.
+	setEgressSecrets(t, e, r1, id, []runtime.EgressRule{apiRule}, []runtime.EgressRule{apiRule})
+	res, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id}))
+	if err != nil || len(res.Msg.GetForks()) != 1 || res.Msg.GetForks()[0].GetError() != nil {
+		t.Fatalf("fork = %v, %v", res, err)
+	}
+	// The runner hides the rules: the values are still the record's; the fork stays on r1.
+	setEgressSecrets(t, e, r1, id, []runtime.EgressRule{apiRule}, nil)
+	if _, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, RunnerIds: []string{"r2"}})); apierr.Reason(err) != apierr.CheckpointNotSupported {
+		t.Fatalf("fork on another runner, rules hidden = %v", err)
+	}
+	if _, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id})); err != nil {
+		t.Fatalf("fork, rules hidden = %v", err)
+	}
+	r1.mu.Lock()
+	defer r1.mu.Unlock()
+	for _, ts := range r1.forks {
+		for _, tg := range ts {
+			if len(tg.EgressSecretValues) != 1 || tg.EgressSecretValues["prod/api#token"] != "api-value" {
+				t.Errorf("fork target values %v", tg.EgressSecretValues)
+			}
+		}
+	}
+	if len(r1.forks) != 2 {
+		t.Errorf("%d forks asked of r1", len(r1.forks))
 	}
 }

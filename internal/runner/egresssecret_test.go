@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -177,5 +181,57 @@ func TestForkCarriesEgressSecretValues(t *testing.T) {
 	}
 	if _, _, n := be.counts(); n != forks0 {
 		t.Fatalf("refused forks reached the backend (%d forks, was %d)", n, forks0)
+	}
+}
+
+// TestForkOutlivingEgressCARefused: a fork keeps its source's egress CA, whose expiry
+// counts from the source's create; a fork whose lifetime (its own, or the source's
+// when it names none) would end after that is refused up front, FAILED_PRECONDITION
+// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED naming both times with a violation on the target's
+// lifetime, never made (its lifetime is not shortened either); one ending before it is made.
+func TestForkOutlivingEgressCARefused(t *testing.T) {
+	be := newPauseFake(checkpointing)
+	l := pauseLocal(t, be, t.TempDir())
+	ctx := context.Background()
+	net := &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com",
+		Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}}}
+	sb, err := l.Create(ctx, CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}, Network: net,
+		EgressSecretValues: map[string]string{"prod/api#token": "v"}, Meta: map[string]string{runtime.MetaOrg: "org-a"}}, Lifetime: 30 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := awaitState(t, l.R, sb.ID, StateRunning)
+	// The source is 29 days old: its CA (31 days) has 2 days left.
+	notAfter := time.Now().Add(2 * 24 * time.Hour)
+	be.mu.Lock()
+	be.caExpiry = map[string]time.Time{src.ID: notAfter}
+	be.mu.Unlock()
+	values := map[string]string{"prod/api#token": "v2"}
+	_, _, forks0 := be.counts()
+	for _, tc := range []struct {
+		name     string
+		lifetime time.Duration
+	}{{"the source's lifetime", 0}, {"a lifetime of its own", 3 * 24 * time.Hour}} {
+		_, err := l.Fork(ctx, src.ID, []ForkTarget{{ID: "fork-ok", Lifetime: time.Hour, EgressSecretValues: values}, {ID: "fork-long", Lifetime: tc.lifetime, EgressSecretValues: values}})
+		api := APIError(src.ID, err, "")
+		vs := apierr.Violations(api)
+		if !errors.Is(err, ErrCannotCheckpoint) || connect.CodeOf(api) != connect.CodeFailedPrecondition || apierr.Reason(api) != apierr.CheckpointNotSupported ||
+			!strings.Contains(err.Error(), notAfter.UTC().Format(time.RFC3339)) || !strings.Contains(err.Error(), "egress CA") ||
+			len(vs) != 1 || vs[0].Field != "targets[1].lifetime" {
+			t.Fatalf("%s: fork outliving the CA = %v (violations %+v)", tc.name, api, vs)
+		}
+		if _, err := l.Get(ctx, "fork-ok"); err == nil {
+			t.Fatalf("%s: a target of the refused fork was made", tc.name)
+		}
+	}
+	if _, _, n := be.counts(); n != forks0 {
+		t.Fatalf("refused forks reached the backend (%d forks, was %d)", n, forks0)
+	}
+	res, err := l.Fork(ctx, src.ID, []ForkTarget{{ID: "fork-ok", Lifetime: 24 * time.Hour, EgressSecretValues: values}})
+	if err != nil || len(res) != 1 || res[0].Err != nil {
+		t.Fatalf("fork ending before the CA = %+v, %v", res, err)
+	}
+	if f, _ := l.Get(ctx, "fork-ok"); f.Lifetime != 24*time.Hour {
+		t.Fatalf("fork lifetime %v", f.Lifetime)
 	}
 }

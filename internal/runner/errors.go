@@ -129,6 +129,9 @@ func APIError(id string, err error, fieldPrefix string) error {
 	case errors.Is(err, runtime.ErrNotFound):
 		return apierr.New(apierr.SandboxNotFound, err.Error(), idMeta(id))
 	case errors.Is(err, ErrCannotCheckpoint):
+		if errors.As(err, &ce) && apierr.Reason(ce) == apierr.CheckpointNotSupported {
+			return ce // with its details (a violation per fork target)
+		}
 		return apierr.New(apierr.CheckpointNotSupported, err.Error(), idMeta(id))
 	case errors.Is(err, ErrPaused), errors.Is(err, ErrAlreadyPaused):
 		md := idMeta(id)

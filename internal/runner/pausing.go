@@ -17,6 +17,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/span"
 )
@@ -328,6 +329,27 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 	}
 
 	now := time.Now()
+	// A fork keeps its source's egress CA (docs/secrets.md, "Forks and moves"), whose
+	// expiry counts from the source's create: a fork that would outlive it is refused.
+	var caExpiry time.Time
+	if ex, ok := r.backend.(runtime.EgressCAExpirer); ok && len(src.Spec.Network.EgressSecrets()) > 0 {
+		caExpiry, _ = ex.EgressCAExpiry(id)
+	}
+	var outlive []apierr.Violation
+	for i, t := range targets {
+		lifetime := t.Lifetime
+		if lifetime <= 0 {
+			lifetime = src.Lifetime
+		}
+		if end := now.Add(lifetime); !caExpiry.IsZero() && caExpiry.Before(end) {
+			outlive = append(outlive, apierr.Violation{Field: fmt.Sprintf("targets[%d].lifetime", i),
+				Description: fmt.Sprintf("the fork's lifetime (%s, the source's when not given) ends at %s, after the source's egress CA, which the fork keeps, expires at %s",
+					lifetime, end.UTC().Format(time.RFC3339), caExpiry.UTC().Format(time.RFC3339))})
+		}
+	}
+	if len(outlive) > 0 {
+		return nil, egressCAExpiresError(id, caExpiry, outlive)
+	}
 	specs := make([]*runtime.Spec, len(targets))
 	entries := make([]*entry, len(targets))
 	for i, t := range targets {
@@ -369,6 +391,28 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 	r.log.Info("sandbox fork steps", "sandbox", id, "count", len(targets), "steps", rec.String())
 	return out, nil
 }
+
+// egressCAExpiresError refuses a fork of sandbox id that would outlive its egress CA
+// (expiring at notAfter; vs: a violation per target): FAILED_PRECONDITION
+// CWSANDBOX_CHECKPOINT_NOT_SUPPORTED (as a fork refused for its egress secrets
+// elsewhere), ErrCannotCheckpoint to errors.Is.
+func egressCAExpiresError(id string, notAfter time.Time, vs []apierr.Violation) error {
+	ce := apierr.WithViolations(apierr.New(apierr.CheckpointNotSupported,
+		fmt.Sprintf("sandbox %s cannot be forked: its egress CA, which a fork keeps (the fork's processes are restored trusting it), expires at %s, before the fork's lifetime ends (%s): "+
+			"its intercepted HTTPS would fail from then on: recreate the sandbox instead (a new sandbox gets a CA of its own)",
+			id, notAfter.UTC().Format(time.RFC3339), apierr.Describe(vs)),
+		map[string]string{"sandbox_id": id}), vs)
+	return &refusal{sentinel: ErrCannotCheckpoint, wire: ce}
+}
+
+// refusal is an API error (wire, with its details) that errors.Is finds sentinel in.
+type refusal struct {
+	sentinel error
+	wire     *connect.Error
+}
+
+func (e *refusal) Error() string   { return e.wire.Message() }
+func (e *refusal) Unwrap() []error { return []error{e.sentinel, e.wire} }
 
 // startForks completes entries (registered, CREATING) with the backend's outcome of each
 // (what: "fork" or "move", for messages): a failed one ends FAILED (ReasonForkFailed), a

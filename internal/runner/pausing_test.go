@@ -45,11 +45,21 @@ type pauseFake struct {
 	forkValues map[string]map[string]string
 	// onPause, when set, runs inside Pause before it pauses (a test blocks it there).
 	onPause func(id string)
+	// caExpiry is when each sandbox's egress CA expires (runtime.EgressCAExpirer).
+	caExpiry map[string]time.Time
+}
+
+func (f *pauseFake) EgressCAExpiry(id string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.caExpiry[id]
+	return at, ok
 }
 
 var (
-	_ runtime.Pauser = (*pauseFake)(nil)
-	_ runtime.Forker = (*pauseFake)(nil)
+	_ runtime.Pauser          = (*pauseFake)(nil)
+	_ runtime.Forker          = (*pauseFake)(nil)
+	_ runtime.EgressCAExpirer = (*pauseFake)(nil)
 )
 
 func newPauseFake(sup runtime.PauseSupport) *pauseFake {

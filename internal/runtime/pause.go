@@ -82,6 +82,14 @@ type Forker interface {
 	Fork(ctx context.Context, src string, specs []*Spec) ([]Info, []error)
 }
 
+// EgressCAExpirer is a Forker whose sandboxes with egress secrets have a CA of their own
+// that their forks keep (docs/secrets.md, "Forks and moves"): the runner refuses a fork
+// whose lifetime would end after it.
+type EgressCAExpirer interface {
+	// EgressCAExpiry is when sandbox id's egress CA expires (false: it has none).
+	EgressCAExpiry(id string) (time.Time, bool)
+}
+
 // PauseInfo describes a pause.
 type PauseInfo struct {
 	Released bool          // checkpointed: processes ended, CPU and memory released

@@ -74,7 +74,7 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec, from *egr
 	var ss *egress.SandboxSecrets
 	if from != nil {
 		var err error
-		if ss, err = from.Fork(s.id, spec.Meta[runtime.MetaOrg], spec.EgressSecretValues); err != nil {
+		if ss, err = from.Fork(s.id, spec.Meta[runtime.MetaOrg], spec.EgressSecretValues, lifetimeEnd(spec.Meta)); err != nil {
 			return fmt.Errorf("%w: sandbox %s: egress secrets of its source: %w", runtime.ErrInvalidSpec, s.id, err)
 		}
 		for _, r := range rules {
@@ -132,6 +132,38 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec, from *egr
 	// placeholders and trust variables among it): nothing to hand them.
 	s.egress, s.egressCADir = ss, dir
 	return nil
+}
+
+// lifetimeEnd is when a sandbox whose Meta is meta ends (runtime.MetaCreatedAt plus
+// runtime.MetaLifetime, as its runner wrote them); zero when they do not say.
+func lifetimeEnd(meta map[string]string) time.Time {
+	at, err := time.Parse(time.RFC3339Nano, meta[runtime.MetaCreatedAt])
+	if err != nil {
+		return time.Time{}
+	}
+	d, err := time.ParseDuration(meta[runtime.MetaLifetime])
+	if err != nil || d <= 0 {
+		return time.Time{}
+	}
+	return at.Add(d)
+}
+
+// EgressCAExpiry implements runtime.EgressCAExpirer: when the egress CA of sandbox id,
+// which its forks keep, expires (false: it has none here, or its secrets are lost).
+func (b *Backend) EgressCAExpiry(id string) (time.Time, bool) {
+	b.mu.Lock()
+	s := b.sandboxes[id]
+	b.mu.Unlock()
+	if s == nil {
+		return time.Time{}, false
+	}
+	s.opMu.Lock()
+	ss := s.egress
+	s.opMu.Unlock()
+	if ss == nil || ss.Lost || ss.CACert() == nil {
+		return time.Time{}, false
+	}
+	return ss.CACert().NotAfter, true
 }
 
 // egressTrustEnv is what points the common TLS stacks at the sandbox's bundle: OpenSSL

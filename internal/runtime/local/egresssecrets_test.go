@@ -1,11 +1,13 @@
 package local
 
 import (
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -140,6 +142,25 @@ func TestPrepareForkEgressSecrets(t *testing.T) {
 		if err := b.prepareEgressSecrets(&sandbox{id: sp.ID, dir: t.TempDir()}, &sp, tc.from().egress); err == nil {
 			t.Errorf("%s: a fork was given egress secrets", name)
 		}
+	}
+	// A fork living past the source's CA (its expiry counts from the source's create):
+	// refused, naming both ends; one ending before it is made, and its expiry is told.
+	long := mk("f5", "x")
+	long.Meta[runtime.MetaCreatedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	long.Meta[runtime.MetaLifetime] = (egressCATTL + time.Hour).String()
+	if err := b.prepareEgressSecrets(&sandbox{id: "f5", dir: t.TempDir()}, &long, src.egress); !errors.Is(err, egress.ErrCAExpiresFirst) {
+		t.Errorf("fork outliving the CA = %v", err)
+	}
+	long.Meta[runtime.MetaLifetime] = (egressCATTL - time.Hour).String()
+	if err := b.prepareEgressSecrets(&sandbox{id: "f5", dir: t.TempDir()}, &long, src.egress); err != nil {
+		t.Errorf("fork ending before the CA = %v", err)
+	}
+	b.sandboxes = map[string]*sandbox{"src": src}
+	if at, ok := b.EgressCAExpiry("src"); !ok || !at.Equal(src.egress.CACert().NotAfter) {
+		t.Errorf("EgressCAExpiry = %v, %v", at, ok)
+	}
+	if _, ok := b.EgressCAExpiry("f5"); ok {
+		t.Error("EgressCAExpiry of an unknown sandbox")
 	}
 	// The source's values lost (a restarted runner): refused.
 	lost := mk("f4", "x")
