@@ -27,7 +27,10 @@ const (
 	// sandbox CA alone) and bundle.pem (the runner's public roots and the sandbox CA).
 	EgressCAMount = "/etc/sandboxd-egress"
 	dirEgressCA   = "egress-ca" // in the sandbox dir: what EgressCAMount shows
-	egressCATTL   = 31 * 24 * time.Hour
+	// egressCATTL: a year, so that forks (which keep their source's CA and count their
+	// lifetime from the fork) of forks can go on for months; the CA's key never leaves
+	// the runner's memory and the CA is name-constrained to the sandbox's injection hosts.
+	egressCATTL = 366 * 24 * time.Hour
 )
 
 // DefaultRootsFiles are the host CA bundles tried, in order, for bundle.pem.
