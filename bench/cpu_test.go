@@ -4,18 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
-	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 )
 
 // cpuClock is the CPU time spent so far by this process (the runner: the bench runs
@@ -77,21 +74,7 @@ func BenchmarkCreateCPU(b *testing.B) {
 	s := newStack(b, 0)
 	ctx := context.Background()
 	parent := env.CgroupParent
-	createOne := func() string {
-		sb, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: sleeper()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		c, err := s.Runner.Agent(ctx, sb.ID, "")
-		if err != nil {
-			b.Fatal(err)
-		}
-		res, err := c.Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"/bin/true"}}))
-		if err != nil || res.Msg.ExitCode != 0 {
-			b.Fatalf("first exec: %v", err)
-		}
-		return sb.ID
-	}
+	createOne := func() string { return createFirstExecOnce(b, s) }
 	destroy := func(id string) {
 		_, _ = s.Runner.Delete(id, 0)
 		if _, err := s.Runner.WaitTerminal(ctx, id); err != nil {
@@ -117,7 +100,7 @@ func BenchmarkCreateCPU(b *testing.B) {
 	// The floor: one runc invocation's CPU.
 	id := createOne()
 	defer destroy(id)
-	floor := runcInvocationCPU(b, s.Backend, id, parent, 5)
+	floor := runcInvocationCPU(b, s.Backend, id, 5)
 	fmt.Printf("CPU per cold create (create → first exec), %d creates: %s; target ≤ 25 ms; %.1fx the floor (one runc invocation: %.1f ms)\n",
 		n, create.per(n), float64(create.total())/float64(n)/float64(floor), float64(floor)/float64(time.Millisecond))
 	fmt.Printf("CPU per teardown (delete → gone, +200 ms settle), %d sandboxes: %s\n", n, teardown.per(n))
@@ -129,13 +112,11 @@ func (c cpuClock) add(o cpuClock) cpuClock {
 
 // runcInvocationCPU is the least CPU of n `runc state` invocations on sandbox id: what
 // starting the runc binary costs (each of a create's runc invocations pays at least it).
-func runcInvocationCPU(b *testing.B, s interface {
-	RuntimeCommand(context.Context, string, ...string) (*exec.Cmd, error)
-}, id, _ string, n int) time.Duration {
+func runcInvocationCPU(b *testing.B, be *local.Backend, id string, n int) time.Duration {
 	b.Helper()
 	best := time.Duration(-1)
 	for range n {
-		cmd, err := s.RuntimeCommand(context.Background(), id, "state", id)
+		cmd, err := be.RuntimeCommand(context.Background(), id, "state", id)
 		if err != nil {
 			b.Fatal(err)
 		}
