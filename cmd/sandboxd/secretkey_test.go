@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/sandboxd/sandboxd/internal/pgtest"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -22,33 +20,9 @@ import (
 // PostgreSQL schema when PostgreSQL is available.
 func secretKeyDSNs(t *testing.T) map[string]string {
 	out := map[string]string{"sqlite": filepath.Join(t.TempDir(), "s.db")}
-	dsn := os.Getenv("SANDBOXD_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		stop, d, err := pgtest.Start()
-		if err != nil {
-			if pgtest.Required() {
-				t.Fatalf("PostgreSQL required: %v", err)
-			}
-			t.Logf("no PostgreSQL (%v): SQLite only", err)
-			return out
-		}
-		t.Cleanup(stop)
-		dsn = d
+	if dsn := pgtest.SchemaFor(t, "secretkey"); dsn != "" {
+		out["postgres"] = dsn
 	}
-	c, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(t.Context())
-	schema := fmt.Sprintf("secretkey_%d_%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := c.Exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	out["postgres"] = dsn + sep + "search_path=" + schema
 	return out
 }
 
@@ -60,17 +34,9 @@ func TestSecretKeyRotation(t *testing.T) {
 	for name, dsn := range secretKeyDSNs(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			path := filepath.Join(t.TempDir(), secretbox.DefaultFile)
-			ring, err := secretbox.LoadOrCreate(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			path, ring := newKeyFile(t)
 			first := ring.CurrentID()
-			st, err := store.Open(ctx, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			st := openKeyStore(t, dsn)
 			ss := st.SecretStores()
 			want := map[string]string{}
 			put := func(r *secretbox.Keyring, org, p, v string) {
@@ -246,22 +212,14 @@ func TestSecretKeyPruneRace(t *testing.T) {
 	for name, dsn := range secretKeyDSNs(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			path := filepath.Join(t.TempDir(), secretbox.DefaultFile)
-			ring, err := secretbox.LoadOrCreate(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			path, ring := newKeyFile(t)
 			// The stale gateway: the first key only, never reading the file again.
 			stale, err := secretbox.Parse([]byte(mustRead(t, path)))
 			if err != nil {
 				t.Fatal(err)
 			}
 			first := ring.CurrentID()
-			st, err := store.Open(ctx, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			st := openKeyStore(t, dsn)
 			ss := st.SecretStores()
 			if _, err := ss.Create(ctx, store.SecretStore{Org: "acme", Name: "prod"}, 0); err != nil {
 				t.Fatal(err)
@@ -317,6 +275,28 @@ func TestSecretKeyPruneRace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newKeyFile makes a key file with one key in a fresh directory.
+func newKeyFile(t *testing.T) (string, *secretbox.Keyring) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), secretbox.DefaultFile)
+	ring, err := secretbox.LoadOrCreate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, ring
+}
+
+// openKeyStore opens the store at dsn until t ends.
+func openKeyStore(t *testing.T, dsn string) store.Store {
+	t.Helper()
+	st, err := store.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }
 
 func mustRead(t *testing.T, path string) string {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -13,7 +11,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/jackc/pgx/v5"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
@@ -358,38 +355,7 @@ func errorMetadata(err error) map[string]string {
 }
 
 // quotaPostgres is a DSN of a fresh PostgreSQL schema (pgtest), "" when there is none.
-func quotaPostgres(t *testing.T) string {
-	dsn := os.Getenv("SANDBOXD_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		stop, d, err := pgtest.Start()
-		if err != nil {
-			if pgtest.Required() {
-				t.Fatalf("PostgreSQL required: %v", err)
-			}
-			t.Logf("no PostgreSQL (%v): SQLite only", err)
-			return ""
-		}
-		t.Cleanup(stop)
-		dsn = d
-	}
-	c, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(t.Context())
-	schema := fmt.Sprintf("quota_%d_%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := c.Exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
+func quotaPostgres(t *testing.T) string { return pgtest.SchemaFor(t, "quota") }
 
 // TestQuotaReconcileFreesEndedSlots: a sandbox that ended on its runner unobserved is
 // recorded ended by the reconciler, and stops counting against the quota.

@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -26,7 +25,6 @@ import (
 var (
 	pgAdminDSN string // a database the tests may create schemas in; "" when unavailable
 	pgMissing  string // why PostgreSQL is unavailable
-	schemaSeq  atomic.Int64
 )
 
 func TestMain(m *testing.M) {
@@ -70,32 +68,12 @@ func newPostgresSchema(t *testing.T) string {
 	if pgAdminDSN == "" {
 		t.Skipf("PostgreSQL unavailable (%s); set SANDBOXD_TEST_POSTGRES_DSN or install postgresql", pgMissing)
 	}
-	ctx := context.Background()
-	c, err := pgx.Connect(ctx, pgAdminDSN)
+	dsn, drop, err := pgtest.NewSchema(context.Background(), pgAdminDSN, "t")
 	if err != nil {
-		t.Fatalf("connect to test PostgreSQL: %v", err)
+		t.Fatal(err)
 	}
-	defer c.Close(ctx)
-	schema := fmt.Sprintf("t%d_%d", os.Getpid(), schemaSeq.Add(1))
-	if _, err := c.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(ctx, pgAdminDSN)
-		if err != nil {
-			return
-		}
-		defer c.Close(ctx)
-		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	})
-	u, err := url.Parse(pgAdminDSN)
-	if err != nil {
-		t.Fatalf("SANDBOXD_TEST_POSTGRES_DSN must be a postgres:// URL: %v", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	t.Cleanup(drop)
+	return dsn
 }
 
 // eachBackend runs fn as a subtest per backend, with a fresh database.
