@@ -126,6 +126,15 @@ func (s *Server) judgePlacement(ctx context.Context, r runner.Handle, org string
 	s.createAccepted(r, k, sb)
 }
 
+// exportFailed judges a checkpoint export (a move's or a fork's to another runner) that
+// failed on r (err as the caller gets it) by the rules of a failed create: a failure the runner caused counts against
+// it for org (createOutcome; a source that cannot be exported, a cancelled caller do not).
+// A successful export is not judged: it is not a placement, and must not heal a runner
+// whose creates fail.
+func (s *Server) exportFailed(ctx context.Context, r runner.Handle, org string, err error) {
+	s.createFailed(ctx, health.Ticket{Runner: r.ID(), Org: org}, err)
+}
+
 // maxDetachedCreates bounds the create attempts still judged after their callers went
 // away (runnerCreate), maxDetachedCreatesPerOrg those of one organization; beyond them
 // an abandoned attempt is cancelled with its caller, not judged.

@@ -559,8 +559,9 @@ func TestRunnerHealthCallerCancelNotCounted(t *testing.T) {
 	}
 }
 
-// TestRunnerHealthForksAndMovesJudged: forks a runner fails internally and moves whose
-// import the target fails count against those runners as failed creates do (the
+// TestRunnerHealthForksAndMovesJudged: forks a runner fails internally, moves whose
+// import the target fails and moves whose export the source fails count against those
+// runners as failed creates do (the
 // organization's own view degrades: the default MinOrgs needs two organizations for
 // everyone's); a fork the runner makes heals it; a fork refused for the caller's reason
 // (a source that cannot be forked) does not count.
@@ -613,7 +614,31 @@ func TestRunnerHealthForksAndMovesJudged(t *testing.T) {
 		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
 			t.Fatalf("the source runner: %+v", v)
 		}
+		// Exports the source runner fails internally count against it; exports
+		// refused for the source's state, and successful ones, do not.
 		r2.importErr = nil
+		r1.exportErr = runner.ErrNotRunning
+		for range health.DefaultDegradedAfter + 1 {
+			if _, err := e.resume(t, id); err == nil {
+				t.Fatal("a move whose export was refused succeeded")
+			}
+		}
+		if v := e.s.health.View("r1", "acme"); v.State != health.Healthy {
+			t.Fatalf("after exports refused for the source: %+v", v)
+		}
+		r1.exportErr = connect.NewError(connect.CodeInternal, errors.New("runsc checkpoint: exit status 128"))
+		for i := range health.DefaultDegradedAfter {
+			if _, err := e.resume(t, id); connect.CodeOf(err) != connect.CodeInternal {
+				t.Fatalf("move %d with a failing export: %v", i, err)
+			}
+		}
+		if v := e.s.health.View("r1", "acme"); v.State != health.Degraded || !strings.Contains(v.Reason, "INTERNAL") {
+			t.Fatalf("the source runner after %d failed exports: %+v", health.DefaultDegradedAfter, v)
+		}
+		if v := e.s.health.Global("r1"); v.State != health.Healthy {
+			t.Fatalf("one organization's failed exports degraded r1 for everyone: %+v", v)
+		}
+		r1.exportErr = nil
 		if res, err := e.resume(t, id); err != nil || res.GetRunnerId() != "r2" {
 			t.Fatalf("move: %v %v", res, err)
 		}

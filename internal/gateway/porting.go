@@ -275,7 +275,9 @@ func (s *Server) moveTo(ctx context.Context, rec *record, from runner.PortHandle
 	bg := context.WithoutCancel(ctx)
 	ref, exported, err := from.ExportCheckpoint(ctx, rec.id)
 	if err != nil {
-		return runner.Sandbox{}, nil, runner.APIError(rec.id, err, "")
+		err = runner.APIError(rec.id, err, "")
+		s.exportFailed(ctx, from, rec.org, err)
+		return runner.Sandbox{}, nil, err
 	}
 	dropExport := func() {
 		if err := from.DeleteCheckpoint(bg, ref.Key); err != nil {
@@ -481,7 +483,9 @@ func (s *Server) runForks(ctx context.Context, rec *record, ph runner.PauseHandl
 		var err error
 		ref, exported, err = from.ExportCheckpoint(ctx, rec.id)
 		if err != nil {
-			return nil, runner.APIError(rec.id, err, "")
+			err = runner.APIError(rec.id, err, "")
+			s.exportFailed(ctx, from, rec.org, err)
+			return nil, err
 		}
 		defer func() {
 			if err := from.DeleteCheckpoint(context.WithoutCancel(ctx), ref.Key); err != nil {

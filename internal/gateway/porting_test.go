@@ -33,8 +33,9 @@ type portRunner struct {
 	// full: it has no room to resume a checkpointed sandbox (Resume answers RESOURCE_
 	// EXHAUSTED, as the local runner's admission does).
 	full bool
-	// importErr fails every ImportFork; movedErr every Moved.
-	importErr, movedErr error
+	// importErr fails every ImportFork; movedErr every Moved; exportErr every
+	// ExportCheckpoint.
+	importErr, movedErr, exportErr error
 	// importGate, when set, holds ImportFork until it is closed (importing is signalled
 	// first).
 	importGate, importing chan struct{}
@@ -120,6 +121,8 @@ func (r *portRunner) ExportCheckpoint(_ context.Context, id string) (runner.Chec
 	defer r.mu.Unlock()
 	sb, ok := r.got[id]
 	switch {
+	case r.exportErr != nil:
+		return runner.CheckpointRef{}, runner.Sandbox{}, r.exportErr
 	case !ok:
 		return runner.CheckpointRef{}, runner.Sandbox{}, runtime.ErrNotFound
 	case sb.State != runner.StateRunning && sb.State != runner.StatePaused:
