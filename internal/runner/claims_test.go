@@ -16,6 +16,16 @@ type claimFake struct {
 	*runtimetest.Fake
 	got     []runtime.Claim
 	removed []runtime.Claim
+	// sizes are the existing claims' sizes (ClaimSize); nil: not a ClaimSizer's answer
+	// (sizedClaimFake adds the method).
+	sizes map[string]int64
+}
+
+// sizedClaimFake is a claimFake that tells existing claims' sizes (runtime.ClaimSizer).
+type sizedClaimFake struct{ *claimFake }
+
+func (f sizedClaimFake) ClaimSize(_ context.Context, c runtime.Claim) (int64, error) {
+	return f.sizes[c.Name], nil
 }
 
 func (f *claimFake) ClaimNamespace() string { return "sbx" }
@@ -120,5 +130,28 @@ func TestSupportSecretRefs(t *testing.T) {
 	t.Cleanup(plain.Close)
 	if !engineRunner(t, plain, "").R.Support().NoSecretRefs {
 		t.Error("a backend that cannot read secret references: not NoSecretRefs")
+	}
+}
+
+// TestClaimPolicySize: a claim above the runner's policy bound is refused before the
+// backend makes anything; one that already exists at that size (the policy lowered since)
+// is adopted, on a backend that tells claims' sizes; asked larger than it is, it is
+// refused again.
+func TestClaimPolicySize(t *testing.T) {
+	f := sizedClaimFake{&claimFake{Fake: runtimetest.NewFake(), sizes: map[string]int64{"old": 2 << 30}}}
+	t.Cleanup(f.Close)
+	l := engineRunner(t, f, "")
+	ctx := context.Background()
+	v := RegisteredVolume{Org: "acme", ClaimName: "new", Namespace: "sbx", SizeBytes: 2 << 30, MaxSizeBytes: 1 << 30}
+	if _, err := l.EnsureVolume(ctx, v); apierr.Reason(err) != apierr.PlacementRejected || len(f.got) != 0 {
+		t.Fatalf("a new claim above the bound = %v (backend asked %d times)", err, len(f.got))
+	}
+	v.ClaimName = "old"
+	if _, err := l.EnsureVolume(ctx, v); err != nil || len(f.got) != 1 || f.got[0].Name != "old" {
+		t.Fatalf("an existing claim at its size, above the lowered bound = %v (%+v)", err, f.got)
+	}
+	v.SizeBytes = 3 << 30
+	if _, err := l.EnsureVolume(ctx, v); apierr.Reason(err) != apierr.PlacementRejected || len(f.got) != 1 {
+		t.Fatalf("an existing claim asked larger than it is, above the bound = %v", err)
 	}
 }

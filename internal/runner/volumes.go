@@ -154,10 +154,18 @@ func (r *Runner) EnsureVolume(ctx context.Context, v RegisteredVolume) (VolumeSt
 		if err := v.checkNamespace(cv.ClaimNamespace()); err != nil {
 			return VolumeState{}, err
 		}
-		// A claim's size now is not asked before: one larger than the policy allows is
-		// refused even when it exists (the gateway asks the size it recorded).
-		if err := v.checkPolicySize(0); err != nil {
-			return VolumeState{}, err
+		if v.MaxSizeBytes > 0 && v.SizeBytes > v.MaxSizeBytes {
+			var held int64
+			if cz, ok := cv.(runtime.ClaimSizer); ok {
+				var err error
+				if held, err = cz.ClaimSize(ctx, v.claim()); err != nil {
+					r.log.Warn("registered volume: claim size now", "org", v.Org, "claim", v.ClaimName, "err", err)
+					held = 0
+				}
+			}
+			if err := v.checkPolicySize(held); err != nil {
+				return VolumeState{}, err
+			}
 		}
 		cs, err := cv.EnsureClaim(ctx, v.claim())
 		if err != nil {

@@ -241,6 +241,15 @@ type ClaimVolumes interface {
 	RemoveClaim(ctx context.Context, c Claim) error
 }
 
+// ClaimSizer is implemented by ClaimVolumes backends that tell an existing claim's size
+// (its capacity, else what it asks for; 0 and no error when it does not exist or is not
+// granted to c.Org): the runner lets a claim that already exists keep a size its policy
+// no longer allows (only a claim it would make past the bound is refused), as
+// ManagedSizer does for managed volumes.
+type ClaimSizer interface {
+	ClaimSize(ctx context.Context, c Claim) (int64, error)
+}
+
 // ErrClaimIneligible: the named claim exists but this organization may not use it, or it
 // is not usable (its class, its phase). Errors wrap it with the reason.
 var ErrClaimIneligible = errors.New("the claim is not eligible")

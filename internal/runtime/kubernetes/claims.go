@@ -116,6 +116,24 @@ func (b *Backend) EnsureClaim(ctx context.Context, c runtime.Claim) (runtime.Cla
 	return runtime.ClaimState{CapacityBytes: claimCapacity(pvc), AccessModes: claimAccessModes(pvc)}, nil
 }
 
+var _ runtime.ClaimSizer = (*Backend)(nil)
+
+// ClaimSize implements runtime.ClaimSizer: the larger of the claim's capacity and its
+// request, when it exists and is granted to c.Org.
+func (b *Backend) ClaimSize(ctx context.Context, c runtime.Claim) (int64, error) {
+	pvc, err := b.cfg.Client.CoreV1().PersistentVolumeClaims(b.cfg.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("claim %s: %w", c.Name, err)
+	case pvc.Labels[LabelVolumeOrg] != runtime.OrgHash(c.Org):
+		return 0, nil
+	}
+	q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	return max(claimCapacity(pvc), q.Value()), nil
+}
+
 // makeClaim makes the claim of c: class c.StorageClass or the cluster's default, within
 // the allowed classes.
 func (b *Backend) makeClaim(ctx context.Context, c runtime.Claim) (*corev1.PersistentVolumeClaim, error) {

@@ -332,3 +332,18 @@ func TestSingleNodeClaims(t *testing.T) {
 		t.Error("an empty node changed the affinity")
 	}
 }
+
+// TestClaimSize: an existing claim granted to the organization has the larger of its
+// capacity and its request; a missing one, or one not granted to it, has 0.
+func TestClaimSize(t *testing.T) {
+	grant := map[string]string{LabelVolumeOrg: runtime.OrgHash("org-a")}
+	b, _ := newFakeBackend(t, Config{},
+		existingClaim("bound", "std", grant, corev1.ClaimBound, "5Gi"),
+		existingClaim("pending", "std", grant, corev1.ClaimPending, ""),
+		existingClaim("foreign", "std", nil, corev1.ClaimBound, "5Gi"))
+	for name, want := range map[string]int64{"bound": 5 << 30, "pending": 1 << 30, "foreign": 0, "missing": 0} {
+		if got, err := b.ClaimSize(context.Background(), testClaim("org-a", name)); err != nil || got != want {
+			t.Errorf("%s: %d, %v; want %d", name, got, err, want)
+		}
+	}
+}
