@@ -23,7 +23,7 @@ func NewSchema(ctx context.Context, admin, prefix string) (dsn string, drop func
 	if err != nil {
 		return "", nil, fmt.Errorf("pgtest: connect: %w", err)
 	}
-	defer c.Close(ctx)
+	defer func() { _ = c.Close(ctx) }()
 	schema := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), schemaSeq.Add(1))
 	if _, err := c.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return "", nil, fmt.Errorf("pgtest: create schema: %w", err)
