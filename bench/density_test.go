@@ -40,8 +40,9 @@ func envInt(b *testing.B, name string, def int) int {
 type densityResult struct {
 	n, conc                        int
 	wall                           time.Duration
-	rate, lastRate                 float64 // creates/s overall and over the last tenth
-	availPer, cgroupPer, runnerPer float64 // MiB per sandbox
+	rate, lastRate                 float64   // creates/s overall and over the last tenth
+	tenths                         []float64 // creates/s in each tenth of n (n ≥ 100)
+	availPer, cgroupPer, runnerPer float64   // MiB per sandbox
 	exec10p50, exec10p99, execNp50 float64
 	execNp99, rule10p50, rule10p99 float64
 	ruleNp50, ruleNp99             float64
@@ -145,6 +146,24 @@ func runDensity(b *testing.B) densityResult {
 	slices.SortFunc(done, func(a, c time.Time) int { return a.Compare(c) })
 	k := max(n/10, min(10, n-1)) // the last tenth, at least 10 creates (they finish in clumps of conc)
 	r.lastRate = float64(k) / done[n-1].Sub(done[n-k-1]).Seconds()
+	if n >= 100 { // where the rate goes as the host fills
+		// Completion times from t0, without the pause at 10 (measurements).
+		pause := t1.Sub(done[9])
+		at := func(i int) time.Duration {
+			if i < 0 {
+				return 0
+			}
+			d := done[i].Sub(t0)
+			if i >= 10 {
+				d -= pause
+			}
+			return d
+		}
+		for i := range 10 {
+			lo, hi := i*n/10, (i+1)*n/10-1
+			r.tenths = append(r.tenths, float64(hi-lo+1)/(at(hi)-at(lo-1)).Seconds())
+		}
+	}
 	idleSettle()
 	avail1, pss1, cg1 := memAvailable(), selfPSS(), cgroupMemory(env.CgroupParent)
 	r.availPer = mib(avail0-avail1) / float64(n)
@@ -155,6 +174,9 @@ func runDensity(b *testing.B) densityResult {
 
 	fmt.Printf("density: %d idle sandboxes by %d callers in %.1f s: %.1f creates/s overall, %.1f/s over the last tenth (target ≥ 30/s)\n",
 		n, conc, r.wall.Seconds(), r.rate, r.lastRate)
+	if r.tenths != nil {
+		fmt.Printf("density: creates/s in each tenth of the %d: %.1f\n", n, r.tenths)
+	}
 	fmt.Printf("density: host memory per idle sandbox at %d: MemAvailable drop %.2f MiB; cgroups %.2f + runner PSS growth %.2f = %.2f MiB (target ≤ 5 MiB)\n",
 		n, r.availPer, r.cgroupPer, r.runnerPer, r.cgroupPer+r.runnerPer)
 	fmt.Printf("density: exec of /bin/true at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms; p99 ratio %.2f (target ≤ 1.5)\n",

@@ -457,7 +457,7 @@ func (d *docker) ping() error { return d.api("GET", "/_ping", nil, nil) }
 func (d *docker) apiRun(b *testing.B) string {
 	b.Helper()
 	sp := sleeper()
-	var c struct{ Id string } //nolint:revive // Docker's field name
+	var c struct{ Id string } // Docker's field name
 	if err := d.api("POST", "/containers/create", map[string]any{
 		"Image": dockerImage, "Cmd": append([]string{sp.Command}, sp.Args...),
 		"HostConfig": map[string]any{"NetworkMode": "none"},
@@ -474,7 +474,7 @@ func (d *docker) apiRun(b *testing.B) string {
 // attached (the stream ends when the command does), exec inspect for the exit code.
 func (d *docker) apiExec(b *testing.B, id string) {
 	b.Helper()
-	var e struct{ Id string } //nolint:revive // Docker's field name
+	var e struct{ Id string } // Docker's field name
 	if err := d.api("POST", "/containers/"+id+"/exec", map[string]any{"Cmd": []string{"true"}, "AttachStdout": true, "AttachStderr": true}, &e); err != nil {
 		b.Fatal(err)
 	}
