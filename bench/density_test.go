@@ -6,8 +6,10 @@ import (
 	"math/bits"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -46,6 +48,7 @@ type densityResult struct {
 	exec10p50, exec10p99, execNp50 float64
 	execNp99, rule10p50, rule10p99 float64
 	ruleNp50, ruleNp99             float64
+	nftFloor                       float64 // p50 ms of an `nft -f -` process given nothing to do
 }
 
 var (
@@ -65,7 +68,8 @@ var (
 //   - exec of /bin/true through the agent, p50/p99 at 10 sandboxes and at N, and their
 //     ratio (target ≤ 1.5);
 //   - one network rule change (network.Manager.SetRules: one sandbox's egress rules
-//     replaced, one nftables transaction) at 10 and at N (target ≤ 15 ms).
+//     replaced, one nftables transaction) at 10 and at N (target ≤ 15 ms), beside the
+//     floor of the `nft` process such a change runs, given nothing to do.
 //
 // The sandboxes are created on the runner directly, as the other runtime benchmarks do:
 // the runner's admission limit (`sandboxd --max-sandboxes`, default 200) is the gateway
@@ -171,6 +175,7 @@ func runDensity(b *testing.B) densityResult {
 	r.runnerPer = mib(pss1-pss0) / float64(n)
 	r.execNp50, r.execNp99 = densityExec(b, s, ids)
 	r.ruleNp50, r.ruleNp99 = ruleChange(b, s)
+	r.nftFloor = nftFloor(b)
 
 	fmt.Printf("density: %d idle sandboxes by %d callers in %.1f s: %.1f creates/s overall, %.1f/s over the last tenth (target ≥ 30/s)\n",
 		n, conc, r.wall.Seconds(), r.rate, r.lastRate)
@@ -181,8 +186,8 @@ func runDensity(b *testing.B) densityResult {
 		n, r.availPer, r.cgroupPer, r.runnerPer, r.cgroupPer+r.runnerPer)
 	fmt.Printf("density: exec of /bin/true at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms; p99 ratio %.2f (target ≤ 1.5)\n",
 		r.exec10p50, r.exec10p99, n, r.execNp50, r.execNp99, r.execNp99/r.exec10p99)
-	fmt.Printf("density: one network rule change at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms (target ≤ 15 ms)\n",
-		r.rule10p50, r.rule10p99, n, r.ruleNp50, r.ruleNp99)
+	fmt.Printf("density: one network rule change at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms (target ≤ 15 ms); floor, an nft process given nothing to do: p50 %.2f ms\n",
+		r.rule10p50, r.rule10p99, n, r.ruleNp50, r.ruleNp99, r.nftFloor)
 	cleanup(b, s)
 	return r
 }
@@ -253,6 +258,28 @@ func ruleChange(b *testing.B, s *stack.Stack) (p50, p99 float64) {
 		lat = append(lat, time.Since(t0))
 	}
 	return quantiles(lat)
+}
+
+// nftFloor is the p50 of 20 runs of `nft -f -` with an empty script: the cost of the
+// process a rule change with chains runs (network.runNft), without its work.
+func nftFloor(b *testing.B) float64 {
+	b.Helper()
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var lat []time.Duration
+	for range 20 {
+		cmd := exec.Command(nft, "-f", "-")
+		cmd.Stdin = strings.NewReader("")
+		t0 := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("nft: %v: %s", err, out)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	p50, _ := quantiles(lat)
+	return p50
 }
 
 // quantiles is p50 and p99 of d in milliseconds (d is sorted).
