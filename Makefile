@@ -104,8 +104,10 @@ pysdk-test: pydeps
 test-short:
 	$(GO) test -short -count=1 ./...
 
+# BenchmarkDensity's sandbox count (BENCH_DENSITY_N) is 200 here, 12 in bench-smoke, and
+# BenchmarkDockerPeer's idle containers (BENCH_PEER_IDLE) 10 here, 3 in bench-smoke.
 bench: build images runsc pydeps jaeger
-	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
+	BENCH_DENSITY_N=$${BENCH_DENSITY_N:-200} $(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./bench/...
 
 # API call -> first command through the official Python client and the Go SDK, sequential,
 # staggered and in bursts of 10/50/100, against a `sandboxd dev` it starts (bench/sdk/run.py;
@@ -119,7 +121,7 @@ bench-sdk: build images pydeps
 # bench` measures). test/k8s's runs in `make k8s-test`.
 BENCH_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^func Benchmark' bench internal)))
 bench-smoke: build images runsc pydeps jaeger
-	EDGE_BENCH_DURATION=200ms $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(addprefix ./,$(BENCH_PKGS))
+	EDGE_BENCH_DURATION=200ms BENCH_DENSITY_N=12 BENCH_PEER_IDLE=3 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(addprefix ./,$(BENCH_PKGS))
 	BENCH_SDK_SMOKE=1 python3 bench/sdk/run.py
 
 # Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.

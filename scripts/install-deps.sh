@@ -3,7 +3,7 @@
 # missing. Needs root. Usage: install-deps.sh [--test]
 set -euo pipefail
 pkgs=(runc busybox-static nftables iproute2 ca-certificates debootstrap curl btrfs-progs) # btrfs-progs: mkfs.btrfs for the local backend's volume pool (file-system snapshots)
-[ "${1:-}" = "--test" ] && pkgs+=(make git postgresql haproxy chromium) # postgresql: internal/store tests start their own server; haproxy: bench/edge compares the edge with HAProxy; chromium: test/console drives the web console in it
+[ "${1:-}" = "--test" ] && pkgs+=(make git postgresql haproxy chromium docker.io) # postgresql: internal/store tests start their own server; haproxy: bench/edge compares the edge with HAProxy; chromium: test/console drives the web console in it; docker.io: bench's BenchmarkDockerPeer runs its own dockerd beside sandboxd (the package's service must not run, see below)
 [ "${1:-}" = "--k8s" ] && pkgs+=(etcd-server containerd containernetworking-plugins iptables openssl kubectl) # test/k8s/up.sh; kubectl: test/k8s applies the runner manifests
 missing=()
 for p in "${pkgs[@]}"; do
@@ -13,4 +13,24 @@ done
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q >/dev/null
+# No service starts during the install (a policy-rc.d that exits 101 denies every
+# invoke-rc.d and deb-systemd-invoke start): above all not docker.io's dockerd, whose
+# default iptables rules set FORWARD's policy to DROP and cut sandboxes off. A
+# policy-rc.d already there is put back afterwards.
+policy=/usr/sbin/policy-rc.d
+saved=""
+if [ -e "$policy" ]; then
+  saved=$(mktemp)
+  cp -p "$policy" "$saved"
+fi
+restore_policy() {
+  if [ -n "$saved" ]; then mv -f "$saved" "$policy"; else rm -f "$policy"; fi
+}
+trap restore_policy EXIT
+printf '#!/bin/sh\nexit 101\n' >"$policy"
+chmod 755 "$policy"
 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+# Nor at the next boot (the package enables its units).
+if [[ " ${missing[*]} " == *" docker.io "* ]] && [ -d /run/systemd/system ]; then
+  systemctl disable --now docker.service docker.socket >/dev/null 2>&1 || true
+fi
