@@ -149,7 +149,12 @@ func seccompFilterOf(pid int) ([]byte, error) {
 	if err := unix.PtraceSeize(pid); err != nil {
 		return nil, fmt.Errorf("seccomp capture: seize %d: %w", pid, err)
 	}
-	defer func() { _ = unix.PtraceDetach(pid) }()
+	// A signal that stopped it on its way in (rather than the interrupt) is delivered
+	// on detach: the agent, pid 1, reaps its children on SIGCHLD.
+	var inject unix.Signal
+	defer func() {
+		_, _, _ = unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, uintptr(inject), 0, 0)
+	}()
 	if err := unix.PtraceInterrupt(pid); err != nil {
 		return nil, fmt.Errorf("seccomp capture: interrupt %d: %w", pid, err)
 	}
@@ -165,6 +170,9 @@ func seccompFilterOf(pid int) ([]byte, error) {
 			return nil, fmt.Errorf("seccomp capture: %d ended", pid)
 		}
 		if ws.Stopped() {
+			if ws.TrapCause() != unix.PTRACE_EVENT_STOP {
+				inject = ws.StopSignal() // a signal-delivery-stop
+			}
 			break
 		}
 	}

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -8,9 +9,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"connectrpc.com/connect"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -95,5 +100,60 @@ func TestSeccompCached(t *testing.T) {
 				t.Errorf("%s: %q: %q (stderr %q, exit %d), want %q", id, ch.argv, out, errOut, code, ch.want)
 			}
 		}
+		if i == 1 { // the program the agent installed (it serves: it has) is the one runc compiled, byte for byte
+			pid, err := readPid(filepath.Join(e.b.dir(id), filePid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := seccompFilterOf(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, _ := filepath.Glob(filepath.Join(e.b.cfg.StateDir, seccompDir, "*.bpf"))
+			if len(files) != 1 {
+				t.Fatalf("programs kept: %q, want one", files)
+			}
+			want, err := os.ReadFile(files[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("the agent's filter (%d bytes) is not the program runc compiled (%d bytes)", len(got), len(want))
+			}
+		}
+	}
+}
+
+// TestSeccompProgramBad: an agent handed a program it cannot install exits at once
+// (failing the sandbox) rather than run without a filter: neither pid 1 nor anything
+// after it runs unfiltered.
+func TestSeccompProgramBad(t *testing.T) {
+	e := newEnv(t)
+	e.create(runtime.Spec{ID: "scb-first", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}}})
+	defer func() { _ = e.b.Destroy(context.Background(), "scb-first") }()
+	files, _ := filepath.Glob(filepath.Join(e.b.cfg.StateDir, seccompDir, "*.bpf"))
+	if len(files) != 1 {
+		t.Fatalf("programs kept: %q, want one", files)
+	}
+	// A program the kernel refuses: one instruction, "return" of an unknown class.
+	if err := os.Chmod(files[0], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(files[0], []byte{0xff, 0xff, 0, 0, 0, 0, 0, 0}, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	id := "scb-second"
+	_, err := e.b.Create(context.Background(), &runtime.Spec{ID: id, Container: runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"3600"}}})
+	defer func() { _ = e.b.Destroy(context.Background(), id) }()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := agentClient(e.b, id).Exec(ctx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"true"}})); err == nil {
+			t.Fatal("a sandbox whose agent could not install its filter serves")
+		}
+	}
+	out, _ := os.ReadFile(filepath.Join(e.b.dir(id), fileAgentOut))
+	if !strings.Contains(string(out), "seccomp filter") {
+		t.Errorf("agent output: %q, want the seccomp filter's error", out)
 	}
 }
