@@ -62,11 +62,18 @@ func seccompKey(binary string, p *specs.LinuxSeccomp) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// program returns the file of key's program, if one was captured.
+// program returns the file of key's program, if one was captured (and the file is
+// still there: removed behind the backend's back, runc compiles the profile again).
 func (c *seccompCache) program(key string) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p, ok := c.progs[key]
+	if ok {
+		if _, err := os.Stat(p); err != nil {
+			delete(c.progs, key)
+			return "", false
+		}
+	}
 	return p, ok
 }
 
