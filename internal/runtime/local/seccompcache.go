@@ -202,11 +202,11 @@ func seccompFilterOf(pid int) ([]byte, error) {
 		return nil, fmt.Errorf("seccomp capture: filter of %d has %d instructions", pid, n)
 	}
 	if _, err := get(1, nil); !errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("seccomp capture: %d has more than one filter (%v)", pid, err)
+		return nil, fmt.Errorf("seccomp capture: %d has more than one filter (%w)", pid, err)
 	}
 	buf := make([]unix.SockFilter, n)
 	if m, err := get(0, buf); err != nil || m != n {
-		return nil, fmt.Errorf("seccomp capture: filter of %d: %d of %d instructions: %v", pid, m, n, err)
+		return nil, fmt.Errorf("seccomp capture: filter of %d: %d of %d instructions: %w", pid, m, n, err)
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), n*int(unsafe.Sizeof(buf[0]))), nil
 }

@@ -152,16 +152,6 @@ func (m *Manager) unpinPort(id string) error {
 	return nil
 }
 
-// pinScript is what pinsOverNetlink does, as an nft script (the reference its test
-// compares with).
-func (m *Manager) pinScript(p pin, del bool) string {
-	t := m.cfg.Table
-	if del {
-		return fmt.Sprintf("delete element bridge %s ports { %s }\ndelete element bridge %s pins { %s }\n", t, quote(p.veth), t, p.element())
-	}
-	return fmt.Sprintf("add element bridge %s pins { %s }\nadd element bridge %s ports { %s }\n", t, p.element(), t, quote(p.veth))
-}
-
 func deletePinTable(table string) error {
 	if err := runNft(fmt.Sprintf("table bridge %s\ndelete table bridge %s\n", table, table)); err != nil {
 		return fmt.Errorf("delete nftables bridge table %s: %w", table, err)

@@ -204,8 +204,9 @@ func protoKey(proto string) []byte {
 func portKey(port uint16) []byte { return binary.BigEndian.AppendUint16(nil, port) }
 
 // pinsOverNetlink adds (del: deletes) p's elements of the bridge table's sets pins and
-// ports (antispoof.go) in one netlink transaction on the pins' kept socket — pinScript's
-// change without an nft process per sandbox. Caller holds pinMu.
+// ports (antispoof.go) in one netlink transaction on the pins' kept socket — what
+// `add element` / `delete element` scripts did, without an nft process per sandbox.
+// Caller holds pinMu.
 func (m *Manager) pinsOverNetlink(p pin, del bool) error {
 	mac, err := net.ParseMAC(p.mac)
 	if err != nil || len(mac) != 6 || !p.ip.Is4() || len(p.veth) >= unix.IFNAMSIZ {
@@ -221,7 +222,7 @@ func (m *Manager) pinsOverNetlink(p pin, del bool) error {
 	pins := []nftables.SetElement{{Key: concat(ifname, mac, ip[:])}}
 	ports := []nftables.SetElement{{Key: ifname}}
 	pinSet, portSet := &nftables.Set{Table: table, Name: "pins"}, &nftables.Set{Table: table, Name: "ports"}
-	if del { // pinScript's order: the port leaves ports first
+	if del { // the port leaves ports first
 		err = errors.Join(c.SetDeleteElements(portSet, ports), c.SetDeleteElements(pinSet, pins))
 	} else { // and joins it last
 		err = errors.Join(c.SetAddElements(pinSet, pins), c.SetAddElements(portSet, ports))
