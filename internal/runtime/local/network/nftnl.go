@@ -228,6 +228,7 @@ func (m *Manager) pinsOverNetlink(p pin, del bool) error {
 		err = errors.Join(c.SetAddElements(pinSet, pins), c.SetAddElements(portSet, ports))
 	}
 	if err != nil {
+		m.pinNl.dropConn(c) // with what was queued
 		return fmt.Errorf("netlink: %w", err)
 	}
 	if err := c.Flush(); err != nil {
