@@ -1018,16 +1018,16 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	if scKey != "" && s.fork == nil && b.scache.startCapture(scKey) {
-		if err := b.scache.capture(scKey, pid); err != nil {
+	pr, err := openProc(pid, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if scKey != "" && pr != nil && b.scache.startCapture(scKey) {
+		if err := b.scache.capture(scKey, pid, pr.start); err != nil {
 			b.log.Warn("seccomp filter not captured; runc keeps compiling it", "sandbox", id, "err", err)
 		} else {
 			b.step(ctx, "seccomp capture", t)
 		}
-	}
-	pr, err := openProc(pid, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid, Agent: s.ident, CPUs: cpus, Cgroup: s.cgroup}
 	if cid != id {

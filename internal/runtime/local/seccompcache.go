@@ -90,9 +90,9 @@ func (c *seccompCache) startCapture(key string) bool {
 }
 
 // capture reads the filter of the agent pid (a runc container of profile key, just
-// started), once it has exec'd the agent binary, and keeps it for key. On failure
-// nothing is kept and a later create tries again.
-func (c *seccompCache) capture(key string, pid int) error {
+// started: its init, whose start time is start), once it has exec'd the agent binary,
+// and keeps it for key. On failure nothing is kept and a later create tries again.
+func (c *seccompCache) capture(key string, pid int, start uint64) error {
 	defer func() {
 		c.mu.Lock()
 		delete(c.capturing, key)
@@ -104,6 +104,9 @@ func (c *seccompCache) capture(key string, pid int) error {
 	prog, err := seccompFilterOf(pid)
 	if err != nil {
 		return err
+	}
+	if got, err := procStart(pid); err != nil || got != start {
+		return fmt.Errorf("seccomp capture: pid %d is no longer the sandbox's init", pid) // its filter is not this profile's
 	}
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return err
