@@ -18,12 +18,21 @@ type MainOptions struct {
 	ConfigPath string
 	StateDir   string
 	ListenFD   int // < 0: listen on Config.Listen
+	// SeccompFilter, when set, is a seccomp filter (classic BPF) Main installs on
+	// every thread first of all; without it Main returns 1 (seccomp.go).
+	SeccompFilter string
 }
 
 // Main runs sandbox-agent as a process and returns its exit code. SIGTERM and SIGINT stop
 // the main command.
 func Main(o MainOptions) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "sandbox-agent")
+	if o.SeccompFilter != "" {
+		if err := InstallSeccompFilter(o.SeccompFilter); err != nil {
+			log.Error("seccomp filter", "err", err)
+			return 1
+		}
+	}
 	cfg, err := agentconfig.Load(o.ConfigPath)
 	if err != nil {
 		log.Error("load config", "err", err)

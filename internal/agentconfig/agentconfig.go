@@ -16,6 +16,10 @@ const (
 	Dir        = "/.sandboxd"
 	BinaryPath = Dir + "/bin/sandbox-agent" // read-only
 	ConfigPath = Dir + "/config.json"       // read-only
+	// SeccompPath is the sandbox's seccomp filter (a classic BPF program, read-only),
+	// when the backend hands it to the agent to install (--seccomp-filter) instead of
+	// the OCI runtime compiling the profile (local backend, seccompcache.go).
+	SeccompPath = Dir + "/seccomp.bpf"
 	// StateDir is writable and shared with the host: the agent keeps the main command's
 	// logs (logs/main.log + logs/main.idx, see internal/logstore) and status.json there,
 	// so the runner can read both after the sandbox has exited.

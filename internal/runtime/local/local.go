@@ -130,6 +130,7 @@ type Backend struct {
 	cfg      Config
 	runtimes map[string]*ociRuntime
 	seccomp  *specs.LinuxSeccomp
+	scache   *seccompCache // seccomp filters compiled (seccompcache.go)
 	noFile   uint64
 	log      *slog.Logger
 
@@ -311,6 +312,7 @@ func New(cfg Config) (*Backend, error) {
 		cfg:       cfg,
 		runtimes:  map[string]*ociRuntime{},
 		seccomp:   sc,
+		scache:    newSeccompCache(cfg.StateDir),
 		noFile:    noFileLimit(),
 		log:       cfg.Logger,
 		sandboxes: map[string]*sandbox{},
@@ -910,6 +912,17 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: limit files: %w", id, err)
 		}
 	}
+	// The profile's filter, compiled by runc for an earlier sandbox: the agent installs
+	// it (seccompcache.go). Else runc compiles it, and this sandbox's is kept.
+	var scKey string
+	if agentFilterable(p) && s.fork == nil {
+		if scKey, err = seccompKey(rt.binary, p.Seccomp); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: seccomp profile: %w", id, err)
+		}
+		if prog, ok := b.scache.program(scKey); ok {
+			p.SeccompProgram, scKey = prog, ""
+		}
+	}
 	oci := ociSpec(p)
 	b.gvisorGroupSpec(s, oci) // a gVisor group's containers share one sentry (gvisor_group.go)
 	if err := writeJSON(filepath.Join(bundle, "config.json"), oci); err != nil {
@@ -1008,6 +1021,13 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	pr, err := openProc(pid, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if scKey != "" && pr != nil && b.scache.startCapture(scKey) {
+		if err := b.scache.capture(scKey, pid, pr.start); err != nil {
+			b.log.Warn("seccomp filter not captured; runc keeps compiling it", "sandbox", id, "err", err)
+		} else {
+			b.step(ctx, "seccomp capture", t)
+		}
 	}
 	s.info = persistedInfo{RuntimeClass: rt.class, ImageDigest: img.Digest, StartedAt: time.Now().UTC(), Pid: pid, Agent: s.ident, CPUs: cpus, Cgroup: s.cgroup}
 	if cid != id {

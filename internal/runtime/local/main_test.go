@@ -314,7 +314,7 @@ func checkNoLeaks(t testing.TB, state, id string) {
 			}
 			continue
 		}
-		if e.Name() == diskTemplatesDir || e.Name() == dirVolumePool {
+		if e.Name() == diskTemplatesDir || e.Name() == dirVolumePool || e.Name() == seccompDir {
 			continue // kept for the next sandbox, like the image cache (mounts: see above)
 		}
 		if e.Name() == dirRootfs {

@@ -201,7 +201,10 @@ type specParams struct {
 	RunDir    string // host dir mounted at agentconfig.StateDir
 	EtcDir    string // host dir holding hosts, hostname, resolv.conf
 	Seccomp   *specs.LinuxSeccomp
-	NoFile    uint64
+	// SeccompProgram, when set, is the host file of Seccomp compiled (seccompcache.go):
+	// the agent installs it and config.json has no linux.seccomp (see agentFilter).
+	SeccompProgram string
+	NoFile         uint64
 	// GVisor adapts the spec to runsc: the agent listens itself (no fd 3) and there is
 	// no OCI seccomp profile (see gvisor.go).
 	GVisor bool
@@ -237,6 +240,17 @@ type specParams struct {
 	EgressCA string
 }
 
+// agentFilter: the agent installs p's seccomp filter (p.SeccompProgram) instead of the
+// runtime compiling p.Seccomp — only runc, and only with no_new_privs, which runc sets
+// before it executes the agent (without it, runc installs the filter before it drops
+// the capabilities that need it: such a spec keeps runc's filter).
+func agentFilter(p specParams) bool { return p.SeccompProgram != "" && agentFilterable(p) }
+
+// agentFilterable: p's filter may be installed by the agent (agentFilter) once compiled.
+func agentFilterable(p specParams) bool {
+	return p.Seccomp != nil && !p.GVisor && p.Engine == "" && (p.Security == nil || !p.Security.AllowPrivilegeEscalation)
+}
+
 func ociSpec(p specParams) *specs.Spec {
 	hostname := runtime.Hostname(p.ID)
 	caps := capSet(p.Security, p.NonRoot)
@@ -253,11 +267,16 @@ func ociSpec(p specParams) *specs.Spec {
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 		ro(p.Agent, agentconfig.BinaryPath),
 		ro(p.Config, agentconfig.ConfigPath),
+	}
+	if agentFilter(p) {
+		mounts = append(mounts, ro(p.SeccompProgram, agentconfig.SeccompPath))
+	}
+	mounts = append(mounts, []specs.Mount{
 		{Destination: agentconfig.StateDir, Type: "bind", Source: p.RunDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		ro(p.EtcDir+"/hosts", "/etc/hosts"),
 		ro(p.EtcDir+"/hostname", "/etc/hostname"),
 		ro(p.EtcDir+"/resolv.conf", "/etc/resolv.conf"),
-	}
+	}...)
 
 	if p.Sysfs != "" {
 		for i := range mounts {
@@ -337,6 +356,10 @@ func ociSpec(p specParams) *specs.Spec {
 	if p.GVisor {
 		args = append(args, "--listen-fd=-1")
 		seccomp, sysctl = nil, nil
+	}
+	if agentFilter(p) {
+		args = append(args, "--seccomp-filter="+agentconfig.SeccompPath)
+		seccomp = nil
 	}
 	// The cgroup namespace roots /sys/fs/cgroup and /proc/self/cgroup at the sandbox's
 	// own cgroup: no host path, no sibling sandbox (on cgroup v2 without it a sandbox

@@ -114,21 +114,27 @@ func (m *Manager) rebuildPinsLocked() error {
 	return nil
 }
 
-// pinPort pins sandbox id's port (before it is attached to the bridge).
+// pinPort pins sandbox id's port (before it is attached to the bridge): its two
+// elements in one netlink transaction (pinsOverNetlink). Should that fail (the table was
+// changed behind the Manager's back), the table is rebuilt with the pin by nft.
 func (m *Manager) pinPort(id string, p pin) error {
 	m.pinMu.Lock()
 	defer m.pinMu.Unlock()
-	t := m.cfg.Table
-	script := fmt.Sprintf("add element bridge %s pins { %s }\nadd element bridge %s ports { %s }\n", t, p.element(), t, quote(p.veth))
-	if err := runNft(script); err != nil {
-		return fmt.Errorf("pin bridge port %s: %w", p.veth, err)
+	err := m.pinsOverNetlink(p, false)
+	if err == nil {
+		m.pins[id] = p
+		return nil
 	}
 	m.pins[id] = p
+	if rerr := m.rebuildPinsLocked(); rerr != nil {
+		delete(m.pins, id)
+		return errors.Join(fmt.Errorf("pin bridge port %s: %w", p.veth, err), rerr)
+	}
 	return nil
 }
 
-// unpinPort removes sandbox id's pin (Teardown, undo of Setup). Should removing its
-// elements fail, the table is rebuilt without them.
+// unpinPort removes sandbox id's pin (Teardown, undo of Setup), over netlink like
+// pinPort. Should removing its elements fail, the table is rebuilt without them.
 func (m *Manager) unpinPort(id string) error {
 	m.pinMu.Lock()
 	defer m.pinMu.Unlock()
@@ -137,9 +143,7 @@ func (m *Manager) unpinPort(id string) error {
 		return nil
 	}
 	delete(m.pins, id)
-	t := m.cfg.Table
-	script := fmt.Sprintf("delete element bridge %s ports { %s }\ndelete element bridge %s pins { %s }\n", t, quote(p.veth), t, p.element())
-	if err := runNft(script); err != nil {
+	if err := m.pinsOverNetlink(p, true); err != nil {
 		if rerr := m.rebuildPinsLocked(); rerr != nil {
 			m.pins[id] = p
 			return errors.Join(fmt.Errorf("unpin bridge port %s: %w", p.veth, err), rerr)

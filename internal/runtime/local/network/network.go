@@ -157,6 +157,7 @@ type Manager struct {
 
 	pinMu sync.Mutex     // serializes changes of the bridge table (antispoof.go)
 	pins  map[string]pin // sandbox id -> its port's pin
+	pinNl nlConn         // netlink socket of pinsOverNetlink, under pinMu
 }
 
 // New prepares the host (idempotently) and returns a Manager. It must be called
@@ -584,6 +585,9 @@ func (m *Manager) Close() error {
 	m.h.Close()
 	m.mu.Unlock()
 	m.pol.closeConn()
+	m.pinMu.Lock()
+	m.pinNl.close()
+	m.pinMu.Unlock()
 	m.StopServices()
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 )
 
 // rules returns the nftables script that (re)creates the Manager's table
@@ -157,7 +158,12 @@ func deleteTable(table string) error {
 	return nil
 }
 
+// nftRuns counts nft processes spawned (runNft), for the tests that check the
+// per-sandbox paths spawn none.
+var nftRuns atomic.Int64
+
 func runNft(script string) error {
+	nftRuns.Add(1)
 	nft, err := exec.LookPath("nft")
 	if err != nil {
 		return fmt.Errorf("nft not found (apt install nftables): %w", err)

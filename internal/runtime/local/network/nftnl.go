@@ -4,6 +4,7 @@ package network
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -136,41 +137,11 @@ func (m *Manager) setElements(old, new *member) error {
 	return nil
 }
 
-// conn returns the netlink socket for element changes: the kept one, opened now if
-// need be (in the host namespace: a thread that enters another one is locked and
-// discarded, see netns.go), or after close (Cleanup's teardowns) one for this batch
-// only. Caller holds mu.
-func (p *policyState) conn() (*nftables.Conn, error) {
-	if p.nl != nil {
-		return p.nl, nil
-	}
-	if p.closed {
-		return nftables.New()
-	}
-	c, err := nftables.New(nftables.AsLasting())
-	if err != nil {
-		return nil, err
-	}
-	p.nl = c
-	return c, nil
-}
-
-// dropConn closes c if it is the kept socket. Caller holds mu.
-func (p *policyState) dropConn(c *nftables.Conn) {
-	if c == p.nl {
-		_ = c.CloseLasting()
-		p.nl = nil
-	}
-}
-
 // closeConn closes the kept socket for good (Manager.Close).
 func (p *policyState) closeConn() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.closed = true
-	if p.nl != nil {
-		p.dropConn(p.nl)
-	}
+	p.close()
 }
 
 // elementOp adds (or, del, deletes) one element of a set or map of the table.
@@ -231,3 +202,88 @@ func protoKey(proto string) []byte {
 }
 
 func portKey(port uint16) []byte { return binary.BigEndian.AppendUint16(nil, port) }
+
+// pinsOverNetlink adds (del: deletes) p's elements of the bridge table's sets pins and
+// ports (antispoof.go) in one netlink transaction on the pins' kept socket — what
+// `add element` / `delete element` scripts did, without an nft process per sandbox.
+// Caller holds pinMu.
+func (m *Manager) pinsOverNetlink(p pin, del bool) error {
+	mac, err := net.ParseMAC(p.mac)
+	if err != nil || len(mac) != 6 || !p.ip.Is4() || len(p.veth) >= unix.IFNAMSIZ {
+		return fmt.Errorf("pin %s: bad port, MAC or address", p.veth)
+	}
+	c, err := m.pinNl.conn()
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	table := &nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyBridge}
+	ifname := ifnameKey(p.veth)
+	ip := p.ip.As4()
+	pins := []nftables.SetElement{{Key: concat(ifname, mac, ip[:])}}
+	ports := []nftables.SetElement{{Key: ifname}}
+	pinSet, portSet := &nftables.Set{Table: table, Name: "pins"}, &nftables.Set{Table: table, Name: "ports"}
+	if del { // the port leaves ports first
+		err = errors.Join(c.SetDeleteElements(portSet, ports), c.SetDeleteElements(pinSet, pins))
+	} else { // and joins it last
+		err = errors.Join(c.SetAddElements(pinSet, pins), c.SetAddElements(portSet, ports))
+	}
+	if err != nil {
+		m.pinNl.dropConn(c) // with what was queued
+		return fmt.Errorf("netlink: %w", err)
+	}
+	if err := c.Flush(); err != nil {
+		m.pinNl.dropConn(c)
+		return fmt.Errorf("netlink: %w", err)
+	}
+	m.pinNl.batches++
+	return nil
+}
+
+// ifnameKey is an ifname key as nft encodes it: the name, zero-padded to IFNAMSIZ.
+func ifnameKey(name string) []byte {
+	k := make([]byte, unix.IFNAMSIZ)
+	copy(k, name)
+	return k
+}
+
+// nlConn is a kept netlink socket for nftables batches and the lock-holder's state of
+// it; its owner's mutex guards it.
+type nlConn struct {
+	nl      *nftables.Conn
+	closed  bool
+	batches int // transactions made (tests)
+}
+
+// conn returns the kept socket, opened now if need be (in the host namespace: a
+// thread that enters another one is locked and discarded, see netns.go), or after close
+// one for this batch only.
+func (n *nlConn) conn() (*nftables.Conn, error) {
+	if n.nl != nil {
+		return n.nl, nil
+	}
+	if n.closed {
+		return nftables.New()
+	}
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return nil, err
+	}
+	n.nl = c
+	return c, nil
+}
+
+// dropConn closes c if it is the kept socket.
+func (n *nlConn) dropConn(c *nftables.Conn) {
+	if c == n.nl {
+		_ = c.CloseLasting()
+		n.nl = nil
+	}
+}
+
+// close closes the kept socket for good.
+func (n *nlConn) close() {
+	n.closed = true
+	if n.nl != nil {
+		n.dropConn(n.nl)
+	}
+}

@@ -150,3 +150,73 @@ func BenchmarkSetRules(b *testing.B) {
 		})
 	}
 }
+
+// TestPinsOverNetlink: Setup pins a port and Teardown unpins it over netlink
+// (pinsOverNetlink, one transaction each), and the bridge table then holds exactly what
+// the nft script of the same pins makes: listed after each change, then after
+// rebuilding the table with nft from the same pins, the two listings are equal. A
+// sandbox's whole life on the plain path — Setup, the API's default rules, Teardown —
+// spawns no nft process.
+func TestPinsOverNetlink(t *testing.T) {
+	m := newTestManager(t, true)
+	list := func() string {
+		t.Helper()
+		out, err := exec.Command("nft", "-s", "list", "table", "bridge", m.cfg.Table).CombinedOutput() // -s: without counters, which the rebuild resets
+		if err != nil {
+			t.Fatalf("nft list: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	same := func(step string) string {
+		t.Helper()
+		got := list()
+		m.pinMu.Lock()
+		err := m.rebuildPinsLocked()
+		m.pinMu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := list(); got != want {
+			t.Fatalf("%s: over netlink:\n%s\nfrom the nft script:\n%s", step, got, want)
+		}
+		return got
+	}
+	batches := func() int {
+		m.pinMu.Lock()
+		defer m.pinMu.Unlock()
+		return m.pinNl.batches
+	}
+	runs, n := nftRuns.Load(), batches()
+	a := setup(t, m, "pn-a-"+randHex(4))
+	if err := m.SetRules(a.ID, Rules{Org: "o1", Caller: "k1", Network: &runtime.Network{}}); err != nil {
+		t.Fatal(err)
+	}
+	if d := nftRuns.Load() - runs; d != 0 {
+		t.Errorf("Setup and SetRules (the API's default) spawned %d nft processes, want none", d)
+	}
+	if d := batches() - n; d != 1 {
+		t.Errorf("Setup: %d netlink transactions on the bridge table, want 1", d)
+	}
+	got := same("setup a")
+	for _, w := range []string{quote(a.HostVeth) + " . " + a.MAC + " . " + a.IP.String(), quote(a.HostVeth)} {
+		if !strings.Contains(got, w) {
+			t.Errorf("setup a: %q missing:\n%s", w, got)
+		}
+	}
+	b := setup(t, m, "pn-b-"+randHex(4))
+	same("setup b")
+	runs, n = nftRuns.Load(), batches()
+	if err := m.Teardown(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if d := nftRuns.Load() - runs; d != 0 {
+		t.Errorf("Teardown spawned %d nft processes, want none", d)
+	}
+	if d := batches() - n; d != 1 {
+		t.Errorf("Teardown: %d netlink transactions on the bridge table, want 1", d)
+	}
+	got = same("teardown a")
+	if strings.Contains(got, a.HostVeth) || !strings.Contains(got, b.HostVeth) {
+		t.Errorf("after Teardown of a: a's pin still there or b's gone:\n%s", got)
+	}
+}

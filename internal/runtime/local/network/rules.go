@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/google/nftables"
 	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -98,11 +97,9 @@ type policyState struct {
 	orgs    map[string]uint32
 	callers map[string]uint32
 	members map[netip.Addr]*member
-	// nl is the netlink socket of setElements (nftnl.go), opened on first use and
-	// kept: closing one costs milliseconds. nil after Close (closed).
-	nl      *nftables.Conn
-	closed  bool
-	batches int // netlink transactions made (tests)
+	// The netlink socket of setElements (nftnl.go), opened on first use and kept:
+	// closing one costs milliseconds. nil after Close (closed).
+	nlConn
 }
 
 // SetRules applies r to sandbox id (which must have been Setup) in one nftables
