@@ -511,13 +511,8 @@ func (p *pool) refill(cid string, key poolKey) {
 	if keep {
 		set.ready = append(set.ready, pc)
 	}
-	delete(p.refills, cid)
 	if p.starting[key]--; p.starting[key] <= 0 {
 		delete(p.starting, key)
-	}
-	var done chan struct{}
-	if len(p.refills) == 0 {
-		done, p.refilling = p.refilling, nil
 	}
 	p.mu.Unlock()
 	if err != nil {
@@ -530,9 +525,15 @@ func (p *pool) refill(cid string, key poolKey) {
 			p.b.log.Warn("destroy pooled container", "container", pc.s.cid, "err", err)
 		}
 	}
-	if done != nil {
-		close(done)
+	// Only now, with a container not kept destroyed, is the refill done (drain waits
+	// for the last one).
+	p.mu.Lock()
+	delete(p.refills, cid)
+	if len(p.refills) == 0 && p.refilling != nil {
+		close(p.refilling)
+		p.refilling = nil
 	}
+	p.mu.Unlock()
 }
 
 // want is how many ready containers key's set is kept at: Size, its share of the demand
