@@ -168,3 +168,18 @@ func TestPoolSizing(t *testing.T) {
 		t.Fatalf("targeted set: want %d, want 5", w)
 	}
 }
+
+// TestPoolSizingTargetsOnly: a pool of warm targets only (Size 0, a runner's) keeps
+// nothing for demand.
+func TestPoolSizingTargetsOnly(t *testing.T) {
+	p := makePool(nil, PoolConfig{MaxTargeted: 8})
+	k := poolKey{image: "a", class: "runc"}
+	p.setTargets(map[poolKey]int{k: 2}, nil)
+	for range 20 {
+		p.createStarted(k, true)
+		p.createEnded()
+	}
+	if w := p.want(k); w != 2 {
+		t.Fatalf("want %d after a burst of 20, want the target 2", w)
+	}
+}

@@ -90,7 +90,8 @@ type PoolConfig struct {
 	Max int
 	// MemoryBytes is the budget of the containers kept beyond Size for demand, for the
 	// whole pool, counted at PooledContainerBytes each (default DefaultPoolMemory;
-	// negative: none, the pool keeps Size per set as before).
+	// negative: none, the pool keeps Size per set as before). With Size 0 nothing is
+	// kept for demand (the pool serves warm targets only).
 	MemoryBytes int64
 	// Refills bounds the refills running at once (default GOMAXPROCS).
 	Refills int
@@ -266,6 +267,9 @@ func makePool(b *Backend, cfg PoolConfig) *pool {
 	}
 	if cfg.now == nil {
 		cfg.now = time.Now
+	}
+	if cfg.Size <= 0 {
+		cfg.MemoryBytes = -1 // templates' warm pools only: nothing is kept for demand
 	}
 	p := &pool{
 		b: b, size: cfg.Size, idle: cfg.Idle, maxTargeted: max(cfg.MaxTargeted, 0),
