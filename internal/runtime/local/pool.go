@@ -60,7 +60,7 @@ import (
 // Warm targets (SetWarmPools, templates' sandboxd.warmPool): the runner names specs the
 // pool keeps at least a given number of containers ready for, before any Create of them
 // (the first pull of the image happens then). A targeted (image, class) is kept at
-// max(Size, target), is exempt from idle expiry while targeted, and counts against
+// max(Size, its demand share, target), is exempt from idle expiry while targeted, and counts against
 // PoolConfig.MaxTargeted for the whole backend; a target no longer sent returns to the
 // idle rules (its idle time counts from then).
 //
