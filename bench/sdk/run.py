@@ -142,6 +142,7 @@ def fairness(binary: pathlib.Path, data_dir: pathlib.Path, gosdk: pathlib.Path, 
     a = start([str(gosdk), FAIR_IMAGE, "burst", str(FAIR_BURST)], env)
     b = start(seq, env_b)
     during, burst = collect(b), collect(a)
+    settle(metrics)  # nothing starting when the server stops
     print(f"fairness, image {FAIR_IMAGE}: organization A bursts {FAIR_BURST} while B creates {FAIR_RUNS} one after another", flush=True)
     print(line("go-sdk org B", "sequential alone", alone, None, apool), flush=True)
     print(line("go-sdk org A", f"burst {FAIR_BURST}", burst, None, bpool), flush=True)

@@ -496,3 +496,20 @@ func TestPoolFollowsDemand(t *testing.T) {
 		t.Fatalf("after the demand decayed: %+v, want 1 kept and the rest dropped", st)
 	}
 }
+
+// TestPoolCloseDuringRefills: Close while several refills run leaves no pooled
+// container behind (poolEnvCfg's cleanup checks).
+func TestPoolCloseDuringRefills(t *testing.T) {
+	e := poolEnvCfg(t, PoolConfig{Size: 4, Idle: time.Hour, Refills: 4})
+	e.create(runtime.Spec{ID: "prime", Container: runtime.Container{Command: "true"}})
+	waitFor(t, func() bool {
+		st := e.b.PoolStats()
+		return len(st.Sets) == 1 && st.Sets[0].Starting > 1
+	})
+	if err := e.b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := poolDirs(e.state); len(d) > 0 {
+		t.Fatalf("pooled containers left after Close during refills: %v", d)
+	}
+}
