@@ -8,9 +8,20 @@ same number started BENCH_SDK_STAGGER_MS apart, default 100) and bursts (all at 
 sizes BENCH_SDK_BURSTS, default "10 50 100"). Each line gives median, p95 and p99 in ms,
 the success rate and the wall time; the Go SDK's median is the floor the official
 client's is compared with (the same server, the same run). BENCH_SDK_SMOKE=1 runs each
-mode with 2 sandboxes (make bench-smoke: so that the benchmark cannot rot). Between two
-measurements it waits BENCH_SDK_SETTLE seconds (default 5) for the warm pool to refill. Needs root,
-bin/sandboxd (make build), python3 with cwsandbox (make pydeps) and the test images.
+mode with 2 sandboxes (make bench-smoke: so that the benchmark cannot rot).
+
+Before each measurement it waits (at most BENCH_SDK_SETTLE_MAX seconds, default 120) until
+the warm pool has refilled: cwsandbox_warm_pool_ready ≥ cwsandbox_warm_pool_target with no
+refill running, read from the server's --metrics-listen; each line says what the pool held
+then ("pool ready/target"). The pool is sized by recent demand (the largest burst of the
+last minutes, internal/runtime/local/pool.go), so each burst size runs
+twice: "first" (the pool as the modes before left it) and "warm" (after a burst of the
+same size has taught the pool). The last line is fairness: organization A bursts
+BENCH_SDK_FAIR_BURST (default 50) sandboxes while organization B creates 5 one after
+another, B's figures beside B's alone in the same run (both through the Go SDK), with an
+image the modes before did not use (BENCH_SDK_FAIR_IMAGE, default python:3.11), so that A's
+burst is mostly cold starts. Needs
+root, bin/sandboxd (make build), python3 with cwsandbox (make pydeps) and the test images.
 """
 from __future__ import annotations
 
@@ -41,7 +52,33 @@ BURSTS = [2] if SMOKE else [int(x) for x in os.environ.get("BENCH_SDK_BURSTS", "
 # admission would refuse the 81st), so the bench raises it, as issue 25 allows ("the
 # runner's max raised by flag"); printed with the figures.
 DEV_FLAGS = os.environ.get("BENCH_SDK_DEV_FLAGS", "--cpu-overcommit 64").split()
-SETTLE = 0.0 if SMOKE else float(os.environ.get("BENCH_SDK_SETTLE", "5"))
+SETTLE_MAX = float(os.environ.get("BENCH_SDK_SETTLE_MAX", "120"))
+FAIR_BURST = 2 if SMOKE else int(os.environ.get("BENCH_SDK_FAIR_BURST", "50"))
+FAIR_RUNS = 2 if SMOKE else 5
+# The fairness runs use an image the modes before did not: the pool holds few of it, so
+# A's burst is mostly cold starts, which the runner admits round robin over organizations.
+FAIR_IMAGE = os.environ.get("BENCH_SDK_FAIR_IMAGE", "python:3.11")
+
+
+def pool_state(metrics: str) -> dict:
+    """The warm pool's gauges from the server's metrics listener (host:port)."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for name in ("ready", "target", "starting"):
+        m = re.search(rf"^cwsandbox_warm_pool_{name} (\S+)$", text, re.M)
+        out[name] = int(float(m.group(1))) if m else 0
+    return out
+
+
+def settle(metrics: str) -> str:
+    """Waits (bounded) until the warm pool is refilled; returns what it holds."""
+    deadline = time.monotonic() + SETTLE_MAX
+    while True:
+        st = pool_state(metrics)
+        if (st["ready"] >= st["target"] and st["starting"] == 0) or time.monotonic() > deadline:
+            return f"pool ready {st['ready']}/target {st['target']}"
+        time.sleep(0.2)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -50,11 +87,20 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def measure(argv: list[str], env: dict) -> dict:
-    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-    if res.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)}: exit {res.returncode}\n{res.stderr[-4000:]}")
+    return collect(start(argv, env))
+
+
+def start(argv: list[str], env: dict) -> tuple[list[str], subprocess.Popen]:
+    return argv, subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def collect(started: tuple[list[str], subprocess.Popen]) -> dict:
+    argv, proc = started
+    stdout, stderr = proc.communicate(timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{stderr[-4000:]}")
     ok, fails, wall = [], [], 0.0
-    for line in res.stdout.splitlines():
+    for line in stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind == "ok":
             ok.append(float(rest))
@@ -65,17 +111,46 @@ def measure(argv: list[str], env: dict) -> dict:
     return {"ok": ok, "fails": fails, "wall": wall}
 
 
-def line(client: str, mode: str, r: dict, floor: float | None) -> str:
+def line(client: str, mode: str, r: dict, floor: float | None, pool: str = "") -> str:
     n = len(r["ok"]) + len(r["fails"])
-    s = f"{client:<16} {mode:<16} n={n:<4} success {len(r['ok'])}/{n}"
+    s = f"{client:<16} {mode:<18} n={n:<4} success {len(r['ok'])}/{n}"
     if r["ok"]:
         s += f"  median {pct(r['ok'], .5):7.1f}  p95 {pct(r['ok'], .95):7.1f}  p99 {pct(r['ok'], .99):7.1f} ms"
         if floor:
             s += f"  ({pct(r['ok'], .5) / floor:.2f}x the Go SDK's median)"
     s += f"  wall {r['wall'] / 1e3:.2f} s"
+    if pool:
+        s += f"  [{pool}]"
     if r["fails"]:
         s += f"\n    first failure: {r['fails'][0]}"
     return s
+
+
+def fairness(binary: pathlib.Path, data_dir: pathlib.Path, gosdk: pathlib.Path, env: dict, metrics: str) -> bool:
+    """Organization B's sequential creates alone, then during organization A's burst."""
+    res = subprocess.run([str(binary), "apikey", "create", "--data-dir", str(data_dir), "--org", "bench-sdk-b", "--role", "user"],
+                         capture_output=True, text=True, timeout=60)
+    lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+    if res.returncode != 0 or not lines:
+        raise SystemExit(f"sandboxd apikey create: exit {res.returncode}\n{res.stderr[-2000:]}")
+    m = re.fullmatch(r"[A-Z_]+=(\S+)", lines[-1])
+    env_b = dict(env, CWSANDBOX_API_KEY=m.group(1) if m else lines[-1])
+    seq = [str(gosdk), FAIR_IMAGE, "sequential", str(FAIR_RUNS)]
+    apool = settle(metrics)
+    alone = measure(seq, env_b)
+    bpool = settle(metrics)
+    a = start([str(gosdk), FAIR_IMAGE, "burst", str(FAIR_BURST)], env)
+    b = start(seq, env_b)
+    during, burst = collect(b), collect(a)
+    settle(metrics)  # nothing starting when the server stops
+    print(f"fairness, image {FAIR_IMAGE}: organization A bursts {FAIR_BURST} while B creates {FAIR_RUNS} one after another", flush=True)
+    print(line("go-sdk org B", "sequential alone", alone, None, apool), flush=True)
+    print(line("go-sdk org A", f"burst {FAIR_BURST}", burst, None, bpool), flush=True)
+    s = line("go-sdk org B", f"seq. in A's burst", during, None)
+    if alone["ok"] and during["ok"]:
+        s += f"  (median {pct(during['ok'], .5) / pct(alone['ok'], .5):.2f}x, p99 {pct(during['ok'], .99) / pct(alone['ok'], .99):.2f}x B alone)"
+    print(s, flush=True)
+    return bool(alone["fails"] or during["fails"] or burst["fails"])
 
 
 def main() -> int:
@@ -91,9 +166,10 @@ def main() -> int:
     subnet = f"10.{150 + pid % 50}.{pid // 50 % 256}.0/24"
     cgroup_parent = f"sandboxd-bench-sdk-{pid}"
     log_path = data_dir.parent / f"{data_dir.name}.log"
+    metrics = f"127.0.0.1:{_free_port()}"
     cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen,
            "--data-plane-listen", f"127.0.0.1:{_free_port()}", "--edge-listen", f"127.0.0.1:{_free_port()}",
-           "--metrics-listen", "", "--bridge", bridge, "--subnet", subnet, "--cgroup-parent", cgroup_parent, *DEV_FLAGS]
+           "--metrics-listen", metrics, "--bridge", bridge, "--subnet", subnet, "--cgroup-parent", cgroup_parent, *DEV_FLAGS]
     log_f = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
     try:
@@ -119,18 +195,35 @@ def main() -> int:
         env = dict(os.environ, CWSANDBOX_BASE_URL=m.group(1).decode() if m else f"http://{listen}",
                    CWSANDBOX_API_KEY=key_file.read_text().strip())
         modes = [("sequential", ["sequential", str(RUNS)]), (f"staggered/{STAGGER_MS}ms", ["staggered", str(RUNS), str(STAGGER_MS)])]
-        modes += [(f"burst {n}", ["burst", str(n)]) for n in BURSTS]
         print(f"API call -> first command (`true`), image {IMAGE}, sandboxd dev {' '.join(DEV_FLAGS)} on this machine ({os.cpu_count()} cores); times in ms")
+        python = [sys.executable, str(REPO / "bench" / "sdk" / "bench_sdk.py"), IMAGE]
         failed = False
         for name, args in modes:
-            time.sleep(SETTLE)
+            gpool = settle(metrics)
             g = measure([str(gosdk), IMAGE, *args], env)
-            time.sleep(SETTLE)
-            p = measure([sys.executable, str(REPO / "bench" / "sdk" / "bench_sdk.py"), IMAGE, *args], env)
+            ppool = settle(metrics)
+            p = measure([*python, *args], env)
             floor = pct(g["ok"], .5) if g["ok"] else None
-            print(line("go-sdk", name, g, None), flush=True)
-            print(line("official-python", name, p, floor), flush=True)
+            print(line("go-sdk", name, g, None, gpool), flush=True)
+            print(line("official-python", name, p, floor, ppool), flush=True)
             failed = failed or bool(g["fails"] or p["fails"])
+        for n in BURSTS:
+            # The official client's burst first (the pool as the modes before left it),
+            # then the Go SDK's and the official client's again, both with a pool that has
+            # seen a burst of n.
+            args = ["burst", str(n)]
+            fpool = settle(metrics)
+            first = measure([*python, *args], env)
+            gpool = settle(metrics)
+            g = measure([str(gosdk), IMAGE, *args], env)
+            ppool = settle(metrics)
+            p = measure([*python, *args], env)
+            floor = pct(g["ok"], .5) if g["ok"] else None
+            print(line("official-python", f"burst {n} first", first, None, fpool), flush=True)
+            print(line("go-sdk", f"burst {n} warm", g, None, gpool), flush=True)
+            print(line("official-python", f"burst {n} warm", p, floor, ppool), flush=True)
+            failed = failed or bool(first["fails"] or g["fails"] or p["fails"])
+        failed = fairness(binary, data_dir, gosdk, env, metrics) or failed
         return 1 if failed and SMOKE else 0
     finally:
         rc = _stop(proc)

@@ -98,6 +98,7 @@ type devConfig struct {
 	dataDir, listen, runnerID, storeDSN string
 	testImageMirror                     bool
 	warmPool, warmTargets               int
+	warmDemand                          warmPoolFlags // --warm-pool-max, --warm-pool-memory
 	edgeListen, baseDomain              string
 	dataPlaneListen                     string
 	dataPlaneTTL                        time.Duration
@@ -132,7 +133,8 @@ func (c *devConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.runnerID, "runner-id", defaultRunnerID, "ID of the local runner")
 	fs.StringVar(&c.storeDSN, "store", "", "store DSN: postgres://… or a SQLite file (default DATA-DIR/"+storeFile+")")
 	fs.BoolVar(&c.testImageMirror, "test-image-mirror", true, "serve the test images (make images) as docker.io's python:3.11 and busybox from a loopback registry (dev only; false: Docker Hub)")
-	fs.IntVar(&c.warmPool, "warm-pool", 4, "pre-started containers kept per recently used image (0 disables the warm pool)")
+	fs.IntVar(&c.warmPool, "warm-pool", 4, "pre-started containers kept at least per recently used image, more after bursts of creates (--warm-pool-max, --warm-pool-memory); 0 disables the warm pool")
+	c.warmDemand.bind(fs)
 	fs.IntVar(&c.warmTargets, "warm-pool-templates", local.DefaultMaxTargeted, "pre-started containers kept in total for templates' warm pools (sandboxd.warmPool; 0: none)")
 	fs.StringVar(&c.edgeListen, "edge-listen", "127.0.0.1:8443", "address of the edge that publishes sandbox endpoints (443 in production; empty: no edge)")
 	fs.StringVar(&c.baseDomain, "base-domain", DefaultBaseDomain, "endpoints are https://PORT-SANDBOX.RUNNER.BASE-DOMAIN (*.localhost resolves to loopback)")

@@ -120,6 +120,9 @@ func (c devConfig) run() error {
 		cfg.NetTable = "sandboxd_" + c.bridge
 	}
 	cfg.Pool.MaxTargeted = c.warmTargets // templates' warm pools
+	if err := c.warmDemand.apply(&cfg.Pool); err != nil {
+		return err
+	}
 	if c.subnet != "" {
 		if cfg.Subnet, err = netip.ParsePrefix(c.subnet); err != nil {
 			return fmt.Errorf("--subnet: %w", err)
@@ -148,6 +151,7 @@ func (c devConfig) run() error {
 		return err
 	}
 	defer stk.Close()
+	registerWarmPool(stk.Backend, logger)
 
 	local, err := newLocalRunner(c.runnerID, stk.Runner, c.capacity, stk.BaseArchiver())
 	if err != nil {

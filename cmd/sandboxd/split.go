@@ -317,6 +317,7 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 	if err != nil {
 		return nil, nil, nil, 0, nil, err
 	}
+	registerWarmPool(st.Backend, logger)
 	return st.Runner, nil, st.BaseArchiver(), st.EdgeDialMark(), st.Close, nil
 }
 

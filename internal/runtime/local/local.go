@@ -33,6 +33,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -123,6 +124,10 @@ type Config struct {
 	// SnapshotCacheBytes bounds the snapshots kept for restores (snapshot.go); 0 means a
 	// tenth of the volume pool's size, at most 20 GiB.
 	SnapshotCacheBytes int64
+	// ColdStarts bounds the Creates starting a new container (not served by the warm
+	// pool) at once; more wait, served round robin over organizations (coldgate.go).
+	// 0 means max(4, 2×GOMAXPROCS); negative: no bound.
+	ColdStarts int
 }
 
 // Backend is the local runtime.Backend.
@@ -138,6 +143,7 @@ type Backend struct {
 	sandboxes map[string]*sandbox
 
 	pool    *pool      // nil: no warm pool
+	cold    *coldGate  // cold starts' admission (nil: no bound)
 	prepull *prepuller // nil: no image pre-pull (Config.MaxPrepull < 0)
 
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
@@ -344,6 +350,12 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Pool.Size > 0 || cfg.Pool.MaxTargeted > 0 {
 		b.pool = newPool(b, cfg.Pool)
 	}
+	if n := cfg.ColdStarts; n >= 0 {
+		if n == 0 {
+			n = defaultColdStarts(goruntime.GOMAXPROCS(0))
+		}
+		b.cold = newColdGate(n)
+	}
 	if cfg.MaxPrepull >= 0 {
 		n := cfg.MaxPrepull
 		if n == 0 {
@@ -548,6 +560,11 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 		}
 	}
 	if spec.Multi() {
+		release, err := b.cold.acquire(ctx, spec.Meta[runtime.MetaOrg])
+		if err != nil {
+			return runtime.Info{}, err
+		}
+		defer release()
 		if err := b.createGroup(ctx, s, spec, &t); err != nil {
 			return runtime.Info{}, err
 		}
@@ -560,6 +577,12 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 		}
 	}
 	if !claimed {
+		release, err := b.cold.acquire(ctx, spec.Meta[runtime.MetaOrg])
+		if err != nil {
+			return runtime.Info{}, err
+		}
+		defer release()
+		b.step(ctx, "admit", &t)
 		acfg := func(img *Image) (*agentconfig.Config, error) {
 			if spec.Engine != nil && spec.Container.Command == "" {
 				c := spec.Container

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,13 +43,24 @@ import (
 // then renames the dir over the sandbox's own, so every later call by sandbox id finds it,
 // also after a restart; Recover destroys pool_ dirs it finds.
 //
-// Refills run in one goroutine, one container at a time, and only while no Create is in
-// flight, so they never compete with real Creates for long.
+// Sizing (demand.go): a set is kept at PoolConfig.Size at least, and at what its recent
+// demand asks for: the most Creates of the set seen within demandWindow (a burst), held
+// for demandHold and then decaying by half every demandHalfLife, at most PoolConfig.Max.
+// So after a burst of 50 the set refills to 50 for the next one, and it shrinks back
+// (the excess destroyed) as demand stays low; idle sets go as before. What sets keep
+// beyond Size comes out of one budget for the whole pool, PoolConfig.MemoryBytes counted
+// at PooledContainerBytes per container, shared fairly (max-min: shareDemand) among the
+// sets that want more.
+//
+// Refills start only while no Create is in flight, so they never compete with real
+// Creates for long; up to PoolConfig.Refills (default GOMAXPROCS) run at once, spread
+// round robin over the sets that want more. A refill already running when a Create
+// comes finishes; no new one starts until no Create is in flight.
 //
 // Warm targets (SetWarmPools, templates' sandboxd.warmPool): the runner names specs the
 // pool keeps at least a given number of containers ready for, before any Create of them
 // (the first pull of the image happens then). A targeted (image, class) is kept at
-// max(Size, target), is exempt from idle expiry while targeted, and counts against
+// max(Size, its demand share, target), is exempt from idle expiry while targeted, and counts against
 // PoolConfig.MaxTargeted for the whole backend; a target no longer sent returns to the
 // idle rules (its idle time counts from then).
 //
@@ -73,7 +85,30 @@ type PoolConfig struct {
 	// MaxTargeted bounds the containers kept for warm targets (SetWarmPools) in total;
 	// 0 disables warm targets (SetWarmPools then keeps nothing).
 	MaxTargeted int
+	// Max bounds the containers one (image, class) is kept at for its recent demand
+	// (default DefaultPoolMax; never below Size).
+	Max int
+	// MemoryBytes is the budget of the containers kept beyond Size for demand, for the
+	// whole pool, counted at PooledContainerBytes each (default DefaultPoolMemory;
+	// negative: none, the pool keeps Size per set as before). With Size 0 nothing is
+	// kept for demand (the pool serves warm targets only).
+	MemoryBytes int64
+	// Refills bounds the refills running at once (default GOMAXPROCS).
+	Refills int
+
+	now func() time.Time // tests: the pool's clock (default time.Now)
 }
+
+// Defaults of PoolConfig.
+const (
+	DefaultPoolMax    = 128
+	DefaultPoolMemory = 512 << 20
+	// PooledContainerBytes is what one ready pooled container is counted at against
+	// PoolConfig.MemoryBytes: host memory of an idle busybox sandbox measured 3.2 MiB
+	// (issue 25), rounded up. A pooled container has no memory limit of its own until
+	// it is claimed, so its spec cannot say.
+	PooledContainerBytes = 4 << 20
+)
 
 // DefaultMaxTargeted is a runner's default PoolConfig.MaxTargeted.
 const DefaultMaxTargeted = 32
@@ -88,9 +123,23 @@ type PoolStats struct {
 	// Targeted is how many ready containers the warm targets ask for now (after
 	// MaxTargeted).
 	Targeted int
+	// Want is how many ready containers the pool aims at now, over all sets: each set's
+	// Size, demand share and target (PoolSetStats.Want summed).
+	Want int
+	// Sets are the pool's sets now, in key order.
+	Sets []PoolSetStats
 	// ClaimTime is the time the Creates served from the pool spent in each step of the
 	// claim, summed over Claims (for benchmarks' breakdowns).
 	ClaimTime ClaimTimes
+}
+
+// PoolSetStats is one (image, class[, organization]) set of the pool.
+type PoolSetStats struct {
+	Image, Class, Org string
+	Ready             int     // ready now
+	Starting          int     // refills running
+	Demand            float64 // its recent demand (demand.at)
+	Want              int     // what it is kept at now: max(Size, its share of the demand budget, its target)
 }
 
 // ClaimTimes are the steps of a claim: the image check (Pull), limits, hostname, etc
@@ -165,6 +214,7 @@ type poolSet struct {
 	// pullFailed: the image's last pull failed (a Create's or a refill's); no refill
 	// pulls it again until a Create asks for the image again.
 	pullFailed bool
+	demand     demand
 }
 
 type pool struct {
@@ -172,14 +222,20 @@ type pool struct {
 	size        int
 	idle        time.Duration
 	maxTargeted int
+	max         int // PoolConfig.Max
+	budget      int // containers kept beyond Size for demand, in total
+	maxRefills  int
+	now         func() time.Time
 
 	mu        sync.Mutex
 	sets      map[poolKey]*poolSet
 	targets   map[poolKey]int                  // warm targets: at least this many ready
 	creds     map[poolKey]*runtime.Credentials // the targets' pull credentials (keys with an org)
 	creating  int                              // real Creates in flight
-	refilling chan struct{}                    // non-nil while a refill runs; closed when it is done
-	refillID  string
+	refilling chan struct{}                    // non-nil while refills run; closed when the last is done
+	refills   map[string]poolKey               // refills running: container id → set
+	starting  map[poolKey]int                  // refills running per set
+	alloc     map[poolKey]int                  // sizes by demand (resize): at least size
 	closed    bool
 	stats     PoolStats
 	dropping  int // background teardowns of dropped containers running
@@ -190,17 +246,41 @@ type pool struct {
 }
 
 func newPool(b *Backend, cfg PoolConfig) *pool {
+	p := makePool(b, cfg)
+	go p.run()
+	return p
+}
+
+// makePool is newPool without its goroutine (tests of the sizing).
+func makePool(b *Backend, cfg PoolConfig) *pool {
 	if cfg.Idle <= 0 {
 		cfg.Idle = 10 * time.Minute
 	}
+	if cfg.Max <= 0 {
+		cfg.Max = DefaultPoolMax
+	}
+	if cfg.MemoryBytes == 0 {
+		cfg.MemoryBytes = DefaultPoolMemory
+	}
+	if cfg.Refills <= 0 {
+		cfg.Refills = goruntime.GOMAXPROCS(0)
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	if cfg.Size <= 0 {
+		cfg.MemoryBytes = -1 // templates' warm pools only: nothing is kept for demand
+	}
 	p := &pool{
 		b: b, size: cfg.Size, idle: cfg.Idle, maxTargeted: max(cfg.MaxTargeted, 0),
+		max: max(cfg.Max, cfg.Size), budget: int(max(cfg.MemoryBytes, 0) / PooledContainerBytes),
+		maxRefills: cfg.Refills, now: cfg.now,
 		sets: map[poolKey]*poolSet{}, targets: map[poolKey]int{},
+		refills: map[string]poolKey{}, starting: map[poolKey]int{}, alloc: map[poolKey]int{},
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
-	go p.run()
 	return p
 }
 
@@ -227,8 +307,11 @@ func (p *pool) createStarted(key poolKey, poolable bool) {
 		set = &poolSet{}
 		p.sets[key] = set
 	}
-	set.lastUse = time.Now()
+	now := p.now()
+	set.lastUse = now
 	set.pullFailed = false
+	set.demand.note(now, p.max)
+	p.resizeLocked(now)
 }
 
 // pullFailed notes that a pull of key's image failed: no refill retries it before the
@@ -297,7 +380,7 @@ func (p *pool) drop(pc *pooled) {
 func (p *pool) owns(cid string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.refillID == cid {
+	if _, ok := p.refills[cid]; ok {
 		return true
 	}
 	for _, set := range p.sets {
@@ -310,8 +393,8 @@ func (p *pool) owns(cid string) bool {
 	return false
 }
 
-// run is the pool's one goroutine: it drops idle sets and refills, one container at a
-// time, while no Create is in flight.
+// run is the pool's goroutine: it drops idle sets and excess containers, and starts
+// refills (up to maxRefills at once) while no Create is in flight.
 func (p *pool) run() {
 	defer close(p.done)
 	tick := time.NewTicker(min(max(p.idle/4, 50*time.Millisecond), time.Second))
@@ -324,18 +407,19 @@ func (p *pool) run() {
 		case <-tick.C:
 		}
 		p.expire()
-		key, ok := p.next()
-		if !ok {
-			continue
+		for cid, key := range p.next() {
+			go func() {
+				p.refill(cid, key)
+				p.kick() // there may be more to do
+			}()
 		}
-		p.refill(key)
-		p.kick() // there may be more to do
 	}
 }
 
-// expire destroys the containers of sets unused for longer than idle.
+// expire destroys the containers of sets unused for longer than idle, and those beyond
+// what a set is kept at now (its demand decayed, or the budget went to other sets).
 func (p *pool) expire() {
-	now := time.Now()
+	now := p.now()
 	var gone []*pooled
 	p.mu.Lock()
 	for k, set := range p.sets {
@@ -344,48 +428,77 @@ func (p *pool) expire() {
 			delete(p.sets, k)
 		}
 	}
+	p.resizeLocked(now)
+	for k, set := range p.sets {
+		if w := p.want(k); len(set.ready) > w {
+			gone = append(gone, set.ready[w:]...)
+			set.ready = slices.Clip(set.ready[:w])
+		}
+	}
 	p.mu.Unlock()
 	for _, pc := range gone {
 		p.drop(pc)
 	}
 }
 
-// next picks a set to refill, and marks a refill running.
-func (p *pool) next() (poolKey, bool) {
+// next picks the refills to start now (container id → set), round robin over the sets
+// that want more, and marks them running.
+func (p *pool) next() map[string]poolKey {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.creating > 0 || p.refilling != nil {
-		return poolKey{}, false
+	free := p.maxRefills - len(p.refills)
+	if p.closed || p.creating > 0 || free <= 0 {
+		return nil
 	}
-	now := time.Now()
+	now := p.now()
 	for k := range p.targets { // a drain removed its set
 		if p.sets[k] == nil {
 			p.sets[k] = &poolSet{lastUse: now}
 		}
 	}
+	p.resizeLocked(now)
+	var keys []poolKey
 	for k, set := range p.sets {
 		if k.org != "" && p.creds[k] == nil {
 			continue // no credentials to pull with (its target is gone)
 		}
-		if len(set.ready) < p.want(k) && now.After(set.retryAt) && !set.pullFailed {
-			p.refilling = make(chan struct{})
-			p.refillID = poolPrefix + randomHex(6)
-			return k, true
+		if now.After(set.retryAt) && !set.pullFailed {
+			keys = append(keys, k)
 		}
 	}
-	return poolKey{}, false
+	slices.SortFunc(keys, comparePoolKeys)
+	out := map[string]poolKey{}
+	for free > 0 {
+		picked := false
+		for _, k := range keys {
+			if free > 0 && len(p.sets[k].ready)+p.starting[k] < p.want(k) {
+				cid := poolPrefix + randomHex(6)
+				out[cid] = k
+				p.refills[cid] = k
+				p.starting[k]++
+				free--
+				picked = true
+			}
+		}
+		if !picked {
+			break
+		}
+	}
+	if len(out) > 0 && p.refilling == nil {
+		p.refilling = make(chan struct{})
+	}
+	return out
 }
 
-// refill starts one standby container for key.
-func (p *pool) refill(key poolKey) {
+// refill starts one standby container cid for key (marked running by next).
+func (p *pool) refill(cid string, key poolKey) {
 	p.mu.Lock()
-	cid := p.refillID
 	creds := p.creds[key]
 	p.mu.Unlock()
 	pc, err := p.b.startPooled(context.Background(), cid, key, creds)
 	p.mu.Lock()
 	set := p.sets[key]
-	keep := err == nil && set != nil && !p.closed && len(set.ready) < p.want(key)
+	keep := err == nil && set != nil && !p.closed && len(set.ready)+p.starting[key]-1 < p.want(key)
 	if err != nil {
 		if set != nil {
 			set.failures++
@@ -402,8 +515,9 @@ func (p *pool) refill(key poolKey) {
 	if keep {
 		set.ready = append(set.ready, pc)
 	}
-	done := p.refilling
-	p.refilling, p.refillID = nil, ""
+	if p.starting[key]--; p.starting[key] <= 0 {
+		delete(p.starting, key)
+	}
 	p.mu.Unlock()
 	if err != nil {
 		p.b.log.Warn("warm pool: start container", "image", key.image, "class", key.class, "err", err)
@@ -415,12 +529,49 @@ func (p *pool) refill(key poolKey) {
 			p.b.log.Warn("destroy pooled container", "container", pc.s.cid, "err", err)
 		}
 	}
-	close(done)
+	// Only now, with a container not kept destroyed, is the refill done (drain waits
+	// for the last one).
+	p.mu.Lock()
+	delete(p.refills, cid)
+	if len(p.refills) == 0 && p.refilling != nil {
+		close(p.refilling)
+		p.refilling = nil
+	}
+	p.mu.Unlock()
 }
 
-// want is how many ready containers key's set is kept at. The caller holds p.mu.
+// want is how many ready containers key's set is kept at: Size, its share of the demand
+// budget (resizeLocked), its target. The caller holds p.mu.
 func (p *pool) want(key poolKey) int {
-	return max(p.size, p.targets[key])
+	return max(p.size, p.alloc[key], p.targets[key])
+}
+
+// resizeLocked shares the demand budget among the sets by their demand at now. The
+// caller holds p.mu.
+func (p *pool) resizeLocked(now time.Time) {
+	keys := make([]poolKey, 0, len(p.sets))
+	for k := range p.sets {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, comparePoolKeys)
+	wants := make([]int, len(keys))
+	for i, k := range keys {
+		wants[i] = sizeFor(p.sets[k].demand.at(now), p.size, p.max)
+	}
+	clear(p.alloc)
+	for i, n := range shareDemand(wants, p.size, p.budget) {
+		p.alloc[keys[i]] = n
+	}
+}
+
+func comparePoolKeys(a, b poolKey) int {
+	if c := strings.Compare(a.image, b.image); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.class, b.class); c != 0 {
+		return c
+	}
+	return strings.Compare(a.org, b.org)
 }
 
 // setTargets replaces the warm targets (sizes already bounded) and their pull
@@ -580,7 +731,7 @@ func (p *pool) drain(ctx context.Context, stop bool) error {
 		delete(p.sets, k)
 	}
 	p.stats.Dropped += len(gone)
-	refilling := p.refilling
+	refilling := p.refilling // refills whose set is gone destroy their containers themselves
 	p.mu.Unlock()
 	var errs []error
 	for _, pc := range gone {
@@ -651,8 +802,19 @@ func (b *Backend) PoolStats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.stats
-	for _, set := range p.sets {
+	now := p.now()
+	keys := make([]poolKey, 0, len(p.sets))
+	for k, set := range p.sets {
 		st.Ready += len(set.ready)
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, comparePoolKeys)
+	for _, k := range keys {
+		set := p.sets[k]
+		ss := PoolSetStats{Image: k.image, Class: k.class, Org: k.org, Ready: len(set.ready),
+			Starting: p.starting[k], Demand: set.demand.at(now), Want: p.want(k)}
+		st.Want += ss.Want
+		st.Sets = append(st.Sets, ss)
 	}
 	for _, n := range p.targets {
 		st.Targeted += n

@@ -453,3 +453,63 @@ func TestMapPullErrorSanitized(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolFollowsDemand: after a burst of n Creates the pool refills to n (not Size),
+// and once the demand has decayed (an injected clock) it shrinks back to Size.
+func TestPoolFollowsDemand(t *testing.T) {
+	const n = 6
+	var (
+		clockMu sync.Mutex
+		skew    time.Duration
+	)
+	now := func() time.Time {
+		clockMu.Lock()
+		defer clockMu.Unlock()
+		return time.Now().Add(skew)
+	}
+	e := poolEnvCfg(t, PoolConfig{Size: 1, Idle: time.Hour, Max: 16, now: now})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("burst%d", i)
+			if _, err := e.b.Create(context.Background(), &runtime.Spec{ID: id, Container: runtime.Container{Image: "busybox", Command: "true"}}); err != nil {
+				t.Errorf("create %s: %v", id, err)
+				return
+			}
+			if err := e.b.Destroy(context.Background(), id); err != nil {
+				t.Errorf("destroy %s: %v", id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	waitPoolReady(t, e.b, n)
+	if st := e.b.PoolStats(); st.Want != n || len(st.Sets) != 1 || st.Sets[0].Demand != n {
+		t.Fatalf("after a burst of %d: %+v", n, st)
+	}
+	clockMu.Lock()
+	skew = demandHold + 10*demandHalfLife
+	clockMu.Unlock()
+	waitFor(t, func() bool { return e.b.PoolStats().Ready == 1 && len(poolDirs(e.state)) == 1 })
+	if st := e.b.PoolStats(); st.Want != 1 || st.Dropped < n-1 {
+		t.Fatalf("after the demand decayed: %+v, want 1 kept and the rest dropped", st)
+	}
+}
+
+// TestPoolCloseDuringRefills: Close while several refills run leaves no pooled
+// container behind (poolEnvCfg's cleanup checks).
+func TestPoolCloseDuringRefills(t *testing.T) {
+	e := poolEnvCfg(t, PoolConfig{Size: 4, Idle: time.Hour, Refills: 4})
+	e.create(runtime.Spec{ID: "prime", Container: runtime.Container{Command: "true"}})
+	waitFor(t, func() bool {
+		st := e.b.PoolStats()
+		return len(st.Sets) == 1 && st.Sets[0].Starting > 1
+	})
+	if err := e.b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := poolDirs(e.state); len(d) > 0 {
+		t.Fatalf("pooled containers left after Close during refills: %v", d)
+	}
+}
