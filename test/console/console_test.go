@@ -486,7 +486,7 @@ func TestConsoleInChromium(t *testing.T) {
 		chromedp.Navigate(d.api+"/console/#/runners"), waitJS(`!!document.querySelector('[data-testid="runner-policy"]')`),
 		waitJS(`document.querySelector('[data-testid="policy"]').textContent.trim().startsWith("{")`), shot("runners"),
 		chromedp.EmulateViewport(390, 844), waitJS(`document.documentElement.scrollWidth <= window.innerWidth`),
-		chromedp.Navigate(d.api+"/console/#/audit"), waitJS(`!!document.querySelector('[data-testid="audit-list"]')`),
+		chromedp.Navigate(d.api+"/console/#/apikeys"), waitJS(`!!document.querySelector('[data-testid="key-list"]')`),
 		waitJS(`document.documentElement.scrollWidth <= window.innerWidth`), chromedp.ResetViewport())
 
 	// Org A stops it, with confirmation.
