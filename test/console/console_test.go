@@ -202,6 +202,14 @@ func clickJS(sel, text string) chromedp.Action[chromedp.Void] {
 	return waitJS(fmt.Sprintf(`(() => { const e = [...document.querySelectorAll(%q)].find(e => e.textContent.trim() === %q); if (!e) return false; e.click(); return true })()`, sel, text))
 }
 
+// orDefault is p, or {} when it is empty.
+func orDefault(p json.RawMessage) []byte {
+	if len(p) == 0 || string(p) == "null" {
+		return []byte("{}")
+	}
+	return p
+}
+
 // waitFile waits for path to hold want.
 func waitFile(path string, want []byte) chromedp.Action[chromedp.Void] {
 	return chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
@@ -384,7 +392,7 @@ func TestConsoleInChromium(t *testing.T) {
 
 	// On a phone-sized screen nothing overflows the page sideways (tables scroll in place).
 	run("narrow screen", chromedp.EmulateViewport(390, 844), waitJS(`document.documentElement.scrollWidth <= window.innerWidth`),
-		shot("sandbox-narrow"), chromedp.ResetViewport())
+		shot("sandbox-narrow"), chromedp.EmulateViewport(1100, 760))
 
 
 	// A template of org A (created by its admin) for the pages below.
@@ -482,12 +490,74 @@ func TestConsoleInChromium(t *testing.T) {
 	if code, body := d.rest(t, adminA, "GET", "/v1/sandboxTemplates/"+tmpl.ID, nil); code != 404 {
 		t.Fatalf("the template deleted in the console: %d %s", code, body)
 	}
+	origPolicy := func() json.RawMessage {
+		code, body := d.rest(t, d.admin, "GET", "/v1/sandbox/managedRunners?pageSize=1", nil)
+		var mrs struct {
+			ManagedRunners []struct {
+				RunnerID string          `json:"runnerId"`
+				Policy   json.RawMessage `json:"policy"`
+			} `json:"managedRunners"`
+		}
+		if err := json.Unmarshal(body, &mrs); code != 200 || err != nil || len(mrs.ManagedRunners) == 0 {
+			t.Fatalf("list managed runners: %d %s", code, body)
+		}
+		return mrs.ManagedRunners[0].Policy
+	}()
 	run("runners and policies", chromedp.Click(css(`header button`)), chromedp.WaitVisible(css("#apikey")), signIn(d.admin),
 		chromedp.Navigate(d.api+"/console/#/runners"), waitJS(`!!document.querySelector('[data-testid="runner-policy"]')`),
-		waitJS(`document.querySelector('[data-testid="policy"]').textContent.trim().startsWith("{")`), shot("runners"),
+		waitJS(`/^(\{|null)/.test(document.querySelector('[data-testid="policy"]').textContent.trim())`),
+		// A policy the API refuses: its reason and field violation shown inline; then a
+		// valid one, saved.
+		clickJS(`[data-testid="runner-policy"] button`, "Edit policy"), chromedp.WaitVisible(css(`textarea[name="policy"]`)),
+		setInput(`textarea[name="policy"]`, `{"constraints": {"lifetime": {"max_seconds": -5}}}`),
+		clickJS(`.policy-form button`, "Save"),
+		waitJS(textHas(`.policy-form [role="alert"]`, "CWSANDBOX_INVALID_REQUEST")),
+		waitJS(textHas(`[data-testid="violations"]`, "constraints.lifetime.max_seconds")),
+		waitJS(textHas(`[data-testid="violations"]`, "must not be negative")), shot("policy-invalid"),
+		setInput(`textarea[name="policy"]`, `{"constraints": {"lifetime": {"max_seconds": 2592000}}}`),
+		clickJS(`.policy-form button`, "Save"),
+		waitJS(textHas(`[data-testid="runner-policy"] [role="status"]`, "Saved")),
+		waitJS(textHas(`[data-testid="policy"]`, "2592000")), shot("runners"))
+	var mr struct {
+		RunnerID string          `json:"runnerId"`
+		Etag     string          `json:"etag"`
+		Policy   json.RawMessage `json:"policy"`
+	}
+	code, body = d.rest(t, d.admin, "GET", "/v1/sandbox/managedRunners?pageSize=1", nil)
+	var mrs struct {
+		ManagedRunners []json.RawMessage `json:"managedRunners"`
+	}
+	if err := json.Unmarshal(body, &mrs); code != 200 || err != nil || len(mrs.ManagedRunners) == 0 {
+		t.Fatalf("list managed runners: %d %s", code, body)
+	}
+	_ = json.Unmarshal(mrs.ManagedRunners[0], &mr)
+	if !bytes.Contains(mr.Policy, []byte("2592000")) {
+		t.Fatalf("the policy saved in the console: %s", mr.Policy)
+	}
+	// An edit that another writer overtook: refused at its etag, then reloaded.
+	run("policy etag conflict", clickJS(`[data-testid="runner-policy"] button`, "Edit policy"),
+		chromedp.WaitVisible(css(`textarea[name="policy"]`)),
+		chromedp.Func(func(context.Context, *chromedp.Target) error {
+			code, body := d.rest(t, d.admin, "PATCH", "/v1/sandbox/managedRunners/"+mr.RunnerID+"?updateMask=policy",
+				map[string]any{"policy": map[string]any{"constraints": map[string]any{"lifetime": map[string]any{"max_seconds": 2591999}}}})
+			if code != 200 {
+				return fmt.Errorf("PATCH policy: %d %s", code, body)
+			}
+			return nil
+		}),
+		setInput(`textarea[name="policy"]`, `{}`), clickJS(`.policy-form button`, "Save"),
+		waitJS(textHas(`.policy-form [role="alert"]`, "CWSANDBOX_ETAG_MISMATCH")),
+		clickJS(`.policy-form button`, "Reload it"),
+		waitJS(`document.querySelector('textarea[name="policy"]').value.includes("2591999")`),
+		clickJS(`.policy-form button`, "Cancel"))
+	if code, body := d.rest(t, d.admin, "PATCH", "/v1/sandbox/managedRunners/"+mr.RunnerID+"?updateMask=policy",
+		map[string]any{"policy": json.RawMessage(orDefault(origPolicy))}); code != 200 {
+		t.Fatalf("restore the policy: %d %s", code, body)
+	}
+	run("narrow admin pages",
 		chromedp.EmulateViewport(390, 844), waitJS(`document.documentElement.scrollWidth <= window.innerWidth`),
 		chromedp.Navigate(d.api+"/console/#/apikeys"), waitJS(`!!document.querySelector('[data-testid="key-list"]')`),
-		waitJS(`document.documentElement.scrollWidth <= window.innerWidth`), chromedp.ResetViewport())
+		waitJS(`document.documentElement.scrollWidth <= window.innerWidth`), chromedp.EmulateViewport(1100, 760))
 
 	// Org A stops it, with confirmation.
 	run("stop", chromedp.Click(css(`header button`)), chromedp.WaitVisible(css("#apikey")),

@@ -5,8 +5,10 @@ export type Who = { organization: string; role: string; keyId: string; keyName?:
 
 let csrf = "";
 
+export type Violation = { field: string; description: string };
+
 export class APIError extends Error {
-  constructor(public status: number, message: string, public reason = "") {
+  constructor(public status: number, message: string, public reason = "", public violations: Violation[] = []) {
     super(message);
   }
 }
@@ -21,13 +23,17 @@ export function errText(e: unknown): string {
 // apiError reads a google.rpc.Status JSON body (message, details[].reason).
 function apiError(status: number, statusText: string, body: string): APIError {
   let msg = statusText || `HTTP ${status}`, reason = "";
+  const violations: Violation[] = [];
   try {
     const b = JSON.parse(body);
     msg = b.message || msg;
     const info = (b.details || []).find((d: any) => d.reason);
     reason = info ? info.reason : "";
+    for (const d of b.details || []) {
+      for (const v of d.fieldViolations || []) violations.push({ field: String(v.field || ""), description: String(v.description || "") });
+    }
   } catch { /* not JSON */ }
-  return new APIError(status, msg, reason);
+  return new APIError(status, msg, reason, violations);
 }
 
 async function check(res: Response): Promise<Response> {

@@ -1,5 +1,5 @@
 import { useState } from "preact/hooks";
-import { api, errText, Who } from "./api";
+import { api, APIError, errText, Violation, Who } from "./api";
 import { ConfirmButton, Err, JSONDetails, useLoad, when } from "./ui";
 
 type ApiKey = { keyId: string; displayName?: string; role?: string; createTime?: string; revokeTime?: string; lastUsedTime?: string };
@@ -218,10 +218,86 @@ export function Audit() {
 
 type ManagedRunner = { runnerId: string; displayName?: string; runnerGroupId?: string; zone?: string; releaseChannel?: string; policy?: unknown; policyRevision?: string; etag?: string; updateTime?: string; status?: unknown };
 
+// PolicyEditor shows a runner's policy and edits it: the whole document replaced
+// (UpdateManagedRunner, update mask `policy`) at the etag it was read at, so a change made
+// meanwhile is refused (ABORTED, CWSANDBOX_ETAG_MISMATCH) rather than overwritten. The
+// API's validation errors are shown with each field violation.
+function PolicyEditor({ runner, onSaved }: { runner: ManagedRunner; onSaved: () => void }) {
+  const [draft, setDraft] = useState<{ text: string; etag: string } | null>(null);
+  const [err, setErr] = useState("");
+  const [violations, setViolations] = useState<Violation[]>([]);
+  const [conflict, setConflict] = useState(false);
+  const [busy, setBusy] = useState(false);
+  const [saved, setSaved] = useState("");
+  const shown = JSON.stringify(runner.policy ?? null, null, 2);
+  const edit = async () => {
+    setErr(""); setViolations([]); setConflict(false); setSaved("");
+    try {
+      const r = await api<ManagedRunner>("GET", `sandbox/managedRunners/${encodeURIComponent(runner.runnerId)}`);
+      setDraft({ text: JSON.stringify(r.policy ?? {}, null, 2), etag: r.etag || "" });
+    } catch (e) {
+      setErr(errText(e));
+    }
+  };
+  const save = async (e: Event) => {
+    e.preventDefault();
+    setErr(""); setViolations([]); setConflict(false);
+    let policy: unknown;
+    try {
+      policy = JSON.parse(draft!.text);
+    } catch (x) {
+      setErr(`The policy is not JSON: ${(x as Error).message}`);
+      return;
+    }
+    setBusy(true);
+    try {
+      const r = await api<ManagedRunner>("PATCH", `sandbox/managedRunners/${encodeURIComponent(runner.runnerId)}?updateMask=policy`, { policy, etag: draft!.etag });
+      setDraft(null);
+      setSaved(`Saved: policy revision ${r.policyRevision || "?"}.`);
+      onSaved();
+    } catch (x) {
+      setErr(errText(x));
+      if (x instanceof APIError) {
+        setViolations(x.violations);
+        setConflict(x.reason === "CWSANDBOX_ETAG_MISMATCH");
+      }
+    } finally {
+      setBusy(false);
+    }
+  };
+  if (!draft) {
+    return (
+      <>
+        <pre class="json" data-testid="policy">{shown}</pre>
+        <button onClick={edit}>Edit policy</button> <span class="muted" role="status">{saved}</span>
+        <Err msg={err} />
+      </>
+    );
+  }
+  const id = `policy-${runner.runnerId}`;
+  return (
+    <form onSubmit={save} aria-label={`Policy of ${runner.runnerId}`} class="policy-form">
+      <label for={id}>Policy (JSON; replaces the whole document)</label>
+      <textarea id={id} name="policy" rows={16} spellcheck={false} value={draft.text}
+        aria-invalid={err ? "true" : undefined} aria-describedby={err ? `${id}-err` : undefined}
+        onInput={(e) => setDraft({ ...draft, text: (e.target as HTMLTextAreaElement).value })} />
+      <div id={`${id}-err`}>
+        <Err msg={err} />
+        {violations.length > 0 && (
+          <ul class="error" data-testid="violations">{violations.map((v) => <li key={v.field + v.description}><code>{v.field}</code>: {v.description}</li>)}</ul>
+        )}
+        {conflict && <p class="error">The runner changed since you opened the editor. <button type="button" onClick={edit}>Reload it</button> (your edits are lost) or copy them first.</p>}
+      </div>
+      <button type="submit" disabled={busy}>Save</button>{" "}
+      <button type="button" onClick={() => { setDraft(null); setErr(""); setViolations([]); setConflict(false); }}>Cancel</button>
+    </form>
+  );
+}
+
 // Runners shows the organization's managed runners and their policies
-// (RunnerManagementService: admin keys only), read-only.
+// (RunnerManagementService: admin keys only); admins edit a policy.
 export function Runners() {
-  const [runners, err] = useLoad(() => api<{ managedRunners?: ManagedRunner[] }>("GET", "sandbox/managedRunners?pageSize=1000").then((r) => r.managedRunners || []), [], 10000);
+  const [runners, err, reload] = useLoad(() => api<{ managedRunners?: ManagedRunner[] }>("GET", "sandbox/managedRunners?pageSize=1000").then((r) => r.managedRunners || []), [], 10000);
   return (
     <main>
       <h2>Runners and policies</h2>
@@ -238,7 +314,7 @@ export function Runners() {
             <dt>Updated</dt><dd>{when(r.updateTime)}</dd>
           </dl>
           <h4>Policy</h4>
-          <pre class="json" data-testid="policy">{JSON.stringify(r.policy ?? {}, null, 2)}</pre>
+          <PolicyEditor runner={r} onSaved={reload} />
           <JSONDetails v={r.status} summary="Status" />
         </section>
       ))}
