@@ -394,7 +394,6 @@ func TestConsoleInChromium(t *testing.T) {
 	run("narrow screen", chromedp.EmulateViewport(390, 844), waitJS(`document.documentElement.scrollWidth <= window.innerWidth`),
 		shot("sandbox-narrow"), chromedp.EmulateViewport(1100, 760))
 
-
 	// A template of org A (created by its admin) for the pages below.
 	code, body = d.rest(t, adminA, "POST", "/v1/sandboxTemplates", map[string]any{"displayName": "console-tmpl",
 		"spec": map[string]any{"containers": []any{map[string]any{"name": "main", "image": "busybox"}}}})
@@ -438,7 +437,6 @@ func TestConsoleInChromium(t *testing.T) {
 	if strings.Contains(bodyB, "tick from the sandbox") || strings.Contains(bodyB, "console-test") {
 		t.Fatalf("org B's page shows org A's sandbox: %s", bodyB)
 	}
-
 
 	// Org A's admin: API keys (create: the secret shown once, and it works; revoke: it no
 	// longer does), the audit log with its filters, templates deleted after confirmation,
