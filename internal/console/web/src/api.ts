@@ -36,9 +36,14 @@ function apiError(status: number, statusText: string, body: string): APIError {
   return new APIError(status, msg, reason, violations);
 }
 
+// responseError is the API error a failed response carries.
+export async function responseError(res: Response): Promise<APIError> {
+  return apiError(res.status, res.statusText, await res.text().catch(() => ""));
+}
+
 async function check(res: Response): Promise<Response> {
   if (res.ok) return res;
-  throw apiError(res.status, res.statusText, await res.text().catch(() => ""));
+  throw await responseError(res);
 }
 
 export async function whoAmI(): Promise<Who | null> {

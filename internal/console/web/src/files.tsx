@@ -6,6 +6,9 @@ import { Err, when } from "./ui";
 // must fit the console's proxy bound (1 MiB).
 export const MaxUpload = 512 << 10;
 
+// MaxEntries bounds the entries a listing shows (the sandbox says what they are).
+const MaxEntries = 2000;
+
 type Entry = { name: string; kind: string; size: number; mtime: number };
 
 const dirOf = (d: string) => (d.endsWith("/") ? d : d + "/");
@@ -38,7 +41,7 @@ async function listDir(id: string, d: string): Promise<{ entries: Entry[]; warni
   if ((r.exitCode || 0) !== 0 && entries.length === 0) throw new Error(stderr.trim() || `listing ${d} failed (exit code ${r.exitCode})`);
   const isDir = (e: Entry) => e.kind === "directory" || e.kind === "symbolic link";
   entries.sort((a, b) => Number(isDir(b)) - Number(isDir(a)) || a.name.localeCompare(b.name));
-  return { entries, warning: (r.exitCode || 0) !== 0 ? stderr : "", truncated: !!r.stdoutTruncated };
+  return { entries: entries.slice(0, MaxEntries), warning: (r.exitCode || 0) !== 0 ? stderr : "", truncated: !!r.stdoutTruncated || entries.length > MaxEntries };
 }
 
 const size = (n: number) => (n < 1024 ? `${n} B` : n < 1 << 20 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / (1 << 20)).toFixed(1)} MiB`);
@@ -117,7 +120,7 @@ export function Files({ id }: { id: string }) {
       <p class="muted" role="status" data-testid="files-status">{status}</p>
       {progress && <progress max={progress[1] || 1} value={progress[0]} aria-label="Upload progress" />}
       {list?.warning && <p class="muted">Some entries could not be read: {list.warning}</p>}
-      {list?.truncated && <p class="muted">The listing was cut (too many entries).</p>}
+      {list?.truncated && <p class="muted">The listing was cut: at most {MaxEntries} entries are shown.</p>}
       {list && list.entries.length === 0 && <p class="muted">{dir} is empty.</p>}
       {list && list.entries.length > 0 && (
         <div class="scroll files"><table data-testid="file-list">

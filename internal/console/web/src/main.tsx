@@ -2,7 +2,7 @@ import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import "@xterm/xterm/css/xterm.css";
 import "./style.css";
-import { api, errText, listSandboxes, Runner, Sandbox, signIn, signOut, stateName, states, whoAmI, Who } from "./api";
+import { api, errText, listSandboxes, responseError, Runner, Sandbox, signIn, signOut, stateName, states, whoAmI, Who } from "./api";
 import { SandboxTerminal } from "./terminal";
 import { Files } from "./files";
 import { ApiKeys, Audit, Runners, Snapshots, Templates, Volumes } from "./pages";
@@ -157,7 +157,7 @@ function Logs({ id }: { id: string }) {
     (async () => {
       const res = await fetch(`api/sandboxes/${encodeURIComponent(id)}/logs`, { signal: ac.signal, credentials: "same-origin" });
       if (!res.ok || !res.body) {
-        setErr((await res.json().catch(() => ({ message: res.statusText }))).message);
+        setErr(errText(await responseError(res)));
         return;
       }
       const rd = res.body.getReader();
