@@ -120,7 +120,7 @@ export function Files({ id }: { id: string }) {
       <p class="muted" role="status" data-testid="files-status">{status}</p>
       {progress && <progress max={progress[1] || 1} value={progress[0]} aria-label="Upload progress" />}
       {list?.warning && <p class="muted">Some entries could not be read: {list.warning}</p>}
-      {list?.truncated && <p class="muted">The listing was cut: at most {MaxEntries} entries are shown.</p>}
+      {list?.truncated && <p class="muted">The listing was cut (too many entries: at most {MaxEntries}, and 1 MiB of listing, are shown).</p>}
       {list && list.entries.length === 0 && <p class="muted">{dir} is empty.</p>}
       {list && list.entries.length > 0 && (
         <div class="scroll files"><table data-testid="file-list">
