@@ -195,14 +195,14 @@ export function Audit() {
       {page && events.length === 0 && <p class="muted">No event matches.</p>}
       {events.length > 0 && (
         <div class="scroll"><table data-testid="audit-list">
-          <thead><tr><th scope="col">Time</th><th scope="col">Actor</th><th scope="col">Action</th><th scope="col">Target</th><th scope="col">Result</th><th scope="col">Source</th></tr></thead>
+          <thead><tr><th scope="col">Time</th><th scope="col">Actor</th><th scope="col">Action</th><th scope="col">Result</th><th scope="col">Target</th><th scope="col">Source</th></tr></thead>
           <tbody>{events.map((ev) => (
             <tr key={ev.eventId}>
               <td>{when(ev.time)}</td>
               <td><code>{ev.keyId || "–"}</code>{ev.actorOrgId && <span class="muted"> ({ev.actorOrgId})</span>}</td>
               <td title={ev.method}>{ev.kind || ev.method}</td>
+              <td>{ev.result === "OK" ? <span class="badge st-running">OK</span> : <span class="badge st-failed" title={`${ev.result}: ${ev.message || ""}`}>{ev.reason || ev.result}</span>}</td>
               <td>{ev.targetType ? `${ev.targetType} ${ev.targetId || ""}` : "–"}</td>
-              <td>{ev.result === "OK" ? <span class="badge st-running">OK</span> : <span class="badge st-failed" title={ev.message}>{ev.result} {ev.reason}</span>}</td>
               <td>{ev.sourceAddress || "–"}</td>
             </tr>))}
           </tbody>
