@@ -251,3 +251,88 @@ func TestConsolePlantedSessionCookie(t *testing.T) {
 		t.Fatalf("the planted session lives on: %d %s", code, body)
 	}
 }
+
+// TestConsolePagesTenancy attacks the calls the console's pages make (files, API keys,
+// templates, audit), all through its proxy: an admin session of org A can neither read,
+// write nor list the files of org B's sandbox, nor see, revoke or use org B's keys,
+// templates or audit events.
+func TestConsolePagesTenancy(t *testing.T) {
+	d := needDev(t)
+	idB := runningSandbox(t, d.sandboxes(d.KeyB), "", nil)
+	adminA, err := d.NewKey("org-a", "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminB, err := d.NewKey("org-b", "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := d.consoleSignIn(t, adminA), d.consoleSignIn(t, adminB)
+	wa := map[string]string{console.CSRFHeader: a.csrf}
+	wb := map[string]string{console.CSRFHeader: b.csrf}
+	keyID := func(k string) string { return strings.Split(k, "_")[1] }
+
+	// B's own: a file in its sandbox, a template (the controls).
+	if code, body := b.do(t, "POST", "/console/api/v1/sandboxes/"+idB+":writeFile", `{"path":"/tmp/secret-b","content":"c2VjcmV0LW9mLWI="}`, wb); code != 200 {
+		t.Fatalf("B writes its file: %d %s", code, body)
+	}
+	code, body := b.do(t, "POST", "/console/api/v1/sandboxTemplates", `{"displayName":"tmpl-b","spec":{"containers":[{"name":"main","image":"busybox"}]}}`, wb)
+	if code != 200 {
+		t.Fatalf("B creates a template: %d %s", code, body)
+	}
+	var tmpl struct {
+		ID string `json:"sandboxTemplateId"`
+	}
+	_ = json.Unmarshal(body, &tmpl)
+	if code, body := b.do(t, "GET", "/console/api/v1/sandbox/apiKeys", "", nil); code != 200 || !strings.Contains(string(body), keyID(d.KeyB)) {
+		t.Fatalf("B lists its keys: %d %s", code, body)
+	}
+
+	// Files: the file browser's exec (listing), ReadFile (download), WriteFile (upload).
+	for name, c := range map[string]struct{ method, path, body string }{
+		"list":     {"POST", ":exec", `{"command":["find","/tmp/","-mindepth","1","-maxdepth","1"]}`},
+		"download": {"GET", ":readFile?path=/tmp/secret-b", ""},
+		"upload":   {"POST", ":writeFile", `{"path":"/tmp/secret-b","content":"cHduZWQ="}`},
+	} {
+		code, body := a.do(t, c.method, "/console/api/v1/sandboxes/"+idB+c.path, c.body, wa)
+		if code != 404 || restReason(body) != apierr.SandboxNotFound || strings.Contains(string(body), "secret") {
+			t.Fatalf("A's %s in B's sandbox: %d %s", name, code, body)
+		}
+	}
+	if code, body := b.do(t, "GET", "/console/api/v1/sandboxes/"+idB+":readFile?path=/tmp/secret-b", "", nil); code != 200 || !strings.Contains(string(body), "c2VjcmV0LW9mLWI=") {
+		t.Fatalf("B's file after A's upload: %d %s", code, body)
+	}
+
+	// API keys: A lists its own only, and cannot revoke B's.
+	if code, body := a.do(t, "GET", "/console/api/v1/sandbox/apiKeys?pageSize=1000", "", nil); code != 200 ||
+		strings.Contains(string(body), keyID(d.KeyB)) || strings.Contains(string(body), keyID(adminB)) || !strings.Contains(string(body), keyID(adminA)) {
+		t.Fatalf("A lists keys: %d %s", code, body)
+	}
+	if code, body := a.do(t, "POST", "/console/api/v1/sandbox/apiKeys/"+keyID(d.KeyB)+":revoke", `{}`, wa); code != 404 || restReason(body) != apierr.APIKeyNotFound {
+		t.Fatalf("A revokes B's key: %d %s", code, body)
+	}
+	if code, body := d.rest(t, d.KeyB, "GET", "/v1/sandboxes/"+idB, nil); code != 200 {
+		t.Fatalf("B's key after A's revoke: %d %s", code, body)
+	}
+
+	// Templates: A sees none of B's and cannot delete it.
+	if code, body := a.do(t, "GET", "/console/api/v1/sandboxTemplates", "", nil); code != 200 || strings.Contains(string(body), tmpl.ID) {
+		t.Fatalf("A lists templates: %d %s", code, body)
+	}
+	if code, body := a.do(t, "DELETE", "/console/api/v1/sandboxTemplates/"+tmpl.ID, "", wa); code != 404 || restReason(body) != apierr.TemplateNotFound {
+		t.Fatalf("A deletes B's template: %d %s", code, body)
+	}
+
+	// Audit: B's events (its template create) are not in A's log, even asked by B's key ID.
+	if code, body := b.do(t, "GET", "/console/api/v1/auditEvents?method=CreateSandboxTemplate", "", nil); code != 200 || !strings.Contains(string(body), tmpl.ID) {
+		t.Fatalf("B's audit log: %d %s", code, body)
+	}
+	for _, q := range []string{"", "?keyId=" + keyID(adminB), "?orgId=org-b"} {
+		code, body := a.do(t, "GET", "/console/api/v1/auditEvents"+q, "", nil)
+		// (A's own refused delete of B's template is in A's log: its own call.)
+		if strings.Contains(string(body), "template.create") || strings.Contains(string(body), keyID(adminB)) ||
+			strings.Contains(string(body), `"org-b"`) || (code != 200 && restReason(body) != apierr.PermissionDenied) {
+			t.Fatalf("A's audit log%s: %d %s", q, code, body)
+		}
+	}
+}

@@ -5,22 +5,45 @@ export type Who = { organization: string; role: string; keyId: string; keyName?:
 
 let csrf = "";
 
+export type Violation = { field: string; description: string };
+
 export class APIError extends Error {
-  constructor(public status: number, message: string, public reason = "") {
+  constructor(public status: number, message: string, public reason = "", public violations: Violation[] = []) {
     super(message);
   }
 }
 
-async function check(res: Response): Promise<Response> {
-  if (res.ok) return res;
-  let msg = res.statusText, reason = "";
+// errText is an error as the console shows it: the API's message and its CWSANDBOX_*
+// reason (ErrorInfo), when it has one.
+export function errText(e: unknown): string {
+  if (e instanceof APIError) return e.reason ? `${e.message} (${e.reason})` : e.message;
+  return String(e);
+}
+
+// apiError reads a google.rpc.Status JSON body (message, details[].reason).
+function apiError(status: number, statusText: string, body: string): APIError {
+  let msg = statusText || `HTTP ${status}`, reason = "";
+  const violations: Violation[] = [];
   try {
-    const b = await res.json();
+    const b = JSON.parse(body);
     msg = b.message || msg;
     const info = (b.details || []).find((d: any) => d.reason);
     reason = info ? info.reason : "";
+    for (const d of b.details || []) {
+      for (const v of d.fieldViolations || []) violations.push({ field: String(v.field || ""), description: String(v.description || "") });
+    }
   } catch { /* not JSON */ }
-  throw new APIError(res.status, msg, reason);
+  return new APIError(status, msg, reason, violations);
+}
+
+// responseError is the API error a failed response carries.
+export async function responseError(res: Response): Promise<APIError> {
+  return apiError(res.status, res.statusText, await res.text().catch(() => ""));
+}
+
+async function check(res: Response): Promise<Response> {
+  if (res.ok) return res;
+  throw await responseError(res);
 }
 
 export async function whoAmI(): Promise<Who | null> {
@@ -57,6 +80,40 @@ export async function api<T = any>(method: string, path: string, body?: unknown)
     location.reload(); // the session ended (expired, signed out elsewhere, key revoked): sign in again
   }
   return (await check(res)).json();
+}
+
+// upload sends a JSON body to the API with XMLHttpRequest, which (unlike fetch) reports
+// the upload's progress.
+export function upload<T = any>(path: string, body: unknown, onProgress: (sent: number, total: number) => void): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const x = new XMLHttpRequest();
+    x.open("POST", "api/v1/" + path);
+    x.setRequestHeader("Accept", "application/json");
+    x.setRequestHeader("Content-Type", "application/json");
+    x.setRequestHeader("X-CSRF-Token", csrf);
+    x.upload.onprogress = (e) => onProgress(e.loaded, e.total);
+    x.onload = () => {
+      if (x.status >= 200 && x.status < 300) {
+        try { resolve(JSON.parse(x.responseText || "{}")); } catch (e) { reject(e); }
+      } else reject(apiError(x.status, x.statusText, x.responseText));
+    };
+    x.onerror = () => reject(new Error("the upload failed (network error)"));
+    x.send(JSON.stringify(body));
+  });
+}
+
+// Base64 of bytes (the JSON form of protobuf bytes) and back.
+export function toBase64(b: Uint8Array): string {
+  let s = "";
+  for (let i = 0; i < b.length; i += 0x8000) s += String.fromCharCode(...b.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+export function fromBase64(s?: string): Uint8Array<ArrayBuffer> {
+  const bin = atob((s || "").replace(/-/g, "+").replace(/_/g, "/"));
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
 }
 
 export type Sandbox = {

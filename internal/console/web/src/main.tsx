@@ -1,9 +1,12 @@
 import { render } from "preact";
-import { useEffect, useState, useCallback } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import "@xterm/xterm/css/xterm.css";
 import "./style.css";
-import { api, APIError, listSandboxes, Runner, Sandbox, signIn, signOut, stateName, states, whoAmI, Who } from "./api";
+import { api, errText, listSandboxes, responseError, Runner, Sandbox, signIn, signOut, stateName, states, whoAmI, Who } from "./api";
 import { SandboxTerminal } from "./terminal";
+import { Files } from "./files";
+import { ApiKeys, Audit, Runners, Snapshots, Templates, Volumes } from "./pages";
+import { Err, useLoad, when } from "./ui";
 
 function useHash(): string {
   const [h, setH] = useState(location.hash || "#/");
@@ -13,25 +16,6 @@ function useHash(): string {
     return () => removeEventListener("hashchange", on);
   }, []);
   return h;
-}
-
-// useLoad runs load now, again every `every` ms, and when deps change.
-function useLoad<T>(load: () => Promise<T>, deps: unknown[], every = 3000): [T | undefined, string, () => void] {
-  const [v, setV] = useState<T>();
-  const [err, setErr] = useState("");
-  const run = useCallback(() => {
-    load().then((x) => { setV(x); setErr(""); }, (e) => setErr(e instanceof APIError ? e.message : String(e)));
-  }, deps);
-  useEffect(() => {
-    run();
-    const t = setInterval(run, every);
-    return () => clearInterval(t);
-  }, [run]);
-  return [v, err, run];
-}
-
-function Err({ msg }: { msg: string }) {
-  return msg ? <p class="error" role="alert">{msg}</p> : null;
 }
 
 function SignIn({ onIn }: { onIn: (w: Who) => void }) {
@@ -45,7 +29,7 @@ function SignIn({ onIn }: { onIn: (w: Who) => void }) {
     try {
       onIn(await signIn(key.trim()));
     } catch (x) {
-      setErr(x instanceof APIError ? x.message : String(x));
+      setErr(errText(x));
     } finally {
       setBusy(false);
     }
@@ -72,7 +56,6 @@ function StateBadge({ s }: { s?: string }) {
 
 const gib = (b?: string) => (b ? (Number(b) / 2 ** 30).toFixed(1) + " GiB" : "–");
 const cores = (m?: string) => (m ? (Number(m) / 1000).toFixed(1) : "–");
-const when = (t?: string) => (t ? new Date(t).toLocaleString() : "–");
 
 function Overview() {
   const [sbs, err] = useLoad(() => listSandboxes({ all: true }), []);
@@ -174,7 +157,7 @@ function Logs({ id }: { id: string }) {
     (async () => {
       const res = await fetch(`api/sandboxes/${encodeURIComponent(id)}/logs`, { signal: ac.signal, credentials: "same-origin" });
       if (!res.ok || !res.body) {
-        setErr((await res.json().catch(() => ({ message: res.statusText }))).message);
+        setErr(errText(await responseError(res)));
         return;
       }
       const rd = res.body.getReader();
@@ -207,7 +190,7 @@ function SandboxDetail({ id }: { id: string }) {
       await api("DELETE", `sandboxes/${encodeURIComponent(id)}`);
       setConfirming(false);
     } catch (e) {
-      setActErr(e instanceof APIError ? e.message : String(e));
+      setActErr(errText(e));
     }
   };
   return (
@@ -257,6 +240,7 @@ function SandboxDetail({ id }: { id: string }) {
           )}
           <Logs id={id} />
           {sb.status?.state === "STATE_RUNNING" && <SandboxTerminal id={id} />}
+          {sb.status?.state === "STATE_RUNNING" && <Files id={id} />}
         </>
       )}
     </main>
@@ -275,6 +259,12 @@ function App() {
   let m;
   if ((m = path.match(/^\/sandboxes\/([^/]+)$/))) page = <SandboxDetail id={decodeURIComponent(m[1])} key={m[1]} />;
   else if (path === "/sandboxes") page = <SandboxList query={query} key={qs} />;
+  else if (path === "/templates") page = <Templates />;
+  else if (path === "/volumes") page = <Volumes />;
+  else if (path === "/snapshots") page = <Snapshots />;
+  else if (path === "/apikeys") page = <ApiKeys who={who} />;
+  else if (path === "/audit") page = <Audit />;
+  else if (path === "/runners") page = <Runners />;
   else page = <Overview />;
   const out = async () => { await signOut(); setWho(null); };
   return (
@@ -285,6 +275,9 @@ function App() {
         <nav aria-label="Main">
           <a href="#/" aria-current={path === "/" || path === "" ? "page" : undefined}>Overview</a>
           <a href="#/sandboxes" aria-current={path.startsWith("/sandboxes") ? "page" : undefined}>Sandboxes</a>
+          {[["/templates", "Templates"], ["/volumes", "Volumes"], ["/snapshots", "Snapshots"], ["/apikeys", "API keys"], ["/runners", "Runners"], ["/audit", "Audit"]].map(([p, n]) => (
+            <a key={p} href={"#" + p} aria-current={path === p ? "page" : undefined}>{n}</a>
+          ))}
         </nav>
         <span class="who" data-testid="who">{who.organization} · {who.role.replace("SANDBOX_", "").toLowerCase()} · key {who.keyId}</span>
         <button onClick={out}>Sign out</button>
