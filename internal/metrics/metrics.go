@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 )
 
 // Namespace prefixes every sandboxd metric, as the target system's do.
@@ -109,6 +110,7 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.creates, m.deletes, m.timeToRunning, m.execDuration,
 	)
+	m.reg.MustRegister(counters.Collectors()...)
 	return m
 }
 

@@ -1,0 +1,200 @@
+// Package counters holds the process-wide Prometheus series that packages below the
+// gateway record: the runner side (image pulls, edge, egress, the direct data plane) and
+// what both sides share (placement). It imports nothing of sandboxd's, so that runner-side
+// code records metrics without linking the store (internal/metrics, which serves them,
+// does: it registers Collectors into every registry it makes).
+//
+// Every label takes a bounded set of values, checked here: the recording functions map
+// anything else to a fixed value ("other"). See docs/observability.md.
+package counters
+
+import (
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const namespace = "cwsandbox"
+
+// Label values.
+const (
+	ResultOK    = "ok"
+	ResultError = "error"
+	CacheHit    = "hit"
+	CacheMiss   = "miss"
+	Other       = "other"
+	PathGateway = "gateway"
+	PathDirect  = "direct"
+	OpRead      = "read"
+	OpWrite     = "write"
+)
+
+// Collectors returns every series of this package, for registration.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		imagePulls, imagePullBytes, imagePullDuration,
+		placementDecisions, placementRejections,
+		fileDuration, fileBytes,
+	}
+}
+
+var (
+	imagePulls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "image_pulls_total",
+		Help: "Image pulls of the local backend's image store by result (ok, error) and cache (hit: served from the local cache, miss: layers fetched).",
+	}, []string{"result", "cache"})
+	imagePullBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "image_pull_bytes_total",
+		Help: "Compressed layer bytes the local backend's image store fetched from registries.",
+	})
+	imagePullDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "image_pull_duration_seconds",
+		Help:    "Duration of the local backend's image pulls by cache (hit, miss); concurrent callers of one pull share one observation.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
+	}, []string{"cache"})
+
+	placementDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "placement_decisions_total",
+		Help: "Placements of a sandbox on a runner (create, move, fork elsewhere) by result: ok, or the CWSANDBOX_* reason of the refusal.",
+	}, []string{"result"})
+	placementRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "placement_rejections_total",
+		Help: "Runners a placement left out, by the constraint that rejected each (a policy constraint name, or unavailable, quarantined, capacity, room, source_ip_allowlist); one per runner and constraint.",
+	}, []string{"constraint"})
+
+	fileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "file_operation_duration_seconds",
+		Help:    "Sandbox file reads and writes (ReadFile, WriteFile) by op and path (gateway or direct data plane).",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"op", "path"})
+	fileBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "file_bytes_total",
+		Help: "Bytes of sandbox file reads (returned) and writes (sent) by op and path (gateway or direct data plane).",
+	}, []string{"op", "path"})
+)
+
+func init() {
+	imagePulls.WithLabelValues(ResultOK, CacheHit) // present at 0
+	imagePulls.WithLabelValues(ResultOK, CacheMiss)
+	imagePulls.WithLabelValues(ResultError, CacheMiss)
+	placementDecisions.WithLabelValues(ResultOK)
+}
+
+// ImagePull records one image pull (one per pull made, however many callers share it):
+// hit when it was served from the local cache (no image fetched; a failed pull is a
+// miss), its duration, and whether it failed. Bytes are counted as layers arrive (ImagePullBytes).
+func ImagePull(hit bool, d time.Duration, err error) {
+	cache := CacheMiss
+	if hit && err == nil {
+		cache = CacheHit
+	}
+	res := ResultOK
+	if err != nil {
+		res = ResultError
+	}
+	imagePulls.WithLabelValues(res, cache).Inc()
+	imagePullDuration.WithLabelValues(cache).Observe(d.Seconds())
+}
+
+// ImagePullBytes counts n compressed layer bytes fetched.
+func ImagePullBytes(n int64) {
+	if n > 0 {
+		imagePullBytes.Add(float64(n))
+	}
+}
+
+// MaxConstraints bounds the distinct constraint label values; beyond it they are "other".
+const MaxConstraints = 128
+
+var (
+	constraintShape = regexp.MustCompile(`^[a-z][a-z0-9_.]{0,63}$`)
+	constraintsMu   sync.Mutex
+	constraintsSeen = map[string]bool{}
+)
+
+// constraintLabel is c when it has a constraint name's shape and is one of the first
+// MaxConstraints seen, else "other". Constraint names are the code's (internal/policy,
+// internal/placement), never a caller's; the check keeps it that way.
+func constraintLabel(c string) string {
+	if !constraintShape.MatchString(c) {
+		return Other
+	}
+	constraintsMu.Lock()
+	defer constraintsMu.Unlock()
+	if !constraintsSeen[c] {
+		if len(constraintsSeen) >= MaxConstraints {
+			return Other
+		}
+		constraintsSeen[c] = true
+	}
+	return c
+}
+
+// reasonShape is a CWSANDBOX_* reason.
+var reasonShape = regexp.MustCompile(`^CWSANDBOX_[A-Z0-9_]{1,64}$`)
+
+// Placement records one placement's outcome: result ResultOK, or the refusal's
+// CWSANDBOX_* reason (another value becomes "other"), and the constraints that rejected
+// runners (one entry per runner and constraint).
+func Placement(result string, rejections []string) {
+	if result != ResultOK && !reasonShape.MatchString(result) {
+		result = Other
+	}
+	placementDecisions.WithLabelValues(result).Inc()
+	for _, c := range rejections {
+		placementRejections.WithLabelValues(constraintLabel(c)).Inc()
+	}
+}
+
+// FileOp records one file read or write (op OpRead or OpWrite) on path (PathGateway or
+// PathDirect) that took d and moved n bytes.
+func FileOp(op, path string, d time.Duration, n int64) {
+	if op != OpWrite {
+		op = OpRead
+	}
+	if path != PathDirect {
+		path = PathGateway
+	}
+	fileDuration.WithLabelValues(op, path).Observe(d.Seconds())
+	if n > 0 {
+		fileBytes.WithLabelValues(op, path).Add(float64(n))
+	}
+}
+
+// Values returns the current value of every series of this package, keyed by name and
+// labels as Prometheus prints them (`cwsandbox_image_pulls_total{cache="hit",result="ok"}`;
+// histograms as name_count and name_sum), for tests that compare before and after an action.
+func Values() map[string]float64 {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+`="`+l.GetValue()+`"`)
+			}
+			lab := ""
+			if len(ls) > 0 {
+				lab = "{" + strings.Join(ls, ",") + "}"
+			}
+			switch {
+			case m.Counter != nil:
+				out[mf.GetName()+lab] = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				out[mf.GetName()+lab] = m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				out[mf.GetName()+"_count"+lab] = float64(m.GetHistogram().GetSampleCount())
+				out[mf.GetName()+"_sum"+lab] = m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return out
+}
