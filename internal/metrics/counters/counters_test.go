@@ -15,12 +15,12 @@ func TestLabelsBounded(t *testing.T) {
 	FileOp("delete", "elsewhere", time.Millisecond, 10)
 	after := Values()
 	for k, want := range map[string]float64{
-		`cwsandbox_placement_decisions_total{result="other"}`:                             1,
-		`cwsandbox_placement_decisions_total{result="ok"}`:                                1,
-		`cwsandbox_placement_rejections_total{constraint="other"}`:                        1,
+		`cwsandbox_placement_decisions_total{result="other"}`:                              1,
+		`cwsandbox_placement_decisions_total{result="ok"}`:                                 1,
+		`cwsandbox_placement_rejections_total{constraint="other"}`:                         1,
 		`cwsandbox_placement_rejections_total{constraint="constraints.resources.max_cpu"}`: 1,
-		`cwsandbox_file_bytes_total{op="read",path="gateway"}`:                            10,
-		`cwsandbox_file_operation_duration_seconds_count{op="read",path="gateway"}`:       1,
+		`cwsandbox_file_bytes_total{op="read",path="gateway"}`:                             10,
+		`cwsandbox_file_operation_duration_seconds_count{op="read",path="gateway"}`:        1,
 	} {
 		if got := after[k] - before[k]; got != want {
 			t.Errorf("%s grew by %v, want %v", k, got, want)
