@@ -55,6 +55,7 @@ type Metrics struct {
 	execDuration  *prometheus.HistogramVec
 
 	health            healthCollector
+	usage             usageCollector
 	healthTransitions *prometheus.CounterVec
 
 	auditWriteFailures *prometheus.CounterVec
@@ -75,6 +76,7 @@ var Default = New()
 // metrics registered.
 func New() *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry(), pending: map[string]time.Time{}, now: time.Now}
+	m.usage.cpu, m.usage.mem, m.usage.peak = newUsageDescs()
 	m.creates = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "sandbox_creates_total",
 		Help: "CreateSandbox calls by result (ok or the gRPC code) and CWSANDBOX_* reason.",
@@ -105,7 +107,7 @@ func New() *Metrics {
 		m.auditWriteFailures.WithLabelValues(r) // present at 0
 	}
 	m.reg.MustRegister(
-		&m.health, m.healthTransitions, m.auditWriteFailures,
+		&m.health, &m.usage, m.healthTransitions, m.auditWriteFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.creates, m.deletes, m.timeToRunning, m.execDuration,

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/metrics/promtest"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -214,6 +215,21 @@ func TestPromtoolCheck(t *testing.T) {
 	m.ObserveExec(PathGateway, time.Millisecond, nil)
 	m.RegisterRunnerHealth([]string{"r1"}, func() map[string]string { return map[string]string{"r1": "degraded"} })
 	m.RunnerHealthTransition("r1", HealthScopeRunner, "healthy", "degraded")
+	m.RegisterSandboxUsage(func(int) []SandboxUsage {
+		return []SandboxUsage{{ID: "sb-1", Org: "org-a", CPUUsec: 1000, MemoryBytes: 4096, MemoryPeakBytes: 8192}}
+	})
+	counters.ImagePull(false, time.Second, nil)
+	counters.ImagePullBytes(1000)
+	counters.Placement(counters.ResultOK, []string{"constraints.resources.max_cpu", "room"})
+	counters.FileOp(counters.OpWrite, counters.PathGateway, time.Millisecond, 10)
+	scrape := gather(t, m)
+	for _, name := range []string{"cwsandbox_sandbox_cpu_usage_seconds_total", "cwsandbox_image_pulls_total", "cwsandbox_image_pull_bytes_total",
+		"cwsandbox_image_pull_duration_seconds_bucket", "cwsandbox_placement_decisions_total", "cwsandbox_placement_rejections_total",
+		"cwsandbox_file_operation_duration_seconds_bucket", "cwsandbox_file_bytes_total"} {
+		if !strings.Contains(scrape, "\n"+name) {
+			t.Errorf("the scrape lacks %s", name)
+		}
+	}
 	if out := promtest.CheckMetrics(t, []byte(gather(t, m))); out != "" {
 		t.Errorf("promtool check metrics:\n%s", out)
 	}

@@ -47,3 +47,34 @@ func rate(usec int64, el time.Duration) int64 {
 	}
 	return int64(float64(usec) * 1000 / float64(el.Microseconds()))
 }
+
+// SandboxUsage is one running sandbox's cgroup usage, for the per-sandbox metrics.
+type SandboxUsage struct {
+	ID, Org string
+	runtime.Usage
+}
+
+// Usages reads the usage of at most limit running sandboxes (oldest first) from the
+// backend: the same numbers GetSandbox's status.resource_usage carries. Sandboxes whose
+// usage the backend cannot tell are left out; nil when it never can.
+func (r *Runner) Usages(limit int) []SandboxUsage {
+	b, ok := r.backend.(runtime.UsageReader)
+	if !ok {
+		return nil
+	}
+	var out []SandboxUsage
+	for _, sb := range r.List() {
+		if len(out) >= limit {
+			break
+		}
+		if sb.State != StateRunning {
+			continue
+		}
+		u, err := b.Usage(sb.ID)
+		if err != nil {
+			continue
+		}
+		out = append(out, SandboxUsage{ID: sb.ID, Org: sb.Spec.Meta[runtime.MetaOrg], Usage: u})
+	}
+	return out
+}
