@@ -56,6 +56,7 @@ func startEdge(l *runner.Local, ec stack.EdgeConfig, dataDir string) (*stack.Edg
 // tells l its URI.
 func startDataPlane(l *runner.Local, dc dataplane.ListenConfig) (*dataplane.Listener, error) {
 	dc.Sandboxes = l
+	dc.Interceptors = append(dc.Interceptors, metrics.Default.Interceptor(metrics.PathDirect))
 	ln, uri, err := dataplane.Start(dc)
 	if err != nil {
 		return nil, err

@@ -53,6 +53,9 @@ type Metrics struct {
 	deletes       *prometheus.CounterVec
 	timeToRunning prometheus.Histogram
 	execDuration  *prometheus.HistogramVec
+	fileDuration  *prometheus.HistogramVec
+	fileBytes     *prometheus.CounterVec
+	streams       *prometheus.GaugeVec
 
 	health            healthCollector
 	usage             usageCollector
@@ -95,6 +98,24 @@ func New() *Metrics {
 		Help:    "Unary Exec calls' duration by path (gateway or direct data plane) and result.",
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
 	}, []string{"path", "result"})
+	m.fileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "file_operation_duration_seconds",
+		Help:    "ReadFile and WriteFile calls' duration by op (read, write), path (gateway or direct data plane) and result.",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"op", "path", "result"})
+	m.fileBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "file_bytes_total",
+		Help: "File content bytes of successful ReadFile (returned) and WriteFile (written) calls by op and path (gateway or direct data plane).",
+	}, []string{"op", "path"})
+	m.streams = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "streams",
+		Help: "Open streaming calls by kind (exec, logs, connect, build_logs) and path (gateway or direct data plane).",
+	}, []string{"kind", "path"})
+	for _, k := range []string{StreamExec, StreamLogs, StreamConnect, StreamBuildLogs} {
+		for _, p := range []string{PathGateway, PathDirect} {
+			m.streams.WithLabelValues(k, p) // present at 0
+		}
+	}
 	m.healthTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "runner_health_transitions_total",
 		Help: "Changes of a runner's health state (internal/health) by scope (runner: for every organization; organization: one organization's own record), from and to state.",
@@ -111,6 +132,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.creates, m.deletes, m.timeToRunning, m.execDuration,
+		m.fileDuration, m.fileBytes, m.streams,
 	)
 	m.reg.MustRegister(counters.Collectors()...)
 	return m
@@ -214,6 +236,36 @@ func (m *Metrics) ObserveExec(path string, d time.Duration, err error) {
 	}
 	res, _ := result(err)
 	m.execDuration.WithLabelValues(path, res).Observe(d.Seconds())
+}
+
+// Ops of the file metrics.
+const (
+	OpRead  = "read"
+	OpWrite = "write"
+)
+
+// Kinds of cwsandbox_streams.
+const (
+	StreamExec      = "exec"
+	StreamLogs      = "logs"
+	StreamConnect   = "connect"
+	StreamBuildLogs = "build_logs"
+)
+
+// ObserveFile records one ReadFile or WriteFile (op OpRead or OpWrite) on path
+// (PathGateway or PathDirect): its duration and, when it succeeded, its n content bytes.
+func (m *Metrics) ObserveFile(op, path string, d time.Duration, n int, err error) {
+	if op != OpWrite {
+		op = OpRead
+	}
+	if path != PathDirect {
+		path = PathGateway
+	}
+	res, _ := result(err)
+	m.fileDuration.WithLabelValues(op, path, res).Observe(d.Seconds())
+	if err == nil && n > 0 {
+		m.fileBytes.WithLabelValues(op, path).Add(float64(n))
+	}
 }
 
 // Created starts sandbox id's time-to-RUNNING clock at createdAt. At most maxPending

@@ -221,7 +221,7 @@ func TestPromtoolCheck(t *testing.T) {
 	counters.ImagePull(false, time.Second, nil)
 	counters.ImagePullBytes(1000)
 	counters.Placement(counters.ResultOK, []string{"constraints.resources.max_cpu", "room"})
-	counters.FileOp(counters.OpWrite, counters.PathGateway, time.Millisecond, 10)
+	m.ObserveFile(OpWrite, PathGateway, time.Millisecond, 10, nil)
 	scrape := gather(t, m)
 	for _, name := range []string{"cwsandbox_sandbox_cpu_usage_seconds_total", "cwsandbox_image_pulls_total", "cwsandbox_image_pull_bytes_total",
 		"cwsandbox_image_pull_duration_seconds_bucket", "cwsandbox_placement_decisions_total", "cwsandbox_placement_rejections_total",

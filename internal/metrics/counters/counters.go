@@ -26,10 +26,6 @@ const (
 	CacheHit    = "hit"
 	CacheMiss   = "miss"
 	Other       = "other"
-	PathGateway = "gateway"
-	PathDirect  = "direct"
-	OpRead      = "read"
-	OpWrite     = "write"
 )
 
 // Collectors returns every series of this package, for registration.
@@ -37,7 +33,6 @@ func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		imagePulls, imagePullBytes, imagePullDuration,
 		placementDecisions, placementRejections,
-		fileDuration, fileBytes,
 	}
 }
 
@@ -64,16 +59,6 @@ var (
 		Namespace: namespace, Name: "placement_rejections_total",
 		Help: "Runners a placement left out, by the constraint that rejected each (a policy constraint name, or unavailable, quarantined, capacity, room, source_ip_allowlist); one per runner and constraint.",
 	}, []string{"constraint"})
-
-	fileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: namespace, Name: "file_operation_duration_seconds",
-		Help:    "Sandbox file reads and writes (ReadFile, WriteFile) by op and path (gateway or direct data plane).",
-		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
-	}, []string{"op", "path"})
-	fileBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: namespace, Name: "file_bytes_total",
-		Help: "Bytes of sandbox file reads (returned) and writes (sent) by op and path (gateway or direct data plane).",
-	}, []string{"op", "path"})
 )
 
 func init() {
@@ -146,21 +131,6 @@ func Placement(result string, rejections []string) {
 	placementDecisions.WithLabelValues(result).Inc()
 	for _, c := range rejections {
 		placementRejections.WithLabelValues(constraintLabel(c)).Inc()
-	}
-}
-
-// FileOp records one file read or write (op OpRead or OpWrite) on path (PathGateway or
-// PathDirect) that took d and moved n bytes.
-func FileOp(op, path string, d time.Duration, n int64) {
-	if op != OpWrite {
-		op = OpRead
-	}
-	if path != PathDirect {
-		path = PathGateway
-	}
-	fileDuration.WithLabelValues(op, path).Observe(d.Seconds())
-	if n > 0 {
-		fileBytes.WithLabelValues(op, path).Add(float64(n))
 	}
 }
 

@@ -3,7 +3,6 @@ package counters
 import (
 	"fmt"
 	"testing"
-	"time"
 )
 
 // TestLabelsBounded: values that are not of the bounded sets become "other" (or the
@@ -12,22 +11,19 @@ func TestLabelsBounded(t *testing.T) {
 	before := Values()
 	Placement("not a reason", []string{`x"} 1` + "\nevil", "constraints.resources.max_cpu"})
 	Placement(ResultOK, nil)
-	FileOp("delete", "elsewhere", time.Millisecond, 10)
 	after := Values()
 	for k, want := range map[string]float64{
 		`cwsandbox_placement_decisions_total{result="other"}`:                              1,
 		`cwsandbox_placement_decisions_total{result="ok"}`:                                 1,
 		`cwsandbox_placement_rejections_total{constraint="other"}`:                         1,
 		`cwsandbox_placement_rejections_total{constraint="constraints.resources.max_cpu"}`: 1,
-		`cwsandbox_file_bytes_total{op="read",path="gateway"}`:                             10,
-		`cwsandbox_file_operation_duration_seconds_count{op="read",path="gateway"}`:        1,
 	} {
 		if got := after[k] - before[k]; got != want {
 			t.Errorf("%s grew by %v, want %v", k, got, want)
 		}
 	}
-	if len(after) != len(before)+6 {
-		t.Errorf("%d new series, want 6 (an other decision, other and max_cpu rejections, a file op's count, sum and bytes)", len(after)-len(before))
+	if len(after) != len(before)+3 {
+		t.Errorf("%d new series, want 3 (an other decision, other and max_cpu rejections)", len(after)-len(before))
 	}
 	for i := range MaxConstraints + 10 {
 		if l := constraintLabel(fmt.Sprintf("c%d", i)); l != fmt.Sprintf("c%d", i) && l != Other {
