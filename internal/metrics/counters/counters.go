@@ -33,6 +33,7 @@ func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		imagePulls, imagePullBytes, imagePullDuration,
 		placementDecisions, placementRejections,
+		egressDecisions,
 	}
 }
 
@@ -61,7 +62,35 @@ var (
 	}, []string{"constraint"})
 )
 
+var egressDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: namespace, Name: "egress_decisions_total",
+	Help: "Connections to the local backend's egress proxy (dns_name grants) by decision: allowed (spliced to the granted name), intercepted (secret injection), denied (name not granted, no or IP server name, not TLS, only forbidden addresses), limited (too many connections from the sandbox), error (the name did not resolve or its server did not answer).",
+}, []string{"decision"})
+
+// Decisions of cwsandbox_egress_decisions_total.
+const (
+	EgressAllowed     = "allowed"
+	EgressIntercepted = "intercepted"
+	EgressDenied      = "denied"
+	EgressLimited     = "limited"
+	EgressError       = "error"
+)
+
+// EgressDecision counts one egress proxy connection's decision (one of the Egress*
+// values; another is "other").
+func EgressDecision(d string) {
+	switch d {
+	case EgressAllowed, EgressIntercepted, EgressDenied, EgressLimited, EgressError:
+	default:
+		d = Other
+	}
+	egressDecisions.WithLabelValues(d).Inc()
+}
+
 func init() {
+	for _, d := range []string{EgressAllowed, EgressIntercepted, EgressDenied, EgressLimited, EgressError} {
+		egressDecisions.WithLabelValues(d) // present at 0
+	}
 	imagePulls.WithLabelValues(ResultOK, CacheHit) // present at 0
 	imagePulls.WithLabelValues(ResultOK, CacheMiss)
 	imagePulls.WithLabelValues(ResultError, CacheMiss)
