@@ -33,7 +33,7 @@ func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		imagePulls, imagePullBytes, imagePullDuration,
 		placementDecisions, placementRejections,
-		egressDecisions,
+		egressDecisions, storeDuration,
 	}
 }
 
@@ -85,6 +85,30 @@ func EgressDecision(d string) {
 		d = Other
 	}
 	egressDecisions.WithLabelValues(d).Inc()
+}
+
+var storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Namespace: namespace, Name: "store_operation_duration_seconds",
+	Help:    "Store (SQLite or PostgreSQL) statements and transactions by op: exec, query (until its first answer), query_row, tx (a whole write transaction).",
+	Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+}, []string{"op"})
+
+// Ops of cwsandbox_store_operation_duration_seconds.
+const (
+	StoreExec     = "exec"
+	StoreQuery    = "query"
+	StoreQueryRow = "query_row"
+	StoreTx       = "tx"
+)
+
+// StoreOp records one store operation (one of the Store* ops; another is "other").
+func StoreOp(op string, d time.Duration) {
+	switch op {
+	case StoreExec, StoreQuery, StoreQueryRow, StoreTx:
+	default:
+		op = Other
+	}
+	storeDuration.WithLabelValues(op).Observe(d.Seconds())
 }
 
 func init() {
