@@ -34,6 +34,7 @@ func Collectors() []prometheus.Collector {
 		imagePulls, imagePullBytes, imagePullDuration,
 		placementDecisions, placementRejections,
 		egressDecisions, storeDuration,
+		edgeRequests, edgePassthrough,
 	}
 }
 
@@ -109,6 +110,46 @@ func StoreOp(op string, d time.Duration) {
 		op = Other
 	}
 	storeDuration.WithLabelValues(op).Observe(d.Seconds())
+}
+
+var (
+	edgeRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "edge_requests_total",
+		Help: "HTTP requests the runner's edge answered on HTTPS endpoints (proxied to the sandbox or refused by the edge) by kind (https) and status class (1xx to 5xx).",
+	}, []string{"kind", "code_class"})
+	edgePassthrough = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "edge_passthrough_connections_total",
+		Help: "Connections the runner's edge took for TLS_PASSTHROUGH endpoints by result: spliced to the sandbox, or unreachable (the sandbox did not wake or its port did not answer).",
+	}, []string{"result"})
+)
+
+// Label values of the edge series.
+const (
+	EdgeKindHTTPS   = "https"
+	EdgeSpliced     = "spliced"
+	EdgeUnreachable = "unreachable"
+)
+
+// codeClass is an HTTP status's class ("2xx"), "other" outside 100-599.
+func codeClass(code int) string {
+	if code < 100 || code > 599 {
+		return Other
+	}
+	return string(rune('0'+code/100)) + "xx"
+}
+
+// EdgeRequest counts one request an HTTPS endpoint answered with status code.
+func EdgeRequest(code int) {
+	edgeRequests.WithLabelValues(EdgeKindHTTPS, codeClass(code)).Inc()
+}
+
+// EdgePassthrough counts one TLS_PASSTHROUGH connection, spliced or not.
+func EdgePassthrough(spliced bool) {
+	r := EdgeUnreachable
+	if spliced {
+		r = EdgeSpliced
+	}
+	edgePassthrough.WithLabelValues(r).Inc()
 }
 
 func init() {
