@@ -21,7 +21,9 @@ func TestEdgeRequestMetrics(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "ok")
 	}))
-	key := func(class string) string { return `cwsandbox_edge_requests_total{code_class="` + class + `",kind="https"}` }
+	key := func(class string) string {
+		return `cwsandbox_edge_requests_total{code_class="` + class + `",kind="https"}`
+	}
 	for _, proto := range []string{"http/1.1", "h2"} {
 		c := te.client(proto)
 		for _, tc := range []struct {
