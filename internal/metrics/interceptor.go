@@ -65,6 +65,9 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			i.m.ObserveDelete(err)
 		case meth == "Exec":
 			i.m.ObserveExec(i.path, time.Since(start), err)
+			if r, ok := req.Any().(interface{ GetSandboxId() string }); ok {
+				i.m.Executed(r.GetSandboxId(), err)
+			}
 		case meth == "ReadFile":
 			var n int
 			if err == nil && resp != nil {

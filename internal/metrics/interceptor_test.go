@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -35,6 +36,7 @@ func (stubService) Exec(context.Context, *connect.Request[sandboxv1.ExecRequest]
 // error's CWSANDBOX_* reason; other procedures are not.
 func TestInterceptor(t *testing.T) {
 	m := New()
+	m.Created("x", time.Now())
 	path, h := sandboxv1connect.NewSandboxServiceHandler(stubService{}, connect.WithInterceptors(m.Interceptor(PathGateway)))
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
@@ -65,6 +67,9 @@ cwsandbox_sandbox_deletes_total{reason="",result="ok"} 1
 	}
 	if n := testutil.CollectAndCount(m.Registry(), "cwsandbox_exec_duration_seconds"); n != 1 {
 		t.Errorf("exec_duration series: %d, want 1", n)
+	}
+	if scrape := gather(t, m); !strings.Contains(scrape, "cwsandbox_sandbox_create_to_first_exec_seconds_count 1\n") {
+		t.Errorf("the exec of a sandbox created here is not its first exec:\n%s", grepLines(scrape, "first_exec"))
 	}
 }
 

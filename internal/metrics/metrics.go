@@ -52,6 +52,7 @@ type Metrics struct {
 	creates       *prometheus.CounterVec
 	deletes       *prometheus.CounterVec
 	timeToRunning prometheus.Histogram
+	toFirstExec   prometheus.Histogram
 	execDuration  *prometheus.HistogramVec
 	fileDuration  *prometheus.HistogramVec
 	fileBytes     *prometheus.CounterVec
@@ -68,6 +69,7 @@ type Metrics struct {
 
 	mu      sync.Mutex
 	pending map[string]time.Time // sandbox id → when its create was recorded
+	noExec  map[string]time.Time // likewise, until its first successful exec
 	now     func() time.Time
 	stale   atomic.Bool // a sandbox write since the store collectors' last read
 }
@@ -78,7 +80,7 @@ var Default = New()
 // New returns a registry with the Go runtime and process collectors and sandboxd's API
 // metrics registered.
 func New() *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry(), pending: map[string]time.Time{}, now: time.Now}
+	m := &Metrics{reg: prometheus.NewRegistry(), pending: map[string]time.Time{}, noExec: map[string]time.Time{}, now: time.Now}
 	m.usage.cpu, m.usage.mem, m.usage.peak = newUsageDescs()
 	m.creates = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "sandbox_creates_total",
@@ -91,6 +93,11 @@ func New() *Metrics {
 	m.timeToRunning = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: Namespace, Name: "sandbox_time_to_running_seconds",
 		Help:    "Time from a sandbox's create to the gateway seeing it RUNNING.",
+		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
+	})
+	m.toFirstExec = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "sandbox_create_to_first_exec_seconds",
+		Help:    "Time from a sandbox's create to its first successful unary Exec through this process.",
 		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
 	})
 	m.execDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -131,7 +138,7 @@ func New() *Metrics {
 		&m.health, &m.usage, m.healthTransitions, m.auditWriteFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.creates, m.deletes, m.timeToRunning, m.execDuration,
+		m.creates, m.deletes, m.timeToRunning, m.toFirstExec, m.execDuration,
 		m.fileDuration, m.fileBytes, m.streams,
 	)
 	m.reg.MustRegister(counters.Collectors()...)
@@ -268,23 +275,45 @@ func (m *Metrics) ObserveFile(op, path string, d time.Duration, n int, err error
 	}
 }
 
-// Created starts sandbox id's time-to-RUNNING clock at createdAt. At most maxPending
-// clocks run; the oldest beyond pendingLimit are dropped first.
+// Created starts sandbox id's time-to-RUNNING and create-to-first-exec clocks at
+// createdAt. At most maxPending clocks of each run; the oldest beyond pendingLimit are
+// dropped first.
 func (m *Metrics) Created(id string, createdAt time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.pending) >= maxPending {
+	m.startClock(m.pending, id, createdAt)
+	m.startClock(m.noExec, id, createdAt)
+}
+
+func (m *Metrics) startClock(clocks map[string]time.Time, id string, at time.Time) {
+	if len(clocks) >= maxPending {
 		cutoff := m.now().Add(-pendingLimit)
-		for k, t := range m.pending {
+		for k, t := range clocks {
 			if t.Before(cutoff) {
-				delete(m.pending, k)
+				delete(clocks, k)
 			}
 		}
-		if len(m.pending) >= maxPending {
+		if len(clocks) >= maxPending {
 			return
 		}
 	}
-	m.pending[id] = createdAt
+	clocks[id] = at
+}
+
+// Executed stops sandbox id's create-to-first-exec clock at its first successful exec
+// (a failed one, err != nil, leaves it running).
+func (m *Metrics) Executed(id string, err error) {
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.noExec[id]
+	if !ok {
+		return
+	}
+	m.toFirstExec.Observe(max(0, m.now().Sub(t).Seconds()))
+	delete(m.noExec, id)
 }
 
 // StateChanged stops sandbox id's clock: RUNNING observes the time since its create,
@@ -293,6 +322,9 @@ func (m *Metrics) Created(id string, createdAt time.Time) {
 func (m *Metrics) StateChanged(id, state string, ended bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if ended {
+		delete(m.noExec, id)
+	}
 	t, ok := m.pending[id]
 	if !ok {
 		return

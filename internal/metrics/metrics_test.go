@@ -283,3 +283,25 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestCreateToFirstExec: observed once per sandbox created here, at its first successful
+// exec; a failed exec, an ended sandbox or one created elsewhere observe nothing.
+func TestCreateToFirstExec(t *testing.T) {
+	m := New()
+	now := time.Now()
+	m.now = func() time.Time { return now }
+	m.Created("sb-1", now.Add(-5*time.Second))
+	m.Executed("sb-1", errors.New("exec failed"))
+	m.Executed("sb-1", nil)
+	m.Executed("sb-1", nil)
+	m.Executed("sb-elsewhere", nil)
+	m.Created("sb-2", now.Add(-time.Second))
+	m.StateChanged("sb-2", "TERMINATED", true)
+	m.Executed("sb-2", nil)
+	scrape := gather(t, m)
+	if !strings.Contains(scrape, "cwsandbox_sandbox_create_to_first_exec_seconds_count 1\n") ||
+		!strings.Contains(scrape, "cwsandbox_sandbox_create_to_first_exec_seconds_sum 5\n") {
+		t.Errorf("create_to_first_exec: want one observation of 5 s in:\n%s", grepLines(scrape, "first_exec"))
+	}
+	lint(t, m)
+}

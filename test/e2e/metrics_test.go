@@ -178,7 +178,8 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	info := fmt.Sprintf(`cwsandbox_sandbox_info{organization="default",runner_id="local",runtime_class="runc",sandbox_id=%q,state="RUNNING"} 1`, id)
 	scrape := awaitScrape(t, metricsAddr, func(s string) bool { return strings.Contains(s, info) })
 	for _, want := range []string{`cwsandbox_sandbox_creates_total{reason="",result="ok"} 1`, `cwsandbox_sandbox_time_to_running_seconds_count 1`,
-		`cwsandbox_exec_duration_seconds_count{path="gateway",result="ok"} 1`, `cwsandbox_runner_heartbeat_age_seconds{organization="default",runner_id="local"}`,
+		`cwsandbox_exec_duration_seconds_count{path="gateway",result="ok"} 1`, `cwsandbox_sandbox_create_to_first_exec_seconds_count 1`,
+		`cwsandbox_runner_heartbeat_age_seconds{organization="default",runner_id="local"}`,
 		`cwsandbox_sandboxes{organization="default",state="RUNNING"} 1`, "go_goroutines", "process_cpu_seconds_total"} {
 		if !strings.Contains(scrape, want) {
 			t.Errorf("scrape lacks %s", want)
