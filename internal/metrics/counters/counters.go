@@ -1,8 +1,9 @@
-// Package counters holds the process-wide Prometheus series that packages below the
-// gateway record: the runner side (image pulls, edge, egress, the direct data plane) and
-// what both sides share (placement). It imports nothing of sandboxd's, so that runner-side
-// code records metrics without linking the store (internal/metrics, which serves them,
-// does: it registers Collectors into every registry it makes).
+// Package counters holds the process-wide Prometheus series recorded by packages that
+// internal/metrics cannot be imported from: the store itself (internal/metrics reads it),
+// the runner side (image pulls, edge, egress) and what both sides share (placement). It
+// imports nothing of sandboxd's; internal/metrics registers Collectors into every
+// registry it makes, so every process serves them (a process that records none shows
+// them at 0 or not at all).
 //
 // Every label takes a bounded set of values, checked here: the recording functions map
 // anything else to a fixed value ("other"). See docs/observability.md.
