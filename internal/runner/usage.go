@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -62,19 +64,36 @@ func (r *Runner) Usages(limit int) []SandboxUsage {
 	if !ok {
 		return nil
 	}
+	// The running sandboxes, oldest first, without List's status refresh (a scrape must
+	// not make the runner ask the backend about every container).
+	type running struct {
+		id, org string
+		at      time.Time
+	}
+	var rs []running
+	r.mu.Lock()
+	for _, e := range r.sandboxes {
+		if e.sb.State == StateRunning {
+			rs = append(rs, running{e.sb.ID, e.sb.Spec.Meta[runtime.MetaOrg], e.sb.CreatedAt})
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(rs, func(a, b running) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
 	var out []SandboxUsage
-	for _, sb := range r.List() {
+	for _, sb := range rs {
 		if len(out) >= limit {
 			break
 		}
-		if sb.State != StateRunning {
-			continue
-		}
-		u, err := b.Usage(sb.ID)
+		u, err := b.Usage(sb.id)
 		if err != nil {
 			continue
 		}
-		out = append(out, SandboxUsage{ID: sb.ID, Org: sb.Spec.Meta[runtime.MetaOrg], Usage: u})
+		out = append(out, SandboxUsage{ID: sb.id, Org: sb.org, Usage: u})
 	}
 	return out
 }
