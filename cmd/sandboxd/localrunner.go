@@ -10,6 +10,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/dataplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
+	"github.com/sandboxd/sandboxd/internal/metrics"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -26,6 +27,14 @@ func newLocalRunner(id string, rn *runner.Runner, capacity capacityFlags, images
 	}
 	l := runner.NewLocal(id, rn)
 	capacity.apply(l)
+	metrics.Default.RegisterSandboxUsage(func(limit int) []metrics.SandboxUsage {
+		us := rn.Usages(limit)
+		out := make([]metrics.SandboxUsage, len(us))
+		for i, u := range us {
+			out[i] = metrics.SandboxUsage{ID: u.ID, Org: u.Org, CPUUsec: u.CPUUsec, MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes}
+		}
+		return out
+	})
 	l.BuildImages = images
 	return l, nil
 }
@@ -47,6 +56,7 @@ func startEdge(l *runner.Local, ec stack.EdgeConfig, dataDir string) (*stack.Edg
 // tells l its URI.
 func startDataPlane(l *runner.Local, dc dataplane.ListenConfig) (*dataplane.Listener, error) {
 	dc.Sandboxes = l
+	dc.Interceptors = append(dc.Interceptors, metrics.Default.Interceptor(metrics.PathDirect))
 	ln, uri, err := dataplane.Start(dc)
 	if err != nil {
 		return nil, err

@@ -58,6 +58,9 @@ type Config struct {
 	// directly, so the peer is the caller; X-Forwarded-For is never read here.
 	Policies policy.Source
 	RunnerID string
+	// Interceptors run on every call after tracing's (the process's metrics: cmd/sandboxd
+	// passes metrics.Default.Interceptor(metrics.PathDirect)).
+	Interceptors []connect.Interceptor
 }
 
 // Server serves SandboxDataPlaneService for the sandboxes of one runner.
@@ -120,7 +123,7 @@ func (s *Server) Handler() http.Handler {
 		// made a 32 MiB ReadFile slower direct than through the gateway. The link to a
 		// runner is faster than that, and file content is often incompressible.
 		connect.WithCompressMinBytes(math.MaxInt),
-		connect.WithInterceptors(tracing.PublicServer()))
+		connect.WithInterceptors(tracing.PublicServer()), connect.WithInterceptors(s.cfg.Interceptors...))
 	mux := http.NewServeMux()
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
@@ -312,9 +315,10 @@ type ListenConfig struct {
 	ClientCAs *x509.CertPool
 	Sandboxes Sandboxes
 	Logger    *slog.Logger
-	// Policies and RunnerID: see Config.
-	Policies policy.Source
-	RunnerID string
+	// Policies, RunnerID and Interceptors: see Config.
+	Policies     policy.Source
+	RunnerID     string
+	Interceptors []connect.Interceptor
 }
 
 // Start serves the data plane on cfg.Listen with a certificate from cfg.CA and returns the
@@ -347,7 +351,7 @@ func Start(cfg ListenConfig) (*Listener, string, error) {
 		return nil, "", fmt.Errorf("data-plane certificate: %w", err)
 	}
 	s, err := New(Config{ClientCAs: clientCAs, Sandboxes: cfg.Sandboxes, Logger: cfg.Logger, Policies: cfg.Policies, RunnerID: cfg.RunnerID,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return getCert() }})
+		Interceptors: cfg.Interceptors, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return getCert() }})
 	if err != nil {
 		return nil, "", err
 	}

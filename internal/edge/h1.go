@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 )
 
 // The HTTP/1.1 fast path. A terminated connection that did not negotiate h2 is served
@@ -333,6 +335,7 @@ var tchar = func() (t [256]bool) {
 // badRequest answers 400 with why, and the connection closes: as net/http answers a
 // request it cannot parse.
 func (h *h1conn) badRequest(why string) {
+	counters.EdgeRequest(http.StatusBadRequest)
 	cw := getWriter(h.tc)
 	defer putWriter(cw)
 	body := "400 Bad Request: " + why
@@ -485,6 +488,7 @@ func (h *h1conn) forward(req *http.Request, rt Route) bool {
 		return h.answer(req, &h.local)
 	}
 	keep := !req.Close && !h.e.closing()
+	counters.EdgeRequest(resp.StatusCode)
 	reusable, err := copyResponse(cw, resp, req, bc.br, !keep)
 	putWriter(cw)
 	if err != nil || !reusable {
@@ -850,6 +854,7 @@ func copyBody(cw *bufio.Writer, body io.Reader, n int64, src *bufio.Reader, chun
 
 // answer writes a response the edge made itself (local) to req.
 func (h *h1conn) answer(req *http.Request, local *localResponse) bool {
+	counters.EdgeRequest(local.code)
 	keep := !req.Close && !h.e.closing() && req.ContentLength <= maxDiscard
 	cw := getWriter(h.tc)
 	defer putWriter(cw)

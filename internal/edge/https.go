@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 )
 
 // ErrUnauthenticated is what Config.Authorize wraps when the key is not a valid key at
@@ -23,6 +25,17 @@ const (
 // serveHTTP answers requests on terminated connections that net/http serves (HTTP/2, and
 // HTTP/1.1 requests the fast path in h1.go hands over), routed by Host.
 func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w}
+	defer func() {
+		code := sw.code
+		if code == 0 && upgrading(r) {
+			code = http.StatusSwitchingProtocols // hijacked: the proxy wrote it on the connection
+		} else if code == 0 {
+			code = http.StatusOK // what net/http sends for a handler that wrote nothing
+		}
+		counters.EdgeRequest(code)
+	}()
+	w = sw
 	rt, ok := e.admit(w, r)
 	if !ok {
 		return
@@ -54,6 +67,36 @@ func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	e.forward(w, r, rt)
 }
+
+// statusWriter notes the status code of a response (cwsandbox_edge_requests_total);
+// Unwrap gives http.ResponseController (flush, hijack, deadlines) the writer beneath.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 && code >= 200 || w.code == 0 && code == http.StatusSwitchingProtocols {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // maxPrefetch is how much of a chunked request body is read before it is forwarded.
 const maxPrefetch = 64 << 10

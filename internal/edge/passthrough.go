@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/splice"
 )
 
@@ -13,6 +14,7 @@ func (e *Edge) passthrough(c *conn, hello []byte, r Route) {
 	defer func() { _ = c.Close() }()
 	r, done, err := e.wake(context.Background(), r)
 	if err != nil {
+		counters.EdgePassthrough(false)
 		return
 	}
 	defer done()
@@ -20,10 +22,12 @@ func (e *Edge) passthrough(c *conn, hello []byte, r Route) {
 	b, err := e.dialer.DialContext(ctx, "tcp", r.Backend.String())
 	cancel()
 	if err != nil {
+		counters.EdgePassthrough(false)
 		e.log.Info("passthrough: sandbox port unreachable", "sandbox", r.SandboxID, "port", r.Port, "err", err)
 		return
 	}
 	defer b.Close()
+	counters.EdgePassthrough(true)
 	if _, err := b.Write(hello); err != nil {
 		e.log.Info("passthrough: write ClientHello", "sandbox", r.SandboxID, "port", r.Port, "err", err)
 		return

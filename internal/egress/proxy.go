@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/reserved"
 	"github.com/sandboxd/sandboxd/internal/sni"
 	"github.com/sandboxd/sandboxd/internal/splice"
@@ -104,6 +105,7 @@ func (p *Proxy) Serve(l net.Listener) error {
 		backoff = 0
 		src := addrOf(c.RemoteAddr())
 		if err := p.admit(c, src); err != nil {
+			counters.EgressDecision(counters.EgressLimited)
 			p.log().Info("egress proxy: refused: "+err.Error(), "src", src)
 			_ = c.Close()
 			continue
@@ -284,6 +286,7 @@ func (p *Proxy) handle(c net.Conn, src netip.Addr) {
 	hello, name, err := sni.Read(c)
 	if err != nil {
 		// Every refusal is logged: a sandbox owner debugging "connection reset" needs it.
+		counters.EgressDecision(counters.EgressDenied)
 		p.log().Info("egress proxy: refused: no TLS ClientHello", "src", src, "err", err)
 		return
 	}
@@ -293,6 +296,7 @@ func (p *Proxy) handle(c net.Conn, src netip.Addr) {
 		patterns = p.Grants(src)
 	}
 	if why := refusal(name, patterns); why != "" {
+		counters.EgressDecision(counters.EgressDenied)
 		p.log().Info("egress proxy: refused: "+why, "src", src, "sni", name)
 		p.deny(c)
 		return
@@ -302,6 +306,7 @@ func (p *Proxy) handle(c net.Conn, src netip.Addr) {
 	p.mu.Unlock()
 	if p.Secrets != nil {
 		if ss := p.Secrets(src); ss.intercepts(strings.ToLower(name)) {
+			counters.EgressDecision(counters.EgressIntercepted)
 			p.intercept(ctx, c, hello, strings.ToLower(name), src, ss)
 			return
 		}
@@ -310,10 +315,14 @@ func (p *Proxy) handle(c net.Conn, src netip.Addr) {
 	if err != nil {
 		p.log().Info("egress proxy: refused: "+err.Error(), "src", src, "sni", name)
 		if errors.Is(err, errForbidden) {
+			counters.EgressDecision(counters.EgressDenied)
 			p.deny(c)
+		} else {
+			counters.EgressDecision(counters.EgressError)
 		}
 		return
 	}
+	counters.EgressDecision(counters.EgressAllowed)
 	if !p.add(up) {
 		_ = up.Close()
 		return

@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
@@ -270,9 +271,13 @@ func (s *Store) Pull(ctx context.Context, ref string, creds *Credentials) (*Imag
 	}
 	return s.pulls.do(ctx, key, func(ctx context.Context) (*Image, error) {
 		ctx = context.WithValue(ctx, pullKeyCtx{}, key)
+		stats := &pullStats{}
+		ctx = context.WithValue(ctx, pullStatsCtx{}, stats)
+		start := time.Now()
 		s.gcMu.RLock()
 		defer s.gcMu.RUnlock()
 		img, err := s.pull(ctx, r, s.authFor(r, creds), creds != nil)
+		counters.ImagePull(!stats.fetched.Load(), time.Since(start), err)
 		if err == nil {
 			s.idxMu.Lock()
 			s.used[img.Digest] = time.Now()
@@ -449,6 +454,9 @@ func (s *Store) pullFrom(ctx context.Context, r, src name.Reference, auth authn.
 		}
 	}
 	pp := s.beginPull(ctx, digests, sizes)
+	if st, _ := ctx.Value(pullStatsCtx{}).(*pullStats); st != nil {
+		st.fetched.Store(true) // not in the cache: a miss, even if every layer is
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
@@ -462,7 +470,7 @@ func (s *Store) pullFrom(ctx context.Context, r, src name.Reference, auth authn.
 		dirs[i] = dir
 		g.Go(func() error {
 			_, err := s.layers.do(gctx, diffID.String(), func(ctx context.Context) (struct{}, error) {
-				return struct{}{}, s.fetchLayer(ctx, l, diffID, dir, func(n int64) { pp.Add(i, n) })
+				return struct{}{}, s.fetchLayer(ctx, l, diffID, dir, func(n int64) { pp.Add(i, n); counters.ImagePullBytes(n) })
 			})
 			if err != nil {
 				return fmt.Errorf("layer %s: %w", diffID, mapErr(src, err))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"slices"
+	"sync/atomic"
 
 	"github.com/sandboxd/sandboxd/internal/progress"
 )
@@ -20,6 +21,12 @@ type pullWatch struct {
 }
 
 type pullKeyCtx struct{}
+
+// pullStats is what one pull (a flight's) records for its metrics
+// (cwsandbox_image_pulls_total): whether it went past the local cache.
+type pullStats struct{ fetched atomic.Bool }
+
+type pullStatsCtx struct{}
 
 // watchPull registers t for the pull under key.
 func (s *Store) watchPull(key, ref string, t *progress.Tracker) {

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestRunnerHealthSeries: one gauge series per runner and state (1 for the current one,
@@ -70,4 +72,44 @@ func TestReadyz(t *testing.T) {
 	if st, _ := get("/livez"); st != 200 {
 		t.Errorf("livez while not ready: %d", st)
 	}
+}
+
+// TestSandboxUsageSeries: one CPU (seconds), memory and peak series per running sandbox
+// the source reports (peak left out when unknown), a duplicate ID once; nothing without
+// a source.
+func TestSandboxUsageSeries(t *testing.T) {
+	m := New()
+	if n := testutil.CollectAndCount(m.Registry(), "cwsandbox_sandbox_cpu_usage_seconds_total"); n != 0 {
+		t.Fatalf("%d series without a source", n)
+	}
+	var gotLimit int
+	m.RegisterSandboxUsage(func(limit int) []SandboxUsage {
+		gotLimit = limit
+		return []SandboxUsage{
+			{ID: "sb-1", Org: "org-a", CPUUsec: 2_500_000, MemoryBytes: 64 << 20, MemoryPeakBytes: 80 << 20},
+			{ID: "sb-2", Org: "org-b", CPUUsec: 1000, MemoryBytes: 4096},
+			{ID: "sb-2", Org: "org-b", CPUUsec: 1000, MemoryBytes: 4096},
+		}
+	})
+	want := `
+# HELP cwsandbox_sandbox_cpu_usage_seconds_total CPU time a running sandbox's cgroup has used since it started (the runner's view; status.resource_usage's numbers).
+# TYPE cwsandbox_sandbox_cpu_usage_seconds_total counter
+cwsandbox_sandbox_cpu_usage_seconds_total{organization="org-a",sandbox_id="sb-1"} 2.5
+cwsandbox_sandbox_cpu_usage_seconds_total{organization="org-b",sandbox_id="sb-2"} 0.001
+# HELP cwsandbox_sandbox_memory_bytes Memory a running sandbox's cgroup is charged now (the runner's view).
+# TYPE cwsandbox_sandbox_memory_bytes gauge
+cwsandbox_sandbox_memory_bytes{organization="org-a",sandbox_id="sb-1"} 6.7108864e+07
+cwsandbox_sandbox_memory_bytes{organization="org-b",sandbox_id="sb-2"} 4096
+# HELP cwsandbox_sandbox_memory_peak_bytes Most memory a running sandbox's cgroup was charged (the runner's view; absent when the kernel does not tell).
+# TYPE cwsandbox_sandbox_memory_peak_bytes gauge
+cwsandbox_sandbox_memory_peak_bytes{organization="org-a",sandbox_id="sb-1"} 8.388608e+07
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "cwsandbox_sandbox_cpu_usage_seconds_total",
+		"cwsandbox_sandbox_memory_bytes", "cwsandbox_sandbox_memory_peak_bytes"); err != nil {
+		t.Error(err)
+	}
+	if gotLimit != MaxInfoSeries {
+		t.Errorf("limit %d, want %d", gotLimit, MaxInfoSeries)
+	}
+	lint(t, m)
 }

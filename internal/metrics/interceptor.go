@@ -8,37 +8,82 @@ import (
 	"connectrpc.com/connect"
 )
 
-// Procedures the API interceptor records (suffixes of the full procedure name).
+// Services the API interceptor records: the public API (gateway) and the runner's direct
+// data plane (the same data calls).
 const (
-	procCreate = "/coreweave.sandbox.v1.SandboxService/CreateSandbox"
-	procDelete = "/coreweave.sandbox.v1.SandboxService/DeleteSandbox"
-	procExec   = "/coreweave.sandbox.v1.SandboxService/Exec"
+	svcSandbox   = "/coreweave.sandbox.v1.SandboxService/"
+	svcDataPlane = "/coreweave.sandbox.v1.SandboxDataPlaneService/"
 )
 
-// Interceptor records the API calls it sees (creates and deletes by result and reason,
-// exec latency) under path (PathGateway or PathDirect). It adds no labels from requests.
-func (m *Metrics) Interceptor(path string) connect.Interceptor { return interceptor{m: m, path: path} }
+// streamKinds are the streaming procedures cwsandbox_streams counts, by method name.
+var streamKinds = map[string]string{
+	"StreamExec":          StreamExec,
+	"StreamLogs":          StreamLogs,
+	"ConnectSandbox":      StreamConnect,
+	"GetSandboxBuildLogs": StreamBuildLogs,
+}
+
+// Interceptor records the API calls it sees under path (PathGateway or PathDirect):
+// creates and deletes by result and reason, exec latency, file reads and writes (latency
+// and bytes) and open streams. It adds no labels from requests.
+func (m *Metrics) Interceptor(path string) connect.Interceptor {
+	if path != PathDirect {
+		path = PathGateway
+	}
+	return interceptor{m: m, path: path}
+}
 
 type interceptor struct {
 	m    *Metrics
 	path string
 }
 
+// method is proc's method name when proc is one of the recorded services', else "".
+func method(proc string) string {
+	for _, svc := range []string{svcSandbox, svcDataPlane} {
+		if m, ok := strings.CutPrefix(proc, svc); ok {
+			return m
+		}
+	}
+	return ""
+}
+
+type contentHolder interface{ GetContent() []byte }
+
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		proc := req.Spec().Procedure
-		if !strings.HasPrefix(proc, "/coreweave.sandbox.v1.SandboxService/") || req.Spec().IsClient {
+		meth := method(req.Spec().Procedure)
+		if meth == "" || req.Spec().IsClient {
 			return next(ctx, req)
 		}
 		start := time.Now()
 		resp, err := next(ctx, req)
-		switch proc {
-		case procCreate:
+		switch {
+		case meth == "CreateSandbox" && strings.HasPrefix(req.Spec().Procedure, svcSandbox):
 			i.m.ObserveCreate(err)
-		case procDelete:
+		case meth == "DeleteSandbox" && strings.HasPrefix(req.Spec().Procedure, svcSandbox):
 			i.m.ObserveDelete(err)
-		case procExec:
+		case meth == "Exec":
 			i.m.ObserveExec(i.path, time.Since(start), err)
+			if r, ok := req.Any().(interface{ GetSandboxId() string }); ok {
+				i.m.Executed(r.GetSandboxId(), err)
+			}
+		case meth == "ReadFile":
+			var n int
+			if err == nil && resp != nil {
+				if c, ok := resp.Any().(contentHolder); ok {
+					n = len(c.GetContent())
+				}
+			}
+			i.m.ObserveFile(OpRead, i.path, time.Since(start), n, err)
+		case meth == "WriteFile":
+			var n int
+			if err == nil {
+				if c, ok := req.Any().(contentHolder); ok {
+					n = len(c.GetContent())
+				}
+			}
+			i.m.ObserveFile(OpWrite, i.path, time.Since(start), n, err)
 		}
 		return resp, err
 	}
@@ -49,5 +94,14 @@ func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conne
 }
 
 func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		kind, ok := streamKinds[method(conn.Spec().Procedure)]
+		if !ok {
+			return next(ctx, conn)
+		}
+		g := i.m.streams.WithLabelValues(kind, i.path)
+		g.Inc()
+		defer g.Dec()
+		return next(ctx, conn)
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 )
 
 // Namespace prefixes every sandboxd metric, as the target system's do.
@@ -51,9 +52,14 @@ type Metrics struct {
 	creates       *prometheus.CounterVec
 	deletes       *prometheus.CounterVec
 	timeToRunning prometheus.Histogram
+	toFirstExec   prometheus.Histogram
 	execDuration  *prometheus.HistogramVec
+	fileDuration  *prometheus.HistogramVec
+	fileBytes     *prometheus.CounterVec
+	streams       *prometheus.GaugeVec
 
 	health            healthCollector
+	usage             usageCollector
 	healthTransitions *prometheus.CounterVec
 
 	auditWriteFailures *prometheus.CounterVec
@@ -63,6 +69,7 @@ type Metrics struct {
 
 	mu      sync.Mutex
 	pending map[string]time.Time // sandbox id → when its create was recorded
+	noExec  map[string]time.Time // likewise, until its first successful exec
 	now     func() time.Time
 	stale   atomic.Bool // a sandbox write since the store collectors' last read
 }
@@ -73,7 +80,8 @@ var Default = New()
 // New returns a registry with the Go runtime and process collectors and sandboxd's API
 // metrics registered.
 func New() *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry(), pending: map[string]time.Time{}, now: time.Now}
+	m := &Metrics{reg: prometheus.NewRegistry(), pending: map[string]time.Time{}, noExec: map[string]time.Time{}, now: time.Now}
+	m.usage.cpu, m.usage.mem, m.usage.peak = newUsageDescs()
 	m.creates = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "sandbox_creates_total",
 		Help: "CreateSandbox calls by result (ok or the gRPC code) and CWSANDBOX_* reason.",
@@ -87,11 +95,34 @@ func New() *Metrics {
 		Help:    "Time from a sandbox's create to the gateway seeing it RUNNING.",
 		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
 	})
+	m.toFirstExec = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "sandbox_create_to_first_exec_seconds",
+		Help:    "Time from a sandbox's create to its first successful unary Exec through this process.",
+		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
+	})
 	m.execDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: Namespace, Name: "exec_duration_seconds",
 		Help:    "Unary Exec calls' duration by path (gateway or direct data plane) and result.",
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
 	}, []string{"path", "result"})
+	m.fileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "file_operation_duration_seconds",
+		Help:    "ReadFile and WriteFile calls' duration by op (read, write), path (gateway or direct data plane) and result.",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"op", "path", "result"})
+	m.fileBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "file_bytes_total",
+		Help: "File content bytes of successful ReadFile (returned) and WriteFile (written) calls by op and path (gateway or direct data plane).",
+	}, []string{"op", "path"})
+	m.streams = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "streams",
+		Help: "Open streaming calls by kind (exec, logs, connect, build_logs) and path (gateway or direct data plane).",
+	}, []string{"kind", "path"})
+	for _, k := range []string{StreamExec, StreamLogs, StreamConnect, StreamBuildLogs} {
+		for _, p := range []string{PathGateway, PathDirect} {
+			m.streams.WithLabelValues(k, p) // present at 0
+		}
+	}
 	m.healthTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "runner_health_transitions_total",
 		Help: "Changes of a runner's health state (internal/health) by scope (runner: for every organization; organization: one organization's own record), from and to state.",
@@ -104,11 +135,13 @@ func New() *Metrics {
 		m.auditWriteFailures.WithLabelValues(r) // present at 0
 	}
 	m.reg.MustRegister(
-		&m.health, m.healthTransitions, m.auditWriteFailures,
+		&m.health, &m.usage, m.healthTransitions, m.auditWriteFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.creates, m.deletes, m.timeToRunning, m.execDuration,
+		m.creates, m.deletes, m.timeToRunning, m.toFirstExec, m.execDuration,
+		m.fileDuration, m.fileBytes, m.streams,
 	)
+	m.reg.MustRegister(counters.Collectors()...)
 	return m
 }
 
@@ -212,23 +245,75 @@ func (m *Metrics) ObserveExec(path string, d time.Duration, err error) {
 	m.execDuration.WithLabelValues(path, res).Observe(d.Seconds())
 }
 
-// Created starts sandbox id's time-to-RUNNING clock at createdAt. At most maxPending
-// clocks run; the oldest beyond pendingLimit are dropped first.
+// Ops of the file metrics.
+const (
+	OpRead  = "read"
+	OpWrite = "write"
+)
+
+// Kinds of cwsandbox_streams.
+const (
+	StreamExec      = "exec"
+	StreamLogs      = "logs"
+	StreamConnect   = "connect"
+	StreamBuildLogs = "build_logs"
+)
+
+// ObserveFile records one ReadFile or WriteFile (op OpRead or OpWrite) on path
+// (PathGateway or PathDirect): its duration and, when it succeeded, its n content bytes.
+func (m *Metrics) ObserveFile(op, path string, d time.Duration, n int, err error) {
+	if op != OpWrite {
+		op = OpRead
+	}
+	if path != PathDirect {
+		path = PathGateway
+	}
+	res, _ := result(err)
+	m.fileDuration.WithLabelValues(op, path, res).Observe(d.Seconds())
+	if err == nil && n > 0 {
+		m.fileBytes.WithLabelValues(op, path).Add(float64(n))
+	}
+}
+
+// Created starts sandbox id's time-to-RUNNING and create-to-first-exec clocks at
+// createdAt. At most maxPending clocks of each run; the oldest beyond pendingLimit are
+// dropped first.
 func (m *Metrics) Created(id string, createdAt time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.pending) >= maxPending {
+	m.startClock(m.pending, id, createdAt)
+	m.startClock(m.noExec, id, createdAt)
+}
+
+func (m *Metrics) startClock(clocks map[string]time.Time, id string, at time.Time) {
+	if len(clocks) >= maxPending {
 		cutoff := m.now().Add(-pendingLimit)
-		for k, t := range m.pending {
+		for k, t := range clocks {
 			if t.Before(cutoff) {
-				delete(m.pending, k)
+				delete(clocks, k)
 			}
 		}
-		if len(m.pending) >= maxPending {
+		if len(clocks) >= maxPending {
 			return
 		}
 	}
-	m.pending[id] = createdAt
+	clocks[id] = at
+}
+
+// Executed stops sandbox id's create-to-first-exec clock at its first successful exec
+// (a failed one, err != nil, leaves it running).
+func (m *Metrics) Executed(id string, err error) {
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.noExec[id]
+	if !ok {
+		return
+	}
+	m.toFirstExec.Observe(max(0, m.now().Sub(t).Seconds()))
+	delete(m.noExec, id)
 }
 
 // StateChanged stops sandbox id's clock: RUNNING observes the time since its create,
@@ -237,6 +322,9 @@ func (m *Metrics) Created(id string, createdAt time.Time) {
 func (m *Metrics) StateChanged(id, state string, ended bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if ended {
+		delete(m.noExec, id)
+	}
 	t, ok := m.pending[id]
 	if !ok {
 		return

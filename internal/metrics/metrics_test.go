@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/metrics/promtest"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -214,6 +215,27 @@ func TestPromtoolCheck(t *testing.T) {
 	m.ObserveExec(PathGateway, time.Millisecond, nil)
 	m.RegisterRunnerHealth([]string{"r1"}, func() map[string]string { return map[string]string{"r1": "degraded"} })
 	m.RunnerHealthTransition("r1", HealthScopeRunner, "healthy", "degraded")
+	m.RegisterSandboxUsage(func(int) []SandboxUsage {
+		return []SandboxUsage{{ID: "sb-1", Org: "org-a", CPUUsec: 1000, MemoryBytes: 4096, MemoryPeakBytes: 8192}}
+	})
+	counters.ImagePull(false, time.Second, nil)
+	counters.ImagePullBytes(1000)
+	counters.Placement(counters.ResultOK, []string{"constraints.resources.max_cpu", "room"})
+	m.ObserveFile(OpWrite, PathGateway, time.Millisecond, 10, nil)
+	counters.EgressDecision(counters.EgressAllowed)
+	counters.StoreOp(counters.StoreQueryRow, time.Millisecond)
+	counters.EdgeRequest(200)
+	counters.EdgePassthrough(true)
+	scrape := gather(t, m)
+	for _, name := range []string{"cwsandbox_sandbox_cpu_usage_seconds_total", "cwsandbox_image_pulls_total", "cwsandbox_image_pull_bytes_total",
+		"cwsandbox_image_pull_duration_seconds_bucket", "cwsandbox_placement_decisions_total", "cwsandbox_placement_rejections_total",
+		"cwsandbox_file_operation_duration_seconds_bucket", "cwsandbox_file_bytes_total", "cwsandbox_streams",
+		"cwsandbox_egress_decisions_total", "cwsandbox_store_operation_duration_seconds_bucket", "cwsandbox_edge_requests_total",
+		"cwsandbox_edge_passthrough_connections_total", "cwsandbox_sandbox_memory_bytes", "cwsandbox_sandbox_memory_peak_bytes"} {
+		if !strings.Contains(scrape, "\n"+name) {
+			t.Errorf("the scrape lacks %s", name)
+		}
+	}
 	if out := promtest.CheckMetrics(t, []byte(gather(t, m))); out != "" {
 		t.Errorf("promtool check metrics:\n%s", out)
 	}
@@ -260,4 +282,26 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestCreateToFirstExec: observed once per sandbox created here, at its first successful
+// exec; a failed exec, an ended sandbox or one created elsewhere observe nothing.
+func TestCreateToFirstExec(t *testing.T) {
+	m := New()
+	now := time.Now()
+	m.now = func() time.Time { return now }
+	m.Created("sb-1", now.Add(-5*time.Second))
+	m.Executed("sb-1", errors.New("exec failed"))
+	m.Executed("sb-1", nil)
+	m.Executed("sb-1", nil)
+	m.Executed("sb-elsewhere", nil)
+	m.Created("sb-2", now.Add(-time.Second))
+	m.StateChanged("sb-2", "TERMINATED", true)
+	m.Executed("sb-2", nil)
+	scrape := gather(t, m)
+	if !strings.Contains(scrape, "cwsandbox_sandbox_create_to_first_exec_seconds_count 1\n") ||
+		!strings.Contains(scrape, "cwsandbox_sandbox_create_to_first_exec_seconds_sum 5\n") {
+		t.Errorf("create_to_first_exec: want one observation of 5 s in:\n%s", grepLines(scrape, "first_exec"))
+	}
+	lint(t, m)
 }

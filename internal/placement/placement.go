@@ -32,6 +32,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -201,7 +202,32 @@ type Candidate struct {
 //   - the spec references a KUBERNETES secret store (Request.SecretRefFields) and no
 //     runner considered reads them: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER
 //     with a violation per runner and field naming ConstraintSecretRefs.
+//
+// Each call counts in cwsandbox_placement_decisions_total (ok or the error's reason) and
+// every runner left out in cwsandbox_placement_rejections_total by constraint
+// (internal/metrics/counters).
 func Place(req Request) ([]Candidate, error) {
+	var rej []string
+	cands, err := place(req, &rej)
+	result := counters.ResultOK
+	if err != nil {
+		result = apierr.Reason(err)
+	}
+	counters.Placement(result, rej)
+	return cands, err
+}
+
+// Rejection constraints of runners left out for another reason than their policy's.
+const (
+	RejectUnavailable = "unavailable" // not connected or not ready
+	RejectQuarantined = "quarantined" // runner health
+	RejectCapacity    = "capacity"    // the sandbox needs more than the runner's whole capacity
+	RejectRoom        = "room"        // no room now
+)
+
+// place is Place; it appends to rej the constraint of each runner left out (one per
+// runner and constraint).
+func place(req Request, rej *[]string) ([]Candidate, error) {
 	pins := req.Spec.GetRunnerIds()
 	if err := ValidateRunnerIDs(pins); err != nil {
 		return nil, err
@@ -246,17 +272,20 @@ func Place(req Request) ([]Candidate, error) {
 				why = "not connected"
 			}
 			rejected = append(rejected, apierr.Violation{Field: "runner[" + r.ID + "]", Description: "runner is unavailable: " + why})
+			*rej = append(*rej, RejectUnavailable)
 			continue
 		}
 		if req.CheckSource && !policy.SourceAllowed(r.Policy, req.Source) {
 			bySource++
 			shareOnly = false
 			rejected = append(rejected, policy.SourceViolation(r.ID, req.Source))
+			*rej = append(*rej, policy.ConstraintSourceIPAllowlist)
 			continue
 		}
 		if vs := secretRefViolations(r, req.SecretRefFields); len(vs) > 0 {
 			shareOnly = false
 			rejected = append(rejected, vs...)
+			*rej = append(*rej, ConstraintSecretRefs)
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.
@@ -274,6 +303,7 @@ func Place(req Request) ([]Candidate, error) {
 				v.Field = "runner[" + r.ID + "]." + v.Field
 				rejected = append(rejected, v)
 			}
+			*rej = appendConstraints(*rej, res.Violations)
 			continue
 		}
 		c := Candidate{Index: i, RunnerID: r.ID, Result: res, Need: Need(res.Spec, req.Default), room: r.Room}
@@ -282,6 +312,7 @@ func Place(req Request) ([]Candidate, error) {
 			for _, sf := range never {
 				rejected = append(rejected, sf.Violation(r.ID, RequestField(res.Spec, sf.Quantity)))
 			}
+			*rej = append(*rej, RejectCapacity)
 			continue
 		}
 		if r.Quarantined != "" {
@@ -289,11 +320,13 @@ func Place(req Request) ([]Candidate, error) {
 			quarantined = append(quarantined, r.ID)
 			retry = minRetry(retry, r.QuarantineRetry)
 			rejected = append(rejected, apierr.Violation{Field: "runner[" + r.ID + "]", Description: "runner is " + r.Quarantined})
+			*rej = append(*rej, RejectQuarantined)
 			continue
 		}
 		reserved, n := req.Reservations.Held(r.ID)
 		if why := c.misfit(reserved, n); why != "" {
 			full = append(full, r.ID+": "+why)
+			*rej = append(*rej, RejectRoom)
 			continue
 		}
 		c.Load = load(r.Room, c.Need.add(reserved), n+1)
@@ -347,6 +380,23 @@ func Place(req Request) ([]Candidate, error) {
 		ids[k] = req.Runners[i].ID
 	}
 	return nil, NoSuitableRunner(ids, rejected)
+}
+
+// appendConstraints appends the distinct constraints of vs (a violation without one
+// counts as "spec").
+func appendConstraints(rej []string, vs []policy.Violation) []string {
+	seen := map[string]bool{}
+	for _, v := range vs {
+		c := v.Constraint
+		if c == "" {
+			c = policy.ConstraintSpec
+		}
+		if !seen[c] {
+			seen[c] = true
+			rej = append(rej, c)
+		}
+	}
+	return rej
 }
 
 // Quarantined is the error when the only runners that would take a sandbox (runnerIDs)

@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -46,4 +48,52 @@ func rate(usec int64, el time.Duration) int64 {
 		return 0
 	}
 	return int64(float64(usec) * 1000 / float64(el.Microseconds()))
+}
+
+// SandboxUsage is one running sandbox's cgroup usage, for the per-sandbox metrics.
+type SandboxUsage struct {
+	ID, Org string
+	runtime.Usage
+}
+
+// Usages reads the usage of at most limit running sandboxes (oldest first) from the
+// backend: the same numbers GetSandbox's status.resource_usage carries. Sandboxes whose
+// usage the backend cannot tell are left out; nil when it never can.
+func (r *Runner) Usages(limit int) []SandboxUsage {
+	b, ok := r.backend.(runtime.UsageReader)
+	if !ok {
+		return nil
+	}
+	// The running sandboxes, oldest first, without List's status refresh (a scrape must
+	// not make the runner ask the backend about every container).
+	type running struct {
+		id, org string
+		at      time.Time
+	}
+	var rs []running
+	r.mu.Lock()
+	for _, e := range r.sandboxes {
+		if e.sb.State == StateRunning {
+			rs = append(rs, running{e.sb.ID, e.sb.Spec.Meta[runtime.MetaOrg], e.sb.CreatedAt})
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(rs, func(a, b running) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	var out []SandboxUsage
+	for _, sb := range rs {
+		if len(out) >= limit {
+			break
+		}
+		u, err := b.Usage(sb.id)
+		if err != nil {
+			continue
+		}
+		out = append(out, SandboxUsage{ID: sb.id, Org: sb.org, Usage: u})
+	}
+	return out
 }

@@ -47,3 +47,25 @@ func TestUsageRate(t *testing.T) {
 		t.Fatalf("a backend without usage: %+v", u)
 	}
 }
+
+// TestUsages: running sandboxes only, with their organization, at most limit.
+func TestUsages(t *testing.T) {
+	f := &usageFake{u: runtime.Usage{CPUUsec: 1_500_000, MemoryBytes: 32 << 20}}
+	r := &Runner{backend: f, sandboxes: map[string]*entry{}}
+	now := time.Now()
+	for i, st := range []State{StateRunning, StateCreating, StateRunning, StateTerminated} {
+		id := string(rune('a' + i))
+		r.sandboxes[id] = &entry{sb: Sandbox{ID: id, State: st, CreatedAt: now.Add(time.Duration(i) * time.Second),
+			Spec: runtime.Spec{Meta: map[string]string{runtime.MetaOrg: "org-" + id}}}}
+	}
+	got := r.Usages(10)
+	if len(got) != 2 || got[0].ID != "a" || got[0].Org != "org-a" || got[1].ID != "c" || got[0].CPUUsec != 1_500_000 || got[1].MemoryBytes != 32<<20 {
+		t.Fatalf("Usages = %+v, want a and c", got)
+	}
+	if got := r.Usages(1); len(got) != 1 {
+		t.Fatalf("limit 1: %+v", got)
+	}
+	if got := (&Runner{backend: struct{ runtime.Backend }{}}).Usages(10); got != nil {
+		t.Fatalf("a backend without usage: %+v", got)
+	}
+}

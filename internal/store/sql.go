@@ -16,7 +16,7 @@ import (
 // sqlStore implements Store over either dialect; db hides what differs.
 type sqlStore struct{ d db }
 
-func newSQLStore(d db) *sqlStore { return &sqlStore{d: d} }
+func newSQLStore(d db) *sqlStore { return &sqlStore{d: timedDB{d}} }
 
 func (s *sqlStore) Orgs() Orgs                       { return orgs{s} }
 func (s *sqlStore) APIKeys() APIKeys                 { return apiKeys{s} }

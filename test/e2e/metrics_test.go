@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,11 +178,26 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	info := fmt.Sprintf(`cwsandbox_sandbox_info{organization="default",runner_id="local",runtime_class="runc",sandbox_id=%q,state="RUNNING"} 1`, id)
 	scrape := awaitScrape(t, metricsAddr, func(s string) bool { return strings.Contains(s, info) })
 	for _, want := range []string{`cwsandbox_sandbox_creates_total{reason="",result="ok"} 1`, `cwsandbox_sandbox_time_to_running_seconds_count 1`,
-		`cwsandbox_exec_duration_seconds_count{path="gateway",result="ok"} 1`, `cwsandbox_runner_heartbeat_age_seconds{organization="default",runner_id="local"}`,
+		`cwsandbox_exec_duration_seconds_count{path="gateway",result="ok"} 1`, `cwsandbox_sandbox_create_to_first_exec_seconds_count 1`,
+		`cwsandbox_runner_heartbeat_age_seconds{organization="default",runner_id="local"}`,
 		`cwsandbox_sandboxes{organization="default",state="RUNNING"} 1`, "go_goroutines", "process_cpu_seconds_total"} {
 		if !strings.Contains(scrape, want) {
 			t.Errorf("scrape lacks %s", want)
 		}
+	}
+	// Runner-side series: the image pull (fresh data dir: a miss that fetched bytes), the
+	// one placement, and the running sandbox's cgroup usage.
+	vals := parseScrape(scrape)
+	if vals[`cwsandbox_image_pulls_total{cache="miss",result="ok"}`] < 1 || vals["cwsandbox_image_pull_bytes_total"] <= 0 ||
+		vals[`cwsandbox_image_pull_duration_seconds_count{cache="miss"}`] < 1 {
+		t.Errorf("image pull series: %s", grepScrape(scrape, "cwsandbox_image_pull"))
+	}
+	if vals[`cwsandbox_placement_decisions_total{result="ok"}`] != 1 {
+		t.Errorf("placement decisions: %s", grepScrape(scrape, "cwsandbox_placement"))
+	}
+	usage := fmt.Sprintf(`{organization="default",sandbox_id=%q}`, id)
+	if _, ok := vals["cwsandbox_sandbox_cpu_usage_seconds_total"+usage]; !ok || vals["cwsandbox_sandbox_memory_bytes"+usage] <= 0 {
+		t.Errorf("sandbox usage series: %s", grepScrape(scrape, "cwsandbox_sandbox_"))
 	}
 	if !withProm {
 		deleteAndAwaitGone(t, ctx, c, id, func() bool {
@@ -203,6 +219,8 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	prom.Await(t, "cwsandbox_sandbox_time_to_running_seconds_count > 0", nil, 30*time.Second)
 	prom.Await(t, "cwsandbox_runner_heartbeat_age_seconds", map[string]string{"runner_id": "local"}, 30*time.Second)
 	prom.Await(t, "go_goroutines", nil, 30*time.Second)
+	prom.Await(t, "cwsandbox_sandbox_memory_bytes > 0", map[string]string{"sandbox_id": id, "organization": "default"}, 30*time.Second)
+	prom.Await(t, "cwsandbox_placement_decisions_total > 0", map[string]string{"result": "ok"}, 30*time.Second)
 
 	// Deleted, the sandbox drops out (its series goes stale at the next scrape).
 	deleteAndAwaitGone(t, ctx, c, id, func() bool {
@@ -255,4 +273,34 @@ func awaitScrape(t *testing.T, addr string, ok func(string) bool) string {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// parseScrape maps each sample line of a text-format scrape ("name{labels}" as printed)
+// to its value.
+func parseScrape(s string) map[string]float64 {
+	out := map[string]float64{}
+	for _, l := range strings.Split(s, "\n") {
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+			out[l[:i]] = v
+		}
+	}
+	return out
+}
+
+// grepScrape is the lines of s containing sub.
+func grepScrape(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
