@@ -1,6 +1,6 @@
 import { useEffect, useState } from "preact/hooks";
 import { api, errText, fromBase64, toBase64, upload } from "./api";
-import { Err, when } from "./ui";
+import { Err, iso, when } from "./ui";
 
 // MaxUpload bounds an upload: WriteFile's JSON body (the file in base64, 4/3 of its size)
 // must fit the console's proxy bound (1 MiB).
@@ -132,7 +132,7 @@ export function Files({ id }: { id: string }) {
                 : e.name}</td>
               <td>{e.kind}</td>
               <td>{e.kind === "directory" ? "–" : size(e.size)}</td>
-              <td>{when(new Date(e.mtime * 1000).toISOString())}</td>
+              <td>{when(iso(new Date(e.mtime * 1000)))}</td>
               <td>{e.kind !== "directory" && <button onClick={() => download(e.name)} aria-label={`Download ${e.name}`}>Download</button>}</td>
             </tr>))}
           </tbody>

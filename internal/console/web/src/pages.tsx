@@ -1,6 +1,6 @@
 import { useState } from "preact/hooks";
 import { api, APIError, errText, Violation, Who } from "./api";
-import { ConfirmButton, Err, JSONDetails, useLoad, when } from "./ui";
+import { ConfirmButton, Err, iso, JSONDetails, useLoad, when } from "./ui";
 
 type ApiKey = { keyId: string; displayName?: string; role?: string; createTime?: string; revokeTime?: string; lastUsedTime?: string };
 
@@ -153,7 +153,7 @@ export const Snapshots = () => (
 type AuditEvent = { eventId: string; time?: string; orgId?: string; keyId?: string; sourceAddress?: string; method?: string; kind?: string; targetType?: string; targetId?: string; result?: string; reason?: string; message?: string; actorOrgId?: string };
 
 // rfc3339 turns a datetime-local value (the browser's time zone) into a timestamp.
-const rfc3339 = (v: string) => (v ? new Date(v).toISOString() : "");
+const rfc3339 = (v: string) => (v ? iso(new Date(v)) : "");
 
 // Audit lists the audit log (ListAuditEvents: admin keys only), newest first as the API
 // returns it, filtered by actor (API key), action (method), result and time range.

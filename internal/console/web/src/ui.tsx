@@ -22,6 +22,10 @@ export function Err({ msg }: { msg: string }) {
 
 export const when = (t?: string) => (t ? new Date(t).toLocaleString() : "–");
 
+// iso is d as an ISO timestamp, "" when d is not a time Date can hold (toISOString
+// throws then: a sandbox may set a file's time beyond Date's range, or leave it NaN).
+export const iso = (d: Date) => (Number.isFinite(d.getTime()) ? d.toISOString() : "");
+
 // ConfirmButton asks before it acts: its button opens an inline confirmation (an
 // alertdialog) whose first button does it; the API's error, if any, is shown under it.
 export function ConfirmButton({ label, question, action, disabled, onDone }: {
