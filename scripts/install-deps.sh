@@ -19,12 +19,14 @@ apt-get update -q >/dev/null
 # policy-rc.d already there is put back afterwards.
 policy=/usr/sbin/policy-rc.d
 saved=""
-if [ -e "$policy" ]; then
-  saved=$(mktemp)
-  cp -p "$policy" "$saved"
+if [ -e "$policy" ] || [ -L "$policy" ]; then
+  # Moved aside as it is (a symlink stays a symlink; its target is never written).
+  saved=$(mktemp -u "$policy.sandboxd-saved.XXXXXX")
+  mv "$policy" "$saved"
 fi
 restore_policy() {
-  if [ -n "$saved" ]; then mv -f "$saved" "$policy"; else rm -f "$policy"; fi
+  rm -f "$policy"
+  if [ -n "$saved" ]; then mv -f "$saved" "$policy"; fi
 }
 trap restore_policy EXIT
 printf '#!/bin/sh\nexit 101\n' >"$policy"
