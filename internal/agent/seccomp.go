@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -18,7 +20,7 @@ const maxSeccompInsns = 4096
 // runs under it. The OCI runtime has set no_new_privs. Any error means the sandbox
 // must not run: the caller exits.
 func InstallSeccompFilter(path string) error {
-	f, err := os.Open(path)
+	f, err := openNoSymlinks(path)
 	if err != nil {
 		return err
 	}
@@ -42,4 +44,59 @@ func InstallSeccompFilter(path string) error {
 		return fmt.Errorf("seccomp: thread %d could not be synchronized", r)
 	}
 	return nil
+}
+
+// openNoSymlinks opens the regular file at the absolute path, following no symlink in
+// any of its components (each opened with O_NOFOLLOW relative to its parent's
+// descriptor): the backend makes /.sandboxd itself before anything is mounted under
+// it (internal/runtime/local/sandboxddir.go); this is the agent's own check, in depth.
+func openNoSymlinks(path string) (*os.File, error) {
+	if !strings.HasPrefix(path, "/") {
+		return nil, fmt.Errorf("%s: not an absolute path", path)
+	}
+	var parts []string
+	for _, p := range strings.Split(path, "/") {
+		switch p {
+		case "", ".":
+		case "..":
+			return nil, fmt.Errorf("%s: has ..", path)
+		default:
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		return nil, fmt.Errorf("%s: no file", path)
+	}
+	dir, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /: %w", err)
+	}
+	for i, p := range parts {
+		last := i == len(parts)-1
+		flags := unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+		if last {
+			flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+		}
+		fd, err := unix.Openat(dir, p, flags, 0)
+		unix.Close(dir)
+		if err != nil {
+			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+				return nil, fmt.Errorf("open %s: %s is a symlink or no directory: %w", path, p, err)
+			}
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+		dir = fd
+		if last {
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				unix.Close(fd)
+				return nil, fmt.Errorf("open %s: %w", path, err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFREG {
+				unix.Close(fd)
+				return nil, fmt.Errorf("open %s: not a regular file", path)
+			}
+		}
+	}
+	return os.NewFile(uintptr(dir), path), nil
 }

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestInstallSeccompFilterRefuses: what is not a classic BPF program of at most 4096
@@ -24,4 +26,41 @@ func TestInstallSeccompFilterRefuses(t *testing.T) {
 	if err := InstallSeccompFilter(filepath.Join(dir, "missing")); err == nil {
 		t.Error("missing file: no error")
 	}
+}
+
+// TestInstallSeccompFilterFollowsNoSymlink: the filter's path is opened with no symlink
+// followed in any component (a sandbox image's /.sandboxd or /.sandboxd/seccomp.bpf a
+// symlink into a volume must not hand the agent another program): a symlink as the
+// file or as a parent directory is refused before anything is read, as is a FIFO.
+func TestInstallSeccompFilterFollowsNoSymlink(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Whole instructions, so that only the symlink check can refuse it.
+	if err := os.WriteFile(filepath.Join(real, "f.bpf"), make([]byte, 8), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(real, "f.bpf"), filepath.Join(dir, "file-link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, filepath.Join(dir, "dir-link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(dir, "file-link"), filepath.Join(dir, "dir-link", "f.bpf"), filepath.Join(dir, "fifo"), "relative/f.bpf", real + "/../real/f.bpf"} {
+		if err := InstallSeccompFilter(p); err == nil {
+			t.Errorf("%s: installed", p)
+		} else if strings.Contains(err.Error(), "no BPF program") || strings.Contains(err.Error(), "seccomp:") {
+			t.Errorf("%s: read it: %v", p, err)
+		}
+	}
+	f, err := openNoSymlinks(filepath.Join(real, "f.bpf"))
+	if err != nil {
+		t.Fatalf("the real file: %v", err)
+	}
+	f.Close()
 }

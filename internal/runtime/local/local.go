@@ -559,13 +559,11 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 			return runtime.Info{}, err
 		}
 	}
+	// A cold start's launches take a slot of the gate for their CPU-heavy part only
+	// (coldgate.go); a pooled container's claim takes none.
+	cold := withColdStart(ctx, spec.Meta[runtime.MetaOrg])
 	if spec.Multi() {
-		release, err := b.cold.acquire(ctx, spec.Meta[runtime.MetaOrg])
-		if err != nil {
-			return runtime.Info{}, err
-		}
-		defer release()
-		if err := b.createGroup(ctx, s, spec, &t); err != nil {
+		if err := b.createGroup(cold, s, spec, &t); err != nil {
 			return runtime.Info{}, err
 		}
 		return s.info.toInfo(id), nil
@@ -577,12 +575,6 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 		}
 	}
 	if !claimed {
-		release, err := b.cold.acquire(ctx, spec.Meta[runtime.MetaOrg])
-		if err != nil {
-			return runtime.Info{}, err
-		}
-		defer release()
-		b.step(ctx, "admit", &t)
 		acfg := func(img *Image) (*agentconfig.Config, error) {
 			if spec.Engine != nil && spec.Container.Command == "" {
 				c := spec.Container
@@ -605,7 +597,7 @@ func (b *Backend) create(ctx context.Context, spec *runtime.Spec, fork *forkPara
 				return &agentconfig.Config{Standby: true, Hostname: cfg.Hostname}, nil
 			}
 		}
-		if _, _, err := b.launch(ctx, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
+		if _, _, err := b.launch(cold, s, spec.PullCredentials, runtime.Hostname(id), spec.Resources, acfg, &t); err != nil {
 			var pe *pullError
 			if b.pool != nil && errors.As(err, &pe) {
 				b.pool.pullFailed(key)
@@ -851,6 +843,16 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		failpoint.Hit("local.create.rules")
 		b.step(ctx, "network", t)
 	}
+	// The CPU-heavy part of a cold start, from the root filesystem's mount to the
+	// started container (and its agent, under gVisor), waits for the gate's slot
+	// (coldgate.go); all the waits on others are above.
+	slot := b.coldStart(ctx)
+	defer slot.leave()
+	if gated, err := slot.enter(ctx); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+	} else if gated {
+		b.step(ctx, "admit", t)
+	}
 
 	acfg, err := acfgFor(img)
 	if err != nil {
@@ -865,6 +867,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	s.ident = ident
 	b.mu.Unlock()
 	if err := b.mountRoot(rootfs, dir, img.Layers, upper, work, ids, s.join.idmapUserNS()); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	// /.sandboxd, where the agent's files are mounted, is the backend's whatever the
+	// image or the upper layer has there (sandboxddir.go).
+	if err := freshSandboxdDir(rootfs, ids); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	b.step(ctx, "overlay", t)
@@ -990,6 +997,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if s.join != nil {
 			mu = &s.join.forkMu
 		}
+		if err := slot.forkReady(ctx, s.fork); err != nil {
+			return nil, nil, err
+		}
 		if err := b.restoreGroupFork(ctx, s, bundle, pidFile, filepath.Join(shown, dirRun), out, mu); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
@@ -1016,7 +1026,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		b.step(ctx, "fork: runsc create", t)
-		if err := s.fork.wait(ctx); err != nil {
+		if err := slot.forkReady(ctx, s.fork); err != nil { // the slot is given back while it waits
 			return nil, nil, err
 		}
 		b.step(ctx, "fork: wait for the source's checkpoint", t)
