@@ -125,8 +125,11 @@ type Config struct {
 	// tenth of the volume pool's size, at most 20 GiB.
 	SnapshotCacheBytes int64
 	// ColdStarts bounds the Creates starting a new container (not served by the warm
-	// pool) at once; more wait, served round robin over organizations (coldgate.go).
-	// 0 means max(4, 2×GOMAXPROCS); negative: no bound.
+	// pool) in the CPU-heavy part of the start at once: root filesystem mount, bundle,
+	// `runc run`/`runsc`, the gVisor agent's handshake (the image pull, volumes, the
+	// network and a fork's wait for its source run before, unbounded). More wait, served
+	// round robin over organizations, one organization holding at most ColdStarts-1
+	// while another waits (coldgate.go). 0 means max(4, 2×GOMAXPROCS); negative: no bound.
 	ColdStarts int
 }
 
@@ -661,7 +664,9 @@ func (b *Backend) applyRules(s *sandbox, cid string) error {
 
 // launch builds and starts s's container (id s.cid, in s.dir, which exists): network,
 // image, overlay root, etc files, agent config (from acfg), bundle, `runc run`. It fills
-// s.info and s.proc. On error the caller tears s down.
+// s.info and s.proc. On error the caller tears s down. For a cold start (ctx marked by
+// withColdStart) the part from the overlay root on holds a slot of the cold-start gate
+// (coldgate.go), taken once the image, volumes and network are ready.
 func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credentials, host string, res runtime.Resources,
 	acfgFor func(*Image) (*agentconfig.Config, error), t *time.Time) (*Image, *Attachment, error) {
 	id, cid, dir, rt := s.id, s.cid, s.dir, s.rt
