@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	if os.Getenv(vforkHelperEnv) == "1" {
+		vforkHelper() // TestSeccompCaptureTimesOut's process that cannot stop
+	}
 	if !testenv.HaveRoot() {
 		return m.Run() // tests that need root skip, or fail where it is required (newEnv)
 	}

@@ -101,7 +101,7 @@ func (c *seccompCache) capture(key string, pid int, start uint64) error {
 	if err := waitExec(pid, agentComm, 5*time.Second); err != nil {
 		return err
 	}
-	prog, err := seccompFilterOf(pid)
+	prog, err := seccompFilterOf(pid, captureStopLimit)
 	if err != nil {
 		return err
 	}
@@ -149,42 +149,78 @@ func waitExec(pid int, comm string, limit time.Duration) error {
 // ptrace(2) requests x/sys does not wrap.
 const ptraceSeccompGetFilter = 0x420c
 
+// captureStopLimit bounds how long the capture waits for the agent to stop: a thread
+// in an uninterruptible (or killable-only) sleep may not stop for long, or ever.
+const captureStopLimit = time.Second
+
 // seccompFilterOf returns the seccomp filter of pid's main thread: attached with
-// PTRACE_SEIZE, stopped with PTRACE_INTERRUPT (every request on this one locked
-// thread), read with PTRACE_SECCOMP_GET_FILTER, detached. It must be the only filter
-// (runc installs one): a stack of several is refused.
-func seccompFilterOf(pid int) ([]byte, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+// PTRACE_SEIZE, stopped with PTRACE_INTERRUPT, read with PTRACE_SECCOMP_GET_FILTER,
+// detached. It must be the only filter (runc installs one): a stack of several is
+// refused. Every ptrace request is made on one OS thread, locked to a goroutine of its
+// own: if the tracee does not stop within limit (waited for with WNOHANG), or anything
+// fails once it is seized, that thread is not given back to Go's pool (the goroutine
+// ends locked, so the thread exits, and the kernel detaches the tracee) — never a
+// pooled thread still the tracer of a sandbox's init.
+func seccompFilterOf(pid int, limit time.Duration) ([]byte, error) {
+	type result struct {
+		prog []byte
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		prog, detached, err := seccompFilterTraced(pid, limit)
+		if detached {
+			runtime.UnlockOSThread()
+		} // else: the goroutine ends locked and its thread exits, the tracer with it
+		ch <- result{prog, err}
+	}()
+	r := <-ch
+	return r.prog, r.err
+}
+
+// seccompFilterTraced is seccompFilterOf on the locked thread; detached reports that
+// the thread is no tracer of pid (never seized, or detached).
+func seccompFilterTraced(pid int, limit time.Duration) (prog []byte, detached bool, err error) {
 	if err := unix.PtraceSeize(pid); err != nil {
-		return nil, fmt.Errorf("seccomp capture: seize %d: %w", pid, err)
+		return nil, true, fmt.Errorf("seccomp capture: seize %d: %w", pid, err)
 	}
 	// A signal that stopped it on its way in (rather than the interrupt) is delivered
 	// on detach: the agent, pid 1, reaps its children on SIGCHLD.
 	var inject unix.Signal
+	stopped := false
 	defer func() {
-		_, _, _ = unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, uintptr(inject), 0, 0)
+		if !stopped {
+			return // PTRACE_DETACH needs a stopped tracee: the thread's exit detaches it
+		}
+		_, _, errno := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, uintptr(inject), 0, 0)
+		detached = errno == 0
 	}()
 	if err := unix.PtraceInterrupt(pid); err != nil {
-		return nil, fmt.Errorf("seccomp capture: interrupt %d: %w", pid, err)
+		return nil, false, fmt.Errorf("seccomp capture: interrupt %d: %w", pid, err)
 	}
-	for {
+	deadline := time.Now().Add(limit)
+	for !stopped {
 		var ws unix.WaitStatus
-		if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return nil, fmt.Errorf("seccomp capture: wait %d: %w", pid, err)
-		}
-		if ws.Exited() || ws.Signaled() {
-			return nil, fmt.Errorf("seccomp capture: %d ended", pid)
-		}
-		if ws.Stopped() {
+		wpid, err := unix.Wait4(pid, &ws, unix.WALL|unix.WNOHANG, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return nil, false, fmt.Errorf("seccomp capture: wait %d: %w", pid, err)
+		case wpid == pid && (ws.Exited() || ws.Signaled()):
+			return nil, false, fmt.Errorf("seccomp capture: %d ended", pid)
+		case wpid == pid && ws.Stopped():
 			if ws.TrapCause() != unix.PTRACE_EVENT_STOP {
 				inject = ws.StopSignal() // a signal-delivery-stop
 			}
-			break
+			stopped = true
+			continue
 		}
+		if time.Now().After(deadline) {
+			return nil, false, fmt.Errorf("seccomp capture: %d did not stop within %v", pid, limit)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	get := func(i int, buf []unix.SockFilter) (int, error) {
 		var p uintptr
@@ -199,17 +235,17 @@ func seccompFilterOf(pid int) ([]byte, error) {
 	}
 	n, err := get(0, nil)
 	if err != nil {
-		return nil, fmt.Errorf("seccomp capture: filter of %d: %w", pid, err)
+		return nil, false, fmt.Errorf("seccomp capture: filter of %d: %w", pid, err)
 	}
 	if n <= 0 || n > maxSeccompInsns {
-		return nil, fmt.Errorf("seccomp capture: filter of %d has %d instructions", pid, n)
+		return nil, false, fmt.Errorf("seccomp capture: filter of %d has %d instructions", pid, n)
 	}
 	if _, err := get(1, nil); !errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("seccomp capture: %d has more than one filter (%w)", pid, err)
+		return nil, false, fmt.Errorf("seccomp capture: %d has more than one filter (%w)", pid, err)
 	}
 	buf := make([]unix.SockFilter, n)
 	if m, err := get(0, buf); err != nil || m != n {
-		return nil, fmt.Errorf("seccomp capture: filter of %d: %d of %d instructions: %w", pid, m, n, err)
+		return nil, false, fmt.Errorf("seccomp capture: filter of %d: %d of %d instructions: %w", pid, m, n, err)
 	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), n*int(unsafe.Sizeof(buf[0]))), nil
+	return unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), n*int(unsafe.Sizeof(buf[0]))), false, nil
 }

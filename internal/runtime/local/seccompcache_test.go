@@ -105,7 +105,7 @@ func TestSeccompCached(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := seccompFilterOf(pid)
+			got, err := seccompFilterOf(pid, captureStopLimit)
 			if err != nil {
 				t.Fatal(err)
 			}
