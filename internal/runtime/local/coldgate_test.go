@@ -5,6 +5,9 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // TestColdGateFair: while one organization's burst waits, another's start is admitted
@@ -170,5 +173,94 @@ func admitted(w *coldWaiter) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// slowImages is testImages with the pull of "slow" held until release is closed.
+type slowImages struct {
+	testImages
+	pulling chan struct{} // closed once the slow pull has begun
+	release chan struct{}
+	once    sync.Once
+}
+
+func (si *slowImages) Pull(ctx context.Context, ref string, creds *runtime.Credentials) (*Image, error) {
+	if ref != "slow" {
+		return si.testImages.Pull(ctx, ref, creds)
+	}
+	si.once.Do(func() { close(si.pulling) })
+	select {
+	case <-si.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	img, err := si.testImages.Pull(ctx, "busybox", creds)
+	if img != nil {
+		img.Ref = ref
+	}
+	return img, err
+}
+
+// TestColdGatePullHoldsNoSlot: with one cold-start slot, a create whose image pull hangs
+// (a registry trickling bytes) holds no slot: another organization's create of a cached
+// image starts meanwhile, and its `admit` step comes after its pull and network, before
+// its root filesystem's mount.
+func TestColdGatePullHoldsNoSlot(t *testing.T) {
+	si := &slowImages{pulling: make(chan struct{}), release: make(chan struct{})}
+	e := newEnvWith(t, func(c *Config) {
+		c.ColdStarts = 1
+		si.testImages = c.Images.(testImages)
+		c.Images = si
+	})
+	slow := make(chan error, 1)
+	go func() {
+		_, err := e.b.Create(context.Background(), &runtime.Spec{ID: "cold-slow",
+			Container: runtime.Container{Image: "slow", Command: "sleep", Args: []string{"3600"}},
+			Meta:      map[string]string{runtime.MetaOrg: "a"}})
+		slow <- err
+	}()
+	<-si.pulling
+	var (
+		mu    sync.Mutex
+		steps []string
+	)
+	e.b.trace = func(step string, _ time.Duration) {
+		mu.Lock()
+		steps = append(steps, step)
+		mu.Unlock()
+	}
+	e.create(runtime.Spec{ID: "cold-fast", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}},
+		Meta: map[string]string{runtime.MetaOrg: "b"}})
+	select {
+	case err := <-slow:
+		t.Fatalf("the slow create ended before its pull was let go: %v", err)
+	default:
+	}
+	close(si.release)
+	if err := <-slow; err != nil {
+		t.Fatalf("slow create: %v", err)
+	}
+	mu.Lock()
+	got := slices.Clone(steps)
+	mu.Unlock()
+	pull, admit, overlay := slices.Index(got, "pull"), slices.Index(got, "admit"), slices.Index(got, "overlay")
+	if pull < 0 || admit < pull || overlay < admit {
+		t.Fatalf("steps %v: want pull, then admit, then overlay", got)
+	}
+}
+
+// TestColdGateGroupOneSlot: with one cold-start slot, a group's containers (each launch
+// admitted on its own) take it in turn: the create neither deadlocks nor fails.
+func TestColdGateGroupOneSlot(t *testing.T) {
+	e := newEnvWith(t, func(c *Config) { c.ColdStarts = 1 })
+	spec := groupSpec("cold-grp")
+	spec.Meta = map[string]string{runtime.MetaOrg: "a"}
+	e.create(spec)
+	g := e.b.cold
+	g.mu.Lock()
+	running, held := g.running, len(g.held)
+	g.mu.Unlock()
+	if running != 0 || held != 0 || g.waiting() != 0 {
+		t.Fatalf("after the create: %d running, %d organizations holding, %d waiting", running, held, g.waiting())
 	}
 }
