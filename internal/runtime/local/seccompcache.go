@@ -158,25 +158,46 @@ const captureStopLimit = time.Second
 // detached. It must be the only filter (runc installs one): a stack of several is
 // refused. Every ptrace request is made on one OS thread, locked to a goroutine of its
 // own: if the tracee does not stop within limit (waited for with WNOHANG), or anything
-// fails once it is seized, that thread is not given back to Go's pool (the goroutine
-// ends locked, so the thread exits, and the kernel detaches the tracee) — never a
-// pooled thread still the tracer of a sandbox's init.
+// fails once it is seized, that thread is not given back to Go's pool: the goroutine
+// ends locked, so the thread exits and the kernel detaches the tracee (and drops the
+// pending interrupt) — never a pooled thread still the tracer of a sandbox's init.
+// Never the process's main thread: Go keeps that one (wedged) when its locked
+// goroutine ends, and the tracer with it.
 func seccompFilterOf(pid int, limit time.Duration) ([]byte, error) {
-	type result struct {
-		prog []byte
-		err  error
-	}
-	ch := make(chan result, 1)
+	ch := make(chan tracedFilter, 1)
 	go func() {
 		runtime.LockOSThread()
-		prog, detached, err := seccompFilterTraced(pid, limit)
-		if detached {
-			runtime.UnlockOSThread()
-		} // else: the goroutine ends locked and its thread exits, the tracer with it
-		ch <- result{prog, err}
+		if unix.Gettid() != unix.Getpid() {
+			traceFilter(pid, limit, ch)
+			return
+		}
+		// On the main thread: trace from another, which this one, held, cannot be.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runtime.LockOSThread()
+			traceFilter(pid, limit, ch)
+		}()
+		<-done
+		runtime.UnlockOSThread()
 	}()
 	r := <-ch
 	return r.prog, r.err
+}
+
+type tracedFilter struct {
+	prog []byte
+	err  error
+}
+
+// traceFilter runs seccompFilterTraced on the calling goroutine's locked thread and
+// sends its result; it unlocks the thread only if that is no tracer of pid afterwards.
+func traceFilter(pid int, limit time.Duration, ch chan<- tracedFilter) {
+	prog, detached, err := seccompFilterTraced(pid, limit)
+	if detached {
+		runtime.UnlockOSThread()
+	} // else: the goroutine ends locked and its thread exits, the tracer with it
+	ch <- tracedFilter{prog, err}
 }
 
 // seccompFilterTraced is seccompFilterOf on the locked thread; detached reports that
