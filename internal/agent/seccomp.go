@@ -59,7 +59,7 @@ func openNoSymlinks(path string) (*os.File, error) {
 		switch p {
 		case "", ".":
 		case "..":
-			return nil, fmt.Errorf("%s: has ..", path)
+			return nil, fmt.Errorf("%s: a \"..\" component", path)
 		default:
 			parts = append(parts, p)
 		}

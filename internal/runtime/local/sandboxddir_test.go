@@ -119,8 +119,8 @@ func TestFreshSandboxdDir(t *testing.T) {
 		t.Skip("needs root (chown)")
 	}
 	for _, c := range []struct {
-		name string
-		ids  *idRange
+		name  string
+		ids   *idRange
 		plant func(t *testing.T, rootfs, outside string)
 	}{
 		{"symlink", nil, func(t *testing.T, rootfs, outside string) {
