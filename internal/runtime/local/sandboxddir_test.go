@@ -99,6 +99,8 @@ func TestSandboxdDirFromImageIgnored(t *testing.T) {
 			{[]string{"sh", "-c", "unshare -U true 2>&1; echo rc=$?"}, "unshare: unshare(0x10000000): Operation not permitted\nrc=1"},
 			{[]string{"sh", "-c", "test -d /.sandboxd && ! test -L /.sandboxd && ! test -L /.sandboxd/seccomp.bpf && echo real"}, "real"},
 			{[]string{"sh", "-c", "cat /proc/1/comm"}, agentComm},
+			// Owned by the sandbox's root (mapped, in its user namespace), as runc makes it.
+			{[]string{"stat", "-c", "%u:%g %a", "/.sandboxd"}, "0:0 755"},
 		} {
 			out, errOut, code := execIn(t, c, ch.argv...)
 			if strings.TrimSpace(out) != ch.want {
