@@ -955,7 +955,13 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: seccomp profile: %w", id, err)
 		}
 		if prog, ok := b.scache.program(scKey); ok {
-			p.SeccompProgram, scKey = prog, ""
+			// A copy in the sandbox's shown dir is mounted (shownDir): the sandbox's
+			// mountinfo then names no host path of the state dir.
+			dst := filepath.Join(shown, fileSeccomp)
+			if err := copyProgram(prog, dst); err != nil {
+				return nil, nil, fmt.Errorf("sandbox %s: seccomp program: %w", id, err)
+			}
+			p.SeccompProgram, scKey = dst, ""
 		}
 	}
 	oci := ociSpec(p)

@@ -270,3 +270,24 @@ func seccompFilterTraced(pid int, limit time.Duration) (prog []byte, detached bo
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), n*int(unsafe.Sizeof(buf[0]))), false, nil
 }
+
+// fileSeccomp is the copy of the program a sandbox's agent installs, in its shown dir.
+const fileSeccomp = "seccomp.bpf"
+
+// copyProgram copies a kept program to dst, a new read-only file (never through a
+// symlink, never over an existing file).
+func copyProgram(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
