@@ -15,6 +15,7 @@ func main() {
 	flag.StringVar(&o.StateDir, "state-dir", agentconfig.StateDir, "writable state dir shared with the host (logs, status.json)")
 	flag.IntVar(&o.ListenFD, "listen-fd", agentconfig.ListenFD, "inherited listening socket; -1 = listen on the config's listen address")
 	flag.StringVar(&o.SeccompFilter, "seccomp-filter", "", "seccomp filter (classic BPF) to install before anything else; failing to is fatal")
+	flag.StringVar(&o.SeccompSHA256, "seccomp-filter-sha256", "", "the hex SHA-256 the seccomp filter's bytes must have (required with --seccomp-filter)")
 	flag.Parse()
 	os.Exit(agent.Main(o))
 }

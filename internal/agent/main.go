@@ -21,6 +21,9 @@ type MainOptions struct {
 	// SeccompFilter, when set, is a seccomp filter (classic BPF) Main installs on
 	// every thread first of all; without it Main returns 1 (seccomp.go).
 	SeccompFilter string
+	// SeccompSHA256 is the hex SHA-256 the filter's bytes must have (from the OCI
+	// config, which the sandbox's filesystem cannot change); required with it.
+	SeccompSHA256 string
 }
 
 // Main runs sandbox-agent as a process and returns its exit code. SIGTERM and SIGINT stop
@@ -28,7 +31,7 @@ type MainOptions struct {
 func Main(o MainOptions) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "sandbox-agent")
 	if o.SeccompFilter != "" {
-		if err := InstallSeccompFilter(o.SeccompFilter); err != nil {
+		if err := InstallSeccompFilter(o.SeccompFilter, o.SeccompSHA256); err != nil {
 			log.Error("seccomp filter", "err", err)
 			return 1
 		}

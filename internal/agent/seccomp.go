@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -18,8 +20,13 @@ const maxSeccompInsns = 4096
 // host's read-only file: see internal/runtime/local/seccompcache.go) on every thread of
 // the process (SECCOMP_FILTER_FLAG_TSYNC), so everything the agent starts afterwards
 // runs under it. The OCI runtime has set no_new_privs. Any error means the sandbox
-// must not run: the caller exits.
-func InstallSeccompFilter(path string) error {
+// must not run: the caller exits. The program must have the SHA-256 sum (hex): a file
+// the backend did not mean (one of its other mounts redirected onto the path by a
+// symlink in the image) is refused, not installed.
+func InstallSeccompFilter(path, sum string) error {
+	if len(sum) != 2*sha256.Size {
+		return fmt.Errorf("%s: no SHA-256 to check it against", path)
+	}
 	f, err := openNoSymlinks(path)
 	if err != nil {
 		return err
@@ -32,6 +39,9 @@ func InstallSeccompFilter(path string) error {
 	}
 	if len(b) == 0 || len(b)%insn != 0 || len(b) > maxSeccompInsns*insn {
 		return fmt.Errorf("%s: %d bytes is no BPF program", path, len(b))
+	}
+	if got := sha256.Sum256(b); hex.EncodeToString(got[:]) != strings.ToLower(sum) {
+		return fmt.Errorf("%s: SHA-256 %x, want %s", path, got, sum)
 	}
 	prog := make([]unix.SockFilter, len(b)/insn)
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(&prog[0])), len(b)), b)

@@ -9,6 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// anySum is a well-formed SHA-256 that no test program has.
+var anySum = strings.Repeat("ab", 32)
+
 // TestInstallSeccompFilterRefuses: what is not a classic BPF program of at most 4096
 // instructions is refused before the kernel sees it (the agent then exits), as is a
 // missing file. (Installing a real one: internal/runtime/local TestSeccompCached.)
@@ -19,11 +22,11 @@ func TestInstallSeccompFilterRefuses(t *testing.T) {
 		if err := os.WriteFile(p, make([]byte, size), 0o444); err != nil {
 			t.Fatal(err)
 		}
-		if err := InstallSeccompFilter(p); err == nil || !strings.Contains(err.Error(), "no BPF program") {
+		if err := InstallSeccompFilter(p, anySum); err == nil || !strings.Contains(err.Error(), "no BPF program") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if err := InstallSeccompFilter(filepath.Join(dir, "missing")); err == nil {
+	if err := InstallSeccompFilter(filepath.Join(dir, "missing"), anySum); err == nil {
 		t.Error("missing file: no error")
 	}
 }
@@ -52,7 +55,7 @@ func TestInstallSeccompFilterFollowsNoSymlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{filepath.Join(dir, "file-link"), filepath.Join(dir, "dir-link", "f.bpf"), filepath.Join(dir, "fifo"), "relative/f.bpf", real + "/../real/f.bpf"} {
-		if err := InstallSeccompFilter(p); err == nil {
+		if err := InstallSeccompFilter(p, anySum); err == nil {
 			t.Errorf("%s: installed", p)
 		} else if strings.Contains(err.Error(), "no BPF program") || strings.Contains(err.Error(), "seccomp:") {
 			t.Errorf("%s: read it: %v", p, err)
@@ -63,4 +66,20 @@ func TestInstallSeccompFilterFollowsNoSymlink(t *testing.T) {
 		t.Fatalf("the real file: %v", err)
 	}
 	f.Close()
+}
+
+// TestInstallSeccompFilterChecksSum: a program whose bytes do not have the SHA-256 the
+// backend gave (another of its mounts redirected onto the path) is refused before the
+// kernel sees it, as is a missing or malformed sum.
+func TestInstallSeccompFilterChecksSum(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f.bpf")
+	if err := os.WriteFile(p, make([]byte, 8), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	for _, sum := range []string{anySum, "", "abc", strings.Repeat("zz", 32)} {
+		err := InstallSeccompFilter(p, sum)
+		if err == nil || strings.Contains(err.Error(), "seccomp:") || !strings.Contains(err.Error(), "SHA-256") {
+			t.Errorf("sum %q: %v", sum, err)
+		}
+	}
 }

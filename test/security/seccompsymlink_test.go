@@ -116,7 +116,7 @@ func TestSeccompSandboxdSymlinkIntoVolume(t *testing.T) {
 	// The planter: the volume gets an agent of its own (a script leaving a mark) and an
 	// allow-all program (BPF_RET|BPF_K SECCOMP_RET_ALLOW).
 	planter := run("busybox", true)
-	limMustExec(t, c, planter, "sh", "-c", `mkdir -p /data/bin && printf '#!/bin/sh\necho planted > /data/ran\nexec sleep 3600\n' > /data/bin/sandbox-agent && chmod 755 /data/bin/sandbox-agent && printf '\006\000\000\000\000\000\377\177' > /data/f.bpf && rm -f /data/ran`)
+	limMustExec(t, c, planter, "sh", "-c", `mkdir -p /data/bin && printf '#!/bin/sh\ngrep -E "^Seccomp:" /proc/self/status > /data/ran\nexec sleep 3600\n' > /data/bin/sandbox-agent && chmod 755 /data/bin/sandbox-agent && printf '\006\000\000\000\000\000\377\177' > /data/f.bpf && rm -f /data/ran`)
 	del(planter)
 	// A sandbox of the profile, so that the filter is compiled and kept.
 	del(run("busybox", false))
@@ -140,5 +140,35 @@ func TestSeccompSandboxdSymlinkIntoVolume(t *testing.T) {
 			t.Errorf("%s (%s): %q (a symlink left at /.sandboxd, or the planted agent ran)", img, id, out)
 		}
 		del(id)
+	}
+
+	// An image symlink elsewhere pointing at /.sandboxd, a volume mounted there: runc
+	// mounts the volume over /.sandboxd after the agent's files and executes the planted
+	// "agent". A sandbox with volumes keeps runc's own filter (agentFilterable), so the
+	// planted program is the sandbox's own code under the profile: it must find itself
+	// filtered (it records its Seccomp line in the volume).
+	linkImage := push("org-a/data-link:v1", tar.Header{Name: "data", Typeflag: tar.TypeSymlink, Linkname: "/.sandboxd", Mode: 0o777})
+	id := limCreate(t, c, &sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec(linkImage, true)}})
+	// The planted "agent" runs at once and never answers: the sandbox stays CREATING.
+	// Deleting it detaches the volume (a GLOBAL one is synced then), and a reader
+	// mounting it afterwards sees what the planted program wrote.
+	time.Sleep(5 * time.Second)
+	del(id)
+	var ran string
+	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		res, err := c.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: spec("busybox", true)}}))
+		if err != nil { // the deleted sandbox still holds the volume
+			continue
+		}
+		reader := res.Msg.GetSandboxId()
+		limWaitRunning(t, c, reader)
+		ran = strings.TrimSpace(limMustExec(t, c, reader, "sh", "-c", "cat /data/ran 2>/dev/null; true"))
+		del(reader)
+		break
+	}
+	if ran == "" {
+		t.Log("the planted agent never ran")
+	} else if !strings.Contains(ran, "Seccomp:\t2") {
+		t.Errorf("a planted agent ran outside the seccomp profile: %q", ran)
 	}
 }

@@ -958,10 +958,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			// A copy in the sandbox's shown dir is mounted (shownDir): the sandbox's
 			// mountinfo then names no host path of the state dir.
 			dst := filepath.Join(shown, fileSeccomp)
-			if err := copyProgram(prog, dst); err != nil {
+			sum, err := copyProgram(prog, dst)
+			if err != nil {
 				return nil, nil, fmt.Errorf("sandbox %s: seccomp program: %w", id, err)
 			}
-			p.SeccompProgram, scKey = dst, ""
+			p.SeccompProgram, p.SeccompSHA256, scKey = dst, sum, ""
 		}
 	}
 	oci := ociSpec(p)

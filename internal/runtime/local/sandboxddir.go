@@ -1,13 +1,16 @@
 package local
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // freshSandboxdDir makes agentconfig.Dir (/.sandboxd) of the root filesystem mounted
@@ -24,6 +27,11 @@ import (
 // what it names, and descends with O_NOFOLLOW), and the directory is made and owned
 // by name relative to a descriptor of rootfs itself. With ids (a user namespace) it
 // is owned by the sandbox's root, as the runtime would have made it.
+// maxSandboxdEntries bounds what freshSandboxdDir removes of an image's /.sandboxd.
+const maxSandboxdEntries = 1024
+
+var errTooManyEntries = errors.New("too many entries")
+
 func freshSandboxdDir(rootfs string, ids *idRange) error {
 	name := filepath.Base(agentconfig.Dir)
 	if filepath.Join("/", name) != agentconfig.Dir {
@@ -36,7 +44,26 @@ func freshSandboxdDir(rootfs string, ids *idRange) error {
 	defer unix.Close(root)
 	// RemoveAll by the descriptor's path: rootfs is the backend's mount point, and the
 	// one component under it is what is removed.
-	if err := os.RemoveAll(filepath.Join(fmt.Sprintf("/proc/self/fd/%d", root), name)); err != nil {
+	path := filepath.Join(fmt.Sprintf("/proc/self/fd/%d", root), name)
+	// Bounded: each entry removed from a lower layer costs a whiteout in the sandbox's
+	// upper layer, and an image can pack a million empty files in a few MB.
+	var st unix.Stat_t
+	if err := unix.Fstatat(root, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		n := 0
+		err := filepath.WalkDir(path, func(p string, _ fs.DirEntry, err error) error {
+			if p == path { // the directory itself
+				return err
+			}
+			if n++; n > maxSandboxdEntries {
+				return errTooManyEntries
+			}
+			return err
+		})
+		if errors.Is(err, errTooManyEntries) {
+			return fmt.Errorf("%w: the image has more than %d entries under %s, a path the sandbox's agent owns", runtime.ErrInvalidSpec, maxSandboxdEntries, agentconfig.Dir)
+		}
+	}
+	if err := os.RemoveAll(path); err != nil {
 		return fmt.Errorf("%s: remove the image's: %w", agentconfig.Dir, err)
 	}
 	if err := unix.Mkdirat(root, name, 0o755); err != nil {

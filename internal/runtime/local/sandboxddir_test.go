@@ -2,6 +2,8 @@ package local
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,5 +173,33 @@ func TestFreshSandboxdDir(t *testing.T) {
 				t.Errorf("not empty: %v", ents)
 			}
 		})
+	}
+}
+
+// TestFreshSandboxdDirBounded: an image with more entries under /.sandboxd than
+// freshSandboxdDir removes is refused (invalid spec) before any is removed: each would
+// cost a whiteout in the sandbox's upper layer.
+func TestFreshSandboxdDirBounded(t *testing.T) {
+	rootfs := t.TempDir()
+	dir := filepath.Join(rootfs, ".sandboxd")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxSandboxdEntries + 1 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := freshSandboxdDir(rootfs, nil); !errors.Is(err, runtime.ErrInvalidSpec) {
+		t.Fatalf("%d entries: %v", maxSandboxdEntries+1, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != maxSandboxdEntries+1 {
+		t.Errorf("%d entries left, want all %d", len(ents), maxSandboxdEntries+1)
+	}
+	if err := os.Remove(filepath.Join(dir, "0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := freshSandboxdDir(rootfs, nil); err != nil && os.Geteuid() == 0 {
+		t.Fatalf("%d entries: %v", maxSandboxdEntries, err)
 	}
 }

@@ -275,19 +275,20 @@ func seccompFilterTraced(pid int, limit time.Duration) (prog []byte, detached bo
 const fileSeccomp = "seccomp.bpf"
 
 // copyProgram copies a kept program to dst, a new read-only file (never through a
-// symlink, never over an existing file).
-func copyProgram(src, dst string) error {
+// symlink, never over an existing file), and returns its hex SHA-256.
+func copyProgram(src, dst string) (string, error) {
 	b, err := os.ReadFile(src)
 	if err != nil {
-		return err
+		return "", err
 	}
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if _, err := f.Write(b); err != nil {
 		f.Close()
-		return err
+		return "", err
 	}
-	return f.Close()
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), f.Close()
 }

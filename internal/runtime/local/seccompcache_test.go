@@ -45,7 +45,7 @@ func TestSeccompKey(t *testing.T) {
 	if ka == kc || ka == kd {
 		t.Errorf("different profile or binary, same key %s", ka)
 	}
-	p := specParams{Seccomp: a, SeccompProgram: "/x"}
+	p := specParams{Seccomp: a, SeccompProgram: "/x", SeccompSHA256: strings.Repeat("ab", 32)}
 	if !agentFilter(p) {
 		t.Error("default spec: the agent does not install the filter")
 	}
@@ -54,13 +54,15 @@ func TestSeccompKey(t *testing.T) {
 		"privilege escalation": {Seccomp: a, SeccompProgram: "/x", Security: &runtime.Security{AllowPrivilegeEscalation: true}},
 		"engine":               {Seccomp: a, SeccompProgram: "/x", Engine: "/e"},
 		"no profile":           {SeccompProgram: "/x"},
+		"volumes":              {Seccomp: a, SeccompProgram: "/x", Volumes: []specs.Mount{{Destination: "/data", Source: "/v", Type: "bind"}}},
 	} {
 		if agentFilter(q) {
 			t.Errorf("%s: the agent would install the filter", name)
 		}
 	}
 	oci := ociSpec(p)
-	if oci.Linux.Seccomp != nil || !slices.Contains(oci.Process.Args, "--seccomp-filter="+agentconfig.SeccompPath) || !oci.Process.NoNewPrivileges {
+	if oci.Linux.Seccomp != nil || !slices.Contains(oci.Process.Args, "--seccomp-filter="+agentconfig.SeccompPath) ||
+		!slices.Contains(oci.Process.Args, "--seccomp-filter-sha256="+p.SeccompSHA256) || !oci.Process.NoNewPrivileges {
 		t.Errorf("agent-installed filter: seccomp %v, args %q, no_new_privs %v", oci.Linux.Seccomp != nil, oci.Process.Args, oci.Process.NoNewPrivileges)
 	}
 }

@@ -204,7 +204,9 @@ type specParams struct {
 	// SeccompProgram, when set, is the host file of Seccomp compiled (seccompcache.go):
 	// the agent installs it and config.json has no linux.seccomp (see agentFilter).
 	SeccompProgram string
-	NoFile         uint64
+	// SeccompSHA256 is the hex SHA-256 of SeccompProgram's bytes: the agent checks it.
+	SeccompSHA256 string
+	NoFile        uint64
 	// GVisor adapts the spec to runsc: the agent listens itself (no fd 3) and there is
 	// no OCI seccomp profile (see gvisor.go).
 	GVisor bool
@@ -247,8 +249,17 @@ type specParams struct {
 func agentFilter(p specParams) bool { return p.SeccompProgram != "" && agentFilterable(p) }
 
 // agentFilterable: p's filter may be installed by the agent (agentFilter) once compiled.
+// Not with volumes: runc resolves mount destinations inside the root filesystem following
+// its symlinks, so an image symlink (/data -> /.sandboxd) could put a volume — content
+// the organization's other sandboxes write, and may change while runc resolves a nested
+// one — over /.sandboxd after the agent's files are mounted, and runc would execute a
+// planted "agent" as pid 1: under runc's own filter that is the sandbox's own code, under
+// none it would escape the profile. Every other mount's source is the backend's (fresh
+// tmpfs, the host's etc files, sysfs, the egress CA), which holds no agent: a redirected
+// one fails the start, and the agent checks the program's SHA-256.
 func agentFilterable(p specParams) bool {
-	return p.Seccomp != nil && !p.GVisor && p.Engine == "" && (p.Security == nil || !p.Security.AllowPrivilegeEscalation)
+	return p.Seccomp != nil && !p.GVisor && p.Engine == "" && len(p.Volumes) == 0 &&
+		(p.Security == nil || !p.Security.AllowPrivilegeEscalation)
 }
 
 func ociSpec(p specParams) *specs.Spec {
@@ -358,7 +369,7 @@ func ociSpec(p specParams) *specs.Spec {
 		seccomp, sysctl = nil, nil
 	}
 	if agentFilter(p) {
-		args = append(args, "--seccomp-filter="+agentconfig.SeccompPath)
+		args = append(args, "--seccomp-filter="+agentconfig.SeccompPath, "--seccomp-filter-sha256="+p.SeccompSHA256)
 		seccomp = nil
 	}
 	// The cgroup namespace roots /sys/fs/cgroup and /proc/self/cgroup at the sandbox's
