@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"reflect"
@@ -11,7 +12,8 @@ import (
 )
 
 // ProgressInterval is the least time between two progress updates of one watch: at
-// most four a second per watcher, whatever the pull does.
+// most four a second per watcher, whatever the pull does. A change of the sandbox's
+// state is sent at once.
 const ProgressInterval = 250 * time.Millisecond
 
 // MaxProgressWatch bounds one watch; a watcher still interested watches again.
@@ -45,11 +47,11 @@ func (l *Local) WatchProgress(ctx context.Context, id string, send func(StartPro
 func (r *Runner) WatchProgress(ctx context.Context, id string, send func(StartProgress) error) error {
 	ctx, cancel := context.WithTimeout(ctx, MaxProgressWatch)
 	defer cancel()
-	tick := time.NewTicker(ProgressInterval)
+	tick := time.NewTicker(cmp.Or(r.progressInterval, ProgressInterval))
 	defer tick.Stop()
 	var last *StartProgress
 	for {
-		p, err := r.startProgress(id)
+		p, changed, err := r.startProgress(id)
 		if err != nil {
 			return err
 		}
@@ -69,19 +71,21 @@ func (r *Runner) WatchProgress(ctx context.Context, id string, send func(StartPr
 			}
 			return ctx.Err()
 		case <-tick.C:
+		case <-changed: // a new state is sent at once: the watch ends as the sandbox runs
 		}
 	}
 }
 
-// startProgress is the sandbox's start progress now.
-func (r *Runner) startProgress(id string) (StartProgress, error) {
+// startProgress is the sandbox's start progress now, and a channel closed at the next
+// change of its record (its state; pull progress does not close it).
+func (r *Runner) startProgress(id string) (StartProgress, <-chan struct{}, error) {
 	r.mu.Lock()
 	e, ok := r.sandboxes[id]
 	if !ok {
 		r.mu.Unlock()
-		return StartProgress{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+		return StartProgress{}, nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 	}
-	st, tr := e.sb.State, e.start
+	st, tr, changed := e.sb.State, e.start, e.changed
 	r.mu.Unlock()
 	p := StartProgress{State: st}
 	if tr != nil {
@@ -99,5 +103,5 @@ func (r *Runner) startProgress(id string) (StartProgress, error) {
 	default:
 		p.Phase = progress.PhaseEnded
 	}
-	return p, nil
+	return p, changed, nil
 }

@@ -101,6 +101,9 @@ type Runner struct {
 	// started is when it started (sweepExports).
 	exporting map[string]bool
 	started   time.Time
+
+	// progressInterval replaces ProgressInterval when set (tests).
+	progressInterval time.Duration
 }
 
 // entry is the runner's live record of one sandbox. sb and the stop fields are guarded by

@@ -1,0 +1,62 @@
+package runner
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
+)
+
+// TestWatchProgressEndsAtRunning: a progress watch sends RUNNING and ends as soon as the
+// sandbox runs (woken by the runner's change of its record), not at its next tick: with
+// an hour between ticks it still ends (`sbx run` waited up to 250 ms for it).
+func TestWatchProgressEndsAtRunning(t *testing.T) {
+	f := runtimetest.NewFake()
+	release := make(chan struct{})
+	f.OnCreate = func(ctx context.Context, _ *runtimetest.FakeSandbox) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	r, err := New(context.Background(), Config{Backend: f, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.progressInterval = time.Hour
+	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan StartProgress, 1)
+	done := make(chan error, 1)
+	var last StartProgress
+	go func() {
+		done <- r.WatchProgress(context.Background(), sb.ID, func(p StartProgress) error {
+			select {
+			case first <- p:
+			default:
+			}
+			last = p
+			return nil
+		})
+	}()
+	if p := <-first; p.State != StateCreating {
+		t.Fatalf("first update: %v, want CREATING", p.State)
+	}
+	close(release)
+	select {
+	case err := <-done:
+		if err != nil || last.State != StateRunning {
+			t.Errorf("watch ended: %v, last update %v, want RUNNING", err, last.State)
+		}
+	case <-time.After(60 * time.Second): // a bound: without the wake it ends after an hour
+		t.Fatal("the watch did not end when the sandbox ran")
+	}
+}
