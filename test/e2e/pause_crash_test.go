@@ -422,8 +422,11 @@ func TestPauseRunnerKilled(t *testing.T) {
 			}
 			if u := unknown(); len(u) > 0 {
 				t.Logf("fork %s: sandboxes on the runner no gateway recorded: %q", point, u)
-				if n := r.gwy.Reconcile(ctx); n != len(u) {
-					t.Errorf("reconcile deleted %d sandboxes, want the %d unrecorded", n, len(u))
+				// At most those: one may end on its own between the listing and the
+				// reconcile (a fork cut short by the crash); that none is left running
+				// unrecorded is what the wait below checks.
+				if n := r.gwy.Reconcile(ctx); n > len(u) {
+					t.Errorf("reconcile deleted %d sandboxes, want at most the %d unrecorded", n, len(u))
 				}
 				deadline := time.Now().Add(30 * time.Second)
 				for len(unknown()) > 0 && time.Now().Before(deadline) {
