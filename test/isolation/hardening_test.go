@@ -2,6 +2,7 @@ package isolation
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -136,20 +137,51 @@ except OSError as e:
     err = errno.errorcode.get(e.errno, str(e.errno))
 print(n, err)`
 
-// hostSlack is how much the host's free space may drop beyond the limit while the
-// filler runs: other processes on this machine write too, and ext4 keeps metadata.
-const hostSlack = 256 << 20
+// dataSlack is how much the runner's data tree may grow beyond the limit while the
+// filler runs: the sandboxes' logs and the file system's own directories.
+const dataSlack = 64 << 20
+
+// dataRoot is the runner's data dir above a sandbox's host dir (<root>/sandboxes/<id>).
+func dataRoot(sandboxDir string) string { return filepath.Dir(filepath.Dir(sandboxDir)) }
+
+// treeUsage is the host disk the files under root take (allocated blocks), counting only
+// root's own file system: a mount below it (a sandbox's disk, its root file system) is
+// skipped, and its image file is counted where it lies. Measuring the runner's own tree
+// rather than the host's free space keeps other processes' writes out of the check.
+func treeUsage(t *testing.T, root string) int64 {
+	var top syscall.Stat_t
+	if err := syscall.Lstat(root, &top); err != nil {
+		t.Errorf("lstat %s: %v", root, err)
+		return 0
+	}
+	var n int64
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // a sandbox dir removed meanwhile
+		}
+		var st syscall.Stat_t
+		if syscall.Lstat(p, &st) != nil {
+			return nil
+		}
+		if st.Dev != top.Dev {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		n += st.Blocks * 512
+		return nil
+	})
+	return n
+}
 
 // checkDisk checks the host after a disk filler in the sandbox whose host dir is dir:
-// its disk image holds at most the limit, and the host's free space dropped by no more
-// than the limit (plus slack for the rest of the machine).
-func checkDisk(t *testing.T, dir string, before syscall.Statfs_t) string {
-	var after syscall.Statfs_t
-	if err := syscall.Statfs(dir, &after); err != nil {
-		t.Errorf("statfs: %v", err)
-		return ""
-	}
-	drop := (int64(before.Bavail) - int64(after.Bavail)) * before.Bsize
+// its disk image holds at most the limit, and the runner's data tree (where the image,
+// the sandbox's logs and everything else it can make the host keep lie) grew by no more
+// than the limit plus slack.
+func checkDisk(t *testing.T, dir string, before int64) string {
+	after := treeUsage(t, dataRoot(dir))
+	grew := after - before
 	var st syscall.Stat_t
 	img := filepath.Join(dir, "disk.img")
 	if err := syscall.Stat(img, &st); err != nil {
@@ -160,8 +192,8 @@ func checkDisk(t *testing.T, dir string, before syscall.Statfs_t) string {
 	if used > diskLimit+(8<<20) {
 		t.Errorf("the sandbox's disk image holds %d MiB of host disk, above its %d MiB limit", used>>20, diskLimit>>20)
 	}
-	if drop > diskLimit+hostSlack {
-		t.Errorf("the host's free space dropped by %d MiB during a fill limited to %d MiB", drop>>20, diskLimit>>20)
+	if grew > diskLimit+dataSlack {
+		t.Errorf("the runner's data dir grew by %d MiB during a fill limited to %d MiB", grew>>20, diskLimit>>20)
 	}
-	return fmt.Sprintf("; host disk: image %d MiB, free space %+d MiB", used>>20, -drop>>20)
+	return fmt.Sprintf("; host disk: image %d MiB, runner data dir %+d MiB", used>>20, grew>>20)
 }

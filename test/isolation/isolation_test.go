@@ -16,7 +16,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -294,12 +293,11 @@ func TestAbuse(t *testing.T) {
 	// sandbox ended (gVisor ends the whole sandbox when it hits its memory limit).
 	// check, when set, looks at the host after the bomb and returns a note for the table
 	// (and fails the test itself).
-	var check func(id string, before syscall.Statfs_t) string
+	var check func(id string, before int64) string
 	bomb := func(class, what, script string, ok func(out string) bool) {
 		bomber := su.create(runtime.Spec{Container: runtime.Container{Image: env.Python(), Command: "sleep", Args: []string{"infinity"}, Resources: limits}, RuntimeClass: class})
 		bc := su.agent(bomber.ID)
-		var stBefore syscall.Statfs_t
-		_ = syscall.Statfs(s.Backend.SandboxDir(bomber.ID), &stBefore)
+		usedBefore := treeUsage(t, dataRoot(s.Backend.SandboxDir(bomber.ID)))
 		before := healthy(class + ": before " + what)
 		done := make(chan result, 1)
 		go func() {
@@ -316,7 +314,7 @@ func TestAbuse(t *testing.T) {
 		out := strings.TrimSpace(string(r.res.GetStdout()))
 		health := fmt.Sprintf("; neighbour exec worst %v before, %v during", before.Round(time.Millisecond), during.Round(time.Millisecond))
 		if check != nil {
-			health += check(bomber.ID, stBefore)
+			health += check(bomber.ID, usedBefore)
 		}
 		switch {
 		case r.err == nil && ok(out):
@@ -343,7 +341,7 @@ while time.time() < t:
 print(n, "processes")`, func(out string) bool { n := atoi(out); return n > 0 && n < 256 })
 		bomb(class, "memory bomb (1 GiB over a 256 MiB limit)", "b = b'x' * (1 << 30); print(len(b))",
 			func(out string) bool { return out == "" })
-		check = func(id string, before syscall.Statfs_t) string { return checkDisk(t, s.Backend.SandboxDir(id), before) }
+		check = func(id string, before int64) string { return checkDisk(t, s.Backend.SandboxDir(id), before) }
 		bomb(class, "disk filler (2 GiB into a 128 MiB disk limit)", diskFiller,
 			func(out string) bool {
 				n := atoi(out)
