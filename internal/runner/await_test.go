@@ -3,7 +3,6 @@ package runner
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -15,19 +14,8 @@ import (
 func TestAwaitStartWakesOnRunning(t *testing.T) {
 	f := runtimetest.NewFake()
 	release := make(chan struct{})
-	f.OnCreate = func(ctx context.Context, _ *runtimetest.FakeSandbox) error {
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	r, err := New(context.Background(), Config{Backend: f, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	f.OnCreate = releaseCreate(release)
+	r := newQuietRunner(t, f)
 	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -55,11 +43,7 @@ func TestAwaitStartWakesOnRunning(t *testing.T) {
 func TestAwaitStartEnds(t *testing.T) {
 	f := runtimetest.NewFake()
 	f.OnCreate = blockCreate
-	r, err := New(context.Background(), Config{Backend: f, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := newQuietRunner(t, f)
 	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}})
 	if err != nil {
 		t.Fatal(err)

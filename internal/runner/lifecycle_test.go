@@ -345,6 +345,31 @@ func blockCreate(ctx context.Context, _ *runtimetest.FakeSandbox) error {
 	return fmt.Errorf("pull busybox: %w", ctx.Err())
 }
 
+// releaseCreate is an OnCreate that holds the create until release is closed (then it
+// succeeds) or the runner gives it up.
+func releaseCreate(release <-chan struct{}) func(context.Context, *runtimetest.FakeSandbox) error {
+	return func(ctx context.Context, _ *runtimetest.FakeSandbox) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// newQuietRunner is a runner on f with a fresh data dir and no log, closed at the end of
+// the test.
+func newQuietRunner(t *testing.T, f *runtimetest.Fake) *Runner {
+	t.Helper()
+	r, err := New(context.Background(), Config{Backend: f, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
 // failCreate is an OnCreate that fails with err.
 func failCreate(err error) func(context.Context, *runtimetest.FakeSandbox) error {
 	return func(context.Context, *runtimetest.FakeSandbox) error { return err }

@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -16,19 +15,8 @@ import (
 func TestWatchProgressEndsAtRunning(t *testing.T) {
 	f := runtimetest.NewFake()
 	release := make(chan struct{})
-	f.OnCreate = func(ctx context.Context, _ *runtimetest.FakeSandbox) error {
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	r, err := New(context.Background(), Config{Backend: f, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	f.OnCreate = releaseCreate(release)
+	r := newQuietRunner(t, f)
 	r.progressInterval = time.Hour
 	sb, err := r.Create(context.Background(), CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: "busybox"}}})
 	if err != nil {

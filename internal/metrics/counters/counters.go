@@ -11,6 +11,7 @@ package counters
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -78,15 +79,21 @@ const (
 	EgressError       = "error"
 )
 
+// egressDecisionValues are the label values of cwsandbox_egress_decisions_total.
+var egressDecisionValues = []string{EgressAllowed, EgressIntercepted, EgressDenied, EgressLimited, EgressError}
+
+// bounded is v when it is one of allowed, else Other: a label's values stay the code's.
+func bounded(v string, allowed ...string) string {
+	if slices.Contains(allowed, v) {
+		return v
+	}
+	return Other
+}
+
 // EgressDecision counts one egress proxy connection's decision (one of the Egress*
 // values; another is "other").
 func EgressDecision(d string) {
-	switch d {
-	case EgressAllowed, EgressIntercepted, EgressDenied, EgressLimited, EgressError:
-	default:
-		d = Other
-	}
-	egressDecisions.WithLabelValues(d).Inc()
+	egressDecisions.WithLabelValues(bounded(d, egressDecisionValues...)).Inc()
 }
 
 var storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -105,11 +112,7 @@ const (
 
 // StoreOp records one store operation (one of the Store* ops; another is "other").
 func StoreOp(op string, d time.Duration) {
-	switch op {
-	case StoreExec, StoreQuery, StoreQueryRow, StoreTx:
-	default:
-		op = Other
-	}
+	op = bounded(op, StoreExec, StoreQuery, StoreQueryRow, StoreTx)
 	storeDuration.WithLabelValues(op).Observe(d.Seconds())
 }
 
@@ -154,7 +157,7 @@ func EdgePassthrough(spliced bool) {
 }
 
 func init() {
-	for _, d := range []string{EgressAllowed, EgressIntercepted, EgressDenied, EgressLimited, EgressError} {
+	for _, d := range egressDecisionValues {
 		egressDecisions.WithLabelValues(d) // present at 0
 	}
 	imagePulls.WithLabelValues(ResultOK, CacheHit) // present at 0
