@@ -36,8 +36,8 @@ import urllib.request
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "test" / "conformance"))
-# The suite's helpers for a `sandboxd dev` of its own (ports, clean-up).
-from conftest import _free_port, _remove_data_dir, _remove_network, _stop, _tail  # noqa: E402
+# The conformance suite's helpers for a `sandboxd dev` of its own (ports, clean-up).
+from devserver import free_port, remove_data_dir, remove_network, stop, tail  # noqa: E402
 
 IMAGE = os.environ.get("BENCH_SDK_IMAGE", "busybox")
 SMOKE = os.environ.get("BENCH_SDK_SMOKE", "") not in ("", "0")
@@ -160,15 +160,15 @@ def main() -> int:
     gosdk = pathlib.Path(tempfile.mkdtemp(prefix="bench-sdk-")) / "gosdk"
     subprocess.run(["go", "build", "-o", str(gosdk), "./bench/sdk/gosdk"], cwd=REPO, check=True)
     data_dir = pathlib.Path(tempfile.mkdtemp(prefix="sandboxd-bench-sdk-"))
-    listen = f"127.0.0.1:{_free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
     pid = os.getpid()
     bridge = f"sbxbs{pid & 0xffff:04x}"
     subnet = f"10.{150 + pid % 50}.{pid // 50 % 256}.0/24"
     cgroup_parent = f"sandboxd-bench-sdk-{pid}"
     log_path = data_dir.parent / f"{data_dir.name}.log"
-    metrics = f"127.0.0.1:{_free_port()}"
+    metrics = f"127.0.0.1:{free_port()}"
     cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen,
-           "--data-plane-listen", f"127.0.0.1:{_free_port()}", "--edge-listen", f"127.0.0.1:{_free_port()}",
+           "--data-plane-listen", f"127.0.0.1:{free_port()}", "--edge-listen", f"127.0.0.1:{free_port()}",
            "--metrics-listen", metrics, "--bridge", bridge, "--subnet", subnet, "--cgroup-parent", cgroup_parent, *DEV_FLAGS]
     log_f = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
@@ -176,7 +176,7 @@ def main() -> int:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"sandboxd dev exited:\n{_tail(log_path, lines=40)}")
+                raise SystemExit(f"sandboxd dev exited:\n{tail(log_path, lines=40)}")
             try:
                 with urllib.request.urlopen(f"http://{listen}/readyz", timeout=2) as r:
                     if r.status == 200:
@@ -184,7 +184,7 @@ def main() -> int:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit(f"sandboxd dev not ready after 60 s:\n{_tail(log_path, lines=40)}")
+                raise SystemExit(f"sandboxd dev not ready after 60 s:\n{tail(log_path, lines=40)}")
             time.sleep(0.2)
         key_file = data_dir / "admin-api-key"
         while not key_file.exists() or not key_file.read_text().strip():
@@ -226,12 +226,12 @@ def main() -> int:
         failed = fairness(binary, data_dir, gosdk, env, metrics) or failed
         return 1 if failed and SMOKE else 0
     finally:
-        rc = _stop(proc)
+        rc = stop(proc)
         log_f.close()
         if rc not in (0, -15):
-            print(f"sandboxd dev exited with {rc}; log {log_path}:\n{_tail(log_path, lines=40)}")
-        _remove_network(bridge, cgroup_parent)
-        _remove_data_dir(data_dir)
+            print(f"sandboxd dev exited with {rc}; log {log_path}:\n{tail(log_path, lines=40)}")
+        remove_network(bridge, cgroup_parent)
+        remove_data_dir(data_dir)
 
 
 if __name__ == "__main__":

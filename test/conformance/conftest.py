@@ -20,9 +20,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,10 +30,15 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from devserver import LOG_TAIL_LINES, STOP_TIMEOUT  # noqa: F401
+from devserver import auth as _auth
+from devserver import free_port as _free_port
+from devserver import remove_data_dir as _remove_data_dir
+from devserver import remove_network as _remove_network
+from devserver import stop as _stop
+from devserver import tail as _tail
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-LOG_TAIL_LINES = 200
-STOP_TIMEOUT = 20.0
 
 # Set by the sandboxd fixture; read by the report hook.
 _LOG_PATH: pathlib.Path | None = None
@@ -50,72 +53,6 @@ def _unavailable(msg: str) -> None:
     if _required():
         pytest.fail(f"{msg} (SANDBOXD_CONFORMANCE_REQUIRED is set)", pytrace=False)
     pytest.skip(msg)
-
-
-def _tail(path: pathlib.Path | None, offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
-    if path is None or not path.exists():
-        return "(no server log)"
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    text = data.decode("utf-8", errors="replace").splitlines()
-    cut = len(text) - lines
-    head = [f"... ({cut} earlier lines in {path})"] if cut > 0 else []
-    return "\n".join(head + text[-lines:]) or "(empty)"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _mounts_under(path: pathlib.Path) -> list[str]:
-    prefix = str(path.resolve())
-    out = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                mp = line.split()[4]
-                if mp == prefix or mp.startswith(prefix + "/"):
-                    out.append(mp)
-    except OSError:
-        pass
-    return out
-
-
-def _remove_data_dir(data_dir: pathlib.Path) -> None:
-    """Remove our temp data dir once the server has stopped.
-
-    A stopped sandboxd may leave empty mount points behind (e.g. the shared bind mount of
-    network/netns); those are unmounted. Anything else still mounted (a sandbox's rootfs) means
-    something is still running: then the directory is left alone and reported.
-    """
-    mounts = _mounts_under(data_dir)
-    busy = [m for m in mounts if not (os.path.isdir(m) and not os.listdir(m))]
-    if busy:
-        print(f"\nleaving {data_dir}: still has mounts {busy[:5]}")
-        return
-    for m in sorted(mounts, key=len, reverse=True):
-        res = subprocess.run(["umount", m], capture_output=True, text=True)
-        if res.returncode != 0:
-            print(f"\nleaving {data_dir}: umount {m}: {res.stderr.strip()}")
-            return
-    shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def _remove_network(bridge: str, cgroup_parent: str) -> None:
-    """Remove the server's own bridge, nftables table and (empty) cgroup parent once it has
-    stopped: it leaves them for a next start, which there is not."""
-    subprocess.run(["nft", "delete", "table", "inet", f"sandboxd_{bridge}"], capture_output=True)
-    # The bridge's anti-spoofing table (internal/runtime/local/network/antispoof.go).
-    subprocess.run(["nft", "delete", "table", "bridge", f"sandboxd_{bridge}"], capture_output=True)
-    subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-    for d in pathlib.Path("/sys/fs/cgroup").glob(f"*/{cgroup_parent}"):
-        try:
-            d.rmdir()  # fails, rightly, if a sandbox's cgroup is still inside
-        except OSError:
-            pass
 
 
 @dataclass
@@ -174,18 +111,6 @@ def _read_key(path: pathlib.Path, deadline: float) -> str | None:
             pass
         time.sleep(0.1)
     return None
-
-
-def _stop(proc: subprocess.Popen) -> int | None:
-    if proc.poll() is not None:
-        return proc.returncode
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-        return None
 
 
 @pytest.fixture(scope="session")
@@ -288,12 +213,6 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
 def session_tag() -> str:
     """A tag unique to this pytest session; every sandbox the suite creates carries it."""
     return f"conformance-{uuid.uuid4().hex[:12]}"
-
-
-def _auth(key: str):
-    from cwsandbox import AuthHeaders
-
-    return AuthHeaders(headers={"Authorization": f"Bearer {key}"}, strategy="api_key")
 
 
 def _sweep(tag: str, auth=None) -> list[str]:

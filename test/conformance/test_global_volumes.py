@@ -18,7 +18,7 @@ cwsandbox = pytest.importorskip("cwsandbox")
 from cwsandbox import PvcVolumeSource, RegisteredVolumeOptions, Volume, VolumeState  # noqa: E402
 from cwsandbox.exceptions import CWSandboxError  # noqa: E402
 
-from conftest import _auth  # noqa: E402
+from devserver import auth as _auth  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("client"), pytest.mark.timeout(240)]
 

@@ -225,7 +225,7 @@ def test_other_org_template_not_found(sandboxd, stubs, template, session_tag, ot
                                          metadata=_md(other_org_key), timeout=30)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(CWSandboxError) as caught:
-        from conftest import _auth
+        from devserver import auth as _auth
 
         _run(t.sandbox_template_id, auth=_auth(other_org_key))
     assert caught.value.reason == "CWSANDBOX_TEMPLATE_NOT_FOUND", caught.value
