@@ -264,3 +264,45 @@ func TestColdGateGroupOneSlot(t *testing.T) {
 		t.Fatalf("after the create: %d running, %d organizations holding, %d waiting", running, held, g.waiting())
 	}
 }
+
+// TestColdGateForksParkBounded: a fork waiting for its source's checkpoint gives its slot
+// back while fewer than max forks are parked so; beyond that it waits holding its slot,
+// so a burst of forks of one slow checkpoint cannot make a sentry per fork at once.
+func TestColdGateForksParkBounded(t *testing.T) {
+	g := newColdGate(1)
+	ctx := context.Background()
+	fp := &forkParams{ready: make(chan struct{})}
+	slot := func() *coldSlot {
+		s := &coldSlot{g: g, org: "a", gated: true}
+		if _, err := s.enter(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	errs := make(chan error, 2)
+	first := slot()
+	go func() { defer first.leave(); errs <- first.forkReady(ctx, fp) }()
+	second := slot() // admitted: the first fork parked, its slot given back
+	waitFor(t, func() bool { return len(g.parked) == 1 })
+	go func() { defer second.leave(); errs <- second.forkReady(ctx, fp) }()
+	// The second fork cannot park (one parked already): it keeps the only slot, and
+	// another start waits for it.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if release, err := g.acquire(short, "b"); err == nil {
+		release()
+		t.Fatal("a start was admitted while the second fork held the only slot")
+	}
+	close(fp.ready)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("forkReady: %v", err)
+		}
+	}
+	waitFor(t, func() bool { return len(g.parked) == 0 })
+	release, err := g.acquire(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+}
