@@ -212,14 +212,8 @@ func TestColdGatePullHoldsNoSlot(t *testing.T) {
 		si.testImages = c.Images.(testImages)
 		c.Images = si
 	})
-	slow := make(chan error, 1)
-	go func() {
-		_, err := e.b.Create(context.Background(), &runtime.Spec{ID: "cold-slow",
-			Container: runtime.Container{Image: "slow", Command: "sleep", Args: []string{"3600"}},
-			Meta:      map[string]string{runtime.MetaOrg: "a"}})
-		slow <- err
-	}()
-	<-si.pulling
+	// Set before any create runs (step reads it); the slow create's steps come after
+	// the fast one's: its pull ends only when let go.
 	var (
 		mu    sync.Mutex
 		steps []string
@@ -229,6 +223,14 @@ func TestColdGatePullHoldsNoSlot(t *testing.T) {
 		steps = append(steps, step)
 		mu.Unlock()
 	}
+	slow := make(chan error, 1)
+	go func() {
+		_, err := e.b.Create(context.Background(), &runtime.Spec{ID: "cold-slow",
+			Container: runtime.Container{Image: "slow", Command: "sleep", Args: []string{"3600"}},
+			Meta:      map[string]string{runtime.MetaOrg: "a"}})
+		slow <- err
+	}()
+	<-si.pulling
 	e.create(runtime.Spec{ID: "cold-fast", Container: runtime.Container{Command: "sleep", Args: []string{"3600"}},
 		Meta: map[string]string{runtime.MetaOrg: "b"}})
 	select {
