@@ -514,11 +514,31 @@ func (s *Server) ListFileSystemSnapshots(ctx context.Context, req *connect.Reque
 	case err != nil:
 		return nil, storeUnavailable(err)
 	}
+	s.refreshCreating(ctx, xs)
 	out := &sandboxv1.ListFileSystemSnapshotsResponse{NextPageToken: next}
 	for _, x := range xs {
 		out.FileSystemSnapshots = append(out.FileSystemSnapshots, snapshotProto(x))
 	}
 	return connect.NewResponse(out), nil
+}
+
+// maxListRefreshes bounds the CREATING snapshots one list asks their runners about.
+const maxListRefreshes = 16
+
+// refreshCreating asks the runners of the first maxListRefreshes CREATING snapshots of xs
+// about them, at once, and puts what they answer in xs: a list shows a snapshot READY as
+// soon as a Get would, not when the reconciler next passes. Others stay as stored.
+func (s *Server) refreshCreating(ctx context.Context, xs []store.Snapshot) {
+	var wg sync.WaitGroup
+	n := 0
+	for i := range xs {
+		if xs[i].State != store.SnapshotCreating || n == maxListRefreshes {
+			continue
+		}
+		n++
+		wg.Go(func() { xs[i], _ = s.refreshSnapshot(ctx, xs[i]) })
+	}
+	wg.Wait()
 }
 
 func (s *Server) DeleteFileSystemSnapshot(ctx context.Context, req *connect.Request[sandboxv1.DeleteFileSystemSnapshotRequest]) (*connect.Response[sandboxv1.FileSystemSnapshot], error) {

@@ -842,3 +842,37 @@ func TestSnapshotLimitsThroughTheRPCs(t *testing.T) {
 	_, err = s.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: b.GetSandboxId(), SnapshotVolumes: []string{"workspace"}}))
 	wantReason(t, "on delete over the quota", err, connect.CodeResourceExhausted, apierr.FSSQuotaExceeded)
 }
+
+// TestSnapshotListRefreshes: a list asks the runner about the CREATING snapshots it shows,
+// so a snapshot the runner has finished is READY in the list at once (no Get first, no
+// wait for the reconciler); with no runner answering, it stays CREATING as stored.
+func TestSnapshotListRefreshes(t *testing.T) {
+	e := newSnapEnv(t)
+	r := newSnapRunner("r1", e.blobs)
+	s := e.server(t, 0, r)
+	ctx := asOrg(t.Context())
+	sb, err := createWith(t, s, ctx, scratch("workspace", "", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for range 2 {
+		snap, err := snapshotOf(t, s, ctx, sb.GetSandboxId(), "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, snap.GetFileSystemSnapshotId())
+	}
+	r.finish(t, ids[0], []byte("an archive"), 1<<20)
+	l, err := s.ListFileSystemSnapshots(ctx, connect.NewRequest(&sandboxv1.ListFileSystemSnapshotsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]sandboxv1.SnapshotState{}
+	for _, x := range l.Msg.GetFileSystemSnapshots() {
+		states[x.GetFileSystemSnapshotId()] = x.GetState()
+	}
+	if states[ids[0]] != sandboxv1.SnapshotState_SNAPSHOT_STATE_READY || states[ids[1]] != sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING {
+		t.Fatalf("list states %v: want %s READY (finished) and %s CREATING", states, ids[0], ids[1])
+	}
+}
