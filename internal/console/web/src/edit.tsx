@@ -272,7 +272,7 @@ export function Quotas({ org, admin }: { org: string; admin: boolean }) {
         <span class="muted">Other organizations: the platform's admins only.</span>
       </form>
       <Err msg={uerr} />
-      {usage && (
+      {usage && !uerr && (usage.orgId || shown) === shown && (
         <div class="scroll"><table data-testid="quota-usage">
           <caption class="sr">Usage of {usage.orgId || shown} against its effective limits</caption>
           <thead><tr><th scope="col">Resource</th><th scope="col">Used</th><th scope="col">Limit</th><th scope="col">Share</th><th scope="col">Note</th></tr></thead>
@@ -292,12 +292,12 @@ export function Quotas({ org, admin }: { org: string; admin: boolean }) {
         </table></div>
       )}
       <Err msg={qerr} />
-      {quota && (
+      {quota && !qerr && (quota.orgId || shown) === shown && (
         <p class="muted" data-testid="quota-set">
           {quota.updateTime ? `Limits last set ${when(quota.updateTime)} by key ${quota.updatedBy || "?"}.` : "No limit set: the gateway's defaults apply."}
         </p>
       )}
-      {admin && <QuotaForm org={shown} quota={quota} onSaved={() => { reloadQuota(); reloadUsage(); }} key={shown + (quota ? "1" : "0")} />}
+      {admin && quota && (quota.orgId || shown) === shown && <QuotaForm org={shown} quota={quota} onSaved={() => { reloadQuota(); reloadUsage(); }} key={shown} />}
     </main>
   );
 }
