@@ -179,7 +179,8 @@ func TestConsoleEditsInChromium(t *testing.T) {
 	b.run("snapshot taken", clickJS(`form[aria-label="Take a snapshot"] button`, "Take snapshot"),
 		waitJS(textHas(`[data-testid="snapshot-status"]`, "Snapshot ")),
 		waitJS(`!document.querySelector('[data-testid="sandbox-snapshots"] [role="alert"]')`),
-		waitJS(textHas(`[data-testid="sandbox-snapshot-list"]`, "workspace")), b.shot("snapshot"))
+		waitJS(textHas(`[data-testid="sandbox-snapshot-list"]`, "workspace")),
+		waitJS(textHas(`[data-testid="sandbox-snapshot-list"]`, "ready")), b.shot("snapshot"))
 	var snaps struct {
 		Snapshots []struct {
 			ID    string `json:"fileSystemSnapshotId"`
@@ -187,8 +188,7 @@ func TestConsoleEditsInChromium(t *testing.T) {
 		} `json:"fileSystemSnapshots"`
 	}
 	d.restJSON(t, userA, "GET", "/v1/fileSystemSnapshots?sourceSandboxId="+sb.SandboxID, nil, 200, &snaps)
-	// (The snapshot may still be CREATING: the gateway records its completion later.)
-	if len(snaps.Snapshots) != 1 || snaps.Snapshots[0].State == "SNAPSHOT_STATE_FAILED" {
+	if len(snaps.Snapshots) != 1 || snaps.Snapshots[0].State != "SNAPSHOT_STATE_READY" {
 		t.Fatalf("snapshots of %s after the console took one: %+v", sb.SandboxID, snaps)
 	}
 
@@ -262,7 +262,7 @@ func TestConsoleEditsInChromium(t *testing.T) {
 		} `json:"spec"`
 		Status struct{ State string } `json:"status"`
 	}
-	d.restJSON(t, adminA, "POST", "/v1/volumes", map[string]any{"spec": map[string]any{
+	d.restJSON(t, adminA, "POST", "/v1/volumes", map[string]any{"volumeId": "console-vol", "spec": map[string]any{
 		"pvc": map[string]any{"runnerId": "local", "namespace": "default", "claimName": "console-vol"}, "size": "64Mi", "description": "first"}}, 200, &vol)
 	t.Cleanup(func() { d.rest(t, adminA, "DELETE", "/v1/volumes/"+vol.ID+"?force=true", nil) })
 	deadline := time.Now().Add(time.Minute)

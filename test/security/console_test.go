@@ -349,7 +349,7 @@ func TestConsolePagesTenancy(t *testing.T) {
 	if err := json.Unmarshal(body, &runners); code != 200 || err != nil || len(runners.Runners) == 0 {
 		t.Fatalf("B's runners: %d %s", code, body)
 	}
-	code, body = b.do(t, "POST", "/console/api/v1/volumes", `{"spec":{"pvc":{"runnerId":"`+runners.Runners[0].RunnerID+
+	code, body = b.do(t, "POST", "/console/api/v1/volumes", `{"volumeId":"console-b","spec":{"pvc":{"runnerId":"`+runners.Runners[0].RunnerID+
 		`","namespace":"default","claimName":"console-b"},"size":"16Mi","description":"b's own"}}`, wb)
 	var vol struct {
 		ID string `json:"volumeId"`
