@@ -94,7 +94,7 @@ export function TemplateEditor({ id, onClose, onSaved }: { id: string; onClose: 
       {orig && (
         <>
           <label for={`${fid}-name`}>Name</label>
-          <input id={`${fid}-name`} name="displayName" value={draft.name} maxLength={128} required
+          <input id={`${fid}-name`} name="displayName" value={draft.name} maxLength={128} required autofocus
             onInput={(e) => setDraft({ ...draft, name: (e.target as HTMLInputElement).value })} />
           <label for={`${fid}-spec`}>Spec (JSON, a PartialSandboxSpec; replaces the whole spec)</label>
           <textarea id={`${fid}-spec`} name="spec" rows={12} spellcheck={false} value={draft.spec}
@@ -156,7 +156,7 @@ export function VolumeEditor({ v, onClose, onSaved }: { v: Volume; onClose: () =
     <form onSubmit={save} class="edit-form" aria-label={`Edit volume ${v.volumeId}`} data-testid="volume-editor">
       <h3>Edit volume <code>{v.volumeId}</code></h3>
       <label for={`${fid}-desc`}>Description</label>
-      <input id={`${fid}-desc`} name="description" value={desc} maxLength={1024} onInput={(e) => setDesc((e.target as HTMLInputElement).value)} />
+      <input id={`${fid}-desc`} name="description" value={desc} maxLength={1024} autofocus onInput={(e) => setDesc((e.target as HTMLInputElement).value)} />
       <label for={`${fid}-size`}>Size (grow only, e.g. 20Gi; the volume must be ready)</label>
       <input id={`${fid}-size`} name="size" value={size} onInput={(e) => setSize((e.target as HTMLInputElement).value)} />
       <div aria-live="polite">
