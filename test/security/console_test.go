@@ -381,7 +381,21 @@ func TestConsolePagesTenancy(t *testing.T) {
 		t.Fatalf("A lists B's sandbox's snapshots: %d %s", code, body)
 	}
 
-	// Quotas: A reads its own usage only; it sets no quota, B's or its own.
+	// Audit: B's events (its template create) are not in A's log, even asked by B's key ID.
+	if code, body := b.do(t, "GET", "/console/api/v1/auditEvents?method=CreateSandboxTemplate", "", nil); code != 200 || !strings.Contains(string(body), tmpl.ID) {
+		t.Fatalf("B's audit log: %d %s", code, body)
+	}
+	for _, q := range []string{"", "?keyId=" + keyID(adminB), "?orgId=org-b"} {
+		code, body := a.do(t, "GET", "/console/api/v1/auditEvents"+q, "", nil)
+		// (A's own refused delete of B's template is in A's log: its own call.)
+		if strings.Contains(string(body), "template.create") || strings.Contains(string(body), keyID(adminB)) ||
+			strings.Contains(string(body), `"org-b"`) || (code != 200 && restReason(body) != apierr.PermissionDenied) {
+			t.Fatalf("A's audit log%s: %d %s", q, code, body)
+		}
+	}
+
+	// Quotas (after the audit checks: A's own refused attempts name org-b in A's log):
+	// A reads its own usage only; it sets no quota, B's or its own.
 	if code, body := a.do(t, "GET", "/console/api/v1/quotaUsage", "", nil); code != 200 || !strings.Contains(string(body), `"org-a"`) {
 		t.Fatalf("A's usage: %d %s", code, body)
 	}
@@ -406,18 +420,5 @@ func TestConsolePagesTenancy(t *testing.T) {
 	}
 	if a, b := quotaOf("org-a"), quotaOf("org-b"); a != beforeA || b != beforeB {
 		t.Fatalf("the quotas after A's attempts: org-a %s (was %s), org-b %s (was %s)", a, beforeA, b, beforeB)
-	}
-
-	// Audit: B's events (its template create) are not in A's log, even asked by B's key ID.
-	if code, body := b.do(t, "GET", "/console/api/v1/auditEvents?method=CreateSandboxTemplate", "", nil); code != 200 || !strings.Contains(string(body), tmpl.ID) {
-		t.Fatalf("B's audit log: %d %s", code, body)
-	}
-	for _, q := range []string{"", "?keyId=" + keyID(adminB), "?orgId=org-b"} {
-		code, body := a.do(t, "GET", "/console/api/v1/auditEvents"+q, "", nil)
-		// (A's own refused delete of B's template is in A's log: its own call.)
-		if strings.Contains(string(body), "template.create") || strings.Contains(string(body), keyID(adminB)) ||
-			strings.Contains(string(body), `"org-b"`) || (code != 200 && restReason(body) != apierr.PermissionDenied) {
-			t.Fatalf("A's audit log%s: %d %s", q, code, body)
-		}
 	}
 }
