@@ -180,7 +180,8 @@ func TestConsoleEditsInChromium(t *testing.T) {
 		waitJS(textHas(`[data-testid="snapshot-status"]`, "Snapshot ")),
 		waitJS(`!document.querySelector('[data-testid="sandbox-snapshots"] [role="alert"]')`),
 		waitJS(textHas(`[data-testid="sandbox-snapshot-list"]`, "workspace")),
-		waitJS(textHas(`[data-testid="sandbox-snapshot-list"]`, "ready")), b.shot("snapshot"))
+		waitJS(textHas(`[data-testid="sandbox-snapshot-list"]`, "ready")),
+		waitJS(`(document.querySelector('[data-testid="sandbox-snapshots"]').scrollIntoView({block: "end"}), true)`), b.shot("snapshot"))
 	var snaps struct {
 		Snapshots []struct {
 			ID    string `json:"fileSystemSnapshotId"`
@@ -222,6 +223,7 @@ func TestConsoleEditsInChromium(t *testing.T) {
 		setInput(`textarea[name="spec"]`, `{"containers": [{"name": "main", "image": "busybox"}], "maxLifetimeSeconds": -1}`),
 		clickJS(`[data-testid="template-editor"] button`, "Save"), alert(`[data-testid="template-editor"]`, "CWSANDBOX_INVALID_REQUEST"),
 		waitJS(textHas(`[data-testid="template-editor"] [data-testid="violations"]`, "sandbox_template.spec.max_lifetime_seconds")),
+		waitJS(`(document.querySelector('[data-testid="template-editor"] [data-testid="violations"]').scrollIntoView({block: "end"}), true)`),
 		b.shot("template-edit"),
 		setInput(`input[name="displayName"]`, "edited"),
 		setInput(`textarea[name="spec"]`, `{"containers": [{"name": "main", "image": "busybox"}], "tags": ["from-console"]}`),
@@ -283,7 +285,8 @@ func TestConsoleEditsInChromium(t *testing.T) {
 		waitJS(`document.querySelector('input[name="size"]')?.value === "64Mi"`),
 		setInput(`input[name="size"]`, "32Mi"), clickJS(`[data-testid="volume-editor"] button`, "Save"),
 		alert(`[data-testid="volume-editor"]`, "CWSANDBOX_INVALID_REQUEST"),
-		waitJS(textHas(`[data-testid="volume-editor"] [data-testid="violations"]`, "volume.spec.size")), b.shot("volume-edit"),
+		waitJS(textHas(`[data-testid="volume-editor"] [data-testid="violations"]`, "volume.spec.size")),
+		waitJS(`(document.querySelector('[data-testid="volume-editor"] [data-testid="violations"]').scrollIntoView({block: "end"}), true)`), b.shot("volume-edit"),
 		setInput(`input[name="size"]`, "128Mi"), setInput(`input[name="description"]`, "second"),
 		clickJS(`[data-testid="volume-editor"] button`, "Save"),
 		waitJS(textHas(`[data-testid="saved"]`, "Saved "+vol.ID)),
