@@ -219,7 +219,7 @@ function limitText(kind: Kind, v?: string): string {
 function parseLimit(kind: Kind, text: string): [string | undefined, string] {
   const s = text.trim();
   if (s === "") return [undefined, ""];
-  if (s === "unlimited") return ["-1", ""];
+  if (s === "unlimited" || s === "-1") return ["-1", ""];
   if (/^-?\d+$/.test(s) && kind !== "cpu") return [String(BigInt(s)), ""];
   if (kind === "cpu") {
     let m = s.match(/^(-?\d+)m$/);
