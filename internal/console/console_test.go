@@ -28,14 +28,14 @@ func (k keys) Authenticate(key string) (auth.Principal, error) {
 // recordAPI stands in for the API port: it records the Authorization and path it got.
 type recordAPI struct {
 	authz, path, cookie, body string
-	escaped, uri              string
+	escaped, uri, method      string
 	calls                     int
 }
 
 func (a *recordAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.calls++
 	a.authz, a.path, a.cookie = r.Header.Get("Authorization"), r.URL.Path, r.Header.Get("Cookie")
-	a.escaped, a.uri = r.URL.EscapedPath(), r.RequestURI
+	a.escaped, a.uri, a.method = r.URL.EscapedPath(), r.RequestURI, r.Method
 	b, _ := io.ReadAll(r.Body)
 	a.body = string(b)
 	w.Header().Set("Content-Type", "application/json")
@@ -430,6 +430,29 @@ func TestProxyInjectsKeyAndNeedsCSRF(t *testing.T) {
 		map[string]string{CSRFHeader: csrf, "Origin": "http://example.com", "Sec-Fetch-Site": "same-origin"}, ck)
 	if w.Code != 200 || api.path != "/v1/sandboxes/abc:exec" || api.body != `{"command":["true"]}` {
 		t.Fatalf("write with token: %d %s (API path %q)", w.Code, w.Body, api.path)
+	}
+}
+
+// TestProxyEditWrites: the editors' writes (PATCH with an update mask, PUT of a quota)
+// reach the API with their method, query and body as sent, under the session's key; each
+// needs the CSRF token, like every write.
+func TestProxyEditWrites(t *testing.T) {
+	c, api, _ := newTestConsole(t)
+	ck, csrf := signIn(t, c)
+	for _, x := range []struct{ method, path, body string }{
+		{"PATCH", "/v1/sandboxTemplates/t1?updateMask=displayName,spec", `{"displayName":"n","revision":"3"}`},
+		{"PATCH", "/v1/volumes/v1?updateMask=spec.description,spec.size", `{"spec":{"description":"d","size":"2Gi"}}`},
+		{"PUT", "/v1/quotas/org-a", `{"limits":{"maxSandboxes":"7"}}`},
+		{"POST", "/v1/sandboxes/abc:snapshot", `{"scratchVolumeName":"workspace","requestId":"r"}`},
+	} {
+		calls := api.calls
+		if w := do(c, x.method, "/console/api"+x.path, x.body, nil, ck); w.Code != 403 || reason(t, w) != apierr.PermissionDenied || api.calls != calls {
+			t.Fatalf("%s %s without the token: %d %s", x.method, x.path, w.Code, w.Body)
+		}
+		w := do(c, x.method, "/console/api"+x.path, x.body, map[string]string{CSRFHeader: csrf}, ck)
+		if w.Code != 200 || api.method != x.method || api.uri != x.path || api.body != x.body || api.authz != "Bearer "+goodKey {
+			t.Fatalf("%s %s: %d, API got %s %s %q (authz %q)", x.method, x.path, w.Code, api.method, api.uri, api.body, api.authz)
+		}
 	}
 }
 

@@ -253,9 +253,11 @@ func TestConsolePlantedSessionCookie(t *testing.T) {
 }
 
 // TestConsolePagesTenancy attacks the calls the console's pages make (files, API keys,
-// templates, audit), all through its proxy: an admin session of org A can neither read,
-// write nor list the files of org B's sandbox, nor see, revoke or use org B's keys,
-// templates or audit events.
+// templates, audit, quotas, template and volume edits, snapshots), all through its proxy:
+// an admin session of org A can neither read, write nor list the files of org B's
+// sandbox, nor see, revoke or use org B's keys, templates or audit events, nor edit B's
+// template or volume, snapshot B's sandbox, read B's quota or usage, or set any quota
+// (B's or its own).
 func TestConsolePagesTenancy(t *testing.T) {
 	d := needDev(t)
 	idB := runningSandbox(t, d.sandboxes(d.KeyB), "", nil)
@@ -323,6 +325,62 @@ func TestConsolePagesTenancy(t *testing.T) {
 		t.Fatalf("A deletes B's template: %d %s", code, body)
 	}
 
+	// Template edits: A's update of B's template (by ID and by name) is NOT_FOUND and
+	// changes nothing.
+	for _, ref := range []string{tmpl.ID, "tmpl-b"} {
+		code, body := a.do(t, "PATCH", "/console/api/v1/sandboxTemplates/"+ref+"?updateMask=displayName,spec",
+			`{"displayName":"pwned","spec":{"containers":[{"name":"main","image":"evil"}]},"revision":"1"}`, wa)
+		if code != 404 || restReason(body) != apierr.TemplateNotFound {
+			t.Fatalf("A edits B's template %s: %d %s", ref, code, body)
+		}
+	}
+	if code, body := b.do(t, "GET", "/console/api/v1/sandboxTemplates/"+tmpl.ID, "", nil); code != 200 ||
+		!strings.Contains(string(body), `"tmpl-b"`) || strings.Contains(string(body), "evil") || !strings.Contains(string(body), `"revision":"1"`) {
+		t.Fatalf("B's template after A's edit: %d %s", code, body)
+	}
+
+	// Volume edits: A cannot see, describe or grow B's volume.
+	code, body = b.do(t, "GET", "/console/api/v1/availableRunners", "", nil)
+	var runners struct {
+		Runners []struct {
+			RunnerID string `json:"runnerId"`
+		} `json:"runners"`
+	}
+	if err := json.Unmarshal(body, &runners); code != 200 || err != nil || len(runners.Runners) == 0 {
+		t.Fatalf("B's runners: %d %s", code, body)
+	}
+	code, body = b.do(t, "POST", "/console/api/v1/volumes", `{"volumeId":"console-b","spec":{"pvc":{"runnerId":"`+runners.Runners[0].RunnerID+
+		`","namespace":"default","claimName":"console-b"},"size":"16Mi","description":"b's own"}}`, wb)
+	var vol struct {
+		ID string `json:"volumeId"`
+	}
+	if err := json.Unmarshal(body, &vol); code != 200 || err != nil || vol.ID == "" {
+		t.Fatalf("B creates a volume: %d %s", code, body)
+	}
+	t.Cleanup(func() { d.rest(t, adminB, "DELETE", "/v1/volumes/"+vol.ID+"?force=true", nil) })
+	if code, body := a.do(t, "GET", "/console/api/v1/volumes", "", nil); code != 200 || strings.Contains(string(body), vol.ID) {
+		t.Fatalf("A lists volumes: %d %s", code, body)
+	}
+	for _, mask := range []string{"spec.description", "spec.size", "spec.description,spec.size"} {
+		code, body := a.do(t, "PATCH", "/console/api/v1/volumes/"+vol.ID+"?updateMask="+mask, `{"spec":{"description":"pwned","size":"1Gi"}}`, wa)
+		if code != 404 || restReason(body) != apierr.VolumeNotFound {
+			t.Fatalf("A edits B's volume (%s): %d %s", mask, code, body)
+		}
+	}
+	if code, body := b.do(t, "GET", "/console/api/v1/volumes/"+vol.ID, "", nil); code != 200 ||
+		strings.Contains(string(body), "pwned") || strings.Contains(string(body), `"1Gi"`) {
+		t.Fatalf("B's volume after A's edits: %d %s", code, body)
+	}
+
+	// Snapshots: A cannot snapshot B's sandbox, nor list its snapshots by its ID.
+	code, body = a.do(t, "POST", "/console/api/v1/sandboxes/"+idB+":snapshot", `{"scratchVolumeName":"workspace"}`, wa)
+	if code != 404 || restReason(body) != apierr.SandboxNotFound {
+		t.Fatalf("A snapshots B's sandbox: %d %s", code, body)
+	}
+	if code, body := a.do(t, "GET", "/console/api/v1/fileSystemSnapshots?sourceSandboxId="+idB, "", nil); code == 200 && strings.Contains(string(body), idB) {
+		t.Fatalf("A lists B's sandbox's snapshots: %d %s", code, body)
+	}
+
 	// Audit: B's events (its template create) are not in A's log, even asked by B's key ID.
 	if code, body := b.do(t, "GET", "/console/api/v1/auditEvents?method=CreateSandboxTemplate", "", nil); code != 200 || !strings.Contains(string(body), tmpl.ID) {
 		t.Fatalf("B's audit log: %d %s", code, body)
@@ -334,5 +392,33 @@ func TestConsolePagesTenancy(t *testing.T) {
 			strings.Contains(string(body), `"org-b"`) || (code != 200 && restReason(body) != apierr.PermissionDenied) {
 			t.Fatalf("A's audit log%s: %d %s", q, code, body)
 		}
+	}
+
+	// Quotas (after the audit checks: A's own refused attempts name org-b in A's log):
+	// A reads its own usage only; it sets no quota, B's or its own.
+	if code, body := a.do(t, "GET", "/console/api/v1/quotaUsage", "", nil); code != 200 || !strings.Contains(string(body), `"org-a"`) {
+		t.Fatalf("A's usage: %d %s", code, body)
+	}
+	quotaOf := func(org string) string {
+		code, body := d.rest(t, d.Admin, "GET", "/v1/quotas/"+org, nil)
+		if code != 200 {
+			t.Fatalf("%s's quota: %d %s", org, code, body)
+		}
+		return string(body)
+	}
+	beforeA, beforeB := quotaOf("org-a"), quotaOf("org-b")
+	for name, c := range map[string]struct{ method, path, body string }{
+		"B's quota":     {"GET", "/console/api/v1/quotas/org-b", ""},
+		"B's usage":     {"GET", "/console/api/v1/quotaUsage?orgId=org-b", ""},
+		"set B's quota": {"PUT", "/console/api/v1/quotas/org-b", `{"limits":{"maxSandboxes":"0"}}`},
+		"set its own":   {"PUT", "/console/api/v1/quotas/org-a", `{"limits":{"maxSandboxes":"-1"}}`},
+	} {
+		code, body := a.do(t, c.method, c.path, c.body, wa)
+		if code != 403 || restReason(body) != apierr.PermissionDenied {
+			t.Fatalf("A's %s: %d %s", name, code, body)
+		}
+	}
+	if a, b := quotaOf("org-a"), quotaOf("org-b"); a != beforeA || b != beforeB {
+		t.Fatalf("the quotas after A's attempts: org-a %s (was %s), org-b %s (was %s)", a, beforeA, b, beforeB)
 	}
 }

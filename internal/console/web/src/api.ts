@@ -119,7 +119,7 @@ export function fromBase64(s?: string): Uint8Array<ArrayBuffer> {
 export type Sandbox = {
   sandboxId: string;
   displayName?: string;
-  spec?: { containers?: { name: string; image: string; command?: string; args?: string[] }[]; tags?: string[]; runtimeClass?: string };
+  spec?: { containers?: { name: string; image: string; command?: string; args?: string[] }[]; tags?: string[]; runtimeClass?: string; volumes?: { name: string; volumeId?: string }[] };
   status?: {
     state?: string; stateReason?: string; createTime?: string; startTime?: string; endTime?: string; runnerId?: string;
     exitCode?: number; containerStatuses?: { name: string; state?: string; exitCode?: number; restartCount?: number }[];

@@ -5,6 +5,7 @@ import "./style.css";
 import { api, errText, listSandboxes, responseError, Runner, Sandbox, signIn, signOut, stateName, states, whoAmI, Who } from "./api";
 import { SandboxTerminal } from "./terminal";
 import { Files } from "./files";
+import { Quotas, SandboxSnapshots } from "./edit";
 import { ApiKeys, Audit, Runners, Snapshots, Templates, Volumes } from "./pages";
 import { Err, useLoad, when } from "./ui";
 
@@ -241,6 +242,7 @@ function SandboxDetail({ id }: { id: string }) {
           <Logs id={id} />
           {sb.status?.state === "STATE_RUNNING" && <SandboxTerminal id={id} />}
           {sb.status?.state === "STATE_RUNNING" && <Files id={id} />}
+          <SandboxSnapshots sb={sb} />
         </>
       )}
     </main>
@@ -265,6 +267,7 @@ function App() {
   else if (path === "/apikeys") page = <ApiKeys who={who} />;
   else if (path === "/audit") page = <Audit />;
   else if (path === "/runners") page = <Runners />;
+  else if (path === "/quotas") page = <Quotas org={who.organization} admin={who.role === "SANDBOX_ADMIN"} key={who.keyId} />;
   else page = <Overview />;
   const out = async () => { await signOut(); setWho(null); };
   return (
@@ -275,7 +278,7 @@ function App() {
         <nav aria-label="Main">
           <a href="#/" aria-current={path === "/" || path === "" ? "page" : undefined}>Overview</a>
           <a href="#/sandboxes" aria-current={path.startsWith("/sandboxes") ? "page" : undefined}>Sandboxes</a>
-          {[["/templates", "Templates"], ["/volumes", "Volumes"], ["/snapshots", "Snapshots"], ["/apikeys", "API keys"], ["/runners", "Runners"], ["/audit", "Audit"]].map(([p, n]) => (
+          {[["/templates", "Templates"], ["/volumes", "Volumes"], ["/snapshots", "Snapshots"], ["/apikeys", "API keys"], ["/quotas", "Quotas"], ["/runners", "Runners"], ["/audit", "Audit"]].map(([p, n]) => (
             <a key={p} href={"#" + p} aria-current={path === p ? "page" : undefined}>{n}</a>
           ))}
         </nav>

@@ -1,6 +1,7 @@
 import { useState } from "preact/hooks";
 import { api, APIError, errText, Violation, Who } from "./api";
 import { ConfirmButton, Err, iso, JSONDetails, useLoad, when } from "./ui";
+import { Template, TemplateEditor, Volume, VolumeEditor } from "./edit";
 
 type ApiKey = { keyId: string; displayName?: string; role?: string; createTime?: string; revokeTime?: string; lastUsedTime?: string };
 
@@ -95,25 +96,36 @@ export function ApiKeys({ who }: { who: Who }) {
 
 type Col<T> = [string, (x: T) => preact.ComponentChild];
 
-// ResourceList is a read-only list of one kind of resource with each item's details (as
-// the API returned them) and, where the API allows it, its deletion after a confirmation.
-function ResourceList<T>({ title, path, field, id, cols, del, testid, empty }: {
+// ResourceList is a list of one kind of resource with each item's details (as the API
+// returned them), its editor where there is one (opened above the list by the item's
+// Edit button; the API refuses what the key may not do) and, where the API allows it,
+// its deletion after a confirmation.
+function ResourceList<T>({ title, path, field, id, cols, del, testid, empty, editor }: {
   title: string; path: string; field: string; id: (x: T) => string; cols: Col<T>[]; del?: (x: T) => string; testid: string; empty: string;
+  editor?: (x: T, close: () => void, saved: (msg: string) => void) => preact.ComponentChild;
 }) {
   const [items, err, reload] = useLoad(() => api<Record<string, T[]>>("GET", path).then((r) => r[field] || []), [path], 10000);
+  const [editing, setEditing] = useState("");
+  const [saved, setSaved] = useState("");
+  const cur = editing ? (items || []).find((x) => id(x) === editing) : undefined;
   return (
     <main>
       <h2>{title}</h2>
       <Err msg={err} />
+      {saved && <p class="muted" role="status" data-testid="saved">{saved}</p>}
+      {editor && cur && editor(cur, () => setEditing(""), (msg) => { setEditing(""); setSaved(msg); reload(); })}
       {items && items.length === 0 && <p class="muted">{empty}</p>}
       {items && items.length > 0 && (
         <div class="scroll"><table data-testid={testid}>
-          <thead><tr>{cols.map(([h]) => <th scope="col" key={h}>{h}</th>)}<th scope="col">Details</th>{del && <th scope="col"><span class="sr">Action</span></th>}</tr></thead>
+          <thead><tr>{cols.map(([h]) => <th scope="col" key={h}>{h}</th>)}<th scope="col">Details</th>{(editor || del) && <th scope="col"><span class="sr">Actions</span></th>}</tr></thead>
           <tbody>{items.map((x) => (
-            <tr key={id(x)}>
+            <tr key={id(x)} data-id={id(x)}>
               {cols.map(([h, f]) => <td key={h}>{f(x)}</td>)}
               <td><JSONDetails v={x} /></td>
-              {del && <td><ConfirmButton label="Delete" question={`Delete ${id(x)}?`} action={() => api("DELETE", del(x))} onDone={reload} /></td>}
+              {(editor || del) && <td>
+                {editor && <button class="edit" onClick={() => { setSaved(""); setEditing(id(x)); }} aria-label={`Edit ${id(x)}`}>Edit…</button>}{" "}
+                {del && <ConfirmButton label="Delete" question={`Delete ${id(x)}?`} action={() => api("DELETE", del(x))} onDone={reload} />}
+              </td>}
             </tr>))}
           </tbody>
         </table></div>
@@ -122,8 +134,6 @@ function ResourceList<T>({ title, path, field, id, cols, del, testid, empty }: {
   );
 }
 
-type Template = { sandboxTemplateId: string; displayName?: string; revision?: string; createTime?: string; updateTime?: string; spec?: { containers?: { image?: string }[] } };
-type Volume = { volumeId: string; spec?: { description?: string; readOnly?: boolean }; status?: { state?: string; stateReason?: string } };
 type Snapshot = { fileSystemSnapshotId: string; state?: string; stateReason?: string; sizeBytes?: string; sourceSandboxId?: string; createTime?: string };
 const enc = encodeURIComponent;
 const lower = (s?: string, prefix = "") => (s || "–").replace(prefix, "").toLowerCase();
@@ -131,6 +141,7 @@ const lower = (s?: string, prefix = "") => (s || "–").replace(prefix, "").toLo
 export const Templates = () => (
   <ResourceList<Template> title="Templates" path="sandboxTemplates?pageSize=500" field="sandboxTemplates" testid="template-list" empty="No template."
     id={(t) => t.sandboxTemplateId} del={(t) => `sandboxTemplates/${enc(t.sandboxTemplateId)}`}
+    editor={(t, close, saved) => <TemplateEditor id={t.sandboxTemplateId} onClose={close} onSaved={saved} key={t.sandboxTemplateId} />}
     cols={[["Template", (t) => <code>{t.sandboxTemplateId}</code>], ["Name", (t) => t.displayName || "–"], ["Revision", (t) => t.revision || "–"],
       ["Image", (t) => t.spec?.containers?.[0]?.image || "–"], ["Updated", (t) => when(t.updateTime || t.createTime)]]} />
 );
@@ -138,8 +149,9 @@ export const Templates = () => (
 export const Volumes = () => (
   <ResourceList<Volume> title="Volumes" path="volumes?pageSize=500" field="volumes" testid="volume-list" empty="No volume."
     id={(v) => v.volumeId} del={(v) => `volumes/${enc(v.volumeId)}`}
+    editor={(v, close, saved) => <VolumeEditor v={v} onClose={close} onSaved={saved} key={v.volumeId} />}
     cols={[["Volume", (v) => <code>{v.volumeId}</code>], ["State", (v) => lower(v.status?.state, "VOLUME_STATE_")], ["Reason", (v) => v.status?.stateReason || "–"],
-      ["Read-only", (v) => (v.spec?.readOnly ? "yes" : "no")], ["Description", (v) => v.spec?.description || "–"]]} />
+      ["Size", (v) => v.spec?.size || v.status?.capacity || "–"], ["Read-only", (v) => (v.spec?.readOnly ? "yes" : "no")], ["Description", (v) => v.spec?.description || "–"]]} />
 );
 
 export const Snapshots = () => (
