@@ -180,6 +180,7 @@ type Backend struct {
 
 	// eventsWarned: reading Pods' events failed and was logged (observe.go).
 	eventsWarned atomic.Bool
+	eventsWait   []time.Duration // nil: defaultEventsWait (tests shorten it)
 	// stats caches the kubelets' usage summaries (usage.go).
 	stats statsCache
 }

@@ -197,9 +197,9 @@ func eventTime(ev *corev1.Event) time.Time {
 // maxPodEvents bounds the events read of one Pod.
 const maxPodEvents = 256
 
-// eventsWait is how long recordPulls waits for the kubelet's Pulled events to be
+// defaultEventsWait is how long recordPulls waits for the kubelet's Pulled events to be
 // stored (the kubelet sends them asynchronously), between tries.
-var eventsWait = []time.Duration{0, 500 * time.Millisecond, time.Second, 2 * time.Second}
+var defaultEventsWait = []time.Duration{0, 500 * time.Millisecond, time.Second, 2 * time.Second}
 
 // recordPulls reads the kubelet's Pulled events of s's running Pod (pod, whose sandbox
 // containers are want) and records each container's pull: in the image pull series and
@@ -208,7 +208,11 @@ var eventsWait = []time.Duration{0, 500 * time.Millisecond, time.Second, 2 * tim
 // returned; gives up when the events cannot be read.
 func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st *createSteps) {
 	var got []pull
-	for _, w := range eventsWait {
+	waits := b.eventsWait
+	if waits == nil {
+		waits = defaultEventsWait
+	}
+	for _, w := range waits {
 		select {
 		case <-time.After(w):
 		case <-b.ctx.Done():
