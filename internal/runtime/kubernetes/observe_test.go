@@ -116,7 +116,7 @@ func TestReportCreate(t *testing.T) {
 	t0 := time.Now().Truncate(time.Second)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "sbx-s1", Namespace: "sbx", UID: "u1"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: containerGate}, {Name: containerMain}, {Name: "c2-side"}}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: containerGate}, {Name: containerMain}, {Name: "c2-side"}}},
 	}
 	for _, ev := range []corev1.Event{
 		pulledEvent("sbx-s1", "u1", "spec.containers{gate}", `Successfully pulled image "agent" in 3s (3s including waiting)`, t0),
@@ -216,7 +216,7 @@ func TestReportCreateFailedPull(t *testing.T) {
 	err := errors.New("pull failed")
 	b.reportCreate(context.Background(), s, pod, &err)
 	for key, want := range map[string]float64{
-		`cwsandbox_image_pulls_total{cache="miss",result="error"}`:      2,
+		`cwsandbox_image_pulls_total{cache="miss",result="error"}`:        2,
 		`cwsandbox_image_pull_failures_total{reason="ErrImagePull"}`:      1,
 		`cwsandbox_image_pull_failures_total{reason="ImageInspectError"}`: 1,
 		`cwsandbox_image_pull_failures_total{reason="ImagePullBackOff"}`:  0,
@@ -236,7 +236,7 @@ const summaryJSON = `{"node":{"nodeName":"n1","cpu":{"usageCoreNanoSeconds":99}}
   "containers":[
    {"name":"gate","cpu":{"usageCoreNanoSeconds":1000000000},"memory":{"usageBytes":4096,"workingSetBytes":4000}},
    {"name":"sandbox","cpu":{"usageCoreNanoSeconds":2500000000},"memory":{"usageBytes":10485760,"workingSetBytes":9000000}},
-   {"name":"c2-side","cpu":{"usageCoreNanoSeconds":1500000},"memory":{"usageBytes":1048576}}]},
+   {"name":"c2-side","cpu":{"time":"2026-12-06T07:20:03Z","usageCoreNanoSeconds":1500000},"memory":{"workingSetBytes":1048576}}]},
  {"podRef":{"name":"sbx-s1","namespace":"other","uid":"u9"},"containers":[{"name":"sandbox","cpu":{"usageCoreNanoSeconds":7}}]},
  {"podRef":{"name":"sbx-s3","namespace":"sbx","uid":"u3"},"containers":[{"name":"sandbox"}]}
 ]}`
@@ -301,8 +301,8 @@ func TestUsageFromKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (runtime.Usage{CPUUsec: 2501500, MemoryBytes: 11534336}); u != want {
-		t.Errorf("usage = %+v, want %+v (the sandbox's containers, not the gate)", u, want)
+	if want := (runtime.Usage{CPUUsec: 2501500, MemoryBytes: 11534336, At: time.Date(2026, 12, 6, 7, 20, 3, 0, time.UTC)}); u.CPUUsec != want.CPUUsec || u.MemoryBytes != want.MemoryBytes || !u.At.Equal(want.At) {
+		t.Errorf("usage = %+v, want %+v (the sandbox's containers, not the gate; usage bytes, else the working set; the latest sample time)", u, want)
 	}
 	if _, err := b.Usage("s3"); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("usage of a Pod without container CPU = %v, want ErrNotFound", err)

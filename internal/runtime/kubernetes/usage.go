@@ -18,10 +18,12 @@ import (
 
 // Per-sandbox CPU and memory (status.resource_usage and the cwsandbox_sandbox_cpu_usage_*
 // and _memory_* series): the kubelet's stats summary of the sandbox Pod's node
-// (GET /api/v1/nodes/NODE/proxy/stats/summary through the API server: the runner needs
-// get on nodes/proxy), the sandbox's containers' cumulative CPU time (usageCoreNanoSeconds)
+// (GET /api/v1/nodes/NODE/proxy/stats/summary?only_cpu_and_memory=true through the API
+// server, as metrics-server asks: no filesystem stats, which a kubelet may fail to read;
+// the runner needs get on nodes/proxy), the sandbox's containers' cumulative CPU time (usageCoreNanoSeconds)
 // and memory charged (usageBytes, the cgroup's memory.current, as the local backend
-// reports), summed; the agent's gate is left out. metrics.k8s.io is not used: it gives
+// reports; the working set where the kubelet gives only that, as with containerd's CRI
+// stats), summed, sampled at the kubelet's time (runtime.Usage.At); the agent's gate is left out. metrics.k8s.io is not used: it gives
 // a CPU rate, not the CPU time status.resource_usage carries. One summary per node is
 // read at most every statsTTL, when asked (GetSandbox, a scrape). When the kubelet
 // cannot be read (no permission, no proxy) the backend logs it once and reports no
@@ -94,6 +96,9 @@ func (b *Backend) Usage(id string) (runtime.Usage, error) {
 		}
 		total.CPUUsec += u.CPUUsec
 		total.MemoryBytes += u.MemoryBytes
+		if u.At.After(total.At) {
+			total.At = u.At
+		}
 		n++
 	}
 	if n == 0 {
@@ -177,7 +182,8 @@ func (b *Backend) readStats(ctx context.Context, node string) (map[types.UID]pod
 	if read == nil {
 		read = func(ctx context.Context, node string) (io.ReadCloser, error) {
 			return b.cfg.Client.CoreV1().RESTClient().Get().
-				AbsPath("/api/v1/nodes", node, "proxy", "stats", "summary").Stream(ctx)
+				AbsPath("/api/v1/nodes", node, "proxy", "stats", "summary").
+				Param("only_cpu_and_memory", "true").Stream(ctx)
 		}
 	}
 	rc, err := read(ctx, node)
@@ -199,10 +205,12 @@ type summary struct {
 		Containers []struct {
 			Name string `json:"name"`
 			CPU  *struct {
-				UsageCoreNanoSeconds *uint64 `json:"usageCoreNanoSeconds"`
+				Time                 time.Time `json:"time"`
+				UsageCoreNanoSeconds *uint64   `json:"usageCoreNanoSeconds"`
 			} `json:"cpu"`
 			Memory *struct {
-				UsageBytes *uint64 `json:"usageBytes"`
+				UsageBytes      *uint64 `json:"usageBytes"`
+				WorkingSetBytes *uint64 `json:"workingSetBytes"`
 			} `json:"memory"`
 		} `json:"containers"`
 	} `json:"pods"`
@@ -234,9 +242,17 @@ func parseSummary(r io.Reader, namespace string) (map[types.UID]podUsage, error)
 			if c.CPU == nil || c.CPU.UsageCoreNanoSeconds == nil || *c.CPU.UsageCoreNanoSeconds > maxStatsValue || len(c.Name) > 63 {
 				continue
 			}
-			u := runtime.Usage{CPUUsec: int64(*c.CPU.UsageCoreNanoSeconds / 1000)}
-			if c.Memory != nil && c.Memory.UsageBytes != nil && *c.Memory.UsageBytes <= maxStatsValue {
-				u.MemoryBytes = int64(*c.Memory.UsageBytes)
+			u := runtime.Usage{CPUUsec: int64(*c.CPU.UsageCoreNanoSeconds / 1000), At: c.CPU.Time}
+			if m := c.Memory; m != nil {
+				// usageBytes (memory.current) where the kubelet has it (cAdvisor); the CRI's
+				// container stats (containerd) give only the working set.
+				mem := m.UsageBytes
+				if mem == nil {
+					mem = m.WorkingSetBytes
+				}
+				if mem != nil && *mem <= maxStatsValue {
+					u.MemoryBytes = int64(*mem)
+				}
 			}
 			pu[c.Name] = u
 		}
