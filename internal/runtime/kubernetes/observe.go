@@ -114,8 +114,9 @@ const maxEventMessage = 1024
 const maxPullDuration = 24 * time.Hour
 
 // pullsOf are the pulls of the sandbox containers in events (the kubelet's events of one
-// Pod): at most one per container, the first the list holds. Events of other objects,
-// of the agent's containers, or whose message does not parse are left out.
+// Pod): at most one per container, the first the list holds. Events of other objects or
+// sources than the kubelet, of the agent's containers, or whose message does not parse
+// are left out.
 func pullsOf(events []corev1.Event, podName string, uid string) []pull {
 	seen := map[string]bool{}
 	var out []pull
@@ -123,6 +124,9 @@ func pullsOf(events []corev1.Event, podName string, uid string) []pull {
 		ev := &events[i]
 		if ev.Reason != "Pulled" || ev.InvolvedObject.Kind != "Pod" || ev.InvolvedObject.Name != podName || string(ev.InvolvedObject.UID) != uid {
 			continue
+		}
+		if ev.Source.Component != "kubelet" && ev.ReportingController != "kubelet" {
+			continue // only the kubelet pulls
 		}
 		c, ok := containerOfField(ev.InvolvedObject.FieldPath)
 		if !ok || c == containerGate || c == containerInstall || seen[c] {

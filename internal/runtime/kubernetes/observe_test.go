@@ -56,13 +56,13 @@ func pulledEvent(pod, uid, field, msg string, at time.Time) corev1.Event {
 	return corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%d", pod, eventSeq.Add(1)), Namespace: "sbx"},
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "sbx", Name: pod, UID: types.UID(uid), FieldPath: field},
-		Reason:         "Pulled", Message: msg, Type: corev1.EventTypeNormal,
+		Reason:         "Pulled", Message: msg, Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "kubelet"},
 		FirstTimestamp: metav1.NewTime(at), LastTimestamp: metav1.NewTime(at),
 	}
 }
 
-// TestPullsOf: one pull per sandbox container of the Pod (this UID), the agent's
-// containers and other Pods' events left out.
+// TestPullsOf: one pull per sandbox container of the Pod (this UID), by the kubelet; the
+// agent's containers, other Pods' events and other sources' left out.
 func TestPullsOf(t *testing.T) {
 	at := time.Unix(1700000000, 0)
 	hit := `Container image "x" already present on machine`
@@ -78,7 +78,9 @@ func TestPullsOf(t *testing.T) {
 		pulledEvent("sbx-a", "u1", "spec.containers", hit, at),
 		pulledEvent("sbx-a", "u1", "spec.containers{c2-side}", "garbage", at),
 	}
-	evs[4].Reason = "Pulled"
+	forged := pulledEvent("sbx-a", "u1", "spec.containers{c3-x}", hit, at)
+	forged.Source.Component = "someone"
+	evs = append(evs, forged)
 	started := pulledEvent("sbx-a", "u1", "spec.containers{c2-side}", hit, at)
 	started.Reason = "Started"
 	evs = append(evs, started)
