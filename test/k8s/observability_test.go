@@ -120,7 +120,7 @@ func TestObservability(t *testing.T) {
 
 	// Spans: the create's steps under the runner's start span, in the call's trace.
 	var startSpan sdktrace.ReadOnlySpan
-	steps := map[string]int{}
+	var steps map[string]int
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		steps = map[string]int{}
 		for _, sp := range rec.Ended() {
