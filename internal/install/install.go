@@ -331,7 +331,8 @@ func Objects(v Values) []runtime.Object {
 				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "create", "update", "delete", "patch"}},
 				{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "create", "update", "patch", "delete"}},
 				{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
-				events,
+				// list: the kubelet's image pull events (the image pull metrics).
+				{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "list"}},
 			}},
 		&rbacv1.RoleBinding{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"}, ObjectMeta: meta(v, name+"-sandboxes", true),
 			RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name + "-sandboxes"}, Subjects: sa},

@@ -26,6 +26,9 @@ func (r *Runner) usage(e *entry, id string, started time.Time) *Usage {
 		return nil
 	}
 	now := time.Now()
+	if !u.At.IsZero() {
+		now = u.At // the sample's own time (a cached sample is not a new window)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {

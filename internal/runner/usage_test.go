@@ -48,6 +48,26 @@ func TestUsageRate(t *testing.T) {
 	}
 }
 
+// TestUsageRateSampleTime: a backend that says when its numbers were sampled (the
+// kubelet's, cached) gets the rate between samples: the same sample read again keeps the
+// last rate rather than reporting an idle window.
+func TestUsageRateSampleTime(t *testing.T) {
+	t0 := time.Now().Add(-time.Minute)
+	f := &usageFake{u: runtime.Usage{CPUUsec: 1_000_000, At: t0}}
+	r := &Runner{backend: f}
+	e := &entry{}
+	if u := r.usage(e, "x", t0.Add(-4*time.Second)); u == nil || u.CPUMillicores != 250 {
+		t.Fatalf("first read %+v, want 250m (1 s of CPU in the 4 s before the sample)", u)
+	}
+	if u := r.usage(e, "x", time.Time{}); u.CPUMillicores != 250 {
+		t.Fatalf("the same sample again: %+v, want the last rate 250m", u)
+	}
+	f.u.CPUUsec, f.u.At = 6_000_000, t0.Add(10*time.Second) // 5 s of CPU in the 10 s between samples
+	if u := r.usage(e, "x", time.Time{}); u.CPUMillicores != 500 {
+		t.Fatalf("the next sample: %+v, want 500m", u)
+	}
+}
+
 // TestUsages: running sandboxes only, with their organization, at most limit.
 func TestUsages(t *testing.T) {
 	f := &usageFake{u: runtime.Usage{CPUUsec: 1_500_000, MemoryBytes: 32 << 20}}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/logstore"
 	"github.com/sandboxd/sandboxd/internal/reserved"
@@ -121,6 +122,11 @@ type Usage struct {
 	CPUUsec         int64
 	MemoryBytes     int64
 	MemoryPeakBytes int64
+	// At is when the numbers were sampled, when the backend reads them from a source that
+	// samples on its own (the kubelet); zero: at the read. The runner computes the CPU
+	// rate between samples, so a cached sample read again does not look like an idle
+	// window.
+	At time.Time
 }
 
 // UsageReader is implemented by backends that can read a running sandbox's resource

@@ -24,6 +24,7 @@ const (
 	KeySandboxID = attribute.Key("sandboxd.sandbox_id")
 	KeyRunnerID  = attribute.Key("sandboxd.runner_id")
 	KeyCacheHit  = attribute.Key("sandboxd.cache_hit")
+	KeyContainer = attribute.Key("sandboxd.container")
 )
 
 // propagator is W3C Trace Context: traceparent and tracestate headers. Baggage is not
@@ -62,12 +63,12 @@ func End(span trace.Span, err error) {
 }
 
 // Step records a step that ran from start to end as a child span of ctx's span, when
-// ctx is in a trace (the local backend's create steps).
-func Step(ctx context.Context, name string, start, end time.Time) {
+// ctx is in a trace (the backends' create steps), with attrs.
+func Step(ctx context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
 	if !inTrace(ctx) {
 		return
 	}
-	_, sp := tracer().Start(ctx, name, trace.WithTimestamp(start))
+	_, sp := tracer().Start(ctx, name, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	sp.End(trace.WithTimestamp(end))
 }
 

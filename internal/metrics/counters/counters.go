@@ -33,7 +33,7 @@ const (
 // Collectors returns every series of this package, for registration.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
-		imagePulls, imagePullBytes, imagePullDuration,
+		imagePulls, imagePullBytes, imagePullDuration, imagePullFailures,
 		placementDecisions, placementRejections,
 		egressDecisions, storeDuration,
 		edgeRequests, edgePassthrough,
@@ -51,9 +51,13 @@ var (
 	})
 	imagePullDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Name: "image_pull_duration_seconds",
-		Help:    "Duration of the local backend's image pulls by cache (hit, miss); concurrent callers of one pull share one observation.",
+		Help:    "Duration of image pulls by cache (hit, miss): the local backend's image store's (concurrent callers of one pull share one observation), the Kubernetes backend's as the kubelet reports them.",
 		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
 	}, []string{"cache"})
+	imagePullFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "image_pull_failures_total",
+		Help: "Failed image pulls of the Kubernetes backend by the kubelet's reason (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName, ImageInspectError, RegistryUnavailable, other); each also counts in image_pulls_total{result=\"error\"}.",
+	}, []string{"reason"})
 
 	placementDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "placement_decisions_total",
@@ -180,6 +184,24 @@ func ImagePull(hit bool, d time.Duration, err error) {
 	}
 	imagePulls.WithLabelValues(res, cache).Inc()
 	imagePullDuration.WithLabelValues(cache).Observe(d.Seconds())
+}
+
+// Reasons of cwsandbox_image_pull_failures_total: the kubelet's waiting reasons of a
+// container whose image cannot be had.
+var pullFailureReasons = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "ErrImageNeverPull": true,
+	"InvalidImageName": true, "ImageInspectError": true, "RegistryUnavailable": true,
+}
+
+// ImagePullFailed records one failed pull whose duration is not known (the Kubernetes
+// backend: the kubelet's waiting reason, one of pullFailureReasons; another is "other"):
+// an image_pulls_total{result="error",cache="miss"} and an image_pull_failures_total by reason.
+func ImagePullFailed(reason string) {
+	if !pullFailureReasons[reason] {
+		reason = Other
+	}
+	imagePulls.WithLabelValues(ResultError, CacheMiss).Inc()
+	imagePullFailures.WithLabelValues(reason).Inc()
 }
 
 // ImagePullBytes counts n compressed layer bytes fetched.

@@ -272,6 +272,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	applyClaims(pod, claims)
 	pinToNode(pod, claimNode)
 	applySecretRefs(pod, spec)
+	b.mu.Lock()
+	s.steps = &createSteps{}
+	b.mu.Unlock()
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		switch {
@@ -286,10 +289,14 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.mu.Lock()
 	s.uid = created.UID
+	s.steps.created = time.Now()
 	if s.pod == nil || s.pod.UID != created.UID {
 		s.pod = created
 	}
+	s.steps.observe(s.pod, s.steps.created)
 	b.mu.Unlock()
+	// The steps and image pulls it saw, whatever the outcome (observe.go).
+	defer b.reportCreate(ctx, s, created, &err)
 	// The Secrets go with the Pod (garbage collector), also when the runner is gone.
 	go b.adoptSecrets(context.WithoutCancel(ctx), created, ownPull, np != nil)
 
@@ -579,6 +586,11 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			return b.info(s), nil
 		}
 		if pinged == nil && pod != nil && pod.Status.PodIP != "" {
+			b.mu.Lock()
+			if s.steps != nil && s.steps.pinging.IsZero() {
+				s.steps.pinging = time.Now()
+			}
+			b.mu.Unlock()
 			pinged = make(chan error, 1)
 			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(pod.Status.PodIP)
 		}
@@ -586,6 +598,11 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 		case <-ch:
 		case err := <-pinged:
 			if err == nil {
+				b.mu.Lock()
+				if s.steps != nil {
+					s.steps.ready = time.Now()
+				}
+				b.mu.Unlock()
 				return b.info(s), nil
 			}
 			pinged = nil // ctx ended; reported below

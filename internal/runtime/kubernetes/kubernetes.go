@@ -44,6 +44,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -148,6 +149,9 @@ type Config struct {
 	// PrepullInFlight bounds the pre-pull Pods that exist at once; 0 means
 	// DefaultPrepullInFlight.
 	PrepullInFlight int
+	// NodeStats reads a node's kubelet stats summary for the sandboxes' usage (usage.go);
+	// default: through the API server's node proxy.
+	NodeStats NodeStatsFunc
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger
@@ -173,6 +177,12 @@ type Backend struct {
 	orgMu sync.Mutex
 	// prepull keeps template images on the nodes (prepull.go); nil: disabled.
 	prepull *prepuller
+
+	// eventsWarned: reading Pods' events failed and was logged (observe.go).
+	eventsWarned atomic.Bool
+	eventsWait   []time.Duration // nil: defaultEventsWait (tests shorten it)
+	// stats caches the kubelets' usage summaries (usage.go).
+	stats statsCache
 }
 
 var _ runtime.Backend = (*Backend)(nil)
@@ -196,6 +206,10 @@ type sandbox struct {
 	// statusClients are the clients ContainerStatuses asks sidecars' agents with, by
 	// name; guarded by Backend.mu.
 	statusClients map[string]agentv1connect.AgentServiceClient
+
+	// steps: while Create runs, when it saw the Pod reach each step (observe.go).
+	// Guarded by Backend.mu.
+	steps *createSteps
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -333,6 +347,7 @@ func (b *Backend) observe(o any, deleted bool) {
 
 // evaluateLocked ends s when its Pod has ended or is gone, and wakes waiters.
 func (b *Backend) evaluateLocked(s *sandbox) {
+	s.steps.observe(s.pod, time.Now())
 	select {
 	case <-s.done:
 	default:

@@ -1,0 +1,339 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func TestParsePulled(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		ok   bool
+		hit  bool
+		want time.Duration
+	}{
+		{`Container image "localhost/sandboxd/busybox:latest" already present on machine`, true, true, 0},
+		{`Successfully pulled image "docker.io/library/busybox:latest" in 2.133s (2.133s including waiting). Image size: 2167089 bytes.`, true, false, 2133 * time.Millisecond},
+		{`Successfully pulled image "busybox" in 812.5ms (1.2s including waiting)`, true, false, 812500 * time.Microsecond},
+		{`Successfully pulled image "busybox" in 1m3.5s (1m3.5s including waiting). Image size: 1 bytes.`, true, false, 63500 * time.Millisecond},
+		{`Successfully pulled image "busybox" in -1s (1s including waiting)`, false, false, 0},
+		{`Successfully pulled image "busybox" in 1000000h (x)`, false, false, 0},
+		{`Successfully pulled image "busybox" in soon`, false, false, 0},
+		{`Successfully pulled image "busybox"`, false, false, 0},
+		{`Pulling image "busybox"`, false, false, 0},
+		{`Successfully pulled image "` + strings.Repeat("a", 2000) + `" in 1s`, false, false, 0}, // past the parsed bound
+	} {
+		p, ok := parsePulled(tc.msg)
+		if ok != tc.ok || ok && (p.hit != tc.hit || p.d != tc.want) {
+			t.Errorf("parsePulled(%.60q) = %+v, %v; want hit %v d %v, %v", tc.msg, p, ok, tc.hit, tc.want, tc.ok)
+		}
+	}
+}
+
+var eventSeq atomic.Int64
+
+func pulledEvent(pod, uid, field, msg string, at time.Time) corev1.Event {
+	return corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%d", pod, eventSeq.Add(1)), Namespace: "sbx"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "sbx", Name: pod, UID: types.UID(uid), FieldPath: field},
+		Reason:         "Pulled", Message: msg, Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "kubelet"},
+		FirstTimestamp: metav1.NewTime(at), LastTimestamp: metav1.NewTime(at),
+	}
+}
+
+// TestPullsOf: one pull per sandbox container of the Pod (this UID), by the kubelet; the
+// agent's containers, other Pods' events and other sources' left out.
+func TestPullsOf(t *testing.T) {
+	at := time.Unix(1700000000, 0)
+	hit := `Container image "x" already present on machine`
+	miss := `Successfully pulled image "y" in 1.5s (1.5s including waiting)`
+	evs := []corev1.Event{
+		pulledEvent("sbx-a", "u1", "spec.containers{gate}", hit, at),
+		pulledEvent("sbx-a", "u1", "spec.initContainers{install}", hit, at),
+		pulledEvent("sbx-a", "u1", "spec.containers{sandbox}", miss, at),
+		pulledEvent("sbx-a", "u1", "spec.containers{sandbox}", hit, at), // a second one of the same container
+		pulledEvent("sbx-a", "u1", "spec.initContainers{c0-init}", hit, at),
+		pulledEvent("sbx-a", "old-uid", "spec.containers{side}", hit, at), // an earlier Pod of the name
+		pulledEvent("sbx-b", "u1", "spec.containers{side}", hit, at),
+		pulledEvent("sbx-a", "u1", "spec.containers", hit, at),
+		pulledEvent("sbx-a", "u1", "spec.containers{c2-side}", "garbage", at),
+	}
+	forged := pulledEvent("sbx-a", "u1", "spec.containers{c3-x}", hit, at)
+	forged.Source.Component = "someone"
+	evs = append(evs, forged)
+	started := pulledEvent("sbx-a", "u1", "spec.containers{c2-side}", hit, at)
+	started.Reason = "Started"
+	evs = append(evs, started)
+	got := pullsOf(evs, "sbx-a", "u1")
+	var desc []string
+	for _, p := range got {
+		desc = append(desc, fmt.Sprintf("%s hit=%v %v", p.container, p.hit, p.d))
+	}
+	want := []string{"sandbox hit=false 1.5s", "c0-init hit=true 0s"}
+	if strings.Join(desc, "; ") != strings.Join(want, "; ") {
+		t.Errorf("pullsOf = %q, want %q", desc, want)
+	}
+}
+
+func recordSpans(t *testing.T) *tracetest.SpanRecorder {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	return rec
+}
+
+func delta(before map[string]float64, key string) float64 {
+	return counters.Values()[key] - before[key]
+}
+
+// TestReportCreate: a create's steps become child spans of its span (schedule, runtime,
+// agent, and an image.pull per sandbox container from the kubelet's events, placed
+// within the runtime step), and its pulls count in the image pull series (hit and miss
+// by the events, the agent's image not counted).
+func TestReportCreate(t *testing.T) {
+	rec := recordSpans(t)
+	b, cs := newFakeBackend(t, Config{})
+	t0 := time.Now().Truncate(time.Second)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sbx-s1", Namespace: "sbx", UID: "u1"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: containerGate}, {Name: containerMain}, {Name: "c2-side"}}},
+	}
+	for _, ev := range []corev1.Event{
+		pulledEvent("sbx-s1", "u1", "spec.containers{gate}", `Successfully pulled image "agent" in 3s (3s including waiting)`, t0),
+		pulledEvent("sbx-s1", "u1", "spec.containers{sandbox}", `Successfully pulled image "busybox" in 400ms (400ms including waiting). Image size: 5 bytes.`, t0.Add(time.Second)),
+		pulledEvent("sbx-s1", "u1", "spec.containers{c2-side}", `Container image "busybox" already present on machine`, t0.Add(time.Second)),
+	} {
+		if _, err := cs.CoreV1().Events("sbx").Create(t.Context(), &ev, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := &createSteps{created: t0, scheduled: t0.Add(100 * time.Millisecond), pinging: t0.Add(300 * time.Millisecond),
+		running: t0.Add(1200 * time.Millisecond), ready: t0.Add(1100 * time.Millisecond)}
+	s := &sandbox{id: "s1", steps: st, pod: pod}
+
+	ctx, parent := otel.Tracer("test").Start(context.Background(), "runner.start")
+	before := counters.Values()
+	var err error
+	b.reportCreate(ctx, s, pod, &err)
+	parent.End()
+	eventually(t, "the pulls recorded", func() bool {
+		return delta(before, `cwsandbox_image_pulls_total{cache="hit",result="ok"}`) == 1 &&
+			delta(before, `cwsandbox_image_pulls_total{cache="miss",result="ok"}`) == 1
+	})
+	if d := delta(before, `cwsandbox_image_pull_duration_seconds_sum{cache="miss"}`); d < 0.399 || d > 0.401 {
+		t.Errorf("miss duration sum grew by %v, want 0.4", d)
+	}
+	if d := delta(before, `cwsandbox_image_pull_bytes_total`); d != 0 {
+		t.Errorf("bytes counted: %v (the kubelet does not say what it fetched)", d)
+	}
+	if s.steps != nil {
+		t.Error("steps kept after the create")
+	}
+
+	type got struct {
+		start, end time.Time
+		attrs      map[attribute.Key]attribute.Value
+	}
+	spans := map[string][]got{}
+	eventually(t, "the image.pull spans", func() bool {
+		spans = map[string][]got{}
+		for _, sp := range rec.Ended() {
+			if sp.Parent().SpanID() != parent.SpanContext().SpanID() {
+				continue
+			}
+			g := got{start: sp.StartTime(), end: sp.EndTime(), attrs: map[attribute.Key]attribute.Value{}}
+			for _, a := range sp.Attributes() {
+				g.attrs[a.Key] = a.Value
+			}
+			spans[sp.Name()] = append(spans[sp.Name()], g)
+		}
+		return len(spans[stepPull]) == 2
+	})
+	for name, want := range map[string][2]time.Time{
+		stepSchedule: {st.created, st.scheduled},
+		stepRuntime:  {st.scheduled, st.ready}, // the agent answered before the container was seen running
+		stepAgent:    {st.pinging, st.ready},
+	} {
+		if g := spans[name]; len(g) != 1 || !g[0].start.Equal(want[0]) || !g[0].end.Equal(want[1]) {
+			t.Errorf("span %s = %+v, want one from %v to %v", name, g, want[0], want[1])
+		}
+	}
+	for _, g := range spans[stepPull] {
+		if g.start.Before(st.scheduled) || g.end.After(st.ready) {
+			t.Errorf("image.pull %v..%v outside the runtime step %v..%v", g.start, g.end, st.scheduled, st.ready)
+		}
+		c, hit := g.attrs["sandboxd.container"].AsString(), g.attrs["sandboxd.cache_hit"].AsBool()
+		switch {
+		case c == containerMain && !hit:
+			if d := g.end.Sub(g.start); d != 400*time.Millisecond {
+				t.Errorf("image.pull of %s lasts %v, want the kubelet's 400ms", c, d)
+			}
+		case c == "c2-side" && hit:
+		default:
+			t.Errorf("image.pull span of container %q hit %v", c, hit)
+		}
+	}
+}
+
+// TestReportCreateFailedPull: a create that failed on a pull counts it by the kubelet's
+// reason (bounded: another reason is "other"); the agent's image's failure is not a
+// sandbox's pull.
+func TestReportCreateFailedPull(t *testing.T) {
+	b, _ := newFakeBackend(t, Config{})
+	b.eventsWait = []time.Duration{0} // no events will come
+	waiting := func(name, reason string) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: name, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: "secret message"}}}
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sbx-s2", Namespace: "sbx", UID: "u2"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: containerGate}, {Name: containerMain}}},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+			waiting(containerGate, "ImagePullBackOff"), waiting(containerMain, "ErrImagePull"),
+		}, InitContainerStatuses: []corev1.ContainerStatus{waiting("c0-init", "ImageInspectError"), waiting("c1-x", "ContainerCreating")}},
+	}
+	s := &sandbox{id: "s2", steps: &createSteps{created: time.Now()}, pod: pod}
+	before := counters.Values()
+	err := errors.New("pull failed")
+	b.reportCreate(context.Background(), s, pod, &err)
+	for key, want := range map[string]float64{
+		`cwsandbox_image_pulls_total{cache="miss",result="error"}`:        2,
+		`cwsandbox_image_pull_failures_total{reason="ErrImagePull"}`:      1,
+		`cwsandbox_image_pull_failures_total{reason="ImageInspectError"}`: 1,
+		`cwsandbox_image_pull_failures_total{reason="ImagePullBackOff"}`:  0,
+	} {
+		if d := delta(before, key); d != want {
+			t.Errorf("%s grew by %v, want %v", key, d, want)
+		}
+	}
+	counters.ImagePullFailed("made up by someone")
+	if d := delta(before, `cwsandbox_image_pull_failures_total{reason="other"}`); d != 1 {
+		t.Errorf("an unknown reason counted as other %v times, want 1", d)
+	}
+}
+
+const summaryJSON = `{"node":{"nodeName":"n1","cpu":{"usageCoreNanoSeconds":99}},"pods":[
+ {"podRef":{"name":"sbx-s1","namespace":"sbx","uid":"u1"},"cpu":{"usageCoreNanoSeconds":5000000000},
+  "containers":[
+   {"name":"gate","cpu":{"usageCoreNanoSeconds":1000000000},"memory":{"usageBytes":4096,"workingSetBytes":4000}},
+   {"name":"sandbox","cpu":{"usageCoreNanoSeconds":2500000000},"memory":{"usageBytes":10485760,"workingSetBytes":9000000}},
+   {"name":"c2-side","cpu":{"time":"2026-12-06T07:20:03Z","usageCoreNanoSeconds":1500000},"memory":{"workingSetBytes":1048576}}]},
+ {"podRef":{"name":"sbx-s1","namespace":"other","uid":"u9"},"containers":[{"name":"sandbox","cpu":{"usageCoreNanoSeconds":7}}]},
+ {"podRef":{"name":"sbx-s3","namespace":"sbx","uid":"u3"},"containers":[{"name":"sandbox"}]}
+]}`
+
+func TestParseSummary(t *testing.T) {
+	got, err := parseSummary(strings.NewReader(summaryJSON), "sbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["u9"] != nil {
+		t.Fatalf("pods = %v: want this namespace's two", got)
+	}
+	if u := got["u1"]["sandbox"]; u.CPUUsec != 2500000 || u.MemoryBytes != 10485760 {
+		t.Errorf("sandbox container = %+v", u)
+	}
+	if len(got["u3"]) != 0 {
+		t.Errorf("a container without CPU time kept: %v", got["u3"])
+	}
+	if _, err := parseSummary(strings.NewReader(`{"pods":[`), "sbx"); err == nil {
+		t.Error("a cut summary parsed")
+	}
+}
+
+// running puts a sandbox whose Pod runs on node into b.
+func running(b *Backend, id, node string, uid types.UID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.sandboxes[id] = &sandbox{id: id, changed: make(chan struct{}), done: make(chan struct{}), pod: &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx", UID: uid},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}}
+}
+
+// TestUsageFromKubelet: a running sandbox's usage is its containers' (not the agent's
+// gate) from its node's kubelet summary, read once per node within statsTTL; a kubelet
+// that cannot be read gives no usage (ErrNotFound, never a made-up number) and is not
+// asked again at once; node names that are not names are never asked for.
+func TestUsageFromKubelet(t *testing.T) {
+	var calls atomic.Int32
+	var fail atomic.Bool
+	var (
+		mu    sync.Mutex
+		asked []string
+	)
+	b, _ := newFakeBackend(t, Config{NodeStats: func(ctx context.Context, node string) (io.ReadCloser, error) {
+		calls.Add(1)
+		mu.Lock()
+		asked = append(asked, node)
+		mu.Unlock()
+		if fail.Load() {
+			return nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes/proxy"}, node, errors.New("no"))
+		}
+		return io.NopCloser(strings.NewReader(summaryJSON)), nil
+	}})
+	running(b, "s1", "n1", "u1")
+	running(b, "s3", "n1", "u3")
+	running(b, "s4", "../n1", "u1")
+	running(b, "s5", "n2", "u1")
+
+	u, err := b.Usage("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (runtime.Usage{CPUUsec: 2501500, MemoryBytes: 11534336, At: time.Date(2026, 12, 6, 7, 20, 3, 0, time.UTC)}); u.CPUUsec != want.CPUUsec || u.MemoryBytes != want.MemoryBytes || !u.At.Equal(want.At) {
+		t.Errorf("usage = %+v, want %+v (the sandbox's containers, not the gate; usage bytes, else the working set; the latest sample time)", u, want)
+	}
+	if _, err := b.Usage("s3"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("usage of a Pod without container CPU = %v, want ErrNotFound", err)
+	}
+	if _, err := b.Usage("s4"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("usage on node ../n1 = %v, want ErrNotFound", err)
+	}
+	if _, err := b.Usage("nope"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("usage of an unknown sandbox = %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("kubelet asked %d times (%v), want once for n1 within its TTL", n, asked)
+	}
+
+	fail.Store(true)
+	if _, err := b.Usage("s5"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("usage from a kubelet that refuses = %v, want ErrNotFound", err)
+	}
+	if _, err := b.Usage("s5"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("usage from a kubelet that refuses = %v, want ErrNotFound", err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("kubelet asked %d times (%v), want a refusing node asked once, then held off", n, asked)
+	}
+	// A Pod not running has no usage, and its node is not asked.
+	b.mu.Lock()
+	b.sandboxes["s1"].pod.Status.Phase = corev1.PodPending
+	b.mu.Unlock()
+	if _, err := b.Usage("s1"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("usage of a pending Pod = %v", err)
+	}
+}
