@@ -188,20 +188,17 @@ func ImagePull(hit bool, d time.Duration, err error) {
 
 // Reasons of cwsandbox_image_pull_failures_total: the kubelet's waiting reasons of a
 // container whose image cannot be had.
-var pullFailureReasons = map[string]bool{
-	"ErrImagePull": true, "ImagePullBackOff": true, "ErrImageNeverPull": true,
-	"InvalidImageName": true, "ImageInspectError": true, "RegistryUnavailable": true,
+var pullFailureReasons = []string{
+	"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull",
+	"InvalidImageName", "ImageInspectError", "RegistryUnavailable",
 }
 
 // ImagePullFailed records one failed pull whose duration is not known (the Kubernetes
 // backend: the kubelet's waiting reason, one of pullFailureReasons; another is "other"):
 // an image_pulls_total{result="error",cache="miss"} and an image_pull_failures_total by reason.
 func ImagePullFailed(reason string) {
-	if !pullFailureReasons[reason] {
-		reason = Other
-	}
 	imagePulls.WithLabelValues(ResultError, CacheMiss).Inc()
-	imagePullFailures.WithLabelValues(reason).Inc()
+	imagePullFailures.WithLabelValues(bounded(reason, pullFailureReasons...)).Inc()
 }
 
 // ImagePullBytes counts n compressed layer bytes fetched.
