@@ -368,14 +368,11 @@ export function SandboxSnapshots({ sb }: { sb: Sandbox }) {
   const [f, setF] = useState<Failure>(noFailure);
   const [note, setNote] = useState("");
   const [busy, setBusy] = useState(false);
-  // The list shows what the store holds; a snapshot still CREATING there is read on its
-  // own (GetFileSystemSnapshot asks its runner, so it turns READY as soon as it is),
-  // at most 5 of them.
+  // The list asks the runners about the snapshots still CREATING (the gateway does), so
+  // one turns READY here as soon as it is.
   const [snaps, err, reload] = useLoad(async () => {
     const r = await api<{ fileSystemSnapshots?: Snapshot[] }>("GET", `fileSystemSnapshots?pageSize=100&sourceSandboxId=${enc(id)}`);
-    let n = 0;
-    return Promise.all((r.fileSystemSnapshots || []).map((x) => (x.state === "SNAPSHOT_STATE_CREATING" && n++ < 5
-      ? api<Snapshot>("GET", `fileSystemSnapshots/${enc(x.fileSystemSnapshotId)}`).catch(() => x) : x)));
+    return r.fileSystemSnapshots || [];
   }, [id], 3000);
   const take = async (e: Event) => {
     e.preventDefault();
