@@ -86,6 +86,7 @@ type agentSandbox struct {
 	dyn      dynamic.Interface
 	cs       k8sclient.Interface
 	ns, name string // name: the template's and the pools' prefix; a label on every Pod
+	failed   bool   // a measurement failed: the controller's log is shown at cleanup
 }
 
 const benchLabel = "sandboxd.dev/bench"
@@ -111,10 +112,9 @@ func startAgentSandbox(b *testing.B, c cluster) (*agentSandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &agentSandbox{rc: rc, dyn: dyn, cs: cs, ns: c.namespace, name: randomID("asb-")}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := p.installCRDs(ctx, crds); err != nil {
+	if err := (&agentSandbox{dyn: dyn}).installCRDs(ctx, crds); err != nil {
 		return nil, err
 	}
 	logf := filepath.Join(b.TempDir(), "agent-sandbox.log")
@@ -130,14 +130,16 @@ func startAgentSandbox(b *testing.B, c cluster) (*agentSandbox, error) {
 		lf.Close()
 		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait(); lf.Close() }()
+	exited := make(chan struct{}) // closed when the controller has exited, waitErr set
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); lf.Close(); close(exited) }()
 	// Registered first, so it runs last: the controller outlives the deletes below and
 	// takes the Sandboxes' Pods down.
+	p := &agentSandbox{rc: rc, dyn: dyn, cs: cs, ns: c.namespace, name: randomID("asb-")}
 	b.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
-		if b.Failed() {
+		if b.Failed() || p.failed {
 			tail, _ := os.ReadFile(logf)
 			if len(tail) > 8192 {
 				tail = tail[len(tail)-8192:]
@@ -150,45 +152,54 @@ func startAgentSandbox(b *testing.B, c cluster) (*agentSandbox, error) {
 		return nil, err
 	}
 	select {
-	case err := <-exited:
-		return nil, fmt.Errorf("agent-sandbox controller exited: %v (log %s)", err, logf)
+	case <-exited:
+		p.failed = true
+		return nil, fmt.Errorf("agent-sandbox controller exited: %w", waitErr)
 	case <-time.After(100 * time.Millisecond):
 	}
 	return p, nil
 }
 
-// installCRDs applies the module's CRDs (server-side apply) and waits until each is
-// Established.
-func (p *agentSandbox) installCRDs(ctx context.Context, files []string) error {
-	var names []string
+// crdObjects reads the CustomResourceDefinitions in files.
+func crdObjects(files []string) ([]*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, doc := range strings.Split(string(data), "\n---") {
 			var obj map[string]any
 			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-				return fmt.Errorf("%s: %w", f, err)
+				return nil, fmt.Errorf("%s: %w", f, err)
 			}
-			if len(obj) == 0 {
-				continue
+			if u := (&unstructured.Unstructured{Object: obj}); len(obj) > 0 && u.GetKind() == "CustomResourceDefinition" {
+				out = append(out, u)
 			}
-			u := &unstructured.Unstructured{Object: obj}
-			if u.GetKind() != "CustomResourceDefinition" {
-				continue
-			}
-			body, err := u.MarshalJSON()
-			if err != nil {
-				return err
-			}
-			force := true
-			if _, err := p.dyn.Resource(gvrCRD).Patch(ctx, u.GetName(), types.ApplyPatchType, body,
-				metav1.PatchOptions{FieldManager: "sandboxd-bench", Force: &force}); err != nil {
-				return fmt.Errorf("apply CRD %s: %w", u.GetName(), err)
-			}
-			names = append(names, u.GetName())
 		}
+	}
+	return out, nil
+}
+
+// installCRDs applies the module's CRDs (server-side apply) and waits until each is
+// Established.
+func (p *agentSandbox) installCRDs(ctx context.Context, files []string) error {
+	crds, err := crdObjects(files)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, u := range crds {
+		body, err := u.MarshalJSON()
+		if err != nil {
+			return err
+		}
+		force := true
+		if _, err := p.dyn.Resource(gvrCRD).Patch(ctx, u.GetName(), types.ApplyPatchType, body,
+			metav1.PatchOptions{FieldManager: "sandboxd-bench", Force: &force}); err != nil {
+			return fmt.Errorf("apply CRD %s: %w", u.GetName(), err)
+		}
+		names = append(names, u.GetName())
 	}
 	for _, n := range names {
 		if err := waitFor(ctx, func() (bool, error) {
@@ -427,5 +438,51 @@ func waitFor(ctx context.Context, cond func() (bool, error)) error {
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// TestAgentSandboxCRDs (no cluster; skipped unless the peer is built, or with -short):
+// the CRDs the cached agent-sandbox module ships are the four the benchmark drives, served
+// at v1beta1, with the fields it sets (a claim's spec.warmPoolRef, a pool's replicas
+// allowing 0 and its sandboxTemplateRef, a template's podTemplate).
+func TestAgentSandboxCRDs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: unit tier")
+	}
+	_, files, err := agentSandboxBuild(agentSandboxDir())
+	if err != nil {
+		t.Skip(err)
+	}
+	crds, err := crdObjects(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schemas := map[string]map[string]any{}
+	for _, u := range crds {
+		versions, _, _ := unstructured.NestedSlice(u.Object, "spec", "versions")
+		for _, v := range versions {
+			m, _ := v.(map[string]any)
+			if m["name"] == "v1beta1" && m["served"] == true {
+				s, _, _ := unstructured.NestedMap(m, "schema", "openAPIV3Schema", "properties", "spec", "properties")
+				schemas[u.GetName()] = s
+			}
+		}
+	}
+	for _, gvr := range []schema.GroupVersionResource{gvrSandbox, gvrClaim, gvrTemplate, gvrPool} {
+		if _, ok := schemas[gvr.Resource+"."+gvr.Group]; !ok {
+			t.Errorf("no served v1beta1 CRD %s.%s in %v", gvr.Resource, gvr.Group, files)
+		}
+	}
+	has := func(crd string, path ...string) {
+		t.Helper()
+		if _, ok, _ := unstructured.NestedFieldNoCopy(schemas[crd], path...); !ok {
+			t.Errorf("%s: no spec field %s", crd, strings.Join(path, "."))
+		}
+	}
+	has("sandboxclaims.extensions.agents.x-k8s.io", "warmPoolRef", "properties", "name")
+	has("sandboxwarmpools.extensions.agents.x-k8s.io", "sandboxTemplateRef", "properties", "name")
+	has("sandboxtemplates.extensions.agents.x-k8s.io", "podTemplate", "properties", "spec")
+	if minimum, ok, _ := unstructured.NestedFieldNoCopy(schemas["sandboxwarmpools.extensions.agents.x-k8s.io"], "replicas", "minimum"); !ok || fmt.Sprint(minimum) != "0" {
+		t.Errorf("sandboxwarmpools: replicas minimum %v, want 0 (the cold pool)", minimum)
 	}
 }

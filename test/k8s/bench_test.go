@@ -86,6 +86,7 @@ func agentSandboxPeer(b *testing.B, c cluster, n int, ours []time.Duration) {
 	for _, kind := range []string{"cold", "warm"} {
 		ds, err := ttfcAgentSandbox(p, kind, n)
 		if err != nil {
+			p.failed = true
 			skip(err)
 			return
 		}
