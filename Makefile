@@ -9,7 +9,7 @@ VERSION   ?= $(shell bash scripts/version.sh)
 LDFLAGS   := -X github.com/sandboxd/sandboxd/internal/version.version=$(VERSION)
 export SANDBOXD_CACHE := $(CACHE)
 
-.PHONY: all build agent console console-check generate deps pydeps images runsc pebble seaweedfs prometheus jaeger test conformance pysdk-test test-short bench bench-smoke bench-sdk demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image
+.PHONY: all build agent console console-check generate deps pydeps images runsc pebble seaweedfs prometheus jaeger test conformance pysdk-test test-short bench bench-smoke bench-sdk demo lint fmt clean k8s-up k8s-down k8s-test manifests bench-k8s runner-image agent-sandbox
 
 all: build
 
@@ -139,19 +139,26 @@ k8s-up: images
 k8s-down:
 	bash test/k8s/down.sh
 
-k8s-test: images
+k8s-test: images agent-sandbox
 	bash scripts/install-deps.sh --k8s
 	bash scripts/build-helm.sh >/dev/null
 	bash test/k8s/up.sh && SANDBOXD_K8S_REQUIRED=1 $(GO) test -count=1 -timeout 20m -v ./test/k8s/... && \
 	  SANDBOXD_K8S_REQUIRED=1 SANDBOXD_BENCH_N=2 $(GO) test -count=1 -run '^$$' -bench TimeToFirstCommand -benchtime 1x -timeout 10m ./test/k8s/; \
 	  rc=$$?; bash test/k8s/down.sh; exit $$rc
 
-# Time to first command on Kubernetes beside the local backend, 20 sandboxes each
+# Time to first command on Kubernetes beside the local backend and the Kubernetes peer
+# kubernetes-sigs/agent-sandbox (claim → first command, warm pool of 0 and of 1), 20 each
 # (test/k8s BenchmarkTimeToFirstCommand); brings the cluster up and always down.
-bench-k8s: images
+bench-k8s: images agent-sandbox
 	bash scripts/install-deps.sh --k8s
 	bash test/k8s/up.sh && $(GO) test -count=1 -run '^$$' -bench TimeToFirstCommand -benchtime 1x -timeout 20m ./test/k8s/; \
 	  rc=$$?; bash test/k8s/down.sh; exit $$rc
+
+# The Kubernetes peer's controller (kubernetes-sigs/agent-sandbox, built once from the Go
+# module proxy, ~2-7 min cold) and the CRDs its module ships, cached under
+# $(CACHE)/agent-sandbox/<version>.
+agent-sandbox:
+	bash scripts/build-agent-sandbox.sh >/dev/null
 
 # deploy/kubernetes/runner.yaml from the Helm chart deploy/helm/sandboxd-runner (helm built
 # once from the Go module proxy, cached under $(CACHE)/helm/<version>).

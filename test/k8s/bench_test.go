@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"math/big"
 	"os"
@@ -22,6 +23,8 @@ import (
 // BenchmarkTimeToFirstCommand: create → the first exec (`true`) has answered, one
 // sandbox at a time, on the Kubernetes backend and on the local backend (runc on this
 // host) in the same run, with warm image caches: p50 and p99 of each and their ratio.
+// Then the Kubernetes peer, kubernetes-sigs/agent-sandbox (agentSandboxPeer): claim →
+// first command without and with its warm pool, beside ours, as ratios.
 // $SANDBOXD_BENCH_N sandboxes per backend (default 20). Run it with `make bench-k8s`
 // (brings the cluster up and down) or, on a cluster that is up:
 //
@@ -58,7 +61,49 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 		b.ReportMetric(ms(lp99), "local-p99-ms")
 		fmt.Printf("time to first command over %d sandboxes each: kubernetes p50 %.0f ms p99 %.0f ms; local p50 %.0f ms p99 %.0f ms; ratio p50 %.1fx p99 %.1fx\n",
 			n, ms(kp50), ms(kp99), ms(lp50), ms(lp99), ms(kp50)/ms(lp50), ms(kp99)/ms(lp99))
+		agentSandboxPeer(b, c, n, k8s)
 	}
+}
+
+// agentSandboxPeer measures the Kubernetes peer (agentsandbox_test.go) on the same
+// cluster, claim → first command, from a warm pool of 0 (cold: the claim creates its
+// Sandbox) and of 1 (warm), n claims each, and prints each beside ours (create → first
+// command on the Kubernetes backend, no warm pool) as the ratio ours / theirs. A peer
+// that is not built is a printed skip; one that is built but fails to install or answer
+// fails the benchmark under SANDBOXD_K8S_REQUIRED=1 (CI) and is a printed skip otherwise.
+func agentSandboxPeer(b *testing.B, c cluster, n int, ours []time.Duration) {
+	b.Helper()
+	skip := func(err error) {
+		if !errors.Is(err, errPeerNotBuilt) && os.Getenv("SANDBOXD_K8S_REQUIRED") == "1" {
+			b.Fatalf("agent-sandbox %s: %v", agentSandboxVersion, err)
+		}
+		fmt.Printf("agent-sandbox %s: not measured: %v\n", agentSandboxVersion, err)
+	}
+	p, err := startAgentSandbox(b, c)
+	if err != nil {
+		skip(err)
+		return
+	}
+	op50, op99 := pct(ours, 0.50), pct(ours, 0.99)
+	for _, kind := range []string{"cold", "warm"} {
+		ds, err := ttfcAgentSandbox(p, kind, n)
+		if err != nil {
+			p.failed = true
+			skip(err)
+			return
+		}
+		p50, p99 := pct(ds, 0.50), pct(ds, 0.99)
+		b.ReportMetric(ms(p50), "agent-sandbox-"+kind+"-p50-ms")
+		b.ReportMetric(ms(p99), "agent-sandbox-"+kind+"-p99-ms")
+		fmt.Printf("agent-sandbox %s claim → first command (exec via the API server), warm pool of %d, over %d claims: p50 %.0f ms p99 %.0f ms; sandboxd kubernetes p50 %.0f ms p99 %.0f ms; ratio sandboxd/agent-sandbox p50 %.2fx p99 %.2fx\n",
+			agentSandboxVersion, poolReplicas[kind], n, ms(p50), ms(p99), ms(op50), ms(op99), ms(op50)/ms(p50), ms(op99)/ms(p99))
+	}
+}
+
+// jitterSleep sleeps a random 0-1 s.
+func jitterSleep() {
+	jitter, _ := rand.Int(rand.Reader, big.NewInt(1000))
+	time.Sleep(time.Duration(jitter.Int64()) * time.Millisecond)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -80,8 +125,7 @@ func ttfc(b *testing.B, r *runner.Runner, image string, n int) []time.Duration {
 		// The kubelet relists every second: a random start samples where in that period
 		// a create lands (back-to-back creates would all land at one phase). The same for
 		// both backends.
-		jitter, _ := rand.Int(rand.Reader, big.NewInt(1000))
-		time.Sleep(time.Duration(jitter.Int64()) * time.Millisecond)
+		jitterSleep()
 		t0 := time.Now()
 		sb, err := r.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{Container: runtime.Container{Image: image, Command: "sleep", Args: []string{"3600"}}}})
 		if err != nil {
