@@ -3,11 +3,13 @@
 package network
 
 import (
+	"fmt"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -210,9 +212,8 @@ func TestRulesOverNetlink(t *testing.T) {
 
 // BenchmarkSetRules: one sandbox's rules set and cleared (a warm claim and its
 // teardown), the API's default (an egress chain allowing nothing), a policy's default
-// (same_org and any) and elements only:
-// through change (over netlink) and, the A/B, the same member's nft script (how change
-// applied it before); and rules with an allow rule (nft either way).
+// (same_org and any), elements only and an allow rule: through change (over netlink)
+// and, the A/B, the same member's nft script (how change applied it before).
 func BenchmarkSetRules(b *testing.B) {
 	m := newTestManager(b, true)
 	att := setup(b, m, "nl-bench-"+randHex(4))
@@ -258,6 +259,98 @@ func BenchmarkSetRules(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkRuleChangeAt1000: one sandbox's egress rules replaced (two CIDR allow lists
+// in turn, as bench/'s BenchmarkDensity changes them) with 1,000 sandboxes' rules in the
+// table (organizations, callers, a private port and a policy's default egress chain
+// each, a dns_name grant every tenth): SetRules over netlink (target ≤ 15 ms at 1,000),
+// and the peer, the same change by an nft process (runNft of memberScript's script, how
+// change applied it before), in the same run. It prints both p50 and p99.
+func BenchmarkRuleChangeAt1000(b *testing.B) {
+	requireNetAdmin(b)
+	const n = 1000
+	cfg := testConfig(b, true)
+	cfg.Subnet = freeSubnet(b, 21)
+	cfg.ProxyPort = DefaultProxyPort
+	m, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := m.Cleanup(); err != nil {
+			b.Errorf("Cleanup: %v", err)
+		}
+		m.Close()
+	})
+	att := setup(b, m, "rc-"+randHex(4))
+	// The others: members only (rules without links), put in with one rebuild.
+	m.pol.mu.Lock()
+	ip := att.IP
+	for i := range n - 1 {
+		ip = ip.Next()
+		egress := runtime.DefaultEgress()
+		if i%10 == 0 {
+			egress = append(egress, runtime.EgressRule{DNSName: "*.example.com"})
+		}
+		mem, err := m.compile(ip, Rules{Org: fmt.Sprint("o", i%10), Caller: fmt.Sprint("k", i%50), Private: []Port{{"tcp", 8080}},
+			Network: &runtime.Network{Egress: egress}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m.pol.set(ip, mem)
+	}
+	err = runNft(m.tableLocked())
+	m.pol.mu.Unlock()
+	if err != nil {
+		b.Fatal(err)
+	}
+	rules := func(i int) Rules {
+		cidr := []string{"203.0.113.0/24", "198.51.100.0/24"}[i%2]
+		return Rules{Org: "o1", Caller: "k1", Network: &runtime.Network{Egress: []runtime.EgressRule{{CIDR: cidr}}}}
+	}
+	report := func(b *testing.B, what string, lat []time.Duration) {
+		slices.Sort(lat)
+		at := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))]) / float64(time.Millisecond) }
+		b.ReportMetric(at(0.5), "p50-ms")
+		b.ReportMetric(at(0.99), "p99-ms")
+		fmt.Printf("rule change at %d sandboxes, %s: p50 %.2f ms p99 %.2f ms (%d changes)\n", n, what, at(0.5), at(0.99), len(lat))
+	}
+	b.Run("netlink", func(b *testing.B) {
+		var lat []time.Duration
+		runs := nftRuns.Load()
+		for i := 0; b.Loop(); i++ {
+			t0 := time.Now()
+			if err := m.SetRules(att.ID, rules(i)); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		if d := nftRuns.Load() - runs; d != 0 {
+			b.Fatalf("%d nft processes", d)
+		}
+		report(b, "SetRules over netlink", lat)
+	})
+	b.Run("nft", func(b *testing.B) {
+		m.pol.mu.Lock()
+		defer m.pol.mu.Unlock()
+		var lat []time.Duration
+		for i := 0; b.Loop(); i++ {
+			mem, err := m.compile(att.IP, rules(i))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var sb strings.Builder
+			t0 := time.Now()
+			m.memberScript(&sb, m.pol.members[att.IP], mem)
+			if err := runNft(sb.String()); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+			m.pol.set(att.IP, mem)
+		}
+		report(b, "the same change by nft (the peer)", lat)
+	})
 }
 
 // TestPinsOverNetlink: Setup pins a port and Teardown unpins it over netlink
