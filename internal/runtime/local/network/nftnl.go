@@ -24,9 +24,11 @@ import (
 // milliseconds, more the more sandboxes the table holds. The rules are the expressions
 // nft compiles their text to (kernelRule, from the same description: rule.go), so the
 // result is exactly what memberScript's script makes (TestElementsOverNetlink and
-// TestRulesOverNetlink list the table after both and compare). The one form left to nft:
-// an interval set reaching the top of its range (a port range to 65535, an exception up
-// to 255.255.255.255), which nft marks in element userdata the library cannot write.
+// TestRulesOverNetlink list the table after both and compare). One form nft makes is not
+// written here: an anonymous interval set reaching the top of its range, which nft marks
+// in element userdata that github.com/google/nftables cannot write; compile keeps such
+// ranges out of sets (addrMatch, protoMatches), and a rule with one anyway is applied by
+// nft (overNetlink).
 
 // overNetlink: x's rules are ones setElements can apply (nil: none at all).
 func (m *Manager) overNetlink(x *member) bool {
@@ -53,7 +55,7 @@ type anonSet struct {
 
 // kernelRule is r in the kernel's form, the expressions nft compiles r.String() to, and
 // the anonymous sets they look up: a Lookup with no SetName looks up sets[SetID]. ok is
-// false for a form nft writes differently (an interval open at the top).
+// false for a form it cannot write as nft does (an interval open at the top).
 func kernelRule(r rule) (ex []expr.Any, sets []anonSet, ok bool) {
 	ipv4 := false
 	needIPv4 := func() { // nft's dependency of an ip payload in the inet family
@@ -87,8 +89,8 @@ func kernelRule(r rule) (ex []expr.Any, sets []anonSet, ok bool) {
 			}
 			rs := make([][2]uint64, len(x.prefixes))
 			for i, p := range x.prefixes {
-				lo := uint64(binary.BigEndian.Uint32(p.Addr().AsSlice()))
-				rs[i] = [2]uint64{lo, lo | (1<<(32-p.Bits()) - 1)}
+				first, last := span(p)
+				rs[i] = [2]uint64{first, last}
 			}
 			elems, closed := intervals(rs, 4)
 			if !closed {

@@ -15,11 +15,12 @@ import (
 )
 
 // TestElementsOverNetlink: rules without chains, or with an egress chain of the rules
-// the API's defaults give (ruleExprs), go over netlink (setElements, one transaction each), and the table then
-// holds exactly what the nft script of the same members makes: listed after
-// each change, then after rebuilding the whole table with nft from the same members, the
-// two listings are equal. Changes replace (new organization, caller and ports: the old
-// elements are gone) and Teardown removes them.
+// the API's defaults give, go over netlink (setElements, one transaction each), and the
+// table then holds exactly what the nft script of the same members makes (sameAsScript:
+// listed after each change, then after rebuilding the whole table with nft from the same
+// members, the listings are equal). Changes replace (new organization, caller and ports:
+// the old elements are gone) and Teardown removes them. TestRulesOverNetlink covers the
+// other chains and rule forms.
 func TestElementsOverNetlink(t *testing.T) {
 	m := newTestManager(t, true)
 	a := setup(t, m, "nl-a-"+randHex(4))
@@ -86,9 +87,8 @@ func TestElementsOverNetlink(t *testing.T) {
 // destination, port and protocol form compile makes, dns_name grants (the dnat chain)
 // and ingress rules (the ingress chain) — goes over netlink, one transaction and no nft
 // process each, and the table then holds exactly what the nft script of the same
-// members makes (sameAsScript: nft's listing and the kernel's expressions). The one
-// form nft applies (an interval set open at the top) still ends equal, and changes from
-// and to it work.
+// members makes (sameAsScript: nft's listing and the kernel's expressions), also with
+// ranges reaching the top of their type, which compile keeps out of sets.
 func TestRulesOverNetlink(t *testing.T) {
 	requireNetAdmin(t)
 	cfg := testConfig(t, true)
@@ -135,12 +135,15 @@ func TestRulesOverNetlink(t *testing.T) {
 			{Tenant: runtime.TenantSameOrg, Ports: []runtime.PortRange{pr("tcp", 9000, 0)}},
 		},
 	}
-	open := &runtime.Network{ // interval sets reaching the top of their range
+	open := &runtime.Network{ // ranges reaching the top: kept out of sets
 		Egress: []runtime.EgressRule{
 			{CIDR: "0.0.0.0/0"}, // 224.0.0.0/3 is reserved
+			{CIDR: "192.0.0.0/2", Except: []string{"223.0.0.0/8"}},
 			{Any: true, Ports: []runtime.PortRange{pr("tcp", 80, 0), pr("tcp", 1024, 65535)}},
 		},
+		Ingress: []runtime.IngressRule{{Any: true}},
 	}
+	custom = append(custom, Port{"udp", 65535}, Port{"udp", 65534})
 	hexA, hexB := ipHex(a.IP), ipHex(b.IP)
 	steps := []struct {
 		name string
@@ -158,9 +161,11 @@ func TestRulesOverNetlink(t *testing.T) {
 			[]string{"chain e" + hexB, "chain i" + hexB, "chain n" + hexB}, nil},
 		{"replaced: egress only", a.ID, Rules{Org: "o1", Network: &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "203.0.113.0/24", Ports: []runtime.PortRange{pr("udp", 123, 0)}}}}}, false,
 			[]string{"chain e" + hexA, "ip daddr 203.0.113.0/24 udp dport 123 accept"}, []string{"chain i" + hexA, "chain n" + hexA}},
-		{"open intervals (nft)", a.ID, Rules{Org: "o1", Network: open}, true,
-			[]string{"chain e" + hexA, "1024-65535", "224.0.0.0/3"}, nil},
-		{"from nft's back to netlink", a.ID, Rules{Org: "o1", Custom: custom, Network: every}, true, // old is nft's
+		{"ranges to the top", a.ID, Rules{Org: "o1", Custom: custom, Network: open}, false,
+			[]string{"ip daddr != { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16 } ip daddr != 224.0.0.0/3 accept",
+				"ip daddr 192.0.0.0/2 ip daddr != 192.168.0.0/16 ip daddr != 223.0.0.0/8 ip daddr != 224.0.0.0/3 accept",
+				"tcp dport 80 accept", "tcp dport 1024-65535 accept", "ip saddr != @reserved udp dport 9002 accept", "ip saddr != @reserved udp dport 65534-65535 accept"}, nil},
+		{"back", a.ID, Rules{Org: "o1", Custom: custom, Network: every}, false,
 			[]string{"chain e" + hexA, "chain i" + hexA, "chain n" + hexA}, nil},
 		{"only ingress and dnat change", a.ID, Rules{Org: "o1", Custom: custom[:1], Network: &runtime.Network{Egress: every.Egress[:13], Ingress: every.Ingress[2:3]}}, false,
 			[]string{"chain i" + hexA + " {\n\t\tip saddr != @reserved tcp dport 9000 accept\n\t}", "chain n" + hexA}, nil},

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -170,14 +171,15 @@ func (m *Manager) clearRules(id string, ip netip.Addr) error {
 func (m *Manager) change(ip netip.Addr, mem *member) error {
 	p := &m.pol
 	old := p.members[ip]
-	var b strings.Builder
-	m.memberScript(&b, old, mem)
 	var err error
-	switch {
-	case m.overNetlink(old) && m.overNetlink(mem): // in-process, see nftnl.go
+	if m.overNetlink(old) && m.overNetlink(mem) { // in-process, see nftnl.go
 		err = m.setElements(old, mem)
-	case b.Len() > 0: // nothing to change (no organization, no rules): no nft run
-		err = runNft(b.String())
+	} else {
+		var b strings.Builder
+		m.memberScript(&b, old, mem)
+		if b.Len() > 0 { // nothing to change (no organization, no rules): no nft run
+			err = runNft(b.String())
+		}
 	}
 	if err == nil {
 		p.set(ip, mem)
@@ -574,8 +576,22 @@ func addrMatch(saddr, anyAddr bool, cidr string, except []string, cut reserved.S
 	if p.Bits() > 0 {
 		ms = append(ms, match{kind: addrIn, saddr: saddr, prefixes: []netip.Prefix{p}})
 	}
-	if exs := ex.Overlap(p); len(exs) > 0 {
-		ms = append(ms, match{kind: addrNotIn, saddr: saddr, prefixes: exs})
+	// The exceptions that reach 255.255.255.255 (with those adjacent to them) are matches
+	// of their own: in a set nft writes them as an interval open at the top, marked in
+	// element userdata that the netlink library (nftnl.go) cannot write.
+	exs := ex.Overlap(p)
+	i := len(exs)
+	if i > 1 {
+		if _, last := span(exs[i-1]); last == 1<<32-1 {
+			for i--; i > 0 && touch(exs[i-1], exs[i]); i-- {
+			}
+		}
+	}
+	if i > 0 {
+		ms = append(ms, match{kind: addrNotIn, saddr: saddr, prefixes: exs[:i]})
+	}
+	for _, q := range exs[i:] {
+		ms = append(ms, match{kind: addrNotIn, saddr: saddr, prefixes: []netip.Prefix{q}})
 	}
 	if len(ms) == 0 {
 		ms = append(ms, match{kind: nfprotoV4})
@@ -614,12 +630,33 @@ func portSetMatches(ports []Port) [][]match {
 	return protoMatches(byProto)
 }
 
+// protoMatches is a match per protocol of its ports, and one of its own for a range to
+// 65535 beside other ports (a set would make it an interval open at the top: addrMatch).
 func protoMatches(byProto map[string][]portRange) [][]match {
 	var out [][]match
 	for _, proto := range sortedKeys(byProto) {
-		out = append(out, []match{{kind: dports, proto: proto, ports: mergeRanges(byProto[proto])}})
+		ps := mergeRanges(byProto[proto])
+		if n := len(ps); n > 1 && ps[n-1].hi == 65535 {
+			out = append(out, []match{{kind: dports, proto: proto, ports: ps[:n-1]}})
+			ps = ps[n-1:]
+		}
+		out = append(out, []match{{kind: dports, proto: proto, ports: ps}})
 	}
 	return out
+}
+
+// span is the first and last address of an IPv4 prefix, as numbers.
+func span(p netip.Prefix) (first, last uint64) {
+	a := p.Masked().Addr().As4()
+	first = uint64(binary.BigEndian.Uint32(a[:]))
+	return first, first | (1<<(32-p.Bits()) - 1)
+}
+
+// touch reports whether prefix b starts right after a.
+func touch(a, b netip.Prefix) bool {
+	_, last := span(a)
+	first, _ := span(b)
+	return last+1 == first
 }
 
 // covers443 reports whether a rule with these ports allows TCP 443.
