@@ -237,37 +237,6 @@ func (m *Manager) setElements(old, new *member) error {
 	return nil
 }
 
-// chainChange is one of a sandbox's chains before and after (nil: none).
-type chainChange struct {
-	prefix, vmap string
-	had, has     []rule
-}
-
-// chainsOf is the chains of old and new (either nil) that either has.
-func chainsOf(old, new *member) []chainChange {
-	var out []chainChange
-	for _, c := range []struct {
-		prefix, vmap string
-		rules        func(*member) []rule
-	}{
-		{"e", "egress_of", func(x *member) []rule { return x.egress }},
-		{"i", "ingress_of", func(x *member) []rule { return x.ingress }},
-		{"n", "dnat_of", func(x *member) []rule { return x.dnat }},
-	} {
-		cc := chainChange{prefix: c.prefix, vmap: c.vmap}
-		if old != nil {
-			cc.had = c.rules(old)
-		}
-		if new != nil {
-			cc.has = c.rules(new)
-		}
-		if cc.had != nil || cc.has != nil {
-			out = append(out, cc)
-		}
-	}
-	return out
-}
-
 func (m *Manager) queueChange(c *nftables.Conn, ops []elementOp, chains []chainChange, addr netip.Addr) error {
 	table := &nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyINet}
 	for _, o := range ops {

@@ -461,6 +461,36 @@ func (m *Manager) memberScript(b *strings.Builder, old, new *member) {
 		elements("add", new)
 	}
 	hex := ipHex(first(old, new).ip)
+	for _, c := range chainsOf(old, new) {
+		chain := c.prefix + hex
+		switch {
+		case c.has == nil:
+			fmt.Fprintf(b, "delete element inet %s %s { %s }\n", t, c.vmap, old.ip)
+			fmt.Fprintf(b, "delete chain inet %s %s\n", t, chain)
+			continue
+		case c.had != nil:
+			fmt.Fprintf(b, "flush chain inet %s %s\n", t, chain)
+		default:
+			fmt.Fprintf(b, "add chain inet %s %s\n", t, chain)
+		}
+		for _, r := range c.has {
+			fmt.Fprintf(b, "add rule inet %s %s %s\n", t, chain, r)
+		}
+		if c.had == nil {
+			fmt.Fprintf(b, "add element inet %s %s { %s : jump %s }\n", t, c.vmap, new.ip, chain)
+		}
+	}
+}
+
+// chainChange is one of a sandbox's chains before and after (nil: none).
+type chainChange struct {
+	prefix, vmap string
+	had, has     []rule
+}
+
+// chainsOf is the chains of old and new (either nil) that either has.
+func chainsOf(old, new *member) []chainChange {
+	var out []chainChange
 	for _, c := range []struct {
 		prefix, vmap string
 		rules        func(*member) []rule
@@ -469,33 +499,18 @@ func (m *Manager) memberScript(b *strings.Builder, old, new *member) {
 		{"i", "ingress_of", func(x *member) []rule { return x.ingress }},
 		{"n", "dnat_of", func(x *member) []rule { return x.dnat }},
 	} {
-		var had, has []rule
+		cc := chainChange{prefix: c.prefix, vmap: c.vmap}
 		if old != nil {
-			had = c.rules(old)
+			cc.had = c.rules(old)
 		}
 		if new != nil {
-			has = c.rules(new)
+			cc.has = c.rules(new)
 		}
-		chain := c.prefix + hex
-		switch {
-		case had != nil && has == nil:
-			fmt.Fprintf(b, "delete element inet %s %s { %s }\n", t, c.vmap, old.ip)
-			fmt.Fprintf(b, "delete chain inet %s %s\n", t, chain)
-			continue
-		case had != nil:
-			fmt.Fprintf(b, "flush chain inet %s %s\n", t, chain)
-		case has != nil:
-			fmt.Fprintf(b, "add chain inet %s %s\n", t, chain)
-		default:
-			continue
-		}
-		for _, r := range has {
-			fmt.Fprintf(b, "add rule inet %s %s %s\n", t, chain, r)
-		}
-		if had == nil {
-			fmt.Fprintf(b, "add element inet %s %s { %s : jump %s }\n", t, c.vmap, new.ip, chain)
+		if cc.had != nil || cc.has != nil {
+			out = append(out, cc)
 		}
 	}
+	return out
 }
 
 func first(a, b *member) *member {
