@@ -203,7 +203,22 @@ func TestRulesOverNetlink(t *testing.T) {
 			}
 		}
 	}
+	// The table changed behind the Manager's back (here: gone): the transaction fails
+	// and the whole table is rebuilt by nft, with the change.
+	if err := deleteTable(m.cfg.Table); err != nil {
+		t.Fatal(err)
+	}
 	runs := nftRuns.Load()
+	if err := m.SetRules(a.ID, Rules{Org: "o2", Custom: custom, Network: every}); err != nil {
+		t.Fatal(err)
+	}
+	if d := nftRuns.Load() - runs; d != 1 {
+		t.Errorf("rebuild: %d nft processes, want 1", d)
+	}
+	if got := sameAsScript(t, m, "rebuilt"); !strings.Contains(got, "chain n"+hexA) || !strings.Contains(got, a.IP.String()+" : 0x00000002") {
+		t.Errorf("rebuilt table without the change:\n%s", got)
+	}
+	runs = nftRuns.Load()
 	if err := m.Teardown(a.ID); err != nil { // with its chain
 		t.Fatal(err)
 	}
