@@ -68,8 +68,9 @@ var (
 //   - exec of /bin/true through the agent, p50/p99 at 10 sandboxes and at N, and their
 //     ratio (target ≤ 1.5);
 //   - one network rule change (network.Manager.SetRules: one sandbox's egress rules
-//     replaced, one nftables transaction) at 10 and at N (target ≤ 15 ms), beside the
-//     floor of the `nft` process such a change runs, given nothing to do.
+//     replaced, one nftables transaction over netlink) at 10 and at N (target ≤ 15 ms),
+//     beside the `nft` process such a change ran before (given nothing to do), a floor
+//     of that way.
 //
 // The sandboxes are created on the runner directly, as the other runtime benchmarks do:
 // the runner's admission limit (`sandboxd --max-sandboxes`, default 200) is the gateway
@@ -186,7 +187,7 @@ func runDensity(b *testing.B) densityResult {
 		n, r.availPer, r.cgroupPer, r.runnerPer, r.cgroupPer+r.runnerPer)
 	fmt.Printf("density: exec of /bin/true at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms; p99 ratio %.2f (target ≤ 1.5)\n",
 		r.exec10p50, r.exec10p99, n, r.execNp50, r.execNp99, r.execNp99/r.exec10p99)
-	fmt.Printf("density: one network rule change at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms (target ≤ 15 ms); floor, an nft process given nothing to do: p50 %.2f ms\n",
+	fmt.Printf("density: one network rule change at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms (target ≤ 15 ms); an nft process given nothing to do (how a change ran before): p50 %.2f ms\n",
 		r.rule10p50, r.rule10p99, n, r.ruleNp50, r.ruleNp99, r.nftFloor)
 	cleanup(b, s)
 	return r
@@ -261,7 +262,8 @@ func ruleChange(b *testing.B, s *stack.Stack) (p50, p99 float64) {
 }
 
 // nftFloor is the p50 of 20 runs of `nft -f -` with an empty script: the cost of the
-// process a rule change with chains runs (network.runNft), without its work.
+// process a rule change with chains ran before it went over netlink (network.runNft,
+// now the fallback), without its work.
 func nftFloor(b *testing.B) float64 {
 	b.Helper()
 	nft, err := exec.LookPath("nft")

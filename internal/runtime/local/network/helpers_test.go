@@ -118,7 +118,10 @@ func randHex(n int) string {
 }
 
 // freeTestSubnet picks a /24 in 10.234.0.0/16 that no host route overlaps.
-func freeTestSubnet(t testing.TB) netip.Prefix {
+func freeTestSubnet(t testing.TB) netip.Prefix { t.Helper(); return freeSubnet(t, 24) }
+
+// freeSubnet picks a prefix of bits (16 to 24) in 10.234.0.0/16 that no host route overlaps.
+func freeSubnet(t testing.TB, bits int) netip.Prefix {
 	t.Helper()
 	routes, err := netlink.RouteList(nil, unix.AF_INET)
 	if err != nil {
@@ -127,7 +130,7 @@ func freeTestSubnet(t testing.TB) netip.Prefix {
 	for range 100 {
 		var b [1]byte
 		_, _ = rand.Read(b[:])
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 234, b[0], 0}), 24)
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 234, b[0], 0}), bits).Masked()
 		clash := false
 		for _, r := range routes {
 			if r.Dst == nil {

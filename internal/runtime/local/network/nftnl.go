@@ -3,10 +3,12 @@
 package network
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 
 	"github.com/google/nftables"
@@ -15,78 +17,231 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A change of a sandbox without ingress or dns_name chains, and whose egress chain (if
-// any) is made of the rules the API's defaults give (drop or accept the sandbox subnet,
-// accept "any", drop the rest: ruleExprs) goes to the kernel over netlink from this
-// process, one batch = one nftables transaction, as atomic as `nft -f`, on a kept
-// socket: a few hundred microseconds where spawning nft (which loads the ruleset into
-// its cache first, and whose socket's close waits for the kernel) costs milliseconds.
-// Other rules keep going through nft, whose rule compiler is not ours to rewrite. The
-// result is exactly what memberScript's script makes (TestElementsOverNetlink lists
-// the table after both and compares).
+// A sandbox's change — its elements and its own chains (rules.go) — goes to the kernel
+// over netlink from this process, one batch = one nftables transaction, as atomic as
+// `nft -f`, on a kept socket: a few hundred microseconds where spawning nft (which loads
+// the ruleset into its cache first, and whose socket's close waits for the kernel) costs
+// milliseconds, more the more sandboxes the table holds. The rules are the expressions
+// nft compiles their text to (kernelRule, from the same description: rule.go), so the
+// result is exactly what memberScript's script makes (TestElementsOverNetlink and
+// TestRulesOverNetlink list the table after both and compare). One form nft makes is not
+// written here: an anonymous interval set reaching the top of its range, which nft marks
+// in element userdata that github.com/google/nftables cannot write; compile keeps such
+// ranges out of sets (addrMatch, protoMatches), and a rule with one anyway is applied by
+// nft (overNetlink).
 
 // overNetlink: x's rules are ones setElements can apply (nil: none at all).
 func (m *Manager) overNetlink(x *member) bool {
 	if x == nil {
 		return true
 	}
-	if x.ingress != nil || x.dnat != nil {
-		return false
-	}
-	for _, r := range x.egress {
-		if m.ruleExprs(r) == nil {
-			return false
+	for _, rs := range [][]rule{x.egress, x.ingress, x.dnat} {
+		for _, r := range rs {
+			if _, _, ok := kernelRule(r); !ok {
+				return false
+			}
 		}
 	}
 	return true
 }
 
-// ruleExprs is the kernel form of an egress chain rule, as nft compiles it; nil for a
-// rule it does not know.
-func (m *Manager) ruleExprs(rule string) []expr.Any {
-	daddr := func() []expr.Any {
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-		}
-	}
-	inSubnet := func() []expr.Any {
-		sub := m.cfg.Subnet.Masked()
-		addr := sub.Addr().As4()
-		return append(daddr(),
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(sub.Bits(), 32), Xor: make([]byte, 4)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:]})
-	}
-	drop, accept := &expr.Verdict{Kind: expr.VerdictDrop}, &expr.Verdict{Kind: expr.VerdictAccept}
-	sub := "ip daddr " + m.cfg.Subnet.Masked().String()
-	switch rule {
-	case "drop":
-		return []expr.Any{drop}
-	case sub + " drop":
-		return append(inSubnet(), drop)
-	case sub + " accept": // same_org, every port
-		return append(inSubnet(), accept)
-	case "ip daddr != @reserved accept": // any, every port
-		return append(daddr(), &expr.Lookup{SourceRegister: 1, SetName: "reserved", Invert: true}, accept)
-	}
-	return nil
+// anonSet is an anonymous constant set a rule looks up (nft's "{ … }").
+type anonSet struct {
+	key   nftables.SetDatatype
+	elems []nftables.SetElement
+	// interval: elems are interval starts and ends (IntervalEnd), as nft writes them
+	interval bool
 }
 
-// setElements replaces the elements of old with those of new in one netlink
-// transaction. Caller holds pol.mu.
+// kernelRule is r in the kernel's form, the expressions nft compiles r.String() to, and
+// the anonymous sets they look up: a Lookup with no SetName looks up sets[SetID]. ok is
+// false for a form it cannot write as nft does (an interval open at the top).
+func kernelRule(r rule) (ex []expr.Any, sets []anonSet, ok bool) {
+	ipv4 := false
+	needIPv4 := func() { // nft's dependency of an ip payload in the inet family
+		if !ipv4 {
+			ex = append(ex, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}})
+			ipv4 = true
+		}
+	}
+	lookup := func(s anonSet, invert bool) {
+		ex = append(ex, &expr.Lookup{SourceRegister: 1, SetID: uint32(len(sets)), Invert: invert})
+		sets = append(sets, s)
+	}
+	for _, x := range r.match {
+		offset := uint32(16) // ip daddr
+		if x.saddr {
+			offset = 12
+		}
+		switch x.kind {
+		case nfprotoV4:
+			needIPv4()
+		case addrIn, addrNotIn:
+			needIPv4()
+			op := expr.CmpOpEq
+			if x.kind == addrNotIn {
+				op = expr.CmpOpNeq
+			}
+			if len(x.prefixes) == 1 { // nft makes a one-element set a comparison
+				ex = append(ex, prefixCmp(offset, x.prefixes[0], op)...)
+				continue
+			}
+			rs := make([][2]uint64, len(x.prefixes))
+			for i, p := range x.prefixes {
+				first, last := span(p)
+				rs[i] = [2]uint64{first, last}
+			}
+			elems, closed := intervals(rs, 4)
+			if !closed {
+				return nil, nil, false
+			}
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4})
+			lookup(anonSet{nftables.TypeIPAddr, elems, true}, true)
+		case notReserved:
+			needIPv4()
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+				&expr.Lookup{SourceRegister: 1, SetName: "reserved", Invert: true})
+		case callerMember:
+			needIPv4()
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+				&expr.Meta{Key: expr.MetaKeyMARK, Register: 9}, // the 32-bit register after the address
+				&expr.Lookup{SourceRegister: 1, SetName: "caller_member"})
+		case dports:
+			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{l4proto(x.proto)}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+			switch p := x.ports; {
+			case len(p) == 1 && p[0].lo == p[0].hi:
+				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: portKey(p[0].lo)})
+			case len(p) == 1:
+				ex = append(ex, &expr.Cmp{Op: expr.CmpOpGte, Register: 1, Data: portKey(p[0].lo)},
+					&expr.Cmp{Op: expr.CmpOpLte, Register: 1, Data: portKey(p[0].hi)})
+			default:
+				rs, interval := make([][2]uint64, len(p)), false
+				for i, q := range p {
+					rs[i] = [2]uint64{uint64(q.lo), uint64(q.hi)}
+					interval = interval || q.hi > q.lo
+				}
+				s := anonSet{key: nftables.TypeInetService, interval: interval}
+				if interval {
+					var closed bool
+					if s.elems, closed = intervals(rs, 2); !closed {
+						return nil, nil, false
+					}
+				} else {
+					for _, q := range p {
+						s.elems = append(s.elems, nftables.SetElement{Key: portKey(q.lo)})
+					}
+				}
+				lookup(s, false)
+			}
+		case localDst:
+			ex = append(ex, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
+		default:
+			return nil, nil, false
+		}
+	}
+	switch {
+	case r.dnat.IsValid():
+		addr := r.dnat.Addr().As4()
+		ex = append(ex, &expr.Immediate{Register: 1, Data: addr[:]},
+			&expr.Immediate{Register: 2, Data: portKey(r.dnat.Port())},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true})
+	case r.verdict == "accept":
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictAccept})
+	case r.verdict == "drop":
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictDrop})
+	case r.verdict == "return":
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictReturn})
+	default:
+		return nil, nil, false
+	}
+	return ex, sets, true
+}
+
+// prefixCmp compares the address at offset with p as nft does: the prefix's whole bytes
+// loaded and compared, or with a mask when it does not end on a byte.
+func prefixCmp(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
+	addr := p.Addr().AsSlice()
+	if p.Bits()%8 == 0 {
+		n := uint32(p.Bits() / 8)
+		return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: n},
+			&expr.Cmp{Op: op, Register: 1, Data: addr[:n]}}
+	}
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: op, Register: 1, Data: addr}}
+}
+
+// intervals is the elements of an interval set of the ranges rs (inclusive; size bytes,
+// big endian) as nft writes them: the ranges merged, each a start and an end (the first
+// value after it, flagged), and an end at 0 before a first range that does not start
+// there. closed is false if a range reaches the top (nft marks it open in userdata).
+func intervals(rs [][2]uint64, size int) (elems []nftables.SetElement, closed bool) {
+	slices.SortFunc(rs, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
+	var merged [][2]uint64
+	for _, r := range rs {
+		if n := len(merged); n > 0 && r[0] <= merged[n-1][1]+1 {
+			merged[n-1][1] = max(merged[n-1][1], r[1])
+			continue
+		}
+		merged = append(merged, r)
+	}
+	key := func(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v)[8-size:] }
+	top := uint64(1)<<(8*size) - 1
+	for i, r := range merged {
+		if i == 0 && r[0] != 0 {
+			elems = append(elems, nftables.SetElement{Key: key(0), IntervalEnd: true})
+		}
+		if r[1] == top {
+			return nil, false
+		}
+		elems = append(elems, nftables.SetElement{Key: key(r[0])}, nftables.SetElement{Key: key(r[1] + 1), IntervalEnd: true})
+	}
+	return elems, true
+}
+
+func l4proto(proto string) byte {
+	switch proto {
+	case "udp":
+		return unix.IPPROTO_UDP
+	case "sctp":
+		return unix.IPPROTO_SCTP
+	}
+	return unix.IPPROTO_TCP
+}
+
+// setElements replaces the elements and chains of old with those of new in one netlink
+// transaction, in memberScript's order. Caller holds pol.mu.
 func (m *Manager) setElements(old, new *member) error {
 	ops := appendElements(appendElements(nil, old, true), new, false)
-	if len(ops) == 0 && (old == nil || old.egress == nil) && (new == nil || new.egress == nil) {
+	chains := chainsOf(old, new)
+	if len(ops) == 0 && len(chains) == 0 {
 		return nil
 	}
 	c, err := m.pol.conn()
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
 	}
+	if err := m.queueChange(c, ops, chains, first(old, new).ip); err != nil {
+		m.pol.dropConn(c) // with what was queued
+		return fmt.Errorf("netlink: %w", err)
+	}
+	if err := c.Flush(); err != nil {
+		m.pol.dropConn(c) // a fresh socket next time: nothing of a failed batch lingers
+		return fmt.Errorf("netlink: %w", err)
+	}
+	m.pol.batches++
+	return nil
+}
+
+func (m *Manager) queueChange(c *nftables.Conn, ops []elementOp, chains []chainChange, addr netip.Addr) error {
 	table := &nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyINet}
 	for _, o := range ops {
 		s := &nftables.Set{Table: table, Name: o.set, IsMap: o.el.Val != nil}
+		var err error
 		if o.del {
 			err = c.SetDeleteElements(s, []nftables.SetElement{o.el})
 		} else {
@@ -96,44 +251,51 @@ func (m *Manager) setElements(old, new *member) error {
 			return err
 		}
 	}
-	// The egress chain (memberScript's order: elements first).
-	var had, has []string
-	if old != nil {
-		had = old.egress
-	}
-	if new != nil {
-		has = new.egress
-	}
-	ip := first(old, new).ip.As4()
-	chain := &nftables.Chain{Table: table, Name: "e" + ipHex(first(old, new).ip)}
-	vmap := &nftables.Set{Table: table, Name: "egress_of", IsMap: true}
-	switch {
-	case had != nil && has == nil:
-		if err := c.SetDeleteElements(vmap, []nftables.SetElement{{Key: ip[:]}}); err != nil {
-			return err
+	ip := addr.As4()
+	for _, cc := range chains {
+		chain := &nftables.Chain{Table: table, Name: cc.prefix + ipHex(addr)}
+		vmap := &nftables.Set{Table: table, Name: cc.vmap, IsMap: true}
+		switch {
+		case cc.has == nil:
+			if err := c.SetDeleteElements(vmap, []nftables.SetElement{{Key: ip[:]}}); err != nil {
+				return err
+			}
+			c.DelChain(chain)
+			continue
+		case cc.had != nil && sameRules(cc.had, cc.has): // the same rules
+			continue
+		case cc.had != nil:
+			c.FlushChain(chain)
+		default:
+			c.AddChain(chain)
 		}
-		c.DelChain(chain)
-	case had != nil && slices.Equal(had, has): // the same rules
-	case had != nil:
-		c.FlushChain(chain)
-	case has != nil:
-		c.AddChain(chain)
-	}
-	if has != nil && !slices.Equal(had, has) {
-		for _, r := range has {
-			c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: m.ruleExprs(r)})
+		for _, r := range cc.has {
+			ex, sets, ok := kernelRule(r)
+			if !ok {
+				return fmt.Errorf("rule %q has no netlink form", r)
+			}
+			// The rule's anonymous sets, named by the kernel, and its lookups of them.
+			ex = slices.Clone(ex)
+			for i, e := range ex {
+				l, ok := e.(*expr.Lookup)
+				if !ok || l.SetName != "" {
+					continue
+				}
+				a := sets[l.SetID]
+				s := &nftables.Set{Table: table, Anonymous: true, Constant: true, Interval: a.interval, KeyType: a.key}
+				if err := c.AddSet(s, a.elems); err != nil {
+					return err
+				}
+				ex[i] = &expr.Lookup{SourceRegister: l.SourceRegister, SetName: s.Name, SetID: s.ID, Invert: l.Invert}
+			}
+			c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: ex})
 		}
-		if had == nil {
+		if cc.had == nil {
 			if err := c.SetAddElements(vmap, []nftables.SetElement{{Key: ip[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain.Name}}}); err != nil {
 				return err
 			}
 		}
 	}
-	if err := c.Flush(); err != nil {
-		m.pol.dropConn(c) // a fresh socket next time: nothing of a failed batch lingers
-		return fmt.Errorf("netlink: %w", err)
-	}
-	m.pol.batches++
 	return nil
 }
 

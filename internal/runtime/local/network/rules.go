@@ -1,6 +1,7 @@
 package network
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,9 +80,9 @@ type member struct {
 	cmark   uint32   // caller number; 0: none
 	peer    []Port   // opened to the organization
 	peerU   []Port   // opened to the caller's sandboxes
-	egress  []string // chain e…, nil: none (legacy)
-	ingress []string // chain i…, nil: none
-	dnat    []string // chain n…, nil: none
+	egress  []rule   // chain e…, nil: none (legacy)
+	ingress []rule   // chain i…, nil: none
+	dnat    []rule   // chain n…, nil: none
 	grants  []string // dns_name patterns, for the proxy
 	inject  []string // dns_name hosts with egress secrets, for the proxy
 }
@@ -170,14 +171,15 @@ func (m *Manager) clearRules(id string, ip netip.Addr) error {
 func (m *Manager) change(ip netip.Addr, mem *member) error {
 	p := &m.pol
 	old := p.members[ip]
-	var b strings.Builder
-	m.memberScript(&b, old, mem)
 	var err error
-	switch {
-	case m.overNetlink(old) && m.overNetlink(mem): // in-process, see nftnl.go
+	if m.overNetlink(old) && m.overNetlink(mem) { // in-process, see nftnl.go
 		err = m.setElements(old, mem)
-	case b.Len() > 0: // nothing to change (no organization, no rules): no nft run
-		err = runNft(b.String())
+	} else {
+		var b strings.Builder
+		m.memberScript(&b, old, mem)
+		if b.Len() > 0 { // nothing to change (no organization, no rules): no nft run
+			err = runNft(b.String())
+		}
 	}
 	if err == nil {
 		p.set(ip, mem)
@@ -239,7 +241,7 @@ func (m *Manager) restoreRules() []*member {
 			mem, err = m.compile(att.IP, r)
 		}
 		if err != nil {
-			mem = &member{ip: att.IP, egress: []string{"drop"}}
+			mem = &member{ip: att.IP, egress: []rule{{verdict: "drop"}}}
 		}
 		p.set(att.IP, mem)
 		out = append(out, mem)
@@ -309,8 +311,8 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 		return mem, nil
 	}
 	// Egress.
-	sub := m.cfg.Subnet.String()
-	var toPeers, out, keep443 []string
+	toSub := match{kind: addrIn, prefixes: []netip.Prefix{m.cfg.Subnet.Masked()}}
+	var toPeers, out, keep443 []rule
 	for i, e := range n.Egress {
 		if n.DenyEgress {
 			break
@@ -330,16 +332,16 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 		}
 		switch {
 		case e.Tenant != "":
-			var same string
+			to := []match{toSub}
 			switch e.Tenant {
 			case runtime.TenantSameOrg:
 			case runtime.TenantSameUser:
-				same = "ip daddr . meta mark @caller_member" // mark: the source's caller (peer_egress)
+				to = append(to, match{kind: callerMember}) // mark: the source's caller (peer_egress)
 			default:
 				return nil, fmt.Errorf("egress[%d]: tenant %q is not supported by this backend", i, e.Tenant)
 			}
 			for _, pm := range ports {
-				toPeers = append(toPeers, join("ip daddr", sub, same, pm, "accept"))
+				toPeers = append(toPeers, newRule("accept", to, pm))
 			}
 		case e.DNSName != "":
 			if m.cfg.ProxyPort == 0 {
@@ -357,27 +359,29 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 			if err != nil {
 				return nil, fmt.Errorf("egress[%d]: %w", i, err)
 			}
-			if dst == "" {
+			if dst == nil {
 				continue // IPv6 (sandboxes have none) or wholly reserved: nothing to allow
 			}
 			for _, pm := range ports {
-				out = append(out, join(dst, pm, "accept"))
+				out = append(out, newRule("accept", dst, pm))
 			}
 			if covers443(e.Ports) {
-				keep443 = append(keep443, join(dst, "return"))
+				keep443 = append(keep443, newRule("return", dst))
 			}
 		}
 	}
 	mem.egress = append(mem.egress, toPeers...)
-	mem.egress = append(mem.egress, join("ip daddr", sub, "drop"))
+	mem.egress = append(mem.egress, newRule("drop", []match{toSub}))
 	mem.egress = append(mem.egress, out...)
-	mem.egress = append(mem.egress, "drop")
+	mem.egress = append(mem.egress, rule{verdict: "drop"})
 	if len(mem.grants) > 0 {
 		// TCP 443 a CIDR/any rule allows goes out directly; the rest is the proxy's, which
 		// checks the server name against the grants and dials the name itself.
-		mem.dnat = append(mem.dnat, join("ip daddr", sub, "return"), "fib daddr type local return")
+		mem.dnat = append(mem.dnat, newRule("return", []match{toSub}), newRule("return", []match{{kind: localDst}}))
 		mem.dnat = append(mem.dnat, keep443...)
-		mem.dnat = append(mem.dnat, fmt.Sprintf("meta l4proto tcp th dport 443 dnat ip to %s:%d", m.gateway, m.cfg.ProxyPort))
+		to := rule{match: []match{{kind: dports, proto: "tcp", ports: []portRange{{443, 443}}}},
+			dnat: netip.AddrPortFrom(m.gateway, uint16(m.cfg.ProxyPort))} // New checked the port
+		mem.dnat = append(mem.dnat, to)
 	}
 
 	// Ingress: only CUSTOM ports, and only what a rule opens.
@@ -409,15 +413,15 @@ func (m *Manager) compile(ip netip.Addr, r Rules) (*member, error) {
 			}
 			continue
 		}
-		src, err := addrMatch("saddr", in.Any, in.CIDR, in.Except)
+		src, err := addrMatch(true, in.Any, in.CIDR, in.Except, reserved.Set{})
 		if err != nil {
 			return nil, fmt.Errorf("ingress[%d]: %w", i, err)
 		}
-		if src == "" || len(open) == 0 {
+		if src == nil || len(open) == 0 {
 			continue
 		}
 		for _, pm := range portSetMatches(open) {
-			mem.ingress = append(mem.ingress, join(src, pm, "accept"))
+			mem.ingress = append(mem.ingress, newRule("accept", src, pm))
 		}
 	}
 	mem.peer, mem.peerU = dedupPorts(mem.peer), dedupPorts(mem.peerU)
@@ -457,41 +461,56 @@ func (m *Manager) memberScript(b *strings.Builder, old, new *member) {
 		elements("add", new)
 	}
 	hex := ipHex(first(old, new).ip)
-	for _, c := range []struct {
-		prefix, vmap string
-		rules        func(*member) []string
-	}{
-		{"e", "egress_of", func(x *member) []string { return x.egress }},
-		{"i", "ingress_of", func(x *member) []string { return x.ingress }},
-		{"n", "dnat_of", func(x *member) []string { return x.dnat }},
-	} {
-		var had, has []string
-		if old != nil {
-			had = c.rules(old)
-		}
-		if new != nil {
-			has = c.rules(new)
-		}
+	for _, c := range chainsOf(old, new) {
 		chain := c.prefix + hex
 		switch {
-		case had != nil && has == nil:
+		case c.has == nil:
 			fmt.Fprintf(b, "delete element inet %s %s { %s }\n", t, c.vmap, old.ip)
 			fmt.Fprintf(b, "delete chain inet %s %s\n", t, chain)
 			continue
-		case had != nil:
+		case c.had != nil:
 			fmt.Fprintf(b, "flush chain inet %s %s\n", t, chain)
-		case has != nil:
-			fmt.Fprintf(b, "add chain inet %s %s\n", t, chain)
 		default:
-			continue
+			fmt.Fprintf(b, "add chain inet %s %s\n", t, chain)
 		}
-		for _, r := range has {
+		for _, r := range c.has {
 			fmt.Fprintf(b, "add rule inet %s %s %s\n", t, chain, r)
 		}
-		if had == nil {
+		if c.had == nil {
 			fmt.Fprintf(b, "add element inet %s %s { %s : jump %s }\n", t, c.vmap, new.ip, chain)
 		}
 	}
+}
+
+// chainChange is one of a sandbox's chains before and after (nil: none).
+type chainChange struct {
+	prefix, vmap string
+	had, has     []rule
+}
+
+// chainsOf is the chains of old and new (either nil) that either has.
+func chainsOf(old, new *member) []chainChange {
+	var out []chainChange
+	for _, c := range []struct {
+		prefix, vmap string
+		rules        func(*member) []rule
+	}{
+		{"e", "egress_of", func(x *member) []rule { return x.egress }},
+		{"i", "ingress_of", func(x *member) []rule { return x.ingress }},
+		{"n", "dnat_of", func(x *member) []rule { return x.dnat }},
+	} {
+		cc := chainChange{prefix: c.prefix, vmap: c.vmap}
+		if old != nil {
+			cc.had = c.rules(old)
+		}
+		if new != nil {
+			cc.has = c.rules(new)
+		}
+		if cc.had != nil || cc.has != nil {
+			out = append(out, cc)
+		}
+	}
+	return out
 }
 
 func first(a, b *member) *member {
@@ -533,83 +552,75 @@ func (m *Manager) ReservedEgress() reserved.Set {
 	return m.cut.Add(host...)
 }
 
-// egressMatch is the nft match of an egress rule's destination: "any" (the internet:
-// not @reserved), or a CIDR with its exceptions and, cut out of it, what m.cut holds of
-// it. "" when nothing is left to allow (an IPv6 prefix, or a wholly reserved one).
-func (m *Manager) egressMatch(anyAddr bool, cidr string, except []string) (string, error) {
+// egressMatch is the match of an egress rule's destination: "any" (the internet: not
+// @reserved), or a CIDR with its exceptions and, cut out of it, what m.cut holds of it.
+// nil when nothing is left to allow (an IPv6 prefix, or a wholly reserved one).
+func (m *Manager) egressMatch(anyAddr bool, cidr string, except []string) ([]match, error) {
+	return addrMatch(false, anyAddr, cidr, except, m.cut)
+}
+
+// addrMatch is the match of "any" (not @reserved) or of a CIDR without its exceptions
+// and what cut holds of it, on the source (saddr) or destination address; nil for an
+// IPv6 prefix, which no sandbox traffic can match, or when nothing of the prefix is left.
+func addrMatch(saddr, anyAddr bool, cidr string, except []string, cut reserved.Set) ([]match, error) {
 	if anyAddr {
-		return addrMatch("daddr", true, "", nil)
+		return []match{{kind: notReserved, saddr: saddr}}, nil
 	}
 	p, err := netip.ParsePrefix(cidr)
 	if err != nil {
-		return "", fmt.Errorf("cidr %q: %w", cidr, err)
+		return nil, fmt.Errorf("cidr %q: %w", cidr, err)
 	}
-	if !p.Addr().Is4() || m.cut.Covers(p) {
-		return "", nil
+	if !p.Addr().Is4() {
+		return nil, nil
 	}
-	ex := reserved.NewSet(m.cut.Overlap(p)...)
+	p = p.Masked()
+	ex := reserved.NewSet(cut.Overlap(p)...)
 	for _, e := range except {
 		q, err := netip.ParsePrefix(e)
 		if err != nil {
-			return "", fmt.Errorf("except %q: %w", e, err)
+			return nil, fmt.Errorf("except %q: %w", e, err)
 		}
 		if q.Addr().Is4() && q.Overlaps(p) {
 			ex = ex.Add(q)
 		}
 	}
 	if ex.Covers(p) {
-		return "", nil
+		return nil, nil
 	}
-	var exs []string
-	for _, q := range ex.Overlap(p) {
-		exs = append(exs, q.String())
-	}
-	return addrMatch("daddr", false, cidr, exs)
-}
-
-// addrMatch is the nft match of a CIDR (with exceptions) or "any" on field (saddr or
-// daddr); "" for an IPv6 prefix, which no sandbox traffic can match.
-func addrMatch(field string, anyAddr bool, cidr string, except []string) (string, error) {
-	if anyAddr {
-		return "ip " + field + " != @reserved", nil
-	}
-	p, err := netip.ParsePrefix(cidr)
-	if err != nil {
-		return "", fmt.Errorf("cidr %q: %w", cidr, err)
-	}
-	if !p.Addr().Is4() {
-		return "", nil
-	}
-	var parts []string
+	var ms []match
 	if p.Bits() > 0 {
-		parts = append(parts, "ip "+field+" "+p.Masked().String())
+		ms = append(ms, match{kind: addrIn, saddr: saddr, prefixes: []netip.Prefix{p}})
 	}
-	var ex []string
-	for _, e := range except {
-		q, err := netip.ParsePrefix(e)
-		if err != nil {
-			return "", fmt.Errorf("except %q: %w", e, err)
+	// The exceptions that reach 255.255.255.255 (with those adjacent to them) are matches
+	// of their own: in a set nft writes them as an interval open at the top, marked in
+	// element userdata that the netlink library (nftnl.go) cannot write.
+	exs := ex.Overlap(p)
+	i := len(exs)
+	if i > 1 {
+		if _, last := span(exs[i-1]); last == 1<<32-1 {
+			for i--; i > 0 && touch(exs[i-1], exs[i]); i-- {
+			}
 		}
-		if q.Addr().Is4() && q.Overlaps(p) {
-			ex = append(ex, q.Masked().String())
-		}
 	}
-	if len(ex) > 0 {
-		parts = append(parts, "ip "+field+" != { "+strings.Join(ex, ", ")+" }")
+	if i > 0 {
+		ms = append(ms, match{kind: addrNotIn, saddr: saddr, prefixes: exs[:i]})
 	}
-	if len(parts) == 0 {
-		parts = append(parts, "meta nfproto ipv4")
+	for _, q := range exs[i:] {
+		ms = append(ms, match{kind: addrNotIn, saddr: saddr, prefixes: []netip.Prefix{q}})
 	}
-	return strings.Join(parts, " "), nil
+	if len(ms) == 0 {
+		ms = append(ms, match{kind: nfprotoV4})
+	}
+	return ms, nil
 }
 
-// portMatches turns port ranges into nft matches, one per protocol; [""] (match all)
-// for none.
-func portMatches(ports []runtime.PortRange) ([]string, error) {
+// portMatches turns port ranges into matches, one per protocol; [nil] (match all) for
+// none.
+func portMatches(ports []runtime.PortRange) ([][]match, error) {
 	if len(ports) == 0 {
-		return []string{""}, nil
+		return [][]match{nil}, nil
 	}
-	byProto := map[string][]string{}
+	byProto := map[string][]portRange{}
 	for _, p := range ports {
 		proto := strings.ToLower(p.Protocol)
 		if proto == "" {
@@ -621,29 +632,46 @@ func portMatches(ports []runtime.PortRange) ([]string, error) {
 		if p.Port < 1 || p.Port > 65535 || p.EndPort != 0 && (p.EndPort < p.Port || p.EndPort > 65535) {
 			return nil, fmt.Errorf("port range %d-%d", p.Port, p.EndPort)
 		}
-		s := fmt.Sprint(p.Port)
-		if p.EndPort > p.Port {
-			s += fmt.Sprintf("-%d", p.EndPort)
-		}
-		byProto[proto] = append(byProto[proto], s)
+		byProto[proto] = append(byProto[proto], portRange{uint16(p.Port), uint16(max(p.Port, p.EndPort))})
 	}
-	var out []string
-	for _, proto := range sortedKeys(byProto) {
-		out = append(out, fmt.Sprintf("meta l4proto %s th dport { %s }", proto, strings.Join(byProto[proto], ", ")))
-	}
-	return out, nil
+	return protoMatches(byProto), nil
 }
 
-func portSetMatches(ports []Port) []string {
-	byProto := map[string][]string{}
+func portSetMatches(ports []Port) [][]match {
+	byProto := map[string][]portRange{}
 	for _, p := range ports {
-		byProto[p.Proto] = append(byProto[p.Proto], fmt.Sprint(p.Port))
+		byProto[p.Proto] = append(byProto[p.Proto], portRange{p.Port, p.Port})
 	}
-	var out []string
+	return protoMatches(byProto)
+}
+
+// protoMatches is a match per protocol of its ports, and one of its own for a range to
+// 65535 beside other ports (a set would make it an interval open at the top: addrMatch).
+func protoMatches(byProto map[string][]portRange) [][]match {
+	var out [][]match
 	for _, proto := range sortedKeys(byProto) {
-		out = append(out, fmt.Sprintf("meta l4proto %s th dport { %s }", proto, strings.Join(byProto[proto], ", ")))
+		ps := mergeRanges(byProto[proto])
+		if n := len(ps); n > 1 && ps[n-1].hi == 65535 {
+			out = append(out, []match{{kind: dports, proto: proto, ports: ps[:n-1]}})
+			ps = ps[n-1:]
+		}
+		out = append(out, []match{{kind: dports, proto: proto, ports: ps}})
 	}
 	return out
+}
+
+// span is the first and last address of an IPv4 prefix, as numbers.
+func span(p netip.Prefix) (first, last uint64) {
+	a := p.Masked().Addr().As4()
+	first = uint64(binary.BigEndian.Uint32(a[:]))
+	return first, first | (1<<(32-p.Bits()) - 1)
+}
+
+// touch reports whether prefix b starts right after a.
+func touch(a, b netip.Prefix) bool {
+	_, last := span(a)
+	first, _ := span(b)
+	return last+1 == first
 }
 
 // covers443 reports whether a rule with these ports allows TCP 443.
@@ -685,16 +713,6 @@ func dedupPorts(ps []Port) []Port {
 		}
 	}
 	return out
-}
-
-func join(parts ...string) string {
-	var nonEmpty []string
-	for _, p := range parts {
-		if p != "" {
-			nonEmpty = append(nonEmpty, p)
-		}
-	}
-	return strings.Join(nonEmpty, " ")
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -391,6 +391,12 @@ func TestEgressScriptCutsReserved(t *testing.T) {
 		{runtime.EgressRule{CIDR: "192.0.0.0/8", Except: []string{"192.168.7.0/24", "192.0.2.0/24"}}, []string{"ip daddr 192.0.0.0/8 ip daddr != { 192.0.2.0/24, 192.168.0.0/16 } accept"}},
 		{runtime.EgressRule{CIDR: "203.0.113.0/24"}, []string{"ip daddr 203.0.113.0/24 accept"}},
 		{runtime.EgressRule{Any: true}, []string{"ip daddr != @reserved accept"}},
+		// Exceptions reaching 255.255.255.255 are matches of their own (not in a set).
+		{runtime.EgressRule{CIDR: "192.0.0.0/2", Except: []string{"223.0.0.0/8", "198.18.0.0/15"}},
+			[]string{"ip daddr 192.0.0.0/2 ip daddr != { 192.168.0.0/16, 198.18.0.0/15 } ip daddr != { 223.0.0.0/8 } ip daddr != { 224.0.0.0/3 } accept"}},
+		{runtime.EgressRule{Any: true, Ports: []runtime.PortRange{{Port: 1024, EndPort: 65535}, {Port: 80}, {Port: 81}, {Protocol: "udp", Port: 53}}},
+			[]string{"ip daddr != @reserved meta l4proto tcp th dport { 80-81 } accept", "ip daddr != @reserved meta l4proto tcp th dport { 1024-65535 } accept",
+				"ip daddr != @reserved meta l4proto udp th dport { 53 } accept"}},
 	} {
 		mem, err := m.compile(ip, Rules{Network: &runtime.Network{Egress: []runtime.EgressRule{c.rule}}})
 		if err != nil {
