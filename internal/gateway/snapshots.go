@@ -425,6 +425,12 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 		return s.complete(ctx, x, store.SnapshotCompletion{State: store.SnapshotReady, SizeBytes: info.Size, ContentBytes: job.ContentBytes,
 			Digest: digest, Pause: job.Pause, CompleteTime: job.CompleteTime})
 	case runner.SnapshotFailed:
+		if job.CompleteTime.IsZero() && time.Since(x.CreateTime) < unknownJobGrace {
+			// The runner does not know the job (no completion time): for a young row,
+			// that is a create whose runner call has not registered it yet (the row is
+			// written first). Failing it now would leave its archive uploaded, uncounted.
+			return x
+		}
 		reason := job.Reason
 		if !apierr.Known(reason) {
 			reason = apierr.FSSCreateFailed
@@ -434,6 +440,11 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 	}
 	return x
 }
+
+// unknownJobGrace is how long a CREATING snapshot whose runner does not know its job
+// stays CREATING: its create may still be registering the job (applyJob). Past it, the
+// job is lost (a runner restarted before it started) and the snapshot FAILED.
+var unknownJobGrace = time.Minute // a var for a test
 
 // refreshSnapshot asks the owning runner about CREATING x and records its outcome; it
 // reports whether the runner answered (true for x in another state).

@@ -176,7 +176,7 @@ func (r *snapRunner) fail(id, reason, msg string) {
 	r.smu.Lock()
 	defer r.smu.Unlock()
 	j := r.jobs[id]
-	j.State, j.Reason, j.Message = runner.SnapshotFailed, reason, msg
+	j.State, j.Reason, j.Message, j.CompleteTime = runner.SnapshotFailed, reason, msg, time.Now()
 	r.jobs[id] = j
 }
 
@@ -874,5 +874,42 @@ func TestSnapshotListRefreshes(t *testing.T) {
 	}
 	if states[ids[0]] != sandboxv1.SnapshotState_SNAPSHOT_STATE_READY || states[ids[1]] != sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING {
 		t.Fatalf("list states %v: want %s READY (finished) and %s CREATING", states, ids[0], ids[1])
+	}
+}
+
+// TestSnapshotUnknownJobYoung: a runner that does not know a snapshot's job (its create
+// has written the row but not yet registered the job) leaves a young snapshot CREATING,
+// for a list, a get and the reconciler alike: failing it would leave its archive, once
+// uploaded, counted nowhere. Past the grace the job is lost and the snapshot FAILED.
+func TestSnapshotUnknownJobYoung(t *testing.T) {
+	e := newSnapEnv(t)
+	r := newSnapRunner("r1", e.blobs)
+	s := e.server(t, 0, r)
+	ctx := asOrg(t.Context())
+	sb, err := createWith(t, s, ctx, scratch("workspace", "", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := snapshotOf(t, s, ctx, sb.GetSandboxId(), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.GetFileSystemSnapshotId()
+	r.smu.Lock()
+	delete(r.jobs, id) // as if the runner had not registered it yet
+	r.smu.Unlock()
+	l, err := s.ListFileSystemSnapshots(ctx, connect.NewRequest(&sandboxv1.ListFileSystemSnapshotsRequest{}))
+	if err != nil || len(l.Msg.GetFileSystemSnapshots()) != 1 || l.Msg.GetFileSystemSnapshots()[0].GetState() != sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING {
+		t.Fatalf("list of a young snapshot the runner does not know: %v %v, want CREATING", l, err)
+	}
+	s.ReconcileSnapshots(t.Context())
+	if got, err := getSnap(t, s, ctx, id); err != nil || got.GetState() != sandboxv1.SnapshotState_SNAPSHOT_STATE_CREATING {
+		t.Fatalf("get after a reconcile: %v %v, want CREATING", got, err)
+	}
+	old := unknownJobGrace
+	unknownJobGrace = 0
+	defer func() { unknownJobGrace = old }()
+	if got, err := getSnap(t, s, ctx, id); err != nil || got.GetState() != sandboxv1.SnapshotState_SNAPSHOT_STATE_FAILED {
+		t.Fatalf("get past the grace: %v %v, want FAILED", got, err)
 	}
 }
