@@ -22,11 +22,6 @@ import (
 // Claims from the warm pool and the pool's refills are cheap or yield and are not gated.
 type coldGate struct {
 	max int
-	// parked bounds the forks that gave their slot back to wait for their source's
-	// checkpoint (forkReady), each with a sentry already made: at most max of them.
-	// Beyond that a fork waits holding its slot, so the sentries made and waiting stay
-	// within 2*max, not only the runner's capacity.
-	parked chan struct{}
 
 	mu      sync.Mutex
 	running int
@@ -47,7 +42,7 @@ type coldWaiter struct {
 func defaultColdStarts(n int) int { return max(4, 2*n) }
 
 func newColdGate(n int) *coldGate {
-	return &coldGate{max: n, parked: make(chan struct{}, n), held: map[string]int{}, queues: map[string][]*coldWaiter{}}
+	return &coldGate{max: n, held: map[string]int{}, queues: map[string][]*coldWaiter{}}
 }
 
 // acquire waits until org may start a container; release must be called once the start
@@ -226,27 +221,22 @@ func (c *coldSlot) leave() {
 }
 
 // forkReady waits for fork source fp's checkpoint, with the slot given back while it
-// waits (a checkpoint can take long) and taken again after, when fewer than the gate's
-// max forks are parked so; otherwise it waits holding its slot.
+// waits (a checkpoint can take long) and taken again after.
 func (c *coldSlot) forkReady(ctx context.Context, fp *forkParams) error {
-	if fp.ready != nil && c.release != nil {
+	if fp.ready != nil {
 		select {
 		case <-fp.ready:
-			return fp.wait(ctx)
 		default:
-		}
-		select {
-		case c.g.parked <- struct{}{}:
+			held := c.release != nil
 			c.leave()
-			err := fp.wait(ctx)
-			<-c.g.parked
-			if err != nil {
+			if err := fp.wait(ctx); err != nil {
 				return err
 			}
-			if _, err := c.enter(ctx); err != nil {
-				return err
+			if held {
+				if _, err := c.enter(ctx); err != nil {
+					return err
+				}
 			}
-		default: // max forks parked: this one waits with its slot
 		}
 	}
 	return fp.wait(ctx)
