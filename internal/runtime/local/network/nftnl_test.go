@@ -4,6 +4,7 @@ package network
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -532,4 +533,48 @@ func listTable(t *testing.T, table string) (text, exprs string) {
 		sets = append(sets, c+"\n"+chains[c])
 	}
 	return text, strings.Join(sets, "\n")
+}
+
+// TestSetRulesRetryAfterFailure: a change that failed (netlink and the nft rebuild both)
+// leaves the old rules in force, and the same rules asked again are applied, not skipped
+// as "already set" because the rules file (written first) already holds them: a retry
+// must never leave the kernel with the older, possibly more open, rules.
+func TestSetRulesRetryAfterFailure(t *testing.T) {
+	requireNetAdmin(t)
+	m, err := New(testConfig(t, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Cleanup(); err != nil {
+			t.Errorf("Cleanup: %v", err)
+		}
+		m.Close()
+	})
+	a := setup(t, m, "rt-a-"+randHex(4))
+	open := Rules{Org: "o1", Network: &runtime.Network{Egress: []runtime.EgressRule{{Any: true}}}}
+	if err := m.SetRules(a.ID, open); err != nil {
+		t.Fatal(err)
+	}
+	narrow := Rules{Org: "o1", Network: &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "203.0.113.0/24"}}}}
+	// Both paths fail: the table is gone (netlink) and no nft is found (the rebuild).
+	if err := deleteTable(m.cfg.Table); err != nil {
+		t.Fatal(err)
+	}
+	path := os.Getenv("PATH")
+	t.Setenv("PATH", t.TempDir())
+	if err := m.SetRules(a.ID, narrow); err == nil {
+		t.Fatal("SetRules with neither netlink nor nft working: no error")
+	}
+	t.Setenv("PATH", path)
+	if err := m.SetRules(a.ID, narrow); err != nil {
+		t.Fatalf("the retry: %v", err)
+	}
+	out, err := exec.Command("nft", "list", "table", "inet", m.cfg.Table).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the retry did not rebuild the table: %v %s", err, out)
+	}
+	if !strings.Contains(string(out), "203.0.113.0/24") {
+		t.Fatalf("the retry's rules are not in force:\n%s", out)
+	}
 }

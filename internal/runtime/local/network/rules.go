@@ -85,6 +85,10 @@ type member struct {
 	dnat    []rule   // chain n…, nil: none
 	grants  []string // dns_name patterns, for the proxy
 	inject  []string // dns_name hosts with egress secrets, for the proxy
+	// rules is the JSON of the Rules this member was compiled from: SetRules skips a
+	// change to the rules in force, and only those (a change that failed left the old
+	// member in force, so the same rules again are applied again, not skipped).
+	rules string
 }
 
 type policyState struct {
@@ -117,18 +121,19 @@ func (m *Manager) SetRules(id string, r Rules) error {
 	p := &m.pol
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	want, err := json.Marshal(&r)
+	if err != nil {
+		return fmt.Errorf("network: rules of %s: %w", id, err)
+	}
 	// The same rules again (a restarted runner declaring what New restored): nothing to do.
-	if _, ok := p.members[att.IP]; ok {
-		if have, err := os.ReadFile(m.rulesPath(id)); err == nil {
-			if want, err := json.Marshal(&r); err == nil && string(have) == string(want) {
-				return nil
-			}
-		}
+	if cur := p.members[att.IP]; cur != nil && cur.rules == string(want) {
+		return nil
 	}
 	mem, err := m.compile(att.IP, r)
 	if err != nil {
 		return fmt.Errorf("network: rules of %s: %w", id, err)
 	}
+	mem.rules = string(want)
 	// Persisted first: a crash in between leaves New the rules meant, never fewer.
 	if err := m.writeRules(id, &r); err != nil {
 		return fmt.Errorf("network: rules of %s: %w", id, err)
@@ -239,6 +244,11 @@ func (m *Manager) restoreRules() []*member {
 		mem := (*member)(nil)
 		if err == nil {
 			mem, err = m.compile(att.IP, r)
+		}
+		if err == nil {
+			if j, jerr := json.Marshal(&r); jerr == nil {
+				mem.rules = string(j)
+			}
 		}
 		if err != nil {
 			mem = &member{ip: att.IP, egress: []rule{{verdict: "drop"}}}
