@@ -108,8 +108,12 @@ func kernelRule(r rule) (ex []expr.Any, sets []anonSet, ok bool) {
 				&expr.Meta{Key: expr.MetaKeyMARK, Register: 9}, // the 32-bit register after the address
 				&expr.Lookup{SourceRegister: 1, SetName: "caller_member"})
 		case dports:
+			proto, known := l4proto(x.proto)
+			if !known {
+				return nil, nil, false // a protocol this code does not encode: nft's rule compiler
+			}
 			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{l4proto(x.proto)}},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
 			switch p := x.ports; {
 			case len(p) == 1 && p[0].lo == p[0].hi:
@@ -203,14 +207,17 @@ func intervals(rs [][2]uint64, size int) (elems []nftables.SetElement, closed bo
 	return elems, true
 }
 
-func l4proto(proto string) byte {
+// l4proto is proto's protocol number; false for one it does not know (never TCP by default).
+func l4proto(proto string) (byte, bool) {
 	switch proto {
+	case "tcp":
+		return unix.IPPROTO_TCP, true
 	case "udp":
-		return unix.IPPROTO_UDP
+		return unix.IPPROTO_UDP, true
 	case "sctp":
-		return unix.IPPROTO_SCTP
+		return unix.IPPROTO_SCTP, true
 	}
-	return unix.IPPROTO_TCP
+	return 0, false
 }
 
 // setElements replaces the elements and chains of old with those of new in one netlink
