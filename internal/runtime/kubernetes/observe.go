@@ -113,23 +113,31 @@ const maxEventMessage = 1024
 // maxPullDuration bounds a parsed pull time (the create's own bound is far below).
 const maxPullDuration = 24 * time.Hour
 
-// pullsOf are the pulls of the sandbox containers in events (the kubelet's events of one
-// Pod): at most one per container, the first the list holds. Events of other objects or
-// sources than the kubelet, of the agent's containers, or whose message does not parse
-// are left out.
-func pullsOf(events []corev1.Event, podName string, uid string) []pull {
+// pullsOf are the pulls of the sandbox containers in events (the kubelet's events of
+// pod): at most one per container of its spec, the first the list holds. Events of other
+// objects or sources than the kubelet, of the agent's containers or of names not in the
+// spec (anyone allowed to create events could write one), or whose message does not
+// parse are left out.
+func pullsOf(events []corev1.Event, pod *corev1.Pod) []pull {
+	inSpec := map[string]bool{}
+	for _, c := range pod.Spec.InitContainers {
+		inSpec[c.Name] = true
+	}
+	for _, c := range pod.Spec.Containers {
+		inSpec[c.Name] = true
+	}
 	seen := map[string]bool{}
 	var out []pull
 	for i := range events {
 		ev := &events[i]
-		if ev.Reason != "Pulled" || ev.InvolvedObject.Kind != "Pod" || ev.InvolvedObject.Name != podName || string(ev.InvolvedObject.UID) != uid {
+		if ev.Reason != "Pulled" || ev.InvolvedObject.Kind != "Pod" || ev.InvolvedObject.Name != pod.Name || ev.InvolvedObject.UID != pod.UID {
 			continue
 		}
 		if ev.Source.Component != "kubelet" && ev.ReportingController != "kubelet" {
 			continue // only the kubelet pulls
 		}
 		c, ok := containerOfField(ev.InvolvedObject.FieldPath)
-		if !ok || c == containerGate || c == containerInstall || seen[c] {
+		if !ok || !inSpec[c] || c == containerGate || c == containerInstall || seen[c] {
 			continue
 		}
 		p, ok := parsePulled(ev.Message)
@@ -198,6 +206,11 @@ func eventTime(ev *corev1.Event) time.Time {
 	return ev.FirstTimestamp.Time
 }
 
+// maxEventReaders bounds the Pods whose events are read at once (recordPulls), process-wide.
+const maxEventReaders = 4
+
+var eventReaders = make(chan struct{}, maxEventReaders)
+
 // maxPodEvents bounds the events read of one Pod.
 const maxPodEvents = 256
 
@@ -211,6 +224,15 @@ var defaultEventsWait = []time.Duration{0, 500 * time.Millisecond, time.Second, 
 // long as the kubelet measured, within the Pod's runtime step. Runs after Create
 // returned; gives up when the events cannot be read.
 func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st *createSteps) {
+	// At most maxEventReaders Pods' events are read at once: a field-selected list is
+	// served by scanning the namespace's events, so a burst of creates must not make a
+	// burst of scans.
+	select {
+	case eventReaders <- struct{}{}:
+		defer func() { <-eventReaders }()
+	case <-b.ctx.Done():
+		return
+	}
 	var got []pull
 	waits := b.eventsWait
 	if waits == nil {
@@ -224,7 +246,7 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st
 		}
 		lctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 		list, err := b.cfg.Client.CoreV1().Events(b.cfg.Namespace).List(lctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod.Name, "involvedObject.uid": string(pod.UID)}.String(),
+			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod.Name, "involvedObject.uid": string(pod.UID), "reason": "Pulled"}.String(),
 			Limit:         maxPodEvents,
 		})
 		cancel()
@@ -239,7 +261,7 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st
 			return
 		}
 		b.eventsWarned.Store(false)
-		got = pullsOf(list.Items, pod.Name, string(pod.UID))
+		got = pullsOf(list.Items, pod)
 		if len(got) >= want {
 			break
 		}

@@ -84,7 +84,13 @@ func TestPullsOf(t *testing.T) {
 	started := pulledEvent("sbx-a", "u1", "spec.containers{c2-side}", hit, at)
 	started.Reason = "Started"
 	evs = append(evs, started)
-	got := pullsOf(evs, "sbx-a", "u1")
+	byName := pulledEvent("sbx-a", "u1", "spec.containers{not-in-spec}", hit, at) // by the kubelet, of no container of the Pod
+	evs = append(evs, byName)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sbx-a", UID: "u1"}, Spec: corev1.PodSpec{
+		InitContainers: []corev1.Container{{Name: "install"}, {Name: "c0-init"}},
+		Containers:     []corev1.Container{{Name: "gate"}, {Name: "sandbox"}, {Name: "side"}, {Name: "c2-side"}, {Name: "c3-x"}},
+	}}
+	got := pullsOf(evs, pod)
 	var desc []string
 	for _, p := range got {
 		desc = append(desc, fmt.Sprintf("%s hit=%v %v", p.container, p.hit, p.d))
