@@ -173,7 +173,13 @@ func testConfig(t testing.TB, egress bool) Config {
 func newTestManager(t testing.TB, egress bool) *Manager {
 	t.Helper()
 	requireNetAdmin(t)
-	m, err := New(testConfig(t, egress))
+	return newManagerFrom(t, testConfig(t, egress))
+}
+
+// newManagerFrom creates a Manager with cfg and registers Cleanup+Close.
+func newManagerFrom(t testing.TB, cfg Config) *Manager {
+	t.Helper()
+	m, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,16 +94,7 @@ func TestRulesOverNetlink(t *testing.T) {
 	requireNetAdmin(t)
 	cfg := testConfig(t, true)
 	cfg.ProxyPort = DefaultProxyPort
-	m, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-		m.Close()
-	})
+	m := newManagerFrom(t, cfg)
 	a := setup(t, m, "nr-a-"+randHex(4))
 	b := setup(t, m, "nr-b-"+randHex(4))
 	pr := func(proto string, port, end int) runtime.PortRange {
@@ -294,16 +285,7 @@ func BenchmarkRuleChangeAt1000(b *testing.B) {
 	cfg := testConfig(b, true)
 	cfg.Subnet = freeSubnet(b, 21)
 	cfg.ProxyPort = DefaultProxyPort
-	m, err := New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := m.Cleanup(); err != nil {
-			b.Errorf("Cleanup: %v", err)
-		}
-		m.Close()
-	})
+	m := newManagerFrom(b, cfg)
 	att := setup(b, m, "rc-"+randHex(4))
 	// The others: members only (rules without links), put in with one rebuild.
 	m.pol.mu.Lock()
@@ -321,7 +303,7 @@ func BenchmarkRuleChangeAt1000(b *testing.B) {
 		}
 		m.pol.set(ip, mem)
 	}
-	err = runNft(m.tableLocked())
+	err := runNft(m.tableLocked())
 	m.pol.mu.Unlock()
 	if err != nil {
 		b.Fatal(err)
@@ -540,17 +522,7 @@ func listTable(t *testing.T, table string) (text, exprs string) {
 // as "already set" because the rules file (written first) already holds them: a retry
 // must never leave the kernel with the older, possibly more open, rules.
 func TestSetRulesRetryAfterFailure(t *testing.T) {
-	requireNetAdmin(t)
-	m, err := New(testConfig(t, true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-		m.Close()
-	})
+	m := newTestManager(t, true)
 	a := setup(t, m, "rt-a-"+randHex(4))
 	open := Rules{Org: "o1", Network: &runtime.Network{Egress: []runtime.EgressRule{{Any: true}}}}
 	if err := m.SetRules(a.ID, open); err != nil {

@@ -333,16 +333,7 @@ func TestEgressOpenReserved(t *testing.T) {
 	requireNetAdmin(t)
 	cfg := testConfig(t, true)
 	cfg.OpenReserved = []netip.Prefix{netip.MustParsePrefix("10.199.0.0/16")}
-	m, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-		m.Close()
-	})
+	m := newManagerFrom(t, cfg)
 	w := newWorld(t, m) // priv10 is 10.199.x.y
 	all := []probe{{dst: pub, port: 80}, {dst: priv10, port: 80}, {dst: priv172, port: 80}, {dst: llocal, port: 80}}
 	for _, c := range []struct {
