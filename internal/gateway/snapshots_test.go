@@ -248,6 +248,21 @@ func scratch(name, size, restore string) *sandboxv1.SandboxVolume {
 }
 
 // createWith creates a sandbox with vols, mounted under /v/<name>.
+// newSnapSandbox is a gateway with snapshots on one runner, r1, and a sandbox of the
+// test organization with a scratch volume "workspace" on it.
+func newSnapSandbox(t *testing.T) (*Server, *snapRunner, context.Context, *sandboxv1.Sandbox) {
+	t.Helper()
+	e := newSnapEnv(t)
+	r := newSnapRunner("r1", e.blobs)
+	s := e.server(t, 0, r)
+	ctx := asOrg(t.Context())
+	sb, err := createWith(t, s, ctx, scratch("workspace", "", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, r, ctx, sb
+}
+
 func createWith(t *testing.T, s *Server, ctx context.Context, vols ...*sandboxv1.SandboxVolume) (*sandboxv1.Sandbox, error) {
 	t.Helper()
 	c := &sandboxv1.Container{Image: "python:3.11"}
@@ -287,14 +302,7 @@ func getSnap(t *testing.T, s *Server, ctx context.Context, id string) (*sandboxv
 // Restores[volume] with the archive's key, digest and sizes; another organization sees
 // none of it (NOT_FOUND on get, delete and restore).
 func TestSnapshotCreateGetRestore(t *testing.T) {
-	e := newSnapEnv(t)
-	r := newSnapRunner("r1", e.blobs)
-	s := e.server(t, 0, r)
-	ctx := asOrg(t.Context())
-	sb, err := createWith(t, s, ctx, scratch("workspace", "", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, r, ctx, sb := newSnapSandbox(t)
 	snap, err := snapshotOf(t, s, ctx, sb.GetSandboxId(), "", "")
 	if err != nil {
 		t.Fatal(err)
@@ -847,14 +855,7 @@ func TestSnapshotLimitsThroughTheRPCs(t *testing.T) {
 // so a snapshot the runner has finished is READY in the list at once (no Get first, no
 // wait for the reconciler); with no runner answering, it stays CREATING as stored.
 func TestSnapshotListRefreshes(t *testing.T) {
-	e := newSnapEnv(t)
-	r := newSnapRunner("r1", e.blobs)
-	s := e.server(t, 0, r)
-	ctx := asOrg(t.Context())
-	sb, err := createWith(t, s, ctx, scratch("workspace", "", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, r, ctx, sb := newSnapSandbox(t)
 	var ids []string
 	for range 2 {
 		snap, err := snapshotOf(t, s, ctx, sb.GetSandboxId(), "", "")
@@ -882,14 +883,7 @@ func TestSnapshotListRefreshes(t *testing.T) {
 // for a list, a get and the reconciler alike: failing it would leave its archive, once
 // uploaded, counted nowhere. Past the grace the job is lost and the snapshot FAILED.
 func TestSnapshotUnknownJobYoung(t *testing.T) {
-	e := newSnapEnv(t)
-	r := newSnapRunner("r1", e.blobs)
-	s := e.server(t, 0, r)
-	ctx := asOrg(t.Context())
-	sb, err := createWith(t, s, ctx, scratch("workspace", "", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, r, ctx, sb := newSnapSandbox(t)
 	snap, err := snapshotOf(t, s, ctx, sb.GetSandboxId(), "", "")
 	if err != nil {
 		t.Fatal(err)
