@@ -426,7 +426,8 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 			Digest: digest, Pause: job.Pause, CompleteTime: job.CompleteTime})
 	case runner.SnapshotFailed:
 		if job.CompleteTime.IsZero() && time.Since(x.CreateTime) < unknownJobGrace {
-			// The runner does not know the job (no completion time): for a young row,
+			// The runner does not know the job (no completion time: runner
+			// GetSnapshotJob's mark, kept by the wire's nil timestamp): for a young row,
 			// that is a create whose runner call has not registered it yet (the row is
 			// written first). Failing it now would leave its archive uploaded, uncounted.
 			return x

@@ -385,7 +385,7 @@ func TestSnapshotRefusals(t *testing.T) {
 	if apierr.Reason(err) != apierr.FSSInflightLimit || connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("third in flight: %v", err)
 	}
-	if j := r.GetSnapshotJob("a3"); j.State != SnapshotFailed || !strings.Contains(j.Message, "unknown") {
+	if j := r.GetSnapshotJob("a3"); j.State != SnapshotFailed || !strings.Contains(j.Message, "unknown") || !j.CompleteTime.IsZero() {
 		t.Errorf("a refused snapshot left a job: %+v", j)
 	}
 	// Per runner: 3; a second sandbox's first snapshot fits, its second does not.
