@@ -16,6 +16,7 @@ func main() {
 	flag.IntVar(&o.ListenFD, "listen-fd", agentconfig.ListenFD, "inherited listening socket; -1 = listen on the config's listen address")
 	flag.StringVar(&o.SeccompFilter, "seccomp-filter", "", "seccomp filter (classic BPF) to install before anything else; failing to is fatal")
 	flag.StringVar(&o.SeccompSHA256, "seccomp-filter-sha256", "", "the hex SHA-256 the seccomp filter's bytes must have (required with --seccomp-filter)")
+	flag.StringVar(&o.TerminationLog, "termination-log", "", "an existing file the final status is written into as the agent ends (Kubernetes: /dev/termination-log)")
 	flag.Parse()
 	os.Exit(agent.Main(o))
 }

@@ -65,6 +65,11 @@ type Options struct {
 	// main command has ended and Release is closed. nil: never (the backend kills the
 	// agent, see agentconfig.Config.HoldExit).
 	Release <-chan struct{}
+	// TerminationLog, when set, is a file that exists (the kubelet's
+	// /dev/termination-log): the final status is written into it as the agent ends, so
+	// the backend learns it from the container's status even when no Watch of its saw
+	// the end (a sidecar whose restarts all fell between two connections). Best effort.
+	TerminationLog string
 }
 
 // Agent is one running agent.
@@ -228,6 +233,9 @@ func Run(ctx context.Context, opts Options) (int, error) {
 		a.log.Warn("serve", "err", err)
 	}
 	a.killExecs()
+	if a.opts.TerminationLog != "" {
+		a.writeTerminationLog()
+	}
 	if a.started.Load() && a.cfg.HoldExit {
 		a.log.Info("main command ended; holding until the backend ends the sandbox", "code", code)
 		<-a.opts.Release
@@ -393,6 +401,32 @@ func (a *Agent) update(f func(*agentv1.StatusResponse)) {
 	a.changed = make(chan struct{})
 	if err := a.writeStatusFile(a.status); err != nil {
 		a.log.Error("write status", "err", err)
+	}
+}
+
+// maxTerminationLog is what the kubelet keeps of a termination message.
+const maxTerminationLog = 4096
+
+// writeTerminationLog writes the status, on one line, into Options.TerminationLog: an
+// existing regular file, never through a symlink, and only if it fits.
+func (a *Agent) writeTerminationLog() {
+	a.mu.Lock()
+	b, err := protojson.Marshal(a.status)
+	a.mu.Unlock()
+	if err != nil || len(b) > maxTerminationLog {
+		return
+	}
+	f, err := os.OpenFile(a.opts.TerminationLog, os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		a.log.Debug("termination log", "err", err)
+		return
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return
+	}
+	if _, err := f.Write(b); err != nil {
+		a.log.Debug("termination log", "err", err)
 	}
 }
 

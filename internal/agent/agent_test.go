@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
@@ -588,5 +589,56 @@ func TestExecWaitsForSpecFiles(t *testing.T) {
 	rf, err := h.client.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: filepath.Join(dir, "spec.txt")}))
 	if err != nil || string(rf.Msg.GetContent()) != "from the spec" {
 		t.Fatalf("read: %v, %v", rf, err)
+	}
+}
+
+// TestTerminationLog: an agent given a termination log leaves its final status there as
+// it ends (the Kubernetes backend reads a sidecar's restarts and exit from it); a
+// symlink there is not followed, and a missing file is not made.
+func TestTerminationLog(t *testing.T) {
+	dir := t.TempDir()
+	term := filepath.Join(dir, "termination-log")
+	if err := os.WriteFile(term, []byte("stale"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	h := startAgent(t, &agentconfig.Config{Argv: []string{"sh", "-c", "exit 7"}, RestartLimit: 2},
+		func(o *Options) { o.TerminationLog = term })
+	if code := h.wait(t); code != 7 {
+		t.Fatalf("exit %d, want 7", code)
+	}
+	b, err := os.ReadFile(term)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st agentv1.StatusResponse
+	if err := protojson.Unmarshal(b, &st); err != nil {
+		t.Fatalf("termination log %q: %v", b, err)
+	}
+	if st.GetState() != agentv1.MainState_MAIN_STATE_FAILED || st.GetRestartCount() != 2 || st.GetExitCode() != 7 || st.GetReason() != ReasonRestartLimit {
+		t.Errorf("termination log %v: want FAILED, exit 7 after 2 restarts", &st)
+	}
+	if bytes.Contains(b, []byte("\n")) {
+		t.Errorf("termination log %q: want one line", b)
+	}
+
+	// A symlink in its place: the target is left alone.
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("keep"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing")
+	for _, p := range []string{link, missing} {
+		h := startAgent(t, &agentconfig.Config{Argv: []string{"true"}}, func(o *Options) { o.TerminationLog = p })
+		h.wait(t)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "keep" {
+		t.Errorf("symlink target now %q: followed", b)
+	}
+	if _, err := os.Lstat(missing); !os.IsNotExist(err) {
+		t.Errorf("missing termination log made: %v", err)
 	}
 }

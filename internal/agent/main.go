@@ -24,6 +24,8 @@ type MainOptions struct {
 	// SeccompSHA256 is the hex SHA-256 the filter's bytes must have (from the OCI
 	// config, which the sandbox's filesystem cannot change); required with it.
 	SeccompSHA256 string
+	// TerminationLog: see Options.TerminationLog.
+	TerminationLog string
 }
 
 // Main runs sandbox-agent as a process and returns its exit code. SIGTERM and SIGINT stop
@@ -66,7 +68,7 @@ func Main(o MainOptions) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	code, err := Run(ctx, Options{Config: cfg, StateDir: o.StateDir, Listener: ln, Logger: log})
+	code, err := Run(ctx, Options{Config: cfg, StateDir: o.StateDir, Listener: ln, Logger: log, TerminationLog: o.TerminationLog})
 	if err != nil {
 		log.Error("run", "err", err)
 	}

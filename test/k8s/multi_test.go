@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -256,5 +257,53 @@ func TestGroupPrimaryExit(t *testing.T) {
 			t.Fatalf("the Pod was not stopped after its primary ended: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestGroupSidecarFinalInPod: a sidecar's agent leaves its final status in the
+// container's termination message (--termination-log), so a sidecar whose restarts all
+// happen before any Watch of the backend holds (CI's load once made the conformance
+// case wait 90 s in vain) is still reported exited after its restarts.
+func TestGroupSidecarFinalInPod(t *testing.T) {
+	newBackend, client, ns := groupBackend(t)
+	b := newBackend()
+	id := randomID("grp-")
+	spec := &runtime.Spec{
+		ID:        id,
+		Container: runtime.Container{Name: "app", Image: busybox, Command: "sleep", Args: []string{"3600"}},
+		Sidecars: []runtime.Container{{Name: "flaky", Image: busybox, Command: "sh", Args: []string{"-c", "exit 7"},
+			RestartLimit: 2}},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Destroy(context.Background(), id) }()
+	var msg string
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.Name == "flaky" && cs.State.Terminated != nil {
+				msg = cs.State.Terminated.Message
+			}
+		}
+		if msg != "" || time.Now().After(deadline) {
+			break
+		}
+	}
+	var st agentv1.StatusResponse
+	if err := protojson.Unmarshal([]byte(msg), &st); err != nil {
+		t.Fatalf("the sidecar's termination message %q: %v", msg, err)
+	}
+	if st.GetState() != agentv1.MainState_MAIN_STATE_FAILED || st.GetRestartCount() != 2 || st.GetExitCode() != 7 {
+		t.Errorf("the sidecar's final status in its termination message: %v, want FAILED, exit 7 after 2 restarts", &st)
+	}
+	sts, err := b.ContainerStatuses(ctx, id)
+	if err != nil || len(sts) != 2 || sts[1].State != runtime.ContainerExited || sts[1].Restarts != 2 || sts[1].ExitCode == nil || *sts[1].ExitCode != 7 {
+		t.Errorf("statuses: %+v, %v; want flaky exited 7 after 2 restarts", sts, err)
 	}
 }

@@ -640,6 +640,13 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			b.mu.Lock()
 			last := s.agentStatus[m.name]
 			b.mu.Unlock()
+			// A container that has ended left its agent's final status in its
+			// termination message: it stands over a watch that missed the end.
+			if cs != nil && !finalState(last) {
+				if fin := statusInMessage(cs.State.Terminated); finalState(fin) {
+					last = fin
+				}
+			}
 			if last != nil {
 				fromAgent(st, last)
 			}
@@ -735,8 +742,7 @@ func (b *Backend) watchAgent(s *sandbox, name string) {
 				}
 				s.agentStatus[name] = st
 				b.mu.Unlock()
-				switch st.GetState() {
-				case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
+				if finalState(st) {
 					_ = stream.Close()
 					return
 				}

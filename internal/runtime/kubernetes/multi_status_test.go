@@ -70,6 +70,57 @@ func TestContainerStatusesDialsOnlyUnreported(t *testing.T) {
 	}
 }
 
+// TestContainerStatusesFinalFromMessage: a sidecar whose restarts and end no Watch saw
+// (its agent was gone before a connection held) is reported from the final status its
+// agent left in the container's termination message; a message that is no final status
+// leaves the watch's view.
+func TestContainerStatusesFinalFromMessage(t *testing.T) {
+	b := &Backend{
+		cfg: Config{Dial: func(context.Context, string, string) (net.Conn, error) {
+			return nil, errors.New("no gate here")
+		}},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{},
+	}
+	spec := runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "i"},
+		Sidecars: []runtime.Container{{Name: "db", Image: "i"}}}
+	ended := func(msg string) corev1.ContainerState {
+		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 7, Reason: "Error", Message: msg}}
+	}
+	pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1", ContainerStatuses: []corev1.ContainerStatus{
+		{Name: containerMain, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		{Name: "db", State: ended(`{"state":"MAIN_STATE_FAILED","exitCode":7,"restartCount":2,"reason":"RestartLimit","message":"main command exited 7; restart limit 2 reached"}`)},
+	}}}
+	s := &sandbox{id: "x", spec: spec, pod: pod, changed: make(chan struct{}), done: make(chan struct{}),
+		agentStatus: map[string]*agentv1.StatusResponse{"db": {State: agentv1.MainState_MAIN_STATE_RESTARTING, RestartCount: 1}}}
+	b.sandboxes["x"] = s
+	db := func() runtime.ContainerStatus {
+		t.Helper()
+		sts, err := b.ContainerStatuses(context.Background(), "x")
+		if err != nil || len(sts) != 2 {
+			t.Fatalf("statuses %+v, %v", sts, err)
+		}
+		return sts[1]
+	}
+	if st := db(); st.State != runtime.ContainerExited || st.Restarts != 2 || st.ExitCode == nil || *st.ExitCode != 7 || st.Reason != "RestartLimit" {
+		t.Errorf("db from its termination message: %+v, want exited 7 after 2 restarts (RestartLimit)", st)
+	}
+	// Nothing watched at all: the same.
+	s.agentStatus = nil
+	if st := db(); st.State != runtime.ContainerExited || st.Restarts != 2 {
+		t.Errorf("db, never watched: %+v, want exited after 2 restarts", st)
+	}
+	// A message that is not a final status (the container wrote its own): the Pod's
+	// exit and the watch's count stand.
+	s.agentStatus = map[string]*agentv1.StatusResponse{"db": {State: agentv1.MainState_MAIN_STATE_RESTARTING, RestartCount: 1}}
+	for _, msg := range []string{`{"state":"MAIN_STATE_RUNNING","restartCount":50}`, "not json", ""} {
+		pod.Status.ContainerStatuses[1].State = ended(msg)
+		if st := db(); st.Restarts != 1 {
+			t.Errorf("message %q: %+v, want the watch's 1 restart", msg, st)
+		}
+	}
+}
+
 // TestLogDirUntracked: a sandbox the backend no longer tracks (a teardown on the
 // recovery path) still has its sidecars' log copies archived.
 func TestLogDirUntracked(t *testing.T) {

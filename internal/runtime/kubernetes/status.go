@@ -123,8 +123,7 @@ func exitOf(p *corev1.Pod, deleted bool) runtime.Exit {
 	// exit code, as the local backend reports it (not the container's 137).
 	deleted = deleted || p != nil && p.DeletionTimestamp != nil
 	if st := agentStatus(p); st != nil {
-		switch st.GetState() {
-		case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
+		if finalState(st) {
 			ex.Restarts = int(st.GetRestartCount())
 			if st.ExitCode != nil {
 				c := st.GetExitCode()
@@ -171,15 +170,33 @@ func agentStatus(p *corev1.Pod) *agentv1.StatusResponse {
 		return nil
 	}
 	for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, lastTerminated(cs)} {
-		if t == nil || t.Message == "" {
-			continue
-		}
-		var st agentv1.StatusResponse
-		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal([]byte(t.Message), &st); err == nil {
-			return &st
+		if st := statusInMessage(t); st != nil {
+			return st
 		}
 	}
 	return nil
+}
+
+// statusInMessage is the agent status a terminated container's message holds (the
+// gate's copy of the primary's, or a sidecar's agent's own: --termination-log), or nil.
+func statusInMessage(t *corev1.ContainerStateTerminated) *agentv1.StatusResponse {
+	if t == nil || t.Message == "" {
+		return nil
+	}
+	var st agentv1.StatusResponse
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal([]byte(t.Message), &st); err != nil {
+		return nil
+	}
+	return &st
+}
+
+// finalState reports whether an agent's main command has ended for good.
+func finalState(st *agentv1.StatusResponse) bool {
+	switch st.GetState() {
+	case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
+		return true
+	}
+	return false
 }
 
 func lastTerminated(cs *corev1.ContainerStatus) *corev1.ContainerStateTerminated {

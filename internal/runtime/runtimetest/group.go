@@ -204,7 +204,8 @@ func testGroupSidecarRestarts(t *testing.T, s *suite) {
 	eventually(t, 90*time.Second, func() string {
 		st := statuses(t, b, spec.ID)["flaky"]
 		if st.State != runtime.ContainerExited || st.Restarts != 2 || st.ExitCode == nil || *st.ExitCode != 7 {
-			return "flaky sidecar: want exited 7 after 2 restarts"
+			return fmt.Sprintf("flaky sidecar: %s, exit %v, %d restarts, %s %q; want exited 7 after 2 restarts",
+				st.State, code(st.ExitCode), st.Restarts, st.Reason, st.Message)
 		}
 		return ""
 	})

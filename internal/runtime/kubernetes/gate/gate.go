@@ -153,9 +153,16 @@ func ExecAgent() error {
 		return err
 	}
 	defer ln.Close() // only if exec fails
-	argv := []string{AgentPath, "--config", p, "--state-dir", RunDir, "--listen-fd", strconv.Itoa(int(ln.Fd()))}
+	// The agent leaves its final status in the container's termination message too: a
+	// sidecar's restarts and exit stay known once its agent is gone (the backend's
+	// ContainerStatuses), also when no Watch of the backend saw them.
+	argv := []string{AgentPath, "--config", p, "--state-dir", RunDir, "--listen-fd", strconv.Itoa(int(ln.Fd())),
+		"--termination-log", TerminationLogPath}
 	return syscall.Exec(AgentPath, argv, os.Environ())
 }
+
+// TerminationLogPath is the kubelet's default termination message file of a container.
+const TerminationLogPath = "/dev/termination-log"
 
 // ListenAgent makes the agent's unix socket at path, which only the gate (uid, non-root)
 // may connect to, and returns its listening fd, kept open across exec for the agent.

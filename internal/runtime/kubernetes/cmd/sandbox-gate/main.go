@@ -48,7 +48,7 @@ func main() {
 			ClientCertFile: filepath.Join(gate.TLSDir, gate.ClientCertFile),
 			Upstream:       filepath.Join(gate.RunDir, gate.Socket),
 			StatusFile:     filepath.Join(gate.RunDir, agentconfig.StatusFile),
-			TerminationLog: "/dev/termination-log",
+			TerminationLog: gate.TerminationLogPath,
 			Logger:         log,
 		})
 	default:
