@@ -183,3 +183,24 @@ func TestPoolSizingTargetsOnly(t *testing.T) {
 		t.Fatalf("want %d after a burst of 20, want the target 2", w)
 	}
 }
+
+// TestRecentClaims: PoolStats.RecentClaims holds the whole time of each of the last
+// claims, oldest first, and no more than recentClaims of them.
+func TestRecentClaims(t *testing.T) {
+	p := makePool(nil, PoolConfig{})
+	b := &Backend{pool: p}
+	for i := 1; i <= 3; i++ {
+		p.claimed(ClaimTimes{Pull: time.Duration(i) * time.Millisecond, Start: time.Millisecond})
+	}
+	st := b.PoolStats()
+	if want := []time.Duration{2 * time.Millisecond, 3 * time.Millisecond, 4 * time.Millisecond}; !slices.Equal(st.RecentClaims, want) {
+		t.Errorf("recent claims %v, want %v", st.RecentClaims, want)
+	}
+	for i := range recentClaims + 10 {
+		p.claimed(ClaimTimes{Setup: time.Duration(i)})
+	}
+	st = b.PoolStats()
+	if len(st.RecentClaims) != recentClaims || st.RecentClaims[0] != 10 || st.RecentClaims[recentClaims-1] != recentClaims+9 {
+		t.Errorf("after %d claims: %d recent, first %v, last %v; want the last %d in order", st.Claims, len(st.RecentClaims), st.RecentClaims[0], st.RecentClaims[len(st.RecentClaims)-1], recentClaims)
+	}
+}

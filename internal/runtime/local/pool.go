@@ -131,7 +131,13 @@ type PoolStats struct {
 	// ClaimTime is the time the Creates served from the pool spent in each step of the
 	// claim, summed over Claims (for benchmarks' breakdowns).
 	ClaimTime ClaimTimes
+	// RecentClaims are the whole times (every step) of the last claims, oldest first, at
+	// most recentClaims of them: benchmarks' percentiles of the claim itself.
+	RecentClaims []time.Duration
 }
+
+// recentClaims bounds PoolStats.RecentClaims.
+const recentClaims = 256
 
 // PoolSetStats is one (image, class[, organization]) set of the pool.
 type PoolSetStats struct {
@@ -147,6 +153,11 @@ type PoolSetStats struct {
 // (Start) and the config file and the rename into place (Finish).
 type ClaimTimes struct {
 	Pull, Setup, Rules, Start, Finish time.Duration
+}
+
+// Total is the claim's whole time.
+func (c ClaimTimes) Total() time.Duration {
+	return c.Pull + c.Setup + c.Rules + c.Start + c.Finish
 }
 
 func (c *ClaimTimes) add(d ClaimTimes) {
@@ -238,6 +249,7 @@ type pool struct {
 	alloc     map[poolKey]int                  // sizes by demand (resize): at least size
 	closed    bool
 	stats     PoolStats
+	recent    [recentClaims]time.Duration // the last claims' times, a ring (stats.Claims is its count)
 	dropping  int // background teardowns of dropped containers running
 
 	wake chan struct{}
@@ -819,6 +831,11 @@ func (b *Backend) PoolStats() PoolStats {
 	for _, n := range p.targets {
 		st.Targeted += n
 	}
+	n := min(st.Claims, recentClaims)
+	st.RecentClaims = make([]time.Duration, 0, n)
+	for i := st.Claims - n; i < st.Claims; i++ {
+		st.RecentClaims = append(st.RecentClaims, p.recent[i%recentClaims])
+	}
 	return st
 }
 
@@ -953,6 +970,7 @@ func (p *pool) miss() {
 
 func (p *pool) claimed(ct ClaimTimes) {
 	p.mu.Lock()
+	p.recent[p.stats.Claims%recentClaims] = ct.Total()
 	p.stats.Claims++
 	p.stats.ClaimTime.add(ct)
 	p.mu.Unlock()
