@@ -425,11 +425,10 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 		return s.complete(ctx, x, store.SnapshotCompletion{State: store.SnapshotReady, SizeBytes: info.Size, ContentBytes: job.ContentBytes,
 			Digest: digest, Pause: job.Pause, CompleteTime: job.CompleteTime})
 	case runner.SnapshotFailed:
-		if job.CompleteTime.IsZero() && time.Since(x.CreateTime) < unknownJobGrace {
-			// The runner does not know the job (no completion time: runner
-			// GetSnapshotJob's mark, kept by the wire's nil timestamp): for a young row,
-			// that is a create whose runner call has not registered it yet (the row is
-			// written first). Failing it now would leave its archive uploaded, uncounted.
+		if job.Unknown && time.Since(x.CreateTime) < unknownJobGrace {
+			// The runner does not know the job: for a young row, that is a create whose
+			// runner call has not registered it yet (the row is written first). Failing
+			// it now would leave its archive uploaded, uncounted.
 			return x
 		}
 		reason := job.Reason

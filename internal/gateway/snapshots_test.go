@@ -127,7 +127,7 @@ func (r *snapRunner) GetSnapshotJob(_ context.Context, snapshotID string) (runne
 	defer r.smu.Unlock()
 	j, ok := r.jobs[snapshotID]
 	if !ok {
-		return runner.SnapshotJob{SnapshotID: snapshotID, State: runner.SnapshotFailed, Reason: apierr.FSSCreateFailed, Message: "no such job on this runner"}, nil
+		return runner.SnapshotJob{SnapshotID: snapshotID, State: runner.SnapshotFailed, Reason: apierr.FSSCreateFailed, Message: "no such job on this runner", Unknown: true}, nil
 	}
 	return j, nil
 }

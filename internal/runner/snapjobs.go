@@ -504,9 +504,9 @@ func (r *Runner) upload(t SnapshotTarget, c runtime.VolumeCapture) {
 	r.log.Info("snapshot ready", "snapshot", t.SnapshotID, "bytes", cw.n, "content_bytes", stats.Bytes)
 }
 
-// GetSnapshotJob reports a job; one the runner does not know is FAILED with no
-// CompleteTime, which no job it ran has: the gateway reads that as "not registered (yet)"
-// and keeps a young snapshot CREATING (internal/gateway applyJob).
+// GetSnapshotJob reports a job; one the runner does not know is FAILED and Unknown: the
+// gateway reads that as "not registered (yet)" and keeps a young snapshot CREATING
+// (internal/gateway applyJob).
 func (r *Runner) GetSnapshotJob(snapshotID string) SnapshotJob {
 	j := r.snaps
 	j.mu.Lock()
@@ -514,7 +514,7 @@ func (r *Runner) GetSnapshotJob(snapshotID string) SnapshotJob {
 	if rec, ok := j.jobs[snapshotID]; ok {
 		return rec.copyJob()
 	}
-	return SnapshotJob{SnapshotID: snapshotID, State: SnapshotFailed, Reason: apierr.FSSCreateFailed,
+	return SnapshotJob{SnapshotID: snapshotID, State: SnapshotFailed, Reason: apierr.FSSCreateFailed, Unknown: true,
 		Message: "snapshot job unknown to this runner (lost with a restart before it started, or long finished)"}
 }
 

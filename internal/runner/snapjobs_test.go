@@ -385,7 +385,7 @@ func TestSnapshotRefusals(t *testing.T) {
 	if apierr.Reason(err) != apierr.FSSInflightLimit || connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("third in flight: %v", err)
 	}
-	if j := r.GetSnapshotJob("a3"); j.State != SnapshotFailed || !strings.Contains(j.Message, "unknown") || !j.CompleteTime.IsZero() {
+	if j := r.GetSnapshotJob("a3"); j.State != SnapshotFailed || !strings.Contains(j.Message, "unknown") || !j.Unknown {
 		t.Errorf("a refused snapshot left a job: %+v", j)
 	}
 	// Per runner: 3; a second sandbox's first snapshot fits, its second does not.
@@ -468,14 +468,14 @@ func TestSnapshotJobsSurviveRestart(t *testing.T) {
 		t.Errorf("finished job after a restart: %+v, want %+v", j, ready)
 	}
 	j := r2.GetSnapshotJob("partial")
-	if j.State != SnapshotFailed || j.Reason != apierr.FSSCreateFailed || j.Message != "the runner restarted during the upload" {
+	if j.State != SnapshotFailed || j.Reason != apierr.FSSCreateFailed || j.Message != "the runner restarted during the upload" || j.Unknown {
 		t.Errorf("interrupted job: %+v", j)
 	}
 	eventually(t, "the partial object deleted", func() bool {
 		_, err := store.Stat(ctx, key)
 		return errors.Is(err, blob.ErrNotFound)
 	})
-	if j := r2.GetSnapshotJob("never"); j.State != SnapshotFailed || !strings.Contains(j.Message, "unknown to this runner") {
+	if j := r2.GetSnapshotJob("never"); j.State != SnapshotFailed || !strings.Contains(j.Message, "unknown to this runner") || !j.Unknown {
 		t.Errorf("unknown job: %+v", j)
 	}
 	if _, err := store.Stat(ctx, "fss/o/done.tar.zst"); err != nil {

@@ -58,6 +58,8 @@ type SnapshotJob struct {
 	ContentBytes    int64  // READY: sum of its files' sizes
 	Pause           time.Duration
 	CompleteTime    time.Time
+	// Unknown: the runner does not know the job (FAILED; GetSnapshotJob).
+	Unknown bool
 }
 
 // SnapshotHandle is implemented by Handles whose runner takes file-system snapshots (the
@@ -67,7 +69,8 @@ type SnapshotHandle interface {
 	// SnapshotVolume captures the volume of a running sandbox and returns the job
 	// CREATING (idempotent per SnapshotID).
 	SnapshotVolume(ctx context.Context, sandboxID string, t SnapshotTarget) (SnapshotJob, error)
-	// GetSnapshotJob reports a job; one the runner does not know is FAILED with a reason.
+	// GetSnapshotJob reports a job; one the runner does not know is FAILED with a reason
+	// and Unknown.
 	GetSnapshotJob(ctx context.Context, snapshotID string) (SnapshotJob, error)
 	// DeleteWithSnapshots is Delete that snapshots targets once the containers have
 	// stopped and before the sandbox is destroyed; it returns one job per target.

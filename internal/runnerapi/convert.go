@@ -350,6 +350,7 @@ func jobToProto(j runner.SnapshotJob) *runnerv1.SnapshotJob {
 		Reason: j.Reason, Message: j.Message,
 		SizeBytes: j.SizeBytes, Digest: j.Digest, ContentBytes: j.ContentBytes,
 		CompleteTime: timeToProto(j.CompleteTime),
+		Unknown:      j.Unknown,
 	}
 	if j.Pause != 0 {
 		p.Pause = durationpb.New(j.Pause)
@@ -366,6 +367,7 @@ func jobFromProto(p *runnerv1.SnapshotJob) runner.SnapshotJob {
 		Reason: p.GetReason(), Message: p.GetMessage(),
 		SizeBytes: p.GetSizeBytes(), Digest: p.GetDigest(), ContentBytes: p.GetContentBytes(),
 		CompleteTime: timeFromProto(p.GetCompleteTime()),
+		Unknown:      p.GetUnknown(),
 	}
 	if p.GetPause() != nil {
 		j.Pause = p.GetPause().AsDuration()

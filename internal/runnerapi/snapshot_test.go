@@ -159,7 +159,7 @@ func TestRunnerapiSnapshotRealRunner(t *testing.T) {
 		t.Fatalf("backend without capture: %v", err)
 	}
 	j, err := c.GetSnapshotJob(ctx, "s1")
-	if err != nil || j.State != runner.SnapshotFailed || !strings.Contains(j.Message, "unknown") {
+	if err != nil || j.State != runner.SnapshotFailed || !strings.Contains(j.Message, "unknown") || !j.Unknown {
 		t.Fatalf("unknown job: %+v, %v", j, err)
 	}
 	capa, err := c.Capacity(ctx)

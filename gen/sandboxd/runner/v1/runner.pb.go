@@ -3887,18 +3887,22 @@ func (x *GetSnapshotJobRequest) GetSnapshotId() string {
 
 // SnapshotJob is a snapshot as the runner that takes it knows it.
 type SnapshotJob struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
-	SandboxId     string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Volume        string                 `protobuf:"bytes,3,opt,name=volume,proto3" json:"volume,omitempty"`
-	State         SnapshotJobState       `protobuf:"varint,4,opt,name=state,proto3,enum=sandboxd.runner.v1.SnapshotJobState" json:"state,omitempty"`
-	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`                                  // FAILED: a CWSANDBOX_FSS_* reason (e.g. CWSANDBOX_FSS_CREATE_FAILED)
-	Message       string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`                                // FAILED: what went wrong, for state_reason
-	SizeBytes     int64                  `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`          // READY: the archive's size
-	Digest        string                 `protobuf:"bytes,8,opt,name=digest,proto3" json:"digest,omitempty"`                                  // READY: hex sha256 of the archive
-	ContentBytes  int64                  `protobuf:"varint,9,opt,name=content_bytes,json=contentBytes,proto3" json:"content_bytes,omitempty"` // READY: sum of its files' sizes
-	Pause         *durationpb.Duration   `protobuf:"bytes,10,opt,name=pause,proto3" json:"pause,omitempty"`                                   // how long the workload was frozen for the capture
-	CompleteTime  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=complete_time,json=completeTime,proto3" json:"complete_time,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId   string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	SandboxId    string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Volume       string                 `protobuf:"bytes,3,opt,name=volume,proto3" json:"volume,omitempty"`
+	State        SnapshotJobState       `protobuf:"varint,4,opt,name=state,proto3,enum=sandboxd.runner.v1.SnapshotJobState" json:"state,omitempty"`
+	Reason       string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`                                  // FAILED: a CWSANDBOX_FSS_* reason (e.g. CWSANDBOX_FSS_CREATE_FAILED)
+	Message      string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`                                // FAILED: what went wrong, for state_reason
+	SizeBytes    int64                  `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`          // READY: the archive's size
+	Digest       string                 `protobuf:"bytes,8,opt,name=digest,proto3" json:"digest,omitempty"`                                  // READY: hex sha256 of the archive
+	ContentBytes int64                  `protobuf:"varint,9,opt,name=content_bytes,json=contentBytes,proto3" json:"content_bytes,omitempty"` // READY: sum of its files' sizes
+	Pause        *durationpb.Duration   `protobuf:"bytes,10,opt,name=pause,proto3" json:"pause,omitempty"`                                   // how long the workload was frozen for the capture
+	CompleteTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=complete_time,json=completeTime,proto3" json:"complete_time,omitempty"`
+	// The runner does not know this job (state FAILED): lost with a restart before it
+	// started, long finished, or not registered yet (a create whose row the gateway wrote
+	// first). The gateway keeps a young snapshot CREATING on it.
+	Unknown       bool `protobuf:"varint,12,opt,name=unknown,proto3" json:"unknown,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4008,6 +4012,13 @@ func (x *SnapshotJob) GetCompleteTime() *timestamppb.Timestamp {
 		return x.CompleteTime
 	}
 	return nil
+}
+
+func (x *SnapshotJob) GetUnknown() bool {
+	if x != nil {
+		return x.Unknown
+	}
+	return false
 }
 
 type VolumeMount struct {
@@ -5898,7 +5909,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x06target\x18\x02 \x01(\v2\".sandboxd.runner.v1.SnapshotTargetR\x06target\"8\n" +
 	"\x15GetSnapshotJobRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
-	"snapshotId\"\xa1\x03\n" +
+	"snapshotId\"\xbb\x03\n" +
 	"\vSnapshotJob\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x1d\n" +
@@ -5914,7 +5925,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\rcontent_bytes\x18\t \x01(\x03R\fcontentBytes\x12/\n" +
 	"\x05pause\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\x05pause\x12?\n" +
-	"\rcomplete_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fcompleteTime\"q\n" +
+	"\rcomplete_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fcompleteTime\x12\x18\n" +
+	"\aunknown\x18\f \x01(\bR\aunknown\"q\n" +
 	"\vVolumeMount\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +

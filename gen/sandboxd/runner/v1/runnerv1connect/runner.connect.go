@@ -124,7 +124,8 @@ type RunnerServiceClient interface {
 	// Idempotent per snapshot_id: a repeated call returns the existing job.
 	SnapshotVolume(context.Context, *connect.Request[v1.SnapshotVolumeRequest]) (*connect.Response[v1.SnapshotJob], error)
 	// GetSnapshotJob reports a snapshot job of this runner; a job it does not know (lost
-	// with a restart before it finished, or never started) is FAILED with a reason.
+	// with a restart before it finished, or never started) is FAILED with a reason and
+	// unknown set.
 	GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error)
 	// UpdateLifetime sets a running sandbox's lifetime (counted from its creation),
 	// re-arms its expiry and persists it across runner restarts. A deadline already past
@@ -476,7 +477,8 @@ type RunnerServiceHandler interface {
 	// Idempotent per snapshot_id: a repeated call returns the existing job.
 	SnapshotVolume(context.Context, *connect.Request[v1.SnapshotVolumeRequest]) (*connect.Response[v1.SnapshotJob], error)
 	// GetSnapshotJob reports a snapshot job of this runner; a job it does not know (lost
-	// with a restart before it finished, or never started) is FAILED with a reason.
+	// with a restart before it finished, or never started) is FAILED with a reason and
+	// unknown set.
 	GetSnapshotJob(context.Context, *connect.Request[v1.GetSnapshotJobRequest]) (*connect.Response[v1.SnapshotJob], error)
 	// UpdateLifetime sets a running sandbox's lifetime (counted from its creation),
 	// re-arms its expiry and persists it across runner restarts. A deadline already past
