@@ -250,7 +250,7 @@ type pool struct {
 	closed    bool
 	stats     PoolStats
 	recent    [recentClaims]time.Duration // the last claims' times, a ring (stats.Claims is its count)
-	dropping  int // background teardowns of dropped containers running
+	dropping  int                         // background teardowns of dropped containers running
 
 	wake chan struct{}
 	stop chan struct{}
