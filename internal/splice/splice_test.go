@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 )
 
@@ -64,4 +65,42 @@ func TestJoinEndsOnReset(t *testing.T) {
 	if _, err := io.ReadAll(server); err != nil {
 		t.Logf("server: %v", err) // EOF or reset: either way it learns the client is gone
 	}
+}
+
+type counter struct{ n, adds atomic.Int64 }
+
+func (c *counter) Add(n int64) { c.n.Add(n); c.adds.Add(1) }
+
+// TestJoinCountedCountsEachWayBeforeItsHalfClose: the bytes each way are counted, in
+// chunks, and a direction's count is complete before its end reaches the other side.
+func TestJoinCountedCountsEachWayBeforeItsHalfClose(t *testing.T) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	var in, out counter
+	joined := make(chan struct{})
+	go func() { JoinCounted(a, b, &in, &out); close(joined) }()
+
+	req := bytes.Repeat([]byte("r"), 3*Chunk+5)
+	go func() { _, _ = client.Write(req); _ = client.CloseWrite() }()
+	got, err := io.ReadAll(server)
+	if err != nil || len(got) != len(req) {
+		t.Fatalf("server read %d bytes (%v), want %d", len(got), err, len(req))
+	}
+	if n := in.n.Load(); n != int64(len(req)) {
+		t.Errorf("client to server counted %d at the server's EOF, want %d", n, len(req))
+	}
+	if adds := in.adds.Load(); adds < 4 {
+		t.Errorf("%d adds for %d bytes, want one per %d-byte chunk and the rest", adds, len(req), Chunk)
+	}
+	if _, err := server.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	_ = server.CloseWrite()
+	if ans, err := io.ReadAll(client); err != nil || string(ans) != "answer" {
+		t.Fatalf("client read %q (%v)", ans, err)
+	}
+	if n := out.n.Load(); n != int64(len("answer")) {
+		t.Errorf("server to client counted %d at the client's EOF, want %d", n, len("answer"))
+	}
+	<-joined
 }
