@@ -9,7 +9,7 @@ import (
 )
 
 // tcpPair returns the two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -103,4 +103,42 @@ func TestJoinCountedCountsEachWayBeforeItsHalfClose(t *testing.T) {
 		t.Errorf("server to client counted %d at the client's EOF, want %d", n, len("answer"))
 	}
 	<-joined
+}
+
+// BenchmarkJoin moves 64 MiB client → server through a join, uncounted (the peer) and
+// counted in Chunk steps (what the edge's passthrough does): the cost of counting.
+func BenchmarkJoin(b *testing.B) {
+	payload := make([]byte, 1<<20)
+	for _, counted := range []bool{false, true} {
+		name := "uncounted"
+		if counted {
+			name = "counted"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(64 << 20)
+			for b.Loop() {
+				client, a := tcpPair(b)
+				bb, server := tcpPair(b)
+				var in, out counter
+				go func() {
+					if counted {
+						JoinCounted(a, bb, &in, &out)
+					} else {
+						Join(a, bb)
+					}
+				}()
+				go func() {
+					for range 64 {
+						_, _ = client.Write(payload)
+					}
+					_ = client.CloseWrite()
+				}()
+				if n, _ := io.Copy(io.Discard, server); n != 64<<20 {
+					b.Fatalf("moved %d bytes", n)
+				}
+				client.Close()
+				server.Close()
+			}
+		})
+	}
 }
