@@ -139,6 +139,7 @@ type countedHalfCloser struct{ countedConn }
 func (c *countedHalfCloser) CloseWrite() error {
 	return c.Conn.(interface{ CloseWrite() error }).CloseWrite()
 }
+
 // maxPrefetch is how much of a chunked request body is read before it is forwarded.
 const maxPrefetch = 64 << 10
 
