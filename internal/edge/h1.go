@@ -342,7 +342,8 @@ func (h *h1conn) badRequest(why string) {
 	_, _ = cw.WriteString("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n")
 	writeContentLength(cw, int64(len(body)))
 	_, _ = cw.WriteString("\r\n")
-	_, _ = cw.WriteString(body)
+	n, _ := cw.WriteString(body)
+	counters.EdgeHTTPSOut.Add(int64(n))
 	_ = cw.Flush()
 }
 
@@ -505,6 +506,8 @@ type clientError struct{ error }
 
 func (e clientError) Unwrap() error { return e.error }
 
+// clientBody is a request body as it goes to the sandbox: its bytes are counted
+// (cwsandbox_edge_bytes_total) and its failures are clientErrors.
 type clientBody struct{ io.Reader }
 
 // answeredError is a failure after the sandbox began to answer (a malformed response, a
@@ -527,6 +530,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 
 func (b clientBody) Read(p []byte) (int, error) {
 	n, err := b.Reader.Read(p)
+	counters.EdgeHTTPSIn.Add(int64(n))
 	if err != nil && !errors.Is(err, io.EOF) {
 		err = clientError{err}
 	}
@@ -833,6 +837,7 @@ func copyBody(cw *bufio.Writer, body io.Reader, n int64, src *bufio.Reader, chun
 				_, _ = cw.Write(s)
 			}
 			_, _ = cw.Write(buf[:k])
+			counters.EdgeHTTPSOut.Add(int64(k))
 			if chunked {
 				_, _ = cw.WriteString("\r\n")
 			}
@@ -867,7 +872,8 @@ func (h *h1conn) answer(req *http.Request, local *localResponse) bool {
 	}
 	_, _ = cw.WriteString("\r\n")
 	if req.Method != http.MethodHead {
-		_, _ = cw.WriteString(local.body.String())
+		n, _ := cw.WriteString(local.body.String())
+		counters.EdgeHTTPSOut.Add(int64(n)) // before the client can have it, as copyBody counts
 	}
 	if cw.Flush() != nil {
 		return false

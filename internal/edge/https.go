@@ -1,9 +1,11 @@
 package edge
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -68,8 +70,10 @@ func (e *Edge) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	e.forward(w, r, rt)
 }
 
-// statusWriter notes the status code of a response (cwsandbox_edge_requests_total);
-// Unwrap gives http.ResponseController (flush, hijack, deadlines) the writer beneath.
+// statusWriter notes the status code of a response (cwsandbox_edge_requests_total) and
+// counts its body bytes and those of a hijacked (upgraded) connection
+// (cwsandbox_edge_bytes_total); Unwrap gives http.ResponseController (flush, deadlines)
+// the writer beneath.
 type statusWriter struct {
 	http.ResponseWriter
 	code int
@@ -86,7 +90,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.code == 0 {
 		w.code = http.StatusOK
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	counters.EdgeHTTPSOut.Add(int64(n))
+	return n, err
 }
 
 func (w *statusWriter) Flush() {
@@ -97,6 +103,42 @@ func (w *statusWriter) Flush() {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands over the connection (httputil.ReverseProxy, for a 101 Switching
+// Protocols), its reads and writes counted. Bytes the server had buffered are in the
+// bufio.Reader, not counted (the proxy copies from the connection only).
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return c, brw, err
+	}
+	cc := countedConn{Conn: c}
+	if _, ok := c.(interface{ CloseWrite() error }); ok {
+		return &countedHalfCloser{cc}, brw, nil // the proxy passes half-closes on when it can
+	}
+	return &cc, brw, nil
+}
+
+// countedConn counts what is read from the client (in) and written to it (out).
+type countedConn struct{ net.Conn }
+
+func (c *countedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	counters.EdgeHTTPSIn.Add(int64(n))
+	return n, err
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	counters.EdgeHTTPSOut.Add(int64(n))
+	return n, err
+}
+
+type countedHalfCloser struct{ countedConn }
+
+func (c *countedHalfCloser) CloseWrite() error {
+	return c.Conn.(interface{ CloseWrite() error }).CloseWrite()
+}
 
 // maxPrefetch is how much of a chunked request body is read before it is forwarded.
 const maxPrefetch = 64 << 10
@@ -119,6 +161,7 @@ type checkedBody struct {
 func (b *checkedBody) read(p []byte) (int, error) {
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
 	n, err := b.r.Read(p)
+	counters.EdgeHTTPSIn.Add(int64(n))
 	if errors.Is(err, io.EOF) {
 		for k := range b.req.Trailer { // net/http reads trailer names as loosely as it used to read header names
 			if !isTokenString(k) {

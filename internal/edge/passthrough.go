@@ -9,7 +9,8 @@ import (
 
 // passthrough connects to r's backend, replays the ClientHello bytes already read, and
 // splices the connections both ways. Between two *net.TCPConn, io.Copy uses splice(2),
-// so the payload does not pass through user space.
+// so the payload does not pass through user space; the bytes each way (the ClientHello
+// included) are counted as they pass (cwsandbox_edge_bytes_total).
 func (e *Edge) passthrough(c *conn, hello []byte, r Route) {
 	defer func() { _ = c.Close() }()
 	r, done, err := e.wake(context.Background(), r)
@@ -28,9 +29,11 @@ func (e *Edge) passthrough(c *conn, hello []byte, r Route) {
 	}
 	defer b.Close()
 	counters.EdgePassthrough(true)
-	if _, err := b.Write(hello); err != nil {
+	n, err := b.Write(hello)
+	counters.EdgePassthroughIn.Add(int64(n))
+	if err != nil {
 		e.log.Info("passthrough: write ClientHello", "sandbox", r.SandboxID, "port", r.Port, "err", err)
 		return
 	}
-	splice.Join(c.Conn, b)
+	splice.JoinCounted(c.Conn, b, counters.EdgePassthroughIn, counters.EdgePassthroughOut)
 }

@@ -226,12 +226,14 @@ func TestPromtoolCheck(t *testing.T) {
 	counters.StoreOp(counters.StoreQueryRow, time.Millisecond)
 	counters.EdgeRequest(200)
 	counters.EdgePassthrough(true)
+	counters.EdgeHTTPSIn.Add(100)
+	counters.EdgePassthroughOut.Add(200)
 	scrape := gather(t, m)
 	for _, name := range []string{"cwsandbox_sandbox_cpu_usage_seconds_total", "cwsandbox_image_pulls_total", "cwsandbox_image_pull_bytes_total",
 		"cwsandbox_image_pull_duration_seconds_bucket", "cwsandbox_placement_decisions_total", "cwsandbox_placement_rejections_total",
 		"cwsandbox_file_operation_duration_seconds_bucket", "cwsandbox_file_bytes_total", "cwsandbox_streams",
 		"cwsandbox_egress_decisions_total", "cwsandbox_store_operation_duration_seconds_bucket", "cwsandbox_edge_requests_total",
-		"cwsandbox_edge_passthrough_connections_total", "cwsandbox_sandbox_memory_bytes", "cwsandbox_sandbox_memory_peak_bytes"} {
+		"cwsandbox_edge_passthrough_connections_total", "cwsandbox_edge_bytes_total", "cwsandbox_sandbox_memory_bytes", "cwsandbox_sandbox_memory_peak_bytes"} {
 		if !strings.Contains(scrape, "\n"+name) {
 			t.Errorf("the scrape lacks %s", name)
 		}

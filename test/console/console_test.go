@@ -508,12 +508,14 @@ func TestConsoleInChromium(t *testing.T) {
 		// valid one, saved.
 		clickJS(`[data-testid="runner-policy"] button`, "Edit policy"), chromedp.WaitVisible(css(`textarea[name="policy"]`)),
 		setInput(`textarea[name="policy"]`, `{"constraints": {"lifetime": {"max_seconds": -5}}}`),
-		clickJS(`.policy-form button`, "Save"),
-		waitJS(textHas(`.policy-form [role="alert"]`, "CWSANDBOX_INVALID_REQUEST")),
-		waitJS(textHas(`[data-testid="violations"]`, "constraints.lifetime.max_seconds")),
-		waitJS(textHas(`[data-testid="violations"]`, "must not be negative")), shot("policy-invalid"),
+		clickJS(`[data-testid="policy-editor"] button`, "Save"),
+		waitJS(textHas(`[data-testid="policy-editor"] [role="alert"]`, "CWSANDBOX_INVALID_REQUEST")),
+		waitJS(textHas(`[data-testid="policy-editor"] [data-testid="violations"]`, "constraints.lifetime.max_seconds")),
+		waitJS(textHas(`[data-testid="policy-editor"] [data-testid="violations"]`, "must not be negative")),
+		waitJS(`(document.querySelector('[data-testid="policy-editor"] [data-testid="violations"]').scrollIntoView({block: "end"}), true)`),
+		shot("policy-invalid"),
 		setInput(`textarea[name="policy"]`, `{"constraints": {"lifetime": {"max_seconds": 2592000}}}`),
-		clickJS(`.policy-form button`, "Save"),
+		clickJS(`[data-testid="policy-editor"] button`, "Save"),
 		waitJS(textHas(`[data-testid="runner-policy"] [role="status"]`, "Saved")),
 		waitJS(textHas(`[data-testid="policy"]`, "2592000")), shot("runners"))
 	var mr struct {
@@ -543,11 +545,11 @@ func TestConsoleInChromium(t *testing.T) {
 			}
 			return nil
 		}),
-		setInput(`textarea[name="policy"]`, `{}`), clickJS(`.policy-form button`, "Save"),
-		waitJS(textHas(`.policy-form [role="alert"]`, "CWSANDBOX_ETAG_MISMATCH")),
-		clickJS(`.policy-form button`, "Reload it"),
+		setInput(`textarea[name="policy"]`, `{}`), clickJS(`[data-testid="policy-editor"] button`, "Save"),
+		waitJS(textHas(`[data-testid="policy-editor"] [role="alert"]`, "CWSANDBOX_ETAG_MISMATCH")),
+		clickJS(`[data-testid="policy-editor"] button`, "Reload it"),
 		waitJS(`document.querySelector('textarea[name="policy"]').value.includes("2591999")`),
-		clickJS(`.policy-form button`, "Cancel"))
+		clickJS(`[data-testid="policy-editor"] button`, "Cancel"))
 	if code, body := d.rest(t, d.admin, "PATCH", "/v1/sandbox/managedRunners/"+mr.RunnerID+"?updateMask=policy",
 		map[string]any{"policy": json.RawMessage(orDefault(origPolicy))}); code != 200 {
 		t.Fatalf("restore the policy: %d %s", code, body)

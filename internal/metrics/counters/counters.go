@@ -36,7 +36,7 @@ func Collectors() []prometheus.Collector {
 		imagePulls, imagePullBytes, imagePullDuration, imagePullFailures,
 		placementDecisions, placementRejections,
 		egressDecisions, storeDuration,
-		edgeRequests, edgePassthrough,
+		edgeRequests, edgePassthrough, edgeBytes,
 	}
 }
 
@@ -129,13 +129,38 @@ var (
 		Namespace: namespace, Name: "edge_passthrough_connections_total",
 		Help: "Connections the runner's edge took for TLS_PASSTHROUGH endpoints by result: spliced to the sandbox, or unreachable (the sandbox did not wake or its port did not answer).",
 	}, []string{"result"})
+	edgeBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "edge_bytes_total",
+		Help: "Bytes the runner's edge moved by endpoint kind and direction (in: from clients, out: to clients). https: request body bytes read from clients for the sandbox and response body bytes written to clients (the edge's own answers included), and both ways of an upgraded connection (WebSocket); passthrough: the TCP bytes spliced each way (TLS records as they are), added as each 256 KiB passes and at each direction's end.",
+	}, []string{"kind", "direction"})
 )
+
+// Edge byte counters, resolved once: each Add is one atomic add (no label lookup).
+var (
+	EdgeHTTPSIn        = ByteCounter{edgeBytes.WithLabelValues(EdgeKindHTTPS, DirIn)}
+	EdgeHTTPSOut       = ByteCounter{edgeBytes.WithLabelValues(EdgeKindHTTPS, DirOut)}
+	EdgePassthroughIn  = ByteCounter{edgeBytes.WithLabelValues(EdgeKindPassthrough, DirIn)}
+	EdgePassthroughOut = ByteCounter{edgeBytes.WithLabelValues(EdgeKindPassthrough, DirOut)}
+)
+
+// ByteCounter is one series of a bytes counter.
+type ByteCounter struct{ c prometheus.Counter }
+
+// Add counts n bytes (nothing for n <= 0).
+func (b ByteCounter) Add(n int64) {
+	if n > 0 {
+		b.c.Add(float64(n)) // an integer: client_golang adds it to an atomic uint64
+	}
+}
 
 // Label values of the edge series.
 const (
-	EdgeKindHTTPS   = "https"
-	EdgeSpliced     = "spliced"
-	EdgeUnreachable = "unreachable"
+	EdgeKindHTTPS       = "https"
+	EdgeKindPassthrough = "passthrough"
+	DirIn               = "in"
+	DirOut              = "out"
+	EdgeSpliced         = "spliced"
+	EdgeUnreachable     = "unreachable"
 )
 
 // codeClass is an HTTP status's class ("2xx"), "other" outside 100-599.

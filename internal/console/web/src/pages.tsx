@@ -1,6 +1,6 @@
 import { useState } from "preact/hooks";
-import { api, APIError, errText, Violation, Who } from "./api";
-import { ConfirmButton, Err, iso, JSONDetails, useLoad, when } from "./ui";
+import { api, errText, Who } from "./api";
+import { ConfirmButton, Err, failure, Failure, FailureView, iso, JSONDetails, noFailure, useLoad, when } from "./ui";
 import { Template, TemplateEditor, Volume, VolumeEditor } from "./edit";
 
 type ApiKey = { keyId: string; displayName?: string; role?: string; createTime?: string; revokeTime?: string; lastUsedTime?: string };
@@ -233,32 +233,31 @@ type ManagedRunner = { runnerId: string; displayName?: string; runnerGroupId?: s
 // PolicyEditor shows a runner's policy and edits it: the whole document replaced
 // (UpdateManagedRunner, update mask `policy`) at the etag it was read at, so a change made
 // meanwhile is refused (ABORTED, CWSANDBOX_ETAG_MISMATCH) rather than overwritten. The
-// API's validation errors are shown with each field violation.
+// API's refusal is shown as the other editors show theirs (FailureView): its message and
+// reason, each field violation, and on a conflict a reload.
 function PolicyEditor({ runner, onSaved }: { runner: ManagedRunner; onSaved: () => void }) {
   const [draft, setDraft] = useState<{ text: string; etag: string } | null>(null);
-  const [err, setErr] = useState("");
-  const [violations, setViolations] = useState<Violation[]>([]);
-  const [conflict, setConflict] = useState(false);
+  const [f, setF] = useState<Failure>(noFailure);
   const [busy, setBusy] = useState(false);
   const [saved, setSaved] = useState("");
   const shown = JSON.stringify(runner.policy ?? null, null, 2);
   const edit = async () => {
-    setErr(""); setViolations([]); setConflict(false); setSaved("");
+    setF(noFailure); setSaved("");
     try {
       const r = await api<ManagedRunner>("GET", `sandbox/managedRunners/${encodeURIComponent(runner.runnerId)}`);
       setDraft({ text: JSON.stringify(r.policy ?? {}, null, 2), etag: r.etag || "" });
     } catch (e) {
-      setErr(errText(e));
+      setF(failure(e));
     }
   };
   const save = async (e: Event) => {
     e.preventDefault();
-    setErr(""); setViolations([]); setConflict(false);
+    setF(noFailure);
     let policy: unknown;
     try {
       policy = JSON.parse(draft!.text);
     } catch (x) {
-      setErr(`The policy is not JSON: ${(x as Error).message}`);
+      setF({ ...noFailure, msg: `The policy is not JSON: ${(x as Error).message}` });
       return;
     }
     setBusy(true);
@@ -268,11 +267,7 @@ function PolicyEditor({ runner, onSaved }: { runner: ManagedRunner; onSaved: () 
       setSaved(`Saved: policy revision ${r.policyRevision || "?"}.`);
       onSaved();
     } catch (x) {
-      setErr(errText(x));
-      if (x instanceof APIError) {
-        setViolations(x.violations);
-        setConflict(x.reason === "CWSANDBOX_ETAG_MISMATCH");
-      }
+      setF(failure(x));
     } finally {
       setBusy(false);
     }
@@ -282,26 +277,25 @@ function PolicyEditor({ runner, onSaved }: { runner: ManagedRunner; onSaved: () 
       <>
         <pre class="json" data-testid="policy">{shown}</pre>
         <button onClick={edit}>Edit policy</button> <span class="muted" role="status">{saved}</span>
-        <Err msg={err} />
+        <FailureView f={f} what="runner" />
       </>
     );
   }
   const id = `policy-${runner.runnerId}`;
+  const failed = f.msg !== "";
   return (
-    <form onSubmit={save} aria-label={`Policy of ${runner.runnerId}`} class="policy-form">
+    <form onSubmit={save} aria-label={`Policy of ${runner.runnerId}`} class="edit-form" data-testid="policy-editor">
       <label for={id}>Policy (JSON; replaces the whole document)</label>
       <textarea id={id} name="policy" rows={16} spellcheck={false} value={draft.text}
-        aria-invalid={err ? "true" : undefined} aria-describedby={err ? `${id}-err` : undefined}
+        aria-invalid={failed ? "true" : undefined} aria-describedby={failed ? `${id}-err` : undefined}
         onInput={(e) => setDraft({ ...draft, text: (e.target as HTMLTextAreaElement).value })} />
-      <div id={`${id}-err`}>
-        <Err msg={err} />
-        {violations.length > 0 && (
-          <ul class="error" data-testid="violations">{violations.map((v) => <li key={v.field + v.description}><code>{v.field}</code>: {v.description}</li>)}</ul>
-        )}
-        {conflict && <p class="error">The runner changed since you opened the editor. <button type="button" onClick={edit}>Reload it</button> (your edits are lost) or copy them first.</p>}
+      <div id={`${id}-err`} aria-live="polite">
+        <FailureView f={f} what="runner" onReload={edit} />
       </div>
-      <button type="submit" disabled={busy}>Save</button>{" "}
-      <button type="button" onClick={() => { setDraft(null); setErr(""); setViolations([]); setConflict(false); }}>Cancel</button>
+      <div>
+        <button type="submit" disabled={busy}>Save</button>{" "}
+        <button type="button" onClick={() => { setDraft(null); setF(noFailure); }}>Cancel</button>
+      </div>
     </form>
   );
 }
