@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ func actorOrgIndex(t *testing.T, c *pgx.Conn) (exists, valid, unique bool, cols 
 	err := c.QueryRow(t.Context(), `SELECT i.indisvalid, i.indisunique, i.indnatts FROM pg_index i
 		JOIN pg_class x ON x.oid = i.indexrelid
 		WHERE x.relname = 'audit_events_actor_org_at' AND x.relnamespace = current_schema()::regnamespace`).Scan(&valid, &unique, &cols)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return false, false, false, 0
 	}
 	if err != nil {
