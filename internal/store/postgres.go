@@ -149,6 +149,8 @@ func (d *pgDB) migrationLock(ctx context.Context, fn func(s migrationSession) er
 	for {
 		var ok bool
 		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(migrationLockKey)).Scan(&ok); err != nil {
+			// Interrupted, it may have taken the lock: the connection goes, and the lock with it.
+			_ = c.Conn().Close(context.WithoutCancel(ctx))
 			return fmt.Errorf("lock migrations: %w", err)
 		}
 		if ok {
