@@ -39,11 +39,21 @@ type db interface {
 	foreignKeyViolation(err error) bool
 	// migrationsDDL creates schema_migrations if missing.
 	migrationsDDL() string
-	// lockMigrations serializes migrations of concurrent openers, inside q's transaction.
-	lockMigrations(ctx context.Context, q querier) error
+	// migrationLock runs fn holding the lock that serializes the migrations of concurrent
+	// openers.
+	migrationLock(ctx context.Context, fn func(s migrationSession) error) error
 	isNoRows(err error) bool
 	name() string
 	close() error
+}
+
+// migrationSession is where migrations run, under the migration lock.
+type migrationSession interface {
+	// tx runs fn in a transaction, committing when fn returns nil.
+	tx(ctx context.Context, fn func(q querier) error) error
+	// execOutsideTx runs one statement outside any transaction (a no-transaction
+	// migration's); a backend without such migrations refuses it.
+	execOutsideTx(ctx context.Context, q string) error
 }
 
 // now is the store's clock: UTC, truncated to what both backends keep.

@@ -12,8 +12,21 @@ import (
 )
 
 // Migrations are numbered SQL files, NNNN_name.sql, one directory per dialect. Each
-// version is applied once, recorded in schema_migrations; pending ones are applied in one
-// transaction, so a failure leaves the database as it was.
+// version is applied once, recorded in schema_migrations, under a lock that serializes
+// concurrent openers. Consecutive pending migrations are applied in one transaction, so a
+// failure leaves the database as it was before them.
+//
+// A PostgreSQL migration whose first line is NoTransactionMarker runs outside any
+// transaction instead (CREATE INDEX CONCURRENTLY cannot run inside one): its statements one
+// at a time, each committed on its own, then its version is recorded. Its statements end
+// with ";" at the end of a line (no dollar-quoted bodies: they are split there), and each
+// must be idempotent (IF NOT EXISTS …), since a crash between two of them applies the whole
+// migration again at the next open. SQLite migrations never carry the marker (its DDL
+// locks nothing the database does not lock anyway); the SQLite store refuses one.
+
+// NoTransactionMarker, as the first line of a PostgreSQL migration, applies it outside a
+// transaction.
+const NoTransactionMarker = "-- sandboxd:no-transaction"
 
 //go:embed migrations/sqlite/*.sql
 var sqliteMigrations embed.FS
@@ -25,6 +38,29 @@ type migration struct {
 	version int64
 	name    string
 	sql     string
+	noTx    bool // first line NoTransactionMarker
+}
+
+// statements splits a no-transaction migration into its statements: each ends with ";"
+// at the end of a line; comment-only lines are dropped.
+func (m migration) statements() []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.Lines(m.sql) {
+		t := strings.TrimSpace(line)
+		if t == "" || strings.HasPrefix(t, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		if strings.HasSuffix(t, ";") {
+			out = append(out, strings.TrimSpace(cur.String()))
+			cur.Reset()
+		}
+	}
+	if rest := strings.TrimSpace(cur.String()); rest != "" {
+		out = append(out, rest)
+	}
+	return out
 }
 
 func loadMigrations(fsys fs.FS, dir string) ([]migration, error) {
@@ -47,7 +83,13 @@ func loadMigrations(fsys fs.FS, dir string) ([]migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, migration{version: v, name: strings.TrimSuffix(name, ".sql"), sql: string(b)})
+		first, _, _ := strings.Cut(string(b), "\n")
+		m := migration{version: v, name: strings.TrimSuffix(name, ".sql"), sql: string(b),
+			noTx: strings.TrimSpace(first) == NoTransactionMarker}
+		if m.noTx && len(m.statements()) == 0 {
+			return nil, fmt.Errorf("migration %s: no statement", name)
+		}
+		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b migration) int { return int(a.version - b.version) })
 	for i := range out {
@@ -74,28 +116,60 @@ func migrate(ctx context.Context, d db, fsys fs.FS, dir string) error {
 		return err
 	}
 	latest := int64(len(ms))
-	return d.tx(ctx, func(q querier) error {
-		if err := d.lockMigrations(ctx, q); err != nil {
-			return fmt.Errorf("lock migrations: %w", err)
-		}
-		if _, err := q.exec(ctx, d.migrationsDDL()); err != nil {
-			return fmt.Errorf("create schema_migrations: %w", err)
-		}
+	return d.migrationLock(ctx, func(s migrationSession) error {
 		var current int64
-		if err := q.queryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-			return fmt.Errorf("read schema version: %w", err)
+		if err := s.tx(ctx, func(q querier) error {
+			if _, err := q.exec(ctx, d.migrationsDDL()); err != nil {
+				return fmt.Errorf("create schema_migrations: %w", err)
+			}
+			if err := q.queryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
+				return fmt.Errorf("read schema version: %w", err)
+			}
+			return nil
+		}); err != nil {
+			return err
 		}
 		if current > latest {
 			return fmt.Errorf("%w: database at version %d, this binary knows up to %d", ErrSchemaTooNew, current, latest)
 		}
-		for _, m := range ms[current:] {
-			if _, err := q.exec(ctx, m.sql); err != nil {
-				return fmt.Errorf("migration %s: %w", m.name, err)
-			}
+		record := func(q querier, m migration) error {
 			if _, err := q.exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
 				m.version, m.name, now()); err != nil {
 				return fmt.Errorf("record migration %s: %w", m.name, err)
 			}
+			return nil
+		}
+		for pending := ms[current:]; len(pending) > 0; {
+			if m := pending[0]; m.noTx {
+				for i, st := range m.statements() {
+					if err := s.execOutsideTx(ctx, st); err != nil {
+						return fmt.Errorf("migration %s (statement %d, outside a transaction): %w", m.name, i+1, err)
+					}
+				}
+				if err := s.tx(ctx, func(q querier) error { return record(q, m) }); err != nil {
+					return err
+				}
+				pending = pending[1:]
+				continue
+			}
+			n := 1
+			for n < len(pending) && !pending[n].noTx {
+				n++
+			}
+			if err := s.tx(ctx, func(q querier) error {
+				for _, m := range pending[:n] {
+					if _, err := q.exec(ctx, m.sql); err != nil {
+						return fmt.Errorf("migration %s: %w", m.name, err)
+					}
+					if err := record(q, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			pending = pending[n:]
 		}
 		return nil
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -131,8 +132,61 @@ func (d *pgDB) migrationsDDL() string {
 // migrationLockKey is an arbitrary constant naming sandboxd's migration advisory lock.
 const migrationLockKey = 0x73627864 // "sbxd"
 
-func (d *pgDB) lockMigrations(ctx context.Context, q querier) error {
-	_, err := q.exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockKey))
+// migrationLockPoll is how often a waiting opener tries the migration lock again.
+const migrationLockPoll = 100 * time.Millisecond
+
+// migrationLock holds a session-level advisory lock on one connection of the pool while
+// fn runs migrations on it (in transactions, and outside one for no-transaction
+// migrations). The lock is tried, not waited for in PostgreSQL: an opener blocked in
+// pg_advisory_lock holds a snapshot, which the CREATE INDEX CONCURRENTLY of the opener
+// holding the lock waits for, and the deadlock detector would fail one of them.
+func (d *pgDB) migrationLock(ctx context.Context, fn func(s migrationSession) error) (err error) {
+	c, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("lock migrations: %w", err)
+	}
+	defer c.Release()
+	for {
+		var ok bool
+		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(migrationLockKey)).Scan(&ok); err != nil {
+			// Interrupted, it may have taken the lock: the connection goes, and the lock with it.
+			_ = c.Conn().Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("lock migrations: %w", err)
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("lock migrations: %w", ctx.Err())
+		case <-time.After(migrationLockPoll):
+		}
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, uerr := c.Exec(uctx, `SELECT pg_advisory_unlock($1)`, int64(migrationLockKey)); uerr != nil {
+			// A connection that may still hold the lock never goes back to the pool
+			// (Release drops a closed one); the server frees its locks with it.
+			_ = c.Conn().Close(uctx)
+			if err == nil {
+				err = fmt.Errorf("unlock migrations: %w", uerr)
+			}
+		}
+	}()
+	return fn(pgMigrationSession{c})
+}
+
+// pgMigrationSession runs migrations on the connection that holds the migration lock.
+type pgMigrationSession struct{ c *pgxpool.Conn }
+
+func (m pgMigrationSession) tx(ctx context.Context, fn func(q querier) error) error {
+	return pgx.BeginFunc(ctx, m.c, func(tx pgx.Tx) error { return fn(pgQuerier{tx}) })
+}
+
+// execOutsideTx runs q alone in the simple protocol (no arguments), in no transaction.
+func (m pgMigrationSession) execOutsideTx(ctx context.Context, q string) error {
+	_, err := m.c.Exec(ctx, q)
 	return err
 }
 

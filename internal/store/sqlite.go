@@ -268,8 +268,20 @@ func (d *sqliteDB) migrationsDDL() string {
 ) STRICT`
 }
 
-// lockMigrations: the transaction began IMMEDIATE, so it already holds the write lock.
-func (d *sqliteDB) lockMigrations(context.Context, querier) error { return nil }
+// migrationLock runs all of fn in one transaction: it began IMMEDIATE, so it holds the
+// write lock throughout, and a failure anywhere leaves the database as it was.
+func (d *sqliteDB) migrationLock(ctx context.Context, fn func(s migrationSession) error) error {
+	return d.tx(ctx, func(q querier) error { return fn(sqliteMigrationSession{q}) })
+}
+
+// sqliteMigrationSession runs every migration in migrationLock's one transaction.
+type sqliteMigrationSession struct{ q querier }
+
+func (m sqliteMigrationSession) tx(_ context.Context, fn func(q querier) error) error { return fn(m.q) }
+
+func (m sqliteMigrationSession) execOutsideTx(context.Context, string) error {
+	return errors.New("SQLite migrations run in a transaction: " + NoTransactionMarker + " is PostgreSQL's only")
+}
 
 func (d *sqliteDB) isNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }
 func (d *sqliteDB) name() string            { return "sqlite" }

@@ -256,8 +256,8 @@ func TestConsolePlantedSessionCookie(t *testing.T) {
 // templates, audit, quotas, template and volume edits, snapshots), all through its proxy:
 // an admin session of org A can neither read, write nor list the files of org B's
 // sandbox, nor see, revoke or use org B's keys, templates or audit events, nor edit B's
-// template or volume, snapshot B's sandbox, read B's quota or usage, or set any quota
-// (B's or its own).
+// template or volume, snapshot B's sandbox, list, get, delete or restore B's snapshot,
+// read B's quota or usage, or set any quota (B's or its own).
 func TestConsolePagesTenancy(t *testing.T) {
 	d := needDev(t)
 	idB := runningSandbox(t, d.sandboxes(d.KeyB), "", nil)
@@ -379,6 +379,34 @@ func TestConsolePagesTenancy(t *testing.T) {
 	}
 	if code, body := a.do(t, "GET", "/console/api/v1/fileSystemSnapshots?sourceSandboxId="+idB, "", nil); code == 200 && strings.Contains(string(body), idB) {
 		t.Fatalf("A lists B's sandbox's snapshots: %d %s", code, body)
+	}
+
+	// B takes a real snapshot through its own session and waits for it READY; A's session
+	// does not list it (in full or by B's sandbox), and gets NOT_FOUND getting, deleting or
+	// restoring it (a new sandbox of A's whose scratch volume restores it) by its ID. B's
+	// snapshot is still there, READY, after it all.
+	bCall := func(t *testing.T, method, path, body string) (int, []byte) {
+		t.Helper()
+		return b.do(t, method, "/console/api"+path, body, wb)
+	}
+	sbSnap, snapB := readySnapshot(t, bCall)
+	for _, q := range []string{"?pageSize=1000", "?pageSize=1000&sourceSandboxId=" + sbSnap} {
+		if code, body := a.do(t, "GET", "/console/api/v1/fileSystemSnapshots"+q, "", nil); code != 200 ||
+			strings.Contains(string(body), snapB) || strings.Contains(string(body), sbSnap) {
+			t.Fatalf("A lists snapshots (%s): %d %s", q, code, body)
+		}
+	}
+	if code, body := a.do(t, "GET", "/console/api/v1/fileSystemSnapshots/"+snapB, "", nil); code != 404 || restReason(body) != apierr.FSSNotFound {
+		t.Fatalf("A gets B's snapshot: %d %s", code, body)
+	}
+	if code, body := a.do(t, "DELETE", "/console/api/v1/fileSystemSnapshots/"+snapB, "", wa); code != 404 || restReason(body) != apierr.FSSNotFound {
+		t.Fatalf("A deletes B's snapshot: %d %s", code, body)
+	}
+	if code, body := a.do(t, "POST", "/console/api/v1/sandboxes", restoreSpec(snapB), wa); code != 404 || restReason(body) != apierr.FSSNotFound {
+		t.Fatalf("A restores B's snapshot: %d %s", code, body)
+	}
+	if code, body := bCall(t, "GET", "/v1/fileSystemSnapshots/"+snapB, ""); code != 200 || !strings.Contains(string(body), `"SNAPSHOT_STATE_READY"`) {
+		t.Fatalf("B's snapshot after A's attempts: %d %s", code, body)
 	}
 
 	// Audit: B's events (its template create) are not in A's log, even asked by B's key ID.
