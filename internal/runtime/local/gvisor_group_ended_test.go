@@ -158,6 +158,11 @@ func TestGVisorGroupEndedSidecar(t *testing.T) {
 		f.Image = "busybox@sha256:b0b0"
 		return &f
 	}
+	plain := func(fid string) *runtime.Spec { // a local fork's: the source's image
+		f := sp.Clone()
+		f.ID = fid
+		return &f
+	}
 	destroy := func(b *Backend, state string, ids ...string) {
 		t.Helper()
 		for _, x := range ids {
@@ -171,7 +176,7 @@ func TestGVisorGroupEndedSidecar(t *testing.T) {
 	// Two forks of the running group at once.
 	a1, s1 := count(t, e.b, id), groupCounter(t, e.b, id, "side")
 	start := time.Now()
-	_, errs := e.b.Fork(ctx, id, []*runtime.Spec{pinned("gend-f1"), pinned("gend-f2")})
+	_, errs := e.b.Fork(ctx, id, []*runtime.Spec{plain("gend-f1"), plain("gend-f2")})
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("fork %d of a group with ended sidecars: %v", i, err)
@@ -192,7 +197,7 @@ func TestGVisorGroupEndedSidecar(t *testing.T) {
 	if _, err := e.b.Pause(ctx, id, true); err != nil {
 		t.Fatalf("pause of a group with ended sidecars: %v", err)
 	}
-	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{pinned("gend-fc")}); errs[0] != nil {
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{plain("gend-fc")}); errs[0] != nil {
 		t.Fatalf("fork of the checkpointed group: %v", errs[0])
 	}
 	checkEnded(t, e.b, "gend-fc", "fork of the checkpoint", src)
