@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -306,4 +307,117 @@ func TestGVisorGroupEndedSidecar(t *testing.T) {
 		checkNoImportLeft(t, e2)
 	}
 	destroy(b3, e2.state, id)
+}
+
+// TestGVisorGroupSidecarEndsDuringCheckpoint: a sidecar that ends during a checkpoint,
+// after the checkpoint read which members had ended (testSaveHook kills it there and
+// waits until runsc sees it stopped), is neither lost nor run twice: the checkpoint is
+// taken again with it recorded as ended, for a fork (the fork shows it exited as the
+// source recorded it, its other containers continue) and for a pause (the resumed group
+// shows it exited, the others continue).
+func TestGVisorGroupSidecarEndsDuringCheckpoint(t *testing.T) {
+	e := gvisorEnv(t)
+	ctx := context.Background()
+	const id = "gend-race"
+	sp := runtime.Spec{ID: id, RuntimeClass: GVisorClass,
+		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
+		Sidecars: []runtime.Container{
+			{Name: "side", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
+			{Name: "v1", Image: "busybox", Command: "sleep", Args: []string{"100000"}},
+			{Name: "v2", Image: "busybox", Command: "sleep", Args: []string{"100000"}},
+		}}
+	e.create(sp)
+	waitCount(t, e.b, id, 2)
+	waitFor(t, func() bool { return groupCounter(t, e.b, id, "side") >= 2 })
+	// killIn makes testSaveHook kill container name (its agent, the container's init) on
+	// its first call, and wait until runsc has it stopped; it counts the calls.
+	killIn := func(name string) *int {
+		calls := new(int)
+		testSaveHook = func(s *sandbox) {
+			*calls++
+			if *calls > 1 {
+				return
+			}
+			m := s.container(name)
+			if _, err := s.rt.run(ctx, "kill", m.cid, "KILL"); err != nil {
+				t.Errorf("kill %s: %v", name, err)
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for !e.b.memberStopped(ctx, s, m) {
+				if time.Now().After(deadline) {
+					t.Errorf("%s still running", name)
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		t.Cleanup(func() { testSaveHook = nil })
+		return calls
+	}
+	exited := func(b *Backend, id, name, when string) runtime.Exit {
+		t.Helper()
+		var ex runtime.Exit
+		if err := readJSON(filepath.Join(memberDir(b.dir(id), name), fileExit), &ex); err != nil {
+			t.Fatalf("%s: %s's exit: %v", when, name, err)
+		}
+		sts, err := b.ContainerStatuses(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range sts {
+			want := runtime.ContainerRunning
+			if st.Name == name || (name == "v2" && st.Name == "v1") {
+				want = runtime.ContainerExited
+			}
+			if st.State != want {
+				t.Errorf("%s: %s %+v, want %s", when, st.Name, st, want)
+			}
+			if st.Name == name && st.Reason != ex.Reason {
+				t.Errorf("%s: %s's reason %q, its recorded exit's %q", when, name, st.Reason, ex.Reason)
+			}
+		}
+		return ex
+	}
+
+	// A fork: v1 ends during its checkpoint.
+	calls := killIn("v1")
+	a1, s1 := count(t, e.b, id), groupCounter(t, e.b, id, "side")
+	f := sp.Clone()
+	f.ID = "gend-race-f"
+	if _, errs := e.b.Fork(ctx, id, []*runtime.Spec{&f}); errs[0] != nil {
+		t.Fatalf("fork with a sidecar ending during the checkpoint: %v", errs[0])
+	}
+	if *calls != 2 {
+		t.Errorf("checkpoints tried: %d, want 2 (the second with v1 recorded)", *calls)
+	}
+	src := exited(e.b, id, "v1", "source after the fork")
+	if fex := exited(e.b, f.ID, "v1", "fork"); !fex.At.Equal(src.At) || fex.Reason != src.Reason || !reflect.DeepEqual(fex.ExitCode, src.ExitCode) {
+		t.Errorf("fork's v1 exit %+v, the source's %+v", fex, src)
+	}
+	checkContinues(t, e.b, f.ID, "fork", a1, s1, 100)
+	if err := e.b.Destroy(ctx, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, f.ID)
+
+	// A pause releasing resources: v2 ends during its checkpoint.
+	calls = killIn("v2")
+	a1, s1 = count(t, e.b, id), groupCounter(t, e.b, id, "side")
+	if _, err := e.b.Pause(ctx, id, true); err != nil {
+		t.Fatalf("pause with a sidecar ending during the checkpoint: %v", err)
+	}
+	if *calls != 2 {
+		t.Errorf("checkpoints tried: %d, want 2 (the second with v2 recorded)", *calls)
+	}
+	testSaveHook = nil
+	if _, err := e.b.Resume(ctx, id); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	exited(e.b, id, "v2", "resumed")
+	checkContinues(t, e.b, id, "resumed", a1, s1, 100)
+	if err := e.b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, id)
 }

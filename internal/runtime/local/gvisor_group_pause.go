@@ -49,16 +49,17 @@ import (
 //     reading is the checkpoint's: those are deleted and recorded, the others (held)
 //     are to be in the image. The kernel is then paused (`runsc pause`: no container
 //     changes state from there until the save is done), and every held member is
-//     checked running in runsc (checkMembersRunning). One that ended between the
+//     checked running in runsc (checkMembersRunning; one whose agent cannot be
+//     suspended before the pause is checked likewise). One that ended between the
 //     reading and the pause (its exit not yet recorded, perhaps in the image as a
-//     stopped container) fails this checkpoint (errMemberEnded): the image is
-//     dropped, the group runs on, its watcher records the exit (a Pause's checkpoint
-//     wait is cleared for it: endGroupCk), and the checkpoint is taken again
-//     (saveAttempts), this time with the member recorded as ended. A member that ends
-//     after the pause (the kernel running again after a fork's save) is in the image
-//     as running: each fork continues it from there and it ends there in its own time,
-//     as in the source; it is not recorded (copyMemberRuns goes by the held list, not
-//     by what has ended since).
+//     stopped container) fails this checkpoint (errMemberEnded): the image is dropped,
+//     the group runs on, its watcher records the exit (a Pause's checkpoint wait is
+//     cleared for it: endGroupCk), and the checkpoint is taken again (saveAttempts),
+//     this time with the member recorded as ended. A member that ends after the pause
+//     (the kernel running again after a fork's save) is in the image as running: each
+//     fork continues it from there and it ends there in its own time, as in the source;
+//     it is not recorded (copyMemberRuns goes by the held list, not by what has ended
+//     since).
 //   - Forks of a group (fork.go): the sentry is checkpointed once (saveImage, the source
 //     continuing after it), with a copy of every container's agent state dir
 //     (copyMemberRuns), and each fork is made as a group is created (createGroup:
@@ -230,6 +231,12 @@ func (b *Backend) checkMembersRunning(ctx context.Context, s *sandbox, held []*s
 		}
 	}
 	return nil
+}
+
+// memberStopped reports whether member m of s is no longer running in runsc.
+func (b *Backend) memberStopped(ctx context.Context, s, m *sandbox) bool {
+	st, err := s.rt.state(ctx, m.cid)
+	return err != nil || (st.Status != "running" && st.Status != "paused")
 }
 
 // writeCkMembers lists the members image (a checkpoint of group s, not yet committed)

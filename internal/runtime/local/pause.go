@@ -312,8 +312,17 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 			b.awaitAgent(ctx, c)
 		}
 	}
+	if testSaveHook != nil {
+		testSaveHook(s)
+	}
 	for _, c := range running {
 		if err := b.suspendAgent(ctx, c); err != nil {
+			if c.member && b.memberStopped(ctx, s, c) {
+				// It ended since dropEndedMembers: see checkMembersRunning.
+				running = slices.DeleteFunc(running, func(x *sandbox) bool { return x == c })
+				resumeAll()
+				return fail(&errMemberEnded{m: c})
+			}
 			resumeAll()
 			if c.member {
 				err = fmt.Errorf("container %q: %w", c.name, err)
@@ -329,9 +338,6 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 	}
 	failpoint.Hit("local.pause.paused")
 	b.step(ctx, "save: runsc pause", &t)
-	if testSaveHook != nil {
-		testSaveHook(s)
-	}
 	if err := b.checkMembersRunning(ctx, s, held); err != nil {
 		var me *errMemberEnded
 		if errors.As(err, &me) {
@@ -358,8 +364,8 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 	return dir, held, nil
 }
 
-// testSaveHook, when set (tests), runs in saveImage once the kernel is paused, before
-// the members are checked.
+// testSaveHook, when set (tests), runs in saveImage once the ended members are dropped,
+// before the agents are suspended and the kernel paused.
 var testSaveHook func(s *sandbox)
 
 // continueAfterSave resumes the paused kernel and the suspended agent of s after
