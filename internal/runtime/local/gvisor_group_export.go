@@ -356,7 +356,7 @@ func endedExit(ex runtime.Exit, now time.Time) runtime.Exit {
 	}
 	ex.Message = msg
 	ex.At = ex.At.UTC()
-	if ex.At.IsZero() || ex.At.Year() < 2000 || ex.At.After(now) {
+	if ex.At.IsZero() || ex.At.Year() < 2000 || ex.At.After(now.Add(24*time.Hour)) { // as exitInvalid
 		ex.At = now.UTC()
 	}
 	return ex
