@@ -49,7 +49,8 @@ import (
 // containers only, as a local fork does (gvisor_group_pause.go). The import reads
 // group.json from the staging dir (no link followed, bounded, unknown fields refused),
 // checks it against the spec (the same sidecars and init containers, in order; a sha256
-// digest each sidecar; every recorded exit bounded: completedInvalid, endedInvalid) and
+// digest each running sidecar; every recorded exit bounded: completedInvalid,
+// endedInvalid) and
 // makes each fork as a local fork of a group is made (createGroup with forkParams:
 // `runsc restore` of the root container, then of each running member), each member's
 // image checked to be at its digest (forkDigest). The checkpoint image's own list of
@@ -97,10 +98,12 @@ type groupExportExit struct {
 	FinishedAt time.Time `json:"finishedAt"`
 }
 
+// exportExit is ex as group.json records it.
 func exportExit(ex runtime.Exit) groupExportExit {
 	return groupExportExit{ExitCode: ex.ExitCode, Restarts: ex.Restarts, Reason: ex.Reason, Message: ex.Message, FinishedAt: ex.At.UTC()}
 }
 
+// exit is the runtime.Exit e records (checked by the caller).
 func (e *groupExportExit) exit() runtime.Exit {
 	return runtime.Exit{ExitCode: e.ExitCode, Restarts: e.Restarts, Reason: e.Reason, Message: e.Message, At: e.FinishedAt.UTC()}
 }
